@@ -1,0 +1,47 @@
+"""Backend selection shared by the public ops (rules in docs/design.md)."""
+
+from __future__ import annotations
+
+import importlib
+
+from . import _platform
+
+__all__ = ["BACKENDS", "check_backend", "load_ffi", "select"]
+
+BACKENDS = ("auto", "kernel", "reference")
+
+
+def check_backend(backend) -> str:
+    if backend not in BACKENDS:
+        raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
+    return backend
+
+
+def load_ffi(op: str):
+    """Import ``jax_sparse_attn.ffi.<op>`` lazily; returns ``(module, None)`` or ``(None, reason)``."""
+    try:
+        return importlib.import_module(f"jax_sparse_attn.ffi.{op}"), None
+    except ImportError as e:
+        return None, f"the kernel backend module jax_sparse_attn.ffi.{op} is not importable ({e})"
+
+
+def select(backend: str, op_name: str, op: str, unsupported_reason):
+    """Resolve ``backend`` to ``"kernel"`` or ``"reference"``.
+
+    ``unsupported_reason(module)`` returns None when the kernel applies to this call,
+    else a string. ``"kernel"`` raises NotImplementedError with the reason when the
+    kernel cannot be used; ``"auto"`` falls back to the reference.
+    """
+    check_backend(backend)
+    if backend == "reference":
+        return "reference"
+    reason = _platform.kernel_platform_unavailable_reason()
+    if reason is None:
+        mod, reason = load_ffi(op)
+        if reason is None:
+            reason = unsupported_reason(mod)
+    if reason is None:
+        return "kernel"
+    if backend == "kernel":
+        raise NotImplementedError(f"{op_name}(backend='kernel') is not available: {reason}")
+    return "reference"

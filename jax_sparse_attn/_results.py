@@ -1,0 +1,96 @@
+"""Result containers of the ``*_forward`` / ``*_backward`` functions.
+
+Each result is a :class:`typing.NamedTuple` (hence a JAX pytree, returnable from
+``jax.jit``) that also supports dict-style access by field name::
+
+    res = hstu_attention_forward(...)
+    out = res["o_tensor"]          # dict access
+    (out,) = res                   # tuple unpacking
+    dict(res)                      # {"o_tensor": out}
+"""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+__all__ = [
+    "HSTUForwardResult",
+    "HSTUBackwardResult",
+    "BSAForwardResult",
+    "BSABackwardResult",
+]
+
+
+class _DictAccess:
+    """Mixin: ``res["name"]``, ``keys()``, ``values()``, ``items()``, ``"name" in res``."""
+
+    __slots__ = ()
+
+    def __getitem__(self, key: Any):
+        if isinstance(key, str):
+            if key not in self._fields:  # type: ignore[attr-defined]
+                raise KeyError(
+                    f"{type(self).__name__} has no entry {key!r}; "
+                    f"entries: {', '.join(self._fields)}"  # type: ignore[attr-defined]
+                )
+            return getattr(self, key)
+        return tuple.__getitem__(self, key)  # type: ignore[arg-type]
+
+    def keys(self):
+        return tuple(self._fields)  # type: ignore[attr-defined]
+
+    def values(self):
+        return tuple(self)  # type: ignore[arg-type]
+
+    def items(self):
+        return tuple(zip(self._fields, self))  # type: ignore[attr-defined,call-overload]
+
+    def __contains__(self, key: Any) -> bool:
+        if isinstance(key, str):
+            return key in self._fields  # type: ignore[attr-defined]
+        return tuple.__contains__(self, key)  # type: ignore[arg-type]
+
+
+class _HSTUForward(NamedTuple):
+    o_tensor: Any
+
+
+class _HSTUBackward(NamedTuple):
+    dq_tensor: Any
+    dk_tensor: Any
+    dv_tensor: Any
+
+
+class _BSAForward(NamedTuple):
+    o_tensor: Any
+    lse_tensor: Any
+
+
+class _BSABackward(NamedTuple):
+    dq_tensor: Any
+    dk_tensor: Any
+    dv_tensor: Any
+
+
+class HSTUForwardResult(_DictAccess, _HSTUForward):
+    """``o_tensor``: ``(T_q, H, D_v)`` in q's dtype."""
+
+    __slots__ = ()
+
+
+class HSTUBackwardResult(_DictAccess, _HSTUBackward):
+    """``dq_tensor (T_q, H, D)``, ``dk_tensor (T_k, H, D)``, ``dv_tensor (T_k, H, D_v)``."""
+
+    __slots__ = ()
+
+
+class BSAForwardResult(_DictAccess, _BSAForward):
+    """``o_tensor`` in the input layout and q's dtype; ``lse_tensor (B, H_q, S_q)`` fp32."""
+
+    __slots__ = ()
+
+
+class BSABackwardResult(_DictAccess, _BSABackward):
+    """``dq_tensor``, ``dk_tensor``, ``dv_tensor`` in the input layout and dtypes."""
+
+    __slots__ = ()

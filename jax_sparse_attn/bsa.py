@@ -1,0 +1,246 @@
+"""Block-sparse softmax attention: public API (validate -> static config -> custom_vjp -> backend).
+
+Semantics (source: issue 2 "Package foundation"; metadata conventions as in cuDNN's
+block-sparse attention): queries and keys are cut into blocks of ``blk =
+sparse_block_size`` tokens, ``N_q = ceil(S_q / blk)``, ``N_kv = ceil(S_kv / blk)``.
+Query block ``m`` of head ``h`` attends to the listed KV blocks
+``q2k_block_index[b, h, m, :n]`` (the *active prefix*, ``n`` = ``block_sparse_num`` or
+``q2k_block_nums[b, h, m]``; entries past it are ignored whatever their value). Block
+``n`` contributes key tokens ``[n*blk, n*blk + size_n) ∩ [0, S_kv)`` (``size_n`` from
+``block_sizes``, default ``blk``). Softmax with ``softmax_scale`` runs over exactly
+those keys; an empty key set gives ``out = 0`` and ``lse = -inf``. Query head ``h``
+uses KV head ``h // (H_q // H_kv)`` (GQA).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from functools import partial
+
+import jax
+import jax.numpy as jnp
+
+from . import _backend, reference
+from ._results import BSABackwardResult, BSAForwardResult
+from .validation import check_bsa_args, is_concrete, validate_bsa_metadata
+
+__all__ = [
+    "block_sparse_attention",
+    "block_sparse_attention_forward",
+    "block_sparse_attention_backward",
+    "BSAConfig",
+]
+
+
+@dataclasses.dataclass(frozen=True)
+class BSAConfig:
+    """Static (hashable) options of one BSA call; the custom_vjp's nondiff argument."""
+
+    layout: str
+    sparse_block_size: int
+    softmax_scale: float
+    head_dim: int
+    head_dim_v: int
+    backend: str  # resolved: "kernel" or "reference"
+
+
+def _make_config(q, k, v, q2k_block_index, block_sparse_num, block_sizes, q2k_block_nums, *,
+                 sparse_block_size, softmax_scale, layout, allow_empty_block_nums, backend,
+                 op_name):
+    _backend.check_backend(backend)
+    kw = dict(sparse_block_size=sparse_block_size, softmax_scale=softmax_scale, layout=layout,
+              allow_empty_block_nums=allow_empty_block_nums)
+    opts = check_bsa_args(q, k, v, q2k_block_index, block_sparse_num, block_sizes,
+                          q2k_block_nums, **kw)
+    if is_concrete(q2k_block_index, block_sizes, q2k_block_nums):
+        validate_bsa_metadata(q, k, v, q2k_block_index, block_sparse_num, block_sizes,
+                              q2k_block_nums, **kw)
+    D, Dv = opts["dims"][5], opts["dims"][6]
+
+    def unsupported(mod):
+        return mod.bsa_kernel_unsupported_reason(
+            dtype=opts["dtype"], head_dim=D, head_dim_v=Dv,
+            sparse_block_size=opts["sparse_block_size"])
+
+    chosen = _backend.select(backend, op_name, "bsa", unsupported)
+    cfg = BSAConfig(layout=opts["layout"], sparse_block_size=opts["sparse_block_size"],
+                    softmax_scale=opts["softmax_scale"], head_dim=D, head_dim_v=Dv,
+                    backend=chosen)
+    idx, nums, sizes = reference.normalize_bsa_metadata(
+        q2k_block_index, opts["block_sparse_num"], block_sizes, q2k_block_nums)
+    return cfg, idx, nums, sizes
+
+
+def _kw(cfg):
+    return dict(layout=cfg.layout, sparse_block_size=cfg.sparse_block_size,
+                softmax_scale=cfg.softmax_scale)
+
+
+def _fwd_impl(cfg, q, k, v, idx, nums, sizes):
+    if cfg.backend == "kernel":
+        from .ffi import bsa as ffi_bsa  # noqa: PLC0415 (lazy: only on the kernel path)
+
+        return ffi_bsa.bsa_fwd(q, k, v, idx, nums, sizes, **_kw(cfg))
+    return reference.block_sparse_attention_ref(q, k, v, idx, nums, sizes, **_kw(cfg))
+
+
+def _bwd_impl(cfg, do, q, k, v, out, lse, idx, nums, sizes):
+    if cfg.backend == "kernel":
+        from .ffi import bsa as ffi_bsa  # noqa: PLC0415
+
+        return ffi_bsa.bsa_bwd(do, q, k, v, out, lse, idx, nums, sizes, **_kw(cfg))
+    return reference.block_sparse_attention_bwd_ref(do, q, k, v, out, lse, idx, nums, sizes,
+                                                    **_kw(cfg))
+
+
+@partial(jax.custom_vjp, nondiff_argnums=(0,))
+def _bsa(cfg, q, k, v, idx, nums, sizes):
+    return _fwd_impl(cfg, q, k, v, idx, nums, sizes)[0]
+
+
+def _bsa_vjp_fwd(cfg, q, k, v, idx, nums, sizes):
+    out, lse = _fwd_impl(cfg, q, k, v, idx, nums, sizes)
+    return out, (q, k, v, out, lse, idx, nums, sizes)
+
+
+def _bsa_vjp_bwd(cfg, res, do):
+    q, k, v, out, lse, idx, nums, sizes = res
+    dq, dk, dv = _bwd_impl(cfg, do, q, k, v, out, lse, idx, nums, sizes)
+    return dq, dk, dv, None, None, None
+
+
+_bsa.defvjp(_bsa_vjp_fwd, _bsa_vjp_bwd)
+
+
+_ARGS_DOC = """
+    Args:
+      q: ``(B, H_q, S_q, D)`` for ``layout="bhsd"`` or ``(B, S_q, H_q, D)`` for
+        ``"bshd"``; float16 or bfloat16 (float32/float64 run on the reference backend).
+      k: ``(B, H_kv, S_kv, D)`` / ``(B, S_kv, H_kv, D)``, same dtype; ``H_q`` must be a
+        multiple of ``H_kv`` (query head h uses KV head ``h // (H_q // H_kv)``).
+      v: like k with head dim ``D_v``.
+      q2k_block_index: int32 ``(B, H_q, N_q, K_max)``, ``K_max >= 1``: KV block ids per
+        query block; only the active prefix is read. Active ids must be unique and in
+        ``[0, N_kv)`` (caller contract, checked eagerly when concrete).
+      block_sparse_num: Python int in ``[1, K_max]``: fixed active-prefix length. Pass
+        exactly one of this and ``q2k_block_nums``.
+      block_sizes: optional int32 ``(N_kv,)``, ``(B, N_kv)`` or ``(B, H_q, N_kv)``, values
+        in ``[1, sparse_block_size]``: tokens of each KV block that are keys (a prefix
+        of the block). Default: whole blocks (the tail past ``S_kv`` is always masked).
+      q2k_block_nums: int32 ``(B, H_q, N_q)`` per-row active-prefix lengths in
+        ``[1, K_max]`` (``[0, K_max]`` with ``allow_empty_block_nums=True``).
+      sparse_block_size: 64 or 128 (default 128 on every backend).
+      softmax_scale: Python number, default ``1 / sqrt(D)``.
+      layout: ``"bhsd"`` (default) or ``"bshd"``; outputs follow it.
+      allow_empty_block_nums: allow counts of 0 (empty rows: out 0, lse -inf).
+      backend: ``"auto"``, ``"kernel"`` or ``"reference"`` (see :func:`hstu_attention`).
+"""
+
+_RAISES_DOC = """
+    Raises:
+      ValueError: bad ranks/shapes, layout not in {"bhsd", "bshd"}, sparse_block_size
+        not in {64, 128}, K_max = 0, both or neither of block_sparse_num/q2k_block_nums,
+        and (for concrete metadata) bad values, see
+        :func:`~jax_sparse_attn.validate_bsa_metadata`.
+      TypeError: mixed or unsupported dtypes, non-integer metadata.
+      NotImplementedError: ``backend="kernel"`` where the kernel cannot run.
+"""
+
+
+def block_sparse_attention(q, k, v, q2k_block_index, block_sparse_num=None, block_sizes=None,
+                           q2k_block_nums=None, *, sparse_block_size=128, softmax_scale=None,
+                           layout="bhsd", allow_empty_block_nums=False, backend="auto"):
+    cfg, idx, nums, sizes = _make_config(
+        q, k, v, q2k_block_index, block_sparse_num, block_sizes, q2k_block_nums,
+        sparse_block_size=sparse_block_size, softmax_scale=softmax_scale, layout=layout,
+        allow_empty_block_nums=allow_empty_block_nums, backend=backend,
+        op_name="block_sparse_attention")
+    return _bsa(cfg, q, k, v, idx, nums, sizes)
+
+
+block_sparse_attention.__doc__ = (
+    """Block-sparse softmax attention.
+
+    ``out = softmax(softmax_scale * q k^T over the listed key blocks) v`` per query block,
+    fp32 accumulation. Differentiable in q, k, v (``jax.custom_vjp``; the forward saves
+    q, k, v, out, lse and the metadata, the backward of the same backend runs).
+"""
+    + _ARGS_DOC
+    + """
+    Returns:
+      ``out`` in the input layout (``(B, H_q, S_q, D_v)`` for bhsd), q's dtype.
+"""
+    + _RAISES_DOC
+)
+
+
+def block_sparse_attention_forward(q, k, v, q2k_block_index, block_sparse_num=None,
+                                   block_sizes=None, q2k_block_nums=None, *,
+                                   sparse_block_size=128, softmax_scale=None, layout="bhsd",
+                                   allow_empty_block_nums=False, backend="auto"):
+    cfg, idx, nums, sizes = _make_config(
+        q, k, v, q2k_block_index, block_sparse_num, block_sizes, q2k_block_nums,
+        sparse_block_size=sparse_block_size, softmax_scale=softmax_scale, layout=layout,
+        allow_empty_block_nums=allow_empty_block_nums, backend=backend,
+        op_name="block_sparse_attention_forward")
+    out, lse = _fwd_impl(cfg, q, k, v, idx, nums, sizes)
+    return BSAForwardResult(o_tensor=out, lse_tensor=lse)
+
+
+block_sparse_attention_forward.__doc__ = (
+    """Forward of :func:`block_sparse_attention` returning ``(o_tensor, lse_tensor)``.
+"""
+    + _ARGS_DOC
+    + """
+    Returns:
+      :class:`~jax_sparse_attn._results.BSAForwardResult`: ``o_tensor`` (input layout,
+      q's dtype) and ``lse_tensor (B, H_q, S_q)`` float32 natural-log sum of
+      ``exp(softmax_scale * q.k)`` over the attended keys (``-inf`` for empty rows).
+      Supports ``res["lse_tensor"]`` and ``o, lse = res``.
+"""
+    + _RAISES_DOC
+)
+
+
+def block_sparse_attention_backward(do, q, k, v, o, lse, q2k_block_index, block_sparse_num=None,
+                                    block_sizes=None, q2k_block_nums=None, *,
+                                    sparse_block_size=128, softmax_scale=None, layout="bhsd",
+                                    allow_empty_block_nums=False, backend="auto"):
+    cfg, idx, nums, sizes = _make_config(
+        q, k, v, q2k_block_index, block_sparse_num, block_sizes, q2k_block_nums,
+        sparse_block_size=sparse_block_size, softmax_scale=softmax_scale, layout=layout,
+        allow_empty_block_nums=allow_empty_block_nums, backend=backend,
+        op_name="block_sparse_attention_backward")
+    qs = tuple(q.shape)
+    out_shape = qs[:-1] + (cfg.head_dim_v,)
+    for name, x in (("do", do), ("o", o)):
+        if tuple(getattr(x, "shape", ())) != out_shape:
+            raise ValueError(f"{name} must have the output's shape {out_shape}, "
+                             f"got {tuple(getattr(x, 'shape', ()))}")
+        if jnp.dtype(x.dtype) != jnp.dtype(q.dtype):
+            raise TypeError(f"{name} dtype {jnp.dtype(x.dtype)} must equal q's dtype {jnp.dtype(q.dtype)}")
+    B, Sq, Hq = qs[0], (qs[2] if layout == "bhsd" else qs[1]), (qs[1] if layout == "bhsd" else qs[2])
+    if tuple(getattr(lse, "shape", ())) != (B, Hq, Sq):
+        raise ValueError(f"lse must have shape (B, H_q, S_q) = {(B, Hq, Sq)}, "
+                         f"got {tuple(getattr(lse, 'shape', ()))}")
+    dq, dk, dv = _bwd_impl(cfg, do, q, k, v, o, lse, idx, nums, sizes)
+    return BSABackwardResult(dq_tensor=dq, dk_tensor=dk, dv_tensor=dv)
+
+
+block_sparse_attention_backward.__doc__ = (
+    """Backward of :func:`block_sparse_attention` from the saved forward results.
+
+    Args:
+      do: output cotangent, the output's shape and q's dtype.
+      o, lse: ``o_tensor`` and ``lse_tensor`` of :func:`block_sparse_attention_forward`
+        for the same inputs.
+      (the rest as :func:`block_sparse_attention`.)
+"""
+    + _ARGS_DOC
+    + """
+    Returns:
+      :class:`~jax_sparse_attn._results.BSABackwardResult` with ``dq_tensor``,
+      ``dk_tensor``, ``dv_tensor`` (input layout and dtypes).
+"""
+    + _RAISES_DOC
+)

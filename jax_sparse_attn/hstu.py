@@ -1,0 +1,315 @@
+"""HSTU attention: public API (validate -> static config -> custom_vjp -> backend).
+
+Semantics (source: issue 2 "Package foundation"; the HSTU paper, Zhai et al. 2024,
+arXiv 2402.17152): for each packed sequence ``b`` and head ``h``, with
+``S = alpha * q_i . k_j``::
+
+    out_i = sum_j M_ij * SiLU(S_ij) * v_j / scaling_seqlen
+
+with fp32 accumulation and no softmax. Queries are bottom-right aligned: local query
+``i`` of a sequence with ``L_q`` queries and ``L_k`` keys sits at key position
+``p = i + L_k - L_q``. ``window_size=(left, right)`` keeps key ``j`` iff
+``p - left <= j <= p + right`` (``-1`` = unbounded side) and ``0 <= j < L_k``:
+``(-1, -1)`` full, ``(-1, 0)`` causal, finite = local. An arbitrary interval mask
+``func`` (int32 ``(1, N, L_f)``, N odd) keeps, for global packed query row ``r`` with
+``F_t = func[0, t, r]``, the keys ``[0, F_0) U [F_1, F_2) U [F_3, F_4) U ...``
+intersected with ``[0, L_k)`` (intervals may overlap, any order).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from functools import partial
+
+import jax
+import jax.numpy as jnp
+
+from . import _backend, reference
+from ._results import HSTUBackwardResult, HSTUForwardResult
+from .validation import check_hstu_args, is_concrete, validate_hstu_inputs
+
+__all__ = ["hstu_attention", "hstu_attention_forward", "hstu_attention_backward", "HSTUConfig"]
+
+
+@dataclasses.dataclass(frozen=True)
+class HSTUConfig:
+    """Static (hashable) options of one HSTU call; the custom_vjp's nondiff argument."""
+
+    max_seqlen_q: int
+    max_seqlen_k: int
+    scaling_seqlen: float
+    window_size: tuple
+    alpha: float
+    has_func: bool
+    paged: bool
+    head_dim: int
+    head_dim_v: int
+    backend: str  # resolved: "kernel" or "reference"
+    head_dim_pad: int  # kernel path: D zero-padded to a supported head dim
+    head_dim_v_pad: int
+
+
+def _next_supported(d, dims):
+    for s in sorted(dims):
+        if d <= s:
+            return s
+    return None
+
+
+def _make_config(q, k, v, cu_seqlens_q, cu_seqlens_k, func, paged_kv, page_ids, page_indptrs,
+                 *, max_seqlen_q, max_seqlen_k, scaling_seqlen, window_size, alpha, backend,
+                 op_name):
+    _backend.check_backend(backend)
+    kw = dict(max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k, scaling_seqlen=scaling_seqlen,
+              window_size=window_size, alpha=alpha, func=func, paged_kv=paged_kv,
+              page_ids=page_ids, page_indptrs=page_indptrs)
+    opts = check_hstu_args(q, k, v, cu_seqlens_q, cu_seqlens_k, **kw)
+    if is_concrete(cu_seqlens_q, cu_seqlens_k, func, page_ids, page_indptrs):
+        validate_hstu_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k, **kw)
+    D, D_v = opts["head_dim"], opts["head_dim_v"]
+    pads = {}
+
+    def unsupported(mod):
+        dims = tuple(mod.SUPPORTED_HEAD_DIMS)
+        d_pad, dv_pad = _next_supported(D, dims), _next_supported(D_v, dims)
+        if d_pad is None or dv_pad is None:
+            return f"head dims D={D}, D_v={D_v}: the kernels support head dims up to {max(dims)}"
+        if opts["paged"] and not hasattr(mod, "hstu_fwd_paged"):
+            return "the HSTU kernel backend has no paged-KV forward (hstu_fwd_paged)"
+        pads.update(d=d_pad, dv=dv_pad)
+        return mod.hstu_kernel_unsupported_reason(
+            dtype=opts["dtype"], head_dim=d_pad, head_dim_v=dv_pad,
+            has_func=opts["has_func"], paged=opts["paged"])
+
+    chosen = _backend.select(backend, op_name, "hstu", unsupported)
+    return HSTUConfig(
+        max_seqlen_q=opts["max_seqlen_q"], max_seqlen_k=opts["max_seqlen_k"],
+        scaling_seqlen=opts["scaling_seqlen"], window_size=opts["window_size"],
+        alpha=opts["alpha"], has_func=opts["has_func"], paged=opts["paged"],
+        head_dim=D, head_dim_v=D_v, backend=chosen,
+        head_dim_pad=pads.get("d", D) if chosen == "kernel" else D,
+        head_dim_v_pad=pads.get("dv", D_v) if chosen == "kernel" else D_v,
+    )
+
+
+def _i32(x):
+    if x is None:
+        return None
+    return x if jnp.dtype(x.dtype) == jnp.int32 else jnp.asarray(x).astype(jnp.int32)
+
+
+def _pad_last(x, to):
+    extra = to - x.shape[-1]
+    if extra == 0:
+        return x
+    return jnp.pad(x, [(0, 0)] * (x.ndim - 1) + [(0, extra)])
+
+
+def _kw(cfg):
+    return dict(max_seqlen_q=cfg.max_seqlen_q, max_seqlen_k=cfg.max_seqlen_k,
+                scaling_seqlen=cfg.scaling_seqlen, window_size=cfg.window_size, alpha=cfg.alpha)
+
+
+def _fwd_impl(cfg, q, k, v, cu_q, cu_k, func):
+    if cfg.backend == "kernel":
+        from .ffi import hstu as ffi_hstu  # noqa: PLC0415 (lazy: only on the kernel path)
+
+        out = ffi_hstu.hstu_fwd(_pad_last(q, cfg.head_dim_pad), _pad_last(k, cfg.head_dim_pad),
+                                _pad_last(v, cfg.head_dim_v_pad), cu_q, cu_k, func, **_kw(cfg))
+        return out[..., : cfg.head_dim_v]
+    return reference.hstu_attention_ref(q, k, v, cu_q, cu_k, func, **_kw(cfg))
+
+
+def _bwd_impl(cfg, do, q, k, v, cu_q, cu_k, func):
+    if cfg.backend == "kernel":
+        from .ffi import hstu as ffi_hstu  # noqa: PLC0415
+
+        dq, dk, dv = ffi_hstu.hstu_bwd(
+            _pad_last(do, cfg.head_dim_v_pad), _pad_last(q, cfg.head_dim_pad),
+            _pad_last(k, cfg.head_dim_pad), _pad_last(v, cfg.head_dim_v_pad),
+            cu_q, cu_k, func, **_kw(cfg))
+        return dq[..., : cfg.head_dim], dk[..., : cfg.head_dim], dv[..., : cfg.head_dim_v]
+    return reference.hstu_attention_bwd_ref(do, q, k, v, cu_q, cu_k, func, **_kw(cfg))
+
+
+@partial(jax.custom_vjp, nondiff_argnums=(0,))
+def _hstu(cfg, q, k, v, cu_q, cu_k, func):
+    return _fwd_impl(cfg, q, k, v, cu_q, cu_k, func)
+
+
+def _hstu_vjp_fwd(cfg, q, k, v, cu_q, cu_k, func):
+    return _fwd_impl(cfg, q, k, v, cu_q, cu_k, func), (q, k, v, cu_q, cu_k, func)
+
+
+def _hstu_vjp_bwd(cfg, res, do):
+    q, k, v, cu_q, cu_k, func = res
+    dq, dk, dv = _bwd_impl(cfg, do, q, k, v, cu_q, cu_k, func)
+    return dq, dk, dv, None, None, None
+
+
+_hstu.defvjp(_hstu_vjp_fwd, _hstu_vjp_bwd)
+
+
+def _paged_impl(cfg, q, paged_kv, page_ids, page_indptrs, cu_q, cu_k):
+    if cfg.backend == "kernel":
+        from .ffi import hstu as ffi_hstu  # noqa: PLC0415
+
+        out = ffi_hstu.hstu_fwd_paged(
+            _pad_last(q, cfg.head_dim_pad), _pad_last(paged_kv, cfg.head_dim_pad), page_ids,
+            page_indptrs, cu_q, cu_k, **_kw(cfg))
+        return out[..., : cfg.head_dim_v]
+    return reference.hstu_attention_ref(q, None, None, cu_q, cu_k, None, paged_kv=paged_kv,
+                                        page_ids=page_ids, page_indptrs=page_indptrs, **_kw(cfg))
+
+
+_PAGED_GRAD_MSG = (
+    "hstu_attention with paged_kv is forward-only (inference): it cannot be differentiated "
+    "(jax.grad/jax.vjp/jax.jvp). Pass k and v as packed (T_k, H, D) arrays instead of "
+    "paged_kv to differentiate."
+)
+
+
+@partial(jax.custom_vjp, nondiff_argnums=(0,))
+def _hstu_paged(cfg, q, paged_kv, page_ids, page_indptrs, cu_q, cu_k):
+    return _paged_impl(cfg, q, paged_kv, page_ids, page_indptrs, cu_q, cu_k)
+
+
+def _paged_vjp_fwd(cfg, *args):
+    raise NotImplementedError(_PAGED_GRAD_MSG)
+
+
+def _paged_vjp_bwd(cfg, res, do):  # pragma: no cover - the forward rule already raised
+    raise NotImplementedError(_PAGED_GRAD_MSG)
+
+
+_hstu_paged.defvjp(_paged_vjp_fwd, _paged_vjp_bwd)
+
+
+_ARGS_DOC = """
+    Args:
+      q: ``(T_q, H, D)`` queries, float16 or bfloat16 (float32/float64 are accepted and
+        run on the reference backend). All sequences packed along axis 0 (THD layout).
+      k: ``(T_k, H, D)`` keys, same dtype; ``None`` with ``paged_kv``.
+      v: ``(T_k, H, D_v)`` values, same dtype; ``None`` with ``paged_kv``.
+      cu_seqlens_q: ``(B+1,)`` int32, starts at 0, non-decreasing: sequence ``b``'s
+        queries are ``q[cu_seqlens_q[b]:cu_seqlens_q[b+1]]`` (zero lengths allowed).
+      cu_seqlens_k: ``(B+1,)`` int32, the same for keys/values.
+      max_seqlen_q: static Python int >= every query length (compile-time bound).
+      max_seqlen_k: static Python int >= every key length.
+      scaling_seqlen: positive Python number dividing the output; default
+        ``max_seqlen_q``.
+      window_size: ``(left, right)`` Python ints >= -1 (-1 = unbounded), relative to the
+        bottom-right aligned query position; default ``(-1, 0)`` (causal).
+      alpha: Python number scaling ``q . k``; default 1.0.
+      func: optional int32 ``(1, N, L_f)``, N odd, ``L_f >= T_q + 256``: arbitrary
+        interval mask (see module doc; :mod:`jax_sparse_attn.masks` builds common
+        ones). Requires ``window_size=(-1, -1)`` and no paged KV.
+      paged_kv: optional ``(num_pages, 2, 128, H, D)`` paged KV cache (index 0 = K,
+        1 = V); forward only, causal only. Then ``k``/``v`` must be None.
+      page_ids: ``(P,)`` int32 page numbers; sequence ``b`` uses pages
+        ``page_ids[page_indptrs[b]:page_indptrs[b+1]]`` concatenated, truncated to
+        ``L_k`` from ``cu_seqlens_k``.
+      page_indptrs: ``(B+1,)`` int32.
+      backend: ``"auto"`` (CuTe DSL kernel on an SM90 GPU when it supports the call,
+        else the pure-JAX reference), ``"kernel"`` or ``"reference"``.
+"""
+
+_RAISES_DOC = """
+    Raises:
+      ValueError: bad shapes/ranks, options (e.g. func with a window, odd-N violation,
+        scaling_seqlen <= 0) or, when the metadata are concrete arrays, bad values
+        (see :func:`~jax_sparse_attn.validate_hstu_inputs`).
+      TypeError: wrong dtypes (mixed q/k/v dtypes, non-integer cu_seqlens) or traced
+        static options.
+      NotImplementedError: ``backend="kernel"`` where the kernel cannot run, or
+        differentiating a paged-KV call.
+"""
+
+
+def hstu_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q, max_seqlen_k,
+                   scaling_seqlen=None, window_size=(-1, 0), alpha=1.0, func=None,
+                   paged_kv=None, page_ids=None, page_indptrs=None, backend="auto"):
+    cfg = _make_config(q, k, v, cu_seqlens_q, cu_seqlens_k, func, paged_kv, page_ids,
+                       page_indptrs, max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k,
+                       scaling_seqlen=scaling_seqlen, window_size=window_size, alpha=alpha,
+                       backend=backend, op_name="hstu_attention")
+    cu_q, cu_k = _i32(cu_seqlens_q), _i32(cu_seqlens_k)
+    if cfg.paged:
+        return _hstu_paged(cfg, q, paged_kv, _i32(page_ids), _i32(page_indptrs), cu_q, cu_k)
+    return _hstu(cfg, q, k, v, cu_q, cu_k, _i32(func))
+
+
+hstu_attention.__doc__ = (
+    """HSTU attention (pointwise SiLU attention over packed variable-length sequences).
+
+    ``out_i = sum_j M_ij * SiLU(alpha * q_i . k_j) * v_j / scaling_seqlen`` per sequence
+    and head, fp32 accumulation, no softmax; M from ``window_size`` (bottom-right
+    aligned) or ``func``. Differentiable in q, k, v (``jax.custom_vjp``; the backward of
+    the backend that ran the forward is used); integer inputs get no gradient.
+"""
+    + _ARGS_DOC
+    + """
+    Returns:
+      ``out (T_q, H, D_v)`` in q's dtype; rows outside every sequence are 0.
+"""
+    + _RAISES_DOC
+)
+
+
+def hstu_attention_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q, max_seqlen_k,
+                           scaling_seqlen=None, window_size=(-1, 0), alpha=1.0, func=None,
+                           paged_kv=None, page_ids=None, page_indptrs=None, backend="auto"):
+    out = hstu_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q=max_seqlen_q,
+                         max_seqlen_k=max_seqlen_k, scaling_seqlen=scaling_seqlen,
+                         window_size=window_size, alpha=alpha, func=func, paged_kv=paged_kv,
+                         page_ids=page_ids, page_indptrs=page_indptrs, backend=backend)
+    return HSTUForwardResult(o_tensor=out)
+
+
+hstu_attention_forward.__doc__ = (
+    """Forward of :func:`hstu_attention` returning a result pytree.
+
+    Same arguments and semantics as :func:`hstu_attention`.
+"""
+    + _ARGS_DOC
+    + """
+    Returns:
+      :class:`~jax_sparse_attn._results.HSTUForwardResult` with key ``o_tensor``
+      ``(T_q, H, D_v)``; supports ``res["o_tensor"]`` and ``(out,) = res``.
+"""
+    + _RAISES_DOC
+)
+
+
+def hstu_attention_backward(do, q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q,
+                            max_seqlen_k, scaling_seqlen=None, window_size=(-1, 0), alpha=1.0,
+                            func=None, backend="auto"):
+    cfg = _make_config(q, k, v, cu_seqlens_q, cu_seqlens_k, func, None, None, None,
+                       max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k,
+                       scaling_seqlen=scaling_seqlen, window_size=window_size, alpha=alpha,
+                       backend=backend, op_name="hstu_attention_backward")
+    want = (q.shape[0], q.shape[1], cfg.head_dim_v)
+    if tuple(getattr(do, "shape", ())) != want:
+        raise ValueError(f"do must have the output's shape (T_q, H, D_v) = {want}, "
+                         f"got {tuple(getattr(do, 'shape', ()))}")
+    if jnp.dtype(do.dtype) != jnp.dtype(q.dtype):
+        raise TypeError(f"do dtype {jnp.dtype(do.dtype)} must equal q's dtype {jnp.dtype(q.dtype)}")
+    dq, dk, dv = _bwd_impl(cfg, do, q, k, v, _i32(cu_seqlens_q), _i32(cu_seqlens_k), _i32(func))
+    return HSTUBackwardResult(dq_tensor=dq, dk_tensor=dk, dv_tensor=dv)
+
+
+hstu_attention_backward.__doc__ = (
+    """Backward of :func:`hstu_attention`: gradients of ``sum(do * out)``.
+
+    Args:
+      do: ``(T_q, H, D_v)`` output cotangent in q's dtype.
+      (the rest as :func:`hstu_attention`; paged KV is not supported.)
+"""
+    + _ARGS_DOC
+    + """
+    Returns:
+      :class:`~jax_sparse_attn._results.HSTUBackwardResult` with ``dq_tensor (T_q, H, D)``,
+      ``dk_tensor (T_k, H, D)``, ``dv_tensor (T_k, H, D_v)`` in the input dtype.
+"""
+    + _RAISES_DOC
+)

@@ -1,0 +1,251 @@
+"""Mask and metadata builders (pure ``jnp``, jit-able).
+
+HSTU ``func`` builders
+    :func:`hstu_target_func` builds the generative-recommender masks of Meta's
+    generative-recommenders / HSTU paper (Zhai et al. 2024) as an interval mask
+    ``func`` for :func:`~jax_sparse_attn.hstu_attention`: causal history,
+    ``num_targets`` candidate items at the end of each sequence, a contextual prefix
+    and an optional ``max_attn_len`` window. :func:`hstu_func_to_dense` expands any
+    ``func`` into per-sequence dense masks (for inspection and tests).
+
+BSA metadata builders
+    :func:`block_mask_to_index` turns a dense block mask ``(B, H, N_q, N_kv) bool`` into
+    ``(q2k_block_index, q2k_block_nums)``; :func:`topk_block_index` picks the top-k KV
+    blocks per query block from mean-pooled QK scores; :func:`transpose_block_index`
+    builds the transposed KV->Q lists (CSR) a backward pass iterates over.
+"""
+
+from __future__ import annotations
+
+import jax.numpy as jnp
+from jax import lax
+
+from .validation import HSTU_FUNC_PAD
+
+__all__ = [
+    "hstu_target_func",
+    "hstu_func_to_dense",
+    "block_mask_to_index",
+    "topk_block_index",
+    "transpose_block_index",
+]
+
+
+# ----------------------------------------------------------------------------- HSTU
+
+
+def hstu_target_func(cu_seqlens, total_len: int, *, num_targets=None, contextual_seq_len: int = 0,
+                     max_attn_len: int | None = None, func_len: int | None = None):
+    """Interval mask ``func`` for self-attention over packed sequences with targets.
+
+    For a sequence of length ``L`` with ``n = num_targets[b]`` targets (the last ``n``
+    tokens, clipped to ``[0, L]``), history length ``L_h = L - n``, contextual length
+    ``c = contextual_seq_len`` and window ``w = max_attn_len`` (None/0 = unbounded),
+    local query ``i`` sees the local keys:
+
+    * history query ``i < L_h``, ``i >= c``: ``[max(0, i - w), i]`` (causal, windowed);
+    * contextual query ``i < min(c, L_h)``: every non-target key ``[0, L_h)``;
+    * target query ``i >= L_h``: the history ``[max(0, L_h - w), L_h)`` and itself.
+
+    Use with ``hstu_attention(..., cu_seqlens_q=cu, cu_seqlens_k=cu,
+    window_size=(-1, -1), func=func)``.
+
+    Args:
+      cu_seqlens: ``(B+1,)`` int32 prefix sums (queries = keys).
+      total_len: static int ``T`` (= ``q.shape[0]``).
+      num_targets: optional ``(B,)`` int32.
+      contextual_seq_len: static int ``c >= 0``.
+      max_attn_len: static int window or None.
+      func_len: static ``L_f``, default ``T + 256`` (the minimum the op accepts).
+
+    Returns:
+      int32 ``(1, N, L_f)`` with ``N = 5`` when ``num_targets`` is given, else 3; rows
+      outside every sequence see nothing.
+    """
+    T = int(total_len)
+    L_f = T + HSTU_FUNC_PAD if func_len is None else int(func_len)
+    if L_f < T + HSTU_FUNC_PAD:
+        raise ValueError(f"func_len must be >= total_len + {HSTU_FUNC_PAD} = {T + HSTU_FUNC_PAD}, got {L_f}")
+    c = int(contextual_seq_len)
+    if c < 0:
+        raise ValueError(f"contextual_seq_len must be >= 0, got {c}")
+    w = None if not max_attn_len else int(max_attn_len)
+    if w is not None and w < 0:
+        raise ValueError(f"max_attn_len must be >= 0 or None, got {max_attn_len}")
+    cu = jnp.asarray(cu_seqlens).astype(jnp.int32)
+    B = cu.shape[0] - 1
+    r = jnp.arange(L_f, dtype=jnp.int32)
+    b_r = jnp.searchsorted(cu, r, side="right").astype(jnp.int32) - 1
+    in_seq = (b_r >= 0) & (b_r < B)
+    b_c = jnp.clip(b_r, 0, max(B - 1, 0))
+    L = (cu[b_c + 1] - cu[b_c]) if B > 0 else jnp.zeros_like(r)
+    i = r - (cu[b_c] if B > 0 else 0)
+    if num_targets is None:
+        n = jnp.zeros_like(r)
+    else:
+        n = jnp.clip(jnp.asarray(num_targets).astype(jnp.int32)[b_c], 0, L)
+    Lh = L - n
+    zero = jnp.zeros_like(r)
+    is_target = i >= Lh
+    is_ctx = (i < c) & ~is_target
+    lo_hist = zero if w is None else jnp.maximum(i - w, 0)
+    lo_tgt = zero if w is None else jnp.maximum(Lh - w, 0)
+    # interval [F1, F2): causal/windowed history, the whole history for contextual rows,
+    # the (windowed) history for targets; [F3, F4): a target's own position.
+    f1 = jnp.where(is_target, lo_tgt, jnp.where(is_ctx, zero, lo_hist))
+    f2 = jnp.where(is_target | is_ctx, Lh, i + 1)
+    f1 = jnp.where(in_seq, f1, zero)
+    f2 = jnp.where(in_seq, f2, zero)
+    rows = [zero, f1, f2]
+    if num_targets is not None:
+        rows += [jnp.where(in_seq & is_target, i, zero), jnp.where(in_seq & is_target, i + 1, zero)]
+    return jnp.stack(rows)[None].astype(jnp.int32)
+
+
+def hstu_func_to_dense(func, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int, max_seqlen_k: int):
+    """Expand ``func`` into dense per-sequence masks ``(B, max_seqlen_q, max_seqlen_k) bool``.
+
+    Entry ``[b, i, j]`` is True iff local key ``j`` is in
+    ``[0, F_0) U [F_1, F_2) U ...`` for global row ``cu_seqlens_q[b] + i``, intersected
+    with the sequence's valid queries and keys. Meant for inspection and tests (it is
+    dense by construction).
+    """
+    f = jnp.asarray(func)[0].astype(jnp.int32)
+    cu_q = jnp.asarray(cu_seqlens_q).astype(jnp.int32)
+    cu_k = jnp.asarray(cu_seqlens_k).astype(jnp.int32)
+    i = jnp.arange(max_seqlen_q, dtype=jnp.int32)
+    j = jnp.arange(max_seqlen_k, dtype=jnp.int32)
+    rows = jnp.clip(cu_q[:-1, None] + i[None, :], 0, f.shape[1] - 1)  # (B, Lq)
+    F = f[:, rows]  # (N, B, Lq)
+    inside = j < F[0][..., None]
+    for t in range(1, f.shape[0], 2):
+        inside = inside | ((j >= F[t][..., None]) & (j < F[t + 1][..., None]))
+    Lq = (cu_q[1:] - cu_q[:-1])[:, None, None]
+    Lk = (cu_k[1:] - cu_k[:-1])[:, None, None]
+    return inside & (i[None, :, None] < Lq) & (j[None, None, :] < Lk)
+
+
+# ----------------------------------------------------------------------------- BSA
+
+
+def block_mask_to_index(block_mask, max_blocks: int | None = None):
+    """Dense block mask -> ``(q2k_block_index, q2k_block_nums)``.
+
+    Args:
+      block_mask: bool ``(B, H, N_q, N_kv)``; True = query block m attends KV block n.
+      max_blocks: static ``K_max``; default ``N_kv``. Rows with more than ``K_max`` True
+        entries keep their ``K_max`` lowest block ids (the counts are clipped too).
+
+    Returns:
+      ``q2k_block_index`` int32 ``(B, H, N_q, K_max)``: the True block ids in ascending
+      order, then the remaining ids (ignored: past the active prefix);
+      ``q2k_block_nums`` int32 ``(B, H, N_q)``: number of True entries (min K_max). Rows
+      without any True entry have count 0 (use ``allow_empty_block_nums=True``).
+    """
+    mask = jnp.asarray(block_mask).astype(bool)
+    n_kv = mask.shape[-1]
+    k_max = n_kv if max_blocks is None else int(max_blocks)
+    if k_max < 1:
+        raise ValueError(f"max_blocks must be >= 1, got {k_max}")
+    order = jnp.argsort(~mask, axis=-1, stable=True).astype(jnp.int32)
+    if k_max <= n_kv:
+        index = order[..., :k_max]
+    else:
+        index = jnp.concatenate(
+            [order, jnp.zeros(order.shape[:-1] + (k_max - n_kv,), jnp.int32)], axis=-1)
+    nums = jnp.minimum(jnp.sum(mask, axis=-1), k_max).astype(jnp.int32)
+    return index, nums
+
+
+def _block_means(x, blk):
+    """(B, H, S, D) -> mean over the valid tokens of each block, (B, H, N, D) float32."""
+    B, H, S, D = x.shape
+    n = -(-S // blk)
+    xp = jnp.pad(x.astype(jnp.float32), ((0, 0), (0, 0), (0, n * blk - S), (0, 0)))
+    sums = xp.reshape(B, H, n, blk, D).sum(axis=3)
+    counts = jnp.minimum(blk, S - jnp.arange(n) * blk).astype(jnp.float32)
+    return sums / counts[None, None, :, None]
+
+
+def topk_block_index(q, k, top_k: int, *, sparse_block_size: int = 128, layout: str = "bhsd",
+                     causal: bool = False):
+    """Top-k KV blocks per query block from mean-pooled QK scores.
+
+    Scores ``mean_pool(q_block_m) . mean_pool(k_block_n)`` (means over the valid tokens
+    of each block; query head h uses KV head ``h // (H_q // H_kv)``). With ``causal`` KV
+    blocks after the query block (``n > m``, bottom-right aligned by block count) are
+    excluded and the query block's own diagonal block is always kept.
+
+    Args:
+      q: ``(B, H_q, S_q, D)`` (bhsd) or ``(B, S_q, H_q, D)`` (bshd).
+      k: ``(B, H_kv, S_kv, D)`` / ``(B, S_kv, H_kv, D)``.
+      top_k: static ``K_max`` (>= 1, clipped to ``N_kv``).
+      sparse_block_size: 64 or 128.
+      layout: "bhsd" or "bshd".
+      causal: restrict to KV blocks ``n <= m + N_kv - N_q``.
+
+    Returns:
+      ``(q2k_block_index int32 (B, H_q, N_q, K_max), q2k_block_nums int32 (B, H_q, N_q))``,
+      indices of the active prefix sorted by descending score.
+    """
+    if layout not in ("bhsd", "bshd"):
+        raise ValueError(f"layout must be 'bhsd' or 'bshd', got {layout!r}")
+    if layout == "bshd":
+        q = jnp.swapaxes(q, 1, 2)
+        k = jnp.swapaxes(k, 1, 2)
+    blk = int(sparse_block_size)
+    B, Hq, Sq, D = q.shape
+    Hkv, Skv = k.shape[1], k.shape[2]
+    if Hq % Hkv:
+        raise ValueError(f"H_q={Hq} must be a multiple of H_kv={Hkv}")
+    qm = _block_means(q, blk)
+    km = jnp.repeat(_block_means(k, blk), Hq // Hkv, axis=1)
+    scores = jnp.einsum("bhmd,bhnd->bhmn", qm, km)
+    n_q, n_kv = qm.shape[2], km.shape[2]
+    kk = max(1, min(int(top_k), n_kv))
+    allowed = jnp.ones((n_q, n_kv), bool)
+    if causal:
+        m = jnp.arange(n_q)[:, None]
+        n = jnp.arange(n_kv)[None, :]
+        diag = m + (n_kv - n_q)
+        allowed = n <= diag
+        scores = jnp.where(n == diag, jnp.inf, scores)
+    scores = jnp.where(allowed, scores, -jnp.inf)
+    _, index = lax.top_k(scores, kk)
+    nums = jnp.minimum(jnp.sum(allowed, axis=-1), kk).astype(jnp.int32)
+    nums = jnp.broadcast_to(nums, (B, Hq, n_q))
+    return index.astype(jnp.int32), nums
+
+
+def transpose_block_index(q2k_block_index, q2k_block_nums, num_kv_blocks: int):
+    """Transposed (KV -> Q) block lists in CSR form, for backward passes over KV blocks.
+
+    Args:
+      q2k_block_index: int32 ``(B, H, N_q, K_max)``.
+      q2k_block_nums: int32 ``(B, H, N_q)`` (active-prefix lengths).
+      num_kv_blocks: static ``N_kv``.
+
+    Returns:
+      ``(k2q_indptr, k2q_index)``: ``k2q_indptr`` int32 ``(B, H, N_kv + 1)`` and
+      ``k2q_index`` int32 ``(B, H, N_q * K_max)``: for KV block n of head h, the query
+      blocks that list it are ``k2q_index[b, h, k2q_indptr[b, h, n]:k2q_indptr[b, h, n+1]]``
+      in ascending order. Entries past ``k2q_indptr[b, h, -1]`` are -1. Inactive and
+      out-of-range entries of the input are ignored.
+    """
+    idx = jnp.asarray(q2k_block_index).astype(jnp.int32)
+    nums = jnp.asarray(q2k_block_nums).astype(jnp.int32)
+    B, H, Nq, K = idx.shape
+    n_kv = int(num_kv_blocks)
+    active = (jnp.arange(K) < nums[..., None]) & (idx >= 0) & (idx < n_kv)
+    kv = jnp.where(active, idx, n_kv).reshape(B, H, Nq * K)  # sentinel n_kv sorts last
+    qblk = jnp.broadcast_to(jnp.arange(Nq, dtype=jnp.int32)[:, None], (Nq, K)).reshape(Nq * K)
+    key = kv * Nq + qblk[None, None, :]
+    order = jnp.argsort(key, axis=-1, stable=True)
+    kv_sorted = jnp.take_along_axis(kv, order, axis=-1)
+    q_sorted = jnp.broadcast_to(qblk, kv.shape)
+    q_sorted = jnp.take_along_axis(q_sorted, order, axis=-1)
+    k2q_index = jnp.where(kv_sorted < n_kv, q_sorted, -1).astype(jnp.int32)
+    counts = jnp.sum(kv_sorted[..., None] == jnp.arange(n_kv)[None, None, None, :], axis=2)
+    indptr = jnp.concatenate([jnp.zeros((B, H, 1), jnp.int32),
+                              jnp.cumsum(counts, axis=-1).astype(jnp.int32)], axis=-1)
+    return indptr, k2q_index

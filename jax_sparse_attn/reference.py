@@ -1,0 +1,471 @@
+"""Pure-``jnp`` reference implementations of HSTU attention and block-sparse attention.
+
+This module is both the any-backend execution path (``backend="reference"``, and what
+``backend="auto"`` picks where no kernel applies) and the oracle every kernel test
+compares against. It has exactly the semantics documented in :mod:`jax_sparse_attn.hstu`
+and :mod:`jax_sparse_attn.bsa` (source: issue 2, "Package foundation").
+
+Precision
+---------
+By default everything is computed in float32 (float64 when the inputs are float64)
+and the outputs are cast back to the input dtype (``lse`` is always float32, or
+float64 for float64 inputs). ``compute_dtype=jnp.bfloat16`` (or ``jnp.float16``)
+performs *the same computation in that dtype* (scores, SiLU/softmax, products and
+accumulations), which kernel tests use to measure the error budget of a low-precision
+computation (the "2x fwd / 5x bwd" rule).
+
+Memory
+------
+Nothing of size ``(B, H, L, L)`` is materialised at once: HSTU is evaluated per
+(sequence, query tile of at most 128 rows) over a padded per-sequence view of
+``max_seqlen_k`` keys; BSA per (batch, head, query block) over the gathered listed key
+blocks only. The per-item bodies run under ``lax.map`` (vectorised in chunks bounded
+to about 2**22 score elements) and are rematerialised (``jax.checkpoint``) under
+differentiation, so ``jax.vjp`` of the forward keeps memory bounded as well.
+
+No value validation happens here (see :mod:`jax_sparse_attn.validation`); out-of-range
+metadata entries are clipped so that gathers never read out of bounds.
+"""
+
+from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+__all__ = [
+    "hstu_attention_ref",
+    "hstu_attention_bwd_ref",
+    "block_sparse_attention_ref",
+    "block_sparse_attention_bwd_ref",
+    "normalize_bsa_metadata",
+    "PAGE_SIZE",
+]
+
+#: Tokens per page of the HSTU paged KV cache (``paged_kv.shape[2]``).
+PAGE_SIZE = 128
+
+# Upper bound on the number of score elements evaluated per lax.map step.
+_CHUNK_ELEMS = 1 << 22
+
+
+def _compute_dtype(in_dtype, compute_dtype):
+    if compute_dtype is None:
+        return jnp.promote_types(in_dtype, jnp.float32)
+    return jnp.dtype(compute_dtype)
+
+
+def _map_batch(n_items: int, elems_per_item: int) -> int:
+    return max(1, min(n_items, _CHUNK_ELEMS // max(1, elems_per_item)))
+
+
+# ----------------------------------------------------------------------------- HSTU
+
+
+def hstu_attention_ref(
+    q,
+    k,
+    v,
+    cu_seqlens_q,
+    cu_seqlens_k,
+    func=None,
+    *,
+    max_seqlen_q: int,
+    max_seqlen_k: int,
+    scaling_seqlen=None,
+    window_size=(-1, 0),
+    alpha=1.0,
+    paged_kv=None,
+    page_ids=None,
+    page_indptrs=None,
+    compute_dtype=None,
+    q_tile: int = 128,
+):
+    """HSTU attention forward, pure ``jnp``.
+
+    Args:
+      q: ``(T_q, H, D)``.  k: ``(T_k, H, D)`` or None with paged KV.
+      v: ``(T_k, H, D_v)`` or None with paged KV.
+      cu_seqlens_q, cu_seqlens_k: ``(B+1,)`` int32 prefix sums.
+      func: optional int32 ``(1, N, L_f)`` interval mask (N odd).
+      max_seqlen_q, max_seqlen_k: static Python ints, upper bounds of the per-sequence lengths.
+      scaling_seqlen: output divisor, default ``max_seqlen_q``.
+      window_size: ``(left, right)``, ``-1`` = unbounded side.
+      alpha: score scale.
+      paged_kv, page_ids, page_indptrs: paged KV cache (``(num_pages, 2, 128, H, D)``).
+      compute_dtype: dtype of the whole computation (default float32, float64 for
+        float64 inputs).
+      q_tile: query rows per evaluated tile.
+
+    Returns:
+      ``out (T_q, H, D_v)`` in q's dtype. Rows outside every sequence are 0.
+    """
+    paged = paged_kv is not None
+    T_q, H, D = q.shape
+    D_v = paged_kv.shape[-1] if paged else v.shape[-1]
+    B = cu_seqlens_q.shape[0] - 1
+    out_dtype = q.dtype
+    cdt = _compute_dtype(q.dtype, compute_dtype)
+    max_seqlen_q = int(max_seqlen_q)
+    max_seqlen_k = int(max_seqlen_k)
+    if scaling_seqlen is None:
+        scaling_seqlen = max_seqlen_q
+    left, right = (int(w) for w in window_size)
+
+    n_keys_avail = (paged_kv.shape[0] * page_ids.shape[0]) if paged else k.shape[0]
+    if T_q == 0 or B <= 0 or max_seqlen_q <= 0 or max_seqlen_k <= 0 or n_keys_avail == 0:
+        return jnp.zeros((T_q, H, D_v), out_dtype)
+
+    tile = max(1, min(int(q_tile), max_seqlen_q))
+    n_t = -(-max_seqlen_q // tile)
+    cu_q = cu_seqlens_q.astype(jnp.int32)
+    cu_k = cu_seqlens_k.astype(jnp.int32)
+    inv_scale = 1.0 / scaling_seqlen
+    j = jnp.arange(max_seqlen_k, dtype=jnp.int32)
+
+    if func is not None:
+        n_f = func.shape[1]
+        L_f = func.shape[2]
+        f2d = func[0].astype(jnp.int32)
+
+    def gather_kv(b):
+        k0 = cu_k[b]
+        if paged:
+            P = page_ids.shape[0]
+            slot = jnp.clip(page_indptrs[b] + j // PAGE_SIZE, 0, P - 1)
+            page = jnp.clip(page_ids[slot], 0, paged_kv.shape[0] - 1)
+            off = j % PAGE_SIZE
+            return paged_kv[page, 0, off], paged_kv[page, 1, off]
+        rows = jnp.clip(k0 + j, 0, k.shape[0] - 1)
+        return k[rows], v[rows]
+
+    def one_tile(bt):
+        b = bt // n_t
+        t = bt % n_t
+        q0 = cu_q[b]
+        L_q = cu_q[b + 1] - q0
+        L_k = cu_k[b + 1] - cu_k[b]
+        i = t * tile + jnp.arange(tile, dtype=jnp.int32)
+        qt = q[jnp.clip(q0 + i, 0, T_q - 1)].astype(cdt)  # (tile, H, D)
+        kt, vt = gather_kv(b)
+        kt = kt.astype(cdt)
+        vt = vt.astype(cdt)
+        s = jnp.einsum("qhd,khd->hqk", qt, kt, preferred_element_type=cdt)
+        s = s * jnp.asarray(alpha, cdt)
+        valid = (i < L_q)[:, None] & (j < L_k)[None, :]
+        p = (i + L_k - L_q)[:, None]
+        if left >= 0:
+            valid = valid & (j[None, :] >= p - left)
+        if right >= 0:
+            valid = valid & (j[None, :] <= p + right)
+        if func is not None:
+            f = f2d[:, jnp.clip(q0 + i, 0, L_f - 1)]  # (N, tile)
+            inside = j[None, :] < f[0][:, None]
+            if n_f > 1:
+                lo = f[1::2][:, :, None]
+                hi = f[2::2][:, :, None]
+                inside = inside | jnp.any((j >= lo) & (j < hi), axis=0)
+            valid = valid & inside
+        act = jnp.where(valid[None], jax.nn.silu(s), jnp.zeros((), cdt))
+        o = jnp.einsum("hqk,khd->qhd", act, vt, preferred_element_type=cdt)
+        return o * jnp.asarray(inv_scale, cdt)
+
+    n_items = B * n_t
+    outs = lax.map(
+        jax.checkpoint(one_tile),
+        jnp.arange(n_items, dtype=jnp.int32),
+        batch_size=_map_batch(n_items, H * tile * max_seqlen_k),
+    )  # (B * n_t, tile, H, D_v)
+    padded = outs.reshape(B, n_t * tile, H, D_v)
+
+    r = jnp.arange(T_q, dtype=jnp.int32)
+    b_r = jnp.searchsorted(cu_q, r, side="right").astype(jnp.int32) - 1
+    b_c = jnp.clip(b_r, 0, B - 1)
+    i_r = r - cu_q[b_c]
+    row_ok = (b_r >= 0) & (b_r < B) & (i_r >= 0) & (i_r < max_seqlen_q)
+    out = padded[b_c, jnp.clip(i_r, 0, n_t * tile - 1)]
+    out = jnp.where(row_ok[:, None, None], out, jnp.zeros((), cdt))
+    return out.astype(out_dtype)
+
+
+def hstu_attention_bwd_ref(
+    do,
+    q,
+    k,
+    v,
+    cu_seqlens_q,
+    cu_seqlens_k,
+    func=None,
+    *,
+    max_seqlen_q: int,
+    max_seqlen_k: int,
+    scaling_seqlen=None,
+    window_size=(-1, 0),
+    alpha=1.0,
+    compute_dtype=None,
+):
+    """HSTU attention backward: ``(dq, dk, dv)`` = ``jax.vjp`` of :func:`hstu_attention_ref`.
+
+    The forward body is rematerialised per tile, so memory stays bounded. Gradients are
+    computed in ``compute_dtype`` (default float32) and returned in the input dtypes.
+    """
+    cdt = _compute_dtype(q.dtype, compute_dtype)
+
+    def f(q_, k_, v_):
+        o = hstu_attention_ref(
+            q_, k_, v_, cu_seqlens_q, cu_seqlens_k, func,
+            max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k,
+            scaling_seqlen=scaling_seqlen, window_size=window_size, alpha=alpha,
+            compute_dtype=cdt,
+        )
+        return o
+
+    _, vjp = jax.vjp(f, q.astype(cdt), k.astype(cdt), v.astype(cdt))
+    dq, dk, dv = vjp(do.astype(cdt))
+    return dq.astype(q.dtype), dk.astype(k.dtype), dv.astype(v.dtype)
+
+
+# ----------------------------------------------------------------------------- BSA
+
+
+def normalize_bsa_metadata(q2k_block_index, block_sparse_num=None, block_sizes=None,
+                           q2k_block_nums=None):
+    """Normalise BSA metadata to the kernel-interface form (docs/design.md).
+
+    Returns ``(q2k_block_index int32 (B, H_q, N_q, K_max), q2k_block_nums int32
+    (B, H_q, N_q), block_sizes None | int32 (B, H_q, N_kv))``. A fixed
+    ``block_sparse_num`` becomes a filled counts array; ``block_sizes`` of rank 1
+    ``(N_kv,)`` or 2 ``(B, N_kv)`` is broadcast to rank 3. No checks are made here.
+    """
+    idx = jnp.asarray(q2k_block_index).astype(jnp.int32)
+    B, Hq, Nq, _ = idx.shape
+    if q2k_block_nums is not None:
+        nums = jnp.asarray(q2k_block_nums).astype(jnp.int32)
+    else:
+        nums = jnp.full((B, Hq, Nq), block_sparse_num, jnp.int32)
+    sizes = None
+    if block_sizes is not None:
+        bs = jnp.asarray(block_sizes).astype(jnp.int32)
+        if bs.ndim == 1:
+            sizes = jnp.broadcast_to(bs[None, None, :], (B, Hq, bs.shape[0]))
+        elif bs.ndim == 2:
+            sizes = jnp.broadcast_to(bs[:, None, :], (B, Hq, bs.shape[1]))
+        else:
+            sizes = bs
+    return idx, nums, sizes
+
+
+def _to_bhsd(x, layout):
+    return x if layout == "bhsd" else jnp.swapaxes(x, 1, 2)
+
+
+def _bsa_blocks(q, k, v, q2k_block_index, q2k_block_nums, block_sizes, layout,
+                sparse_block_size, extra=()):
+    """Shared setup: bhsd views padded to whole blocks plus normalised metadata."""
+    q = _to_bhsd(q, layout)
+    k = _to_bhsd(k, layout)
+    v = _to_bhsd(v, layout)
+    blk = int(sparse_block_size)
+    B, Hq, Sq, D = q.shape
+    Hkv, Skv = k.shape[1], k.shape[2]
+    Dv = v.shape[-1]
+    Nq = -(-Sq // blk)
+    Nkv = -(-Skv // blk)
+    idx, nums, sizes = normalize_bsa_metadata(q2k_block_index, None, block_sizes,
+                                              q2k_block_nums)
+    return q, k, v, (B, Hq, Hkv, Sq, Skv, D, Dv, Nq, Nkv, blk), idx, nums, sizes
+
+
+def _pad_blocks(x, n_blocks, blk):
+    """(B, H, S, E) -> (B, H, n_blocks, blk, E), zero padded."""
+    B, H, S, E = x.shape
+    x = jnp.pad(x, ((0, 0), (0, 0), (0, n_blocks * blk - S), (0, 0)))
+    return x.reshape(B, H, n_blocks, blk, E)
+
+
+def _bsa_item_keys(n, idx, nums, sizes, dims):
+    """Per (b, h, m) item: gathered KV block ids and the key validity mask."""
+    B, Hq, Hkv, Sq, Skv, D, Dv, Nq, Nkv, blk = dims
+    K_max = idx.shape[-1]
+    b = n // (Hq * Nq)
+    h = (n // Nq) % Hq
+    m = n % Nq
+    ids = idx[b, h, m]
+    active = jnp.arange(K_max, dtype=jnp.int32) < nums[b, h, m]
+    idc = jnp.where(active, jnp.clip(ids, 0, Nkv - 1), 0)
+    off = jnp.arange(blk, dtype=jnp.int32)
+    kpos = idc[:, None] * blk + off[None, :]
+    kval = active[:, None] & (kpos < Skv)
+    if sizes is not None:
+        kval = kval & (off[None, :] < sizes[b, h, idc][:, None])
+    qrow_ok = (m * blk + off) < Sq
+    return b, h, m, idc, kval.reshape(K_max * blk), qrow_ok
+
+
+def block_sparse_attention_ref(
+    q,
+    k,
+    v,
+    q2k_block_index,
+    q2k_block_nums,
+    block_sizes=None,
+    *,
+    layout: str = "bhsd",
+    sparse_block_size: int = 128,
+    softmax_scale=None,
+    compute_dtype=None,
+):
+    """Block-sparse softmax attention forward, pure ``jnp``.
+
+    Args:
+      q: ``(B, H_q, S_q, D)`` (``bhsd``) or ``(B, S_q, H_q, D)`` (``bshd``).
+      k: ``(B, H_kv, S_kv, D)`` / ``(B, S_kv, H_kv, D)``; v: same with ``D_v``.
+      q2k_block_index: int32 ``(B, H_q, N_q, K_max)``.
+      q2k_block_nums: int32 ``(B, H_q, N_q)`` active-prefix lengths (use
+        :func:`normalize_bsa_metadata` to turn a fixed ``block_sparse_num`` into this).
+      block_sizes: None or int32 of rank 1 ``(N_kv,)``, 2 ``(B, N_kv)`` or 3 ``(B, H_q, N_kv)``.
+      softmax_scale: default ``1/sqrt(D)``.
+      compute_dtype: dtype of the computation (default float32 / float64 for float64 inputs).
+
+    Returns:
+      ``(out, lse)``: out in the input layout and q's dtype, ``lse (B, H_q, S_q)`` natural
+      log in float32 (float64 for float64 inputs), ``-inf`` (and out 0) for rows with no key.
+    """
+    in_dtype = q.dtype
+    cdt = _compute_dtype(in_dtype, compute_dtype)
+    lse_dtype = jnp.promote_types(in_dtype, jnp.float32)
+    q, k, v, dims, idx, nums, sizes = _bsa_blocks(
+        q, k, v, q2k_block_index, q2k_block_nums, block_sizes, layout, sparse_block_size)
+    B, Hq, Hkv, Sq, Skv, D, Dv, Nq, Nkv, blk = dims
+    if softmax_scale is None:
+        softmax_scale = 1.0 / math.sqrt(D)
+    K_max = idx.shape[-1]
+    g = Hq // max(Hkv, 1)
+
+    def finish(o_bhsd, lse):
+        o = o_bhsd.astype(in_dtype)
+        return (o if layout == "bhsd" else jnp.swapaxes(o, 1, 2)), lse.astype(lse_dtype)
+
+    if B == 0 or Hq == 0 or Sq == 0 or Skv == 0 or K_max == 0:
+        return finish(jnp.zeros((B, Hq, Sq, Dv), cdt),
+                      jnp.full((B, Hq, Sq), -jnp.inf, lse_dtype))
+
+    qb = _pad_blocks(q, Nq, blk)
+    kb = _pad_blocks(k, Nkv, blk)
+    vb = _pad_blocks(v, Nkv, blk)
+    scale = jnp.asarray(softmax_scale, cdt)
+
+    def one(n):
+        b, h, m, idc, kval, _ = _bsa_item_keys(n, idx, nums, sizes, dims)
+        qt = qb[b, h, m].astype(cdt)  # (blk, D)
+        kt = kb[b, h // g, idc].reshape(K_max * blk, D).astype(cdt)
+        vt = vb[b, h // g, idc].reshape(K_max * blk, Dv).astype(cdt)
+        s = jnp.einsum("qd,kd->qk", qt, kt, preferred_element_type=cdt) * scale
+        s = jnp.where(kval[None, :], s, -jnp.inf)
+        mx = jnp.max(s, axis=-1)
+        mx = jnp.where(jnp.isfinite(mx), mx, jnp.zeros((), cdt))
+        e = jnp.exp(s - mx[:, None])
+        lsum = jnp.sum(e, axis=-1)
+        nonempty = lsum > 0
+        lsum_safe = jnp.where(nonempty, lsum, jnp.ones((), cdt))
+        o = jnp.einsum("qk,kd->qd", e, vt, preferred_element_type=cdt) / lsum_safe[:, None]
+        lse = jnp.where(nonempty, mx + jnp.log(lsum_safe), -jnp.inf)
+        return o, lse
+
+    n_items = B * Hq * Nq
+    o, lse = lax.map(jax.checkpoint(one), jnp.arange(n_items, dtype=jnp.int32),
+                     batch_size=_map_batch(n_items, blk * K_max * blk))
+    o = o.reshape(B, Hq, Nq * blk, Dv)[:, :, :Sq]
+    lse = lse.reshape(B, Hq, Nq * blk)[:, :, :Sq]
+    return finish(o, lse)
+
+
+def block_sparse_attention_bwd_ref(
+    do,
+    q,
+    k,
+    v,
+    out,
+    lse,
+    q2k_block_index,
+    q2k_block_nums,
+    block_sizes=None,
+    *,
+    layout: str = "bhsd",
+    sparse_block_size: int = 128,
+    softmax_scale=None,
+    compute_dtype=None,
+):
+    """Explicit block-sparse attention backward from the saved ``out`` and ``lse``.
+
+    Per (b, h, query block m) over the listed key blocks: ``P = exp(scale*QK^T - lse)``,
+    ``dV += P^T dO``, ``dS = P (dO V^T - rowsum(dO*O))``, ``dQ = scale dS K``,
+    ``dK += scale dS^T Q``; dK/dV are summed over the query heads sharing a KV head.
+    Rows with ``lse = -inf`` contribute nothing. Returns ``(dq, dk, dv)`` in the input
+    layout and dtypes, computed in ``compute_dtype`` (default float32).
+    """
+    in_dtypes = (q.dtype, k.dtype, v.dtype)
+    cdt = _compute_dtype(q.dtype, compute_dtype)
+    do = _to_bhsd(do, layout)
+    out = _to_bhsd(out, layout)
+    q, k, v, dims, idx, nums, sizes = _bsa_blocks(
+        q, k, v, q2k_block_index, q2k_block_nums, block_sizes, layout, sparse_block_size)
+    B, Hq, Hkv, Sq, Skv, D, Dv, Nq, Nkv, blk = dims
+    if softmax_scale is None:
+        softmax_scale = 1.0 / math.sqrt(D)
+    K_max = idx.shape[-1]
+    g = Hq // max(Hkv, 1)
+
+    def finish(dq, dk, dv):
+        res = (dq.astype(in_dtypes[0]), dk.astype(in_dtypes[1]), dv.astype(in_dtypes[2]))
+        if layout == "bshd":
+            res = tuple(jnp.swapaxes(x, 1, 2) for x in res)
+        return res
+
+    if B == 0 or Hq == 0 or Sq == 0 or Skv == 0 or K_max == 0:
+        return finish(jnp.zeros(q.shape, cdt), jnp.zeros(k.shape, cdt), jnp.zeros(v.shape, cdt))
+
+    qb = _pad_blocks(q, Nq, blk)
+    kb = _pad_blocks(k, Nkv, blk)
+    vb = _pad_blocks(v, Nkv, blk)
+    dob = _pad_blocks(do, Nq, blk)
+    ob = _pad_blocks(out, Nq, blk)
+    lseb = jnp.pad(lse, ((0, 0), (0, 0), (0, Nq * blk - Sq)),
+                   constant_values=-jnp.inf).reshape(B, Hq, Nq, blk)
+    scale = jnp.asarray(softmax_scale, cdt)
+
+    def one(n):
+        b, h, m, idc, kval, qrow_ok = _bsa_item_keys(n, idx, nums, sizes, dims)
+        qt = qb[b, h, m].astype(cdt)
+        dot = dob[b, h, m].astype(cdt)
+        ot = ob[b, h, m].astype(cdt)
+        lt = lseb[b, h, m]
+        kt = kb[b, h // g, idc].reshape(K_max * blk, D).astype(cdt)
+        vt = vb[b, h // g, idc].reshape(K_max * blk, Dv).astype(cdt)
+        s = jnp.einsum("qd,kd->qk", qt, kt, preferred_element_type=cdt) * scale
+        row_ok = qrow_ok & jnp.isfinite(lt)
+        lt_safe = jnp.where(row_ok, lt, 0).astype(cdt)
+        ok = row_ok[:, None] & kval[None, :]
+        p = jnp.where(ok, jnp.exp(jnp.where(ok, s - lt_safe[:, None], 0)), jnp.zeros((), cdt))
+        dv_c = jnp.einsum("qk,qd->kd", p, dot, preferred_element_type=cdt)
+        dp = jnp.einsum("qd,kd->qk", dot, vt, preferred_element_type=cdt)
+        di = jnp.sum(dot * ot, axis=-1)
+        ds = p * (dp - di[:, None])
+        dq = jnp.einsum("qk,kd->qd", ds, kt, preferred_element_type=cdt) * scale
+        dk_c = jnp.einsum("qk,qd->kd", ds, qt, preferred_element_type=cdt) * scale
+        return dq, dk_c.reshape(K_max, blk, D), dv_c.reshape(K_max, blk, Dv), idc
+
+    n_items = B * Hq * Nq
+    dq, dk_c, dv_c, idc = lax.map(one, jnp.arange(n_items, dtype=jnp.int32),
+                                  batch_size=_map_batch(n_items, blk * K_max * blk))
+    dq = dq.reshape(B, Hq, Nq * blk, D)[:, :, :Sq]
+    items = jnp.arange(n_items, dtype=jnp.int32)
+    b_i = (items // (Hq * Nq))[:, None]
+    hk_i = ((items // Nq) % Hq // g)[:, None]
+    dk = jnp.zeros((B, Hkv, Nkv, blk, D), cdt).at[b_i, hk_i, idc].add(dk_c)
+    dv = jnp.zeros((B, Hkv, Nkv, blk, Dv), cdt).at[b_i, hk_i, idc].add(dv_c)
+    dk = dk.reshape(B, Hkv, Nkv * blk, D)[:, :, :Skv]
+    dv = dv.reshape(B, Hkv, Nkv * blk, Dv)[:, :, :Skv]
+    return finish(dq, dk, dv)

@@ -1,0 +1,447 @@
+"""Input checks for HSTU attention and block-sparse attention.
+
+Two kinds of checks:
+
+* **Trace-time checks** (``check_hstu_args`` / ``check_bsa_args``): shapes, ranks,
+  dtypes, layouts and the static Python options. They need no array values, so the
+  public ops run them on every call, also under ``jax.jit``. Errors are ``ValueError``
+  (bad shape/value of an option) or ``TypeError`` (bad dtype/type) naming the argument
+  and what is allowed.
+* **Eager value validators** (:func:`validate_hstu_inputs`,
+  :func:`validate_bsa_metadata`): read the integer metadata back to the host and check
+  the *values* (cu_seqlens monotone and within T, max_seqlen consistent, func
+  endpoints, page ids, block indices in range and unique in the active prefix, counts,
+  block sizes). They raise ``ValueError`` naming the first offending position. The
+  public ops call them automatically when every metadata array is concrete (not a
+  tracer); inside ``jax.jit`` call them yourself on the concrete inputs beforehand.
+"""
+
+from __future__ import annotations
+
+import numbers
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+__all__ = [
+    "validate_hstu_inputs",
+    "validate_bsa_metadata",
+    "check_hstu_args",
+    "check_bsa_args",
+    "FLOAT_DTYPES",
+    "KERNEL_DTYPES",
+    "SPARSE_BLOCK_SIZES",
+    "HSTU_FUNC_PAD",
+]
+
+#: dtypes of the fast path (and of the issue's contract).
+KERNEL_DTYPES = (jnp.dtype(jnp.float16), jnp.dtype(jnp.bfloat16))
+#: dtypes accepted by the public ops: fp16/bf16 everywhere; fp32/fp64 select the reference.
+FLOAT_DTYPES = KERNEL_DTYPES + (jnp.dtype(jnp.float32), jnp.dtype(jnp.float64))
+#: Allowed ``sparse_block_size`` values.
+SPARSE_BLOCK_SIZES = (64, 128)
+#: ``func.shape[2]`` must be at least ``T_q + HSTU_FUNC_PAD``.
+HSTU_FUNC_PAD = 256
+HSTU_PAGE_SIZE = 128
+
+_DTYPE_NAMES = "float16 or bfloat16 (float32/float64 only with the reference backend)"
+
+
+def _is_tracer(x) -> bool:
+    return isinstance(x, jax.core.Tracer)
+
+
+def is_concrete(*xs) -> bool:
+    """True when none of ``xs`` is a JAX tracer (values can be read on the host)."""
+    return not any(_is_tracer(x) for x in xs if x is not None)
+
+
+def _shape(name, x):
+    if x is None:
+        raise ValueError(f"{name} is required (got None)")
+    shape = getattr(x, "shape", None)
+    if shape is None or getattr(x, "dtype", None) is None:
+        raise TypeError(f"{name} must be an array with .shape and .dtype, got {type(x).__name__}")
+    return tuple(shape)
+
+
+def _check_rank(name, x, rank, layout_desc):
+    shape = _shape(name, x)
+    if len(shape) != rank:
+        raise ValueError(f"{name} must have rank {rank} {layout_desc}, got shape {shape}")
+    return shape
+
+
+def _check_float(name, x):
+    dt = jnp.dtype(x.dtype)
+    if dt not in FLOAT_DTYPES:
+        raise TypeError(f"{name} dtype must be {_DTYPE_NAMES}, got {dt}")
+    return dt
+
+
+def _check_int(name, x):
+    dt = jnp.dtype(x.dtype)
+    if not jnp.issubdtype(dt, jnp.integer):
+        raise TypeError(f"{name} must be an integer (int32) array, got dtype {dt}")
+    return dt
+
+
+def _static_int(name, x, minimum=None):
+    if isinstance(x, bool) or not isinstance(x, numbers.Integral):
+        raise TypeError(
+            f"{name} must be a static Python int, got {type(x).__name__}"
+            + (" (a traced value: pass it as a static argument)" if _is_tracer(x) else "")
+        )
+    x = int(x)
+    if minimum is not None and x < minimum:
+        raise ValueError(f"{name} must be >= {minimum}, got {x}")
+    return x
+
+
+def _static_real(name, x):
+    if isinstance(x, bool) or not isinstance(x, numbers.Real):
+        raise TypeError(f"{name} must be a static Python number, got {type(x).__name__}")
+    x = float(x)
+    if not np.isfinite(x):
+        raise ValueError(f"{name} must be finite, got {x}")
+    return x
+
+
+def _check_window(window_size):
+    try:
+        left, right = window_size
+    except (TypeError, ValueError):
+        raise ValueError(
+            f"window_size must be a pair (left, right) of ints >= -1, got {window_size!r}"
+        ) from None
+    out = []
+    for side, w in (("left", left), ("right", right)):
+        if isinstance(w, bool) or not isinstance(w, numbers.Integral):
+            raise TypeError(f"window_size {side} must be a Python int >= -1, got {w!r}")
+        if int(w) < -1:
+            raise ValueError(f"window_size {side} must be >= -1 (-1 = unbounded), got {int(w)}")
+        out.append(int(w))
+    return tuple(out)
+
+
+# ----------------------------------------------------------------------------- HSTU
+
+
+def check_hstu_args(q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q, max_seqlen_k,
+                    scaling_seqlen=None, window_size=(-1, 0), alpha=1.0, func=None,
+                    paged_kv=None, page_ids=None, page_indptrs=None):
+    """Trace-time checks of the HSTU arguments; returns the normalised static options.
+
+    Returns a dict with ``max_seqlen_q``, ``max_seqlen_k`` (ints), ``scaling_seqlen``
+    (float), ``window_size`` (tuple of ints), ``alpha`` (float), ``head_dim``,
+    ``head_dim_v``, ``paged`` and ``has_func``.
+    """
+    T_q, H, D = _check_rank("q", q, 3, "(T_q, H, D)")
+    dt = _check_float("q", q)
+    paged = paged_kv is not None
+    if paged:
+        if k is not None or v is not None:
+            raise ValueError("with paged_kv, k and v must be None (keys/values come from the pages)")
+        pshape = _check_rank("paged_kv", paged_kv, 5, "(num_pages, 2, 128, H, D)")
+        if pshape[1] != 2 or pshape[2] != HSTU_PAGE_SIZE or pshape[3] != H or pshape[4] != D:
+            raise ValueError(
+                f"paged_kv must have shape (num_pages, 2, {HSTU_PAGE_SIZE}, H={H}, D={D}), "
+                f"got {pshape}"
+            )
+        if jnp.dtype(paged_kv.dtype) != dt:
+            raise TypeError(f"paged_kv dtype {jnp.dtype(paged_kv.dtype)} must equal q's dtype {dt}")
+        _check_rank("page_ids", page_ids, 1, "(P,)")
+        _check_int("page_ids", page_ids)
+        _check_rank("page_indptrs", page_indptrs, 1, "(B+1,)")
+        _check_int("page_indptrs", page_indptrs)
+        D_v = D
+    else:
+        if page_ids is not None or page_indptrs is not None:
+            raise ValueError("page_ids/page_indptrs are only valid together with paged_kv")
+        T_k, H_k, D_k = _check_rank("k", k, 3, "(T_k, H, D)")
+        T_v, H_v, D_v = _check_rank("v", v, 3, "(T_k, H, D_v)")
+        if H_k != H or D_k != D:
+            raise ValueError(f"k must have shape (T_k, H={H}, D={D}) matching q, got {(T_k, H_k, D_k)}")
+        if T_v != T_k or H_v != H:
+            raise ValueError(f"v must have shape (T_k={T_k}, H={H}, D_v), got {(T_v, H_v, D_v)}")
+        for name, x in (("k", k), ("v", v)):
+            if jnp.dtype(x.dtype) != dt:
+                raise TypeError(
+                    f"q, k and v must have one dtype; q is {dt} but {name} is {jnp.dtype(x.dtype)}"
+                )
+    (bq,) = _check_rank("cu_seqlens_q", cu_seqlens_q, 1, "(B+1,)")
+    (bk,) = _check_rank("cu_seqlens_k", cu_seqlens_k, 1, "(B+1,)")
+    _check_int("cu_seqlens_q", cu_seqlens_q)
+    _check_int("cu_seqlens_k", cu_seqlens_k)
+    if bq < 1:
+        raise ValueError("cu_seqlens_q must have B+1 >= 1 entries, got 0")
+    if bk != bq:
+        raise ValueError(f"cu_seqlens_k must have the same length as cu_seqlens_q ({bq}), got {bk}")
+    if paged and page_indptrs.shape[0] != bq:
+        raise ValueError(f"page_indptrs must have shape (B+1,) = ({bq},), got {tuple(page_indptrs.shape)}")
+    max_seqlen_q = _static_int("max_seqlen_q", max_seqlen_q, 0)
+    max_seqlen_k = _static_int("max_seqlen_k", max_seqlen_k, 0)
+    if scaling_seqlen is None:
+        scaling = float(max_seqlen_q) if max_seqlen_q > 0 else 1.0
+    else:
+        scaling = _static_real("scaling_seqlen", scaling_seqlen)
+        if scaling <= 0:
+            raise ValueError(f"scaling_seqlen must be > 0, got {scaling}")
+    window = _check_window(window_size)
+    alpha = _static_real("alpha", alpha)
+    if func is not None:
+        fshape = _check_rank("func", func, 3, "(1, N, L_f)")
+        _check_int("func", func)
+        if fshape[0] != 1:
+            raise ValueError(f"func must have shape (1, N, L_f) with a leading 1, got {fshape}")
+        if fshape[1] < 1 or fshape[1] % 2 != 1:
+            raise ValueError(f"func must have an odd number N >= 1 of endpoint rows, got N={fshape[1]}")
+        if fshape[2] < T_q + HSTU_FUNC_PAD:
+            raise ValueError(
+                f"func must have L_f >= T_q + {HSTU_FUNC_PAD} = {T_q + HSTU_FUNC_PAD} columns, "
+                f"got L_f={fshape[2]}"
+            )
+        if window != (-1, -1):
+            raise ValueError(f"func requires window_size=(-1, -1), got {window}")
+        if paged:
+            raise ValueError("func cannot be combined with paged_kv")
+    if paged and window != (-1, 0):
+        raise ValueError(f"paged_kv supports the causal mask only: window_size must be (-1, 0), got {window}")
+    return dict(max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k, scaling_seqlen=scaling,
+                window_size=window, alpha=alpha, head_dim=D, head_dim_v=D_v, paged=paged,
+                has_func=func is not None, dtype=dt)
+
+
+def _host(x):
+    return np.asarray(jax.device_get(x)).astype(np.int64)
+
+
+def _check_cu(name, cu, total, max_seqlen, max_name):
+    cu = _host(cu)
+    if cu[0] != 0:
+        raise ValueError(f"{name}[0] must be 0, got {cu[0]}")
+    lens = np.diff(cu)
+    bad = np.nonzero(lens < 0)[0]
+    if bad.size:
+        b = int(bad[0])
+        raise ValueError(
+            f"{name} must be non-decreasing: {name}[{b + 1}]={cu[b + 1]} < {name}[{b}]={cu[b]}"
+        )
+    if total is not None and cu[-1] > total:
+        raise ValueError(f"{name}[-1]={cu[-1]} exceeds the number of tokens {total}")
+    if lens.size and lens.max() > max_seqlen:
+        b = int(np.argmax(lens))
+        raise ValueError(
+            f"{max_name}={max_seqlen} is smaller than sequence {b}'s length {int(lens[b])} "
+            f"(from {name})"
+        )
+    return cu, lens
+
+
+def validate_hstu_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q, max_seqlen_k,
+                         scaling_seqlen=None, window_size=(-1, 0), alpha=1.0, func=None,
+                         paged_kv=None, page_ids=None, page_indptrs=None):
+    """Check the shapes *and values* of HSTU inputs eagerly (same arguments as the op).
+
+    Value checks: ``cu_seqlens_*[0] == 0``, non-decreasing, last entry <= T;
+    ``max_seqlen_*`` >= every sequence length; ``func`` endpoints in
+    ``[0, max_seqlen_k]`` for rows inside a sequence; with paged KV,
+    ``page_indptrs`` starts at 0, is non-decreasing, ends <= P, gives every sequence at
+    least ``ceil(L_k / 128)`` pages, and the used ``page_ids`` are in ``[0, num_pages)``.
+
+    Raises:
+      ValueError naming the first offending position; TypeError/ValueError from the
+      trace-time checks.
+    """
+    opts = check_hstu_args(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q=max_seqlen_q,
+                           max_seqlen_k=max_seqlen_k, scaling_seqlen=scaling_seqlen,
+                           window_size=window_size, alpha=alpha, func=func, paged_kv=paged_kv,
+                           page_ids=page_ids, page_indptrs=page_indptrs)
+    T_q = q.shape[0]
+    T_k = None if paged_kv is not None else k.shape[0]
+    cu_q, _ = _check_cu("cu_seqlens_q", cu_seqlens_q, T_q, opts["max_seqlen_q"], "max_seqlen_q")
+    _, lens_k = _check_cu("cu_seqlens_k", cu_seqlens_k, T_k, opts["max_seqlen_k"], "max_seqlen_k")
+    if func is not None:
+        f = _host(func)[0]
+        rows = np.arange(f.shape[1])
+        in_seq = rows < cu_q[-1]
+        bad = np.argwhere(((f < 0) | (f > opts["max_seqlen_k"])) & in_seq[None, :])
+        if bad.size:
+            t, r = (int(x) for x in bad[0])
+            raise ValueError(
+                f"func[0, {t}, {r}]={int(f[t, r])} is outside [0, max_seqlen_k={opts['max_seqlen_k']}]"
+            )
+    if paged_kv is not None:
+        ptr = _host(page_indptrs)
+        ids = _host(page_ids)
+        n_pages = paged_kv.shape[0]
+        if ptr[0] != 0:
+            raise ValueError(f"page_indptrs[0] must be 0, got {ptr[0]}")
+        d = np.diff(ptr)
+        bad = np.nonzero(d < 0)[0]
+        if bad.size:
+            b = int(bad[0])
+            raise ValueError(f"page_indptrs must be non-decreasing: page_indptrs[{b + 1}] < page_indptrs[{b}]")
+        if ptr[-1] > ids.shape[0]:
+            raise ValueError(f"page_indptrs[-1]={ptr[-1]} exceeds len(page_ids)={ids.shape[0]}")
+        need = -(-lens_k // HSTU_PAGE_SIZE)
+        bad = np.nonzero(d < need)[0]
+        if bad.size:
+            b = int(bad[0])
+            raise ValueError(
+                f"sequence {b} has {int(lens_k[b])} keys and needs {int(need[b])} pages, "
+                f"but page_indptrs gives it {int(d[b])}"
+            )
+        used = ids[: ptr[-1]]
+        bad = np.nonzero((used < 0) | (used >= n_pages))[0]
+        if bad.size:
+            p = int(bad[0])
+            raise ValueError(f"page_ids[{p}]={int(used[p])} is outside [0, num_pages={n_pages})")
+
+
+# ----------------------------------------------------------------------------- BSA
+
+
+def check_bsa_args(q, k, v, q2k_block_index, block_sparse_num=None, block_sizes=None,
+                   q2k_block_nums=None, *, sparse_block_size=128, softmax_scale=None,
+                   layout="bhsd", allow_empty_block_nums=False):
+    """Trace-time checks of the block-sparse attention arguments.
+
+    Returns a dict of normalised static options: ``layout``, ``sparse_block_size``,
+    ``softmax_scale`` (float), ``block_sparse_num`` (int or None),
+    ``allow_empty_block_nums``, ``dims`` = ``(B, H_q, H_kv, S_q, S_kv, D, D_v, N_q, N_kv,
+    K_max)`` and ``dtype``.
+    """
+    if layout not in ("bhsd", "bshd"):
+        raise ValueError(f"layout must be 'bhsd' (B, H, S, D) or 'bshd' (B, S, H, D), got {layout!r}")
+    desc = "(B, H, S, D)" if layout == "bhsd" else "(B, S, H, D)"
+    qs = _check_rank("q", q, 4, desc)
+    ks = _check_rank("k", k, 4, desc)
+    vs = _check_rank("v", v, 4, desc)
+    dt = _check_float("q", q)
+    for name, x in (("k", k), ("v", v)):
+        if jnp.dtype(x.dtype) != dt:
+            raise TypeError(f"q, k and v must have one dtype; q is {dt} but {name} is {jnp.dtype(x.dtype)}")
+
+    def bhsd(s):
+        return s if layout == "bhsd" else (s[0], s[2], s[1], s[3])
+
+    B, Hq, Sq, D = bhsd(qs)
+    Bk, Hkv, Skv, Dk = bhsd(ks)
+    Bv, Hv, Sv, Dv = bhsd(vs)
+    if Bk != B or Bv != B:
+        raise ValueError(f"q, k and v must have the same batch size; got {B}, {Bk}, {Bv}")
+    if Dk != D:
+        raise ValueError(f"k's head dim {Dk} must equal q's head dim {D}")
+    if (Hv, Sv) != (Hkv, Skv):
+        raise ValueError(f"v must have the same heads and length as k ({Hkv}, {Skv}), got ({Hv}, {Sv})")
+    if Hkv < 1 or Hq % Hkv != 0:
+        raise ValueError(f"the number of query heads {Hq} must be a multiple of the KV heads {Hkv} (GQA)")
+    if isinstance(sparse_block_size, bool) or not isinstance(sparse_block_size, numbers.Integral) \
+            or int(sparse_block_size) not in SPARSE_BLOCK_SIZES:
+        raise ValueError(f"sparse_block_size must be one of {SPARSE_BLOCK_SIZES}, got {sparse_block_size!r}")
+    blk = int(sparse_block_size)
+    Nq = -(-Sq // blk)
+    Nkv = -(-Skv // blk)
+    ishape = _check_rank("q2k_block_index", q2k_block_index, 4, "(B, H_q, N_q, K_max)")
+    _check_int("q2k_block_index", q2k_block_index)
+    if ishape[:3] != (B, Hq, Nq):
+        raise ValueError(
+            f"q2k_block_index must have shape (B, H_q, N_q, K_max) = ({B}, {Hq}, {Nq}, K_max) "
+            f"with N_q = ceil(S_q / {blk}), got {ishape}"
+        )
+    K_max = ishape[3]
+    if K_max < 1:
+        raise ValueError("q2k_block_index must have K_max >= 1 entries per row, got K_max=0")
+    if not isinstance(allow_empty_block_nums, bool):
+        raise TypeError(f"allow_empty_block_nums must be a bool, got {allow_empty_block_nums!r}")
+    if (block_sparse_num is None) == (q2k_block_nums is None):
+        raise ValueError(
+            "pass exactly one of block_sparse_num (a fixed count) and q2k_block_nums "
+            "(per-row counts (B, H_q, N_q))"
+        )
+    if block_sparse_num is not None:
+        n = _static_int("block_sparse_num", block_sparse_num)
+        if not 1 <= n <= K_max:
+            raise ValueError(f"block_sparse_num must be in [1, K_max={K_max}], got {n}")
+        block_sparse_num = n
+    else:
+        nshape = _check_rank("q2k_block_nums", q2k_block_nums, 3, "(B, H_q, N_q)")
+        _check_int("q2k_block_nums", q2k_block_nums)
+        if nshape != (B, Hq, Nq):
+            raise ValueError(f"q2k_block_nums must have shape (B, H_q, N_q) = {(B, Hq, Nq)}, got {nshape}")
+    if block_sizes is not None:
+        bshape = _shape("block_sizes", block_sizes)
+        _check_int("block_sizes", block_sizes)
+        allowed = {1: (Nkv,), 2: (B, Nkv), 3: (B, Hq, Nkv)}
+        if len(bshape) not in allowed or bshape != allowed[len(bshape)]:
+            raise ValueError(
+                f"block_sizes must have shape (N_kv,) = ({Nkv},), (B, N_kv) = {(B, Nkv)} or "
+                f"(B, H_q, N_kv) = {(B, Hq, Nkv)}, got {bshape}"
+            )
+    if softmax_scale is None:
+        scale = 1.0 / float(np.sqrt(D)) if D > 0 else 1.0
+    else:
+        scale = _static_real("softmax_scale", softmax_scale)
+    return dict(layout=layout, sparse_block_size=blk, softmax_scale=scale,
+                block_sparse_num=block_sparse_num, allow_empty_block_nums=allow_empty_block_nums,
+                dims=(B, Hq, Hkv, Sq, Skv, D, Dv, Nq, Nkv, K_max), dtype=dt)
+
+
+def validate_bsa_metadata(q, k, v, q2k_block_index, block_sparse_num=None, block_sizes=None,
+                          q2k_block_nums=None, *, sparse_block_size=128, layout="bhsd",
+                          allow_empty_block_nums=False, softmax_scale=None):
+    """Check the shapes *and values* of block-sparse attention metadata eagerly.
+
+    Takes the same arguments as :func:`~jax_sparse_attn.block_sparse_attention` (``q``,
+    ``k``, ``v`` may be :class:`jax.ShapeDtypeStruct`). Value checks: counts in
+    ``[1, K_max]`` (``[0, K_max]`` with ``allow_empty_block_nums``); indices of the active
+    prefix in ``[0, N_kv)`` and unique within their row (entries past the prefix are
+    ignored); ``block_sizes`` in ``[1, sparse_block_size]``.
+
+    Raises:
+      ValueError naming the first offending position.
+    """
+    opts = check_bsa_args(q, k, v, q2k_block_index, block_sparse_num, block_sizes,
+                          q2k_block_nums, sparse_block_size=sparse_block_size,
+                          softmax_scale=softmax_scale, layout=layout,
+                          allow_empty_block_nums=allow_empty_block_nums)
+    B, Hq, Hkv, Sq, Skv, D, Dv, Nq, Nkv, K_max = opts["dims"]
+    blk = opts["sparse_block_size"]
+    idx = _host(q2k_block_index)
+    if q2k_block_nums is None:
+        nums = np.full((B, Hq, Nq), opts["block_sparse_num"], np.int64)
+    else:
+        nums = _host(q2k_block_nums)
+        lo = 0 if allow_empty_block_nums else 1
+        bad = np.argwhere((nums < lo) | (nums > K_max))
+        if bad.size:
+            pos = tuple(int(x) for x in bad[0])
+            hint = "" if allow_empty_block_nums else " (0 needs allow_empty_block_nums=True)"
+            raise ValueError(f"q2k_block_nums[{pos}]={int(nums[pos])} is outside [{lo}, K_max={K_max}]{hint}")
+    active = np.arange(K_max) < nums[..., None]
+    bad = np.argwhere(active & ((idx < 0) | (idx >= Nkv)))
+    if bad.size:
+        pos = tuple(int(x) for x in bad[0])
+        raise ValueError(f"q2k_block_index[{pos}]={int(idx[pos])} is outside [0, N_kv={Nkv})")
+    if K_max > 1 and idx.size:
+        # duplicates among active entries: sort each row with inactive entries as unique sentinels
+        sentinel = Nkv + np.arange(K_max)
+        keyed = np.where(active, idx, sentinel)
+        order = np.argsort(keyed, axis=-1, kind="stable")
+        srt = np.take_along_axis(keyed, order, axis=-1)
+        dup = np.argwhere(srt[..., 1:] == srt[..., :-1])
+        if dup.size:
+            b, h, m, t = (int(x) for x in dup[0])
+            pos = (b, h, m, int(order[b, h, m, t + 1]))
+            raise ValueError(
+                f"q2k_block_index[{pos}]={int(idx[pos])} repeats a block already listed in the "
+                f"active prefix of row ({b}, {h}, {m}); active indices must be unique"
+            )
+    if block_sizes is not None:
+        bs = _host(block_sizes)
+        bad = np.argwhere((bs < 1) | (bs > blk))
+        if bad.size:
+            pos = tuple(int(x) for x in bad[0])
+            raise ValueError(f"block_sizes[{pos}]={int(bs[pos])} is outside [1, sparse_block_size={blk}]")
