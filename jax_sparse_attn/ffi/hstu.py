@@ -1,0 +1,330 @@
+"""cutlass_call adapters for the HSTU CuTe DSL kernels (see docs/design.md).
+
+``hstu_fwd`` / ``hstu_bwd`` take and return ``jax.Array``s, are traceable under
+``jax.jit``, contain no ``custom_vjp`` and do no value validation (the public layer in
+``jax_sparse_attn/hstu.py`` does). Every kernel launch goes onto XLA's stream through
+``cutlass.jax.cutlass_call``; XLA owns all outputs and workspaces.
+
+Runtime values (never compile keys): ``cu_seqlens_*``, the tile schedules derived from
+them, window sizes, ``alpha``, ``1/scaling_seqlen`` travel as small device arrays.
+Compile keys are the frozen ``HstuFwdConfig`` / ``HstuBwdConfig`` (dtype, head dims, tile
+sizes, warps, has_func and the number of func endpoints, a shape).
+
+Determinism: the forward and dk/dv are deterministic (each output element is written by
+exactly one CTA with a fixed summation order). dq is accumulated in an fp32 workspace with
+``red.global.add.f32`` from the CTAs of every KV tile that sees the query, so its low bits
+depend on scheduling order (run-to-run differences at fp32 rounding level, before the
+final cast to q's dtype).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+__all__ = [
+    "SUPPORTED_HEAD_DIMS",
+    "HstuFwdConfig",
+    "HstuBwdConfig",
+    "hstu_kernel_unsupported_reason",
+    "hstu_fwd",
+    "hstu_bwd",
+    "fwd_config",
+    "bwd_config",
+]
+
+SUPPORTED_HEAD_DIMS = (32, 64, 128, 256)
+_BIG = 1 << 30
+
+
+@dataclasses.dataclass(frozen=True)
+class HstuFwdConfig:
+    dtype: str
+    head_dim: int
+    head_dim_v: int
+    block_m: int
+    block_n: int
+    num_warps: int
+    has_func: bool
+    func_n: int
+
+
+@dataclasses.dataclass(frozen=True)
+class HstuBwdConfig:
+    dtype: str
+    head_dim: int
+    head_dim_v: int
+    block_m: int
+    block_n: int
+    num_warps: int
+    has_func: bool
+    func_n: int
+
+
+def hstu_kernel_unsupported_reason(*, dtype, head_dim, head_dim_v, has_func: bool,
+                                   paged: bool) -> str | None:
+    """``None`` if the CuTe DSL HSTU kernels handle this static configuration, else why not."""
+    del has_func
+    dt = jnp.dtype(dtype)
+    if dt not in (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16)):
+        return f"the HSTU kernels support float16 and bfloat16, got {dt}"
+    if paged:
+        return "paged KV is not implemented in the HSTU kernels yet (use backend='reference')"
+    for name, d in (("head_dim", head_dim), ("head_dim_v", head_dim_v)):
+        if d not in SUPPORTED_HEAD_DIMS:
+            return f"{name}={d} is not one of {SUPPORTED_HEAD_DIMS} (pad it first)"
+    return None
+
+
+def _cutlass_dtype_name(dtype) -> str:
+    return "bfloat16" if jnp.dtype(dtype) == jnp.dtype(jnp.bfloat16) else "float16"
+
+
+def fwd_config(dtype, head_dim, head_dim_v, has_func, func_n) -> HstuFwdConfig:
+    d = max(head_dim, head_dim_v)
+    if d <= 32:
+        bm, bn, w = 128, 128, 4
+    elif d <= 128:
+        bm, bn, w = 128, 64, 4
+    else:
+        bm, bn, w = 64, 64, 4
+    return HstuFwdConfig(_cutlass_dtype_name(dtype), head_dim, head_dim_v, bm, bn, w,
+                         bool(has_func), int(func_n) if has_func else 1)
+
+
+def bwd_config(dtype, head_dim, head_dim_v, has_func, func_n) -> HstuBwdConfig:
+    return HstuBwdConfig(_cutlass_dtype_name(dtype), head_dim, head_dim_v, 64, 64, 8,
+                         bool(has_func), int(func_n) if has_func else 1)
+
+
+# ----------------------------------------------------------------------------------------
+# module-level @cute.jit adapters (stream first); imported lazily so that importing this
+# module never requires CuTe DSL.
+# ----------------------------------------------------------------------------------------
+
+
+@functools.lru_cache(maxsize=None)
+def _fwd_adapter():
+    import cutlass  # noqa: PLC0415
+    import cutlass.cute as cute  # noqa: PLC0415
+
+    from ..kernels.hstu_fwd_sm80 import HstuFwdSm80  # noqa: PLC0415
+
+    def _dt(name):
+        return cutlass.BFloat16 if name == "bfloat16" else cutlass.Float16
+
+    @cute.jit
+    def hstu_fwd_launch(stream, q, k, v, cu_q, cu_k, tiles, func, scal, win, out,
+                        *, cfg: cutlass.Constexpr):
+        HstuFwdSm80(_dt(cfg.dtype), cfg.head_dim, cfg.head_dim_v, cfg.block_m, cfg.block_n,
+                    cfg.num_warps, cfg.has_func, cfg.func_n)(
+            q, k, v, cu_q, cu_k, tiles, func, scal, win, out, stream)
+
+    return hstu_fwd_launch
+
+
+@functools.lru_cache(maxsize=None)
+def _bwd_adapter():
+    import cutlass  # noqa: PLC0415
+    import cutlass.cute as cute  # noqa: PLC0415
+
+    from ..kernels.hstu_bwd_sm80 import HstuBwdSm80  # noqa: PLC0415
+
+    def _dt(name):
+        return cutlass.BFloat16 if name == "bfloat16" else cutlass.Float16
+
+    @cute.jit
+    def hstu_bwd_launch(stream, do, q, k, v, cu_q, cu_k, kv_tiles, q_tile_start, q_tiles,
+                        func, scal, win, dq_acc, dk, dv, *, cfg: cutlass.Constexpr):
+        # dq_acc is aliased to the third output (the fp32 dq workspace, zero-initialized).
+        HstuBwdSm80(_dt(cfg.dtype), cfg.head_dim, cfg.head_dim_v, cfg.block_m, cfg.block_n,
+                    cfg.num_warps, cfg.has_func, cfg.func_n)(
+            do, q, k, v, cu_q, cu_k, kv_tiles, q_tile_start, q_tiles, func, scal, win,
+            dq_acc, dk, dv, stream)
+
+    return hstu_bwd_launch
+
+
+def _cutlass_call():
+    from cutlass.jax import cutlass_call  # noqa: PLC0415
+
+    return cutlass_call
+
+
+# ----------------------------------------------------------------------------------------
+# tile schedules (tiny XLA ops on int32 metadata)
+# ----------------------------------------------------------------------------------------
+
+
+def _tiles_per_seq(cu, block):
+    lens = cu[1:] - cu[:-1]
+    return lens, (lens + block - 1) // block
+
+
+def _canonical_tiles(cu, block, n_slots):
+    """Slot s -> (batch, tile index in batch) in canonical order; batch = -1 past the end."""
+    _, nt = _tiles_per_seq(cu, block)
+    start = jnp.concatenate([jnp.zeros((1,), jnp.int32), jnp.cumsum(nt).astype(jnp.int32)])
+    s = jnp.arange(n_slots, dtype=jnp.int32)
+    b = (jnp.searchsorted(start, s, side="right") - 1).astype(jnp.int32)
+    nb = cu.shape[0] - 1
+    b = jnp.clip(b, 0, max(nb - 1, 0))
+    idx = s - start[b]
+    valid = s < start[-1]
+    return jnp.where(valid, b, -1), jnp.where(valid, idx, 0), start
+
+
+def _func_tile_summary(func, cu_q, block, n_slots, t_q):
+    """Per canonical q tile: [min interval start, max interval end, min F0] over its rows."""
+    f = func[0, :, :t_q]  # (N, T_q)
+    n = f.shape[0]
+    starts = [jnp.where(f[0] > 0, 0, _BIG)]
+    ends = [jnp.where(f[0] > 0, f[0], -_BIG)]
+    for t in range((n - 1) // 2):
+        a, e = f[2 * t + 1], f[2 * t + 2]
+        ne = e > a
+        starts.append(jnp.where(ne, a, _BIG))
+        ends.append(jnp.where(ne, e, -_BIG))
+    lo = functools.reduce(jnp.minimum, starts)
+    hi = functools.reduce(jnp.maximum, ends)
+    f0 = f[0]
+    rows = jnp.arange(t_q, dtype=jnp.int32)
+    b = (jnp.searchsorted(cu_q, rows, side="right") - 1).astype(jnp.int32)
+    b = jnp.clip(b, 0, cu_q.shape[0] - 2)
+    _, nt = _tiles_per_seq(cu_q, block)
+    start = jnp.concatenate([jnp.zeros((1,), jnp.int32), jnp.cumsum(nt).astype(jnp.int32)])
+    seg = start[b] + (rows - cu_q[b]) // block
+    lo_t = jax.ops.segment_min(lo, seg, num_segments=n_slots)
+    hi_t = jax.ops.segment_max(hi, seg, num_segments=n_slots)
+    f0_t = jax.ops.segment_min(f0, seg, num_segments=n_slots)
+    return jnp.stack([lo_t, hi_t, f0_t], axis=1).astype(jnp.int32)
+
+
+def _fwd_schedule(cu_q, cu_k, func, cfg, t_q, window_size):
+    bm, bn = cfg.block_m, cfg.block_n
+    nb = cu_q.shape[0] - 1
+    n_slots = t_q // bm + nb
+    b, m, _ = _canonical_tiles(cu_q, bm, n_slots)
+    bc = jnp.maximum(b, 0)
+    lq = (cu_q[1:] - cu_q[:-1])[bc]
+    lk = (cu_k[1:] - cu_k[:-1])[bc]
+    if func is not None:
+        summ = _func_tile_summary(func, cu_q, bm, n_slots, t_q)
+        j_lo = jnp.maximum(summ[:, 0], 0)
+        j_hi = jnp.minimum(summ[:, 1], lk)
+    else:
+        summ = jnp.zeros((n_slots, 3), jnp.int32)
+        left, right = window_size
+        off = lk - lq
+        m0 = m * bm
+        m1 = jnp.minimum(m0 + bm, lq)
+        j_lo = jnp.maximum(m0 + off - left, 0) if left >= 0 else jnp.zeros_like(m0)
+        j_hi = jnp.minimum(m1 + off + right, lk) if right >= 0 else lk
+    work = jnp.where(b >= 0, jnp.maximum(j_hi - j_lo, 0) + 1, -1)
+    order = jnp.argsort(-work, stable=True)
+    tiles = jnp.concatenate([b[:, None], m[:, None], summ], axis=1).astype(jnp.int32)
+    return tiles[order]
+
+
+def _bwd_schedule(cu_q, cu_k, func, cfg, t_q, t_k, window_size):
+    bm, bn = cfg.block_m, cfg.block_n
+    nb = cu_q.shape[0] - 1
+    nk_slots = t_k // bn + nb
+    nq_slots = t_q // bm + nb
+    b, n, _ = _canonical_tiles(cu_k, bn, nk_slots)
+    bc = jnp.maximum(b, 0)
+    lq = (cu_q[1:] - cu_q[:-1])[bc]
+    lk = (cu_k[1:] - cu_k[:-1])[bc]
+    _, _, q_start = _canonical_tiles(cu_q, bm, nq_slots)
+    if func is not None:
+        q_tiles = _func_tile_summary(func, cu_q, bm, nq_slots, t_q)
+        work = lq
+    else:
+        q_tiles = jnp.zeros((1, 3), jnp.int32)
+        left, right = window_size
+        off = lk - lq
+        n0 = n * bn
+        n1 = jnp.minimum(n0 + bn, lk)
+        i_lo = jnp.maximum(n0 - right - off, 0) if right >= 0 else jnp.zeros_like(n0)
+        i_hi = jnp.minimum(n1 + left - off, lq) if left >= 0 else lq
+        work = jnp.maximum(i_hi - i_lo, 0)
+    work = jnp.where(b >= 0, work + 1, -1)
+    order = jnp.argsort(-work, stable=True)
+    kv_tiles = jnp.stack([b, n], axis=1).astype(jnp.int32)[order]
+    return kv_tiles, q_start.astype(jnp.int32), q_tiles
+
+
+def _append(cu, total):
+    cu = cu.astype(jnp.int32)
+    last = cu[-1:] if total is None else jnp.full((1,), total, jnp.int32)
+    return jnp.concatenate([cu, last])
+
+
+def _scalars(alpha, scaling_seqlen, window_size):
+    scal = jnp.asarray([alpha * 0.5, 1.0 / scaling_seqlen], jnp.float32)
+    win = jnp.asarray([int(window_size[0]), int(window_size[1])], jnp.int32)
+    return scal, win
+
+
+def hstu_fwd(q, k, v, cu_seqlens_q, cu_seqlens_k, func, *, max_seqlen_q: int,
+             max_seqlen_k: int, scaling_seqlen: float, window_size: tuple[int, int],
+             alpha: float):
+    """HSTU forward on the CuTe DSL kernel. Returns ``out (T_q, H, D_v)`` in q's dtype."""
+    del max_seqlen_q, max_seqlen_k
+    t_q, h, d = q.shape
+    dv = v.shape[-1]
+    out_sds = jax.ShapeDtypeStruct((t_q, h, dv), q.dtype)
+    if t_q == 0 or h == 0:
+        return jnp.zeros(out_sds.shape, out_sds.dtype)
+    has_func = func is not None
+    cfg = fwd_config(q.dtype, d, dv, has_func, func.shape[1] if has_func else 1)
+    # pseudo-sequence B covers rows past cu_q[-1] (no keys): the kernel writes zeros there
+    cu_q = _append(cu_seqlens_q, t_q)
+    cu_k = _append(cu_seqlens_k, None)
+    tiles = _fwd_schedule(cu_q, cu_k, func, cfg, t_q, window_size)
+    scal, win = _scalars(alpha, scaling_seqlen, window_size)
+    func_arr = func.astype(jnp.int32) if has_func else jnp.zeros((1, 1, 1), jnp.int32)
+    if k.shape[0] == 0:  # no keys anywhere: every row has no valid key
+        return jnp.zeros(out_sds.shape, out_sds.dtype)
+    fwd_launch = _fwd_adapter()
+    call = _cutlass_call()(fwd_launch, output_shape_dtype=out_sds, compile_key=("hstu_fwd", cfg),
+                           cfg=cfg)
+    return call(q, k, v, cu_q, cu_k, tiles, func_arr, scal, win)
+
+
+def hstu_bwd(do, q, k, v, cu_seqlens_q, cu_seqlens_k, func, *, max_seqlen_q: int,
+             max_seqlen_k: int, scaling_seqlen: float, window_size: tuple[int, int],
+             alpha: float):
+    """HSTU backward on the CuTe DSL kernel. Returns ``(dq, dk, dv)`` in the input dtype."""
+    del max_seqlen_q, max_seqlen_k
+    t_q, h, d = q.shape
+    t_k = k.shape[0]
+    dv_dim = v.shape[-1]
+    if t_q == 0 or t_k == 0 or h == 0:
+        return jnp.zeros_like(q), jnp.zeros_like(k), jnp.zeros_like(v)
+    has_func = func is not None
+    cfg = bwd_config(q.dtype, d, dv_dim, has_func, func.shape[1] if has_func else 1)
+    # pseudo-sequence B covers keys past cu_k[-1] (no queries): zero dk/dv there
+    cu_q = _append(cu_seqlens_q, None)
+    cu_k = _append(cu_seqlens_k, t_k)
+    kv_tiles, q_start, q_tiles = _bwd_schedule(cu_q, cu_k, func, cfg, t_q, t_k, window_size)
+    scal, win = _scalars(alpha, scaling_seqlen, window_size)
+    func_arr = func.astype(jnp.int32) if has_func else jnp.zeros((1, 1, 1), jnp.int32)
+    dq_acc0 = jnp.zeros((t_q, h, d), jnp.float32)
+    bwd_launch = _bwd_adapter()
+    out_sds = (
+        jax.ShapeDtypeStruct(k.shape, k.dtype),
+        jax.ShapeDtypeStruct(v.shape, v.dtype),
+        jax.ShapeDtypeStruct((t_q, h, d), jnp.float32),
+    )
+    call = _cutlass_call()(
+        bwd_launch, output_shape_dtype=out_sds, compile_key=("hstu_bwd", cfg),
+        input_output_aliases={12: 2}, cfg=cfg,
+    )
+    dk, dv, dq_acc = call(do, q, k, v, cu_q, cu_k, kv_tiles, q_start, q_tiles, func_arr,
+                          scal, win, dq_acc0)
+    return dq_acc.astype(q.dtype), dk, dv

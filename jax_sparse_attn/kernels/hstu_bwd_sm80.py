@@ -1,0 +1,422 @@
+"""HSTU attention backward, warp-level ``mma.sync`` (SM80 atoms; runs on sm_80+ incl. SM90).
+
+One CTA per (KV tile, head): dK and dV stay in fp32 registers while the CTA walks the
+query tiles that can see its keys (block-level skipping from the window or the func
+summary). Per query tile (Q and dO double-buffered in smem with cp.async)::
+
+    S  = Q K^T            dP = dO V^T                      (mma.sync, ldmatrix)
+    P  = M * SiLU(alpha S)        with h = alpha S / 2, t = tanh(h): P = h + h t
+    dS = M * dP * alpha/scaling * SiLU'(alpha S),  SiLU' = sig + P (1 - sig), sig = (1+t)/2
+    dV += P^T dO    dK += dS^T Q    (P, dS through smem, read transposed by ldmatrix.trans)
+    dQ += dS K      (fp32 ``red.global.add`` into an XLA-owned workspace, rows < L_q)
+
+dV gets the 1/scaling_seqlen factor once in the epilogue. Out-of-range rows of Q, dO, K
+and V are zero-filled in smem, which makes P and dS vanish there without masks; only
+tiles crossing a window/func boundary run the per-element mask.
+dK, dV are deterministic; dQ (atomics) is not bitwise deterministic.
+"""
+
+from __future__ import annotations
+
+import cutlass
+import cutlass.cute as cute
+from cutlass import Float32, Int32
+from cutlass.cute.nvgpu import cpasync, warp
+
+from . import hstu_common as hc
+
+BIG = 1 << 30
+
+
+class HstuBwdSm80:
+    """Backward kernel.
+
+    ``__call__(mdO, mQ, mK, mV, mCuQ, mCuK, mKVTile, mQStart, mQTiles, mFunc, mScal, mWin,
+    mdQacc, mdK, mdV, stream)``; ``mKVTile (S, 2) = [batch, n_block]`` (batch < 0: idle),
+    ``mQStart (B+1,)`` first canonical q-tile index per batch, ``mQTiles (NQ, 3)`` func
+    summary per canonical q tile. Grid ``(H, S)``.
+    """
+
+    def __init__(self, dtype, head_dim, head_dim_v, block_m, block_n, num_warps, has_func,
+                 func_n):
+        self.dtype = dtype
+        self.d = head_dim
+        self.dv = head_dim_v
+        self.bm = block_m
+        self.bn = block_n
+        self.num_warps = num_warps
+        self.num_threads = num_warps * 32
+        self.has_func = has_func
+        self.func_n = func_n
+        self.dq_chunk = min(head_dim, 128)
+
+    @cute.jit
+    def __call__(self, mdO, mQ, mK, mV, mCuQ, mCuK, mKVTile, mQStart, mQTiles, mFunc, mScal,
+                 mWin, mdQacc, mdK, mdV, stream):
+        dt = self.dtype
+        bm, bn = self.bm, self.bn
+        sQ_layout = cute.tile_to_shape(_atom(self.d), (bm, self.d, 2), (0, 1, 2))
+        sdO_layout = cute.tile_to_shape(_atom(self.dv), (bm, self.dv, 2), (0, 1, 2))
+        sK_layout = hc.smem_layout_16b(bn, self.d)
+        sV_layout = hc.smem_layout_16b(bn, self.dv)
+        sPdS_layout = hc.smem_layout_16b(bm, bn)
+
+        @cute.struct
+        class Smem:
+            sK: cute.struct.Align[cute.struct.MemRange[dt, cute.cosize(sK_layout)], 1024]
+            sV: cute.struct.Align[cute.struct.MemRange[dt, cute.cosize(sV_layout)], 1024]
+            sQ: cute.struct.Align[cute.struct.MemRange[dt, cute.cosize(sQ_layout)], 1024]
+            sdO: cute.struct.Align[cute.struct.MemRange[dt, cute.cosize(sdO_layout)], 1024]
+            sP: cute.struct.Align[cute.struct.MemRange[dt, cute.cosize(sPdS_layout)], 1024]
+            sdS: cute.struct.Align[cute.struct.MemRange[dt, cute.cosize(sPdS_layout)], 1024]
+
+        g2s_atom = cute.make_copy_atom(
+            cpasync.CopyG2SOp(cache_mode=cpasync.LoadCacheMode.GLOBAL), dt, num_bits_per_copy=128
+        )
+        st_atom = cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), dt, num_bits_per_copy=128)
+
+        def tiled_copy(atom, cols):
+            tpr = hc.copy_threads_per_row(cols)
+            return cute.make_tiled_copy_tv(
+                atom,
+                cute.make_layout((self.num_threads // tpr, tpr), stride=(tpr, 1)),
+                cute.make_layout((1, 8)),
+            )
+
+        copy_d = tiled_copy(g2s_atom, self.d)
+        copy_dv = tiled_copy(g2s_atom, self.dv)
+        store_d = tiled_copy(st_atom, self.d)
+        store_dv = tiled_copy(st_atom, self.dv)
+        wm = 4
+        wn = self.num_warps // wm
+        atom = warp.MmaF16BF16Op(dt, Float32, (16, 8, 16))
+        mma_sdp = cute.make_tiled_mma(atom, (wm, wn, 1), permutation_mnk=(wm * 16, wn * 16, 16))
+        mma_dkv = cute.make_tiled_mma(atom, (wm, wn, 1), permutation_mnk=(wm * 16, wn * 16, 16))
+        mma_dq = cute.make_tiled_mma(atom, (wm, wn, 1), permutation_mnk=(wm * 16, wn * 16, 16))
+        grid = (cute.size(mQ.shape[1]), cute.size(mKVTile.shape[0]), 1)
+        self.kernel(
+            mdO, mQ, mK, mV, mCuQ, mCuK, mKVTile, mQStart, mQTiles, mFunc, mScal, mWin,
+            mdQacc, mdK, mdV,
+            sQ_layout, sdO_layout, sK_layout, sV_layout, sPdS_layout,
+            copy_d, copy_dv, store_d, store_dv, mma_sdp, mma_dkv, mma_dq, Smem,
+        ).launch(grid=grid, block=[self.num_threads, 1, 1], smem=Smem.size_in_bytes(),
+                 stream=stream)
+
+    @cute.jit
+    def _load_rows(self, tcopy, tXg, tXs, tXc, limit):
+        for r in cutlass.range_constexpr(cute.size(tXs.shape[1])):
+            if tXc[0, r, 0][0] < limit:
+                cute.copy(tcopy, tXg[None, r, None], tXs[None, r, None])
+            else:
+                tXs[None, r, None].fill(0)
+
+    @cute.jit
+    def _store_rows(self, tcopy, tXr, tXg, tXc, limit):
+        for r in cutlass.range_constexpr(cute.size(tXr.shape[1])):
+            if tXc[0, r, 0][0] < limit:
+                cute.copy(tcopy, tXr[None, r, None], tXg[None, r, None])
+
+    @cute.kernel
+    def kernel(self, mdO, mQ, mK, mV, mCuQ, mCuK, mKVTile, mQStart, mQTiles, mFunc, mScal,
+               mWin, mdQacc, mdK, mdV,
+               sQ_layout, sdO_layout, sK_layout, sV_layout, sPdS_layout,
+               copy_d, copy_dv, store_d, store_dv, mma_sdp, mma_dkv, mma_dq,
+               Smem: cutlass.Constexpr):
+        tidx, _, _ = cute.arch.thread_idx()
+        head, slot, _ = cute.arch.block_idx()
+        bm = self.bm
+        bn = self.bn
+        batch = mKVTile[slot, 0]
+        if batch >= 0:
+            n_block = mKVTile[slot, 1]
+            q_start = mCuQ[batch]
+            seqlen_q = mCuQ[batch + 1] - q_start
+            k_start = mCuK[batch]
+            seqlen_k = mCuK[batch + 1] - k_start
+            off = seqlen_k - seqlen_q
+            n0 = n_block * bn
+            n1 = cutlass.min(n0 + bn, seqlen_k)
+            left = mWin[0]
+            right = mWin[1]
+            alpha_half = mScal[0]
+            inv_scale = mScal[1]
+            ds_scale = alpha_half * 2.0 * inv_scale
+
+            # ---- query-tile range ------------------------------------------------------
+            i_lo = Int32(0)
+            i_hi = seqlen_q  # exclusive
+            if cutlass.const_expr(not self.has_func):
+                if right >= 0:
+                    i_lo = cutlass.max(n0 - right - off, 0)
+                if left >= 0:
+                    i_hi = cutlass.min(n1 - 1 + left - off + 1, seqlen_q)
+            m_min = i_lo // bm
+            m_max = m_min
+            if i_hi > i_lo:
+                m_max = (i_hi + bm - 1) // bm
+            m_count = m_max - m_min
+            qt_base = mQStart[batch]
+
+            mQ_b = cute.domain_offset((q_start, 0), mQ[None, head, None])
+            mdO_b = cute.domain_offset((q_start, 0), mdO[None, head, None])
+            mdQ_b = cute.domain_offset((q_start, 0), mdQacc[None, head, None])
+            mK_b = cute.domain_offset((k_start, 0), mK[None, head, None])
+            mV_b = cute.domain_offset((k_start, 0), mV[None, head, None])
+            mdK_b = cute.domain_offset((k_start, 0), mdK[None, head, None])
+            mdV_b = cute.domain_offset((k_start, 0), mdV[None, head, None])
+            gQ = cute.local_tile(mQ_b, (bm, self.d), (None, 0))
+            gdO = cute.local_tile(mdO_b, (bm, self.dv), (None, 0))
+            gK = cute.local_tile(mK_b, (bn, self.d), (n_block, 0))
+            gV = cute.local_tile(mV_b, (bn, self.dv), (n_block, 0))
+            gdK = cute.local_tile(mdK_b, (bn, self.d), (n_block, 0))
+            gdV = cute.local_tile(mdV_b, (bn, self.dv), (n_block, 0))
+
+            smem = cutlass.utils.SmemAllocator()
+            st = smem.allocate(Smem)
+            sQ = st.sQ.get_tensor(sQ_layout)
+            sdO = st.sdO.get_tensor(sdO_layout)
+            sK = st.sK.get_tensor(sK_layout)
+            sV = st.sV.get_tensor(sV_layout)
+            sP = st.sP.get_tensor(sPdS_layout)
+            sdS = st.sdS.get_tensor(sPdS_layout)
+            sKt = hc.transpose_view(sK)
+            sPt = hc.transpose_view(sP)
+            sdSt = hc.transpose_view(sdS)
+
+            thr_d = copy_d.get_slice(tidx)
+            thr_dv = copy_dv.get_slice(tidx)
+            tQgQ = thr_d.partition_S(gQ)
+            tQsQ = thr_d.partition_D(sQ)
+            tdOgdO = thr_dv.partition_S(gdO)
+            tdOsdO = thr_dv.partition_D(sdO)
+            tKgK = thr_d.partition_S(gK)
+            tKsK = thr_d.partition_D(sK)
+            tVgV = thr_dv.partition_S(gV)
+            tVsV = thr_dv.partition_D(sV)
+            tQc = thr_d.partition_S(cute.make_identity_tensor((bm, self.d)))
+            tdOc = thr_dv.partition_S(cute.make_identity_tensor((bm, self.dv)))
+            tKc = thr_d.partition_S(cute.make_identity_tensor((bn, self.d)))
+            tVc = thr_dv.partition_S(cute.make_identity_tensor((bn, self.dv)))
+
+            ldsm = cute.make_copy_atom(warp.LdMatrix8x8x16bOp(transpose=False, num_matrices=4),
+                                       self.dtype)
+            ldsm_t = cute.make_copy_atom(warp.LdMatrix8x8x16bOp(transpose=True, num_matrices=4),
+                                         self.dtype)
+
+            # S = Q K^T, dP = dO V^T
+            thr_sdp = mma_sdp.get_slice(tidx)
+            s2r_A_sdp = cute.make_tiled_copy_A(ldsm, mma_sdp).get_slice(tidx)
+            s2r_B_sdp = cute.make_tiled_copy_B(ldsm, mma_sdp).get_slice(tidx)
+            tSrQ = thr_sdp.make_fragment_A(thr_sdp.partition_A(sQ[None, None, 0]))
+            tSrK = thr_sdp.make_fragment_B(thr_sdp.partition_B(sK))
+            tdPrdO = thr_sdp.make_fragment_A(thr_sdp.partition_A(sdO[None, None, 0]))
+            tdPrV = thr_sdp.make_fragment_B(thr_sdp.partition_B(sV))
+            tSsQ = s2r_A_sdp.partition_S(sQ)
+            tSsK = s2r_B_sdp.partition_S(sK)
+            tdPsdO = s2r_A_sdp.partition_S(sdO)
+            tdPsV = s2r_B_sdp.partition_S(sV)
+            tSrQ_v = s2r_A_sdp.retile(tSrQ)
+            tSrK_v = s2r_B_sdp.retile(tSrK)
+            tdPrdO_v = s2r_A_sdp.retile(tdPrdO)
+            tdPrV_v = s2r_B_sdp.retile(tdPrV)
+
+            # dV += P^T dO, dK += dS^T Q
+            thr_dkv = mma_dkv.get_slice(tidx)
+            s2r_A_dkv = cute.make_tiled_copy_A(ldsm_t, mma_dkv).get_slice(tidx)
+            s2r_B_dkv = cute.make_tiled_copy_B(ldsm_t, mma_dkv).get_slice(tidx)
+            sQt = hc.transpose_view(sQ[None, None, 0])
+            sdOt = hc.transpose_view(sdO[None, None, 0])
+            tdVrPt = thr_dkv.make_fragment_A(thr_dkv.partition_A(sPt))
+            tdVrdOt = thr_dkv.make_fragment_B(thr_dkv.partition_B(sdOt))
+            tdKrdSt = thr_dkv.make_fragment_A(thr_dkv.partition_A(sdSt))
+            tdKrQt = thr_dkv.make_fragment_B(thr_dkv.partition_B(sQt))
+            tdVsPt = s2r_A_dkv.partition_S(sPt)
+            tdKsdSt = s2r_A_dkv.partition_S(sdSt)
+            tdVrPt_v = s2r_A_dkv.retile(tdVrPt)
+            tdVrdOt_v = s2r_B_dkv.retile(tdVrdOt)
+            tdKrdSt_v = s2r_A_dkv.retile(tdKrdSt)
+            tdKrQt_v = s2r_B_dkv.retile(tdKrQt)
+            acc_dK = cute.make_rmem_tensor(thr_dkv.partition_shape_C((bn, self.d)), Float32)
+            acc_dV = cute.make_rmem_tensor(thr_dkv.partition_shape_C((bn, self.dv)), Float32)
+            acc_dK.fill(0.0)
+            acc_dV.fill(0.0)
+
+            # dQ = dS K (in column chunks of dq_chunk)
+            dqc = self.dq_chunk
+            thr_dq = mma_dq.get_slice(tidx)
+            s2r_A_dq = cute.make_tiled_copy_A(ldsm, mma_dq).get_slice(tidx)
+            s2r_B_dq = cute.make_tiled_copy_B(ldsm_t, mma_dq).get_slice(tidx)
+            sKt_c0 = cute.local_tile(sKt, (dqc, bn), (0, 0))
+            tdQrdS = thr_dq.make_fragment_A(thr_dq.partition_A(sdS))
+            tdQrKt = thr_dq.make_fragment_B(thr_dq.partition_B(sKt_c0))
+            tdQsdS = s2r_A_dq.partition_S(sdS)
+            tdQrdS_v = s2r_A_dq.retile(tdQrdS)
+            tdQrKt_v = s2r_B_dq.retile(tdQrKt)
+            tdQc = thr_dq.partition_C(cute.make_identity_tensor((bm, dqc)))
+
+            # register -> smem copies of P and dS
+            r2s = cute.make_tiled_copy_C(
+                cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), self.dtype), mma_sdp
+            ).get_slice(tidx)
+            tPsP = r2s.partition_D(sP)
+            tdSsdS = r2s.partition_D(sdS)
+
+            tScS = hc.acc_mn_view(thr_sdp.partition_C(cute.make_identity_tensor((bm, bn))))
+            n_rows = cute.size(tScS, mode=[0])
+            n_cols = cute.size(tScS, mode=[1])
+            func_n = self.func_n if cutlass.const_expr(self.has_func) else 1
+            row_f = cute.make_rmem_tensor((n_rows, func_n), Int32)
+
+            if m_count > 0:
+                self._load_rows(copy_d, tKgK, tKsK, tKc, seqlen_k - n0)
+                self._load_rows(copy_dv, tVgV, tVsV, tVc, seqlen_k - n0)
+                self._load_rows(copy_d, tQgQ[None, None, None, m_min], tQsQ[None, None, None, 0],
+                                tQc, seqlen_q - m_min * bm)
+                self._load_rows(copy_dv, tdOgdO[None, None, None, m_min],
+                                tdOsdO[None, None, None, 0], tdOc, seqlen_q - m_min * bm)
+                cute.arch.cp_async_commit_group()
+
+            for it in cutlass.range(m_count, unroll=1):
+                m_block = m_min + it
+                stage = it % 2
+                if it + 1 < m_count:
+                    mn = m_block + 1
+                    self._load_rows(copy_d, tQgQ[None, None, None, mn],
+                                    tQsQ[None, None, None, 1 - stage], tQc, seqlen_q - mn * bm)
+                    self._load_rows(copy_dv, tdOgdO[None, None, None, mn],
+                                    tdOsdO[None, None, None, 1 - stage], tdOc,
+                                    seqlen_q - mn * bm)
+                cute.arch.cp_async_commit_group()
+                cute.arch.cp_async_wait_group(1)
+                cute.arch.barrier()
+
+                m0 = m_block * bm
+                m1 = cutlass.min(m0 + bm, seqlen_q)
+                active = Int32(1)
+                full = Int32(1)
+                if cutlass.const_expr(self.has_func):
+                    qt = qt_base + m_block
+                    lo = cutlass.max(mQTiles[qt, 0], 0)
+                    hi = cutlass.min(mQTiles[qt, 1], seqlen_k)
+                    f0 = mQTiles[qt, 2]
+                    active = Int32((lo < n0 + bn) & (hi > n0) & (hi > lo))
+                    full = Int32(n0 + bn <= f0)
+                else:
+                    if left >= 0:
+                        if n0 < m1 - 1 + off - left:
+                            full = Int32(0)
+                    if right >= 0:
+                        if n0 + bn - 1 > m0 + off + right:
+                            full = Int32(0)
+                if active != 0:
+                    acc_S = cute.make_rmem_tensor(thr_sdp.partition_shape_C((bm, bn)), Float32)
+                    acc_dP = cute.make_rmem_tensor(thr_sdp.partition_shape_C((bm, bn)), Float32)
+                    acc_S.fill(0.0)
+                    acc_dP.fill(0.0)
+                    hc.gemm_ss(mma_sdp, acc_S, tSrQ, tSrK, tSsQ[None, None, None, stage], tSsK,
+                               s2r_A_sdp, s2r_B_sdp, tSrQ_v, tSrK_v)
+                    hc.gemm_ss(mma_sdp, acc_dP, tdPrdO, tdPrV, tdPsdO[None, None, None, stage],
+                               tdPsV, s2r_A_sdp, s2r_B_sdp, tdPrdO_v, tdPrV_v)
+                    # P and dS
+                    for e in cutlass.range_constexpr(cute.size(acc_S)):
+                        hval = acc_S[e] * alpha_half
+                        tv = hc.tanh_approx(hval)
+                        p = hval + hval * tv
+                        sig = 0.5 + 0.5 * tv
+                        acc_S[e] = p
+                        acc_dP[e] = acc_dP[e] * ds_scale * (sig + p * (1.0 - sig))
+                    if full == 0:
+                        acc_S_mn = hc.acc_mn_view(acc_S)
+                        acc_dP_mn = hc.acc_mn_view(acc_dP)
+                        for r in cutlass.range_constexpr(n_rows):
+                            i = m0 + tScS[r, 0][0]
+                            lo_r = Int32(0)
+                            hi_r = Int32(0)
+                            if cutlass.const_expr(self.has_func):
+                                for t in cutlass.range_constexpr(func_n):
+                                    row_f[r, t] = mFunc[0, t, q_start + i]
+                            else:
+                                lo_r = -BIG if left < 0 else i + off - left
+                                hi_r = BIG if right < 0 else i + off + right
+                            for c in cutlass.range_constexpr(n_cols):
+                                j = n0 + tScS[0, c][1]
+                                valid = cutlass.Boolean(False)
+                                if cutlass.const_expr(self.has_func):
+                                    valid = j < row_f[r, 0]
+                                    for t in cutlass.range_constexpr((func_n - 1) // 2):
+                                        valid = valid | ((j >= row_f[r, 2 * t + 1])
+                                                         & (j < row_f[r, 2 * t + 2]))
+                                else:
+                                    valid = (j >= lo_r) & (j <= hi_r)
+                                acc_S_mn[r, c] = acc_S_mn[r, c] if valid else Float32(0.0)
+                                acc_dP_mn[r, c] = acc_dP_mn[r, c] if valid else Float32(0.0)
+                    rP = cute.make_fragment_like(acc_S, self.dtype)
+                    rP.store(acc_S.load().to(self.dtype))
+                    rdS = cute.make_fragment_like(acc_dP, self.dtype)
+                    rdS.store(acc_dP.load().to(self.dtype))
+                    cute.copy(r2s, r2s.retile(rP), tPsP)
+                    cute.copy(r2s, r2s.retile(rdS), tdSsdS)
+                    cute.arch.barrier()
+
+                    # dV += P^T dO ; dK += dS^T Q
+                    sdOt_s = hc.transpose_view(sdO[None, None, stage])
+                    sQt_s = hc.transpose_view(sQ[None, None, stage])
+                    hc.gemm_ss(mma_dkv, acc_dV, tdVrPt, tdVrdOt, tdVsPt,
+                               s2r_B_dkv.partition_S(sdOt_s), s2r_A_dkv, s2r_B_dkv,
+                               tdVrPt_v, tdVrdOt_v)
+                    hc.gemm_ss(mma_dkv, acc_dK, tdKrdSt, tdKrQt, tdKsdSt,
+                               s2r_B_dkv.partition_S(sQt_s), s2r_A_dkv, s2r_B_dkv,
+                               tdKrdSt_v, tdKrQt_v)
+
+                    # dQ += dS K  (fp32 atomics, rows < L_q)
+                    for cidx in cutlass.range_constexpr(self.d // dqc):
+                        acc_dQ = cute.make_rmem_tensor(thr_dq.partition_shape_C((bm, dqc)),
+                                                       Float32)
+                        acc_dQ.fill(0.0)
+                        sKt_c = cute.local_tile(sKt, (dqc, bn), (cidx, 0))
+                        hc.gemm_ss(mma_dq, acc_dQ, tdQrdS, tdQrKt, tdQsdS,
+                                   s2r_B_dq.partition_S(sKt_c), s2r_A_dq, s2r_B_dq,
+                                   tdQrdS_v, tdQrKt_v)
+                        gdQ = cute.local_tile(mdQ_b, (bm, dqc), (m_block, cidx))
+                        tdQg = thr_dq.partition_C(gdQ)
+                        for e in cutlass.range_constexpr(cute.size(acc_dQ)):
+                            if tdQc[e][0] < seqlen_q - m0:
+                                cute.arch.red(hc.elem_ptr(tdQg, e), acc_dQ[e], op="add", sem="relaxed", scope="gpu",
+                                              dtype="f32")
+                cute.arch.barrier()
+
+            # ---- epilogue: dK, dV -> smem -> gmem ----------------------------------------
+            cute.arch.cp_async_wait_group(0)
+            cute.arch.barrier()
+            rdV = cute.make_fragment_like(acc_dV, self.dtype)
+            rdV.store((acc_dV.load() * inv_scale).to(self.dtype))
+            rdK = cute.make_fragment_like(acc_dK, self.dtype)
+            rdK.store(acc_dK.load().to(self.dtype))
+            r2s_kv = cute.make_tiled_copy_C(
+                cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), self.dtype), mma_dkv
+            ).get_slice(tidx)
+            cute.copy(r2s_kv, r2s_kv.retile(rdK), r2s_kv.partition_D(sK))
+            cute.copy(r2s_kv, r2s_kv.retile(rdV), r2s_kv.partition_D(sV))
+            cute.arch.barrier()
+            thr_sd = store_d.get_slice(tidx)
+            thr_sdv = store_dv.get_slice(tidx)
+            tdKs = thr_sd.partition_S(sK)
+            tdKr = cute.make_fragment_like(tdKs, self.dtype)
+            cute.autovec_copy(tdKs, tdKr)
+            tdVs = thr_sdv.partition_S(sV)
+            tdVr = cute.make_fragment_like(tdVs, self.dtype)
+            cute.autovec_copy(tdVs, tdVr)
+            self._store_rows(store_d, tdKr, thr_sd.partition_D(gdK),
+                             thr_sd.partition_D(cute.make_identity_tensor((bn, self.d))),
+                             seqlen_k - n0)
+            self._store_rows(store_dv, tdVr, thr_sdv.partition_D(gdV),
+                             thr_sdv.partition_D(cute.make_identity_tensor((bn, self.dv))),
+                             seqlen_k - n0)
+
+
+def _atom(cols):
+    kblock = 64 if cols % 64 == 0 else 32
+    bits = 3 if kblock == 64 else 2
+    return cute.make_composed_layout(
+        cute.make_swizzle(bits, 3, 3), 0, cute.make_layout((8, kblock), stride=(kblock, 1))
+    )

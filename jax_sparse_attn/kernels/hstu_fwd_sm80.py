@@ -1,0 +1,309 @@
+"""HSTU attention forward, warp-level ``mma.sync`` (SM80 atoms; runs on sm_80+ incl. SM90).
+
+Per packed sequence ``b`` and head ``h``::
+
+    out_i = sum_j M_ij * SiLU(alpha * q_i . k_j) * v_j / scaling_seqlen
+
+No softmax: one CTA owns a ``(block_m, D_v)`` fp32 output tile in registers and walks the
+KV tiles ``[n_min, n_max)`` that intersect the mask (block-level skipping); each step does
+``S = Q K^T`` (ldmatrix + mma.sync), ``P = mask * SiLU(alpha S)`` in registers
+(``SiLU(2h) = h + h tanh(h)``, one MUFU op), ``O += P V`` with P reused from registers.
+Only tiles that cross a mask boundary run the per-element mask; sequence tails need no
+mask because out-of-range K/V/Q rows are zero-filled in smem and ``SiLU(0) = 0``.
+
+Runtime inputs (not compile keys): cu_seqlens, the tile schedule (which (batch, m_block)
+each CTA row handles, longest work first), window sizes, alpha/2 and 1/scaling_seqlen.
+Compile-time: dtype, head dims, tile sizes, warps, has_func and the func endpoint count.
+"""
+
+from __future__ import annotations
+
+import cutlass
+import cutlass.cute as cute
+from cutlass import Float32, Int32
+from cutlass.cute.nvgpu import cpasync, warp
+
+from . import hstu_common as hc
+
+BIG = 1 << 30
+
+
+class HstuFwdSm80:
+    """Forward kernel. ``__call__(mQ, mK, mV, mCuQ, mCuK, mTile, mFunc, mScal, mWin, mO, stream)``.
+
+    * ``mQ (T_q, H, D)``, ``mK (T_k, H, D)``, ``mV (T_k, H, Dv)``, ``mO (T_q, H, Dv)``.
+    * ``mCuQ, mCuK (B+1,) int32``.
+    * ``mTile (S, 5) int32``: per CTA row ``[batch, m_block, lo, hi, f0]`` (batch < 0: idle);
+      lo/hi/f0 summarize the func mask over the tile's rows (min start, max end, min F0).
+    * ``mFunc (1, N, L_f) int32`` (ignored unless ``has_func``).
+    * ``mScal (2,) f32 = [alpha / 2, 1 / scaling_seqlen]``; ``mWin (2,) int32 = [left, right]``.
+    Grid ``(H, S)``.
+    """
+
+    def __init__(self, dtype, head_dim, head_dim_v, block_m, block_n, num_warps, has_func,
+                 func_n):
+        self.dtype = dtype
+        self.d = head_dim
+        self.dv = head_dim_v
+        self.bm = block_m
+        self.bn = block_n
+        self.num_warps = num_warps
+        self.num_threads = num_warps * 32
+        self.has_func = has_func
+        self.func_n = func_n
+
+    @staticmethod
+    def can_implement(head_dim, head_dim_v, block_m, block_n, num_warps) -> bool:
+        if head_dim % 32 or head_dim_v % 32 or block_n % 16:
+            return False
+        if block_m % (num_warps * 16):
+            return False
+        smem = (block_m * max(head_dim, head_dim_v) + block_n * (head_dim + head_dim_v)) * 2
+        return smem <= 227 * 1024
+
+    @cute.jit
+    def __call__(self, mQ, mK, mV, mCuQ, mCuK, mTile, mFunc, mScal, mWin, mO, stream):
+        dt = self.dtype
+        sQ_layout = hc.smem_layout_16b(self.bm, max(self.d, self.dv))
+        sQ_layout_d = hc.smem_layout_16b(self.bm, self.d)
+        sO_layout = hc.smem_layout_16b(self.bm, self.dv)
+        sK_layout = hc.smem_layout_16b(self.bn, self.d)
+        sV_layout = hc.smem_layout_16b(self.bn, self.dv)
+
+        @cute.struct
+        class Smem:
+            sQ: cute.struct.Align[cute.struct.MemRange[dt, cute.cosize(sQ_layout)], 1024]
+            sK: cute.struct.Align[cute.struct.MemRange[dt, cute.cosize(sK_layout)], 1024]
+            sV: cute.struct.Align[cute.struct.MemRange[dt, cute.cosize(sV_layout)], 1024]
+
+        g2s_atom = cute.make_copy_atom(
+            cpasync.CopyG2SOp(cache_mode=cpasync.LoadCacheMode.GLOBAL), dt, num_bits_per_copy=128
+        )
+        st_atom = cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), dt, num_bits_per_copy=128)
+
+        def tiled_copy(atom, cols):
+            tpr = hc.copy_threads_per_row(cols)
+            return cute.make_tiled_copy_tv(
+                atom,
+                cute.make_layout((self.num_threads // tpr, tpr), stride=(tpr, 1)),
+                cute.make_layout((1, 8)),
+            )
+
+        copy_qk = tiled_copy(g2s_atom, self.d)
+        copy_v = tiled_copy(g2s_atom, self.dv)
+        copy_o = tiled_copy(st_atom, self.dv)
+        tiled_mma = cute.make_tiled_mma(
+            warp.MmaF16BF16Op(dt, Float32, (16, 8, 16)),
+            (self.num_warps, 1, 1),
+            permutation_mnk=(self.num_warps * 16, 16, 16),
+        )
+        grid = (cute.size(mQ.shape[1]), cute.size(mTile.shape[0]), 1)
+        self.kernel(
+            mQ, mK, mV, mCuQ, mCuK, mTile, mFunc, mScal, mWin, mO,
+            sQ_layout, sQ_layout_d, sO_layout, sK_layout, sV_layout,
+            copy_qk, copy_v, copy_o, tiled_mma, Smem,
+        ).launch(grid=grid, block=[self.num_threads, 1, 1], smem=Smem.size_in_bytes(),
+                 stream=stream)
+
+    @cute.jit
+    def _load_rows(self, tcopy, tXg, tXs, tXc, limit):
+        """Copy the rows of a tile whose row coordinate < ``limit``; zero-fill the others."""
+        for r in cutlass.range_constexpr(cute.size(tXs.shape[1])):
+            if tXc[0, r, 0][0] < limit:
+                cute.copy(tcopy, tXg[None, r, None], tXs[None, r, None])
+            else:
+                tXs[None, r, None].fill(0)
+
+    @cute.kernel
+    def kernel(self, mQ, mK, mV, mCuQ, mCuK, mTile, mFunc, mScal, mWin, mO,
+               sQ_layout, sQ_layout_d, sO_layout, sK_layout, sV_layout,
+               copy_qk, copy_v, copy_o, tiled_mma, Smem: cutlass.Constexpr):
+        tidx, _, _ = cute.arch.thread_idx()
+        head, slot, _ = cute.arch.block_idx()
+        bm = self.bm
+        bn = self.bn
+        batch = mTile[slot, 0]
+        if batch >= 0:
+            m_block = mTile[slot, 1]
+            q_start = mCuQ[batch]
+            seqlen_q = mCuQ[batch + 1] - q_start
+            k_start = mCuK[batch]
+            seqlen_k = mCuK[batch + 1] - k_start
+            off = seqlen_k - seqlen_q
+            m0 = m_block * bm
+            m1 = cutlass.min(m0 + bm, seqlen_q)
+            left = mWin[0]
+            right = mWin[1]
+            alpha_half = mScal[0]
+            inv_scale = mScal[1]
+
+            # ---- KV tile range and the "fully valid" test -------------------------------
+            j_lo = Int32(0)
+            j_hi = seqlen_k  # exclusive
+            f0 = Int32(0)
+            if cutlass.const_expr(self.has_func):
+                j_lo = cutlass.max(mTile[slot, 2], 0)
+                j_hi = cutlass.min(mTile[slot, 3], seqlen_k)
+                f0 = cutlass.min(mTile[slot, 4], seqlen_k)
+            else:
+                if left >= 0:
+                    j_lo = cutlass.max(m0 + off - left, 0)
+                if right >= 0:
+                    j_hi = cutlass.min(m1 - 1 + off + right + 1, seqlen_k)
+            n_min = j_lo // bn
+            n_max = n_min
+            if j_hi > j_lo:
+                n_max = (j_hi + bn - 1) // bn
+            n_count = n_max - n_min
+
+            # ---- global tiles ----------------------------------------------------------
+            mQ_b = cute.domain_offset((q_start, 0), mQ[None, head, None])
+            mK_b = cute.domain_offset((k_start, 0), mK[None, head, None])
+            mV_b = cute.domain_offset((k_start, 0), mV[None, head, None])
+            mO_b = cute.domain_offset((q_start, 0), mO[None, head, None])
+            gQ = cute.local_tile(mQ_b, (bm, self.d), (m_block, 0))
+            gK = cute.local_tile(mK_b, (bn, self.d), (None, 0))
+            gV = cute.local_tile(mV_b, (bn, self.dv), (None, 0))
+            gO = cute.local_tile(mO_b, (bm, self.dv), (m_block, 0))
+
+            smem = cutlass.utils.SmemAllocator()
+            st = smem.allocate(Smem)
+            sQ = st.sQ.get_tensor(sQ_layout_d)
+            sK = st.sK.get_tensor(sK_layout)
+            sV = st.sV.get_tensor(sV_layout)
+            sVt = hc.transpose_view(sV)
+
+            thr_qk = copy_qk.get_slice(tidx)
+            thr_v = copy_v.get_slice(tidx)
+            tQgQ = thr_qk.partition_S(gQ)
+            tQsQ = thr_qk.partition_D(sQ)
+            tKgK = thr_qk.partition_S(gK)
+            tKsK = thr_qk.partition_D(sK)
+            tVgV = thr_v.partition_S(gV)
+            tVsV = thr_v.partition_D(sV)
+            tQc = thr_qk.partition_S(cute.make_identity_tensor((bm, self.d)))
+            tKc = thr_qk.partition_S(cute.make_identity_tensor((bn, self.d)))
+            tVc = thr_v.partition_S(cute.make_identity_tensor((bn, self.dv)))
+
+            thr_mma = tiled_mma.get_slice(tidx)
+            tSrQ = thr_mma.make_fragment_A(thr_mma.partition_A(sQ))
+            tSrK = thr_mma.make_fragment_B(thr_mma.partition_B(sK))
+            tOrVt = thr_mma.make_fragment_B(thr_mma.partition_B(sVt))
+            acc_O = cute.make_rmem_tensor(thr_mma.partition_shape_C((bm, self.dv)), Float32)
+            acc_O.fill(0.0)
+
+            ldsm = cute.make_copy_atom(warp.LdMatrix8x8x16bOp(transpose=False, num_matrices=4),
+                                       self.dtype)
+            ldsm_t = cute.make_copy_atom(warp.LdMatrix8x8x16bOp(transpose=True, num_matrices=4),
+                                         self.dtype)
+            s2r_Q = cute.make_tiled_copy_A(ldsm, tiled_mma).get_slice(tidx)
+            s2r_K = cute.make_tiled_copy_B(ldsm, tiled_mma).get_slice(tidx)
+            s2r_V = cute.make_tiled_copy_B(ldsm_t, tiled_mma).get_slice(tidx)
+            tSsQ = s2r_Q.partition_S(sQ)
+            tSrQ_v = s2r_Q.retile(tSrQ)
+            tSsK = s2r_K.partition_S(sK)
+            tSrK_v = s2r_K.retile(tSrK)
+            tOsVt = s2r_V.partition_S(sVt)
+            tOrVt_v = s2r_V.retile(tOrVt)
+
+            # per-thread coordinates of the S accumulator
+            tScS = hc.acc_mn_view(thr_mma.partition_C(cute.make_identity_tensor((bm, bn))))
+            n_rows = cute.size(tScS, mode=[0])
+            n_cols = cute.size(tScS, mode=[1])
+
+            # per-row mask bounds (window) or func endpoints, held in registers
+            row_lo = cute.make_rmem_tensor((n_rows,), Int32)
+            row_hi = cute.make_rmem_tensor((n_rows,), Int32)
+            func_n = self.func_n if cutlass.const_expr(self.has_func) else 1
+            row_f = cute.make_rmem_tensor((n_rows, func_n), Int32)
+            for r in cutlass.range_constexpr(n_rows):
+                i = m0 + tScS[r, 0][0]
+                if cutlass.const_expr(self.has_func):
+                    for t in cutlass.range_constexpr(func_n):
+                        row_f[r, t] = mFunc[0, t, q_start + i]
+                else:
+                    row_lo[r] = -BIG if left < 0 else i + off - left
+                    row_hi[r] = BIG if right < 0 else i + off + right
+
+            if n_count > 0:
+                self._load_rows(copy_qk, tQgQ, tQsQ, tQc, seqlen_q - m0)
+                n_first = n_max - 1
+                self._load_rows(copy_qk, tKgK[None, None, None, n_first], tKsK, tKc,
+                                seqlen_k - n_first * bn)
+                cute.arch.cp_async_commit_group()
+
+            for it in cutlass.range(n_count, unroll=1):
+                n = n_max - 1 - it
+                acc_S = cute.make_rmem_tensor(thr_mma.partition_shape_C((bm, bn)), Float32)
+                acc_S.fill(0.0)
+                cute.arch.cp_async_wait_group(0)
+                cute.arch.barrier()
+                self._load_rows(copy_v, tVgV[None, None, None, n], tVsV, tVc,
+                                seqlen_k - n * bn)
+                cute.arch.cp_async_commit_group()
+                hc.gemm_ss(tiled_mma, acc_S, tSrQ, tSrK, tSsQ, tSsK, s2r_Q, s2r_K,
+                           tSrQ_v, tSrK_v)
+                cute.arch.cp_async_wait_group(0)
+                cute.arch.barrier()
+                if it + 1 < n_count:
+                    self._load_rows(copy_qk, tKgK[None, None, None, n - 1], tKsK, tKc,
+                                    seqlen_k - (n - 1) * bn)
+                    cute.arch.cp_async_commit_group()
+
+                # ---- mask (boundary tiles only) -----------------------------------------
+                n0 = n * bn
+                full = Int32(0)
+                if cutlass.const_expr(self.has_func):
+                    full = Int32(n0 + bn <= f0)
+                else:
+                    ok_l = Int32(1)
+                    ok_r = Int32(1)
+                    if left >= 0:
+                        ok_l = Int32(n0 >= m1 - 1 + off - left)
+                    if right >= 0:
+                        ok_r = Int32(n0 + bn - 1 <= m0 + off + right)
+                    full = ok_l * ok_r
+                acc_S_mn = hc.acc_mn_view(acc_S)
+                if full == 0:
+                    for r in cutlass.range_constexpr(n_rows):
+                        for c in cutlass.range_constexpr(n_cols):
+                            j = n0 + tScS[0, c][1]
+                            valid = cutlass.Boolean(False)
+                            if cutlass.const_expr(self.has_func):
+                                valid = j < row_f[r, 0]
+                                for t in cutlass.range_constexpr((func_n - 1) // 2):
+                                    valid = valid | ((j >= row_f[r, 2 * t + 1])
+                                                     & (j < row_f[r, 2 * t + 2]))
+                            else:
+                                valid = (j >= row_lo[r]) & (j <= row_hi[r])
+                            acc_S_mn[r, c] = acc_S_mn[r, c] if valid else Float32(0.0)
+
+                # ---- P = SiLU(alpha S) = h + h tanh(h), h = alpha S / 2 ------------------
+                for e in cutlass.range_constexpr(cute.size(acc_S)):
+                    hval = acc_S[e] * alpha_half
+                    acc_S[e] = hval + hval * hc.tanh_approx(hval)
+                rP = cute.make_fragment_like(acc_S, self.dtype)
+                rP.store(acc_S.load().to(self.dtype))
+                tOrP = hc.acc_to_a_frag(rP)
+                hc.gemm_rs(tiled_mma, acc_O, tOrP, tOrVt, tOsVt, s2r_V, tOrVt_v)
+
+            # ---- epilogue: O / scaling_seqlen -> smem -> gmem ------------------------------
+            cute.arch.cp_async_wait_group(0)
+            cute.arch.barrier()
+            sO = cute.make_tensor(st.sQ.get_tensor(sQ_layout).iterator, sO_layout)
+            rO = cute.make_fragment_like(acc_O, self.dtype)
+            rO.store((acc_O.load() * inv_scale).to(self.dtype))
+            r2s = cute.make_tiled_copy_C(
+                cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), self.dtype), tiled_mma
+            ).get_slice(tidx)
+            cute.copy(r2s, r2s.retile(rO), r2s.partition_D(sO))
+            cute.arch.barrier()
+            thr_o = copy_o.get_slice(tidx)
+            tOsO = thr_o.partition_S(sO)
+            tOgO = thr_o.partition_D(gO)
+            tOc = thr_o.partition_D(cute.make_identity_tensor((bm, self.dv)))
+            tOrO = cute.make_fragment_like(tOsO, self.dtype)
+            cute.autovec_copy(tOsO, tOrO)
+            for r in cutlass.range_constexpr(cute.size(tOrO.shape[1])):
+                if tOc[0, r, 0][0] < seqlen_q - m0:
+                    cute.copy(copy_o, tOrO[None, r, None], tOgO[None, r, None])
