@@ -1,0 +1,236 @@
+"""cutlass_call adapters for the block-sparse attention (BSA) CuTe DSL kernels.
+
+Contract (docs/design.md): ``bsa_fwd`` / ``bsa_bwd`` take and return ``jax.Array``s, are
+traceable under ``jax.jit``, contain no ``custom_vjp`` and do no value validation. The
+public layer has already normalized the metadata: ``q2k_block_nums`` is int32
+``(B, H_q, N_q)`` and ``block_sizes`` is ``None`` or int32 ``(B, H_q, N_kv)``.
+
+Tensors stay in the caller's layout: the kernels see logical ``(B, S, H, D)`` modes and
+``bhsd`` buffers are presented that way through ``TensorSpec(mode=(0, 2, 1, 3))`` (no
+transpose). ``softmax_scale`` travels as a ``(1,)`` float32 device array, never as a
+compile key; compile keys are the frozen ``BsaFwdConfig`` / ``BsaBwdConfig`` dataclasses.
+
+Backward structure (all launches on XLA's stream, all buffers XLA-owned):
+
+1. ``delta = rowsum(dO * O)`` in fp32 (an XLA fusion inside this jitted function) and a
+   zero-initialised fp32 ``dq`` accumulator (same physical layout as q) that the kernel
+   updates in place (``input_output_aliases``).
+2. The K->Q transposed block lists (CSR) built on the device from the forward metadata
+   each call (``build_kq_csr``: stable argsort of the active (b, kv-head, kv-block) keys).
+3. One dK/dV kernel: a CTA per (64-key tile, KV head, batch) walks the (query head in
+   the GQA group, query block) entries that listed its KV block, keeps dK/dV in
+   registers (deterministic, no atomics) and adds each dQ tile to the fp32 accumulator
+   with ``atomicAdd`` (float addition order varies from run to run: dq is not bitwise
+   deterministic; dk and dv are).
+4. ``dq = dq_accum.astype(q.dtype)`` (XLA).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+
+SUPPORTED_HEAD_DIMS = (32, 64, 128, 256)
+SUPPORTED_BLOCK_SIZES = (64, 128)
+_DTYPES = ("float16", "bfloat16")
+
+
+@dataclasses.dataclass(frozen=True)
+class BsaFwdConfig:
+    dtype: str
+    head_dim: int
+    block_size: int
+    has_block_sizes: bool
+
+
+@dataclasses.dataclass(frozen=True)
+class BsaBwdConfig:
+    dtype: str
+    head_dim: int
+    block_size: int
+    has_block_sizes: bool
+
+
+def bsa_kernel_unsupported_reason(*, dtype, head_dim, head_dim_v, sparse_block_size) -> str | None:
+    """``None`` when the BSA kernels implement this static configuration, else why not."""
+    name = jnp.dtype(dtype).name
+    if name not in _DTYPES:
+        return f"the BSA kernels support float16 and bfloat16 inputs, got {name}"
+    if head_dim != head_dim_v:
+        return f"the BSA kernels need D == D_v, got D={head_dim}, D_v={head_dim_v}"
+    if head_dim not in SUPPORTED_HEAD_DIMS:
+        return f"the BSA kernels support head dims {SUPPORTED_HEAD_DIMS}, got {head_dim}"
+    if sparse_block_size not in SUPPORTED_BLOCK_SIZES:
+        return f"the BSA kernels support sparse_block_size in {SUPPORTED_BLOCK_SIZES}, got {sparse_block_size}"
+    return None
+
+
+def _cutlass_dtype(name: str):
+    import cutlass  # noqa: PLC0415
+
+    return {"float16": cutlass.Float16, "bfloat16": cutlass.BFloat16}[name]
+
+
+def _specs(layout: str):
+    from cutlass.jax import TensorSpec  # noqa: PLC0415
+
+    if layout == "bhsd":
+        return TensorSpec(mode=(0, 2, 1, 3))
+    if layout == "bshd":
+        return TensorSpec()
+    raise ValueError(f"layout must be 'bhsd' or 'bshd', got {layout!r}")
+
+
+def _dims(q, k, layout):
+    if layout == "bhsd":
+        b, h_q, s_q, d = q.shape
+        _, h_kv, s_kv, _ = k.shape
+    else:
+        b, s_q, h_q, d = q.shape
+        _, s_kv, h_kv, _ = k.shape
+    return b, h_q, s_q, h_kv, s_kv, d
+
+
+# --------------------------------------------------------------------------- forward
+
+
+def _fwd_entry(stream, q, k, v, idx, nums, sizes, scale, out, lse, *, cfg: BsaFwdConfig):
+    from ..kernels.bsa_fwd_sm80 import BsaFwdSm80  # noqa: PLC0415
+
+    BsaFwdSm80(_cutlass_dtype(cfg.dtype), cfg.head_dim, cfg.block_size, cfg.has_block_sizes)(
+        q, k, v, idx, nums, sizes, scale, out, lse, stream
+    )
+
+
+_FWD_JIT = None
+
+
+def _fwd_jit():
+    global _FWD_JIT
+    if _FWD_JIT is None:
+        import cutlass.cute as cute  # noqa: PLC0415
+
+        _FWD_JIT = cute.jit(_fwd_entry)
+    return _FWD_JIT
+
+
+def bsa_fwd(q, k, v, q2k_block_index, q2k_block_nums, block_sizes, *, layout: str,
+            sparse_block_size: int, softmax_scale: float):
+    """Block-sparse attention forward on the CuTe DSL kernel. Returns ``(out, lse)``.
+
+    ``out`` has q's layout and dtype, ``lse`` is float32 ``(B, H_q, S_q)`` (natural log,
+    ``-inf`` on rows with no active block).
+    """
+    from cutlass.jax import cutlass_call  # noqa: PLC0415
+
+    b, h_q, s_q, _h_kv, _s_kv, d = _dims(q, k, layout)
+    cfg = BsaFwdConfig(jnp.dtype(q.dtype).name, int(d), int(sparse_block_size), block_sizes is not None)
+    spec = _specs(layout)
+    scale = jnp.full((1,), softmax_scale, jnp.float32)
+    idx = q2k_block_index.astype(jnp.int32)
+    nums = q2k_block_nums.astype(jnp.int32)
+    sizes = None if block_sizes is None else block_sizes.astype(jnp.int32)
+    call = cutlass_call(
+        _fwd_jit(),
+        output_shape_dtype=(
+            jax.ShapeDtypeStruct(q.shape[:-1] + (v.shape[-1],), q.dtype),
+            jax.ShapeDtypeStruct((b, h_q, s_q), jnp.float32),
+        ),
+        input_spec=(spec, spec, spec, None, None, None, None),
+        output_spec=(spec, None),
+        compile_key=("bsa_fwd_sm80", cfg),
+        cfg=cfg,
+    )
+    out, lse = call(q, k, v, idx, nums, sizes, scale)
+    return out, lse
+
+
+# --------------------------------------------------------------------------- backward
+
+
+def build_kq_csr(q2k_block_index, q2k_block_nums, *, num_kv_heads: int, num_kv_blocks: int):
+    """K->Q transposed block lists (CSR) from the Q->K metadata, on the device.
+
+    Returns ``(offsets, entries)``: ``offsets`` int32 ``(B*H_kv*N_kv + 1,)``; the entries of
+    KV block n of KV head g in batch b are ``entries[offsets[r]:offsets[r+1]]`` with
+    ``r = (b*H_kv + g)*N_kv + n``, each ``h_in_group*N_q + m`` (query head ``g*G + h_in_group``,
+    query block m), in increasing order. Only the active prefix of each row is used.
+    """
+    b, h_q, n_q, k_max = q2k_block_index.shape
+    group = h_q // num_kv_heads
+    j = jnp.arange(k_max, dtype=jnp.int32)
+    active = j[None, None, None, :] < q2k_block_nums[..., None]
+    bi = jnp.arange(b, dtype=jnp.int32)[:, None, None, None]
+    hi = jnp.arange(h_q, dtype=jnp.int32)[None, :, None, None]
+    mi = jnp.arange(n_q, dtype=jnp.int32)[None, None, :, None]
+    n_rows = b * num_kv_heads * num_kv_blocks
+    key = (bi * num_kv_heads + hi // group) * num_kv_blocks + q2k_block_index
+    key = jnp.where(active, key, n_rows).reshape(-1)
+    val = jnp.broadcast_to((hi % group) * n_q + mi, q2k_block_index.shape).reshape(-1)
+    perm = jnp.argsort(key, stable=True)
+    entries = val[perm].astype(jnp.int32)
+    counts = jnp.zeros((n_rows + 1,), jnp.int32).at[key].add(1)
+    offsets = jnp.concatenate([jnp.zeros((1,), jnp.int32), jnp.cumsum(counts[:n_rows], dtype=jnp.int32)])
+    return offsets, entries
+
+
+def _bwd_entry(stream, q, k, v, do, lse, delta, offsets, entries, sizes, scale, dq_acc, dk, dv,
+               *, cfg: BsaBwdConfig):
+    from ..kernels.bsa_bwd_sm80 import BsaBwdSm80  # noqa: PLC0415
+
+    BsaBwdSm80(_cutlass_dtype(cfg.dtype), cfg.head_dim, cfg.block_size, cfg.has_block_sizes)(
+        q, k, v, do, lse, delta, offsets, entries, sizes, scale, dq_acc, dk, dv, stream
+    )
+
+
+_BWD_JIT = None
+
+
+def _bwd_jit():
+    global _BWD_JIT
+    if _BWD_JIT is None:
+        import cutlass.cute as cute  # noqa: PLC0415
+
+        _BWD_JIT = cute.jit(_bwd_entry)
+    return _BWD_JIT
+
+
+def bsa_bwd(do, q, k, v, out, lse, q2k_block_index, q2k_block_nums, block_sizes, *, layout: str,
+            sparse_block_size: int, softmax_scale: float):
+    """Block-sparse attention backward on the CuTe DSL kernels. Returns ``(dq, dk, dv)``
+    in the layouts and dtypes of q, k, v."""
+    from cutlass.jax import cutlass_call  # noqa: PLC0415
+
+    b, h_q, s_q, h_kv, s_kv, d = _dims(q, k, layout)
+    blk = int(sparse_block_size)
+    n_kv = -(-s_kv // blk)
+    cfg = BsaBwdConfig(jnp.dtype(q.dtype).name, int(d), blk, block_sizes is not None)
+    spec = _specs(layout)
+    scale = jnp.full((1,), softmax_scale, jnp.float32)
+    # delta_i = rowsum(dO * O), fp32, (B, H_q, S_q)
+    delta = jnp.sum(do.astype(jnp.float32) * out.astype(jnp.float32), axis=-1)
+    if layout == "bshd":
+        delta = jnp.swapaxes(delta, 1, 2)
+    offsets, entries = build_kq_csr(
+        q2k_block_index.astype(jnp.int32), q2k_block_nums.astype(jnp.int32),
+        num_kv_heads=h_kv, num_kv_blocks=n_kv,
+    )
+    sizes = None if block_sizes is None else block_sizes.astype(jnp.int32)
+    dq_acc = jnp.zeros(q.shape, jnp.float32)
+    call = cutlass_call(
+        _bwd_jit(),
+        output_shape_dtype=(
+            jax.ShapeDtypeStruct(q.shape, jnp.float32),
+            jax.ShapeDtypeStruct(k.shape, k.dtype),
+            jax.ShapeDtypeStruct(v.shape, v.dtype),
+        ),
+        input_spec=(spec, spec, spec, spec, None, None, None, None, None, None, spec),
+        output_spec=(spec, spec, spec),
+        input_output_aliases={10: 0},
+        compile_key=("bsa_bwd_sm80", cfg),
+        cfg=cfg,
+    )
+    dq_acc, dk, dv = call(q, k, v, do, lse, delta, offsets, entries, sizes, scale, dq_acc)
+    return dq_acc.astype(q.dtype), dk, dv

@@ -1,0 +1,340 @@
+"""Block-sparse attention backward (dK, dV, dQ), warp-level ``mma.sync`` (SM80+) CuTe DSL.
+
+One CTA (8 warps) per (64-key tile t, KV head g, batch b); a sparse KV block of blk keys is
+``blk // 64`` tiles. The CTA keeps its tile's K and V in shared memory and dK, dV in fp32
+registers, and walks the K->Q transposed list (CSR, built on the device by the adapter)
+of the KV block that holds the tile: entry ``e = h_in_group * N_q + m`` means query head
+``g * G + h_in_group`` listed this KV block for query block m. For every 64-query sub-tile
+of that query block (``blk // 64`` of them, those past ``S_q`` skipped):
+
+    S  = Q K^T,   P  = exp2(S * scale * log2 e - lse * log2 e)   (0 on masked keys/rows)
+    dP = dO V^T,  dS = P * (dP - delta)
+    dV += P^T dO, dK += dS^T Q,  dQ_accum[rows] += scale * dS K   (fp32 atomicAdd)
+
+Keys of the tile at or past ``min(block_sizes[b, h, n], S_kv - n*blk)`` (per query head, so
+GQA heads with different partial sizes are exact) and query rows past ``S_q`` give P = 0
+(rows past S_q read lse = +inf). The epilogue writes ``dK * scale`` and ``dV`` (zero for
+tiles nobody listed) in the input dtype; dK/dV are deterministic, dQ is accumulated with
+atomics (order-dependent fp32 rounding).
+
+Logical modes: q/do/dq_accum ``(B, S_q, H_q, D)``, k/v/dk/dv ``(B, S_kv, H_kv, D)``,
+lse/delta ``(B, H_q, S_q)`` fp32, offsets ``(B*H_kv*N_kv + 1,)``, entries ``(E,)`` int32,
+sizes ``(B, H_q, N_kv)`` int32 or None, scale ``(1,)`` fp32.
+"""
+
+from __future__ import annotations
+
+import cutlass
+import cutlass.memory
+import cutlass.cute as cute
+from cutlass.cute.nvgpu import cpasync, warp
+
+from .bsa_common import (
+    LOG2_E,
+    acc_mn_view,
+    copy_threads_per_row,
+    gemm_ss,
+    smem_layout,
+    transpose_view,
+)
+
+TILE = 64  # keys per CTA tile and queries per inner step
+
+
+class BsaBwdSm80:
+    def __init__(self, dtype, head_dim: int, block_size: int, has_block_sizes: bool):
+        self.dtype = dtype
+        self.hd = head_dim
+        self.blk = block_size
+        self.sub = block_size // TILE
+        self.num_warps = 8
+        self.num_threads = 256
+        self.has_sizes = has_block_sizes
+
+    @staticmethod
+    def can_implement(dtype, head_dim: int, block_size: int) -> bool:
+        if dtype not in (cutlass.Float16, cutlass.BFloat16):
+            return False
+        return head_dim in (32, 64, 128, 256) and block_size in (64, 128)
+
+    def _mma(self):
+        return cute.make_tiled_mma(
+            warp.MmaF16BF16Op(self.dtype, cutlass.Float32, (16, 8, 16)),
+            (4, 2, 1),
+            permutation_mnk=(64, 32, 16),
+        )
+
+    @cute.jit
+    def __call__(self, mQ, mK, mV, mdO, mLSE, mDelta, mOffsets, mEntries, mSizes, mScale,
+                 mdQacc, mdK, mdV, stream):
+        hd = self.hd
+        s_qd = smem_layout(self.dtype, TILE, hd)
+        s_pp = smem_layout(self.dtype, TILE, TILE)
+
+        @cute.struct
+        class SharedStorage:
+            sQ: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(s_qd)], 1024]
+            sdO: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(s_qd)], 1024]
+            sK: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(s_qd)], 1024]
+            sV: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(s_qd)], 1024]
+            sP: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(s_pp)], 1024]
+            sdS: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(s_pp)], 1024]
+
+        copy_bits = 128
+        elems = copy_bits // self.dtype.width
+        tpr = copy_threads_per_row(hd, elems)
+        thr_layout = cute.make_layout((self.num_threads // tpr, tpr), stride=(tpr, 1))
+        val_layout = cute.make_layout((1, elems))
+        gmem_copy_in = cute.make_tiled_copy_tv(
+            cute.make_copy_atom(
+                cpasync.CopyG2SOp(cache_mode=cpasync.LoadCacheMode.GLOBAL),
+                self.dtype,
+                num_bits_per_copy=copy_bits,
+            ),
+            thr_layout,
+            val_layout,
+        )
+        gmem_copy_out = cute.make_tiled_copy_tv(
+            cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), self.dtype, num_bits_per_copy=copy_bits),
+            thr_layout,
+            val_layout,
+        )
+        n_tiles = cute.ceil_div(mK.shape[1], TILE)
+        grid = (n_tiles, cute.size(mK.shape[2]), cute.size(mK.shape[0]))
+        self.kernel(
+            mQ, mK, mV, mdO, mLSE, mDelta, mOffsets, mEntries, mSizes, mScale, mdQacc, mdK, mdV,
+            s_qd, s_pp, gmem_copy_in, gmem_copy_out, SharedStorage,
+        ).launch(
+            grid=grid,
+            block=[self.num_threads, 1, 1],
+            smem=SharedStorage.size_in_bytes(),
+            stream=stream,
+        )
+
+    @cute.jit
+    def _load_rows(self, tiled_copy, tS, tD, tC, rows_left):
+        for r in cutlass.range_constexpr(cute.size(tD.shape[1])):
+            if tC[0, r, 0][0] < rows_left:
+                cute.copy(tiled_copy, tS[None, r, None], tD[None, r, None])
+            else:
+                tD[None, r, None].fill(0)
+
+    @cute.kernel
+    def kernel(
+        self,
+        mQ: cute.Tensor,
+        mK: cute.Tensor,
+        mV: cute.Tensor,
+        mdO: cute.Tensor,
+        mLSE: cute.Tensor,
+        mDelta: cute.Tensor,
+        mOffsets: cute.Tensor,
+        mEntries: cute.Tensor,
+        mSizes,
+        mScale: cute.Tensor,
+        mdQacc: cute.Tensor,
+        mdK: cute.Tensor,
+        mdV: cute.Tensor,
+        s_qd: cute.ComposedLayout,
+        s_pp: cute.ComposedLayout,
+        gmem_copy_in: cute.TiledCopy,
+        gmem_copy_out: cute.TiledCopy,
+        SharedStorage: cutlass.Constexpr,
+    ):
+        hd, blk = self.hd, self.blk
+        tidx, _, _ = cute.arch.thread_idx()
+        n_tile, head_kv, batch = cute.arch.block_idx()
+        seqlen_q = mQ.shape[1]
+        seqlen_k = mK.shape[1]
+        num_heads_kv = mK.shape[2]
+        group = mQ.shape[2] // num_heads_kv
+        n_q_blocks = (seqlen_q + blk - 1) // blk
+        n_kv_blocks = (seqlen_k + blk - 1) // blk
+        n_block = n_tile // self.sub
+        tile_off = (n_tile % self.sub) * TILE
+        softmax_scale = mScale[0]
+        scale_log2 = softmax_scale * LOG2_E
+
+        smem = cutlass.memory.SmemAllocator()
+        storage = smem.allocate(SharedStorage)
+        sQ = storage.sQ.get_tensor(s_qd)
+        sdO = storage.sdO.get_tensor(s_qd)
+        sK = storage.sK.get_tensor(s_qd)
+        sV = storage.sV.get_tensor(s_qd)
+        sP = storage.sP.get_tensor(s_pp)
+        sdS = storage.sdS.get_tensor(s_pp)
+        sQt = transpose_view(sQ)
+        sdOt = transpose_view(sdO)
+        sKt = transpose_view(sK)
+        sPt = transpose_view(sP)
+        sdSt = transpose_view(sdS)
+
+        thr_copy = gmem_copy_in.get_slice(tidx)
+        tCc = thr_copy.partition_S(cute.make_identity_tensor((TILE, hd)))
+        gK = cute.local_tile(mK[batch, None, head_kv, None], (TILE, hd), (n_tile, 0))
+        gV = cute.local_tile(mV[batch, None, head_kv, None], (TILE, hd), (n_tile, 0))
+        kv_left = seqlen_k - n_tile * TILE
+        self._load_rows(gmem_copy_in, thr_copy.partition_S(gK), thr_copy.partition_D(sK), tCc, kv_left)
+        self._load_rows(gmem_copy_in, thr_copy.partition_S(gV), thr_copy.partition_D(sV), tCc, kv_left)
+        cute.arch.cp_async_commit_group()
+        tQsQ = thr_copy.partition_D(sQ)
+        tdOsdO = thr_copy.partition_D(sdO)
+
+        mma_sdp = self._mma()
+        mma_dkv = self._mma()
+        mma_dq = self._mma()
+        thr_sdp = mma_sdp.get_slice(tidx)
+        thr_dkv = mma_dkv.get_slice(tidx)
+        thr_dq = mma_dq.get_slice(tidx)
+
+        acc_dK = cute.make_rmem_tensor(thr_dkv.partition_shape_C((TILE, hd)), cutlass.Float32)
+        acc_dV = cute.make_rmem_tensor(thr_dkv.partition_shape_C((TILE, hd)), cutlass.Float32)
+        acc_dK.fill(0.0)
+        acc_dV.fill(0.0)
+
+        # MMA operand fragments
+        tSrQ = thr_sdp.make_fragment_A(thr_sdp.partition_A(sQ))
+        tSrK = thr_sdp.make_fragment_B(thr_sdp.partition_B(sK))
+        tdPrdO = thr_sdp.make_fragment_A(thr_sdp.partition_A(sdO))
+        tdPrV = thr_sdp.make_fragment_B(thr_sdp.partition_B(sV))
+        tdVrPt = thr_dkv.make_fragment_A(thr_dkv.partition_A(sPt))
+        tdVrdOt = thr_dkv.make_fragment_B(thr_dkv.partition_B(sdOt))
+        tdKrdSt = thr_dkv.make_fragment_A(thr_dkv.partition_A(sdSt))
+        tdKrQt = thr_dkv.make_fragment_B(thr_dkv.partition_B(sQt))
+        tdQrdS = thr_dq.make_fragment_A(thr_dq.partition_A(sdS))
+        tdQrKt = thr_dq.make_fragment_B(thr_dq.partition_B(sKt))
+
+        ldm = cute.make_copy_atom(warp.LdMatrix8x8x16bOp(transpose=False, num_matrices=4), self.dtype)
+        ldm_t = cute.make_copy_atom(warp.LdMatrix8x8x16bOp(transpose=True, num_matrices=4), self.dtype)
+        s2r_sdp_A = cute.make_tiled_copy_A(ldm, mma_sdp).get_slice(tidx)
+        s2r_sdp_B = cute.make_tiled_copy_B(ldm, mma_sdp).get_slice(tidx)
+        s2r_dkv_A = cute.make_tiled_copy_A(ldm_t, mma_dkv).get_slice(tidx)
+        s2r_dkv_B = cute.make_tiled_copy_B(ldm_t, mma_dkv).get_slice(tidx)
+        s2r_dq_A = cute.make_tiled_copy_A(ldm, mma_dq).get_slice(tidx)
+        s2r_dq_B = cute.make_tiled_copy_B(ldm_t, mma_dq).get_slice(tidx)
+        tSsQ = s2r_sdp_A.partition_S(sQ)
+        tSsK = s2r_sdp_B.partition_S(sK)
+        tdPsdO = s2r_sdp_A.partition_S(sdO)
+        tdPsV = s2r_sdp_B.partition_S(sV)
+        tdVsPt = s2r_dkv_A.partition_S(sPt)
+        tdVsdOt = s2r_dkv_B.partition_S(sdOt)
+        tdKsdSt = s2r_dkv_A.partition_S(sdSt)
+        tdKsQt = s2r_dkv_B.partition_S(sQt)
+        tdQsdS = s2r_dq_A.partition_S(sdS)
+        tdQsKt = s2r_dq_B.partition_S(sKt)
+
+        r2s = cute.make_tiled_copy_C(cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), self.dtype), mma_sdp)
+        r2s_thr = r2s.get_slice(tidx)
+        tPsP = r2s_thr.partition_D(sP)
+        tdSsdS = r2s_thr.partition_D(sdS)
+
+        tScS_mn = acc_mn_view(thr_sdp.partition_C(cute.make_identity_tensor((TILE, TILE))))
+        n_rows = cute.size(tScS_mn, mode=[0])
+        n_cols = cute.size(tScS_mn, mode=[1])
+        tdQcdQ = thr_dq.partition_C(cute.make_identity_tensor((TILE, hd)))
+
+        row_id = (batch * num_heads_kv + head_kv) * n_kv_blocks + n_block
+        e_begin = mOffsets[row_id]
+        e_end = mOffsets[row_id + 1]
+        for e in cutlass.range(e_begin, e_end, unroll=1):
+            ent = mEntries[e]
+            h_in_group = ent // n_q_blocks
+            m_block = ent - h_in_group * n_q_blocks
+            head = head_kv * group + h_in_group
+            limit = cutlass.min(kv_left, TILE)
+            if cutlass.const_expr(self.has_sizes):
+                limit = cutlass.min(limit, mSizes[batch, head, n_block] - tile_off)
+            if limit > 0:
+                for sub in cutlass.range_constexpr(self.sub):
+                    q0 = m_block * blk + sub * TILE
+                    if q0 < seqlen_q:
+                        q_tile = q0 // TILE
+                        gQ = cute.local_tile(mQ[batch, None, head, None], (TILE, hd), (q_tile, 0))
+                        gdO = cute.local_tile(mdO[batch, None, head, None], (TILE, hd), (q_tile, 0))
+                        cute.arch.barrier()  # previous step is done with sQ/sdO/sP/sdS
+                        self._load_rows(gmem_copy_in, thr_copy.partition_S(gQ), tQsQ, tCc, seqlen_q - q0)
+                        self._load_rows(gmem_copy_in, thr_copy.partition_S(gdO), tdOsdO, tCc, seqlen_q - q0)
+                        cute.arch.cp_async_commit_group()
+
+                        # per-row lse (log2 domain) and delta of this thread's rows
+                        lse2 = cute.make_rmem_tensor(n_rows, cutlass.Float32)
+                        dlt = cute.make_rmem_tensor(n_rows, cutlass.Float32)
+                        for r in cutlass.range_constexpr(n_rows):
+                            row = q0 + tScS_mn[r, 0][0]
+                            lse2[r] = cutlass.Float32.inf
+                            dlt[r] = 0.0
+                            if row < seqlen_q:
+                                lse2[r] = mLSE[batch, head, row] * LOG2_E
+                                dlt[r] = mDelta[batch, head, row]
+
+                        cute.arch.cp_async_wait_group(0)
+                        cute.arch.barrier()
+
+                        acc_S = cute.make_rmem_tensor(thr_sdp.partition_shape_C((TILE, TILE)), cutlass.Float32)
+                        acc_S.fill(0.0)
+                        gemm_ss(mma_sdp, acc_S, tSrQ, tSrK, tSsQ, tSsK, s2r_sdp_A, s2r_sdp_B)
+                        acc_dP = cute.make_rmem_tensor(thr_sdp.partition_shape_C((TILE, TILE)), cutlass.Float32)
+                        acc_dP.fill(0.0)
+                        gemm_ss(mma_sdp, acc_dP, tdPrdO, tdPrV, tdPsdO, tdPsV, s2r_sdp_A, s2r_sdp_B)
+
+                        S_mn = acc_mn_view(acc_S)
+                        dP_mn = acc_mn_view(acc_dP)
+                        for r in cutlass.range_constexpr(n_rows):
+                            p_row = cute.math.exp2(S_mn[r, None].load() * scale_log2 - lse2[r], fastmath=True)
+                            S_mn[r, None] = p_row
+                            dP_mn[r, None] = p_row * (dP_mn[r, None].load() - dlt[r])
+                        if limit < TILE:
+                            for r in cutlass.range_constexpr(n_rows):
+                                for c in cutlass.range_constexpr(n_cols):
+                                    if tScS_mn[0, c][1] >= limit:
+                                        S_mn[r, c] = 0.0
+                                        dP_mn[r, c] = 0.0
+
+                        rP = cute.make_fragment_like(acc_S, self.dtype)
+                        rP.store(acc_S.load().to(self.dtype))
+                        rdS = cute.make_fragment_like(acc_dP, self.dtype)
+                        rdS.store(acc_dP.load().to(self.dtype))
+                        cute.copy(r2s, r2s_thr.retile(rP), tPsP)
+                        cute.copy(r2s, r2s_thr.retile(rdS), tdSsdS)
+                        cute.arch.barrier()
+
+                        gemm_ss(mma_dkv, acc_dV, tdVrPt, tdVrdOt, tdVsPt, tdVsdOt, s2r_dkv_A, s2r_dkv_B)
+                        gemm_ss(mma_dkv, acc_dK, tdKrdSt, tdKrQt, tdKsdSt, tdKsQt, s2r_dkv_A, s2r_dkv_B)
+
+                        acc_dQ = cute.make_rmem_tensor(thr_dq.partition_shape_C((TILE, hd)), cutlass.Float32)
+                        acc_dQ.fill(0.0)
+                        gemm_ss(mma_dq, acc_dQ, tdQrdS, tdQrKt, tdQsdS, tdQsKt, s2r_dq_A, s2r_dq_B)
+                        gdQ = cute.local_tile(mdQacc[batch, None, head, None], (TILE, hd), (q_tile, 0))
+                        tdQgdQ = thr_dq.partition_C(gdQ)
+                        for i in cutlass.range_constexpr(cute.size(acc_dQ)):
+                            if q0 + tdQcdQ[i][0] < seqlen_q:
+                                ptr = tdQgdQ.iterator + cute.crd2idx(i, tdQgdQ.layout)
+                                cute.arch.atomic_add(ptr, acc_dQ[i] * softmax_scale)
+
+        # Epilogue: dK * scale and dV, through smem (sK / sV reused), row-predicated.
+        cute.arch.cp_async_wait_group(0)
+        cute.arch.barrier()
+        acc_dK.store(acc_dK.load() * softmax_scale)
+        r2s_kv = cute.make_tiled_copy_C(cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), self.dtype), mma_dkv)
+        r2s_kv_thr = r2s_kv.get_slice(tidx)
+        rdK = cute.make_fragment_like(acc_dK, self.dtype)
+        rdK.store(acc_dK.load().to(self.dtype))
+        rdV = cute.make_fragment_like(acc_dV, self.dtype)
+        rdV.store(acc_dV.load().to(self.dtype))
+        cute.copy(r2s_kv, r2s_kv_thr.retile(rdK), r2s_kv_thr.partition_D(sK))
+        cute.copy(r2s_kv, r2s_kv_thr.retile(rdV), r2s_kv_thr.partition_D(sV))
+        cute.arch.barrier()
+        out_thr = gmem_copy_out.get_slice(tidx)
+        gdK = cute.local_tile(mdK[batch, None, head_kv, None], (TILE, hd), (n_tile, 0))
+        gdV = cute.local_tile(mdV[batch, None, head_kv, None], (TILE, hd), (n_tile, 0))
+        tdKgdK = out_thr.partition_D(gdK)
+        tdVgdV = out_thr.partition_D(gdV)
+        rK = cute.make_fragment_like(tdKgdK, self.dtype)
+        rV = cute.make_fragment_like(tdVgdV, self.dtype)
+        cute.copy(gmem_copy_out, out_thr.partition_S(sK), rK)
+        cute.copy(gmem_copy_out, out_thr.partition_S(sV), rV)
+        tOc = out_thr.partition_D(cute.make_identity_tensor((TILE, hd)))
+        for r in cutlass.range_constexpr(cute.size(tdKgdK.shape[1])):
+            if tOc[0, r, 0][0] < kv_left:
+                cute.copy(gmem_copy_out, rK[None, r, None], tdKgdK[None, r, None])
+                cute.copy(gmem_copy_out, rV[None, r, None], tdVgdV[None, r, None])

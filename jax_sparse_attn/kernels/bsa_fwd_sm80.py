@@ -1,0 +1,286 @@
+"""Block-sparse attention forward, warp-level ``mma.sync`` (SM80+) CuTe DSL kernel.
+
+One CTA per (query block m, query head h, batch b); the CTA's rows are the ``blk`` query
+tokens of block m (blk = 64: 4 warps, blk = 128: 8 warps, 16 rows per warp). The KV loop
+walks the active prefix of ``q2k_block_index[b, h, m, :]`` (length
+``q2k_block_nums[b, h, m]``): each step loads exactly one listed KV block of ``blk`` keys
+(``cp.async``, rows past ``S_kv`` zero-filled; K of the next listed block is prefetched
+while the current block's softmax and P@V run), computes ``S = Q K^T``, masks the columns
+past the block's valid length ``min(block_sizes[b, h, n], S_kv - n*blk)`` (only when that
+length is below blk), and does the FlashAttention online softmax (base-2 exponentials of
+``S * softmax_scale * log2(e)``).
+
+Epilogue: ``out = acc / l`` and ``lse = m * softmax_scale + ln(l)`` (natural log, fp32);
+rows with an empty list (l = 0) get ``out = 0`` and ``lse = -inf`` without dividing by 0.
+
+Logical tensor modes seen by the kernel (the adapter maps bhsd/bshd buffers onto these
+without copies): q/out ``(B, S_q, H_q, D)``, k/v ``(B, S_kv, H_kv, D)``, index
+``(B, H_q, N_q, K_max)``, nums ``(B, H_q, N_q)``, sizes ``(B, H_q, N_kv)`` or None,
+scale ``(1,)`` fp32, lse ``(B, H_q, S_q)`` fp32.
+"""
+
+from __future__ import annotations
+
+import cutlass
+import cutlass.memory
+import cutlass.cute as cute
+from cutlass.cute.nvgpu import cpasync, warp
+
+from .bsa_common import (
+    LOG2_E,
+    acc_mn_view,
+    acc_to_a_operand,
+    copy_threads_per_row,
+    gemm_rs,
+    gemm_ss,
+    quad_allreduce_max,
+    quad_allreduce_sum,
+    smem_layout,
+    transpose_view,
+)
+
+
+class BsaFwdSm80:
+    """Compile-time settings: element type, head dim (D = D_v), sparse block size, and
+    whether per-block valid sizes are given."""
+
+    def __init__(self, dtype, head_dim: int, block_size: int, has_block_sizes: bool):
+        self.dtype = dtype
+        self.hd = head_dim
+        self.blk = block_size
+        self.num_warps = block_size // 16
+        self.num_threads = self.num_warps * 32
+        self.has_sizes = has_block_sizes
+
+    @staticmethod
+    def can_implement(dtype, head_dim: int, block_size: int) -> bool:
+        if dtype not in (cutlass.Float16, cutlass.BFloat16):
+            return False
+        if head_dim not in (32, 64, 128, 256):
+            return False
+        if block_size not in (64, 128):
+            return False
+        smem = (block_size * head_dim * 3) * 2
+        return smem <= 227 * 1024
+
+    @cute.jit
+    def __call__(self, mQ, mK, mV, mIdx, mNums, mSizes, mScale, mO, mLSE, stream):
+        blk, hd = self.blk, self.hd
+        sQ_layout = smem_layout(self.dtype, blk, hd)
+        sKV_layout = smem_layout(self.dtype, blk, hd)
+
+        @cute.struct
+        class SharedStorage:
+            sQ: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(sQ_layout)], 1024]
+            sK: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(sKV_layout)], 1024]
+            sV: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(sKV_layout)], 1024]
+
+        copy_bits = 128
+        elems = copy_bits // self.dtype.width
+        tpr = copy_threads_per_row(hd, elems)
+        thr_layout = cute.make_layout((self.num_threads // tpr, tpr), stride=(tpr, 1))
+        val_layout = cute.make_layout((1, elems))
+        gmem_copy_in = cute.make_tiled_copy_tv(
+            cute.make_copy_atom(
+                cpasync.CopyG2SOp(cache_mode=cpasync.LoadCacheMode.GLOBAL),
+                self.dtype,
+                num_bits_per_copy=copy_bits,
+            ),
+            thr_layout,
+            val_layout,
+        )
+        gmem_copy_out = cute.make_tiled_copy_tv(
+            cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), self.dtype, num_bits_per_copy=copy_bits),
+            thr_layout,
+            val_layout,
+        )
+        tiled_mma = cute.make_tiled_mma(
+            warp.MmaF16BF16Op(self.dtype, cutlass.Float32, (16, 8, 16)),
+            (self.num_warps, 1, 1),
+            permutation_mnk=(self.num_warps * 16, 16, 16),
+        )
+        grid = (
+            cute.ceil_div(mQ.shape[1], blk),
+            cute.size(mQ.shape[2]),
+            cute.size(mQ.shape[0]),
+        )
+        self.kernel(
+            mQ, mK, mV, mIdx, mNums, mSizes, mScale, mO, mLSE,
+            sQ_layout, sKV_layout, gmem_copy_in, gmem_copy_out, tiled_mma, SharedStorage,
+        ).launch(
+            grid=grid,
+            block=[self.num_threads, 1, 1],
+            smem=SharedStorage.size_in_bytes(),
+            stream=stream,
+        )
+
+    @cute.jit
+    def _load_rows(self, tiled_copy, tS, tD, tC, rows_left):
+        """Copy the rows of a (blk, hd) tile whose local row index < rows_left; zero the rest."""
+        for r in cutlass.range_constexpr(cute.size(tD.shape[1])):
+            if tC[0, r, 0][0] < rows_left:
+                cute.copy(tiled_copy, tS[None, r, None], tD[None, r, None])
+            else:
+                tD[None, r, None].fill(0)
+
+    @cute.kernel
+    def kernel(
+        self,
+        mQ: cute.Tensor,
+        mK: cute.Tensor,
+        mV: cute.Tensor,
+        mIdx: cute.Tensor,
+        mNums: cute.Tensor,
+        mSizes,
+        mScale: cute.Tensor,
+        mO: cute.Tensor,
+        mLSE: cute.Tensor,
+        sQ_layout: cute.ComposedLayout,
+        sKV_layout: cute.ComposedLayout,
+        gmem_copy_in: cute.TiledCopy,
+        gmem_copy_out: cute.TiledCopy,
+        tiled_mma: cute.TiledMma,
+        SharedStorage: cutlass.Constexpr,
+    ):
+        blk, hd = self.blk, self.hd
+        tidx, _, _ = cute.arch.thread_idx()
+        m_block, head, batch = cute.arch.block_idx()
+        seqlen_q = mQ.shape[1]
+        seqlen_k = mK.shape[1]
+        head_kv = head // (mQ.shape[2] // mK.shape[2])
+        softmax_scale = mScale[0]
+        scale_log2 = softmax_scale * LOG2_E
+        num_blocks = mNums[batch, head, m_block]
+
+        gQ = cute.local_tile(mQ[batch, None, head, None], (blk, hd), (m_block, 0))
+        gK = cute.local_tile(mK[batch, None, head_kv, None], (blk, hd), (None, 0))
+        gV = cute.local_tile(mV[batch, None, head_kv, None], (blk, hd), (None, 0))
+
+        smem = cutlass.memory.SmemAllocator()
+        storage = smem.allocate(SharedStorage)
+        sQ = storage.sQ.get_tensor(sQ_layout)
+        sK = storage.sK.get_tensor(sKV_layout)
+        sV = storage.sV.get_tensor(sKV_layout)
+        sVt = transpose_view(sV)
+
+        thr_copy = gmem_copy_in.get_slice(tidx)
+        tQgQ = thr_copy.partition_S(gQ)
+        tQsQ = thr_copy.partition_D(sQ)
+        tKgK = thr_copy.partition_S(gK)
+        tKsK = thr_copy.partition_D(sK)
+        tVgV = thr_copy.partition_S(gV)
+        tVsV = thr_copy.partition_D(sV)
+        tCc = thr_copy.partition_S(cute.make_identity_tensor((blk, hd)))
+
+        thr_mma = tiled_mma.get_slice(tidx)
+        tSrQ = thr_mma.make_fragment_A(thr_mma.partition_A(sQ))
+        tSrK = thr_mma.make_fragment_B(thr_mma.partition_B(sK))
+        tOrVt = thr_mma.make_fragment_B(thr_mma.partition_B(sVt))
+        acc_O = cute.make_rmem_tensor(thr_mma.partition_shape_C((blk, hd)), cutlass.Float32)
+        acc_O.fill(0.0)
+
+        ldm = cute.make_copy_atom(warp.LdMatrix8x8x16bOp(transpose=False, num_matrices=4), self.dtype)
+        ldm_t = cute.make_copy_atom(warp.LdMatrix8x8x16bOp(transpose=True, num_matrices=4), self.dtype)
+        s2r_Q = cute.make_tiled_copy_A(ldm, tiled_mma).get_slice(tidx)
+        s2r_K = cute.make_tiled_copy_B(ldm, tiled_mma).get_slice(tidx)
+        s2r_V = cute.make_tiled_copy_B(ldm_t, tiled_mma).get_slice(tidx)
+        tSsQ = s2r_Q.partition_S(sQ)
+        tSsK = s2r_K.partition_S(sK)
+        tOsVt = s2r_V.partition_S(sVt)
+
+        tScS_mn = acc_mn_view(thr_mma.partition_C(cute.make_identity_tensor((blk, blk))))
+        n_rows = cute.size(tScS_mn, mode=[0])
+        row_max = cute.make_rmem_tensor(n_rows, cutlass.Float32)
+        row_sum = cute.make_rmem_tensor(n_rows, cutlass.Float32)
+        row_max.fill(-cutlass.Float32.inf)
+        row_sum.fill(0.0)
+
+        # Prologue: Q and the first listed K block.
+        self._load_rows(gmem_copy_in, tQgQ, tQsQ, tCc, seqlen_q - m_block * blk)
+        if num_blocks > 0:
+            n_first = mIdx[batch, head, m_block, 0]
+            self._load_rows(gmem_copy_in, tKgK[None, None, None, n_first], tKsK, tCc, seqlen_k - n_first * blk)
+        cute.arch.cp_async_commit_group()
+
+        for j in cutlass.range(num_blocks, unroll=1):
+            n_block = mIdx[batch, head, m_block, j]
+            kv_left = seqlen_k - n_block * blk
+            acc_S = cute.make_rmem_tensor(thr_mma.partition_shape_C((blk, blk)), cutlass.Float32)
+            acc_S.fill(0.0)
+            cute.arch.cp_async_wait_group(0)
+            cute.arch.barrier()
+            self._load_rows(gmem_copy_in, tVgV[None, None, None, n_block], tVsV, tCc, kv_left)
+            cute.arch.cp_async_commit_group()
+            gemm_ss(tiled_mma, acc_S, tSrQ, tSrK, tSsQ, tSsK, s2r_Q, s2r_K)
+            cute.arch.cp_async_wait_group(0)
+            cute.arch.barrier()
+            if j + 1 < num_blocks:
+                n_next = mIdx[batch, head, m_block, j + 1]
+                self._load_rows(gmem_copy_in, tKgK[None, None, None, n_next], tKsK, tCc, seqlen_k - n_next * blk)
+            cute.arch.cp_async_commit_group()
+
+            # Valid keys of this block: [0, limit).
+            limit = cutlass.min(kv_left, blk)
+            if cutlass.const_expr(self.has_sizes):
+                limit = cutlass.min(limit, mSizes[batch, head, n_block])
+            acc_S_mn = acc_mn_view(acc_S)
+            if limit < blk:
+                for r in cutlass.range_constexpr(n_rows):
+                    for c in cutlass.range_constexpr(cute.size(tScS_mn, mode=[1])):
+                        if tScS_mn[0, c][1] >= limit:
+                            acc_S_mn[r, c] = -cutlass.Float32.inf
+
+            acc_O_mn = acc_mn_view(acc_O)
+            for r in cutlass.range_constexpr(n_rows):
+                s_row = acc_S_mn[r, None].load()
+                m_cur = s_row.reduce(cute.ReductionOp.MAX, -cutlass.Float32.inf, 0)
+                m_cur = quad_allreduce_max(m_cur)
+                m_prev = row_max[r]
+                m_new = cute.arch.fmax(m_prev, m_cur)
+                m_safe = 0.0 if m_new == -cutlass.Float32.inf else m_new
+                m_scaled = m_safe * scale_log2
+                p_row = cute.math.exp2(s_row * scale_log2 - m_scaled, fastmath=True)
+                corr = cute.math.exp2(m_prev * scale_log2 - m_scaled, fastmath=True)
+                row_sum[r] = row_sum[r] * corr + p_row.reduce(cute.ReductionOp.ADD, cutlass.Float32.zero, 0)
+                row_max[r] = m_new
+                acc_O_mn[r, None] = acc_O_mn[r, None].load() * corr
+                acc_S_mn[r, None] = p_row
+
+            rP = cute.make_fragment_like(acc_S, self.dtype)
+            rP.store(acc_S.load().to(self.dtype))
+            gemm_rs(tiled_mma, acc_O, acc_to_a_operand(rP), tOrVt, tOsVt, s2r_V)
+
+        # Epilogue: normalize, write LSE and O.
+        acc_O_mn = acc_mn_view(acc_O)
+        tOcO_mn = acc_mn_view(thr_mma.partition_C(cute.make_identity_tensor((blk, hd))))
+        for r in cutlass.range_constexpr(n_rows):
+            l = quad_allreduce_sum(row_sum[r])
+            empty = l == 0.0
+            inv = 0.0 if empty else cute.arch.rcp_approx(l)
+            acc_O_mn[r, None] = acc_O_mn[r, None].load() * inv
+            lse = -cutlass.Float32.inf
+            if not empty:
+                lse = row_max[r] * softmax_scale + cute.math.log(l, fastmath=False)
+            row = m_block * blk + tOcO_mn[r, 0][0]
+            if tidx % 4 == 0:
+                if row < seqlen_q:
+                    mLSE[batch, head, row] = lse
+
+        rO = cute.make_fragment_like(acc_O, self.dtype)
+        rO.store(acc_O.load().to(self.dtype))
+        cute.arch.barrier()  # every warp is done reading sQ / sV
+        sO = cute.make_tensor(sQ.iterator, sQ_layout)
+        r2s = cute.make_tiled_copy_C(cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), self.dtype), tiled_mma)
+        r2s_thr = r2s.get_slice(tidx)
+        cute.copy(r2s, r2s_thr.retile(rO), r2s_thr.partition_D(sO))
+        cute.arch.barrier()
+        gO = cute.local_tile(mO[batch, None, head, None], (blk, hd), (m_block, 0))
+        out_thr = gmem_copy_out.get_slice(tidx)
+        tOsO = out_thr.partition_S(sO)
+        tOgO = out_thr.partition_D(gO)
+        tOrO = cute.make_fragment_like(tOgO, self.dtype)
+        cute.copy(gmem_copy_out, tOsO, tOrO)
+        tOc = out_thr.partition_D(cute.make_identity_tensor((blk, hd)))
+        for r in cutlass.range_constexpr(cute.size(tOgO.shape[1])):
+            if m_block * blk + tOc[0, r, 0][0] < seqlen_q:
+                cute.copy(gmem_copy_out, tOrO[None, r, None], tOgO[None, r, None])

@@ -1,0 +1,107 @@
+"""CPU lowering of the block-sparse attention kernels for sm_90a (no GPU needed).
+
+``jax.jit(f).trace(...).lower(lowering_platforms=("cuda",))`` runs the whole CuTe DSL
+compile (MLIR -> PTX -> ptxas) and embeds the kernel object in the CuTe DSL custom call.
+Every (head_dim, sparse_block_size) pair is compiled for the forward and the backward;
+dtype, layout and ``block_sizes`` presence alternate across them so that each value of
+each static option is exercised.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+
+import pytest
+
+pytestmark = pytest.mark.lowering
+
+jax = pytest.importorskip("jax")
+import jax.numpy as jnp  # noqa: E402
+
+cutlass_jax = pytest.importorskip("cutlass.jax")
+
+CALL_TARGET = "CuteDSLRT_NvJaxCutlassCall"
+
+_PAIRS = list(itertools.product((32, 64, 128, 256), (64, 128)))
+CONFIGS = [
+    dict(d=d, blk=blk, dtype=("bfloat16", "float16")[i % 2], layout=("bhsd", "bshd")[(i // 2) % 2],
+         sizes=bool((i // 4 + i) % 2))
+    for i, (d, blk) in enumerate(_PAIRS)
+]
+
+
+@pytest.fixture(autouse=True)
+def _sm90_env(monkeypatch):
+    monkeypatch.setenv("CUTE_DSL_ARCH", os.environ.get("CUTE_DSL_ARCH", "sm_90a"))
+    monkeypatch.setenv("JAX_SPARSE_ATTN_FORCE_KERNEL", "1")
+
+
+def _shapes(cfg, b=2, hq=4, hkv=2, sq=1000, skv=1025, kmax=5):
+    d, blk = cfg["d"], cfg["blk"]
+    dt = jnp.dtype(cfg["dtype"])
+    nq, nkv = -(-sq // blk), -(-skv // blk)
+
+    def t(s, h):
+        shape = (b, h, s, d) if cfg["layout"] == "bhsd" else (b, s, h, d)
+        return jax.ShapeDtypeStruct(shape, dt)
+
+    q, k = t(sq, hq), t(skv, hkv)
+    idx = jax.ShapeDtypeStruct((b, hq, nq, kmax), jnp.int32)
+    nums = jax.ShapeDtypeStruct((b, hq, nq), jnp.int32)
+    sizes = jax.ShapeDtypeStruct((b, hq, nkv), jnp.int32) if cfg["sizes"] else None
+    lse = jax.ShapeDtypeStruct((b, hq, sq), jnp.float32)
+    return q, k, idx, nums, sizes, lse
+
+
+def _ids(cfg):
+    return f"d{cfg['d']}-blk{cfg['blk']}-{cfg['dtype']}-{cfg['layout']}-{'sizes' if cfg['sizes'] else 'nosizes'}"
+
+
+@pytest.mark.parametrize("cfg", CONFIGS, ids=_ids)
+def test_bsa_fwd_bwd_lower_to_cutedsl_call(cfg):
+    from jax_sparse_attn.ffi import bsa
+
+    q, k, idx, nums, sizes, lse = _shapes(cfg)
+    kw = dict(layout=cfg["layout"], sparse_block_size=cfg["blk"], softmax_scale=0.3)
+
+    def fwd(q, k, v, i, n, s):
+        return bsa.bsa_fwd(q, k, v, i, n, s, **kw)
+
+    def bwd(do, q, k, v, o, lse, i, n, s):
+        return bsa.bsa_bwd(do, q, k, v, o, lse, i, n, s, **kw)
+
+    txt = jax.jit(fwd).trace(q, k, k, idx, nums, sizes).lower(lowering_platforms=("cuda",)).as_text()
+    assert txt.count(CALL_TARGET) == 1
+    assert "\\7FELF" in txt  # the compiled kernel object is embedded
+    txt = jax.jit(bwd).trace(q, q, k, k, q, lse, idx, nums, sizes).lower(
+        lowering_platforms=("cuda",)).as_text()
+    assert txt.count(CALL_TARGET) == 1
+    assert "\\7FELF" in txt
+
+
+def test_public_api_uses_kernel_path_when_forced():
+    """block_sparse_attention(backend='auto') lowers to the CuTe DSL call (fwd and grad)."""
+    import jax_sparse_attn as jsa
+
+    cfg = dict(d=64, blk=64, dtype="bfloat16", layout="bhsd", sizes=True)
+    q, k, idx, nums, sizes, _ = _shapes(cfg, sq=200, skv=300, kmax=3)
+
+    def loss(q, k, v, i, n, s):
+        o = jsa.block_sparse_attention(q, k, v, i, None, s, n, sparse_block_size=64)
+        return jnp.sum(o.astype(jnp.float32))
+
+    txt = jax.jit(jax.grad(loss, argnums=(0, 1, 2))).trace(q, k, k, idx, nums, sizes).lower(
+        lowering_platforms=("cuda",)).as_text()
+    assert txt.count(CALL_TARGET) == 2  # forward + backward kernels
+
+
+def test_unsupported_reason():
+    from jax_sparse_attn.ffi import bsa
+
+    ok = dict(dtype=jnp.bfloat16, head_dim=128, head_dim_v=128, sparse_block_size=128)
+    assert bsa.bsa_kernel_unsupported_reason(**ok) is None
+    assert "float16" in bsa.bsa_kernel_unsupported_reason(**{**ok, "dtype": jnp.float32})
+    assert "D_v" in bsa.bsa_kernel_unsupported_reason(**{**ok, "head_dim_v": 64})
+    assert "head dims" in bsa.bsa_kernel_unsupported_reason(**{**ok, "head_dim": 96, "head_dim_v": 96})
+    assert "sparse_block_size" in bsa.bsa_kernel_unsupported_reason(**{**ok, "sparse_block_size": 32})
