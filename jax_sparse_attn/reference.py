@@ -103,6 +103,11 @@ def hstu_attention_ref(
       ``out (T_q, H, D_v)`` in q's dtype. Rows outside every sequence are 0.
     """
     paged = paged_kv is not None
+    q = jnp.asarray(q)
+    if paged:
+        paged_kv, page_ids, page_indptrs = (jnp.asarray(x) for x in (paged_kv, page_ids, page_indptrs))
+    else:
+        k, v = jnp.asarray(k), jnp.asarray(v)
     T_q, H, D = q.shape
     D_v = paged_kv.shape[-1] if paged else v.shape[-1]
     B = cu_seqlens_q.shape[0] - 1
@@ -120,15 +125,15 @@ def hstu_attention_ref(
 
     tile = max(1, min(int(q_tile), max_seqlen_q))
     n_t = -(-max_seqlen_q // tile)
-    cu_q = cu_seqlens_q.astype(jnp.int32)
-    cu_k = cu_seqlens_k.astype(jnp.int32)
+    cu_q = jnp.asarray(cu_seqlens_q).astype(jnp.int32)
+    cu_k = jnp.asarray(cu_seqlens_k).astype(jnp.int32)
     inv_scale = 1.0 / scaling_seqlen
     j = jnp.arange(max_seqlen_k, dtype=jnp.int32)
 
     if func is not None:
         n_f = func.shape[1]
         L_f = func.shape[2]
-        f2d = func[0].astype(jnp.int32)
+        f2d = jnp.asarray(func)[0].astype(jnp.int32)
 
     def gather_kv(b):
         k0 = cu_k[b]
@@ -264,9 +269,9 @@ def _to_bhsd(x, layout):
 def _bsa_blocks(q, k, v, q2k_block_index, q2k_block_nums, block_sizes, layout,
                 sparse_block_size, extra=()):
     """Shared setup: bhsd views padded to whole blocks plus normalised metadata."""
-    q = _to_bhsd(q, layout)
-    k = _to_bhsd(k, layout)
-    v = _to_bhsd(v, layout)
+    q = _to_bhsd(jnp.asarray(q), layout)
+    k = _to_bhsd(jnp.asarray(k), layout)
+    v = _to_bhsd(jnp.asarray(v), layout)
     blk = int(sparse_block_size)
     B, Hq, Sq, D = q.shape
     Hkv, Skv = k.shape[1], k.shape[2]
@@ -408,8 +413,9 @@ def block_sparse_attention_bwd_ref(
     """
     in_dtypes = (q.dtype, k.dtype, v.dtype)
     cdt = _compute_dtype(q.dtype, compute_dtype)
-    do = _to_bhsd(do, layout)
-    out = _to_bhsd(out, layout)
+    do = _to_bhsd(jnp.asarray(do), layout)
+    out = _to_bhsd(jnp.asarray(out), layout)
+    lse = jnp.asarray(lse)
     q, k, v, dims, idx, nums, sizes = _bsa_blocks(
         q, k, v, q2k_block_index, q2k_block_nums, block_sizes, layout, sparse_block_size)
     B, Hq, Hkv, Sq, Skv, D, Dv, Nq, Nkv, blk = dims

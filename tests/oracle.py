@@ -1,0 +1,180 @@
+"""Independent float64 NumPy oracle written with explicit loops.
+
+Shares no code with ``jax_sparse_attn.reference``: it re-derives every rule from the
+issue text (bottom-right aligned windows, func intervals, paged KV, BSA block lists).
+Loops run over sequences, heads and query rows; the key rule is evaluated per key.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+
+import numpy as np
+
+
+def x64():
+    """Context manager enabling float64 in JAX (jax.enable_x64 or the experimental one)."""
+    import jax  # noqa: PLC0415
+
+    if hasattr(jax, "enable_x64"):
+        return jax.enable_x64(True)
+    from jax.experimental import enable_x64  # noqa: PLC0415
+
+    return enable_x64()
+
+
+def f64(x):
+    return np.asarray(x, dtype=np.float64) if x is not None else None
+
+
+def _silu(x):
+    return x / (1.0 + math.exp(-x)) if x >= 0 else x * math.exp(x) / (1.0 + math.exp(x))
+
+
+def hstu_key_allowed(i, j, L_q, L_k, window_size, func_row=None):
+    """Is local key j visible to local query i? (explicit rule, one key at a time)."""
+    if not (0 <= j < L_k):
+        return False
+    p = i + L_k - L_q
+    left, right = window_size
+    if left != -1 and j < p - left:
+        return False
+    if right != -1 and j > p + right:
+        return False
+    if func_row is not None:
+        ok = j < func_row[0]
+        for t in range(1, len(func_row), 2):
+            if func_row[t] <= j < func_row[t + 1]:
+                ok = True
+        if not ok:
+            return False
+    return True
+
+
+def hstu_oracle(q, k, v, cu_q, cu_k, *, max_seqlen_q, scaling_seqlen=None, window_size=(-1, 0),
+                alpha=1.0, func=None, paged_kv=None, page_ids=None, page_indptrs=None,
+                page_size=128):
+    """out (T_q, H, D_v) float64."""
+    q = f64(q)
+    cu_q = [int(x) for x in np.asarray(cu_q)]
+    cu_k = [int(x) for x in np.asarray(cu_k)]
+    B = len(cu_q) - 1
+    T_q, H, D = q.shape
+    if paged_kv is not None:
+        pk = f64(paged_kv)
+        ids = [int(x) for x in np.asarray(page_ids)]
+        ptr = [int(x) for x in np.asarray(page_indptrs)]
+        D_v = pk.shape[-1]
+    else:
+        k, v = f64(k), f64(v)
+        D_v = v.shape[-1]
+    scale = float(max_seqlen_q if scaling_seqlen is None else scaling_seqlen)
+    fn = None if func is None else np.asarray(func)[0]
+    out = np.zeros((T_q, H, D_v))
+    for b in range(B):
+        L_q = cu_q[b + 1] - cu_q[b]
+        L_k = cu_k[b + 1] - cu_k[b]
+        if paged_kv is not None:
+            kb = np.zeros((L_k, H, D))
+            vb = np.zeros((L_k, H, D_v))
+            for jj in range(L_k):
+                page = ids[ptr[b] + jj // page_size]
+                kb[jj] = pk[page, 0, jj % page_size]
+                vb[jj] = pk[page, 1, jj % page_size]
+        else:
+            kb = k[cu_k[b]:cu_k[b + 1]]
+            vb = v[cu_k[b]:cu_k[b + 1]]
+        for i in range(L_q):
+            r = cu_q[b] + i
+            frow = None if fn is None else [int(x) for x in fn[:, r]]
+            for jj in range(L_k):
+                if not hstu_key_allowed(i, jj, L_q, L_k, window_size, frow):
+                    continue
+                for h in range(H):
+                    s = alpha * float(np.dot(q[r, h], kb[jj, h]))
+                    out[r, h] += _silu(s) * vb[jj, h] / scale
+    return out
+
+
+def hstu_dense_mask_oracle(cu_q, cu_k, max_seqlen_q, max_seqlen_k, window_size, func=None):
+    """(B, max_q, max_k) bool from the explicit rule."""
+    cu_q = [int(x) for x in np.asarray(cu_q)]
+    cu_k = [int(x) for x in np.asarray(cu_k)]
+    fn = None if func is None else np.asarray(func)[0]
+    B = len(cu_q) - 1
+    m = np.zeros((B, max_seqlen_q, max_seqlen_k), bool)
+    for b in range(B):
+        L_q, L_k = cu_q[b + 1] - cu_q[b], cu_k[b + 1] - cu_k[b]
+        for i in range(L_q):
+            frow = None if fn is None else [int(x) for x in fn[:, cu_q[b] + i]]
+            for j in range(L_k):
+                m[b, i, j] = hstu_key_allowed(i, j, L_q, L_k, window_size, frow)
+    return m
+
+
+def bsa_key_positions(b, h, m, idx, nums, sizes, blk, S_kv):
+    """Sorted key token positions attended by query block m of (b, h)."""
+    keys = set()
+    for t in range(int(nums[b][h][m])):
+        n = int(idx[b][h][m][t])
+        size = blk if sizes is None else int(sizes[b][h][n])
+        for off in range(size):
+            pos = n * blk + off
+            if pos < S_kv:
+                keys.add(pos)
+    return sorted(keys)
+
+
+def bsa_oracle(q, k, v, idx, nums, sizes=None, *, blk=128, softmax_scale=None, layout="bhsd"):
+    """Returns (out, lse) float64; q/k/v in ``layout``; idx (B,H,N_q,K), nums (B,H,N_q),
+    sizes None or (B,H,N_kv) (already broadcast)."""
+    q, k, v = f64(q), f64(k), f64(v)
+    if layout == "bshd":
+        q, k, v = (np.swapaxes(x, 1, 2) for x in (q, k, v))
+    B, Hq, Sq, D = q.shape
+    Hkv, Skv = k.shape[1], k.shape[2]
+    D_v = v.shape[-1]
+    g = Hq // Hkv
+    scale = 1.0 / math.sqrt(D) if softmax_scale is None else softmax_scale
+    idx = np.asarray(idx)
+    nums = np.asarray(nums)
+    sizes = None if sizes is None else np.asarray(sizes)
+    out = np.zeros((B, Hq, Sq, D_v))
+    lse = np.full((B, Hq, Sq), -np.inf)
+    for b in range(B):
+        for h in range(Hq):
+            hk = h // g
+            for m in range(-(-Sq // blk)):
+                keys = bsa_key_positions(b, h, m, idx, nums, sizes, blk, Skv)
+                if not keys:
+                    continue
+                for i in range(m * blk, min((m + 1) * blk, Sq)):
+                    s = np.array([scale * float(np.dot(q[b, h, i], k[b, hk, j])) for j in keys])
+                    mx = s.max()
+                    w = np.exp(s - mx)
+                    tot = w.sum()
+                    lse[b, h, i] = mx + math.log(tot)
+                    acc = np.zeros(D_v)
+                    for wj, j in zip(w, keys):
+                        acc += wj * v[b, hk, j]
+                    out[b, h, i] = acc / tot
+    if layout == "bshd":
+        out = np.swapaxes(out, 1, 2)
+    return out, lse
+
+
+def broadcast_sizes(block_sizes, B, H, N_kv):
+    if block_sizes is None:
+        return None
+    bs = np.asarray(block_sizes)
+    if bs.ndim == 1:
+        return np.broadcast_to(bs[None, None], (B, H, N_kv))
+    if bs.ndim == 2:
+        return np.broadcast_to(bs[:, None], (B, H, N_kv))
+    return bs
+
+
+@contextlib.contextmanager
+def no_op():
+    yield
