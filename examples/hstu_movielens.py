@@ -218,6 +218,7 @@ def _dropout(key, x, rate, train):
 def encode(params, batch, key, cfg: Config, backend: str, train: bool):
     """Packed tokens -> L2-normalized sequence embeddings (T, D), float32."""
     D, H = cfg.embed_dim, cfg.num_heads
+    batch = {k: jnp.asarray(v) for k, v in batch.items()}
     valid = batch["valid"][:, None]
     keys = jax.random.split(key, 1 + cfg.num_blocks)
     x = params["item_emb"][batch["ids"]] * math.sqrt(D) + params["pos_emb"][batch["pos"]]
@@ -283,17 +284,26 @@ def make_eval_step(cfg: Config, backend: str):
         out = encode(params, batch, jax.random.PRNGKey(0), cfg, backend, train=False)
         user = out[batch["last"]]  # (B, D)
         items = _l2_normalize(params["item_emb"], cfg.l2_eps)
-        scores = user @ items.T  # (B, N + 1)
-        rows = jnp.arange(scores.shape[0])[:, None]
-        scores = scores.at[rows, batch["hist"]].set(-jnp.inf)  # seen items (0 = padding)
-        scores = scores.at[:, 0].set(-jnp.inf)
-        target_score = jnp.take_along_axis(scores, targets[:, None], axis=1)
-        # Rank = 1 + number of items scored strictly higher than the target; a
-        # non-finite target score gets the worst rank (NaN never scores a hit).
-        rank = 1 + jnp.sum(scores > target_score, axis=1)
-        return jnp.where(jnp.isfinite(target_score[:, 0]), rank, scores.shape[1])
+        return ranks_from_scores(user @ items.T, batch["hist"], targets)
 
     return ranks
+
+
+def ranks_from_scores(scores, hist, targets):
+    """1-based rank of each target among all items, seen items removed.
+
+    scores: (B, N + 1) float, column 0 = padding id (never ranked).
+    hist: (B, W) int item ids to remove from the ranking (0 = padding slot).
+    targets: (B,) int target ids. Rank = 1 + number of remaining items scored strictly
+    higher than the target; a non-finite target score gets the worst rank, N + 1
+    (NaN never scores a hit).
+    """
+    rows = jnp.arange(scores.shape[0])[:, None]
+    scores = scores.at[rows, hist].set(-jnp.inf)
+    scores = scores.at[:, 0].set(-jnp.inf)
+    target_score = jnp.take_along_axis(scores, targets[:, None], axis=1)
+    rank = 1 + jnp.sum(scores > target_score, axis=1)
+    return jnp.where(jnp.isfinite(target_score[:, 0]), rank, scores.shape[1])
 
 
 def rank_metrics(ranks: np.ndarray) -> dict[str, float]:
