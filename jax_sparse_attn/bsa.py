@@ -110,6 +110,11 @@ def _bsa_vjp_bwd(cfg, res, do):
 
 
 _bsa.defvjp(_bsa_vjp_fwd, _bsa_vjp_bwd)
+# jit with the config static: eager calls compile once per (config, shapes); inlined
+# inside an outer jit.
+_bsa_jit = jax.jit(_bsa, static_argnums=(0,))
+_fwd_jit = jax.jit(_fwd_impl, static_argnums=(0,))
+_bwd_jit = jax.jit(_bwd_impl, static_argnums=(0,))
 
 
 _ARGS_DOC = """
@@ -155,7 +160,7 @@ def block_sparse_attention(q, k, v, q2k_block_index, block_sparse_num=None, bloc
         sparse_block_size=sparse_block_size, softmax_scale=softmax_scale, layout=layout,
         allow_empty_block_nums=allow_empty_block_nums, backend=backend,
         op_name="block_sparse_attention")
-    return _bsa(cfg, q, k, v, idx, nums, sizes)
+    return _bsa_jit(cfg, q, k, v, idx, nums, sizes)
 
 
 block_sparse_attention.__doc__ = (
@@ -183,7 +188,7 @@ def block_sparse_attention_forward(q, k, v, q2k_block_index, block_sparse_num=No
         sparse_block_size=sparse_block_size, softmax_scale=softmax_scale, layout=layout,
         allow_empty_block_nums=allow_empty_block_nums, backend=backend,
         op_name="block_sparse_attention_forward")
-    out, lse = _fwd_impl(cfg, q, k, v, idx, nums, sizes)
+    out, lse = _fwd_jit(cfg, q, k, v, idx, nums, sizes)
     return BSAForwardResult(o_tensor=out, lse_tensor=lse)
 
 
@@ -223,7 +228,7 @@ def block_sparse_attention_backward(do, q, k, v, o, lse, q2k_block_index, block_
     if tuple(getattr(lse, "shape", ())) != (B, Hq, Sq):
         raise ValueError(f"lse must have shape (B, H_q, S_q) = {(B, Hq, Sq)}, "
                          f"got {tuple(getattr(lse, 'shape', ()))}")
-    dq, dk, dv = _bwd_impl(cfg, do, q, k, v, o, lse, idx, nums, sizes)
+    dq, dk, dv = _bwd_jit(cfg, do, q, k, v, o, lse, idx, nums, sizes)
     return BSABackwardResult(dq_tensor=dq, dk_tensor=dk, dv_tensor=dv)
 
 

@@ -148,6 +148,10 @@ def _hstu_vjp_bwd(cfg, res, do):
 
 
 _hstu.defvjp(_hstu_vjp_fwd, _hstu_vjp_bwd)
+# jit with the config static: eager calls compile once per (config, shapes) instead of
+# dispatching op by op; inside an outer jit this is inlined.
+_hstu_jit = jax.jit(_hstu, static_argnums=(0,))
+_bwd_jit = jax.jit(_bwd_impl, static_argnums=(0,))
 
 
 def _paged_impl(cfg, q, paged_kv, page_ids, page_indptrs, cu_q, cu_k):
@@ -183,6 +187,7 @@ def _paged_vjp_bwd(cfg, res, do):  # pragma: no cover - the forward rule already
 
 
 _hstu_paged.defvjp(_paged_vjp_fwd, _paged_vjp_bwd)
+_hstu_paged_jit = jax.jit(_hstu_paged, static_argnums=(0,))
 
 
 _ARGS_DOC = """
@@ -235,8 +240,8 @@ def hstu_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q, max_seq
                        backend=backend, op_name="hstu_attention")
     cu_q, cu_k = _i32(cu_seqlens_q), _i32(cu_seqlens_k)
     if cfg.paged:
-        return _hstu_paged(cfg, q, paged_kv, _i32(page_ids), _i32(page_indptrs), cu_q, cu_k)
-    return _hstu(cfg, q, k, v, cu_q, cu_k, _i32(func))
+        return _hstu_paged_jit(cfg, q, paged_kv, _i32(page_ids), _i32(page_indptrs), cu_q, cu_k)
+    return _hstu_jit(cfg, q, k, v, cu_q, cu_k, _i32(func))
 
 
 hstu_attention.__doc__ = (
@@ -294,7 +299,7 @@ def hstu_attention_backward(do, q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seql
                          f"got {tuple(getattr(do, 'shape', ()))}")
     if jnp.dtype(do.dtype) != jnp.dtype(q.dtype):
         raise TypeError(f"do dtype {jnp.dtype(do.dtype)} must equal q's dtype {jnp.dtype(q.dtype)}")
-    dq, dk, dv = _bwd_impl(cfg, do, q, k, v, _i32(cu_seqlens_q), _i32(cu_seqlens_k), _i32(func))
+    dq, dk, dv = _bwd_jit(cfg, do, q, k, v, _i32(cu_seqlens_q), _i32(cu_seqlens_k), _i32(func))
     return HSTUBackwardResult(dq_tensor=dq, dk_tensor=dk, dv_tensor=dv)
 
 

@@ -64,7 +64,7 @@ def _map_batch(n_items: int, elems_per_item: int) -> int:
 # ----------------------------------------------------------------------------- HSTU
 
 
-def hstu_attention_ref(
+def _hstu_attention_ref_impl(
     q,
     k,
     v,
@@ -195,7 +195,7 @@ def hstu_attention_ref(
     return out.astype(out_dtype)
 
 
-def hstu_attention_bwd_ref(
+def _hstu_attention_bwd_ref_impl(
     do,
     q,
     k,
@@ -219,7 +219,7 @@ def hstu_attention_bwd_ref(
     cdt = _compute_dtype(q.dtype, compute_dtype)
 
     def f(q_, k_, v_):
-        o = hstu_attention_ref(
+        o = _hstu_attention_ref_impl(
             q_, k_, v_, cu_seqlens_q, cu_seqlens_k, func,
             max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k,
             scaling_seqlen=scaling_seqlen, window_size=window_size, alpha=alpha,
@@ -309,7 +309,7 @@ def _bsa_item_keys(n, idx, nums, sizes, dims):
     return b, h, m, idc, kval.reshape(K_max * blk), qrow_ok
 
 
-def block_sparse_attention_ref(
+def _block_sparse_attention_ref_impl(
     q,
     k,
     v,
@@ -387,7 +387,7 @@ def block_sparse_attention_ref(
     return finish(o, lse)
 
 
-def block_sparse_attention_bwd_ref(
+def _block_sparse_attention_bwd_ref_impl(
     do,
     q,
     k,
@@ -475,3 +475,71 @@ def block_sparse_attention_bwd_ref(
     dk = dk.reshape(B, Hkv, Nkv * blk, D)[:, :, :Skv]
     dv = dv.reshape(B, Hkv, Nkv * blk, Dv)[:, :, :Skv]
     return finish(dq, dk, dv)
+
+
+# ----------------------------------------------------------------------------- jitted entry points
+# Static options are compile keys of these wrappers, so eager calls compile once per
+# (options, shapes) instead of dispatching op by op; inside an outer jit they inline.
+
+_HSTU_STATIC = ("max_seqlen_q", "max_seqlen_k", "scaling_seqlen", "window_size", "alpha",
+                "compute_dtype")
+_BSA_STATIC = ("layout", "sparse_block_size", "softmax_scale", "compute_dtype")
+
+_hstu_fwd_jit = jax.jit(_hstu_attention_ref_impl, static_argnames=_HSTU_STATIC + ("q_tile",))
+_hstu_bwd_jit = jax.jit(_hstu_attention_bwd_ref_impl, static_argnames=_HSTU_STATIC)
+_bsa_fwd_jit = jax.jit(_block_sparse_attention_ref_impl, static_argnames=_BSA_STATIC)
+_bsa_bwd_jit = jax.jit(_block_sparse_attention_bwd_ref_impl, static_argnames=_BSA_STATIC)
+
+
+def _static_float(x):
+    return None if x is None else float(x)
+
+
+def _static_dtype(x):
+    return None if x is None else jnp.dtype(x)
+
+
+def hstu_attention_ref(q, k, v, cu_seqlens_q, cu_seqlens_k, func=None, *, max_seqlen_q,
+                       max_seqlen_k, scaling_seqlen=None, window_size=(-1, 0), alpha=1.0,
+                       paged_kv=None, page_ids=None, page_indptrs=None, compute_dtype=None,
+                       q_tile: int = 128):
+    return _hstu_fwd_jit(q, k, v, cu_seqlens_q, cu_seqlens_k, func, max_seqlen_q=int(max_seqlen_q),
+                         max_seqlen_k=int(max_seqlen_k), scaling_seqlen=_static_float(scaling_seqlen),
+                         window_size=tuple(int(w) for w in window_size), alpha=float(alpha),
+                         paged_kv=paged_kv, page_ids=page_ids, page_indptrs=page_indptrs,
+                         compute_dtype=_static_dtype(compute_dtype), q_tile=int(q_tile))
+
+
+def hstu_attention_bwd_ref(do, q, k, v, cu_seqlens_q, cu_seqlens_k, func=None, *, max_seqlen_q,
+                           max_seqlen_k, scaling_seqlen=None, window_size=(-1, 0), alpha=1.0,
+                           compute_dtype=None):
+    return _hstu_bwd_jit(do, q, k, v, cu_seqlens_q, cu_seqlens_k, func,
+                         max_seqlen_q=int(max_seqlen_q), max_seqlen_k=int(max_seqlen_k),
+                         scaling_seqlen=_static_float(scaling_seqlen),
+                         window_size=tuple(int(w) for w in window_size), alpha=float(alpha),
+                         compute_dtype=_static_dtype(compute_dtype))
+
+
+def block_sparse_attention_ref(q, k, v, q2k_block_index, q2k_block_nums, block_sizes=None, *,
+                               layout: str = "bhsd", sparse_block_size: int = 128,
+                               softmax_scale=None, compute_dtype=None):
+    return _bsa_fwd_jit(q, k, v, q2k_block_index, q2k_block_nums, block_sizes, layout=layout,
+                        sparse_block_size=int(sparse_block_size),
+                        softmax_scale=_static_float(softmax_scale),
+                        compute_dtype=_static_dtype(compute_dtype))
+
+
+def block_sparse_attention_bwd_ref(do, q, k, v, out, lse, q2k_block_index, q2k_block_nums,
+                                   block_sizes=None, *, layout: str = "bhsd",
+                                   sparse_block_size: int = 128, softmax_scale=None,
+                                   compute_dtype=None):
+    return _bsa_bwd_jit(do, q, k, v, out, lse, q2k_block_index, q2k_block_nums, block_sizes,
+                        layout=layout, sparse_block_size=int(sparse_block_size),
+                        softmax_scale=_static_float(softmax_scale),
+                        compute_dtype=_static_dtype(compute_dtype))
+
+
+hstu_attention_ref.__doc__ = _hstu_attention_ref_impl.__doc__
+hstu_attention_bwd_ref.__doc__ = _hstu_attention_bwd_ref_impl.__doc__
+block_sparse_attention_ref.__doc__ = _block_sparse_attention_ref_impl.__doc__
+block_sparse_attention_bwd_ref.__doc__ = _block_sparse_attention_bwd_ref_impl.__doc__
