@@ -1,0 +1,178 @@
+"""Mask / metadata builders vs explicit rules written with loops."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import jax_sparse_attn as jsa
+from jax_sparse_attn import masks
+from oracle import hstu_dense_mask_oracle, hstu_oracle, x64
+
+
+def gr_rule(i, j, L, n, c, w):
+    """Generative-recommender mask rule from the masks.hstu_target_func docstring."""
+    n = min(max(n, 0), L)
+    Lh = L - n
+    if not (0 <= j < L):
+        return False
+    if i >= Lh:  # target
+        lo = 0 if w is None else max(0, Lh - w)
+        return lo <= j < Lh or j == i
+    if i < c:  # contextual
+        return j < Lh
+    lo = 0 if w is None else max(0, i - w)
+    return lo <= j <= i
+
+
+@pytest.mark.parametrize("num_targets,c,w", [
+    (None, 0, None), ([2, 0, 3, 1], 0, None), ([2, 0, 3, 9], 2, None),
+    ([1, 1, 0, 2], 0, 3), (None, 3, 2), ([3, 0, 2, 1], 1, 4),
+])
+def test_hstu_target_func_matches_rule(num_targets, c, w):
+    lengths = [6, 0, 9, 4]
+    cu = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int32)
+    T = int(cu[-1])
+    nt = None if num_targets is None else jnp.asarray(num_targets, jnp.int32)
+    func = jax.jit(masks.hstu_target_func, static_argnums=1,
+                   static_argnames=("contextual_seq_len", "max_attn_len"))(
+        jnp.asarray(cu), T, num_targets=nt, contextual_seq_len=c, max_attn_len=w)
+    assert func.dtype == jnp.int32 and func.shape == (1, 3 if nt is None else 5, T + 256)
+    dense = np.asarray(masks.hstu_func_to_dense(func, cu, cu, 9, 9))
+    via_oracle = hstu_dense_mask_oracle(cu, cu, 9, 9, (-1, -1), np.asarray(func))
+    want = np.zeros_like(dense)
+    for b, L in enumerate(lengths):
+        n = 0 if num_targets is None else num_targets[b]
+        for i in range(L):
+            for j in range(L):
+                want[b, i, j] = gr_rule(i, j, L, n, c, w)
+    np.testing.assert_array_equal(dense, want)
+    np.testing.assert_array_equal(via_oracle, want)
+    assert np.all(np.asarray(func)[0, :, T:] == 0)  # rows past the sequences see nothing
+
+
+def test_hstu_target_func_plain_is_causal_and_attention_agrees():
+    lengths = [5, 0, 11]
+    cu = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int32)
+    rng = np.random.default_rng(0)
+    T, H, D = int(cu[-1]), 2, 4
+    q, k, v = (rng.standard_normal((T, H, D)) for _ in range(3))
+    with x64():
+        func = masks.hstu_target_func(jnp.asarray(cu), T)
+        a = jsa.hstu_attention(*(jnp.asarray(x) for x in (q, k, v, cu, cu)), max_seqlen_q=11,
+                               max_seqlen_k=11, window_size=(-1, -1), func=func, backend="reference")
+        b = jsa.hstu_attention(*(jnp.asarray(x) for x in (q, k, v, cu, cu)), max_seqlen_q=11,
+                               max_seqlen_k=11, window_size=(-1, 0), backend="reference")
+    np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-13, atol=1e-15)
+    # with targets, the op equals the oracle on the func
+    with x64():
+        func = masks.hstu_target_func(jnp.asarray(cu), T, num_targets=jnp.asarray([2, 0, 4]),
+                                      contextual_seq_len=1, max_attn_len=3)
+        out = jsa.hstu_attention(*(jnp.asarray(x) for x in (q, k, v, cu, cu)), max_seqlen_q=11,
+                                 max_seqlen_k=11, window_size=(-1, -1), func=func, backend="reference")
+    want = hstu_oracle(q, k, v, cu, cu, max_seqlen_q=11, window_size=(-1, -1), func=np.asarray(func))
+    np.testing.assert_allclose(np.asarray(out), want, rtol=1e-10, atol=1e-12)
+
+
+def test_hstu_target_func_bad_args():
+    cu = jnp.asarray([0, 3], jnp.int32)
+    with pytest.raises(ValueError, match="func_len"):
+        masks.hstu_target_func(cu, 3, func_len=10)
+    with pytest.raises(ValueError, match="contextual_seq_len"):
+        masks.hstu_target_func(cu, 3, contextual_seq_len=-1)
+
+
+def test_block_mask_to_index_roundtrip():
+    rng = np.random.default_rng(1)
+    mask = rng.random((2, 3, 4, 6)) < 0.4
+    mask[0, 0, 0] = False  # an empty row
+    index, nums = jax.jit(masks.block_mask_to_index)(jnp.asarray(mask))
+    index, nums = np.asarray(index), np.asarray(nums)
+    assert index.shape == (2, 3, 4, 6) and index.dtype == np.int32
+    for b, h, m in np.ndindex(2, 3, 4):
+        want = [n for n in range(6) if mask[b, h, m, n]]
+        assert nums[b, h, m] == len(want)
+        assert list(index[b, h, m, : len(want)]) == want
+    jsa.validate_bsa_metadata(jnp.zeros((2, 3, 4 * 64, 8)), jnp.zeros((2, 3, 6 * 64, 8)),
+                              jnp.zeros((2, 3, 6 * 64, 8)), index, q2k_block_nums=nums,
+                              sparse_block_size=64, allow_empty_block_nums=True)
+    # max_blocks truncates to the lowest ids
+    idx2, nums2 = masks.block_mask_to_index(jnp.asarray(mask), max_blocks=2)
+    assert np.asarray(idx2).shape == (2, 3, 4, 2)
+    np.testing.assert_array_equal(np.asarray(nums2), np.minimum(nums, 2))
+    np.testing.assert_array_equal(np.asarray(idx2), index[..., :2])
+
+
+def test_block_mask_to_index_matches_dense_attention():
+    rng = np.random.default_rng(2)
+    B, H, S, D, blk = 1, 2, 128, 8, 64
+    mask = rng.random((B, H, 2, 2)) < 0.7
+    mask[..., 0] = True
+    q, k, v = (rng.standard_normal((B, H, S, D)) for _ in range(3))
+    with x64():
+        index, nums = masks.block_mask_to_index(jnp.asarray(mask))
+        out = jsa.block_sparse_attention(*(jnp.asarray(x) for x in (q, k, v)), index,
+                                         q2k_block_nums=nums, sparse_block_size=blk,
+                                         backend="reference")
+    tok = np.repeat(np.repeat(mask, blk, axis=2), blk, axis=3)
+    s = np.einsum("bhqd,bhkd->bhqk", q, k) / np.sqrt(D)
+    s = np.where(tok, s, -np.inf)
+    p = np.exp(s - s.max(-1, keepdims=True))
+    p /= p.sum(-1, keepdims=True)
+    np.testing.assert_allclose(np.asarray(out), p @ v, rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_topk_block_index(causal):
+    rng = np.random.default_rng(3)
+    B, Hq, Hkv, Sq, Skv, D, blk, top_k = 1, 4, 2, 200, 300, 8, 64, 2
+    q = rng.standard_normal((B, Hq, Sq, D)).astype(np.float32)
+    k = rng.standard_normal((B, Hkv, Skv, D)).astype(np.float32)
+    index, nums = masks.topk_block_index(jnp.asarray(q), jnp.asarray(k), top_k,
+                                         sparse_block_size=blk, causal=causal)
+    index, nums = np.asarray(index), np.asarray(nums)
+    Nq, Nkv = 4, 5
+    assert index.shape == (B, Hq, Nq, top_k) and nums.shape == (B, Hq, Nq)
+    for h in range(Hq):
+        for m in range(Nq):
+            qm = q[0, h, m * blk: (m + 1) * blk].mean(0)
+            scores = []
+            for n in range(Nkv):
+                if causal and n > m + Nkv - Nq:
+                    continue
+                kn = k[0, h // 2, n * blk: (n + 1) * blk].mean(0)
+                diag = causal and n == m + Nkv - Nq
+                scores.append((np.inf if diag else float(qm @ kn), n))
+            best = [n for _, n in sorted(scores, reverse=True)[:top_k]]
+            assert nums[0, h, m] == len(best)
+            assert list(index[0, h, m, : len(best)]) == best
+    # bshd gives the same lists
+    i2, n2 = masks.topk_block_index(jnp.asarray(q).swapaxes(1, 2), jnp.asarray(k).swapaxes(1, 2),
+                                    top_k, sparse_block_size=blk, layout="bshd", causal=causal)
+    np.testing.assert_array_equal(np.asarray(i2), index)
+    np.testing.assert_array_equal(np.asarray(n2), nums)
+
+
+def test_transpose_block_index():
+    rng = np.random.default_rng(4)
+    B, H, Nq, K, Nkv = 2, 2, 5, 3, 4
+    idx = rng.integers(-3, 9, size=(B, H, Nq, K)).astype(np.int32)  # garbage everywhere
+    nums = rng.integers(0, K + 1, size=(B, H, Nq)).astype(np.int32)
+    for b, h, m in np.ndindex(B, H, Nq):
+        idx[b, h, m, : nums[b, h, m]] = rng.permutation(Nkv)[: nums[b, h, m]]
+    indptr, k2q = jax.jit(masks.transpose_block_index, static_argnums=2)(
+        jnp.asarray(idx), jnp.asarray(nums), Nkv)
+    indptr, k2q = np.asarray(indptr), np.asarray(k2q)
+    assert indptr.shape == (B, H, Nkv + 1) and k2q.shape == (B, H, Nq * K)
+    for b, h in np.ndindex(B, H):
+        lists = {n: [] for n in range(Nkv)}
+        for m in range(Nq):
+            for t in range(nums[b, h, m]):
+                lists[int(idx[b, h, m, t])].append(m)
+        assert indptr[b, h, 0] == 0
+        for n in range(Nkv):
+            got = list(k2q[b, h, indptr[b, h, n]: indptr[b, h, n + 1]])
+            assert got == sorted(lists[n])
+        assert np.all(k2q[b, h, indptr[b, h, -1]:] == -1)
