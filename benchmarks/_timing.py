@@ -47,7 +47,7 @@ class Timing:
     ms: float  # median steady-state time per op
     ms_min: float
     ms_max: float
-    compile_s: float  # first call of a fresh jit: trace + lower + compile + one run
+    compile_s: float | None  # first call of a fresh jit: trace + lower + compile + one run
     n_sets: int
     reps: int
     samples_ms: list[float] = field(default_factory=list)
@@ -86,6 +86,7 @@ def time_op(
     n_samples: int = 7,
     warmup: int = 2,
     max_reps: int = 10_000,
+    measure_compile: bool = True,
 ) -> Timing:
     """Time ``fn(*s)`` over the input sets ``sets`` (see the module docstring).
 
@@ -95,12 +96,14 @@ def time_op(
     sets = list(sets)
     if not sets:
         raise ValueError("sets must hold at least one input set")
-    # First call of a fresh jit of the single op: what a user pays once per configuration.
-    f = jax.jit(fn)
-    t0 = time.perf_counter()
-    jax.block_until_ready(f(*sets[0]))
-    compile_s = time.perf_counter() - t0
-    del f
+    compile_s = None
+    if measure_compile:
+        # First call of a fresh jit of the single op: what a user pays once per configuration.
+        f = jax.jit(fn)
+        t0 = time.perf_counter()
+        jax.block_until_ready(f(*sets[0]))
+        compile_s = time.perf_counter() - t0
+        del f
 
     g = jax.jit(lambda ss: [fn(*s) for s in ss])
     est = None

@@ -138,7 +138,11 @@ def _check_doc(path, op):
     ok = [r for r in rows if r["status"] == "ok"]
     assert {r["impl"] for r in ok} >= {"reference"}
     for r in ok:
-        assert r["ms"] > 0 and np.isfinite(r["ms"]) and r["compile_s"] > 0
+        assert r["ms"] > 0 and np.isfinite(r["ms"])
+        if r["impl"] in ("kernel", "reference") and r["pass"] != "bwd":
+            assert r["compile_s"] > 0  # first-call time of a fresh jit
+        else:
+            assert r["compile_s"] is None
         assert r["tflops"] == pytest.approx(r["flops"] / (r["ms"] * 1e-3) / 1e12)
         assert r["n_sets"] >= 2
     from jax_sparse_attn._platform import kernel_platform_available
@@ -232,3 +236,11 @@ def test_example_study_tiny_slice(minilm):
     assert "mass top-k" in ex.summarize(rows)
     with pytest.raises(FileNotFoundError, match="--weights-dir"):
         ex.resolve_weights_dir("/nonexistent-dir")
+
+
+def test_derive_bwd_from_fwd_and_fwdbwd():
+    rows = [dict(label="x", impl="kernel", **{"pass": p}, status=st, ms=ms, flops=2.5e12 if p == "bwd" else 1e12)
+            for p, st, ms in (("fwd", "ok", 1.0), ("bwd", "error", None), ("fwdbwd", "ok", 3.5))]
+    run._derive_bwd(rows, "x", "kernel")
+    assert rows[1]["status"] == "ok" and rows[1]["derived"] and rows[1]["ms"] == pytest.approx(2.5)
+    assert rows[1]["tflops"] == pytest.approx(1000.0)
