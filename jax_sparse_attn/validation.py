@@ -250,6 +250,12 @@ def validate_hstu_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q, m
     ``page_indptrs`` starts at 0, is non-decreasing, ends <= P, gives every sequence at
     least ``ceil(L_k / 128)`` pages, and the used ``page_ids`` are in ``[0, num_pages)``.
 
+    Args:
+      q ``(T_q, H, D)``, k ``(T_k, H, D)``, v ``(T_k, H, D_v)`` (arrays or
+      :class:`jax.ShapeDtypeStruct`), cu_seqlens_q/k ``(B+1,)`` int32, and the keyword
+      options of :func:`~jax_sparse_attn.hstu_attention` (func ``(1, N, L_f)`` int32,
+      paged_kv ``(num_pages, 2, 128, H, D)``, page_ids ``(P,)``, page_indptrs ``(B+1,)``).
+
     Raises:
       ValueError naming the first offending position; TypeError/ValueError from the
       trace-time checks.
@@ -399,6 +405,12 @@ def validate_bsa_metadata(q, k, v, q2k_block_index, block_sparse_num=None, block
     ``[1, K_max]`` (``[0, K_max]`` with ``allow_empty_block_nums``); indices of the active
     prefix in ``[0, N_kv)`` and unique within their row (entries past the prefix are
     ignored); ``block_sizes`` in ``[1, sparse_block_size]``.
+
+    Args:
+      q ``(B, H_q, S_q, D)``, k/v ``(B, H_kv, S_kv, D)`` (bhsd; bshd swaps S and H),
+      q2k_block_index ``(B, H_q, N_q, K_max)`` int32, block_sparse_num (int) or
+      q2k_block_nums ``(B, H_q, N_q)`` int32, block_sizes ``(N_kv,)``, ``(B, N_kv)`` or
+      ``(B, H_q, N_kv)`` int32, and the keyword options of the op.
 
     Raises:
       ValueError naming the first offending position.

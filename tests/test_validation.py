@@ -1,0 +1,166 @@
+"""Eager value validators: every documented bad value raises ValueError naming its position."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import jax_sparse_attn as jsa
+from jax_sparse_attn import validate_bsa_metadata, validate_hstu_inputs
+
+
+def hstu_args(T=10, H=2, D=4, cu=(0, 3, 3, 10)):
+    z = jnp.zeros((T, H, D), jnp.bfloat16)
+    cu = jnp.asarray(cu, jnp.int32)
+    return z, z, z, cu, cu
+
+
+def test_hstu_valid_inputs_pass():
+    q, k, v, cu, _ = hstu_args()
+    validate_hstu_inputs(q, k, v, cu, cu, max_seqlen_q=7, max_seqlen_k=7)
+    func = jnp.zeros((1, 3, 10 + 256), jnp.int32).at[0, 0, :10].set(7)
+    validate_hstu_inputs(q, k, v, cu, cu, max_seqlen_q=7, max_seqlen_k=7, window_size=(-1, -1), func=func)
+
+
+@pytest.mark.parametrize("cu,match", [
+    ((1, 3, 3, 10), r"cu_seqlens_q\[0\] must be 0"),
+    ((0, 5, 3, 10), r"non-decreasing: cu_seqlens_q\[2\]=3 < cu_seqlens_q\[1\]=5"),
+    ((0, 3, 3, 11), r"cu_seqlens_q\[-1\]=11 exceeds the number of tokens 10"),
+])
+def test_hstu_bad_cu_seqlens(cu, match):
+    q, k, v, good, _ = hstu_args()
+    bad = jnp.asarray(cu, jnp.int32)
+    with pytest.raises(ValueError, match=match):
+        validate_hstu_inputs(q, k, v, bad, good, max_seqlen_q=8, max_seqlen_k=8)
+    # the op runs the same check eagerly on concrete metadata
+    with pytest.raises(ValueError, match=match):
+        jsa.hstu_attention(q, k, v, bad, good, max_seqlen_q=8, max_seqlen_k=8)
+
+
+def test_hstu_bad_cu_seqlens_k_and_max_seqlen():
+    q, k, v, cu, _ = hstu_args()
+    with pytest.raises(ValueError, match=r"cu_seqlens_k\[0\] must be 0"):
+        validate_hstu_inputs(q, k, v, cu, jnp.asarray([2, 3, 3, 10]), max_seqlen_q=7, max_seqlen_k=7)
+    with pytest.raises(ValueError, match=r"max_seqlen_q=6 is smaller than sequence 2's length 7"):
+        validate_hstu_inputs(q, k, v, cu, cu, max_seqlen_q=6, max_seqlen_k=7)
+    with pytest.raises(ValueError, match=r"max_seqlen_k=5 is smaller than sequence 2's length 7"):
+        validate_hstu_inputs(q, k, v, cu, cu, max_seqlen_q=7, max_seqlen_k=5)
+
+
+def test_hstu_bad_func_endpoints():
+    q, k, v, cu, _ = hstu_args()
+    func = np.zeros((1, 3, 266), np.int32)
+    func[0, 2, 4] = 8  # > max_seqlen_k = 7
+    with pytest.raises(ValueError, match=r"func\[0, 2, 4\]=8 is outside \[0, max_seqlen_k=7\]"):
+        validate_hstu_inputs(q, k, v, cu, cu, max_seqlen_q=7, max_seqlen_k=7, window_size=(-1, -1),
+                             func=jnp.asarray(func))
+    func[0, 2, 4] = 0
+    func[0, 1, 9] = -1
+    with pytest.raises(ValueError, match=r"func\[0, 1, 9\]=-1"):
+        validate_hstu_inputs(q, k, v, cu, cu, max_seqlen_q=7, max_seqlen_k=7, window_size=(-1, -1),
+                             func=jnp.asarray(func))
+    func[0, 1, 9] = 0
+    func[0, 1, 200] = -5  # rows past the last sequence are not read
+    validate_hstu_inputs(q, k, v, cu, cu, max_seqlen_q=7, max_seqlen_k=7, window_size=(-1, -1),
+                         func=jnp.asarray(func))
+
+
+def _paged(ptr=(0, 1, 1, 3), ids=(2, 0, 1), n_pages=3, cu_k=(0, 100, 100, 250)):
+    q = jnp.zeros((6, 2, 4), jnp.float16)
+    cu_q = jnp.asarray([0, 2, 2, 6], jnp.int32)
+    pkv = jnp.zeros((n_pages, 2, 128, 2, 4), jnp.float16)
+    return (q, None, None, cu_q, jnp.asarray(cu_k, jnp.int32)), dict(
+        max_seqlen_q=4, max_seqlen_k=150, paged_kv=pkv, page_ids=jnp.asarray(ids, jnp.int32),
+        page_indptrs=jnp.asarray(ptr, jnp.int32))
+
+
+def test_paged_valid_and_bad_values():
+    args, kw = _paged()
+    validate_hstu_inputs(*args, **kw)
+    args, kw = _paged(ptr=(1, 1, 1, 3))
+    with pytest.raises(ValueError, match=r"page_indptrs\[0\] must be 0"):
+        validate_hstu_inputs(*args, **kw)
+    args, kw = _paged(ptr=(0, 2, 1, 3))
+    with pytest.raises(ValueError, match=r"page_indptrs must be non-decreasing"):
+        validate_hstu_inputs(*args, **kw)
+    args, kw = _paged(ptr=(0, 1, 1, 4))
+    with pytest.raises(ValueError, match=r"page_indptrs\[-1\]=4 exceeds len\(page_ids\)=3"):
+        validate_hstu_inputs(*args, **kw)
+    args, kw = _paged(ptr=(0, 1, 1, 2))
+    with pytest.raises(ValueError, match=r"sequence 2 has 150 keys and needs 2 pages"):
+        validate_hstu_inputs(*args, **kw)
+    args, kw = _paged(ids=(2, 0, 3))
+    with pytest.raises(ValueError, match=r"page_ids\[2\]=3 is outside \[0, num_pages=3\)"):
+        validate_hstu_inputs(*args, **kw)
+
+
+# ----------------------------------------------------------------------------- BSA
+
+
+def bsa_shapes(B=1, Hq=2, Hkv=1, Sq=130, Skv=200, D=8):
+    s = jax.ShapeDtypeStruct
+    return (s((B, Hq, Sq, D), jnp.bfloat16), s((B, Hkv, Skv, D), jnp.bfloat16),
+            s((B, Hkv, Skv, D), jnp.bfloat16))
+
+
+def test_bsa_valid_metadata_passes_and_ignores_past_prefix():
+    q, k, v = bsa_shapes()
+    idx = np.full((1, 2, 3, 3), 99, np.int32)  # garbage...
+    idx[..., 0] = 0
+    idx[..., 1] = 3  # ...past a prefix of 2 (N_kv = 4 with blk 64)
+    validate_bsa_metadata(q, k, v, idx, block_sparse_num=2, sparse_block_size=64)
+    nums = np.ones((1, 2, 3), np.int32)
+    validate_bsa_metadata(q, k, v, idx, q2k_block_nums=nums, sparse_block_size=64,
+                          block_sizes=np.array([64, 1, 64, 8], np.int32))
+
+
+def test_bsa_bad_counts():
+    q, k, v = bsa_shapes()
+    idx = np.zeros((1, 2, 3, 2), np.int32)
+    idx[..., 1] = 1
+    nums = np.ones((1, 2, 3), np.int32)
+    nums[0, 1, 2] = 0
+    with pytest.raises(ValueError, match=r"q2k_block_nums\[\(0, 1, 2\)\]=0 is outside \[1, K_max=2\].*allow_empty"):
+        validate_bsa_metadata(q, k, v, idx, q2k_block_nums=nums, sparse_block_size=64)
+    validate_bsa_metadata(q, k, v, idx, q2k_block_nums=nums, sparse_block_size=64,
+                          allow_empty_block_nums=True)
+    nums[0, 1, 2] = 3
+    with pytest.raises(ValueError, match=r"q2k_block_nums\[\(0, 1, 2\)\]=3 is outside \[0, K_max=2\]"):
+        validate_bsa_metadata(q, k, v, idx, q2k_block_nums=nums, sparse_block_size=64,
+                              allow_empty_block_nums=True)
+
+
+def test_bsa_bad_indices_and_duplicates():
+    q, k, v = bsa_shapes()
+    idx = np.zeros((1, 2, 3, 3), np.int32)
+    idx[..., 1] = 1
+    idx[..., 2] = 2
+    idx[0, 1, 1, 1] = 4  # N_kv = 4 -> out of range
+    with pytest.raises(ValueError, match=r"q2k_block_index\[\(0, 1, 1, 1\)\]=4 is outside \[0, N_kv=4\)"):
+        validate_bsa_metadata(q, k, v, idx, block_sparse_num=2, sparse_block_size=64)
+    idx[0, 1, 1, 1] = -1
+    with pytest.raises(ValueError, match=r"=-1 is outside"):
+        validate_bsa_metadata(q, k, v, idx, block_sparse_num=3, sparse_block_size=64)
+    idx[0, 1, 1, 1] = 1
+    idx[0, 0, 2, 2] = 0  # duplicate of entry 0
+    with pytest.raises(ValueError, match=r"q2k_block_index\[\(0, 0, 2, 2\)\]=0 repeats a block"):
+        validate_bsa_metadata(q, k, v, idx, block_sparse_num=3, sparse_block_size=64)
+    validate_bsa_metadata(q, k, v, idx, block_sparse_num=2, sparse_block_size=64)  # past prefix: fine
+    # the op checks concrete metadata eagerly too
+    z = [jnp.zeros(s.shape, s.dtype) for s in (q, k, v)]
+    with pytest.raises(ValueError, match="repeats a block"):
+        jsa.block_sparse_attention(*z, jnp.asarray(idx), block_sparse_num=3, sparse_block_size=64)
+
+
+def test_bsa_bad_block_sizes():
+    q, k, v = bsa_shapes()
+    idx = np.zeros((1, 2, 3, 1), np.int32)
+    with pytest.raises(ValueError, match=r"block_sizes\[\(2,\)\]=0 is outside \[1, sparse_block_size=64\]"):
+        validate_bsa_metadata(q, k, v, idx, block_sparse_num=1, sparse_block_size=64,
+                              block_sizes=np.array([1, 64, 0, 3], np.int32))
+    with pytest.raises(ValueError, match=r"block_sizes\[\(0, 1, 3\)\]=65"):
+        bs = np.full((1, 2, 4), 64, np.int32)
+        bs[0, 1, 3] = 65
+        validate_bsa_metadata(q, k, v, idx, block_sparse_num=1, sparse_block_size=64, block_sizes=bs)
