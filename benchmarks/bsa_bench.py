@@ -22,20 +22,17 @@ import time
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 from jax_sparse_attn.ffi import bsa as ffi_bsa
 
 
-def _inputs(rng, b, h, s, d, blk, topk, dtype):
+def _inputs(key, b, h, s, d, blk, topk, dtype):
     n = -(-s // blk)
-    q = jnp.asarray(rng.standard_normal((b, h, s, d), dtype=np.float32)).astype(dtype)
-    k = jnp.asarray(rng.standard_normal((b, h, s, d), dtype=np.float32)).astype(dtype)
-    v = jnp.asarray(rng.standard_normal((b, h, s, d), dtype=np.float32)).astype(dtype)
-    idx = np.argsort(rng.random((b, h, n, n)), axis=-1)[..., :topk].astype(np.int32)
-    nums = np.full((b, h, n), topk, np.int32)
-    do = jnp.asarray(rng.standard_normal((b, h, s, d), dtype=np.float32)).astype(dtype)
-    return q, k, v, jnp.asarray(idx), jnp.asarray(nums), do
+    kq, kk, kv, ki, kd = jax.random.split(key, 5)
+    q, k, v, do = (jax.random.normal(x, (b, h, s, d), jnp.float32).astype(dtype) for x in (kq, kk, kv, kd))
+    idx = jnp.argsort(jax.random.uniform(ki, (b, h, n, n)), axis=-1)[..., :topk].astype(jnp.int32)
+    nums = jnp.full((b, h, n), topk, jnp.int32)
+    return q, k, v, idx, nums, do
 
 
 def _time(fn, sets, target_s=0.3, samples=5):
@@ -56,11 +53,12 @@ def _time(fn, sets, target_s=0.3, samples=5):
     return statistics.median(res) * 1e3
 
 
-def run(cases, b=1, h=16, s=16384, d=128, n_sets=3, seed=0):
-    rng = np.random.default_rng(seed)
+def run(cases, b=1, h=16, s=16384, d=128, n_sets=3, seed=0, tag=""):
+    key = jax.random.PRNGKey(seed)
     rows = []
     for blk, topk, passes in cases:
-        sets = [_inputs(rng, b, h, s, d, blk, topk, jnp.bfloat16) for _ in range(n_sets)]
+        sets = [_inputs(jax.random.fold_in(key, i), b, h, s, d, blk, topk, jnp.bfloat16)
+                for i in range(n_sets)]
         scale = 1.0 / np.sqrt(d)
         kw = dict(layout="bhsd", sparse_block_size=blk, softmax_scale=scale)
         flops_fwd = 4.0 * b * h * s * d * (topk * blk)
@@ -84,11 +82,11 @@ def run(cases, b=1, h=16, s=16384, d=128, n_sets=3, seed=0):
                 ms, fl = _time(bwd, bsets), 2.5 * flops_fwd
             else:
                 ms, fl = _time(csr, sets), 0.0
-            row = dict(blk=blk, top_k=topk, pass_=p, ms=ms, tflops=fl / (ms * 1e-3) / 1e12 if fl else None,
+            row = dict(variant=tag, blk=blk, top_k=topk, pass_=p, ms=ms, tflops=fl / (ms * 1e-3) / 1e12 if fl else None,
                        B=b, H=h, S=s, D=d, dtype="bfloat16")
             rows.append(row)
             tf = f"{row['tflops']:.1f}" if row["tflops"] else "-"
-            print(f"blk{blk:<4d} top{topk:<3d} {p:4s} {ms:8.3f} ms  {tf:>7s} TFLOP/s", flush=True)
+            print(f"{tag:28s} blk{blk:<4d} top{topk:<3d} {p:4s} {ms:8.3f} ms  {tf:>7s} TFLOP/s", flush=True)
     return rows
 
 
@@ -96,10 +94,33 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default="bsa_bench.json")
     ap.add_argument("--quick", action="store_true", help="S=4096 instead of 16384")
+    ap.add_argument("--variants", default="",
+                    help="';'-separated tuning variants 'ENV=V,ENV=V:case,case' (case = blk64fwd, "
+                         "blk64bwd, blk128fwd, blk128bwd, csr); default: the shipped settings")
     args = ap.parse_args(argv)
-    cases = [(64, 32, ("fwd", "bwd", "csr")), (128, 16, ("fwd", "bwd"))]
     s = 4096 if args.quick else 16384
-    rows = run(cases, s=s)
+    rows = []
+    if not args.variants:
+        cases = [(64, 32, ("fwd", "bwd", "csr")), (128, 16, ("fwd", "bwd"))]
+        rows = run(cases, s=s, tag="default")
+    else:
+        import os
+
+        for var in args.variants.split(";"):
+            envs, _, which = var.partition(":")
+            saved = dict(os.environ)
+            for kv in filter(None, envs.split(",")):
+                k_, _, v_ = kv.partition("=")
+                os.environ[k_] = v_
+            which = which.split(",")
+            cases = []
+            for blk, topk in ((64, 32), (128, 16)):
+                ps = tuple(p for p in ("fwd", "bwd", "csr") if f"blk{blk}{p}" in which or (p == "csr" and "csr" in which and blk == 64))
+                if ps:
+                    cases.append((blk, topk, ps))
+            rows += run(cases, s=s, n_sets=2, tag=envs or "default")
+            os.environ.clear()
+            os.environ.update(saved)
     meta = dict(device=str(jax.devices()[0]), jax=jax.__version__,
                 flops="fwd = 4*B*H*S_q*D*(top_k*blk); bwd = 2.5*fwd",
                 floors=dict(blk64_top32_fwd=310, blk64_top32_bwd=230, blk128_top16_fwd=340))

@@ -24,6 +24,8 @@ sizes ``(B, H_q, N_kv)`` int32 or None, scale ``(1,)`` fp32.
 
 from __future__ import annotations
 
+import os
+
 import cutlass
 import cutlass.memory
 import cutlass.cute as cute
@@ -35,7 +37,9 @@ from .bsa_common import (
     copy_threads_per_row,
     gemm_ss,
     smem_layout,
+    smem_layout_staged,
     transpose_view,
+    transpose_view_staged,
 )
 
 TILE = 64  # keys per CTA tile and queries per inner step
@@ -50,6 +54,8 @@ class BsaBwdSm80:
         self.num_warps = 8
         self.num_threads = 256
         self.has_sizes = has_block_sizes
+        # 2 CTAs per SM (register cap 128) where the accumulators allow it
+        self.min_blocks = int(os.environ.get("BSA_BWD_MIN_BLOCKS", "2" if head_dim <= 128 else "1"))
 
     @staticmethod
     def can_implement(dtype, head_dim: int, block_size: int) -> bool:
@@ -69,12 +75,13 @@ class BsaBwdSm80:
                  mdQacc, mdK, mdV, stream):
         hd = self.hd
         s_qd = smem_layout(self.dtype, TILE, hd)
+        s_qd_st = smem_layout_staged(self.dtype, TILE, hd, 2)
         s_pp = smem_layout(self.dtype, TILE, TILE)
 
         @cute.struct
         class SharedStorage:
-            sQ: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(s_qd)], 1024]
-            sdO: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(s_qd)], 1024]
+            sQ: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(s_qd_st)], 1024]
+            sdO: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(s_qd_st)], 1024]
             sK: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(s_qd)], 1024]
             sV: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(s_qd)], 1024]
             sP: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(s_pp)], 1024]
@@ -103,12 +110,14 @@ class BsaBwdSm80:
         grid = (n_tiles, cute.size(mK.shape[2]), cute.size(mK.shape[0]))
         self.kernel(
             mQ, mK, mV, mdO, mLSE, mDelta, mOffsets, mEntries, mSizes, mScale, mdQacc, mdK, mdV,
-            s_qd, s_pp, gmem_copy_in, gmem_copy_out, SharedStorage,
+            s_qd, s_qd_st, s_pp, gmem_copy_in, gmem_copy_out, SharedStorage,
         ).launch(
             grid=grid,
             block=[self.num_threads, 1, 1],
             smem=SharedStorage.size_in_bytes(),
             stream=stream,
+            min_blocks_per_mp=self.min_blocks,
+            preferred_smem_carveout=100,
         )
 
     @cute.jit
@@ -118,6 +127,21 @@ class BsaBwdSm80:
                 cute.copy(tiled_copy, tS[None, r, None], tD[None, r, None])
             else:
                 tD[None, r, None].fill(0)
+
+    @cute.jit
+    def _issue_q_do(self, mQ, mdO, mEntries, e_begin, t, n_q_blocks, head_kv, group, batch,
+                    seqlen_q, gmem_copy_in, thr_copy, tCc, tQsQ, tdOsdO, stage):
+        """cp.async the Q and dO rows of step t into smem stage ``stage`` (zero past S_q)."""
+        ent = mEntries[e_begin + t // self.sub]
+        h_in_group = ent // n_q_blocks
+        m_block = ent - h_in_group * n_q_blocks
+        head = head_kv * group + h_in_group
+        q0 = m_block * self.blk + (t % self.sub) * TILE
+        q_tile = q0 // TILE
+        gQ = cute.local_tile(mQ[batch, None, head, None], (TILE, self.hd), (q_tile, 0))
+        gdO = cute.local_tile(mdO[batch, None, head, None], (TILE, self.hd), (q_tile, 0))
+        self._load_rows(gmem_copy_in, thr_copy.partition_S(gQ), tQsQ[None, None, None, stage], tCc, seqlen_q - q0)
+        self._load_rows(gmem_copy_in, thr_copy.partition_S(gdO), tdOsdO[None, None, None, stage], tCc, seqlen_q - q0)
 
     @cute.kernel
     def kernel(
@@ -136,6 +160,7 @@ class BsaBwdSm80:
         mdK: cute.Tensor,
         mdV: cute.Tensor,
         s_qd: cute.ComposedLayout,
+        s_qd_st: cute.ComposedLayout,
         s_pp: cute.ComposedLayout,
         gmem_copy_in: cute.TiledCopy,
         gmem_copy_out: cute.TiledCopy,
@@ -157,14 +182,14 @@ class BsaBwdSm80:
 
         smem = cutlass.memory.SmemAllocator()
         storage = smem.allocate(SharedStorage)
-        sQ = storage.sQ.get_tensor(s_qd)
-        sdO = storage.sdO.get_tensor(s_qd)
+        sQ = storage.sQ.get_tensor(s_qd_st)  # (TILE, hd, 2): double-buffered
+        sdO = storage.sdO.get_tensor(s_qd_st)
         sK = storage.sK.get_tensor(s_qd)
         sV = storage.sV.get_tensor(s_qd)
         sP = storage.sP.get_tensor(s_pp)
         sdS = storage.sdS.get_tensor(s_pp)
-        sQt = transpose_view(sQ)
-        sdOt = transpose_view(sdO)
+        sQt = transpose_view_staged(sQ)
+        sdOt = transpose_view_staged(sdO)
         sKt = transpose_view(sK)
         sPt = transpose_view(sP)
         sdSt = transpose_view(sdS)
@@ -177,7 +202,7 @@ class BsaBwdSm80:
         self._load_rows(gmem_copy_in, thr_copy.partition_S(gK), thr_copy.partition_D(sK), tCc, kv_left)
         self._load_rows(gmem_copy_in, thr_copy.partition_S(gV), thr_copy.partition_D(sV), tCc, kv_left)
         cute.arch.cp_async_commit_group()
-        tQsQ = thr_copy.partition_D(sQ)
+        tQsQ = thr_copy.partition_D(sQ)  # (CPY, M, K, stage)
         tdOsdO = thr_copy.partition_D(sdO)
 
         mma_sdp = self._mma()
@@ -192,15 +217,15 @@ class BsaBwdSm80:
         acc_dK.fill(0.0)
         acc_dV.fill(0.0)
 
-        # MMA operand fragments
-        tSrQ = thr_sdp.make_fragment_A(thr_sdp.partition_A(sQ))
+        # MMA operand fragments (register homes; the smem partitions carry the stage mode)
+        tSrQ = thr_sdp.make_fragment_A(thr_sdp.partition_A(sQ[None, None, 0]))
         tSrK = thr_sdp.make_fragment_B(thr_sdp.partition_B(sK))
-        tdPrdO = thr_sdp.make_fragment_A(thr_sdp.partition_A(sdO))
+        tdPrdO = thr_sdp.make_fragment_A(thr_sdp.partition_A(sdO[None, None, 0]))
         tdPrV = thr_sdp.make_fragment_B(thr_sdp.partition_B(sV))
         tdVrPt = thr_dkv.make_fragment_A(thr_dkv.partition_A(sPt))
-        tdVrdOt = thr_dkv.make_fragment_B(thr_dkv.partition_B(sdOt))
+        tdVrdOt = thr_dkv.make_fragment_B(thr_dkv.partition_B(sdOt[None, None, 0]))
         tdKrdSt = thr_dkv.make_fragment_A(thr_dkv.partition_A(sdSt))
-        tdKrQt = thr_dkv.make_fragment_B(thr_dkv.partition_B(sQt))
+        tdKrQt = thr_dkv.make_fragment_B(thr_dkv.partition_B(sQt[None, None, 0]))
         tdQrdS = thr_dq.make_fragment_A(thr_dq.partition_A(sdS))
         tdQrKt = thr_dq.make_fragment_B(thr_dq.partition_B(sKt))
 
@@ -235,81 +260,99 @@ class BsaBwdSm80:
 
         row_id = (batch * num_heads_kv + head_kv) * n_kv_blocks + n_block
         e_begin = mOffsets[row_id]
-        e_end = mOffsets[row_id + 1]
-        for e in cutlass.range(e_begin, e_end, unroll=1):
-            ent = mEntries[e]
+        n_steps = (mOffsets[row_id + 1] - e_begin) * self.sub
+
+        # Step t handles entry e_begin + t // sub, query sub-tile t % sub, smem stage t % 2.
+        # Q/dO of step t+1 are fetched (cp.async) while step t computes.
+        if n_steps > 0:
+            self._issue_q_do(mQ, mdO, mEntries, e_begin, 0, n_q_blocks, head_kv, group, batch,
+                             seqlen_q, gmem_copy_in, thr_copy, tCc, tQsQ, tdOsdO, 0)
+        cute.arch.cp_async_commit_group()
+        for t in cutlass.range(n_steps, unroll=1):
+            stage = t % 2
+            ent = mEntries[e_begin + t // self.sub]
             h_in_group = ent // n_q_blocks
             m_block = ent - h_in_group * n_q_blocks
             head = head_kv * group + h_in_group
+            q0 = m_block * blk + (t % self.sub) * TILE
+            q_tile = q0 // TILE
             limit = cutlass.min(kv_left, TILE)
             if cutlass.const_expr(self.has_sizes):
                 limit = cutlass.min(limit, mSizes[batch, head, n_block] - tile_off)
-            if limit > 0:
-                for sub in cutlass.range_constexpr(self.sub):
-                    q0 = m_block * blk + sub * TILE
-                    if q0 < seqlen_q:
-                        q_tile = q0 // TILE
-                        gQ = cute.local_tile(mQ[batch, None, head, None], (TILE, hd), (q_tile, 0))
-                        gdO = cute.local_tile(mdO[batch, None, head, None], (TILE, hd), (q_tile, 0))
-                        cute.arch.barrier()  # previous step is done with sQ/sdO/sP/sdS
-                        self._load_rows(gmem_copy_in, thr_copy.partition_S(gQ), tQsQ, tCc, seqlen_q - q0)
-                        self._load_rows(gmem_copy_in, thr_copy.partition_S(gdO), tdOsdO, tCc, seqlen_q - q0)
-                        cute.arch.cp_async_commit_group()
 
-                        # per-row lse (log2 domain) and delta of this thread's rows
-                        lse2 = cute.make_rmem_tensor(n_rows, cutlass.Float32)
-                        dlt = cute.make_rmem_tensor(n_rows, cutlass.Float32)
-                        for r in cutlass.range_constexpr(n_rows):
-                            row = q0 + tScS_mn[r, 0][0]
-                            lse2[r] = cutlass.Float32.inf
-                            dlt[r] = 0.0
-                            if row < seqlen_q:
-                                lse2[r] = mLSE[batch, head, row] * LOG2_E
-                                dlt[r] = mDelta[batch, head, row]
+            cute.arch.barrier()  # step t-1 is done with stage (t+1)%2, sP and sdS
+            if t + 1 < n_steps:
+                self._issue_q_do(mQ, mdO, mEntries, e_begin, t + 1, n_q_blocks, head_kv, group,
+                                 batch, seqlen_q, gmem_copy_in, thr_copy, tCc, tQsQ, tdOsdO,
+                                 1 - stage)
+            cute.arch.cp_async_commit_group()
 
-                        cute.arch.cp_async_wait_group(0)
-                        cute.arch.barrier()
+            if limit > 0 and q0 < seqlen_q:
+                # per-row lse (log2 domain) and delta of this thread's rows
+                lse2 = cute.make_rmem_tensor(n_rows, cutlass.Float32)
+                dlt = cute.make_rmem_tensor(n_rows, cutlass.Float32)
+                for r in cutlass.range_constexpr(n_rows):
+                    row = q0 + tScS_mn[r, 0][0]
+                    lse2[r] = cutlass.Float32.inf
+                    dlt[r] = 0.0
+                    if row < seqlen_q:
+                        lse2[r] = mLSE[batch, head, row] * LOG2_E
+                        dlt[r] = mDelta[batch, head, row]
 
-                        acc_S = cute.make_rmem_tensor(thr_sdp.partition_shape_C((TILE, TILE)), cutlass.Float32)
-                        acc_S.fill(0.0)
-                        gemm_ss(mma_sdp, acc_S, tSrQ, tSrK, tSsQ, tSsK, s2r_sdp_A, s2r_sdp_B)
-                        acc_dP = cute.make_rmem_tensor(thr_sdp.partition_shape_C((TILE, TILE)), cutlass.Float32)
-                        acc_dP.fill(0.0)
-                        gemm_ss(mma_sdp, acc_dP, tdPrdO, tdPrV, tdPsdO, tdPsV, s2r_sdp_A, s2r_sdp_B)
+                cute.arch.cp_async_wait_group(1)
+                cute.arch.barrier()
 
-                        S_mn = acc_mn_view(acc_S)
-                        dP_mn = acc_mn_view(acc_dP)
-                        for r in cutlass.range_constexpr(n_rows):
-                            p_row = cute.math.exp2(S_mn[r, None].load() * scale_log2 - lse2[r], fastmath=True)
-                            S_mn[r, None] = p_row
-                            dP_mn[r, None] = p_row * (dP_mn[r, None].load() - dlt[r])
-                        if limit < TILE:
-                            for r in cutlass.range_constexpr(n_rows):
-                                for c in cutlass.range_constexpr(n_cols):
-                                    if tScS_mn[0, c][1] >= limit:
-                                        S_mn[r, c] = 0.0
-                                        dP_mn[r, c] = 0.0
+                acc_S = cute.make_rmem_tensor(thr_sdp.partition_shape_C((TILE, TILE)), cutlass.Float32)
+                acc_S.fill(0.0)
+                gemm_ss(mma_sdp, acc_S, tSrQ, tSrK, tSsQ[None, None, None, stage], tSsK,
+                        s2r_sdp_A, s2r_sdp_B)
+                acc_dP = cute.make_rmem_tensor(thr_sdp.partition_shape_C((TILE, TILE)), cutlass.Float32)
+                acc_dP.fill(0.0)
+                gemm_ss(mma_sdp, acc_dP, tdPrdO, tdPrV, tdPsdO[None, None, None, stage], tdPsV,
+                        s2r_sdp_A, s2r_sdp_B)
 
-                        rP = cute.make_fragment_like(acc_S, self.dtype)
-                        rP.store(acc_S.load().to(self.dtype))
-                        rdS = cute.make_fragment_like(acc_dP, self.dtype)
-                        rdS.store(acc_dP.load().to(self.dtype))
-                        cute.copy(r2s, r2s_thr.retile(rP), tPsP)
-                        cute.copy(r2s, r2s_thr.retile(rdS), tdSsdS)
-                        cute.arch.barrier()
+                S_mn = acc_mn_view(acc_S)
+                dP_mn = acc_mn_view(acc_dP)
+                for r in cutlass.range_constexpr(n_rows):
+                    p_row = cute.math.exp2(S_mn[r, None].load() * scale_log2 - lse2[r], fastmath=True)
+                    S_mn[r, None] = p_row
+                    dP_mn[r, None] = p_row * (dP_mn[r, None].load() - dlt[r])
+                if limit < TILE:
+                    for r in cutlass.range_constexpr(n_rows):
+                        for c in cutlass.range_constexpr(n_cols):
+                            if tScS_mn[0, c][1] >= limit:
+                                S_mn[r, c] = 0.0
+                                dP_mn[r, c] = 0.0
 
-                        gemm_ss(mma_dkv, acc_dV, tdVrPt, tdVrdOt, tdVsPt, tdVsdOt, s2r_dkv_A, s2r_dkv_B)
-                        gemm_ss(mma_dkv, acc_dK, tdKrdSt, tdKrQt, tdKsdSt, tdKsQt, s2r_dkv_A, s2r_dkv_B)
+                rP = cute.make_fragment_like(acc_S, self.dtype)
+                rP.store(acc_S.load().to(self.dtype))
+                rdS = cute.make_fragment_like(acc_dP, self.dtype)
+                rdS.store(acc_dP.load().to(self.dtype))
+                cute.copy(r2s, r2s_thr.retile(rP), tPsP)
+                cute.copy(r2s, r2s_thr.retile(rdS), tdSsdS)
+                cute.arch.barrier()
 
-                        acc_dQ = cute.make_rmem_tensor(thr_dq.partition_shape_C((TILE, hd)), cutlass.Float32)
-                        acc_dQ.fill(0.0)
-                        gemm_ss(mma_dq, acc_dQ, tdQrdS, tdQrKt, tdQsdS, tdQsKt, s2r_dq_A, s2r_dq_B)
-                        gdQ = cute.local_tile(mdQacc[batch, None, head, None], (TILE, hd), (q_tile, 0))
-                        tdQgdQ = thr_dq.partition_C(gdQ)
-                        for i in cutlass.range_constexpr(cute.size(acc_dQ)):
-                            if q0 + tdQcdQ[i][0] < seqlen_q:
-                                ptr = tdQgdQ.iterator + cute.crd2idx(i, tdQgdQ.layout)
-                                cute.arch.atomic_add(ptr, acc_dQ[i] * softmax_scale)
+                gemm_ss(mma_dkv, acc_dV, tdVrPt, tdVrdOt, tdVsPt, tdVsdOt[None, None, None, stage],
+                        s2r_dkv_A, s2r_dkv_B)
+                gemm_ss(mma_dkv, acc_dK, tdKrdSt, tdKrQt, tdKsdSt, tdKsQt[None, None, None, stage],
+                        s2r_dkv_A, s2r_dkv_B)
+
+                acc_dQ = cute.make_rmem_tensor(thr_dq.partition_shape_C((TILE, hd)), cutlass.Float32)
+                acc_dQ.fill(0.0)
+                gemm_ss(mma_dq, acc_dQ, tdQrdS, tdQrKt, tdQsdS, tdQsKt, s2r_dq_A, s2r_dq_B)
+                gdQ = cute.local_tile(mdQacc[batch, None, head, None], (TILE, hd), (q_tile, 0))
+                tdQgdQ = thr_dq.partition_C(gdQ)
+                # consecutive fragment values (2i, 2i+1) are neighbouring columns: one
+                # 8-byte vector atomic (red.global.add.v2.f32) per pair
+                pair = cute.make_rmem_tensor(2, cutlass.Float32)
+                for i in cutlass.range_constexpr(cute.size(acc_dQ) // 2):
+                    if q0 + tdQcdQ[2 * i][0] < seqlen_q:
+                        pair[0] = acc_dQ[2 * i] * softmax_scale
+                        pair[1] = acc_dQ[2 * i + 1] * softmax_scale
+                        ptr = tdQgdQ.iterator + cute.crd2idx(2 * i, tdQgdQ.layout)
+                        cute.arch.atomic_add(ptr, pair.load().ir_value())
+            else:
+                cute.arch.cp_async_wait_group(1)
 
         # Epilogue: dK * scale and dV, through smem (sK / sV reused), row-predicated.
         cute.arch.cp_async_wait_group(0)

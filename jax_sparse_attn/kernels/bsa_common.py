@@ -123,3 +123,24 @@ def gemm_rs(
         if cutlass.const_expr(k + 1 < nk):
             cute.copy(copy_B, tCsB[None, None, k + 1], tCrB_v[None, None, k + 1])
         cute.gemm(tiled_mma, acc, tCrA[None, None, k], tCrB[None, None, k], acc)
+
+
+def smem_layout_staged(dtype, rows: int, cols: int, stages: int):
+    """``(rows, cols, stages)`` version of :func:`smem_layout` (one swizzled tile per stage)."""
+    del dtype
+    kblock = 64 if cols % 64 == 0 else 32
+    bits = 3 if kblock == 64 else 2
+    atom = cute.make_composed_layout(
+        cute.make_swizzle(bits, 3, 3), 0, cute.make_layout((8, kblock), stride=(kblock, 1))
+    )
+    return cute.tile_to_shape(atom, (rows, cols, stages), (0, 1, 2))
+
+
+def transpose_view_staged(t: cute.Tensor) -> cute.Tensor:
+    """``(cols, rows, stages)`` view of a ``(rows, cols, stages)`` tensor."""
+    rows = cute.size(t, mode=[0])
+    cols = cute.size(t, mode=[1])
+    stages = cute.size(t, mode=[2])
+    return cute.composition(
+        t, cute.make_layout((cols, rows, stages), stride=(rows, 1, rows * cols))
+    )

@@ -21,6 +21,8 @@ scale ``(1,)`` fp32, lse ``(B, H_q, S_q)`` fp32.
 
 from __future__ import annotations
 
+import os
+
 import cutlass
 import cutlass.memory
 import cutlass.cute as cute
@@ -51,6 +53,8 @@ class BsaFwdSm80:
         self.num_warps = block_size // 16
         self.num_threads = self.num_warps * 32
         self.has_sizes = has_block_sizes
+        self.q_in_regs = head_dim <= 128 and os.environ.get("BSA_FWD_Q_IN_REGS", "1") == "1"
+        self.min_blocks = int(os.environ.get("BSA_FWD_MIN_BLOCKS", "0"))
 
     @staticmethod
     def can_implement(dtype, head_dim: int, block_size: int) -> bool:
@@ -112,6 +116,8 @@ class BsaFwdSm80:
             block=[self.num_threads, 1, 1],
             smem=SharedStorage.size_in_bytes(),
             stream=stream,
+            min_blocks_per_mp=self.min_blocks,
+            preferred_smem_carveout=100,
         )
 
     @cute.jit
@@ -197,10 +203,18 @@ class BsaFwdSm80:
 
         # Prologue: Q and the first listed K block.
         self._load_rows(gmem_copy_in, tQgQ, tQsQ, tCc, seqlen_q - m_block * blk)
+        if cutlass.const_expr(self.q_in_regs):
+            cute.arch.cp_async_commit_group()
         if num_blocks > 0:
             n_first = mIdx[batch, head, m_block, 0]
             self._load_rows(gmem_copy_in, tKgK[None, None, None, n_first], tKsK, tCc, seqlen_k - n_first * blk)
         cute.arch.cp_async_commit_group()
+
+        if cutlass.const_expr(self.q_in_regs):
+            # Q fragments stay in registers for the whole KV loop
+            cute.arch.cp_async_wait_group(1)
+            cute.arch.barrier()
+            cute.copy(s2r_Q, tSsQ, s2r_Q.retile(tSrQ))
 
         for j in cutlass.range(num_blocks, unroll=1):
             n_block = mIdx[batch, head, m_block, j]
@@ -211,7 +225,10 @@ class BsaFwdSm80:
             cute.arch.barrier()
             self._load_rows(gmem_copy_in, tVgV[None, None, None, n_block], tVsV, tCc, kv_left)
             cute.arch.cp_async_commit_group()
-            gemm_ss(tiled_mma, acc_S, tSrQ, tSrK, tSsQ, tSsK, s2r_Q, s2r_K)
+            if cutlass.const_expr(self.q_in_regs):
+                gemm_rs(tiled_mma, acc_S, tSrQ, tSrK, tSsK, s2r_K)
+            else:
+                gemm_ss(tiled_mma, acc_S, tSrQ, tSrK, tSsQ, tSsK, s2r_Q, s2r_K)
             cute.arch.cp_async_wait_group(0)
             cute.arch.barrier()
             if j + 1 < num_blocks:
@@ -250,7 +267,9 @@ class BsaFwdSm80:
             rP.store(acc_S.load().to(self.dtype))
             gemm_rs(tiled_mma, acc_O, acc_to_a_operand(rP), tOrVt, tOsVt, s2r_V)
 
-        # Epilogue: normalize, write LSE and O.
+        # Epilogue: normalize, write LSE and O. Empty rows never waited for their Q copy:
+        # drain it before sQ is reused as the output staging buffer.
+        cute.arch.cp_async_wait_group(0)
         acc_O_mn = acc_mn_view(acc_O)
         tOcO_mn = acc_mn_view(thr_mma.partition_C(cute.make_identity_tensor((blk, hd))))
         for r in cutlass.range_constexpr(n_rows):
