@@ -29,6 +29,7 @@ import gc
 import json
 import os
 import platform
+import re
 import subprocess
 import sys
 import time
@@ -353,6 +354,13 @@ def run_op(op: str, args) -> dict:
     if dense_impl is None:
         impls = [i for i in impls if i != "dense"]
     configs = _grids.grid(op, args.grid)
+    if args.filter:
+        configs = [c for c in configs if re.search(args.filter, c.label)]
+    if args.shard:
+        k, n = (int(x) for x in args.shard.split("/"))
+        if not 0 <= k < n:
+            raise ValueError(f"--shard must be K/N with 0 <= K < N, got {args.shard!r}")
+        configs = configs[k::n]
     if args.limit:
         configs = configs[: args.limit]
     rotate_bytes = int(args.rotate_mb * 2**20)
@@ -362,8 +370,9 @@ def run_op(op: str, args) -> dict:
 
     cases_fn = {"hstu": hstu_cases, "bsa": bsa_cases}[op]
     os.makedirs(args.out, exist_ok=True)
-    json_path = os.path.join(args.out, f"{op}_{args.grid}.json")
-    png_path = os.path.join(args.out, f"{op}_{args.grid}.png")
+    stem = f"{op}_{args.grid}" + (f"_shard{args.shard.replace('/', 'of')}" if args.shard else "")
+    json_path = os.path.join(args.out, f"{stem}.json")
+    png_path = os.path.join(args.out, f"{stem}.png")
     doc = {"op": op, "grid": args.grid, "meta": meta, "settings": vars(args).copy(), "results": [],
            "overhead": []}
 
@@ -484,6 +493,12 @@ def parse_args(argv=None):
                    help="stop timing new points after this many seconds per op (default: 160 for "
                         "quick, none otherwise); skipped points are recorded")
     p.add_argument("--limit", type=int, default=0, help="only the first N configurations")
+    p.add_argument("--filter", default=None, help="only configurations whose label matches this regex "
+                   "(labels look like 'hstu D128 H4 jagged causal L4096', 'bsa blk64 top32/256 H16/4 D128 S16384')")
+    p.add_argument("--shard", default=None, help="K/N: every N-th configuration starting at K (split "
+                   "--grid full over several device calls; merge with --merge)")
+    p.add_argument("--merge", nargs="+", default=None, metavar="JSON",
+                   help="no timing: merge these result JSON files into OUT/<op>_merged.json + .png")
     p.add_argument("--no-overhead", action="store_true", help="skip the tiny-shape overhead measurement")
     p.add_argument("--overhead-calls", type=int, default=200)
     args = p.parse_args(argv)
@@ -492,8 +507,38 @@ def parse_args(argv=None):
     return args
 
 
+def merge(paths: list[str], out: str) -> list[str]:
+    """Merge result JSON files (e.g. shards) per op into ``out/<op>_merged.json`` + ``.png``."""
+    from ._plot import plot_results
+
+    docs: dict[str, list] = {}
+    for path in paths:
+        with open(path) as f:
+            d = json.load(f)
+        docs.setdefault(d["op"], []).append(d)
+    os.makedirs(out, exist_ok=True)
+    written = []
+    for op, ds in docs.items():
+        merged = {"op": op, "grid": "+".join(sorted({d["grid"] for d in ds})), "meta": ds[0]["meta"],
+                  "sources": [os.path.basename(p) for p in paths],
+                  "results": [r for d in ds for r in d["results"]],
+                  "overhead": [o for d in ds for o in d.get("overhead", [])]}
+        path = os.path.join(out, f"{op}_merged.json")
+        merged["plot"] = plot_results(merged["results"], os.path.join(out, f"{op}_merged.png"),
+                                      title=f"{op} ({merged['grid']}) on {merged['meta']['device_kind']}")
+        with open(path, "w") as f:
+            json.dump(merged, f, indent=1, default=str)
+        print(summary_table(merged["results"]))
+        written.append(path)
+    return written
+
+
 def main(argv=None) -> int:
     args = parse_args(argv)
+    if args.merge:
+        for path in merge(args.merge, args.out):
+            print(f"wrote {path}")
+        return 0
     ops = ["hstu", "bsa"] if args.op == "all" else [o for o in args.op.split(",") if o]
     for op in ops:
         if op not in ("hstu", "bsa"):

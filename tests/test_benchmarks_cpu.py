@@ -167,6 +167,10 @@ def test_harness_tiny_cpu(tmp_path, capsys):
     ov = {o["impl"]: o for o in h["overhead"]}
     assert ov["reference"]["status"] == "ok" and ov["reference"]["wall_us"] > 0
     b = _check_doc(os.path.join(out, "bsa_tiny.json"), "bsa")
+    assert run.main(["--merge", os.path.join(out, "hstu_tiny.json"), os.path.join(out, "bsa_tiny.json"),
+                     "--out", os.path.join(out, "m")]) == 0
+    with open(os.path.join(out, "m", "hstu_merged.json")) as f:
+        assert json.load(f)["results"] == h["results"]
     assert b["results"][0]["config"]["topk"] >= 1
     for op in ("hstu", "bsa"):
         with open(os.path.join(out, f"{op}_tiny.png"), "rb") as f:
@@ -180,6 +184,16 @@ def test_harness_budget_skips_and_bad_args(tmp_path):
     with pytest.raises(ValueError, match="--impls"):
         run.run_op("bsa", run.parse_args(["--grid", "tiny", "--out", str(tmp_path), "--impls", "triton"]))
     assert run.main(["--op", "nope", "--out", str(tmp_path)]) == 2
+    # shards partition the grid
+    full = _grids.grid("hstu", "full")
+    labels = []
+    for k in range(3):
+        d = run.run_op("hstu", run.parse_args(["--grid", "full", "--out", str(tmp_path), "--shard", f"{k}/3",
+                                               "--budget-s", "1e-9", "--no-overhead", "--impls", "kernel",
+                                               "--passes", "fwd", "--filter", "D64 H4 uniform"]))
+        labels += [r["label"] for r in d["results"]]
+        assert os.path.exists(os.path.join(str(tmp_path), f"hstu_full_shard{k}of3.json"))
+    assert sorted(labels) == sorted(c.label for c in full if "D64 H4 uniform" in c.label)
 
 
 # ----------------------------------------------------------------------------- example
