@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import time
 
 import jax
@@ -84,10 +85,23 @@ def main():
     ap.add_argument("--iters", type=int, default=20)
     ap.add_argument("--no-bwd", action="store_true")
     ap.add_argument("--out", default="hstu_bench.json")
+    ap.add_argument("--tiles", action="append", default=[],
+                    help="extra tile variant 'fwd=bm,bn,warps;bwd=bm,bn,warps' (tuning sweep)")
     a = ap.parse_args()
     cases = a.case or ["8x4096-causal", "32x1024-causal"]
     print(f"device: {jax.devices()[0]}")
     results = [run_case(c, jnp.dtype(a.dtype), a.iters, not a.no_bwd) for c in cases]
+    for variant in a.tiles:
+        env = dict(kv.split("=") for kv in variant.split(";") if kv)
+        for key in ("fwd", "bwd"):
+            os.environ.pop(f"JAX_SPARSE_ATTN_HSTU_{key.upper()}_TILE", None)
+            if key in env:
+                os.environ[f"JAX_SPARSE_ATTN_HSTU_{key.upper()}_TILE"] = env[key]
+        print(f"-- tiles {variant}")
+        for c in cases:
+            r = run_case(c, jnp.dtype(a.dtype), a.iters, "bwd" in env)
+            r["tiles"] = variant
+            results.append(r)
     with open(a.out, "w") as f:
         json.dump(dict(device=str(jax.devices()[0]), results=results), f, indent=1)
     print(f"wrote {a.out}")

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import os
 
 import jax
 import jax.numpy as jnp
@@ -84,6 +85,15 @@ def _cutlass_dtype_name(dtype) -> str:
     return "bfloat16" if jnp.dtype(dtype) == jnp.dtype(jnp.bfloat16) else "float16"
 
 
+def _tile_override(name):
+    """Tuning knob: ``JAX_SPARSE_ATTN_HSTU_{FWD,BWD}_TILE="block_m,block_n,num_warps"``."""
+    v = os.environ.get(f"JAX_SPARSE_ATTN_HSTU_{name}_TILE")
+    if not v:
+        return None
+    bm, bn, w = (int(x) for x in v.split(","))
+    return bm, bn, w
+
+
 def fwd_config(dtype, head_dim, head_dim_v, has_func, func_n) -> HstuFwdConfig:
     d = max(head_dim, head_dim_v)
     if d <= 32:
@@ -92,12 +102,14 @@ def fwd_config(dtype, head_dim, head_dim_v, has_func, func_n) -> HstuFwdConfig:
         bm, bn, w = 128, 64, 4
     else:
         bm, bn, w = 64, 64, 4
+    bm, bn, w = _tile_override("FWD") or (bm, bn, w)
     return HstuFwdConfig(_cutlass_dtype_name(dtype), head_dim, head_dim_v, bm, bn, w,
                          bool(has_func), int(func_n) if has_func else 1)
 
 
 def bwd_config(dtype, head_dim, head_dim_v, has_func, func_n) -> HstuBwdConfig:
-    return HstuBwdConfig(_cutlass_dtype_name(dtype), head_dim, head_dim_v, 64, 64, 8,
+    bm, bn, w = _tile_override("BWD") or (64, 64, 8)
+    return HstuBwdConfig(_cutlass_dtype_name(dtype), head_dim, head_dim_v, bm, bn, w,
                          bool(has_func), int(func_n) if has_func else 1)
 
 

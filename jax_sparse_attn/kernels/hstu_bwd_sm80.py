@@ -379,10 +379,11 @@ class HstuBwdSm80:
                                    tdQrdS_v, tdQrKt_v)
                         gdQ = cute.local_tile(mdQ_b, (bm, dqc), (m_block, cidx))
                         tdQg = thr_dq.partition_C(gdQ)
-                        for e in cutlass.range_constexpr(cute.size(acc_dQ)):
-                            if tdQc[e][0] < seqlen_q - m0:
-                                cute.arch.red(hc.elem_ptr(tdQg, e), acc_dQ[e], op="add", sem="relaxed", scope="gpu",
-                                              dtype="f32")
+                        # accumulator values (2k, 2k+1) are adjacent columns of one row
+                        for e2 in cutlass.range_constexpr(cute.size(acc_dQ) // 2):
+                            if tdQc[2 * e2][0] < seqlen_q - m0:
+                                hc.red_add_v2_f32(hc.elem_ptr(tdQg, 2 * e2), acc_dQ[2 * e2],
+                                                  acc_dQ[2 * e2 + 1])
                 cute.arch.barrier()
 
             # ---- epilogue: dK, dV -> smem -> gmem ----------------------------------------

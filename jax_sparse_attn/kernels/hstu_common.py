@@ -11,6 +11,7 @@ Shared module: the BSA kernels may import these too; the API below is kept stabl
   of the m16n8k16 MMA (register reuse of P in ``O += P V``).
 * ``tanh_approx(x)``: one MUFU ``tanh.approx.f32``.
 * ``elem_ptr(t, i)``: pointer to element ``i`` of tensor ``t`` (for ``red``/atomics).
+* ``red_add_v2_f32(ptr, a, b)``: vectorized fp32 reduction into global memory (sm_90).
 * ``gemm_ss(...)``: ``acc += A B`` with both operands loaded from smem via ``ldmatrix``,
   double-buffered over the K mode.
 """
@@ -79,6 +80,24 @@ def tanh_approx(x, *, loc=None, ip=None):
             loc=loc,
             ip=ip,
         )
+    )
+
+
+@dsl_user_op
+def red_add_v2_f32(ptr, a, b, *, loc=None, ip=None):
+    """``red.global.add.v2.f32 [ptr], {a, b}`` (sm_90; 8-byte aligned ``ptr``)."""
+    llvm.inline_asm(
+        None,
+        [ptr.toint(loc=loc, ip=ip).ir_value(loc=loc, ip=ip),
+         cutlass.Float32(a).ir_value(loc=loc, ip=ip),
+         cutlass.Float32(b).ir_value(loc=loc, ip=ip)],
+        "red.relaxed.gpu.global.add.v2.f32 [$0], {$1, $2};",
+        "l,f,f",
+        has_side_effects=True,
+        is_align_stack=False,
+        asm_dialect=llvm.AsmDialect.AD_ATT,
+        loc=loc,
+        ip=ip,
     )
 
 
