@@ -51,9 +51,12 @@ class Timing:
     n_sets: int
     reps: int
     samples_ms: list[float] = field(default_factory=list)
+    first_output: Any = field(default=None, repr=False)  # output on sets[0] (if asked for)
 
     def as_dict(self) -> dict:
-        return asdict(self)
+        d = asdict(self)
+        d.pop("first_output")
+        return d
 
 
 @dataclass
@@ -87,6 +90,7 @@ def time_op(
     warmup: int = 2,
     max_reps: int = 10_000,
     measure_compile: bool = True,
+    keep_first_output: bool = False,
 ) -> Timing:
     """Time ``fn(*s)`` over the input sets ``sets`` (see the module docstring).
 
@@ -97,12 +101,14 @@ def time_op(
     if not sets:
         raise ValueError("sets must hold at least one input set")
     compile_s = None
-    if measure_compile:
+    first = None
+    if measure_compile or keep_first_output:
         # First call of a fresh jit of the single op: what a user pays once per configuration.
         f = jax.jit(fn)
         t0 = time.perf_counter()
-        jax.block_until_ready(f(*sets[0]))
-        compile_s = time.perf_counter() - t0
+        first = jax.block_until_ready(f(*sets[0]))
+        if measure_compile:
+            compile_s = time.perf_counter() - t0
         del f
 
     g = jax.jit(lambda ss: [fn(*s) for s in ss])
@@ -112,7 +118,9 @@ def time_op(
     per_call = max(est, 1e-6)
     reps = int(min(max_reps, max(1, round(target_sample_s / per_call))))
     samples = [_sample(g, sets, reps) / (reps * len(sets)) * 1e3 for _ in range(n_samples)]
+    del g
     return Timing(
+        first_output=first if keep_first_output else None,
         ms=statistics.median(samples),
         ms_min=min(samples),
         ms_max=max(samples),

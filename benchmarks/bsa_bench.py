@@ -22,6 +22,7 @@ import time
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from jax_sparse_attn.ffi import bsa as ffi_bsa
 

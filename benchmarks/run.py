@@ -24,6 +24,7 @@ compile time and the per-call overhead of a tiny shape. Writes ``DIR/<op>_<grid>
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime as _dt
 import gc
 import json
@@ -244,6 +245,32 @@ def _short(exc: BaseException, n: int = 400) -> str:
     return s if len(s) <= n else s[: n - 3] + "..."
 
 
+def _check_against(rows, checks, label, impl, out, row) -> None:
+    """Sanity check of the timed forward: the kernel's output on input set 0 vs the
+    reference's on the same inputs (both impls draw set 0 from the same PRNG key).
+    Records ``check_rel_err`` = ||kernel - reference|| / ||reference|| (fp32) on both rows."""
+    import jax.numpy as jnp
+
+    if impl == "kernel":
+        checks[label] = out
+        return
+    kern = checks.pop(label, None)
+    if kern is None or out is None:
+        return
+    a = jnp.asarray(kern, jnp.float32)
+    b = jnp.asarray(out, jnp.float32)
+    err = float(jnp.linalg.norm(a - b) / jnp.maximum(jnp.linalg.norm(b), 1e-30))
+    if not np.isfinite(err):
+        err = float("inf")
+    row["check_rel_err"] = err
+    for r in rows:
+        if r["label"] == label and r["impl"] == "kernel" and r["pass"] == "fwd":
+            r["check_rel_err"] = err
+    if err > 0.05:
+        print(f"WARNING {label}: kernel forward differs from the reference: rel. error {err:.3g}",
+              flush=True)
+
+
 def _derive_bwd(rows: list[dict], label: str, impl: str) -> None:
     """If timing the backward alone failed but fwd and fwdbwd worked, report their difference."""
     by = {r["pass"]: r for r in rows if r["label"] == label and r["impl"] == impl}
@@ -305,7 +332,9 @@ def _print_row(r: dict) -> None:
     print(
         f"{r['label']:<44} {r['impl']:<12} {r['pass']:<7} {_fmt(r.get('ms'), '9.4f')} ms "
         f"{_fmt(r.get('tflops'), '8.2f')} TFLOP/s  compile {_fmt(r.get('compile_s'), '6.2f')} s  "
-        f"{r['status']}{'  ' + msg[:160] if msg else ''}",
+        f"{r['status']}"
+        + (f"  check {r['check_rel_err']:.2e}" if r.get("check_rel_err") is not None else "")
+        + (f"  {msg[:160]}" if msg else ""),
         flush=True,
     )
 
@@ -354,6 +383,8 @@ def run_op(op: str, args) -> dict:
     if dense_impl is None:
         impls = [i for i in impls if i != "dense"]
     configs = _grids.grid(op, args.grid)
+    if args.dtype:
+        configs = [dataclasses.replace(c, dtype=args.dtype) for c in configs]
     if args.filter:
         configs = [c for c in configs if re.search(args.filter, c.label)]
     if args.shard:
@@ -386,6 +417,7 @@ def run_op(op: str, args) -> dict:
     # Implementation-major order: if the time budget runs out, our kernel's numbers are
     # complete and only anchors are missing.
     prepared = []
+    checks: dict = {}
     for cfg in configs:
         try:
             prepared.append((cfg,) + tuple(cases_fn(cfg, n_sets_fn, dense_impl)))
@@ -417,8 +449,12 @@ def run_op(op: str, args) -> dict:
                         fn, sets = _pass_fn_and_sets(case, p)
                         # First-call time matters to users for inference (fwd) and training
                         # (fwdbwd) of our op; skipping it elsewhere saves compiles.
+                        check = p == "fwd" and impl in ("kernel", "reference") and args.check
                         t = time_op(fn, sets, target_sample_s=args.sample_s, n_samples=args.samples,
-                                    measure_compile=impl != "dense" and p != "bwd")
+                                    measure_compile=impl != "dense" and p != "bwd",
+                                    keep_first_output=check)
+                        if check:
+                            _check_against(doc["results"], checks, cfg.label, impl, t.first_output, row)
                         row.update(ms=t.ms, tflops=row["flops"] / (t.ms * 1e-3) / 1e12,
                                    compile_s=t.compile_s, n_sets=t.n_sets, reps=t.reps,
                                    ms_min=t.ms_min, ms_max=t.ms_max)
@@ -500,6 +536,10 @@ def parse_args(argv=None):
     p.add_argument("--merge", nargs="+", default=None, metavar="JSON",
                    help="no timing: merge these result JSON files into OUT/<op>_merged.json + .png")
     p.add_argument("--no-overhead", action="store_true", help="skip the tiny-shape overhead measurement")
+    p.add_argument("--no-check", dest="check", action="store_false",
+                   help="skip comparing the kernel's forward output with the reference's")
+    p.add_argument("--dtype", default=None, choices=("bfloat16", "float16"),
+                   help="input dtype (default: each configuration's, bfloat16)")
     p.add_argument("--overhead-calls", type=int, default=200)
     args = p.parse_args(argv)
     if args.budget_s is None and args.grid == "quick":

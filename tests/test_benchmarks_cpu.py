@@ -258,3 +258,21 @@ def test_derive_bwd_from_fwd_and_fwdbwd():
     run._derive_bwd(rows, "x", "kernel")
     assert rows[1]["status"] == "ok" and rows[1]["derived"] and rows[1]["ms"] == pytest.approx(2.5)
     assert rows[1]["tflops"] == pytest.approx(1000.0)
+
+
+def test_kernel_output_is_checked_against_reference(capsys):
+    import jax.numpy as jnp
+
+    rows = [dict(label="x", impl="kernel", status="ok", **{"pass": "fwd"})]
+    checks = {}
+    ref = jnp.arange(1.0, 9.0).reshape(2, 4)
+    run._check_against(rows, checks, "x", "kernel", (ref * 1.01).astype(jnp.bfloat16), rows[0])
+    assert "x" in checks and "check_rel_err" not in rows[0]
+    ref_row = {}
+    run._check_against(rows, checks, "x", "reference", ref, ref_row)
+    assert 1e-4 < rows[0]["check_rel_err"] < 2e-2 and ref_row["check_rel_err"] == rows[0]["check_rel_err"]
+    rows = [dict(label="y", impl="kernel", status="ok", **{"pass": "fwd"})]
+    run._check_against(rows, checks, "y", "kernel", jnp.zeros((2, 4)), rows[0])
+    run._check_against(rows, checks, "y", "reference", ref, {})
+    assert rows[0]["check_rel_err"] == pytest.approx(1.0)
+    assert "WARNING y" in capsys.readouterr().out
