@@ -66,10 +66,20 @@ def _dtype(name: str):
     return {"bfloat16": jnp.bfloat16, "float16": jnp.float16, "float32": jnp.float32}[name]
 
 
+# --lower-only: inputs are jax.ShapeDtypeStructs (nothing is generated or run)
+_ABSTRACT_INPUTS = False
+
+
 def _randn(key, shape, dtype, scale=1.0):
     import jax
 
+    if _ABSTRACT_INPUTS:
+        return jax.ShapeDtypeStruct(shape, dtype)
     return (jax.random.normal(key, shape, dtype="float32") * scale).astype(dtype)
+
+
+def _nb(x) -> int:
+    return int(np.prod(x.shape)) * np.dtype(x.dtype).itemsize
 
 
 def _hstu_arrays(cfg, lengths, key, dense: bool):
@@ -111,7 +121,7 @@ def hstu_cases(cfg, n_sets_fn, dense_impl: str | None):
 
         def factory():
             one = _hstu_arrays(cfg, lengths, jax.random.key(0), dense=False)
-            n = n_sets_fn(sum(x.nbytes for x in one))
+            n = n_sets_fn(sum(_nb(x) for x in one))
             sets = [one] + [_hstu_arrays(cfg, lengths, jax.random.key(i), False) for i in range(1, n)]
             return Case(fwd, [(q, k, v, cu) for q, k, v, _ in sets], [s[3] for s in sets], 3)
 
@@ -133,7 +143,7 @@ def hstu_cases(cfg, n_sets_fn, dense_impl: str | None):
 
         def factory():
             one = _hstu_arrays(cfg, lengths, jax.random.key(0), dense=True)
-            n = n_sets_fn(sum(x.nbytes for x in one))
+            n = n_sets_fn(sum(_nb(x) for x in one))
             sets = [one] + [_hstu_arrays(cfg, lengths, jax.random.key(i), True) for i in range(1, n)]
             return Case(fwd, [(q, k, v, lens) for q, k, v, _ in sets], [s[3] for s in sets], 3)
 
@@ -180,7 +190,7 @@ def bsa_cases(cfg, n_sets_fn, dense_impl: str | None):
         def factory():
             idx = jnp.asarray(index_np)
             one = _bsa_arrays(cfg, jax.random.key(0), dense=False)
-            n = n_sets_fn(sum(x.nbytes for x in one))
+            n = n_sets_fn(sum(_nb(x) for x in one))
             sets = [one] + [_bsa_arrays(cfg, jax.random.key(i), False) for i in range(1, n)]
             return Case(fwd, [(q, k, v, idx) for q, k, v, _ in sets], [s[3] for s in sets], 3)
 
@@ -192,7 +202,7 @@ def bsa_cases(cfg, n_sets_fn, dense_impl: str | None):
 
         def factory():
             one = _bsa_arrays(cfg, jax.random.key(0), dense=True)
-            n = n_sets_fn(sum(x.nbytes for x in one))
+            n = n_sets_fn(sum(_nb(x) for x in one))
             sets = [one] + [_bsa_arrays(cfg, jax.random.key(i), True) for i in range(1, n)]
             return Case(fwd, [(q, k, v) for q, k, v, _ in sets], [s[3] for s in sets], 3)
 
@@ -269,6 +279,40 @@ def _check_against(rows, checks, label, impl, out, row) -> None:
     if err > 0.05:
         print(f"WARNING {label}: kernel forward differs from the reference: rel. error {err:.3g}",
               flush=True)
+
+
+def _lower_only(doc, prepared, passes, op, dense_impl) -> None:
+    """Trace + lower every kernel-path function the harness would time, for CUDA, on this
+    machine (set JAX_SPARSE_ATTN_FORCE_KERNEL=1 and CUTE_DSL_ARCH=sm_90a; main() does when
+    given --lower-only). Checks that each lowered program holds a CuTe DSL custom call."""
+    import jax
+
+    try:
+        from cutlass.jax.ffi import _register_and_get_default_ffi_call_target
+
+        target = _register_and_get_default_ffi_call_target(True)
+    except Exception:
+        target = "CuteDSLRT"
+    for cfg, _, factories in prepared:
+        case = factories["kernel"]()
+        for p in passes:
+            row = {"op": op, "label": cfg.label, "series": cfg.series, "impl": "kernel", "pass": p,
+                   "config": cfg.as_dict(), "status": "lowered"}
+            try:
+                # bwd is timed as the VJP of a jitted forward: lowering fwd+bwd covers it
+                fn, sets = _pass_fn_and_sets(case, "fwdbwd" if p == "bwd" else p)
+                t0 = time.perf_counter()
+                txt = jax.jit(fn).trace(*sets[0]).lower(lowering_platforms=("cuda",)).as_text()
+                row["lower_s"] = time.perf_counter() - t0
+                row["custom_calls"] = txt.count(target)
+                if row["custom_calls"] == 0:
+                    row.update(status="error", error=f"no CuTe DSL custom call ({target}) in the lowered program")
+            except Exception as e:
+                row.update(status=_status_of(e), error=_short(e))
+            doc["results"].append(row)
+            print(f"{row['label']:<44} kernel       {p:<7} {row['status']}"
+                  + (f"  {row['custom_calls']} custom call(s), {row['lower_s']:.1f} s" if "lower_s" in row else "")
+                  + (f"  {row.get('error', '')[:200]}" if row.get("error") else ""), flush=True)
 
 
 def _derive_bwd(rows: list[dict], label: str, impl: str) -> None:
@@ -425,6 +469,11 @@ def run_op(op: str, args) -> dict:
             doc["results"].append({"op": op, "label": cfg.label, "series": cfg.series,
                                    "impl": "-", "pass": "-", "status": "error", "error": _short(e)})
             _print_row(doc["results"][-1])
+    if args.lower_only:
+        _lower_only(doc, prepared, passes, op, dense_impl)
+        save()
+        print(f"wrote {json_path}", flush=True)
+        return doc
     for impl in impls:
         for cfg, flops_fwd, factories in prepared:
             seqlen = getattr(cfg, "max_seqlen", None) or getattr(cfg, "seqlen")
@@ -536,6 +585,9 @@ def parse_args(argv=None):
     p.add_argument("--merge", nargs="+", default=None, metavar="JSON",
                    help="no timing: merge these result JSON files into OUT/<op>_merged.json + .png")
     p.add_argument("--no-overhead", action="store_true", help="skip the tiny-shape overhead measurement")
+    p.add_argument("--lower-only", action="store_true",
+                   help="run nothing: lower the kernel path of every configuration for CUDA (sm_90a) on "
+                        "this machine, to catch errors before spending GPU time")
     p.add_argument("--no-check", dest="check", action="store_false",
                    help="skip comparing the kernel's forward output with the reference's")
     p.add_argument("--dtype", default=None, choices=("bfloat16", "float16"),
@@ -575,6 +627,11 @@ def merge(paths: list[str], out: str) -> list[str]:
 
 def main(argv=None) -> int:
     args = parse_args(argv)
+    if args.lower_only:
+        global _ABSTRACT_INPUTS
+        _ABSTRACT_INPUTS = True
+        os.environ["JAX_SPARSE_ATTN_FORCE_KERNEL"] = "1"
+        os.environ.setdefault("CUTE_DSL_ARCH", "sm_90a")
     if args.merge:
         for path in merge(args.merge, args.out):
             print(f"wrote {path}")

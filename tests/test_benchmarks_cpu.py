@@ -276,3 +276,22 @@ def test_kernel_output_is_checked_against_reference(capsys):
     run._check_against(rows, checks, "y", "reference", ref, {})
     assert rows[0]["check_rel_err"] == pytest.approx(1.0)
     assert "WARNING y" in capsys.readouterr().out
+
+
+@pytest.mark.lowering
+def test_harness_lower_only_reaches_the_kernel(tmp_path, monkeypatch):
+    """--lower-only lowers the harness's kernel-path functions for CUDA on this CPU machine."""
+    from jax_sparse_attn._platform import _cutedsl_unavailable_reason
+
+    if _cutedsl_unavailable_reason() is not None:
+        pytest.skip(_cutedsl_unavailable_reason())
+    monkeypatch.setattr(run, "_ABSTRACT_INPUTS", False)
+    monkeypatch.setenv("JAX_SPARSE_ATTN_FORCE_KERNEL", "1")
+    monkeypatch.setenv("CUTE_DSL_ARCH", "sm_90a")
+    assert run.main(["--op", "bsa", "--grid", "tiny", "--limit", "1", "--passes", "fwd", "--lower-only",
+                     "--out", str(tmp_path)]) == 0
+    assert run._ABSTRACT_INPUTS  # main switched to abstract inputs
+    with open(os.path.join(str(tmp_path), "bsa_tiny.json")) as f:
+        rows = json.load(f)["results"]
+    assert len(rows) == 1 and rows[0]["status"] == "lowered", rows
+    assert rows[0]["custom_calls"] >= 1
