@@ -250,6 +250,20 @@ def test_example_study_tiny_slice(minilm):
     assert "mass top-k" in ex.summarize(rows)
     with pytest.raises(FileNotFoundError, match="--weights-dir"):
         ex.resolve_weights_dir("/nonexistent-dir")
+    assert "torch" not in sys.modules
+
+
+def test_example_cli(minilm, tmp_path, capsys):
+    ex = minilm[0]
+    out = str(tmp_path / "rows.json")
+    assert ex.main(["--tokens", "128", "--layers", "5", "--densities", "0.5,1.0", "--backend", "reference",
+                    "--weights-dir", ex.default_weights_dir(), "--json", out]) == 0
+    text = capsys.readouterr().out
+    assert "all-MiniLM-L6-v2 (6 layers, 12 heads x 32)" in text and "mass top-k" in text
+    with open(out) as f:
+        doc = json.load(f)
+    assert doc["tokens"] == 128 and [r["layer"] for r in doc["rows"]] == [5, 5]
+    assert doc["rows"][1]["rel_err"] < 1e-5
 
 
 def test_derive_bwd_from_fwd_and_fwdbwd():
