@@ -575,7 +575,7 @@ def parse_args(argv=None):
     p.add_argument("--sample-s", type=float, default=0.03, help="target seconds per timing sample")
     p.add_argument("--samples", type=int, default=7, help="timing samples; the median is reported")
     p.add_argument("--budget-s", type=float, default=None,
-                   help="stop timing new points after this many seconds per op (default: 160 for "
+                   help="stop timing new points after this many seconds per op (default: 150 for "
                         "quick, none otherwise); skipped points are recorded")
     p.add_argument("--limit", type=int, default=0, help="only the first N configurations")
     p.add_argument("--filter", default=None, help="only configurations whose label matches this regex "
@@ -595,7 +595,7 @@ def parse_args(argv=None):
     p.add_argument("--overhead-calls", type=int, default=200)
     args = p.parse_args(argv)
     if args.budget_s is None and args.grid == "quick":
-        args.budget_s = 160.0
+        args.budget_s = 150.0
     return args
 
 
