@@ -52,6 +52,7 @@ class Timing:
     reps: int
     samples_ms: list[float] = field(default_factory=list)
     first_output: Any = field(default=None, repr=False)  # output on sets[0] (if asked for)
+    new_compiles: int | None = None  # count_fn() growth during the first call (e.g. CuTe compiles)
 
     def as_dict(self) -> dict:
         d = asdict(self)
@@ -91,6 +92,7 @@ def time_op(
     max_reps: int = 10_000,
     measure_compile: bool = True,
     keep_first_output: bool = False,
+    count_fn: Callable[[], int] | None = None,
 ) -> Timing:
     """Time ``fn(*s)`` over the input sets ``sets`` (see the module docstring).
 
@@ -102,13 +104,17 @@ def time_op(
         raise ValueError("sets must hold at least one input set")
     compile_s = None
     first = None
+    new_compiles = None
     if measure_compile or keep_first_output:
         # First call of a fresh jit of the single op: what a user pays once per configuration.
         f = jax.jit(fn)
+        n0 = count_fn() if count_fn else None
         t0 = time.perf_counter()
         first = jax.block_until_ready(f(*sets[0]))
         if measure_compile:
             compile_s = time.perf_counter() - t0
+        if count_fn:
+            new_compiles = count_fn() - n0
         del f
 
     g = jax.jit(lambda ss: [fn(*s) for s in ss])
@@ -121,6 +127,7 @@ def time_op(
     del g
     return Timing(
         first_output=first if keep_first_output else None,
+        new_compiles=new_compiles,
         ms=statistics.median(samples),
         ms_min=min(samples),
         ms_max=max(samples),

@@ -16,7 +16,11 @@ forward) and ``fwdbwd`` (forward + backward in one jitted function). Timing meth
 ``benchmarks/_timing.py`` (device-side median after warm-up, rotating input sets larger than
 L2). TFLOP/s are *effective*: the FLOPs of the sparse problem (``benchmarks/_grids.py``)
 divided by the time, for anchors too. It also records each configuration's first-call
-compile time and the per-call overhead of a tiny shape. Writes ``DIR/<op>_<grid>.json``
+time of our op (``compile_s``: a fresh ``jax.jit`` in this process = trace + XLA compile +
+any CuTe kernel compile not cached yet + one run; ``cute_compiles`` says how many CuTe
+kernels that call compiled: passes run in the order fwd, bwd, fwdbwd, so fwdbwd usually
+finds both kernels cached and a cold training step costs about fwd's + bwd's kernel
+compiles) and the per-call overhead of a tiny shape. Writes ``DIR/<op>_<grid>.json``
 (after every configuration, so an interrupted run keeps what it measured) and
 ``DIR/<op>_<grid>.png``, and prints a table.
 """
@@ -244,6 +248,18 @@ def _pass_fn_and_sets(case: Case, pass_name: str):
         jax.block_until_ready(sets)
         return (lambda vjp_fn, do: vjp_fn(do)), sets
     raise ValueError(f"unknown pass {pass_name!r}")
+
+
+def _cute_cache_size() -> int:
+    """Entries in cutlass.jax's in-process CuTe compile cache (-1 if unreadable). The growth
+    during a first call says how many CuTe kernels that call compiled (the cache is keyed by
+    kernel config *and* argument shapes, see docs/design.md)."""
+    try:
+        from cutlass.jax import compile as _cc
+
+        return len(_cc._CUTLASS_COMPILE_CACHE)
+    except Exception:
+        return -1
 
 
 def _status_of(exc: BaseException) -> str:
@@ -501,12 +517,15 @@ def run_op(op: str, args) -> dict:
                         check = p == "fwd" and impl in ("kernel", "reference") and args.check
                         t = time_op(fn, sets, target_sample_s=args.sample_s, n_samples=args.samples,
                                     measure_compile=impl != "dense" and p != "bwd",
-                                    keep_first_output=check)
+                                    keep_first_output=check,
+                                    count_fn=_cute_cache_size if impl == "kernel" else None)
                         if check:
                             _check_against(doc["results"], checks, cfg.label, impl, t.first_output, row)
                         row.update(ms=t.ms, tflops=row["flops"] / (t.ms * 1e-3) / 1e12,
                                    compile_s=t.compile_s, n_sets=t.n_sets, reps=t.reps,
                                    ms_min=t.ms_min, ms_max=t.ms_max)
+                        if t.new_compiles is not None:
+                            row["cute_compiles"] = t.new_compiles
                         del fn, sets
                     except Exception as e:
                         row.update(status=_status_of(e), error=_short(e))

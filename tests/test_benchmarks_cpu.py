@@ -309,3 +309,4 @@ def test_harness_lower_only_reaches_the_kernel(tmp_path, monkeypatch):
         rows = json.load(f)["results"]
     assert len(rows) == 1 and rows[0]["status"] == "lowered", rows
     assert rows[0]["custom_calls"] >= 1
+    assert run._cute_cache_size() >= 1  # lowering compiled the kernel into cutlass.jax's cache
