@@ -14,6 +14,9 @@ import os
 
 import pytest
 
+# CuTe DSL reads its target arch when cutlass is first imported: set it before that.
+os.environ.setdefault("CUTE_DSL_ARCH", "sm_90a")
+
 pytestmark = pytest.mark.lowering
 
 jax = pytest.importorskip("jax")
@@ -28,6 +31,11 @@ CONFIGS = [
     dict(d=d, blk=blk, dtype=("bfloat16", "float16")[i % 2], layout=("bhsd", "bshd")[(i // 2) % 2],
          sizes=bool((i // 4 + i) % 2))
     for i, (d, blk) in enumerate(_PAIRS)
+]
+# D in {64, 128} use the wgmma forward by default; also lower the mma.sync forward there
+CONFIGS += [
+    dict(d=128, blk=64, dtype="bfloat16", layout="bshd", sizes=True, fwd_impl="sm80"),
+    dict(d=64, blk=128, dtype="float16", layout="bhsd", sizes=False, fwd_impl="sm80"),
 ]
 
 
@@ -55,12 +63,15 @@ def _shapes(cfg, b=2, hq=4, hkv=2, sq=1000, skv=1025, kmax=5):
 
 
 def _ids(cfg):
-    return f"d{cfg['d']}-blk{cfg['blk']}-{cfg['dtype']}-{cfg['layout']}-{'sizes' if cfg['sizes'] else 'nosizes'}"
+    return f"{cfg.get('fwd_impl', 'default')}-d{cfg['d']}-blk{cfg['blk']}-{cfg['dtype']}-{cfg['layout']}-{'sizes' if cfg['sizes'] else 'nosizes'}"
 
 
 @pytest.mark.parametrize("cfg", CONFIGS, ids=_ids)
-def test_bsa_fwd_bwd_lower_to_cutedsl_call(cfg):
+def test_bsa_fwd_bwd_lower_to_cutedsl_call(cfg, monkeypatch):
     from jax_sparse_attn.ffi import bsa
+
+    if "fwd_impl" in cfg:
+        monkeypatch.setenv("JAX_SPARSE_ATTN_BSA_FWD_IMPL", cfg["fwd_impl"])
 
     q, k, idx, nums, sizes, lse = _shapes(cfg)
     kw = dict(layout=cfg["layout"], sparse_block_size=cfg["blk"], softmax_scale=0.3)

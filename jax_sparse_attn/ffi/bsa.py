@@ -28,6 +28,7 @@ Backward structure (all launches on XLA's stream, all buffers XLA-owned):
 from __future__ import annotations
 
 import dataclasses
+import os
 
 import jax
 import jax.numpy as jnp
@@ -35,6 +36,7 @@ import jax.numpy as jnp
 SUPPORTED_HEAD_DIMS = (32, 64, 128, 256)
 SUPPORTED_BLOCK_SIZES = (64, 128)
 _DTYPES = ("float16", "bfloat16")
+_DEFAULT_FWD_IMPL = "sm90"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -43,6 +45,14 @@ class BsaFwdConfig:
     head_dim: int
     block_size: int
     has_block_sizes: bool
+    impl: str = "sm80"  # "sm90": wgmma kernel (D in {64, 128}); "sm80": mma.sync kernel
+
+
+def _fwd_impl(head_dim: int) -> str:
+    want = os.environ.get("JAX_SPARSE_ATTN_BSA_FWD_IMPL", _DEFAULT_FWD_IMPL)
+    if want == "sm90" and head_dim in (64, 128):
+        return "sm90"
+    return "sm80"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -97,9 +107,12 @@ def _dims(q, k, layout):
 
 
 def _fwd_entry(stream, q, k, v, idx, nums, sizes, scale, out, lse, *, cfg: BsaFwdConfig):
-    from ..kernels.bsa_fwd_sm80 import BsaFwdSm80  # noqa: PLC0415
+    if cfg.impl == "sm90":
+        from ..kernels.bsa_fwd_sm90 import BsaFwdSm90 as Kernel  # noqa: PLC0415
+    else:
+        from ..kernels.bsa_fwd_sm80 import BsaFwdSm80 as Kernel  # noqa: PLC0415
 
-    BsaFwdSm80(_cutlass_dtype(cfg.dtype), cfg.head_dim, cfg.block_size, cfg.has_block_sizes)(
+    Kernel(_cutlass_dtype(cfg.dtype), cfg.head_dim, cfg.block_size, cfg.has_block_sizes)(
         q, k, v, idx, nums, sizes, scale, out, lse, stream
     )
 
@@ -126,7 +139,8 @@ def bsa_fwd(q, k, v, q2k_block_index, q2k_block_nums, block_sizes, *, layout: st
     from cutlass.jax import cutlass_call  # noqa: PLC0415
 
     b, h_q, s_q, _h_kv, _s_kv, d = _dims(q, k, layout)
-    cfg = BsaFwdConfig(jnp.dtype(q.dtype).name, int(d), int(sparse_block_size), block_sizes is not None)
+    cfg = BsaFwdConfig(jnp.dtype(q.dtype).name, int(d), int(sparse_block_size), block_sizes is not None,
+                       _fwd_impl(int(d)))
     spec = _specs(layout)
     scale = jnp.full((1,), softmax_scale, jnp.float32)
     idx = q2k_block_index.astype(jnp.int32)
@@ -140,7 +154,7 @@ def bsa_fwd(q, k, v, q2k_block_index, q2k_block_nums, block_sizes, *, layout: st
         ),
         input_spec=(spec, spec, spec, None, None, None, None),
         output_spec=(spec, None),
-        compile_key=("bsa_fwd_sm80", cfg),
+        compile_key=("bsa_fwd", cfg),
         cfg=cfg,
     )
     out, lse = call(q, k, v, idx, nums, sizes, scale)

@@ -1,0 +1,283 @@
+"""Block-sparse attention forward for Hopper (sm_90a): warpgroup MMA (wgmma) CuTe DSL kernel.
+
+Same contract and semantics as :mod:`bsa_fwd_sm80` (see there for the tensor modes); the
+difference is the math engine:
+
+* One CTA per (query block m, query head h, batch b) with ``blk // 64`` consumer
+  warpgroups (64 query rows each); a KV step is one listed KV block (N = blk keys).
+* ``S = Q K^T`` is one ``wgmma`` chain with both operands in shared memory (Q and K
+  K-major, 128-byte swizzle); ``O += P V`` is a ``wgmma`` chain with P taken straight from
+  the score registers (converted to 16 bit, no shared-memory round trip) and V read
+  MN-major from shared memory, so V is never transposed.
+* K and V of the listed blocks are gathered with ``cp.async`` into a 2-stage ring: the
+  next listed block streams in while the current one is multiplied (a
+  ``fence.proxy.async`` makes the generic-proxy copies visible to the tensor cores).
+* Online softmax in base 2 on the fp32 accumulators (quad shuffles for row max / sum),
+  masking only for KV blocks whose valid length ``min(block_sizes, S_kv - n*blk)`` is
+  below blk; empty rows give ``out = 0`` and ``lse = -inf``.
+"""
+
+from __future__ import annotations
+
+import cutlass
+import cutlass.cute as cute
+import cutlass.memory
+import cutlass.utils.hopper_helpers as sm90_utils
+from cutlass.cute.nvgpu import cpasync, warpgroup
+from cutlass.tensor_utils import LayoutEnum
+
+from .bsa_common import LOG2_E, copy_threads_per_row, quad_allreduce_max, quad_allreduce_sum
+
+
+def _acc_mn_view_wg(acc: cute.Tensor) -> cute.Tensor:
+    """View a wgmma accumulator ``((2, 2, N/8), MMA_M, MMA_N)`` as ``(rows, cols)``."""
+    cm = cute.make_layout(acc.layout.shape)
+    s, d = cm.shape, cm.stride
+    mn = cute.make_layout(
+        ((s[0][1], s[1]), (s[0][0], s[0][2], s[2])),
+        stride=((d[0][1], d[1]), (d[0][0], d[0][2], d[2])),
+    )
+    return cute.make_tensor(acc.iterator, cute.composition(acc.layout, mn))
+
+
+def _acc_layout_as_a(c: cute.Layout, a_vals) -> cute.Layout:
+    """Register layout of a 16-bit A operand (RS wgmma) built from accumulator layout ``c``.
+
+    The accumulator of a 64xN wgmma holds, per thread, ``(2, 2, N/8)`` values; the A operand
+    of one k16 slice holds ``(2, 2, 2)``: pairs of n8 groups form one k16 slice.
+    """
+    return cute.make_layout(
+        (a_vals, c.shape[1], (c.shape[2], cute.size(c, mode=[0]) // cute.size(a_vals))),
+        stride=(c.stride[0], c.stride[1], (c.stride[2], cute.size(a_vals, mode=[2]) * c.stride[0][2])),
+    )
+
+
+class BsaFwdSm90:
+    def __init__(self, dtype, head_dim: int, block_size: int, has_block_sizes: bool):
+        self.dtype = dtype
+        self.hd = head_dim
+        self.blk = block_size
+        self.num_wg = block_size // 64
+        self.num_threads = 128 * self.num_wg
+        self.has_sizes = has_block_sizes
+        self.kv_stages = 2
+
+    @staticmethod
+    def can_implement(dtype, head_dim: int, block_size: int) -> bool:
+        return (dtype in (cutlass.Float16, cutlass.BFloat16) and head_dim in (64, 128)
+                and block_size in (64, 128))
+
+    @cute.jit
+    def __call__(self, mQ, mK, mV, mIdx, mNums, mSizes, mScale, mO, mLSE, stream):
+        blk, hd = self.blk, self.hd
+        K = cute.nvgpu.OperandMajorMode.K
+        MN = cute.nvgpu.OperandMajorMode.MN
+        qk_mma = sm90_utils.make_trivial_tiled_mma(
+            self.dtype, self.dtype, K, K, cutlass.Float32, (self.num_wg, 1, 1), (64, blk))
+        pv_mma = sm90_utils.make_trivial_tiled_mma(
+            self.dtype, self.dtype, K, MN, cutlass.Float32, (self.num_wg, 1, 1), (64, hd),
+            warpgroup.OperandSource.RMEM)
+        qk_tiler = (blk, blk, hd)
+        pv_tiler = (blk, hd, blk)
+        sQ_layout = sm90_utils.make_smem_layout_a(LayoutEnum.ROW_MAJOR, qk_tiler, self.dtype, 1)
+        sK_layout = sm90_utils.make_smem_layout_b(LayoutEnum.ROW_MAJOR, qk_tiler, self.dtype, self.kv_stages)
+        sV_layout = sm90_utils.make_smem_layout_b(LayoutEnum.COL_MAJOR, pv_tiler, self.dtype, self.kv_stages)
+
+        @cute.struct
+        class SharedStorage:
+            sQ: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(sQ_layout)], 1024]
+            sK: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(sK_layout)], 1024]
+            sV: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(sV_layout)], 1024]
+
+        copy_bits = 128
+        elems = copy_bits // self.dtype.width
+        tpr = copy_threads_per_row(hd, elems)
+        gmem_copy_in = cute.make_tiled_copy_tv(
+            cute.make_copy_atom(
+                cpasync.CopyG2SOp(cache_mode=cpasync.LoadCacheMode.GLOBAL),
+                self.dtype,
+                num_bits_per_copy=copy_bits,
+            ),
+            cute.make_layout((self.num_threads // tpr, tpr), stride=(tpr, 1)),
+            cute.make_layout((1, elems)),
+        )
+        grid = (
+            cute.ceil_div(mQ.shape[1], blk),
+            cute.size(mQ.shape[2]),
+            cute.size(mQ.shape[0]),
+        )
+        self.kernel(
+            mQ, mK, mV, mIdx, mNums, mSizes, mScale, mO, mLSE,
+            sQ_layout, sK_layout, sV_layout, gmem_copy_in, qk_mma, pv_mma, SharedStorage,
+        ).launch(
+            grid=grid,
+            block=[self.num_threads, 1, 1],
+            smem=SharedStorage.size_in_bytes(),
+            stream=stream,
+        )
+
+    @cute.jit
+    def _load_rows(self, tiled_copy, tS, tD, tC, rows_left):
+        for r in cutlass.range_constexpr(cute.size(tD.shape[1])):
+            if tC[0, r, 0][0] < rows_left:
+                cute.copy(tiled_copy, tS[None, r, None], tD[None, r, None])
+            else:
+                tD[None, r, None].fill(0)
+
+    @cute.kernel
+    def kernel(
+        self,
+        mQ: cute.Tensor,
+        mK: cute.Tensor,
+        mV: cute.Tensor,
+        mIdx: cute.Tensor,
+        mNums: cute.Tensor,
+        mSizes,
+        mScale: cute.Tensor,
+        mO: cute.Tensor,
+        mLSE: cute.Tensor,
+        sQ_layout: cute.ComposedLayout,
+        sK_layout: cute.ComposedLayout,
+        sV_layout: cute.ComposedLayout,
+        gmem_copy_in: cute.TiledCopy,
+        qk_mma: cute.TiledMma,
+        pv_mma: cute.TiledMma,
+        SharedStorage: cutlass.Constexpr,
+    ):
+        blk, hd = self.blk, self.hd
+        tidx, _, _ = cute.arch.thread_idx()
+        m_block, head, batch = cute.arch.block_idx()
+        seqlen_q = mQ.shape[1]
+        seqlen_k = mK.shape[1]
+        head_kv = head // (mQ.shape[2] // mK.shape[2])
+        softmax_scale = mScale[0]
+        scale_log2 = softmax_scale * LOG2_E
+        num_blocks = mNums[batch, head, m_block]
+
+        smem = cutlass.memory.SmemAllocator()
+        storage = smem.allocate(SharedStorage)
+        sQ = storage.sQ.get_tensor(sQ_layout.outer, swizzle=sQ_layout.inner)  # (blk, hd, 1)
+        sK = storage.sK.get_tensor(sK_layout.outer, swizzle=sK_layout.inner)  # (blk, hd, st)
+        sV = storage.sV.get_tensor(sV_layout.outer, swizzle=sV_layout.inner)  # (hd, blk, st)
+        # (keys, hd, stage) view of the MN-major V buffer for the row copies
+        sV_rows = cute.composition(
+            sV, cute.make_layout((blk, hd, self.kv_stages), stride=(hd, 1, blk * hd)))
+
+        gQ = cute.local_tile(mQ[batch, None, head, None], (blk, hd), (m_block, 0))
+        gK = cute.local_tile(mK[batch, None, head_kv, None], (blk, hd), (None, 0))
+        gV = cute.local_tile(mV[batch, None, head_kv, None], (blk, hd), (None, 0))
+        thr_copy = gmem_copy_in.get_slice(tidx)
+        tQgQ = thr_copy.partition_S(gQ)
+        tQsQ = thr_copy.partition_D(sQ[None, None, 0])
+        tKgK = thr_copy.partition_S(gK)
+        tKsK = thr_copy.partition_D(sK)
+        tVgV = thr_copy.partition_S(gV)
+        tVsV = thr_copy.partition_D(sV_rows)
+        tCc = thr_copy.partition_S(cute.make_identity_tensor((blk, hd)))
+
+        thr_qk = qk_mma.get_slice(tidx)
+        thr_pv = pv_mma.get_slice(tidx)
+        tSrQ = thr_qk.make_fragment_A(thr_qk.partition_A(sQ))
+        tSrK = thr_qk.make_fragment_B(thr_qk.partition_B(sK))
+        tOrV = thr_pv.make_fragment_B(thr_pv.partition_B(sV))
+        acc_O = thr_pv.make_fragment_C(thr_pv.partition_shape_C((blk, hd)))
+        acc_O.fill(0.0)
+        acc_S = thr_qk.make_fragment_C(thr_qk.partition_shape_C((blk, blk)))
+
+        tScS_mn = _acc_mn_view_wg(thr_qk.partition_C(cute.make_identity_tensor((blk, blk))))
+        n_rows = cute.size(tScS_mn, mode=[0])
+        n_cols = cute.size(tScS_mn, mode=[1])
+        row_max = cute.make_rmem_tensor(n_rows, cutlass.Float32)
+        row_sum = cute.make_rmem_tensor(n_rows, cutlass.Float32)
+        row_max.fill(-cutlass.Float32.inf)
+        row_sum.fill(0.0)
+
+        # Prologue: Q, then the first listed K/V block into stage 0.
+        self._load_rows(gmem_copy_in, tQgQ, tQsQ, tCc, seqlen_q - m_block * blk)
+        if num_blocks > 0:
+            n0 = mIdx[batch, head, m_block, 0]
+            self._load_rows(gmem_copy_in, tKgK[None, None, None, n0], tKsK[None, None, None, 0], tCc,
+                            seqlen_k - n0 * blk)
+            self._load_rows(gmem_copy_in, tVgV[None, None, None, n0], tVsV[None, None, None, 0], tCc,
+                            seqlen_k - n0 * blk)
+        cute.arch.cp_async_commit_group()
+
+        for j in cutlass.range(num_blocks, unroll=1):
+            stage = j % 2
+            n_block = mIdx[batch, head, m_block, j]
+            kv_left = seqlen_k - n_block * blk
+            cute.arch.barrier()  # every warpgroup is done with stage 1 - stage
+            if j + 1 < num_blocks:
+                n_next = mIdx[batch, head, m_block, j + 1]
+                self._load_rows(gmem_copy_in, tKgK[None, None, None, n_next],
+                                tKsK[None, None, None, 1 - stage], tCc, seqlen_k - n_next * blk)
+                self._load_rows(gmem_copy_in, tVgV[None, None, None, n_next],
+                                tVsV[None, None, None, 1 - stage], tCc, seqlen_k - n_next * blk)
+            cute.arch.cp_async_commit_group()
+            cute.arch.cp_async_wait_group(1)
+            cute.arch.fence_proxy("async.shared", space="cta")
+            cute.arch.barrier()
+
+            # S = Q K^T
+            warpgroup.fence()
+            for k in cutlass.range_constexpr(cute.size(tSrQ, mode=[2])):
+                qk_mma.set(warpgroup.Field.ACCUMULATE, k != 0)
+                cute.gemm(qk_mma, acc_S, tSrQ[None, None, k, 0], tSrK[None, None, k, stage], acc_S)
+            warpgroup.commit_group()
+            warpgroup.wait_group(0)
+
+            limit = cutlass.min(kv_left, blk)
+            if cutlass.const_expr(self.has_sizes):
+                limit = cutlass.min(limit, mSizes[batch, head, n_block])
+            acc_S_mn = _acc_mn_view_wg(acc_S)
+            if limit < blk:
+                for r in cutlass.range_constexpr(n_rows):
+                    for c in cutlass.range_constexpr(n_cols):
+                        if tScS_mn[0, c][1] >= limit:
+                            acc_S_mn[r, c] = -cutlass.Float32.inf
+
+            acc_O_mn = _acc_mn_view_wg(acc_O)
+            for r in cutlass.range_constexpr(n_rows):
+                s_row = acc_S_mn[r, None].load()
+                m_cur = quad_allreduce_max(s_row.reduce(cute.ReductionOp.MAX, -cutlass.Float32.inf, 0))
+                m_prev = row_max[r]
+                m_new = cute.arch.fmax(m_prev, m_cur)
+                m_safe = 0.0 if m_new == -cutlass.Float32.inf else m_new
+                m_scaled = m_safe * scale_log2
+                p_row = cute.math.exp2(s_row * scale_log2 - m_scaled, fastmath=True)
+                corr = cute.math.exp2(m_prev * scale_log2 - m_scaled, fastmath=True)
+                row_sum[r] = row_sum[r] * corr + p_row.reduce(cute.ReductionOp.ADD, cutlass.Float32.zero, 0)
+                row_max[r] = m_new
+                acc_O_mn[r, None] = acc_O_mn[r, None].load() * corr
+                acc_S_mn[r, None] = p_row
+
+            # P (16 bit) straight from the score registers as the A operand of O += P V
+            tOrP = cute.make_rmem_tensor(
+                _acc_layout_as_a(acc_S.layout, pv_mma.tv_layout_A.shape[1]), self.dtype)
+            tOrP_as_acc = cute.make_tensor(tOrP.iterator, acc_S.layout)
+            tOrP_as_acc.store(acc_S.load().to(self.dtype))
+            warpgroup.fence()
+            pv_mma.set(warpgroup.Field.ACCUMULATE, True)
+            for k in cutlass.range_constexpr(cute.size(tOrP, mode=[2])):
+                cute.gemm(pv_mma, acc_O, tOrP[None, None, k], tOrV[None, None, k, stage], acc_O)
+            warpgroup.commit_group()
+            warpgroup.wait_group(0)
+
+        cute.arch.cp_async_wait_group(0)
+
+        # Epilogue: normalize, write LSE and O straight from registers (row-predicated).
+        acc_O_mn = _acc_mn_view_wg(acc_O)
+        tOcO_mn = _acc_mn_view_wg(thr_pv.partition_C(cute.make_identity_tensor((blk, hd))))
+        for r in cutlass.range_constexpr(n_rows):
+            l = quad_allreduce_sum(row_sum[r])
+            empty = l == 0.0
+            inv = 0.0 if empty else cute.arch.rcp_approx(l)
+            lse = -cutlass.Float32.inf
+            if not empty:
+                lse = row_max[r] * softmax_scale + cute.math.log(l, fastmath=False)
+            row = m_block * blk + tOcO_mn[r, 0][0]
+            if row < seqlen_q:
+                if tidx % 4 == 0:
+                    mLSE[batch, head, row] = lse
+                for c in cutlass.range_constexpr(cute.size(tOcO_mn, mode=[1])):
+                    mO[batch, row, head, tOcO_mn[r, c][1]] = (acc_O_mn[r, c] * inv).to(self.dtype)
