@@ -108,7 +108,10 @@ def fwd_config(dtype, head_dim, head_dim_v, has_func, func_n) -> HstuFwdConfig:
 
 
 def bwd_config(dtype, head_dim, head_dim_v, has_func, func_n) -> HstuBwdConfig:
-    bm, bn, w = _tile_override("BWD") or (64, 64, 8)
+    # 64 x 128 (q rows x keys), 8 warps: dK/dV of 128 keys stay in registers for D <= 128;
+    # D = 256 keeps 64 keys per CTA (register budget).
+    default = (64, 128, 8) if max(head_dim, head_dim_v) <= 128 else (64, 64, 8)
+    bm, bn, w = _tile_override("BWD") or default
     return HstuBwdConfig(_cutlass_dtype_name(dtype), head_dim, head_dim_v, bm, bn, w,
                          bool(has_func), int(func_n) if has_func else 1)
 
@@ -182,7 +185,7 @@ def _canonical_tiles(cu, block, n_slots):
     _, nt = _tiles_per_seq(cu, block)
     start = jnp.concatenate([jnp.zeros((1,), jnp.int32), jnp.cumsum(nt).astype(jnp.int32)])
     s = jnp.arange(n_slots, dtype=jnp.int32)
-    b = (jnp.searchsorted(start, s, side="right") - 1).astype(jnp.int32)
+    b = (jnp.searchsorted(start, s, side="right", method="compare_all") - 1).astype(jnp.int32)
     nb = cu.shape[0] - 1
     b = jnp.clip(b, 0, max(nb - 1, 0))
     idx = s - start[b]
@@ -217,56 +220,41 @@ def _func_tile_summary(func, cu_q, block, n_slots, t_q):
 
 
 def _fwd_schedule(cu_q, cu_k, func, cfg, t_q, window_size):
-    bm, bn = cfg.block_m, cfg.block_n
+    """Per CTA row: ``[batch, m_block, lo, hi, f0]`` (batch -1: idle slot).
+
+    Order: canonical (batch-major, m ascending) reversed, so that within a sequence the
+    tiles with the most keys under a causal/right-aligned mask (large m) start first and
+    the lightest tiles fill the tail (close to longest-processing-time order, no sort).
+    """
+    bm = cfg.block_m
     nb = cu_q.shape[0] - 1
     n_slots = t_q // bm + nb
     b, m, _ = _canonical_tiles(cu_q, bm, n_slots)
-    bc = jnp.maximum(b, 0)
-    lq = (cu_q[1:] - cu_q[:-1])[bc]
-    lk = (cu_k[1:] - cu_k[:-1])[bc]
     if func is not None:
         summ = _func_tile_summary(func, cu_q, bm, n_slots, t_q)
-        j_lo = jnp.maximum(summ[:, 0], 0)
-        j_hi = jnp.minimum(summ[:, 1], lk)
     else:
         summ = jnp.zeros((n_slots, 3), jnp.int32)
-        left, right = window_size
-        off = lk - lq
-        m0 = m * bm
-        m1 = jnp.minimum(m0 + bm, lq)
-        j_lo = jnp.maximum(m0 + off - left, 0) if left >= 0 else jnp.zeros_like(m0)
-        j_hi = jnp.minimum(m1 + off + right, lk) if right >= 0 else lk
-    work = jnp.where(b >= 0, jnp.maximum(j_hi - j_lo, 0) + 1, -1)
-    order = jnp.argsort(-work, stable=True)
+    del cu_k, window_size
     tiles = jnp.concatenate([b[:, None], m[:, None], summ], axis=1).astype(jnp.int32)
-    return tiles[order]
+    return tiles[::-1]
 
 
 def _bwd_schedule(cu_q, cu_k, func, cfg, t_q, t_k, window_size):
+    """KV tiles ``[batch, n_block]`` in canonical order (n ascending: under a causal /
+    right-aligned mask the first KV tiles of a sequence see the most queries, so they
+    start first), the canonical first q-tile index per batch, and the func summary."""
     bm, bn = cfg.block_m, cfg.block_n
     nb = cu_q.shape[0] - 1
     nk_slots = t_k // bn + nb
     nq_slots = t_q // bm + nb
     b, n, _ = _canonical_tiles(cu_k, bn, nk_slots)
-    bc = jnp.maximum(b, 0)
-    lq = (cu_q[1:] - cu_q[:-1])[bc]
-    lk = (cu_k[1:] - cu_k[:-1])[bc]
     _, _, q_start = _canonical_tiles(cu_q, bm, nq_slots)
     if func is not None:
         q_tiles = _func_tile_summary(func, cu_q, bm, nq_slots, t_q)
-        work = lq
     else:
         q_tiles = jnp.zeros((1, 3), jnp.int32)
-        left, right = window_size
-        off = lk - lq
-        n0 = n * bn
-        n1 = jnp.minimum(n0 + bn, lk)
-        i_lo = jnp.maximum(n0 - right - off, 0) if right >= 0 else jnp.zeros_like(n0)
-        i_hi = jnp.minimum(n1 + left - off, lq) if left >= 0 else lq
-        work = jnp.maximum(i_hi - i_lo, 0)
-    work = jnp.where(b >= 0, work + 1, -1)
-    order = jnp.argsort(-work, stable=True)
-    kv_tiles = jnp.stack([b, n], axis=1).astype(jnp.int32)[order]
+    del window_size
+    kv_tiles = jnp.stack([b, n], axis=1).astype(jnp.int32)
     return kv_tiles, q_start.astype(jnp.int32), q_tiles
 
 
