@@ -423,8 +423,6 @@ def summary_table(rows: list[dict]) -> str:
 
 def run_op(op: str, args) -> dict:
     """Run one op's grid; returns the JSON document that was written."""
-    import jax
-
     from . import _grids
     from ._plot import plot_results
     from ._timing import choose_n_sets, measure_overhead, time_op

@@ -186,7 +186,6 @@ def dense_attention(q, k, v, key_mask=None):
 def layer_rest(cfg: BertConfig, params, layer: int, x, attn):
     """Everything after self-attention: ``attn (B, H, S, head_dim)`` -> next hidden states."""
     import jax
-    import jax.numpy as jnp
 
     p = f"encoder.layer.{layer}."
     B, H, S, D = attn.shape
