@@ -32,6 +32,8 @@ __all__ = [
     "bsa_fwd_flops",
     "grid",
     "PASS_FLOP_FACTOR",
+    "FLOORS",
+    "floor_report",
 ]
 
 PASS_FLOP_FACTOR = {"fwd": 1.0, "bwd": 2.5, "fwdbwd": 3.5}
@@ -174,6 +176,31 @@ def bsa_fwd_flops(cfg: BSAConfig, index: np.ndarray, head_dim_v: int | None = No
     sizes = rows  # S_q = S_kv and full blocks: key block sizes equal query block sizes
     keys = sizes[index[..., : cfg.topk]].sum(-1)  # (B, H, N_q)
     return 2.0 * (cfg.head_dim + dv) * float(np.sum(keys * rows[None, None, :]))
+
+
+# ----------------------------------------------------------------------------- floors
+# The kernel issues' performance floors on the H200 (bf16, effective TFLOP/s), by label.
+FLOORS = {
+    "hstu D128 H4 uniform causal L4096": {"fwd": 330.0, "bwd": 175.0},  # issue 3, B=8
+    "hstu D128 H4 uniform causal L1024": {"fwd": 100.0},  # issue 3, B=32
+    "bsa blk64 top32/256 H16/16 D128 S16384": {"fwd": 310.0, "bwd": 230.0},  # issue 4
+    "bsa blk128 top16/128 H16/16 D128 S16384": {"fwd": 340.0},  # issue 4
+}
+
+
+def floor_report(rows: list[dict]) -> list[dict]:
+    """Kernel rows (bf16) of the floor shapes against the issues' floors."""
+    out = []
+    for r in rows:
+        if r.get("impl") != "kernel" or r.get("config", {}).get("dtype") != "bfloat16":
+            continue
+        floor = FLOORS.get(r["label"], {}).get(r["pass"])
+        if floor is None:
+            continue
+        got = r.get("tflops") if r.get("status") == "ok" else None
+        out.append({"label": r["label"], "pass": r["pass"], "floor_tflops": floor, "tflops": got,
+                    "meets": None if got is None else bool(got >= floor)})
+    return out
 
 
 # ----------------------------------------------------------------------------- grids

@@ -557,9 +557,14 @@ def run_op(op: str, args) -> dict:
                 ent.update(status=_status_of(e), error=_short(e))
                 print(f"overhead {tiny.label} {impl}: {ent['status']} {ent['error'][:160]}", flush=True)
             doc["overhead"].append(ent)
+    doc["floors"] = _grids.floor_report(doc["results"])
     save()
     print()
     print(summary_table(doc["results"]))
+    for fl in doc["floors"]:
+        verdict = "n/a" if fl["meets"] is None else ("meets" if fl["meets"] else "BELOW")
+        got = "-" if fl["tflops"] is None else f"{fl['tflops']:.1f}"
+        print(f"floor  {fl['label']:<44} {fl['pass']:<7} {got:>8} TFLOP/s vs {fl['floor_tflops']:.0f}: {verdict}")
     try:
         out_png = plot_results(doc["results"], png_path,
                                title=f"{op} ({args.grid}) on {meta['device_kind']}, jax {meta['jax']}")

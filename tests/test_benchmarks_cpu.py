@@ -310,3 +310,18 @@ def test_harness_lower_only_reaches_the_kernel(tmp_path, monkeypatch):
     assert len(rows) == 1 and rows[0]["status"] == "lowered", rows
     assert rows[0]["custom_calls"] >= 1
     assert run._cute_cache_size() >= 1  # lowering compiled the kernel into cutlass.jax's cache
+
+
+def test_floor_labels_exist_in_quick_grids():
+    labels = {c.label for op in ("hstu", "bsa") for c in _grids.grid(op, "quick")}
+    assert set(_grids.FLOORS) <= labels
+    hstu_b8 = _grids.hstu_lengths(_grids.HSTUConfig(max_seqlen=4096))
+    assert len(hstu_b8) == 8  # issue 3's B=8, L=4096
+    rows = [dict(label="hstu D128 H4 uniform causal L4096", impl="kernel", status="ok", tflops=400.0,
+                 config={"dtype": "bfloat16"}, **{"pass": "fwd"}),
+            dict(label="hstu D128 H4 uniform causal L4096", impl="kernel", status="ok", tflops=100.0,
+                 config={"dtype": "bfloat16"}, **{"pass": "bwd"}),
+            dict(label="bsa blk128 top16/128 H16/16 D128 S16384", impl="kernel", status="error", tflops=None,
+                 config={"dtype": "bfloat16"}, **{"pass": "fwd"})]
+    rep = _grids.floor_report(rows)
+    assert [r["meets"] for r in rep] == [True, False, None]
