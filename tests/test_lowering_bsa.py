@@ -2,7 +2,9 @@
 
 ``jax.jit(f).trace(...).lower(lowering_platforms=("cuda",))`` runs the whole CuTe DSL
 compile (MLIR -> PTX -> ptxas) and embeds the kernel object in the CuTe DSL custom call.
-Every (head_dim, sparse_block_size) pair is compiled for the forward and the backward;
+Every (head_dim, sparse_block_size) pair is compiled for the forward and the backward
+(wgmma kernels for D in {64, 128}, mma.sync kernels for D in {32, 256}, plus two
+mma.sync configurations at D in {64, 128} selected with ``JAX_SPARSE_ATTN_BSA_*_IMPL``);
 dtype, layout and ``block_sizes`` presence alternate across them so that each value of
 each static option is exercised.
 """
@@ -32,7 +34,7 @@ CONFIGS = [
          sizes=bool((i // 4 + i) % 2))
     for i, (d, blk) in enumerate(_PAIRS)
 ]
-# D in {64, 128} use the wgmma forward by default; also lower the mma.sync forward there
+# D in {64, 128} use the wgmma kernels by default; also lower the mma.sync kernels there
 CONFIGS += [
     dict(d=128, blk=64, dtype="bfloat16", layout="bshd", sizes=True, fwd_impl="sm80"),
     dict(d=64, blk=128, dtype="float16", layout="bhsd", sizes=False, fwd_impl="sm80"),
@@ -72,6 +74,7 @@ def test_bsa_fwd_bwd_lower_to_cutedsl_call(cfg, monkeypatch):
 
     if "fwd_impl" in cfg:
         monkeypatch.setenv("JAX_SPARSE_ATTN_BSA_FWD_IMPL", cfg["fwd_impl"])
+        monkeypatch.setenv("JAX_SPARSE_ATTN_BSA_BWD_IMPL", cfg["fwd_impl"])
 
     q, k, idx, nums, sizes, lse = _shapes(cfg)
     kw = dict(layout=cfg["layout"], sparse_block_size=cfg["blk"], softmax_scale=0.3)

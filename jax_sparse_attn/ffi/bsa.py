@@ -37,6 +37,7 @@ SUPPORTED_HEAD_DIMS = (32, 64, 128, 256)
 SUPPORTED_BLOCK_SIZES = (64, 128)
 _DTYPES = ("float16", "bfloat16")
 _DEFAULT_FWD_IMPL = "sm90"
+_DEFAULT_BWD_IMPL = "sm90"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -61,6 +62,14 @@ class BsaBwdConfig:
     head_dim: int
     block_size: int
     has_block_sizes: bool
+    impl: str = "sm80"  # "sm90": wgmma kernel (D in {64, 128}); "sm80": mma.sync kernel
+
+
+def _bwd_impl(head_dim: int) -> str:
+    want = os.environ.get("JAX_SPARSE_ATTN_BSA_BWD_IMPL", _DEFAULT_BWD_IMPL)
+    if want == "sm90" and head_dim in (64, 128):
+        return "sm90"
+    return "sm80"
 
 
 def bsa_kernel_unsupported_reason(*, dtype, head_dim, head_dim_v, sparse_block_size) -> str | None:
@@ -192,9 +201,12 @@ def build_kq_csr(q2k_block_index, q2k_block_nums, *, num_kv_heads: int, num_kv_b
 
 def _bwd_entry(stream, q, k, v, do, lse, delta, offsets, entries, sizes, scale, dq_acc, dk, dv,
                *, cfg: BsaBwdConfig):
-    from ..kernels.bsa_bwd_sm80 import BsaBwdSm80  # noqa: PLC0415
+    if cfg.impl == "sm90":
+        from ..kernels.bsa_bwd_sm90 import BsaBwdSm90 as Kernel  # noqa: PLC0415
+    else:
+        from ..kernels.bsa_bwd_sm80 import BsaBwdSm80 as Kernel  # noqa: PLC0415
 
-    BsaBwdSm80(_cutlass_dtype(cfg.dtype), cfg.head_dim, cfg.block_size, cfg.has_block_sizes)(
+    Kernel(_cutlass_dtype(cfg.dtype), cfg.head_dim, cfg.block_size, cfg.has_block_sizes)(
         q, k, v, do, lse, delta, offsets, entries, sizes, scale, dq_acc, dk, dv, stream
     )
 
@@ -220,7 +232,7 @@ def bsa_bwd(do, q, k, v, out, lse, q2k_block_index, q2k_block_nums, block_sizes,
     b, h_q, s_q, h_kv, s_kv, d = _dims(q, k, layout)
     blk = int(sparse_block_size)
     n_kv = -(-s_kv // blk)
-    cfg = BsaBwdConfig(jnp.dtype(q.dtype).name, int(d), blk, block_sizes is not None)
+    cfg = BsaBwdConfig(jnp.dtype(q.dtype).name, int(d), blk, block_sizes is not None, _bwd_impl(int(d)))
     spec = _specs(layout)
     scale = jnp.full((1,), softmax_scale, jnp.float32)
     # delta_i = rowsum(dO * O), fp32, (B, H_q, S_q)
@@ -243,7 +255,7 @@ def bsa_bwd(do, q, k, v, out, lse, q2k_block_index, q2k_block_nums, block_sizes,
         input_spec=(spec, spec, spec, spec, None, None, None, None, None, None, spec),
         output_spec=(spec, spec, spec),
         input_output_aliases={10: 0},
-        compile_key=("bsa_bwd_sm80", cfg),
+        compile_key=("bsa_bwd", cfg),
         cfg=cfg,
     )
     dq_acc, dk, dv = call(q, k, v, do, lse, delta, offsets, entries, sizes, scale, dq_acc)

@@ -1,0 +1,334 @@
+"""Block-sparse attention backward for Hopper (sm_90a): warpgroup MMA (wgmma) CuTe DSL kernel.
+
+Same contract, work split and semantics as :mod:`bsa_bwd_sm80` (one CTA per 64-key tile,
+KV head and batch, walking the K->Q transposed CSR list of its KV block; Q/dO of the next
+query sub-tile stream into a 2-stage ``cp.async`` ring while the current one computes;
+dK/dV in registers, dQ by fp32 atomics), but every product is a ``wgmma`` of one
+warpgroup (128 threads, 2 CTAs per SM), computed in the transposed ("key-major")
+orientation so that the probabilities never need a transpose:
+
+    S^T  = K Q^T     (SS: K and Q K-major)          64 keys x 64 queries
+    dP^T = V dO^T    (SS: V and dO K-major)
+    P^T  = exp2(S^T * scale * log2 e - lse[q] * log2 e),  dS^T = P^T * (dP^T - delta[q])
+    dV  += P^T dO    (RS: P^T from registers, dO read MN-major from the same smem)
+    dK  += dS^T Q    (RS: dS^T from registers, Q read MN-major)
+    dQ   = dS K      (SS: dS^T stored once to smem, read as an MN-major A; K read MN-major)
+
+The same shared-memory bytes serve as a K-major operand in one product and an MN-major
+operand in another (for 16-bit types the 128-byte-swizzled K-major tile of a row-major
+``(rows, D)`` block is bit-identical to the MN-major tile of its transpose).
+"""
+
+from __future__ import annotations
+
+import cutlass
+import cutlass.cute as cute
+import cutlass.memory
+import cutlass.utils.hopper_helpers as sm90_utils
+from cutlass.cute.nvgpu import cpasync, warpgroup
+from cutlass.tensor_utils import LayoutEnum
+
+from .bsa_common import LOG2_E, copy_threads_per_row
+from .bsa_fwd_sm90 import _acc_layout_as_a, _acc_mn_view_wg
+
+TILE = 64
+
+
+class BsaBwdSm90:
+    def __init__(self, dtype, head_dim: int, block_size: int, has_block_sizes: bool):
+        self.dtype = dtype
+        self.hd = head_dim
+        self.blk = block_size
+        self.sub = block_size // TILE
+        self.num_threads = 128
+        self.has_sizes = has_block_sizes
+
+    @staticmethod
+    def can_implement(dtype, head_dim: int, block_size: int) -> bool:
+        return (dtype in (cutlass.Float16, cutlass.BFloat16) and head_dim in (64, 128)
+                and block_size in (64, 128))
+
+    @cute.jit
+    def __call__(self, mQ, mK, mV, mdO, mLSE, mDelta, mOffsets, mEntries, mSizes, mScale,
+                 mdQacc, mdK, mdV, stream):
+        hd = self.hd
+        Kmaj = cute.nvgpu.OperandMajorMode.K
+        MN = cute.nvgpu.OperandMajorMode.MN
+        # S^T / dP^T: (64 keys) x (64 queries), reduction over D
+        mma_s = sm90_utils.make_trivial_tiled_mma(
+            self.dtype, self.dtype, Kmaj, Kmaj, cutlass.Float32, (1, 1, 1), (TILE, TILE))
+        # dV / dK: (64 keys) x D, reduction over 64 queries, A from registers
+        mma_kv = sm90_utils.make_trivial_tiled_mma(
+            self.dtype, self.dtype, Kmaj, MN, cutlass.Float32, (1, 1, 1), (TILE, hd),
+            warpgroup.OperandSource.RMEM)
+        # dQ: (64 queries) x D, reduction over 64 keys
+        mma_q = sm90_utils.make_trivial_tiled_mma(
+            self.dtype, self.dtype, MN, MN, cutlass.Float32, (1, 1, 1), (TILE, hd))
+        s_tiler = (TILE, TILE, hd)
+        kv_tiler = (TILE, hd, TILE)
+        sKV_layout = sm90_utils.make_smem_layout_a(LayoutEnum.ROW_MAJOR, s_tiler, self.dtype, 1)
+        sKV_mn_layout = sm90_utils.make_smem_layout_b(LayoutEnum.COL_MAJOR, kv_tiler, self.dtype, 1)
+        sQ_layout = sm90_utils.make_smem_layout_b(LayoutEnum.ROW_MAJOR, s_tiler, self.dtype, 2)
+        sQ_mn_layout = sm90_utils.make_smem_layout_b(LayoutEnum.COL_MAJOR, kv_tiler, self.dtype, 2)
+        sdS_layout = sm90_utils.make_smem_layout_a(LayoutEnum.COL_MAJOR, kv_tiler, self.dtype, 1)
+
+        @cute.struct
+        class SharedStorage:
+            sQ: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(sQ_layout)], 1024]
+            sdO: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(sQ_layout)], 1024]
+            sK: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(sKV_layout)], 1024]
+            sV: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(sKV_layout)], 1024]
+            sdS: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(sdS_layout)], 1024]
+
+        copy_bits = 128
+        elems = copy_bits // self.dtype.width
+        tpr = copy_threads_per_row(hd, elems)
+        gmem_copy_in = cute.make_tiled_copy_tv(
+            cute.make_copy_atom(
+                cpasync.CopyG2SOp(cache_mode=cpasync.LoadCacheMode.GLOBAL),
+                self.dtype,
+                num_bits_per_copy=copy_bits,
+            ),
+            cute.make_layout((self.num_threads // tpr, tpr), stride=(tpr, 1)),
+            cute.make_layout((1, elems)),
+        )
+        n_tiles = cute.ceil_div(mK.shape[1], TILE)
+        grid = (n_tiles, cute.size(mK.shape[2]), cute.size(mK.shape[0]))
+        self.kernel(
+            mQ, mK, mV, mdO, mLSE, mDelta, mOffsets, mEntries, mSizes, mScale, mdQacc, mdK, mdV,
+            sKV_layout, sKV_mn_layout, sQ_layout, sQ_mn_layout, sdS_layout,
+            gmem_copy_in, mma_s, mma_kv, mma_q, SharedStorage,
+        ).launch(
+            grid=grid,
+            block=[self.num_threads, 1, 1],
+            smem=SharedStorage.size_in_bytes(),
+            stream=stream,
+            min_blocks_per_mp=2,
+            preferred_smem_carveout=100,
+        )
+
+    @cute.jit
+    def _load_rows(self, tiled_copy, tS, tD, tC, rows_left):
+        for r in cutlass.range_constexpr(cute.size(tD.shape[1])):
+            if tC[0, r, 0][0] < rows_left:
+                cute.copy(tiled_copy, tS[None, r, None], tD[None, r, None])
+            else:
+                tD[None, r, None].fill(0)
+
+    @cute.jit
+    def _issue_q_do(self, mQ, mdO, mEntries, e_begin, t, n_q_blocks, head_kv, group, batch,
+                    seqlen_q, gmem_copy_in, thr_copy, tCc, tQsQ, tdOsdO, stage):
+        ent = mEntries[e_begin + t // self.sub]
+        h_in_group = ent // n_q_blocks
+        m_block = ent - h_in_group * n_q_blocks
+        head = head_kv * group + h_in_group
+        q0 = m_block * self.blk + (t % self.sub) * TILE
+        q_tile = q0 // TILE
+        gQ = cute.local_tile(mQ[batch, None, head, None], (TILE, self.hd), (q_tile, 0))
+        gdO = cute.local_tile(mdO[batch, None, head, None], (TILE, self.hd), (q_tile, 0))
+        self._load_rows(gmem_copy_in, thr_copy.partition_S(gQ), tQsQ[None, None, None, stage], tCc, seqlen_q - q0)
+        self._load_rows(gmem_copy_in, thr_copy.partition_S(gdO), tdOsdO[None, None, None, stage], tCc, seqlen_q - q0)
+
+    @cute.kernel
+    def kernel(
+        self,
+        mQ: cute.Tensor,
+        mK: cute.Tensor,
+        mV: cute.Tensor,
+        mdO: cute.Tensor,
+        mLSE: cute.Tensor,
+        mDelta: cute.Tensor,
+        mOffsets: cute.Tensor,
+        mEntries: cute.Tensor,
+        mSizes,
+        mScale: cute.Tensor,
+        mdQacc: cute.Tensor,
+        mdK: cute.Tensor,
+        mdV: cute.Tensor,
+        sKV_layout: cute.ComposedLayout,
+        sKV_mn_layout: cute.ComposedLayout,
+        sQ_layout: cute.ComposedLayout,
+        sQ_mn_layout: cute.ComposedLayout,
+        sdS_layout: cute.ComposedLayout,
+        gmem_copy_in: cute.TiledCopy,
+        mma_s: cute.TiledMma,
+        mma_kv: cute.TiledMma,
+        mma_q: cute.TiledMma,
+        SharedStorage: cutlass.Constexpr,
+    ):
+        hd, blk = self.hd, self.blk
+        tidx, _, _ = cute.arch.thread_idx()
+        n_tile, head_kv, batch = cute.arch.block_idx()
+        seqlen_q = mQ.shape[1]
+        seqlen_k = mK.shape[1]
+        num_heads_kv = mK.shape[2]
+        group = mQ.shape[2] // num_heads_kv
+        n_q_blocks = (seqlen_q + blk - 1) // blk
+        n_kv_blocks = (seqlen_k + blk - 1) // blk
+        n_block = n_tile // self.sub
+        tile_off = (n_tile % self.sub) * TILE
+        softmax_scale = mScale[0]
+        scale_log2 = softmax_scale * LOG2_E
+
+        smem = cutlass.memory.SmemAllocator()
+        storage = smem.allocate(SharedStorage)
+        sQ = storage.sQ.get_tensor(sQ_layout.outer, swizzle=sQ_layout.inner)  # (q, d, st)
+        sdO = storage.sdO.get_tensor(sQ_layout.outer, swizzle=sQ_layout.inner)
+        sK = storage.sK.get_tensor(sKV_layout.outer, swizzle=sKV_layout.inner)  # (kv, d, 1)
+        sV = storage.sV.get_tensor(sKV_layout.outer, swizzle=sKV_layout.inner)
+        # MN-major aliases of the same bytes: (d, q, st) and (d, kv, 1)
+        sQ_mn = storage.sQ.get_tensor(sQ_mn_layout.outer, swizzle=sQ_mn_layout.inner)
+        sdO_mn = storage.sdO.get_tensor(sQ_mn_layout.outer, swizzle=sQ_mn_layout.inner)
+        sK_mn = storage.sK.get_tensor(sKV_mn_layout.outer, swizzle=sKV_mn_layout.inner)
+        sdS = storage.sdS.get_tensor(sdS_layout.outer, swizzle=sdS_layout.inner)  # (q, kv, 1)
+
+        thr_copy = gmem_copy_in.get_slice(tidx)
+        tCc = thr_copy.partition_S(cute.make_identity_tensor((TILE, hd)))
+        gK = cute.local_tile(mK[batch, None, head_kv, None], (TILE, hd), (n_tile, 0))
+        gV = cute.local_tile(mV[batch, None, head_kv, None], (TILE, hd), (n_tile, 0))
+        kv_left = seqlen_k - n_tile * TILE
+        self._load_rows(gmem_copy_in, thr_copy.partition_S(gK), thr_copy.partition_D(sK[None, None, 0]), tCc, kv_left)
+        self._load_rows(gmem_copy_in, thr_copy.partition_S(gV), thr_copy.partition_D(sV[None, None, 0]), tCc, kv_left)
+        cute.arch.cp_async_commit_group()
+        tQsQ = thr_copy.partition_D(sQ)
+        tdOsdO = thr_copy.partition_D(sdO)
+
+        thr_s = mma_s.get_slice(tidx)
+        thr_kv = mma_kv.get_slice(tidx)
+        thr_q = mma_q.get_slice(tidx)
+        tSrK = thr_s.make_fragment_A(thr_s.partition_A(sK))
+        tSrQ = thr_s.make_fragment_B(thr_s.partition_B(sQ))
+        tPrV = thr_s.make_fragment_A(thr_s.partition_A(sV))
+        tPrdO = thr_s.make_fragment_B(thr_s.partition_B(sdO))
+        tVrdO = thr_kv.make_fragment_B(thr_kv.partition_B(sdO_mn))
+        tKrQ = thr_kv.make_fragment_B(thr_kv.partition_B(sQ_mn))
+        tQrdS = thr_q.make_fragment_A(thr_q.partition_A(sdS))
+        tQrK = thr_q.make_fragment_B(thr_q.partition_B(sK_mn))
+
+        acc_dK = thr_kv.make_fragment_C(thr_kv.partition_shape_C((TILE, hd)))
+        acc_dV = thr_kv.make_fragment_C(thr_kv.partition_shape_C((TILE, hd)))
+        acc_dK.fill(0.0)
+        acc_dV.fill(0.0)
+
+        tScS_mn = _acc_mn_view_wg(thr_s.partition_C(cute.make_identity_tensor((TILE, TILE))))
+        n_rows = cute.size(tScS_mn, mode=[0])  # keys owned by this thread
+        n_cols = cute.size(tScS_mn, mode=[1])  # queries owned by this thread
+        tdQcdQ = thr_q.partition_C(cute.make_identity_tensor((TILE, hd)))
+        # (kv, q) view of the (q, kv) dS buffer for the element stores
+        sdS_t = cute.composition(sdS, cute.make_layout((TILE, TILE), stride=(TILE, 1)))
+
+        row_id = (batch * num_heads_kv + head_kv) * n_kv_blocks + n_block
+        e_begin = mOffsets[row_id]
+        n_steps = (mOffsets[row_id + 1] - e_begin) * self.sub
+
+        if n_steps > 0:
+            self._issue_q_do(mQ, mdO, mEntries, e_begin, 0, n_q_blocks, head_kv, group, batch,
+                             seqlen_q, gmem_copy_in, thr_copy, tCc, tQsQ, tdOsdO, 0)
+        cute.arch.cp_async_commit_group()
+        for t in cutlass.range(n_steps, unroll=1):
+            stage = t % 2
+            ent = mEntries[e_begin + t // self.sub]
+            h_in_group = ent // n_q_blocks
+            m_block = ent - h_in_group * n_q_blocks
+            head = head_kv * group + h_in_group
+            q0 = m_block * blk + (t % self.sub) * TILE
+            q_tile = q0 // TILE
+            limit = cutlass.min(kv_left, TILE)
+            if cutlass.const_expr(self.has_sizes):
+                limit = cutlass.min(limit, mSizes[batch, head, n_block] - tile_off)
+
+            cute.arch.barrier()  # step t-1 is done with stage (t+1)%2 and sdS
+            if t + 1 < n_steps:
+                self._issue_q_do(mQ, mdO, mEntries, e_begin, t + 1, n_q_blocks, head_kv, group,
+                                 batch, seqlen_q, gmem_copy_in, thr_copy, tCc, tQsQ, tdOsdO,
+                                 1 - stage)
+            cute.arch.cp_async_commit_group()
+
+            if limit > 0 and q0 < seqlen_q:
+                # per-query (column) lse in the log2 domain and delta
+                lse2 = cute.make_rmem_tensor(n_cols, cutlass.Float32)
+                dlt = cute.make_rmem_tensor(n_cols, cutlass.Float32)
+                for c in cutlass.range_constexpr(n_cols):
+                    qrow = q0 + tScS_mn[0, c][1]
+                    lse2[c] = cutlass.Float32.inf
+                    dlt[c] = 0.0
+                    if qrow < seqlen_q:
+                        lse2[c] = mLSE[batch, head, qrow] * LOG2_E
+                        dlt[c] = mDelta[batch, head, qrow]
+
+                cute.arch.cp_async_wait_group(1)
+                cute.arch.fence_proxy("async.shared", space="cta")
+                cute.arch.barrier()
+
+                acc_S = thr_s.make_fragment_C(thr_s.partition_shape_C((TILE, TILE)))
+                acc_dP = thr_s.make_fragment_C(thr_s.partition_shape_C((TILE, TILE)))
+                warpgroup.fence()
+                for k in cutlass.range_constexpr(cute.size(tSrK, mode=[2])):
+                    mma_s.set(warpgroup.Field.ACCUMULATE, k != 0)
+                    cute.gemm(mma_s, acc_S, tSrK[None, None, k, 0], tSrQ[None, None, k, stage], acc_S)
+                for k in cutlass.range_constexpr(cute.size(tPrV, mode=[2])):
+                    mma_s.set(warpgroup.Field.ACCUMULATE, k != 0)
+                    cute.gemm(mma_s, acc_dP, tPrV[None, None, k, 0], tPrdO[None, None, k, stage], acc_dP)
+                warpgroup.commit_group()
+                warpgroup.wait_group(0)
+
+                S_mn = _acc_mn_view_wg(acc_S)
+                dP_mn = _acc_mn_view_wg(acc_dP)
+                for r in cutlass.range_constexpr(n_rows):
+                    key_ok = tScS_mn[r, 0][0] < limit
+                    for c in cutlass.range_constexpr(n_cols):
+                        p = cute.math.exp2(S_mn[r, c] * scale_log2 - lse2[c], fastmath=True)
+                        p = p if key_ok else cutlass.Float32(0.0)
+                        S_mn[r, c] = p
+                        dP_mn[r, c] = p * (dP_mn[r, c] - dlt[c])
+
+                tPr = cute.make_rmem_tensor(_acc_layout_as_a(acc_S.layout, mma_kv.tv_layout_A.shape[1]), self.dtype)
+                cute.make_tensor(tPr.iterator, acc_S.layout).store(acc_S.load().to(self.dtype))
+                tdSr = cute.make_rmem_tensor(_acc_layout_as_a(acc_dP.layout, mma_kv.tv_layout_A.shape[1]), self.dtype)
+                tdSr_acc = cute.make_tensor(tdSr.iterator, acc_dP.layout)
+                tdSr_acc.store(acc_dP.load().to(self.dtype))
+                # dS^T -> smem (read back as the MN-major A operand of dQ = dS K)
+                tdSr_mn = _acc_mn_view_wg(tdSr_acc)
+                for r in cutlass.range_constexpr(n_rows):
+                    for c in cutlass.range_constexpr(n_cols):
+                        sdS_t[tScS_mn[r, c]] = tdSr_mn[r, c]
+                cute.arch.fence_proxy("async.shared", space="cta")
+                cute.arch.barrier()
+
+                warpgroup.fence()
+                mma_kv.set(warpgroup.Field.ACCUMULATE, True)
+                for k in cutlass.range_constexpr(cute.size(tPr, mode=[2])):
+                    cute.gemm(mma_kv, acc_dV, tPr[None, None, k], tVrdO[None, None, k, stage], acc_dV)
+                for k in cutlass.range_constexpr(cute.size(tdSr, mode=[2])):
+                    cute.gemm(mma_kv, acc_dK, tdSr[None, None, k], tKrQ[None, None, k, stage], acc_dK)
+                acc_dQ = thr_q.make_fragment_C(thr_q.partition_shape_C((TILE, hd)))
+                for k in cutlass.range_constexpr(cute.size(tQrdS, mode=[2])):
+                    mma_q.set(warpgroup.Field.ACCUMULATE, k != 0)
+                    cute.gemm(mma_q, acc_dQ, tQrdS[None, None, k, 0], tQrK[None, None, k, 0], acc_dQ)
+                warpgroup.commit_group()
+                warpgroup.wait_group(0)
+
+                gdQ = cute.local_tile(mdQacc[batch, None, head, None], (TILE, hd), (q_tile, 0))
+                tdQgdQ = thr_q.partition_C(gdQ)
+                pair = cute.make_rmem_tensor(2, cutlass.Float32)
+                for i in cutlass.range_constexpr(cute.size(acc_dQ) // 2):
+                    if q0 + tdQcdQ[2 * i][0] < seqlen_q:
+                        pair[0] = acc_dQ[2 * i] * softmax_scale
+                        pair[1] = acc_dQ[2 * i + 1] * softmax_scale
+                        ptr = tdQgdQ.iterator + cute.crd2idx(2 * i, tdQgdQ.layout)
+                        cute.arch.atomic_add(ptr, pair.load().ir_value())
+            else:
+                cute.arch.cp_async_wait_group(1)
+
+        cute.arch.cp_async_wait_group(0)
+        # Epilogue: dK * scale and dV straight from registers, key-row predicated.
+        tKc_mn = _acc_mn_view_wg(thr_kv.partition_C(cute.make_identity_tensor((TILE, hd))))
+        dK_mn = _acc_mn_view_wg(acc_dK)
+        dV_mn = _acc_mn_view_wg(acc_dV)
+        for r in cutlass.range_constexpr(cute.size(tKc_mn, mode=[0])):
+            row = tKc_mn[r, 0][0]
+            if row < kv_left:
+                for c in cutlass.range_constexpr(cute.size(tKc_mn, mode=[1])):
+                    col = tKc_mn[r, c][1]
+                    mdK[batch, n_tile * TILE + row, head_kv, col] = (dK_mn[r, c] * softmax_scale).to(self.dtype)
+                    mdV[batch, n_tile * TILE + row, head_kv, col] = dV_mn[r, c].to(self.dtype)
