@@ -391,7 +391,7 @@ def _print_row(r: dict) -> None:
     msg = r.get("error") or ""
     print(
         f"{r['label']:<44} {r['impl']:<12} {r['pass']:<7} {_fmt(r.get('ms'), '9.4f')} ms "
-        f"{_fmt(r.get('tflops'), '8.2f')} TFLOP/s  compile {_fmt(r.get('compile_s'), '6.2f')} s  "
+        f"{_fmt(r.get('tflops'), '8.4g')} TFLOP/s  compile {_fmt(r.get('compile_s'), '6.2f')} s  "
         f"{r['status']}"
         + (f"  check {r['check_rel_err']:.2e}" if r.get("check_rel_err") is not None else "")
         + (f"  {msg[:160]}" if msg else ""),
@@ -414,7 +414,7 @@ def summary_table(rows: list[dict]) -> str:
             if r is None:
                 cells.append(f"{'':>20}")
             elif r["status"] == "ok":
-                cells.append(f"{r['tflops']:>11.1f} ({r['ms']:.3f}ms)"[-20:].rjust(20))
+                cells.append(f"{r['tflops']:>11.4g} ({r['ms']:.3f}ms)"[-20:].rjust(20))
             else:
                 cells.append(f"{r['status']:>20}")
         lines.append(f"{lab:<44}" + "".join(cells))
