@@ -91,14 +91,27 @@ def _scale(x):
 
 
 @functools.lru_cache(maxsize=None)
-def _jitted(kind, max_q, max_k, scaling, window, alpha, compute):
+def _jitted(kind, max_q, max_k, scaling, window, alpha, compute, fwd_impl="sm80"):
     from jax_sparse_attn import reference
     from jax_sparse_attn.ffi import hstu as fh
 
     kw = dict(max_seqlen_q=max_q, max_seqlen_k=max_k, scaling_seqlen=scaling,
               window_size=window, alpha=alpha)
     if kind == "kfwd":
-        return jax.jit(lambda q, k, v, cq, ck, f: fh.hstu_fwd(q, k, v, cq, ck, f, **kw))
+        fn = jax.jit(lambda q, k, v, cq, ck, f: fh.hstu_fwd(q, k, v, cq, ck, f, **kw))
+
+        def call(*args):  # the forward kernel implementation is read at trace time
+            old = os.environ.get("JAX_SPARSE_ATTN_HSTU_FWD_IMPL")
+            os.environ["JAX_SPARSE_ATTN_HSTU_FWD_IMPL"] = fwd_impl
+            try:
+                return fn(*args)
+            finally:
+                if old is None:
+                    os.environ.pop("JAX_SPARSE_ATTN_HSTU_FWD_IMPL", None)
+                else:
+                    os.environ["JAX_SPARSE_ATTN_HSTU_FWD_IMPL"] = old
+
+        return call
     if kind == "kbwd":
         return jax.jit(lambda do, q, k, v, cq, ck, f: fh.hstu_bwd(do, q, k, v, cq, ck, f, **kw))
     cdt = None if compute == "f32" else jnp.dtype(compute)
@@ -119,7 +132,7 @@ def _check(name, kern, ref32, ref_lo, factor, report):
 
 
 def _run_case(d, dv, dtype, lens_q, lens_k, window, func_n=0, alpha=None, scaling=None,
-              seed=0, bwd=True):
+              seed=0, bwd=True, fwd_impl="sm80"):
     dtype = jnp.dtype(dtype)
     rng, q, k, v, do, cq, ck = _inputs(seed, d, dv, dtype, lens_q, lens_k)
     max_q = max(max(lens_q), 1)
@@ -129,7 +142,7 @@ def _run_case(d, dv, dtype, lens_q, lens_k, window, func_n=0, alpha=None, scalin
     func = _func(np.asarray(cq), np.asarray(ck), func_n, rng) if func_n else None
     args = (max_q, max_k, scaling, tuple(window), alpha)
     report, fails = [], []
-    out = _jitted("kfwd", *args, None)(q, k, v, cq, ck, func)
+    out = _jitted("kfwd", *args, None, fwd_impl)(q, k, v, cq, ck, func)
     r32 = _jitted("rfwd", *args, "f32")(q, k, v, cq, ck, func)
     rlo = _jitted("rfwd", *args, dtype.name)(q, k, v, cq, ck, func)
     ok, msg = _check("out", out, r32, rlo, 2.0, report)
@@ -200,6 +213,16 @@ def test_hstu_kernel_vs_reference(case):
     lens_k = case.get("lens_k", lens_q)
     _run_case(case["d"], case.get("dv", case["d"]), case["dtype"], lens_q, lens_k,
               case["window"], case.get("func_n", 0), case.get("alpha"), case.get("scaling"))
+
+
+@pytest.mark.parametrize("case", _shard(GRID), ids=_id)
+def test_hstu_sm90_fwd_experimental(case):
+    """The experimental wgmma forward (JAX_SPARSE_ATTN_HSTU_FWD_IMPL=sm90) on the same grid."""
+    lens_q = case.get("lens_q", LENS_MIXED)
+    lens_k = case.get("lens_k", lens_q)
+    _run_case(case["d"], case.get("dv", case["d"]), case["dtype"], lens_q, lens_k,
+              case["window"], case.get("func_n", 0), case.get("alpha"), case.get("scaling"),
+              bwd=False, fwd_impl="sm90")
 
 
 @pytest.mark.skipif(os.environ.get("HSTU_TEST_SHARD", "0/1").split("/")[0] != "0",

@@ -52,6 +52,7 @@ class HstuFwdConfig:
     num_warps: int
     has_func: bool
     func_n: int
+    impl: str = "sm80"  # "sm80" (mma.sync, default) or "sm90" (wgmma, experimental)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -103,8 +104,12 @@ def fwd_config(dtype, head_dim, head_dim_v, has_func, func_n) -> HstuFwdConfig:
     else:
         bm, bn, w = 64, 64, 4
     bm, bn, w = _tile_override("FWD") or (bm, bn, w)
+    impl = os.environ.get("JAX_SPARSE_ATTN_HSTU_FWD_IMPL", "sm80")
+    if impl == "sm90":  # experimental wgmma kernel: 2 warpgroups x 64 query rows
+        bm, w = 128, 8
+        bn = 128 if d <= 128 else 64
     return HstuFwdConfig(_cutlass_dtype_name(dtype), head_dim, head_dim_v, bm, bn, w,
-                         bool(has_func), int(func_n) if has_func else 1)
+                         bool(has_func), int(func_n) if has_func else 1, impl)
 
 
 def bwd_config(dtype, head_dim, head_dim_v, has_func, func_n) -> HstuBwdConfig:
@@ -128,6 +133,7 @@ def _fwd_adapter():
     import cutlass.cute as cute  # noqa: PLC0415
 
     from ..kernels.hstu_fwd_sm80 import HstuFwdSm80  # noqa: PLC0415
+    from ..kernels.hstu_fwd_sm90 import HstuFwdSm90  # noqa: PLC0415
 
     def _dt(name):
         return cutlass.BFloat16 if name == "bfloat16" else cutlass.Float16
@@ -135,7 +141,8 @@ def _fwd_adapter():
     @cute.jit
     def hstu_fwd_launch(stream, q, k, v, cu_q, cu_k, tiles, func, scal, win, out,
                         *, cfg: cutlass.Constexpr):
-        HstuFwdSm80(_dt(cfg.dtype), cfg.head_dim, cfg.head_dim_v, cfg.block_m, cfg.block_n,
+        kernel_cls = HstuFwdSm90 if cfg.impl == "sm90" else HstuFwdSm80
+        kernel_cls(_dt(cfg.dtype), cfg.head_dim, cfg.head_dim_v, cfg.block_m, cfg.block_n,
                     cfg.num_warps, cfg.has_func, cfg.func_n)(
             q, k, v, cu_q, cu_k, tiles, func, scal, win, out, stream)
 
