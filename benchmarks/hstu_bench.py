@@ -86,7 +86,8 @@ def main():
     ap.add_argument("--no-bwd", action="store_true")
     ap.add_argument("--out", default="hstu_bench.json")
     ap.add_argument("--tiles", action="append", default=[],
-                    help="extra tile variant 'fwd=bm,bn,warps;bwd=bm,bn,warps' (tuning sweep)")
+                    help="extra variant 'fwd=bm,bn,warps;bwd=bm,bn,warps;impl=sm90' (sweep; "
+                         "impl=sm90 selects the experimental wgmma forward)")
     a = ap.parse_args()
     cases = a.case or ["8x4096-causal", "32x1024-causal"]
     print(f"device: {jax.devices()[0]}")
@@ -97,6 +98,7 @@ def main():
             os.environ.pop(f"JAX_SPARSE_ATTN_HSTU_{key.upper()}_TILE", None)
             if key in env:
                 os.environ[f"JAX_SPARSE_ATTN_HSTU_{key.upper()}_TILE"] = env[key]
+        os.environ["JAX_SPARSE_ATTN_HSTU_FWD_IMPL"] = env.get("impl", "sm80")
         print(f"-- tiles {variant}")
         for c in cases:
             r = run_case(c, jnp.dtype(a.dtype), a.iters, "bwd" in env)
