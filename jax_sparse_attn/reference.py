@@ -47,8 +47,10 @@ __all__ = [
 #: Tokens per page of the HSTU paged KV cache (``paged_kv.shape[2]``).
 PAGE_SIZE = 128
 
-# Upper bound on the number of score elements evaluated per lax.map step.
-_CHUNK_ELEMS = 1 << 22
+# Upper bound on the number of score elements evaluated per lax.map step (larger on
+# accelerators, where many small sequential steps are slow).
+_CHUNK_ELEMS_CPU = 1 << 22
+_CHUNK_ELEMS_ACCEL = 1 << 26
 
 
 def _compute_dtype(in_dtype, compute_dtype):
@@ -58,7 +60,8 @@ def _compute_dtype(in_dtype, compute_dtype):
 
 
 def _map_batch(n_items: int, elems_per_item: int) -> int:
-    return max(1, min(n_items, _CHUNK_ELEMS // max(1, elems_per_item)))
+    budget = _CHUNK_ELEMS_CPU if jax.default_backend() == "cpu" else _CHUNK_ELEMS_ACCEL
+    return max(1, min(n_items, budget // max(1, elems_per_item)))
 
 
 # ----------------------------------------------------------------------------- HSTU
@@ -463,15 +466,32 @@ def _block_sparse_attention_bwd_ref_impl(
         dk_c = jnp.einsum("qk,qd->kd", ds, qt, preferred_element_type=cdt) * scale
         return dq, dk_c.reshape(K_max, blk, D), dv_c.reshape(K_max, blk, Dv), idc
 
+    # Scan over chunks of (b, h, m) items; each chunk is vectorised and scatter-adds its
+    # dK/dV block contributions into the carried (B, H_kv, N_kv, blk, D) accumulators,
+    # so memory stays O(chunk + K + V) whatever K_max.
     n_items = B * Hq * Nq
-    dq, dk_c, dv_c, idc = lax.map(one, jnp.arange(n_items, dtype=jnp.int32),
-                                  batch_size=_map_batch(n_items, blk * K_max * blk))
+    bs = _map_batch(n_items, blk * K_max * blk)
+    n_chunks = -(-n_items // bs)
+
+    def chunk(carry, c):
+        dk_acc, dv_acc = carry
+        items = c * bs + jnp.arange(bs, dtype=jnp.int32)
+        live = items < n_items
+        items_c = jnp.minimum(items, n_items - 1)
+        dq, dk_c, dv_c, idc = jax.vmap(one)(items_c)
+        zero = jnp.zeros((), cdt)
+        dk_c = jnp.where(live[:, None, None, None], dk_c, zero)
+        dv_c = jnp.where(live[:, None, None, None], dv_c, zero)
+        b_i = (items_c // (Hq * Nq))[:, None]
+        hk_i = ((items_c // Nq) % Hq // g)[:, None]
+        dk_acc = dk_acc.at[b_i, hk_i, idc].add(dk_c)
+        dv_acc = dv_acc.at[b_i, hk_i, idc].add(dv_c)
+        return (dk_acc, dv_acc), dq
+
+    init = (jnp.zeros((B, Hkv, Nkv, blk, D), cdt), jnp.zeros((B, Hkv, Nkv, blk, Dv), cdt))
+    (dk, dv), dq = lax.scan(chunk, init, jnp.arange(n_chunks, dtype=jnp.int32))
+    dq = dq.reshape(n_chunks * bs, blk, D)[:n_items]
     dq = dq.reshape(B, Hq, Nq * blk, D)[:, :, :Sq]
-    items = jnp.arange(n_items, dtype=jnp.int32)
-    b_i = (items // (Hq * Nq))[:, None]
-    hk_i = ((items // Nq) % Hq // g)[:, None]
-    dk = jnp.zeros((B, Hkv, Nkv, blk, D), cdt).at[b_i, hk_i, idc].add(dk_c)
-    dv = jnp.zeros((B, Hkv, Nkv, blk, Dv), cdt).at[b_i, hk_i, idc].add(dv_c)
     dk = dk.reshape(B, Hkv, Nkv * blk, D)[:, :, :Skv]
     dv = dv.reshape(B, Hkv, Nkv * blk, Dv)[:, :, :Skv]
     return finish(dq, dk, dv)
