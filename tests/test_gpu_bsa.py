@@ -5,9 +5,12 @@ Rule (project standard): kernel error vs the float32 reference <= 2x (forward) /
 (``compute_dtype=q.dtype`` of ``jax_sparse_attn.reference``), plus a small atol.
 NaN never passes; rows with no key must give out = 0, lse = -inf and zero gradients.
 
-Run on the H200: ``python -m pytest -m gpu tests/test_gpu_bsa.py``. Shard with
+Run on the H200: ``python -m pytest -m gpu tests/test_gpu_bsa.py`` (about 20 s per case,
+mostly CuTe DSL + reference compiles; 7 minutes in one process). Shard with
 ``BSA_TEST_SHARD=i/n`` to run several processes in parallel (CuTe compiles are serial
-inside one process).
+inside one process; 4 processes finish the grid in about 100 s). The default kernels are
+the wgmma ones for D in {64, 128}; set ``JAX_SPARSE_ATTN_BSA_FWD_IMPL=sm80`` and
+``JAX_SPARSE_ATTN_BSA_BWD_IMPL=sm80`` to test the mma.sync kernels there.
 """
 
 from __future__ import annotations

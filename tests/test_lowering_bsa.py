@@ -119,3 +119,33 @@ def test_unsupported_reason():
     assert "D_v" in bsa.bsa_kernel_unsupported_reason(**{**ok, "head_dim_v": 64})
     assert "head dims" in bsa.bsa_kernel_unsupported_reason(**{**ok, "head_dim": 96, "head_dim_v": 96})
     assert "sparse_block_size" in bsa.bsa_kernel_unsupported_reason(**{**ok, "sparse_block_size": 32})
+
+
+@pytest.mark.parametrize("group", [1, 4])
+def test_build_kq_csr_matches_loops(group):
+    """The backward's K->Q lists (CSR, built with jnp on the device) against plain loops."""
+    import numpy as np
+
+    from jax_sparse_attn.ffi import bsa
+
+    rng = np.random.default_rng(0)
+    b, h_kv, n_q, n_kv, k_max = 2, 2, 7, 9, 4
+    h_q = h_kv * group
+    idx = np.argsort(rng.random((b, h_q, n_q, n_kv)), axis=-1)[..., :k_max].astype(np.int32)
+    nums = rng.integers(0, k_max + 1, size=(b, h_q, n_q)).astype(np.int32)
+    # garbage past the active prefix must be ignored
+    j = np.arange(k_max)[None, None, None, :]
+    idx = np.where(j < nums[..., None], idx, rng.choice([-3, 10**6, n_kv], size=idx.shape)).astype(np.int32)
+    offsets, entries = jax.jit(bsa.build_kq_csr, static_argnames=("num_kv_heads", "num_kv_blocks"))(
+        jnp.asarray(idx), jnp.asarray(nums), num_kv_heads=h_kv, num_kv_blocks=n_kv)
+    offsets, entries = np.asarray(offsets), np.asarray(entries)
+    assert offsets.shape == (b * h_kv * n_kv + 1,) and offsets[0] == 0
+    for bi in range(b):
+        for g in range(h_kv):
+            for n in range(n_kv):
+                want = [hg * n_q + m for hg in range(group) for m in range(n_q)
+                        if n in idx[bi, g * group + hg, m, : nums[bi, g * group + hg, m]]]
+                r = (bi * h_kv + g) * n_kv + n
+                got = entries[offsets[r]:offsets[r + 1]].tolist()
+                assert got == want, (bi, g, n, got, want)
+    assert offsets[-1] == int(nums.sum())
