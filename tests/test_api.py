@@ -375,3 +375,19 @@ def test_kernel_path_bsa_metadata_normalised(force_platform):
         q_, k, v, idx, block_sparse_num=2, block_sizes=jnp.asarray([64, 7], jnp.int32),
         sparse_block_size=64, backend="kernel").astype(jnp.float32)))(q)
     assert g.shape == q.shape and ("bwd", (2, 2, 2), (2, 2, 2)) in calls
+
+
+def test_readme_python_blocks_and_demo_run(capsys):
+    import os  # noqa: PLC0415
+    import re  # noqa: PLC0415
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    with open(os.path.join(root, "README.md")) as f:
+        blocks = re.findall(r"^```python\n(.*?)^```", f.read(), re.S | re.M)
+    for code in blocks:
+        exec(compile(code, "<README.md>", "exec"), {"__name__": "__readme__"})
+    from jax_sparse_attn import demo  # noqa: PLC0415
+
+    demo.main(["--backend", "reference"])
+    text = capsys.readouterr().out
+    assert text.count("rel. err vs reference 0.00e+00") == 2, text
