@@ -195,7 +195,7 @@ def topk_block_index(q, k, top_k: int, *, sparse_block_size: int = 128, layout: 
         k = jnp.swapaxes(k, 1, 2)
     blk = int(sparse_block_size)
     B, Hq, Sq, D = q.shape
-    Hkv, Skv = k.shape[1], k.shape[2]
+    Hkv = k.shape[1]
     if Hq % Hkv:
         raise ValueError(f"H_q={Hq} must be a multiple of H_kv={Hkv}")
     qm = _block_means(q, blk)

@@ -7,7 +7,6 @@ Loops run over sequences, heads and query rows; the key rule is evaluated per ke
 
 from __future__ import annotations
 
-import contextlib
 import math
 
 import numpy as np
@@ -173,8 +172,3 @@ def broadcast_sizes(block_sizes, B, H, N_kv):
     if bs.ndim == 2:
         return np.broadcast_to(bs[:, None], (B, H, N_kv))
     return bs
-
-
-@contextlib.contextmanager
-def no_op():
-    yield
