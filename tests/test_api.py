@@ -248,7 +248,9 @@ def force_platform(monkeypatch):
         else:
             monkeypatch.setattr(ffi_pkg, op, module, raising=False)
 
-    return install
+    yield install
+    # traces that went through the fake modules must not be reused by later tests
+    jax.clear_caches()
 
 
 def test_missing_ffi_module_falls_back(force_platform):
