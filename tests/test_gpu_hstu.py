@@ -215,9 +215,14 @@ def test_hstu_kernel_vs_reference(case):
               case["window"], case.get("func_n", 0), case.get("alpha"), case.get("scaling"))
 
 
+@pytest.mark.skipif(os.environ.get("HSTU_TEST_SM90") != "1",
+                    reason="experimental wgmma forward: set HSTU_TEST_SM90=1 to test it")
 @pytest.mark.parametrize("case", _shard(GRID), ids=_id)
 def test_hstu_sm90_fwd_experimental(case):
-    """The experimental wgmma forward (JAX_SPARSE_ATTN_HSTU_FWD_IMPL=sm90) on the same grid."""
+    """The experimental wgmma forward (JAX_SPARSE_ATTN_HSTU_FWD_IMPL=sm90) on the same grid.
+
+    Opt-in (HSTU_TEST_SM90=1): that kernel compiles for sm_90a but has not been validated
+    on the GPU yet, so it is not part of the default suite."""
     lens_q = case.get("lens_q", LENS_MIXED)
     lens_k = case.get("lens_k", lens_q)
     _run_case(case["d"], case.get("dv", case["d"]), case["dtype"], lens_q, lens_k,
