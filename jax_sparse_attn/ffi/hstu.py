@@ -38,7 +38,6 @@ import os
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 __all__ = [
     "SUPPORTED_HEAD_DIMS",
