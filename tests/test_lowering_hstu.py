@@ -111,3 +111,22 @@ def test_hstu_kernel_lowers_dv_ne_d_and_window_values():
 
         texts.append(_lower(f, q, q, v, cu))
     assert all(_target() in t for t in texts)
+
+
+@pytest.mark.parametrize("head_dim,func_n", [(128, 0), (64, 3)])
+def test_hstu_experimental_sm90_forward_lowers(monkeypatch, head_dim, func_n):
+    """The experimental wgmma forward (opt-in) keeps compiling for sm_90a."""
+    from jax_sparse_attn.ffi import hstu as fh  # noqa: PLC0415
+
+    monkeypatch.setenv("JAX_SPARSE_ATTN_HSTU_FWD_IMPL", "sm90")
+    q = jax.ShapeDtypeStruct((T, 2, head_dim), jnp.bfloat16)
+    cu = jax.ShapeDtypeStruct((B + 1,), jnp.int32)
+    func = jax.ShapeDtypeStruct((1, func_n, T + 256), jnp.int32) if func_n else None
+    window = (-1, -1) if func_n else (-1, 0)
+
+    def f(q, k, v, cu, func):
+        return fh.hstu_fwd(q, k, v, cu, cu, func, max_seqlen_q=100, max_seqlen_k=100,
+                           scaling_seqlen=100.0, window_size=window, alpha=1.0)
+
+    txt = _lower(f, q, q, q, cu, func)
+    assert _target() in txt and "\\7FELF" in txt

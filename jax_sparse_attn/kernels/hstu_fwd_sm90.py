@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import cutlass
 import cutlass.cute as cute
+import cutlass.memory
 import cutlass.utils.hopper_helpers as sm90_utils
 from cutlass import Float32, Int32
 from cutlass.cute.nvgpu import OperandMajorMode, cpasync, warpgroup
@@ -173,7 +174,7 @@ class HstuFwdSm90:
             gK = cute.local_tile(mK_b, (bn, self.d), (None, 0))
             gV = cute.local_tile(mV_b, (bn, self.dv), (None, 0))
 
-            smem = cutlass.utils.SmemAllocator()
+            smem = cutlass.memory.SmemAllocator()
             st = smem.allocate(Smem)
             sQ = st.sQ.get_tensor(sQ_layout.outer, swizzle=sQ_layout.inner)  # (64, D, 2)
             sK = st.sK.get_tensor(sK_layout.outer, swizzle=sK_layout.inner)  # (BN, D, S)
@@ -244,6 +245,8 @@ class HstuFwdSm90:
                                     tVsV[None, None, None, 1 - stage], tVc, seqlen_k - nn * bn)
                 cute.arch.cp_async_commit_group()
                 cute.arch.cp_async_wait_group(1)
+                # cp.async / zero-fill writes (generic proxy) -> visible to wgmma (async proxy)
+                cute.arch.fence_proxy("async.shared", space="cta")
                 cute.arch.barrier()
 
                 acc_S = cute.make_rmem_tensor(thr_mma_qk.partition_shape_C((wgm, bn)), Float32)
