@@ -101,8 +101,8 @@ PRESETS = {
     # The paper's configuration (101 epochs over all users; evaluated every 5 epochs
     # and after the last one).
     "full": Config(eval_every=5),
-    # Reduced budget for a 2-core CPU (about 8 minutes end to end with the reference
-    # backend, ~105 s per epoch): the full model and data, 4 epochs.
+    # Reduced budget for a 2-core CPU (6-11 minutes end to end with the reference
+    # backend: 77-210 s per epoch depending on load): the full model and data, 4 epochs.
     "default": Config(epochs=4, eval_every=2),
     # CI smoke run: a small slice, short window, < 2 minutes on CPU.
     "smoke": Config(
@@ -360,6 +360,15 @@ def device_description() -> dict[str, str]:
             "jax": jax.__version__}
 
 
+def resolved_backend(backend: str) -> str:
+    """What ``backend`` means here: "auto" is the kernel when the platform has one."""
+    if backend != "auto":
+        return backend
+    from jax_sparse_attn._platform import kernel_platform_unavailable_reason
+
+    return "reference" if kernel_platform_unavailable_reason() else "kernel"
+
+
 def print_table(metrics: dict[str, float], label: str) -> None:
     print(f"\n{'model (ML-1M, full ranking)':<34} {'HR@10':>7} {'NDCG@10':>8}")
     for name, (hr, ndcg) in PAPER_TABLE.items():
@@ -431,6 +440,7 @@ def _result(args, preset, cfg, seqs, nb, history, epoch_times, compile_s, t0, *,
         "complete": complete,  # False: stopped early (--max-seconds) or still running
         "preset": preset,
         "backend": args.backend,
+        "backend_resolved": resolved_backend(args.backend),
         "seed": args.seed,
         "device": device_description(),
         "config": dataclasses.asdict(cfg),
@@ -481,7 +491,8 @@ def main(argv=None) -> dict[str, Any]:
     num_items = seqs.num_items
     n_users = seqs.num_users
     print(f"ML-1M: {n_users} users, {num_items} items, {len(seqs.items)} ratings "
-          f"(loaded in {time.perf_counter() - t0:.1f}s); preset={preset}, backend={args.backend}")
+          f"(loaded in {time.perf_counter() - t0:.1f}s); preset={preset}, "
+          f"backend={args.backend} ({resolved_backend(args.backend)}), device={jax.devices()[0]}")
     print("note: relative attention bias (position/time buckets) is left out: "
           "hstu_attention has no bias input yet.")
     print("config:", json.dumps(dataclasses.asdict(cfg)))
