@@ -26,7 +26,16 @@ HSTU block (no relative attention bias yet: the kernel does not have it):
 ``scaling_seqlen`` = max sequence length), ``Y = X + Dropout(LayerNorm(A) * U) @ W_o + b_o``.
 
 Every batch is packed to a fixed token count (batch * max_len) and a fixed
-``batch + 1`` cu_seqlens, so one compiled train step serves every batch.
+``batch + 1`` cu_seqlens, so one compiled train step serves every batch. Q, K, V go
+to the op in bfloat16 (``--attn-dtype``; the op takes fp16/bf16); everything else is
+float32.
+
+Known differences from the paper's code (all documented in the output JSON's config):
+no relative attention bias; validation item held out of training unless
+``--paper-split``; candidates are the 3,706 rated movies (the paper's index also holds
+the 177 never-rated ones of movies.dat); ``scaling_seqlen`` = 200 where the paper's
+code divides by its padded length 211 (immaterial: LayerNorm follows); timestamp ties
+keep the file order (the paper's pandas sort leaves them unspecified).
 
 Usage (from the repository root)::
 
