@@ -70,13 +70,18 @@ class BsaBwdConfig:
     head_dim: int
     block_size: int
     has_block_sizes: bool
-    impl: str = "sm80"  # "sm90": wgmma kernel (D in {64, 128}); "sm80": mma.sync kernel
+    impl: str = "sm80"  # "sm90", "sm90v2", "sm90v2n": wgmma kernels (D in {64, 128}); "sm80": mma.sync
+
+
+_BWD_IMPLS = ("sm90", "sm90v2", "sm90v2n", "sm80")
 
 
 def _bwd_impl(head_dim: int) -> str:
     want = os.environ.get("JAX_SPARSE_ATTN_BSA_BWD_IMPL", _DEFAULT_BWD_IMPL)
-    if want == "sm90" and head_dim in (64, 128):
-        return "sm90"
+    if want not in _BWD_IMPLS:
+        raise ValueError(f"JAX_SPARSE_ATTN_BSA_BWD_IMPL must be one of {_BWD_IMPLS}, got {want!r}")
+    if want in ("sm90", "sm90v2", "sm90v2n") and head_dim in (64, 128):
+        return want
     return "sm80"
 
 
@@ -211,10 +216,13 @@ def _bwd_entry(stream, q, k, v, do, lse, delta, offsets, entries, sizes, scale, 
                *, cfg: BsaBwdConfig):
     if cfg.impl == "sm90":
         from ..kernels.bsa_bwd_sm90 import BsaBwdSm90 as Kernel  # noqa: PLC0415
+    elif cfg.impl in ("sm90v2", "sm90v2n"):
+        from ..kernels.bsa_bwd_sm90_v2 import BsaBwdSm90V2 as Kernel  # noqa: PLC0415
     else:
         from ..kernels.bsa_bwd_sm80 import BsaBwdSm80 as Kernel  # noqa: PLC0415
 
-    Kernel(_cutlass_dtype(cfg.dtype), cfg.head_dim, cfg.block_size, cfg.has_block_sizes)(
+    extra = {"overlap_dq": cfg.impl == "sm90v2"} if cfg.impl in ("sm90v2", "sm90v2n") else {}
+    Kernel(_cutlass_dtype(cfg.dtype), cfg.head_dim, cfg.block_size, cfg.has_block_sizes, **extra)(
         q, k, v, do, lse, delta, offsets, entries, sizes, scale, dq_acc, dk, dv, stream
     )
 
