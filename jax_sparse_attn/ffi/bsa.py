@@ -212,6 +212,66 @@ def build_kq_csr(q2k_block_index, q2k_block_nums, *, num_kv_heads: int, num_kv_b
     return offsets, entries
 
 
+@dataclasses.dataclass(frozen=True)
+class BsaPreConfig:
+    dtype: str
+    head_dim: int
+
+
+_PRE_IMPLS = ("xla", "kernel")
+_DEFAULT_PRE_IMPL = "xla"
+
+
+def _pre_impl() -> str:
+    want = os.environ.get("JAX_SPARSE_ATTN_BSA_PRE_IMPL", _DEFAULT_PRE_IMPL)
+    if want not in _PRE_IMPLS:
+        raise ValueError(f"JAX_SPARSE_ATTN_BSA_PRE_IMPL must be one of {_PRE_IMPLS}, got {want!r}")
+    return want
+
+
+def _pre_entry(stream, out, do, delta, dq_acc, *, cfg: BsaPreConfig):
+    from ..kernels.bsa_pre import BsaPreprocess  # noqa: PLC0415
+
+    BsaPreprocess(_cutlass_dtype(cfg.dtype), cfg.head_dim)(out, do, delta, dq_acc, stream)
+
+
+_PRE_JIT = None
+
+
+def _pre_jit():
+    global _PRE_JIT
+    if _PRE_JIT is None:
+        import cutlass.cute as cute  # noqa: PLC0415
+
+        _PRE_JIT = cute.jit(_pre_entry)
+    return _PRE_JIT
+
+
+def bsa_preprocess(do, out, *, layout: str):
+    """``delta = rowsum(dO * O)`` (fp32 ``(B, H_q, S_q)``) and a zeroed fp32 dQ accumulator
+    (q's shape and layout) from one CuTe DSL launch (``kernels/bsa_pre.py``)."""
+    from cutlass.jax import cutlass_call  # noqa: PLC0415
+
+    if layout == "bhsd":
+        b, h, s, d = out.shape
+    else:
+        b, s, h, d = out.shape
+    spec = _specs(layout)
+    cfg = BsaPreConfig(jnp.dtype(out.dtype).name, int(d))
+    call = cutlass_call(
+        _pre_jit(),
+        output_shape_dtype=(
+            jax.ShapeDtypeStruct((b, h, s), jnp.float32),
+            jax.ShapeDtypeStruct(out.shape, jnp.float32),
+        ),
+        input_spec=(spec, spec),
+        output_spec=(None, spec),
+        compile_key=("bsa_pre", cfg),
+        cfg=cfg,
+    )
+    return call(out, do.astype(out.dtype))
+
+
 def _bwd_entry(stream, q, k, v, do, lse, delta, offsets, entries, sizes, scale, dq_acc, dk, dv,
                *, cfg: BsaBwdConfig):
     if cfg.impl == "sm90":
@@ -251,16 +311,20 @@ def bsa_bwd(do, q, k, v, out, lse, q2k_block_index, q2k_block_nums, block_sizes,
     cfg = BsaBwdConfig(jnp.dtype(q.dtype).name, int(d), blk, block_sizes is not None, _bwd_impl(int(d)))
     spec = _specs(layout)
     scale = jnp.full((1,), softmax_scale, jnp.float32)
-    # delta_i = rowsum(dO * O), fp32, (B, H_q, S_q)
-    delta = jnp.sum(do.astype(jnp.float32) * out.astype(jnp.float32), axis=-1)
-    if layout == "bshd":
-        delta = jnp.swapaxes(delta, 1, 2)
+    if _pre_impl() == "kernel":
+        # delta and the zeroed dq accumulator from one CuTe DSL launch
+        delta, dq_acc = bsa_preprocess(do, out, layout=layout)
+    else:
+        # delta_i = rowsum(dO * O), fp32, (B, H_q, S_q)
+        delta = jnp.sum(do.astype(jnp.float32) * out.astype(jnp.float32), axis=-1)
+        if layout == "bshd":
+            delta = jnp.swapaxes(delta, 1, 2)
+        dq_acc = jnp.zeros(q.shape, jnp.float32)
     offsets, entries = build_kq_csr(
         q2k_block_index.astype(jnp.int32), q2k_block_nums.astype(jnp.int32),
         num_kv_heads=h_kv, num_kv_blocks=n_kv,
     )
     sizes = None if block_sizes is None else block_sizes.astype(jnp.int32)
-    dq_acc = jnp.zeros(q.shape, jnp.float32)
     call = cutlass_call(
         _bwd_jit(),
         output_shape_dtype=(
