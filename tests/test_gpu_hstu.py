@@ -11,7 +11,9 @@ zero-length sequences fill unused slots), so each static kernel configuration co
 once per process: lengths, windows, alpha, scaling are runtime values.
 
 Run on the H200: ``python -m pytest -m gpu tests/test_gpu_hstu.py``; shard with
-``HSTU_TEST_SHARD=i/n`` (CuTe compiles are serial inside one process).
+``HSTU_TEST_SHARD=i/n`` (CuTe compiles are serial inside one process). The experimental
+wgmma forwards are opt-in: ``HSTU_TEST_SM90=1 python -m pytest -m gpu -k sm90
+tests/test_gpu_hstu.py`` (``HSTU_TEST_SM90=sm90pp`` for one of them).
 """
 
 from __future__ import annotations
@@ -91,7 +93,7 @@ def _scale(x):
 
 
 @functools.lru_cache(maxsize=None)
-def _jitted(kind, max_q, max_k, scaling, window, alpha, compute, fwd_impl="sm80"):
+def _jitted(kind, max_q, max_k, scaling, window, alpha, compute, fwd_impl=None):
     from jax_sparse_attn import reference
     from jax_sparse_attn.ffi import hstu as fh
 
@@ -99,6 +101,9 @@ def _jitted(kind, max_q, max_k, scaling, window, alpha, compute, fwd_impl="sm80"
               window_size=window, alpha=alpha)
     if kind == "kfwd":
         fn = jax.jit(lambda q, k, v, cq, ck, f: fh.hstu_fwd(q, k, v, cq, ck, f, **kw))
+
+        if fwd_impl is None:  # the default forward (ffi.hstu.DEFAULT_FWD_IMPL or the env)
+            return fn
 
         def call(*args):  # the forward kernel implementation is read at trace time
             old = os.environ.get("JAX_SPARSE_ATTN_HSTU_FWD_IMPL")
@@ -132,7 +137,7 @@ def _check(name, kern, ref32, ref_lo, factor, report):
 
 
 def _run_case(d, dv, dtype, lens_q, lens_k, window, func_n=0, alpha=None, scaling=None,
-              seed=0, bwd=True, fwd_impl="sm80"):
+              seed=0, bwd=True, fwd_impl=None):
     dtype = jnp.dtype(dtype)
     rng, q, k, v, do, cq, ck = _inputs(seed, d, dv, dtype, lens_q, lens_k)
     max_q = max(max(lens_q), 1)
@@ -215,19 +220,49 @@ def test_hstu_kernel_vs_reference(case):
               case["window"], case.get("func_n", 0), case.get("alpha"), case.get("scaling"))
 
 
-@pytest.mark.skipif(os.environ.get("HSTU_TEST_SM90") != "1",
-                    reason="experimental wgmma forward: set HSTU_TEST_SM90=1 to test it")
-@pytest.mark.parametrize("case", _shard(GRID), ids=_id)
-def test_hstu_sm90_fwd_experimental(case):
-    """The experimental wgmma forward (JAX_SPARSE_ATTN_HSTU_FWD_IMPL=sm90) on the same grid.
+# The experimental wgmma forwards: the whole GRID plus a few cases that only matter for
+# their tile shapes (fp16 at D=32; func masks at D=32 / D=256, where the key tile is 128 / 64
+# wide; L_q < L_k at D=256; a window whose right edge cuts through 64-row warpgroup tiles).
+SM90_EXTRA = [
+    dict(d=32, dtype="float16", window=(-1, 0)),
+    dict(d=32, dtype="bfloat16", window=(-1, -1), func_n=3),
+    dict(d=256, dtype="bfloat16", window=(-1, -1), func_n=7),
+    dict(d=256, dtype="float16", window=(-1, 0),
+         lens_q=[1, 10, 0, 100, 500, 64, 0, 1000],
+         lens_k=[5, 17, 3, 113, 1023, 128, 0, 4000]),
+    dict(d=128, dtype="float16", window=(5, 70)),
+]
 
-    Opt-in (HSTU_TEST_SM90=1): that kernel compiles for sm_90a but has not been validated
-    on the GPU yet, so it is not part of the default suite."""
+
+def _sm90_impls():
+    """HSTU_TEST_SM90=1 -> both wgmma forwards; or a comma list, e.g. HSTU_TEST_SM90=sm90pp."""
+    spec = os.environ.get("HSTU_TEST_SM90", "")
+    if spec in ("", "0"):
+        return []
+    return ["sm90", "sm90pp"] if spec == "1" else [x for x in spec.split(",") if x]
+
+
+# sharded by case (both impls of a case run in one process and share its reference compiles)
+SM90_CASES = [(c, impl) for c in _shard(GRID + SM90_EXTRA) for impl in _sm90_impls()]
+
+
+@pytest.mark.skipif(not _sm90_impls(),
+                    reason="experimental wgmma forwards: set HSTU_TEST_SM90=1 to test them")
+@pytest.mark.parametrize("case,impl", SM90_CASES or [(None, None)],
+                         ids=[f"{i}-{_id(c)}" for c, i in SM90_CASES] or ["none"])
+def test_hstu_sm90_fwd_experimental(case, impl):
+    """The experimental wgmma forwards (JAX_SPARSE_ATTN_HSTU_FWD_IMPL=sm90 / sm90pp) vs the
+    fp32 reference, same rule as the default kernel (forward only: the backward is sm80).
+
+    Opt-in (HSTU_TEST_SM90=1): these kernels compile for sm_90a but are not yet validated
+    on the GPU, so they are not part of the default suite."""
     lens_q = case.get("lens_q", LENS_MIXED)
     lens_k = case.get("lens_k", lens_q)
     _run_case(case["d"], case.get("dv", case["d"]), case["dtype"], lens_q, lens_k,
               case["window"], case.get("func_n", 0), case.get("alpha"), case.get("scaling"),
-              bwd=False, fwd_impl="sm90")
+              seed=11 + _sm90_impls().index(impl), bwd=False, fwd_impl=impl)
+    # (a seed per impl: if one kernel left output rows unwritten, XLA's reuse of the
+    # previous call's freed output buffer must not hand it that call's correct values)
 
 
 @pytest.mark.skipif(os.environ.get("HSTU_TEST_SHARD", "0/1").split("/")[0] != "0",

@@ -113,13 +113,20 @@ def test_hstu_kernel_lowers_dv_ne_d_and_window_values():
     assert all(_target() in t for t in texts)
 
 
-@pytest.mark.parametrize("head_dim,func_n", [(128, 0), (64, 3)])
-def test_hstu_experimental_sm90_forward_lowers(monkeypatch, head_dim, func_n):
-    """The experimental wgmma forward (opt-in) keeps compiling for sm_90a."""
+SM90_LOWER = [(impl, d, fn, dt) for impl in ("sm90", "sm90pp")
+              for d, fn, dt in ((128, 0, "bfloat16"), (64, 3, "float16"), (32, 0, "bfloat16"),
+                                (256, 7, "bfloat16"))]
+
+
+@pytest.mark.parametrize("impl,head_dim,func_n,dtype", SM90_LOWER,
+                         ids=["-".join(map(str, c)) for c in SM90_LOWER])
+def test_hstu_experimental_sm90_forward_lowers(monkeypatch, impl, head_dim, func_n, dtype):
+    """The experimental wgmma forwards (opt-in: sm90, sm90pp ping-pong) keep compiling for
+    sm_90a at every head dim (D=256 uses 64-key tiles)."""
     from jax_sparse_attn.ffi import hstu as fh  # noqa: PLC0415
 
-    monkeypatch.setenv("JAX_SPARSE_ATTN_HSTU_FWD_IMPL", "sm90")
-    q = jax.ShapeDtypeStruct((T, 2, head_dim), jnp.bfloat16)
+    monkeypatch.setenv("JAX_SPARSE_ATTN_HSTU_FWD_IMPL", impl)
+    q = jax.ShapeDtypeStruct((T, 2, head_dim), jnp.dtype(dtype))
     cu = jax.ShapeDtypeStruct((B + 1,), jnp.int32)
     func = jax.ShapeDtypeStruct((1, func_n, T + 256), jnp.int32) if func_n else None
     window = (-1, -1) if func_n else (-1, 0)
@@ -130,3 +137,11 @@ def test_hstu_experimental_sm90_forward_lowers(monkeypatch, head_dim, func_n):
 
     txt = _lower(f, q, q, q, cu, func)
     assert _target() in txt and "\\7FELF" in txt
+
+
+def test_hstu_fwd_impl_env_rejects_unknown(monkeypatch):
+    from jax_sparse_attn.ffi import hstu as fh  # noqa: PLC0415
+
+    monkeypatch.setenv("JAX_SPARSE_ATTN_HSTU_FWD_IMPL", "sm99")
+    with pytest.raises(ValueError, match="JAX_SPARSE_ATTN_HSTU_FWD_IMPL"):
+        fh.fwd_config(jnp.bfloat16, 128, 128, False, 1)

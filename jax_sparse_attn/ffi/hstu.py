@@ -13,7 +13,8 @@ sizes, warps, has_func and the number of func endpoints, a shape).
 Kernels (``jax_sparse_attn/kernels``): ``hstu_fwd_sm80`` / ``hstu_bwd_sm80`` use warp-level
 ``mma.sync`` (SM80 atoms; they run on sm_80+ including the H200) with cp.async loads;
 ``hstu_fwd_sm90`` (wgmma) is an experimental, not yet GPU-validated forward selected only
-with ``JAX_SPARSE_ATTN_HSTU_FWD_IMPL=sm90``. Default tiles: forward 128 x 64 (D <= 128;
+with ``JAX_SPARSE_ATTN_HSTU_FWD_IMPL=sm90`` (or ``=sm90pp``: the same kernel with its two
+warpgroups issuing GEMMs in turns, ping-pong). Default tiles: forward 128 x 64 (D <= 128;
 128 x 128 at D = 32; 64 x 64 at D = 256), 4 warps; backward 64 query rows x 128 keys,
 8 warps (64 x 64 at D = 256). ``JAX_SPARSE_ATTN_HSTU_{FWD,BWD}_TILE=bm,bn,warps``
 overrides them (tuning only).
@@ -51,6 +52,10 @@ __all__ = [
 ]
 
 SUPPORTED_HEAD_DIMS = (32, 64, 128, 256)
+#: forward kernels selectable with JAX_SPARSE_ATTN_HSTU_FWD_IMPL
+FWD_IMPLS = ("sm80", "sm90", "sm90pp")
+#: the forward kernel used when JAX_SPARSE_ATTN_HSTU_FWD_IMPL is unset
+DEFAULT_FWD_IMPL = "sm80"
 _BIG = 1 << 30
 
 
@@ -64,7 +69,9 @@ class HstuFwdConfig:
     num_warps: int
     has_func: bool
     func_n: int
-    impl: str = "sm80"  # "sm80" (mma.sync, default) or "sm90" (wgmma, experimental, untested)
+    # "sm80" (mma.sync, default), "sm90" (wgmma) or "sm90pp" (wgmma, ping-pong warpgroups);
+    # the wgmma forwards are experimental (opt-in, see FWD_IMPLS)
+    impl: str = "sm80"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -116,8 +123,10 @@ def fwd_config(dtype, head_dim, head_dim_v, has_func, func_n) -> HstuFwdConfig:
     else:
         bm, bn, w = 64, 64, 4
     bm, bn, w = _tile_override("FWD") or (bm, bn, w)
-    impl = os.environ.get("JAX_SPARSE_ATTN_HSTU_FWD_IMPL", "sm80")
-    if impl == "sm90":  # experimental wgmma kernel: 2 warpgroups x 64 query rows
+    impl = os.environ.get("JAX_SPARSE_ATTN_HSTU_FWD_IMPL") or DEFAULT_FWD_IMPL
+    if impl not in FWD_IMPLS:
+        raise ValueError(f"JAX_SPARSE_ATTN_HSTU_FWD_IMPL={impl!r} is not one of {FWD_IMPLS}")
+    if impl in ("sm90", "sm90pp"):  # experimental wgmma kernels: 2 warpgroups x 64 query rows
         bm, w = 128, 8
         bn = 128 if d <= 128 else 64
     return HstuFwdConfig(_cutlass_dtype_name(dtype), head_dim, head_dim_v, bm, bn, w,
@@ -153,10 +162,13 @@ def _fwd_adapter():
     @cute.jit
     def hstu_fwd_launch(stream, q, k, v, cu_q, cu_k, tiles, func, scal, win, out,
                         *, cfg: cutlass.Constexpr):
-        kernel_cls = HstuFwdSm90 if cfg.impl == "sm90" else HstuFwdSm80
-        kernel_cls(_dt(cfg.dtype), cfg.head_dim, cfg.head_dim_v, cfg.block_m, cfg.block_n,
-                    cfg.num_warps, cfg.has_func, cfg.func_n)(
-            q, k, v, cu_q, cu_k, tiles, func, scal, win, out, stream)
+        args = (_dt(cfg.dtype), cfg.head_dim, cfg.head_dim_v, cfg.block_m, cfg.block_n,
+                cfg.num_warps, cfg.has_func, cfg.func_n)
+        if cutlass.const_expr(cfg.impl == "sm80"):
+            kernel = HstuFwdSm80(*args)
+        else:
+            kernel = HstuFwdSm90(*args, pingpong=cfg.impl == "sm90pp")
+        kernel(q, k, v, cu_q, cu_k, tiles, func, scal, win, out, stream)
 
     return hstu_fwd_launch
 

@@ -12,6 +12,21 @@ the two GEMMs run on Hopper's asynchronous warpgroup MMA:
 * ``P = mask * SiLU(alpha S)`` in registers, converted to bf16/fp16 and fed to
   ``O += P V`` as the register A operand (wgmma RS); V is the MN-major B operand.
 * K and V are double-buffered with cp.async (zero-fill of rows past the sequence end).
+
+Synchronization per KV tile (both warpgroups share the K/V stages): every thread waits for
+its own cp.async group of the tile, issues ``fence.proxy.async.shared::cta`` (cp.async and
+the zero-fill stores are generic-proxy writes that wgmma reads through the async proxy)
+and the CTA barrier makes them visible to all; each wgmma chain is preceded by
+``wgmma.fence`` (its accumulator / P registers were written by ordinary code) and followed
+by ``commit_group`` + ``wait_group(0)`` before its accumulator is read; a CTA barrier at the
+end of the tile orders every wgmma read of the stage before the cp.async that refills it.
+
+``pingpong=True`` (``impl="sm90pp"``): the two warpgroups take turns issuing their GEMMs
+through two named barriers (ids 1 and 2, 256 threads: each warpgroup ``bar.sync``s on its
+own id before issuing and ``bar.arrive``s on the other's right after issuing), so the
+tensor-core issue order inside a tile is QK(wg0), QK(wg1), PV(wg0), PV(wg1): warpgroup 0's
+SiLU runs while warpgroup 1's QK GEMM executes and warpgroup 1's SiLU while warpgroup 0's PV
+GEMM executes. Everything else (loads, masks, barriers, epilogue) is the same code.
 """
 
 from __future__ import annotations
@@ -57,8 +72,10 @@ class HstuFwdSm90:
     """Forward kernel (wgmma). Same call signature and grid as ``HstuFwdSm80``."""
 
     def __init__(self, dtype, head_dim, head_dim_v, block_m, block_n, num_warps, has_func,
-                 func_n):
-        assert block_m == 128 and num_warps == 8
+                 func_n, pingpong=False):
+        if block_m != 128 or num_warps != 8:
+            raise ValueError(f"HstuFwdSm90 needs block_m=128, num_warps=8 (got {block_m}, "
+                             f"{num_warps})")
         self.dtype = dtype
         self.d = head_dim
         self.dv = head_dim_v
@@ -69,6 +86,7 @@ class HstuFwdSm90:
         self.has_func = has_func
         self.func_n = func_n
         self.stages = 2
+        self.pingpong = pingpong
 
     @cute.jit
     def __call__(self, mQ, mK, mV, mCuQ, mCuK, mTile, mFunc, mScal, mWin, mO, stream):
@@ -113,6 +131,18 @@ class HstuFwdSm90:
             sQ_layout, sK_layout, sV_layout, copy_qk, copy_v, mma_qk, mma_pv, Smem,
         ).launch(grid=grid, block=[self.num_threads, 1, 1], smem=Smem.size_in_bytes(),
                  stream=stream)
+
+    @cute.jit
+    def _turn_wait(self, wg):
+        """Ping-pong: wait until it is this warpgroup's turn to issue wgmma (bar.sync 1 + wg)."""
+        if cutlass.const_expr(self.pingpong):
+            cute.arch.barrier(barrier_id=1 + wg, number_of_threads=256)
+
+    @cute.jit
+    def _turn_pass(self, wg):
+        """Ping-pong: hand the turn to the other warpgroup (bar.arrive 2 - wg)."""
+        if cutlass.const_expr(self.pingpong):
+            cute.arch.barrier_arrive(barrier_id=2 - wg, number_of_threads=256)
 
     @cute.jit
     def _load_rows(self, tcopy, tXg, tXs, tXc, limit):
@@ -223,6 +253,11 @@ class HstuFwdSm90:
                     row_lo[r] = -BIG if left < 0 else i + off - left
                     row_hi[r] = BIG if right < 0 else i + off + right
 
+            if cutlass.const_expr(self.pingpong):
+                # warpgroup 0 owns the first turn: pre-arrive on its own turn barrier
+                if wg == 0:
+                    cute.arch.barrier_arrive(barrier_id=1, number_of_threads=256)
+
             if n_count > 0:
                 for w in cutlass.range_constexpr(2):
                     self._load_rows(copy_qk, tQgQ[None, None, None, 2 * m_block + w],
@@ -251,11 +286,13 @@ class HstuFwdSm90:
 
                 acc_S = cute.make_rmem_tensor(thr_mma_qk.partition_shape_C((wgm, bn)), Float32)
                 acc_S.fill(0.0)
+                self._turn_wait(wg)
                 warpgroup.fence()
                 for k in cutlass.range_constexpr(cute.size(tSrQ, mode=[2])):
                     cute.gemm(mma_qk, acc_S, tSrQ[None, None, k, wg],
                               tSrK[None, None, k, stage], acc_S)
                 warpgroup.commit_group()
+                self._turn_pass(wg)
                 warpgroup.wait_group(0)
 
                 n0 = n * bn
@@ -291,11 +328,13 @@ class HstuFwdSm90:
                 rP = cute.make_fragment_like(acc_S, self.dtype)
                 rP.store(acc_S.load().to(self.dtype))
                 tOrP = _acc_to_a_frag_sm90(rP)
+                self._turn_wait(wg)
                 warpgroup.fence()
                 for k in cutlass.range_constexpr(cute.size(tOrP, mode=[2])):
                     cute.gemm(mma_pv, acc_O, tOrP[None, None, k], tOrV[None, None, k, stage],
                               acc_O)
                 warpgroup.commit_group()
+                self._turn_pass(wg)
                 warpgroup.wait_group(0)
                 cute.arch.barrier()
 
