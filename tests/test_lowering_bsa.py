@@ -4,8 +4,9 @@
 compile (MLIR -> PTX -> ptxas) and embeds the kernel object in the CuTe DSL custom call.
 Every (head_dim, sparse_block_size) pair is compiled for the forward and the backward
 (wgmma kernels for D in {64, 128}, mma.sync kernels for D in {32, 256}, plus two
-mma.sync configurations at D in {64, 128} selected with ``JAX_SPARSE_ATTN_BSA_*_IMPL``);
-dtype, layout and ``block_sizes`` presence alternate across them so that each value of
+mma.sync configurations at D in {64, 128} selected with ``JAX_SPARSE_ATTN_BSA_*_IMPL``, and
+the opt-in ``sm90v2``/``sm90v2n`` backward and preprocessing kernel, between them covering
+both D, blk, dtypes, layouts and ``block_sizes`` presence); dtype, layout and ``block_sizes`` presence alternate across them so that each value of
 each static option is exercised.
 """
 
@@ -39,6 +40,12 @@ CONFIGS += [
     dict(d=128, blk=64, dtype="bfloat16", layout="bshd", sizes=True, fwd_impl="sm80"),
     dict(d=64, blk=128, dtype="float16", layout="bhsd", sizes=False, fwd_impl="sm80"),
 ]
+# opt-in backward variants (kernels/bsa_bwd_sm90_v2.py) and the preprocessing kernel
+# (kernels/bsa_pre.py): JAX_SPARSE_ATTN_BSA_BWD_IMPL / JAX_SPARSE_ATTN_BSA_PRE_IMPL
+CONFIGS += [
+    dict(d=128, blk=64, dtype="bfloat16", layout="bhsd", sizes=False, bwd_impl="sm90v2", pre_impl="kernel"),
+    dict(d=64, blk=128, dtype="float16", layout="bshd", sizes=True, bwd_impl="sm90v2n", pre_impl="kernel"),
+]
 
 
 @pytest.fixture(autouse=True)
@@ -65,7 +72,10 @@ def _shapes(cfg, b=2, hq=4, hkv=2, sq=1000, skv=1025, kmax=5):
 
 
 def _ids(cfg):
-    return f"{cfg.get('fwd_impl', 'default')}-d{cfg['d']}-blk{cfg['blk']}-{cfg['dtype']}-{cfg['layout']}-{'sizes' if cfg['sizes'] else 'nosizes'}"
+    impl = cfg.get("fwd_impl", "default")
+    if "bwd_impl" in cfg:
+        impl = f"bwd{cfg['bwd_impl']}-pre{cfg.get('pre_impl', 'xla')}"
+    return f"{impl}-d{cfg['d']}-blk{cfg['blk']}-{cfg['dtype']}-{cfg['layout']}-{'sizes' if cfg['sizes'] else 'nosizes'}"
 
 
 @pytest.mark.parametrize("cfg", CONFIGS, ids=_ids)
@@ -75,6 +85,10 @@ def test_bsa_fwd_bwd_lower_to_cutedsl_call(cfg, monkeypatch):
     if "fwd_impl" in cfg:
         monkeypatch.setenv("JAX_SPARSE_ATTN_BSA_FWD_IMPL", cfg["fwd_impl"])
         monkeypatch.setenv("JAX_SPARSE_ATTN_BSA_BWD_IMPL", cfg["fwd_impl"])
+    if "bwd_impl" in cfg:
+        monkeypatch.setenv("JAX_SPARSE_ATTN_BSA_BWD_IMPL", cfg["bwd_impl"])
+    if "pre_impl" in cfg:
+        monkeypatch.setenv("JAX_SPARSE_ATTN_BSA_PRE_IMPL", cfg["pre_impl"])
 
     q, k, idx, nums, sizes, lse = _shapes(cfg)
     kw = dict(layout=cfg["layout"], sparse_block_size=cfg["blk"], softmax_scale=0.3)
@@ -90,8 +104,36 @@ def test_bsa_fwd_bwd_lower_to_cutedsl_call(cfg, monkeypatch):
     assert "\\7FELF" in txt  # the compiled kernel object is embedded
     txt = jax.jit(bwd).trace(q, q, k, k, q, lse, idx, nums, sizes).lower(
         lowering_platforms=("cuda",)).as_text()
-    assert txt.count(CALL_TARGET) == 1
+    # the preprocessing kernel is a second CuTe DSL call
+    assert txt.count(CALL_TARGET) == (2 if cfg.get("pre_impl") == "kernel" else 1)
     assert "\\7FELF" in txt
+
+
+@pytest.mark.parametrize("d,layout,dtype", [(32, "bshd", "float16"), (256, "bhsd", "bfloat16")])
+def test_bsa_preprocess_lowers_all_head_dims(d, layout, dtype):
+    """kernels/bsa_pre.py for the head dims not covered by the grid above (lane groups 4, 32)."""
+    from jax_sparse_attn.ffi import bsa
+
+    shape = (2, 3, 1000, d) if layout == "bhsd" else (2, 1000, 3, d)
+    o = jax.ShapeDtypeStruct(shape, jnp.dtype(dtype))
+    lowered = jax.jit(lambda do, o: bsa.bsa_preprocess(do, o, layout=layout)).trace(o, o).lower(
+        lowering_platforms=("cuda",))
+    assert lowered.as_text().count(CALL_TARGET) == 1
+    delta, dq_acc = lowered.out_info
+    assert delta.shape == (2, 3, 1000) and delta.dtype == jnp.float32
+    assert dq_acc.shape == shape and dq_acc.dtype == jnp.float32
+
+
+@pytest.mark.parametrize("var", ["JAX_SPARSE_ATTN_BSA_BWD_IMPL", "JAX_SPARSE_ATTN_BSA_PRE_IMPL"])
+def test_unknown_impl_names_are_rejected(var, monkeypatch):
+    from jax_sparse_attn.ffi import bsa
+
+    monkeypatch.setenv(var, "sm91")
+    cfg = dict(d=64, blk=64, dtype="bfloat16", layout="bhsd", sizes=False)
+    q, k, idx, nums, sizes, lse = _shapes(cfg, sq=100, skv=100, kmax=1)
+    kw = dict(layout="bhsd", sparse_block_size=64, softmax_scale=0.3)
+    with pytest.raises(ValueError, match=var):
+        jax.jit(lambda *a: bsa.bsa_bwd(*a, **kw)).trace(q, q, k, k, q, lse, idx, nums, sizes)
 
 
 def test_public_api_uses_kernel_path_when_forced():
