@@ -139,6 +139,8 @@ def check_hstu_args(q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q, max_se
     """
     T_q, H, D = _check_rank("q", q, 3, "(T_q, H, D)")
     dt = _check_float("q", q)
+    if H < 1 or D < 1:
+        raise ValueError(f"q (T_q, H, D) needs H >= 1 heads and head dim D >= 1, got shape {(T_q, H, D)}")
     paged = paged_kv is not None
     if paged:
         if k is not None or v is not None:
@@ -163,8 +165,8 @@ def check_hstu_args(q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q, max_se
         T_v, H_v, D_v = _check_rank("v", v, 3, "(T_k, H, D_v)")
         if H_k != H or D_k != D:
             raise ValueError(f"k must have shape (T_k, H={H}, D={D}) matching q, got {(T_k, H_k, D_k)}")
-        if T_v != T_k or H_v != H:
-            raise ValueError(f"v must have shape (T_k={T_k}, H={H}, D_v), got {(T_v, H_v, D_v)}")
+        if T_v != T_k or H_v != H or D_v < 1:
+            raise ValueError(f"v must have shape (T_k={T_k}, H={H}, D_v >= 1), got {(T_v, H_v, D_v)}")
         for name, x in (("k", k), ("v", v)):
             if jnp.dtype(x.dtype) != dt:
                 raise TypeError(
@@ -217,17 +219,29 @@ def _host(x):
     return np.asarray(jax.device_get(x)).astype(np.int64)
 
 
-def _check_cu(name, cu, total, max_seqlen, max_name):
-    cu = _host(cu)
-    if cu[0] != 0:
-        raise ValueError(f"{name}[0] must be 0, got {cu[0]}")
-    lens = np.diff(cu)
-    bad = np.nonzero(lens < 0)[0]
-    if bad.size:
-        b = int(bad[0])
+def _first(mask):
+    """Index tuple of the first True entry of ``mask`` (C order), or None."""
+    hits = np.argwhere(mask)
+    return tuple(int(i) for i in hits[0]) if hits.size else None
+
+
+def _check_offsets(name, x):
+    """Host copy of a prefix-sum array after checking ``x[0] == 0`` and non-decreasing."""
+    x = _host(x)
+    if x[0] != 0:
+        raise ValueError(f"{name}[0] must be 0, got {x[0]}")
+    lens = np.diff(x)
+    bad = _first(lens < 0)
+    if bad is not None:
+        (b,) = bad
         raise ValueError(
-            f"{name} must be non-decreasing: {name}[{b + 1}]={cu[b + 1]} < {name}[{b}]={cu[b]}"
+            f"{name} must be non-decreasing: {name}[{b + 1}]={x[b + 1]} < {name}[{b}]={x[b]}"
         )
+    return x, lens
+
+
+def _check_cu(name, cu, total, max_seqlen, max_name):
+    cu, lens = _check_offsets(name, cu)
     if total is not None and cu[-1] > total:
         raise ValueError(f"{name}[-1]={cu[-1]} exceeds the number of tokens {total}")
     if lens.size and lens.max() > max_seqlen:
@@ -272,37 +286,30 @@ def validate_hstu_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q, m
         f = _host(func)[0]
         rows = np.arange(f.shape[1])
         in_seq = rows < cu_q[-1]
-        bad = np.argwhere(((f < 0) | (f > opts["max_seqlen_k"])) & in_seq[None, :])
-        if bad.size:
-            t, r = (int(x) for x in bad[0])
+        bad = _first(((f < 0) | (f > opts["max_seqlen_k"])) & in_seq[None, :])
+        if bad is not None:
+            t, r = bad
             raise ValueError(
                 f"func[0, {t}, {r}]={int(f[t, r])} is outside [0, max_seqlen_k={opts['max_seqlen_k']}]"
             )
     if paged_kv is not None:
-        ptr = _host(page_indptrs)
+        ptr, d = _check_offsets("page_indptrs", page_indptrs)
         ids = _host(page_ids)
         n_pages = paged_kv.shape[0]
-        if ptr[0] != 0:
-            raise ValueError(f"page_indptrs[0] must be 0, got {ptr[0]}")
-        d = np.diff(ptr)
-        bad = np.nonzero(d < 0)[0]
-        if bad.size:
-            b = int(bad[0])
-            raise ValueError(f"page_indptrs must be non-decreasing: page_indptrs[{b + 1}] < page_indptrs[{b}]")
         if ptr[-1] > ids.shape[0]:
             raise ValueError(f"page_indptrs[-1]={ptr[-1]} exceeds len(page_ids)={ids.shape[0]}")
         need = -(-lens_k // HSTU_PAGE_SIZE)
-        bad = np.nonzero(d < need)[0]
-        if bad.size:
-            b = int(bad[0])
+        bad = _first(d < need)
+        if bad is not None:
+            (b,) = bad
             raise ValueError(
                 f"sequence {b} has {int(lens_k[b])} keys and needs {int(need[b])} pages, "
                 f"but page_indptrs gives it {int(d[b])}"
             )
         used = ids[: ptr[-1]]
-        bad = np.nonzero((used < 0) | (used >= n_pages))[0]
-        if bad.size:
-            p = int(bad[0])
+        bad = _first((used < 0) | (used >= n_pages))
+        if bad is not None:
+            (p,) = bad
             raise ValueError(f"page_ids[{p}]={int(used[p])} is outside [0, num_pages={n_pages})")
 
 
@@ -340,6 +347,8 @@ def check_bsa_args(q, k, v, q2k_block_index, block_sparse_num=None, block_sizes=
         raise ValueError(f"q, k and v must have the same batch size; got {B}, {Bk}, {Bv}")
     if Dk != D:
         raise ValueError(f"k's head dim {Dk} must equal q's head dim {D}")
+    if D < 1 or Dv < 1:
+        raise ValueError(f"head dims must be >= 1, got D={D} (q, k) and D_v={Dv} (v)")
     if (Hv, Sv) != (Hkv, Skv):
         raise ValueError(f"v must have the same heads and length as k ({Hkv}, {Skv}), got ({Hv}, {Sv})")
     if Hkv < 1 or Hq % Hkv != 0:
@@ -427,15 +436,13 @@ def validate_bsa_metadata(q, k, v, q2k_block_index, block_sparse_num=None, block
     else:
         nums = _host(q2k_block_nums)
         lo = 0 if allow_empty_block_nums else 1
-        bad = np.argwhere((nums < lo) | (nums > K_max))
-        if bad.size:
-            pos = tuple(int(x) for x in bad[0])
+        pos = _first((nums < lo) | (nums > K_max))
+        if pos is not None:
             hint = "" if allow_empty_block_nums else " (0 needs allow_empty_block_nums=True)"
             raise ValueError(f"q2k_block_nums[{pos}]={int(nums[pos])} is outside [{lo}, K_max={K_max}]{hint}")
     active = np.arange(K_max) < nums[..., None]
-    bad = np.argwhere(active & ((idx < 0) | (idx >= Nkv)))
-    if bad.size:
-        pos = tuple(int(x) for x in bad[0])
+    pos = _first(active & ((idx < 0) | (idx >= Nkv)))
+    if pos is not None:
         raise ValueError(f"q2k_block_index[{pos}]={int(idx[pos])} is outside [0, N_kv={Nkv})")
     if K_max > 1 and idx.size:
         # duplicates among active entries: sort each row with inactive entries as unique sentinels
@@ -453,7 +460,6 @@ def validate_bsa_metadata(q, k, v, q2k_block_index, block_sparse_num=None, block
             )
     if block_sizes is not None:
         bs = _host(block_sizes)
-        bad = np.argwhere((bs < 1) | (bs > blk))
-        if bad.size:
-            pos = tuple(int(x) for x in bad[0])
+        pos = _first((bs < 1) | (bs > blk))
+        if pos is not None:
             raise ValueError(f"block_sizes[{pos}]={int(bs[pos])} is outside [1, sparse_block_size={blk}]")

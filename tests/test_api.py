@@ -105,7 +105,13 @@ def test_hstu_bad_inputs():
     _raises(TypeError, r"one dtype; q is float32 but k is bfloat16", f, q, k.astype(jnp.bfloat16), v, cu, cu, **kw)
     _raises(TypeError, r"q dtype must be float16 or bfloat16", f, q.astype(jnp.int32), k, v, cu, cu, **kw)
     _raises(ValueError, r"k must have shape \(T_k, H=2, D=8\)", f, q, k[:, :, :4], v, cu, cu, **kw)
-    _raises(ValueError, r"v must have shape \(T_k=12, H=2, D_v\)", f, q, k, v[:5], cu, cu, **kw)
+    _raises(ValueError, r"v must have shape \(T_k=12, H=2, D_v >= 1\)", f, q, k, v[:5], cu, cu, **kw)
+    _raises(ValueError, r"v must have shape \(T_k=12, H=2, D_v >= 1\), got \(12, 2, 0\)", f, q, k,
+            v[..., :0], cu, cu, **kw)
+    _raises(ValueError, r"q \(T_q, H, D\) needs H >= 1 heads and head dim D >= 1, got shape \(12, 2, 0\)",
+            f, q[..., :0], k[..., :0], v, cu, cu, **kw)
+    _raises(ValueError, r"needs H >= 1 heads .* got shape \(12, 0, 8\)", f, q[:, :0], k[:, :0], v[:, :0],
+            cu, cu, **kw)
     _raises(TypeError, r"cu_seqlens_q must be an integer", f, q, k, v, cu.astype(jnp.float32), cu, **kw)
     _raises(ValueError, r"cu_seqlens_k must have the same length", f, q, k, v, cu, cu[:3], **kw)
     _raises(ValueError, r"cu_seqlens_q must have rank 1", f, q, k, v, cu[None], cu, **kw)
@@ -208,6 +214,9 @@ def test_bsa_bad_inputs():
     _raises(ValueError, r"k's head dim 4 must equal q's head dim 8", f, q, k[..., :4], v, idx, **kw)
     _raises(ValueError, r"same batch size", f, q, k.repeat(2, 0), v, idx, **kw)
     _raises(ValueError, r"v must have the same heads and length as k", f, q, k, v[:, :, :50], idx, **kw)
+    _raises(ValueError, r"head dims must be >= 1, got D=0 \(q, k\) and D_v=8", f, q[..., :0], k[..., :0], v,
+            idx, **kw)
+    _raises(ValueError, r"head dims must be >= 1, got D=8 \(q, k\) and D_v=0", f, q, k, v[..., :0], idx, **kw)
 
 
 def test_bsa_backward_api_errors():
@@ -217,6 +226,8 @@ def test_bsa_backward_api_errors():
     g = jsa.block_sparse_attention_backward
     _raises(ValueError, r"do must have the output's shape", g, o[..., :3], q, k, v, o, lse, idx, **kw)
     _raises(ValueError, r"lse must have shape \(B, H_q, S_q\) = \(1, 2, 100\)", g, o, q, k, v, o, lse[0], idx, **kw)
+    _raises(TypeError, r"lse must be float32 .* got bfloat16", g, o, q, k, v, o, lse.astype(jnp.bfloat16), idx, **kw)
+    _raises(TypeError, r"lse must be float32 .* got int32", g, o, q, k, v, o, lse.astype(jnp.int32), idx, **kw)
 
 
 # ----------------------------------------------------------------------------- backend selection
