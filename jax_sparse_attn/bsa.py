@@ -228,6 +228,10 @@ def block_sparse_attention_backward(do, q, k, v, o, lse, q2k_block_index, block_
     if tuple(getattr(lse, "shape", ())) != (B, Hq, Sq):
         raise ValueError(f"lse must have shape (B, H_q, S_q) = {(B, Hq, Sq)}, "
                          f"got {tuple(getattr(lse, 'shape', ()))}")
+    lse_dtype = jnp.promote_types(q.dtype, jnp.float32)
+    if jnp.dtype(lse.dtype) != lse_dtype:
+        raise TypeError(f"lse must be {lse_dtype} (the lse_tensor of block_sparse_attention_forward "
+                        f"for {jnp.dtype(q.dtype)} inputs), got {jnp.dtype(lse.dtype)}")
     dq, dk, dv = _bwd_jit(cfg, do, q, k, v, o, lse, idx, nums, sizes)
     return BSABackwardResult(dq_tensor=dq, dk_tensor=dk, dv_tensor=dv)
 
