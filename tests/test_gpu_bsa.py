@@ -10,7 +10,10 @@ mostly CuTe DSL + reference compiles; 7 minutes in one process). Shard with
 ``BSA_TEST_SHARD=i/n`` to run several processes in parallel (CuTe compiles are serial
 inside one process; 4 processes finish the grid in about 100 s). The default kernels are
 the wgmma ones for D in {64, 128}; set ``JAX_SPARSE_ATTN_BSA_FWD_IMPL=sm80`` and
-``JAX_SPARSE_ATTN_BSA_BWD_IMPL=sm80`` to test the mma.sync kernels there.
+``JAX_SPARSE_ATTN_BSA_BWD_IMPL=sm80`` to test the mma.sync kernels there. The opt-in
+backward variants are tested the same way: ``JAX_SPARSE_ATTN_BSA_BWD_IMPL=sm90v2`` (or
+``sm90v2n``) and ``JAX_SPARSE_ATTN_BSA_PRE_IMPL=kernel`` (the CuTe DSL preprocessing kernel;
+``test_bsa_preprocess_kernel`` checks it directly whatever the variables say).
 """
 
 from __future__ import annotations
@@ -301,3 +304,34 @@ def test_fresh_inputs_same_shape_not_stale():
             assert np.max(np.abs(g[fin] - r[fin])) <= 3e-2 * max(1.0, np.max(np.abs(r[fin])))
         outs.append(np.asarray(got[0], np.float32))
     assert not np.array_equal(outs[0], outs[1])
+
+
+PRE_CASES = [(d, layout, dtype) for d, layout, dtype in (
+    (32, "bshd", "float16"), (64, "bhsd", "bfloat16"), (128, "bshd", "bfloat16"), (256, "bhsd", "float16"))]
+
+
+@pytest.mark.parametrize("d,layout,dtype", _shard(PRE_CASES))
+def test_bsa_preprocess_kernel(d, layout, dtype):
+    """kernels/bsa_pre.py: delta = rowsum(dO * O) in fp32 and an all-zero dq accumulator.
+
+    B*S*H = 2*1023*3 rows is not a multiple of the rows per CTA (tail CTA), odd S."""
+    from jax_sparse_attn.ffi import bsa as ffi_bsa
+
+    rng = np.random.default_rng(5)
+    shape = (2, 3, 1023, d) if layout == "bhsd" else (2, 1023, 3, d)
+    o, do = (jnp.asarray(rng.standard_normal(shape, dtype=np.float32)).astype(dtype) for _ in range(2))
+    f = jax.jit(functools.partial(ffi_bsa.bsa_preprocess, layout=layout))
+    delta, dq_acc = f(do, o)
+    want = jnp.sum(do.astype(jnp.float32) * o.astype(jnp.float32), axis=-1)
+    want = np.asarray(_rows_bhs(want, layout))
+    got = np.asarray(delta)
+    assert got.shape == want.shape == (2, 3, 1023)
+    assert not np.isnan(got).any()
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-4 * np.sqrt(d))
+    acc = np.asarray(dq_acc)
+    assert acc.shape == shape and acc.dtype == np.float32
+    assert np.all(acc == 0.0)
+    # a second call with other inputs is not stale
+    delta2, _ = f(o, o)
+    want2 = np.asarray(_rows_bhs(jnp.sum(jnp.square(o.astype(jnp.float32)), axis=-1), layout))
+    np.testing.assert_allclose(np.asarray(delta2), want2, rtol=1e-5, atol=1e-4 * np.sqrt(d))
