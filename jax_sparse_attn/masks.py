@@ -20,7 +20,7 @@ from __future__ import annotations
 import jax.numpy as jnp
 from jax import lax
 
-from .validation import HSTU_FUNC_PAD
+from .validation import HSTU_FUNC_PAD, SPARSE_BLOCK_SIZES
 
 __all__ = [
     "hstu_target_func",
@@ -173,23 +173,33 @@ def topk_block_index(q, k, top_k: int, *, sparse_block_size: int = 128, layout: 
 
     Scores ``mean_pool(q_block_m) . mean_pool(k_block_n)`` (means over the valid tokens
     of each block; query head h uses KV head ``h // (H_q // H_kv)``). With ``causal`` KV
-    blocks after the query block (``n > m``, bottom-right aligned by block count) are
-    excluded and the query block's own diagonal block is always kept.
+    blocks after the query block's diagonal block ``d = m + N_kv - N_q`` (bottom-right
+    aligned by block count) are excluded and the diagonal block is always kept. When
+    ``N_q > N_kv`` the first ``N_q - N_kv`` query blocks have no diagonal block and get
+    count 0 (pass ``allow_empty_block_nums=True`` to the op).
 
     Args:
       q: ``(B, H_q, S_q, D)`` (bhsd) or ``(B, S_q, H_q, D)`` (bshd).
       k: ``(B, H_kv, S_kv, D)`` / ``(B, S_kv, H_kv, D)``.
       top_k: static ``K_max`` (>= 1, clipped to ``N_kv``).
-      sparse_block_size: 64 or 128.
+      sparse_block_size: 64 or 128 (default 128, as the op's).
       layout: "bhsd" or "bshd".
       causal: restrict to KV blocks ``n <= m + N_kv - N_q``.
 
     Returns:
       ``(q2k_block_index int32 (B, H_q, N_q, K_max), q2k_block_nums int32 (B, H_q, N_q))``,
       indices of the active prefix sorted by descending score.
+
+    Raises:
+      ValueError: ``top_k < 1``, ``sparse_block_size`` not in {64, 128}, a layout other
+        than "bhsd"/"bshd", or ``H_q`` not a multiple of ``H_kv``.
     """
     if layout not in ("bhsd", "bshd"):
         raise ValueError(f"layout must be 'bhsd' or 'bshd', got {layout!r}")
+    if isinstance(sparse_block_size, bool) or sparse_block_size not in SPARSE_BLOCK_SIZES:
+        raise ValueError(f"sparse_block_size must be one of {SPARSE_BLOCK_SIZES}, got {sparse_block_size!r}")
+    if int(top_k) < 1:
+        raise ValueError(f"top_k must be >= 1, got {top_k}")
     if layout == "bshd":
         q = jnp.swapaxes(q, 1, 2)
         k = jnp.swapaxes(k, 1, 2)

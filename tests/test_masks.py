@@ -176,3 +176,24 @@ def test_transpose_block_index():
             got = list(k2q[b, h, indptr[b, h, n]: indptr[b, h, n + 1]])
             assert got == sorted(lists[n])
         assert np.all(k2q[b, h, indptr[b, h, -1]:] == -1)
+
+
+def test_topk_block_index_bad_args():
+    q = jnp.zeros((1, 2, 200, 8))
+    with pytest.raises(ValueError, match=r"top_k must be >= 1, got 0"):
+        masks.topk_block_index(q, q, 0, sparse_block_size=64)
+    with pytest.raises(ValueError, match=r"sparse_block_size must be one of \(64, 128\), got 96"):
+        masks.topk_block_index(q, q, 2, sparse_block_size=96)
+    with pytest.raises(ValueError, match=r"H_q=3 must be a multiple of H_kv=2"):
+        masks.topk_block_index(jnp.zeros((1, 3, 200, 8)), q, 2)
+
+
+def test_topk_block_index_causal_more_q_than_kv_blocks():
+    # N_q = 4 > N_kv = 2: query blocks 0 and 1 have no diagonal KV block -> count 0
+    rng = np.random.default_rng(5)
+    q = jnp.asarray(rng.standard_normal((1, 1, 256, 8)), jnp.float32)
+    k = jnp.asarray(rng.standard_normal((1, 1, 128, 8)), jnp.float32)
+    index, nums = masks.topk_block_index(q, k, 2, sparse_block_size=64, causal=True)
+    np.testing.assert_array_equal(np.asarray(nums)[0, 0], [0, 0, 1, 2])
+    assert int(index[0, 0, 2, 0]) == 0 and sorted(np.asarray(index)[0, 0, 3].tolist()) == [0, 1]
+    assert int(index[0, 0, 3, 0]) == 1  # the diagonal block comes first
