@@ -8,6 +8,9 @@ only in the per-step schedule and the dQ reduction:
 * two CTA barriers per query sub-tile instead of three: the prefetch of the next Q/dO
   sub-tile into the other stage of the ``cp.async`` ring is issued right after the barrier
   that publishes the current one (every thread has left the previous step by then);
+* the K->Q CSR entries are software-pipelined two steps ahead in registers, so that no
+  dependent global load of an entry sits between the barrier and the next prefetch (or the
+  lse/delta loads of the current step);
 * dQ goes to the fp32 accumulator with ``red.global.add.v4.f32`` (half the reduction
   instructions of the ``v2`` atomics of the default kernel): lanes ``l`` and ``l ^ 1`` of
   the wgmma accumulator hold the two halves of four consecutive columns of rows ``r`` and
@@ -144,9 +147,8 @@ class BsaBwdSm90V2:
                 tD[None, r, None].fill(0)
 
     @cute.jit
-    def _issue_q_do(self, mQ, mdO, mEntries, e_begin, t, n_q_blocks, head_kv, group, batch,
+    def _issue_q_do(self, mQ, mdO, ent, t, n_q_blocks, head_kv, group, batch,
                     seqlen_q, gmem_copy_in, thr_copy, tCc, tQsQ, tdOsdO, stage):
-        ent = mEntries[e_begin + t // self.sub]
         h_in_group = ent // n_q_blocks
         m_block = ent - h_in_group * n_q_blocks
         head = head_kv * group + h_in_group
@@ -249,14 +251,20 @@ class BsaBwdSm90V2:
         e_begin = mOffsets[row_id]
         n_steps = (mOffsets[row_id + 1] - e_begin) * self.sub
 
+        # CSR entries are software-pipelined two steps ahead (register carried), so that no
+        # global load of an entry sits between a barrier and the copies / lse loads it feeds
+        ent_cur = cutlass.Int32(0)
+        ent_nxt = cutlass.Int32(0)
         if n_steps > 0:
-            self._issue_q_do(mQ, mdO, mEntries, e_begin, 0, n_q_blocks, head_kv, group, batch,
+            ent_cur = mEntries[e_begin]
+            ent_nxt = mEntries[e_begin + cutlass.min(1, n_steps - 1) // self.sub]
+            self._issue_q_do(mQ, mdO, ent_cur, 0, n_q_blocks, head_kv, group, batch,
                              seqlen_q, gmem_copy_in, thr_copy, tCc, tQsQ, tdOsdO, 0)
         cute.arch.cp_async_commit_group()
         odd = (tidx % 2) == 1
         for t in cutlass.range(n_steps, unroll=1):
             stage = t % 2
-            ent = mEntries[e_begin + t // self.sub]
+            ent = ent_cur
             h_in_group = ent // n_q_blocks
             m_block = ent - h_in_group * n_q_blocks
             head = head_kv * group + h_in_group
@@ -284,10 +292,12 @@ class BsaBwdSm90V2:
             # other ring stage and sdS are free
             cute.arch.barrier()
             if t + 1 < n_steps:
-                self._issue_q_do(mQ, mdO, mEntries, e_begin, t + 1, n_q_blocks, head_kv, group,
+                self._issue_q_do(mQ, mdO, ent_nxt, t + 1, n_q_blocks, head_kv, group,
                                  batch, seqlen_q, gmem_copy_in, thr_copy, tCc, tQsQ, tdOsdO,
                                  1 - stage)
             cute.arch.cp_async_commit_group()
+            ent_cur = ent_nxt
+            ent_nxt = mEntries[e_begin + cutlass.min(t + 2, n_steps - 1) // self.sub]
 
             if limit > 0 and q0 < seqlen_q:
                 acc_S = thr_s.make_fragment_C(thr_s.partition_shape_C((TILE, TILE)))
