@@ -8,7 +8,8 @@ NaN never passes; rows with no key must give out = 0, lse = -inf and zero gradie
 Run on the H200: ``python -m pytest -m gpu tests/test_gpu_bsa.py`` (about 20 s per case,
 mostly CuTe DSL + reference compiles; 7 minutes in one process). Shard with
 ``BSA_TEST_SHARD=i/n`` to run several processes in parallel (CuTe compiles are serial
-inside one process; 4 processes finish the grid in about 100 s). The default kernels are
+inside one process; 4 processes finish the grid in about 100 s). The non-grid tests run
+in one shard each, spread over the shards. The default kernels are
 the wgmma ones for D in {64, 128}; set ``JAX_SPARSE_ATTN_BSA_FWD_IMPL=sm80`` and
 ``JAX_SPARSE_ATTN_BSA_BWD_IMPL=sm80`` to test the mma.sync kernels there. The opt-in
 backward variants are tested the same way: ``JAX_SPARSE_ATTN_BSA_BWD_IMPL=sm90v2`` (or
@@ -82,6 +83,15 @@ def _shard(cases):
         return cases
     i, n = (int(x) for x in spec.split("/"))
     return [c for j, c in enumerate(cases) if j % n == i]
+
+
+def _only_in_shard(j):
+    """Non-grid test number ``j``: runs in shard ``(len(CASES) + j) % n`` only (spread out)."""
+    spec = os.environ.get("BSA_TEST_SHARD")
+    if spec:
+        i, n = (int(x) for x in spec.split("/"))
+        if (len(CASES) + j) % n != i:
+            pytest.skip(f"BSA_TEST_SHARD: runs in shard {(len(CASES) + j) % n}/{n}")
 
 
 # ----------------------------------------------------------------------------- inputs
@@ -237,6 +247,7 @@ def test_bsa_kernel_matches_reference(c):
 
 def test_block_causal_equals_dense_block_causal():
     """Block-causal lower triangle == dense attention under the block-granular causal mask."""
+    _only_in_shard(4)
     c = _case("causal-dense", blk=64, sq=512, skv=512, pattern="causal", counts="var", kmax=8, b=1,
               hq=2, hkv=2)
     q, k, v, idx, nums, _ = make_inputs(c)
@@ -263,6 +274,7 @@ def test_block_causal_equals_dense_block_causal():
 
 def test_grad_through_jitted_loss_public_api():
     """jax.grad of a jitted loss through block_sparse_attention(backend='kernel')."""
+    _only_in_shard(5)
     import jax_sparse_attn as jsa
     from jax_sparse_attn import reference
 
@@ -289,6 +301,7 @@ def test_grad_through_jitted_loss_public_api():
 
 def test_fresh_inputs_same_shape_not_stale():
     """Two calls with different inputs of one shape: each matches its own reference."""
+    _only_in_shard(6)
     c = _case("stale", blk=64, sq=300, skv=333, counts="var", sizes_rank=3, b=1)
     outs = []
     for seed in (3, 4):
