@@ -113,20 +113,23 @@ def test_hstu_kernel_lowers_dv_ne_d_and_window_values():
     assert all(_target() in t for t in texts)
 
 
-SM90_LOWER = [(impl, d, fn, dt) for impl in ("sm90", "sm90pp")
-              for d, fn, dt in ((128, 0, "bfloat16"), (64, 3, "float16"), (32, 0, "bfloat16"),
-                                (256, 7, "bfloat16"))]
+SM90_LOWER = [(impl, d, dv, fn, dt) for impl in ("sm90", "sm90pp")
+              for d, dv, fn, dt in ((128, 128, 0, "bfloat16"), (64, 64, 3, "float16"),
+                                    (32, 32, 0, "bfloat16"), (256, 256, 7, "bfloat16"),
+                                    (64, 128, 0, "bfloat16"))]
 
 
-@pytest.mark.parametrize("impl,head_dim,func_n,dtype", SM90_LOWER,
+@pytest.mark.parametrize("impl,head_dim,head_dim_v,func_n,dtype", SM90_LOWER,
                          ids=["-".join(map(str, c)) for c in SM90_LOWER])
-def test_hstu_experimental_sm90_forward_lowers(monkeypatch, impl, head_dim, func_n, dtype):
+def test_hstu_experimental_sm90_forward_lowers(monkeypatch, impl, head_dim, head_dim_v, func_n,
+                                               dtype):
     """The experimental wgmma forwards (opt-in: sm90, sm90pp ping-pong) keep compiling for
-    sm_90a at every head dim (D=256 uses 64-key tiles)."""
+    sm_90a at every head dim (D=256 uses 64-key tiles) and with D != D_v."""
     from jax_sparse_attn.ffi import hstu as fh  # noqa: PLC0415
 
     monkeypatch.setenv("JAX_SPARSE_ATTN_HSTU_FWD_IMPL", impl)
     q = jax.ShapeDtypeStruct((T, 2, head_dim), jnp.dtype(dtype))
+    v = jax.ShapeDtypeStruct((T, 2, head_dim_v), jnp.dtype(dtype))
     cu = jax.ShapeDtypeStruct((B + 1,), jnp.int32)
     func = jax.ShapeDtypeStruct((1, func_n, T + 256), jnp.int32) if func_n else None
     window = (-1, -1) if func_n else (-1, 0)
@@ -135,7 +138,7 @@ def test_hstu_experimental_sm90_forward_lowers(monkeypatch, impl, head_dim, func
         return fh.hstu_fwd(q, k, v, cu, cu, func, max_seqlen_q=100, max_seqlen_k=100,
                            scaling_seqlen=100.0, window_size=window, alpha=1.0)
 
-    txt = _lower(f, q, q, q, cu, func)
+    txt = _lower(f, q, q, v, cu, func)
     assert _target() in txt and "\\7FELF" in txt
 
 
