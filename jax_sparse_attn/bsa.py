@@ -117,37 +117,51 @@ _fwd_jit = jax.jit(_fwd_impl, static_argnums=(0,))
 _bwd_jit = jax.jit(_bwd_impl, static_argnums=(0,))
 
 
-_ARGS_DOC = """
-    Args:
+_SEMANTICS_DOC = """
+    Semantics: issue 2 ("Package foundation") of this project; the metadata follow
+    cuDNN's block-sparse attention conventions (see the module docstring and
+    ``docs/bsa.md``).
+"""
+
+_ARG_LINES = """
       q: ``(B, H_q, S_q, D)`` for ``layout="bhsd"`` or ``(B, S_q, H_q, D)`` for
         ``"bshd"``; float16 or bfloat16 (float32/float64 run on the reference backend).
       k: ``(B, H_kv, S_kv, D)`` / ``(B, S_kv, H_kv, D)``, same dtype; ``H_q`` must be a
         multiple of ``H_kv`` (query head h uses KV head ``h // (H_q // H_kv)``).
-      v: like k with head dim ``D_v``.
+      v: like k with head dim ``D_v``."""
+
+_META_ARG_LINES = """
       q2k_block_index: int32 ``(B, H_q, N_q, K_max)``, ``K_max >= 1``: KV block ids per
         query block; only the active prefix is read. Active ids must be unique and in
-        ``[0, N_kv)`` (caller contract, checked eagerly when concrete).
+        ``[0, N_kv)`` (caller contract, checked eagerly when concrete). Other integer
+        dtypes of the metadata arrays are converted to int32.
       block_sparse_num: Python int in ``[1, K_max]``: fixed active-prefix length. Pass
-        exactly one of this and ``q2k_block_nums``.
+        exactly one of this and ``q2k_block_nums``. Default None.
       block_sizes: optional int32 ``(N_kv,)``, ``(B, N_kv)`` or ``(B, H_q, N_kv)``, values
         in ``[1, sparse_block_size]``: tokens of each KV block that are keys (a prefix
-        of the block). Default: whole blocks (the tail past ``S_kv`` is always masked).
+        of the block). Default None: whole blocks (the tail past ``S_kv`` is always
+        masked).
       q2k_block_nums: int32 ``(B, H_q, N_q)`` per-row active-prefix lengths in
-        ``[1, K_max]`` (``[0, K_max]`` with ``allow_empty_block_nums=True``).
+        ``[1, K_max]`` (``[0, K_max]`` with ``allow_empty_block_nums=True``). Default None.
       sparse_block_size: 64 or 128 (default 128 on every backend).
       softmax_scale: Python number, default ``1 / sqrt(D)``.
       layout: ``"bhsd"`` (default) or ``"bshd"``; outputs follow it.
-      allow_empty_block_nums: allow counts of 0 (empty rows: out 0, lse -inf).
-      backend: ``"auto"``, ``"kernel"`` or ``"reference"`` (see :func:`hstu_attention`).
+      allow_empty_block_nums: allow counts of 0 (empty rows: out 0, lse -inf); default
+        False.
+      backend: ``"auto"`` (default), ``"kernel"`` or ``"reference"`` (see
+        :func:`hstu_attention`).
 """
+
+_ARGS_DOC = "\n    Args:" + _ARG_LINES + _META_ARG_LINES
 
 _RAISES_DOC = """
     Raises:
-      ValueError: bad ranks/shapes, layout not in {"bhsd", "bshd"}, sparse_block_size
-        not in {64, 128}, K_max = 0, both or neither of block_sparse_num/q2k_block_nums,
-        and (for concrete metadata) bad values, see
+      ValueError: bad ranks/shapes (also zero head dims), layout not in {"bhsd",
+        "bshd"}, sparse_block_size not in {64, 128}, K_max = 0, both or neither of
+        block_sparse_num/q2k_block_nums, and (for concrete metadata) bad values, see
         :func:`~jax_sparse_attn.validate_bsa_metadata`.
-      TypeError: mixed or unsupported dtypes, non-integer metadata.
+      TypeError: mixed or unsupported dtypes, non-integer metadata (backward: ``do``,
+        ``o`` or ``lse`` of the wrong dtype).
       NotImplementedError: ``backend="kernel"`` where the kernel cannot run.
 """
 
@@ -170,6 +184,7 @@ block_sparse_attention.__doc__ = (
     fp32 accumulation. Differentiable in q, k, v (``jax.custom_vjp``; the forward saves
     q, k, v, out, lse and the metadata, the backward of the same backend runs).
 """
+    + _SEMANTICS_DOC
     + _ARGS_DOC
     + """
     Returns:
@@ -195,6 +210,7 @@ def block_sparse_attention_forward(q, k, v, q2k_block_index, block_sparse_num=No
 block_sparse_attention_forward.__doc__ = (
     """Forward of :func:`block_sparse_attention` returning ``(o_tensor, lse_tensor)``.
 """
+    + _SEMANTICS_DOC
     + _ARGS_DOC
     + """
     Returns:
@@ -238,14 +254,16 @@ def block_sparse_attention_backward(do, q, k, v, o, lse, q2k_block_index, block_
 
 block_sparse_attention_backward.__doc__ = (
     """Backward of :func:`block_sparse_attention` from the saved forward results.
-
-    Args:
-      do: output cotangent, the output's shape and q's dtype.
-      o, lse: ``o_tensor`` and ``lse_tensor`` of :func:`block_sparse_attention_forward`
-        for the same inputs.
-      (the rest as :func:`block_sparse_attention`.)
 """
-    + _ARGS_DOC
+    + _SEMANTICS_DOC
+    + """
+    Args:
+      do: output cotangent, the output's shape (input layout) and q's dtype."""
+    + _ARG_LINES
+    + """
+      o: ``o_tensor`` of :func:`block_sparse_attention_forward` for the same inputs.
+      lse: its ``lse_tensor (B, H_q, S_q)``, float32 (float64 for float64 inputs)."""
+    + _META_ARG_LINES
     + """
     Returns:
       :class:`~jax_sparse_attn._results.BSABackwardResult` with ``dq_tensor``,

@@ -190,38 +190,51 @@ _hstu_paged.defvjp(_paged_vjp_fwd, _paged_vjp_bwd)
 _hstu_paged_jit = jax.jit(_hstu_paged, static_argnums=(0,))
 
 
-_ARGS_DOC = """
-    Args:
+_SEMANTICS_DOC = """
+    Semantics: issue 2 ("Package foundation") of this project, which follows the HSTU
+    paper (Zhai et al. 2024, arXiv 2402.17152) and Meta's generative-recommenders
+    kernels; see the module docstring and ``docs/hstu.md``.
+"""
+
+_ARG_LINES = """
       q: ``(T_q, H, D)`` queries, float16 or bfloat16 (float32/float64 are accepted and
         run on the reference backend). All sequences packed along axis 0 (THD layout).
       k: ``(T_k, H, D)`` keys, same dtype; ``None`` with ``paged_kv``.
       v: ``(T_k, H, D_v)`` values, same dtype; ``None`` with ``paged_kv``.
       cu_seqlens_q: ``(B+1,)`` int32, starts at 0, non-decreasing: sequence ``b``'s
         queries are ``q[cu_seqlens_q[b]:cu_seqlens_q[b+1]]`` (zero lengths allowed).
+        Other integer dtypes (e.g. NumPy int64) are converted to int32 (the values must
+        fit; the eager value check verifies it for concrete arrays).
       cu_seqlens_k: ``(B+1,)`` int32, the same for keys/values.
       max_seqlen_q: static Python int >= every query length (compile-time bound).
       max_seqlen_k: static Python int >= every key length.
       scaling_seqlen: positive Python number dividing the output; default
-        ``max_seqlen_q``.
+        ``max_seqlen_q`` (1 when ``max_seqlen_q`` is 0).
       window_size: ``(left, right)`` Python ints >= -1 (-1 = unbounded), relative to the
         bottom-right aligned query position; default ``(-1, 0)`` (causal).
       alpha: Python number scaling ``q . k``; default 1.0.
       func: optional int32 ``(1, N, L_f)``, N odd, ``L_f >= T_q + 256``: arbitrary
         interval mask (see module doc; :mod:`jax_sparse_attn.masks` builds common
-        ones). Requires ``window_size=(-1, -1)`` and no paged KV.
+        ones). Requires ``window_size=(-1, -1)`` and no paged KV. Default None."""
+
+_PAGED_ARG_LINES = """
       paged_kv: optional ``(num_pages, 2, 128, H, D)`` paged KV cache (index 0 = K,
-        1 = V); forward only, causal only. Then ``k``/``v`` must be None.
+        1 = V); forward only, causal only. Then ``k``/``v`` must be None. Default None.
       page_ids: ``(P,)`` int32 page numbers; sequence ``b`` uses pages
         ``page_ids[page_indptrs[b]:page_indptrs[b+1]]`` concatenated, truncated to
         ``L_k`` from ``cu_seqlens_k``.
-      page_indptrs: ``(B+1,)`` int32.
-      backend: ``"auto"`` (CuTe DSL kernel on an SM90 GPU when it supports the call,
-        else the pure-JAX reference), ``"kernel"`` or ``"reference"``.
+      page_indptrs: ``(B+1,)`` int32."""
+
+_BACKEND_ARG_LINES = """
+      backend: ``"auto"`` (default: CuTe DSL kernel on an SM90 GPU when it supports the
+        call, else the pure-JAX reference), ``"kernel"`` or ``"reference"``.
 """
+
+_ARGS_DOC = "\n    Args:" + _ARG_LINES + _PAGED_ARG_LINES + _BACKEND_ARG_LINES
 
 _RAISES_DOC = """
     Raises:
-      ValueError: bad shapes/ranks, options (e.g. func with a window, odd-N violation,
+      ValueError: bad shapes/ranks (also zero heads or head dims), options (e.g. func with a window, odd-N violation,
         scaling_seqlen <= 0) or, when the metadata are concrete arrays, bad values
         (see :func:`~jax_sparse_attn.validate_hstu_inputs`).
       TypeError: wrong dtypes (mixed q/k/v dtypes, non-integer cu_seqlens) or traced
@@ -252,6 +265,7 @@ hstu_attention.__doc__ = (
     aligned) or ``func``. Differentiable in q, k, v (``jax.custom_vjp``; the backward of
     the backend that ran the forward is used); integer inputs get no gradient.
 """
+    + _SEMANTICS_DOC
     + _ARGS_DOC
     + """
     Returns:
@@ -276,6 +290,7 @@ hstu_attention_forward.__doc__ = (
 
     Same arguments and semantics as :func:`hstu_attention`.
 """
+    + _SEMANTICS_DOC
     + _ARGS_DOC
     + """
     Returns:
@@ -304,13 +319,17 @@ def hstu_attention_backward(do, q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seql
 
 
 hstu_attention_backward.__doc__ = (
-    """Backward of :func:`hstu_attention`: gradients of ``sum(do * out)``.
+    """Backward of :func:`hstu_attention`: gradients of ``sum(do * out)`` in q, k, v.
 
-    Args:
-      do: ``(T_q, H, D_v)`` output cotangent in q's dtype.
-      (the rest as :func:`hstu_attention`; paged KV is not supported.)
+    Runs the backward of the backend that ``backend`` selects (paged KV is not
+    supported: it is forward-only).
 """
-    + _ARGS_DOC
+    + _SEMANTICS_DOC
+    + """
+    Args:
+      do: ``(T_q, H, D_v)`` output cotangent in q's dtype."""
+    + _ARG_LINES
+    + _BACKEND_ARG_LINES
     + """
     Returns:
       :class:`~jax_sparse_attn._results.HSTUBackwardResult` with ``dq_tensor (T_q, H, D)``,
