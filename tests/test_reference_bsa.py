@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 import jax_sparse_attn as jsa
 from jax_sparse_attn import reference
-from oracle import broadcast_sizes, bsa_oracle, x64
+from oracle import broadcast_sizes, bsa_oracle, fd_check, x64
 
 
 def make_case(B=1, Hq=2, Hkv=1, Sq=150, Skv=140, D=8, Dv=None, blk=64, K=3, seed=0,
@@ -82,9 +82,12 @@ def test_bsa_tail_masked_without_block_sizes():
     check(o, lse, wo, wl)
     # only block 1 (2 valid keys) -> each output row is a mix of v[128], v[129]
     idx1 = np.ones_like(idx)
-    o1, _ = call(q, k, v, idx1, fixed=1)
-    wo1, _ = bsa_oracle(q, k, v, idx1, np.ones_like(nums), blk=128)
-    check(o1, _, wo1, _)
+    o1, lse1 = call(q, k, v, idx1, fixed=1)
+    wo1, wl1 = bsa_oracle(q, k, v, idx1, np.ones_like(nums), blk=128)
+    check(o1, lse1, wo1, wl1)
+    # lse over exactly the 2 valid keys
+    s = np.einsum("bhqd,bhkd->bhqk", q, k[:, :, 128:130]) / np.sqrt(q.shape[-1])
+    np.testing.assert_allclose(lse1, np.log(np.exp(s).sum(-1)), rtol=1e-12)
 
 
 @pytest.mark.parametrize("rank", [1, 2, 3])
@@ -228,20 +231,6 @@ def test_bsa_random_cases(Sq, Skv, K, heads, layout, sizes_rank, seed):
 # ------------------------------------------------------------------ gradients
 
 
-def _fd_check(f, args, cot, eps=1e-6, n_dirs=3, seed=0):
-    out, vjp = jax.vjp(f, *args)
-    grads = vjp(cot)
-    rng = np.random.default_rng(seed)
-    for _ in range(n_dirs):
-        dirs = [jnp.asarray(rng.standard_normal(a.shape)) for a in args]
-        plus = f(*[a + eps * d for a, d in zip(args, dirs)])
-        minus = f(*[a - eps * d for a, d in zip(args, dirs)])
-        fd = float(jnp.sum(cot * (plus - minus)) / (2 * eps))
-        an = float(sum(jnp.sum(g * d) for g, d in zip(grads, dirs)))
-        assert abs(fd - an) <= 1e-6 * max(1.0, abs(fd)), (fd, an)
-    return out, grads
-
-
 @pytest.mark.parametrize("case", ["counts_gqa", "sizes_bshd", "empty_rows"])
 def test_bsa_grad_matches_finite_differences(case):
     layout = "bshd" if case == "sizes_bshd" else "bhsd"
@@ -259,7 +248,7 @@ def test_bsa_grad_matches_finite_differences(case):
 
         args = tuple(jnp.asarray(t(x)) for x in (q, k, v))
         cot = jnp.asarray(np.random.default_rng(3).standard_normal(f(*args).shape))
-        out, grads = _fd_check(f, args, cot)
+        out, grads = fd_check(f, args, cot)
         # explicit backward API from (o, lse) agrees with jax.vjp of the op
         o, lse = jsa.block_sparse_attention_forward(*args, jnp.asarray(idx), backend="reference", **meta)
         res = jsa.block_sparse_attention_backward(cot, *args, o, lse, jnp.asarray(idx),
