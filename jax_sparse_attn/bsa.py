@@ -22,7 +22,7 @@ import jax.numpy as jnp
 
 from . import _backend, reference
 from ._results import BSABackwardResult, BSAForwardResult
-from .validation import check_bsa_args, is_concrete, validate_bsa_metadata
+from .validation import canonical_dtype, check_bsa_args, is_concrete, validate_bsa_metadata
 
 __all__ = [
     "block_sparse_attention",
@@ -238,16 +238,16 @@ def block_sparse_attention_backward(do, q, k, v, o, lse, q2k_block_index, block_
         if tuple(getattr(x, "shape", ())) != out_shape:
             raise ValueError(f"{name} must have the output's shape {out_shape}, "
                              f"got {tuple(getattr(x, 'shape', ()))}")
-        if jnp.dtype(x.dtype) != jnp.dtype(q.dtype):
-            raise TypeError(f"{name} dtype {jnp.dtype(x.dtype)} must equal q's dtype {jnp.dtype(q.dtype)}")
+        if canonical_dtype(x) != canonical_dtype(q):
+            raise TypeError(f"{name} dtype {canonical_dtype(x)} must equal q's dtype {canonical_dtype(q)}")
     B, Sq, Hq = qs[0], (qs[2] if layout == "bhsd" else qs[1]), (qs[1] if layout == "bhsd" else qs[2])
     if tuple(getattr(lse, "shape", ())) != (B, Hq, Sq):
         raise ValueError(f"lse must have shape (B, H_q, S_q) = {(B, Hq, Sq)}, "
                          f"got {tuple(getattr(lse, 'shape', ()))}")
-    lse_dtype = jnp.promote_types(q.dtype, jnp.float32)
-    if jnp.dtype(lse.dtype) != lse_dtype:
+    lse_dtype = jnp.promote_types(canonical_dtype(q), jnp.float32)
+    if canonical_dtype(lse) != lse_dtype:
         raise TypeError(f"lse must be {lse_dtype} (the lse_tensor of block_sparse_attention_forward "
-                        f"for {jnp.dtype(q.dtype)} inputs), got {jnp.dtype(lse.dtype)}")
+                        f"for {canonical_dtype(q)} inputs), got {canonical_dtype(lse)}")
     dq, dk, dv = _bwd_jit(cfg, do, q, k, v, o, lse, idx, nums, sizes)
     return BSABackwardResult(dq_tensor=dq, dk_tensor=dk, dv_tensor=dv)
 

@@ -26,7 +26,7 @@ import jax.numpy as jnp
 
 from . import _backend, reference
 from ._results import HSTUBackwardResult, HSTUForwardResult
-from .validation import check_hstu_args, is_concrete, validate_hstu_inputs
+from .validation import canonical_dtype, check_hstu_args, is_concrete, validate_hstu_inputs
 
 __all__ = ["hstu_attention", "hstu_attention_forward", "hstu_attention_backward", "HSTUConfig"]
 
@@ -312,8 +312,9 @@ def hstu_attention_backward(do, q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seql
     if tuple(getattr(do, "shape", ())) != want:
         raise ValueError(f"do must have the output's shape (T_q, H, D_v) = {want}, "
                          f"got {tuple(getattr(do, 'shape', ()))}")
-    if jnp.dtype(do.dtype) != jnp.dtype(q.dtype):
-        raise TypeError(f"do dtype {jnp.dtype(do.dtype)} must equal q's dtype {jnp.dtype(q.dtype)}")
+    qdt, dodt = canonical_dtype(q), canonical_dtype(do)
+    if dodt != qdt:
+        raise TypeError(f"do dtype {dodt} must equal q's dtype {qdt}")
     dq, dk, dv = _bwd_jit(cfg, do, q, k, v, _i32(cu_seqlens_q), _i32(cu_seqlens_k), _i32(func))
     return HSTUBackwardResult(dq_tensor=dq, dk_tensor=dk, dv_tensor=dv)
 

@@ -52,6 +52,11 @@ def _is_tracer(x) -> bool:
     return isinstance(x, jax.core.Tracer)
 
 
+def canonical_dtype(x):
+    """The dtype ``x`` has as a JAX array (NumPy float64 is float32 unless x64 is on)."""
+    return jnp.dtype(jax.dtypes.canonicalize_dtype(x.dtype))
+
+
 def is_concrete(*xs) -> bool:
     """True when none of ``xs`` is a JAX tracer (values can be read on the host)."""
     return not any(_is_tracer(x) for x in xs if x is not None)

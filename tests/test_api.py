@@ -423,3 +423,23 @@ def test_readme_has_two_setup_commands_and_ci_runs_the_test_one():
         lines = [ln.strip() for ln in f if ln.strip() and not ln.startswith("#")]
     assert "set -euo pipefail" in lines and test_cmd in lines
     assert os.access(ci, os.X_OK)
+
+
+def test_backward_apis_accept_numpy_float64_without_x64():
+    # NumPy float64 inputs become float32 JAX arrays when x64 is off; the forward outputs
+    # (out, lse) are float32 and must be accepted by the explicit backward APIs.
+    if jax.config.jax_enable_x64:
+        pytest.skip("needs x64 off")
+    rng = np.random.default_rng(3)
+    qh = rng.standard_normal((10, 1, 4))
+    cu = np.array([0, 4, 10])
+    out = jsa.hstu_attention(qh, qh, qh, cu, cu, max_seqlen_q=6, max_seqlen_k=6)
+    assert out.dtype == jnp.float32
+    g = jsa.hstu_attention_backward(out, qh, qh, qh, cu, cu, max_seqlen_q=6, max_seqlen_k=6)
+    assert g.dq_tensor.dtype == jnp.float32 and np.abs(np.asarray(g.dq_tensor)).max() > 0
+    q = rng.standard_normal((1, 2, 100, 8))
+    idx = np.zeros((1, 2, 1, 1), np.int32)
+    o, lse = jsa.block_sparse_attention_forward(q, q, q, idx, 1)
+    assert lse.dtype == jnp.float32
+    gb = jsa.block_sparse_attention_backward(o, q, q, q, o, lse, idx, 1)
+    assert gb.dq_tensor.dtype == jnp.float32 and np.abs(np.asarray(gb.dk_tensor)).max() > 0
