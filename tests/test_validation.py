@@ -76,23 +76,21 @@ def _paged(ptr=(0, 1, 1, 3), ids=(2, 0, 1), n_pages=3, cu_k=(0, 100, 100, 250)):
         page_indptrs=jnp.asarray(ptr, jnp.int32))
 
 
-def test_paged_valid_and_bad_values():
+def test_paged_valid_values_pass():
     args, kw = _paged()
     validate_hstu_inputs(*args, **kw)
-    args, kw = _paged(ptr=(1, 1, 1, 3))
-    with pytest.raises(ValueError, match=r"page_indptrs\[0\] must be 0"):
-        validate_hstu_inputs(*args, **kw)
-    args, kw = _paged(ptr=(0, 2, 1, 3))
-    with pytest.raises(ValueError, match=r"page_indptrs must be non-decreasing"):
-        validate_hstu_inputs(*args, **kw)
-    args, kw = _paged(ptr=(0, 1, 1, 4))
-    with pytest.raises(ValueError, match=r"page_indptrs\[-1\]=4 exceeds len\(page_ids\)=3"):
-        validate_hstu_inputs(*args, **kw)
-    args, kw = _paged(ptr=(0, 1, 1, 2))
-    with pytest.raises(ValueError, match=r"sequence 2 has 150 keys and needs 2 pages"):
-        validate_hstu_inputs(*args, **kw)
-    args, kw = _paged(ids=(2, 0, 3))
-    with pytest.raises(ValueError, match=r"page_ids\[2\]=3 is outside \[0, num_pages=3\)"):
+
+
+@pytest.mark.parametrize("bad,match", [
+    (dict(ptr=(1, 1, 1, 3)), r"page_indptrs\[0\] must be 0"),
+    (dict(ptr=(0, 2, 1, 3)), r"page_indptrs must be non-decreasing: page_indptrs\[2\]=1 < page_indptrs\[1\]=2"),
+    (dict(ptr=(0, 1, 1, 4)), r"page_indptrs\[-1\]=4 exceeds len\(page_ids\)=3"),
+    (dict(ptr=(0, 1, 1, 2)), r"sequence 2 has 150 keys and needs 2 pages"),
+    (dict(ids=(2, 0, 3)), r"page_ids\[2\]=3 is outside \[0, num_pages=3\)"),
+])
+def test_paged_bad_values(bad, match):
+    args, kw = _paged(**bad)
+    with pytest.raises(ValueError, match=match):
         validate_hstu_inputs(*args, **kw)
 
 
