@@ -8,13 +8,15 @@
 # Phase 2 (in parallel): the GPU test grids (HSTU default + wgmma forwards, BSA), the
 #   MovieLens full runs (kernel and reference backends) and the real-attention example.
 # Logs go to $LOGS; a tarball of them and a summary go to $OUT.
-# Env: PHASES (default "12"), ML_EPOCHS (default: --full = 101), T_TEST (per-shard timeout).
+# Env: PHASES (default "12"), ML_EPOCHS (default: --full = 101), T_TEST (per-shard timeout),
+# T_ML (MovieLens timeout; the example writes its JSON after every epoch).
 set -u
 out=${OUT:-./gpu_out}
 DATA=${DATA:-/tmp/mldata}
 LOGS=${LOGS:-/tmp/gv_logs}
 PHASES=${PHASES:-12}
 T_TEST=${T_TEST:-170}
+T_ML=${T_ML:-330}
 mkdir -p "$out" "$LOGS"
 export XLA_PYTHON_CLIENT_PREALLOCATE=false
 start=$(date +%s)
@@ -37,7 +39,7 @@ if [[ $PHASES == *2* ]]; then
   stamp "phase 2: MovieLens + example + test grids"
   ml_epochs=${ML_EPOCHS:+--epochs $ML_EPOCHS}
   for be in kernel reference; do
-    python3 examples/hstu_movielens.py --full ${ml_epochs} --backend $be \
+    timeout $T_ML python3 examples/hstu_movielens.py --full ${ml_epochs} --backend $be \
       --data-cache "$DATA/ml-1m-sequences.npz" --out "$LOGS/ml1m_full_$be.json" \
       > "$LOGS/ml1m_full_$be.log" 2>&1 &
   done
