@@ -1,8 +1,7 @@
 """HSTU attention forward for SM90 with warpgroup MMA (wgmma), cp.async loads.
 
-EXPERIMENTAL, NOT YET VALIDATED ON THE GPU (opt-in via ``JAX_SPARSE_ATTN_HSTU_FWD_IMPL=sm90``;
-it compiles for sm_90a, its GPU test is ``HSTU_TEST_SM90=1 pytest -m gpu -k sm90
-tests/test_gpu_hstu.py``; the default path is ``hstu_fwd_sm80``): same semantics, tile
+The default HSTU forward on SM90 in its ping-pong form (``impl="sm90pp"``; ``"sm90"`` is the
+lockstep form; GPU tests: ``HSTU_TEST_SM90=1 pytest -m gpu -k sm90 tests/test_gpu_hstu.py``): same semantics, tile
 schedule, masks and zero-fill conventions as ``hstu_fwd_sm80`` (read its docstring), but
 the two GEMMs run on Hopper's asynchronous warpgroup MMA:
 
