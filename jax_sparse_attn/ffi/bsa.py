@@ -13,8 +13,7 @@ compile key; compile keys are the frozen ``BsaFwdConfig`` / ``BsaBwdConfig`` dat
 Kernels (``jax_sparse_attn/kernels``):
 
 * D in {64, 128}: ``bsa_fwd_sm90`` / ``bsa_bwd_sm90_v2`` (warpgroup MMA, sm_90a) by default
-  (``JAX_SPARSE_ATTN_BSA_BWD_IMPL=sm90`` selects the first wgmma backward: 185 vs 196 TFLOP/s
-  for v2 at B=1 H=16 S=16384 D=128 blk64 top-32 on the H200);
+  (``JAX_SPARSE_ATTN_BSA_BWD_IMPL=sm90v2n`` turns off its dQ/dK-dV wgmma overlap);
 * D in {32, 256}: ``bsa_fwd_sm80`` / ``bsa_bwd_sm80`` (warp-level ``mma.sync``, also run on
   sm_90a). ``JAX_SPARSE_ATTN_BSA_FWD_IMPL`` / ``JAX_SPARSE_ATTN_BSA_BWD_IMPL`` = ``sm80``
   force the ``mma.sync`` kernels for every D (read at trace time; part of the compile key).
@@ -73,7 +72,7 @@ class BsaBwdConfig:
     head_dim: int
     block_size: int
     has_block_sizes: bool
-    impl: str = "sm80"  # "sm90", "sm90v2", "sm90v2n": wgmma kernels (D in {64, 128}); "sm80": mma.sync
+    impl: str = "sm80"  # "sm90v2", "sm90v2n": wgmma kernels (D in {64, 128}); "sm80": mma.sync
 
 
 _BWD_IMPLS = ("sm90", "sm90v2", "sm90v2n", "sm80")
@@ -83,7 +82,9 @@ def _bwd_impl(head_dim: int) -> str:
     want = os.environ.get("JAX_SPARSE_ATTN_BSA_BWD_IMPL", _DEFAULT_BWD_IMPL)
     if want not in _BWD_IMPLS:
         raise ValueError(f"JAX_SPARSE_ATTN_BSA_BWD_IMPL must be one of {_BWD_IMPLS}, got {want!r}")
-    if want in ("sm90", "sm90v2", "sm90v2n") and head_dim in (64, 128):
+    if want == "sm90":  # the default wgmma backward's short name
+        want = "sm90v2"
+    if want in ("sm90v2", "sm90v2n") and head_dim in (64, 128):
         return want
     return "sm80"
 
@@ -277,9 +278,7 @@ def bsa_preprocess(do, out, *, layout: str):
 
 def _bwd_entry(stream, q, k, v, do, lse, delta, offsets, entries, sizes, scale, dq_acc, dk, dv,
                *, cfg: BsaBwdConfig):
-    if cfg.impl == "sm90":
-        from ..kernels.bsa_bwd_sm90 import BsaBwdSm90 as Kernel  # noqa: PLC0415
-    elif cfg.impl in ("sm90v2", "sm90v2n"):
+    if cfg.impl in ("sm90v2", "sm90v2n"):
         from ..kernels.bsa_bwd_sm90_v2 import BsaBwdSm90V2 as Kernel  # noqa: PLC0415
     else:
         from ..kernels.bsa_bwd_sm80 import BsaBwdSm80 as Kernel  # noqa: PLC0415
