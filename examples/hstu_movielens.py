@@ -110,8 +110,8 @@ PRESETS = {
     # The paper's configuration (101 epochs over all users; evaluated every 5 epochs
     # and after the last one).
     "full": Config(eval_every=5),
-    # Reduced budget for a 2-core CPU (6-11 minutes end to end with the reference
-    # backend: 77-210 s per epoch depending on load): the full model and data, 4 epochs.
+    # Reduced budget for a 2-core CPU (5-11 minutes end to end with the reference
+    # backend: 55-210 s per epoch depending on load): the full model and data, 4 epochs.
     "default": Config(epochs=4, eval_every=2),
     # CI smoke run: a small slice, short window, < 2 minutes on CPU.
     "smoke": Config(
