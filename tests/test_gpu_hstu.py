@@ -11,9 +11,10 @@ zero-length sequences fill unused slots), so each static kernel configuration co
 once per process: lengths, windows, alpha, scaling are runtime values.
 
 Run on the H200: ``python -m pytest -m gpu tests/test_gpu_hstu.py``; shard with
-``HSTU_TEST_SHARD=i/n`` (CuTe compiles are serial inside one process). The experimental
-wgmma forwards are opt-in: ``HSTU_TEST_SM90=1 python -m pytest -m gpu -k sm90
-tests/test_gpu_hstu.py`` (``HSTU_TEST_SM90=sm90pp`` for one of them).
+``HSTU_TEST_SHARD=i/n`` (CuTe compiles are serial inside one process). The default grid
+runs the default forward (``sm90pp``); every forward impl on the grid plus tile-shape extras:
+``HSTU_TEST_SM90=1 python -m pytest -m gpu -k sm90 tests/test_gpu_hstu.py``
+(``HSTU_TEST_SM90=sm90pp`` for one of them).
 """
 
 from __future__ import annotations
@@ -220,7 +221,7 @@ def test_hstu_kernel_vs_reference(case):
               case["window"], case.get("func_n", 0), case.get("alpha"), case.get("scaling"))
 
 
-# The experimental wgmma forwards: the whole GRID plus a few cases that only matter for
+# The wgmma forwards (sm90pp is the default): the whole GRID plus a few cases that only matter for
 # their tile shapes (fp16 at D=32; func masks at D=32 / D=256, where the key tile is 128 / 64
 # wide; L_q < L_k at D=256; a window whose right edge cuts through 64-row warpgroup tiles).
 SM90_EXTRA = [
@@ -247,15 +248,15 @@ SM90_CASES = [(c, impl) for c in _shard(GRID + SM90_EXTRA) for impl in _sm90_imp
 
 
 @pytest.mark.skipif(not _sm90_impls(),
-                    reason="experimental wgmma forwards: set HSTU_TEST_SM90=1 to test them")
+                    reason="per-impl wgmma forward grid: set HSTU_TEST_SM90=1 to run it")
 @pytest.mark.parametrize("case,impl", SM90_CASES or [(None, None)],
                          ids=[f"{i}-{_id(c)}" for c, i in SM90_CASES] or ["none"])
 def test_hstu_sm90_fwd_experimental(case, impl):
-    """The experimental wgmma forwards (JAX_SPARSE_ATTN_HSTU_FWD_IMPL=sm90 / sm90pp) vs the
-    fp32 reference, same rule as the default kernel (forward only: the backward is sm80).
+    """Each wgmma forward (JAX_SPARSE_ATTN_HSTU_FWD_IMPL=sm90 / sm90pp) vs the fp32
+    reference, same rule as the default kernel (forward only: the backward is sm80).
 
-    Opt-in (HSTU_TEST_SM90=1): these kernels compile for sm_90a but are not yet validated
-    on the GPU, so they are not part of the default suite."""
+    Opt-in (HSTU_TEST_SM90=1) to keep the default GPU suite short: the default grid already
+    runs the default forward (sm90pp); this adds the lockstep sm90 and the tile-shape extras."""
     lens_q = case.get("lens_q", LENS_MIXED)
     lens_k = case.get("lens_k", lens_q)
     _run_case(case["d"], case.get("dv", case["d"]), case["dtype"], lens_q, lens_k,
