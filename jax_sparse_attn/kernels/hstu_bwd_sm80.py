@@ -102,20 +102,6 @@ class HstuBwdSm80:
         ).launch(grid=grid, block=[self.num_threads, 1, 1], smem=Smem.size_in_bytes(),
                  stream=stream)
 
-    @cute.jit
-    def _load_rows(self, tcopy, tXg, tXs, tXc, limit):
-        for r in cutlass.range_constexpr(cute.size(tXs.shape[1])):
-            if tXc[0, r, 0][0] < limit:
-                cute.copy(tcopy, tXg[None, r, None], tXs[None, r, None])
-            else:
-                tXs[None, r, None].fill(0)
-
-    @cute.jit
-    def _store_rows(self, tcopy, tXr, tXg, tXc, limit):
-        for r in cutlass.range_constexpr(cute.size(tXr.shape[1])):
-            if tXc[0, r, 0][0] < limit:
-                cute.copy(tcopy, tXr[None, r, None], tXg[None, r, None])
-
     @cute.kernel
     def kernel(self, mdO, mQ, mK, mV, mCuQ, mCuK, mKVTile, mQStart, mQTiles, mFunc, mScal,
                mWin, mdQacc, mdK, mdV,
@@ -268,12 +254,12 @@ class HstuBwdSm80:
             row_f = cute.make_rmem_tensor((n_rows, func_n), Int32)
 
             if m_count > 0:
-                self._load_rows(copy_d, tKgK, tKsK, tKc, seqlen_k - n0)
-                self._load_rows(copy_dv, tVgV, tVsV, tVc, seqlen_k - n0)
-                self._load_rows(copy_d, tQgQ[None, None, None, m_min], tQsQ[None, None, None, 0],
-                                tQc, seqlen_q - m_min * bm)
-                self._load_rows(copy_dv, tdOgdO[None, None, None, m_min],
-                                tdOsdO[None, None, None, 0], tdOc, seqlen_q - m_min * bm)
+                hc.load_rows(copy_d, tKgK, tKsK, tKc, seqlen_k - n0)
+                hc.load_rows(copy_dv, tVgV, tVsV, tVc, seqlen_k - n0)
+                hc.load_rows(copy_d, tQgQ[None, None, None, m_min], tQsQ[None, None, None, 0],
+                             tQc, seqlen_q - m_min * bm)
+                hc.load_rows(copy_dv, tdOgdO[None, None, None, m_min],
+                             tdOsdO[None, None, None, 0], tdOc, seqlen_q - m_min * bm)
                 cute.arch.cp_async_commit_group()
 
             for it in cutlass.range(m_count, unroll=1):
@@ -281,11 +267,11 @@ class HstuBwdSm80:
                 stage = it % 2
                 if it + 1 < m_count:
                     mn = m_block + 1
-                    self._load_rows(copy_d, tQgQ[None, None, None, mn],
-                                    tQsQ[None, None, None, 1 - stage], tQc, seqlen_q - mn * bm)
-                    self._load_rows(copy_dv, tdOgdO[None, None, None, mn],
-                                    tdOsdO[None, None, None, 1 - stage], tdOc,
-                                    seqlen_q - mn * bm)
+                    hc.load_rows(copy_d, tQgQ[None, None, None, mn],
+                                 tQsQ[None, None, None, 1 - stage], tQc, seqlen_q - mn * bm)
+                    hc.load_rows(copy_dv, tdOgdO[None, None, None, mn],
+                                 tdOsdO[None, None, None, 1 - stage], tdOc,
+                                 seqlen_q - mn * bm)
                 cute.arch.cp_async_commit_group()
                 cute.arch.cp_async_wait_group(1)
                 cute.arch.barrier()
@@ -407,12 +393,12 @@ class HstuBwdSm80:
             tdVs = thr_sdv.partition_S(sV)
             tdVr = cute.make_fragment_like(tdVs, self.dtype)
             cute.autovec_copy(tdVs, tdVr)
-            self._store_rows(store_d, tdKr, thr_sd.partition_D(gdK),
-                             thr_sd.partition_D(cute.make_identity_tensor((bn, self.d))),
-                             seqlen_k - n0)
-            self._store_rows(store_dv, tdVr, thr_sdv.partition_D(gdV),
-                             thr_sdv.partition_D(cute.make_identity_tensor((bn, self.dv))),
-                             seqlen_k - n0)
+            hc.store_rows(store_d, tdKr, thr_sd.partition_D(gdK),
+                          thr_sd.partition_D(cute.make_identity_tensor((bn, self.d))),
+                          seqlen_k - n0)
+            hc.store_rows(store_dv, tdVr, thr_sdv.partition_D(gdV),
+                          thr_sdv.partition_D(cute.make_identity_tensor((bn, self.dv))),
+                          seqlen_k - n0)
 
 
 def _atom(cols):

@@ -105,15 +105,6 @@ class HstuFwdSm80:
         ).launch(grid=grid, block=[self.num_threads, 1, 1], smem=Smem.size_in_bytes(),
                  stream=stream)
 
-    @cute.jit
-    def _load_rows(self, tcopy, tXg, tXs, tXc, limit):
-        """Copy the rows of a tile whose row coordinate < ``limit``; zero-fill the others."""
-        for r in cutlass.range_constexpr(cute.size(tXs.shape[1])):
-            if tXc[0, r, 0][0] < limit:
-                cute.copy(tcopy, tXg[None, r, None], tXs[None, r, None])
-            else:
-                tXs[None, r, None].fill(0)
-
     @cute.kernel
     def kernel(self, mQ, mK, mV, mCuQ, mCuK, mTile, mFunc, mScal, mWin, mO,
                sQ_layout, sQ_layout_d, sO_layout, sK_layout, sV_layout,
@@ -226,10 +217,10 @@ class HstuFwdSm80:
                     row_hi[r] = BIG if right < 0 else i + off + right
 
             if n_count > 0:
-                self._load_rows(copy_qk, tQgQ, tQsQ, tQc, seqlen_q - m0)
+                hc.load_rows(copy_qk, tQgQ, tQsQ, tQc, seqlen_q - m0)
                 n_first = n_max - 1
-                self._load_rows(copy_qk, tKgK[None, None, None, n_first], tKsK, tKc,
-                                seqlen_k - n_first * bn)
+                hc.load_rows(copy_qk, tKgK[None, None, None, n_first], tKsK, tKc,
+                             seqlen_k - n_first * bn)
                 cute.arch.cp_async_commit_group()
 
             for it in cutlass.range(n_count, unroll=1):
@@ -238,16 +229,16 @@ class HstuFwdSm80:
                 acc_S.fill(0.0)
                 cute.arch.cp_async_wait_group(0)
                 cute.arch.barrier()
-                self._load_rows(copy_v, tVgV[None, None, None, n], tVsV, tVc,
-                                seqlen_k - n * bn)
+                hc.load_rows(copy_v, tVgV[None, None, None, n], tVsV, tVc,
+                             seqlen_k - n * bn)
                 cute.arch.cp_async_commit_group()
                 hc.gemm_ss(tiled_mma, acc_S, tSrQ, tSrK, tSsQ, tSsK, s2r_Q, s2r_K,
                            tSrQ_v, tSrK_v)
                 cute.arch.cp_async_wait_group(0)
                 cute.arch.barrier()
                 if it + 1 < n_count:
-                    self._load_rows(copy_qk, tKgK[None, None, None, n - 1], tKsK, tKc,
-                                    seqlen_k - (n - 1) * bn)
+                    hc.load_rows(copy_qk, tKgK[None, None, None, n - 1], tKsK, tKc,
+                                 seqlen_k - (n - 1) * bn)
                     cute.arch.cp_async_commit_group()
 
                 # ---- mask (boundary tiles only) -----------------------------------------

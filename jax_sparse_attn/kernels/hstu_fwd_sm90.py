@@ -143,14 +143,6 @@ class HstuFwdSm90:
         if cutlass.const_expr(self.pingpong):
             cute.arch.barrier_arrive(barrier_id=2 - wg, number_of_threads=256)
 
-    @cute.jit
-    def _load_rows(self, tcopy, tXg, tXs, tXc, limit):
-        for r in cutlass.range_constexpr(cute.size(tXs.shape[1])):
-            if tXc[0, r, 0][0] < limit:
-                cute.copy(tcopy, tXg[None, r, None], tXs[None, r, None])
-            else:
-                tXs[None, r, None].fill(0)
-
     @cute.kernel
     def kernel(self, mQ, mK, mV, mCuQ, mCuK, mTile, mFunc, mScal, mWin, mO,
                sQ_layout, sK_layout, sV_layout, copy_qk, copy_v, mma_qk, mma_pv,
@@ -259,13 +251,13 @@ class HstuFwdSm90:
 
             if n_count > 0:
                 for w in cutlass.range_constexpr(2):
-                    self._load_rows(copy_qk, tQgQ[None, None, None, 2 * m_block + w],
-                                    tQsQ[None, None, None, w], tQc, seqlen_q - m0 - w * wgm)
+                    hc.load_rows(copy_qk, tQgQ[None, None, None, 2 * m_block + w],
+                                 tQsQ[None, None, None, w], tQc, seqlen_q - m0 - w * wgm)
                 n_first = n_max - 1
-                self._load_rows(copy_qk, tKgK[None, None, None, n_first],
-                                tKsK[None, None, None, 0], tKc, seqlen_k - n_first * bn)
-                self._load_rows(copy_v, tVgV[None, None, None, n_first],
-                                tVsV[None, None, None, 0], tVc, seqlen_k - n_first * bn)
+                hc.load_rows(copy_qk, tKgK[None, None, None, n_first],
+                             tKsK[None, None, None, 0], tKc, seqlen_k - n_first * bn)
+                hc.load_rows(copy_v, tVgV[None, None, None, n_first],
+                             tVsV[None, None, None, 0], tVc, seqlen_k - n_first * bn)
                 cute.arch.cp_async_commit_group()
 
             for it in cutlass.range(n_count, unroll=1):
@@ -273,10 +265,10 @@ class HstuFwdSm90:
                 stage = it % 2
                 if it + 1 < n_count:
                     nn = n - 1
-                    self._load_rows(copy_qk, tKgK[None, None, None, nn],
-                                    tKsK[None, None, None, 1 - stage], tKc, seqlen_k - nn * bn)
-                    self._load_rows(copy_v, tVgV[None, None, None, nn],
-                                    tVsV[None, None, None, 1 - stage], tVc, seqlen_k - nn * bn)
+                    hc.load_rows(copy_qk, tKgK[None, None, None, nn],
+                                 tKsK[None, None, None, 1 - stage], tKc, seqlen_k - nn * bn)
+                    hc.load_rows(copy_v, tVgV[None, None, None, nn],
+                                 tVsV[None, None, None, 1 - stage], tVc, seqlen_k - nn * bn)
                 cute.arch.cp_async_commit_group()
                 cute.arch.cp_async_wait_group(1)
                 # cp.async / zero-fill writes (generic proxy) -> visible to wgmma (async proxy)
