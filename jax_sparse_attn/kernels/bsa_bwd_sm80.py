@@ -29,12 +29,13 @@ import os
 import cutlass
 import cutlass.memory
 import cutlass.cute as cute
-from cutlass.cute.nvgpu import cpasync, warp
+from cutlass.cute.nvgpu import warp
 
 from .bsa_common import (
     LOG2_E,
     acc_mn_view,
-    copy_threads_per_row,
+    gmem_load_copy,
+    gmem_store_copy,
     gemm_ss,
     smem_layout,
     smem_layout_staged,
@@ -87,25 +88,8 @@ class BsaBwdSm80:
             sP: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(s_pp)], 1024]
             sdS: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(s_pp)], 1024]
 
-        copy_bits = 128
-        elems = copy_bits // self.dtype.width
-        tpr = copy_threads_per_row(hd, elems)
-        thr_layout = cute.make_layout((self.num_threads // tpr, tpr), stride=(tpr, 1))
-        val_layout = cute.make_layout((1, elems))
-        gmem_copy_in = cute.make_tiled_copy_tv(
-            cute.make_copy_atom(
-                cpasync.CopyG2SOp(cache_mode=cpasync.LoadCacheMode.GLOBAL),
-                self.dtype,
-                num_bits_per_copy=copy_bits,
-            ),
-            thr_layout,
-            val_layout,
-        )
-        gmem_copy_out = cute.make_tiled_copy_tv(
-            cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), self.dtype, num_bits_per_copy=copy_bits),
-            thr_layout,
-            val_layout,
-        )
+        gmem_copy_in = gmem_load_copy(self.dtype, self.num_threads, hd)
+        gmem_copy_out = gmem_store_copy(self.dtype, self.num_threads, hd)
         n_tiles = cute.ceil_div(mK.shape[1], TILE)
         grid = (n_tiles, cute.size(mK.shape[2]), cute.size(mK.shape[0]))
         self.kernel(

@@ -42,13 +42,13 @@ import cutlass
 import cutlass.cute as cute
 import cutlass.memory
 import cutlass.utils.hopper_helpers as sm90_utils
-from cutlass.cute.nvgpu import cpasync, warpgroup
+from cutlass.cute.nvgpu import warpgroup
 from cutlass.tensor_utils import LayoutEnum
 
 from cutlass._mlir.dialects import llvm
 from cutlass.cutlass_dsl import dsl_user_op
 
-from .bsa_common import LOG2_E, copy_threads_per_row
+from .bsa_common import LOG2_E, gmem_load_copy
 from .bsa_fwd_sm90 import _acc_layout_as_a, _acc_mn_view_wg
 
 TILE = 64
@@ -119,18 +119,7 @@ class BsaBwdSm90V2:
             sV: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(sKV_layout)], 1024]
             sdS: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(sdS_layout)], 1024]
 
-        copy_bits = 128
-        elems = copy_bits // self.dtype.width
-        tpr = copy_threads_per_row(hd, elems)
-        gmem_copy_in = cute.make_tiled_copy_tv(
-            cute.make_copy_atom(
-                cpasync.CopyG2SOp(cache_mode=cpasync.LoadCacheMode.GLOBAL),
-                self.dtype,
-                num_bits_per_copy=copy_bits,
-            ),
-            cute.make_layout((self.num_threads // tpr, tpr), stride=(tpr, 1)),
-            cute.make_layout((1, elems)),
-        )
+        gmem_copy_in = gmem_load_copy(self.dtype, self.num_threads, hd)
         n_tiles = cute.ceil_div(mK.shape[1], TILE)
         grid = (n_tiles, cute.size(mK.shape[2]), cute.size(mK.shape[0]))
         self.kernel(

@@ -5,6 +5,8 @@ the backward SM80-style (``mma.sync``) kernels:
 
 * ``smem_layout(dtype, rows, cols)``: a swizzled shared-memory layout for a row-major
   ``(rows, cols)`` tile of 16-bit elements that ``ldmatrix`` reads without bank conflicts.
+* ``gmem_load_copy`` / ``gmem_store_copy``: 128-bit tiled gmem copies (``cp.async`` in,
+  vectorized stores out) whose thread layout matches the ``smem_layout`` swizzle width.
 * ``transpose_view(t)``: the ``(cols, rows)`` view of a ``(rows, cols)`` smem tensor.
 * ``acc_mn_view(acc)``: view an ``mma.sync`` accumulator fragment ``((2, 2), MMA_M, MMA_N)``
   as ``(rows, cols)`` of this thread's values.
@@ -17,6 +19,7 @@ from __future__ import annotations
 
 import cutlass
 import cutlass.cute as cute
+from cutlass.cute.nvgpu import cpasync
 
 LOG2_E = 1.4426950408889634074
 
@@ -35,6 +38,39 @@ def smem_layout(dtype, rows: int, cols: int):
 def copy_threads_per_row(cols: int, elems_per_copy: int) -> int:
     kblock = 64 if cols % 64 == 0 else 32
     return kblock // elems_per_copy
+
+
+def _gmem_thr_val_layouts(dtype, num_threads: int, cols: int, copy_bits: int):
+    """Thread/value layouts of a 128-bit-vectorized copy of a row-major ``(rows, cols)`` tile."""
+    elems = copy_bits // dtype.width
+    tpr = copy_threads_per_row(cols, elems)
+    thr_layout = cute.make_layout((num_threads // tpr, tpr), stride=(tpr, 1))
+    val_layout = cute.make_layout((1, elems))
+    return thr_layout, val_layout
+
+
+def gmem_load_copy(dtype, num_threads: int, cols: int, copy_bits: int = 128):
+    """Tiled ``cp.async`` (global -> shared, L2-only caching) copy of ``(rows, cols)`` tiles."""
+    thr_layout, val_layout = _gmem_thr_val_layouts(dtype, num_threads, cols, copy_bits)
+    return cute.make_tiled_copy_tv(
+        cute.make_copy_atom(
+            cpasync.CopyG2SOp(cache_mode=cpasync.LoadCacheMode.GLOBAL),
+            dtype,
+            num_bits_per_copy=copy_bits,
+        ),
+        thr_layout,
+        val_layout,
+    )
+
+
+def gmem_store_copy(dtype, num_threads: int, cols: int, copy_bits: int = 128):
+    """Tiled vectorized register -> global copy with the thread layout of :func:`gmem_load_copy`."""
+    thr_layout, val_layout = _gmem_thr_val_layouts(dtype, num_threads, cols, copy_bits)
+    return cute.make_tiled_copy_tv(
+        cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), dtype, num_bits_per_copy=copy_bits),
+        thr_layout,
+        val_layout,
+    )
 
 
 def transpose_view(t: cute.Tensor) -> cute.Tensor:

@@ -26,15 +26,16 @@ import os
 import cutlass
 import cutlass.memory
 import cutlass.cute as cute
-from cutlass.cute.nvgpu import cpasync, warp
+from cutlass.cute.nvgpu import warp
 
 from .bsa_common import (
     LOG2_E,
     acc_mn_view,
     acc_to_a_operand,
-    copy_threads_per_row,
     gemm_rs,
     gemm_ss,
+    gmem_load_copy,
+    gmem_store_copy,
     quad_allreduce_max,
     quad_allreduce_sum,
     smem_layout,
@@ -79,25 +80,8 @@ class BsaFwdSm80:
             sK: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(sKV_layout)], 1024]
             sV: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(sKV_layout)], 1024]
 
-        copy_bits = 128
-        elems = copy_bits // self.dtype.width
-        tpr = copy_threads_per_row(hd, elems)
-        thr_layout = cute.make_layout((self.num_threads // tpr, tpr), stride=(tpr, 1))
-        val_layout = cute.make_layout((1, elems))
-        gmem_copy_in = cute.make_tiled_copy_tv(
-            cute.make_copy_atom(
-                cpasync.CopyG2SOp(cache_mode=cpasync.LoadCacheMode.GLOBAL),
-                self.dtype,
-                num_bits_per_copy=copy_bits,
-            ),
-            thr_layout,
-            val_layout,
-        )
-        gmem_copy_out = cute.make_tiled_copy_tv(
-            cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), self.dtype, num_bits_per_copy=copy_bits),
-            thr_layout,
-            val_layout,
-        )
+        gmem_copy_in = gmem_load_copy(self.dtype, self.num_threads, hd)
+        gmem_copy_out = gmem_store_copy(self.dtype, self.num_threads, hd)
         tiled_mma = cute.make_tiled_mma(
             warp.MmaF16BF16Op(self.dtype, cutlass.Float32, (16, 8, 16)),
             (self.num_warps, 1, 1),

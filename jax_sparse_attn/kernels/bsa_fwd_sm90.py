@@ -23,10 +23,10 @@ import cutlass
 import cutlass.cute as cute
 import cutlass.memory
 import cutlass.utils.hopper_helpers as sm90_utils
-from cutlass.cute.nvgpu import cpasync, warpgroup
+from cutlass.cute.nvgpu import warpgroup
 from cutlass.tensor_utils import LayoutEnum
 
-from .bsa_common import LOG2_E, copy_threads_per_row, quad_allreduce_max, quad_allreduce_sum
+from .bsa_common import LOG2_E, gmem_load_copy, quad_allreduce_max, quad_allreduce_sum
 
 
 def _acc_mn_view_wg(acc: cute.Tensor) -> cute.Tensor:
@@ -89,18 +89,7 @@ class BsaFwdSm90:
             sK: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(sK_layout)], 1024]
             sV: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(sV_layout)], 1024]
 
-        copy_bits = 128
-        elems = copy_bits // self.dtype.width
-        tpr = copy_threads_per_row(hd, elems)
-        gmem_copy_in = cute.make_tiled_copy_tv(
-            cute.make_copy_atom(
-                cpasync.CopyG2SOp(cache_mode=cpasync.LoadCacheMode.GLOBAL),
-                self.dtype,
-                num_bits_per_copy=copy_bits,
-            ),
-            cute.make_layout((self.num_threads // tpr, tpr), stride=(tpr, 1)),
-            cute.make_layout((1, elems)),
-        )
+        gmem_copy_in = gmem_load_copy(self.dtype, self.num_threads, hd)
         grid = (
             cute.ceil_div(mQ.shape[1], blk),
             cute.size(mQ.shape[2]),
