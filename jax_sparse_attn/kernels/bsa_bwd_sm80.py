@@ -42,6 +42,7 @@ from .bsa_common import (
     transpose_view,
     transpose_view_staged,
 )
+from .common import load_rows
 
 TILE = 64  # keys per CTA tile and queries per inner step
 
@@ -105,14 +106,6 @@ class BsaBwdSm80:
         )
 
     @cute.jit
-    def _load_rows(self, tiled_copy, tS, tD, tC, rows_left):
-        for r in cutlass.range_constexpr(cute.size(tD.shape[1])):
-            if tC[0, r, 0][0] < rows_left:
-                cute.copy(tiled_copy, tS[None, r, None], tD[None, r, None])
-            else:
-                tD[None, r, None].fill(0)
-
-    @cute.jit
     def _issue_q_do(self, mQ, mdO, mEntries, e_begin, t, n_q_blocks, head_kv, group, batch,
                     seqlen_q, gmem_copy_in, thr_copy, tCc, tQsQ, tdOsdO, stage):
         """cp.async the Q and dO rows of step t into smem stage ``stage`` (zero past S_q)."""
@@ -124,8 +117,8 @@ class BsaBwdSm80:
         q_tile = q0 // TILE
         gQ = cute.local_tile(mQ[batch, None, head, None], (TILE, self.hd), (q_tile, 0))
         gdO = cute.local_tile(mdO[batch, None, head, None], (TILE, self.hd), (q_tile, 0))
-        self._load_rows(gmem_copy_in, thr_copy.partition_S(gQ), tQsQ[None, None, None, stage], tCc, seqlen_q - q0)
-        self._load_rows(gmem_copy_in, thr_copy.partition_S(gdO), tdOsdO[None, None, None, stage], tCc, seqlen_q - q0)
+        load_rows(gmem_copy_in, thr_copy.partition_S(gQ), tQsQ[None, None, None, stage], tCc, seqlen_q - q0)
+        load_rows(gmem_copy_in, thr_copy.partition_S(gdO), tdOsdO[None, None, None, stage], tCc, seqlen_q - q0)
 
     @cute.kernel
     def kernel(
@@ -183,8 +176,8 @@ class BsaBwdSm80:
         gK = cute.local_tile(mK[batch, None, head_kv, None], (TILE, hd), (n_tile, 0))
         gV = cute.local_tile(mV[batch, None, head_kv, None], (TILE, hd), (n_tile, 0))
         kv_left = seqlen_k - n_tile * TILE
-        self._load_rows(gmem_copy_in, thr_copy.partition_S(gK), thr_copy.partition_D(sK), tCc, kv_left)
-        self._load_rows(gmem_copy_in, thr_copy.partition_S(gV), thr_copy.partition_D(sV), tCc, kv_left)
+        load_rows(gmem_copy_in, thr_copy.partition_S(gK), thr_copy.partition_D(sK), tCc, kv_left)
+        load_rows(gmem_copy_in, thr_copy.partition_S(gV), thr_copy.partition_D(sV), tCc, kv_left)
         cute.arch.cp_async_commit_group()
         tQsQ = thr_copy.partition_D(sQ)  # (CPY, M, K, stage)
         tdOsdO = thr_copy.partition_D(sdO)

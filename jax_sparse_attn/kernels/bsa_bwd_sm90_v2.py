@@ -49,6 +49,7 @@ from cutlass._mlir.dialects import llvm
 from cutlass.cutlass_dsl import dsl_user_op
 
 from .bsa_common import LOG2_E, gmem_load_copy
+from .common import load_rows
 from .bsa_fwd_sm90 import _acc_layout_as_a, _acc_mn_view_wg
 
 TILE = 64
@@ -136,14 +137,6 @@ class BsaBwdSm90V2:
         )
 
     @cute.jit
-    def _load_rows(self, tiled_copy, tS, tD, tC, rows_left):
-        for r in cutlass.range_constexpr(cute.size(tD.shape[1])):
-            if tC[0, r, 0][0] < rows_left:
-                cute.copy(tiled_copy, tS[None, r, None], tD[None, r, None])
-            else:
-                tD[None, r, None].fill(0)
-
-    @cute.jit
     def _issue_q_do(self, mQ, mdO, ent, t, n_q_blocks, head_kv, group, batch,
                     seqlen_q, gmem_copy_in, thr_copy, tCc, tQsQ, tdOsdO, stage):
         h_in_group = ent // n_q_blocks
@@ -153,8 +146,8 @@ class BsaBwdSm90V2:
         q_tile = q0 // TILE
         gQ = cute.local_tile(mQ[batch, None, head, None], (TILE, self.hd), (q_tile, 0))
         gdO = cute.local_tile(mdO[batch, None, head, None], (TILE, self.hd), (q_tile, 0))
-        self._load_rows(gmem_copy_in, thr_copy.partition_S(gQ), tQsQ[None, None, None, stage], tCc, seqlen_q - q0)
-        self._load_rows(gmem_copy_in, thr_copy.partition_S(gdO), tdOsdO[None, None, None, stage], tCc, seqlen_q - q0)
+        load_rows(gmem_copy_in, thr_copy.partition_S(gQ), tQsQ[None, None, None, stage], tCc, seqlen_q - q0)
+        load_rows(gmem_copy_in, thr_copy.partition_S(gdO), tdOsdO[None, None, None, stage], tCc, seqlen_q - q0)
 
     @cute.kernel
     def kernel(
@@ -214,8 +207,8 @@ class BsaBwdSm90V2:
         gK = cute.local_tile(mK[batch, None, head_kv, None], (TILE, hd), (n_tile, 0))
         gV = cute.local_tile(mV[batch, None, head_kv, None], (TILE, hd), (n_tile, 0))
         kv_left = seqlen_k - n_tile * TILE
-        self._load_rows(gmem_copy_in, thr_copy.partition_S(gK), thr_copy.partition_D(sK[None, None, 0]), tCc, kv_left)
-        self._load_rows(gmem_copy_in, thr_copy.partition_S(gV), thr_copy.partition_D(sV[None, None, 0]), tCc, kv_left)
+        load_rows(gmem_copy_in, thr_copy.partition_S(gK), thr_copy.partition_D(sK[None, None, 0]), tCc, kv_left)
+        load_rows(gmem_copy_in, thr_copy.partition_S(gV), thr_copy.partition_D(sV[None, None, 0]), tCc, kv_left)
         cute.arch.cp_async_commit_group()
         tQsQ = thr_copy.partition_D(sQ)
         tdOsdO = thr_copy.partition_D(sdO)

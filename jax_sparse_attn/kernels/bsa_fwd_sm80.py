@@ -41,6 +41,7 @@ from .bsa_common import (
     smem_layout,
     transpose_view,
 )
+from .common import load_rows
 
 
 class BsaFwdSm80:
@@ -103,15 +104,6 @@ class BsaFwdSm80:
             min_blocks_per_mp=self.min_blocks,
             preferred_smem_carveout=100,
         )
-
-    @cute.jit
-    def _load_rows(self, tiled_copy, tS, tD, tC, rows_left):
-        """Copy the rows of a (blk, hd) tile whose local row index < rows_left; zero the rest."""
-        for r in cutlass.range_constexpr(cute.size(tD.shape[1])):
-            if tC[0, r, 0][0] < rows_left:
-                cute.copy(tiled_copy, tS[None, r, None], tD[None, r, None])
-            else:
-                tD[None, r, None].fill(0)
 
     @cute.kernel
     def kernel(
@@ -186,12 +178,12 @@ class BsaFwdSm80:
         row_sum.fill(0.0)
 
         # Prologue: Q and the first listed K block.
-        self._load_rows(gmem_copy_in, tQgQ, tQsQ, tCc, seqlen_q - m_block * blk)
+        load_rows(gmem_copy_in, tQgQ, tQsQ, tCc, seqlen_q - m_block * blk)
         if cutlass.const_expr(self.q_in_regs):
             cute.arch.cp_async_commit_group()
         if num_blocks > 0:
             n_first = mIdx[batch, head, m_block, 0]
-            self._load_rows(gmem_copy_in, tKgK[None, None, None, n_first], tKsK, tCc, seqlen_k - n_first * blk)
+            load_rows(gmem_copy_in, tKgK[None, None, None, n_first], tKsK, tCc, seqlen_k - n_first * blk)
         cute.arch.cp_async_commit_group()
 
         if cutlass.const_expr(self.q_in_regs):
@@ -207,7 +199,7 @@ class BsaFwdSm80:
             acc_S.fill(0.0)
             cute.arch.cp_async_wait_group(0)
             cute.arch.barrier()
-            self._load_rows(gmem_copy_in, tVgV[None, None, None, n_block], tVsV, tCc, kv_left)
+            load_rows(gmem_copy_in, tVgV[None, None, None, n_block], tVsV, tCc, kv_left)
             cute.arch.cp_async_commit_group()
             if cutlass.const_expr(self.q_in_regs):
                 gemm_rs(tiled_mma, acc_S, tSrQ, tSrK, tSsK, s2r_K)
@@ -217,7 +209,7 @@ class BsaFwdSm80:
             cute.arch.barrier()
             if j + 1 < num_blocks:
                 n_next = mIdx[batch, head, m_block, j + 1]
-                self._load_rows(gmem_copy_in, tKgK[None, None, None, n_next], tKsK, tCc, seqlen_k - n_next * blk)
+                load_rows(gmem_copy_in, tKgK[None, None, None, n_next], tKsK, tCc, seqlen_k - n_next * blk)
             cute.arch.cp_async_commit_group()
 
             # Valid keys of this block: [0, limit).

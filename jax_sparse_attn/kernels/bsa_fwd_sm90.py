@@ -27,6 +27,7 @@ from cutlass.cute.nvgpu import warpgroup
 from cutlass.tensor_utils import LayoutEnum
 
 from .bsa_common import LOG2_E, gmem_load_copy, quad_allreduce_max, quad_allreduce_sum
+from .common import load_rows
 
 
 def _acc_mn_view_wg(acc: cute.Tensor) -> cute.Tensor:
@@ -105,14 +106,6 @@ class BsaFwdSm90:
             stream=stream,
         )
 
-    @cute.jit
-    def _load_rows(self, tiled_copy, tS, tD, tC, rows_left):
-        for r in cutlass.range_constexpr(cute.size(tD.shape[1])):
-            if tC[0, r, 0][0] < rows_left:
-                cute.copy(tiled_copy, tS[None, r, None], tD[None, r, None])
-            else:
-                tD[None, r, None].fill(0)
-
     @cute.kernel
     def kernel(
         self,
@@ -182,13 +175,13 @@ class BsaFwdSm90:
         row_sum.fill(0.0)
 
         # Prologue: Q, then the first listed K/V block into stage 0.
-        self._load_rows(gmem_copy_in, tQgQ, tQsQ, tCc, seqlen_q - m_block * blk)
+        load_rows(gmem_copy_in, tQgQ, tQsQ, tCc, seqlen_q - m_block * blk)
         if num_blocks > 0:
             n0 = mIdx[batch, head, m_block, 0]
-            self._load_rows(gmem_copy_in, tKgK[None, None, None, n0], tKsK[None, None, None, 0], tCc,
-                            seqlen_k - n0 * blk)
-            self._load_rows(gmem_copy_in, tVgV[None, None, None, n0], tVsV[None, None, None, 0], tCc,
-                            seqlen_k - n0 * blk)
+            load_rows(gmem_copy_in, tKgK[None, None, None, n0], tKsK[None, None, None, 0], tCc,
+                       seqlen_k - n0 * blk)
+            load_rows(gmem_copy_in, tVgV[None, None, None, n0], tVsV[None, None, None, 0], tCc,
+                       seqlen_k - n0 * blk)
         cute.arch.cp_async_commit_group()
 
         for j in cutlass.range(num_blocks, unroll=1):
@@ -198,10 +191,10 @@ class BsaFwdSm90:
             cute.arch.barrier()  # every warpgroup is done with stage 1 - stage
             if j + 1 < num_blocks:
                 n_next = mIdx[batch, head, m_block, j + 1]
-                self._load_rows(gmem_copy_in, tKgK[None, None, None, n_next],
-                                tKsK[None, None, None, 1 - stage], tCc, seqlen_k - n_next * blk)
-                self._load_rows(gmem_copy_in, tVgV[None, None, None, n_next],
-                                tVsV[None, None, None, 1 - stage], tCc, seqlen_k - n_next * blk)
+                load_rows(gmem_copy_in, tKgK[None, None, None, n_next],
+                           tKsK[None, None, None, 1 - stage], tCc, seqlen_k - n_next * blk)
+                load_rows(gmem_copy_in, tVgV[None, None, None, n_next],
+                           tVsV[None, None, None, 1 - stage], tCc, seqlen_k - n_next * blk)
             cute.arch.cp_async_commit_group()
             cute.arch.cp_async_wait_group(1)
             cute.arch.fence_proxy("async.shared", space="cta")

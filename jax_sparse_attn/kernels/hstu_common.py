@@ -14,8 +14,8 @@ Shared module: the BSA kernels may import these too; the API below is kept stabl
 * ``red_add_v2_f32(ptr, a, b)``: vectorized fp32 reduction into global memory (sm_90).
 * ``gemm_ss(...)``: ``acc += A B`` with both operands loaded from smem via ``ldmatrix``,
   double-buffered over the K mode.
-* ``load_rows(...)`` / ``store_rows(...)``: row-predicated gmem<->smem/register tile copies
-  (rows past a sequence end are zero-filled on load and skipped on store).
+* ``load_rows(...)`` / ``store_rows(...)``: row-predicated tile copies, re-exported from
+  :mod:`.common` (shared with the BSA kernels).
 """
 
 from __future__ import annotations
@@ -24,6 +24,8 @@ import cutlass
 import cutlass.cute as cute
 from cutlass._mlir.dialects import llvm
 from cutlass.cutlass_dsl import T, dsl_user_op
+
+from .common import load_rows, store_rows  # noqa: F401  (re-exported)
 
 
 def smem_layout_16b(rows: int, cols: int):
@@ -131,21 +133,3 @@ def gemm_rs(tiled_mma, acc, tCrA, tCrB, tCsB, s2r_B, tCrB_view):
             cute.copy(s2r_B, tCsB[None, None, k + 1], tCrB_view[None, None, k + 1])
         cute.gemm(tiled_mma, acc, tCrA[None, None, k], tCrB[None, None, k], acc)
 
-
-@cute.jit
-def load_rows(tcopy, tXg, tXs, tXc, limit):
-    """Copy the rows of a partitioned tile whose row coordinate (from the identity tensor
-    partition ``tXc``) is ``< limit``; zero-fill the other rows of the destination ``tXs``."""
-    for r in cutlass.range_constexpr(cute.size(tXs.shape[1])):
-        if tXc[0, r, 0][0] < limit:
-            cute.copy(tcopy, tXg[None, r, None], tXs[None, r, None])
-        else:
-            tXs[None, r, None].fill(0)
-
-
-@cute.jit
-def store_rows(tcopy, tXr, tXg, tXc, limit):
-    """Copy the rows of ``tXr`` whose row coordinate is ``< limit`` to ``tXg``; skip the rest."""
-    for r in cutlass.range_constexpr(cute.size(tXr.shape[1])):
-        if tXc[0, r, 0][0] < limit:
-            cute.copy(tcopy, tXr[None, r, None], tXg[None, r, None])
