@@ -14,6 +14,8 @@ Shared module: the BSA kernels may import these too; the API below is kept stabl
 * ``red_add_v2_f32(ptr, a, b)``: vectorized fp32 reduction into global memory (sm_90).
 * ``gemm_ss(...)``: ``acc += A B`` with both operands loaded from smem via ``ldmatrix``,
   double-buffered over the K mode.
+* ``fwd_kv_block_range(...)``: the KV columns ``[j_lo, j_hi)`` a forward Q tile can see, the
+  func-mask "fully valid below f0" bound and the KV tile range ``[n_min, n_max)``.
 * ``load_rows(...)`` / ``store_rows(...)``: row-predicated tile copies, re-exported from
   :mod:`.common` (shared with the BSA kernels).
 """
@@ -133,3 +135,33 @@ def gemm_rs(tiled_mma, acc, tCrA, tCrB, tCsB, s2r_B, tCrB_view):
             cute.copy(s2r_B, tCsB[None, None, k + 1], tCrB_view[None, None, k + 1])
         cute.gemm(tiled_mma, acc, tCrA[None, None, k], tCrB[None, None, k], acc)
 
+
+
+@cute.jit
+def fwd_kv_block_range(mTile, slot, m0, m1, seqlen_k, off, left, right,
+                       bn: cutlass.Constexpr, has_func: cutlass.Constexpr):
+    """KV range of the forward Q tile with rows ``[m0, m1)``.
+
+    Returns ``(j_lo, j_hi, f0, n_min, n_max)``: visible key columns ``[j_lo, j_hi)`` (from the
+    precomputed func-mask summary ``mTile[slot, 2:5]`` when ``has_func``, else from the window
+    ``(left, right)`` with diagonal offset ``off``), ``f0`` (func mask: columns below it are
+    valid for every row), and the KV tiles ``[n_min, n_max)`` of size ``bn`` (empty if
+    ``j_hi <= j_lo``).
+    """
+    j_lo = cutlass.Int32(0)
+    j_hi = seqlen_k  # exclusive
+    f0 = cutlass.Int32(0)
+    if cutlass.const_expr(has_func):
+        j_lo = cutlass.max(mTile[slot, 2], 0)
+        j_hi = cutlass.min(mTile[slot, 3], seqlen_k)
+        f0 = cutlass.min(mTile[slot, 4], seqlen_k)
+    else:
+        if left >= 0:
+            j_lo = cutlass.max(m0 + off - left, 0)
+        if right >= 0:
+            j_hi = cutlass.min(m1 - 1 + off + right + 1, seqlen_k)
+    n_min = j_lo // bn
+    n_max = n_min
+    if j_hi > j_lo:
+        n_max = (j_hi + bn - 1) // bn
+    return j_lo, j_hi, f0, n_min, n_max

@@ -169,22 +169,8 @@ class HstuFwdSm90:
             alpha_half = mScal[0]
             inv_scale = mScal[1]
 
-            j_lo = Int32(0)
-            j_hi = seqlen_k
-            f0 = Int32(0)
-            if cutlass.const_expr(self.has_func):
-                j_lo = cutlass.max(mTile[slot, 2], 0)
-                j_hi = cutlass.min(mTile[slot, 3], seqlen_k)
-                f0 = cutlass.min(mTile[slot, 4], seqlen_k)
-            else:
-                if left >= 0:
-                    j_lo = cutlass.max(m0 + off - left, 0)
-                if right >= 0:
-                    j_hi = cutlass.min(m1 - 1 + off + right + 1, seqlen_k)
-            n_min = j_lo // bn
-            n_max = n_min
-            if j_hi > j_lo:
-                n_max = (j_hi + bn - 1) // bn
+            j_lo, j_hi, f0, n_min, n_max = hc.fwd_kv_block_range(
+                mTile, slot, m0, m1, seqlen_k, off, left, right, bn, self.has_func)
             n_count = n_max - n_min
 
             mQ_b = cute.domain_offset((q_start, 0), mQ[None, head, None])
