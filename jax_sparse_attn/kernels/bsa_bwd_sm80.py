@@ -34,9 +34,10 @@ from cutlass.cute.nvgpu import warp
 from .bsa_common import (
     LOG2_E,
     acc_mn_view,
+    gemm_ss,
     gmem_load_copy,
     gmem_store_copy,
-    gemm_ss,
+    issue_q_do_rows,
     smem_layout,
     smem_layout_staged,
     transpose_view,
@@ -110,15 +111,9 @@ class BsaBwdSm80:
                     seqlen_q, gmem_copy_in, thr_copy, tCc, tQsQ, tdOsdO, stage):
         """cp.async the Q and dO rows of step t into smem stage ``stage`` (zero past S_q)."""
         ent = mEntries[e_begin + t // self.sub]
-        h_in_group = ent // n_q_blocks
-        m_block = ent - h_in_group * n_q_blocks
-        head = head_kv * group + h_in_group
-        q0 = m_block * self.blk + (t % self.sub) * TILE
-        q_tile = q0 // TILE
-        gQ = cute.local_tile(mQ[batch, None, head, None], (TILE, self.hd), (q_tile, 0))
-        gdO = cute.local_tile(mdO[batch, None, head, None], (TILE, self.hd), (q_tile, 0))
-        load_rows(gmem_copy_in, thr_copy.partition_S(gQ), tQsQ[None, None, None, stage], tCc, seqlen_q - q0)
-        load_rows(gmem_copy_in, thr_copy.partition_S(gdO), tdOsdO[None, None, None, stage], tCc, seqlen_q - q0)
+        issue_q_do_rows(mQ, mdO, ent, t, n_q_blocks, head_kv, group, batch, seqlen_q,
+                        gmem_copy_in, thr_copy, tCc, tQsQ, tdOsdO, stage,
+                        self.blk, self.sub, self.hd, TILE)
 
     @cute.kernel
     def kernel(

@@ -48,7 +48,7 @@ from cutlass.tensor_utils import LayoutEnum
 from cutlass._mlir.dialects import llvm
 from cutlass.cutlass_dsl import dsl_user_op
 
-from .bsa_common import LOG2_E, gmem_load_copy
+from .bsa_common import LOG2_E, gmem_load_copy, issue_q_do_rows
 from .common import load_rows
 from .bsa_fwd_sm90 import _acc_layout_as_a, _acc_mn_view_wg
 
@@ -139,15 +139,9 @@ class BsaBwdSm90V2:
     @cute.jit
     def _issue_q_do(self, mQ, mdO, ent, t, n_q_blocks, head_kv, group, batch,
                     seqlen_q, gmem_copy_in, thr_copy, tCc, tQsQ, tdOsdO, stage):
-        h_in_group = ent // n_q_blocks
-        m_block = ent - h_in_group * n_q_blocks
-        head = head_kv * group + h_in_group
-        q0 = m_block * self.blk + (t % self.sub) * TILE
-        q_tile = q0 // TILE
-        gQ = cute.local_tile(mQ[batch, None, head, None], (TILE, self.hd), (q_tile, 0))
-        gdO = cute.local_tile(mdO[batch, None, head, None], (TILE, self.hd), (q_tile, 0))
-        load_rows(gmem_copy_in, thr_copy.partition_S(gQ), tQsQ[None, None, None, stage], tCc, seqlen_q - q0)
-        load_rows(gmem_copy_in, thr_copy.partition_S(gdO), tdOsdO[None, None, None, stage], tCc, seqlen_q - q0)
+        issue_q_do_rows(mQ, mdO, ent, t, n_q_blocks, head_kv, group, batch, seqlen_q,
+                        gmem_copy_in, thr_copy, tCc, tQsQ, tdOsdO, stage,
+                        self.blk, self.sub, self.hd, TILE)
 
     @cute.kernel
     def kernel(

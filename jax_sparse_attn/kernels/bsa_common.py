@@ -7,6 +7,7 @@ the backward SM80-style (``mma.sync``) kernels:
   ``(rows, cols)`` tile of 16-bit elements that ``ldmatrix`` reads without bank conflicts.
 * ``gmem_load_copy`` / ``gmem_store_copy``: 128-bit tiled gmem copies (``cp.async`` in,
   vectorized stores out) whose thread layout matches the ``smem_layout`` swizzle width.
+* ``issue_q_do_rows(...)``: the backward's cp.async of one Q/dO row tile (zero past S_q).
 * ``transpose_view(t)``: the ``(cols, rows)`` view of a ``(rows, cols)`` smem tensor.
 * ``acc_mn_view(acc)``: view an ``mma.sync`` accumulator fragment ``((2, 2), MMA_M, MMA_N)``
   as ``(rows, cols)`` of this thread's values.
@@ -20,6 +21,8 @@ from __future__ import annotations
 import cutlass
 import cutlass.cute as cute
 from cutlass.cute.nvgpu import cpasync
+
+from .common import load_rows
 
 LOG2_E = 1.4426950408889634074
 
@@ -180,3 +183,21 @@ def transpose_view_staged(t: cute.Tensor) -> cute.Tensor:
     return cute.composition(
         t, cute.make_layout((cols, rows, stages), stride=(rows, 1, rows * cols))
     )
+
+
+@cute.jit
+def issue_q_do_rows(mQ, mdO, ent, t, n_q_blocks, head_kv, group, batch, seqlen_q,
+                    gmem_copy_in, thr_copy, tCc, tQsQ, tdOsdO, stage,
+                    blk: cutlass.Constexpr, sub: cutlass.Constexpr, hd: cutlass.Constexpr,
+                    tile: cutlass.Constexpr):
+    """Backward step ``t`` of KV-visiting entry ``ent`` (= ``h_in_group * n_q_blocks +
+    m_block``): cp.async its ``tile`` Q and dO rows into smem stage ``stage``, zero past S_q."""
+    h_in_group = ent // n_q_blocks
+    m_block = ent - h_in_group * n_q_blocks
+    head = head_kv * group + h_in_group
+    q0 = m_block * blk + (t % sub) * tile
+    q_tile = q0 // tile
+    gQ = cute.local_tile(mQ[batch, None, head, None], (tile, hd), (q_tile, 0))
+    gdO = cute.local_tile(mdO[batch, None, head, None], (tile, hd), (q_tile, 0))
+    load_rows(gmem_copy_in, thr_copy.partition_S(gQ), tQsQ[None, None, None, stage], tCc, seqlen_q - q0)
+    load_rows(gmem_copy_in, thr_copy.partition_S(gdO), tdOsdO[None, None, None, stage], tCc, seqlen_q - q0)
