@@ -11,10 +11,10 @@ mostly CuTe DSL + reference compiles; 7 minutes in one process). Shard with
 inside one process; 4 processes finish the grid in about 100 s). The non-grid tests run
 in one shard each, spread over the shards. The default kernels are
 the wgmma ones for D in {64, 128}; set ``JAX_SPARSE_ATTN_BSA_FWD_IMPL=sm80`` and
-``JAX_SPARSE_ATTN_BSA_BWD_IMPL=sm80`` to test the mma.sync kernels there. The opt-in
-backward variants are tested the same way: ``JAX_SPARSE_ATTN_BSA_BWD_IMPL=sm90v2`` (or
-``sm90v2n``) and ``JAX_SPARSE_ATTN_BSA_PRE_IMPL=kernel`` (the CuTe DSL preprocessing kernel;
-``test_bsa_preprocess_kernel`` checks it directly whatever the variables say).
+``JAX_SPARSE_ATTN_BSA_BWD_IMPL=sm80`` to test the mma.sync kernels there, and
+``JAX_SPARSE_ATTN_BSA_PRE_IMPL=xla`` for the XLA preprocessing alternative
+(``test_bsa_preprocess_kernel`` checks the preprocessing kernel directly whatever the
+variables say).
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ compile (MLIR -> PTX -> ptxas) and embeds the kernel object in the CuTe DSL cust
 Every (head_dim, sparse_block_size) pair is compiled for the forward and the backward
 (wgmma kernels for D in {64, 128}, mma.sync kernels for D in {32, 256}, plus two
 mma.sync configurations at D in {64, 128} selected with ``JAX_SPARSE_ATTN_BSA_*_IMPL``, and
-the opt-in ``sm90v2``/``sm90v2n`` backward and preprocessing kernel, between them covering
+the XLA-fusion preprocessing alternative, between them covering
 both D, blk, dtypes, layouts and ``block_sizes`` presence); dtype, layout and ``block_sizes`` presence alternate across them so that each value of
 each static option is exercised.
 """
@@ -40,11 +40,11 @@ CONFIGS += [
     dict(d=128, blk=64, dtype="bfloat16", layout="bshd", sizes=True, fwd_impl="sm80"),
     dict(d=64, blk=128, dtype="float16", layout="bhsd", sizes=False, fwd_impl="sm80"),
 ]
-# opt-in backward variants (kernels/bsa_bwd_sm90_v2.py) and the preprocessing kernel
-# (kernels/bsa_pre.py): JAX_SPARSE_ATTN_BSA_BWD_IMPL / JAX_SPARSE_ATTN_BSA_PRE_IMPL
+# the mma.sync backward at D in {64, 128} (JAX_SPARSE_ATTN_BSA_BWD_IMPL=sm80) and the XLA
+# preprocessing alternative (JAX_SPARSE_ATTN_BSA_PRE_IMPL=xla) to the kernel in kernels/bsa_pre.py
 CONFIGS += [
-    dict(d=128, blk=64, dtype="bfloat16", layout="bhsd", sizes=False, bwd_impl="sm90v2", pre_impl="kernel"),
-    dict(d=64, blk=128, dtype="float16", layout="bshd", sizes=True, bwd_impl="sm90v2n", pre_impl="kernel"),
+    dict(d=128, blk=64, dtype="bfloat16", layout="bhsd", sizes=False, bwd_impl="sm80", pre_impl="xla"),
+    dict(d=64, blk=128, dtype="float16", layout="bshd", sizes=True, bwd_impl="sm80", pre_impl="kernel"),
 ]
 
 
@@ -167,12 +167,16 @@ def test_unsupported_reason():
     assert "sparse_block_size" in bsa.bsa_kernel_unsupported_reason(**{**ok, "sparse_block_size": 32})
 
 
+@pytest.mark.parametrize("construction", ["dense", "sort"])
 @pytest.mark.parametrize("group", [1, 4])
-def test_build_kq_csr_matches_loops(group):
-    """The backward's K->Q lists (CSR, built with jnp on the device) against plain loops."""
+def test_build_kq_csr_matches_loops(group, construction, monkeypatch):
+    """The backward's K->Q lists (CSR, built with jnp on the device) against plain loops,
+    for both constructions (dense bitmap for small block grids, stable sort above)."""
     import numpy as np
 
     from jax_sparse_attn.ffi import bsa
+
+    monkeypatch.setattr(bsa, "_DENSE_CSR_MAX_ELEMS", 1 << 24 if construction == "dense" else 0)
 
     rng = np.random.default_rng(0)
     b, h_kv, n_q, n_kv, k_max = 2, 2, 7, 9, 4

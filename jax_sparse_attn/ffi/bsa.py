@@ -12,8 +12,7 @@ compile key; compile keys are the frozen ``BsaFwdConfig`` / ``BsaBwdConfig`` dat
 
 Kernels (``jax_sparse_attn/kernels``):
 
-* D in {64, 128}: ``bsa_fwd_sm90`` / ``bsa_bwd_sm90_v2`` (warpgroup MMA, sm_90a) by default
-  (``JAX_SPARSE_ATTN_BSA_BWD_IMPL=sm90v2n`` turns off its dQ/dK-dV wgmma overlap);
+* D in {64, 128}: ``bsa_fwd_sm90`` / ``bsa_bwd_sm90`` (warpgroup MMA, sm_90a) by default;
 * D in {32, 256}: ``bsa_fwd_sm80`` / ``bsa_bwd_sm80`` (warp-level ``mma.sync``, also run on
   sm_90a). ``JAX_SPARSE_ATTN_BSA_FWD_IMPL`` / ``JAX_SPARSE_ATTN_BSA_BWD_IMPL`` = ``sm80``
   force the ``mma.sync`` kernels for every D (read at trace time; part of the compile key).
@@ -25,13 +24,15 @@ Backward structure (all launches on XLA's stream, all buffers XLA-owned):
    fp32 ``dq`` accumulator (same physical layout as q) in one launch; the dK/dV/dQ kernel
    then updates the accumulator in place (``input_output_aliases``).
 2. The K->Q transposed block lists (CSR) built on the device from the forward metadata
-   each call (``build_kq_csr``: stable argsort of the active (b, kv-head, kv-block) keys,
-   about 0.12 ms for B=1, H=16, N=256, top-32 on the H200).
+   each call (``build_kq_csr``: a dense bitmap with a row-wise prefix sum for up to 2**24
+   (query block, KV block) pairs, else a stable argsort; 30 us and 128 us respectively for
+   B=1, H=16, N=256, top-32 on the H200).
 3. One dK/dV/dQ kernel: a CTA per (64-key tile, KV head, batch) walks the (query head in
    the GQA group, query block) entries that listed its KV block, keeps dK/dV in
-   registers and adds each dQ tile to the fp32 accumulator with ``atomicAdd``.
+   registers and adds each dQ tile to the fp32 accumulator (``sm90``: bulk
+   ``cp.reduce.async.bulk .add.f32`` of shared-memory rows; ``sm80``: ``atomicAdd``).
    Determinism: dK and dV are bitwise deterministic (fixed entry order, no atomics); dQ
-   is not (the order of the fp32 atomic additions varies from run to run).
+   is not (the order of the fp32 additions varies from run to run).
 4. ``dq = dq_accum.astype(q.dtype)`` (XLA).
 """
 
@@ -47,7 +48,7 @@ SUPPORTED_HEAD_DIMS = (32, 64, 128, 256)
 SUPPORTED_BLOCK_SIZES = (64, 128)
 _DTYPES = ("float16", "bfloat16")
 _DEFAULT_FWD_IMPL = "sm90"
-_DEFAULT_BWD_IMPL = "sm90v2"
+_DEFAULT_BWD_IMPL = "sm90"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -72,20 +73,18 @@ class BsaBwdConfig:
     head_dim: int
     block_size: int
     has_block_sizes: bool
-    impl: str = "sm80"  # "sm90v2", "sm90v2n": wgmma kernels (D in {64, 128}); "sm80": mma.sync
+    impl: str = "sm80"  # "sm90": wgmma kernel (D in {64, 128}); "sm80": mma.sync kernel
 
 
-_BWD_IMPLS = ("sm90", "sm90v2", "sm90v2n", "sm80")
+_BWD_IMPLS = ("sm90", "sm80")
 
 
 def _bwd_impl(head_dim: int) -> str:
     want = os.environ.get("JAX_SPARSE_ATTN_BSA_BWD_IMPL", _DEFAULT_BWD_IMPL)
     if want not in _BWD_IMPLS:
         raise ValueError(f"JAX_SPARSE_ATTN_BSA_BWD_IMPL must be one of {_BWD_IMPLS}, got {want!r}")
-    if want == "sm90":  # the default wgmma backward's short name
-        want = "sm90v2"
-    if want in ("sm90v2", "sm90v2n") and head_dim in (64, 128):
-        return want
+    if want == "sm90" and head_dim in (64, 128):
+        return "sm90"
     return "sm80"
 
 
@@ -190,6 +189,11 @@ def bsa_fwd(q, k, v, q2k_block_index, q2k_block_nums, block_sizes, *, layout: st
 # --------------------------------------------------------------------------- backward
 
 
+# the dense (bitmap) K->Q construction is used while its int32 temporaries stay below this
+# many elements (B * H_q * N_q * N_kv); above it, a stable sort (argsort) builds the lists
+_DENSE_CSR_MAX_ELEMS = 1 << 24
+
+
 def build_kq_csr(q2k_block_index, q2k_block_nums, *, num_kv_heads: int, num_kv_blocks: int):
     """K->Q transposed block lists (CSR) from the Q->K metadata, on the device.
 
@@ -197,15 +201,23 @@ def build_kq_csr(q2k_block_index, q2k_block_nums, *, num_kv_heads: int, num_kv_b
     KV block n of KV head g in batch b are ``entries[offsets[r]:offsets[r+1]]`` with
     ``r = (b*H_kv + g)*N_kv + n``, each ``h_in_group*N_q + m`` (query head ``g*G + h_in_group``,
     query block m), in increasing order. Only the active prefix of each row is used.
+    ``entries`` has ``B*H_q*N_q*K_max`` slots; those past ``offsets[-1]`` are unused.
+
+    Two constructions with identical results: for up to ``2**24`` (query block, KV block)
+    pairs a dense bitmap (one scatter, a row-wise prefix sum, one scatter; about 30 us for
+    16 heads x 256 x 256 blocks on an H200), beyond that a stable argsort of the entries by
+    KV block (about 130 us for the same problem, but linear in the number of entries).
     """
     b, h_q, n_q, k_max = q2k_block_index.shape
     group = h_q // num_kv_heads
     j = jnp.arange(k_max, dtype=jnp.int32)
     active = j[None, None, None, :] < q2k_block_nums[..., None]
+    n_rows = b * num_kv_heads * num_kv_blocks
+    if b * h_q * n_q * num_kv_blocks <= _DENSE_CSR_MAX_ELEMS:
+        return _kq_csr_dense(q2k_block_index, active, group, num_kv_heads, num_kv_blocks)
     bi = jnp.arange(b, dtype=jnp.int32)[:, None, None, None]
     hi = jnp.arange(h_q, dtype=jnp.int32)[None, :, None, None]
     mi = jnp.arange(n_q, dtype=jnp.int32)[None, None, :, None]
-    n_rows = b * num_kv_heads * num_kv_blocks
     key = (bi * num_kv_heads + hi // group) * num_kv_blocks + q2k_block_index
     key = jnp.where(active, key, n_rows).reshape(-1)
     val = jnp.broadcast_to((hi % group) * n_q + mi, q2k_block_index.shape).reshape(-1)
@@ -213,6 +225,29 @@ def build_kq_csr(q2k_block_index, q2k_block_nums, *, num_kv_heads: int, num_kv_b
     entries = val[perm].astype(jnp.int32)
     counts = jnp.zeros((n_rows + 1,), jnp.int32).at[key].add(1)
     offsets = jnp.concatenate([jnp.zeros((1,), jnp.int32), jnp.cumsum(counts[:n_rows], dtype=jnp.int32)])
+    return offsets, entries
+
+
+def _kq_csr_dense(q2k_block_index, active, group, num_kv_heads, num_kv_blocks):
+    """:func:`build_kq_csr` through a (KV block) x (query head in group, query block) bitmap."""
+    b, h_q, n_q, k_max = q2k_block_index.shape
+    # selected[b, h, m, n] = 1 if query block m of head h lists KV block n (inactive slots
+    # land in the dropped column num_kv_blocks)
+    tgt = jnp.where(active, q2k_block_index, num_kv_blocks)
+    bi = jnp.arange(b)[:, None, None, None]
+    hi = jnp.arange(h_q)[None, :, None, None]
+    mi = jnp.arange(n_q)[None, None, :, None]
+    sel = jnp.zeros((b, h_q, n_q, num_kv_blocks + 1), jnp.int32).at[bi, hi, mi, tgt].set(1)
+    sel = sel[..., :num_kv_blocks]
+    # rows (b, g, n), columns h_in_group * n_q + m: the entry value, in increasing order
+    rows = sel.reshape(b, num_kv_heads, group, n_q, num_kv_blocks).transpose(0, 1, 4, 2, 3)
+    rows = rows.reshape(b * num_kv_heads * num_kv_blocks, group * n_q)
+    offsets = jnp.concatenate([jnp.zeros((1,), jnp.int32), jnp.cumsum(rows.sum(-1), dtype=jnp.int32)])
+    pos = offsets[:-1, None] + jnp.cumsum(rows, axis=-1, dtype=jnp.int32) - 1
+    n_slots = b * h_q * n_q * k_max
+    pos = jnp.where(rows > 0, pos, n_slots)  # unselected: out of range, dropped
+    vals = jnp.broadcast_to(jnp.arange(group * n_q, dtype=jnp.int32), rows.shape)
+    entries = jnp.zeros((n_slots,), jnp.int32).at[pos.reshape(-1)].set(vals.reshape(-1), mode="drop")
     return offsets, entries
 
 
@@ -278,13 +313,12 @@ def bsa_preprocess(do, out, *, layout: str):
 
 def _bwd_entry(stream, q, k, v, do, lse, delta, offsets, entries, sizes, scale, dq_acc, dk, dv,
                *, cfg: BsaBwdConfig):
-    if cfg.impl in ("sm90v2", "sm90v2n"):
-        from ..kernels.bsa_bwd_sm90_v2 import BsaBwdSm90V2 as Kernel  # noqa: PLC0415
+    if cfg.impl == "sm90":
+        from ..kernels.bsa_bwd_sm90 import BsaBwdSm90 as Kernel  # noqa: PLC0415
     else:
         from ..kernels.bsa_bwd_sm80 import BsaBwdSm80 as Kernel  # noqa: PLC0415
 
-    extra = {"overlap_dq": cfg.impl == "sm90v2"} if cfg.impl in ("sm90v2", "sm90v2n") else {}
-    Kernel(_cutlass_dtype(cfg.dtype), cfg.head_dim, cfg.block_size, cfg.has_block_sizes, **extra)(
+    Kernel(_cutlass_dtype(cfg.dtype), cfg.head_dim, cfg.block_size, cfg.has_block_sizes)(
         q, k, v, do, lse, delta, offsets, entries, sizes, scale, dq_acc, dk, dv, stream
     )
 

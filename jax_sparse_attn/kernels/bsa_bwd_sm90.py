@@ -1,39 +1,52 @@
 """Block-sparse attention backward for Hopper (sm_90a): warpgroup MMA (wgmma) CuTe DSL kernel.
 
-The default BSA backward for D in {64, 128} (``impl="sm90v2"``; ``JAX_SPARSE_ATTN_BSA_BWD_IMPL``
-``sm90`` is the same kernel). Same contract, work split and semantics as :mod:`bsa_bwd_sm80`
-(one CTA = one warpgroup, 2 CTAs per SM, per 64-key tile, KV head and batch, walking the
-K->Q transposed CSR list of its KV block; Q/dO of the next query sub-tile stream into a
-2-stage ``cp.async`` ring while the current one computes; dK/dV in registers, dQ by fp32
-reductions), but every product is a ``wgmma``, computed in the transposed ("key-major")
-orientation so that the probabilities never need a transpose. The same shared-memory bytes
-serve as a K-major operand in one product and an MN-major operand in another (for 16-bit
-types the 128-byte-swizzled K-major tile of a row-major ``(rows, D)`` block is
-bit-identical to the MN-major tile of its transpose). It replaced a first wgmma backward
-(three barriers per step, ``v2`` atomics; 185 vs 196 TFLOP/s at B=1 H=16 S=16384 D=128
-blk64 top-32 on the H200) in:
-
-* two CTA barriers per query sub-tile instead of three: the prefetch of the next Q/dO
-  sub-tile into the other stage of the ``cp.async`` ring is issued right after the barrier
-  that publishes the current one (every thread has left the previous step by then);
-* the K->Q CSR entries are software-pipelined two steps ahead in registers, so that no
-  dependent global load of an entry sits between the barrier and the next prefetch (or the
-  lse/delta loads of the current step);
-* dQ goes to the fp32 accumulator with ``red.global.add.v4.f32`` (half the reduction
-  instructions of ``v2`` atomics): lanes ``l`` and ``l ^ 1`` of
-  the wgmma accumulator hold the two halves of four consecutive columns of rows ``r`` and
-  ``r + 8``; one shuffle pair gives the even lane row ``r`` and the odd lane row ``r + 8``
-  as 4-vectors;
-* with ``overlap_dq`` (``impl="sm90v2"``; ``"sm90v2n"`` turns it off): ``dQ = dS K`` in
-  its own wgmma commit group, issued first, so that the dQ reductions run under the dV/dK
-  wgmmas (ptxas, D=128: 252 registers, no spills; 250 without the overlap).
+The BSA backward for D in {64, 128} (``JAX_SPARSE_ATTN_BSA_BWD_IMPL=sm90``, the default;
+``sm80`` selects :mod:`bsa_bwd_sm80`, which also serves D in {32, 256}). Same contract, work
+split and semantics as :mod:`bsa_bwd_sm80`: one CTA = one warpgroup (2 CTAs per SM) per
+64-key tile, KV head and batch, walking the K->Q transposed CSR list of its KV block; the
+Q/dO rows, lse and delta of the next query sub-tile stream into a 2-stage ``cp.async`` ring
+while the current one computes; dK/dV stay in registers; dQ is reduced into an fp32
+workspace. Every product is a ``wgmma`` in the transposed ("key-major") orientation, so the
+probabilities never need a transpose; the same shared-memory bytes serve as a K-major
+operand in one product and an MN-major operand in another (for 16-bit types the
+128-byte-swizzled K-major tile of a row-major ``(rows, D)`` block is bit-identical to the
+MN-major tile of its transpose).
 
 Products (key-major orientation):
 
     S^T  = K Q^T,  dP^T = V dO^T                       (SS)
     P^T  = exp2(S^T * scale * log2 e - lse[q] * log2 e),  dS^T = P^T * (dP^T - delta[q])
     dV  += P^T dO,  dK += dS^T Q                        (RS, from registers)
-    dQ   = dS K   (SS, dS^T stored once to smem)      -> red.v4 into the fp32 accumulator
+    dQ   = dS K   (SS, dS^T stored once to smem)  -> smem rows -> bulk fp32 reduce-add
+
+Where the time went (H200, bf16, B=1, H=16, S=16384, D=128, blk64 top-32, whole backward
+incl. CSR build, preprocessing and dq cast; measured by leaving one part out at a time):
+with per-thread ``red.global.add.v4.f32`` dQ reductions and lse/delta read from global
+memory after each step's barrier the backward took 3.51 ms (196 TFLOP/s); leaving the dQ
+reductions out saved 0.94 ms. Hence:
+
+* dQ: after the step's products, the fp32 dQ tile (scaled by ``softmax_scale``) is stored to
+  shared memory in rows of ``D + 8`` floats (conflict-free stores of the accumulator) that
+  alias the step's own ring stage (Q, dO, and the dS tile; all read by then), and one
+  ``cp.reduce.async.bulk ... add.f32`` per row adds it to the XLA-owned accumulator: the
+  reduction runs on the bulk-copy engine, asynchronously (2.98 ms, 231 TFLOP/s). Before a
+  stage is refilled, the bulk reads of it are awaited.
+* lse/delta: read from global memory after the barrier they stalled every step (leaving them
+  out saved 0.70 ms); they now arrive with the step's Q/dO (4-byte ``cp.async`` into a
+  per-stage smem slot, +inf / 0 past S_q) and are read from smem under the S/dP wgmmas.
+* (outside this kernel) the K->Q CSR built from a dense bitmap instead of an argsort
+  (30 vs 128 us): 2.44 ms, 282 TFLOP/s.
+* each warp issues the bulk reductions of its own 16 accumulator rows after a warp-level
+  sync instead of a CTA barrier: 2.34 ms, 294 TFLOP/s.
+
+What is left (same ablation, before the warp-level change): without the bulk reductions the
+backward would take 1.93 ms, without the dQ staging stores as well 1.67 ms (the 5 GEMMs, softmax
+recompute and Q/dO/lse/delta streaming alone); cuDNN's SM90 block-sparse backward takes
+1.77 ms. The fp32 dQ traffic (32 KB per 64x64 block pair, like the Q/dO loads) is the
+price of the key-major order, which keeps dK/dV in registers.
+
+The K->Q CSR entries are software-pipelined two steps ahead in registers, so no dependent
+global load of an entry sits between a barrier and the prefetch it feeds.
 """
 
 from __future__ import annotations
@@ -42,7 +55,7 @@ import cutlass
 import cutlass.cute as cute
 import cutlass.memory
 import cutlass.utils.hopper_helpers as sm90_utils
-from cutlass.cute.nvgpu import warpgroup
+from cutlass.cute.nvgpu import cpasync, warpgroup
 from cutlass.tensor_utils import LayoutEnum
 
 from cutlass._mlir.dialects import llvm
@@ -56,14 +69,16 @@ TILE = 64
 
 
 @dsl_user_op
-def red_add_v4_f32(ptr, a, b, c, d, *, loc=None, ip=None):
-    """``red.global.add.v4.f32 [ptr], {a, b, c, d}`` (sm_90; 16-byte aligned ``ptr``)."""
+def bulk_reduce_add_f32(gptr, sptr, nbytes: int, *, loc=None, ip=None):
+    """``cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32``: add ``nbytes``
+    (a multiple of 16) of fp32 from shared memory ``sptr`` to global ``gptr`` (both 16-byte
+    aligned), asynchronously, in this thread's bulk group."""
     llvm.inline_asm(
         None,
-        [ptr.toint(loc=loc, ip=ip).ir_value(loc=loc, ip=ip)]
-        + [cutlass.Float32(x).ir_value(loc=loc, ip=ip) for x in (a, b, c, d)],
-        "red.relaxed.gpu.global.add.v4.f32 [$0], {$1, $2, $3, $4};",
-        "l,f,f,f,f",
+        [gptr.toint(loc=loc, ip=ip).ir_value(loc=loc, ip=ip),
+         sptr.toint(loc=loc, ip=ip).ir_value(loc=loc, ip=ip)],
+        f"cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [$0], [$1], {nbytes};",
+        "l,r",
         has_side_effects=True,
         is_align_stack=False,
         asm_dialect=llvm.AsmDialect.AD_ATT,
@@ -72,16 +87,21 @@ def red_add_v4_f32(ptr, a, b, c, d, *, loc=None, ip=None):
     )
 
 
-class BsaBwdSm90V2:
-    def __init__(self, dtype, head_dim: int, block_size: int, has_block_sizes: bool,
-                 overlap_dq: bool = False):
+def _restage(layout: cute.ComposedLayout, num_stages: int, stage_stride: int) -> cute.ComposedLayout:
+    """The one-stage smem layout ``layout`` with a stage mode of ``stage_stride`` elements."""
+    outer = cute.append(cute.select(layout.outer, mode=[0, 1]),
+                        cute.make_layout(num_stages, stride=stage_stride))
+    return cute.make_composed_layout(layout.inner, 0, outer)
+
+
+class BsaBwdSm90:
+    def __init__(self, dtype, head_dim: int, block_size: int, has_block_sizes: bool):
         self.dtype = dtype
         self.hd = head_dim
         self.blk = block_size
         self.sub = block_size // TILE
         self.num_threads = 128
         self.has_sizes = has_block_sizes
-        self.overlap_dq = overlap_dq
 
     @staticmethod
     def can_implement(dtype, head_dim: int, block_size: int) -> bool:
@@ -108,17 +128,20 @@ class BsaBwdSm90V2:
         kv_tiler = (TILE, hd, TILE)
         sKV_layout = sm90_utils.make_smem_layout_a(LayoutEnum.ROW_MAJOR, s_tiler, self.dtype, 1)
         sKV_mn_layout = sm90_utils.make_smem_layout_b(LayoutEnum.COL_MAJOR, kv_tiler, self.dtype, 1)
-        sQ_layout = sm90_utils.make_smem_layout_b(LayoutEnum.ROW_MAJOR, s_tiler, self.dtype, 2)
-        sQ_mn_layout = sm90_utils.make_smem_layout_b(LayoutEnum.COL_MAJOR, kv_tiler, self.dtype, 2)
         sdS_layout = sm90_utils.make_smem_layout_a(LayoutEnum.COL_MAJOR, kv_tiler, self.dtype, 1)
+        # one ring [Q0 dO0 dS Q1 dO1]: stage s of Q/dO (+ the dS tile) is contiguous and, once
+        # the step's products are done, holds that step's fp32 dQ rows for the bulk reduction
+        q_elems = TILE * hd
+        stage_stride = 2 * q_elems + TILE * TILE
+        sQ_layout = _restage(sm90_utils.make_smem_layout_b(LayoutEnum.ROW_MAJOR, s_tiler, self.dtype, 1), 2, stage_stride)
+        sQ_mn_layout = _restage(sm90_utils.make_smem_layout_b(LayoutEnum.COL_MAJOR, kv_tiler, self.dtype, 1), 2, stage_stride)
 
         @cute.struct
         class SharedStorage:
-            sQ: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(sQ_layout)], 1024]
-            sdO: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(sQ_layout)], 1024]
+            ring: cute.struct.Align[cute.struct.MemRange[self.dtype, 4 * q_elems + TILE * TILE], 1024]
+            sLD: cute.struct.Align[cute.struct.MemRange[cutlass.Float32, 2 * 2 * TILE], 128]
             sK: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(sKV_layout)], 1024]
             sV: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(sKV_layout)], 1024]
-            sdS: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(sdS_layout)], 1024]
 
         gmem_copy_in = gmem_load_copy(self.dtype, self.num_threads, hd)
         n_tiles = cute.ceil_div(mK.shape[1], TILE)
@@ -142,6 +165,30 @@ class BsaBwdSm90V2:
         issue_q_do_rows(mQ, mdO, ent, t, n_q_blocks, head_kv, group, batch, seqlen_q,
                         gmem_copy_in, thr_copy, tCc, tQsQ, tdOsdO, stage,
                         self.blk, self.sub, self.hd, TILE)
+
+    @cute.jit
+    def _issue_lse_delta(self, mLSE, mDelta, ent, t, n_q_blocks, head_kv, group, batch,
+                         seqlen_q, tidx, sLD, stage):
+        """cp.async (4 bytes per thread) the lse (threads 0-63) or delta (64-127) of the 64
+        query rows of step ``t`` of entry ``ent`` into ``sLD[:, kind, stage]``; rows past
+        S_q get lse = +inf (so P = 0) and delta = 0."""
+        h_in_group = ent // n_q_blocks
+        m_block = ent - h_in_group * n_q_blocks
+        head = head_kv * group + h_in_group
+        row = tidx % TILE
+        kind = tidx // TILE
+        qrow = m_block * self.blk + (t % self.sub) * TILE + row
+        dst = cute.make_tensor(sLD.iterator + (row + kind * TILE + stage * 2 * TILE), cute.make_layout(1))
+        if qrow < seqlen_q:
+            atom = cute.make_copy_atom(cpasync.CopyG2SOp(), cutlass.Float32, num_bits_per_copy=32)
+            if kind == 0:
+                src = cute.make_tensor(mLSE.iterator + cute.crd2idx((batch, head, qrow), mLSE.layout), cute.make_layout(1))
+                cute.copy(atom, src, dst)
+            else:
+                src = cute.make_tensor(mDelta.iterator + cute.crd2idx((batch, head, qrow), mDelta.layout), cute.make_layout(1))
+                cute.copy(atom, src, dst)
+        else:
+            dst[0] = cutlass.Float32.inf if kind == 0 else cutlass.Float32(0.0)
 
     @cute.kernel
     def kernel(
@@ -186,15 +233,19 @@ class BsaBwdSm90V2:
 
         smem = cutlass.memory.SmemAllocator()
         storage = smem.allocate(SharedStorage)
-        sQ = storage.sQ.get_tensor(sQ_layout.outer, swizzle=sQ_layout.inner)  # (q, d, st)
-        sdO = storage.sdO.get_tensor(sQ_layout.outer, swizzle=sQ_layout.inner)
         sK = storage.sK.get_tensor(sKV_layout.outer, swizzle=sKV_layout.inner)  # (kv, d, 1)
         sV = storage.sV.get_tensor(sKV_layout.outer, swizzle=sKV_layout.inner)
-        # MN-major aliases of the same bytes: (d, q, st) and (d, kv, 1)
-        sQ_mn = storage.sQ.get_tensor(sQ_mn_layout.outer, swizzle=sQ_mn_layout.inner)
-        sdO_mn = storage.sdO.get_tensor(sQ_mn_layout.outer, swizzle=sQ_mn_layout.inner)
         sK_mn = storage.sK.get_tensor(sKV_mn_layout.outer, swizzle=sKV_mn_layout.inner)
-        sdS = storage.sdS.get_tensor(sdS_layout.outer, swizzle=sdS_layout.inner)  # (q, kv, 1)
+        q_elems = TILE * hd
+        ring = storage.ring.data_ptr()
+        sQ = cute.make_tensor(cute.recast_ptr(ring, sQ_layout.inner), sQ_layout.outer)  # (q, d, st)
+        sdO = cute.make_tensor(cute.recast_ptr(ring + q_elems, sQ_layout.inner), sQ_layout.outer)
+        # MN-major aliases of the same bytes: (d, q, st) and (d, kv, 1)
+        sQ_mn = cute.make_tensor(cute.recast_ptr(ring, sQ_mn_layout.inner), sQ_mn_layout.outer)
+        sdO_mn = cute.make_tensor(cute.recast_ptr(ring + q_elems, sQ_mn_layout.inner), sQ_mn_layout.outer)
+        sdS = cute.make_tensor(cute.recast_ptr(ring + 2 * q_elems, sdS_layout.inner), sdS_layout.outer)  # (q, kv, 1)
+        # per-stage lse (natural log) and delta of the step's 64 query rows: (row, kind, stage)
+        sLD = storage.sLD.get_tensor(cute.make_layout((TILE, 2, 2), stride=(1, TILE, 2 * TILE)))
 
         thr_copy = gmem_copy_in.get_slice(tidx)
         tCc = thr_copy.partition_S(cute.make_identity_tensor((TILE, hd)))
@@ -227,7 +278,6 @@ class BsaBwdSm90V2:
         tScS_mn = _acc_mn_view_wg(thr_s.partition_C(cute.make_identity_tensor((TILE, TILE))))
         n_rows = cute.size(tScS_mn, mode=[0])  # keys owned by this thread
         n_cols = cute.size(tScS_mn, mode=[1])  # queries owned by this thread
-        tdQcdQ = thr_q.partition_C(cute.make_identity_tensor((TILE, hd)))
         # (kv, q) view of the (q, kv) dS buffer for the element stores
         sdS_t = cute.composition(sdS, cute.make_layout((TILE, TILE), stride=(TILE, 1)))
 
@@ -244,8 +294,12 @@ class BsaBwdSm90V2:
             ent_nxt = mEntries[e_begin + cutlass.min(1, n_steps - 1) // self.sub]
             self._issue_q_do(mQ, mdO, ent_cur, 0, n_q_blocks, head_kv, group, batch,
                              seqlen_q, gmem_copy_in, thr_copy, tCc, tQsQ, tdOsdO, 0)
+            self._issue_lse_delta(mLSE, mDelta, ent_cur, 0, n_q_blocks, head_kv, group,
+                                  batch, seqlen_q, tidx, sLD, 0)
         cute.arch.cp_async_commit_group()
-        odd = (tidx % 2) == 1
+        dq_stride = hd + 8  # fp32 dQ staging row stride (floats)
+        # element offset of stage 1's dQ staging: it ends where the ring ends
+        stg1_off = 4 * q_elems + TILE * TILE - 2 * TILE * dq_stride
         for t in cutlass.range(n_steps, unroll=1):
             stage = t % 2
             ent = ent_cur
@@ -258,19 +312,9 @@ class BsaBwdSm90V2:
             if cutlass.const_expr(self.has_sizes):
                 limit = cutlass.min(limit, mSizes[batch, head, n_block] - tile_off)
 
-            # per-query (column) lse in the log2 domain and delta; the loads are in flight
-            # while this thread waits for its copies and the barrier
-            lse2 = cute.make_rmem_tensor(n_cols, cutlass.Float32)
-            dlt = cute.make_rmem_tensor(n_cols, cutlass.Float32)
-            for c in cutlass.range_constexpr(n_cols):
-                qrow = q0 + tScS_mn[0, c][1]
-                lse2[c] = cutlass.Float32.inf
-                dlt[c] = 0.0
-                if qrow < seqlen_q:
-                    lse2[c] = mLSE[batch, head, qrow] * LOG2_E
-                    dlt[c] = mDelta[batch, head, qrow]
-
             cute.arch.cp_async_wait_group(0)  # this thread's copies of step t (and K/V)
+            # the bulk dQ reduction of step t-1 has read its smem rows (other stage, dS)
+            cute.arch.cp_async_bulk_wait_group(0, read=True)
             cute.arch.fence_proxy("async.shared", space="cta")
             # every copy of step t is visible and every thread has left step t-1, so the
             # other ring stage and sdS are free
@@ -279,6 +323,8 @@ class BsaBwdSm90V2:
                 self._issue_q_do(mQ, mdO, ent_nxt, t + 1, n_q_blocks, head_kv, group,
                                  batch, seqlen_q, gmem_copy_in, thr_copy, tCc, tQsQ, tdOsdO,
                                  1 - stage)
+                self._issue_lse_delta(mLSE, mDelta, ent_nxt, t + 1, n_q_blocks, head_kv,
+                                      group, batch, seqlen_q, tidx, sLD, 1 - stage)
             cute.arch.cp_async_commit_group()
             ent_cur = ent_nxt
             ent_nxt = mEntries[e_begin + cutlass.min(t + 2, n_steps - 1) // self.sub]
@@ -294,6 +340,13 @@ class BsaBwdSm90V2:
                     mma_s.set(warpgroup.Field.ACCUMULATE, k != 0)
                     cute.gemm(mma_s, acc_dP, tPrV[None, None, k, 0], tPrdO[None, None, k, stage], acc_dP)
                 warpgroup.commit_group()
+                # per-query (column) lse in the log2 domain and delta, read under the wgmmas
+                lse2 = cute.make_rmem_tensor(n_cols, cutlass.Float32)
+                dlt = cute.make_rmem_tensor(n_cols, cutlass.Float32)
+                for c in cutlass.range_constexpr(n_cols):
+                    qc = tScS_mn[0, c][1]
+                    lse2[c] = sLD[qc, 0, stage] * LOG2_E
+                    dlt[c] = sLD[qc, 1, stage]
                 warpgroup.wait_group(0)
 
                 S_mn = _acc_mn_view_wg(acc_S)
@@ -321,52 +374,41 @@ class BsaBwdSm90V2:
 
                 acc_dQ = thr_q.make_fragment_C(thr_q.partition_shape_C((TILE, hd)))
                 warpgroup.fence()
-                if cutlass.const_expr(self.overlap_dq):
-                    for k in cutlass.range_constexpr(cute.size(tQrdS, mode=[2])):
-                        mma_q.set(warpgroup.Field.ACCUMULATE, k != 0)
-                        cute.gemm(mma_q, acc_dQ, tQrdS[None, None, k, 0], tQrK[None, None, k, 0], acc_dQ)
-                    warpgroup.commit_group()
+                for k in cutlass.range_constexpr(cute.size(tQrdS, mode=[2])):
+                    mma_q.set(warpgroup.Field.ACCUMULATE, k != 0)
+                    cute.gemm(mma_q, acc_dQ, tQrdS[None, None, k, 0], tQrK[None, None, k, 0], acc_dQ)
+                warpgroup.commit_group()
                 mma_kv.set(warpgroup.Field.ACCUMULATE, True)
                 for k in cutlass.range_constexpr(cute.size(tPr, mode=[2])):
                     cute.gemm(mma_kv, acc_dV, tPr[None, None, k], tVrdO[None, None, k, stage], acc_dV)
                 for k in cutlass.range_constexpr(cute.size(tdSr, mode=[2])):
                     cute.gemm(mma_kv, acc_dK, tdSr[None, None, k], tKrQ[None, None, k, stage], acc_dK)
-                if cutlass.const_expr(not self.overlap_dq):
-                    for k in cutlass.range_constexpr(cute.size(tQrdS, mode=[2])):
-                        mma_q.set(warpgroup.Field.ACCUMULATE, k != 0)
-                        cute.gemm(mma_q, acc_dQ, tQrdS[None, None, k, 0], tQrK[None, None, k, 0], acc_dQ)
                 warpgroup.commit_group()
-                if cutlass.const_expr(self.overlap_dq):
-                    warpgroup.wait_group(1)  # dQ done; dV/dK still running
-                else:
-                    warpgroup.wait_group(0)
-
-                # dQ -> fp32 accumulator, 4 consecutive columns per red. Value 4j + e of this
-                # thread sits at (row r + 8 * (e // 2), col 8j + 2 * (lane % 4) + e % 2): lanes
-                # l and l ^ 1 swap halves, the even lane then owns 4 columns of row r and the
-                # odd lane the same 4 columns of row r + 8 (its address: two columns left of
-                # its own value 4j + 2).
+                warpgroup.wait_group(0)
+                # every warp's products have read Q/dO/dS of this stage: reuse it for dQ
+                cute.arch.barrier()
+                stg = cute.recast_ptr(ring + stage * stg1_off, dtype=cutlass.Float32)
+                sdQ = cute.make_tensor(stg, cute.make_layout((TILE, hd), stride=(dq_stride, 1)))
+                tdQsdQ = thr_q.partition_C(sdQ)
+                for i in cutlass.range_constexpr(cute.size(acc_dQ)):
+                    tdQsdQ[i] = acc_dQ[i] * softmax_scale
+                cute.arch.fence_proxy("async.shared", space="cta")
+                cute.arch.sync_warp()
                 gdQ = cute.local_tile(mdQacc[batch, None, head, None], (TILE, hd), (q_tile, 0))
-                tdQgdQ = thr_q.partition_C(gdQ)
-                row8 = cute.crd2idx(2, tdQgdQ.layout) - cute.crd2idx(0, tdQgdQ.layout)
-                odd_off = row8 - 2 if odd else row8 * 0
-                row_ok = q0 + tdQcdQ[0][0] + (8 if odd else 0) < seqlen_q
-                for j in cutlass.range_constexpr(cute.size(acc_dQ) // 4):
-                    v0 = acc_dQ[4 * j] * softmax_scale
-                    v1 = acc_dQ[4 * j + 1] * softmax_scale
-                    v2 = acc_dQ[4 * j + 2] * softmax_scale
-                    v3 = acc_dQ[4 * j + 3] * softmax_scale
-                    # every lane shuffles (never under a lane-dependent predicate)
-                    recv_a = cute.arch.shuffle_sync_bfly(v0 if odd else v2, offset=1)
-                    recv_b = cute.arch.shuffle_sync_bfly(v1 if odd else v3, offset=1)
-                    if row_ok:
-                        ptr = tdQgdQ.iterator + (cute.crd2idx(4 * j, tdQgdQ.layout) + odd_off)
-                        red_add_v4_f32(ptr, recv_a if odd else v0, recv_b if odd else v1,
-                                       v2 if odd else recv_a, v3 if odd else recv_b)
-                if cutlass.const_expr(self.overlap_dq):
-                    warpgroup.wait_group(0)
+                # warp w holds rows 16w..16w+15 of the dQ tile: once its lanes' stores are
+                # fenced for the async proxy and the warp has synced, lanes 0-15 issue one
+                # bulk reduce-add of one row each
+                lane = tidx % 32
+                dq_row = (tidx // 32) * 16 + lane
+                if lane < 16:
+                    if q0 + dq_row < seqlen_q:
+                        bulk_reduce_add_f32(
+                            gdQ.iterator + cute.crd2idx((dq_row, 0), gdQ.layout),
+                            stg + dq_row * dq_stride, hd * 4)
+                cute.arch.cp_async_bulk_commit_group()
 
         cute.arch.cp_async_wait_group(0)
+        cute.arch.cp_async_bulk_wait_group(0, read=False)  # smem must outlive the bulk reads
         # Epilogue: dK * scale and dV straight from registers, key-row predicated.
         tKc_mn = _acc_mn_view_wg(thr_kv.partition_C(cute.make_identity_tensor((TILE, hd))))
         dK_mn = _acc_mn_view_wg(acc_dK)
