@@ -186,8 +186,12 @@ def test_build_kq_csr_matches_loops(group, construction, monkeypatch):
     # garbage past the active prefix must be ignored
     j = np.arange(k_max)[None, None, None, :]
     idx = np.where(j < nums[..., None], idx, rng.choice([-3, 10**6, n_kv], size=idx.shape)).astype(np.int32)
-    offsets, entries = jax.jit(bsa.build_kq_csr, static_argnames=("num_kv_heads", "num_kv_blocks"))(
-        jnp.asarray(idx), jnp.asarray(nums), num_kv_heads=h_kv, num_kv_blocks=n_kv)
+    # a fresh function per test: jax.jit's trace cache would otherwise reuse the other
+    # construction's trace (the threshold is read at trace time)
+    fn = jax.jit(lambda i, n: bsa.build_kq_csr(i, n, num_kv_heads=h_kv, num_kv_blocks=n_kv))
+    args = (jnp.asarray(idx), jnp.asarray(nums))
+    assert ("stablehlo.sort" in fn.lower(*args).as_text()) == (construction == "sort")
+    offsets, entries = fn(*args)
     offsets, entries = np.asarray(offsets), np.asarray(entries)
     assert offsets.shape == (b * h_kv * n_kv + 1,) and offsets[0] == 0
     for bi in range(b):

@@ -24,9 +24,9 @@ Backward structure (all launches on XLA's stream, all buffers XLA-owned):
    fp32 ``dq`` accumulator (same physical layout as q) in one launch; the dK/dV/dQ kernel
    then updates the accumulator in place (``input_output_aliases``).
 2. The K->Q transposed block lists (CSR) built on the device from the forward metadata
-   each call (``build_kq_csr``: a dense bitmap with a row-wise prefix sum for up to 2**24
-   (query block, KV block) pairs, else a stable argsort; 30 us and 128 us respectively for
-   B=1, H=16, N=256, top-32 on the H200).
+   each call (``build_kq_csr``: a dense bitmap with a row-wise prefix sum for up to 2**22
+   (query block, KV block) pairs, else a stable argsort; 30-53 us and 128 us respectively
+   for B=1, H=16, N=256, top-32 on the H200).
 3. One dK/dV/dQ kernel: a CTA per (64-key tile, KV head, batch) walks the (query head in
    the GQA group, query block) entries that listed its KV block, keeps dK/dV in
    registers and adds each dQ tile to the fp32 accumulator (``sm90``: bulk
@@ -189,9 +189,10 @@ def bsa_fwd(q, k, v, q2k_block_index, q2k_block_nums, block_sizes, *, layout: st
 # --------------------------------------------------------------------------- backward
 
 
-# the dense (bitmap) K->Q construction is used while its int32 temporaries stay below this
-# many elements (B * H_q * N_q * N_kv); above it, a stable sort (argsort) builds the lists
-_DENSE_CSR_MAX_ELEMS = 1 << 24
+# the dense (bitmap) K->Q construction is used up to this many (query block, KV block) pairs
+# B * H_q * N_q * N_kv (its temporaries take about 16 bytes per pair: 64 MiB here); above
+# it, a stable sort (argsort) builds the lists in memory linear in the number of entries
+_DENSE_CSR_MAX_ELEMS = 1 << 22
 
 
 def build_kq_csr(q2k_block_index, q2k_block_nums, *, num_kv_heads: int, num_kv_blocks: int):
@@ -203,10 +204,11 @@ def build_kq_csr(q2k_block_index, q2k_block_nums, *, num_kv_heads: int, num_kv_b
     query block m), in increasing order. Only the active prefix of each row is used.
     ``entries`` has ``B*H_q*N_q*K_max`` slots; those past ``offsets[-1]`` are unused.
 
-    Two constructions with identical results: for up to ``2**24`` (query block, KV block)
-    pairs a dense bitmap (one scatter, a row-wise prefix sum, one scatter; about 30 us for
-    16 heads x 256 x 256 blocks on an H200), beyond that a stable argsort of the entries by
-    KV block (about 130 us for the same problem, but linear in the number of entries).
+    Two constructions with identical results for valid metadata (unique active block ids
+    per row): for up to ``2**22`` (query block, KV block) pairs a dense bitmap (one scatter,
+    a row-wise prefix sum, one scatter; 30-53 us for 16 heads x 256 x 256 blocks on an H200,
+    about 16 bytes of temporaries per pair), beyond that a stable argsort of the entries by
+    KV block (about 130 us for the same problem, memory linear in the number of entries).
     """
     b, h_q, n_q, k_max = q2k_block_index.shape
     group = h_q // num_kv_heads
