@@ -148,3 +148,42 @@ def test_hstu_fwd_impl_env_rejects_unknown(monkeypatch):
     monkeypatch.setenv("JAX_SPARSE_ATTN_HSTU_FWD_IMPL", "sm99")
     with pytest.raises(ValueError, match="JAX_SPARSE_ATTN_HSTU_FWD_IMPL"):
         fh.fwd_config(jnp.bfloat16, 128, 128, False, 1)
+
+
+@pytest.mark.parametrize("dq", ["bulk", "red"])
+@pytest.mark.parametrize("head_dim,head_dim_v,func_n", [(128, 128, 0), (64, 128, 3), (256, 256, 0)])
+def test_hstu_bwd_dq_reduction_modes_lower(monkeypatch, dq, head_dim, head_dim_v, func_n):
+    """Both dQ reductions of the backward (bulk reduce-add of staged smem rows, the default
+    where it fits, and per-thread red.global.add.v2) compile for sm_90a; D=256 always falls
+    back to the per-thread reductions."""
+    from jax_sparse_attn.ffi import hstu as fh  # noqa: PLC0415
+    from jax_sparse_attn.kernels.hstu_bwd_sm80 import HstuBwdSm80  # noqa: PLC0415
+
+    monkeypatch.setenv("JAX_SPARSE_ATTN_HSTU_BWD_DQ", dq)
+    cfg = fh.bwd_config(jnp.bfloat16, head_dim, head_dim_v, bool(func_n), func_n or 1)
+    assert cfg.dq_bulk == (dq == "bulk")
+    import cutlass  # noqa: PLC0415
+
+    kern = HstuBwdSm80(cutlass.BFloat16, head_dim, head_dim_v, cfg.block_m, cfg.block_n,
+                       cfg.num_warps, cfg.has_func, cfg.func_n, cfg.dq_bulk)
+    assert kern.dq_bulk == (dq == "bulk" and head_dim <= 128)
+    q = jax.ShapeDtypeStruct((T, 2, head_dim), jnp.bfloat16)
+    v = jax.ShapeDtypeStruct((T, 2, head_dim_v), jnp.bfloat16)
+    cu = jax.ShapeDtypeStruct((B + 1,), jnp.int32)
+    func = jax.ShapeDtypeStruct((1, func_n, T + 256), jnp.int32) if func_n else None
+    window = (-1, -1) if func_n else (-1, 0)
+
+    def bwd(do, q, k, v, cu, func):
+        return fh.hstu_bwd(do, q, k, v, cu, cu, func, max_seqlen_q=100, max_seqlen_k=100,
+                           scaling_seqlen=100.0, window_size=window, alpha=1.0)
+
+    txt = _lower(bwd, v, q, q, v, cu, func)
+    assert _target() in txt and "\\7FELF" in txt
+
+
+def test_hstu_bwd_dq_env_rejects_unknown(monkeypatch):
+    from jax_sparse_attn.ffi import hstu as fh  # noqa: PLC0415
+
+    monkeypatch.setenv("JAX_SPARSE_ATTN_HSTU_BWD_DQ", "atomics")
+    with pytest.raises(ValueError, match="JAX_SPARSE_ATTN_HSTU_BWD_DQ"):
+        fh.bwd_config(jnp.bfloat16, 128, 128, False, 1)

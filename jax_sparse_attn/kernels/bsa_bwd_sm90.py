@@ -61,33 +61,11 @@ import cutlass.utils.hopper_helpers as sm90_utils
 from cutlass.cute.nvgpu import cpasync, warpgroup
 from cutlass.tensor_utils import LayoutEnum
 
-from cutlass._mlir.dialects import llvm
-from cutlass.cutlass_dsl import dsl_user_op
-
 from .bsa_common import LOG2_E, gmem_load_copy, issue_q_do_rows
-from .common import load_rows
+from .common import bulk_reduce_add_f32, load_rows
 from .bsa_fwd_sm90 import _acc_layout_as_a, _acc_mn_view_wg
 
 TILE = 64
-
-
-@dsl_user_op
-def bulk_reduce_add_f32(gptr, sptr, nbytes: int, *, loc=None, ip=None):
-    """``cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32``: add ``nbytes``
-    (a multiple of 16) of fp32 from shared memory ``sptr`` to global ``gptr`` (both 16-byte
-    aligned), asynchronously, in this thread's bulk group."""
-    llvm.inline_asm(
-        None,
-        [gptr.toint(loc=loc, ip=ip).ir_value(loc=loc, ip=ip),
-         sptr.toint(loc=loc, ip=ip).ir_value(loc=loc, ip=ip)],
-        f"cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [$0], [$1], {nbytes};",
-        "l,r",
-        has_side_effects=True,
-        is_align_stack=False,
-        asm_dialect=llvm.AsmDialect.AD_ATT,
-        loc=loc,
-        ip=ip,
-    )
 
 
 def _restage(layout: cute.ComposedLayout, num_stages: int, stage_stride: int) -> cute.ComposedLayout:

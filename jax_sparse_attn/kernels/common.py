@@ -5,12 +5,17 @@
   identity-tensor partition ``tXc`` is ``>= limit`` are zero-filled instead of read.
 * ``store_rows(tcopy, tXr, tXg, tXc, limit)``: the store counterpart (registers -> gmem);
   rows ``>= limit`` are skipped.
+* ``bulk_reduce_add_f32(gptr, sptr, nbytes)``: asynchronous fp32 reduce-add of a
+  shared-memory row into global memory on the bulk-copy engine (sm_90), the dQ reduction
+  of the backward kernels.
 """
 
 from __future__ import annotations
 
 import cutlass
 import cutlass.cute as cute
+from cutlass._mlir.dialects import llvm
+from cutlass.cutlass_dsl import dsl_user_op
 
 
 @cute.jit
@@ -30,3 +35,22 @@ def store_rows(tcopy, tXr, tXg, tXc, limit):
     for r in cutlass.range_constexpr(cute.size(tXr.shape[1])):
         if tXc[0, r, 0][0] < limit:
             cute.copy(tcopy, tXr[None, r, None], tXg[None, r, None])
+
+
+@dsl_user_op
+def bulk_reduce_add_f32(gptr, sptr, nbytes: int, *, loc=None, ip=None):
+    """``cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32``: add ``nbytes``
+    (a multiple of 16) of fp32 from shared memory ``sptr`` to global ``gptr`` (both 16-byte
+    aligned), asynchronously, in this thread's bulk group."""
+    llvm.inline_asm(
+        None,
+        [gptr.toint(loc=loc, ip=ip).ir_value(loc=loc, ip=ip),
+         sptr.toint(loc=loc, ip=ip).ir_value(loc=loc, ip=ip)],
+        f"cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [$0], [$1], {nbytes};",
+        "l,r",
+        has_side_effects=True,
+        is_align_stack=False,
+        asm_dialect=llvm.AsmDialect.AD_ATT,
+        loc=loc,
+        ip=ip,
+    )
