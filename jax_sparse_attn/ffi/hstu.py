@@ -84,8 +84,6 @@ class HstuBwdConfig:
     num_warps: int
     has_func: bool
     func_n: int
-    # dQ reduction: True = smem rows + bulk reduce-add (default), False = red.global.add.v2
-    dq_bulk: bool = True
 
 
 def hstu_kernel_unsupported_reason(*, dtype, head_dim, head_dim_v, has_func: bool,
@@ -140,11 +138,8 @@ def bwd_config(dtype, head_dim, head_dim_v, has_func, func_n) -> HstuBwdConfig:
     # D = 256 keeps 64 keys per CTA (register budget).
     default = (64, 128, 8) if max(head_dim, head_dim_v) <= 128 else (64, 64, 8)
     bm, bn, w = _tile_override("BWD") or default
-    dq = os.environ.get("JAX_SPARSE_ATTN_HSTU_BWD_DQ", "bulk")
-    if dq not in ("bulk", "red"):
-        raise ValueError(f"JAX_SPARSE_ATTN_HSTU_BWD_DQ={dq!r} is not one of ('bulk', 'red')")
     return HstuBwdConfig(_cutlass_dtype_name(dtype), head_dim, head_dim_v, bm, bn, w,
-                         bool(has_func), int(func_n) if has_func else 1, dq == "bulk")
+                         bool(has_func), int(func_n) if has_func else 1)
 
 
 # ----------------------------------------------------------------------------------------
@@ -193,7 +188,7 @@ def _bwd_adapter():
                         func, scal, win, dq_acc, dk, dv, *, cfg: cutlass.Constexpr):
         # dq_acc is aliased to the third output (the fp32 dq workspace, zero-initialized).
         HstuBwdSm80(_dt(cfg.dtype), cfg.head_dim, cfg.head_dim_v, cfg.block_m, cfg.block_n,
-                    cfg.num_warps, cfg.has_func, cfg.func_n, cfg.dq_bulk)(
+                    cfg.num_warps, cfg.has_func, cfg.func_n)(
             do, q, k, v, cu_q, cu_k, kv_tiles, q_tile_start, q_tiles, func, scal, win,
             dq_acc, dk, dv, stream)
 

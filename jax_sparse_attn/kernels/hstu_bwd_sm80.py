@@ -8,21 +8,20 @@ summary). Per query tile (Q and dO double-buffered in smem with cp.async)::
     P  = M * SiLU(alpha S)        with h = alpha S / 2, t = tanh(h): P = h + h t
     dS = M * dP * alpha/scaling * SiLU'(alpha S),  SiLU' = sig + P (1 - sig), sig = (1+t)/2
     dV += P^T dO    dK += dS^T Q    (P, dS through smem, read transposed by ldmatrix.trans)
-    dQ += dS K      (fp32, rows < L_q, into an XLA-owned workspace; see below)
+    dQ += dS K      (fp32 ``red.global.add`` into an XLA-owned workspace, rows < L_q)
 
 dV gets the 1/scaling_seqlen factor once in the epilogue. Out-of-range rows of Q, dO, K
 and V are zero-filled in smem, which makes P and dS vanish there without masks; only
 tiles crossing a window/func boundary run the per-element mask.
-dK, dV are deterministic; dQ (fp32 reductions in arrival order) is not bitwise deterministic.
+dK, dV are deterministic; dQ (atomics) is not bitwise deterministic.
 
-dQ reduction (``dq_bulk``, the default where shared memory allows: D <= 128): the step's dQ
-tile is stored to a dedicated shared-memory buffer in rows of ``D + 8`` floats
-(conflict-free stores of the accumulator) and added to the workspace by one
-``cp.reduce.async.bulk ... add.f32`` per row on the bulk-copy engine, asynchronously; the
-bulk reads are awaited before the buffer is written again. Otherwise (and with
-``JAX_SPARSE_ATTN_HSTU_BWD_DQ=red``) every thread adds its accumulator pairs with
-``red.global.add.v2.f32``. In the block-sparse backward the same change saved a third of
-the time (see ``bsa_bwd_sm90``).
+Tried and measured (H200, bf16, 2026-11-29): the block-sparse backward's dQ path (fp32 rows
+staged in shared memory, one ``cp.reduce.async.bulk .add.f32`` per row, see
+``bsa_bwd_sm90``) is slower here than the per-thread ``red.global.add.v2.f32``: backward
+8x4096 causal 236 vs 244 TFLOP/s, full 239 vs 255, D=64 causal 172 vs 198 (all 22 GPU tests
+passed with it). With 64x128 tiles the dQ traffic per FLOP is half the block-sparse
+kernel's, and the 8 warps of the one CTA per SM hide the reductions, while the staging costs
+a CTA barrier per step.
 """
 
 from __future__ import annotations
@@ -33,9 +32,6 @@ from cutlass import Float32, Int32
 from cutlass.cute.nvgpu import cpasync, warp
 
 from . import hstu_common as hc
-from .common import bulk_reduce_add_f32
-
-SMEM_LIMIT = 227 * 1024  # opt-in shared memory per block on sm_90
 
 BIG = 1 << 30
 
@@ -50,7 +46,7 @@ class HstuBwdSm80:
     """
 
     def __init__(self, dtype, head_dim, head_dim_v, block_m, block_n, num_warps, has_func,
-                 func_n, dq_bulk: bool = True):
+                 func_n):
         self.dtype = dtype
         self.d = head_dim
         self.dv = head_dim_v
@@ -61,12 +57,6 @@ class HstuBwdSm80:
         self.has_func = has_func
         self.func_n = func_n
         self.dq_chunk = min(head_dim, 128)
-        self.dq_stride = head_dim + 8  # fp32 dQ staging row stride (floats)
-        # bulk dQ reduction when the whole dQ tile is one chunk and its staging fits
-        base = 2 * (block_n * (head_dim + head_dim_v) + 2 * block_m * (head_dim + head_dim_v)
-                    + 2 * block_m * block_n)
-        self.dq_bulk = (dq_bulk and head_dim <= 128
-                        and base + 4 * block_m * self.dq_stride + 7 * 1024 <= SMEM_LIMIT)
 
     @cute.jit
     def __call__(self, mdO, mQ, mK, mV, mCuQ, mCuK, mKVTile, mQStart, mQTiles, mFunc, mScal,
@@ -78,7 +68,6 @@ class HstuBwdSm80:
         sK_layout = hc.smem_layout_16b(bn, self.d)
         sV_layout = hc.smem_layout_16b(bn, self.dv)
         sPdS_layout = hc.smem_layout_16b(bm, bn)
-        dq_elems = bm * self.dq_stride if cutlass.const_expr(self.dq_bulk) else 4
 
         @cute.struct
         class Smem:
@@ -88,7 +77,6 @@ class HstuBwdSm80:
             sdO: cute.struct.Align[cute.struct.MemRange[dt, cute.cosize(sdO_layout)], 1024]
             sP: cute.struct.Align[cute.struct.MemRange[dt, cute.cosize(sPdS_layout)], 1024]
             sdS: cute.struct.Align[cute.struct.MemRange[dt, cute.cosize(sPdS_layout)], 1024]
-            sdQ: cute.struct.Align[cute.struct.MemRange[Float32, dq_elems], 1024]
 
         g2s_atom = cute.make_copy_atom(
             cpasync.CopyG2SOp(cache_mode=cpasync.LoadCacheMode.GLOBAL), dt, num_bits_per_copy=128
@@ -185,9 +173,6 @@ class HstuBwdSm80:
             sV = st.sV.get_tensor(sV_layout)
             sP = st.sP.get_tensor(sPdS_layout)
             sdS = st.sdS.get_tensor(sPdS_layout)
-            if cutlass.const_expr(self.dq_bulk):
-                # fp32 dQ staging rows for the bulk reduction: (bm, D), row stride D + 8
-                sdQ = st.sdQ.get_tensor(cute.make_layout((bm, self.d), stride=(self.dq_stride, 1)))
             sKt = hc.transpose_view(sK)
             sPt = hc.transpose_view(sP)
             sdSt = hc.transpose_view(sdS)
@@ -297,9 +282,6 @@ class HstuBwdSm80:
                                  seqlen_q - mn * bm)
                 cute.arch.cp_async_commit_group()
                 cute.arch.cp_async_wait_group(1)
-                if cutlass.const_expr(self.dq_bulk):
-                    # the previous step's bulk dQ reductions have read the staging rows
-                    cute.arch.cp_async_bulk_wait_group(0, read=True)
                 cute.arch.barrier()
 
                 m0 = m_block * bm
@@ -389,35 +371,17 @@ class HstuBwdSm80:
                         hc.gemm_ss(mma_dq, acc_dQ, tdQrdS, tdQrKt, tdQsdS,
                                    s2r_B_dq.partition_S(sKt_c), s2r_A_dq, s2r_B_dq,
                                    tdQrdS_v, tdQrKt_v)
-                        if cutlass.const_expr(self.dq_bulk):
-                            tdQs = thr_dq.partition_C(sdQ)
-                            for e in cutlass.range_constexpr(cute.size(acc_dQ)):
-                                tdQs[e] = acc_dQ[e]
-                            cute.arch.fence_proxy("async.shared", space="cta")
-                        else:
-                            gdQ = cute.local_tile(mdQ_b, (bm, dqc), (m_block, cidx))
-                            tdQg = thr_dq.partition_C(gdQ)
-                            # accumulator values (2k, 2k+1) are adjacent columns of one row
-                            for e2 in cutlass.range_constexpr(cute.size(acc_dQ) // 2):
-                                if tdQc[2 * e2][0] < seqlen_q - m0:
-                                    hc.red_add_v2_f32(hc.elem_ptr(tdQg, 2 * e2), acc_dQ[2 * e2],
-                                                      acc_dQ[2 * e2 + 1])
+                        gdQ = cute.local_tile(mdQ_b, (bm, dqc), (m_block, cidx))
+                        tdQg = thr_dq.partition_C(gdQ)
+                        # accumulator values (2k, 2k+1) are adjacent columns of one row
+                        for e2 in cutlass.range_constexpr(cute.size(acc_dQ) // 2):
+                            if tdQc[2 * e2][0] < seqlen_q - m0:
+                                hc.red_add_v2_f32(hc.elem_ptr(tdQg, 2 * e2), acc_dQ[2 * e2],
+                                                  acc_dQ[2 * e2 + 1])
                 cute.arch.barrier()
-                if cutlass.const_expr(self.dq_bulk):
-                    # the staged rows (published by the barrier): one bulk add per valid row
-                    if active != 0:
-                        if tidx < bm:
-                            if tidx < seqlen_q - m0:
-                                gdQ = cute.local_tile(mdQ_b, (bm, self.d), (m_block, 0))
-                                bulk_reduce_add_f32(
-                                    gdQ.iterator + cute.crd2idx((tidx, 0), gdQ.layout),
-                                    sdQ.iterator + tidx * self.dq_stride, self.d * 4)
-                    cute.arch.cp_async_bulk_commit_group()
 
             # ---- epilogue: dK, dV -> smem -> gmem ----------------------------------------
             cute.arch.cp_async_wait_group(0)
-            if cutlass.const_expr(self.dq_bulk):
-                cute.arch.cp_async_bulk_wait_group(0, read=False)
             cute.arch.barrier()
             rdV = cute.make_fragment_like(acc_dV, self.dtype)
             rdV.store((acc_dV.load() * inv_scale).to(self.dtype))
