@@ -87,7 +87,7 @@ def main():
     ap.add_argument("--out", default="hstu_bench.json")
     ap.add_argument("--tiles", action="append", default=[],
                     help="extra variant 'fwd=bm,bn,warps;bwd=bm,bn,warps;impl=sm90' (sweep; "
-                         "impl=sm90 selects the experimental wgmma forward)")
+                         "impl=sm90 / sm90pp select a wgmma forward; sm90pp is the default)")
     a = ap.parse_args()
     cases = a.case or ["8x4096-causal", "32x1024-causal"]
     print(f"device: {jax.devices()[0]}")

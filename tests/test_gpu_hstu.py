@@ -251,7 +251,7 @@ SM90_CASES = [(c, impl) for c in _shard(GRID + SM90_EXTRA) for impl in _sm90_imp
                     reason="per-impl wgmma forward grid: set HSTU_TEST_SM90=1 to run it")
 @pytest.mark.parametrize("case,impl", SM90_CASES or [(None, None)],
                          ids=[f"{i}-{_id(c)}" for c, i in SM90_CASES] or ["none"])
-def test_hstu_sm90_fwd_experimental(case, impl):
+def test_hstu_sm90_fwd_impls(case, impl):
     """Each wgmma forward (JAX_SPARSE_ATTN_HSTU_FWD_IMPL=sm90 / sm90pp) vs the fp32
     reference, same rule as the default kernel (forward only: the backward is sm80).
 

@@ -121,9 +121,9 @@ SM90_LOWER = [(impl, d, dv, fn, dt) for impl in ("sm90", "sm90pp")
 
 @pytest.mark.parametrize("impl,head_dim,head_dim_v,func_n,dtype", SM90_LOWER,
                          ids=["-".join(map(str, c)) for c in SM90_LOWER])
-def test_hstu_experimental_sm90_forward_lowers(monkeypatch, impl, head_dim, head_dim_v, func_n,
-                                               dtype):
-    """The experimental wgmma forwards (opt-in: sm90, sm90pp ping-pong) keep compiling for
+def test_hstu_sm90_forward_impls_lower(monkeypatch, impl, head_dim, head_dim_v, func_n,
+                                      dtype):
+    """Both wgmma forwards (sm90pp ping-pong, the default, and the lockstep sm90) keep compiling for
     sm_90a at every head dim (D=256 uses 64-key tiles) and with D != D_v."""
     from jax_sparse_attn.ffi import hstu as fh  # noqa: PLC0415
 
