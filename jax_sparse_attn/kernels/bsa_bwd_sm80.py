@@ -34,6 +34,7 @@ from cutlass.cute.nvgpu import warp
 from .bsa_common import (
     LOG2_E,
     acc_mn_view,
+    bwd_tile_coords,
     gemm_ss,
     gmem_load_copy,
     gmem_store_copy,
@@ -140,17 +141,9 @@ class BsaBwdSm80:
     ):
         hd, blk = self.hd, self.blk
         tidx, _, _ = cute.arch.thread_idx()
-        n_tile, head_kv, batch = cute.arch.block_idx()
-        seqlen_q = mQ.shape[1]
-        seqlen_k = mK.shape[1]
-        num_heads_kv = mK.shape[2]
-        group = mQ.shape[2] // num_heads_kv
-        n_q_blocks = (seqlen_q + blk - 1) // blk
-        n_kv_blocks = (seqlen_k + blk - 1) // blk
-        n_block = n_tile // self.sub
-        tile_off = (n_tile % self.sub) * TILE
-        softmax_scale = mScale[0]
-        scale_log2 = softmax_scale * LOG2_E
+        (n_tile, head_kv, batch, seqlen_q, seqlen_k, num_heads_kv, group, n_q_blocks,
+         n_kv_blocks, n_block, tile_off, softmax_scale, scale_log2) = bwd_tile_coords(
+            mQ, mK, mScale, blk, self.sub, TILE)
 
         smem = cutlass.memory.SmemAllocator()
         storage = smem.allocate(SharedStorage)

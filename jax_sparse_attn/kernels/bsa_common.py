@@ -8,6 +8,7 @@ the backward SM80-style (``mma.sync``) kernels:
 * ``gmem_load_copy`` / ``gmem_store_copy``: 128-bit tiled gmem copies (``cp.async`` in,
   vectorized stores out) whose thread layout matches the ``smem_layout`` swizzle width.
 * ``issue_q_do_rows(...)``: the backward's cp.async of one Q/dO row tile (zero past S_q).
+* ``bwd_tile_coords(...)``: the backward CTA's tile/head/batch coordinates and sizes.
 * ``transpose_view(t)``: the ``(cols, rows)`` view of a ``(rows, cols)`` smem tensor.
 * ``acc_mn_view(acc)``: view an ``mma.sync`` accumulator fragment ``((2, 2), MMA_M, MMA_N)``
   as ``(rows, cols)`` of this thread's values.
@@ -201,3 +202,27 @@ def issue_q_do_rows(mQ, mdO, ent, t, n_q_blocks, head_kv, group, batch, seqlen_q
     gdO = cute.local_tile(mdO[batch, None, head, None], (tile, hd), (q_tile, 0))
     load_rows(gmem_copy_in, thr_copy.partition_S(gQ), tQsQ[None, None, None, stage], tCc, seqlen_q - q0)
     load_rows(gmem_copy_in, thr_copy.partition_S(gdO), tdOsdO[None, None, None, stage], tCc, seqlen_q - q0)
+
+
+def bwd_tile_coords(mQ, mK, mScale, blk: int, sub: int, tile: int):
+    """Coordinates and sizes of a backward CTA (grid ``(n_tiles, H_kv, B)``, one ``tile``-key
+    tile of a ``blk``-key block, ``sub = blk // tile`` tiles per block), traced inline.
+
+    Returns ``(n_tile, head_kv, batch, seqlen_q, seqlen_k, num_heads_kv, group, n_q_blocks,
+    n_kv_blocks, n_block, tile_off, softmax_scale, scale_log2)`` with ``group = H_q // H_kv``,
+    ``n_block`` the KV block of the tile, ``tile_off`` its first key inside the block and
+    ``scale_log2 = softmax_scale * log2(e)``.
+    """
+    n_tile, head_kv, batch = cute.arch.block_idx()
+    seqlen_q = mQ.shape[1]
+    seqlen_k = mK.shape[1]
+    num_heads_kv = mK.shape[2]
+    group = mQ.shape[2] // num_heads_kv
+    n_q_blocks = (seqlen_q + blk - 1) // blk
+    n_kv_blocks = (seqlen_k + blk - 1) // blk
+    n_block = n_tile // sub
+    tile_off = (n_tile % sub) * tile
+    softmax_scale = mScale[0]
+    scale_log2 = softmax_scale * LOG2_E
+    return (n_tile, head_kv, batch, seqlen_q, seqlen_k, num_heads_kv, group, n_q_blocks,
+            n_kv_blocks, n_block, tile_off, softmax_scale, scale_log2)
