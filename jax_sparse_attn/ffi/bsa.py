@@ -214,9 +214,9 @@ def build_kq_csr(q2k_block_index, q2k_block_nums, *, num_kv_heads: int, num_kv_b
     group = h_q // num_kv_heads
     j = jnp.arange(k_max, dtype=jnp.int32)
     active = j[None, None, None, :] < q2k_block_nums[..., None]
-    n_rows = b * num_kv_heads * num_kv_blocks
     if b * h_q * n_q * num_kv_blocks <= _DENSE_CSR_MAX_ELEMS:
         return _kq_csr_dense(q2k_block_index, active, group, num_kv_heads, num_kv_blocks)
+    n_rows = b * num_kv_heads * num_kv_blocks
     bi = jnp.arange(b, dtype=jnp.int32)[:, None, None, None]
     hi = jnp.arange(h_q, dtype=jnp.int32)[None, :, None, None]
     mi = jnp.arange(n_q, dtype=jnp.int32)[None, None, :, None]

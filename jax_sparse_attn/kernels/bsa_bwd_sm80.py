@@ -34,6 +34,7 @@ from cutlass.cute.nvgpu import warp
 from .bsa_common import (
     LOG2_E,
     acc_mn_view,
+    bwd_entry_rows,
     bwd_tile_coords,
     gemm_ss,
     gmem_load_copy,
@@ -236,10 +237,7 @@ class BsaBwdSm80:
         for t in cutlass.range(n_steps, unroll=1):
             stage = t % 2
             ent = mEntries[e_begin + t // self.sub]
-            h_in_group = ent // n_q_blocks
-            m_block = ent - h_in_group * n_q_blocks
-            head = head_kv * group + h_in_group
-            q0 = m_block * blk + (t % self.sub) * TILE
+            head, q0 = bwd_entry_rows(ent, t, n_q_blocks, head_kv, group, blk, self.sub, TILE)
             q_tile = q0 // TILE
             limit = cutlass.min(kv_left, TILE)
             if cutlass.const_expr(self.has_sizes):

@@ -61,7 +61,7 @@ import cutlass.utils.hopper_helpers as sm90_utils
 from cutlass.cute.nvgpu import cpasync, warpgroup
 from cutlass.tensor_utils import LayoutEnum
 
-from .bsa_common import LOG2_E, bwd_tile_coords, gmem_load_copy, issue_q_do_rows
+from .bsa_common import LOG2_E, bwd_entry_rows, bwd_tile_coords, gmem_load_copy, issue_q_do_rows
 from .common import bulk_reduce_add_f32, load_rows
 from .bsa_fwd_sm90 import _acc_layout_as_a, _acc_mn_view_wg
 
@@ -153,12 +153,10 @@ class BsaBwdSm90:
         """cp.async (4 bytes per thread) the lse (threads 0-63) or delta (64-127) of the 64
         query rows of step ``t`` of entry ``ent`` into ``sLD[:, kind, stage]``; rows past
         S_q get lse = +inf (so P = 0) and delta = 0."""
-        h_in_group = ent // n_q_blocks
-        m_block = ent - h_in_group * n_q_blocks
-        head = head_kv * group + h_in_group
+        head, q0 = bwd_entry_rows(ent, t, n_q_blocks, head_kv, group, self.blk, self.sub, TILE)
         row = tidx % TILE
         kind = tidx // TILE
-        qrow = m_block * self.blk + (t % self.sub) * TILE + row
+        qrow = q0 + row
         dst = cute.make_tensor(sLD.iterator + (row + kind * TILE + stage * 2 * TILE), cute.make_layout(1))
         if qrow < seqlen_q:
             atom = cute.make_copy_atom(cpasync.CopyG2SOp(), cutlass.Float32, num_bits_per_copy=32)
@@ -276,10 +274,7 @@ class BsaBwdSm90:
         for t in cutlass.range(n_steps, unroll=1):
             stage = t % 2
             ent = ent_cur
-            h_in_group = ent // n_q_blocks
-            m_block = ent - h_in_group * n_q_blocks
-            head = head_kv * group + h_in_group
-            q0 = m_block * blk + (t % self.sub) * TILE
+            head, q0 = bwd_entry_rows(ent, t, n_q_blocks, head_kv, group, blk, self.sub, TILE)
             q_tile = q0 // TILE
             limit = cutlass.min(kv_left, TILE)
             if cutlass.const_expr(self.has_sizes):

@@ -9,6 +9,7 @@ the backward SM80-style (``mma.sync``) kernels:
   vectorized stores out) whose thread layout matches the ``smem_layout`` swizzle width.
 * ``issue_q_do_rows(...)``: the backward's cp.async of one Q/dO row tile (zero past S_q).
 * ``bwd_tile_coords(...)``: the backward CTA's tile/head/batch coordinates and sizes.
+* ``bwd_entry_rows(...)``: query head and first row of a backward step's K->Q entry.
 * ``transpose_view(t)``: the ``(cols, rows)`` view of a ``(rows, cols)`` smem tensor.
 * ``acc_mn_view(acc)``: view an ``mma.sync`` accumulator fragment ``((2, 2), MMA_M, MMA_N)``
   as ``(rows, cols)`` of this thread's values.
@@ -193,15 +194,22 @@ def issue_q_do_rows(mQ, mdO, ent, t, n_q_blocks, head_kv, group, batch, seqlen_q
                     tile: cutlass.Constexpr):
     """Backward step ``t`` of KV-visiting entry ``ent`` (= ``h_in_group * n_q_blocks +
     m_block``): cp.async its ``tile`` Q and dO rows into smem stage ``stage``, zero past S_q."""
-    h_in_group = ent // n_q_blocks
-    m_block = ent - h_in_group * n_q_blocks
-    head = head_kv * group + h_in_group
-    q0 = m_block * blk + (t % sub) * tile
+    head, q0 = bwd_entry_rows(ent, t, n_q_blocks, head_kv, group, blk, sub, tile)
     q_tile = q0 // tile
     gQ = cute.local_tile(mQ[batch, None, head, None], (tile, hd), (q_tile, 0))
     gdO = cute.local_tile(mdO[batch, None, head, None], (tile, hd), (q_tile, 0))
     load_rows(gmem_copy_in, thr_copy.partition_S(gQ), tQsQ[None, None, None, stage], tCc, seqlen_q - q0)
     load_rows(gmem_copy_in, thr_copy.partition_S(gdO), tdOsdO[None, None, None, stage], tCc, seqlen_q - q0)
+
+
+def bwd_entry_rows(ent, t, n_q_blocks, head_kv, group, blk: int, sub: int, tile: int):
+    """Query head and first query row of backward step ``t`` of K->Q entry ``ent``
+    (``= h_in_group * n_q_blocks + m_block``; step ``t`` covers sub-tile ``t % sub`` of the
+    query block), traced inline: ``(head_kv * group + h_in_group, m_block * blk + (t % sub) *
+    tile)``."""
+    h_in_group = ent // n_q_blocks
+    m_block = ent - h_in_group * n_q_blocks
+    return head_kv * group + h_in_group, m_block * blk + (t % sub) * tile
 
 
 def bwd_tile_coords(mQ, mK, mScale, blk: int, sub: int, tile: int):

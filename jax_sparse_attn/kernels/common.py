@@ -6,8 +6,8 @@
 * ``store_rows(tcopy, tXr, tXg, tXc, limit)``: the store counterpart (registers -> gmem);
   rows ``>= limit`` are skipped.
 * ``bulk_reduce_add_f32(gptr, sptr, nbytes)``: asynchronous fp32 reduce-add of a
-  shared-memory row into global memory on the bulk-copy engine (sm_90), the dQ reduction
-  of the backward kernels.
+  shared-memory row into global memory on the bulk-copy engine (sm_90): the dQ reduction
+  of the block-sparse backward (``bsa_bwd_sm90``).
 """
 
 from __future__ import annotations
