@@ -45,7 +45,7 @@ from .bsa_common import (
     transpose_view,
     transpose_view_staged,
 )
-from .common import load_rows
+from .common import elem_ptr, load_rows
 
 TILE = 64  # keys per CTA tile and queries per inner step
 
@@ -56,8 +56,7 @@ class BsaBwdSm80:
         self.hd = head_dim
         self.blk = block_size
         self.sub = block_size // TILE
-        self.num_warps = 8
-        self.num_threads = 256
+        self.num_threads = 256  # 8 warps
         self.has_sizes = has_block_sizes
         # 2 CTAs per SM (register cap 128) where the accumulators allow it
         self.min_blocks = int(os.environ.get("BSA_BWD_MIN_BLOCKS", "2" if head_dim <= 128 else "1"))
@@ -312,7 +311,7 @@ class BsaBwdSm80:
                     if q0 + tdQcdQ[2 * i][0] < seqlen_q:
                         pair[0] = acc_dQ[2 * i] * softmax_scale
                         pair[1] = acc_dQ[2 * i + 1] * softmax_scale
-                        ptr = tdQgdQ.iterator + cute.crd2idx(2 * i, tdQgdQ.layout)
+                        ptr = elem_ptr(tdQgdQ, 2 * i)
                         cute.arch.atomic_add(ptr, pair.load().ir_value())
             else:
                 cute.arch.cp_async_wait_group(1)

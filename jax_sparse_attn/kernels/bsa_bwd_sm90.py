@@ -62,8 +62,7 @@ from cutlass.cute.nvgpu import cpasync, warpgroup
 from cutlass.tensor_utils import LayoutEnum
 
 from .bsa_common import LOG2_E, bwd_entry_rows, bwd_tile_coords, gmem_load_copy, issue_q_do_rows
-from .common import bulk_reduce_add_f32, load_rows
-from .bsa_fwd_sm90 import _acc_layout_as_a, _acc_mn_view_wg
+from .common import acc_layout_as_a, acc_mn_view_wg, bulk_reduce_add_f32, elem_ptr, load_rows
 
 TILE = 64
 
@@ -83,6 +82,10 @@ class BsaBwdSm90:
         self.sub = block_size // TILE
         self.num_threads = 128
         self.has_sizes = has_block_sizes
+        # smem ring [Q0 dO0 dS Q1 dO1] (elements of dtype) and the fp32 dQ staging row stride
+        self.q_elems = TILE * head_dim
+        self.ring_elems = 4 * self.q_elems + TILE * TILE
+        self.dq_stride = head_dim + 8
 
     @staticmethod
     def can_implement(dtype, head_dim: int, block_size: int) -> bool:
@@ -112,14 +115,14 @@ class BsaBwdSm90:
         sdS_layout = sm90_utils.make_smem_layout_a(LayoutEnum.COL_MAJOR, kv_tiler, self.dtype, 1)
         # one ring [Q0 dO0 dS Q1 dO1]: stage s of Q/dO (+ the dS tile) is contiguous and, once
         # the step's products are done, holds that step's fp32 dQ rows for the bulk reduction
-        q_elems = TILE * hd
+        q_elems = self.q_elems
         stage_stride = 2 * q_elems + TILE * TILE
         sQ_layout = _restage(sm90_utils.make_smem_layout_b(LayoutEnum.ROW_MAJOR, s_tiler, self.dtype, 1), 2, stage_stride)
         sQ_mn_layout = _restage(sm90_utils.make_smem_layout_b(LayoutEnum.COL_MAJOR, kv_tiler, self.dtype, 1), 2, stage_stride)
 
         @cute.struct
         class SharedStorage:
-            ring: cute.struct.Align[cute.struct.MemRange[self.dtype, 4 * q_elems + TILE * TILE], 1024]
+            ring: cute.struct.Align[cute.struct.MemRange[self.dtype, self.ring_elems], 1024]
             sLD: cute.struct.Align[cute.struct.MemRange[cutlass.Float32, 2 * 2 * TILE], 128]
             sK: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(sKV_layout)], 1024]
             sV: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(sKV_layout)], 1024]
@@ -161,10 +164,10 @@ class BsaBwdSm90:
         if qrow < seqlen_q:
             atom = cute.make_copy_atom(cpasync.CopyG2SOp(), cutlass.Float32, num_bits_per_copy=32)
             if kind == 0:
-                src = cute.make_tensor(mLSE.iterator + cute.crd2idx((batch, head, qrow), mLSE.layout), cute.make_layout(1))
+                src = cute.make_tensor(elem_ptr(mLSE, (batch, head, qrow)), cute.make_layout(1))
                 cute.copy(atom, src, dst)
             else:
-                src = cute.make_tensor(mDelta.iterator + cute.crd2idx((batch, head, qrow), mDelta.layout), cute.make_layout(1))
+                src = cute.make_tensor(elem_ptr(mDelta, (batch, head, qrow)), cute.make_layout(1))
                 cute.copy(atom, src, dst)
         else:
             dst[0] = cutlass.Float32.inf if kind == 0 else cutlass.Float32(0.0)
@@ -207,7 +210,7 @@ class BsaBwdSm90:
         sK = storage.sK.get_tensor(sKV_layout.outer, swizzle=sKV_layout.inner)  # (kv, d, 1)
         sV = storage.sV.get_tensor(sKV_layout.outer, swizzle=sKV_layout.inner)
         sK_mn = storage.sK.get_tensor(sKV_mn_layout.outer, swizzle=sKV_mn_layout.inner)
-        q_elems = TILE * hd
+        q_elems = self.q_elems
         ring = storage.ring.data_ptr()
         sQ = cute.make_tensor(cute.recast_ptr(ring, sQ_layout.inner), sQ_layout.outer)  # (q, d, st)
         sdO = cute.make_tensor(cute.recast_ptr(ring + q_elems, sQ_layout.inner), sQ_layout.outer)
@@ -246,7 +249,7 @@ class BsaBwdSm90:
         acc_dK.fill(0.0)
         acc_dV.fill(0.0)
 
-        tScS_mn = _acc_mn_view_wg(thr_s.partition_C(cute.make_identity_tensor((TILE, TILE))))
+        tScS_mn = acc_mn_view_wg(thr_s.partition_C(cute.make_identity_tensor((TILE, TILE))))
         n_rows = cute.size(tScS_mn, mode=[0])  # keys owned by this thread
         n_cols = cute.size(tScS_mn, mode=[1])  # queries owned by this thread
         # (kv, q) view of the (q, kv) dS buffer for the element stores
@@ -268,9 +271,9 @@ class BsaBwdSm90:
             self._issue_lse_delta(mLSE, mDelta, ent_cur, 0, n_q_blocks, head_kv, group,
                                   batch, seqlen_q, tidx, sLD, 0)
         cute.arch.cp_async_commit_group()
-        dq_stride = hd + 8  # fp32 dQ staging row stride (floats)
+        dq_stride = self.dq_stride  # fp32 dQ staging row stride (floats)
         # element offset of stage 1's dQ staging: it ends where the ring ends
-        stg1_off = 4 * q_elems + TILE * TILE - 2 * TILE * dq_stride
+        stg1_off = self.ring_elems - 2 * TILE * dq_stride
         for t in cutlass.range(n_steps, unroll=1):
             stage = t % 2
             ent = ent_cur
@@ -317,8 +320,8 @@ class BsaBwdSm90:
                     dlt[c] = sLD[qc, 1, stage]
                 warpgroup.wait_group(0)
 
-                S_mn = _acc_mn_view_wg(acc_S)
-                dP_mn = _acc_mn_view_wg(acc_dP)
+                S_mn = acc_mn_view_wg(acc_S)
+                dP_mn = acc_mn_view_wg(acc_dP)
                 for r in cutlass.range_constexpr(n_rows):
                     key_ok = tScS_mn[r, 0][0] < limit
                     for c in cutlass.range_constexpr(n_cols):
@@ -327,13 +330,13 @@ class BsaBwdSm90:
                         S_mn[r, c] = p
                         dP_mn[r, c] = p * (dP_mn[r, c] - dlt[c])
 
-                tPr = cute.make_rmem_tensor(_acc_layout_as_a(acc_S.layout, mma_kv.tv_layout_A.shape[1]), self.dtype)
+                tPr = cute.make_rmem_tensor(acc_layout_as_a(acc_S.layout, mma_kv.tv_layout_A.shape[1]), self.dtype)
                 cute.make_tensor(tPr.iterator, acc_S.layout).store(acc_S.load().to(self.dtype))
-                tdSr = cute.make_rmem_tensor(_acc_layout_as_a(acc_dP.layout, mma_kv.tv_layout_A.shape[1]), self.dtype)
+                tdSr = cute.make_rmem_tensor(acc_layout_as_a(acc_dP.layout, mma_kv.tv_layout_A.shape[1]), self.dtype)
                 tdSr_acc = cute.make_tensor(tdSr.iterator, acc_dP.layout)
                 tdSr_acc.store(acc_dP.load().to(self.dtype))
                 # dS^T -> smem (read back as the MN-major A operand of dQ = dS K)
-                tdSr_mn = _acc_mn_view_wg(tdSr_acc)
+                tdSr_mn = acc_mn_view_wg(tdSr_acc)
                 for r in cutlass.range_constexpr(n_rows):
                     for c in cutlass.range_constexpr(n_cols):
                         sdS_t[tScS_mn[r, c]] = tdSr_mn[r, c]
@@ -371,16 +374,16 @@ class BsaBwdSm90:
                 if lane < 16:
                     if q0 + dq_row < seqlen_q:
                         bulk_reduce_add_f32(
-                            gdQ.iterator + cute.crd2idx((dq_row, 0), gdQ.layout),
+                            elem_ptr(gdQ, (dq_row, 0)),
                             stg + dq_row * dq_stride, hd * 4)
                 cute.arch.cp_async_bulk_commit_group()
 
         cute.arch.cp_async_wait_group(0)
         cute.arch.cp_async_bulk_wait_group(0, read=False)  # smem must outlive the bulk reads
         # Epilogue: dK * scale and dV straight from registers, key-row predicated.
-        tKc_mn = _acc_mn_view_wg(thr_kv.partition_C(cute.make_identity_tensor((TILE, hd))))
-        dK_mn = _acc_mn_view_wg(acc_dK)
-        dV_mn = _acc_mn_view_wg(acc_dV)
+        tKc_mn = acc_mn_view_wg(thr_kv.partition_C(cute.make_identity_tensor((TILE, hd))))
+        dK_mn = acc_mn_view_wg(acc_dK)
+        dV_mn = acc_mn_view_wg(acc_dV)
         for r in cutlass.range_constexpr(cute.size(tKc_mn, mode=[0])):
             row = tKc_mn[r, 0][0]
             if row < kv_left:

@@ -27,30 +27,7 @@ from cutlass.cute.nvgpu import warpgroup
 from cutlass.tensor_utils import LayoutEnum
 
 from .bsa_common import LOG2_E, gmem_load_copy, quad_allreduce_max, quad_allreduce_sum
-from .common import load_rows
-
-
-def _acc_mn_view_wg(acc: cute.Tensor) -> cute.Tensor:
-    """View a wgmma accumulator ``((2, 2, N/8), MMA_M, MMA_N)`` as ``(rows, cols)``."""
-    cm = cute.make_layout(acc.layout.shape)
-    s, d = cm.shape, cm.stride
-    mn = cute.make_layout(
-        ((s[0][1], s[1]), (s[0][0], s[0][2], s[2])),
-        stride=((d[0][1], d[1]), (d[0][0], d[0][2], d[2])),
-    )
-    return cute.make_tensor(acc.iterator, cute.composition(acc.layout, mn))
-
-
-def _acc_layout_as_a(c: cute.Layout, a_vals) -> cute.Layout:
-    """Register layout of a 16-bit A operand (RS wgmma) built from accumulator layout ``c``.
-
-    The accumulator of a 64xN wgmma holds, per thread, ``(2, 2, N/8)`` values; the A operand
-    of one k16 slice holds ``(2, 2, 2)``: pairs of n8 groups form one k16 slice.
-    """
-    return cute.make_layout(
-        (a_vals, c.shape[1], (c.shape[2], cute.size(c, mode=[0]) // cute.size(a_vals))),
-        stride=(c.stride[0], c.stride[1], (c.stride[2], cute.size(a_vals, mode=[2]) * c.stride[0][2])),
-    )
+from .common import acc_layout_as_a, acc_mn_view_wg, load_rows
 
 
 class BsaFwdSm90:
@@ -166,7 +143,7 @@ class BsaFwdSm90:
         acc_O.fill(0.0)
         acc_S = thr_qk.make_fragment_C(thr_qk.partition_shape_C((blk, blk)))
 
-        tScS_mn = _acc_mn_view_wg(thr_qk.partition_C(cute.make_identity_tensor((blk, blk))))
+        tScS_mn = acc_mn_view_wg(thr_qk.partition_C(cute.make_identity_tensor((blk, blk))))
         n_rows = cute.size(tScS_mn, mode=[0])
         n_cols = cute.size(tScS_mn, mode=[1])
         row_max = cute.make_rmem_tensor(n_rows, cutlass.Float32)
@@ -211,14 +188,14 @@ class BsaFwdSm90:
             limit = cutlass.min(kv_left, blk)
             if cutlass.const_expr(self.has_sizes):
                 limit = cutlass.min(limit, mSizes[batch, head, n_block])
-            acc_S_mn = _acc_mn_view_wg(acc_S)
+            acc_S_mn = acc_mn_view_wg(acc_S)
             if limit < blk:
                 for r in cutlass.range_constexpr(n_rows):
                     for c in cutlass.range_constexpr(n_cols):
                         if tScS_mn[0, c][1] >= limit:
                             acc_S_mn[r, c] = -cutlass.Float32.inf
 
-            acc_O_mn = _acc_mn_view_wg(acc_O)
+            acc_O_mn = acc_mn_view_wg(acc_O)
             for r in cutlass.range_constexpr(n_rows):
                 s_row = acc_S_mn[r, None].load()
                 m_cur = quad_allreduce_max(s_row.reduce(cute.ReductionOp.MAX, -cutlass.Float32.inf, 0))
@@ -235,7 +212,7 @@ class BsaFwdSm90:
 
             # P (16 bit) straight from the score registers as the A operand of O += P V
             tOrP = cute.make_rmem_tensor(
-                _acc_layout_as_a(acc_S.layout, pv_mma.tv_layout_A.shape[1]), self.dtype)
+                acc_layout_as_a(acc_S.layout, pv_mma.tv_layout_A.shape[1]), self.dtype)
             tOrP_as_acc = cute.make_tensor(tOrP.iterator, acc_S.layout)
             tOrP_as_acc.store(acc_S.load().to(self.dtype))
             warpgroup.fence()
@@ -248,8 +225,8 @@ class BsaFwdSm90:
         cute.arch.cp_async_wait_group(0)
 
         # Epilogue: normalize, write LSE and O straight from registers (row-predicated).
-        acc_O_mn = _acc_mn_view_wg(acc_O)
-        tOcO_mn = _acc_mn_view_wg(thr_pv.partition_C(cute.make_identity_tensor((blk, hd))))
+        acc_O_mn = acc_mn_view_wg(acc_O)
+        tOcO_mn = acc_mn_view_wg(thr_pv.partition_C(cute.make_identity_tensor((blk, hd))))
         for r in cutlass.range_constexpr(n_rows):
             l = quad_allreduce_sum(row_sum[r])
             empty = l == 0.0

@@ -24,7 +24,6 @@ VEC = 8  # 16-bit elements per thread (128 bits)
 class BsaPreprocess:
     def __init__(self, dtype, head_dim: int):
         self.dtype = dtype
-        self.hd = head_dim
         self.tpr = head_dim // VEC  # threads per row
         self.num_threads = 128
         self.rows_per_cta = self.num_threads // self.tpr

@@ -27,7 +27,7 @@ import cutlass.cute as cute
 from cutlass._mlir.dialects import llvm
 from cutlass.cutlass_dsl import T, dsl_user_op
 
-from .common import load_rows, store_rows  # noqa: F401  (re-exported)
+from .common import elem_ptr, load_rows, store_rows  # noqa: F401  (re-exported)
 
 
 def smem_layout_16b(rows: int, cols: int):
@@ -105,11 +105,6 @@ def red_add_v2_f32(ptr, a, b, *, loc=None, ip=None):
         loc=loc,
         ip=ip,
     )
-
-
-@dsl_user_op
-def elem_ptr(t, coord, *, loc=None, ip=None):
-    return t.iterator + cute.crd2idx(coord, t.layout, loc=loc, ip=ip)
 
 
 @cute.jit

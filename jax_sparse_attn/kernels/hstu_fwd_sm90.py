@@ -39,19 +39,9 @@ from cutlass.cute.nvgpu import OperandMajorMode, cpasync, warpgroup
 from cutlass.tensor_utils import LayoutEnum
 
 from . import hstu_common as hc
+from .common import acc_mn_view_wg
 
 BIG = 1 << 30
-
-
-def _acc_mn_view_sm90(t):
-    """wgmma accumulator ``((2, 2, V), MMA_M, MMA_N)`` -> ``((2, MMA_M), (2, V, MMA_N))``."""
-    lay = cute.make_layout(t.layout.shape)
-    mn = cute.make_layout(
-        ((lay.shape[0][1], lay.shape[1]), (lay.shape[0][0], lay.shape[0][2], lay.shape[2])),
-        stride=((lay.stride[0][1], lay.stride[1]),
-                (lay.stride[0][0], lay.stride[0][2], lay.stride[2])),
-    )
-    return cute.make_tensor(t.iterator, cute.composition(t.layout, mn))
 
 
 def _acc_to_a_frag_sm90(t):
@@ -213,7 +203,7 @@ class HstuFwdSm90:
             mma_qk.set(warpgroup.Field.ACCUMULATE, True)
             mma_pv.set(warpgroup.Field.ACCUMULATE, True)
 
-            tScS = _acc_mn_view_sm90(thr_mma_qk.partition_C(cute.make_identity_tensor((wgm, bn))))
+            tScS = acc_mn_view_wg(thr_mma_qk.partition_C(cute.make_identity_tensor((wgm, bn))))
             n_rows = cute.size(tScS, mode=[0])
             n_cols = cute.size(tScS, mode=[1])
             row_lo = cute.make_rmem_tensor((n_rows,), Int32)
@@ -284,7 +274,7 @@ class HstuFwdSm90:
                     if right >= 0:
                         ok_r = Int32(n0 + bn - 1 <= m0 + off + right)
                     full = ok_l * ok_r
-                acc_S_mn = _acc_mn_view_sm90(acc_S)
+                acc_S_mn = acc_mn_view_wg(acc_S)
                 if full == 0:
                     for r in cutlass.range_constexpr(n_rows):
                         for c in cutlass.range_constexpr(n_cols):
