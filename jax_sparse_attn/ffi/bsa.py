@@ -39,6 +39,7 @@ Backward structure (all launches on XLA's stream, all buffers XLA-owned):
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 
 import jax
@@ -142,16 +143,12 @@ def _fwd_entry(stream, q, k, v, idx, nums, sizes, scale, out, lse, *, cfg: BsaFw
     )
 
 
-_FWD_JIT = None
-
-
+@functools.cache
 def _fwd_jit():
-    global _FWD_JIT
-    if _FWD_JIT is None:
-        import cutlass.cute as cute  # noqa: PLC0415
+    """The one ``cute.jit`` of ``_fwd_entry`` (cutlass_call caches on its identity)."""
+    import cutlass.cute as cute  # noqa: PLC0415
 
-        _FWD_JIT = cute.jit(_fwd_entry)
-    return _FWD_JIT
+    return cute.jit(_fwd_entry)
 
 
 def bsa_fwd(q, k, v, q2k_block_index, q2k_block_nums, block_sizes, *, layout: str,
@@ -276,16 +273,12 @@ def _pre_entry(stream, out, do, delta, dq_acc, *, cfg: BsaPreConfig):
     BsaPreprocess(_cutlass_dtype(cfg.dtype), cfg.head_dim)(out, do, delta, dq_acc, stream)
 
 
-_PRE_JIT = None
-
-
+@functools.cache
 def _pre_jit():
-    global _PRE_JIT
-    if _PRE_JIT is None:
-        import cutlass.cute as cute  # noqa: PLC0415
+    """The one ``cute.jit`` of ``_pre_entry`` (cutlass_call caches on its identity)."""
+    import cutlass.cute as cute  # noqa: PLC0415
 
-        _PRE_JIT = cute.jit(_pre_entry)
-    return _PRE_JIT
+    return cute.jit(_pre_entry)
 
 
 def bsa_preprocess(do, out, *, layout: str):
@@ -325,16 +318,12 @@ def _bwd_entry(stream, q, k, v, do, lse, delta, offsets, entries, sizes, scale, 
     )
 
 
-_BWD_JIT = None
-
-
+@functools.cache
 def _bwd_jit():
-    global _BWD_JIT
-    if _BWD_JIT is None:
-        import cutlass.cute as cute  # noqa: PLC0415
+    """The one ``cute.jit`` of ``_bwd_entry`` (cutlass_call caches on its identity)."""
+    import cutlass.cute as cute  # noqa: PLC0415
 
-        _BWD_JIT = cute.jit(_bwd_entry)
-    return _BWD_JIT
+    return cute.jit(_bwd_entry)
 
 
 def bsa_bwd(do, q, k, v, out, lse, q2k_block_index, q2k_block_nums, block_sizes, *, layout: str,
@@ -343,7 +332,7 @@ def bsa_bwd(do, q, k, v, out, lse, q2k_block_index, q2k_block_nums, block_sizes,
     in the layouts and dtypes of q, k, v."""
     from cutlass.jax import cutlass_call  # noqa: PLC0415
 
-    b, h_q, s_q, h_kv, s_kv, d = _dims(q, k, layout)
+    _, _, _, h_kv, s_kv, d = _dims(q, k, layout)
     blk = int(sparse_block_size)
     n_kv = -(-s_kv // blk)
     cfg = BsaBwdConfig(jnp.dtype(q.dtype).name, int(d), blk, block_sizes is not None, _bwd_impl(int(d)))
