@@ -30,9 +30,10 @@ def select(backend: str, op_name: str, op: str, unsupported_reason):
 
     ``unsupported_reason(module)`` returns None when the kernel applies to this call,
     else a string. ``"kernel"`` raises NotImplementedError with the reason when the
-    kernel cannot be used; ``"auto"`` falls back to the reference.
+    kernel cannot be used; ``"auto"`` falls back to the reference. ``backend`` has been
+    checked with :func:`check_backend` by the caller (first, so that a typo fails before
+    the eager metadata checks).
     """
-    check_backend(backend)
     if backend == "reference":
         return "reference"
     reason = _platform.kernel_platform_unavailable_reason()

@@ -22,7 +22,7 @@ import jax.numpy as jnp
 
 from . import _backend, reference
 from ._results import BSABackwardResult, BSAForwardResult
-from .validation import canonical_dtype, check_bsa_args, is_concrete, validate_bsa_metadata
+from .validation import _bsa_value_checks, canonical_dtype, check_bsa_args, is_concrete
 
 __all__ = [
     "block_sparse_attention",
@@ -53,8 +53,8 @@ def _make_config(q, k, v, q2k_block_index, block_sparse_num, block_sizes, q2k_bl
     opts = check_bsa_args(q, k, v, q2k_block_index, block_sparse_num, block_sizes,
                           q2k_block_nums, **kw)
     if is_concrete(q2k_block_index, block_sizes, q2k_block_nums):
-        validate_bsa_metadata(q, k, v, q2k_block_index, block_sparse_num, block_sizes,
-                              q2k_block_nums, **kw)
+        _bsa_value_checks(q2k_block_index, block_sizes, q2k_block_nums, allow_empty_block_nums,
+                          opts)
     D, Dv = opts["dims"][5], opts["dims"][6]
 
     def unsupported(mod):

@@ -26,7 +26,7 @@ import jax.numpy as jnp
 
 from . import _backend, reference
 from ._results import HSTUBackwardResult, HSTUForwardResult
-from .validation import canonical_dtype, check_hstu_args, is_concrete, validate_hstu_inputs
+from .validation import _hstu_value_checks, canonical_dtype, check_hstu_args, is_concrete
 
 __all__ = ["hstu_attention", "hstu_attention_forward", "hstu_attention_backward", "HSTUConfig"]
 
@@ -65,7 +65,8 @@ def _make_config(q, k, v, cu_seqlens_q, cu_seqlens_k, func, paged_kv, page_ids, 
               page_ids=page_ids, page_indptrs=page_indptrs)
     opts = check_hstu_args(q, k, v, cu_seqlens_q, cu_seqlens_k, **kw)
     if is_concrete(cu_seqlens_q, cu_seqlens_k, func, page_ids, page_indptrs):
-        validate_hstu_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k, **kw)
+        _hstu_value_checks(q, k, cu_seqlens_q, cu_seqlens_k, func, paged_kv, page_ids,
+                           page_indptrs, opts)
     D, D_v = opts["head_dim"], opts["head_dim_v"]
     pads = {}
 

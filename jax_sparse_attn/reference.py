@@ -35,6 +35,8 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
+from .validation import HSTU_PAGE_SIZE
+
 __all__ = [
     "hstu_attention_ref",
     "hstu_attention_bwd_ref",
@@ -45,7 +47,7 @@ __all__ = [
 ]
 
 #: Tokens per page of the HSTU paged KV cache (``paged_kv.shape[2]``).
-PAGE_SIZE = 128
+PAGE_SIZE = HSTU_PAGE_SIZE
 
 # Upper bound on the number of score elements evaluated per lax.map step (larger on
 # accelerators, where many small sequential steps are slow).
@@ -270,7 +272,7 @@ def _to_bhsd(x, layout):
 
 
 def _bsa_blocks(q, k, v, q2k_block_index, q2k_block_nums, block_sizes, layout,
-                sparse_block_size, extra=()):
+                sparse_block_size):
     """Shared setup: bhsd views padded to whole blocks plus normalised metadata."""
     q = _to_bhsd(jnp.asarray(q), layout)
     k = _to_bhsd(jnp.asarray(k), layout)

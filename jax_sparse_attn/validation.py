@@ -283,6 +283,14 @@ def validate_hstu_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q, m
                            max_seqlen_k=max_seqlen_k, scaling_seqlen=scaling_seqlen,
                            window_size=window_size, alpha=alpha, func=func, paged_kv=paged_kv,
                            page_ids=page_ids, page_indptrs=page_indptrs)
+    _hstu_value_checks(q, k, cu_seqlens_q, cu_seqlens_k, func, paged_kv, page_ids, page_indptrs,
+                       opts)
+
+
+def _hstu_value_checks(q, k, cu_seqlens_q, cu_seqlens_k, func, paged_kv, page_ids, page_indptrs,
+                       opts):
+    """The value checks of :func:`validate_hstu_inputs`, given the ``opts`` that
+    :func:`check_hstu_args` returned for the same arguments (the public op reuses them)."""
     T_q = q.shape[0]
     T_k = None if paged_kv is not None else k.shape[0]
     cu_q, _ = _check_cu("cu_seqlens_q", cu_seqlens_q, T_q, opts["max_seqlen_q"], "max_seqlen_q")
@@ -401,7 +409,7 @@ def check_bsa_args(q, k, v, q2k_block_index, block_sparse_num=None, block_sizes=
                 f"(B, H_q, N_kv) = {(B, Hq, Nkv)}, got {bshape}"
             )
     if softmax_scale is None:
-        scale = 1.0 / float(np.sqrt(D)) if D > 0 else 1.0
+        scale = 1.0 / float(np.sqrt(D))  # D >= 1 was checked above
     else:
         scale = _static_real("softmax_scale", softmax_scale)
     return dict(layout=layout, sparse_block_size=blk, softmax_scale=scale,
@@ -433,6 +441,12 @@ def validate_bsa_metadata(q, k, v, q2k_block_index, block_sparse_num=None, block
                           q2k_block_nums, sparse_block_size=sparse_block_size,
                           softmax_scale=softmax_scale, layout=layout,
                           allow_empty_block_nums=allow_empty_block_nums)
+    _bsa_value_checks(q2k_block_index, block_sizes, q2k_block_nums, allow_empty_block_nums, opts)
+
+
+def _bsa_value_checks(q2k_block_index, block_sizes, q2k_block_nums, allow_empty_block_nums, opts):
+    """The value checks of :func:`validate_bsa_metadata`, given the ``opts`` that
+    :func:`check_bsa_args` returned for the same arguments (the public op reuses them)."""
     B, Hq, Hkv, Sq, Skv, D, Dv, Nq, Nkv, K_max = opts["dims"]
     blk = opts["sparse_block_size"]
     idx = _host(q2k_block_index)
