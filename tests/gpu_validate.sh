@@ -17,7 +17,7 @@ out=${OUT:-./gpu_out}
 DATA=${DATA:-/tmp/mldata}
 LOGS=${LOGS:-/tmp/gv_logs}
 PHASES=${PHASES:-12}
-T_TEST=${T_TEST:-170}
+T_TEST=${T_TEST:-240}
 T_ML=${T_ML:-330}
 mkdir -p "$out" "$LOGS"
 export XLA_PYTHON_CLIENT_PREALLOCATE=false
