@@ -33,19 +33,14 @@ from cutlass.cute.nvgpu import warp
 
 from .bsa_common import (
     LOG2_E,
-    acc_mn_view,
     bwd_entry_rows,
     bwd_tile_coords,
-    gemm_ss,
     gmem_load_copy,
     gmem_store_copy,
     issue_q_do_rows,
-    smem_layout,
-    smem_layout_staged,
-    transpose_view,
     transpose_view_staged,
 )
-from .common import elem_ptr, load_rows
+from .common import acc_mn_view, elem_ptr, gemm_ss, load_rows, smem_layout_16b, transpose_view
 
 TILE = 64  # keys per CTA tile and queries per inner step
 
@@ -78,9 +73,9 @@ class BsaBwdSm80:
     def __call__(self, mQ, mK, mV, mdO, mLSE, mDelta, mOffsets, mEntries, mSizes, mScale,
                  mdQacc, mdK, mdV, stream):
         hd = self.hd
-        s_qd = smem_layout(self.dtype, TILE, hd)
-        s_qd_st = smem_layout_staged(self.dtype, TILE, hd, 2)
-        s_pp = smem_layout(self.dtype, TILE, TILE)
+        s_qd = smem_layout_16b(TILE, hd)
+        s_qd_st = smem_layout_16b(TILE, hd, 2)
+        s_pp = smem_layout_16b(TILE, TILE)
 
         @cute.struct
         class SharedStorage:

@@ -1,20 +1,15 @@
 """Small CuTe DSL helpers shared by the block-sparse attention kernels (no jax imports).
 
-Everything here is layout algebra or warp-level arithmetic used by both the forward and
-the backward SM80-style (``mma.sync``) kernels:
+Layout algebra and warp-level arithmetic of the forward and backward kernels (the smem
+layouts, accumulator views and ``mma.sync`` GEMM loops shared with HSTU live in
+:mod:`.common`):
 
-* ``smem_layout(dtype, rows, cols)``: a swizzled shared-memory layout for a row-major
-  ``(rows, cols)`` tile of 16-bit elements that ``ldmatrix`` reads without bank conflicts.
 * ``gmem_load_copy`` / ``gmem_store_copy``: 128-bit tiled gmem copies (``cp.async`` in,
-  vectorized stores out) whose thread layout matches the ``smem_layout`` swizzle width.
+  vectorized stores out) whose thread layout matches the ``common.smem_layout_16b`` swizzle.
 * ``issue_q_do_rows(...)``: the backward's cp.async of one Q/dO row tile (zero past S_q).
 * ``bwd_tile_coords(...)``: the backward CTA's tile/head/batch coordinates and sizes.
 * ``bwd_entry_rows(...)``: query head and first row of a backward step's K->Q entry.
-* ``transpose_view(t)``: the ``(cols, rows)`` view of a ``(rows, cols)`` smem tensor.
-* ``acc_mn_view(acc)``: view an ``mma.sync`` accumulator fragment ``((2, 2), MMA_M, MMA_N)``
-  as ``(rows, cols)`` of this thread's values.
-* ``acc_to_a_operand(t)``: reinterpret an accumulator-shaped fragment (already converted to
-  16 bit) as an A-operand fragment of the m16n8k16 MMA (FlashAttention-2's register reuse).
+* ``transpose_view_staged(t)``: the ``(cols, rows, stages)`` view of a staged smem tensor.
 * ``quad_allreduce_max/sum``: reduce over the 4 lanes that share an accumulator row.
 """
 
@@ -24,25 +19,9 @@ import cutlass
 import cutlass.cute as cute
 from cutlass.cute.nvgpu import cpasync
 
-from .common import load_rows
+from .common import copy_threads_per_row, load_rows
 
 LOG2_E = 1.4426950408889634074
-
-
-def smem_layout(dtype, rows: int, cols: int):
-    """Swizzled smem layout for a row-major ``(rows, cols)`` 16-bit tile (cols % 32 == 0)."""
-    del dtype  # 16-bit types only
-    kblock = 64 if cols % 64 == 0 else 32
-    bits = 3 if kblock == 64 else 2
-    atom = cute.make_composed_layout(
-        cute.make_swizzle(bits, 3, 3), 0, cute.make_layout((8, kblock), stride=(kblock, 1))
-    )
-    return cute.tile_to_shape(atom, (rows, cols), (0, 1))
-
-
-def copy_threads_per_row(cols: int, elems_per_copy: int) -> int:
-    kblock = 64 if cols % 64 == 0 else 32
-    return kblock // elems_per_copy
 
 
 def _gmem_thr_val_layouts(dtype, num_threads: int, cols: int, copy_bits: int):
@@ -78,37 +57,6 @@ def gmem_store_copy(dtype, num_threads: int, cols: int, copy_bits: int = 128):
     )
 
 
-def transpose_view(t: cute.Tensor) -> cute.Tensor:
-    """``(cols, rows)`` view of a ``(rows, cols)`` tensor without moving data."""
-    rows = cute.size(t, mode=[0])
-    cols = cute.size(t, mode=[1])
-    return cute.composition(t, cute.make_layout((cols, rows), stride=(rows, 1)))
-
-
-def acc_mn_view(acc: cute.Tensor) -> cute.Tensor:
-    """View an accumulator ``((2, 2), MMA_M, MMA_N)`` as ``((2, MMA_M), (2, MMA_N))``."""
-    cm = cute.make_layout(acc.layout.shape)
-    mn = cute.make_layout(
-        ((cm.shape[0][1], cm.shape[1]), (cm.shape[0][0], cm.shape[2])),
-        stride=((cm.stride[0][1], cm.stride[1]), (cm.stride[0][0], cm.stride[2])),
-    )
-    return cute.make_tensor(acc.iterator, cute.composition(acc.layout, mn))
-
-
-def acc_to_a_operand(t: cute.Tensor) -> cute.Tensor:
-    """``((2, 2), MMA_M, MMA_N)`` accumulator-shaped fragment -> A fragment of m16n8k16.
-
-    Two neighbouring n8 accumulator tiles form the k16 A tile:
-    ``(4, MMA_M, MMA_N)`` -> ``((4, 2), MMA_M, MMA_N / 2)``.
-    """
-    d = cute.logical_divide(t.layout, (None, None, 2))
-    view = cute.make_layout(
-        ((d.shape[0], d.shape[2][0]), d.shape[1], d.shape[2][1]),
-        stride=((d.stride[0], d.stride[2][0]), d.stride[1], d.stride[2][1]),
-    )
-    return cute.make_tensor(t.iterator, view)
-
-
 @cute.jit
 def quad_allreduce_max(val: cutlass.Float32) -> cutlass.Float32:
     val = cute.arch.fmax(val, cute.arch.shuffle_sync_bfly(val, offset=2, mask=-1, mask_and_clamp=31))
@@ -121,60 +69,6 @@ def quad_allreduce_sum(val: cutlass.Float32) -> cutlass.Float32:
     val = val + cute.arch.shuffle_sync_bfly(val, offset=2, mask=-1, mask_and_clamp=31)
     val = val + cute.arch.shuffle_sync_bfly(val, offset=1, mask=-1, mask_and_clamp=31)
     return val
-
-
-@cute.jit
-def gemm_ss(
-    tiled_mma: cute.TiledMma,
-    acc: cute.Tensor,
-    tCrA: cute.Tensor,
-    tCrB: cute.Tensor,
-    tCsA: cute.Tensor,
-    tCsB: cute.Tensor,
-    copy_A: cute.TiledCopy,
-    copy_B: cute.TiledCopy,
-):
-    """acc += A @ B^T with both operands in smem, ldmatrix one k-slice ahead of the MMA."""
-    tCrA_v = copy_A.retile(tCrA)
-    tCrB_v = copy_B.retile(tCrB)
-    nk = cute.size(tCsA.shape[2])
-    cute.copy(copy_A, tCsA[None, None, 0], tCrA_v[None, None, 0])
-    cute.copy(copy_B, tCsB[None, None, 0], tCrB_v[None, None, 0])
-    for k in cutlass.range_constexpr(nk):
-        if cutlass.const_expr(k + 1 < nk):
-            cute.copy(copy_A, tCsA[None, None, k + 1], tCrA_v[None, None, k + 1])
-            cute.copy(copy_B, tCsB[None, None, k + 1], tCrB_v[None, None, k + 1])
-        cute.gemm(tiled_mma, acc, tCrA[None, None, k], tCrB[None, None, k], acc)
-
-
-@cute.jit
-def gemm_rs(
-    tiled_mma: cute.TiledMma,
-    acc: cute.Tensor,
-    tCrA: cute.Tensor,
-    tCrB: cute.Tensor,
-    tCsB: cute.Tensor,
-    copy_B: cute.TiledCopy,
-):
-    """acc += A @ B^T with A already in registers and B in smem."""
-    tCrB_v = copy_B.retile(tCrB)
-    nk = cute.size(tCrA.shape[2])
-    cute.copy(copy_B, tCsB[None, None, 0], tCrB_v[None, None, 0])
-    for k in cutlass.range_constexpr(nk):
-        if cutlass.const_expr(k + 1 < nk):
-            cute.copy(copy_B, tCsB[None, None, k + 1], tCrB_v[None, None, k + 1])
-        cute.gemm(tiled_mma, acc, tCrA[None, None, k], tCrB[None, None, k], acc)
-
-
-def smem_layout_staged(dtype, rows: int, cols: int, stages: int):
-    """``(rows, cols, stages)`` version of :func:`smem_layout` (one swizzled tile per stage)."""
-    del dtype
-    kblock = 64 if cols % 64 == 0 else 32
-    bits = 3 if kblock == 64 else 2
-    atom = cute.make_composed_layout(
-        cute.make_swizzle(bits, 3, 3), 0, cute.make_layout((8, kblock), stride=(kblock, 1))
-    )
-    return cute.tile_to_shape(atom, (rows, cols, stages), (0, 1, 2))
 
 
 def transpose_view_staged(t: cute.Tensor) -> cute.Tensor:

@@ -30,18 +30,20 @@ from cutlass.cute.nvgpu import warp
 
 from .bsa_common import (
     LOG2_E,
-    acc_mn_view,
-    acc_to_a_operand,
-    gemm_rs,
-    gemm_ss,
     gmem_load_copy,
     gmem_store_copy,
     quad_allreduce_max,
     quad_allreduce_sum,
-    smem_layout,
+)
+from .common import (
+    acc_mn_view,
+    acc_to_a_frag,
+    gemm_rs,
+    gemm_ss,
+    load_rows,
+    smem_layout_16b,
     transpose_view,
 )
-from .common import load_rows
 
 
 class BsaFwdSm80:
@@ -72,8 +74,8 @@ class BsaFwdSm80:
     @cute.jit
     def __call__(self, mQ, mK, mV, mIdx, mNums, mSizes, mScale, mO, mLSE, stream):
         blk, hd = self.blk, self.hd
-        sQ_layout = smem_layout(self.dtype, blk, hd)
-        sKV_layout = smem_layout(self.dtype, blk, hd)
+        sQ_layout = smem_layout_16b(blk, hd)
+        sKV_layout = smem_layout_16b(blk, hd)
 
         @cute.struct
         class SharedStorage:
@@ -241,7 +243,7 @@ class BsaFwdSm80:
 
             rP = cute.make_fragment_like(acc_S, self.dtype)
             rP.store(acc_S.load().to(self.dtype))
-            gemm_rs(tiled_mma, acc_O, acc_to_a_operand(rP), tOrVt, tOsVt, s2r_V)
+            gemm_rs(tiled_mma, acc_O, acc_to_a_frag(rP), tOrVt, tOsVt, s2r_V)
 
         # Epilogue: normalize, write LSE and O. Empty rows never waited for their Q copy:
         # drain it before sQ is reused as the output staging buffer.

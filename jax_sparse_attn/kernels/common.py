@@ -1,5 +1,11 @@
 """CuTe DSL helpers shared by the HSTU and block-sparse attention kernels (no jax imports).
 
+* ``swizzle_atom_16b`` / ``smem_layout_16b(rows, cols[, stages])``: swizzled smem layouts of
+  row-major 16-bit tiles; ``copy_threads_per_row`` for the matching tiled copies.
+* ``transpose_view``, ``acc_mn_view``, ``acc_to_a_frag``: views of smem tiles and
+  ``mma.sync`` accumulator fragments; ``gemm_ss`` / ``gemm_rs``: ``ldmatrix``-pipelined
+  ``mma.sync`` GEMM loops over K.
+
 * ``load_rows(tcopy, tXg, tXs, tXc, limit)``: row-predicated copy of a partitioned
   ``(rows, cols)`` tile (gmem -> smem, e.g. ``cp.async``); rows whose coordinate in the
   identity-tensor partition ``tXc`` is ``>= limit`` are zero-filled instead of read.
@@ -20,6 +26,93 @@ import cutlass
 import cutlass.cute as cute
 from cutlass._mlir.dialects import llvm
 from cutlass.cutlass_dsl import dsl_user_op
+
+
+def swizzle_atom_16b(cols: int):
+    """The swizzled ``(8, 64)`` (``cols % 64 == 0``) or ``(8, 32)`` smem atom of row-major
+    16-bit tiles, bank-conflict free for ``ldmatrix`` and the 128-bit copies."""
+    kblock = 64 if cols % 64 == 0 else 32
+    bits = 3 if kblock == 64 else 2
+    return cute.make_composed_layout(
+        cute.make_swizzle(bits, 3, 3), 0, cute.make_layout((8, kblock), stride=(kblock, 1))
+    )
+
+
+def smem_layout_16b(rows: int, cols: int, stages: int | None = None):
+    """Swizzled smem layout of a row-major ``(rows, cols)`` 16-bit tile (``cols % 32 == 0``),
+    or ``(rows, cols, stages)`` with one such tile per stage."""
+    if stages is None:
+        return cute.tile_to_shape(swizzle_atom_16b(cols), (rows, cols), (0, 1))
+    return cute.tile_to_shape(swizzle_atom_16b(cols), (rows, cols, stages), (0, 1, 2))
+
+
+def copy_threads_per_row(cols: int, elems_per_copy: int = 8) -> int:
+    """Threads per row of the tiled gmem<->smem copies that match ``swizzle_atom_16b``
+    (``elems_per_copy`` 16-bit elements per copy: 8 for 128-bit copies)."""
+    kblock = 64 if cols % 64 == 0 else 32
+    return kblock // elems_per_copy
+
+
+def transpose_view(t):
+    """``(cols, rows)`` view of a ``(rows, cols)`` tensor (no data movement)."""
+    rows, cols = cute.size(t, mode=[0]), cute.size(t, mode=[1])
+    return cute.composition(t, cute.make_layout((cols, rows), stride=(rows, 1)))
+
+
+def acc_mn_view(t):
+    """``mma.sync`` accumulator ``((2, 2), MMA_M, MMA_N)`` -> ``((2, MMA_M), (2, MMA_N))``:
+    the ``(rows, cols)`` view of this thread's values."""
+    lay = cute.make_layout(t.layout.shape)
+    mn = cute.make_layout(
+        ((lay.shape[0][1], lay.shape[1]), (lay.shape[0][0], lay.shape[2])),
+        stride=((lay.stride[0][1], lay.stride[1]), (lay.stride[0][0], lay.stride[2])),
+    )
+    return cute.make_tensor(t.iterator, cute.composition(t.layout, mn))
+
+
+def acc_to_a_frag(t):
+    """``(4, MMA_M, MMA_N)`` accumulator-shaped 16-bit fragment -> the m16n8k16 A fragment
+    ``((4, 2), MMA_M, MMA_N / 2)`` (two neighbouring n8 tiles form one k16 tile)."""
+    div = cute.logical_divide(t.layout, (None, None, 2))
+    lay = cute.make_layout(
+        ((div.shape[0], div.shape[2][0]), div.shape[1], div.shape[2][1]),
+        stride=((div.stride[0], div.stride[2][0]), div.stride[1], div.stride[2][1]),
+    )
+    return cute.make_tensor(t.iterator, lay)
+
+
+@cute.jit
+def gemm_ss(tiled_mma, acc, tCrA, tCrB, tCsA, tCsB, s2r_A, s2r_B, tCrA_view=None,
+            tCrB_view=None):
+    """``acc += A @ B`` with A, B loaded smem->registers by ``ldmatrix`` one K slice ahead of
+    the MMA. ``tCr*_view``: the register fragments retiled for the copies (default:
+    ``s2r_*.retile(tCr*)``)."""
+    if cutlass.const_expr(tCrA_view is None):
+        tCrA_view = s2r_A.retile(tCrA)
+    if cutlass.const_expr(tCrB_view is None):
+        tCrB_view = s2r_B.retile(tCrB)
+    nk = cute.size(tCsA.shape[2])
+    cute.copy(s2r_A, tCsA[None, None, 0], tCrA_view[None, None, 0])
+    cute.copy(s2r_B, tCsB[None, None, 0], tCrB_view[None, None, 0])
+    for k in cutlass.range_constexpr(nk):
+        if cutlass.const_expr(k + 1 < nk):
+            cute.copy(s2r_A, tCsA[None, None, k + 1], tCrA_view[None, None, k + 1])
+            cute.copy(s2r_B, tCsB[None, None, k + 1], tCrB_view[None, None, k + 1])
+        cute.gemm(tiled_mma, acc, tCrA[None, None, k], tCrB[None, None, k], acc)
+
+
+@cute.jit
+def gemm_rs(tiled_mma, acc, tCrA, tCrB, tCsB, s2r_B, tCrB_view=None):
+    """``acc += A @ B`` with A already in registers and B loaded from smem one K slice ahead
+    (``tCrB_view`` as in :func:`gemm_ss`)."""
+    if cutlass.const_expr(tCrB_view is None):
+        tCrB_view = s2r_B.retile(tCrB)
+    nk = cute.size(tCsB.shape[2])
+    cute.copy(s2r_B, tCsB[None, None, 0], tCrB_view[None, None, 0])
+    for k in cutlass.range_constexpr(nk):
+        if cutlass.const_expr(k + 1 < nk):
+            cute.copy(s2r_B, tCsB[None, None, k + 1], tCrB_view[None, None, k + 1])
+        cute.gemm(tiled_mma, acc, tCrA[None, None, k], tCrB[None, None, k], acc)
 
 
 @cute.jit

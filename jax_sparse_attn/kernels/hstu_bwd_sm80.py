@@ -63,8 +63,8 @@ class HstuBwdSm80:
                  mWin, mdQacc, mdK, mdV, stream):
         dt = self.dtype
         bm, bn = self.bm, self.bn
-        sQ_layout = cute.tile_to_shape(_atom(self.d), (bm, self.d, 2), (0, 1, 2))
-        sdO_layout = cute.tile_to_shape(_atom(self.dv), (bm, self.dv, 2), (0, 1, 2))
+        sQ_layout = hc.smem_layout_16b(bm, self.d, 2)
+        sdO_layout = hc.smem_layout_16b(bm, self.dv, 2)
         sK_layout = hc.smem_layout_16b(bn, self.d)
         sV_layout = hc.smem_layout_16b(bn, self.dv)
         sPdS_layout = hc.smem_layout_16b(bm, bn)
@@ -407,11 +407,3 @@ class HstuBwdSm80:
             hc.store_rows(store_dv, tdVr, thr_sdv.partition_D(gdV),
                           thr_sdv.partition_D(cute.make_identity_tensor((bn, self.dv))),
                           seqlen_k - n0)
-
-
-def _atom(cols):
-    kblock = 64 if cols % 64 == 0 else 32
-    bits = 3 if kblock == 64 else 2
-    return cute.make_composed_layout(
-        cute.make_swizzle(bits, 3, 3), 0, cute.make_layout((8, kblock), stride=(kblock, 1))
-    )

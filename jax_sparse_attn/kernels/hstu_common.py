@@ -1,6 +1,7 @@
 """CuTe DSL helpers for the HSTU kernels (no jax imports).
 
-Shared module: the BSA kernels may import these too; the API below is kept stable.
+The layout views, GEMM loops and row copies are defined in :mod:`.common` (shared with the
+BSA kernels) and re-exported here.
 
 * ``smem_layout_16b(rows, cols)``: swizzled smem layout of a row-major ``(rows, cols)``
   tile of 16-bit elements (``cols % 32 == 0``), bank-conflict free for ``ldmatrix``.
@@ -27,49 +28,18 @@ import cutlass.cute as cute
 from cutlass._mlir.dialects import llvm
 from cutlass.cutlass_dsl import T, dsl_user_op
 
-from .common import elem_ptr, load_rows, store_rows  # noqa: F401  (re-exported)
-
-
-def smem_layout_16b(rows: int, cols: int):
-    """Swizzled smem layout for a row-major ``(rows, cols)`` 16-bit tile."""
-    kblock = 64 if cols % 64 == 0 else 32
-    bits = 3 if kblock == 64 else 2
-    atom = cute.make_composed_layout(
-        cute.make_swizzle(bits, 3, 3), 0, cute.make_layout((8, kblock), stride=(kblock, 1))
-    )
-    return cute.tile_to_shape(atom, (rows, cols), (0, 1))
-
-
-def copy_threads_per_row(cols: int) -> int:
-    """Threads per row of the 128-bit gmem<->smem tiled copies used with ``smem_layout_16b``."""
-    kblock = 64 if cols % 64 == 0 else 32
-    return kblock // 8
-
-
-def transpose_view(t):
-    """``(cols, rows)`` view of a ``(rows, cols)`` tensor (no data movement)."""
-    rows, cols = cute.size(t, mode=[0]), cute.size(t, mode=[1])
-    return cute.composition(t, cute.make_layout((cols, rows), stride=(rows, 1)))
-
-
-def acc_mn_view(t):
-    """``((2,2), MMA_M, MMA_N)`` accumulator fragment -> ``((2, MMA_M), (2, MMA_N))``."""
-    lay = cute.make_layout(t.layout.shape)
-    mn = cute.make_layout(
-        ((lay.shape[0][1], lay.shape[1]), (lay.shape[0][0], lay.shape[2])),
-        stride=((lay.stride[0][1], lay.stride[1]), (lay.stride[0][0], lay.stride[2])),
-    )
-    return cute.make_tensor(t.iterator, cute.composition(t.layout, mn))
-
-
-def acc_to_a_frag(t):
-    """``(4, MMA_M, MMA_N)`` accumulator -> ``((4, 2), MMA_M, MMA_N / 2)`` A fragment."""
-    div = cute.logical_divide(t.layout, (None, None, 2))
-    lay = cute.make_layout(
-        ((div.shape[0], div.shape[2][0]), div.shape[1], div.shape[2][1]),
-        stride=((div.stride[0], div.stride[2][0]), div.stride[1], div.stride[2][1]),
-    )
-    return cute.make_tensor(t.iterator, lay)
+from .common import (  # noqa: F401  (re-exported: the HSTU kernels use them as hc.*)
+    acc_mn_view,
+    acc_to_a_frag,
+    copy_threads_per_row,
+    elem_ptr,
+    gemm_rs,
+    gemm_ss,
+    load_rows,
+    smem_layout_16b,
+    store_rows,
+    transpose_view,
+)
 
 
 @dsl_user_op
@@ -105,31 +75,6 @@ def red_add_v2_f32(ptr, a, b, *, loc=None, ip=None):
         loc=loc,
         ip=ip,
     )
-
-
-@cute.jit
-def gemm_ss(tiled_mma, acc, tCrA, tCrB, tCsA, tCsB, s2r_A, s2r_B, tCrA_view, tCrB_view):
-    """``acc += A @ B`` with A, B loaded smem->registers by ``ldmatrix`` (pipelined over K)."""
-    nk = cute.size(tCsA.shape[2])
-    cute.copy(s2r_A, tCsA[None, None, 0], tCrA_view[None, None, 0])
-    cute.copy(s2r_B, tCsB[None, None, 0], tCrB_view[None, None, 0])
-    for k in cutlass.range_constexpr(nk):
-        if cutlass.const_expr(k + 1 < nk):
-            cute.copy(s2r_A, tCsA[None, None, k + 1], tCrA_view[None, None, k + 1])
-            cute.copy(s2r_B, tCsB[None, None, k + 1], tCrB_view[None, None, k + 1])
-        cute.gemm(tiled_mma, acc, tCrA[None, None, k], tCrB[None, None, k], acc)
-
-
-@cute.jit
-def gemm_rs(tiled_mma, acc, tCrA, tCrB, tCsB, s2r_B, tCrB_view):
-    """``acc += A @ B`` with A already in registers, B loaded from smem (pipelined over K)."""
-    nk = cute.size(tCsB.shape[2])
-    cute.copy(s2r_B, tCsB[None, None, 0], tCrB_view[None, None, 0])
-    for k in cutlass.range_constexpr(nk):
-        if cutlass.const_expr(k + 1 < nk):
-            cute.copy(s2r_B, tCsB[None, None, k + 1], tCrB_view[None, None, k + 1])
-        cute.gemm(tiled_mma, acc, tCrA[None, None, k], tCrB[None, None, k], acc)
-
 
 
 @cute.jit
