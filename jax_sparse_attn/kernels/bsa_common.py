@@ -11,6 +11,8 @@ layouts, accumulator views and ``mma.sync`` GEMM loops shared with HSTU live in
 * ``bwd_entry_rows(...)``: query head and first row of a backward step's K->Q entry.
 * ``transpose_view_staged(t)``: the ``(cols, rows, stages)`` view of a staged smem tensor.
 * ``quad_allreduce_max/sum``: reduce over the 4 lanes that share an accumulator row.
+* ``mask_keys_from`` / ``online_softmax_step``: the forward's key-tail mask and online
+  softmax update of one KV block (both forward kernels).
 """
 
 from __future__ import annotations
@@ -69,6 +71,37 @@ def quad_allreduce_sum(val: cutlass.Float32) -> cutlass.Float32:
     val = val + cute.arch.shuffle_sync_bfly(val, offset=2, mask=-1, mask_and_clamp=31)
     val = val + cute.arch.shuffle_sync_bfly(val, offset=1, mask=-1, mask_and_clamp=31)
     return val
+
+
+@cute.jit
+def mask_keys_from(acc_S_mn: cute.Tensor, tScS_mn: cute.Tensor, limit):
+    """Scores ``(rows, cols)`` of this thread: key columns at or past ``limit`` (their
+    coordinate in the identity partition ``tScS_mn``) become ``-inf``."""
+    for r in cutlass.range_constexpr(cute.size(acc_S_mn, mode=[0])):
+        for c in cutlass.range_constexpr(cute.size(acc_S_mn, mode=[1])):
+            if tScS_mn[0, c][1] >= limit:
+                acc_S_mn[r, c] = -cutlass.Float32.inf
+
+
+@cute.jit
+def online_softmax_step(acc_S_mn: cute.Tensor, acc_O_mn: cute.Tensor, row_max: cute.Tensor,
+                        row_sum: cute.Tensor, scale_log2: cutlass.Float32):
+    """One KV block of the forward's online softmax (base 2), per row of this thread: update
+    the running max and sum, rescale the O accumulator, and turn the scores into
+    probabilities in place. A row whose max is still ``-inf`` uses 0 as its max (no NaN)."""
+    for r in cutlass.range_constexpr(cute.size(acc_S_mn, mode=[0])):
+        s_row = acc_S_mn[r, None].load()
+        m_cur = quad_allreduce_max(s_row.reduce(cute.ReductionOp.MAX, -cutlass.Float32.inf, 0))
+        m_prev = row_max[r]
+        m_new = cute.arch.fmax(m_prev, m_cur)
+        m_safe = 0.0 if m_new == -cutlass.Float32.inf else m_new
+        m_scaled = m_safe * scale_log2
+        p_row = cute.math.exp2(s_row * scale_log2 - m_scaled, fastmath=True)
+        corr = cute.math.exp2(m_prev * scale_log2 - m_scaled, fastmath=True)
+        row_sum[r] = row_sum[r] * corr + p_row.reduce(cute.ReductionOp.ADD, cutlass.Float32.zero, 0)
+        row_max[r] = m_new
+        acc_O_mn[r, None] = acc_O_mn[r, None].load() * corr
+        acc_S_mn[r, None] = p_row
 
 
 def transpose_view_staged(t: cute.Tensor) -> cute.Tensor:

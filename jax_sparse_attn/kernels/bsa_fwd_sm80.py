@@ -32,7 +32,8 @@ from .bsa_common import (
     LOG2_E,
     gmem_load_copy,
     gmem_store_copy,
-    quad_allreduce_max,
+    mask_keys_from,
+    online_softmax_step,
     quad_allreduce_sum,
 )
 from .common import (
@@ -220,26 +221,8 @@ class BsaFwdSm80:
                 limit = cutlass.min(limit, mSizes[batch, head, n_block])
             acc_S_mn = acc_mn_view(acc_S)
             if limit < blk:
-                for r in cutlass.range_constexpr(n_rows):
-                    for c in cutlass.range_constexpr(cute.size(tScS_mn, mode=[1])):
-                        if tScS_mn[0, c][1] >= limit:
-                            acc_S_mn[r, c] = -cutlass.Float32.inf
-
-            acc_O_mn = acc_mn_view(acc_O)
-            for r in cutlass.range_constexpr(n_rows):
-                s_row = acc_S_mn[r, None].load()
-                m_cur = s_row.reduce(cute.ReductionOp.MAX, -cutlass.Float32.inf, 0)
-                m_cur = quad_allreduce_max(m_cur)
-                m_prev = row_max[r]
-                m_new = cute.arch.fmax(m_prev, m_cur)
-                m_safe = 0.0 if m_new == -cutlass.Float32.inf else m_new
-                m_scaled = m_safe * scale_log2
-                p_row = cute.math.exp2(s_row * scale_log2 - m_scaled, fastmath=True)
-                corr = cute.math.exp2(m_prev * scale_log2 - m_scaled, fastmath=True)
-                row_sum[r] = row_sum[r] * corr + p_row.reduce(cute.ReductionOp.ADD, cutlass.Float32.zero, 0)
-                row_max[r] = m_new
-                acc_O_mn[r, None] = acc_O_mn[r, None].load() * corr
-                acc_S_mn[r, None] = p_row
+                mask_keys_from(acc_S_mn, tScS_mn, limit)
+            online_softmax_step(acc_S_mn, acc_mn_view(acc_O), row_max, row_sum, scale_log2)
 
             rP = cute.make_fragment_like(acc_S, self.dtype)
             rP.store(acc_S.load().to(self.dtype))
