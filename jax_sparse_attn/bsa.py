@@ -39,7 +39,6 @@ class BSAConfig:
     layout: str
     sparse_block_size: int
     softmax_scale: float
-    head_dim: int
     head_dim_v: int
     backend: str  # resolved: "kernel" or "reference"
 
@@ -64,7 +63,7 @@ def _make_config(q, k, v, q2k_block_index, block_sparse_num, block_sizes, q2k_bl
 
     chosen = _backend.select(backend, op_name, "bsa", unsupported)
     cfg = BSAConfig(layout=opts["layout"], sparse_block_size=opts["sparse_block_size"],
-                    softmax_scale=opts["softmax_scale"], head_dim=D, head_dim_v=Dv,
+                    softmax_scale=opts["softmax_scale"], head_dim_v=Dv,
                     backend=chosen)
     idx, nums, sizes = reference.normalize_bsa_metadata(
         q2k_block_index, opts["block_sparse_num"], block_sizes, q2k_block_nums)

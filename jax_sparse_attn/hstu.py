@@ -40,7 +40,6 @@ class HSTUConfig:
     scaling_seqlen: float
     window_size: tuple
     alpha: float
-    has_func: bool
     paged: bool
     head_dim: int
     head_dim_v: int
@@ -86,7 +85,7 @@ def _make_config(q, k, v, cu_seqlens_q, cu_seqlens_k, func, paged_kv, page_ids, 
     return HSTUConfig(
         max_seqlen_q=opts["max_seqlen_q"], max_seqlen_k=opts["max_seqlen_k"],
         scaling_seqlen=opts["scaling_seqlen"], window_size=opts["window_size"],
-        alpha=opts["alpha"], has_func=opts["has_func"], paged=opts["paged"],
+        alpha=opts["alpha"], paged=opts["paged"],
         head_dim=D, head_dim_v=D_v, backend=chosen,
         head_dim_pad=pads.get("d", D) if chosen == "kernel" else D,
         head_dim_v_pad=pads.get("dv", D_v) if chosen == "kernel" else D_v,
