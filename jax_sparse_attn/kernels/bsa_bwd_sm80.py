@@ -31,16 +31,18 @@ import cutlass.memory
 import cutlass.cute as cute
 from cutlass.cute.nvgpu import warp
 
-from .bsa_common import (
-    LOG2_E,
-    bwd_entry_rows,
-    bwd_tile_coords,
+from .bsa_common import LOG2_E, bwd_entry_rows, bwd_tile_coords, issue_q_do_rows
+from .common import (
+    acc_mn_view,
+    elem_ptr,
+    gemm_ss,
     gmem_load_copy,
     gmem_store_copy,
-    issue_q_do_rows,
+    load_rows,
+    smem_layout_16b,
+    transpose_view,
     transpose_view_staged,
 )
-from .common import acc_mn_view, elem_ptr, gemm_ss, load_rows, smem_layout_16b, transpose_view
 
 TILE = 64  # keys per CTA tile and queries per inner step
 

@@ -61,8 +61,15 @@ import cutlass.utils.hopper_helpers as sm90_utils
 from cutlass.cute.nvgpu import cpasync, warpgroup
 from cutlass.tensor_utils import LayoutEnum
 
-from .bsa_common import LOG2_E, bwd_entry_rows, bwd_tile_coords, gmem_load_copy, issue_q_do_rows
-from .common import acc_layout_as_a, acc_mn_view_wg, bulk_reduce_add_f32, elem_ptr, load_rows
+from .bsa_common import LOG2_E, bwd_entry_rows, bwd_tile_coords, issue_q_do_rows
+from .common import (
+    acc_layout_as_a,
+    acc_mn_view_wg,
+    bulk_reduce_add_f32,
+    elem_ptr,
+    gmem_load_copy,
+    load_rows,
+)
 
 TILE = 64
 

@@ -4,12 +4,9 @@ Layout algebra and warp-level arithmetic of the forward and backward kernels (th
 layouts, accumulator views and ``mma.sync`` GEMM loops shared with HSTU live in
 :mod:`.common`):
 
-* ``gmem_load_copy`` / ``gmem_store_copy``: 128-bit tiled gmem copies (``cp.async`` in,
-  vectorized stores out) whose thread layout matches the ``common.smem_layout_16b`` swizzle.
 * ``issue_q_do_rows(...)``: the backward's cp.async of one Q/dO row tile (zero past S_q).
 * ``bwd_tile_coords(...)``: the backward CTA's tile/head/batch coordinates and sizes.
 * ``bwd_entry_rows(...)``: query head and first row of a backward step's K->Q entry.
-* ``transpose_view_staged(t)``: the ``(cols, rows, stages)`` view of a staged smem tensor.
 * ``quad_allreduce_max/sum``: reduce over the 4 lanes that share an accumulator row.
 * ``mask_keys_from`` / ``online_softmax_step``: the forward's key-tail mask and online
   softmax update of one KV block (both forward kernels).
@@ -19,44 +16,10 @@ from __future__ import annotations
 
 import cutlass
 import cutlass.cute as cute
-from cutlass.cute.nvgpu import cpasync
 
-from .common import copy_threads_per_row, load_rows
+from .common import load_rows
 
 LOG2_E = 1.4426950408889634074
-
-
-def _gmem_thr_val_layouts(dtype, num_threads: int, cols: int, copy_bits: int):
-    """Thread/value layouts of a 128-bit-vectorized copy of a row-major ``(rows, cols)`` tile."""
-    elems = copy_bits // dtype.width
-    tpr = copy_threads_per_row(cols, elems)
-    thr_layout = cute.make_layout((num_threads // tpr, tpr), stride=(tpr, 1))
-    val_layout = cute.make_layout((1, elems))
-    return thr_layout, val_layout
-
-
-def gmem_load_copy(dtype, num_threads: int, cols: int, copy_bits: int = 128):
-    """Tiled ``cp.async`` (global -> shared, L2-only caching) copy of ``(rows, cols)`` tiles."""
-    thr_layout, val_layout = _gmem_thr_val_layouts(dtype, num_threads, cols, copy_bits)
-    return cute.make_tiled_copy_tv(
-        cute.make_copy_atom(
-            cpasync.CopyG2SOp(cache_mode=cpasync.LoadCacheMode.GLOBAL),
-            dtype,
-            num_bits_per_copy=copy_bits,
-        ),
-        thr_layout,
-        val_layout,
-    )
-
-
-def gmem_store_copy(dtype, num_threads: int, cols: int, copy_bits: int = 128):
-    """Tiled vectorized register -> global copy with the thread layout of :func:`gmem_load_copy`."""
-    thr_layout, val_layout = _gmem_thr_val_layouts(dtype, num_threads, cols, copy_bits)
-    return cute.make_tiled_copy_tv(
-        cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), dtype, num_bits_per_copy=copy_bits),
-        thr_layout,
-        val_layout,
-    )
 
 
 @cute.jit
@@ -102,16 +65,6 @@ def online_softmax_step(acc_S_mn: cute.Tensor, acc_O_mn: cute.Tensor, row_max: c
         row_max[r] = m_new
         acc_O_mn[r, None] = acc_O_mn[r, None].load() * corr
         acc_S_mn[r, None] = p_row
-
-
-def transpose_view_staged(t: cute.Tensor) -> cute.Tensor:
-    """``(cols, rows, stages)`` view of a ``(rows, cols, stages)`` tensor."""
-    rows = cute.size(t, mode=[0])
-    cols = cute.size(t, mode=[1])
-    stages = cute.size(t, mode=[2])
-    return cute.composition(
-        t, cute.make_layout((cols, rows, stages), stride=(rows, 1, rows * cols))
-    )
 
 
 @cute.jit

@@ -28,19 +28,14 @@ import cutlass.memory
 import cutlass.cute as cute
 from cutlass.cute.nvgpu import warp
 
-from .bsa_common import (
-    LOG2_E,
-    gmem_load_copy,
-    gmem_store_copy,
-    mask_keys_from,
-    online_softmax_step,
-    quad_allreduce_sum,
-)
+from .bsa_common import LOG2_E, mask_keys_from, online_softmax_step, quad_allreduce_sum
 from .common import (
     acc_mn_view,
     acc_to_a_frag,
     gemm_rs,
     gemm_ss,
+    gmem_load_copy,
+    gmem_store_copy,
     load_rows,
     smem_layout_16b,
     transpose_view,

@@ -26,14 +26,8 @@ import cutlass.utils.hopper_helpers as sm90_utils
 from cutlass.cute.nvgpu import warpgroup
 from cutlass.tensor_utils import LayoutEnum
 
-from .bsa_common import (
-    LOG2_E,
-    gmem_load_copy,
-    mask_keys_from,
-    online_softmax_step,
-    quad_allreduce_sum,
-)
-from .common import acc_layout_as_a, acc_mn_view_wg, load_rows
+from .bsa_common import LOG2_E, mask_keys_from, online_softmax_step, quad_allreduce_sum
+from .common import acc_layout_as_a, acc_mn_view_wg, gmem_load_copy, load_rows
 
 
 class BsaFwdSm90:

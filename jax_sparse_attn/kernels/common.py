@@ -1,8 +1,9 @@
 """CuTe DSL helpers shared by the HSTU and block-sparse attention kernels (no jax imports).
 
 * ``swizzle_atom_16b`` / ``smem_layout_16b(rows, cols[, stages])``: swizzled smem layouts of
-  row-major 16-bit tiles; ``copy_threads_per_row`` for the matching tiled copies.
-* ``transpose_view``, ``acc_mn_view``, ``acc_to_a_frag``: views of smem tiles and
+  row-major 16-bit tiles; ``copy_threads_per_row``, ``gmem_load_copy`` (``cp.async``) /
+  ``gmem_store_copy``: the matching 128-bit tiled gmem copies.
+* ``transpose_view`` / ``transpose_view_staged``, ``acc_mn_view``, ``acc_to_a_frag``: views of smem tiles and
   ``mma.sync`` accumulator fragments; ``gemm_ss`` / ``gemm_rs``: ``ldmatrix``-pipelined
   ``mma.sync`` GEMM loops over K.
 
@@ -25,6 +26,7 @@ from __future__ import annotations
 import cutlass
 import cutlass.cute as cute
 from cutlass._mlir.dialects import llvm
+from cutlass.cute.nvgpu import cpasync
 from cutlass.cutlass_dsl import dsl_user_op
 
 
@@ -53,10 +55,53 @@ def copy_threads_per_row(cols: int, elems_per_copy: int = 8) -> int:
     return kblock // elems_per_copy
 
 
+def _gmem_thr_val_layouts(dtype, num_threads: int, cols: int, copy_bits: int):
+    """Thread/value layouts of a 128-bit-vectorized copy of a row-major ``(rows, cols)`` tile."""
+    elems = copy_bits // dtype.width
+    tpr = copy_threads_per_row(cols, elems)
+    thr_layout = cute.make_layout((num_threads // tpr, tpr), stride=(tpr, 1))
+    val_layout = cute.make_layout((1, elems))
+    return thr_layout, val_layout
+
+
+def gmem_load_copy(dtype, num_threads: int, cols: int, copy_bits: int = 128):
+    """Tiled ``cp.async`` (global -> shared, L2-only caching) copy of ``(rows, cols)`` tiles."""
+    thr_layout, val_layout = _gmem_thr_val_layouts(dtype, num_threads, cols, copy_bits)
+    return cute.make_tiled_copy_tv(
+        cute.make_copy_atom(
+            cpasync.CopyG2SOp(cache_mode=cpasync.LoadCacheMode.GLOBAL),
+            dtype,
+            num_bits_per_copy=copy_bits,
+        ),
+        thr_layout,
+        val_layout,
+    )
+
+
+def gmem_store_copy(dtype, num_threads: int, cols: int, copy_bits: int = 128):
+    """Tiled vectorized register -> global copy with the thread layout of :func:`gmem_load_copy`."""
+    thr_layout, val_layout = _gmem_thr_val_layouts(dtype, num_threads, cols, copy_bits)
+    return cute.make_tiled_copy_tv(
+        cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), dtype, num_bits_per_copy=copy_bits),
+        thr_layout,
+        val_layout,
+    )
+
+
 def transpose_view(t):
     """``(cols, rows)`` view of a ``(rows, cols)`` tensor (no data movement)."""
     rows, cols = cute.size(t, mode=[0]), cute.size(t, mode=[1])
     return cute.composition(t, cute.make_layout((cols, rows), stride=(rows, 1)))
+
+
+def transpose_view_staged(t: cute.Tensor) -> cute.Tensor:
+    """``(cols, rows, stages)`` view of a ``(rows, cols, stages)`` tensor."""
+    rows = cute.size(t, mode=[0])
+    cols = cute.size(t, mode=[1])
+    stages = cute.size(t, mode=[2])
+    return cute.composition(
+        t, cute.make_layout((cols, rows, stages), stride=(rows, 1, rows * cols))
+    )
 
 
 def acc_mn_view(t):

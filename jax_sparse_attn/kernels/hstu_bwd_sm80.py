@@ -29,7 +29,7 @@ from __future__ import annotations
 import cutlass
 import cutlass.cute as cute
 from cutlass import Float32, Int32
-from cutlass.cute.nvgpu import cpasync, warp
+from cutlass.cute.nvgpu import warp
 
 from . import hstu_common as hc
 
@@ -78,23 +78,10 @@ class HstuBwdSm80:
             sP: cute.struct.Align[cute.struct.MemRange[dt, cute.cosize(sPdS_layout)], 1024]
             sdS: cute.struct.Align[cute.struct.MemRange[dt, cute.cosize(sPdS_layout)], 1024]
 
-        g2s_atom = cute.make_copy_atom(
-            cpasync.CopyG2SOp(cache_mode=cpasync.LoadCacheMode.GLOBAL), dt, num_bits_per_copy=128
-        )
-        st_atom = cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), dt, num_bits_per_copy=128)
-
-        def tiled_copy(atom, cols):
-            tpr = hc.copy_threads_per_row(cols)
-            return cute.make_tiled_copy_tv(
-                atom,
-                cute.make_layout((self.num_threads // tpr, tpr), stride=(tpr, 1)),
-                cute.make_layout((1, 8)),
-            )
-
-        copy_d = tiled_copy(g2s_atom, self.d)
-        copy_dv = tiled_copy(g2s_atom, self.dv)
-        store_d = tiled_copy(st_atom, self.d)
-        store_dv = tiled_copy(st_atom, self.dv)
+        copy_d = hc.gmem_load_copy(dt, self.num_threads, self.d)
+        copy_dv = hc.gmem_load_copy(dt, self.num_threads, self.dv)
+        store_d = hc.gmem_store_copy(dt, self.num_threads, self.d)
+        store_dv = hc.gmem_store_copy(dt, self.num_threads, self.dv)
         wm = 4
         wn = self.num_warps // wm
         atom = warp.MmaF16BF16Op(dt, Float32, (16, 8, 16))

@@ -31,10 +31,11 @@ from cutlass.cutlass_dsl import T, dsl_user_op
 from .common import (  # noqa: F401  (re-exported: the HSTU kernels use them as hc.*)
     acc_mn_view,
     acc_to_a_frag,
-    copy_threads_per_row,
     elem_ptr,
     gemm_rs,
     gemm_ss,
+    gmem_load_copy,
+    gmem_store_copy,
     load_rows,
     smem_layout_16b,
     store_rows,

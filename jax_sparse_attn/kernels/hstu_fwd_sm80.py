@@ -21,7 +21,7 @@ from __future__ import annotations
 import cutlass
 import cutlass.cute as cute
 from cutlass import Float32, Int32
-from cutlass.cute.nvgpu import cpasync, warp
+from cutlass.cute.nvgpu import warp
 
 from . import hstu_common as hc
 
@@ -76,22 +76,9 @@ class HstuFwdSm80:
             sK: cute.struct.Align[cute.struct.MemRange[dt, cute.cosize(sK_layout)], 1024]
             sV: cute.struct.Align[cute.struct.MemRange[dt, cute.cosize(sV_layout)], 1024]
 
-        g2s_atom = cute.make_copy_atom(
-            cpasync.CopyG2SOp(cache_mode=cpasync.LoadCacheMode.GLOBAL), dt, num_bits_per_copy=128
-        )
-        st_atom = cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), dt, num_bits_per_copy=128)
-
-        def tiled_copy(atom, cols):
-            tpr = hc.copy_threads_per_row(cols)
-            return cute.make_tiled_copy_tv(
-                atom,
-                cute.make_layout((self.num_threads // tpr, tpr), stride=(tpr, 1)),
-                cute.make_layout((1, 8)),
-            )
-
-        copy_qk = tiled_copy(g2s_atom, self.d)
-        copy_v = tiled_copy(g2s_atom, self.dv)
-        copy_o = tiled_copy(st_atom, self.dv)
+        copy_qk = hc.gmem_load_copy(dt, self.num_threads, self.d)
+        copy_v = hc.gmem_load_copy(dt, self.num_threads, self.dv)
+        copy_o = hc.gmem_store_copy(dt, self.num_threads, self.dv)
         tiled_mma = cute.make_tiled_mma(
             warp.MmaF16BF16Op(dt, Float32, (16, 8, 16)),
             (self.num_warps, 1, 1),
@@ -281,6 +268,4 @@ class HstuFwdSm80:
             tOc = thr_o.partition_D(cute.make_identity_tensor((bm, self.dv)))
             tOrO = cute.make_fragment_like(tOsO, self.dtype)
             cute.autovec_copy(tOsO, tOrO)
-            for r in cutlass.range_constexpr(cute.size(tOrO.shape[1])):
-                if tOc[0, r, 0][0] < seqlen_q - m0:
-                    cute.copy(copy_o, tOrO[None, r, None], tOgO[None, r, None])
+            hc.store_rows(copy_o, tOrO, tOgO, tOc, seqlen_q - m0)

@@ -35,26 +35,13 @@ import cutlass.cute as cute
 import cutlass.memory
 import cutlass.utils.hopper_helpers as sm90_utils
 from cutlass import Float32, Int32
-from cutlass.cute.nvgpu import OperandMajorMode, cpasync, warpgroup
+from cutlass.cute.nvgpu import OperandMajorMode, warpgroup
 from cutlass.tensor_utils import LayoutEnum
 
 from . import hstu_common as hc
-from .common import acc_mn_view_wg
+from .common import acc_layout_as_a, acc_mn_view_wg, gmem_load_copy, transpose_view_staged
 
 BIG = 1 << 30
-
-
-def _acc_to_a_frag_sm90(t):
-    """``((2, 2, N/8), MMA_M, MMA_N)`` accumulator -> ``((2, 2, 2), MMA_M, (N/16, MMA_N))``."""
-    lay = t.layout
-    div = cute.logical_divide(lay, ((None, None, 2), None, None))
-    new = cute.make_layout(
-        ((div.shape[0][0], div.shape[0][1], div.shape[0][2][0]), div.shape[1],
-         (div.shape[0][2][1], div.shape[2])),
-        stride=((div.stride[0][0], div.stride[0][1], div.stride[0][2][0]), div.stride[1],
-                (div.stride[0][2][1], div.stride[2])),
-    )
-    return cute.make_tensor(t.iterator, new)
 
 
 class HstuFwdSm90:
@@ -100,20 +87,8 @@ class HstuFwdSm90:
             sK: cute.struct.Align[cute.struct.MemRange[dt, cute.cosize(sK_layout)], 1024]
             sV: cute.struct.Align[cute.struct.MemRange[dt, cute.cosize(sV_layout)], 1024]
 
-        g2s_atom = cute.make_copy_atom(
-            cpasync.CopyG2SOp(cache_mode=cpasync.LoadCacheMode.GLOBAL), dt, num_bits_per_copy=128
-        )
-
-        def tiled_copy(cols):
-            tpr = min(cols // 8, 8)
-            return cute.make_tiled_copy_tv(
-                g2s_atom,
-                cute.make_layout((self.num_threads // tpr, tpr), stride=(tpr, 1)),
-                cute.make_layout((1, 8)),
-            )
-
-        copy_qk = tiled_copy(self.d)
-        copy_v = tiled_copy(self.dv)
+        copy_qk = gmem_load_copy(dt, self.num_threads, self.d)
+        copy_v = gmem_load_copy(dt, self.num_threads, self.dv)
         grid = (cute.size(mQ.shape[1]), cute.size(mTile.shape[0]), 1)
         self.kernel(
             mQ, mK, mV, mCuQ, mCuK, mTile, mFunc, mScal, mWin, mO,
@@ -177,9 +152,7 @@ class HstuFwdSm90:
             sK = st.sK.get_tensor(sK_layout.outer, swizzle=sK_layout.inner)  # (BN, D, S)
             sV = st.sV.get_tensor(sV_layout.outer, swizzle=sV_layout.inner)  # (Dv, BN, S)
             # (BN, Dv, S) view of V for the gmem -> smem copy
-            sV_rows = cute.composition(
-                sV, cute.make_layout((bn, self.dv, self.stages),
-                                     stride=(self.dv, 1, self.dv * bn)))
+            sV_rows = transpose_view_staged(sV)
 
             thr_qk = copy_qk.get_slice(tidx)
             thr_v = copy_v.get_slice(tidx)
@@ -294,7 +267,8 @@ class HstuFwdSm90:
                     acc_S[e] = hval + hval * hc.tanh_approx(hval)
                 rP = cute.make_fragment_like(acc_S, self.dtype)
                 rP.store(acc_S.load().to(self.dtype))
-                tOrP = _acc_to_a_frag_sm90(rP)
+                tOrP = cute.make_tensor(
+                    rP.iterator, acc_layout_as_a(rP.layout, mma_pv.tv_layout_A.shape[1]))
                 self._turn_wait(wg)
                 warpgroup.fence()
                 for k in cutlass.range_constexpr(cute.size(tOrP, mode=[2])):
