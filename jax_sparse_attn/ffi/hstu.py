@@ -148,6 +148,13 @@ def bwd_config(dtype, head_dim, head_dim_v, has_func, func_n) -> HstuBwdConfig:
 # ----------------------------------------------------------------------------------------
 
 
+def _dt(name):
+    """The CuTe DSL element type of a config's dtype name."""
+    import cutlass  # noqa: PLC0415
+
+    return cutlass.BFloat16 if name == "bfloat16" else cutlass.Float16
+
+
 @functools.lru_cache(maxsize=None)
 def _fwd_adapter():
     import cutlass  # noqa: PLC0415
@@ -155,9 +162,6 @@ def _fwd_adapter():
 
     from ..kernels.hstu_fwd_sm80 import HstuFwdSm80  # noqa: PLC0415
     from ..kernels.hstu_fwd_sm90 import HstuFwdSm90  # noqa: PLC0415
-
-    def _dt(name):
-        return cutlass.BFloat16 if name == "bfloat16" else cutlass.Float16
 
     @cute.jit
     def hstu_fwd_launch(stream, q, k, v, cu_q, cu_k, tiles, func, scal, win, out,
@@ -179,9 +183,6 @@ def _bwd_adapter():
     import cutlass.cute as cute  # noqa: PLC0415
 
     from ..kernels.hstu_bwd_sm80 import HstuBwdSm80  # noqa: PLC0415
-
-    def _dt(name):
-        return cutlass.BFloat16 if name == "bfloat16" else cutlass.Float16
 
     @cute.jit
     def hstu_bwd_launch(stream, do, q, k, v, cu_q, cu_k, kv_tiles, q_tile_start, q_tiles,
@@ -280,7 +281,7 @@ def _fwd_schedule(cu_q, cu_k, func, cfg, t_q, window_size):
     return tiles[order]
 
 
-def _bwd_schedule(cu_q, cu_k, func, cfg, t_q, t_k, window_size):
+def _bwd_schedule(cu_q, cu_k, func, cfg, t_q, t_k):
     """KV tiles ``[batch, n_block]`` in canonical order (n ascending: under a causal /
     right-aligned mask the first KV tiles of a sequence see the most queries, so they
     start first), the canonical first q-tile index per batch, and the func summary."""
@@ -294,7 +295,6 @@ def _bwd_schedule(cu_q, cu_k, func, cfg, t_q, t_k, window_size):
         q_tiles = _func_tile_summary(func, cu_q, bm, nq_slots, t_q)
     else:
         q_tiles = jnp.zeros((1, 3), jnp.int32)
-    del window_size
     kv_tiles = jnp.stack([b, n], axis=1).astype(jnp.int32)
     return kv_tiles, q_start.astype(jnp.int32), q_tiles
 
@@ -323,14 +323,14 @@ def hstu_fwd(q, k, v, cu_seqlens_q, cu_seqlens_k, func, *, max_seqlen_q: int,
         return jnp.zeros(out_sds.shape, out_sds.dtype)
     has_func = func is not None
     cfg = fwd_config(q.dtype, d, dv, has_func, func.shape[1] if has_func else 1)
+    if k.shape[0] == 0:  # no keys anywhere: every row has no valid key
+        return jnp.zeros(out_sds.shape, out_sds.dtype)
     # pseudo-sequence B covers rows past cu_q[-1] (no keys): the kernel writes zeros there
     cu_q = _append(cu_seqlens_q, t_q)
     cu_k = _append(cu_seqlens_k, None)
     tiles = _fwd_schedule(cu_q, cu_k, func, cfg, t_q, window_size)
     scal, win = _scalars(alpha, scaling_seqlen, window_size)
     func_arr = func.astype(jnp.int32) if has_func else jnp.zeros((1, 1, 1), jnp.int32)
-    if k.shape[0] == 0:  # no keys anywhere: every row has no valid key
-        return jnp.zeros(out_sds.shape, out_sds.dtype)
     fwd_launch = _fwd_adapter()
     call = _cutlass_call()(fwd_launch, output_shape_dtype=out_sds, compile_key=("hstu_fwd", cfg),
                            cfg=cfg)
@@ -352,7 +352,7 @@ def hstu_bwd(do, q, k, v, cu_seqlens_q, cu_seqlens_k, func, *, max_seqlen_q: int
     # pseudo-sequence B covers keys past cu_k[-1] (no queries): zero dk/dv there
     cu_q = _append(cu_seqlens_q, None)
     cu_k = _append(cu_seqlens_k, t_k)
-    kv_tiles, q_start, q_tiles = _bwd_schedule(cu_q, cu_k, func, cfg, t_q, t_k, window_size)
+    kv_tiles, q_start, q_tiles = _bwd_schedule(cu_q, cu_k, func, cfg, t_q, t_k)
     scal, win = _scalars(alpha, scaling_seqlen, window_size)
     func_arr = func.astype(jnp.int32) if has_func else jnp.zeros((1, 1, 1), jnp.int32)
     dq_acc0 = jnp.zeros((t_q, h, d), jnp.float32)
