@@ -157,10 +157,13 @@ _RAISES_DOC = """
     Raises:
       ValueError: bad ranks/shapes (also zero head dims), layout not in {"bhsd",
         "bshd"}, sparse_block_size not in {64, 128}, K_max = 0, both or neither of
-        block_sparse_num/q2k_block_nums, and (for concrete metadata) bad values, see
+        block_sparse_num/q2k_block_nums, block_sparse_num outside [1, K_max], a
+        non-finite softmax_scale, backend not in {"auto", "kernel", "reference"}, and
+        (for concrete metadata) bad values, see
         :func:`~jax_sparse_attn.validate_bsa_metadata`.
-      TypeError: mixed or unsupported dtypes, non-integer metadata (backward: ``do``,
-        ``o`` or ``lse`` of the wrong dtype).
+      TypeError: mixed or unsupported dtypes, non-integer metadata, a non-bool
+        allow_empty_block_nums, block_sparse_num/softmax_scale not static Python numbers
+        (backward: ``do``, ``o`` or ``lse`` of the wrong dtype).
       NotImplementedError: ``backend="kernel"`` where the kernel cannot run.
 """
 

@@ -235,7 +235,8 @@ _ARGS_DOC = "\n    Args:" + _ARG_LINES + _PAGED_ARG_LINES + _BACKEND_ARG_LINES
 _RAISES_DOC = """
     Raises:
       ValueError: bad shapes/ranks (also zero heads or head dims), options (e.g. func with a window, odd-N violation,
-        scaling_seqlen <= 0) or, when the metadata are concrete arrays, bad values
+        scaling_seqlen <= 0, backend not in {"auto", "kernel", "reference"}) or, when the
+        metadata are concrete arrays, bad values
         (see :func:`~jax_sparse_attn.validate_hstu_inputs`).
       TypeError: wrong dtypes (mixed q/k/v dtypes, non-integer cu_seqlens) or traced
         static options.
