@@ -93,6 +93,15 @@ def hstu_lengths(cfg: HSTUConfig) -> np.ndarray:
     return np.asarray(lens, dtype=np.int64)
 
 
+def canonical_jagged_lengths() -> np.ndarray:
+    """The canonical jagged HSTU batch: 32 sequences, lengths ``clip(exp(U(ln 64, ln 4096)),
+    64, 4096)`` drawn with ``numpy.random.default_rng(7)`` (T = 32100); measured at H=4, D=128,
+    causal."""
+    rng = np.random.default_rng(7)
+    x = np.exp(rng.uniform(math.log(64), math.log(4096), size=32))
+    return np.clip(x, 64, 4096).astype(np.int64)
+
+
 def hstu_pairs(lengths: np.ndarray, window: tuple[int, int]) -> float:
     """Valid (query, key) pairs summed over sequences (L_q = L_k), FLOP convention above."""
     lengths = np.asarray(lengths, dtype=np.float64)

@@ -27,32 +27,49 @@ CASES = {
     "8x4096-full": (8, 4096, 4, 128, (-1, -1)),
     "8x4096-causal-d64": (8, 4096, 4, 64, (-1, 0)),
     "8x4096-causal-d256": (8, 4096, 4, 256, (-1, 0)),
+    # the canonical jagged batch (benchmarks._grids.canonical_jagged_lengths), H=4, D=128
+    "jagged32-causal": ("jagged", None, 4, 128, (-1, 0)),
 }
 
 
-def flops_fwd(b, l, h, d, window):
-    causal = 2.0 * b * l * l * h * d
+def _lengths(name):
+    b, l = CASES[name][:2]
+    if b == "jagged":
+        from benchmarks._grids import canonical_jagged_lengths
+
+        return np.asarray(canonical_jagged_lengths(), np.int64)
+    return np.full(b, l, np.int64)
+
+
+def flops_fwd(lens, h, d, window):
+    causal = 2.0 * float(np.sum(np.asarray(lens, np.float64) ** 2)) * h * d
     return 2 * causal if window == (-1, -1) else causal
 
 
-def _time(fn, args, iters, warmup=3):
+def _time(fn, args, iters, warmup=3, samples=7):
+    """Median over ``samples`` of the mean time of ``iters`` back-to-back calls (ms)."""
     for _ in range(warmup):
         jax.block_until_ready(fn(*args))
-    t0 = time.perf_counter()
-    for _ in range(iters):
-        r = fn(*args)
-    jax.block_until_ready(r)
-    return (time.perf_counter() - t0) / iters * 1e3
+    out = []
+    for _ in range(samples):
+        t0 = time.perf_counter()
+        for _ in range(iters):
+            r = fn(*args)
+        jax.block_until_ready(r)
+        out.append((time.perf_counter() - t0) / iters * 1e3)
+    return float(np.median(out))
 
 
 def run_case(name, dtype, iters, do_bwd):
     from jax_sparse_attn.ffi import hstu as fh
 
-    b, l, h, d, window = CASES[name]
-    t = b * l
+    _, _, h, d, window = CASES[name]
+    lens = _lengths(name)
+    b, l = len(lens), int(lens.max())
+    t = int(lens.sum())
     ks = jax.random.split(jax.random.PRNGKey(0), 4)
     q, k, v, do = (jax.random.normal(kk, (t, h, d), jnp.float32).astype(dtype) for kk in ks)
-    cu = jnp.arange(b + 1, dtype=jnp.int32) * l
+    cu = jnp.asarray(np.concatenate([[0], np.cumsum(lens)]), jnp.int32)
     kw = dict(max_seqlen_q=l, max_seqlen_k=l, scaling_seqlen=float(l), window_size=window,
               alpha=1.0 / np.sqrt(d))
     fwd = jax.jit(lambda q, k, v, cu: fh.hstu_fwd(q, k, v, cu, cu, None, **kw))
@@ -60,7 +77,7 @@ def run_case(name, dtype, iters, do_bwd):
     jax.block_until_ready(fwd(q, k, v, cu))
     compile_fwd = time.perf_counter() - t0
     ms = _time(fwd, (q, k, v, cu), iters)
-    fl = flops_fwd(b, l, h, d, window)
+    fl = flops_fwd(lens, h, d, window)
     res = dict(case=name, dtype=jnp.dtype(dtype).name, B=b, L=l, H=h, D=d, window=window,
                fwd_ms=ms, fwd_tflops=fl / ms / 1e9, fwd_first_call_s=compile_fwd)
     if do_bwd:
@@ -87,7 +104,8 @@ def main():
     ap.add_argument("--out", default="hstu_bench.json")
     ap.add_argument("--tiles", action="append", default=[],
                     help="extra variant 'fwd=bm,bn,warps;bwd=bm,bn,warps;impl=sm90' (sweep; "
-                         "impl=sm90 / sm90pp select a wgmma forward; sm90pp is the default)")
+                         "impl=sm90 / sm90pp / sm90ws select a wgmma forward; sm90pp is the "
+                         "default; ws=nooverlap+nopingpong sets JAX_SPARSE_ATTN_HSTU_WS)")
     a = ap.parse_args()
     cases = a.case or ["8x4096-causal", "32x1024-causal"]
     print(f"device: {jax.devices()[0]}")
@@ -99,6 +117,7 @@ def main():
             if key in env:
                 os.environ[f"JAX_SPARSE_ATTN_HSTU_{key.upper()}_TILE"] = env[key]
         os.environ["JAX_SPARSE_ATTN_HSTU_FWD_IMPL"] = env.get("impl", "sm80")
+        os.environ["JAX_SPARSE_ATTN_HSTU_WS"] = env.get("ws", "").replace("+", ",")
         print(f"-- tiles {variant}")
         for c in cases:
             r = run_case(c, jnp.dtype(a.dtype), a.iters, "bwd" in env)

@@ -232,6 +232,11 @@ SM90_EXTRA = [
          lens_q=[1, 10, 0, 100, 500, 64, 0, 1000],
          lens_k=[5, 17, 3, 113, 1023, 128, 0, 4000]),
     dict(d=128, dtype="float16", window=(5, 70)),
+    # Q tiles whose sequence ends inside the tile (partial KV tiles: the warp-specialized
+    # kernel's V rows past the end are zero-filled, its K rows masked)
+    dict(d=128, dtype="bfloat16", window=(-1, 0), lens_q=[1, 63, 64, 65, 127, 129]),
+    dict(d=64, dtype="bfloat16", window=(-1, -1), lens_q=[1, 63, 64, 65, 127, 129]),
+    dict(d=256, dtype="bfloat16", window=(-1, 0), lens_q=[1, 63, 64, 65, 127, 129]),
 ]
 
 
@@ -240,7 +245,7 @@ def _sm90_impls():
     spec = os.environ.get("HSTU_TEST_SM90", "")
     if spec in ("", "0"):
         return []
-    return ["sm90", "sm90pp"] if spec == "1" else [x for x in spec.split(",") if x]
+    return ["sm90", "sm90pp", "sm90ws"] if spec == "1" else [x for x in spec.split(",") if x]
 
 
 # sharded by case (both impls of a case run in one process and share its reference compiles)
@@ -334,3 +339,65 @@ def test_hstu_public_grad_matches_reference():
         b = np.asarray(b, np.float32)
         assert np.isfinite(a).all()
         assert np.max(np.abs(a - b)) <= 0.03 * np.max(np.abs(b)) + 1e-3
+
+
+def _ws_case(lens, d, window, seed, poison):
+    """The warp-specialized forward vs the fp32 reference on a packed batch of ``lens``
+    (own canvas: T = sum(lens) + 200 tail rows). ``poison``: q/k/v rows past ``cu[-1]`` are
+    NaN (they must contribute nothing; the kernel must write zeros there)."""
+    from jax_sparse_attn import reference
+    from jax_sparse_attn.ffi import hstu as fh
+
+    lens = [int(x) for x in lens]
+    cu = jnp.asarray(np.concatenate([[0], np.cumsum(lens)]).astype(np.int32))
+    t = int(sum(lens)) + 200
+    ks = jax.random.split(jax.random.PRNGKey(seed), 3)
+    q, k, v = (jax.random.normal(kk, (t, H, d), jnp.float32).astype(jnp.bfloat16) for kk in ks)
+    if poison:
+        tail = jnp.arange(t) >= int(cu[-1])
+        q, k, v = (jnp.where(tail[:, None, None], jnp.nan, x).astype(x.dtype) for x in (q, k, v))
+    kw = dict(max_seqlen_q=max(lens), max_seqlen_k=max(lens), scaling_seqlen=float(max(lens)),
+              window_size=window, alpha=1.0 / np.sqrt(d))
+    old = os.environ.get("JAX_SPARSE_ATTN_HSTU_FWD_IMPL")
+    os.environ["JAX_SPARSE_ATTN_HSTU_FWD_IMPL"] = "sm90ws"
+    try:
+        out = jax.jit(lambda q, k, v, c: fh.hstu_fwd(q, k, v, c, c, None, **kw))(q, k, v, cu)
+    finally:
+        if old is None:
+            os.environ.pop("JAX_SPARSE_ATTN_HSTU_FWD_IMPL", None)
+        else:
+            os.environ["JAX_SPARSE_ATTN_HSTU_FWD_IMPL"] = old
+    n = int(cu[-1])
+    qc, kc, vc = (x[:n] for x in (q, k, v))
+    ref = lambda cdt: jax.jit(lambda q, k, v, c: reference.hstu_attention_ref(  # noqa: E731
+        q, k, v, c, c, None, compute_dtype=cdt, **kw))(qc, kc, vc, cu)
+    report = []
+    ok, msg = _check("out", out[:n], ref(None), ref(jnp.bfloat16), 2.0, report)
+    print(report[0])
+    assert ok, msg
+    assert float(jnp.abs(out[n:].astype(jnp.float32)).max()) == 0.0, "tail rows not zero"
+
+
+WS_LARGE = [
+    ("canonical-jagged", "canonical", 128, (-1, 0)),
+    ("lens-1-63-64-65-127-129", [1, 63, 64, 65, 127, 129], 128, (-1, 0)),
+    ("lens-1-63-64-65-127-129-d256-local", [1, 63, 64, 65, 127, 129], 256, (40, 3)),
+    ("lens-1-63-64-65-127-129-d32-full", [1, 63, 64, 65, 127, 129], 32, (-1, -1)),
+]
+
+
+@pytest.mark.skipif("sm90ws" not in _sm90_impls(),
+                    reason="warp-specialized forward extras: set HSTU_TEST_SM90=1 or sm90ws")
+@pytest.mark.parametrize("name,lens,d,window", _shard(WS_LARGE), ids=[c[0] for c in _shard(WS_LARGE)])
+@pytest.mark.parametrize("poison", [False, True], ids=["clean", "poisoned"])
+def test_hstu_sm90ws_batches(name, lens, d, window, poison):
+    """The sm90ws forward on the canonical jagged batch and on sequences ending inside a
+    tile, with NaN-poisoned rows past the last sequence."""
+    if lens == "canonical":
+        import sys
+
+        sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+        from benchmarks._grids import canonical_jagged_lengths
+
+        lens = canonical_jagged_lengths()
+    _ws_case(lens, d, window, seed=5, poison=poison)

@@ -54,7 +54,7 @@ __all__ = [
 
 SUPPORTED_HEAD_DIMS = (32, 64, 128, 256)
 #: forward kernels selectable with JAX_SPARSE_ATTN_HSTU_FWD_IMPL
-FWD_IMPLS = ("sm80", "sm90", "sm90pp")
+FWD_IMPLS = ("sm80", "sm90", "sm90pp", "sm90ws")
 #: the forward kernel used when JAX_SPARSE_ATTN_HSTU_FWD_IMPL is unset
 DEFAULT_FWD_IMPL = "sm90pp"
 _BIG = 1 << 30
@@ -70,8 +70,13 @@ class HstuFwdConfig:
     num_warps: int
     has_func: bool
     func_n: int
-    # "sm80" (mma.sync), "sm90" (wgmma) or "sm90pp" (wgmma, ping-pong warpgroups; default)
+    # "sm80" (mma.sync), "sm90" (wgmma) or "sm90pp" (wgmma, ping-pong warpgroups; default),
+    # "sm90ws" (warp-specialized: TMA producer warp + 2 consumer warpgroups, persistent)
     impl: str = "sm90pp"
+    # sm90ws only: intra-warpgroup GEMM overlap, inter-warpgroup ping-pong, CTAs in the grid
+    ws_overlap: bool = True
+    ws_pingpong: bool = True
+    num_sms: int = 0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -129,8 +134,37 @@ def fwd_config(dtype, head_dim, head_dim_v, has_func, func_n) -> HstuFwdConfig:
     if impl in ("sm90", "sm90pp"):  # wgmma kernels: 2 warpgroups x 64 query rows
         bm, w = 128, 8
         bn = 128 if d <= 128 else 64
+    if impl == "sm90ws":
+        return _ws_config(dtype, head_dim, head_dim_v, has_func, func_n)
     return HstuFwdConfig(_cutlass_dtype_name(dtype), head_dim, head_dim_v, bm, bn, w,
                          bool(has_func), int(func_n) if has_func else 1, impl)
+
+
+def _num_sms() -> int:
+    """SM count of the first GPU (132 on an H100/H200 SXM when none is visible, e.g. CPU
+    lowering)."""
+    try:
+        gpus = jax.devices("gpu")
+    except RuntimeError:
+        gpus = []
+    n = getattr(gpus[0], "core_count", 0) if gpus else 0
+    return int(n) if n else 132
+
+
+def _ws_config(dtype, head_dim, head_dim_v, has_func, func_n) -> HstuFwdConfig:
+    """The warp-specialized forward: 128 query rows (2 consumer warpgroups x 64) x ``bn`` keys,
+    384 threads. ``JAX_SPARSE_ATTN_HSTU_WS`` (tuning / ablation only): comma list of
+    ``nooverlap``, ``nopingpong``, ``bn=<64|128>``."""
+    d = max(head_dim, head_dim_v)
+    bn = 128 if d <= 128 else 64
+    opts = [o for o in os.environ.get("JAX_SPARSE_ATTN_HSTU_WS", "").split(",") if o]
+    for o in opts:
+        if o.startswith("bn="):
+            bn = int(o[3:])
+    return HstuFwdConfig(_cutlass_dtype_name(dtype), head_dim, head_dim_v, 128, bn, 12,
+                         bool(has_func), int(func_n) if has_func else 1, "sm90ws",
+                         ws_overlap="nooverlap" not in opts,
+                         ws_pingpong="nopingpong" not in opts, num_sms=_num_sms())
 
 
 def bwd_config(dtype, head_dim, head_dim_v, has_func, func_n) -> HstuBwdConfig:
@@ -162,6 +196,7 @@ def _fwd_adapter():
 
     from ..kernels.hstu_fwd_sm80 import HstuFwdSm80  # noqa: PLC0415
     from ..kernels.hstu_fwd_sm90 import HstuFwdSm90  # noqa: PLC0415
+    from ..kernels.hstu_fwd_sm90_ws import HstuFwdSm90Ws  # noqa: PLC0415
 
     @cute.jit
     def hstu_fwd_launch(stream, q, k, v, cu_q, cu_k, tiles, func, scal, win, out,
@@ -170,6 +205,10 @@ def _fwd_adapter():
                 cfg.num_warps, cfg.has_func, cfg.func_n)
         if cutlass.const_expr(cfg.impl == "sm80"):
             kernel = HstuFwdSm80(*args)
+        elif cutlass.const_expr(cfg.impl == "sm90ws"):
+            kernel = HstuFwdSm90Ws(args[0], cfg.head_dim, cfg.head_dim_v, cfg.block_n,
+                                   cfg.has_func, cfg.func_n, cfg.num_sms,
+                                   overlap=cfg.ws_overlap, pingpong=cfg.ws_pingpong)
         else:
             kernel = HstuFwdSm90(*args, pingpong=cfg.impl == "sm90pp")
         kernel(q, k, v, cu_q, cu_k, tiles, func, scal, win, out, stream)

@@ -1,0 +1,94 @@
+"""Score-tile masks of the SM90 attention kernels (no jax imports).
+
+``HstuMask`` is the HSTU forward's mask of one warpgroup's ``(rows, bn)`` score tile: query
+row ``i`` (sequence-relative) sees key column ``j`` when ``j < L_k`` and
+
+* window ``(left, right)``: ``i + off - left <= j <= i + off + right`` (``-1`` = unbounded;
+  ``off = L_k - L_q``), or
+* ``func`` interval mask (``func_n = 2 t + 1`` endpoints per row, ``mFunc[0, :, row]``):
+  ``j < F0`` or ``a_t <= j < e_t`` for one of the ``t`` intervals.
+
+Masked elements are replaced (``select``) by 0 before the score function: masked or
+out-of-sequence K rows (which a TMA tile may read from the next sequence) can hold anything,
+NaN included, and never reach the output. ``rows(...)`` precomputes each thread's per-row
+bounds once per Q tile; ``tile_fully_valid(n0)`` says when a KV tile needs no per-element
+work; ``apply(acc_mn, n0)`` masks a tile in place.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import cutlass
+import cutlass.cute as cute
+from cutlass import Float32, Int32
+
+BIG = 1 << 30
+
+
+@dataclass(frozen=True)
+class HstuMask:
+    has_func: bool
+    func_n: int  # 1 without a func mask
+    bn: int
+    tScS: object  # (rows, cols) identity coordinates of this thread's score values
+
+    @property
+    def n_rows(self):
+        return cute.size(self.tScS, mode=[0])
+
+    @property
+    def n_cols(self):
+        return cute.size(self.tScS, mode=[1])
+
+    @cute.jit
+    def rows(self, mFunc, row0, seq, left, right):
+        """Per-row bounds for query rows ``row0 + tScS[r, 0][0]`` of sequence ``seq``."""
+        row_lo = cute.make_rmem_tensor((self.n_rows,), Int32)
+        row_hi = cute.make_rmem_tensor((self.n_rows,), Int32)
+        row_f = cute.make_rmem_tensor((self.n_rows, self.func_n), Int32)
+        for r in cutlass.range_constexpr(self.n_rows):
+            i = row0 + self.tScS[r, 0][0]
+            if cutlass.const_expr(self.has_func):
+                # rows past the sequence end are never written: read no metadata for them
+                inside = i < seq.seqlen_q
+                for t in cutlass.range_constexpr(self.func_n):
+                    row_f[r, t] = Int32(0)
+                    if inside:
+                        row_f[r, t] = Int32(mFunc[0, t, seq.q_start + i])
+                row_hi[r] = seq.seqlen_k - 1
+            else:
+                row_lo[r] = -BIG if left < 0 else i + seq.off - left
+                hi = seq.seqlen_k - 1
+                if right >= 0:
+                    hi = cutlass.min(hi, i + seq.off + right)
+                row_hi[r] = hi
+        return row_lo, row_hi, row_f
+
+    @cute.jit
+    def tile_fully_valid(self, n0, m0, m1, seq, left, right, f0):
+        """1 if every (row in [m0, m1), key in [n0, n0 + bn)) pair of the tile is visible."""
+        full = Int32(n0 + self.bn <= seq.seqlen_k)
+        if cutlass.const_expr(self.has_func):
+            full = full * Int32(n0 + self.bn <= f0)
+        else:
+            if left >= 0:
+                full = full * Int32(n0 >= m1 - 1 + seq.off - left)
+            if right >= 0:
+                full = full * Int32(n0 + self.bn - 1 <= m0 + seq.off + right)
+        return full
+
+    @cute.jit
+    def apply(self, acc_mn, n0, row_lo, row_hi, row_f):
+        for r in cutlass.range_constexpr(self.n_rows):
+            for c in cutlass.range_constexpr(self.n_cols):
+                j = n0 + self.tScS[0, c][1]
+                valid = cutlass.Boolean(False)
+                if cutlass.const_expr(self.has_func):
+                    valid = j < row_f[r, 0]
+                    for t in cutlass.range_constexpr((self.func_n - 1) // 2):
+                        valid = valid | ((j >= row_f[r, 2 * t + 1]) & (j < row_f[r, 2 * t + 2]))
+                    valid = valid & (j <= row_hi[r])
+                else:
+                    valid = (j >= row_lo[r]) & (j <= row_hi[r])
+                acc_mn[r, c] = acc_mn[r, c] if valid else Float32(0.0)

@@ -1,0 +1,111 @@
+"""mbarrier pipelines and warpgroup turn-taking for the warp-specialized SM90 kernels
+(no jax imports).
+
+``SmemPipeline``: ``stages`` shared-memory buffers, each with a "full" and an "empty" mbarrier.
+Stage and phase come from a running count ``c`` of buffers handed over so far
+(``stage = c % stages``, ``phase = (c // stages) & 1``), so the kernels keep plain ``Int32``
+counters as loop state.
+
+* producer (one warp): ``producer_acquire(c)`` waits until stage ``c`` is empty;
+  ``producer_expect_tx(c, bytes)`` is the producer's one arrival on the full barrier, with the
+  byte count its TMA copies will complete; ``producer_arrive(c)`` is a plain arrival (the warp
+  wrote the buffer with ordinary / cp.async stores, completed and fenced them first).
+* consumers: ``consumer_wait(c)`` waits until stage ``c`` is full; ``consumer_release(c)``:
+  lane 0 of each consumer warp arrives on the empty barrier (init count = consumer warps).
+
+The full barrier of a stage is initialised with count 1 (the producer), the empty barrier with
+the number of consumer warps. A producer's first pass over the stages waits on parity 1 of the
+empty barriers, which a freshly initialised mbarrier reports as complete.
+
+``WarpgroupTurns``: two consumer warpgroups issue their tensor-core work in alternation
+(ping-pong) through two named barriers of 256 threads: ``wait(wg)`` = ``bar.sync`` on the
+warpgroup's own barrier, ``pass_turn(wg)`` = ``bar.arrive`` on the other's; warpgroup 0 holds
+the first turn (``start``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import cutlass
+import cutlass.cute as cute
+from cutlass import Int32
+
+
+@dataclass(frozen=True)
+class SmemPipeline:
+    full: object  # pointer to `stages` full mbarriers, followed by `stages` empty ones
+    stages: int
+    consumer_warps: int
+
+    @property
+    def empty(self):
+        return self.full + self.stages
+
+    @staticmethod
+    def num_barriers(stages: int) -> int:
+        return 2 * stages
+
+    def init(self):
+        """Run by one warp before the CTA-wide barrier that publishes the mbarriers."""
+        with cute.arch.elect_one():
+            for s in range(self.stages):
+                cute.arch.mbarrier_init(self.full + s, 1)
+                cute.arch.mbarrier_init(self.empty + s, self.consumer_warps)
+
+    def stage(self, c):
+        return c % self.stages
+
+    def phase(self, c):
+        return (c // self.stages) & 1
+
+    def full_ptr(self, c):
+        return self.full + self.stage(c)
+
+    def producer_acquire(self, c):
+        cute.arch.mbarrier_wait(self.empty + self.stage(c), self.phase(c) ^ 1)
+
+    def producer_expect_tx(self, c, nbytes: int):
+        with cute.arch.elect_one():
+            cute.arch.mbarrier_arrive_and_expect_tx(self.full + self.stage(c), nbytes)
+
+    def producer_arrive(self, c):
+        with cute.arch.elect_one():
+            cute.arch.mbarrier_arrive(self.full + self.stage(c))
+
+    def consumer_wait(self, c):
+        cute.arch.mbarrier_wait(self.full + self.stage(c), self.phase(c))
+
+    def consumer_release(self, c):
+        with cute.arch.elect_one():
+            cute.arch.mbarrier_arrive(self.empty + self.stage(c))
+
+
+@dataclass(frozen=True)
+class WarpgroupTurns:
+    """Ping-pong order of two consumer warpgroups (named barriers ``bar_base``, ``+1``)."""
+
+    enabled: bool
+    bar_base: int = 1
+    num_threads: int = 256
+
+    @cute.jit
+    def start(self, wg):
+        if cutlass.const_expr(self.enabled):
+            if wg == 0:
+                cute.arch.barrier_arrive(barrier_id=self.bar_base,
+                                         number_of_threads=self.num_threads)
+
+    @cute.jit
+    def wait(self, wg):
+        if cutlass.const_expr(self.enabled):
+            cute.arch.barrier(barrier_id=self.bar_base + wg, number_of_threads=self.num_threads)
+
+    @cute.jit
+    def pass_turn(self, wg):
+        if cutlass.const_expr(self.enabled):
+            cute.arch.barrier_arrive(barrier_id=self.bar_base + 1 - wg,
+                                     number_of_threads=self.num_threads)
+
+
+__all__ = ["SmemPipeline", "WarpgroupTurns", "Int32"]
