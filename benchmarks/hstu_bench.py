@@ -111,7 +111,7 @@ def main():
     print(f"device: {jax.devices()[0]}")
     results = [run_case(c, jnp.dtype(a.dtype), a.iters, not a.no_bwd) for c in cases]
     for variant in a.tiles:
-        env = dict(kv.split("=") for kv in variant.split(";") if kv)
+        env = dict(kv.split("=", 1) for kv in variant.split(";") if kv)
         for key in ("fwd", "bwd"):
             os.environ.pop(f"JAX_SPARSE_ATTN_HSTU_{key.upper()}_TILE", None)
             if key in env:

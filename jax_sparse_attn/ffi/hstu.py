@@ -56,7 +56,7 @@ SUPPORTED_HEAD_DIMS = (32, 64, 128, 256)
 #: forward kernels selectable with JAX_SPARSE_ATTN_HSTU_FWD_IMPL
 FWD_IMPLS = ("sm80", "sm90", "sm90pp", "sm90ws")
 #: the forward kernel used when JAX_SPARSE_ATTN_HSTU_FWD_IMPL is unset
-DEFAULT_FWD_IMPL = "sm90pp"
+DEFAULT_FWD_IMPL = "sm90ws"
 _BIG = 1 << 30
 
 
@@ -76,6 +76,7 @@ class HstuFwdConfig:
     # sm90ws only: intra-warpgroup GEMM overlap, inter-warpgroup ping-pong, CTAs in the grid
     ws_overlap: bool = True
     ws_pingpong: bool = True
+    ws_q_stages: int = 2
     num_sms: int = 0
 
 
@@ -154,7 +155,7 @@ def _num_sms() -> int:
 def _ws_config(dtype, head_dim, head_dim_v, has_func, func_n) -> HstuFwdConfig:
     """The warp-specialized forward: 128 query rows (2 consumer warpgroups x 64) x ``bn`` keys,
     384 threads. ``JAX_SPARSE_ATTN_HSTU_WS`` (tuning / ablation only): comma list of
-    ``nooverlap``, ``nopingpong``, ``bn=<64|128>``."""
+    ``nooverlap``, ``nopingpong``, ``q1`` (single-buffered Q), ``bn=<n>``."""
     d = max(head_dim, head_dim_v)
     bn = 128 if d <= 128 else 64
     opts = [o for o in os.environ.get("JAX_SPARSE_ATTN_HSTU_WS", "").split(",") if o]
@@ -164,7 +165,8 @@ def _ws_config(dtype, head_dim, head_dim_v, has_func, func_n) -> HstuFwdConfig:
     return HstuFwdConfig(_cutlass_dtype_name(dtype), head_dim, head_dim_v, 128, bn, 12,
                          bool(has_func), int(func_n) if has_func else 1, "sm90ws",
                          ws_overlap="nooverlap" not in opts,
-                         ws_pingpong="nopingpong" not in opts, num_sms=_num_sms())
+                         ws_pingpong="nopingpong" not in opts,
+                         ws_q_stages=1 if "q1" in opts else 2, num_sms=_num_sms())
 
 
 def bwd_config(dtype, head_dim, head_dim_v, has_func, func_n) -> HstuBwdConfig:
@@ -208,7 +210,8 @@ def _fwd_adapter():
         elif cutlass.const_expr(cfg.impl == "sm90ws"):
             kernel = HstuFwdSm90Ws(args[0], cfg.head_dim, cfg.head_dim_v, cfg.block_n,
                                    cfg.has_func, cfg.func_n, cfg.num_sms,
-                                   overlap=cfg.ws_overlap, pingpong=cfg.ws_pingpong)
+                                   overlap=cfg.ws_overlap, pingpong=cfg.ws_pingpong,
+                                   q_stages=cfg.ws_q_stages)
         else:
             kernel = HstuFwdSm90(*args, pingpong=cfg.impl == "sm90pp")
         kernel(q, k, v, cu_q, cu_k, tiles, func, scal, win, out, stream)

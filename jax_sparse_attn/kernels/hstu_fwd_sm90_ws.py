@@ -55,21 +55,26 @@ from .tile_scheduler import StaticLptScheduler
 SMEM_LIMIT = 227 * 1024
 
 
-def ws_stages_and_alias(d: int, dv: int, bn: int, max_stages: int = 4):
-    """(K/V stages, whether O's smem buffer aliases Q's) that fit the 227 KiB of an SM90 CTA."""
-    q = 128 * d * 2
+def ws_smem_plan(d: int, dv: int, bn: int, max_stages: int = 4, q_stages: int = 2):
+    """(K/V stages, Q stages, whether O's smem buffer aliases Q's) that fit the 227 KiB of an
+    SM90 CTA: a double-buffered Q (the next tile's Q loads during this tile's mainloop) and
+    a separate O buffer first, then one Q stage, then O in Q's buffer."""
     o = 128 * dv * 2
-    for alias in (False, True):
+    plans = [(qs, False) for qs in range(q_stages, 0, -1)] + [(1, True)]
+    for qs, alias in plans:
+        if alias and dv > d:
+            continue
         for stages in range(max_stages, 1, -1):
-            total = q + stages * bn * (d + dv) * 2 + (0 if alias else o) + 1024 + 256
-            if total <= SMEM_LIMIT and (not alias or dv <= d):
-                return stages, alias
+            total = (qs * 128 * d * 2 + stages * bn * (d + dv) * 2 + (0 if alias else o)
+                     + 1024 + 256)
+            if total <= SMEM_LIMIT:
+                return stages, qs, alias
     raise ValueError(f"no shared-memory plan for head_dim={d}, head_dim_v={dv}, block_n={bn}")
 
 
 class HstuFwdSm90Ws:
     def __init__(self, dtype, head_dim, head_dim_v, block_n, has_func, func_n, num_sms,
-                 overlap=True, pingpong=True, max_stages=4):
+                 overlap=True, pingpong=True, max_stages=4, q_stages=2):
         self.dtype = dtype
         self.d = head_dim
         self.dv = head_dim_v
@@ -81,8 +86,8 @@ class HstuFwdSm90Ws:
         self.num_sms = num_sms
         self.overlap = overlap
         self.pingpong = pingpong
-        self.stages, self.o_alias_q = ws_stages_and_alias(head_dim, head_dim_v, block_n,
-                                                          max_stages)
+        self.stages, self.q_stages, self.o_alias_q = ws_smem_plan(
+            head_dim, head_dim_v, block_n, max_stages, q_stages)
         self.num_threads = 384
         self.regs_producer = 24
         self.regs_consumer = 240
@@ -95,10 +100,14 @@ class HstuFwdSm90Ws:
         pv_tiler = (wgm, dv, bn)
         mma_qk = sm90_utils.make_trivial_tiled_mma(
             dt, dt, OperandMajorMode.K, OperandMajorMode.K, Float32, (1, 1, 1), (wgm, bn))
+        # the first K slice of S = Q K^T overwrites the accumulator (no zero fill)
+        mma_qk0 = sm90_utils.make_trivial_tiled_mma(
+            dt, dt, OperandMajorMode.K, OperandMajorMode.K, Float32, (1, 1, 1), (wgm, bn))
         mma_pv = sm90_utils.make_trivial_tiled_mma(
             dt, dt, OperandMajorMode.K, OperandMajorMode.MN, Float32, (1, 1, 1), (wgm, dv),
             warpgroup.OperandSource.RMEM)
-        sQ_layout = sm90_utils.make_smem_layout_a(LayoutEnum.ROW_MAJOR, qk_tiler, dt, 2)
+        sQ_layout = sm90_utils.make_smem_layout_a(LayoutEnum.ROW_MAJOR, qk_tiler, dt,
+                                                  2 * self.q_stages)
         sK_layout = sm90_utils.make_smem_layout_b(LayoutEnum.ROW_MAJOR, qk_tiler, dt,
                                                   self.stages)
         sV_layout = sm90_utils.make_smem_layout_b(LayoutEnum.COL_MAJOR, pv_tiler, dt,
@@ -123,7 +132,8 @@ class HstuFwdSm90Ws:
         tma_v, tma_tV = cpasync.make_tiled_tma_atom(
             g2s, tV, cute.slice_(sV_layout, (None, None, 0)), (dv, bn))
 
-        n_mbar = 2 + 2 * SmemPipeline.num_barriers(self.stages)
+        n_mbar = SmemPipeline.num_barriers(self.q_stages) + 2 * SmemPipeline.num_barriers(
+            self.stages)
         o_elems = 0 if cutlass.const_expr(self.o_alias_q) else cute.cosize(sO_layout) * 2
 
         @cute.struct
@@ -138,7 +148,7 @@ class HstuFwdSm90Ws:
         grid = (cutlass.min(n_work, self.num_sms), 1, 1)
         self.kernel(
             tma_q, tma_tQ, tma_k, tma_tK, tma_v, tma_tV, mV, mCuQ, mCuK, mTile, mFunc, mScal,
-            mWin, mO, sQ_layout, sK_layout, sV_layout, sO_layout, mma_qk, mma_pv, Smem,
+            mWin, mO, sQ_layout, sK_layout, sV_layout, sO_layout, mma_qk, mma_qk0, mma_pv, Smem,
         ).launch(grid=grid, block=[self.num_threads, 1, 1], smem=Smem.size_in_bytes(),
                  stream=stream, min_blocks_per_mp=1)
 
@@ -174,7 +184,7 @@ class HstuFwdSm90Ws:
     @cute.kernel
     def kernel(self, tma_q, tma_tQ, tma_k, tma_tK, tma_v, tma_tV, mV, mCuQ, mCuK, mTile,
                mFunc, mScal, mWin, mO, sQ_layout, sK_layout, sV_layout, sO_layout,
-               mma_qk, mma_pv, Smem: cutlass.Constexpr):
+               mma_qk, mma_qk0, mma_pv, Smem: cutlass.Constexpr):
         tidx, _, _ = cute.arch.thread_idx()
         warp = cute.arch.make_warp_uniform(cute.arch.warp_idx())
         wg_idx = warp // 4
@@ -185,9 +195,10 @@ class HstuFwdSm90Ws:
         smem = cutlass.memory.SmemAllocator()
         st = smem.allocate(Smem)
         mbar = st.mbar.data_ptr()
-        pipe_q = SmemPipeline(mbar, 1, 8)
-        pipe_k = SmemPipeline(mbar + 2, self.stages, 8)
-        pipe_v = SmemPipeline(mbar + 2 + 2 * self.stages, self.stages, 8)
+        nq = 2 * self.q_stages
+        pipe_q = SmemPipeline(mbar, self.q_stages, 8)
+        pipe_k = SmemPipeline(mbar + nq, self.stages, 8)
+        pipe_v = SmemPipeline(mbar + nq + 2 * self.stages, self.stages, 8)
         if warp == 0:
             pipe_q.init()
             pipe_k.init()
@@ -198,7 +209,7 @@ class HstuFwdSm90Ws:
         cute.arch.mbarrier_init_fence()
         cute.arch.barrier()
 
-        sQ = st.sQ.get_tensor(sQ_layout.outer, swizzle=sQ_layout.inner)  # (64, D, 2)
+        sQ = st.sQ.get_tensor(sQ_layout.outer, swizzle=sQ_layout.inner)  # (64, D, 2 Qstages)
         sK = st.sK.get_tensor(sK_layout.outer, swizzle=sK_layout.inner)  # (BN, D, S)
         sV = st.sV.get_tensor(sV_layout.outer, swizzle=sV_layout.inner)  # (Dv, BN, S)
 
@@ -248,8 +259,9 @@ class HstuFwdSm90Ws:
                                 cute.group_modes(gV, 0, 2))
                             pipe_q.producer_acquire(c_q)
                             pipe_q.producer_expect_tx(c_q, q_bytes)
+                            sq = pipe_q.stage(c_q)
                             for w in cutlass.range_constexpr(2):
-                                cute.copy(tma_q, tQg[None, 2 * m_block + w], tQs[None, w],
+                                cute.copy(tma_q, tQg[None, 2 * m_block + w], tQs[None, 2 * sq + w],
                                           tma_bar_ptr=pipe_q.full_ptr(c_q))
                             c_q += 1
                             for it in cutlass.range(blk.n_count, unroll=1):
@@ -281,6 +293,7 @@ class HstuFwdSm90Ws:
             inv_scale = Float32(mScal[1])
 
             mma_qk.set(warpgroup.Field.ACCUMULATE, True)
+            mma_qk0.set(warpgroup.Field.ACCUMULATE, False)
             mma_pv.set(warpgroup.Field.ACCUMULATE, True)
             thr_mma_qk = mma_qk.get_slice(wtid)
             thr_mma_pv = mma_pv.get_slice(wtid)
@@ -319,7 +332,8 @@ class HstuFwdSm90Ws:
                         row_lo, row_hi, row_f = mask.rows(mFunc, mw0, seq, left, right)
                         pipe_q.consumer_wait(c_q)
                         c_kv = self._mainloop(
-                            mma_qk, mma_pv, thr_mma_qk, tSrQ[None, None, None, wg], tSrK,
+                            mma_qk, mma_qk0, mma_pv, thr_mma_qk,
+                            tSrQ[None, None, None, 2 * pipe_q.stage(c_q) + wg], tSrK,
                             tOrV, acc_O, pipe_k, pipe_v, c_kv, blk, mask, row_lo, row_hi,
                             row_f, seq, mw0, mw1, left, right, alpha_half, turns, wg)
                         if cutlass.const_expr(not self.o_alias_q):
@@ -336,9 +350,9 @@ class HstuFwdSm90Ws:
 
     # ------------------------------------------------------------------------------------
     @cute.jit
-    def _qk(self, mma_qk, tSrQ, tSrK, stage, acc_S):
+    def _qk(self, mma_qk, mma_qk0, tSrQ, tSrK, stage, acc_S):
         for k in cutlass.range_constexpr(cute.size(tSrQ, mode=[2])):
-            cute.gemm(mma_qk, acc_S, tSrQ[None, None, k], tSrK[None, None, k, stage], acc_S)
+            cute.gemm(mma_qk0 if k == 0 else mma_qk, acc_S, tSrQ[None, None, k], tSrK[None, None, k, stage], acc_S)
 
     @cute.jit
     def _pv(self, mma_pv, tOrP, tOrV, stage, acc_O):
@@ -355,7 +369,7 @@ class HstuFwdSm90Ws:
         self._score(acc_S, alpha_half)
 
     @cute.jit
-    def _mainloop(self, mma_qk, mma_pv, thr_mma_qk, tSrQ, tSrK, tOrV, acc_O, pipe_k, pipe_v,
+    def _mainloop(self, mma_qk, mma_qk0, mma_pv, thr_mma_qk, tSrQ, tSrK, tOrV, acc_O, pipe_k, pipe_v,
                   c_kv, blk, mask, row_lo, row_hi, row_f, seq, mw0, mw1, left, right,
                   alpha_half, turns, wg):
         wgm, bn = self.wg_m, self.bn
@@ -364,11 +378,10 @@ class HstuFwdSm90Ws:
         if cutlass.const_expr(self.overlap):
             # prologue: S_0, P_0
             acc_S = cute.make_rmem_tensor(s_shape, Float32)
-            acc_S.fill(0.0)
             pipe_k.consumer_wait(c_kv)
             turns.wait(wg)
             warpgroup.fence()
-            self._qk(mma_qk, tSrQ, tSrK, pipe_k.stage(c_kv), acc_S)
+            self._qk(mma_qk, mma_qk0, tSrQ, tSrK, pipe_k.stage(c_kv), acc_S)
             warpgroup.commit_group()
             turns.pass_turn(wg)
             warpgroup.wait_group(0)
@@ -381,11 +394,10 @@ class HstuFwdSm90Ws:
             for it in cutlass.range(1, blk.n_count, unroll=1):
                 c_new = c_kv + it
                 acc_S2 = cute.make_rmem_tensor(s_shape, Float32)
-                acc_S2.fill(0.0)
                 pipe_k.consumer_wait(c_new)
                 turns.wait(wg)
                 warpgroup.fence()
-                self._qk(mma_qk, tSrQ, tSrK, pipe_k.stage(c_new), acc_S2)
+                self._qk(mma_qk, mma_qk0, tSrQ, tSrK, pipe_k.stage(c_new), acc_S2)
                 warpgroup.commit_group()
                 pipe_v.consumer_wait(c_new - 1)
                 self._pv(mma_pv, tOrP, tOrV, pipe_v.stage(c_new - 1), acc_O)
@@ -413,11 +425,10 @@ class HstuFwdSm90Ws:
             for it in cutlass.range(blk.n_count, unroll=1):
                 c = c_kv + it
                 acc_S = cute.make_rmem_tensor(s_shape, Float32)
-                acc_S.fill(0.0)
                 pipe_k.consumer_wait(c)
                 turns.wait(wg)
                 warpgroup.fence()
-                self._qk(mma_qk, tSrQ, tSrK, pipe_k.stage(c), acc_S)
+                self._qk(mma_qk, mma_qk0, tSrQ, tSrK, pipe_k.stage(c), acc_S)
                 warpgroup.commit_group()
                 turns.pass_turn(wg)
                 warpgroup.wait_group(0)
