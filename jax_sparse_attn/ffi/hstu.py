@@ -77,6 +77,7 @@ class HstuFwdConfig:
     ws_overlap: bool = True
     ws_pingpong: bool = True
     ws_q_stages: int = 2
+    ws_silu16: bool = False
     num_sms: int = 0
 
 
@@ -155,7 +156,8 @@ def _num_sms() -> int:
 def _ws_config(dtype, head_dim, head_dim_v, has_func, func_n) -> HstuFwdConfig:
     """The warp-specialized forward: 128 query rows (2 consumer warpgroups x 64) x ``bn`` keys,
     384 threads. ``JAX_SPARSE_ATTN_HSTU_WS`` (tuning / ablation only): comma list of
-    ``nooverlap``, ``nopingpong``, ``q1`` (single-buffered Q), ``bn=<n>``."""
+    ``nooverlap``, ``nopingpong``, ``q1`` (single-buffered Q), ``silu16`` (the score function in packed
+    16-bit arithmetic), ``bn=<n>``."""
     d = max(head_dim, head_dim_v)
     bn = 128 if d <= 128 else 64
     opts = [o for o in os.environ.get("JAX_SPARSE_ATTN_HSTU_WS", "").split(",") if o]
@@ -166,7 +168,8 @@ def _ws_config(dtype, head_dim, head_dim_v, has_func, func_n) -> HstuFwdConfig:
                          bool(has_func), int(func_n) if has_func else 1, "sm90ws",
                          ws_overlap="nooverlap" not in opts,
                          ws_pingpong="nopingpong" not in opts,
-                         ws_q_stages=1 if "q1" in opts else 2, num_sms=_num_sms())
+                         ws_q_stages=1 if "q1" in opts else 2, ws_silu16="silu16" in opts,
+                         num_sms=_num_sms())
 
 
 def bwd_config(dtype, head_dim, head_dim_v, has_func, func_n) -> HstuBwdConfig:
@@ -211,7 +214,7 @@ def _fwd_adapter():
             kernel = HstuFwdSm90Ws(args[0], cfg.head_dim, cfg.head_dim_v, cfg.block_n,
                                    cfg.has_func, cfg.func_n, cfg.num_sms,
                                    overlap=cfg.ws_overlap, pingpong=cfg.ws_pingpong,
-                                   q_stages=cfg.ws_q_stages)
+                                   q_stages=cfg.ws_q_stages, silu16=cfg.ws_silu16)
         else:
             kernel = HstuFwdSm90(*args, pingpong=cfg.impl == "sm90pp")
         kernel(q, k, v, cu_q, cu_k, tiles, func, scal, win, out, stream)

@@ -106,3 +106,52 @@ def fwd_kv_block_range(mTile, slot, m0, m1, seqlen_k, off, left, right,
     if j_hi > j_lo:
         n_max = (j_hi + bn - 1) // bn
     return j_lo, j_hi, f0, n_min, n_max
+
+
+@dsl_user_op
+def silu_half_pair(h0, h1, bf16: bool, *, loc=None, ip=None):
+    """``h + h * tanh(h)`` of two fp32 values in packed 16-bit arithmetic: one
+    ``cvt.rn.{bf16,f16}x2.f32``, one ``tanh.approx`` and one ``fma.rn`` per pair (half the
+    MUFU work of the fp32 path). Returns the packed pair (``h0`` in the low half) as a
+    ``Uint32`` (the 16-bit A operand of the PV GEMM). Marked side-effecting so that the
+    compiler keeps it where it is written, before the ``wgmma.fence`` of the GEMM that reads
+    it (sunk past the fence, ptxas serializes the wgmma)."""
+    t = "bf16x2" if bf16 else "f16x2"
+    return cutlass.Uint32(
+        llvm.inline_asm(
+            T.i32(),
+            [cutlass.Float32(h0).ir_value(loc=loc, ip=ip),
+             cutlass.Float32(h1).ir_value(loc=loc, ip=ip)],
+            "{\n.reg .b32 hh, th;\n"
+            f"cvt.rn.{t}.f32 hh, $2, $1;\n"
+            f"tanh.approx.{t} th, hh;\n"
+            f"fma.rn.{t} $0, hh, th, hh;\n"
+            "}",
+            "=r,f,f",
+            has_side_effects=True,
+            is_align_stack=False,
+            asm_dialect=llvm.AsmDialect.AD_ATT,
+            loc=loc,
+            ip=ip,
+        )
+    )
+
+
+@dsl_user_op
+def keep_u32(x, *, loc=None, ip=None):
+    """An empty side-effecting use and redefinition of ``x``: placed after the
+    ``wgmma.wait_group`` of a GEMM that read ``x`` from registers, it keeps the compiler from
+    reusing ``x``'s registers while the asynchronous GEMM may still read them."""
+    return cutlass.Uint32(
+        llvm.inline_asm(
+            T.i32(),
+            [cutlass.Uint32(x).ir_value(loc=loc, ip=ip)],
+            "",
+            "=r,0",
+            has_side_effects=True,
+            is_align_stack=False,
+            asm_dialect=llvm.AsmDialect.AD_ATT,
+            loc=loc,
+            ip=ip,
+        )
+    )

@@ -74,7 +74,7 @@ def ws_smem_plan(d: int, dv: int, bn: int, max_stages: int = 4, q_stages: int = 
 
 class HstuFwdSm90Ws:
     def __init__(self, dtype, head_dim, head_dim_v, block_n, has_func, func_n, num_sms,
-                 overlap=True, pingpong=True, max_stages=4, q_stages=2):
+                 overlap=True, pingpong=True, max_stages=4, q_stages=2, silu16=False):
         self.dtype = dtype
         self.d = head_dim
         self.dv = head_dim_v
@@ -86,6 +86,7 @@ class HstuFwdSm90Ws:
         self.num_sms = num_sms
         self.overlap = overlap
         self.pingpong = pingpong
+        self.silu16 = silu16
         self.stages, self.q_stages, self.o_alias_q = ws_smem_plan(
             head_dim, head_dim_v, block_n, max_stages, q_stages)
         self.num_threads = 384
@@ -159,6 +160,21 @@ class HstuFwdSm90Ws:
         for e in cutlass.range_constexpr(cute.size(acc_S)):
             hval = acc_S[e] * alpha_half
             acc_S[e] = hval + hval * hc.tanh_approx(hval)
+
+    @cute.jit
+    def _to_p(self, acc_S, alpha_half):
+        """The 16-bit P fragment (A operand layout of ``acc_S``) of a masked score tile."""
+        rP = cute.make_fragment_like(acc_S, self.dtype)
+        if cutlass.const_expr(self.silu16):
+            rP32 = cute.recast_tensor(rP, cutlass.Uint32)
+            for e in cutlass.range_constexpr(cute.size(rP32)):
+                rP32[e] = hc.silu_half_pair(acc_S[2 * e] * alpha_half,
+                                            acc_S[2 * e + 1] * alpha_half,
+                                            self.dtype == cutlass.BFloat16)
+        else:
+            self._score(acc_S, alpha_half)
+            rP.store(acc_S.load().to(self.dtype))
+        return rP
 
     @cute.jit
     def _load_v_rows(self, mV, head, k_start, n, limit, sV_rows, stage, lane):
@@ -366,7 +382,6 @@ class HstuFwdSm90Ws:
         full = mask.tile_fully_valid(n0, mw0, mw1, seq, left, right, blk.f0)
         if full == 0:
             mask.apply(acc_mn_view_wg(acc_S), n0, row_lo, row_hi, row_f)
-        self._score(acc_S, alpha_half)
 
     @cute.jit
     def _mainloop(self, mma_qk, mma_qk0, mma_pv, thr_mma_qk, tSrQ, tSrK, tOrV, acc_O, pipe_k, pipe_v,
@@ -388,8 +403,7 @@ class HstuFwdSm90Ws:
             pipe_k.consumer_release(c_kv)
             self._score_tile(acc_S, blk.kv_tile(0), blk, mask, row_lo, row_hi, row_f, seq,
                              mw0, mw1, left, right, alpha_half)
-            rP = cute.make_fragment_like(acc_S, self.dtype)
-            rP.store(acc_S.load().to(self.dtype))
+            rP = self._to_p(acc_S, alpha_half)
             tOrP = cute.make_tensor(rP.iterator, acc_layout_as_a(rP.layout, a_vals))
             for it in cutlass.range(1, blk.n_count, unroll=1):
                 c_new = c_kv + it
@@ -400,6 +414,7 @@ class HstuFwdSm90Ws:
                 self._qk(mma_qk, mma_qk0, tSrQ, tSrK, pipe_k.stage(c_new), acc_S2)
                 warpgroup.commit_group()
                 pipe_v.consumer_wait(c_new - 1)
+                warpgroup.fence()
                 self._pv(mma_pv, tOrP, tOrV, pipe_v.stage(c_new - 1), acc_O)
                 warpgroup.commit_group()
                 turns.pass_turn(wg)
@@ -407,9 +422,12 @@ class HstuFwdSm90Ws:
                 pipe_k.consumer_release(c_new)
                 self._score_tile(acc_S2, blk.kv_tile(it), blk, mask, row_lo, row_hi, row_f,
                                  seq, mw0, mw1, left, right, alpha_half)
-                rP2 = cute.make_fragment_like(acc_S2, self.dtype)
-                rP2.store(acc_S2.load().to(self.dtype))
+                rP2 = self._to_p(acc_S2, alpha_half)
                 warpgroup.wait_group(0)
+                # P_{j-1} stays allocated until the PV GEMM that reads it has completed
+                rP32 = cute.recast_tensor(rP, cutlass.Uint32)
+                for e in cutlass.range_constexpr(cute.size(rP32)):
+                    rP32[e] = hc.keep_u32(rP32[e])
                 pipe_v.consumer_release(c_new - 1)
                 rP.store(rP2.load())
             c_last = c_kv + blk.n_count - 1
@@ -435,8 +453,7 @@ class HstuFwdSm90Ws:
                 pipe_k.consumer_release(c)
                 self._score_tile(acc_S, blk.kv_tile(it), blk, mask, row_lo, row_hi, row_f,
                                  seq, mw0, mw1, left, right, alpha_half)
-                rP = cute.make_fragment_like(acc_S, self.dtype)
-                rP.store(acc_S.load().to(self.dtype))
+                rP = self._to_p(acc_S, alpha_half)
                 tOrP = cute.make_tensor(rP.iterator, acc_layout_as_a(rP.layout, a_vals))
                 pipe_v.consumer_wait(c)
                 turns.wait(wg)
