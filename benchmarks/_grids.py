@@ -48,7 +48,9 @@ class HSTUConfig:
     head_dim: int = 128
     heads: int = 4
     tokens: int = 32768
-    dist: str = "uniform"  # "uniform" (every sequence max_seqlen) | "jagged" (log-uniform)
+    # "uniform" (every sequence max_seqlen) | "jagged" (log-uniform) | "canonical" (the
+    # canonical jagged batch of canonical_jagged_lengths(); tokens / seed unused)
+    dist: str = "uniform"
     mask: str = "causal"  # "causal" | "full" | "local"
     window: tuple[int, int] = (-1, 0)
     dtype: str = "bfloat16"
@@ -79,8 +81,10 @@ def hstu_lengths(cfg: HSTUConfig) -> np.ndarray:
     L = cfg.max_seqlen
     if cfg.dist == "uniform":
         return np.full(max(1, cfg.tokens // L), L, dtype=np.int64)
+    if cfg.dist == "canonical":
+        return canonical_jagged_lengths()
     if cfg.dist != "jagged":
-        raise ValueError(f"dist must be 'uniform' or 'jagged', got {cfg.dist!r}")
+        raise ValueError(f"dist must be 'uniform', 'jagged' or 'canonical', got {cfg.dist!r}")
     rng = np.random.default_rng(cfg.seed)
     lo = min(16, L)
     lens = [L]
@@ -190,8 +194,12 @@ def bsa_fwd_flops(cfg: BSAConfig, index: np.ndarray, head_dim_v: int | None = No
 # ----------------------------------------------------------------------------- floors
 # The kernel issues' performance floors on the H200 (bf16, effective TFLOP/s), by label.
 FLOORS = {
-    "hstu D128 H4 uniform causal L4096": {"fwd": 330.0, "bwd": 175.0},  # issue 3, B=8
-    "hstu D128 H4 uniform causal L1024": {"fwd": 100.0},  # issue 3, B=32
+    # forward: the warp-specialized SM90 forward's floors (FBGEMM-level); backward: issue 3
+    "hstu D128 H4 uniform causal L4096": {"fwd": 540.0, "bwd": 175.0},  # B=8
+    "hstu D128 H4 uniform causal L1024": {"fwd": 330.0},  # B=32
+    "hstu D128 H4 canonical causal L4096": {"fwd": 420.0},  # canonical jagged, T=32100
+    "hstu D64 H4 uniform causal L4096": {"fwd": 400.0},  # B=8
+    "hstu D256 H4 uniform causal L4096": {"fwd": 600.0},  # B=8
     "bsa blk64 top32/256 H16/16 D128 S16384": {"fwd": 310.0, "bwd": 230.0},  # issue 4
     "bsa blk128 top16/128 H16/16 D128 S16384": {"fwd": 340.0},  # issue 4
 }
@@ -215,10 +223,13 @@ def floor_report(rows: list[dict]) -> list[dict]:
 # ----------------------------------------------------------------------------- grids
 def _hstu_grid(name: str) -> list[HSTUConfig]:
     if name == "quick":
-        return [  # issue 3's floor shapes (B=32 L=1024, B=8 L=4096; H=4, D=128) + a jagged mix
+        return [  # the forward floor shapes: B=32 L=1024, B=8 L=4096 at D=64/128/256 (H=4),
+            # and the canonical jagged batch
             HSTUConfig(max_seqlen=1024, head_dim=128),
             HSTUConfig(max_seqlen=4096, head_dim=128),
-            HSTUConfig(max_seqlen=4096, head_dim=128, dist="jagged"),
+            HSTUConfig(max_seqlen=4096, head_dim=128, dist="canonical"),
+            HSTUConfig(max_seqlen=4096, head_dim=64),
+            HSTUConfig(max_seqlen=4096, head_dim=256),
         ]
     if name == "full":
         out = []

@@ -104,8 +104,8 @@ def main():
     ap.add_argument("--out", default="hstu_bench.json")
     ap.add_argument("--tiles", action="append", default=[],
                     help="extra variant 'fwd=bm,bn,warps;bwd=bm,bn,warps;impl=sm90' (sweep; "
-                         "impl=sm90 / sm90pp / sm90ws select a wgmma forward; sm90pp is the "
-                         "default; ws=nooverlap+nopingpong sets JAX_SPARSE_ATTN_HSTU_WS)")
+                         "impl=sm90ws (default) / sm80 select the forward; "
+                         "ws=nooverlap+nopingpong sets JAX_SPARSE_ATTN_HSTU_WS)")
     a = ap.parse_args()
     cases = a.case or ["8x4096-causal", "32x1024-causal"]
     print(f"device: {jax.devices()[0]}")

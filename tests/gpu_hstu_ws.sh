@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
-# GPU check of the warp-specialized HSTU forward (impl sm90ws) in one device call, from the repo
+# GPU check of the warp-specialized HSTU forward (impl sm90ws, the default) in one device call, from the repo
 # root after `source .devcache/setup.sh`: a smoke case (a hang in the mbarrier pipeline is
-# cut by `timeout`), the benchmark with its ablation variants, then the sm90ws GPU grid
+# cut by `timeout`), the benchmark (default, then the ablation variants without intra-warpgroup
+# overlap / without ping-pong / with a single Q stage, and the portable sm80 forward), then the
+# sm90ws GPU grid
 # (tests/test_gpu_hstu.py, sharded). Logs under $OUT (or ./gpu_out). Env: STEPS (default
 # "sbg": smoke, bench, grid), T_GRID (per-shard timeout), SHARDS.
 set -u
@@ -23,7 +25,8 @@ if [[ $STEPS == *b* ]]; then
   timeout ${T_BENCH:-240} python3 benchmarks/hstu_bench.py --no-bwd --iters 10 \
     --case 8x4096-causal --case 8x4096-causal-d64 --case 8x4096-causal-d256 \
     --case 32x1024-causal --case jagged32-causal --case 8x4096-full \
-    --tiles impl=sm90pp --tiles impl=sm90ws ${BENCH_EXTRA:-} \
+    --tiles "impl=sm90ws;ws=nooverlap" --tiles "impl=sm90ws;ws=nopingpong" \
+    --tiles "impl=sm90ws;ws=q1" --tiles impl=sm80 ${BENCH_EXTRA:-} \
     --out "$out/hstu_ws_bench.json" > "$out/bench.log" 2>&1
   stamp "bench rc=$?"; grep -v "^WARNING\|^I0000\|^W0000" "$out/bench.log" | tail -40
 fi

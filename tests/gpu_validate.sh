@@ -27,7 +27,7 @@ nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm --format=csv 
 
 if [[ $PHASES == *1* ]]; then
   stamp "phase 1: benchmarks"
-  timeout 90 python3 benchmarks/hstu_bench.py --tiles impl=sm90 --tiles impl=sm90pp \
+  timeout 90 python3 benchmarks/hstu_bench.py --tiles "impl=sm90ws;ws=nooverlap" \
     --out "$LOGS/hstu_bench.json" > "$LOGS/hstu_bench.log" 2>&1
   stamp "hstu_bench rc=$?"
   timeout 110 python3 -m benchmarks.bsa_bench --out "$LOGS/bsa_bench.json" \

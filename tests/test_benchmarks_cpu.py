@@ -429,7 +429,9 @@ def test_floor_labels_exist_in_quick_grids():
     assert set(_grids.FLOORS) <= labels
     hstu_b8 = _grids.hstu_lengths(_grids.HSTUConfig(max_seqlen=4096))
     assert len(hstu_b8) == 8  # issue 3's B=8, L=4096
-    rows = [dict(label="hstu D128 H4 uniform causal L4096", impl="kernel", status="ok", tflops=400.0,
+    canon = _grids.hstu_lengths(_grids.HSTUConfig(max_seqlen=4096, dist="canonical"))
+    assert len(canon) == 32 and int(canon.sum()) == 32100 and canon.min() >= 64
+    rows = [dict(label="hstu D128 H4 uniform causal L4096", impl="kernel", status="ok", tflops=560.0,
                  config={"dtype": "bfloat16"}, **{"pass": "fwd"}),
             dict(label="hstu D128 H4 uniform causal L4096", impl="kernel", status="ok", tflops=100.0,
                  config={"dtype": "bfloat16"}, **{"pass": "bwd"}),

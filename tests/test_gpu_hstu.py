@@ -12,9 +12,10 @@ once per process: lengths, windows, alpha, scaling are runtime values.
 
 Run on the H200: ``python -m pytest -m gpu tests/test_gpu_hstu.py``; shard with
 ``HSTU_TEST_SHARD=i/n`` (CuTe compiles are serial inside one process). The default grid
-runs the default forward (``sm90pp``); every forward impl on the grid plus tile-shape extras:
+runs the default forward (``sm90ws``, warp-specialized); the forward grid again plus
+tile-shape extras, partial-tile batches, the canonical jagged batch and NaN-poisoned rows:
 ``HSTU_TEST_SM90=1 python -m pytest -m gpu -k sm90 tests/test_gpu_hstu.py``
-(``HSTU_TEST_SM90=sm90pp`` for one of them).
+(``HSTU_TEST_SM90=sm90ws,sm80`` for a list of forward implementations).
 """
 
 from __future__ import annotations
@@ -221,7 +222,7 @@ def test_hstu_kernel_vs_reference(case):
               case["window"], case.get("func_n", 0), case.get("alpha"), case.get("scaling"))
 
 
-# The wgmma forwards (sm90pp is the default): the whole GRID plus a few cases that only matter for
+# The forward implementations (sm90ws is the default): the whole GRID plus cases that matter for
 # their tile shapes (fp16 at D=32; func masks at D=32 / D=256, where the key tile is 128 / 64
 # wide; L_q < L_k at D=256; a window whose right edge cuts through 64-row warpgroup tiles).
 SM90_EXTRA = [
@@ -241,11 +242,11 @@ SM90_EXTRA = [
 
 
 def _sm90_impls():
-    """HSTU_TEST_SM90=1 -> both wgmma forwards; or a comma list, e.g. HSTU_TEST_SM90=sm90pp."""
+    """HSTU_TEST_SM90=1 -> the warp-specialized forward; or a comma list, e.g. sm90ws,sm80."""
     spec = os.environ.get("HSTU_TEST_SM90", "")
     if spec in ("", "0"):
         return []
-    return ["sm90", "sm90pp", "sm90ws"] if spec == "1" else [x for x in spec.split(",") if x]
+    return ["sm90ws"] if spec == "1" else [x for x in spec.split(",") if x]
 
 
 # sharded by case (both impls of a case run in one process and share its reference compiles)
@@ -257,11 +258,11 @@ SM90_CASES = [(c, impl) for c in _shard(GRID + SM90_EXTRA) for impl in _sm90_imp
 @pytest.mark.parametrize("case,impl", SM90_CASES or [(None, None)],
                          ids=[f"{i}-{_id(c)}" for c, i in SM90_CASES] or ["none"])
 def test_hstu_sm90_fwd_impls(case, impl):
-    """Each wgmma forward (JAX_SPARSE_ATTN_HSTU_FWD_IMPL=sm90 / sm90pp) vs the fp32
-    reference, same rule as the default kernel (forward only: the backward is sm80).
+    """Each selected forward (JAX_SPARSE_ATTN_HSTU_FWD_IMPL) vs the fp32 reference, same
+    rule as the default kernel (forward only: the backward is sm80).
 
     Opt-in (HSTU_TEST_SM90=1) to keep the default GPU suite short: the default grid already
-    runs the default forward (sm90pp); this adds the lockstep sm90 and the tile-shape extras."""
+    runs the default forward (sm90ws); this adds the tile-shape extras."""
     lens_q = case.get("lens_q", LENS_MIXED)
     lens_k = case.get("lens_k", lens_q)
     _run_case(case["d"], case.get("dv", case["d"]), case["dtype"], lens_q, lens_k,

@@ -114,21 +114,21 @@ def test_hstu_kernel_lowers_dv_ne_d_and_window_values():
     assert all(_target() in t for t in texts)
 
 
-SM90_LOWER = [(impl, d, dv, fn, dt) for impl in ("sm90", "sm90pp")
-              for d, dv, fn, dt in ((128, 128, 0, "bfloat16"), (64, 64, 3, "float16"),
-                                    (32, 32, 0, "bfloat16"), (256, 256, 7, "bfloat16"),
-                                    (64, 128, 0, "bfloat16"))]
+# the warp-specialized forward's static variants: every head dim (D = 256 uses 64-key tiles, one
+# Q stage and the O staging buffer inside Q's), D != D_v, fp16, func masks, and the ablation /
+# tuning knobs of JAX_SPARSE_ATTN_HSTU_WS
+WS_LOWER = [("sm90ws", "", d, dv, fn, dt)
+            for d, dv, fn, dt in ((128, 128, 0, "bfloat16"), (64, 64, 3, "float16"),
+                                  (32, 32, 0, "bfloat16"), (256, 256, 7, "bfloat16"),
+                                  (64, 128, 0, "bfloat16"))]
+WS_LOWER += [("sm90ws", ws, 128, 128, 0, "bfloat16")
+             for ws in ("nooverlap", "nopingpong", "q1", "silu16")]
+WS_LOWER += [("sm90ws", "bn=80", 256, 256, 0, "float16"), ("sm80", "", 128, 128, 0, "bfloat16")]
 
 
-@pytest.mark.parametrize("impl,head_dim,head_dim_v,func_n,dtype", SM90_LOWER,
-                         ids=["-".join(map(str, c)) for c in SM90_LOWER])
-def test_hstu_sm90_forward_impls_lower(monkeypatch, impl, head_dim, head_dim_v, func_n,
-                                      dtype):
-    """Both wgmma forwards (sm90pp ping-pong, the default, and the lockstep sm90) keep compiling for
-    sm_90a at every head dim (D=256 uses 64-key tiles) and with D != D_v."""
+def _fwd_text(head_dim, head_dim_v, func_n, dtype):
     from jax_sparse_attn.ffi import hstu as fh  # noqa: PLC0415
 
-    monkeypatch.setenv("JAX_SPARSE_ATTN_HSTU_FWD_IMPL", impl)
     q = jax.ShapeDtypeStruct((T, 2, head_dim), jnp.dtype(dtype))
     v = jax.ShapeDtypeStruct((T, 2, head_dim_v), jnp.dtype(dtype))
     cu = jax.ShapeDtypeStruct((B + 1,), jnp.int32)
@@ -139,8 +139,49 @@ def test_hstu_sm90_forward_impls_lower(monkeypatch, impl, head_dim, head_dim_v, 
         return fh.hstu_fwd(q, k, v, cu, cu, func, max_seqlen_q=100, max_seqlen_k=100,
                            scaling_seqlen=100.0, window_size=window, alpha=1.0)
 
-    txt = _lower(f, q, q, v, cu, func)
+    return _lower(f, q, q, v, cu, func)
+
+
+@pytest.mark.parametrize("impl,ws,head_dim,head_dim_v,func_n,dtype", WS_LOWER,
+                         ids=["-".join(map(str, c)).replace("=", "") for c in WS_LOWER])
+def test_hstu_forward_impls_lower(monkeypatch, impl, ws, head_dim, head_dim_v, func_n, dtype):
+    """The forwards (sm90ws with its knobs; the portable sm80) keep compiling for sm_90a."""
+    monkeypatch.setenv("JAX_SPARSE_ATTN_HSTU_FWD_IMPL", impl)
+    monkeypatch.setenv("JAX_SPARSE_ATTN_HSTU_WS", ws)
+    txt = _fwd_text(head_dim, head_dim_v, func_n, dtype)
     assert _target() in txt and "\\7FELF" in txt
+
+
+_PTX_SCRIPT = """
+import sys
+sys.path.insert(0, {root!r})
+import tests.test_lowering_hstu as t
+t._fwd_text({d}, {d}, {fn}, {dt!r})
+"""
+
+
+@pytest.mark.parametrize("head_dim,func_n,dtype", [(128, 0, "bfloat16"), (256, 3, "float16")])
+def test_hstu_sm90ws_ptx_is_warp_specialized(tmp_path, head_dim, func_n, dtype):
+    """The default forward's PTX (kept with CUTE_DSL_KEEP=ptx, in a fresh process so that the
+    CuTe DSL reads the variables and compiles) has TMA loads, warpgroup MMAs and register
+    reallocation between the producer and the consumer warpgroups."""
+    import subprocess  # noqa: PLC0415
+    import sys  # noqa: PLC0415
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = dict(os.environ, CUTE_DSL_ARCH="sm_90a", JAX_SPARSE_ATTN_FORCE_KERNEL="1",
+               JAX_SPARSE_ATTN_HSTU_FWD_IMPL="sm90ws", JAX_SPARSE_ATTN_HSTU_WS="",
+               CUTE_DSL_KEEP="ptx", CUTE_DSL_DUMP_DIR=str(tmp_path), JAX_PLATFORMS="cpu")
+    script = _PTX_SCRIPT.format(root=root, d=head_dim, fn=func_n, dt=dtype)
+    r = subprocess.run([sys.executable, "-c", script], env=env, cwd=root, capture_output=True,
+                       text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    ptx = [p for p in tmp_path.iterdir() if p.suffix == ".ptx"]
+    assert len(ptx) == 1, [p.name for p in tmp_path.iterdir()]
+    text = ptx[0].read_text()
+    for needle in ("cp.async.bulk.tensor", "wgmma.mma_async", "setmaxnreg.dec",
+                   "setmaxnreg.inc", "mbarrier.try_wait"):
+        assert needle in text, f"{needle} missing from the sm90ws PTX"
 
 
 def test_hstu_fwd_impl_env_rejects_unknown(monkeypatch):

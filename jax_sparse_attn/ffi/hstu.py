@@ -10,18 +10,20 @@ them, window sizes, ``alpha``, ``1/scaling_seqlen`` travel as small device array
 Compile keys are the frozen ``HstuFwdConfig`` / ``HstuBwdConfig`` (dtype, head dims, tile
 sizes, warps, has_func and the number of func endpoints, a shape).
 
-Kernels (``jax_sparse_attn/kernels``): ``hstu_fwd_sm80`` / ``hstu_bwd_sm80`` use warp-level
-``mma.sync`` (SM80 atoms; they run on sm_80+ including the H200) with cp.async loads;
-``hstu_fwd_sm90`` (wgmma, 2 consumer warpgroups) is the default forward in its ping-pong form
-(``sm90pp``: the two warpgroups issue their GEMMs in turns so one's SiLU overlaps the other's
-GEMMs); ``JAX_SPARSE_ATTN_HSTU_FWD_IMPL=sm80`` / ``sm90`` select the others. On the H200
-(B=8 L=4096 H=4 D=128 causal bf16) the forward measured sm90pp 405, sm90 403, sm80 341 TFLOP/s. Default tiles: forward 128 x 64 (D <= 128;
-128 x 128 at D = 32; 64 x 64 at D = 256), 4 warps; backward 64 query rows x 128 keys,
-8 warps (64 x 64 at D = 256). ``JAX_SPARSE_ATTN_HSTU_{FWD,BWD}_TILE=bm,bn,warps``
-overrides them (tuning only).
+Kernels (``jax_sparse_attn/kernels``): the forward is ``hstu_fwd_sm90_ws`` (``sm90ws``, the
+default: a TMA producer warp and two consumer warpgroups with wgmma, persistent grid of
+``num_sms`` CTAs, 128 query rows x 128 keys per tile, 64 keys at D = 256);
+``JAX_SPARSE_ATTN_HSTU_FWD_IMPL=sm80`` selects the portable ``hstu_fwd_sm80`` (warp-level
+``mma.sync``, cp.async loads; runs on sm_80+). The backward is ``hstu_bwd_sm80``. Measured on
+the H200 (B=8 L=4096 H=4 D=128 causal bf16, forward): sm90ws ~510 TFLOP/s (docs/hstu.md has
+the table and the ablation). sm80 tiles: forward 128 x 64 (D <= 128; 128 x 128 at D = 32;
+64 x 64 at D = 256), 4 warps; backward 64 query rows x 128 keys, 8 warps (64 x 64 at
+D = 256). ``JAX_SPARSE_ATTN_HSTU_{FWD,BWD}_TILE=bm,bn,warps`` overrides the sm80 tiles
+(tuning only).
 
-Schedules: the forward grid is ``(H, S)`` over query tiles ordered longest-work-first
-(argsort of the visible key count); the backward grid is ``(H, S)`` over KV tiles in
+Schedules: the forward's schedule rows are its query tiles ordered longest-work-first
+(argsort of the visible key count); the persistent sm90ws grid walks (row, head) items in that
+order; the backward grid is ``(H, S)`` over KV tiles in
 canonical order. A pseudo-sequence appended to ``cu_seqlens`` covers rows past
 ``cu_seqlens[-1]`` so the kernels write zeros there.
 
@@ -54,7 +56,7 @@ __all__ = [
 
 SUPPORTED_HEAD_DIMS = (32, 64, 128, 256)
 #: forward kernels selectable with JAX_SPARSE_ATTN_HSTU_FWD_IMPL
-FWD_IMPLS = ("sm80", "sm90", "sm90pp", "sm90ws")
+FWD_IMPLS = ("sm80", "sm90ws")
 #: the forward kernel used when JAX_SPARSE_ATTN_HSTU_FWD_IMPL is unset
 DEFAULT_FWD_IMPL = "sm90ws"
 _BIG = 1 << 30
@@ -70,9 +72,9 @@ class HstuFwdConfig:
     num_warps: int
     has_func: bool
     func_n: int
-    # "sm80" (mma.sync), "sm90" (wgmma) or "sm90pp" (wgmma, ping-pong warpgroups; default),
-    # "sm90ws" (warp-specialized: TMA producer warp + 2 consumer warpgroups, persistent)
-    impl: str = "sm90pp"
+    # "sm90ws" (warp-specialized: TMA producer warp + 2 consumer warpgroups, persistent;
+    # default) or "sm80" (mma.sync, portable)
+    impl: str = "sm90ws"
     # sm90ws only: intra-warpgroup GEMM overlap, inter-warpgroup ping-pong, CTAs in the grid
     ws_overlap: bool = True
     ws_pingpong: bool = True
@@ -133,9 +135,6 @@ def fwd_config(dtype, head_dim, head_dim_v, has_func, func_n) -> HstuFwdConfig:
     impl = os.environ.get("JAX_SPARSE_ATTN_HSTU_FWD_IMPL") or DEFAULT_FWD_IMPL
     if impl not in FWD_IMPLS:
         raise ValueError(f"JAX_SPARSE_ATTN_HSTU_FWD_IMPL={impl!r} is not one of {FWD_IMPLS}")
-    if impl in ("sm90", "sm90pp"):  # wgmma kernels: 2 warpgroups x 64 query rows
-        bm, w = 128, 8
-        bn = 128 if d <= 128 else 64
     if impl == "sm90ws":
         return _ws_config(dtype, head_dim, head_dim_v, has_func, func_n)
     return HstuFwdConfig(_cutlass_dtype_name(dtype), head_dim, head_dim_v, bm, bn, w,
@@ -200,7 +199,6 @@ def _fwd_adapter():
     import cutlass.cute as cute  # noqa: PLC0415
 
     from ..kernels.hstu_fwd_sm80 import HstuFwdSm80  # noqa: PLC0415
-    from ..kernels.hstu_fwd_sm90 import HstuFwdSm90  # noqa: PLC0415
     from ..kernels.hstu_fwd_sm90_ws import HstuFwdSm90Ws  # noqa: PLC0415
 
     @cute.jit
@@ -210,13 +208,11 @@ def _fwd_adapter():
                 cfg.num_warps, cfg.has_func, cfg.func_n)
         if cutlass.const_expr(cfg.impl == "sm80"):
             kernel = HstuFwdSm80(*args)
-        elif cutlass.const_expr(cfg.impl == "sm90ws"):
+        else:
             kernel = HstuFwdSm90Ws(args[0], cfg.head_dim, cfg.head_dim_v, cfg.block_n,
                                    cfg.has_func, cfg.func_n, cfg.num_sms,
                                    overlap=cfg.ws_overlap, pingpong=cfg.ws_pingpong,
                                    q_stages=cfg.ws_q_stages, silu16=cfg.ws_silu16)
-        else:
-            kernel = HstuFwdSm90(*args, pingpong=cfg.impl == "sm90pp")
         kernel(q, k, v, cu_q, cu_k, tiles, func, scal, win, out, stream)
 
     return hstu_fwd_launch
