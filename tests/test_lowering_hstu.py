@@ -117,10 +117,9 @@ def test_hstu_kernel_lowers_dv_ne_d_and_window_values():
 # the warp-specialized forward's static variants: every head dim (D = 256 uses 64-key tiles, one
 # Q stage and the O staging buffer inside Q's), D != D_v, fp16, func masks, and the ablation /
 # tuning knobs of JAX_SPARSE_ATTN_HSTU_WS
+# (the default-path test above already lowers sm90ws for every dtype x head dim x mask kind)
 WS_LOWER = [("sm90ws", "", d, dv, fn, dt)
-            for d, dv, fn, dt in ((128, 128, 0, "bfloat16"), (64, 64, 3, "float16"),
-                                  (32, 32, 0, "bfloat16"), (256, 256, 7, "bfloat16"),
-                                  (64, 128, 0, "bfloat16"))]
+            for d, dv, fn, dt in ((256, 256, 7, "bfloat16"), (64, 128, 0, "bfloat16"))]
 WS_LOWER += [("sm90ws", ws, 128, 128, 0, "bfloat16")
              for ws in ("nooverlap", "nopingpong", "q1", "silu16")]
 WS_LOWER += [("sm90ws", "bn=80", 256, 256, 0, "float16"), ("sm80", "", 128, 128, 0, "bfloat16")]

@@ -11,6 +11,10 @@ BSA kernels) and re-exported here.
 * ``acc_to_a_frag(t)``: reinterpret an accumulator-shaped 16-bit fragment as the A operand
   of the m16n8k16 MMA (register reuse of P in ``O += P V``).
 * ``tanh_approx(x)``: one MUFU ``tanh.approx.f32``.
+* ``silu_half_pair(h0, h1, bf16)``: ``h + h tanh(h)`` of two values in packed 16-bit arithmetic
+  (one ``tanh.approx.{bf16,f16}x2``), returned packed as the A operand of a 16-bit GEMM.
+* ``keep_u32(x)``: an opaque redefinition of ``x`` that keeps a register operand of an
+  asynchronous wgmma allocated until its ``wait_group``.
 * ``elem_ptr(t, i)``: pointer to element ``i`` of tensor ``t`` (for ``red``/atomics).
 * ``red_add_v2_f32(ptr, a, b)``: vectorized fp32 reduction into global memory (sm_90).
 * ``gemm_ss(...)``: ``acc += A B`` with both operands loaded from smem via ``ldmatrix``,
