@@ -146,7 +146,7 @@ class HstuFwdSm90Ws:
             sO: cute.struct.Align[cute.struct.MemRange[dt, o_elems], 1024]
 
         n_work = mTile.shape[0] * H
-        grid = (cutlass.min(n_work, self.num_sms), 1, 1)
+        grid = StaticLptScheduler.grid(n_work, self.num_sms)
         self.kernel(
             tma_q, tma_tQ, tma_k, tma_tK, tma_v, tma_tV, mV, mCuQ, mCuK, mTile, mFunc, mScal,
             mWin, mO, sQ_layout, sK_layout, sV_layout, sO_layout, mma_qk, mma_qk0, mma_pv, Smem,

@@ -29,7 +29,6 @@ from dataclasses import dataclass
 
 import cutlass
 import cutlass.cute as cute
-from cutlass import Int32
 
 
 @dataclass(frozen=True)
@@ -108,4 +107,4 @@ class WarpgroupTurns:
                                      number_of_threads=self.num_threads)
 
 
-__all__ = ["SmemPipeline", "WarpgroupTurns", "Int32"]
+__all__ = ["SmemPipeline", "WarpgroupTurns"]

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import cutlass
 import cutlass.cute as cute
 from cutlass import Int32
 
@@ -40,4 +39,4 @@ def offset_rows(t: cute.Tensor, start) -> cute.Tensor:
     return cute.domain_offset((start,) + (0,) * (rank - 1), t)
 
 
-__all__ = ["SeqlenInfo", "offset_rows", "cutlass"]
+__all__ = ["SeqlenInfo", "offset_rows"]

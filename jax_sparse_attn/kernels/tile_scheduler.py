@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import cutlass
 import cutlass.cute as cute
 from cutlass import Int32
 
@@ -22,8 +23,9 @@ class StaticLptScheduler:
     n_work: object
 
     @staticmethod
-    def grid(n_work: int, num_sms: int):
-        return (max(1, min(n_work, num_sms)), 1, 1)
+    def grid(n_work, num_sms: int):
+        """Launch grid: one CTA per SM, fewer when there are fewer work items."""
+        return (cutlass.min(n_work, num_sms), 1, 1)
 
     def first(self):
         bidx, _, _ = cute.arch.block_idx()
