@@ -16,6 +16,10 @@ Kernels (``jax_sparse_attn/kernels``):
 * D in {32, 256}: ``bsa_fwd_sm80`` / ``bsa_bwd_sm80`` (warp-level ``mma.sync``, also run on
   sm_90a). ``JAX_SPARSE_ATTN_BSA_FWD_IMPL`` / ``JAX_SPARSE_ATTN_BSA_BWD_IMPL`` = ``sm80``
   force the ``mma.sync`` kernels for every D (read at trace time; part of the compile key).
+* ``JAX_SPARSE_ATTN_BSA_FWD_IMPL=sm90ws`` (opt-in): the forward on the warp-specialized TMA +
+  wgmma mainloop (``bsa_fwd_sm90_ws``: TMA producer warp, persistent grid) for D in {64, 128};
+  other head dims fall back to ``bsa_fwd_sm80``. ``JAX_SPARSE_ATTN_BSA_WS`` (tuning / ablation
+  only): comma list of ``nooverlap``, ``nopingpong``.
 
 Backward structure (all launches on XLA's stream, all buffers XLA-owned):
 
@@ -59,13 +63,34 @@ class BsaFwdConfig:
     block_size: int
     has_block_sizes: bool
     impl: str = "sm80"  # "sm90": wgmma kernel (D in {64, 128}); "sm80": mma.sync kernel
+    # "sm90ws" only: intra-warpgroup GEMM overlap, ping-pong (blk 128), SMs of the grid
+    ws_overlap: bool = True
+    ws_pingpong: bool = True
+    num_sms: int = 0
+
+
+FWD_IMPLS = ("sm90", "sm90ws", "sm80")
 
 
 def _fwd_impl(head_dim: int) -> str:
     want = os.environ.get("JAX_SPARSE_ATTN_BSA_FWD_IMPL", _DEFAULT_FWD_IMPL)
-    if want == "sm90" and head_dim in (64, 128):
-        return "sm90"
+    if want not in FWD_IMPLS:
+        raise ValueError(f"JAX_SPARSE_ATTN_BSA_FWD_IMPL must be one of {FWD_IMPLS}, got {want!r}")
+    if want in ("sm90", "sm90ws") and head_dim in (64, 128):
+        return want
     return "sm80"
+
+
+def _fwd_config(dtype_name: str, head_dim: int, block_size: int, has_sizes: bool) -> BsaFwdConfig:
+    impl = _fwd_impl(head_dim)
+    if impl != "sm90ws":
+        return BsaFwdConfig(dtype_name, head_dim, block_size, has_sizes, impl)
+    from .hstu import _num_sms  # noqa: PLC0415
+
+    opts = [o for o in os.environ.get("JAX_SPARSE_ATTN_BSA_WS", "").split(",") if o]
+    return BsaFwdConfig(dtype_name, head_dim, block_size, has_sizes, impl,
+                        ws_overlap="nooverlap" not in opts, ws_pingpong="nopingpong" not in opts,
+                        num_sms=_num_sms())
 
 
 @dataclasses.dataclass(frozen=True)
@@ -133,6 +158,13 @@ def _dims(q, k, layout):
 
 
 def _fwd_entry(stream, q, k, v, idx, nums, sizes, scale, out, lse, *, cfg: BsaFwdConfig):
+    if cfg.impl == "sm90ws":
+        from ..kernels.bsa_fwd_sm90_ws import BsaFwdSm90Ws  # noqa: PLC0415
+
+        BsaFwdSm90Ws(_cutlass_dtype(cfg.dtype), cfg.head_dim, cfg.block_size, cfg.has_block_sizes,
+                     cfg.num_sms, overlap=cfg.ws_overlap, pingpong=cfg.ws_pingpong)(
+            q, k, v, idx, nums, sizes, scale, out, lse, stream)
+        return
     if cfg.impl == "sm90":
         from ..kernels.bsa_fwd_sm90 import BsaFwdSm90 as Kernel  # noqa: PLC0415
     else:
@@ -161,8 +193,7 @@ def bsa_fwd(q, k, v, q2k_block_index, q2k_block_nums, block_sizes, *, layout: st
     from cutlass.jax import cutlass_call  # noqa: PLC0415
 
     b, h_q, s_q, _h_kv, _s_kv, d = _dims(q, k, layout)
-    cfg = BsaFwdConfig(jnp.dtype(q.dtype).name, int(d), int(sparse_block_size), block_sizes is not None,
-                       _fwd_impl(int(d)))
+    cfg = _fwd_config(jnp.dtype(q.dtype).name, int(d), int(sparse_block_size), block_sizes is not None)
     spec = _specs(layout)
     scale = jnp.full((1,), softmax_scale, jnp.float32)
     idx = q2k_block_index.astype(jnp.int32)

@@ -8,8 +8,13 @@ interval end, min F0), and the KV tiles ``[n_min, n_max)`` of width ``bn`` that 
 Tiles are visited from ``n_max - 1`` down to ``n_min`` (the tile holding the sequence end, the
 only one that can be partial, comes first).
 
-A block-sparse forward supplies a different ``BlockInfo`` (a list of KV tiles per Q tile)
-with the same ``n_count`` / ``kv_tile(it)`` interface.
+``BlockList`` (the block-sparse forward's list form) has the same ``n_count`` / ``kv_tile(it)``
+interface: query block ``m`` of (batch ``b``, query head ``h``) visits the KV blocks
+``q2k_block_index[b, h, m, :n_count]``, ``n_count = q2k_block_nums[b, h, m]`` clamped to
+``[0, K_max]`` (0 when there are no keys) and every index clamped to ``[0, N_kv - 1]``, so no
+metadata value makes a load leave the K/V tensors. ``valid_keys(n)`` is the number of leading
+keys of block ``n`` that exist and count: ``min(L_k - n bn, bn)``, also capped by
+``block_sizes[b, h, n]`` when given (at least 0).
 """
 
 from __future__ import annotations
@@ -55,3 +60,41 @@ class BlockInfo:
         if j_hi > j_lo:
             n_max = (j_hi + bn - 1) // bn
         return BlockInfo(j_lo, j_hi, f0, n_min, n_max, n_max - n_min)
+
+
+@dataclass(frozen=True)
+class BlockList:
+    mIdx: object
+    mSizes: object
+    batch: object
+    head: object
+    m_block: object
+    n_last: object
+    seqlen_k: object
+    n_count: object
+    bn: int
+    has_sizes: bool
+
+    def kv_tile(self, it):
+        """The KV block visited in iteration ``it`` (``0 <= it < n_count``)."""
+        n = Int32(self.mIdx[self.batch, self.head, self.m_block, it])
+        return cutlass.min(cutlass.max(n, Int32(0)), self.n_last)
+
+    def valid_keys(self, n):
+        """Keys of block ``n`` that take part (the rest are masked and, for V, zeroed)."""
+        lim = cutlass.min(self.seqlen_k - n * self.bn, Int32(self.bn))
+        if cutlass.const_expr(self.has_sizes):
+            lim = cutlass.min(lim, Int32(self.mSizes[self.batch, self.head, n]))
+        return cutlass.max(lim, Int32(0))
+
+    @staticmethod
+    @cute.jit
+    def create(mIdx, mNums, mSizes, batch, head, m_block, seqlen_k, bn: cutlass.Constexpr,
+               has_sizes: cutlass.Constexpr):
+        n_kv = (seqlen_k + bn - 1) // bn
+        k_max = Int32(mIdx.shape[3])
+        cnt = cutlass.min(cutlass.max(Int32(mNums[batch, head, m_block]), Int32(0)), k_max)
+        if n_kv <= 0:
+            cnt = Int32(0)
+        return BlockList(mIdx, mSizes, batch, head, m_block, n_kv - 1, seqlen_k, cnt, bn,
+                         has_sizes)

@@ -13,6 +13,11 @@ out-of-sequence K rows (which a TMA tile may read from the next sequence) can ho
 NaN included, and never reach the output. ``rows(...)`` precomputes each thread's per-row
 bounds once per Q tile; ``tile_fully_valid(n0)`` says when a KV tile needs no per-element
 work; ``apply(acc_mn, n0)`` masks a tile in place.
+
+``KeyLimitMask`` is the block-sparse forward's mask: in a KV block with ``limit`` valid keys
+(``BlockList.valid_keys``: the sequence end or ``block_sizes``), the score columns at or past
+``limit`` become ``-inf`` (a select: whatever those K rows hold, NaN included, is dropped);
+only blocks with ``limit < bn`` need it.
 """
 
 from __future__ import annotations
@@ -92,3 +97,15 @@ class HstuMask:
                 else:
                     valid = (j >= row_lo[r]) & (j <= row_hi[r])
                 acc_mn[r, c] = acc_mn[r, c] if valid else Float32(0.0)
+
+
+@dataclass(frozen=True)
+class KeyLimitMask:
+    tScS: object  # (rows, cols) identity coordinates of this thread's score values
+
+    @cute.jit
+    def apply(self, acc_mn, limit):
+        for c in cutlass.range_constexpr(cute.size(self.tScS, mode=[1])):
+            keep = self.tScS[0, c][1] < limit
+            for r in cutlass.range_constexpr(cute.size(self.tScS, mode=[0])):
+                acc_mn[r, c] = acc_mn[r, c] if keep else -Float32.inf

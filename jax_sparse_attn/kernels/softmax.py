@@ -1,0 +1,78 @@
+"""Online softmax of the SM90 block-sparse forward (the score plug point; no jax imports).
+
+Per query row of this thread (a row's values are spread over the 4 lanes of a quad), the
+running max ``m`` of the raw scores and the running (lane-partial) sum ``l`` of
+``exp(softmax_scale (s - m))``, both fp32, evaluated in base 2 (``exp2`` of
+``s * scale * log2(e) - m * scale * log2(e)``).
+
+* ``step(acc_S_mn, corr)``: one score tile -> probabilities in place; updates ``m``/``l`` and
+  stores the correction ``exp(scale (m_old - m_new))`` per row in ``corr`` (the caller rescales
+  the O accumulator with ``rescale`` once the PV GEMM that still adds into it has completed).
+  A row whose max is still ``-inf`` (every key masked so far) uses 0 as its max, so
+  ``-inf - (-inf)`` never turns into NaN.
+* ``finalize(r)``: ``(1 / l, lse)`` of row ``r`` with ``lse = scale m + ln l`` (natural log),
+  and ``(0, -inf)`` for a row without any visible key (``l = 0``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import cutlass
+import cutlass.cute as cute
+from cutlass import Float32
+
+from .bsa_common import LOG2_E, quad_allreduce_max, quad_allreduce_sum
+
+
+@dataclass(frozen=True)
+class OnlineSoftmax:
+    row_max: object
+    row_sum: object
+    softmax_scale: object
+    scale_log2: object
+
+    @staticmethod
+    def create(n_rows: int, softmax_scale):
+        row_max = cute.make_rmem_tensor((n_rows,), Float32)
+        row_sum = cute.make_rmem_tensor((n_rows,), Float32)
+        return OnlineSoftmax(row_max, row_sum, softmax_scale, softmax_scale * LOG2_E)
+
+    def reset(self):
+        self.row_max.fill(-Float32.inf)
+        self.row_sum.fill(0.0)
+
+    @cute.jit
+    def step(self, acc_S_mn, corr):
+        for r in cutlass.range_constexpr(cute.size(acc_S_mn, mode=[0])):
+            s_row = acc_S_mn[r, None].load()
+            m_cur = quad_allreduce_max(s_row.reduce(cute.ReductionOp.MAX, -Float32.inf, 0))
+            m_prev = self.row_max[r]
+            m_new = cute.arch.fmax(m_prev, m_cur)
+            m_safe = 0.0 if m_new == -Float32.inf else m_new
+            m_scaled = m_safe * self.scale_log2
+            p_row = cute.math.exp2(s_row * self.scale_log2 - m_scaled, fastmath=True)
+            c = cute.math.exp2(m_prev * self.scale_log2 - m_scaled, fastmath=True)
+            self.row_sum[r] = self.row_sum[r] * c + p_row.reduce(cute.ReductionOp.ADD,
+                                                                 Float32.zero, 0)
+            self.row_max[r] = m_new
+            corr[r] = c
+            acc_S_mn[r, None] = p_row
+
+    @cute.jit
+    def rescale(self, acc_O_mn, corr):
+        for r in cutlass.range_constexpr(cute.size(acc_O_mn, mode=[0])):
+            acc_O_mn[r, None] = acc_O_mn[r, None].load() * corr[r]
+
+    @cute.jit
+    def finalize(self, r: cutlass.Constexpr):
+        l = quad_allreduce_sum(self.row_sum[r])
+        empty = l == 0.0
+        inv = 0.0 if empty else cute.arch.rcp_approx(l)
+        lse = -Float32.inf
+        if not empty:
+            lse = self.row_max[r] * self.softmax_scale + cute.math.log(l, fastmath=False)
+        return inv, lse
+
+
+__all__ = ["OnlineSoftmax"]
