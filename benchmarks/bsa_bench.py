@@ -27,10 +27,11 @@ import numpy as np
 from jax_sparse_attn.ffi import bsa as ffi_bsa
 
 
-def _inputs(key, b, h, s, d, blk, topk, dtype):
+def _inputs(key, b, h, s, d, blk, topk, dtype, h_kv=None):
     n = -(-s // blk)
     kq, kk, kv, ki, kd = jax.random.split(key, 5)
-    q, k, v, do = (jax.random.normal(x, (b, h, s, d), jnp.float32).astype(dtype) for x in (kq, kk, kv, kd))
+    q, do = (jax.random.normal(x, (b, h, s, d), jnp.float32).astype(dtype) for x in (kq, kd))
+    k, v = (jax.random.normal(x, (b, h_kv or h, s, d), jnp.float32).astype(dtype) for x in (kk, kv))
     idx = jnp.argsort(jax.random.uniform(ki, (b, h, n, n)), axis=-1)[..., :topk].astype(jnp.int32)
     nums = jnp.full((b, h, n), topk, jnp.int32)
     return q, k, v, idx, nums, do
@@ -91,6 +92,50 @@ def run(cases, b=1, h=16, s=16384, d=128, n_sets=3, seed=0, tag=""):
     return rows
 
 
+# the forward rows of the block-sparse SM90 table (bf16, B=1, random top-k lists):
+# (label, blk, top_k, S, D, H_q, H_kv)
+TABLE = [
+    ("blk64 top32 (12.5%)", 64, 32, 16384, 128, 16, 16),
+    ("blk64 top13 (5%)", 64, 13, 16384, 128, 16, 16),
+    ("blk64 top64 (25%)", 64, 64, 16384, 128, 16, 16),
+    ("blk128 top16 (12.5%)", 128, 16, 16384, 128, 16, 16),
+    ("blk128 top32 S32768", 128, 32, 32768, 128, 16, 16),
+    ("GQA 16:4 blk64 top32", 64, 32, 16384, 128, 16, 4),
+    ("D64 blk64 top32", 64, 32, 16384, 64, 16, 16),
+]
+
+
+def table(variants, n_sets=2, seed=0):
+    """Forward times of the TABLE rows under each variant (``'ENV=V,ENV=V'`` strings)."""
+    import os
+
+    rows = []
+    for label, blk, topk, s, d, h, h_kv in TABLE:
+        key = jax.random.fold_in(jax.random.PRNGKey(seed), blk * 1000 + topk)
+        sets = [_inputs(jax.random.fold_in(key, i), 1, h, s, d, blk, topk, jnp.bfloat16, h_kv)[:5]
+                for i in range(n_sets)]
+        kw = dict(layout="bhsd", sparse_block_size=blk, softmax_scale=1.0 / np.sqrt(d))
+        flops = 4.0 * h * s * d * (topk * blk)
+        for var in variants:
+            saved = dict(os.environ)
+            for kv in filter(None, var.split(",")):
+                k_, _, v_ = kv.partition("=")
+                os.environ[k_] = v_
+            try:
+                ms = _time(lambda q, k, v, i, n: ffi_bsa.bsa_fwd(q, k, v, i, n, None, **kw), sets)
+            except Exception as e:  # noqa: BLE001  (one failing variant must not end the table)
+                print(f"{label:24s} {var:44s} FAILED {type(e).__name__}: {str(e)[:200]}", flush=True)
+                continue
+            finally:
+                os.environ.clear()
+                os.environ.update(saved)
+            row = dict(case=label, variant=var, blk=blk, top_k=topk, S=s, D=d, H=h, H_kv=h_kv,
+                       pass_="fwd", ms=ms, tflops=flops / (ms * 1e-3) / 1e12)
+            rows.append(row)
+            print(f"{label:24s} {var:44s} {ms:8.3f} ms {row['tflops']:7.1f} TFLOP/s", flush=True)
+    return rows
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default="bsa_bench.json")
@@ -98,10 +143,15 @@ def main(argv=None):
     ap.add_argument("--variants", default="",
                     help="';'-separated tuning variants 'ENV=V,ENV=V:case,case' (case = blk64fwd, "
                          "blk64bwd, blk128fwd, blk128bwd, csr); default: the shipped settings")
+    ap.add_argument("--table", default="",
+                    help="';'-separated variants ('ENV=V,ENV=V') timed on the forward rows of TABLE "
+                         "(e.g. 'JAX_SPARSE_ATTN_BSA_FWD_IMPL=sm90;JAX_SPARSE_ATTN_BSA_FWD_IMPL=sm90ws')")
     args = ap.parse_args(argv)
     s = 4096 if args.quick else 16384
     rows = []
-    if not args.variants:
+    if args.table:
+        rows = table(args.table.split(";"))
+    elif not args.variants:
         cases = [(64, 32, ("fwd", "bwd", "csr")), (128, 16, ("fwd", "bwd"))]
         rows = run(cases, s=s, tag="default")
     else:

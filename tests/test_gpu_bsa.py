@@ -14,7 +14,10 @@ the wgmma ones for D in {64, 128}; set ``JAX_SPARSE_ATTN_BSA_FWD_IMPL=sm80`` and
 ``JAX_SPARSE_ATTN_BSA_BWD_IMPL=sm80`` to test the mma.sync kernels there, and
 ``JAX_SPARSE_ATTN_BSA_PRE_IMPL=xla`` for the XLA preprocessing alternative
 (``test_bsa_preprocess_kernel`` checks the preprocessing kernel directly whatever the
-variables say).
+variables say). ``JAX_SPARSE_ATTN_BSA_FWD_IMPL=sm90ws`` runs the grid on the warp-specialized
+forward; ``test_bsa_sm90ws_forward`` adds its own cases (every KV block listed, the partial
+last block listed by every row, NaN in unlisted blocks and past block_sizes, outputs
+poisoned by a preceding all-NaN run); ``tests/gpu_bsa_ws.sh`` runs both and the benchmark.
 """
 
 from __future__ import annotations
@@ -348,3 +351,131 @@ def test_bsa_preprocess_kernel(d, layout, dtype):
     delta2, _ = f(o, o)
     want2 = np.asarray(_rows_bhs(jnp.sum(jnp.square(o.astype(jnp.float32)), axis=-1), layout))
     np.testing.assert_allclose(np.asarray(delta2), want2, rtol=1e-5, atol=1e-4 * np.sqrt(d))
+
+
+# ----------------------------------------------------------------------------- sm90ws forward
+# The warp-specialized forward (kernels/bsa_fwd_sm90_ws.py) is opt-in: the whole grid above runs
+# on it with JAX_SPARSE_ATTN_BSA_FWD_IMPL=sm90ws; the tests below select it themselves.
+
+WS_CASES = [
+    # every query block lists every KV block; S_kv not a multiple of the block size
+    dict(name="ws-all-blocks-blk128-d128", blk=128, d=128, dtype="bfloat16", layout="bhsd",
+         hq=4, hkv=2, sq=777, skv=1000, mode="all"),
+    dict(name="ws-all-blocks-blk64-d64", blk=64, d=64, dtype="float16", layout="bshd",
+         hq=4, hkv=4, sq=1000, skv=999, mode="all"),
+    # every row lists the partial last block (plus random others); NaN in unlisted blocks and
+    # in the rows past block_sizes
+    dict(name="ws-last-block-nan-blk128-d64", blk=128, d=64, dtype="float16", layout="bshd",
+         hq=8, hkv=2, sq=1025, skv=1100, mode="last"),
+    dict(name="ws-last-block-nan-blk64-d128", blk=64, d=128, dtype="bfloat16", layout="bhsd",
+         hq=4, hkv=1, sq=300, skv=4000, mode="last"),
+    dict(name="ws-last-block-nan-blk128-d128-gqa", blk=128, d=128, dtype="bfloat16",
+         layout="bshd", hq=8, hkv=2, sq=4096, skv=4001, mode="last"),
+    dict(name="ws-last-block-nan-blk64-d64-empty", blk=64, d=64, dtype="bfloat16",
+         layout="bhsd", hq=4, hkv=2, sq=1000, skv=1001, mode="last-empty"),
+]
+
+
+def _ws_inputs(c, seed=3):
+    """(q, k, v) clean, (k, v) poisoned, idx, nums, sizes (B, N_kv) or None."""
+    rng = np.random.default_rng(seed)
+    b, hq, hkv, sq, skv, d, blk = 2, c["hq"], c["hkv"], c["sq"], c["skv"], c["d"], c["blk"]
+    nq, nkv = -(-sq // blk), -(-skv // blk)
+    dt = jnp.dtype(c["dtype"])
+
+    def t(s, h):
+        shape = (b, h, s, d) if c["layout"] == "bhsd" else (b, s, h, d)
+        return rng.standard_normal(shape, dtype=np.float32)
+
+    q, k, v = t(sq, hq), t(skv, hkv), t(skv, hkv)
+    sizes = None
+    if c["mode"] == "all":
+        kmax = nkv
+        idx = np.argsort(rng.random((b, hq, nq, nkv)), axis=-1).astype(np.int32)
+        nums = np.full((b, hq, nq), nkv, np.int32)
+    else:
+        kmax = min(4, nkv)
+        idx = np.empty((b, hq, nq, kmax), np.int32)
+        for bi in range(b):
+            for h in range(hq):
+                for m in range(nq):
+                    others = rng.permutation(nkv - 1)[: kmax - 1]
+                    lst = np.concatenate([[nkv - 1], others])
+                    idx[bi, h, m] = rng.permutation(lst)
+        nums = np.full((b, hq, nq), kmax, np.int32)
+        if c["mode"] == "last-empty":
+            nums[:, :, ::3] = 0
+        sizes = rng.integers(1, blk + 1, size=(b, nkv)).astype(np.int32)
+        sizes[:, 0] = blk
+    # poison: NaN in every KV block no row lists, and in rows past block_sizes
+    kp, vp = k.copy(), v.copy()
+    j = np.arange(idx.shape[-1])[None, None, None, :]
+    for bi in range(b):
+        used = np.zeros(nkv, bool)
+        used[idx[bi][np.broadcast_to(j[0] < nums[bi][..., None], idx[bi].shape)]] = True
+        rows = np.zeros(skv, bool)
+        for n in range(nkv):
+            lo = n * blk
+            if not used[n]:
+                rows[lo:lo + blk] = True
+            elif sizes is not None:
+                rows[lo + sizes[bi, n]:lo + blk] = True
+        for x in (kp, vp):
+            if c["layout"] == "bhsd":
+                x[bi, :, rows[: x.shape[2]], :] = np.nan
+            else:
+                x[bi, rows[: x.shape[1]], :, :] = np.nan
+    # out-of-range garbage past the active prefix
+    garbage = rng.choice(np.array([-7, 10**6, nkv, -1], np.int32), size=idx.shape)
+    idx = np.where(j < nums[..., None], idx, garbage).astype(np.int32)
+    cast = lambda x: jnp.asarray(x).astype(dt)  # noqa: E731
+    return ((cast(q), cast(k), cast(v)), (cast(kp), cast(vp)), jnp.asarray(idx), jnp.asarray(nums),
+            None if sizes is None else jnp.asarray(sizes))
+
+
+def _bsa_fwd_impl(impl, q, k, v, idx, nums, sizes, **kw):
+    """The forward kernel with ``JAX_SPARSE_ATTN_BSA_FWD_IMPL=impl`` (read at trace time: a
+    fresh jit per call)."""
+    from jax_sparse_attn.ffi import bsa as ffi_bsa
+
+    old = os.environ.get("JAX_SPARSE_ATTN_BSA_FWD_IMPL")
+    os.environ["JAX_SPARSE_ATTN_BSA_FWD_IMPL"] = impl
+    try:
+        fn = jax.jit(lambda q, k, v, i, n, s: ffi_bsa.bsa_fwd(q, k, v, i, n, s, **kw))
+        return jax.block_until_ready(fn(q, k, v, idx, nums, sizes))
+    finally:
+        if old is None:
+            os.environ.pop("JAX_SPARSE_ATTN_BSA_FWD_IMPL", None)
+        else:
+            os.environ["JAX_SPARSE_ATTN_BSA_FWD_IMPL"] = old
+
+
+@pytest.mark.parametrize("c", _shard(WS_CASES), ids=lambda c: c["name"])
+def test_bsa_sm90ws_forward(c):
+    from jax_sparse_attn import reference
+    from jax_sparse_attn.reference import normalize_bsa_metadata
+
+    (q, k, v), (kp, vp), idx, nums, sizes = _ws_inputs(c)
+    idx_n, nums_n, sizes_n = normalize_bsa_metadata(idx, None, sizes, nums)
+    scale = 0.6 / np.sqrt(c["d"])
+    kw = dict(layout=c["layout"], sparse_block_size=c["blk"], softmax_scale=float(scale))
+    # poisoned outputs: an all-NaN run first leaves NaN in buffers XLA is likely to reuse
+    jax.block_until_ready(_bsa_fwd_impl("sm90ws", q * jnp.nan, kp, vp, idx_n, nums_n, sizes_n, **kw))
+    out, lse = _bsa_fwd_impl("sm90ws", q, kp, vp, idx_n, nums_n, sizes_n, **kw)
+    f32 = lambda x: x.astype(jnp.float32)  # noqa: E731
+    out_r, lse_r = reference.block_sparse_attention_ref(f32(q), f32(k), f32(v), idx_n, nums_n,
+                                                        sizes_n, **kw)
+    out_b, lse_b = reference.block_sparse_attention_ref(q, k, v, idx_n, nums_n, sizes_n,
+                                                        compute_dtype=q.dtype, **kw)
+    e_o = _check("out", out, out_r, out_b, 2, 2e-3)
+    lse_g, lse_r, lse_b = (np.asarray(x, np.float32) for x in (lse, lse_r, lse_b))
+    assert not np.isnan(lse_g).any()
+    assert np.array_equal(np.isneginf(lse_g), np.isneginf(lse_r)), "lse -inf pattern differs"
+    fin = np.isfinite(lse_r)
+    e_l = _check("lse", lse_g[fin], lse_r[fin], lse_b[fin], 2, 1e-4)
+    if c["mode"] == "last-empty":
+        empty = np.repeat(np.asarray(nums_n) == 0, c["blk"], axis=-1)[..., : c["sq"]]
+        assert empty.any()
+        o_rows = np.asarray(_rows_bhs(out, c["layout"]), np.float32)
+        assert np.all(o_rows[empty] == 0) and np.all(np.isneginf(lse_g[empty]))
+    print(c["name"], f"out {e_o[0]:.2e}/{e_o[1]:.2e} lse {e_l[0]:.2e}/{e_l[1]:.2e}")

@@ -203,3 +203,88 @@ def test_build_kq_csr_matches_loops(group, construction, monkeypatch):
                 got = entries[offsets[r]:offsets[r + 1]].tolist()
                 assert got == want, (bi, g, n, got, want)
     assert offsets[-1] == int(nums.sum())
+
+
+# ----------------------------------------------------------------------------- sm90ws forward
+# The warp-specialized forward (JAX_SPARSE_ATTN_BSA_FWD_IMPL=sm90ws, kernels/bsa_fwd_sm90_ws.py):
+# every static configuration it implements (D in {64, 128} x blk in {64, 128}; dtype, layout
+# and block_sizes presence alternate) plus its ablation knobs; D in {32, 256} fall back to the
+# mma.sync forward (covered by the grid above).
+WS_CONFIGS = [
+    dict(d=128, blk=128, dtype="bfloat16", layout="bshd", sizes=False, ws=""),
+    dict(d=128, blk=64, dtype="float16", layout="bhsd", sizes=True, ws=""),
+    dict(d=64, blk=128, dtype="float16", layout="bhsd", sizes=True, ws=""),
+    dict(d=64, blk=64, dtype="bfloat16", layout="bshd", sizes=False, ws=""),
+    dict(d=128, blk=128, dtype="bfloat16", layout="bhsd", sizes=True, ws="nooverlap,nopingpong"),
+    dict(d=128, blk=64, dtype="bfloat16", layout="bshd", sizes=False, ws="nooverlap"),
+]
+
+
+def _ws_fwd_text(cfg):
+    from jax_sparse_attn.ffi import bsa
+
+    q, k, idx, nums, sizes, _ = _shapes(cfg)
+    kw = dict(layout=cfg["layout"], sparse_block_size=cfg["blk"], softmax_scale=0.3)
+    return jax.jit(lambda q, k, v, i, n, s: bsa.bsa_fwd(q, k, v, i, n, s, **kw)).trace(
+        q, k, k, idx, nums, sizes).lower(lowering_platforms=("cuda",)).as_text()
+
+
+@pytest.mark.parametrize("cfg", WS_CONFIGS, ids=lambda c: f"{_ids(c)}-ws{c['ws'].replace(',', '+')}")
+def test_bsa_sm90ws_forward_lowers(cfg, monkeypatch):
+    from jax_sparse_attn.ffi import bsa
+
+    monkeypatch.setenv("JAX_SPARSE_ATTN_BSA_FWD_IMPL", "sm90ws")
+    monkeypatch.setenv("JAX_SPARSE_ATTN_BSA_WS", cfg["ws"])
+    assert bsa._fwd_impl(cfg["d"]) == "sm90ws"
+    txt = _ws_fwd_text(cfg)
+    assert txt.count(CALL_TARGET) == 1
+    assert "\\7FELF" in txt
+
+
+def test_bsa_sm90ws_falls_back_for_other_head_dims(monkeypatch):
+    from jax_sparse_attn.ffi import bsa
+
+    monkeypatch.setenv("JAX_SPARSE_ATTN_BSA_FWD_IMPL", "sm90ws")
+    assert [bsa._fwd_impl(d) for d in (32, 64, 128, 256)] == ["sm80", "sm90ws", "sm90ws", "sm80"]
+    monkeypatch.setenv("JAX_SPARSE_ATTN_BSA_FWD_IMPL", "sm91")
+    with pytest.raises(ValueError, match="JAX_SPARSE_ATTN_BSA_FWD_IMPL"):
+        bsa._fwd_impl(128)
+
+
+_WS_PTX_SCRIPT = """
+import sys
+sys.path.insert(0, {root!r})
+import tests.test_lowering_bsa as t
+t._ws_fwd_text({cfg!r})
+"""
+
+
+@pytest.mark.parametrize("cfg", [WS_CONFIGS[0], WS_CONFIGS[1]], ids=lambda c: _ids(c))
+def test_bsa_sm90ws_ptx_is_warp_specialized(tmp_path, cfg):
+    """The sm90ws forward's PTX (kept with CUTE_DSL_KEEP=ptx, in a fresh process so that the
+    CuTe DSL reads the variables and compiles) has TMA loads, warpgroup MMAs, mbarrier waits
+    and register reallocation between the producer and the consumer warpgroups; with
+    block_sizes it also has the producer's cp.async copy of partial V blocks."""
+    import subprocess  # noqa: PLC0415
+    import sys  # noqa: PLC0415
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    dump = tmp_path / "ptx"
+    dump.mkdir()  # the CuTe DSL writes elsewhere when the directory does not exist
+    env = dict(os.environ, CUTE_DSL_ARCH="sm_90a", JAX_SPARSE_ATTN_FORCE_KERNEL="1",
+               JAX_SPARSE_ATTN_BSA_FWD_IMPL="sm90ws", JAX_SPARSE_ATTN_BSA_WS="",
+               CUTE_DSL_KEEP="ptx", CUTE_DSL_DUMP_DIR=str(dump), JAX_PLATFORMS="cpu")
+    script = _WS_PTX_SCRIPT.format(root=root, cfg=cfg)
+    r = subprocess.run([sys.executable, "-c", script], env=env, cwd=root, capture_output=True,
+                       text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    ptx = [p for p in dump.iterdir() if p.suffix == ".ptx"]
+    assert len(ptx) == 1, [p.name for p in dump.iterdir()]
+    text = ptx[0].read_text()
+    assert "bsa_fwd_sm90_ws" in text
+    needles = ["cp.async.bulk.tensor", "wgmma.mma_async", "setmaxnreg.dec", "setmaxnreg.inc",
+               "mbarrier.try_wait"]
+    if cfg["sizes"]:
+        needles.append("cp.async.cg.shared.global")
+    for needle in needles:
+        assert needle in text, f"{needle} missing from the sm90ws BSA forward PTX"

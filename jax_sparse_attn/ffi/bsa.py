@@ -19,7 +19,8 @@ Kernels (``jax_sparse_attn/kernels``):
 * ``JAX_SPARSE_ATTN_BSA_FWD_IMPL=sm90ws`` (opt-in): the forward on the warp-specialized TMA +
   wgmma mainloop (``bsa_fwd_sm90_ws``: TMA producer warp, persistent grid) for D in {64, 128};
   other head dims fall back to ``bsa_fwd_sm80``. ``JAX_SPARSE_ATTN_BSA_WS`` (tuning / ablation
-  only): comma list of ``nooverlap``, ``nopingpong``.
+  only): comma list of ``nooverlap``, ``nopingpong``, ``q1`` (single-buffered Q), ``stages=<n>``
+  (at most n K/V stages).
 
 Backward structure (all launches on XLA's stream, all buffers XLA-owned):
 
@@ -66,6 +67,8 @@ class BsaFwdConfig:
     # "sm90ws" only: intra-warpgroup GEMM overlap, ping-pong (blk 128), SMs of the grid
     ws_overlap: bool = True
     ws_pingpong: bool = True
+    ws_q_stages: int = 2
+    ws_max_stages: int = 4
     num_sms: int = 0
 
 
@@ -90,6 +93,8 @@ def _fwd_config(dtype_name: str, head_dim: int, block_size: int, has_sizes: bool
     opts = [o for o in os.environ.get("JAX_SPARSE_ATTN_BSA_WS", "").split(",") if o]
     return BsaFwdConfig(dtype_name, head_dim, block_size, has_sizes, impl,
                         ws_overlap="nooverlap" not in opts, ws_pingpong="nopingpong" not in opts,
+                        ws_q_stages=1 if "q1" in opts else 2,
+                        ws_max_stages=int(next((o[7:] for o in opts if o.startswith("stages=")), 4)),
                         num_sms=_num_sms())
 
 
@@ -162,7 +167,8 @@ def _fwd_entry(stream, q, k, v, idx, nums, sizes, scale, out, lse, *, cfg: BsaFw
         from ..kernels.bsa_fwd_sm90_ws import BsaFwdSm90Ws  # noqa: PLC0415
 
         BsaFwdSm90Ws(_cutlass_dtype(cfg.dtype), cfg.head_dim, cfg.block_size, cfg.has_block_sizes,
-                     cfg.num_sms, overlap=cfg.ws_overlap, pingpong=cfg.ws_pingpong)(
+                     cfg.num_sms, overlap=cfg.ws_overlap, pingpong=cfg.ws_pingpong,
+                     max_stages=cfg.ws_max_stages, q_stages=cfg.ws_q_stages)(
             q, k, v, idx, nums, sizes, scale, out, lse, stream)
         return
     if cfg.impl == "sm90":

@@ -165,7 +165,9 @@ class BsaFwdSm90Ws:
             tma_q, tma_tQ, tma_k, tma_tK, tma_v, tma_tV, mV, mIdx, mNums, mSizes, mScale, mO,
             mLSE, sQ_layout, sK_layout, sV_layout, sO_layout, mma_qk, mma_qk0, mma_pv, Smem,
         ).launch(grid=grid, block=[self.num_threads, 1, 1], smem=Smem.size_in_bytes(),
-                 stream=stream, min_blocks_per_mp=self.ctas_per_sm)
+                 stream=stream, min_blocks_per_mp=self.ctas_per_sm,
+                 # two CTAs per SM need the largest shared-memory carveout (percent)
+                 preferred_smem_carveout=100 if self.ctas_per_sm > 1 else None)
 
     # ------------------------------------------------------------------------------------
     @cute.jit
