@@ -1,7 +1,7 @@
 """Block-sparse softmax attention: public API (validate -> static config -> custom_vjp -> backend).
 
-Semantics (source: issue 2 "Package foundation"; metadata conventions as in cuDNN's
-block-sparse attention): queries and keys are cut into blocks of ``blk =
+Semantics (source: softmax attention restricted to listed key blocks; metadata conventions
+as in cuDNN's block-sparse attention): queries and keys are cut into blocks of ``blk =
 sparse_block_size`` tokens, ``N_q = ceil(S_q / blk)``, ``N_kv = ceil(S_kv / blk)``.
 Query block ``m`` of head ``h`` attends to the listed KV blocks
 ``q2k_block_index[b, h, m, :n]`` (the *active prefix*, ``n`` = ``block_sparse_num`` or
@@ -113,9 +113,8 @@ _bwd_jit = jax.jit(_bwd_impl, static_argnums=(0,))
 
 
 _SEMANTICS_DOC = """
-    Semantics: issue 2 ("Package foundation") of this project; the metadata follow
-    cuDNN's block-sparse attention conventions (see the module docstring and
-    ``docs/bsa.md``).
+    Semantics: softmax attention over the listed key blocks; the metadata follow cuDNN's
+    block-sparse attention conventions (see the module docstring and ``docs/bsa.md``).
 """
 
 _ARG_LINES = """
