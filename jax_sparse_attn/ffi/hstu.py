@@ -177,9 +177,10 @@ def _fwd_adapter():
                         *, cfg: cutlass.Constexpr):
         args = (_dt(cfg.dtype), cfg.head_dim, cfg.head_dim_v, cfg.block_m, cfg.block_n,
                 cfg.num_warps, cfg.has_func, cfg.func_n)
+        # one branch per value of the hstu_fwd_impl switch (config.SWITCHES)
         if cutlass.const_expr(cfg.impl == "sm80"):
             kernel = HstuFwdSm80(*args)
-        else:
+        elif cutlass.const_expr(cfg.impl in _WGMMA_IMPLS):
             kernel = HstuFwdSm90(*args, pingpong=cfg.impl == "sm90pp")
         kernel(q, k, v, cu_q, cu_k, tiles, func, scal, win, out, stream)
 
