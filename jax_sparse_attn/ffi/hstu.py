@@ -62,8 +62,8 @@ _SMEM_BYTES = 227 * 1024
 
 
 @dataclasses.dataclass(frozen=True)
-class HstuFwdConfig:
-    """Compile key of the HSTU forward: static kernel properties only."""
+class _HstuKey:
+    """Static kernel properties shared by the forward and backward compile keys."""
 
     dtype: str
     head_dim: int
@@ -73,22 +73,19 @@ class HstuFwdConfig:
     num_warps: int
     has_func: bool
     func_n: int
+
+
+@dataclasses.dataclass(frozen=True)
+class HstuFwdConfig(_HstuKey):
+    """Compile key of the HSTU forward: static kernel properties only."""
+
     # "sm80" (mma.sync), "sm90" (wgmma) or "sm90pp" (wgmma, ping-pong warpgroups)
     impl: str
 
 
 @dataclasses.dataclass(frozen=True)
-class HstuBwdConfig:
+class HstuBwdConfig(_HstuKey):
     """Compile key of the HSTU backward: static kernel properties only."""
-
-    dtype: str
-    head_dim: int
-    head_dim_v: int
-    block_m: int
-    block_n: int
-    num_warps: int
-    has_func: bool
-    func_n: int
 
 
 def hstu_kernel_unsupported_reason(*, dtype, head_dim, head_dim_v) -> str | None:
