@@ -8,11 +8,11 @@ compiles once per process: lengths, windows, alpha, scaling are runtime values.
 
 Run on the H200: ``python -m pytest -m gpu tests/test_gpu_hstu.py``; shard with
 ``HSTU_TEST_SHARD=i/n`` (CuTe compiles are serial inside one process). The default grid
-runs the default forward (``sm90pp``) and the backward. Every wgmma forward on the grid plus
-tile-shape extras, forward only: ``HSTU_TEST_SM90=1 python -m pytest -m gpu -k sm90
-tests/test_gpu_hstu.py`` (``HSTU_TEST_SM90=sm90pp`` or a comma list for some of them). The
-forward implementation is chosen with ``switches=Switches(hstu_fwd_impl=...)`` passed to
-the public op.
+runs the default forward and the backward. Every other forward of the ``hstu_fwd_impl``
+switch on the grid plus tile-shape extras, forward only: ``HSTU_TEST_SM90=1 python -m
+pytest -m gpu -k hstu_fwd_impl tests/test_gpu_hstu.py`` (``HSTU_TEST_SM90=sm80`` or a comma
+list for some of them). The forward implementation is chosen with
+``switches=Switches(hstu_fwd_impl=...)`` passed to the public op.
 """
 
 from __future__ import annotations
@@ -38,19 +38,21 @@ from attention_base import (  # noqa: E402
     shard,
 )
 from attention_base import generate as pytest_generate_tests  # noqa: E402, F401
-from jax_sparse_attn.config import Switches  # noqa: E402
+from jax_sparse_attn.config import SWITCHES, Switches  # noqa: E402
 
 pytestmark = pytest.mark.gpu
 
 SHARD = os.environ.get("HSTU_TEST_SHARD", "")
 
 
-def _wgmma_impls():
-    """HSTU_TEST_SM90=1 -> both wgmma forwards; or a comma list, e.g. HSTU_TEST_SM90=sm90pp."""
+def _fwd_impls():
+    """HSTU_TEST_SM90=1 -> every forward of the hstu_fwd_impl switch except the default
+    (which the default grid runs); or a comma list, e.g. HSTU_TEST_SM90=sm90,sm80."""
     spec = os.environ.get("HSTU_TEST_SM90", "")
     if spec in ("", "0"):
         return []
-    return ["sm90", "sm90pp"] if spec == "1" else [x for x in spec.split(",") if x]
+    allowed = next(sw.allowed for sw in SWITCHES if sw.field == "hstu_fwd_impl")
+    return list(allowed[1:]) if spec == "1" else [x for x in spec.split(",") if x]
 
 
 def _first_shard():
@@ -64,7 +66,7 @@ class TestHSTUKernelGrid(HSTUKernelGrid):
         # per-impl forwards: sharded by case (the impls of a case share its reference
         # compiles)
         impls = [(c, Switches(hstu_fwd_impl=i)) for c in HSTU_GRID + HSTU_WGMMA_EXTRA
-                 for i in _wgmma_impls()]
+                 for i in _fwd_impls()]
         return shard(default, SHARD) + shard(impls, SHARD)
 
     def test_hstu_grid(self, case, switches):
@@ -74,7 +76,7 @@ class TestHSTUKernelGrid(HSTUKernelGrid):
             # forward only (the backward does not depend on the forward implementation);
             # a seed per impl: if a kernel left output rows unwritten, XLA's reuse of the
             # previous call's freed output buffer must not hand it that call's values
-            seed = 11 + ["sm90", "sm90pp", "sm80"].index(switches.hstu_fwd_impl)
+            seed = 11 + sum(map(ord, switches.hstu_fwd_impl))
             self.run_case(case, switches, seed=seed, bwd=False)
 
     @pytest.mark.skipif(not _first_shard(), reason="runs in shard 0")
