@@ -13,12 +13,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import time
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+
+from jax_sparse_attn.config import Switches
 
 CASES = {
     # name: (B, L, H, D, window)
@@ -60,8 +61,8 @@ def _time(fn, args, iters, warmup=3, samples=7):
     return float(np.median(out))
 
 
-def run_case(name, dtype, iters, do_bwd):
-    from jax_sparse_attn.ffi import hstu as fh
+def run_case(name, dtype, iters, do_bwd, switches=None):
+    import jax_sparse_attn as jsa
 
     _, _, h, d, window = CASES[name]
     lens = _lengths(name)
@@ -71,8 +72,8 @@ def run_case(name, dtype, iters, do_bwd):
     q, k, v, do = (jax.random.normal(kk, (t, h, d), jnp.float32).astype(dtype) for kk in ks)
     cu = jnp.asarray(np.concatenate([[0], np.cumsum(lens)]), jnp.int32)
     kw = dict(max_seqlen_q=l, max_seqlen_k=l, scaling_seqlen=float(l), window_size=window,
-              alpha=1.0 / np.sqrt(d))
-    fwd = jax.jit(lambda q, k, v, cu: fh.hstu_fwd(q, k, v, cu, cu, None, **kw))
+              alpha=1.0 / np.sqrt(d), backend="kernel", switches=switches)
+    fwd = jax.jit(lambda q, k, v, cu: jsa.hstu_attention(q, k, v, cu, cu, **kw))
     t0 = time.perf_counter()
     jax.block_until_ready(fwd(q, k, v, cu))
     compile_fwd = time.perf_counter() - t0
@@ -81,7 +82,8 @@ def run_case(name, dtype, iters, do_bwd):
     res = dict(case=name, dtype=jnp.dtype(dtype).name, B=b, L=l, H=h, D=d, window=window,
                fwd_ms=ms, fwd_tflops=fl / ms / 1e9, fwd_first_call_s=compile_fwd)
     if do_bwd:
-        bwd = jax.jit(lambda do, q, k, v, cu: fh.hstu_bwd(do, q, k, v, cu, cu, None, **kw))
+        bwd = jax.jit(lambda do, q, k, v, cu: tuple(
+            jsa.hstu_attention_backward(do, q, k, v, cu, cu, **kw)))
         t0 = time.perf_counter()
         jax.block_until_ready(bwd(do, q, k, v, cu))
         res["bwd_first_call_s"] = time.perf_counter() - t0
@@ -92,6 +94,10 @@ def run_case(name, dtype, iters, do_bwd):
         line += f" | bwd {res['bwd_ms']:8.3f} ms {res['bwd_tflops']:7.1f} TFLOP/s"
     print(line, flush=True)
     return res
+
+
+def _tile(text):
+    return None if text is None else tuple(int(x) for x in text.split(","))
 
 
 def main():
@@ -105,23 +111,22 @@ def main():
     ap.add_argument("--tiles", action="append", default=[],
                     help="extra variant 'fwd=bm,bn,warps;bwd=bm,bn,warps;impl=sm90' (sweep; "
                          "impl=sm90ws (default) / sm80 select the forward; "
-                         "ws=nooverlap+nopingpong sets JAX_SPARSE_ATTN_HSTU_WS)")
+                         "ws=nooverlap+nopingpong sets the sm90ws variants, "
+                         "Switches.hstu_fwd_ws / JAX_SPARSE_ATTN_HSTU_WS)")
     a = ap.parse_args()
     cases = a.case or ["8x4096-causal", "32x1024-causal"]
     print(f"device: {jax.devices()[0]}")
     results = [run_case(c, jnp.dtype(a.dtype), a.iters, not a.no_bwd) for c in cases]
     for variant in a.tiles:
         env = dict(kv.split("=", 1) for kv in variant.split(";") if kv)
-        for key in ("fwd", "bwd"):
-            os.environ.pop(f"JAX_SPARSE_ATTN_HSTU_{key.upper()}_TILE", None)
-            if key in env:
-                os.environ[f"JAX_SPARSE_ATTN_HSTU_{key.upper()}_TILE"] = env[key]
-        os.environ["JAX_SPARSE_ATTN_HSTU_FWD_IMPL"] = env.get("impl", "sm80")
-        os.environ["JAX_SPARSE_ATTN_HSTU_WS"] = env.get("ws", "").replace("+", ",")
         print(f"-- tiles {variant}")
         for c in cases:
             try:
-                r = run_case(c, jnp.dtype(a.dtype), a.iters, "bwd" in env)
+                sw = Switches(hstu_fwd_impl=env.get("impl", "sm80"),
+                              hstu_fwd_ws=env.get("ws", "").replace("+", ","),
+                              hstu_fwd_tile=_tile(env.get("fwd")),
+                              hstu_bwd_tile=_tile(env.get("bwd")))
+                r = run_case(c, jnp.dtype(a.dtype), a.iters, "bwd" in env, sw)
             except Exception as e:  # noqa: BLE001 - a sweep point that does not build
                 print(f"{c:22s} {variant}: failed: {type(e).__name__}: {str(e)[:200]}", flush=True)
                 continue

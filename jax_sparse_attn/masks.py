@@ -20,11 +20,13 @@ from __future__ import annotations
 import jax.numpy as jnp
 from jax import lax
 
+from .metadata import build_kq_csr
 from .validation import HSTU_FUNC_PAD, SPARSE_BLOCK_SIZES
 
 __all__ = [
     "hstu_target_func",
     "hstu_func_to_dense",
+    "func_interval_mask",
     "block_mask_to_index",
     "topk_block_index",
     "transpose_block_index",
@@ -102,6 +104,20 @@ def hstu_target_func(cu_seqlens, total_len: int, *, num_targets=None, contextual
     return jnp.stack(rows)[None].astype(jnp.int32)
 
 
+def func_interval_mask(endpoints, j):
+    """The ``func`` key rule: is key ``j`` in ``[0, F_0) U [F_1, F_2) U [F_3, F_4) U ...``?
+
+    ``endpoints`` int ``(N, *rows)`` (N odd) holds ``F_0 .. F_{N-1}`` of each query row,
+    ``j`` int ``(L,)`` key positions. Returns bool ``(*rows, L)``. Intervals may be empty,
+    overlap or come in any order.
+    """
+    inside = j < endpoints[0][..., None]
+    if endpoints.shape[0] > 1:
+        lo, hi = endpoints[1::2][..., None], endpoints[2::2][..., None]
+        inside = inside | jnp.any((j >= lo) & (j < hi), axis=0)
+    return inside
+
+
 def hstu_func_to_dense(func, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int, max_seqlen_k: int):
     """Expand ``func`` into dense per-sequence masks ``(B, max_seqlen_q, max_seqlen_k) bool``.
 
@@ -116,10 +132,7 @@ def hstu_func_to_dense(func, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int, max_
     i = jnp.arange(max_seqlen_q, dtype=jnp.int32)
     j = jnp.arange(max_seqlen_k, dtype=jnp.int32)
     rows = jnp.clip(cu_q[:-1, None] + i[None, :], 0, f.shape[1] - 1)  # (B, Lq)
-    F = f[:, rows]  # (N, B, Lq)
-    inside = j < F[0][..., None]
-    for t in range(1, f.shape[0], 2):
-        inside = inside | ((j >= F[t][..., None]) & (j < F[t + 1][..., None]))
+    inside = func_interval_mask(f[:, rows], j)  # (B, Lq, Lk)
     Lq = (cu_q[1:] - cu_q[:-1])[:, None, None]
     Lk = (cu_k[1:] - cu_k[:-1])[:, None, None]
     return inside & (i[None, :, None] < Lq) & (j[None, None, :] < Lk)
@@ -246,16 +259,12 @@ def transpose_block_index(q2k_block_index, q2k_block_nums, num_kv_blocks: int):
     nums = jnp.asarray(q2k_block_nums).astype(jnp.int32)
     B, H, Nq, K = idx.shape
     n_kv = int(num_kv_blocks)
-    active = (jnp.arange(K) < nums[..., None]) & (idx >= 0) & (idx < n_kv)
-    kv = jnp.where(active, idx, n_kv).reshape(B, H, Nq * K)  # sentinel n_kv sorts last
-    qblk = jnp.broadcast_to(jnp.arange(Nq, dtype=jnp.int32)[:, None], (Nq, K)).reshape(Nq * K)
-    key = kv * Nq + qblk[None, None, :]
-    order = jnp.argsort(key, axis=-1, stable=True)
-    kv_sorted = jnp.take_along_axis(kv, order, axis=-1)
-    q_sorted = jnp.broadcast_to(qblk, kv.shape)
-    q_sorted = jnp.take_along_axis(q_sorted, order, axis=-1)
-    k2q_index = jnp.where(kv_sorted < n_kv, q_sorted, -1).astype(jnp.int32)
-    counts = jnp.sum(kv_sorted[..., None] == jnp.arange(n_kv)[None, None, None, :], axis=2)
-    indptr = jnp.concatenate([jnp.zeros((B, H, 1), jnp.int32),
-                              jnp.cumsum(counts, axis=-1).astype(jnp.int32)], axis=-1)
-    return indptr, k2q_index
+    # one list per (b, h): build_kq_csr with as many KV heads as query heads
+    offsets, entries = build_kq_csr(idx, nums, num_kv_heads=H, num_kv_blocks=n_kv)
+    starts = offsets[: B * H * n_kv + 1 : n_kv] if n_kv else jnp.zeros((B * H + 1,), jnp.int32)
+    indptr = jnp.concatenate([offsets[:-1].reshape(B, H, n_kv), starts[1:].reshape(B, H, 1)],
+                             axis=-1) - starts[:-1].reshape(B, H, 1)
+    j = jnp.arange(Nq * K, dtype=jnp.int32)
+    pos = jnp.minimum(starts[:-1].reshape(B, H, 1) + j, max(entries.shape[0] - 1, 0))
+    k2q_index = jnp.where(j < indptr[..., -1:], entries[pos], -1).astype(jnp.int32)
+    return indptr.astype(jnp.int32), k2q_index

@@ -3,7 +3,8 @@
 This module is both the any-backend execution path (``backend="reference"``, and what
 ``backend="auto"`` picks where no kernel applies) and the oracle every kernel test
 compares against. It has exactly the semantics documented in :mod:`jax_sparse_attn.hstu`
-and :mod:`jax_sparse_attn.bsa` (source: issue 2, "Package foundation").
+and :mod:`jax_sparse_attn.bsa` (sources: the HSTU paper, Zhai et al. 2024, and cuDNN's
+block-sparse attention conventions).
 
 Precision
 ---------
@@ -35,6 +36,8 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
+from .masks import func_interval_mask
+from .metadata import normalize_bsa_metadata
 from .validation import HSTU_PAGE_SIZE
 
 __all__ = [
@@ -136,7 +139,6 @@ def _hstu_attention_ref_impl(
     j = jnp.arange(max_seqlen_k, dtype=jnp.int32)
 
     if func is not None:
-        n_f = func.shape[1]
         L_f = func.shape[2]
         f2d = jnp.asarray(func)[0].astype(jnp.int32)
 
@@ -171,13 +173,7 @@ def _hstu_attention_ref_impl(
         if right >= 0:
             valid = valid & (j[None, :] <= p + right)
         if func is not None:
-            f = f2d[:, jnp.clip(q0 + i, 0, L_f - 1)]  # (N, tile)
-            inside = j[None, :] < f[0][:, None]
-            if n_f > 1:
-                lo = f[1::2][:, :, None]
-                hi = f[2::2][:, :, None]
-                inside = inside | jnp.any((j >= lo) & (j < hi), axis=0)
-            valid = valid & inside
+            valid = valid & func_interval_mask(f2d[:, jnp.clip(q0 + i, 0, L_f - 1)], j)
         act = jnp.where(valid[None], jax.nn.silu(s), jnp.zeros((), cdt))
         o = jnp.einsum("hqk,khd->qhd", act, vt, preferred_element_type=cdt)
         return o * jnp.asarray(inv_scale, cdt)
@@ -238,33 +234,6 @@ def _hstu_attention_bwd_ref_impl(
 
 
 # ----------------------------------------------------------------------------- BSA
-
-
-def normalize_bsa_metadata(q2k_block_index, block_sparse_num=None, block_sizes=None,
-                           q2k_block_nums=None):
-    """Normalise BSA metadata to the kernel-interface form (docs/design.md).
-
-    Returns ``(q2k_block_index int32 (B, H_q, N_q, K_max), q2k_block_nums int32
-    (B, H_q, N_q), block_sizes None | int32 (B, H_q, N_kv))``. A fixed
-    ``block_sparse_num`` becomes a filled counts array; ``block_sizes`` of rank 1
-    ``(N_kv,)`` or 2 ``(B, N_kv)`` is broadcast to rank 3. No checks are made here.
-    """
-    idx = jnp.asarray(q2k_block_index).astype(jnp.int32)
-    B, Hq, Nq, _ = idx.shape
-    if q2k_block_nums is not None:
-        nums = jnp.asarray(q2k_block_nums).astype(jnp.int32)
-    else:
-        nums = jnp.full((B, Hq, Nq), block_sparse_num, jnp.int32)
-    sizes = None
-    if block_sizes is not None:
-        bs = jnp.asarray(block_sizes).astype(jnp.int32)
-        if bs.ndim == 1:
-            sizes = jnp.broadcast_to(bs[None, None, :], (B, Hq, bs.shape[0]))
-        elif bs.ndim == 2:
-            sizes = jnp.broadcast_to(bs[:, None, :], (B, Hq, bs.shape[1]))
-        else:
-            sizes = bs
-    return idx, nums, sizes
 
 
 def _to_bhsd(x, layout):

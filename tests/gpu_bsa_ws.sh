@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
-# GPU check of the warp-specialized block-sparse forward (JAX_SPARSE_ATTN_BSA_FWD_IMPL=sm90ws,
-# opt-in) in one device call, from the repo root (after `source .devcache/setup.sh` where the
+# GPU check of the warp-specialized block-sparse forward (switch bsa_fwd_impl=sm90ws,
+# JAX_SPARSE_ATTN_BSA_FWD_IMPL=sm90ws; opt-in) in one device call, from the repo root (after `source .devcache/setup.sh` where the
 # environment needs it). Steps (STEPS, default "sgtb"), each under `timeout` so that a hang in
 # the mbarrier pipeline cannot eat the call:
 #   s  smoke: one small sm90ws case (blk128, all blocks listed); stops here on failure
 #   g  the sm90ws cases of tests/test_gpu_bsa.py (test_bsa_sm90ws_forward)
-#   t  the whole BSA GPU grid with the forward on sm90ws (sharded; the backward is the default)
+#   t  the whole BSA GPU grid with the forward on sm90ws (BSA_TEST_IMPLS=sm90ws, sharded;
+#      the backward is the default one)
 #   b  benchmark: the issue-table forward rows, sm90 (today's default) vs sm90ws and its
 #      ablation variants (no intra-warpgroup overlap, no ping-pong)
 # Logs and JSON under $OUT (or ./gpu_out).
@@ -32,8 +33,8 @@ fi
 if [[ $STEPS == *t* ]]; then
   pids=()
   for ((i = 0; i < SHARDS; i++)); do
-    JAX_SPARSE_ATTN_BSA_FWD_IMPL=sm90ws BSA_TEST_SHARD=$i/$SHARDS timeout ${T_GRID:-300} $PYT \
-      tests/test_gpu_bsa.py -k "test_bsa_kernel_matches_reference" > "$out/bsa_ws_grid_$i.log" 2>&1 &
+    BSA_TEST_IMPLS=sm90ws BSA_TEST_SHARD=$i/$SHARDS timeout ${T_GRID:-300} $PYT \
+      tests/test_gpu_bsa.py -k "TestBSAKernelGrid and sm90ws" > "$out/bsa_ws_grid_$i.log" 2>&1 &
     pids+=($!)
   done
   wait "${pids[@]}"

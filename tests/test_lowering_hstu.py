@@ -99,7 +99,7 @@ def test_hstu_kernel_lowers(dtype, head_dim, mask, direction):
 
 def test_hstu_kernel_lowers_dv_ne_d_and_window_values():
     """D != D_v and different window values share one compiled configuration."""
-    from jax_sparse_attn.ffi import hstu as fh  # noqa: PLC0415
+    import jax_sparse_attn as jsa  # noqa: PLC0415
 
     q = jax.ShapeDtypeStruct((T, 2, 64), jnp.bfloat16)
     v = jax.ShapeDtypeStruct((T, 2, 128), jnp.bfloat16)
@@ -107,26 +107,22 @@ def test_hstu_kernel_lowers_dv_ne_d_and_window_values():
     texts = []
     for window in ((-1, 0), (63, 17)):
         def f(q, k, v, cu, window=window):
-            return fh.hstu_fwd(q, k, v, cu, cu, None, max_seqlen_q=100, max_seqlen_k=100,
-                               scaling_seqlen=100.0, window_size=window, alpha=1.0)
+            return jsa.hstu_attention(q, k, v, cu, cu, max_seqlen_q=100, max_seqlen_k=100,
+                                      scaling_seqlen=100.0, window_size=window, backend="kernel")
 
         texts.append(_lower(f, q, q, v, cu))
     assert all(_target() in t for t in texts)
 
 
-# the warp-specialized forward's static variants: every head dim (D = 256 uses 64-key tiles, one
-# Q stage and the O staging buffer inside Q's), D != D_v, fp16, func masks, and the ablation /
-# tuning knobs of JAX_SPARSE_ATTN_HSTU_WS
-# (the default-path test above already lowers sm90ws for every dtype x head dim x mask kind)
-WS_LOWER = [("sm90ws", "", d, dv, fn, dt)
-            for d, dv, fn, dt in ((256, 256, 7, "bfloat16"), (64, 128, 0, "bfloat16"))]
-WS_LOWER += [("sm90ws", ws, 128, 128, 0, "bfloat16")
-             for ws in ("nooverlap", "nopingpong", "q1", "silu16")]
-WS_LOWER += [("sm90ws", "bn=80", 256, 256, 0, "float16"), ("sm80", "", 128, 128, 0, "bfloat16")]
+def _fwd_impls():
+    from jax_sparse_attn.config import SWITCHES  # noqa: PLC0415
+
+    return next(sw.allowed for sw in SWITCHES if sw.field == "hstu_fwd_impl")
 
 
-def _fwd_text(head_dim, head_dim_v, func_n, dtype):
-    from jax_sparse_attn.ffi import hstu as fh  # noqa: PLC0415
+def _fwd_text(head_dim, head_dim_v, func_n, dtype, switches=None):
+    """The lowered text of the public forward (kernel backend) with the given switches."""
+    import jax_sparse_attn as jsa  # noqa: PLC0415
 
     q = jax.ShapeDtypeStruct((T, 2, head_dim), jnp.dtype(dtype))
     v = jax.ShapeDtypeStruct((T, 2, head_dim_v), jnp.dtype(dtype))
@@ -135,43 +131,74 @@ def _fwd_text(head_dim, head_dim_v, func_n, dtype):
     window = (-1, -1) if func_n else (-1, 0)
 
     def f(q, k, v, cu, func):
-        return fh.hstu_fwd(q, k, v, cu, cu, func, max_seqlen_q=100, max_seqlen_k=100,
-                           scaling_seqlen=100.0, window_size=window, alpha=1.0)
+        return jsa.hstu_attention(q, k, v, cu, cu, func=func, max_seqlen_q=100, max_seqlen_k=100,
+                                  window_size=window, backend="kernel", switches=switches)
 
     return _lower(f, q, q, v, cu, func)
 
 
-@pytest.mark.parametrize("impl,ws,head_dim,head_dim_v,func_n,dtype", WS_LOWER,
-                         ids=["-".join(map(str, c)).replace("=", "") for c in WS_LOWER])
-def test_hstu_forward_impls_lower(monkeypatch, impl, ws, head_dim, head_dim_v, func_n, dtype):
-    """The forwards (sm90ws with its knobs; the portable sm80) keep compiling for sm_90a."""
-    monkeypatch.setenv("JAX_SPARSE_ATTN_HSTU_FWD_IMPL", impl)
-    monkeypatch.setenv("JAX_SPARSE_ATTN_HSTU_WS", ws)
-    txt = _fwd_text(head_dim, head_dim_v, func_n, dtype)
+# Every forward of the hstu_fwd_impl switch at every head dim (D = 256 uses 64-key tiles; for
+# sm90ws also one Q stage and the O staging buffer inside Q's), with func masks, fp16 and
+# D != D_v. The default forward's configurations that the two tests above already compile
+# are left out here.
+_IMPL_CONFIGS = ((128, 128, 0, "bfloat16"), (64, 64, 3, "float16"), (32, 32, 0, "bfloat16"),
+                 (256, 256, 7, "bfloat16"), (64, 128, 0, "bfloat16"))
+FWD_LOWER = [(impl, d, dv, fn, dt) for impl in _fwd_impls()
+             for d, dv, fn, dt in _IMPL_CONFIGS
+             if impl != _fwd_impls()[0] or fn == 7]
+
+
+@pytest.mark.parametrize("impl,head_dim,head_dim_v,func_n,dtype", FWD_LOWER,
+                         ids=["-".join(map(str, c)) for c in FWD_LOWER])
+def test_hstu_forward_impls_lower(impl, head_dim, head_dim_v, func_n, dtype):
+    """Every value of the hstu_fwd_impl switch (sm90ws, the default; the mma.sync sm80; any
+    added later) has a forward that compiles for sm_90a; the forward is chosen through the
+    public ``switches`` argument."""
+    from jax_sparse_attn.config import Switches  # noqa: PLC0415
+
+    txt = _fwd_text(head_dim, head_dim_v, func_n, dtype, Switches(hstu_fwd_impl=impl))
+    assert _target() in txt and "\\7FELF" in txt
+
+
+# the sm90ws forward's variants (hstu_fwd_ws / JAX_SPARSE_ATTN_HSTU_WS: ablation and tuning)
+WS_LOWER = [(ws, 128, 0, "bfloat16") for ws in ("nooverlap", "nopingpong", "q1", "silu16")]
+WS_LOWER += [("bn=80", 256, 0, "float16")]
+
+
+@pytest.mark.parametrize("ws,head_dim,func_n,dtype", WS_LOWER,
+                         ids=[c[0].replace("=", "") for c in WS_LOWER])
+def test_hstu_sm90ws_variants_lower(ws, head_dim, func_n, dtype):
+    from jax_sparse_attn.config import Switches  # noqa: PLC0415
+
+    txt = _fwd_text(head_dim, head_dim, func_n, dtype,
+                    Switches(hstu_fwd_impl="sm90ws", hstu_fwd_ws=(ws,)))
     assert _target() in txt and "\\7FELF" in txt
 
 
 _PTX_SCRIPT = """
 import sys
 sys.path.insert(0, {root!r})
-import tests.test_lowering_hstu as t
-t._fwd_text({d}, {d}, {fn}, {dt!r})
+sys.path.insert(0, {tests!r})
+import test_lowering_hstu as t
+from jax_sparse_attn.config import Switches
+t._fwd_text({d}, {d}, {fn}, {dt!r}, Switches(hstu_fwd_impl="sm90ws"))
 """
 
 
 @pytest.mark.parametrize("head_dim,func_n,dtype", [(128, 0, "bfloat16"), (256, 3, "float16")])
 def test_hstu_sm90ws_ptx_is_warp_specialized(tmp_path, head_dim, func_n, dtype):
-    """The default forward's PTX (kept with CUTE_DSL_KEEP=ptx, in a fresh process so that the
+    """The sm90ws forward's PTX (kept with CUTE_DSL_KEEP=ptx, in a fresh process so that the
     CuTe DSL reads the variables and compiles) has TMA loads, warpgroup MMAs and register
     reallocation between the producer and the consumer warpgroups."""
     import subprocess  # noqa: PLC0415
     import sys  # noqa: PLC0415
 
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    env = dict(os.environ, CUTE_DSL_ARCH="sm_90a", JAX_SPARSE_ATTN_FORCE_KERNEL="1",
-               JAX_SPARSE_ATTN_HSTU_FWD_IMPL="sm90ws", JAX_SPARSE_ATTN_HSTU_WS="",
-               CUTE_DSL_KEEP="ptx", CUTE_DSL_DUMP_DIR=str(tmp_path), JAX_PLATFORMS="cpu")
-    script = _PTX_SCRIPT.format(root=root, d=head_dim, fn=func_n, dt=dtype)
+    tests = os.path.dirname(os.path.abspath(__file__))
+    root = os.path.dirname(tests)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("JAX_SPARSE_ATTN_")}
+    env.update(CUTE_DSL_ARCH="sm_90a", JAX_SPARSE_ATTN_FORCE_KERNEL="1", CUTE_DSL_KEEP="ptx",
+               CUTE_DSL_DUMP_DIR=str(tmp_path), JAX_PLATFORMS="cpu")
+    script = _PTX_SCRIPT.format(root=root, tests=tests, d=head_dim, fn=func_n, dt=dtype)
     r = subprocess.run([sys.executable, "-c", script], env=env, cwd=root, capture_output=True,
                        text=True, timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
@@ -183,9 +210,43 @@ def test_hstu_sm90ws_ptx_is_warp_specialized(tmp_path, head_dim, func_n, dtype):
         assert needle in text, f"{needle} missing from the sm90ws PTX"
 
 
-def test_hstu_fwd_impl_env_rejects_unknown(monkeypatch):
+def test_hstu_fwd_tile_switch_is_validated():
+    """The tile override reaches the sm80 compile key; a tile the sm80 forward cannot run, or
+    any tile with sm90ws (which takes block_n from hstu_fwd_ws), is a ValueError naming the
+    switch."""
+    from jax_sparse_attn.config import Switches  # noqa: PLC0415
     from jax_sparse_attn.ffi import hstu as fh  # noqa: PLC0415
 
-    monkeypatch.setenv("JAX_SPARSE_ATTN_HSTU_FWD_IMPL", "sm99")
-    with pytest.raises(ValueError, match="JAX_SPARSE_ATTN_HSTU_FWD_IMPL"):
-        fh.fwd_config(jnp.bfloat16, 128, 128, False, 1)
+    key = fh.fwd_config("bfloat16", 128, 128, 3, Switches(hstu_fwd_impl="sm80",
+                                                           hstu_fwd_tile=(64, 64, 4)))
+    assert (key.block_m, key.block_n, key.num_warps, key.impl, key.has_func, key.func_n) == (
+        64, 64, 4, "sm80", True, 3)
+    for sw in (Switches(hstu_fwd_tile=(128, 64, 12)),
+               Switches(hstu_fwd_impl="sm80", hstu_fwd_tile=(48, 64, 4))):
+        with pytest.raises(ValueError, match="JAX_SPARSE_ATTN_HSTU_FWD_TILE"):
+            fh.fwd_config("bfloat16", 128, 128, 0, sw)
+
+
+def test_hstu_sm90ws_config_from_switches():
+    """The sm90ws compile key: 128 x 128 tiles (64 keys at D = 256), 12 warps, the variants of
+    hstu_fwd_ws; a block_n that does not fit shared memory is a ValueError naming the switch."""
+    from jax_sparse_attn.config import Switches  # noqa: PLC0415
+    from jax_sparse_attn.ffi import hstu as fh  # noqa: PLC0415
+
+    key = fh.fwd_config("float16", 128, 128, 0, Switches())
+    assert (key.impl, key.dtype, key.block_m, key.block_n, key.num_warps) == (
+        "sm90ws", "float16", 128, 128, 12)
+    assert (key.ws_overlap, key.ws_pingpong, key.ws_q_stages, key.ws_silu16) == (
+        True, True, 2, False)
+    assert key.num_sms > 0
+    assert fh.fwd_config("bfloat16", 256, 256, 7, Switches()).block_n == 64
+    key = fh.fwd_config("bfloat16", 64, 128, 0, Switches(
+        hstu_fwd_ws=("nooverlap", "nopingpong", "q1", "silu16", "bn=64")))
+    assert (key.block_n, key.ws_overlap, key.ws_pingpong, key.ws_q_stages, key.ws_silu16) == (
+        64, False, False, 1, True)
+    # the sm80 forward ignores the sm90ws variants: its compile key is the default one
+    assert fh.fwd_config("bfloat16", 128, 128, 0, Switches(
+        hstu_fwd_impl="sm80", hstu_fwd_ws=("q1",))) == fh.fwd_config(
+        "bfloat16", 128, 128, 0, Switches(hstu_fwd_impl="sm80"))
+    with pytest.raises(ValueError, match="JAX_SPARSE_ATTN_HSTU_WS"):
+        fh.fwd_config("bfloat16", 256, 256, 0, Switches(hstu_fwd_ws=("bn=256",)))

@@ -1,0 +1,382 @@
+"""Static configuration: the implementation switches and the per-op configs.
+
+Two kinds of frozen (hashable) dataclasses live here:
+
+* :class:`Switches`: which kernel implementation and tiles the kernel backend uses. The
+  public ops take ``switches=`` (default :func:`from_env`, which reads the
+  ``JAX_SPARSE_ATTN_*`` environment variables listed in :data:`SWITCHES` and validates
+  every value). Switches only matter on the kernel backend; the reference backend
+  ignores them.
+* :class:`HSTUConfig` / :class:`BSAConfig`: everything static about one call of an op,
+  built once by the public layer (``hstu.py`` / ``bsa.py``) from the validated
+  arguments and the switches, and passed as the ``custom_vjp`` non-differentiable
+  argument to the backend. On the kernel backend they carry the kernel compile keys of
+  each pass (``fwd``, ``bwd``, ``pre``): frozen dataclasses of static kernel properties
+  only (dtype, head dims, tiles, implementation, presence flags), derived in
+  ``ffi/hstu.py`` / ``ffi/bsa.py``. Runtime values (alpha, window sizes, scalings,
+  lengths) stay out of those keys.
+
+Adding an implementation (e.g. a new HSTU forward kernel) is one entry in
+the ``allowed`` tuple of its :data:`SWITCHES` row (the first entry is the default) plus
+the branch that builds the kernel in the ffi adapter; docs/design.md lists the switches
+in one table (:func:`switches_table`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Callable, Mapping
+
+__all__ = [
+    "Switch",
+    "SWITCHES",
+    "Switches",
+    "from_env",
+    "force_kernel",
+    "ws_options",
+    "bsa_ws_options",
+    "HSTUConfig",
+    "BSAConfig",
+]
+
+_TRUE = ("1", "true")
+_FALSE = ("0", "false")
+
+
+def _parse_choice(allowed):
+    def parse(var, raw):
+        if raw not in allowed:
+            raise ValueError(f"{var}={raw!r} is not one of the allowed values {allowed}")
+        return raw
+
+    return parse
+
+
+def _parse_bool(var, raw):
+    low = raw.lower()
+    if low in _TRUE:
+        return True
+    if low in _FALSE:
+        return False
+    raise ValueError(f"{var}={raw!r} is not one of the allowed values {_TRUE + _FALSE}")
+
+
+def _parse_count(var, raw):
+    try:
+        n = int(raw)
+    except ValueError:
+        n = -1
+    if n < 0 or str(n) != raw.strip():
+        raise ValueError(f"{var}={raw!r} is not allowed: give a non-negative integer")
+    return n
+
+
+#: the flags of the sm90ws forward's tuning switch (JAX_SPARSE_ATTN_HSTU_WS); ``bn=N`` is
+#: the fifth entry
+WS_FLAGS = ("nooverlap", "nopingpong", "q1", "silu16")
+_WS_ALLOWED = ("comma list of " + ", ".join(WS_FLAGS)
+               + ", bn=N (block_n: a multiple of 16 in 16..256)")
+
+
+def _parse_ws(var, raw):
+    """A comma list of :data:`WS_FLAGS` and ``bn=N``, each at most once, as a tuple in the
+    given order."""
+    opts = tuple(o.strip() for o in raw.split(",") if o.strip())
+    for o in opts:
+        ok = o in WS_FLAGS
+        if o.startswith("bn="):
+            n = o[3:]
+            ok = n.isdigit() and str(int(n)) == n and int(n) % 16 == 0 and 16 <= int(n) <= 256
+        if not ok:
+            raise ValueError(f"{var}={raw!r}: {o!r} is not allowed; allowed: {_WS_ALLOWED}")
+    names = [o.split("=")[0] for o in opts]
+    if len(set(names)) != len(names):
+        raise ValueError(f"{var}={raw!r} names an option twice; allowed: {_WS_ALLOWED}")
+    return opts
+
+
+def ws_options(opts) -> dict:
+    """The sm90ws forward's options from a validated ``Switches.hstu_fwd_ws`` tuple:
+    ``overlap`` (intra-warpgroup GEMM overlap), ``pingpong`` (consumer warpgroups issue their
+    GEMMs in turns), ``q_stages`` (2: the next tile's Q loads during this tile's mainloop),
+    ``silu16`` (score function in packed 16-bit arithmetic), ``bn`` (block_n, 0: the
+    kernel's default for the head dims)."""
+    bn = [int(o[3:]) for o in opts if o.startswith("bn=")]
+    return {"overlap": "nooverlap" not in opts, "pingpong": "nopingpong" not in opts,
+            "q_stages": 1 if "q1" in opts else 2, "silu16": "silu16" in opts,
+            "bn": bn[0] if bn else 0}
+
+
+#: the flags of the sm90ws BSA forward's tuning switch (JAX_SPARSE_ATTN_BSA_WS), plus
+#: ``stages=N`` (at most N K/V stages, 2..8)
+BSA_WS_FLAGS = ("nooverlap", "nopingpong", "q1")
+_BSA_WS_ALLOWED = ("comma list of " + ", ".join(BSA_WS_FLAGS)
+                   + ", stages=N (most K/V shared-memory stages: 2..8)")
+
+
+def _parse_bsa_ws(var, raw):
+    """A comma list of :data:`BSA_WS_FLAGS` and ``stages=N``, each at most once, as a tuple
+    in the given order."""
+    opts = tuple(o.strip() for o in raw.split(",") if o.strip())
+    for o in opts:
+        ok = o in BSA_WS_FLAGS
+        if o.startswith("stages="):
+            n = o[7:]
+            ok = n.isdigit() and str(int(n)) == n and 2 <= int(n) <= 8
+        if not ok:
+            raise ValueError(f"{var}={raw!r}: {o!r} is not allowed; allowed: {_BSA_WS_ALLOWED}")
+    names = [o.split("=")[0] for o in opts]
+    if len(set(names)) != len(names):
+        raise ValueError(f"{var}={raw!r} names an option twice; allowed: {_BSA_WS_ALLOWED}")
+    return opts
+
+
+def bsa_ws_options(opts) -> dict:
+    """The sm90ws BSA forward's options from a validated ``Switches.bsa_fwd_ws`` tuple:
+    ``overlap`` (PV GEMM of block j-1 in flight during block j's softmax), ``pingpong``
+    (blk 128: the two consumer warpgroups issue their GEMMs in turns), ``q_stages`` (2: the
+    next item's Q loads during this item's mainloop), ``max_stages`` (most K/V stages)."""
+    st = [int(o[7:]) for o in opts if o.startswith("stages=")]
+    return {"overlap": "nooverlap" not in opts, "pingpong": "nopingpong" not in opts,
+            "q_stages": 1 if "q1" in opts else 2, "max_stages": st[0] if st else 4}
+
+
+def _parse_tile(var, raw):
+    parts = raw.split(",")
+    try:
+        tile = tuple(int(p) for p in parts)
+    except ValueError:
+        tile = ()
+    if len(tile) != 3 or any(t <= 0 for t in tile):
+        raise ValueError(f"{var}={raw!r} is not allowed: give 'block_m,block_n,num_warps' "
+                         "(three positive integers)")
+    return tile
+
+
+@dataclasses.dataclass(frozen=True)
+class Switch:
+    """One implementation switch: its field of :class:`Switches`, environment variable,
+    allowed values (a tuple, or a description for the docs table), parser, default and
+    meaning."""
+
+    field: str
+    env: str
+    allowed: tuple | str
+    parse: Callable[[str, str], object]
+    default: object
+    doc: str
+
+
+def _choice(field, env, allowed, doc):
+    """A switch choosing one of ``allowed``; the first one is the default."""
+    return Switch(field, env, tuple(allowed), _parse_choice(tuple(allowed)), allowed[0], doc)
+
+
+_TILE = "block_m,block_n,num_warps"
+
+#: The implementation switches, one row each. To add an implementation, add its name to
+#: the ``allowed`` tuple of its row (the first name is the default).
+SWITCHES = (
+    _choice("hstu_fwd_impl", "JAX_SPARSE_ATTN_HSTU_FWD_IMPL", ("sm90ws", "sm80"),
+            "HSTU forward kernel: sm90ws (warp-specialized: TMA producer warp, two wgmma "
+            "consumer warpgroups, persistent grid), sm80 (mma.sync, cp.async)"),
+    Switch("hstu_fwd_ws", "JAX_SPARSE_ATTN_HSTU_WS", _WS_ALLOWED, _parse_ws, (),
+           "sm90ws forward variants (tuning / ablation; the sm80 forward ignores them): "
+           "nooverlap (no intra-warpgroup overlap of S = QK^T and O += PV), nopingpong "
+           "(consumer warpgroups in lockstep), q1 (single-buffered Q), silu16 (score "
+           "function in packed 16-bit arithmetic), bn=N (keys per tile; default 128, 64 "
+           "at D = 256)"),
+    Switch("hstu_fwd_tile", "JAX_SPARSE_ATTN_HSTU_FWD_TILE", _TILE, _parse_tile, None,
+           "HSTU sm80 forward tile override (tuning; unset: the kernel's tiles for the head "
+           "dims); with sm90ws it is an error (bn=N of JAX_SPARSE_ATTN_HSTU_WS sets its "
+           "block_n)"),
+    Switch("hstu_bwd_tile", "JAX_SPARSE_ATTN_HSTU_BWD_TILE", _TILE, _parse_tile, None,
+           "HSTU backward tile override (tuning)"),
+    _choice("bsa_fwd_impl", "JAX_SPARSE_ATTN_BSA_FWD_IMPL", ("sm90", "sm90ws", "sm80"),
+            "BSA forward kernel: sm90 (wgmma, cp.async; D in {64, 128}, other D use sm80), "
+            "sm90ws (opt-in: warp-specialized TMA producer warp + wgmma consumer warpgroups, "
+            "persistent grid; D in {64, 128}, other D use sm80), sm80 (mma.sync, every D)"),
+    Switch("bsa_fwd_ws", "JAX_SPARSE_ATTN_BSA_WS", _BSA_WS_ALLOWED, _parse_bsa_ws, (),
+           "sm90ws BSA forward variants (tuning / ablation; other forwards ignore them): "
+           "nooverlap (no overlap of the PV GEMM with the next block's softmax), nopingpong "
+           "(blk 128: consumer warpgroups in lockstep), q1 (single-buffered Q), stages=N "
+           "(most K/V stages)"),
+    _choice("bsa_bwd_impl", "JAX_SPARSE_ATTN_BSA_BWD_IMPL", ("sm90", "sm80"),
+            "BSA backward kernel, as for the forward"),
+    _choice("bsa_pre_impl", "JAX_SPARSE_ATTN_BSA_PRE_IMPL", ("kernel", "xla"),
+            "BSA backward preprocessing (delta = rowsum(dO*O), zeroed dQ accumulator): "
+            "kernel (one CuTe DSL launch) or xla (an XLA fusion)"),
+    Switch("bsa_fwd_q_in_regs", "JAX_SPARSE_ATTN_BSA_FWD_Q_IN_REGS", _TRUE + _FALSE,
+           _parse_bool, True, "BSA sm80 forward keeps Q fragments in registers for D <= 128"),
+    Switch("bsa_fwd_min_blocks", "JAX_SPARSE_ATTN_BSA_FWD_MIN_BLOCKS", "integer >= 0",
+           _parse_count, 0, "BSA sm80 forward: minimum resident CTAs per SM hint (0 = none)"),
+    Switch("bsa_bwd_min_blocks", "JAX_SPARSE_ATTN_BSA_BWD_MIN_BLOCKS", "integer >= 0",
+           _parse_count, None, "BSA sm80 backward: minimum resident CTAs per SM hint "
+                               "(unset: 2 for D <= 128, else 1)"),
+    Switch("force_kernel", "JAX_SPARSE_ATTN_FORCE_KERNEL", _TRUE + _FALSE, _parse_bool, False,
+           "skip the SM90 device check of backend selection, so that a CPU machine lowers "
+           "the kernel path for lowering_platforms=('cuda',)"),
+)
+_FORCE_KERNEL = SWITCHES[-1]
+_DEFAULT = {sw.field: sw.default for sw in SWITCHES}
+
+
+@dataclasses.dataclass(frozen=True)
+class Switches:
+    """Implementation switches of the kernel backend (see :data:`SWITCHES`).
+
+    ``None`` tiles / min-block counts mean the kernel's default for the call's head dims.
+    Build with :func:`from_env` or directly, e.g. ``Switches(hstu_fwd_impl="sm80")``;
+    field values are validated like the environment variables. ``hstu_fwd_ws`` is a tuple
+    of option names, e.g. ``("nopingpong", "bn=64")`` (a comma-separated string is turned
+    into that tuple).
+    """
+
+    hstu_fwd_impl: str = _DEFAULT["hstu_fwd_impl"]
+    hstu_fwd_ws: tuple = _DEFAULT["hstu_fwd_ws"]
+    hstu_fwd_tile: tuple | None = _DEFAULT["hstu_fwd_tile"]
+    hstu_bwd_tile: tuple | None = _DEFAULT["hstu_bwd_tile"]
+    bsa_fwd_impl: str = _DEFAULT["bsa_fwd_impl"]
+    bsa_fwd_ws: tuple = _DEFAULT["bsa_fwd_ws"]
+    bsa_bwd_impl: str = _DEFAULT["bsa_bwd_impl"]
+    bsa_pre_impl: str = _DEFAULT["bsa_pre_impl"]
+    bsa_fwd_q_in_regs: bool = _DEFAULT["bsa_fwd_q_in_regs"]
+    bsa_fwd_min_blocks: int = _DEFAULT["bsa_fwd_min_blocks"]
+    bsa_bwd_min_blocks: int | None = _DEFAULT["bsa_bwd_min_blocks"]
+
+    def __post_init__(self):
+        for sw in _switches_of(Switches):
+            val = getattr(self, sw.field)
+            if sw.parse in (_parse_ws, _parse_bsa_ws) and isinstance(val, str):
+                # "nopingpong,bn=64" -> tuple
+                val = sw.parse(f"Switches.{sw.field} (environment variable {sw.env})", val)
+                object.__setattr__(self, sw.field, val)
+            if val is None and sw.default is None:
+                continue
+            ok = isinstance(val, bool) if sw.parse is _parse_bool else not isinstance(val, bool)
+            try:
+                ok = ok and sw.parse(sw.env, _raw(val)) == val
+            except ValueError:
+                ok = False
+            if not ok:
+                raise ValueError(f"Switches.{sw.field} (environment variable {sw.env}) = "
+                                 f"{val!r} is not allowed; allowed: {_allowed_text(sw)}")
+
+
+def _raw(val) -> str:
+    if isinstance(val, bool):
+        return "1" if val else "0"
+    if isinstance(val, tuple):
+        return ",".join(map(str, val))
+    return str(val)
+
+
+def _allowed_text(sw) -> str:
+    return ", ".join(sw.allowed) if isinstance(sw.allowed, tuple) else sw.allowed
+
+
+def _switches_of(cls):
+    names = {f.name for f in dataclasses.fields(cls)}
+    return [sw for sw in SWITCHES if sw.field in names]
+
+
+def _read(sw, env):
+    raw = env.get(sw.env, "")
+    return None if raw == "" else sw.parse(sw.env, raw)
+
+
+def from_env(environ: Mapping[str, str] | None = None) -> Switches:
+    """The :class:`Switches` set by the environment (``os.environ`` by default).
+
+    Unset or empty variables keep the defaults. Raises ``ValueError`` naming the variable
+    and its allowed values for any other value of any variable in :data:`SWITCHES`
+    (``JAX_SPARSE_ATTN_FORCE_KERNEL`` included, which :func:`force_kernel` reads).
+    """
+    env = os.environ if environ is None else environ
+    force_kernel(env)
+    vals = {sw.field: _read(sw, env) for sw in _switches_of(Switches)}
+    return Switches(**{k: v for k, v in vals.items() if v is not None})
+
+
+def force_kernel(environ: Mapping[str, str] | None = None) -> bool:
+    """``JAX_SPARSE_ATTN_FORCE_KERNEL``: skip the device check of backend selection (CPU
+    lowering of the kernel path); ValueError for a value outside 0/1/true/false."""
+    env = os.environ if environ is None else environ
+    return bool(_read(_FORCE_KERNEL, env))
+
+
+def switches_table() -> str:
+    """The switches as a Markdown table (docs/design.md embeds it)."""
+    rows = ["| variable | `Switches` field | allowed | default | meaning |",
+            "|---|---|---|---|---|"]
+    fields = {sw.field for sw in _switches_of(Switches)}
+    for sw in SWITCHES:
+        field = f"`{sw.field}`" if sw.field in fields else "(environment only)"
+        default = "unset" if sw.default is None else (_raw(sw.default) or "empty")
+        rows.append(f"| `{sw.env}` | {field} | {_allowed_text(sw)} | {default} | {sw.doc} |")
+    return "\n".join(rows)
+
+
+# ----------------------------------------------------------------------------- op configs
+
+
+@dataclasses.dataclass(frozen=True)
+class HSTUConfig:
+    """Static options of one HSTU call (the ``custom_vjp`` nondiff argument).
+
+    The first group comes from the validated arguments (:func:`~jax_sparse_attn.validation.
+    check_hstu_args`); ``backend``, the padded head dims and the kernel compile keys are
+    filled by the public layer once the backend is chosen. ``head_dim_pad`` /
+    ``head_dim_v_pad`` are the head dims the kernels run at (q/k/v zero-padded, the output
+    sliced back); they equal the true dims on the reference backend.
+    """
+
+    dtype: str
+    head_dim: int
+    head_dim_v: int
+    max_seqlen_q: int
+    max_seqlen_k: int
+    scaling_seqlen: float
+    window_size: tuple
+    alpha: float
+    paged: bool
+    func_n: int  # endpoint rows of func; 0 without func
+    backend: str = "reference"  # resolved: "kernel" or "reference"
+    head_dim_pad: int = 0
+    head_dim_v_pad: int = 0
+    fwd: object = None  # ffi.hstu.HstuFwdConfig (kernel backend)
+    bwd: object = None  # ffi.hstu.HstuBwdConfig (kernel backend, not paged)
+
+    @property
+    def has_func(self) -> bool:
+        return self.func_n > 0
+
+
+@dataclasses.dataclass(frozen=True)
+class BSAConfig:
+    """Static options of one block-sparse attention call (the ``custom_vjp`` nondiff
+    argument). Shapes are in bhsd order whatever the layout. ``fwd`` / ``bwd`` / ``pre``
+    are the kernel compile keys (kernel backend; ``pre`` None = XLA preprocessing)."""
+
+    dtype: str
+    layout: str
+    sparse_block_size: int
+    softmax_scale: float
+    block_sparse_num: int | None
+    allow_empty_block_nums: bool
+    has_block_sizes: bool
+    batch: int
+    num_heads_q: int
+    num_heads_kv: int
+    seqlen_q: int
+    seqlen_kv: int
+    head_dim: int
+    head_dim_v: int
+    num_q_blocks: int
+    num_kv_blocks: int
+    k_max: int
+    backend: str = "reference"
+    fwd: object = None  # ffi.bsa.BsaFwdConfig
+    bwd: object = None  # ffi.bsa.BsaBwdConfig
+    pre: object = None  # ffi.bsa.BsaPreConfig, or None for the XLA preprocessing

@@ -1,0 +1,106 @@
+"""The implementation-switch registry (jax_sparse_attn.config)."""
+
+from __future__ import annotations
+
+import re
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import jax_sparse_attn as jsa
+from jax_sparse_attn import config
+
+BAD = {"JAX_SPARSE_ATTN_HSTU_FWD_TILE": "128,64", "JAX_SPARSE_ATTN_HSTU_BWD_TILE": "a,b,c",
+       "JAX_SPARSE_ATTN_BSA_FWD_MIN_BLOCKS": "-1", "JAX_SPARSE_ATTN_BSA_BWD_MIN_BLOCKS": "two",
+       "JAX_SPARSE_ATTN_HSTU_WS": "nopingpong,sm99"}
+
+
+@pytest.mark.parametrize("sw", config.SWITCHES, ids=lambda sw: sw.env)
+def test_unknown_switch_value_names_variable_and_allowed_values(sw, monkeypatch):
+    bad = BAD.get(sw.env, "sm99")
+    allowed = ", ".join(sw.allowed) if isinstance(sw.allowed, tuple) else sw.allowed
+    with pytest.raises(ValueError, match=re.escape(sw.env)) as e:
+        config.from_env({sw.env: bad})
+    text = str(e.value)
+    assert bad in text
+    if isinstance(sw.allowed, tuple):
+        assert all(a in text for a in sw.allowed), text
+    else:
+        assert "integer" in text or sw.allowed in text, text
+    # the public ops read the environment on every call (any backend) and fail the same way
+    monkeypatch.setenv(sw.env, bad)
+    q = jnp.ones((4, 1, 8), jnp.float32)
+    cu = np.array([0, 4], np.int32)
+    with pytest.raises(ValueError, match=re.escape(sw.env)):
+        jsa.hstu_attention(q, q, q, cu, cu, max_seqlen_q=4, max_seqlen_k=4)
+    assert allowed  # the docs table has something to show
+
+
+def test_from_env_reads_every_switch():
+    env = {"JAX_SPARSE_ATTN_HSTU_FWD_IMPL": "sm80", "JAX_SPARSE_ATTN_HSTU_FWD_TILE": "64,64,4",
+           "JAX_SPARSE_ATTN_HSTU_BWD_TILE": "64,64,8", "JAX_SPARSE_ATTN_BSA_FWD_IMPL": "sm80",
+           "JAX_SPARSE_ATTN_BSA_BWD_IMPL": "sm80", "JAX_SPARSE_ATTN_BSA_PRE_IMPL": "xla",
+           "JAX_SPARSE_ATTN_BSA_FWD_Q_IN_REGS": "0", "JAX_SPARSE_ATTN_BSA_FWD_MIN_BLOCKS": "2",
+           "JAX_SPARSE_ATTN_BSA_BWD_MIN_BLOCKS": "1", "JAX_SPARSE_ATTN_FORCE_KERNEL": "true",
+           "JAX_SPARSE_ATTN_HSTU_WS": "nopingpong, bn=64"}
+    assert set(env) == {sw.env for sw in config.SWITCHES}
+    assert config.from_env(env) == config.Switches(
+        hstu_fwd_impl="sm80", hstu_fwd_ws=("nopingpong", "bn=64"), hstu_fwd_tile=(64, 64, 4),
+        hstu_bwd_tile=(64, 64, 8),
+        bsa_fwd_impl="sm80", bsa_bwd_impl="sm80", bsa_pre_impl="xla", bsa_fwd_q_in_regs=False,
+        bsa_fwd_min_blocks=2, bsa_bwd_min_blocks=1)
+    assert config.force_kernel(env) and not config.force_kernel({})
+    assert config.from_env({}) == config.Switches()
+    assert config.from_env({"JAX_SPARSE_ATTN_HSTU_FWD_IMPL": ""}) == config.Switches()
+
+
+@pytest.mark.parametrize("field,value", [("hstu_fwd_impl", "sm99"), ("hstu_fwd_impl", "sm90pp"),
+                                         ("hstu_fwd_ws", ("bn=70",)), ("hstu_fwd_ws", "q1,q1"),
+                                         ("hstu_fwd_ws", ["q1"]), ("bsa_pre_impl", None),
+                                         ("hstu_fwd_tile", (1, 2)), ("bsa_fwd_q_in_regs", 1),
+                                         ("bsa_bwd_min_blocks", -2), ("bsa_fwd_min_blocks", True)])
+def test_switches_fields_are_validated(field, value):
+    env = next(sw.env for sw in config.SWITCHES if sw.field == field)
+    with pytest.raises(ValueError, match=re.escape(env)):
+        config.Switches(**{field: value})
+
+
+@pytest.mark.parametrize("raw", ["nooverlap", "nopingpong", "q1", "silu16", "bn=16", "bn=256",
+                                 "bn=80,q1", "nooverlap,nopingpong,q1,silu16,bn=192", " q1 , "])
+def test_sm90ws_variants_parse(raw):
+    """Every option of hstu_fwd_ws is accepted alone and combined; the string form of a
+    Switches field is the environment's; ws_options reads them."""
+    sw = config.from_env({"JAX_SPARSE_ATTN_HSTU_WS": raw})
+    opts = tuple(o.strip() for o in raw.split(",") if o.strip())
+    assert sw.hstu_fwd_ws == opts == config.Switches(hstu_fwd_ws=raw).hstu_fwd_ws
+    got = config.ws_options(sw.hstu_fwd_ws)
+    bn = [int(o[3:]) for o in opts if o.startswith("bn=")]
+    assert got == {"overlap": "nooverlap" not in opts, "pingpong": "nopingpong" not in opts,
+                   "q_stages": 1 if "q1" in opts else 2, "silu16": "silu16" in opts,
+                   "bn": bn[0] if bn else 0}
+
+
+@pytest.mark.parametrize("raw", ["bn=0", "bn=8", "bn=272", "bn=64x", "bn=", "bn", "q2",
+                                 "nopingpong,nopingpong", "bn=64,bn=128", "NOOVERLAP"])
+def test_sm90ws_variants_reject(raw):
+    with pytest.raises(ValueError, match="JAX_SPARSE_ATTN_HSTU_WS") as e:
+        config.from_env({"JAX_SPARSE_ATTN_HSTU_WS": raw})
+    assert all(f in str(e.value) for f in config.WS_FLAGS) and "bn=N" in str(e.value)
+
+
+def test_public_ops_reject_non_switches():
+    q = jnp.ones((4, 1, 8), jnp.float32)
+    cu = np.array([0, 4], np.int32)
+    with pytest.raises(TypeError, match="switches must be"):
+        jsa.hstu_attention(q, q, q, cu, cu, max_seqlen_q=4, max_seqlen_k=4,
+                           switches={"hstu_fwd_impl": "sm80"})
+
+
+def test_docs_table_lists_every_switch():
+    import os  # noqa: PLC0415
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    with open(os.path.join(root, "docs", "design.md")) as f:
+        text = f.read()
+    assert config.switches_table() in text
