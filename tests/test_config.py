@@ -43,13 +43,13 @@ def test_from_env_reads_every_switch():
            "JAX_SPARSE_ATTN_BSA_BWD_IMPL": "sm80", "JAX_SPARSE_ATTN_BSA_PRE_IMPL": "xla",
            "JAX_SPARSE_ATTN_BSA_FWD_Q_IN_REGS": "0", "JAX_SPARSE_ATTN_BSA_FWD_MIN_BLOCKS": "2",
            "JAX_SPARSE_ATTN_BSA_BWD_MIN_BLOCKS": "1", "JAX_SPARSE_ATTN_FORCE_KERNEL": "true",
-           "JAX_SPARSE_ATTN_HSTU_WS": "nopingpong, bn=64"}
+           "JAX_SPARSE_ATTN_HSTU_WS": "nopingpong, bn=64", "JAX_SPARSE_ATTN_BSA_WS": "q1,stages=3"}
     assert set(env) == {sw.env for sw in config.SWITCHES}
     assert config.from_env(env) == config.Switches(
         hstu_fwd_impl="sm80", hstu_fwd_ws=("nopingpong", "bn=64"), hstu_fwd_tile=(64, 64, 4),
         hstu_bwd_tile=(64, 64, 8),
-        bsa_fwd_impl="sm80", bsa_bwd_impl="sm80", bsa_pre_impl="xla", bsa_fwd_q_in_regs=False,
-        bsa_fwd_min_blocks=2, bsa_bwd_min_blocks=1)
+        bsa_fwd_impl="sm80", bsa_fwd_ws=("q1", "stages=3"), bsa_bwd_impl="sm80",
+        bsa_pre_impl="xla", bsa_fwd_q_in_regs=False, bsa_fwd_min_blocks=2, bsa_bwd_min_blocks=1)
     assert config.force_kernel(env) and not config.force_kernel({})
     assert config.from_env({}) == config.Switches()
     assert config.from_env({"JAX_SPARSE_ATTN_HSTU_FWD_IMPL": ""}) == config.Switches()
@@ -59,7 +59,9 @@ def test_from_env_reads_every_switch():
                                          ("hstu_fwd_ws", ("bn=70",)), ("hstu_fwd_ws", "q1,q1"),
                                          ("hstu_fwd_ws", ["q1"]), ("bsa_pre_impl", None),
                                          ("hstu_fwd_tile", (1, 2)), ("bsa_fwd_q_in_regs", 1),
-                                         ("bsa_bwd_min_blocks", -2), ("bsa_fwd_min_blocks", True)])
+                                         ("bsa_bwd_min_blocks", -2), ("bsa_fwd_min_blocks", True),
+                                         ("bsa_fwd_impl", "sm90pp"), ("bsa_fwd_ws", "bn=64"),
+                                         ("bsa_fwd_ws", "stages=9"), ("bsa_fwd_ws", "q1,q1")])
 def test_switches_fields_are_validated(field, value):
     env = next(sw.env for sw in config.SWITCHES if sw.field == field)
     with pytest.raises(ValueError, match=re.escape(env)):
