@@ -158,13 +158,20 @@ def _hstu_attention_ref_impl(
         L_q = cu_q[b + 1] - q0
         L_k = cu_k[b + 1] - cu_k[b]
         i = t * tile + jnp.arange(tile, dtype=jnp.int32)
+        zero = jnp.zeros((), cdt)
+        # Rows past the sequence (the next sequence's data, unused page slots, padding)
+        # are selected away before any arithmetic, so their values (NaN/Inf included)
+        # never reach this sequence's result or gradients.
+        row_in = i < L_q
+        key_in = j < L_k
         qt = q[jnp.clip(q0 + i, 0, T_q - 1)].astype(cdt)  # (tile, H, D)
+        qt = jnp.where(row_in[:, None, None], qt, zero)
         kt, vt = gather_kv(b)
-        kt = kt.astype(cdt)
-        vt = vt.astype(cdt)
+        kt = jnp.where(key_in[:, None, None], kt.astype(cdt), zero)
+        vt = jnp.where(key_in[:, None, None], vt.astype(cdt), zero)
         s = jnp.einsum("qhd,khd->hqk", qt, kt, preferred_element_type=cdt)
         s = s * jnp.asarray(alpha, cdt)
-        valid = (i < L_q)[:, None] & (j < L_k)[None, :]
+        valid = row_in[:, None] & key_in[None, :]
         p = (i + L_k - L_q)[:, None]
         if left >= 0:
             valid = valid & (j[None, :] >= p - left)
@@ -178,7 +185,10 @@ def _hstu_attention_ref_impl(
                 hi = f[2::2][:, :, None]
                 inside = inside | jnp.any((j >= lo) & (j < hi), axis=0)
             valid = valid & inside
-        act = jnp.where(valid[None], jax.nn.silu(s), jnp.zeros((), cdt))
+        # SiLU's limit at -inf is 0 (x * sigmoid(x) would give -inf * 0 = NaN); masked
+        # scores are selected away (never multiplied by zero), also in the gradient.
+        keep = valid[None] & (s > -jnp.inf)
+        act = jnp.where(keep, jax.nn.silu(jnp.where(keep, s, zero)), zero)
         o = jnp.einsum("hqk,khd->qhd", act, vt, preferred_element_type=cdt)
         return o * jnp.asarray(inv_scale, cdt)
 
@@ -314,6 +324,17 @@ def _bsa_item_keys(n, idx, nums, sizes, dims):
     return b, h, m, idc, kval.reshape(K_max * blk), qrow_ok
 
 
+def _listed_kv(kb, vb, b, hk, idc, kval, cdt):
+    """Keys and values of the listed blocks ``(K_max * blk, D)``; key rows that are not
+    keys of this row (inactive list entries, partial-block tails, padding) are selected
+    to zero, so whatever they hold (NaN/Inf included) never reaches a result."""
+    K_max, blk = idc.shape[0], kb.shape[3]
+    zero = jnp.zeros((), cdt)
+    kt = kb[b, hk, idc].reshape(K_max * blk, kb.shape[-1]).astype(cdt)
+    vt = vb[b, hk, idc].reshape(K_max * blk, vb.shape[-1]).astype(cdt)
+    return (jnp.where(kval[:, None], kt, zero), jnp.where(kval[:, None], vt, zero))
+
+
 def _block_sparse_attention_ref_impl(
     q,
     k,
@@ -370,8 +391,7 @@ def _block_sparse_attention_ref_impl(
     def one(n):
         b, h, m, idc, kval, _ = _bsa_item_keys(n, idx, nums, sizes, dims)
         qt = qb[b, h, m].astype(cdt)  # (blk, D)
-        kt = kb[b, h // g, idc].reshape(K_max * blk, D).astype(cdt)
-        vt = vb[b, h // g, idc].reshape(K_max * blk, Dv).astype(cdt)
+        kt, vt = _listed_kv(kb, vb, b, h // g, idc, kval, cdt)
         s = jnp.einsum("qd,kd->qk", qt, kt, preferred_element_type=cdt) * scale
         s = jnp.where(kval[None, :], s, -jnp.inf)
         mx = jnp.max(s, axis=-1)
@@ -442,7 +462,9 @@ def _block_sparse_attention_bwd_ref_impl(
     kb = _pad_blocks(k, Nkv, blk)
     vb = _pad_blocks(v, Nkv, blk)
     dob = _pad_blocks(do, Nq, blk)
-    ob = _pad_blocks(out, Nq, blk)
+    # delta_i = rowsum(dO * O) once per query row (the row term of dS)
+    delta = jnp.sum(do.astype(cdt) * out.astype(cdt), axis=-1)
+    deltab = jnp.pad(delta, ((0, 0), (0, 0), (0, Nq * blk - Sq))).reshape(B, Hq, Nq, blk)
     lseb = jnp.pad(lse, ((0, 0), (0, 0), (0, Nq * blk - Sq)),
                    constant_values=-jnp.inf).reshape(B, Hq, Nq, blk)
     scale = jnp.asarray(softmax_scale, cdt)
@@ -451,10 +473,8 @@ def _block_sparse_attention_bwd_ref_impl(
         b, h, m, idc, kval, qrow_ok = _bsa_item_keys(n, idx, nums, sizes, dims)
         qt = qb[b, h, m].astype(cdt)
         dot = dob[b, h, m].astype(cdt)
-        ot = ob[b, h, m].astype(cdt)
         lt = lseb[b, h, m]
-        kt = kb[b, h // g, idc].reshape(K_max * blk, D).astype(cdt)
-        vt = vb[b, h // g, idc].reshape(K_max * blk, Dv).astype(cdt)
+        kt, vt = _listed_kv(kb, vb, b, h // g, idc, kval, cdt)
         s = jnp.einsum("qd,kd->qk", qt, kt, preferred_element_type=cdt) * scale
         row_ok = qrow_ok & jnp.isfinite(lt)
         lt_safe = jnp.where(row_ok, lt, 0).astype(cdt)
@@ -462,8 +482,8 @@ def _block_sparse_attention_bwd_ref_impl(
         p = jnp.where(ok, jnp.exp(jnp.where(ok, s - lt_safe[:, None], 0)), jnp.zeros((), cdt))
         dv_c = jnp.einsum("qk,qd->kd", p, dot, preferred_element_type=cdt)
         dp = jnp.einsum("qd,kd->qk", dot, vt, preferred_element_type=cdt)
-        di = jnp.sum(dot * ot, axis=-1)
-        ds = p * (dp - di[:, None])
+        di = deltab[b, h, m]
+        ds = jnp.where(ok, p * (dp - di[:, None]), jnp.zeros((), cdt))
         dq = jnp.einsum("qk,kd->qd", ds, kt, preferred_element_type=cdt) * scale
         dk_c = jnp.einsum("qk,qd->kd", ds, qt, preferred_element_type=cdt) * scale
         return dq, dk_c.reshape(K_max, blk, D), dv_c.reshape(K_max, blk, Dv), idc
