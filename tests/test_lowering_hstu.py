@@ -99,7 +99,7 @@ def test_hstu_kernel_lowers(dtype, head_dim, mask, direction):
 
 def test_hstu_kernel_lowers_dv_ne_d_and_window_values():
     """D != D_v and different window values share one compiled configuration."""
-    from jax_sparse_attn.ffi import hstu as fh  # noqa: PLC0415
+    import jax_sparse_attn as jsa  # noqa: PLC0415
 
     q = jax.ShapeDtypeStruct((T, 2, 64), jnp.bfloat16)
     v = jax.ShapeDtypeStruct((T, 2, 128), jnp.bfloat16)
@@ -107,8 +107,8 @@ def test_hstu_kernel_lowers_dv_ne_d_and_window_values():
     texts = []
     for window in ((-1, 0), (63, 17)):
         def f(q, k, v, cu, window=window):
-            return fh.hstu_fwd(q, k, v, cu, cu, None, max_seqlen_q=100, max_seqlen_k=100,
-                               scaling_seqlen=100.0, window_size=window, alpha=1.0)
+            return jsa.hstu_attention(q, k, v, cu, cu, max_seqlen_q=100, max_seqlen_k=100,
+                                      scaling_seqlen=100.0, window_size=window, backend="kernel")
 
         texts.append(_lower(f, q, q, v, cu))
     assert all(_target() in t for t in texts)
@@ -122,13 +122,13 @@ SM90_LOWER = [(impl, d, dv, fn, dt) for impl in ("sm90", "sm90pp")
 
 @pytest.mark.parametrize("impl,head_dim,head_dim_v,func_n,dtype", SM90_LOWER,
                          ids=["-".join(map(str, c)) for c in SM90_LOWER])
-def test_hstu_sm90_forward_impls_lower(monkeypatch, impl, head_dim, head_dim_v, func_n,
-                                      dtype):
+def test_hstu_sm90_forward_impls_lower(impl, head_dim, head_dim_v, func_n, dtype):
     """Both wgmma forwards (sm90pp ping-pong, the default, and the lockstep sm90) keep compiling for
-    sm_90a at every head dim (D=256 uses 64-key tiles) and with D != D_v."""
-    from jax_sparse_attn.ffi import hstu as fh  # noqa: PLC0415
+    sm_90a at every head dim (D=256 uses 64-key tiles) and with D != D_v; the forward is
+    chosen through the public ``switches`` argument."""
+    import jax_sparse_attn as jsa  # noqa: PLC0415
+    from jax_sparse_attn.config import Switches  # noqa: PLC0415
 
-    monkeypatch.setenv("JAX_SPARSE_ATTN_HSTU_FWD_IMPL", impl)
     q = jax.ShapeDtypeStruct((T, 2, head_dim), jnp.dtype(dtype))
     v = jax.ShapeDtypeStruct((T, 2, head_dim_v), jnp.dtype(dtype))
     cu = jax.ShapeDtypeStruct((B + 1,), jnp.int32)
@@ -136,16 +136,26 @@ def test_hstu_sm90_forward_impls_lower(monkeypatch, impl, head_dim, head_dim_v, 
     window = (-1, -1) if func_n else (-1, 0)
 
     def f(q, k, v, cu, func):
-        return fh.hstu_fwd(q, k, v, cu, cu, func, max_seqlen_q=100, max_seqlen_k=100,
-                           scaling_seqlen=100.0, window_size=window, alpha=1.0)
+        return jsa.hstu_attention(q, k, v, cu, cu, func=func, max_seqlen_q=100, max_seqlen_k=100,
+                                  window_size=window, backend="kernel",
+                                  switches=Switches(hstu_fwd_impl=impl))
 
     txt = _lower(f, q, q, v, cu, func)
     assert _target() in txt and "\\7FELF" in txt
 
 
-def test_hstu_fwd_impl_env_rejects_unknown(monkeypatch):
+def test_hstu_fwd_tile_switch_is_validated():
+    """The tile override reaches the compile key, and a tile the forward cannot run is a
+    ValueError naming the switch (also for the wgmma forwards, which used to ignore it)."""
+    from jax_sparse_attn.config import Switches  # noqa: PLC0415
     from jax_sparse_attn.ffi import hstu as fh  # noqa: PLC0415
 
-    monkeypatch.setenv("JAX_SPARSE_ATTN_HSTU_FWD_IMPL", "sm99")
-    with pytest.raises(ValueError, match="JAX_SPARSE_ATTN_HSTU_FWD_IMPL"):
-        fh.fwd_config(jnp.bfloat16, 128, 128, False, 1)
+    key = fh.fwd_config("bfloat16", 128, 128, 0, Switches(hstu_fwd_impl="sm80",
+                                                           hstu_fwd_tile=(64, 64, 4)))
+    assert (key.block_m, key.block_n, key.num_warps, key.impl) == (64, 64, 4, "sm80")
+    key = fh.fwd_config("bfloat16", 128, 128, 3, Switches(hstu_fwd_tile=(128, 64, 8)))
+    assert (key.block_m, key.block_n, key.impl, key.has_func, key.func_n) == (128, 64, "sm90pp", True, 3)
+    for sw in (Switches(hstu_fwd_tile=(64, 64, 4)),
+               Switches(hstu_fwd_impl="sm80", hstu_fwd_tile=(48, 64, 4))):
+        with pytest.raises(ValueError, match="JAX_SPARSE_ATTN_HSTU_FWD_TILE"):
+            fh.fwd_config("bfloat16", 128, 128, 0, sw)
