@@ -187,6 +187,8 @@ def bsa_fwd(q, k, v, q2k_block_index, q2k_block_nums, block_sizes, cfg):
     from cutlass.jax import cutlass_call  # noqa: PLC0415
 
     spec = _specs(cfg.layout)
+    q2k_block_index, q2k_block_nums, block_sizes = _sanitize(
+        q2k_block_index, q2k_block_nums, block_sizes, cfg)
     call = cutlass_call(
         _fwd_jit(),
         output_shape_dtype=(
@@ -200,6 +202,12 @@ def bsa_fwd(q, k, v, q2k_block_index, q2k_block_nums, block_sizes, cfg):
     )
     return call(q, k, v, q2k_block_index, q2k_block_nums, block_sizes,
                 _scale_array(cfg.softmax_scale))
+
+
+def _sanitize(idx, nums, sizes, cfg):
+    """Metadata clamped so that no value makes a kernel read or write out of bounds."""
+    return metadata.sanitize_bsa_metadata(idx, nums, sizes, num_kv_blocks=cfg.num_kv_blocks,
+                                          block_size=cfg.sparse_block_size)
 
 
 def _scale_array(softmax_scale):
@@ -277,6 +285,8 @@ def bsa_bwd(do, q, k, v, out, lse, q2k_block_index, q2k_block_nums, block_sizes,
     from cutlass.jax import cutlass_call  # noqa: PLC0415
 
     spec = _specs(cfg.layout)
+    q2k_block_index, q2k_block_nums, block_sizes = _sanitize(
+        q2k_block_index, q2k_block_nums, block_sizes, cfg)
     delta, dq_acc = bsa_preprocess(do, out, cfg)
     offsets, entries = metadata.build_kq_csr(q2k_block_index, q2k_block_nums,
                                              num_kv_heads=cfg.num_heads_kv,

@@ -300,7 +300,7 @@ class HstuBwdSm80:
                                tdPsV, s2r_A_sdp, s2r_B_sdp, tdPrdO_v, tdPrV_v)
                     # P and dS
                     for e in cutlass.range_constexpr(cute.size(acc_S)):
-                        hval = acc_S[e] * alpha_half
+                        hval = hc.finite_below(acc_S[e] * alpha_half)  # SiLU(-inf) -> 0, not NaN
                         tv = hc.tanh_approx(hval)
                         p = hval + hval * tv
                         sig = 0.5 + 0.5 * tv

@@ -235,7 +235,7 @@ class HstuFwdSm80:
 
                 # ---- P = SiLU(alpha S) = h + h tanh(h), h = alpha S / 2 ------------------
                 for e in cutlass.range_constexpr(cute.size(acc_S)):
-                    hval = acc_S[e] * alpha_half
+                    hval = hc.finite_below(acc_S[e] * alpha_half)  # SiLU(-inf) -> 0, not NaN
                     acc_S[e] = hval + hval * hc.tanh_approx(hval)
                 rP = cute.make_fragment_like(acc_S, self.dtype)
                 rP.store(acc_S.load().to(self.dtype))
