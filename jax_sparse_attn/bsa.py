@@ -79,13 +79,13 @@ def _fwd_impl(cfg, q, k, v, idx, nums, sizes):
     return reference.block_sparse_attention_ref(q, k, v, idx, nums, sizes, **_ref_options(cfg))
 
 
-def _bwd_impl(cfg, do, q, k, v, out, lse, idx, nums, sizes):
+def _bwd_impl(cfg, do, q, k, v, out, lse, idx, nums, sizes, dlse=None):
     if cfg.backend == "kernel":
         from .ffi import bsa as ffi_bsa  # noqa: PLC0415
 
-        return ffi_bsa.bsa_bwd(do, q, k, v, out, lse, idx, nums, sizes, cfg)
+        return ffi_bsa.bsa_bwd(do, q, k, v, out, lse, idx, nums, sizes, cfg, dlse=dlse)
     return reference.block_sparse_attention_bwd_ref(do, q, k, v, out, lse, idx, nums, sizes,
-                                                    **_ref_options(cfg))
+                                                    dlse=dlse, **_ref_options(cfg))
 
 
 @partial(jax.custom_vjp, nondiff_argnums=(0,))
@@ -105,10 +105,33 @@ def _bsa_vjp_bwd(cfg, res, do):
 
 
 _bsa.defvjp(_bsa_vjp_fwd, _bsa_vjp_bwd)
+
+
+@partial(jax.custom_vjp, nondiff_argnums=(0,))
+def _bsa_out_lse(cfg, q, k, v, idx, nums, sizes):
+    """``(out, lse)``, differentiable in q, k, v with cotangents for both outputs."""
+    return _fwd_impl(cfg, q, k, v, idx, nums, sizes)
+
+
+def _out_lse_vjp_fwd(cfg, q, k, v, idx, nums, sizes):
+    out, lse = _fwd_impl(cfg, q, k, v, idx, nums, sizes)
+    return (out, lse), (q, k, v, out, lse, idx, nums, sizes)
+
+
+def _out_lse_vjp_bwd(cfg, res, cts):
+    # d lse_i / d s_ij = P_ij, so the lse cotangent enters the row term of dS:
+    # dS = P * (dP - delta) with delta_i = rowsum(dO * O) - dlse_i
+    q, k, v, out, lse, idx, nums, sizes = res
+    do, dlse = cts
+    dq, dk, dv = _bwd_impl(cfg, do, q, k, v, out, lse, idx, nums, sizes, dlse=dlse)
+    return dq, dk, dv, None, None, None
+
+
+_bsa_out_lse.defvjp(_out_lse_vjp_fwd, _out_lse_vjp_bwd)
 # jit with the config static: eager calls compile once per (config, shapes); inlined
 # inside an outer jit.
 _bsa_jit = jax.jit(_bsa, static_argnums=(0,))
-_fwd_jit = jax.jit(_fwd_impl, static_argnums=(0,))
+_fwd_jit = jax.jit(_bsa_out_lse, static_argnums=(0,))
 _bwd_jit = jax.jit(_bwd_impl, static_argnums=(0,))
 
 
@@ -217,6 +240,11 @@ block_sparse_attention_forward.__doc__ = (
     + _SEMANTICS_DOC
     + _ARGS_DOC
     + """
+    Differentiable in q, k, v on every backend with cotangents for both ``o_tensor`` and
+    ``lse_tensor`` (``jax.custom_vjp``): the lse cotangent enters the backward's row term,
+    ``delta_i = rowsum(dO * O) - dlse_i`` (z-loss, distillation, merging partial
+    attention results).
+
     Returns:
       :class:`~jax_sparse_attn._results.BSAForwardResult`: ``o_tensor`` (input layout,
       q's dtype) and ``lse_tensor (B, H_q, S_q)`` float32 natural-log sum of
@@ -231,7 +259,7 @@ def block_sparse_attention_backward(do, q, k, v, o, lse, q2k_block_index, block_
                                     block_sizes=None, q2k_block_nums=None, *,
                                     sparse_block_size=128, softmax_scale=None, layout="bhsd",
                                     allow_empty_block_nums=False, backend="auto",
-                                   switches=None):
+                                    switches=None, dlse=None):
     cfg, idx, nums, sizes = _make_config(
         q, k, v, q2k_block_index, block_sparse_num, block_sizes, q2k_block_nums,
         sparse_block_size=sparse_block_size, softmax_scale=softmax_scale, layout=layout,
@@ -253,7 +281,14 @@ def block_sparse_attention_backward(do, q, k, v, o, lse, q2k_block_index, block_
     if canonical_dtype(lse) != lse_dtype:
         raise TypeError(f"lse must be {lse_dtype} (the lse_tensor of block_sparse_attention_forward "
                         f"for {canonical_dtype(q)} inputs), got {canonical_dtype(lse)}")
-    dq, dk, dv = _bwd_jit(cfg, do, q, k, v, o, lse, idx, nums, sizes)
+    if dlse is not None:
+        if tuple(getattr(dlse, "shape", ())) != (B, Hq, Sq):
+            raise ValueError(f"dlse must have lse's shape (B, H_q, S_q) = {(B, Hq, Sq)}, "
+                             f"got {tuple(getattr(dlse, 'shape', ()))}")
+        if not jnp.issubdtype(canonical_dtype(dlse), jnp.floating):
+            raise TypeError(f"dlse must be a floating array, got {canonical_dtype(dlse)}")
+        dlse = jnp.asarray(dlse).astype(lse_dtype)
+    dq, dk, dv = _bwd_jit(cfg, do, q, k, v, o, lse, idx, nums, sizes, dlse)
     return BSABackwardResult(dq_tensor=dq, dk_tensor=dk, dv_tensor=dv)
 
 
@@ -270,6 +305,9 @@ block_sparse_attention_backward.__doc__ = (
       lse: its ``lse_tensor (B, H_q, S_q)``, float32 (float64 for float64 inputs)."""
     + _META_ARG_LINES
     + """
+      dlse: optional cotangent of ``lse`` (its shape, floating; default None = 0): the
+        gradients are then those of ``sum(do * o) + sum(dlse * lse)``.
+
     Returns:
       :class:`~jax_sparse_attn._results.BSABackwardResult` with ``dq_tensor``,
       ``dk_tensor``, ``dv_tensor`` (input layout and dtypes).

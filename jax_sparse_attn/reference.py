@@ -401,13 +401,15 @@ def _block_sparse_attention_bwd_ref_impl(
     sparse_block_size: int = 128,
     softmax_scale=None,
     compute_dtype=None,
+    dlse=None,
 ):
     """Explicit block-sparse attention backward from the saved ``out`` and ``lse``.
 
     Per (b, h, query block m) over the listed key blocks: ``P = exp(scale*QK^T - lse)``,
     ``dV += P^T dO``, ``dS = P (dO V^T - rowsum(dO*O))``, ``dQ = scale dS K``,
     ``dK += scale dS^T Q``; dK/dV are summed over the query heads sharing a KV head.
-    Rows with ``lse = -inf`` contribute nothing. Returns ``(dq, dk, dv)`` in the input
+    ``dlse`` (optional ``(B, H_q, S_q)``) is a cotangent of ``lse``: it enters the row
+    term as ``rowsum(dO*O) - dlse``. Rows with ``lse = -inf`` contribute nothing. Returns ``(dq, dk, dv)`` in the input
     layout and dtypes, computed in ``compute_dtype`` (default float32).
     """
     in_dtypes = (q.dtype, k.dtype, v.dtype)
@@ -438,6 +440,8 @@ def _block_sparse_attention_bwd_ref_impl(
     dob = _pad_blocks(do, Nq, blk)
     # delta_i = rowsum(dO * O) once per query row (the row term of dS)
     delta = jnp.sum(do.astype(cdt) * out.astype(cdt), axis=-1)
+    if dlse is not None:
+        delta = delta - jnp.asarray(dlse).astype(cdt)
     deltab = jnp.pad(delta, ((0, 0), (0, 0), (0, Nq * blk - Sq))).reshape(B, Hq, Nq, blk)
     lseb = jnp.pad(lse, ((0, 0), (0, 0), (0, Nq * blk - Sq)),
                    constant_values=-jnp.inf).reshape(B, Hq, Nq, blk)
@@ -548,8 +552,9 @@ def block_sparse_attention_ref(q, k, v, q2k_block_index, q2k_block_nums, block_s
 def block_sparse_attention_bwd_ref(do, q, k, v, out, lse, q2k_block_index, q2k_block_nums,
                                    block_sizes=None, *, layout: str = "bhsd",
                                    sparse_block_size: int = 128, softmax_scale=None,
-                                   compute_dtype=None):
+                                   compute_dtype=None, dlse=None):
     return _bsa_bwd_jit(do, q, k, v, out, lse, q2k_block_index, q2k_block_nums, block_sizes,
+                        dlse=dlse,
                         layout=layout, sparse_block_size=int(sparse_block_size),
                         softmax_scale=_static_float(softmax_scale),
                         compute_dtype=_static_dtype(compute_dtype))
