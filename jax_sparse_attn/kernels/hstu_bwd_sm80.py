@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import cutlass
 import cutlass.cute as cute
+import cutlass.memory
 from cutlass import Float32, Int32
 from cutlass.cute.nvgpu import warp
 
@@ -152,7 +153,7 @@ class HstuBwdSm80:
             gdK = cute.local_tile(mdK_b, (bn, self.d), (n_block, 0))
             gdV = cute.local_tile(mdV_b, (bn, self.dv), (n_block, 0))
 
-            smem = cutlass.utils.SmemAllocator()
+            smem = cutlass.memory.SmemAllocator()
             st = smem.allocate(Smem)
             sQ = st.sQ.get_tensor(sQ_layout)
             sdO = st.sdO.get_tensor(sdO_layout)
