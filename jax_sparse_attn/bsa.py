@@ -23,7 +23,14 @@ import jax.numpy as jnp
 from . import _backend, metadata, reference
 from ._results import BSABackwardResult, BSAForwardResult
 from .config import BSAConfig
-from .validation import _bsa_value_checks, canonical_dtype, check_bsa_args, is_concrete
+from .validation import (
+    _bsa_value_checks,
+    canonical_dtype,
+    check_bsa_args,
+    check_debug_checks,
+    is_concrete,
+    run_time_value_checks,
+)
 
 __all__ = [
     "block_sparse_attention",
@@ -41,12 +48,13 @@ def _kernel_unsupported_reason(cfg, mod):
 
 def _make_config(q, k, v, q2k_block_index, block_sparse_num, block_sizes, q2k_block_nums, *,
                  sparse_block_size, softmax_scale, layout, allow_empty_block_nums, backend,
-                 switches, op_name):
+                 switches, op_name, debug_checks=False):
     """Validate the arguments and build the call's one static config (backend chosen,
     kernel compile keys decided); returns it with the metadata in normalised form
     (:func:`~jax_sparse_attn.metadata.normalize_bsa_metadata`)."""
     _backend.check_backend(backend)
     switches = _backend.check_switches(switches)
+    check_debug_checks(debug_checks)
     cfg = check_bsa_args(q, k, v, q2k_block_index, block_sparse_num, block_sizes,
                          q2k_block_nums, sparse_block_size=sparse_block_size,
                          softmax_scale=softmax_scale, layout=layout,
@@ -54,6 +62,10 @@ def _make_config(q, k, v, q2k_block_index, block_sparse_num, block_sizes, q2k_bl
     if is_concrete(q2k_block_index, block_sizes, q2k_block_nums):
         _bsa_value_checks(q2k_block_index, block_sizes, q2k_block_nums, allow_empty_block_nums,
                           cfg)
+    elif debug_checks:
+        run_time_value_checks(
+            lambda i, s, n: _bsa_value_checks(i, s, n, allow_empty_block_nums, cfg),
+            q2k_block_index, block_sizes, q2k_block_nums)
     mod = _backend.select(backend, op_name, "bsa", partial(_kernel_unsupported_reason, cfg))
     if mod is not None:
         static = (cfg.dtype, cfg.head_dim, cfg.sparse_block_size, cfg.has_block_sizes, switches)
@@ -170,6 +182,11 @@ _META_ARG_LINES = """
         :func:`hstu_attention`).
       switches: optional :class:`jax_sparse_attn.config.Switches` (kernel implementations;
         default None reads the environment, see :func:`hstu_attention`).
+      debug_checks: bool, default False: also check traced metadata values (inside
+        ``jax.jit``) on the host at run time; bad values raise
+        ``jax.errors.JaxRuntimeError`` with the eager validator's message (see
+        :func:`hstu_attention`). Without it, bad traced metadata give unspecified values
+        (never an out-of-bounds access).
 """
 
 _ARGS_DOC = "\n    Args:" + _ARG_LINES + _META_ARG_LINES
@@ -194,11 +211,12 @@ _RAISES_DOC = """
 def block_sparse_attention(q, k, v, q2k_block_index, block_sparse_num=None, block_sizes=None,
                            q2k_block_nums=None, *, sparse_block_size=128, softmax_scale=None,
                            layout="bhsd", allow_empty_block_nums=False, backend="auto",
-                           switches=None):
+                           switches=None, debug_checks=False):
     cfg, idx, nums, sizes = _make_config(
         q, k, v, q2k_block_index, block_sparse_num, block_sizes, q2k_block_nums,
         sparse_block_size=sparse_block_size, softmax_scale=softmax_scale, layout=layout,
         allow_empty_block_nums=allow_empty_block_nums, backend=backend, switches=switches,
+        debug_checks=debug_checks,
         op_name="block_sparse_attention")
     return _bsa_jit(cfg, q, k, v, idx, nums, sizes)
 
@@ -224,11 +242,12 @@ def block_sparse_attention_forward(q, k, v, q2k_block_index, block_sparse_num=No
                                    block_sizes=None, q2k_block_nums=None, *,
                                    sparse_block_size=128, softmax_scale=None, layout="bhsd",
                                    allow_empty_block_nums=False, backend="auto",
-                                   switches=None):
+                                   switches=None, debug_checks=False):
     cfg, idx, nums, sizes = _make_config(
         q, k, v, q2k_block_index, block_sparse_num, block_sizes, q2k_block_nums,
         sparse_block_size=sparse_block_size, softmax_scale=softmax_scale, layout=layout,
         allow_empty_block_nums=allow_empty_block_nums, backend=backend, switches=switches,
+        debug_checks=debug_checks,
         op_name="block_sparse_attention_forward")
     out, lse = _fwd_jit(cfg, q, k, v, idx, nums, sizes)
     return BSAForwardResult(o_tensor=out, lse_tensor=lse)
@@ -259,11 +278,12 @@ def block_sparse_attention_backward(do, q, k, v, o, lse, q2k_block_index, block_
                                     block_sizes=None, q2k_block_nums=None, *,
                                     sparse_block_size=128, softmax_scale=None, layout="bhsd",
                                     allow_empty_block_nums=False, backend="auto",
-                                    switches=None, dlse=None):
+                                    switches=None, dlse=None, debug_checks=False):
     cfg, idx, nums, sizes = _make_config(
         q, k, v, q2k_block_index, block_sparse_num, block_sizes, q2k_block_nums,
         sparse_block_size=sparse_block_size, softmax_scale=softmax_scale, layout=layout,
         allow_empty_block_nums=allow_empty_block_nums, backend=backend, switches=switches,
+        debug_checks=debug_checks,
         op_name="block_sparse_attention_backward")
     qs = tuple(q.shape)
     out_shape = qs[:-1] + (cfg.head_dim_v,)

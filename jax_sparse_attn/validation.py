@@ -59,6 +59,24 @@ def canonical_dtype(x):
     return jnp.dtype(jax.dtypes.canonicalize_dtype(x.dtype))
 
 
+def check_debug_checks(debug_checks) -> bool:
+    if not isinstance(debug_checks, bool):
+        raise TypeError(f"debug_checks must be a bool, got {type(debug_checks).__name__}")
+    return debug_checks
+
+
+def run_time_value_checks(check, *arrays):
+    """Stage ``check(*arrays)`` (an eager value check raising ValueError) into the traced
+    computation: a ``jax.debug.callback`` runs it on the host with the arrays' run-time
+    values. Under ``jax.jit`` a failure surfaces when the computation runs, as a
+    ``jax.errors.JaxRuntimeError`` whose message carries the validator's ValueError."""
+
+    def host(*vals):
+        check(*[None if v is None else np.asarray(v) for v in vals])
+
+    jax.debug.callback(host, *arrays)
+
+
 def is_concrete(*xs) -> bool:
     """True when none of ``xs`` is a JAX tracer (values can be read on the host)."""
     return not any(_is_tracer(x) for x in xs if x is not None)
