@@ -1,8 +1,7 @@
 """Block-sparse softmax attention: public API (validate -> static config -> custom_vjp -> backend).
 
-Semantics (source: issue 2 "Package foundation"; metadata conventions as in cuDNN's
-block-sparse attention): queries and keys are cut into blocks of ``blk =
-sparse_block_size`` tokens, ``N_q = ceil(S_q / blk)``, ``N_kv = ceil(S_kv / blk)``.
+Semantics (metadata conventions as in cuDNN's block-sparse attention): queries and keys
+are cut into blocks of ``blk = sparse_block_size`` tokens, ``N_q = ceil(S_q / blk)``, ``N_kv = ceil(S_kv / blk)``.
 Query block ``m`` of head ``h`` attends to the listed KV blocks
 ``q2k_block_index[b, h, m, :n]`` (the *active prefix*, ``n`` = ``block_sparse_num`` or
 ``q2k_block_nums[b, h, m]``; entries past it are ignored whatever their value). Block
@@ -25,6 +24,7 @@ from ._results import BSABackwardResult, BSAForwardResult
 from .config import BSAConfig
 from .validation import (
     _bsa_value_checks,
+    as_array_arg,
     canonical_dtype,
     check_bsa_args,
     check_debug_checks,
@@ -55,6 +55,7 @@ def _make_config(q, k, v, q2k_block_index, block_sparse_num, block_sizes, q2k_bl
     _backend.check_backend(backend)
     switches = _backend.check_switches(switches)
     check_debug_checks(debug_checks)
+    block_sizes = as_array_arg(block_sizes)
     cfg = check_bsa_args(q, k, v, q2k_block_index, block_sparse_num, block_sizes,
                          q2k_block_nums, sparse_block_size=sparse_block_size,
                          softmax_scale=softmax_scale, layout=layout,
@@ -148,7 +149,7 @@ _bwd_jit = jax.jit(_bwd_impl, static_argnums=(0,))
 
 
 _SEMANTICS_DOC = """
-    Semantics: issue 2 ("Package foundation") of this project; the metadata follow
+    Semantics: softmax attention over listed KV blocks; the metadata follow
     cuDNN's block-sparse attention conventions (see the module docstring and
     ``docs/bsa.md``).
 """

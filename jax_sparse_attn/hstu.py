@@ -1,7 +1,7 @@
 """HSTU attention: public API (validate -> static config -> custom_vjp -> backend).
 
-Semantics (source: issue 2 "Package foundation"; the HSTU paper, Zhai et al. 2024,
-arXiv 2402.17152): for each packed sequence ``b`` and head ``h``, with
+Semantics (source: the HSTU paper, Zhai et al. 2024, arXiv 2402.17152, and Meta's
+generative-recommenders kernels): for each packed sequence ``b`` and head ``h``, with
 ``S = alpha * q_i . k_j``::
 
     out_i = sum_j M_ij * SiLU(S_ij) * v_j / scaling_seqlen
@@ -29,6 +29,7 @@ from ._results import HSTUBackwardResult, HSTUForwardResult
 from .config import HSTUConfig
 from .validation import (
     _hstu_value_checks,
+    as_array_arg,
     canonical_dtype,
     check_debug_checks,
     check_hstu_args,
@@ -176,7 +177,7 @@ _hstu_paged_jit = jax.jit(_hstu_paged, static_argnums=(0,))
 
 
 _SEMANTICS_DOC = """
-    Semantics: issue 2 ("Package foundation") of this project, which follows the HSTU
+    Semantics: the HSTU
     paper (Zhai et al. 2024, arXiv 2402.17152) and Meta's generative-recommenders
     kernels; see the module docstring and ``docs/hstu.md``.
 """
@@ -245,6 +246,7 @@ def hstu_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q, max_seq
                    scaling_seqlen=None, window_size=(-1, 0), alpha=1.0, func=None,
                    paged_kv=None, page_ids=None, page_indptrs=None, backend="auto",
                    switches=None, debug_checks=False):
+    cu_seqlens_q, cu_seqlens_k = as_array_arg(cu_seqlens_q), as_array_arg(cu_seqlens_k)
     cfg = _make_config(q, k, v, cu_seqlens_q, cu_seqlens_k, func, paged_kv, page_ids,
                        page_indptrs, max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k,
                        scaling_seqlen=scaling_seqlen, window_size=window_size, alpha=alpha,
@@ -305,6 +307,7 @@ hstu_attention_forward.__doc__ = (
 def hstu_attention_backward(do, q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q,
                             max_seqlen_k, scaling_seqlen=None, window_size=(-1, 0), alpha=1.0,
                             func=None, backend="auto", switches=None, debug_checks=False):
+    cu_seqlens_q, cu_seqlens_k = as_array_arg(cu_seqlens_q), as_array_arg(cu_seqlens_k)
     cfg = _make_config(q, k, v, cu_seqlens_q, cu_seqlens_k, func, None, None, None,
                        max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k,
                        scaling_seqlen=scaling_seqlen, window_size=window_size, alpha=alpha,

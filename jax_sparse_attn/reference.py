@@ -3,7 +3,7 @@
 This module is both the any-backend execution path (``backend="reference"``, and what
 ``backend="auto"`` picks where no kernel applies) and the oracle every kernel test
 compares against. It has exactly the semantics documented in :mod:`jax_sparse_attn.hstu`
-and :mod:`jax_sparse_attn.bsa` (source: issue 2, "Package foundation").
+and :mod:`jax_sparse_attn.bsa`.
 
 Precision
 ---------
