@@ -96,7 +96,8 @@ def _bwd_impl(cfg, do, q, k, v, out, lse, idx, nums, sizes, dlse=None):
     if cfg.backend == "kernel":
         from .ffi import bsa as ffi_bsa  # noqa: PLC0415
 
-        return ffi_bsa.bsa_bwd(do, q, k, v, out, lse, idx, nums, sizes, cfg, dlse=dlse)
+        extra = {} if dlse is None else {"dlse": dlse}
+        return ffi_bsa.bsa_bwd(do, q, k, v, out, lse, idx, nums, sizes, cfg, **extra)
     return reference.block_sparse_attention_bwd_ref(do, q, k, v, out, lse, idx, nums, sizes,
                                                     dlse=dlse, **_ref_options(cfg))
 

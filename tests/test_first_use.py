@@ -72,15 +72,6 @@ def test_layout_mismatch_names_layout():
         block_sparse_attention(q4, q4, q4, idx, 1, layout="bshd", backend="reference")
 
 
-@pytest.mark.skipif(not (ROOT / "README.md").exists(), reason="README")
-def test_readme_test_command_is_parallel_and_matches_ci():
-    readme = (ROOT / "README.md").read_text()
-    ci = (ROOT / ".ci" / "run").read_text()
-    cmd = next(line for line in ci.splitlines() if "pytest" in line and not line.startswith("#"))
-    assert cmd.strip() in readme
-    assert " -n " in cmd
-
-
 def test_docstrings_do_not_cite_development_history():
     bad = []
     for p in (ROOT / "jax_sparse_attn").rglob("*.py"):
