@@ -177,9 +177,8 @@ _hstu_paged_jit = jax.jit(_hstu_paged, static_argnums=(0,))
 
 
 _SEMANTICS_DOC = """
-    Semantics: the HSTU
-    paper (Zhai et al. 2024, arXiv 2402.17152) and Meta's generative-recommenders
-    kernels; see the module docstring and ``docs/hstu.md``.
+    Semantics: the HSTU paper (Zhai et al. 2024, arXiv 2402.17152) and Meta's
+    generative-recommenders kernels; see the module docstring and ``docs/hstu.md``.
 """
 
 _ARG_LINES = """
