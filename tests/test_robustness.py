@@ -198,3 +198,88 @@ def test_bsa_partial_block_tail_not_read(backend):
     # keys past the block size get exactly zero gradient
     assert np.all(np.asarray(dk[0, 0, 40:], np.float32) == 0)
     assert np.all(np.asarray(dv[0, 0, 40:], np.float32) == 0)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_bsa_gqa_per_head_block_sizes_nan_tail(backend):
+    """GQA (2 query heads, 1 KV head), per-head block sizes 40 and 20: keys past 40 (no head
+    uses them) hold NaN. Out and gradients equal those with the NaN rows replaced by zeros."""
+    dt = _dtype(backend)
+    rng = np.random.default_rng(3)
+    q = jnp.asarray(rng.standard_normal((1, 2, 64, 32)), dt)
+    kv = rng.standard_normal((2, 1, 1, 64, 32)).astype(np.float32)
+    clean = [jnp.asarray(x, dt) for x in kv]
+    kv[:, :, :, 40:] = np.nan
+    dirty = [jnp.asarray(x, dt) for x in kv]
+    clean = [c.at[:, :, 40:].set(0) for c in clean]
+    idx = jnp.zeros((1, 2, 1, 1), jnp.int32)
+    sizes = jnp.array([[[40], [20]]], jnp.int32)
+    w = jnp.asarray(rng.standard_normal((1, 2, 64, 32)), jnp.float32)
+
+    def run(k, v):
+        def loss(q_, k_, v_):
+            o = block_sparse_attention(q_, k_, v_, idx, 1, sizes, sparse_block_size=64,
+                                       backend=backend)
+            return jnp.sum(o.astype(jnp.float32) * w)
+        return jax.value_and_grad(loss, argnums=(0, 1, 2))(q, k, v)
+
+    (l_d, g_d), (l_c, g_c) = run(*dirty), run(*clean)
+    assert np.isfinite(float(l_d))
+    np.testing.assert_allclose(float(l_d), float(l_c), rtol=1e-6)
+    # the kernel's dq accumulates with atomics (order varies): one bf16 ulp apart at most
+    rtol, atol = (0, 0) if backend == "reference" else (1e-2, 1e-3)
+    for a, b in zip(g_d, g_c):
+        np.testing.assert_allclose(np.asarray(a, np.float32), np.asarray(b, np.float32),
+                                   rtol=rtol, atol=atol)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_bsa_out_of_range_metadata_under_jit_act_as_clamped(backend):
+    """Under jax.jit (no eager checks) counts above K_max / below 0 and block ids past N_kv /
+    below 0 give exactly the result of the clamped metadata (and never an invalid access)."""
+    dt = _dtype(backend)
+    rng = np.random.default_rng(4)
+    B, H, S, D, blk, kmax = 1, 2, 512, 32, 64, 3
+    n = S // blk
+    q, k, v = (jnp.asarray(rng.standard_normal((B, H, S, D)), dt) for _ in range(3))
+    idx = np.stack([rng.permutation(n)[:kmax] for _ in range(B * H * n)]).reshape(B, H, n, kmax)
+    idx = idx.astype(np.int32)
+    nums = np.full((B, H, n), 2, np.int32)
+    idx[0, 0, 1] = [999, -5, 2]
+    nums[0, 0, 1] = 50
+    nums[0, 1, 5] = -7
+    idx[0, 1, 3] = [1 << 30, 4, 1]
+    good_idx = np.clip(idx, 0, n - 1)
+    good_nums = np.clip(nums, 0, kmax)
+    kw = dict(sparse_block_size=blk, allow_empty_block_nums=True, backend=backend)
+
+    def fwd(i, m):
+        o, lse = block_sparse_attention_forward(q, k, v, i, q2k_block_nums=m, **kw)
+        return o.astype(jnp.float32), lse
+
+    got = jax.jit(fwd)(jnp.asarray(idx), jnp.asarray(nums))
+    want = fwd(jnp.asarray(good_idx), jnp.asarray(good_nums))  # eagerly validated metadata
+    for a, b in zip(got, want):  # same computation (reference: up to XLA fusion order)
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("cu", [[0, -50, 250, 400], [0, 300, 200, 400], [0, 100, 200, 999]],
+                         ids=["negative", "decreasing", "past_T"])
+def test_hstu_garbage_cu_seqlens_under_jit_finite(backend, cu):
+    """cu_seqlens the validators reject, traced under jit: finite outputs and gradients."""
+    dt = _dtype(backend)
+    rng = np.random.default_rng(5)
+    q, k, v = (jnp.asarray(rng.standard_normal((400, 2, 64)) * 0.3, dt) for _ in range(3))
+
+    @jax.jit
+    def f(q_, k_, v_, c):
+        def loss(a, b, d):
+            o = hstu_attention(a, b, d, c, c, max_seqlen_q=200, max_seqlen_k=200, backend=backend)
+            return jnp.sum(o.astype(jnp.float32))
+        return jax.value_and_grad(loss, argnums=(0, 1, 2))(q_, k_, v_)
+
+    val, grads = f(q, k, v, jnp.asarray(cu, jnp.int32))
+    assert np.isfinite(float(val))
+    for g in grads:
+        assert np.all(np.isfinite(np.asarray(g, np.float32)))
