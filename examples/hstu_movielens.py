@@ -73,6 +73,9 @@ from tqdm.auto import tqdm  # noqa: E402
 import _movielens_data as mldata  # noqa: E402
 from jax_sparse_attn import hstu_attention  # noqa: E402
 
+#: seconds between plain progress lines inside an epoch when stdout is not a terminal
+PROGRESS_EVERY_S = 10.0
+
 PAPER_TABLE = {  # ML-1M, HR@10 / NDCG@10 (HSTU paper Table 2; generative-recommenders README)
     "SASRec": (0.2853, 0.1603),
     "HSTU": (0.3097, 0.1720),
@@ -533,18 +536,30 @@ def main(argv=None) -> dict[str, Any]:
         perm = rng.permutation(n_users)
         t_ep = time.perf_counter()
         losses = []
+        # a terminal gets a tqdm bar; a log (stdout not a tty) gets plain progress lines at
+        # most every PROGRESS_EVERY_S seconds inside an epoch, plus the per-epoch line
         bar = tqdm(range(nb), desc=f"epoch {epoch + 1}/{cfg.epochs}", leave=False,
                    mininterval=2.0, disable=None)
+        log_progress = not sys.stdout.isatty()
+        t_note = time.perf_counter()
         for i in bar:
             users = perm[i * cfg.batch_size:(i + 1) * cfg.batch_size]
             batch = pack_train_batch(split.train, users, cfg)
             key, k_step = jax.random.split(key)
             t_s = time.perf_counter()
+            if compile_s is None and log_progress:
+                print("compiling the training step (first step)...", flush=True)
             params, opt_state, loss = train_step(params, opt_state, batch, k_step)
             if compile_s is None:
                 loss.block_until_ready()
                 compile_s = time.perf_counter() - t_s
+                if log_progress:
+                    print(f"compiled in {compile_s:.1f}s", flush=True)
             losses.append(loss)
+            if log_progress and time.perf_counter() - t_note >= PROGRESS_EVERY_S:
+                t_note = time.perf_counter()
+                print(f"  epoch {epoch + 1}/{cfg.epochs}  step {i + 1}/{nb}  "
+                      f"{t_note - t_ep:.0f}s", flush=True)
         loss_mean = float(np.mean(jax.device_get(losses)))
         if not np.isfinite(loss_mean):
             raise FloatingPointError(f"epoch {epoch + 1}: training loss is {loss_mean}")

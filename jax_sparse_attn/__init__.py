@@ -14,6 +14,7 @@ GPUs). Torch-free.
 """
 
 from . import masks, reference
+from ._backend import BackendChoice, KernelUnavailableWarning, kernel_status, which_backend
 from ._results import BSABackwardResult, BSAForwardResult, HSTUBackwardResult, HSTUForwardResult
 from .bsa import (
     block_sparse_attention,
@@ -40,4 +41,8 @@ __all__ = [
     "BSABackwardResult",
     "masks",
     "reference",
+    "which_backend",
+    "kernel_status",
+    "BackendChoice",
+    "KernelUnavailableWarning",
 ]

@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
+import threading
+import warnings
 
 from . import _platform, config
 
-__all__ = ["BACKENDS", "check_backend", "check_switches", "load_ffi", "select"]
+__all__ = ["BACKENDS", "BackendChoice", "KernelUnavailableWarning", "check_backend",
+           "check_switches", "kernel_status", "load_ffi", "select", "which_backend"]
 
 BACKENDS = ("auto", "kernel", "reference")
 
@@ -36,6 +40,44 @@ def load_ffi(op: str):
         return None, f"the kernel backend module jax_sparse_attn.ffi.{op} is not importable ({e})"
 
 
+class KernelUnavailableWarning(UserWarning):
+    """``backend="auto"`` runs the reference on a CUDA GPU where the kernels cannot run."""
+
+
+@dataclasses.dataclass(frozen=True)
+class BackendChoice:
+    """Which backend a call runs on (``"kernel"`` or ``"reference"``) and why."""
+
+    op: str
+    backend: str
+    reason: str
+
+    def __str__(self):
+        return f"{self.op}: {self.backend} ({self.reason})"
+
+
+class _Resolved(Exception):  # noqa: N818 (control flow of which_backend, never escapes)
+    def __init__(self, choice):
+        super().__init__(choice)
+        self.choice = choice
+
+
+_recording = threading.local()
+_warned = set()
+
+
+def _warn_once_on_gpu(reason: str):
+    """One KernelUnavailableWarning per reason when the default JAX device is a CUDA GPU
+    but the kernel platform is unavailable (wrong GPU, CuTe DSL missing...)."""
+    if reason in _warned or _platform.default_platform() != "gpu":
+        return
+    _warned.add(reason)
+    warnings.warn(
+        f"jax_sparse_attn: backend='auto' runs the pure-JAX reference on this GPU (much "
+        f"slower than the kernels) because {reason}. Pass backend='reference' to silence "
+        f"this, see jax_sparse_attn.kernel_status().", KernelUnavailableWarning, stacklevel=4)
+
+
 def select(backend: str, op_name: str, op: str, unsupported_reason):
     """Resolve ``backend``: the ffi module ``jax_sparse_attn.ffi.<op>`` when the kernel
     backend runs the call, else None (the reference).
@@ -46,16 +88,65 @@ def select(backend: str, op_name: str, op: str, unsupported_reason):
     checked with :func:`check_backend` by the caller (first, so that a typo fails before
     the eager metadata checks).
     """
+    recording = getattr(_recording, "active", False)
     if backend == "reference":
+        if recording:
+            raise _Resolved(BackendChoice(op_name, "reference", "backend='reference' was requested"))
         return None
     mod = None
-    reason = _platform.kernel_platform_unavailable_reason()
+    platform_reason = reason = _platform.kernel_platform_unavailable_reason()
     if reason is None:
         mod, reason = load_ffi(op)
         if reason is None:
             reason = unsupported_reason(mod)
     if reason is None:
+        if recording:
+            raise _Resolved(BackendChoice(
+                op_name, "kernel", f"backend={backend!r} and the CuTe DSL kernels support this "
+                "call on this device"))
         return mod
     if backend == "kernel":
         raise NotImplementedError(f"{op_name}(backend='kernel') is not available: {reason}")
+    if recording:
+        raise _Resolved(BackendChoice(op_name, "reference", f"backend='auto': {reason}"))
+    if platform_reason is not None:
+        _warn_once_on_gpu(platform_reason)
     return None
+
+
+def which_backend(op, *args, **kwargs) -> BackendChoice:
+    """Which backend ``op(*args, **kwargs)`` would run on, and why, without running it.
+
+    ``op`` is one of the public ops (:func:`~jax_sparse_attn.hstu_attention`,
+    :func:`~jax_sparse_attn.block_sparse_attention`, their ``_forward`` / ``_backward``);
+    the arguments are those of the call (validated the same way, so the same errors are
+    raised, e.g. NotImplementedError for ``backend="kernel"`` where the kernels cannot
+    run). Returns a :class:`BackendChoice` ``(op, backend, reason)``, ``backend`` being
+    ``"kernel"`` or ``"reference"``.
+    """
+    _recording.active = True
+    try:
+        op(*args, **kwargs)
+    except _Resolved as r:
+        return r.choice
+    finally:
+        _recording.active = False
+    raise TypeError(f"which_backend: {getattr(op, '__name__', op)!r} is not a public "
+                    "jax_sparse_attn op (it made no backend choice)")
+
+
+def kernel_status() -> BackendChoice:
+    """Whether the CuTe DSL kernel backend can run on this machine's default JAX device:
+    ``BackendChoice("kernels", "kernel" | "reference", reason)``. A one-line check that
+    the kernel path is live: ``python -c "import jax_sparse_attn as j; print(j.kernel_status())"``.
+    """
+    reason = _platform.kernel_platform_unavailable_reason()
+    if reason is None:
+        for op in ("hstu", "bsa"):
+            _, reason = load_ffi(op)
+            if reason is not None:
+                break
+    if reason is None:
+        return BackendChoice("kernels", "kernel", "the CuTe DSL kernels can run on this device "
+                             "(backend='auto' uses them for the calls they support)")
+    return BackendChoice("kernels", "reference", f"kernels unavailable: {reason}")

@@ -50,6 +50,16 @@ def _device_unavailable_reason() -> str | None:
     return None
 
 
+def default_platform() -> str | None:
+    """The platform of JAX's default device (``"cpu"``, ``"gpu"``, ``"tpu"``), None if unknown."""
+    import jax  # noqa: PLC0415
+
+    try:
+        return jax.devices()[0].platform
+    except Exception:  # pragma: no cover
+        return None
+
+
 def kernel_platform_unavailable_reason() -> str | None:
     """``None`` when the kernel path can run (or be lowered) here, else why not."""
     reason = _cutedsl_unavailable_reason()

@@ -23,7 +23,15 @@ import jax.numpy as jnp
 from . import _backend, metadata, reference
 from ._results import BSABackwardResult, BSAForwardResult
 from .config import BSAConfig
-from .validation import _bsa_value_checks, canonical_dtype, check_bsa_args, is_concrete
+from .validation import (
+    _bsa_value_checks,
+    as_array_arg,
+    canonical_dtype,
+    check_bsa_args,
+    check_debug_checks,
+    is_concrete,
+    run_time_value_checks,
+)
 
 __all__ = [
     "block_sparse_attention",
@@ -41,12 +49,14 @@ def _kernel_unsupported_reason(cfg, mod):
 
 def _make_config(q, k, v, q2k_block_index, block_sparse_num, block_sizes, q2k_block_nums, *,
                  sparse_block_size, softmax_scale, layout, allow_empty_block_nums, backend,
-                 switches, op_name):
+                 switches, op_name, debug_checks=False):
     """Validate the arguments and build the call's one static config (backend chosen,
     kernel compile keys decided); returns it with the metadata in normalised form
     (:func:`~jax_sparse_attn.metadata.normalize_bsa_metadata`)."""
     _backend.check_backend(backend)
     switches = _backend.check_switches(switches)
+    check_debug_checks(debug_checks)
+    block_sizes = as_array_arg(block_sizes)
     cfg = check_bsa_args(q, k, v, q2k_block_index, block_sparse_num, block_sizes,
                          q2k_block_nums, sparse_block_size=sparse_block_size,
                          softmax_scale=softmax_scale, layout=layout,
@@ -54,6 +64,10 @@ def _make_config(q, k, v, q2k_block_index, block_sparse_num, block_sizes, q2k_bl
     if is_concrete(q2k_block_index, block_sizes, q2k_block_nums):
         _bsa_value_checks(q2k_block_index, block_sizes, q2k_block_nums, allow_empty_block_nums,
                           cfg)
+    elif debug_checks:
+        run_time_value_checks(
+            lambda i, s, n: _bsa_value_checks(i, s, n, allow_empty_block_nums, cfg),
+            q2k_block_index, block_sizes, q2k_block_nums)
     mod = _backend.select(backend, op_name, "bsa", partial(_kernel_unsupported_reason, cfg))
     if mod is not None:
         static = (cfg.dtype, cfg.head_dim, cfg.sparse_block_size, cfg.has_block_sizes, switches)
@@ -79,13 +93,14 @@ def _fwd_impl(cfg, q, k, v, idx, nums, sizes):
     return reference.block_sparse_attention_ref(q, k, v, idx, nums, sizes, **_ref_options(cfg))
 
 
-def _bwd_impl(cfg, do, q, k, v, out, lse, idx, nums, sizes):
+def _bwd_impl(cfg, do, q, k, v, out, lse, idx, nums, sizes, dlse=None):
     if cfg.backend == "kernel":
         from .ffi import bsa as ffi_bsa  # noqa: PLC0415
 
-        return ffi_bsa.bsa_bwd(do, q, k, v, out, lse, idx, nums, sizes, cfg)
+        extra = {} if dlse is None else {"dlse": dlse}
+        return ffi_bsa.bsa_bwd(do, q, k, v, out, lse, idx, nums, sizes, cfg, **extra)
     return reference.block_sparse_attention_bwd_ref(do, q, k, v, out, lse, idx, nums, sizes,
-                                                    **_ref_options(cfg))
+                                                    dlse=dlse, **_ref_options(cfg))
 
 
 @partial(jax.custom_vjp, nondiff_argnums=(0,))
@@ -105,10 +120,33 @@ def _bsa_vjp_bwd(cfg, res, do):
 
 
 _bsa.defvjp(_bsa_vjp_fwd, _bsa_vjp_bwd)
+
+
+@partial(jax.custom_vjp, nondiff_argnums=(0,))
+def _bsa_out_lse(cfg, q, k, v, idx, nums, sizes):
+    """``(out, lse)``, differentiable in q, k, v with cotangents for both outputs."""
+    return _fwd_impl(cfg, q, k, v, idx, nums, sizes)
+
+
+def _out_lse_vjp_fwd(cfg, q, k, v, idx, nums, sizes):
+    out, lse = _fwd_impl(cfg, q, k, v, idx, nums, sizes)
+    return (out, lse), (q, k, v, out, lse, idx, nums, sizes)
+
+
+def _out_lse_vjp_bwd(cfg, res, cts):
+    # d lse_i / d s_ij = P_ij, so the lse cotangent enters the row term of dS:
+    # dS = P * (dP - delta) with delta_i = rowsum(dO * O) - dlse_i
+    q, k, v, out, lse, idx, nums, sizes = res
+    do, dlse = cts
+    dq, dk, dv = _bwd_impl(cfg, do, q, k, v, out, lse, idx, nums, sizes, dlse=dlse)
+    return dq, dk, dv, None, None, None
+
+
+_bsa_out_lse.defvjp(_out_lse_vjp_fwd, _out_lse_vjp_bwd)
 # jit with the config static: eager calls compile once per (config, shapes); inlined
 # inside an outer jit.
 _bsa_jit = jax.jit(_bsa, static_argnums=(0,))
-_fwd_jit = jax.jit(_fwd_impl, static_argnums=(0,))
+_fwd_jit = jax.jit(_bsa_out_lse, static_argnums=(0,))
 _bwd_jit = jax.jit(_bwd_impl, static_argnums=(0,))
 
 
@@ -146,6 +184,11 @@ _META_ARG_LINES = """
         :func:`hstu_attention`).
       switches: optional :class:`jax_sparse_attn.config.Switches` (kernel implementations;
         default None reads the environment, see :func:`hstu_attention`).
+      debug_checks: bool, default False: also check traced metadata values (inside
+        ``jax.jit``) on the host at run time; bad values raise
+        ``jax.errors.JaxRuntimeError`` with the eager validator's message (see
+        :func:`hstu_attention`). Without it, bad traced metadata give unspecified values
+        (never an out-of-bounds access).
 """
 
 _ARGS_DOC = "\n    Args:" + _ARG_LINES + _META_ARG_LINES
@@ -170,11 +213,12 @@ _RAISES_DOC = """
 def block_sparse_attention(q, k, v, q2k_block_index, block_sparse_num=None, block_sizes=None,
                            q2k_block_nums=None, *, sparse_block_size=128, softmax_scale=None,
                            layout="bhsd", allow_empty_block_nums=False, backend="auto",
-                           switches=None):
+                           switches=None, debug_checks=False):
     cfg, idx, nums, sizes = _make_config(
         q, k, v, q2k_block_index, block_sparse_num, block_sizes, q2k_block_nums,
         sparse_block_size=sparse_block_size, softmax_scale=softmax_scale, layout=layout,
         allow_empty_block_nums=allow_empty_block_nums, backend=backend, switches=switches,
+        debug_checks=debug_checks,
         op_name="block_sparse_attention")
     return _bsa_jit(cfg, q, k, v, idx, nums, sizes)
 
@@ -200,11 +244,12 @@ def block_sparse_attention_forward(q, k, v, q2k_block_index, block_sparse_num=No
                                    block_sizes=None, q2k_block_nums=None, *,
                                    sparse_block_size=128, softmax_scale=None, layout="bhsd",
                                    allow_empty_block_nums=False, backend="auto",
-                                   switches=None):
+                                   switches=None, debug_checks=False):
     cfg, idx, nums, sizes = _make_config(
         q, k, v, q2k_block_index, block_sparse_num, block_sizes, q2k_block_nums,
         sparse_block_size=sparse_block_size, softmax_scale=softmax_scale, layout=layout,
         allow_empty_block_nums=allow_empty_block_nums, backend=backend, switches=switches,
+        debug_checks=debug_checks,
         op_name="block_sparse_attention_forward")
     out, lse = _fwd_jit(cfg, q, k, v, idx, nums, sizes)
     return BSAForwardResult(o_tensor=out, lse_tensor=lse)
@@ -216,6 +261,11 @@ block_sparse_attention_forward.__doc__ = (
     + _SEMANTICS_DOC
     + _ARGS_DOC
     + """
+    Differentiable in q, k, v on every backend with cotangents for both ``o_tensor`` and
+    ``lse_tensor`` (``jax.custom_vjp``): the lse cotangent enters the backward's row term,
+    ``delta_i = rowsum(dO * O) - dlse_i`` (z-loss, distillation, merging partial
+    attention results).
+
     Returns:
       :class:`~jax_sparse_attn._results.BSAForwardResult`: ``o_tensor`` (input layout,
       q's dtype) and ``lse_tensor (B, H_q, S_q)`` float32 natural-log sum of
@@ -230,11 +280,12 @@ def block_sparse_attention_backward(do, q, k, v, o, lse, q2k_block_index, block_
                                     block_sizes=None, q2k_block_nums=None, *,
                                     sparse_block_size=128, softmax_scale=None, layout="bhsd",
                                     allow_empty_block_nums=False, backend="auto",
-                                    switches=None):
+                                    switches=None, dlse=None, debug_checks=False):
     cfg, idx, nums, sizes = _make_config(
         q, k, v, q2k_block_index, block_sparse_num, block_sizes, q2k_block_nums,
         sparse_block_size=sparse_block_size, softmax_scale=softmax_scale, layout=layout,
         allow_empty_block_nums=allow_empty_block_nums, backend=backend, switches=switches,
+        debug_checks=debug_checks,
         op_name="block_sparse_attention_backward")
     qs = tuple(q.shape)
     out_shape = qs[:-1] + (cfg.head_dim_v,)
@@ -252,7 +303,14 @@ def block_sparse_attention_backward(do, q, k, v, o, lse, q2k_block_index, block_
     if canonical_dtype(lse) != lse_dtype:
         raise TypeError(f"lse must be {lse_dtype} (the lse_tensor of block_sparse_attention_forward "
                         f"for {canonical_dtype(q)} inputs), got {canonical_dtype(lse)}")
-    dq, dk, dv = _bwd_jit(cfg, do, q, k, v, o, lse, idx, nums, sizes)
+    if dlse is not None:
+        if tuple(getattr(dlse, "shape", ())) != (B, Hq, Sq):
+            raise ValueError(f"dlse must have lse's shape (B, H_q, S_q) = {(B, Hq, Sq)}, "
+                             f"got {tuple(getattr(dlse, 'shape', ()))}")
+        if not jnp.issubdtype(canonical_dtype(dlse), jnp.floating):
+            raise TypeError(f"dlse must be a floating array, got {canonical_dtype(dlse)}")
+        dlse = jnp.asarray(dlse).astype(lse_dtype)
+    dq, dk, dv = _bwd_jit(cfg, do, q, k, v, o, lse, idx, nums, sizes, dlse)
     return BSABackwardResult(dq_tensor=dq, dk_tensor=dk, dv_tensor=dv)
 
 
@@ -269,6 +327,9 @@ block_sparse_attention_backward.__doc__ = (
       lse: its ``lse_tensor (B, H_q, S_q)``, float32 (float64 for float64 inputs)."""
     + _META_ARG_LINES
     + """
+      dlse: optional cotangent of ``lse`` (its shape, floating; default None = 0): the
+        gradients are then those of ``sum(do * o) + sum(dlse * lse)``.
+
     Returns:
       :class:`~jax_sparse_attn._results.BSABackwardResult` with ``dq_tensor``,
       ``dk_tensor``, ``dv_tensor`` (input layout and dtypes).

@@ -27,7 +27,15 @@ import jax.numpy as jnp
 from . import _backend, metadata, reference
 from ._results import HSTUBackwardResult, HSTUForwardResult
 from .config import HSTUConfig
-from .validation import _hstu_value_checks, canonical_dtype, check_hstu_args, is_concrete
+from .validation import (
+    _hstu_value_checks,
+    as_array_arg,
+    canonical_dtype,
+    check_debug_checks,
+    check_hstu_args,
+    is_concrete,
+    run_time_value_checks,
+)
 
 __all__ = ["hstu_attention", "hstu_attention_forward", "hstu_attention_backward", "HSTUConfig"]
 
@@ -51,11 +59,12 @@ def _kernel_unsupported_reason(cfg, mod):
 
 def _make_config(q, k, v, cu_seqlens_q, cu_seqlens_k, func, paged_kv, page_ids, page_indptrs,
                  *, max_seqlen_q, max_seqlen_k, scaling_seqlen, window_size, alpha, backend,
-                 switches, op_name) -> HSTUConfig:
+                 switches, op_name, debug_checks=False) -> HSTUConfig:
     """Validate the arguments and build the call's one static config (backend chosen,
     head-dim padding and kernel compile keys decided)."""
     _backend.check_backend(backend)
     switches = _backend.check_switches(switches)
+    check_debug_checks(debug_checks)
     cfg = check_hstu_args(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q=max_seqlen_q,
                           max_seqlen_k=max_seqlen_k, scaling_seqlen=scaling_seqlen,
                           window_size=window_size, alpha=alpha, func=func, paged_kv=paged_kv,
@@ -63,6 +72,14 @@ def _make_config(q, k, v, cu_seqlens_q, cu_seqlens_k, func, paged_kv, page_ids, 
     if is_concrete(cu_seqlens_q, cu_seqlens_k, func, page_ids, page_indptrs):
         _hstu_value_checks(q, k, cu_seqlens_q, cu_seqlens_k, func, paged_kv, page_ids,
                            page_indptrs, cfg)
+    elif debug_checks:
+        shapes = tuple(None if x is None else jax.ShapeDtypeStruct(x.shape, x.dtype)
+                       for x in (q, k, paged_kv))
+
+        def check(cu_q, cu_k, f, ids, ptrs):
+            _hstu_value_checks(shapes[0], shapes[1], cu_q, cu_k, f, shapes[2], ids, ptrs, cfg)
+
+        run_time_value_checks(check, cu_seqlens_q, cu_seqlens_k, func, page_ids, page_indptrs)
     mod = _backend.select(backend, op_name, "hstu", partial(_kernel_unsupported_reason, cfg))
     if mod is None:
         return cfg
@@ -199,6 +216,13 @@ _BACKEND_ARG_LINES = """
       switches: optional :class:`jax_sparse_attn.config.Switches` choosing the kernel
         implementations and tiles (kernel backend only); default None reads them from the
         ``JAX_SPARSE_ATTN_*`` environment variables (:func:`jax_sparse_attn.config.from_env`).
+      debug_checks: bool, default False. The metadata values (``cu_seqlens_*``, ``func``,
+        paged-KV pages) are always checked eagerly when they are concrete; with
+        ``debug_checks=True`` they are also checked when traced (inside ``jax.jit``),
+        on the host at run time (``jax.debug.callback``, a device-to-host copy per call):
+        bad values then raise ``jax.errors.JaxRuntimeError`` carrying the eager
+        validator's message. Without it, bad traced metadata give unspecified values
+        (never an out-of-bounds access).
 """
 
 _ARGS_DOC = "\n    Args:" + _ARG_LINES + _PAGED_ARG_LINES + _BACKEND_ARG_LINES
@@ -220,11 +244,13 @@ _RAISES_DOC = """
 def hstu_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q, max_seqlen_k,
                    scaling_seqlen=None, window_size=(-1, 0), alpha=1.0, func=None,
                    paged_kv=None, page_ids=None, page_indptrs=None, backend="auto",
-                   switches=None):
+                   switches=None, debug_checks=False):
+    cu_seqlens_q, cu_seqlens_k = as_array_arg(cu_seqlens_q), as_array_arg(cu_seqlens_k)
     cfg = _make_config(q, k, v, cu_seqlens_q, cu_seqlens_k, func, paged_kv, page_ids,
                        page_indptrs, max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k,
                        scaling_seqlen=scaling_seqlen, window_size=window_size, alpha=alpha,
-                       backend=backend, switches=switches, op_name="hstu_attention")
+                       backend=backend, switches=switches, op_name="hstu_attention",
+                       debug_checks=debug_checks)
     cu_q, cu_k = _i32(cu_seqlens_q), _i32(cu_seqlens_k)
     if cfg.paged:
         return _hstu_paged_jit(cfg, q, paged_kv, _i32(page_ids), _i32(page_indptrs), cu_q, cu_k)
@@ -252,12 +278,12 @@ hstu_attention.__doc__ = (
 def hstu_attention_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q, max_seqlen_k,
                            scaling_seqlen=None, window_size=(-1, 0), alpha=1.0, func=None,
                            paged_kv=None, page_ids=None, page_indptrs=None, backend="auto",
-                   switches=None):
+                           switches=None, debug_checks=False):
     out = hstu_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q=max_seqlen_q,
                          max_seqlen_k=max_seqlen_k, scaling_seqlen=scaling_seqlen,
                          window_size=window_size, alpha=alpha, func=func, paged_kv=paged_kv,
                          page_ids=page_ids, page_indptrs=page_indptrs, backend=backend,
-                         switches=switches)
+                         switches=switches, debug_checks=debug_checks)
     return HSTUForwardResult(o_tensor=out)
 
 
@@ -279,11 +305,13 @@ hstu_attention_forward.__doc__ = (
 
 def hstu_attention_backward(do, q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q,
                             max_seqlen_k, scaling_seqlen=None, window_size=(-1, 0), alpha=1.0,
-                            func=None, backend="auto", switches=None):
+                            func=None, backend="auto", switches=None, debug_checks=False):
+    cu_seqlens_q, cu_seqlens_k = as_array_arg(cu_seqlens_q), as_array_arg(cu_seqlens_k)
     cfg = _make_config(q, k, v, cu_seqlens_q, cu_seqlens_k, func, None, None, None,
                        max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k,
                        scaling_seqlen=scaling_seqlen, window_size=window_size, alpha=alpha,
-                       backend=backend, switches=switches, op_name="hstu_attention_backward")
+                       backend=backend, switches=switches, op_name="hstu_attention_backward",
+                       debug_checks=debug_checks)
     want = (q.shape[0], q.shape[1], cfg.head_dim_v)
     if tuple(getattr(do, "shape", ())) != want:
         raise ValueError(f"do must have the output's shape (T_q, H, D_v) = {want}, "

@@ -8,7 +8,10 @@ Tiny XLA computations on int32 metadata, shared by the ffi adapters, the referen
   summaries of a ``func`` mask and the runtime scalars;
 * BSA: :func:`normalize_bsa_metadata` (the kernel-interface form of the metadata) and
   :func:`build_kq_csr` (the K->Q transposed block lists of the backward);
-* head-dim padding (:func:`padded_head_dim`, :func:`pad_last`).
+* head-dim padding (:func:`padded_head_dim`, :func:`pad_last`);
+* memory safety whatever the metadata values (:func:`sanitize_cu_seqlens`,
+  :func:`sanitize_bsa_metadata`): the kernels never read or write out of bounds, even
+  for metadata the eager validators would reject (traced under ``jax.jit``).
 """
 
 from __future__ import annotations
@@ -128,6 +131,13 @@ def hstu_bwd_schedule(cu_q, cu_k, func, block_m, block_n, t_q, t_k):
     return kv_tiles, q_start.astype(jnp.int32), q_tiles
 
 
+def sanitize_cu_seqlens(cu, total: int):
+    """``cu_seqlens`` clamped to ``[0, total]`` and made non-decreasing (running max), so
+    every sequence ``[cu[b], cu[b+1])`` lies inside the ``total`` packed rows whatever the
+    input values (valid ``cu_seqlens`` pass unchanged). Two cheap int32 XLA ops."""
+    return jax.lax.cummax(jnp.clip(cu.astype(jnp.int32), 0, total), axis=0)
+
+
 def append_pseudo_sequence(cu, total):
     """``cu`` plus one pseudo-sequence ending at ``total`` (None: an empty one), so that
     the kernels cover (and write zeros to) the rows past ``cu[-1]``."""
@@ -171,6 +181,19 @@ def normalize_bsa_metadata(q2k_block_index, block_sparse_num=None, block_sizes=N
             sizes = jnp.broadcast_to(bs[:, None, :], (B, Hq, bs.shape[1]))
         else:
             sizes = bs
+    return idx, nums, sizes
+
+
+def sanitize_bsa_metadata(q2k_block_index, q2k_block_nums, block_sizes, *, num_kv_blocks: int,
+                          block_size: int):
+    """Normalised BSA metadata clamped to what the kernels can address: block ids to
+    ``[0, N_kv)``, counts to ``[0, K_max]``, block sizes to ``[0, block_size]``. Valid
+    metadata pass unchanged; any other value gives the same result as the reference
+    (which clips ids and treats counts/sizes outside the range as these bounds)."""
+    k_max = q2k_block_index.shape[-1]
+    idx = jnp.clip(q2k_block_index, 0, max(num_kv_blocks - 1, 0))
+    nums = jnp.clip(q2k_block_nums, 0, k_max)
+    sizes = None if block_sizes is None else jnp.clip(block_sizes, 0, block_size)
     return idx, nums, sizes
 
 

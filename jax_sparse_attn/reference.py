@@ -160,13 +160,20 @@ def _hstu_attention_ref_impl(
         L_q = cu_q[b + 1] - q0
         L_k = cu_k[b + 1] - cu_k[b]
         i = t * tile + jnp.arange(tile, dtype=jnp.int32)
+        zero = jnp.zeros((), cdt)
+        # Rows past the sequence (the next sequence's data, unused page slots, padding)
+        # are selected away before any arithmetic, so their values (NaN/Inf included)
+        # never reach this sequence's result or gradients.
+        row_in = i < L_q
+        key_in = j < L_k
         qt = q[jnp.clip(q0 + i, 0, T_q - 1)].astype(cdt)  # (tile, H, D)
+        qt = jnp.where(row_in[:, None, None], qt, zero)
         kt, vt = gather_kv(b)
-        kt = kt.astype(cdt)
-        vt = vt.astype(cdt)
+        kt = jnp.where(key_in[:, None, None], kt.astype(cdt), zero)
+        vt = jnp.where(key_in[:, None, None], vt.astype(cdt), zero)
         s = jnp.einsum("qhd,khd->hqk", qt, kt, preferred_element_type=cdt)
         s = s * jnp.asarray(alpha, cdt)
-        valid = (i < L_q)[:, None] & (j < L_k)[None, :]
+        valid = row_in[:, None] & key_in[None, :]
         p = (i + L_k - L_q)[:, None]
         if left >= 0:
             valid = valid & (j[None, :] >= p - left)
@@ -174,7 +181,10 @@ def _hstu_attention_ref_impl(
             valid = valid & (j[None, :] <= p + right)
         if func is not None:
             valid = valid & func_interval_mask(f2d[:, jnp.clip(q0 + i, 0, L_f - 1)], j)
-        act = jnp.where(valid[None], jax.nn.silu(s), jnp.zeros((), cdt))
+        # SiLU's limit at -inf is 0 (x * sigmoid(x) would give -inf * 0 = NaN); masked
+        # scores are selected away (never multiplied by zero), also in the gradient.
+        keep = valid[None] & (s > -jnp.inf)
+        act = jnp.where(keep, jax.nn.silu(jnp.where(keep, s, zero)), zero)
         o = jnp.einsum("hqk,khd->qhd", act, vt, preferred_element_type=cdt)
         return o * jnp.asarray(inv_scale, cdt)
 
@@ -283,6 +293,17 @@ def _bsa_item_keys(n, idx, nums, sizes, dims):
     return b, h, m, idc, kval.reshape(K_max * blk), qrow_ok
 
 
+def _listed_kv(kb, vb, b, hk, idc, kval, cdt):
+    """Keys and values of the listed blocks ``(K_max * blk, D)``; key rows that are not
+    keys of this row (inactive list entries, partial-block tails, padding) are selected
+    to zero, so whatever they hold (NaN/Inf included) never reaches a result."""
+    K_max, blk = idc.shape[0], kb.shape[3]
+    zero = jnp.zeros((), cdt)
+    kt = kb[b, hk, idc].reshape(K_max * blk, kb.shape[-1]).astype(cdt)
+    vt = vb[b, hk, idc].reshape(K_max * blk, vb.shape[-1]).astype(cdt)
+    return (jnp.where(kval[:, None], kt, zero), jnp.where(kval[:, None], vt, zero))
+
+
 def _block_sparse_attention_ref_impl(
     q,
     k,
@@ -339,8 +360,7 @@ def _block_sparse_attention_ref_impl(
     def one(n):
         b, h, m, idc, kval, _ = _bsa_item_keys(n, idx, nums, sizes, dims)
         qt = qb[b, h, m].astype(cdt)  # (blk, D)
-        kt = kb[b, h // g, idc].reshape(K_max * blk, D).astype(cdt)
-        vt = vb[b, h // g, idc].reshape(K_max * blk, Dv).astype(cdt)
+        kt, vt = _listed_kv(kb, vb, b, h // g, idc, kval, cdt)
         s = jnp.einsum("qd,kd->qk", qt, kt, preferred_element_type=cdt) * scale
         s = jnp.where(kval[None, :], s, -jnp.inf)
         mx = jnp.max(s, axis=-1)
@@ -376,13 +396,15 @@ def _block_sparse_attention_bwd_ref_impl(
     sparse_block_size: int = 128,
     softmax_scale=None,
     compute_dtype=None,
+    dlse=None,
 ):
     """Explicit block-sparse attention backward from the saved ``out`` and ``lse``.
 
     Per (b, h, query block m) over the listed key blocks: ``P = exp(scale*QK^T - lse)``,
     ``dV += P^T dO``, ``dS = P (dO V^T - rowsum(dO*O))``, ``dQ = scale dS K``,
     ``dK += scale dS^T Q``; dK/dV are summed over the query heads sharing a KV head.
-    Rows with ``lse = -inf`` contribute nothing. Returns ``(dq, dk, dv)`` in the input
+    ``dlse`` (optional ``(B, H_q, S_q)``) is a cotangent of ``lse``: it enters the row
+    term as ``rowsum(dO*O) - dlse``. Rows with ``lse = -inf`` contribute nothing. Returns ``(dq, dk, dv)`` in the input
     layout and dtypes, computed in ``compute_dtype`` (default float32).
     """
     in_dtypes = (q.dtype, k.dtype, v.dtype)
@@ -411,7 +433,11 @@ def _block_sparse_attention_bwd_ref_impl(
     kb = _pad_blocks(k, Nkv, blk)
     vb = _pad_blocks(v, Nkv, blk)
     dob = _pad_blocks(do, Nq, blk)
-    ob = _pad_blocks(out, Nq, blk)
+    # delta_i = rowsum(dO * O) once per query row (the row term of dS)
+    delta = jnp.sum(do.astype(cdt) * out.astype(cdt), axis=-1)
+    if dlse is not None:
+        delta = delta - jnp.asarray(dlse).astype(cdt)
+    deltab = jnp.pad(delta, ((0, 0), (0, 0), (0, Nq * blk - Sq))).reshape(B, Hq, Nq, blk)
     lseb = jnp.pad(lse, ((0, 0), (0, 0), (0, Nq * blk - Sq)),
                    constant_values=-jnp.inf).reshape(B, Hq, Nq, blk)
     scale = jnp.asarray(softmax_scale, cdt)
@@ -420,10 +446,8 @@ def _block_sparse_attention_bwd_ref_impl(
         b, h, m, idc, kval, qrow_ok = _bsa_item_keys(n, idx, nums, sizes, dims)
         qt = qb[b, h, m].astype(cdt)
         dot = dob[b, h, m].astype(cdt)
-        ot = ob[b, h, m].astype(cdt)
         lt = lseb[b, h, m]
-        kt = kb[b, h // g, idc].reshape(K_max * blk, D).astype(cdt)
-        vt = vb[b, h // g, idc].reshape(K_max * blk, Dv).astype(cdt)
+        kt, vt = _listed_kv(kb, vb, b, h // g, idc, kval, cdt)
         s = jnp.einsum("qd,kd->qk", qt, kt, preferred_element_type=cdt) * scale
         row_ok = qrow_ok & jnp.isfinite(lt)
         lt_safe = jnp.where(row_ok, lt, 0).astype(cdt)
@@ -431,8 +455,8 @@ def _block_sparse_attention_bwd_ref_impl(
         p = jnp.where(ok, jnp.exp(jnp.where(ok, s - lt_safe[:, None], 0)), jnp.zeros((), cdt))
         dv_c = jnp.einsum("qk,qd->kd", p, dot, preferred_element_type=cdt)
         dp = jnp.einsum("qd,kd->qk", dot, vt, preferred_element_type=cdt)
-        di = jnp.sum(dot * ot, axis=-1)
-        ds = p * (dp - di[:, None])
+        di = deltab[b, h, m]
+        ds = jnp.where(ok, p * (dp - di[:, None]), jnp.zeros((), cdt))
         dq = jnp.einsum("qk,kd->qd", ds, kt, preferred_element_type=cdt) * scale
         dk_c = jnp.einsum("qk,qd->kd", ds, qt, preferred_element_type=cdt) * scale
         return dq, dk_c.reshape(K_max, blk, D), dv_c.reshape(K_max, blk, Dv), idc
@@ -523,8 +547,9 @@ def block_sparse_attention_ref(q, k, v, q2k_block_index, q2k_block_nums, block_s
 def block_sparse_attention_bwd_ref(do, q, k, v, out, lse, q2k_block_index, q2k_block_nums,
                                    block_sizes=None, *, layout: str = "bhsd",
                                    sparse_block_size: int = 128, softmax_scale=None,
-                                   compute_dtype=None):
+                                   compute_dtype=None, dlse=None):
     return _bsa_bwd_jit(do, q, k, v, out, lse, q2k_block_index, q2k_block_nums, block_sizes,
+                        dlse=dlse,
                         layout=layout, sparse_block_size=int(sparse_block_size),
                         softmax_scale=_static_float(softmax_scale),
                         compute_dtype=_static_dtype(compute_dtype))

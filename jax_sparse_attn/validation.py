@@ -59,6 +59,24 @@ def canonical_dtype(x):
     return jnp.dtype(jax.dtypes.canonicalize_dtype(x.dtype))
 
 
+def check_debug_checks(debug_checks) -> bool:
+    if not isinstance(debug_checks, bool):
+        raise TypeError(f"debug_checks must be a bool, got {type(debug_checks).__name__}")
+    return debug_checks
+
+
+def run_time_value_checks(check, *arrays):
+    """Stage ``check(*arrays)`` (an eager value check raising ValueError) into the traced
+    computation: a ``jax.debug.callback`` runs it on the host with the arrays' run-time
+    values. Under ``jax.jit`` a failure surfaces when the computation runs, as a
+    ``jax.errors.JaxRuntimeError`` whose message carries the validator's ValueError."""
+
+    def host(*vals):
+        check(*[None if v is None else np.asarray(v) for v in vals])
+
+    jax.debug.callback(host, *arrays)
+
+
 def is_concrete(*xs) -> bool:
     """True when none of ``xs`` is a JAX tracer (values can be read on the host)."""
     return not any(_is_tracer(x) for x in xs if x is not None)
@@ -69,8 +87,31 @@ def _shape(name, x):
         raise ValueError(f"{name} is required (got None)")
     shape = getattr(x, "shape", None)
     if shape is None or getattr(x, "dtype", None) is None:
-        raise TypeError(f"{name} must be an array with .shape and .dtype, got {type(x).__name__}")
+        raise TypeError(f"{name} must be an array with .shape and .dtype, got "
+                        f"{type(x).__name__} (convert it with jnp.asarray(...))")
     return tuple(shape)
+
+
+def as_array_arg(x):
+    """A Python list/tuple of numbers (e.g. ``cu_seqlens=[0, 5, 9]``) as a NumPy array
+    (int32 for integers); anything else unchanged."""
+    if isinstance(x, (list, tuple)):
+        a = np.asarray(x)
+        return a.astype(np.int32) if a.dtype.kind in "iu" else a
+    return x
+
+
+def _static_scalar(name, x, kind):
+    """Static options are compile-time constants: a concrete 0-d array (``jnp.float32(0.5)``,
+    ``np.int64(3)``) is read as its Python value; a traced value is refused with one message."""
+    if _is_tracer(x):
+        raise TypeError(
+            f"{name} must be a static Python {kind} (a compile-time constant), got a traced "
+            f"value ({type(x).__name__}): pass a Python or NumPy scalar, e.g. close over it or "
+            f"mark it static with jax.jit(..., static_argnames=...)")
+    if getattr(x, "shape", None) == () and getattr(x, "dtype", None) is not None:
+        return np.asarray(x).item()
+    return x
 
 
 def _check_rank(name, x, rank, layout_desc):
@@ -95,11 +136,9 @@ def _check_int(name, x):
 
 
 def _static_int(name, x, minimum=None):
+    x = _static_scalar(name, x, "int")
     if isinstance(x, bool) or not isinstance(x, numbers.Integral):
-        raise TypeError(
-            f"{name} must be a static Python int, got {type(x).__name__}"
-            + (" (a traced value: pass it as a static argument)" if _is_tracer(x) else "")
-        )
+        raise TypeError(f"{name} must be a static Python int, got {type(x).__name__}")
     x = int(x)
     if minimum is not None and x < minimum:
         raise ValueError(f"{name} must be >= {minimum}, got {x}")
@@ -107,6 +146,7 @@ def _static_int(name, x, minimum=None):
 
 
 def _static_real(name, x):
+    x = _static_scalar(name, x, "number")
     if isinstance(x, bool) or not isinstance(x, numbers.Real):
         raise TypeError(f"{name} must be a static Python number, got {type(x).__name__}")
     x = float(x)
@@ -124,6 +164,7 @@ def _check_window(window_size):
         ) from None
     out = []
     for side, w in (("left", left), ("right", right)):
+        w = _static_scalar(f"window_size {side}", w, "int")
         if isinstance(w, bool) or not isinstance(w, numbers.Integral):
             raise TypeError(f"window_size {side} must be a Python int >= -1, got {w!r}")
         if int(w) < -1:
@@ -370,9 +411,15 @@ def check_bsa_args(q, k, v, q2k_block_index, block_sparse_num=None, block_sizes=
     ishape = _check_rank("q2k_block_index", q2k_block_index, 4, "(B, H_q, N_q, K_max)")
     _check_int("q2k_block_index", q2k_block_index)
     if ishape[:3] != (B, Hq, Nq):
+        other = "bshd" if layout == "bhsd" else "bhsd"
+        B2, Hq2, Sq2 = (qs[0], qs[1], qs[2]) if other == "bhsd" else (qs[0], qs[2], qs[1])
+        hint = ""
+        if ishape[:3] == (B2, Hq2, -(-Sq2 // blk)):
+            hint = f"; it matches q read as layout={other!r}: pass layout={other!r}"
         raise ValueError(
             f"q2k_block_index must have shape (B, H_q, N_q, K_max) = ({B}, {Hq}, {Nq}, K_max) "
-            f"with N_q = ceil(S_q / {blk}), got {ishape}"
+            f"with N_q = ceil(S_q / {blk}) for q of shape {qs} in layout={layout!r} "
+            f"{desc}, got {ishape}{hint}"
         )
     K_max = ishape[3]
     if K_max < 1:
@@ -385,6 +432,11 @@ def check_bsa_args(q, k, v, q2k_block_index, block_sparse_num=None, block_sizes=
             "(per-row counts (B, H_q, N_q))"
         )
     if block_sparse_num is not None:
+        if getattr(block_sparse_num, "ndim", 0):
+            raise TypeError(
+                "block_sparse_num must be a static Python int (one count for every row), got "
+                f"an array of shape {tuple(block_sparse_num.shape)}; for per-row counts pass "
+                "the array as q2k_block_nums=...")
         n = _static_int("block_sparse_num", block_sparse_num)
         if not 1 <= n <= K_max:
             raise ValueError(f"block_sparse_num must be in [1, K_max={K_max}], got {n}")

@@ -10,8 +10,12 @@
 # Logs go to $LOGS; a tarball of them and a summary go to $OUT.
 # The H200 run of 2026-11-29 (first version of this script) timed out several shards at
 # T_TEST=170 with 16 shards + MovieLens sharing 16 cores; give the grids ~240 s or fewer shards.
+# Phase 3 (robustness): the NaN-isolation / transform / lse-gradient GPU tests
+#   (tests/test_robustness.py, tests/test_transforms.py) and the garbage-metadata grid under
+#   compute-sanitizer memcheck (tests/sanitize_grid.py; SANITIZE_ARGS=--quick for a short run).
 # Env: PHASES (default "12"), ML_EPOCHS (default: --full = 101), T_TEST (per-shard timeout),
-# T_ML (MovieLens timeout; the example writes its JSON after every epoch).
+# T_ML (MovieLens timeout; the example writes its JSON after every epoch), T_SAN (sanitizer
+# timeout, default 540).
 set -u
 out=${OUT:-./gpu_out}
 DATA=${DATA:-/tmp/mldata}
@@ -69,6 +73,16 @@ if [[ $PHASES == *2* ]]; then
   stamp "MovieLens + example done"
 fi
 
+if [[ $PHASES == *3* ]]; then
+  stamp "phase 3: robustness tests + compute-sanitizer grid"
+  timeout $T_TEST python3 -m pytest -m gpu tests/test_robustness.py tests/test_transforms.py -q -rA \
+    -p no:cacheprovider > "$LOGS/robustness.log" 2>&1
+  stamp "robustness rc=$?"
+  timeout ${T_SAN:-540} compute-sanitizer --tool memcheck --error-exitcode 9 \
+    python3 tests/sanitize_grid.py ${SANITIZE_ARGS:-} > "$LOGS/sanitize.log" 2>&1
+  stamp "sanitize rc=$? (0 clean, 9 memcheck errors, 1 a failed case, 124 timeout)"
+fi
+
 {
   cat "$LOGS/gpu.txt"
   echo "== hstu_bench"; grep -v "^WARNING\|^I0000\|^W0000" "$LOGS/hstu_bench.log" 2>/dev/null | tail -12
@@ -81,6 +95,9 @@ fi
     echo "== ml1m $be"; tail -25 "$LOGS/ml1m_full_$be.log" 2>/dev/null
   done
   echo "== bsa_real"; tail -12 "$LOGS/bsa_real_kernel.log" 2>/dev/null; tail -4 "$LOGS/bsa_real_ref_bf16.log" 2>/dev/null
+  echo "== robustness"; tail -3 "$LOGS/robustness.log" 2>/dev/null
+  grep -h "^FAILED\|^ERROR" "$LOGS/robustness.log" 2>/dev/null | head -20
+  echo "== sanitize"; grep -v "^      ok" "$LOGS/sanitize.log" 2>/dev/null | tail -30
 } > "$out/summary.txt" 2>&1
 tar czf "$out/logs.tgz" -C "$LOGS" . 2>/dev/null
 for f in hstu_bench.json bsa_bench.json ml1m_full_kernel.json ml1m_full_reference.json bsa_real_kernel.json; do

@@ -158,6 +158,10 @@ def test_smoke_run_writes_finite_metrics(tmp_path):
     assert losses[-1] < losses[0], losses  # it learns
     assert len(res["epoch_seconds"]) == res["config"]["epochs"]
     assert "this run" in proc.stdout and "left out" in proc.stdout
+    # stdout is a pipe: plain progress lines (compile, one line per epoch), no tqdm bar
+    assert "compiled in" in proc.stdout
+    epoch_lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("epoch ") and " loss " in ln]
+    assert len(epoch_lines) == res["config"]["epochs"], proc.stdout[-2000:]
 
 
 def test_compare_backends_reports_zero_for_identical_backends():

@@ -212,6 +212,8 @@ def bsa_fwd(q, k, v, q2k_block_index, q2k_block_nums, block_sizes, cfg):
     from cutlass.jax import cutlass_call  # noqa: PLC0415
 
     spec = _specs(cfg.layout)
+    q2k_block_index, q2k_block_nums, block_sizes = _sanitize(
+        q2k_block_index, q2k_block_nums, block_sizes, cfg)
     call = cutlass_call(
         _fwd_jit(),
         output_shape_dtype=(
@@ -225,6 +227,12 @@ def bsa_fwd(q, k, v, q2k_block_index, q2k_block_nums, block_sizes, cfg):
     )
     return call(q, k, v, q2k_block_index, q2k_block_nums, block_sizes,
                 _scale_array(cfg.softmax_scale))
+
+
+def _sanitize(idx, nums, sizes, cfg):
+    """Metadata clamped so that no value makes a kernel read or write out of bounds."""
+    return metadata.sanitize_bsa_metadata(idx, nums, sizes, num_kv_blocks=cfg.num_kv_blocks,
+                                          block_size=cfg.sparse_block_size)
 
 
 def _scale_array(softmax_scale):
@@ -296,13 +304,20 @@ def _bwd_jit():
     return cute.jit(_bwd_entry)
 
 
-def bsa_bwd(do, q, k, v, out, lse, q2k_block_index, q2k_block_nums, block_sizes, cfg):
+def bsa_bwd(do, q, k, v, out, lse, q2k_block_index, q2k_block_nums, block_sizes, cfg, *,
+            dlse=None):
     """Block-sparse attention backward on the CuTe DSL kernels for the op config ``cfg``
-    (``cfg.bwd`` set). Returns ``(dq, dk, dv)`` in the layouts and dtypes of q, k, v."""
+    (``cfg.bwd`` set). ``dlse``: optional float32 ``(B, H_q, S_q)`` cotangent of ``lse``
+    (enters the row term: ``delta = rowsum(dO * O) - dlse``). Returns ``(dq, dk, dv)`` in
+    the layouts and dtypes of q, k, v."""
     from cutlass.jax import cutlass_call  # noqa: PLC0415
 
     spec = _specs(cfg.layout)
+    q2k_block_index, q2k_block_nums, block_sizes = _sanitize(
+        q2k_block_index, q2k_block_nums, block_sizes, cfg)
     delta, dq_acc = bsa_preprocess(do, out, cfg)
+    if dlse is not None:
+        delta = delta - dlse.astype(jnp.float32)
     offsets, entries = metadata.build_kq_csr(q2k_block_index, q2k_block_nums,
                                              num_kv_heads=cfg.num_heads_kv,
                                              num_kv_blocks=cfg.num_kv_blocks)

@@ -268,9 +268,11 @@ def hstu_fwd(q, k, v, cu_seqlens_q, cu_seqlens_k, func, cfg):
     out_shape = (t_q, h, cfg.head_dim_v)
     if t_q == 0 or h == 0 or k.shape[0] == 0:  # no rows, or no valid key for any row
         return jnp.zeros(out_shape, q.dtype)
+    # clamped so no cu_seqlens value makes the kernel read or write out of bounds;
     # pseudo-sequence B covers rows past cu_q[-1] (no keys): the kernel writes zeros there
-    cu_q = metadata.append_pseudo_sequence(cu_seqlens_q, t_q)
-    cu_k = metadata.append_pseudo_sequence(cu_seqlens_k, None)
+    cu_q = metadata.append_pseudo_sequence(metadata.sanitize_cu_seqlens(cu_seqlens_q, t_q), t_q)
+    cu_k = metadata.append_pseudo_sequence(
+        metadata.sanitize_cu_seqlens(cu_seqlens_k, k.shape[0]), None)
     tiles = metadata.hstu_fwd_schedule(cu_q, cu_k, func, key.block_m, t_q, cfg.window_size)
     scal, win = metadata.hstu_scalars(cfg.alpha, cfg.scaling_seqlen, cfg.window_size)
     func_arr = func.astype(jnp.int32) if key.has_func else jnp.zeros((1, 1, 1), jnp.int32)
@@ -293,9 +295,10 @@ def hstu_bwd(do, q, k, v, cu_seqlens_q, cu_seqlens_k, func, cfg):
     d, dv = cfg.head_dim_pad, cfg.head_dim_v_pad
     do_p, q_p = metadata.pad_last(do, dv), metadata.pad_last(q, d)
     k_p, v_p = metadata.pad_last(k, d), metadata.pad_last(v, dv)
-    # pseudo-sequence B covers keys past cu_k[-1] (no queries): zero dk/dv there
-    cu_q = metadata.append_pseudo_sequence(cu_seqlens_q, None)
-    cu_k = metadata.append_pseudo_sequence(cu_seqlens_k, t_k)
+    # clamped (memory safety, see hstu_fwd); pseudo-sequence B covers keys past cu_k[-1]
+    # (no queries): zero dk/dv there
+    cu_q = metadata.append_pseudo_sequence(metadata.sanitize_cu_seqlens(cu_seqlens_q, t_q), None)
+    cu_k = metadata.append_pseudo_sequence(metadata.sanitize_cu_seqlens(cu_seqlens_k, t_k), t_k)
     kv_tiles, q_start, q_tiles = metadata.hstu_bwd_schedule(cu_q, cu_k, func, key.block_m,
                                                             key.block_n, t_q, t_k)
     scal, win = metadata.hstu_scalars(cfg.alpha, cfg.scaling_seqlen, cfg.window_size)

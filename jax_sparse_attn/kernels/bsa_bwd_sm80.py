@@ -29,7 +29,13 @@ import cutlass.memory
 import cutlass.cute as cute
 from cutlass.cute.nvgpu import warp
 
-from .bsa_common import LOG2_E, bwd_entry_rows, bwd_tile_coords, issue_q_do_rows
+from .bsa_common import (
+    LOG2_E,
+    bwd_entry_rows,
+    bwd_kv_tile_rows,
+    bwd_tile_coords,
+    issue_q_do_rows,
+)
 from .common import (
     acc_mn_view,
     elem_ptr,
@@ -156,8 +162,11 @@ class BsaBwdSm80:
         gK = cute.local_tile(mK[batch, None, head_kv, None], (TILE, hd), (n_tile, 0))
         gV = cute.local_tile(mV[batch, None, head_kv, None], (TILE, hd), (n_tile, 0))
         kv_left = seqlen_k - n_tile * TILE
-        load_rows(gmem_copy_in, thr_copy.partition_S(gK), thr_copy.partition_D(sK), tCc, kv_left)
-        load_rows(gmem_copy_in, thr_copy.partition_S(gV), thr_copy.partition_D(sV), tCc, kv_left)
+        # rows no query head of the group uses as keys are zero-filled, never read
+        kv_rows = bwd_kv_tile_rows(mSizes, batch, head_kv, group, n_block, tile_off, kv_left,
+                                   self.has_sizes)
+        load_rows(gmem_copy_in, thr_copy.partition_S(gK), thr_copy.partition_D(sK), tCc, kv_rows)
+        load_rows(gmem_copy_in, thr_copy.partition_S(gV), thr_copy.partition_D(sV), tCc, kv_rows)
         cute.arch.cp_async_commit_group()
         tQsQ = thr_copy.partition_D(sQ)  # (CPY, M, K, stage)
         tdOsdO = thr_copy.partition_D(sdO)

@@ -46,7 +46,13 @@ import cutlass.utils.hopper_helpers as sm90_utils
 from cutlass.cute.nvgpu import cpasync, warpgroup
 from cutlass.tensor_utils import LayoutEnum
 
-from .bsa_common import LOG2_E, bwd_entry_rows, bwd_tile_coords, issue_q_do_rows
+from .bsa_common import (
+    LOG2_E,
+    bwd_entry_rows,
+    bwd_kv_tile_rows,
+    bwd_tile_coords,
+    issue_q_do_rows,
+)
 from .common import (
     acc_layout_as_a,
     acc_mn_view_wg,
@@ -213,8 +219,11 @@ class BsaBwdSm90:
         gK = cute.local_tile(mK[batch, None, head_kv, None], (TILE, hd), (n_tile, 0))
         gV = cute.local_tile(mV[batch, None, head_kv, None], (TILE, hd), (n_tile, 0))
         kv_left = seqlen_k - n_tile * TILE
-        load_rows(gmem_copy_in, thr_copy.partition_S(gK), thr_copy.partition_D(sK[None, None, 0]), tCc, kv_left)
-        load_rows(gmem_copy_in, thr_copy.partition_S(gV), thr_copy.partition_D(sV[None, None, 0]), tCc, kv_left)
+        # rows no query head of the group uses as keys are zero-filled, never read
+        kv_rows = bwd_kv_tile_rows(mSizes, batch, head_kv, group, n_block, tile_off, kv_left,
+                                   self.has_sizes)
+        load_rows(gmem_copy_in, thr_copy.partition_S(gK), thr_copy.partition_D(sK[None, None, 0]), tCc, kv_rows)
+        load_rows(gmem_copy_in, thr_copy.partition_S(gV), thr_copy.partition_D(sV[None, None, 0]), tCc, kv_rows)
         cute.arch.cp_async_commit_group()
         tQsQ = thr_copy.partition_D(sQ)
         tdOsdO = thr_copy.partition_D(sdO)
@@ -313,9 +322,10 @@ class BsaBwdSm90:
                     key_ok = tScS_mn[r, 0][0] < limit
                     for c in cutlass.range_constexpr(n_cols):
                         p = cute.math.exp2(S_mn[r, c] * scale_log2 - lse2[c], fastmath=True)
-                        p = p if key_ok else cutlass.Float32(0.0)
-                        S_mn[r, c] = p
-                        dP_mn[r, c] = p * (dP_mn[r, c] - dlt[c])
+                        # select, never multiply by zero: dP of a non-key may be NaN
+                        ds = p * (dP_mn[r, c] - dlt[c])
+                        S_mn[r, c] = p if key_ok else cutlass.Float32(0.0)
+                        dP_mn[r, c] = ds if key_ok else cutlass.Float32(0.0)
 
                 tPr = cute.make_rmem_tensor(acc_layout_as_a(acc_S.layout, mma_kv.tv_layout_A.shape[1]), self.dtype)
                 cute.make_tensor(tPr.iterator, acc_S.layout).store(acc_S.load().to(self.dtype))

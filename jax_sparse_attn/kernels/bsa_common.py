@@ -10,6 +10,9 @@ layouts, accumulator views and ``mma.sync`` GEMM loops shared with HSTU live in
 * ``quad_allreduce_max/sum``: reduce over the 4 lanes that share an accumulator row.
 * ``mask_keys_from`` / ``online_softmax_step``: the forward's key-tail mask and online
   softmax update of one KV block (both forward kernels).
+* ``kv_block_rows`` / ``bwd_kv_tile_rows``: how many leading rows of a KV block (forward)
+  or backward KV tile are keys; the K/V copies zero-fill the rest, so a partial block's
+  tail (padding, NaN/Inf garbage) is never read into a result.
 """
 
 from __future__ import annotations
@@ -34,6 +37,32 @@ def quad_allreduce_sum(val: cutlass.Float32) -> cutlass.Float32:
     val = val + cute.arch.shuffle_sync_bfly(val, offset=2, mask=-1, mask_and_clamp=31)
     val = val + cute.arch.shuffle_sync_bfly(val, offset=1, mask=-1, mask_and_clamp=31)
     return val
+
+
+@cute.jit
+def kv_block_rows(mSizes, batch, head, n_block, seqlen_k, blk: cutlass.Constexpr,
+                  has_sizes: cutlass.Constexpr):
+    """Key rows of KV block ``n_block`` for query head ``head``: ``S_kv - n_block*blk``,
+    capped by ``block_sizes[batch, head, n_block]`` when the call has block sizes."""
+    rows = seqlen_k - n_block * blk
+    if cutlass.const_expr(has_sizes):
+        rows = cutlass.min(rows, mSizes[batch, head, n_block])
+    return rows
+
+
+@cute.jit
+def bwd_kv_tile_rows(mSizes, batch, head_kv, group, n_block, tile_off, kv_left,
+                     has_sizes: cutlass.Constexpr):
+    """Rows of the backward's KV tile that are keys for at least one query head of the
+    GQA group (``block_sizes`` is per query head): ``kv_left`` capped by the largest
+    ``block_sizes[batch, h, n_block] - tile_off`` over the group."""
+    rows = kv_left
+    if cutlass.const_expr(has_sizes):
+        most = cutlass.Int32(0)
+        for hg in cutlass.range(group, unroll=1):
+            most = cutlass.max(most, mSizes[batch, head_kv * group + hg, n_block] - tile_off)
+        rows = cutlass.min(rows, most)
+    return rows
 
 
 @cute.jit

@@ -26,7 +26,13 @@ import cutlass.memory
 import cutlass.cute as cute
 from cutlass.cute.nvgpu import warp
 
-from .bsa_common import LOG2_E, mask_keys_from, online_softmax_step, quad_allreduce_sum
+from .bsa_common import (
+    LOG2_E,
+    kv_block_rows,
+    mask_keys_from,
+    online_softmax_step,
+    quad_allreduce_sum,
+)
 from .common import (
     acc_mn_view,
     acc_to_a_frag,
@@ -170,7 +176,8 @@ class BsaFwdSm80:
             cute.arch.cp_async_commit_group()
         if num_blocks > 0:
             n_first = mIdx[batch, head, m_block, 0]
-            load_rows(gmem_copy_in, tKgK[None, None, None, n_first], tKsK, tCc, seqlen_k - n_first * blk)
+            load_rows(gmem_copy_in, tKgK[None, None, None, n_first], tKsK, tCc,
+                      kv_block_rows(mSizes, batch, head, n_first, seqlen_k, blk, self.has_sizes))
         cute.arch.cp_async_commit_group()
 
         if cutlass.const_expr(self.q_in_regs):
@@ -181,12 +188,13 @@ class BsaFwdSm80:
 
         for j in cutlass.range(num_blocks, unroll=1):
             n_block = mIdx[batch, head, m_block, j]
-            kv_left = seqlen_k - n_block * blk
+            # key rows of this block; the K/V copies zero-fill the rest (never read)
+            kv_rows = kv_block_rows(mSizes, batch, head, n_block, seqlen_k, blk, self.has_sizes)
             acc_S = cute.make_rmem_tensor(thr_mma.partition_shape_C((blk, blk)), cutlass.Float32)
             acc_S.fill(0.0)
             cute.arch.cp_async_wait_group(0)
             cute.arch.barrier()
-            load_rows(gmem_copy_in, tVgV[None, None, None, n_block], tVsV, tCc, kv_left)
+            load_rows(gmem_copy_in, tVgV[None, None, None, n_block], tVsV, tCc, kv_rows)
             cute.arch.cp_async_commit_group()
             if cutlass.const_expr(self.q_in_regs):
                 gemm_rs(tiled_mma, acc_S, tSrQ, tSrK, tSsK, s2r_K)
@@ -196,13 +204,13 @@ class BsaFwdSm80:
             cute.arch.barrier()
             if j + 1 < num_blocks:
                 n_next = mIdx[batch, head, m_block, j + 1]
-                load_rows(gmem_copy_in, tKgK[None, None, None, n_next], tKsK, tCc, seqlen_k - n_next * blk)
+                load_rows(gmem_copy_in, tKgK[None, None, None, n_next], tKsK, tCc,
+                          kv_block_rows(mSizes, batch, head, n_next, seqlen_k, blk,
+                                        self.has_sizes))
             cute.arch.cp_async_commit_group()
 
             # Valid keys of this block: [0, limit).
-            limit = cutlass.min(kv_left, blk)
-            if cutlass.const_expr(self.has_sizes):
-                limit = cutlass.min(limit, mSizes[batch, head, n_block])
+            limit = cutlass.min(kv_rows, blk)
             acc_S_mn = acc_mn_view(acc_S)
             if limit < blk:
                 mask_keys_from(acc_S_mn, tScS_mn, limit)

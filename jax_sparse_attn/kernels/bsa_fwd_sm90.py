@@ -26,7 +26,13 @@ import cutlass.utils.hopper_helpers as sm90_utils
 from cutlass.cute.nvgpu import warpgroup
 from cutlass.tensor_utils import LayoutEnum
 
-from .bsa_common import LOG2_E, mask_keys_from, online_softmax_step, quad_allreduce_sum
+from .bsa_common import (
+    LOG2_E,
+    kv_block_rows,
+    mask_keys_from,
+    online_softmax_step,
+    quad_allreduce_sum,
+)
 from .common import acc_layout_as_a, acc_mn_view_wg, gmem_load_copy, load_rows
 
 
@@ -149,23 +155,28 @@ class BsaFwdSm90:
         load_rows(gmem_copy_in, tQgQ, tQsQ, tCc, seqlen_q - m_block * blk)
         if num_blocks > 0:
             n0 = mIdx[batch, head, m_block, 0]
+            rows0 = kv_block_rows(mSizes, batch, head, n0, seqlen_k, blk, self.has_sizes)
             load_rows(gmem_copy_in, tKgK[None, None, None, n0], tKsK[None, None, None, 0], tCc,
-                       seqlen_k - n0 * blk)
+                       rows0)
             load_rows(gmem_copy_in, tVgV[None, None, None, n0], tVsV[None, None, None, 0], tCc,
-                       seqlen_k - n0 * blk)
+                       rows0)
         cute.arch.cp_async_commit_group()
 
         for j in cutlass.range(num_blocks, unroll=1):
             stage = j % 2
             n_block = mIdx[batch, head, m_block, j]
-            kv_left = seqlen_k - n_block * blk
+            # valid keys of this block: [0, limit); the K/V copies zero-filled the rest
+            limit = cutlass.min(
+                kv_block_rows(mSizes, batch, head, n_block, seqlen_k, blk, self.has_sizes), blk)
             cute.arch.barrier()  # every warpgroup is done with stage 1 - stage
             if j + 1 < num_blocks:
                 n_next = mIdx[batch, head, m_block, j + 1]
+                rows_next = kv_block_rows(mSizes, batch, head, n_next, seqlen_k, blk,
+                                          self.has_sizes)
                 load_rows(gmem_copy_in, tKgK[None, None, None, n_next],
-                           tKsK[None, None, None, 1 - stage], tCc, seqlen_k - n_next * blk)
+                           tKsK[None, None, None, 1 - stage], tCc, rows_next)
                 load_rows(gmem_copy_in, tVgV[None, None, None, n_next],
-                           tVsV[None, None, None, 1 - stage], tCc, seqlen_k - n_next * blk)
+                           tVsV[None, None, None, 1 - stage], tCc, rows_next)
             cute.arch.cp_async_commit_group()
             cute.arch.cp_async_wait_group(1)
             cute.arch.fence_proxy("async.shared", space="cta")
@@ -179,9 +190,6 @@ class BsaFwdSm90:
             warpgroup.commit_group()
             warpgroup.wait_group(0)
 
-            limit = cutlass.min(kv_left, blk)
-            if cutlass.const_expr(self.has_sizes):
-                limit = cutlass.min(limit, mSizes[batch, head, n_block])
             acc_S_mn = acc_mn_view_wg(acc_S)
             if limit < blk:
                 mask_keys_from(acc_S_mn, tScS_mn, limit)

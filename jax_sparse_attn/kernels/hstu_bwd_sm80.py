@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import cutlass
 import cutlass.cute as cute
+import cutlass.memory
 from cutlass import Float32, Int32
 from cutlass.cute.nvgpu import warp
 
@@ -148,7 +149,7 @@ class HstuBwdSm80:
             gdK = cute.local_tile(mdK_b, (bn, self.d), (n_block, 0))
             gdV = cute.local_tile(mdV_b, (bn, self.dv), (n_block, 0))
 
-            smem = cutlass.utils.SmemAllocator()
+            smem = cutlass.memory.SmemAllocator()
             st = smem.allocate(Smem)
             sQ = st.sQ.get_tensor(sQ_layout)
             sdO = st.sdO.get_tensor(sdO_layout)
@@ -296,7 +297,7 @@ class HstuBwdSm80:
                                tdPsV, s2r_A_sdp, s2r_B_sdp, tdPrdO_v, tdPrV_v)
                     # P and dS
                     for e in cutlass.range_constexpr(cute.size(acc_S)):
-                        hval = acc_S[e] * alpha_half
+                        hval = hc.finite_below(acc_S[e] * alpha_half)  # SiLU(-inf) -> 0, not NaN
                         tv = hc.tanh_approx(hval)
                         p = hval + hval * tv
                         sig = 0.5 + 0.5 * tv

@@ -15,6 +15,9 @@ BSA kernels) and re-exported here.
   (one ``tanh.approx.{bf16,f16}x2``), returned packed as the A operand of a 16-bit GEMM.
 * ``keep_u32(x)``: an opaque redefinition of ``x`` that keeps a register operand of an
   asynchronous wgmma allocated until its ``wait_group``.
+* ``finite_below(x)``: ``max.NaN.f32(x, -FLT_MAX)``: -inf becomes the lowest finite float
+  (so ``SiLU(2h) = h + h tanh(h)`` gives its limit 0 instead of ``-inf * 0 = NaN``), NaN
+  stays NaN.
 * ``elem_ptr(t, i)``: pointer to element ``i`` of tensor ``t`` (for ``red``/atomics).
 * ``red_add_v2_f32(ptr, a, b)``: vectorized fp32 reduction into global memory (sm_90).
 * ``gemm_ss(...)``: ``acc += A B`` with both operands loaded from smem via ``ldmatrix``,
@@ -55,6 +58,28 @@ def tanh_approx(x, *, loc=None, ip=None):
             [cutlass.Float32(x).ir_value(loc=loc, ip=ip)],
             "tanh.approx.f32 $0, $1;",
             "=f,f",
+            has_side_effects=False,
+            is_align_stack=False,
+            asm_dialect=llvm.AsmDialect.AD_ATT,
+            loc=loc,
+            ip=ip,
+        )
+    )
+
+
+FLT_LOWEST = -3.4028234663852886e38
+
+
+@dsl_user_op
+def finite_below(x, *, loc=None, ip=None):
+    """``max.NaN.f32 x, -FLT_MAX`` (one instruction; NaN propagates, -inf is clamped)."""
+    return cutlass.Float32(
+        llvm.inline_asm(
+            T.f32(),
+            [cutlass.Float32(x).ir_value(loc=loc, ip=ip),
+             cutlass.Float32(FLT_LOWEST).ir_value(loc=loc, ip=ip)],
+            "max.NaN.f32 $0, $1, $2;",
+            "=f,f,f",
             has_side_effects=False,
             is_align_stack=False,
             asm_dialect=llvm.AsmDialect.AD_ATT,

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import cutlass
 import cutlass.cute as cute
+import cutlass.memory
 from cutlass import Float32, Int32
 from cutlass.cute.nvgpu import warp
 
@@ -121,7 +122,7 @@ class HstuFwdSm80:
             gV = cute.local_tile(mV_b, (bn, self.dv), (None, 0))
             gO = cute.local_tile(mO_b, (bm, self.dv), (m_block, 0))
 
-            smem = cutlass.utils.SmemAllocator()
+            smem = cutlass.memory.SmemAllocator()
             st = smem.allocate(Smem)
             sQ = st.sQ.get_tensor(sQ_layout_d)
             sK = st.sK.get_tensor(sK_layout)
@@ -235,7 +236,7 @@ class HstuFwdSm80:
 
                 # ---- P = SiLU(alpha S) = h + h tanh(h), h = alpha S / 2 ------------------
                 for e in cutlass.range_constexpr(cute.size(acc_S)):
-                    hval = acc_S[e] * alpha_half
+                    hval = hc.finite_below(acc_S[e] * alpha_half)  # SiLU(-inf) -> 0, not NaN
                     acc_S[e] = hval + hval * hc.tanh_approx(hval)
                 rP = cute.make_fragment_like(acc_S, self.dtype)
                 rP.store(acc_S.load().to(self.dtype))

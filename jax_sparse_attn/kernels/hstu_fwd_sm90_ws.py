@@ -158,7 +158,7 @@ class HstuFwdSm90Ws:
     def _score(self, acc_S, alpha_half):
         """HSTU score function: SiLU(alpha s) = h + h tanh(h), h = (alpha / 2) s."""
         for e in cutlass.range_constexpr(cute.size(acc_S)):
-            hval = acc_S[e] * alpha_half
+            hval = hc.finite_below(acc_S[e] * alpha_half)  # SiLU(-inf) -> 0, not NaN
             acc_S[e] = hval + hval * hc.tanh_approx(hval)
 
     @cute.jit

@@ -1,0 +1,152 @@
+"""Garbage-metadata grid for compute-sanitizer: no metadata value may make a kernel read
+or write out of bounds.
+
+Run on the H200 from the repo root (after ``source .devcache/setup.sh``)::
+
+    compute-sanitizer --tool memcheck --error-exitcode 9 python3 tests/sanitize_grid.py
+
+Every case runs forward + backward of the public ops under ``jax.jit`` (so the eager
+value checks cannot see the metadata) on ``backend="kernel"``, for every kernel
+implementation (:class:`jax_sparse_attn.config.Switches`), with metadata the validators
+would reject: BSA counts above K_max and negative, block ids past N_kv and negative,
+block sizes negative and above the block size; HSTU cu_seqlens negative, decreasing and
+past T. The inputs are finite, so the outputs must be finite too (any value, since the
+metadata are invalid). Exits non-zero if a case fails; compute-sanitizer reports the
+memory errors (``--error-exitcode``). ``--quick`` runs one implementation per op.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jax_sparse_attn import block_sparse_attention_forward, hstu_attention
+from jax_sparse_attn.config import SWITCHES, Switches
+
+BACKEND = "kernel"  # --backend reference: a CPU smoke run of the grid itself
+
+
+def _allowed(field):
+    return next(s.allowed for s in SWITCHES if s.field == field)
+
+
+def bsa_cases(quick):
+    B, H, S, D, blk, kmax = 1, 2, 512, 64, 64, 3
+    n = S // blk
+    rng = np.random.default_rng(0)
+    idx = rng.integers(0, n, (B, H, n, kmax)).astype(np.int32)
+    idx[0, 0, 1, :] = [999, -5, 2]
+    idx[0, 1, 3, :] = [-1, 7, 1 << 30]
+    nums = np.full((B, H, n), 2, np.int32)
+    nums[0, 0, 2] = 50
+    nums[0, 1, 5] = -7
+    nums[0, 1, 6] = 0
+    sizes = np.full((n,), blk, np.int32)
+    sizes[1], sizes[2], sizes[3] = -3, 1000, 17
+    impls = list(itertools.product(_allowed("bsa_fwd_impl"), _allowed("bsa_bwd_impl")))
+    # (D, block sizes, layout, H_kv) per implementation pair; D = 32 runs the sm80 kernels
+    shapes = [(64, True, "bhsd", 1), (64, False, "bshd", 2), (128, True, "bshd", 2),
+              (32, True, "bhsd", 2)]
+    if quick:
+        impls, shapes = impls[:1], shapes[:1]
+    for (fwd, bwd), (d, use_sizes, layout, hkv) in itertools.product(impls, shapes):
+        yield (f"bsa fwd={fwd} bwd={bwd} D={d} sizes={use_sizes} {layout} H_kv={hkv}",
+               dict(B=B, H=H, hkv=hkv, S=S, D=d, blk=blk, idx=idx, nums=nums,
+                    sizes=sizes if use_sizes else None, layout=layout,
+                    switches=Switches(bsa_fwd_impl=fwd, bsa_bwd_impl=bwd)))
+
+
+def run_bsa(c):
+    rng = np.random.default_rng(1)
+    shp = lambda h: (c["B"], h, c["S"], c["D"]) if c["layout"] == "bhsd" else (c["B"], c["S"], h, c["D"])  # noqa: E731
+    q = jnp.asarray(rng.standard_normal(shp(c["H"])), jnp.bfloat16)
+    k = jnp.asarray(rng.standard_normal(shp(c["hkv"])), jnp.bfloat16)
+    v = jnp.asarray(rng.standard_normal(shp(c["hkv"])), jnp.bfloat16)
+    idx, nums = jnp.asarray(c["idx"]), jnp.asarray(c["nums"])
+    sizes = None if c["sizes"] is None else jnp.asarray(c["sizes"])
+
+    @jax.jit
+    def f(q, k, v, idx, nums, sizes):
+        def loss(q, k, v):
+            o, lse = block_sparse_attention_forward(
+                q, k, v, idx, q2k_block_nums=nums, block_sizes=sizes,
+                sparse_block_size=c["blk"], layout=c["layout"], allow_empty_block_nums=True,
+                backend=BACKEND, switches=c["switches"])
+            return jnp.sum(o.astype(jnp.float32)) + jnp.sum(jnp.where(jnp.isfinite(lse), lse, 0))
+        return jax.value_and_grad(loss, argnums=(0, 1, 2))(q, k, v)
+
+    val, grads = jax.block_until_ready(f(q, k, v, idx, nums, sizes))
+    return [val, *grads]
+
+
+def hstu_cases(quick):
+    T, H = 400, 2
+    cus = {
+        "negative": [0, -50, 250, 400],
+        "decreasing": [0, 300, 200, 400],
+        "past_T": [0, 100, 200, 999],
+        "start_past_T": [500, 600, 700, 800],
+        "huge": [0, 1 << 30, -(1 << 30), 400],
+    }
+    impls = _allowed("hstu_fwd_impl")
+    windows = [(-1, 0), (-1, -1), (16, 0), (-1, 0), (3, 5)]
+    if quick:
+        impls = impls[:1]
+    for impl in impls:
+        for (name, cu), window in zip(cus.items(), windows):
+            for d in ((64,) if quick else (64, 128)):
+                yield (f"hstu fwd={impl} cu={name} D={d} window={window}",
+                       dict(T=T, H=H, D=d, cu=np.asarray(cu, np.int32), window=window,
+                            switches=Switches(hstu_fwd_impl=impl)))
+
+
+def run_hstu(c):
+    rng = np.random.default_rng(2)
+    q, k, v = (jnp.asarray(rng.standard_normal((c["T"], c["H"], c["D"])) * 0.3, jnp.bfloat16)
+               for _ in range(3))
+    cu = jnp.asarray(c["cu"])
+
+    @jax.jit
+    def f(q, k, v, cu):
+        def loss(q, k, v):
+            o = hstu_attention(q, k, v, cu, cu, max_seqlen_q=200, max_seqlen_k=200,
+                               window_size=c["window"], backend=BACKEND,
+                               switches=c["switches"])
+            return jnp.sum(o.astype(jnp.float32))
+        return jax.value_and_grad(loss, argnums=(0, 1, 2))(q, k, v)
+
+    val, grads = jax.block_until_ready(f(q, k, v, cu))
+    return [val, *grads]
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--quick", action="store_true", help="one implementation and shape per op")
+    p.add_argument("--backend", default="kernel", choices=("kernel", "reference"))
+    args = p.parse_args(argv)
+    global BACKEND
+    BACKEND = args.backend
+    failed = 0
+    cases = [(n, run_bsa, c) for n, c in bsa_cases(args.quick)]
+    cases += [(n, run_hstu, c) for n, c in hstu_cases(args.quick)]
+    for name, run, c in cases:
+        try:
+            outs = run(c)
+            bad = [i for i, x in enumerate(outs) if not np.all(np.isfinite(np.asarray(x, np.float32)))]
+            status = "ok" if not bad else f"NON-FINITE outputs {bad}"
+            failed += bool(bad)
+        except Exception as e:  # noqa: BLE001 (report every case, then fail)
+            status = f"ERROR {type(e).__name__}: {str(e).splitlines()[0][:200]}"
+            failed += 1
+        print(f"{status:>8}  {name}", flush=True)
+    print(f"sanitize_grid: {len(cases) - failed}/{len(cases)} cases ok", flush=True)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

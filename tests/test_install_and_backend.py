@@ -1,0 +1,108 @@
+"""Install metadata (GPU extra, CPU-only base) and the visible backend choice
+(:func:`jax_sparse_attn.which_backend`, :func:`kernel_status`, the one-time warning)."""
+
+from __future__ import annotations
+
+import pathlib
+import warnings
+
+import jax.numpy as jnp
+import pytest
+
+import jax_sparse_attn as jsa
+from jax_sparse_attn import _backend, _platform
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+tomllib = pytest.importorskip("tomllib")  # Python >= 3.11
+Requirement = pytest.importorskip("packaging.requirements").Requirement
+
+
+def _project():
+    return tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+
+
+def _reqs(lines):
+    return {Requirement(x).name: Requirement(x) for x in lines}
+
+
+def test_cuda13_extra_requests_cutedsl_cu13_libraries():
+    extras = _project()["optional-dependencies"]
+    cuda13 = _reqs(extras["cuda13"])
+    assert "cuda13" in cuda13["jax"].extras
+    assert "nvidia-cutlass-dsl" in cuda13, "the GPU extra must bring the kernels' DSL"
+    assert "cu13" in cuda13["nvidia-cutlass-dsl"].extras
+
+
+def test_cpu_install_does_not_need_the_dsl_but_tests_do():
+    base = _reqs(_project()["dependencies"])
+    assert "nvidia-cutlass-dsl" not in base
+    assert {"jax", "numpy"} <= set(base)
+    # CI lowers every kernel on CPU: the test extra carries the DSL
+    assert "nvidia-cutlass-dsl" in _reqs(_project()["optional-dependencies"]["test"])
+
+
+def test_ci_installs_the_test_extra():
+    ci = (ROOT / ".ci" / "run").read_text()
+    assert ".[test" in ci or ",test" in ci
+
+
+def _hstu_args(dtype=jnp.bfloat16):
+    q = jnp.zeros((4, 1, 64), dtype)
+    cu = jnp.array([0, 4], jnp.int32)
+    return (q, q, q, cu, cu), dict(max_seqlen_q=4, max_seqlen_k=4)
+
+
+def test_which_backend_reports_reference_and_reason_on_cpu(monkeypatch):
+    monkeypatch.delenv("JAX_SPARSE_ATTN_FORCE_KERNEL", raising=False)
+    args, kw = _hstu_args()
+    c = jsa.which_backend(jsa.hstu_attention, *args, **kw)
+    assert (c.op, c.backend) == ("hstu_attention", "reference")
+    assert "cpu" in c.reason or "CuTe DSL" in c.reason
+    c = jsa.which_backend(jsa.hstu_attention, *args, backend="reference", **kw)
+    assert c.backend == "reference" and "requested" in c.reason
+    q = jnp.zeros((1, 2, 128, 64), jnp.bfloat16)
+    idx = jnp.zeros((1, 2, 1, 1), jnp.int32)
+    c = jsa.which_backend(jsa.block_sparse_attention_forward, q, q, q, idx, 1)
+    assert (c.op, c.backend) == ("block_sparse_attention_forward", "reference")
+    # the same validation as the call itself
+    with pytest.raises(ValueError, match="backend"):
+        jsa.which_backend(jsa.hstu_attention, *args, backend="gpu", **kw)
+    with pytest.raises(TypeError, match="not a public"):
+        jsa.which_backend(lambda: None)
+
+
+def test_which_backend_kernel_when_forced_and_reason_for_unsupported_dtype(monkeypatch):
+    pytest.importorskip("cutlass.jax")
+    monkeypatch.setenv("JAX_SPARSE_ATTN_FORCE_KERNEL", "1")
+    args, kw = _hstu_args()
+    assert jsa.which_backend(jsa.hstu_attention, *args, **kw).backend == "kernel"
+    args32, _ = _hstu_args(jnp.float32)
+    c = jsa.which_backend(jsa.hstu_attention, *args32, **kw)
+    assert c.backend == "reference" and "float32" in c.reason
+    assert jsa.kernel_status().backend == "kernel"
+
+
+def test_auto_on_unusable_gpu_warns_once_saying_why(monkeypatch):
+    monkeypatch.delenv("JAX_SPARSE_ATTN_FORCE_KERNEL", raising=False)
+    why = "the GPU has compute capability 8.0; the kernels are built for sm_90a"
+    monkeypatch.setattr(_platform, "kernel_platform_unavailable_reason", lambda: why)
+    monkeypatch.setattr(_platform, "default_platform", lambda: "gpu")
+    monkeypatch.setattr(_backend, "_warned", set())
+    args, kw = _hstu_args(jnp.float32)
+    with pytest.warns(jsa.KernelUnavailableWarning, match="compute capability 8.0"):
+        jsa.hstu_attention(*args, **kw)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        jsa.hstu_attention(*args, **kw)  # second call: silent
+        jsa.hstu_attention(*args, backend="reference", **kw)
+    assert jsa.kernel_status().backend == "reference"
+    assert why in jsa.kernel_status().reason
+
+
+def test_no_warning_on_cpu(monkeypatch):
+    monkeypatch.delenv("JAX_SPARSE_ATTN_FORCE_KERNEL", raising=False)
+    monkeypatch.setattr(_backend, "_warned", set())
+    args, kw = _hstu_args(jnp.float32)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", jsa.KernelUnavailableWarning)
+        jsa.hstu_attention(*args, **kw)

@@ -1,0 +1,285 @@
+"""NaN/Inf isolation: data outside a sequence, unused index entries, empty rows,
+partial-block tails and unused page slots never reach a result; SiLU's limit at -inf.
+
+Each case runs on the reference backend (CI) and on the kernel backend (``gpu`` marker,
+H200). Expected values are computed in float64 NumPy in the test.
+"""
+
+from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from jax_sparse_attn import (
+    block_sparse_attention,
+    block_sparse_attention_forward,
+    hstu_attention,
+)
+
+BACKENDS = [
+    pytest.param("reference", id="reference"),
+    pytest.param("kernel", id="kernel", marks=pytest.mark.gpu),
+]
+
+
+def _dtype(backend):
+    # the kernels take 16-bit inputs; the reference runs the same case in float32
+    return jnp.float32 if backend == "reference" else jnp.bfloat16
+
+
+def _tol(backend):
+    return 1e-5 if backend == "reference" else 2e-2
+
+
+def _silu(x):
+    return x / (1.0 + math.exp(-x))
+
+
+# ----------------------------------------------------------------------------- HSTU
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_hstu_nan_in_next_sequence_values(backend):
+    """cu_seqlens [0, 1, 3]: v[1] = NaN belongs to sequence 1 and must not reach sequence 0."""
+    dt = _dtype(backend)
+    q = k = jnp.ones((3, 1, 1), dt)
+    v = jnp.ones((3, 1, 1), dt).at[1].set(jnp.nan)
+    cu = jnp.array([0, 1, 3], jnp.int32)
+    out = hstu_attention(q, k, v, cu, cu, max_seqlen_q=2, max_seqlen_k=2, backend=backend)
+    np.testing.assert_allclose(float(out[0, 0, 0]), _silu(1.0) / 2, rtol=_tol(backend))
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_hstu_nan_in_next_sequence_keys_grad(backend):
+    """NaN in k[1] (sequence 1): sequence 0's output and dq stay finite and exact."""
+    dt = _dtype(backend)
+    q = jnp.ones((3, 1, 1), dt)
+    k = jnp.ones((3, 1, 1), dt).at[1].set(jnp.nan)
+    v = jnp.ones((3, 1, 1), dt)
+    cu = jnp.array([0, 1, 3], jnp.int32)
+
+    def loss(q_, k_, v_):
+        o = hstu_attention(q_, k_, v_, cu, cu, max_seqlen_q=2, max_seqlen_k=2, backend=backend)
+        return jnp.sum(o[:1].astype(jnp.float32))
+
+    out = hstu_attention(q, k, v, cu, cu, max_seqlen_q=2, max_seqlen_k=2, backend=backend)
+    dq, dk, dv = jax.grad(loss, argnums=(0, 1, 2))(q, k, v)
+    np.testing.assert_allclose(float(out[0, 0, 0]), _silu(1.0) / 2, rtol=_tol(backend))
+    # d/dq SiLU(q k) v / 2 at q = k = v = 1: SiLU'(1) / 2
+    sig = 1.0 / (1.0 + math.exp(-1.0))
+    dsilu = sig * (1.0 + 1.0 * (1.0 - sig))
+    np.testing.assert_allclose(float(dq[0, 0, 0]), dsilu / 2, rtol=_tol(backend))
+    np.testing.assert_allclose(float(dk[0, 0, 0]), dsilu / 2, rtol=_tol(backend))
+    np.testing.assert_allclose(float(dv[0, 0, 0]), _silu(1.0) / 2, rtol=_tol(backend))
+
+
+def test_hstu_paged_nan_in_unused_page_slots():
+    """Paged KV: the slots of a sequence's last page past L_k hold NaN; out is finite and
+    equals the packed computation."""
+    rng = np.random.default_rng(0)
+    H, D, P = 2, 8, 128
+    lens = [130, 5]
+    T = sum(lens)
+    cu = jnp.array([0, lens[0], T], jnp.int32)
+    q = jnp.asarray(rng.standard_normal((T, H, D)), jnp.float32)
+    k = jnp.asarray(rng.standard_normal((T, H, D)), jnp.float32)
+    v = jnp.asarray(rng.standard_normal((T, H, D)), jnp.float32)
+    # sequence 0: pages 0, 1 (page 1 uses 2 of 128 slots); sequence 1: page 2 (5 slots)
+    paged = np.full((3, 2, P, H, D), np.nan, np.float32)
+    paged[0, 0], paged[0, 1] = np.asarray(k[:128]), np.asarray(v[:128])
+    paged[1, 0, :2], paged[1, 1, :2] = np.asarray(k[128:130]), np.asarray(v[128:130])
+    paged[2, 0, :5], paged[2, 1, :5] = np.asarray(k[130:]), np.asarray(v[130:])
+    page_ids = jnp.array([0, 1, 2], jnp.int32)
+    page_indptrs = jnp.array([0, 2, 3], jnp.int32)
+    kw = dict(max_seqlen_q=130, max_seqlen_k=130, alpha=0.3, backend="reference")
+    got = hstu_attention(q, None, None, cu, cu, paged_kv=jnp.asarray(paged), page_ids=page_ids,
+                         page_indptrs=page_indptrs, **kw)
+    want = hstu_attention(q, k, v, cu, cu, **kw)
+    assert np.all(np.isfinite(np.asarray(got)))
+    np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_hstu_score_below_float_min_is_silu_limit_zero(backend):
+    """A score of -inf (q.k overflows below -3.4e38) contributes SiLU's limit 0, not NaN."""
+    dt = _dtype(backend)
+    # query 1 (causal) sees key 0 with score 1 and key 1 with score 1e20 * -1e20 = -inf
+    q = jnp.array([[[1.0]], [[1e20]]], dt)
+    k = jnp.array([[[1e-20]], [[-1e20]]], dt)
+    v = jnp.array([[[1.0]], [[1.0]]], dt)
+    cu = jnp.array([0, 2], jnp.int32)
+    out = hstu_attention(q, k, v, cu, cu, max_seqlen_q=2, max_seqlen_k=2, backend=backend)
+    qn, kn = np.asarray(q, np.float64), np.asarray(k, np.float64)
+    s10 = float(qn[1, 0, 0] * kn[0, 0, 0])
+    s00 = float(qn[0, 0, 0] * kn[0, 0, 0])
+    assert np.all(np.isfinite(np.asarray(out, np.float32)))
+    np.testing.assert_allclose(float(out[1, 0, 0]), _silu(s10) / 2, rtol=_tol(backend))
+    np.testing.assert_allclose(float(out[0, 0, 0]), _silu(s00) / 2, rtol=_tol(backend), atol=1e-6)
+
+
+# ----------------------------------------------------------------------------- BSA
+
+
+def _softmax_rows(q, k, v, scale):
+    """float64 softmax attention of q (S_q, D) over the keys k, v (n, D)."""
+    s = (q @ k.T) * scale
+    s = s - s.max(-1, keepdims=True)
+    p = np.exp(s)
+    return (p / p.sum(-1, keepdims=True)) @ v
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_bsa_unused_index_entries_and_empty_rows_are_not_read(backend):
+    """S = 128, blk 64, K_max = 2, block_sparse_num = 1, both rows list block 1: NaN in
+    block 0's v (only named by the unused second entry) must not reach any output."""
+    dt = _dtype(backend)
+    rng = np.random.default_rng(1)
+    D = 32
+    q = rng.standard_normal((1, 1, 128, D)).astype(np.float32)
+    k = rng.standard_normal((1, 1, 128, D)).astype(np.float32)
+    v = rng.standard_normal((1, 1, 128, D)).astype(np.float32)
+    v[0, 0, 5] = np.nan
+    idx = jnp.array([[[[1, 0], [1, 0]]]], jnp.int32)
+    qj, kj, vj = (jnp.asarray(x, dt) for x in (q, k, v))
+    out, lse = block_sparse_attention_forward(qj, kj, vj, idx, 1, sparse_block_size=64,
+                                              backend=backend)
+    qn, kn, vn = (np.asarray(x, np.float64) for x in (qj, kj, vj))
+    want = _softmax_rows(qn[0, 0], kn[0, 0, 64:], vn[0, 0, 64:], 1 / math.sqrt(D))
+    assert np.all(np.isfinite(np.asarray(out, np.float32)))
+    np.testing.assert_allclose(np.asarray(out[0, 0], np.float64), want, atol=_tol(backend) * 2,
+                               rtol=_tol(backend) * 2)
+    # empty rows (count 0) next to a NaN block: out 0, lse -inf, nothing else
+    nums = jnp.array([[[0, 1]]], jnp.int32)
+    out2, lse2 = block_sparse_attention_forward(qj, kj, vj, idx, q2k_block_nums=nums,
+                                                sparse_block_size=64, allow_empty_block_nums=True,
+                                                backend=backend)
+    assert np.all(np.asarray(out2[0, 0, :64], np.float32) == 0)
+    assert np.all(np.isneginf(np.asarray(lse2[0, 0, :64])))
+    np.testing.assert_allclose(np.asarray(out2[0, 0, 64:], np.float64), want[64:],
+                               atol=_tol(backend) * 2, rtol=_tol(backend) * 2)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_bsa_partial_block_tail_not_read(backend):
+    """S = 64, block_sizes = [40], v[40:] = NaN (and k[40:] = NaN): out, lse and the
+    gradients are finite and equal attention over the first 40 keys."""
+    dt = _dtype(backend)
+    rng = np.random.default_rng(2)
+    D = 32
+    q = rng.standard_normal((1, 1, 64, D)).astype(np.float32)
+    k = rng.standard_normal((1, 1, 64, D)).astype(np.float32)
+    v = rng.standard_normal((1, 1, 64, D)).astype(np.float32)
+    k[:, :, 40:] = np.nan
+    v[:, :, 40:] = np.nan
+    w = jnp.asarray(rng.standard_normal((1, 1, 64, D)), jnp.float32)
+    qj, kj, vj = (jnp.asarray(x, dt) for x in (q, k, v))
+    idx = jnp.zeros((1, 1, 1, 1), jnp.int32)
+    sizes = jnp.array([40], jnp.int32)
+
+    def loss(q_, k_, v_):
+        o = block_sparse_attention(q_, k_, v_, idx, 1, sizes, sparse_block_size=64,
+                                   backend=backend)
+        return jnp.sum(o.astype(jnp.float32) * w)
+
+    out = block_sparse_attention(qj, kj, vj, idx, 1, sizes, sparse_block_size=64,
+                                 backend=backend)
+    qn, kn, vn = (np.asarray(x, np.float64) for x in (qj, kj, vj))
+    want = _softmax_rows(qn[0, 0], kn[0, 0, :40], vn[0, 0, :40], 1 / math.sqrt(D))
+    assert np.all(np.isfinite(np.asarray(out, np.float32)))
+    np.testing.assert_allclose(np.asarray(out[0, 0], np.float64), want, atol=_tol(backend) * 2,
+                               rtol=_tol(backend) * 2)
+    dq, dk, dv = jax.grad(loss, argnums=(0, 1, 2))(qj, kj, vj)
+    for name, g in (("dq", dq), ("dk", dk), ("dv", dv)):
+        assert np.all(np.isfinite(np.asarray(g, np.float32))), name
+    # keys past the block size get exactly zero gradient
+    assert np.all(np.asarray(dk[0, 0, 40:], np.float32) == 0)
+    assert np.all(np.asarray(dv[0, 0, 40:], np.float32) == 0)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_bsa_gqa_per_head_block_sizes_nan_tail(backend):
+    """GQA (2 query heads, 1 KV head), per-head block sizes 40 and 20: keys past 40 (no head
+    uses them) hold NaN. Out and gradients equal those with the NaN rows replaced by zeros."""
+    dt = _dtype(backend)
+    rng = np.random.default_rng(3)
+    q = jnp.asarray(rng.standard_normal((1, 2, 64, 32)), dt)
+    kv = rng.standard_normal((2, 1, 1, 64, 32)).astype(np.float32)
+    clean = [jnp.asarray(x, dt) for x in kv]
+    kv[:, :, :, 40:] = np.nan
+    dirty = [jnp.asarray(x, dt) for x in kv]
+    clean = [c.at[:, :, 40:].set(0) for c in clean]
+    idx = jnp.zeros((1, 2, 1, 1), jnp.int32)
+    sizes = jnp.array([[[40], [20]]], jnp.int32)
+    w = jnp.asarray(rng.standard_normal((1, 2, 64, 32)), jnp.float32)
+
+    def run(k, v):
+        def loss(q_, k_, v_):
+            o = block_sparse_attention(q_, k_, v_, idx, 1, sizes, sparse_block_size=64,
+                                       backend=backend)
+            return jnp.sum(o.astype(jnp.float32) * w)
+        return jax.value_and_grad(loss, argnums=(0, 1, 2))(q, k, v)
+
+    (l_d, g_d), (l_c, g_c) = run(*dirty), run(*clean)
+    assert np.isfinite(float(l_d))
+    np.testing.assert_allclose(float(l_d), float(l_c), rtol=1e-6)
+    # the kernel's dq accumulates with atomics (order varies): one bf16 ulp apart at most
+    rtol, atol = (0, 0) if backend == "reference" else (1e-2, 1e-3)
+    for a, b in zip(g_d, g_c):
+        np.testing.assert_allclose(np.asarray(a, np.float32), np.asarray(b, np.float32),
+                                   rtol=rtol, atol=atol)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_bsa_out_of_range_metadata_under_jit_act_as_clamped(backend):
+    """Under jax.jit (no eager checks) counts above K_max / below 0 and block ids past N_kv /
+    below 0 give exactly the result of the clamped metadata (and never an invalid access)."""
+    dt = _dtype(backend)
+    rng = np.random.default_rng(4)
+    B, H, S, D, blk, kmax = 1, 2, 512, 32, 64, 3
+    n = S // blk
+    q, k, v = (jnp.asarray(rng.standard_normal((B, H, S, D)), dt) for _ in range(3))
+    idx = np.stack([rng.permutation(n)[:kmax] for _ in range(B * H * n)]).reshape(B, H, n, kmax)
+    idx = idx.astype(np.int32)
+    nums = np.full((B, H, n), 2, np.int32)
+    idx[0, 0, 1] = [999, -5, 2]
+    nums[0, 0, 1] = 50
+    nums[0, 1, 5] = -7
+    idx[0, 1, 3] = [1 << 30, 4, 1]
+    good_idx = np.clip(idx, 0, n - 1)
+    good_nums = np.clip(nums, 0, kmax)
+    kw = dict(sparse_block_size=blk, allow_empty_block_nums=True, backend=backend)
+
+    def fwd(i, m):
+        o, lse = block_sparse_attention_forward(q, k, v, i, q2k_block_nums=m, **kw)
+        return o.astype(jnp.float32), lse
+
+    got = jax.jit(fwd)(jnp.asarray(idx), jnp.asarray(nums))
+    want = fwd(jnp.asarray(good_idx), jnp.asarray(good_nums))  # eagerly validated metadata
+    for a, b in zip(got, want):  # same computation (reference: up to XLA fusion order)
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("cu", [[0, -50, 250, 400], [0, 300, 200, 400], [0, 100, 200, 999]],
+                         ids=["negative", "decreasing", "past_T"])
+def test_hstu_garbage_cu_seqlens_under_jit_finite(backend, cu):
+    """cu_seqlens the validators reject, traced under jit: finite outputs and gradients."""
+    dt = _dtype(backend)
+    rng = np.random.default_rng(5)
+    q, k, v = (jnp.asarray(rng.standard_normal((400, 2, 64)) * 0.3, dt) for _ in range(3))
+
+    @jax.jit
+    def f(q_, k_, v_, c):
+        def loss(a, b, d):
+            o = hstu_attention(a, b, d, c, c, max_seqlen_q=200, max_seqlen_k=200, backend=backend)
+            return jnp.sum(o.astype(jnp.float32))
+        return jax.value_and_grad(loss, argnums=(0, 1, 2))(q_, k_, v_)
+
+    val, grads = f(q, k, v, jnp.asarray(cu, jnp.int32))
+    assert np.isfinite(float(val))
+    for g in grads:
+        assert np.all(np.isfinite(np.asarray(g, np.float32)))
