@@ -24,7 +24,7 @@ from functools import partial
 import jax
 import jax.numpy as jnp
 
-from . import _backend, metadata, reference
+from . import _backend, _transforms, metadata, reference
 from ._results import HSTUBackwardResult, HSTUForwardResult
 from .config import HSTUConfig
 from .validation import _hstu_value_checks, canonical_dtype, check_hstu_args, is_concrete
@@ -91,16 +91,25 @@ def _ffi():
     return ffi_hstu
 
 
-def _fwd_impl(cfg, q, k, v, cu_q, cu_k, func):
+def _fwd_backend(cfg, q, k, v, cu_q, cu_k, func):
     if cfg.backend == "kernel":
         return _ffi().hstu_fwd(q, k, v, cu_q, cu_k, func, cfg)
     return reference.hstu_attention_ref(q, k, v, cu_q, cu_k, func, **_ref_options(cfg))
 
 
-def _bwd_impl(cfg, do, q, k, v, cu_q, cu_k, func):
+def _bwd_backend(cfg, do, q, k, v, cu_q, cu_k, func):
     if cfg.backend == "kernel":
         return _ffi().hstu_bwd(do, q, k, v, cu_q, cu_k, func, cfg)
     return reference.hstu_attention_bwd_ref(do, q, k, v, cu_q, cu_k, func, **_ref_options(cfg))
+
+
+# jax.vmap folds the mapped axis into the packed token axis (jax_sparse_attn/_transforms.py)
+def _fwd_impl(cfg, q, k, v, cu_q, cu_k, func):
+    return _transforms.hstu_fwd(cfg, _fwd_backend)(q, k, v, cu_q, cu_k, func)
+
+
+def _bwd_impl(cfg, do, q, k, v, cu_q, cu_k, func):
+    return _transforms.hstu_bwd(cfg, _bwd_backend)(do, q, k, v, cu_q, cu_k, func)
 
 
 @partial(jax.custom_vjp, nondiff_argnums=(0,))
