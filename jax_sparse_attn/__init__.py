@@ -14,6 +14,7 @@ GPUs). Torch-free.
 """
 
 from . import masks, reference
+from ._cute_call import export_safety_checks
 from ._results import BSABackwardResult, BSAForwardResult, HSTUBackwardResult, HSTUForwardResult
 from .bsa import (
     block_sparse_attention,
@@ -34,6 +35,7 @@ __all__ = [
     "block_sparse_attention_backward",
     "validate_hstu_inputs",
     "validate_bsa_metadata",
+    "export_safety_checks",
     "HSTUForwardResult",
     "HSTUBackwardResult",
     "BSAForwardResult",
