@@ -183,7 +183,10 @@ _ARG_LINES = """
         queries are ``q[cu_seqlens_q[b]:cu_seqlens_q[b+1]]`` (zero lengths allowed).
         Other integer dtypes (e.g. NumPy int64) are converted to int32 (the values must
         fit; the eager value check verifies it for concrete arrays).
-      cu_seqlens_k: ``(B+1,)`` int32, the same for keys/values.
+      cu_seqlens_k: ``(B+1,)`` int32, the same for keys/values. Both may instead be
+        per-shard ``(num_shards, B_local+1)`` arrays with shard-local offsets, row ``s``
+        packing tokens ``[s*T/num_shards, (s+1)*T/num_shards)`` (``func`` then
+        ``(num_shards, N, L_local)``; see :mod:`jax_sparse_attn.sharding`).
       max_seqlen_q: static Python int >= every query length (compile-time bound).
       max_seqlen_k: static Python int >= every key length.
       scaling_seqlen: positive Python number dividing the output; default
@@ -231,6 +234,11 @@ def hstu_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q, max_seq
                    scaling_seqlen=None, window_size=(-1, 0), alpha=1.0, func=None,
                    paged_kv=None, page_ids=None, page_indptrs=None, backend="auto",
                    switches=None):
+    if getattr(cu_seqlens_q, "ndim", 1) == 2 or getattr(cu_seqlens_k, "ndim", 1) == 2:
+        return _per_shard(q, k, v, cu_seqlens_q, cu_seqlens_k, func, paged_kv,
+                          dict(max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k,
+                               scaling_seqlen=scaling_seqlen, window_size=window_size,
+                               alpha=alpha, backend=backend, switches=switches))
     cfg = _make_config(q, k, v, cu_seqlens_q, cu_seqlens_k, func, paged_kv, page_ids,
                        page_indptrs, max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k,
                        scaling_seqlen=scaling_seqlen, window_size=window_size, alpha=alpha,
@@ -239,6 +247,33 @@ def hstu_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q, max_seq
     if cfg.paged:
         return _hstu_paged_jit(cfg, q, paged_kv, _i32(page_ids), _i32(page_indptrs), cu_q, cu_k)
     return _hstu_jit(cfg, q, k, v, cu_q, cu_k, _i32(func))
+
+
+def _per_shard(q, k, v, cu_q, cu_k, func, paged_kv, opts):
+    """``cu_seqlens`` of shape ``(num_shards, B_local + 1)``: row ``s`` packs tokens
+    ``[s*T/num_shards, (s+1)*T/num_shards)`` with shard-local offsets (the contract of
+    :mod:`jax_sparse_attn.sharding`); computed as a vmap over the shards (one folded call)."""
+    if paged_kv is not None:
+        raise ValueError("two-dimensional (per-shard) cu_seqlens are not supported with paged_kv")
+    shapes = (tuple(getattr(cu_q, "shape", ())), tuple(getattr(cu_k, "shape", ())))
+    if len(shapes[0]) != 2 or len(shapes[1]) != 2 or shapes[0][0] != shapes[1][0]:
+        raise ValueError("per-shard cu_seqlens_q and cu_seqlens_k must both have shape "
+                         f"(num_shards, B_local + 1) with the same num_shards, got {shapes}")
+    ns = shapes[0][0]
+    for name, x in (("q", q), ("k", k), ("v", v)):
+        if getattr(x, "ndim", 0) != 3 or ns == 0 or x.shape[0] % ns:
+            raise ValueError(f"{name} must be (T, H, D) with T divisible by num_shards={ns} "
+                             f"(per-shard cu_seqlens), got shape {getattr(x, 'shape', None)}")
+    if func is not None and (getattr(func, "ndim", 0) != 3 or func.shape[0] != ns):
+        raise ValueError(f"with per-shard cu_seqlens, func must be (num_shards={ns}, N, L_local), "
+                         f"got shape {getattr(func, 'shape', None)}")
+    split = lambda x: x.reshape((ns, x.shape[0] // ns) + tuple(x.shape[1:]))  # noqa: E731
+
+    def one(q, k, v, cq, ck, fn):
+        return hstu_attention(q, k, v, cq, ck, func=None if fn is None else fn[None], **opts)
+
+    out = jax.vmap(one)(split(q), split(k), split(v), cu_q, cu_k, func)
+    return out.reshape((-1,) + tuple(out.shape[2:]))
 
 
 hstu_attention.__doc__ = (
