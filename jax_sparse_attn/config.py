@@ -17,8 +17,9 @@ Two kinds of frozen (hashable) dataclasses live here:
   lengths) stay out of those keys.
 
 Adding an implementation (e.g. a new HSTU forward kernel ``"sm90ws"``) is one entry in
-the ``allowed`` tuple of its :data:`SWITCHES` row plus the branch that builds the kernel
-in the ffi adapter; docs/design.md lists the switches in one table.
+the ``allowed`` tuple of its :data:`SWITCHES` row (the first entry is the default) plus
+the branch that builds the kernel in the ffi adapter; docs/design.md lists the switches
+in one table (:func:`switches_table`).
 """
 
 from __future__ import annotations
@@ -84,52 +85,56 @@ def _parse_tile(var, raw):
 @dataclasses.dataclass(frozen=True)
 class Switch:
     """One implementation switch: its field of :class:`Switches`, environment variable,
-    allowed values (a description for the docs table) and parser."""
+    allowed values (a tuple, or a description for the docs table), parser, default and
+    meaning."""
 
     field: str
     env: str
     allowed: tuple | str
     parse: Callable[[str, str], object]
+    default: object
     doc: str
 
 
 def _choice(field, env, allowed, doc):
-    return Switch(field, env, tuple(allowed), _parse_choice(tuple(allowed)), doc)
+    """A switch choosing one of ``allowed``; the first one is the default."""
+    return Switch(field, env, tuple(allowed), _parse_choice(tuple(allowed)), allowed[0], doc)
 
 
-#: The implementation switches, one row each. To add an implementation, extend the
-#: ``allowed`` tuple of its row.
+_TILE = "block_m,block_n,num_warps"
+
+#: The implementation switches, one row each. To add an implementation, add its name to
+#: the ``allowed`` tuple of its row (the first name is the default).
 SWITCHES = (
     _choice("hstu_fwd_impl", "JAX_SPARSE_ATTN_HSTU_FWD_IMPL", ("sm90pp", "sm90", "sm80"),
-            "HSTU forward kernel: sm90pp (wgmma, ping-pong warpgroups; default), sm90 (wgmma, "
+            "HSTU forward kernel: sm90pp (wgmma, ping-pong warpgroups), sm90 (wgmma, "
             "warpgroups in lockstep), sm80 (mma.sync)"),
-    Switch("hstu_fwd_tile", "JAX_SPARSE_ATTN_HSTU_FWD_TILE", "block_m,block_n,num_warps",
-           _parse_tile, "HSTU forward tile override (tuning); sm90/sm90pp need block_m=128, "
-           "num_warps=8"),
-    Switch("hstu_bwd_tile", "JAX_SPARSE_ATTN_HSTU_BWD_TILE", "block_m,block_n,num_warps",
-           _parse_tile, "HSTU backward tile override (tuning)"),
+    Switch("hstu_fwd_tile", "JAX_SPARSE_ATTN_HSTU_FWD_TILE", _TILE, _parse_tile, None,
+           "HSTU forward tile override (tuning; unset: the kernel's tiles for the head "
+           "dims); the wgmma forwards need block_m=128, num_warps=8"),
+    Switch("hstu_bwd_tile", "JAX_SPARSE_ATTN_HSTU_BWD_TILE", _TILE, _parse_tile, None,
+           "HSTU backward tile override (tuning)"),
     _choice("bsa_fwd_impl", "JAX_SPARSE_ATTN_BSA_FWD_IMPL", ("sm90", "sm80"),
-            "BSA forward kernel: sm90 (wgmma; D in {64, 128}, other D use sm80; default), "
-            "sm80 (mma.sync, every D)"),
+            "BSA forward kernel: sm90 (wgmma; D in {64, 128}, other D use sm80), sm80 "
+            "(mma.sync, every D)"),
     _choice("bsa_bwd_impl", "JAX_SPARSE_ATTN_BSA_BWD_IMPL", ("sm90", "sm80"),
             "BSA backward kernel, as for the forward"),
     _choice("bsa_pre_impl", "JAX_SPARSE_ATTN_BSA_PRE_IMPL", ("kernel", "xla"),
             "BSA backward preprocessing (delta = rowsum(dO*O), zeroed dQ accumulator): "
-            "kernel (one CuTe DSL launch; default) or xla (an XLA fusion)"),
+            "kernel (one CuTe DSL launch) or xla (an XLA fusion)"),
     Switch("bsa_fwd_q_in_regs", "JAX_SPARSE_ATTN_BSA_FWD_Q_IN_REGS", _TRUE + _FALSE,
-           _parse_bool, "BSA sm80 forward keeps Q fragments in registers for D <= 128 "
-                        "(default 1)"),
+           _parse_bool, True, "BSA sm80 forward keeps Q fragments in registers for D <= 128"),
     Switch("bsa_fwd_min_blocks", "JAX_SPARSE_ATTN_BSA_FWD_MIN_BLOCKS", "integer >= 0",
-           _parse_count, "BSA sm80 forward: minimum resident CTAs per SM hint "
-                         "(0 = none; default 0)"),
+           _parse_count, 0, "BSA sm80 forward: minimum resident CTAs per SM hint (0 = none)"),
     Switch("bsa_bwd_min_blocks", "JAX_SPARSE_ATTN_BSA_BWD_MIN_BLOCKS", "integer >= 0",
-           _parse_count, "BSA sm80 backward: minimum resident CTAs per SM hint "
-                         "(default 2 for D <= 128, else 1)"),
-    Switch("force_kernel", "JAX_SPARSE_ATTN_FORCE_KERNEL", _TRUE + _FALSE, _parse_bool,
-           "skip the SM90 device check of backend selection, so that a CPU machine lowers the kernel path for "
-           "lowering_platforms=('cuda',) (default 0)"),
+           _parse_count, None, "BSA sm80 backward: minimum resident CTAs per SM hint "
+                               "(unset: 2 for D <= 128, else 1)"),
+    Switch("force_kernel", "JAX_SPARSE_ATTN_FORCE_KERNEL", _TRUE + _FALSE, _parse_bool, False,
+           "skip the SM90 device check of backend selection, so that a CPU machine lowers "
+           "the kernel path for lowering_platforms=('cuda',)"),
 )
 _FORCE_KERNEL = SWITCHES[-1]
+_DEFAULT = {sw.field: sw.default for sw in SWITCHES}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -141,20 +146,20 @@ class Switches:
     field values are validated like the environment variables.
     """
 
-    hstu_fwd_impl: str = "sm90pp"
-    hstu_fwd_tile: tuple | None = None
-    hstu_bwd_tile: tuple | None = None
-    bsa_fwd_impl: str = "sm90"
-    bsa_bwd_impl: str = "sm90"
-    bsa_pre_impl: str = "kernel"
-    bsa_fwd_q_in_regs: bool = True
-    bsa_fwd_min_blocks: int = 0
-    bsa_bwd_min_blocks: int | None = None
+    hstu_fwd_impl: str = _DEFAULT["hstu_fwd_impl"]
+    hstu_fwd_tile: tuple | None = _DEFAULT["hstu_fwd_tile"]
+    hstu_bwd_tile: tuple | None = _DEFAULT["hstu_bwd_tile"]
+    bsa_fwd_impl: str = _DEFAULT["bsa_fwd_impl"]
+    bsa_bwd_impl: str = _DEFAULT["bsa_bwd_impl"]
+    bsa_pre_impl: str = _DEFAULT["bsa_pre_impl"]
+    bsa_fwd_q_in_regs: bool = _DEFAULT["bsa_fwd_q_in_regs"]
+    bsa_fwd_min_blocks: int = _DEFAULT["bsa_fwd_min_blocks"]
+    bsa_bwd_min_blocks: int | None = _DEFAULT["bsa_bwd_min_blocks"]
 
     def __post_init__(self):
         for sw in _switches_of(Switches):
             val = getattr(self, sw.field)
-            if val is None and sw.field in _OPTIONAL:
+            if val is None and sw.default is None:
                 continue
             ok = isinstance(val, bool) if sw.parse is _parse_bool else not isinstance(val, bool)
             try:
@@ -164,9 +169,6 @@ class Switches:
             if not ok:
                 raise ValueError(f"Switches.{sw.field} (environment variable {sw.env}) = "
                                  f"{val!r} is not allowed; allowed: {_allowed_text(sw)}")
-
-
-_OPTIONAL = ("hstu_fwd_tile", "hstu_bwd_tile", "bsa_bwd_min_blocks")
 
 
 def _raw(val) -> str:
@@ -213,11 +215,13 @@ def force_kernel(environ: Mapping[str, str] | None = None) -> bool:
 
 def switches_table() -> str:
     """The switches as a Markdown table (docs/design.md embeds it)."""
-    rows = ["| variable | `Switches` field | allowed | meaning |", "|---|---|---|---|"]
+    rows = ["| variable | `Switches` field | allowed | default | meaning |",
+            "|---|---|---|---|---|"]
     fields = {sw.field for sw in _switches_of(Switches)}
     for sw in SWITCHES:
         field = f"`{sw.field}`" if sw.field in fields else "(environment only)"
-        rows.append(f"| `{sw.env}` | {field} | {_allowed_text(sw)} | {sw.doc} |")
+        default = "unset" if sw.default is None else _raw(sw.default)
+        rows.append(f"| `{sw.env}` | {field} | {_allowed_text(sw)} | {default} | {sw.doc} |")
     return "\n".join(rows)
 
 

@@ -15,13 +15,9 @@ and V are zero-filled in smem, which makes P and dS vanish there without masks; 
 tiles crossing a window/func boundary run the per-element mask.
 dK, dV are deterministic; dQ (atomics) is not bitwise deterministic.
 
-Tried and measured (H200, bf16, 2026-11-29): the block-sparse backward's dQ path (fp32 rows
-staged in shared memory, one ``cp.reduce.async.bulk .add.f32`` per row, see
-``bsa_bwd_sm90``) is slower here than the per-thread ``red.global.add.v2.f32``: backward
-8x4096 causal 236 vs 244 TFLOP/s, full 239 vs 255, D=64 causal 172 vs 198 (all 22 GPU tests
-passed with it). With 64x128 tiles the dQ traffic per FLOP is half the block-sparse
-kernel's, and the 8 warps of the one CTA per SM hide the reductions, while the staging costs
-a CTA barrier per step.
+dQ uses per-thread ``red.global.add.v2.f32`` rather than the staged bulk reductions of
+``bsa_bwd_sm90``: with 64 x 128 tiles the dQ traffic per FLOP is half the block-sparse
+kernel's and the 8 warps hide the reductions (docs/performance.md compares the two).
 """
 
 from __future__ import annotations
