@@ -14,7 +14,7 @@ GPUs). Torch-free.
 """
 
 from . import masks, reference
-from ._cute_call import export_safety_checks
+from ._cute_call import export_safety_checks, register_ffi_targets
 from ._results import BSABackwardResult, BSAForwardResult, HSTUBackwardResult, HSTUForwardResult
 from .bsa import (
     block_sparse_attention,
@@ -36,6 +36,7 @@ __all__ = [
     "validate_hstu_inputs",
     "validate_bsa_metadata",
     "export_safety_checks",
+    "register_ffi_targets",
     "HSTUForwardResult",
     "HSTUBackwardResult",
     "BSAForwardResult",

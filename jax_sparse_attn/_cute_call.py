@@ -48,7 +48,7 @@ from jax.interpreters import batching
 from jax.interpreters import mlir
 
 __all__ = ["cute_call", "compile_stats", "reset_compile_stats", "cache_dir",
-           "export_safety_checks", "CACHE_DIR_ENV"]
+           "export_safety_checks", "register_ffi_targets", "CACHE_DIR_ENV"]
 
 logger = logging.getLogger(__name__)
 
@@ -313,9 +313,23 @@ def export_safety_checks() -> tuple:
     ops on the kernel backend (the CuTe DSL FFI call targets are not on JAX's list of
     custom calls with stable ABIs): ``jax.export.export(jax.jit(f), platforms=["cuda"],
     disabled_checks=jax_sparse_attn.export_safety_checks())``. Empty when CuTe DSL is not
-    installed (the reference backend needs no exception)."""
+    installed (the reference backend needs no exception).
+
+    A process that only deserializes and calls an exported function must register the
+    CuTe DSL FFI targets first: :func:`register_ffi_targets`."""
     try:
         from cutlass.jax import get_export_disabled_safety_checks  # noqa: PLC0415
     except Exception:
         return ()
     return tuple(get_export_disabled_safety_checks())
+
+
+def register_ffi_targets() -> None:
+    """Register the CuTe DSL FFI call targets with XLA (``cutlass.jax.register_ffi()``).
+
+    Calling an op registers them; a process that only runs a deserialized
+    ``jax.export.Exported`` (the kernels travel inside it) must call this first. Raises
+    ImportError when CuTe DSL is not installed."""
+    from cutlass.jax import register_ffi  # noqa: PLC0415
+
+    register_ffi()
