@@ -51,7 +51,9 @@ def _check(name, f_single, f_sharded, args, shardings, out):
     want = g_single(*args)
     got = g_sharded(*placed)
     text = g_sharded.lower(*placed).compile().as_text()
-    out[name] = {"max_abs_diff": _diff(got, want), "collectives": _collectives(text),
+    scale = max(float(jnp.max(jnp.abs(jnp.asarray(x, jnp.float32)))) for x in jax.tree.leaves(want))
+    out[name] = {"max_abs_diff": _diff(got, want), "scale": scale,
+                 "collectives": _collectives(text),
                  "grad_sharding": str(got[1][0].sharding.spec)}
 
 
