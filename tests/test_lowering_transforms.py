@@ -166,3 +166,14 @@ def test_disk_cache_serves_a_fresh_process(tmp_path):
     second = _run_cache_process(tmp_path)
     assert (second["compiles"], second["disk_hits"], second["n"]) == (0, 1, 1), second
     assert second["h"] == first["h"]  # the same module (object code) in the lowered call
+
+
+def test_export_bsa_symbolic_batch():
+    from jax import export  # noqa: PLC0415
+
+    (b,) = export.symbolic_shape("b")
+    x = _sds((b, 2, 256, 64))
+    exp = export.export(jax.jit(_bsa), platforms=("cuda",),
+                        disabled_checks=jsa.export_safety_checks())(
+        x, x, x, _sds((b, 2, 4, 2), jnp.int32), _sds((b, 2, 4), jnp.int32))
+    assert export.deserialize(exp.serialize()).mlir_module().count(TARGET) == 1
