@@ -233,7 +233,7 @@ def hstu_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q, max_seq
                    scaling_seqlen=None, window_size=(-1, 0), alpha=1.0, func=None,
                    paged_kv=None, page_ids=None, page_indptrs=None, backend="auto",
                    switches=None):
-    if getattr(cu_seqlens_q, "ndim", 1) == 2 or getattr(cu_seqlens_k, "ndim", 1) == 2:
+    if getattr(cu_seqlens_q, "ndim", 1) == 2 and getattr(cu_seqlens_k, "ndim", 1) == 2:
         return _per_shard(q, k, v, cu_seqlens_q, cu_seqlens_k, func, paged_kv,
                           dict(max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k,
                                scaling_seqlen=scaling_seqlen, window_size=window_size,
@@ -255,8 +255,8 @@ def _per_shard(q, k, v, cu_q, cu_k, func, paged_kv, opts):
     if paged_kv is not None:
         raise ValueError("two-dimensional (per-shard) cu_seqlens are not supported with paged_kv")
     shapes = (tuple(getattr(cu_q, "shape", ())), tuple(getattr(cu_k, "shape", ())))
-    if len(shapes[0]) != 2 or len(shapes[1]) != 2 or shapes[0][0] != shapes[1][0]:
-        raise ValueError("per-shard cu_seqlens_q and cu_seqlens_k must both have shape "
+    if shapes[0][0] != shapes[1][0]:
+        raise ValueError("per-shard cu_seqlens_q and cu_seqlens_k must have shapes "
                          f"(num_shards, B_local + 1) with the same num_shards, got {shapes}")
     ns = shapes[0][0]
     for name, x in (("q", q), ("k", k), ("v", v)):

@@ -82,4 +82,6 @@ def test_per_shard_cu_seqlens_equal_per_shard_calls():
     with pytest.raises(ValueError, match="divisible by num_shards"):
         jsa.hstu_attention(q[:39], k[:39], v[:39], cu, cu, **opts)
     with pytest.raises(ValueError, match="same num_shards"):
+        jsa.hstu_attention(q, k, v, cu, cu[:1], **opts)
+    with pytest.raises(ValueError, match="must have rank 1"):  # one 2-D, one 1-D
         jsa.hstu_attention(q, k, v, cu, cu[0], **opts)
