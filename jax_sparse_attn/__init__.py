@@ -15,6 +15,7 @@ GPUs). Torch-free.
 
 from . import masks, reference
 from ._backend import BackendChoice, KernelUnavailableWarning, kernel_status, which_backend
+from ._cute_call import export_safety_checks, register_ffi_targets
 from ._results import BSABackwardResult, BSAForwardResult, HSTUBackwardResult, HSTUForwardResult
 from .bsa import (
     block_sparse_attention,
@@ -35,6 +36,8 @@ __all__ = [
     "block_sparse_attention_backward",
     "validate_hstu_inputs",
     "validate_bsa_metadata",
+    "export_safety_checks",
+    "register_ffi_targets",
     "HSTUForwardResult",
     "HSTUBackwardResult",
     "BSAForwardResult",

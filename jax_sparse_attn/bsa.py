@@ -20,7 +20,7 @@ from functools import partial
 import jax
 import jax.numpy as jnp
 
-from . import _backend, metadata, reference
+from . import _backend, _transforms, metadata, reference
 from ._results import BSABackwardResult, BSAForwardResult
 from .config import BSAConfig
 from .validation import (
@@ -85,7 +85,7 @@ def _ref_options(cfg):
                 softmax_scale=cfg.softmax_scale)
 
 
-def _fwd_impl(cfg, q, k, v, idx, nums, sizes):
+def _fwd_backend(cfg, q, k, v, idx, nums, sizes):
     if cfg.backend == "kernel":
         from .ffi import bsa as ffi_bsa  # noqa: PLC0415 (lazy: only on the kernel path)
 
@@ -93,7 +93,7 @@ def _fwd_impl(cfg, q, k, v, idx, nums, sizes):
     return reference.block_sparse_attention_ref(q, k, v, idx, nums, sizes, **_ref_options(cfg))
 
 
-def _bwd_impl(cfg, do, q, k, v, out, lse, idx, nums, sizes, dlse=None):
+def _bwd_backend(cfg, do, q, k, v, out, lse, idx, nums, sizes, dlse=None):
     if cfg.backend == "kernel":
         from .ffi import bsa as ffi_bsa  # noqa: PLC0415
 
@@ -101,6 +101,16 @@ def _bwd_impl(cfg, do, q, k, v, out, lse, idx, nums, sizes, dlse=None):
         return ffi_bsa.bsa_bwd(do, q, k, v, out, lse, idx, nums, sizes, cfg, **extra)
     return reference.block_sparse_attention_bwd_ref(do, q, k, v, out, lse, idx, nums, sizes,
                                                     dlse=dlse, **_ref_options(cfg))
+
+
+# jax.vmap folds the mapped axis into the batch axis B (jax_sparse_attn/_transforms.py)
+def _fwd_impl(cfg, q, k, v, idx, nums, sizes):
+    return _transforms.bsa_fwd(cfg, _fwd_backend)(q, k, v, idx, nums, sizes)
+
+
+def _bwd_impl(cfg, do, q, k, v, out, lse, idx, nums, sizes, dlse=None):
+    return _transforms.bsa_bwd(cfg, _bwd_backend)(do, q, k, v, out, lse, idx, nums, sizes,
+                                                   dlse)
 
 
 @partial(jax.custom_vjp, nondiff_argnums=(0,))

@@ -24,7 +24,7 @@ from functools import partial
 import jax
 import jax.numpy as jnp
 
-from . import _backend, metadata, reference
+from . import _backend, _transforms, metadata, reference
 from ._results import HSTUBackwardResult, HSTUForwardResult
 from .config import HSTUConfig
 from .validation import (
@@ -108,16 +108,25 @@ def _ffi():
     return ffi_hstu
 
 
-def _fwd_impl(cfg, q, k, v, cu_q, cu_k, func):
+def _fwd_backend(cfg, q, k, v, cu_q, cu_k, func):
     if cfg.backend == "kernel":
         return _ffi().hstu_fwd(q, k, v, cu_q, cu_k, func, cfg)
     return reference.hstu_attention_ref(q, k, v, cu_q, cu_k, func, **_ref_options(cfg))
 
 
-def _bwd_impl(cfg, do, q, k, v, cu_q, cu_k, func):
+def _bwd_backend(cfg, do, q, k, v, cu_q, cu_k, func):
     if cfg.backend == "kernel":
         return _ffi().hstu_bwd(do, q, k, v, cu_q, cu_k, func, cfg)
     return reference.hstu_attention_bwd_ref(do, q, k, v, cu_q, cu_k, func, **_ref_options(cfg))
+
+
+# jax.vmap folds the mapped axis into the packed token axis (jax_sparse_attn/_transforms.py)
+def _fwd_impl(cfg, q, k, v, cu_q, cu_k, func):
+    return _transforms.hstu_fwd(cfg, _fwd_backend)(q, k, v, cu_q, cu_k, func)
+
+
+def _bwd_impl(cfg, do, q, k, v, cu_q, cu_k, func):
+    return _transforms.hstu_bwd(cfg, _bwd_backend)(do, q, k, v, cu_q, cu_k, func)
 
 
 @partial(jax.custom_vjp, nondiff_argnums=(0,))
@@ -190,7 +199,10 @@ _ARG_LINES = """
         queries are ``q[cu_seqlens_q[b]:cu_seqlens_q[b+1]]`` (zero lengths allowed).
         Other integer dtypes (e.g. NumPy int64) are converted to int32 (the values must
         fit; the eager value check verifies it for concrete arrays).
-      cu_seqlens_k: ``(B+1,)`` int32, the same for keys/values.
+      cu_seqlens_k: ``(B+1,)`` int32, the same for keys/values. Both may instead be
+        per-shard ``(num_shards, B_local+1)`` arrays with shard-local offsets, row ``s``
+        packing tokens ``[s*T/num_shards, (s+1)*T/num_shards)`` (``func`` then
+        ``(num_shards, N, L_local)``; see :mod:`jax_sparse_attn.sharding`).
       max_seqlen_q: static Python int >= every query length (compile-time bound).
       max_seqlen_k: static Python int >= every key length.
       scaling_seqlen: positive Python number dividing the output; default
@@ -246,6 +258,12 @@ def hstu_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q, max_seq
                    paged_kv=None, page_ids=None, page_indptrs=None, backend="auto",
                    switches=None, debug_checks=False):
     cu_seqlens_q, cu_seqlens_k = as_array_arg(cu_seqlens_q), as_array_arg(cu_seqlens_k)
+    if getattr(cu_seqlens_q, "ndim", 1) == 2 and getattr(cu_seqlens_k, "ndim", 1) == 2:
+        return _per_shard(q, k, v, cu_seqlens_q, cu_seqlens_k, func, paged_kv,
+                          dict(max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k,
+                               scaling_seqlen=scaling_seqlen, window_size=window_size,
+                               alpha=alpha, backend=backend, switches=switches,
+                               debug_checks=debug_checks))
     cfg = _make_config(q, k, v, cu_seqlens_q, cu_seqlens_k, func, paged_kv, page_ids,
                        page_indptrs, max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k,
                        scaling_seqlen=scaling_seqlen, window_size=window_size, alpha=alpha,
@@ -255,6 +273,33 @@ def hstu_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q, max_seq
     if cfg.paged:
         return _hstu_paged_jit(cfg, q, paged_kv, _i32(page_ids), _i32(page_indptrs), cu_q, cu_k)
     return _hstu_jit(cfg, q, k, v, cu_q, cu_k, _i32(func))
+
+
+def _per_shard(q, k, v, cu_q, cu_k, func, paged_kv, opts):
+    """``cu_seqlens`` of shape ``(num_shards, B_local + 1)``: row ``s`` packs tokens
+    ``[s*T/num_shards, (s+1)*T/num_shards)`` with shard-local offsets (the contract of
+    :mod:`jax_sparse_attn.sharding`); computed as a vmap over the shards (one folded call)."""
+    if paged_kv is not None:
+        raise ValueError("two-dimensional (per-shard) cu_seqlens are not supported with paged_kv")
+    shapes = (tuple(getattr(cu_q, "shape", ())), tuple(getattr(cu_k, "shape", ())))
+    if shapes[0][0] != shapes[1][0]:
+        raise ValueError("per-shard cu_seqlens_q and cu_seqlens_k must have shapes "
+                         f"(num_shards, B_local + 1) with the same num_shards, got {shapes}")
+    ns = shapes[0][0]
+    for name, x in (("q", q), ("k", k), ("v", v)):
+        if getattr(x, "ndim", 0) != 3 or ns == 0 or x.shape[0] % ns:
+            raise ValueError(f"{name} must be (T, H, D) with T divisible by num_shards={ns} "
+                             f"(per-shard cu_seqlens), got shape {getattr(x, 'shape', None)}")
+    if func is not None and (getattr(func, "ndim", 0) != 3 or func.shape[0] != ns):
+        raise ValueError(f"with per-shard cu_seqlens, func must be (num_shards={ns}, N, L_local), "
+                         f"got shape {getattr(func, 'shape', None)}")
+    split = lambda x: x.reshape((ns, x.shape[0] // ns) + tuple(x.shape[1:]))  # noqa: E731
+
+    def one(q, k, v, cq, ck, fn):
+        return hstu_attention(q, k, v, cq, ck, func=None if fn is None else fn[None], **opts)
+
+    out = jax.vmap(one)(split(q), split(k), split(v), cu_q, cu_k, func)
+    return out.reshape((-1,) + tuple(out.shape[2:]))
 
 
 hstu_attention.__doc__ = (

@@ -11,7 +11,7 @@
 # The H200 run of 2026-11-29 (first version of this script) timed out several shards at
 # T_TEST=170 with 16 shards + MovieLens sharing 16 cores; give the grids ~240 s or fewer shards.
 # Phase 3 (robustness): the NaN-isolation / transform / lse-gradient GPU tests
-#   (tests/test_robustness.py, tests/test_transforms.py) and the garbage-metadata grid under
+#   (tests/test_robustness.py, tests/test_transforms_vs_loop.py) and the garbage-metadata grid under
 #   compute-sanitizer memcheck (tests/sanitize_grid.py; SANITIZE_ARGS=--quick for a short run).
 # Env: PHASES (default "12"), ML_EPOCHS (default: --full = 101), T_TEST (per-shard timeout),
 # T_ML (MovieLens timeout; the example writes its JSON after every epoch), T_SAN (sanitizer
@@ -75,7 +75,7 @@ fi
 
 if [[ $PHASES == *3* ]]; then
   stamp "phase 3: robustness tests + compute-sanitizer grid"
-  timeout $T_TEST python3 -m pytest -m gpu tests/test_robustness.py tests/test_transforms.py -q -rA \
+  timeout $T_TEST python3 -m pytest -m gpu tests/test_robustness.py tests/test_transforms_vs_loop.py -q -rA \
     -p no:cacheprovider > "$LOGS/robustness.log" 2>&1
   stamp "robustness rc=$?"
   timeout ${T_SAN:-540} compute-sanitizer --tool memcheck --error-exitcode 9 \

@@ -209,12 +209,12 @@ def bsa_fwd(q, k, v, q2k_block_index, q2k_block_nums, block_sizes, cfg):
     ``(out, lse)``: ``out`` in q's layout and dtype, ``lse`` float32 ``(B, H_q, S_q)``
     (natural log, ``-inf`` on rows with no active block).
     """
-    from cutlass.jax import cutlass_call  # noqa: PLC0415
+    from .._cute_call import cute_call  # noqa: PLC0415
 
     spec = _specs(cfg.layout)
     q2k_block_index, q2k_block_nums, block_sizes = _sanitize(
         q2k_block_index, q2k_block_nums, block_sizes, cfg)
-    call = cutlass_call(
+    call = cute_call(
         _fwd_jit(),
         output_shape_dtype=(
             jax.ShapeDtypeStruct(q.shape[:-1] + (cfg.head_dim_v,), q.dtype),
@@ -224,6 +224,8 @@ def bsa_fwd(q, k, v, q2k_block_index, q2k_block_nums, block_sizes, cfg):
         output_spec=(spec, None),
         compile_key=("bsa_fwd", cfg.fwd),
         cfg=cfg.fwd,
+        static_last_inputs=(0, 1, 2),
+        static_last_outputs=(0,),
     )
     return call(q, k, v, q2k_block_index, q2k_block_nums, block_sizes,
                 _scale_array(cfg.softmax_scale))
@@ -260,7 +262,7 @@ def bsa_preprocess(do, out, cfg):
     """``delta = rowsum(dO * O)`` (fp32 ``(B, H_q, S_q)``) and a zeroed fp32 dQ accumulator
     (q's shape and layout): one CuTe DSL launch (``kernels/bsa_pre.py``) when ``cfg.pre``
     is set, else XLA."""
-    from cutlass.jax import cutlass_call  # noqa: PLC0415
+    from .._cute_call import cute_call  # noqa: PLC0415
 
     if cfg.pre is None:
         delta = jnp.sum(do.astype(jnp.float32) * out.astype(jnp.float32), axis=-1)
@@ -268,7 +270,7 @@ def bsa_preprocess(do, out, cfg):
             delta = jnp.swapaxes(delta, 1, 2)
         return delta, jnp.zeros(out.shape[:-1] + (cfg.head_dim,), jnp.float32)
     spec = _specs(cfg.layout)
-    call = cutlass_call(
+    call = cute_call(
         _pre_jit(),
         output_shape_dtype=(
             jax.ShapeDtypeStruct((cfg.batch, cfg.num_heads_q, cfg.seqlen_q), jnp.float32),
@@ -278,6 +280,8 @@ def bsa_preprocess(do, out, cfg):
         output_spec=(None, spec),
         compile_key=("bsa_pre", cfg.pre),
         cfg=cfg.pre,
+        static_last_inputs=(0, 1),
+        static_last_outputs=(1,),
     )
     return call(out, do.astype(out.dtype))
 
@@ -310,7 +314,7 @@ def bsa_bwd(do, q, k, v, out, lse, q2k_block_index, q2k_block_nums, block_sizes,
     (``cfg.bwd`` set). ``dlse``: optional float32 ``(B, H_q, S_q)`` cotangent of ``lse``
     (enters the row term: ``delta = rowsum(dO * O) - dlse``). Returns ``(dq, dk, dv)`` in
     the layouts and dtypes of q, k, v."""
-    from cutlass.jax import cutlass_call  # noqa: PLC0415
+    from .._cute_call import cute_call  # noqa: PLC0415
 
     spec = _specs(cfg.layout)
     q2k_block_index, q2k_block_nums, block_sizes = _sanitize(
@@ -321,7 +325,9 @@ def bsa_bwd(do, q, k, v, out, lse, q2k_block_index, q2k_block_nums, block_sizes,
     offsets, entries = metadata.build_kq_csr(q2k_block_index, q2k_block_nums,
                                              num_kv_heads=cfg.num_heads_kv,
                                              num_kv_blocks=cfg.num_kv_blocks)
-    call = cutlass_call(
+    # flattened inputs: block_sizes may be None (absent, no buffer); dq_acc is the last
+    n_in = 10 + (block_sizes is not None)
+    call = cute_call(
         _bwd_jit(),
         output_shape_dtype=(
             jax.ShapeDtypeStruct(q.shape, jnp.float32),
@@ -333,6 +339,8 @@ def bsa_bwd(do, q, k, v, out, lse, q2k_block_index, q2k_block_nums, block_sizes,
         input_output_aliases={10: 0},
         compile_key=("bsa_bwd", cfg.bwd),
         cfg=cfg.bwd,
+        static_last_inputs=(0, 1, 2, 3, n_in - 1),
+        static_last_outputs=(0, 1, 2),
     )
     dq_acc, dk, dv = call(q, k, v, do, lse, delta, offsets, entries, block_sizes,
                           _scale_array(cfg.softmax_scale), dq_acc)

@@ -253,9 +253,10 @@ def _bwd_adapter():
 
 
 def _cutlass_call():
-    from cutlass.jax import cutlass_call  # noqa: PLC0415
+    """``cute_call``: ``cutlass_call`` compiled once per compile key for every shape."""
+    from .._cute_call import cute_call  # noqa: PLC0415
 
-    return cutlass_call
+    return cute_call
 
 
 def hstu_fwd(q, k, v, cu_seqlens_q, cu_seqlens_k, func, cfg):
@@ -278,7 +279,8 @@ def hstu_fwd(q, k, v, cu_seqlens_q, cu_seqlens_k, func, cfg):
     func_arr = func.astype(jnp.int32) if key.has_func else jnp.zeros((1, 1, 1), jnp.int32)
     out_sds = jax.ShapeDtypeStruct((t_q, h, cfg.head_dim_v_pad), q.dtype)
     call = _cutlass_call()(_fwd_adapter(), output_shape_dtype=out_sds,
-                           compile_key=("hstu_fwd", key), cfg=key)
+                           compile_key=("hstu_fwd", key), cfg=key,
+                           static_last_inputs=(0, 1, 2), static_last_outputs=(0,))
     out = call(metadata.pad_last(q, cfg.head_dim_pad), metadata.pad_last(k, cfg.head_dim_pad),
                metadata.pad_last(v, cfg.head_dim_v_pad), cu_q, cu_k, tiles, func_arr, scal, win)
     return out[..., : cfg.head_dim_v]
@@ -312,6 +314,7 @@ def hstu_bwd(do, q, k, v, cu_seqlens_q, cu_seqlens_k, func, cfg):
     call = _cutlass_call()(
         _bwd_adapter(), output_shape_dtype=out_sds, compile_key=("hstu_bwd", key),
         input_output_aliases={12: 2}, cfg=key,
+        static_last_inputs=(0, 1, 2, 3, 12), static_last_outputs=(0, 1, 2),
     )
     dk, dv_out, dq_acc = call(do_p, q_p, k_p, v_p, cu_q, cu_k, kv_tiles, q_start, q_tiles,
                               func_arr, scal, win, dq_acc0)

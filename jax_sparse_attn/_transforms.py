@@ -1,0 +1,163 @@
+"""``jax.vmap`` of the ops by folding the mapped axis into the kernels' own batch.
+
+The CuTe DSL call (``_cute_call``) has no batching rule, so each op implementation
+(forward and backward, either backend) is wrapped in ``jax.custom_batching.custom_vmap``
+with a rule that turns ``N`` mapped calls into one call of the same implementation:
+
+* **HSTU** (packed THD): the mapped tokens are concatenated (``(N, T, H, D)`` is reshaped
+  to ``(N*T, H, D)``, no copy) and ``cu_seqlens`` of item ``n`` are offset by ``n*T``.
+  Between two items two pseudo-sequences cover item ``n``'s rows past its
+  ``cu_seqlens[-1]``: one holding those query rows with no keys and one holding those key
+  rows with no queries, so they get ``out = 0`` and ``dk = dv = 0`` exactly as in the
+  unmapped op. ``func`` rows are concatenated the same way (its values are sequence-local
+  key positions, so they need no offset). Contract used: ``cu_seqlens[..., 0] == 0``
+  (checked eagerly for concrete metadata).
+* **BSA** (``(B, H, S, D)``): the mapped axis is merged into ``B`` (metadata too).
+
+Unmapped arguments are broadcast first, so any mix of mapped and unmapped arrays and
+metadata works; nested ``vmap`` folds level by level (the rule calls the wrapped function
+again, which the next level batches), and ``vmap`` of ``grad`` batches the backward entry
+the same way. One custom_vmap function exists per static op config (cached).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+import jax
+import jax.numpy as jnp
+from jax.custom_batching import custom_vmap
+
+__all__ = ["hstu_fwd", "hstu_bwd", "bsa_fwd", "bsa_bwd", "fold_cu_seqlens"]
+
+
+def _bcast(x, batched, n):
+    """``x`` with a leading mapped axis of size n (broadcast when unmapped)."""
+    if x is None:
+        return None
+    if batched:
+        return x
+    return jnp.broadcast_to(x, (n,) + tuple(x.shape))
+
+
+def _merge(x):
+    return None if x is None else x.reshape((-1,) + tuple(x.shape[2:]))
+
+
+def fold_cu_seqlens(cu_q, cu_k, t_q, t_k):
+    """The flat ``cu_seqlens`` pair of N packed batches stacked along the token axis.
+
+    ``cu_q`` / ``cu_k``: int32 ``(N, B+1)`` (each row starting at 0); ``t_q`` / ``t_k``:
+    tokens per item. Returns int32 ``(N*(B+2)+1,)`` arrays: per item its B sequences
+    offset by ``n*t_q`` / ``n*t_k``, then a pseudo-sequence of its remaining query rows
+    with no keys and one of its remaining key rows with no queries.
+    """
+    n = cu_q.shape[0]
+    cu_q = cu_q.astype(jnp.int32)
+    cu_k = cu_k.astype(jnp.int32)
+    idx = jnp.arange(n, dtype=jnp.int32)[:, None]
+    off_q, off_k = idx * t_q, idx * t_k
+    end_q, end_k = off_q + t_q, off_k + t_k
+    rows_q = jnp.concatenate([cu_q + off_q, end_q, end_q], axis=1)
+    rows_k = jnp.concatenate([cu_k + off_k, cu_k[:, -1:] + off_k, end_k], axis=1)
+    # row n+1 starts where row n ends ((n+1)*t when cu[n+1, 0] == 0): drop the repeat
+    flat_q = jnp.concatenate([rows_q[0], rows_q[1:, 1:].reshape(-1)])
+    flat_k = jnp.concatenate([rows_k[0], rows_k[1:, 1:].reshape(-1)])
+    return flat_q, flat_k
+
+
+def _fold_func(func, t_q):
+    """``(N, 1, F, L_f)`` per-item func -> ``(1, F, N*t_q + 256)`` for the folded rows."""
+    n, _, f, _ = func.shape
+    rows = jnp.transpose(func[:, 0, :, :t_q], (1, 0, 2)).reshape(f, n * t_q)
+    return jnp.pad(rows, ((0, 0), (0, 256)))[None]
+
+
+def _hstu_fold(axis_size, in_batched, q, k, v, cu_q, cu_k, func):
+    n = axis_size
+    q, k, v, cu_q, cu_k = (_bcast(x, b, n) for x, b in zip((q, k, v, cu_q, cu_k), in_batched))
+    func = _bcast(func, in_batched[5], n)
+    t_q, t_k = q.shape[1], k.shape[1]
+    fq, fk = fold_cu_seqlens(cu_q, cu_k, t_q, t_k)
+    ff = None if func is None else _fold_func(func, t_q)
+    return (_merge(q), _merge(k), _merge(v), fq, fk, ff), n, t_q, t_k
+
+
+@functools.lru_cache(maxsize=None)
+def hstu_fwd(cfg, impl):
+    """``impl(cfg, q, k, v, cu_q, cu_k, func) -> out`` as a custom_vmap function of the arrays."""
+
+    @custom_vmap
+    def f(q, k, v, cu_q, cu_k, func):
+        return impl(cfg, q, k, v, cu_q, cu_k, func)
+
+    @f.def_vmap
+    def rule(axis_size, in_batched, q, k, v, cu_q, cu_k, func):
+        args, n, t_q, _ = _hstu_fold(axis_size, in_batched, q, k, v, cu_q, cu_k, func)
+        out = f(*args)
+        return out.reshape((n, t_q) + tuple(out.shape[1:])), True
+
+    return f
+
+
+@functools.lru_cache(maxsize=None)
+def hstu_bwd(cfg, impl):
+    """``impl(cfg, do, q, k, v, cu_q, cu_k, func) -> (dq, dk, dv)`` as a custom_vmap function."""
+
+    @custom_vmap
+    def f(do, q, k, v, cu_q, cu_k, func):
+        return tuple(impl(cfg, do, q, k, v, cu_q, cu_k, func))
+
+    @f.def_vmap
+    def rule(axis_size, in_batched, do, q, k, v, cu_q, cu_k, func):
+        do = _bcast(do, in_batched[0], axis_size)
+        args, n, t_q, t_k = _hstu_fold(axis_size, in_batched[1:], q, k, v, cu_q, cu_k, func)
+        dq, dk, dv = f(_merge(do), *args)
+        unfold = lambda x, t: x.reshape((n, t) + tuple(x.shape[1:]))  # noqa: E731
+        return (unfold(dq, t_q), unfold(dk, t_k), unfold(dv, t_k)), (True, True, True)
+
+    return f
+
+
+def _bsa_cfg(cfg, n):
+    return dataclasses.replace(cfg, batch=cfg.batch * n)
+
+
+@functools.lru_cache(maxsize=None)
+def bsa_fwd(cfg, impl):
+    """``impl(cfg, q, k, v, idx, nums, sizes) -> (out, lse)`` as a custom_vmap function."""
+
+    @custom_vmap
+    def f(q, k, v, idx, nums, sizes):
+        return tuple(impl(cfg, q, k, v, idx, nums, sizes))
+
+    @f.def_vmap
+    def rule(axis_size, in_batched, *args):
+        n = axis_size
+        args = [_merge(_bcast(x, b, n)) for x, b in zip(args, in_batched)]
+        out, lse = bsa_fwd(_bsa_cfg(cfg, n), impl)(*args)
+        split = lambda x: x.reshape((n, cfg.batch) + tuple(x.shape[1:]))  # noqa: E731
+        return (split(out), split(lse)), (True, True)
+
+    return f
+
+
+@functools.lru_cache(maxsize=None)
+def bsa_bwd(cfg, impl):
+    """``impl(cfg, do, q, k, v, out, lse, idx, nums, sizes, dlse) -> (dq, dk, dv)`` as a
+    custom_vmap function (``dlse``: the lse cotangent or None)."""
+
+    @custom_vmap
+    def f(do, q, k, v, out, lse, idx, nums, sizes, dlse):
+        return tuple(impl(cfg, do, q, k, v, out, lse, idx, nums, sizes, dlse))
+
+    @f.def_vmap
+    def rule(axis_size, in_batched, *args):
+        n = axis_size
+        args = [_merge(_bcast(x, b, n)) for x, b in zip(args, in_batched)]
+        grads = bsa_bwd(_bsa_cfg(cfg, n), impl)(*args)
+        split = lambda x: x.reshape((n, cfg.batch) + tuple(x.shape[1:]))  # noqa: E731
+        return tuple(split(g) for g in grads), (True, True, True)
+
+    return f

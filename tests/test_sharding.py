@@ -1,0 +1,87 @@
+"""Sharded execution on two host CPU devices (a subprocess with
+``--xla_force_host_platform_device_count=2``; tests/sharding_worker.py does the work) and
+the per-shard cu_seqlens helpers."""
+
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+jax = pytest.importorskip("jax")
+import jax.numpy as jnp  # noqa: E402
+
+import jax_sparse_attn as jsa  # noqa: E402
+from jax_sparse_attn.sharding import assign_to_shards, shard_cu_seqlens  # noqa: E402
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def worker_result():
+    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=2",
+               JAX_PLATFORMS="cpu", PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    env.pop("JAX_SPARSE_ATTN_FORCE_KERNEL", None)
+    proc = subprocess.run([sys.executable, str(ROOT / "tests" / "sharding_worker.py")],
+                          env=env, capture_output=True, text=True, timeout=1200)
+    line = [x for x in proc.stdout.splitlines() if x.startswith("RESULT ")]
+    assert proc.returncode == 0 and line, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return json.loads(line[-1][len("RESULT "):])
+
+
+@pytest.mark.parametrize("case", ["hstu_token_sharded", "hstu_head_sharded",
+                                  "bsa_batch_sharded", "bsa_head_sharded"])
+def test_sharded_equals_single_device_without_gathers(worker_result, case):
+    assert worker_result["devices"] == 2
+    r = worker_result[case]
+    assert r["max_abs_diff"] < 1e-4, r
+    c = r["collectives"]
+    # forward + grad run shard-locally: no gather/all-to-all/permute of q, k, v; the only
+    # collective is the all-reduce of the scalar loss
+    assert c["all-gather"] == 0 and c["all-to-all"] == 0 and c["collective-permute"] == 0, c
+    assert c["reduce-scatter"] == 0 and c["all-reduce"] <= 1, c
+    assert "data" in r["grad_sharding"]
+
+
+def test_data_parallel_training_example_runs(worker_result):
+    losses = worker_result["train"]["losses"]
+    assert len(losses) == 2 and all(np.isfinite(losses))
+
+
+def test_shard_cu_seqlens_and_assign():
+    cu = shard_cu_seqlens([[3, 0, 5], [7]], 10)
+    np.testing.assert_array_equal(cu, [[0, 3, 3, 8], [0, 7, 7, 7]])
+    assert cu.dtype == np.int32
+    with pytest.raises(ValueError, match="tokens_per_shard"):
+        shard_cu_seqlens([[6, 6]], 10)
+    with pytest.raises(ValueError, match="negative"):
+        shard_cu_seqlens([[-1]])
+    order, per = assign_to_shards([5, 1, 4, 4], 2)
+    assert sorted(i for o in order for i in o) == [0, 1, 2, 3]
+    assert sorted(sum(p) for p in per) == [6, 8]  # LPT: 5+1 and 4+4
+    with pytest.raises(ValueError, match="does not fit"):
+        assign_to_shards([11], 2, tokens_per_shard=10)
+
+
+def test_per_shard_cu_seqlens_equal_per_shard_calls():
+    """hstu_attention with (num_shards, B_local+1) cu_seqlens = one call per token slice."""
+    cu = jnp.asarray(shard_cu_seqlens([[3, 9], [12, 0, 4]], 20))
+    ks = jax.random.split(jax.random.PRNGKey(0), 3)
+    q, k, v = (jax.random.normal(x, (40, 2, 16)) for x in ks)
+    opts = dict(max_seqlen_q=12, max_seqlen_k=12, backend="reference")
+    got = jsa.hstu_attention(q, k, v, cu, cu, **opts)
+    want = jnp.concatenate([jsa.hstu_attention(q[s * 20:(s + 1) * 20], k[s * 20:(s + 1) * 20],
+                                               v[s * 20:(s + 1) * 20], cu[s], cu[s], **opts)
+                            for s in range(2)])
+    np.testing.assert_allclose(np.asarray(got), np.asarray(want), atol=1e-6)
+    with pytest.raises(ValueError, match="divisible by num_shards"):
+        jsa.hstu_attention(q[:39], k[:39], v[:39], cu, cu, **opts)
+    with pytest.raises(ValueError, match="same num_shards"):
+        jsa.hstu_attention(q, k, v, cu, cu[:1], **opts)
+    with pytest.raises(ValueError, match="must have rank 1"):  # one 2-D, one 1-D
+        jsa.hstu_attention(q, k, v, cu, cu[0], **opts)
