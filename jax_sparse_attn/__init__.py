@@ -14,7 +14,13 @@ GPUs). Torch-free.
 """
 
 from . import masks, reference
-from ._results import BSABackwardResult, BSAForwardResult, HSTUBackwardResult, HSTUForwardResult
+from ._results import (
+    BSABackwardResult,
+    BSAForwardResult,
+    HSTUBackwardRabResult,
+    HSTUBackwardResult,
+    HSTUForwardResult,
+)
 from .bsa import (
     block_sparse_attention,
     block_sparse_attention_backward,
@@ -36,6 +42,7 @@ __all__ = [
     "validate_bsa_metadata",
     "HSTUForwardResult",
     "HSTUBackwardResult",
+    "HSTUBackwardRabResult",
     "BSAForwardResult",
     "BSABackwardResult",
     "masks",

@@ -14,6 +14,19 @@ with fp32 accumulation and no softmax. Queries are bottom-right aligned: local q
 ``func`` (int32 ``(1, N, L_f)``, N odd) keeps, for global packed query row ``r`` with
 ``F_t = func[0, t, r]``, the keys ``[0, F_0) U [F_1, F_2) U [F_3, F_4) U ...``
 intersected with ``[0, L_k)`` (intervals may overlap, any order).
+
+Relative attention bias (``rab``, the HSTU paper's learned position/time bias; FBGEMM's
+HSTU kernel convention): ``rab`` of shape ``(B, H_rab, max_seqlen_k, max_seqlen_k)`` with
+``H_rab`` in {1, H} is added to every score before the SiLU::
+
+    out_i = sum_j M_ij * SiLU(alpha * q_i . k_j + rab[b, h % H_rab, p, j]) * v_j / scaling_seqlen
+
+with ``p = i + L_k - L_q`` the bottom-right aligned key position of query ``i``. With
+``alpha = 1`` this is the ``alpha * (q . k + rab)`` form of other implementations; for
+another alpha pass ``alpha * rab`` to get that form. The gradient
+``d rab[b, h, p, j] = M_ij * SiLU'(s_ij) * (dO_i . v_j) / scaling_seqlen`` is summed over
+heads when ``H_rab = 1`` and is zero where masked or outside the sequences.
+:mod:`jax_sparse_attn.bias` builds the paper's position and time-bucket biases.
 """
 
 from __future__ import annotations
@@ -25,7 +38,7 @@ import jax
 import jax.numpy as jnp
 
 from . import _backend, reference
-from ._results import HSTUBackwardResult, HSTUForwardResult
+from ._results import HSTUBackwardRabResult, HSTUBackwardResult, HSTUForwardResult
 from .validation import _hstu_value_checks, canonical_dtype, check_hstu_args, is_concrete
 
 __all__ = ["hstu_attention", "hstu_attention_forward", "hstu_attention_backward", "HSTUConfig"]
@@ -46,6 +59,12 @@ class HSTUConfig:
     backend: str  # resolved: "kernel" or "reference"
     head_dim_pad: int  # kernel path: D zero-padded to a supported head dim
     head_dim_v_pad: int
+    # relative attention bias: H_rab (0 = no rab; the kernels compile without bias code)
+    rab_heads: int = 0
+
+    @property
+    def has_rab(self) -> bool:
+        return self.rab_heads > 0
 
 
 def _next_supported(d, dims):
@@ -57,11 +76,11 @@ def _next_supported(d, dims):
 
 def _make_config(q, k, v, cu_seqlens_q, cu_seqlens_k, func, paged_kv, page_ids, page_indptrs,
                  *, max_seqlen_q, max_seqlen_k, scaling_seqlen, window_size, alpha, backend,
-                 op_name):
+                 op_name, rab=None):
     _backend.check_backend(backend)
     kw = dict(max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k, scaling_seqlen=scaling_seqlen,
               window_size=window_size, alpha=alpha, func=func, paged_kv=paged_kv,
-              page_ids=page_ids, page_indptrs=page_indptrs)
+              page_ids=page_ids, page_indptrs=page_indptrs, rab=rab)
     opts = check_hstu_args(q, k, v, cu_seqlens_q, cu_seqlens_k, **kw)
     if is_concrete(cu_seqlens_q, cu_seqlens_k, func, page_ids, page_indptrs):
         _hstu_value_checks(q, k, cu_seqlens_q, cu_seqlens_k, func, paged_kv, page_ids,
@@ -86,7 +105,7 @@ def _make_config(q, k, v, cu_seqlens_q, cu_seqlens_k, func, paged_kv, page_ids, 
         max_seqlen_q=opts["max_seqlen_q"], max_seqlen_k=opts["max_seqlen_k"],
         scaling_seqlen=opts["scaling_seqlen"], window_size=opts["window_size"],
         alpha=opts["alpha"], paged=opts["paged"],
-        head_dim=D, head_dim_v=D_v, backend=chosen,
+        head_dim=D, head_dim_v=D_v, backend=chosen, rab_heads=opts["rab_heads"],
         head_dim_pad=pads.get("d", D) if chosen == "kernel" else D,
         head_dim_v_pad=pads.get("dv", D_v) if chosen == "kernel" else D_v,
     )
@@ -110,41 +129,51 @@ def _kw(cfg):
                 scaling_seqlen=cfg.scaling_seqlen, window_size=cfg.window_size, alpha=cfg.alpha)
 
 
-def _fwd_impl(cfg, q, k, v, cu_q, cu_k, func):
+def _rab_kw(rab):
+    return {} if rab is None else {"rab": rab}
+
+
+def _fwd_impl(cfg, q, k, v, cu_q, cu_k, func, rab=None):
     if cfg.backend == "kernel":
         from .ffi import hstu as ffi_hstu  # noqa: PLC0415 (lazy: only on the kernel path)
 
         out = ffi_hstu.hstu_fwd(_pad_last(q, cfg.head_dim_pad), _pad_last(k, cfg.head_dim_pad),
-                                _pad_last(v, cfg.head_dim_v_pad), cu_q, cu_k, func, **_kw(cfg))
+                                _pad_last(v, cfg.head_dim_v_pad), cu_q, cu_k, func, **_kw(cfg),
+                                **_rab_kw(rab))
         return out[..., : cfg.head_dim_v]
-    return reference.hstu_attention_ref(q, k, v, cu_q, cu_k, func, **_kw(cfg))
+    return reference.hstu_attention_ref(q, k, v, cu_q, cu_k, func, **_kw(cfg), **_rab_kw(rab))
 
 
-def _bwd_impl(cfg, do, q, k, v, cu_q, cu_k, func):
+def _bwd_impl(cfg, do, q, k, v, cu_q, cu_k, func, rab=None):
+    """``(dq, dk, dv)``, or ``(dq, dk, dv, drab)`` with ``rab``."""
     if cfg.backend == "kernel":
         from .ffi import hstu as ffi_hstu  # noqa: PLC0415
 
-        dq, dk, dv = ffi_hstu.hstu_bwd(
+        grads = ffi_hstu.hstu_bwd(
             _pad_last(do, cfg.head_dim_v_pad), _pad_last(q, cfg.head_dim_pad),
             _pad_last(k, cfg.head_dim_pad), _pad_last(v, cfg.head_dim_v_pad),
-            cu_q, cu_k, func, **_kw(cfg))
-        return dq[..., : cfg.head_dim], dk[..., : cfg.head_dim], dv[..., : cfg.head_dim_v]
-    return reference.hstu_attention_bwd_ref(do, q, k, v, cu_q, cu_k, func, **_kw(cfg))
+            cu_q, cu_k, func, **_kw(cfg), **_rab_kw(rab))
+        dq, dk, dv = grads[:3]
+        return (dq[..., : cfg.head_dim], dk[..., : cfg.head_dim],
+                dv[..., : cfg.head_dim_v]) + tuple(grads[3:])
+    return reference.hstu_attention_bwd_ref(do, q, k, v, cu_q, cu_k, func, **_kw(cfg),
+                                            **_rab_kw(rab))
 
 
 @partial(jax.custom_vjp, nondiff_argnums=(0,))
-def _hstu(cfg, q, k, v, cu_q, cu_k, func):
-    return _fwd_impl(cfg, q, k, v, cu_q, cu_k, func)
+def _hstu(cfg, q, k, v, cu_q, cu_k, func, rab):
+    return _fwd_impl(cfg, q, k, v, cu_q, cu_k, func, rab)
 
 
-def _hstu_vjp_fwd(cfg, q, k, v, cu_q, cu_k, func):
-    return _fwd_impl(cfg, q, k, v, cu_q, cu_k, func), (q, k, v, cu_q, cu_k, func)
+def _hstu_vjp_fwd(cfg, q, k, v, cu_q, cu_k, func, rab):
+    return _fwd_impl(cfg, q, k, v, cu_q, cu_k, func, rab), (q, k, v, cu_q, cu_k, func, rab)
 
 
 def _hstu_vjp_bwd(cfg, res, do):
-    q, k, v, cu_q, cu_k, func = res
-    dq, dk, dv = _bwd_impl(cfg, do, q, k, v, cu_q, cu_k, func)
-    return dq, dk, dv, None, None, None
+    q, k, v, cu_q, cu_k, func, rab = res
+    grads = _bwd_impl(cfg, do, q, k, v, cu_q, cu_k, func, rab)
+    drab = grads[3] if rab is not None else None
+    return grads[0], grads[1], grads[2], None, None, None, drab
 
 
 _hstu.defvjp(_hstu_vjp_fwd, _hstu_vjp_bwd)
@@ -215,7 +244,13 @@ _ARG_LINES = """
       alpha: Python number scaling ``q . k``; default 1.0.
       func: optional int32 ``(1, N, L_f)``, N odd, ``L_f >= T_q + 256``: arbitrary
         interval mask (see module doc; :mod:`jax_sparse_attn.masks` builds common
-        ones). Requires ``window_size=(-1, -1)`` and no paged KV. Default None."""
+        ones). Requires ``window_size=(-1, -1)`` and no paged KV. Default None.
+      rab: optional relative attention bias ``(B, H_rab, max_seqlen_k, max_seqlen_k)``,
+        ``H_rab`` in {1, H}, q's dtype or float32: ``rab[b, h % H_rab, p, j]`` is added to
+        ``alpha * q_i . k_j`` of query ``i`` (key position ``p = i + L_k - L_q``) and key
+        ``j`` (module doc; FBGEMM HSTU convention). Every sequence needs ``L_q <= L_k``
+        (checked eagerly for concrete ``cu_seqlens``; under jit a row with ``p < 0`` gets
+        bias 0). Differentiable. Not with paged KV. Default None (no bias code is compiled)."""
 
 _PAGED_ARG_LINES = """
       paged_kv: optional ``(num_pages, 2, 128, H, D)`` paged KV cache (index 0 = K,
@@ -247,24 +282,25 @@ _RAISES_DOC = """
 
 def hstu_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q, max_seqlen_k,
                    scaling_seqlen=None, window_size=(-1, 0), alpha=1.0, func=None,
-                   paged_kv=None, page_ids=None, page_indptrs=None, backend="auto"):
+                   paged_kv=None, page_ids=None, page_indptrs=None, backend="auto", rab=None):
     cfg = _make_config(q, k, v, cu_seqlens_q, cu_seqlens_k, func, paged_kv, page_ids,
                        page_indptrs, max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k,
                        scaling_seqlen=scaling_seqlen, window_size=window_size, alpha=alpha,
-                       backend=backend, op_name="hstu_attention")
+                       backend=backend, op_name="hstu_attention", rab=rab)
     cu_q, cu_k = _i32(cu_seqlens_q), _i32(cu_seqlens_k)
     if cfg.paged:
         return _hstu_paged_jit(cfg, q, paged_kv, _i32(page_ids), _i32(page_indptrs), cu_q, cu_k)
-    return _hstu_jit(cfg, q, k, v, cu_q, cu_k, _i32(func))
+    return _hstu_jit(cfg, q, k, v, cu_q, cu_k, _i32(func), rab)
 
 
 hstu_attention.__doc__ = (
     """HSTU attention (pointwise SiLU attention over packed variable-length sequences).
 
-    ``out_i = sum_j M_ij * SiLU(alpha * q_i . k_j) * v_j / scaling_seqlen`` per sequence
-    and head, fp32 accumulation, no softmax; M from ``window_size`` (bottom-right
-    aligned) or ``func``. Differentiable in q, k, v (``jax.custom_vjp``; the backward of
-    the backend that ran the forward is used); integer inputs get no gradient.
+    ``out_i = sum_j M_ij * SiLU(alpha * q_i . k_j + rab[b, h, p, j]) * v_j / scaling_seqlen``
+    per sequence and head (no bias term without ``rab``), fp32 accumulation, no softmax;
+    M from ``window_size`` (bottom-right aligned) or ``func``. Differentiable in q, k, v
+    and rab (``jax.custom_vjp``; the backward of the backend that ran the forward is
+    used); integer inputs get no gradient.
 """
     + _SEMANTICS_DOC
     + _ARGS_DOC
@@ -278,11 +314,13 @@ hstu_attention.__doc__ = (
 
 def hstu_attention_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q, max_seqlen_k,
                            scaling_seqlen=None, window_size=(-1, 0), alpha=1.0, func=None,
-                           paged_kv=None, page_ids=None, page_indptrs=None, backend="auto"):
+                           paged_kv=None, page_ids=None, page_indptrs=None, backend="auto",
+                           rab=None):
     out = hstu_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q=max_seqlen_q,
                          max_seqlen_k=max_seqlen_k, scaling_seqlen=scaling_seqlen,
                          window_size=window_size, alpha=alpha, func=func, paged_kv=paged_kv,
-                         page_ids=page_ids, page_indptrs=page_indptrs, backend=backend)
+                         page_ids=page_ids, page_indptrs=page_indptrs, backend=backend,
+                         rab=rab)
     return HSTUForwardResult(o_tensor=out)
 
 
@@ -304,11 +342,11 @@ hstu_attention_forward.__doc__ = (
 
 def hstu_attention_backward(do, q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q,
                             max_seqlen_k, scaling_seqlen=None, window_size=(-1, 0), alpha=1.0,
-                            func=None, backend="auto"):
+                            func=None, backend="auto", rab=None):
     cfg = _make_config(q, k, v, cu_seqlens_q, cu_seqlens_k, func, None, None, None,
                        max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k,
                        scaling_seqlen=scaling_seqlen, window_size=window_size, alpha=alpha,
-                       backend=backend, op_name="hstu_attention_backward")
+                       backend=backend, op_name="hstu_attention_backward", rab=rab)
     want = (q.shape[0], q.shape[1], cfg.head_dim_v)
     if tuple(getattr(do, "shape", ())) != want:
         raise ValueError(f"do must have the output's shape (T_q, H, D_v) = {want}, "
@@ -316,8 +354,11 @@ def hstu_attention_backward(do, q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seql
     qdt, dodt = canonical_dtype(q), canonical_dtype(do)
     if dodt != qdt:
         raise TypeError(f"do dtype {dodt} must equal q's dtype {qdt}")
-    dq, dk, dv = _bwd_jit(cfg, do, q, k, v, _i32(cu_seqlens_q), _i32(cu_seqlens_k), _i32(func))
-    return HSTUBackwardResult(dq_tensor=dq, dk_tensor=dk, dv_tensor=dv)
+    grads = _bwd_jit(cfg, do, q, k, v, _i32(cu_seqlens_q), _i32(cu_seqlens_k), _i32(func), rab)
+    if rab is None:
+        return HSTUBackwardResult(dq_tensor=grads[0], dk_tensor=grads[1], dv_tensor=grads[2])
+    return HSTUBackwardRabResult(dq_tensor=grads[0], dk_tensor=grads[1], dv_tensor=grads[2],
+                                 drab_tensor=grads[3])
 
 
 hstu_attention_backward.__doc__ = (
@@ -335,7 +376,10 @@ hstu_attention_backward.__doc__ = (
     + """
     Returns:
       :class:`~jax_sparse_attn._results.HSTUBackwardResult` with ``dq_tensor (T_q, H, D)``,
-      ``dk_tensor (T_k, H, D)``, ``dv_tensor (T_k, H, D_v)`` in the input dtype.
+      ``dk_tensor (T_k, H, D)``, ``dv_tensor (T_k, H, D_v)`` in the input dtype; with
+      ``rab`` an :class:`~jax_sparse_attn._results.HSTUBackwardRabResult` that adds
+      ``drab_tensor`` (rab's shape and dtype, accumulated in fp32, summed over heads when
+      ``H_rab = 1``, zero where masked or outside the sequences).
 """
     + _RAISES_DOC
 )
