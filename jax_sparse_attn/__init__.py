@@ -8,12 +8,13 @@ GPUs). Torch-free.
   packed variable-length sequences (HSTU, Zhai et al. 2024).
 * :func:`block_sparse_attention` (+ ``_forward`` / ``_backward``): softmax attention over
   listed KV blocks per query block.
-* :mod:`jax_sparse_attn.masks`: mask / metadata builders; :mod:`jax_sparse_attn.reference`:
+* :mod:`jax_sparse_attn.bias`: the HSTU relative attention bias (``rab``) from learned
+  position / time-bucket tables; :mod:`jax_sparse_attn.masks`: mask / metadata builders; :mod:`jax_sparse_attn.reference`:
   the pure-JAX implementations; eager validators :func:`validate_hstu_inputs`,
   :func:`validate_bsa_metadata`.
 """
 
-from . import masks, reference
+from . import bias, masks, reference
 from ._results import (
     BSABackwardResult,
     BSAForwardResult,
@@ -46,5 +47,6 @@ __all__ = [
     "BSAForwardResult",
     "BSABackwardResult",
     "masks",
+    "bias",
     "reference",
 ]
