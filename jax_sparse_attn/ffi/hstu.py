@@ -25,11 +25,20 @@ Schedules: the forward grid is ``(H, S)`` over query tiles ordered longest-work-
 canonical order. A pseudo-sequence appended to ``cu_seqlens`` covers rows past
 ``cu_seqlens[-1]`` so the kernels write zeros there.
 
+Relative attention bias (``rab (B, H_rab, N_k, N_k)``, q's dtype or fp32): a presence flag
+``has_rab`` (with ``rab_per_head`` = ``H_rab == H`` and rab's dtype) in both configs; without
+rab the adapters, kernel arguments and generated code are exactly those of the kernels
+without bias (PTX sha256-identical). The rab forwards are ``RAB_FWD_IMPLS``; another
+selected forward impl is replaced by the default ``sm90pp`` when rab is given. Backward:
+``drab`` is written directly (rab's dtype, zero-initialised output) when ``H_rab == H``, else
+added over heads into an fp32 workspace ``(B, 1, N_k, N_k_pad)`` (``N_k_pad`` even for the
+8-byte vector reductions) that XLA slices and casts.
+
 Determinism: the forward and dk/dv are deterministic (each output element is written by
 exactly one CTA with a fixed summation order). dq is accumulated in an fp32 workspace with
 ``red.global.add.f32`` from the CTAs of every KV tile that sees the query, so its low bits
 depend on scheduling order (run-to-run differences at fp32 rounding level, before the
-final cast to q's dtype).
+final cast to q's dtype); so does ``drab`` when ``H_rab = 1`` (per-head ``drab`` is deterministic).
 """
 
 from __future__ import annotations
@@ -57,6 +66,8 @@ SUPPORTED_HEAD_DIMS = (32, 64, 128, 256)
 FWD_IMPLS = ("sm80", "sm90", "sm90pp")
 #: the forward kernel used when JAX_SPARSE_ATTN_HSTU_FWD_IMPL is unset
 DEFAULT_FWD_IMPL = "sm90pp"
+#: forward kernels that implement the relative attention bias (others fall back to sm90pp)
+RAB_FWD_IMPLS = ("sm80", "sm90", "sm90pp")
 _BIG = 1 << 30
 
 
@@ -72,6 +83,10 @@ class HstuFwdConfig:
     func_n: int
     # "sm80" (mma.sync), "sm90" (wgmma) or "sm90pp" (wgmma, ping-pong warpgroups; default)
     impl: str = "sm90pp"
+    # relative attention bias: presence, H_rab == H, rab's dtype name ("" without rab)
+    has_rab: bool = False
+    rab_per_head: bool = False
+    rab_dtype: str = ""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -84,6 +99,9 @@ class HstuBwdConfig:
     num_warps: int
     has_func: bool
     func_n: int
+    has_rab: bool = False
+    rab_per_head: bool = False
+    rab_dtype: str = ""
 
 
 def hstu_kernel_unsupported_reason(*, dtype, head_dim, head_dim_v, has_func: bool,
@@ -114,7 +132,15 @@ def _tile_override(name):
     return bm, bn, w
 
 
-def fwd_config(dtype, head_dim, head_dim_v, has_func, func_n) -> HstuFwdConfig:
+def _rab_fields(rab, num_heads):
+    if rab is None:
+        return {}
+    return dict(has_rab=True, rab_per_head=int(rab.shape[1]) == int(num_heads),
+                rab_dtype=jnp.dtype(rab.dtype).name)
+
+
+def fwd_config(dtype, head_dim, head_dim_v, has_func, func_n, *, has_rab=False,
+               rab_per_head=False, rab_dtype="") -> HstuFwdConfig:
     d = max(head_dim, head_dim_v)
     if d <= 32:
         bm, bn, w = 128, 128, 4
@@ -126,20 +152,25 @@ def fwd_config(dtype, head_dim, head_dim_v, has_func, func_n) -> HstuFwdConfig:
     impl = os.environ.get("JAX_SPARSE_ATTN_HSTU_FWD_IMPL") or DEFAULT_FWD_IMPL
     if impl not in FWD_IMPLS:
         raise ValueError(f"JAX_SPARSE_ATTN_HSTU_FWD_IMPL={impl!r} is not one of {FWD_IMPLS}")
+    if has_rab and impl not in RAB_FWD_IMPLS:
+        impl = DEFAULT_FWD_IMPL
     if impl in ("sm90", "sm90pp"):  # wgmma kernels: 2 warpgroups x 64 query rows
         bm, w = 128, 8
         bn = 128 if d <= 128 else 64
     return HstuFwdConfig(_cutlass_dtype_name(dtype), head_dim, head_dim_v, bm, bn, w,
-                         bool(has_func), int(func_n) if has_func else 1, impl)
+                         bool(has_func), int(func_n) if has_func else 1, impl,
+                         bool(has_rab), bool(rab_per_head), rab_dtype if has_rab else "")
 
 
-def bwd_config(dtype, head_dim, head_dim_v, has_func, func_n) -> HstuBwdConfig:
+def bwd_config(dtype, head_dim, head_dim_v, has_func, func_n, *, has_rab=False,
+               rab_per_head=False, rab_dtype="") -> HstuBwdConfig:
     # 64 x 128 (q rows x keys), 8 warps: dK/dV of 128 keys stay in registers for D <= 128;
     # D = 256 keeps 64 keys per CTA (register budget).
     default = (64, 128, 8) if max(head_dim, head_dim_v) <= 128 else (64, 64, 8)
     bm, bn, w = _tile_override("BWD") or default
     return HstuBwdConfig(_cutlass_dtype_name(dtype), head_dim, head_dim_v, bm, bn, w,
-                         bool(has_func), int(func_n) if has_func else 1)
+                         bool(has_func), int(func_n) if has_func else 1,
+                         bool(has_rab), bool(rab_per_head), rab_dtype if has_rab else "")
 
 
 # ----------------------------------------------------------------------------------------
@@ -175,6 +206,50 @@ def _fwd_adapter():
         kernel(q, k, v, cu_q, cu_k, tiles, func, scal, win, out, stream)
 
     return hstu_fwd_launch
+
+
+@functools.lru_cache(maxsize=None)
+def _fwd_rab_adapter():
+    import cutlass  # noqa: PLC0415
+    import cutlass.cute as cute  # noqa: PLC0415
+
+    from ..kernels.hstu_fwd_sm80 import HstuFwdSm80  # noqa: PLC0415
+    from ..kernels.hstu_fwd_sm90 import HstuFwdSm90  # noqa: PLC0415
+
+    @cute.jit
+    def hstu_fwd_rab_launch(stream, q, k, v, cu_q, cu_k, tiles, func, scal, win, rab, out,
+                            *, cfg: cutlass.Constexpr):
+        args = (_dt(cfg.dtype), cfg.head_dim, cfg.head_dim_v, cfg.block_m, cfg.block_n,
+                cfg.num_warps, cfg.has_func, cfg.func_n)
+        rab_kw = dict(has_rab=True, rab_per_head=cfg.rab_per_head)
+        if cutlass.const_expr(cfg.impl == "sm80"):
+            kernel = HstuFwdSm80(*args, **rab_kw)
+        else:
+            kernel = HstuFwdSm90(*args, pingpong=cfg.impl == "sm90pp", **rab_kw)
+        kernel(q, k, v, cu_q, cu_k, tiles, func, scal, win, out, stream, rab)
+
+    return hstu_fwd_rab_launch
+
+
+@functools.lru_cache(maxsize=None)
+def _bwd_rab_adapter():
+    import cutlass  # noqa: PLC0415
+    import cutlass.cute as cute  # noqa: PLC0415
+
+    from ..kernels.hstu_bwd_sm80 import HstuBwdSm80  # noqa: PLC0415
+
+    @cute.jit
+    def hstu_bwd_rab_launch(stream, do, q, k, v, cu_q, cu_k, kv_tiles, q_tile_start, q_tiles,
+                            func, scal, win, dq_acc, rab, drab, dk, dv,
+                            *, cfg: cutlass.Constexpr):
+        # dq_acc and drab are aliased to outputs 2 and 3 (zero-initialised by XLA)
+        HstuBwdSm80(_dt(cfg.dtype), cfg.head_dim, cfg.head_dim_v, cfg.block_m, cfg.block_n,
+                    cfg.num_warps, cfg.has_func, cfg.func_n, has_rab=True,
+                    rab_per_head=cfg.rab_per_head)(
+            do, q, k, v, cu_q, cu_k, kv_tiles, q_tile_start, q_tiles, func, scal, win,
+            dq_acc, dk, dv, stream, rab, drab)
+
+    return hstu_bwd_rab_launch
 
 
 @functools.lru_cache(maxsize=None)
@@ -311,10 +386,19 @@ def _scalars(alpha, scaling_seqlen, window_size):
     return scal, win
 
 
+def _usable_rab(rab):
+    """rab, or None when it has no element (B = 0 or N_k = 0: every bias is 0)."""
+    if rab is None or rab.shape[0] == 0 or rab.shape[-1] == 0:
+        return None
+    return rab
+
+
 def hstu_fwd(q, k, v, cu_seqlens_q, cu_seqlens_k, func, *, max_seqlen_q: int,
              max_seqlen_k: int, scaling_seqlen: float, window_size: tuple[int, int],
-             alpha: float):
-    """HSTU forward on the CuTe DSL kernel. Returns ``out (T_q, H, D_v)`` in q's dtype."""
+             alpha: float, rab=None):
+    """HSTU forward on the CuTe DSL kernel. Returns ``out (T_q, H, D_v)`` in q's dtype.
+
+    ``rab``: optional ``(B, H_rab, N_k, N_k)`` relative attention bias (module doc)."""
     del max_seqlen_q, max_seqlen_k
     t_q, h, d = q.shape
     dv = v.shape[-1]
@@ -322,7 +406,9 @@ def hstu_fwd(q, k, v, cu_seqlens_q, cu_seqlens_k, func, *, max_seqlen_q: int,
     if t_q == 0 or h == 0:
         return jnp.zeros(out_sds.shape, out_sds.dtype)
     has_func = func is not None
-    cfg = fwd_config(q.dtype, d, dv, has_func, func.shape[1] if has_func else 1)
+    rab = _usable_rab(rab)
+    cfg = fwd_config(q.dtype, d, dv, has_func, func.shape[1] if has_func else 1,
+                     **_rab_fields(rab, h))
     if k.shape[0] == 0:  # no keys anywhere: every row has no valid key
         return jnp.zeros(out_sds.shape, out_sds.dtype)
     # pseudo-sequence B covers rows past cu_q[-1] (no keys): the kernel writes zeros there
@@ -331,6 +417,10 @@ def hstu_fwd(q, k, v, cu_seqlens_q, cu_seqlens_k, func, *, max_seqlen_q: int,
     tiles = _fwd_schedule(cu_q, cu_k, func, cfg, t_q, window_size)
     scal, win = _scalars(alpha, scaling_seqlen, window_size)
     func_arr = func.astype(jnp.int32) if has_func else jnp.zeros((1, 1, 1), jnp.int32)
+    if rab is not None:
+        call = _cutlass_call()(_fwd_rab_adapter(), output_shape_dtype=out_sds,
+                               compile_key=("hstu_fwd_rab", cfg), cfg=cfg)
+        return call(q, k, v, cu_q, cu_k, tiles, func_arr, scal, win, rab)
     fwd_launch = _fwd_adapter()
     call = _cutlass_call()(fwd_launch, output_shape_dtype=out_sds, compile_key=("hstu_fwd", cfg),
                            cfg=cfg)
@@ -339,16 +429,21 @@ def hstu_fwd(q, k, v, cu_seqlens_q, cu_seqlens_k, func, *, max_seqlen_q: int,
 
 def hstu_bwd(do, q, k, v, cu_seqlens_q, cu_seqlens_k, func, *, max_seqlen_q: int,
              max_seqlen_k: int, scaling_seqlen: float, window_size: tuple[int, int],
-             alpha: float):
-    """HSTU backward on the CuTe DSL kernel. Returns ``(dq, dk, dv)`` in the input dtype."""
+             alpha: float, rab=None):
+    """HSTU backward on the CuTe DSL kernel. Returns ``(dq, dk, dv)`` in the input dtype,
+    and ``drab`` (rab's shape and dtype) as a fourth output when ``rab`` is given."""
     del max_seqlen_q, max_seqlen_k
     t_q, h, d = q.shape
     t_k = k.shape[0]
     dv_dim = v.shape[-1]
+    rab_in = rab
+    rab = _usable_rab(rab)
     if t_q == 0 or t_k == 0 or h == 0:
-        return jnp.zeros_like(q), jnp.zeros_like(k), jnp.zeros_like(v)
+        zeros = (jnp.zeros_like(q), jnp.zeros_like(k), jnp.zeros_like(v))
+        return zeros if rab_in is None else zeros + (jnp.zeros_like(rab_in),)
     has_func = func is not None
-    cfg = bwd_config(q.dtype, d, dv_dim, has_func, func.shape[1] if has_func else 1)
+    cfg = bwd_config(q.dtype, d, dv_dim, has_func, func.shape[1] if has_func else 1,
+                     **_rab_fields(rab, h))
     # pseudo-sequence B covers keys past cu_k[-1] (no queries): zero dk/dv there
     cu_q = _append(cu_seqlens_q, None)
     cu_k = _append(cu_seqlens_k, t_k)
@@ -356,6 +451,44 @@ def hstu_bwd(do, q, k, v, cu_seqlens_q, cu_seqlens_k, func, *, max_seqlen_q: int
     scal, win = _scalars(alpha, scaling_seqlen, window_size)
     func_arr = func.astype(jnp.int32) if has_func else jnp.zeros((1, 1, 1), jnp.int32)
     dq_acc0 = jnp.zeros((t_q, h, d), jnp.float32)
+    if rab is not None:
+        return _hstu_bwd_rab(cfg, do, q, k, v, cu_q, cu_k, kv_tiles, q_start, q_tiles,
+                             func_arr, scal, win, dq_acc0, rab)
+    if rab_in is not None:  # rab without elements: its gradient is empty
+        dq, dk, dv = _hstu_bwd_call(cfg, do, q, k, v, cu_q, cu_k, kv_tiles, q_start, q_tiles,
+                                    func_arr, scal, win, dq_acc0)
+        return dq, dk, dv, jnp.zeros_like(rab_in)
+    return _hstu_bwd_call(cfg, do, q, k, v, cu_q, cu_k, kv_tiles, q_start, q_tiles, func_arr,
+                          scal, win, dq_acc0)
+
+
+def _hstu_bwd_rab(cfg, do, q, k, v, cu_q, cu_k, kv_tiles, q_start, q_tiles, func_arr, scal,
+                  win, dq_acc0, rab):
+    b, _, n_k, _ = rab.shape
+    if cfg.rab_per_head:
+        drab0 = jnp.zeros(rab.shape, rab.dtype)
+    else:
+        drab0 = jnp.zeros((b, 1, n_k, n_k + n_k % 2), jnp.float32)
+    out_sds = (
+        jax.ShapeDtypeStruct(k.shape, k.dtype),
+        jax.ShapeDtypeStruct(v.shape, v.dtype),
+        jax.ShapeDtypeStruct(dq_acc0.shape, jnp.float32),
+        jax.ShapeDtypeStruct(drab0.shape, drab0.dtype),
+    )
+    call = _cutlass_call()(
+        _bwd_rab_adapter(), output_shape_dtype=out_sds, compile_key=("hstu_bwd_rab", cfg),
+        input_output_aliases={12: 2, 14: 3}, cfg=cfg,
+    )
+    dk, dv, dq_acc, drab = call(do, q, k, v, cu_q, cu_k, kv_tiles, q_start, q_tiles, func_arr,
+                                scal, win, dq_acc0, rab, drab0)
+    if not cfg.rab_per_head:
+        drab = drab[..., :n_k].astype(rab.dtype)
+    return dq_acc.astype(q.dtype), dk, dv, drab
+
+
+def _hstu_bwd_call(cfg, do, q, k, v, cu_q, cu_k, kv_tiles, q_start, q_tiles, func_arr, scal,
+                   win, dq_acc0):
+    t_q, h, d = q.shape
     bwd_launch = _bwd_adapter()
     out_sds = (
         jax.ShapeDtypeStruct(k.shape, k.dtype),

@@ -26,6 +26,12 @@ own id before issuing and ``bar.arrive``s on the other's right after issuing), s
 tensor-core issue order inside a tile is QK(wg0), QK(wg1), PV(wg0), PV(wg1): warpgroup 0's
 SiLU runs while warpgroup 1's QK GEMM executes and warpgroup 1's SiLU while warpgroup 0's PV
 GEMM executes. Everything else (loads, masks, barriers, epilogue) is the same code.
+
+``has_rab`` (relative attention bias, ``mRab (B, H_rab, N_k, N_k)``, q's dtype or fp32):
+each thread loads its elements of the bias tile from gmem into registers while the QK
+wgmma runs (``hc.rab_load_tile``: rows ``p = i + L_k - L_q`` and columns outside
+``[0, min(L_k, N_k))`` get 0 and read a clamped address), and the score becomes
+``h = alpha S / 2 + rab / 2`` before the mask; without it no bias code is generated.
 """
 
 from __future__ import annotations
@@ -48,7 +54,7 @@ class HstuFwdSm90:
     """Forward kernel (wgmma). Same call signature and grid as ``HstuFwdSm80``."""
 
     def __init__(self, dtype, head_dim, head_dim_v, block_m, block_n, num_warps, has_func,
-                 func_n, pingpong=False):
+                 func_n, pingpong=False, has_rab=False, rab_per_head=False):
         if block_m != 128 or num_warps != 8:
             raise ValueError(f"HstuFwdSm90 needs block_m=128, num_warps=8 (got {block_m}, "
                              f"{num_warps})")
@@ -63,9 +69,12 @@ class HstuFwdSm90:
         self.func_n = func_n
         self.stages = 2
         self.pingpong = pingpong
+        self.has_rab = has_rab
+        self.rab_per_head = rab_per_head
 
     @cute.jit
-    def __call__(self, mQ, mK, mV, mCuQ, mCuK, mTile, mFunc, mScal, mWin, mO, stream):
+    def __call__(self, mQ, mK, mV, mCuQ, mCuK, mTile, mFunc, mScal, mWin, mO, stream,
+                 mRab=None):
         dt = self.dtype
         qk_tiler = (self.wg_m, self.bn, self.d)
         pv_tiler = (self.wg_m, self.dv, self.bn)
@@ -91,7 +100,7 @@ class HstuFwdSm90:
         copy_v = gmem_load_copy(dt, self.num_threads, self.dv)
         grid = (cute.size(mQ.shape[1]), cute.size(mTile.shape[0]), 1)
         self.kernel(
-            mQ, mK, mV, mCuQ, mCuK, mTile, mFunc, mScal, mWin, mO,
+            mQ, mK, mV, mCuQ, mCuK, mTile, mFunc, mScal, mWin, mO, mRab,
             sQ_layout, sK_layout, sV_layout, copy_qk, copy_v, mma_qk, mma_pv, Smem,
         ).launch(grid=grid, block=[self.num_threads, 1, 1], smem=Smem.size_in_bytes(),
                  stream=stream)
@@ -109,7 +118,7 @@ class HstuFwdSm90:
             cute.arch.barrier_arrive(barrier_id=2 - wg, number_of_threads=256)
 
     @cute.kernel
-    def kernel(self, mQ, mK, mV, mCuQ, mCuK, mTile, mFunc, mScal, mWin, mO,
+    def kernel(self, mQ, mK, mV, mCuQ, mCuK, mTile, mFunc, mScal, mWin, mO, mRab,
                sQ_layout, sK_layout, sV_layout, copy_qk, copy_v, mma_qk, mma_pv,
                Smem: cutlass.Constexpr):
         tidx, _, _ = cute.arch.thread_idx()
@@ -193,6 +202,15 @@ class HstuFwdSm90:
                     row_lo[r] = -BIG if left < 0 else i + off - left
                     row_hi[r] = BIG if right < 0 else i + off + right
 
+            if cutlass.const_expr(self.has_rab):
+                rab_nk = mRab.shape[3]
+                rab_lim = cutlass.min(seqlen_k, rab_nk)
+                rab_h = head if cutlass.const_expr(self.rab_per_head) else 0
+                mRab_bh = mRab[cutlass.min(batch, mRab.shape[0] - 1), rab_h, None, None]
+                rab_p = cute.make_rmem_tensor((n_rows,), Int32)
+                rab_ok = cute.make_rmem_tensor((n_rows,), Int32)
+                hc.rab_row_setup(rab_p, rab_ok, tScS, mw0, off, rab_lim, rab_nk)
+
             if cutlass.const_expr(self.pingpong):
                 # warpgroup 0 owns the first turn: pre-arrive on its own turn barrier
                 if wg == 0:
@@ -233,7 +251,15 @@ class HstuFwdSm90:
                               tSrK[None, None, k, stage], acc_S)
                 warpgroup.commit_group()
                 self._turn_pass(wg)
+                if cutlass.const_expr(self.has_rab):
+                    # bias tile (already / 2) loads overlap the QK wgmma
+                    rBias = cute.make_fragment_like(acc_S)
+                    hc.rab_load_tile(acc_mn_view_wg(rBias), mRab_bh, rab_p, rab_ok, tScS,
+                                     n * bn, rab_lim, rab_nk, 0.5)
                 warpgroup.wait_group(0)
+                if cutlass.const_expr(self.has_rab):
+                    for e in cutlass.range_constexpr(cute.size(acc_S)):
+                        acc_S[e] = acc_S[e] * alpha_half + rBias[e]
 
                 n0 = n * bn
                 full = Int32(0)
@@ -263,7 +289,8 @@ class HstuFwdSm90:
                             acc_S_mn[r, c] = acc_S_mn[r, c] if valid else Float32(0.0)
 
                 for e in cutlass.range_constexpr(cute.size(acc_S)):
-                    hval = acc_S[e] * alpha_half
+                    # with rab acc_S already holds h = (alpha S + rab) / 2
+                    hval = acc_S[e] if cutlass.const_expr(self.has_rab) else acc_S[e] * alpha_half
                     acc_S[e] = hval + hval * hc.tanh_approx(hval)
                 rP = cute.make_fragment_like(acc_S, self.dtype)
                 rP.store(acc_S.load().to(self.dtype))
