@@ -149,3 +149,68 @@ def test_hstu_fwd_impl_env_rejects_unknown(monkeypatch):
     monkeypatch.setenv("JAX_SPARSE_ATTN_HSTU_FWD_IMPL", "sm99")
     with pytest.raises(ValueError, match="JAX_SPARSE_ATTN_HSTU_FWD_IMPL"):
         fh.fwd_config(jnp.bfloat16, 128, 128, False, 1)
+
+
+# relative attention bias: every forward impl with rab, the backward with H_rab = 1 (fp32
+# workspace + red.add) and H_rab = H (direct stores), rab in q's dtype and in float32, window
+# and func masks, max_seqlen_k not a multiple of anything (odd)
+RAB_LOWER = [
+    ("fwd", "sm90pp", "bfloat16", 64, "window", 1, "q"),
+    ("fwd", "sm90pp", "float16", 128, "func", 2, "f32"),
+    ("fwd", "sm90pp", "bfloat16", 256, "window", 2, "q"),
+    ("fwd", "sm90", "bfloat16", 32, "func", 1, "f32"),
+    ("fwd", "sm80", "float16", 64, "window", 2, "q"),
+    ("fwd", "sm80", "bfloat16", 128, "func", 1, "q"),
+    ("bwd", None, "bfloat16", 64, "window", 1, "q"),
+    ("bwd", None, "bfloat16", 128, "window", 2, "f32"),
+    ("bwd", None, "float16", 32, "func", 2, "q"),
+    ("bwd", None, "float16", 256, "func", 1, "f32"),
+]
+
+
+@pytest.mark.parametrize("direction,impl,dtype,head_dim,mask,h_rab,rab_dt", RAB_LOWER,
+                         ids=["-".join(map(str, c)) for c in RAB_LOWER])
+def test_hstu_rab_lowers(monkeypatch, direction, impl, dtype, head_dim, mask, h_rab, rab_dt):
+    import jax_sparse_attn as jsa  # noqa: PLC0415
+
+    if impl:
+        monkeypatch.setenv("JAX_SPARSE_ATTN_HSTU_FWD_IMPL", impl)
+    dt = jnp.dtype(dtype)
+    mk = 201
+    q = jax.ShapeDtypeStruct((T, 2, head_dim), dt)
+    cu = jax.ShapeDtypeStruct((B + 1,), jnp.int32)
+    rab = jax.ShapeDtypeStruct((B, h_rab, mk, mk), dt if rab_dt == "q" else jnp.float32)
+    func = jax.ShapeDtypeStruct((1, 3, T + 256), jnp.int32) if mask == "func" else None
+    window = (-1, -1) if mask == "func" else (-1, 0)
+
+    def fwd(q, k, v, cu, func, rab):
+        return jsa.hstu_attention(q, k, v, cu, cu, max_seqlen_q=mk, max_seqlen_k=mk,
+                                  window_size=window, alpha=0.3, func=func, backend="kernel",
+                                  rab=rab)
+
+    if direction == "fwd":
+        txt = _lower(fwd, q, q, q, cu, func, rab)
+    else:
+        def loss(q, k, v, cu, func, rab):
+            return jnp.sum(fwd(q, k, v, cu, func, rab).astype(jnp.float32))
+
+        txt = _lower(jax.grad(loss, argnums=(0, 1, 2, 5)), q, q, q, cu, func, rab)
+    assert txt.count(_target()) == 1 and "\\7FELF" in txt
+
+
+def test_hstu_rab_routes_to_a_forward_with_rab(monkeypatch):
+    """A forward impl without rab support is replaced by the default when rab is given,
+    and the rab presence is part of both compile keys."""
+    from jax_sparse_attn.ffi import hstu as fh  # noqa: PLC0415
+
+    monkeypatch.setattr(fh, "FWD_IMPLS", fh.FWD_IMPLS + ("norab",))
+    monkeypatch.setenv("JAX_SPARSE_ATTN_HSTU_FWD_IMPL", "norab")
+    assert fh.fwd_config(jnp.bfloat16, 64, 64, False, 1).impl == "norab"
+    cfg = fh.fwd_config(jnp.bfloat16, 64, 64, False, 1, has_rab=True, rab_dtype="float32")
+    assert cfg.impl == fh.DEFAULT_FWD_IMPL and cfg.has_rab
+    assert cfg != fh.fwd_config(jnp.bfloat16, 64, 64, False, 1, has_rab=True,
+                                rab_dtype="bfloat16")
+    b0 = fh.bwd_config(jnp.bfloat16, 64, 64, False, 1)
+    b1 = fh.bwd_config(jnp.bfloat16, 64, 64, False, 1, has_rab=True, rab_per_head=True,
+                       rab_dtype="bfloat16")
+    assert not b0.has_rab and b1.has_rab and b0 != b1
