@@ -429,9 +429,13 @@ def hstu_fwd(q, k, v, cu_seqlens_q, cu_seqlens_k, func, *, max_seqlen_q: int,
 
 def hstu_bwd(do, q, k, v, cu_seqlens_q, cu_seqlens_k, func, *, max_seqlen_q: int,
              max_seqlen_k: int, scaling_seqlen: float, window_size: tuple[int, int],
-             alpha: float, rab=None):
+             alpha: float, rab=None, _drab_init=None):
     """HSTU backward on the CuTe DSL kernel. Returns ``(dq, dk, dv)`` in the input dtype,
-    and ``drab`` (rab's shape and dtype) as a fourth output when ``rab`` is given."""
+    and ``drab`` (rab's shape and dtype) as a fourth output when ``rab`` is given.
+
+    ``_drab_init`` (tests only): the initial content of the drab buffer the kernel writes
+    into (rab's shape and dtype when ``H_rab == H``, else the fp32 ``(B, 1, N_k, N_k_pad)``
+    workspace, returned unsliced and uncast) instead of zeros."""
     del max_seqlen_q, max_seqlen_k
     t_q, h, d = q.shape
     t_k = k.shape[0]
@@ -453,7 +457,7 @@ def hstu_bwd(do, q, k, v, cu_seqlens_q, cu_seqlens_k, func, *, max_seqlen_q: int
     dq_acc0 = jnp.zeros((t_q, h, d), jnp.float32)
     if rab is not None:
         return _hstu_bwd_rab(cfg, do, q, k, v, cu_q, cu_k, kv_tiles, q_start, q_tiles,
-                             func_arr, scal, win, dq_acc0, rab)
+                             func_arr, scal, win, dq_acc0, rab, _drab_init)
     if rab_in is not None:  # rab without elements: its gradient is empty
         dq, dk, dv = _hstu_bwd_call(cfg, do, q, k, v, cu_q, cu_k, kv_tiles, q_start, q_tiles,
                                     func_arr, scal, win, dq_acc0)
@@ -463,12 +467,14 @@ def hstu_bwd(do, q, k, v, cu_seqlens_q, cu_seqlens_k, func, *, max_seqlen_q: int
 
 
 def _hstu_bwd_rab(cfg, do, q, k, v, cu_q, cu_k, kv_tiles, q_start, q_tiles, func_arr, scal,
-                  win, dq_acc0, rab):
+                  win, dq_acc0, rab, drab_init=None):
     b, _, n_k, _ = rab.shape
     if cfg.rab_per_head:
         drab0 = jnp.zeros(rab.shape, rab.dtype)
     else:
         drab0 = jnp.zeros((b, 1, n_k, n_k + n_k % 2), jnp.float32)
+    if drab_init is not None:
+        drab0 = drab_init.astype(drab0.dtype).reshape(drab0.shape)
     out_sds = (
         jax.ShapeDtypeStruct(k.shape, k.dtype),
         jax.ShapeDtypeStruct(v.shape, v.dtype),
@@ -481,7 +487,7 @@ def _hstu_bwd_rab(cfg, do, q, k, v, cu_q, cu_k, kv_tiles, q_start, q_tiles, func
     )
     dk, dv, dq_acc, drab = call(do, q, k, v, cu_q, cu_k, kv_tiles, q_start, q_tiles, func_arr,
                                 scal, win, dq_acc0, rab, drab0)
-    if not cfg.rab_per_head:
+    if not cfg.rab_per_head and drab_init is None:
         drab = drab[..., :n_k].astype(rab.dtype)
     return dq_acc.astype(q.dtype), dk, dv, drab
 

@@ -1,0 +1,253 @@
+"""GPU tests of the HSTU kernels with a relative attention bias (rab) vs the reference.
+
+Same rule and canvas as ``test_gpu_hstu.py`` (kernel error vs the float32 reference <= 2x
+forward / 5x backward the error of the same computation in the input dtype, plus a small
+atol; NaN never passes), for out and all four gradients dq, dk, dv, drab. Every case has
+max_seqlen_k odd or even, jagged lengths with zero-length sequences, H_rab = 1 (drab summed
+over heads with fp32 reductions) or H_rab = H (direct stores), rab in q's dtype or float32.
+drab must be exactly 0 outside each sequence's rows ``p in [L_k - L_q, L_k)`` and keys
+``j < L_k``; a poisoned-buffer test checks that the kernel writes exactly that region.
+
+Run on the H200: ``python -m pytest -m gpu tests/test_gpu_hstu_rab.py``
+(``HSTU_TEST_SHARD=i/n`` shards it like test_gpu_hstu.py).
+"""
+
+from __future__ import annotations
+
+import functools
+
+import numpy as np
+import pytest
+
+jax = pytest.importorskip("jax")
+import jax.numpy as jnp  # noqa: E402
+
+from test_gpu_hstu import B_SLOTS, H, _check, _func, _inputs, _shard  # noqa: E402
+
+pytestmark = pytest.mark.gpu
+
+LENS_RAB = [1, 17, 0, 113, 128, 1023, 0, 300]  # max_seqlen_k = 1023 (odd)
+LENS_Q_LT_K = ([1, 10, 0, 100, 500, 64, 0, 200], [5, 17, 3, 113, 600, 128, 0, 300])
+
+
+def _rab(seed, n_k, h_rab, dtype):
+    r = jax.random.normal(jax.random.PRNGKey(1000 + seed), (B_SLOTS, h_rab, n_k, n_k),
+                          jnp.float32)
+    return r.astype(dtype)
+
+
+@functools.lru_cache(maxsize=None)
+def _jitted(kind, max_q, max_k, scaling, window, alpha, compute, fwd_impl=None):
+    from jax_sparse_attn import reference
+    from jax_sparse_attn.ffi import hstu as fh
+
+    kw = dict(max_seqlen_q=max_q, max_seqlen_k=max_k, scaling_seqlen=scaling,
+              window_size=window, alpha=alpha)
+    if kind == "kfwd":
+        fn = jax.jit(lambda q, k, v, cq, ck, f, r: fh.hstu_fwd(q, k, v, cq, ck, f, rab=r, **kw))
+        if fwd_impl is None:
+            return fn
+
+        def call(*args):  # the forward implementation is read at trace time
+            import os
+
+            old = os.environ.get("JAX_SPARSE_ATTN_HSTU_FWD_IMPL")
+            os.environ["JAX_SPARSE_ATTN_HSTU_FWD_IMPL"] = fwd_impl
+            try:
+                return fn(*args)
+            finally:
+                if old is None:
+                    os.environ.pop("JAX_SPARSE_ATTN_HSTU_FWD_IMPL", None)
+                else:
+                    os.environ["JAX_SPARSE_ATTN_HSTU_FWD_IMPL"] = old
+
+        return call
+    if kind == "kbwd":
+        return jax.jit(lambda do, q, k, v, cq, ck, f, r: fh.hstu_bwd(
+            do, q, k, v, cq, ck, f, rab=r, **kw))
+    if kind == "kbwd_init":
+        return jax.jit(lambda do, q, k, v, cq, ck, f, r, init: fh.hstu_bwd(
+            do, q, k, v, cq, ck, f, rab=r, _drab_init=init, **kw))
+    cdt = None if compute == "f32" else jnp.dtype(compute)
+    if kind == "rfwd":
+        return jax.jit(lambda q, k, v, cq, ck, f, r: reference.hstu_attention_ref(
+            q, k, v, cq, ck, f, compute_dtype=cdt, rab=r, **kw))
+    return jax.jit(lambda do, q, k, v, cq, ck, f, r: reference.hstu_attention_bwd_ref(
+        do, q, k, v, cq, ck, f, compute_dtype=cdt, rab=r, **kw))
+
+
+def _region(lens_q, lens_k, n_k):
+    """(B_SLOTS, 1, n_k, n_k) bool: rows p in [L_k - L_q, L_k), keys j < L_k."""
+    m = np.zeros((B_SLOTS, 1, n_k, n_k), bool)
+    for b, (lq, lk) in enumerate(zip(lens_q, lens_k)):
+        m[b, 0, max(lk - lq, 0):lk, :lk] = True
+    return m
+
+
+def _run_rab_case(d, dtype, lens_q, lens_k, window, *, h_rab, rab_dtype, func_n=0, alpha=None,
+                  scaling=None, seed=0, bwd=True, fwd_impl=None, dv=None):
+    dtype = jnp.dtype(dtype)
+    dv = dv or d
+    rng, q, k, v, do, cq, ck = _inputs(seed, d, dv, dtype, lens_q, lens_k)
+    max_q, max_k = max(max(lens_q), 1), max(max(lens_k), 1)
+    alpha = float(alpha if alpha is not None else 2.0 / np.sqrt(d))
+    scaling = float(scaling if scaling is not None else max_q)
+    func = _func(np.asarray(cq), np.asarray(ck), func_n, rng) if func_n else None
+    rab = _rab(seed, max_k, h_rab, dtype if rab_dtype == "q" else jnp.float32)
+    args = (max_q, max_k, scaling, tuple(window), alpha)
+    report, fails = [], []
+    out = _jitted("kfwd", *args, None, fwd_impl)(q, k, v, cq, ck, func, rab)
+    r32 = _jitted("rfwd", *args, "f32")(q, k, v, cq, ck, func, rab)
+    rlo = _jitted("rfwd", *args, dtype.name)(q, k, v, cq, ck, func, rab)
+    ok, msg = _check("out", out, r32, rlo, 2.0, report)
+    if not ok:
+        fails.append(msg)
+    tail = np.asarray(out[int(cq[-1]):], np.float32)
+    if tail.size and np.abs(tail).max() != 0:
+        fails.append("out rows past cu_seqlens_q[-1] are not zero")
+    if bwd:
+        g = _jitted("kbwd", *args, None)(do, q, k, v, cq, ck, func, rab)
+        g32 = _jitted("rbwd", *args, "f32")(do, q, k, v, cq, ck, func, rab)
+        glo = _jitted("rbwd", *args, dtype.name)(do, q, k, v, cq, ck, func, rab)
+        assert len(g) == 4 and g[3].shape == rab.shape and g[3].dtype == rab.dtype
+        for nm, a, b, c in zip(("dq", "dk", "dv", "drab"), g, g32, glo):
+            ok, msg = _check(nm, a, b, c, 5.0, report)
+            if not ok:
+                fails.append(msg)
+        outside = ~np.broadcast_to(_region(lens_q, lens_k, max_k), rab.shape)
+        drab = np.asarray(g[3], np.float32)
+        if np.any(drab[outside] != 0):
+            fails.append("drab is not exactly 0 outside the sequences' rows/keys")
+        if not np.abs(drab).max() > 0:
+            fails.append("drab is all zero")
+    print(" | ".join(report))
+    assert not fails, "; ".join(fails)
+    return q, k, v, do, cq, ck, func, rab, args
+
+
+RAB_GRID = []
+for _i, _d in enumerate((32, 64, 128, 256)):
+    RAB_GRID.append(dict(d=_d, dtype="bfloat16", window=(-1, 0), h_rab=(1, H)[_i % 2],
+                         rab_dtype=("f32", "q")[_i // 2 % 2]))
+RAB_GRID += [
+    dict(d=128, dtype="bfloat16", window=(-1, -1), h_rab=H, rab_dtype="f32"),
+    dict(d=64, dtype="float16", window=(63, 17), h_rab=H, rab_dtype="q"),
+    dict(d=128, dtype="float16", window=(-1, 0), h_rab=1, rab_dtype="q"),
+    dict(d=128, dtype="bfloat16", window=(-1, -1), func_n=3, h_rab=1, rab_dtype="f32"),
+    dict(d=64, dtype="float16", window=(-1, -1), func_n=7, h_rab=H, rab_dtype="f32"),
+    dict(d=128, dtype="bfloat16", window=(31, 7), lens=LENS_Q_LT_K, h_rab=1, rab_dtype="q"),
+    dict(d=64, dtype="bfloat16", window=(-1, -1), lens=LENS_Q_LT_K, h_rab=H, rab_dtype="f32"),
+    dict(d=128, dtype="bfloat16", window=(-1, -1), alpha=0.5, scaling=77.0, h_rab=1,
+         rab_dtype="f32"),
+    dict(d=64, dv=128, dtype="bfloat16", window=(-1, 0), h_rab=H, rab_dtype="q"),
+    # max_seqlen_k even (300) and H_rab = 1 (workspace rows not padded)
+    dict(d=64, dtype="bfloat16", window=(-1, 0), h_rab=1, rab_dtype="f32",
+         lens=([300, 5, 0, 64], [300, 5, 0, 64])),
+]
+
+
+def _id(c):
+    s = f"{c['dtype'][:4]}-d{c['d']}-w{c['window'][0]}_{c['window'][1]}-hr{c['h_rab']}-{c['rab_dtype']}"
+    if c.get("dv"):
+        s += f"-dv{c['dv']}"
+    if c.get("func_n"):
+        s += f"-func{c['func_n']}"
+    if c.get("lens"):
+        s += f"-lens{max(c['lens'][1])}"
+    if c.get("alpha"):
+        s += "-alpha"
+    return s
+
+
+@pytest.mark.parametrize("case", _shard(RAB_GRID), ids=_id)
+def test_hstu_rab_kernel_vs_reference(case):
+    lens_q, lens_k = case.get("lens", (LENS_RAB, LENS_RAB))
+    _run_rab_case(case["d"], case["dtype"], lens_q, lens_k, case["window"],
+                  h_rab=case["h_rab"], rab_dtype=case["rab_dtype"], func_n=case.get("func_n", 0),
+                  alpha=case.get("alpha"), scaling=case.get("scaling"), dv=case.get("dv"))
+
+
+FWD_IMPL_CASES = [("sm80", dict(d=128, window=(-1, 0), h_rab=1)),
+                  ("sm80", dict(d=64, window=(-1, -1), func_n=3, h_rab=H)),
+                  ("sm90", dict(d=128, window=(63, 17), h_rab=H)),
+                  ("sm90", dict(d=256, window=(-1, 0), h_rab=1))]
+
+
+@pytest.mark.parametrize("impl,case", _shard(FWD_IMPL_CASES),
+                         ids=[f"{i}-d{c['d']}-hr{c['h_rab']}" for i, c in _shard(FWD_IMPL_CASES)])
+def test_hstu_rab_forward_impls(impl, case):
+    """The non-default forwards (JAX_SPARSE_ATTN_HSTU_FWD_IMPL=sm80 / sm90) with rab."""
+    _run_rab_case(case["d"], "bfloat16", LENS_RAB, LENS_RAB, case["window"],
+                  h_rab=case["h_rab"], rab_dtype="f32", func_n=case.get("func_n", 0), seed=5,
+                  bwd=False, fwd_impl=impl)
+
+
+@pytest.mark.parametrize("h_rab", [1, H])
+def test_hstu_drab_poisoned_buffer(h_rab):
+    """The drab buffer starts poisoned: the kernel writes (per head: stores; H_rab = 1:
+    fp32 adds) exactly inside each sequence's rows p in [L_k - L_q, L_k) and keys j < L_k,
+    and nothing outside (the poison survives there, padding columns included)."""
+    lens_q, lens_k = LENS_Q_LT_K
+    d = 64
+    q, k, v, do, cq, ck, func, rab, args = _run_rab_case(
+        d, "bfloat16", lens_q, lens_k, (-1, -1), h_rab=h_rab, rab_dtype="f32", seed=9)
+    n_k = rab.shape[-1]
+    g32 = _jitted("rbwd", *args, "f32")(do, q, k, v, cq, ck, func, rab)[3]
+    g32 = np.asarray(g32, np.float32)
+    region = np.broadcast_to(_region(lens_q, lens_k, n_k), rab.shape)
+    if h_rab == H:
+        init = jnp.full(rab.shape, jnp.nan, jnp.float32)
+        got = np.asarray(_jitted("kbwd_init", *args, None)(do, q, k, v, cq, ck, func, rab,
+                                                           init)[3], np.float32)
+        assert np.isnan(got[~region]).all(), "drab written outside the sequences"
+        inside = got[region]
+    else:
+        poison = 7.0
+        pad = n_k + n_k % 2
+        init = jnp.full((B_SLOTS, 1, n_k, pad), poison, jnp.float32)
+        got = np.asarray(_jitted("kbwd_init", *args, None)(do, q, k, v, cq, ck, func, rab,
+                                                           init)[3], np.float32)
+        assert got.shape == (B_SLOTS, 1, n_k, pad)
+        assert (got[..., n_k:] == poison).all(), "padding columns written"
+        got = got[..., :n_k]
+        assert (got[~region] == poison).all(), "drab added to outside the sequences"
+        inside = got[region] - poison
+    assert np.isfinite(inside).all()
+    want = g32[region]
+    assert np.max(np.abs(inside - want)) <= 0.02 * np.max(np.abs(want)) + 1e-4
+
+
+@pytest.mark.parametrize("h_rab", [1, H])
+def test_hstu_rab_public_grad_matches_reference(h_rab):
+    """jax.grad of a jitted loss through hstu_attention(rab=...) (kernel) in q, k, v and rab
+    vs the reference backend's grad."""
+    import jax_sparse_attn as jsa
+
+    lens = [100, 0, 257, 31]
+    cu = jnp.asarray(np.concatenate([[0], np.cumsum(lens)]).astype(np.int32))
+    t = int(cu[-1])
+    ks = jax.random.split(jax.random.PRNGKey(17), 5)
+    q = jax.random.normal(ks[0], (t, 2, 96), jnp.float32).astype(jnp.bfloat16)
+    k = jax.random.normal(ks[1], (t, 2, 96), jnp.float32).astype(jnp.bfloat16)
+    v = jax.random.normal(ks[2], (t, 2, 80), jnp.float32).astype(jnp.bfloat16)
+    w = jax.random.normal(ks[3], (t, 2, 80), jnp.float32)
+    rab = jax.random.normal(ks[4], (4, h_rab, 257, 257), jnp.float32)
+
+    def loss(q, k, v, rab, backend):
+        o = jsa.hstu_attention(q, k, v, cu, cu, max_seqlen_q=257, max_seqlen_k=257,
+                               window_size=(-1, 0), alpha=0.2, backend=backend, rab=rab)
+        return jnp.sum(o.astype(jnp.float32) * w)
+
+    gk = jax.jit(jax.grad(functools.partial(loss, backend="kernel"), argnums=(0, 1, 2, 3)))(
+        q, k, v, rab)
+    gr = jax.jit(jax.grad(functools.partial(loss, backend="reference"),
+                          argnums=(0, 1, 2, 3)))(q, k, v, rab)
+    for a, b in zip(gk, gr):
+        a = np.asarray(a, np.float32)
+        b = np.asarray(b, np.float32)
+        assert np.isfinite(a).all()
+        assert np.max(np.abs(a - b)) <= 0.03 * np.max(np.abs(b)) + 1e-3
+    res = jsa.hstu_attention_backward(jnp.ones((t, 2, 80), jnp.bfloat16), q, k, v, cu, cu,
+                                      max_seqlen_q=257, max_seqlen_k=257, alpha=0.2,
+                                      backend="kernel", rab=rab)
+    assert res["drab_tensor"].shape == rab.shape and res.drab_tensor.dtype == rab.dtype
