@@ -24,7 +24,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jax_sparse_attn.ffi import bsa as ffi_bsa
+import jax_sparse_attn as jsa
+from jax_sparse_attn import config, metadata
 
 
 def _inputs(key, b, h, s, d, blk, topk, dtype):
@@ -54,27 +55,29 @@ def _time(fn, sets, target_s=0.3, samples=5):
     return statistics.median(res) * 1e3
 
 
-def run(cases, b=1, h=16, s=16384, d=128, n_sets=3, seed=0, tag=""):
+def run(cases, b=1, h=16, s=16384, d=128, n_sets=3, seed=0, tag="", switches=None):
     key = jax.random.PRNGKey(seed)
     rows = []
     for blk, topk, passes in cases:
         sets = [_inputs(jax.random.fold_in(key, i), b, h, s, d, blk, topk, jnp.bfloat16)
                 for i in range(n_sets)]
         scale = 1.0 / np.sqrt(d)
-        kw = dict(layout="bhsd", sparse_block_size=blk, softmax_scale=scale)
+        kw = dict(layout="bhsd", sparse_block_size=blk, softmax_scale=scale, backend="kernel",
+                  switches=switches)
         flops_fwd = 4.0 * b * h * s * d * (topk * blk)
 
         def fwd(q, k, v, idx, nums, do):
-            return ffi_bsa.bsa_fwd(q, k, v, idx, nums, None, **kw)
+            return tuple(jsa.block_sparse_attention_forward(q, k, v, idx, None, None, nums, **kw))
 
         saved = [jax.jit(fwd)(*st) for st in sets]
         bsets = [st + tuple(sv) for st, sv in zip(sets, saved)]
 
         def bwd(q, k, v, idx, nums, do, out, lse):
-            return ffi_bsa.bsa_bwd(do, q, k, v, out, lse, idx, nums, None, **kw)
+            return tuple(jsa.block_sparse_attention_backward(do, q, k, v, out, lse, idx, None,
+                                                             None, nums, **kw))
 
         def csr(q, k, v, idx, nums, do):
-            return ffi_bsa.build_kq_csr(idx, nums, num_kv_heads=h, num_kv_blocks=-(-s // blk))
+            return metadata.build_kq_csr(idx, nums, num_kv_heads=h, num_kv_blocks=-(-s // blk))
 
         for p in passes:
             if p == "fwd":
@@ -105,23 +108,17 @@ def main(argv=None):
         cases = [(64, 32, ("fwd", "bwd", "csr")), (128, 16, ("fwd", "bwd"))]
         rows = run(cases, s=s, tag="default")
     else:
-        import os
-
         for var in args.variants.split(";"):
             envs, _, which = var.partition(":")
-            saved = dict(os.environ)
-            for kv in filter(None, envs.split(",")):
-                k_, _, v_ = kv.partition("=")
-                os.environ[k_] = v_
+            env = dict(kv.partition("=")[::2] for kv in filter(None, envs.split(",")))
+            switches = config.from_env(env)
             which = which.split(",")
             cases = []
             for blk, topk in ((64, 32), (128, 16)):
                 ps = tuple(p for p in ("fwd", "bwd", "csr") if f"blk{blk}{p}" in which or (p == "csr" and "csr" in which and blk == 64))
                 if ps:
                     cases.append((blk, topk, ps))
-            rows += run(cases, s=s, n_sets=2, tag=envs or "default")
-            os.environ.clear()
-            os.environ.update(saved)
+            rows += run(cases, s=s, n_sets=2, tag=envs or "default", switches=switches)
     meta = dict(device=str(jax.devices()[0]), jax=jax.__version__,
                 flops="fwd = 4*B*H*S_q*D*(top_k*blk); bwd = 2.5*fwd",
                 floors=dict(blk64_top32_fwd=310, blk64_top32_bwd=230, blk128_top16_fwd=340))

@@ -13,12 +13,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import time
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+
+from jax_sparse_attn.config import Switches
 
 CASES = {
     # name: (B, L, H, D, window)
@@ -45,8 +46,8 @@ def _time(fn, args, iters, warmup=3):
     return (time.perf_counter() - t0) / iters * 1e3
 
 
-def run_case(name, dtype, iters, do_bwd):
-    from jax_sparse_attn.ffi import hstu as fh
+def run_case(name, dtype, iters, do_bwd, switches=None):
+    import jax_sparse_attn as jsa
 
     b, l, h, d, window = CASES[name]
     t = b * l
@@ -54,8 +55,8 @@ def run_case(name, dtype, iters, do_bwd):
     q, k, v, do = (jax.random.normal(kk, (t, h, d), jnp.float32).astype(dtype) for kk in ks)
     cu = jnp.arange(b + 1, dtype=jnp.int32) * l
     kw = dict(max_seqlen_q=l, max_seqlen_k=l, scaling_seqlen=float(l), window_size=window,
-              alpha=1.0 / np.sqrt(d))
-    fwd = jax.jit(lambda q, k, v, cu: fh.hstu_fwd(q, k, v, cu, cu, None, **kw))
+              alpha=1.0 / np.sqrt(d), backend="kernel", switches=switches)
+    fwd = jax.jit(lambda q, k, v, cu: jsa.hstu_attention(q, k, v, cu, cu, **kw))
     t0 = time.perf_counter()
     jax.block_until_ready(fwd(q, k, v, cu))
     compile_fwd = time.perf_counter() - t0
@@ -64,7 +65,8 @@ def run_case(name, dtype, iters, do_bwd):
     res = dict(case=name, dtype=jnp.dtype(dtype).name, B=b, L=l, H=h, D=d, window=window,
                fwd_ms=ms, fwd_tflops=fl / ms / 1e9, fwd_first_call_s=compile_fwd)
     if do_bwd:
-        bwd = jax.jit(lambda do, q, k, v, cu: fh.hstu_bwd(do, q, k, v, cu, cu, None, **kw))
+        bwd = jax.jit(lambda do, q, k, v, cu: tuple(
+            jsa.hstu_attention_backward(do, q, k, v, cu, cu, **kw)))
         t0 = time.perf_counter()
         jax.block_until_ready(bwd(do, q, k, v, cu))
         res["bwd_first_call_s"] = time.perf_counter() - t0
@@ -75,6 +77,10 @@ def run_case(name, dtype, iters, do_bwd):
         line += f" | bwd {res['bwd_ms']:8.3f} ms {res['bwd_tflops']:7.1f} TFLOP/s"
     print(line, flush=True)
     return res
+
+
+def _tile(text):
+    return None if text is None else tuple(int(x) for x in text.split(","))
 
 
 def main():
@@ -94,14 +100,11 @@ def main():
     results = [run_case(c, jnp.dtype(a.dtype), a.iters, not a.no_bwd) for c in cases]
     for variant in a.tiles:
         env = dict(kv.split("=") for kv in variant.split(";") if kv)
-        for key in ("fwd", "bwd"):
-            os.environ.pop(f"JAX_SPARSE_ATTN_HSTU_{key.upper()}_TILE", None)
-            if key in env:
-                os.environ[f"JAX_SPARSE_ATTN_HSTU_{key.upper()}_TILE"] = env[key]
-        os.environ["JAX_SPARSE_ATTN_HSTU_FWD_IMPL"] = env.get("impl", "sm80")
+        sw = Switches(hstu_fwd_impl=env.get("impl", "sm80"),
+                      hstu_fwd_tile=_tile(env.get("fwd")), hstu_bwd_tile=_tile(env.get("bwd")))
         print(f"-- tiles {variant}")
         for c in cases:
-            r = run_case(c, jnp.dtype(a.dtype), a.iters, "bwd" in env)
+            r = run_case(c, jnp.dtype(a.dtype), a.iters, "bwd" in env, sw)
             r["tiles"] = variant
             results.append(r)
     with open(a.out, "w") as f:

@@ -9,14 +9,16 @@ machines can lower the kernel path for ``lowering_platforms=("cuda",)`` (CI does
 from __future__ import annotations
 
 import functools
-import os
+
+from . import config
 
 __all__ = ["kernel_platform_unavailable_reason", "kernel_platform_available", "force_kernel"]
 
 
 def force_kernel() -> bool:
-    """True when ``JAX_SPARSE_ATTN_FORCE_KERNEL`` is set to a true value."""
-    return os.environ.get("JAX_SPARSE_ATTN_FORCE_KERNEL", "") not in ("", "0", "false", "False")
+    """True when ``JAX_SPARSE_ATTN_FORCE_KERNEL`` is set to a true value (validated by
+    :func:`jax_sparse_attn.config.force_kernel`)."""
+    return config.force_kernel()
 
 
 @functools.lru_cache(maxsize=None)

@@ -20,8 +20,9 @@ from functools import partial
 import jax
 import jax.numpy as jnp
 
-from . import _backend, reference
+from . import _backend, metadata, reference
 from ._results import BSABackwardResult, BSAForwardResult
+from .config import BSAConfig
 from .validation import _bsa_value_checks, canonical_dtype, check_bsa_args, is_concrete
 
 __all__ = [
@@ -32,45 +33,40 @@ __all__ = [
 ]
 
 
-@dataclasses.dataclass(frozen=True)
-class BSAConfig:
-    """Static (hashable) options of one BSA call; the custom_vjp's nondiff argument."""
-
-    layout: str
-    sparse_block_size: int
-    softmax_scale: float
-    head_dim_v: int
-    backend: str  # resolved: "kernel" or "reference"
+def _kernel_unsupported_reason(cfg, mod):
+    return mod.bsa_kernel_unsupported_reason(dtype=cfg.dtype, head_dim=cfg.head_dim,
+                                             head_dim_v=cfg.head_dim_v,
+                                             sparse_block_size=cfg.sparse_block_size)
 
 
 def _make_config(q, k, v, q2k_block_index, block_sparse_num, block_sizes, q2k_block_nums, *,
                  sparse_block_size, softmax_scale, layout, allow_empty_block_nums, backend,
-                 op_name):
+                 switches, op_name):
+    """Validate the arguments and build the call's one static config (backend chosen,
+    kernel compile keys decided); returns it with the metadata in normalised form
+    (:func:`~jax_sparse_attn.metadata.normalize_bsa_metadata`)."""
     _backend.check_backend(backend)
-    kw = dict(sparse_block_size=sparse_block_size, softmax_scale=softmax_scale, layout=layout,
-              allow_empty_block_nums=allow_empty_block_nums)
-    opts = check_bsa_args(q, k, v, q2k_block_index, block_sparse_num, block_sizes,
-                          q2k_block_nums, **kw)
+    switches = _backend.check_switches(switches)
+    cfg = check_bsa_args(q, k, v, q2k_block_index, block_sparse_num, block_sizes,
+                         q2k_block_nums, sparse_block_size=sparse_block_size,
+                         softmax_scale=softmax_scale, layout=layout,
+                         allow_empty_block_nums=allow_empty_block_nums)
     if is_concrete(q2k_block_index, block_sizes, q2k_block_nums):
         _bsa_value_checks(q2k_block_index, block_sizes, q2k_block_nums, allow_empty_block_nums,
-                          opts)
-    D, Dv = opts["dims"][5], opts["dims"][6]
-
-    def unsupported(mod):
-        return mod.bsa_kernel_unsupported_reason(
-            dtype=opts["dtype"], head_dim=D, head_dim_v=Dv,
-            sparse_block_size=opts["sparse_block_size"])
-
-    chosen = _backend.select(backend, op_name, "bsa", unsupported)
-    cfg = BSAConfig(layout=opts["layout"], sparse_block_size=opts["sparse_block_size"],
-                    softmax_scale=opts["softmax_scale"], head_dim_v=Dv,
-                    backend=chosen)
-    idx, nums, sizes = reference.normalize_bsa_metadata(
-        q2k_block_index, opts["block_sparse_num"], block_sizes, q2k_block_nums)
+                          cfg)
+    mod = _backend.select(backend, op_name, "bsa", partial(_kernel_unsupported_reason, cfg))
+    if mod is not None:
+        static = (cfg.dtype, cfg.head_dim, cfg.sparse_block_size, cfg.has_block_sizes, switches)
+        cfg = dataclasses.replace(cfg, backend="kernel", fwd=mod.fwd_config(*static),
+                                  bwd=mod.bwd_config(*static),
+                                  pre=mod.pre_config(cfg.dtype, cfg.head_dim, switches))
+    idx, nums, sizes = metadata.normalize_bsa_metadata(
+        q2k_block_index, cfg.block_sparse_num, block_sizes, q2k_block_nums)
     return cfg, idx, nums, sizes
 
 
-def _kw(cfg):
+def _ref_options(cfg):
+    """The semantic options in the keyword form of the :mod:`~jax_sparse_attn.reference` API."""
     return dict(layout=cfg.layout, sparse_block_size=cfg.sparse_block_size,
                 softmax_scale=cfg.softmax_scale)
 
@@ -79,17 +75,17 @@ def _fwd_impl(cfg, q, k, v, idx, nums, sizes):
     if cfg.backend == "kernel":
         from .ffi import bsa as ffi_bsa  # noqa: PLC0415 (lazy: only on the kernel path)
 
-        return ffi_bsa.bsa_fwd(q, k, v, idx, nums, sizes, **_kw(cfg))
-    return reference.block_sparse_attention_ref(q, k, v, idx, nums, sizes, **_kw(cfg))
+        return ffi_bsa.bsa_fwd(q, k, v, idx, nums, sizes, cfg)
+    return reference.block_sparse_attention_ref(q, k, v, idx, nums, sizes, **_ref_options(cfg))
 
 
 def _bwd_impl(cfg, do, q, k, v, out, lse, idx, nums, sizes):
     if cfg.backend == "kernel":
         from .ffi import bsa as ffi_bsa  # noqa: PLC0415
 
-        return ffi_bsa.bsa_bwd(do, q, k, v, out, lse, idx, nums, sizes, **_kw(cfg))
+        return ffi_bsa.bsa_bwd(do, q, k, v, out, lse, idx, nums, sizes, cfg)
     return reference.block_sparse_attention_bwd_ref(do, q, k, v, out, lse, idx, nums, sizes,
-                                                    **_kw(cfg))
+                                                    **_ref_options(cfg))
 
 
 @partial(jax.custom_vjp, nondiff_argnums=(0,))
@@ -149,6 +145,8 @@ _META_ARG_LINES = """
         False.
       backend: ``"auto"`` (default), ``"kernel"`` or ``"reference"`` (see
         :func:`hstu_attention`).
+      switches: optional :class:`jax_sparse_attn.config.Switches` (kernel implementations;
+        default None reads the environment, see :func:`hstu_attention`).
 """
 
 _ARGS_DOC = "\n    Args:" + _ARG_LINES + _META_ARG_LINES
@@ -158,23 +156,26 @@ _RAISES_DOC = """
       ValueError: bad ranks/shapes (also zero head dims), layout not in {"bhsd",
         "bshd"}, sparse_block_size not in {64, 128}, K_max = 0, both or neither of
         block_sparse_num/q2k_block_nums, block_sparse_num outside [1, K_max], a
-        non-finite softmax_scale, backend not in {"auto", "kernel", "reference"}, and
+        non-finite softmax_scale, backend not in {"auto", "kernel", "reference"}, a
+        switch environment variable outside its allowed values, and
         (for concrete metadata) bad values, see
         :func:`~jax_sparse_attn.validate_bsa_metadata`.
       TypeError: mixed or unsupported dtypes, non-integer metadata, a non-bool
         allow_empty_block_nums, block_sparse_num/softmax_scale not static Python numbers
-        (backward: ``do``, ``o`` or ``lse`` of the wrong dtype).
+        ``switches`` not a ``Switches`` (backward: ``do``, ``o`` or ``lse`` of the wrong
+        dtype).
       NotImplementedError: ``backend="kernel"`` where the kernel cannot run.
 """
 
 
 def block_sparse_attention(q, k, v, q2k_block_index, block_sparse_num=None, block_sizes=None,
                            q2k_block_nums=None, *, sparse_block_size=128, softmax_scale=None,
-                           layout="bhsd", allow_empty_block_nums=False, backend="auto"):
+                           layout="bhsd", allow_empty_block_nums=False, backend="auto",
+                           switches=None):
     cfg, idx, nums, sizes = _make_config(
         q, k, v, q2k_block_index, block_sparse_num, block_sizes, q2k_block_nums,
         sparse_block_size=sparse_block_size, softmax_scale=softmax_scale, layout=layout,
-        allow_empty_block_nums=allow_empty_block_nums, backend=backend,
+        allow_empty_block_nums=allow_empty_block_nums, backend=backend, switches=switches,
         op_name="block_sparse_attention")
     return _bsa_jit(cfg, q, k, v, idx, nums, sizes)
 
@@ -199,11 +200,12 @@ block_sparse_attention.__doc__ = (
 def block_sparse_attention_forward(q, k, v, q2k_block_index, block_sparse_num=None,
                                    block_sizes=None, q2k_block_nums=None, *,
                                    sparse_block_size=128, softmax_scale=None, layout="bhsd",
-                                   allow_empty_block_nums=False, backend="auto"):
+                                   allow_empty_block_nums=False, backend="auto",
+                                   switches=None):
     cfg, idx, nums, sizes = _make_config(
         q, k, v, q2k_block_index, block_sparse_num, block_sizes, q2k_block_nums,
         sparse_block_size=sparse_block_size, softmax_scale=softmax_scale, layout=layout,
-        allow_empty_block_nums=allow_empty_block_nums, backend=backend,
+        allow_empty_block_nums=allow_empty_block_nums, backend=backend, switches=switches,
         op_name="block_sparse_attention_forward")
     out, lse = _fwd_jit(cfg, q, k, v, idx, nums, sizes)
     return BSAForwardResult(o_tensor=out, lse_tensor=lse)
@@ -228,11 +230,12 @@ block_sparse_attention_forward.__doc__ = (
 def block_sparse_attention_backward(do, q, k, v, o, lse, q2k_block_index, block_sparse_num=None,
                                     block_sizes=None, q2k_block_nums=None, *,
                                     sparse_block_size=128, softmax_scale=None, layout="bhsd",
-                                    allow_empty_block_nums=False, backend="auto"):
+                                    allow_empty_block_nums=False, backend="auto",
+                                   switches=None):
     cfg, idx, nums, sizes = _make_config(
         q, k, v, q2k_block_index, block_sparse_num, block_sizes, q2k_block_nums,
         sparse_block_size=sparse_block_size, softmax_scale=softmax_scale, layout=layout,
-        allow_empty_block_nums=allow_empty_block_nums, backend=backend,
+        allow_empty_block_nums=allow_empty_block_nums, backend=backend, switches=switches,
         op_name="block_sparse_attention_backward")
     qs = tuple(q.shape)
     out_shape = qs[:-1] + (cfg.head_dim_v,)

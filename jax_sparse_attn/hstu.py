@@ -37,78 +37,61 @@ from functools import partial
 import jax
 import jax.numpy as jnp
 
-from . import _backend, reference
+from . import _backend, metadata, reference
 from ._results import HSTUBackwardRabResult, HSTUBackwardResult, HSTUForwardResult
+from .config import HSTUConfig
 from .validation import _hstu_value_checks, canonical_dtype, check_hstu_args, is_concrete
 
 __all__ = ["hstu_attention", "hstu_attention_forward", "hstu_attention_backward", "HSTUConfig"]
 
 
-@dataclasses.dataclass(frozen=True)
-class HSTUConfig:
-    """Static (hashable) options of one HSTU call; the custom_vjp's nondiff argument."""
-
-    max_seqlen_q: int
-    max_seqlen_k: int
-    scaling_seqlen: float
-    window_size: tuple
-    alpha: float
-    paged: bool
-    head_dim: int
-    head_dim_v: int
-    backend: str  # resolved: "kernel" or "reference"
-    head_dim_pad: int  # kernel path: D zero-padded to a supported head dim
-    head_dim_v_pad: int
-    # relative attention bias: H_rab (0 = no rab; the kernels compile without bias code)
-    rab_heads: int = 0
-
-    @property
-    def has_rab(self) -> bool:
-        return self.rab_heads > 0
+def _padded_dims(cfg, mod):
+    """The head dims the kernels run at: the true ones rounded up to a supported dim."""
+    dims = mod.SUPPORTED_HEAD_DIMS
+    return (metadata.padded_head_dim(cfg.head_dim, dims),
+            metadata.padded_head_dim(cfg.head_dim_v, dims))
 
 
-def _next_supported(d, dims):
-    for s in sorted(dims):
-        if d <= s:
-            return s
-    return None
+def _kernel_unsupported_reason(cfg, mod):
+    d_pad, dv_pad = _padded_dims(cfg, mod)
+    if d_pad is None or dv_pad is None:
+        return (f"head dims D={cfg.head_dim}, D_v={cfg.head_dim_v}: the kernels support head "
+                f"dims up to {max(mod.SUPPORTED_HEAD_DIMS)}")
+    if cfg.paged and not hasattr(mod, "hstu_fwd_paged"):
+        return "the HSTU kernel backend has no paged-KV forward (hstu_fwd_paged)"
+    return mod.hstu_kernel_unsupported_reason(dtype=cfg.dtype, head_dim=d_pad, head_dim_v=dv_pad)
 
 
 def _make_config(q, k, v, cu_seqlens_q, cu_seqlens_k, func, paged_kv, page_ids, page_indptrs,
                  *, max_seqlen_q, max_seqlen_k, scaling_seqlen, window_size, alpha, backend,
-                 op_name, rab=None):
+                 switches, op_name, rab=None) -> HSTUConfig:
+    """Validate the arguments and build the call's one static config (backend chosen,
+    head-dim padding and kernel compile keys decided)."""
     _backend.check_backend(backend)
-    kw = dict(max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k, scaling_seqlen=scaling_seqlen,
-              window_size=window_size, alpha=alpha, func=func, paged_kv=paged_kv,
-              page_ids=page_ids, page_indptrs=page_indptrs, rab=rab)
-    opts = check_hstu_args(q, k, v, cu_seqlens_q, cu_seqlens_k, **kw)
+    switches = _backend.check_switches(switches)
+    cfg = check_hstu_args(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q=max_seqlen_q,
+                          max_seqlen_k=max_seqlen_k, scaling_seqlen=scaling_seqlen,
+                          window_size=window_size, alpha=alpha, func=func, paged_kv=paged_kv,
+                          page_ids=page_ids, page_indptrs=page_indptrs, rab=rab)
     if is_concrete(cu_seqlens_q, cu_seqlens_k, func, page_ids, page_indptrs):
         _hstu_value_checks(q, k, cu_seqlens_q, cu_seqlens_k, func, paged_kv, page_ids,
-                           page_indptrs, opts)
-    D, D_v = opts["head_dim"], opts["head_dim_v"]
-    pads = {}
+                           page_indptrs, cfg)
+    mod = _backend.select(backend, op_name, "hstu", partial(_kernel_unsupported_reason, cfg))
+    if mod is None:
+        return cfg
+    d_pad, dv_pad = _padded_dims(cfg, mod)
+    return dataclasses.replace(
+        cfg, backend="kernel", head_dim_pad=d_pad, head_dim_v_pad=dv_pad,
+        fwd=mod.fwd_config(cfg.dtype, d_pad, dv_pad, cfg.func_n, switches, **_rab_key(cfg)),
+        bwd=None if cfg.paged else mod.bwd_config(cfg.dtype, d_pad, dv_pad, cfg.func_n, switches,
+                                                  **_rab_key(cfg)))
 
-    def unsupported(mod):
-        dims = tuple(mod.SUPPORTED_HEAD_DIMS)
-        d_pad, dv_pad = _next_supported(D, dims), _next_supported(D_v, dims)
-        if d_pad is None or dv_pad is None:
-            return f"head dims D={D}, D_v={D_v}: the kernels support head dims up to {max(dims)}"
-        if opts["paged"] and not hasattr(mod, "hstu_fwd_paged"):
-            return "the HSTU kernel backend has no paged-KV forward (hstu_fwd_paged)"
-        pads.update(d=d_pad, dv=dv_pad)
-        return mod.hstu_kernel_unsupported_reason(
-            dtype=opts["dtype"], head_dim=d_pad, head_dim_v=dv_pad,
-            has_func=opts["has_func"], paged=opts["paged"])
 
-    chosen = _backend.select(backend, op_name, "hstu", unsupported)
-    return HSTUConfig(
-        max_seqlen_q=opts["max_seqlen_q"], max_seqlen_k=opts["max_seqlen_k"],
-        scaling_seqlen=opts["scaling_seqlen"], window_size=opts["window_size"],
-        alpha=opts["alpha"], paged=opts["paged"],
-        head_dim=D, head_dim_v=D_v, backend=chosen, rab_heads=opts["rab_heads"],
-        head_dim_pad=pads.get("d", D) if chosen == "kernel" else D,
-        head_dim_v_pad=pads.get("dv", D_v) if chosen == "kernel" else D_v,
-    )
+def _rab_key(cfg):
+    """The rab part of the kernel compile keys (nothing without rab)."""
+    if not cfg.has_rab:
+        return {}
+    return dict(has_rab=True, rab_per_head=cfg.rab_per_head, rab_dtype=cfg.rab_dtype)
 
 
 def _i32(x):
@@ -117,16 +100,16 @@ def _i32(x):
     return x if jnp.dtype(x.dtype) == jnp.int32 else jnp.asarray(x).astype(jnp.int32)
 
 
-def _pad_last(x, to):
-    extra = to - x.shape[-1]
-    if extra == 0:
-        return x
-    return jnp.pad(x, [(0, 0)] * (x.ndim - 1) + [(0, extra)])
-
-
-def _kw(cfg):
+def _ref_options(cfg):
+    """The semantic options in the keyword form of the :mod:`~jax_sparse_attn.reference` API."""
     return dict(max_seqlen_q=cfg.max_seqlen_q, max_seqlen_k=cfg.max_seqlen_k,
                 scaling_seqlen=cfg.scaling_seqlen, window_size=cfg.window_size, alpha=cfg.alpha)
+
+
+def _ffi():
+    from .ffi import hstu as ffi_hstu  # noqa: PLC0415 (lazy: only on the kernel path)
+
+    return ffi_hstu
 
 
 def _rab_kw(rab):
@@ -135,28 +118,16 @@ def _rab_kw(rab):
 
 def _fwd_impl(cfg, q, k, v, cu_q, cu_k, func, rab=None):
     if cfg.backend == "kernel":
-        from .ffi import hstu as ffi_hstu  # noqa: PLC0415 (lazy: only on the kernel path)
-
-        out = ffi_hstu.hstu_fwd(_pad_last(q, cfg.head_dim_pad), _pad_last(k, cfg.head_dim_pad),
-                                _pad_last(v, cfg.head_dim_v_pad), cu_q, cu_k, func, **_kw(cfg),
-                                **_rab_kw(rab))
-        return out[..., : cfg.head_dim_v]
-    return reference.hstu_attention_ref(q, k, v, cu_q, cu_k, func, **_kw(cfg), **_rab_kw(rab))
+        return _ffi().hstu_fwd(q, k, v, cu_q, cu_k, func, cfg, **_rab_kw(rab))
+    return reference.hstu_attention_ref(q, k, v, cu_q, cu_k, func, **_ref_options(cfg),
+                                        **_rab_kw(rab))
 
 
 def _bwd_impl(cfg, do, q, k, v, cu_q, cu_k, func, rab=None):
     """``(dq, dk, dv)``, or ``(dq, dk, dv, drab)`` with ``rab``."""
     if cfg.backend == "kernel":
-        from .ffi import hstu as ffi_hstu  # noqa: PLC0415
-
-        grads = ffi_hstu.hstu_bwd(
-            _pad_last(do, cfg.head_dim_v_pad), _pad_last(q, cfg.head_dim_pad),
-            _pad_last(k, cfg.head_dim_pad), _pad_last(v, cfg.head_dim_v_pad),
-            cu_q, cu_k, func, **_kw(cfg), **_rab_kw(rab))
-        dq, dk, dv = grads[:3]
-        return (dq[..., : cfg.head_dim], dk[..., : cfg.head_dim],
-                dv[..., : cfg.head_dim_v]) + tuple(grads[3:])
-    return reference.hstu_attention_bwd_ref(do, q, k, v, cu_q, cu_k, func, **_kw(cfg),
+        return _ffi().hstu_bwd(do, q, k, v, cu_q, cu_k, func, cfg, **_rab_kw(rab))
+    return reference.hstu_attention_bwd_ref(do, q, k, v, cu_q, cu_k, func, **_ref_options(cfg),
                                             **_rab_kw(rab))
 
 
@@ -185,14 +156,12 @@ _bwd_jit = jax.jit(_bwd_impl, static_argnums=(0,))
 
 def _paged_impl(cfg, q, paged_kv, page_ids, page_indptrs, cu_q, cu_k):
     if cfg.backend == "kernel":
-        from .ffi import hstu as ffi_hstu  # noqa: PLC0415
-
-        out = ffi_hstu.hstu_fwd_paged(
-            _pad_last(q, cfg.head_dim_pad), _pad_last(paged_kv, cfg.head_dim_pad), page_ids,
-            page_indptrs, cu_q, cu_k, **_kw(cfg))
-        return out[..., : cfg.head_dim_v]
+        # the paged-KV kernel hook (docs/design.md): ffi.hstu.hstu_fwd_paged, same contract
+        # as hstu_fwd with the pages in place of k and v
+        return _ffi().hstu_fwd_paged(q, paged_kv, page_ids, page_indptrs, cu_q, cu_k, cfg)
     return reference.hstu_attention_ref(q, None, None, cu_q, cu_k, None, paged_kv=paged_kv,
-                                        page_ids=page_ids, page_indptrs=page_indptrs, **_kw(cfg))
+                                        page_ids=page_ids, page_indptrs=page_indptrs,
+                                        **_ref_options(cfg))
 
 
 _PAGED_GRAD_MSG = (
@@ -250,7 +219,9 @@ _ARG_LINES = """
         ``alpha * q_i . k_j`` of query ``i`` (key position ``p = i + L_k - L_q``) and key
         ``j`` (module doc; FBGEMM HSTU convention). Every sequence needs ``L_q <= L_k``
         (checked eagerly for concrete ``cu_seqlens``; under jit a row with ``p < 0`` gets
-        bias 0). Differentiable. Not with paged KV. Default None (no bias code is compiled)."""
+        bias 0). Differentiable. Not with paged KV. Default None (no bias code is compiled).
+        On the kernel backend a forward implementation without rab support is replaced
+        by the default ``sm90pp`` (docs/hstu.md)."""
 
 _PAGED_ARG_LINES = """
       paged_kv: optional ``(num_pages, 2, 128, H, D)`` paged KV cache (index 0 = K,
@@ -263,6 +234,9 @@ _PAGED_ARG_LINES = """
 _BACKEND_ARG_LINES = """
       backend: ``"auto"`` (default: CuTe DSL kernel on an SM90 GPU when it supports the
         call, else the pure-JAX reference), ``"kernel"`` or ``"reference"``.
+      switches: optional :class:`jax_sparse_attn.config.Switches` choosing the kernel
+        implementations and tiles (kernel backend only); default None reads them from the
+        ``JAX_SPARSE_ATTN_*`` environment variables (:func:`jax_sparse_attn.config.from_env`).
 """
 
 _ARGS_DOC = "\n    Args:" + _ARG_LINES + _PAGED_ARG_LINES + _BACKEND_ARG_LINES
@@ -270,11 +244,12 @@ _ARGS_DOC = "\n    Args:" + _ARG_LINES + _PAGED_ARG_LINES + _BACKEND_ARG_LINES
 _RAISES_DOC = """
     Raises:
       ValueError: bad shapes/ranks (also zero heads or head dims), options (e.g. func with a window, odd-N violation,
-        scaling_seqlen <= 0, backend not in {"auto", "kernel", "reference"}) or, when the
+        scaling_seqlen <= 0, backend not in {"auto", "kernel", "reference"}, a switch
+        environment variable outside its allowed values) or, when the
         metadata are concrete arrays, bad values
         (see :func:`~jax_sparse_attn.validate_hstu_inputs`).
-      TypeError: wrong dtypes (mixed q/k/v dtypes, non-integer cu_seqlens) or traced
-        static options.
+      TypeError: wrong dtypes (mixed q/k/v dtypes, non-integer cu_seqlens), traced
+        static options or ``switches`` not a ``Switches``.
       NotImplementedError: ``backend="kernel"`` where the kernel cannot run, or
         differentiating a paged-KV call.
 """
@@ -282,11 +257,12 @@ _RAISES_DOC = """
 
 def hstu_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q, max_seqlen_k,
                    scaling_seqlen=None, window_size=(-1, 0), alpha=1.0, func=None,
-                   paged_kv=None, page_ids=None, page_indptrs=None, backend="auto", rab=None):
+                   paged_kv=None, page_ids=None, page_indptrs=None, backend="auto",
+                   switches=None, rab=None):
     cfg = _make_config(q, k, v, cu_seqlens_q, cu_seqlens_k, func, paged_kv, page_ids,
                        page_indptrs, max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k,
                        scaling_seqlen=scaling_seqlen, window_size=window_size, alpha=alpha,
-                       backend=backend, op_name="hstu_attention", rab=rab)
+                       backend=backend, switches=switches, op_name="hstu_attention", rab=rab)
     cu_q, cu_k = _i32(cu_seqlens_q), _i32(cu_seqlens_k)
     if cfg.paged:
         return _hstu_paged_jit(cfg, q, paged_kv, _i32(page_ids), _i32(page_indptrs), cu_q, cu_k)
@@ -315,12 +291,12 @@ hstu_attention.__doc__ = (
 def hstu_attention_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q, max_seqlen_k,
                            scaling_seqlen=None, window_size=(-1, 0), alpha=1.0, func=None,
                            paged_kv=None, page_ids=None, page_indptrs=None, backend="auto",
-                           rab=None):
+                           switches=None, rab=None):
     out = hstu_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q=max_seqlen_q,
                          max_seqlen_k=max_seqlen_k, scaling_seqlen=scaling_seqlen,
                          window_size=window_size, alpha=alpha, func=func, paged_kv=paged_kv,
                          page_ids=page_ids, page_indptrs=page_indptrs, backend=backend,
-                         rab=rab)
+                         switches=switches, rab=rab)
     return HSTUForwardResult(o_tensor=out)
 
 
@@ -342,11 +318,12 @@ hstu_attention_forward.__doc__ = (
 
 def hstu_attention_backward(do, q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q,
                             max_seqlen_k, scaling_seqlen=None, window_size=(-1, 0), alpha=1.0,
-                            func=None, backend="auto", rab=None):
+                            func=None, backend="auto", switches=None, rab=None):
     cfg = _make_config(q, k, v, cu_seqlens_q, cu_seqlens_k, func, None, None, None,
                        max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k,
                        scaling_seqlen=scaling_seqlen, window_size=window_size, alpha=alpha,
-                       backend=backend, op_name="hstu_attention_backward", rab=rab)
+                       backend=backend, switches=switches, op_name="hstu_attention_backward",
+                       rab=rab)
     want = (q.shape[0], q.shape[1], cfg.head_dim_v)
     if tuple(getattr(do, "shape", ())) != want:
         raise ValueError(f"do must have the output's shape (T_q, H, D_v) = {want}, "

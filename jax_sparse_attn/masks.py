@@ -20,6 +20,7 @@ from __future__ import annotations
 import jax.numpy as jnp
 from jax import lax
 
+from .metadata import build_kq_csr
 from .validation import HSTU_FUNC_PAD, SPARSE_BLOCK_SIZES
 
 __all__ = [
@@ -246,16 +247,12 @@ def transpose_block_index(q2k_block_index, q2k_block_nums, num_kv_blocks: int):
     nums = jnp.asarray(q2k_block_nums).astype(jnp.int32)
     B, H, Nq, K = idx.shape
     n_kv = int(num_kv_blocks)
-    active = (jnp.arange(K) < nums[..., None]) & (idx >= 0) & (idx < n_kv)
-    kv = jnp.where(active, idx, n_kv).reshape(B, H, Nq * K)  # sentinel n_kv sorts last
-    qblk = jnp.broadcast_to(jnp.arange(Nq, dtype=jnp.int32)[:, None], (Nq, K)).reshape(Nq * K)
-    key = kv * Nq + qblk[None, None, :]
-    order = jnp.argsort(key, axis=-1, stable=True)
-    kv_sorted = jnp.take_along_axis(kv, order, axis=-1)
-    q_sorted = jnp.broadcast_to(qblk, kv.shape)
-    q_sorted = jnp.take_along_axis(q_sorted, order, axis=-1)
-    k2q_index = jnp.where(kv_sorted < n_kv, q_sorted, -1).astype(jnp.int32)
-    counts = jnp.sum(kv_sorted[..., None] == jnp.arange(n_kv)[None, None, None, :], axis=2)
-    indptr = jnp.concatenate([jnp.zeros((B, H, 1), jnp.int32),
-                              jnp.cumsum(counts, axis=-1).astype(jnp.int32)], axis=-1)
-    return indptr, k2q_index
+    # one list per (b, h): build_kq_csr with as many KV heads as query heads
+    offsets, entries = build_kq_csr(idx, nums, num_kv_heads=H, num_kv_blocks=n_kv)
+    starts = offsets[: B * H * n_kv + 1 : n_kv] if n_kv else jnp.zeros((B * H + 1,), jnp.int32)
+    indptr = jnp.concatenate([offsets[:-1].reshape(B, H, n_kv), starts[1:].reshape(B, H, 1)],
+                             axis=-1) - starts[:-1].reshape(B, H, 1)
+    j = jnp.arange(Nq * K, dtype=jnp.int32)
+    pos = jnp.minimum(starts[:-1].reshape(B, H, 1) + j, max(entries.shape[0] - 1, 0))
+    k2q_index = jnp.where(j < indptr[..., -1:], entries[pos], -1).astype(jnp.int32)
+    return indptr.astype(jnp.int32), k2q_index

@@ -35,6 +35,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
+from .metadata import normalize_bsa_metadata
 from .validation import HSTU_PAGE_SIZE
 
 __all__ = [
@@ -259,33 +260,6 @@ def _hstu_attention_bwd_ref_impl(
 
 
 # ----------------------------------------------------------------------------- BSA
-
-
-def normalize_bsa_metadata(q2k_block_index, block_sparse_num=None, block_sizes=None,
-                           q2k_block_nums=None):
-    """Normalise BSA metadata to the kernel-interface form (docs/design.md).
-
-    Returns ``(q2k_block_index int32 (B, H_q, N_q, K_max), q2k_block_nums int32
-    (B, H_q, N_q), block_sizes None | int32 (B, H_q, N_kv))``. A fixed
-    ``block_sparse_num`` becomes a filled counts array; ``block_sizes`` of rank 1
-    ``(N_kv,)`` or 2 ``(B, N_kv)`` is broadcast to rank 3. No checks are made here.
-    """
-    idx = jnp.asarray(q2k_block_index).astype(jnp.int32)
-    B, Hq, Nq, _ = idx.shape
-    if q2k_block_nums is not None:
-        nums = jnp.asarray(q2k_block_nums).astype(jnp.int32)
-    else:
-        nums = jnp.full((B, Hq, Nq), block_sparse_num, jnp.int32)
-    sizes = None
-    if block_sizes is not None:
-        bs = jnp.asarray(block_sizes).astype(jnp.int32)
-        if bs.ndim == 1:
-            sizes = jnp.broadcast_to(bs[None, None, :], (B, Hq, bs.shape[0]))
-        elif bs.ndim == 2:
-            sizes = jnp.broadcast_to(bs[:, None, :], (B, Hq, bs.shape[1]))
-        else:
-            sizes = bs
-    return idx, nums, sizes
 
 
 def _to_bhsd(x, layout):

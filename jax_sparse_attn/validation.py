@@ -24,6 +24,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from .config import BSAConfig, HSTUConfig
+
 __all__ = [
     "validate_hstu_inputs",
     "validate_bsa_metadata",
@@ -136,13 +138,9 @@ def _check_window(window_size):
 def check_hstu_args(q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q, max_seqlen_k,
                     scaling_seqlen=None, window_size=(-1, 0), alpha=1.0, func=None,
                     paged_kv=None, page_ids=None, page_indptrs=None, rab=None):
-    """Trace-time checks of the HSTU arguments; returns the normalised static options.
-
-    Returns a dict with ``max_seqlen_q``, ``max_seqlen_k`` (ints), ``scaling_seqlen``
-    (float), ``window_size`` (tuple of ints), ``alpha`` (float), ``head_dim``,
-    ``head_dim_v``, ``paged``, ``has_func``, ``rab_heads`` (H_rab, 0 without ``rab``)
-    and ``rab_dtype``.
-    """
+    """Trace-time checks of the HSTU arguments; returns the normalised static options as
+    a :class:`~jax_sparse_attn.config.HSTUConfig` (backend not yet chosen; ``rab_heads``
+    is H_rab, 0 without ``rab``)."""
     T_q, H, D = _check_rank("q", q, 3, "(T_q, H, D)")
     dt = _check_float("q", q)
     if H < 1 or D < 1:
@@ -217,10 +215,12 @@ def check_hstu_args(q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q, max_se
     if paged and window != (-1, 0):
         raise ValueError(f"paged_kv supports the causal mask only: window_size must be (-1, 0), got {window}")
     rab_heads = _check_rab(rab, dt, bq - 1, H, max_seqlen_k, paged)
-    return dict(max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k, scaling_seqlen=scaling,
-                window_size=window, alpha=alpha, head_dim=D, head_dim_v=D_v, paged=paged,
-                has_func=func is not None, dtype=dt, rab_heads=rab_heads,
-                rab_dtype=None if rab is None else canonical_dtype(rab))
+    return HSTUConfig(dtype=dt.name, head_dim=D, head_dim_v=D_v, max_seqlen_q=max_seqlen_q,
+                      max_seqlen_k=max_seqlen_k, scaling_seqlen=scaling, window_size=window,
+                      alpha=alpha, paged=paged, func_n=0 if func is None else fshape[1],
+                      head_dim_pad=D, head_dim_v_pad=D_v, rab_heads=rab_heads,
+                      rab_per_head=rab_heads == H,
+                      rab_dtype="" if rab is None else canonical_dtype(rab).name)
 
 
 def _check_rab(rab, q_dtype, B, H, max_seqlen_k, paged):
@@ -230,11 +230,10 @@ def _check_rab(rab, q_dtype, B, H, max_seqlen_k, paged):
     if paged:
         raise ValueError("rab cannot be combined with paged_kv (paged KV is forward-only inference)")
     shape = _check_rank("rab", rab, 4, "(B, H_rab, max_seqlen_k, max_seqlen_k)")
-    want = (B, None, max_seqlen_k, max_seqlen_k)
     if shape[0] != B or shape[2] != max_seqlen_k or shape[3] != max_seqlen_k or shape[1] not in (1, H):
         raise ValueError(
             f"rab must have shape (B, H_rab, max_seqlen_k, max_seqlen_k) = "
-            f"({want[0]}, 1 or {H}, {max_seqlen_k}, {max_seqlen_k}), got {shape}")
+            f"({B}, 1 or {H}, {max_seqlen_k}, {max_seqlen_k}), got {shape}")
     rdt = canonical_dtype(rab)
     if rdt not in (jnp.dtype(q_dtype), jnp.dtype(jnp.float32)):
         raise TypeError(f"rab dtype must be q's dtype ({jnp.dtype(q_dtype)}) or float32, got {rdt}")
@@ -311,13 +310,13 @@ def validate_hstu_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q, m
 
 def _hstu_value_checks(q, k, cu_seqlens_q, cu_seqlens_k, func, paged_kv, page_ids, page_indptrs,
                        opts):
-    """The value checks of :func:`validate_hstu_inputs`, given the ``opts`` that
-    :func:`check_hstu_args` returned for the same arguments (the public op reuses them)."""
+    """The value checks of :func:`validate_hstu_inputs`, given the config ``opts`` that
+    :func:`check_hstu_args` returned for the same arguments (the public op reuses it)."""
     T_q = q.shape[0]
     T_k = None if paged_kv is not None else k.shape[0]
-    cu_q, lens_q = _check_cu("cu_seqlens_q", cu_seqlens_q, T_q, opts["max_seqlen_q"], "max_seqlen_q")
-    _, lens_k = _check_cu("cu_seqlens_k", cu_seqlens_k, T_k, opts["max_seqlen_k"], "max_seqlen_k")
-    if opts.get("rab_heads", 0):
+    cu_q, lens_q = _check_cu("cu_seqlens_q", cu_seqlens_q, T_q, opts.max_seqlen_q, "max_seqlen_q")
+    _, lens_k = _check_cu("cu_seqlens_k", cu_seqlens_k, T_k, opts.max_seqlen_k, "max_seqlen_k")
+    if opts.rab_heads:
         bad = _first(lens_q > lens_k)
         if bad is not None:
             (b,) = bad
@@ -328,11 +327,11 @@ def _hstu_value_checks(q, k, cu_seqlens_q, cu_seqlens_k, func, paged_kv, page_id
         f = _host(func)[0]
         rows = np.arange(f.shape[1])
         in_seq = rows < cu_q[-1]
-        bad = _first(((f < 0) | (f > opts["max_seqlen_k"])) & in_seq[None, :])
+        bad = _first(((f < 0) | (f > opts.max_seqlen_k)) & in_seq[None, :])
         if bad is not None:
             t, r = bad
             raise ValueError(
-                f"func[0, {t}, {r}]={int(f[t, r])} is outside [0, max_seqlen_k={opts['max_seqlen_k']}]"
+                f"func[0, {t}, {r}]={int(f[t, r])} is outside [0, max_seqlen_k={opts.max_seqlen_k}]"
             )
     if paged_kv is not None:
         ptr, d = _check_offsets("page_indptrs", page_indptrs)
@@ -361,13 +360,9 @@ def _hstu_value_checks(q, k, cu_seqlens_q, cu_seqlens_k, func, paged_kv, page_id
 def check_bsa_args(q, k, v, q2k_block_index, block_sparse_num=None, block_sizes=None,
                    q2k_block_nums=None, *, sparse_block_size=128, softmax_scale=None,
                    layout="bhsd", allow_empty_block_nums=False):
-    """Trace-time checks of the block-sparse attention arguments.
-
-    Returns a dict of normalised static options: ``layout``, ``sparse_block_size``,
-    ``softmax_scale`` (float), ``block_sparse_num`` (int or None),
-    ``allow_empty_block_nums``, ``dims`` = ``(B, H_q, H_kv, S_q, S_kv, D, D_v, N_q, N_kv,
-    K_max)`` and ``dtype``.
-    """
+    """Trace-time checks of the block-sparse attention arguments; returns the normalised
+    static options as a :class:`~jax_sparse_attn.config.BSAConfig` (backend not yet
+    chosen)."""
     if layout not in ("bhsd", "bshd"):
         raise ValueError(f"layout must be 'bhsd' (B, H, S, D) or 'bshd' (B, S, H, D), got {layout!r}")
     desc = "(B, H, S, D)" if layout == "bhsd" else "(B, S, H, D)"
@@ -441,9 +436,12 @@ def check_bsa_args(q, k, v, q2k_block_index, block_sparse_num=None, block_sizes=
         scale = 1.0 / float(np.sqrt(D))  # D >= 1 was checked above
     else:
         scale = _static_real("softmax_scale", softmax_scale)
-    return dict(layout=layout, sparse_block_size=blk, softmax_scale=scale,
-                block_sparse_num=block_sparse_num, allow_empty_block_nums=allow_empty_block_nums,
-                dims=(B, Hq, Hkv, Sq, Skv, D, Dv, Nq, Nkv, K_max), dtype=dt)
+    return BSAConfig(dtype=dt.name, layout=layout, sparse_block_size=blk, softmax_scale=scale,
+                     block_sparse_num=block_sparse_num,
+                     allow_empty_block_nums=allow_empty_block_nums,
+                     has_block_sizes=block_sizes is not None, batch=B, num_heads_q=Hq,
+                     num_heads_kv=Hkv, seqlen_q=Sq, seqlen_kv=Skv, head_dim=D, head_dim_v=Dv,
+                     num_q_blocks=Nq, num_kv_blocks=Nkv, k_max=K_max)
 
 
 def validate_bsa_metadata(q, k, v, q2k_block_index, block_sparse_num=None, block_sizes=None,
@@ -474,13 +472,13 @@ def validate_bsa_metadata(q, k, v, q2k_block_index, block_sparse_num=None, block
 
 
 def _bsa_value_checks(q2k_block_index, block_sizes, q2k_block_nums, allow_empty_block_nums, opts):
-    """The value checks of :func:`validate_bsa_metadata`, given the ``opts`` that
-    :func:`check_bsa_args` returned for the same arguments (the public op reuses them)."""
-    B, Hq, Hkv, Sq, Skv, D, Dv, Nq, Nkv, K_max = opts["dims"]
-    blk = opts["sparse_block_size"]
+    """The value checks of :func:`validate_bsa_metadata`, given the config ``opts`` that
+    :func:`check_bsa_args` returned for the same arguments (the public op reuses it)."""
+    B, Hq, Nq, Nkv, K_max = opts.batch, opts.num_heads_q, opts.num_q_blocks, opts.num_kv_blocks, opts.k_max
+    blk = opts.sparse_block_size
     idx = _host(q2k_block_index)
     if q2k_block_nums is None:
-        nums = np.full((B, Hq, Nq), opts["block_sparse_num"], np.int64)
+        nums = np.full((B, Hq, Nq), opts.block_sparse_num, np.int64)
     else:
         nums = _host(q2k_block_nums)
         lo = 0 if allow_empty_block_nums else 1

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 import jax_sparse_attn as jsa
-from jax_sparse_attn import _platform, reference
+from jax_sparse_attn import _platform, config, reference
 
 PUBLIC = ["hstu_attention", "hstu_attention_forward", "hstu_attention_backward",
           "block_sparse_attention", "block_sparse_attention_forward",
@@ -284,20 +284,26 @@ def _fake_hstu(calls, reason=None):
     m = types.ModuleType("fake_ffi_hstu")
     m.SUPPORTED_HEAD_DIMS = (32, 64, 128, 256)
 
-    def unsupported(*, dtype, head_dim, head_dim_v, has_func, paged):
-        calls.append(("reason", jnp.dtype(dtype), head_dim, head_dim_v, has_func, paged))
+    def unsupported(*, dtype, head_dim, head_dim_v):
+        calls.append(("reason", jnp.dtype(dtype), head_dim, head_dim_v))
         return reason
 
-    def hstu_fwd(q, k, v, cu_q, cu_k, func, **kw):
-        calls.append(("fwd", q.shape, k.shape, v.shape, tuple(sorted(kw))))
-        assert q.shape[-1] in m.SUPPORTED_HEAD_DIMS and v.shape[-1] in m.SUPPORTED_HEAD_DIMS
-        return reference.hstu_attention_ref(q, k, v, cu_q, cu_k, func, **kw)
+    def ref_kw(cfg):
+        return dict(max_seqlen_q=cfg.max_seqlen_q, max_seqlen_k=cfg.max_seqlen_k,
+                    scaling_seqlen=cfg.scaling_seqlen, window_size=cfg.window_size,
+                    alpha=cfg.alpha)
 
-    def hstu_bwd(do, q, k, v, cu_q, cu_k, func, **kw):
-        calls.append(("bwd", do.shape, q.shape, k.shape, v.shape))
-        return reference.hstu_attention_bwd_ref(do, q, k, v, cu_q, cu_k, func, **kw)
+    def hstu_fwd(q, k, v, cu_q, cu_k, func, cfg):
+        calls.append(("fwd", q.shape, k.shape, v.shape, cfg))
+        return reference.hstu_attention_ref(q, k, v, cu_q, cu_k, func, **ref_kw(cfg))
+
+    def hstu_bwd(do, q, k, v, cu_q, cu_k, func, cfg):
+        calls.append(("bwd", do.shape, q.shape, k.shape, v.shape, cfg))
+        return reference.hstu_attention_bwd_ref(do, q, k, v, cu_q, cu_k, func, **ref_kw(cfg))
 
     m.hstu_kernel_unsupported_reason = unsupported
+    m.fwd_config = lambda *a: ("fwd_key",) + a
+    m.bwd_config = lambda *a: ("bwd_key",) + a
     m.hstu_fwd = hstu_fwd
     m.hstu_bwd = hstu_bwd
     return m
@@ -309,10 +315,16 @@ def test_kernel_path_pads_head_dims(force_platform):
     q, k, v, cu, kw = _hstu(D=50, Dv=20, dtype=jnp.bfloat16)
     kw = dict(kw, window_size=(2, 1), alpha=0.3, scaling_seqlen=5.0)
     out = jsa.hstu_attention(q, k, v, cu, cu, backend="kernel", **kw)
-    assert ("reason", jnp.dtype(jnp.bfloat16), 64, 32, False, False) in calls
+    assert ("reason", jnp.dtype(jnp.bfloat16), 64, 32) in calls
     fwd = [c for c in calls if c[0] == "fwd"][0]
-    assert fwd[1] == (12, 2, 64) and fwd[2] == (12, 2, 64) and fwd[3] == (12, 2, 32)
-    assert fwd[4] == ("alpha", "max_seqlen_k", "max_seqlen_q", "scaling_seqlen", "window_size")
+    # the adapter gets the true shapes and the config that names the padded head dims and
+    # the compile keys derived from them and the switches
+    assert fwd[1] == (12, 2, 50) and fwd[2] == (12, 2, 50) and fwd[3] == (12, 2, 20)
+    cfg = fwd[4]
+    assert (cfg.backend, cfg.head_dim_pad, cfg.head_dim_v_pad) == ("kernel", 64, 32)
+    assert cfg.fwd == ("fwd_key", "bfloat16", 64, 32, 0, config.from_env())
+    assert cfg.bwd == ("bwd_key", "bfloat16", 64, 32, 0, config.from_env())
+    assert (cfg.window_size, cfg.alpha, cfg.scaling_seqlen) == ((2, 1), 0.3, 5.0)
     ref = jsa.hstu_attention(q, k, v, cu, cu, backend="reference", **kw)
     assert out.shape == (12, 2, 20)
     np.testing.assert_allclose(np.asarray(out, np.float32), np.asarray(ref, np.float32), rtol=2e-2, atol=2e-2)
@@ -323,7 +335,7 @@ def test_kernel_path_pads_head_dims(force_platform):
 
     gk = jax.grad(loss("kernel"), argnums=(0, 1, 2))(q, k, v)
     gr = jax.grad(loss("reference"), argnums=(0, 1, 2))(q, k, v)
-    assert any(c[0] == "bwd" and c[1] == (12, 2, 32) and c[2] == (12, 2, 64) for c in calls)
+    assert any(c[0] == "bwd" and c[1] == (12, 2, 20) and c[2] == (12, 2, 50) for c in calls)
     for a, b in zip(gk, gr):
         assert a.shape == b.shape and a.dtype == b.dtype
         np.testing.assert_allclose(np.asarray(a, np.float32), np.asarray(b, np.float32), rtol=5e-2, atol=5e-2)
@@ -360,23 +372,32 @@ def test_kernel_path_bsa_metadata_normalised(force_platform):
         calls.append(("reason", head_dim, head_dim_v, sparse_block_size))
         return None
 
-    def bsa_fwd(q, k, v, idx, nums, sizes, **kw):
-        calls.append(("fwd", idx.dtype, nums.shape, nums.dtype, None if sizes is None else (sizes.shape, sizes.dtype),
-                      tuple(sorted(kw))))
-        return reference.block_sparse_attention_ref(q, k, v, idx, nums, sizes, **kw)
+    def ref_kw(cfg):
+        return dict(layout=cfg.layout, sparse_block_size=cfg.sparse_block_size,
+                    softmax_scale=cfg.softmax_scale)
 
-    def bsa_bwd(do, q, k, v, out, lse, idx, nums, sizes, **kw):
+    def bsa_fwd(q, k, v, idx, nums, sizes, cfg):
+        calls.append(("fwd", idx.dtype, nums.shape, nums.dtype, None if sizes is None else (sizes.shape, sizes.dtype),
+                      cfg))
+        return reference.block_sparse_attention_ref(q, k, v, idx, nums, sizes, **ref_kw(cfg))
+
+    def bsa_bwd(do, q, k, v, out, lse, idx, nums, sizes, cfg):
         calls.append(("bwd", nums.shape, None if sizes is None else sizes.shape))
-        return reference.block_sparse_attention_bwd_ref(do, q, k, v, out, lse, idx, nums, sizes, **kw)
+        return reference.block_sparse_attention_bwd_ref(do, q, k, v, out, lse, idx, nums, sizes,
+                                                        **ref_kw(cfg))
 
     m.bsa_kernel_unsupported_reason, m.bsa_fwd, m.bsa_bwd = unsupported, bsa_fwd, bsa_bwd
+    m.fwd_config = lambda *a: ("fwd_key",) + a
+    m.bwd_config = lambda *a: ("bwd_key",) + a
+    m.pre_config = lambda *a: None
     force_platform("bsa", m)
     q, k, v, idx = _bsa(B=2, Hq=2, Hkv=1, S=100, dtype=jnp.bfloat16)
     idx = jnp.concatenate([idx, idx], 0)
     out = jsa.block_sparse_attention(q, k, v, idx, block_sparse_num=1, sparse_block_size=64, backend="kernel")
     f = [c for c in calls if c[0] == "fwd"][-1]
     assert f[1] == jnp.int32 and f[2] == (2, 2, 2) and f[3] == jnp.int32 and f[4] is None
-    assert f[5] == ("layout", "softmax_scale", "sparse_block_size")
+    assert f[5].fwd == ("fwd_key", "bfloat16", q.shape[-1], 64, False, config.from_env())
+    assert (f[5].backend, f[5].layout, f[5].pre) == ("kernel", "bhsd", None)
     ref = jsa.block_sparse_attention(q, k, v, idx, block_sparse_num=1, sparse_block_size=64, backend="reference")
     np.testing.assert_array_equal(np.asarray(out, np.float32), np.asarray(ref, np.float32))
     for sizes in (jnp.asarray([64, 7], jnp.int32), jnp.asarray([[64, 7], [3, 36]], jnp.int32)):

@@ -4,7 +4,7 @@
 compile (MLIR -> PTX -> ptxas) and embeds the kernel object in the CuTe DSL custom call.
 Every (head_dim, sparse_block_size) pair is compiled for the forward and the backward
 (wgmma kernels for D in {64, 128}, mma.sync kernels for D in {32, 256}, plus two
-mma.sync configurations at D in {64, 128} selected with ``JAX_SPARSE_ATTN_BSA_*_IMPL``, and
+mma.sync configurations at D in {64, 128} selected with the public ``switches`` argument, and
 the XLA-fusion preprocessing alternative, between them covering
 both D, blk, dtypes, layouts and ``block_sizes`` presence); dtype, layout and ``block_sizes`` presence alternate across them so that each value of
 each static option is exercised.
@@ -40,8 +40,8 @@ CONFIGS += [
     dict(d=128, blk=64, dtype="bfloat16", layout="bshd", sizes=True, fwd_impl="sm80"),
     dict(d=64, blk=128, dtype="float16", layout="bhsd", sizes=False, fwd_impl="sm80"),
 ]
-# the mma.sync backward at D in {64, 128} (JAX_SPARSE_ATTN_BSA_BWD_IMPL=sm80) and the XLA
-# preprocessing alternative (JAX_SPARSE_ATTN_BSA_PRE_IMPL=xla) to the kernel in kernels/bsa_pre.py
+# the mma.sync backward at D in {64, 128} (bsa_bwd_impl="sm80") and the XLA preprocessing
+# alternative (bsa_pre_impl="xla") to the kernel in kernels/bsa_pre.py
 CONFIGS += [
     dict(d=128, blk=64, dtype="bfloat16", layout="bhsd", sizes=False, bwd_impl="sm80", pre_impl="xla"),
     dict(d=64, blk=128, dtype="float16", layout="bshd", sizes=True, bwd_impl="sm80", pre_impl="kernel"),
@@ -78,26 +78,27 @@ def _ids(cfg):
     return f"{impl}-d{cfg['d']}-blk{cfg['blk']}-{cfg['dtype']}-{cfg['layout']}-{'sizes' if cfg['sizes'] else 'nosizes'}"
 
 
-@pytest.mark.parametrize("cfg", CONFIGS, ids=_ids)
-def test_bsa_fwd_bwd_lower_to_cutedsl_call(cfg, monkeypatch):
-    from jax_sparse_attn.ffi import bsa
+def _switches(cfg):
+    from jax_sparse_attn.config import Switches
 
-    if "fwd_impl" in cfg:
-        monkeypatch.setenv("JAX_SPARSE_ATTN_BSA_FWD_IMPL", cfg["fwd_impl"])
-        monkeypatch.setenv("JAX_SPARSE_ATTN_BSA_BWD_IMPL", cfg["fwd_impl"])
-    if "bwd_impl" in cfg:
-        monkeypatch.setenv("JAX_SPARSE_ATTN_BSA_BWD_IMPL", cfg["bwd_impl"])
-    if "pre_impl" in cfg:
-        monkeypatch.setenv("JAX_SPARSE_ATTN_BSA_PRE_IMPL", cfg["pre_impl"])
+    fwd = cfg.get("fwd_impl", "sm90")
+    return Switches(bsa_fwd_impl=fwd, bsa_bwd_impl=cfg.get("bwd_impl", fwd),
+                    bsa_pre_impl=cfg.get("pre_impl", "kernel"))
+
+
+@pytest.mark.parametrize("cfg", CONFIGS, ids=_ids)
+def test_bsa_fwd_bwd_lower_to_cutedsl_call(cfg):
+    import jax_sparse_attn as jsa
 
     q, k, idx, nums, sizes, lse = _shapes(cfg)
-    kw = dict(layout=cfg["layout"], sparse_block_size=cfg["blk"], softmax_scale=0.3)
+    kw = dict(layout=cfg["layout"], sparse_block_size=cfg["blk"], softmax_scale=0.3,
+              backend="kernel", switches=_switches(cfg))
 
     def fwd(q, k, v, i, n, s):
-        return bsa.bsa_fwd(q, k, v, i, n, s, **kw)
+        return jsa.block_sparse_attention_forward(q, k, v, i, None, s, n, **kw)
 
     def bwd(do, q, k, v, o, lse, i, n, s):
-        return bsa.bsa_bwd(do, q, k, v, o, lse, i, n, s, **kw)
+        return jsa.block_sparse_attention_backward(do, q, k, v, o, lse, i, None, s, n, **kw)
 
     txt = jax.jit(fwd).trace(q, k, k, idx, nums, sizes).lower(lowering_platforms=("cuda",)).as_text()
     assert txt.count(CALL_TARGET) == 1
@@ -105,36 +106,27 @@ def test_bsa_fwd_bwd_lower_to_cutedsl_call(cfg, monkeypatch):
     txt = jax.jit(bwd).trace(q, q, k, k, q, lse, idx, nums, sizes).lower(
         lowering_platforms=("cuda",)).as_text()
     # the preprocessing kernel is a second CuTe DSL call
-    pre = cfg.get("pre_impl", bsa._DEFAULT_PRE_IMPL)
-    assert txt.count(CALL_TARGET) == (2 if pre == "kernel" else 1)
+    assert txt.count(CALL_TARGET) == (2 if cfg.get("pre_impl", "kernel") == "kernel" else 1)
     assert "\\7FELF" in txt
 
 
 @pytest.mark.parametrize("d,layout,dtype", [(32, "bshd", "float16"), (256, "bhsd", "bfloat16")])
 def test_bsa_preprocess_lowers_all_head_dims(d, layout, dtype):
     """kernels/bsa_pre.py for the head dims not covered by the grid above (lane groups 4, 32)."""
-    from jax_sparse_attn.ffi import bsa
+    import jax_sparse_attn as jsa
 
     shape = (2, 3, 1000, d) if layout == "bhsd" else (2, 1000, 3, d)
     o = jax.ShapeDtypeStruct(shape, jnp.dtype(dtype))
-    lowered = jax.jit(lambda do, o: bsa.bsa_preprocess(do, o, layout=layout)).trace(o, o).lower(
-        lowering_platforms=("cuda",))
-    assert lowered.as_text().count(CALL_TARGET) == 1
-    delta, dq_acc = lowered.out_info
-    assert delta.shape == (2, 3, 1000) and delta.dtype == jnp.float32
-    assert dq_acc.shape == shape and dq_acc.dtype == jnp.float32
+    lse = jax.ShapeDtypeStruct((2, 3, 1000), jnp.float32)
+    idx = jax.ShapeDtypeStruct((2, 3, 8, 1), jnp.int32)
 
+    def bwd(do, o, lse, i):
+        return jsa.block_sparse_attention_backward(do, o, o, o, o, lse, i, 1, layout=layout,
+                                                   backend="kernel")
 
-@pytest.mark.parametrize("var", ["JAX_SPARSE_ATTN_BSA_BWD_IMPL", "JAX_SPARSE_ATTN_BSA_PRE_IMPL"])
-def test_unknown_impl_names_are_rejected(var, monkeypatch):
-    from jax_sparse_attn.ffi import bsa
-
-    monkeypatch.setenv(var, "sm91")
-    cfg = dict(d=64, blk=64, dtype="bfloat16", layout="bhsd", sizes=False)
-    q, k, idx, nums, sizes, lse = _shapes(cfg, sq=100, skv=100, kmax=1)
-    kw = dict(layout="bhsd", sparse_block_size=64, softmax_scale=0.3)
-    with pytest.raises(ValueError, match=var):
-        jax.jit(lambda *a: bsa.bsa_bwd(*a, **kw)).trace(q, q, k, k, q, lse, idx, nums, sizes)
+    lowered = jax.jit(bwd).trace(o, o, lse, idx).lower(lowering_platforms=("cuda",))
+    # the preprocessing kernel and the dK/dV/dQ kernel
+    assert lowered.as_text().count(CALL_TARGET) == 2
 
 
 def test_public_api_uses_kernel_path_when_forced():
@@ -150,10 +142,8 @@ def test_public_api_uses_kernel_path_when_forced():
 
     txt = jax.jit(jax.grad(loss, argnums=(0, 1, 2))).trace(q, k, k, idx, nums, sizes).lower(
         lowering_platforms=("cuda",)).as_text()
-    # forward + backward kernels (+ the preprocessing kernel when it is the default)
-    from jax_sparse_attn.ffi import bsa
-
-    assert txt.count(CALL_TARGET) == (3 if bsa._DEFAULT_PRE_IMPL == "kernel" else 2)
+    # forward + backward kernels + the preprocessing kernel (the default)
+    assert txt.count(CALL_TARGET) == 3
 
 
 def test_unsupported_reason():
@@ -174,9 +164,9 @@ def test_build_kq_csr_matches_loops(group, construction, monkeypatch):
     for both constructions (dense bitmap for small block grids, stable sort above)."""
     import numpy as np
 
-    from jax_sparse_attn.ffi import bsa
+    from jax_sparse_attn import metadata
 
-    monkeypatch.setattr(bsa, "_DENSE_CSR_MAX_ELEMS", 1 << 24 if construction == "dense" else 0)
+    monkeypatch.setattr(metadata, "_DENSE_CSR_MAX_ELEMS", 1 << 24 if construction == "dense" else 0)
 
     rng = np.random.default_rng(0)
     b, h_kv, n_q, n_kv, k_max = 2, 2, 7, 9, 4
@@ -188,7 +178,7 @@ def test_build_kq_csr_matches_loops(group, construction, monkeypatch):
     idx = np.where(j < nums[..., None], idx, rng.choice([-3, 10**6, n_kv], size=idx.shape)).astype(np.int32)
     # a fresh function per test: jax.jit's trace cache would otherwise reuse the other
     # construction's trace (the threshold is read at trace time)
-    fn = jax.jit(lambda i, n: bsa.build_kq_csr(i, n, num_kv_heads=h_kv, num_kv_blocks=n_kv))
+    fn = jax.jit(lambda i, n: metadata.build_kq_csr(i, n, num_kv_heads=h_kv, num_kv_blocks=n_kv))
     args = (jnp.asarray(idx), jnp.asarray(nums))
     assert ("stablehlo.sort" in fn.lower(*args).as_text()) == (construction == "sort")
     offsets, entries = fn(*args)

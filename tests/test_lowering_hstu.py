@@ -99,7 +99,7 @@ def test_hstu_kernel_lowers(dtype, head_dim, mask, direction):
 
 def test_hstu_kernel_lowers_dv_ne_d_and_window_values():
     """D != D_v and different window values share one compiled configuration."""
-    from jax_sparse_attn.ffi import hstu as fh  # noqa: PLC0415
+    import jax_sparse_attn as jsa  # noqa: PLC0415
 
     q = jax.ShapeDtypeStruct((T, 2, 64), jnp.bfloat16)
     v = jax.ShapeDtypeStruct((T, 2, 128), jnp.bfloat16)
@@ -107,8 +107,8 @@ def test_hstu_kernel_lowers_dv_ne_d_and_window_values():
     texts = []
     for window in ((-1, 0), (63, 17)):
         def f(q, k, v, cu, window=window):
-            return fh.hstu_fwd(q, k, v, cu, cu, None, max_seqlen_q=100, max_seqlen_k=100,
-                               scaling_seqlen=100.0, window_size=window, alpha=1.0)
+            return jsa.hstu_attention(q, k, v, cu, cu, max_seqlen_q=100, max_seqlen_k=100,
+                                      scaling_seqlen=100.0, window_size=window, backend="kernel")
 
         texts.append(_lower(f, q, q, v, cu))
     assert all(_target() in t for t in texts)
@@ -122,13 +122,13 @@ SM90_LOWER = [(impl, d, dv, fn, dt) for impl in ("sm90", "sm90pp")
 
 @pytest.mark.parametrize("impl,head_dim,head_dim_v,func_n,dtype", SM90_LOWER,
                          ids=["-".join(map(str, c)) for c in SM90_LOWER])
-def test_hstu_sm90_forward_impls_lower(monkeypatch, impl, head_dim, head_dim_v, func_n,
-                                      dtype):
+def test_hstu_sm90_forward_impls_lower(impl, head_dim, head_dim_v, func_n, dtype):
     """Both wgmma forwards (sm90pp ping-pong, the default, and the lockstep sm90) keep compiling for
-    sm_90a at every head dim (D=256 uses 64-key tiles) and with D != D_v."""
-    from jax_sparse_attn.ffi import hstu as fh  # noqa: PLC0415
+    sm_90a at every head dim (D=256 uses 64-key tiles) and with D != D_v; the forward is
+    chosen through the public ``switches`` argument."""
+    import jax_sparse_attn as jsa  # noqa: PLC0415
+    from jax_sparse_attn.config import Switches  # noqa: PLC0415
 
-    monkeypatch.setenv("JAX_SPARSE_ATTN_HSTU_FWD_IMPL", impl)
     q = jax.ShapeDtypeStruct((T, 2, head_dim), jnp.dtype(dtype))
     v = jax.ShapeDtypeStruct((T, 2, head_dim_v), jnp.dtype(dtype))
     cu = jax.ShapeDtypeStruct((B + 1,), jnp.int32)
@@ -136,24 +136,34 @@ def test_hstu_sm90_forward_impls_lower(monkeypatch, impl, head_dim, head_dim_v, 
     window = (-1, -1) if func_n else (-1, 0)
 
     def f(q, k, v, cu, func):
-        return fh.hstu_fwd(q, k, v, cu, cu, func, max_seqlen_q=100, max_seqlen_k=100,
-                           scaling_seqlen=100.0, window_size=window, alpha=1.0)
+        return jsa.hstu_attention(q, k, v, cu, cu, func=func, max_seqlen_q=100, max_seqlen_k=100,
+                                  window_size=window, backend="kernel",
+                                  switches=Switches(hstu_fwd_impl=impl))
 
     txt = _lower(f, q, q, v, cu, func)
     assert _target() in txt and "\\7FELF" in txt
 
 
-def test_hstu_fwd_impl_env_rejects_unknown(monkeypatch):
+def test_hstu_fwd_tile_switch_is_validated():
+    """The tile override reaches the compile key, and a tile the forward cannot run is a
+    ValueError naming the switch (also for the wgmma forwards, which used to ignore it)."""
+    from jax_sparse_attn.config import Switches  # noqa: PLC0415
     from jax_sparse_attn.ffi import hstu as fh  # noqa: PLC0415
 
-    monkeypatch.setenv("JAX_SPARSE_ATTN_HSTU_FWD_IMPL", "sm99")
-    with pytest.raises(ValueError, match="JAX_SPARSE_ATTN_HSTU_FWD_IMPL"):
-        fh.fwd_config(jnp.bfloat16, 128, 128, False, 1)
+    key = fh.fwd_config("bfloat16", 128, 128, 0, Switches(hstu_fwd_impl="sm80",
+                                                           hstu_fwd_tile=(64, 64, 4)))
+    assert (key.block_m, key.block_n, key.num_warps, key.impl) == (64, 64, 4, "sm80")
+    key = fh.fwd_config("bfloat16", 128, 128, 3, Switches(hstu_fwd_tile=(128, 64, 8)))
+    assert (key.block_m, key.block_n, key.impl, key.has_func, key.func_n) == (128, 64, "sm90pp", True, 3)
+    for sw in (Switches(hstu_fwd_tile=(64, 64, 4)),
+               Switches(hstu_fwd_impl="sm80", hstu_fwd_tile=(48, 64, 4))):
+        with pytest.raises(ValueError, match="JAX_SPARSE_ATTN_HSTU_FWD_TILE"):
+            fh.fwd_config("bfloat16", 128, 128, 0, sw)
 
 
 # relative attention bias: every forward impl with rab, the backward with H_rab = 1 (fp32
 # workspace + red.add) and H_rab = H (direct stores), rab in q's dtype and in float32, window
-# and func masks, max_seqlen_k not a multiple of anything (odd)
+# and func masks, an odd max_seqlen_k
 RAB_LOWER = [
     ("fwd", "sm90pp", "bfloat16", 64, "window", 1, "q"),
     ("fwd", "sm90pp", "float16", 128, "func", 2, "f32"),
@@ -161,20 +171,19 @@ RAB_LOWER = [
     ("fwd", "sm90", "bfloat16", 32, "func", 1, "f32"),
     ("fwd", "sm80", "float16", 64, "window", 2, "q"),
     ("fwd", "sm80", "bfloat16", 128, "func", 1, "q"),
-    ("bwd", None, "bfloat16", 64, "window", 1, "q"),
-    ("bwd", None, "bfloat16", 128, "window", 2, "f32"),
-    ("bwd", None, "float16", 32, "func", 2, "q"),
-    ("bwd", None, "float16", 256, "func", 1, "f32"),
+    ("bwd", "sm90pp", "bfloat16", 64, "window", 1, "q"),
+    ("bwd", "sm90pp", "bfloat16", 128, "window", 2, "f32"),
+    ("bwd", "sm90pp", "float16", 32, "func", 2, "q"),
+    ("bwd", "sm90pp", "float16", 256, "func", 1, "f32"),
 ]
 
 
 @pytest.mark.parametrize("direction,impl,dtype,head_dim,mask,h_rab,rab_dt", RAB_LOWER,
                          ids=["-".join(map(str, c)) for c in RAB_LOWER])
-def test_hstu_rab_lowers(monkeypatch, direction, impl, dtype, head_dim, mask, h_rab, rab_dt):
+def test_hstu_rab_lowers(direction, impl, dtype, head_dim, mask, h_rab, rab_dt):
     import jax_sparse_attn as jsa  # noqa: PLC0415
+    from jax_sparse_attn.config import Switches  # noqa: PLC0415
 
-    if impl:
-        monkeypatch.setenv("JAX_SPARSE_ATTN_HSTU_FWD_IMPL", impl)
     dt = jnp.dtype(dtype)
     mk = 201
     q = jax.ShapeDtypeStruct((T, 2, head_dim), dt)
@@ -186,7 +195,7 @@ def test_hstu_rab_lowers(monkeypatch, direction, impl, dtype, head_dim, mask, h_
     def fwd(q, k, v, cu, func, rab):
         return jsa.hstu_attention(q, k, v, cu, cu, max_seqlen_q=mk, max_seqlen_k=mk,
                                   window_size=window, alpha=0.3, func=func, backend="kernel",
-                                  rab=rab)
+                                  rab=rab, switches=Switches(hstu_fwd_impl=impl))
 
     if direction == "fwd":
         txt = _lower(fwd, q, q, q, cu, func, rab)
@@ -199,18 +208,23 @@ def test_hstu_rab_lowers(monkeypatch, direction, impl, dtype, head_dim, mask, h_
 
 
 def test_hstu_rab_routes_to_a_forward_with_rab(monkeypatch):
-    """A forward impl without rab support is replaced by the default when rab is given,
-    and the rab presence is part of both compile keys."""
+    """A forward impl without rab support is replaced by sm90pp (default tiles) when rab is
+    given, and the rab presence, H_rab == H and rab's dtype are part of both compile keys."""
+    import dataclasses  # noqa: PLC0415
+
+    from jax_sparse_attn import config  # noqa: PLC0415
     from jax_sparse_attn.ffi import hstu as fh  # noqa: PLC0415
 
-    monkeypatch.setattr(fh, "FWD_IMPLS", fh.FWD_IMPLS + ("norab",))
-    monkeypatch.setenv("JAX_SPARSE_ATTN_HSTU_FWD_IMPL", "norab")
-    assert fh.fwd_config(jnp.bfloat16, 64, 64, False, 1).impl == "norab"
-    cfg = fh.fwd_config(jnp.bfloat16, 64, 64, False, 1, has_rab=True, rab_dtype="float32")
-    assert cfg.impl == fh.DEFAULT_FWD_IMPL and cfg.has_rab
-    assert cfg != fh.fwd_config(jnp.bfloat16, 64, 64, False, 1, has_rab=True,
-                                rab_dtype="bfloat16")
-    b0 = fh.bwd_config(jnp.bfloat16, 64, 64, False, 1)
-    b1 = fh.bwd_config(jnp.bfloat16, 64, 64, False, 1, has_rab=True, rab_per_head=True,
-                       rab_dtype="bfloat16")
-    assert not b0.has_rab and b1.has_rab and b0 != b1
+    sw = config.Switches()
+    object.__setattr__(sw, "hstu_fwd_impl", "norab")  # an implementation without rab
+    object.__setattr__(sw, "hstu_fwd_tile", (128, 64, 8))
+    assert "norab" not in fh.RAB_FWD_IMPLS
+    key = fh.fwd_config("bfloat16", 64, 64, 0, sw, has_rab=True, rab_dtype="float32")
+    assert key.impl == "sm90pp" and key.has_rab and (key.block_m, key.block_n) == (128, 128)
+    base = fh.fwd_config("bfloat16", 64, 64, 0, config.Switches())
+    assert not base.has_rab and base != dataclasses.replace(base, has_rab=True)
+    assert key != fh.fwd_config("bfloat16", 64, 64, 0, sw, has_rab=True, rab_dtype="bfloat16")
+    b0 = fh.bwd_config("bfloat16", 64, 64, 0, config.Switches())
+    b1 = fh.bwd_config("bfloat16", 64, 64, 0, config.Switches(), has_rab=True,
+                       rab_per_head=True, rab_dtype="bfloat16")
+    assert not b0.has_rab and b1.has_rab and b1.rab_per_head and b0 != b1

@@ -24,8 +24,6 @@ sizes ``(B, H_q, N_kv)`` int32 or None, scale ``(1,)`` fp32.
 
 from __future__ import annotations
 
-import os
-
 import cutlass
 import cutlass.memory
 import cutlass.cute as cute
@@ -48,21 +46,18 @@ TILE = 64  # keys per CTA tile and queries per inner step
 
 
 class BsaBwdSm80:
-    def __init__(self, dtype, head_dim: int, block_size: int, has_block_sizes: bool):
+    """Compile-time settings: element type, head dim (D = D_v), sparse block size, whether
+    per-block valid sizes are given and the minimum-CTAs-per-SM launch hint."""
+
+    def __init__(self, dtype, head_dim: int, block_size: int, has_block_sizes: bool,
+                 min_blocks: int = 1):
         self.dtype = dtype
         self.hd = head_dim
         self.blk = block_size
         self.sub = block_size // TILE
         self.num_threads = 256  # 8 warps
         self.has_sizes = has_block_sizes
-        # 2 CTAs per SM (register cap 128) where the accumulators allow it
-        self.min_blocks = int(os.environ.get("BSA_BWD_MIN_BLOCKS", "2" if head_dim <= 128 else "1"))
-
-    @staticmethod
-    def can_implement(dtype, head_dim: int, block_size: int) -> bool:
-        if dtype not in (cutlass.Float16, cutlass.BFloat16):
-            return False
-        return head_dim in (32, 64, 128, 256) and block_size in (64, 128)
+        self.min_blocks = min_blocks
 
     def _mma(self):
         return cute.make_tiled_mma(

@@ -94,11 +94,6 @@ class BsaBwdSm90:
         self.ring_elems = 4 * self.q_elems + TILE * TILE
         self.dq_stride = head_dim + 8
 
-    @staticmethod
-    def can_implement(dtype, head_dim: int, block_size: int) -> bool:
-        return (dtype in (cutlass.Float16, cutlass.BFloat16) and head_dim in (64, 128)
-                and block_size in (64, 128))
-
     @cute.jit
     def __call__(self, mQ, mK, mV, mdO, mLSE, mDelta, mOffsets, mEntries, mSizes, mScale,
                  mdQacc, mdK, mdV, stream):

@@ -21,8 +21,6 @@ scale ``(1,)`` fp32, lse ``(B, H_q, S_q)`` fp32.
 
 from __future__ import annotations
 
-import os
-
 import cutlass
 import cutlass.memory
 import cutlass.cute as cute
@@ -43,29 +41,20 @@ from .common import (
 
 
 class BsaFwdSm80:
-    """Compile-time settings: element type, head dim (D = D_v), sparse block size, and
-    whether per-block valid sizes are given."""
+    """Compile-time settings: element type, head dim (D = D_v), sparse block size, whether
+    per-block valid sizes are given, whether Q fragments stay in registers (D <= 128 only)
+    and the minimum-CTAs-per-SM launch hint (0 = none)."""
 
-    def __init__(self, dtype, head_dim: int, block_size: int, has_block_sizes: bool):
+    def __init__(self, dtype, head_dim: int, block_size: int, has_block_sizes: bool,
+                 q_in_regs: bool = True, min_blocks: int = 0):
         self.dtype = dtype
         self.hd = head_dim
         self.blk = block_size
         self.num_warps = block_size // 16
         self.num_threads = self.num_warps * 32
         self.has_sizes = has_block_sizes
-        self.q_in_regs = head_dim <= 128 and os.environ.get("BSA_FWD_Q_IN_REGS", "1") == "1"
-        self.min_blocks = int(os.environ.get("BSA_FWD_MIN_BLOCKS", "0"))
-
-    @staticmethod
-    def can_implement(dtype, head_dim: int, block_size: int) -> bool:
-        if dtype not in (cutlass.Float16, cutlass.BFloat16):
-            return False
-        if head_dim not in (32, 64, 128, 256):
-            return False
-        if block_size not in (64, 128):
-            return False
-        smem = (block_size * head_dim * 3) * 2
-        return smem <= 227 * 1024
+        self.q_in_regs = head_dim <= 128 and q_in_regs
+        self.min_blocks = min_blocks
 
     @cute.jit
     def __call__(self, mQ, mK, mV, mIdx, mNums, mSizes, mScale, mO, mLSE, stream):

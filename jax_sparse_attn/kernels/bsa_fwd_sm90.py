@@ -40,11 +40,6 @@ class BsaFwdSm90:
         self.has_sizes = has_block_sizes
         self.kv_stages = 2
 
-    @staticmethod
-    def can_implement(dtype, head_dim: int, block_size: int) -> bool:
-        return (dtype in (cutlass.Float16, cutlass.BFloat16) and head_dim in (64, 128)
-                and block_size in (64, 128))
-
     @cute.jit
     def __call__(self, mQ, mK, mV, mIdx, mNums, mSizes, mScale, mO, mLSE, stream):
         blk, hd = self.blk, self.hd

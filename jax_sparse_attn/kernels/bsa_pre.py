@@ -29,11 +29,6 @@ class BsaPreprocess:
         self.rows_per_cta = self.num_threads // self.tpr
         self.log2_tpr = self.tpr.bit_length() - 1
 
-    @staticmethod
-    def can_implement(dtype, head_dim: int) -> bool:
-        return (dtype in (cutlass.Float16, cutlass.BFloat16) and head_dim % VEC == 0
-                and 1 <= head_dim // VEC <= 32 and ((head_dim // VEC) & (head_dim // VEC - 1)) == 0)
-
     @cute.jit
     def __call__(self, mO, mdO, mDelta, mdQacc, stream):
         total = mO.shape[0] * mO.shape[1] * mO.shape[2]

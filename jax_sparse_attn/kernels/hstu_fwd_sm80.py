@@ -58,15 +58,6 @@ class HstuFwdSm80:
         self.has_rab = has_rab
         self.rab_per_head = rab_per_head
 
-    @staticmethod
-    def can_implement(head_dim, head_dim_v, block_m, block_n, num_warps) -> bool:
-        if head_dim % 32 or head_dim_v % 32 or block_n % 16:
-            return False
-        if block_m % (num_warps * 16):
-            return False
-        smem = (block_m * max(head_dim, head_dim_v) + block_n * (head_dim + head_dim_v)) * 2
-        return smem <= 227 * 1024
-
     @cute.jit
     def __call__(self, mQ, mK, mV, mCuQ, mCuK, mTile, mFunc, mScal, mWin, mO, stream,
                  mRab=None):

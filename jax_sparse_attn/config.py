@@ -1,0 +1,294 @@
+"""Static configuration: the implementation switches and the per-op configs.
+
+Two kinds of frozen (hashable) dataclasses live here:
+
+* :class:`Switches`: which kernel implementation and tiles the kernel backend uses. The
+  public ops take ``switches=`` (default :func:`from_env`, which reads the
+  ``JAX_SPARSE_ATTN_*`` environment variables listed in :data:`SWITCHES` and validates
+  every value). Switches only matter on the kernel backend; the reference backend
+  ignores them.
+* :class:`HSTUConfig` / :class:`BSAConfig`: everything static about one call of an op,
+  built once by the public layer (``hstu.py`` / ``bsa.py``) from the validated
+  arguments and the switches, and passed as the ``custom_vjp`` non-differentiable
+  argument to the backend. On the kernel backend they carry the kernel compile keys of
+  each pass (``fwd``, ``bwd``, ``pre``): frozen dataclasses of static kernel properties
+  only (dtype, head dims, tiles, implementation, presence flags), derived in
+  ``ffi/hstu.py`` / ``ffi/bsa.py``. Runtime values (alpha, window sizes, scalings,
+  lengths) stay out of those keys.
+
+Adding an implementation (e.g. a new HSTU forward kernel ``"sm90ws"``) is one entry in
+the ``allowed`` tuple of its :data:`SWITCHES` row plus the branch that builds the kernel
+in the ffi adapter; docs/design.md lists the switches in one table.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Callable, Mapping
+
+__all__ = [
+    "Switch",
+    "SWITCHES",
+    "Switches",
+    "from_env",
+    "force_kernel",
+    "HSTUConfig",
+    "BSAConfig",
+]
+
+_TRUE = ("1", "true")
+_FALSE = ("0", "false")
+
+
+def _parse_choice(allowed):
+    def parse(var, raw):
+        if raw not in allowed:
+            raise ValueError(f"{var}={raw!r} is not one of the allowed values {allowed}")
+        return raw
+
+    return parse
+
+
+def _parse_bool(var, raw):
+    low = raw.lower()
+    if low in _TRUE:
+        return True
+    if low in _FALSE:
+        return False
+    raise ValueError(f"{var}={raw!r} is not one of the allowed values {_TRUE + _FALSE}")
+
+
+def _parse_count(var, raw):
+    try:
+        n = int(raw)
+    except ValueError:
+        n = -1
+    if n < 0 or str(n) != raw.strip():
+        raise ValueError(f"{var}={raw!r} is not allowed: give a non-negative integer")
+    return n
+
+
+def _parse_tile(var, raw):
+    parts = raw.split(",")
+    try:
+        tile = tuple(int(p) for p in parts)
+    except ValueError:
+        tile = ()
+    if len(tile) != 3 or any(t <= 0 for t in tile):
+        raise ValueError(f"{var}={raw!r} is not allowed: give 'block_m,block_n,num_warps' "
+                         "(three positive integers)")
+    return tile
+
+
+@dataclasses.dataclass(frozen=True)
+class Switch:
+    """One implementation switch: its field of :class:`Switches`, environment variable,
+    allowed values (a description for the docs table) and parser."""
+
+    field: str
+    env: str
+    allowed: tuple | str
+    parse: Callable[[str, str], object]
+    doc: str
+
+
+def _choice(field, env, allowed, doc):
+    return Switch(field, env, tuple(allowed), _parse_choice(tuple(allowed)), doc)
+
+
+#: The implementation switches, one row each. To add an implementation, extend the
+#: ``allowed`` tuple of its row.
+SWITCHES = (
+    _choice("hstu_fwd_impl", "JAX_SPARSE_ATTN_HSTU_FWD_IMPL", ("sm90pp", "sm90", "sm80"),
+            "HSTU forward kernel: sm90pp (wgmma, ping-pong warpgroups; default), sm90 (wgmma, "
+            "warpgroups in lockstep), sm80 (mma.sync)"),
+    Switch("hstu_fwd_tile", "JAX_SPARSE_ATTN_HSTU_FWD_TILE", "block_m,block_n,num_warps",
+           _parse_tile, "HSTU forward tile override (tuning); sm90/sm90pp need block_m=128, "
+           "num_warps=8"),
+    Switch("hstu_bwd_tile", "JAX_SPARSE_ATTN_HSTU_BWD_TILE", "block_m,block_n,num_warps",
+           _parse_tile, "HSTU backward tile override (tuning)"),
+    _choice("bsa_fwd_impl", "JAX_SPARSE_ATTN_BSA_FWD_IMPL", ("sm90", "sm80"),
+            "BSA forward kernel: sm90 (wgmma; D in {64, 128}, other D use sm80; default), "
+            "sm80 (mma.sync, every D)"),
+    _choice("bsa_bwd_impl", "JAX_SPARSE_ATTN_BSA_BWD_IMPL", ("sm90", "sm80"),
+            "BSA backward kernel, as for the forward"),
+    _choice("bsa_pre_impl", "JAX_SPARSE_ATTN_BSA_PRE_IMPL", ("kernel", "xla"),
+            "BSA backward preprocessing (delta = rowsum(dO*O), zeroed dQ accumulator): "
+            "kernel (one CuTe DSL launch; default) or xla (an XLA fusion)"),
+    Switch("bsa_fwd_q_in_regs", "JAX_SPARSE_ATTN_BSA_FWD_Q_IN_REGS", _TRUE + _FALSE,
+           _parse_bool, "BSA sm80 forward keeps Q fragments in registers for D <= 128 "
+                        "(default 1)"),
+    Switch("bsa_fwd_min_blocks", "JAX_SPARSE_ATTN_BSA_FWD_MIN_BLOCKS", "integer >= 0",
+           _parse_count, "BSA sm80 forward: minimum resident CTAs per SM hint "
+                         "(0 = none; default 0)"),
+    Switch("bsa_bwd_min_blocks", "JAX_SPARSE_ATTN_BSA_BWD_MIN_BLOCKS", "integer >= 0",
+           _parse_count, "BSA sm80 backward: minimum resident CTAs per SM hint "
+                         "(default 2 for D <= 128, else 1)"),
+    Switch("force_kernel", "JAX_SPARSE_ATTN_FORCE_KERNEL", _TRUE + _FALSE, _parse_bool,
+           "skip the SM90 device check of backend selection, so that a CPU machine lowers the kernel path for "
+           "lowering_platforms=('cuda',) (default 0)"),
+)
+_FORCE_KERNEL = SWITCHES[-1]
+
+
+@dataclasses.dataclass(frozen=True)
+class Switches:
+    """Implementation switches of the kernel backend (see :data:`SWITCHES`).
+
+    ``None`` tiles / min-block counts mean the kernel's default for the call's head dims.
+    Build with :func:`from_env` or directly, e.g. ``Switches(hstu_fwd_impl="sm80")``;
+    field values are validated like the environment variables.
+    """
+
+    hstu_fwd_impl: str = "sm90pp"
+    hstu_fwd_tile: tuple | None = None
+    hstu_bwd_tile: tuple | None = None
+    bsa_fwd_impl: str = "sm90"
+    bsa_bwd_impl: str = "sm90"
+    bsa_pre_impl: str = "kernel"
+    bsa_fwd_q_in_regs: bool = True
+    bsa_fwd_min_blocks: int = 0
+    bsa_bwd_min_blocks: int | None = None
+
+    def __post_init__(self):
+        for sw in _switches_of(Switches):
+            val = getattr(self, sw.field)
+            if val is None and sw.field in _OPTIONAL:
+                continue
+            ok = isinstance(val, bool) if sw.parse is _parse_bool else not isinstance(val, bool)
+            try:
+                ok = ok and sw.parse(sw.env, _raw(val)) == val
+            except ValueError:
+                ok = False
+            if not ok:
+                raise ValueError(f"Switches.{sw.field} (environment variable {sw.env}) = "
+                                 f"{val!r} is not allowed; allowed: {_allowed_text(sw)}")
+
+
+_OPTIONAL = ("hstu_fwd_tile", "hstu_bwd_tile", "bsa_bwd_min_blocks")
+
+
+def _raw(val) -> str:
+    if isinstance(val, bool):
+        return "1" if val else "0"
+    if isinstance(val, tuple):
+        return ",".join(map(str, val))
+    return str(val)
+
+
+def _allowed_text(sw) -> str:
+    return ", ".join(sw.allowed) if isinstance(sw.allowed, tuple) else sw.allowed
+
+
+def _switches_of(cls):
+    names = {f.name for f in dataclasses.fields(cls)}
+    return [sw for sw in SWITCHES if sw.field in names]
+
+
+def _read(sw, env):
+    raw = env.get(sw.env, "")
+    return None if raw == "" else sw.parse(sw.env, raw)
+
+
+def from_env(environ: Mapping[str, str] | None = None) -> Switches:
+    """The :class:`Switches` set by the environment (``os.environ`` by default).
+
+    Unset or empty variables keep the defaults. Raises ``ValueError`` naming the variable
+    and its allowed values for any other value of any variable in :data:`SWITCHES`
+    (``JAX_SPARSE_ATTN_FORCE_KERNEL`` included, which :func:`force_kernel` reads).
+    """
+    env = os.environ if environ is None else environ
+    force_kernel(env)
+    vals = {sw.field: _read(sw, env) for sw in _switches_of(Switches)}
+    return Switches(**{k: v for k, v in vals.items() if v is not None})
+
+
+def force_kernel(environ: Mapping[str, str] | None = None) -> bool:
+    """``JAX_SPARSE_ATTN_FORCE_KERNEL``: skip the device check of backend selection (CPU
+    lowering of the kernel path); ValueError for a value outside 0/1/true/false."""
+    env = os.environ if environ is None else environ
+    return bool(_read(_FORCE_KERNEL, env))
+
+
+def switches_table() -> str:
+    """The switches as a Markdown table (docs/design.md embeds it)."""
+    rows = ["| variable | `Switches` field | allowed | meaning |", "|---|---|---|---|"]
+    fields = {sw.field for sw in _switches_of(Switches)}
+    for sw in SWITCHES:
+        field = f"`{sw.field}`" if sw.field in fields else "(environment only)"
+        rows.append(f"| `{sw.env}` | {field} | {_allowed_text(sw)} | {sw.doc} |")
+    return "\n".join(rows)
+
+
+# ----------------------------------------------------------------------------- op configs
+
+
+@dataclasses.dataclass(frozen=True)
+class HSTUConfig:
+    """Static options of one HSTU call (the ``custom_vjp`` nondiff argument).
+
+    The first group comes from the validated arguments (:func:`~jax_sparse_attn.validation.
+    check_hstu_args`); ``backend``, the padded head dims and the kernel compile keys are
+    filled by the public layer once the backend is chosen. ``head_dim_pad`` /
+    ``head_dim_v_pad`` are the head dims the kernels run at (q/k/v zero-padded, the output
+    sliced back); they equal the true dims on the reference backend.
+    """
+
+    dtype: str
+    head_dim: int
+    head_dim_v: int
+    max_seqlen_q: int
+    max_seqlen_k: int
+    scaling_seqlen: float
+    window_size: tuple
+    alpha: float
+    paged: bool
+    func_n: int  # endpoint rows of func; 0 without func
+    backend: str = "reference"  # resolved: "kernel" or "reference"
+    head_dim_pad: int = 0
+    head_dim_v_pad: int = 0
+    fwd: object = None  # ffi.hstu.HstuFwdConfig (kernel backend)
+    bwd: object = None  # ffi.hstu.HstuBwdConfig (kernel backend, not paged)
+    # relative attention bias: H_rab (0 = no rab: the kernels compile without bias code)
+    # and rab's dtype name ("" without rab)
+    rab_heads: int = 0
+    rab_per_head: bool = False  # H_rab == H
+    rab_dtype: str = ""
+
+    @property
+    def has_func(self) -> bool:
+        return self.func_n > 0
+
+    @property
+    def has_rab(self) -> bool:
+        return self.rab_heads > 0
+
+
+@dataclasses.dataclass(frozen=True)
+class BSAConfig:
+    """Static options of one block-sparse attention call (the ``custom_vjp`` nondiff
+    argument). Shapes are in bhsd order whatever the layout. ``fwd`` / ``bwd`` / ``pre``
+    are the kernel compile keys (kernel backend; ``pre`` None = XLA preprocessing)."""
+
+    dtype: str
+    layout: str
+    sparse_block_size: int
+    softmax_scale: float
+    block_sparse_num: int | None
+    allow_empty_block_nums: bool
+    has_block_sizes: bool
+    batch: int
+    num_heads_q: int
+    num_heads_kv: int
+    seqlen_q: int
+    seqlen_kv: int
+    head_dim: int
+    head_dim_v: int
+    num_q_blocks: int
+    num_kv_blocks: int
+    k_max: int
+    backend: str = "reference"
+    fwd: object = None  # ffi.bsa.BsaFwdConfig
+    bwd: object = None  # ffi.bsa.BsaBwdConfig
+    pre: object = None  # ffi.bsa.BsaPreConfig, or None for the XLA preprocessing

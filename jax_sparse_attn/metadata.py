@@ -1,0 +1,239 @@
+"""Kernel-path metadata preparation: everything the kernels read besides q, k, v.
+
+Tiny XLA computations on int32 metadata, shared by the ffi adapters, the reference and
+:mod:`jax_sparse_attn.masks`:
+
+* HSTU: the pseudo-sequence appended to ``cu_seqlens``, the forward / backward tile
+  schedules (:func:`hstu_fwd_schedule`, :func:`hstu_bwd_schedule`), the per-tile
+  summaries of a ``func`` mask and the runtime scalars;
+* BSA: :func:`normalize_bsa_metadata` (the kernel-interface form of the metadata) and
+  :func:`build_kq_csr` (the K->Q transposed block lists of the backward);
+* head-dim padding (:func:`padded_head_dim`, :func:`pad_last`).
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+
+_BIG = 1 << 30
+
+
+def padded_head_dim(d: int, supported) -> int | None:
+    """The smallest supported head dim >= ``d`` (None if there is none)."""
+    return min((s for s in supported if s >= d), default=None)
+
+
+def pad_last(x, to: int):
+    """Zero-pad the last axis of ``x`` to ``to`` entries."""
+    extra = to - x.shape[-1]
+    if extra == 0:
+        return x
+    return jnp.pad(x, [(0, 0)] * (x.ndim - 1) + [(0, extra)])
+
+
+# ----------------------------------------------------------------------------- HSTU
+
+
+def _tiles_per_seq(cu, block):
+    lens = cu[1:] - cu[:-1]
+    return lens, (lens + block - 1) // block
+
+
+def _canonical_tiles(cu, block, n_slots):
+    """Slot s -> (batch, tile index in batch) in canonical order; batch = -1 past the end."""
+    _, nt = _tiles_per_seq(cu, block)
+    start = jnp.concatenate([jnp.zeros((1,), jnp.int32), jnp.cumsum(nt).astype(jnp.int32)])
+    s = jnp.arange(n_slots, dtype=jnp.int32)
+    b = (jnp.searchsorted(start, s, side="right", method="compare_all") - 1).astype(jnp.int32)
+    nb = cu.shape[0] - 1
+    b = jnp.clip(b, 0, max(nb - 1, 0))
+    idx = s - start[b]
+    valid = s < start[-1]
+    return jnp.where(valid, b, -1), jnp.where(valid, idx, 0), start
+
+
+def _func_tile_summary(func, cu_q, block, n_slots, t_q):
+    """Per canonical q tile: [min interval start, max interval end, min F0] over its rows."""
+    f = func[0, :, :t_q]  # (N, T_q)
+    n = f.shape[0]
+    starts = [jnp.where(f[0] > 0, 0, _BIG)]
+    ends = [jnp.where(f[0] > 0, f[0], -_BIG)]
+    for t in range((n - 1) // 2):
+        a, e = f[2 * t + 1], f[2 * t + 2]
+        ne = e > a
+        starts.append(jnp.where(ne, a, _BIG))
+        ends.append(jnp.where(ne, e, -_BIG))
+    lo = functools.reduce(jnp.minimum, starts)
+    hi = functools.reduce(jnp.maximum, ends)
+    f0 = f[0]
+    rows = jnp.arange(t_q, dtype=jnp.int32)
+    b = (jnp.searchsorted(cu_q, rows, side="right") - 1).astype(jnp.int32)
+    b = jnp.clip(b, 0, cu_q.shape[0] - 2)
+    _, nt = _tiles_per_seq(cu_q, block)
+    start = jnp.concatenate([jnp.zeros((1,), jnp.int32), jnp.cumsum(nt).astype(jnp.int32)])
+    seg = start[b] + (rows - cu_q[b]) // block
+    lo_t = jax.ops.segment_min(lo, seg, num_segments=n_slots)
+    hi_t = jax.ops.segment_max(hi, seg, num_segments=n_slots)
+    f0_t = jax.ops.segment_min(f0, seg, num_segments=n_slots)
+    return jnp.stack([lo_t, hi_t, f0_t], axis=1).astype(jnp.int32)
+
+
+def hstu_fwd_schedule(cu_q, cu_k, func, block_m, t_q, window_size):
+    """Per CTA row: ``[batch, m_block, lo, hi, f0]`` (batch -1: idle slot), longest work
+    first (number of visible keys, stable argsort; docs/performance.md gives its worth).
+    """
+    bm = block_m
+    nb = cu_q.shape[0] - 1
+    n_slots = t_q // bm + nb
+    b, m, _ = _canonical_tiles(cu_q, bm, n_slots)
+    bc = jnp.maximum(b, 0)
+    lq = (cu_q[1:] - cu_q[:-1])[bc]
+    lk = (cu_k[1:] - cu_k[:-1])[bc]
+    if func is not None:
+        summ = _func_tile_summary(func, cu_q, bm, n_slots, t_q)
+        j_lo = jnp.maximum(summ[:, 0], 0)
+        j_hi = jnp.minimum(summ[:, 1], lk)
+    else:
+        summ = jnp.zeros((n_slots, 3), jnp.int32)
+        left, right = window_size
+        off = lk - lq
+        m0 = m * bm
+        m1 = jnp.minimum(m0 + bm, lq)
+        j_lo = jnp.maximum(m0 + off - left, 0) if left >= 0 else jnp.zeros_like(m0)
+        j_hi = jnp.minimum(m1 + off + right, lk) if right >= 0 else lk
+    work = jnp.where(b >= 0, jnp.maximum(j_hi - j_lo, 0) + 1, -1)
+    order = jnp.argsort(-work, stable=True)
+    tiles = jnp.concatenate([b[:, None], m[:, None], summ], axis=1).astype(jnp.int32)
+    return tiles[order]
+
+
+def hstu_bwd_schedule(cu_q, cu_k, func, block_m, block_n, t_q, t_k):
+    """KV tiles ``[batch, n_block]`` in canonical order (n ascending: under a causal /
+    right-aligned mask the first KV tiles of a sequence see the most queries, so they
+    start first), the canonical first q-tile index per batch, and the func summary."""
+    bm, bn = block_m, block_n
+    nb = cu_q.shape[0] - 1
+    nk_slots = t_k // bn + nb
+    nq_slots = t_q // bm + nb
+    b, n, _ = _canonical_tiles(cu_k, bn, nk_slots)
+    _, _, q_start = _canonical_tiles(cu_q, bm, nq_slots)
+    if func is not None:
+        q_tiles = _func_tile_summary(func, cu_q, bm, nq_slots, t_q)
+    else:
+        q_tiles = jnp.zeros((1, 3), jnp.int32)
+    kv_tiles = jnp.stack([b, n], axis=1).astype(jnp.int32)
+    return kv_tiles, q_start.astype(jnp.int32), q_tiles
+
+
+def append_pseudo_sequence(cu, total):
+    """``cu`` plus one pseudo-sequence ending at ``total`` (None: an empty one), so that
+    the kernels cover (and write zeros to) the rows past ``cu[-1]``."""
+    cu = cu.astype(jnp.int32)
+    last = cu[-1:] if total is None else jnp.full((1,), total, jnp.int32)
+    return jnp.concatenate([cu, last])
+
+
+def hstu_scalars(alpha, scaling_seqlen, window_size):
+    """The runtime scalars of the HSTU kernels: float32 ``[alpha / 2, 1 / scaling_seqlen]``
+    (SiLU(x) = x/2 * (1 + tanh(x/2))) and int32 ``[left, right]``."""
+    scal = jnp.asarray([alpha * 0.5, 1.0 / scaling_seqlen], jnp.float32)
+    win = jnp.asarray([int(window_size[0]), int(window_size[1])], jnp.int32)
+    return scal, win
+
+
+# ----------------------------------------------------------------------------- BSA
+
+
+def normalize_bsa_metadata(q2k_block_index, block_sparse_num=None, block_sizes=None,
+                           q2k_block_nums=None):
+    """Normalise BSA metadata to the kernel-interface form (docs/design.md).
+
+    Returns ``(q2k_block_index int32 (B, H_q, N_q, K_max), q2k_block_nums int32
+    (B, H_q, N_q), block_sizes None | int32 (B, H_q, N_kv))``. A fixed
+    ``block_sparse_num`` becomes a filled counts array; ``block_sizes`` of rank 1
+    ``(N_kv,)`` or 2 ``(B, N_kv)`` is broadcast to rank 3. No checks are made here.
+    """
+    idx = jnp.asarray(q2k_block_index).astype(jnp.int32)
+    B, Hq, Nq, _ = idx.shape
+    if q2k_block_nums is not None:
+        nums = jnp.asarray(q2k_block_nums).astype(jnp.int32)
+    else:
+        nums = jnp.full((B, Hq, Nq), block_sparse_num, jnp.int32)
+    sizes = None
+    if block_sizes is not None:
+        bs = jnp.asarray(block_sizes).astype(jnp.int32)
+        if bs.ndim == 1:
+            sizes = jnp.broadcast_to(bs[None, None, :], (B, Hq, bs.shape[0]))
+        elif bs.ndim == 2:
+            sizes = jnp.broadcast_to(bs[:, None, :], (B, Hq, bs.shape[1]))
+        else:
+            sizes = bs
+    return idx, nums, sizes
+
+
+# the dense (bitmap) K->Q construction is used up to this many (query block, KV block) pairs
+# B * H_q * N_q * N_kv (its temporaries take about 16 bytes per pair: 64 MiB here); above
+# it, a stable sort (argsort) builds the lists in memory linear in the number of entries
+_DENSE_CSR_MAX_ELEMS = 1 << 22
+
+
+def build_kq_csr(q2k_block_index, q2k_block_nums, *, num_kv_heads: int, num_kv_blocks: int):
+    """K->Q transposed block lists (CSR) from the Q->K metadata, on the device.
+
+    Returns ``(offsets, entries)``: ``offsets`` int32 ``(B*H_kv*N_kv + 1,)``; the entries of
+    KV block n of KV head g in batch b are ``entries[offsets[r]:offsets[r+1]]`` with
+    ``r = (b*H_kv + g)*N_kv + n``, each ``h_in_group*N_q + m`` (query head ``g*G + h_in_group``,
+    query block m), in increasing order. Only the active prefix of each row is used.
+    ``entries`` has ``B*H_q*N_q*K_max`` slots; those past ``offsets[-1]`` are unused.
+
+    Active ids outside ``[0, num_kv_blocks)`` are skipped. Two constructions with
+    identical results for unique active ids per row: for up to ``2**22`` (query block, KV
+    block) pairs a dense bitmap (one scatter, a row-wise prefix sum, one scatter; about
+    16 bytes of temporaries per pair), beyond that a stable argsort of the entries by KV
+    block (memory linear in the number of entries).
+    """
+    b, h_q, n_q, k_max = q2k_block_index.shape
+    group = h_q // num_kv_heads
+    j = jnp.arange(k_max, dtype=jnp.int32)
+    active = ((j[None, None, None, :] < q2k_block_nums[..., None]) & (q2k_block_index >= 0)
+              & (q2k_block_index < num_kv_blocks))
+    if b * h_q * n_q * num_kv_blocks <= _DENSE_CSR_MAX_ELEMS:
+        return _kq_csr_dense(q2k_block_index, active, group, num_kv_heads, num_kv_blocks)
+    n_rows = b * num_kv_heads * num_kv_blocks
+    bi = jnp.arange(b, dtype=jnp.int32)[:, None, None, None]
+    hi = jnp.arange(h_q, dtype=jnp.int32)[None, :, None, None]
+    mi = jnp.arange(n_q, dtype=jnp.int32)[None, None, :, None]
+    key = (bi * num_kv_heads + hi // group) * num_kv_blocks + q2k_block_index
+    key = jnp.where(active, key, n_rows).reshape(-1)
+    val = jnp.broadcast_to((hi % group) * n_q + mi, q2k_block_index.shape).reshape(-1)
+    perm = jnp.argsort(key, stable=True)
+    entries = val[perm].astype(jnp.int32)
+    counts = jnp.zeros((n_rows + 1,), jnp.int32).at[key].add(1)
+    offsets = jnp.concatenate([jnp.zeros((1,), jnp.int32), jnp.cumsum(counts[:n_rows], dtype=jnp.int32)])
+    return offsets, entries
+
+
+def _kq_csr_dense(q2k_block_index, active, group, num_kv_heads, num_kv_blocks):
+    """:func:`build_kq_csr` through a (KV block) x (query head in group, query block) bitmap."""
+    b, h_q, n_q, k_max = q2k_block_index.shape
+    # selected[b, h, m, n] = 1 if query block m of head h lists KV block n (inactive slots
+    # land in the dropped column num_kv_blocks)
+    tgt = jnp.where(active, q2k_block_index, num_kv_blocks)
+    bi = jnp.arange(b)[:, None, None, None]
+    hi = jnp.arange(h_q)[None, :, None, None]
+    mi = jnp.arange(n_q)[None, None, :, None]
+    sel = jnp.zeros((b, h_q, n_q, num_kv_blocks + 1), jnp.int32).at[bi, hi, mi, tgt].set(1)
+    sel = sel[..., :num_kv_blocks]
+    # rows (b, g, n), columns h_in_group * n_q + m: the entry value, in increasing order
+    rows = sel.reshape(b, num_kv_heads, group, n_q, num_kv_blocks).transpose(0, 1, 4, 2, 3)
+    rows = rows.reshape(b * num_kv_heads * num_kv_blocks, group * n_q)
+    offsets = jnp.concatenate([jnp.zeros((1,), jnp.int32), jnp.cumsum(rows.sum(-1), dtype=jnp.int32)])
+    pos = offsets[:-1, None] + jnp.cumsum(rows, axis=-1, dtype=jnp.int32) - 1
+    n_slots = b * h_q * n_q * k_max
+    pos = jnp.where(rows > 0, pos, n_slots)  # unselected: out of range, dropped
+    vals = jnp.broadcast_to(jnp.arange(group * n_q, dtype=jnp.int32), rows.shape)
+    entries = jnp.zeros((n_slots,), jnp.int32).at[pos.reshape(-1)].set(vals.reshape(-1), mode="drop")
+    return offsets, entries
