@@ -1,7 +1,7 @@
 """Block-sparse softmax attention: public API (validate -> static config -> custom_vjp -> backend).
 
-Semantics (source: issue 2 "Package foundation"; metadata conventions as in cuDNN's
-block-sparse attention): queries and keys are cut into blocks of ``blk =
+Semantics (source: softmax attention restricted to listed key blocks; metadata conventions
+as in cuDNN's block-sparse attention): queries and keys are cut into blocks of ``blk =
 sparse_block_size`` tokens, ``N_q = ceil(S_q / blk)``, ``N_kv = ceil(S_kv / blk)``.
 Query block ``m`` of head ``h`` attends to the listed KV blocks
 ``q2k_block_index[b, h, m, :n]`` (the *active prefix*, ``n`` = ``block_sparse_num`` or
@@ -113,9 +113,8 @@ _bwd_jit = jax.jit(_bwd_impl, static_argnums=(0,))
 
 
 _SEMANTICS_DOC = """
-    Semantics: issue 2 ("Package foundation") of this project; the metadata follow
-    cuDNN's block-sparse attention conventions (see the module docstring and
-    ``docs/bsa.md``).
+    Semantics: softmax attention over the listed key blocks; the metadata follow cuDNN's
+    block-sparse attention conventions (see the module docstring and ``docs/bsa.md``).
 """
 
 _ARG_LINES = """
@@ -231,7 +230,7 @@ def block_sparse_attention_backward(do, q, k, v, o, lse, q2k_block_index, block_
                                     block_sizes=None, q2k_block_nums=None, *,
                                     sparse_block_size=128, softmax_scale=None, layout="bhsd",
                                     allow_empty_block_nums=False, backend="auto",
-                                   switches=None):
+                                    switches=None):
     cfg, idx, nums, sizes = _make_config(
         q, k, v, q2k_block_index, block_sparse_num, block_sizes, q2k_block_nums,
         sparse_block_size=sparse_block_size, softmax_scale=softmax_scale, layout=layout,
@@ -245,9 +244,9 @@ def block_sparse_attention_backward(do, q, k, v, o, lse, q2k_block_index, block_
                              f"got {tuple(getattr(x, 'shape', ()))}")
         if canonical_dtype(x) != canonical_dtype(q):
             raise TypeError(f"{name} dtype {canonical_dtype(x)} must equal q's dtype {canonical_dtype(q)}")
-    B, Sq, Hq = qs[0], (qs[2] if layout == "bhsd" else qs[1]), (qs[1] if layout == "bhsd" else qs[2])
-    if tuple(getattr(lse, "shape", ())) != (B, Hq, Sq):
-        raise ValueError(f"lse must have shape (B, H_q, S_q) = {(B, Hq, Sq)}, "
+    lse_shape = (cfg.batch, cfg.num_heads_q, cfg.seqlen_q)
+    if tuple(getattr(lse, "shape", ())) != lse_shape:
+        raise ValueError(f"lse must have shape (B, H_q, S_q) = {lse_shape}, "
                          f"got {tuple(getattr(lse, 'shape', ()))}")
     lse_dtype = jnp.promote_types(canonical_dtype(q), jnp.float32)
     if canonical_dtype(lse) != lse_dtype:

@@ -1,7 +1,7 @@
 """HSTU attention: public API (validate -> static config -> custom_vjp -> backend).
 
-Semantics (source: issue 2 "Package foundation"; the HSTU paper, Zhai et al. 2024,
-arXiv 2402.17152): for each packed sequence ``b`` and head ``h``, with
+Semantics (source: the HSTU paper, Zhai et al. 2024, arXiv 2402.17152, and Meta's
+generative-recommenders kernels): for each packed sequence ``b`` and head ``h``, with
 ``S = alpha * q_i . k_j``::
 
     out_i = sum_j M_ij * SiLU(S_ij) * v_j / scaling_seqlen
@@ -189,9 +189,8 @@ _hstu_paged_jit = jax.jit(_hstu_paged, static_argnums=(0,))
 
 
 _SEMANTICS_DOC = """
-    Semantics: issue 2 ("Package foundation") of this project, which follows the HSTU
-    paper (Zhai et al. 2024, arXiv 2402.17152) and Meta's generative-recommenders
-    kernels; see the module docstring and ``docs/hstu.md``.
+    Semantics: the HSTU paper (Zhai et al. 2024, arXiv 2402.17152) and Meta's
+    generative-recommenders kernels; see the module docstring and ``docs/hstu.md``.
 """
 
 _ARG_LINES = """

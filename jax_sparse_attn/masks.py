@@ -26,6 +26,7 @@ from .validation import HSTU_FUNC_PAD, SPARSE_BLOCK_SIZES
 __all__ = [
     "hstu_target_func",
     "hstu_func_to_dense",
+    "func_interval_mask",
     "block_mask_to_index",
     "topk_block_index",
     "transpose_block_index",
@@ -103,6 +104,20 @@ def hstu_target_func(cu_seqlens, total_len: int, *, num_targets=None, contextual
     return jnp.stack(rows)[None].astype(jnp.int32)
 
 
+def func_interval_mask(endpoints, j):
+    """The ``func`` key rule: is key ``j`` in ``[0, F_0) U [F_1, F_2) U [F_3, F_4) U ...``?
+
+    ``endpoints`` int ``(N, *rows)`` (N odd) holds ``F_0 .. F_{N-1}`` of each query row,
+    ``j`` int ``(L,)`` key positions. Returns bool ``(*rows, L)``. Intervals may be empty,
+    overlap or come in any order.
+    """
+    inside = j < endpoints[0][..., None]
+    if endpoints.shape[0] > 1:
+        lo, hi = endpoints[1::2][..., None], endpoints[2::2][..., None]
+        inside = inside | jnp.any((j >= lo) & (j < hi), axis=0)
+    return inside
+
+
 def hstu_func_to_dense(func, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int, max_seqlen_k: int):
     """Expand ``func`` into dense per-sequence masks ``(B, max_seqlen_q, max_seqlen_k) bool``.
 
@@ -117,10 +132,7 @@ def hstu_func_to_dense(func, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int, max_
     i = jnp.arange(max_seqlen_q, dtype=jnp.int32)
     j = jnp.arange(max_seqlen_k, dtype=jnp.int32)
     rows = jnp.clip(cu_q[:-1, None] + i[None, :], 0, f.shape[1] - 1)  # (B, Lq)
-    F = f[:, rows]  # (N, B, Lq)
-    inside = j < F[0][..., None]
-    for t in range(1, f.shape[0], 2):
-        inside = inside | ((j >= F[t][..., None]) & (j < F[t + 1][..., None]))
+    inside = func_interval_mask(f[:, rows], j)  # (B, Lq, Lk)
     Lq = (cu_q[1:] - cu_q[:-1])[:, None, None]
     Lk = (cu_k[1:] - cu_k[:-1])[:, None, None]
     return inside & (i[None, :, None] < Lq) & (j[None, None, :] < Lk)

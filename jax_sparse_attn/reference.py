@@ -3,7 +3,8 @@
 This module is both the any-backend execution path (``backend="reference"``, and what
 ``backend="auto"`` picks where no kernel applies) and the oracle every kernel test
 compares against. It has exactly the semantics documented in :mod:`jax_sparse_attn.hstu`
-and :mod:`jax_sparse_attn.bsa` (source: issue 2, "Package foundation").
+and :mod:`jax_sparse_attn.bsa` (sources: the HSTU paper, Zhai et al. 2024, and cuDNN's
+block-sparse attention conventions).
 
 Precision
 ---------
@@ -35,6 +36,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
+from .masks import func_interval_mask
 from .metadata import normalize_bsa_metadata
 from .validation import HSTU_PAGE_SIZE
 
@@ -142,7 +144,6 @@ def _hstu_attention_ref_impl(
     j = jnp.arange(max_seqlen_k, dtype=jnp.int32)
 
     if func is not None:
-        n_f = func.shape[1]
         L_f = func.shape[2]
         f2d = jnp.asarray(func)[0].astype(jnp.int32)
 
@@ -182,13 +183,7 @@ def _hstu_attention_ref_impl(
         if right >= 0:
             valid = valid & (j[None, :] <= p + right)
         if func is not None:
-            f = f2d[:, jnp.clip(q0 + i, 0, L_f - 1)]  # (N, tile)
-            inside = j[None, :] < f[0][:, None]
-            if n_f > 1:
-                lo = f[1::2][:, :, None]
-                hi = f[2::2][:, :, None]
-                inside = inside | jnp.any((j >= lo) & (j < hi), axis=0)
-            valid = valid & inside
+            valid = valid & func_interval_mask(f2d[:, jnp.clip(q0 + i, 0, L_f - 1)], j)
         act = jnp.where(valid[None], jax.nn.silu(s), jnp.zeros((), cdt))
         o = jnp.einsum("hqk,khd->qhd", act, vt, preferred_element_type=cdt)
         return o * jnp.asarray(inv_scale, cdt)

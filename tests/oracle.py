@@ -198,3 +198,85 @@ def fd_check(f, args, cot, eps=1e-6, n_dirs=3, seed=0):
         an = float(sum(jnp.sum(g * d) for g, d in zip(grads, dirs)))
         assert abs(fd - an) <= 1e-6 * max(1.0, abs(fd)), (fd, an)
     return out, grads
+
+
+def _dsilu(x):
+    s = 1.0 / (1.0 + np.exp(-x))
+    return s * (1.0 + x * (1.0 - s))
+
+
+def hstu_oracle_vjp(q, k, v, do, cu_q, cu_k, *, max_seqlen_q, scaling_seqlen=None,
+                    window_size=(-1, 0), alpha=1.0, func=None):
+    """``(out, dq, dk, dv)`` float64: the HSTU forward and its gradients for the output
+    cotangent ``do``, per sequence and head with dense matrices; the mask comes from the
+    key-by-key rule :func:`hstu_key_allowed` (packed K/V only)."""
+    q, k, v, do = f64(q), f64(k), f64(v), f64(do)
+    cu_q = [int(x) for x in np.asarray(cu_q)]
+    cu_k = [int(x) for x in np.asarray(cu_k)]
+    scale = float(max_seqlen_q if scaling_seqlen is None else scaling_seqlen)
+    fn = None if func is None else np.asarray(func)[0]
+    out, dq = np.zeros(q.shape[:2] + v.shape[2:]), np.zeros(q.shape)
+    dk, dv = np.zeros(k.shape), np.zeros(v.shape)
+    for b in range(len(cu_q) - 1):
+        rq = slice(cu_q[b], cu_q[b + 1])
+        rk = slice(cu_k[b], cu_k[b + 1])
+        L_q, L_k = rq.stop - rq.start, rk.stop - rk.start
+        if L_q == 0 or L_k == 0:
+            continue
+        m = np.zeros((L_q, L_k))
+        for i in range(L_q):
+            frow = None if fn is None else [int(x) for x in fn[:, cu_q[b] + i]]
+            for j in range(L_k):
+                m[i, j] = hstu_key_allowed(i, j, L_q, L_k, window_size, frow)
+        for h in range(q.shape[1]):
+            s = alpha * q[rq, h] @ k[rk, h].T
+            p = m * (s / (1.0 + np.exp(-s))) / scale
+            out[rq, h] = p @ v[rk, h]
+            dv[rk, h] += p.T @ do[rq, h]
+            ds = (do[rq, h] @ v[rk, h].T) * m * _dsilu(s) * alpha / scale
+            dq[rq, h] += ds @ k[rk, h]
+            dk[rk, h] += ds.T @ q[rq, h]
+    return out, dq, dk, dv
+
+
+def bsa_oracle_vjp(q, k, v, do, idx, nums, sizes=None, *, blk=128, softmax_scale=None,
+                   layout="bhsd"):
+    """``(out, lse, dq, dk, dv)`` float64: block-sparse softmax attention and its gradients
+    for ``do``, one query block at a time over the key set of :func:`bsa_key_positions`
+    (``sizes`` None or broadcast to ``(B, H_q, N_kv)``)."""
+    q, k, v, do = f64(q), f64(k), f64(v), f64(do)
+    if layout == "bshd":
+        q, k, v, do = (np.swapaxes(x, 1, 2) for x in (q, k, v, do))
+    B, Hq, Sq, D = q.shape
+    Hkv, Skv = k.shape[1], k.shape[2]
+    g = Hq // Hkv
+    scale = 1.0 / math.sqrt(D) if softmax_scale is None else softmax_scale
+    idx, nums = np.asarray(idx), np.asarray(nums)
+    sizes = None if sizes is None else np.asarray(sizes)
+    out, lse = np.zeros(do.shape), np.full((B, Hq, Sq), -np.inf)
+    dq, dk, dv = np.zeros(q.shape), np.zeros(k.shape), np.zeros(v.shape)
+    for b in range(B):
+        for h in range(Hq):
+            hk = h // g
+            for mb in range(-(-Sq // blk)):
+                keys = bsa_key_positions(b, h, mb, idx, nums, sizes, blk, Skv)
+                if not keys:
+                    continue
+                rows = slice(mb * blk, min((mb + 1) * blk, Sq))
+                kk, vv = k[b, hk, keys], v[b, hk, keys]
+                s = scale * q[b, h, rows] @ kk.T
+                mx = s.max(axis=1, keepdims=True)
+                w = np.exp(s - mx)
+                tot = w.sum(axis=1, keepdims=True)
+                p = w / tot
+                o = p @ vv
+                out[b, h, rows], lse[b, h, rows] = o, (mx + np.log(tot))[:, 0]
+                dob = do[b, h, rows]
+                dp = dob @ vv.T
+                ds = p * (dp - np.sum(dob * o, axis=1, keepdims=True))
+                dq[b, h, rows] = scale * ds @ kk
+                dk[b, hk, keys] += scale * ds.T @ q[b, h, rows]
+                dv[b, hk, keys] += p.T @ dob
+    if layout == "bshd":
+        out, dq, dk, dv = (np.swapaxes(x, 1, 2) for x in (out, dq, dk, dv))
+    return out, lse, dq, dk, dv

@@ -114,7 +114,13 @@ def test_hstu_kernel_lowers_dv_ne_d_and_window_values():
     assert all(_target() in t for t in texts)
 
 
-SM90_LOWER = [(impl, d, dv, fn, dt) for impl in ("sm90", "sm90pp")
+def _fwd_impls():
+    from jax_sparse_attn.config import SWITCHES  # noqa: PLC0415
+
+    return next(sw.allowed for sw in SWITCHES if sw.field == "hstu_fwd_impl")
+
+
+SM90_LOWER = [(impl, d, dv, fn, dt) for impl in _fwd_impls()
               for d, dv, fn, dt in ((128, 128, 0, "bfloat16"), (64, 64, 3, "float16"),
                                     (32, 32, 0, "bfloat16"), (256, 256, 7, "bfloat16"),
                                     (64, 128, 0, "bfloat16"))]
@@ -123,9 +129,10 @@ SM90_LOWER = [(impl, d, dv, fn, dt) for impl in ("sm90", "sm90pp")
 @pytest.mark.parametrize("impl,head_dim,head_dim_v,func_n,dtype", SM90_LOWER,
                          ids=["-".join(map(str, c)) for c in SM90_LOWER])
 def test_hstu_sm90_forward_impls_lower(impl, head_dim, head_dim_v, func_n, dtype):
-    """Both wgmma forwards (sm90pp ping-pong, the default, and the lockstep sm90) keep compiling for
-    sm_90a at every head dim (D=256 uses 64-key tiles) and with D != D_v; the forward is
-    chosen through the public ``switches`` argument."""
+    """Every value of the hstu_fwd_impl switch (sm90pp ping-pong, the default, the lockstep
+    sm90, the mma.sync sm80, and any added later) has a forward that compiles for sm_90a
+    at every head dim (D=256 uses 64-key tiles) and with D != D_v; the forward is chosen
+    through the public ``switches`` argument."""
     import jax_sparse_attn as jsa  # noqa: PLC0415
     from jax_sparse_attn.config import Switches  # noqa: PLC0415
 

@@ -11,6 +11,8 @@ from hypothesis import strategies as st
 
 import jax_sparse_attn as jsa
 from jax_sparse_attn import reference
+from attention_base import BSAReferenceGrid
+from attention_base import generate as pytest_generate_tests  # noqa: F401
 from oracle import broadcast_sizes, bsa_oracle, fd_check, x64
 
 
@@ -316,3 +318,8 @@ def test_bsa_chunked_evaluation_matches(monkeypatch):
         np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-12, atol=1e-14)
     wo, _ = bsa_oracle(q, k, v, idx, nums, broadcast_sizes(sizes, 1, 3, 4), blk=64)
     np.testing.assert_allclose(np.asarray(o2), wo, rtol=1e-10, atol=1e-12)
+
+
+class TestBSAGrid(BSAReferenceGrid):
+    """The shared grid (tests/attention_base.py) on the reference backend vs the float64
+    oracle."""

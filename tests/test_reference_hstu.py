@@ -11,6 +11,8 @@ from hypothesis import strategies as st
 
 import jax_sparse_attn as jsa
 from jax_sparse_attn import reference
+from attention_base import HSTUReferenceGrid
+from attention_base import generate as pytest_generate_tests  # noqa: F401
 from oracle import fd_check, hstu_oracle, x64
 
 
@@ -301,6 +303,11 @@ def test_hstu_chunked_evaluation_matches(monkeypatch):
     np.testing.assert_allclose(np.asarray(b), np.asarray(a), rtol=1e-13, atol=1e-15)
     for x, y in zip(gb, ga):
         np.testing.assert_allclose(np.asarray(x), np.asarray(y), rtol=1e-12, atol=1e-14)
+
+
+class TestHSTUGrid(HSTUReferenceGrid):
+    """The shared grid (tests/attention_base.py) on the reference backend vs the float64
+    oracle."""
 
 
 # ------------------------------------------------------------------ relative attention bias

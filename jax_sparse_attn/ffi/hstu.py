@@ -1,6 +1,7 @@
 """cutlass_call adapters for the HSTU CuTe DSL kernels (see docs/design.md).
 
-``hstu_fwd`` / ``hstu_bwd`` take and return ``jax.Array``s, are traceable under
+``hstu_fwd`` / ``hstu_bwd`` take ``jax.Array``s and the op's
+:class:`~jax_sparse_attn.config.HSTUConfig`, return ``jax.Array``s, are traceable under
 ``jax.jit``, contain no ``custom_vjp`` and do no value validation (the public layer in
 ``jax_sparse_attn/hstu.py`` does). Every kernel launch goes onto XLA's stream through
 ``cutlass.jax.cutlass_call``; XLA owns all outputs and workspaces.
@@ -8,7 +9,8 @@
 Runtime values (never compile keys): ``cu_seqlens_*``, the tile schedules derived from
 them, window sizes, ``alpha``, ``1/scaling_seqlen`` travel as small device arrays.
 Compile keys are the frozen ``HstuFwdConfig`` / ``HstuBwdConfig`` (dtype, head dims, tile
-sizes, warps, has_func and the number of func endpoints, a shape).
+sizes, warps, forward implementation, has_func and the number of func endpoints) that the
+public layer keeps in ``cfg.fwd`` / ``cfg.bwd``.
 
 Kernels (``jax_sparse_attn/kernels``): ``hstu_fwd_sm80`` / ``hstu_bwd_sm80`` use warp-level
 ``mma.sync`` (SM80 atoms; they run on sm_80+ including the H200) with cp.async loads;
@@ -21,8 +23,8 @@ sm80 forward 128 x 64 (D <= 128; 128 x 128 at D = 32; 64 x 64 at D = 256), 4 war
 forwards 128 x 128 (64 keys at D = 256), 8 warps; backward 64 query rows x 128 keys, 8 warps
 (64 x 64 at D = 256).
 
-Schedules (built in :mod:`jax_sparse_attn.metadata`): the forward grid is ``(H, S)`` over query tiles ordered longest-work-first
-(argsort of the visible key count); the backward grid is ``(H, S)`` over KV tiles in
+Schedules (built in :mod:`jax_sparse_attn.metadata`): the forward grid is ``(H, S)`` over
+query tiles ordered longest-work-first (argsort of the visible key count); the backward grid is ``(H, S)`` over KV tiles in
 canonical order. A pseudo-sequence appended to ``cu_seqlens`` covers rows past
 ``cu_seqlens[-1]`` so the kernels write zeros there.
 
@@ -74,8 +76,8 @@ _SMEM_BYTES = 227 * 1024
 
 
 @dataclasses.dataclass(frozen=True)
-class HstuFwdConfig:
-    """Compile key of the HSTU forward: static kernel properties only."""
+class _HstuKey:
+    """Static kernel properties shared by the forward and backward compile keys."""
 
     dtype: str
     head_dim: int
@@ -85,6 +87,12 @@ class HstuFwdConfig:
     num_warps: int
     has_func: bool
     func_n: int
+
+
+@dataclasses.dataclass(frozen=True)
+class HstuFwdConfig(_HstuKey):
+    """Compile key of the HSTU forward: static kernel properties only."""
+
     # "sm80" (mma.sync), "sm90" (wgmma) or "sm90pp" (wgmma, ping-pong warpgroups)
     impl: str
     # relative attention bias: presence, H_rab == H, rab's dtype name ("" without rab)
@@ -94,17 +102,10 @@ class HstuFwdConfig:
 
 
 @dataclasses.dataclass(frozen=True)
-class HstuBwdConfig:
+class HstuBwdConfig(_HstuKey):
     """Compile key of the HSTU backward: static kernel properties only."""
 
-    dtype: str
-    head_dim: int
-    head_dim_v: int
-    block_m: int
-    block_n: int
-    num_warps: int
-    has_func: bool
-    func_n: int
+    # relative attention bias, as in HstuFwdConfig
     has_rab: bool = False
     rab_per_head: bool = False
     rab_dtype: str = ""
@@ -204,9 +205,10 @@ def _fwd_adapter():
                         *, cfg: cutlass.Constexpr):
         args = (_dt(cfg.dtype), cfg.head_dim, cfg.head_dim_v, cfg.block_m, cfg.block_n,
                 cfg.num_warps, cfg.has_func, cfg.func_n)
+        # one branch per value of the hstu_fwd_impl switch (config.SWITCHES)
         if cutlass.const_expr(cfg.impl == "sm80"):
             kernel = HstuFwdSm80(*args)
-        else:
+        elif cutlass.const_expr(cfg.impl in _WGMMA_IMPLS):
             kernel = HstuFwdSm90(*args, pingpong=cfg.impl == "sm90pp")
         kernel(q, k, v, cu_q, cu_k, tiles, func, scal, win, out, stream)
 

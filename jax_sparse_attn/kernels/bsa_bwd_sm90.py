@@ -1,7 +1,7 @@
 """Block-sparse attention backward for Hopper (sm_90a): warpgroup MMA (wgmma) CuTe DSL kernel.
 
-The BSA backward for D in {64, 128} (``JAX_SPARSE_ATTN_BSA_BWD_IMPL=sm90``, the default;
-``sm80`` selects :mod:`bsa_bwd_sm80`, which also serves D in {32, 256}). Same contract, work
+The BSA backward for D in {64, 128} (switch ``bsa_bwd_impl="sm90"``, the default;
+``"sm80"`` selects :mod:`bsa_bwd_sm80`, which also serves D in {32, 256}). Same contract, work
 split and semantics as :mod:`bsa_bwd_sm80`: one CTA = one warpgroup (2 CTAs per SM) per
 64-key tile, KV head and batch, walking the K->Q transposed CSR list of its KV block; the
 Q/dO rows, lse and delta of the next query sub-tile stream into a 2-stage ``cp.async`` ring
@@ -19,34 +19,19 @@ Products (key-major orientation):
     dV  += P^T dO,  dK += dS^T Q                        (RS, from registers)
     dQ   = dS K   (SS, dS^T stored once to smem)  -> smem rows -> bulk fp32 reduce-add
 
-Where the time went (H200, bf16, B=1, H=16, S=16384, D=128, blk64 top-32, whole backward
-incl. CSR build, preprocessing and dq cast; measured by leaving one part out at a time):
-with per-thread ``red.global.add.v4.f32`` dQ reductions and lse/delta read from global
-memory after each step's barrier the backward took 3.51 ms (196 TFLOP/s); leaving the dQ
-reductions out saved 0.94 ms. Hence:
-
 * dQ: after the step's products, the fp32 dQ tile (scaled by ``softmax_scale``) is stored to
   shared memory in rows of ``D + 8`` floats (conflict-free stores of the accumulator) that
   alias the step's own ring stage (Q, dO, and the dS tile; all read by then), and one
-  ``cp.reduce.async.bulk ... add.f32`` per row adds it to the XLA-owned accumulator: the
-  reduction runs on the bulk-copy engine, asynchronously (2.98 ms, 231 TFLOP/s). Before a
-  stage is refilled, the bulk reads of it are awaited.
-* lse/delta: read from global memory after the barrier they stalled every step (leaving them
-  out saved 0.70 ms); they now arrive with the step's Q/dO (4-byte ``cp.async`` into a
-  per-stage smem slot, +inf / 0 past S_q) and are read from smem under the S/dP wgmmas.
-* (outside this kernel) the K->Q CSR built from a dense bitmap instead of an argsort
-  (30-53 vs 128 us): 2.44 ms, 282 TFLOP/s.
-* each warp issues the bulk reductions of its own 16 accumulator rows after a warp-level
-  sync instead of a CTA barrier: 2.34 ms, 294 TFLOP/s.
+  ``cp.reduce.async.bulk ... add.f32`` per row adds it to the XLA-owned accumulator, so the
+  reduction runs on the bulk-copy engine, asynchronously. Each warp issues the bulk
+  reductions of its own 16 accumulator rows after a warp-level sync (no CTA barrier).
+  Before a stage is refilled, the bulk reads of it are awaited.
+* lse/delta arrive with the step's Q/dO (4-byte ``cp.async`` into a per-stage smem slot,
+  +inf / 0 past S_q) and are read from smem under the S/dP wgmmas, so no global load sits
+  after a barrier.
 
-What is left (same ablation, before the warp-level change): without the bulk reductions the
-backward would take 1.93 ms, without the dQ staging stores as well 1.67 ms (the 5 GEMMs, softmax
-recompute and Q/dO/lse/delta streaming alone); cuDNN's SM90 block-sparse backward takes
-1.77 ms. The fp32 dQ traffic (32 KB per 64x64 block pair, like the Q/dO loads) is the
-price of the key-major order, which keeps dK/dV in registers. Nsight Compute on the shipped
-kernel (same problem, kernel alone 2.20 ms at 1.78 GHz): L2 throughput 73 % of peak, SM issue
-slots 34 % busy, 2 CTAs (8 warps) per SM limited by registers and shared memory: the kernel
-is bound by L2 traffic (Q/dO streaming and the fp32 dQ reductions), not by the tensor cores.
+docs/performance.md gives the measured worth of each of these choices and where the time
+of this kernel goes.
 
 The K->Q CSR entries are software-pipelined two steps ahead in registers, so no dependent
 global load of an entry sits between a barrier and the prefetch it feeds.

@@ -15,6 +15,10 @@ and V are zero-filled in smem, which makes P and dS vanish there without masks; 
 tiles crossing a window/func boundary run the per-element mask.
 dK, dV are deterministic; dQ (atomics) is not bitwise deterministic.
 
+dQ uses per-thread ``red.global.add.v2.f32`` rather than the staged bulk reductions of
+``bsa_bwd_sm90``: with 64 x 128 tiles the dQ traffic per FLOP is half the block-sparse
+kernel's and the 8 warps hide the reductions (docs/performance.md compares the two).
+
 Relative attention bias (``has_rab``; ``mRab (B, H_rab, N_k, N_k)``): the bias tile is read
 per thread from gmem (``hc.rab_load_tile``, 0 outside ``p, j in [0, min(L_k, N_k))``) and
 ``h = (alpha S + rab) / 2``. Its gradient uses the dS tile before the alpha factor:
@@ -24,14 +28,6 @@ per thread from gmem (``hc.rab_load_tile``, 0 outside ``p, j in [0, min(L_k, N_k
 (deterministic); with ``H_rab = 1`` the heads' CTAs add into an fp32 workspace
 ``(B, 1, N_k, N_k_pad)`` (``N_k_pad`` even) with ``red.global.add.v2.f32`` (column pairs
 2t, 2t+1 of the accumulator; not bitwise deterministic), cast by XLA afterwards.
-
-Tried and measured (H200, bf16, 2026-11-29): the block-sparse backward's dQ path (fp32 rows
-staged in shared memory, one ``cp.reduce.async.bulk .add.f32`` per row, see
-``bsa_bwd_sm90``) is slower here than the per-thread ``red.global.add.v2.f32``: backward
-8x4096 causal 236 vs 244 TFLOP/s, full 239 vs 255, D=64 causal 172 vs 198 (all 22 GPU tests
-passed with it). With 64x128 tiles the dQ traffic per FLOP is half the block-sparse
-kernel's, and the 8 warps of the one CTA per SM hide the reductions, while the staging costs
-a CTA barrier per step.
 """
 
 from __future__ import annotations
