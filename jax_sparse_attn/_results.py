@@ -16,6 +16,7 @@ from typing import Any, NamedTuple
 __all__ = [
     "HSTUForwardResult",
     "HSTUBackwardResult",
+    "HSTUBackwardRabResult",
     "BSAForwardResult",
     "BSABackwardResult",
 ]
@@ -61,6 +62,13 @@ class _HSTUBackward(NamedTuple):
     dv_tensor: Any
 
 
+class _HSTUBackwardRab(NamedTuple):
+    dq_tensor: Any
+    dk_tensor: Any
+    dv_tensor: Any
+    drab_tensor: Any
+
+
 class _BSAForward(NamedTuple):
     o_tensor: Any
     lse_tensor: Any
@@ -80,6 +88,13 @@ class HSTUForwardResult(_DictAccess, _HSTUForward):
 
 class HSTUBackwardResult(_DictAccess, _HSTUBackward):
     """``dq_tensor (T_q, H, D)``, ``dk_tensor (T_k, H, D)``, ``dv_tensor (T_k, H, D_v)``."""
+
+    __slots__ = ()
+
+
+class HSTUBackwardRabResult(_DictAccess, _HSTUBackwardRab):
+    """:class:`HSTUBackwardResult` plus ``drab_tensor (B, H_rab, max_seqlen_k, max_seqlen_k)``
+    in rab's dtype (the gradient of the relative attention bias)."""
 
     __slots__ = ()
 

@@ -10,8 +10,10 @@ with a rule that turns ``N`` mapped calls into one call of the same implementati
   ``cu_seqlens[-1]``: one holding those query rows with no keys and one holding those key
   rows with no queries, so they get ``out = 0`` and ``dk = dv = 0`` exactly as in the
   unmapped op. ``func`` rows are concatenated the same way (its values are sequence-local
-  key positions, so they need no offset). Contract used: ``cu_seqlens[..., 0] == 0``
-  (checked eagerly for concrete metadata).
+  key positions, so they need no offset). ``rab`` (per-sequence ``(B, H_rab, N_k, N_k)``)
+  gets two zero bias blocks per item for its two pseudo-sequences (which read no bias: one
+  has no keys, the other no queries) and ``drab`` drops them again. Contract used:
+  ``cu_seqlens[..., 0] == 0`` (checked eagerly for concrete metadata).
 * **BSA** (``(B, H, S, D)``): the mapped axis is merged into ``B`` (metadata too).
 
 Unmapped arguments are broadcast first, so any mix of mapped and unmapped arrays and
@@ -74,27 +76,42 @@ def _fold_func(func, t_q):
     return jnp.pad(rows, ((0, 0), (0, 256)))[None]
 
 
-def _hstu_fold(axis_size, in_batched, q, k, v, cu_q, cu_k, func):
+def _fold_rab(rab):
+    """``(N, B, H_rab, N_k, N_k)`` per-item bias -> ``(N*(B+2), ...)``: zero blocks for each
+    item's two pseudo-sequences (:func:`fold_cu_seqlens`)."""
+    return _merge(jnp.pad(rab, ((0, 0), (0, 2)) + ((0, 0),) * (rab.ndim - 2)))
+
+
+def _unfold_rab(drab, n):
+    """The inverse of :func:`_fold_rab` for ``drab``: the pseudo-sequence blocks dropped."""
+    drab = drab.reshape((n, -1) + tuple(drab.shape[1:]))
+    return drab[:, : drab.shape[1] - 2]
+
+
+def _hstu_fold(axis_size, in_batched, q, k, v, cu_q, cu_k, func, rab):
     n = axis_size
     q, k, v, cu_q, cu_k = (_bcast(x, b, n) for x, b in zip((q, k, v, cu_q, cu_k), in_batched))
     func = _bcast(func, in_batched[5], n)
+    rab = _bcast(rab, in_batched[6], n)
     t_q, t_k = q.shape[1], k.shape[1]
     fq, fk = fold_cu_seqlens(cu_q, cu_k, t_q, t_k)
     ff = None if func is None else _fold_func(func, t_q)
-    return (_merge(q), _merge(k), _merge(v), fq, fk, ff), n, t_q, t_k
+    fr = None if rab is None else _fold_rab(rab)
+    return (_merge(q), _merge(k), _merge(v), fq, fk, ff, fr), n, t_q, t_k
 
 
 @functools.lru_cache(maxsize=None)
 def hstu_fwd(cfg, impl):
-    """``impl(cfg, q, k, v, cu_q, cu_k, func) -> out`` as a custom_vmap function of the arrays."""
+    """``impl(cfg, q, k, v, cu_q, cu_k, func, rab) -> out`` as a custom_vmap function of the
+    arrays (``func`` / ``rab`` may be None)."""
 
     @custom_vmap
-    def f(q, k, v, cu_q, cu_k, func):
-        return impl(cfg, q, k, v, cu_q, cu_k, func)
+    def f(q, k, v, cu_q, cu_k, func, rab):
+        return impl(cfg, q, k, v, cu_q, cu_k, func, rab)
 
     @f.def_vmap
-    def rule(axis_size, in_batched, q, k, v, cu_q, cu_k, func):
-        args, n, t_q, _ = _hstu_fold(axis_size, in_batched, q, k, v, cu_q, cu_k, func)
+    def rule(axis_size, in_batched, q, k, v, cu_q, cu_k, func, rab):
+        args, n, t_q, _ = _hstu_fold(axis_size, in_batched, q, k, v, cu_q, cu_k, func, rab)
         out = f(*args)
         return out.reshape((n, t_q) + tuple(out.shape[1:])), True
 
@@ -103,19 +120,24 @@ def hstu_fwd(cfg, impl):
 
 @functools.lru_cache(maxsize=None)
 def hstu_bwd(cfg, impl):
-    """``impl(cfg, do, q, k, v, cu_q, cu_k, func) -> (dq, dk, dv)`` as a custom_vmap function."""
+    """``impl(cfg, do, q, k, v, cu_q, cu_k, func, rab) -> (dq, dk, dv)`` (``+ (drab,)`` with
+    rab) as a custom_vmap function."""
 
     @custom_vmap
-    def f(do, q, k, v, cu_q, cu_k, func):
-        return tuple(impl(cfg, do, q, k, v, cu_q, cu_k, func))
+    def f(do, q, k, v, cu_q, cu_k, func, rab):
+        return tuple(impl(cfg, do, q, k, v, cu_q, cu_k, func, rab))
 
     @f.def_vmap
-    def rule(axis_size, in_batched, do, q, k, v, cu_q, cu_k, func):
+    def rule(axis_size, in_batched, do, q, k, v, cu_q, cu_k, func, rab):
         do = _bcast(do, in_batched[0], axis_size)
-        args, n, t_q, t_k = _hstu_fold(axis_size, in_batched[1:], q, k, v, cu_q, cu_k, func)
-        dq, dk, dv = f(_merge(do), *args)
+        args, n, t_q, t_k = _hstu_fold(axis_size, in_batched[1:], q, k, v, cu_q, cu_k, func,
+                                       rab)
+        grads = f(_merge(do), *args)
         unfold = lambda x, t: x.reshape((n, t) + tuple(x.shape[1:]))  # noqa: E731
-        return (unfold(dq, t_q), unfold(dk, t_k), unfold(dv, t_k)), (True, True, True)
+        out = (unfold(grads[0], t_q), unfold(grads[1], t_k), unfold(grads[2], t_k))
+        if rab is not None:
+            out = out + (_unfold_rab(grads[3], n),)
+        return out, (True,) * len(out)
 
     return f
 

@@ -180,7 +180,8 @@ _TILE = "block_m,block_n,num_warps"
 SWITCHES = (
     _choice("hstu_fwd_impl", "JAX_SPARSE_ATTN_HSTU_FWD_IMPL", ("sm90ws", "sm80"),
             "HSTU forward kernel: sm90ws (warp-specialized: TMA producer warp, two wgmma "
-            "consumer warpgroups, persistent grid), sm80 (mma.sync, cp.async)"),
+            "consumer warpgroups, persistent grid; no rab: calls with rab run sm80, the "
+            "compile key records it), sm80 (mma.sync, cp.async; with rab)"),
     Switch("hstu_fwd_ws", "JAX_SPARSE_ATTN_HSTU_WS", _WS_ALLOWED, _parse_ws, (),
            "sm90ws forward variants (tuning / ablation; the sm80 forward ignores them): "
            "nooverlap (no intra-warpgroup overlap of S = QK^T and O += PV), nopingpong "
@@ -190,7 +191,7 @@ SWITCHES = (
     Switch("hstu_fwd_tile", "JAX_SPARSE_ATTN_HSTU_FWD_TILE", _TILE, _parse_tile, None,
            "HSTU sm80 forward tile override (tuning; unset: the kernel's tiles for the head "
            "dims); with sm90ws it is an error (bn=N of JAX_SPARSE_ATTN_HSTU_WS sets its "
-           "block_n)"),
+           "block_n) except for calls with rab, which run sm80 with this tile"),
     Switch("hstu_bwd_tile", "JAX_SPARSE_ATTN_HSTU_BWD_TILE", _TILE, _parse_tile, None,
            "HSTU backward tile override (tuning)"),
     _choice("bsa_fwd_impl", "JAX_SPARSE_ATTN_BSA_FWD_IMPL", ("sm90", "sm90ws", "sm80"),
@@ -347,10 +348,19 @@ class HSTUConfig:
     head_dim_v_pad: int = 0
     fwd: object = None  # ffi.hstu.HstuFwdConfig (kernel backend)
     bwd: object = None  # ffi.hstu.HstuBwdConfig (kernel backend, not paged)
+    # relative attention bias: H_rab (0 = no rab: the kernels compile without bias code)
+    # and rab's dtype name ("" without rab)
+    rab_heads: int = 0
+    rab_per_head: bool = False  # H_rab == H
+    rab_dtype: str = ""
 
     @property
     def has_func(self) -> bool:
         return self.func_n > 0
+
+    @property
+    def has_rab(self) -> bool:
+        return self.rab_heads > 0
 
 
 @dataclasses.dataclass(frozen=True)

@@ -14,6 +14,19 @@ with fp32 accumulation and no softmax. Queries are bottom-right aligned: local q
 ``func`` (int32 ``(1, N, L_f)``, N odd) keeps, for global packed query row ``r`` with
 ``F_t = func[0, t, r]``, the keys ``[0, F_0) U [F_1, F_2) U [F_3, F_4) U ...``
 intersected with ``[0, L_k)`` (intervals may overlap, any order).
+
+Relative attention bias (``rab``, the HSTU paper's learned position/time bias; FBGEMM's
+HSTU kernel convention): ``rab`` of shape ``(B, H_rab, max_seqlen_k, max_seqlen_k)`` with
+``H_rab`` in {1, H} is added to every score before the SiLU::
+
+    out_i = sum_j M_ij * SiLU(alpha * q_i . k_j + rab[b, h % H_rab, p, j]) * v_j / scaling_seqlen
+
+with ``p = i + L_k - L_q`` the bottom-right aligned key position of query ``i``. With
+``alpha = 1`` this is the ``alpha * (q . k + rab)`` form of other implementations; for
+another alpha pass ``alpha * rab`` to get that form. The gradient
+``d rab[b, h, p, j] = M_ij * SiLU'(s_ij) * (dO_i . v_j) / scaling_seqlen`` is summed over
+heads when ``H_rab = 1`` and is zero where masked or outside the sequences.
+:mod:`jax_sparse_attn.bias` builds the paper's position and time-bucket biases.
 """
 
 from __future__ import annotations
@@ -25,7 +38,7 @@ import jax
 import jax.numpy as jnp
 
 from . import _backend, _transforms, metadata, reference
-from ._results import HSTUBackwardResult, HSTUForwardResult
+from ._results import HSTUBackwardRabResult, HSTUBackwardResult, HSTUForwardResult
 from .config import HSTUConfig
 from .validation import (
     _hstu_value_checks,
@@ -59,7 +72,7 @@ def _kernel_unsupported_reason(cfg, mod):
 
 def _make_config(q, k, v, cu_seqlens_q, cu_seqlens_k, func, paged_kv, page_ids, page_indptrs,
                  *, max_seqlen_q, max_seqlen_k, scaling_seqlen, window_size, alpha, backend,
-                 switches, op_name, debug_checks=False) -> HSTUConfig:
+                 switches, op_name, debug_checks=False, rab=None) -> HSTUConfig:
     """Validate the arguments and build the call's one static config (backend chosen,
     head-dim padding and kernel compile keys decided)."""
     _backend.check_backend(backend)
@@ -68,7 +81,7 @@ def _make_config(q, k, v, cu_seqlens_q, cu_seqlens_k, func, paged_kv, page_ids, 
     cfg = check_hstu_args(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q=max_seqlen_q,
                           max_seqlen_k=max_seqlen_k, scaling_seqlen=scaling_seqlen,
                           window_size=window_size, alpha=alpha, func=func, paged_kv=paged_kv,
-                          page_ids=page_ids, page_indptrs=page_indptrs)
+                          page_ids=page_ids, page_indptrs=page_indptrs, rab=rab)
     if is_concrete(cu_seqlens_q, cu_seqlens_k, func, page_ids, page_indptrs):
         _hstu_value_checks(q, k, cu_seqlens_q, cu_seqlens_k, func, paged_kv, page_ids,
                            page_indptrs, cfg)
@@ -86,8 +99,16 @@ def _make_config(q, k, v, cu_seqlens_q, cu_seqlens_k, func, paged_kv, page_ids, 
     d_pad, dv_pad = _padded_dims(cfg, mod)
     return dataclasses.replace(
         cfg, backend="kernel", head_dim_pad=d_pad, head_dim_v_pad=dv_pad,
-        fwd=mod.fwd_config(cfg.dtype, d_pad, dv_pad, cfg.func_n, switches),
-        bwd=None if cfg.paged else mod.bwd_config(cfg.dtype, d_pad, dv_pad, cfg.func_n, switches))
+        fwd=mod.fwd_config(cfg.dtype, d_pad, dv_pad, cfg.func_n, switches, **_rab_key(cfg)),
+        bwd=None if cfg.paged else mod.bwd_config(cfg.dtype, d_pad, dv_pad, cfg.func_n, switches,
+                                                  **_rab_key(cfg)))
+
+
+def _rab_key(cfg):
+    """The rab part of the kernel compile keys (nothing without rab)."""
+    if not cfg.has_rab:
+        return {}
+    return dict(has_rab=True, rab_per_head=cfg.rab_per_head, rab_dtype=cfg.rab_dtype)
 
 
 def _i32(x):
@@ -108,40 +129,49 @@ def _ffi():
     return ffi_hstu
 
 
-def _fwd_backend(cfg, q, k, v, cu_q, cu_k, func):
-    if cfg.backend == "kernel":
-        return _ffi().hstu_fwd(q, k, v, cu_q, cu_k, func, cfg)
-    return reference.hstu_attention_ref(q, k, v, cu_q, cu_k, func, **_ref_options(cfg))
+def _rab_kw(rab):
+    return {} if rab is None else {"rab": rab}
 
 
-def _bwd_backend(cfg, do, q, k, v, cu_q, cu_k, func):
+def _fwd_backend(cfg, q, k, v, cu_q, cu_k, func, rab=None):
     if cfg.backend == "kernel":
-        return _ffi().hstu_bwd(do, q, k, v, cu_q, cu_k, func, cfg)
-    return reference.hstu_attention_bwd_ref(do, q, k, v, cu_q, cu_k, func, **_ref_options(cfg))
+        return _ffi().hstu_fwd(q, k, v, cu_q, cu_k, func, cfg, **_rab_kw(rab))
+    return reference.hstu_attention_ref(q, k, v, cu_q, cu_k, func, **_ref_options(cfg),
+                                        **_rab_kw(rab))
+
+
+def _bwd_backend(cfg, do, q, k, v, cu_q, cu_k, func, rab=None):
+    """``(dq, dk, dv)``, or ``(dq, dk, dv, drab)`` with ``rab``."""
+    if cfg.backend == "kernel":
+        return _ffi().hstu_bwd(do, q, k, v, cu_q, cu_k, func, cfg, **_rab_kw(rab))
+    return reference.hstu_attention_bwd_ref(do, q, k, v, cu_q, cu_k, func, **_ref_options(cfg),
+                                            **_rab_kw(rab))
 
 
 # jax.vmap folds the mapped axis into the packed token axis (jax_sparse_attn/_transforms.py)
-def _fwd_impl(cfg, q, k, v, cu_q, cu_k, func):
-    return _transforms.hstu_fwd(cfg, _fwd_backend)(q, k, v, cu_q, cu_k, func)
+def _fwd_impl(cfg, q, k, v, cu_q, cu_k, func, rab=None):
+    return _transforms.hstu_fwd(cfg, _fwd_backend)(q, k, v, cu_q, cu_k, func, rab)
 
 
-def _bwd_impl(cfg, do, q, k, v, cu_q, cu_k, func):
-    return _transforms.hstu_bwd(cfg, _bwd_backend)(do, q, k, v, cu_q, cu_k, func)
+def _bwd_impl(cfg, do, q, k, v, cu_q, cu_k, func, rab=None):
+    """``(dq, dk, dv)``, or ``(dq, dk, dv, drab)`` with ``rab``."""
+    return _transforms.hstu_bwd(cfg, _bwd_backend)(do, q, k, v, cu_q, cu_k, func, rab)
 
 
 @partial(jax.custom_vjp, nondiff_argnums=(0,))
-def _hstu(cfg, q, k, v, cu_q, cu_k, func):
-    return _fwd_impl(cfg, q, k, v, cu_q, cu_k, func)
+def _hstu(cfg, q, k, v, cu_q, cu_k, func, rab):
+    return _fwd_impl(cfg, q, k, v, cu_q, cu_k, func, rab)
 
 
-def _hstu_vjp_fwd(cfg, q, k, v, cu_q, cu_k, func):
-    return _fwd_impl(cfg, q, k, v, cu_q, cu_k, func), (q, k, v, cu_q, cu_k, func)
+def _hstu_vjp_fwd(cfg, q, k, v, cu_q, cu_k, func, rab):
+    return _fwd_impl(cfg, q, k, v, cu_q, cu_k, func, rab), (q, k, v, cu_q, cu_k, func, rab)
 
 
 def _hstu_vjp_bwd(cfg, res, do):
-    q, k, v, cu_q, cu_k, func = res
-    dq, dk, dv = _bwd_impl(cfg, do, q, k, v, cu_q, cu_k, func)
-    return dq, dk, dv, None, None, None
+    q, k, v, cu_q, cu_k, func, rab = res
+    grads = _bwd_impl(cfg, do, q, k, v, cu_q, cu_k, func, rab)
+    drab = grads[3] if rab is not None else None
+    return grads[0], grads[1], grads[2], None, None, None, drab
 
 
 _hstu.defvjp(_hstu_vjp_fwd, _hstu_vjp_bwd)
@@ -212,7 +242,16 @@ _ARG_LINES = """
       alpha: Python number scaling ``q . k``; default 1.0.
       func: optional int32 ``(1, N, L_f)``, N odd, ``L_f >= T_q + 256``: arbitrary
         interval mask (see module doc; :mod:`jax_sparse_attn.masks` builds common
-        ones). Requires ``window_size=(-1, -1)`` and no paged KV. Default None."""
+        ones). Requires ``window_size=(-1, -1)`` and no paged KV. Default None.
+      rab: optional relative attention bias ``(B, H_rab, max_seqlen_k, max_seqlen_k)``,
+        ``H_rab`` in {1, H}, q's dtype or float32: ``rab[b, h % H_rab, p, j]`` is added to
+        ``alpha * q_i . k_j`` of query ``i`` (key position ``p = i + L_k - L_q``) and key
+        ``j`` (module doc; FBGEMM HSTU convention). Every sequence needs ``L_q <= L_k``
+        (checked eagerly for concrete ``cu_seqlens``; under jit a row with ``p < 0`` gets
+        bias 0). Differentiable. Not with paged KV. Default None (no bias code is compiled).
+        On the kernel backend the forward with rab is the ``sm80`` kernel: the default
+        ``sm90ws`` forward has no bias, so with ``rab`` the compile key (``cfg.fwd.impl``)
+        names ``sm80`` instead (docs/hstu.md)."""
 
 _PAGED_ARG_LINES = """
       paged_kv: optional ``(num_pages, 2, 128, H, D)`` paged KV cache (index 0 = K,
@@ -256,10 +295,10 @@ _RAISES_DOC = """
 def hstu_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q, max_seqlen_k,
                    scaling_seqlen=None, window_size=(-1, 0), alpha=1.0, func=None,
                    paged_kv=None, page_ids=None, page_indptrs=None, backend="auto",
-                   switches=None, debug_checks=False):
+                   switches=None, debug_checks=False, rab=None):
     cu_seqlens_q, cu_seqlens_k = as_array_arg(cu_seqlens_q), as_array_arg(cu_seqlens_k)
     if getattr(cu_seqlens_q, "ndim", 1) == 2 and getattr(cu_seqlens_k, "ndim", 1) == 2:
-        return _per_shard(q, k, v, cu_seqlens_q, cu_seqlens_k, func, paged_kv,
+        return _per_shard(q, k, v, cu_seqlens_q, cu_seqlens_k, func, paged_kv, rab,
                           dict(max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k,
                                scaling_seqlen=scaling_seqlen, window_size=window_size,
                                alpha=alpha, backend=backend, switches=switches,
@@ -268,17 +307,19 @@ def hstu_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q, max_seq
                        page_indptrs, max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k,
                        scaling_seqlen=scaling_seqlen, window_size=window_size, alpha=alpha,
                        backend=backend, switches=switches, op_name="hstu_attention",
-                       debug_checks=debug_checks)
+                       debug_checks=debug_checks, rab=rab)
     cu_q, cu_k = _i32(cu_seqlens_q), _i32(cu_seqlens_k)
     if cfg.paged:
         return _hstu_paged_jit(cfg, q, paged_kv, _i32(page_ids), _i32(page_indptrs), cu_q, cu_k)
-    return _hstu_jit(cfg, q, k, v, cu_q, cu_k, _i32(func))
+    return _hstu_jit(cfg, q, k, v, cu_q, cu_k, _i32(func), rab)
 
 
-def _per_shard(q, k, v, cu_q, cu_k, func, paged_kv, opts):
+def _per_shard(q, k, v, cu_q, cu_k, func, paged_kv, rab, opts):
     """``cu_seqlens`` of shape ``(num_shards, B_local + 1)``: row ``s`` packs tokens
     ``[s*T/num_shards, (s+1)*T/num_shards)`` with shard-local offsets (the contract of
-    :mod:`jax_sparse_attn.sharding`); computed as a vmap over the shards (one folded call)."""
+    :mod:`jax_sparse_attn.sharding`); computed as a vmap over the shards (one folded call).
+    ``rab`` then has ``num_shards * B_local`` sequences (shard ``s`` owns rows
+    ``[s*B_local, (s+1)*B_local)``)."""
     if paged_kv is not None:
         raise ValueError("two-dimensional (per-shard) cu_seqlens are not supported with paged_kv")
     shapes = (tuple(getattr(cu_q, "shape", ())), tuple(getattr(cu_k, "shape", ())))
@@ -293,22 +334,30 @@ def _per_shard(q, k, v, cu_q, cu_k, func, paged_kv, opts):
     if func is not None and (getattr(func, "ndim", 0) != 3 or func.shape[0] != ns):
         raise ValueError(f"with per-shard cu_seqlens, func must be (num_shards={ns}, N, L_local), "
                          f"got shape {getattr(func, 'shape', None)}")
+    if rab is not None and (getattr(rab, "ndim", 0) != 4
+                            or rab.shape[0] != ns * (shapes[0][1] - 1)):
+        raise ValueError(f"with per-shard cu_seqlens, rab must be (num_shards * B_local = "
+                         f"{ns * (shapes[0][1] - 1)}, H_rab, max_seqlen_k, max_seqlen_k), "
+                         f"got shape {getattr(rab, 'shape', None)}")
     split = lambda x: x.reshape((ns, x.shape[0] // ns) + tuple(x.shape[1:]))  # noqa: E731
 
-    def one(q, k, v, cq, ck, fn):
-        return hstu_attention(q, k, v, cq, ck, func=None if fn is None else fn[None], **opts)
+    def one(q, k, v, cq, ck, fn, rb):
+        return hstu_attention(q, k, v, cq, ck, func=None if fn is None else fn[None], rab=rb,
+                              **opts)
 
-    out = jax.vmap(one)(split(q), split(k), split(v), cu_q, cu_k, func)
+    out = jax.vmap(one)(split(q), split(k), split(v), cu_q, cu_k, func,
+                        None if rab is None else split(rab))
     return out.reshape((-1,) + tuple(out.shape[2:]))
 
 
 hstu_attention.__doc__ = (
     """HSTU attention (pointwise SiLU attention over packed variable-length sequences).
 
-    ``out_i = sum_j M_ij * SiLU(alpha * q_i . k_j) * v_j / scaling_seqlen`` per sequence
-    and head, fp32 accumulation, no softmax; M from ``window_size`` (bottom-right
-    aligned) or ``func``. Differentiable in q, k, v (``jax.custom_vjp``; the backward of
-    the backend that ran the forward is used); integer inputs get no gradient.
+    ``out_i = sum_j M_ij * SiLU(alpha * q_i . k_j + rab[b, h, p, j]) * v_j / scaling_seqlen``
+    per sequence and head (no bias term without ``rab``), fp32 accumulation, no softmax;
+    M from ``window_size`` (bottom-right aligned) or ``func``. Differentiable in q, k, v
+    and rab (``jax.custom_vjp``; the backward of the backend that ran the forward is
+    used); integer inputs get no gradient.
 """
     + _SEMANTICS_DOC
     + _ARGS_DOC
@@ -323,12 +372,12 @@ hstu_attention.__doc__ = (
 def hstu_attention_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q, max_seqlen_k,
                            scaling_seqlen=None, window_size=(-1, 0), alpha=1.0, func=None,
                            paged_kv=None, page_ids=None, page_indptrs=None, backend="auto",
-                           switches=None, debug_checks=False):
+                           switches=None, debug_checks=False, rab=None):
     out = hstu_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q=max_seqlen_q,
                          max_seqlen_k=max_seqlen_k, scaling_seqlen=scaling_seqlen,
                          window_size=window_size, alpha=alpha, func=func, paged_kv=paged_kv,
                          page_ids=page_ids, page_indptrs=page_indptrs, backend=backend,
-                         switches=switches, debug_checks=debug_checks)
+                         switches=switches, debug_checks=debug_checks, rab=rab)
     return HSTUForwardResult(o_tensor=out)
 
 
@@ -350,13 +399,14 @@ hstu_attention_forward.__doc__ = (
 
 def hstu_attention_backward(do, q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q,
                             max_seqlen_k, scaling_seqlen=None, window_size=(-1, 0), alpha=1.0,
-                            func=None, backend="auto", switches=None, debug_checks=False):
+                            func=None, backend="auto", switches=None, debug_checks=False,
+                            rab=None):
     cu_seqlens_q, cu_seqlens_k = as_array_arg(cu_seqlens_q), as_array_arg(cu_seqlens_k)
     cfg = _make_config(q, k, v, cu_seqlens_q, cu_seqlens_k, func, None, None, None,
                        max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k,
                        scaling_seqlen=scaling_seqlen, window_size=window_size, alpha=alpha,
                        backend=backend, switches=switches, op_name="hstu_attention_backward",
-                       debug_checks=debug_checks)
+                       debug_checks=debug_checks, rab=rab)
     want = (q.shape[0], q.shape[1], cfg.head_dim_v)
     if tuple(getattr(do, "shape", ())) != want:
         raise ValueError(f"do must have the output's shape (T_q, H, D_v) = {want}, "
@@ -364,8 +414,11 @@ def hstu_attention_backward(do, q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seql
     qdt, dodt = canonical_dtype(q), canonical_dtype(do)
     if dodt != qdt:
         raise TypeError(f"do dtype {dodt} must equal q's dtype {qdt}")
-    dq, dk, dv = _bwd_jit(cfg, do, q, k, v, _i32(cu_seqlens_q), _i32(cu_seqlens_k), _i32(func))
-    return HSTUBackwardResult(dq_tensor=dq, dk_tensor=dk, dv_tensor=dv)
+    grads = _bwd_jit(cfg, do, q, k, v, _i32(cu_seqlens_q), _i32(cu_seqlens_k), _i32(func), rab)
+    if rab is None:
+        return HSTUBackwardResult(dq_tensor=grads[0], dk_tensor=grads[1], dv_tensor=grads[2])
+    return HSTUBackwardRabResult(dq_tensor=grads[0], dk_tensor=grads[1], dv_tensor=grads[2],
+                                 drab_tensor=grads[3])
 
 
 hstu_attention_backward.__doc__ = (
@@ -383,7 +436,10 @@ hstu_attention_backward.__doc__ = (
     + """
     Returns:
       :class:`~jax_sparse_attn._results.HSTUBackwardResult` with ``dq_tensor (T_q, H, D)``,
-      ``dk_tensor (T_k, H, D)``, ``dv_tensor (T_k, H, D_v)`` in the input dtype.
+      ``dk_tensor (T_k, H, D)``, ``dv_tensor (T_k, H, D_v)`` in the input dtype; with
+      ``rab`` an :class:`~jax_sparse_attn._results.HSTUBackwardRabResult` that adds
+      ``drab_tensor`` (rab's shape and dtype, accumulated in fp32, summed over heads when
+      ``H_rab = 1``, zero where masked or outside the sequences).
 """
     + _RAISES_DOC
 )

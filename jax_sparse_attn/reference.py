@@ -90,6 +90,7 @@ def _hstu_attention_ref_impl(
     page_indptrs=None,
     compute_dtype=None,
     q_tile: int = 128,
+    rab=None,
 ):
     """HSTU attention forward, pure ``jnp``.
 
@@ -106,6 +107,10 @@ def _hstu_attention_ref_impl(
       compute_dtype: dtype of the whole computation (default float32, float64 for
         float64 inputs).
       q_tile: query rows per evaluated tile.
+      rab: optional relative attention bias ``(B, H_rab, max_seqlen_k, max_seqlen_k)``,
+        ``H_rab`` in {1, H}: the score of local query ``i`` (key position
+        ``p = i + L_k - L_q``) and key ``j`` is ``alpha * q_i . k_j + rab[b, h % H_rab, p, j]``
+        (bias 0 where ``p < 0``).
 
     Returns:
       ``out (T_q, H, D_v)`` in q's dtype. Rows outside every sequence are 0.
@@ -175,6 +180,11 @@ def _hstu_attention_ref_impl(
         s = s * jnp.asarray(alpha, cdt)
         valid = row_in[:, None] & key_in[None, :]
         p = (i + L_k - L_q)[:, None]
+        if rab is not None:
+            # (H_rab, tile, max_seqlen_k) rows p of sequence b's bias; 0 where p < 0
+            rows = jnp.clip(p[:, 0], 0, max_seqlen_k - 1)
+            bias = rab[jnp.clip(b, 0, rab.shape[0] - 1)][:, rows, :].astype(cdt)
+            s = s + jnp.where((p >= 0)[None], bias, jnp.zeros((), cdt))
         if left >= 0:
             valid = valid & (j[None, :] >= p - left)
         if right >= 0:
@@ -221,26 +231,37 @@ def _hstu_attention_bwd_ref_impl(
     window_size=(-1, 0),
     alpha=1.0,
     compute_dtype=None,
+    rab=None,
 ):
     """HSTU attention backward: ``(dq, dk, dv)`` = ``jax.vjp`` of :func:`hstu_attention_ref`.
 
+    With ``rab`` it returns ``(dq, dk, dv, drab)``; ``drab`` has rab's shape and dtype
+    (summed over heads when ``H_rab = 1``, zero where masked or outside the sequences).
     The forward body is rematerialised per tile, so memory stays bounded. Gradients are
-    computed in ``compute_dtype`` (default float32) and returned in the input dtypes.
+    computed in ``compute_dtype`` (default float32; drab at least float32) and returned
+    in the input dtypes.
     """
     cdt = _compute_dtype(q.dtype, compute_dtype)
 
-    def f(q_, k_, v_):
+    def f(q_, k_, v_, rab_=None):
         o = _hstu_attention_ref_impl(
             q_, k_, v_, cu_seqlens_q, cu_seqlens_k, func,
             max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k,
             scaling_seqlen=scaling_seqlen, window_size=window_size, alpha=alpha,
-            compute_dtype=cdt,
+            compute_dtype=cdt, rab=rab_,
         )
         return o
 
-    _, vjp = jax.vjp(f, q.astype(cdt), k.astype(cdt), v.astype(cdt))
-    dq, dk, dv = vjp(do.astype(cdt))
-    return dq.astype(q.dtype), dk.astype(k.dtype), dv.astype(v.dtype)
+    prim = [q.astype(cdt), k.astype(cdt), v.astype(cdt)]
+    if rab is not None:
+        # the bias gradient is a sum over query rows (and heads): accumulate it in >= fp32
+        prim.append(rab.astype(jnp.promote_types(cdt, jnp.float32)))
+    _, vjp = jax.vjp(f, *prim)
+    grads = vjp(do.astype(cdt))
+    dq, dk, dv = grads[0].astype(q.dtype), grads[1].astype(k.dtype), grads[2].astype(v.dtype)
+    if rab is None:
+        return dq, dk, dv
+    return dq, dk, dv, grads[3].astype(rab.dtype)
 
 
 # ----------------------------------------------------------------------------- BSA
@@ -517,8 +538,9 @@ def _static_dtype(x):
 def hstu_attention_ref(q, k, v, cu_seqlens_q, cu_seqlens_k, func=None, *, max_seqlen_q,
                        max_seqlen_k, scaling_seqlen=None, window_size=(-1, 0), alpha=1.0,
                        paged_kv=None, page_ids=None, page_indptrs=None, compute_dtype=None,
-                       q_tile: int = 128):
-    return _hstu_fwd_jit(q, k, v, cu_seqlens_q, cu_seqlens_k, func, max_seqlen_q=int(max_seqlen_q),
+                       q_tile: int = 128, rab=None):
+    return _hstu_fwd_jit(q, k, v, cu_seqlens_q, cu_seqlens_k, func, rab=rab,
+                         max_seqlen_q=int(max_seqlen_q),
                          max_seqlen_k=int(max_seqlen_k), scaling_seqlen=_static_float(scaling_seqlen),
                          window_size=tuple(int(w) for w in window_size), alpha=float(alpha),
                          paged_kv=paged_kv, page_ids=page_ids, page_indptrs=page_indptrs,
@@ -527,8 +549,8 @@ def hstu_attention_ref(q, k, v, cu_seqlens_q, cu_seqlens_k, func=None, *, max_se
 
 def hstu_attention_bwd_ref(do, q, k, v, cu_seqlens_q, cu_seqlens_k, func=None, *, max_seqlen_q,
                            max_seqlen_k, scaling_seqlen=None, window_size=(-1, 0), alpha=1.0,
-                           compute_dtype=None):
-    return _hstu_bwd_jit(do, q, k, v, cu_seqlens_q, cu_seqlens_k, func,
+                           compute_dtype=None, rab=None):
+    return _hstu_bwd_jit(do, q, k, v, cu_seqlens_q, cu_seqlens_k, func, rab=rab,
                          max_seqlen_q=int(max_seqlen_q), max_seqlen_k=int(max_seqlen_k),
                          scaling_seqlen=_static_float(scaling_seqlen),
                          window_size=tuple(int(w) for w in window_size), alpha=float(alpha),

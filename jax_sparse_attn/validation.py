@@ -178,9 +178,10 @@ def _check_window(window_size):
 
 def check_hstu_args(q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q, max_seqlen_k,
                     scaling_seqlen=None, window_size=(-1, 0), alpha=1.0, func=None,
-                    paged_kv=None, page_ids=None, page_indptrs=None):
+                    paged_kv=None, page_ids=None, page_indptrs=None, rab=None):
     """Trace-time checks of the HSTU arguments; returns the normalised static options as
-    a :class:`~jax_sparse_attn.config.HSTUConfig` (backend not yet chosen)."""
+    a :class:`~jax_sparse_attn.config.HSTUConfig` (backend not yet chosen; ``rab_heads``
+    is H_rab, 0 without ``rab``)."""
     T_q, H, D = _check_rank("q", q, 3, "(T_q, H, D)")
     dt = _check_float("q", q)
     if H < 1 or D < 1:
@@ -254,10 +255,30 @@ def check_hstu_args(q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q, max_se
             raise ValueError("func cannot be combined with paged_kv")
     if paged and window != (-1, 0):
         raise ValueError(f"paged_kv supports the causal mask only: window_size must be (-1, 0), got {window}")
+    rab_heads = _check_rab(rab, dt, bq - 1, H, max_seqlen_k, paged)
     return HSTUConfig(dtype=dt.name, head_dim=D, head_dim_v=D_v, max_seqlen_q=max_seqlen_q,
                       max_seqlen_k=max_seqlen_k, scaling_seqlen=scaling, window_size=window,
                       alpha=alpha, paged=paged, func_n=0 if func is None else fshape[1],
-                      head_dim_pad=D, head_dim_v_pad=D_v)
+                      head_dim_pad=D, head_dim_v_pad=D_v, rab_heads=rab_heads,
+                      rab_per_head=rab_heads == H,
+                      rab_dtype="" if rab is None else canonical_dtype(rab).name)
+
+
+def _check_rab(rab, q_dtype, B, H, max_seqlen_k, paged):
+    """Shape/dtype rules of the relative attention bias; returns H_rab (0 without rab)."""
+    if rab is None:
+        return 0
+    if paged:
+        raise ValueError("rab cannot be combined with paged_kv (paged KV is forward-only inference)")
+    shape = _check_rank("rab", rab, 4, "(B, H_rab, max_seqlen_k, max_seqlen_k)")
+    if shape[0] != B or shape[2] != max_seqlen_k or shape[3] != max_seqlen_k or shape[1] not in (1, H):
+        raise ValueError(
+            f"rab must have shape (B, H_rab, max_seqlen_k, max_seqlen_k) = "
+            f"({B}, 1 or {H}, {max_seqlen_k}, {max_seqlen_k}), got {shape}")
+    rdt = canonical_dtype(rab)
+    if rdt not in (jnp.dtype(q_dtype), jnp.dtype(jnp.float32)):
+        raise TypeError(f"rab dtype must be q's dtype ({jnp.dtype(q_dtype)}) or float32, got {rdt}")
+    return int(shape[1])
 
 
 def _host(x):
@@ -300,14 +321,15 @@ def _check_cu(name, cu, total, max_seqlen, max_name):
 
 def validate_hstu_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q, max_seqlen_k,
                          scaling_seqlen=None, window_size=(-1, 0), alpha=1.0, func=None,
-                         paged_kv=None, page_ids=None, page_indptrs=None):
+                         paged_kv=None, page_ids=None, page_indptrs=None, rab=None):
     """Check the shapes *and values* of HSTU inputs eagerly (same arguments as the op).
 
     Value checks: ``cu_seqlens_*[0] == 0``, non-decreasing, last entry <= T;
     ``max_seqlen_*`` >= every sequence length; ``func`` endpoints in
     ``[0, max_seqlen_k]`` for rows inside a sequence; with paged KV,
     ``page_indptrs`` starts at 0, is non-decreasing, ends <= P, gives every sequence at
-    least ``ceil(L_k / 128)`` pages, and the used ``page_ids`` are in ``[0, num_pages)``.
+    least ``ceil(L_k / 128)`` pages, and the used ``page_ids`` are in ``[0, num_pages)``;
+    with ``rab``, every sequence has ``L_q <= L_k``.
 
     Args:
       q ``(T_q, H, D)``, k ``(T_k, H, D)``, v ``(T_k, H, D_v)`` (arrays or
@@ -322,7 +344,7 @@ def validate_hstu_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q, m
     opts = check_hstu_args(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q=max_seqlen_q,
                            max_seqlen_k=max_seqlen_k, scaling_seqlen=scaling_seqlen,
                            window_size=window_size, alpha=alpha, func=func, paged_kv=paged_kv,
-                           page_ids=page_ids, page_indptrs=page_indptrs)
+                           page_ids=page_ids, page_indptrs=page_indptrs, rab=rab)
     _hstu_value_checks(q, k, cu_seqlens_q, cu_seqlens_k, func, paged_kv, page_ids, page_indptrs,
                        opts)
 
@@ -333,8 +355,15 @@ def _hstu_value_checks(q, k, cu_seqlens_q, cu_seqlens_k, func, paged_kv, page_id
     :func:`check_hstu_args` returned for the same arguments (the public op reuses it)."""
     T_q = q.shape[0]
     T_k = None if paged_kv is not None else k.shape[0]
-    cu_q, _ = _check_cu("cu_seqlens_q", cu_seqlens_q, T_q, opts.max_seqlen_q, "max_seqlen_q")
+    cu_q, lens_q = _check_cu("cu_seqlens_q", cu_seqlens_q, T_q, opts.max_seqlen_q, "max_seqlen_q")
     _, lens_k = _check_cu("cu_seqlens_k", cu_seqlens_k, T_k, opts.max_seqlen_k, "max_seqlen_k")
+    if opts.rab_heads:
+        bad = _first(lens_q > lens_k)
+        if bad is not None:
+            (b,) = bad
+            raise ValueError(
+                f"with rab every sequence needs L_q <= L_k (query i sits at key position "
+                f"i + L_k - L_q >= 0); sequence {b} has L_q={int(lens_q[b])} > L_k={int(lens_k[b])}")
     if func is not None:
         f = _host(func)[0]
         rows = np.arange(f.shape[1])

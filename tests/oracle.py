@@ -53,8 +53,8 @@ def hstu_key_allowed(i, j, L_q, L_k, window_size, func_row=None):
 
 def hstu_oracle(q, k, v, cu_q, cu_k, *, max_seqlen_q, scaling_seqlen=None, window_size=(-1, 0),
                 alpha=1.0, func=None, paged_kv=None, page_ids=None, page_indptrs=None,
-                page_size=128):
-    """out (T_q, H, D_v) float64."""
+                page_size=128, rab=None):
+    """out (T_q, H, D_v) float64. ``rab (B, H_rab, N, N)``: score + rab[b, h % H_rab, p, j]."""
     q = f64(q)
     cu_q = [int(x) for x in np.asarray(cu_q)]
     cu_k = [int(x) for x in np.asarray(cu_k)]
@@ -70,6 +70,7 @@ def hstu_oracle(q, k, v, cu_q, cu_k, *, max_seqlen_q, scaling_seqlen=None, windo
         D_v = v.shape[-1]
     scale = float(max_seqlen_q if scaling_seqlen is None else scaling_seqlen)
     fn = None if func is None else np.asarray(func)[0]
+    rab = f64(rab)
     out = np.zeros((T_q, H, D_v))
     for b in range(B):
         L_q = cu_q[b + 1] - cu_q[b]
@@ -90,8 +91,11 @@ def hstu_oracle(q, k, v, cu_q, cu_k, *, max_seqlen_q, scaling_seqlen=None, windo
             for jj in range(L_k):
                 if not hstu_key_allowed(i, jj, L_q, L_k, window_size, frow):
                     continue
+                p = i + L_k - L_q
                 for h in range(H):
                     s = alpha * float(np.dot(q[r, h], kb[jj, h]))
+                    if rab is not None and p >= 0:
+                        s += float(rab[b, h % rab.shape[1], p, jj])
                     out[r, h] += _silu(s) * vb[jj, h] / scale
     return out
 

@@ -250,3 +250,78 @@ def test_hstu_sm90ws_config_from_switches():
         "bfloat16", 128, 128, 0, Switches(hstu_fwd_impl="sm80"))
     with pytest.raises(ValueError, match="JAX_SPARSE_ATTN_HSTU_WS"):
         fh.fwd_config("bfloat16", 256, 256, 0, Switches(hstu_fwd_ws=("bn=256",)))
+
+
+# relative attention bias: the forward with rab (sm80; the default sm90ws selection is routed
+# to it), the backward with H_rab = 1 (fp32 workspace + red.add) and H_rab = H (direct
+# stores), rab in q's dtype and in float32, window and func masks, an odd max_seqlen_k
+RAB_LOWER = [
+    ("fwd", "sm90ws", "bfloat16", 64, "window", 1, "q"),
+    ("fwd", "sm90ws", "float16", 128, "func", 2, "f32"),
+    ("fwd", "sm90ws", "bfloat16", 256, "window", 2, "q"),
+    ("fwd", "sm80", "bfloat16", 32, "func", 1, "f32"),
+    ("bwd", "sm90ws", "bfloat16", 64, "window", 1, "q"),
+    ("bwd", "sm90ws", "bfloat16", 128, "window", 2, "f32"),
+    ("bwd", "sm90ws", "float16", 32, "func", 2, "q"),
+    ("bwd", "sm90ws", "float16", 256, "func", 1, "f32"),
+]
+
+
+@pytest.mark.parametrize("direction,impl,dtype,head_dim,mask,h_rab,rab_dt", RAB_LOWER,
+                         ids=["-".join(map(str, c)) for c in RAB_LOWER])
+def test_hstu_rab_lowers(direction, impl, dtype, head_dim, mask, h_rab, rab_dt):
+    import jax_sparse_attn as jsa  # noqa: PLC0415
+    from jax_sparse_attn.config import Switches  # noqa: PLC0415
+
+    dt = jnp.dtype(dtype)
+    mk = 201
+    q = jax.ShapeDtypeStruct((T, 2, head_dim), dt)
+    cu = jax.ShapeDtypeStruct((B + 1,), jnp.int32)
+    rab = jax.ShapeDtypeStruct((B, h_rab, mk, mk), dt if rab_dt == "q" else jnp.float32)
+    func = jax.ShapeDtypeStruct((1, 3, T + 256), jnp.int32) if mask == "func" else None
+    window = (-1, -1) if mask == "func" else (-1, 0)
+
+    def fwd(q, k, v, cu, func, rab):
+        return jsa.hstu_attention(q, k, v, cu, cu, max_seqlen_q=mk, max_seqlen_k=mk,
+                                  window_size=window, alpha=0.3, func=func, backend="kernel",
+                                  rab=rab, switches=Switches(hstu_fwd_impl=impl))
+
+    if direction == "fwd":
+        txt = _lower(fwd, q, q, q, cu, func, rab)
+    else:
+        def loss(q, k, v, cu, func, rab):
+            return jnp.sum(fwd(q, k, v, cu, func, rab).astype(jnp.float32))
+
+        txt = _lower(jax.grad(loss, argnums=(0, 1, 2, 5)), q, q, q, cu, func, rab)
+    assert txt.count(_target()) == 1 and "\\7FELF" in txt
+
+
+def test_hstu_rab_routes_to_a_forward_with_rab():
+    """With rab the sm90ws forward (no bias) is replaced by sm80 in the compile key, which
+    records the replaced switch value; sm80's tiles then come from hstu_fwd_tile or its
+    defaults; the rab presence, H_rab == H and rab's dtype are part of both compile keys."""
+    import dataclasses  # noqa: PLC0415
+
+    from jax_sparse_attn import config  # noqa: PLC0415
+    from jax_sparse_attn.ffi import hstu as fh  # noqa: PLC0415
+
+    assert "sm90ws" not in fh.RAB_FWD_IMPLS
+    sw = config.Switches()
+    assert sw.hstu_fwd_impl == "sm90ws"
+    key = fh.fwd_config("bfloat16", 64, 64, 0, sw, has_rab=True, rab_dtype="float32")
+    assert key.impl == "sm80" and key.rab_replaced_impl == "sm90ws" and key.has_rab
+    assert (key.block_m, key.block_n, key.num_warps) == (128, 64, 4)  # sm80's defaults
+    tiled = fh.fwd_config("bfloat16", 64, 64, 0, config.Switches(hstu_fwd_tile=(64, 64, 4)),
+                          has_rab=True, rab_dtype="float32")
+    assert (tiled.impl, tiled.block_m, tiled.block_n) == ("sm80", 64, 64)
+    explicit = fh.fwd_config("bfloat16", 64, 64, 0, config.Switches(hstu_fwd_impl="sm80"),
+                             has_rab=True, rab_dtype="float32")
+    assert explicit.impl == "sm80" and explicit.rab_replaced_impl == ""
+    base = fh.fwd_config("bfloat16", 64, 64, 0, config.Switches())
+    assert base.impl == "sm90ws" and not base.has_rab
+    assert base != dataclasses.replace(base, has_rab=True)
+    assert key != fh.fwd_config("bfloat16", 64, 64, 0, sw, has_rab=True, rab_dtype="bfloat16")
+    b0 = fh.bwd_config("bfloat16", 64, 64, 0, config.Switches())
+    b1 = fh.bwd_config("bfloat16", 64, 64, 0, config.Switches(), has_rab=True,
+                       rab_per_head=True, rab_dtype="bfloat16")
+    assert not b0.has_rab and b1.has_rab and b1.rab_per_head and b0 != b1

@@ -70,6 +70,18 @@ def test_vmap_hstu_lowers_to_one_kernel_call():
     assert txt.count(TARGET) == 1 and "stablehlo.while" not in txt  # the backward kernel only
 
 
+def test_vmap_hstu_with_rab_lowers_to_one_kernel_call():
+    """rab folds with the sequences: one CuTe call (the sm80 forward with rab) on the stacked
+    tokens and the padded per-item bias."""
+    def f(q, k, v, cu, rab):
+        return jsa.hstu_attention(q, k, v, cu, cu, max_seqlen_q=200, max_seqlen_k=200,
+                                  rab=rab, backend="kernel")
+
+    txt = _lower(jax.vmap(f), HQ, HQ, HQ, HCU, _sds((3, 3, 1, 200, 200)))
+    assert txt.count(TARGET) == 1 and "stablehlo.while" not in txt
+    assert "tensor<900x2x64xbf16>" in txt and "tensor<15x1x200x200xbf16>" in txt
+
+
 def test_vmap_bsa_forward_and_grad_lower_to_kernel_calls():
     txt = _lower(jax.vmap(_bsa), BQ, BQ, BQ, BIDX, BNUMS)
     assert txt.count(TARGET) == 1 and "stablehlo.while" not in txt

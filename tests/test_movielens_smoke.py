@@ -66,6 +66,82 @@ def test_cache_roundtrip(tmp_path):
     assert sub.num_users == 2 and len(sub.items) == 9
 
 
+def _toy_timestamps(seqs):
+    return [1000 * (u + 1) + 7 * np.arange(len(s), dtype=np.int64) ** 2 for u, s in enumerate(seqs)]
+
+
+def test_cache_roundtrip_with_timestamps_and_split(tmp_path):
+    _, seqs = _toy_sequences()
+    ts = _toy_timestamps(seqs)
+    s = mldata.Sequences(np.concatenate(seqs).astype(np.int32),
+                         np.concatenate([[0], np.cumsum([len(x) for x in seqs])]).astype(np.int64),
+                         10, np.concatenate(ts))
+    path = str(tmp_path / "c.npz")
+    mldata.save_cache(s, path)
+    r = mldata.load_cache(path)
+    np.testing.assert_array_equal(r.timestamps, s.timestamps)
+    assert r.subset(2).timestamps.shape == (9,)
+    sp = mldata.leave_one_out(r, paper_split=True)
+    for u in range(3):
+        np.testing.assert_array_equal(sp.train_ts[u], ts[u][:-1])
+        np.testing.assert_array_equal(sp.test_history_ts[u], ts[u][:-1])
+        assert sp.test_target_ts[u] == ts[u][-1] and sp.valid_target_ts[u] == ts[u][-2]
+    # an old cache (no timestamps) still loads, without them
+    np.savez_compressed(path, items=s.items.astype(np.int16), offsets=s.offsets,
+                        num_items=np.int64(10))
+    old = mldata.load_cache(path)
+    assert old.timestamps is None and mldata.leave_one_out(old).train_ts is None
+    with pytest.raises(ValueError, match="non-decreasing"):
+        mldata.save_cache(mldata.Sequences(s.items, s.offsets, 10, s.timestamps[::-1].copy()),
+                          path)
+
+
+def test_pack_batches_carry_key_and_query_timestamps():
+    _, seqs = _toy_sequences()
+    ts = _toy_timestamps(seqs)
+    cfg = dataclasses.replace(hm.PRESETS["smoke"], batch_size=4, eval_batch_size=4, max_len=4)
+    b = hm.pack_train_batch(seqs, [0, 1], cfg, ts)
+    # user 0: window = last 5 items; keys = first 4 of them, queries = their targets
+    np.testing.assert_array_equal(b["ts_k"][0], ts[0][-5:-1])
+    np.testing.assert_array_equal(b["ts_q"][0], ts[0][-4:])
+    np.testing.assert_array_equal(b["ts_k"][1], list(ts[1][:2]) + [0, 0])
+    np.testing.assert_array_equal(b["ts_q"][1], list(ts[1][1:]) + [0, 0])
+    assert not b["ts_k"][2:].any()
+    tgt_ts = np.array([t[-1] + 5 for t in ts])
+    e = hm.pack_eval_batch(seqs, [0, 1, 2], cfg, ts, tgt_ts)
+    np.testing.assert_array_equal(e["ts_k"][2], ts[2][-4:])
+    np.testing.assert_array_equal(e["ts_q"][2], list(ts[2][-3:]) + [tgt_ts[2]])
+    np.testing.assert_array_equal(e["ts_q"][1], list(ts[1][1:]) + [tgt_ts[1], 0])
+
+
+def test_rab_params_and_no_rab_ablation_differ():
+    import jax
+
+    _, seqs = _toy_sequences()
+    ts = _toy_timestamps(seqs)
+    cfg = dataclasses.replace(hm.PRESETS["smoke"], batch_size=3, eval_batch_size=3, max_len=8,
+                              embed_dim=8, dqk=8, dv=8)
+    p = hm.init_params(jax.random.PRNGKey(0), 10, cfg)
+    assert p["blocks"][0]["rab_pos"].shape == (15,) and p["blocks"][0]["rab_ts"].shape == (129,)
+    p0 = hm.init_params(jax.random.PRNGKey(0), 10, dataclasses.replace(cfg, rab=False))
+    assert "rab_pos" not in p0["blocks"][0]
+    batch = hm.pack_eval_batch(seqs, [0, 1, 2], cfg, ts, np.array([t[-1] for t in ts]))
+    key = jax.random.PRNGKey(1)
+    with_rab = np.asarray(hm.encode(p, batch, key, cfg, "reference", train=False))
+    zero = jax.tree_util.tree_map(lambda x: x, p)
+    for blk in zero["blocks"]:
+        blk["rab_pos"] = blk["rab_pos"] * 0.0
+        blk["rab_ts"] = blk["rab_ts"] * 0.0
+    no_bias = np.asarray(hm.encode(zero, batch, key, cfg, "reference", train=False))
+    ablated = np.asarray(hm.encode(zero, batch, key, dataclasses.replace(cfg, rab=False),
+                                   "reference", train=False))
+    np.testing.assert_allclose(no_bias, ablated, rtol=1e-6, atol=1e-7)  # zero tables = no rab
+    assert np.abs(with_rab - no_bias).max() > 1e-4
+    g = jax.grad(lambda pp: hm.sampled_softmax_loss(
+        pp, hm.pack_train_batch(seqs, [0, 1, 2], cfg, ts), key, cfg, "reference", 10))(p)
+    assert float(np.abs(np.asarray(g["blocks"][0]["rab_ts"])).sum()) > 0
+
+
 def test_pack_train_batch_windows_and_targets():
     _, seqs = _toy_sequences()
     cfg = dataclasses.replace(hm.PRESETS["smoke"], batch_size=4, max_len=4)
@@ -147,20 +223,24 @@ def test_smoke_run_writes_finite_metrics(tmp_path):
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     res = json.loads(out.read_text())
     assert res["backend"] == "reference" and res["preset"] == "smoke"
-    assert res["relative_attention_bias"] is False
+    assert res["relative_attention_bias"] is True and res["paper_split"] is True
+    assert res["args"]["seeds"] == 1 and res["seeds"] == [42] and res["complete"]
     for split in ("test", "valid"):
         for k in hm.METRICS:
             v = res[split][k]
             assert math.isfinite(v) and 0.0 <= v <= 1.0, (split, k, v)
         assert res[split]["hr@50"] >= res[split]["hr@10"]
-    losses = [h["loss"] for h in res["history"]]
+    run = res["runs"][0]
+    losses = [h["loss"] for h in run["history"]]
     assert all(math.isfinite(x) for x in losses)
     assert losses[-1] < losses[0], losses  # it learns
-    assert len(res["epoch_seconds"]) == res["config"]["epochs"]
-    assert "this run" in proc.stdout and "left out" in proc.stdout
+    assert len(run["epoch_seconds"]) == res["config"]["epochs"]
+    assert run["test"] == res["test"] and res["test_std"]["hr@10"] == 0.0
+    assert "this run" in proc.stdout and "relative attention bias: on" in proc.stdout
     # stdout is a pipe: plain progress lines (compile, one line per epoch), no tqdm bar
     assert "compiled in" in proc.stdout
-    epoch_lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("epoch ") and " loss " in ln]
+    epoch_lines = [ln for ln in proc.stdout.splitlines()
+                   if ln.startswith("seed ") and " epoch " in ln and " loss " in ln]
     assert len(epoch_lines) == res["config"]["epochs"], proc.stdout[-2000:]
 
 

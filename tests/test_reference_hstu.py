@@ -308,3 +308,111 @@ def test_hstu_chunked_evaluation_matches(monkeypatch):
 class TestHSTUGrid(HSTUReferenceGrid):
     """The shared grid (tests/attention_base.py) on the reference backend vs the float64
     oracle."""
+
+
+# ------------------------------------------------------------------ relative attention bias
+
+RAB_MASKS = {
+    "full": dict(window_size=(-1, -1)),
+    "causal": dict(window_size=(-1, 0)),
+    "local": dict(window_size=(2, 1)),
+    "left_only": dict(window_size=(3, -1)),
+    "func": "func",
+}
+
+
+def _rab_case(h_rab, mask, seed, lengths_q=(4, 0, 7, 1, 3), lengths_k=(6, 0, 7, 2, 3)):
+    q, k, v, cu_q, cu_k, mq, mk = make_case(list(lengths_q), list(lengths_k), H=2, D=5, D_v=3,
+                                            seed=seed)
+    rng = np.random.default_rng(seed + 100)
+    rab = rng.standard_normal((len(lengths_q), h_rab, mk, mk))
+    kw = RAB_MASKS[mask]
+    if kw == "func":
+        kw = dict(window_size=(-1, -1), func=random_func(rng, q.shape[0], 5, mk))
+    return q, k, v, cu_q, cu_k, mq, mk, rab, kw
+
+
+@pytest.mark.parametrize("h_rab", [1, 2])
+@pytest.mark.parametrize("mask", list(RAB_MASKS))
+def test_hstu_rab_matches_oracle(h_rab, mask):
+    q, k, v, cu_q, cu_k, mq, mk, rab, kw = _rab_case(h_rab, mask, seed=21)
+    out = run_ref(q, k, v, cu_q, cu_k, mq, mk, alpha=0.6, rab=rab, **kw)  # float64 under x64
+    want = hstu_oracle(q, k, v, cu_q, cu_k, max_seqlen_q=mq, alpha=0.6, rab=rab, **kw)
+    np.testing.assert_allclose(out, want, rtol=1e-10, atol=1e-12)
+    base = hstu_oracle(q, k, v, cu_q, cu_k, max_seqlen_q=mq, alpha=0.6, **kw)
+    assert np.abs(want - base).max() > 1e-3  # the bias matters in this case
+
+
+@pytest.mark.parametrize("h_rab", [1, 2])
+@pytest.mark.parametrize("mask", ["causal", "local", "func"])
+def test_hstu_rab_grad_matches_finite_differences(h_rab, mask):
+    q, k, v, cu_q, cu_k, mq, mk, rab, kw = _rab_case(h_rab, mask, seed=31)
+    with x64():
+        cu_qj, cu_kj = jnp.asarray(cu_q), jnp.asarray(cu_k)
+
+        def f(q_, k_, v_, r_):
+            return jsa.hstu_attention(q_, k_, v_, cu_qj, cu_kj, max_seqlen_q=mq,
+                                      max_seqlen_k=mk, alpha=0.8, scaling_seqlen=3.0,
+                                      backend="reference", rab=r_, **kw)
+
+        args = tuple(jnp.asarray(x) for x in (q, k, v, rab))
+        cot = jnp.asarray(np.random.default_rng(3).standard_normal((q.shape[0], 2, 3)))
+        _, grads = fd_check(f, args, cot)
+        res = jsa.hstu_attention_backward(cot, *args[:3], cu_qj, cu_kj, max_seqlen_q=mq,
+                                          max_seqlen_k=mk, alpha=0.8, scaling_seqlen=3.0,
+                                          backend="reference", rab=args[3], **kw)
+        assert isinstance(res, jsa.HSTUBackwardRabResult)
+        for a, b in zip(res, grads):
+            np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-10, atol=1e-12)
+        drab = np.asarray(res["drab_tensor"])
+    assert drab.shape == rab.shape and np.abs(drab).max() > 0
+    # zero outside each sequence's rows p in [L_k - L_q, L_k) and keys j < L_k
+    lq, lk = np.diff(cu_q), np.diff(cu_k)
+    for b in range(len(lq)):
+        inside = np.zeros((mk, mk), bool)
+        inside[lk[b] - lq[b]:lk[b], :lk[b]] = True
+        assert not np.any(drab[b][:, ~inside])
+
+
+def test_hstu_rab_float32_with_low_precision_q_and_jit():
+    """rab may be float32 while q is bfloat16; its gradient comes back in float32; under
+    jit with L_q > L_k (not checked there) rows with p < 0 get bias 0."""
+    q, k, v, cu_q, cu_k, mq, mk = make_case([3, 1], [5, 1], H=2, D=4, seed=5)
+    rab = np.random.default_rng(6).standard_normal((2, 1, mk, mk)).astype(np.float32)
+    qb, kb, vb = (jnp.asarray(x, jnp.bfloat16) for x in (q, k, v))
+    g = jax.grad(lambda r: jnp.sum(jsa.hstu_attention(
+        qb, kb, vb, jnp.asarray(cu_q), jnp.asarray(cu_k), max_seqlen_q=mq, max_seqlen_k=mk,
+        backend="reference", rab=r).astype(jnp.float32)))(jnp.asarray(rab))
+    assert g.dtype == jnp.float32 and g.shape == rab.shape
+
+    @jax.jit
+    def f(cq, ck):
+        return jsa.hstu_attention(jnp.asarray(q), jnp.asarray(k), jnp.asarray(v), cq, ck,
+                                  max_seqlen_q=mq, max_seqlen_k=mk, backend="reference",
+                                  window_size=(-1, -1), rab=jnp.asarray(rab))
+
+    cq = np.array([0, 3, 4], np.int32)
+    ck = np.array([0, 1, 2], np.int32)  # sequence 0: L_q = 3 > L_k = 1
+    out = np.asarray(f(jnp.asarray(cq), jnp.asarray(ck)))
+    want = hstu_oracle(q, k[:2], v[:2], cq, ck, max_seqlen_q=mq, window_size=(-1, -1),
+                       rab=rab)  # the oracle gives rows with p < 0 no bias
+    np.testing.assert_allclose(out, want, rtol=2e-5, atol=2e-6)
+
+
+def test_hstu_rab_validation_errors():
+    q, k, v, cu_q, cu_k, mq, mk = make_case([3, 2], [4, 2], H=2, D=4, seed=7)
+    args = tuple(jnp.asarray(x, jnp.float32) for x in (q, k, v)) + (jnp.asarray(cu_q), jnp.asarray(cu_k))
+    kw = dict(max_seqlen_q=mq, max_seqlen_k=mk, backend="reference")
+    with pytest.raises(ValueError, match="rab must have shape"):
+        jsa.hstu_attention(*args, rab=jnp.zeros((2, 3, mk, mk)), **kw)  # H_rab not 1 or H
+    with pytest.raises(ValueError, match="rab must have shape"):
+        jsa.hstu_attention(*args, rab=jnp.zeros((2, 1, mk, mk + 1)), **kw)
+    with pytest.raises(ValueError, match="rab must have rank 4"):
+        jsa.hstu_attention(*args, rab=jnp.zeros((2, mk, mk)), **kw)
+    with pytest.raises(TypeError, match="rab dtype"):
+        jsa.hstu_attention(*args, rab=jnp.zeros((2, 1, mk, mk), jnp.bfloat16), **kw)
+    q, k, v, cu_q, cu_k, mq, mk = make_case([3, 2], [2, 3], H=2, D=4, seed=8)
+    with pytest.raises(ValueError, match="L_q <= L_k"):
+        jsa.hstu_attention(*(jnp.asarray(x, jnp.float32) for x in (q, k, v)), jnp.asarray(cu_q),
+                           jnp.asarray(cu_k), rab=jnp.zeros((2, 1, mk, mk)), max_seqlen_q=mq,
+                           max_seqlen_k=mk, backend="reference")

@@ -107,6 +107,50 @@ def test_hstu_vmap_of_grad_and_grad_of_vmap():
     _close(g2(q, k, v), got, 1e-4)
 
 
+def test_hstu_vmap_with_rab_matches_loop():
+    """rab (per item (B, H_rab, L, L), batched or shared) folds with the sequences: the
+    output and the gradients (drab included) equal a loop of unmapped calls, and the folded
+    call still runs once."""
+    q, k, v = _qkv(4)
+    rab = 0.5 * jax.random.normal(jax.random.PRNGKey(5), (N, CU.shape[1] - 1, 1, MAXQ, MAXQ))
+
+    def f(q, k, v, cu, rb):
+        return jsa.hstu_attention(q, k, v, cu, cu, max_seqlen_q=MAXQ, max_seqlen_k=MAXQ,
+                                  alpha=0.7, rab=rb, backend="reference")
+
+    _close(jax.vmap(f)(q, k, v, CU, rab), _loop(f, (0,) * 5, q, k, v, CU, rab))
+    shared = (0, 0, 0, 0, None)
+    _close(jax.vmap(f, in_axes=shared)(q, k, v, CU, rab[0]),
+           _loop(f, shared, q, k, v, CU, rab[0]))
+    text = str(jax.make_jaxpr(jax.vmap(f))(q, k, v, CU, rab)).replace(" ", "")
+    assert f"{N * T},{H},{D}" in text and f"{N * (CU.shape[1] + 1)},1,{MAXQ},{MAXQ}" in text
+
+    w = jax.random.normal(jax.random.PRNGKey(6), (N, T, H, D))
+    g = jax.grad(lambda q, k, v, cu, rb, w: jnp.sum(f(q, k, v, cu, rb) * w),
+                 argnums=(0, 1, 2, 4))
+    got = jax.jit(jax.vmap(g))(q, k, v, CU, rab, w)
+    want = _loop(g, (0,) * 6, q, k, v, CU, rab, w)
+    _close(got, want, 1e-4)
+    assert got[3].shape == rab.shape and float(jnp.max(jnp.abs(got[3]))) > 0
+
+
+def test_hstu_per_shard_cu_seqlens_with_rab():
+    """Per-shard cu_seqlens (num_shards, B_local + 1) with rab of num_shards * B_local
+    sequences equal one call per shard; a rab of another batch is a ValueError."""
+    q, k, v = _qkv(7)
+    rab = jax.random.normal(jax.random.PRNGKey(8), (N * (CU.shape[1] - 1), 2, MAXQ, MAXQ))
+    flat = lambda x: x.reshape((N * T,) + x.shape[2:])  # noqa: E731
+    kw = dict(max_seqlen_q=MAXQ, max_seqlen_k=MAXQ, backend="reference")
+    got = jsa.hstu_attention(flat(q), flat(k), flat(v), CU, CU, rab=rab, **kw)
+    nb = CU.shape[1] - 1
+    want = jnp.concatenate([
+        jsa.hstu_attention(q[s], k[s], v[s], CU[s], CU[s], rab=rab[s * nb:(s + 1) * nb], **kw)
+        for s in range(N)])
+    _close(got, want)
+    with pytest.raises(ValueError, match="rab"):
+        jsa.hstu_attention(flat(q), flat(k), flat(v), CU, CU, rab=rab[:nb], **kw)
+
+
 def test_hstu_nested_vmap():
     q, k, v = _qkv(3)
     q2, k2, v2 = (x.reshape((N, 1, T, H, D))[:, [0, 0]] * jnp.array([1.0, 0.5])[None, :, None,

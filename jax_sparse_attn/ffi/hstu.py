@@ -30,11 +30,22 @@ walks (row, head) items in that order; the backward grid is ``(H, S)`` over KV t
 canonical order. A pseudo-sequence appended to ``cu_seqlens`` covers rows past
 ``cu_seqlens[-1]`` so the kernels write zeros there.
 
+Relative attention bias (``rab (B, H_rab, N_k, N_k)``, q's dtype or fp32): a presence flag
+``has_rab`` (with ``rab_per_head`` = ``H_rab == H`` and rab's dtype) in both compile keys;
+without rab the adapters, kernel arguments and generated code are exactly those of the
+kernels without bias (PTX sha256-identical). The forwards with rab are ``RAB_FWD_IMPLS``
+(``sm80``): with rab the selected forward implementation (default ``sm90ws``, which has no
+bias) is replaced by ``sm80`` in the compile key, which records the replaced switch value in
+``rab_replaced_impl``. Backward: ``drab`` is written directly (rab's dtype, zero-initialised output) when
+``H_rab == H``, else added over heads into an fp32 workspace ``(B, 1, N_k, N_k_pad)``
+(``N_k_pad`` even for the 8-byte vector reductions) that XLA slices and casts.
+
 Determinism: the forward and dk/dv are deterministic (each output element is written by
 exactly one CTA with a fixed summation order). dq is accumulated in an fp32 workspace with
 ``red.global.add.f32`` from the CTAs of every KV tile that sees the query, so its low bits
 depend on scheduling order (run-to-run differences at fp32 rounding level, before the
-final cast to q's dtype).
+final cast to q's dtype); so does ``drab`` when ``H_rab = 1`` (per-head ``drab`` is
+deterministic).
 """
 
 from __future__ import annotations
@@ -56,9 +67,14 @@ __all__ = [
     "hstu_bwd",
     "fwd_config",
     "bwd_config",
+    "RAB_FWD_IMPLS",
 ]
 
 SUPPORTED_HEAD_DIMS = (32, 64, 128, 256)
+#: forward implementations with the relative attention bias; with rab another selected
+#: forward implementation (sm90ws) is replaced by sm80 in the compile key (``impl``)
+RAB_FWD_IMPLS = ("sm80",)
+_RAB_FALLBACK_IMPL = "sm80"
 _SMEM_BYTES = 227 * 1024
 
 
@@ -90,11 +106,22 @@ class HstuFwdConfig(_HstuKey):
     ws_q_stages: int = 2
     ws_silu16: bool = False
     num_sms: int = 0
+    # relative attention bias: presence, H_rab == H, rab's dtype name ("" without rab)
+    has_rab: bool = False
+    rab_per_head: bool = False
+    rab_dtype: str = ""
+    # the hstu_fwd_impl switch value when rab replaced it by RAB_FWD_IMPLS (else "")
+    rab_replaced_impl: str = ""
 
 
 @dataclasses.dataclass(frozen=True)
 class HstuBwdConfig(_HstuKey):
     """Compile key of the HSTU backward: static kernel properties only."""
+
+    # relative attention bias, as in HstuFwdConfig
+    has_rab: bool = False
+    rab_per_head: bool = False
+    rab_dtype: str = ""
 
 
 def hstu_kernel_unsupported_reason(*, dtype, head_dim, head_dim_v) -> str | None:
@@ -123,11 +150,18 @@ def _check_fwd_tile(head_dim, head_dim_v, bm, bn, w):
                          f"{_SMEM_BYTES} bytes of shared memory")
 
 
-def fwd_config(dtype, head_dim, head_dim_v, func_n, switches) -> HstuFwdConfig:
+def fwd_config(dtype, head_dim, head_dim_v, func_n, switches, *, has_rab=False,
+               rab_per_head=False, rab_dtype="") -> HstuFwdConfig:
     """The forward compile key for padded head dims, ``func_n`` endpoint rows (0: no func)
-    and the :class:`~jax_sparse_attn.config.Switches`."""
+    and the :class:`~jax_sparse_attn.config.Switches`; with ``has_rab`` a forward
+    implementation outside :data:`RAB_FWD_IMPLS` (the sm90ws forward has no bias) is
+    replaced by sm80 (tiles from ``hstu_fwd_tile`` or sm80's defaults) and the key records
+    the replaced value in ``rab_replaced_impl``."""
     d = max(head_dim, head_dim_v)
     impl = switches.hstu_fwd_impl
+    replaced = ""
+    if has_rab and impl not in RAB_FWD_IMPLS:
+        impl, replaced = _RAB_FALLBACK_IMPL, impl
     if impl == "sm90ws":
         return _ws_config(dtype, head_dim, head_dim_v, func_n, switches)
     if d <= 32:
@@ -139,7 +173,9 @@ def fwd_config(dtype, head_dim, head_dim_v, func_n, switches) -> HstuFwdConfig:
     bm, bn, w = switches.hstu_fwd_tile or default
     _check_fwd_tile(head_dim, head_dim_v, bm, bn, w)
     return HstuFwdConfig(_cutlass_dtype_name(dtype), head_dim, head_dim_v, bm, bn, w,
-                         func_n > 0, max(func_n, 1), impl)
+                         func_n > 0, max(func_n, 1), impl, has_rab=bool(has_rab),
+                         rab_per_head=bool(rab_per_head),
+                         rab_dtype=rab_dtype if has_rab else "", rab_replaced_impl=replaced)
 
 
 def _num_sms() -> int:
@@ -184,14 +220,16 @@ def _ws_config(dtype, head_dim, head_dim_v, func_n, switches) -> HstuFwdConfig:
                          num_sms=_num_sms())
 
 
-def bwd_config(dtype, head_dim, head_dim_v, func_n, switches) -> HstuBwdConfig:
+def bwd_config(dtype, head_dim, head_dim_v, func_n, switches, *, has_rab=False,
+               rab_per_head=False, rab_dtype="") -> HstuBwdConfig:
     """The backward compile key (see :func:`fwd_config`)."""
     # 64 x 128 (q rows x keys), 8 warps: dK/dV of 128 keys stay in registers for D <= 128;
     # D = 256 keeps 64 keys per CTA (register budget).
     default = (64, 128, 8) if max(head_dim, head_dim_v) <= 128 else (64, 64, 8)
     bm, bn, w = switches.hstu_bwd_tile or default
     return HstuBwdConfig(_cutlass_dtype_name(dtype), head_dim, head_dim_v, bm, bn, w,
-                         func_n > 0, max(func_n, 1))
+                         func_n > 0, max(func_n, 1), bool(has_rab), bool(rab_per_head),
+                         rab_dtype if has_rab else "")
 
 
 # ----------------------------------------------------------------------------------------
@@ -234,6 +272,46 @@ def _fwd_adapter():
 
 
 @functools.lru_cache(maxsize=None)
+def _fwd_rab_adapter():
+    import cutlass  # noqa: PLC0415
+    import cutlass.cute as cute  # noqa: PLC0415
+
+    from ..kernels.hstu_fwd_sm80 import HstuFwdSm80  # noqa: PLC0415
+
+    @cute.jit
+    def hstu_fwd_rab_launch(stream, q, k, v, cu_q, cu_k, tiles, func, scal, win, rab, out,
+                            *, cfg: cutlass.Constexpr):
+        # the one forward with rab (RAB_FWD_IMPLS); fwd_config puts sm80 in the key
+        HstuFwdSm80(_dt(cfg.dtype), cfg.head_dim, cfg.head_dim_v, cfg.block_m, cfg.block_n,
+                    cfg.num_warps, cfg.has_func, cfg.func_n, has_rab=True,
+                    rab_per_head=cfg.rab_per_head)(
+            q, k, v, cu_q, cu_k, tiles, func, scal, win, out, stream, rab)
+
+    return hstu_fwd_rab_launch
+
+
+@functools.lru_cache(maxsize=None)
+def _bwd_rab_adapter():
+    import cutlass  # noqa: PLC0415
+    import cutlass.cute as cute  # noqa: PLC0415
+
+    from ..kernels.hstu_bwd_sm80 import HstuBwdSm80  # noqa: PLC0415
+
+    @cute.jit
+    def hstu_bwd_rab_launch(stream, do, q, k, v, cu_q, cu_k, kv_tiles, q_tile_start, q_tiles,
+                            func, scal, win, dq_acc, rab, drab, dk, dv,
+                            *, cfg: cutlass.Constexpr):
+        # dq_acc and drab are aliased to outputs 2 and 3 (initialised by XLA)
+        HstuBwdSm80(_dt(cfg.dtype), cfg.head_dim, cfg.head_dim_v, cfg.block_m, cfg.block_n,
+                    cfg.num_warps, cfg.has_func, cfg.func_n, has_rab=True,
+                    rab_per_head=cfg.rab_per_head)(
+            do, q, k, v, cu_q, cu_k, kv_tiles, q_tile_start, q_tiles, func, scal, win,
+            dq_acc, dk, dv, stream, rab, drab)
+
+    return hstu_bwd_rab_launch
+
+
+@functools.lru_cache(maxsize=None)
 def _bwd_adapter():
     import cutlass  # noqa: PLC0415
     import cutlass.cute as cute  # noqa: PLC0415
@@ -259,11 +337,17 @@ def _cutlass_call():
     return cute_call
 
 
-def hstu_fwd(q, k, v, cu_seqlens_q, cu_seqlens_k, func, cfg):
+def _has_elements(rab):
+    """False when rab has no element (B = 0 or N_k = 0): every bias is then 0."""
+    return rab is not None and rab.shape[0] > 0 and rab.shape[-1] > 0
+
+
+def hstu_fwd(q, k, v, cu_seqlens_q, cu_seqlens_k, func, cfg, rab=None):
     """HSTU forward on the CuTe DSL kernel for the op config ``cfg``
     (:class:`~jax_sparse_attn.config.HSTUConfig` with ``cfg.fwd`` set). q/k/v have the
     true head dims; they are zero-padded to ``cfg.head_dim_pad`` / ``cfg.head_dim_v_pad``
-    here. Returns ``out (T_q, H, D_v)`` in q's dtype."""
+    here. ``rab``: the ``(B, H_rab, N_k, N_k)`` relative attention bias when
+    ``cfg.has_rab``. Returns ``out (T_q, H, D_v)`` in q's dtype."""
     key = cfg.fwd
     t_q, h, _ = q.shape
     out_shape = (t_q, h, cfg.head_dim_v)
@@ -278,22 +362,37 @@ def hstu_fwd(q, k, v, cu_seqlens_q, cu_seqlens_k, func, cfg):
     scal, win = metadata.hstu_scalars(cfg.alpha, cfg.scaling_seqlen, cfg.window_size)
     func_arr = func.astype(jnp.int32) if key.has_func else jnp.zeros((1, 1, 1), jnp.int32)
     out_sds = jax.ShapeDtypeStruct((t_q, h, cfg.head_dim_v_pad), q.dtype)
-    call = _cutlass_call()(_fwd_adapter(), output_shape_dtype=out_sds,
-                           compile_key=("hstu_fwd", key), cfg=key,
-                           static_last_inputs=(0, 1, 2), static_last_outputs=(0,))
-    out = call(metadata.pad_last(q, cfg.head_dim_pad), metadata.pad_last(k, cfg.head_dim_pad),
-               metadata.pad_last(v, cfg.head_dim_v_pad), cu_q, cu_k, tiles, func_arr, scal, win)
+    args = (metadata.pad_last(q, cfg.head_dim_pad), metadata.pad_last(k, cfg.head_dim_pad),
+            metadata.pad_last(v, cfg.head_dim_v_pad), cu_q, cu_k, tiles, func_arr, scal, win)
+    # static_last: q, k, v (inputs 0-2) and out carry the padded head dims of the key; rab
+    # (input 9) has only runtime extents
+    if key.has_rab and _has_elements(rab):
+        call = _cutlass_call()(_fwd_rab_adapter(), output_shape_dtype=out_sds,
+                               compile_key=("hstu_fwd_rab", key), cfg=key,
+                               static_last_inputs=(0, 1, 2), static_last_outputs=(0,))
+        out = call(*args, rab)
+    else:
+        call = _cutlass_call()(_fwd_adapter(), output_shape_dtype=out_sds,
+                               compile_key=("hstu_fwd", key), cfg=key,
+                               static_last_inputs=(0, 1, 2), static_last_outputs=(0,))
+        out = call(*args)
     return out[..., : cfg.head_dim_v]
 
 
-def hstu_bwd(do, q, k, v, cu_seqlens_q, cu_seqlens_k, func, cfg):
+def hstu_bwd(do, q, k, v, cu_seqlens_q, cu_seqlens_k, func, cfg, rab=None, _drab_init=None):
     """HSTU backward on the CuTe DSL kernel for the op config ``cfg`` (``cfg.bwd`` set;
-    padding as in :func:`hstu_fwd`). Returns ``(dq, dk, dv)`` in the input dtype."""
+    padding as in :func:`hstu_fwd`). Returns ``(dq, dk, dv)`` in the input dtype, and
+    ``drab`` (rab's shape and dtype) as a fourth output when ``rab`` is given.
+
+    ``_drab_init`` (tests only): the initial content of the buffer the kernel writes drab
+    into (rab's shape and dtype when ``H_rab == H``, else the fp32 ``(B, 1, N_k, N_k_pad)``
+    workspace, then returned unsliced and uncast) instead of zeros."""
     key = cfg.bwd
     t_q, h, _ = q.shape
     t_k = k.shape[0]
     if t_q == 0 or t_k == 0 or h == 0:
-        return jnp.zeros_like(q), jnp.zeros_like(k), jnp.zeros_like(v)
+        zeros = (jnp.zeros_like(q), jnp.zeros_like(k), jnp.zeros_like(v))
+        return zeros if rab is None else zeros + (jnp.zeros_like(rab),)
     d, dv = cfg.head_dim_pad, cfg.head_dim_v_pad
     do_p, q_p = metadata.pad_last(do, dv), metadata.pad_last(q, d)
     k_p, v_p = metadata.pad_last(k, d), metadata.pad_last(v, dv)
@@ -306,6 +405,12 @@ def hstu_bwd(do, q, k, v, cu_seqlens_q, cu_seqlens_k, func, cfg):
     scal, win = metadata.hstu_scalars(cfg.alpha, cfg.scaling_seqlen, cfg.window_size)
     func_arr = func.astype(jnp.int32) if key.has_func else jnp.zeros((1, 1, 1), jnp.int32)
     dq_acc0 = jnp.zeros((t_q, h, d), jnp.float32)
+    hd, hdv = cfg.head_dim, cfg.head_dim_v
+    if key.has_rab and _has_elements(rab):
+        dk, dv_out, dq_acc, drab = _bwd_rab_call(
+            key, (do_p, q_p, k_p, v_p, cu_q, cu_k, kv_tiles, q_start, q_tiles, func_arr, scal,
+                  win, dq_acc0), k, v, rab, _drab_init)
+        return dq_acc[..., :hd].astype(q.dtype), dk[..., :hd], dv_out[..., :hdv], drab
     out_sds = (
         jax.ShapeDtypeStruct(k_p.shape, k.dtype),
         jax.ShapeDtypeStruct(v_p.shape, v.dtype),
@@ -318,5 +423,35 @@ def hstu_bwd(do, q, k, v, cu_seqlens_q, cu_seqlens_k, func, cfg):
     )
     dk, dv_out, dq_acc = call(do_p, q_p, k_p, v_p, cu_q, cu_k, kv_tiles, q_start, q_tiles,
                               func_arr, scal, win, dq_acc0)
-    hd, hdv = cfg.head_dim, cfg.head_dim_v
-    return dq_acc[..., :hd].astype(q.dtype), dk[..., :hd], dv_out[..., :hdv]
+    grads = (dq_acc[..., :hd].astype(q.dtype), dk[..., :hd], dv_out[..., :hdv])
+    return grads if rab is None else grads + (jnp.zeros_like(rab),)  # rab without elements
+
+
+def _bwd_rab_call(key, args, k, v, rab, drab_init):
+    """The backward launch with rab: ``args`` are the 13 inputs of the launch without rab
+    (the dq workspace last); returns ``(dk, dv, dq_acc, drab)`` (padded head dims)."""
+    b, _, n_k, _ = rab.shape
+    if key.rab_per_head:  # one writer per element: direct stores into rab's dtype
+        drab0 = jnp.zeros(rab.shape, rab.dtype)
+    else:  # heads add into an fp32 workspace with even rows (8-byte vector reductions)
+        drab0 = jnp.zeros((b, 1, n_k, n_k + n_k % 2), jnp.float32)
+    if drab_init is not None:
+        drab0 = drab_init.astype(drab0.dtype).reshape(drab0.shape)
+    k_p, v_p, dq_acc0 = args[2], args[3], args[12]
+    out_sds = (
+        jax.ShapeDtypeStruct(k_p.shape, k.dtype),
+        jax.ShapeDtypeStruct(v_p.shape, v.dtype),
+        jax.ShapeDtypeStruct(dq_acc0.shape, jnp.float32),
+        jax.ShapeDtypeStruct(drab0.shape, drab0.dtype),
+    )
+    call = _cutlass_call()(
+        _bwd_rab_adapter(), output_shape_dtype=out_sds, compile_key=("hstu_bwd_rab", key),
+        input_output_aliases={12: 2, 14: 3}, cfg=key,
+        # do, q, k, v and the dq workspace (input 12) / dk, dv, dq carry the key's head dims;
+        # rab (13) and drab (input 14 = output 3) have only runtime extents
+        static_last_inputs=(0, 1, 2, 3, 12), static_last_outputs=(0, 1, 2),
+    )
+    dk, dv, dq_acc, drab = call(*args, rab, drab0)
+    if not key.rab_per_head and drab_init is None:
+        drab = drab[..., :n_k].astype(rab.dtype)
+    return dk, dv, dq_acc, drab

@@ -18,6 +18,16 @@ dK, dV are deterministic; dQ (atomics) is not bitwise deterministic.
 dQ uses per-thread ``red.global.add.v2.f32`` rather than the staged bulk reductions of
 ``bsa_bwd_sm90``: with 64 x 128 tiles the dQ traffic per FLOP is half the block-sparse
 kernel's and the 8 warps hide the reductions (docs/performance.md compares the two).
+
+Relative attention bias (``has_rab``; ``mRab (B, H_rab, N_k, N_k)``): the bias tile is read
+per thread from gmem (``hc.rab_load_tile``, 0 outside ``p, j in [0, min(L_k, N_k))``) and
+``h = (alpha S + rab) / 2``. Its gradient uses the dS tile before the alpha factor:
+``g = M * dP * SiLU'(h) / scaling``, ``d rab[p, j] = g`` and ``dS = alpha g``. Each
+``(b, h, p, j)`` comes from exactly one (KV tile, head) CTA, so with ``H_rab = H``
+(``rab_per_head``) ``mdRab`` (rab's dtype, zero-initialised by XLA) gets direct stores
+(deterministic); with ``H_rab = 1`` the heads' CTAs add into an fp32 workspace
+``(B, 1, N_k, N_k_pad)`` (``N_k_pad`` even) with ``red.global.add.v2.f32`` (column pairs
+2t, 2t+1 of the accumulator; not bitwise deterministic), cast by XLA afterwards.
 """
 
 from __future__ import annotations
@@ -43,7 +53,7 @@ class HstuBwdSm80:
     """
 
     def __init__(self, dtype, head_dim, head_dim_v, block_m, block_n, num_warps, has_func,
-                 func_n):
+                 func_n, has_rab=False, rab_per_head=False):
         self.dtype = dtype
         self.d = head_dim
         self.dv = head_dim_v
@@ -53,11 +63,13 @@ class HstuBwdSm80:
         self.num_threads = num_warps * 32
         self.has_func = has_func
         self.func_n = func_n
+        self.has_rab = has_rab
+        self.rab_per_head = rab_per_head
         self.dq_chunk = min(head_dim, 128)
 
     @cute.jit
     def __call__(self, mdO, mQ, mK, mV, mCuQ, mCuK, mKVTile, mQStart, mQTiles, mFunc, mScal,
-                 mWin, mdQacc, mdK, mdV, stream):
+                 mWin, mdQacc, mdK, mdV, stream, mRab=None, mdRab=None):
         dt = self.dtype
         bm, bn = self.bm, self.bn
         sQ_layout = hc.smem_layout_16b(bm, self.d, 2)
@@ -88,15 +100,31 @@ class HstuBwdSm80:
         grid = (cute.size(mQ.shape[1]), cute.size(mKVTile.shape[0]), 1)
         self.kernel(
             mdO, mQ, mK, mV, mCuQ, mCuK, mKVTile, mQStart, mQTiles, mFunc, mScal, mWin,
-            mdQacc, mdK, mdV,
+            mdQacc, mdK, mdV, mRab, mdRab,
             sQ_layout, sdO_layout, sK_layout, sV_layout, sPdS_layout,
             copy_d, copy_dv, store_d, store_dv, mma_sdp, mma_dkv, mma_dq, Smem,
         ).launch(grid=grid, block=[self.num_threads, 1, 1], smem=Smem.size_in_bytes(),
                  stream=stream)
 
+    @cute.jit
+    def _store_drab(self, g_mn, mdRab_bh, row_p, row_ok, tScS, col0, lim):
+        """d rab of this thread's tile elements: direct stores (one writer per element,
+        ``rab_per_head``) or fp32 ``red.add.v2`` of adjacent column pairs (H_rab = 1)."""
+        for r in cutlass.range_constexpr(cute.size(g_mn, mode=[0])):
+            for c in cutlass.range_constexpr(cute.size(g_mn, mode=[1])):
+                j = col0 + tScS[0, c][1]
+                if cutlass.const_expr(self.rab_per_head):
+                    if (row_ok[r] != 0) & (j < lim):
+                        mdRab_bh[row_p[r], j] = g_mn[r, c].to(mdRab_bh.element_type)
+                elif cutlass.const_expr(c % 2 == 0):
+                    # columns j, j + 1 (j even; the workspace rows are padded to even length)
+                    if (row_ok[r] != 0) & (j < lim):
+                        hc.red_add_v2_f32(hc.elem_ptr(mdRab_bh, (row_p[r], j)), g_mn[r, c],
+                                          g_mn[r, c + 1])
+
     @cute.kernel
     def kernel(self, mdO, mQ, mK, mV, mCuQ, mCuK, mKVTile, mQStart, mQTiles, mFunc, mScal,
-               mWin, mdQacc, mdK, mdV,
+               mWin, mdQacc, mdK, mdV, mRab, mdRab,
                sQ_layout, sdO_layout, sK_layout, sV_layout, sPdS_layout,
                copy_d, copy_dv, store_d, store_dv, mma_sdp, mma_dkv, mma_dq,
                Smem: cutlass.Constexpr):
@@ -245,6 +273,17 @@ class HstuBwdSm80:
             func_n = self.func_n if cutlass.const_expr(self.has_func) else 1
             row_f = cute.make_rmem_tensor((n_rows, func_n), Int32)
 
+            if cutlass.const_expr(self.has_rab):
+                rab_nk = mRab.shape[3]
+                rab_lim = cutlass.min(seqlen_k, rab_nk)
+                rab_b = cutlass.min(batch, mRab.shape[0] - 1)
+                rab_h = head if cutlass.const_expr(self.rab_per_head) else 0
+                mRab_bh = mRab[rab_b, rab_h, None, None]
+                mdRab_bh = mdRab[rab_b, rab_h, None, None]
+                rab_p = cute.make_rmem_tensor((n_rows,), Int32)
+                rab_ok = cute.make_rmem_tensor((n_rows,), Int32)
+                alpha = alpha_half * 2.0
+
             if m_count > 0:
                 hc.load_rows(copy_d, tKgK, tKsK, tKc, seqlen_k - n0)
                 hc.load_rows(copy_dv, tVgV, tVsV, tVc, seqlen_k - n0)
@@ -291,18 +330,30 @@ class HstuBwdSm80:
                     acc_dP = cute.make_rmem_tensor(thr_sdp.partition_shape_C((bm, bn)), Float32)
                     acc_S.fill(0.0)
                     acc_dP.fill(0.0)
+                    if cutlass.const_expr(self.has_rab):
+                        hc.rab_row_setup(rab_p, rab_ok, tScS, m0, off, rab_lim, rab_nk)
+                        rBias = cute.make_fragment_like(acc_S)
+                        hc.rab_load_tile(hc.acc_mn_view(rBias), mRab_bh, rab_p, rab_ok, tScS,
+                                         n0, rab_lim, rab_nk, 0.5)
                     hc.gemm_ss(mma_sdp, acc_S, tSrQ, tSrK, tSsQ[None, None, None, stage], tSsK,
                                s2r_A_sdp, s2r_B_sdp, tSrQ_v, tSrK_v)
                     hc.gemm_ss(mma_sdp, acc_dP, tdPrdO, tdPrV, tdPsdO[None, None, None, stage],
                                tdPsV, s2r_A_sdp, s2r_B_sdp, tdPrdO_v, tdPrV_v)
                     # P and dS
                     for e in cutlass.range_constexpr(cute.size(acc_S)):
-                        hval = hc.finite_below(acc_S[e] * alpha_half)  # SiLU(-inf) -> 0, not NaN
+                        hval = acc_S[e] * alpha_half
+                        if cutlass.const_expr(self.has_rab):
+                            hval = hval + rBias[e]
+                        hval = hc.finite_below(hval)  # SiLU(-inf) -> 0, not NaN
                         tv = hc.tanh_approx(hval)
                         p = hval + hval * tv
                         sig = 0.5 + 0.5 * tv
                         acc_S[e] = p
-                        acc_dP[e] = acc_dP[e] * ds_scale * (sig + p * (1.0 - sig))
+                        if cutlass.const_expr(self.has_rab):
+                            # g = dP SiLU'(h) / scaling (= d rab); dS = alpha g below
+                            acc_dP[e] = acc_dP[e] * inv_scale * (sig + p * (1.0 - sig))
+                        else:
+                            acc_dP[e] = acc_dP[e] * ds_scale * (sig + p * (1.0 - sig))
                     if full == 0:
                         acc_S_mn = hc.acc_mn_view(acc_S)
                         acc_dP_mn = hc.acc_mn_view(acc_dP)
@@ -328,6 +379,11 @@ class HstuBwdSm80:
                                     valid = (j >= lo_r) & (j <= hi_r)
                                 acc_S_mn[r, c] = acc_S_mn[r, c] if valid else Float32(0.0)
                                 acc_dP_mn[r, c] = acc_dP_mn[r, c] if valid else Float32(0.0)
+                    if cutlass.const_expr(self.has_rab):
+                        self._store_drab(hc.acc_mn_view(acc_dP), mdRab_bh, rab_p, rab_ok, tScS,
+                                         n0, rab_lim)
+                        for e in cutlass.range_constexpr(cute.size(acc_dP)):
+                            acc_dP[e] = acc_dP[e] * alpha
                     rP = cute.make_fragment_like(acc_S, self.dtype)
                     rP.store(acc_S.load().to(self.dtype))
                     rdS = cute.make_fragment_like(acc_dP, self.dtype)

@@ -184,3 +184,45 @@ def keep_u32(x, *, loc=None, ip=None):
             ip=ip,
         )
     )
+def red_add_f32(ptr, a, *, loc=None, ip=None):
+    """``red.global.add.f32 [ptr], a``."""
+    llvm.inline_asm(
+        None,
+        [ptr.toint(loc=loc, ip=ip).ir_value(loc=loc, ip=ip),
+         cutlass.Float32(a).ir_value(loc=loc, ip=ip)],
+        "red.relaxed.gpu.global.add.f32 [$0], $1;",
+        "l,f",
+        has_side_effects=True,
+        is_align_stack=False,
+        asm_dialect=llvm.AsmDialect.AD_ATT,
+        loc=loc,
+        ip=ip,
+    )
+
+
+# ---- relative attention bias (rab) --------------------------------------------------------
+# rab is (B, H_rab, N_k, N_k) in gmem; row p = i + L_k - L_q of sequence b, column j = key.
+# Rows with p outside [0, lim) and columns j >= lim, lim = min(L_k, N_k), get bias 0 and
+# read only a clamped (in-bounds) address, whatever the metadata.
+
+
+@cute.jit
+def rab_row_setup(row_p, row_ok, tScS, row0, off, lim, n_k):
+    """Per accumulator row ``r`` of this thread: clamped rab row ``row_p[r]`` and whether
+    the row has a bias (``row_ok[r]``); ``row0`` is the tile's first query row."""
+    for r in cutlass.range_constexpr(cute.size(row_p)):
+        p = row0 + tScS[r, 0][0] + off
+        row_ok[r] = cutlass.Int32((p >= 0) & (p < lim))
+        row_p[r] = cutlass.max(cutlass.min(p, n_k - 1), 0)
+
+
+@cute.jit
+def rab_load_tile(bias_mn, mRab_bh, row_p, row_ok, tScS, col0, lim, n_k, scale):
+    """``bias_mn[r, c] = scale * rab[row_p[r], col0 + col(c)]`` (fp32) where the row and
+    column have a bias, else 0 (the load address is always clamped into the tensor)."""
+    for r in cutlass.range_constexpr(cute.size(bias_mn, mode=[0])):
+        for c in cutlass.range_constexpr(cute.size(bias_mn, mode=[1])):
+            j = col0 + tScS[0, c][1]
+            x = mRab_bh[row_p[r], cutlass.min(j, n_k - 1)].to(cutlass.Float32)
+            ok = (row_ok[r] != 0) & (j < lim)
+            bias_mn[r, c] = x * scale if ok else cutlass.Float32(0.0)

@@ -13,7 +13,11 @@ mask because out-of-range K/V/Q rows are zero-filled in smem and ``SiLU(0) = 0``
 
 Runtime inputs (not compile keys): cu_seqlens, the tile schedule (which (batch, m_block)
 each CTA row handles, longest work first), window sizes, alpha/2 and 1/scaling_seqlen.
-Compile-time: dtype, head dims, tile sizes, warps, has_func and the func endpoint count.
+Compile-time: dtype, head dims, tile sizes, warps, has_func and the func endpoint count,
+and the rab presence (``has_rab``, ``rab_per_head``): with a relative attention bias
+``mRab (B, H_rab, N_k, N_k)`` each thread reads its elements of the bias tile from gmem
+(``hc.rab_load_tile``; rows ``p = i + L_k - L_q`` or columns outside ``[0, min(L_k, N_k))``
+get 0) and the score is ``h = alpha S / 2 + rab / 2`` before the mask.
 """
 
 from __future__ import annotations
@@ -42,7 +46,7 @@ class HstuFwdSm80:
     """
 
     def __init__(self, dtype, head_dim, head_dim_v, block_m, block_n, num_warps, has_func,
-                 func_n):
+                 func_n, has_rab=False, rab_per_head=False):
         self.dtype = dtype
         self.d = head_dim
         self.dv = head_dim_v
@@ -52,9 +56,12 @@ class HstuFwdSm80:
         self.num_threads = num_warps * 32
         self.has_func = has_func
         self.func_n = func_n
+        self.has_rab = has_rab
+        self.rab_per_head = rab_per_head
 
     @cute.jit
-    def __call__(self, mQ, mK, mV, mCuQ, mCuK, mTile, mFunc, mScal, mWin, mO, stream):
+    def __call__(self, mQ, mK, mV, mCuQ, mCuK, mTile, mFunc, mScal, mWin, mO, stream,
+                 mRab=None):
         dt = self.dtype
         sQ_layout = hc.smem_layout_16b(self.bm, max(self.d, self.dv))
         sQ_layout_d = hc.smem_layout_16b(self.bm, self.d)
@@ -78,14 +85,14 @@ class HstuFwdSm80:
         )
         grid = (cute.size(mQ.shape[1]), cute.size(mTile.shape[0]), 1)
         self.kernel(
-            mQ, mK, mV, mCuQ, mCuK, mTile, mFunc, mScal, mWin, mO,
+            mQ, mK, mV, mCuQ, mCuK, mTile, mFunc, mScal, mWin, mO, mRab,
             sQ_layout, sQ_layout_d, sO_layout, sK_layout, sV_layout,
             copy_qk, copy_v, copy_o, tiled_mma, Smem,
         ).launch(grid=grid, block=[self.num_threads, 1, 1], smem=Smem.size_in_bytes(),
                  stream=stream)
 
     @cute.kernel
-    def kernel(self, mQ, mK, mV, mCuQ, mCuK, mTile, mFunc, mScal, mWin, mO,
+    def kernel(self, mQ, mK, mV, mCuQ, mCuK, mTile, mFunc, mScal, mWin, mO, mRab,
                sQ_layout, sQ_layout_d, sO_layout, sK_layout, sV_layout,
                copy_qk, copy_v, copy_o, tiled_mma, Smem: cutlass.Constexpr):
         tidx, _, _ = cute.arch.thread_idx()
@@ -181,6 +188,15 @@ class HstuFwdSm80:
                     row_lo[r] = -BIG if left < 0 else i + off - left
                     row_hi[r] = BIG if right < 0 else i + off + right
 
+            if cutlass.const_expr(self.has_rab):
+                rab_nk = mRab.shape[3]
+                rab_lim = cutlass.min(seqlen_k, rab_nk)
+                rab_h = head if cutlass.const_expr(self.rab_per_head) else 0
+                mRab_bh = mRab[cutlass.min(batch, mRab.shape[0] - 1), rab_h, None, None]
+                rab_p = cute.make_rmem_tensor((n_rows,), Int32)
+                rab_ok = cute.make_rmem_tensor((n_rows,), Int32)
+                hc.rab_row_setup(rab_p, rab_ok, tScS, m0, off, rab_lim, rab_nk)
+
             if n_count > 0:
                 hc.load_rows(copy_qk, tQgQ, tQsQ, tQc, seqlen_q - m0)
                 n_first = n_max - 1
@@ -197,8 +213,15 @@ class HstuFwdSm80:
                 hc.load_rows(copy_v, tVgV[None, None, None, n], tVsV, tVc,
                              seqlen_k - n * bn)
                 cute.arch.cp_async_commit_group()
+                if cutlass.const_expr(self.has_rab):
+                    rBias = cute.make_fragment_like(acc_S)
+                    hc.rab_load_tile(hc.acc_mn_view(rBias), mRab_bh, rab_p, rab_ok, tScS,
+                                     n * bn, rab_lim, rab_nk, 0.5)
                 hc.gemm_ss(tiled_mma, acc_S, tSrQ, tSrK, tSsQ, tSsK, s2r_Q, s2r_K,
                            tSrQ_v, tSrK_v)
+                if cutlass.const_expr(self.has_rab):
+                    for e in cutlass.range_constexpr(cute.size(acc_S)):
+                        acc_S[e] = acc_S[e] * alpha_half + rBias[e]
                 cute.arch.cp_async_wait_group(0)
                 cute.arch.barrier()
                 if it + 1 < n_count:
@@ -236,7 +259,9 @@ class HstuFwdSm80:
 
                 # ---- P = SiLU(alpha S) = h + h tanh(h), h = alpha S / 2 ------------------
                 for e in cutlass.range_constexpr(cute.size(acc_S)):
-                    hval = hc.finite_below(acc_S[e] * alpha_half)  # SiLU(-inf) -> 0, not NaN
+                    # with rab acc_S already holds h = (alpha S + rab) / 2
+                    hval = acc_S[e] if cutlass.const_expr(self.has_rab) else acc_S[e] * alpha_half
+                    hval = hc.finite_below(hval)  # SiLU(-inf) -> 0, not NaN
                     acc_S[e] = hval + hval * hc.tanh_approx(hval)
                 rP = cute.make_fragment_like(acc_S, self.dtype)
                 rP.store(acc_S.load().to(self.dtype))

@@ -1,0 +1,153 @@
+"""Builders of the HSTU relative attention bias (``rab``) from learned tables.
+
+Source of the semantics: the HSTU paper (Zhai et al. 2024, arXiv 2402.17152, Sec. 3.1,
+"relative attention bias" ``rab^{p,t}``) and its public code (Meta's
+generative-recommenders, ``RelativeBucketedTimeAndPositionBasedBias``): a learned bias
+per relative position plus a learned bias per logarithmic bucket of the time gap, one
+table shared by all heads.
+
+All builders return arrays of shape ``(B, H_rab, N_k, N_k)`` indexed
+``[b, h, p, j]`` (``p`` = key position of the query row, ``j`` = key), the layout that
+:func:`jax_sparse_attn.hstu_attention` takes as ``rab``. A 1-D table gives
+``H_rab = 1``; a 2-D table ``(H_rab, n)`` gives one bias per head. Everything is
+``jnp`` (jit-able, vmap-able) and differentiable in the tables (gathers); timestamps
+and lengths are integer data and get no gradient.
+
+* :func:`position_bias`: ``w_pos[N - 1 + j - p]`` with ``N = (len(w_pos) + 1) / 2``.
+* :func:`time_bucket`: ``clamp(floor(ln(max(|dt|, 1)) / 0.301), 0, num_buckets)``.
+* :func:`next_timestamps`: the query timestamp of each row (the next item's).
+* :func:`time_bias`: ``w_ts[bucket(query_ts[p] - ts[j])]``.
+* :func:`relative_bias`: position bias + time bias (the paper's ``rab^{p,t}``).
+"""
+
+from __future__ import annotations
+
+import jax.numpy as jnp
+
+__all__ = [
+    "TIME_BUCKET_DIVISOR",
+    "position_bias",
+    "time_bucket",
+    "next_timestamps",
+    "time_bias",
+    "relative_bias",
+]
+
+#: divisor of ``ln |dt|`` in the paper code's bucketization (``log(|dt|) / 0.301``)
+TIME_BUCKET_DIVISOR = 0.301
+
+
+def _table(w, name):
+    w = jnp.asarray(w)
+    if w.ndim not in (1, 2):
+        raise ValueError(f"{name} must be a 1-D table (n,) or per-head (H_rab, n), got shape {w.shape}")
+    if not jnp.issubdtype(w.dtype, jnp.floating):
+        raise TypeError(f"{name} must be a floating-point table, got dtype {w.dtype}")
+    return w if w.ndim == 2 else w[None]  # (H_rab, n)
+
+
+def position_bias(w_pos, max_seqlen_k: int):
+    """Relative position bias ``out[0, h, p, j] = w_pos[h, N - 1 + j - p]``.
+
+    Args:
+      w_pos: ``(2N - 1,)`` or ``(H_rab, 2N - 1)`` float table; entry ``N - 1 + d`` is the
+        bias of relative position ``d = j - p`` in ``[-(N - 1), N - 1]``.
+      max_seqlen_k: static Python int ``<= N``, the side of the returned bias.
+
+    Returns:
+      ``(1, H_rab, max_seqlen_k, max_seqlen_k)`` in the table's dtype (broadcast it over
+      the batch, e.g. with :func:`relative_bias` or ``jnp.broadcast_to``).
+
+    Raises:
+      ValueError: the table length is even or ``max_seqlen_k > N``.
+    """
+    w = _table(w_pos, "w_pos")
+    n2 = w.shape[-1]
+    if n2 % 2 != 1:
+        raise ValueError(f"w_pos must have an odd length 2N - 1, got {n2}")
+    n = (n2 + 1) // 2
+    mk = int(max_seqlen_k)
+    if mk > n:
+        raise ValueError(f"max_seqlen_k={mk} exceeds N={n} positions covered by w_pos (length {n2})")
+    p = jnp.arange(mk)[:, None]
+    j = jnp.arange(mk)[None, :]
+    return w[:, n - 1 + j - p][None]
+
+
+def time_bucket(dt, num_buckets: int = 128):
+    """``clamp(floor(ln(max(|dt|, 1)) / 0.301), 0, num_buckets)`` as int32.
+
+    ``dt`` is an integer (or float) array of time gaps in the timestamps' unit (seconds for
+    MovieLens). The logarithm is evaluated in float32.
+    """
+    a = jnp.maximum(jnp.abs(jnp.asarray(dt)).astype(jnp.float32), 1.0)
+    b = jnp.floor(jnp.log(a) / TIME_BUCKET_DIVISOR)
+    return jnp.clip(b, 0, num_buckets).astype(jnp.int32)
+
+
+def next_timestamps(timestamps, lengths=None):
+    """Query timestamp of each row: the next item's timestamp, as in the paper's code.
+
+    Args:
+      timestamps: ``(B, N)`` integer, row ``b`` = sequence ``b``'s timestamps padded
+        to ``N``.
+      lengths: optional ``(B,)`` int sequence lengths. Without it, row ``p`` gets
+        ``timestamps[:, p + 1]`` and the last row ``N - 1`` its own timestamp (the
+        paper code's extension). With it, rows ``p >= L_b - 1`` get ``timestamps[b, L_b - 1]``
+        (the last item has no next item: its own timestamp is used).
+
+    Returns:
+      ``(B, N)`` with timestamps' dtype.
+    """
+    ts = jnp.asarray(timestamps)
+    nxt = jnp.concatenate([ts[:, 1:], ts[:, -1:]], axis=1)
+    if lengths is None:
+        return nxt
+    lengths = jnp.asarray(lengths).astype(jnp.int32)
+    last = jnp.take_along_axis(ts, jnp.clip(lengths - 1, 0, ts.shape[1] - 1)[:, None], axis=1)
+    p = jnp.arange(ts.shape[1])[None, :]
+    return jnp.where(p >= lengths[:, None] - 1, last, nxt)
+
+
+def time_bias(w_ts, timestamps, query_timestamps=None):
+    """Time-gap bias ``out[b, h, p, j] = w_ts[h, bucket(query_ts[b, p] - ts[b, j])]``.
+
+    Args:
+      w_ts: ``(num_buckets + 1,)`` or ``(H_rab, num_buckets + 1)`` float table.
+      timestamps: ``(B, N)`` integer key timestamps (padded per sequence).
+      query_timestamps: ``(B, N)`` integer timestamp of each query row; default
+        :func:`next_timestamps` ``(timestamps)`` (the paper's "next item" rule).
+
+    Returns:
+      ``(B, H_rab, N, N)`` in the table's dtype.
+    """
+    w = _table(w_ts, "w_ts")
+    ts = jnp.asarray(timestamps)
+    if ts.ndim != 2:
+        raise ValueError(f"timestamps must have shape (B, N), got {ts.shape}")
+    tq = next_timestamps(ts) if query_timestamps is None else jnp.asarray(query_timestamps)
+    if tq.shape != ts.shape:
+        raise ValueError(f"query_timestamps must have timestamps' shape {ts.shape}, got {tq.shape}")
+    bucket = time_bucket(tq[:, :, None] - ts[:, None, :], w.shape[-1] - 1)  # (B, N, N)
+    return jnp.moveaxis(w[:, bucket], 0, 1)  # (B, H_rab, N, N)
+
+
+def relative_bias(w_pos, w_ts, timestamps, query_timestamps=None):
+    """The paper's ``rab^{p,t}``: :func:`position_bias` + :func:`time_bias`.
+
+    Args:
+      w_pos: ``(2N - 1,)`` or ``(H_rab, 2N - 1)`` position table.
+      w_ts: ``(num_buckets + 1,)`` or ``(H_rab, num_buckets + 1)`` time-bucket table.
+      timestamps: ``(B, max_seqlen_k)`` integer, padded per sequence;
+        ``max_seqlen_k <= N``.
+      query_timestamps: optional ``(B, max_seqlen_k)``, see :func:`time_bias`.
+
+    Returns:
+      ``(B, H_rab, max_seqlen_k, max_seqlen_k)`` in the tables' promoted dtype: pass it
+      as ``rab`` to :func:`jax_sparse_attn.hstu_attention` (cast it to q's dtype or
+      float32).
+    """
+    ts = jnp.asarray(timestamps)
+    if ts.ndim != 2:
+        raise ValueError(f"timestamps must have shape (B, N), got {ts.shape}")
+    return position_bias(w_pos, ts.shape[1]) + time_bias(w_ts, ts, query_timestamps)

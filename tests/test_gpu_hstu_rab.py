@@ -1,0 +1,316 @@
+"""GPU tests of the HSTU kernels with a relative attention bias (rab) vs the reference.
+
+Same rule and canvas as ``test_gpu_hstu.py`` (kernel error vs the float32 reference <= 2x
+forward / 5x backward the error of the same computation in the input dtype, plus a small
+atol; NaN never passes), for out and all four gradients dq, dk, dv, drab. Every case has
+max_seqlen_k odd or even, jagged lengths with zero-length sequences, H_rab = 1 (drab summed
+over heads with fp32 reductions) or H_rab = H (direct stores), rab in q's dtype or float32.
+drab must be exactly 0 outside each sequence's rows ``p in [L_k - L_q, L_k)`` and keys
+``j < L_k``; a poisoned-buffer test checks that the kernel writes exactly that region.
+
+Run on the H200: ``python -m pytest -m gpu tests/test_gpu_hstu_rab.py``
+(``HSTU_TEST_SHARD=i/n`` shards it like test_gpu_hstu.py).
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+
+import numpy as np
+import pytest
+
+jax = pytest.importorskip("jax")
+import jax.numpy as jnp  # noqa: E402
+
+pytestmark = pytest.mark.gpu
+
+T_CANVAS = 2816  # 22 * 128 > every case's total length (at most 1582) + a tail
+B_SLOTS = 10
+H = 2
+FUNC_PAD = 256
+LENS_RAB = [1, 17, 0, 113, 128, 1023, 0, 300]  # max_seqlen_k = 1023 (odd)
+LENS_Q_LT_K = ([1, 10, 0, 100, 500, 64, 0, 200], [5, 17, 3, 113, 600, 128, 0, 300])
+
+
+def _shard(cases):
+    spec = os.environ.get("HSTU_TEST_SHARD")
+    if not spec:
+        return cases
+    i, n = (int(x) for x in spec.split("/"))
+    return [c for j, c in enumerate(cases) if j % n == i]
+
+
+def _first_shard():
+    return os.environ.get("HSTU_TEST_SHARD", "0/1").split("/")[0] == "0"
+
+
+def _cu(lens):
+    lens = list(lens) + [0] * (B_SLOTS - len(lens))
+    assert sum(lens) <= T_CANVAS, "test case does not fit the canvas"
+    return np.concatenate([[0], np.cumsum(lens)]).astype(np.int32)
+
+
+def _func(cu_q, cu_k, n, rng):
+    """Random interval mask: F0 prefix + (n-1)/2 intervals (some empty, overlapping)."""
+    f = np.zeros((1, n, T_CANVAS + FUNC_PAD), np.int32)
+    for b in range(len(cu_q) - 1):
+        lq = cu_q[b + 1] - cu_q[b]
+        lk = cu_k[b + 1] - cu_k[b]
+        for i in range(lq):
+            r = cu_q[b] + i
+            p = i + lk - lq
+            f[0, 0, r] = rng.integers(0, max(p, 0) + 2) if rng.random() < 0.7 else 0
+            for t in range((n - 1) // 2):
+                a = rng.integers(-3, lk + 3)
+                f[0, 2 * t + 1, r] = a
+                f[0, 2 * t + 2, r] = a + rng.integers(-5, 300)
+    return jnp.asarray(f)
+
+
+def _inputs(seed, d, dv, dtype, lens_q, lens_k):
+    rng = np.random.default_rng(seed)
+    ks = jax.random.split(jax.random.PRNGKey(seed), 4)
+    q = jax.random.normal(ks[0], (T_CANVAS, H, d), jnp.float32).astype(dtype)
+    k = jax.random.normal(ks[1], (T_CANVAS, H, d), jnp.float32).astype(dtype)
+    v = jax.random.normal(ks[2], (T_CANVAS, H, dv), jnp.float32).astype(dtype)
+    do = jax.random.normal(ks[3], (T_CANVAS, H, dv), jnp.float32).astype(dtype)
+    return rng, q, k, v, do, jnp.asarray(_cu(lens_q)), jnp.asarray(_cu(lens_k))
+
+
+def _maxerr(a, b):
+    a = np.asarray(jnp.asarray(a, jnp.float32))
+    b = np.asarray(jnp.asarray(b, jnp.float32))
+    if not np.isfinite(a).all():
+        return np.inf
+    return float(np.max(np.abs(a - b))) if a.size else 0.0
+
+
+def _check(name, kern, ref32, ref_lo, factor, report):
+    err = _maxerr(kern, ref32)
+    base = _maxerr(ref_lo, ref32)
+    scale = float(np.max(np.abs(np.asarray(jnp.asarray(ref32, jnp.float32))))) if ref32.size else 0.0
+    atol = 2e-3 * max(scale, 1e-6) + 1e-6
+    bound = factor * base + atol
+    report.append(f"{name}: err={err:.3e} base={base:.3e} bound={bound:.3e}")
+    return err <= bound, f"{name}: err {err:.3e} > {factor}x base {base:.3e} + atol {atol:.3e}"
+
+
+def _rab(seed, n_k, h_rab, dtype):
+    r = jax.random.normal(jax.random.PRNGKey(1000 + seed), (B_SLOTS, h_rab, n_k, n_k),
+                          jnp.float32)
+    return r.astype(dtype)
+
+
+@functools.lru_cache(maxsize=None)
+def _jitted(kind, max_q, max_k, scaling, window, alpha, compute, fwd_impl=None):
+    """jit-compiled callables (one per static configuration; jit also keeps the eager value
+    checks away from the random func endpoints, which may exceed max_seqlen_k)."""
+    import jax_sparse_attn as jsa
+    from jax_sparse_attn import hstu as hstu_mod
+    from jax_sparse_attn import reference
+    from jax_sparse_attn.config import Switches
+    from jax_sparse_attn.ffi import hstu as fh
+
+    kw = dict(max_seqlen_q=max_q, max_seqlen_k=max_k, scaling_seqlen=scaling,
+              window_size=window, alpha=alpha)
+    sw = Switches(hstu_fwd_impl=fwd_impl) if fwd_impl else None
+    if kind == "kfwd":
+        return jax.jit(lambda q, k, v, cq, ck, f, r: jsa.hstu_attention(
+            q, k, v, cq, ck, func=f, rab=r, backend="kernel", switches=sw, **kw))
+    if kind == "kbwd":
+        return jax.jit(lambda do, q, k, v, cq, ck, f, r: tuple(jsa.hstu_attention_backward(
+            do, q, k, v, cq, ck, func=f, rab=r, backend="kernel", **kw)))
+    if kind == "kbwd_init":  # the ffi backward with a poisoned initial drab buffer
+        def bwd_init(do, q, k, v, cq, ck, f, r, init):
+            cfg = hstu_mod._make_config(q, k, v, cq, ck, f, None, None, None, backend="kernel",
+                                        switches=None, op_name="test", rab=r, **kw)
+            return fh.hstu_bwd(do, q, k, v, cq, ck, f, cfg, rab=r, _drab_init=init)
+
+        return jax.jit(bwd_init)
+    cdt = None if compute == "f32" else jnp.dtype(compute)
+    if kind == "rfwd":
+        return jax.jit(lambda q, k, v, cq, ck, f, r: reference.hstu_attention_ref(
+            q, k, v, cq, ck, f, compute_dtype=cdt, rab=r, **kw))
+    return jax.jit(lambda do, q, k, v, cq, ck, f, r: reference.hstu_attention_bwd_ref(
+        do, q, k, v, cq, ck, f, compute_dtype=cdt, rab=r, **kw))
+
+
+def _region(lens_q, lens_k, n_k):
+    """(B_SLOTS, 1, n_k, n_k) bool: rows p in [L_k - L_q, L_k), keys j < L_k."""
+    m = np.zeros((B_SLOTS, 1, n_k, n_k), bool)
+    for b, (lq, lk) in enumerate(zip(lens_q, lens_k)):
+        m[b, 0, max(lk - lq, 0):lk, :lk] = True
+    return m
+
+
+def _run_rab_case(d, dtype, lens_q, lens_k, window, *, h_rab, rab_dtype, func_n=0, alpha=None,
+                  scaling=None, seed=0, bwd=True, fwd_impl=None, dv=None):
+    dtype = jnp.dtype(dtype)
+    dv = dv or d
+    rng, q, k, v, do, cq, ck = _inputs(seed, d, dv, dtype, lens_q, lens_k)
+    max_q, max_k = max(max(lens_q), 1), max(max(lens_k), 1)
+    alpha = float(alpha if alpha is not None else 2.0 / np.sqrt(d))
+    scaling = float(scaling if scaling is not None else max_q)
+    func = _func(np.asarray(cq), np.asarray(ck), func_n, rng) if func_n else None
+    rab = _rab(seed, max_k, h_rab, dtype if rab_dtype == "q" else jnp.float32)
+    args = (max_q, max_k, scaling, tuple(window), alpha)
+    report, fails = [], []
+    out = _jitted("kfwd", *args, None, fwd_impl)(q, k, v, cq, ck, func, rab)
+    r32 = _jitted("rfwd", *args, "f32")(q, k, v, cq, ck, func, rab)
+    rlo = _jitted("rfwd", *args, dtype.name)(q, k, v, cq, ck, func, rab)
+    ok, msg = _check("out", out, r32, rlo, 2.0, report)
+    if not ok:
+        fails.append(msg)
+    tail = np.asarray(out[int(cq[-1]):], np.float32)
+    if tail.size and np.abs(tail).max() != 0:
+        fails.append("out rows past cu_seqlens_q[-1] are not zero")
+    if bwd:
+        g = _jitted("kbwd", *args, None)(do, q, k, v, cq, ck, func, rab)
+        g32 = _jitted("rbwd", *args, "f32")(do, q, k, v, cq, ck, func, rab)
+        glo = _jitted("rbwd", *args, dtype.name)(do, q, k, v, cq, ck, func, rab)
+        assert len(g) == 4 and g[3].shape == rab.shape and g[3].dtype == rab.dtype
+        for nm, a, b, c in zip(("dq", "dk", "dv", "drab"), g, g32, glo):
+            ok, msg = _check(nm, a, b, c, 5.0, report)
+            if not ok:
+                fails.append(msg)
+        outside = ~np.broadcast_to(_region(lens_q, lens_k, max_k), rab.shape)
+        drab = np.asarray(g[3], np.float32)
+        if np.any(drab[outside] != 0):
+            fails.append("drab is not exactly 0 outside the sequences' rows/keys")
+        if not np.abs(drab).max() > 0:
+            fails.append("drab is all zero")
+    print(" | ".join(report))
+    assert not fails, "; ".join(fails)
+    return q, k, v, do, cq, ck, func, rab, args
+
+
+RAB_GRID = []
+for _i, _d in enumerate((32, 64, 128, 256)):
+    RAB_GRID.append(dict(d=_d, dtype="bfloat16", window=(-1, 0), h_rab=(1, H)[_i % 2],
+                         rab_dtype=("f32", "q")[_i // 2 % 2]))
+RAB_GRID += [
+    dict(d=128, dtype="bfloat16", window=(-1, -1), h_rab=H, rab_dtype="f32"),
+    dict(d=64, dtype="float16", window=(63, 17), h_rab=H, rab_dtype="q"),
+    dict(d=128, dtype="float16", window=(-1, 0), h_rab=1, rab_dtype="q"),
+    dict(d=128, dtype="bfloat16", window=(-1, -1), func_n=3, h_rab=1, rab_dtype="f32"),
+    dict(d=64, dtype="float16", window=(-1, -1), func_n=7, h_rab=H, rab_dtype="f32"),
+    dict(d=128, dtype="bfloat16", window=(31, 7), lens=LENS_Q_LT_K, h_rab=1, rab_dtype="q"),
+    dict(d=64, dtype="bfloat16", window=(-1, -1), lens=LENS_Q_LT_K, h_rab=H, rab_dtype="f32"),
+    dict(d=128, dtype="bfloat16", window=(-1, -1), alpha=0.5, scaling=77.0, h_rab=1,
+         rab_dtype="f32"),
+    dict(d=64, dv=128, dtype="bfloat16", window=(-1, 0), h_rab=H, rab_dtype="q"),
+    # max_seqlen_k even (300) and H_rab = 1 (workspace rows not padded)
+    dict(d=64, dtype="bfloat16", window=(-1, 0), h_rab=1, rab_dtype="f32",
+         lens=([300, 5, 0, 64], [300, 5, 0, 64])),
+]
+
+
+def _id(c):
+    s = f"{c['dtype'][:4]}-d{c['d']}-w{c['window'][0]}_{c['window'][1]}-hr{c['h_rab']}-{c['rab_dtype']}"
+    if c.get("dv"):
+        s += f"-dv{c['dv']}"
+    if c.get("func_n"):
+        s += f"-func{c['func_n']}"
+    if c.get("lens"):
+        s += f"-lens{max(c['lens'][1])}"
+    if c.get("alpha"):
+        s += "-alpha"
+    return s
+
+
+@pytest.mark.parametrize("case", _shard(RAB_GRID), ids=_id)
+def test_hstu_rab_kernel_vs_reference(case):
+    lens_q, lens_k = case.get("lens", (LENS_RAB, LENS_RAB))
+    _run_rab_case(case["d"], case["dtype"], lens_q, lens_k, case["window"],
+                  h_rab=case["h_rab"], rab_dtype=case["rab_dtype"], func_n=case.get("func_n", 0),
+                  alpha=case.get("alpha"), scaling=case.get("scaling"), dv=case.get("dv"))
+
+
+FWD_IMPL_CASES = [("sm80", dict(d=128, window=(-1, 0), h_rab=1)),
+                  ("sm80", dict(d=64, window=(-1, -1), func_n=3, h_rab=H)),
+                  ("sm90ws", dict(d=128, window=(63, 17), h_rab=H)),
+                  ("sm90ws", dict(d=256, window=(-1, 0), h_rab=1))]
+
+
+@pytest.mark.parametrize("impl,case", _shard(FWD_IMPL_CASES),
+                         ids=[f"{i}-d{c['d']}-hr{c['h_rab']}" for i, c in _shard(FWD_IMPL_CASES)])
+def test_hstu_rab_forward_impls(impl, case):
+    """Each hstu_fwd_impl selection with rab: sm80 explicitly, and sm90ws (the default, no
+    bias), which the compile key routes to sm80."""
+    _run_rab_case(case["d"], "bfloat16", LENS_RAB, LENS_RAB, case["window"],
+                  h_rab=case["h_rab"], rab_dtype="f32", func_n=case.get("func_n", 0), seed=5,
+                  bwd=False, fwd_impl=impl)
+
+
+@pytest.mark.skipif(not _first_shard(), reason="runs in shard 0")
+@pytest.mark.parametrize("h_rab", [1, H])
+def test_hstu_drab_poisoned_buffer(h_rab):
+    """The drab buffer starts poisoned: the kernel writes (per head: stores; H_rab = 1:
+    fp32 adds) exactly inside each sequence's rows p in [L_k - L_q, L_k) and keys j < L_k,
+    and nothing outside (the poison survives there, padding columns included)."""
+    lens_q, lens_k = LENS_Q_LT_K
+    d = 64
+    q, k, v, do, cq, ck, func, rab, args = _run_rab_case(
+        d, "bfloat16", lens_q, lens_k, (-1, -1), h_rab=h_rab, rab_dtype="f32", seed=9)
+    n_k = rab.shape[-1]
+    g32 = _jitted("rbwd", *args, "f32")(do, q, k, v, cq, ck, func, rab)[3]
+    g32 = np.asarray(g32, np.float32)
+    region = np.broadcast_to(_region(lens_q, lens_k, n_k), rab.shape)
+    if h_rab == H:
+        init = jnp.full(rab.shape, jnp.nan, jnp.float32)
+        got = np.asarray(_jitted("kbwd_init", *args, None)(do, q, k, v, cq, ck, func, rab,
+                                                           init)[3], np.float32)
+        assert np.isnan(got[~region]).all(), "drab written outside the sequences"
+        inside = got[region]
+    else:
+        poison = 7.0
+        pad = n_k + n_k % 2
+        init = jnp.full((B_SLOTS, 1, n_k, pad), poison, jnp.float32)
+        got = np.asarray(_jitted("kbwd_init", *args, None)(do, q, k, v, cq, ck, func, rab,
+                                                           init)[3], np.float32)
+        assert got.shape == (B_SLOTS, 1, n_k, pad)
+        assert (got[..., n_k:] == poison).all(), "padding columns written"
+        got = got[..., :n_k]
+        assert (got[~region] == poison).all(), "drab added to outside the sequences"
+        inside = got[region] - poison
+    assert np.isfinite(inside).all()
+    want = g32[region]
+    assert np.max(np.abs(inside - want)) <= 0.02 * np.max(np.abs(want)) + 1e-4
+
+
+@pytest.mark.skipif(not _first_shard(), reason="runs in shard 0")
+@pytest.mark.parametrize("h_rab", [1, H])
+def test_hstu_rab_public_grad_matches_reference(h_rab):
+    """jax.grad of a jitted loss through hstu_attention(rab=...) (kernel) in q, k, v and rab
+    vs the reference backend's grad."""
+    import jax_sparse_attn as jsa
+
+    lens = [100, 0, 257, 31]
+    cu = jnp.asarray(np.concatenate([[0], np.cumsum(lens)]).astype(np.int32))
+    t = int(cu[-1])
+    ks = jax.random.split(jax.random.PRNGKey(17), 5)
+    q = jax.random.normal(ks[0], (t, 2, 96), jnp.float32).astype(jnp.bfloat16)
+    k = jax.random.normal(ks[1], (t, 2, 96), jnp.float32).astype(jnp.bfloat16)
+    v = jax.random.normal(ks[2], (t, 2, 80), jnp.float32).astype(jnp.bfloat16)
+    w = jax.random.normal(ks[3], (t, 2, 80), jnp.float32)
+    rab = jax.random.normal(ks[4], (4, h_rab, 257, 257), jnp.float32)
+
+    def loss(q, k, v, rab, backend):
+        o = jsa.hstu_attention(q, k, v, cu, cu, max_seqlen_q=257, max_seqlen_k=257,
+                               window_size=(-1, 0), alpha=0.2, backend=backend, rab=rab)
+        return jnp.sum(o.astype(jnp.float32) * w)
+
+    gk = jax.jit(jax.grad(functools.partial(loss, backend="kernel"), argnums=(0, 1, 2, 3)))(
+        q, k, v, rab)
+    gr = jax.jit(jax.grad(functools.partial(loss, backend="reference"),
+                          argnums=(0, 1, 2, 3)))(q, k, v, rab)
+    for a, b in zip(gk, gr):
+        a = np.asarray(a, np.float32)
+        b = np.asarray(b, np.float32)
+        assert np.isfinite(a).all()
+        assert np.max(np.abs(a - b)) <= 0.03 * np.max(np.abs(b)) + 1e-3
+    res = jsa.hstu_attention_backward(jnp.ones((t, 2, 80), jnp.bfloat16), q, k, v, cu, cu,
+                                      max_seqlen_q=257, max_seqlen_k=257, alpha=0.2,
+                                      backend="kernel", rab=rab)
+    assert res["drab_tensor"].shape == rab.shape and res.drab_tensor.dtype == rab.dtype
