@@ -108,11 +108,13 @@ TABLE = [
 ]
 
 
-def table(variants, n_sets=2, seed=0):
+def table(variants, n_sets=2, seed=0, rows_sel=None):
     """Forward times of the TABLE rows under each variant (``'ENV=V,ENV=V'`` strings of
     ``JAX_SPARSE_ATTN_*`` switch variables, validated by :func:`config.from_env`)."""
     rows = []
-    for label, blk, topk, s, d, h, h_kv in TABLE:
+    for j, (label, blk, topk, s, d, h, h_kv) in enumerate(TABLE):
+        if rows_sel is not None and j not in rows_sel:
+            continue
         key = jax.random.fold_in(jax.random.PRNGKey(seed), blk * 1000 + topk)
         sets = [_inputs(jax.random.fold_in(key, i), 1, h, s, d, blk, topk, jnp.bfloat16, h_kv)[:5]
                 for i in range(n_sets)]
@@ -147,11 +149,14 @@ def main(argv=None):
     ap.add_argument("--table", default="",
                     help="';'-separated variants ('ENV=V,ENV=V') timed on the forward rows of TABLE "
                          "(e.g. 'JAX_SPARSE_ATTN_BSA_FWD_IMPL=sm90;JAX_SPARSE_ATTN_BSA_FWD_IMPL=sm90ws')")
+    ap.add_argument("--rows", default="",
+                    help="with --table: comma list of TABLE row numbers (default: all)")
     args = ap.parse_args(argv)
     s = 4096 if args.quick else 16384
     rows = []
     if args.table:
-        rows = table(args.table.split(";"))
+        sel = [int(r) for r in args.rows.split(",") if r] or None
+        rows = table(args.table.split(";"), rows_sel=sel)
     elif not args.variants:
         cases = [(64, 32, ("fwd", "bwd", "csr")), (128, 16, ("fwd", "bwd"))]
         rows = run(cases, s=s, tag="default")

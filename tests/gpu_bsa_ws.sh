@@ -7,8 +7,10 @@
 #   g  the sm90ws cases of tests/test_gpu_bsa.py (test_bsa_sm90ws_forward)
 #   t  the whole BSA GPU grid with the forward on sm90ws (BSA_TEST_IMPLS=sm90ws, sharded;
 #      the backward is the default one)
-#   b  benchmark: the issue-table forward rows, sm90 (today's default) vs sm90ws and its
-#      ablation variants (no intra-warpgroup overlap, no ping-pong)
+#   b  benchmark: the issue-table forward rows, sm90 (today's default) vs sm90ws, then the
+#      sm90ws ablation (no overlap, no ping-pong, one Q stage, two K/V stages) on two rows
+# Worst case (every timeout hit) is over 10 minutes: with one device call of 600 s, run
+# STEPS=sgt and STEPS=b as two calls, or STEPS=sgb alone.
 # Logs and JSON under $OUT (or ./gpu_out).
 set -u
 out=${OUT:-./gpu_out}
@@ -26,14 +28,14 @@ if [[ $STEPS == *s* ]]; then
   [[ $rc == 0 ]] || { grep -h "Error\|error\|assert" "$out/bsa_ws_smoke.log" | head -20; exit 1; }
 fi
 if [[ $STEPS == *g* ]]; then
-  timeout ${T_WS:-240} $PYT tests/test_gpu_bsa.py -k "test_bsa_sm90ws_forward" > "$out/bsa_ws_cases.log" 2>&1
+  timeout ${T_WS:-180} $PYT tests/test_gpu_bsa.py -k "test_bsa_sm90ws_forward" > "$out/bsa_ws_cases.log" 2>&1
   stamp "sm90ws cases rc=$?"; tail -qn 1 "$out/bsa_ws_cases.log"
   grep -h "^FAILED\|^ERROR" "$out/bsa_ws_cases.log" | head -20
 fi
 if [[ $STEPS == *t* ]]; then
   pids=()
   for ((i = 0; i < SHARDS; i++)); do
-    BSA_TEST_IMPLS=sm90ws BSA_TEST_SHARD=$i/$SHARDS timeout ${T_GRID:-300} $PYT \
+    BSA_TEST_IMPLS=sm90ws BSA_TEST_SHARD=$i/$SHARDS timeout ${T_GRID:-240} $PYT \
       tests/test_gpu_bsa.py -k "TestBSAKernelGrid and sm90ws" > "$out/bsa_ws_grid_$i.log" 2>&1 &
     pids+=($!)
   done
@@ -43,9 +45,15 @@ if [[ $STEPS == *t* ]]; then
 fi
 if [[ $STEPS == *b* ]]; then
   I=JAX_SPARSE_ATTN_BSA_FWD_IMPL
-  timeout ${T_BENCH:-300} python3 -m benchmarks.bsa_bench \
-    --table "$I=sm90;$I=sm90ws;$I=sm90ws,JAX_SPARSE_ATTN_BSA_WS=nooverlap;$I=sm90ws,JAX_SPARSE_ATTN_BSA_WS=nopingpong" \
+  W=JAX_SPARSE_ATTN_BSA_WS
+  # every table row: today's sm90 vs sm90ws
+  timeout ${T_BENCH:-240} python3 -m benchmarks.bsa_bench --table "$I=sm90;$I=sm90ws" \
     --out "$out/bsa_ws_bench.json" > "$out/bsa_ws_bench.log" 2>&1
-  stamp "bench rc=$?"; grep -v "^WARNING\|^I0000\|^W0000" "$out/bsa_ws_bench.log" | tail -40
+  stamp "bench rc=$?"; grep -v "^WARNING\|^I0000\|^W0000" "$out/bsa_ws_bench.log" | tail -20
+  # ablation on blk64 top-32 and blk128 top-16: no overlap, no ping-pong, 1 Q stage, 2 K/V stages
+  timeout ${T_ABL:-150} python3 -m benchmarks.bsa_bench --rows 0,3 \
+    --table "$I=sm90ws,$W=nooverlap;$I=sm90ws,$W=nopingpong;$I=sm90ws,$W=q1;$I=sm90ws,$W=stages=2" \
+    --out "$out/bsa_ws_ablation.json" > "$out/bsa_ws_ablation.log" 2>&1
+  stamp "ablation rc=$?"; grep -v "^WARNING\|^I0000\|^W0000" "$out/bsa_ws_ablation.log" | tail -12
 fi
 stamp done

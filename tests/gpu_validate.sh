@@ -58,7 +58,8 @@ if [[ $PHASES == *2* ]]; then
     pids+=($!)
   done
   for i in 0 1 2 3 4 5; do
-    HSTU_TEST_SM90=1 HSTU_TEST_SHARD=$i/6 nice -n 5 timeout $T_TEST python3 -m pytest -m gpu -k sm90 \
+    HSTU_TEST_SM90=1 HSTU_TEST_SHARD=$i/6 nice -n 5 timeout $T_TEST python3 -m pytest -m gpu \
+      -k "ForwardImpls or sm90ws" \
       tests/test_gpu_hstu.py -q -rA -p no:cacheprovider > "$LOGS/hstu_sm90_$i.log" 2>&1 &
     pids+=($!)
   done

@@ -9,10 +9,11 @@ compiles once per process: lengths, windows, alpha, scaling are runtime values.
 Run on the H200: ``python -m pytest -m gpu tests/test_gpu_hstu.py``; shard with
 ``HSTU_TEST_SHARD=i/n`` (CuTe compiles are serial inside one process). The default grid
 runs the default forward (``sm90ws``) and the backward. ``HSTU_TEST_SM90=1`` adds, forward
-only, the tile-shape extras (``HSTU_WGMMA_EXTRA``: partial tiles, func masks at D = 32 /
-256, ...) for every forward of the ``hstu_fwd_impl`` switch, the whole grid for every
-non-default forward, and the sm90ws batches (canonical jagged batch, sequences ending inside
-a tile, NaN-poisoned rows past the last sequence): ``HSTU_TEST_SM90=1 python -m pytest -m gpu
+only (``TestHSTUForwardImpls``), the tile-shape extras (``HSTU_WGMMA_EXTRA``: partial tiles,
+func masks at D = 32 / 256, ...) for every forward of the ``hstu_fwd_impl`` switch and the
+whole grid for every non-default forward, and the sm90ws batches (canonical jagged batch,
+sequences ending inside a tile, NaN-poisoned rows past the last sequence):
+``HSTU_TEST_SM90=1 python -m pytest -m gpu -k "ForwardImpls or sm90ws"
 tests/test_gpu_hstu.py`` (``HSTU_TEST_SM90=sm80`` or a comma list for some forwards). The
 forward implementation is chosen with ``switches=Switches(hstu_fwd_impl=...)`` passed to the
 public op.
@@ -67,22 +68,7 @@ def _first_shard():
 class TestHSTUKernelGrid(HSTUKernelGrid):
     @classmethod
     def grid(cls):
-        default = [(c, Switches()) for c in HSTU_GRID]
-        # per-impl forwards: sharded by case (the impls of a case share its reference
-        # compiles); the default forward adds the extras to the default grid's cases
-        impls = [(c, Switches(hstu_fwd_impl=i)) for c in HSTU_GRID + HSTU_WGMMA_EXTRA
-                 for i in _fwd_impls() if c not in HSTU_GRID or i != _ALLOWED_IMPLS[0]]
-        return shard(default, SHARD) + shard(impls, SHARD)
-
-    def test_hstu_grid(self, case, switches):
-        if switches == Switches() and case in HSTU_GRID:
-            self.run_case(case, switches)
-        else:
-            # forward only (the backward does not depend on the forward implementation);
-            # a seed per impl: if a kernel left output rows unwritten, XLA's reuse of the
-            # previous call's freed output buffer must not hand it that call's values
-            seed = 11 + sum(map(ord, switches.hstu_fwd_impl))
-            self.run_case(case, switches, seed=seed, bwd=False)
+        return shard([(c, Switches()) for c in HSTU_GRID], SHARD)
 
     @pytest.mark.skipif(not _first_shard(), reason="runs in shard 0")
     def test_hstu_remat_matches_plain_grad(self):
@@ -101,6 +87,27 @@ class TestHSTUKernelGrid(HSTUKernelGrid):
         a, b = _f32(got[1]), _f32(again[1])
         assert np.all(np.abs(a - b) <= 2 ** -7 * np.abs(a) + 1e-6), float(np.max(np.abs(a - b)))
         self.run_case(dataclasses.replace(case, lens="lq_lt_lk"), Switches(), seed=4)
+
+
+class TestHSTUForwardImpls(HSTUKernelGrid):
+    """HSTU_TEST_SM90: each selected forward implementation, forward only (the backward does
+    not depend on it): the tile-shape extras for every selected forward, the whole grid too
+    for the non-default ones (the default grid runs the default forward on it)."""
+
+    @classmethod
+    def grid(cls):
+        # sharded by case (the impls of a case share its reference compiles)
+        return shard([(c, Switches(hstu_fwd_impl=i)) for c in HSTU_GRID + HSTU_WGMMA_EXTRA
+                      for i in _fwd_impls() if c not in HSTU_GRID or i != _ALLOWED_IMPLS[0]],
+                     SHARD)
+
+    def test_hstu_grid(self, case, switches):
+        # a seed per impl: if a kernel left output rows unwritten, XLA's reuse of the previous
+        # call's freed output buffer must not hand it that call's values
+        seed = 11 + sum(map(ord, switches.hstu_fwd_impl))
+        self.run_case(case, switches, seed=seed, bwd=False)
+
+    test_hstu_remat_matches_plain_grad = None  # the default grid's class runs it
 
 
 @pytest.mark.skipif(not _first_shard(), reason="runs in shard 0")

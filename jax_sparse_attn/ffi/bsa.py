@@ -60,8 +60,10 @@ _SM90_HEAD_DIMS = (64, 128)
 
 @dataclasses.dataclass(frozen=True)
 class BsaFwdConfig:
-    """Compile key of the BSA forward. ``impl``: "sm90" (wgmma kernel, D in {64, 128}) or
-    "sm80" (mma.sync kernel); ``q_in_regs`` / ``min_blocks`` only apply to sm80."""
+    """Compile key of the BSA forward. ``impl``: "sm90" (wgmma kernel, D in {64, 128}),
+    "sm90ws" (warp-specialized TMA + wgmma kernel, D in {64, 128}) or "sm80" (mma.sync
+    kernel); ``q_in_regs`` / ``min_blocks`` only apply to sm80, the ``ws_*`` fields and
+    ``num_sms`` only to sm90ws."""
 
     dtype: str
     head_dim: int

@@ -364,9 +364,10 @@ class BsaFwdSm90Ws:
             cute.gemm(mma_pv, acc_O, tOrP[None, None, k], tOrV[None, None, k, stage], acc_O)
 
     @cute.jit
-    def _score_tile(self, acc_S, it, blist, mask, smax, corr):
-        """Mask the keys past the block's valid count, then the online-softmax step."""
-        limit = blist.valid_keys(blist.kv_tile(it))
+    def _score_tile(self, acc_S, limit, mask, smax, corr):
+        """Mask the keys past the block's valid count ``limit``, then the online-softmax
+        step. The caller reads ``limit`` (metadata loads) before it waits for the GEMM, so
+        their latency hides behind it."""
         acc_mn = acc_mn_view_wg(acc_S)
         if limit < self.bn:
             mask.apply(acc_mn, limit)
@@ -383,6 +384,7 @@ class BsaFwdSm90Ws:
         if cutlass.const_expr(self.overlap):
             # prologue: S_0, P_0 (acc_O is still zero: no rescale)
             acc_S = cute.make_rmem_tensor(s_shape, Float32)
+            limit = blist.valid_keys(blist.kv_tile(0))
             pipe_k.consumer_wait(c_kv)
             turns.wait(wg)
             warpgroup.fence()
@@ -391,13 +393,14 @@ class BsaFwdSm90Ws:
             turns.pass_turn(wg)
             warpgroup.wait_group(0)
             pipe_k.consumer_release(c_kv)
-            self._score_tile(acc_S, 0, blist, mask, smax, corr)
+            self._score_tile(acc_S, limit, mask, smax, corr)
             rP = cute.make_fragment_like(acc_S, self.dtype)
             rP.store(acc_S.load().to(self.dtype))
             tOrP = cute.make_tensor(rP.iterator, acc_layout_as_a(rP.layout, a_vals))
             for it in cutlass.range(1, blist.n_count, unroll=1):
                 c_new = c_kv + it
                 acc_S2 = cute.make_rmem_tensor(s_shape, Float32)
+                limit2 = blist.valid_keys(blist.kv_tile(it))
                 pipe_k.consumer_wait(c_new)
                 turns.wait(wg)
                 warpgroup.fence()
@@ -410,7 +413,7 @@ class BsaFwdSm90Ws:
                 turns.pass_turn(wg)
                 warpgroup.wait_group(1)
                 pipe_k.consumer_release(c_new)
-                self._score_tile(acc_S2, it, blist, mask, smax, corr)
+                self._score_tile(acc_S2, limit2, mask, smax, corr)
                 rP2 = cute.make_fragment_like(acc_S2, self.dtype)
                 rP2.store(acc_S2.load().to(self.dtype))
                 warpgroup.wait_group(0)
@@ -435,6 +438,7 @@ class BsaFwdSm90Ws:
             for it in cutlass.range(blist.n_count, unroll=1):
                 c = c_kv + it
                 acc_S = cute.make_rmem_tensor(s_shape, Float32)
+                limit = blist.valid_keys(blist.kv_tile(it))
                 pipe_k.consumer_wait(c)
                 turns.wait(wg)
                 warpgroup.fence()
@@ -443,7 +447,7 @@ class BsaFwdSm90Ws:
                 turns.pass_turn(wg)
                 warpgroup.wait_group(0)
                 pipe_k.consumer_release(c)
-                self._score_tile(acc_S, it, blist, mask, smax, corr)
+                self._score_tile(acc_S, limit, mask, smax, corr)
                 smax.rescale(acc_O_mn, corr)
                 rP = cute.make_fragment_like(acc_S, self.dtype)
                 rP.store(acc_S.load().to(self.dtype))
