@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
 # One-shot GPU validation of the whole project on an H200 (SM90), in one device call.
+# (The final run of the integrated branch is tests/gpu_final.sh: every branch's GPU work in one call.)
 # Run from the repo root after `source .devcache/setup.sh`. Data files (git-ignored,
 # never committed) are read from $DATA (default /tmp/mldata): ml-1m-sequences.npz for the
 # MovieLens main job, minilm_qkv.npz for the block-sparse real-attention example.

@@ -103,6 +103,14 @@ def hstu_cases(quick):
                 yield (f"hstu fwd={impl} cu={name} D={d} window={window}",
                        dict(T=T, H=H, D=d, cu=np.asarray(cu, np.int32), window=window,
                             switches=Switches(hstu_fwd_impl=impl)))
+    # relative attention bias (the sm80 forward with rab and the backward writing drab): rab
+    # rows and columns come from the garbage lengths; H_rab = 1 (fp32 drab workspace with
+    # vector reductions) and H_rab = H (direct drab stores)
+    for i, ((name, cu), window) in enumerate(zip(cus.items(), windows)):
+        rab_heads = 1 if i % 2 == 0 else H
+        yield (f"hstu rab H_rab={rab_heads} cu={name} D=64 window={window}",
+               dict(T=T, H=H, D=64, cu=np.asarray(cu, np.int32), window=window,
+                    switches=Switches(), rab_heads=rab_heads))
 
 
 def run_hstu(c):
@@ -110,17 +118,20 @@ def run_hstu(c):
     q, k, v = (jnp.asarray(rng.standard_normal((c["T"], c["H"], c["D"])) * 0.3, jnp.bfloat16)
                for _ in range(3))
     cu = jnp.asarray(c["cu"])
+    rh = c.get("rab_heads", 0)
+    rab = (jnp.asarray(rng.standard_normal((len(c["cu"]) - 1, rh, 200, 200)) * 0.3,
+                       jnp.bfloat16) if rh else None)
 
     @jax.jit
-    def f(q, k, v, cu):
-        def loss(q, k, v):
+    def f(q, k, v, cu, rab):
+        def loss(q, k, v, rab):
             o = hstu_attention(q, k, v, cu, cu, max_seqlen_q=200, max_seqlen_k=200,
                                window_size=c["window"], backend=BACKEND,
-                               switches=c["switches"])
+                               switches=c["switches"], rab=rab)
             return jnp.sum(o.astype(jnp.float32))
-        return jax.value_and_grad(loss, argnums=(0, 1, 2))(q, k, v)
+        return jax.value_and_grad(loss, argnums=(0, 1, 2, 3) if rh else (0, 1, 2))(q, k, v, rab)
 
-    val, grads = jax.block_until_ready(f(q, k, v, cu))
+    val, grads = jax.block_until_ready(f(q, k, v, cu, rab))
     return [val, *grads]
 
 
