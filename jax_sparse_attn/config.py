@@ -34,7 +34,6 @@ __all__ = [
     "Switches",
     "from_env",
     "force_kernel",
-    "ws_options",
     "HSTUConfig",
     "BSAConfig",
 ]
@@ -93,18 +92,6 @@ def _parse_ws(var, raw):
     if len(set(names)) != len(names):
         raise ValueError(f"{var}={raw!r} names an option twice; allowed: {_WS_ALLOWED}")
     return opts
-
-
-def ws_options(opts) -> dict:
-    """The sm90ws forward's options from a validated ``Switches.hstu_fwd_ws`` tuple:
-    ``overlap`` (intra-warpgroup GEMM overlap), ``pingpong`` (consumer warpgroups issue their
-    GEMMs in turns), ``q_stages`` (2: the next tile's Q loads during this tile's mainloop),
-    ``silu16`` (score function in packed 16-bit arithmetic), ``bn`` (block_n, 0: the
-    kernel's default for the head dims)."""
-    bn = [int(o[3:]) for o in opts if o.startswith("bn=")]
-    return {"overlap": "nooverlap" not in opts, "pingpong": "nopingpong" not in opts,
-            "q_stages": 1 if "q1" in opts else 2, "silu16": "silu16" in opts,
-            "bn": bn[0] if bn else 0}
 
 
 def _parse_tile(var, raw):
