@@ -34,8 +34,6 @@ __all__ = [
     "Switches",
     "from_env",
     "force_kernel",
-    "ws_options",
-    "bsa_ws_options",
     "HSTUConfig",
     "BSAConfig",
 ]
@@ -96,18 +94,6 @@ def _parse_ws(var, raw):
     return opts
 
 
-def ws_options(opts) -> dict:
-    """The sm90ws forward's options from a validated ``Switches.hstu_fwd_ws`` tuple:
-    ``overlap`` (intra-warpgroup GEMM overlap), ``pingpong`` (consumer warpgroups issue their
-    GEMMs in turns), ``q_stages`` (2: the next tile's Q loads during this tile's mainloop),
-    ``silu16`` (score function in packed 16-bit arithmetic), ``bn`` (block_n, 0: the
-    kernel's default for the head dims)."""
-    bn = [int(o[3:]) for o in opts if o.startswith("bn=")]
-    return {"overlap": "nooverlap" not in opts, "pingpong": "nopingpong" not in opts,
-            "q_stages": 1 if "q1" in opts else 2, "silu16": "silu16" in opts,
-            "bn": bn[0] if bn else 0}
-
-
 #: the flags of the sm90ws BSA forward's tuning switch (JAX_SPARSE_ATTN_BSA_WS), plus
 #: ``stages=N`` (at most N K/V stages, 2..8)
 BSA_WS_FLAGS = ("nooverlap", "nopingpong", "q1")
@@ -130,16 +116,6 @@ def _parse_bsa_ws(var, raw):
     if len(set(names)) != len(names):
         raise ValueError(f"{var}={raw!r} names an option twice; allowed: {_BSA_WS_ALLOWED}")
     return opts
-
-
-def bsa_ws_options(opts) -> dict:
-    """The sm90ws BSA forward's options from a validated ``Switches.bsa_fwd_ws`` tuple:
-    ``overlap`` (PV GEMM of block j-1 in flight during block j's softmax), ``pingpong``
-    (blk 128: the two consumer warpgroups issue their GEMMs in turns), ``q_stages`` (2: the
-    next item's Q loads during this item's mainloop), ``max_stages`` (most K/V stages)."""
-    st = [int(o[7:]) for o in opts if o.startswith("stages=")]
-    return {"overlap": "nooverlap" not in opts, "pingpong": "nopingpong" not in opts,
-            "q_stages": 1 if "q1" in opts else 2, "max_stages": st[0] if st else 4}
 
 
 def _parse_tile(var, raw):

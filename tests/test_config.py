@@ -10,6 +10,7 @@ import pytest
 
 import jax_sparse_attn as jsa
 from jax_sparse_attn import config
+from jax_sparse_attn.ffi.hstu import ws_options
 
 BAD = {"JAX_SPARSE_ATTN_HSTU_FWD_TILE": "128,64", "JAX_SPARSE_ATTN_HSTU_BWD_TILE": "a,b,c",
        "JAX_SPARSE_ATTN_BSA_FWD_MIN_BLOCKS": "-1", "JAX_SPARSE_ATTN_BSA_BWD_MIN_BLOCKS": "two",
@@ -72,11 +73,11 @@ def test_switches_fields_are_validated(field, value):
                                  "bn=80,q1", "nooverlap,nopingpong,q1,silu16,bn=192", " q1 , "])
 def test_sm90ws_variants_parse(raw):
     """Every option of hstu_fwd_ws is accepted alone and combined; the string form of a
-    Switches field is the environment's; ws_options reads them."""
+    Switches field is the environment's; ffi.hstu.ws_options reads them."""
     sw = config.from_env({"JAX_SPARSE_ATTN_HSTU_WS": raw})
     opts = tuple(o.strip() for o in raw.split(",") if o.strip())
     assert sw.hstu_fwd_ws == opts == config.Switches(hstu_fwd_ws=raw).hstu_fwd_ws
-    got = config.ws_options(sw.hstu_fwd_ws)
+    got = ws_options(sw.hstu_fwd_ws)
     bn = [int(o[3:]) for o in opts if o.startswith("bn=")]
     assert got == {"overlap": "nooverlap" not in opts, "pingpong": "nopingpong" not in opts,
                    "q_stages": 1 if "q1" in opts else 2, "silu16": "silu16" in opts,

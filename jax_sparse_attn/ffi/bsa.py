@@ -105,6 +105,16 @@ def _impl(want: str, head_dim: int) -> str:
     return want if want in ("sm90", "sm90ws") and head_dim in _SM90_HEAD_DIMS else "sm80"
 
 
+def bsa_ws_options(opts) -> dict:
+    """The sm90ws BSA forward's options from a validated ``Switches.bsa_fwd_ws`` tuple:
+    ``overlap`` (PV GEMM of block j-1 in flight during block j's softmax), ``pingpong``
+    (blk 128: the two consumer warpgroups issue their GEMMs in turns), ``q_stages`` (2: the
+    next item's Q loads during this item's mainloop), ``max_stages`` (most K/V stages)."""
+    st = [int(o[7:]) for o in opts if o.startswith("stages=")]
+    return {"overlap": "nooverlap" not in opts, "pingpong": "nopingpong" not in opts,
+            "q_stages": 1 if "q1" in opts else 2, "max_stages": st[0] if st else 4}
+
+
 def fwd_config(dtype, head_dim, block_size, has_block_sizes, switches) -> BsaFwdConfig:
     """The forward compile key from the static call properties and the
     :class:`~jax_sparse_attn.config.Switches`."""
@@ -112,7 +122,6 @@ def fwd_config(dtype, head_dim, block_size, has_block_sizes, switches) -> BsaFwd
     if impl == "sm90":
         return BsaFwdConfig(name, head_dim, block_size, has_block_sizes, impl)
     if impl == "sm90ws":
-        from ..config import bsa_ws_options  # noqa: PLC0415
         from .hstu import _num_sms  # noqa: PLC0415
 
         o = bsa_ws_options(switches.bsa_fwd_ws)

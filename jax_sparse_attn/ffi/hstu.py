@@ -189,14 +189,24 @@ def _num_sms() -> int:
     return int(n) if n else 132
 
 
+def ws_options(opts) -> dict:
+    """The sm90ws forward's options from a validated ``Switches.hstu_fwd_ws`` tuple:
+    ``overlap`` (intra-warpgroup GEMM overlap), ``pingpong`` (consumer warpgroups issue their
+    GEMMs in turns), ``q_stages`` (2: the next tile's Q loads during this tile's mainloop),
+    ``silu16`` (score function in packed 16-bit arithmetic), ``bn`` (block_n, 0: the
+    kernel's default for the head dims)."""
+    bn = [int(o[3:]) for o in opts if o.startswith("bn=")]
+    return {"overlap": "nooverlap" not in opts, "pingpong": "nopingpong" not in opts,
+            "q_stages": 1 if "q1" in opts else 2, "silu16": "silu16" in opts,
+            "bn": bn[0] if bn else 0}
+
+
 def _ws_config(dtype, head_dim, head_dim_v, func_n, switches) -> HstuFwdConfig:
     """The warp-specialized forward: 128 query rows (2 consumer warpgroups x 64) x ``bn`` keys,
-    384 threads (12 warps). ``switches.hstu_fwd_ws`` (tuning / ablation only; parsed by
-    :func:`jax_sparse_attn.config.ws_options`) turns off the intra-warpgroup GEMM overlap or
-    the ping-pong of the consumer warpgroups, single-buffers Q, computes the score function in
-    packed 16-bit arithmetic or sets ``bn``."""
-    from ..config import ws_options  # noqa: PLC0415
-
+    384 threads (12 warps). ``switches.hstu_fwd_ws`` (tuning / ablation only; see
+    :func:`ws_options`) turns off the intra-warpgroup GEMM overlap or the ping-pong of the
+    consumer warpgroups, single-buffers Q, computes the score function in packed 16-bit
+    arithmetic or sets ``bn``."""
     if switches.hstu_fwd_tile is not None:
         raise ValueError(
             f"JAX_SPARSE_ATTN_HSTU_FWD_TILE / Switches.hstu_fwd_tile={switches.hstu_fwd_tile} "
