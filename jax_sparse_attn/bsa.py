@@ -314,8 +314,8 @@ def block_sparse_attention_backward(do, q, k, v, o, lse, q2k_block_index, block_
         raise TypeError(f"lse must be {lse_dtype} (the lse_tensor of block_sparse_attention_forward "
                         f"for {canonical_dtype(q)} inputs), got {canonical_dtype(lse)}")
     if dlse is not None:
-        if tuple(getattr(dlse, "shape", ())) != (B, Hq, Sq):
-            raise ValueError(f"dlse must have lse's shape (B, H_q, S_q) = {(B, Hq, Sq)}, "
+        if tuple(getattr(dlse, "shape", ())) != lse_shape:
+            raise ValueError(f"dlse must have lse's shape (B, H_q, S_q) = {lse_shape}, "
                              f"got {tuple(getattr(dlse, 'shape', ()))}")
         if not jnp.issubdtype(canonical_dtype(dlse), jnp.floating):
             raise TypeError(f"dlse must be a floating array, got {canonical_dtype(dlse)}")
