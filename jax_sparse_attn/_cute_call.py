@@ -47,7 +47,7 @@ from jax._src import dispatch as _dispatch
 from jax.interpreters import batching
 from jax.interpreters import mlir
 
-__all__ = ["cute_call", "compile_stats", "reset_compile_stats", "cache_dir",
+__all__ = ["cute_call", "call_builder", "compile_stats", "reset_compile_stats", "cache_dir",
            "export_safety_checks", "register_ffi_targets", "CACHE_DIR_ENV"]
 
 logger = logging.getLogger(__name__)
@@ -306,6 +306,26 @@ def cute_call(fn, *, output_shape_dtype, compile_key, input_spec=None, output_sp
         return tuple(res) if multiple else res[0]
 
     return call
+
+
+def _per_shape_call(fn, *, static_last_inputs=(), static_last_outputs=(), **kwargs):
+    """``cutlass.jax.cutlass_call(fn, **kwargs)`` (one compile per shape, default specs);
+    the static-extent positions only matter to :func:`cute_call`."""
+    from cutlass.jax import cutlass_call  # noqa: PLC0415
+
+    del static_last_inputs, static_last_outputs
+    return cutlass_call(fn, **kwargs)
+
+
+def call_builder(mode: str):
+    """The call builder of the ``cute_call`` switch (:class:`jax_sparse_attn.config.Switches`,
+    ``JAX_SPARSE_ATTN_CUTE_CALL``): ``"shared"`` -> :func:`cute_call`; ``"per_shape"`` ->
+    plain ``cutlass.jax.cutlass_call`` (same arguments; ``static_last_*`` ignored)."""
+    if mode == "shared":
+        return cute_call
+    if mode == "per_shape":
+        return _per_shape_call
+    raise ValueError(f"cute_call mode must be 'shared' or 'per_shape', got {mode!r}")
 
 
 def export_safety_checks() -> tuple:

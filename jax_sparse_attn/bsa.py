@@ -71,7 +71,8 @@ def _make_config(q, k, v, q2k_block_index, block_sparse_num, block_sizes, q2k_bl
     mod = _backend.select(backend, op_name, "bsa", partial(_kernel_unsupported_reason, cfg))
     if mod is not None:
         static = (cfg.dtype, cfg.head_dim, cfg.sparse_block_size, cfg.has_block_sizes, switches)
-        cfg = dataclasses.replace(cfg, backend="kernel", fwd=mod.fwd_config(*static),
+        cfg = dataclasses.replace(cfg, backend="kernel", cute_call=switches.cute_call,
+                                  fwd=mod.fwd_config(*static),
                                   bwd=mod.bwd_config(*static),
                                   pre=mod.pre_config(cfg.dtype, cfg.head_dim, switches))
     idx, nums, sizes = metadata.normalize_bsa_metadata(

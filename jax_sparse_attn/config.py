@@ -191,6 +191,11 @@ SWITCHES = (
     Switch("bsa_bwd_min_blocks", "JAX_SPARSE_ATTN_BSA_BWD_MIN_BLOCKS", "integer >= 0",
            _parse_count, None, "BSA sm80 backward: minimum resident CTAs per SM hint "
                                "(unset: 2 for D <= 128, else 1)"),
+    _choice("cute_call", "JAX_SPARSE_ATTN_CUTE_CALL", ("shared", "per_shape"),
+            "how the kernel calls are built and compiled: shared (jax_sparse_attn._cute_call: "
+            "one CuTe DSL compile per compile key for every shape, optional on-disk cache), "
+            "per_shape (plain cutlass.jax.cutlass_call: one compile per shape, the generated "
+            "code of the kernels as validated before the shared layer)"),
     Switch("force_kernel", "JAX_SPARSE_ATTN_FORCE_KERNEL", _TRUE + _FALSE, _parse_bool, False,
            "skip the SM90 device check of backend selection, so that a CPU machine lowers "
            "the kernel path for lowering_platforms=('cuda',)"),
@@ -221,6 +226,7 @@ class Switches:
     bsa_fwd_q_in_regs: bool = _DEFAULT["bsa_fwd_q_in_regs"]
     bsa_fwd_min_blocks: int = _DEFAULT["bsa_fwd_min_blocks"]
     bsa_bwd_min_blocks: int | None = _DEFAULT["bsa_bwd_min_blocks"]
+    cute_call: str = _DEFAULT["cute_call"]
 
     def __post_init__(self):
         for sw in _switches_of(Switches):
@@ -329,6 +335,7 @@ class HSTUConfig:
     rab_heads: int = 0
     rab_per_head: bool = False  # H_rab == H
     rab_dtype: str = ""
+    cute_call: str = "shared"  # kernel backend: Switches.cute_call (how kernel calls compile)
 
     @property
     def has_func(self) -> bool:
@@ -366,3 +373,4 @@ class BSAConfig:
     fwd: object = None  # ffi.bsa.BsaFwdConfig
     bwd: object = None  # ffi.bsa.BsaBwdConfig
     pre: object = None  # ffi.bsa.BsaPreConfig, or None for the XLA preprocessing
+    cute_call: str = "shared"  # kernel backend: Switches.cute_call (how kernel calls compile)

@@ -44,19 +44,22 @@ def test_from_env_reads_every_switch():
            "JAX_SPARSE_ATTN_BSA_BWD_IMPL": "sm80", "JAX_SPARSE_ATTN_BSA_PRE_IMPL": "xla",
            "JAX_SPARSE_ATTN_BSA_FWD_Q_IN_REGS": "0", "JAX_SPARSE_ATTN_BSA_FWD_MIN_BLOCKS": "2",
            "JAX_SPARSE_ATTN_BSA_BWD_MIN_BLOCKS": "1", "JAX_SPARSE_ATTN_FORCE_KERNEL": "true",
-           "JAX_SPARSE_ATTN_HSTU_WS": "nopingpong, bn=64", "JAX_SPARSE_ATTN_BSA_WS": "q1,stages=3"}
+           "JAX_SPARSE_ATTN_HSTU_WS": "nopingpong, bn=64", "JAX_SPARSE_ATTN_BSA_WS": "q1,stages=3",
+           "JAX_SPARSE_ATTN_CUTE_CALL": "per_shape"}
     assert set(env) == {sw.env for sw in config.SWITCHES}
     assert config.from_env(env) == config.Switches(
         hstu_fwd_impl="sm80", hstu_fwd_ws=("nopingpong", "bn=64"), hstu_fwd_tile=(64, 64, 4),
         hstu_bwd_tile=(64, 64, 8),
         bsa_fwd_impl="sm80", bsa_fwd_ws=("q1", "stages=3"), bsa_bwd_impl="sm80",
-        bsa_pre_impl="xla", bsa_fwd_q_in_regs=False, bsa_fwd_min_blocks=2, bsa_bwd_min_blocks=1)
+        bsa_pre_impl="xla", bsa_fwd_q_in_regs=False, bsa_fwd_min_blocks=2, bsa_bwd_min_blocks=1,
+        cute_call="per_shape")
     assert config.force_kernel(env) and not config.force_kernel({})
     assert config.from_env({}) == config.Switches()
     assert config.from_env({"JAX_SPARSE_ATTN_HSTU_FWD_IMPL": ""}) == config.Switches()
 
 
 @pytest.mark.parametrize("field,value", [("hstu_fwd_impl", "sm99"), ("hstu_fwd_impl", "sm90pp"),
+                                         ("cute_call", "per-shape"),
                                          ("hstu_fwd_ws", ("bn=70",)), ("hstu_fwd_ws", "q1,q1"),
                                          ("hstu_fwd_ws", ["q1"]), ("bsa_pre_impl", None),
                                          ("hstu_fwd_tile", (1, 2)), ("bsa_fwd_q_in_regs", 1),

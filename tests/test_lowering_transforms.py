@@ -189,3 +189,28 @@ def test_export_bsa_symbolic_batch():
                         disabled_checks=jsa.export_safety_checks())(
         x, x, x, _sds((b, 2, 4, 2), jnp.int32), _sds((b, 2, 4), jnp.int32))
     assert export.deserialize(exp.serialize()).mlir_module().count(TARGET) == 1
+
+
+def test_cute_call_switch_selects_the_call_builder(monkeypatch):
+    """Switches.cute_call / JAX_SPARSE_ATTN_CUTE_CALL: 'per_shape' builds the kernel calls
+    with plain cutlass_call (nothing goes through the shared compile layer), 'shared' (the
+    default) with cute_call; both lower to the CuTe DSL FFI target."""
+    from jax_sparse_attn.config import Switches  # noqa: PLC0415
+
+    def hstu(sw):
+        return lambda q, k, v, cu: jsa.hstu_attention(q, k, v, cu, cu, max_seqlen_q=200,
+                                                      max_seqlen_k=200, backend="kernel",
+                                                      switches=sw)
+
+    q, cu = _sds((300, 2, 64)), _sds((4,), jnp.int32)
+    used = lambda st: st["compiles"] + st["memory_hits"] + st["disk_hits"]  # noqa: E731
+    _cute_call.reset_compile_stats()
+    assert _lower(hstu(Switches(cute_call="per_shape")), q, q, q, cu).count(TARGET) == 1
+    assert used(_cute_call.compile_stats()) == 0
+    monkeypatch.setenv("JAX_SPARSE_ATTN_CUTE_CALL", "per_shape")  # the environment too
+    bq, bi, bn = (_sds(x.shape[1:], x.dtype) for x in (BQ, BIDX, BNUMS))
+    assert _lower(lambda *a: _bsa(*a), bq, bq, bq, bi, bn).count(TARGET) == 1
+    assert used(_cute_call.compile_stats()) == 0
+    monkeypatch.delenv("JAX_SPARSE_ATTN_CUTE_CALL")
+    assert _lower(hstu(Switches()), q, q, q, cu).count(TARGET) == 1
+    assert used(_cute_call.compile_stats()) >= 1

@@ -220,12 +220,12 @@ def bsa_fwd(q, k, v, q2k_block_index, q2k_block_nums, block_sizes, cfg):
     ``(out, lse)``: ``out`` in q's layout and dtype, ``lse`` float32 ``(B, H_q, S_q)``
     (natural log, ``-inf`` on rows with no active block).
     """
-    from .._cute_call import cute_call  # noqa: PLC0415
+    from .._cute_call import call_builder  # noqa: PLC0415
 
     spec = _specs(cfg.layout)
     q2k_block_index, q2k_block_nums, block_sizes = _sanitize(
         q2k_block_index, q2k_block_nums, block_sizes, cfg)
-    call = cute_call(
+    call = call_builder(cfg.cute_call)(
         _fwd_jit(),
         output_shape_dtype=(
             jax.ShapeDtypeStruct(q.shape[:-1] + (cfg.head_dim_v,), q.dtype),
@@ -273,7 +273,7 @@ def bsa_preprocess(do, out, cfg):
     """``delta = rowsum(dO * O)`` (fp32 ``(B, H_q, S_q)``) and a zeroed fp32 dQ accumulator
     (q's shape and layout): one CuTe DSL launch (``kernels/bsa_pre.py``) when ``cfg.pre``
     is set, else XLA."""
-    from .._cute_call import cute_call  # noqa: PLC0415
+    from .._cute_call import call_builder  # noqa: PLC0415
 
     if cfg.pre is None:
         delta = jnp.sum(do.astype(jnp.float32) * out.astype(jnp.float32), axis=-1)
@@ -281,7 +281,7 @@ def bsa_preprocess(do, out, cfg):
             delta = jnp.swapaxes(delta, 1, 2)
         return delta, jnp.zeros(out.shape[:-1] + (cfg.head_dim,), jnp.float32)
     spec = _specs(cfg.layout)
-    call = cute_call(
+    call = call_builder(cfg.cute_call)(
         _pre_jit(),
         output_shape_dtype=(
             jax.ShapeDtypeStruct((cfg.batch, cfg.num_heads_q, cfg.seqlen_q), jnp.float32),
@@ -325,7 +325,7 @@ def bsa_bwd(do, q, k, v, out, lse, q2k_block_index, q2k_block_nums, block_sizes,
     (``cfg.bwd`` set). ``dlse``: optional float32 ``(B, H_q, S_q)`` cotangent of ``lse``
     (enters the row term: ``delta = rowsum(dO * O) - dlse``). Returns ``(dq, dk, dv)`` in
     the layouts and dtypes of q, k, v."""
-    from .._cute_call import cute_call  # noqa: PLC0415
+    from .._cute_call import call_builder  # noqa: PLC0415
 
     spec = _specs(cfg.layout)
     q2k_block_index, q2k_block_nums, block_sizes = _sanitize(
@@ -338,7 +338,7 @@ def bsa_bwd(do, q, k, v, out, lse, q2k_block_index, q2k_block_nums, block_sizes,
                                              num_kv_blocks=cfg.num_kv_blocks)
     # flattened inputs: block_sizes may be None (absent, no buffer); dq_acc is the last
     n_in = 10 + (block_sizes is not None)
-    call = cute_call(
+    call = call_builder(cfg.cute_call)(
         _bwd_jit(),
         output_shape_dtype=(
             jax.ShapeDtypeStruct(q.shape, jnp.float32),

@@ -340,11 +340,12 @@ def _bwd_adapter():
     return hstu_bwd_launch
 
 
-def _cutlass_call():
-    """``cute_call``: ``cutlass_call`` compiled once per compile key for every shape."""
-    from .._cute_call import cute_call  # noqa: PLC0415
+def _cutlass_call(cfg):
+    """The kernel-call builder that ``cfg.cute_call`` (the ``cute_call`` switch) selects:
+    ``cute_call`` (one compile per compile key for every shape) or plain ``cutlass_call``."""
+    from .._cute_call import call_builder  # noqa: PLC0415
 
-    return cute_call
+    return call_builder(cfg.cute_call)
 
 
 def _has_elements(rab):
@@ -377,12 +378,12 @@ def hstu_fwd(q, k, v, cu_seqlens_q, cu_seqlens_k, func, cfg, rab=None):
     # static_last: q, k, v (inputs 0-2) and out carry the padded head dims of the key; rab
     # (input 9) has only runtime extents
     if key.has_rab and _has_elements(rab):
-        call = _cutlass_call()(_fwd_rab_adapter(), output_shape_dtype=out_sds,
+        call = _cutlass_call(cfg)(_fwd_rab_adapter(), output_shape_dtype=out_sds,
                                compile_key=("hstu_fwd_rab", key), cfg=key,
                                static_last_inputs=(0, 1, 2), static_last_outputs=(0,))
         out = call(*args, rab)
     else:
-        call = _cutlass_call()(_fwd_adapter(), output_shape_dtype=out_sds,
+        call = _cutlass_call(cfg)(_fwd_adapter(), output_shape_dtype=out_sds,
                                compile_key=("hstu_fwd", key), cfg=key,
                                static_last_inputs=(0, 1, 2), static_last_outputs=(0,))
         out = call(*args)
@@ -418,7 +419,7 @@ def hstu_bwd(do, q, k, v, cu_seqlens_q, cu_seqlens_k, func, cfg, rab=None, _drab
     hd, hdv = cfg.head_dim, cfg.head_dim_v
     if key.has_rab and _has_elements(rab):
         dk, dv_out, dq_acc, drab = _bwd_rab_call(
-            key, (do_p, q_p, k_p, v_p, cu_q, cu_k, kv_tiles, q_start, q_tiles, func_arr, scal,
+            cfg, key, (do_p, q_p, k_p, v_p, cu_q, cu_k, kv_tiles, q_start, q_tiles, func_arr, scal,
                   win, dq_acc0), k, v, rab, _drab_init)
         return dq_acc[..., :hd].astype(q.dtype), dk[..., :hd], dv_out[..., :hdv], drab
     out_sds = (
@@ -426,7 +427,7 @@ def hstu_bwd(do, q, k, v, cu_seqlens_q, cu_seqlens_k, func, cfg, rab=None, _drab
         jax.ShapeDtypeStruct(v_p.shape, v.dtype),
         jax.ShapeDtypeStruct((t_q, h, d), jnp.float32),
     )
-    call = _cutlass_call()(
+    call = _cutlass_call(cfg)(
         _bwd_adapter(), output_shape_dtype=out_sds, compile_key=("hstu_bwd", key),
         input_output_aliases={12: 2}, cfg=key,
         static_last_inputs=(0, 1, 2, 3, 12), static_last_outputs=(0, 1, 2),
@@ -437,7 +438,7 @@ def hstu_bwd(do, q, k, v, cu_seqlens_q, cu_seqlens_k, func, cfg, rab=None, _drab
     return grads if rab is None else grads + (jnp.zeros_like(rab),)  # rab without elements
 
 
-def _bwd_rab_call(key, args, k, v, rab, drab_init):
+def _bwd_rab_call(cfg, key, args, k, v, rab, drab_init):
     """The backward launch with rab: ``args`` are the 13 inputs of the launch without rab
     (the dq workspace last); returns ``(dk, dv, dq_acc, drab)`` (padded head dims)."""
     b, _, n_k, _ = rab.shape
@@ -454,7 +455,7 @@ def _bwd_rab_call(key, args, k, v, rab, drab_init):
         jax.ShapeDtypeStruct(dq_acc0.shape, jnp.float32),
         jax.ShapeDtypeStruct(drab0.shape, drab0.dtype),
     )
-    call = _cutlass_call()(
+    call = _cutlass_call(cfg)(
         _bwd_rab_adapter(), output_shape_dtype=out_sds, compile_key=("hstu_bwd_rab", key),
         input_output_aliases={12: 2, 14: 3}, cfg=key,
         # do, q, k, v and the dq workspace (input 12) / dk, dv, dq carry the key's head dims;
