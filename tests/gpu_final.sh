@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Final GPU run of the integrated branch on one H200 host (16 CPU cores), in ONE device call
-# of about 7 minutes. Run from the repo root (the script sources .devcache/setup.sh when it
+# of about 8-9 minutes (timeout_s=600). Run from the repo root (the script sources .devcache/setup.sh when it
 # is there):
 #
 #     OUT=$OUT bash tests/gpu_final.sh
@@ -8,10 +8,17 @@
 # carrying `.devcache` (CuTe DSL bundle) and `.data` (`.data/ml-1m-sequences.npz`, the
 # MovieLens cache with timestamps; git-ignored, never committed).
 #
-# Phase A (GPU to itself, ~170 s): benchmarks whose timings need a quiet GPU:
-#   hstu_bench.py (sm90ws default + the sm90ws/nooverlap ablation) and bsa_bench.py
-#   (every table row: sm90, today's default, vs the opt-in sm90ws).
-# Phase B (all at once, ~240 s, every process under `timeout`, test shards niced 5,
+# Phase A (GPU to itself, <= 200 s): benchmarks whose timings need a quiet GPU, on the
+#   default compile layer (JAX_SPARSE_ATTN_CUTE_CALL=shared) and, for a few rows, on
+#   per_shape (plain cutlass_call, the kernels' code as validated before the shared layer)
+#   so that a regression of the shared layer shows:
+#   A1 hstu_bench.py default cases (8x4096 and 32x1024 causal D128, fwd + bwd; sm90ws) + the
+#      sm90ws/nooverlap ablation (fwd)                                      [shared]
+#   A2 hstu_bench.py 8x4096 causal D128 fwd + bwd                           [per_shape]
+#   A3 bsa_bench.py default (blk64 top32 fwd/bwd/csr, blk128 top16 fwd/bwd)   [shared]
+#   A4 bsa_bench.py --table on blk64 top32 and blk128 top16: sm90 (default) vs sm90ws
+#      (K13, opt-in) [shared], and sm90 [per_shape]
+# Phase B (all at once, ~280 s, every process under `timeout`, test shards niced 5,
 #   MovieLens runs niced 10 so that the compile-bound tests get the CPU first):
 #   - HSTU GPU grid (default forward sm90ws + backward) in 3 shards; every forward impl
 #     (HSTU_TEST_SM90=1, TestHSTUForwardImpls) in 2 shards
@@ -27,17 +34,20 @@
 #     implementation + rab; SANITIZE_ARGS=--quick for fewer cases)
 #   - H20's 1-GPU tests (test_gpu_transforms.py) and benchmarks/transforms_bench.py (its
 #     compile / process-start seconds are measured under this phase's CPU load)
-# Output ($OUT, 8 files at most): summary.txt, logs.tgz (every log), hstu_bench.json,
-# bsa_bench.json, transforms_bench.json, ml_summary.txt.
-# Env: OUT, LOGS, CACHE, T_HB / T_BB (phase A timeouts), T_B (phase B per-process timeout),
+# Output ($OUT, 8 files at most): summary.txt, logs.tgz (every log and JSON),
+# hstu_bench.json, hstu_bench_per_shape.json, bsa_bench.json, bsa_table.json,
+# transforms_bench.json, ml_summary.txt.
+# Env: OUT, LOGS, CACHE, T_A1..T_A4 (phase A timeouts), T_B (phase B per-process timeout),
 #      T_SAN, SANITIZE_ARGS, SKIP_LARGE (default 1), ML_EPOCHS.
 set -u
 out=${OUT:-./gpu_out}
 LOGS=${LOGS:-/tmp/gf_logs}
 CACHE=${CACHE:-.data/ml-1m-sequences.npz}
-T_HB=${T_HB:-80}
-T_BB=${T_BB:-100}
-T_B=${T_B:-240}
+T_A1=${T_A1:-70}
+T_A2=${T_A2:-35}
+T_A3=${T_A3:-45}
+T_A4=${T_A4:-50}
+T_B=${T_B:-280}
 T_SAN=${T_SAN:-$T_B}
 mkdir -p "$out" "$LOGS"
 if [ -f .devcache/setup.sh ] && ! python3 -c "import cutlass" 2>/dev/null; then
@@ -54,20 +64,27 @@ PYT="python3 -m pytest -m gpu -q -rA -p no:cacheprovider"
 
 # ---------------------------------------------------------------- phase A: benchmarks
 stamp "phase A: benchmarks"
-timeout "$T_HB" python3 benchmarks/hstu_bench.py --tiles "impl=sm90ws;ws=nooverlap" \
+timeout -k 15 "$T_A1" python3 benchmarks/hstu_bench.py --tiles "impl=sm90ws;ws=nooverlap" \
   --out "$LOGS/hstu_bench.json" > "$LOGS/hstu_bench.log" 2>&1
-stamp "hstu_bench rc=$?"
-timeout "$T_BB" python3 -m benchmarks.bsa_bench \
-  --table "JAX_SPARSE_ATTN_BSA_FWD_IMPL=sm90;JAX_SPARSE_ATTN_BSA_FWD_IMPL=sm90ws" \
-  --out "$LOGS/bsa_bench.json" > "$LOGS/bsa_bench.log" 2>&1
-stamp "bsa_bench rc=$?"
+stamp "A1 hstu_bench (shared) rc=$?"
+JAX_SPARSE_ATTN_CUTE_CALL=per_shape timeout -k 15 "$T_A2" python3 benchmarks/hstu_bench.py \
+  --case 8x4096-causal --out "$LOGS/hstu_bench_per_shape.json" > "$LOGS/hstu_bench_per_shape.log" 2>&1
+stamp "A2 hstu_bench (per_shape) rc=$?"
+timeout -k 15 "$T_A3" python3 -m benchmarks.bsa_bench --out "$LOGS/bsa_bench.json" \
+  > "$LOGS/bsa_bench.log" 2>&1
+stamp "A3 bsa_bench (shared) rc=$?"
+I=JAX_SPARSE_ATTN_BSA_FWD_IMPL
+timeout -k 15 "$T_A4" python3 -m benchmarks.bsa_bench --rows 0,3 \
+  --table "$I=sm90;$I=sm90ws;$I=sm90,JAX_SPARSE_ATTN_CUTE_CALL=per_shape" \
+  --out "$LOGS/bsa_table.json" > "$LOGS/bsa_table.log" 2>&1
+stamp "A4 bsa table (sm90 / sm90ws / sm90 per_shape) rc=$?"
 
 # ---------------------------------------------------------------- phase B: everything else
 stamp "phase B: test grids, rab + MovieLens, robustness + sanitizer, transforms"
 pids=()
 run() {  # log name, then env assignments and the command (nice 5, timeout T_B)
   local name=$1; shift
-  nice -n 5 timeout "$T_B" env "$@" > "$LOGS/$name.log" 2>&1
+  nice -n 5 timeout -k 15 "$T_B" env "$@" > "$LOGS/$name.log" 2>&1
   echo "rc=$?" >> "$LOGS/$name.log"
 }
 for i in 0 1 2; do
@@ -93,21 +110,21 @@ for i in 0 1; do
   pids+=($!)
 done
 # H16: rab GPU tests + MovieLens (its own script; MovieLens niced below the tests)
-(OUT=$LOGS/rab LOGS=$LOGS/rab CACHE=$CACHE T_TEST=$T_B T_ML=$((T_B + 20)) SHARDS=2 \
+(OUT=$LOGS/rab LOGS=$LOGS/rab CACHE=$CACHE T_TEST=$T_B T_ML=$T_B SHARDS=2 \
    SKIP_LARGE=${SKIP_LARGE:-1} nice -n 5 bash scripts/gpu_rab.sh > "$LOGS/rab.log" 2>&1;
  echo "rc=$?" >> "$LOGS/rab.log") &
 rab_pid=$!
 # H11: robustness GPU tests, then nothing else in that process; the sanitizer in its own
 run robustness $PYT tests/test_robustness.py tests/test_transforms_vs_loop.py &
 pids+=($!)
-(nice -n 5 timeout "$T_SAN" compute-sanitizer --tool memcheck --error-exitcode 9 \
+(nice -n 5 timeout -k 15 "$T_SAN" compute-sanitizer --tool memcheck --error-exitcode 9 \
    python3 tests/sanitize_grid.py ${SANITIZE_ARGS:-} > "$LOGS/sanitize.log" 2>&1;
  echo "rc=$? (0 clean, 9 memcheck errors, 1 a failed case, 124 timeout)" >> "$LOGS/sanitize.log") &
 pids+=($!)
 # H20: 1-GPU transformation tests and the new-length / process-start benchmark
 run transforms_tests $PYT tests/test_gpu_transforms.py &
 pids+=($!)
-(timeout "$T_B" python3 benchmarks/transforms_bench.py --out "$LOGS/transforms_bench.json" \
+(timeout -k 15 "$T_B" python3 benchmarks/transforms_bench.py --out "$LOGS/transforms_bench.json" \
    > "$LOGS/transforms_bench.log" 2>&1; echo "rc=$?" >> "$LOGS/transforms_bench.log") &
 pids+=($!)
 wait "${pids[@]}"
@@ -121,8 +138,10 @@ fails() { grep -h "^FAILED\|^ERROR" "$@" 2>/dev/null | head -30; }
 {
   cat "$LOGS/commit.txt" "$LOGS/gpu.txt" 2>/dev/null
   echo "== timeline"; cat "$LOGS/timeline.txt"
-  echo "== hstu_bench"; grep -v "^WARNING\|^I0000\|^W0000" "$LOGS/hstu_bench.log" | tail -16
-  echo "== bsa_bench (sm90 vs sm90ws)"; grep -v "^WARNING\|^I0000\|^W0000" "$LOGS/bsa_bench.log" | tail -20
+  echo "== hstu_bench (shared)"; grep -v "^WARNING\|^I0000\|^W0000" "$LOGS/hstu_bench.log" | tail -12
+  echo "== hstu_bench (per_shape)"; grep -v "^WARNING\|^I0000\|^W0000" "$LOGS/hstu_bench_per_shape.log" | tail -4
+  echo "== bsa_bench (shared)"; grep -v "^WARNING\|^I0000\|^W0000" "$LOGS/bsa_bench.log" | tail -14
+  echo "== bsa table: sm90 / sm90ws / sm90 per_shape"; grep -v "^WARNING\|^I0000\|^W0000" "$LOGS/bsa_table.log" | tail -8
   for g in hstu_default hstu_impls bsa; do
     echo "== $g shards"; last "$LOGS"/${g}_[0-9].log; fails "$LOGS"/${g}_[0-9].log
   done
@@ -134,7 +153,8 @@ fails() { grep -h "^FAILED\|^ERROR" "$@" 2>/dev/null | head -30; }
   tail -n 15 "$LOGS/transforms_bench.log"
 } > "$out/summary.txt" 2>&1
 cp "$LOGS/rab/ml_summary.txt" "$out/ml_summary.txt" 2>/dev/null
-for f in hstu_bench.json bsa_bench.json transforms_bench.json; do
+for f in hstu_bench.json hstu_bench_per_shape.json bsa_bench.json bsa_table.json \
+         transforms_bench.json; do
   [ -f "$LOGS/$f" ] && cp "$LOGS/$f" "$out/"
 done
 tar czf "$out/logs.tgz" -C "$LOGS" . 2>/dev/null
