@@ -39,7 +39,7 @@ def _hstu_inputs(n, t, h, d, seed=0):
     rng = np.random.default_rng(seed)
     cus = []
     for _ in range(n):
-        lens = rng.integers(0, t // 3, size=3)
+        lens = rng.integers(0, max(t // 3, 1), size=3)
         cus.append(np.concatenate([[0], np.cumsum(lens)]))
     cu = jnp.asarray(np.stack(cus), jnp.int32)
     ks = jax.random.split(jax.random.PRNGKey(seed), 4)
@@ -153,7 +153,8 @@ import jax_sparse_attn
 jax_sparse_attn.register_ffi_targets()  # the exported module carries the kernels themselves
 data = np.load(sys.argv[1])
 exp = export.deserialize(bytearray(open(sys.argv[2], 'rb').read()))
-args = [jnp.asarray(data[f'a{i}']) for i in range(int(data['n']))]
+args = [jnp.asarray(data[f'a{i}'].view(jnp.bfloat16) if str(data[f't{i}']) == 'bfloat16'
+                   else data[f'a{i}']) for i in range(int(data['n']))]
 outs = jax.tree.leaves(exp.call(*args))
 want = [data[f'o{i}'] for i in range(len(outs))]
 err = max(float(np.max(np.abs(np.asarray(o, np.float32) - np.asarray(w, np.float32)))) for o, w in zip(outs, want))
@@ -180,7 +181,11 @@ def test_export_round_trip_fresh_process(tmp_path):
     exp = export.export(jax.jit(fn), disabled_checks=jsa.export_safety_checks())(*args)
     (tmp_path / "f.bin").write_bytes(exp.serialize())
     outs = jax.tree.leaves(jax.jit(fn)(*args))
-    np.savez(tmp_path / "d.npz", n=len(args), **{f"a{i}": np.asarray(a) for i, a in enumerate(args)},
+    # numpy cannot store bfloat16: save its bits as uint16 and the dtype name beside them
+    np.savez(tmp_path / "d.npz", n=len(args),
+             **{f"a{i}": (np.asarray(a).view(np.uint16) if a.dtype == BF else np.asarray(a))
+                for i, a in enumerate(args)},
+             **{f"t{i}": str(a.dtype) for i, a in enumerate(args)},
              **{f"o{i}": np.asarray(o, np.float32) for i, o in enumerate(outs)})
     proc = subprocess.run([sys.executable, "-c", _EXPORT_CHILD, str(tmp_path / "d.npz"),
                            str(tmp_path / "f.bin")], capture_output=True, text=True, timeout=600,
