@@ -1,35 +1,82 @@
 #!/usr/bin/env bash
-# The GPU correctness grids alone (no benchmarks, no MovieLens), for a device call that must
-# fit in about 6 minutes on a 16-core H200 host: HSTU default grid (6 shards) + the sm90ws
-# batches, BSA grid (4 shards), rab tests (2 shards), the 1-GPU transformation tests, and the
-# garbage-metadata grid under compute-sanitizer memcheck (--quick; API-error reports off,
-# XLA autotuning off so compiles under the sanitizer stay short). Every process runs under
-# `timeout`; logs and a summary go to $OUT. Run from the repo root after
-# `source .devcache/setup.sh`:  OUT=$OUT bash tests/gpu_grids.sh
+# The GPU correctness grids in one device call, spread over every visible GPU (round robin).
+# PARTS selects what runs (default: all):
+#   hstu       HSTU default grid (HSTU_SHARDS processes) + the sm90ws batches (2 processes)
+#   bsa        BSA grid (BSA_SHARDS processes)
+#   rab        rab tests (RAB_SHARDS processes)
+#   transforms the 1-GPU transformation tests (3 processes)
+#   sanitize   the garbage-metadata grid (tests/sanitize_grid.py) under compute-sanitizer
+#              memcheck, in two phases: a plain run fills JAX's persistent compilation cache
+#              and the kernel cache (so the sanitized processes compile nothing: XLA compiles
+#              under the sanitizer take minutes), then SAN_SHARDS sanitized processes run
+#              the same cases from the caches. SAN_ARGS=--quick for one implementation per op.
+# Every process runs under `timeout` T (seconds; SAN_T for each sanitizer phase); logs and summary.txt go to $OUT.
+# From the repo root after `source .devcache/setup.sh`:  OUT=$OUT bash tests/gpu_grids.sh
 set -u
 out=${OUT:-./gpu_out}
 LOGS=${LOGS:-/tmp/gg_logs}
 T=${T:-320}
+PARTS=${PARTS:-"hstu bsa rab transforms sanitize"}
 mkdir -p "$out" "$LOGS"
 export XLA_PYTHON_CLIENT_PREALLOCATE=false PYTHONUNBUFFERED=1
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
+NGPU=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU' || echo 1); [ "$NGPU" -ge 1 ] || NGPU=1
+_n=0
+next_gpu() { GPU=$((_n % NGPU)); _n=$((_n + 1)); }
 PYT="python3 -m pytest -m gpu -q -rA -p no:cacheprovider"
-run() { local name=$1; shift; timeout -k 10 "$T" env "$@" > "$LOGS/$name.log" 2>&1; echo "rc=$?" >> "$LOGS/$name.log"; }
-for i in 0 1 2 3 4 5; do run hstu_$i HSTU_TEST_SHARD=$i/6 $PYT -k "not sm90" tests/test_gpu_hstu.py & done
-run hstu_ws $PYT -k sm90ws tests/test_gpu_hstu.py &
-for i in 0 1 2 3; do run bsa_$i BSA_TEST_SHARD=$i/4 $PYT tests/test_gpu_bsa.py -k "not sm90ws" & done
-for i in 0 1; do run rab_$i HSTU_TEST_SHARD=$i/2 $PYT tests/test_gpu_hstu_rab.py & done
-run transforms $PYT tests/test_gpu_transforms.py &
-(XLA_FLAGS=--xla_gpu_autotune_level=0 timeout -k 10 "$T" compute-sanitizer --tool memcheck \
-   --report-api-errors no --error-exitcode 9 python3 tests/sanitize_grid.py --quick \
-   > "$LOGS/sanitize.log" 2>&1; echo "rc=$? (0 clean, 9 memcheck errors, 1 failed case, 124 timeout)" >> "$LOGS/sanitize.log") &
+run() { local name=$1; shift; next_gpu
+  timeout -k 10 "${RUN_T:-$T}" env CUDA_VISIBLE_DEVICES=$GPU "$@" > "$LOGS/$name.log" 2>&1
+  echo "rc=$?" >> "$LOGS/$name.log"; }
+has() { case " $PARTS " in *" $1 "*) return 0;; esac; return 1; }
+start=$SECONDS
+if has hstu; then
+  n=${HSTU_SHARDS:-6}
+  for ((i = 0; i < n; i++)); do run hstu_$i HSTU_TEST_SHARD=$i/$n $PYT -k "not sm90ws_batches" tests/test_gpu_hstu.py & done
+  for i in 0 1; do run hstu_ws_$i HSTU_TEST_SM90=sm90ws HSTU_TEST_SHARD=$i/2 $PYT -k sm90ws_batches tests/test_gpu_hstu.py & done
+fi
+if has bsa; then
+  n=${BSA_SHARDS:-4}
+  for ((i = 0; i < n; i++)); do run bsa_$i BSA_TEST_SHARD=$i/$n $PYT tests/test_gpu_bsa.py -k "not sm90ws" & done
+fi
+if has rab; then
+  n=${RAB_SHARDS:-4}
+  for ((i = 0; i < n; i++)); do run rab_$i HSTU_TEST_SHARD=$i/$n $PYT tests/test_gpu_hstu_rab.py & done
+fi
+if has transforms; then
+  run transforms_0 $PYT tests/test_gpu_transforms.py -k "vmap" &
+  run transforms_1 $PYT tests/test_gpu_transforms.py -k "remat or new_lengths" &
+  run transforms_2 $PYT tests/test_gpu_transforms.py -k "export or disk_cache" &
+fi
+if has sanitize; then
+  (
+    n=${SAN_SHARDS:-8}
+    export JAX_COMPILATION_CACHE_DIR=/tmp/san_jcc JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS=0 \
+           JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES=0 JAX_SPARSE_ATTN_CACHE_DIR=/tmp/san_kc \
+           XLA_FLAGS=--xla_gpu_autotune_level=0
+    for ((i = 0; i < n; i++)); do
+      RUN_T=${SAN_T:-$T} run san_warm_$i python3 tests/sanitize_grid.py ${SAN_ARGS:-} --shard $i/$n &
+    done
+    wait
+    echo "warm phase done at $((SECONDS - start)) s" > "$LOGS/san_phase.log"
+    for ((i = 0; i < n; i++)); do
+      RUN_T=${SAN_T:-$T} run sanitize_$i compute-sanitizer --tool memcheck --report-api-errors no --error-exitcode 9 \
+        python3 tests/sanitize_grid.py ${SAN_ARGS:-} --shard $i/$n &
+    done
+    wait
+    echo "sanitized phase done at $((SECONDS - start)) s (rc 0 clean, 9 memcheck errors, 1 failed case, 124 timeout)" >> "$LOGS/san_phase.log"
+  ) &
+fi
 wait
 {
+  echo "GPUs: $NGPU; parts: $PARTS; wall $((SECONDS - start)) s"
   for f in "$LOGS"/*.log; do
-    echo "$(basename "$f"): $(grep -E "passed|failed|error" "$f" | grep -v "^E " | tail -n 1) $(grep '^rc=' "$f" | tail -n 1)"
+    echo "$(basename "$f"): $(grep -E "passed|failed|error|cases ok" "$f" | grep -v "^E " | tail -n 1) $(grep '^rc=' "$f" | tail -n 1)"
   done
   grep -h "^FAILED\|^ERROR" "$LOGS"/*.log | head -40
-  echo "== sanitize tail"; grep -v "^=========     Host Frame\|^========= *$" "$LOGS/sanitize.log" | tail -25
+  if has sanitize; then
+    echo "== sanitize"; cat "$LOGS/san_phase.log" 2>/dev/null
+    grep -h "ERROR SUMMARY\|Invalid\|NON-FINITE\|ERROR " "$LOGS"/sanitize_*.log | sort | uniq -c | head -30
+  fi
 } > "$out/summary.txt" 2>&1
 tar czf "$out/logs.tgz" -C "$LOGS" . 2>/dev/null
 cat "$out/summary.txt"

@@ -139,12 +139,24 @@ def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--quick", action="store_true", help="one implementation and shape per op")
     p.add_argument("--backend", default="kernel", choices=("kernel", "reference"))
+    p.add_argument("--shard", default="0/1", help="i/n: run every n-th case starting at i")
+    p.add_argument("--list", action="store_true", help="print the case names and exit")
     args = p.parse_args(argv)
+    try:
+        shard_i, shard_n = (int(x) for x in args.shard.split("/"))
+        if not 0 <= shard_i < shard_n:
+            raise ValueError
+    except ValueError:
+        p.error(f"--shard must be i/n with 0 <= i < n, got {args.shard!r}")
     global BACKEND
     BACKEND = args.backend
     failed = 0
     cases = [(n, run_bsa, c) for n, c in bsa_cases(args.quick)]
     cases += [(n, run_hstu, c) for n, c in hstu_cases(args.quick)]
+    cases = cases[shard_i::shard_n]
+    if args.list:
+        print("\n".join(name for name, _, _ in cases))
+        return 0
     for name, run, c in cases:
         try:
             outs = run(c)
