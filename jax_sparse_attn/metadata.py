@@ -132,10 +132,13 @@ def hstu_bwd_schedule(cu_q, cu_k, func, block_m, block_n, t_q, t_k):
 
 
 def sanitize_cu_seqlens(cu, total: int):
-    """``cu_seqlens`` clamped to ``[0, total]`` and made non-decreasing (running max), so
-    every sequence ``[cu[b], cu[b+1])`` lies inside the ``total`` packed rows whatever the
-    input values (valid ``cu_seqlens`` pass unchanged). Two cheap int32 XLA ops."""
-    return jax.lax.cummax(jnp.clip(cu.astype(jnp.int32), 0, total), axis=0)
+    """``cu_seqlens`` with its first entry set to 0, clamped to ``[0, total]`` and made
+    non-decreasing (running max), so every sequence ``[cu[b], cu[b+1])`` lies inside the
+    ``total`` packed rows and the rows before ``cu[-1]`` all belong to a sequence (the
+    kernels write every one of them), whatever the input values. Valid ``cu_seqlens``
+    (``cu[0] == 0``, non-decreasing, ``cu[-1] <= total``) pass unchanged."""
+    cu = jnp.clip(cu.astype(jnp.int32), 0, total).at[0].set(0)
+    return jax.lax.cummax(cu, axis=0)
 
 
 def append_pseudo_sequence(cu, total):

@@ -14,6 +14,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from jax_sparse_attn import metadata
 from jax_sparse_attn import (
     block_sparse_attention,
     block_sparse_attention_forward,
@@ -264,8 +265,9 @@ def test_bsa_out_of_range_metadata_under_jit_act_as_clamped(backend):
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
-@pytest.mark.parametrize("cu", [[0, -50, 250, 400], [0, 300, 200, 400], [0, 100, 200, 999]],
-                         ids=["negative", "decreasing", "past_T"])
+@pytest.mark.parametrize("cu", [[0, -50, 250, 400], [0, 300, 200, 400], [0, 100, 200, 999],
+                                [500, 600, 700, 800], [100, 200, 300, 400]],
+                         ids=["negative", "decreasing", "past_T", "start_past_T", "start_nonzero"])
 def test_hstu_garbage_cu_seqlens_under_jit_finite(backend, cu):
     """cu_seqlens the validators reject, traced under jit: finite outputs and gradients."""
     dt = _dtype(backend)
@@ -283,3 +285,16 @@ def test_hstu_garbage_cu_seqlens_under_jit_finite(backend, cu):
     assert np.isfinite(float(val))
     for g in grads:
         assert np.all(np.isfinite(np.asarray(g, np.float32)))
+
+
+@pytest.mark.parametrize("cu,total,want", [
+    ([0, 3, 7], 10, [0, 3, 7]),              # valid: unchanged
+    ([0, -5, 7], 10, [0, 0, 7]),             # negative: clamped
+    ([0, 8, 4, 12], 10, [0, 8, 8, 10]),      # decreasing and past the total
+    ([5, 6, 7], 10, [0, 6, 7]),              # rows before cu[0] join sequence 0
+    ([50, 60, 70], 10, [0, 10, 10]),         # everything past the total
+])
+def test_sanitize_cu_seqlens(cu, total, want):
+    """The kernels' cu_seqlens clamp: inside [0, total], starting at 0, non-decreasing."""
+    got = metadata.sanitize_cu_seqlens(jnp.asarray(cu, jnp.int32), total)
+    assert got.tolist() == want
