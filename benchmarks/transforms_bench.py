@@ -62,7 +62,9 @@ def new_length(lengths=(4096, 4097, 5000, 8191, 1023, 77)):
         c1 = _cute_call.compile_stats()
         rows.append(dict(total_tokens=t, trace_lower_s=t1 - t0, xla_compile_s=t2 - t1,
                          first_run_s=t3 - t2, cute_compiles=c1["compiles"] - c0["compiles"],
-                         cute_compile_s=c1["compile_seconds"] - c0["compile_seconds"]))
+                         cute_compile_s=c1["compile_seconds"] - c0["compile_seconds"],
+                         cute_lowerings=c1["lowerings"] - c0["lowerings"],
+                         cute_lower_s=c1["lower_seconds"] - c0["lower_seconds"]))
         print(json.dumps(rows[-1]), flush=True)
     return rows
 

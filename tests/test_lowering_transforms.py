@@ -119,6 +119,8 @@ def test_new_lengths_reuse_one_cute_compile():
     after = _cute_call.compile_stats()
     assert after["compiles"] == before["compiles"], (before, after)
     assert after["memory_hits"] >= before["memory_hits"] + 3
+    assert after["lowerings"] >= before["lowerings"] + 3  # each new size lowered the call
+    assert after["lower_seconds"] > before["lower_seconds"]
 
 
 def test_export_for_cuda_round_trip_and_symbolic_tokens():
