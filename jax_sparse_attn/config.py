@@ -168,8 +168,14 @@ SWITCHES = (
            "HSTU sm80 forward tile override (tuning; unset: the kernel's tiles for the head "
            "dims); with sm90ws it is an error (bn=N of JAX_SPARSE_ATTN_HSTU_WS sets its "
            "block_n) except for calls with rab, which run sm80 with this tile"),
+    _choice("hstu_bwd_impl", "JAX_SPARSE_ATTN_HSTU_BWD_IMPL", ("sm80", "sm90"),
+            "HSTU backward kernel: sm80 (mma.sync, cp.async; every head dim, with rab), sm90 "
+            "(opt-in: warp-specialized TMA producer warp + two wgmma consumer warpgroups; "
+            "D = D_v in {64, 128} without rab, other calls run sm80 and the compile key "
+            "records it)"),
     Switch("hstu_bwd_tile", "JAX_SPARSE_ATTN_HSTU_BWD_TILE", _TILE, _parse_tile, None,
-           "HSTU backward tile override (tuning)"),
+           "HSTU sm80 backward tile override (tuning; with sm90 it is an error except for "
+           "calls that sm90 routes to sm80)"),
     _choice("bsa_fwd_impl", "JAX_SPARSE_ATTN_BSA_FWD_IMPL", ("sm90", "sm90ws", "sm80"),
             "BSA forward kernel: sm90 (wgmma, cp.async; D in {64, 128}, other D use sm80), "
             "sm90ws (opt-in: warp-specialized TMA producer warp + wgmma consumer warpgroups, "
@@ -218,6 +224,7 @@ class Switches:
     hstu_fwd_impl: str = _DEFAULT["hstu_fwd_impl"]
     hstu_fwd_ws: tuple = _DEFAULT["hstu_fwd_ws"]
     hstu_fwd_tile: tuple | None = _DEFAULT["hstu_fwd_tile"]
+    hstu_bwd_impl: str = _DEFAULT["hstu_bwd_impl"]
     hstu_bwd_tile: tuple | None = _DEFAULT["hstu_bwd_tile"]
     bsa_fwd_impl: str = _DEFAULT["bsa_fwd_impl"]
     bsa_fwd_ws: tuple = _DEFAULT["bsa_fwd_ws"]

@@ -68,6 +68,8 @@ __all__ = [
     "fwd_config",
     "bwd_config",
     "RAB_FWD_IMPLS",
+    "SM90_BWD_HEAD_DIMS",
+    "bwd_sm90_unsupported_reason",
 ]
 
 SUPPORTED_HEAD_DIMS = (32, 64, 128, 256)
@@ -122,6 +124,11 @@ class HstuBwdConfig(_HstuKey):
     has_rab: bool = False
     rab_per_head: bool = False
     rab_dtype: str = ""
+    # "sm80" (mma.sync, every configuration) or "sm90" (warp-specialized wgmma; D = D_v in
+    # SM90_BWD_HEAD_DIMS, no rab)
+    impl: str = "sm80"
+    # the hstu_bwd_impl switch value when the configuration replaced it by sm80 (else "")
+    replaced_impl: str = ""
 
 
 def hstu_kernel_unsupported_reason(*, dtype, head_dim, head_dim_v) -> str | None:
@@ -230,9 +237,41 @@ def _ws_config(dtype, head_dim, head_dim_v, func_n, switches) -> HstuFwdConfig:
                          num_sms=_num_sms())
 
 
+#: head dims (D = D_v) of the sm90 backward; other head dims, D != D_v and rab run sm80
+SM90_BWD_HEAD_DIMS = (64, 128)
+
+
+def bwd_sm90_unsupported_reason(head_dim, head_dim_v, has_rab) -> str | None:
+    """``None`` if the sm90 backward takes this static configuration, else why it runs sm80."""
+    if has_rab:
+        return "the sm90 backward has no relative attention bias"
+    if head_dim != head_dim_v or head_dim not in SM90_BWD_HEAD_DIMS:
+        return (f"the sm90 backward takes head_dim = head_dim_v in {SM90_BWD_HEAD_DIMS}, got "
+                f"{head_dim}, {head_dim_v} (padded)")
+    return None
+
+
 def bwd_config(dtype, head_dim, head_dim_v, func_n, switches, *, has_rab=False,
                rab_per_head=False, rab_dtype="") -> HstuBwdConfig:
-    """The backward compile key (see :func:`fwd_config`)."""
+    """The backward compile key (see :func:`fwd_config`). With ``hstu_bwd_impl="sm90"`` a
+    configuration the sm90 kernel does not take (:func:`bwd_sm90_unsupported_reason`) runs
+    sm80; the key records the replaced switch value in ``replaced_impl``."""
+    impl = getattr(switches, "hstu_bwd_impl", "sm80")
+    if impl == "sm90":
+        if bwd_sm90_unsupported_reason(head_dim, head_dim_v, has_rab) is None:
+            if switches.hstu_bwd_tile is not None:
+                raise ValueError(
+                    f"JAX_SPARSE_ATTN_HSTU_BWD_TILE / Switches.hstu_bwd_tile="
+                    f"{switches.hstu_bwd_tile} applies to the sm80 backward only; the sm90 "
+                    "backward's tiles are fixed (64 x 128 at D = 128, 128 x 128 at D = 64)")
+            bm = 128 if head_dim <= 64 else 64
+            return HstuBwdConfig(_cutlass_dtype_name(dtype), head_dim, head_dim_v, bm, 128, 12,
+                                 func_n > 0, max(func_n, 1), impl="sm90")
+        return dataclasses.replace(
+            bwd_config(dtype, head_dim, head_dim_v, func_n,
+                       dataclasses.replace(switches, hstu_bwd_impl="sm80"), has_rab=has_rab,
+                       rab_per_head=rab_per_head, rab_dtype=rab_dtype),
+            replaced_impl="sm90")
     # 64 x 128 (q rows x keys), 8 warps: dK/dV of 128 keys stay in registers for D <= 128;
     # D = 256 keeps 64 keys per CTA (register budget).
     default = (64, 128, 8) if max(head_dim, head_dim_v) <= 128 else (64, 64, 8)
@@ -328,14 +367,20 @@ def _bwd_adapter():
 
     from ..kernels.hstu_bwd_sm80 import HstuBwdSm80  # noqa: PLC0415
 
+    from ..kernels.hstu_bwd_sm90 import HstuBwdSm90  # noqa: PLC0415
+
     @cute.jit
     def hstu_bwd_launch(stream, do, q, k, v, cu_q, cu_k, kv_tiles, q_tile_start, q_tiles,
                         func, scal, win, dq_acc, dk, dv, *, cfg: cutlass.Constexpr):
         # dq_acc is aliased to the third output (the fp32 dq workspace, zero-initialized).
-        HstuBwdSm80(_dt(cfg.dtype), cfg.head_dim, cfg.head_dim_v, cfg.block_m, cfg.block_n,
-                    cfg.num_warps, cfg.has_func, cfg.func_n)(
-            do, q, k, v, cu_q, cu_k, kv_tiles, q_tile_start, q_tiles, func, scal, win,
-            dq_acc, dk, dv, stream)
+        # one branch per value of the hstu_bwd_impl switch (config.SWITCHES)
+        if cutlass.const_expr(cfg.impl == "sm90"):
+            kernel = HstuBwdSm90(_dt(cfg.dtype), cfg.head_dim, cfg.has_func, cfg.func_n)
+        else:
+            kernel = HstuBwdSm80(_dt(cfg.dtype), cfg.head_dim, cfg.head_dim_v, cfg.block_m,
+                                 cfg.block_n, cfg.num_warps, cfg.has_func, cfg.func_n)
+        kernel(do, q, k, v, cu_q, cu_k, kv_tiles, q_tile_start, q_tiles, func, scal, win,
+               dq_acc, dk, dv, stream)
 
     return hstu_bwd_launch
 

@@ -15,6 +15,14 @@ interface: query block ``m`` of (batch ``b``, query head ``h``) visits the KV bl
 metadata value makes a load leave the K/V tensors. ``valid_keys(n)`` is the number of leading
 keys of block ``n`` that exist and count: ``min(L_k - n bn, bn)``, also capped by
 ``block_sizes[b, h, n]`` when given (at least 0).
+
+``QTileRange`` (the KV-major backward's form): the query tiles of width ``bm`` that can see
+the keys ``[n0, n0 + bn)`` of one sequence: ``[m_min, m_min + m_count)`` from the window, or
+every query tile with a per-tile test against the host's func summary of canonical query
+tile ``qt`` (``mQTiles[qt] = [min interval start, max interval end, min F0]``, ``qt =
+mQStart[batch] + m``). ``tile_state(m)`` = (whether tile ``m`` sees any key of the KV tile,
+whether every (query, key) pair of the two tiles is visible under the window / func mask);
+the sequence ends need no per-element mask in the backward (rows past them are zero-filled).
 """
 
 from __future__ import annotations
@@ -98,3 +106,62 @@ class BlockList:
             cnt = Int32(0)
         return BlockList(mIdx, mSizes, batch, head, m_block, n_kv - 1, seqlen_k, cnt, bn,
                          has_sizes)
+
+
+@dataclass(frozen=True)
+class QTileRange:
+    m_min: object
+    m_count: object
+    n0: object
+    seqlen_q: object
+    seqlen_k: object
+    off: object
+    qt_base: object
+    bm: int
+    bn: int
+    has_func: bool
+
+    @staticmethod
+    @cute.jit
+    def create(mQStart, batch, n0, seqlen_q, seqlen_k, off, left, right,
+               bm: cutlass.Constexpr, bn: cutlass.Constexpr, has_func: cutlass.Constexpr):
+        n1 = cutlass.min(n0 + bn, seqlen_k)
+        i_lo = Int32(0)
+        i_hi = Int32(seqlen_q)  # exclusive
+        qt_base = Int32(0)
+        if cutlass.const_expr(has_func):
+            qt_base = Int32(mQStart[batch])
+        else:
+            if right >= 0:
+                i_lo = cutlass.max(n0 - right - off, Int32(0))
+            if left >= 0:
+                i_hi = cutlass.min(n1 - 1 + left - off + 1, seqlen_q)
+        m_min = i_lo // bm
+        m_max = m_min
+        if i_hi > i_lo:
+            m_max = (i_hi + bm - 1) // bm
+        return QTileRange(m_min, m_max - m_min, n0, seqlen_q, seqlen_k, off, qt_base, bm, bn,
+                          has_func)
+
+    @cute.jit
+    def tile_state(self, mQTiles, m_block, left, right):
+        """``(active, full)`` (Int32 0/1) of query tile ``m_block``."""
+        active = Int32(1)
+        full = Int32(1)
+        if cutlass.const_expr(self.has_func):
+            qt = self.qt_base + m_block
+            lo = cutlass.max(Int32(mQTiles[qt, 0]), Int32(0))
+            hi = cutlass.min(Int32(mQTiles[qt, 1]), self.seqlen_k)
+            f0 = Int32(mQTiles[qt, 2])
+            active = Int32(lo < self.n0 + self.bn) * Int32(hi > self.n0) * Int32(hi > lo)
+            full = Int32(self.n0 + self.bn <= f0)
+        else:
+            m0 = m_block * self.bm
+            m1 = cutlass.min(m0 + self.bm, self.seqlen_q)
+            if left >= 0:
+                if self.n0 < m1 - 1 + self.off - left:
+                    full = Int32(0)
+            if right >= 0:
+                if self.n0 + self.bn - 1 > m0 + self.off + right:
+                    full = Int32(0)
+        return active, full

@@ -18,6 +18,12 @@ work; ``apply(acc_mn, n0)`` masks a tile in place.
 (``BlockList.valid_keys``: the sequence end or ``block_sizes``), the score columns at or past
 ``limit`` become ``-inf`` (a select: whatever those K rows hold, NaN included, is dropped);
 only blocks with ``limit < bn`` need it.
+
+``HstuMaskKeyMajor`` is the HSTU mask of the KV-major backward's transposed score tiles
+(rows = keys ``j``, columns = queries ``i``; same visibility rule as ``HstuMask``): it
+selects 0 into the P and dS tiles where a pair is not visible. Window bounds are per key row
+(``j - off - right <= i <= j - off + left``); the func endpoints are per query column and are
+read from ``mFunc`` column by column (only for query rows inside the sequence).
 """
 
 from __future__ import annotations
@@ -109,3 +115,42 @@ class KeyLimitMask:
             keep = self.tScS[0, c][1] < limit
             for r in cutlass.range_constexpr(cute.size(self.tScS, mode=[0])):
                 acc_mn[r, c] = acc_mn[r, c] if keep else -Float32.inf
+
+
+@dataclass(frozen=True)
+class HstuMaskKeyMajor:
+    has_func: bool
+    func_n: int  # 1 without a func mask
+    tScS: object  # (keys, queries) identity coordinates of this thread's score values
+
+    @cute.jit
+    def apply(self, p_mn, ds_mn, n0, m0, seq, left, right, mFunc):
+        n_rows = cute.size(self.tScS, mode=[0])
+        n_cols = cute.size(self.tScS, mode=[1])
+        if cutlass.const_expr(self.has_func):
+            for c in cutlass.range_constexpr(n_cols):
+                i = m0 + self.tScS[0, c][1]
+                inside = i < seq.seqlen_q
+                f = cute.make_rmem_tensor((self.func_n,), Int32)
+                for t in cutlass.range_constexpr(self.func_n):
+                    f[t] = Int32(0)
+                    if inside:
+                        f[t] = Int32(mFunc[0, t, seq.q_start + i])
+                for r in cutlass.range_constexpr(n_rows):
+                    j = n0 + self.tScS[r, 0][0]
+                    valid = j < f[0]
+                    for t in cutlass.range_constexpr((self.func_n - 1) // 2):
+                        valid = valid | ((j >= f[2 * t + 1]) & (j < f[2 * t + 2]))
+                    valid = valid & (j < seq.seqlen_k)
+                    p_mn[r, c] = p_mn[r, c] if valid else Float32(0.0)
+                    ds_mn[r, c] = ds_mn[r, c] if valid else Float32(0.0)
+        else:
+            for r in cutlass.range_constexpr(n_rows):
+                j = n0 + self.tScS[r, 0][0]
+                lo = -BIG if right < 0 else j - seq.off - right
+                hi = BIG if left < 0 else j - seq.off + left
+                for c in cutlass.range_constexpr(n_cols):
+                    i = m0 + self.tScS[0, c][1]
+                    valid = (i >= lo) & (i <= hi)
+                    p_mn[r, c] = p_mn[r, c] if valid else Float32(0.0)
+                    ds_mn[r, c] = ds_mn[r, c] if valid else Float32(0.0)

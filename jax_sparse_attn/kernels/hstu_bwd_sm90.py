@@ -1,0 +1,437 @@
+"""HSTU attention backward for SM90: warp-specialized TMA + wgmma kernel (``impl="sm90"``).
+
+Same contract, schedule and semantics as ``hstu_bwd_sm80`` (read its docstring): one CTA per
+(KV tile of ``bn = 128`` keys, head), dK and dV in fp32 registers while the CTA walks the
+query tiles that can see its keys (``block_info.QTileRange``), dQ added into the XLA-owned
+fp32 workspace with ``red.global.add.v2.f32``. No relative attention bias; head dims
+``D = D_v`` in {64, 128} (the public layer routes other configurations to sm80).
+
+CTA = 3 warpgroups (384 threads):
+
+* warpgroup 0 (producer, ``setmaxnreg`` down to 24 registers): warp 0 loads the K and V
+  tiles once and then, for every visible query tile, the Q and dO tiles into a 2-stage
+  shared-memory ring (``pipeline.SmemPipeline``), with TMA (``cp.async.bulk.tensor``). A tile
+  that crosses its sequence's end is instead copied row by row with cp.async and its rows
+  past the end are zero-filled (a TMA box would read the next sequence's rows, which may hold
+  anything): with zero rows, P and dS vanish there, so only window / func edges need a mask.
+* warpgroups 1 and 2 (consumers, ``setmaxnreg`` up to 240): warpgroup ``w`` owns keys
+  ``[64 w, 64 w + 64)`` of the KV tile. All products use the transposed (key-major)
+  orientation, so P and dS come out of the score GEMMs as the register A operand of the dK /
+  dV GEMMs::
+
+      S^T  = K Q^T,   dP^T = V dO^T                          (wgmma, smem x smem)
+      h = (alpha / 2) S^T, t = tanh(h):  P^T = h + h t,  sigma = (1 + t) / 2
+      dS^T = dP^T * alpha / scaling_seqlen * (sigma + P^T (1 - sigma))
+      (masked pairs: P^T, dS^T selected to 0, ``mask.HstuMaskKeyMajor``)
+      dV  += P^T dO,   dK += dS^T Q                          (wgmma, registers x smem)
+      dQ   = dS K                                            (wgmma, smem x smem)
+
+  dS^T goes to a double-buffered shared tile (query-major, read as the MN-major A operand of
+  dQ = dS K); a named barrier of the two consumer warpgroups publishes both key halves. The dQ
+  GEMM is split between the warpgroups along the head dim (``bm = 64`` at D = 128) or along
+  the query rows (``bm = 128`` at D = 64), so each dQ element is added once per KV tile.
+  The K tile serves as the K-major A operand of S^T and as the MN-major B operand of dQ (for
+  16-bit types the 128-byte-swizzled K-major tile of a row-major ``(keys, D)`` block is
+  bit-identical to the MN-major tile of its transpose); likewise Q and dO.
+* epilogue: dK and dV / scaling_seqlen converted in registers and stored to key rows
+  ``< L_k``.
+"""
+
+from __future__ import annotations
+
+import cutlass
+import cutlass.cute as cute
+import cutlass.memory
+import cutlass.utils.hopper_helpers as sm90_utils
+from cutlass import Float32, Int32
+from cutlass.cute.nvgpu import OperandMajorMode, cpasync, warpgroup
+from cutlass.tensor_utils import LayoutEnum
+
+from . import hstu_common as hc
+from .block_info import QTileRange
+from .common import acc_layout_as_a, acc_mn_view_wg, elem_ptr, gmem_load_copy
+from .mask import HstuMaskKeyMajor
+from .pipeline import SmemPipeline
+from .seqlen_info import SeqlenInfo, offset_rows
+
+#: head dims (D = D_v) of this kernel
+SM90_BWD_HEAD_DIMS = (64, 128)
+
+
+def bwd_sm90_tiles(head_dim: int):
+    """(query rows, keys) per tile: 64 x 128 at D = 128, 128 x 128 at D = 64."""
+    return (128 if head_dim <= 64 else 64), 128
+
+
+class HstuBwdSm90:
+    """``__call__`` takes the arguments of ``HstuBwdSm80.__call__`` (without rab)."""
+
+    def __init__(self, dtype, head_dim, has_func, func_n):
+        if head_dim not in SM90_BWD_HEAD_DIMS:
+            raise NotImplementedError(
+                f"hstu_bwd_sm90: head_dim={head_dim} is not one of {SM90_BWD_HEAD_DIMS}")
+        self.dtype = dtype
+        self.d = head_dim
+        self.bm, self.bn = bwd_sm90_tiles(head_dim)
+        self.has_func = has_func
+        self.func_n = func_n
+        self.q_stages = 2
+        # dQ = dS K: warpgroups split the query rows (bm = 128) or the head dim (bm = 64)
+        self.dq_split_m = self.bm == 128
+        self.num_threads = 384
+        self.regs_producer = 24
+        self.regs_consumer = 240
+
+    @cute.jit
+    def __call__(self, mdO, mQ, mK, mV, mCuQ, mCuK, mKVTile, mQStart, mQTiles, mFunc, mScal,
+                 mWin, mdQacc, mdK, mdV, stream):
+        dt = self.dtype
+        bm, bn, d = self.bm, self.bn, self.d
+        Kmaj = OperandMajorMode.K
+        MN = OperandMajorMode.MN
+        # S^T, dP^T: (bn keys) x (bm queries), reduction over D; warpgroup w: keys 64w..
+        mma_s = sm90_utils.make_trivial_tiled_mma(dt, dt, Kmaj, Kmaj, Float32, (2, 1, 1), (64, bm))
+        # dV, dK: (bn keys) x D, reduction over the bm queries, A (P^T, dS^T) from registers
+        mma_kv = sm90_utils.make_trivial_tiled_mma(dt, dt, Kmaj, MN, Float32, (2, 1, 1), (64, d),
+                                                   warpgroup.OperandSource.RMEM)
+        # dQ: (bm queries) x D, reduction over the bn keys
+        if cutlass.const_expr(self.dq_split_m):
+            mma_dq = sm90_utils.make_trivial_tiled_mma(dt, dt, MN, MN, Float32, (2, 1, 1), (64, d))
+        else:
+            mma_dq = sm90_utils.make_trivial_tiled_mma(dt, dt, MN, MN, Float32, (1, 2, 1),
+                                                       (64, d // 2))
+        s_tiler = (bn, bm, d)
+        kv_tiler = (bn, d, bm)
+        dq_tiler = (bm, d, bn)
+        sK_layout = sm90_utils.make_smem_layout_a(LayoutEnum.ROW_MAJOR, s_tiler, dt, 1)
+        sK_mn_layout = sm90_utils.make_smem_layout_b(LayoutEnum.COL_MAJOR, dq_tiler, dt, 1)
+        sQ_layout = sm90_utils.make_smem_layout_b(LayoutEnum.ROW_MAJOR, s_tiler, dt,
+                                                  self.q_stages)
+        sQ_mn_layout = sm90_utils.make_smem_layout_b(LayoutEnum.COL_MAJOR, kv_tiler, dt,
+                                                     self.q_stages)
+        sdS_layout = sm90_utils.make_smem_layout_a(LayoutEnum.COL_MAJOR, dq_tiler, dt, 2)
+
+        # TMA views (T, D, H) with D contiguous
+        T_q = mQ.shape[0]
+        T_k = mK.shape[0]
+        H = mQ.shape[1]
+        tQ = cute.make_tensor(mQ.iterator, cute.make_layout(
+            (T_q, d, H), stride=(mQ.stride[0], 1, mQ.stride[1])))
+        tdO = cute.make_tensor(mdO.iterator, cute.make_layout(
+            (T_q, d, H), stride=(mdO.stride[0], 1, mdO.stride[1])))
+        tK = cute.make_tensor(mK.iterator, cute.make_layout(
+            (T_k, d, H), stride=(mK.stride[0], 1, mK.stride[1])))
+        tV = cute.make_tensor(mV.iterator, cute.make_layout(
+            (T_k, d, H), stride=(mV.stride[0], 1, mV.stride[1])))
+        g2s = cpasync.CopyBulkTensorTileG2SOp()
+        sQ_one = cute.slice_(sQ_layout, (None, None, 0))
+        sK_one = cute.slice_(sK_layout, (None, None, 0))
+        tma_q, tma_tQ = cpasync.make_tiled_tma_atom(g2s, tQ, sQ_one, (bm, d))
+        tma_do, tma_tdO = cpasync.make_tiled_tma_atom(g2s, tdO, sQ_one, (bm, d))
+        tma_k, tma_tK = cpasync.make_tiled_tma_atom(g2s, tK, sK_one, (bn, d))
+        tma_v, tma_tV = cpasync.make_tiled_tma_atom(g2s, tV, sK_one, (bn, d))
+
+        n_mbar = SmemPipeline.num_barriers(self.q_stages) + SmemPipeline.num_barriers(1)
+
+        @cute.struct
+        class Smem:
+            mbar: cute.struct.MemRange[cutlass.Int64, n_mbar]
+            sK: cute.struct.Align[cute.struct.MemRange[dt, cute.cosize(sK_layout)], 1024]
+            sV: cute.struct.Align[cute.struct.MemRange[dt, cute.cosize(sK_layout)], 1024]
+            sQ: cute.struct.Align[cute.struct.MemRange[dt, cute.cosize(sQ_layout)], 1024]
+            sdO: cute.struct.Align[cute.struct.MemRange[dt, cute.cosize(sQ_layout)], 1024]
+            sdS: cute.struct.Align[cute.struct.MemRange[dt, cute.cosize(sdS_layout)], 1024]
+
+        grid = (cute.size(mQ.shape[1]), cute.size(mKVTile.shape[0]), 1)
+        self.kernel(
+            tma_q, tma_tQ, tma_do, tma_tdO, tma_k, tma_tK, tma_v, tma_tV,
+            mQ, mdO, mK, mV, mCuQ, mCuK, mKVTile, mQStart, mQTiles, mFunc, mScal, mWin,
+            mdQacc, mdK, mdV, sK_layout, sK_mn_layout, sQ_layout, sQ_mn_layout, sdS_layout,
+            mma_s, mma_kv, mma_dq, Smem,
+        ).launch(grid=grid, block=[self.num_threads, 1, 1], smem=Smem.size_in_bytes(),
+                 stream=stream, min_blocks_per_mp=1)
+
+    # ------------------------------------------------------------------------------------
+    @cute.jit
+    def _load_rows(self, mX, head, start, tile, rows: cutlass.Constexpr, limit, sX, lane):
+        """One warp: rows ``[tile rows, tile rows + limit)`` of the sequence starting at
+        ``start`` by cp.async into ``sX`` (rows, D), zeros in the tile's other rows."""
+        copy = gmem_load_copy(self.dtype, 32, self.d)
+        gX = cute.local_tile(offset_rows(mX[None, head, None], start), (rows, self.d), (tile, 0))
+        thr = copy.get_slice(lane)
+        tg = thr.partition_S(gX)
+        ts = thr.partition_D(sX)
+        tc = thr.partition_S(cute.make_identity_tensor((rows, self.d)))
+        for r in cutlass.range(cute.size(ts.shape[1]), unroll=1):
+            if tc[0, r, 0][0] < limit:
+                cute.copy(copy, tg[None, r, None], ts[None, r, None])
+            else:
+                ts[None, r, None].fill(0)
+
+    @cute.jit
+    def _fence_rows(self):
+        """Complete this warp's cp.async copies and zero-fill stores and make them visible
+        to the async proxy (wgmma)."""
+        cute.arch.cp_async_commit_group()
+        cute.arch.cp_async_wait_group(0)
+        cute.arch.fence_proxy("async.shared", space="cta")
+        cute.arch.sync_warp()
+
+    @cute.kernel
+    def kernel(self, tma_q, tma_tQ, tma_do, tma_tdO, tma_k, tma_tK, tma_v, tma_tV,
+               mQ, mdO, mK, mV, mCuQ, mCuK, mKVTile, mQStart, mQTiles, mFunc, mScal, mWin,
+               mdQacc, mdK, mdV, sK_layout, sK_mn_layout, sQ_layout, sQ_mn_layout, sdS_layout,
+               mma_s, mma_kv, mma_dq, Smem: cutlass.Constexpr):
+        tidx, _, _ = cute.arch.thread_idx()
+        head, slot, _ = cute.arch.block_idx()
+        warp = cute.arch.make_warp_uniform(cute.arch.warp_idx())
+        wg_idx = warp // 4
+        bm, bn, d = self.bm, self.bn, self.d
+
+        smem = cutlass.memory.SmemAllocator()
+        st = smem.allocate(Smem)
+        mbar = st.mbar.data_ptr()
+        pipe_q = SmemPipeline(mbar, self.q_stages, 8)
+        pipe_kv = SmemPipeline(mbar + SmemPipeline.num_barriers(self.q_stages), 1, 8)
+        if warp == 0:
+            pipe_q.init()
+            pipe_kv.init()
+            cpasync.prefetch_descriptor(tma_q)
+            cpasync.prefetch_descriptor(tma_do)
+            cpasync.prefetch_descriptor(tma_k)
+            cpasync.prefetch_descriptor(tma_v)
+        cute.arch.mbarrier_init_fence()
+        cute.arch.barrier()
+
+        sK = st.sK.get_tensor(sK_layout.outer, swizzle=sK_layout.inner)  # (bn, D, 1)
+        sV = st.sV.get_tensor(sK_layout.outer, swizzle=sK_layout.inner)
+        sQ = st.sQ.get_tensor(sQ_layout.outer, swizzle=sQ_layout.inner)  # (bm, D, stages)
+        sdO = st.sdO.get_tensor(sQ_layout.outer, swizzle=sQ_layout.inner)
+        sdS = st.sdS.get_tensor(sdS_layout.outer, swizzle=sdS_layout.inner)  # (bm, bn, 2)
+        # MN-major aliases of the same bytes: (D, bn, 1) and (D, bm, stages)
+        sK_mn = st.sK.get_tensor(sK_mn_layout.outer, swizzle=sK_mn_layout.inner)
+        sQ_mn = st.sQ.get_tensor(sQ_mn_layout.outer, swizzle=sQ_mn_layout.inner)
+        sdO_mn = st.sdO.get_tensor(sQ_mn_layout.outer, swizzle=sQ_mn_layout.inner)
+
+        batch = Int32(mKVTile[slot, 0])
+        left = Int32(mWin[0])
+        right = Int32(mWin[1])
+
+        if wg_idx == 0:
+            # ================================ producer ================================
+            cute.arch.setmaxregister_decrease(self.regs_producer)
+            if warp == 0:
+                if batch >= 0:
+                    lane = cute.arch.lane_idx()
+                    n_block = Int32(mKVTile[slot, 1])
+                    seq = SeqlenInfo.create(batch, mCuQ, mCuK)
+                    n0 = n_block * bn
+                    qr = QTileRange.create(mQStart, batch, n0, seq.seqlen_q, seq.seqlen_k,
+                                           seq.off, left, right, bm, bn, self.has_func)
+                    kv_left = seq.seqlen_k - n0
+                    if kv_left >= bn:
+                        kv_bytes = cute.size_in_bytes(self.dtype, cute.slice_(sK_layout, (None, None, 0)))
+                        pipe_kv.producer_expect_tx(0, 2 * kv_bytes)
+                        gK = cute.local_tile(offset_rows(tma_tK[None, None, head], seq.k_start),
+                                             (bn, d), (None, 0))
+                        tKs, tKg = cpasync.tma_partition(
+                            tma_k, 0, cute.make_layout(1), cute.group_modes(sK, 0, 2),
+                            cute.group_modes(gK, 0, 2))
+                        cute.copy(tma_k, tKg[None, n_block], tKs[None, 0],
+                                  tma_bar_ptr=pipe_kv.full_ptr(0))
+                        gV = cute.local_tile(offset_rows(tma_tV[None, None, head], seq.k_start),
+                                             (bn, d), (None, 0))
+                        tVs, tVg = cpasync.tma_partition(
+                            tma_v, 0, cute.make_layout(1), cute.group_modes(sV, 0, 2),
+                            cute.group_modes(gV, 0, 2))
+                        cute.copy(tma_v, tVg[None, n_block], tVs[None, 0],
+                                  tma_bar_ptr=pipe_kv.full_ptr(0))
+                    else:
+                        self._load_rows(mK, head, seq.k_start, n_block, bn, kv_left,
+                                        sK[None, None, 0], lane)
+                        self._load_rows(mV, head, seq.k_start, n_block, bn, kv_left,
+                                        sV[None, None, 0], lane)
+                        self._fence_rows()
+                        pipe_kv.producer_arrive(0)
+
+                    q_bytes = cute.size_in_bytes(self.dtype, cute.slice_(sQ_layout, (None, None, 0)))
+                    gQ = cute.local_tile(offset_rows(tma_tQ[None, None, head], seq.q_start),
+                                         (bm, d), (None, 0))
+                    tQs, tQg = cpasync.tma_partition(
+                        tma_q, 0, cute.make_layout(1), cute.group_modes(sQ, 0, 2),
+                        cute.group_modes(gQ, 0, 2))
+                    gdO = cute.local_tile(offset_rows(tma_tdO[None, None, head], seq.q_start),
+                                          (bm, d), (None, 0))
+                    tdOs, tdOg = cpasync.tma_partition(
+                        tma_do, 0, cute.make_layout(1), cute.group_modes(sdO, 0, 2),
+                        cute.group_modes(gdO, 0, 2))
+                    c = Int32(0)
+                    for it in cutlass.range(qr.m_count, unroll=1):
+                        m_block = qr.m_min + it
+                        active, full = qr.tile_state(mQTiles, m_block, left, right)
+                        if active != 0:
+                            pipe_q.producer_acquire(c)
+                            s = pipe_q.stage(c)
+                            q_left = seq.seqlen_q - m_block * bm
+                            if q_left >= bm:
+                                pipe_q.producer_expect_tx(c, 2 * q_bytes)
+                                cute.copy(tma_q, tQg[None, m_block], tQs[None, s],
+                                          tma_bar_ptr=pipe_q.full_ptr(c))
+                                cute.copy(tma_do, tdOg[None, m_block], tdOs[None, s],
+                                          tma_bar_ptr=pipe_q.full_ptr(c))
+                            else:
+                                self._load_rows(mQ, head, seq.q_start, m_block, bm, q_left,
+                                                sQ[None, None, s], lane)
+                                self._load_rows(mdO, head, seq.q_start, m_block, bm, q_left,
+                                                sdO[None, None, s], lane)
+                                self._fence_rows()
+                                pipe_q.producer_arrive(c)
+                            c += 1
+        else:
+            # ================================ consumers ===============================
+            cute.arch.setmaxregister_increase(self.regs_consumer)
+            if batch >= 0:
+                ctid = tidx - 128
+                n_block = Int32(mKVTile[slot, 1])
+                seq = SeqlenInfo.create(batch, mCuQ, mCuK)
+                n0 = n_block * bn
+                qr = QTileRange.create(mQStart, batch, n0, seq.seqlen_q, seq.seqlen_k, seq.off,
+                                       left, right, bm, bn, self.has_func)
+                alpha_half = Float32(mScal[0])
+                inv_scale = Float32(mScal[1])
+                ds_scale = alpha_half * 2.0 * inv_scale
+
+                thr_s = mma_s.get_slice(ctid)
+                thr_kv = mma_kv.get_slice(ctid)
+                thr_dq = mma_dq.get_slice(ctid)
+                tSrK = thr_s.make_fragment_A(thr_s.partition_A(sK))
+                tSrV = thr_s.make_fragment_A(thr_s.partition_A(sV))
+                tSrQ = thr_s.make_fragment_B(thr_s.partition_B(sQ))
+                tSrdO = thr_s.make_fragment_B(thr_s.partition_B(sdO))
+                tVrdO = thr_kv.make_fragment_B(thr_kv.partition_B(sdO_mn))
+                tKrQ = thr_kv.make_fragment_B(thr_kv.partition_B(sQ_mn))
+                tQrdS = thr_dq.make_fragment_A(thr_dq.partition_A(sdS))
+                tQrK = thr_dq.make_fragment_B(thr_dq.partition_B(sK_mn))
+
+                acc_dK = thr_kv.make_fragment_C(thr_kv.partition_shape_C((bn, d)))
+                acc_dV = thr_kv.make_fragment_C(thr_kv.partition_shape_C((bn, d)))
+                acc_dK.fill(0.0)
+                acc_dV.fill(0.0)
+                tScS = acc_mn_view_wg(thr_s.partition_C(cute.make_identity_tensor((bn, bm))))
+                mask = HstuMaskKeyMajor(self.has_func, self.func_n if self.has_func else 1,
+                                        tScS)
+                n_rows = cute.size(tScS, mode=[0])
+                n_cols = cute.size(tScS, mode=[1])
+                tdQc = thr_dq.partition_C(cute.make_identity_tensor((bm, d)))
+                a_vals = mma_kv.tv_layout_A.shape[1]
+                s_shape = thr_s.partition_shape_C((bn, bm))
+
+                pipe_kv.consumer_wait(0)
+                c = Int32(0)
+                for it in cutlass.range(qr.m_count, unroll=1):
+                    m_block = qr.m_min + it
+                    active, full = qr.tile_state(mQTiles, m_block, left, right)
+                    if active != 0:
+                        m0 = m_block * bm
+                        s = pipe_q.stage(c)
+                        buf = c % 2
+                        acc_S = thr_s.make_fragment_C(s_shape)
+                        acc_dP = thr_s.make_fragment_C(s_shape)
+                        pipe_q.consumer_wait(c)
+                        warpgroup.fence()
+                        for k in cutlass.range_constexpr(cute.size(tSrK, mode=[2])):
+                            mma_s.set(warpgroup.Field.ACCUMULATE, k != 0)
+                            cute.gemm(mma_s, acc_S, tSrK[None, None, k, 0],
+                                      tSrQ[None, None, k, s], acc_S)
+                        for k in cutlass.range_constexpr(cute.size(tSrV, mode=[2])):
+                            mma_s.set(warpgroup.Field.ACCUMULATE, k != 0)
+                            cute.gemm(mma_s, acc_dP, tSrV[None, None, k, 0],
+                                      tSrdO[None, None, k, s], acc_dP)
+                        warpgroup.commit_group()
+                        warpgroup.wait_group(0)
+
+                        # P^T and dS^T (SiLU and its derivative from one tanh)
+                        for e in cutlass.range_constexpr(cute.size(acc_S)):
+                            hval = hc.finite_below(acc_S[e] * alpha_half)  # SiLU(-inf) -> 0
+                            tv = hc.tanh_approx(hval)
+                            p = hval + hval * tv
+                            sig = 0.5 + 0.5 * tv
+                            acc_S[e] = p
+                            acc_dP[e] = acc_dP[e] * ds_scale * (sig + p * (1.0 - sig))
+                        if full == 0:
+                            mask.apply(acc_mn_view_wg(acc_S), acc_mn_view_wg(acc_dP), n0, m0,
+                                       seq, left, right, mFunc)
+                        tP = cute.make_rmem_tensor(acc_layout_as_a(acc_S.layout, a_vals),
+                                                   self.dtype)
+                        cute.make_tensor(tP.iterator, acc_S.layout).store(
+                            acc_S.load().to(self.dtype))
+                        tdS = cute.make_rmem_tensor(acc_layout_as_a(acc_dP.layout, a_vals),
+                                                    self.dtype)
+                        tdS_acc = cute.make_tensor(tdS.iterator, acc_dP.layout)
+                        tdS_acc.store(acc_dP.load().to(self.dtype))
+
+                        # dS^T -> smem buffer `buf` ((bn, bm) view of the (bm, bn) tile)
+                        sdS_t = cute.composition(sdS[None, None, buf],
+                                                 cute.make_layout((bn, bm), stride=(bm, 1)))
+                        tdS_mn = acc_mn_view_wg(tdS_acc)
+                        for r in cutlass.range_constexpr(n_rows):
+                            for cc in cutlass.range_constexpr(n_cols):
+                                sdS_t[tScS[r, cc]] = tdS_mn[r, cc]
+
+                        # dV += P^T dO, dK += dS^T Q
+                        warpgroup.fence()
+                        mma_kv.set(warpgroup.Field.ACCUMULATE, True)
+                        for k in cutlass.range_constexpr(cute.size(tP, mode=[2])):
+                            cute.gemm(mma_kv, acc_dV, tP[None, None, k], tVrdO[None, None, k, s],
+                                      acc_dV)
+                        for k in cutlass.range_constexpr(cute.size(tdS, mode=[2])):
+                            cute.gemm(mma_kv, acc_dK, tdS[None, None, k], tKrQ[None, None, k, s],
+                                      acc_dK)
+                        warpgroup.commit_group()
+
+                        # both warpgroups' dS^T halves are in smem (generic -> async proxy)
+                        cute.arch.fence_proxy("async.shared", space="cta")
+                        cute.arch.barrier(barrier_id=1, number_of_threads=256)
+                        acc_dQ = thr_dq.make_fragment_C(thr_dq.partition_shape_C((bm, d)))
+                        warpgroup.fence()
+                        for k in cutlass.range_constexpr(cute.size(tQrdS, mode=[2])):
+                            mma_dq.set(warpgroup.Field.ACCUMULATE, k != 0)
+                            cute.gemm(mma_dq, acc_dQ, tQrdS[None, None, k, buf],
+                                      tQrK[None, None, k, 0], acc_dQ)
+                        warpgroup.commit_group()
+                        warpgroup.wait_group(0)
+                        # P^T, dS^T registers stay allocated until the GEMMs reading them end
+                        tP32 = cute.recast_tensor(tP, cutlass.Uint32)
+                        for e in cutlass.range_constexpr(cute.size(tP32)):
+                            tP32[e] = hc.keep_u32(tP32[e])
+                        tdS32 = cute.recast_tensor(tdS, cutlass.Uint32)
+                        for e in cutlass.range_constexpr(cute.size(tdS32)):
+                            tdS32[e] = hc.keep_u32(tdS32[e])
+                        pipe_q.consumer_release(c)
+
+                        # dQ rows < L_q -> fp32 workspace (values 2k, 2k+1: adjacent columns)
+                        gdQ = cute.local_tile(
+                            offset_rows(mdQacc[None, head, None], seq.q_start), (bm, d),
+                            (m_block, 0))
+                        tdQg = thr_dq.partition_C(gdQ)
+                        lim = seq.seqlen_q - m0
+                        for e2 in cutlass.range_constexpr(cute.size(acc_dQ) // 2):
+                            if tdQc[2 * e2][0] < lim:
+                                hc.red_add_v2_f32(elem_ptr(tdQg, 2 * e2), acc_dQ[2 * e2],
+                                                  acc_dQ[2 * e2 + 1])
+                        c += 1
+
+                # ---- epilogue: dK, dV / scaling_seqlen -> key rows < L_k ----------------
+                tKVc = acc_mn_view_wg(thr_kv.partition_C(cute.make_identity_tensor((bn, d))))
+                dK_mn = acc_mn_view_wg(acc_dK)
+                dV_mn = acc_mn_view_wg(acc_dV)
+                mdK_b = offset_rows(mdK[None, head, None], seq.k_start + n0)
+                mdV_b = offset_rows(mdV[None, head, None], seq.k_start + n0)
+                kv_left = seq.seqlen_k - n0
+                for r in cutlass.range_constexpr(cute.size(tKVc, mode=[0])):
+                    row = tKVc[r, 0][0]
+                    if row < kv_left:
+                        for cc in cutlass.range_constexpr(cute.size(tKVc, mode=[1])):
+                            col = tKVc[r, cc][1]
+                            mdK_b[row, col] = dK_mn[r, cc].to(self.dtype)
+                            mdV_b[row, col] = (dV_mn[r, cc] * inv_scale).to(self.dtype)
