@@ -325,3 +325,113 @@ def test_hstu_rab_routes_to_a_forward_with_rab():
     b1 = fh.bwd_config("bfloat16", 64, 64, 0, config.Switches(), has_rab=True,
                        rab_per_head=True, rab_dtype="bfloat16")
     assert not b0.has_rab and b1.has_rab and b1.rab_per_head and b0 != b1
+
+
+# the sm90 backward (hstu_bwd_impl="sm90", opt-in): both head dims, both dtypes, window /
+# causal / func masks; D = 64 runs 128 x 128 tiles, D = 128 64 x 128 tiles
+BWD_SM90_LOWER = [(128, "bfloat16", "causal"), (64, "float16", "func"),
+                  (128, "float16", "window"), (64, "bfloat16", "full")]
+_BWD_WINDOWS = {"causal": (-1, 0), "func": (-1, -1), "window": (63, 17), "full": (-1, -1)}
+
+
+def _bwd_text(head_dim, dtype, mask, switches, head_dim_v=None, lq=None):
+    """The lowered text of jax.grad through the public op (kernel backend); ``lq`` rows of q
+    (default T: L_q = L_k)."""
+    import jax_sparse_attn as jsa  # noqa: PLC0415
+
+    dt = jnp.dtype(dtype)
+    q = jax.ShapeDtypeStruct((lq or T, 2, head_dim), dt)
+    k = jax.ShapeDtypeStruct((T, 2, head_dim), dt)
+    v = jax.ShapeDtypeStruct((T, 2, head_dim_v or head_dim), dt)
+    cu = jax.ShapeDtypeStruct((B + 1,), jnp.int32)
+    func = jax.ShapeDtypeStruct((1, 3, (lq or T) + 256), jnp.int32) if mask == "func" else None
+
+    def loss(q, k, v, cu_q, cu_k, func):
+        out = jsa.hstu_attention(q, k, v, cu_q, cu_k, max_seqlen_q=200, max_seqlen_k=200,
+                                 window_size=_BWD_WINDOWS[mask], alpha=0.3, func=func,
+                                 backend="kernel", switches=switches)
+        return jnp.sum(out.astype(jnp.float32))
+
+    return _lower(jax.grad(loss, argnums=(0, 1, 2)), q, k, v, cu, cu, func)
+
+
+@pytest.mark.parametrize("head_dim,dtype,mask", BWD_SM90_LOWER,
+                         ids=["-".join(map(str, c)) for c in BWD_SM90_LOWER])
+def test_hstu_bwd_sm90_lowers(head_dim, dtype, mask):
+    from jax_sparse_attn.config import Switches  # noqa: PLC0415
+
+    txt = _bwd_text(head_dim, dtype, mask, Switches(hstu_bwd_impl="sm90"))
+    assert txt.count(_target()) == 1 and "\\7FELF" in txt
+
+
+def test_hstu_bwd_sm90_lowers_lq_ne_lk():
+    """L_q != L_k (fewer query rows than keys) with a window: one configuration."""
+    from jax_sparse_attn.config import Switches  # noqa: PLC0415
+
+    txt = _bwd_text(128, "bfloat16", "window", Switches(hstu_bwd_impl="sm90"), lq=170)
+    assert txt.count(_target()) == 1 and "\\7FELF" in txt
+
+
+def test_hstu_bwd_sm90_config_routes_to_sm80():
+    """hstu_bwd_impl="sm90" puts the sm90 kernel in the compile key for D = D_v in {64, 128}
+    without rab; other head dims, D != D_v and rab run sm80 (the key records the replaced
+    switch value); the sm80 tile override with sm90 is a ValueError naming the switch."""
+    from jax_sparse_attn.config import Switches  # noqa: PLC0415
+    from jax_sparse_attn.ffi import hstu as fh  # noqa: PLC0415
+
+    sw = Switches(hstu_bwd_impl="sm90")
+    assert Switches().hstu_bwd_impl == "sm80"
+    k128 = fh.bwd_config("bfloat16", 128, 128, 0, sw)
+    assert (k128.impl, k128.block_m, k128.block_n, k128.replaced_impl) == ("sm90", 64, 128, "")
+    k64 = fh.bwd_config("float16", 64, 64, 3, sw)
+    assert (k64.impl, k64.block_m, k64.has_func, k64.func_n) == ("sm90", 128, True, 3)
+    for d, dv, rab in ((32, 32, False), (256, 256, False), (64, 128, False), (128, 128, True)):
+        key = fh.bwd_config("bfloat16", d, dv, 0, sw, has_rab=rab,
+                            rab_dtype="bfloat16" if rab else "")
+        assert (key.impl, key.replaced_impl) == ("sm80", "sm90"), (d, dv, rab)
+        assert fh.bwd_sm90_unsupported_reason(d, dv, rab)
+    assert fh.bwd_config("bfloat16", 128, 128, 0, Switches()).impl == "sm80"
+    with pytest.raises(ValueError, match="JAX_SPARSE_ATTN_HSTU_BWD_TILE"):
+        fh.bwd_config("bfloat16", 128, 128, 0, Switches(hstu_bwd_impl="sm90",
+                                                        hstu_bwd_tile=(64, 64, 8)))
+    # routed configurations keep honouring the sm80 tile override
+    assert fh.bwd_config("bfloat16", 32, 32, 0, Switches(
+        hstu_bwd_impl="sm90", hstu_bwd_tile=(64, 64, 8))).block_n == 64
+
+
+_BWD_PTX_SCRIPT = """
+import sys
+sys.path.insert(0, {root!r})
+sys.path.insert(0, {tests!r})
+import test_lowering_hstu as t
+from jax_sparse_attn.config import Switches
+t._bwd_text({d}, {dt!r}, {mask!r}, Switches(hstu_bwd_impl="sm90"))
+"""
+
+
+def test_hstu_bwd_sm90_ptx_is_warp_specialized(tmp_path):
+    """The sm90 backward's PTX has TMA loads, warpgroup MMAs (S^T, dP^T, dV, dK, dQ: 32 per
+    tile at D = 128), register reallocation between producer and consumers, mbarrier waits
+    and the vectorized fp32 dQ reductions, and no mma.sync."""
+    import re  # noqa: PLC0415
+    import subprocess  # noqa: PLC0415
+    import sys  # noqa: PLC0415
+
+    tests = os.path.dirname(os.path.abspath(__file__))
+    root = os.path.dirname(tests)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("JAX_SPARSE_ATTN_")}
+    env.update(CUTE_DSL_ARCH="sm_90a", JAX_SPARSE_ATTN_FORCE_KERNEL="1", CUTE_DSL_KEEP="ptx",
+               CUTE_DSL_DUMP_DIR=str(tmp_path), JAX_PLATFORMS="cpu")
+    script = _BWD_PTX_SCRIPT.format(root=root, tests=tests, d=128, dt="bfloat16", mask="causal")
+    r = subprocess.run([sys.executable, "-c", script], env=env, cwd=root, capture_output=True,
+                       text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    ptx = [p for p in tmp_path.iterdir() if p.suffix == ".ptx"]
+    assert len(ptx) == 1, [p.name for p in tmp_path.iterdir()]
+    text = ptx[0].read_text()
+    assert "HstuBwdSm90" in text
+    for needle in ("cp.async.bulk.tensor", "setmaxnreg.dec", "setmaxnreg.inc",
+                   "mbarrier.try_wait", "red.relaxed.gpu.global.add.v2.f32"):
+        assert needle in text, f"{needle} missing from the sm90 backward PTX"
+    assert len(re.findall(r"wgmma\.mma_async", text)) == 32
+    assert "mma.sync" not in text
