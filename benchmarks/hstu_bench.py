@@ -6,7 +6,9 @@ FLOPs (issue 3): causal forward = 2 * sum_b L_b^2 * H * D, full = 2x that; backw
 ``--iters`` back-to-back calls after warm-up.
 
     python benchmarks/hstu_bench.py --out /tmp/hstu_bench.json
-    python benchmarks/hstu_bench.py --case 8x4096 --dtype bfloat16
+    python benchmarks/hstu_bench.py --case 8x4096-causal --dtype bfloat16
+    python benchmarks/hstu_bench.py --case 8x4096-causal --bwd-impl sm80 --bwd-impl sm90 \
+        --bwd-only    # the backward kernels of the hstu_bwd_impl switch side by side
 """
 
 from __future__ import annotations
@@ -19,7 +21,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jax_sparse_attn.config import Switches
+from jax_sparse_attn.config import SWITCHES, Switches
+
+_BWD_IMPLS = next(sw.allowed for sw in SWITCHES if sw.field == "hstu_bwd_impl")
 
 CASES = {
     # name: (B, L, H, D, window)
@@ -61,7 +65,7 @@ def _time(fn, args, iters, warmup=3, samples=7):
     return float(np.median(out))
 
 
-def run_case(name, dtype, iters, do_bwd, switches=None):
+def run_case(name, dtype, iters, do_bwd, switches=None, do_fwd=True):
     import jax_sparse_attn as jsa
 
     _, _, h, d, window = CASES[name]
@@ -73,14 +77,19 @@ def run_case(name, dtype, iters, do_bwd, switches=None):
     cu = jnp.asarray(np.concatenate([[0], np.cumsum(lens)]), jnp.int32)
     kw = dict(max_seqlen_q=l, max_seqlen_k=l, scaling_seqlen=float(l), window_size=window,
               alpha=1.0 / np.sqrt(d), backend="kernel", switches=switches)
-    fwd = jax.jit(lambda q, k, v, cu: jsa.hstu_attention(q, k, v, cu, cu, **kw))
-    t0 = time.perf_counter()
-    jax.block_until_ready(fwd(q, k, v, cu))
-    compile_fwd = time.perf_counter() - t0
-    ms = _time(fwd, (q, k, v, cu), iters)
     fl = flops_fwd(lens, h, d, window)
-    res = dict(case=name, dtype=jnp.dtype(dtype).name, B=b, L=l, H=h, D=d, window=window,
-               fwd_ms=ms, fwd_tflops=fl / ms / 1e9, fwd_first_call_s=compile_fwd)
+    res = dict(case=name, dtype=jnp.dtype(dtype).name, B=b, L=l, H=h, D=d, window=window)
+    if switches is not None:
+        res["bwd_impl"] = switches.hstu_bwd_impl
+    line = f"{name:22s} {res['dtype']:9s}"
+    if do_fwd:
+        fwd = jax.jit(lambda q, k, v, cu: jsa.hstu_attention(q, k, v, cu, cu, **kw))
+        t0 = time.perf_counter()
+        jax.block_until_ready(fwd(q, k, v, cu))
+        compile_fwd = time.perf_counter() - t0
+        ms = _time(fwd, (q, k, v, cu), iters)
+        res.update(fwd_ms=ms, fwd_tflops=fl / ms / 1e9, fwd_first_call_s=compile_fwd)
+        line += f" fwd {ms:8.3f} ms {res['fwd_tflops']:7.1f} TFLOP/s"
     if do_bwd:
         bwd = jax.jit(lambda do, q, k, v, cu: tuple(
             jsa.hstu_attention_backward(do, q, k, v, cu, cu, **kw)))
@@ -89,9 +98,9 @@ def run_case(name, dtype, iters, do_bwd, switches=None):
         res["bwd_first_call_s"] = time.perf_counter() - t0
         ms_b = _time(bwd, (do, q, k, v, cu), iters)
         res.update(bwd_ms=ms_b, bwd_tflops=2.5 * fl / ms_b / 1e9)
-    line = (f"{name:22s} {res['dtype']:9s} fwd {ms:8.3f} ms {res['fwd_tflops']:7.1f} TFLOP/s")
     if do_bwd:
-        line += f" | bwd {res['bwd_ms']:8.3f} ms {res['bwd_tflops']:7.1f} TFLOP/s"
+        impl = f" [{res['bwd_impl']}]" if "bwd_impl" in res else ""
+        line += f" | bwd{impl} {res['bwd_ms']:8.3f} ms {res['bwd_tflops']:7.1f} TFLOP/s"
     print(line, flush=True)
     return res
 
@@ -113,10 +122,25 @@ def main():
                          "impl=sm90ws (default) / sm80 select the forward; "
                          "ws=nooverlap+nopingpong sets the sm90ws variants, "
                          "Switches.hstu_fwd_ws / JAX_SPARSE_ATTN_HSTU_WS)")
+    ap.add_argument("--bwd-impl", action="append", default=[], choices=_BWD_IMPLS,
+                    help="run each case's backward with this hstu_bwd_impl switch value "
+                         "(Switches.hstu_bwd_impl / JAX_SPARSE_ATTN_HSTU_BWD_IMPL; repeat to "
+                         "compare; default: the switches from the environment)")
+    ap.add_argument("--bwd-only", action="store_true",
+                    help="time only the backward (no forward timing)")
     a = ap.parse_args()
     cases = a.case or ["8x4096-causal", "32x1024-causal"]
     print(f"device: {jax.devices()[0]}")
-    results = [run_case(c, jnp.dtype(a.dtype), a.iters, not a.no_bwd) for c in cases]
+    results = []
+    for c in cases:
+        for impl in a.bwd_impl or [None]:
+            sw = None if impl is None else Switches(hstu_bwd_impl=impl)
+            try:
+                results.append(run_case(c, jnp.dtype(a.dtype), a.iters, not a.no_bwd, sw,
+                                        do_fwd=not a.bwd_only))
+            except Exception as e:  # noqa: BLE001 - report and go on with the other rows
+                print(f"{c:22s} bwd_impl={impl}: failed: {type(e).__name__}: {str(e)[:300]}",
+                      flush=True)
     for variant in a.tiles:
         env = dict(kv.split("=", 1) for kv in variant.split(";") if kv)
         print(f"-- tiles {variant}")

@@ -17,6 +17,13 @@ sequences ending inside a tile, NaN-poisoned rows past the last sequence):
 tests/test_gpu_hstu.py`` (``HSTU_TEST_SM90=sm80`` or a comma list for some forwards). The
 forward implementation is chosen with ``switches=Switches(hstu_fwd_impl=...)`` passed to the
 public op.
+
+Backward implementations: ``HSTU_TEST_BWD=sm90`` (or ``1`` for every non-default value of the
+``hstu_bwd_impl`` switch, or a comma list) runs the grid and the extras
+(``TestHSTUBackwardImpls``) and packed batches with zero-length sequences and NaN-poisoned
+rows past the last sequence (``test_hstu_bwd_batches``) with
+``switches=Switches(hstu_bwd_impl=...)``: ``HSTU_TEST_BWD=sm90 python -m pytest -m gpu -k
+"BackwardImpls or bwd_batches" tests/test_gpu_hstu.py``.
 """
 
 from __future__ import annotations
@@ -59,6 +66,18 @@ def _fwd_impls():
     if spec in ("", "0"):
         return []
     return list(_ALLOWED_IMPLS) if spec == "1" else [x for x in spec.split(",") if x]
+
+
+_BWD_ALLOWED = next(sw.allowed for sw in SWITCHES if sw.field == "hstu_bwd_impl")
+
+
+def _bwd_impls():
+    """HSTU_TEST_BWD=1 -> every non-default backward of the hstu_bwd_impl switch (the default
+    grid runs the default one); or a comma list, e.g. HSTU_TEST_BWD=sm90."""
+    spec = os.environ.get("HSTU_TEST_BWD", "")
+    if spec in ("", "0"):
+        return []
+    return list(_BWD_ALLOWED[1:]) if spec == "1" else [x for x in spec.split(",") if x]
 
 
 def _first_shard():
@@ -108,6 +127,90 @@ class TestHSTUForwardImpls(HSTUKernelGrid):
         self.run_case(case, switches, seed=seed, bwd=False)
 
     test_hstu_remat_matches_plain_grad = None  # the default grid's class runs it
+
+
+class TestHSTUBackwardImpls(HSTUKernelGrid):
+    """HSTU_TEST_BWD: the grid and the tile-shape extras with each selected backward
+    implementation (the forward is the default one); configurations a backward does not take
+    (e.g. sm90: D != D_v, D in {32, 256}) run the sm80 backward it routes them to."""
+
+    @classmethod
+    def grid(cls):
+        return shard([(c, Switches(hstu_bwd_impl=i)) for c in HSTU_GRID + HSTU_WGMMA_EXTRA
+                      for i in _bwd_impls()], SHARD)
+
+    def test_hstu_grid(self, case, switches):
+        seed = 23 + sum(map(ord, switches.hstu_bwd_impl))
+        self.run_case(case, switches, seed=seed)
+
+    test_hstu_remat_matches_plain_grad = None  # the default grid's class runs it
+
+
+def _bwd_case(lens, d, window, seed, poison, impl, dtype="bfloat16", backend="kernel"):
+    """The backward of ``impl`` (public op, kernel backend) vs the float32 reference on a
+    packed batch of ``lens`` (zero lengths allowed; T = sum(lens) + 200 tail rows). ``poison``:
+    q/k/v/dout rows past ``cu[-1]`` are NaN (they must contribute nothing; dq/dk/dv rows
+    there must be 0)."""
+    import jax_sparse_attn as jsa
+    from jax_sparse_attn import reference
+
+    lens = [int(x) for x in lens]
+    cu = jnp.asarray(np.concatenate([[0], np.cumsum(lens)]).astype(np.int32))
+    t = int(sum(lens)) + 200
+    dt = jnp.dtype(dtype)
+    ks = jax.random.split(jax.random.PRNGKey(seed), 4)
+    q, k, v, do = (jax.random.normal(kk, (t, 2, d), jnp.float32).astype(dt) for kk in ks)
+    n = int(cu[-1])
+    if poison:
+        tail = jnp.arange(t) >= n
+        q, k, v, do = (jnp.where(tail[:, None, None], jnp.nan, x).astype(x.dtype)
+                       for x in (q, k, v, do))
+    mx = max(max(lens), 1)
+    kw = dict(max_seqlen_q=mx, max_seqlen_k=mx, scaling_seqlen=float(mx), window_size=window,
+              alpha=1.0 / np.sqrt(d))
+    sw = Switches(hstu_bwd_impl=impl)
+    got = jax.jit(lambda do, q, k, v, c: tuple(jsa.hstu_attention_backward(
+        do, q, k, v, c, c, backend=backend, switches=sw, **kw)))(do, q, k, v, cu)
+    qc, kc, vc, dc = (x[:n] for x in (q, k, v, do))
+
+    def ref(cdt):
+        return jax.jit(lambda do, q, k, v, c: tuple(reference.hstu_attention_bwd_ref(
+            do, q, k, v, c, c, None, compute_dtype=cdt, **kw)))(dc, qc, kc, vc, cu)
+
+    truth, base = ref(None), ref(dt)
+    report = []
+    for i, name in enumerate(("dq", "dk", "dv")):
+        check_rule(name, got[i][:n], truth[i], base[i], 5.0, 5e-3, report)
+        tail = _f32(got[i][n:])
+        assert not np.any(tail), f"{name} rows past cu_seqlens[-1] are not zero"
+    print(" | ".join(report))
+
+
+BWD_BATCHES = [
+    ("lens-0-1-63-64-65-0-127-129", [0, 1, 63, 64, 65, 0, 127, 129], 128, (-1, 0), "bfloat16"),
+    ("lens-0-1-63-64-65-0-127-129-d64-full", [0, 1, 63, 64, 65, 0, 127, 129], 64, (-1, -1),
+     "float16"),
+    ("lens-300-0-257-d64-local", [300, 0, 257, 5], 64, (40, 3), "bfloat16"),
+    ("canonical-jagged", "canonical", 128, (-1, 0), "bfloat16"),
+]
+
+
+@pytest.mark.skipif(not _bwd_impls(), reason="backward batches: set HSTU_TEST_BWD=sm90 or 1")
+@pytest.mark.parametrize("name,lens,d,window,dtype", shard(BWD_BATCHES, SHARD),
+                         ids=[c[0] for c in shard(BWD_BATCHES, SHARD)])
+@pytest.mark.parametrize("poison", [False, True], ids=["clean", "poisoned"])
+def test_hstu_bwd_batches(name, lens, d, window, dtype, poison):
+    """Each selected backward on packed batches with zero-length sequences, sequences ending
+    inside a tile and the canonical jagged batch, with NaN-poisoned rows past the end."""
+    if lens == "canonical":
+        import sys
+
+        sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+        from benchmarks._grids import canonical_jagged_lengths
+
+        lens = canonical_jagged_lengths()
+    for impl in _bwd_impls():
+        _bwd_case(lens, d, window, seed=9, poison=poison, impl=impl, dtype=dtype)
 
 
 @pytest.mark.skipif(not _first_shard(), reason="runs in shard 0")
