@@ -21,7 +21,7 @@ only blocks with ``limit < bn`` need it.
 
 ``HstuMaskKeyMajor`` is the HSTU mask of the KV-major backward's transposed score tiles
 (rows = keys ``j``, columns = queries ``i``; same visibility rule as ``HstuMask``): it
-selects 0 into the P and dS tiles where a pair is not visible. Window bounds are per key row
+selects 0 into the P and dS tiles (any element types) where a pair is not visible. Window bounds are per key row
 (``j - off - right <= i <= j - off + left``); the func endpoints are per query column and are
 read from ``mFunc`` column by column (only for query rows inside the sequence).
 """
@@ -142,8 +142,8 @@ class HstuMaskKeyMajor:
                     for t in cutlass.range_constexpr((self.func_n - 1) // 2):
                         valid = valid | ((j >= f[2 * t + 1]) & (j < f[2 * t + 2]))
                     valid = valid & (j < seq.seqlen_k)
-                    p_mn[r, c] = p_mn[r, c] if valid else Float32(0.0)
-                    ds_mn[r, c] = ds_mn[r, c] if valid else Float32(0.0)
+                    p_mn[r, c] = p_mn[r, c] if valid else p_mn.element_type(0.0)
+                    ds_mn[r, c] = ds_mn[r, c] if valid else ds_mn.element_type(0.0)
         else:
             for r in cutlass.range_constexpr(n_rows):
                 j = n0 + self.tScS[r, 0][0]
@@ -152,5 +152,5 @@ class HstuMaskKeyMajor:
                 for c in cutlass.range_constexpr(n_cols):
                     i = m0 + self.tScS[0, c][1]
                     valid = (i >= lo) & (i <= hi)
-                    p_mn[r, c] = p_mn[r, c] if valid else Float32(0.0)
-                    ds_mn[r, c] = ds_mn[r, c] if valid else Float32(0.0)
+                    p_mn[r, c] = p_mn[r, c] if valid else p_mn.element_type(0.0)
+                    ds_mn[r, c] = ds_mn[r, c] if valid else ds_mn.element_type(0.0)
