@@ -320,9 +320,15 @@ class HstuBwdSm90:
                 tScS = acc_mn_view_wg(thr_s.partition_C(cute.make_identity_tensor((bn, bm))))
                 mask = HstuMaskKeyMajor(self.has_func, self.func_n if self.has_func else 1,
                                         tScS)
-                n_rows = cute.size(tScS, mode=[0])
-                n_cols = cute.size(tScS, mode=[1])
                 tdQc = thr_dq.partition_C(cute.make_identity_tensor((bm, d)))
+                # (bn, bm, 2) view of the (bm, bn, 2) query-major dS tiles: the accumulator's
+                # rows of 8 queries are 16 contiguous bytes there (stmatrix, not transposed)
+                sdS_t = cute.composition(sdS, cute.make_layout((bn, bm, 2),
+                                                               stride=(bm, 1, bm * bn)))
+                r2s_dS = cute.make_tiled_copy_C(
+                    cute.make_copy_atom(cute.nvgpu.warp.StMatrix8x8x16bOp(
+                        transpose=False, num_matrices=4), self.dtype), mma_s).get_slice(ctid)
+                tdSsdS = r2s_dS.partition_D(sdS_t)
                 a_vals = mma_kv.tv_layout_A.shape[1]
                 s_shape = thr_s.partition_shape_C((bn, bm))
 
@@ -384,13 +390,8 @@ class HstuBwdSm90:
                                        seq, left, right, mFunc)
                         tdS_acc.store(acc_dP.load().to(self.dtype))
 
-                        # dS^T -> smem buffer `buf` ((bn, bm) view of the (bm, bn) tile)
-                        sdS_t = cute.composition(sdS[None, None, buf],
-                                                 cute.make_layout((bn, bm), stride=(bm, 1)))
-                        tdS_mn = acc_mn_view_wg(tdS_acc)
-                        for r in cutlass.range_constexpr(n_rows):
-                            for cc in cutlass.range_constexpr(n_cols):
-                                sdS_t[tScS[r, cc]] = tdS_mn[r, cc]
+                        # dS^T -> smem buffer `buf` (stmatrix: rows of 8 consecutive queries)
+                        cute.copy(r2s_dS, r2s_dS.retile(tdS_acc), tdSsdS[None, None, None, buf])
 
                         # dV += P^T dO, dK += dS^T Q
                         warpgroup.fence()
