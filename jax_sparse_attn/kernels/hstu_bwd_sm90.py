@@ -393,20 +393,18 @@ class HstuBwdSm90:
                         # dS^T -> smem buffer `buf` (stmatrix: rows of 8 consecutive queries)
                         cute.copy(r2s_dS, r2s_dS.retile(tdS_acc), tdSsdS[None, None, None, buf])
 
-                        # dV += P^T dO, dK += dS^T Q
+                        # dV += P^T dO (registers x smem) while the dS^T halves are published
                         warpgroup.fence()
                         mma_kv.set(warpgroup.Field.ACCUMULATE, True)
                         for k in cutlass.range_constexpr(cute.size(tP, mode=[2])):
                             cute.gemm(mma_kv, acc_dV, tP[None, None, k], tVrdO[None, None, k, s],
                                       acc_dV)
-                        for k in cutlass.range_constexpr(cute.size(tdS, mode=[2])):
-                            cute.gemm(mma_kv, acc_dK, tdS[None, None, k], tKrQ[None, None, k, s],
-                                      acc_dK)
                         warpgroup.commit_group()
-
                         # both warpgroups' dS^T halves are in smem (generic -> async proxy)
                         cute.arch.fence_proxy("async.shared", space="cta")
                         cute.arch.barrier(barrier_id=1, number_of_threads=256)
+                        # dQ = dS K, then dK += dS^T Q (its own group: the dQ reductions below
+                        # are issued while it runs)
                         acc_dQ = thr_dq.make_fragment_C(thr_dq.partition_shape_C((bm, d)))
                         warpgroup.fence()
                         for k in cutlass.range_constexpr(cute.size(tQrdS, mode=[2])):
@@ -414,15 +412,11 @@ class HstuBwdSm90:
                             cute.gemm(mma_dq, acc_dQ, tQrdS[None, None, k, buf],
                                       tQrK[None, None, k, 0], acc_dQ)
                         warpgroup.commit_group()
-                        warpgroup.wait_group(0)
-                        # P^T, dS^T registers stay allocated until the GEMMs reading them end
-                        tP32 = cute.recast_tensor(tP, cutlass.Uint32)
-                        for e in cutlass.range_constexpr(cute.size(tP32)):
-                            tP32[e] = hc.keep_u32(tP32[e])
-                        tdS32 = cute.recast_tensor(tdS, cutlass.Uint32)
-                        for e in cutlass.range_constexpr(cute.size(tdS32)):
-                            tdS32[e] = hc.keep_u32(tdS32[e])
-                        pipe_q.consumer_release(c)
+                        for k in cutlass.range_constexpr(cute.size(tdS, mode=[2])):
+                            cute.gemm(mma_kv, acc_dK, tdS[None, None, k], tKrQ[None, None, k, s],
+                                      acc_dK)
+                        warpgroup.commit_group()
+                        warpgroup.wait_group(1)
 
                         # dQ rows < L_q -> fp32 workspace (values 2k, 2k+1: adjacent columns)
                         gdQ = cute.local_tile(
@@ -434,6 +428,15 @@ class HstuBwdSm90:
                             if tdQc[2 * e2][0] < lim:
                                 hc.red_add_v2_f32(elem_ptr(tdQg, 2 * e2), acc_dQ[2 * e2],
                                                   acc_dQ[2 * e2 + 1])
+                        warpgroup.wait_group(0)
+                        # P^T, dS^T registers stay allocated until the GEMMs reading them end
+                        tP32 = cute.recast_tensor(tP, cutlass.Uint32)
+                        for e in cutlass.range_constexpr(cute.size(tP32)):
+                            tP32[e] = hc.keep_u32(tP32[e])
+                        tdS32 = cute.recast_tensor(tdS, cutlass.Uint32)
+                        for e in cutlass.range_constexpr(cute.size(tdS32)):
+                            tdS32[e] = hc.keep_u32(tdS32[e])
+                        pipe_q.consumer_release(c)
                         c += 1
 
                 # ---- epilogue: dK, dV / scaling_seqlen -> key rows < L_k ----------------
