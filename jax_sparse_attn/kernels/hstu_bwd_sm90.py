@@ -78,6 +78,8 @@ class HstuBwdSm90:
         self.q_stages = 2
         # dQ = dS K: warpgroups split the query rows (bm = 128) or the head dim (bm = 64)
         self.dq_split_m = self.bm == 128
+        # SiLU / SiLU' of S^T while the dP^T GEMM runs (needs registers for both: 64-query tiles)
+        self.overlap_sdp = self.bm == 64
         self.num_threads = 384
         self.regs_producer = 24
         self.regs_consumer = 240
@@ -355,35 +357,45 @@ class HstuBwdSm90:
                             cute.gemm(mma_s, acc_dP, tSrV[None, None, k, 0],
                                       tSrdO[None, None, k, s], acc_dP)
                         warpgroup.commit_group()
-                        # S^T is done; the dP^T GEMM runs while P^T and SiLU' are computed
-                        warpgroup.wait_group(1)
-
-                        # P^T (16 bit) and the factor dS^T / dP^T (fp32, in acc_S's
-                        # registers): SiLU and its derivative from one tanh
                         tP = cute.make_rmem_tensor(acc_layout_as_a(acc_S.layout, a_vals),
                                                    self.dtype)
                         tP_acc = cute.make_tensor(tP.iterator, acc_S.layout)
-                        for e2 in cutlass.range_constexpr(cute.size(acc_S) // 2):
-                            pp = cute.make_rmem_tensor((2,), Float32)
-                            for u in cutlass.range_constexpr(2):
-                                e = 2 * e2 + u
+                        tdS = cute.make_rmem_tensor(acc_layout_as_a(acc_dP.layout, a_vals),
+                                                    self.dtype)
+                        tdS_acc = cute.make_tensor(tdS.iterator, acc_dP.layout)
+                        if cutlass.const_expr(self.overlap_sdp):
+                            # S^T is done; the dP^T GEMM runs while P^T (16 bit) and the factor
+                            # dS^T / dP^T (fp32, in acc_S's registers) are computed
+                            warpgroup.wait_group(1)
+                            for e2 in cutlass.range_constexpr(cute.size(acc_S) // 2):
+                                pp = cute.make_rmem_tensor((2,), Float32)
+                                for u in cutlass.range_constexpr(2):
+                                    e = 2 * e2 + u
+                                    hval = hc.finite_below(acc_S[e] * alpha_half)  # SiLU(-inf)=0
+                                    tv = hc.tanh_approx(hval)
+                                    p = hval + hval * tv
+                                    sig = 0.5 + 0.5 * tv
+                                    pp[u] = p
+                                    acc_S[e] = ds_scale * (sig + p * (1.0 - sig))
+                                # values 2k, 2k + 1 (adjacent columns) are adjacent registers:
+                                # one packed conversion
+                                off = cute.crd2idx(2 * e2, acc_S.layout)
+                                cute.make_tensor(tP.iterator + off, cute.make_layout(2)).store(
+                                    pp.load().to(self.dtype))
+                            warpgroup.wait_group(0)
+                            for e in cutlass.range_constexpr(cute.size(acc_S)):
+                                acc_dP[e] = acc_dP[e] * acc_S[e]
+                        else:
+                            # both GEMMs done; P^T and dS^T in place (fewer live registers)
+                            warpgroup.wait_group(0)
+                            for e in cutlass.range_constexpr(cute.size(acc_S)):
                                 hval = hc.finite_below(acc_S[e] * alpha_half)  # SiLU(-inf)=0
                                 tv = hc.tanh_approx(hval)
                                 p = hval + hval * tv
                                 sig = 0.5 + 0.5 * tv
-                                pp[u] = p
-                                acc_S[e] = ds_scale * (sig + p * (1.0 - sig))
-                            # values 2k, 2k + 1 (adjacent columns) are adjacent registers:
-                            # one packed conversion
-                            off = cute.crd2idx(2 * e2, acc_S.layout)
-                            cute.make_tensor(tP.iterator + off, cute.make_layout(2)).store(
-                                pp.load().to(self.dtype))
-                        warpgroup.wait_group(0)
-                        for e in cutlass.range_constexpr(cute.size(acc_S)):
-                            acc_dP[e] = acc_dP[e] * acc_S[e]
-                        tdS = cute.make_rmem_tensor(acc_layout_as_a(acc_dP.layout, a_vals),
-                                                    self.dtype)
-                        tdS_acc = cute.make_tensor(tdS.iterator, acc_dP.layout)
+                                acc_S[e] = p
+                                acc_dP[e] = acc_dP[e] * ds_scale * (sig + p * (1.0 - sig))
+                            tP_acc.store(acc_S.load().to(self.dtype))
                         if full == 0:
                             # select, never multiply: masked pairs give P^T = dS^T = 0
                             mask.apply(acc_mn_view_wg(tP_acc), acc_mn_view_wg(acc_dP), n0, m0,
