@@ -376,6 +376,10 @@ def _bwd_adapter():
         # one branch per value of the hstu_bwd_impl switch (config.SWITCHES)
         if cutlass.const_expr(cfg.impl == "sm90"):
             kernel = HstuBwdSm90(_dt(cfg.dtype), cfg.head_dim, cfg.has_func, cfg.func_n)
+            if cutlass.const_expr((kernel.bm, kernel.bn) != (cfg.block_m, cfg.block_n)):
+                # the tile schedule was built for the key's tiles
+                raise ValueError(f"hstu_bwd_sm90 tiles {(kernel.bm, kernel.bn)} differ from "
+                                 f"the compile key's {(cfg.block_m, cfg.block_n)}")
         else:
             kernel = HstuBwdSm80(_dt(cfg.dtype), cfg.head_dim, cfg.head_dim_v, cfg.block_m,
                                  cfg.block_n, cfg.num_warps, cfg.has_func, cfg.func_n)
