@@ -9,8 +9,8 @@ OUT=${OUT:-/tmp/hstu_bwd_sm90}
 mkdir -p "$OUT"
 export JAX_SPARSE_ATTN_CACHE_DIR=${JAX_SPARSE_ATTN_CACHE_DIR:-/tmp/k14-cute-cache}
 export HSTU_TEST_BWD=sm90
-T_A=${T_A:-110}
-T_B=${T_B:-110}
+T_A=${T_A:-95}
+T_B=${T_B:-105}
 nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm --format=csv > "$OUT/gpu.txt" 2>&1
 t0=$(date +%s)
 timeout "$T_A" python scripts/gpu_hstu_bwd_sm90.py smoke bench --out "$OUT" --budget-s $((T_A - 5)) \
