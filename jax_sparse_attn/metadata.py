@@ -113,10 +113,15 @@ def hstu_fwd_schedule(cu_q, cu_k, func, block_m, t_q, window_size):
     return tiles[order]
 
 
-def hstu_bwd_schedule(cu_q, cu_k, func, block_m, block_n, t_q, t_k):
+def hstu_bwd_schedule(cu_q, cu_k, func, block_m, block_n, t_q, t_k, window_size=None):
     """KV tiles ``[batch, n_block]`` in canonical order (n ascending: under a causal /
     right-aligned mask the first KV tiles of a sequence see the most queries, so they
-    start first), the canonical first q-tile index per batch, and the func summary."""
+    start first), the canonical first q-tile index per batch, and the func summary.
+
+    With ``window_size`` the KV tiles are ordered longest work first instead (number of
+    query rows that can see the tile under the window, ``L_q`` with a func mask; stable
+    argsort; idle slots last): the launch order of a non-persistent grid, so the heaviest
+    CTAs start first whatever the sequence lengths."""
     bm, bn = block_m, block_n
     nb = cu_q.shape[0] - 1
     nk_slots = t_k // bn + nb
@@ -128,6 +133,18 @@ def hstu_bwd_schedule(cu_q, cu_k, func, block_m, block_n, t_q, t_k):
     else:
         q_tiles = jnp.zeros((1, 3), jnp.int32)
     kv_tiles = jnp.stack([b, n], axis=1).astype(jnp.int32)
+    if window_size is not None:
+        left, right = (-1, -1) if func is not None else window_size
+        bc = jnp.maximum(b, 0)
+        lq = (cu_q[1:] - cu_q[:-1])[bc]
+        lk = (cu_k[1:] - cu_k[:-1])[bc]
+        off = lk - lq
+        n0 = n * bn
+        n1 = jnp.minimum(n0 + bn, lk)
+        i_lo = jnp.maximum(n0 - right - off, 0) if right >= 0 else jnp.zeros_like(n0)
+        i_hi = jnp.minimum(n1 + left - off, lq) if left >= 0 else lq
+        work = jnp.where(b >= 0, jnp.maximum(i_hi - i_lo, 0) + 1, -1)
+        kv_tiles = kv_tiles[jnp.argsort(-work, stable=True)]
     return kv_tiles, q_start.astype(jnp.int32), q_tiles
 
 

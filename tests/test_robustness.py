@@ -298,3 +298,41 @@ def test_sanitize_cu_seqlens(cu, total, want):
     """The kernels' cu_seqlens clamp: inside [0, total], starting at 0, non-decreasing."""
     got = metadata.sanitize_cu_seqlens(jnp.asarray(cu, jnp.int32), total)
     assert got.tolist() == want
+
+
+@pytest.mark.parametrize("window", [(-1, 0), (-1, -1), (40, 3)])
+def test_hstu_bwd_lpt_schedule_is_a_permutation(window):
+    """The sm90 backward's KV-tile schedule (window given) holds the canonical KV tiles in
+    another order: every (batch, n_block) once, heaviest first (visible query rows under the
+    window, checked by brute force), idle slots last."""
+    lens_q = [300, 0, 257, 5, 129]
+    lens_k = [300, 0, 257, 40, 129]
+    cu_q = jnp.asarray(np.concatenate([[0], np.cumsum(lens_q), [sum(lens_q)]]), jnp.int32)
+    cu_k = jnp.asarray(np.concatenate([[0], np.cumsum(lens_k), [sum(lens_k) + 50]]), jnp.int32)
+    t_q, t_k = sum(lens_q), sum(lens_k) + 50
+    base, qs0, _ = metadata.hstu_bwd_schedule(cu_q, cu_k, None, 64, 128, t_q, t_k)
+    lpt, qs1, _ = metadata.hstu_bwd_schedule(cu_q, cu_k, None, 64, 128, t_q, t_k,
+                                             window_size=window)
+    base, lpt = np.asarray(base), np.asarray(lpt)
+    assert np.array_equal(np.asarray(qs0), np.asarray(qs1))
+    assert sorted(map(tuple, base)) == sorted(map(tuple, lpt))
+    cq, ck = np.asarray(cu_q), np.asarray(cu_k)
+
+    def work(b, n):
+        if b < 0:
+            return -1
+        lq, lk = cq[b + 1] - cq[b], ck[b + 1] - ck[b]
+        left, right = window
+        rows = 0
+        for i in range(lq):
+            j = np.arange(n * 128, min(n * 128 + 128, lk))
+            ok = np.ones_like(j, bool)
+            if left >= 0:
+                ok &= j >= i + lk - lq - left
+            if right >= 0:
+                ok &= j <= i + lk - lq + right
+            rows += bool(ok.any())
+        return rows
+
+    w = [work(int(b), int(n)) for b, n in lpt]
+    assert w == sorted(w, reverse=True), w

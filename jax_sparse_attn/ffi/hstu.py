@@ -460,8 +460,10 @@ def hstu_bwd(do, q, k, v, cu_seqlens_q, cu_seqlens_k, func, cfg, rab=None, _drab
     # (no queries): zero dk/dv there
     cu_q = metadata.append_pseudo_sequence(metadata.sanitize_cu_seqlens(cu_seqlens_q, t_q), None)
     cu_k = metadata.append_pseudo_sequence(metadata.sanitize_cu_seqlens(cu_seqlens_k, t_k), t_k)
-    kv_tiles, q_start, q_tiles = metadata.hstu_bwd_schedule(cu_q, cu_k, func, key.block_m,
-                                                            key.block_n, t_q, t_k)
+    # the sm90 backward launches its KV tiles longest work first (LPT launch order)
+    kv_tiles, q_start, q_tiles = metadata.hstu_bwd_schedule(
+        cu_q, cu_k, func, key.block_m, key.block_n, t_q, t_k,
+        window_size=cfg.window_size if key.impl == "sm90" else None)
     scal, win = metadata.hstu_scalars(cfg.alpha, cfg.scaling_seqlen, cfg.window_size)
     func_arr = func.astype(jnp.int32) if key.has_func else jnp.zeros((1, 1, 1), jnp.int32)
     dq_acc0 = jnp.zeros((t_q, h, d), jnp.float32)
