@@ -26,8 +26,10 @@ CTA = 3 warpgroups (384 threads):
       dV  += P^T dO,   dK += dS^T Q                          (wgmma, registers x smem)
       dQ   = dS K                                            (wgmma, smem x smem)
 
-  dS^T goes to a double-buffered shared tile (query-major, read as the MN-major A operand of
-  dQ = dS K); a named barrier of the two consumer warpgroups publishes both key halves. The dQ
+  With 64-query tiles the SiLU of S^T runs while the dP^T GEMM does (two wgmma groups). dS^T
+  goes (``stmatrix``) to a double-buffered shared tile (query-major, read as the MN-major A
+  operand of dQ = dS K); a named barrier of the two consumer warpgroups publishes both key
+  halves. Issue order: dV, barrier, dQ, dK; the dQ reductions run under the dK GEMM. The dQ
   GEMM is split between the warpgroups along the head dim (``bm = 64`` at D = 128) or along
   the query rows (``bm = 128`` at D = 64), so each dQ element is added once per KV tile.
   The K tile serves as the K-major A operand of S^T and as the MN-major B operand of dQ (for
@@ -35,6 +37,9 @@ CTA = 3 warpgroups (384 threads):
   bit-identical to the MN-major tile of its transpose); likewise Q and dO.
 * epilogue: dK and dV / scaling_seqlen converted in registers and stored to key rows
   ``< L_k``.
+
+The host launches the KV tiles longest work first (``metadata.hstu_bwd_schedule`` with the
+window).
 """
 
 from __future__ import annotations
