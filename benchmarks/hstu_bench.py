@@ -24,6 +24,7 @@ import numpy as np
 from jax_sparse_attn.config import SWITCHES, Switches
 
 _BWD_IMPLS = next(sw.allowed for sw in SWITCHES if sw.field == "hstu_bwd_impl")
+_BWD_DQ = next(sw.allowed for sw in SWITCHES if sw.field == "hstu_bwd_dq")
 
 CASES = {
     # name: (B, L, H, D, window)
@@ -81,6 +82,8 @@ def run_case(name, dtype, iters, do_bwd, switches=None, do_fwd=True):
     res = dict(case=name, dtype=jnp.dtype(dtype).name, B=b, L=l, H=h, D=d, window=window)
     if switches is not None:
         res["bwd_impl"] = switches.hstu_bwd_impl
+        if switches.hstu_bwd_impl == "sm90":
+            res["bwd_impl"] += f"/{switches.hstu_bwd_dq}"
     line = f"{name:22s} {res['dtype']:9s}"
     if do_fwd:
         fwd = jax.jit(lambda q, k, v, cu: jsa.hstu_attention(q, k, v, cu, cu, **kw))
@@ -126,21 +129,27 @@ def main():
                     help="run each case's backward with this hstu_bwd_impl switch value "
                          "(Switches.hstu_bwd_impl / JAX_SPARSE_ATTN_HSTU_BWD_IMPL; repeat to "
                          "compare; default: the switches from the environment)")
+    ap.add_argument("--bwd-dq", action="append", default=[], choices=_BWD_DQ,
+                    help="with --bwd-impl sm90: this dQ reduction (Switches.hstu_bwd_dq / "
+                         "JAX_SPARSE_ATTN_HSTU_BWD_DQ; repeat to compare; default red)")
     ap.add_argument("--bwd-only", action="store_true",
                     help="time only the backward (no forward timing)")
     a = ap.parse_args()
     cases = a.case or ["8x4096-causal", "32x1024-causal"]
     print(f"device: {jax.devices()[0]}")
     results = []
+    variants = []
+    for impl in a.bwd_impl or [None]:
+        for dq in (a.bwd_dq or [None]) if impl == "sm90" else [None]:
+            variants.append(None if impl is None else Switches(
+                hstu_bwd_impl=impl, **({} if dq is None else {"hstu_bwd_dq": dq})))
     for c in cases:
-        for impl in a.bwd_impl or [None]:
-            sw = None if impl is None else Switches(hstu_bwd_impl=impl)
+        for sw in variants:
             try:
                 results.append(run_case(c, jnp.dtype(a.dtype), a.iters, not a.no_bwd, sw,
                                         do_fwd=not a.bwd_only))
             except Exception as e:  # noqa: BLE001 - report and go on with the other rows
-                print(f"{c:22s} bwd_impl={impl}: failed: {type(e).__name__}: {str(e)[:300]}",
-                      flush=True)
+                print(f"{c:22s} {sw}: failed: {type(e).__name__}: {str(e)[:300]}", flush=True)
     for variant in a.tiles:
         env = dict(kv.split("=", 1) for kv in variant.split(";") if kv)
         print(f"-- tiles {variant}")

@@ -173,6 +173,10 @@ SWITCHES = (
             "(opt-in: warp-specialized TMA producer warp + two wgmma consumer warpgroups; "
             "D = D_v in {64, 128} without rab, other calls run sm80 and the compile key "
             "records it)"),
+    _choice("hstu_bwd_dq", "JAX_SPARSE_ATTN_HSTU_BWD_DQ", ("red", "bulk"),
+            "dQ reduction of the sm90 HSTU backward (tuning / ablation; sm80 ignores it): red "
+            "(red.global.add.v2.f32 from registers), bulk (fp32 rows staged in shared memory, "
+            "one cp.reduce.async.bulk add per row)"),
     Switch("hstu_bwd_tile", "JAX_SPARSE_ATTN_HSTU_BWD_TILE", _TILE, _parse_tile, None,
            "HSTU sm80 backward tile override (tuning; with sm90 it is an error except for "
            "calls that sm90 routes to sm80)"),
@@ -225,6 +229,7 @@ class Switches:
     hstu_fwd_ws: tuple = _DEFAULT["hstu_fwd_ws"]
     hstu_fwd_tile: tuple | None = _DEFAULT["hstu_fwd_tile"]
     hstu_bwd_impl: str = _DEFAULT["hstu_bwd_impl"]
+    hstu_bwd_dq: str = _DEFAULT["hstu_bwd_dq"]
     hstu_bwd_tile: tuple | None = _DEFAULT["hstu_bwd_tile"]
     bsa_fwd_impl: str = _DEFAULT["bsa_fwd_impl"]
     bsa_fwd_ws: tuple = _DEFAULT["bsa_fwd_ws"]

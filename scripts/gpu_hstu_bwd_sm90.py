@@ -27,7 +27,8 @@ sys.path.insert(0, os.path.join(ROOT, "tests"))
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("steps", nargs="+", choices=["smoke", "bench", "batches", "grid"])
+    ap.add_argument("steps", nargs="+",
+                    choices=["smoke", "bench", "batches", "grid", "bulk", "bench2", "grid2"])
     ap.add_argument("--out", default="/tmp/hstu_bwd_sm90")
     ap.add_argument("--budget-s", type=float, default=200.0)
     a = ap.parse_args()
@@ -72,6 +73,36 @@ def main():
             step(f"bench-8x4096-causal-{impl}", lambda impl=impl: hb.run_case(
                 "8x4096-causal", jnp.bfloat16, 10, True, Switches(hstu_bwd_impl=impl),
                 do_fwd=False))
+    if "bulk" in a.steps:  # the dQ bulk reduce-add variant (hstu_bwd_dq="bulk")
+        step("bulk-d128-bf16-causal-poisoned",
+             lambda: tg._bwd_case(lens8, 128, (-1, 0), 9, True, "sm90", "bfloat16",
+                                  dq="bulk"))
+        step("bulk-d64-fp16-full-poisoned",
+             lambda: tg._bwd_case(lens8, 64, (-1, -1), 9, True, "sm90", "float16", dq="bulk"))
+    if "bench2" in a.steps:
+        from benchmarks import hstu_bench as hb
+
+        rows = [("8x4096-causal", "sm90", "red"), ("8x4096-causal", "sm90", "bulk"),
+                ("8x4096-causal-d64", "sm90", "red"), ("8x4096-causal-d64", "sm90", "bulk"),
+                ("8x4096-causal-d64", "sm80", None),
+                ("jagged32-causal", "sm90", "red"), ("jagged32-causal", "sm80", None),
+                ("32x1024-causal", "sm90", "red"), ("32x1024-causal", "sm80", None),
+                ("8x4096-full", "sm90", "red"), ("8x4096-full", "sm80", None)]
+        for case, impl, dq in rows:
+            sw = Switches(hstu_bwd_impl=impl, **({"hstu_bwd_dq": dq} if dq else {}))
+            step(f"bench-{case}-{impl}-{dq}", lambda case=case, sw=sw: hb.run_case(
+                case, jnp.bfloat16, 10, True, sw, do_fwd=False))
+    if "grid2" in a.steps:
+        grid = tg.TestHSTUBackwardImpls()
+        sw = Switches(hstu_bwd_impl="sm90")
+        for case in (HSTUCase(64, window=(31, 7), lens="lq_lt_lk"),
+                     HSTUCase(128, window=(-1, -1), alpha=0.5, scaling=77.0),
+                     HSTUCase(128, window=(63, 17)),
+                     HSTUCase(64, lens="partial", window=(-1, -1)),
+                     HSTUCase(128, "float16", window=(5, 70)),
+                     HSTUCase(128, window=(-1, -1), func_n=7),
+                     HSTUCase(128, lens="partial")):
+            step(f"grid-{case.id}", lambda case=case: grid.run_case(case, sw, seed=37) and None)
     # the rest in priority order (the budget may cut the tail): L_q != L_k, D = 64 with
     # zero-length sequences and poisoned tails, func masks, local windows, fp16 window
     grid = tg.TestHSTUBackwardImpls()

@@ -364,6 +364,19 @@ def test_hstu_bwd_sm90_lowers(head_dim, dtype, mask):
     assert txt.count(_target()) == 1 and "\\7FELF" in txt
 
 
+def test_hstu_bwd_sm90_dq_bulk_lowers():
+    """The sm90 backward with dQ staged in shared memory and added by bulk reduce-adds
+    (hstu_bwd_dq="bulk") lowers; the compile key carries the choice."""
+    from jax_sparse_attn.config import Switches  # noqa: PLC0415
+    from jax_sparse_attn.ffi import hstu as fh  # noqa: PLC0415
+
+    sw = Switches(hstu_bwd_impl="sm90", hstu_bwd_dq="bulk")
+    assert fh.bwd_config("bfloat16", 128, 128, 0, sw).dq_bulk
+    assert not fh.bwd_config("bfloat16", 128, 128, 0, Switches(hstu_bwd_impl="sm90")).dq_bulk
+    txt = _bwd_text(64, "bfloat16", "window", sw)
+    assert txt.count(_target()) == 1 and "\\7FELF" in txt
+
+
 def test_hstu_bwd_sm90_lowers_lq_ne_lk():
     """L_q != L_k (fewer query rows than keys) with a window: one configuration."""
     from jax_sparse_attn.config import Switches  # noqa: PLC0415

@@ -129,6 +129,8 @@ class HstuBwdConfig(_HstuKey):
     impl: str = "sm80"
     # the hstu_bwd_impl switch value when the configuration replaced it by sm80 (else "")
     replaced_impl: str = ""
+    # sm90: dQ reduced with bulk reduce-adds of shared-memory rows (else red.global.add)
+    dq_bulk: bool = False
 
 
 def hstu_kernel_unsupported_reason(*, dtype, head_dim, head_dim_v) -> str | None:
@@ -266,7 +268,8 @@ def bwd_config(dtype, head_dim, head_dim_v, func_n, switches, *, has_rab=False,
                     "backward's tiles are fixed (64 x 128 at D = 128, 128 x 128 at D = 64)")
             bm = 128 if head_dim <= 64 else 64
             return HstuBwdConfig(_cutlass_dtype_name(dtype), head_dim, head_dim_v, bm, 128, 12,
-                                 func_n > 0, max(func_n, 1), impl="sm90")
+                                 func_n > 0, max(func_n, 1), impl="sm90",
+                                 dq_bulk=getattr(switches, "hstu_bwd_dq", "red") == "bulk")
         return dataclasses.replace(
             bwd_config(dtype, head_dim, head_dim_v, func_n,
                        dataclasses.replace(switches, hstu_bwd_impl="sm80"), has_rab=has_rab,
@@ -375,7 +378,8 @@ def _bwd_adapter():
         # dq_acc is aliased to the third output (the fp32 dq workspace, zero-initialized).
         # one branch per value of the hstu_bwd_impl switch (config.SWITCHES)
         if cutlass.const_expr(cfg.impl == "sm90"):
-            kernel = HstuBwdSm90(_dt(cfg.dtype), cfg.head_dim, cfg.has_func, cfg.func_n)
+            kernel = HstuBwdSm90(_dt(cfg.dtype), cfg.head_dim, cfg.has_func, cfg.func_n,
+                                 dq_bulk=cfg.dq_bulk)
             if cutlass.const_expr((kernel.bm, kernel.bn) != (cfg.block_m, cfg.block_n)):
                 # the tile schedule was built for the key's tiles
                 raise ValueError(f"hstu_bwd_sm90 tiles {(kernel.bm, kernel.bn)} differ from "

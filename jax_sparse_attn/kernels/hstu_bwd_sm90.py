@@ -54,13 +54,16 @@ from cutlass.tensor_utils import LayoutEnum
 
 from . import hstu_common as hc
 from .block_info import QTileRange
-from .common import acc_layout_as_a, acc_mn_view_wg, elem_ptr, gmem_load_copy
+from .common import (acc_layout_as_a, acc_mn_view_wg, bulk_reduce_add_f32, elem_ptr,
+                     gmem_load_copy)
 from .mask import HstuMaskKeyMajor
 from .pipeline import SmemPipeline
 from .seqlen_info import SeqlenInfo, offset_rows
 
 #: head dims (D = D_v) of this kernel
 SM90_BWD_HEAD_DIMS = (64, 128)
+#: row stride (floats) of the dq_bulk staging: rows 0-3 of a warp's stores fill the 32 banks
+DQ_STRIDE = 72
 
 
 def bwd_sm90_tiles(head_dim: int):
@@ -71,7 +74,7 @@ def bwd_sm90_tiles(head_dim: int):
 class HstuBwdSm90:
     """``__call__`` takes the arguments of ``HstuBwdSm80.__call__`` (without rab)."""
 
-    def __init__(self, dtype, head_dim, has_func, func_n):
+    def __init__(self, dtype, head_dim, has_func, func_n, dq_bulk=False):
         if head_dim not in SM90_BWD_HEAD_DIMS:
             raise NotImplementedError(
                 f"hstu_bwd_sm90: head_dim={head_dim} is not one of {SM90_BWD_HEAD_DIMS}")
@@ -85,6 +88,10 @@ class HstuBwdSm90:
         self.dq_split_m = self.bm == 128
         # SiLU / SiLU' of S^T while the dP^T GEMM runs (needs registers for both: 64-query tiles)
         self.overlap_sdp = self.bm == 64
+        # dQ: red.global.add.v2.f32 from registers, or (dq_bulk) staged in shared memory per
+        # warpgroup (64 rows x 64 columns, row stride DQ_STRIDE floats) and added with one
+        # bulk reduce-add per row
+        self.dq_bulk = dq_bulk
         self.num_threads = 384
         self.regs_producer = 24
         self.regs_consumer = 240
@@ -139,6 +146,7 @@ class HstuBwdSm90:
         tma_v, tma_tV = cpasync.make_tiled_tma_atom(g2s, tV, sK_one, (bn, d))
 
         n_mbar = SmemPipeline.num_barriers(self.q_stages) + SmemPipeline.num_barriers(1)
+        dq_elems = 2 * 64 * DQ_STRIDE if cutlass.const_expr(self.dq_bulk) else 0
 
         @cute.struct
         class Smem:
@@ -148,6 +156,7 @@ class HstuBwdSm90:
             sQ: cute.struct.Align[cute.struct.MemRange[dt, cute.cosize(sQ_layout)], 1024]
             sdO: cute.struct.Align[cute.struct.MemRange[dt, cute.cosize(sQ_layout)], 1024]
             sdS: cute.struct.Align[cute.struct.MemRange[dt, cute.cosize(sdS_layout)], 1024]
+            sdQ: cute.struct.Align[cute.struct.MemRange[Float32, dq_elems], 128]
 
         grid = (cute.size(mQ.shape[1]), cute.size(mKVTile.shape[0]), 1)
         self.kernel(
@@ -328,6 +337,20 @@ class HstuBwdSm90:
                 mask = HstuMaskKeyMajor(self.has_func, self.func_n if self.has_func else 1,
                                         tScS)
                 tdQc = thr_dq.partition_C(cute.make_identity_tensor((bm, d)))
+                if cutlass.const_expr(self.dq_bulk):
+                    # (bm, D) view of the two warpgroups' 64 x 64 staging regions
+                    if cutlass.const_expr(self.dq_split_m):
+                        dq_lay = cute.make_layout(((64, 2), d), stride=((DQ_STRIDE, 64 * DQ_STRIDE), 1))
+                    else:
+                        dq_lay = cute.make_layout((bm, (64, 2)), stride=(DQ_STRIDE, (1, 64 * DQ_STRIDE)))
+                    tdQs = thr_dq.partition_C(cute.make_tensor(st.sdQ.data_ptr(), dq_lay))
+                    wg = ctid // 128
+                    lane = ctid % 32
+                    # warp i of a warpgroup holds rows 16 i .. 16 i + 15 of its region
+                    dq_row = ((ctid % 128) // 32) * 16 + lane
+                    dq_sptr = st.sdQ.data_ptr() + wg * (64 * DQ_STRIDE) + dq_row * DQ_STRIDE
+                    dq_grow = dq_row + (wg * 64 if cutlass.const_expr(self.dq_split_m) else 0)
+                    dq_gcol = 0 if cutlass.const_expr(self.dq_split_m) else wg * 64
                 # (bn, bm, 2) view of the (bm, bn, 2) query-major dS tiles: the accumulator's
                 # rows of 8 queries are 16 contiguous bytes there (stmatrix, not transposed)
                 sdS_t = cute.composition(sdS, cute.make_layout((bn, bm, 2),
@@ -441,10 +464,25 @@ class HstuBwdSm90:
                             (m_block, 0))
                         tdQg = thr_dq.partition_C(gdQ)
                         lim = seq.seqlen_q - m0
-                        for e2 in cutlass.range_constexpr(cute.size(acc_dQ) // 2):
-                            if tdQc[2 * e2][0] < lim:
-                                hc.red_add_v2_f32(elem_ptr(tdQg, 2 * e2), acc_dQ[2 * e2],
-                                                  acc_dQ[2 * e2 + 1])
+                        if cutlass.const_expr(self.dq_bulk):
+                            # the previous tile's bulk reads of this warp's rows are done
+                            cute.arch.cp_async_bulk_wait_group(0, read=True)
+                            cute.arch.sync_warp()
+                            cute.autovec_copy(acc_dQ, tdQs)
+                            cute.arch.fence_proxy("async.shared", space="cta")
+                            cute.arch.sync_warp()
+                            if lane < 16:
+                                if dq_grow < lim:
+                                    bulk_reduce_add_f32(
+                                        elem_ptr(mdQacc, (seq.q_start + m0 + dq_grow, head,
+                                                          dq_gcol)),
+                                        dq_sptr, 64 * 4)
+                            cute.arch.cp_async_bulk_commit_group()
+                        else:
+                            for e2 in cutlass.range_constexpr(cute.size(acc_dQ) // 2):
+                                if tdQc[2 * e2][0] < lim:
+                                    hc.red_add_v2_f32(elem_ptr(tdQg, 2 * e2), acc_dQ[2 * e2],
+                                                      acc_dQ[2 * e2 + 1])
                         warpgroup.wait_group(0)
                         # P^T, dS^T registers stay allocated until the GEMMs reading them end
                         tP32 = cute.recast_tensor(tP, cutlass.Uint32)
@@ -456,6 +494,8 @@ class HstuBwdSm90:
                         pipe_q.consumer_release(c)
                         c += 1
 
+                if cutlass.const_expr(self.dq_bulk):
+                    cute.arch.cp_async_bulk_wait_group(0, read=False)
                 # ---- epilogue: dK, dV / scaling_seqlen -> key rows < L_k ----------------
                 tKVc = acc_mn_view_wg(thr_kv.partition_C(cute.make_identity_tensor((bn, d))))
                 dK_mn = acc_mn_view_wg(acc_dK)
