@@ -21,7 +21,8 @@ CTA = 3 warpgroups (384 threads):
 
       S^T  = K Q^T,   dP^T = V dO^T                          (wgmma, smem x smem)
       h = (alpha / 2) S^T, t = tanh(h):  P^T = h + h t,  sigma = (1 + t) / 2
-      dS^T = dP^T * alpha / scaling_seqlen * (sigma + P^T (1 - sigma))
+      dS^T = dP^T * alpha / scaling_seqlen * sigma (1 + h (1 - t))
+           (= sigma + P^T (1 - sigma), the SiLU derivative, in 4 FMAs)
       (masked pairs: P^T, dS^T selected to 0, ``mask.HstuMaskKeyMajor``)
       dV  += P^T dO,   dK += dS^T Q                          (wgmma, registers x smem)
       dQ   = dS K                                            (wgmma, smem x smem)
@@ -62,6 +63,8 @@ from .seqlen_info import SeqlenInfo, offset_rows
 
 #: head dims (D = D_v) of this kernel
 SM90_BWD_HEAD_DIMS = (64, 128)
+#: lower clamp of h = (alpha / 2) s in the score function and its derivative
+H_LOWEST = -1.0e30
 #: row stride (floats) of the dq_bulk staging: rows 0-3 of a warp's stores fill the 32 banks
 DQ_STRIDE = 72
 
@@ -183,6 +186,20 @@ class HstuBwdSm90:
                 cute.copy(copy, tg[None, r, None], ts[None, r, None])
             else:
                 ts[None, r, None].fill(0)
+
+    @cute.jit
+    def _silu_grad(self, s, alpha_half, half_ds):
+        """``(P, G)`` of one score ``s``: with ``h = (alpha / 2) s``, ``t = tanh(h)`` (one MUFU
+        op), ``P = SiLU(alpha s) = h + h t`` and ``G = alpha / scaling_seqlen * SiLU'(alpha s)
+        = 2 half_ds * sigma (1 + h (1 - t))``, ``sigma = (1 + t) / 2`` (4 FMAs). ``h`` is
+        clamped below at -1e30 (NaN kept): the limits P = G = 0 of a saturated tanh stay
+        finite (``h (1 - t)`` must not overflow), -inf scores included."""
+        hval = hc.finite_below(s * alpha_half, H_LOWEST)
+        tv = hc.tanh_approx(hval)
+        p = hval + hval * tv
+        a = hval - hval * tv
+        sg = half_ds + half_ds * tv
+        return p, sg + sg * a
 
     @cute.jit
     def _fence_rows(self):
@@ -315,7 +332,8 @@ class HstuBwdSm90:
                                        left, right, bm, bn, self.has_func)
                 alpha_half = Float32(mScal[0])
                 inv_scale = Float32(mScal[1])
-                ds_scale = alpha_half * 2.0 * inv_scale
+                half_ds = alpha_half * inv_scale  # (alpha / scaling_seqlen) / 2
+                ds_scale = half_ds * 2.0
 
                 thr_s = mma_s.get_slice(ctid)
                 thr_kv = mma_kv.get_slice(ctid)
@@ -399,12 +417,8 @@ class HstuBwdSm90:
                                 pp = cute.make_rmem_tensor((2,), Float32)
                                 for u in cutlass.range_constexpr(2):
                                     e = 2 * e2 + u
-                                    hval = hc.finite_below(acc_S[e] * alpha_half)  # SiLU(-inf)=0
-                                    tv = hc.tanh_approx(hval)
-                                    p = hval + hval * tv
-                                    sig = 0.5 + 0.5 * tv
-                                    pp[u] = p
-                                    acc_S[e] = ds_scale * (sig + p * (1.0 - sig))
+                                    pp[u], acc_S[e] = self._silu_grad(acc_S[e], alpha_half,
+                                                                      half_ds)
                                 # values 2k, 2k + 1 (adjacent columns) are adjacent registers:
                                 # one packed conversion
                                 off = cute.crd2idx(2 * e2, acc_S.layout)
@@ -414,7 +428,8 @@ class HstuBwdSm90:
                             for e in cutlass.range_constexpr(cute.size(acc_S)):
                                 acc_dP[e] = acc_dP[e] * acc_S[e]
                         else:
-                            # both GEMMs done; P^T and dS^T in place (fewer live registers)
+                            # both GEMMs done; P^T and dS^T in place (fewer live registers;
+                            # this form of SiLU' leaves ptxas without spills here)
                             warpgroup.wait_group(0)
                             for e in cutlass.range_constexpr(cute.size(acc_S)):
                                 hval = hc.finite_below(acc_S[e] * alpha_half)  # SiLU(-inf)=0

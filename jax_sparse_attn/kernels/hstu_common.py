@@ -71,13 +71,14 @@ FLT_LOWEST = -3.4028234663852886e38
 
 
 @dsl_user_op
-def finite_below(x, *, loc=None, ip=None):
-    """``max.NaN.f32 x, -FLT_MAX`` (one instruction; NaN propagates, -inf is clamped)."""
+def finite_below(x, lowest=FLT_LOWEST, *, loc=None, ip=None):
+    """``max.NaN.f32 x, lowest`` (one instruction; NaN propagates, -inf is clamped; ``lowest``
+    defaults to -FLT_MAX)."""
     return cutlass.Float32(
         llvm.inline_asm(
             T.f32(),
             [cutlass.Float32(x).ir_value(loc=loc, ip=ip),
-             cutlass.Float32(FLT_LOWEST).ir_value(loc=loc, ip=ip)],
+             cutlass.Float32(lowest).ir_value(loc=loc, ip=ip)],
             "max.NaN.f32 $0, $1, $2;",
             "=f,f,f",
             has_side_effects=False,
