@@ -103,6 +103,14 @@ def hstu_cases(quick):
                 yield (f"hstu fwd={impl} cu={name} D={d} window={window}",
                        dict(T=T, H=H, D=d, cu=np.asarray(cu, np.int32), window=window,
                             switches=Switches(hstu_fwd_impl=impl)))
+    # the non-default backwards of the hstu_bwd_impl switch (sm90: D in {64, 128}) on the same
+    # garbage lengths
+    for bwd in _allowed("hstu_bwd_impl")[1:] if not quick else ():
+        for (name, cu), window in zip(cus.items(), windows):
+            for d in (64, 128):
+                yield (f"hstu bwd={bwd} cu={name} D={d} window={window}",
+                       dict(T=T, H=H, D=d, cu=np.asarray(cu, np.int32), window=window,
+                            switches=Switches(hstu_bwd_impl=bwd)))
     # relative attention bias (the sm80 forward with rab and the backward writing drab): rab
     # rows and columns come from the garbage lengths; H_rab = 1 (fp32 drab workspace with
     # vector reductions) and H_rab = H (direct drab stores)
