@@ -7,6 +7,11 @@ FLOPs (issue 3): causal forward = 2 * sum_b L_b^2 * H * D, full = 2x that; backw
 
     python benchmarks/hstu_bench.py --out /tmp/hstu_bench.json
     python benchmarks/hstu_bench.py --case 8x4096 --dtype bfloat16
+    python benchmarks/hstu_bench.py --case 8x4096-causal --case movielens-128x200 --rab f32:1
+
+``--rab DTYPE:H_RAB`` (``f32`` or ``q`` = q's dtype; ``H_RAB`` 1 or ``h``) runs every case a
+second time with a random relative attention bias ``(B, H_rab, L, L)`` (same FLOP count: the
+bias add is not counted) and prints both rows.
 """
 
 from __future__ import annotations
@@ -28,6 +33,8 @@ CASES = {
     "8x4096-full": (8, 4096, 4, 128, (-1, -1)),
     "8x4096-causal-d64": (8, 4096, 4, 64, (-1, 0)),
     "8x4096-causal-d256": (8, 4096, 4, 256, (-1, 0)),
+    # MovieLens-1M sequence model shape (HSTU paper's ML-1M setup: L 200, one head, D 64)
+    "movielens-128x200": (128, 200, 1, 64, (-1, 0)),
     # the canonical jagged batch (benchmarks._grids.canonical_jagged_lengths), H=4, D=128
     "jagged32-causal": ("jagged", None, 4, 128, (-1, 0)),
 }
@@ -61,7 +68,17 @@ def _time(fn, args, iters, warmup=3, samples=7):
     return float(np.median(out))
 
 
-def run_case(name, dtype, iters, do_bwd, switches=None):
+def _rab_array(spec, b, h, l, dtype):
+    """The ``--rab`` bias ``(b, H_rab, l, l)``: ``spec`` = ``"f32:1"``, ``"q:h"``, ..."""
+    if not spec:
+        return None
+    dt, hr = spec.split(":")
+    h_rab = h if hr == "h" else int(hr)
+    r = jax.random.normal(jax.random.PRNGKey(7), (b, h_rab, l, l), jnp.float32)
+    return r.astype(jnp.float32 if dt == "f32" else dtype)
+
+
+def run_case(name, dtype, iters, do_bwd, switches=None, rab=""):
     import jax_sparse_attn as jsa
 
     _, _, h, d, window = CASES[name]
@@ -73,23 +90,26 @@ def run_case(name, dtype, iters, do_bwd, switches=None):
     cu = jnp.asarray(np.concatenate([[0], np.cumsum(lens)]), jnp.int32)
     kw = dict(max_seqlen_q=l, max_seqlen_k=l, scaling_seqlen=float(l), window_size=window,
               alpha=1.0 / np.sqrt(d), backend="kernel", switches=switches)
-    fwd = jax.jit(lambda q, k, v, cu: jsa.hstu_attention(q, k, v, cu, cu, **kw))
+    r = _rab_array(rab, b, h, l, dtype)
+    fwd = jax.jit(lambda q, k, v, cu, r: jsa.hstu_attention(q, k, v, cu, cu, rab=r, **kw))
     t0 = time.perf_counter()
-    jax.block_until_ready(fwd(q, k, v, cu))
+    jax.block_until_ready(fwd(q, k, v, cu, r))
     compile_fwd = time.perf_counter() - t0
-    ms = _time(fwd, (q, k, v, cu), iters)
+    ms = _time(fwd, (q, k, v, cu, r), iters)
     fl = flops_fwd(lens, h, d, window)
     res = dict(case=name, dtype=jnp.dtype(dtype).name, B=b, L=l, H=h, D=d, window=window,
-               fwd_ms=ms, fwd_tflops=fl / ms / 1e9, fwd_first_call_s=compile_fwd)
+               fwd_ms=ms, fwd_tflops=fl / ms / 1e9, fwd_first_call_s=compile_fwd,
+               rab=rab or None)
     if do_bwd:
-        bwd = jax.jit(lambda do, q, k, v, cu: tuple(
-            jsa.hstu_attention_backward(do, q, k, v, cu, cu, **kw)))
+        bwd = jax.jit(lambda do, q, k, v, cu, r: tuple(
+            jsa.hstu_attention_backward(do, q, k, v, cu, cu, rab=r, **kw)))
         t0 = time.perf_counter()
-        jax.block_until_ready(bwd(do, q, k, v, cu))
+        jax.block_until_ready(bwd(do, q, k, v, cu, r))
         res["bwd_first_call_s"] = time.perf_counter() - t0
-        ms_b = _time(bwd, (do, q, k, v, cu), iters)
+        ms_b = _time(bwd, (do, q, k, v, cu, r), iters)
         res.update(bwd_ms=ms_b, bwd_tflops=2.5 * fl / ms_b / 1e9)
-    line = (f"{name:22s} {res['dtype']:9s} fwd {ms:8.3f} ms {res['fwd_tflops']:7.1f} TFLOP/s")
+    tag = f"{name} rab={rab}" if rab else name
+    line = (f"{tag:30s} {res['dtype']:9s} fwd {ms:8.3f} ms {res['fwd_tflops']:7.1f} TFLOP/s")
     if do_bwd:
         line += f" | bwd {res['bwd_ms']:8.3f} ms {res['bwd_tflops']:7.1f} TFLOP/s"
     print(line, flush=True)
@@ -108,6 +128,9 @@ def main():
     ap.add_argument("--iters", type=int, default=20)
     ap.add_argument("--no-bwd", action="store_true")
     ap.add_argument("--out", default="hstu_bench.json")
+    ap.add_argument("--rab", default="", choices=["", "f32:1", "f32:h", "q:1", "q:h"],
+                    help="also run each case with a relative attention bias: DTYPE:H_RAB, "
+                         "DTYPE f32 or q (q's dtype), H_RAB 1 or h (one per head)")
     ap.add_argument("--tiles", action="append", default=[],
                     help="extra variant 'fwd=bm,bn,warps;bwd=bm,bn,warps;impl=sm90' (sweep; "
                          "impl=sm90ws (default) / sm80 select the forward; "
@@ -116,7 +139,11 @@ def main():
     a = ap.parse_args()
     cases = a.case or ["8x4096-causal", "32x1024-causal"]
     print(f"device: {jax.devices()[0]}")
-    results = [run_case(c, jnp.dtype(a.dtype), a.iters, not a.no_bwd) for c in cases]
+    results = []
+    for c in cases:
+        results.append(run_case(c, jnp.dtype(a.dtype), a.iters, not a.no_bwd))
+        if a.rab:
+            results.append(run_case(c, jnp.dtype(a.dtype), a.iters, not a.no_bwd, rab=a.rab))
     for variant in a.tiles:
         env = dict(kv.split("=", 1) for kv in variant.split(";") if kv)
         print(f"-- tiles {variant}")

@@ -156,8 +156,7 @@ _TILE = "block_m,block_n,num_warps"
 SWITCHES = (
     _choice("hstu_fwd_impl", "JAX_SPARSE_ATTN_HSTU_FWD_IMPL", ("sm90ws", "sm80"),
             "HSTU forward kernel: sm90ws (warp-specialized: TMA producer warp, two wgmma "
-            "consumer warpgroups, persistent grid; no rab: calls with rab run sm80, the "
-            "compile key records it), sm80 (mma.sync, cp.async; with rab)"),
+            "consumer warpgroups, persistent grid), sm80 (mma.sync, cp.async); both add rab"),
     Switch("hstu_fwd_ws", "JAX_SPARSE_ATTN_HSTU_WS", _WS_ALLOWED, _parse_ws, (),
            "sm90ws forward variants (tuning / ablation; the sm80 forward ignores them): "
            "nooverlap (no intra-warpgroup overlap of S = QK^T and O += PV), nopingpong "
@@ -167,7 +166,7 @@ SWITCHES = (
     Switch("hstu_fwd_tile", "JAX_SPARSE_ATTN_HSTU_FWD_TILE", _TILE, _parse_tile, None,
            "HSTU sm80 forward tile override (tuning; unset: the kernel's tiles for the head "
            "dims); with sm90ws it is an error (bn=N of JAX_SPARSE_ATTN_HSTU_WS sets its "
-           "block_n) except for calls with rab, which run sm80 with this tile"),
+           "block_n)"),
     Switch("hstu_bwd_tile", "JAX_SPARSE_ATTN_HSTU_BWD_TILE", _TILE, _parse_tile, None,
            "HSTU backward tile override (tuning)"),
     _choice("bsa_fwd_impl", "JAX_SPARSE_ATTN_BSA_FWD_IMPL", ("sm90", "sm90ws", "sm80"),

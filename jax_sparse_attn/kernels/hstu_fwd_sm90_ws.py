@@ -74,7 +74,8 @@ def ws_smem_plan(d: int, dv: int, bn: int, max_stages: int = 4, q_stages: int = 
 
 class HstuFwdSm90Ws:
     def __init__(self, dtype, head_dim, head_dim_v, block_n, has_func, func_n, num_sms,
-                 overlap=True, pingpong=True, max_stages=4, q_stages=2, silu16=False):
+                 overlap=True, pingpong=True, max_stages=4, q_stages=2, silu16=False,
+                 has_rab=False, rab_per_head=False):
         self.dtype = dtype
         self.d = head_dim
         self.dv = head_dim_v
@@ -87,6 +88,8 @@ class HstuFwdSm90Ws:
         self.overlap = overlap
         self.pingpong = pingpong
         self.silu16 = silu16
+        self.has_rab = has_rab
+        self.rab_per_head = rab_per_head
         self.stages, self.q_stages, self.o_alias_q = ws_smem_plan(
             head_dim, head_dim_v, block_n, max_stages, q_stages)
         self.num_threads = 384
@@ -94,7 +97,8 @@ class HstuFwdSm90Ws:
         self.regs_consumer = 240
 
     @cute.jit
-    def __call__(self, mQ, mK, mV, mCuQ, mCuK, mTile, mFunc, mScal, mWin, mO, stream):
+    def __call__(self, mQ, mK, mV, mCuQ, mCuK, mTile, mFunc, mScal, mWin, mO, stream,
+                 mRab=None):
         dt = self.dtype
         wgm, bn, d, dv = self.wg_m, self.bn, self.d, self.dv
         qk_tiler = (wgm, bn, d)
@@ -149,16 +153,23 @@ class HstuFwdSm90Ws:
         grid = StaticLptScheduler.grid(n_work, self.num_sms)
         self.kernel(
             tma_q, tma_tQ, tma_k, tma_tK, tma_v, tma_tV, mV, mCuQ, mCuK, mTile, mFunc, mScal,
-            mWin, mO, sQ_layout, sK_layout, sV_layout, sO_layout, mma_qk, mma_qk0, mma_pv, Smem,
+            mWin, mO, mRab, sQ_layout, sK_layout, sV_layout, sO_layout, mma_qk, mma_qk0, mma_pv, Smem,
         ).launch(grid=grid, block=[self.num_threads, 1, 1], smem=Smem.size_in_bytes(),
                  stream=stream, min_blocks_per_mp=1)
 
     # ------------------------------------------------------------------------------------
     @cute.jit
+    def _h(self, x, alpha_half):
+        """``h`` of an accumulator value: ``(alpha / 2) s``; with rab the tile already holds
+        ``h = (alpha s + rab) / 2`` (``_add_rab``)."""
+        return x if cutlass.const_expr(self.has_rab) else x * alpha_half
+
+    @cute.jit
     def _score(self, acc_S, alpha_half):
-        """HSTU score function: SiLU(alpha s) = h + h tanh(h), h = (alpha / 2) s."""
+        """HSTU score function: ``SiLU(x) = h + h tanh(h)``, ``h = x / 2`` (``_h``; ``x = alpha s``,
+        plus the bias with rab)."""
         for e in cutlass.range_constexpr(cute.size(acc_S)):
-            hval = hc.finite_below(acc_S[e] * alpha_half)  # SiLU(-inf) -> 0, not NaN
+            hval = hc.finite_below(self._h(acc_S[e], alpha_half))  # SiLU(-inf) -> 0, not NaN
             acc_S[e] = hval + hval * hc.tanh_approx(hval)
 
     @cute.jit
@@ -168,8 +179,8 @@ class HstuFwdSm90Ws:
         if cutlass.const_expr(self.silu16):
             rP32 = cute.recast_tensor(rP, cutlass.Uint32)
             for e in cutlass.range_constexpr(cute.size(rP32)):
-                rP32[e] = hc.silu_half_pair(acc_S[2 * e] * alpha_half,
-                                            acc_S[2 * e + 1] * alpha_half,
+                rP32[e] = hc.silu_half_pair(self._h(acc_S[2 * e], alpha_half),
+                                            self._h(acc_S[2 * e + 1], alpha_half),
                                             self.dtype == cutlass.BFloat16)
         else:
             self._score(acc_S, alpha_half)
@@ -199,7 +210,7 @@ class HstuFwdSm90Ws:
 
     @cute.kernel
     def kernel(self, tma_q, tma_tQ, tma_k, tma_tK, tma_v, tma_tV, mV, mCuQ, mCuK, mTile,
-               mFunc, mScal, mWin, mO, sQ_layout, sK_layout, sV_layout, sO_layout,
+               mFunc, mScal, mWin, mO, mRab, sQ_layout, sK_layout, sV_layout, sO_layout,
                mma_qk, mma_qk0, mma_pv, Smem: cutlass.Constexpr):
         tidx, _, _ = cute.arch.thread_idx()
         warp = cute.arch.make_warp_uniform(cute.arch.warp_idx())
@@ -316,7 +327,8 @@ class HstuFwdSm90Ws:
             tSrQ = thr_mma_qk.make_fragment_A(thr_mma_qk.partition_A(sQ))
             tSrK = thr_mma_qk.make_fragment_B(thr_mma_qk.partition_B(sK))
             tOrV = thr_mma_pv.make_fragment_B(thr_mma_pv.partition_B(sV))
-            tScS = acc_mn_view_wg(thr_mma_qk.partition_C(cute.make_identity_tensor((wgm, bn))))
+            tSc = thr_mma_qk.partition_C(cute.make_identity_tensor((wgm, bn)))
+            tScS = acc_mn_view_wg(tSc)
             mask = HstuMask(self.has_func, self.func_n if self.has_func else 1, bn, tScS)
 
             # this warpgroup's O staging buffer: its own buffer, or its half of sQ
@@ -346,12 +358,15 @@ class HstuFwdSm90Ws:
                     acc_O.fill(0.0)
                     if blk.n_count > 0:
                         row_lo, row_hi, row_f = mask.rows(mFunc, mw0, seq, left, right)
+                        rab = None
+                        if cutlass.const_expr(self.has_rab):
+                            rab = self._rab_tile(mRab, batch, head, seq, mw0)
                         pipe_q.consumer_wait(c_q)
                         c_kv = self._mainloop(
                             mma_qk, mma_qk0, mma_pv, thr_mma_qk,
                             tSrQ[None, None, None, 2 * pipe_q.stage(c_q) + wg], tSrK,
                             tOrV, acc_O, pipe_k, pipe_v, c_kv, blk, mask, row_lo, row_hi,
-                            row_f, seq, mw0, mw1, left, right, alpha_half, turns, wg)
+                            row_f, seq, mw0, mw1, left, right, alpha_half, turns, wg, tSc, rab)
                         if cutlass.const_expr(not self.o_alias_q):
                             pipe_q.consumer_release(c_q)
                     self._epilogue(acc_O, inv_scale, thr_mma_pv, sO, mO, head, seq, mw0, wg,
@@ -366,6 +381,62 @@ class HstuFwdSm90Ws:
 
     # ------------------------------------------------------------------------------------
     @cute.jit
+    def _rab_tile(self, mRab, batch, head, seq, mw0):
+        """This warpgroup's view of the bias for one Q tile: ``(address of rab[b, h % H_rab,
+        0, 0], N_k, row offset, lim, rab's dtype)``. Query row ``i`` (tile-relative ``r``) reads bias row
+        ``p = mw0 + r + L_k - L_q``; key ``j`` has a bias when ``0 <= p < lim`` and
+        ``j < lim``, ``lim = min(L_k, N_k)``."""
+        n_k = mRab.shape[3]
+        b = cutlass.min(batch, mRab.shape[0] - 1)
+        h = head if cutlass.const_expr(self.rab_per_head) else 0
+        base = mRab[b, h, None, None].iterator.toint()
+        return base, n_k, mw0 + seq.off, cutlass.min(seq.seqlen_k, n_k), mRab.element_type
+
+    @cute.jit
+    def _rab_load(self, rab, n, tSc):
+        """Issue the global loads of KV tile ``n``'s bias in the accumulator layout (rab's
+        dtype, one register fragment; ``None`` without rab). Addresses are clamped into
+        ``rab[b, h]``; values outside the bias's rows / columns are replaced in ``_add_rab``.
+        The two columns of each accumulator pair are adjacent: with an even ``N_k`` they are
+        one 8-byte (fp32) or 4-byte (16-bit) load."""
+        rB = None
+        if cutlass.const_expr(self.has_rab):
+            base, n_k, row_off, _, rdt = rab
+            esize = rdt.width // 8
+            pair_t = cutlass.Int64 if cutlass.const_expr(esize == 4) else cutlass.Int32
+            rB = cute.make_rmem_tensor(tSc.shape, rdt)
+            rB2 = cute.recast_tensor(rB, pair_t)
+            n0 = n * self.bn
+            if n_k % 2 == 0:
+                for e in cutlass.range_constexpr(cute.size(rB2)):
+                    p = cutlass.max(cutlass.min(row_off + tSc[2 * e][0], n_k - 1), 0)
+                    j = cutlass.min(n0 + tSc[2 * e][1], n_k - 2)
+                    off = cutlass.Int64(p) * cutlass.Int64(n_k) + cutlass.Int64(j)
+                    ptr = cute.make_ptr(pair_t, base + off * esize, cute.AddressSpace.gmem,
+                                        assumed_align=2 * esize)
+                    rB2[e] = cute.make_tensor(ptr, cute.make_layout(1))[0]
+            else:
+                for e in cutlass.range_constexpr(cute.size(rB)):
+                    p = cutlass.max(cutlass.min(row_off + tSc[e][0], n_k - 1), 0)
+                    j = cutlass.min(n0 + tSc[e][1], n_k - 1)
+                    off = cutlass.Int64(p) * cutlass.Int64(n_k) + cutlass.Int64(j)
+                    ptr = cute.make_ptr(rdt, base + off * esize, cute.AddressSpace.gmem,
+                                        assumed_align=esize)
+                    rB[e] = cute.make_tensor(ptr, cute.make_layout(1))[0]
+        return rB
+
+    @cute.jit
+    def _add_rab(self, acc_S, rB, rab, n0, tSc, alpha_half):
+        """``acc_S = h = (alpha S + rab) / 2`` where the element has a bias, else
+        ``alpha S / 2`` (a select: whatever the clamped load read there is dropped)."""
+        _, _, row_off, lim, _ = rab
+        for e in cutlass.range_constexpr(cute.size(acc_S)):
+            p = row_off + tSc[e][0]
+            ok = (p >= 0) & (p < lim) & (n0 + tSc[e][1] < lim)
+            bias = rB[e].to(Float32) * Float32(0.5)
+            acc_S[e] = acc_S[e] * alpha_half + (bias if ok else Float32(0.0))
+
+    @cute.jit
     def _qk(self, mma_qk, mma_qk0, tSrQ, tSrK, stage, acc_S):
         for k in cutlass.range_constexpr(cute.size(tSrQ, mode=[2])):
             cute.gemm(mma_qk0 if k == 0 else mma_qk, acc_S, tSrQ[None, None, k], tSrK[None, None, k, stage], acc_S)
@@ -377,8 +448,10 @@ class HstuFwdSm90Ws:
 
     @cute.jit
     def _score_tile(self, acc_S, n, blk, mask, row_lo, row_hi, row_f, seq, mw0, mw1, left,
-                    right, alpha_half):
+                    right, alpha_half, tSc, rab, rB):
         n0 = n * self.bn
+        if cutlass.const_expr(self.has_rab):
+            self._add_rab(acc_S, rB, rab, n0, tSc, alpha_half)
         full = mask.tile_fully_valid(n0, mw0, mw1, seq, left, right, blk.f0)
         if full == 0:
             mask.apply(acc_mn_view_wg(acc_S), n0, row_lo, row_hi, row_f)
@@ -386,13 +459,14 @@ class HstuFwdSm90Ws:
     @cute.jit
     def _mainloop(self, mma_qk, mma_qk0, mma_pv, thr_mma_qk, tSrQ, tSrK, tOrV, acc_O, pipe_k, pipe_v,
                   c_kv, blk, mask, row_lo, row_hi, row_f, seq, mw0, mw1, left, right,
-                  alpha_half, turns, wg):
+                  alpha_half, turns, wg, tSc, rab):
         wgm, bn = self.wg_m, self.bn
         s_shape = thr_mma_qk.partition_shape_C((wgm, bn))
         a_vals = mma_pv.tv_layout_A.shape[1]
         if cutlass.const_expr(self.overlap):
             # prologue: S_0, P_0
             acc_S = cute.make_rmem_tensor(s_shape, Float32)
+            rB = self._rab_load(rab, blk.kv_tile(0), tSc)
             pipe_k.consumer_wait(c_kv)
             turns.wait(wg)
             warpgroup.fence()
@@ -402,12 +476,13 @@ class HstuFwdSm90Ws:
             warpgroup.wait_group(0)
             pipe_k.consumer_release(c_kv)
             self._score_tile(acc_S, blk.kv_tile(0), blk, mask, row_lo, row_hi, row_f, seq,
-                             mw0, mw1, left, right, alpha_half)
+                             mw0, mw1, left, right, alpha_half, tSc, rab, rB)
             rP = self._to_p(acc_S, alpha_half)
             tOrP = cute.make_tensor(rP.iterator, acc_layout_as_a(rP.layout, a_vals))
             for it in cutlass.range(1, blk.n_count, unroll=1):
                 c_new = c_kv + it
                 acc_S2 = cute.make_rmem_tensor(s_shape, Float32)
+                rB2 = self._rab_load(rab, blk.kv_tile(it), tSc)
                 pipe_k.consumer_wait(c_new)
                 turns.wait(wg)
                 warpgroup.fence()
@@ -421,7 +496,7 @@ class HstuFwdSm90Ws:
                 warpgroup.wait_group(1)
                 pipe_k.consumer_release(c_new)
                 self._score_tile(acc_S2, blk.kv_tile(it), blk, mask, row_lo, row_hi, row_f,
-                                 seq, mw0, mw1, left, right, alpha_half)
+                                 seq, mw0, mw1, left, right, alpha_half, tSc, rab, rB2)
                 rP2 = self._to_p(acc_S2, alpha_half)
                 warpgroup.wait_group(0)
                 # P_{j-1} stays allocated until the PV GEMM that reads it has completed
@@ -443,6 +518,7 @@ class HstuFwdSm90Ws:
             for it in cutlass.range(blk.n_count, unroll=1):
                 c = c_kv + it
                 acc_S = cute.make_rmem_tensor(s_shape, Float32)
+                rB = self._rab_load(rab, blk.kv_tile(it), tSc)
                 pipe_k.consumer_wait(c)
                 turns.wait(wg)
                 warpgroup.fence()
@@ -452,7 +528,7 @@ class HstuFwdSm90Ws:
                 warpgroup.wait_group(0)
                 pipe_k.consumer_release(c)
                 self._score_tile(acc_S, blk.kv_tile(it), blk, mask, row_lo, row_hi, row_f,
-                                 seq, mw0, mw1, left, right, alpha_half)
+                                 seq, mw0, mw1, left, right, alpha_half, tSc, rab, rB)
                 rP = self._to_p(acc_S, alpha_half)
                 tOrP = cute.make_tensor(rP.iterator, acc_layout_as_a(rP.layout, a_vals))
                 pipe_v.consumer_wait(c)
