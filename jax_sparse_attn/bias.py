@@ -13,8 +13,8 @@ All builders return arrays of shape ``(B, H_rab, N_k, N_k)`` indexed
 ``jnp`` (jit-able, vmap-able) and reverse-mode differentiable in the tables (``jax.grad``,
 ``jax.vjp``, also nested); timestamps and lengths are integer data and get no gradient.
 
-Gradients never scatter over the ``(B, N, N)`` index set (a scatter-add of millions of
-updates into a few table entries is slow on GPUs):
+On GPUs the gradients never scatter over the ``(B, N, N)`` index set (a scatter-add of
+millions of updates into a few table entries is slow there):
 
 * the position bias is built from the table with pad / tile / reshape / slice only, so
   its gradient is the cotangent summed over the batch and then along the ``2N - 1``
