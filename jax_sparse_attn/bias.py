@@ -151,7 +151,14 @@ def time_bias(w_ts, timestamps, query_timestamps=None):
         :func:`next_timestamps` ``(timestamps)`` (the paper's "next item" rule).
 
     Returns:
-      ``(B, H_rab, N, N)`` in the table's dtype.
+      ``(B, H_rab, N, N)`` in the table's dtype. Reverse-mode differentiable in ``w_ts``
+      (a ``jax.custom_vjp``: the gradient is a one-hot reduction over ``(B, N, N)``
+      accumulated in float32 or wider, see the module docstring); no forward mode.
+
+    Raises:
+      ValueError: ``w_ts`` is not 1-D or 2-D, ``timestamps`` is not ``(B, N)``, or
+        ``query_timestamps`` has another shape.
+      TypeError: ``w_ts`` is not a floating-point table.
     """
     w = _table(w_ts, "w_ts")
     ts = jnp.asarray(timestamps)
@@ -230,7 +237,11 @@ def relative_bias(w_pos, w_ts, timestamps, query_timestamps=None):
     Returns:
       ``(B, H_rab, max_seqlen_k, max_seqlen_k)`` in the tables' promoted dtype: pass it
       as ``rab`` to :func:`jax_sparse_attn.hstu_attention` (cast it to q's dtype or
-      float32).
+      float32). Reverse-mode differentiable in both tables, with no scatter on GPUs
+      (module docstring).
+
+    Raises:
+      ValueError / TypeError: as :func:`position_bias` and :func:`time_bias`.
     """
     ts = jnp.asarray(timestamps)
     if ts.ndim != 2:
