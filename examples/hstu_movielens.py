@@ -400,15 +400,14 @@ def rank_metrics(ranks: np.ndarray) -> dict[str, float]:
 def evaluate(eval_step, params, histories, targets, cfg: Config, hist_ts=None,
              target_ts=None) -> dict[str, float]:
     n = len(histories)
-    ranks = []
-    for s in range(0, n, cfg.eval_batch_size):
+    pending = []  # device results, fetched after the last batch is dispatched: the host
+    for s in range(0, n, cfg.eval_batch_size):  # packs batch i + 1 while the device runs i
         users = list(range(s, min(s + cfg.eval_batch_size, n)))
         batch = pack_eval_batch(histories, users, cfg, hist_ts, target_ts)
         tg = np.zeros(cfg.eval_batch_size, np.int32)
         tg[: len(users)] = targets[users]
-        r = np.asarray(eval_step(params, batch, tg))
-        ranks.append(r[: len(users)])
-    return rank_metrics(np.concatenate(ranks))
+        pending.append((eval_step(params, batch, tg), len(users)))
+    return rank_metrics(np.concatenate([np.asarray(r)[:m] for r, m in pending]))
 
 
 # ----------------------------------------------------------------------------- driver
