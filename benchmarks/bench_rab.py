@@ -136,7 +136,9 @@ def attn_case(batch, cfg, d, backend, with_rab, n_sets):
             return jnp.sum(o.astype(jnp.float32) * do.astype(jnp.float32))
 
         argn = (0, 1, 2, 3) if rab is not None else (0, 1, 2)
-        return jax.grad(loss, argnums=argn)(q, k, v, rab)
+        # value_and_grad: the loss needs the forward's output (jax.grad alone would let XLA
+        # drop the forward kernel, the loss being linear in it)
+        return jax.value_and_grad(loss, argnums=argn)(q, k, v, rab)
 
     return fn, sets
 
@@ -175,7 +177,7 @@ def block_case(batch, cfg, d, backend, variant, n_sets):
             o = _attn(q, k, v, cu, rab, backend, n)
             return jnp.sum(o.astype(jnp.float32) * do.astype(jnp.float32))
 
-        return jax.grad(loss, argnums=(0, 1, 2, 3, 4))(q, k, v, wp, wt)
+        return jax.value_and_grad(loss, argnums=(0, 1, 2, 3, 4))(q, k, v, wp, wt)
 
     return fn, sets
 
