@@ -12,7 +12,7 @@ The forward is the default ``sm90ws`` kernel except where a case selects another
 (``test_hstu_rab_forward_impls``: sm80, sm90ws variants, both N_k parities).
 
 Run on the H200: ``python -m pytest -m gpu tests/test_gpu_hstu_rab.py``
-(``HSTU_TEST_SHARD=i/n`` shards it like test_gpu_hstu.py; tests/gpu_rab_ws.sh runs it
+(``HSTU_TEST_SHARD=i/n`` shards it like test_gpu_hstu.py; tests/gpu_grids.sh (PARTS=rab) runs it
 with the rab benchmark rows).
 """
 
