@@ -25,17 +25,20 @@ Attributes a kernel class sets: ``dtype``, ``d``, ``dv``, ``wg_m`` (64), ``bn``,
 
 # no ``from __future__ import annotations``: ``cute.struct`` reads its field annotations as
 # types
+from dataclasses import dataclass
+
 import cutlass
 import cutlass.cute as cute
 import cutlass.memory
 import cutlass.utils.hopper_helpers as sm90_utils
-from cutlass import Float32
+from cutlass import Float32, Int32
 from cutlass.cute.nvgpu import OperandMajorMode, cpasync, warpgroup
 from cutlass.tensor_utils import LayoutEnum
 
 from . import hstu_common as hc
-from .common import acc_layout_as_a, gmem_load_copy, gmem_store_copy, smem_layout_16b
-from .pipeline import SmemPipeline
+from .common import (acc_layout_as_a, gmem_load_copy, gmem_store_copy, smem_layout_16b,
+                     transpose_view_staged)
+from .pipeline import SmemPipeline, WarpgroupTurns
 
 SMEM_LIMIT = 227 * 1024
 
@@ -57,6 +60,27 @@ def smem_plan(d: int, dv: int, bm: int, bn: int, limit: int, max_stages: int = 4
             if total <= limit:
                 return stages, qs, alias
     raise ValueError(f"no shared-memory plan for head_dim={d}, head_dim_v={dv}, block_n={bn}")
+
+
+@dataclass(frozen=True)
+class WorkItem:
+    """One work item (a Q tile of one (batch or sequence, head)): ``kv`` says which KV tiles
+    it visits (``block_info.BlockInfo`` range or ``BlockList``: ``n_count``, ``kv_tile``);
+    the other fields locate it in its kernel's tensors (None where a kernel has no use)."""
+
+    kv: object
+    head: object
+    mV: object
+    seq: object = None
+    batch: object = None
+    head_kv: object = None
+
+    @property
+    def n_count(self):
+        return self.kv.n_count
+
+    def kv_tile(self, it):
+        return self.kv.kv_tile(it)
 
 
 class AttnFwdSm90Ws:
@@ -144,10 +168,28 @@ class AttnFwdSm90Ws:
         sQ = st.sQ.get_tensor(sQ_layout.outer, swizzle=sQ_layout.inner)  # (64, D, nwg Qstages)
         sK = st.sK.get_tensor(sK_layout.outer, swizzle=sK_layout.inner)  # (BN, D, S)
         sV = st.sV.get_tensor(sV_layout.outer, swizzle=sV_layout.inner)  # (Dv, BN, S)
-        q_bytes = cute.size_in_bytes(self.dtype, cute.slice_(sQ_layout, (None, None, 0))) * self.num_wg
+        q_bytes = (cute.size_in_bytes(self.dtype, cute.slice_(sQ_layout, (None, None, 0)))
+                   * self.num_wg)
         k_bytes = cute.size_in_bytes(self.dtype, cute.slice_(sK_layout, (None, None, 0)))
         v_bytes = cute.size_in_bytes(self.dtype, cute.slice_(sV_layout, (None, None, 0)))
         return st, pipe_q, pipe_k, pipe_v, sQ, sK, sV, q_bytes, k_bytes, v_bytes
+
+    def _loop_start(self, sched):
+        """Pipeline counters ``(c_q, c_kv)`` and the first work item of this CTA."""
+        return Int32(0), Int32(0), sched.first()
+
+    def _producer_warp_start(self, sV, sched):
+        """The producer warp's lane, V's row view ``(BN, Dv, stages)`` (for the zero-filling
+        copy), the pipeline counters and the first work item."""
+        lane = cute.arch.lane_idx()
+        sV_rows = transpose_view_staged(sV)
+        return (lane, sV_rows) + self._loop_start(sched)
+
+    def _consumer_start(self, wg_idx, tidx):
+        """A consumer warpgroup takes its register budget; returns its index, the thread's
+        index in it and the ping-pong turns."""
+        cute.arch.setmaxregister_increase(self.regs_consumer)
+        return wg_idx - 1, tidx % 128, WarpgroupTurns(self.pingpong)
 
     @cute.jit
     def _produce(self, work, m_block, tma_q, tma_tQ, tma_k, tma_tK, tma_v, tma_tV, sQ, sK, sV,
@@ -398,4 +440,4 @@ class AttnFwdSm90Ws:
                     cute.copy(copy_o, rr, tOg[None, r, None])
 
 
-__all__ = ["AttnFwdSm90Ws", "SMEM_LIMIT", "smem_plan"]
+__all__ = ["AttnFwdSm90Ws", "SMEM_LIMIT", "WorkItem", "smem_plan"]

@@ -43,11 +43,10 @@ import cutlass
 import cutlass.cute as cute
 from cutlass import Float32, Int32
 
-from .attn_fwd_sm90_ws import SMEM_LIMIT, AttnFwdSm90Ws, smem_plan
+from .attn_fwd_sm90_ws import SMEM_LIMIT, AttnFwdSm90Ws, WorkItem, smem_plan
 from .block_info import BlockList
-from .common import acc_mn_view_wg, transpose_view_staged
+from .common import acc_mn_view_wg
 from .mask import KeyLimitMask
-from .pipeline import WarpgroupTurns
 from .softmax import OnlineSoftmax
 from .tile_scheduler import StaticLptScheduler
 
@@ -62,25 +61,8 @@ def bsa_ws_smem_plan(d: int, bm: int, bn: int, limit: int, max_stages: int = 4,
     try:
         return smem_plan(d, d, bm, bn, limit, max_stages, q_stages)
     except ValueError:
-        raise ValueError(f"no shared-memory plan for head_dim={d}, sparse_block_size={bn}") from None
-
-
-@dataclass(frozen=True)
-class _Work:
-    """One work item (query block ``m_block`` of one batch and query head): its block list."""
-
-    batch: object
-    head: object
-    head_kv: object
-    blist: object
-    mV: object
-
-    @property
-    def n_count(self):
-        return self.blist.n_count
-
-    def kv_tile(self, it):
-        return self.blist.kv_tile(it)
+        raise ValueError(
+            f"no shared-memory plan for head_dim={d}, sparse_block_size={bn}") from None
 
 
 @dataclass(frozen=True)
@@ -193,26 +175,20 @@ class BsaFwdSm90Ws(AttnFwdSm90Ws):
             # ================================ producer ================================
             cute.arch.setmaxregister_decrease(self.regs_producer)
             if warp == 0:
-                lane = cute.arch.lane_idx()
-                sV_rows = transpose_view_staged(sV)  # (BN, D, S)
-                c_q = Int32(0)
-                c_kv = Int32(0)
-                t = sched.first()
+                lane, sV_rows, c_q, c_kv, t = self._producer_warp_start(sV, sched)
                 while sched.valid(t):
                     batch, head, m_block, blist = self._work(sched, t, n_q_blocks, mIdx, mNums,
                                                              mSizes, seqlen_k)
                     head_kv = head // group
+                    work = WorkItem(blist, head, mV, batch=batch, head_kv=head_kv)
                     c_q, c_kv = self._produce(
-                        _Work(batch, head, head_kv, blist, mV), m_block, tma_q, tma_tQ, tma_k,
-                        tma_tK, tma_v, tma_tV, sQ, sK, sV, sV_rows, pipe_q, pipe_k, pipe_v,
-                        q_bytes, k_bytes, v_bytes, c_q, c_kv, lane)
+                        work, m_block, tma_q, tma_tQ, tma_k, tma_tK, tma_v, tma_tV, sQ, sK, sV,
+                        sV_rows, pipe_q, pipe_k, pipe_v, q_bytes, k_bytes, v_bytes, c_q, c_kv,
+                        lane)
                     t = sched.next(t)
         else:
             # ================================ consumers ===============================
-            cute.arch.setmaxregister_increase(self.regs_consumer)
-            wg = wg_idx - 1
-            wtid = tidx % 128
-            turns = WarpgroupTurns(self.pingpong)
+            wg, wtid, turns = self._consumer_start(wg_idx, tidx)
             softmax_scale = Float32(mScale[0])
             thr_mma_qk, thr_mma_pv, tSrQ, tSrK, tOrV, tSc = self._consumer_fragments(
                 mma_qk, mma_qk0, mma_pv, sQ, sK, sV, wtid)
@@ -222,16 +198,14 @@ class BsaFwdSm90Ws(AttnFwdSm90Ws):
             sO = self._o_buffer(st, sO_layout, wg)
 
             turns.start(wg)
-            c_q = Int32(0)
-            c_kv = Int32(0)
-            t = sched.first()
+            c_q, c_kv, t = self._loop_start(sched)
             while sched.valid(t):
                 batch, head, m_block, blist = self._work(sched, t, n_q_blocks, mIdx, mNums,
                                                          mSizes, seqlen_k)
                 mw0 = m_block * bm + wg * wgm
                 tile = _Tile(mw0, mask, smax, seqlen_q, mO, mLSE)
                 c_kv, c_q = self._consume(
-                    _Work(batch, head, head, blist, mV), tile, mma_qk, mma_qk0, mma_pv,
+                    WorkItem(blist, head, mV, batch=batch), tile, mma_qk, mma_qk0, mma_pv,
                     thr_mma_qk, thr_mma_pv, tSrQ, tSrK, tOrV, pipe_q, pipe_k, pipe_v, c_q, c_kv,
                     sO, turns, wg, wtid)
                 t = sched.next(t)
@@ -249,8 +223,8 @@ class BsaFwdSm90Ws(AttnFwdSm90Ws):
     def _v_limit(self, work, n):
         """Valid keys of block ``n``; a box crossing S is zero-filled by TMA, so only
         block_sizes partial blocks inside S need the zero-filling copy."""
-        limit = work.blist.valid_keys(n)
-        return limit, limit >= cutlass.min(Int32(self.bn), work.blist.seqlen_k - n * self.bn)
+        limit = work.kv.valid_keys(n)
+        return limit, limit >= cutlass.min(Int32(self.bn), work.kv.seqlen_k - n * self.bn)
 
     @cute.jit
     def _load_v_rows(self, work, n, limit, sV_rows, stage, lane):
@@ -274,7 +248,7 @@ class BsaFwdSm90Ws(AttnFwdSm90Ws):
     def _tile_pre(self, work, tile, rows, it):
         """The valid key count of iteration ``it``'s block (metadata loads issued before the
         QK GEMM is waited on)."""
-        return work.blist.valid_keys(work.blist.kv_tile(it))
+        return work.kv.valid_keys(work.kv.kv_tile(it))
 
     @cute.jit
     def _tile_p(self, acc_S, work, tile, rows, state, pre, it):

@@ -51,11 +51,10 @@ import cutlass.cute as cute
 from cutlass import Float32, Int32
 
 from . import hstu_common as hc
-from .attn_fwd_sm90_ws import SMEM_LIMIT, AttnFwdSm90Ws, smem_plan
+from .attn_fwd_sm90_ws import SMEM_LIMIT, AttnFwdSm90Ws, WorkItem, smem_plan
 from .block_info import BlockInfo
-from .common import acc_mn_view_wg, transpose_view_staged
+from .common import acc_mn_view_wg
 from .mask import HstuMask
-from .pipeline import WarpgroupTurns
 from .seqlen_info import SeqlenInfo, offset_rows
 from .tile_scheduler import StaticLptScheduler
 
@@ -64,23 +63,6 @@ def ws_smem_plan(d: int, dv: int, bn: int, max_stages: int = 4, q_stages: int = 
     """(K/V stages, Q stages, whether O's smem buffer aliases Q's) that fit the 227 KiB of an
     SM90 CTA with 128 query rows (``attn_fwd_sm90_ws.smem_plan``)."""
     return smem_plan(d, dv, 128, bn, SMEM_LIMIT, max_stages, q_stages)
-
-
-@dataclass(frozen=True)
-class _Work:
-    """One work item (a 128-row Q tile of one sequence and head): the KV-tile range ``blk``."""
-
-    head: object
-    seq: object
-    blk: object
-    mV: object
-
-    @property
-    def n_count(self):
-        return self.blk.n_count
-
-    def kv_tile(self, it):
-        return self.blk.kv_tile(it)
 
 
 @dataclass(frozen=True)
@@ -174,32 +156,21 @@ class HstuFwdSm90Ws(AttnFwdSm90Ws):
             # ================================ producer ================================
             cute.arch.setmaxregister_decrease(self.regs_producer)
             if warp == 0:
-                lane = cute.arch.lane_idx()
-                sV_rows = transpose_view_staged(sV)  # (BN, Dv, S)
-                c_q = Int32(0)
-                c_kv = Int32(0)
-                t = sched.first()
+                lane, sV_rows, c_q, c_kv, t = self._producer_warp_start(sV, sched)
                 while sched.valid(t):
                     slot, head = sched.coords(t)
                     batch = Int32(mTile[slot, 0])
                     if batch >= 0:
-                        seq = SeqlenInfo.create(batch, mCuQ, mCuK)
-                        m_block = Int32(mTile[slot, 1])
-                        m0 = m_block * bm
-                        m1 = cutlass.min(m0 + bm, seq.seqlen_q)
-                        blk = BlockInfo.create(mTile, slot, m0, m1, seq.seqlen_k, seq.off,
-                                               left, right, bn, self.has_func)
+                        work, m_block, m0 = self._work(mTile, slot, head, batch, mCuQ, mCuK,
+                                                       left, right, mV)
                         c_q, c_kv = self._produce(
-                            _Work(head, seq, blk, mV), m_block, tma_q, tma_tQ, tma_k, tma_tK,
+                            work, m_block, tma_q, tma_tQ, tma_k, tma_tK,
                             tma_v, tma_tV, sQ, sK, sV, sV_rows, pipe_q, pipe_k, pipe_v,
                             q_bytes, k_bytes, v_bytes, c_q, c_kv, lane)
                     t = sched.next(t)
         else:
             # ================================ consumers ===============================
-            cute.arch.setmaxregister_increase(self.regs_consumer)
-            wg = wg_idx - 1
-            wtid = tidx % 128
-            turns = WarpgroupTurns(self.pingpong)
+            wg, wtid, turns = self._consumer_start(wg_idx, tidx)
             alpha_half = Float32(mScal[0])
             inv_scale = Float32(mScal[1])
             thr_mma_qk, thr_mma_pv, tSrQ, tSrK, tOrV, tSc = self._consumer_fragments(
@@ -209,28 +180,35 @@ class HstuFwdSm90Ws(AttnFwdSm90Ws):
             sO = self._o_buffer(st, sO_layout, wg)
 
             turns.start(wg)
-            c_q = Int32(0)
-            c_kv = Int32(0)
-            t = sched.first()
+            c_q, c_kv, t = self._loop_start(sched)
             while sched.valid(t):
                 slot, head = sched.coords(t)
                 batch = Int32(mTile[slot, 0])
                 if batch >= 0:
-                    seq = SeqlenInfo.create(batch, mCuQ, mCuK)
-                    m_block = Int32(mTile[slot, 1])
-                    m0 = m_block * bm
-                    m1 = cutlass.min(m0 + bm, seq.seqlen_q)
-                    blk = BlockInfo.create(mTile, slot, m0, m1, seq.seqlen_k, seq.off,
-                                           left, right, bn, self.has_func)
+                    work, m_block, m0 = self._work(mTile, slot, head, batch, mCuQ, mCuK, left,
+                                                   right, mV)
                     mw0 = m0 + wg * wgm
-                    mw1 = cutlass.min(mw0 + wgm, seq.seqlen_q)
+                    mw1 = cutlass.min(mw0 + wgm, work.seq.seqlen_q)
                     tile = _Tile(batch, mw0, mw1, mask, tSc, left, right, alpha_half,
                                  inv_scale, mFunc, mRab, mO)
                     c_kv, c_q = self._consume(
-                        _Work(head, seq, blk, mV), tile, mma_qk, mma_qk0, mma_pv, thr_mma_qk,
+                        work, tile, mma_qk, mma_qk0, mma_pv, thr_mma_qk,
                         thr_mma_pv, tSrQ, tSrK, tOrV, pipe_q, pipe_k, pipe_v, c_q, c_kv, sO,
                         turns, wg, wtid)
                 t = sched.next(t)
+
+    @cute.jit
+    def _work(self, mTile, slot, head, batch, mCuQ, mCuK, left, right, mV):
+        """Work item of schedule row ``slot`` (``batch >= 0``) and ``head``: the sequence, its
+        query tile ``m_block`` (first row ``m0``) and the KV-tile range it visits."""
+        bm = self.bm
+        seq = SeqlenInfo.create(batch, mCuQ, mCuK)
+        m_block = Int32(mTile[slot, 1])
+        m0 = m_block * bm
+        m1 = cutlass.min(m0 + bm, seq.seqlen_q)
+        blk = BlockInfo.create(mTile, slot, m0, m1, seq.seqlen_k, seq.off, left, right,
+                               self.bn, self.has_func)
+        return WorkItem(blk, head, mV, seq=seq), m_block, m0
 
     # ------------------------------------------------- variation points (AttnFwdSm90Ws)
     def _q_tile(self, tma_tQ, work):
@@ -281,7 +259,7 @@ class HstuFwdSm90Ws(AttnFwdSm90Ws):
     def _tile_p(self, acc_S, work, tile, rows, state, pre, it):
         """Bias, mask and score function of a score tile -> the 16-bit P fragment."""
         row_lo, row_hi, row_f, rab = rows
-        self._score_tile(acc_S, work.kv_tile(it), work.blk, tile.mask, row_lo, row_hi, row_f,
+        self._score_tile(acc_S, work.kv_tile(it), work.kv, tile.mask, row_lo, row_hi, row_f,
                          work.seq, tile.mw0, tile.mw1, tile.left, tile.right, tile.alpha_half,
                          tile.tSc, rab, pre)
         return self._to_p(acc_S, tile.alpha_half)
@@ -324,13 +302,14 @@ class HstuFwdSm90Ws(AttnFwdSm90Ws):
             self._score(acc_S, alpha_half)
             rP.store(acc_S.load().to(self.dtype))
         return rP
+
     # ------------------------------------------------------------- relative attention bias
     @cute.jit
     def _rab_tile(self, mRab, batch, head, seq, mw0):
         """This warpgroup's view of the bias for one Q tile: ``(address of rab[b, h % H_rab,
-        0, 0], N_k, row offset, lim, rab's dtype)``. Query row ``i`` (tile-relative ``r``) reads bias row
-        ``p = mw0 + r + L_k - L_q``; key ``j`` has a bias when ``0 <= p < lim`` and
-        ``j < lim``, ``lim = min(L_k, N_k)``."""
+        0, 0], N_k, row offset, lim, rab's dtype)``. Query row ``i`` (tile-relative ``r``)
+        reads bias row ``p = mw0 + r + L_k - L_q``; key ``j`` has a bias when
+        ``0 <= p < lim`` and ``j < lim``, ``lim = min(L_k, N_k)``."""
         n_k = mRab.shape[3]
         b = cutlass.min(batch, mRab.shape[0] - 1)
         h = head if cutlass.const_expr(self.rab_per_head) else 0
