@@ -38,12 +38,16 @@ from .bsa_common import (
 )
 from .common import (
     acc_mn_view,
+    cvt_frag,
     elem_ptr,
     gemm_ss,
     gmem_load_copy,
     gmem_store_copy,
+    ldmatrix_atoms,
     load_rows,
+    r2s_copy,
     smem_layout_16b,
+    store_p_ds,
     transpose_view,
     transpose_view_staged,
 )
@@ -195,8 +199,7 @@ class BsaBwdSm80:
         tdQrdS = thr_dq.make_fragment_A(thr_dq.partition_A(sdS))
         tdQrKt = thr_dq.make_fragment_B(thr_dq.partition_B(sKt))
 
-        ldm = cute.make_copy_atom(warp.LdMatrix8x8x16bOp(transpose=False, num_matrices=4), self.dtype)
-        ldm_t = cute.make_copy_atom(warp.LdMatrix8x8x16bOp(transpose=True, num_matrices=4), self.dtype)
+        ldm, ldm_t = ldmatrix_atoms(self.dtype)
         s2r_sdp_A = cute.make_tiled_copy_A(ldm, mma_sdp).get_slice(tidx)
         s2r_sdp_B = cute.make_tiled_copy_B(ldm, mma_sdp).get_slice(tidx)
         s2r_dkv_A = cute.make_tiled_copy_A(ldm_t, mma_dkv).get_slice(tidx)
@@ -214,7 +217,7 @@ class BsaBwdSm80:
         tdQsdS = s2r_dq_A.partition_S(sdS)
         tdQsKt = s2r_dq_B.partition_S(sKt)
 
-        r2s = cute.make_tiled_copy_C(cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), self.dtype), mma_sdp)
+        r2s = r2s_copy(self.dtype, mma_sdp)
         r2s_thr = r2s.get_slice(tidx)
         tPsP = r2s_thr.partition_D(sP)
         tdSsdS = r2s_thr.partition_D(sdS)
@@ -287,13 +290,7 @@ class BsaBwdSm80:
                                 S_mn[r, c] = 0.0
                                 dP_mn[r, c] = 0.0
 
-                rP = cute.make_fragment_like(acc_S, self.dtype)
-                rP.store(acc_S.load().to(self.dtype))
-                rdS = cute.make_fragment_like(acc_dP, self.dtype)
-                rdS.store(acc_dP.load().to(self.dtype))
-                cute.copy(r2s, r2s_thr.retile(rP), tPsP)
-                cute.copy(r2s, r2s_thr.retile(rdS), tdSsdS)
-                cute.arch.barrier()
+                store_p_ds(r2s, r2s_thr, acc_S, acc_dP, tPsP, tdSsdS, self.dtype)
 
                 gemm_ss(mma_dkv, acc_dV, tdVrPt, tdVrdOt, tdVsPt, tdVsdOt[None, None, None, stage],
                         s2r_dkv_A, s2r_dkv_B)
@@ -321,12 +318,10 @@ class BsaBwdSm80:
         cute.arch.cp_async_wait_group(0)
         cute.arch.barrier()
         acc_dK.store(acc_dK.load() * softmax_scale)
-        r2s_kv = cute.make_tiled_copy_C(cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), self.dtype), mma_dkv)
+        r2s_kv = r2s_copy(self.dtype, mma_dkv)
         r2s_kv_thr = r2s_kv.get_slice(tidx)
-        rdK = cute.make_fragment_like(acc_dK, self.dtype)
-        rdK.store(acc_dK.load().to(self.dtype))
-        rdV = cute.make_fragment_like(acc_dV, self.dtype)
-        rdV.store(acc_dV.load().to(self.dtype))
+        rdK = cvt_frag(acc_dK, self.dtype)
+        rdV = cvt_frag(acc_dV, self.dtype)
         cute.copy(r2s_kv, r2s_kv_thr.retile(rdK), r2s_kv_thr.partition_D(sK))
         cute.copy(r2s_kv, r2s_kv_thr.retile(rdV), r2s_kv_thr.partition_D(sV))
         cute.arch.barrier()

@@ -26,24 +26,10 @@ import cutlass.memory
 import cutlass.cute as cute
 from cutlass.cute.nvgpu import warp
 
-from .bsa_common import (
-    LOG2_E,
-    kv_block_rows,
-    mask_keys_from,
-    online_softmax_step,
-    quad_allreduce_sum,
-)
-from .common import (
-    acc_mn_view,
-    acc_to_a_frag,
-    gemm_rs,
-    gemm_ss,
-    gmem_load_copy,
-    gmem_store_copy,
-    load_rows,
-    smem_layout_16b,
-    transpose_view,
-)
+from .bsa_common import LOG2_E, kv_block_rows, mask_keys_from, online_softmax_step, quad_allreduce_sum
+from .common import (acc_mn_view, acc_to_a_frag, cvt_frag, gemm_rs, gemm_ss, gmem_load_copy,
+                     gmem_store_copy, ldmatrix_atoms, load_rows, r2s_copy, smem_layout_16b,
+                     transpose_view)
 
 
 class BsaFwdSm80:
@@ -154,8 +140,7 @@ class BsaFwdSm80:
         acc_O = cute.make_rmem_tensor(thr_mma.partition_shape_C((blk, hd)), cutlass.Float32)
         acc_O.fill(0.0)
 
-        ldm = cute.make_copy_atom(warp.LdMatrix8x8x16bOp(transpose=False, num_matrices=4), self.dtype)
-        ldm_t = cute.make_copy_atom(warp.LdMatrix8x8x16bOp(transpose=True, num_matrices=4), self.dtype)
+        ldm, ldm_t = ldmatrix_atoms(self.dtype)
         s2r_Q = cute.make_tiled_copy_A(ldm, tiled_mma).get_slice(tidx)
         s2r_K = cute.make_tiled_copy_B(ldm, tiled_mma).get_slice(tidx)
         s2r_V = cute.make_tiled_copy_B(ldm_t, tiled_mma).get_slice(tidx)
@@ -216,9 +201,7 @@ class BsaFwdSm80:
                 mask_keys_from(acc_S_mn, tScS_mn, limit)
             online_softmax_step(acc_S_mn, acc_mn_view(acc_O), row_max, row_sum, scale_log2)
 
-            rP = cute.make_fragment_like(acc_S, self.dtype)
-            rP.store(acc_S.load().to(self.dtype))
-            gemm_rs(tiled_mma, acc_O, acc_to_a_frag(rP), tOrVt, tOsVt, s2r_V)
+            gemm_rs(tiled_mma, acc_O, acc_to_a_frag(cvt_frag(acc_S, self.dtype)), tOrVt, tOsVt, s2r_V)
 
         # Epilogue: normalize, write LSE and O. Empty rows never waited for their Q copy:
         # drain it before sQ is reused as the output staging buffer.
@@ -238,11 +221,10 @@ class BsaFwdSm80:
                 if row < seqlen_q:
                     mLSE[batch, head, row] = lse
 
-        rO = cute.make_fragment_like(acc_O, self.dtype)
-        rO.store(acc_O.load().to(self.dtype))
+        rO = cvt_frag(acc_O, self.dtype)
         cute.arch.barrier()  # every warp is done reading sQ / sV
         sO = cute.make_tensor(sQ.iterator, sQ_layout)
-        r2s = cute.make_tiled_copy_C(cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), self.dtype), tiled_mma)
+        r2s = r2s_copy(self.dtype, tiled_mma)
         r2s_thr = r2s.get_slice(tidx)
         cute.copy(r2s, r2s_thr.retile(rO), r2s_thr.partition_D(sO))
         cute.arch.barrier()

@@ -204,10 +204,7 @@ class HstuBwdSm80:
             tKc = thr_d.partition_S(cute.make_identity_tensor((bn, self.d)))
             tVc = thr_dv.partition_S(cute.make_identity_tensor((bn, self.dv)))
 
-            ldsm = cute.make_copy_atom(warp.LdMatrix8x8x16bOp(transpose=False, num_matrices=4),
-                                       self.dtype)
-            ldsm_t = cute.make_copy_atom(warp.LdMatrix8x8x16bOp(transpose=True, num_matrices=4),
-                                         self.dtype)
+            ldsm, ldsm_t = hc.ldmatrix_atoms(self.dtype)
 
             # S = Q K^T, dP = dO V^T
             thr_sdp = mma_sdp.get_slice(tidx)
@@ -261,9 +258,7 @@ class HstuBwdSm80:
             tdQc = thr_dq.partition_C(cute.make_identity_tensor((bm, dqc)))
 
             # register -> smem copies of P and dS
-            r2s = cute.make_tiled_copy_C(
-                cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), self.dtype), mma_sdp
-            ).get_slice(tidx)
+            r2s = hc.r2s_copy(self.dtype, mma_sdp).get_slice(tidx)
             tPsP = r2s.partition_D(sP)
             tdSsdS = r2s.partition_D(sdS)
 
@@ -384,13 +379,7 @@ class HstuBwdSm80:
                                          n0, rab_lim)
                         for e in cutlass.range_constexpr(cute.size(acc_dP)):
                             acc_dP[e] = acc_dP[e] * alpha
-                    rP = cute.make_fragment_like(acc_S, self.dtype)
-                    rP.store(acc_S.load().to(self.dtype))
-                    rdS = cute.make_fragment_like(acc_dP, self.dtype)
-                    rdS.store(acc_dP.load().to(self.dtype))
-                    cute.copy(r2s, r2s.retile(rP), tPsP)
-                    cute.copy(r2s, r2s.retile(rdS), tdSsdS)
-                    cute.arch.barrier()
+                    hc.store_p_ds(r2s, r2s, acc_S, acc_dP, tPsP, tdSsdS, self.dtype)
 
                     # dV += P^T dO ; dK += dS^T Q
                     sdOt_s = hc.transpose_view(sdO[None, None, stage])
@@ -423,13 +412,9 @@ class HstuBwdSm80:
             # ---- epilogue: dK, dV -> smem -> gmem ----------------------------------------
             cute.arch.cp_async_wait_group(0)
             cute.arch.barrier()
-            rdV = cute.make_fragment_like(acc_dV, self.dtype)
-            rdV.store((acc_dV.load() * inv_scale).to(self.dtype))
-            rdK = cute.make_fragment_like(acc_dK, self.dtype)
-            rdK.store(acc_dK.load().to(self.dtype))
-            r2s_kv = cute.make_tiled_copy_C(
-                cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), self.dtype), mma_dkv
-            ).get_slice(tidx)
+            rdV = hc.cvt_frag(acc_dV, self.dtype, inv_scale)
+            rdK = hc.cvt_frag(acc_dK, self.dtype)
+            r2s_kv = hc.r2s_copy(self.dtype, mma_dkv).get_slice(tidx)
             cute.copy(r2s_kv, r2s_kv.retile(rdK), r2s_kv.partition_D(sK))
             cute.copy(r2s_kv, r2s_kv.retile(rdV), r2s_kv.partition_D(sV))
             cute.arch.barrier()

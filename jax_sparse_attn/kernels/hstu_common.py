@@ -22,8 +22,6 @@ BSA kernels) and re-exported here.
 * ``red_add_v2_f32(ptr, a, b)``: vectorized fp32 reduction into global memory (sm_90).
 * ``gemm_ss(...)``: ``acc += A B`` with both operands loaded from smem via ``ldmatrix``,
   double-buffered over the K mode.
-* ``fwd_kv_block_range(...)``: the KV columns ``[j_lo, j_hi)`` a forward Q tile can see, the
-  func-mask "fully valid below f0" bound and the KV tile range ``[n_min, n_max)``.
 * ``load_rows(...)`` / ``store_rows(...)``: row-predicated tile copies, re-exported from
   :mod:`.common` (shared with the BSA kernels).
 """
@@ -32,39 +30,24 @@ from __future__ import annotations
 
 import cutlass
 import cutlass.cute as cute
-from cutlass._mlir.dialects import llvm
 from cutlass.cutlass_dsl import T, dsl_user_op
 
-from .common import (  # noqa: F401  (re-exported: the HSTU kernels use them as hc.*)
-    acc_mn_view,
-    acc_to_a_frag,
-    elem_ptr,
-    gemm_rs,
-    gemm_ss,
-    gmem_load_copy,
-    gmem_store_copy,
-    load_rows,
-    smem_layout_16b,
-    store_rows,
-    transpose_view,
-)
+# re-exported: the HSTU kernels use them as hc.*
+from .common import (acc_mn_view, acc_to_a_frag, cvt_frag, elem_ptr, gemm_rs,  # noqa: F401
+                     gemm_ss, gmem_load_copy, gmem_store_copy, inline_asm, ldmatrix_atoms,
+                     load_rows, r2s_copy, smem_layout_16b, store_p_ds, store_rows,
+                     transpose_view)
+
+
+def _f32(x, loc, ip):
+    return cutlass.Float32(x).ir_value(loc=loc, ip=ip)
 
 
 @dsl_user_op
 def tanh_approx(x, *, loc=None, ip=None):
     return cutlass.Float32(
-        llvm.inline_asm(
-            T.f32(),
-            [cutlass.Float32(x).ir_value(loc=loc, ip=ip)],
-            "tanh.approx.f32 $0, $1;",
-            "=f,f",
-            has_side_effects=False,
-            is_align_stack=False,
-            asm_dialect=llvm.AsmDialect.AD_ATT,
-            loc=loc,
-            ip=ip,
-        )
-    )
+        inline_asm(T.f32(), [_f32(x, loc, ip)], "tanh.approx.f32 $0, $1;", "=f,f", False,
+                   loc, ip))
 
 
 FLT_LOWEST = -3.4028234663852886e38
@@ -74,67 +57,16 @@ FLT_LOWEST = -3.4028234663852886e38
 def finite_below(x, *, loc=None, ip=None):
     """``max.NaN.f32 x, -FLT_MAX`` (one instruction; NaN propagates, -inf is clamped)."""
     return cutlass.Float32(
-        llvm.inline_asm(
-            T.f32(),
-            [cutlass.Float32(x).ir_value(loc=loc, ip=ip),
-             cutlass.Float32(FLT_LOWEST).ir_value(loc=loc, ip=ip)],
-            "max.NaN.f32 $0, $1, $2;",
-            "=f,f,f",
-            has_side_effects=False,
-            is_align_stack=False,
-            asm_dialect=llvm.AsmDialect.AD_ATT,
-            loc=loc,
-            ip=ip,
-        )
-    )
+        inline_asm(T.f32(), [_f32(x, loc, ip), _f32(FLT_LOWEST, loc, ip)],
+                   "max.NaN.f32 $0, $1, $2;", "=f,f,f", False, loc, ip))
 
 
 @dsl_user_op
 def red_add_v2_f32(ptr, a, b, *, loc=None, ip=None):
     """``red.global.add.v2.f32 [ptr], {a, b}`` (sm_90; 8-byte aligned ``ptr``)."""
-    llvm.inline_asm(
-        None,
-        [ptr.toint(loc=loc, ip=ip).ir_value(loc=loc, ip=ip),
-         cutlass.Float32(a).ir_value(loc=loc, ip=ip),
-         cutlass.Float32(b).ir_value(loc=loc, ip=ip)],
-        "red.relaxed.gpu.global.add.v2.f32 [$0], {$1, $2};",
-        "l,f,f",
-        has_side_effects=True,
-        is_align_stack=False,
-        asm_dialect=llvm.AsmDialect.AD_ATT,
-        loc=loc,
-        ip=ip,
-    )
-
-
-@cute.jit
-def fwd_kv_block_range(mTile, slot, m0, m1, seqlen_k, off, left, right,
-                       bn: cutlass.Constexpr, has_func: cutlass.Constexpr):
-    """KV range of the forward Q tile with rows ``[m0, m1)``.
-
-    Returns ``(j_lo, j_hi, f0, n_min, n_max)``: visible key columns ``[j_lo, j_hi)`` (from the
-    precomputed func-mask summary ``mTile[slot, 2:5]`` when ``has_func``, else from the window
-    ``(left, right)`` with diagonal offset ``off``), ``f0`` (func mask: columns below it are
-    valid for every row), and the KV tiles ``[n_min, n_max)`` of size ``bn`` (empty if
-    ``j_hi <= j_lo``).
-    """
-    j_lo = cutlass.Int32(0)
-    j_hi = seqlen_k  # exclusive
-    f0 = cutlass.Int32(0)
-    if cutlass.const_expr(has_func):
-        j_lo = cutlass.max(mTile[slot, 2], 0)
-        j_hi = cutlass.min(mTile[slot, 3], seqlen_k)
-        f0 = cutlass.min(mTile[slot, 4], seqlen_k)
-    else:
-        if left >= 0:
-            j_lo = cutlass.max(m0 + off - left, 0)
-        if right >= 0:
-            j_hi = cutlass.min(m1 - 1 + off + right + 1, seqlen_k)
-    n_min = j_lo // bn
-    n_max = n_min
-    if j_hi > j_lo:
-        n_max = (j_hi + bn - 1) // bn
-    return j_lo, j_hi, f0, n_min, n_max
+    inline_asm(None, [ptr.toint(loc=loc, ip=ip).ir_value(loc=loc, ip=ip), _f32(a, loc, ip),
+                      _f32(b, loc, ip)],
+               "red.relaxed.gpu.global.add.v2.f32 [$0], {$1, $2};", "l,f,f", True, loc, ip)
 
 
 @dsl_user_op
@@ -146,24 +78,14 @@ def silu_half_pair(h0, h1, bf16: bool, *, loc=None, ip=None):
     compiler keeps it where it is written, before the ``wgmma.fence`` of the GEMM that reads
     it (sunk past the fence, ptxas serializes the wgmma)."""
     t = "bf16x2" if bf16 else "f16x2"
+    asm = ("{\n.reg .b32 hh, th;\n"
+           f"cvt.rn.{t}.f32 hh, $2, $1;\n"
+           f"tanh.approx.{t} th, hh;\n"
+           f"fma.rn.{t} $0, hh, th, hh;\n"
+           "}")
     return cutlass.Uint32(
-        llvm.inline_asm(
-            T.i32(),
-            [cutlass.Float32(h0).ir_value(loc=loc, ip=ip),
-             cutlass.Float32(h1).ir_value(loc=loc, ip=ip)],
-            "{\n.reg .b32 hh, th;\n"
-            f"cvt.rn.{t}.f32 hh, $2, $1;\n"
-            f"tanh.approx.{t} th, hh;\n"
-            f"fma.rn.{t} $0, hh, th, hh;\n"
-            "}",
-            "=r,f,f",
-            has_side_effects=True,
-            is_align_stack=False,
-            asm_dialect=llvm.AsmDialect.AD_ATT,
-            loc=loc,
-            ip=ip,
-        )
-    )
+        inline_asm(T.i32(), [_f32(h0, loc, ip), _f32(h1, loc, ip)], asm, "=r,f,f", True,
+                   loc, ip))
 
 
 @dsl_user_op
@@ -172,32 +94,8 @@ def keep_u32(x, *, loc=None, ip=None):
     ``wgmma.wait_group`` of a GEMM that read ``x`` from registers, it keeps the compiler from
     reusing ``x``'s registers while the asynchronous GEMM may still read them."""
     return cutlass.Uint32(
-        llvm.inline_asm(
-            T.i32(),
-            [cutlass.Uint32(x).ir_value(loc=loc, ip=ip)],
-            "",
-            "=r,0",
-            has_side_effects=True,
-            is_align_stack=False,
-            asm_dialect=llvm.AsmDialect.AD_ATT,
-            loc=loc,
-            ip=ip,
-        )
-    )
-def red_add_f32(ptr, a, *, loc=None, ip=None):
-    """``red.global.add.f32 [ptr], a``."""
-    llvm.inline_asm(
-        None,
-        [ptr.toint(loc=loc, ip=ip).ir_value(loc=loc, ip=ip),
-         cutlass.Float32(a).ir_value(loc=loc, ip=ip)],
-        "red.relaxed.gpu.global.add.f32 [$0], $1;",
-        "l,f",
-        has_side_effects=True,
-        is_align_stack=False,
-        asm_dialect=llvm.AsmDialect.AD_ATT,
-        loc=loc,
-        ip=ip,
-    )
+        inline_asm(T.i32(), [cutlass.Uint32(x).ir_value(loc=loc, ip=ip)], "", "=r,0", True,
+                   loc, ip))
 
 
 # ---- relative attention bias (rab) --------------------------------------------------------

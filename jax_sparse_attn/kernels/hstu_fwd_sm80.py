@@ -29,6 +29,7 @@ from cutlass import Float32, Int32
 from cutlass.cute.nvgpu import warp
 
 from . import hstu_common as hc
+from .block_info import BlockInfo
 
 BIG = 1 << 30
 
@@ -115,9 +116,9 @@ class HstuFwdSm80:
             inv_scale = mScal[1]
 
             # ---- KV tile range and the "fully valid" test -------------------------------
-            j_lo, j_hi, f0, n_min, n_max = hc.fwd_kv_block_range(
-                mTile, slot, m0, m1, seqlen_k, off, left, right, bn, self.has_func)
-            n_count = n_max - n_min
+            blocks = BlockInfo.create(mTile, slot, m0, m1, seqlen_k, off, left, right, bn,
+                                      self.has_func)
+            f0, n_max, n_count = blocks.f0, blocks.n_max, blocks.n_count
 
             # ---- global tiles ----------------------------------------------------------
             mQ_b = cute.domain_offset((q_start, 0), mQ[None, head, None])
@@ -155,10 +156,7 @@ class HstuFwdSm80:
             acc_O = cute.make_rmem_tensor(thr_mma.partition_shape_C((bm, self.dv)), Float32)
             acc_O.fill(0.0)
 
-            ldsm = cute.make_copy_atom(warp.LdMatrix8x8x16bOp(transpose=False, num_matrices=4),
-                                       self.dtype)
-            ldsm_t = cute.make_copy_atom(warp.LdMatrix8x8x16bOp(transpose=True, num_matrices=4),
-                                         self.dtype)
+            ldsm, ldsm_t = hc.ldmatrix_atoms(self.dtype)
             s2r_Q = cute.make_tiled_copy_A(ldsm, tiled_mma).get_slice(tidx)
             s2r_K = cute.make_tiled_copy_B(ldsm, tiled_mma).get_slice(tidx)
             s2r_V = cute.make_tiled_copy_B(ldsm_t, tiled_mma).get_slice(tidx)
@@ -263,20 +261,15 @@ class HstuFwdSm80:
                     hval = acc_S[e] if cutlass.const_expr(self.has_rab) else acc_S[e] * alpha_half
                     hval = hc.finite_below(hval)  # SiLU(-inf) -> 0, not NaN
                     acc_S[e] = hval + hval * hc.tanh_approx(hval)
-                rP = cute.make_fragment_like(acc_S, self.dtype)
-                rP.store(acc_S.load().to(self.dtype))
-                tOrP = hc.acc_to_a_frag(rP)
+                tOrP = hc.acc_to_a_frag(hc.cvt_frag(acc_S, self.dtype))
                 hc.gemm_rs(tiled_mma, acc_O, tOrP, tOrVt, tOsVt, s2r_V, tOrVt_v)
 
             # ---- epilogue: O / scaling_seqlen -> smem -> gmem ------------------------------
             cute.arch.cp_async_wait_group(0)
             cute.arch.barrier()
             sO = cute.make_tensor(st.sQ.get_tensor(sQ_layout).iterator, sO_layout)
-            rO = cute.make_fragment_like(acc_O, self.dtype)
-            rO.store((acc_O.load() * inv_scale).to(self.dtype))
-            r2s = cute.make_tiled_copy_C(
-                cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), self.dtype), tiled_mma
-            ).get_slice(tidx)
+            rO = hc.cvt_frag(acc_O, self.dtype, inv_scale)
+            r2s = hc.r2s_copy(self.dtype, tiled_mma).get_slice(tidx)
             cute.copy(r2s, r2s.retile(rO), r2s.partition_D(sO))
             cute.arch.barrier()
             thr_o = copy_o.get_slice(tidx)
