@@ -25,32 +25,14 @@ sizes ``(B, H_q, N_kv)`` int32 or None, scale ``(1,)`` fp32.
 from __future__ import annotations
 
 import cutlass
-import cutlass.memory
 import cutlass.cute as cute
 from cutlass.cute.nvgpu import warp
 
-from .bsa_common import (
-    LOG2_E,
-    bwd_entry_rows,
-    bwd_kv_tile_rows,
-    bwd_tile_coords,
-    issue_q_do_rows,
-)
-from .common import (
-    acc_mn_view,
-    cvt_frag,
-    elem_ptr,
-    gemm_ss,
-    gmem_load_copy,
-    gmem_store_copy,
-    ldmatrix_atoms,
-    load_rows,
-    r2s_copy,
-    smem_layout_16b,
-    store_p_ds,
-    transpose_view,
-    transpose_view_staged,
-)
+from .bsa_common import (LOG2_E, bwd_entry_rows, bwd_load_kv_tile, bwd_tile_coords,
+                         issue_q_do_rows)
+from .common import (acc_mn_view, cvt_frag, elem_ptr, gemm_ss, gmem_load_copy, gmem_store_copy,
+                     launch, ldmatrix_atoms, r2s_copy, smem_layout_16b, smem_storage, store_p_ds,
+                     transpose_view, transpose_view_staged)
 
 TILE = 64  # keys per CTA tile and queries per inner step
 
@@ -97,17 +79,11 @@ class BsaBwdSm80:
         gmem_copy_out = gmem_store_copy(self.dtype, self.num_threads, hd)
         n_tiles = cute.ceil_div(mK.shape[1], TILE)
         grid = (n_tiles, cute.size(mK.shape[2]), cute.size(mK.shape[0]))
-        self.kernel(
+        launch(self.kernel(
             mQ, mK, mV, mdO, mLSE, mDelta, mOffsets, mEntries, mSizes, mScale, mdQacc, mdK, mdV,
             s_qd, s_qd_st, s_pp, gmem_copy_in, gmem_copy_out, SharedStorage,
-        ).launch(
-            grid=grid,
-            block=[self.num_threads, 1, 1],
-            smem=SharedStorage.size_in_bytes(),
-            stream=stream,
-            min_blocks_per_mp=self.min_blocks,
-            preferred_smem_carveout=100,
-        )
+        ), grid, self.num_threads, SharedStorage, stream,
+               min_blocks_per_mp=self.min_blocks, preferred_smem_carveout=100)
 
     @cute.jit
     def _issue_q_do(self, mQ, mdO, mEntries, e_begin, t, n_q_blocks, head_kv, group, batch,
@@ -147,8 +123,7 @@ class BsaBwdSm80:
          n_kv_blocks, n_block, tile_off, softmax_scale, scale_log2) = bwd_tile_coords(
             mQ, mK, mScale, blk, self.sub, TILE)
 
-        smem = cutlass.memory.SmemAllocator()
-        storage = smem.allocate(SharedStorage)
+        storage = smem_storage(SharedStorage)
         sQ = storage.sQ.get_tensor(s_qd_st)  # (TILE, hd, 2): double-buffered
         sdO = storage.sdO.get_tensor(s_qd_st)
         sK = storage.sK.get_tensor(s_qd)
@@ -161,19 +136,10 @@ class BsaBwdSm80:
         sPt = transpose_view(sP)
         sdSt = transpose_view(sdS)
 
-        thr_copy = gmem_copy_in.get_slice(tidx)
-        tCc = thr_copy.partition_S(cute.make_identity_tensor((TILE, hd)))
-        gK = cute.local_tile(mK[batch, None, head_kv, None], (TILE, hd), (n_tile, 0))
-        gV = cute.local_tile(mV[batch, None, head_kv, None], (TILE, hd), (n_tile, 0))
-        kv_left = seqlen_k - n_tile * TILE
-        # rows no query head of the group uses as keys are zero-filled, never read
-        kv_rows = bwd_kv_tile_rows(mSizes, batch, head_kv, group, n_block, tile_off, kv_left,
-                                   self.has_sizes)
-        load_rows(gmem_copy_in, thr_copy.partition_S(gK), thr_copy.partition_D(sK), tCc, kv_rows)
-        load_rows(gmem_copy_in, thr_copy.partition_S(gV), thr_copy.partition_D(sV), tCc, kv_rows)
-        cute.arch.cp_async_commit_group()
-        tQsQ = thr_copy.partition_D(sQ)  # (CPY, M, K, stage)
-        tdOsdO = thr_copy.partition_D(sdO)
+        # tQsQ, tdOsdO: (CPY, M, K, stage)
+        thr_copy, tCc, kv_left, tQsQ, tdOsdO = bwd_load_kv_tile(
+            gmem_copy_in, tidx, mK, mV, sK, sV, sQ, sdO, mSizes, batch, head_kv, group, n_tile,
+            n_block, tile_off, seqlen_k, TILE, hd, self.has_sizes)
 
         mma_sdp = self._mma()
         mma_dkv = self._mma()

@@ -1,5 +1,7 @@
 """CuTe DSL helpers shared by the HSTU and block-sparse attention kernels (no jax imports).
 
+* ``launch(kernel, grid, num_threads, smem_struct, stream, **options)``, ``smem_storage``:
+  the kernels' launch and their shared-memory struct.
 * ``swizzle_atom_16b`` / ``smem_layout_16b(rows, cols[, stages])``: swizzled smem layouts of
   row-major 16-bit tiles; ``copy_threads_per_row``, ``gmem_load_copy`` (``cp.async``) /
   ``gmem_store_copy``: the matching 128-bit tiled gmem copies.
@@ -28,9 +30,23 @@ from __future__ import annotations
 
 import cutlass
 import cutlass.cute as cute
+import cutlass.memory
 from cutlass._mlir.dialects import llvm
 from cutlass.cute.nvgpu import cpasync, warp
 from cutlass.cutlass_dsl import dsl_user_op
+
+
+def launch(kernel, grid, num_threads: int, smem_struct, stream, **options):
+    """Launch ``kernel`` (a ``@cute.kernel`` call) on ``grid`` with ``num_threads`` threads per
+    CTA and the dynamic shared memory of ``smem_struct`` on ``stream``; ``options``: further
+    launch options (``min_blocks_per_mp``, ``preferred_smem_carveout``)."""
+    kernel.launch(grid=grid, block=[num_threads, 1, 1], smem=smem_struct.size_in_bytes(),
+                  stream=stream, **options)
+
+
+def smem_storage(smem_struct):
+    """The CTA's shared memory as an instance of the ``@cute.struct`` ``smem_struct``."""
+    return cutlass.memory.SmemAllocator().allocate(smem_struct)
 
 
 def swizzle_atom_16b(cols: int):

@@ -34,16 +34,13 @@ from __future__ import annotations
 
 import cutlass
 import cutlass.cute as cute
-import cutlass.memory
 from cutlass import Float32, Int32
 from cutlass.cute.nvgpu import warp
 
 from . import hstu_common as hc
+from .seqlen_info import SeqlenInfo
 
-BIG = 1 << 30
-
-
-class HstuBwdSm80:
+class HstuBwdSm80(hc.HstuSm80Kernel):
     """Backward kernel.
 
     ``__call__(mdO, mQ, mK, mV, mCuQ, mCuK, mKVTile, mQStart, mQTiles, mFunc, mScal, mWin,
@@ -54,17 +51,8 @@ class HstuBwdSm80:
 
     def __init__(self, dtype, head_dim, head_dim_v, block_m, block_n, num_warps, has_func,
                  func_n, has_rab=False, rab_per_head=False):
-        self.dtype = dtype
-        self.d = head_dim
-        self.dv = head_dim_v
-        self.bm = block_m
-        self.bn = block_n
-        self.num_warps = num_warps
-        self.num_threads = num_warps * 32
-        self.has_func = has_func
-        self.func_n = func_n
-        self.has_rab = has_rab
-        self.rab_per_head = rab_per_head
+        super().__init__(dtype, head_dim, head_dim_v, block_m, block_n, num_warps, has_func,
+                         func_n, has_rab, rab_per_head)
         self.dq_chunk = min(head_dim, 128)
 
     @cute.jit
@@ -98,13 +86,12 @@ class HstuBwdSm80:
         mma_dkv = cute.make_tiled_mma(atom, (wm, wn, 1), permutation_mnk=(wm * 16, wn * 16, 16))
         mma_dq = cute.make_tiled_mma(atom, (wm, wn, 1), permutation_mnk=(wm * 16, wn * 16, 16))
         grid = (cute.size(mQ.shape[1]), cute.size(mKVTile.shape[0]), 1)
-        self.kernel(
+        hc.launch(self.kernel(
             mdO, mQ, mK, mV, mCuQ, mCuK, mKVTile, mQStart, mQTiles, mFunc, mScal, mWin,
             mdQacc, mdK, mdV, mRab, mdRab,
             sQ_layout, sdO_layout, sK_layout, sV_layout, sPdS_layout,
             copy_d, copy_dv, store_d, store_dv, mma_sdp, mma_dkv, mma_dq, Smem,
-        ).launch(grid=grid, block=[self.num_threads, 1, 1], smem=Smem.size_in_bytes(),
-                 stream=stream)
+        ), grid, self.num_threads, Smem, stream)
 
     @cute.jit
     def _store_drab(self, g_mn, mdRab_bh, row_p, row_ok, tScS, col0, lim):
@@ -130,22 +117,16 @@ class HstuBwdSm80:
                Smem: cutlass.Constexpr):
         tidx, _, _ = cute.arch.thread_idx()
         head, slot, _ = cute.arch.block_idx()
-        bm = self.bm
-        bn = self.bn
+        bm, bn = self.bm, self.bn
         batch = mKVTile[slot, 0]
         if batch >= 0:
             n_block = mKVTile[slot, 1]
-            q_start = mCuQ[batch]
-            seqlen_q = mCuQ[batch + 1] - q_start
-            k_start = mCuK[batch]
-            seqlen_k = mCuK[batch + 1] - k_start
-            off = seqlen_k - seqlen_q
+            seq = SeqlenInfo.create(batch, mCuQ, mCuK)
+            q_start, k_start, off = seq.q_start, seq.k_start, seq.off
+            seqlen_q, seqlen_k = seq.seqlen_q, seq.seqlen_k
             n0 = n_block * bn
             n1 = cutlass.min(n0 + bn, seqlen_k)
-            left = mWin[0]
-            right = mWin[1]
-            alpha_half = mScal[0]
-            inv_scale = mScal[1]
+            left, right, alpha_half, inv_scale = hc.runtime_scalars(mWin, mScal)
             ds_scale = alpha_half * 2.0 * inv_scale
 
             # ---- query-tile range ------------------------------------------------------
@@ -177,8 +158,7 @@ class HstuBwdSm80:
             gdK = cute.local_tile(mdK_b, (bn, self.d), (n_block, 0))
             gdV = cute.local_tile(mdV_b, (bn, self.dv), (n_block, 0))
 
-            smem = cutlass.memory.SmemAllocator()
-            st = smem.allocate(Smem)
+            st = hc.smem_storage(Smem)
             sQ = st.sQ.get_tensor(sQ_layout)
             sdO = st.sdO.get_tensor(sdO_layout)
             sK = st.sK.get_tensor(sK_layout)
@@ -264,7 +244,6 @@ class HstuBwdSm80:
 
             tScS = hc.acc_mn_view(thr_sdp.partition_C(cute.make_identity_tensor((bm, bn))))
             n_rows = cute.size(tScS, mode=[0])
-            n_cols = cute.size(tScS, mode=[1])
             func_n = self.func_n if cutlass.const_expr(self.has_func) else 1
             row_f = cute.make_rmem_tensor((n_rows, func_n), Int32)
 
@@ -353,27 +332,11 @@ class HstuBwdSm80:
                         acc_S_mn = hc.acc_mn_view(acc_S)
                         acc_dP_mn = hc.acc_mn_view(acc_dP)
                         for r in cutlass.range_constexpr(n_rows):
-                            i = m0 + tScS[r, 0][0]
-                            lo_r = Int32(0)
-                            hi_r = Int32(0)
-                            if cutlass.const_expr(self.has_func):
-                                for t in cutlass.range_constexpr(func_n):
-                                    row_f[r, t] = mFunc[0, t, q_start + i]
-                            else:
-                                lo_r = -BIG if left < 0 else i + off - left
-                                hi_r = BIG if right < 0 else i + off + right
-                            for c in cutlass.range_constexpr(n_cols):
-                                j = n0 + tScS[0, c][1]
-                                valid = cutlass.Boolean(False)
-                                if cutlass.const_expr(self.has_func):
-                                    valid = j < row_f[r, 0]
-                                    for t in cutlass.range_constexpr((func_n - 1) // 2):
-                                        valid = valid | ((j >= row_f[r, 2 * t + 1])
-                                                         & (j < row_f[r, 2 * t + 2]))
-                                else:
-                                    valid = (j >= lo_r) & (j <= hi_r)
-                                acc_S_mn[r, c] = acc_S_mn[r, c] if valid else Float32(0.0)
-                                acc_dP_mn[r, c] = acc_dP_mn[r, c] if valid else Float32(0.0)
+                            lo_r, hi_r = hc.mask_row_bounds(
+                                row_f, r, m0 + tScS[r, 0][0], mFunc, q_start, off, left,
+                                right, self.has_func, func_n)
+                            hc.mask_row(acc_S_mn, acc_dP_mn, r, tScS, n0, row_f, lo_r, hi_r,
+                                        self.has_func, func_n)
                     if cutlass.const_expr(self.has_rab):
                         self._store_drab(hc.acc_mn_view(acc_dP), mdRab_bh, rab_p, rab_ok, tScS,
                                          n0, rab_lim)

@@ -23,7 +23,13 @@ BSA kernels) and re-exported here.
 * ``gemm_ss(...)``: ``acc += A B`` with both operands loaded from smem via ``ldmatrix``,
   double-buffered over the K mode.
 * ``load_rows(...)`` / ``store_rows(...)``: row-predicated tile copies, re-exported from
-  :mod:`.common` (shared with the BSA kernels).
+  :mod:`.common` (shared with the BSA kernels), like the launch, smem, ``ldmatrix`` and
+  fragment-conversion helpers.
+* ``HstuSm80Kernel``: the static options of the ``mma.sync`` HSTU kernels (their base class).
+* ``runtime_scalars(mWin, mScal)``: the window and scale values of the runtime arrays.
+* ``mask_row_bounds(...)`` / ``mask_row(...)``: per-row window bounds or func endpoints, and
+  the element mask of one accumulator row (forward: S; backward: S and dP).
+* ``rab_row_setup(...)`` / ``rab_load_tile(...)``: the relative attention bias rows and tile.
 """
 
 from __future__ import annotations
@@ -34,8 +40,8 @@ from cutlass.cutlass_dsl import T, dsl_user_op
 
 # re-exported: the HSTU kernels use them as hc.*
 from .common import (acc_mn_view, acc_to_a_frag, cvt_frag, elem_ptr, gemm_rs,  # noqa: F401
-                     gemm_ss, gmem_load_copy, gmem_store_copy, inline_asm, ldmatrix_atoms,
-                     load_rows, r2s_copy, smem_layout_16b, store_p_ds, store_rows,
+                     gemm_ss, gmem_load_copy, gmem_store_copy, inline_asm, launch, ldmatrix_atoms,
+                     load_rows, r2s_copy, smem_layout_16b, smem_storage, store_p_ds, store_rows,
                      transpose_view)
 
 
@@ -67,6 +73,72 @@ def red_add_v2_f32(ptr, a, b, *, loc=None, ip=None):
     inline_asm(None, [ptr.toint(loc=loc, ip=ip).ir_value(loc=loc, ip=ip), _f32(a, loc, ip),
                       _f32(b, loc, ip)],
                "red.relaxed.gpu.global.add.v2.f32 [$0], {$1, $2};", "l,f,f", True, loc, ip)
+
+
+class HstuSm80Kernel:
+    """Compile-time settings of the ``mma.sync`` HSTU kernels: element type, head dims, tile
+    sizes, warps, func mask (``has_func``, ``func_n`` endpoints per row) and the relative
+    attention bias (``has_rab``, ``rab_per_head``)."""
+
+    def __init__(self, dtype, head_dim, head_dim_v, block_m, block_n, num_warps, has_func,
+                 func_n, has_rab=False, rab_per_head=False):
+        self.dtype = dtype
+        self.d = head_dim
+        self.dv = head_dim_v
+        self.bm = block_m
+        self.bn = block_n
+        self.num_warps = num_warps
+        self.num_threads = num_warps * 32
+        self.has_func = has_func
+        self.func_n = func_n
+        self.has_rab = has_rab
+        self.rab_per_head = rab_per_head
+
+
+def runtime_scalars(mWin, mScal):
+    """``(left, right, alpha / 2, 1 / scaling_seqlen)`` from the kernels' runtime arrays
+    ``mWin = [left, right]`` and ``mScal = [alpha / 2, 1 / scaling_seqlen]``."""
+    return mWin[0], mWin[1], mScal[0], mScal[1]
+
+
+BIG = 1 << 30
+
+
+@cute.jit
+def mask_row_bounds(row_f, r, i, mFunc, q_start, off, left, right,
+                    has_func: cutlass.Constexpr, func_n: cutlass.Constexpr):
+    """Mask bounds of sequence row ``i`` (accumulator row ``r``): with a func mask its
+    endpoints go to ``row_f[r, :]`` (returns ``(0, 0)``), else returns the window's visible
+    key columns ``[lo, hi]`` (``-BIG`` / ``BIG`` where unbounded)."""
+    lo = cutlass.Int32(0)
+    hi = cutlass.Int32(0)
+    if cutlass.const_expr(has_func):
+        for t in cutlass.range_constexpr(func_n):
+            row_f[r, t] = mFunc[0, t, q_start + i]
+    else:
+        lo = -BIG if left < 0 else i + off - left
+        hi = BIG if right < 0 else i + off + right
+    return lo, hi
+
+
+@cute.jit
+def mask_row(acc_mn, acc2_mn, r, tScS, n0, row_f, lo, hi, has_func: cutlass.Constexpr,
+             func_n: cutlass.Constexpr):
+    """Zero the masked columns of row ``r`` of the score tile ``acc_mn`` (and of ``acc2_mn``
+    unless None) whose first key is ``n0``: visible are ``j < row_f[r, 0]`` or
+    ``row_f[r, 2t+1] <= j < row_f[r, 2t+2]`` (func mask), else ``lo <= j <= hi``."""
+    for c in cutlass.range_constexpr(cute.size(tScS, mode=[1])):
+        j = n0 + tScS[0, c][1]
+        valid = cutlass.Boolean(False)
+        if cutlass.const_expr(has_func):
+            valid = j < row_f[r, 0]
+            for t in cutlass.range_constexpr((func_n - 1) // 2):
+                valid = valid | ((j >= row_f[r, 2 * t + 1]) & (j < row_f[r, 2 * t + 2]))
+        else:
+            valid = (j >= lo) & (j <= hi)
+        acc_mn[r, c] = acc_mn[r, c] if valid else cutlass.Float32(0.0)
+        if cutlass.const_expr(acc2_mn is not None):
+            acc2_mn[r, c] = acc2_mn[r, c] if valid else cutlass.Float32(0.0)
 
 
 @dsl_user_op

@@ -24,17 +24,14 @@ from __future__ import annotations
 
 import cutlass
 import cutlass.cute as cute
-import cutlass.memory
 from cutlass import Float32, Int32
 from cutlass.cute.nvgpu import warp
 
 from . import hstu_common as hc
 from .block_info import BlockInfo
+from .seqlen_info import SeqlenInfo
 
-BIG = 1 << 30
-
-
-class HstuFwdSm80:
+class HstuFwdSm80(hc.HstuSm80Kernel):
     """Forward kernel. ``__call__(mQ, mK, mV, mCuQ, mCuK, mTile, mFunc, mScal, mWin, mO, stream)``.
 
     * ``mQ (T_q, H, D)``, ``mK (T_k, H, D)``, ``mV (T_k, H, Dv)``, ``mO (T_q, H, Dv)``.
@@ -45,20 +42,6 @@ class HstuFwdSm80:
     * ``mScal (2,) f32 = [alpha / 2, 1 / scaling_seqlen]``; ``mWin (2,) int32 = [left, right]``.
     Grid ``(H, S)``.
     """
-
-    def __init__(self, dtype, head_dim, head_dim_v, block_m, block_n, num_warps, has_func,
-                 func_n, has_rab=False, rab_per_head=False):
-        self.dtype = dtype
-        self.d = head_dim
-        self.dv = head_dim_v
-        self.bm = block_m
-        self.bn = block_n
-        self.num_warps = num_warps
-        self.num_threads = num_warps * 32
-        self.has_func = has_func
-        self.func_n = func_n
-        self.has_rab = has_rab
-        self.rab_per_head = rab_per_head
 
     @cute.jit
     def __call__(self, mQ, mK, mV, mCuQ, mCuK, mTile, mFunc, mScal, mWin, mO, stream,
@@ -85,12 +68,11 @@ class HstuFwdSm80:
             permutation_mnk=(self.num_warps * 16, 16, 16),
         )
         grid = (cute.size(mQ.shape[1]), cute.size(mTile.shape[0]), 1)
-        self.kernel(
+        hc.launch(self.kernel(
             mQ, mK, mV, mCuQ, mCuK, mTile, mFunc, mScal, mWin, mO, mRab,
             sQ_layout, sQ_layout_d, sO_layout, sK_layout, sV_layout,
             copy_qk, copy_v, copy_o, tiled_mma, Smem,
-        ).launch(grid=grid, block=[self.num_threads, 1, 1], smem=Smem.size_in_bytes(),
-                 stream=stream)
+        ), grid, self.num_threads, Smem, stream)
 
     @cute.kernel
     def kernel(self, mQ, mK, mV, mCuQ, mCuK, mTile, mFunc, mScal, mWin, mO, mRab,
@@ -98,22 +80,16 @@ class HstuFwdSm80:
                copy_qk, copy_v, copy_o, tiled_mma, Smem: cutlass.Constexpr):
         tidx, _, _ = cute.arch.thread_idx()
         head, slot, _ = cute.arch.block_idx()
-        bm = self.bm
-        bn = self.bn
+        bm, bn = self.bm, self.bn
         batch = mTile[slot, 0]
         if batch >= 0:
             m_block = mTile[slot, 1]
-            q_start = mCuQ[batch]
-            seqlen_q = mCuQ[batch + 1] - q_start
-            k_start = mCuK[batch]
-            seqlen_k = mCuK[batch + 1] - k_start
-            off = seqlen_k - seqlen_q
+            seq = SeqlenInfo.create(batch, mCuQ, mCuK)
+            q_start, k_start, off = seq.q_start, seq.k_start, seq.off
+            seqlen_q, seqlen_k = seq.seqlen_q, seq.seqlen_k
             m0 = m_block * bm
             m1 = cutlass.min(m0 + bm, seqlen_q)
-            left = mWin[0]
-            right = mWin[1]
-            alpha_half = mScal[0]
-            inv_scale = mScal[1]
+            left, right, alpha_half, inv_scale = hc.runtime_scalars(mWin, mScal)
 
             # ---- KV tile range and the "fully valid" test -------------------------------
             blocks = BlockInfo.create(mTile, slot, m0, m1, seqlen_k, off, left, right, bn,
@@ -130,8 +106,7 @@ class HstuFwdSm80:
             gV = cute.local_tile(mV_b, (bn, self.dv), (None, 0))
             gO = cute.local_tile(mO_b, (bm, self.dv), (m_block, 0))
 
-            smem = cutlass.memory.SmemAllocator()
-            st = smem.allocate(Smem)
+            st = hc.smem_storage(Smem)
             sQ = st.sQ.get_tensor(sQ_layout_d)
             sK = st.sK.get_tensor(sK_layout)
             sV = st.sV.get_tensor(sV_layout)
@@ -170,7 +145,6 @@ class HstuFwdSm80:
             # per-thread coordinates of the S accumulator
             tScS = hc.acc_mn_view(thr_mma.partition_C(cute.make_identity_tensor((bm, bn))))
             n_rows = cute.size(tScS, mode=[0])
-            n_cols = cute.size(tScS, mode=[1])
 
             # per-row mask bounds (window) or func endpoints, held in registers
             row_lo = cute.make_rmem_tensor((n_rows,), Int32)
@@ -178,13 +152,9 @@ class HstuFwdSm80:
             func_n = self.func_n if cutlass.const_expr(self.has_func) else 1
             row_f = cute.make_rmem_tensor((n_rows, func_n), Int32)
             for r in cutlass.range_constexpr(n_rows):
-                i = m0 + tScS[r, 0][0]
-                if cutlass.const_expr(self.has_func):
-                    for t in cutlass.range_constexpr(func_n):
-                        row_f[r, t] = mFunc[0, t, q_start + i]
-                else:
-                    row_lo[r] = -BIG if left < 0 else i + off - left
-                    row_hi[r] = BIG if right < 0 else i + off + right
+                row_lo[r], row_hi[r] = hc.mask_row_bounds(
+                    row_f, r, m0 + tScS[r, 0][0], mFunc, q_start, off, left, right,
+                    self.has_func, func_n)
 
             if cutlass.const_expr(self.has_rab):
                 rab_nk = mRab.shape[3]
@@ -243,17 +213,8 @@ class HstuFwdSm80:
                 acc_S_mn = hc.acc_mn_view(acc_S)
                 if full == 0:
                     for r in cutlass.range_constexpr(n_rows):
-                        for c in cutlass.range_constexpr(n_cols):
-                            j = n0 + tScS[0, c][1]
-                            valid = cutlass.Boolean(False)
-                            if cutlass.const_expr(self.has_func):
-                                valid = j < row_f[r, 0]
-                                for t in cutlass.range_constexpr((func_n - 1) // 2):
-                                    valid = valid | ((j >= row_f[r, 2 * t + 1])
-                                                     & (j < row_f[r, 2 * t + 2]))
-                            else:
-                                valid = (j >= row_lo[r]) & (j <= row_hi[r])
-                            acc_S_mn[r, c] = acc_S_mn[r, c] if valid else Float32(0.0)
+                        hc.mask_row(acc_S_mn, None, r, tScS, n0, row_f, row_lo[r], row_hi[r],
+                                    self.has_func, func_n)
 
                 # ---- P = SiLU(alpha S) = h + h tanh(h), h = alpha S / 2 ------------------
                 for e in cutlass.range_constexpr(cute.size(acc_S)):
