@@ -31,8 +31,8 @@ from cutlass.cute.nvgpu import warp
 from .bsa_common import (LOG2_E, bwd_entry_rows, bwd_load_kv_tile, bwd_tile_coords,
                          issue_q_do_rows)
 from .common import (acc_mn_view, cvt_frag, elem_ptr, gemm_ss, gmem_load_copy, gmem_store_copy,
-                     launch, ldmatrix_atoms, r2s_copy, smem_layout_16b, smem_storage, store_p_ds,
-                     transpose_view, transpose_view_staged)
+                     launch, ldmatrix_atoms, r2s_copy, smem_layout_16b, smem_storage,
+                     smem_struct, store_p_ds, transpose_view, transpose_view_staged)
 
 TILE = 64  # keys per CTA tile and queries per inner step
 
@@ -66,14 +66,8 @@ class BsaBwdSm80:
         s_qd_st = smem_layout_16b(TILE, hd, 2)
         s_pp = smem_layout_16b(TILE, TILE)
 
-        @cute.struct
-        class SharedStorage:
-            sQ: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(s_qd_st)], 1024]
-            sdO: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(s_qd_st)], 1024]
-            sK: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(s_qd)], 1024]
-            sV: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(s_qd)], 1024]
-            sP: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(s_pp)], 1024]
-            sdS: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(s_pp)], 1024]
+        SharedStorage = smem_struct(self.dtype, sQ=s_qd_st, sdO=s_qd_st, sK=s_qd,
+                                                sV=s_qd, sP=s_pp, sdS=s_pp)
 
         gmem_copy_in = gmem_load_copy(self.dtype, self.num_threads, hd)
         gmem_copy_out = gmem_store_copy(self.dtype, self.num_threads, hd)

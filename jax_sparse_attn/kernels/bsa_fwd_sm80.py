@@ -30,7 +30,7 @@ from .bsa_common import (fwd_copy_partitions, fwd_gmem_tiles, fwd_grid, fwd_tile
                          softmax_rows)
 from .common import (acc_mn_view, acc_to_a_frag, cvt_frag, gemm_rs, gemm_ss, gmem_load_copy,
                      gmem_store_copy, launch, ldmatrix_atoms, load_rows, r2s_copy,
-                     smem_layout_16b, smem_storage, transpose_view)
+                     smem_layout_16b, smem_storage, smem_struct, transpose_view)
 
 
 class BsaFwdSm80:
@@ -55,11 +55,7 @@ class BsaFwdSm80:
         sQ_layout = smem_layout_16b(blk, hd)
         sKV_layout = smem_layout_16b(blk, hd)
 
-        @cute.struct
-        class SharedStorage:
-            sQ: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(sQ_layout)], 1024]
-            sK: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(sKV_layout)], 1024]
-            sV: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(sKV_layout)], 1024]
+        SharedStorage = smem_struct(self.dtype, sQ=sQ_layout, sK=sKV_layout, sV=sKV_layout)
 
         gmem_copy_in = gmem_load_copy(self.dtype, self.num_threads, hd)
         gmem_copy_out = gmem_store_copy(self.dtype, self.num_threads, hd)
@@ -175,7 +171,8 @@ class BsaFwdSm80:
                 mask_keys_from(acc_S_mn, tScS_mn, limit)
             online_softmax_step(acc_S_mn, acc_mn_view(acc_O), row_max, row_sum, scale_log2)
 
-            gemm_rs(tiled_mma, acc_O, acc_to_a_frag(cvt_frag(acc_S, self.dtype)), tOrVt, tOsVt, s2r_V)
+            gemm_rs(tiled_mma, acc_O, acc_to_a_frag(cvt_frag(acc_S, self.dtype)), tOrVt, tOsVt,
+                    s2r_V)
 
         # Epilogue: normalize, write LSE and O. Empty rows never waited for their Q copy:
         # drain it before sQ is reused as the output staging buffer.

@@ -29,7 +29,7 @@ from .bsa_common import (fwd_copy_partitions, fwd_gmem_tiles, fwd_grid, fwd_tile
                          kv_block_rows, mask_keys_from, online_softmax_step, row_sum_inv,
                          softmax_rows)
 from .common import (acc_layout_as_a, acc_mn_view_wg, gmem_load_copy, launch, load_rows,
-                     smem_storage)
+                     smem_storage, smem_struct)
 
 
 class BsaFwdSm90:
@@ -58,11 +58,7 @@ class BsaFwdSm90:
         sK_layout = sm90_utils.make_smem_layout_b(LayoutEnum.ROW_MAJOR, qk_tiler, self.dtype, self.kv_stages)
         sV_layout = sm90_utils.make_smem_layout_b(LayoutEnum.COL_MAJOR, pv_tiler, self.dtype, self.kv_stages)
 
-        @cute.struct
-        class SharedStorage:
-            sQ: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(sQ_layout)], 1024]
-            sK: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(sK_layout)], 1024]
-            sV: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(sV_layout)], 1024]
+        SharedStorage = smem_struct(self.dtype, sQ=sQ_layout, sK=sK_layout, sV=sV_layout)
 
         gmem_copy_in = gmem_load_copy(self.dtype, self.num_threads, hd)
         grid = fwd_grid(mQ, blk)

@@ -1,7 +1,8 @@
 """CuTe DSL helpers shared by the HSTU and block-sparse attention kernels (no jax imports).
 
-* ``launch(kernel, grid, num_threads, smem_struct, stream, **options)``, ``smem_storage``:
-  the kernels' launch and their shared-memory struct.
+* ``launch(kernel, grid, num_threads, storage_type, stream, **options)``, ``smem_storage``:
+  the kernels' launch and their shared-memory struct; ``smem_struct(dtype, **layouts)``: a
+  struct of aligned 16-bit buffers.
 * ``swizzle_atom_16b`` / ``smem_layout_16b(rows, cols[, stages])``: swizzled smem layouts of
   row-major 16-bit tiles; ``copy_threads_per_row``, ``gmem_load_copy`` (``cp.async``) /
   ``gmem_store_copy``: the matching 128-bit tiled gmem copies.
@@ -36,17 +37,25 @@ from cutlass.cute.nvgpu import cpasync, warp
 from cutlass.cutlass_dsl import dsl_user_op
 
 
-def launch(kernel, grid, num_threads: int, smem_struct, stream, **options):
+def launch(kernel, grid, num_threads: int, storage_type, stream, **options):
     """Launch ``kernel`` (a ``@cute.kernel`` call) on ``grid`` with ``num_threads`` threads per
-    CTA and the dynamic shared memory of ``smem_struct`` on ``stream``; ``options``: further
-    launch options (``min_blocks_per_mp``, ``preferred_smem_carveout``)."""
-    kernel.launch(grid=grid, block=[num_threads, 1, 1], smem=smem_struct.size_in_bytes(),
+    CTA and the dynamic shared memory of the ``@cute.struct`` ``storage_type`` on ``stream``;
+    ``options``: further launch options (``min_blocks_per_mp``, ``preferred_smem_carveout``)."""
+    kernel.launch(grid=grid, block=[num_threads, 1, 1], smem=storage_type.size_in_bytes(),
                   stream=stream, **options)
 
 
-def smem_storage(smem_struct):
-    """The CTA's shared memory as an instance of the ``@cute.struct`` ``smem_struct``."""
-    return cutlass.memory.SmemAllocator().allocate(smem_struct)
+def smem_storage(storage_type):
+    """The CTA's shared memory as an instance of the ``@cute.struct`` ``storage_type``."""
+    return cutlass.memory.SmemAllocator().allocate(storage_type)
+
+
+def smem_struct(dtype, **buffers):
+    """A ``@cute.struct`` of shared-memory buffers of ``dtype``, each 1024-byte aligned: one
+    member per keyword, in keyword order, sized by the given smem layout (its cosize)."""
+    members = {name: cute.struct.Align[cute.struct.MemRange[dtype, cute.cosize(layout)], 1024]
+               for name, layout in buffers.items()}
+    return cute.struct(type("SharedStorage", (), {"__annotations__": members}))
 
 
 def swizzle_atom_16b(cols: int):

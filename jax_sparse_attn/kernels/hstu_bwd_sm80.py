@@ -66,14 +66,8 @@ class HstuBwdSm80(hc.HstuSm80Kernel):
         sV_layout = hc.smem_layout_16b(bn, self.dv)
         sPdS_layout = hc.smem_layout_16b(bm, bn)
 
-        @cute.struct
-        class Smem:
-            sK: cute.struct.Align[cute.struct.MemRange[dt, cute.cosize(sK_layout)], 1024]
-            sV: cute.struct.Align[cute.struct.MemRange[dt, cute.cosize(sV_layout)], 1024]
-            sQ: cute.struct.Align[cute.struct.MemRange[dt, cute.cosize(sQ_layout)], 1024]
-            sdO: cute.struct.Align[cute.struct.MemRange[dt, cute.cosize(sdO_layout)], 1024]
-            sP: cute.struct.Align[cute.struct.MemRange[dt, cute.cosize(sPdS_layout)], 1024]
-            sdS: cute.struct.Align[cute.struct.MemRange[dt, cute.cosize(sPdS_layout)], 1024]
+        Smem = hc.smem_struct(dt, sK=sK_layout, sV=sV_layout, sQ=sQ_layout,
+                                  sdO=sdO_layout, sP=sPdS_layout, sdS=sPdS_layout)
 
         copy_d = hc.gmem_load_copy(dt, self.num_threads, self.d)
         copy_dv = hc.gmem_load_copy(dt, self.num_threads, self.dv)

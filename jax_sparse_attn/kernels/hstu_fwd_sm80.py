@@ -53,11 +53,7 @@ class HstuFwdSm80(hc.HstuSm80Kernel):
         sK_layout = hc.smem_layout_16b(self.bn, self.d)
         sV_layout = hc.smem_layout_16b(self.bn, self.dv)
 
-        @cute.struct
-        class Smem:
-            sQ: cute.struct.Align[cute.struct.MemRange[dt, cute.cosize(sQ_layout)], 1024]
-            sK: cute.struct.Align[cute.struct.MemRange[dt, cute.cosize(sK_layout)], 1024]
-            sV: cute.struct.Align[cute.struct.MemRange[dt, cute.cosize(sV_layout)], 1024]
+        Smem = hc.smem_struct(dt, sQ=sQ_layout, sK=sK_layout, sV=sV_layout)
 
         copy_qk = hc.gmem_load_copy(dt, self.num_threads, self.d)
         copy_v = hc.gmem_load_copy(dt, self.num_threads, self.dv)
