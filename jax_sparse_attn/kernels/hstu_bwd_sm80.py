@@ -38,7 +38,6 @@ from cutlass import Float32, Int32
 from cutlass.cute.nvgpu import warp
 
 from . import hstu_common as hc
-from .seqlen_info import SeqlenInfo
 
 class HstuBwdSm80(hc.HstuSm80Kernel):
     """Backward kernel.
@@ -114,13 +113,10 @@ class HstuBwdSm80(hc.HstuSm80Kernel):
         bm, bn = self.bm, self.bn
         batch = mKVTile[slot, 0]
         if batch >= 0:
-            n_block = mKVTile[slot, 1]
-            seq = SeqlenInfo.create(batch, mCuQ, mCuK)
+            n_block, seq, n0, n1, left, right, alpha_half, inv_scale = hc.tile_setup(
+                mKVTile, slot, batch, mCuQ, mCuK, mWin, mScal, bn, False)
             q_start, k_start, off = seq.q_start, seq.k_start, seq.off
             seqlen_q, seqlen_k = seq.seqlen_q, seq.seqlen_k
-            n0 = n_block * bn
-            n1 = cutlass.min(n0 + bn, seqlen_k)
-            left, right, alpha_half, inv_scale = hc.runtime_scalars(mWin, mScal)
             ds_scale = alpha_half * 2.0 * inv_scale
 
             # ---- query-tile range ------------------------------------------------------
@@ -138,13 +134,9 @@ class HstuBwdSm80(hc.HstuSm80Kernel):
             m_count = m_max - m_min
             qt_base = mQStart[batch]
 
-            mQ_b = cute.domain_offset((q_start, 0), mQ[None, head, None])
-            mdO_b = cute.domain_offset((q_start, 0), mdO[None, head, None])
-            mdQ_b = cute.domain_offset((q_start, 0), mdQacc[None, head, None])
-            mK_b = cute.domain_offset((k_start, 0), mK[None, head, None])
-            mV_b = cute.domain_offset((k_start, 0), mV[None, head, None])
-            mdK_b = cute.domain_offset((k_start, 0), mdK[None, head, None])
-            mdV_b = cute.domain_offset((k_start, 0), mdV[None, head, None])
+            mQ_b, mdO_b, mdQ_b, mK_b, mV_b, mdK_b, mdV_b = hc.head_rows(
+                head, (mQ, q_start), (mdO, q_start), (mdQacc, q_start), (mK, k_start),
+                (mV, k_start), (mdK, k_start), (mdV, k_start))
             gQ = cute.local_tile(mQ_b, (bm, self.d), (None, 0))
             gdO = cute.local_tile(mdO_b, (bm, self.dv), (None, 0))
             gK = cute.local_tile(mK_b, (bn, self.d), (n_block, 0))

@@ -26,7 +26,9 @@ BSA kernels) and re-exported here.
   :mod:`.common` (shared with the BSA kernels), like the launch, smem, ``ldmatrix`` and
   fragment-conversion helpers.
 * ``HstuSm80Kernel``: the static options of the ``mma.sync`` HSTU kernels (their base class).
-* ``runtime_scalars(mWin, mScal)``: the window and scale values of the runtime arrays.
+* ``runtime_scalars(mWin, mScal)``: the window and scale values of the runtime arrays;
+  ``tile_setup(...)``: a CTA's work item (block, sequence, tile rows, runtime values);
+  ``head_rows(head, ...)``: per-head views of packed tensors from their sequence start.
 * ``mask_row_bounds(...)`` / ``mask_row(...)``: per-row window bounds or func endpoints, and
   the element mask of one accumulator row (forward: S; backward: S and dP).
 * ``rab_row_setup(...)`` / ``rab_load_tile(...)``: the relative attention bias rows and tile.
@@ -37,6 +39,8 @@ from __future__ import annotations
 import cutlass
 import cutlass.cute as cute
 from cutlass.cutlass_dsl import T, dsl_user_op
+
+from .seqlen_info import SeqlenInfo, offset_rows
 
 # re-exported: the HSTU kernels use them as hc.*
 from .common import (acc_mn_view, acc_to_a_frag, cvt_frag, elem_ptr, gemm_rs,  # noqa: F401
@@ -99,6 +103,24 @@ def runtime_scalars(mWin, mScal):
     """``(left, right, alpha / 2, 1 / scaling_seqlen)`` from the kernels' runtime arrays
     ``mWin = [left, right]`` and ``mScal = [alpha / 2, 1 / scaling_seqlen]``."""
     return mWin[0], mWin[1], mScal[0], mScal[1]
+
+
+def tile_setup(mTiles, slot, batch, mCuQ, mCuK, mWin, mScal, size: int, q_rows: bool):
+    """A CTA's work item, traced inline: ``(block, seq, start, end, left, right, alpha / 2,
+    1 / scaling_seqlen)`` with ``block = mTiles[slot, 1]``, ``seq`` the :class:`SeqlenInfo` of
+    sequence ``batch``, ``[start, end)`` the rows of the ``size``-row tile ``block`` of its
+    queries (``q_rows``) or keys, and the runtime values of :func:`runtime_scalars`."""
+    block = mTiles[slot, 1]
+    seq = SeqlenInfo.create(batch, mCuQ, mCuK)
+    start = block * size
+    end = cutlass.min(start + size, seq.seqlen_q if q_rows else seq.seqlen_k)
+    return (block, seq, start, end) + runtime_scalars(mWin, mScal)
+
+
+def head_rows(head, *tensor_starts):
+    """Per-head sequence views, traced inline: for each ``(m, start)``, head ``head`` of the
+    ``(T, H, D)`` tensor ``m`` with its rows shifted so that row 0 is ``start``."""
+    return tuple(offset_rows(m[None, head, None], start) for m, start in tensor_starts)
 
 
 BIG = 1 << 30

@@ -29,7 +29,6 @@ from cutlass.cute.nvgpu import warp
 
 from . import hstu_common as hc
 from .block_info import BlockInfo
-from .seqlen_info import SeqlenInfo
 
 class HstuFwdSm80(hc.HstuSm80Kernel):
     """Forward kernel. ``__call__(mQ, mK, mV, mCuQ, mCuK, mTile, mFunc, mScal, mWin, mO, stream)``.
@@ -79,13 +78,10 @@ class HstuFwdSm80(hc.HstuSm80Kernel):
         bm, bn = self.bm, self.bn
         batch = mTile[slot, 0]
         if batch >= 0:
-            m_block = mTile[slot, 1]
-            seq = SeqlenInfo.create(batch, mCuQ, mCuK)
+            m_block, seq, m0, m1, left, right, alpha_half, inv_scale = hc.tile_setup(
+                mTile, slot, batch, mCuQ, mCuK, mWin, mScal, bm, True)
             q_start, k_start, off = seq.q_start, seq.k_start, seq.off
             seqlen_q, seqlen_k = seq.seqlen_q, seq.seqlen_k
-            m0 = m_block * bm
-            m1 = cutlass.min(m0 + bm, seqlen_q)
-            left, right, alpha_half, inv_scale = hc.runtime_scalars(mWin, mScal)
 
             # ---- KV tile range and the "fully valid" test -------------------------------
             blocks = BlockInfo.create(mTile, slot, m0, m1, seqlen_k, off, left, right, bn,
@@ -93,10 +89,8 @@ class HstuFwdSm80(hc.HstuSm80Kernel):
             f0, n_max, n_count = blocks.f0, blocks.n_max, blocks.n_count
 
             # ---- global tiles ----------------------------------------------------------
-            mQ_b = cute.domain_offset((q_start, 0), mQ[None, head, None])
-            mK_b = cute.domain_offset((k_start, 0), mK[None, head, None])
-            mV_b = cute.domain_offset((k_start, 0), mV[None, head, None])
-            mO_b = cute.domain_offset((q_start, 0), mO[None, head, None])
+            mQ_b, mK_b, mV_b, mO_b = hc.head_rows(
+                head, (mQ, q_start), (mK, k_start), (mV, k_start), (mO, q_start))
             gQ = cute.local_tile(mQ_b, (bm, self.d), (m_block, 0))
             gK = cute.local_tile(mK_b, (bn, self.d), (None, 0))
             gV = cute.local_tile(mV_b, (bn, self.dv), (None, 0))
