@@ -39,6 +39,7 @@ from cutlass.cute.nvgpu import warp
 
 from . import hstu_common as hc
 
+
 class HstuBwdSm80(hc.HstuSm80Kernel):
     """Backward kernel.
 

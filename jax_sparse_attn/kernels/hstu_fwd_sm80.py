@@ -30,6 +30,7 @@ from cutlass.cute.nvgpu import warp
 from . import hstu_common as hc
 from .block_info import BlockInfo
 
+
 class HstuFwdSm80(hc.HstuSm80Kernel):
     """Forward kernel. ``__call__(mQ, mK, mV, mCuQ, mCuK, mTile, mFunc, mScal, mWin, mO, stream)``.
 
