@@ -70,52 +70,45 @@ def _parse_count(var, raw):
     return n
 
 
+def _parse_option_list(flags, key, key_ok, allowed):
+    """Parser of a comma list of ``flags`` and ``key=N`` (``N`` a plain non-negative decimal
+    with ``key_ok(N)``), each at most once, returned as a tuple in the given order;
+    ``allowed`` describes the values in the error messages."""
+
+    def parse(var, raw):
+        opts = tuple(o.strip() for o in raw.split(",") if o.strip())
+        for o in opts:
+            ok = o in flags
+            if o.startswith(key + "="):
+                n = o[len(key) + 1:]
+                ok = n.isdigit() and str(int(n)) == n and key_ok(int(n))
+            if not ok:
+                raise ValueError(f"{var}={raw!r}: {o!r} is not allowed; allowed: {allowed}")
+        names = [o.split("=")[0] for o in opts]
+        if len(set(names)) != len(names):
+            raise ValueError(f"{var}={raw!r} names an option twice; allowed: {allowed}")
+        return opts
+
+    return parse
+
+
 #: the flags of the sm90ws forward's tuning switch (JAX_SPARSE_ATTN_HSTU_WS); ``bn=N`` is
 #: the fifth entry
 WS_FLAGS = ("nooverlap", "nopingpong", "q1", "silu16")
 _WS_ALLOWED = ("comma list of " + ", ".join(WS_FLAGS)
                + ", bn=N (block_n: a multiple of 16 in 16..256)")
-
-
-def _parse_ws(var, raw):
-    """A comma list of :data:`WS_FLAGS` and ``bn=N``, each at most once, as a tuple in the
-    given order."""
-    opts = tuple(o.strip() for o in raw.split(",") if o.strip())
-    for o in opts:
-        ok = o in WS_FLAGS
-        if o.startswith("bn="):
-            n = o[3:]
-            ok = n.isdigit() and str(int(n)) == n and int(n) % 16 == 0 and 16 <= int(n) <= 256
-        if not ok:
-            raise ValueError(f"{var}={raw!r}: {o!r} is not allowed; allowed: {_WS_ALLOWED}")
-    names = [o.split("=")[0] for o in opts]
-    if len(set(names)) != len(names):
-        raise ValueError(f"{var}={raw!r} names an option twice; allowed: {_WS_ALLOWED}")
-    return opts
-
+#: parser of JAX_SPARSE_ATTN_HSTU_WS: :data:`WS_FLAGS` and ``bn=N``
+_parse_ws = _parse_option_list(WS_FLAGS, "bn", lambda n: n % 16 == 0 and 16 <= n <= 256,
+                               _WS_ALLOWED)
 
 #: the flags of the sm90ws BSA forward's tuning switch (JAX_SPARSE_ATTN_BSA_WS), plus
 #: ``stages=N`` (at most N K/V stages, 2..8)
 BSA_WS_FLAGS = ("nooverlap", "nopingpong", "q1")
 _BSA_WS_ALLOWED = ("comma list of " + ", ".join(BSA_WS_FLAGS)
                    + ", stages=N (most K/V shared-memory stages: 2..8)")
-
-
-def _parse_bsa_ws(var, raw):
-    """A comma list of :data:`BSA_WS_FLAGS` and ``stages=N``, each at most once, as a tuple
-    in the given order."""
-    opts = tuple(o.strip() for o in raw.split(",") if o.strip())
-    for o in opts:
-        ok = o in BSA_WS_FLAGS
-        if o.startswith("stages="):
-            n = o[7:]
-            ok = n.isdigit() and str(int(n)) == n and 2 <= int(n) <= 8
-        if not ok:
-            raise ValueError(f"{var}={raw!r}: {o!r} is not allowed; allowed: {_BSA_WS_ALLOWED}")
-    names = [o.split("=")[0] for o in opts]
-    if len(set(names)) != len(names):
-        raise ValueError(f"{var}={raw!r} names an option twice; allowed: {_BSA_WS_ALLOWED}")
-    return opts
+#: parser of JAX_SPARSE_ATTN_BSA_WS: :data:`BSA_WS_FLAGS` and ``stages=N``
+_parse_bsa_ws = _parse_option_list(BSA_WS_FLAGS, "stages", lambda n: 2 <= n <= 8,
+                                   _BSA_WS_ALLOWED)
 
 
 def _parse_tile(var, raw):
