@@ -7,8 +7,13 @@ FLOPs (issue 3): causal forward = 2 * sum_b L_b^2 * H * D, full = 2x that; backw
 
     python benchmarks/hstu_bench.py --out /tmp/hstu_bench.json
     python benchmarks/hstu_bench.py --case 8x4096-causal --dtype bfloat16
+    python benchmarks/hstu_bench.py --case 8x4096-causal --case movielens-128x200 --rab f32:1
     python benchmarks/hstu_bench.py --case 8x4096-causal --bwd-impl sm80 --bwd-impl sm90 \
         --bwd-only    # the backward kernels of the hstu_bwd_impl switch side by side
+
+``--rab DTYPE:H_RAB`` (``f32`` or ``q`` = q's dtype; ``H_RAB`` 1 or ``h``) runs every case a
+second time with a random relative attention bias ``(B, H_rab, L, L)`` (same FLOP count: the
+bias add is not counted) and prints both rows.
 """
 
 from __future__ import annotations
@@ -33,6 +38,8 @@ CASES = {
     "8x4096-full": (8, 4096, 4, 128, (-1, -1)),
     "8x4096-causal-d64": (8, 4096, 4, 64, (-1, 0)),
     "8x4096-causal-d256": (8, 4096, 4, 256, (-1, 0)),
+    # MovieLens-1M sequence model shape (HSTU paper's ML-1M setup: L 200, one head, D 64)
+    "movielens-128x200": (128, 200, 1, 64, (-1, 0)),
     # the canonical jagged batch (benchmarks._grids.canonical_jagged_lengths), H=4, D=128
     "jagged32-causal": ("jagged", None, 4, 128, (-1, 0)),
 }
@@ -66,7 +73,17 @@ def _time(fn, args, iters, warmup=3, samples=7):
     return float(np.median(out))
 
 
-def run_case(name, dtype, iters, do_bwd, switches=None, do_fwd=True):
+def _rab_array(spec, b, h, l, dtype):
+    """The ``--rab`` bias ``(b, H_rab, l, l)``: ``spec`` = ``"f32:1"``, ``"q:h"``, ..."""
+    if not spec:
+        return None
+    dt, hr = spec.split(":")
+    h_rab = h if hr == "h" else int(hr)
+    r = jax.random.normal(jax.random.PRNGKey(7), (b, h_rab, l, l), jnp.float32)
+    return r.astype(jnp.float32 if dt == "f32" else dtype)
+
+
+def run_case(name, dtype, iters, do_bwd, switches=None, do_fwd=True, rab=""):
     import jax_sparse_attn as jsa
 
     _, _, h, d, window = CASES[name]
@@ -78,28 +95,31 @@ def run_case(name, dtype, iters, do_bwd, switches=None, do_fwd=True):
     cu = jnp.asarray(np.concatenate([[0], np.cumsum(lens)]), jnp.int32)
     kw = dict(max_seqlen_q=l, max_seqlen_k=l, scaling_seqlen=float(l), window_size=window,
               alpha=1.0 / np.sqrt(d), backend="kernel", switches=switches)
+    r = _rab_array(rab, b, h, l, dtype)
     fl = flops_fwd(lens, h, d, window)
-    res = dict(case=name, dtype=jnp.dtype(dtype).name, B=b, L=l, H=h, D=d, window=window)
+    res = dict(case=name, dtype=jnp.dtype(dtype).name, B=b, L=l, H=h, D=d, window=window,
+               rab=rab or None)
     if switches is not None:
         res["bwd_impl"] = switches.hstu_bwd_impl
         if switches.hstu_bwd_impl == "sm90":
             res["bwd_impl"] += f"/{switches.hstu_bwd_dq}"
-    line = f"{name:22s} {res['dtype']:9s}"
+    tag = f"{name} rab={rab}" if rab else name
+    line = f"{tag:30s} {res['dtype']:9s}"
     if do_fwd:
-        fwd = jax.jit(lambda q, k, v, cu: jsa.hstu_attention(q, k, v, cu, cu, **kw))
+        fwd = jax.jit(lambda q, k, v, cu, r: jsa.hstu_attention(q, k, v, cu, cu, rab=r, **kw))
         t0 = time.perf_counter()
-        jax.block_until_ready(fwd(q, k, v, cu))
+        jax.block_until_ready(fwd(q, k, v, cu, r))
         compile_fwd = time.perf_counter() - t0
-        ms = _time(fwd, (q, k, v, cu), iters)
+        ms = _time(fwd, (q, k, v, cu, r), iters)
         res.update(fwd_ms=ms, fwd_tflops=fl / ms / 1e9, fwd_first_call_s=compile_fwd)
         line += f" fwd {ms:8.3f} ms {res['fwd_tflops']:7.1f} TFLOP/s"
     if do_bwd:
-        bwd = jax.jit(lambda do, q, k, v, cu: tuple(
-            jsa.hstu_attention_backward(do, q, k, v, cu, cu, **kw)))
+        bwd = jax.jit(lambda do, q, k, v, cu, r: tuple(
+            jsa.hstu_attention_backward(do, q, k, v, cu, cu, rab=r, **kw)))
         t0 = time.perf_counter()
-        jax.block_until_ready(bwd(do, q, k, v, cu))
+        jax.block_until_ready(bwd(do, q, k, v, cu, r))
         res["bwd_first_call_s"] = time.perf_counter() - t0
-        ms_b = _time(bwd, (do, q, k, v, cu), iters)
+        ms_b = _time(bwd, (do, q, k, v, cu, r), iters)
         res.update(bwd_ms=ms_b, bwd_tflops=2.5 * fl / ms_b / 1e9)
     if do_bwd:
         impl = f" [{res['bwd_impl']}]" if "bwd_impl" in res else ""
@@ -120,6 +140,9 @@ def main():
     ap.add_argument("--iters", type=int, default=20)
     ap.add_argument("--no-bwd", action="store_true")
     ap.add_argument("--out", default="hstu_bench.json")
+    ap.add_argument("--rab", default="", choices=["", "f32:1", "f32:h", "q:1", "q:h"],
+                    help="also run each case with a relative attention bias: DTYPE:H_RAB, "
+                         "DTYPE f32 or q (q's dtype), H_RAB 1 or h (one per head)")
     ap.add_argument("--tiles", action="append", default=[],
                     help="extra variant 'fwd=bm,bn,warps;bwd=bm,bn,warps;impl=sm90' (sweep; "
                          "impl=sm90ws (default) / sm80 select the forward; "
@@ -145,11 +168,13 @@ def main():
                 hstu_bwd_impl=impl, **({} if dq is None else {"hstu_bwd_dq": dq})))
     for c in cases:
         for sw in variants:
-            try:
-                results.append(run_case(c, jnp.dtype(a.dtype), a.iters, not a.no_bwd, sw,
-                                        do_fwd=not a.bwd_only))
-            except Exception as e:  # noqa: BLE001 - report and go on with the other rows
-                print(f"{c:22s} {sw}: failed: {type(e).__name__}: {str(e)[:300]}", flush=True)
+            for rab in ("", a.rab) if a.rab else ("",):
+                try:
+                    results.append(run_case(c, jnp.dtype(a.dtype), a.iters, not a.no_bwd, sw,
+                                            do_fwd=not a.bwd_only, rab=rab))
+                except Exception as e:  # noqa: BLE001 - report and go on with the other rows
+                    print(f"{c:22s} {sw} rab={rab}: failed: {type(e).__name__}: {str(e)[:300]}",
+                          flush=True)
     for variant in a.tiles:
         env = dict(kv.split("=", 1) for kv in variant.split(";") if kv)
         print(f"-- tiles {variant}")

@@ -400,18 +400,26 @@ def rank_metrics(ranks: np.ndarray) -> dict[str, float]:
 def evaluate(eval_step, params, histories, targets, cfg: Config, hist_ts=None,
              target_ts=None) -> dict[str, float]:
     n = len(histories)
-    ranks = []
-    for s in range(0, n, cfg.eval_batch_size):
+    pending = []  # device results, fetched after the last batch is dispatched: the host
+    for s in range(0, n, cfg.eval_batch_size):  # packs batch i + 1 while the device runs i
         users = list(range(s, min(s + cfg.eval_batch_size, n)))
         batch = pack_eval_batch(histories, users, cfg, hist_ts, target_ts)
         tg = np.zeros(cfg.eval_batch_size, np.int32)
         tg[: len(users)] = targets[users]
-        r = np.asarray(eval_step(params, batch, tg))
-        ranks.append(r[: len(users)])
-    return rank_metrics(np.concatenate(ranks))
+        pending.append((eval_step(params, batch, tg), len(users)))
+    return rank_metrics(np.concatenate([np.asarray(r)[:m] for r, m in pending]))
 
 
 # ----------------------------------------------------------------------------- driver
+
+
+def _cute_compile_stats() -> dict:
+    """CuTe DSL compile counters of this process (empty if the library has none)."""
+    try:
+        from jax_sparse_attn import _cute_call
+    except ImportError:
+        return {}
+    return _cute_call.compile_stats()
 
 
 def device_description() -> dict[str, str]:
@@ -522,10 +530,11 @@ def _valid_selected(history):
     return {"epoch": best["epoch"], "valid": best["valid"], "test": best["test"]}
 
 
-def _run_record(seed, history, epoch_times, compile_s, t0, cfg):
+def _run_record(seed, history, epoch_times, compile_s, t0, cfg, nb=None, cold=None):
     evaluated = [h for h in history if "test" in h]
     last = evaluated[-1] if evaluated else {}
     steady = epoch_times[1:] or epoch_times  # epoch 1 includes compilation
+    ep_mean = float(np.mean(steady)) if steady else None
     return {
         "seed": seed,
         "complete": len(history) == cfg.epochs,
@@ -535,8 +544,19 @@ def _run_record(seed, history, epoch_times, compile_s, t0, cfg):
         "valid": last.get("valid"),
         "valid_selected": None if cfg.paper_split else _valid_selected(history),
         "epoch_seconds": epoch_times,
-        "epoch_seconds_mean_excl_first": float(np.mean(steady)) if steady else None,
+        "epoch_seconds_mean_excl_first": ep_mean,
         "first_step_seconds_incl_compile": compile_s,
+        "timing": {
+            "rab": cfg.rab,
+            "train_batches_per_epoch": nb,
+            "epoch_seconds_mean_excl_first": ep_mean,
+            "epoch_seconds_std_excl_first": float(np.std(steady)) if steady else None,
+            "step_ms_mean_excl_first": ep_mean * 1e3 / nb if ep_mean and nb else None,
+            # the first train step of the process: trace + XLA compile + the CuTe kernel
+            # compiles not found in the disk cache (counted below) + one step
+            "cold_step_seconds": compile_s,
+            **(cold or {}),
+        },
         "total_seconds": time.perf_counter() - t0,
         "history": history,
     }
@@ -559,6 +579,9 @@ def _result(args, preset, cfg, seqs, nb, runs, t0, *, backend_check=None):
     sel_mean, sel_std = _mean_std(sel)
     steady = [r["epoch_seconds_mean_excl_first"] for r in runs
               if r["epoch_seconds_mean_excl_first"] is not None]
+    epoch_s = float(np.mean(steady)) if steady else None
+    cold = [r["first_step_seconds_incl_compile"] for r in runs
+            if r["first_step_seconds_incl_compile"] is not None]
     return {
         "complete": len(runs) == args.seeds and all(r["complete"] for r in runs),
         "preset": preset,
@@ -584,8 +607,18 @@ def _result(args, preset, cfg, seqs, nb, runs, t0, *, backend_check=None):
         "valid_std": valid_std,
         "valid_selected_test": sel_mean,
         "valid_selected_test_std": sel_std,
-        "epoch_seconds_mean_excl_first": float(np.mean(steady)) if steady else None,
+        "epoch_seconds_mean_excl_first": epoch_s,
         "first_step_seconds_incl_compile": runs[0]["first_step_seconds_incl_compile"] if runs else None,
+        # with / without rab: compare epoch_seconds_mean_excl_first of a --no-rab run
+        "timing": {
+            "rab": cfg.rab,
+            "train_batches_per_epoch": nb,
+            "epoch_seconds_mean_excl_first": epoch_s,
+            "epoch_seconds_per_seed": steady,
+            "step_ms_mean_excl_first": epoch_s * 1e3 / nb if epoch_s and nb else None,
+            "cold_step_seconds_first_seed": cold[0] if cold else None,
+            "cold_step_seconds_per_seed": cold,
+        },
         "total_seconds": time.perf_counter() - t0,
         "runs": runs,
         "paper": {k: {"hr@10": v[0], "ndcg@10": v[1]} for k, v in PAPER_TABLE.items()},
@@ -619,6 +652,7 @@ def train_one_seed(seed, args, cfg, split, num_items, train_step, eval_step, opt
     epoch_times = []
     last_eval_s = 0.0
     compile_s = None
+    cold = None
     for epoch in range(cfg.epochs):
         perm = rng.permutation(n_users)
         t_ep = time.perf_counter()
@@ -634,19 +668,24 @@ def train_one_seed(seed, args, cfg, split, num_items, train_step, eval_step, opt
             batch = pack_train_batch(split.train, users, cfg, split.train_ts)
             key, k_step = jax.random.split(key)
             t_s = time.perf_counter()
-            if compile_s is None and log_progress:
-                print("compiling the training step (first step)...", flush=True)
+            if compile_s is None:
+                if log_progress:
+                    print("compiling the training step (first step)...", flush=True)
+                c0 = _cute_compile_stats()
             params, opt_state, loss = train_step(params, opt_state, batch, k_step)
             if compile_s is None:
                 loss.block_until_ready()
                 compile_s = time.perf_counter() - t_s
+                c1 = _cute_compile_stats()
+                cold = {k: c1[k] - c0[k] for k in ("compiles", "disk_hits", "compile_seconds")
+                        if k in c0 and k in c1}
+                cold = {"cold_step_cute_" + k: v for k, v in cold.items()}
                 if log_progress:
                     print(f"compiled in {compile_s:.1f}s", flush=True)
             losses.append(loss)
             if log_progress and time.perf_counter() - t_note >= PROGRESS_EVERY_S:
                 t_note = time.perf_counter()
-                print(f"  epoch {epoch + 1}/{cfg.epochs}  step {i + 1}/{nb}  "
-                      f"{t_note - t_ep:.0f}s", flush=True)
+                print(f"  ep {epoch + 1} step {i + 1}/{nb} {t_note - t_ep:.0f}s", flush=True)
         loss_mean = float(np.mean(jax.device_get(losses)))
         if not np.isfinite(loss_mean):
             raise FloatingPointError(f"seed {seed} epoch {epoch + 1}: training loss is {loss_mean}")
@@ -654,7 +693,7 @@ def train_one_seed(seed, args, cfg, split, num_items, train_step, eval_step, opt
         dt = time.perf_counter() - t_ep
         epoch_times.append(dt)
         rec = {"epoch": epoch + 1, "loss": loss_mean, "train_seconds": dt}
-        msg = f"seed {seed} epoch {epoch + 1:3d}/{cfg.epochs}  loss {loss_mean:.4f}  train {dt:6.1f}s"
+        msg = f"s{seed} ep {epoch + 1:3d}/{cfg.epochs} loss {loss_mean:.4f} {dt:5.2f}s"
         elapsed = time.perf_counter() - t0
         out_of_time = (args.max_seconds is not None and epoch + 1 < cfg.epochs
                        and elapsed + dt + 2 * last_eval_s > args.max_seconds)
@@ -666,9 +705,8 @@ def train_one_seed(seed, args, cfg, split, num_items, train_step, eval_step, opt
                             split.test_history_ts, split.test_target_ts)
             last_eval_s = time.perf_counter() - t_ev
             rec.update(valid=val, test=test, eval_seconds=last_eval_s)
-            msg += (f"  | valid HR@10 {val['hr@10']:.4f} NDCG@10 {val['ndcg@10']:.4f}"
-                    f"  | test HR@10 {test['hr@10']:.4f} NDCG@10 {test['ndcg@10']:.4f}"
-                    f" HR@50 {test['hr@50']:.4f} MRR {test['mrr']:.4f}")
+            msg += (f" | val HR@10 {val['hr@10']:.4f} | test HR@10 {test['hr@10']:.4f}"
+                    f" NDCG@10 {test['ndcg@10']:.4f} (eval {last_eval_s:.1f}s)")
         print(msg, flush=True)
         history.append(rec)
         if out_of_time:
@@ -676,8 +714,8 @@ def train_one_seed(seed, args, cfg, split, num_items, train_step, eval_step, opt
                   f"{args.max_seconds} would be exceeded by another epoch", flush=True)
             break
         if on_epoch is not None:  # partial results survive a time limit
-            on_epoch(_run_record(seed, history, epoch_times, compile_s, t0, cfg))
-    return _run_record(seed, history, epoch_times, compile_s, t0, cfg)
+            on_epoch(_run_record(seed, history, epoch_times, compile_s, t0, cfg, nb, cold))
+    return _run_record(seed, history, epoch_times, compile_s, t0, cfg, nb, cold)
 
 
 def main(argv=None) -> dict[str, Any]:
@@ -755,8 +793,10 @@ def main(argv=None) -> dict[str, Any]:
                   f"{result['valid_selected_test']['hr@10']:.4f} +- "
                   f"{result['valid_selected_test_std']['hr@10']:.4f}")
     ep = result["epoch_seconds_mean_excl_first"]
-    print(f"epoch time (mean, excl. epoch 1): {ep if ep is None else round(ep, 3)} s; "
-          f"first step incl. compile: {result['first_step_seconds_incl_compile']:.1f} s")
+    cold = result["first_step_seconds_incl_compile"]
+    print(f"{label}: epoch time (mean, excl. epoch 1): {ep if ep is None else round(ep, 3)} s "
+          f"({nb} steps); cold first step incl. compile: "
+          f"{'n/a' if cold is None else f'{cold:.1f} s'}")
     if args.out:
         _write_json(args.out, result)
         print(f"wrote {args.out}")

@@ -10,8 +10,22 @@ All builders return arrays of shape ``(B, H_rab, N_k, N_k)`` indexed
 ``[b, h, p, j]`` (``p`` = key position of the query row, ``j`` = key), the layout that
 :func:`jax_sparse_attn.hstu_attention` takes as ``rab``. A 1-D table gives
 ``H_rab = 1``; a 2-D table ``(H_rab, n)`` gives one bias per head. Everything is
-``jnp`` (jit-able, vmap-able) and differentiable in the tables (gathers); timestamps
-and lengths are integer data and get no gradient.
+``jnp`` (jit-able, vmap-able) and reverse-mode differentiable in the tables (``jax.grad``,
+``jax.vjp``, also nested); timestamps and lengths are integer data and get no gradient.
+
+On GPUs the gradients never scatter over the ``(B, N, N)`` index set (a scatter-add of
+millions of updates into a few table entries is slow there):
+
+* the position bias is built from the table with pad / tile / reshape / slice only, so
+  its gradient is the cotangent summed over the batch and then along the ``2N - 1``
+  diagonals (reshapes and reductions);
+* the time bias is a table lookup (a gather) with a ``jax.custom_vjp`` whose backward
+  computes ``d w_ts[h, k] = sum over (b, p, j) with bucket == k of g[b, h, p, j]``,
+  accumulated in float32 (float64 for float64 tables), on GPUs (every platform but the
+  CPU) as one fused one-hot reduction; on the CPU, whose XLA scatter is a plain serial
+  loop and the fastest way there, as a segment sum. Forward-mode
+  differentiation (``jax.jvp``, ``jax.jacfwd``) of :func:`time_bias` and
+  :func:`relative_bias` in ``w_ts`` is therefore not available (JAX raises a TypeError).
 
 * :func:`position_bias`: ``w_pos[N - 1 + j - p]`` with ``N = (len(w_pos) + 1) / 2``.
 * :func:`time_bucket`: ``clamp(floor(ln(max(|dt|, 1)) / 0.301), 0, num_buckets)``.
@@ -22,6 +36,9 @@ and lengths are integer data and get no gradient.
 
 from __future__ import annotations
 
+import functools
+
+import jax
 import jax.numpy as jnp
 
 __all__ = [
@@ -69,9 +86,24 @@ def position_bias(w_pos, max_seqlen_k: int):
     mk = int(max_seqlen_k)
     if mk > n:
         raise ValueError(f"max_seqlen_k={mk} exceeds N={n} positions covered by w_pos (length {n2})")
-    p = jnp.arange(mk)[:, None]
-    j = jnp.arange(mk)[None, :]
-    return w[:, n - 1 + j - p][None]
+    return _skew(w[:, n - mk: n + mk - 1], mk)[None]
+
+
+def _skew(wc, m):
+    """``out[h, p, j] = wc[h, m - 1 + j - p]`` for ``wc`` of shape ``(H, 2m - 1)``.
+
+    Built without a gather: with one zero appended, a row of period ``2m`` tiled ``m + 1``
+    times and read in rows of ``2m - 1`` starts each row one entry earlier than the row
+    above (``m - 1 + j - p`` stays within ``[0, 2m - 2]``, so the zero is never read). The
+    transpose (the gradient) is therefore a sum over the ``m + 1`` tiles: no scatter.
+    """
+    h = wc.shape[0]
+    if m == 0:
+        return jnp.zeros((h, 0, 0), wc.dtype)
+    period = jnp.pad(wc, ((0, 0), (0, 1)))  # (H, 2m)
+    flat = jnp.tile(period, (1, m + 1))  # (H, 2m (m + 1))
+    rows = flat[:, m - 1: m - 1 + m * (2 * m - 1)].reshape(h, m, 2 * m - 1)
+    return rows[:, :, :m]
 
 
 def time_bucket(dt, num_buckets: int = 128):
@@ -119,7 +151,14 @@ def time_bias(w_ts, timestamps, query_timestamps=None):
         :func:`next_timestamps` ``(timestamps)`` (the paper's "next item" rule).
 
     Returns:
-      ``(B, H_rab, N, N)`` in the table's dtype.
+      ``(B, H_rab, N, N)`` in the table's dtype. Reverse-mode differentiable in ``w_ts``
+      (a ``jax.custom_vjp``: the gradient is a one-hot reduction over ``(B, N, N)``
+      accumulated in float32 or wider, see the module docstring); no forward mode.
+
+    Raises:
+      ValueError: ``w_ts`` is not 1-D or 2-D, ``timestamps`` is not ``(B, N)``, or
+        ``query_timestamps`` has another shape.
+      TypeError: ``w_ts`` is not a floating-point table.
     """
     w = _table(w_ts, "w_ts")
     ts = jnp.asarray(timestamps)
@@ -129,7 +168,60 @@ def time_bias(w_ts, timestamps, query_timestamps=None):
     if tq.shape != ts.shape:
         raise ValueError(f"query_timestamps must have timestamps' shape {ts.shape}, got {tq.shape}")
     bucket = time_bucket(tq[:, :, None] - ts[:, None, :], w.shape[-1] - 1)  # (B, N, N)
-    return jnp.moveaxis(w[:, bucket], 0, 1)  # (B, H_rab, N, N)
+    return _bucket_lookup(w, bucket)  # (B, H_rab, N, N)
+
+
+def _bucket_dtype(num_entries):
+    """Smallest integer dtype holding bucket ids ``0 .. num_entries - 1`` (the residual)."""
+    if num_entries <= 256:
+        return jnp.uint8
+    if num_entries <= 32768:
+        return jnp.int16
+    return jnp.int32
+
+
+@jax.custom_vjp
+def _bucket_lookup(w, bucket):
+    """``out[b, h, p, j] = w[h, bucket[b, p, j]]``: ``w (H, K)`` float, ``bucket (B, N, N)``
+    int in ``[0, K)``. Forward: a gather; backward: a one-hot reduction (no scatter)."""
+    return jnp.moveaxis(w[:, bucket], 0, 1)
+
+
+def _bucket_lookup_fwd(w, bucket):
+    k = w.shape[-1]
+    # The zero-size array carries K into the backward (residuals are arrays only).
+    return _bucket_lookup(w, bucket), (bucket.astype(_bucket_dtype(k)), jnp.zeros((0, k), w.dtype))
+
+
+def _bucket_lookup_bwd(res, g):
+    bucket, like_w = res
+    k = like_w.shape[-1]
+    acc = jnp.promote_types(g.dtype, jnp.float32)
+    gt = jnp.moveaxis(g, 1, -1).astype(acc)  # (B, N, N, H)
+    dw = jax.lax.platform_dependent(
+        bucket, gt, cpu=functools.partial(_bucket_sum_segment, k),
+        default=functools.partial(_bucket_sum_onehot, k))  # (K, H)
+    return dw.T.astype(like_w.dtype), None
+
+
+def _bucket_sum_onehot(k, bucket, gt):
+    """``dw[k, h] = sum_{b, p, j} [bucket[b, p, j] == k] * gt[b, p, j, h]`` as one fused
+    reduction (accelerators). The reduced axes (b, p, j) are the major ones and the kept
+    (k, h) the minor ones, so XLA fuses compare, select and sum into one reduction that reads
+    ``gt`` and ``bucket`` once and never materializes the ``(B, N, N, K)`` one-hot."""
+    hit = bucket.astype(jnp.int32)[..., None] == jnp.arange(k, dtype=jnp.int32)  # (B, N, N, K)
+    zero = jnp.zeros((), gt.dtype)
+    return jnp.sum(jnp.where(hit[..., None], gt[..., None, :], zero), axis=(0, 1, 2))
+
+
+def _bucket_sum_segment(k, bucket, gt):
+    """The same sums as a segment sum (CPU: XLA's CPU scatter is a serial loop over the
+    updates, K times cheaper there than the one-hot reduction)."""
+    return jax.ops.segment_sum(gt.reshape(-1, gt.shape[-1]), bucket.reshape(-1).astype(jnp.int32),
+                               num_segments=k)
+
+
+_bucket_lookup.defvjp(_bucket_lookup_fwd, _bucket_lookup_bwd)
 
 
 def relative_bias(w_pos, w_ts, timestamps, query_timestamps=None):
@@ -145,7 +237,11 @@ def relative_bias(w_pos, w_ts, timestamps, query_timestamps=None):
     Returns:
       ``(B, H_rab, max_seqlen_k, max_seqlen_k)`` in the tables' promoted dtype: pass it
       as ``rab`` to :func:`jax_sparse_attn.hstu_attention` (cast it to q's dtype or
-      float32).
+      float32). Reverse-mode differentiable in both tables, with no scatter on GPUs
+      (module docstring).
+
+    Raises:
+      ValueError / TypeError: as :func:`position_bias` and :func:`time_bias`.
     """
     ts = jnp.asarray(timestamps)
     if ts.ndim != 2:

@@ -70,52 +70,45 @@ def _parse_count(var, raw):
     return n
 
 
+def _parse_option_list(flags, key, key_ok, allowed):
+    """Parser of a comma list of ``flags`` and ``key=N`` (``N`` a plain non-negative decimal
+    with ``key_ok(N)``), each at most once, returned as a tuple in the given order;
+    ``allowed`` describes the values in the error messages."""
+
+    def parse(var, raw):
+        opts = tuple(o.strip() for o in raw.split(",") if o.strip())
+        for o in opts:
+            ok = o in flags
+            if o.startswith(key + "="):
+                n = o[len(key) + 1:]
+                ok = n.isdigit() and str(int(n)) == n and key_ok(int(n))
+            if not ok:
+                raise ValueError(f"{var}={raw!r}: {o!r} is not allowed; allowed: {allowed}")
+        names = [o.split("=")[0] for o in opts]
+        if len(set(names)) != len(names):
+            raise ValueError(f"{var}={raw!r} names an option twice; allowed: {allowed}")
+        return opts
+
+    return parse
+
+
 #: the flags of the sm90ws forward's tuning switch (JAX_SPARSE_ATTN_HSTU_WS); ``bn=N`` is
 #: the fifth entry
 WS_FLAGS = ("nooverlap", "nopingpong", "q1", "silu16")
 _WS_ALLOWED = ("comma list of " + ", ".join(WS_FLAGS)
                + ", bn=N (block_n: a multiple of 16 in 16..256)")
-
-
-def _parse_ws(var, raw):
-    """A comma list of :data:`WS_FLAGS` and ``bn=N``, each at most once, as a tuple in the
-    given order."""
-    opts = tuple(o.strip() for o in raw.split(",") if o.strip())
-    for o in opts:
-        ok = o in WS_FLAGS
-        if o.startswith("bn="):
-            n = o[3:]
-            ok = n.isdigit() and str(int(n)) == n and int(n) % 16 == 0 and 16 <= int(n) <= 256
-        if not ok:
-            raise ValueError(f"{var}={raw!r}: {o!r} is not allowed; allowed: {_WS_ALLOWED}")
-    names = [o.split("=")[0] for o in opts]
-    if len(set(names)) != len(names):
-        raise ValueError(f"{var}={raw!r} names an option twice; allowed: {_WS_ALLOWED}")
-    return opts
-
+#: parser of JAX_SPARSE_ATTN_HSTU_WS: :data:`WS_FLAGS` and ``bn=N``
+_parse_ws = _parse_option_list(WS_FLAGS, "bn", lambda n: n % 16 == 0 and 16 <= n <= 256,
+                               _WS_ALLOWED)
 
 #: the flags of the sm90ws BSA forward's tuning switch (JAX_SPARSE_ATTN_BSA_WS), plus
 #: ``stages=N`` (at most N K/V stages, 2..8)
 BSA_WS_FLAGS = ("nooverlap", "nopingpong", "q1")
 _BSA_WS_ALLOWED = ("comma list of " + ", ".join(BSA_WS_FLAGS)
                    + ", stages=N (most K/V shared-memory stages: 2..8)")
-
-
-def _parse_bsa_ws(var, raw):
-    """A comma list of :data:`BSA_WS_FLAGS` and ``stages=N``, each at most once, as a tuple
-    in the given order."""
-    opts = tuple(o.strip() for o in raw.split(",") if o.strip())
-    for o in opts:
-        ok = o in BSA_WS_FLAGS
-        if o.startswith("stages="):
-            n = o[7:]
-            ok = n.isdigit() and str(int(n)) == n and 2 <= int(n) <= 8
-        if not ok:
-            raise ValueError(f"{var}={raw!r}: {o!r} is not allowed; allowed: {_BSA_WS_ALLOWED}")
-    names = [o.split("=")[0] for o in opts]
-    if len(set(names)) != len(names):
-        raise ValueError(f"{var}={raw!r} names an option twice; allowed: {_BSA_WS_ALLOWED}")
-    return opts
+#: parser of JAX_SPARSE_ATTN_BSA_WS: :data:`BSA_WS_FLAGS` and ``stages=N``
+_parse_bsa_ws = _parse_option_list(BSA_WS_FLAGS, "stages", lambda n: 2 <= n <= 8,
+                                   _BSA_WS_ALLOWED)
 
 
 def _parse_tile(var, raw):
@@ -156,8 +149,7 @@ _TILE = "block_m,block_n,num_warps"
 SWITCHES = (
     _choice("hstu_fwd_impl", "JAX_SPARSE_ATTN_HSTU_FWD_IMPL", ("sm90ws", "sm80"),
             "HSTU forward kernel: sm90ws (warp-specialized: TMA producer warp, two wgmma "
-            "consumer warpgroups, persistent grid; no rab: calls with rab run sm80, the "
-            "compile key records it), sm80 (mma.sync, cp.async; with rab)"),
+            "consumer warpgroups, persistent grid), sm80 (mma.sync, cp.async); both add rab"),
     Switch("hstu_fwd_ws", "JAX_SPARSE_ATTN_HSTU_WS", _WS_ALLOWED, _parse_ws, (),
            "sm90ws forward variants (tuning / ablation; the sm80 forward ignores them): "
            "nooverlap (no intra-warpgroup overlap of S = QK^T and O += PV), nopingpong "
@@ -167,7 +159,7 @@ SWITCHES = (
     Switch("hstu_fwd_tile", "JAX_SPARSE_ATTN_HSTU_FWD_TILE", _TILE, _parse_tile, None,
            "HSTU sm80 forward tile override (tuning; unset: the kernel's tiles for the head "
            "dims); with sm90ws it is an error (bn=N of JAX_SPARSE_ATTN_HSTU_WS sets its "
-           "block_n) except for calls with rab, which run sm80 with this tile"),
+           "block_n)"),
     _choice("hstu_bwd_impl", "JAX_SPARSE_ATTN_HSTU_BWD_IMPL", ("sm80", "sm90"),
             "HSTU backward kernel: sm80 (mma.sync, cp.async; every head dim, with rab), sm90 "
             "(opt-in: warp-specialized TMA producer warp + two wgmma consumer warpgroups; "

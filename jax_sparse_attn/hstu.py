@@ -250,9 +250,8 @@ _ARG_LINES = """
         ``j`` (module doc; FBGEMM HSTU convention). Every sequence needs ``L_q <= L_k``
         (checked eagerly for concrete ``cu_seqlens``; under jit a row with ``p < 0`` gets
         bias 0). Differentiable. Not with paged KV. Default None (no bias code is compiled).
-        On the kernel backend the forward with rab is the ``sm80`` kernel: the default
-        ``sm90ws`` forward has no bias, so with ``rab`` the compile key (``cfg.fwd.impl``)
-        names ``sm80`` instead (docs/hstu.md)."""
+        On the kernel backend both forwards (``sm90ws``, the default, and ``sm80``) add the
+        bias (docs/hstu.md)."""
 
 _PAGED_ARG_LINES = """
       paged_kv: optional ``(num_pages, 2, 128, H, D)`` paged KV cache (index 0 = K,

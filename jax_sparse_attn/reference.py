@@ -272,8 +272,9 @@ def _to_bhsd(x, layout):
 
 
 def _bsa_blocks(q, k, v, q2k_block_index, q2k_block_nums, block_sizes, layout,
-                sparse_block_size):
-    """Shared setup: bhsd views padded to whole blocks plus normalised metadata."""
+                sparse_block_size, softmax_scale):
+    """Shared setup: bhsd views, the dims ``(B, H_q, H_kv, S_q, S_kv, D, D_v, N_q, N_kv,
+    blk)``, normalised metadata and the softmax scale (default ``1/sqrt(D)``)."""
     q = _to_bhsd(jnp.asarray(q), layout)
     k = _to_bhsd(jnp.asarray(k), layout)
     v = _to_bhsd(jnp.asarray(v), layout)
@@ -285,7 +286,9 @@ def _bsa_blocks(q, k, v, q2k_block_index, q2k_block_nums, block_sizes, layout,
     Nkv = -(-Skv // blk)
     idx, nums, sizes = normalize_bsa_metadata(q2k_block_index, None, block_sizes,
                                               q2k_block_nums)
-    return q, k, v, (B, Hq, Hkv, Sq, Skv, D, Dv, Nq, Nkv, blk), idx, nums, sizes
+    if softmax_scale is None:
+        softmax_scale = 1.0 / math.sqrt(D)
+    return q, k, v, (B, Hq, Hkv, Sq, Skv, D, Dv, Nq, Nkv, blk), idx, nums, sizes, softmax_scale
 
 
 def _pad_blocks(x, n_blocks, blk):
@@ -357,13 +360,11 @@ def _block_sparse_attention_ref_impl(
     in_dtype = q.dtype
     cdt = _compute_dtype(in_dtype, compute_dtype)
     lse_dtype = jnp.promote_types(in_dtype, jnp.float32)
-    q, k, v, dims, idx, nums, sizes = _bsa_blocks(
-        q, k, v, q2k_block_index, q2k_block_nums, block_sizes, layout, sparse_block_size)
+    q, k, v, dims, idx, nums, sizes, softmax_scale = _bsa_blocks(
+        q, k, v, q2k_block_index, q2k_block_nums, block_sizes, layout, sparse_block_size,
+        softmax_scale)
     B, Hq, Hkv, Sq, Skv, D, Dv, Nq, Nkv, blk = dims
-    if softmax_scale is None:
-        softmax_scale = 1.0 / math.sqrt(D)
-    K_max = idx.shape[-1]
-    g = Hq // max(Hkv, 1)
+    K_max, g = idx.shape[-1], Hq // max(Hkv, 1)
 
     def finish(o_bhsd, lse):
         o = o_bhsd.astype(in_dtype)
@@ -433,13 +434,11 @@ def _block_sparse_attention_bwd_ref_impl(
     do = _to_bhsd(jnp.asarray(do), layout)
     out = _to_bhsd(jnp.asarray(out), layout)
     lse = jnp.asarray(lse)
-    q, k, v, dims, idx, nums, sizes = _bsa_blocks(
-        q, k, v, q2k_block_index, q2k_block_nums, block_sizes, layout, sparse_block_size)
+    q, k, v, dims, idx, nums, sizes, softmax_scale = _bsa_blocks(
+        q, k, v, q2k_block_index, q2k_block_nums, block_sizes, layout, sparse_block_size,
+        softmax_scale)
     B, Hq, Hkv, Sq, Skv, D, Dv, Nq, Nkv, blk = dims
-    if softmax_scale is None:
-        softmax_scale = 1.0 / math.sqrt(D)
-    K_max = idx.shape[-1]
-    g = Hq // max(Hkv, 1)
+    K_max, g = idx.shape[-1], Hq // max(Hkv, 1)
 
     def finish(dq, dk, dv):
         res = (dq.astype(in_dtypes[0]), dk.astype(in_dtypes[1]), dv.astype(in_dtypes[2]))

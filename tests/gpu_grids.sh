@@ -3,6 +3,7 @@
 # PARTS selects what runs (default: all):
 #   hstu       HSTU default grid (HSTU_SHARDS processes) + the sm90ws batches (2 processes)
 #   bsa        BSA grid (BSA_SHARDS processes)
+#   bsa_ws     the opt-in sm90ws BSA forward: its own cases + the BSA grid with it (2 + 1)
 #   rab        rab tests (RAB_SHARDS processes)
 #   transforms the 1-GPU transformation tests (3 processes)
 #   sanitize   the garbage-metadata grid (tests/sanitize_grid.py) under compute-sanitizer
@@ -37,6 +38,10 @@ fi
 if has bsa; then
   n=${BSA_SHARDS:-4}
   for ((i = 0; i < n; i++)); do run bsa_$i BSA_TEST_SHARD=$i/$n $PYT tests/test_gpu_bsa.py -k "not sm90ws" & done
+fi
+if has bsa_ws; then
+  run bsa_ws_cases $PYT tests/test_gpu_bsa.py -k "test_bsa_sm90ws_forward" &
+  for i in 0 1; do run bsa_ws_$i BSA_TEST_IMPLS=sm90ws BSA_TEST_SHARD=$i/2 $PYT tests/test_gpu_bsa.py -k "TestBSAKernelGrid and sm90ws" & done
 fi
 if has rab; then
   n=${RAB_SHARDS:-4}

@@ -111,14 +111,16 @@ def hstu_cases(quick):
                 yield (f"hstu bwd={bwd} cu={name} D={d} window={window}",
                        dict(T=T, H=H, D=d, cu=np.asarray(cu, np.int32), window=window,
                             switches=Switches(hstu_bwd_impl=bwd)))
-    # relative attention bias (the sm80 forward with rab and the backward writing drab): rab
-    # rows and columns come from the garbage lengths; H_rab = 1 (fp32 drab workspace with
-    # vector reductions) and H_rab = H (direct drab stores)
+    # relative attention bias (each forward with rab, alternating, and the backward writing
+    # drab): rab rows and columns come from the garbage lengths; H_rab = 1 (fp32 drab
+    # workspace with vector reductions) and H_rab = H (direct drab stores)
+    all_impls = _allowed("hstu_fwd_impl")
     for i, ((name, cu), window) in enumerate(zip(cus.items(), windows)):
         rab_heads = 1 if i % 2 == 0 else H
-        yield (f"hstu rab H_rab={rab_heads} cu={name} D=64 window={window}",
+        impl = all_impls[i % len(all_impls)]
+        yield (f"hstu rab fwd={impl} H_rab={rab_heads} cu={name} D=64 window={window}",
                dict(T=T, H=H, D=64, cu=np.asarray(cu, np.int32), window=window,
-                    switches=Switches(), rab_heads=rab_heads))
+                    switches=Switches(hstu_fwd_impl=impl), rab_heads=rab_heads))
 
 
 def run_hstu(c):

@@ -439,3 +439,19 @@ def test_floor_labels_exist_in_quick_grids():
                  config={"dtype": "bfloat16"}, **{"pass": "fwd"})]
     rep = _grids.floor_report(rows)
     assert [r["meets"] for r in rep] == [True, False, None]
+
+
+# ----------------------------------------------------------------------------- bench_rab
+def test_bench_rab_bias_part_runs_and_writes_json(tmp_path):
+    """benchmarks/bench_rab.py on a tiny synthetic batch (no data cache): the bias rows of
+    both formulations are timed, written to JSON and summarized."""
+    from benchmarks import bench_rab  # noqa: PLC0415
+
+    out = tmp_path / "rab.json"
+    res = bench_rab.main(["--tiny", "--backend", "reference", "--parts", "bias",
+                          "--data-cache", str(tmp_path / "missing.npz"), "--out", str(out)])
+    saved = json.loads(out.read_text())
+    assert saved["data"].startswith("synthetic") and saved["shape"]["max_len"] == 32
+    rows = {r["variant"]: r for r in saved["rows"]}
+    assert set(rows) == {"new", "gather"} and all(rows[v]["ms"] > 0 for v in rows)
+    assert res["summary"]["bias_gather_over_new"] > 0

@@ -8,8 +8,12 @@ over heads with fp32 reductions) or H_rab = H (direct stores), rab in q's dtype 
 drab must be exactly 0 outside each sequence's rows ``p in [L_k - L_q, L_k)`` and keys
 ``j < L_k``; a poisoned-buffer test checks that the kernel writes exactly that region.
 
+The forward is the default ``sm90ws`` kernel except where a case selects another
+(``test_hstu_rab_forward_impls``: sm80, sm90ws variants, both N_k parities).
+
 Run on the H200: ``python -m pytest -m gpu tests/test_gpu_hstu_rab.py``
-(``HSTU_TEST_SHARD=i/n`` shards it like test_gpu_hstu.py).
+(``HSTU_TEST_SHARD=i/n`` shards it like test_gpu_hstu.py; tests/gpu_grids.sh (PARTS=rab) runs it
+with the rab benchmark rows).
 """
 
 from __future__ import annotations
@@ -114,7 +118,10 @@ def _jitted(kind, max_q, max_k, scaling, window, alpha, compute, fwd_impl=None):
 
     kw = dict(max_seqlen_q=max_q, max_seqlen_k=max_k, scaling_seqlen=scaling,
               window_size=window, alpha=alpha)
-    sw = Switches(hstu_fwd_impl=fwd_impl) if fwd_impl else None
+    sw = None
+    if fwd_impl:  # "sm80", "sm90ws" or "sm90ws:<hstu_fwd_ws options joined by +>"
+        impl, _, ws = fwd_impl.partition(":")
+        sw = Switches(hstu_fwd_impl=impl, hstu_fwd_ws=ws.replace("+", ","))
     if kind == "kfwd":
         return jax.jit(lambda q, k, v, cq, ck, f, r: jsa.hstu_attention(
             q, k, v, cq, ck, func=f, rab=r, backend="kernel", switches=sw, **kw))
@@ -227,20 +234,42 @@ def test_hstu_rab_kernel_vs_reference(case):
                   alpha=case.get("alpha"), scaling=case.get("scaling"), dv=case.get("dv"))
 
 
+# forward only, per implementation: sm80 explicitly; sm90ws (the default) with odd (1023:
+# one load per bias element) and even (300: one load per pair of adjacent columns) N_k, and
+# its variants (no intra-warpgroup overlap, 16-bit score function, block_n 64, one Q stage)
+LENS_EVEN = ([300, 5, 0, 64, 299, 17], [300, 5, 0, 64, 299, 17])
 FWD_IMPL_CASES = [("sm80", dict(d=128, window=(-1, 0), h_rab=1)),
                   ("sm80", dict(d=64, window=(-1, -1), func_n=3, h_rab=H)),
                   ("sm90ws", dict(d=128, window=(63, 17), h_rab=H)),
-                  ("sm90ws", dict(d=256, window=(-1, 0), h_rab=1))]
+                  ("sm90ws", dict(d=256, window=(-1, 0), h_rab=1)),
+                  ("sm90ws", dict(d=128, window=(-1, 0), h_rab=1, lens=LENS_EVEN)),
+                  ("sm90ws", dict(d=64, window=(-1, -1), func_n=5, h_rab=H, lens=LENS_EVEN,
+                                  rab_dtype="q")),
+                  ("sm90ws", dict(d=32, window=(-1, 0), h_rab=1, lens=LENS_Q_LT_K)),
+                  ("sm90ws:nooverlap", dict(d=128, window=(-1, 0), h_rab=H, lens=LENS_EVEN)),
+                  ("sm90ws:silu16", dict(d=128, window=(-1, -1), h_rab=1, rab_dtype="q")),
+                  ("sm90ws:bn=64+q1", dict(d=64, window=(-1, 0), h_rab=H, lens=LENS_EVEN))]
+
+
+def _impl_id(i, c):
+    s = f"{i.replace(':', '-').replace('=', '').replace('+', '-')}-d{c['d']}-hr{c['h_rab']}"
+    if c.get("lens"):
+        s += f"-lens{max(c['lens'][1])}"
+    if c.get("func_n"):
+        s += f"-func{c['func_n']}"
+    return s + "-" + c.get("rab_dtype", "f32")
 
 
 @pytest.mark.parametrize("impl,case", _shard(FWD_IMPL_CASES),
-                         ids=[f"{i}-d{c['d']}-hr{c['h_rab']}" for i, c in _shard(FWD_IMPL_CASES)])
+                         ids=[_impl_id(i, c) for i, c in _shard(FWD_IMPL_CASES)])
 def test_hstu_rab_forward_impls(impl, case):
-    """Each hstu_fwd_impl selection with rab: sm80 explicitly, and sm90ws (the default, no
-    bias), which the compile key routes to sm80."""
-    _run_rab_case(case["d"], "bfloat16", LENS_RAB, LENS_RAB, case["window"],
-                  h_rab=case["h_rab"], rab_dtype="f32", func_n=case.get("func_n", 0), seed=5,
-                  bwd=False, fwd_impl=impl)
+    """Each hstu_fwd_impl selection with rab runs that forward with the bias (sm80, sm90ws
+    and sm90ws's variants)."""
+    lens_q, lens_k = case.get("lens", (LENS_RAB, LENS_RAB))
+    for dtype in ("bfloat16", "float16"):
+        _run_rab_case(case["d"], dtype, lens_q, lens_k, case["window"], h_rab=case["h_rab"],
+                      rab_dtype=case.get("rab_dtype", "f32"), func_n=case.get("func_n", 0),
+                      seed=5, bwd=False, fwd_impl=impl)
 
 
 @pytest.mark.skipif(not _first_shard(), reason="runs in shard 0")

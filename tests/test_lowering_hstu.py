@@ -252,14 +252,17 @@ def test_hstu_sm90ws_config_from_switches():
         fh.fwd_config("bfloat16", 256, 256, 0, Switches(hstu_fwd_ws=("bn=256",)))
 
 
-# relative attention bias: the forward with rab (sm80; the default sm90ws selection is routed
-# to it), the backward with H_rab = 1 (fp32 workspace + red.add) and H_rab = H (direct
+# relative attention bias: the forwards with rab (sm90ws, the default, with its variants, and
+# sm80), the backward with H_rab = 1 (fp32 workspace + red.add) and H_rab = H (direct
 # stores), rab in q's dtype and in float32, window and func masks, an odd max_seqlen_k
 RAB_LOWER = [
     ("fwd", "sm90ws", "bfloat16", 64, "window", 1, "q"),
     ("fwd", "sm90ws", "float16", 128, "func", 2, "f32"),
     ("fwd", "sm90ws", "bfloat16", 256, "window", 2, "q"),
     ("fwd", "sm80", "bfloat16", 32, "func", 1, "f32"),
+    ("fwd", "sm90ws", "bfloat16", 32, "func", 1, "f32"),
+    ("fwd", "sm90ws:silu16", "bfloat16", 128, "window", 1, "q"),
+    ("fwd", "sm90ws:nooverlap,bn=64", "float16", 64, "window", 2, "f32"),
     ("bwd", "sm90ws", "bfloat16", 64, "window", 1, "q"),
     ("bwd", "sm90ws", "bfloat16", 128, "window", 2, "f32"),
     ("bwd", "sm90ws", "float16", 32, "func", 2, "q"),
@@ -274,6 +277,7 @@ def test_hstu_rab_lowers(direction, impl, dtype, head_dim, mask, h_rab, rab_dt):
     from jax_sparse_attn.config import Switches  # noqa: PLC0415
 
     dt = jnp.dtype(dtype)
+    ws = impl.partition(":")[2]
     mk = 201
     q = jax.ShapeDtypeStruct((T, 2, head_dim), dt)
     cu = jax.ShapeDtypeStruct((B + 1,), jnp.int32)
@@ -284,7 +288,8 @@ def test_hstu_rab_lowers(direction, impl, dtype, head_dim, mask, h_rab, rab_dt):
     def fwd(q, k, v, cu, func, rab):
         return jsa.hstu_attention(q, k, v, cu, cu, max_seqlen_q=mk, max_seqlen_k=mk,
                                   window_size=window, alpha=0.3, func=func, backend="kernel",
-                                  rab=rab, switches=Switches(hstu_fwd_impl=impl))
+                                  rab=rab, switches=Switches(hstu_fwd_impl=impl.split(":")[0],
+                                                             hstu_fwd_ws=ws))
 
     if direction == "fwd":
         txt = _lower(fwd, q, q, q, cu, func, rab)
@@ -296,27 +301,35 @@ def test_hstu_rab_lowers(direction, impl, dtype, head_dim, mask, h_rab, rab_dt):
     assert txt.count(_target()) == 1 and "\\7FELF" in txt
 
 
-def test_hstu_rab_routes_to_a_forward_with_rab():
-    """With rab the sm90ws forward (no bias) is replaced by sm80 in the compile key, which
-    records the replaced switch value; sm80's tiles then come from hstu_fwd_tile or its
-    defaults; the rab presence, H_rab == H and rab's dtype are part of both compile keys."""
+def test_hstu_rab_keeps_the_selected_forward():
+    """Both forwards have the bias: with rab the compile key keeps the selected forward
+    (sm90ws by default, with its tiles and variants; sm80 with its tiles); the rab presence,
+    H_rab == H and rab's dtype are part of both compile keys; a tile override with sm90ws is
+    an error with rab as without."""
     import dataclasses  # noqa: PLC0415
 
     from jax_sparse_attn import config  # noqa: PLC0415
     from jax_sparse_attn.ffi import hstu as fh  # noqa: PLC0415
 
-    assert "sm90ws" not in fh.RAB_FWD_IMPLS
+    assert set(fh.RAB_FWD_IMPLS) == {"sm90ws", "sm80"}
     sw = config.Switches()
     assert sw.hstu_fwd_impl == "sm90ws"
-    key = fh.fwd_config("bfloat16", 64, 64, 0, sw, has_rab=True, rab_dtype="float32")
-    assert key.impl == "sm80" and key.rab_replaced_impl == "sm90ws" and key.has_rab
-    assert (key.block_m, key.block_n, key.num_warps) == (128, 64, 4)  # sm80's defaults
-    tiled = fh.fwd_config("bfloat16", 64, 64, 0, config.Switches(hstu_fwd_tile=(64, 64, 4)),
-                          has_rab=True, rab_dtype="float32")
-    assert (tiled.impl, tiled.block_m, tiled.block_n) == ("sm80", 64, 64)
+    key = fh.fwd_config("bfloat16", 64, 64, 0, sw, has_rab=True, rab_per_head=True,
+                        rab_dtype="float32")
+    assert key.impl == "sm90ws" and key.has_rab and key.rab_per_head
+    assert key.rab_dtype == "float32"
+    assert dataclasses.replace(key, has_rab=False, rab_per_head=False, rab_dtype="") == \
+        fh.fwd_config("bfloat16", 64, 64, 0, sw)
+    ws = fh.fwd_config("bfloat16", 64, 64, 0, config.Switches(hstu_fwd_ws="silu16,bn=64"),
+                       has_rab=True, rab_dtype="bfloat16")
+    assert (ws.impl, ws.block_n, ws.ws_silu16, ws.has_rab) == ("sm90ws", 64, True, True)
+    with pytest.raises(ValueError, match="JAX_SPARSE_ATTN_HSTU_FWD_TILE"):
+        fh.fwd_config("bfloat16", 64, 64, 0, config.Switches(hstu_fwd_tile=(64, 64, 4)),
+                      has_rab=True, rab_dtype="float32")
     explicit = fh.fwd_config("bfloat16", 64, 64, 0, config.Switches(hstu_fwd_impl="sm80"),
                              has_rab=True, rab_dtype="float32")
-    assert explicit.impl == "sm80" and explicit.rab_replaced_impl == ""
+    assert explicit.impl == "sm80" and explicit.has_rab and not explicit.rab_per_head
+    assert (explicit.block_m, explicit.block_n, explicit.num_warps) == (128, 64, 4)
     base = fh.fwd_config("bfloat16", 64, 64, 0, config.Switches())
     assert base.impl == "sm90ws" and not base.has_rab
     assert base != dataclasses.replace(base, has_rab=True)
@@ -448,3 +461,32 @@ def test_hstu_bwd_sm90_ptx_is_warp_specialized(tmp_path):
         assert needle in text, f"{needle} missing from the sm90 backward PTX"
     assert len(re.findall(r"wgmma\.mma_async", text)) == 32
     assert "mma.sync" not in text
+
+
+def test_sm90ws_forwards_without_rab_keep_their_ptx():
+    """The HSTU sm90ws forward without rab and the BSA sm90ws forward (one configuration each,
+    ``scripts/ws_ptx_hashes.py quick``, in a fresh process) still compile to the PTX recorded
+    in tests/ws_ptx_sha256.txt (sha256 of the PTX without ``.loc``/``.file`` lines and
+    comments): the rab presence flag and the shared warp-specialized base add no code to
+    them. Skipped with another CuTe DSL version than the one the hashes were made with."""
+    import importlib.metadata  # noqa: PLC0415
+    import subprocess  # noqa: PLC0415
+    import sys  # noqa: PLC0415
+
+    tests = os.path.dirname(os.path.abspath(__file__))
+    root = os.path.dirname(tests)
+    with open(os.path.join(tests, "ws_ptx_sha256.txt")) as f:
+        lines = f.read().splitlines()
+    version = lines[0].split()[2]
+    if importlib.metadata.version("nvidia-cutlass-dsl") != version:
+        pytest.skip(f"hashes recorded with nvidia-cutlass-dsl {version}")
+    want = dict(ln.split(" ", 1) for ln in lines[1:] if ln and not ln.startswith("#"))
+    env = {k: v for k, v in os.environ.items() if not k.startswith("JAX_SPARSE_ATTN_")}
+    env["PYTHONPATH"] = root + os.pathsep + env.get("PYTHONPATH", "")
+    r = subprocess.run([sys.executable, os.path.join(root, "scripts", "ws_ptx_hashes.py"),
+                        "quick"], env=env, cwd=root, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    got = dict(ln.split(" ", 1) for ln in r.stdout.splitlines() if ln.startswith(("hstu", "bsa")))
+    assert len(got) == 2, r.stdout
+    for name, h in got.items():
+        assert h == want[name], f"{name}: PTX sha256 {h} != recorded {want[name]}"

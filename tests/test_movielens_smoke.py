@@ -240,8 +240,14 @@ def test_smoke_run_writes_finite_metrics(tmp_path):
     # stdout is a pipe: plain progress lines (compile, one line per epoch), no tqdm bar
     assert "compiled in" in proc.stdout
     epoch_lines = [ln for ln in proc.stdout.splitlines()
-                   if ln.startswith("seed ") and " epoch " in ln and " loss " in ln]
+                   if ln.startswith("s42 ep ") and " loss " in ln]
     assert len(epoch_lines) == res["config"]["epochs"], proc.stdout[-2000:]
+    assert all(len(ln) <= 100 for ln in epoch_lines), epoch_lines  # short progress lines
+    t = res["timing"]
+    assert t["rab"] is True and t["train_batches_per_epoch"] == res["data"]["train_batches_per_epoch"]
+    assert t["epoch_seconds_mean_excl_first"] == res["epoch_seconds_mean_excl_first"] > 0
+    assert t["cold_step_seconds_first_seed"] == run["timing"]["cold_step_seconds"] > 0
+    assert t["step_ms_mean_excl_first"] > 0
 
 
 def test_compare_backends_reports_zero_for_identical_backends():

@@ -33,10 +33,9 @@ canonical order. A pseudo-sequence appended to ``cu_seqlens`` covers rows past
 Relative attention bias (``rab (B, H_rab, N_k, N_k)``, q's dtype or fp32): a presence flag
 ``has_rab`` (with ``rab_per_head`` = ``H_rab == H`` and rab's dtype) in both compile keys;
 without rab the adapters, kernel arguments and generated code are exactly those of the
-kernels without bias (PTX sha256-identical). The forwards with rab are ``RAB_FWD_IMPLS``
-(``sm80``): with rab the selected forward implementation (default ``sm90ws``, which has no
-bias) is replaced by ``sm80`` in the compile key, which records the replaced switch value in
-``rab_replaced_impl``. Backward: ``drab`` is written directly (rab's dtype, zero-initialised output) when
+kernels without bias (PTX sha256-identical). Both forwards (``RAB_FWD_IMPLS``: ``sm90ws`` and
+``sm80``) add the bias to their score tiles, so the selected forward runs with rab too.
+Backward: ``drab`` is written directly (rab's dtype, zero-initialised output) when
 ``H_rab == H``, else added over heads into an fp32 workspace ``(B, 1, N_k, N_k_pad)``
 (``N_k_pad`` even for the 8-byte vector reductions) that XLA slices and casts.
 
@@ -73,10 +72,8 @@ __all__ = [
 ]
 
 SUPPORTED_HEAD_DIMS = (32, 64, 128, 256)
-#: forward implementations with the relative attention bias; with rab another selected
-#: forward implementation (sm90ws) is replaced by sm80 in the compile key (``impl``)
-RAB_FWD_IMPLS = ("sm80",)
-_RAB_FALLBACK_IMPL = "sm80"
+#: forward implementations with the relative attention bias (all of them)
+RAB_FWD_IMPLS = ("sm90ws", "sm80")
 _SMEM_BYTES = 227 * 1024
 
 
@@ -112,8 +109,6 @@ class HstuFwdConfig(_HstuKey):
     has_rab: bool = False
     rab_per_head: bool = False
     rab_dtype: str = ""
-    # the hstu_fwd_impl switch value when rab replaced it by RAB_FWD_IMPLS (else "")
-    rab_replaced_impl: str = ""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -162,17 +157,14 @@ def _check_fwd_tile(head_dim, head_dim_v, bm, bn, w):
 def fwd_config(dtype, head_dim, head_dim_v, func_n, switches, *, has_rab=False,
                rab_per_head=False, rab_dtype="") -> HstuFwdConfig:
     """The forward compile key for padded head dims, ``func_n`` endpoint rows (0: no func)
-    and the :class:`~jax_sparse_attn.config.Switches`; with ``has_rab`` a forward
-    implementation outside :data:`RAB_FWD_IMPLS` (the sm90ws forward has no bias) is
-    replaced by sm80 (tiles from ``hstu_fwd_tile`` or sm80's defaults) and the key records
-    the replaced value in ``rab_replaced_impl``."""
+    and the :class:`~jax_sparse_attn.config.Switches`; ``has_rab`` (with ``rab_per_head``
+    and rab's dtype name) adds the relative attention bias to the selected forward."""
     d = max(head_dim, head_dim_v)
     impl = switches.hstu_fwd_impl
-    replaced = ""
-    if has_rab and impl not in RAB_FWD_IMPLS:
-        impl, replaced = _RAB_FALLBACK_IMPL, impl
+    rab = dict(has_rab=bool(has_rab), rab_per_head=bool(has_rab and rab_per_head),
+               rab_dtype=rab_dtype if has_rab else "")
     if impl == "sm90ws":
-        return _ws_config(dtype, head_dim, head_dim_v, func_n, switches)
+        return _ws_config(dtype, head_dim, head_dim_v, func_n, switches, rab)
     if d <= 32:
         default = (128, 128, 4)
     elif d <= 128:
@@ -182,9 +174,7 @@ def fwd_config(dtype, head_dim, head_dim_v, func_n, switches, *, has_rab=False,
     bm, bn, w = switches.hstu_fwd_tile or default
     _check_fwd_tile(head_dim, head_dim_v, bm, bn, w)
     return HstuFwdConfig(_cutlass_dtype_name(dtype), head_dim, head_dim_v, bm, bn, w,
-                         func_n > 0, max(func_n, 1), impl, has_rab=bool(has_rab),
-                         rab_per_head=bool(rab_per_head),
-                         rab_dtype=rab_dtype if has_rab else "", rab_replaced_impl=replaced)
+                         func_n > 0, max(func_n, 1), impl, **rab)
 
 
 def _num_sms() -> int:
@@ -210,7 +200,7 @@ def ws_options(opts) -> dict:
             "bn": bn[0] if bn else 0}
 
 
-def _ws_config(dtype, head_dim, head_dim_v, func_n, switches) -> HstuFwdConfig:
+def _ws_config(dtype, head_dim, head_dim_v, func_n, switches, rab) -> HstuFwdConfig:
     """The warp-specialized forward: 128 query rows (2 consumer warpgroups x 64) x ``bn`` keys,
     384 threads (12 warps). ``switches.hstu_fwd_ws`` (tuning / ablation only; see
     :func:`ws_options`) turns off the intra-warpgroup GEMM overlap or the ping-pong of the
@@ -236,7 +226,7 @@ def _ws_config(dtype, head_dim, head_dim_v, func_n, switches) -> HstuFwdConfig:
                          func_n > 0, max(func_n, 1), "sm90ws",
                          ws_overlap=opts["overlap"], ws_pingpong=opts["pingpong"],
                          ws_q_stages=opts["q_stages"], ws_silu16=opts["silu16"],
-                         num_sms=_num_sms())
+                         num_sms=_num_sms(), **rab)
 
 
 #: head dims (D = D_v) of the sm90 backward; other head dims, D != D_v and rab run sm80
@@ -329,15 +319,23 @@ def _fwd_rab_adapter():
     import cutlass.cute as cute  # noqa: PLC0415
 
     from ..kernels.hstu_fwd_sm80 import HstuFwdSm80  # noqa: PLC0415
+    from ..kernels.hstu_fwd_sm90_ws import HstuFwdSm90Ws  # noqa: PLC0415
 
     @cute.jit
     def hstu_fwd_rab_launch(stream, q, k, v, cu_q, cu_k, tiles, func, scal, win, rab, out,
                             *, cfg: cutlass.Constexpr):
-        # the one forward with rab (RAB_FWD_IMPLS); fwd_config puts sm80 in the key
-        HstuFwdSm80(_dt(cfg.dtype), cfg.head_dim, cfg.head_dim_v, cfg.block_m, cfg.block_n,
-                    cfg.num_warps, cfg.has_func, cfg.func_n, has_rab=True,
-                    rab_per_head=cfg.rab_per_head)(
-            q, k, v, cu_q, cu_k, tiles, func, scal, win, out, stream, rab)
+        # one branch per value of the hstu_fwd_impl switch (RAB_FWD_IMPLS)
+        if cutlass.const_expr(cfg.impl == "sm80"):
+            kernel = HstuFwdSm80(_dt(cfg.dtype), cfg.head_dim, cfg.head_dim_v, cfg.block_m,
+                                 cfg.block_n, cfg.num_warps, cfg.has_func, cfg.func_n,
+                                 has_rab=True, rab_per_head=cfg.rab_per_head)
+        elif cutlass.const_expr(cfg.impl == "sm90ws"):
+            kernel = HstuFwdSm90Ws(_dt(cfg.dtype), cfg.head_dim, cfg.head_dim_v, cfg.block_n,
+                                   cfg.has_func, cfg.func_n, cfg.num_sms,
+                                   overlap=cfg.ws_overlap, pingpong=cfg.ws_pingpong,
+                                   q_stages=cfg.ws_q_stages, silu16=cfg.ws_silu16,
+                                   has_rab=True, rab_per_head=cfg.rab_per_head)
+        kernel(q, k, v, cu_q, cu_k, tiles, func, scal, win, out, stream, rab)
 
     return hstu_fwd_rab_launch
 

@@ -25,28 +25,14 @@ sizes ``(B, H_q, N_kv)`` int32 or None, scale ``(1,)`` fp32.
 from __future__ import annotations
 
 import cutlass
-import cutlass.memory
 import cutlass.cute as cute
 from cutlass.cute.nvgpu import warp
 
-from .bsa_common import (
-    LOG2_E,
-    bwd_entry_rows,
-    bwd_kv_tile_rows,
-    bwd_tile_coords,
-    issue_q_do_rows,
-)
-from .common import (
-    acc_mn_view,
-    elem_ptr,
-    gemm_ss,
-    gmem_load_copy,
-    gmem_store_copy,
-    load_rows,
-    smem_layout_16b,
-    transpose_view,
-    transpose_view_staged,
-)
+from .bsa_common import (LOG2_E, bwd_entry_rows, bwd_load_kv_tile, bwd_tile_coords,
+                         issue_q_do_rows)
+from .common import (acc_mn_view, cvt_frag, elem_ptr, gemm_ss, gmem_load_copy, gmem_store_copy,
+                     launch, ldmatrix_atoms, r2s_copy, smem_layout_16b, smem_storage,
+                     smem_struct, store_p_ds, transpose_view, transpose_view_staged)
 
 TILE = 64  # keys per CTA tile and queries per inner step
 
@@ -80,30 +66,18 @@ class BsaBwdSm80:
         s_qd_st = smem_layout_16b(TILE, hd, 2)
         s_pp = smem_layout_16b(TILE, TILE)
 
-        @cute.struct
-        class SharedStorage:
-            sQ: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(s_qd_st)], 1024]
-            sdO: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(s_qd_st)], 1024]
-            sK: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(s_qd)], 1024]
-            sV: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(s_qd)], 1024]
-            sP: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(s_pp)], 1024]
-            sdS: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(s_pp)], 1024]
+        SharedStorage = smem_struct(self.dtype, sQ=s_qd_st, sdO=s_qd_st, sK=s_qd,
+                                                sV=s_qd, sP=s_pp, sdS=s_pp)
 
         gmem_copy_in = gmem_load_copy(self.dtype, self.num_threads, hd)
         gmem_copy_out = gmem_store_copy(self.dtype, self.num_threads, hd)
         n_tiles = cute.ceil_div(mK.shape[1], TILE)
         grid = (n_tiles, cute.size(mK.shape[2]), cute.size(mK.shape[0]))
-        self.kernel(
+        launch(self.kernel(
             mQ, mK, mV, mdO, mLSE, mDelta, mOffsets, mEntries, mSizes, mScale, mdQacc, mdK, mdV,
             s_qd, s_qd_st, s_pp, gmem_copy_in, gmem_copy_out, SharedStorage,
-        ).launch(
-            grid=grid,
-            block=[self.num_threads, 1, 1],
-            smem=SharedStorage.size_in_bytes(),
-            stream=stream,
-            min_blocks_per_mp=self.min_blocks,
-            preferred_smem_carveout=100,
-        )
+        ), grid, self.num_threads, SharedStorage, stream,
+               min_blocks_per_mp=self.min_blocks, preferred_smem_carveout=100)
 
     @cute.jit
     def _issue_q_do(self, mQ, mdO, mEntries, e_begin, t, n_q_blocks, head_kv, group, batch,
@@ -143,8 +117,7 @@ class BsaBwdSm80:
          n_kv_blocks, n_block, tile_off, softmax_scale, scale_log2) = bwd_tile_coords(
             mQ, mK, mScale, blk, self.sub, TILE)
 
-        smem = cutlass.memory.SmemAllocator()
-        storage = smem.allocate(SharedStorage)
+        storage = smem_storage(SharedStorage)
         sQ = storage.sQ.get_tensor(s_qd_st)  # (TILE, hd, 2): double-buffered
         sdO = storage.sdO.get_tensor(s_qd_st)
         sK = storage.sK.get_tensor(s_qd)
@@ -157,19 +130,10 @@ class BsaBwdSm80:
         sPt = transpose_view(sP)
         sdSt = transpose_view(sdS)
 
-        thr_copy = gmem_copy_in.get_slice(tidx)
-        tCc = thr_copy.partition_S(cute.make_identity_tensor((TILE, hd)))
-        gK = cute.local_tile(mK[batch, None, head_kv, None], (TILE, hd), (n_tile, 0))
-        gV = cute.local_tile(mV[batch, None, head_kv, None], (TILE, hd), (n_tile, 0))
-        kv_left = seqlen_k - n_tile * TILE
-        # rows no query head of the group uses as keys are zero-filled, never read
-        kv_rows = bwd_kv_tile_rows(mSizes, batch, head_kv, group, n_block, tile_off, kv_left,
-                                   self.has_sizes)
-        load_rows(gmem_copy_in, thr_copy.partition_S(gK), thr_copy.partition_D(sK), tCc, kv_rows)
-        load_rows(gmem_copy_in, thr_copy.partition_S(gV), thr_copy.partition_D(sV), tCc, kv_rows)
-        cute.arch.cp_async_commit_group()
-        tQsQ = thr_copy.partition_D(sQ)  # (CPY, M, K, stage)
-        tdOsdO = thr_copy.partition_D(sdO)
+        # tQsQ, tdOsdO: (CPY, M, K, stage)
+        thr_copy, tCc, kv_left, tQsQ, tdOsdO = bwd_load_kv_tile(
+            gmem_copy_in, tidx, mK, mV, sK, sV, sQ, sdO, mSizes, batch, head_kv, group, n_tile,
+            n_block, tile_off, seqlen_k, TILE, hd, self.has_sizes)
 
         mma_sdp = self._mma()
         mma_dkv = self._mma()
@@ -195,8 +159,7 @@ class BsaBwdSm80:
         tdQrdS = thr_dq.make_fragment_A(thr_dq.partition_A(sdS))
         tdQrKt = thr_dq.make_fragment_B(thr_dq.partition_B(sKt))
 
-        ldm = cute.make_copy_atom(warp.LdMatrix8x8x16bOp(transpose=False, num_matrices=4), self.dtype)
-        ldm_t = cute.make_copy_atom(warp.LdMatrix8x8x16bOp(transpose=True, num_matrices=4), self.dtype)
+        ldm, ldm_t = ldmatrix_atoms(self.dtype)
         s2r_sdp_A = cute.make_tiled_copy_A(ldm, mma_sdp).get_slice(tidx)
         s2r_sdp_B = cute.make_tiled_copy_B(ldm, mma_sdp).get_slice(tidx)
         s2r_dkv_A = cute.make_tiled_copy_A(ldm_t, mma_dkv).get_slice(tidx)
@@ -214,7 +177,7 @@ class BsaBwdSm80:
         tdQsdS = s2r_dq_A.partition_S(sdS)
         tdQsKt = s2r_dq_B.partition_S(sKt)
 
-        r2s = cute.make_tiled_copy_C(cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), self.dtype), mma_sdp)
+        r2s = r2s_copy(self.dtype, mma_sdp)
         r2s_thr = r2s.get_slice(tidx)
         tPsP = r2s_thr.partition_D(sP)
         tdSsdS = r2s_thr.partition_D(sdS)
@@ -287,13 +250,7 @@ class BsaBwdSm80:
                                 S_mn[r, c] = 0.0
                                 dP_mn[r, c] = 0.0
 
-                rP = cute.make_fragment_like(acc_S, self.dtype)
-                rP.store(acc_S.load().to(self.dtype))
-                rdS = cute.make_fragment_like(acc_dP, self.dtype)
-                rdS.store(acc_dP.load().to(self.dtype))
-                cute.copy(r2s, r2s_thr.retile(rP), tPsP)
-                cute.copy(r2s, r2s_thr.retile(rdS), tdSsdS)
-                cute.arch.barrier()
+                store_p_ds(r2s, r2s_thr, acc_S, acc_dP, tPsP, tdSsdS, self.dtype)
 
                 gemm_ss(mma_dkv, acc_dV, tdVrPt, tdVrdOt, tdVsPt, tdVsdOt[None, None, None, stage],
                         s2r_dkv_A, s2r_dkv_B)
@@ -321,12 +278,10 @@ class BsaBwdSm80:
         cute.arch.cp_async_wait_group(0)
         cute.arch.barrier()
         acc_dK.store(acc_dK.load() * softmax_scale)
-        r2s_kv = cute.make_tiled_copy_C(cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), self.dtype), mma_dkv)
+        r2s_kv = r2s_copy(self.dtype, mma_dkv)
         r2s_kv_thr = r2s_kv.get_slice(tidx)
-        rdK = cute.make_fragment_like(acc_dK, self.dtype)
-        rdK.store(acc_dK.load().to(self.dtype))
-        rdV = cute.make_fragment_like(acc_dV, self.dtype)
-        rdV.store(acc_dV.load().to(self.dtype))
+        rdK = cvt_frag(acc_dK, self.dtype)
+        rdV = cvt_frag(acc_dV, self.dtype)
         cute.copy(r2s_kv, r2s_kv_thr.retile(rdK), r2s_kv_thr.partition_D(sK))
         cute.copy(r2s_kv, r2s_kv_thr.retile(rdV), r2s_kv_thr.partition_D(sV))
         cute.arch.barrier()

@@ -41,26 +41,14 @@ from __future__ import annotations
 
 import cutlass
 import cutlass.cute as cute
-import cutlass.memory
 import cutlass.utils.hopper_helpers as sm90_utils
 from cutlass.cute.nvgpu import cpasync, warpgroup
 from cutlass.tensor_utils import LayoutEnum
 
-from .bsa_common import (
-    LOG2_E,
-    bwd_entry_rows,
-    bwd_kv_tile_rows,
-    bwd_tile_coords,
-    issue_q_do_rows,
-)
-from .common import (
-    acc_layout_as_a,
-    acc_mn_view_wg,
-    bulk_reduce_add_f32,
-    elem_ptr,
-    gmem_load_copy,
-    load_rows,
-)
+from .bsa_common import (LOG2_E, bwd_entry_rows, bwd_load_kv_tile, bwd_tile_coords,
+                         issue_q_do_rows)
+from .common import (acc_layout_as_a, acc_mn_view_wg, bulk_reduce_add_f32, elem_ptr,
+                     gmem_load_copy, launch, smem_storage)
 
 TILE = 64
 
@@ -123,18 +111,12 @@ class BsaBwdSm90:
         gmem_copy_in = gmem_load_copy(self.dtype, self.num_threads, hd)
         n_tiles = cute.ceil_div(mK.shape[1], TILE)
         grid = (n_tiles, cute.size(mK.shape[2]), cute.size(mK.shape[0]))
-        self.kernel(
+        launch(self.kernel(
             mQ, mK, mV, mdO, mLSE, mDelta, mOffsets, mEntries, mSizes, mScale, mdQacc, mdK, mdV,
             sKV_layout, sKV_mn_layout, sQ_layout, sQ_mn_layout, sdS_layout,
             gmem_copy_in, mma_s, mma_kv, mma_q, SharedStorage,
-        ).launch(
-            grid=grid,
-            block=[self.num_threads, 1, 1],
-            smem=SharedStorage.size_in_bytes(),
-            stream=stream,
-            min_blocks_per_mp=2,
-            preferred_smem_carveout=100,
-        )
+        ), grid, self.num_threads, SharedStorage, stream,
+               min_blocks_per_mp=2, preferred_smem_carveout=100)
 
     @cute.jit
     def _issue_q_do(self, mQ, mdO, ent, t, n_q_blocks, head_kv, group, batch,
@@ -198,8 +180,7 @@ class BsaBwdSm90:
          n_kv_blocks, n_block, tile_off, softmax_scale, scale_log2) = bwd_tile_coords(
             mQ, mK, mScale, blk, self.sub, TILE)
 
-        smem = cutlass.memory.SmemAllocator()
-        storage = smem.allocate(SharedStorage)
+        storage = smem_storage(SharedStorage)
         sK = storage.sK.get_tensor(sKV_layout.outer, swizzle=sKV_layout.inner)  # (kv, d, 1)
         sV = storage.sV.get_tensor(sKV_layout.outer, swizzle=sKV_layout.inner)
         sK_mn = storage.sK.get_tensor(sKV_mn_layout.outer, swizzle=sKV_mn_layout.inner)
@@ -214,19 +195,10 @@ class BsaBwdSm90:
         # per-stage lse (natural log) and delta of the step's 64 query rows: (row, kind, stage)
         sLD = storage.sLD.get_tensor(cute.make_layout((TILE, 2, 2), stride=(1, TILE, 2 * TILE)))
 
-        thr_copy = gmem_copy_in.get_slice(tidx)
-        tCc = thr_copy.partition_S(cute.make_identity_tensor((TILE, hd)))
-        gK = cute.local_tile(mK[batch, None, head_kv, None], (TILE, hd), (n_tile, 0))
-        gV = cute.local_tile(mV[batch, None, head_kv, None], (TILE, hd), (n_tile, 0))
-        kv_left = seqlen_k - n_tile * TILE
-        # rows no query head of the group uses as keys are zero-filled, never read
-        kv_rows = bwd_kv_tile_rows(mSizes, batch, head_kv, group, n_block, tile_off, kv_left,
-                                   self.has_sizes)
-        load_rows(gmem_copy_in, thr_copy.partition_S(gK), thr_copy.partition_D(sK[None, None, 0]), tCc, kv_rows)
-        load_rows(gmem_copy_in, thr_copy.partition_S(gV), thr_copy.partition_D(sV[None, None, 0]), tCc, kv_rows)
-        cute.arch.cp_async_commit_group()
-        tQsQ = thr_copy.partition_D(sQ)
-        tdOsdO = thr_copy.partition_D(sdO)
+        thr_copy, tCc, kv_left, tQsQ, tdOsdO = bwd_load_kv_tile(
+            gmem_copy_in, tidx, mK, mV, sK[None, None, 0], sV[None, None, 0], sQ, sdO, mSizes,
+            batch, head_kv, group, n_tile, n_block, tile_off, seqlen_k, TILE, hd,
+            self.has_sizes)
 
         thr_s = mma_s.get_slice(tidx)
         thr_kv = mma_kv.get_slice(tidx)

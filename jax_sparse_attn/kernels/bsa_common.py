@@ -4,8 +4,14 @@ Layout algebra and warp-level arithmetic of the forward and backward kernels (th
 layouts, accumulator views and ``mma.sync`` GEMM loops shared with HSTU live in
 :mod:`.common`):
 
+* ``fwd_tile_coords`` / ``fwd_grid`` / ``fwd_gmem_tiles`` / ``fwd_copy_partitions``: the
+  forward CTA's coordinates and sizes, its grid, its Q/K/V gmem tiles and this thread's
+  partitions of their row copies (both forward kernels).
+* ``softmax_rows`` / ``row_sum_inv``: the online softmax's per-row running max and sum
+  registers and a row's final denominator and its inverse (both forward kernels).
 * ``issue_q_do_rows(...)``: the backward's cp.async of one Q/dO row tile (zero past S_q).
-* ``bwd_tile_coords(...)``: the backward CTA's tile/head/batch coordinates and sizes.
+* ``bwd_tile_coords(...)``: the backward CTA's tile/head/batch coordinates and sizes;
+  ``bwd_load_kv_tile(...)``: its K/V tile load (both backward kernels).
 * ``bwd_entry_rows(...)``: query head and first row of a backward step's K->Q entry.
 * ``quad_allreduce_max/sum``: reduce over the 4 lanes that share an accumulator row.
 * ``mask_keys_from`` / ``online_softmax_step``: the forward's key-tail mask and online
@@ -96,6 +102,69 @@ def online_softmax_step(acc_S_mn: cute.Tensor, acc_O_mn: cute.Tensor, row_max: c
         acc_S_mn[r, None] = p_row
 
 
+def fwd_gmem_tiles(mQ, mK, mV, batch, head, head_kv, m_block, blk: int, hd: int):
+    """The forward CTA's gmem tiles, traced inline: its Q block ``(blk, hd)`` and the K / V
+    blocks ``(blk, hd, N_kv)`` of its KV head."""
+    gQ = cute.local_tile(mQ[batch, None, head, None], (blk, hd), (m_block, 0))
+    gK = cute.local_tile(mK[batch, None, head_kv, None], (blk, hd), (None, 0))
+    gV = cute.local_tile(mV[batch, None, head_kv, None], (blk, hd), (None, 0))
+    return gQ, gK, gV
+
+
+def fwd_copy_partitions(gmem_copy_in, tidx, gQ, sQ, gK, sK, gV, sV, blk: int, hd: int):
+    """This thread's partitions of the forward's Q/K/V gmem -> smem row copies, traced
+    inline: ``(tQgQ, tQsQ, tKgK, tKsK, tVgV, tVsV, tCc)`` (``tCc``: identity coordinates)."""
+    thr_copy = gmem_copy_in.get_slice(tidx)
+    return (thr_copy.partition_S(gQ), thr_copy.partition_D(sQ), thr_copy.partition_S(gK),
+            thr_copy.partition_D(sK), thr_copy.partition_S(gV), thr_copy.partition_D(sV),
+            thr_copy.partition_S(cute.make_identity_tensor((blk, hd))))
+
+
+def fwd_grid(mQ, blk: int):
+    """The forward's grid ``(N_q, H_q, B)`` (one CTA per query block and head)."""
+    return (cute.ceil_div(mQ.shape[1], blk), cute.size(mQ.shape[2]), cute.size(mQ.shape[0]))
+
+
+def softmax_rows(n_rows: int):
+    """Running row max (``-inf``) and row sum (0) registers of the online softmax."""
+    row_max = cute.make_rmem_tensor(n_rows, cutlass.Float32)
+    row_sum = cute.make_rmem_tensor(n_rows, cutlass.Float32)
+    row_max.fill(-cutlass.Float32.inf)
+    row_sum.fill(0.0)
+    return row_max, row_sum
+
+
+@cute.jit
+def row_sum_inv(row_sum_r):
+    """The row's softmax denominator ``l`` (quad all-reduced), whether the row is empty
+    (``l == 0``) and ``1 / l`` (0 for an empty row)."""
+    l = quad_allreduce_sum(row_sum_r)
+    empty = l == 0.0
+    inv = 0.0 if empty else cute.arch.rcp_approx(l)
+    return l, empty, inv
+
+
+def bwd_load_kv_tile(gmem_copy_in, tidx, mK, mV, sK, sV, sQ, sdO, mSizes, batch, head_kv,
+                     group, n_tile, n_block, tile_off, seqlen_k, tile: int, hd: int,
+                     has_sizes: bool):
+    """Backward prologue, traced inline: cp.async the CTA's ``tile`` K and V rows into ``sK`` /
+    ``sV`` (one commit group; rows that no query head of the GQA group uses as keys are
+    zero-filled, never read). Returns ``(thr_copy, tCc, kv_left, tQsQ, tdOsdO)``: this
+    thread's slice of ``gmem_copy_in``, its identity partition, the keys left from the
+    tile's first row to ``S_kv`` and the partitions of the Q / dO smem stages."""
+    thr_copy = gmem_copy_in.get_slice(tidx)
+    tCc = thr_copy.partition_S(cute.make_identity_tensor((tile, hd)))
+    gK = cute.local_tile(mK[batch, None, head_kv, None], (tile, hd), (n_tile, 0))
+    gV = cute.local_tile(mV[batch, None, head_kv, None], (tile, hd), (n_tile, 0))
+    kv_left = seqlen_k - n_tile * tile
+    kv_rows = bwd_kv_tile_rows(mSizes, batch, head_kv, group, n_block, tile_off, kv_left,
+                               has_sizes)
+    load_rows(gmem_copy_in, thr_copy.partition_S(gK), thr_copy.partition_D(sK), tCc, kv_rows)
+    load_rows(gmem_copy_in, thr_copy.partition_S(gV), thr_copy.partition_D(sV), tCc, kv_rows)
+    cute.arch.cp_async_commit_group()
+    return thr_copy, tCc, kv_left, thr_copy.partition_D(sQ), thr_copy.partition_D(sdO)
+
+
 @cute.jit
 def issue_q_do_rows(mQ, mdO, ent, t, n_q_blocks, head_kv, group, batch, seqlen_q,
                     gmem_copy_in, thr_copy, tCc, tQsQ, tdOsdO, stage,
@@ -119,6 +188,22 @@ def bwd_entry_rows(ent, t, n_q_blocks, head_kv, group, blk: int, sub: int, tile:
     h_in_group = ent // n_q_blocks
     m_block = ent - h_in_group * n_q_blocks
     return head_kv * group + h_in_group, m_block * blk + (t % sub) * tile
+
+
+def fwd_tile_coords(mQ, mK, mScale, mNums):
+    """Coordinates and sizes of a forward CTA (grid ``(N_q, H_q, B)``, one query block),
+    traced inline: ``(m_block, head, batch, seqlen_q, seqlen_k, head_kv, softmax_scale,
+    scale_log2, num_blocks)`` with ``head_kv = head // (H_q // H_kv)``, ``scale_log2 =
+    softmax_scale * log2(e)`` and ``num_blocks = q2k_block_nums[batch, head, m_block]``."""
+    m_block, head, batch = cute.arch.block_idx()
+    seqlen_q = mQ.shape[1]
+    seqlen_k = mK.shape[1]
+    head_kv = head // (mQ.shape[2] // mK.shape[2])
+    softmax_scale = mScale[0]
+    scale_log2 = softmax_scale * LOG2_E
+    num_blocks = mNums[batch, head, m_block]
+    return (m_block, head, batch, seqlen_q, seqlen_k, head_kv, softmax_scale, scale_log2,
+            num_blocks)
 
 
 def bwd_tile_coords(mQ, mK, mScale, blk: int, sub: int, tile: int):

@@ -22,28 +22,15 @@ scale ``(1,)`` fp32, lse ``(B, H_q, S_q)`` fp32.
 from __future__ import annotations
 
 import cutlass
-import cutlass.memory
 import cutlass.cute as cute
 from cutlass.cute.nvgpu import warp
 
-from .bsa_common import (
-    LOG2_E,
-    kv_block_rows,
-    mask_keys_from,
-    online_softmax_step,
-    quad_allreduce_sum,
-)
-from .common import (
-    acc_mn_view,
-    acc_to_a_frag,
-    gemm_rs,
-    gemm_ss,
-    gmem_load_copy,
-    gmem_store_copy,
-    load_rows,
-    smem_layout_16b,
-    transpose_view,
-)
+from .bsa_common import (fwd_copy_partitions, fwd_gmem_tiles, fwd_grid, fwd_tile_coords,
+                         kv_block_rows, mask_keys_from, online_softmax_step, row_sum_inv,
+                         softmax_rows)
+from .common import (acc_mn_view, acc_to_a_frag, cvt_frag, gemm_rs, gemm_ss, gmem_load_copy,
+                     gmem_store_copy, launch, ldmatrix_atoms, load_rows, r2s_copy,
+                     smem_layout_16b, smem_storage, smem_struct, transpose_view)
 
 
 class BsaFwdSm80:
@@ -68,11 +55,7 @@ class BsaFwdSm80:
         sQ_layout = smem_layout_16b(blk, hd)
         sKV_layout = smem_layout_16b(blk, hd)
 
-        @cute.struct
-        class SharedStorage:
-            sQ: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(sQ_layout)], 1024]
-            sK: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(sKV_layout)], 1024]
-            sV: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(sKV_layout)], 1024]
+        SharedStorage = smem_struct(self.dtype, sQ=sQ_layout, sK=sKV_layout, sV=sKV_layout)
 
         gmem_copy_in = gmem_load_copy(self.dtype, self.num_threads, hd)
         gmem_copy_out = gmem_store_copy(self.dtype, self.num_threads, hd)
@@ -81,22 +64,12 @@ class BsaFwdSm80:
             (self.num_warps, 1, 1),
             permutation_mnk=(self.num_warps * 16, 16, 16),
         )
-        grid = (
-            cute.ceil_div(mQ.shape[1], blk),
-            cute.size(mQ.shape[2]),
-            cute.size(mQ.shape[0]),
-        )
-        self.kernel(
+        grid = fwd_grid(mQ, blk)
+        launch(self.kernel(
             mQ, mK, mV, mIdx, mNums, mSizes, mScale, mO, mLSE,
             sQ_layout, sKV_layout, gmem_copy_in, gmem_copy_out, tiled_mma, SharedStorage,
-        ).launch(
-            grid=grid,
-            block=[self.num_threads, 1, 1],
-            smem=SharedStorage.size_in_bytes(),
-            stream=stream,
-            min_blocks_per_mp=self.min_blocks,
-            preferred_smem_carveout=100,
-        )
+        ), grid, self.num_threads, SharedStorage, stream,
+               min_blocks_per_mp=self.min_blocks, preferred_smem_carveout=100)
 
     @cute.kernel
     def kernel(
@@ -119,33 +92,19 @@ class BsaFwdSm80:
     ):
         blk, hd = self.blk, self.hd
         tidx, _, _ = cute.arch.thread_idx()
-        m_block, head, batch = cute.arch.block_idx()
-        seqlen_q = mQ.shape[1]
-        seqlen_k = mK.shape[1]
-        head_kv = head // (mQ.shape[2] // mK.shape[2])
-        softmax_scale = mScale[0]
-        scale_log2 = softmax_scale * LOG2_E
-        num_blocks = mNums[batch, head, m_block]
+        (m_block, head, batch, seqlen_q, seqlen_k, head_kv, softmax_scale, scale_log2,
+         num_blocks) = fwd_tile_coords(mQ, mK, mScale, mNums)
 
-        gQ = cute.local_tile(mQ[batch, None, head, None], (blk, hd), (m_block, 0))
-        gK = cute.local_tile(mK[batch, None, head_kv, None], (blk, hd), (None, 0))
-        gV = cute.local_tile(mV[batch, None, head_kv, None], (blk, hd), (None, 0))
+        gQ, gK, gV = fwd_gmem_tiles(mQ, mK, mV, batch, head, head_kv, m_block, blk, hd)
 
-        smem = cutlass.memory.SmemAllocator()
-        storage = smem.allocate(SharedStorage)
+        storage = smem_storage(SharedStorage)
         sQ = storage.sQ.get_tensor(sQ_layout)
         sK = storage.sK.get_tensor(sKV_layout)
         sV = storage.sV.get_tensor(sKV_layout)
         sVt = transpose_view(sV)
 
-        thr_copy = gmem_copy_in.get_slice(tidx)
-        tQgQ = thr_copy.partition_S(gQ)
-        tQsQ = thr_copy.partition_D(sQ)
-        tKgK = thr_copy.partition_S(gK)
-        tKsK = thr_copy.partition_D(sK)
-        tVgV = thr_copy.partition_S(gV)
-        tVsV = thr_copy.partition_D(sV)
-        tCc = thr_copy.partition_S(cute.make_identity_tensor((blk, hd)))
+        tQgQ, tQsQ, tKgK, tKsK, tVgV, tVsV, tCc = fwd_copy_partitions(
+            gmem_copy_in, tidx, gQ, sQ, gK, sK, gV, sV, blk, hd)
 
         thr_mma = tiled_mma.get_slice(tidx)
         tSrQ = thr_mma.make_fragment_A(thr_mma.partition_A(sQ))
@@ -154,8 +113,7 @@ class BsaFwdSm80:
         acc_O = cute.make_rmem_tensor(thr_mma.partition_shape_C((blk, hd)), cutlass.Float32)
         acc_O.fill(0.0)
 
-        ldm = cute.make_copy_atom(warp.LdMatrix8x8x16bOp(transpose=False, num_matrices=4), self.dtype)
-        ldm_t = cute.make_copy_atom(warp.LdMatrix8x8x16bOp(transpose=True, num_matrices=4), self.dtype)
+        ldm, ldm_t = ldmatrix_atoms(self.dtype)
         s2r_Q = cute.make_tiled_copy_A(ldm, tiled_mma).get_slice(tidx)
         s2r_K = cute.make_tiled_copy_B(ldm, tiled_mma).get_slice(tidx)
         s2r_V = cute.make_tiled_copy_B(ldm_t, tiled_mma).get_slice(tidx)
@@ -165,10 +123,7 @@ class BsaFwdSm80:
 
         tScS_mn = acc_mn_view(thr_mma.partition_C(cute.make_identity_tensor((blk, blk))))
         n_rows = cute.size(tScS_mn, mode=[0])
-        row_max = cute.make_rmem_tensor(n_rows, cutlass.Float32)
-        row_sum = cute.make_rmem_tensor(n_rows, cutlass.Float32)
-        row_max.fill(-cutlass.Float32.inf)
-        row_sum.fill(0.0)
+        row_max, row_sum = softmax_rows(n_rows)
 
         # Prologue: Q and the first listed K block.
         load_rows(gmem_copy_in, tQgQ, tQsQ, tCc, seqlen_q - m_block * blk)
@@ -216,9 +171,8 @@ class BsaFwdSm80:
                 mask_keys_from(acc_S_mn, tScS_mn, limit)
             online_softmax_step(acc_S_mn, acc_mn_view(acc_O), row_max, row_sum, scale_log2)
 
-            rP = cute.make_fragment_like(acc_S, self.dtype)
-            rP.store(acc_S.load().to(self.dtype))
-            gemm_rs(tiled_mma, acc_O, acc_to_a_frag(rP), tOrVt, tOsVt, s2r_V)
+            gemm_rs(tiled_mma, acc_O, acc_to_a_frag(cvt_frag(acc_S, self.dtype)), tOrVt, tOsVt,
+                    s2r_V)
 
         # Epilogue: normalize, write LSE and O. Empty rows never waited for their Q copy:
         # drain it before sQ is reused as the output staging buffer.
@@ -226,9 +180,7 @@ class BsaFwdSm80:
         acc_O_mn = acc_mn_view(acc_O)
         tOcO_mn = acc_mn_view(thr_mma.partition_C(cute.make_identity_tensor((blk, hd))))
         for r in cutlass.range_constexpr(n_rows):
-            l = quad_allreduce_sum(row_sum[r])
-            empty = l == 0.0
-            inv = 0.0 if empty else cute.arch.rcp_approx(l)
+            l, empty, inv = row_sum_inv(row_sum[r])
             acc_O_mn[r, None] = acc_O_mn[r, None].load() * inv
             lse = -cutlass.Float32.inf
             if not empty:
@@ -238,11 +190,10 @@ class BsaFwdSm80:
                 if row < seqlen_q:
                     mLSE[batch, head, row] = lse
 
-        rO = cute.make_fragment_like(acc_O, self.dtype)
-        rO.store(acc_O.load().to(self.dtype))
+        rO = cvt_frag(acc_O, self.dtype)
         cute.arch.barrier()  # every warp is done reading sQ / sV
         sO = cute.make_tensor(sQ.iterator, sQ_layout)
-        r2s = cute.make_tiled_copy_C(cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), self.dtype), tiled_mma)
+        r2s = r2s_copy(self.dtype, tiled_mma)
         r2s_thr = r2s.get_slice(tidx)
         cute.copy(r2s, r2s_thr.retile(rO), r2s_thr.partition_D(sO))
         cute.arch.barrier()

@@ -21,19 +21,15 @@ from __future__ import annotations
 
 import cutlass
 import cutlass.cute as cute
-import cutlass.memory
 import cutlass.utils.hopper_helpers as sm90_utils
 from cutlass.cute.nvgpu import warpgroup
 from cutlass.tensor_utils import LayoutEnum
 
-from .bsa_common import (
-    LOG2_E,
-    kv_block_rows,
-    mask_keys_from,
-    online_softmax_step,
-    quad_allreduce_sum,
-)
-from .common import acc_layout_as_a, acc_mn_view_wg, gmem_load_copy, load_rows
+from .bsa_common import (fwd_copy_partitions, fwd_gmem_tiles, fwd_grid, fwd_tile_coords,
+                         kv_block_rows, mask_keys_from, online_softmax_step, row_sum_inv,
+                         softmax_rows)
+from .common import (acc_layout_as_a, acc_mn_view_wg, gmem_load_copy, launch, load_rows,
+                     smem_storage, smem_struct)
 
 
 class BsaFwdSm90:
@@ -62,27 +58,14 @@ class BsaFwdSm90:
         sK_layout = sm90_utils.make_smem_layout_b(LayoutEnum.ROW_MAJOR, qk_tiler, self.dtype, self.kv_stages)
         sV_layout = sm90_utils.make_smem_layout_b(LayoutEnum.COL_MAJOR, pv_tiler, self.dtype, self.kv_stages)
 
-        @cute.struct
-        class SharedStorage:
-            sQ: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(sQ_layout)], 1024]
-            sK: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(sK_layout)], 1024]
-            sV: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(sV_layout)], 1024]
+        SharedStorage = smem_struct(self.dtype, sQ=sQ_layout, sK=sK_layout, sV=sV_layout)
 
         gmem_copy_in = gmem_load_copy(self.dtype, self.num_threads, hd)
-        grid = (
-            cute.ceil_div(mQ.shape[1], blk),
-            cute.size(mQ.shape[2]),
-            cute.size(mQ.shape[0]),
-        )
-        self.kernel(
+        grid = fwd_grid(mQ, blk)
+        launch(self.kernel(
             mQ, mK, mV, mIdx, mNums, mSizes, mScale, mO, mLSE,
             sQ_layout, sK_layout, sV_layout, gmem_copy_in, qk_mma, pv_mma, SharedStorage,
-        ).launch(
-            grid=grid,
-            block=[self.num_threads, 1, 1],
-            smem=SharedStorage.size_in_bytes(),
-            stream=stream,
-        )
+        ), grid, self.num_threads, SharedStorage, stream)
 
     @cute.kernel
     def kernel(
@@ -106,16 +89,10 @@ class BsaFwdSm90:
     ):
         blk, hd = self.blk, self.hd
         tidx, _, _ = cute.arch.thread_idx()
-        m_block, head, batch = cute.arch.block_idx()
-        seqlen_q = mQ.shape[1]
-        seqlen_k = mK.shape[1]
-        head_kv = head // (mQ.shape[2] // mK.shape[2])
-        softmax_scale = mScale[0]
-        scale_log2 = softmax_scale * LOG2_E
-        num_blocks = mNums[batch, head, m_block]
+        (m_block, head, batch, seqlen_q, seqlen_k, head_kv, softmax_scale, scale_log2,
+         num_blocks) = fwd_tile_coords(mQ, mK, mScale, mNums)
 
-        smem = cutlass.memory.SmemAllocator()
-        storage = smem.allocate(SharedStorage)
+        storage = smem_storage(SharedStorage)
         sQ = storage.sQ.get_tensor(sQ_layout.outer, swizzle=sQ_layout.inner)  # (blk, hd, 1)
         sK = storage.sK.get_tensor(sK_layout.outer, swizzle=sK_layout.inner)  # (blk, hd, st)
         sV = storage.sV.get_tensor(sV_layout.outer, swizzle=sV_layout.inner)  # (hd, blk, st)
@@ -123,17 +100,9 @@ class BsaFwdSm90:
         sV_rows = cute.composition(
             sV, cute.make_layout((blk, hd, self.kv_stages), stride=(hd, 1, blk * hd)))
 
-        gQ = cute.local_tile(mQ[batch, None, head, None], (blk, hd), (m_block, 0))
-        gK = cute.local_tile(mK[batch, None, head_kv, None], (blk, hd), (None, 0))
-        gV = cute.local_tile(mV[batch, None, head_kv, None], (blk, hd), (None, 0))
-        thr_copy = gmem_copy_in.get_slice(tidx)
-        tQgQ = thr_copy.partition_S(gQ)
-        tQsQ = thr_copy.partition_D(sQ[None, None, 0])
-        tKgK = thr_copy.partition_S(gK)
-        tKsK = thr_copy.partition_D(sK)
-        tVgV = thr_copy.partition_S(gV)
-        tVsV = thr_copy.partition_D(sV_rows)
-        tCc = thr_copy.partition_S(cute.make_identity_tensor((blk, hd)))
+        gQ, gK, gV = fwd_gmem_tiles(mQ, mK, mV, batch, head, head_kv, m_block, blk, hd)
+        tQgQ, tQsQ, tKgK, tKsK, tVgV, tVsV, tCc = fwd_copy_partitions(
+            gmem_copy_in, tidx, gQ, sQ[None, None, 0], gK, sK, gV, sV_rows, blk, hd)
 
         thr_qk = qk_mma.get_slice(tidx)
         thr_pv = pv_mma.get_slice(tidx)
@@ -146,10 +115,7 @@ class BsaFwdSm90:
 
         tScS_mn = acc_mn_view_wg(thr_qk.partition_C(cute.make_identity_tensor((blk, blk))))
         n_rows = cute.size(tScS_mn, mode=[0])
-        row_max = cute.make_rmem_tensor(n_rows, cutlass.Float32)
-        row_sum = cute.make_rmem_tensor(n_rows, cutlass.Float32)
-        row_max.fill(-cutlass.Float32.inf)
-        row_sum.fill(0.0)
+        row_max, row_sum = softmax_rows(n_rows)
 
         # Prologue: Q, then the first listed K/V block into stage 0.
         load_rows(gmem_copy_in, tQgQ, tQsQ, tCc, seqlen_q - m_block * blk)
@@ -213,9 +179,7 @@ class BsaFwdSm90:
         acc_O_mn = acc_mn_view_wg(acc_O)
         tOcO_mn = acc_mn_view_wg(thr_pv.partition_C(cute.make_identity_tensor((blk, hd))))
         for r in cutlass.range_constexpr(n_rows):
-            l = quad_allreduce_sum(row_sum[r])
-            empty = l == 0.0
-            inv = 0.0 if empty else cute.arch.rcp_approx(l)
+            l, empty, inv = row_sum_inv(row_sum[r])
             lse = -cutlass.Float32.inf
             if not empty:
                 lse = row_max[r] * softmax_scale + cute.math.log(l, fastmath=False)

@@ -1,11 +1,16 @@
 """CuTe DSL helpers shared by the HSTU and block-sparse attention kernels (no jax imports).
 
+* ``launch(kernel, grid, num_threads, storage_type, stream, **options)``, ``smem_storage``:
+  the kernels' launch and their shared-memory struct; ``smem_struct(dtype, **layouts)``: a
+  struct of aligned 16-bit buffers.
 * ``swizzle_atom_16b`` / ``smem_layout_16b(rows, cols[, stages])``: swizzled smem layouts of
   row-major 16-bit tiles; ``copy_threads_per_row``, ``gmem_load_copy`` (``cp.async``) /
   ``gmem_store_copy``: the matching 128-bit tiled gmem copies.
 * ``transpose_view`` / ``transpose_view_staged``, ``acc_mn_view``, ``acc_to_a_frag``: views of smem tiles and
   ``mma.sync`` accumulator fragments; ``gemm_ss`` / ``gemm_rs``: ``ldmatrix``-pipelined
-  ``mma.sync`` GEMM loops over K.
+  ``mma.sync`` GEMM loops over K; ``ldmatrix_atoms``, ``r2s_copy``, ``cvt_frag``,
+  ``store_p_ds``: the ``ldmatrix`` atoms, register -> smem copies and fragment conversions
+  of the ``mma.sync`` kernels.
 
 * ``load_rows(tcopy, tXg, tXs, tXc, limit)``: row-predicated copy of a partitioned
   ``(rows, cols)`` tile (gmem -> smem, e.g. ``cp.async``); rows whose coordinate in the
@@ -19,15 +24,38 @@
 * ``bulk_reduce_add_f32(gptr, sptr, nbytes)``: asynchronous fp32 reduce-add of a
   shared-memory row into global memory on the bulk-copy engine (sm_90): the dQ reduction
   of the block-sparse backward (``bsa_bwd_sm90``).
+* ``inline_asm(...)``: one PTX statement as inline assembly (the helpers' building block).
 """
 
 from __future__ import annotations
 
 import cutlass
 import cutlass.cute as cute
+import cutlass.memory
 from cutlass._mlir.dialects import llvm
-from cutlass.cute.nvgpu import cpasync
+from cutlass.cute.nvgpu import cpasync, warp
 from cutlass.cutlass_dsl import dsl_user_op
+
+
+def launch(kernel, grid, num_threads: int, storage_type, stream, **options):
+    """Launch ``kernel`` (a ``@cute.kernel`` call) on ``grid`` with ``num_threads`` threads per
+    CTA and the dynamic shared memory of the ``@cute.struct`` ``storage_type`` on ``stream``;
+    ``options``: further launch options (``min_blocks_per_mp``, ``preferred_smem_carveout``)."""
+    kernel.launch(grid=grid, block=[num_threads, 1, 1], smem=storage_type.size_in_bytes(),
+                  stream=stream, **options)
+
+
+def smem_storage(storage_type):
+    """The CTA's shared memory as an instance of the ``@cute.struct`` ``storage_type``."""
+    return cutlass.memory.SmemAllocator().allocate(storage_type)
+
+
+def smem_struct(dtype, **buffers):
+    """A ``@cute.struct`` of shared-memory buffers of ``dtype``, each 1024-byte aligned: one
+    member per keyword, in keyword order, sized by the given smem layout (its cosize)."""
+    members = {name: cute.struct.Align[cute.struct.MemRange[dtype, cute.cosize(layout)], 1024]
+               for name, layout in buffers.items()}
+    return cute.struct(type("SharedStorage", (), {"__annotations__": members}))
 
 
 def swizzle_atom_16b(cols: int):
@@ -126,6 +154,35 @@ def acc_to_a_frag(t):
     return cute.make_tensor(t.iterator, lay)
 
 
+def ldmatrix_atoms(dtype):
+    """The ``ldmatrix.x4`` copy atoms of 16-bit smem tiles: ``(plain, transposed)``."""
+    return (cute.make_copy_atom(warp.LdMatrix8x8x16bOp(transpose=False, num_matrices=4), dtype),
+            cute.make_copy_atom(warp.LdMatrix8x8x16bOp(transpose=True, num_matrices=4), dtype))
+
+
+def r2s_copy(dtype, tiled_mma):
+    """Tiled register -> smem copy of ``tiled_mma``'s accumulator-shaped fragments."""
+    return cute.make_tiled_copy_C(cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), dtype),
+                                  tiled_mma)
+
+
+def cvt_frag(acc, dtype, scale=None):
+    """``acc`` (times ``scale`` when given) converted into a new ``dtype`` register fragment."""
+    r = cute.make_fragment_like(acc, dtype)
+    r.store((acc.load() if scale is None else acc.load() * scale).to(dtype))
+    return r
+
+
+def store_p_ds(r2s, r2s_thr, acc_S, acc_dP, tPsP, tdSsdS, dtype):
+    """The backward's P and dS tiles (fp32 accumulators) as ``dtype`` into smem (through the
+    copy ``r2s`` and its thread slice ``r2s_thr``), then a CTA barrier."""
+    rP = cvt_frag(acc_S, dtype)
+    rdS = cvt_frag(acc_dP, dtype)
+    cute.copy(r2s, r2s_thr.retile(rP), tPsP)
+    cute.copy(r2s, r2s_thr.retile(rdS), tdSsdS)
+    cute.arch.barrier()
+
+
 @cute.jit
 def gemm_ss(tiled_mma, acc, tCrA, tCrB, tCsA, tCsB, s2r_A, s2r_B, tCrA_view=None,
             tCrB_view=None):
@@ -208,20 +265,31 @@ def acc_layout_as_a(c: cute.Layout, a_vals) -> cute.Layout:
     )
 
 
-@dsl_user_op
-def bulk_reduce_add_f32(gptr, sptr, nbytes: int, *, loc=None, ip=None):
-    """``cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32``: add ``nbytes``
-    (a multiple of 16) of fp32 from shared memory ``sptr`` to global ``gptr`` (both 16-byte
-    aligned), asynchronously, in this thread's bulk group."""
-    llvm.inline_asm(
-        None,
-        [gptr.toint(loc=loc, ip=ip).ir_value(loc=loc, ip=ip),
-         sptr.toint(loc=loc, ip=ip).ir_value(loc=loc, ip=ip)],
-        f"cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [$0], [$1], {nbytes};",
-        "l,r",
-        has_side_effects=True,
+def inline_asm(result_type, operands, asm: str, constraints: str, side_effects: bool, loc, ip):
+    """One PTX ``asm`` statement (AT&T dialect, no stack alignment) on the MLIR values
+    ``operands``; ``result_type`` None for a statement without result. The building block
+    of the single-instruction helpers here and in :mod:`.hstu_common`."""
+    return llvm.inline_asm(
+        result_type,
+        operands,
+        asm,
+        constraints,
+        has_side_effects=side_effects,
         is_align_stack=False,
         asm_dialect=llvm.AsmDialect.AD_ATT,
         loc=loc,
         ip=ip,
     )
+
+
+@dsl_user_op
+def bulk_reduce_add_f32(gptr, sptr, nbytes: int, *, loc=None, ip=None):
+    """``cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32``: add ``nbytes``
+    (a multiple of 16) of fp32 from shared memory ``sptr`` to global ``gptr`` (both 16-byte
+    aligned), asynchronously, in this thread's bulk group."""
+    inline_asm(
+        None,
+        [gptr.toint(loc=loc, ip=ip).ir_value(loc=loc, ip=ip),
+         sptr.toint(loc=loc, ip=ip).ir_value(loc=loc, ip=ip)],
+        f"cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [$0], [$1], {nbytes};",
+        "l,r", True, loc, ip)

@@ -34,16 +34,13 @@ from __future__ import annotations
 
 import cutlass
 import cutlass.cute as cute
-import cutlass.memory
 from cutlass import Float32, Int32
 from cutlass.cute.nvgpu import warp
 
 from . import hstu_common as hc
 
-BIG = 1 << 30
 
-
-class HstuBwdSm80:
+class HstuBwdSm80(hc.HstuSm80Kernel):
     """Backward kernel.
 
     ``__call__(mdO, mQ, mK, mV, mCuQ, mCuK, mKVTile, mQStart, mQTiles, mFunc, mScal, mWin,
@@ -54,17 +51,8 @@ class HstuBwdSm80:
 
     def __init__(self, dtype, head_dim, head_dim_v, block_m, block_n, num_warps, has_func,
                  func_n, has_rab=False, rab_per_head=False):
-        self.dtype = dtype
-        self.d = head_dim
-        self.dv = head_dim_v
-        self.bm = block_m
-        self.bn = block_n
-        self.num_warps = num_warps
-        self.num_threads = num_warps * 32
-        self.has_func = has_func
-        self.func_n = func_n
-        self.has_rab = has_rab
-        self.rab_per_head = rab_per_head
+        super().__init__(dtype, head_dim, head_dim_v, block_m, block_n, num_warps, has_func,
+                         func_n, has_rab, rab_per_head)
         self.dq_chunk = min(head_dim, 128)
 
     @cute.jit
@@ -78,14 +66,8 @@ class HstuBwdSm80:
         sV_layout = hc.smem_layout_16b(bn, self.dv)
         sPdS_layout = hc.smem_layout_16b(bm, bn)
 
-        @cute.struct
-        class Smem:
-            sK: cute.struct.Align[cute.struct.MemRange[dt, cute.cosize(sK_layout)], 1024]
-            sV: cute.struct.Align[cute.struct.MemRange[dt, cute.cosize(sV_layout)], 1024]
-            sQ: cute.struct.Align[cute.struct.MemRange[dt, cute.cosize(sQ_layout)], 1024]
-            sdO: cute.struct.Align[cute.struct.MemRange[dt, cute.cosize(sdO_layout)], 1024]
-            sP: cute.struct.Align[cute.struct.MemRange[dt, cute.cosize(sPdS_layout)], 1024]
-            sdS: cute.struct.Align[cute.struct.MemRange[dt, cute.cosize(sPdS_layout)], 1024]
+        Smem = hc.smem_struct(dt, sK=sK_layout, sV=sV_layout, sQ=sQ_layout,
+                                  sdO=sdO_layout, sP=sPdS_layout, sdS=sPdS_layout)
 
         copy_d = hc.gmem_load_copy(dt, self.num_threads, self.d)
         copy_dv = hc.gmem_load_copy(dt, self.num_threads, self.dv)
@@ -98,13 +80,12 @@ class HstuBwdSm80:
         mma_dkv = cute.make_tiled_mma(atom, (wm, wn, 1), permutation_mnk=(wm * 16, wn * 16, 16))
         mma_dq = cute.make_tiled_mma(atom, (wm, wn, 1), permutation_mnk=(wm * 16, wn * 16, 16))
         grid = (cute.size(mQ.shape[1]), cute.size(mKVTile.shape[0]), 1)
-        self.kernel(
+        hc.launch(self.kernel(
             mdO, mQ, mK, mV, mCuQ, mCuK, mKVTile, mQStart, mQTiles, mFunc, mScal, mWin,
             mdQacc, mdK, mdV, mRab, mdRab,
             sQ_layout, sdO_layout, sK_layout, sV_layout, sPdS_layout,
             copy_d, copy_dv, store_d, store_dv, mma_sdp, mma_dkv, mma_dq, Smem,
-        ).launch(grid=grid, block=[self.num_threads, 1, 1], smem=Smem.size_in_bytes(),
-                 stream=stream)
+        ), grid, self.num_threads, Smem, stream)
 
     @cute.jit
     def _store_drab(self, g_mn, mdRab_bh, row_p, row_ok, tScS, col0, lim):
@@ -130,22 +111,13 @@ class HstuBwdSm80:
                Smem: cutlass.Constexpr):
         tidx, _, _ = cute.arch.thread_idx()
         head, slot, _ = cute.arch.block_idx()
-        bm = self.bm
-        bn = self.bn
+        bm, bn = self.bm, self.bn
         batch = mKVTile[slot, 0]
         if batch >= 0:
-            n_block = mKVTile[slot, 1]
-            q_start = mCuQ[batch]
-            seqlen_q = mCuQ[batch + 1] - q_start
-            k_start = mCuK[batch]
-            seqlen_k = mCuK[batch + 1] - k_start
-            off = seqlen_k - seqlen_q
-            n0 = n_block * bn
-            n1 = cutlass.min(n0 + bn, seqlen_k)
-            left = mWin[0]
-            right = mWin[1]
-            alpha_half = mScal[0]
-            inv_scale = mScal[1]
+            n_block, seq, n0, n1, left, right, alpha_half, inv_scale = hc.tile_setup(
+                mKVTile, slot, batch, mCuQ, mCuK, mWin, mScal, bn, False)
+            q_start, k_start, off = seq.q_start, seq.k_start, seq.off
+            seqlen_q, seqlen_k = seq.seqlen_q, seq.seqlen_k
             ds_scale = alpha_half * 2.0 * inv_scale
 
             # ---- query-tile range ------------------------------------------------------
@@ -163,13 +135,9 @@ class HstuBwdSm80:
             m_count = m_max - m_min
             qt_base = mQStart[batch]
 
-            mQ_b = cute.domain_offset((q_start, 0), mQ[None, head, None])
-            mdO_b = cute.domain_offset((q_start, 0), mdO[None, head, None])
-            mdQ_b = cute.domain_offset((q_start, 0), mdQacc[None, head, None])
-            mK_b = cute.domain_offset((k_start, 0), mK[None, head, None])
-            mV_b = cute.domain_offset((k_start, 0), mV[None, head, None])
-            mdK_b = cute.domain_offset((k_start, 0), mdK[None, head, None])
-            mdV_b = cute.domain_offset((k_start, 0), mdV[None, head, None])
+            mQ_b, mdO_b, mdQ_b, mK_b, mV_b, mdK_b, mdV_b = hc.head_rows(
+                head, (mQ, q_start), (mdO, q_start), (mdQacc, q_start), (mK, k_start),
+                (mV, k_start), (mdK, k_start), (mdV, k_start))
             gQ = cute.local_tile(mQ_b, (bm, self.d), (None, 0))
             gdO = cute.local_tile(mdO_b, (bm, self.dv), (None, 0))
             gK = cute.local_tile(mK_b, (bn, self.d), (n_block, 0))
@@ -177,8 +145,7 @@ class HstuBwdSm80:
             gdK = cute.local_tile(mdK_b, (bn, self.d), (n_block, 0))
             gdV = cute.local_tile(mdV_b, (bn, self.dv), (n_block, 0))
 
-            smem = cutlass.memory.SmemAllocator()
-            st = smem.allocate(Smem)
+            st = hc.smem_storage(Smem)
             sQ = st.sQ.get_tensor(sQ_layout)
             sdO = st.sdO.get_tensor(sdO_layout)
             sK = st.sK.get_tensor(sK_layout)
@@ -204,10 +171,7 @@ class HstuBwdSm80:
             tKc = thr_d.partition_S(cute.make_identity_tensor((bn, self.d)))
             tVc = thr_dv.partition_S(cute.make_identity_tensor((bn, self.dv)))
 
-            ldsm = cute.make_copy_atom(warp.LdMatrix8x8x16bOp(transpose=False, num_matrices=4),
-                                       self.dtype)
-            ldsm_t = cute.make_copy_atom(warp.LdMatrix8x8x16bOp(transpose=True, num_matrices=4),
-                                         self.dtype)
+            ldsm, ldsm_t = hc.ldmatrix_atoms(self.dtype)
 
             # S = Q K^T, dP = dO V^T
             thr_sdp = mma_sdp.get_slice(tidx)
@@ -261,15 +225,12 @@ class HstuBwdSm80:
             tdQc = thr_dq.partition_C(cute.make_identity_tensor((bm, dqc)))
 
             # register -> smem copies of P and dS
-            r2s = cute.make_tiled_copy_C(
-                cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), self.dtype), mma_sdp
-            ).get_slice(tidx)
+            r2s = hc.r2s_copy(self.dtype, mma_sdp).get_slice(tidx)
             tPsP = r2s.partition_D(sP)
             tdSsdS = r2s.partition_D(sdS)
 
             tScS = hc.acc_mn_view(thr_sdp.partition_C(cute.make_identity_tensor((bm, bn))))
             n_rows = cute.size(tScS, mode=[0])
-            n_cols = cute.size(tScS, mode=[1])
             func_n = self.func_n if cutlass.const_expr(self.has_func) else 1
             row_f = cute.make_rmem_tensor((n_rows, func_n), Int32)
 
@@ -358,39 +319,17 @@ class HstuBwdSm80:
                         acc_S_mn = hc.acc_mn_view(acc_S)
                         acc_dP_mn = hc.acc_mn_view(acc_dP)
                         for r in cutlass.range_constexpr(n_rows):
-                            i = m0 + tScS[r, 0][0]
-                            lo_r = Int32(0)
-                            hi_r = Int32(0)
-                            if cutlass.const_expr(self.has_func):
-                                for t in cutlass.range_constexpr(func_n):
-                                    row_f[r, t] = mFunc[0, t, q_start + i]
-                            else:
-                                lo_r = -BIG if left < 0 else i + off - left
-                                hi_r = BIG if right < 0 else i + off + right
-                            for c in cutlass.range_constexpr(n_cols):
-                                j = n0 + tScS[0, c][1]
-                                valid = cutlass.Boolean(False)
-                                if cutlass.const_expr(self.has_func):
-                                    valid = j < row_f[r, 0]
-                                    for t in cutlass.range_constexpr((func_n - 1) // 2):
-                                        valid = valid | ((j >= row_f[r, 2 * t + 1])
-                                                         & (j < row_f[r, 2 * t + 2]))
-                                else:
-                                    valid = (j >= lo_r) & (j <= hi_r)
-                                acc_S_mn[r, c] = acc_S_mn[r, c] if valid else Float32(0.0)
-                                acc_dP_mn[r, c] = acc_dP_mn[r, c] if valid else Float32(0.0)
+                            lo_r, hi_r = hc.mask_row_bounds(
+                                row_f, r, m0 + tScS[r, 0][0], mFunc, q_start, off, left,
+                                right, self.has_func, func_n)
+                            hc.mask_row(acc_S_mn, acc_dP_mn, r, tScS, n0, row_f, lo_r, hi_r,
+                                        self.has_func, func_n)
                     if cutlass.const_expr(self.has_rab):
                         self._store_drab(hc.acc_mn_view(acc_dP), mdRab_bh, rab_p, rab_ok, tScS,
                                          n0, rab_lim)
                         for e in cutlass.range_constexpr(cute.size(acc_dP)):
                             acc_dP[e] = acc_dP[e] * alpha
-                    rP = cute.make_fragment_like(acc_S, self.dtype)
-                    rP.store(acc_S.load().to(self.dtype))
-                    rdS = cute.make_fragment_like(acc_dP, self.dtype)
-                    rdS.store(acc_dP.load().to(self.dtype))
-                    cute.copy(r2s, r2s.retile(rP), tPsP)
-                    cute.copy(r2s, r2s.retile(rdS), tdSsdS)
-                    cute.arch.barrier()
+                    hc.store_p_ds(r2s, r2s, acc_S, acc_dP, tPsP, tdSsdS, self.dtype)
 
                     # dV += P^T dO ; dK += dS^T Q
                     sdOt_s = hc.transpose_view(sdO[None, None, stage])
@@ -423,13 +362,9 @@ class HstuBwdSm80:
             # ---- epilogue: dK, dV -> smem -> gmem ----------------------------------------
             cute.arch.cp_async_wait_group(0)
             cute.arch.barrier()
-            rdV = cute.make_fragment_like(acc_dV, self.dtype)
-            rdV.store((acc_dV.load() * inv_scale).to(self.dtype))
-            rdK = cute.make_fragment_like(acc_dK, self.dtype)
-            rdK.store(acc_dK.load().to(self.dtype))
-            r2s_kv = cute.make_tiled_copy_C(
-                cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), self.dtype), mma_dkv
-            ).get_slice(tidx)
+            rdV = hc.cvt_frag(acc_dV, self.dtype, inv_scale)
+            rdK = hc.cvt_frag(acc_dK, self.dtype)
+            r2s_kv = hc.r2s_copy(self.dtype, mma_dkv).get_slice(tidx)
             cute.copy(r2s_kv, r2s_kv.retile(rdK), r2s_kv.partition_D(sK))
             cute.copy(r2s_kv, r2s_kv.retile(rdV), r2s_kv.partition_D(sV))
             cute.arch.barrier()

@@ -22,49 +22,41 @@ BSA kernels) and re-exported here.
 * ``red_add_v2_f32(ptr, a, b)``: vectorized fp32 reduction into global memory (sm_90).
 * ``gemm_ss(...)``: ``acc += A B`` with both operands loaded from smem via ``ldmatrix``,
   double-buffered over the K mode.
-* ``fwd_kv_block_range(...)``: the KV columns ``[j_lo, j_hi)`` a forward Q tile can see, the
-  func-mask "fully valid below f0" bound and the KV tile range ``[n_min, n_max)``.
 * ``load_rows(...)`` / ``store_rows(...)``: row-predicated tile copies, re-exported from
-  :mod:`.common` (shared with the BSA kernels).
+  :mod:`.common` (shared with the BSA kernels), like the launch, smem, ``ldmatrix`` and
+  fragment-conversion helpers.
+* ``HstuSm80Kernel``: the static options of the ``mma.sync`` HSTU kernels (their base class).
+* ``runtime_scalars(mWin, mScal)``: the window and scale values of the runtime arrays;
+  ``tile_setup(...)``: a CTA's work item (block, sequence, tile rows, runtime values);
+  ``head_rows(head, ...)``: per-head views of packed tensors from their sequence start.
+* ``mask_row_bounds(...)`` / ``mask_row(...)``: per-row window bounds or func endpoints, and
+  the element mask of one accumulator row (forward: S; backward: S and dP).
+* ``rab_row_setup(...)`` / ``rab_load_tile(...)``: the relative attention bias rows and tile.
 """
 
 from __future__ import annotations
 
 import cutlass
 import cutlass.cute as cute
-from cutlass._mlir.dialects import llvm
 from cutlass.cutlass_dsl import T, dsl_user_op
 
-from .common import (  # noqa: F401  (re-exported: the HSTU kernels use them as hc.*)
-    acc_mn_view,
-    acc_to_a_frag,
-    elem_ptr,
-    gemm_rs,
-    gemm_ss,
-    gmem_load_copy,
-    gmem_store_copy,
-    load_rows,
-    smem_layout_16b,
-    store_rows,
-    transpose_view,
-)
+# re-exported: the HSTU kernels use them as hc.*
+from .common import (acc_mn_view, acc_to_a_frag, cvt_frag, elem_ptr, gemm_rs,  # noqa: F401
+                     gemm_ss, gmem_load_copy, gmem_store_copy, inline_asm, launch,
+                     ldmatrix_atoms, load_rows, r2s_copy, smem_layout_16b, smem_storage,
+                     smem_struct, store_p_ds, store_rows, transpose_view)
+from .seqlen_info import SeqlenInfo, offset_rows
+
+
+def _f32(x, loc, ip):
+    return cutlass.Float32(x).ir_value(loc=loc, ip=ip)
 
 
 @dsl_user_op
 def tanh_approx(x, *, loc=None, ip=None):
     return cutlass.Float32(
-        llvm.inline_asm(
-            T.f32(),
-            [cutlass.Float32(x).ir_value(loc=loc, ip=ip)],
-            "tanh.approx.f32 $0, $1;",
-            "=f,f",
-            has_side_effects=False,
-            is_align_stack=False,
-            asm_dialect=llvm.AsmDialect.AD_ATT,
-            loc=loc,
-            ip=ip,
-        )
-    )
+        inline_asm(T.f32(), [_f32(x, loc, ip)], "tanh.approx.f32 $0, $1;", "=f,f", False,
+                   loc, ip))
 
 
 FLT_LOWEST = -3.4028234663852886e38
@@ -75,67 +67,100 @@ def finite_below(x, lowest=FLT_LOWEST, *, loc=None, ip=None):
     """``max.NaN.f32 x, lowest`` (one instruction; NaN propagates, -inf is clamped; ``lowest``
     defaults to -FLT_MAX)."""
     return cutlass.Float32(
-        llvm.inline_asm(
-            T.f32(),
-            [cutlass.Float32(x).ir_value(loc=loc, ip=ip),
-             cutlass.Float32(lowest).ir_value(loc=loc, ip=ip)],
-            "max.NaN.f32 $0, $1, $2;",
-            "=f,f,f",
-            has_side_effects=False,
-            is_align_stack=False,
-            asm_dialect=llvm.AsmDialect.AD_ATT,
-            loc=loc,
-            ip=ip,
-        )
-    )
+        inline_asm(T.f32(), [_f32(x, loc, ip), _f32(lowest, loc, ip)],
+                   "max.NaN.f32 $0, $1, $2;", "=f,f,f", False, loc, ip))
 
 
 @dsl_user_op
 def red_add_v2_f32(ptr, a, b, *, loc=None, ip=None):
     """``red.global.add.v2.f32 [ptr], {a, b}`` (sm_90; 8-byte aligned ``ptr``)."""
-    llvm.inline_asm(
-        None,
-        [ptr.toint(loc=loc, ip=ip).ir_value(loc=loc, ip=ip),
-         cutlass.Float32(a).ir_value(loc=loc, ip=ip),
-         cutlass.Float32(b).ir_value(loc=loc, ip=ip)],
-        "red.relaxed.gpu.global.add.v2.f32 [$0], {$1, $2};",
-        "l,f,f",
-        has_side_effects=True,
-        is_align_stack=False,
-        asm_dialect=llvm.AsmDialect.AD_ATT,
-        loc=loc,
-        ip=ip,
-    )
+    inline_asm(None, [ptr.toint(loc=loc, ip=ip).ir_value(loc=loc, ip=ip), _f32(a, loc, ip),
+                      _f32(b, loc, ip)],
+               "red.relaxed.gpu.global.add.v2.f32 [$0], {$1, $2};", "l,f,f", True, loc, ip)
+
+
+class HstuSm80Kernel:
+    """Compile-time settings of the ``mma.sync`` HSTU kernels: element type, head dims, tile
+    sizes, warps, func mask (``has_func``, ``func_n`` endpoints per row) and the relative
+    attention bias (``has_rab``, ``rab_per_head``)."""
+
+    def __init__(self, dtype, head_dim, head_dim_v, block_m, block_n, num_warps, has_func,
+                 func_n, has_rab=False, rab_per_head=False):
+        self.dtype = dtype
+        self.d = head_dim
+        self.dv = head_dim_v
+        self.bm = block_m
+        self.bn = block_n
+        self.num_warps = num_warps
+        self.num_threads = num_warps * 32
+        self.has_func = has_func
+        self.func_n = func_n
+        self.has_rab = has_rab
+        self.rab_per_head = rab_per_head
+
+
+def runtime_scalars(mWin, mScal):
+    """``(left, right, alpha / 2, 1 / scaling_seqlen)`` from the kernels' runtime arrays
+    ``mWin = [left, right]`` and ``mScal = [alpha / 2, 1 / scaling_seqlen]``."""
+    return mWin[0], mWin[1], mScal[0], mScal[1]
+
+
+def tile_setup(mTiles, slot, batch, mCuQ, mCuK, mWin, mScal, size: int, q_rows: bool):
+    """A CTA's work item, traced inline: ``(block, seq, start, end, left, right, alpha / 2,
+    1 / scaling_seqlen)`` with ``block = mTiles[slot, 1]``, ``seq`` the :class:`SeqlenInfo` of
+    sequence ``batch``, ``[start, end)`` the rows of the ``size``-row tile ``block`` of its
+    queries (``q_rows``) or keys, and the runtime values of :func:`runtime_scalars`."""
+    block = mTiles[slot, 1]
+    seq = SeqlenInfo.create(batch, mCuQ, mCuK)
+    start = block * size
+    end = cutlass.min(start + size, seq.seqlen_q if q_rows else seq.seqlen_k)
+    return (block, seq, start, end) + runtime_scalars(mWin, mScal)
+
+
+def head_rows(head, *tensor_starts):
+    """Per-head sequence views, traced inline: for each ``(m, start)``, head ``head`` of the
+    ``(T, H, D)`` tensor ``m`` with its rows shifted so that row 0 is ``start``."""
+    return tuple(offset_rows(m[None, head, None], start) for m, start in tensor_starts)
+
+
+BIG = 1 << 30
 
 
 @cute.jit
-def fwd_kv_block_range(mTile, slot, m0, m1, seqlen_k, off, left, right,
-                       bn: cutlass.Constexpr, has_func: cutlass.Constexpr):
-    """KV range of the forward Q tile with rows ``[m0, m1)``.
-
-    Returns ``(j_lo, j_hi, f0, n_min, n_max)``: visible key columns ``[j_lo, j_hi)`` (from the
-    precomputed func-mask summary ``mTile[slot, 2:5]`` when ``has_func``, else from the window
-    ``(left, right)`` with diagonal offset ``off``), ``f0`` (func mask: columns below it are
-    valid for every row), and the KV tiles ``[n_min, n_max)`` of size ``bn`` (empty if
-    ``j_hi <= j_lo``).
-    """
-    j_lo = cutlass.Int32(0)
-    j_hi = seqlen_k  # exclusive
-    f0 = cutlass.Int32(0)
+def mask_row_bounds(row_f, r, i, mFunc, q_start, off, left, right,
+                    has_func: cutlass.Constexpr, func_n: cutlass.Constexpr):
+    """Mask bounds of sequence row ``i`` (accumulator row ``r``): with a func mask its
+    endpoints go to ``row_f[r, :]`` (returns ``(0, 0)``), else returns the window's visible
+    key columns ``[lo, hi]`` (``-BIG`` / ``BIG`` where unbounded)."""
+    lo = cutlass.Int32(0)
+    hi = cutlass.Int32(0)
     if cutlass.const_expr(has_func):
-        j_lo = cutlass.max(mTile[slot, 2], 0)
-        j_hi = cutlass.min(mTile[slot, 3], seqlen_k)
-        f0 = cutlass.min(mTile[slot, 4], seqlen_k)
+        for t in cutlass.range_constexpr(func_n):
+            row_f[r, t] = mFunc[0, t, q_start + i]
     else:
-        if left >= 0:
-            j_lo = cutlass.max(m0 + off - left, 0)
-        if right >= 0:
-            j_hi = cutlass.min(m1 - 1 + off + right + 1, seqlen_k)
-    n_min = j_lo // bn
-    n_max = n_min
-    if j_hi > j_lo:
-        n_max = (j_hi + bn - 1) // bn
-    return j_lo, j_hi, f0, n_min, n_max
+        lo = -BIG if left < 0 else i + off - left
+        hi = BIG if right < 0 else i + off + right
+    return lo, hi
+
+
+@cute.jit
+def mask_row(acc_mn, acc2_mn, r, tScS, n0, row_f, lo, hi, has_func: cutlass.Constexpr,
+             func_n: cutlass.Constexpr):
+    """Zero the masked columns of row ``r`` of the score tile ``acc_mn`` (and of ``acc2_mn``
+    unless None) whose first key is ``n0``: visible are ``j < row_f[r, 0]`` or
+    ``row_f[r, 2t+1] <= j < row_f[r, 2t+2]`` (func mask), else ``lo <= j <= hi``."""
+    for c in cutlass.range_constexpr(cute.size(tScS, mode=[1])):
+        j = n0 + tScS[0, c][1]
+        valid = cutlass.Boolean(False)
+        if cutlass.const_expr(has_func):
+            valid = j < row_f[r, 0]
+            for t in cutlass.range_constexpr((func_n - 1) // 2):
+                valid = valid | ((j >= row_f[r, 2 * t + 1]) & (j < row_f[r, 2 * t + 2]))
+        else:
+            valid = (j >= lo) & (j <= hi)
+        acc_mn[r, c] = acc_mn[r, c] if valid else cutlass.Float32(0.0)
+        if cutlass.const_expr(acc2_mn is not None):
+            acc2_mn[r, c] = acc2_mn[r, c] if valid else cutlass.Float32(0.0)
 
 
 @dsl_user_op
@@ -147,24 +172,14 @@ def silu_half_pair(h0, h1, bf16: bool, *, loc=None, ip=None):
     compiler keeps it where it is written, before the ``wgmma.fence`` of the GEMM that reads
     it (sunk past the fence, ptxas serializes the wgmma)."""
     t = "bf16x2" if bf16 else "f16x2"
+    asm = ("{\n.reg .b32 hh, th;\n"
+           f"cvt.rn.{t}.f32 hh, $2, $1;\n"
+           f"tanh.approx.{t} th, hh;\n"
+           f"fma.rn.{t} $0, hh, th, hh;\n"
+           "}")
     return cutlass.Uint32(
-        llvm.inline_asm(
-            T.i32(),
-            [cutlass.Float32(h0).ir_value(loc=loc, ip=ip),
-             cutlass.Float32(h1).ir_value(loc=loc, ip=ip)],
-            "{\n.reg .b32 hh, th;\n"
-            f"cvt.rn.{t}.f32 hh, $2, $1;\n"
-            f"tanh.approx.{t} th, hh;\n"
-            f"fma.rn.{t} $0, hh, th, hh;\n"
-            "}",
-            "=r,f,f",
-            has_side_effects=True,
-            is_align_stack=False,
-            asm_dialect=llvm.AsmDialect.AD_ATT,
-            loc=loc,
-            ip=ip,
-        )
-    )
+        inline_asm(T.i32(), [_f32(h0, loc, ip), _f32(h1, loc, ip)], asm, "=r,f,f", True,
+                   loc, ip))
 
 
 @dsl_user_op
@@ -173,32 +188,8 @@ def keep_u32(x, *, loc=None, ip=None):
     ``wgmma.wait_group`` of a GEMM that read ``x`` from registers, it keeps the compiler from
     reusing ``x``'s registers while the asynchronous GEMM may still read them."""
     return cutlass.Uint32(
-        llvm.inline_asm(
-            T.i32(),
-            [cutlass.Uint32(x).ir_value(loc=loc, ip=ip)],
-            "",
-            "=r,0",
-            has_side_effects=True,
-            is_align_stack=False,
-            asm_dialect=llvm.AsmDialect.AD_ATT,
-            loc=loc,
-            ip=ip,
-        )
-    )
-def red_add_f32(ptr, a, *, loc=None, ip=None):
-    """``red.global.add.f32 [ptr], a``."""
-    llvm.inline_asm(
-        None,
-        [ptr.toint(loc=loc, ip=ip).ir_value(loc=loc, ip=ip),
-         cutlass.Float32(a).ir_value(loc=loc, ip=ip)],
-        "red.relaxed.gpu.global.add.f32 [$0], $1;",
-        "l,f",
-        has_side_effects=True,
-        is_align_stack=False,
-        asm_dialect=llvm.AsmDialect.AD_ATT,
-        loc=loc,
-        ip=ip,
-    )
+        inline_asm(T.i32(), [cutlass.Uint32(x).ir_value(loc=loc, ip=ip)], "", "=r,0", True,
+                   loc, ip))
 
 
 # ---- relative attention bias (rab) --------------------------------------------------------

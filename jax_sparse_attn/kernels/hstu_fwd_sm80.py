@@ -24,16 +24,14 @@ from __future__ import annotations
 
 import cutlass
 import cutlass.cute as cute
-import cutlass.memory
 from cutlass import Float32, Int32
 from cutlass.cute.nvgpu import warp
 
 from . import hstu_common as hc
+from .block_info import BlockInfo
 
-BIG = 1 << 30
 
-
-class HstuFwdSm80:
+class HstuFwdSm80(hc.HstuSm80Kernel):
     """Forward kernel. ``__call__(mQ, mK, mV, mCuQ, mCuK, mTile, mFunc, mScal, mWin, mO, stream)``.
 
     * ``mQ (T_q, H, D)``, ``mK (T_k, H, D)``, ``mV (T_k, H, Dv)``, ``mO (T_q, H, Dv)``.
@@ -45,20 +43,6 @@ class HstuFwdSm80:
     Grid ``(H, S)``.
     """
 
-    def __init__(self, dtype, head_dim, head_dim_v, block_m, block_n, num_warps, has_func,
-                 func_n, has_rab=False, rab_per_head=False):
-        self.dtype = dtype
-        self.d = head_dim
-        self.dv = head_dim_v
-        self.bm = block_m
-        self.bn = block_n
-        self.num_warps = num_warps
-        self.num_threads = num_warps * 32
-        self.has_func = has_func
-        self.func_n = func_n
-        self.has_rab = has_rab
-        self.rab_per_head = rab_per_head
-
     @cute.jit
     def __call__(self, mQ, mK, mV, mCuQ, mCuK, mTile, mFunc, mScal, mWin, mO, stream,
                  mRab=None):
@@ -69,11 +53,7 @@ class HstuFwdSm80:
         sK_layout = hc.smem_layout_16b(self.bn, self.d)
         sV_layout = hc.smem_layout_16b(self.bn, self.dv)
 
-        @cute.struct
-        class Smem:
-            sQ: cute.struct.Align[cute.struct.MemRange[dt, cute.cosize(sQ_layout)], 1024]
-            sK: cute.struct.Align[cute.struct.MemRange[dt, cute.cosize(sK_layout)], 1024]
-            sV: cute.struct.Align[cute.struct.MemRange[dt, cute.cosize(sV_layout)], 1024]
+        Smem = hc.smem_struct(dt, sQ=sQ_layout, sK=sK_layout, sV=sV_layout)
 
         copy_qk = hc.gmem_load_copy(dt, self.num_threads, self.d)
         copy_v = hc.gmem_load_copy(dt, self.num_threads, self.dv)
@@ -84,12 +64,11 @@ class HstuFwdSm80:
             permutation_mnk=(self.num_warps * 16, 16, 16),
         )
         grid = (cute.size(mQ.shape[1]), cute.size(mTile.shape[0]), 1)
-        self.kernel(
+        hc.launch(self.kernel(
             mQ, mK, mV, mCuQ, mCuK, mTile, mFunc, mScal, mWin, mO, mRab,
             sQ_layout, sQ_layout_d, sO_layout, sK_layout, sV_layout,
             copy_qk, copy_v, copy_o, tiled_mma, Smem,
-        ).launch(grid=grid, block=[self.num_threads, 1, 1], smem=Smem.size_in_bytes(),
-                 stream=stream)
+        ), grid, self.num_threads, Smem, stream)
 
     @cute.kernel
     def kernel(self, mQ, mK, mV, mCuQ, mCuK, mTile, mFunc, mScal, mWin, mO, mRab,
@@ -97,40 +76,28 @@ class HstuFwdSm80:
                copy_qk, copy_v, copy_o, tiled_mma, Smem: cutlass.Constexpr):
         tidx, _, _ = cute.arch.thread_idx()
         head, slot, _ = cute.arch.block_idx()
-        bm = self.bm
-        bn = self.bn
+        bm, bn = self.bm, self.bn
         batch = mTile[slot, 0]
         if batch >= 0:
-            m_block = mTile[slot, 1]
-            q_start = mCuQ[batch]
-            seqlen_q = mCuQ[batch + 1] - q_start
-            k_start = mCuK[batch]
-            seqlen_k = mCuK[batch + 1] - k_start
-            off = seqlen_k - seqlen_q
-            m0 = m_block * bm
-            m1 = cutlass.min(m0 + bm, seqlen_q)
-            left = mWin[0]
-            right = mWin[1]
-            alpha_half = mScal[0]
-            inv_scale = mScal[1]
+            m_block, seq, m0, m1, left, right, alpha_half, inv_scale = hc.tile_setup(
+                mTile, slot, batch, mCuQ, mCuK, mWin, mScal, bm, True)
+            q_start, k_start, off = seq.q_start, seq.k_start, seq.off
+            seqlen_q, seqlen_k = seq.seqlen_q, seq.seqlen_k
 
             # ---- KV tile range and the "fully valid" test -------------------------------
-            j_lo, j_hi, f0, n_min, n_max = hc.fwd_kv_block_range(
-                mTile, slot, m0, m1, seqlen_k, off, left, right, bn, self.has_func)
-            n_count = n_max - n_min
+            blocks = BlockInfo.create(mTile, slot, m0, m1, seqlen_k, off, left, right, bn,
+                                      self.has_func)
+            f0, n_max, n_count = blocks.f0, blocks.n_max, blocks.n_count
 
             # ---- global tiles ----------------------------------------------------------
-            mQ_b = cute.domain_offset((q_start, 0), mQ[None, head, None])
-            mK_b = cute.domain_offset((k_start, 0), mK[None, head, None])
-            mV_b = cute.domain_offset((k_start, 0), mV[None, head, None])
-            mO_b = cute.domain_offset((q_start, 0), mO[None, head, None])
+            mQ_b, mK_b, mV_b, mO_b = hc.head_rows(
+                head, (mQ, q_start), (mK, k_start), (mV, k_start), (mO, q_start))
             gQ = cute.local_tile(mQ_b, (bm, self.d), (m_block, 0))
             gK = cute.local_tile(mK_b, (bn, self.d), (None, 0))
             gV = cute.local_tile(mV_b, (bn, self.dv), (None, 0))
             gO = cute.local_tile(mO_b, (bm, self.dv), (m_block, 0))
 
-            smem = cutlass.memory.SmemAllocator()
-            st = smem.allocate(Smem)
+            st = hc.smem_storage(Smem)
             sQ = st.sQ.get_tensor(sQ_layout_d)
             sK = st.sK.get_tensor(sK_layout)
             sV = st.sV.get_tensor(sV_layout)
@@ -155,10 +122,7 @@ class HstuFwdSm80:
             acc_O = cute.make_rmem_tensor(thr_mma.partition_shape_C((bm, self.dv)), Float32)
             acc_O.fill(0.0)
 
-            ldsm = cute.make_copy_atom(warp.LdMatrix8x8x16bOp(transpose=False, num_matrices=4),
-                                       self.dtype)
-            ldsm_t = cute.make_copy_atom(warp.LdMatrix8x8x16bOp(transpose=True, num_matrices=4),
-                                         self.dtype)
+            ldsm, ldsm_t = hc.ldmatrix_atoms(self.dtype)
             s2r_Q = cute.make_tiled_copy_A(ldsm, tiled_mma).get_slice(tidx)
             s2r_K = cute.make_tiled_copy_B(ldsm, tiled_mma).get_slice(tidx)
             s2r_V = cute.make_tiled_copy_B(ldsm_t, tiled_mma).get_slice(tidx)
@@ -172,7 +136,6 @@ class HstuFwdSm80:
             # per-thread coordinates of the S accumulator
             tScS = hc.acc_mn_view(thr_mma.partition_C(cute.make_identity_tensor((bm, bn))))
             n_rows = cute.size(tScS, mode=[0])
-            n_cols = cute.size(tScS, mode=[1])
 
             # per-row mask bounds (window) or func endpoints, held in registers
             row_lo = cute.make_rmem_tensor((n_rows,), Int32)
@@ -180,13 +143,9 @@ class HstuFwdSm80:
             func_n = self.func_n if cutlass.const_expr(self.has_func) else 1
             row_f = cute.make_rmem_tensor((n_rows, func_n), Int32)
             for r in cutlass.range_constexpr(n_rows):
-                i = m0 + tScS[r, 0][0]
-                if cutlass.const_expr(self.has_func):
-                    for t in cutlass.range_constexpr(func_n):
-                        row_f[r, t] = mFunc[0, t, q_start + i]
-                else:
-                    row_lo[r] = -BIG if left < 0 else i + off - left
-                    row_hi[r] = BIG if right < 0 else i + off + right
+                row_lo[r], row_hi[r] = hc.mask_row_bounds(
+                    row_f, r, m0 + tScS[r, 0][0], mFunc, q_start, off, left, right,
+                    self.has_func, func_n)
 
             if cutlass.const_expr(self.has_rab):
                 rab_nk = mRab.shape[3]
@@ -245,17 +204,8 @@ class HstuFwdSm80:
                 acc_S_mn = hc.acc_mn_view(acc_S)
                 if full == 0:
                     for r in cutlass.range_constexpr(n_rows):
-                        for c in cutlass.range_constexpr(n_cols):
-                            j = n0 + tScS[0, c][1]
-                            valid = cutlass.Boolean(False)
-                            if cutlass.const_expr(self.has_func):
-                                valid = j < row_f[r, 0]
-                                for t in cutlass.range_constexpr((func_n - 1) // 2):
-                                    valid = valid | ((j >= row_f[r, 2 * t + 1])
-                                                     & (j < row_f[r, 2 * t + 2]))
-                            else:
-                                valid = (j >= row_lo[r]) & (j <= row_hi[r])
-                            acc_S_mn[r, c] = acc_S_mn[r, c] if valid else Float32(0.0)
+                        hc.mask_row(acc_S_mn, None, r, tScS, n0, row_f, row_lo[r], row_hi[r],
+                                    self.has_func, func_n)
 
                 # ---- P = SiLU(alpha S) = h + h tanh(h), h = alpha S / 2 ------------------
                 for e in cutlass.range_constexpr(cute.size(acc_S)):
@@ -263,20 +213,15 @@ class HstuFwdSm80:
                     hval = acc_S[e] if cutlass.const_expr(self.has_rab) else acc_S[e] * alpha_half
                     hval = hc.finite_below(hval)  # SiLU(-inf) -> 0, not NaN
                     acc_S[e] = hval + hval * hc.tanh_approx(hval)
-                rP = cute.make_fragment_like(acc_S, self.dtype)
-                rP.store(acc_S.load().to(self.dtype))
-                tOrP = hc.acc_to_a_frag(rP)
+                tOrP = hc.acc_to_a_frag(hc.cvt_frag(acc_S, self.dtype))
                 hc.gemm_rs(tiled_mma, acc_O, tOrP, tOrVt, tOsVt, s2r_V, tOrVt_v)
 
             # ---- epilogue: O / scaling_seqlen -> smem -> gmem ------------------------------
             cute.arch.cp_async_wait_group(0)
             cute.arch.barrier()
             sO = cute.make_tensor(st.sQ.get_tensor(sQ_layout).iterator, sO_layout)
-            rO = cute.make_fragment_like(acc_O, self.dtype)
-            rO.store((acc_O.load() * inv_scale).to(self.dtype))
-            r2s = cute.make_tiled_copy_C(
-                cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), self.dtype), tiled_mma
-            ).get_slice(tidx)
+            rO = hc.cvt_frag(acc_O, self.dtype, inv_scale)
+            r2s = hc.r2s_copy(self.dtype, tiled_mma).get_slice(tidx)
             cute.copy(r2s, r2s.retile(rO), r2s.partition_D(sO))
             cute.arch.barrier()
             thr_o = copy_o.get_slice(tidx)

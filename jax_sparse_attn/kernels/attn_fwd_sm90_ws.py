@@ -1,0 +1,443 @@
+"""Warp-specialized SM90 attention forward shared by the HSTU and the block-sparse forwards
+(no jax imports): TMA producer warpgroup, wgmma consumer warpgroups, shared-memory pipelines,
+persistent work loop, smem-staged epilogue.
+
+``AttnFwdSm90Ws`` is the tiled attention; a kernel class (``hstu_fwd_sm90_ws.HstuFwdSm90Ws``,
+``bsa_fwd_sm90_ws.BsaFwdSm90Ws``) derives from it, owns its ``__call__`` (TMA views of its
+tensor layout, grid) and ``kernel`` (its arguments, the decoding of a work item) and supplies
+the variation points (FA4's ``flash_attn/cute`` structure):
+
+* which KV tiles a Q tile visits: the work item ``work`` (``work.n_count``,
+  ``work.kv_tile(it)``) and the producer's views ``_q_tile`` / ``_k_tile`` / ``_v_tile`` of
+  its TMA coordinate tensors, ``_v_limit(work, n)`` (valid rows of V tile ``n``, and whether
+  the TMA box may load it) and ``_load_v_rows`` (the producer warp's zero-filling copy of a
+  partial V tile, via ``_copy_v_rows``);
+* what happens to a score tile: ``_tile_state`` (per-mainloop registers), ``_tile_pre``
+  (per-tile loads issued before the QK GEMM is waited on), ``_tile_p`` (mask + score function
+  -> the 16-bit P fragment), ``_pv_done`` (after the PV GEMM of the previous tile completed),
+  ``_work_start`` / ``_work_rows`` (per work item, before the mainloop);
+* the epilogue ``_epilogue`` (``_store_o``: 16 bit -> swizzled smem -> row-predicated 128-bit
+  stores).
+
+Attributes a kernel class sets: ``dtype``, ``d``, ``dv``, ``wg_m`` (64), ``bn``, ``num_wg``
+(consumer warpgroups), ``stages``, ``q_stages``, ``o_alias_q``, ``overlap``, ``pingpong``.
+"""
+
+# no ``from __future__ import annotations``: ``cute.struct`` reads its field annotations as
+# types
+from dataclasses import dataclass
+
+import cutlass
+import cutlass.cute as cute
+import cutlass.memory
+import cutlass.utils.hopper_helpers as sm90_utils
+from cutlass import Float32, Int32
+from cutlass.cute.nvgpu import OperandMajorMode, cpasync, warpgroup
+from cutlass.tensor_utils import LayoutEnum
+
+from . import hstu_common as hc
+from .common import (acc_layout_as_a, gmem_load_copy, gmem_store_copy, smem_layout_16b,
+                     transpose_view_staged)
+from .pipeline import SmemPipeline, WarpgroupTurns
+
+SMEM_LIMIT = 227 * 1024
+
+
+def smem_plan(d: int, dv: int, bm: int, bn: int, limit: int, max_stages: int = 4,
+              q_stages: int = 2):
+    """(K/V stages, Q stages, whether O's smem buffer aliases Q's) within ``limit`` bytes for
+    ``bm`` query rows and ``bn``-key tiles: a double-buffered Q (the next item's Q loads
+    during this item's mainloop) with its own O buffer first, then one Q stage, then O in
+    Q's buffer (only when ``dv <= d``); for each, the most K/V stages (at least 2)."""
+    o = bm * dv * 2
+    plans = [(qs, False) for qs in range(q_stages, 0, -1)] + [(1, True)]
+    for qs, alias in plans:
+        if alias and dv > d:
+            continue
+        for stages in range(max_stages, 1, -1):
+            total = (qs * bm * d * 2 + stages * bn * (d + dv) * 2 + (0 if alias else o)
+                     + 1024 + 256)
+            if total <= limit:
+                return stages, qs, alias
+    raise ValueError(f"no shared-memory plan for head_dim={d}, head_dim_v={dv}, block_n={bn}")
+
+
+@dataclass(frozen=True)
+class WorkItem:
+    """One work item (a Q tile of one (batch or sequence, head)): ``kv`` says which KV tiles
+    it visits (``block_info.BlockInfo`` range or ``BlockList``: ``n_count``, ``kv_tile``);
+    the other fields locate it in its kernel's tensors (None where a kernel has no use)."""
+
+    kv: object
+    head: object
+    mV: object
+    seq: object = None
+    batch: object = None
+    head_kv: object = None
+
+    @property
+    def n_count(self):
+        return self.kv.n_count
+
+    def kv_tile(self, it):
+        return self.kv.kv_tile(it)
+
+
+class AttnFwdSm90Ws:
+    # ------------------------------------------------------------------ host-side setup
+    def _mmas_and_layouts(self):
+        """The three tiled MMAs (``S = Q K^T``, its first K slice that overwrites the
+        accumulator, ``O += P V`` with P from registers) and the smem layouts of Q
+        (``num_wg * q_stages`` 64-row slices), K, V (``stages``) and one warpgroup's O."""
+        dt = self.dtype
+        wgm, bn, d, dv = self.wg_m, self.bn, self.d, self.dv
+        qk_tiler = (wgm, bn, d)
+        pv_tiler = (wgm, dv, bn)
+        mma_qk = sm90_utils.make_trivial_tiled_mma(
+            dt, dt, OperandMajorMode.K, OperandMajorMode.K, Float32, (1, 1, 1), (wgm, bn))
+        # the first K slice of S = Q K^T overwrites the accumulator (no zero fill)
+        mma_qk0 = sm90_utils.make_trivial_tiled_mma(
+            dt, dt, OperandMajorMode.K, OperandMajorMode.K, Float32, (1, 1, 1), (wgm, bn))
+        mma_pv = sm90_utils.make_trivial_tiled_mma(
+            dt, dt, OperandMajorMode.K, OperandMajorMode.MN, Float32, (1, 1, 1), (wgm, dv),
+            warpgroup.OperandSource.RMEM)
+        sQ_layout = sm90_utils.make_smem_layout_a(LayoutEnum.ROW_MAJOR, qk_tiler, dt,
+                                                  self.num_wg * self.q_stages)
+        sK_layout = sm90_utils.make_smem_layout_b(LayoutEnum.ROW_MAJOR, qk_tiler, dt,
+                                                  self.stages)
+        sV_layout = sm90_utils.make_smem_layout_b(LayoutEnum.COL_MAJOR, pv_tiler, dt,
+                                                  self.stages)
+        sO_layout = smem_layout_16b(wgm, dv)
+        return mma_qk, mma_qk0, mma_pv, sQ_layout, sK_layout, sV_layout, sO_layout
+
+    def _tma_atoms(self, tQ, tK, tV, sQ_layout, sK_layout, sV_layout):
+        """TMA load atoms and coordinate tensors of the views ``tQ``, ``tK`` (rows, D, ...)
+        and ``tV`` (Dv, rows, ...): boxes of one 64-row Q slice, one K tile, one V tile."""
+        wgm, bn, d, dv = self.wg_m, self.bn, self.d, self.dv
+        g2s = cpasync.CopyBulkTensorTileG2SOp()
+        tma_q, tma_tQ = cpasync.make_tiled_tma_atom(
+            g2s, tQ, cute.slice_(sQ_layout, (None, None, 0)), (wgm, d))
+        tma_k, tma_tK = cpasync.make_tiled_tma_atom(
+            g2s, tK, cute.slice_(sK_layout, (None, None, 0)), (bn, d))
+        tma_v, tma_tV = cpasync.make_tiled_tma_atom(
+            g2s, tV, cute.slice_(sV_layout, (None, None, 0)), (dv, bn))
+        return tma_q, tma_tQ, tma_k, tma_tK, tma_v, tma_tV
+
+    def _smem_struct(self, sQ_layout, sK_layout, sV_layout, sO_layout):
+        """Shared memory: the pipelines' mbarriers, Q, K, V and (unless O aliases Q) one O
+        buffer per consumer warpgroup."""
+        dt = self.dtype
+        n_mbar = SmemPipeline.num_barriers(self.q_stages) + 2 * SmemPipeline.num_barriers(
+            self.stages)
+        o_elems = 0 if cutlass.const_expr(self.o_alias_q) else cute.cosize(sO_layout) * self.num_wg
+
+        @cute.struct
+        class Smem:
+            mbar: cute.struct.MemRange[cutlass.Int64, n_mbar]
+            sQ: cute.struct.Align[cute.struct.MemRange[dt, cute.cosize(sQ_layout)], 1024]
+            sK: cute.struct.Align[cute.struct.MemRange[dt, cute.cosize(sK_layout)], 1024]
+            sV: cute.struct.Align[cute.struct.MemRange[dt, cute.cosize(sV_layout)], 1024]
+            sO: cute.struct.Align[cute.struct.MemRange[dt, o_elems], 1024]
+
+        return Smem
+
+    # ------------------------------------------------------------------ kernel pieces
+    @cute.jit
+    def _smem_and_pipes(self, Smem, sQ_layout, sK_layout, sV_layout, tma_q, tma_k, tma_v,
+                        warp):
+        """Allocate shared memory, initialise the Q / K / V pipelines (warp 0; then a CTA
+        barrier) and return ``(storage, pipe_q, pipe_k, pipe_v, sQ, sK, sV, q_bytes,
+        k_bytes, v_bytes)``."""
+        smem = cutlass.memory.SmemAllocator()
+        st = smem.allocate(Smem)
+        mbar = st.mbar.data_ptr()
+        nq = 2 * self.q_stages
+        pipe_q = SmemPipeline(mbar, self.q_stages, 4 * self.num_wg)
+        pipe_k = SmemPipeline(mbar + nq, self.stages, 4 * self.num_wg)
+        pipe_v = SmemPipeline(mbar + nq + 2 * self.stages, self.stages, 4 * self.num_wg)
+        if warp == 0:
+            pipe_q.init()
+            pipe_k.init()
+            pipe_v.init()
+            cpasync.prefetch_descriptor(tma_q)
+            cpasync.prefetch_descriptor(tma_k)
+            cpasync.prefetch_descriptor(tma_v)
+        cute.arch.mbarrier_init_fence()
+        cute.arch.barrier()
+
+        sQ = st.sQ.get_tensor(sQ_layout.outer, swizzle=sQ_layout.inner)  # (64, D, nwg Qstages)
+        sK = st.sK.get_tensor(sK_layout.outer, swizzle=sK_layout.inner)  # (BN, D, S)
+        sV = st.sV.get_tensor(sV_layout.outer, swizzle=sV_layout.inner)  # (Dv, BN, S)
+        q_bytes = (cute.size_in_bytes(self.dtype, cute.slice_(sQ_layout, (None, None, 0)))
+                   * self.num_wg)
+        k_bytes = cute.size_in_bytes(self.dtype, cute.slice_(sK_layout, (None, None, 0)))
+        v_bytes = cute.size_in_bytes(self.dtype, cute.slice_(sV_layout, (None, None, 0)))
+        return st, pipe_q, pipe_k, pipe_v, sQ, sK, sV, q_bytes, k_bytes, v_bytes
+
+    def _loop_start(self, sched):
+        """Pipeline counters ``(c_q, c_kv)`` and the first work item of this CTA."""
+        return Int32(0), Int32(0), sched.first()
+
+    def _producer_warp_start(self, sV, sched):
+        """The producer warp's lane, V's row view ``(BN, Dv, stages)`` (for the zero-filling
+        copy), the pipeline counters and the first work item."""
+        lane = cute.arch.lane_idx()
+        sV_rows = transpose_view_staged(sV)
+        return (lane, sV_rows) + self._loop_start(sched)
+
+    def _consumer_start(self, wg_idx, tidx):
+        """A consumer warpgroup takes its register budget; returns its index, the thread's
+        index in it and the ping-pong turns."""
+        cute.arch.setmaxregister_increase(self.regs_consumer)
+        return wg_idx - 1, tidx % 128, WarpgroupTurns(self.pingpong)
+
+    @cute.jit
+    def _produce(self, work, m_block, tma_q, tma_tQ, tma_k, tma_tK, tma_v, tma_tV, sQ, sK, sV,
+                 sV_rows, pipe_q, pipe_k, pipe_v, q_bytes, k_bytes, v_bytes, c_q, c_kv, lane):
+        """Producer warp, one work item: TMA of its ``num_wg`` Q slices, then of the K and V
+        tiles it visits (a partial V tile: the zero-filling copy ``_load_v_rows``)."""
+        wgm, bn, d, dv, nwg = self.wg_m, self.bn, self.d, self.dv, self.num_wg
+        if work.n_count > 0:
+            gQ = cute.local_tile(self._q_tile(tma_tQ, work), (wgm, d), (None, 0))
+            tQs, tQg = cpasync.tma_partition(
+                tma_q, 0, cute.make_layout(1), cute.group_modes(sQ, 0, 2),
+                cute.group_modes(gQ, 0, 2))
+            gK = cute.local_tile(self._k_tile(tma_tK, work), (bn, d), (None, 0))
+            tKs, tKg = cpasync.tma_partition(
+                tma_k, 0, cute.make_layout(1), cute.group_modes(sK, 0, 2),
+                cute.group_modes(gK, 0, 2))
+            gV = cute.local_tile(self._v_tile(tma_tV, work), (dv, bn), (0, None))
+            tVs, tVg = cpasync.tma_partition(
+                tma_v, 0, cute.make_layout(1), cute.group_modes(sV, 0, 2),
+                cute.group_modes(gV, 0, 2))
+            pipe_q.producer_acquire(c_q)
+            pipe_q.producer_expect_tx(c_q, q_bytes)
+            sq = pipe_q.stage(c_q)
+            for w in cutlass.range_constexpr(nwg):
+                cute.copy(tma_q, tQg[None, nwg * m_block + w], tQs[None, nwg * sq + w],
+                          tma_bar_ptr=pipe_q.full_ptr(c_q))
+            c_q += 1
+            for it in cutlass.range(work.n_count, unroll=1):
+                n = work.kv_tile(it)
+                s = pipe_k.stage(c_kv)
+                pipe_k.producer_acquire(c_kv)
+                pipe_k.producer_expect_tx(c_kv, k_bytes)
+                cute.copy(tma_k, tKg[None, n], tKs[None, s],
+                          tma_bar_ptr=pipe_k.full_ptr(c_kv))
+                pipe_v.producer_acquire(c_kv)
+                limit, tma_ok = self._v_limit(work, n)
+                if tma_ok:
+                    pipe_v.producer_expect_tx(c_kv, v_bytes)
+                    cute.copy(tma_v, tVg[None, n], tVs[None, s],
+                              tma_bar_ptr=pipe_v.full_ptr(c_kv))
+                else:
+                    self._load_v_rows(work, n, limit, sV_rows, s, lane)
+                    pipe_v.producer_arrive(c_kv)
+                c_kv += 1
+        return c_q, c_kv
+
+    @cute.jit
+    def _copy_v_rows(self, gV, limit, sV_rows, stage, lane):
+        """One warp: rows ``< limit`` of the V tile ``gV`` (rows, Dv) by cp.async into stage
+        ``stage`` of ``sV_rows``, zeros in the other rows."""
+        copy_v = gmem_load_copy(self.dtype, 32, self.dv)
+        thr = copy_v.get_slice(lane)
+        tg = thr.partition_S(gV)
+        ts = thr.partition_D(sV_rows[None, None, stage])
+        tc = thr.partition_S(cute.make_identity_tensor((self.bn, self.dv)))
+        for r in cutlass.range(cute.size(ts.shape[1]), unroll=1):
+            if tc[0, r, 0][0] < limit:
+                cute.copy(copy_v, tg[None, r, None], ts[None, r, None])
+            else:
+                ts[None, r, None].fill(0)
+        cute.arch.cp_async_commit_group()
+        cute.arch.cp_async_wait_group(0)
+        # cp.async / zero-fill stores (generic proxy) -> visible to wgmma (async proxy)
+        cute.arch.fence_proxy("async.shared", space="cta")
+        cute.arch.sync_warp()
+
+    @cute.jit
+    def _consumer_fragments(self, mma_qk, mma_qk0, mma_pv, sQ, sK, sV, wtid):
+        """Consumer warpgroup: MMA accumulate modes, thread slices, the smem operand
+        fragments of Q, K, V and the (row, col) identity partition of a score tile."""
+        mma_qk.set(warpgroup.Field.ACCUMULATE, True)
+        mma_qk0.set(warpgroup.Field.ACCUMULATE, False)
+        mma_pv.set(warpgroup.Field.ACCUMULATE, True)
+        thr_mma_qk = mma_qk.get_slice(wtid)
+        thr_mma_pv = mma_pv.get_slice(wtid)
+        tSrQ = thr_mma_qk.make_fragment_A(thr_mma_qk.partition_A(sQ))
+        tSrK = thr_mma_qk.make_fragment_B(thr_mma_qk.partition_B(sK))
+        tOrV = thr_mma_pv.make_fragment_B(thr_mma_pv.partition_B(sV))
+        tSc = thr_mma_qk.partition_C(cute.make_identity_tensor((self.wg_m, self.bn)))
+        return thr_mma_qk, thr_mma_pv, tSrQ, tSrK, tOrV, tSc
+
+    @cute.jit
+    def _o_buffer(self, st, sO_layout, wg):
+        """This warpgroup's O staging buffer: its own buffer, or its part of sQ."""
+        o_base = st.sQ.data_ptr() + wg * (self.wg_m * self.d)
+        if cutlass.const_expr(not self.o_alias_q):
+            o_base = st.sO.data_ptr() + wg * cute.cosize(sO_layout)
+        return cute.make_tensor(cute.recast_ptr(o_base, sO_layout.inner), sO_layout.outer)
+
+    @cute.jit
+    def _consume(self, work, tile, mma_qk, mma_qk0, mma_pv, thr_mma_qk, thr_mma_pv, tSrQ,
+                 tSrK, tOrV, pipe_q, pipe_k, pipe_v, c_q, c_kv, sO, turns, wg, wtid):
+        """Consumer warpgroup, one work item: mainloop over its KV tiles, then the epilogue
+        (also for an item without KV tiles); returns the pipeline counters ``(c_kv, c_q)``
+        (in the order the item updates them)."""
+        acc_O = cute.make_rmem_tensor(thr_mma_pv.partition_shape_C((self.wg_m, self.dv)),
+                                      Float32)
+        acc_O.fill(0.0)
+        self._work_start(tile)
+        if work.n_count > 0:
+            rows = self._work_rows(work, tile)
+            pipe_q.consumer_wait(c_q)
+            c_kv = self._mainloop(
+                mma_qk, mma_qk0, mma_pv, thr_mma_qk,
+                tSrQ[None, None, None, self.num_wg * pipe_q.stage(c_q) + wg], tSrK,
+                tOrV, acc_O, pipe_k, pipe_v, c_kv, work, tile, rows, turns, wg)
+            if cutlass.const_expr(not self.o_alias_q):
+                pipe_q.consumer_release(c_q)
+        self._epilogue(acc_O, work, tile, thr_mma_pv, sO, wg, wtid, work.n_count > 0)
+        if work.n_count > 0:
+            if cutlass.const_expr(self.o_alias_q):
+                # generic accesses of the aliased Q buffer before the next TMA write
+                cute.arch.fence_proxy("async.shared", space="cta")
+                pipe_q.consumer_release(c_q)
+            c_q += 1
+        return c_kv, c_q
+
+    # ------------------------------------------------------------------ mainloop
+    @cute.jit
+    def _qk(self, mma_qk, mma_qk0, tSrQ, tSrK, stage, acc_S):
+        for k in cutlass.range_constexpr(cute.size(tSrQ, mode=[2])):
+            cute.gemm(mma_qk0 if k == 0 else mma_qk, acc_S, tSrQ[None, None, k],
+                      tSrK[None, None, k, stage], acc_S)
+
+    @cute.jit
+    def _pv(self, mma_pv, tOrP, tOrV, stage, acc_O):
+        for k in cutlass.range_constexpr(cute.size(tOrP, mode=[2])):
+            cute.gemm(mma_pv, acc_O, tOrP[None, None, k], tOrV[None, None, k, stage], acc_O)
+
+    @cute.jit
+    def _issue_qk(self, mma_qk, mma_qk0, tSrQ, tSrK, pipe_k, c, acc_S, turns, wg):
+        """Wait for K tile ``c``, then (in this warpgroup's turn) issue ``S = Q K^T``."""
+        pipe_k.consumer_wait(c)
+        turns.wait(wg)
+        warpgroup.fence()
+        self._qk(mma_qk, mma_qk0, tSrQ, tSrK, pipe_k.stage(c), acc_S)
+        warpgroup.commit_group()
+
+    @cute.jit
+    def _issue_pv(self, mma_pv, tOrP, tOrV, pipe_v, c, acc_O, turns, wg,
+                  take_turn: cutlass.Constexpr):
+        """Wait for V tile ``c`` (and with ``take_turn`` for this warpgroup's turn), then
+        issue ``O += P V``."""
+        pipe_v.consumer_wait(c)
+        if cutlass.const_expr(take_turn):
+            turns.wait(wg)
+        warpgroup.fence()
+        self._pv(mma_pv, tOrP, tOrV, pipe_v.stage(c), acc_O)
+        warpgroup.commit_group()
+
+    @cute.jit
+    def _mainloop(self, mma_qk, mma_qk0, mma_pv, thr_mma_qk, tSrQ, tSrK, tOrV, acc_O, pipe_k,
+                  pipe_v, c_kv, work, tile, rows, turns, wg):
+        wgm, bn = self.wg_m, self.bn
+        s_shape = thr_mma_qk.partition_shape_C((wgm, bn))
+        a_vals = mma_pv.tv_layout_A.shape[1]
+        state = self._tile_state(acc_O, tile)
+        if cutlass.const_expr(self.overlap):
+            # prologue: S_0, P_0
+            acc_S = cute.make_rmem_tensor(s_shape, Float32)
+            pre = self._tile_pre(work, tile, rows, 0)
+            self._issue_qk(mma_qk, mma_qk0, tSrQ, tSrK, pipe_k, c_kv, acc_S, turns, wg)
+            turns.pass_turn(wg)
+            warpgroup.wait_group(0)
+            pipe_k.consumer_release(c_kv)
+            rP = self._tile_p(acc_S, work, tile, rows, state, pre, 0)
+            tOrP = cute.make_tensor(rP.iterator, acc_layout_as_a(rP.layout, a_vals))
+            for it in cutlass.range(1, work.n_count, unroll=1):
+                c_new = c_kv + it
+                acc_S2 = cute.make_rmem_tensor(s_shape, Float32)
+                pre2 = self._tile_pre(work, tile, rows, it)
+                self._issue_qk(mma_qk, mma_qk0, tSrQ, tSrK, pipe_k, c_new, acc_S2, turns, wg)
+                self._issue_pv(mma_pv, tOrP, tOrV, pipe_v, c_new - 1, acc_O, turns, wg, False)
+                turns.pass_turn(wg)
+                warpgroup.wait_group(1)
+                pipe_k.consumer_release(c_new)
+                rP2 = self._tile_p(acc_S2, work, tile, rows, state, pre2, it)
+                warpgroup.wait_group(0)
+                # P_{j-1} stays allocated until the PV GEMM that reads it has completed
+                rP32 = cute.recast_tensor(rP, cutlass.Uint32)
+                for e in cutlass.range_constexpr(cute.size(rP32)):
+                    rP32[e] = hc.keep_u32(rP32[e])
+                pipe_v.consumer_release(c_new - 1)
+                self._pv_done(acc_O, state)
+                rP.store(rP2.load())
+            c_last = c_kv + work.n_count - 1
+            self._issue_pv(mma_pv, tOrP, tOrV, pipe_v, c_last, acc_O, turns, wg, True)
+            turns.pass_turn(wg)
+            warpgroup.wait_group(0)
+            pipe_v.consumer_release(c_last)
+        else:
+            for it in cutlass.range(work.n_count, unroll=1):
+                c = c_kv + it
+                acc_S = cute.make_rmem_tensor(s_shape, Float32)
+                pre = self._tile_pre(work, tile, rows, it)
+                self._issue_qk(mma_qk, mma_qk0, tSrQ, tSrK, pipe_k, c, acc_S, turns, wg)
+                turns.pass_turn(wg)
+                warpgroup.wait_group(0)
+                pipe_k.consumer_release(c)
+                rP = self._tile_p(acc_S, work, tile, rows, state, pre, it)
+                tOrP = cute.make_tensor(rP.iterator, acc_layout_as_a(rP.layout, a_vals))
+                self._issue_pv(mma_pv, tOrP, tOrV, pipe_v, c, acc_O, turns, wg, True)
+                turns.pass_turn(wg)
+                warpgroup.wait_group(0)
+                pipe_v.consumer_release(c)
+        return c_kv + work.n_count
+
+    # ------------------------------------------------------------------ epilogue
+    @cute.jit
+    def _store_o(self, acc_O, inv_scale, thr_mma_pv, sO, mO_rows, mw0, seqlen_q, wg, wtid,
+                 has_work):
+        """``O`` (times ``inv_scale`` unless None) -> 16 bit -> smem (swizzled) -> 128-bit
+        stores of this warpgroup's rows ``< seqlen_q`` of ``mO_rows`` (rows, Dv).
+
+        A work item without KV tiles (``has_work`` false) stores zeros straight from
+        registers: it must not touch shared memory, which may alias the Q buffer the
+        producer is already refilling for the next item.
+        """
+        wgm, dv = self.wg_m, self.dv
+        bar_id = 3 + wg
+        copy_o = gmem_store_copy(self.dtype, 128, dv)
+        thr = copy_o.get_slice(wtid)
+        gO = cute.local_tile(mO_rows, (wgm, dv), (mw0 // wgm, 0))
+        tOs = thr.partition_S(sO)
+        tOg = thr.partition_D(gO)
+        tOc = thr.partition_S(cute.make_identity_tensor((wgm, dv)))
+        lim = seqlen_q - mw0
+        if has_work:
+            rO = cute.make_fragment_like(acc_O, self.dtype)
+            if cutlass.const_expr(inv_scale is None):
+                rO.store(acc_O.load().to(self.dtype))
+            else:
+                rO.store((acc_O.load() * inv_scale).to(self.dtype))
+            cute.autovec_copy(rO, thr_mma_pv.partition_C(sO))
+            cute.arch.barrier(barrier_id=bar_id, number_of_threads=128)
+            for r in cutlass.range_constexpr(cute.size(tOs.shape[1])):
+                if tOc[0, r, 0][0] < lim:
+                    rr = cute.make_fragment_like(tOs[None, r, None])
+                    cute.autovec_copy(tOs[None, r, None], rr)
+                    cute.copy(copy_o, rr, tOg[None, r, None])
+            # every thread's smem reads are done before the buffer is written again
+            cute.arch.barrier(barrier_id=bar_id, number_of_threads=128)
+        else:
+            for r in cutlass.range_constexpr(cute.size(tOs.shape[1])):
+                if tOc[0, r, 0][0] < lim:
+                    rr = cute.make_fragment_like(tOs[None, r, None])
+                    rr.fill(0)
+                    cute.copy(copy_o, rr, tOg[None, r, None])
+
+
+__all__ = ["AttnFwdSm90Ws", "SMEM_LIMIT", "WorkItem", "smem_plan"]
