@@ -2,6 +2,7 @@
 # The GPU correctness grids in one device call, spread over every visible GPU (round robin).
 # PARTS selects what runs (default: all):
 #   hstu       HSTU default grid (HSTU_SHARDS processes) + the sm90ws batches (2 processes)
+#   hstu_bwd90 the HSTU grid + packed batches with the opt-in sm90 backward (BWD90_SHARDS)
 #   bsa        BSA grid (BSA_SHARDS processes)
 #   bsa_ws     the opt-in sm90ws BSA forward: its own cases + the BSA grid with it (2 + 1)
 #   rab        rab tests (RAB_SHARDS processes)
@@ -34,6 +35,10 @@ if has hstu; then
   n=${HSTU_SHARDS:-6}
   for ((i = 0; i < n; i++)); do run hstu_$i HSTU_TEST_SHARD=$i/$n $PYT -k "not sm90ws_batches" tests/test_gpu_hstu.py & done
   for i in 0 1; do run hstu_ws_$i HSTU_TEST_SM90=sm90ws HSTU_TEST_SHARD=$i/2 $PYT -k sm90ws_batches tests/test_gpu_hstu.py & done
+fi
+if has hstu_bwd90; then
+  n=${BWD90_SHARDS:-4}
+  for ((i = 0; i < n; i++)); do run hstu_bwd90_$i HSTU_TEST_BWD=sm90 HSTU_TEST_SHARD=$i/$n $PYT -k "BackwardImpls or bwd_batches" tests/test_gpu_hstu.py & done
 fi
 if has bsa; then
   n=${BSA_SHARDS:-4}
