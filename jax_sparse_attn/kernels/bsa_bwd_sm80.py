@@ -31,8 +31,9 @@ from cutlass.cute.nvgpu import warp
 from .bsa_common import (LOG2_E, bwd_entry_rows, bwd_load_kv_tile, bwd_tile_coords,
                          issue_q_do_rows)
 from .common import (acc_mn_view, cvt_frag, elem_ptr, gemm_ss, gmem_load_copy, gmem_store_copy,
-                     launch, ldmatrix_atoms, r2s_copy, smem_layout_16b, smem_storage,
-                     smem_struct, store_p_ds, transpose_view, transpose_view_staged)
+                     launch, ldmatrix_atoms, ldmatrix_slices, mma_frags, r2s_copy,
+                     smem_layout_16b, smem_parts, smem_storage, smem_struct, store_p_ds,
+                     transpose_view, transpose_view_staged)
 
 TILE = 64  # keys per CTA tile and queries per inner step
 
@@ -148,34 +149,21 @@ class BsaBwdSm80:
         acc_dV.fill(0.0)
 
         # MMA operand fragments (register homes; the smem partitions carry the stage mode)
-        tSrQ = thr_sdp.make_fragment_A(thr_sdp.partition_A(sQ[None, None, 0]))
-        tSrK = thr_sdp.make_fragment_B(thr_sdp.partition_B(sK))
-        tdPrdO = thr_sdp.make_fragment_A(thr_sdp.partition_A(sdO[None, None, 0]))
-        tdPrV = thr_sdp.make_fragment_B(thr_sdp.partition_B(sV))
-        tdVrPt = thr_dkv.make_fragment_A(thr_dkv.partition_A(sPt))
-        tdVrdOt = thr_dkv.make_fragment_B(thr_dkv.partition_B(sdOt[None, None, 0]))
-        tdKrdSt = thr_dkv.make_fragment_A(thr_dkv.partition_A(sdSt))
-        tdKrQt = thr_dkv.make_fragment_B(thr_dkv.partition_B(sQt[None, None, 0]))
-        tdQrdS = thr_dq.make_fragment_A(thr_dq.partition_A(sdS))
-        tdQrKt = thr_dq.make_fragment_B(thr_dq.partition_B(sKt))
+        tSrQ, tSrK = mma_frags(thr_sdp, sQ[None, None, 0], sK)
+        tdPrdO, tdPrV = mma_frags(thr_sdp, sdO[None, None, 0], sV)
+        tdVrPt, tdVrdOt = mma_frags(thr_dkv, sPt, sdOt[None, None, 0])
+        tdKrdSt, tdKrQt = mma_frags(thr_dkv, sdSt, sQt[None, None, 0])
+        tdQrdS, tdQrKt = mma_frags(thr_dq, sdS, sKt)
 
         ldm, ldm_t = ldmatrix_atoms(self.dtype)
-        s2r_sdp_A = cute.make_tiled_copy_A(ldm, mma_sdp).get_slice(tidx)
-        s2r_sdp_B = cute.make_tiled_copy_B(ldm, mma_sdp).get_slice(tidx)
-        s2r_dkv_A = cute.make_tiled_copy_A(ldm_t, mma_dkv).get_slice(tidx)
-        s2r_dkv_B = cute.make_tiled_copy_B(ldm_t, mma_dkv).get_slice(tidx)
-        s2r_dq_A = cute.make_tiled_copy_A(ldm, mma_dq).get_slice(tidx)
-        s2r_dq_B = cute.make_tiled_copy_B(ldm_t, mma_dq).get_slice(tidx)
-        tSsQ = s2r_sdp_A.partition_S(sQ)
-        tSsK = s2r_sdp_B.partition_S(sK)
-        tdPsdO = s2r_sdp_A.partition_S(sdO)
-        tdPsV = s2r_sdp_B.partition_S(sV)
-        tdVsPt = s2r_dkv_A.partition_S(sPt)
-        tdVsdOt = s2r_dkv_B.partition_S(sdOt)
-        tdKsdSt = s2r_dkv_A.partition_S(sdSt)
-        tdKsQt = s2r_dkv_B.partition_S(sQt)
-        tdQsdS = s2r_dq_A.partition_S(sdS)
-        tdQsKt = s2r_dq_B.partition_S(sKt)
+        s2r_sdp_A, s2r_sdp_B = ldmatrix_slices(mma_sdp, tidx, ldm, ldm)
+        s2r_dkv_A, s2r_dkv_B = ldmatrix_slices(mma_dkv, tidx, ldm_t, ldm_t)
+        s2r_dq_A, s2r_dq_B = ldmatrix_slices(mma_dq, tidx, ldm, ldm_t)
+        tSsQ, tSsK = smem_parts(s2r_sdp_A, s2r_sdp_B, sQ, sK)
+        tdPsdO, tdPsV = smem_parts(s2r_sdp_A, s2r_sdp_B, sdO, sV)
+        tdVsPt, tdVsdOt = smem_parts(s2r_dkv_A, s2r_dkv_B, sPt, sdOt)
+        tdKsdSt, tdKsQt = smem_parts(s2r_dkv_A, s2r_dkv_B, sdSt, sQt)
+        tdQsdS, tdQsKt = smem_parts(s2r_dq_A, s2r_dq_B, sdS, sKt)
 
         r2s = r2s_copy(self.dtype, mma_sdp)
         r2s_thr = r2s.get_slice(tidx)

@@ -29,8 +29,9 @@ from .bsa_common import (fwd_copy_partitions, fwd_gmem_tiles, fwd_grid, fwd_tile
                          kv_block_rows, mask_keys_from, online_softmax_step, row_sum_inv,
                          softmax_rows)
 from .common import (acc_mn_view, acc_to_a_frag, cvt_frag, gemm_rs, gemm_ss, gmem_load_copy,
-                     gmem_store_copy, launch, ldmatrix_atoms, load_rows, r2s_copy,
-                     smem_layout_16b, smem_storage, smem_struct, transpose_view)
+                     gmem_store_copy, launch, ldmatrix_atoms, ldmatrix_slices, mma_frags,
+                     smem_parts, load_rows, r2s_copy, smem_layout_16b, smem_storage,
+                     smem_struct, transpose_view)
 
 
 class BsaFwdSm80:
@@ -107,18 +108,15 @@ class BsaFwdSm80:
             gmem_copy_in, tidx, gQ, sQ, gK, sK, gV, sV, blk, hd)
 
         thr_mma = tiled_mma.get_slice(tidx)
-        tSrQ = thr_mma.make_fragment_A(thr_mma.partition_A(sQ))
-        tSrK = thr_mma.make_fragment_B(thr_mma.partition_B(sK))
+        tSrQ, tSrK = mma_frags(thr_mma, sQ, sK)
         tOrVt = thr_mma.make_fragment_B(thr_mma.partition_B(sVt))
         acc_O = cute.make_rmem_tensor(thr_mma.partition_shape_C((blk, hd)), cutlass.Float32)
         acc_O.fill(0.0)
 
         ldm, ldm_t = ldmatrix_atoms(self.dtype)
-        s2r_Q = cute.make_tiled_copy_A(ldm, tiled_mma).get_slice(tidx)
-        s2r_K = cute.make_tiled_copy_B(ldm, tiled_mma).get_slice(tidx)
+        s2r_Q, s2r_K = ldmatrix_slices(tiled_mma, tidx, ldm, ldm)
         s2r_V = cute.make_tiled_copy_B(ldm_t, tiled_mma).get_slice(tidx)
-        tSsQ = s2r_Q.partition_S(sQ)
-        tSsK = s2r_K.partition_S(sK)
+        tSsQ, tSsK = smem_parts(s2r_Q, s2r_K, sQ, sK)
         tOsVt = s2r_V.partition_S(sVt)
 
         tScS_mn = acc_mn_view(thr_mma.partition_C(cute.make_identity_tensor((blk, blk))))

@@ -8,9 +8,10 @@
   ``gmem_store_copy``: the matching 128-bit tiled gmem copies.
 * ``transpose_view`` / ``transpose_view_staged``, ``acc_mn_view``, ``acc_to_a_frag``: views of smem tiles and
   ``mma.sync`` accumulator fragments; ``gemm_ss`` / ``gemm_rs``: ``ldmatrix``-pipelined
-  ``mma.sync`` GEMM loops over K; ``ldmatrix_atoms``, ``r2s_copy``, ``cvt_frag``,
-  ``store_p_ds``: the ``ldmatrix`` atoms, register -> smem copies and fragment conversions
-  of the ``mma.sync`` kernels.
+  ``mma.sync`` GEMM loops over K; ``ldmatrix_atoms``, ``ldmatrix_slices``, ``mma_frags``,
+  ``smem_parts``, ``r2s_copy``, ``cvt_frag``, ``store_p_ds``: the ``ldmatrix`` atoms and
+  copies, operand fragments and smem partitions, register -> smem copies and fragment
+  conversions of the ``mma.sync`` kernels.
 
 * ``load_rows(tcopy, tXg, tXs, tXc, limit)``: row-predicated copy of a partitioned
   ``(rows, cols)`` tile (gmem -> smem, e.g. ``cp.async``); rows whose coordinate in the
@@ -158,6 +159,26 @@ def ldmatrix_atoms(dtype):
     """The ``ldmatrix.x4`` copy atoms of 16-bit smem tiles: ``(plain, transposed)``."""
     return (cute.make_copy_atom(warp.LdMatrix8x8x16bOp(transpose=False, num_matrices=4), dtype),
             cute.make_copy_atom(warp.LdMatrix8x8x16bOp(transpose=True, num_matrices=4), dtype))
+
+
+def ldmatrix_slices(tiled_mma, tidx, atom_A, atom_B):
+    """This thread's slices of the ``ldmatrix`` smem -> register copies of ``tiled_mma``'s A
+    and B operands (copy atoms ``atom_A`` / ``atom_B``)."""
+    return (cute.make_tiled_copy_A(atom_A, tiled_mma).get_slice(tidx),
+            cute.make_tiled_copy_B(atom_B, tiled_mma).get_slice(tidx))
+
+
+def mma_frags(thr_mma, sA, sB):
+    """Register fragments of the A and B operands of the MMA slice ``thr_mma`` for the smem
+    tiles ``sA`` / ``sB`` (one stage)."""
+    return (thr_mma.make_fragment_A(thr_mma.partition_A(sA)),
+            thr_mma.make_fragment_B(thr_mma.partition_B(sB)))
+
+
+def smem_parts(s2r_A, s2r_B, sA, sB):
+    """This thread's source partitions of the smem tiles ``sA`` / ``sB`` for the ``ldmatrix``
+    slices ``s2r_A`` / ``s2r_B``."""
+    return s2r_A.partition_S(sA), s2r_B.partition_S(sB)
 
 
 def r2s_copy(dtype, tiled_mma):

@@ -43,8 +43,9 @@ from cutlass.cutlass_dsl import T, dsl_user_op
 # re-exported: the HSTU kernels use them as hc.*
 from .common import (acc_mn_view, acc_to_a_frag, cvt_frag, elem_ptr, gemm_rs,  # noqa: F401
                      gemm_ss, gmem_load_copy, gmem_store_copy, inline_asm, launch,
-                     ldmatrix_atoms, load_rows, r2s_copy, smem_layout_16b, smem_storage,
-                     smem_struct, store_p_ds, store_rows, transpose_view)
+                     ldmatrix_atoms, ldmatrix_slices, mma_frags, load_rows, r2s_copy,
+                     smem_layout_16b, smem_parts, smem_storage, smem_struct, store_p_ds,
+                     store_rows, transpose_view)
 from .seqlen_info import SeqlenInfo, offset_rows
 
 

@@ -116,22 +116,17 @@ class HstuFwdSm80(hc.HstuSm80Kernel):
             tVc = thr_v.partition_S(cute.make_identity_tensor((bn, self.dv)))
 
             thr_mma = tiled_mma.get_slice(tidx)
-            tSrQ = thr_mma.make_fragment_A(thr_mma.partition_A(sQ))
-            tSrK = thr_mma.make_fragment_B(thr_mma.partition_B(sK))
+            tSrQ, tSrK = hc.mma_frags(thr_mma, sQ, sK)
             tOrVt = thr_mma.make_fragment_B(thr_mma.partition_B(sVt))
             acc_O = cute.make_rmem_tensor(thr_mma.partition_shape_C((bm, self.dv)), Float32)
             acc_O.fill(0.0)
 
             ldsm, ldsm_t = hc.ldmatrix_atoms(self.dtype)
-            s2r_Q = cute.make_tiled_copy_A(ldsm, tiled_mma).get_slice(tidx)
-            s2r_K = cute.make_tiled_copy_B(ldsm, tiled_mma).get_slice(tidx)
+            s2r_Q, s2r_K = hc.ldmatrix_slices(tiled_mma, tidx, ldsm, ldsm)
             s2r_V = cute.make_tiled_copy_B(ldsm_t, tiled_mma).get_slice(tidx)
-            tSsQ = s2r_Q.partition_S(sQ)
-            tSrQ_v = s2r_Q.retile(tSrQ)
-            tSsK = s2r_K.partition_S(sK)
-            tSrK_v = s2r_K.retile(tSrK)
+            tSsQ, tSsK = hc.smem_parts(s2r_Q, s2r_K, sQ, sK)
             tOsVt = s2r_V.partition_S(sVt)
-            tOrVt_v = s2r_V.retile(tOrVt)
+            tSrQ_v, tSrK_v, tOrVt_v = s2r_Q.retile(tSrQ), s2r_K.retile(tSrK), s2r_V.retile(tOrVt)
 
             # per-thread coordinates of the S accumulator
             tScS = hc.acc_mn_view(thr_mma.partition_C(cute.make_identity_tensor((bm, bn))))
