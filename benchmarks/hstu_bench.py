@@ -183,7 +183,9 @@ def main():
                 sw = Switches(hstu_fwd_impl=env.get("impl", "sm80"),
                               hstu_fwd_ws=env.get("ws", "").replace("+", ","),
                               hstu_fwd_tile=_tile(env.get("fwd")),
-                              hstu_bwd_tile=_tile(env.get("bwd")))
+                              hstu_bwd_tile=_tile(env.get("bwd")),
+                              # the tile override is the sm80 backward's
+                              **({"hstu_bwd_impl": "sm80"} if env.get("bwd") else {}))
                 r = run_case(c, jnp.dtype(a.dtype), a.iters, "bwd" in env, sw)
             except Exception as e:  # noqa: BLE001 - a sweep point that does not build
                 print(f"{c:22s} {variant}: failed: {type(e).__name__}: {str(e)[:200]}", flush=True)

@@ -160,18 +160,17 @@ SWITCHES = (
            "HSTU sm80 forward tile override (tuning; unset: the kernel's tiles for the head "
            "dims); with sm90ws it is an error (bn=N of JAX_SPARSE_ATTN_HSTU_WS sets its "
            "block_n)"),
-    _choice("hstu_bwd_impl", "JAX_SPARSE_ATTN_HSTU_BWD_IMPL", ("sm80", "sm90"),
-            "HSTU backward kernel: sm80 (mma.sync, cp.async; every head dim, with rab), sm90 "
-            "(opt-in: warp-specialized TMA producer warp + two wgmma consumer warpgroups; "
-            "D = D_v in {64, 128} without rab, other calls run sm80 and the compile key "
-            "records it)"),
+    _choice("hstu_bwd_impl", "JAX_SPARSE_ATTN_HSTU_BWD_IMPL", ("sm90", "sm80"),
+            "HSTU backward kernel: sm90 (warp-specialized TMA producer warp + two wgmma "
+            "consumer warpgroups; D = D_v in {64, 128} without rab, other calls run sm80 and "
+            "the compile key records it), sm80 (mma.sync, cp.async; every head dim, with rab)"),
     _choice("hstu_bwd_dq", "JAX_SPARSE_ATTN_HSTU_BWD_DQ", ("red", "bulk"),
             "dQ reduction of the sm90 HSTU backward (tuning / ablation; sm80 ignores it): red "
             "(red.global.add.v2.f32 from registers), bulk (fp32 rows staged in shared memory, "
             "one cp.reduce.async.bulk add per row)"),
     Switch("hstu_bwd_tile", "JAX_SPARSE_ATTN_HSTU_BWD_TILE", _TILE, _parse_tile, None,
-           "HSTU sm80 backward tile override (tuning; with sm90 it is an error except for "
-           "calls that sm90 routes to sm80)"),
+           "HSTU sm80 backward tile override (tuning; with sm90, the default, it is an error "
+           "except for calls that sm90 routes to sm80: set hstu_bwd_impl=sm80 as well)"),
     _choice("bsa_fwd_impl", "JAX_SPARSE_ATTN_BSA_FWD_IMPL", ("sm90", "sm90ws", "sm80"),
             "BSA forward kernel: sm90 (wgmma, cp.async; D in {64, 128}, other D use sm80), "
             "sm90ws (opt-in: warp-specialized TMA producer warp + wgmma consumer warpgroups, "

@@ -340,7 +340,7 @@ def test_hstu_rab_keeps_the_selected_forward():
     assert not b0.has_rab and b1.has_rab and b1.rab_per_head and b0 != b1
 
 
-# the sm90 backward (hstu_bwd_impl="sm90", opt-in): both head dims, both dtypes, window /
+# the sm90 backward (hstu_bwd_impl="sm90", the default): both head dims, both dtypes, window /
 # causal / func masks; D = 64 runs 128 x 128 tiles, D = 128 64 x 128 tiles
 BWD_SM90_LOWER = [(128, "bfloat16", "causal"), (64, "float16", "func"),
                   (128, "float16", "window"), (64, "bfloat16", "full")]
@@ -406,7 +406,7 @@ def test_hstu_bwd_sm90_config_routes_to_sm80():
     from jax_sparse_attn.ffi import hstu as fh  # noqa: PLC0415
 
     sw = Switches(hstu_bwd_impl="sm90")
-    assert Switches().hstu_bwd_impl == "sm80"
+    assert Switches().hstu_bwd_impl == "sm90"  # the default
     k128 = fh.bwd_config("bfloat16", 128, 128, 0, sw)
     assert (k128.impl, k128.block_m, k128.block_n, k128.replaced_impl) == ("sm90", 64, 128, "")
     k64 = fh.bwd_config("float16", 64, 64, 3, sw)
@@ -416,7 +416,8 @@ def test_hstu_bwd_sm90_config_routes_to_sm80():
                             rab_dtype="bfloat16" if rab else "")
         assert (key.impl, key.replaced_impl) == ("sm80", "sm90"), (d, dv, rab)
         assert fh.bwd_sm90_unsupported_reason(d, dv, rab)
-    assert fh.bwd_config("bfloat16", 128, 128, 0, Switches()).impl == "sm80"
+    assert fh.bwd_config("bfloat16", 128, 128, 0, Switches()).impl == "sm90"
+    assert fh.bwd_config("bfloat16", 128, 128, 0, Switches(hstu_bwd_impl="sm80")).impl == "sm80"
     with pytest.raises(ValueError, match="JAX_SPARSE_ATTN_HSTU_BWD_TILE"):
         fh.bwd_config("bfloat16", 128, 128, 0, Switches(hstu_bwd_impl="sm90",
                                                         hstu_bwd_tile=(64, 64, 8)))

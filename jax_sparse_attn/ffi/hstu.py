@@ -255,7 +255,9 @@ def bwd_config(dtype, head_dim, head_dim_v, func_n, switches, *, has_rab=False,
                 raise ValueError(
                     f"JAX_SPARSE_ATTN_HSTU_BWD_TILE / Switches.hstu_bwd_tile="
                     f"{switches.hstu_bwd_tile} applies to the sm80 backward only; the sm90 "
-                    "backward's tiles are fixed (64 x 128 at D = 128, 128 x 128 at D = 64)")
+                    "backward (the default hstu_bwd_impl) has fixed tiles (64 x 128 at "
+                    "D = 128, 128 x 128 at D = 64): set JAX_SPARSE_ATTN_HSTU_BWD_IMPL=sm80 / "
+                    "Switches.hstu_bwd_impl='sm80' to use the tile override")
             bm = 128 if head_dim <= 64 else 64
             return HstuBwdConfig(_cutlass_dtype_name(dtype), head_dim, head_dim_v, bm, 128, 12,
                                  func_n > 0, max(func_n, 1), impl="sm90",
