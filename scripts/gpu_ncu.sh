@@ -37,3 +37,6 @@ for f in "$out"/*.details.txt; do
   grep -E "Duration|SM Frequency|Compute \(SM\) Throughput|Memory Throughput|L2 Cache Throughput|Registers Per|Achieved Occupancy|Issue Slots Busy|Executed Ipc A|No Eligible|One or More|Warp Cycles Per Issued" "$f" | head -20
 done >> "$out/summary.txt"
 cat "$out/summary.txt"
+# the device tool returns a few files per call: pack the text reports into one archive
+tar czf "$out/../ncu_text.tgz" -C "$out" $(cd "$out" && ls *.details.txt *.run.log summary.txt 2>/dev/null)
+rm -f "$out"/*.details.txt "$out"/*.run.log
