@@ -339,6 +339,17 @@ class HSTUConfig:
     rab_per_head: bool = False  # H_rab == H
     rab_dtype: str = ""
     cute_call: str = "shared"  # kernel backend: Switches.cute_call (how kernel calls compile)
+    # query heads H and key/value heads H_kv (H_kv divides H; H_kv < H: GQA/MQA, query head h
+    # reads KV head h // (H / H_kv)); 0 = not recorded
+    num_heads: int = 0
+    num_heads_kv: int = 0
+    # kernel backend: the split-KV setting of the forward (1 = no split)
+    kv_splits: int = 1
+
+    @property
+    def kv_group(self) -> int:
+        """Query heads per KV head (1 without GQA)."""
+        return self.num_heads // self.num_heads_kv if self.num_heads_kv else 1
 
     @property
     def has_func(self) -> bool:

@@ -60,13 +60,23 @@ def _padded_dims(cfg, mod):
             metadata.padded_head_dim(cfg.head_dim_v, dims))
 
 
-def _kernel_unsupported_reason(cfg, mod):
+def _kernel_unsupported_reason(cfg, switches, mod):
     d_pad, dv_pad = _padded_dims(cfg, mod)
     if d_pad is None or dv_pad is None:
         return (f"head dims D={cfg.head_dim}, D_v={cfg.head_dim_v}: the kernels support head "
                 f"dims up to {max(mod.SUPPORTED_HEAD_DIMS)}")
-    if cfg.paged and not hasattr(mod, "hstu_fwd_paged"):
-        return "the HSTU kernel backend has no paged-KV forward (hstu_fwd_paged)"
+    if cfg.paged:
+        if not hasattr(mod, "paged_unsupported_reason"):
+            return "the HSTU kernel backend has no paged-KV forward (hstu_fwd_paged)"
+        reason = mod.paged_unsupported_reason(d_pad, dv_pad, switches)
+        if reason is not None:
+            return reason
+    if cfg.kv_group > 1:
+        if not hasattr(mod, "gqa_unsupported_reason"):
+            return "the HSTU kernel backend has no grouped KV heads (H_kv < H)"
+        reason = mod.gqa_unsupported_reason(d_pad, dv_pad, cfg.has_rab, switches, cfg.paged)
+        if reason is not None:
+            return reason
     return mod.hstu_kernel_unsupported_reason(dtype=cfg.dtype, head_dim=d_pad, head_dim_v=dv_pad)
 
 
@@ -93,7 +103,8 @@ def _make_config(q, k, v, cu_seqlens_q, cu_seqlens_k, func, paged_kv, page_ids, 
             _hstu_value_checks(shapes[0], shapes[1], cu_q, cu_k, f, shapes[2], ids, ptrs, cfg)
 
         run_time_value_checks(check, cu_seqlens_q, cu_seqlens_k, func, page_ids, page_indptrs)
-    mod = _backend.select(backend, op_name, "hstu", partial(_kernel_unsupported_reason, cfg))
+    mod = _backend.select(backend, op_name, "hstu",
+                          partial(_kernel_unsupported_reason, cfg, switches))
     if mod is None:
         return cfg
     d_pad, dv_pad = _padded_dims(cfg, mod)

@@ -95,15 +95,16 @@ def _hstu_attention_ref_impl(
     """HSTU attention forward, pure ``jnp``.
 
     Args:
-      q: ``(T_q, H, D)``.  k: ``(T_k, H, D)`` or None with paged KV.
-      v: ``(T_k, H, D_v)`` or None with paged KV.
+      q: ``(T_q, H, D)``.  k: ``(T_k, H_kv, D)`` or None with paged KV (``H_kv`` divides
+        ``H``; query head ``h`` reads KV head ``h // (H / H_kv)``, GQA/MQA).
+      v: ``(T_k, H_kv, D_v)`` or None with paged KV.
       cu_seqlens_q, cu_seqlens_k: ``(B+1,)`` int32 prefix sums.
       func: optional int32 ``(1, N, L_f)`` interval mask (N odd).
       max_seqlen_q, max_seqlen_k: static Python ints, upper bounds of the per-sequence lengths.
       scaling_seqlen: output divisor, default ``max_seqlen_q``.
       window_size: ``(left, right)``, ``-1`` = unbounded side.
       alpha: score scale.
-      paged_kv, page_ids, page_indptrs: paged KV cache (``(num_pages, 2, 128, H, D)``).
+      paged_kv, page_ids, page_indptrs: paged KV cache (``(num_pages, 2, 128, H_kv, D)``).
       compute_dtype: dtype of the whole computation (default float32, float64 for
         float64 inputs).
       q_tile: query rows per evaluated tile.
@@ -123,6 +124,7 @@ def _hstu_attention_ref_impl(
         k, v = jnp.asarray(k), jnp.asarray(v)
     T_q, H, D = q.shape
     D_v = paged_kv.shape[-1] if paged else v.shape[-1]
+    group = H // (paged_kv.shape[3] if paged else k.shape[1])
     B = cu_seqlens_q.shape[0] - 1
     out_dtype = q.dtype
     cdt = _compute_dtype(q.dtype, compute_dtype)
@@ -176,6 +178,9 @@ def _hstu_attention_ref_impl(
         kt, vt = gather_kv(b)
         kt = jnp.where(key_in[:, None, None], kt.astype(cdt), zero)
         vt = jnp.where(key_in[:, None, None], vt.astype(cdt), zero)
+        if group > 1:  # GQA/MQA: query head h reads KV head h // group (dk/dv sum the group)
+            kt = jnp.repeat(kt, group, axis=1)
+            vt = jnp.repeat(vt, group, axis=1)
         s = jnp.einsum("qhd,khd->hqk", qt, kt, preferred_element_type=cdt)
         s = s * jnp.asarray(alpha, cdt)
         valid = row_in[:, None] & key_in[None, :]

@@ -190,12 +190,14 @@ def check_hstu_args(q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q, max_se
     if paged:
         if k is not None or v is not None:
             raise ValueError("with paged_kv, k and v must be None (keys/values come from the pages)")
-        pshape = _check_rank("paged_kv", paged_kv, 5, "(num_pages, 2, 128, H, D)")
-        if pshape[1] != 2 or pshape[2] != HSTU_PAGE_SIZE or pshape[3] != H or pshape[4] != D:
+        pshape = _check_rank("paged_kv", paged_kv, 5, "(num_pages, 2, 128, H_kv, D)")
+        if (pshape[1] != 2 or pshape[2] != HSTU_PAGE_SIZE or pshape[4] != D
+                or pshape[3] < 1 or H % pshape[3]):
             raise ValueError(
-                f"paged_kv must have shape (num_pages, 2, {HSTU_PAGE_SIZE}, H={H}, D={D}), "
-                f"got {pshape}"
+                f"paged_kv must have shape (num_pages, 2, {HSTU_PAGE_SIZE}, H_kv, D={D}) with "
+                f"H_kv dividing H={H} (H_kv = H, or fewer KV heads: GQA/MQA), got {pshape}"
             )
+        H_kv = pshape[3]
         if jnp.dtype(paged_kv.dtype) != dt:
             raise TypeError(f"paged_kv dtype {jnp.dtype(paged_kv.dtype)} must equal q's dtype {dt}")
         _check_rank("page_ids", page_ids, 1, "(P,)")
@@ -206,12 +208,14 @@ def check_hstu_args(q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q, max_se
     else:
         if page_ids is not None or page_indptrs is not None:
             raise ValueError("page_ids/page_indptrs are only valid together with paged_kv")
-        T_k, H_k, D_k = _check_rank("k", k, 3, "(T_k, H, D)")
-        T_v, H_v, D_v = _check_rank("v", v, 3, "(T_k, H, D_v)")
-        if H_k != H or D_k != D:
-            raise ValueError(f"k must have shape (T_k, H={H}, D={D}) matching q, got {(T_k, H_k, D_k)}")
-        if T_v != T_k or H_v != H or D_v < 1:
-            raise ValueError(f"v must have shape (T_k={T_k}, H={H}, D_v >= 1), got {(T_v, H_v, D_v)}")
+        T_k, H_k, D_k = _check_rank("k", k, 3, "(T_k, H_kv, D)")
+        T_v, H_v, D_v = _check_rank("v", v, 3, "(T_k, H_kv, D_v)")
+        if D_k != D or H_k < 1 or H % H_k:
+            raise ValueError(f"k must have shape (T_k, H_kv, D={D}) with H_kv dividing q's H={H} "
+                             f"(H_kv = H, or fewer KV heads: GQA/MQA), got {(T_k, H_k, D_k)}")
+        if T_v != T_k or H_v != H_k or D_v < 1:
+            raise ValueError(f"v must have shape (T_k={T_k}, H_kv={H_k}, D_v >= 1), got {(T_v, H_v, D_v)}")
+        H_kv = H_k
         for name, x in (("k", k), ("v", v)):
             if jnp.dtype(x.dtype) != dt:
                 raise TypeError(
@@ -260,7 +264,7 @@ def check_hstu_args(q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q, max_se
                       max_seqlen_k=max_seqlen_k, scaling_seqlen=scaling, window_size=window,
                       alpha=alpha, paged=paged, func_n=0 if func is None else fshape[1],
                       head_dim_pad=D, head_dim_v_pad=D_v, rab_heads=rab_heads,
-                      rab_per_head=rab_heads == H,
+                      rab_per_head=rab_heads == H, num_heads=H, num_heads_kv=H_kv,
                       rab_dtype="" if rab is None else canonical_dtype(rab).name)
 
 
@@ -332,10 +336,10 @@ def validate_hstu_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q, m
     with ``rab``, every sequence has ``L_q <= L_k``.
 
     Args:
-      q ``(T_q, H, D)``, k ``(T_k, H, D)``, v ``(T_k, H, D_v)`` (arrays or
+      q ``(T_q, H, D)``, k ``(T_k, H_kv, D)``, v ``(T_k, H_kv, D_v)`` (H_kv dividing H; arrays or
       :class:`jax.ShapeDtypeStruct`), cu_seqlens_q/k ``(B+1,)`` int32, and the keyword
       options of :func:`~jax_sparse_attn.hstu_attention` (func ``(1, N, L_f)`` int32,
-      paged_kv ``(num_pages, 2, 128, H, D)``, page_ids ``(P,)``, page_indptrs ``(B+1,)``).
+      paged_kv ``(num_pages, 2, 128, H_kv, D)``, page_ids ``(P,)``, page_indptrs ``(B+1,)``).
 
     Raises:
       ValueError naming the first offending position; TypeError/ValueError from the

@@ -76,8 +76,8 @@ def hstu_oracle(q, k, v, cu_q, cu_k, *, max_seqlen_q, scaling_seqlen=None, windo
         L_q = cu_q[b + 1] - cu_q[b]
         L_k = cu_k[b + 1] - cu_k[b]
         if paged_kv is not None:
-            kb = np.zeros((L_k, H, D))
-            vb = np.zeros((L_k, H, D_v))
+            kb = np.zeros((L_k, pk.shape[3], D))
+            vb = np.zeros((L_k, pk.shape[3], D_v))
             for jj in range(L_k):
                 page = ids[ptr[b] + jj // page_size]
                 kb[jj] = pk[page, 0, jj % page_size]
@@ -92,11 +92,12 @@ def hstu_oracle(q, k, v, cu_q, cu_k, *, max_seqlen_q, scaling_seqlen=None, windo
                 if not hstu_key_allowed(i, jj, L_q, L_k, window_size, frow):
                     continue
                 p = i + L_k - L_q
+                g = H // kb.shape[1]  # GQA/MQA: query head h reads KV head h // g
                 for h in range(H):
-                    s = alpha * float(np.dot(q[r, h], kb[jj, h]))
+                    s = alpha * float(np.dot(q[r, h], kb[jj, h // g]))
                     if rab is not None and p >= 0:
                         s += float(rab[b, h % rab.shape[1], p, jj])
-                    out[r, h] += _silu(s) * vb[jj, h] / scale
+                    out[r, h] += _silu(s) * vb[jj, h // g] / scale
     return out
 
 
@@ -228,14 +229,16 @@ def hstu_oracle_vjp(q, k, v, do, cu_q, cu_k, *, max_seqlen_q, scaling_seqlen=Non
             frow = None if fn is None else [int(x) for x in fn[:, cu_q[b] + i]]
             for j in range(L_k):
                 m[i, j] = hstu_key_allowed(i, j, L_q, L_k, window_size, frow)
+        g = q.shape[1] // k.shape[1]  # GQA/MQA: query head h reads KV head h // g
         for h in range(q.shape[1]):
-            s = alpha * q[rq, h] @ k[rk, h].T
+            hk = h // g
+            s = alpha * q[rq, h] @ k[rk, hk].T
             p = m * (s / (1.0 + np.exp(-s))) / scale
-            out[rq, h] = p @ v[rk, h]
-            dv[rk, h] += p.T @ do[rq, h]
-            ds = (do[rq, h] @ v[rk, h].T) * m * _dsilu(s) * alpha / scale
-            dq[rq, h] += ds @ k[rk, h]
-            dk[rk, h] += ds.T @ q[rq, h]
+            out[rq, h] = p @ v[rk, hk]
+            dv[rk, hk] += p.T @ do[rq, h]
+            ds = (do[rq, h] @ v[rk, hk].T) * m * _dsilu(s) * alpha / scale
+            dq[rq, h] += ds @ k[rk, hk]
+            dk[rk, hk] += ds.T @ q[rq, h]
     return out, dq, dk, dv
 
 

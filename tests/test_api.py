@@ -162,7 +162,7 @@ def test_paged_kv_errors_and_forward_only():
     _raises(ValueError, r"with paged_kv, k and v must be None", f, q, q, q, cu_q, cu_k, **kw)
     _raises(ValueError, r"causal mask only", f, q, None, None, cu_q, cu_k, window_size=(-1, -1), **kw)
     bad = dict(kw, paged_kv=kw["paged_kv"][:, :, :64])
-    _raises(ValueError, r"paged_kv must have shape \(num_pages, 2, 128, H=2, D=4\)", f, q, None, None,
+    _raises(ValueError, r"paged_kv must have shape \(num_pages, 2, 128, H_kv, D=4\)", f, q, None, None,
             cu_q, cu_k, **bad)
     _raises(ValueError, r"page_ids/page_indptrs are only valid together with paged_kv", f, q, q, q,
             cu_q, cu_k, max_seqlen_q=4, max_seqlen_k=150, page_ids=kw["page_ids"])

@@ -69,6 +69,7 @@ __all__ = [
     "RAB_FWD_IMPLS",
     "SM90_BWD_HEAD_DIMS",
     "bwd_sm90_unsupported_reason",
+    "gqa_unsupported_reason",
 ]
 
 SUPPORTED_HEAD_DIMS = (32, 64, 128, 256)
@@ -240,6 +241,26 @@ def bwd_sm90_unsupported_reason(head_dim, head_dim_v, has_rab) -> str | None:
     if head_dim != head_dim_v or head_dim not in SM90_BWD_HEAD_DIMS:
         return (f"the sm90 backward takes head_dim = head_dim_v in {SM90_BWD_HEAD_DIMS}, got "
                 f"{head_dim}, {head_dim_v} (padded)")
+    return None
+
+
+def gqa_unsupported_reason(head_dim, head_dim_v, has_rab, switches, paged=False) -> str | None:
+    """``None`` if the kernels run grouped KV heads (``H_kv < H``, GQA/MQA) for these padded
+    head dims, rab presence and :class:`~jax_sparse_attn.config.Switches`, else why not:
+    the sm90ws forward and (unless ``paged``: forward only) the sm90 backward read KV head
+    ``h // (H / H_kv)``; the portable sm80 kernels do not."""
+    if switches.hstu_fwd_impl != "sm90ws":
+        return (f"grouped KV heads (H_kv < H) need the sm90ws forward; hstu_fwd_impl="
+                f"{switches.hstu_fwd_impl!r} (JAX_SPARSE_ATTN_HSTU_FWD_IMPL) has none")
+    if paged:
+        return None
+    if getattr(switches, "hstu_bwd_impl", "sm80") != "sm90":
+        return ("grouped KV heads (H_kv < H) need the sm90 backward; hstu_bwd_impl="
+                f"{switches.hstu_bwd_impl!r} (JAX_SPARSE_ATTN_HSTU_BWD_IMPL) has none")
+    reason = bwd_sm90_unsupported_reason(head_dim, head_dim_v, has_rab)
+    if reason is not None:
+        return (f"grouped KV heads (H_kv < H) need the sm90 backward, which does not take "
+                f"this call: {reason}")
     return None
 
 

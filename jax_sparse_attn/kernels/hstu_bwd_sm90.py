@@ -132,14 +132,15 @@ class HstuBwdSm90:
         T_q = mQ.shape[0]
         T_k = mK.shape[0]
         H = mQ.shape[1]
+        H_kv = mK.shape[1]
         tQ = cute.make_tensor(mQ.iterator, cute.make_layout(
             (T_q, d, H), stride=(mQ.stride[0], 1, mQ.stride[1])))
         tdO = cute.make_tensor(mdO.iterator, cute.make_layout(
             (T_q, d, H), stride=(mdO.stride[0], 1, mdO.stride[1])))
         tK = cute.make_tensor(mK.iterator, cute.make_layout(
-            (T_k, d, H), stride=(mK.stride[0], 1, mK.stride[1])))
+            (T_k, d, H_kv), stride=(mK.stride[0], 1, mK.stride[1])))
         tV = cute.make_tensor(mV.iterator, cute.make_layout(
-            (T_k, d, H), stride=(mV.stride[0], 1, mV.stride[1])))
+            (T_k, d, H_kv), stride=(mV.stride[0], 1, mV.stride[1])))
         g2s = cpasync.CopyBulkTensorTileG2SOp()
         sQ_one = cute.slice_(sQ_layout, (None, None, 0))
         sK_one = cute.slice_(sK_layout, (None, None, 0))
@@ -161,7 +162,7 @@ class HstuBwdSm90:
             sdS: cute.struct.Align[cute.struct.MemRange[dt, cute.cosize(sdS_layout)], 1024]
             sdQ: cute.struct.Align[cute.struct.MemRange[Float32, dq_elems], 128]
 
-        grid = (cute.size(mQ.shape[1]), cute.size(mKVTile.shape[0]), 1)
+        grid = (cute.size(mK.shape[1]), cute.size(mKVTile.shape[0]), 1)
         self.kernel(
             tma_q, tma_tQ, tma_do, tma_tdO, tma_k, tma_tK, tma_v, tma_tV,
             mQ, mdO, mK, mV, mCuQ, mCuK, mKVTile, mQStart, mQTiles, mFunc, mScal, mWin,
@@ -216,10 +217,12 @@ class HstuBwdSm90:
                mdQacc, mdK, mdV, sK_layout, sK_mn_layout, sQ_layout, sQ_mn_layout, sdS_layout,
                mma_s, mma_kv, mma_dq, Smem: cutlass.Constexpr):
         tidx, _, _ = cute.arch.thread_idx()
-        head, slot, _ = cute.arch.block_idx()
+        head_kv, slot, _ = cute.arch.block_idx()
         warp = cute.arch.make_warp_uniform(cute.arch.warp_idx())
         wg_idx = warp // 4
         bm, bn, d = self.bm, self.bn, self.d
+        # GQA/MQA: this CTA owns KV head head_kv and walks its group of query heads
+        group = mQ.shape[1] // mK.shape[1]
 
         smem = cutlass.memory.SmemAllocator()
         st = smem.allocate(Smem)
@@ -265,14 +268,14 @@ class HstuBwdSm90:
                     if kv_left >= bn:
                         kv_bytes = cute.size_in_bytes(self.dtype, cute.slice_(sK_layout, (None, None, 0)))
                         pipe_kv.producer_expect_tx(0, 2 * kv_bytes)
-                        gK = cute.local_tile(offset_rows(tma_tK[None, None, head], seq.k_start),
+                        gK = cute.local_tile(offset_rows(tma_tK[None, None, head_kv], seq.k_start),
                                              (bn, d), (None, 0))
                         tKs, tKg = cpasync.tma_partition(
                             tma_k, 0, cute.make_layout(1), cute.group_modes(sK, 0, 2),
                             cute.group_modes(gK, 0, 2))
                         cute.copy(tma_k, tKg[None, n_block], tKs[None, 0],
                                   tma_bar_ptr=pipe_kv.full_ptr(0))
-                        gV = cute.local_tile(offset_rows(tma_tV[None, None, head], seq.k_start),
+                        gV = cute.local_tile(offset_rows(tma_tV[None, None, head_kv], seq.k_start),
                                              (bn, d), (None, 0))
                         tVs, tVg = cpasync.tma_partition(
                             tma_v, 0, cute.make_layout(1), cute.group_modes(sV, 0, 2),
@@ -280,46 +283,48 @@ class HstuBwdSm90:
                         cute.copy(tma_v, tVg[None, n_block], tVs[None, 0],
                                   tma_bar_ptr=pipe_kv.full_ptr(0))
                     else:
-                        self._load_rows(mK, head, seq.k_start, n_block, bn, kv_left,
+                        self._load_rows(mK, head_kv, seq.k_start, n_block, bn, kv_left,
                                         sK[None, None, 0], lane)
-                        self._load_rows(mV, head, seq.k_start, n_block, bn, kv_left,
+                        self._load_rows(mV, head_kv, seq.k_start, n_block, bn, kv_left,
                                         sV[None, None, 0], lane)
                         self._fence_rows()
                         pipe_kv.producer_arrive(0)
 
                     q_bytes = cute.size_in_bytes(self.dtype, cute.slice_(sQ_layout, (None, None, 0)))
-                    gQ = cute.local_tile(offset_rows(tma_tQ[None, None, head], seq.q_start),
-                                         (bm, d), (None, 0))
-                    tQs, tQg = cpasync.tma_partition(
-                        tma_q, 0, cute.make_layout(1), cute.group_modes(sQ, 0, 2),
-                        cute.group_modes(gQ, 0, 2))
-                    gdO = cute.local_tile(offset_rows(tma_tdO[None, None, head], seq.q_start),
-                                          (bm, d), (None, 0))
-                    tdOs, tdOg = cpasync.tma_partition(
-                        tma_do, 0, cute.make_layout(1), cute.group_modes(sdO, 0, 2),
-                        cute.group_modes(gdO, 0, 2))
                     c = Int32(0)
-                    for it in cutlass.range(qr.m_count, unroll=1):
-                        m_block = qr.m_min + it
-                        active, full = qr.tile_state(mQTiles, m_block, left, right)
-                        if active != 0:
-                            pipe_q.producer_acquire(c)
-                            s = pipe_q.stage(c)
-                            q_left = seq.seqlen_q - m_block * bm
-                            if q_left >= bm:
-                                pipe_q.producer_expect_tx(c, 2 * q_bytes)
-                                cute.copy(tma_q, tQg[None, m_block], tQs[None, s],
-                                          tma_bar_ptr=pipe_q.full_ptr(c))
-                                cute.copy(tma_do, tdOg[None, m_block], tdOs[None, s],
-                                          tma_bar_ptr=pipe_q.full_ptr(c))
-                            else:
-                                self._load_rows(mQ, head, seq.q_start, m_block, bm, q_left,
-                                                sQ[None, None, s], lane)
-                                self._load_rows(mdO, head, seq.q_start, m_block, bm, q_left,
-                                                sdO[None, None, s], lane)
-                                self._fence_rows()
-                                pipe_q.producer_arrive(c)
-                            c += 1
+                    for g in cutlass.range(group, unroll=1):
+                        head = head_kv * group + g
+                        gQ = cute.local_tile(offset_rows(tma_tQ[None, None, head], seq.q_start),
+                                             (bm, d), (None, 0))
+                        tQs, tQg = cpasync.tma_partition(
+                            tma_q, 0, cute.make_layout(1), cute.group_modes(sQ, 0, 2),
+                            cute.group_modes(gQ, 0, 2))
+                        gdO = cute.local_tile(offset_rows(tma_tdO[None, None, head], seq.q_start),
+                                              (bm, d), (None, 0))
+                        tdOs, tdOg = cpasync.tma_partition(
+                            tma_do, 0, cute.make_layout(1), cute.group_modes(sdO, 0, 2),
+                            cute.group_modes(gdO, 0, 2))
+                        for it in cutlass.range(qr.m_count, unroll=1):
+                            m_block = qr.m_min + it
+                            active, full = qr.tile_state(mQTiles, m_block, left, right)
+                            if active != 0:
+                                pipe_q.producer_acquire(c)
+                                s = pipe_q.stage(c)
+                                q_left = seq.seqlen_q - m_block * bm
+                                if q_left >= bm:
+                                    pipe_q.producer_expect_tx(c, 2 * q_bytes)
+                                    cute.copy(tma_q, tQg[None, m_block], tQs[None, s],
+                                              tma_bar_ptr=pipe_q.full_ptr(c))
+                                    cute.copy(tma_do, tdOg[None, m_block], tdOs[None, s],
+                                              tma_bar_ptr=pipe_q.full_ptr(c))
+                                else:
+                                    self._load_rows(mQ, head, seq.q_start, m_block, bm, q_left,
+                                                    sQ[None, None, s], lane)
+                                    self._load_rows(mdO, head, seq.q_start, m_block, bm, q_left,
+                                                    sdO[None, None, s], lane)
+                                    self._fence_rows()
+                                    pipe_q.producer_arrive(c)
+                                c += 1
         else:
             # ================================ consumers ===============================
             cute.arch.setmaxregister_increase(self.regs_consumer)
@@ -382,132 +387,136 @@ class HstuBwdSm90:
 
                 pipe_kv.consumer_wait(0)
                 c = Int32(0)
-                for it in cutlass.range(qr.m_count, unroll=1):
-                    m_block = qr.m_min + it
-                    active, full = qr.tile_state(mQTiles, m_block, left, right)
-                    if active != 0:
-                        m0 = m_block * bm
-                        s = pipe_q.stage(c)
-                        buf = c % 2
-                        acc_S = thr_s.make_fragment_C(s_shape)
-                        acc_dP = thr_s.make_fragment_C(s_shape)
-                        pipe_q.consumer_wait(c)
-                        warpgroup.fence()
-                        for k in cutlass.range_constexpr(cute.size(tSrK, mode=[2])):
-                            mma_s.set(warpgroup.Field.ACCUMULATE, k != 0)
-                            cute.gemm(mma_s, acc_S, tSrK[None, None, k, 0],
-                                      tSrQ[None, None, k, s], acc_S)
-                        warpgroup.commit_group()
-                        for k in cutlass.range_constexpr(cute.size(tSrV, mode=[2])):
-                            mma_s.set(warpgroup.Field.ACCUMULATE, k != 0)
-                            cute.gemm(mma_s, acc_dP, tSrV[None, None, k, 0],
-                                      tSrdO[None, None, k, s], acc_dP)
-                        warpgroup.commit_group()
-                        tP = cute.make_rmem_tensor(acc_layout_as_a(acc_S.layout, a_vals),
-                                                   self.dtype)
-                        tP_acc = cute.make_tensor(tP.iterator, acc_S.layout)
-                        tdS = cute.make_rmem_tensor(acc_layout_as_a(acc_dP.layout, a_vals),
-                                                    self.dtype)
-                        tdS_acc = cute.make_tensor(tdS.iterator, acc_dP.layout)
-                        if cutlass.const_expr(self.overlap_sdp):
-                            # S^T is done; the dP^T GEMM runs while P^T (16 bit) and the factor
-                            # dS^T / dP^T (fp32, in acc_S's registers) are computed
-                            warpgroup.wait_group(1)
-                            for e2 in cutlass.range_constexpr(cute.size(acc_S) // 2):
-                                pp = cute.make_rmem_tensor((2,), Float32)
-                                for u in cutlass.range_constexpr(2):
-                                    e = 2 * e2 + u
-                                    pp[u], acc_S[e] = self._silu_grad(acc_S[e], alpha_half,
-                                                                      half_ds)
-                                # values 2k, 2k + 1 (adjacent columns) are adjacent registers:
-                                # one packed conversion
-                                off = cute.crd2idx(2 * e2, acc_S.layout)
-                                cute.make_tensor(tP.iterator + off, cute.make_layout(2)).store(
-                                    pp.load().to(self.dtype))
-                            warpgroup.wait_group(0)
-                            for e in cutlass.range_constexpr(cute.size(acc_S)):
-                                acc_dP[e] = acc_dP[e] * acc_S[e]
-                        else:
-                            # both GEMMs done; P^T and dS^T in place (fewer live registers;
-                            # this form of SiLU' leaves ptxas without spills here)
-                            warpgroup.wait_group(0)
-                            for e in cutlass.range_constexpr(cute.size(acc_S)):
-                                hval = hc.finite_below(acc_S[e] * alpha_half)  # SiLU(-inf)=0
-                                tv = hc.tanh_approx(hval)
-                                p = hval + hval * tv
-                                sig = 0.5 + 0.5 * tv
-                                acc_S[e] = p
-                                acc_dP[e] = acc_dP[e] * ds_scale * (sig + p * (1.0 - sig))
-                            tP_acc.store(acc_S.load().to(self.dtype))
-                        if full == 0:
-                            # select, never multiply: masked pairs give P^T = dS^T = 0
-                            mask.apply(acc_mn_view_wg(tP_acc), acc_mn_view_wg(acc_dP), n0, m0,
-                                       seq, left, right, mFunc)
-                        tdS_acc.store(acc_dP.load().to(self.dtype))
+                for g in cutlass.range(group, unroll=1):
+                    # the query heads of this KV head, one after the other: dK / dV sum
+                    # the group in a fixed order
+                    head = head_kv * group + g
+                    for it in cutlass.range(qr.m_count, unroll=1):
+                        m_block = qr.m_min + it
+                        active, full = qr.tile_state(mQTiles, m_block, left, right)
+                        if active != 0:
+                            m0 = m_block * bm
+                            s = pipe_q.stage(c)
+                            buf = c % 2
+                            acc_S = thr_s.make_fragment_C(s_shape)
+                            acc_dP = thr_s.make_fragment_C(s_shape)
+                            pipe_q.consumer_wait(c)
+                            warpgroup.fence()
+                            for k in cutlass.range_constexpr(cute.size(tSrK, mode=[2])):
+                                mma_s.set(warpgroup.Field.ACCUMULATE, k != 0)
+                                cute.gemm(mma_s, acc_S, tSrK[None, None, k, 0],
+                                          tSrQ[None, None, k, s], acc_S)
+                            warpgroup.commit_group()
+                            for k in cutlass.range_constexpr(cute.size(tSrV, mode=[2])):
+                                mma_s.set(warpgroup.Field.ACCUMULATE, k != 0)
+                                cute.gemm(mma_s, acc_dP, tSrV[None, None, k, 0],
+                                          tSrdO[None, None, k, s], acc_dP)
+                            warpgroup.commit_group()
+                            tP = cute.make_rmem_tensor(acc_layout_as_a(acc_S.layout, a_vals),
+                                                       self.dtype)
+                            tP_acc = cute.make_tensor(tP.iterator, acc_S.layout)
+                            tdS = cute.make_rmem_tensor(acc_layout_as_a(acc_dP.layout, a_vals),
+                                                        self.dtype)
+                            tdS_acc = cute.make_tensor(tdS.iterator, acc_dP.layout)
+                            if cutlass.const_expr(self.overlap_sdp):
+                                # S^T is done; the dP^T GEMM runs while P^T (16 bit) and the factor
+                                # dS^T / dP^T (fp32, in acc_S's registers) are computed
+                                warpgroup.wait_group(1)
+                                for e2 in cutlass.range_constexpr(cute.size(acc_S) // 2):
+                                    pp = cute.make_rmem_tensor((2,), Float32)
+                                    for u in cutlass.range_constexpr(2):
+                                        e = 2 * e2 + u
+                                        pp[u], acc_S[e] = self._silu_grad(acc_S[e], alpha_half,
+                                                                          half_ds)
+                                    # values 2k, 2k + 1 (adjacent columns) are adjacent registers:
+                                    # one packed conversion
+                                    off = cute.crd2idx(2 * e2, acc_S.layout)
+                                    cute.make_tensor(tP.iterator + off, cute.make_layout(2)).store(
+                                        pp.load().to(self.dtype))
+                                warpgroup.wait_group(0)
+                                for e in cutlass.range_constexpr(cute.size(acc_S)):
+                                    acc_dP[e] = acc_dP[e] * acc_S[e]
+                            else:
+                                # both GEMMs done; P^T and dS^T in place (fewer live registers;
+                                # this form of SiLU' leaves ptxas without spills here)
+                                warpgroup.wait_group(0)
+                                for e in cutlass.range_constexpr(cute.size(acc_S)):
+                                    hval = hc.finite_below(acc_S[e] * alpha_half)  # SiLU(-inf)=0
+                                    tv = hc.tanh_approx(hval)
+                                    p = hval + hval * tv
+                                    sig = 0.5 + 0.5 * tv
+                                    acc_S[e] = p
+                                    acc_dP[e] = acc_dP[e] * ds_scale * (sig + p * (1.0 - sig))
+                                tP_acc.store(acc_S.load().to(self.dtype))
+                            if full == 0:
+                                # select, never multiply: masked pairs give P^T = dS^T = 0
+                                mask.apply(acc_mn_view_wg(tP_acc), acc_mn_view_wg(acc_dP), n0, m0,
+                                           seq, left, right, mFunc)
+                            tdS_acc.store(acc_dP.load().to(self.dtype))
 
-                        # dS^T -> smem buffer `buf` (stmatrix: rows of 8 consecutive queries)
-                        cute.copy(r2s_dS, r2s_dS.retile(tdS_acc), tdSsdS[None, None, None, buf])
+                            # dS^T -> smem buffer `buf` (stmatrix: rows of 8 consecutive queries)
+                            cute.copy(r2s_dS, r2s_dS.retile(tdS_acc), tdSsdS[None, None, None, buf])
 
-                        # dV += P^T dO (registers x smem) while the dS^T halves are published
-                        warpgroup.fence()
-                        mma_kv.set(warpgroup.Field.ACCUMULATE, True)
-                        for k in cutlass.range_constexpr(cute.size(tP, mode=[2])):
-                            cute.gemm(mma_kv, acc_dV, tP[None, None, k], tVrdO[None, None, k, s],
-                                      acc_dV)
-                        warpgroup.commit_group()
-                        # both warpgroups' dS^T halves are in smem (generic -> async proxy)
-                        cute.arch.fence_proxy("async.shared", space="cta")
-                        cute.arch.barrier(barrier_id=1, number_of_threads=256)
-                        # dQ = dS K, then dK += dS^T Q (its own group: the dQ reductions below
-                        # are issued while it runs)
-                        acc_dQ = thr_dq.make_fragment_C(thr_dq.partition_shape_C((bm, d)))
-                        warpgroup.fence()
-                        for k in cutlass.range_constexpr(cute.size(tQrdS, mode=[2])):
-                            mma_dq.set(warpgroup.Field.ACCUMULATE, k != 0)
-                            cute.gemm(mma_dq, acc_dQ, tQrdS[None, None, k, buf],
-                                      tQrK[None, None, k, 0], acc_dQ)
-                        warpgroup.commit_group()
-                        for k in cutlass.range_constexpr(cute.size(tdS, mode=[2])):
-                            cute.gemm(mma_kv, acc_dK, tdS[None, None, k], tKrQ[None, None, k, s],
-                                      acc_dK)
-                        warpgroup.commit_group()
-                        warpgroup.wait_group(1)
-
-                        # dQ rows < L_q -> fp32 workspace (values 2k, 2k+1: adjacent columns)
-                        gdQ = cute.local_tile(
-                            offset_rows(mdQacc[None, head, None], seq.q_start), (bm, d),
-                            (m_block, 0))
-                        tdQg = thr_dq.partition_C(gdQ)
-                        lim = seq.seqlen_q - m0
-                        if cutlass.const_expr(self.dq_bulk):
-                            # the previous tile's bulk reads of this warp's rows are done
-                            cute.arch.cp_async_bulk_wait_group(0, read=True)
-                            cute.arch.sync_warp()
-                            cute.autovec_copy(acc_dQ, tdQs)
+                            # dV += P^T dO (registers x smem) while the dS^T halves are published
+                            warpgroup.fence()
+                            mma_kv.set(warpgroup.Field.ACCUMULATE, True)
+                            for k in cutlass.range_constexpr(cute.size(tP, mode=[2])):
+                                cute.gemm(mma_kv, acc_dV, tP[None, None, k], tVrdO[None, None, k, s],
+                                          acc_dV)
+                            warpgroup.commit_group()
+                            # both warpgroups' dS^T halves are in smem (generic -> async proxy)
                             cute.arch.fence_proxy("async.shared", space="cta")
-                            cute.arch.sync_warp()
-                            if lane < 16:
-                                if dq_grow < lim:
-                                    bulk_reduce_add_f32(
-                                        elem_ptr(mdQacc, (seq.q_start + m0 + dq_grow, head,
-                                                          dq_gcol)),
-                                        dq_sptr, 64 * 4)
-                            cute.arch.cp_async_bulk_commit_group()
-                        else:
-                            for e2 in cutlass.range_constexpr(cute.size(acc_dQ) // 2):
-                                if tdQc[2 * e2][0] < lim:
-                                    hc.red_add_v2_f32(elem_ptr(tdQg, 2 * e2), acc_dQ[2 * e2],
-                                                      acc_dQ[2 * e2 + 1])
-                        warpgroup.wait_group(0)
-                        # P^T, dS^T registers stay allocated until the GEMMs reading them end
-                        tP32 = cute.recast_tensor(tP, cutlass.Uint32)
-                        for e in cutlass.range_constexpr(cute.size(tP32)):
-                            tP32[e] = hc.keep_u32(tP32[e])
-                        tdS32 = cute.recast_tensor(tdS, cutlass.Uint32)
-                        for e in cutlass.range_constexpr(cute.size(tdS32)):
-                            tdS32[e] = hc.keep_u32(tdS32[e])
-                        pipe_q.consumer_release(c)
-                        c += 1
+                            cute.arch.barrier(barrier_id=1, number_of_threads=256)
+                            # dQ = dS K, then dK += dS^T Q (its own group: the dQ reductions below
+                            # are issued while it runs)
+                            acc_dQ = thr_dq.make_fragment_C(thr_dq.partition_shape_C((bm, d)))
+                            warpgroup.fence()
+                            for k in cutlass.range_constexpr(cute.size(tQrdS, mode=[2])):
+                                mma_dq.set(warpgroup.Field.ACCUMULATE, k != 0)
+                                cute.gemm(mma_dq, acc_dQ, tQrdS[None, None, k, buf],
+                                          tQrK[None, None, k, 0], acc_dQ)
+                            warpgroup.commit_group()
+                            for k in cutlass.range_constexpr(cute.size(tdS, mode=[2])):
+                                cute.gemm(mma_kv, acc_dK, tdS[None, None, k], tKrQ[None, None, k, s],
+                                          acc_dK)
+                            warpgroup.commit_group()
+                            warpgroup.wait_group(1)
+
+                            # dQ rows < L_q -> fp32 workspace (values 2k, 2k+1: adjacent columns)
+                            gdQ = cute.local_tile(
+                                offset_rows(mdQacc[None, head, None], seq.q_start), (bm, d),
+                                (m_block, 0))
+                            tdQg = thr_dq.partition_C(gdQ)
+                            lim = seq.seqlen_q - m0
+                            if cutlass.const_expr(self.dq_bulk):
+                                # the previous tile's bulk reads of this warp's rows are done
+                                cute.arch.cp_async_bulk_wait_group(0, read=True)
+                                cute.arch.sync_warp()
+                                cute.autovec_copy(acc_dQ, tdQs)
+                                cute.arch.fence_proxy("async.shared", space="cta")
+                                cute.arch.sync_warp()
+                                if lane < 16:
+                                    if dq_grow < lim:
+                                        bulk_reduce_add_f32(
+                                            elem_ptr(mdQacc, (seq.q_start + m0 + dq_grow, head,
+                                                              dq_gcol)),
+                                            dq_sptr, 64 * 4)
+                                cute.arch.cp_async_bulk_commit_group()
+                            else:
+                                for e2 in cutlass.range_constexpr(cute.size(acc_dQ) // 2):
+                                    if tdQc[2 * e2][0] < lim:
+                                        hc.red_add_v2_f32(elem_ptr(tdQg, 2 * e2), acc_dQ[2 * e2],
+                                                          acc_dQ[2 * e2 + 1])
+                            warpgroup.wait_group(0)
+                            # P^T, dS^T registers stay allocated until the GEMMs reading them end
+                            tP32 = cute.recast_tensor(tP, cutlass.Uint32)
+                            for e in cutlass.range_constexpr(cute.size(tP32)):
+                                tP32[e] = hc.keep_u32(tP32[e])
+                            tdS32 = cute.recast_tensor(tdS, cutlass.Uint32)
+                            for e in cutlass.range_constexpr(cute.size(tdS32)):
+                                tdS32[e] = hc.keep_u32(tdS32[e])
+                            pipe_q.consumer_release(c)
+                            c += 1
 
                 if cutlass.const_expr(self.dq_bulk):
                     cute.arch.cp_async_bulk_wait_group(0, read=False)
@@ -515,8 +524,8 @@ class HstuBwdSm90:
                 tKVc = acc_mn_view_wg(thr_kv.partition_C(cute.make_identity_tensor((bn, d))))
                 dK_mn = acc_mn_view_wg(acc_dK)
                 dV_mn = acc_mn_view_wg(acc_dV)
-                mdK_b = offset_rows(mdK[None, head, None], seq.k_start + n0)
-                mdV_b = offset_rows(mdV[None, head, None], seq.k_start + n0)
+                mdK_b = offset_rows(mdK[None, head_kv, None], seq.k_start + n0)
+                mdV_b = offset_rows(mdV[None, head_kv, None], seq.k_start + n0)
                 kv_left = seq.seqlen_k - n0
                 for r in cutlass.range_constexpr(cute.size(tKVc, mode=[0])):
                     row = tKVc[r, 0][0]

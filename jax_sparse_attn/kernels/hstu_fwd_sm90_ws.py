@@ -118,12 +118,13 @@ class HstuFwdSm90Ws(AttnFwdSm90Ws):
         T_q = mQ.shape[0]
         T_k = mK.shape[0]
         H = mQ.shape[1]
+        H_kv = mK.shape[1]
         tQ = cute.make_tensor(mQ.iterator, cute.make_layout(
             (T_q, d, H), stride=(mQ.stride[0], 1, mQ.stride[1])))
         tK = cute.make_tensor(mK.iterator, cute.make_layout(
-            (T_k, d, H), stride=(mK.stride[0], 1, mK.stride[1])))
+            (T_k, d, H_kv), stride=(mK.stride[0], 1, mK.stride[1])))
         tV = cute.make_tensor(mV.iterator, cute.make_layout(
-            (dv, T_k, H), stride=(1, mV.stride[0], mV.stride[1])))
+            (dv, T_k, H_kv), stride=(1, mV.stride[0], mV.stride[1])))
         tma_q, tma_tQ, tma_k, tma_tK, tma_v, tma_tV = self._tma_atoms(
             tQ, tK, tV, sQ_layout, sK_layout, sV_layout)
         Smem = self._smem_struct(sQ_layout, sK_layout, sV_layout, sO_layout)
@@ -145,6 +146,8 @@ class HstuFwdSm90Ws(AttnFwdSm90Ws):
         wg_idx = warp // 4
         bm, bn, wgm = self.bm, self.bn, self.wg_m
         n_heads = mO.shape[1]
+        # GQA/MQA: query head h reads KV head h // group (group = H / H_kv, 1 without GQA)
+        group = n_heads // mV.shape[1]
         sched = StaticLptScheduler(n_heads, mTile.shape[0] * n_heads)
         st, pipe_q, pipe_k, pipe_v, sQ, sK, sV, q_bytes, k_bytes, v_bytes = (
             self._smem_and_pipes(Smem, sQ_layout, sK_layout, sV_layout, tma_q, tma_k, tma_v,
@@ -162,7 +165,7 @@ class HstuFwdSm90Ws(AttnFwdSm90Ws):
                     batch = Int32(mTile[slot, 0])
                     if batch >= 0:
                         work, m_block, m0 = self._work(mTile, slot, head, batch, mCuQ, mCuK,
-                                                       left, right, mV)
+                                                       left, right, mV, group)
                         c_q, c_kv = self._produce(
                             work, m_block, tma_q, tma_tQ, tma_k, tma_tK,
                             tma_v, tma_tV, sQ, sK, sV, sV_rows, pipe_q, pipe_k, pipe_v,
@@ -186,7 +189,7 @@ class HstuFwdSm90Ws(AttnFwdSm90Ws):
                 batch = Int32(mTile[slot, 0])
                 if batch >= 0:
                     work, m_block, m0 = self._work(mTile, slot, head, batch, mCuQ, mCuK, left,
-                                                   right, mV)
+                                                   right, mV, group)
                     mw0 = m0 + wg * wgm
                     mw1 = cutlass.min(mw0 + wgm, work.seq.seqlen_q)
                     tile = _Tile(batch, mw0, mw1, mask, tSc, left, right, alpha_half,
@@ -198,9 +201,10 @@ class HstuFwdSm90Ws(AttnFwdSm90Ws):
                 t = sched.next(t)
 
     @cute.jit
-    def _work(self, mTile, slot, head, batch, mCuQ, mCuK, left, right, mV):
+    def _work(self, mTile, slot, head, batch, mCuQ, mCuK, left, right, mV, group):
         """Work item of schedule row ``slot`` (``batch >= 0``) and ``head``: the sequence, its
-        query tile ``m_block`` (first row ``m0``) and the KV-tile range it visits."""
+        query tile ``m_block`` (first row ``m0``), the KV-tile range it visits and its KV head
+        ``head // group``."""
         bm = self.bm
         seq = SeqlenInfo.create(batch, mCuQ, mCuK)
         m_block = Int32(mTile[slot, 1])
@@ -208,17 +212,17 @@ class HstuFwdSm90Ws(AttnFwdSm90Ws):
         m1 = cutlass.min(m0 + bm, seq.seqlen_q)
         blk = BlockInfo.create(mTile, slot, m0, m1, seq.seqlen_k, seq.off, left, right,
                                self.bn, self.has_func)
-        return WorkItem(blk, head, mV, seq=seq), m_block, m0
+        return WorkItem(blk, head, mV, seq=seq, head_kv=head // group), m_block, m0
 
     # ------------------------------------------------- variation points (AttnFwdSm90Ws)
     def _q_tile(self, tma_tQ, work):
         return offset_rows(tma_tQ[None, None, work.head], work.seq.q_start)
 
     def _k_tile(self, tma_tK, work):
-        return offset_rows(tma_tK[None, None, work.head], work.seq.k_start)
+        return offset_rows(tma_tK[None, None, work.head_kv], work.seq.k_start)
 
     def _v_tile(self, tma_tV, work):
-        return cute.domain_offset((0, work.seq.k_start), tma_tV[None, None, work.head])
+        return cute.domain_offset((0, work.seq.k_start), tma_tV[None, None, work.head_kv])
 
     def _v_limit(self, work, n):
         """Rows of V tile ``n`` inside the sequence; TMA only for a whole tile (a box would
@@ -229,7 +233,7 @@ class HstuFwdSm90Ws(AttnFwdSm90Ws):
     @cute.jit
     def _load_v_rows(self, work, n, limit, sV_rows, stage, lane):
         """One warp: V rows [n bn, n bn + limit) of the sequence by cp.async, zeros after."""
-        mV_b = offset_rows(work.mV[None, work.head, None], work.seq.k_start)
+        mV_b = offset_rows(work.mV[None, work.head_kv, None], work.seq.k_start)
         gV = cute.local_tile(mV_b, (self.bn, self.dv), (n, 0))
         self._copy_v_rows(gV, limit, sV_rows, stage, lane)
 

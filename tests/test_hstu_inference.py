@@ -1,0 +1,159 @@
+"""HSTU inference features on the reference backend vs the float64 oracle (CPU): grouped KV
+heads (GQA/MQA, forward and backward), paged KV with shuffled page ids and NaN in unused page
+slots, one query per sequence; argument validation and the kernel routing of these calls."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import jax_sparse_attn as jsa
+from jax_sparse_attn import config as jsa_config
+from oracle import hstu_oracle, hstu_oracle_vjp, x64
+
+PAGE = 128
+
+
+def gqa_case(lengths_q, lengths_k, *, H, H_kv, D=8, seed=0):
+    rng = np.random.default_rng(seed)
+    cu_q = np.concatenate([[0], np.cumsum(lengths_q)]).astype(np.int32)
+    cu_k = np.concatenate([[0], np.cumsum(lengths_k)]).astype(np.int32)
+    q = rng.standard_normal((int(cu_q[-1]), H, D))
+    k = rng.standard_normal((int(cu_k[-1]), H_kv, D))
+    v = rng.standard_normal((int(cu_k[-1]), H_kv, D))
+    do = rng.standard_normal((int(cu_q[-1]), H, D))
+    return q, k, v, do, cu_q, cu_k
+
+
+@pytest.mark.parametrize("window_size", [(-1, 0), (-1, -1), (3, 2)])
+@pytest.mark.parametrize("ratio", [1, 2, 4])
+def test_gqa_forward_backward_match_oracle(ratio, window_size):
+    H = 4
+    lq, lk = [5, 0, 17, 1], [7, 3, 17, 9]
+    q, k, v, do, cu_q, cu_k = gqa_case(lq, lk, H=H, H_kv=H // ratio, seed=ratio)
+    opts = dict(max_seqlen_q=max(lq), max_seqlen_k=max(lk), window_size=window_size, alpha=0.6)
+    with x64():
+        args = [jnp.asarray(x) for x in (q, k, v)]
+        cu = (jnp.asarray(cu_q), jnp.asarray(cu_k))
+
+        def f(q_, k_, v_):
+            return jsa.hstu_attention(q_, k_, v_, *cu, backend="reference", **opts)
+
+        out, vjp = jax.vjp(f, *args)
+        dq, dk, dv = vjp(jnp.asarray(do))
+        res = jsa.hstu_attention_backward(jnp.asarray(do), *args, *cu, backend="reference",
+                                          **opts)
+    want = hstu_oracle_vjp(q, k, v, do, cu_q, cu_k, max_seqlen_q=max(lq),
+                           window_size=window_size, alpha=0.6)
+    assert np.abs(want[2]).max() > 0
+    for got, ref in zip((out, dq, dk, dv), want):
+        assert got.shape == ref.shape
+        np.testing.assert_allclose(np.asarray(got), ref, rtol=1e-9, atol=1e-11)
+    for got, ref in zip((res["dq_tensor"], res["dk_tensor"], res["dv_tensor"]), want[1:]):
+        np.testing.assert_allclose(np.asarray(got), ref, rtol=1e-9, atol=1e-11)
+
+
+def test_gqa_equals_repeated_kv_heads():
+    """GQA = the MHA call with each KV head repeated over its group; dk/dv = the group sums."""
+    q, k, v, do, cu_q, cu_k = gqa_case([9, 4], [12, 4], H=6, H_kv=2, seed=3)
+    opts = dict(max_seqlen_q=9, max_seqlen_k=12, backend="reference")
+    with x64():
+        cu = (jnp.asarray(cu_q), jnp.asarray(cu_k))
+        f = lambda q_, k_, v_: jsa.hstu_attention(q_, k_, v_, *cu, **opts)  # noqa: E731
+        out, vjp = jax.vjp(f, *(jnp.asarray(x) for x in (q, k, v)))
+        kr, vr = np.repeat(k, 3, axis=1), np.repeat(v, 3, axis=1)
+        out_r, vjp_r = jax.vjp(f, *(jnp.asarray(x) for x in (q, kr, vr)))
+        g, g_r = vjp(jnp.asarray(do)), vjp_r(jnp.asarray(do))
+    np.testing.assert_allclose(np.asarray(out), np.asarray(out_r), rtol=1e-12, atol=1e-13)
+    np.testing.assert_allclose(np.asarray(g[0]), np.asarray(g_r[0]), rtol=1e-12, atol=1e-13)
+    for i in (1, 2):
+        summed = np.asarray(g_r[i]).reshape(g_r[i].shape[0], 2, 3, -1).sum(2)
+        np.testing.assert_allclose(np.asarray(g[i]), summed, rtol=1e-12, atol=1e-13)
+
+
+def paged_case(lengths_q, lengths_k, *, H, H_kv, D=8, spare_pages=3, seed=0):
+    """A paged cache with the sequences' pages in shuffled order, NaN in every slot past a
+    sequence's keys (its last page's tail and the unused pages)."""
+    rng = np.random.default_rng(seed)
+    n_need = [-(-lk // PAGE) for lk in lengths_k]
+    n_pages = sum(n_need) + spare_pages
+    perm = rng.permutation(n_pages)
+    paged = np.full((n_pages, 2, PAGE, H_kv, D), np.nan)
+    page_ids, ptr = [], [0]
+    keys, vals = [], []
+    for b, lk in enumerate(lengths_k):
+        ids = perm[ptr[-1]:ptr[-1] + n_need[b]]
+        kb = rng.standard_normal((lk, H_kv, D))
+        vb = rng.standard_normal((lk, H_kv, D))
+        for j in range(lk):
+            paged[ids[j // PAGE], 0, j % PAGE] = kb[j]
+            paged[ids[j // PAGE], 1, j % PAGE] = vb[j]
+        page_ids.extend(int(i) for i in ids)
+        ptr.append(ptr[-1] + n_need[b])
+        keys.append(kb)
+        vals.append(vb)
+    cu_q = np.concatenate([[0], np.cumsum(lengths_q)]).astype(np.int32)
+    cu_k = np.concatenate([[0], np.cumsum(lengths_k)]).astype(np.int32)
+    q = rng.standard_normal((int(cu_q[-1]), H, D))
+    return (q, paged, np.asarray(page_ids, np.int32), np.asarray(ptr, np.int32), cu_q, cu_k,
+            np.concatenate(keys), np.concatenate(vals))
+
+
+@pytest.mark.parametrize("ratio", [1, 2, 4])
+@pytest.mark.parametrize("lengths_q,lengths_k", [
+    ([1, 1, 1, 1], [1, 300, 129, 256]),  # one query (target) per sequence
+    ([3, 0, 7, 64], [130, 0, 7, 400]),   # a few targets, a zero-length sequence
+])
+def test_paged_kv_matches_oracle(ratio, lengths_q, lengths_k):
+    H = 4
+    q, paged, ids, ptr, cu_q, cu_k, keys, vals = paged_case(
+        lengths_q, lengths_k, H=H, H_kv=H // ratio, seed=ratio + len(lengths_q))
+    mq, mk = max(lengths_q), max(lengths_k)
+    with x64():
+        out = np.asarray(jsa.hstu_attention(
+            jnp.asarray(q), None, None, jnp.asarray(cu_q), jnp.asarray(cu_k), max_seqlen_q=mq,
+            max_seqlen_k=mk, paged_kv=jnp.asarray(paged), page_ids=jnp.asarray(ids),
+            page_indptrs=jnp.asarray(ptr), backend="reference"))
+    assert np.isfinite(out).all()
+    want = hstu_oracle(q, keys, vals, cu_q, cu_k, max_seqlen_q=mq)
+    assert np.abs(want).max() > 0
+    np.testing.assert_allclose(out, want, rtol=1e-10, atol=1e-12)
+    # the page-walking oracle agrees (same cache, same table)
+    want_p = hstu_oracle(q, None, None, cu_q, cu_k, max_seqlen_q=mq, paged_kv=paged,
+                         page_ids=ids, page_indptrs=ptr)
+    np.testing.assert_allclose(out, want_p, rtol=1e-10, atol=1e-12)
+
+
+def test_gqa_and_paged_validation_messages():
+    q = jnp.zeros((4, 6, 8))
+    cu = jnp.asarray([0, 4], jnp.int32)
+    with pytest.raises(ValueError, match="H_kv dividing"):
+        jsa.hstu_attention(q, jnp.zeros((4, 4, 8)), jnp.zeros((4, 4, 8)), cu, cu,
+                           max_seqlen_q=4, max_seqlen_k=4, backend="reference")
+    with pytest.raises(ValueError, match="v must have shape"):
+        jsa.hstu_attention(q, jnp.zeros((4, 3, 8)), jnp.zeros((4, 2, 8)), cu, cu,
+                           max_seqlen_q=4, max_seqlen_k=4, backend="reference")
+    with pytest.raises(ValueError, match="H_kv dividing"):
+        jsa.hstu_attention(q, None, None, cu, cu, max_seqlen_q=4, max_seqlen_k=4,
+                           paged_kv=jnp.zeros((2, 2, PAGE, 4, 8)),
+                           page_ids=jnp.zeros((1,), jnp.int32),
+                           page_indptrs=jnp.asarray([0, 1], jnp.int32), backend="reference")
+
+
+def test_gqa_kernel_routing_names_the_option():
+    """GQA needs the sm90ws forward and the sm90 backward; the portable sm80 kernels decline
+    it with a reason naming the switch (backend='kernel' raises it, 'auto' falls back)."""
+    from jax_sparse_attn.ffi import hstu as ffi_hstu
+
+    sw = jsa_config.Switches()
+    assert ffi_hstu.gqa_unsupported_reason(128, 128, False, sw) is None
+    reason = ffi_hstu.gqa_unsupported_reason(128, 128, False,
+                                             jsa_config.Switches(hstu_fwd_impl="sm80"))
+    assert reason and "hstu_fwd_impl" in reason
+    reason = ffi_hstu.gqa_unsupported_reason(128, 128, False,
+                                             jsa_config.Switches(hstu_bwd_impl="sm80"))
+    assert reason and "hstu_bwd_impl" in reason
+    assert "rab" in ffi_hstu.gqa_unsupported_reason(128, 128, True, sw)
+    assert "256" in ffi_hstu.gqa_unsupported_reason(256, 256, False, sw)
