@@ -155,5 +155,5 @@ def test_gqa_kernel_routing_names_the_option():
     reason = ffi_hstu.gqa_unsupported_reason(128, 128, False,
                                              jsa_config.Switches(hstu_bwd_impl="sm80"))
     assert reason and "hstu_bwd_impl" in reason
-    assert "rab" in ffi_hstu.gqa_unsupported_reason(128, 128, True, sw)
+    assert "relative attention bias" in ffi_hstu.gqa_unsupported_reason(128, 128, True, sw)
     assert "256" in ffi_hstu.gqa_unsupported_reason(256, 256, False, sw)
