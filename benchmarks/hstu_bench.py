@@ -10,6 +10,7 @@ FLOPs (issue 3): causal forward = 2 * sum_b L_b^2 * H * D, full = 2x that; backw
     python benchmarks/hstu_bench.py --case 8x4096-causal --case movielens-128x200 --rab f32:1
     python benchmarks/hstu_bench.py --case 8x4096-causal --bwd-impl sm80 --bwd-impl sm90 \
         --bwd-only    # the backward kernels of the hstu_bwd_impl switch side by side
+    python benchmarks/hstu_bench.py --inference all   # paged / short-query forward rows
 
 ``--rab DTYPE:H_RAB`` (``f32`` or ``q`` = q's dtype; ``H_RAB`` 1 or ``h``) runs every case a
 second time with a random relative attention bias ``(B, H_rab, L, L)`` (same FLOP count: the
@@ -128,6 +129,69 @@ def run_case(name, dtype, iters, do_bwd, switches=None, do_fwd=True, rab=""):
     return res
 
 
+#: inference rows (``--inference``): name -> (B, L_q, L_k, H, H_kv, D); causal, bottom-right
+#: aligned targets over histories, contiguous K/V and the paged cache (page 128)
+INFERENCE = {
+    "paged-8x4096": (8, 4096, 4096, 4, 4, 128),
+    "target1-64x8192": (64, 1, 8192, 4, 4, 128),
+    "target64-64x8192": (64, 64, 8192, 4, 4, 128),
+    "target64-64x8192-gqa4": (64, 64, 8192, 4, 1, 128),
+}
+#: H200 HBM3e peak bandwidth (bytes/s) for the achieved-bandwidth column
+HBM_PEAK = 4.8e12
+
+
+def _paged_cache(k, v, b, l_k, h_kv, d, seed=0):
+    """The contiguous ``(B * L_k, H_kv, D)`` k/v as a paged cache with shuffled pages."""
+    pages = -(-l_k // 128)
+    kp = jnp.pad(k.reshape(b, l_k, h_kv, d), ((0, 0), (0, pages * 128 - l_k), (0, 0), (0, 0)))
+    vp = jnp.pad(v.reshape(b, l_k, h_kv, d), ((0, 0), (0, pages * 128 - l_k), (0, 0), (0, 0)))
+    kv = jnp.stack([kp.reshape(b * pages, 128, h_kv, d), vp.reshape(b * pages, 128, h_kv, d)], 1)
+    perm = np.random.default_rng(seed).permutation(b * pages)
+    kv = kv[jnp.asarray(np.argsort(perm))]  # logical page p lives at cache row perm[p]
+    ids = jnp.asarray(perm.astype(np.int32))
+    ptr = jnp.asarray((np.arange(b + 1) * pages).astype(np.int32))
+    return kv, ids, ptr
+
+
+def run_inference(name, dtype, iters, switches=None):
+    """One inference row: the forward with contiguous K/V and with the paged cache; ms,
+    TFLOP/s (useful work: the causal pairs) and the achieved bandwidth of the K/V read
+    (B * L_k * H_kv * (D + D_v) * 2 bytes per call) against the HBM peak."""
+    import jax_sparse_attn as jsa
+
+    b, l_q, l_k, h, h_kv, d = INFERENCE[name]
+    ks = jax.random.split(jax.random.PRNGKey(0), 3)
+    q = jax.random.normal(ks[0], (b * l_q, h, d), jnp.float32).astype(dtype)
+    k, v = (jax.random.normal(kk, (b * l_k, h_kv, d), jnp.float32).astype(dtype)
+            for kk in ks[1:])
+    cu_q = jnp.asarray(np.arange(b + 1) * l_q, jnp.int32)
+    cu_k = jnp.asarray(np.arange(b + 1) * l_k, jnp.int32)
+    kv, ids, ptr = _paged_cache(k, v, b, l_k, h_kv, d)
+    kw = dict(max_seqlen_q=l_q, max_seqlen_k=l_k, scaling_seqlen=float(l_q),
+              alpha=1.0 / np.sqrt(d), backend="kernel", switches=switches)
+    # visible (query, key) pairs, bottom-right causal: query i sees L_k - L_q + i + 1 keys
+    pairs = b * sum(l_k - l_q + i + 1 for i in range(l_q))
+    fl = 2.0 * 2.0 * pairs * h * d
+    kv_bytes = b * l_k * h_kv * 2 * d * jnp.dtype(dtype).itemsize
+    res = dict(case=name, dtype=jnp.dtype(dtype).name, B=b, L_q=l_q, L_k=l_k, H=h, H_kv=h_kv,
+               D=d, kv_bytes=kv_bytes)
+    contiguous = jax.jit(lambda q, k, v, a, c: jsa.hstu_attention(q, k, v, a, c, **kw))
+    paged = jax.jit(lambda q, kv, i, p, a, c: jsa.hstu_attention(
+        q, None, None, a, c, paged_kv=kv, page_ids=i, page_indptrs=p, **kw))
+    line = f"{name:24s} {res['dtype']:9s}"
+    for tag, fn, args in (("contiguous", contiguous, (q, k, v, cu_q, cu_k)),
+                          ("paged", paged, (q, kv, ids, ptr, cu_q, cu_k))):
+        ms = _time(fn, args, iters)
+        bw = kv_bytes / (ms * 1e-3)
+        res[tag] = dict(ms=ms, tflops=fl / ms / 1e9, kv_gbps=bw / 1e9, kv_hbm_frac=bw / HBM_PEAK)
+        line += (f" | {tag} {ms:8.3f} ms {fl / ms / 1e9:6.1f} TFLOP/s K/V {bw / 1e9:7.1f} GB/s"
+                 f" ({100 * bw / HBM_PEAK:4.1f}% HBM)")
+    res["paged_over_contiguous"] = res["paged"]["ms"] / res["contiguous"]["ms"]
+    print(line, flush=True)
+    return res
+
+
 def _tile(text):
     return None if text is None else tuple(int(x) for x in text.split(","))
 
@@ -157,7 +221,24 @@ def main():
                          "JAX_SPARSE_ATTN_HSTU_BWD_DQ; repeat to compare; default red)")
     ap.add_argument("--bwd-only", action="store_true",
                     help="time only the backward (no forward timing)")
+    ap.add_argument("--inference", action="append", default=[],
+                    choices=sorted(INFERENCE) + ["all"],
+                    help="inference row(s) instead of the training cases: the forward with "
+                         "contiguous and paged K/V, achieved K/V bandwidth ('all': every row)")
     a = ap.parse_args()
+    if a.inference:
+        names = sorted(INFERENCE) if "all" in a.inference else a.inference
+        print(f"device: {jax.devices()[0]}")
+        results = []
+        for n in names:
+            try:
+                results.append(run_inference(n, jnp.dtype(a.dtype), a.iters))
+            except Exception as e:  # noqa: BLE001 - report and go on with the other rows
+                print(f"{n:24s} failed: {type(e).__name__}: {str(e)[:300]}", flush=True)
+        with open(a.out, "w") as f:
+            json.dump(dict(device=str(jax.devices()[0]), results=results), f, indent=1)
+        print(f"wrote {a.out}")
+        return
     cases = a.case or ["8x4096-causal", "32x1024-causal"]
     print(f"device: {jax.devices()[0]}")
     results = []

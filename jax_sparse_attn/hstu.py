@@ -111,7 +111,8 @@ def _make_config(q, k, v, cu_seqlens_q, cu_seqlens_k, func, paged_kv, page_ids, 
     return dataclasses.replace(
         cfg, backend="kernel", head_dim_pad=d_pad, head_dim_v_pad=dv_pad,
         cute_call=switches.cute_call,
-        fwd=mod.fwd_config(cfg.dtype, d_pad, dv_pad, cfg.func_n, switches, **_rab_key(cfg)),
+        fwd=mod.fwd_config(cfg.dtype, d_pad, dv_pad, cfg.func_n, switches, **_rab_key(cfg),
+                           **({"paged": True} if cfg.paged else {})),
         bwd=None if cfg.paged else mod.bwd_config(cfg.dtype, d_pad, dv_pad, cfg.func_n, switches,
                                                   **_rab_key(cfg)))
 

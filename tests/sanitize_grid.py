@@ -10,7 +10,9 @@ value checks cannot see the metadata) on ``backend="kernel"``, for every kernel
 implementation (:class:`jax_sparse_attn.config.Switches`), with metadata the validators
 would reject: BSA counts above K_max and negative, block ids past N_kv and negative,
 block sizes negative and above the block size; HSTU cu_seqlens negative, decreasing and
-past T. The inputs are finite, so the outputs must be finite too (any value, since the
+past T (also with grouped KV heads); paged KV with page_indptrs negative, decreasing and past
+the page table, cu_seqlens_k past the pages, page ids negative / past num_pages / huge in the
+used slots and after each sequence's pages. The inputs are finite, so the outputs must be finite too (any value, since the
 metadata are invalid). Exits non-zero if a case fails; compute-sanitizer reports the
 memory errors (``--error-exitcode``). ``--quick`` runs one implementation per op.
 """
@@ -121,12 +123,57 @@ def hstu_cases(quick):
         yield (f"hstu rab fwd={impl} H_rab={rab_heads} cu={name} D=64 window={window}",
                dict(T=T, H=H, D=64, cu=np.asarray(cu, np.int32), window=window,
                     switches=Switches(hstu_fwd_impl=impl), rab_heads=rab_heads))
+    # grouped KV heads (H = 4 query heads over H_kv = 2 / 1): sm90ws forward + sm90 backward
+    for i, ((name, cu), window) in enumerate(zip(cus.items(), windows)):
+        if quick and i:
+            break
+        yield (f"hstu gqa H=4 H_kv={2 - i % 2} cu={name} D=128 window={window}",
+               dict(T=T, H=4, H_kv=2 - i % 2, D=128, cu=np.asarray(cu, np.int32),
+                    window=window, switches=Switches()))
+
+
+def paged_cases(quick):
+    """Paged-KV forward: garbage cu_seqlens_k / page_indptrs (negative, decreasing, past the
+    page table) and garbage page ids (negative, past num_pages, huge) in the used slots and
+    past each sequence's pages."""
+    ptrs = {
+        "valid": [0, 3, 5, 8],
+        "negative": [0, -4, 5, 8],
+        "decreasing": [0, 6, 2, 8],
+        "past_P": [0, 3, 50, 1 << 30],
+    }
+    cu_ks = {"valid": [0, 300, 556, 900], "past_pages": [0, 2000, 1 << 30, -3]}
+    ids = np.asarray([4, 0, 6, -1, 1 << 30, 2, 9, 7, 5, 3, -(1 << 30), 99], np.int32)
+    items = list(itertools.product(ptrs.items(), cu_ks.items()))
+    for (pn, ptr), (kn, cu_k) in items[:1] if quick else items:
+        for d, h_kv in ((128, 2), (64, 1)) if not quick else ((128, 2),):
+            yield (f"hstu paged ptr={pn} cu_k={kn} D={d} H_kv={h_kv}",
+                   dict(ptr=np.asarray(ptr, np.int32), cu_k=np.asarray(cu_k, np.int32),
+                        ids=ids, D=d, H_kv=h_kv))
+
+
+def run_hstu_paged(c):
+    rng = np.random.default_rng(3)
+    n_pages, H, T_q = 10, 4, 40
+    kv = jnp.asarray(rng.standard_normal((n_pages, 2, 128, c["H_kv"], c["D"])) * 0.3,
+                     jnp.bfloat16)
+    q = jnp.asarray(rng.standard_normal((T_q, H, c["D"])) * 0.3, jnp.bfloat16)
+    cu_q = jnp.asarray([0, 7, 8, 40], jnp.int32)
+
+    @jax.jit
+    def f(q, kv, ids, ptr, cu_q, cu_k):
+        return hstu_attention(q, None, None, cu_q, cu_k, max_seqlen_q=32, max_seqlen_k=1024,
+                              paged_kv=kv, page_ids=ids, page_indptrs=ptr, backend=BACKEND)
+
+    return [jax.block_until_ready(f(q, kv, jnp.asarray(c["ids"]), jnp.asarray(c["ptr"]), cu_q,
+                                    jnp.asarray(c["cu_k"])))]
 
 
 def run_hstu(c):
     rng = np.random.default_rng(2)
-    q, k, v = (jnp.asarray(rng.standard_normal((c["T"], c["H"], c["D"])) * 0.3, jnp.bfloat16)
-               for _ in range(3))
+    q = jnp.asarray(rng.standard_normal((c["T"], c["H"], c["D"])) * 0.3, jnp.bfloat16)
+    k, v = (jnp.asarray(rng.standard_normal((c["T"], c.get("H_kv", c["H"]), c["D"])) * 0.3,
+                        jnp.bfloat16) for _ in range(2))
     cu = jnp.asarray(c["cu"])
     rh = c.get("rab_heads", 0)
     rab = (jnp.asarray(rng.standard_normal((len(c["cu"]) - 1, rh, 200, 200)) * 0.3,
@@ -163,6 +210,7 @@ def main(argv=None):
     failed = 0
     cases = [(n, run_bsa, c) for n, c in bsa_cases(args.quick)]
     cases += [(n, run_hstu, c) for n, c in hstu_cases(args.quick)]
+    cases += [(n, run_hstu_paged, c) for n, c in paged_cases(args.quick)]
     cases = cases[shard_i::shard_n]
     if args.list:
         print("\n".join(name for name, _, _ in cases))

@@ -455,3 +455,27 @@ def test_bench_rab_bias_part_runs_and_writes_json(tmp_path):
     rows = {r["variant"]: r for r in saved["rows"]}
     assert set(rows) == {"new", "gather"} and all(rows[v]["ms"] > 0 for v in rows)
     assert res["summary"]["bias_gather_over_new"] > 0
+
+
+def test_hstu_bench_paged_cache_is_the_contiguous_kv():
+    """The inference rows' shuffled paged cache holds exactly the contiguous K/V (reference
+    backend: both calls give the same output)."""
+    import jax  # noqa: PLC0415
+    import jax.numpy as jnp  # noqa: PLC0415
+
+    import jax_sparse_attn as jsa  # noqa: PLC0415
+    from benchmarks import hstu_bench  # noqa: PLC0415
+
+    b, l_q, l_k, h_kv, d = 3, 2, 200, 2, 8
+    ks = jax.random.split(jax.random.PRNGKey(1), 3)
+    q = jax.random.normal(ks[0], (b * l_q, 4, d))
+    k, v = (jax.random.normal(kk, (b * l_k, h_kv, d)) for kk in ks[1:])
+    kv, ids, ptr = hstu_bench._paged_cache(k, v, b, l_k, h_kv, d)
+    assert kv.shape == (6, 2, 128, h_kv, d) and sorted(np.asarray(ids).tolist()) == list(range(6))
+    cu_q = jnp.asarray(np.arange(b + 1) * l_q, jnp.int32)
+    cu_k = jnp.asarray(np.arange(b + 1) * l_k, jnp.int32)
+    kw = dict(max_seqlen_q=l_q, max_seqlen_k=l_k, backend="reference")
+    want = jsa.hstu_attention(q, k, v, cu_q, cu_k, **kw)
+    got = jsa.hstu_attention(q, None, None, cu_q, cu_k, paged_kv=kv, page_ids=ids,
+                             page_indptrs=ptr, **kw)
+    np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-6, atol=1e-6)

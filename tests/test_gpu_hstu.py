@@ -326,3 +326,145 @@ def test_hstu_sm90ws_batches(name, lens, d, window, poison):
 
         lens = canonical_jagged_lengths()
     _ws_case(lens, d, window, seed=5, poison=poison)
+
+
+# ------------------------------------------------------- inference: GQA/MQA and paged KV
+
+
+def _gqa_case(lens, d, ratio, window, seed, poison, heads=8, lens_k=None):
+    """GQA/MQA (``heads`` query heads, ``heads / ratio`` KV heads) on the kernel backend
+    (sm90ws forward, sm90 backward) vs the float32 reference: the output (2x rule) and dq, dk,
+    dv (5x rule; dk/dv sum the query heads of each group). ``poison``: rows past
+    ``cu_seqlens[-1]`` are NaN and the kernels must write zeros there."""
+    import jax_sparse_attn as jsa
+    from jax_sparse_attn import reference
+
+    lens_k = lens if lens_k is None else lens_k
+    cu_q = jnp.asarray(np.concatenate([[0], np.cumsum(lens)]).astype(np.int32))
+    cu_k = jnp.asarray(np.concatenate([[0], np.cumsum(lens_k)]).astype(np.int32))
+    t_q, t_k = int(sum(lens)) + 200, int(sum(lens_k)) + 200
+    h_kv = heads // ratio
+    ks = jax.random.split(jax.random.PRNGKey(seed), 4)
+    q = jax.random.normal(ks[0], (t_q, heads, d), jnp.float32).astype(jnp.bfloat16)
+    do = jax.random.normal(ks[3], (t_q, heads, d), jnp.float32).astype(jnp.bfloat16)
+    k, v = (jax.random.normal(kk, (t_k, h_kv, d), jnp.float32).astype(jnp.bfloat16)
+            for kk in ks[1:3])
+    n_q, n_k = int(cu_q[-1]), int(cu_k[-1])
+    if poison:
+        tq, tk = jnp.arange(t_q) >= n_q, jnp.arange(t_k) >= n_k
+        q, do = (jnp.where(tq[:, None, None], jnp.nan, x).astype(x.dtype) for x in (q, do))
+        k, v = (jnp.where(tk[:, None, None], jnp.nan, x).astype(x.dtype) for x in (k, v))
+    kw = dict(max_seqlen_q=max(lens), max_seqlen_k=max(lens_k), scaling_seqlen=float(max(lens)),
+              window_size=window, alpha=1.0 / np.sqrt(d))
+    out = jax.jit(lambda q, k, v, a, b: jsa.hstu_attention(
+        q, k, v, a, b, backend="kernel", **kw))(q, k, v, cu_q, cu_k)
+    got = jax.jit(lambda do, q, k, v, a, b: tuple(jsa.hstu_attention_backward(
+        do, q, k, v, a, b, backend="kernel", **kw)))(do, q, k, v, cu_q, cu_k)
+    qc, doc, kc, vc = q[:n_q], do[:n_q], k[:n_k], v[:n_k]
+
+    def ref_fwd(cdt):
+        return jax.jit(lambda q, k, v, a, b: reference.hstu_attention_ref(
+            q, k, v, a, b, None, compute_dtype=cdt, **kw))(qc, kc, vc, cu_q, cu_k)
+
+    def ref_bwd(cdt):
+        return jax.jit(lambda do, q, k, v, a, b: tuple(reference.hstu_attention_bwd_ref(
+            do, q, k, v, a, b, None, compute_dtype=cdt, **kw)))(doc, qc, kc, vc, cu_q, cu_k)
+
+    report = []
+    check_rule("out", out[:n_q], ref_fwd(None), ref_fwd(jnp.bfloat16), 2.0, 2e-3, report)
+    truth, base = ref_bwd(None), ref_bwd(jnp.bfloat16)
+    for i, name in enumerate(("dq", "dk", "dv")):
+        n = n_q if i == 0 else n_k
+        check_rule(name, got[i][:n], truth[i], base[i], 5.0, 5e-3, report)
+        assert not np.any(_f32(got[i][n:])), f"{name} rows past cu_seqlens[-1] are not zero"
+    assert not np.any(_f32(out[n_q:])), "out rows past cu_seqlens_q[-1] are not zero"
+    print(f"gqa ratio={ratio} d={d} " + " | ".join(report))
+
+
+GQA_CASES = [
+    ("r2-d128-causal", [1, 63, 64, 65, 0, 127, 129, 300], 128, 2, (-1, 0)),
+    ("r4-d64-full", [1, 63, 64, 65, 0, 127, 129, 300], 64, 4, (-1, -1)),
+    ("r8-d128-local", [300, 0, 257, 5], 128, 8, (40, 3)),
+    ("r4-d128-causal-lq-lt-lk", [1, 7, 64, 100], 128, 4, (-1, 0)),
+]
+
+
+@pytest.mark.parametrize("name,lens,d,ratio,window", shard(GQA_CASES, SHARD),
+                         ids=[c[0] for c in shard(GQA_CASES, SHARD)])
+@pytest.mark.parametrize("poison", [False, True], ids=["clean", "poisoned"])
+def test_hstu_gqa_kernel(name, lens, d, ratio, window, poison):
+    lens_k = [300, 900, 64, 1000] if name.endswith("lq-lt-lk") else None
+    _gqa_case(lens, d, ratio, window, seed=31 + ratio, poison=poison, lens_k=lens_k)
+
+
+def _paged_inputs(lens_q, lens_k, heads, h_kv, d, seed, extra_slots=2, spare_pages=3):
+    """A paged cache (bf16) with each sequence's pages shuffled over the cache, NaN in every
+    slot past a sequence's keys and in the spare pages, and ``extra_slots`` garbage page ids
+    (negative / huge / NaN-page) after each sequence's pages in ``page_ids``; q rows past
+    ``cu_seqlens_q[-1]`` are NaN."""
+    rng = np.random.default_rng(seed)
+    need = [-(-lk // 128) for lk in lens_k]
+    n_pages = sum(need) + spare_pages
+    perm = rng.permutation(n_pages)
+    kv = np.full((n_pages, 2, 128, h_kv, d), np.nan, np.float32)
+    ids, ptr, used = [], [0], 0
+    for b, lk in enumerate(lens_k):
+        mine = perm[used:used + need[b]]
+        used += need[b]
+        vals = rng.standard_normal((2, lk, h_kv, d)).astype(np.float32)
+        for j in range(lk):
+            kv[mine[j // 128], :, j % 128] = vals[:, j]
+        garbage = rng.choice([-7, 2 ** 30, int(perm[-1])], size=extra_slots)
+        ids.extend([int(x) for x in mine] + [int(x) for x in garbage])
+        ptr.append(len(ids))
+    cu_q = np.concatenate([[0], np.cumsum(lens_q)]).astype(np.int32)
+    cu_k = np.concatenate([[0], np.cumsum(lens_k)]).astype(np.int32)
+    t_q = int(cu_q[-1]) + 64
+    q = rng.standard_normal((t_q, heads, d)).astype(np.float32)
+    q[int(cu_q[-1]):] = np.nan
+    bf = lambda x: jnp.asarray(x, jnp.bfloat16)  # noqa: E731
+    return (bf(q), bf(kv), jnp.asarray(np.asarray(ids, np.int32)),
+            jnp.asarray(np.asarray(ptr, np.int32)), jnp.asarray(cu_q), jnp.asarray(cu_k))
+
+
+def _paged_case(lens_q, lens_k, heads, h_kv, d, seed):
+    import jax_sparse_attn as jsa
+    from jax_sparse_attn import reference
+
+    q, kv, ids, ptr, cu_q, cu_k = _paged_inputs(lens_q, lens_k, heads, h_kv, d, seed)
+    n = int(cu_q[-1])
+    kw = dict(max_seqlen_q=max(lens_q), max_seqlen_k=max(lens_k),
+              scaling_seqlen=float(max(lens_q)), alpha=1.0 / np.sqrt(d))
+    out = jax.jit(lambda q, kv, i, p, a, b: jsa.hstu_attention(
+        q, None, None, a, b, paged_kv=kv, page_ids=i, page_indptrs=p, backend="kernel",
+        **kw))(q, kv, ids, ptr, cu_q, cu_k)
+    # the reference reads the same pages (its page-id clamp makes the garbage slots inert)
+    ref = lambda cdt: jax.jit(lambda q, kv, i, p, a, b: reference.hstu_attention_ref(  # noqa
+        q, None, None, a, b, None, paged_kv=kv, page_ids=i, page_indptrs=p,
+        compute_dtype=cdt, **kw))(q[:n], kv, ids, ptr, cu_q, cu_k)
+    report = []
+    check_rule("out", out[:n], ref(None), ref(jnp.bfloat16), 2.0, 2e-3, report)
+    assert not np.any(_f32(out[n:])), "out rows past cu_seqlens_q[-1] are not zero"
+    print(f"paged lq={max(lens_q)} h_kv={h_kv} " + report[0])
+
+
+def _jagged_histories(b, seed, top=16384):
+    rng = np.random.default_rng(seed)
+    lens = rng.integers(1, top, size=b).tolist()
+    lens[0], lens[-1] = top, 129  # one full 16k history, one ending just past a page
+    return [int(x) for x in lens]
+
+
+PAGED_CASES = [(lq, h_kv, d) for lq in (1, 7, 64, 300) for h_kv, d in ((4, 128), (2, 128))]
+PAGED_CASES += [(7, 1, 64), (64, 4, 256), (1, 4, 32)]
+
+
+@pytest.mark.parametrize("lq,h_kv,d", shard(PAGED_CASES, SHARD),
+                         ids=[f"lq{c[0]}-hkv{c[1]}-d{c[2]}" for c in shard(PAGED_CASES, SHARD)])
+def test_hstu_paged_kernel(lq, h_kv, d):
+    """Paged-KV forward (sm90ws paged variant) vs the reference on jagged histories up to 16k
+    keys with L_q targets per sequence (fewer where a history is shorter), 4 query heads."""
+    lens_k = _jagged_histories(6, seed=lq + d)
+    lens_q = [min(lq, lk) for lk in lens_k]
+    lens_q[2] = 0  # a sequence without queries
+    _paged_case(lens_q, lens_k, 4, h_kv, d, seed=lq)

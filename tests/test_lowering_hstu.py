@@ -491,3 +491,87 @@ def test_sm90ws_forwards_without_rab_keep_their_ptx():
     assert len(got) == 2, r.stdout
     for name, h in got.items():
         assert h == want[name], f"{name}: PTX sha256 {h} != recorded {want[name]}"
+
+
+# ---------------------------------------------------------- inference: GQA/MQA, paged KV
+GQA_LOWER = [("fwd", "bfloat16", 128, 4, "causal"), ("fwd", "float16", 64, 8, "func"),
+             ("bwd", "bfloat16", 128, 2, "causal"), ("bwd", "float16", 64, 8, "window")]
+
+
+@pytest.mark.parametrize("direction,dtype,head_dim,ratio,mask", GQA_LOWER,
+                         ids=["-".join(map(str, c)) for c in GQA_LOWER])
+def test_hstu_gqa_lowers(direction, dtype, head_dim, ratio, mask):
+    """Grouped KV heads (8 query heads, 8 / ratio KV heads; ratio 8 = MQA): the sm90ws forward
+    and the sm90 backward (one custom call each)."""
+    import jax_sparse_attn as jsa  # noqa: PLC0415
+
+    dt = jnp.dtype(dtype)
+    q = jax.ShapeDtypeStruct((T, 8, head_dim), dt)
+    k = jax.ShapeDtypeStruct((T, 8 // ratio, head_dim), dt)
+    cu = jax.ShapeDtypeStruct((B + 1,), jnp.int32)
+    func = jax.ShapeDtypeStruct((1, 3, T + 256), jnp.int32) if mask == "func" else None
+
+    def fwd(q, k, v, cu, func):
+        return jsa.hstu_attention(q, k, v, cu, cu, max_seqlen_q=200, max_seqlen_k=200,
+                                  window_size=_BWD_WINDOWS[mask], func=func, backend="kernel")
+
+    if direction == "fwd":
+        txt = _lower(fwd, q, k, k, cu, func)
+    else:
+        txt = _lower(jax.grad(lambda *a: jnp.sum(fwd(*a).astype(jnp.float32)),
+                              argnums=(0, 1, 2)), q, k, k, cu, func)
+    assert txt.count(_target()) == 1 and "\\7FELF" in txt
+
+
+def test_hstu_gqa_on_sm80_raises_naming_the_switch():
+    import jax_sparse_attn as jsa  # noqa: PLC0415
+    from jax_sparse_attn.config import Switches  # noqa: PLC0415
+
+    q = jnp.zeros((16, 4, 64), jnp.bfloat16)
+    k = jnp.zeros((16, 2, 64), jnp.bfloat16)
+    cu = jnp.asarray([0, 16], jnp.int32)
+    for sw, name in ((Switches(hstu_fwd_impl="sm80"), "hstu_fwd_impl"),
+                     (Switches(hstu_bwd_impl="sm80"), "hstu_bwd_impl")):
+        with pytest.raises(NotImplementedError, match=name):
+            jsa.hstu_attention(q, k, k, cu, cu, max_seqlen_q=16, max_seqlen_k=16,
+                               backend="kernel", switches=sw)
+
+
+PAGED_LOWER = [("bfloat16", 128, 4), ("float16", 64, 1), ("bfloat16", 256, 2),
+               ("float16", 32, 4), ("bfloat16", 100, 2)]
+
+
+@pytest.mark.parametrize("dtype,head_dim,h_kv", PAGED_LOWER,
+                         ids=["-".join(map(str, c)) for c in PAGED_LOWER])
+def test_hstu_paged_lowers(dtype, head_dim, h_kv):
+    """The paged-KV forward (sm90ws with the page table; D = 256: two 64-key tiles per page;
+    D = 100 is zero-padded to 128): one custom call, and its compile key is the paged one."""
+    import jax_sparse_attn as jsa  # noqa: PLC0415
+
+    dt = jnp.dtype(dtype)
+    q = jax.ShapeDtypeStruct((40, 4, head_dim), dt)
+    kv = jax.ShapeDtypeStruct((20, 2, 128, h_kv, head_dim), dt)
+    cu = jax.ShapeDtypeStruct((5,), jnp.int32)
+    ids = jax.ShapeDtypeStruct((18,), jnp.int32)
+
+    def fwd(q, kv, ids, ptr, cu_q, cu_k):
+        return jsa.hstu_attention(q, None, None, cu_q, cu_k, max_seqlen_q=20,
+                                  max_seqlen_k=2000, paged_kv=kv, page_ids=ids,
+                                  page_indptrs=ptr, backend="kernel")
+
+    txt = _lower(fwd, q, kv, ids, cu, cu, cu)
+    assert txt.count(_target()) == 1 and "\\7FELF" in txt
+
+
+def test_hstu_paged_config_and_routing():
+    from jax_sparse_attn.config import Switches  # noqa: PLC0415
+    from jax_sparse_attn.ffi import hstu as fh  # noqa: PLC0415
+
+    key = fh.fwd_config("bfloat16", 128, 128, 0, Switches(), paged=True)
+    assert key.paged and key.impl == "sm90ws" and key.block_n == 128
+    assert key != fh.fwd_config("bfloat16", 128, 128, 0, Switches())
+    assert "hstu_fwd_impl" in fh.paged_unsupported_reason(128, 128,
+                                                          Switches(hstu_fwd_impl="sm80"))
+    assert "bn=96" in fh.paged_unsupported_reason(128, 128, Switches(hstu_fwd_ws=("bn=96",)))
+    with pytest.raises(NotImplementedError, match="hstu_fwd_impl"):
+        fh.fwd_config("bfloat16", 128, 128, 0, Switches(hstu_fwd_impl="sm80"), paged=True)

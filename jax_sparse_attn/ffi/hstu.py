@@ -70,6 +70,8 @@ __all__ = [
     "SM90_BWD_HEAD_DIMS",
     "bwd_sm90_unsupported_reason",
     "gqa_unsupported_reason",
+    "paged_unsupported_reason",
+    "hstu_fwd_paged",
 ]
 
 SUPPORTED_HEAD_DIMS = (32, 64, 128, 256)
@@ -110,6 +112,8 @@ class HstuFwdConfig(_HstuKey):
     has_rab: bool = False
     rab_per_head: bool = False
     rab_dtype: str = ""
+    # sm90ws only: K/V read from a paged cache through a page table (forward-only inference)
+    paged: bool = False
 
 
 @dataclasses.dataclass(frozen=True)
@@ -156,14 +160,22 @@ def _check_fwd_tile(head_dim, head_dim_v, bm, bn, w):
 
 
 def fwd_config(dtype, head_dim, head_dim_v, func_n, switches, *, has_rab=False,
-               rab_per_head=False, rab_dtype="") -> HstuFwdConfig:
+               rab_per_head=False, rab_dtype="", paged=False) -> HstuFwdConfig:
     """The forward compile key for padded head dims, ``func_n`` endpoint rows (0: no func)
     and the :class:`~jax_sparse_attn.config.Switches`; ``has_rab`` (with ``rab_per_head``
-    and rab's dtype name) adds the relative attention bias to the selected forward."""
+    and rab's dtype name) adds the relative attention bias to the selected forward;
+    ``paged`` selects the paged-KV variant of the sm90ws forward
+    (:func:`paged_unsupported_reason` says when it exists)."""
     d = max(head_dim, head_dim_v)
     impl = switches.hstu_fwd_impl
     rab = dict(has_rab=bool(has_rab), rab_per_head=bool(has_rab and rab_per_head),
                rab_dtype=rab_dtype if has_rab else "")
+    if paged:
+        reason = paged_unsupported_reason(head_dim, head_dim_v, switches)
+        if reason is not None:
+            raise NotImplementedError(reason)
+        return dataclasses.replace(_ws_config(dtype, head_dim, head_dim_v, 0, switches, rab),
+                                   paged=True)
     if impl == "sm90ws":
         return _ws_config(dtype, head_dim, head_dim_v, func_n, switches, rab)
     if d <= 32:
@@ -241,6 +253,21 @@ def bwd_sm90_unsupported_reason(head_dim, head_dim_v, has_rab) -> str | None:
     if head_dim != head_dim_v or head_dim not in SM90_BWD_HEAD_DIMS:
         return (f"the sm90 backward takes head_dim = head_dim_v in {SM90_BWD_HEAD_DIMS}, got "
                 f"{head_dim}, {head_dim_v} (padded)")
+    return None
+
+
+def paged_unsupported_reason(head_dim, head_dim_v, switches) -> str | None:
+    """``None`` if the paged-KV forward kernel takes these padded head dims and
+    :class:`~jax_sparse_attn.config.Switches`, else why not: it is the sm90ws forward with
+    the K / V tiles loaded page by page (``block_n`` must divide the page size, 128)."""
+    if switches.hstu_fwd_impl != "sm90ws":
+        return (f"the paged-KV forward is a variant of the sm90ws forward; hstu_fwd_impl="
+                f"{switches.hstu_fwd_impl!r} (JAX_SPARSE_ATTN_HSTU_FWD_IMPL) has none")
+    bn = ws_options(switches.hstu_fwd_ws)["bn"] or (128 if max(head_dim, head_dim_v) <= 128
+                                                    else 64)
+    if 128 % bn:
+        return (f"the paged-KV forward needs block_n dividing the page size 128; "
+                f"JAX_SPARSE_ATTN_HSTU_WS / Switches.hstu_fwd_ws bn={bn}")
     return None
 
 
@@ -334,6 +361,26 @@ def _fwd_adapter():
         kernel(q, k, v, cu_q, cu_k, tiles, func, scal, win, out, stream)
 
     return hstu_fwd_launch
+
+
+@functools.lru_cache(maxsize=None)
+def _fwd_paged_adapter():
+    import cutlass  # noqa: PLC0415
+    import cutlass.cute as cute  # noqa: PLC0415
+
+    from ..kernels.hstu_fwd_sm90_ws import HstuFwdSm90Ws  # noqa: PLC0415
+
+    @cute.jit
+    def hstu_fwd_paged_launch(stream, q, paged_kv, page_ids, page_indptrs, cu_q, cu_k, tiles,
+                              func, scal, win, out, *, cfg: cutlass.Constexpr):
+        kernel = HstuFwdSm90Ws(_dt(cfg.dtype), cfg.head_dim, cfg.head_dim_v, cfg.block_n,
+                               False, 1, cfg.num_sms, overlap=cfg.ws_overlap,
+                               pingpong=cfg.ws_pingpong, q_stages=cfg.ws_q_stages,
+                               silu16=cfg.ws_silu16, paged=True)
+        kernel(q, paged_kv, paged_kv, cu_q, cu_k, tiles, func, scal, win, out, stream,
+               mPageIds=page_ids, mPageIndptrs=page_indptrs)
+
+    return hstu_fwd_paged_launch
 
 
 @functools.lru_cache(maxsize=None)
@@ -461,6 +508,42 @@ def hstu_fwd(q, k, v, cu_seqlens_q, cu_seqlens_k, func, cfg, rab=None):
                                compile_key=("hstu_fwd", key), cfg=key,
                                static_last_inputs=(0, 1, 2), static_last_outputs=(0,))
         out = call(*args)
+    return out[..., : cfg.head_dim_v]
+
+
+def hstu_fwd_paged(q, paged_kv, page_ids, page_indptrs, cu_seqlens_q, cu_seqlens_k, cfg):
+    """HSTU forward (causal) with K / V in a paged cache, on the paged variant of the sm90ws
+    kernel (``cfg.fwd.paged``): the producer warp loads each KV tile of sequence ``b`` by TMA
+    from page ``page_ids[page_indptrs[b] + tile]`` of ``paged_kv (num_pages, 2, 128, H_kv,
+    D)`` in place (no gathered copy; zero-padding of D to ``cfg.head_dim_pad`` copies the
+    cache only for a head dim that is not a kernel dim). ``cu_seqlens_k`` gives the key
+    counts. Metadata are sanitised so no value reads out of bounds: ``page_indptrs`` like
+    ``cu_seqlens`` (clamped into ``[0, P]``, non-decreasing), ``page_ids`` clamped into
+    ``[0, num_pages)``, and the kernel clamps each page slot into ``[0, P)``. Returns
+    ``out (T_q, H, D)`` in q's dtype."""
+    key = cfg.fwd
+    t_q, h, _ = q.shape
+    n_pages, n_slots = paged_kv.shape[0], page_ids.shape[0]
+    out_shape = (t_q, h, cfg.head_dim_v)
+    if t_q == 0 or h == 0 or n_pages == 0 or n_slots == 0:  # no rows, or no key anywhere
+        return jnp.zeros(out_shape, q.dtype)
+    page = paged_kv.shape[2]
+    cu_q = metadata.append_pseudo_sequence(metadata.sanitize_cu_seqlens(cu_seqlens_q, t_q), t_q)
+    cu_k = metadata.append_pseudo_sequence(
+        metadata.sanitize_cu_seqlens(cu_seqlens_k, n_slots * page), None)
+    ptr = metadata.append_pseudo_sequence(metadata.sanitize_cu_seqlens(page_indptrs, n_slots),
+                                          None)
+    ids = jnp.clip(page_ids.astype(jnp.int32), 0, n_pages - 1)
+    tiles = metadata.hstu_fwd_schedule(cu_q, cu_k, None, key.block_m, t_q, cfg.window_size)
+    scal, win = metadata.hstu_scalars(cfg.alpha, cfg.scaling_seqlen, cfg.window_size)
+    func_arr = jnp.zeros((1, 1, 1), jnp.int32)
+    out_sds = jax.ShapeDtypeStruct((t_q, h, cfg.head_dim_v_pad), q.dtype)
+    call = _cutlass_call(cfg)(_fwd_paged_adapter(), output_shape_dtype=out_sds,
+                              compile_key=("hstu_fwd_paged", key), cfg=key,
+                              static_last_inputs=(0, 1), static_last_outputs=(0,))
+    out = call(metadata.pad_last(q, cfg.head_dim_pad),
+               metadata.pad_last(paged_kv, cfg.head_dim_pad), ids, ptr, cu_q, cu_k, tiles,
+               func_arr, scal, win)
     return out[..., : cfg.head_dim_v]
 
 

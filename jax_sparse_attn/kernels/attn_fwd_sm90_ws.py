@@ -9,7 +9,8 @@ the variation points (FA4's ``flash_attn/cute`` structure):
 
 * which KV tiles a Q tile visits: the work item ``work`` (``work.n_count``,
   ``work.kv_tile(it)``) and the producer's views ``_q_tile`` / ``_k_tile`` / ``_v_tile`` of
-  its TMA coordinate tensors, ``_v_limit(work, n)`` (valid rows of V tile ``n``, and whether
+  its TMA coordinate tensors, ``_kv_coord(work, n)`` (the index of KV tile ``n`` in the K / V
+  views: ``n``, or its page with a page table), ``_v_limit(work, n)`` (valid rows of V tile ``n``, and whether
   the TMA box may load it) and ``_load_v_rows`` (the producer warp's zero-filling copy of a
   partial V tile, via ``_copy_v_rows``);
 * what happens to a score tile: ``_tile_state`` (per-mainloop registers), ``_tile_pre``
@@ -74,6 +75,8 @@ class WorkItem:
     seq: object = None
     batch: object = None
     head_kv: object = None
+    # paged KV (a kernel with a page table): (page_ids, first page slot, page slots)
+    pages: object = None
 
     @property
     def n_count(self):
@@ -219,22 +222,28 @@ class AttnFwdSm90Ws:
             c_q += 1
             for it in cutlass.range(work.n_count, unroll=1):
                 n = work.kv_tile(it)
+                nk = self._kv_coord(work, n)  # the tile's index in the K / V TMA views
                 s = pipe_k.stage(c_kv)
                 pipe_k.producer_acquire(c_kv)
                 pipe_k.producer_expect_tx(c_kv, k_bytes)
-                cute.copy(tma_k, tKg[None, n], tKs[None, s],
+                cute.copy(tma_k, tKg[None, nk], tKs[None, s],
                           tma_bar_ptr=pipe_k.full_ptr(c_kv))
                 pipe_v.producer_acquire(c_kv)
                 limit, tma_ok = self._v_limit(work, n)
                 if tma_ok:
                     pipe_v.producer_expect_tx(c_kv, v_bytes)
-                    cute.copy(tma_v, tVg[None, n], tVs[None, s],
+                    cute.copy(tma_v, tVg[None, nk], tVs[None, s],
                               tma_bar_ptr=pipe_v.full_ptr(c_kv))
                 else:
                     self._load_v_rows(work, n, limit, sV_rows, s, lane)
                     pipe_v.producer_arrive(c_kv)
                 c_kv += 1
         return c_q, c_kv
+
+    def _kv_coord(self, work, n):
+        """The index in the K / V TMA views of the work item's KV tile ``n`` (``n`` itself;
+        a paged kernel maps it through its page table)."""
+        return n
 
     @cute.jit
     def _copy_v_rows(self, gV, limit, sV_rows, stage, lane):

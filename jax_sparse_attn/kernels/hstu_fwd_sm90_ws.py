@@ -59,6 +59,10 @@ from .seqlen_info import SeqlenInfo, offset_rows
 from .tile_scheduler import StaticLptScheduler
 
 
+#: rows per page of the paged KV cache (``paged_kv.shape[2]``)
+PAGE_SIZE = 128
+
+
 def ws_smem_plan(d: int, dv: int, bn: int, max_stages: int = 4, q_stages: int = 2):
     """(K/V stages, Q stages, whether O's smem buffer aliases Q's) that fit the 227 KiB of an
     SM90 CTA with 128 query rows (``attn_fwd_sm90_ws.smem_plan``)."""
@@ -86,7 +90,7 @@ class _Tile:
 class HstuFwdSm90Ws(AttnFwdSm90Ws):
     def __init__(self, dtype, head_dim, head_dim_v, block_n, has_func, func_n, num_sms,
                  overlap=True, pingpong=True, max_stages=4, q_stages=2, silu16=False,
-                 has_rab=False, rab_per_head=False):
+                 has_rab=False, rab_per_head=False, paged=False):
         self.dtype = dtype
         self.d = head_dim
         self.dv = head_dim_v
@@ -102,6 +106,11 @@ class HstuFwdSm90Ws(AttnFwdSm90Ws):
         self.silu16 = silu16
         self.has_rab = has_rab
         self.rab_per_head = rab_per_head
+        self.paged = paged
+        if paged and (PAGE_SIZE % block_n or head_dim != head_dim_v):
+            raise NotImplementedError(
+                f"hstu_fwd_sm90_ws paged KV: block_n={block_n} must divide the page size "
+                f"{PAGE_SIZE} and head_dim={head_dim} equal head_dim_v={head_dim_v}")
         self.stages, self.q_stages, self.o_alias_q = ws_smem_plan(
             head_dim, head_dim_v, block_n, max_stages, q_stages)
         self.num_threads = 384
@@ -110,21 +119,33 @@ class HstuFwdSm90Ws(AttnFwdSm90Ws):
 
     @cute.jit
     def __call__(self, mQ, mK, mV, mCuQ, mCuK, mTile, mFunc, mScal, mWin, mO, stream,
-                 mRab=None):
+                 mRab=None, mPageIds=None, mPageIndptrs=None):
         d, dv = self.d, self.dv
         mma_qk, mma_qk0, mma_pv, sQ_layout, sK_layout, sV_layout, sO_layout = (
             self._mmas_and_layouts())
         # TMA views: Q, K as (T, D, H) (D contiguous), V as (Dv, T, H) (the MN-major B operand)
         T_q = mQ.shape[0]
-        T_k = mK.shape[0]
         H = mQ.shape[1]
-        H_kv = mK.shape[1]
         tQ = cute.make_tensor(mQ.iterator, cute.make_layout(
             (T_q, d, H), stride=(mQ.stride[0], 1, mQ.stride[1])))
-        tK = cute.make_tensor(mK.iterator, cute.make_layout(
-            (T_k, d, H_kv), stride=(mK.stride[0], 1, mK.stride[1])))
-        tV = cute.make_tensor(mV.iterator, cute.make_layout(
-            (dv, T_k, H_kv), stride=(1, mV.stride[0], mV.stride[1])))
+        if cutlass.const_expr(self.paged):
+            # mK = mV = the cache (num_pages, 2, 128, H_kv, D): the rows of K (V) are the
+            # (slot, page) pairs ((128, num_pages)), so KV tile t of the view is a 128 / bn
+            # part of page t // (128 / bn); no copy of the cache
+            n_pages = mK.shape[0]
+            H_kv = mK.shape[3]
+            rows = cute.make_layout((PAGE_SIZE, n_pages), stride=(mK.stride[2], mK.stride[0]))
+            tK = cute.make_tensor(mK.iterator, cute.make_layout(
+                (rows.shape, d, H_kv), stride=(rows.stride, 1, mK.stride[3])))
+            tV = cute.make_tensor(mK.iterator + mK.stride[1], cute.make_layout(
+                (dv, rows.shape, H_kv), stride=(1, rows.stride, mK.stride[3])))
+        else:
+            T_k = mK.shape[0]
+            H_kv = mK.shape[1]
+            tK = cute.make_tensor(mK.iterator, cute.make_layout(
+                (T_k, d, H_kv), stride=(mK.stride[0], 1, mK.stride[1])))
+            tV = cute.make_tensor(mV.iterator, cute.make_layout(
+                (dv, T_k, H_kv), stride=(1, mV.stride[0], mV.stride[1])))
         tma_q, tma_tQ, tma_k, tma_tK, tma_v, tma_tV = self._tma_atoms(
             tQ, tK, tV, sQ_layout, sK_layout, sV_layout)
         Smem = self._smem_struct(sQ_layout, sK_layout, sV_layout, sO_layout)
@@ -132,22 +153,23 @@ class HstuFwdSm90Ws(AttnFwdSm90Ws):
         grid = StaticLptScheduler.grid(n_work, self.num_sms)
         self.kernel(
             tma_q, tma_tQ, tma_k, tma_tK, tma_v, tma_tV, mV, mCuQ, mCuK, mTile, mFunc, mScal,
-            mWin, mO, mRab, sQ_layout, sK_layout, sV_layout, sO_layout, mma_qk, mma_qk0, mma_pv,
-            Smem,
+            mWin, mO, mRab, mPageIds, mPageIndptrs, H_kv, sQ_layout, sK_layout, sV_layout,
+            sO_layout, mma_qk, mma_qk0, mma_pv, Smem,
         ).launch(grid=grid, block=[self.num_threads, 1, 1], smem=Smem.size_in_bytes(),
                  stream=stream, min_blocks_per_mp=1)
 
     @cute.kernel
     def kernel(self, tma_q, tma_tQ, tma_k, tma_tK, tma_v, tma_tV, mV, mCuQ, mCuK, mTile,
-               mFunc, mScal, mWin, mO, mRab, sQ_layout, sK_layout, sV_layout, sO_layout,
-               mma_qk, mma_qk0, mma_pv, Smem: cutlass.Constexpr):
+               mFunc, mScal, mWin, mO, mRab, mPageIds, mPageIndptrs, n_heads_kv, sQ_layout,
+               sK_layout, sV_layout, sO_layout, mma_qk, mma_qk0, mma_pv,
+               Smem: cutlass.Constexpr):
         tidx, _, _ = cute.arch.thread_idx()
         warp = cute.arch.make_warp_uniform(cute.arch.warp_idx())
         wg_idx = warp // 4
         bm, bn, wgm = self.bm, self.bn, self.wg_m
         n_heads = mO.shape[1]
         # GQA/MQA: query head h reads KV head h // group (group = H / H_kv, 1 without GQA)
-        group = n_heads // mV.shape[1]
+        group = n_heads // n_heads_kv
         sched = StaticLptScheduler(n_heads, mTile.shape[0] * n_heads)
         st, pipe_q, pipe_k, pipe_v, sQ, sK, sV, q_bytes, k_bytes, v_bytes = (
             self._smem_and_pipes(Smem, sQ_layout, sK_layout, sV_layout, tma_q, tma_k, tma_v,
@@ -165,7 +187,8 @@ class HstuFwdSm90Ws(AttnFwdSm90Ws):
                     batch = Int32(mTile[slot, 0])
                     if batch >= 0:
                         work, m_block, m0 = self._work(mTile, slot, head, batch, mCuQ, mCuK,
-                                                       left, right, mV, group)
+                                                       left, right, mV, group,
+                                                       mPageIds, mPageIndptrs)
                         c_q, c_kv = self._produce(
                             work, m_block, tma_q, tma_tQ, tma_k, tma_tK,
                             tma_v, tma_tV, sQ, sK, sV, sV_rows, pipe_q, pipe_k, pipe_v,
@@ -189,7 +212,8 @@ class HstuFwdSm90Ws(AttnFwdSm90Ws):
                 batch = Int32(mTile[slot, 0])
                 if batch >= 0:
                     work, m_block, m0 = self._work(mTile, slot, head, batch, mCuQ, mCuK, left,
-                                                   right, mV, group)
+                                                   right, mV, group, mPageIds,
+                                                   mPageIndptrs)
                     mw0 = m0 + wg * wgm
                     mw1 = cutlass.min(mw0 + wgm, work.seq.seqlen_q)
                     tile = _Tile(batch, mw0, mw1, mask, tSc, left, right, alpha_half,
@@ -201,7 +225,8 @@ class HstuFwdSm90Ws(AttnFwdSm90Ws):
                 t = sched.next(t)
 
     @cute.jit
-    def _work(self, mTile, slot, head, batch, mCuQ, mCuK, left, right, mV, group):
+    def _work(self, mTile, slot, head, batch, mCuQ, mCuK, left, right, mV, group,
+              mPageIds=None, mPageIndptrs=None):
         """Work item of schedule row ``slot`` (``batch >= 0``) and ``head``: the sequence, its
         query tile ``m_block`` (first row ``m0``), the KV-tile range it visits and its KV head
         ``head // group``."""
@@ -212,17 +237,43 @@ class HstuFwdSm90Ws(AttnFwdSm90Ws):
         m1 = cutlass.min(m0 + bm, seq.seqlen_q)
         blk = BlockInfo.create(mTile, slot, m0, m1, seq.seqlen_k, seq.off, left, right,
                                self.bn, self.has_func)
-        return WorkItem(blk, head, mV, seq=seq, head_kv=head // group), m_block, m0
+        pages = None
+        if cutlass.const_expr(self.paged):
+            # sequence `batch` owns page slots [indptr[b], indptr[b + 1]) of page_ids
+            pages = (mPageIds, Int32(mPageIndptrs[batch]), Int32(mPageIds.shape[0]))
+        return (WorkItem(blk, head, mV, seq=seq, head_kv=head // group, pages=pages), m_block,
+                m0)
 
     # ------------------------------------------------- variation points (AttnFwdSm90Ws)
     def _q_tile(self, tma_tQ, work):
         return offset_rows(tma_tQ[None, None, work.head], work.seq.q_start)
 
     def _k_tile(self, tma_tK, work):
+        if cutlass.const_expr(self.paged):
+            return tma_tK[None, None, work.head_kv]
         return offset_rows(tma_tK[None, None, work.head_kv], work.seq.k_start)
 
     def _v_tile(self, tma_tV, work):
+        if cutlass.const_expr(self.paged):
+            return tma_tV[None, None, work.head_kv]
         return cute.domain_offset((0, work.seq.k_start), tma_tV[None, None, work.head_kv])
+
+    @cute.jit
+    def _page(self, work, n):
+        """Paged KV: the page holding the sequence's KV tile ``n`` (its slot clamped into
+        ``page_ids``; the host clamps the page ids into the cache)."""
+        ids, slot0, n_slots = work.pages
+        slot = cutlass.max(cutlass.min(slot0 + n // (PAGE_SIZE // self.bn), n_slots - 1), 0)
+        return Int32(ids[slot])
+
+    @cute.jit
+    def _kv_coord(self, work, n):
+        """Paged KV: tile ``n`` of the sequence is part ``n % (128 / bn)`` of its page."""
+        nk = n
+        if cutlass.const_expr(self.paged):
+            tpp = PAGE_SIZE // self.bn
+            nk = self._page(work, n) * tpp + n % tpp
+        return nk
 
     def _v_limit(self, work, n):
         """Rows of V tile ``n`` inside the sequence; TMA only for a whole tile (a box would
@@ -233,8 +284,13 @@ class HstuFwdSm90Ws(AttnFwdSm90Ws):
     @cute.jit
     def _load_v_rows(self, work, n, limit, sV_rows, stage, lane):
         """One warp: V rows [n bn, n bn + limit) of the sequence by cp.async, zeros after."""
-        mV_b = offset_rows(work.mV[None, work.head_kv, None], work.seq.k_start)
-        gV = cute.local_tile(mV_b, (self.bn, self.dv), (n, 0))
+        if cutlass.const_expr(self.paged):
+            tpp = PAGE_SIZE // self.bn
+            mV_b = work.mV[self._page(work, n), 1, None, work.head_kv, None]  # (128, Dv)
+            gV = cute.local_tile(mV_b, (self.bn, self.dv), (n % tpp, 0))
+        else:
+            mV_b = offset_rows(work.mV[None, work.head_kv, None], work.seq.k_start)
+            gV = cute.local_tile(mV_b, (self.bn, self.dv), (n, 0))
         self._copy_v_rows(gV, limit, sV_rows, stage, lane)
 
     def _work_start(self, tile):
