@@ -198,6 +198,7 @@ def main(argv=None):
     p.add_argument("--backend", default="kernel", choices=("kernel", "reference"))
     p.add_argument("--shard", default="0/1", help="i/n: run every n-th case starting at i")
     p.add_argument("--list", action="store_true", help="print the case names and exit")
+    p.add_argument("--only", default="", help="run the cases whose name contains this text")
     args = p.parse_args(argv)
     try:
         shard_i, shard_n = (int(x) for x in args.shard.split("/"))
@@ -211,7 +212,7 @@ def main(argv=None):
     cases = [(n, run_bsa, c) for n, c in bsa_cases(args.quick)]
     cases += [(n, run_hstu, c) for n, c in hstu_cases(args.quick)]
     cases += [(n, run_hstu_paged, c) for n, c in paged_cases(args.quick)]
-    cases = cases[shard_i::shard_n]
+    cases = [c for c in cases if args.only in c[0]][shard_i::shard_n]
     if args.list:
         print("\n".join(name for name, _, _ in cases))
         return 0
