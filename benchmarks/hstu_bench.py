@@ -136,6 +136,10 @@ INFERENCE = {
     "target1-64x8192": (64, 1, 8192, 4, 4, 128),
     "target64-64x8192": (64, 64, 8192, 4, 4, 128),
     "target64-64x8192-gqa4": (64, 64, 8192, 4, 1, 128),
+    # few sequences: the query tiles x heads fill a fraction of the GPU; kv_splits="auto"
+    # splits the keys (the row also times kv_splits=1)
+    "target1-8x8192": (8, 1, 8192, 4, 4, 128),
+    "target64-8x8192": (8, 64, 8192, 4, 4, 128),
 }
 #: H200 HBM3e peak bandwidth (bytes/s) for the achieved-bandwidth column
 HBM_PEAK = 4.8e12
@@ -176,12 +180,20 @@ def run_inference(name, dtype, iters, switches=None):
     kv_bytes = b * l_k * h_kv * 2 * d * jnp.dtype(dtype).itemsize
     res = dict(case=name, dtype=jnp.dtype(dtype).name, B=b, L_q=l_q, L_k=l_k, H=h, H_kv=h_kv,
                D=d, kv_bytes=kv_bytes)
+    from jax_sparse_attn.ffi.hstu import resolve_kv_splits
+
+    res["kv_splits_auto"] = resolve_kv_splits("auto", batch=b, num_heads=h, max_seqlen_q=l_q,
+                                              max_seqlen_k=l_k)
     contiguous = jax.jit(lambda q, k, v, a, c: jsa.hstu_attention(q, k, v, a, c, **kw))
     paged = jax.jit(lambda q, kv, i, p, a, c: jsa.hstu_attention(
         q, None, None, a, c, paged_kv=kv, page_ids=i, page_indptrs=p, **kw))
-    line = f"{name:24s} {res['dtype']:9s}"
-    for tag, fn, args in (("contiguous", contiguous, (q, k, v, cu_q, cu_k)),
-                          ("paged", paged, (q, kv, ids, ptr, cu_q, cu_k))):
+    variants = [("contiguous", contiguous, (q, k, v, cu_q, cu_k)),
+                ("paged", paged, (q, kv, ids, ptr, cu_q, cu_k))]
+    if res["kv_splits_auto"] > 1:
+        variants.append(("contiguous_nosplit", jax.jit(lambda q, k, v, a, c: jsa.hstu_attention(
+            q, k, v, a, c, kv_splits=1, **kw)), (q, k, v, cu_q, cu_k)))
+    line = f"{name:24s} {res['dtype']:9s} splits={res['kv_splits_auto']:2d}"
+    for tag, fn, args in variants:
         ms = _time(fn, args, iters)
         bw = kv_bytes / (ms * 1e-3)
         res[tag] = dict(ms=ms, tflops=fl / ms / 1e9, kv_gbps=bw / 1e9, kv_hbm_frac=bw / HBM_PEAK)

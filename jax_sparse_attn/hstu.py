@@ -46,6 +46,7 @@ from .validation import (
     canonical_dtype,
     check_debug_checks,
     check_hstu_args,
+    check_kv_splits,
     is_concrete,
     run_time_value_checks,
 )
@@ -82,12 +83,14 @@ def _kernel_unsupported_reason(cfg, switches, mod):
 
 def _make_config(q, k, v, cu_seqlens_q, cu_seqlens_k, func, paged_kv, page_ids, page_indptrs,
                  *, max_seqlen_q, max_seqlen_k, scaling_seqlen, window_size, alpha, backend,
-                 switches, op_name, debug_checks=False, rab=None) -> HSTUConfig:
+                 switches, op_name, debug_checks=False, rab=None,
+                 kv_splits="auto") -> HSTUConfig:
     """Validate the arguments and build the call's one static config (backend chosen,
     head-dim padding and kernel compile keys decided)."""
     _backend.check_backend(backend)
     switches = _backend.check_switches(switches)
     check_debug_checks(debug_checks)
+    kv_splits = check_kv_splits(kv_splits)
     cfg = check_hstu_args(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q=max_seqlen_q,
                           max_seqlen_k=max_seqlen_k, scaling_seqlen=scaling_seqlen,
                           window_size=window_size, alpha=alpha, func=func, paged_kv=paged_kv,
@@ -108,11 +111,19 @@ def _make_config(q, k, v, cu_seqlens_q, cu_seqlens_k, func, paged_kv, page_ids, 
     if mod is None:
         return cfg
     d_pad, dv_pad = _padded_dims(cfg, mod)
+    splits = 1
+    if hasattr(mod, "resolve_kv_splits"):
+        splits = mod.resolve_kv_splits(
+            kv_splits, batch=int(cu_seqlens_q.shape[0]) - 1, num_heads=cfg.num_heads,
+            max_seqlen_q=cfg.max_seqlen_q, max_seqlen_k=cfg.max_seqlen_k,
+            impl=switches.hstu_fwd_impl)
+    extra = dict(({"paged": True} if cfg.paged else {}),
+                 **({"kv_splits": splits} if splits > 1 else {}))
     return dataclasses.replace(
         cfg, backend="kernel", head_dim_pad=d_pad, head_dim_v_pad=dv_pad,
-        cute_call=switches.cute_call,
+        cute_call=switches.cute_call, kv_splits=splits,
         fwd=mod.fwd_config(cfg.dtype, d_pad, dv_pad, cfg.func_n, switches, **_rab_key(cfg),
-                           **({"paged": True} if cfg.paged else {})),
+                           **extra),
         bwd=None if cfg.paged else mod.bwd_config(cfg.dtype, d_pad, dv_pad, cfg.func_n, switches,
                                                   **_rab_key(cfg)))
 
@@ -236,8 +247,11 @@ _SEMANTICS_DOC = """
 _ARG_LINES = """
       q: ``(T_q, H, D)`` queries, float16 or bfloat16 (float32/float64 are accepted and
         run on the reference backend). All sequences packed along axis 0 (THD layout).
-      k: ``(T_k, H, D)`` keys, same dtype; ``None`` with ``paged_kv``.
-      v: ``(T_k, H, D_v)`` values, same dtype; ``None`` with ``paged_kv``.
+      k: ``(T_k, H_kv, D)`` keys, same dtype; ``None`` with ``paged_kv``. ``H_kv`` divides
+        ``H`` (``H_kv < H``: grouped-query / multi-query attention, query head ``h`` reads
+        KV head ``h // (H / H_kv)``; on the kernel backend this needs the sm90ws forward and
+        the sm90 backward).
+      v: ``(T_k, H_kv, D_v)`` values, same dtype; ``None`` with ``paged_kv``.
       cu_seqlens_q: ``(B+1,)`` int32, starts at 0, non-decreasing: sequence ``b``'s
         queries are ``q[cu_seqlens_q[b]:cu_seqlens_q[b+1]]`` (zero lengths allowed).
         Other integer dtypes (e.g. NumPy int64) are converted to int32 (the values must
@@ -266,12 +280,19 @@ _ARG_LINES = """
         bias (docs/hstu.md)."""
 
 _PAGED_ARG_LINES = """
-      paged_kv: optional ``(num_pages, 2, 128, H, D)`` paged KV cache (index 0 = K,
-        1 = V); forward only, causal only. Then ``k``/``v`` must be None. Default None.
+      paged_kv: optional ``(num_pages, 2, 128, H_kv, D)`` paged KV cache (index 0 = K,
+        1 = V; ``H_kv`` divides ``H``); forward only, causal only. Then ``k``/``v`` must be
+        None. Default None. The kernel backend (sm90ws forward) reads the pages in place.
       page_ids: ``(P,)`` int32 page numbers; sequence ``b`` uses pages
         ``page_ids[page_indptrs[b]:page_indptrs[b+1]]`` concatenated, truncated to
         ``L_k`` from ``cu_seqlens_k``.
-      page_indptrs: ``(B+1,)`` int32."""
+      page_indptrs: ``(B+1,)`` int32.
+      kv_splits: ``"auto"`` (default) or a static int in [1, 16]: split-KV of the sm90ws
+        forward kernel (short queries over long histories: the keys of each query tile are
+        split over this many work items, whose fp32 partial outputs are added in a fixed
+        order; HSTU has no softmax to rescale). ``"auto"`` splits only when the query tiles
+        x heads fill less than one wave of the GPU (``docs/hstu.md``). Same result up to
+        fp32 rounding; the reference backend and the sm80 forward ignore it."""
 
 _BACKEND_ARG_LINES = """
       backend: ``"auto"`` (default: CuTe DSL kernel on an SM90 GPU when it supports the
@@ -307,19 +328,19 @@ _RAISES_DOC = """
 def hstu_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q, max_seqlen_k,
                    scaling_seqlen=None, window_size=(-1, 0), alpha=1.0, func=None,
                    paged_kv=None, page_ids=None, page_indptrs=None, backend="auto",
-                   switches=None, debug_checks=False, rab=None):
+                   switches=None, debug_checks=False, rab=None, kv_splits="auto"):
     cu_seqlens_q, cu_seqlens_k = as_array_arg(cu_seqlens_q), as_array_arg(cu_seqlens_k)
     if getattr(cu_seqlens_q, "ndim", 1) == 2 and getattr(cu_seqlens_k, "ndim", 1) == 2:
         return _per_shard(q, k, v, cu_seqlens_q, cu_seqlens_k, func, paged_kv, rab,
                           dict(max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k,
                                scaling_seqlen=scaling_seqlen, window_size=window_size,
                                alpha=alpha, backend=backend, switches=switches,
-                               debug_checks=debug_checks))
+                               debug_checks=debug_checks, kv_splits=kv_splits))
     cfg = _make_config(q, k, v, cu_seqlens_q, cu_seqlens_k, func, paged_kv, page_ids,
                        page_indptrs, max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k,
                        scaling_seqlen=scaling_seqlen, window_size=window_size, alpha=alpha,
                        backend=backend, switches=switches, op_name="hstu_attention",
-                       debug_checks=debug_checks, rab=rab)
+                       debug_checks=debug_checks, rab=rab, kv_splits=kv_splits)
     cu_q, cu_k = _i32(cu_seqlens_q), _i32(cu_seqlens_k)
     if cfg.paged:
         return _hstu_paged_jit(cfg, q, paged_kv, _i32(page_ids), _i32(page_indptrs), cu_q, cu_k)
@@ -384,12 +405,13 @@ hstu_attention.__doc__ = (
 def hstu_attention_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q, max_seqlen_k,
                            scaling_seqlen=None, window_size=(-1, 0), alpha=1.0, func=None,
                            paged_kv=None, page_ids=None, page_indptrs=None, backend="auto",
-                           switches=None, debug_checks=False, rab=None):
+                           switches=None, debug_checks=False, rab=None, kv_splits="auto"):
     out = hstu_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q=max_seqlen_q,
                          max_seqlen_k=max_seqlen_k, scaling_seqlen=scaling_seqlen,
                          window_size=window_size, alpha=alpha, func=func, paged_kv=paged_kv,
                          page_ids=page_ids, page_indptrs=page_indptrs, backend=backend,
-                         switches=switches, debug_checks=debug_checks, rab=rab)
+                         switches=switches, debug_checks=debug_checks, rab=rab,
+                         kv_splits=kv_splits)
     return HSTUForwardResult(o_tensor=out)
 
 

@@ -268,6 +268,26 @@ def check_hstu_args(q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q, max_se
                       rab_dtype="" if rab is None else canonical_dtype(rab).name)
 
 
+#: most key splits of the HSTU split-KV forward (``kv_splits``)
+HSTU_MAX_KV_SPLITS = 16
+
+
+def check_kv_splits(kv_splits):
+    """``kv_splits``: ``"auto"`` or a Python int in ``[1, 16]``; returns it."""
+    if isinstance(kv_splits, str):
+        if kv_splits != "auto":
+            raise ValueError(f"kv_splits must be 'auto' or an int in [1, {HSTU_MAX_KV_SPLITS}], "
+                             f"got {kv_splits!r}")
+        return kv_splits
+    if isinstance(kv_splits, bool) or not isinstance(kv_splits, (int, np.integer)):
+        raise TypeError(f"kv_splits must be 'auto' or a static Python int, got "
+                        f"{type(kv_splits).__name__}")
+    if not 1 <= int(kv_splits) <= HSTU_MAX_KV_SPLITS:
+        raise ValueError(f"kv_splits must be 'auto' or an int in [1, {HSTU_MAX_KV_SPLITS}], "
+                         f"got {int(kv_splits)}")
+    return int(kv_splits)
+
+
 def _check_rab(rab, q_dtype, B, H, max_seqlen_k, paged):
     """Shape/dtype rules of the relative attention bias; returns H_rab (0 without rab)."""
     if rab is None:

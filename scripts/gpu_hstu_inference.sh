@@ -5,7 +5,8 @@
 #   OUT=$OUT STEPS=gbs bash scripts/gpu_hstu_inference.sh
 # STEPS: g = GPU tests (test_gpu_hstu.py -k "gqa_kernel or paged_kernel"), b = hstu_bench
 # --inference all, s = sanitizer (sanitize_grid.py --only paged, then --only gqa).
-# T_G / T_B / T_S: per-step timeouts (s).
+# T_G / T_B / T_S: per-step timeouts (s); K_G: pytest -k of step g; B_ROWS: bench rows
+# (default all); S_ONLY: sanitizer case groups (default "paged gqa").
 set -u
 OUT=${OUT:-/tmp/hstu_inference}
 STEPS=${STEPS:-gbs}
@@ -19,12 +20,14 @@ if [[ $STEPS == *g* ]]; then
   tail -3 "$OUT/logs/gpu_tests.log" >> "$OUT/logs/summary.txt"
 fi
 if [[ $STEPS == *b* ]]; then
-  timeout "${T_B:-90}" python3 benchmarks/hstu_bench.py --inference all --iters 10 \
+  rows=""
+  for r in ${B_ROWS:-all}; do rows="$rows --inference $r"; done
+  timeout "${T_B:-90}" python3 benchmarks/hstu_bench.py $rows --iters 10 \
     --out "$OUT/logs/hstu_inference_bench.json" > "$OUT/logs/bench.log" 2>&1
   echo "bench rc=$?" >> "$OUT/logs/summary.txt"
 fi
 if [[ $STEPS == *s* ]]; then
-  for only in paged gqa; do
+  for only in ${S_ONLY:-paged gqa}; do
     timeout "${T_S:-60}" compute-sanitizer --tool memcheck --error-exitcode 9 \
       python3 tests/sanitize_grid.py --only "hstu $only" > "$OUT/logs/sanitize_$only.log" 2>&1
     echo "sanitize $only rc=$?" >> "$OUT/logs/summary.txt"

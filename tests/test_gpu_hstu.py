@@ -427,7 +427,7 @@ def _paged_inputs(lens_q, lens_k, heads, h_kv, d, seed, extra_slots=2, spare_pag
             jnp.asarray(np.asarray(ptr, np.int32)), jnp.asarray(cu_q), jnp.asarray(cu_k))
 
 
-def _paged_case(lens_q, lens_k, heads, h_kv, d, seed):
+def _paged_case(lens_q, lens_k, heads, h_kv, d, seed, kv_splits="auto"):
     import jax_sparse_attn as jsa
     from jax_sparse_attn import reference
 
@@ -437,7 +437,7 @@ def _paged_case(lens_q, lens_k, heads, h_kv, d, seed):
               scaling_seqlen=float(max(lens_q)), alpha=1.0 / np.sqrt(d))
     out = jax.jit(lambda q, kv, i, p, a, b: jsa.hstu_attention(
         q, None, None, a, b, paged_kv=kv, page_ids=i, page_indptrs=p, backend="kernel",
-        **kw))(q, kv, ids, ptr, cu_q, cu_k)
+        kv_splits=kv_splits, **kw))(q, kv, ids, ptr, cu_q, cu_k)
     # the reference reads the same pages (its page-id clamp makes the garbage slots inert)
     ref = lambda cdt: jax.jit(lambda q, kv, i, p, a, b: reference.hstu_attention_ref(  # noqa
         q, None, None, a, b, None, paged_kv=kv, page_ids=i, page_indptrs=p,
@@ -445,7 +445,7 @@ def _paged_case(lens_q, lens_k, heads, h_kv, d, seed):
     report = []
     check_rule("out", out[:n], ref(None), ref(jnp.bfloat16), 2.0, 2e-3, report)
     assert not np.any(_f32(out[n:])), "out rows past cu_seqlens_q[-1] are not zero"
-    print(f"paged lq={max(lens_q)} h_kv={h_kv} " + report[0])
+    print(f"paged lq={max(lens_q)} h_kv={h_kv} kv_splits={kv_splits} " + report[0])
 
 
 def _jagged_histories(b, seed, top=16384):
@@ -468,3 +468,42 @@ def test_hstu_paged_kernel(lq, h_kv, d):
     lens_q = [min(lq, lk) for lk in lens_k]
     lens_q[2] = 0  # a sequence without queries
     _paged_case(lens_q, lens_k, 4, h_kv, d, seed=lq)
+
+
+SPLIT_CASES = [("paged", 1, 1), ("paged", 1, 16), ("paged", 64, 3), ("contiguous", 1, 1),
+               ("contiguous", 1, 7), ("contiguous", 64, 16)]
+
+
+@pytest.mark.parametrize("layout,lq,kv_splits", shard(SPLIT_CASES, SHARD),
+                         ids=[f"{c[0]}-lq{c[1]}-s{c[2]}" for c in shard(SPLIT_CASES, SHARD)])
+def test_hstu_split_kv_kernel(layout, lq, kv_splits):
+    """Short-query split-KV forced on (3, 7, 16 splits) and off (1) for paged and contiguous
+    K/V (GQA 4 -> 2 heads, D = 128) on jagged histories up to 16k keys (one history shorter
+    than the splits: empty splits write zero partials)."""
+    import jax_sparse_attn as jsa
+    from jax_sparse_attn import reference
+
+    lens_k = _jagged_histories(5, seed=lq + kv_splits)
+    lens_k[1] = 300
+    lens_q = [min(lq, lk) for lk in lens_k]
+    if layout == "paged":
+        _paged_case(lens_q, lens_k, 4, 2, 128, seed=lq, kv_splits=kv_splits)
+        return
+    cu_q = jnp.asarray(np.concatenate([[0], np.cumsum(lens_q)]).astype(np.int32))
+    cu_k = jnp.asarray(np.concatenate([[0], np.cumsum(lens_k)]).astype(np.int32))
+    n_q, n_k = int(cu_q[-1]), int(cu_k[-1])
+    ks = jax.random.split(jax.random.PRNGKey(lq), 3)
+    q = jax.random.normal(ks[0], (n_q + 64, 4, 128), jnp.float32).astype(jnp.bfloat16)
+    q = q.at[n_q:].set(jnp.nan)
+    k, v = (jax.random.normal(kk, (n_k, 2, 128), jnp.float32).astype(jnp.bfloat16)
+            for kk in ks[1:])
+    kw = dict(max_seqlen_q=max(lens_q), max_seqlen_k=max(lens_k),
+              scaling_seqlen=float(max(lens_q)), alpha=1.0 / np.sqrt(128))
+    out = jax.jit(lambda q, k, v, a, b: jsa.hstu_attention(
+        q, k, v, a, b, backend="kernel", kv_splits=kv_splits, **kw))(q, k, v, cu_q, cu_k)
+    ref = lambda cdt: jax.jit(lambda q, k, v, a, b: reference.hstu_attention_ref(  # noqa
+        q, k, v, a, b, None, compute_dtype=cdt, **kw))(q[:n_q], k, v, cu_q, cu_k)
+    report = []
+    check_rule("out", out[:n_q], ref(None), ref(jnp.bfloat16), 2.0, 2e-3, report)
+    assert not np.any(_f32(out[n_q:])), "out rows past cu_seqlens_q[-1] are not zero"
+    print(f"split contiguous lq={lq} kv_splits={kv_splits} " + report[0])

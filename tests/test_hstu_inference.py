@@ -157,3 +157,31 @@ def test_gqa_kernel_routing_names_the_option():
     assert reason and "hstu_bwd_impl" in reason
     assert "relative attention bias" in ffi_hstu.gqa_unsupported_reason(128, 128, True, sw)
     assert "256" in ffi_hstu.gqa_unsupported_reason(256, 256, False, sw)
+
+
+def test_kv_splits_validation_and_reference_ignores_it():
+    q, k, v, _, cu_q, cu_k = gqa_case([5, 3], [9, 4], H=2, H_kv=2, seed=5)
+    args = [jnp.asarray(x, jnp.float32) for x in (q, k, v)] + [jnp.asarray(cu_q),
+                                                               jnp.asarray(cu_k)]
+    kw = dict(max_seqlen_q=5, max_seqlen_k=9, backend="reference")
+    for bad, err in ((0, ValueError), (17, ValueError), ("many", ValueError), (2.0, TypeError),
+                     (True, TypeError)):
+        with pytest.raises(err, match="kv_splits"):
+            jsa.hstu_attention(*args, kv_splits=bad, **kw)
+    base = np.asarray(jsa.hstu_attention(*args, **kw))
+    np.testing.assert_array_equal(np.asarray(jsa.hstu_attention(*args, kv_splits=3, **kw)), base)
+
+
+def test_resolve_kv_splits():
+    from jax_sparse_attn.ffi import hstu as ffi_hstu
+
+    r = ffi_hstu.resolve_kv_splits
+    sms = ffi_hstu._num_sms()
+    # one query per sequence: B * H work items; split while they fill less than one wave
+    assert r("auto", batch=8, num_heads=4, max_seqlen_q=1, max_seqlen_k=8192) == sms // 32
+    assert r("auto", batch=64, num_heads=4, max_seqlen_q=1, max_seqlen_k=8192) == 1
+    assert r("auto", batch=1, num_heads=1, max_seqlen_q=64, max_seqlen_k=16384) == min(16, sms)
+    assert r("auto", batch=8, num_heads=4, max_seqlen_q=1, max_seqlen_k=1000) == 1  # short
+    assert r("auto", batch=2, num_heads=2, max_seqlen_q=4096, max_seqlen_k=4096) == sms // 128
+    assert r(5, batch=64, num_heads=4, max_seqlen_q=1, max_seqlen_k=64) == 5
+    assert r(5, batch=1, num_heads=1, max_seqlen_q=1, max_seqlen_k=8192, impl="sm80") == 1

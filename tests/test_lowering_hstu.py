@@ -575,3 +575,62 @@ def test_hstu_paged_config_and_routing():
     assert "bn=96" in fh.paged_unsupported_reason(128, 128, Switches(hstu_fwd_ws=("bn=96",)))
     with pytest.raises(NotImplementedError, match="hstu_fwd_impl"):
         fh.fwd_config("bfloat16", 128, 128, 0, Switches(hstu_fwd_impl="sm80"), paged=True)
+
+
+SPLIT_LOWER = [("bfloat16", 128, "causal", False), ("float16", 64, "func", False),
+               ("bfloat16", 128, "window", True)]
+
+
+@pytest.mark.parametrize("dtype,head_dim,mask,rab", SPLIT_LOWER,
+                         ids=["-".join(map(str, c)) for c in SPLIT_LOWER])
+def test_hstu_split_kv_lowers(dtype, head_dim, mask, rab):
+    """Split-KV sm90ws forward (kv_splits=4: fp32 partials (4, T, H, D) + a fixed-order sum):
+    one custom call; with a func mask and with rab too."""
+    import jax_sparse_attn as jsa  # noqa: PLC0415
+
+    dt = jnp.dtype(dtype)
+    q = jax.ShapeDtypeStruct((T, 4, head_dim), dt)
+    # GQA (2 KV heads) except with rab (the GQA backward has none)
+    k = jax.ShapeDtypeStruct((T, 4 if rab else 2, head_dim), dt)
+    cu = jax.ShapeDtypeStruct((B + 1,), jnp.int32)
+    func = jax.ShapeDtypeStruct((1, 3, T + 256), jnp.int32) if mask == "func" else None
+    r = jax.ShapeDtypeStruct((B, 1, 200, 200), jnp.float32) if rab else None
+
+    def fwd(q, k, v, cu, func, r):
+        return jsa.hstu_attention(q, k, v, cu, cu, max_seqlen_q=200, max_seqlen_k=200,
+                                  window_size=_BWD_WINDOWS[mask], func=func, rab=r,
+                                  kv_splits=4, backend="kernel")
+
+    txt = _lower(fwd, q, k, k, cu, func, r)
+    assert txt.count(_target()) == 1 and "\\7FELF" in txt
+
+
+def test_hstu_split_kv_config():
+    """kv_splits reaches the sm90ws compile key ("auto": split only below one wave)."""
+    from jax_sparse_attn import hstu  # noqa: PLC0415
+    from jax_sparse_attn.config import Switches  # noqa: PLC0415
+
+    def cfg(b, lq, lk, kv_splits, paged=False, sw=None):
+        q = jax.ShapeDtypeStruct((b * lq, 4, 128), jnp.bfloat16)
+        k = jax.ShapeDtypeStruct((b * lk, 4, 128), jnp.bfloat16)
+        cu = jax.ShapeDtypeStruct((b + 1,), jnp.int32)
+        kv = jax.ShapeDtypeStruct((b * (-(-lk // 128)), 2, 128, 4, 128), jnp.bfloat16)
+        ids = jax.ShapeDtypeStruct((kv.shape[0],), jnp.int32)
+        got = []
+
+        def trace(q, k, cu, kv, ids):  # traced metadata: no eager value checks
+            got.append(hstu._make_config(
+                q, None if paged else k, None if paged else k, cu, cu, None,
+                kv if paged else None, ids if paged else None, cu if paged else None,
+                max_seqlen_q=lq, max_seqlen_k=lk, scaling_seqlen=None, window_size=(-1, 0),
+                alpha=1.0, backend="kernel", switches=sw, op_name="t", kv_splits=kv_splits))
+            return q
+
+        jax.eval_shape(trace, q, k, cu, kv, ids)
+        return got[0]
+
+    assert cfg(8, 1, 8192, "auto").fwd.kv_splits == 4
+    assert cfg(8, 1, 8192, "auto", paged=True).fwd.kv_splits == 4
+    assert cfg(64, 1, 8192, "auto").fwd.kv_splits == 1
+    assert cfg(64, 1, 8192, 6).fwd.kv_splits == 6
+    assert cfg(8, 1, 8192, 6, sw=Switches(hstu_fwd_impl="sm80")).fwd.kv_splits == 1

@@ -72,6 +72,8 @@ __all__ = [
     "gqa_unsupported_reason",
     "paged_unsupported_reason",
     "hstu_fwd_paged",
+    "resolve_kv_splits",
+    "MAX_KV_SPLITS",
 ]
 
 SUPPORTED_HEAD_DIMS = (32, 64, 128, 256)
@@ -114,6 +116,9 @@ class HstuFwdConfig(_HstuKey):
     rab_dtype: str = ""
     # sm90ws only: K/V read from a paged cache through a page table (forward-only inference)
     paged: bool = False
+    # sm90ws only: split-KV (the keys of each query tile split over this many work items whose
+    # fp32 partial outputs are added in a fixed order; 1 = no split)
+    kv_splits: int = 1
 
 
 @dataclasses.dataclass(frozen=True)
@@ -160,12 +165,14 @@ def _check_fwd_tile(head_dim, head_dim_v, bm, bn, w):
 
 
 def fwd_config(dtype, head_dim, head_dim_v, func_n, switches, *, has_rab=False,
-               rab_per_head=False, rab_dtype="", paged=False) -> HstuFwdConfig:
+               rab_per_head=False, rab_dtype="", paged=False, kv_splits=1) -> HstuFwdConfig:
     """The forward compile key for padded head dims, ``func_n`` endpoint rows (0: no func)
     and the :class:`~jax_sparse_attn.config.Switches`; ``has_rab`` (with ``rab_per_head``
     and rab's dtype name) adds the relative attention bias to the selected forward;
     ``paged`` selects the paged-KV variant of the sm90ws forward
-    (:func:`paged_unsupported_reason` says when it exists)."""
+    (:func:`paged_unsupported_reason` says when it exists); ``kv_splits`` (resolved, see
+    :func:`resolve_kv_splits`) splits the keys of the sm90ws forward (the sm80 forward
+    ignores it)."""
     d = max(head_dim, head_dim_v)
     impl = switches.hstu_fwd_impl
     rab = dict(has_rab=bool(has_rab), rab_per_head=bool(has_rab and rab_per_head),
@@ -175,9 +182,10 @@ def fwd_config(dtype, head_dim, head_dim_v, func_n, switches, *, has_rab=False,
         if reason is not None:
             raise NotImplementedError(reason)
         return dataclasses.replace(_ws_config(dtype, head_dim, head_dim_v, 0, switches, rab),
-                                   paged=True)
+                                   paged=True, kv_splits=int(kv_splits))
     if impl == "sm90ws":
-        return _ws_config(dtype, head_dim, head_dim_v, func_n, switches, rab)
+        return dataclasses.replace(_ws_config(dtype, head_dim, head_dim_v, func_n, switches,
+                                              rab), kv_splits=int(kv_splits))
     if d <= 32:
         default = (128, 128, 4)
     elif d <= 128:
@@ -254,6 +262,37 @@ def bwd_sm90_unsupported_reason(head_dim, head_dim_v, has_rab) -> str | None:
         return (f"the sm90 backward takes head_dim = head_dim_v in {SM90_BWD_HEAD_DIMS}, got "
                 f"{head_dim}, {head_dim_v} (padded)")
     return None
+
+
+#: most key splits of the split-KV forward
+MAX_KV_SPLITS = 16
+#: keys per split below which "auto" does not split (one split streams >= 4 KV tiles)
+_MIN_KEYS_PER_SPLIT = 512
+
+
+def resolve_kv_splits(kv_splits, *, batch, num_heads, max_seqlen_q, max_seqlen_k,
+                      impl="sm90ws") -> int:
+    """The number of key splits of the sm90ws forward for the ``kv_splits`` option (an int
+    >= 1, or ``"auto"``) and the call's static sizes. ``"auto"`` splits only when the work
+    items (query tiles x heads, from ``batch``, ``max_seqlen_q`` and ``num_heads``) fill less
+    than one wave of the persistent grid (one CTA per SM): it takes the most splits that keep
+    one wave (``num_sms // items``), at most :data:`MAX_KV_SPLITS` and at most one per
+    512 keys of ``max_seqlen_k``. Other forwards: 1."""
+    if impl != "sm90ws":
+        return 1
+    if kv_splits != "auto":
+        return int(kv_splits)
+    items = max(1, batch * max(1, -(-max_seqlen_q // 128)) * num_heads)
+    splits = min(_num_sms() // items, MAX_KV_SPLITS, max_seqlen_k // _MIN_KEYS_PER_SPLIT)
+    return max(1, splits)
+
+
+def _add_splits(partials, dtype):
+    """Sum of the split-KV partial outputs ``(S, ...)`` fp32 in split order, cast."""
+    acc = partials[0]
+    for s in range(1, partials.shape[0]):
+        acc = acc + partials[s]
+    return acc.astype(dtype)
 
 
 def paged_unsupported_reason(head_dim, head_dim_v, switches) -> str | None:
@@ -357,7 +396,8 @@ def _fwd_adapter():
             kernel = HstuFwdSm90Ws(args[0], cfg.head_dim, cfg.head_dim_v, cfg.block_n,
                                    cfg.has_func, cfg.func_n, cfg.num_sms,
                                    overlap=cfg.ws_overlap, pingpong=cfg.ws_pingpong,
-                                   q_stages=cfg.ws_q_stages, silu16=cfg.ws_silu16)
+                                   q_stages=cfg.ws_q_stages, silu16=cfg.ws_silu16,
+                                   kv_splits=cfg.kv_splits)
         kernel(q, k, v, cu_q, cu_k, tiles, func, scal, win, out, stream)
 
     return hstu_fwd_launch
@@ -376,7 +416,7 @@ def _fwd_paged_adapter():
         kernel = HstuFwdSm90Ws(_dt(cfg.dtype), cfg.head_dim, cfg.head_dim_v, cfg.block_n,
                                False, 1, cfg.num_sms, overlap=cfg.ws_overlap,
                                pingpong=cfg.ws_pingpong, q_stages=cfg.ws_q_stages,
-                               silu16=cfg.ws_silu16, paged=True)
+                               silu16=cfg.ws_silu16, paged=True, kv_splits=cfg.kv_splits)
         kernel(q, paged_kv, paged_kv, cu_q, cu_k, tiles, func, scal, win, out, stream,
                mPageIds=page_ids, mPageIndptrs=page_indptrs)
 
@@ -404,7 +444,8 @@ def _fwd_rab_adapter():
                                    cfg.has_func, cfg.func_n, cfg.num_sms,
                                    overlap=cfg.ws_overlap, pingpong=cfg.ws_pingpong,
                                    q_stages=cfg.ws_q_stages, silu16=cfg.ws_silu16,
-                                   has_rab=True, rab_per_head=cfg.rab_per_head)
+                                   has_rab=True, rab_per_head=cfg.rab_per_head,
+                                   kv_splits=cfg.kv_splits)
         kernel(q, k, v, cu_q, cu_k, tiles, func, scal, win, out, stream, rab)
 
     return hstu_fwd_rab_launch
@@ -474,6 +515,14 @@ def _has_elements(rab):
     return rab is not None and rab.shape[0] > 0 and rab.shape[-1] > 0
 
 
+def _out_sds(key, t_q, h, dv_pad, dtype):
+    """The forward kernel's output: ``out (T_q, H, Dv)``, or with split-KV the fp32 partial
+    outputs ``(S, T_q, H, Dv)`` (every element written by the kernel)."""
+    if key.kv_splits > 1:
+        return jax.ShapeDtypeStruct((key.kv_splits, t_q, h, dv_pad), jnp.float32)
+    return jax.ShapeDtypeStruct((t_q, h, dv_pad), dtype)
+
+
 def hstu_fwd(q, k, v, cu_seqlens_q, cu_seqlens_k, func, cfg, rab=None):
     """HSTU forward on the CuTe DSL kernel for the op config ``cfg``
     (:class:`~jax_sparse_attn.config.HSTUConfig` with ``cfg.fwd`` set). q/k/v have the
@@ -493,7 +542,7 @@ def hstu_fwd(q, k, v, cu_seqlens_q, cu_seqlens_k, func, cfg, rab=None):
     tiles = metadata.hstu_fwd_schedule(cu_q, cu_k, func, key.block_m, t_q, cfg.window_size)
     scal, win = metadata.hstu_scalars(cfg.alpha, cfg.scaling_seqlen, cfg.window_size)
     func_arr = func.astype(jnp.int32) if key.has_func else jnp.zeros((1, 1, 1), jnp.int32)
-    out_sds = jax.ShapeDtypeStruct((t_q, h, cfg.head_dim_v_pad), q.dtype)
+    out_sds = _out_sds(key, t_q, h, cfg.head_dim_v_pad, q.dtype)
     args = (metadata.pad_last(q, cfg.head_dim_pad), metadata.pad_last(k, cfg.head_dim_pad),
             metadata.pad_last(v, cfg.head_dim_v_pad), cu_q, cu_k, tiles, func_arr, scal, win)
     # static_last: q, k, v (inputs 0-2) and out carry the padded head dims of the key; rab
@@ -508,6 +557,8 @@ def hstu_fwd(q, k, v, cu_seqlens_q, cu_seqlens_k, func, cfg, rab=None):
                                compile_key=("hstu_fwd", key), cfg=key,
                                static_last_inputs=(0, 1, 2), static_last_outputs=(0,))
         out = call(*args)
+    if key.kv_splits > 1:
+        out = _add_splits(out, q.dtype)
     return out[..., : cfg.head_dim_v]
 
 
@@ -537,13 +588,15 @@ def hstu_fwd_paged(q, paged_kv, page_ids, page_indptrs, cu_seqlens_q, cu_seqlens
     tiles = metadata.hstu_fwd_schedule(cu_q, cu_k, None, key.block_m, t_q, cfg.window_size)
     scal, win = metadata.hstu_scalars(cfg.alpha, cfg.scaling_seqlen, cfg.window_size)
     func_arr = jnp.zeros((1, 1, 1), jnp.int32)
-    out_sds = jax.ShapeDtypeStruct((t_q, h, cfg.head_dim_v_pad), q.dtype)
+    out_sds = _out_sds(key, t_q, h, cfg.head_dim_v_pad, q.dtype)
     call = _cutlass_call(cfg)(_fwd_paged_adapter(), output_shape_dtype=out_sds,
                               compile_key=("hstu_fwd_paged", key), cfg=key,
                               static_last_inputs=(0, 1), static_last_outputs=(0,))
     out = call(metadata.pad_last(q, cfg.head_dim_pad),
                metadata.pad_last(paged_kv, cfg.head_dim_pad), ids, ptr, cu_q, cu_k, tiles,
                func_arr, scal, win)
+    if key.kv_splits > 1:
+        out = _add_splits(out, q.dtype)
     return out[..., : cfg.head_dim_v]
 
 

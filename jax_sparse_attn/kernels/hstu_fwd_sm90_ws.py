@@ -85,12 +85,13 @@ class _Tile:
     mFunc: object
     mRab: object
     mO: object
+    split: object = None  # split-KV: this item's key split
 
 
 class HstuFwdSm90Ws(AttnFwdSm90Ws):
     def __init__(self, dtype, head_dim, head_dim_v, block_n, has_func, func_n, num_sms,
                  overlap=True, pingpong=True, max_stages=4, q_stages=2, silu16=False,
-                 has_rab=False, rab_per_head=False, paged=False):
+                 has_rab=False, rab_per_head=False, paged=False, kv_splits=1):
         self.dtype = dtype
         self.d = head_dim
         self.dv = head_dim_v
@@ -107,6 +108,9 @@ class HstuFwdSm90Ws(AttnFwdSm90Ws):
         self.has_rab = has_rab
         self.rab_per_head = rab_per_head
         self.paged = paged
+        # split-KV: work item = (query tile, head, key split); each split adds its KV tiles'
+        # fp32 partial O (times 1 / scaling_seqlen) into its own slice of mO (S, T_q, H, Dv)
+        self.kv_splits = kv_splits
         if paged and (PAGE_SIZE % block_n or head_dim != head_dim_v):
             raise NotImplementedError(
                 f"hstu_fwd_sm90_ws paged KV: block_n={block_n} must divide the page size "
@@ -149,7 +153,7 @@ class HstuFwdSm90Ws(AttnFwdSm90Ws):
         tma_q, tma_tQ, tma_k, tma_tK, tma_v, tma_tV = self._tma_atoms(
             tQ, tK, tV, sQ_layout, sK_layout, sV_layout)
         Smem = self._smem_struct(sQ_layout, sK_layout, sV_layout, sO_layout)
-        n_work = mTile.shape[0] * H
+        n_work = mTile.shape[0] * H * self.kv_splits
         grid = StaticLptScheduler.grid(n_work, self.num_sms)
         self.kernel(
             tma_q, tma_tQ, tma_k, tma_tK, tma_v, tma_tV, mV, mCuQ, mCuK, mTile, mFunc, mScal,
@@ -167,10 +171,12 @@ class HstuFwdSm90Ws(AttnFwdSm90Ws):
         warp = cute.arch.make_warp_uniform(cute.arch.warp_idx())
         wg_idx = warp // 4
         bm, bn, wgm = self.bm, self.bn, self.wg_m
-        n_heads = mO.shape[1]
+        n_heads = mO.shape[2] if cutlass.const_expr(self.kv_splits > 1) else mO.shape[1]
         # GQA/MQA: query head h reads KV head h // group (group = H / H_kv, 1 without GQA)
         group = n_heads // n_heads_kv
-        sched = StaticLptScheduler(n_heads, mTile.shape[0] * n_heads)
+        # split-KV: items (row, split * H + head): a row's splits are consecutive items
+        n_hs = n_heads * self.kv_splits
+        sched = StaticLptScheduler(n_hs, mTile.shape[0] * n_hs)
         st, pipe_q, pipe_k, pipe_v, sQ, sK, sV, q_bytes, k_bytes, v_bytes = (
             self._smem_and_pipes(Smem, sQ_layout, sK_layout, sV_layout, tma_q, tma_k, tma_v,
                                  warp))
@@ -183,12 +189,12 @@ class HstuFwdSm90Ws(AttnFwdSm90Ws):
             if warp == 0:
                 lane, sV_rows, c_q, c_kv, t = self._producer_warp_start(sV, sched)
                 while sched.valid(t):
-                    slot, head = sched.coords(t)
+                    slot, head, split = self._coords(sched, t, n_heads)
                     batch = Int32(mTile[slot, 0])
                     if batch >= 0:
                         work, m_block, m0 = self._work(mTile, slot, head, batch, mCuQ, mCuK,
                                                        left, right, mV, group,
-                                                       mPageIds, mPageIndptrs)
+                                                       mPageIds, mPageIndptrs, split)
                         c_q, c_kv = self._produce(
                             work, m_block, tma_q, tma_tQ, tma_k, tma_tK,
                             tma_v, tma_tV, sQ, sK, sV, sV_rows, pipe_q, pipe_k, pipe_v,
@@ -208,16 +214,16 @@ class HstuFwdSm90Ws(AttnFwdSm90Ws):
             turns.start(wg)
             c_q, c_kv, t = self._loop_start(sched)
             while sched.valid(t):
-                slot, head = sched.coords(t)
+                slot, head, split = self._coords(sched, t, n_heads)
                 batch = Int32(mTile[slot, 0])
                 if batch >= 0:
                     work, m_block, m0 = self._work(mTile, slot, head, batch, mCuQ, mCuK, left,
                                                    right, mV, group, mPageIds,
-                                                   mPageIndptrs)
+                                                   mPageIndptrs, split)
                     mw0 = m0 + wg * wgm
                     mw1 = cutlass.min(mw0 + wgm, work.seq.seqlen_q)
                     tile = _Tile(batch, mw0, mw1, mask, tSc, left, right, alpha_half,
-                                 inv_scale, mFunc, mRab, mO)
+                                 inv_scale, mFunc, mRab, mO, split)
                     c_kv, c_q = self._consume(
                         work, tile, mma_qk, mma_qk0, mma_pv, thr_mma_qk,
                         thr_mma_pv, tSrQ, tSrK, tOrV, pipe_q, pipe_k, pipe_v, c_q, c_kv, sO,
@@ -225,8 +231,16 @@ class HstuFwdSm90Ws(AttnFwdSm90Ws):
                 t = sched.next(t)
 
     @cute.jit
+    def _coords(self, sched, t, n_heads):
+        """(schedule row, head, key split) of work item ``t``."""
+        slot, hs = sched.coords(t)
+        if cutlass.const_expr(self.kv_splits == 1):
+            return slot, hs, None
+        return slot, hs % n_heads, hs // n_heads
+
+    @cute.jit
     def _work(self, mTile, slot, head, batch, mCuQ, mCuK, left, right, mV, group,
-              mPageIds=None, mPageIndptrs=None):
+              mPageIds=None, mPageIndptrs=None, split=None):
         """Work item of schedule row ``slot`` (``batch >= 0``) and ``head``: the sequence, its
         query tile ``m_block`` (first row ``m0``), the KV-tile range it visits and its KV head
         ``head // group``."""
@@ -237,6 +251,13 @@ class HstuFwdSm90Ws(AttnFwdSm90Ws):
         m1 = cutlass.min(m0 + bm, seq.seqlen_q)
         blk = BlockInfo.create(mTile, slot, m0, m1, seq.seqlen_k, seq.off, left, right,
                                self.bn, self.has_func)
+        if cutlass.const_expr(self.kv_splits > 1):
+            # split s visits KV tiles [n_min + s c, n_min + (s + 1) c) of the range, c =
+            # ceil(n_count / S) (none for the splits past the range's end)
+            chunk = (blk.n_count + self.kv_splits - 1) // self.kv_splits
+            lo = cutlass.min(blk.n_min + split * chunk, blk.n_max)
+            hi = cutlass.min(lo + chunk, blk.n_max)
+            blk = BlockInfo(blk.j_lo, blk.j_hi, blk.f0, lo, hi, hi - lo)
         pages = None
         if cutlass.const_expr(self.paged):
             # sequence `batch` owns page slots [indptr[b], indptr[b + 1]) of page_ids
@@ -329,10 +350,22 @@ class HstuFwdSm90Ws(AttnFwdSm90Ws):
 
     @cute.jit
     def _epilogue(self, acc_O, work, tile, thr_mma_pv, sO, wg, wtid, has_work):
-        """``O / scaling_seqlen`` of this warpgroup's rows ``< L_q``."""
-        mO_b = offset_rows(tile.mO[None, work.head, None], work.seq.q_start)
-        self._store_o(acc_O, tile.inv_scale, thr_mma_pv, sO, mO_b, tile.mw0, work.seq.seqlen_q,
-                      wg, wtid, has_work)
+        """``O / scaling_seqlen`` of this warpgroup's rows ``< L_q`` (split-KV: the fp32
+        partial of this item's split, from registers)."""
+        if cutlass.const_expr(self.kv_splits > 1):
+            mP_b = offset_rows(tile.mO[tile.split, None, work.head, None], work.seq.q_start)
+            gP = cute.local_tile(mP_b, (self.wg_m, self.dv), (tile.mw0 // self.wg_m, 0))
+            tPg = thr_mma_pv.partition_C(gP)
+            tPc = thr_mma_pv.partition_C(cute.make_identity_tensor((self.wg_m, self.dv)))
+            lim = work.seq.seqlen_q - tile.mw0
+            # an item without KV tiles stores zeros (acc_O is zero-filled)
+            for e in cutlass.range_constexpr(cute.size(acc_O)):
+                if tPc[e][0] < lim:
+                    tPg[e] = acc_O[e] * tile.inv_scale
+        else:
+            mO_b = offset_rows(tile.mO[None, work.head, None], work.seq.q_start)
+            self._store_o(acc_O, tile.inv_scale, thr_mma_pv, sO, mO_b, tile.mw0,
+                          work.seq.seqlen_q, wg, wtid, has_work)
 
     # ------------------------------------------------------------- score function
     def _h(self, x, alpha_half):
