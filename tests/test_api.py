@@ -104,9 +104,10 @@ def test_hstu_bad_inputs():
     _raises(ValueError, r"k must have rank 3", f, q, k[0], v, cu, cu, **kw)
     _raises(TypeError, r"one dtype; q is float32 but k is bfloat16", f, q, k.astype(jnp.bfloat16), v, cu, cu, **kw)
     _raises(TypeError, r"q dtype must be float16 or bfloat16", f, q.astype(jnp.int32), k, v, cu, cu, **kw)
-    _raises(ValueError, r"k must have shape \(T_k, H=2, D=8\)", f, q, k[:, :, :4], v, cu, cu, **kw)
-    _raises(ValueError, r"v must have shape \(T_k=12, H=2, D_v >= 1\)", f, q, k, v[:5], cu, cu, **kw)
-    _raises(ValueError, r"v must have shape \(T_k=12, H=2, D_v >= 1\), got \(12, 2, 0\)", f, q, k,
+    _raises(ValueError, r"k must have shape \(T_k, H_kv, D=8\) with H_kv dividing q's H=2", f, q,
+            k[:, :, :4], v, cu, cu, **kw)
+    _raises(ValueError, r"v must have shape \(T_k=12, H_kv=2, D_v >= 1\)", f, q, k, v[:5], cu, cu, **kw)
+    _raises(ValueError, r"v must have shape \(T_k=12, H_kv=2, D_v >= 1\), got \(12, 2, 0\)", f, q, k,
             v[..., :0], cu, cu, **kw)
     _raises(ValueError, r"q \(T_q, H, D\) needs H >= 1 heads and head dim D >= 1, got shape \(12, 2, 0\)",
             f, q[..., :0], k[..., :0], v, cu, cu, **kw)
