@@ -393,6 +393,48 @@ def _bwd_adapter():
     return hstu_bwd_launch
 
 
+@functools.lru_cache(maxsize=None)
+def _schedule_adapter():
+    import cutlass  # noqa: PLC0415
+    import cutlass.cute as cute  # noqa: PLC0415
+
+    from ..kernels.hstu_schedule import HstuFwdSchedule  # noqa: PLC0415
+
+    @cute.jit
+    def hstu_fwd_schedule_launch(stream, cu_q, cu_k, param, cu_q_out, cu_k_out, tiles,
+                                 *, block_m: cutlass.Constexpr):
+        HstuFwdSchedule(block_m)(cu_q, cu_k, param, cu_q_out, cu_k_out, tiles, stream)
+
+    return hstu_fwd_schedule_launch
+
+
+def _fwd_metadata(cu_seqlens_q, cu_seqlens_k, func, cfg, t_q, t_k):
+    """Sanitised ``cu_q`` / ``cu_k`` (each with the pseudo-sequence) and the forward tile
+    schedule: one launch of ``kernels/hstu_schedule.py`` where ``cfg.schedule`` is
+    ``"kernel"`` and the call fits its limits (no func mask, at most ``MAX_SEQS``
+    sequences and ``MAX_SLOTS`` query tiles), else the jnp formulation of ``metadata``."""
+    bm = cfg.fwd.block_m
+    nb = cu_seqlens_q.shape[0] - 1
+    n_slots = t_q // bm + nb + 1
+    if cfg.schedule == "kernel" and func is None:
+        from ..kernels.hstu_schedule import MAX_SEQS, MAX_SLOTS  # noqa: PLC0415
+
+        if nb + 2 <= MAX_SEQS and n_slots <= MAX_SLOTS:
+            n_pow2 = 1 << max(n_slots - 1, 1).bit_length()
+            left, right = (int(w) for w in cfg.window_size)
+            param = jnp.asarray([t_q, t_k, left, right, n_slots, n_pow2], jnp.int32)
+            out_sds = (jax.ShapeDtypeStruct((nb + 2,), jnp.int32),
+                       jax.ShapeDtypeStruct((nb + 2,), jnp.int32),
+                       jax.ShapeDtypeStruct((n_slots, 5), jnp.int32))
+            call = _cutlass_call(cfg)(_schedule_adapter(), output_shape_dtype=out_sds,
+                                      compile_key=("hstu_fwd_schedule", bm), block_m=bm)
+            return call(cu_seqlens_q.astype(jnp.int32), cu_seqlens_k.astype(jnp.int32), param)
+    cu_q = metadata.append_pseudo_sequence(metadata.sanitize_cu_seqlens(cu_seqlens_q, t_q), t_q)
+    cu_k = metadata.append_pseudo_sequence(metadata.sanitize_cu_seqlens(cu_seqlens_k, t_k), None)
+    tiles = metadata.hstu_fwd_schedule(cu_q, cu_k, func, bm, t_q, cfg.window_size)
+    return cu_q, cu_k, tiles
+
+
 def _cutlass_call(cfg):
     """The kernel-call builder that ``cfg.cute_call`` (the ``cute_call`` switch) selects:
     ``cute_call`` (one compile per compile key for every shape) or plain ``cutlass_call``."""
@@ -419,10 +461,8 @@ def hstu_fwd(q, k, v, cu_seqlens_q, cu_seqlens_k, func, cfg, rab=None):
         return jnp.zeros(out_shape, q.dtype)
     # clamped so no cu_seqlens value makes the kernel read or write out of bounds;
     # pseudo-sequence B covers rows past cu_q[-1] (no keys): the kernel writes zeros there
-    cu_q = metadata.append_pseudo_sequence(metadata.sanitize_cu_seqlens(cu_seqlens_q, t_q), t_q)
-    cu_k = metadata.append_pseudo_sequence(
-        metadata.sanitize_cu_seqlens(cu_seqlens_k, k.shape[0]), None)
-    tiles = metadata.hstu_fwd_schedule(cu_q, cu_k, func, key.block_m, t_q, cfg.window_size)
+    cu_q, cu_k, tiles = _fwd_metadata(cu_seqlens_q, cu_seqlens_k, func if key.has_func else None,
+                                      cfg, t_q, k.shape[0])
     scal, win = metadata.hstu_scalars(cfg.alpha, cfg.scaling_seqlen, cfg.window_size)
     func_arr = func.astype(jnp.int32) if key.has_func else jnp.zeros((1, 1, 1), jnp.int32)
     out_sds = jax.ShapeDtypeStruct((t_q, h, cfg.head_dim_v_pad), q.dtype)
