@@ -1,18 +1,26 @@
-"""HSTU forward tile schedule on the GPU in one launch (CuTe DSL, no jax imports).
+"""HSTU tile schedules on the GPU in one launch (CuTe DSL, no jax imports).
 
 One CTA of 1024 threads turns the raw ``cu_seqlens_q`` / ``cu_seqlens_k`` of a call into
-what the forward kernels read, everything in shared memory:
+what the HSTU kernels read, everything in shared memory:
 
 * the sanitised offsets (``metadata.sanitize_cu_seqlens`` + ``append_pseudo_sequence``):
   ``cu[0] = 0``, every entry clamped to ``[0, total]`` and made non-decreasing (a running
-  max, Hillis-Steele scan), plus one pseudo-sequence: ``cu_q[B + 1] = T_q`` (rows past
-  ``cu_q[B]`` belong to it and get zeros) and ``cu_k[B + 1] = cu_k[B]`` (no keys);
-* the schedule rows ``[batch, m_block, 0, 0, 0]`` of every query tile of ``block_m`` rows
-  (``batch = -1``: idle slot), ordered longest processing time first: a tile's work is
-  the number of keys its window lets it see, in units of 64 keys, plus one (the same
-  window arithmetic as ``metadata.hstu_fwd_schedule``); ties keep the canonical order.
-  The order is a bitonic sort of 32-bit keys ``(2^17 - 1 - work) << 14 | canonical
-  index`` in shared memory.
+  max, Hillis-Steele scan), plus one pseudo-sequence. Forward: ``cu_q[B + 1] = T_q`` (rows
+  past ``cu_q[B]`` belong to it and get zeros), ``cu_k[B + 1] = cu_k[B]`` (no keys);
+  backward: the other way round (keys past ``cu_k[B]`` get zero dk/dv).
+* forward (``HstuSchedule(block_m)``): the schedule rows ``[batch, m_block, 0, 0, 0]`` of
+  every query tile of ``block_m`` rows (``batch = -1``: idle slot), longest processing
+  time first: a tile's work is the number of keys its window lets it see, in units of 64
+  keys, plus one (the window arithmetic of ``metadata.hstu_fwd_schedule``); ties keep the
+  canonical order.
+* backward (``HstuSchedule(block_n, kv_major=True, block_other=block_m)``): the KV tiles
+  ``[batch, n_block]`` of ``block_n`` keys, longest work first (``sort``; the number of
+  query rows the window lets see the tile, as ``metadata.hstu_bwd_schedule``) or in
+  canonical order, and ``q_start`` (B + 2,): each sequence's first canonical query tile of
+  ``block_m`` rows.
+
+The order is a bitonic sort of 32-bit keys ``(2^17 - 1 - work) << 14 | canonical index``
+in shared memory.
 
 The XLA formulation of the same schedule costs about ten small kernels (a sort, scans,
 gathers, concatenations); this is one. Limits (static, checked by the caller): at most
@@ -36,15 +44,20 @@ _WORK_MAX = (1 << 17) - 1  # work (64-key units) saturates here
 _IDLE = 0x7FFFFFFF  # the key of an idle slot: sorts last
 
 
-class HstuFwdSchedule:
-    def __init__(self, block_m: int):
-        self.bm = block_m
+class HstuSchedule:
+    def __init__(self, block: int, kv_major: bool = False, block_other: int = 0,
+                 sort: bool = True):
+        self.bm = block
+        self.kv_major = kv_major
+        self.block_other = block_other
+        self.sort = sort
 
     @cute.jit
-    def __call__(self, mCuQ, mCuK, mParam, mCuQs, mCuKs, mTile, stream):
+    def __call__(self, mCuQ, mCuK, mParam, mCuQs, mCuKs, mTile, mQStart, stream):
         """``mCuQ``/``mCuK`` (B + 1,) raw offsets; ``mParam`` int32 ``[T_q, T_k, left, right,
         n_slots, n_pow2]`` (``n_pow2``: a power of two >= ``n_slots``); outputs ``mCuQs``,
-        ``mCuKs`` (B + 2,) and ``mTile`` (n_slots, 5)."""
+        ``mCuKs`` (B + 2,), ``mTile`` (n_slots, 5) forward / (n_slots, 2) backward and (backward)
+        ``mQStart`` (B + 2,)."""
 
         @cute.struct
         class Smem:
@@ -52,8 +65,9 @@ class HstuFwdSchedule:
             cq: cute.struct.MemRange[Int32, MAX_SEQS]
             ck: cute.struct.MemRange[Int32, MAX_SEQS]
             start: cute.struct.MemRange[Int32, MAX_SEQS]
+            qstart: cute.struct.MemRange[Int32, MAX_SEQS]
 
-        launch(self.kernel(mCuQ, mCuK, mParam, mCuQs, mCuKs, mTile, Smem), (1, 1, 1),
+        launch(self.kernel(mCuQ, mCuK, mParam, mCuQs, mCuKs, mTile, mQStart, Smem), (1, 1, 1),
                NUM_THREADS, Smem, stream)
 
     @cute.jit
@@ -93,7 +107,8 @@ class HstuFwdSchedule:
         return lo
 
     @cute.kernel
-    def kernel(self, mCuQ, mCuK, mParam, mCuQs, mCuKs, mTile, Smem: cutlass.Constexpr):
+    def kernel(self, mCuQ, mCuK, mParam, mCuQs, mCuKs, mTile, mQStart,
+               Smem: cutlass.Constexpr):
         tid, _, _ = cute.arch.thread_idx()
         tid = Int32(tid)
         st = smem_storage(Smem)
@@ -101,6 +116,7 @@ class HstuFwdSchedule:
         cq = st.cq.get_tensor(cute.make_layout(MAX_SEQS))
         ck = st.ck.get_tensor(cute.make_layout(MAX_SEQS))
         start = st.start.get_tensor(cute.make_layout(MAX_SEQS))
+        qstart = st.qstart.get_tensor(cute.make_layout(MAX_SEQS))
         t_q = Int32(mParam[0])
         t_k = Int32(mParam[1])
         left = Int32(mParam[2])
@@ -122,45 +138,75 @@ class HstuFwdSchedule:
         cute.arch.barrier()
         self._scan(cq, tid, nb + 1, True)
         self._scan(ck, tid, nb + 1, True)
-        # pseudo-sequence B: queries up to T_q, no keys
+        # pseudo-sequence B: forward queries up to T_q without keys, backward keys up to T_k
+        # without queries
         if tid == 0:
-            cq[nb + 1] = t_q
-            ck[nb + 1] = ck[nb]
+            if cutlass.const_expr(self.kv_major):
+                cq[nb + 1] = cq[nb]
+                ck[nb + 1] = t_k
+            else:
+                cq[nb + 1] = t_q
+                ck[nb + 1] = ck[nb]
         cute.arch.barrier()
         if tid <= nb + 1:
             mCuQs[tid] = cq[tid]
             mCuKs[tid] = ck[tid]
-        # ---- query tiles per sequence (B + 1 of them) -> exclusive prefix sum
+        # ---- tiles per sequence (B + 1 of them) -> exclusive prefix sum
         nseq = nb + 1
+        cmaj = ck if cutlass.const_expr(self.kv_major) else cq
         if tid < nseq:
-            start[tid + 1] = (cq[tid + 1] - cq[tid] + (bm - 1)) // bm
+            start[tid + 1] = (cmaj[tid + 1] - cmaj[tid] + (bm - 1)) // bm
+            if cutlass.const_expr(self.kv_major):
+                qstart[tid + 1] = ((cq[tid + 1] - cq[tid] + (self.block_other - 1))
+                                   // self.block_other)
         if tid == 0:
             start[0] = Int32(0)
+            qstart[0] = Int32(0)
         cute.arch.barrier()
         self._scan(start, tid, nseq + 1, False)
+        if cutlass.const_expr(self.kv_major):
+            self._scan(qstart, tid, nseq + 1, False)
+            if tid <= nseq:
+                mQStart[tid] = qstart[tid]
         total = start[nseq]
         # ---- sort keys of the canonical tiles
         for c in cutlass.range(tid, n_pow2, NUM_THREADS, unroll=1):
             key = Int32(_IDLE)
             if c < total:
-                b = self._batch_of(start, c, nseq)
-                m0 = (c - start[b]) * bm
-                lq = cq[b + 1] - cq[b]
-                lk = ck[b + 1] - ck[b]
-                off = lk - lq
-                m1 = cutlass.min(m0 + bm, lq)
-                j_lo = Int32(0)
-                if left >= 0:
-                    j_lo = cutlass.max(m0 + off - left, Int32(0))
-                j_hi = lk
-                if right >= 0:
-                    j_hi = cutlass.min(m1 + off + right, lk)
-                work = cutlass.min(cutlass.max(j_hi - j_lo, Int32(0)) // 64 + 1, Int32(_WORK_MAX))
-                key = ((Int32(_WORK_MAX) - work) << _IDX_BITS) | c
+                key = c
+                if cutlass.const_expr(self.sort):
+                    b = self._batch_of(start, c, nseq)
+                    m0 = (c - start[b]) * bm
+                    lq = cq[b + 1] - cq[b]
+                    lk = ck[b + 1] - ck[b]
+                    off = lk - lq
+                    lo = Int32(0)
+                    hi = Int32(0)
+                    if cutlass.const_expr(self.kv_major):
+                        # query rows that see keys [m0, m1) of the sequence
+                        m1 = cutlass.min(m0 + bm, lk)
+                        hi = lq
+                        if right >= 0:
+                            lo = cutlass.max(m0 - right - off, Int32(0))
+                        if left >= 0:
+                            hi = cutlass.min(m1 + left - off, lq)
+                    else:
+                        # keys that rows [m0, m1) see
+                        m1 = cutlass.min(m0 + bm, lq)
+                        hi = lk
+                        if left >= 0:
+                            lo = cutlass.max(m0 + off - left, Int32(0))
+                        if right >= 0:
+                            hi = cutlass.min(m1 + off + right, lk)
+                    work = cutlass.min(cutlass.max(hi - lo, Int32(0)) // 64 + 1,
+                                       Int32(_WORK_MAX))
+                    key = ((Int32(_WORK_MAX) - work) << _IDX_BITS) | c
             keys[c] = key
         cute.arch.barrier()
         # ---- bitonic sort of keys[0:n_pow2], ascending
         k = Int32(2)
+        if cutlass.const_expr(not self.sort):
+            k = n_pow2 + 1  # canonical order: no sort
         while k <= n_pow2:
             j = k // 2
             while j > 0:
@@ -190,9 +236,10 @@ class HstuFwdSchedule:
                 m_out = c - start[b]
             mTile[s, 0] = b_out
             mTile[s, 1] = m_out
-            mTile[s, 2] = Int32(0)
-            mTile[s, 3] = Int32(0)
-            mTile[s, 4] = Int32(0)
+            if cutlass.const_expr(not self.kv_major):
+                mTile[s, 2] = Int32(0)
+                mTile[s, 3] = Int32(0)
+                mTile[s, 4] = Int32(0)
 
 
-__all__ = ["HstuFwdSchedule", "MAX_SEQS", "MAX_SLOTS"]
+__all__ = ["HstuSchedule", "MAX_SEQS", "MAX_SLOTS"]
