@@ -160,6 +160,11 @@ SWITCHES = (
            "HSTU sm80 forward tile override (tuning; unset: the kernel's tiles for the head "
            "dims); with sm90ws it is an error (bn=N of JAX_SPARSE_ATTN_HSTU_WS sets its "
            "block_n)"),
+    _choice("hstu_schedule", "JAX_SPARSE_ATTN_HSTU_SCHEDULE", ("kernel", "xla"),
+            "how the HSTU forward's tile schedule (sanitised cu_seqlens + query tiles "
+            "longest work first) is built: kernel (one single-CTA CuTe DSL launch, "
+            "kernels/hstu_schedule.py; up to 1022 sequences and 8192 query tiles, and no "
+            "func mask, else xla), xla (jnp ops: a sort, scans, gathers)"),
     _choice("hstu_bwd_impl", "JAX_SPARSE_ATTN_HSTU_BWD_IMPL", ("sm90", "sm80"),
             "HSTU backward kernel: sm90 (warp-specialized TMA producer warp + two wgmma "
             "consumer warpgroups; D = D_v in {64, 128} without rab, other calls run sm80 and "
@@ -219,6 +224,7 @@ class Switches:
     hstu_fwd_impl: str = _DEFAULT["hstu_fwd_impl"]
     hstu_fwd_ws: tuple = _DEFAULT["hstu_fwd_ws"]
     hstu_fwd_tile: tuple | None = _DEFAULT["hstu_fwd_tile"]
+    hstu_schedule: str = _DEFAULT["hstu_schedule"]
     hstu_bwd_impl: str = _DEFAULT["hstu_bwd_impl"]
     hstu_bwd_dq: str = _DEFAULT["hstu_bwd_dq"]
     hstu_bwd_tile: tuple | None = _DEFAULT["hstu_bwd_tile"]
@@ -339,6 +345,7 @@ class HSTUConfig:
     rab_per_head: bool = False  # H_rab == H
     rab_dtype: str = ""
     cute_call: str = "shared"  # kernel backend: Switches.cute_call (how kernel calls compile)
+    schedule: str = "kernel"  # kernel backend: Switches.hstu_schedule (forward tile schedule)
     # query heads H and key/value heads H_kv (H_kv divides H; H_kv < H: GQA/MQA, query head h
     # reads KV head h // (H / H_kv)); 0 = not recorded
     num_heads: int = 0

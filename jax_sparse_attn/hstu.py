@@ -121,7 +121,7 @@ def _make_config(q, k, v, cu_seqlens_q, cu_seqlens_k, func, paged_kv, page_ids, 
                  **({"kv_splits": splits} if splits > 1 else {}))
     return dataclasses.replace(
         cfg, backend="kernel", head_dim_pad=d_pad, head_dim_v_pad=dv_pad,
-        cute_call=switches.cute_call, kv_splits=splits,
+        cute_call=switches.cute_call, kv_splits=splits, schedule=switches.hstu_schedule,
         fwd=mod.fwd_config(cfg.dtype, d_pad, dv_pad, cfg.func_n, switches, **_rab_key(cfg),
                            **extra),
         bwd=None if cfg.paged else mod.bwd_config(cfg.dtype, d_pad, dv_pad, cfg.func_n, switches,
