@@ -157,6 +157,7 @@ def hstu_attention_sharded(q, k, v, cu_seqlens_q, cu_seqlens_k, *, mesh, token_a
     _check_div("T_q", q.shape[0], ns, token_axis)
     _check_div("T_k", k.shape[0], ns, token_axis)
     _check_div("H", q.shape[1], nh, head_axis)
+    _check_div("H_kv", k.shape[1], nh, head_axis)  # GQA: each shard keeps whole groups
     if func is not None and func.shape[0] != ns:
         raise ValueError(f"func must have shape (num_shards={ns}, N, L_local), got {func.shape}")
     tok = P(token_axis, head_axis, None)
