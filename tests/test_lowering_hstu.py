@@ -347,7 +347,7 @@ BWD_SM90_LOWER = [(128, "bfloat16", "causal"), (64, "float16", "func"),
 _BWD_WINDOWS = {"causal": (-1, 0), "func": (-1, -1), "window": (63, 17), "full": (-1, -1)}
 
 
-def _bwd_text(head_dim, dtype, mask, switches, head_dim_v=None, lq=None):
+def _bwd_text(head_dim, dtype, mask, switches, head_dim_v=None, lq=None, deterministic=False):
     """The lowered text of jax.grad through the public op (kernel backend); ``lq`` rows of q
     (default T: L_q = L_k)."""
     import jax_sparse_attn as jsa  # noqa: PLC0415
@@ -362,7 +362,8 @@ def _bwd_text(head_dim, dtype, mask, switches, head_dim_v=None, lq=None):
     def loss(q, k, v, cu_q, cu_k, func):
         out = jsa.hstu_attention(q, k, v, cu_q, cu_k, max_seqlen_q=200, max_seqlen_k=200,
                                  window_size=_BWD_WINDOWS[mask], alpha=0.3, func=func,
-                                 backend="kernel", switches=switches)
+                                 backend="kernel", switches=switches,
+                                 deterministic=deterministic)
         return jnp.sum(out.astype(jnp.float32))
 
     return _lower(jax.grad(loss, argnums=(0, 1, 2)), q, k, v, cu, cu, func)
