@@ -146,6 +146,33 @@ class TestHSTUBackwardImpls(HSTUKernelGrid):
     test_hstu_remat_matches_plain_grad = None  # the default grid's class runs it
 
 
+#: grid cases that TestHSTUBackwardDeterministic also runs on the sm80 backward
+DET_SM80_CASES = [HSTUCase(128), HSTUCase(64, "float16"), HSTUCase(128, window=(63, 17)),
+                  HSTUCase(128, window=(-1, -1), func_n=3), HSTUCase(128, lens="lq_lt_lk")]
+
+
+class TestHSTUBackwardDeterministic(HSTUKernelGrid):
+    """HSTU_TEST_DET=1: the grid with ``deterministic=True`` on the default switches (the sm90
+    backward at D = D_v in {64, 128}, sm80 for the other cases) and :data:`DET_SM80_CASES` on
+    the sm80 backward (``hstu_bwd_impl="sm80"``), so both kernels' ordered dQ additions run
+    every mask kind."""
+
+    public_kw = (("deterministic", True),)
+
+    @classmethod
+    def grid(cls):
+        if os.environ.get("HSTU_TEST_DET", "") in ("", "0"):
+            return []
+        cases = [(c, Switches()) for c in HSTU_GRID]
+        cases += [(c, Switches(hstu_bwd_impl="sm80")) for c in DET_SM80_CASES]
+        return shard(cases, SHARD)
+
+    def test_hstu_grid(self, case, switches):
+        self.run_case(case, switches, seed=31)
+
+    test_hstu_remat_matches_plain_grad = None  # the default grid's class runs it
+
+
 def _bwd_case(lens, d, window, seed, poison, impl, dtype="bfloat16", backend="kernel",
               dq="red"):
     """The backward of ``impl`` (public op, kernel backend) vs the float32 reference on a
