@@ -106,7 +106,12 @@ def _make_config(q, k, v, cu_seqlens_q, cu_seqlens_k, func, paged_kv, page_ids, 
         cute_call=switches.cute_call,
         fwd=mod.fwd_config(cfg.dtype, d_pad, dv_pad, cfg.func_n, switches, **_rab_key(cfg)),
         bwd=None if cfg.paged else mod.bwd_config(cfg.dtype, d_pad, dv_pad, cfg.func_n, switches,
-                                                  deterministic=deterministic, **_rab_key(cfg)))
+                                                  **_det_key(cfg), **_rab_key(cfg)))
+
+
+def _det_key(cfg):
+    """The deterministic part of the backward compile key (nothing in the default mode)."""
+    return {"deterministic": True} if cfg.deterministic else {}
 
 
 def _rab_key(cfg):
