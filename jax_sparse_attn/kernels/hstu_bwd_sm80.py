@@ -36,7 +36,9 @@ then a CTA barrier) until the semaphore of (``m``, head) reaches ``n`` when KV t
 ``n - 1`` covers ``m`` too (``QTileRange.covers``: the same query-tile range and func test
 as this kernel's walk); after the tile's closing barrier thread 0 publishes ``n + 1``. The
 canonical launch order puts KV tile ``n - 1`` of a sequence at a lower linear block index,
-so with in-order block dispatch the lowest unfinished block never waits (no deadlock).
+so with in-order block dispatch the lowest unfinished block never waits (no deadlock). The
+CTA walks its query tiles from the last one down in this mode, so KV tile ``n - 1`` reaches
+a shared query tile no later than tile ``n`` (see ``hstu_bwd_sm90``).
 ``drab`` with ``H_rab = 1`` then goes per head into ``mdRab (B, H, N_k, N_k)`` fp32 by direct
 stores (XLA sums the heads), so every backward output is bitwise reproducible.
 """
@@ -250,20 +252,24 @@ class HstuBwdSm80(hc.HstuSm80Kernel):
                 qp = QTileRange.create(mQStart, batch, n0 - bn, seqlen_q, seqlen_k, off, left,
                                        right, bm, bn, self.has_func)
 
+            # query tiles ascending, or (deterministic) from the last one down (see the
+            # module docstring)
+            m_step = -1 if cutlass.const_expr(self.deterministic) else 1
+            m_first = m_min + m_count - 1 if cutlass.const_expr(self.deterministic) else m_min
             if m_count > 0:
                 hc.load_rows(copy_d, tKgK, tKsK, tKc, seqlen_k - n0)
                 hc.load_rows(copy_dv, tVgV, tVsV, tVc, seqlen_k - n0)
-                hc.load_rows(copy_d, tQgQ[None, None, None, m_min], tQsQ[None, None, None, 0],
-                             tQc, seqlen_q - m_min * bm)
-                hc.load_rows(copy_dv, tdOgdO[None, None, None, m_min],
-                             tdOsdO[None, None, None, 0], tdOc, seqlen_q - m_min * bm)
+                hc.load_rows(copy_d, tQgQ[None, None, None, m_first], tQsQ[None, None, None, 0],
+                             tQc, seqlen_q - m_first * bm)
+                hc.load_rows(copy_dv, tdOgdO[None, None, None, m_first],
+                             tdOsdO[None, None, None, 0], tdOc, seqlen_q - m_first * bm)
                 cute.arch.cp_async_commit_group()
 
             for it in cutlass.range(m_count, unroll=1):
-                m_block = m_min + it
+                m_block = m_first + m_step * it
                 stage = it % 2
                 if it + 1 < m_count:
-                    mn = m_block + 1
+                    mn = m_block + m_step
                     hc.load_rows(copy_d, tQgQ[None, None, None, mn],
                                  tQsQ[None, None, None, 1 - stage], tQc, seqlen_q - mn * bm)
                     hc.load_rows(copy_dv, tdOgdO[None, None, None, mn],

@@ -51,7 +51,11 @@ semaphore of (query tile, head) reaches ``n`` when KV tile ``n - 1`` also covers
 (``QTileRange.covers``), then arrives on named barrier 2; the consumers sync on it before
 their ``red.global.add`` of that tile and arrive on named barrier 3 after them; warp 1 syncs
 on barrier 3 and publishes ``n + 1`` (``fence.acq_rel.gpu`` + store). The spin overlaps the
-consumers' GEMMs. Deadlock freedom: a CTA only waits for the CTA of KV tile ``n - 1`` of
+consumers' GEMMs. In this mode every CTA walks its query tiles from the last one down: the
+CTA of KV tile ``n - 1`` (whose query-tile range ends no later and which launches no later)
+then reaches each shared query tile no later than the CTA of tile ``n``, so a CTA rarely
+waits and never has to outlive its predecessor (with an ascending walk under a causal mask
+every CTA would end with the longest one of its sequence, the shared last query tile). Deadlock freedom: a CTA only waits for the CTA of KV tile ``n - 1`` of
 the same sequence and head, which the schedule launches at a lower linear block index
 (``hstu_bwd_schedule(..., deterministic=True)`` keeps KV tiles of a sequence in ascending
 order), and a non-persistent grid dispatches blocks in increasing linear index (as
@@ -245,7 +249,7 @@ class HstuBwdSm90:
                                left, right, bm, bn, self.has_func)
         qt0 = Int32(mQStart[batch])
         for it in cutlass.range(qr.m_count, unroll=1):
-            m_block = qr.m_min + it
+            m_block = qr.m_block(it, self.deterministic)
             active, full = qr.tile_state(mQTiles, m_block, left, right)
             if active != 0:
                 sem = elem_ptr(mdQSem, (qt0 + m_block, head))
@@ -350,7 +354,7 @@ class HstuBwdSm90:
                         cute.group_modes(gdO, 0, 2))
                     c = Int32(0)
                     for it in cutlass.range(qr.m_count, unroll=1):
-                        m_block = qr.m_min + it
+                        m_block = qr.m_block(it, self.deterministic)
                         active, full = qr.tile_state(mQTiles, m_block, left, right)
                         if active != 0:
                             pipe_q.producer_acquire(c)
@@ -438,7 +442,7 @@ class HstuBwdSm90:
                 pipe_kv.consumer_wait(0)
                 c = Int32(0)
                 for it in cutlass.range(qr.m_count, unroll=1):
-                    m_block = qr.m_min + it
+                    m_block = qr.m_block(it, self.deterministic)
                     active, full = qr.tile_state(mQTiles, m_block, left, right)
                     if active != 0:
                         m0 = m_block * bm
