@@ -22,9 +22,9 @@ tests|dettests|grid)
   # well below the core count (15 processes on 16 cores did not finish in 118 s)
   if [ "${PHASE:-tests}" != grid ]; then
     t=tests/test_gpu_hstu.py::test_hstu_bwd_deterministic
-    run det_a $PYT -s "$t[canonical-jagged-d128-causal]" "$t[jagged-d128-func-targets]" &
-    run det_b $PYT -s "$t[canonical-jagged-d256-causal-sm80]" "$t[jagged-d64-window-64-inf]" &
-    run det_c $PYT -s "$t[jagged-d32-local-sm80]" "$t[jagged-d128-rab1-sm80]" &
+    run det_a $PYT -s "${t}[canonical-jagged-d128-causal]" "${t}[jagged-d128-func-targets]" &
+    run det_b $PYT -s "${t}[canonical-jagged-d256-causal-sm80]" "${t}[jagged-d64-window-64-inf]" &
+    run det_c $PYT -s "${t}[jagged-d32-local-sm80]" "${t}[jagged-d128-rab1-sm80]" &
   fi
   if [ "${PHASE:-tests}" != dettests ]; then
     n=${DET_SHARDS:-4}
