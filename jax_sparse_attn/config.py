@@ -94,7 +94,7 @@ def _parse_option_list(flags, key, key_ok, allowed):
 
 #: the flags of the sm90ws forward's tuning switch (JAX_SPARSE_ATTN_HSTU_WS); ``bn=N`` is
 #: the fifth entry
-WS_FLAGS = ("nooverlap", "nopingpong", "q1", "silu16")
+WS_FLAGS = ("nooverlap", "nopingpong", "q1", "silu16", "tanh16")
 _WS_ALLOWED = ("comma list of " + ", ".join(WS_FLAGS)
                + ", bn=N (block_n: a multiple of 16 in 16..256)")
 #: parser of JAX_SPARSE_ATTN_HSTU_WS: :data:`WS_FLAGS` and ``bn=N``
@@ -153,7 +153,8 @@ SWITCHES = (
     Switch("hstu_fwd_ws", "JAX_SPARSE_ATTN_HSTU_WS", _WS_ALLOWED, _parse_ws, (),
            "sm90ws forward variants (tuning / ablation; the sm80 forward ignores them): "
            "nooverlap (no intra-warpgroup overlap of S = QK^T and O += PV), nopingpong "
-           "(consumer warpgroups in lockstep), q1 (single-buffered Q), silu16 (score "
+           "(consumer warpgroups in lockstep), q1 (single-buffered Q), tanh16 (one "
+           "tanh.approx.f16x2 per two scores, the rest fp32), silu16 (score "
            "function in packed 16-bit arithmetic), bn=N (keys per tile; default 128, 64 "
            "at D = 256)"),
     Switch("hstu_fwd_tile", "JAX_SPARSE_ATTN_HSTU_FWD_TILE", _TILE, _parse_tile, None,

@@ -84,10 +84,15 @@ def _first_shard():
     return not SHARD or SHARD.split("/")[0] == "0"
 
 
+#: ``HSTU_TEST_WS``: sm90ws forward variants (``hstu_fwd_ws``, comma list, e.g. ``tanh16``) for
+#: the default grid and the sm90ws batches
+_WS = tuple(o for o in os.environ.get("HSTU_TEST_WS", "").split(",") if o)
+
+
 class TestHSTUKernelGrid(HSTUKernelGrid):
     @classmethod
     def grid(cls):
-        return shard([(c, Switches()) for c in HSTU_GRID], SHARD)
+        return shard([(c, Switches(hstu_fwd_ws=_WS)) for c in HSTU_GRID], SHARD)
 
     @pytest.mark.skipif(not _first_shard(), reason="runs in shard 0")
     def test_hstu_remat_matches_plain_grad(self):
@@ -289,7 +294,7 @@ def _ws_case(lens, d, window, seed, poison):
         q, k, v = (jnp.where(tail[:, None, None], jnp.nan, x).astype(x.dtype) for x in (q, k, v))
     kw = dict(max_seqlen_q=max(lens), max_seqlen_k=max(lens), scaling_seqlen=float(max(lens)),
               window_size=window, alpha=1.0 / np.sqrt(d))
-    sw = Switches(hstu_fwd_impl="sm90ws")
+    sw = Switches(hstu_fwd_impl="sm90ws", hstu_fwd_ws=_WS)
     out = jax.jit(lambda q, k, v, c: jsa.hstu_attention(
         q, k, v, c, c, backend="kernel", switches=sw, **kw))(q, k, v, cu)
     n = int(cu[-1])

@@ -104,6 +104,7 @@ class HstuFwdConfig(_HstuKey):
     ws_pingpong: bool = True
     ws_q_stages: int = 2
     ws_silu16: bool = False
+    ws_tanh16: bool = False
     num_sms: int = 0
     # relative attention bias: presence, H_rab == H, rab's dtype name ("" without rab)
     has_rab: bool = False
@@ -192,11 +193,13 @@ def ws_options(opts) -> dict:
     """The sm90ws forward's options from a validated ``Switches.hstu_fwd_ws`` tuple:
     ``overlap`` (intra-warpgroup GEMM overlap), ``pingpong`` (consumer warpgroups issue their
     GEMMs in turns), ``q_stages`` (2: the next tile's Q loads during this tile's mainloop),
-    ``silu16`` (score function in packed 16-bit arithmetic), ``bn`` (block_n, 0: the
+    ``silu16`` (score function in packed 16-bit arithmetic), ``tanh16`` (one
+    ``tanh.approx.f16x2`` per two scores), ``bn`` (block_n, 0: the
     kernel's default for the head dims)."""
     bn = [int(o[3:]) for o in opts if o.startswith("bn=")]
     return {"overlap": "nooverlap" not in opts, "pingpong": "nopingpong" not in opts,
             "q_stages": 1 if "q1" in opts else 2, "silu16": "silu16" in opts,
+            "tanh16": "tanh16" in opts,
             "bn": bn[0] if bn else 0}
 
 
@@ -226,6 +229,7 @@ def _ws_config(dtype, head_dim, head_dim_v, func_n, switches, rab) -> HstuFwdCon
                          func_n > 0, max(func_n, 1), "sm90ws",
                          ws_overlap=opts["overlap"], ws_pingpong=opts["pingpong"],
                          ws_q_stages=opts["q_stages"], ws_silu16=opts["silu16"],
+                         ws_tanh16=opts["tanh16"],
                          num_sms=_num_sms(), **rab)
 
 
@@ -309,7 +313,8 @@ def _fwd_adapter():
             kernel = HstuFwdSm90Ws(args[0], cfg.head_dim, cfg.head_dim_v, cfg.block_n,
                                    cfg.has_func, cfg.func_n, cfg.num_sms,
                                    overlap=cfg.ws_overlap, pingpong=cfg.ws_pingpong,
-                                   q_stages=cfg.ws_q_stages, silu16=cfg.ws_silu16)
+                                   q_stages=cfg.ws_q_stages, silu16=cfg.ws_silu16,
+                                   tanh16=cfg.ws_tanh16)
         kernel(q, k, v, cu_q, cu_k, tiles, func, scal, win, out, stream)
 
     return hstu_fwd_launch
@@ -336,7 +341,8 @@ def _fwd_rab_adapter():
                                    cfg.has_func, cfg.func_n, cfg.num_sms,
                                    overlap=cfg.ws_overlap, pingpong=cfg.ws_pingpong,
                                    q_stages=cfg.ws_q_stages, silu16=cfg.ws_silu16,
-                                   has_rab=True, rab_per_head=cfg.rab_per_head)
+                                   tanh16=cfg.ws_tanh16, has_rab=True,
+                                   rab_per_head=cfg.rab_per_head)
         kernel(q, k, v, cu_q, cu_k, tiles, func, scal, win, out, stream, rab)
 
     return hstu_fwd_rab_launch
