@@ -131,3 +131,54 @@ def test_deterministic_schedule_keeps_kv_tiles_ascending(window):
     if window == (64, -1):  # the default order is longest-first: later KV tiles first
         assert not all(np.all(np.diff(default[default[:, 0] == b, 1]) > 0)
                        for b in range(len(lens)))
+
+
+def _q_range(n, lq, lk, left, right, bm, bn, func_tiles=None):
+    """The query tiles KV tile ``n`` adds to, by the formulas of ``block_info.QTileRange``
+    (``create`` + ``tile_state``'s active test)."""
+    n0 = n * bn
+    n1 = min(n0 + bn, lk)
+    off = lk - lq
+    i_lo, i_hi = 0, lq
+    if func_tiles is None:
+        if right >= 0:
+            i_lo = max(n0 - right - off, 0)
+        if left >= 0:
+            i_hi = min(n1 + left - off, lq)
+    m_min = i_lo // bm
+    m_max = -(-i_hi // bm) if i_hi > i_lo else m_min
+    out = set()
+    for m in range(m_min, m_max):
+        if func_tiles is not None:
+            lo, hi = max(func_tiles[m][0], 0), min(func_tiles[m][1], lk)
+            if not (lo < n0 + bn and hi > n0 and hi > lo):
+                continue
+        out.add(m)
+    return out
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_contributors_of_a_query_tile_are_contiguous(seed):
+    """The ordered dq additions wait for KV tile ``n - 1`` only if it adds to the same query
+    tile; that is the previous contributor (no deadlock, fixed order) only if the KV tiles
+    adding to a query tile form a contiguous range. Checked on random lengths (L_q != L_k
+    both ways), windows and func tile summaries, with both backward tile shapes."""
+    rng = np.random.default_rng(seed)
+    for _ in range(150):
+        bm, bn = ((64, 128), (128, 128), (64, 64))[rng.integers(3)]
+        lk = int(rng.integers(0, 900))
+        lq = int(rng.integers(0, 900)) if rng.random() < 0.5 else lk
+        func_tiles = None
+        if rng.random() < 0.3:
+            nq = -(-lq // bm)
+            func_tiles = [tuple(sorted(rng.integers(-50, lk + 50, 2))) if rng.random() < 0.8
+                          else tuple(rng.integers(-50, lk + 50, 2)) for _ in range(nq)]
+            left = right = -1
+        else:
+            left, right = (int(x) if rng.random() < 0.7 else -1
+                           for x in rng.integers(0, 400, 2))
+        ranges = [_q_range(n, lq, lk, left, right, bm, bn, func_tiles)
+                  for n in range(-(-lk // bn))]
+        for m in set().union(*ranges) if ranges else ():
+            ns = [n for n, r in enumerate(ranges) if m in r]
+            assert ns == list(range(ns[0], ns[-1] + 1)), (lq, lk, left, right, bm, bn, m, ns)
