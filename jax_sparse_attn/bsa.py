@@ -42,6 +42,14 @@ __all__ = [
 
 
 def _kernel_unsupported_reason(cfg, mod):
+    # options that only the reference backend implements so far (kv_splits="auto" lets the
+    # backend choose: the kernels, without split-KV yet, run one split)
+    for name, value, default in (("kv_splits", cfg.kv_splits, 1),
+                                 ("pack_gqa", cfg.pack_gqa, False),
+                                 ("causal", cfg.causal, False)):
+        if value not in (default, "auto"):
+            return (f"{name}={value!r} is not implemented by the block-sparse kernels yet "
+                    f"(only {name}={default!r}); backend='reference' implements it")
     return mod.bsa_kernel_unsupported_reason(dtype=cfg.dtype, head_dim=cfg.head_dim,
                                              head_dim_v=cfg.head_dim_v,
                                              sparse_block_size=cfg.sparse_block_size)
@@ -49,7 +57,8 @@ def _kernel_unsupported_reason(cfg, mod):
 
 def _make_config(q, k, v, q2k_block_index, block_sparse_num, block_sizes, q2k_block_nums, *,
                  sparse_block_size, softmax_scale, layout, allow_empty_block_nums, backend,
-                 switches, op_name, debug_checks=False):
+                 switches, op_name, debug_checks=False, kv_splits=1, pack_gqa=False,
+                 causal=False):
     """Validate the arguments and build the call's one static config (backend chosen,
     kernel compile keys decided); returns it with the metadata in normalised form
     (:func:`~jax_sparse_attn.metadata.normalize_bsa_metadata`)."""
@@ -60,7 +69,8 @@ def _make_config(q, k, v, q2k_block_index, block_sparse_num, block_sizes, q2k_bl
     cfg = check_bsa_args(q, k, v, q2k_block_index, block_sparse_num, block_sizes,
                          q2k_block_nums, sparse_block_size=sparse_block_size,
                          softmax_scale=softmax_scale, layout=layout,
-                         allow_empty_block_nums=allow_empty_block_nums)
+                         allow_empty_block_nums=allow_empty_block_nums, kv_splits=kv_splits,
+                         pack_gqa=pack_gqa, causal=causal)
     if is_concrete(q2k_block_index, block_sizes, q2k_block_nums):
         _bsa_value_checks(q2k_block_index, block_sizes, q2k_block_nums, allow_empty_block_nums,
                           cfg)
@@ -83,7 +93,7 @@ def _make_config(q, k, v, q2k_block_index, block_sparse_num, block_sizes, q2k_bl
 def _ref_options(cfg):
     """The semantic options in the keyword form of the :mod:`~jax_sparse_attn.reference` API."""
     return dict(layout=cfg.layout, sparse_block_size=cfg.sparse_block_size,
-                softmax_scale=cfg.softmax_scale)
+                softmax_scale=cfg.softmax_scale, pack_gqa=cfg.pack_gqa, causal=cfg.causal)
 
 
 def _fwd_backend(cfg, q, k, v, idx, nums, sizes):
@@ -91,7 +101,8 @@ def _fwd_backend(cfg, q, k, v, idx, nums, sizes):
         from .ffi import bsa as ffi_bsa  # noqa: PLC0415 (lazy: only on the kernel path)
 
         return ffi_bsa.bsa_fwd(q, k, v, idx, nums, sizes, cfg)
-    return reference.block_sparse_attention_ref(q, k, v, idx, nums, sizes, **_ref_options(cfg))
+    return reference.block_sparse_attention_ref(q, k, v, idx, nums, sizes, kv_splits=cfg.kv_splits,
+                                                **_ref_options(cfg))
 
 
 def _bwd_backend(cfg, do, q, k, v, out, lse, idx, nums, sizes, dlse=None):
@@ -224,12 +235,13 @@ _RAISES_DOC = """
 def block_sparse_attention(q, k, v, q2k_block_index, block_sparse_num=None, block_sizes=None,
                            q2k_block_nums=None, *, sparse_block_size=128, softmax_scale=None,
                            layout="bhsd", allow_empty_block_nums=False, backend="auto",
-                           switches=None, debug_checks=False):
+                           switches=None, debug_checks=False, kv_splits=1, pack_gqa=False,
+                           causal=False):
     cfg, idx, nums, sizes = _make_config(
         q, k, v, q2k_block_index, block_sparse_num, block_sizes, q2k_block_nums,
         sparse_block_size=sparse_block_size, softmax_scale=softmax_scale, layout=layout,
         allow_empty_block_nums=allow_empty_block_nums, backend=backend, switches=switches,
-        debug_checks=debug_checks,
+        debug_checks=debug_checks, kv_splits=kv_splits, pack_gqa=pack_gqa, causal=causal,
         op_name="block_sparse_attention")
     return _bsa_jit(cfg, q, k, v, idx, nums, sizes)
 
@@ -255,12 +267,13 @@ def block_sparse_attention_forward(q, k, v, q2k_block_index, block_sparse_num=No
                                    block_sizes=None, q2k_block_nums=None, *,
                                    sparse_block_size=128, softmax_scale=None, layout="bhsd",
                                    allow_empty_block_nums=False, backend="auto",
-                                   switches=None, debug_checks=False):
+                                   switches=None, debug_checks=False, kv_splits=1,
+                                   pack_gqa=False, causal=False):
     cfg, idx, nums, sizes = _make_config(
         q, k, v, q2k_block_index, block_sparse_num, block_sizes, q2k_block_nums,
         sparse_block_size=sparse_block_size, softmax_scale=softmax_scale, layout=layout,
         allow_empty_block_nums=allow_empty_block_nums, backend=backend, switches=switches,
-        debug_checks=debug_checks,
+        debug_checks=debug_checks, kv_splits=kv_splits, pack_gqa=pack_gqa, causal=causal,
         op_name="block_sparse_attention_forward")
     out, lse = _fwd_jit(cfg, q, k, v, idx, nums, sizes)
     return BSAForwardResult(o_tensor=out, lse_tensor=lse)
@@ -291,12 +304,13 @@ def block_sparse_attention_backward(do, q, k, v, o, lse, q2k_block_index, block_
                                     block_sizes=None, q2k_block_nums=None, *,
                                     sparse_block_size=128, softmax_scale=None, layout="bhsd",
                                     allow_empty_block_nums=False, backend="auto",
-                                    switches=None, dlse=None, debug_checks=False):
+                                    switches=None, dlse=None, debug_checks=False, kv_splits=1,
+                                    pack_gqa=False, causal=False):
     cfg, idx, nums, sizes = _make_config(
         q, k, v, q2k_block_index, block_sparse_num, block_sizes, q2k_block_nums,
         sparse_block_size=sparse_block_size, softmax_scale=softmax_scale, layout=layout,
         allow_empty_block_nums=allow_empty_block_nums, backend=backend, switches=switches,
-        debug_checks=debug_checks,
+        debug_checks=debug_checks, kv_splits=kv_splits, pack_gqa=pack_gqa, causal=causal,
         op_name="block_sparse_attention_backward")
     qs = tuple(q.shape)
     out_shape = qs[:-1] + (cfg.head_dim_v,)
