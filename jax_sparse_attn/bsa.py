@@ -10,6 +10,14 @@ Query block ``m`` of head ``h`` attends to the listed KV blocks
 ``block_sizes``, default ``blk``). Softmax with ``softmax_scale`` runs over exactly
 those keys; an empty key set gives ``out = 0`` and ``lse = -inf``. Query head ``h``
 uses KV head ``h // (H_q // H_kv)`` (GQA).
+
+Options (static): ``kv_splits`` (split-KV as in cuDNN's block-sparse API: each row's active
+prefix cut into contiguous chunks whose softmax partials are merged; same result),
+``pack_gqa`` (cuDNN's packed-GQA metadata: rows are packed query rows ``p = s r + g``,
+position ``s`` of query head ``h_kv r + g``, ``r = H_q / H_kv``, in blocks of ``blk`` packed
+rows per KV head) and ``causal`` (keys ``j > i + S_kv - S_q`` of the listed blocks are
+masked, FlashAttention's bottom-right aligned causal mask; rows left without keys give
+``out = 0``, ``lse = -inf``).
 """
 
 from __future__ import annotations
@@ -211,6 +219,21 @@ _META_ARG_LINES = """
         ``jax.errors.JaxRuntimeError`` with the eager validator's message (see
         :func:`hstu_attention`). Without it, bad traced metadata give unspecified values
         (never an out-of-bounds access).
+      kv_splits: static int in ``[1, 256]`` or ``"auto"`` (default 1): split-KV, each row's
+        active prefix cut into ``kv_splits`` contiguous chunks of ``ceil(n / kv_splits)``
+        entries, per-chunk fp32 softmax partials merged by ``lse = log sum exp(lse_s)``
+        (empty chunks contribute nothing). ``"auto"``: ``floor(num_SMs / (B H N_q))``
+        clamped to ``[1, min(K_max, 256)]`` (132 SMs where no GPU is visible). The backward
+        does not split. Reference backend; the kernels run ``1`` / ``"auto"`` only.
+      pack_gqa: bool (default False): metadata over packed query rows ``p = s r + g``
+        (position ``s`` of query head ``h_kv r + g``, ``r = H_q / H_kv`` must divide
+        ``sparse_block_size``): ``q2k_block_index (B, H_kv, N_qp, K_max)``,
+        ``q2k_block_nums (B, H_kv, N_qp)``, ``block_sizes`` ranks 1-2 or
+        ``(B, H_kv, N_kv)``, ``N_qp = ceil(S_q r / blk)``; ``lse`` stays ``(B, H_q, S_q)``.
+        Reference backend only for now.
+      causal: bool (default False): token-level causal mask inside the listed blocks,
+        key ``j`` visible from query position ``i`` iff ``j <= i + S_kv - S_q``
+        (bottom-right aligned). Reference backend only for now.
 """
 
 _ARGS_DOC = "\n    Args:" + _ARG_LINES + _META_ARG_LINES
@@ -218,7 +241,9 @@ _ARGS_DOC = "\n    Args:" + _ARG_LINES + _META_ARG_LINES
 _RAISES_DOC = """
     Raises:
       ValueError: bad ranks/shapes (also zero head dims), layout not in {"bhsd",
-        "bshd"}, sparse_block_size not in {64, 128}, K_max = 0, both or neither of
+        "bshd"}, sparse_block_size not in {64, 128}, kv_splits outside [1, 256] and not
+        "auto", pack_gqa with H_q / H_kv not dividing sparse_block_size, K_max = 0,
+        both or neither of
         block_sparse_num/q2k_block_nums, block_sparse_num outside [1, K_max], a
         non-finite softmax_scale, backend not in {"auto", "kernel", "reference"}, a
         switch environment variable outside its allowed values, and
@@ -226,9 +251,10 @@ _RAISES_DOC = """
         :func:`~jax_sparse_attn.validate_bsa_metadata`.
       TypeError: mixed or unsupported dtypes, non-integer metadata, a non-bool
         allow_empty_block_nums, block_sparse_num/softmax_scale not static Python numbers
-        ``switches`` not a ``Switches`` (backward: ``do``, ``o`` or ``lse`` of the wrong
-        dtype).
-      NotImplementedError: ``backend="kernel"`` where the kernel cannot run.
+        ``switches`` not a ``Switches``, kv_splits not an int or "auto", pack_gqa /
+        causal not bools (backward: ``do``, ``o`` or ``lse`` of the wrong dtype).
+      NotImplementedError: ``backend="kernel"`` where the kernel cannot run (also
+        ``kv_splits > 1``, ``pack_gqa=True``, ``causal=True`` for now).
 """
 
 

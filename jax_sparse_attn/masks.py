@@ -12,8 +12,9 @@ BSA metadata builders
     :func:`block_mask_to_index` turns a dense block mask ``(B, H, N_q, N_kv) bool`` into
     ``(q2k_block_index, q2k_block_nums)`` (a ``(B, H_kv, N_qp, N_kv)`` mask over packed
     query blocks gives ``pack_gqa`` metadata); :func:`topk_block_index` picks the top-k KV
-    blocks per query block from mean-pooled QK scores (``pack_gqa=True``: per packed block); :func:`transpose_block_index`
-    builds the transposed KV->Q lists (CSR) a backward pass iterates over.
+    blocks per query block from mean-pooled QK scores (``pack_gqa=True``: per packed
+    block); :func:`transpose_block_index` builds the transposed KV->Q lists (CSR) a
+    backward pass iterates over.
 """
 
 from __future__ import annotations

@@ -22,7 +22,8 @@
 * ``tma_view(m, d[, d_first])``: a ``(..., rows, heads, D)`` tensor (THD or BSHD) as the
   ``(rows, D, heads, ...)`` or ``(D, rows, heads, ...)`` view that the TMA atoms tile.
 * ``kv_major_bwd_operands(...)``: thread slices, smem operand fragments and dK/dV
-  accumulators of the wgmma GEMMs of a KV-major attention backward (``bsa_bwd_sm90``, ``hstu_bwd_sm90``).
+  accumulators of the wgmma GEMMs of a KV-major attention backward (``bsa_bwd_sm90``,
+  ``hstu_bwd_sm90``).
 * ``acc_mn_view_wg(acc)`` / ``acc_layout_as_a(c, a_vals)``: a warpgroup-MMA (wgmma)
   accumulator viewed as ``(rows, cols)``, and the register layout of a 16-bit A operand
   built from an accumulator layout (RS wgmma from the score registers).
