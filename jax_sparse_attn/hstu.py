@@ -99,7 +99,7 @@ def _make_config(q, k, v, cu_seqlens_q, cu_seqlens_k, func, paged_kv, page_ids, 
     d_pad, dv_pad = _padded_dims(cfg, mod)
     return dataclasses.replace(
         cfg, backend="kernel", head_dim_pad=d_pad, head_dim_v_pad=dv_pad,
-        cute_call=switches.cute_call,
+        cute_call=switches.cute_call, schedule=switches.hstu_schedule,
         fwd=mod.fwd_config(cfg.dtype, d_pad, dv_pad, cfg.func_n, switches, **_rab_key(cfg)),
         bwd=None if cfg.paged else mod.bwd_config(cfg.dtype, d_pad, dv_pad, cfg.func_n, switches,
                                                   **_rab_key(cfg)))
