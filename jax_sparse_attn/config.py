@@ -361,8 +361,11 @@ class HSTUConfig:
 @dataclasses.dataclass(frozen=True)
 class BSAConfig:
     """Static options of one block-sparse attention call (the ``custom_vjp`` nondiff
-    argument). Shapes are in bhsd order whatever the layout. ``fwd`` / ``bwd`` / ``pre``
-    are the kernel compile keys (kernel backend; ``pre`` None = XLA preprocessing)."""
+    argument). Shapes are in bhsd order whatever the layout. ``num_q_blocks`` counts the
+    query blocks of the metadata rows: ``N_q = ceil(S_q / blk)``, or with ``pack_gqa``
+    ``N_qp = ceil(S_q r / blk)`` (rows per KV head, ``r = H_q / H_kv``). ``kv_splits`` is
+    the requested int or ``"auto"``. ``fwd`` / ``bwd`` / ``pre`` are the kernel compile keys
+    (kernel backend; ``pre`` None = XLA preprocessing)."""
 
     dtype: str
     layout: str
@@ -381,6 +384,9 @@ class BSAConfig:
     num_q_blocks: int
     num_kv_blocks: int
     k_max: int
+    kv_splits: int | str = 1
+    pack_gqa: bool = False
+    causal: bool = False
     backend: str = "reference"
     fwd: object = None  # ffi.bsa.BsaFwdConfig
     bwd: object = None  # ffi.bsa.BsaBwdConfig

@@ -128,13 +128,11 @@ def fwd_config(dtype, head_dim, block_size, has_block_sizes, switches) -> BsaFwd
     if impl == "sm90":
         return BsaFwdConfig(name, head_dim, block_size, has_block_sizes, impl)
     if impl == "sm90ws":
-        from .hstu import _num_sms  # noqa: PLC0415
-
         o = bsa_ws_options(switches.bsa_fwd_ws)
         return BsaFwdConfig(name, head_dim, block_size, has_block_sizes, impl,
                             ws_overlap=o["overlap"], ws_pingpong=o["pingpong"],
                             ws_q_stages=o["q_stages"], ws_max_stages=o["max_stages"],
-                            num_sms=_num_sms())
+                            num_sms=metadata.num_sms())
     return BsaFwdConfig(name, head_dim, block_size, has_block_sizes, impl,
                         switches.bsa_fwd_q_in_regs and head_dim <= 128,
                         switches.bsa_fwd_min_blocks)
