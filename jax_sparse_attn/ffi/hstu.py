@@ -186,17 +186,6 @@ def fwd_config(dtype, head_dim, head_dim_v, func_n, switches, *, has_rab=False,
                          func_n > 0, max(func_n, 1), impl, **rab)
 
 
-def _num_sms() -> int:
-    """SM count of the first GPU (132 on an H100/H200 SXM when none is visible, e.g. CPU
-    lowering)."""
-    try:
-        gpus = jax.devices("gpu")
-    except RuntimeError:
-        gpus = []
-    n = getattr(gpus[0], "core_count", 0) if gpus else 0
-    return int(n) if n else 132
-
-
 def ws_options(opts) -> dict:
     """The sm90ws forward's options from a validated ``Switches.hstu_fwd_ws`` tuple:
     ``overlap`` (intra-warpgroup GEMM overlap), ``pingpong`` (consumer warpgroups issue their
@@ -238,7 +227,7 @@ def _ws_config(dtype, head_dim, head_dim_v, func_n, switches, rab) -> HstuFwdCon
                          ws_overlap=opts["overlap"], ws_pingpong=opts["pingpong"],
                          ws_q_stages=opts["q_stages"], ws_silu16=opts["silu16"],
                          ws_tanh16=opts["tanh16"],
-                         num_sms=_num_sms(), **rab)
+                         num_sms=metadata.num_sms(), **rab)
 
 
 #: head dims (D = D_v) of the sm90 backward; other head dims, D != D_v and rab run sm80

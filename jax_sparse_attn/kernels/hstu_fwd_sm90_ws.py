@@ -53,7 +53,7 @@ from cutlass import Float32, Int32
 from . import hstu_common as hc
 from .attn_fwd_sm90_ws import SMEM_LIMIT, AttnFwdSm90Ws, WorkItem, smem_plan
 from .block_info import BlockInfo
-from .common import acc_mn_view_wg
+from .common import acc_mn_view_wg, tma_view
 from .mask import HstuMask
 from .seqlen_info import SeqlenInfo, offset_rows
 from .tile_scheduler import StaticLptScheduler
@@ -116,15 +116,8 @@ class HstuFwdSm90Ws(AttnFwdSm90Ws):
         mma_qk, mma_qk0, mma_pv, sQ_layout, sK_layout, sV_layout, sO_layout = (
             self._mmas_and_layouts())
         # TMA views: Q, K as (T, D, H) (D contiguous), V as (Dv, T, H) (the MN-major B operand)
-        T_q = mQ.shape[0]
-        T_k = mK.shape[0]
+        tQ, tK, tV = tma_view(mQ, d), tma_view(mK, d), tma_view(mV, dv, d_first=True)
         H = mQ.shape[1]
-        tQ = cute.make_tensor(mQ.iterator, cute.make_layout(
-            (T_q, d, H), stride=(mQ.stride[0], 1, mQ.stride[1])))
-        tK = cute.make_tensor(mK.iterator, cute.make_layout(
-            (T_k, d, H), stride=(mK.stride[0], 1, mK.stride[1])))
-        tV = cute.make_tensor(mV.iterator, cute.make_layout(
-            (dv, T_k, H), stride=(1, mV.stride[0], mV.stride[1])))
         tma_q, tma_tQ, tma_k, tma_tK, tma_v, tma_tV = self._tma_atoms(
             tQ, tK, tV, sQ_layout, sK_layout, sV_layout)
         Smem = self._smem_struct(sQ_layout, sK_layout, sV_layout, sO_layout)
