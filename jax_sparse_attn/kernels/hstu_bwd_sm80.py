@@ -240,6 +240,7 @@ class HstuBwdSm80(hc.HstuSm80Kernel):
                 # the previous KV tile of this sequence (read when n_block > 0)
                 qp = QTileRange.create(mQStart, batch, n0 - bn, seqlen_q, seqlen_k, off, left,
                                        right, bm, bn, self.has_func)
+                qt0 = Int32(mQStart[batch])  # semaphore row of query tile 0
 
             # query tiles ascending, or (deterministic) from the last one down (see the
             # module docstring)
@@ -340,7 +341,7 @@ class HstuBwdSm80(hc.HstuSm80Kernel):
                                 if n_block > 0:
                                     if qp.covers(mQTiles, m_block, left, right) != 0:
                                         hc.wait_at_least(
-                                            hc.elem_ptr(mdQSem, (qt_base + m_block, head)),
+                                            hc.elem_ptr(mdQSem, (qt0 + m_block, head)),
                                             n_block)
                             cute.arch.barrier()
                         gdQ = cute.local_tile(mdQ_b, (bm, dqc), (m_block, cidx))
@@ -355,7 +356,7 @@ class HstuBwdSm80(hc.HstuSm80Kernel):
                     # every thread's additions to this tile precede the barrier above
                     if active != 0:
                         if tidx == 0:
-                            hc.st_release_s32(hc.elem_ptr(mdQSem, (qt_base + m_block, head)),
+                            hc.st_release_s32(hc.elem_ptr(mdQSem, (qt0 + m_block, head)),
                                               n_block + 1)
 
             # ---- epilogue: dK, dV -> smem -> gmem ----------------------------------------
