@@ -94,7 +94,7 @@ def _parse_option_list(flags, key, key_ok, allowed):
 
 #: the flags of the sm90ws forward's tuning switch (JAX_SPARSE_ATTN_HSTU_WS); ``bn=N`` is
 #: the fifth entry
-WS_FLAGS = ("nooverlap", "nopingpong", "q1", "silu16")
+WS_FLAGS = ("nooverlap", "nopingpong", "q1", "silu16", "tanh16")
 _WS_ALLOWED = ("comma list of " + ", ".join(WS_FLAGS)
                + ", bn=N (block_n: a multiple of 16 in 16..256)")
 #: parser of JAX_SPARSE_ATTN_HSTU_WS: :data:`WS_FLAGS` and ``bn=N``
@@ -153,7 +153,8 @@ SWITCHES = (
     Switch("hstu_fwd_ws", "JAX_SPARSE_ATTN_HSTU_WS", _WS_ALLOWED, _parse_ws, (),
            "sm90ws forward variants (tuning / ablation; the sm80 forward ignores them): "
            "nooverlap (no intra-warpgroup overlap of S = QK^T and O += PV), nopingpong "
-           "(consumer warpgroups in lockstep), q1 (single-buffered Q), silu16 (score "
+           "(consumer warpgroups in lockstep), q1 (single-buffered Q), tanh16 (one "
+           "tanh.approx.f16x2 per two scores, the rest fp32), silu16 (score "
            "function in packed 16-bit arithmetic), bn=N (keys per tile; default 128, 64 "
            "at D = 256)"),
     Switch("hstu_fwd_tile", "JAX_SPARSE_ATTN_HSTU_FWD_TILE", _TILE, _parse_tile, None,
@@ -176,9 +177,10 @@ SWITCHES = (
     Switch("hstu_bwd_tile", "JAX_SPARSE_ATTN_HSTU_BWD_TILE", _TILE, _parse_tile, None,
            "HSTU sm80 backward tile override (tuning; with sm90, the default, it is an error "
            "except for calls that sm90 routes to sm80: set hstu_bwd_impl=sm80 as well)"),
-    _choice("bsa_fwd_impl", "JAX_SPARSE_ATTN_BSA_FWD_IMPL", ("sm90", "sm90ws", "sm80"),
-            "BSA forward kernel: sm90 (wgmma, cp.async; D in {64, 128}, other D use sm80), "
-            "sm90ws (opt-in: warp-specialized TMA producer warp + wgmma consumer warpgroups, "
+    _choice("bsa_fwd_impl", "JAX_SPARSE_ATTN_BSA_FWD_IMPL", ("auto", "sm90", "sm90ws", "sm80"),
+            "BSA forward kernel: auto (sm90ws at sparse_block_size 128, sm90 at 64: the faster "
+            "one on the H200), sm90 (wgmma, cp.async; D in {64, 128}, other D use sm80), "
+            "sm90ws (warp-specialized TMA producer warp + wgmma consumer warpgroups, "
             "persistent grid; D in {64, 128}, other D use sm80), sm80 (mma.sync, every D)"),
     Switch("bsa_fwd_ws", "JAX_SPARSE_ATTN_BSA_WS", _BSA_WS_ALLOWED, _parse_bsa_ws, (),
            "sm90ws BSA forward variants (tuning / ablation; other forwards ignore them): "
@@ -345,6 +347,9 @@ class HSTUConfig:
     rab_per_head: bool = False  # H_rab == H
     rab_dtype: str = ""
     cute_call: str = "shared"  # kernel backend: Switches.cute_call (how kernel calls compile)
+    # bitwise reproducible backward (fixed order of the dq / shared-head drab additions);
+    # the backward compile key ``bwd`` carries it too
+    deterministic: bool = False
     schedule: str = "kernel"  # kernel backend: Switches.hstu_schedule (forward tile schedule)
     # query heads H and key/value heads H_kv (H_kv divides H; H_kv < H: GQA/MQA, query head h
     # reads KV head h // (H / H_kv)); 0 = not recorded
@@ -370,8 +375,11 @@ class HSTUConfig:
 @dataclasses.dataclass(frozen=True)
 class BSAConfig:
     """Static options of one block-sparse attention call (the ``custom_vjp`` nondiff
-    argument). Shapes are in bhsd order whatever the layout. ``fwd`` / ``bwd`` / ``pre``
-    are the kernel compile keys (kernel backend; ``pre`` None = XLA preprocessing)."""
+    argument). Shapes are in bhsd order whatever the layout. ``num_q_blocks`` counts the
+    query blocks of the metadata rows: ``N_q = ceil(S_q / blk)``, or with ``pack_gqa``
+    ``N_qp = ceil(S_q r / blk)`` (rows per KV head, ``r = H_q / H_kv``). ``kv_splits`` is
+    the requested int or ``"auto"``. ``fwd`` / ``bwd`` / ``pre`` are the kernel compile keys
+    (kernel backend; ``pre`` None = XLA preprocessing)."""
 
     dtype: str
     layout: str
@@ -390,6 +398,9 @@ class BSAConfig:
     num_q_blocks: int
     num_kv_blocks: int
     k_max: int
+    kv_splits: int | str = 1
+    pack_gqa: bool = False
+    causal: bool = False
     backend: str = "reference"
     fwd: object = None  # ffi.bsa.BsaFwdConfig
     bwd: object = None  # ffi.bsa.BsaBwdConfig

@@ -41,6 +41,26 @@ CTA = 3 warpgroups (384 threads):
 
 The host launches the KV tiles longest work first (``metadata.hstu_bwd_schedule`` with the
 window).
+
+Deterministic mode (``deterministic``, with ``mdQSem``: int32 ``(query tile slots, H)``,
+zero-initialised by XLA): the dQ contributions of the KV tiles that cover a query tile are
+added in ascending KV tile order, so every dQ element gets the same fp32 additions in the
+same order on every run. Warp 1 of the producer warpgroup (otherwise idle) walks the same
+query tiles as the consumers; for each it waits (lane 0, acquire loads) until the
+semaphore of (query tile, head) reaches ``n`` when KV tile ``n - 1`` also covers the tile
+(``QTileRange.covers``), then arrives on named barrier 2; the consumers sync on it before
+their ``red.global.add`` of that tile and arrive on named barrier 3 after them; warp 1 syncs
+on barrier 3 and publishes ``n + 1`` (``fence.acq_rel.gpu`` + store). The spin overlaps the
+consumers' GEMMs. In this mode every CTA walks its query tiles from the last one down: the
+CTA of KV tile ``n - 1`` (whose query-tile range ends no later and which launches no later)
+then reaches each shared query tile no later than the CTA of tile ``n``, so a CTA rarely
+waits and never has to outlive its predecessor (with an ascending walk under a causal mask
+every CTA would end with the longest one of its sequence, the shared last query tile). Deadlock freedom: a CTA only waits for the CTA of KV tile ``n - 1`` of
+the same sequence and head, which the schedule launches at a lower linear block index
+(``hstu_bwd_schedule(..., deterministic=True)`` keeps KV tiles of a sequence in ascending
+order), and a non-persistent grid dispatches blocks in increasing linear index (as
+FlashAttention-2/3's deterministic backwards assume), so the lowest unfinished block never
+waits. dQ is then always reduced with ``red`` (``dq_bulk`` is off).
 """
 
 from __future__ import annotations
@@ -56,7 +76,7 @@ from cutlass.tensor_utils import LayoutEnum
 from . import hstu_common as hc
 from .block_info import QTileRange
 from .common import (acc_layout_as_a, acc_mn_view_wg, bulk_reduce_add_f32, elem_ptr,
-                     gmem_load_copy)
+                     gmem_load_copy, kv_major_bwd_operands, tma_view)
 from .mask import HstuMaskKeyMajor
 from .pipeline import SmemPipeline
 from .seqlen_info import SeqlenInfo, offset_rows
@@ -77,7 +97,7 @@ def bwd_sm90_tiles(head_dim: int):
 class HstuBwdSm90:
     """``__call__`` takes the arguments of ``HstuBwdSm80.__call__`` (without rab)."""
 
-    def __init__(self, dtype, head_dim, has_func, func_n, dq_bulk=False):
+    def __init__(self, dtype, head_dim, has_func, func_n, dq_bulk=False, deterministic=False):
         if head_dim not in SM90_BWD_HEAD_DIMS:
             raise NotImplementedError(
                 f"hstu_bwd_sm90: head_dim={head_dim} is not one of {SM90_BWD_HEAD_DIMS}")
@@ -94,14 +114,15 @@ class HstuBwdSm90:
         # dQ: red.global.add.v2.f32 from registers, or (dq_bulk) staged in shared memory per
         # warpgroup (64 rows x 64 columns, row stride DQ_STRIDE floats) and added with one
         # bulk reduce-add per row
-        self.dq_bulk = dq_bulk
+        self.dq_bulk = dq_bulk and not deterministic
+        self.deterministic = deterministic
         self.num_threads = 384
         self.regs_producer = 24
         self.regs_consumer = 240
 
     @cute.jit
     def __call__(self, mdO, mQ, mK, mV, mCuQ, mCuK, mKVTile, mQStart, mQTiles, mFunc, mScal,
-                 mWin, mdQacc, mdK, mdV, stream):
+                 mWin, mdQacc, mdK, mdV, stream, mdQSem=None):
         dt = self.dtype
         bm, bn, d = self.bm, self.bn, self.d
         Kmaj = OperandMajorMode.K
@@ -129,18 +150,7 @@ class HstuBwdSm90:
         sdS_layout = sm90_utils.make_smem_layout_a(LayoutEnum.COL_MAJOR, dq_tiler, dt, 2)
 
         # TMA views (T, D, H) with D contiguous
-        T_q = mQ.shape[0]
-        T_k = mK.shape[0]
-        H = mQ.shape[1]
-        H_kv = mK.shape[1]
-        tQ = cute.make_tensor(mQ.iterator, cute.make_layout(
-            (T_q, d, H), stride=(mQ.stride[0], 1, mQ.stride[1])))
-        tdO = cute.make_tensor(mdO.iterator, cute.make_layout(
-            (T_q, d, H), stride=(mdO.stride[0], 1, mdO.stride[1])))
-        tK = cute.make_tensor(mK.iterator, cute.make_layout(
-            (T_k, d, H_kv), stride=(mK.stride[0], 1, mK.stride[1])))
-        tV = cute.make_tensor(mV.iterator, cute.make_layout(
-            (T_k, d, H_kv), stride=(mV.stride[0], 1, mV.stride[1])))
+        tQ, tdO, tK, tV = tma_view(mQ, d), tma_view(mdO, d), tma_view(mK, d), tma_view(mV, d)
         g2s = cpasync.CopyBulkTensorTileG2SOp()
         sQ_one = cute.slice_(sQ_layout, (None, None, 0))
         sK_one = cute.slice_(sK_layout, (None, None, 0))
@@ -166,8 +176,8 @@ class HstuBwdSm90:
         self.kernel(
             tma_q, tma_tQ, tma_do, tma_tdO, tma_k, tma_tK, tma_v, tma_tV,
             mQ, mdO, mK, mV, mCuQ, mCuK, mKVTile, mQStart, mQTiles, mFunc, mScal, mWin,
-            mdQacc, mdK, mdV, sK_layout, sK_mn_layout, sQ_layout, sQ_mn_layout, sdS_layout,
-            mma_s, mma_kv, mma_dq, Smem,
+            mdQacc, mdK, mdV, mdQSem, sK_layout, sK_mn_layout, sQ_layout, sQ_mn_layout,
+            sdS_layout, mma_s, mma_kv, mma_dq, Smem,
         ).launch(grid=grid, block=[self.num_threads, 1, 1], smem=Smem.size_in_bytes(),
                  stream=stream, min_blocks_per_mp=1)
 
@@ -187,6 +197,15 @@ class HstuBwdSm90:
                 cute.copy(copy, tg[None, r, None], ts[None, r, None])
             else:
                 ts[None, r, None].fill(0)
+
+    def _tma_tiles(self, tma, tma_tX, head, start, rows: int, sX):
+        """TMA partitions ``(smem side, gmem side)`` of head ``head`` of the sequence whose
+        first row is ``start``: gmem side indexed by the ``rows``-row tile of the sequence,
+        smem side by the stage of ``sX`` (rows, D, stages)."""
+        gX = cute.local_tile(offset_rows(tma_tX[None, None, head], start), (rows, self.d),
+                             (None, 0))
+        return cpasync.tma_partition(tma, 0, cute.make_layout(1), cute.group_modes(sX, 0, 2),
+                                     cute.group_modes(gX, 0, 2))
 
     @cute.jit
     def _silu_grad(self, s, alpha_half, half_ds):
@@ -211,17 +230,51 @@ class HstuBwdSm90:
         cute.arch.fence_proxy("async.shared", space="cta")
         cute.arch.sync_warp()
 
+    @cute.jit
+    def _dq_order_warp(self, mCuQ, mCuK, mKVTile, mQStart, mQTiles, mdQSem, slot, head, batch,
+                       left, right):
+        """Warp 1 in deterministic mode: per query tile the consumers add to, wait for the
+        previous KV tile's additions, let the consumers add (barrier 2), wait for their
+        additions (barrier 3) and publish this KV tile's (see the module docstring)."""
+        bm, bn = self.bm, self.bn
+        lane = cute.arch.lane_idx()
+        n_block = Int32(mKVTile[slot, 1])
+        seq = SeqlenInfo.create(batch, mCuQ, mCuK)
+        n0 = n_block * bn
+        qr = QTileRange.create(mQStart, batch, n0, seq.seqlen_q, seq.seqlen_k, seq.off,
+                               left, right, bm, bn, self.has_func)
+        # the previous KV tile of this sequence (n_block > 0)
+        qp = QTileRange.create(mQStart, batch, n0 - bn, seq.seqlen_q, seq.seqlen_k, seq.off,
+                               left, right, bm, bn, self.has_func)
+        qt0 = Int32(mQStart[batch])
+        for it in cutlass.range(qr.m_count, unroll=1):
+            m_block = qr.m_block(it, self.deterministic)
+            active, full = qr.tile_state(mQTiles, m_block, left, right)
+            if active != 0:
+                sem = elem_ptr(mdQSem, (qt0 + m_block, head))
+                if lane == 0:
+                    if n_block > 0:
+                        if qp.covers(mQTiles, m_block, left, right) != 0:
+                            hc.wait_at_least(sem, n_block)
+                cute.arch.sync_warp()
+                cute.arch.barrier_arrive(barrier_id=2, number_of_threads=288)
+                cute.arch.barrier(barrier_id=3, number_of_threads=288)
+                if lane == 0:
+                    hc.st_release_s32(sem, n_block + 1)
+                cute.arch.sync_warp()
+
     @cute.kernel
     def kernel(self, tma_q, tma_tQ, tma_do, tma_tdO, tma_k, tma_tK, tma_v, tma_tV,
                mQ, mdO, mK, mV, mCuQ, mCuK, mKVTile, mQStart, mQTiles, mFunc, mScal, mWin,
-               mdQacc, mdK, mdV, sK_layout, sK_mn_layout, sQ_layout, sQ_mn_layout, sdS_layout,
-               mma_s, mma_kv, mma_dq, Smem: cutlass.Constexpr):
+               mdQacc, mdK, mdV, mdQSem, sK_layout, sK_mn_layout, sQ_layout, sQ_mn_layout,
+               sdS_layout, mma_s, mma_kv, mma_dq, Smem: cutlass.Constexpr):
         tidx, _, _ = cute.arch.thread_idx()
         head_kv, slot, _ = cute.arch.block_idx()
         warp = cute.arch.make_warp_uniform(cute.arch.warp_idx())
         wg_idx = warp // 4
         bm, bn, d = self.bm, self.bn, self.d
-        # GQA/MQA: this CTA owns KV head head_kv and walks its group of query heads
+        # GQA/MQA: this CTA owns KV head head_kv and walks its group of query heads (the
+        # deterministic mode takes no GQA: the public layer routes it to the reference)
         group = mQ.shape[1] // mK.shape[1]
 
         smem = cutlass.memory.SmemAllocator()
@@ -268,18 +321,10 @@ class HstuBwdSm90:
                     if kv_left >= bn:
                         kv_bytes = cute.size_in_bytes(self.dtype, cute.slice_(sK_layout, (None, None, 0)))
                         pipe_kv.producer_expect_tx(0, 2 * kv_bytes)
-                        gK = cute.local_tile(offset_rows(tma_tK[None, None, head_kv], seq.k_start),
-                                             (bn, d), (None, 0))
-                        tKs, tKg = cpasync.tma_partition(
-                            tma_k, 0, cute.make_layout(1), cute.group_modes(sK, 0, 2),
-                            cute.group_modes(gK, 0, 2))
+                        tKs, tKg = self._tma_tiles(tma_k, tma_tK, head_kv, seq.k_start, bn, sK)
                         cute.copy(tma_k, tKg[None, n_block], tKs[None, 0],
                                   tma_bar_ptr=pipe_kv.full_ptr(0))
-                        gV = cute.local_tile(offset_rows(tma_tV[None, None, head_kv], seq.k_start),
-                                             (bn, d), (None, 0))
-                        tVs, tVg = cpasync.tma_partition(
-                            tma_v, 0, cute.make_layout(1), cute.group_modes(sV, 0, 2),
-                            cute.group_modes(gV, 0, 2))
+                        tVs, tVg = self._tma_tiles(tma_v, tma_tV, head_kv, seq.k_start, bn, sV)
                         cute.copy(tma_v, tVg[None, n_block], tVs[None, 0],
                                   tma_bar_ptr=pipe_kv.full_ptr(0))
                     else:
@@ -294,18 +339,10 @@ class HstuBwdSm90:
                     c = Int32(0)
                     for g in cutlass.range(group, unroll=1):
                         head = head_kv * group + g
-                        gQ = cute.local_tile(offset_rows(tma_tQ[None, None, head], seq.q_start),
-                                             (bm, d), (None, 0))
-                        tQs, tQg = cpasync.tma_partition(
-                            tma_q, 0, cute.make_layout(1), cute.group_modes(sQ, 0, 2),
-                            cute.group_modes(gQ, 0, 2))
-                        gdO = cute.local_tile(offset_rows(tma_tdO[None, None, head], seq.q_start),
-                                              (bm, d), (None, 0))
-                        tdOs, tdOg = cpasync.tma_partition(
-                            tma_do, 0, cute.make_layout(1), cute.group_modes(sdO, 0, 2),
-                            cute.group_modes(gdO, 0, 2))
+                        tQs, tQg = self._tma_tiles(tma_q, tma_tQ, head, seq.q_start, bm, sQ)
+                        tdOs, tdOg = self._tma_tiles(tma_do, tma_tdO, head, seq.q_start, bm, sdO)
                         for it in cutlass.range(qr.m_count, unroll=1):
-                            m_block = qr.m_min + it
+                            m_block = qr.m_block(it, self.deterministic)
                             active, full = qr.tile_state(mQTiles, m_block, left, right)
                             if active != 0:
                                 pipe_q.producer_acquire(c)
@@ -325,6 +362,11 @@ class HstuBwdSm90:
                                     self._fence_rows()
                                     pipe_q.producer_arrive(c)
                                 c += 1
+            if cutlass.const_expr(self.deterministic):
+                if warp == 1:
+                    if batch >= 0:
+                        self._dq_order_warp(mCuQ, mCuK, mKVTile, mQStart, mQTiles, mdQSem,
+                                            slot, head_kv, batch, left, right)
         else:
             # ================================ consumers ===============================
             cute.arch.setmaxregister_increase(self.regs_consumer)
@@ -340,22 +382,10 @@ class HstuBwdSm90:
                 half_ds = alpha_half * inv_scale  # (alpha / scaling_seqlen) / 2
                 ds_scale = half_ds * 2.0
 
-                thr_s = mma_s.get_slice(ctid)
-                thr_kv = mma_kv.get_slice(ctid)
-                thr_dq = mma_dq.get_slice(ctid)
-                tSrK = thr_s.make_fragment_A(thr_s.partition_A(sK))
-                tSrV = thr_s.make_fragment_A(thr_s.partition_A(sV))
-                tSrQ = thr_s.make_fragment_B(thr_s.partition_B(sQ))
-                tSrdO = thr_s.make_fragment_B(thr_s.partition_B(sdO))
-                tVrdO = thr_kv.make_fragment_B(thr_kv.partition_B(sdO_mn))
-                tKrQ = thr_kv.make_fragment_B(thr_kv.partition_B(sQ_mn))
-                tQrdS = thr_dq.make_fragment_A(thr_dq.partition_A(sdS))
-                tQrK = thr_dq.make_fragment_B(thr_dq.partition_B(sK_mn))
-
-                acc_dK = thr_kv.make_fragment_C(thr_kv.partition_shape_C((bn, d)))
-                acc_dV = thr_kv.make_fragment_C(thr_kv.partition_shape_C((bn, d)))
-                acc_dK.fill(0.0)
-                acc_dV.fill(0.0)
+                ((thr_s, thr_kv, thr_dq), (tSrK, tSrV, tSrQ, tSrdO, tVrdO, tKrQ, tQrdS, tQrK),
+                 (acc_dK, acc_dV)) = kv_major_bwd_operands(
+                    mma_s, mma_kv, mma_dq, ctid, sK, sV, sQ, sdO, sQ_mn, sdO_mn, sdS, sK_mn,
+                    (bn, d))
                 tScS = acc_mn_view_wg(thr_s.partition_C(cute.make_identity_tensor((bn, bm))))
                 mask = HstuMaskKeyMajor(self.has_func, self.func_n if self.has_func else 1,
                                         tScS)
@@ -388,11 +418,11 @@ class HstuBwdSm90:
                 pipe_kv.consumer_wait(0)
                 c = Int32(0)
                 for g in cutlass.range(group, unroll=1):
-                    # the query heads of this KV head, one after the other: dK / dV sum
-                    # the group in a fixed order
+                    # the query heads of this KV head, one after the other: dK / dV sum the
+                    # group in a fixed order
                     head = head_kv * group + g
                     for it in cutlass.range(qr.m_count, unroll=1):
-                        m_block = qr.m_min + it
+                        m_block = qr.m_block(it, self.deterministic)
                         active, full = qr.tile_state(mQTiles, m_block, left, right)
                         if active != 0:
                             m0 = m_block * bm
@@ -488,6 +518,9 @@ class HstuBwdSm90:
                                 (m_block, 0))
                             tdQg = thr_dq.partition_C(gdQ)
                             lim = seq.seqlen_q - m0
+                            if cutlass.const_expr(self.deterministic):
+                                # warp 1: the earlier KV tiles' additions to this tile are done
+                                cute.arch.barrier(barrier_id=2, number_of_threads=288)
                             if cutlass.const_expr(self.dq_bulk):
                                 # the previous tile's bulk reads of this warp's rows are done
                                 cute.arch.cp_async_bulk_wait_group(0, read=True)
@@ -507,6 +540,8 @@ class HstuBwdSm90:
                                     if tdQc[2 * e2][0] < lim:
                                         hc.red_add_v2_f32(elem_ptr(tdQg, 2 * e2), acc_dQ[2 * e2],
                                                           acc_dQ[2 * e2 + 1])
+                                if cutlass.const_expr(self.deterministic):
+                                    cute.arch.barrier_arrive(barrier_id=3, number_of_threads=288)
                             warpgroup.wait_group(0)
                             # P^T, dS^T registers stay allocated until the GEMMs reading them end
                             tP32 = cute.recast_tensor(tP, cutlass.Uint32)

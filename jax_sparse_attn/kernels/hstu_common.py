@@ -80,6 +80,43 @@ def red_add_v2_f32(ptr, a, b, *, loc=None, ip=None):
                "red.relaxed.gpu.global.add.v2.f32 [$0], {$1, $2};", "l,f,f", True, loc, ip)
 
 
+# ---- ordered dQ additions (deterministic backward) -------------------------------------
+# One int32 semaphore per (canonical query tile, head) in an XLA-owned zero-initialised
+# workspace holds 1 + the KV tile index of the last CTA that added its dQ contribution to
+# that query tile. The contributors of a query tile are a contiguous range of KV tiles
+# (block_info.QTileRange.covers), added in ascending KV tile order: the CTA of KV tile n
+# waits until the semaphore reaches n when tile n - 1 contributes (else it is the first),
+# adds, and stores n + 1 with release semantics.
+
+
+@dsl_user_op
+def ld_acquire_s32(ptr, *, loc=None, ip=None):
+    """``ld.acquire.gpu.global.b32``: load the int32 at global ``ptr`` with acquire
+    semantics at GPU scope."""
+    return cutlass.Int32(
+        inline_asm(T.i32(), [ptr.toint(loc=loc, ip=ip).ir_value(loc=loc, ip=ip)],
+                   "ld.acquire.gpu.global.b32 $0, [$1];", "=r,l", True, loc, ip))
+
+
+@dsl_user_op
+def st_release_s32(ptr, val, *, loc=None, ip=None):
+    """``fence.acq_rel.gpu`` then ``st.relaxed.gpu.global.b32``: publish ``val`` at global
+    ``ptr`` after every memory operation that happens before this one (those of the other
+    threads of a preceding CTA barrier included: the fence is cumulative)."""
+    inline_asm(None, [ptr.toint(loc=loc, ip=ip).ir_value(loc=loc, ip=ip),
+                      cutlass.Int32(val).ir_value(loc=loc, ip=ip)],
+               "fence.acq_rel.gpu;\n\tst.relaxed.gpu.global.b32 [$0], $1;", "l,r", True,
+               loc, ip)
+
+
+@cute.jit
+def wait_at_least(ptr, target):
+    """Spin (one thread) until the int32 at ``ptr`` (acquire loads) is >= ``target``."""
+    v = ld_acquire_s32(ptr)
+    while v < target:
+        v = ld_acquire_s32(ptr)
+
+
 class HstuSm80Kernel:
     """Compile-time settings of the ``mma.sync`` HSTU kernels: element type, head dims, tile
     sizes, warps, func mask (``has_func``, ``func_n`` endpoints per row) and the relative
@@ -180,6 +217,34 @@ def silu_half_pair(h0, h1, bf16: bool, *, loc=None, ip=None):
            "}")
     return cutlass.Uint32(
         inline_asm(T.i32(), [_f32(h0, loc, ip), _f32(h1, loc, ip)], asm, "=r,f,f", True,
+                   loc, ip))
+
+
+@dsl_user_op
+def tanh_f16_pair(h0, h1, *, loc=None, ip=None):
+    """``tanh`` of two fp32 values with one MUFU op: ``cvt.rn.f16x2.f32`` then
+    ``tanh.approx.f16x2``; the packed fp16 results (``h0``'s in the low half) as a
+    ``Uint32`` (unpack with :func:`f16_half`). Inputs past the fp16 range become +-inf, whose
+    tanh is +-1."""
+    asm = ("{\n.reg .b32 hh;\n"
+           "cvt.rn.f16x2.f32 hh, $2, $1;\n"
+           "tanh.approx.f16x2 $0, hh;\n"
+           "}")
+    return cutlass.Uint32(
+        inline_asm(T.i32(), [_f32(h0, loc, ip), _f32(h1, loc, ip)], asm, "=r,f,f", False,
+                   loc, ip))
+
+
+@dsl_user_op
+def f16_half(x, hi: bool, *, loc=None, ip=None):
+    """The low (``hi`` False) or high fp16 half of the packed ``x`` as fp32."""
+    half = "hi" if hi else "lo"
+    asm = ("{\n.reg .f16 lo, hi;\n"
+           "mov.b32 {lo, hi}, $1;\n"
+           f"cvt.f32.f16 $0, {half};\n"
+           "}")
+    return cutlass.Float32(
+        inline_asm(T.f32(), [cutlass.Uint32(x).ir_value(loc=loc, ip=ip)], asm, "=f,r", False,
                    loc, ip))
 
 
