@@ -176,7 +176,9 @@ def test_resolve_kv_splits():
     from jax_sparse_attn.ffi import hstu as ffi_hstu
 
     r = ffi_hstu.resolve_kv_splits
-    sms = ffi_hstu._num_sms()
+    from jax_sparse_attn import metadata
+
+    sms = metadata.num_sms()
     # one query per sequence: B * H work items; split while they fill less than one wave
     assert r("auto", batch=8, num_heads=4, max_seqlen_q=1, max_seqlen_k=8192) == sms // 32
     assert r("auto", batch=64, num_heads=4, max_seqlen_q=1, max_seqlen_k=8192) == 1

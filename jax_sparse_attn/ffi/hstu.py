@@ -284,7 +284,8 @@ def resolve_kv_splits(kv_splits, *, batch, num_heads, max_seqlen_q, max_seqlen_k
     if kv_splits != "auto":
         return int(kv_splits)
     items = max(1, batch * max(1, -(-max_seqlen_q // 128)) * num_heads)
-    splits = min(_num_sms() // items, MAX_KV_SPLITS, max_seqlen_k // _MIN_KEYS_PER_SPLIT)
+    splits = min(metadata.num_sms() // items, MAX_KV_SPLITS,
+                 max_seqlen_k // _MIN_KEYS_PER_SPLIT)
     return max(1, splits)
 
 
