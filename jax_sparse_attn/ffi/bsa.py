@@ -101,7 +101,13 @@ class BsaPreConfig:
     head_dim: int
 
 
-def _impl(want: str, head_dim: int) -> str:
+def _impl(want: str, head_dim: int, block_size: int | None = None) -> str:
+    """The kernel a switch value selects for a call: ``auto`` (the forward's default) is
+    ``sm90ws`` at ``block_size`` 128 and ``sm90`` otherwise (the faster of the two on the
+    H200 at each block size, docs/bsa.md); ``sm90`` / ``sm90ws`` take D in {64, 128}, other D
+    run ``sm80``."""
+    if want == "auto":
+        want = "sm90ws" if block_size == 128 else "sm90"
     return want if want in ("sm90", "sm90ws") and head_dim in _SM90_HEAD_DIMS else "sm80"
 
 
@@ -118,7 +124,7 @@ def bsa_ws_options(opts) -> dict:
 def fwd_config(dtype, head_dim, block_size, has_block_sizes, switches) -> BsaFwdConfig:
     """The forward compile key from the static call properties and the
     :class:`~jax_sparse_attn.config.Switches`."""
-    name, impl = jnp.dtype(dtype).name, _impl(switches.bsa_fwd_impl, head_dim)
+    name, impl = jnp.dtype(dtype).name, _impl(switches.bsa_fwd_impl, head_dim, block_size)
     if impl == "sm90":
         return BsaFwdConfig(name, head_dim, block_size, has_block_sizes, impl)
     if impl == "sm90ws":
