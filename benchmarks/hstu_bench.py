@@ -11,6 +11,12 @@ FLOPs (issue 3): causal forward = 2 * sum_b L_b^2 * H * D, full = 2x that; backw
     python benchmarks/hstu_bench.py --case 8x4096-causal --bwd-impl sm80 --bwd-impl sm90 \
         --bwd-only    # the backward kernels of the hstu_bwd_impl switch side by side
 
+``--deterministic`` runs every case twice, the second time with ``deterministic=True`` (ordered
+dq additions), and prints the backward time ratio default / deterministic.
+
+    python benchmarks/hstu_bench.py --case 8x4096-causal --case jagged32-causal \
+        --bwd-only --deterministic
+
 ``--rab DTYPE:H_RAB`` (``f32`` or ``q`` = q's dtype; ``H_RAB`` 1 or ``h``) runs every case a
 second time with a random relative attention bias ``(B, H_rab, L, L)`` (same FLOP count: the
 bias add is not counted) and prints both rows.
@@ -83,7 +89,8 @@ def _rab_array(spec, b, h, l, dtype):
     return r.astype(jnp.float32 if dt == "f32" else dtype)
 
 
-def run_case(name, dtype, iters, do_bwd, switches=None, do_fwd=True, rab=""):
+def run_case(name, dtype, iters, do_bwd, switches=None, do_fwd=True, rab="",
+             deterministic=False):
     import jax_sparse_attn as jsa
 
     _, _, h, d, window = CASES[name]
@@ -94,16 +101,18 @@ def run_case(name, dtype, iters, do_bwd, switches=None, do_fwd=True, rab=""):
     q, k, v, do = (jax.random.normal(kk, (t, h, d), jnp.float32).astype(dtype) for kk in ks)
     cu = jnp.asarray(np.concatenate([[0], np.cumsum(lens)]), jnp.int32)
     kw = dict(max_seqlen_q=l, max_seqlen_k=l, scaling_seqlen=float(l), window_size=window,
-              alpha=1.0 / np.sqrt(d), backend="kernel", switches=switches)
+              alpha=1.0 / np.sqrt(d), backend="kernel", switches=switches,
+              deterministic=deterministic)
     r = _rab_array(rab, b, h, l, dtype)
     fl = flops_fwd(lens, h, d, window)
     res = dict(case=name, dtype=jnp.dtype(dtype).name, B=b, L=l, H=h, D=d, window=window,
-               rab=rab or None)
+               rab=rab or None, deterministic=deterministic)
     if switches is not None:
         res["bwd_impl"] = switches.hstu_bwd_impl
         if switches.hstu_bwd_impl == "sm90":
             res["bwd_impl"] += f"/{switches.hstu_bwd_dq}"
     tag = f"{name} rab={rab}" if rab else name
+    tag += " det" if deterministic else ""
     line = f"{tag:30s} {res['dtype']:9s}"
     if do_fwd:
         fwd = jax.jit(lambda q, k, v, cu, r: jsa.hstu_attention(q, k, v, cu, cu, rab=r, **kw))
@@ -157,6 +166,9 @@ def main():
                          "JAX_SPARSE_ATTN_HSTU_BWD_DQ; repeat to compare; default red)")
     ap.add_argument("--bwd-only", action="store_true",
                     help="time only the backward (no forward timing)")
+    ap.add_argument("--deterministic", action="store_true",
+                    help="also run every case with deterministic=True (bitwise reproducible "
+                         "backward) and print the backward time ratio")
     a = ap.parse_args()
     cases = a.case or ["8x4096-causal", "32x1024-causal"]
     print(f"device: {jax.devices()[0]}")
@@ -169,12 +181,19 @@ def main():
     for c in cases:
         for sw in variants:
             for rab in ("", a.rab) if a.rab else ("",):
-                try:
-                    results.append(run_case(c, jnp.dtype(a.dtype), a.iters, not a.no_bwd, sw,
-                                            do_fwd=not a.bwd_only, rab=rab))
-                except Exception as e:  # noqa: BLE001 - report and go on with the other rows
-                    print(f"{c:22s} {sw} rab={rab}: failed: {type(e).__name__}: {str(e)[:300]}",
-                          flush=True)
+                rows = []
+                for det in (False, True) if a.deterministic else (False,):
+                    try:
+                        rows.append(run_case(c, jnp.dtype(a.dtype), a.iters, not a.no_bwd, sw,
+                                             do_fwd=not a.bwd_only, rab=rab, deterministic=det))
+                    except Exception as e:  # noqa: BLE001 - report, go on with the other rows
+                        print(f"{c:22s} {sw} rab={rab} deterministic={det}: failed: "
+                              f"{type(e).__name__}: {str(e)[:300]}", flush=True)
+                if len(rows) == 2 and "bwd_ms" in rows[0]:
+                    ratio = rows[0]["bwd_ms"] / rows[1]["bwd_ms"]
+                    rows[1]["bwd_speed_vs_default"] = ratio
+                    print(f"{'':30s} deterministic bwd speed = {ratio:.3f} x default", flush=True)
+                results.extend(rows)
     for variant in a.tiles:
         env = dict(kv.split("=", 1) for kv in variant.split(";") if kv)
         print(f"-- tiles {variant}")

@@ -347,6 +347,9 @@ class HSTUConfig:
     rab_per_head: bool = False  # H_rab == H
     rab_dtype: str = ""
     cute_call: str = "shared"  # kernel backend: Switches.cute_call (how kernel calls compile)
+    # bitwise reproducible backward (fixed order of the dq / shared-head drab additions);
+    # the backward compile key ``bwd`` carries it too
+    deterministic: bool = False
     schedule: str = "kernel"  # kernel backend: Switches.hstu_schedule (forward tile schedule)
 
     @property
