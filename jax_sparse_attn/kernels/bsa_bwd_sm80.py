@@ -11,6 +11,9 @@ of that query block (``blk // 64`` of them, those past ``S_q`` skipped):
     dP = dO V^T,  dS = P * (dP - delta)
     dV += P^T dO, dK += dS^T Q,  dQ_accum[rows] += scale * dS K   (fp32 atomicAdd)
 
+(dQ pairs of neighbouring columns: one 8-byte vector atomic on sm_90+, ``vec_red``; two
+scalar ``red.global.add.f32`` on sm_8x, which has no vector float atomics.)
+
 Keys of the tile at or past ``min(block_sizes[b, h, n], S_kv - n*blk)`` (per query head, so
 GQA heads with different partial sizes are exact) and query rows past ``S_q`` give P = 0
 (rows past S_q read lse = +inf). The epilogue writes ``dK * scale`` and ``dV`` (zero for
@@ -30,7 +33,7 @@ from cutlass.cute.nvgpu import warp
 
 from .bsa_common import (LOG2_E, bwd_entry_rows, bwd_load_kv_tile, bwd_tile_coords,
                          issue_q_do_rows)
-from .common import (acc_mn_view, cvt_frag, elem_ptr, gemm_ss, gmem_load_copy, gmem_store_copy,
+from .common import (acc_mn_view, cvt_frag, elem_ptr, red_add_2xf32, gemm_ss, gmem_load_copy, gmem_store_copy,
                      launch, ldmatrix_atoms, ldmatrix_slices, mma_frags, r2s_copy,
                      smem_layout_16b, smem_parts, smem_storage, smem_struct, store_p_ds,
                      transpose_view, transpose_view_staged)
@@ -43,7 +46,7 @@ class BsaBwdSm80:
     per-block valid sizes are given and the minimum-CTAs-per-SM launch hint."""
 
     def __init__(self, dtype, head_dim: int, block_size: int, has_block_sizes: bool,
-                 min_blocks: int = 1):
+                 min_blocks: int = 1, vec_red: bool = True):
         self.dtype = dtype
         self.hd = head_dim
         self.blk = block_size
@@ -51,6 +54,8 @@ class BsaBwdSm80:
         self.num_threads = 256  # 8 warps
         self.has_sizes = has_block_sizes
         self.min_blocks = min_blocks
+        # dQ pairs: one 8-byte vector atomic (sm_90+) or two scalar red.global.add.f32 (sm_8x)
+        self.vec_red = vec_red
 
     def _mma(self):
         return cute.make_tiled_mma(
@@ -258,7 +263,10 @@ class BsaBwdSm80:
                         pair[0] = acc_dQ[2 * i] * softmax_scale
                         pair[1] = acc_dQ[2 * i + 1] * softmax_scale
                         ptr = elem_ptr(tdQgdQ, 2 * i)
-                        cute.arch.atomic_add(ptr, pair.load().ir_value())
+                        if cutlass.const_expr(self.vec_red):
+                            cute.arch.atomic_add(ptr, pair.load().ir_value())
+                        else:
+                            red_add_2xf32(ptr, pair[0], pair[1])
             else:
                 cute.arch.cp_async_wait_group(1)
 
