@@ -24,7 +24,7 @@ import os
 from . import config
 
 __all__ = ["ARCHS", "kernel_platform_unavailable_reason", "kernel_platform_available",
-           "force_kernel", "target_arch", "smem_limit", "kernel_family", "gpu_name"]
+           "force_kernel", "target_arch", "smem_limit", "kernel_family", "vec_red", "gpu_name"]
 
 #: supported target archs (CuTe DSL names) -> (compute capability, GPUs, the most dynamic
 #: shared memory one block may use in bytes: the CUDA programming guide's "maximum amount
@@ -103,7 +103,11 @@ def _arch_unsupported_reason(arch: str | None, where: str) -> str | None:
         return "cannot read the GPU's compute capability"
     if arch not in ARCHS:
         ok = ", ".join(f"{cc} ({a})" for a, (cc, _, _) in ARCHS.items())
-        return (f"{where} is {arch}; the kernels are built for compute capabilities {ok}")
+        digits = "".join(c for c in arch if c.isdigit())
+        missing = ("it lacks what the kernels need (bf16 mma.sync, cp.async, ldmatrix: compute "
+                   "capability 8.0 or later)" if digits and int(digits) < 80 else
+                   "the kernels are not built or tested for it")
+        return f"{where} is {arch}: {missing}; supported are compute capabilities {ok}"
     return None
 
 
@@ -166,9 +170,17 @@ def smem_limit(arch: str | None = None, switches=None) -> int:
 
 def kernel_family(switches=None, arch: str | None = None) -> str:
     """``"sm90"`` (Hopper kernels where the op has them) on sm_90a unless the
-    ``kernel_family`` switch says ``"portable"``; ``"portable"`` (the mma.sync ``sm80``
-    kernels) on every other arch."""
+    ``kernel_family`` switch says ``"portable"`` / ``"portable_sm8x"``; ``"portable"`` (the
+    mma.sync ``sm80`` kernels) on every other arch."""
     arch = arch or resolved_arch()
-    if arch != SM90_ARCH or getattr(switches, "kernel_family", "auto") == "portable":
+    if arch != SM90_ARCH or getattr(switches, "kernel_family", "auto") != "auto":
         return "portable"
     return "sm90"
+
+
+def vec_red(switches=None, arch: str | None = None) -> bool:
+    """Whether the portable kernels add fp32 pairs with ``red.global.add.v2.f32`` (PTX ISA:
+    sm_90 and later) rather than two scalar ``red.global.add.f32`` (sm_8x, or the
+    ``kernel_family="portable_sm8x"`` switch, which runs the sm_8x code path on any GPU)."""
+    arch = arch or resolved_arch()
+    return not arch.startswith("sm_8") and getattr(switches, "kernel_family", "") != "portable_sm8x"

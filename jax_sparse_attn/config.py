@@ -202,12 +202,15 @@ SWITCHES = (
     Switch("bsa_bwd_min_blocks", "JAX_SPARSE_ATTN_BSA_BWD_MIN_BLOCKS", "integer >= 0",
            _parse_count, None, "BSA sm80 backward: minimum resident CTAs per SM hint "
                                "(unset: 2 for D <= 128, else 1)"),
-    _choice("kernel_family", "JAX_SPARSE_ATTN_KERNEL_FAMILY", ("auto", "portable"),
+    _choice("kernel_family", "JAX_SPARSE_ATTN_KERNEL_FAMILY",
+            ("auto", "portable", "portable_sm8x"),
             "kernel family of the kernel backend: auto (the best family of the GPU: the Hopper "
             "kernels of the *_impl switches on compute capability 9.0, the portable mma.sync "
             "sm80 kernels on 8.0, 8.6, 8.9, 10.0, 10.3, 12.0), portable (the sm80 kernels for "
             "every op and pass whatever the *_impl switches say; runs them on an H100/H200 "
-            "for testing and comparison)"),
+            "for testing and comparison), portable_sm8x (portable with the sm_8x code path: "
+            "scalar fp32 red.global.add in place of the sm_90+ vector form; with "
+            "smem_limit_kb=99 an H200 runs the configuration of compute capability 8.6/8.9)"),
     Switch("smem_limit_kb", "JAX_SPARSE_ATTN_SMEM_LIMIT_KB", "integer KiB in 16..227",
            _parse_kb, None, "shared memory per block the portable kernels' tiles must fit "
            "(testing: 99 on an H200 selects the tiles of compute capability 8.6/8.9/12.0, "

@@ -92,13 +92,10 @@ class BsaBwdConfig:
     has_block_sizes: bool
     impl: str
     min_blocks: int = 0
-    # the target arch; sm80 adds dQ pairs with one vector atomic on sm_90+, with two scalar
-    # red.global.add.f32 on sm_8x (vec_red)
-    arch: str = ""
-
-    @property
-    def vec_red(self) -> bool:
-        return not self.arch.startswith("sm_8")
+    arch: str = ""  # the target arch (CuTe DSL name)
+    # sm80: dQ pairs added with one vector atomic (sm_90+), else with two scalar
+    # red.global.add.f32 (sm_8x; _platform.vec_red)
+    vec_red: bool = True
 
 
 def fwd_smem_bytes(head_dim, block_size) -> int:
@@ -186,7 +183,8 @@ def bwd_config(dtype, head_dim, block_size, has_block_sizes, switches) -> BsaBwd
     min_blocks = switches.bsa_bwd_min_blocks
     if min_blocks is None:
         min_blocks = 2 if head_dim <= 128 else 1
-    return BsaBwdConfig(name, head_dim, block_size, has_block_sizes, impl, min_blocks, arch=arch)
+    return BsaBwdConfig(name, head_dim, block_size, has_block_sizes, impl, min_blocks, arch=arch,
+                        vec_red=_platform.vec_red(switches, arch))
 
 
 def pre_config(dtype, head_dim, switches) -> BsaPreConfig | None:

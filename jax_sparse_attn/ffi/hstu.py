@@ -131,19 +131,11 @@ class HstuBwdConfig(_HstuKey):
     replaced_impl: str = ""
     # sm90: dQ reduced with bulk reduce-adds of shared-memory rows (else red.global.add)
     dq_bulk: bool = False
-    # the target arch (CuTe DSL name); sm80 adds fp32 pairs with red.global.add.v2.f32 on
-    # sm_90+ and with two scalar red.global.add.f32 on sm_8x (see vec_red)
+    # the target arch (CuTe DSL name)
     arch: str = ""
-
-    @property
-    def vec_red(self) -> bool:
-        """Vector fp32 reductions (``red.global.add.v2.f32``: sm_90 and later)."""
-        return vec_red(self.arch)
-
-
-def vec_red(arch: str) -> bool:
-    """Whether ``arch`` has ``red.global.add.v2.f32`` (PTX ISA: sm_90 and later)."""
-    return not arch.startswith("sm_8")
+    # sm80: fp32 pairs (dQ, shared d rab) added with red.global.add.v2.f32 (sm_90+), else
+    # with two scalar red.global.add.f32 (sm_8x; _platform.vec_red)
+    vec_red: bool = True
 
 
 def fwd_smem_bytes(head_dim, head_dim_v, bm, bn) -> int:
@@ -409,7 +401,8 @@ def bwd_config(dtype, head_dim, head_dim_v, func_n, switches, *, has_rab=False,
     _check_bwd_tile(head_dim, head_dim_v, bm, bn, w, limit)
     return HstuBwdConfig(_cutlass_dtype_name(dtype), head_dim, head_dim_v, bm, bn, w,
                          func_n > 0, max(func_n, 1), bool(has_rab), bool(rab_per_head),
-                         rab_dtype if has_rab else "", arch=arch)
+                         rab_dtype if has_rab else "", arch=arch,
+                         vec_red=_platform.vec_red(switches, arch))
 
 
 # ----------------------------------------------------------------------------------------
