@@ -184,3 +184,11 @@ def vec_red(switches=None, arch: str | None = None) -> bool:
     ``kernel_family="portable_sm8x"`` switch, which runs the sm_8x code path on any GPU)."""
     arch = arch or resolved_arch()
     return not arch.startswith("sm_8") and getattr(switches, "kernel_family", "") != "portable_sm8x"
+
+
+def smem_limit_text(switches=None) -> str:
+    """``"<GPU> gives N KiB"`` of :func:`smem_limit` (naming the switch when it set it)."""
+    limit = smem_limit(switches=switches)
+    why = (" (JAX_SPARSE_ATTN_SMEM_LIMIT_KB / Switches.smem_limit_kb)"
+           if limit < ARCHS[resolved_arch()][2] else "")
+    return f"{gpu_name()} gives {limit / 1024:g} KiB{why}"

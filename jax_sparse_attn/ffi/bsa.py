@@ -118,8 +118,8 @@ def smem_unsupported_reason(head_dim, block_size, passes=("fwd", "bwd"), switche
         if pas in passes and need > limit:
             blk = f", sparse_block_size={block_size}" if name == "forward" else ""
             return (f"the portable (mma.sync) BSA {name} at head_dim={head_dim}{blk} needs "
-                    f"{need / 1024:g} KiB of shared memory per block; {_platform.gpu_name()} "
-                    f"gives {limit / 1024:g} KiB")
+                    f"{need / 1024:g} KiB of shared memory per block; "
+                    f"{_platform.smem_limit_text(switches)}")
     return None
 
 

@@ -222,7 +222,7 @@ def smem_unsupported_reason(head_dim, head_dim_v, passes=("fwd", "bwd"), switche
                            max(head_dim, head_dim_v)])
         return (f"the portable (mma.sync) HSTU {name} at head_dim={head_dim}, "
                 f"head_dim_v={head_dim_v} (padded) needs {_kb(smallest)} of shared memory per "
-                f"block; {_platform.gpu_name()} gives {_kb(limit)}")
+                f"block; {_platform.smem_limit_text(switches)}")
     return None
 
 
