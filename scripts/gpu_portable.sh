@@ -7,7 +7,11 @@
 #   tests/test_gpu_bsa.py) with JAX_SPARSE_ATTN_KERNEL_FAMILY=portable (the H200's own
 #   tiles, 227 KiB) and with portable_sm8x + JAX_SPARSE_ATTN_SMEM_LIMIT_KB=99 (the tiles and
 #   scalar fp32 reductions of compute capability 8.6/8.9; configurations that do not fit
-#   99 KiB skip), shards in parallel; per-test lines in the logs (-v), logs.tgz + summary.txt.
+#   99 KiB skip), shards in parallel (HSTU_PORT, HSTU_SM8X, BSA_PORT, BSA_SM8X: lists of
+#   i/n shards; the defaults cover half of the portable HSTU grid, a quarter of the portable
+#   BSA grid and all of both sm_8x grids in about 100 s); per-test lines in the logs (-v),
+#   logs.tgz + summary.txt. The whole portable grids: HSTU_PORT="0/6 ... 5/6", BSA_PORT=
+#   "0/4 ... 3/4" (T=300).
 # bench: HSTU B=8 L=4096 D=128 causal and BSA blk64 12.5 % fwd/bwd with the default (Hopper)
 #   kernels, the portable family and the sm_8x configuration, and the pure-JAX reference.
 set -u
@@ -18,18 +22,22 @@ export XLA_PYTHON_CLIENT_PREALLOCATE=false PYTHONUNBUFFERED=1
 PYT="python3 -m pytest -m gpu -v -rA -p no:cacheprovider"
 start=$SECONDS
 if [ "${PHASE:-grid}" = grid ]; then
-  T=${T:-140}
+  T=${T:-105}
   PORT="JAX_SPARSE_ATTN_KERNEL_FAMILY=portable"
   SM8X="JAX_SPARSE_ATTN_KERNEL_FAMILY=portable_sm8x JAX_SPARSE_ATTN_SMEM_LIMIT_KB=99"
   run() { local name=$1; shift; timeout -k 5 "$T" env "$@" > "$LOGS/$name.log" 2>&1; echo "rc=$?" >> "$LOGS/$name.log"; }
-  nh=${HSTU_SHARDS:-4}; nb=${BSA_SHARDS:-2}
-  for ((i = 0; i < nh; i++)); do
-    run hstu_port_$i $PORT HSTU_TEST_SHARD=$i/$nh $PYT -k TestHSTUKernelGrid tests/test_gpu_hstu.py &
-    run hstu_sm8x_$i $SM8X HSTU_TEST_SHARD=$i/$nh $PYT -k TestHSTUKernelGrid tests/test_gpu_hstu.py &
+  # shard lists (i/n each; one process per shard): which parts of each grid run
+  for sh in ${HSTU_PORT:-0/6 1/6 2/6}; do
+    run hstu_port_${sh/\//of} $PORT HSTU_TEST_SHARD=$sh $PYT -k TestHSTUKernelGrid tests/test_gpu_hstu.py &
   done
-  for ((i = 0; i < nb; i++)); do
-    run bsa_port_$i $PORT BSA_TEST_SHARD=$i/$nb $PYT -k TestBSAKernelGrid tests/test_gpu_bsa.py &
-    run bsa_sm8x_$i $SM8X BSA_TEST_SHARD=$i/$nb $PYT -k TestBSAKernelGrid tests/test_gpu_bsa.py &
+  for sh in ${HSTU_SM8X:-0/4 1/4 2/4 3/4}; do
+    run hstu_sm8x_${sh/\//of} $SM8X HSTU_TEST_SHARD=$sh $PYT -k TestHSTUKernelGrid tests/test_gpu_hstu.py &
+  done
+  for sh in ${BSA_PORT:-0/4}; do
+    run bsa_port_${sh/\//of} $PORT BSA_TEST_SHARD=$sh $PYT -k TestBSAKernelGrid tests/test_gpu_bsa.py &
+  done
+  for sh in ${BSA_SM8X:-0/2 1/2}; do
+    run bsa_sm8x_${sh/\//of} $SM8X BSA_TEST_SHARD=$sh $PYT -k TestBSAKernelGrid tests/test_gpu_bsa.py &
   done
   wait
   {
@@ -40,7 +48,7 @@ if [ "${PHASE:-grid}" = grid ]; then
     grep -h "^FAILED\|^ERROR\|Error:" "$LOGS"/*.log | sort | uniq | head -40
   } > "$out/summary.txt" 2>&1
 else
-  TB=${TB:-85}
+  TB=${TB:-70}
   timeout -k 5 "$TB" python3 benchmarks/hstu_bench.py --case 8x4096-causal --iters 10 \
     --variant '' --variant JAX_SPARSE_ATTN_KERNEL_FAMILY=portable \
     --variant JAX_SPARSE_ATTN_KERNEL_FAMILY=portable_sm8x,JAX_SPARSE_ATTN_SMEM_LIMIT_KB=99 \
