@@ -279,8 +279,9 @@ _PAGED_ARG_LINES = """
       page_indptrs: ``(B+1,)`` int32."""
 
 _BACKEND_ARG_LINES = """
-      backend: ``"auto"`` (default: CuTe DSL kernel on an SM90 GPU when it supports the
-        call, else the pure-JAX reference), ``"kernel"`` or ``"reference"``.
+      backend: ``"auto"`` (default: CuTe DSL kernel on a GPU of compute capability 8.0,
+        8.6, 8.9, 9.0, 10.0, 10.3 or 12.0 when it supports the call there, else the
+        pure-JAX reference; docs/support.md), ``"kernel"`` or ``"reference"``.
       switches: optional :class:`jax_sparse_attn.config.Switches` choosing the kernel
         implementations and tiles (kernel backend only); default None reads them from the
         ``JAX_SPARSE_ATTN_*`` environment variables (:func:`jax_sparse_attn.config.from_env`).
