@@ -155,7 +155,7 @@ def _bsa(d, dtype, blk, sizes):
 
 def _key(k):
     return {f: getattr(k, f) for f in ("impl", "arch", "block_m", "block_n", "num_warps",
-                                       "vec_red", "head_dim", "block_size")
+                                       "vec_red", "q_stages", "head_dim", "block_size")
             if hasattr(k, f)}
 
 

@@ -96,6 +96,8 @@ class BsaBwdConfig:
     # sm80: dQ pairs added with one vector atomic (sm_90+), else with two scalar
     # red.global.add.f32 (sm_8x; _platform.vec_red)
     vec_red: bool = True
+    # sm80: Q/dO shared-memory stages (2: prefetch of the next step; 1 where 2 do not fit)
+    q_stages: int = 2
 
 
 def fwd_smem_bytes(head_dim, block_size) -> int:
@@ -103,10 +105,16 @@ def fwd_smem_bytes(head_dim, block_size) -> int:
     return 3 * -(-2 * block_size * head_dim // 1024) * 1024
 
 
-def bwd_smem_bytes(head_dim) -> int:
-    """Dynamic shared memory of ``bsa_bwd_sm80``: K, V (64 rows), double-buffered Q, dO and
-    the 64 x 64 P, dS tiles."""
-    return 2 * 1024 * (-(-2 * 64 * head_dim // 1024) * 3 + 8)
+def bwd_smem_bytes(head_dim, q_stages=2) -> int:
+    """Dynamic shared memory of ``bsa_bwd_sm80``: K, V (64 rows), ``q_stages`` buffers of Q
+    and dO and the 64 x 64 P, dS tiles."""
+    return 2 * 1024 * (-(-2 * 64 * head_dim // 1024) * (1 + q_stages) + 8)
+
+
+def bwd_q_stages(head_dim, limit) -> int | None:
+    """Q/dO stages of ``bsa_bwd_sm80`` within ``limit`` bytes: 2 when they fit, else 1, else
+    None."""
+    return next((st for st in (2, 1) if bwd_smem_bytes(head_dim, st) <= limit), None)
 
 
 def smem_unsupported_reason(head_dim, block_size, passes=("fwd", "bwd"), switches=None):
@@ -114,7 +122,7 @@ def smem_unsupported_reason(head_dim, block_size, passes=("fwd", "bwd"), switche
     block, else why not (naming the GPU, the need and the limit)."""
     limit = _platform.smem_limit(switches=switches)
     for pas, name, need in (("fwd", "forward", fwd_smem_bytes(head_dim, block_size)),
-                            ("bwd", "backward", bwd_smem_bytes(head_dim))):
+                            ("bwd", "backward", bwd_smem_bytes(head_dim, q_stages=1))):
         if pas in passes and need > limit:
             blk = f", sparse_block_size={block_size}" if name == "forward" else ""
             return (f"the portable (mma.sync) BSA {name} at head_dim={head_dim}{blk} needs "
@@ -183,8 +191,12 @@ def bwd_config(dtype, head_dim, block_size, has_block_sizes, switches) -> BsaBwd
     min_blocks = switches.bsa_bwd_min_blocks
     if min_blocks is None:
         min_blocks = 2 if head_dim <= 128 else 1
+    q_stages = bwd_q_stages(head_dim, _platform.smem_limit(arch, switches))
+    if q_stages is None:
+        raise NotImplementedError(smem_unsupported_reason(head_dim, block_size, ("bwd",),
+                                                          switches))
     return BsaBwdConfig(name, head_dim, block_size, has_block_sizes, impl, min_blocks, arch=arch,
-                        vec_red=_platform.vec_red(switches, arch))
+                        vec_red=_platform.vec_red(switches, arch), q_stages=q_stages)
 
 
 def pre_config(dtype, head_dim, switches) -> BsaPreConfig | None:
@@ -354,7 +366,8 @@ def _bwd_entry(stream, q, k, v, do, lse, delta, offsets, entries, sizes, scale, 
     else:
         from ..kernels.bsa_bwd_sm80 import BsaBwdSm80  # noqa: PLC0415
 
-        kernel = BsaBwdSm80(*args, min_blocks=cfg.min_blocks, vec_red=cfg.vec_red)
+        kernel = BsaBwdSm80(*args, min_blocks=cfg.min_blocks, vec_red=cfg.vec_red,
+                            q_stages=cfg.q_stages)
     kernel(q, k, v, do, lse, delta, offsets, entries, sizes, scale, dq_acc, dk, dv, stream)
 
 
