@@ -10,6 +10,14 @@ Query block ``m`` of head ``h`` attends to the listed KV blocks
 ``block_sizes``, default ``blk``). Softmax with ``softmax_scale`` runs over exactly
 those keys; an empty key set gives ``out = 0`` and ``lse = -inf``. Query head ``h``
 uses KV head ``h // (H_q // H_kv)`` (GQA).
+
+Options (static): ``kv_splits`` (split-KV as in cuDNN's block-sparse API: each row's active
+prefix cut into contiguous chunks whose softmax partials are merged; same result),
+``pack_gqa`` (cuDNN's packed-GQA metadata: rows are packed query rows ``p = s r + g``,
+position ``s`` of query head ``h_kv r + g``, ``r = H_q / H_kv``, in blocks of ``blk`` packed
+rows per KV head) and ``causal`` (keys ``j > i + S_kv - S_q`` of the listed blocks are
+masked, FlashAttention's bottom-right aligned causal mask; rows left without keys give
+``out = 0``, ``lse = -inf``).
 """
 
 from __future__ import annotations
@@ -48,6 +56,14 @@ def _passes(op_name):
 
 
 def _kernel_unsupported_reason(cfg, passes, switches, mod):
+    # options that only the reference backend implements so far (kv_splits="auto" lets the
+    # backend choose: the kernels, without split-KV yet, run one split)
+    for name, value, default in (("kv_splits", cfg.kv_splits, 1),
+                                 ("pack_gqa", cfg.pack_gqa, False),
+                                 ("causal", cfg.causal, False)):
+        if value not in (default, "auto"):
+            return (f"{name}={value!r} is not implemented by the block-sparse kernels yet "
+                    f"(only {name}={default!r}); backend='reference' implements it")
     return mod.bsa_kernel_unsupported_reason(dtype=cfg.dtype, head_dim=cfg.head_dim,
                                              head_dim_v=cfg.head_dim_v,
                                              sparse_block_size=cfg.sparse_block_size,
@@ -56,7 +72,8 @@ def _kernel_unsupported_reason(cfg, passes, switches, mod):
 
 def _make_config(q, k, v, q2k_block_index, block_sparse_num, block_sizes, q2k_block_nums, *,
                  sparse_block_size, softmax_scale, layout, allow_empty_block_nums, backend,
-                 switches, op_name, debug_checks=False):
+                 switches, op_name, debug_checks=False, kv_splits=1, pack_gqa=False,
+                 causal=False):
     """Validate the arguments and build the call's one static config (backend chosen,
     kernel compile keys decided); returns it with the metadata in normalised form
     (:func:`~jax_sparse_attn.metadata.normalize_bsa_metadata`)."""
@@ -67,7 +84,8 @@ def _make_config(q, k, v, q2k_block_index, block_sparse_num, block_sizes, q2k_bl
     cfg = check_bsa_args(q, k, v, q2k_block_index, block_sparse_num, block_sizes,
                          q2k_block_nums, sparse_block_size=sparse_block_size,
                          softmax_scale=softmax_scale, layout=layout,
-                         allow_empty_block_nums=allow_empty_block_nums)
+                         allow_empty_block_nums=allow_empty_block_nums, kv_splits=kv_splits,
+                         pack_gqa=pack_gqa, causal=causal)
     if is_concrete(q2k_block_index, block_sizes, q2k_block_nums):
         _bsa_value_checks(q2k_block_index, block_sizes, q2k_block_nums, allow_empty_block_nums,
                           cfg)
@@ -96,7 +114,7 @@ def _make_config(q, k, v, q2k_block_index, block_sparse_num, block_sizes, q2k_bl
 def _ref_options(cfg):
     """The semantic options in the keyword form of the :mod:`~jax_sparse_attn.reference` API."""
     return dict(layout=cfg.layout, sparse_block_size=cfg.sparse_block_size,
-                softmax_scale=cfg.softmax_scale)
+                softmax_scale=cfg.softmax_scale, pack_gqa=cfg.pack_gqa, causal=cfg.causal)
 
 
 def _fwd_backend(cfg, q, k, v, idx, nums, sizes):
@@ -104,7 +122,8 @@ def _fwd_backend(cfg, q, k, v, idx, nums, sizes):
         from .ffi import bsa as ffi_bsa  # noqa: PLC0415 (lazy: only on the kernel path)
 
         return ffi_bsa.bsa_fwd(q, k, v, idx, nums, sizes, cfg)
-    return reference.block_sparse_attention_ref(q, k, v, idx, nums, sizes, **_ref_options(cfg))
+    return reference.block_sparse_attention_ref(q, k, v, idx, nums, sizes, kv_splits=cfg.kv_splits,
+                                                **_ref_options(cfg))
 
 
 def _bwd_backend(cfg, do, q, k, v, out, lse, idx, nums, sizes, dlse=None):
@@ -213,6 +232,21 @@ _META_ARG_LINES = """
         ``jax.errors.JaxRuntimeError`` with the eager validator's message (see
         :func:`hstu_attention`). Without it, bad traced metadata give unspecified values
         (never an out-of-bounds access).
+      kv_splits: static int in ``[1, 256]`` or ``"auto"`` (default 1): split-KV, each row's
+        active prefix cut into ``kv_splits`` contiguous chunks of ``ceil(n / kv_splits)``
+        entries, per-chunk fp32 softmax partials merged by ``lse = log sum exp(lse_s)``
+        (empty chunks contribute nothing). ``"auto"``: ``floor(num_SMs / (B H N_q))``
+        clamped to ``[1, min(K_max, 256)]`` (132 SMs where no GPU is visible). The backward
+        does not split. Reference backend; the kernels run ``1`` / ``"auto"`` only.
+      pack_gqa: bool (default False): metadata over packed query rows ``p = s r + g``
+        (position ``s`` of query head ``h_kv r + g``, ``r = H_q / H_kv`` must divide
+        ``sparse_block_size``): ``q2k_block_index (B, H_kv, N_qp, K_max)``,
+        ``q2k_block_nums (B, H_kv, N_qp)``, ``block_sizes`` ranks 1-2 or
+        ``(B, H_kv, N_kv)``, ``N_qp = ceil(S_q r / blk)``; ``lse`` stays ``(B, H_q, S_q)``.
+        Reference backend only for now.
+      causal: bool (default False): token-level causal mask inside the listed blocks,
+        key ``j`` visible from query position ``i`` iff ``j <= i + S_kv - S_q``
+        (bottom-right aligned). Reference backend only for now.
 """
 
 _ARGS_DOC = "\n    Args:" + _ARG_LINES + _META_ARG_LINES
@@ -220,7 +254,9 @@ _ARGS_DOC = "\n    Args:" + _ARG_LINES + _META_ARG_LINES
 _RAISES_DOC = """
     Raises:
       ValueError: bad ranks/shapes (also zero head dims), layout not in {"bhsd",
-        "bshd"}, sparse_block_size not in {64, 128}, K_max = 0, both or neither of
+        "bshd"}, sparse_block_size not in {64, 128}, kv_splits outside [1, 256] and not
+        "auto", pack_gqa with H_q / H_kv not dividing sparse_block_size, K_max = 0,
+        both or neither of
         block_sparse_num/q2k_block_nums, block_sparse_num outside [1, K_max], a
         non-finite softmax_scale, backend not in {"auto", "kernel", "reference"}, a
         switch environment variable outside its allowed values, and
@@ -228,21 +264,23 @@ _RAISES_DOC = """
         :func:`~jax_sparse_attn.validate_bsa_metadata`.
       TypeError: mixed or unsupported dtypes, non-integer metadata, a non-bool
         allow_empty_block_nums, block_sparse_num/softmax_scale not static Python numbers
-        ``switches`` not a ``Switches`` (backward: ``do``, ``o`` or ``lse`` of the wrong
-        dtype).
-      NotImplementedError: ``backend="kernel"`` where the kernel cannot run.
+        ``switches`` not a ``Switches``, kv_splits not an int or "auto", pack_gqa /
+        causal not bools (backward: ``do``, ``o`` or ``lse`` of the wrong dtype).
+      NotImplementedError: ``backend="kernel"`` where the kernel cannot run (also
+        ``kv_splits > 1``, ``pack_gqa=True``, ``causal=True`` for now).
 """
 
 
 def block_sparse_attention(q, k, v, q2k_block_index, block_sparse_num=None, block_sizes=None,
                            q2k_block_nums=None, *, sparse_block_size=128, softmax_scale=None,
                            layout="bhsd", allow_empty_block_nums=False, backend="auto",
-                           switches=None, debug_checks=False):
+                           switches=None, debug_checks=False, kv_splits=1, pack_gqa=False,
+                           causal=False):
     cfg, idx, nums, sizes = _make_config(
         q, k, v, q2k_block_index, block_sparse_num, block_sizes, q2k_block_nums,
         sparse_block_size=sparse_block_size, softmax_scale=softmax_scale, layout=layout,
         allow_empty_block_nums=allow_empty_block_nums, backend=backend, switches=switches,
-        debug_checks=debug_checks,
+        debug_checks=debug_checks, kv_splits=kv_splits, pack_gqa=pack_gqa, causal=causal,
         op_name="block_sparse_attention")
     return _bsa_jit(cfg, q, k, v, idx, nums, sizes)
 
@@ -268,12 +306,13 @@ def block_sparse_attention_forward(q, k, v, q2k_block_index, block_sparse_num=No
                                    block_sizes=None, q2k_block_nums=None, *,
                                    sparse_block_size=128, softmax_scale=None, layout="bhsd",
                                    allow_empty_block_nums=False, backend="auto",
-                                   switches=None, debug_checks=False):
+                                   switches=None, debug_checks=False, kv_splits=1,
+                                   pack_gqa=False, causal=False):
     cfg, idx, nums, sizes = _make_config(
         q, k, v, q2k_block_index, block_sparse_num, block_sizes, q2k_block_nums,
         sparse_block_size=sparse_block_size, softmax_scale=softmax_scale, layout=layout,
         allow_empty_block_nums=allow_empty_block_nums, backend=backend, switches=switches,
-        debug_checks=debug_checks,
+        debug_checks=debug_checks, kv_splits=kv_splits, pack_gqa=pack_gqa, causal=causal,
         op_name="block_sparse_attention_forward")
     out, lse = _fwd_jit(cfg, q, k, v, idx, nums, sizes)
     return BSAForwardResult(o_tensor=out, lse_tensor=lse)
@@ -304,12 +343,13 @@ def block_sparse_attention_backward(do, q, k, v, o, lse, q2k_block_index, block_
                                     block_sizes=None, q2k_block_nums=None, *,
                                     sparse_block_size=128, softmax_scale=None, layout="bhsd",
                                     allow_empty_block_nums=False, backend="auto",
-                                    switches=None, dlse=None, debug_checks=False):
+                                    switches=None, dlse=None, debug_checks=False, kv_splits=1,
+                                    pack_gqa=False, causal=False):
     cfg, idx, nums, sizes = _make_config(
         q, k, v, q2k_block_index, block_sparse_num, block_sizes, q2k_block_nums,
         sparse_block_size=sparse_block_size, softmax_scale=softmax_scale, layout=layout,
         allow_empty_block_nums=allow_empty_block_nums, backend=backend, switches=switches,
-        debug_checks=debug_checks,
+        debug_checks=debug_checks, kv_splits=kv_splits, pack_gqa=pack_gqa, causal=causal,
         op_name="block_sparse_attention_backward")
     qs = tuple(q.shape)
     out_shape = qs[:-1] + (cfg.head_dim_v,)

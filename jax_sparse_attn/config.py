@@ -94,7 +94,7 @@ def _parse_option_list(flags, key, key_ok, allowed):
 
 #: the flags of the sm90ws forward's tuning switch (JAX_SPARSE_ATTN_HSTU_WS); ``bn=N`` is
 #: the fifth entry
-WS_FLAGS = ("nooverlap", "nopingpong", "q1", "silu16")
+WS_FLAGS = ("nooverlap", "nopingpong", "q1", "silu16", "tanh16")
 _WS_ALLOWED = ("comma list of " + ", ".join(WS_FLAGS)
                + ", bn=N (block_n: a multiple of 16 in 16..256)")
 #: parser of JAX_SPARSE_ATTN_HSTU_WS: :data:`WS_FLAGS` and ``bn=N``
@@ -163,13 +163,19 @@ SWITCHES = (
     Switch("hstu_fwd_ws", "JAX_SPARSE_ATTN_HSTU_WS", _WS_ALLOWED, _parse_ws, (),
            "sm90ws forward variants (tuning / ablation; the sm80 forward ignores them): "
            "nooverlap (no intra-warpgroup overlap of S = QK^T and O += PV), nopingpong "
-           "(consumer warpgroups in lockstep), q1 (single-buffered Q), silu16 (score "
+           "(consumer warpgroups in lockstep), q1 (single-buffered Q), tanh16 (one "
+           "tanh.approx.f16x2 per two scores, the rest fp32), silu16 (score "
            "function in packed 16-bit arithmetic), bn=N (keys per tile; default 128, 64 "
            "at D = 256)"),
     Switch("hstu_fwd_tile", "JAX_SPARSE_ATTN_HSTU_FWD_TILE", _TILE, _parse_tile, None,
            "HSTU sm80 forward tile override (tuning; unset: the kernel's tiles for the head "
            "dims); with sm90ws it is an error (bn=N of JAX_SPARSE_ATTN_HSTU_WS sets its "
            "block_n)"),
+    _choice("hstu_schedule", "JAX_SPARSE_ATTN_HSTU_SCHEDULE", ("kernel", "xla"),
+            "how the HSTU forward's tile schedule (sanitised cu_seqlens + query tiles "
+            "longest work first) is built: kernel (one single-CTA CuTe DSL launch, "
+            "kernels/hstu_schedule.py; up to 1022 sequences and 8192 query tiles, and no "
+            "func mask, else xla), xla (jnp ops: a sort, scans, gathers)"),
     _choice("hstu_bwd_impl", "JAX_SPARSE_ATTN_HSTU_BWD_IMPL", ("sm90", "sm80"),
             "HSTU backward kernel: sm90 (warp-specialized TMA producer warp + two wgmma "
             "consumer warpgroups; D = D_v in {64, 128} without rab, other calls run sm80 and "
@@ -181,9 +187,10 @@ SWITCHES = (
     Switch("hstu_bwd_tile", "JAX_SPARSE_ATTN_HSTU_BWD_TILE", _TILE, _parse_tile, None,
            "HSTU sm80 backward tile override (tuning; with sm90, the default, it is an error "
            "except for calls that sm90 routes to sm80: set hstu_bwd_impl=sm80 as well)"),
-    _choice("bsa_fwd_impl", "JAX_SPARSE_ATTN_BSA_FWD_IMPL", ("sm90", "sm90ws", "sm80"),
-            "BSA forward kernel: sm90 (wgmma, cp.async; D in {64, 128}, other D use sm80), "
-            "sm90ws (opt-in: warp-specialized TMA producer warp + wgmma consumer warpgroups, "
+    _choice("bsa_fwd_impl", "JAX_SPARSE_ATTN_BSA_FWD_IMPL", ("auto", "sm90", "sm90ws", "sm80"),
+            "BSA forward kernel: auto (sm90ws at sparse_block_size 128, sm90 at 64: the faster "
+            "one on the H200), sm90 (wgmma, cp.async; D in {64, 128}, other D use sm80), "
+            "sm90ws (warp-specialized TMA producer warp + wgmma consumer warpgroups, "
             "persistent grid; D in {64, 128}, other D use sm80), sm80 (mma.sync, every D)"),
     Switch("bsa_fwd_ws", "JAX_SPARSE_ATTN_BSA_WS", _BSA_WS_ALLOWED, _parse_bsa_ws, (),
            "sm90ws BSA forward variants (tuning / ablation; other forwards ignore them): "
@@ -243,6 +250,7 @@ class Switches:
     hstu_fwd_impl: str = _DEFAULT["hstu_fwd_impl"]
     hstu_fwd_ws: tuple = _DEFAULT["hstu_fwd_ws"]
     hstu_fwd_tile: tuple | None = _DEFAULT["hstu_fwd_tile"]
+    hstu_schedule: str = _DEFAULT["hstu_schedule"]
     hstu_bwd_impl: str = _DEFAULT["hstu_bwd_impl"]
     hstu_bwd_dq: str = _DEFAULT["hstu_bwd_dq"]
     hstu_bwd_tile: tuple | None = _DEFAULT["hstu_bwd_tile"]
@@ -369,6 +377,7 @@ class HSTUConfig:
     # chosen for it ("sm90": Hopper kernels; "portable": the mma.sync sm80 kernels)
     kernel_arch: str = ""
     kernel_family: str = ""
+    schedule: str = "kernel"  # kernel backend: Switches.hstu_schedule (forward tile schedule)
 
     @property
     def has_func(self) -> bool:
@@ -382,8 +391,11 @@ class HSTUConfig:
 @dataclasses.dataclass(frozen=True)
 class BSAConfig:
     """Static options of one block-sparse attention call (the ``custom_vjp`` nondiff
-    argument). Shapes are in bhsd order whatever the layout. ``fwd`` / ``bwd`` / ``pre``
-    are the kernel compile keys (kernel backend; ``pre`` None = XLA preprocessing)."""
+    argument). Shapes are in bhsd order whatever the layout. ``num_q_blocks`` counts the
+    query blocks of the metadata rows: ``N_q = ceil(S_q / blk)``, or with ``pack_gqa``
+    ``N_qp = ceil(S_q r / blk)`` (rows per KV head, ``r = H_q / H_kv``). ``kv_splits`` is
+    the requested int or ``"auto"``. ``fwd`` / ``bwd`` / ``pre`` are the kernel compile keys
+    (kernel backend; ``pre`` None = XLA preprocessing)."""
 
     dtype: str
     layout: str
@@ -402,6 +414,9 @@ class BSAConfig:
     num_q_blocks: int
     num_kv_blocks: int
     k_max: int
+    kv_splits: int | str = 1
+    pack_gqa: bool = False
+    causal: bool = False
     backend: str = "reference"
     fwd: object = None  # ffi.bsa.BsaFwdConfig
     bwd: object = None  # ffi.bsa.BsaBwdConfig

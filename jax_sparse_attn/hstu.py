@@ -117,7 +117,7 @@ def _make_config(q, k, v, cu_seqlens_q, cu_seqlens_k, func, paged_kv, page_ids, 
         bwd = mod.bwd_config(cfg.dtype, d_pad, dv_pad, cfg.func_n, switches, **_rab_key(cfg))
     return dataclasses.replace(
         cfg, backend="kernel", head_dim_pad=d_pad, head_dim_v_pad=dv_pad,
-        cute_call=switches.cute_call, fwd=fwd, bwd=bwd,
+        cute_call=switches.cute_call, schedule=switches.hstu_schedule, fwd=fwd, bwd=bwd,
         kernel_arch=_platform.resolved_arch(),
         kernel_family=_platform.kernel_family(switches))
 

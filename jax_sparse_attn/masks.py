@@ -10,9 +10,11 @@ HSTU ``func`` builders
 
 BSA metadata builders
     :func:`block_mask_to_index` turns a dense block mask ``(B, H, N_q, N_kv) bool`` into
-    ``(q2k_block_index, q2k_block_nums)``; :func:`topk_block_index` picks the top-k KV
-    blocks per query block from mean-pooled QK scores; :func:`transpose_block_index`
-    builds the transposed KV->Q lists (CSR) a backward pass iterates over.
+    ``(q2k_block_index, q2k_block_nums)`` (a ``(B, H_kv, N_qp, N_kv)`` mask over packed
+    query blocks gives ``pack_gqa`` metadata); :func:`topk_block_index` picks the top-k KV
+    blocks per query block from mean-pooled QK scores (``pack_gqa=True``: per packed
+    block); :func:`transpose_block_index` builds the transposed KV->Q lists (CSR) a
+    backward pass iterates over.
 """
 
 from __future__ import annotations
@@ -146,6 +148,8 @@ def block_mask_to_index(block_mask, max_blocks: int | None = None):
 
     Args:
       block_mask: bool ``(B, H, N_q, N_kv)``; True = query block m attends KV block n.
+        For ``pack_gqa`` metadata pass the mask over packed query blocks,
+        ``(B, H_kv, N_qp, N_kv)``.
       max_blocks: static ``K_max``; default ``N_kv``. Rows with more than ``K_max`` True
         entries keep their ``K_max`` lowest block ids (the counts are clipped too).
 
@@ -181,7 +185,7 @@ def _block_means(x, blk):
 
 
 def topk_block_index(q, k, top_k: int, *, sparse_block_size: int = 128, layout: str = "bhsd",
-                     causal: bool = False):
+                     causal: bool = False, pack_gqa: bool = False):
     """Top-k KV blocks per query block from mean-pooled QK scores.
 
     Scores ``mean_pool(q_block_m) . mean_pool(k_block_n)`` (means over the valid tokens
@@ -191,21 +195,31 @@ def topk_block_index(q, k, top_k: int, *, sparse_block_size: int = 128, layout: 
     ``N_q > N_kv`` the first ``N_q - N_kv`` query blocks have no diagonal block and get
     count 0 (pass ``allow_empty_block_nums=True`` to the op).
 
+    With ``pack_gqa`` the metadata are built at packed granularity (the ``pack_gqa``
+    contract of :func:`~jax_sparse_attn.block_sparse_attention`): the query block is the
+    packed block ``m`` of KV head ``h_kv`` (packed rows ``[m blk, (m + 1) blk)``, row
+    ``s r + g`` = position ``s`` of query head ``h_kv r + g``), pooled over all its rows;
+    with ``causal`` its diagonal block is the KV block holding key ``s_last + S_kv - S_q``
+    of its last query position ``s_last`` (token-exact; negative: count 0).
+
     Args:
       q: ``(B, H_q, S_q, D)`` (bhsd) or ``(B, S_q, H_q, D)`` (bshd).
       k: ``(B, H_kv, S_kv, D)`` / ``(B, S_kv, H_kv, D)``.
       top_k: static ``K_max`` (>= 1, clipped to ``N_kv``).
       sparse_block_size: 64 or 128 (default 128, as the op's).
       layout: "bhsd" or "bshd".
-      causal: restrict to KV blocks ``n <= m + N_kv - N_q``.
+      causal: restrict to KV blocks ``n <= m + N_kv - N_q`` (packed: see above).
+      pack_gqa: build packed metadata (default False).
 
     Returns:
       ``(q2k_block_index int32 (B, H_q, N_q, K_max), q2k_block_nums int32 (B, H_q, N_q))``,
-      indices of the active prefix sorted by descending score.
+      indices of the active prefix sorted by descending score; with ``pack_gqa``
+      ``(B, H_kv, N_qp, K_max)`` and ``(B, H_kv, N_qp)``, ``N_qp = ceil(S_q r / blk)``.
 
     Raises:
       ValueError: ``top_k < 1``, ``sparse_block_size`` not in {64, 128}, a layout other
-        than "bhsd"/"bshd", or ``H_q`` not a multiple of ``H_kv``.
+        than "bhsd"/"bshd", ``H_q`` not a multiple of ``H_kv``, or (``pack_gqa``) the group
+        size ``r = H_q / H_kv`` not dividing ``sparse_block_size``.
     """
     if layout not in ("bhsd", "bshd"):
         raise ValueError(f"layout must be 'bhsd' or 'bshd', got {layout!r}")
@@ -221,8 +235,17 @@ def topk_block_index(q, k, top_k: int, *, sparse_block_size: int = 128, layout: 
     Hkv = k.shape[1]
     if Hq % Hkv:
         raise ValueError(f"H_q={Hq} must be a multiple of H_kv={Hkv}")
-    qm = _block_means(q, blk)
-    km = jnp.repeat(_block_means(k, blk), Hq // Hkv, axis=1)
+    r = Hq // Hkv
+    if pack_gqa:
+        if blk % r:
+            raise ValueError(f"pack_gqa=True needs the GQA group size r = H_q / H_kv = {r} to "
+                             f"divide sparse_block_size={blk}")
+        qp = jnp.swapaxes(q.reshape(B, Hkv, r, Sq, D), 2, 3).reshape(B, Hkv, Sq * r, D)
+        qm = _block_means(qp, blk)
+        km = _block_means(k, blk)
+    else:
+        qm = _block_means(q, blk)
+        km = jnp.repeat(_block_means(k, blk), r, axis=1)
     scores = jnp.einsum("bhmd,bhnd->bhmn", qm, km)
     n_q, n_kv = qm.shape[2], km.shape[2]
     kk = max(1, min(int(top_k), n_kv))
@@ -230,13 +253,17 @@ def topk_block_index(q, k, top_k: int, *, sparse_block_size: int = 128, layout: 
     if causal:
         m = jnp.arange(n_q)[:, None]
         n = jnp.arange(n_kv)[None, :]
-        diag = m + (n_kv - n_q)
+        if pack_gqa:
+            s_last = jnp.minimum(((m + 1) * blk - 1) // r, Sq - 1)
+            diag = jnp.floor_divide(s_last + (k.shape[2] - Sq), blk)
+        else:
+            diag = m + (n_kv - n_q)
         allowed = n <= diag
         scores = jnp.where(n == diag, jnp.inf, scores)
     scores = jnp.where(allowed, scores, -jnp.inf)
     _, index = lax.top_k(scores, kk)
     nums = jnp.minimum(jnp.sum(allowed, axis=-1), kk).astype(jnp.int32)
-    nums = jnp.broadcast_to(nums, (B, Hq, n_q))
+    nums = jnp.broadcast_to(nums, (B, qm.shape[1], n_q))
     return index.astype(jnp.int32), nums
 
 

@@ -176,6 +176,40 @@ def hstu_scalars(alpha, scaling_seqlen, window_size):
 
 # ----------------------------------------------------------------------------- BSA
 
+#: SM count assumed where no GPU is visible (CPU lowering): an H100/H200 SXM
+DEFAULT_NUM_SMS = 132
+
+
+def num_sms() -> int:
+    """SM count of the first GPU (:data:`DEFAULT_NUM_SMS` when none is visible)."""
+    try:
+        gpus = jax.devices("gpu")
+    except RuntimeError:
+        gpus = []
+    n = getattr(gpus[0], "core_count", 0) if gpus else 0
+    return int(n) if n else DEFAULT_NUM_SMS
+
+
+def auto_kv_splits(num_rows: int, k_max: int, sms: int | None = None) -> int:
+    """``kv_splits="auto"``: the number of splits of each row's block list that makes the
+    ``num_rows`` metadata rows (``B * H * N_q``, packed rows with ``pack_gqa``) times the
+    splits fill one wave of ``sms`` SMs (default :func:`num_sms`):
+    ``floor(sms / num_rows)`` clamped to ``[1, min(k_max, 256)]`` (more splits than
+    listed blocks would only add empty splits)."""
+    sms = num_sms() if sms is None else int(sms)
+    return max(1, min(sms // max(int(num_rows), 1), int(k_max), 256))
+
+
+def kv_split_ids(num_listed, k_max: int, kv_splits: int):
+    """Split of each list entry ``t < k_max`` of rows with ``num_listed`` active entries
+    (any int array shape ``R``): ``t // c`` with ``c = max(1, ceil(n / kv_splits))`` (the
+    active prefix cut into ``kv_splits`` contiguous chunks; entries past it get the split
+    of their position but are inactive). Returns int32 ``R + (k_max,)``."""
+    n = jnp.clip(jnp.asarray(num_listed, jnp.int32), 0, k_max)
+    c = jnp.maximum((n + kv_splits - 1) // kv_splits, 1)
+    t = jnp.arange(k_max, dtype=jnp.int32)
+    return jnp.minimum(t // c[..., None], kv_splits - 1).astype(jnp.int32)
+
 
 def normalize_bsa_metadata(q2k_block_index, block_sparse_num=None, block_sizes=None,
                            q2k_block_nums=None):

@@ -37,7 +37,7 @@ import jax.numpy as jnp
 from jax import lax
 
 from .masks import func_interval_mask
-from .metadata import normalize_bsa_metadata
+from .metadata import auto_kv_splits, kv_split_ids, normalize_bsa_metadata
 from .validation import HSTU_PAGE_SIZE
 
 __all__ = [
@@ -46,6 +46,7 @@ __all__ = [
     "block_sparse_attention_ref",
     "block_sparse_attention_bwd_ref",
     "normalize_bsa_metadata",
+    "combine_kv_splits",
     "PAGE_SIZE",
 ]
 
@@ -271,16 +272,40 @@ def _to_bhsd(x, layout):
     return x if layout == "bhsd" else jnp.swapaxes(x, 1, 2)
 
 
+def _pack_rows(x, h_kv: int):
+    """``pack_gqa`` row order: ``(B, H_q, S, ...) -> (B, H_kv, S r, ...)`` with packed row
+    ``s r + g`` = position ``s`` of query head ``h_kv_index r + g`` (``r = H_q / H_kv``)."""
+    B, Hq, S = x.shape[:3]
+    x = x.reshape((B, h_kv, Hq // h_kv, S) + x.shape[3:])
+    return jnp.swapaxes(x, 2, 3).reshape((B, h_kv, S * (Hq // h_kv)) + x.shape[4:])
+
+
+def _unpack_rows(x, r: int):
+    """Inverse of :func:`_pack_rows`: ``(B, H_kv, S r, ...) -> (B, H_kv r, S, ...)``."""
+    B, Hkv, Sr = x.shape[:3]
+    x = x.reshape((B, Hkv, Sr // r, r) + x.shape[3:])
+    return jnp.swapaxes(x, 2, 3).reshape((B, Hkv * r, Sr // r) + x.shape[4:])
+
+
 def _bsa_blocks(q, k, v, q2k_block_index, q2k_block_nums, block_sizes, layout,
-                sparse_block_size, softmax_scale):
-    """Shared setup: bhsd views, the dims ``(B, H_q, H_kv, S_q, S_kv, D, D_v, N_q, N_kv,
-    blk)``, normalised metadata and the softmax scale (default ``1/sqrt(D)``)."""
+                sparse_block_size, softmax_scale, pack_gqa=False, causal=False):
+    """Shared setup: bhsd views (with ``pack_gqa`` q in packed rows ``(B, H_kv, S_q r,
+    D)``), the dims ``(B, H, H_kv, S, S_kv, D, D_v, N_q, N_kv, blk, r, diag)`` of the
+    metadata rows (``H``, ``S`` = ``H_q``, ``S_q``, or ``H_kv``, ``S_q r`` when packed; a
+    row's query position is ``row // r``, ``r`` = 1 unpacked; ``diag = S_kv - S_q`` under
+    ``causal``, else None), normalised metadata and the softmax scale (default
+    ``1/sqrt(D)``)."""
     q = _to_bhsd(jnp.asarray(q), layout)
     k = _to_bhsd(jnp.asarray(k), layout)
     v = _to_bhsd(jnp.asarray(v), layout)
     blk = int(sparse_block_size)
-    B, Hq, Sq, D = q.shape
     Hkv, Skv = k.shape[1], k.shape[2]
+    Sq0 = q.shape[2]
+    r = 1
+    if pack_gqa and Hkv > 0:
+        r = q.shape[1] // Hkv
+        q = _pack_rows(q, Hkv)
+    B, Hq, Sq, D = q.shape
     Dv = v.shape[-1]
     Nq = -(-Sq // blk)
     Nkv = -(-Skv // blk)
@@ -288,7 +313,9 @@ def _bsa_blocks(q, k, v, q2k_block_index, q2k_block_nums, block_sizes, layout,
                                               q2k_block_nums)
     if softmax_scale is None:
         softmax_scale = 1.0 / math.sqrt(D)
-    return q, k, v, (B, Hq, Hkv, Sq, Skv, D, Dv, Nq, Nkv, blk), idx, nums, sizes, softmax_scale
+    diag = Skv - Sq0 if causal else None
+    dims = (B, Hq, Hkv, Sq, Skv, D, Dv, Nq, Nkv, blk, r, diag)
+    return q, k, v, dims, idx, nums, sizes, softmax_scale
 
 
 def _pad_blocks(x, n_blocks, blk):
@@ -299,8 +326,10 @@ def _pad_blocks(x, n_blocks, blk):
 
 
 def _bsa_item_keys(n, idx, nums, sizes, dims):
-    """Per (b, h, m) item: gathered KV block ids and the key validity mask."""
-    B, Hq, Hkv, Sq, Skv, D, Dv, Nq, Nkv, blk = dims
+    """Per (b, h, m) item: gathered KV block ids, the key validity mask, the valid query
+    rows and the (row, key) mask ``allowed`` (the key mask, and causal: key position <=
+    query position + S_kv - S_q)."""
+    B, Hq, Hkv, Sq, Skv, D, Dv, Nq, Nkv, blk, r, diag = dims
     K_max = idx.shape[-1]
     b = n // (Hq * Nq)
     h = (n // Nq) % Hq
@@ -314,7 +343,12 @@ def _bsa_item_keys(n, idx, nums, sizes, dims):
     if sizes is not None:
         kval = kval & (off[None, :] < sizes[b, h, idc][:, None])
     qrow_ok = (m * blk + off) < Sq
-    return b, h, m, idc, kval.reshape(K_max * blk), qrow_ok
+    kval = kval.reshape(K_max * blk)
+    allowed = kval[None, :]
+    if diag is not None:
+        qpos = (m * blk + off) // r
+        allowed = allowed & (kpos.reshape(K_max * blk)[None, :] <= (qpos + diag)[:, None])
+    return b, h, m, idc, kval, qrow_ok, allowed
 
 
 def _listed_kv(kb, vb, b, hk, idc, kval, cdt):
@@ -326,6 +360,45 @@ def _listed_kv(kb, vb, b, hk, idc, kval, cdt):
     kt = kb[b, hk, idc].reshape(K_max * blk, kb.shape[-1]).astype(cdt)
     vt = vb[b, hk, idc].reshape(K_max * blk, vb.shape[-1]).astype(cdt)
     return (jnp.where(kval[:, None], kt, zero), jnp.where(kval[:, None], vt, zero))
+
+
+def _split_partials(s, vt, sp, n_splits: int, cdt):
+    """Per-split softmax partials of one item: scores ``s (rows, K_max * blk)`` (-inf where
+    masked), values ``vt (K_max * blk, D_v)``, split id ``sp (K_max,)`` of each list entry.
+    Returns ``(o_s (n_splits, rows, D_v), lse_s (n_splits, rows))``, normalised per split;
+    a split without keys gives 0 and -inf."""
+    rows, K = s.shape[0], sp.shape[0]
+    s3 = s.reshape(rows, K, -1)
+    sel = sp[:, None] == jnp.arange(n_splits, dtype=jnp.int32)[None, :]  # (K, n_splits)
+    neg = jnp.asarray(-jnp.inf, cdt)
+    mxs = jnp.max(jnp.where(sel[None], jnp.max(s3, axis=-1)[:, :, None], neg), axis=1)
+    mxs = jnp.where(jnp.isfinite(mxs), mxs, jnp.zeros((), cdt))  # (rows, n_splits)
+    e = jnp.exp(s3 - jnp.take(mxs, sp, axis=1)[..., None])
+    onehot = sel.astype(cdt)
+    ls = jnp.einsum("qt,ts->sq", jnp.sum(e, axis=-1), onehot)
+    o_t = jnp.einsum("qtk,tkd->qtd", e, vt.reshape(K, -1, vt.shape[-1]),
+                     preferred_element_type=cdt)
+    o_s = jnp.einsum("qtd,ts->sqd", o_t, onehot)
+    nonempty = ls > 0
+    ls_safe = jnp.where(nonempty, ls, jnp.ones((), cdt))
+    return (o_s / ls_safe[..., None],
+            jnp.where(nonempty, mxs.T + jnp.log(ls_safe), neg))
+
+
+def combine_kv_splits(o_parts, lse_parts):
+    """Merge split-KV partial results (the split axis first): ``o_parts (S, ..., D_v)``
+    normalised per split and ``lse_parts (S, ...)`` (natural log) give ``lse = log sum_s
+    exp(lse_s)`` and ``o = sum_s exp(lse_s - lse) o_s``. Splits with ``lse_s = -inf`` (no
+    key) contribute nothing; if every split is empty, ``o = 0`` and ``lse = -inf`` (no
+    NaN)."""
+    mx = jnp.max(lse_parts, axis=0)
+    mx = jnp.where(jnp.isfinite(mx), mx, jnp.zeros((), mx.dtype))
+    w = jnp.exp(lse_parts - mx)
+    tot = jnp.sum(w, axis=0)
+    nonempty = tot > 0
+    tot_safe = jnp.where(nonempty, tot, jnp.ones((), tot.dtype))
+    o = jnp.sum(w[..., None] * o_parts, axis=0) / tot_safe[..., None]
+    return o, jnp.where(nonempty, mx + jnp.log(tot_safe), -jnp.inf)
 
 
 def _block_sparse_attention_ref_impl(
@@ -340,6 +413,9 @@ def _block_sparse_attention_ref_impl(
     sparse_block_size: int = 128,
     softmax_scale=None,
     compute_dtype=None,
+    kv_splits=1,
+    pack_gqa: bool = False,
+    causal: bool = False,
 ):
     """Block-sparse softmax attention forward, pure ``jnp``.
 
@@ -352,6 +428,14 @@ def _block_sparse_attention_ref_impl(
       block_sizes: None or int32 of rank 1 ``(N_kv,)``, 2 ``(B, N_kv)`` or 3 ``(B, H_q, N_kv)``.
       softmax_scale: default ``1/sqrt(D)``.
       compute_dtype: dtype of the computation (default float32 / float64 for float64 inputs).
+      kv_splits: static int >= 1 or ``"auto"``: each row's active list is cut into that many
+        contiguous chunks (:func:`~jax_sparse_attn.metadata.kv_split_ids`), each chunk's
+        softmax partial is computed alone and the partials are merged by
+        :func:`combine_kv_splits` (the split-KV computation; same result up to rounding).
+      pack_gqa: metadata in the packed contract ``(B, H_kv, N_qp, K_max)``, packed row
+        ``s r + g`` = position ``s`` of query head ``h_kv r + g``.
+      causal: keys after the query position (bottom-right aligned: key ``j`` is visible
+        from query ``i`` iff ``j <= i + S_kv - S_q``) are masked inside the listed blocks.
 
     Returns:
       ``(out, lse)``: out in the input layout and q's dtype, ``lse (B, H_q, S_q)`` natural
@@ -362,11 +446,16 @@ def _block_sparse_attention_ref_impl(
     lse_dtype = jnp.promote_types(in_dtype, jnp.float32)
     q, k, v, dims, idx, nums, sizes, softmax_scale = _bsa_blocks(
         q, k, v, q2k_block_index, q2k_block_nums, block_sizes, layout, sparse_block_size,
-        softmax_scale)
-    B, Hq, Hkv, Sq, Skv, D, Dv, Nq, Nkv, blk = dims
+        softmax_scale, pack_gqa, causal)
+    B, Hq, Hkv, Sq, Skv, D, Dv, Nq, Nkv, blk, r, _ = dims
     K_max, g = idx.shape[-1], Hq // max(Hkv, 1)
+    if kv_splits == "auto":
+        kv_splits = auto_kv_splits(B * Hq * Nq, K_max)
+    n_splits = max(1, min(int(kv_splits), K_max))
 
     def finish(o_bhsd, lse):
+        if r > 1:
+            o_bhsd, lse = _unpack_rows(o_bhsd, r), _unpack_rows(lse, r)
         o = o_bhsd.astype(in_dtype)
         return (o if layout == "bhsd" else jnp.swapaxes(o, 1, 2)), lse.astype(lse_dtype)
 
@@ -380,11 +469,14 @@ def _block_sparse_attention_ref_impl(
     scale = jnp.asarray(softmax_scale, cdt)
 
     def one(n):
-        b, h, m, idc, kval, _ = _bsa_item_keys(n, idx, nums, sizes, dims)
+        b, h, m, idc, kval, _, allowed = _bsa_item_keys(n, idx, nums, sizes, dims)
         qt = qb[b, h, m].astype(cdt)  # (blk, D)
         kt, vt = _listed_kv(kb, vb, b, h // g, idc, kval, cdt)
         s = jnp.einsum("qd,kd->qk", qt, kt, preferred_element_type=cdt) * scale
-        s = jnp.where(kval[None, :], s, -jnp.inf)
+        s = jnp.where(allowed, s, -jnp.inf)
+        if n_splits > 1:
+            sp = kv_split_ids(nums[b, h, m], K_max, n_splits)
+            return combine_kv_splits(*_split_partials(s, vt, sp, n_splits, cdt))
         mx = jnp.max(s, axis=-1)
         mx = jnp.where(jnp.isfinite(mx), mx, jnp.zeros((), cdt))
         e = jnp.exp(s - mx[:, None])
@@ -419,6 +511,8 @@ def _block_sparse_attention_bwd_ref_impl(
     softmax_scale=None,
     compute_dtype=None,
     dlse=None,
+    pack_gqa: bool = False,
+    causal: bool = False,
 ):
     """Explicit block-sparse attention backward from the saved ``out`` and ``lse``.
 
@@ -426,8 +520,10 @@ def _block_sparse_attention_bwd_ref_impl(
     ``dV += P^T dO``, ``dS = P (dO V^T - rowsum(dO*O))``, ``dQ = scale dS K``,
     ``dK += scale dS^T Q``; dK/dV are summed over the query heads sharing a KV head.
     ``dlse`` (optional ``(B, H_q, S_q)``) is a cotangent of ``lse``: it enters the row
-    term as ``rowsum(dO*O) - dlse``. Rows with ``lse = -inf`` contribute nothing. Returns ``(dq, dk, dv)`` in the input
-    layout and dtypes, computed in ``compute_dtype`` (default float32).
+    term as ``rowsum(dO*O) - dlse``. Rows with ``lse = -inf`` contribute nothing.
+    ``pack_gqa`` / ``causal`` as in the forward (:func:`block_sparse_attention_ref`).
+    Returns ``(dq, dk, dv)`` in the input layout and dtypes, computed in ``compute_dtype``
+    (default float32).
     """
     in_dtypes = (q.dtype, k.dtype, v.dtype)
     cdt = _compute_dtype(q.dtype, compute_dtype)
@@ -436,11 +532,16 @@ def _block_sparse_attention_bwd_ref_impl(
     lse = jnp.asarray(lse)
     q, k, v, dims, idx, nums, sizes, softmax_scale = _bsa_blocks(
         q, k, v, q2k_block_index, q2k_block_nums, block_sizes, layout, sparse_block_size,
-        softmax_scale)
-    B, Hq, Hkv, Sq, Skv, D, Dv, Nq, Nkv, blk = dims
+        softmax_scale, pack_gqa, causal)
+    B, Hq, Hkv, Sq, Skv, D, Dv, Nq, Nkv, blk, r, _ = dims
     K_max, g = idx.shape[-1], Hq // max(Hkv, 1)
+    if r > 1:
+        do, out, lse = _pack_rows(do, Hkv), _pack_rows(out, Hkv), _pack_rows(lse, Hkv)
+        dlse = None if dlse is None else _pack_rows(jnp.asarray(dlse), Hkv)
 
     def finish(dq, dk, dv):
+        if r > 1:
+            dq = _unpack_rows(dq, r)
         res = (dq.astype(in_dtypes[0]), dk.astype(in_dtypes[1]), dv.astype(in_dtypes[2]))
         if layout == "bshd":
             res = tuple(jnp.swapaxes(x, 1, 2) for x in res)
@@ -463,7 +564,7 @@ def _block_sparse_attention_bwd_ref_impl(
     scale = jnp.asarray(softmax_scale, cdt)
 
     def one(n):
-        b, h, m, idc, kval, qrow_ok = _bsa_item_keys(n, idx, nums, sizes, dims)
+        b, h, m, idc, kval, qrow_ok, allowed = _bsa_item_keys(n, idx, nums, sizes, dims)
         qt = qb[b, h, m].astype(cdt)
         dot = dob[b, h, m].astype(cdt)
         lt = lseb[b, h, m]
@@ -471,7 +572,7 @@ def _block_sparse_attention_bwd_ref_impl(
         s = jnp.einsum("qd,kd->qk", qt, kt, preferred_element_type=cdt) * scale
         row_ok = qrow_ok & jnp.isfinite(lt)
         lt_safe = jnp.where(row_ok, lt, 0).astype(cdt)
-        ok = row_ok[:, None] & kval[None, :]
+        ok = row_ok[:, None] & allowed
         p = jnp.where(ok, jnp.exp(jnp.where(ok, s - lt_safe[:, None], 0)), jnp.zeros((), cdt))
         dv_c = jnp.einsum("qk,qd->kd", p, dot, preferred_element_type=cdt)
         dp = jnp.einsum("qd,kd->qk", dot, vt, preferred_element_type=cdt)
@@ -518,11 +619,13 @@ def _block_sparse_attention_bwd_ref_impl(
 
 _HSTU_STATIC = ("max_seqlen_q", "max_seqlen_k", "scaling_seqlen", "window_size", "alpha",
                 "compute_dtype")
-_BSA_STATIC = ("layout", "sparse_block_size", "softmax_scale", "compute_dtype")
+_BSA_STATIC = ("layout", "sparse_block_size", "softmax_scale", "compute_dtype", "pack_gqa",
+               "causal")
 
 _hstu_fwd_jit = jax.jit(_hstu_attention_ref_impl, static_argnames=_HSTU_STATIC + ("q_tile",))
 _hstu_bwd_jit = jax.jit(_hstu_attention_bwd_ref_impl, static_argnames=_HSTU_STATIC)
-_bsa_fwd_jit = jax.jit(_block_sparse_attention_ref_impl, static_argnames=_BSA_STATIC)
+_bsa_fwd_jit = jax.jit(_block_sparse_attention_ref_impl,
+                       static_argnames=_BSA_STATIC + ("kv_splits",))
 _bsa_bwd_jit = jax.jit(_block_sparse_attention_bwd_ref_impl, static_argnames=_BSA_STATIC)
 
 
@@ -558,22 +661,27 @@ def hstu_attention_bwd_ref(do, q, k, v, cu_seqlens_q, cu_seqlens_k, func=None, *
 
 def block_sparse_attention_ref(q, k, v, q2k_block_index, q2k_block_nums, block_sizes=None, *,
                                layout: str = "bhsd", sparse_block_size: int = 128,
-                               softmax_scale=None, compute_dtype=None):
+                               softmax_scale=None, compute_dtype=None, kv_splits=1,
+                               pack_gqa: bool = False, causal: bool = False):
     return _bsa_fwd_jit(q, k, v, q2k_block_index, q2k_block_nums, block_sizes, layout=layout,
                         sparse_block_size=int(sparse_block_size),
                         softmax_scale=_static_float(softmax_scale),
-                        compute_dtype=_static_dtype(compute_dtype))
+                        compute_dtype=_static_dtype(compute_dtype),
+                        kv_splits=kv_splits if kv_splits == "auto" else int(kv_splits),
+                        pack_gqa=bool(pack_gqa), causal=bool(causal))
 
 
 def block_sparse_attention_bwd_ref(do, q, k, v, out, lse, q2k_block_index, q2k_block_nums,
                                    block_sizes=None, *, layout: str = "bhsd",
                                    sparse_block_size: int = 128, softmax_scale=None,
-                                   compute_dtype=None, dlse=None):
+                                   compute_dtype=None, dlse=None, pack_gqa: bool = False,
+                                   causal: bool = False):
     return _bsa_bwd_jit(do, q, k, v, out, lse, q2k_block_index, q2k_block_nums, block_sizes,
                         dlse=dlse,
                         layout=layout, sparse_block_size=int(sparse_block_size),
                         softmax_scale=_static_float(softmax_scale),
-                        compute_dtype=_static_dtype(compute_dtype))
+                        compute_dtype=_static_dtype(compute_dtype), pack_gqa=bool(pack_gqa),
+                        causal=bool(causal))
 
 
 hstu_attention_ref.__doc__ = _hstu_attention_ref_impl.__doc__

@@ -35,7 +35,11 @@ __all__ = [
     "KERNEL_DTYPES",
     "SPARSE_BLOCK_SIZES",
     "HSTU_FUNC_PAD",
+    "MAX_KV_SPLITS",
 ]
+
+#: largest static ``kv_splits`` of the block-sparse ops
+MAX_KV_SPLITS = 256
 
 #: dtypes of the fast path (and of the issue's contract).
 KERNEL_DTYPES = (jnp.dtype(jnp.float16), jnp.dtype(jnp.bfloat16))
@@ -398,12 +402,35 @@ def _hstu_value_checks(q, k, cu_seqlens_q, cu_seqlens_k, func, paged_kv, page_id
 # ----------------------------------------------------------------------------- BSA
 
 
+def _check_kv_splits(kv_splits):
+    if isinstance(kv_splits, str):
+        if kv_splits != "auto":
+            raise ValueError(f"kv_splits must be an int in [1, {MAX_KV_SPLITS}] or 'auto', "
+                             f"got {kv_splits!r}")
+        return kv_splits
+    n = _static_scalar("kv_splits", kv_splits, "int")
+    if isinstance(n, bool) or not isinstance(n, numbers.Integral):
+        raise TypeError(f"kv_splits must be a static Python int in [1, {MAX_KV_SPLITS}] or "
+                        f"'auto', got {type(n).__name__}")
+    if not 1 <= int(n) <= MAX_KV_SPLITS:
+        raise ValueError(f"kv_splits must be in [1, {MAX_KV_SPLITS}] or 'auto', got {int(n)}")
+    return int(n)
+
+
+def _check_bool(name, x):
+    if not isinstance(x, (bool, np.bool_)):
+        raise TypeError(f"{name} must be a bool, got {x!r}")
+    return bool(x)
+
+
 def check_bsa_args(q, k, v, q2k_block_index, block_sparse_num=None, block_sizes=None,
                    q2k_block_nums=None, *, sparse_block_size=128, softmax_scale=None,
-                   layout="bhsd", allow_empty_block_nums=False):
+                   layout="bhsd", allow_empty_block_nums=False, kv_splits=1, pack_gqa=False,
+                   causal=False):
     """Trace-time checks of the block-sparse attention arguments; returns the normalised
     static options as a :class:`~jax_sparse_attn.config.BSAConfig` (backend not yet
-    chosen)."""
+    chosen). With ``pack_gqa`` the metadata are in the packed contract: ``H = H_kv`` rows
+    of ``N_qp = ceil(S_q r / blk)`` packed query blocks, ``r = H_q / H_kv``."""
     if layout not in ("bhsd", "bshd"):
         raise ValueError(f"layout must be 'bhsd' (B, H, S, D) or 'bshd' (B, S, H, D), got {layout!r}")
     desc = "(B, H, S, D)" if layout == "bhsd" else "(B, S, H, D)"
@@ -435,11 +462,25 @@ def check_bsa_args(q, k, v, q2k_block_index, block_sparse_num=None, block_sizes=
             or int(sparse_block_size) not in SPARSE_BLOCK_SIZES:
         raise ValueError(f"sparse_block_size must be one of {SPARSE_BLOCK_SIZES}, got {sparse_block_size!r}")
     blk = int(sparse_block_size)
-    Nq = -(-Sq // blk)
+    kv_splits = _check_kv_splits(kv_splits)
+    pack_gqa = _check_bool("pack_gqa", pack_gqa)
+    causal = _check_bool("causal", causal)
+    r = Hq // Hkv
+    if pack_gqa and blk % r:
+        raise ValueError(f"pack_gqa=True needs the GQA group size r = H_q / H_kv = {Hq} / {Hkv} "
+                         f"= {r} to divide sparse_block_size={blk}")
+    # rows of the metadata: query heads x query blocks, or (pack_gqa) KV heads x packed blocks
+    Hm, Nq = (Hkv, -(-(Sq * r) // blk)) if pack_gqa else (Hq, -(-Sq // blk))
     Nkv = -(-Skv // blk)
-    ishape = _check_rank("q2k_block_index", q2k_block_index, 4, "(B, H_q, N_q, K_max)")
+    hname, nname = ("H_kv", "N_qp") if pack_gqa else ("H_q", "N_q")
+    ishape = _check_rank("q2k_block_index", q2k_block_index, 4, f"(B, {hname}, {nname}, K_max)")
     _check_int("q2k_block_index", q2k_block_index)
-    if ishape[:3] != (B, Hq, Nq):
+    if pack_gqa and ishape[:3] != (B, Hm, Nq):
+        raise ValueError(
+            f"with pack_gqa=True q2k_block_index must have shape (B, H_kv, N_qp, K_max) = "
+            f"({B}, {Hm}, {Nq}, K_max) with N_qp = ceil(S_q * r / {blk}) (S_q={Sq}, r={r}), "
+            f"got {ishape}")
+    if ishape[:3] != (B, Hm, Nq):
         other = "bshd" if layout == "bhsd" else "bhsd"
         B2, Hq2, Sq2 = (qs[0], qs[1], qs[2]) if other == "bhsd" else (qs[0], qs[2], qs[1])
         hint = ""
@@ -458,7 +499,7 @@ def check_bsa_args(q, k, v, q2k_block_index, block_sparse_num=None, block_sizes=
     if (block_sparse_num is None) == (q2k_block_nums is None):
         raise ValueError(
             "pass exactly one of block_sparse_num (a fixed count) and q2k_block_nums "
-            "(per-row counts (B, H_q, N_q))"
+            f"(per-row counts (B, {hname}, {nname}))"
         )
     if block_sparse_num is not None:
         if getattr(block_sparse_num, "ndim", 0):
@@ -471,18 +512,19 @@ def check_bsa_args(q, k, v, q2k_block_index, block_sparse_num=None, block_sizes=
             raise ValueError(f"block_sparse_num must be in [1, K_max={K_max}], got {n}")
         block_sparse_num = n
     else:
-        nshape = _check_rank("q2k_block_nums", q2k_block_nums, 3, "(B, H_q, N_q)")
+        nshape = _check_rank("q2k_block_nums", q2k_block_nums, 3, f"(B, {hname}, {nname})")
         _check_int("q2k_block_nums", q2k_block_nums)
-        if nshape != (B, Hq, Nq):
-            raise ValueError(f"q2k_block_nums must have shape (B, H_q, N_q) = {(B, Hq, Nq)}, got {nshape}")
+        if nshape != (B, Hm, Nq):
+            raise ValueError(f"q2k_block_nums must have shape (B, {hname}, {nname}) = "
+                             f"{(B, Hm, Nq)}, got {nshape}")
     if block_sizes is not None:
         bshape = _shape("block_sizes", block_sizes)
         _check_int("block_sizes", block_sizes)
-        allowed = {1: (Nkv,), 2: (B, Nkv), 3: (B, Hq, Nkv)}
+        allowed = {1: (Nkv,), 2: (B, Nkv), 3: (B, Hm, Nkv)}
         if len(bshape) not in allowed or bshape != allowed[len(bshape)]:
             raise ValueError(
                 f"block_sizes must have shape (N_kv,) = ({Nkv},), (B, N_kv) = {(B, Nkv)} or "
-                f"(B, H_q, N_kv) = {(B, Hq, Nkv)}, got {bshape}"
+                f"(B, {hname}, N_kv) = {(B, Hm, Nkv)}, got {bshape}"
             )
     if softmax_scale is None:
         scale = 1.0 / float(np.sqrt(D))  # D >= 1 was checked above
@@ -493,12 +535,13 @@ def check_bsa_args(q, k, v, q2k_block_index, block_sparse_num=None, block_sizes=
                      allow_empty_block_nums=allow_empty_block_nums,
                      has_block_sizes=block_sizes is not None, batch=B, num_heads_q=Hq,
                      num_heads_kv=Hkv, seqlen_q=Sq, seqlen_kv=Skv, head_dim=D, head_dim_v=Dv,
-                     num_q_blocks=Nq, num_kv_blocks=Nkv, k_max=K_max)
+                     num_q_blocks=Nq, num_kv_blocks=Nkv, k_max=K_max, kv_splits=kv_splits,
+                     pack_gqa=pack_gqa, causal=causal)
 
 
 def validate_bsa_metadata(q, k, v, q2k_block_index, block_sparse_num=None, block_sizes=None,
                           q2k_block_nums=None, *, sparse_block_size=128, layout="bhsd",
-                          allow_empty_block_nums=False, softmax_scale=None):
+                          allow_empty_block_nums=False, softmax_scale=None, pack_gqa=False):
     """Check the shapes *and values* of block-sparse attention metadata eagerly.
 
     Takes the same arguments as :func:`~jax_sparse_attn.block_sparse_attention` (``q``,
@@ -511,7 +554,9 @@ def validate_bsa_metadata(q, k, v, q2k_block_index, block_sparse_num=None, block
       q ``(B, H_q, S_q, D)``, k/v ``(B, H_kv, S_kv, D)`` (bhsd; bshd swaps S and H),
       q2k_block_index ``(B, H_q, N_q, K_max)`` int32, block_sparse_num (int) or
       q2k_block_nums ``(B, H_q, N_q)`` int32, block_sizes ``(N_kv,)``, ``(B, N_kv)`` or
-      ``(B, H_q, N_kv)`` int32, and the keyword options of the op.
+      ``(B, H_q, N_kv)`` int32, and the keyword options of the op; ``pack_gqa=True``: the
+      packed contract, ``H_kv`` and ``N_qp = ceil(S_q r / blk)`` in place of ``H_q`` and
+      ``N_q`` (see :func:`~jax_sparse_attn.block_sparse_attention`).
 
     Raises:
       ValueError naming the first offending position.
@@ -519,14 +564,15 @@ def validate_bsa_metadata(q, k, v, q2k_block_index, block_sparse_num=None, block
     opts = check_bsa_args(q, k, v, q2k_block_index, block_sparse_num, block_sizes,
                           q2k_block_nums, sparse_block_size=sparse_block_size,
                           softmax_scale=softmax_scale, layout=layout,
-                          allow_empty_block_nums=allow_empty_block_nums)
+                          allow_empty_block_nums=allow_empty_block_nums, pack_gqa=pack_gqa)
     _bsa_value_checks(q2k_block_index, block_sizes, q2k_block_nums, allow_empty_block_nums, opts)
 
 
 def _bsa_value_checks(q2k_block_index, block_sizes, q2k_block_nums, allow_empty_block_nums, opts):
     """The value checks of :func:`validate_bsa_metadata`, given the config ``opts`` that
     :func:`check_bsa_args` returned for the same arguments (the public op reuses it)."""
-    B, Hq, Nq, Nkv, K_max = opts.batch, opts.num_heads_q, opts.num_q_blocks, opts.num_kv_blocks, opts.k_max
+    B, Nq, Nkv, K_max = opts.batch, opts.num_q_blocks, opts.num_kv_blocks, opts.k_max
+    Hq = opts.num_heads_kv if opts.pack_gqa else opts.num_heads_q  # metadata rows
     blk = opts.sparse_block_size
     idx = _host(q2k_block_index)
     if q2k_block_nums is None:

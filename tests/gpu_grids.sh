@@ -2,7 +2,8 @@
 # The GPU correctness grids in one device call, spread over every visible GPU (round robin).
 # PARTS selects what runs (default: all):
 #   hstu       HSTU default grid (HSTU_SHARDS processes) + the sm90ws batches (2 processes)
-#   hstu_bwd90 the HSTU grid + packed batches with the opt-in sm90 backward (BWD90_SHARDS)
+#   hstu_bwd90 the HSTU grid + packed batches with hstu_bwd_impl=sm90 (BWD_SHARDS processes)
+#   hstu_bwd80 the same with hstu_bwd_impl=sm80 (rab backwards run sm80 in every case: part rab)
 #   bsa        BSA grid (BSA_SHARDS processes)
 #   bsa_ws     the opt-in sm90ws BSA forward: its own cases + the BSA grid with it (2 + 1)
 #   rab        rab tests (RAB_SHARDS processes)
@@ -36,10 +37,12 @@ if has hstu; then
   for ((i = 0; i < n; i++)); do run hstu_$i HSTU_TEST_SHARD=$i/$n $PYT -k "not sm90ws_batches" tests/test_gpu_hstu.py & done
   for i in 0 1; do run hstu_ws_$i HSTU_TEST_SM90=sm90ws HSTU_TEST_SHARD=$i/2 $PYT -k sm90ws_batches tests/test_gpu_hstu.py & done
 fi
-if has hstu_bwd90; then
-  n=${BWD90_SHARDS:-4}
-  for ((i = 0; i < n; i++)); do run hstu_bwd90_$i HSTU_TEST_BWD=sm90 HSTU_TEST_SHARD=$i/$n $PYT -k "BackwardImpls or bwd_batches" tests/test_gpu_hstu.py & done
-fi
+for arch in 90 80; do
+  if has hstu_bwd$arch; then
+    n=${BWD_SHARDS:-4}
+    for ((i = 0; i < n; i++)); do run hstu_bwd${arch}_$i HSTU_TEST_BWD=sm$arch HSTU_TEST_SHARD=$i/$n $PYT -k "BackwardImpls or bwd_batches" tests/test_gpu_hstu.py & done
+  fi
+done
 if has bsa; then
   n=${BSA_SHARDS:-4}
   for ((i = 0; i < n; i++)); do run bsa_$i BSA_TEST_SHARD=$i/$n $PYT tests/test_gpu_bsa.py -k "not sm90ws" & done
@@ -50,7 +53,7 @@ if has bsa_ws; then
 fi
 if has rab; then
   n=${RAB_SHARDS:-4}
-  for ((i = 0; i < n; i++)); do run rab_$i HSTU_TEST_SHARD=$i/$n $PYT tests/test_gpu_hstu_rab.py & done
+  for ((i = 0; i < n; i++)); do run rab_$i HSTU_TEST_SHARD=$i/$n $PYT ${RAB_K:+-k "$RAB_K"} tests/test_gpu_hstu_rab.py & done
 fi
 if has transforms; then
   run transforms_0 $PYT tests/test_gpu_transforms.py -k "vmap" &

@@ -280,3 +280,58 @@ def bsa_oracle_vjp(q, k, v, do, idx, nums, sizes=None, *, blk=128, softmax_scale
     if layout == "bshd":
         out, dq, dk, dv = (np.swapaxes(x, 1, 2) for x in (out, dq, dk, dv))
     return out, lse, dq, dk, dv
+
+
+def bsa_row_keys(b, h, i, idx, nums, sizes, blk, S_q, S_kv, r=1, pack_gqa=False,
+                 causal=False):
+    """Sorted key positions attended by query row ``i`` of query head ``h`` (batch ``b``):
+    the keys of the listed blocks of its metadata row, which is query block ``i // blk`` of
+    head ``h``, or with ``pack_gqa`` packed block ``(i r + h % r) // blk`` of KV head
+    ``h // r`` (``r = H_q / H_kv``); with ``causal`` only keys ``j <= i + S_kv - S_q``.
+    ``sizes``: None or broadcast to ``(B, rows' heads, N_kv)``."""
+    hm, m = (h // r, (i * r + h % r) // blk) if pack_gqa else (h, i // blk)
+    keys = bsa_key_positions(b, hm, m, idx, nums, sizes, blk, S_kv)
+    if causal:
+        keys = [j for j in keys if j <= i + S_kv - S_q]
+    return keys
+
+
+def bsa_rows_oracle_vjp(q, k, v, do, idx, nums, sizes=None, *, blk=128, softmax_scale=None,
+                        layout="bhsd", pack_gqa=False, causal=False):
+    """``(out, lse, dq, dk, dv)`` float64 of block-sparse softmax attention with the
+    ``pack_gqa`` / ``causal`` options, one query row at a time over
+    :func:`bsa_row_keys` (rows without keys: out 0, lse -inf, no gradient)."""
+    q, k, v, do = f64(q), f64(k), f64(v), f64(do)
+    if layout == "bshd":
+        q, k, v, do = (np.swapaxes(x, 1, 2) for x in (q, k, v, do))
+    B, Hq, Sq, D = q.shape
+    Hkv, Skv = k.shape[1], k.shape[2]
+    r = Hq // Hkv
+    scale = 1.0 / math.sqrt(D) if softmax_scale is None else softmax_scale
+    idx, nums = np.asarray(idx), np.asarray(nums)
+    sizes = None if sizes is None else np.asarray(sizes)
+    out, lse = np.zeros(do.shape), np.full((B, Hq, Sq), -np.inf)
+    dq, dk, dv = np.zeros(q.shape), np.zeros(k.shape), np.zeros(v.shape)
+    for b in range(B):
+        for h in range(Hq):
+            hk = h // r
+            for i in range(Sq):
+                keys = bsa_row_keys(b, h, i, idx, nums, sizes, blk, Sq, Skv, r, pack_gqa,
+                                    causal)
+                if not keys:
+                    continue
+                kk, vv = k[b, hk, keys], v[b, hk, keys]
+                s = scale * kk @ q[b, h, i]
+                mx = s.max()
+                w = np.exp(s - mx)
+                p = w / w.sum()
+                o = p @ vv
+                out[b, h, i], lse[b, h, i] = o, mx + math.log(w.sum())
+                dp = vv @ do[b, h, i]
+                ds = p * (dp - do[b, h, i] @ o)
+                dq[b, h, i] = scale * ds @ kk
+                dk[b, hk, keys] += scale * ds[:, None] * q[b, h, i][None, :]
+                dv[b, hk, keys] += p[:, None] * do[b, h, i][None, :]
+    if layout == "bshd":
+        out, dq, dk, dv = (np.swapaxes(x, 1, 2) for x in (out, dq, dk, dv))
+    return out, lse, dq, dk, dv

@@ -41,7 +41,7 @@ def test_unknown_switch_value_names_variable_and_allowed_values(sw, monkeypatch)
 def test_from_env_reads_every_switch():
     env = {"JAX_SPARSE_ATTN_HSTU_FWD_IMPL": "sm80", "JAX_SPARSE_ATTN_HSTU_FWD_TILE": "64,64,4",
            "JAX_SPARSE_ATTN_HSTU_BWD_TILE": "64,64,8", "JAX_SPARSE_ATTN_HSTU_BWD_IMPL": "sm90",
-           "JAX_SPARSE_ATTN_HSTU_BWD_DQ": "bulk",
+           "JAX_SPARSE_ATTN_HSTU_BWD_DQ": "bulk", "JAX_SPARSE_ATTN_HSTU_SCHEDULE": "xla",
            "JAX_SPARSE_ATTN_BSA_FWD_IMPL": "sm80",
            "JAX_SPARSE_ATTN_BSA_BWD_IMPL": "sm80", "JAX_SPARSE_ATTN_BSA_PRE_IMPL": "xla",
            "JAX_SPARSE_ATTN_BSA_FWD_Q_IN_REGS": "0", "JAX_SPARSE_ATTN_BSA_FWD_MIN_BLOCKS": "2",
@@ -53,7 +53,7 @@ def test_from_env_reads_every_switch():
     assert config.from_env(env) == config.Switches(
         hstu_fwd_impl="sm80", hstu_fwd_ws=("nopingpong", "bn=64"), hstu_fwd_tile=(64, 64, 4),
         hstu_bwd_tile=(64, 64, 8), hstu_bwd_impl="sm90", hstu_bwd_dq="bulk",
-        bsa_fwd_impl="sm80", bsa_fwd_ws=("q1", "stages=3"), bsa_bwd_impl="sm80",
+        hstu_schedule="xla", bsa_fwd_impl="sm80", bsa_fwd_ws=("q1", "stages=3"), bsa_bwd_impl="sm80",
         bsa_pre_impl="xla", bsa_fwd_q_in_regs=False, bsa_fwd_min_blocks=2, bsa_bwd_min_blocks=1,
         cute_call="per_shape", kernel_family="portable", smem_limit_kb=99)
     assert config.force_kernel(env) and not config.force_kernel({})
@@ -63,6 +63,7 @@ def test_from_env_reads_every_switch():
 
 @pytest.mark.parametrize("field,value", [("hstu_fwd_impl", "sm99"), ("hstu_fwd_impl", "sm90pp"),
                                          ("hstu_bwd_impl", "sm90ws"), ("hstu_bwd_dq", "tma"),
+                                         ("hstu_schedule", "gpu"),
                                          ("cute_call", "per-shape"),
                                          ("hstu_fwd_ws", ("bn=70",)), ("hstu_fwd_ws", "q1,q1"),
                                          ("hstu_fwd_ws", ["q1"]), ("bsa_pre_impl", None),
@@ -78,7 +79,7 @@ def test_switches_fields_are_validated(field, value):
         config.Switches(**{field: value})
 
 
-@pytest.mark.parametrize("raw", ["nooverlap", "nopingpong", "q1", "silu16", "bn=16", "bn=256",
+@pytest.mark.parametrize("raw", ["nooverlap", "nopingpong", "q1", "silu16", "tanh16", "bn=16", "bn=256",
                                  "bn=80,q1", "nooverlap,nopingpong,q1,silu16,bn=192", " q1 , "])
 def test_sm90ws_variants_parse(raw):
     """Every option of hstu_fwd_ws is accepted alone and combined; the string form of a
@@ -90,7 +91,7 @@ def test_sm90ws_variants_parse(raw):
     bn = [int(o[3:]) for o in opts if o.startswith("bn=")]
     assert got == {"overlap": "nooverlap" not in opts, "pingpong": "nopingpong" not in opts,
                    "q_stages": 1 if "q1" in opts else 2, "silu16": "silu16" in opts,
-                   "bn": bn[0] if bn else 0}
+                   "tanh16": "tanh16" in opts, "bn": bn[0] if bn else 0}
 
 
 @pytest.mark.parametrize("raw", ["bn=0", "bn=8", "bn=272", "bn=64x", "bn=", "bn", "q2",

@@ -139,7 +139,13 @@ class BsaPreConfig:
     head_dim: int
 
 
-def _impl(want: str, head_dim: int) -> str:
+def _impl(want: str, head_dim: int, block_size: int | None = None) -> str:
+    """The kernel a switch value selects for a call: ``auto`` (the forward's default) is
+    ``sm90ws`` at ``block_size`` 128 and ``sm90`` otherwise (the faster of the two on the
+    H200 at each block size, docs/bsa.md); ``sm90`` / ``sm90ws`` take D in {64, 128}, other D
+    run ``sm80``."""
+    if want == "auto":
+        want = "sm90ws" if block_size == 128 else "sm90"
     return want if want in ("sm90", "sm90ws") and head_dim in _SM90_HEAD_DIMS else "sm80"
 
 
@@ -153,29 +159,28 @@ def bsa_ws_options(opts) -> dict:
             "q_stages": 1 if "q1" in opts else 2, "max_stages": st[0] if st else 4}
 
 
-def _family_impl(want: str, head_dim: int, switches) -> str:
+def _family_impl(want: str, head_dim: int, switches, block_size: int | None = None) -> str:
     """The implementation of a pass: the switch's (sm90 kernels where they apply) in the
     Hopper family, sm80 in the portable one."""
     if _platform.kernel_family(switches) == "portable":
         return "sm80"
-    return _impl(want, head_dim)
+    return _impl(want, head_dim, block_size)
 
 
 def fwd_config(dtype, head_dim, block_size, has_block_sizes, switches) -> BsaFwdConfig:
     """The forward compile key from the static call properties and the
     :class:`~jax_sparse_attn.config.Switches`."""
-    name, impl = jnp.dtype(dtype).name, _family_impl(switches.bsa_fwd_impl, head_dim, switches)
+    name = jnp.dtype(dtype).name
+    impl = _family_impl(switches.bsa_fwd_impl, head_dim, switches, block_size)
     arch = _platform.resolved_arch()
     if impl == "sm90":
         return BsaFwdConfig(name, head_dim, block_size, has_block_sizes, impl, arch=arch)
     if impl == "sm90ws":
-        from .hstu import _num_sms  # noqa: PLC0415
-
         o = bsa_ws_options(switches.bsa_fwd_ws)
         return BsaFwdConfig(name, head_dim, block_size, has_block_sizes, impl,
                             ws_overlap=o["overlap"], ws_pingpong=o["pingpong"],
                             ws_q_stages=o["q_stages"], ws_max_stages=o["max_stages"],
-                            num_sms=_num_sms(), arch=arch)
+                            num_sms=metadata.num_sms(), arch=arch)
     return BsaFwdConfig(name, head_dim, block_size, has_block_sizes, impl,
                         switches.bsa_fwd_q_in_regs and head_dim <= 128,
                         switches.bsa_fwd_min_blocks, arch=arch)

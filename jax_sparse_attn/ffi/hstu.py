@@ -107,6 +107,7 @@ class HstuFwdConfig(_HstuKey):
     ws_pingpong: bool = True
     ws_q_stages: int = 2
     ws_silu16: bool = False
+    ws_tanh16: bool = False
     num_sms: int = 0
     # relative attention bias: presence, H_rab == H, rab's dtype name ("" without rab)
     has_rab: bool = False
@@ -293,26 +294,17 @@ def fwd_config(dtype, head_dim, head_dim_v, func_n, switches, *, has_rab=False,
                          func_n > 0, max(func_n, 1), impl, **rab, arch=arch)
 
 
-def _num_sms() -> int:
-    """SM count of the first GPU (132 on an H100/H200 SXM when none is visible, e.g. CPU
-    lowering)."""
-    try:
-        gpus = jax.devices("gpu")
-    except RuntimeError:
-        gpus = []
-    n = getattr(gpus[0], "core_count", 0) if gpus else 0
-    return int(n) if n else 132
-
-
 def ws_options(opts) -> dict:
     """The sm90ws forward's options from a validated ``Switches.hstu_fwd_ws`` tuple:
     ``overlap`` (intra-warpgroup GEMM overlap), ``pingpong`` (consumer warpgroups issue their
     GEMMs in turns), ``q_stages`` (2: the next tile's Q loads during this tile's mainloop),
-    ``silu16`` (score function in packed 16-bit arithmetic), ``bn`` (block_n, 0: the
+    ``silu16`` (score function in packed 16-bit arithmetic), ``tanh16`` (one
+    ``tanh.approx.f16x2`` per two scores), ``bn`` (block_n, 0: the
     kernel's default for the head dims)."""
     bn = [int(o[3:]) for o in opts if o.startswith("bn=")]
     return {"overlap": "nooverlap" not in opts, "pingpong": "nopingpong" not in opts,
             "q_stages": 1 if "q1" in opts else 2, "silu16": "silu16" in opts,
+            "tanh16": "tanh16" in opts,
             "bn": bn[0] if bn else 0}
 
 
@@ -342,7 +334,8 @@ def _ws_config(dtype, head_dim, head_dim_v, func_n, switches, rab, arch) -> Hstu
                          func_n > 0, max(func_n, 1), "sm90ws",
                          ws_overlap=opts["overlap"], ws_pingpong=opts["pingpong"],
                          ws_q_stages=opts["q_stages"], ws_silu16=opts["silu16"],
-                         num_sms=_num_sms(), **rab, arch=arch)
+                         ws_tanh16=opts["tanh16"],
+                         num_sms=metadata.num_sms(), **rab, arch=arch)
 
 
 #: head dims (D = D_v) of the sm90 backward; other head dims, D != D_v and rab run sm80
@@ -438,7 +431,8 @@ def _fwd_adapter():
             kernel = HstuFwdSm90Ws(args[0], cfg.head_dim, cfg.head_dim_v, cfg.block_n,
                                    cfg.has_func, cfg.func_n, cfg.num_sms,
                                    overlap=cfg.ws_overlap, pingpong=cfg.ws_pingpong,
-                                   q_stages=cfg.ws_q_stages, silu16=cfg.ws_silu16)
+                                   q_stages=cfg.ws_q_stages, silu16=cfg.ws_silu16,
+                                   tanh16=cfg.ws_tanh16)
         kernel(q, k, v, cu_q, cu_k, tiles, func, scal, win, out, stream)
 
     return hstu_fwd_launch
@@ -465,7 +459,8 @@ def _fwd_rab_adapter():
                                    cfg.has_func, cfg.func_n, cfg.num_sms,
                                    overlap=cfg.ws_overlap, pingpong=cfg.ws_pingpong,
                                    q_stages=cfg.ws_q_stages, silu16=cfg.ws_silu16,
-                                   has_rab=True, rab_per_head=cfg.rab_per_head)
+                                   tanh16=cfg.ws_tanh16, has_rab=True,
+                                   rab_per_head=cfg.rab_per_head)
         kernel(q, k, v, cu_q, cu_k, tiles, func, scal, win, out, stream, rab)
 
     return hstu_fwd_rab_launch
@@ -523,6 +518,96 @@ def _bwd_adapter():
     return hstu_bwd_launch
 
 
+@functools.lru_cache(maxsize=None)
+def _schedule_adapter():
+    import cutlass  # noqa: PLC0415
+    import cutlass.cute as cute  # noqa: PLC0415
+
+    from ..kernels.hstu_schedule import HstuSchedule  # noqa: PLC0415
+
+    @cute.jit
+    def hstu_fwd_schedule_launch(stream, cu_q, cu_k, param, cu_q_out, cu_k_out, tiles,
+                                 *, block: cutlass.Constexpr):
+        # the forward writes no q_start: cu_q_out stands in for it
+        HstuSchedule(block)(cu_q, cu_k, param, cu_q_out, cu_k_out, tiles, cu_q_out, stream)
+
+    @cute.jit
+    def hstu_bwd_schedule_launch(stream, cu_q, cu_k, param, cu_q_out, cu_k_out, kv_tiles,
+                                 q_start, *, block: cutlass.Constexpr,
+                                 block_other: cutlass.Constexpr, sort: cutlass.Constexpr):
+        HstuSchedule(block, kv_major=True, block_other=block_other, sort=sort)(
+            cu_q, cu_k, param, cu_q_out, cu_k_out, kv_tiles, q_start, stream)
+
+    return hstu_fwd_schedule_launch, hstu_bwd_schedule_launch
+
+
+def _schedule_kernel_fits(cfg, func, nb, n_slots):
+    """Whether ``kernels/hstu_schedule.py`` builds this call's schedule (``cfg.schedule ==
+    "kernel"``, no func mask, concrete sizes (not ``jax.export`` symbolic dims), at most
+    ``MAX_SEQS`` sequences and ``MAX_SLOTS`` tiles)."""
+    if cfg.schedule != "kernel" or func is not None or not isinstance(n_slots, int):
+        return False
+    from ..kernels.hstu_schedule import MAX_SEQS, MAX_SLOTS  # noqa: PLC0415
+
+    return nb + 2 <= MAX_SEQS and n_slots <= MAX_SLOTS
+
+
+def _schedule_param(t_q, t_k, window_size, n_slots):
+    n_pow2 = 1 << max(n_slots - 1, 1).bit_length()
+    left, right = (int(w) for w in window_size)
+    return jnp.asarray([t_q, t_k, left, right, n_slots, n_pow2], jnp.int32)
+
+
+def _fwd_metadata(cu_seqlens_q, cu_seqlens_k, func, cfg, t_q, t_k):
+    """Sanitised ``cu_q`` / ``cu_k`` (each with the pseudo-sequence) and the forward tile
+    schedule: one launch of ``kernels/hstu_schedule.py`` where :func:`_schedule_kernel_fits`,
+    else the jnp formulation of ``metadata``."""
+    bm = cfg.fwd.block_m
+    nb = cu_seqlens_q.shape[0] - 1
+    n_slots = t_q // bm + nb + 1
+    if _schedule_kernel_fits(cfg, func, nb, n_slots):
+        out_sds = (jax.ShapeDtypeStruct((nb + 2,), jnp.int32),
+                   jax.ShapeDtypeStruct((nb + 2,), jnp.int32),
+                   jax.ShapeDtypeStruct((n_slots, 5), jnp.int32))
+        call = _cutlass_call(cfg)(_schedule_adapter()[0], output_shape_dtype=out_sds,
+                                  compile_key=("hstu_fwd_schedule", bm), block=bm)
+        return call(cu_seqlens_q.astype(jnp.int32), cu_seqlens_k.astype(jnp.int32),
+                    _schedule_param(t_q, t_k, cfg.window_size, n_slots))
+    cu_q = metadata.append_pseudo_sequence(metadata.sanitize_cu_seqlens(cu_seqlens_q, t_q), t_q)
+    cu_k = metadata.append_pseudo_sequence(metadata.sanitize_cu_seqlens(cu_seqlens_k, t_k), None)
+    tiles = metadata.hstu_fwd_schedule(cu_q, cu_k, func, bm, t_q, cfg.window_size)
+    return cu_q, cu_k, tiles
+
+
+def _bwd_metadata(cu_seqlens_q, cu_seqlens_k, func, cfg, t_q, t_k):
+    """Sanitised ``cu_q`` / ``cu_k`` (pseudo-sequence of keys), the KV tiles (longest work
+    first for the sm90 backward, canonical order for sm80), each sequence's first query
+    tile and the func summary: one launch of ``kernels/hstu_schedule.py`` where
+    :func:`_schedule_kernel_fits`, else the jnp formulation of ``metadata``."""
+    key = cfg.bwd
+    bm, bn = key.block_m, key.block_n
+    nb = cu_seqlens_q.shape[0] - 1
+    nk_slots = t_k // bn + nb + 1
+    sort = key.impl == "sm90"
+    if _schedule_kernel_fits(cfg, func, nb, nk_slots):
+        out_sds = (jax.ShapeDtypeStruct((nb + 2,), jnp.int32),
+                   jax.ShapeDtypeStruct((nb + 2,), jnp.int32),
+                   jax.ShapeDtypeStruct((nk_slots, 2), jnp.int32),
+                   jax.ShapeDtypeStruct((nb + 2,), jnp.int32))
+        call = _cutlass_call(cfg)(_schedule_adapter()[1], output_shape_dtype=out_sds,
+                                  compile_key=("hstu_bwd_schedule", bn, bm, sort), block=bn,
+                                  block_other=bm, sort=sort)
+        cu_q, cu_k, kv_tiles, q_start = call(
+            cu_seqlens_q.astype(jnp.int32), cu_seqlens_k.astype(jnp.int32),
+            _schedule_param(t_q, t_k, cfg.window_size, nk_slots))
+        return cu_q, cu_k, kv_tiles, q_start, jnp.zeros((1, 3), jnp.int32)
+    cu_q = metadata.append_pseudo_sequence(metadata.sanitize_cu_seqlens(cu_seqlens_q, t_q), None)
+    cu_k = metadata.append_pseudo_sequence(metadata.sanitize_cu_seqlens(cu_seqlens_k, t_k), t_k)
+    kv_tiles, q_start, q_tiles = metadata.hstu_bwd_schedule(
+        cu_q, cu_k, func, bm, bn, t_q, t_k, window_size=cfg.window_size if sort else None)
+    return cu_q, cu_k, kv_tiles, q_start, q_tiles
+
+
 def _cutlass_call(cfg):
     """The kernel-call builder that ``cfg.cute_call`` (the ``cute_call`` switch) selects:
     ``cute_call`` (one compile per compile key for every shape) or plain ``cutlass_call``."""
@@ -549,10 +634,8 @@ def hstu_fwd(q, k, v, cu_seqlens_q, cu_seqlens_k, func, cfg, rab=None):
         return jnp.zeros(out_shape, q.dtype)
     # clamped so no cu_seqlens value makes the kernel read or write out of bounds;
     # pseudo-sequence B covers rows past cu_q[-1] (no keys): the kernel writes zeros there
-    cu_q = metadata.append_pseudo_sequence(metadata.sanitize_cu_seqlens(cu_seqlens_q, t_q), t_q)
-    cu_k = metadata.append_pseudo_sequence(
-        metadata.sanitize_cu_seqlens(cu_seqlens_k, k.shape[0]), None)
-    tiles = metadata.hstu_fwd_schedule(cu_q, cu_k, func, key.block_m, t_q, cfg.window_size)
+    cu_q, cu_k, tiles = _fwd_metadata(cu_seqlens_q, cu_seqlens_k, func if key.has_func else None,
+                                      cfg, t_q, k.shape[0])
     scal, win = metadata.hstu_scalars(cfg.alpha, cfg.scaling_seqlen, cfg.window_size)
     func_arr = func.astype(jnp.int32) if key.has_func else jnp.zeros((1, 1, 1), jnp.int32)
     out_sds = jax.ShapeDtypeStruct((t_q, h, cfg.head_dim_v_pad), q.dtype)
@@ -592,12 +675,9 @@ def hstu_bwd(do, q, k, v, cu_seqlens_q, cu_seqlens_k, func, cfg, rab=None, _drab
     k_p, v_p = metadata.pad_last(k, d), metadata.pad_last(v, dv)
     # clamped (memory safety, see hstu_fwd); pseudo-sequence B covers keys past cu_k[-1]
     # (no queries): zero dk/dv there
-    cu_q = metadata.append_pseudo_sequence(metadata.sanitize_cu_seqlens(cu_seqlens_q, t_q), None)
-    cu_k = metadata.append_pseudo_sequence(metadata.sanitize_cu_seqlens(cu_seqlens_k, t_k), t_k)
     # the sm90 backward launches its KV tiles longest work first (LPT launch order)
-    kv_tiles, q_start, q_tiles = metadata.hstu_bwd_schedule(
-        cu_q, cu_k, func, key.block_m, key.block_n, t_q, t_k,
-        window_size=cfg.window_size if key.impl == "sm90" else None)
+    cu_q, cu_k, kv_tiles, q_start, q_tiles = _bwd_metadata(
+        cu_seqlens_q, cu_seqlens_k, func if key.has_func else None, cfg, t_q, t_k)
     scal, win = metadata.hstu_scalars(cfg.alpha, cfg.scaling_seqlen, cfg.window_size)
     func_arr = func.astype(jnp.int32) if key.has_func else jnp.zeros((1, 1, 1), jnp.int32)
     dq_acc0 = jnp.zeros((t_q, h, d), jnp.float32)

@@ -48,7 +48,7 @@ from cutlass.tensor_utils import LayoutEnum
 from .bsa_common import (LOG2_E, bwd_entry_rows, bwd_load_kv_tile, bwd_tile_coords,
                          issue_q_do_rows)
 from .common import (acc_layout_as_a, acc_mn_view_wg, bulk_reduce_add_f32, elem_ptr,
-                     gmem_load_copy, launch, smem_storage)
+                     gmem_load_copy, kv_major_bwd_operands, launch, smem_storage)
 
 TILE = 64
 
@@ -200,22 +200,9 @@ class BsaBwdSm90:
             batch, head_kv, group, n_tile, n_block, tile_off, seqlen_k, TILE, hd,
             self.has_sizes)
 
-        thr_s = mma_s.get_slice(tidx)
-        thr_kv = mma_kv.get_slice(tidx)
-        thr_q = mma_q.get_slice(tidx)
-        tSrK = thr_s.make_fragment_A(thr_s.partition_A(sK))
-        tSrQ = thr_s.make_fragment_B(thr_s.partition_B(sQ))
-        tPrV = thr_s.make_fragment_A(thr_s.partition_A(sV))
-        tPrdO = thr_s.make_fragment_B(thr_s.partition_B(sdO))
-        tVrdO = thr_kv.make_fragment_B(thr_kv.partition_B(sdO_mn))
-        tKrQ = thr_kv.make_fragment_B(thr_kv.partition_B(sQ_mn))
-        tQrdS = thr_q.make_fragment_A(thr_q.partition_A(sdS))
-        tQrK = thr_q.make_fragment_B(thr_q.partition_B(sK_mn))
-
-        acc_dK = thr_kv.make_fragment_C(thr_kv.partition_shape_C((TILE, hd)))
-        acc_dV = thr_kv.make_fragment_C(thr_kv.partition_shape_C((TILE, hd)))
-        acc_dK.fill(0.0)
-        acc_dV.fill(0.0)
+        ((thr_s, thr_kv, thr_q), (tSrK, tPrV, tSrQ, tPrdO, tVrdO, tKrQ, tQrdS, tQrK),
+         (acc_dK, acc_dV)) = kv_major_bwd_operands(
+            mma_s, mma_kv, mma_q, tidx, sK, sV, sQ, sdO, sQ_mn, sdO_mn, sdS, sK_mn, (TILE, hd))
 
         tScS_mn = acc_mn_view_wg(thr_s.partition_C(cute.make_identity_tensor((TILE, TILE))))
         n_rows = cute.size(tScS_mn, mode=[0])  # keys owned by this thread

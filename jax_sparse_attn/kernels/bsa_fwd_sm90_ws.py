@@ -45,7 +45,7 @@ from cutlass import Float32, Int32
 
 from .attn_fwd_sm90_ws import SMEM_LIMIT, AttnFwdSm90Ws, WorkItem, smem_plan
 from .block_info import BlockList
-from .common import acc_mn_view_wg
+from .common import acc_mn_view_wg, tma_view
 from .mask import KeyLimitMask
 from .softmax import OnlineSoftmax
 from .tile_scheduler import StaticLptScheduler
@@ -117,17 +117,10 @@ class BsaFwdSm90Ws(AttnFwdSm90Ws):
         mma_qk, mma_qk0, mma_pv, sQ_layout, sK_layout, sV_layout, sO_layout = (
             self._mmas_and_layouts())
         # TMA views: Q, K as (S, D, H, B) (D contiguous), V as (D, S, H, B) (MN-major B operand)
+        tQ, tK, tV = tma_view(mQ, d), tma_view(mK, d), tma_view(mV, d, d_first=True)
         B = mQ.shape[0]
         S_q = mQ.shape[1]
         H_q = mQ.shape[2]
-        S_k = mK.shape[1]
-        H_kv = mK.shape[2]
-        tQ = cute.make_tensor(mQ.iterator, cute.make_layout(
-            (S_q, d, H_q, B), stride=(mQ.stride[1], 1, mQ.stride[2], mQ.stride[0])))
-        tK = cute.make_tensor(mK.iterator, cute.make_layout(
-            (S_k, d, H_kv, B), stride=(mK.stride[1], 1, mK.stride[2], mK.stride[0])))
-        tV = cute.make_tensor(mV.iterator, cute.make_layout(
-            (d, S_k, H_kv, B), stride=(1, mV.stride[1], mV.stride[2], mV.stride[0])))
         tma_q, tma_tQ, tma_k, tma_tK, tma_v, tma_tV = self._tma_atoms(
             tQ, tK, tV, sQ_layout, sK_layout, sV_layout)
         Smem = self._smem_struct(sQ_layout, sK_layout, sV_layout, sO_layout)

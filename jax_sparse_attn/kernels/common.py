@@ -19,6 +19,11 @@
 * ``store_rows(tcopy, tXr, tXg, tXc, limit)``: the store counterpart (registers -> gmem);
   rows ``>= limit`` are skipped.
 * ``elem_ptr(t, coord)``: pointer to element ``coord`` of tensor ``t`` (for ``red``/bulk ops).
+* ``tma_view(m, d[, d_first])``: a ``(..., rows, heads, D)`` tensor (THD or BSHD) as the
+  ``(rows, D, heads, ...)`` or ``(D, rows, heads, ...)`` view that the TMA atoms tile.
+* ``kv_major_bwd_operands(...)``: thread slices, smem operand fragments and dK/dV
+  accumulators of the wgmma GEMMs of a KV-major attention backward (``bsa_bwd_sm90``,
+  ``hstu_bwd_sm90``).
 * ``acc_mn_view_wg(acc)`` / ``acc_layout_as_a(c, a_vals)``: a warpgroup-MMA (wgmma)
   accumulator viewed as ``(rows, cols)``, and the register layout of a 16-bit A operand
   built from an accumulator layout (RS wgmma from the score registers).
@@ -264,6 +269,45 @@ def store_rows(tcopy, tXr, tXg, tXc, limit):
 def elem_ptr(t, coord, *, loc=None, ip=None):
     """Pointer to element ``coord`` of tensor ``t``."""
     return t.iterator + cute.crd2idx(coord, t.layout, loc=loc, ip=ip)
+
+
+def tma_view(m, d: int, d_first: bool = False):
+    """``m`` of shape ``(..., rows, heads, D)`` (THD or BSHD; D contiguous, extent ``d``) as
+    ``(rows, d, heads, ...)`` (tiles of rows: the K-major operands) or, with ``d_first``,
+    ``(d, rows, heads, ...)`` (the MN-major B operand), the leading (batch) modes last."""
+    n = len(m.shape)
+    rows = (m.shape[n - 3], m.stride[n - 3])
+    heads = (m.shape[n - 2], m.stride[n - 2])
+    modes = ((d, 1), rows) if d_first else (rows, (d, 1))
+    modes += (heads,) + tuple((m.shape[i], m.stride[i]) for i in range(n - 3))
+    return cute.make_tensor(m.iterator, cute.make_layout(
+        tuple(e for e, _ in modes), stride=tuple(s for _, s in modes)))
+
+
+def kv_major_bwd_operands(mma_s, mma_kv, mma_dq, tidx, sK, sV, sQ, sdO, sQ_mn, sdO_mn, sdS,
+                          sK_mn, kv_shape):
+    """Per-thread wgmma operands of a KV-major backward (one CTA per KV tile), three groups:
+    the slices ``(thr_s, thr_kv, thr_dq)`` of thread ``tidx``; the smem fragments
+    ``(tSrK, tSrV, tSrQ, tSrdO)`` of ``S^T = K Q^T`` and ``dP^T = V dO^T``, ``(tVrdO, tKrQ)``
+    (MN-major B of ``dV += P^T dO`` and ``dK += dS^T Q``; A comes from registers) and
+    ``(tQrdS, tQrK)`` of ``dQ = dS K`` (``*_mn``: MN-major views of the same smem); the
+    zeroed fp32 accumulators ``(acc_dK, acc_dV)`` of shape ``kv_shape``."""
+    thr_s = mma_s.get_slice(tidx)
+    thr_kv = mma_kv.get_slice(tidx)
+    thr_dq = mma_dq.get_slice(tidx)
+    frags = (thr_s.make_fragment_A(thr_s.partition_A(sK)),
+             thr_s.make_fragment_A(thr_s.partition_A(sV)),
+             thr_s.make_fragment_B(thr_s.partition_B(sQ)),
+             thr_s.make_fragment_B(thr_s.partition_B(sdO)),
+             thr_kv.make_fragment_B(thr_kv.partition_B(sdO_mn)),
+             thr_kv.make_fragment_B(thr_kv.partition_B(sQ_mn)),
+             thr_dq.make_fragment_A(thr_dq.partition_A(sdS)),
+             thr_dq.make_fragment_B(thr_dq.partition_B(sK_mn)))
+    acc_dK = thr_kv.make_fragment_C(thr_kv.partition_shape_C(kv_shape))
+    acc_dV = thr_kv.make_fragment_C(thr_kv.partition_shape_C(kv_shape))
+    acc_dK.fill(0.0)
+    acc_dV.fill(0.0)
+    return (thr_s, thr_kv, thr_dq), frags, (acc_dK, acc_dV)
 
 
 def acc_mn_view_wg(acc: cute.Tensor) -> cute.Tensor:

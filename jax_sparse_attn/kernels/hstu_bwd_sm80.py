@@ -1,8 +1,8 @@
 """HSTU attention backward, warp-level ``mma.sync`` (SM80 atoms; runs on sm_80+ incl. SM90).
 
 One CTA per (KV tile, head): dK and dV stay in fp32 registers while the CTA walks the
-query tiles that can see its keys (block-level skipping from the window or the func
-summary). Per query tile (Q and dO double-buffered in smem with cp.async)::
+query tiles that can see its keys (``block_info.QTileRange``: block-level skipping from the
+window or the func summary). Per query tile (Q and dO double-buffered in smem with cp.async)::
 
     S  = Q K^T            dP = dO V^T                      (mma.sync, ldmatrix)
     P  = M * SiLU(alpha S)        with h = alpha S / 2, t = tanh(h): P = h + h t
@@ -43,6 +43,7 @@ from cutlass import Float32, Int32
 from cutlass.cute.nvgpu import warp
 
 from . import hstu_common as hc
+from .block_info import QTileRange
 
 
 class HstuBwdSm80(hc.HstuSm80Kernel):
@@ -123,26 +124,15 @@ class HstuBwdSm80(hc.HstuSm80Kernel):
         bm, bn = self.bm, self.bn
         batch = mKVTile[slot, 0]
         if batch >= 0:
-            n_block, seq, n0, n1, left, right, alpha_half, inv_scale = hc.tile_setup(
+            n_block, seq, n0, _, left, right, alpha_half, inv_scale = hc.tile_setup(
                 mKVTile, slot, batch, mCuQ, mCuK, mWin, mScal, bn, False)
             q_start, k_start, off = seq.q_start, seq.k_start, seq.off
             seqlen_q, seqlen_k = seq.seqlen_q, seq.seqlen_k
             ds_scale = alpha_half * 2.0 * inv_scale
 
-            # ---- query-tile range ------------------------------------------------------
-            i_lo = Int32(0)
-            i_hi = seqlen_q  # exclusive
-            if cutlass.const_expr(not self.has_func):
-                if right >= 0:
-                    i_lo = cutlass.max(n0 - right - off, 0)
-                if left >= 0:
-                    i_hi = cutlass.min(n1 - 1 + left - off + 1, seqlen_q)
-            m_min = i_lo // bm
-            m_max = m_min
-            if i_hi > i_lo:
-                m_max = (i_hi + bm - 1) // bm
-            m_count = m_max - m_min
-            qt_base = mQStart[batch]
+            qr = QTileRange.create(mQStart, batch, n0, seqlen_q, seqlen_k, off, left, right,
+                                   bm, bn, self.has_func)
+            m_min, m_count = qr.m_min, qr.m_count
 
             mQ_b, mdO_b, mdQ_b, mK_b, mV_b, mdK_b, mdV_b = hc.head_rows(
                 head, (mQ, q_start), (mdO, q_start), (mdQacc, q_start), (mK, k_start),
@@ -262,23 +252,7 @@ class HstuBwdSm80(hc.HstuSm80Kernel):
                 cute.arch.barrier()
 
                 m0 = m_block * bm
-                m1 = cutlass.min(m0 + bm, seqlen_q)
-                active = Int32(1)
-                full = Int32(1)
-                if cutlass.const_expr(self.has_func):
-                    qt = qt_base + m_block
-                    lo = cutlass.max(mQTiles[qt, 0], 0)
-                    hi = cutlass.min(mQTiles[qt, 1], seqlen_k)
-                    f0 = mQTiles[qt, 2]
-                    active = Int32((lo < n0 + bn) & (hi > n0) & (hi > lo))
-                    full = Int32(n0 + bn <= f0)
-                else:
-                    if left >= 0:
-                        if n0 < m1 - 1 + off - left:
-                            full = Int32(0)
-                    if right >= 0:
-                        if n0 + bn - 1 > m0 + off + right:
-                            full = Int32(0)
+                active, full = qr.tile_state(mQTiles, m_block, left, right)
                 if active != 0:
                     acc_S = cute.make_rmem_tensor(thr_sdp.partition_shape_C((bm, bn)), Float32)
                     acc_dP = cute.make_rmem_tensor(thr_sdp.partition_shape_C((bm, bn)), Float32)

@@ -56,7 +56,7 @@ from cutlass.tensor_utils import LayoutEnum
 from . import hstu_common as hc
 from .block_info import QTileRange
 from .common import (acc_layout_as_a, acc_mn_view_wg, bulk_reduce_add_f32, elem_ptr,
-                     gmem_load_copy)
+                     gmem_load_copy, kv_major_bwd_operands, tma_view)
 from .mask import HstuMaskKeyMajor
 from .pipeline import SmemPipeline
 from .seqlen_info import SeqlenInfo, offset_rows
@@ -129,17 +129,7 @@ class HstuBwdSm90:
         sdS_layout = sm90_utils.make_smem_layout_a(LayoutEnum.COL_MAJOR, dq_tiler, dt, 2)
 
         # TMA views (T, D, H) with D contiguous
-        T_q = mQ.shape[0]
-        T_k = mK.shape[0]
-        H = mQ.shape[1]
-        tQ = cute.make_tensor(mQ.iterator, cute.make_layout(
-            (T_q, d, H), stride=(mQ.stride[0], 1, mQ.stride[1])))
-        tdO = cute.make_tensor(mdO.iterator, cute.make_layout(
-            (T_q, d, H), stride=(mdO.stride[0], 1, mdO.stride[1])))
-        tK = cute.make_tensor(mK.iterator, cute.make_layout(
-            (T_k, d, H), stride=(mK.stride[0], 1, mK.stride[1])))
-        tV = cute.make_tensor(mV.iterator, cute.make_layout(
-            (T_k, d, H), stride=(mV.stride[0], 1, mV.stride[1])))
+        tQ, tdO, tK, tV = tma_view(mQ, d), tma_view(mdO, d), tma_view(mK, d), tma_view(mV, d)
         g2s = cpasync.CopyBulkTensorTileG2SOp()
         sQ_one = cute.slice_(sQ_layout, (None, None, 0))
         sK_one = cute.slice_(sK_layout, (None, None, 0))
@@ -186,6 +176,15 @@ class HstuBwdSm90:
                 cute.copy(copy, tg[None, r, None], ts[None, r, None])
             else:
                 ts[None, r, None].fill(0)
+
+    def _tma_tiles(self, tma, tma_tX, head, start, rows: int, sX):
+        """TMA partitions ``(smem side, gmem side)`` of head ``head`` of the sequence whose
+        first row is ``start``: gmem side indexed by the ``rows``-row tile of the sequence,
+        smem side by the stage of ``sX`` (rows, D, stages)."""
+        gX = cute.local_tile(offset_rows(tma_tX[None, None, head], start), (rows, self.d),
+                             (None, 0))
+        return cpasync.tma_partition(tma, 0, cute.make_layout(1), cute.group_modes(sX, 0, 2),
+                                     cute.group_modes(gX, 0, 2))
 
     @cute.jit
     def _silu_grad(self, s, alpha_half, half_ds):
@@ -265,18 +264,10 @@ class HstuBwdSm90:
                     if kv_left >= bn:
                         kv_bytes = cute.size_in_bytes(self.dtype, cute.slice_(sK_layout, (None, None, 0)))
                         pipe_kv.producer_expect_tx(0, 2 * kv_bytes)
-                        gK = cute.local_tile(offset_rows(tma_tK[None, None, head], seq.k_start),
-                                             (bn, d), (None, 0))
-                        tKs, tKg = cpasync.tma_partition(
-                            tma_k, 0, cute.make_layout(1), cute.group_modes(sK, 0, 2),
-                            cute.group_modes(gK, 0, 2))
+                        tKs, tKg = self._tma_tiles(tma_k, tma_tK, head, seq.k_start, bn, sK)
                         cute.copy(tma_k, tKg[None, n_block], tKs[None, 0],
                                   tma_bar_ptr=pipe_kv.full_ptr(0))
-                        gV = cute.local_tile(offset_rows(tma_tV[None, None, head], seq.k_start),
-                                             (bn, d), (None, 0))
-                        tVs, tVg = cpasync.tma_partition(
-                            tma_v, 0, cute.make_layout(1), cute.group_modes(sV, 0, 2),
-                            cute.group_modes(gV, 0, 2))
+                        tVs, tVg = self._tma_tiles(tma_v, tma_tV, head, seq.k_start, bn, sV)
                         cute.copy(tma_v, tVg[None, n_block], tVs[None, 0],
                                   tma_bar_ptr=pipe_kv.full_ptr(0))
                     else:
@@ -288,16 +279,8 @@ class HstuBwdSm90:
                         pipe_kv.producer_arrive(0)
 
                     q_bytes = cute.size_in_bytes(self.dtype, cute.slice_(sQ_layout, (None, None, 0)))
-                    gQ = cute.local_tile(offset_rows(tma_tQ[None, None, head], seq.q_start),
-                                         (bm, d), (None, 0))
-                    tQs, tQg = cpasync.tma_partition(
-                        tma_q, 0, cute.make_layout(1), cute.group_modes(sQ, 0, 2),
-                        cute.group_modes(gQ, 0, 2))
-                    gdO = cute.local_tile(offset_rows(tma_tdO[None, None, head], seq.q_start),
-                                          (bm, d), (None, 0))
-                    tdOs, tdOg = cpasync.tma_partition(
-                        tma_do, 0, cute.make_layout(1), cute.group_modes(sdO, 0, 2),
-                        cute.group_modes(gdO, 0, 2))
+                    tQs, tQg = self._tma_tiles(tma_q, tma_tQ, head, seq.q_start, bm, sQ)
+                    tdOs, tdOg = self._tma_tiles(tma_do, tma_tdO, head, seq.q_start, bm, sdO)
                     c = Int32(0)
                     for it in cutlass.range(qr.m_count, unroll=1):
                         m_block = qr.m_min + it
@@ -335,22 +318,10 @@ class HstuBwdSm90:
                 half_ds = alpha_half * inv_scale  # (alpha / scaling_seqlen) / 2
                 ds_scale = half_ds * 2.0
 
-                thr_s = mma_s.get_slice(ctid)
-                thr_kv = mma_kv.get_slice(ctid)
-                thr_dq = mma_dq.get_slice(ctid)
-                tSrK = thr_s.make_fragment_A(thr_s.partition_A(sK))
-                tSrV = thr_s.make_fragment_A(thr_s.partition_A(sV))
-                tSrQ = thr_s.make_fragment_B(thr_s.partition_B(sQ))
-                tSrdO = thr_s.make_fragment_B(thr_s.partition_B(sdO))
-                tVrdO = thr_kv.make_fragment_B(thr_kv.partition_B(sdO_mn))
-                tKrQ = thr_kv.make_fragment_B(thr_kv.partition_B(sQ_mn))
-                tQrdS = thr_dq.make_fragment_A(thr_dq.partition_A(sdS))
-                tQrK = thr_dq.make_fragment_B(thr_dq.partition_B(sK_mn))
-
-                acc_dK = thr_kv.make_fragment_C(thr_kv.partition_shape_C((bn, d)))
-                acc_dV = thr_kv.make_fragment_C(thr_kv.partition_shape_C((bn, d)))
-                acc_dK.fill(0.0)
-                acc_dV.fill(0.0)
+                ((thr_s, thr_kv, thr_dq), (tSrK, tSrV, tSrQ, tSrdO, tVrdO, tKrQ, tQrdS, tQrK),
+                 (acc_dK, acc_dV)) = kv_major_bwd_operands(
+                    mma_s, mma_kv, mma_dq, ctid, sK, sV, sQ, sdO, sQ_mn, sdO_mn, sdS, sK_mn,
+                    (bn, d))
                 tScS = acc_mn_view_wg(thr_s.partition_C(cute.make_identity_tensor((bn, bm))))
                 mask = HstuMaskKeyMajor(self.has_func, self.func_n if self.has_func else 1,
                                         tScS)

@@ -195,6 +195,34 @@ def silu_half_pair(h0, h1, bf16: bool, *, loc=None, ip=None):
 
 
 @dsl_user_op
+def tanh_f16_pair(h0, h1, *, loc=None, ip=None):
+    """``tanh`` of two fp32 values with one MUFU op: ``cvt.rn.f16x2.f32`` then
+    ``tanh.approx.f16x2``; the packed fp16 results (``h0``'s in the low half) as a
+    ``Uint32`` (unpack with :func:`f16_half`). Inputs past the fp16 range become +-inf, whose
+    tanh is +-1."""
+    asm = ("{\n.reg .b32 hh;\n"
+           "cvt.rn.f16x2.f32 hh, $2, $1;\n"
+           "tanh.approx.f16x2 $0, hh;\n"
+           "}")
+    return cutlass.Uint32(
+        inline_asm(T.i32(), [_f32(h0, loc, ip), _f32(h1, loc, ip)], asm, "=r,f,f", False,
+                   loc, ip))
+
+
+@dsl_user_op
+def f16_half(x, hi: bool, *, loc=None, ip=None):
+    """The low (``hi`` False) or high fp16 half of the packed ``x`` as fp32."""
+    half = "hi" if hi else "lo"
+    asm = ("{\n.reg .f16 lo, hi;\n"
+           "mov.b32 {lo, hi}, $1;\n"
+           f"cvt.f32.f16 $0, {half};\n"
+           "}")
+    return cutlass.Float32(
+        inline_asm(T.f32(), [cutlass.Uint32(x).ir_value(loc=loc, ip=ip)], asm, "=f,r", False,
+                   loc, ip))
+
+
+@dsl_user_op
 def keep_u32(x, *, loc=None, ip=None):
     """An empty side-effecting use and redefinition of ``x``: placed after the
     ``wgmma.wait_group`` of a GEMM that read ``x`` from registers, it keeps the compiler from

@@ -53,7 +53,7 @@ from cutlass import Float32, Int32
 from . import hstu_common as hc
 from .attn_fwd_sm90_ws import SMEM_LIMIT, AttnFwdSm90Ws, WorkItem, smem_plan
 from .block_info import BlockInfo
-from .common import acc_mn_view_wg
+from .common import acc_mn_view_wg, tma_view
 from .mask import HstuMask
 from .seqlen_info import SeqlenInfo, offset_rows
 from .tile_scheduler import StaticLptScheduler
@@ -86,7 +86,7 @@ class _Tile:
 class HstuFwdSm90Ws(AttnFwdSm90Ws):
     def __init__(self, dtype, head_dim, head_dim_v, block_n, has_func, func_n, num_sms,
                  overlap=True, pingpong=True, max_stages=4, q_stages=2, silu16=False,
-                 has_rab=False, rab_per_head=False):
+                 has_rab=False, rab_per_head=False, tanh16=False):
         self.dtype = dtype
         self.d = head_dim
         self.dv = head_dim_v
@@ -100,6 +100,7 @@ class HstuFwdSm90Ws(AttnFwdSm90Ws):
         self.overlap = overlap
         self.pingpong = pingpong
         self.silu16 = silu16
+        self.tanh16 = tanh16
         self.has_rab = has_rab
         self.rab_per_head = rab_per_head
         self.stages, self.q_stages, self.o_alias_q = ws_smem_plan(
@@ -115,15 +116,8 @@ class HstuFwdSm90Ws(AttnFwdSm90Ws):
         mma_qk, mma_qk0, mma_pv, sQ_layout, sK_layout, sV_layout, sO_layout = (
             self._mmas_and_layouts())
         # TMA views: Q, K as (T, D, H) (D contiguous), V as (Dv, T, H) (the MN-major B operand)
-        T_q = mQ.shape[0]
-        T_k = mK.shape[0]
+        tQ, tK, tV = tma_view(mQ, d), tma_view(mK, d), tma_view(mV, dv, d_first=True)
         H = mQ.shape[1]
-        tQ = cute.make_tensor(mQ.iterator, cute.make_layout(
-            (T_q, d, H), stride=(mQ.stride[0], 1, mQ.stride[1])))
-        tK = cute.make_tensor(mK.iterator, cute.make_layout(
-            (T_k, d, H), stride=(mK.stride[0], 1, mK.stride[1])))
-        tV = cute.make_tensor(mV.iterator, cute.make_layout(
-            (dv, T_k, H), stride=(1, mV.stride[0], mV.stride[1])))
         tma_q, tma_tQ, tma_k, tma_tK, tma_v, tma_tV = self._tma_atoms(
             tQ, tK, tV, sQ_layout, sK_layout, sV_layout)
         Smem = self._smem_struct(sQ_layout, sK_layout, sV_layout, sO_layout)
@@ -283,10 +277,19 @@ class HstuFwdSm90Ws(AttnFwdSm90Ws):
     @cute.jit
     def _score(self, acc_S, alpha_half):
         """HSTU score function: ``SiLU(x) = h + h tanh(h)``, ``h = x / 2`` (``_h``; ``x = alpha s``,
-        plus the bias with rab)."""
-        for e in cutlass.range_constexpr(cute.size(acc_S)):
-            hval = hc.finite_below(self._h(acc_S[e], alpha_half))  # SiLU(-inf) -> 0, not NaN
-            acc_S[e] = hval + hval * hc.tanh_approx(hval)
+        plus the bias with rab). With ``tanh16`` one ``tanh.approx.f16x2`` serves two
+        elements (half the MUFU work; the rest stays fp32)."""
+        if cutlass.const_expr(self.tanh16):
+            for e in cutlass.range_constexpr(cute.size(acc_S) // 2):
+                h0 = hc.finite_below(self._h(acc_S[2 * e], alpha_half))
+                h1 = hc.finite_below(self._h(acc_S[2 * e + 1], alpha_half))
+                t = hc.tanh_f16_pair(h0, h1)
+                acc_S[2 * e] = h0 + h0 * hc.f16_half(t, False)
+                acc_S[2 * e + 1] = h1 + h1 * hc.f16_half(t, True)
+        else:
+            for e in cutlass.range_constexpr(cute.size(acc_S)):
+                hval = hc.finite_below(self._h(acc_S[e], alpha_half))  # SiLU(-inf) -> 0, not NaN
+                acc_S[e] = hval + hval * hc.tanh_approx(hval)
 
     @cute.jit
     def _to_p(self, acc_S, alpha_half):
