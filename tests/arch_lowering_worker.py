@@ -53,6 +53,7 @@ def _recording_launch(self, *args, **kwargs):
 KernelLauncher.launch = _recording_launch
 
 CALL_TARGET = "CuteDSLRT_NvJaxCutlassCall"
+SCHEDULE = "hstu_scheduleHstuSchedule"  # in the name of the HSTU tile-schedule kernel
 T, B = 300, 3
 
 # (name, op, head_dim, dtype, mask/blk, extra): HSTU (op "hstu") masks are "window" (causal),
@@ -167,7 +168,9 @@ def main():
         res = dict(name=name, op=op, head_dim=d, dtype=dtype, mask=mask, ok=False)
         try:
             txt, keys = _hstu(d, dtype, mask) if op == "hstu" else _bsa(d, dtype, mask, extra)
-            res.update(ok=True, calls=txt.count(CALL_TARGET), elf="\\7FELF" in txt,
+            # attention calls: CuTe DSL calls other than the HSTU tile-schedule kernel's
+            calls = sum(SCHEDULE not in seg for seg in txt.split(CALL_TARGET)[1:])
+            res.update(ok=True, calls=calls, schedule=SCHEDULE in txt, elf="\\7FELF" in txt,
                        keys=[_key(k) for k in keys])
         except Exception as e:  # noqa: BLE001 - reported to the test
             res["error"] = f"{type(e).__name__}: {e}"[:2000]

@@ -19,7 +19,7 @@ the others set ``JAX_SPARSE_ATTN_ARCH_GRID=full`` to lower every configuration):
   the declared shared memory of the wgmma/TMA kernels against the 227 KiB limit.
 
 Each lowering must hold the CuTe DSL calls of the forward and the backward (BSA: also the
-preprocessing) with an embedded cubin (ptxas accepted the arch), record the arch and the
+preprocessing; HSTU window masks: also the tile-schedule kernel) with an embedded cubin (ptxas accepted the arch), record the arch and the
 portable ``sm80`` kernels in its compile keys (``vec_red`` False on sm_8x: the scalar
 ``red.global.add.f32`` path), and every kernel launch's declared dynamic shared memory must
 fit the arch's limit and, for the portable kernels, equal the size the adapter planned its
@@ -134,7 +134,7 @@ def test_kernels_lower_for_arch(arch):
                 assert smem == want, f"{arch} {name}: {kernel} declares {smem}, planned {want}"
             if portable:
                 assert kernel in ("HstuFwdSm80", "HstuBwdSm80", "BsaFwdSm80", "BsaBwdSm80",
-                                  "BsaPreprocess"), (arch, name, kernel)
+                                  "BsaPreprocess", "HstuSchedule"), (arch, name, kernel)
 
 
 # ---------------------------------------------------------------- selection (no compile)

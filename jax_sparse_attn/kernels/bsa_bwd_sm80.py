@@ -33,8 +33,8 @@ from cutlass.cute.nvgpu import warp
 
 from .bsa_common import (LOG2_E, bwd_entry_rows, bwd_load_kv_tile, bwd_tile_coords,
                          issue_q_do_rows)
-from .common import (acc_mn_view, cvt_frag, elem_ptr, red_add_2xf32, gemm_ss, gmem_load_copy, gmem_store_copy,
-                     launch, ldmatrix_atoms, ldmatrix_slices, mma_frags, r2s_copy,
+from .common import (acc_mn_view, cvt_frag, elem_ptr, gemm_ss, gmem_load_copy, gmem_store_copy,
+                     launch, ldmatrix_atoms, ldmatrix_slices, mma_frags, r2s_copy, red_add_2xf32,
                      smem_layout_16b, smem_parts, smem_storage, smem_struct, store_p_ds,
                      transpose_view, transpose_view_staged)
 
