@@ -269,3 +269,20 @@ def test_which_backend_names_family_and_arch(monkeypatch):
     assert (cfg.kernel_arch, cfg.kernel_family) == ("sm_89", "portable")
     assert (cfg.bwd.block_m, cfg.bwd.block_n, cfg.bwd.vec_red) == (32, 64, False)
     del jax
+
+
+def test_gpu_grids_take_the_family_from_the_environment(monkeypatch):
+    """tests/attention_base.with_env_family: the GPU grids build Switches(...) explicitly;
+    JAX_SPARSE_ATTN_KERNEL_FAMILY / SMEM_LIMIT_KB still reach them (scripts/gpu_portable.sh)."""
+    sys.path.insert(0, TESTS)
+    from attention_base import with_env_family  # noqa: PLC0415
+
+    sw = Switches(hstu_fwd_impl="sm80")
+    monkeypatch.delenv("JAX_SPARSE_ATTN_KERNEL_FAMILY", raising=False)
+    monkeypatch.delenv("JAX_SPARSE_ATTN_SMEM_LIMIT_KB", raising=False)
+    assert with_env_family(sw) is sw and with_env_family(None) is None
+    monkeypatch.setenv("JAX_SPARSE_ATTN_KERNEL_FAMILY", "portable_sm8x")
+    monkeypatch.setenv("JAX_SPARSE_ATTN_SMEM_LIMIT_KB", "99")
+    got = with_env_family(sw)
+    assert (got.kernel_family, got.smem_limit_kb, got.hstu_fwd_impl) == ("portable_sm8x", 99,
+                                                                         "sm80")
