@@ -21,6 +21,12 @@ family on an H100/H200 beside the default Hopper kernels::
 ``--reference`` adds a row of the pure-JAX reference backend (``backend="reference"``, the
 path ``backend="auto"`` takes where the kernels cannot run) for each case.
 
+``--deterministic`` runs every case twice, the second time with ``deterministic=True`` (ordered
+dq additions), and prints the backward time ratio default / deterministic.
+
+    python benchmarks/hstu_bench.py --case 8x4096-causal --case jagged32-causal \
+        --bwd-only --deterministic
+
 ``--rab DTYPE:H_RAB`` (``f32`` or ``q`` = q's dtype; ``H_RAB`` 1 or ``h``) runs every case a
 second time with a random relative attention bias ``(B, H_rab, L, L)`` (same FLOP count: the
 bias add is not counted) and prints both rows.
@@ -94,7 +100,7 @@ def _rab_array(spec, b, h, l, dtype):
 
 
 def run_case(name, dtype, iters, do_bwd, switches=None, do_fwd=True, rab="", backend="kernel",
-             variant=None):
+             variant=None, deterministic=False):
     import jax_sparse_attn as jsa
 
     _, _, h, d, window = CASES[name]
@@ -105,11 +111,12 @@ def run_case(name, dtype, iters, do_bwd, switches=None, do_fwd=True, rab="", bac
     q, k, v, do = (jax.random.normal(kk, (t, h, d), jnp.float32).astype(dtype) for kk in ks)
     cu = jnp.asarray(np.concatenate([[0], np.cumsum(lens)]), jnp.int32)
     kw = dict(max_seqlen_q=l, max_seqlen_k=l, scaling_seqlen=float(l), window_size=window,
-              alpha=1.0 / np.sqrt(d), backend=backend, switches=switches)
+              alpha=1.0 / np.sqrt(d), backend=backend, switches=switches,
+              deterministic=deterministic)
     r = _rab_array(rab, b, h, l, dtype)
     fl = flops_fwd(lens, h, d, window)
     res = dict(case=name, dtype=jnp.dtype(dtype).name, B=b, L=l, H=h, D=d, window=window,
-               rab=rab or None)
+               rab=rab or None, deterministic=deterministic)
     res["backend"] = backend
     if variant is not None:
         res["variant"] = variant
@@ -123,6 +130,7 @@ def run_case(name, dtype, iters, do_bwd, switches=None, do_fwd=True, rab="", bac
     tag = f"{name} rab={rab}" if rab else name
     if backend != "kernel" or variant:
         tag += f" [{backend if backend != 'kernel' else variant}]"
+    tag += " det" if deterministic else ""
     line = f"{tag:30s} {res['dtype']:9s}"
     if do_fwd:
         fwd = jax.jit(lambda q, k, v, cu, r: jsa.hstu_attention(q, k, v, cu, cu, rab=r, **kw))
@@ -181,6 +189,9 @@ def main():
                          "variables; '' = the defaults); repeat to compare")
     ap.add_argument("--reference", action="store_true",
                     help="add a row of the pure-JAX reference backend per case")
+    ap.add_argument("--deterministic", action="store_true",
+                    help="also run every case with deterministic=True (bitwise reproducible "
+                         "backward) and print the backward time ratio")
     a = ap.parse_args()
     cases = a.case or ["8x4096-causal", "32x1024-causal"]
     print(f"device: {jax.devices()[0]}")
@@ -209,12 +220,19 @@ def main():
                       flush=True)
         for sw in (variants if not (a.variant or a.reference) or a.bwd_impl else []):
             for rab in ("", a.rab) if a.rab else ("",):
-                try:
-                    results.append(run_case(c, jnp.dtype(a.dtype), a.iters, not a.no_bwd, sw,
-                                            do_fwd=not a.bwd_only, rab=rab))
-                except Exception as e:  # noqa: BLE001 - report and go on with the other rows
-                    print(f"{c:22s} {sw} rab={rab}: failed: {type(e).__name__}: {str(e)[:300]}",
-                          flush=True)
+                rows = []
+                for det in (False, True) if a.deterministic else (False,):
+                    try:
+                        rows.append(run_case(c, jnp.dtype(a.dtype), a.iters, not a.no_bwd, sw,
+                                             do_fwd=not a.bwd_only, rab=rab, deterministic=det))
+                    except Exception as e:  # noqa: BLE001 - report, go on with the other rows
+                        print(f"{c:22s} {sw} rab={rab} deterministic={det}: failed: "
+                              f"{type(e).__name__}: {str(e)[:300]}", flush=True)
+                if len(rows) == 2 and "bwd_ms" in rows[0]:
+                    ratio = rows[0]["bwd_ms"] / rows[1]["bwd_ms"]
+                    rows[1]["bwd_speed_vs_default"] = ratio
+                    print(f"{'':30s} deterministic bwd speed = {ratio:.3f} x default", flush=True)
+                results.extend(rows)
     for variant in a.tiles:
         env = dict(kv.split("=", 1) for kv in variant.split(";") if kv)
         print(f"-- tiles {variant}")

@@ -377,6 +377,9 @@ class HSTUConfig:
     # chosen for it ("sm90": Hopper kernels; "portable": the mma.sync sm80 kernels)
     kernel_arch: str = ""
     kernel_family: str = ""
+    # bitwise reproducible backward (fixed order of the dq / shared-head drab additions);
+    # the backward compile key ``bwd`` carries it too
+    deterministic: bool = False
     schedule: str = "kernel"  # kernel backend: Switches.hstu_schedule (forward tile schedule)
 
     @property

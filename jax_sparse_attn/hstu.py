@@ -45,6 +45,7 @@ from .validation import (
     as_array_arg,
     canonical_dtype,
     check_debug_checks,
+    check_deterministic,
     check_hstu_args,
     is_concrete,
     run_time_value_checks,
@@ -81,16 +82,19 @@ def _kernel_unsupported_reason(cfg, passes, switches, mod):
 
 def _make_config(q, k, v, cu_seqlens_q, cu_seqlens_k, func, paged_kv, page_ids, page_indptrs,
                  *, max_seqlen_q, max_seqlen_k, scaling_seqlen, window_size, alpha, backend,
-                 switches, op_name, debug_checks=False, rab=None) -> HSTUConfig:
+                 switches, op_name, debug_checks=False, rab=None,
+                 deterministic=False) -> HSTUConfig:
     """Validate the arguments and build the call's one static config (backend chosen,
     head-dim padding and kernel compile keys decided)."""
     _backend.check_backend(backend)
     switches = _backend.check_switches(switches)
     check_debug_checks(debug_checks)
+    deterministic = check_deterministic(deterministic)
     cfg = check_hstu_args(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q=max_seqlen_q,
                           max_seqlen_k=max_seqlen_k, scaling_seqlen=scaling_seqlen,
                           window_size=window_size, alpha=alpha, func=func, paged_kv=paged_kv,
                           page_ids=page_ids, page_indptrs=page_indptrs, rab=rab)
+    cfg = dataclasses.replace(cfg, deterministic=deterministic)
     if is_concrete(cu_seqlens_q, cu_seqlens_k, func, page_ids, page_indptrs):
         _hstu_value_checks(q, k, cu_seqlens_q, cu_seqlens_k, func, paged_kv, page_ids,
                            page_indptrs, cfg)
@@ -114,12 +118,18 @@ def _make_config(q, k, v, cu_seqlens_q, cu_seqlens_k, func, paged_kv, page_ids, 
     if "fwd" in passes:
         fwd = mod.fwd_config(cfg.dtype, d_pad, dv_pad, cfg.func_n, switches, **_rab_key(cfg))
     if "bwd" in passes:
-        bwd = mod.bwd_config(cfg.dtype, d_pad, dv_pad, cfg.func_n, switches, **_rab_key(cfg))
+        bwd = mod.bwd_config(cfg.dtype, d_pad, dv_pad, cfg.func_n, switches, **_det_key(cfg),
+                             **_rab_key(cfg))
     return dataclasses.replace(
         cfg, backend="kernel", head_dim_pad=d_pad, head_dim_v_pad=dv_pad,
         cute_call=switches.cute_call, schedule=switches.hstu_schedule, fwd=fwd, bwd=bwd,
         kernel_arch=_platform.resolved_arch(),
         kernel_family=_platform.kernel_family(switches))
+
+
+def _det_key(cfg):
+    """The deterministic part of the backward compile key (nothing in the default mode)."""
+    return {"deterministic": True} if cfg.deterministic else {}
 
 
 def _rab_key(cfg):
@@ -292,6 +302,14 @@ _BACKEND_ARG_LINES = """
         bad values then raise ``jax.errors.JaxRuntimeError`` carrying the eager
         validator's message. Without it, bad traced metadata give unspecified values
         (never an out-of-bounds access).
+      deterministic: static bool, default False. With True the backward's gradients
+        (dq, dk, dv and drab) are bitwise reproducible run to run on the kernel backend:
+        the dq contributions of the KV tiles of a query tile are added in a fixed order
+        (ascending KV tile, a semaphore per query tile and head; FlashAttention-3's
+        deterministic backward), and with ``H_rab = 1`` drab is summed over heads by XLA
+        instead of atomics. It costs backward speed (docs/hstu.md gives the measured
+        ratio); dk, dv and the forward are deterministic in both modes. The reference
+        backend accepts it and runs unchanged (dense XLA ops, no scatter-adds).
 """
 
 _ARGS_DOC = "\n    Args:" + _ARG_LINES + _PAGED_ARG_LINES + _BACKEND_ARG_LINES
@@ -313,19 +331,19 @@ _RAISES_DOC = """
 def hstu_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q, max_seqlen_k,
                    scaling_seqlen=None, window_size=(-1, 0), alpha=1.0, func=None,
                    paged_kv=None, page_ids=None, page_indptrs=None, backend="auto",
-                   switches=None, debug_checks=False, rab=None):
+                   switches=None, debug_checks=False, rab=None, deterministic=False):
     cu_seqlens_q, cu_seqlens_k = as_array_arg(cu_seqlens_q), as_array_arg(cu_seqlens_k)
     if getattr(cu_seqlens_q, "ndim", 1) == 2 and getattr(cu_seqlens_k, "ndim", 1) == 2:
         return _per_shard(q, k, v, cu_seqlens_q, cu_seqlens_k, func, paged_kv, rab,
                           dict(max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k,
                                scaling_seqlen=scaling_seqlen, window_size=window_size,
                                alpha=alpha, backend=backend, switches=switches,
-                               debug_checks=debug_checks))
+                               debug_checks=debug_checks, deterministic=deterministic))
     cfg = _make_config(q, k, v, cu_seqlens_q, cu_seqlens_k, func, paged_kv, page_ids,
                        page_indptrs, max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k,
                        scaling_seqlen=scaling_seqlen, window_size=window_size, alpha=alpha,
                        backend=backend, switches=switches, op_name="hstu_attention",
-                       debug_checks=debug_checks, rab=rab)
+                       debug_checks=debug_checks, rab=rab, deterministic=deterministic)
     cu_q, cu_k = _i32(cu_seqlens_q), _i32(cu_seqlens_k)
     if cfg.paged:
         return _hstu_paged_jit(cfg, q, paged_kv, _i32(page_ids), _i32(page_indptrs), cu_q, cu_k)
@@ -390,12 +408,13 @@ hstu_attention.__doc__ = (
 def hstu_attention_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q, max_seqlen_k,
                            scaling_seqlen=None, window_size=(-1, 0), alpha=1.0, func=None,
                            paged_kv=None, page_ids=None, page_indptrs=None, backend="auto",
-                           switches=None, debug_checks=False, rab=None):
+                           switches=None, debug_checks=False, rab=None, deterministic=False):
     out = hstu_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q=max_seqlen_q,
                          max_seqlen_k=max_seqlen_k, scaling_seqlen=scaling_seqlen,
                          window_size=window_size, alpha=alpha, func=func, paged_kv=paged_kv,
                          page_ids=page_ids, page_indptrs=page_indptrs, backend=backend,
-                         switches=switches, debug_checks=debug_checks, rab=rab)
+                         switches=switches, debug_checks=debug_checks, rab=rab,
+                         deterministic=deterministic)
     return HSTUForwardResult(o_tensor=out)
 
 
@@ -418,13 +437,13 @@ hstu_attention_forward.__doc__ = (
 def hstu_attention_backward(do, q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q,
                             max_seqlen_k, scaling_seqlen=None, window_size=(-1, 0), alpha=1.0,
                             func=None, backend="auto", switches=None, debug_checks=False,
-                            rab=None):
+                            rab=None, deterministic=False):
     cu_seqlens_q, cu_seqlens_k = as_array_arg(cu_seqlens_q), as_array_arg(cu_seqlens_k)
     cfg = _make_config(q, k, v, cu_seqlens_q, cu_seqlens_k, func, None, None, None,
                        max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k,
                        scaling_seqlen=scaling_seqlen, window_size=window_size, alpha=alpha,
                        backend=backend, switches=switches, op_name="hstu_attention_backward",
-                       debug_checks=debug_checks, rab=rab)
+                       debug_checks=debug_checks, rab=rab, deterministic=deterministic)
     want = (q.shape[0], q.shape[1], cfg.head_dim_v)
     if tuple(getattr(do, "shape", ())) != want:
         raise ValueError(f"do must have the output's shape (T_q, H, D_v) = {want}, "

@@ -113,7 +113,21 @@ def hstu_fwd_schedule(cu_q, cu_k, func, block_m, t_q, window_size):
     return tiles[order]
 
 
-def hstu_bwd_schedule(cu_q, cu_k, func, block_m, block_n, t_q, t_k, window_size=None):
+def _segment_suffix_max(b, work):
+    """``max(work[j] for j >= i with b[j] == b[i])`` for ``b`` grouped in runs (canonical
+    tile order): a segmented scan from the end."""
+    rb, rw = b[::-1], work[::-1]
+    start = jnp.concatenate([jnp.ones((1,), bool), rb[1:] != rb[:-1]])
+
+    def combine(x, y):
+        return x[0] | y[0], jnp.where(y[0], y[1], jnp.maximum(x[1], y[1]))
+
+    _, m = jax.lax.associative_scan(combine, (start, rw))
+    return m[::-1]
+
+
+def hstu_bwd_schedule(cu_q, cu_k, func, block_m, block_n, t_q, t_k, window_size=None,
+                      deterministic=False):
     """KV tiles ``[batch, n_block]`` in canonical order (n ascending: under a causal /
     right-aligned mask the first KV tiles of a sequence see the most queries, so they
     start first), the canonical first q-tile index per batch, and the func summary.
@@ -121,7 +135,13 @@ def hstu_bwd_schedule(cu_q, cu_k, func, block_m, block_n, t_q, t_k, window_size=
     With ``window_size`` the KV tiles are ordered longest work first instead (number of
     query rows that can see the tile under the window, ``L_q`` with a func mask; stable
     argsort; idle slots last): the launch order of a non-persistent grid, so the heaviest
-    CTAs start first whatever the sequence lengths."""
+    CTAs start first whatever the sequence lengths.
+
+    ``deterministic`` (with ``window_size``): the sort key of a KV tile is the largest work
+    of it and the later KV tiles of its sequence, so every sequence's KV tiles launch in
+    ascending order (the ordered dq additions of the deterministic backward wait only for
+    the previous KV tile: it must have a lower linear block index); for a causal or full
+    mask this is the plain longest-first order."""
     bm, bn = block_m, block_n
     nb = cu_q.shape[0] - 1
     nk_slots = t_k // bn + nb
@@ -144,6 +164,8 @@ def hstu_bwd_schedule(cu_q, cu_k, func, block_m, block_n, t_q, t_k, window_size=
         i_lo = jnp.maximum(n0 - right - off, 0) if right >= 0 else jnp.zeros_like(n0)
         i_hi = jnp.minimum(n1 + left - off, lq) if left >= 0 else lq
         work = jnp.where(b >= 0, jnp.maximum(i_hi - i_lo, 0) + 1, -1)
+        if deterministic:
+            work = _segment_suffix_max(b, work)
         kv_tiles = kv_tiles[jnp.argsort(-work, stable=True)]
     return kv_tiles, q_start.astype(jnp.int32), q_tiles
 

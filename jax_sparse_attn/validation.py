@@ -69,6 +69,14 @@ def check_debug_checks(debug_checks) -> bool:
     return debug_checks
 
 
+def check_deterministic(deterministic) -> bool:
+    """The static ``deterministic`` option: a Python (or NumPy) bool, else TypeError."""
+    if not isinstance(deterministic, (bool, np.bool_)):
+        raise TypeError(f"deterministic must be a bool (static Python value), got "
+                        f"{type(deterministic).__name__}")
+    return bool(deterministic)
+
+
 def run_time_value_checks(check, *arrays):
     """Stage ``check(*arrays)`` (an eager value check raising ValueError) into the traced
     computation: a ``jax.debug.callback`` runs it on the host with the arrays' run-time

@@ -278,6 +278,9 @@ class HSTUGrid:
 
     backend = "reference"
     profile = "small"
+    #: extra static keyword arguments of the public op (not of the reference), e.g.
+    #: ``(("deterministic", True),)``
+    public_kw = ()
 
     @classmethod
     def grid(cls):
@@ -296,8 +299,9 @@ class HSTUGrid:
         x = hstu_inputs(case, self.profile, seed)
         kw_items = tuple(sorted(x["kw"].items()))
         args = (x["q"], x["k"], x["v"], x["do"], x["cu_q"], x["cu_k"], x["func"])
-        got = _call_or_skip(_hstu_public(self.backend, with_env_family(switches), kw_items),
-                            *args)
+        got = _call_or_skip(
+            _hstu_public(self.backend, with_env_family(switches), kw_items + self.public_kw),
+            *args)
         truth = self.truth(x)
         base = self.baseline(case, kw_items, args)
         report = []

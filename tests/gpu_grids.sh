@@ -4,6 +4,8 @@
 #   hstu       HSTU default grid (HSTU_SHARDS processes) + the sm90ws batches (2 processes)
 #   hstu_bwd90 the HSTU grid + packed batches with hstu_bwd_impl=sm90 (BWD_SHARDS processes)
 #   hstu_bwd80 the same with hstu_bwd_impl=sm80 (rab backwards run sm80 in every case: part rab)
+#   hstu_det   deterministic=True: bitwise 5-run tests + the HSTU grid on both backwards
+#              (1 + DET_SHARDS processes; not in the default PARTS)
 #   bsa        BSA grid (BSA_SHARDS processes)
 #   bsa_ws     the opt-in sm90ws BSA forward: its own cases + the BSA grid with it (2 + 1)
 #   rab        rab tests (RAB_SHARDS processes)
@@ -43,6 +45,13 @@ for arch in 90 80; do
     for ((i = 0; i < n; i++)); do run hstu_bwd${arch}_$i HSTU_TEST_BWD=sm$arch HSTU_TEST_SHARD=$i/$n $PYT -k "BackwardImpls or bwd_batches" tests/test_gpu_hstu.py & done
   fi
 done
+if has hstu_det; then
+  # deterministic=True: the 5-run bitwise tests (6 cases, one process) + the HSTU grid with
+  # deterministic=True on both backwards (DET_SHARDS processes)
+  run hstu_det_tests $PYT "tests/test_gpu_hstu.py::test_hstu_bwd_deterministic" &
+  n=${DET_SHARDS:-3}
+  for ((i = 0; i < n; i++)); do run hstu_det_$i HSTU_TEST_DET=1 HSTU_TEST_SHARD=$i/$n $PYT -k "TestHSTUBackwardDeterministic" tests/test_gpu_hstu.py & done
+fi
 if has bsa; then
   n=${BSA_SHARDS:-4}
   for ((i = 0; i < n; i++)); do run bsa_$i BSA_TEST_SHARD=$i/$n $PYT tests/test_gpu_bsa.py -k "not sm90ws" & done

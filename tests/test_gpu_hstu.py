@@ -151,6 +151,33 @@ class TestHSTUBackwardImpls(HSTUKernelGrid):
     test_hstu_remat_matches_plain_grad = None  # the default grid's class runs it
 
 
+#: grid cases that TestHSTUBackwardDeterministic also runs on the sm80 backward
+DET_SM80_CASES = [HSTUCase(128), HSTUCase(64, "float16"), HSTUCase(128, window=(63, 17)),
+                  HSTUCase(128, window=(-1, -1), func_n=3), HSTUCase(128, lens="lq_lt_lk")]
+
+
+class TestHSTUBackwardDeterministic(HSTUKernelGrid):
+    """HSTU_TEST_DET=1: the grid with ``deterministic=True`` on the default switches (the sm90
+    backward at D = D_v in {64, 128}, sm80 for the other cases) and :data:`DET_SM80_CASES` on
+    the sm80 backward (``hstu_bwd_impl="sm80"``), so both kernels' ordered dQ additions run
+    every mask kind."""
+
+    public_kw = (("deterministic", True),)
+
+    @classmethod
+    def grid(cls):
+        if os.environ.get("HSTU_TEST_DET", "") in ("", "0"):
+            return []
+        cases = [(c, Switches()) for c in HSTU_GRID]
+        cases += [(c, Switches(hstu_bwd_impl="sm80")) for c in DET_SM80_CASES]
+        return shard(cases, SHARD)
+
+    def test_hstu_grid(self, case, switches):
+        self.run_case(case, switches, seed=31)
+
+    test_hstu_remat_matches_plain_grad = None  # the default grid's class runs it
+
+
 def _bwd_case(lens, d, window, seed, poison, impl, dtype="bfloat16", backend="kernel",
               dq="red"):
     """The backward of ``impl`` (public op, kernel backend) vs the float32 reference on a
@@ -333,6 +360,87 @@ def test_hstu_sm90ws_batches(name, lens, d, window, poison):
     _ws_case(lens, d, window, seed=5, poison=poison)
 
 
+# ---- deterministic=True: bitwise reproducible backward -----------------------------------
+# (name, lens, D, window, dtype, mask extra): the canonical jagged batch on the sm90 backward
+# (D = 128, causal), a window whose work grows with the KV tile (launch order kept ascending
+# per sequence), a func mask, and configurations that run the sm80 backward (D = 32, 256,
+# relative attention bias with H_rab = 1: drab summed over heads in a fixed order)
+DET_CASES = [
+    ("canonical-jagged-d128-causal", "canonical", 128, (-1, 0), "bfloat16", ""),
+    ("jagged-d64-window-64-inf", [700, 0, 1500, 129, 64, 1000], 64, (64, -1), "float16", ""),
+    ("jagged-d128-func-targets", [900, 1, 1200, 0, 333], 128, (-1, -1), "bfloat16", "func"),
+    ("canonical-jagged-d256-causal-sm80", "canonical", 256, (-1, 0), "bfloat16", ""),
+    ("jagged-d32-local-sm80", [700, 0, 1500, 129], 32, (100, 20), "float16", ""),
+    ("jagged-d128-rab1-sm80", [300, 0, 257, 64], 128, (-1, 0), "bfloat16", "rab1"),
+]
+
+
+def _canonical_lengths():
+    import sys
+
+    sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+    from benchmarks._grids import canonical_jagged_lengths
+
+    return canonical_jagged_lengths()
+
+
+def _det_runs(lens, d, window, dtype, extra, deterministic, runs, seed=11, heads=4):
+    """``runs`` calls of the jitted kernel backward (public op) with ``deterministic``;
+    returns ``(list of output tuples, reference in fp32, reference in the input dtype, n)``."""
+    import jax_sparse_attn as jsa
+    from jax_sparse_attn import masks, reference
+
+    lens = [int(x) for x in lens]
+    cu = jnp.asarray(np.concatenate([[0], np.cumsum(lens)]).astype(np.int32))
+    n = int(cu[-1])
+    dt = jnp.dtype(dtype)
+    ks = jax.random.split(jax.random.PRNGKey(seed), 5)
+    q, k, v, do = (jax.random.normal(kk, (n, heads, d), jnp.float32).astype(dt) for kk in ks[:4])
+    mx = max(max(lens), 1)
+    func = None
+    if extra == "func":
+        nt = jnp.asarray([min(7, x) for x in lens], jnp.int32)
+        func = masks.hstu_target_func(cu, n, num_targets=nt, max_attn_len=300)
+    rab = None
+    if extra == "rab1":
+        rab = jax.random.normal(ks[4], (len(lens), 1, mx, mx), jnp.float32)
+    kw = dict(max_seqlen_q=mx, max_seqlen_k=mx, scaling_seqlen=float(mx), window_size=window,
+              alpha=1.0 / np.sqrt(d))
+    fn = jax.jit(lambda do, q, k, v, c, f, r: tuple(jsa.hstu_attention_backward(
+        do, q, k, v, c, c, func=f, rab=r, backend="kernel", deterministic=deterministic,
+        **kw)))
+    outs = [jax.block_until_ready(fn(do, q, k, v, cu, func, rab)) for _ in range(runs)]
+
+    def ref(cdt):
+        return tuple(jax.jit(lambda do, q, k, v, c, f, r: reference.hstu_attention_bwd_ref(
+            do, q, k, v, c, c, f, compute_dtype=cdt, rab=r, **kw))(do, q, k, v, cu, func, rab))
+
+    return [tuple(np.asarray(x) for x in o) for o in outs], ref(None), ref(dt), n
+
+
+@pytest.mark.skipif(not _first_shard(), reason="runs in shard 0")
+@pytest.mark.parametrize("name,lens,d,window,dtype,extra", DET_CASES,
+                         ids=[c[0] for c in DET_CASES])
+def test_hstu_bwd_deterministic(name, lens, d, window, dtype, extra):
+    """deterministic=True: dq, dk, dv (and drab) bitwise equal over 5 runs; both modes within
+    the backward tolerance (5x the input-dtype error) of the float32 reference. Prints how
+    many dq elements the default mode changed between two runs (informational)."""
+    if lens == "canonical":
+        lens = _canonical_lengths()
+    names = ("dq", "dk", "dv", "drab")
+    outs, truth, base, _ = _det_runs(lens, d, window, dtype, extra, True, 5)
+    for o in outs[1:]:
+        for i, x in enumerate(o):
+            assert np.array_equal(x, outs[0][i], equal_nan=True), (
+                f"{names[i]} differs between runs with deterministic=True "
+                f"({int(np.sum(x != outs[0][i]))} elements)")
+    defaults, _, _, _ = _det_runs(lens, d, window, dtype, extra, False, 2)
+    report = []
+    for mode, o in (("det", outs[0]), ("default", defaults[0])):
+        for i in range(len(o)):
+            check_rule(f"{mode} {names[i]}", o[i], truth[i], base[i], 5.0, 5e-3, report)
+    diff = int(np.sum(defaults[0][0] != defaults[1][0]))
+    print(" | ".join(report) + f" | default-mode dq elements changed between 2 runs: {diff}")
 # ------------------------------------------------------------- tile schedule kernel
 def _sched_cfg(window, schedule, bwd_impl="sm90"):
     from types import SimpleNamespace

@@ -359,7 +359,7 @@ BWD_SM90_LOWER = [(128, "bfloat16", "causal"), (64, "float16", "func"),
 _BWD_WINDOWS = {"causal": (-1, 0), "func": (-1, -1), "window": (63, 17), "full": (-1, -1)}
 
 
-def _bwd_text(head_dim, dtype, mask, switches, head_dim_v=None, lq=None):
+def _bwd_text(head_dim, dtype, mask, switches, head_dim_v=None, lq=None, deterministic=False):
     """The lowered text of jax.grad through the public op (kernel backend); ``lq`` rows of q
     (default T: L_q = L_k)."""
     import jax_sparse_attn as jsa  # noqa: PLC0415
@@ -374,7 +374,8 @@ def _bwd_text(head_dim, dtype, mask, switches, head_dim_v=None, lq=None):
     def loss(q, k, v, cu_q, cu_k, func):
         out = jsa.hstu_attention(q, k, v, cu_q, cu_k, max_seqlen_q=200, max_seqlen_k=200,
                                  window_size=_BWD_WINDOWS[mask], alpha=0.3, func=func,
-                                 backend="kernel", switches=switches)
+                                 backend="kernel", switches=switches,
+                                 deterministic=deterministic)
         return jnp.sum(out.astype(jnp.float32))
 
     return _lower(jax.grad(loss, argnums=(0, 1, 2)), q, k, v, cu, cu, func)
@@ -504,3 +505,91 @@ def test_sm90ws_forwards_without_rab_keep_their_ptx():
     assert len(got) == 2, r.stdout
     for name, h in got.items():
         assert h == want[name], f"{name}: PTX sha256 {h} != recorded {want[name]}"
+
+
+# deterministic=True (ordered dq additions): the sm90 backward (both head dims, causal /
+# window / func) and the sm80 backward it routes other configurations to (D = 32, 256, rab
+# with H_rab = 1 and per head)
+DET_LOWER = [(128, "bfloat16", "causal", 0), (64, "float16", "func", 0),
+             (128, "float16", "window", 0), (256, "bfloat16", "func", 0),
+             (32, "float16", "window", 0), (128, "bfloat16", "causal", 1),
+             (64, "float16", "func", 2)]
+
+
+@pytest.mark.parametrize("head_dim,dtype,mask,h_rab", DET_LOWER,
+                         ids=["-".join(map(str, c)) for c in DET_LOWER])
+def test_hstu_bwd_deterministic_lowers(head_dim, dtype, mask, h_rab):
+    """Every deterministic configuration lowers to one attention kernel call. The tile
+    schedule comes from the schedule kernel except with func masks and, for the sm90
+    backward, windows with a finite left edge (their longest-first order is not ascending per
+    sequence: the jnp schedule with the deterministic sort key)."""
+    from jax_sparse_attn.config import Switches  # noqa: PLC0415
+
+    if not h_rab:
+        txt = _bwd_text(head_dim, dtype, mask, Switches(), deterministic=True)
+        assert _attention_calls(txt) == 1 and "\\7FELF" in txt
+        sm90 = head_dim in (64, 128)
+        want_sched = mask in ("causal", "full") or (mask == "window" and not sm90)
+        assert (_SCHEDULE_KERNEL in txt) == want_sched, (head_dim, mask)
+        return
+    import jax_sparse_attn as jsa  # noqa: PLC0415
+
+    dt = jnp.dtype(dtype)
+    q = jax.ShapeDtypeStruct((T, 2, head_dim), dt)
+    cu = jax.ShapeDtypeStruct((B + 1,), jnp.int32)
+    rab = jax.ShapeDtypeStruct((B, h_rab, 201, 201), jnp.float32)
+    func = jax.ShapeDtypeStruct((1, 3, T + 256), jnp.int32) if mask == "func" else None
+
+    def loss(q, k, v, cu, func, rab):
+        out = jsa.hstu_attention(q, k, v, cu, cu, max_seqlen_q=201, max_seqlen_k=201,
+                                 window_size=_BWD_WINDOWS[mask], alpha=0.3, func=func, rab=rab,
+                                 backend="kernel", deterministic=True)
+        return jnp.sum(out.astype(jnp.float32))
+
+    txt = _lower(jax.grad(loss, argnums=(0, 1, 2, 5)), q, q, q, cu, func, rab)
+    assert _attention_calls(txt) == 1 and "\\7FELF" in txt
+
+
+_DET_PTX_SCRIPT = """
+import sys
+sys.path.insert(0, {root!r})
+sys.path.insert(0, {tests!r})
+import test_lowering_hstu as t
+from jax_sparse_attn.config import Switches
+t._bwd_text(128, "bfloat16", "causal", Switches(hstu_bwd_dq="bulk"), deterministic={det})
+"""
+
+
+@pytest.mark.parametrize("det", [True, False], ids=["deterministic", "default"])
+def test_hstu_bwd_sm90_deterministic_ptx(tmp_path, det):
+    """deterministic=True: the sm90 backward's PTX spins on acquire loads, publishes with a
+    GPU-scope fence + store, hands over between the spin warp and the consumers on named
+    barriers 2 and 3, and reduces dQ with red (the bulk switch is overridden). The default
+    PTX has none of the semaphore code."""
+    import subprocess  # noqa: PLC0415
+    import sys  # noqa: PLC0415
+
+    tests = os.path.dirname(os.path.abspath(__file__))
+    root = os.path.dirname(tests)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("JAX_SPARSE_ATTN_")}
+    env.update(CUTE_DSL_ARCH="sm_90a", JAX_SPARSE_ATTN_FORCE_KERNEL="1", CUTE_DSL_KEEP="ptx",
+               CUTE_DSL_DUMP_DIR=str(tmp_path), JAX_PLATFORMS="cpu")
+    script = _DET_PTX_SCRIPT.format(root=root, tests=tests, det=det)
+    r = subprocess.run([sys.executable, "-c", script], env=env, cwd=root, capture_output=True,
+                       text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    ptx = [p for p in tmp_path.iterdir() if p.suffix == ".ptx"
+           and _SCHEDULE_KERNEL not in p.read_text()]  # the tile-schedule kernel
+    assert len(ptx) == 1, [p.name for p in tmp_path.iterdir()]
+    text = ptx[0].read_text()
+    assert "HstuBwdSm90" in text
+    det_needles = ("ld.acquire.gpu.global.b32", "fence.acq_rel.gpu",
+                   "st.relaxed.gpu.global.b32", "bar.arrive 2, 288", "bar.arrive 3, 288")
+    if det:
+        for needle in det_needles + ("red.relaxed.gpu.global.add.v2.f32",):
+            assert needle in text, f"{needle} missing from the deterministic sm90 backward PTX"
+        assert "cp.reduce.async.bulk" not in text
+    else:
+        assert "cp.reduce.async.bulk" in text  # the bulk switch holds in the default mode
+        for needle in det_needles:
+            assert needle not in text, f"{needle} in the default sm90 backward PTX"

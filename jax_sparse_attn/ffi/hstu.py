@@ -40,11 +40,16 @@ Backward: ``drab`` is written directly (rab's dtype, zero-initialised output) wh
 (``N_k_pad`` even for the 8-byte vector reductions) that XLA slices and casts.
 
 Determinism: the forward and dk/dv are deterministic (each output element is written by
-exactly one CTA with a fixed summation order). dq is accumulated in an fp32 workspace with
-``red.global.add.f32`` from the CTAs of every KV tile that sees the query, so its low bits
-depend on scheduling order (run-to-run differences at fp32 rounding level, before the
-final cast to q's dtype); so does ``drab`` when ``H_rab = 1`` (per-head ``drab`` is
-deterministic).
+exactly one CTA with a fixed summation order). By default dq is accumulated in an fp32
+workspace with ``red.global.add.f32`` from the CTAs of every KV tile that sees the query,
+so its low bits depend on scheduling order (run-to-run differences at fp32 rounding level,
+before the final cast to q's dtype); so does ``drab`` when ``H_rab = 1`` (per-head ``drab``
+is deterministic). The ``deterministic`` flag of the backward key (the public
+``deterministic=True``) makes both reproducible: a zero-initialised int32 semaphore per
+(query tile slot, head) orders the dq additions of a query tile by ascending KV tile (both
+backward kernels; the sm90 schedule then keeps each sequence's KV tiles in ascending launch
+order), and with ``H_rab = 1`` drab goes per head into an fp32 ``(B, H, N_k, N_k)``
+workspace (direct stores) that XLA sums over heads.
 """
 
 from __future__ import annotations
@@ -137,6 +142,9 @@ class HstuBwdConfig(_HstuKey):
     # sm80: fp32 pairs (dQ, shared d rab) added with red.global.add.v2.f32 (sm_90+), else
     # with two scalar red.global.add.f32 (sm_8x; _platform.vec_red)
     vec_red: bool = True
+    # bitwise reproducible dq (ordered additions, semaphore workspace) and drab (per-head
+    # workspace when H_rab = 1)
+    deterministic: bool = False
 
 
 def fwd_smem_bytes(head_dim, head_dim_v, bm, bn) -> int:
@@ -353,15 +361,26 @@ def bwd_sm90_unsupported_reason(head_dim, head_dim_v, has_rab) -> str | None:
 
 
 def bwd_config(dtype, head_dim, head_dim_v, func_n, switches, *, has_rab=False,
-               rab_per_head=False, rab_dtype="") -> HstuBwdConfig:
+               rab_per_head=False, rab_dtype="", deterministic=False) -> HstuBwdConfig:
     """The backward compile key (see :func:`fwd_config`). With ``hstu_bwd_impl="sm90"`` a
     configuration the sm90 kernel does not take (:func:`bwd_sm90_unsupported_reason`) runs
-    sm80; the key records the replaced switch value in ``replaced_impl``."""
+    sm80; the key records the replaced switch value in ``replaced_impl``. ``deterministic``
+    (both kernels) orders the dq additions (and makes drab per head); the sm90 kernel then
+    reduces dQ with ``red`` whatever ``hstu_bwd_dq`` says."""
+    key = _bwd_config(dtype, head_dim, head_dim_v, func_n, switches, has_rab=has_rab,
+                      rab_per_head=rab_per_head, rab_dtype=rab_dtype)
+    if deterministic:
+        key = dataclasses.replace(key, deterministic=True, dq_bulk=False)
+    return key
+
+
+def _bwd_config(dtype, head_dim, head_dim_v, func_n, switches, *, has_rab=False,
+                rab_per_head=False, rab_dtype="") -> HstuBwdConfig:
     arch = _platform.resolved_arch()
     impl = getattr(switches, "hstu_bwd_impl", "sm80")
     if impl == "sm90" and _platform.kernel_family(switches, arch) == "portable":
         return dataclasses.replace(
-            bwd_config(dtype, head_dim, head_dim_v, func_n,
+            _bwd_config(dtype, head_dim, head_dim_v, func_n,
                        dataclasses.replace(switches, hstu_bwd_impl="sm80"), has_rab=has_rab,
                        rab_per_head=rab_per_head, rab_dtype=rab_dtype),
             replaced_impl="sm90")
@@ -380,7 +399,7 @@ def bwd_config(dtype, head_dim, head_dim_v, func_n, switches, *, has_rab=False,
                                  dq_bulk=getattr(switches, "hstu_bwd_dq", "red") == "bulk",
                                  arch=arch)
         return dataclasses.replace(
-            bwd_config(dtype, head_dim, head_dim_v, func_n,
+            _bwd_config(dtype, head_dim, head_dim_v, func_n,
                        dataclasses.replace(switches, hstu_bwd_impl="sm80"), has_rab=has_rab,
                        rab_per_head=rab_per_head, rab_dtype=rab_dtype),
             replaced_impl="sm90")
@@ -488,6 +507,28 @@ def _bwd_rab_adapter():
 
 
 @functools.lru_cache(maxsize=None)
+def _bwd_rab_det_adapter():
+    import cutlass  # noqa: PLC0415
+    import cutlass.cute as cute  # noqa: PLC0415
+
+    from ..kernels.hstu_bwd_sm80 import HstuBwdSm80  # noqa: PLC0415
+
+    @cute.jit
+    def hstu_bwd_rab_det_launch(stream, do, q, k, v, cu_q, cu_k, kv_tiles, q_tile_start,
+                                q_tiles, func, scal, win, dq_acc, rab, drab, dq_sem, dk, dv,
+                                *, cfg: cutlass.Constexpr):
+        # deterministic: dq_acc, drab (per head) and the dq semaphores are aliased to
+        # outputs 2, 3 and 4 (zero-initialised by XLA)
+        HstuBwdSm80(_dt(cfg.dtype), cfg.head_dim, cfg.head_dim_v, cfg.block_m, cfg.block_n,
+                    cfg.num_warps, cfg.has_func, cfg.func_n, has_rab=True,
+                    rab_per_head=cfg.rab_per_head, deterministic=True, vec_red=cfg.vec_red)(
+            do, q, k, v, cu_q, cu_k, kv_tiles, q_tile_start, q_tiles, func, scal, win,
+            dq_acc, dk, dv, stream, rab, drab, dq_sem)
+
+    return hstu_bwd_rab_det_launch
+
+
+@functools.lru_cache(maxsize=None)
 def _bwd_adapter():
     import cutlass  # noqa: PLC0415
     import cutlass.cute as cute  # noqa: PLC0415
@@ -516,6 +557,35 @@ def _bwd_adapter():
                dq_acc, dk, dv, stream)
 
     return hstu_bwd_launch
+
+
+@functools.lru_cache(maxsize=None)
+def _bwd_det_adapter():
+    import cutlass  # noqa: PLC0415
+    import cutlass.cute as cute  # noqa: PLC0415
+
+    from ..kernels.hstu_bwd_sm80 import HstuBwdSm80  # noqa: PLC0415
+    from ..kernels.hstu_bwd_sm90 import HstuBwdSm90  # noqa: PLC0415
+
+    @cute.jit
+    def hstu_bwd_det_launch(stream, do, q, k, v, cu_q, cu_k, kv_tiles, q_tile_start, q_tiles,
+                            func, scal, win, dq_acc, dq_sem, dk, dv, *, cfg: cutlass.Constexpr):
+        # deterministic: dq_acc and the dq semaphores (int32 (query tile slots, H)) are
+        # aliased to outputs 2 and 3 (zero-initialised by XLA)
+        if cutlass.const_expr(cfg.impl == "sm90"):
+            kernel = HstuBwdSm90(_dt(cfg.dtype), cfg.head_dim, cfg.has_func, cfg.func_n,
+                                 deterministic=True)
+            if cutlass.const_expr((kernel.bm, kernel.bn) != (cfg.block_m, cfg.block_n)):
+                raise ValueError(f"hstu_bwd_sm90 tiles {(kernel.bm, kernel.bn)} differ from "
+                                 f"the compile key's {(cfg.block_m, cfg.block_n)}")
+        else:
+            kernel = HstuBwdSm80(_dt(cfg.dtype), cfg.head_dim, cfg.head_dim_v, cfg.block_m,
+                                 cfg.block_n, cfg.num_warps, cfg.has_func, cfg.func_n,
+                                 deterministic=True, vec_red=cfg.vec_red)
+        kernel(do, q, k, v, cu_q, cu_k, kv_tiles, q_tile_start, q_tiles, func, scal, win,
+               dq_acc, dk, dv, stream, mdQSem=dq_sem)
+
+    return hstu_bwd_det_launch
 
 
 @functools.lru_cache(maxsize=None)
@@ -589,7 +659,13 @@ def _bwd_metadata(cu_seqlens_q, cu_seqlens_k, func, cfg, t_q, t_k):
     nb = cu_seqlens_q.shape[0] - 1
     nk_slots = t_k // bn + nb + 1
     sort = key.impl == "sm90"
-    if _schedule_kernel_fits(cfg, func, nb, nk_slots):
+    # the schedule kernel's longest-first order keeps a sequence's KV tiles ascending (ties
+    # in canonical order) when the work does not grow with the KV tile, i.e. without a
+    # finite left window edge; the deterministic backward needs that order (its dq
+    # additions wait only for the previous KV tile), so otherwise it takes the jnp schedule
+    # with the deterministic sort key
+    det_xla = key.deterministic and sort and int(cfg.window_size[0]) >= 0
+    if not det_xla and _schedule_kernel_fits(cfg, func, nb, nk_slots):
         out_sds = (jax.ShapeDtypeStruct((nb + 2,), jnp.int32),
                    jax.ShapeDtypeStruct((nb + 2,), jnp.int32),
                    jax.ShapeDtypeStruct((nk_slots, 2), jnp.int32),
@@ -604,7 +680,8 @@ def _bwd_metadata(cu_seqlens_q, cu_seqlens_k, func, cfg, t_q, t_k):
     cu_q = metadata.append_pseudo_sequence(metadata.sanitize_cu_seqlens(cu_seqlens_q, t_q), None)
     cu_k = metadata.append_pseudo_sequence(metadata.sanitize_cu_seqlens(cu_seqlens_k, t_k), t_k)
     kv_tiles, q_start, q_tiles = metadata.hstu_bwd_schedule(
-        cu_q, cu_k, func, bm, bn, t_q, t_k, window_size=cfg.window_size if sort else None)
+        cu_q, cu_k, func, bm, bn, t_q, t_k, window_size=cfg.window_size if sort else None,
+        deterministic=key.deterministic)
     return cu_q, cu_k, kv_tiles, q_start, q_tiles
 
 
@@ -681,34 +758,51 @@ def hstu_bwd(do, q, k, v, cu_seqlens_q, cu_seqlens_k, func, cfg, rab=None, _drab
     scal, win = metadata.hstu_scalars(cfg.alpha, cfg.scaling_seqlen, cfg.window_size)
     func_arr = func.astype(jnp.int32) if key.has_func else jnp.zeros((1, 1, 1), jnp.int32)
     dq_acc0 = jnp.zeros((t_q, h, d), jnp.float32)
+    # deterministic: one semaphore per (canonical query tile slot, head)
+    sem0 = (jnp.zeros((t_q // key.block_m + cu_q.shape[0] - 1, h), jnp.int32)
+            if key.deterministic else None)
     hd, hdv = cfg.head_dim, cfg.head_dim_v
     if key.has_rab and _has_elements(rab):
         dk, dv_out, dq_acc, drab = _bwd_rab_call(
             cfg, key, (do_p, q_p, k_p, v_p, cu_q, cu_k, kv_tiles, q_start, q_tiles, func_arr, scal,
-                  win, dq_acc0), k, v, rab, _drab_init)
+                  win, dq_acc0), k, v, rab, _drab_init, sem0)
         return dq_acc[..., :hd].astype(q.dtype), dk[..., :hd], dv_out[..., :hdv], drab
     out_sds = (
         jax.ShapeDtypeStruct(k_p.shape, k.dtype),
         jax.ShapeDtypeStruct(v_p.shape, v.dtype),
         jax.ShapeDtypeStruct((t_q, h, d), jnp.float32),
     )
-    call = _cutlass_call(cfg)(
-        _bwd_adapter(), output_shape_dtype=out_sds, compile_key=("hstu_bwd", key),
-        input_output_aliases={12: 2}, cfg=key,
-        static_last_inputs=(0, 1, 2, 3, 12), static_last_outputs=(0, 1, 2),
-    )
-    dk, dv_out, dq_acc = call(do_p, q_p, k_p, v_p, cu_q, cu_k, kv_tiles, q_start, q_tiles,
-                              func_arr, scal, win, dq_acc0)
+    args = (do_p, q_p, k_p, v_p, cu_q, cu_k, kv_tiles, q_start, q_tiles, func_arr, scal, win,
+            dq_acc0)
+    if key.deterministic:
+        call = _cutlass_call(cfg)(
+            _bwd_det_adapter(), output_shape_dtype=out_sds + (
+                jax.ShapeDtypeStruct(sem0.shape, jnp.int32),),
+            compile_key=("hstu_bwd_det", key), input_output_aliases={12: 2, 13: 3}, cfg=key,
+            static_last_inputs=(0, 1, 2, 3, 12), static_last_outputs=(0, 1, 2),
+        )
+        dk, dv_out, dq_acc, _ = call(*args, sem0)
+    else:
+        call = _cutlass_call(cfg)(
+            _bwd_adapter(), output_shape_dtype=out_sds, compile_key=("hstu_bwd", key),
+            input_output_aliases={12: 2}, cfg=key,
+            static_last_inputs=(0, 1, 2, 3, 12), static_last_outputs=(0, 1, 2),
+        )
+        dk, dv_out, dq_acc = call(*args)
     grads = (dq_acc[..., :hd].astype(q.dtype), dk[..., :hd], dv_out[..., :hdv])
     return grads if rab is None else grads + (jnp.zeros_like(rab),)  # rab without elements
 
 
-def _bwd_rab_call(cfg, key, args, k, v, rab, drab_init):
+def _bwd_rab_call(cfg, key, args, k, v, rab, drab_init, sem0=None):
     """The backward launch with rab: ``args`` are the 13 inputs of the launch without rab
-    (the dq workspace last); returns ``(dk, dv, dq_acc, drab)`` (padded head dims)."""
+    (the dq workspace last); returns ``(dk, dv, dq_acc, drab)`` (padded head dims).
+    ``sem0``: the zeroed dq semaphores of the deterministic key."""
     b, _, n_k, _ = rab.shape
+    shared_det = key.deterministic and not key.rab_per_head
     if key.rab_per_head:  # one writer per element: direct stores into rab's dtype
         drab0 = jnp.zeros(rab.shape, rab.dtype)
+    elif shared_det:  # one writer per element of a per-head fp32 workspace; XLA sums heads
+        drab0 = jnp.zeros((b, args[1].shape[1], n_k, n_k), jnp.float32)
     else:  # heads add into an fp32 workspace with even rows (8-byte vector reductions)
         drab0 = jnp.zeros((b, 1, n_k, n_k + n_k % 2), jnp.float32)
     if drab_init is not None:
@@ -720,14 +814,25 @@ def _bwd_rab_call(cfg, key, args, k, v, rab, drab_init):
         jax.ShapeDtypeStruct(dq_acc0.shape, jnp.float32),
         jax.ShapeDtypeStruct(drab0.shape, drab0.dtype),
     )
-    call = _cutlass_call(cfg)(
-        _bwd_rab_adapter(), output_shape_dtype=out_sds, compile_key=("hstu_bwd_rab", key),
-        input_output_aliases={12: 2, 14: 3}, cfg=key,
-        # do, q, k, v and the dq workspace (input 12) / dk, dv, dq carry the key's head dims;
-        # rab (13) and drab (input 14 = output 3) have only runtime extents
-        static_last_inputs=(0, 1, 2, 3, 12), static_last_outputs=(0, 1, 2),
-    )
-    dk, dv, dq_acc, drab = call(*args, rab, drab0)
-    if not key.rab_per_head and drab_init is None:
+    # do, q, k, v and the dq workspace (input 12) / dk, dv, dq carry the key's head dims;
+    # rab (13), drab (input 14 = output 3) and the semaphores have only runtime extents
+    static = dict(static_last_inputs=(0, 1, 2, 3, 12), static_last_outputs=(0, 1, 2))
+    if key.deterministic:
+        call = _cutlass_call(cfg)(
+            _bwd_rab_det_adapter(),
+            output_shape_dtype=out_sds + (jax.ShapeDtypeStruct(sem0.shape, jnp.int32),),
+            compile_key=("hstu_bwd_rab_det", key), input_output_aliases={12: 2, 14: 3, 15: 4},
+            cfg=key, **static)
+        dk, dv, dq_acc, drab, _ = call(*args, rab, drab0, sem0)
+    else:
+        call = _cutlass_call(cfg)(
+            _bwd_rab_adapter(), output_shape_dtype=out_sds, compile_key=("hstu_bwd_rab", key),
+            input_output_aliases={12: 2, 14: 3}, cfg=key, **static)
+        dk, dv, dq_acc, drab = call(*args, rab, drab0)
+    if shared_det and drab_init is None:
+        # sum over the heads in a fixed order (elementwise adds, one fusion)
+        drab = functools.reduce(jnp.add, [drab[:, i:i + 1] for i in range(drab.shape[1])])
+        drab = drab.astype(rab.dtype)
+    elif not key.rab_per_head and drab_init is None:
         drab = drab[..., :n_k].astype(rab.dtype)
     return dk, dv, dq_acc, drab

@@ -144,6 +144,25 @@ class QTileRange:
                           has_func)
 
     @cute.jit
+    def m_block(self, it, descending: cutlass.Constexpr = False):
+        """The query tile of step ``it`` of the walk: ``m_min + it``, or from the last tile
+        down with ``descending`` (the deterministic backward's walk)."""
+        if cutlass.const_expr(descending):
+            return self.m_min + self.m_count - 1 - it
+        return self.m_min + it
+
+    @cute.jit
+    def covers(self, mQTiles, m_block, left, right):
+        """Int32 1 if this KV tile adds to query tile ``m_block`` (in its range and active),
+        else 0. For a fixed query tile the KV tiles that cover it form a contiguous range
+        (window: both ends of the range are non-decreasing in the KV tile; func: the KV
+        tiles overlapping ``[lo, hi)``), which the ordered dQ additions of the
+        deterministic backward rely on."""
+        in_range = Int32(m_block >= self.m_min) * Int32(m_block < self.m_min + self.m_count)
+        active, _ = self.tile_state(mQTiles, cutlass.max(m_block, Int32(0)), left, right)
+        return in_range * active
+
+    @cute.jit
     def tile_state(self, mQTiles, m_block, left, right):
         """``(active, full)`` (Int32 0/1) of query tile ``m_block``."""
         active = Int32(1)

@@ -33,6 +33,19 @@ per thread from gmem (``hc.rab_load_tile``, 0 outside ``p, j in [0, min(L_k, N_k
 (deterministic); with ``H_rab = 1`` the heads' CTAs add into an fp32 workspace
 ``(B, 1, N_k, N_k_pad)`` (``N_k_pad`` even) with ``red.global.add.v2.f32`` (column pairs
 2t, 2t+1 of the accumulator; not bitwise deterministic), cast by XLA afterwards.
+
+Deterministic mode (``deterministic``, with ``mdQSem``: int32 ``(query tile slots, H)``
+zero-initialised by XLA; the ordered additions of ``hstu_common``): before its first dQ
+reduction into query tile ``m`` the CTA of KV tile ``n`` waits (thread 0, acquire loads,
+then a CTA barrier) until the semaphore of (``m``, head) reaches ``n`` when KV tile
+``n - 1`` covers ``m`` too (``QTileRange.covers``: the same query-tile range and func test
+as this kernel's walk); after the tile's closing barrier thread 0 publishes ``n + 1``. The
+canonical launch order puts KV tile ``n - 1`` of a sequence at a lower linear block index,
+so with in-order block dispatch the lowest unfinished block never waits (no deadlock). The
+CTA walks its query tiles from the last one down in this mode, so KV tile ``n - 1`` reaches
+a shared query tile no later than tile ``n`` (see ``hstu_bwd_sm90``).
+``drab`` with ``H_rab = 1`` then goes per head into ``mdRab (B, H, N_k, N_k)`` fp32 by direct
+stores (XLA sums the heads), so every backward output is bitwise reproducible.
 """
 
 from __future__ import annotations
@@ -56,17 +69,20 @@ class HstuBwdSm80(hc.HstuSm80Kernel):
     """
 
     def __init__(self, dtype, head_dim, head_dim_v, block_m, block_n, num_warps, has_func,
-                 func_n, has_rab=False, rab_per_head=False, vec_red=True):
+                 func_n, has_rab=False, rab_per_head=False, deterministic=False, vec_red=True):
         super().__init__(dtype, head_dim, head_dim_v, block_m, block_n, num_warps, has_func,
                          func_n, has_rab, rab_per_head)
         self.dq_chunk = min(head_dim, 128)
+        self.deterministic = deterministic
+        # drab with one writer per element: per-head rab, or per-head workspace (deterministic)
+        self.drab_per_head = rab_per_head or deterministic
         # fp32 pair reductions (dQ, shared d rab): red.global.add.v2.f32 (sm_90+) or two
         # scalar red.global.add.f32 (sm_8x)
         self.vec_red = vec_red
 
     @cute.jit
     def __call__(self, mdO, mQ, mK, mV, mCuQ, mCuK, mKVTile, mQStart, mQTiles, mFunc, mScal,
-                 mWin, mdQacc, mdK, mdV, stream, mRab=None, mdRab=None):
+                 mWin, mdQacc, mdK, mdV, stream, mRab=None, mdRab=None, mdQSem=None):
         dt = self.dtype
         bm, bn = self.bm, self.bn
         sQ_layout = hc.smem_layout_16b(bm, self.d, 2)
@@ -92,7 +108,7 @@ class HstuBwdSm80(hc.HstuSm80Kernel):
         grid = (cute.size(mQ.shape[1]), cute.size(mKVTile.shape[0]), 1)
         hc.launch(self.kernel(
             mdO, mQ, mK, mV, mCuQ, mCuK, mKVTile, mQStart, mQTiles, mFunc, mScal, mWin,
-            mdQacc, mdK, mdV, mRab, mdRab,
+            mdQacc, mdK, mdV, mRab, mdRab, mdQSem,
             sQ_layout, sdO_layout, sK_layout, sV_layout, sPdS_layout,
             copy_d, copy_dv, store_d, store_dv, mma_sdp, mma_dkv, mma_dq, Smem,
         ), grid, self.num_threads, Smem, stream)
@@ -104,7 +120,7 @@ class HstuBwdSm80(hc.HstuSm80Kernel):
         for r in cutlass.range_constexpr(cute.size(g_mn, mode=[0])):
             for c in cutlass.range_constexpr(cute.size(g_mn, mode=[1])):
                 j = col0 + tScS[0, c][1]
-                if cutlass.const_expr(self.rab_per_head):
+                if cutlass.const_expr(self.drab_per_head):
                     if (row_ok[r] != 0) & (j < lim):
                         mdRab_bh[row_p[r], j] = g_mn[r, c].to(mdRab_bh.element_type)
                 elif cutlass.const_expr(c % 2 == 0):
@@ -115,7 +131,7 @@ class HstuBwdSm80(hc.HstuSm80Kernel):
 
     @cute.kernel
     def kernel(self, mdO, mQ, mK, mV, mCuQ, mCuK, mKVTile, mQStart, mQTiles, mFunc, mScal,
-               mWin, mdQacc, mdK, mdV, mRab, mdRab,
+               mWin, mdQacc, mdK, mdV, mRab, mdRab, mdQSem,
                sQ_layout, sdO_layout, sK_layout, sV_layout, sPdS_layout,
                copy_d, copy_dv, store_d, store_dv, mma_sdp, mma_dkv, mma_dq,
                Smem: cutlass.Constexpr):
@@ -223,25 +239,36 @@ class HstuBwdSm80(hc.HstuSm80Kernel):
                 rab_b = cutlass.min(batch, mRab.shape[0] - 1)
                 rab_h = head if cutlass.const_expr(self.rab_per_head) else 0
                 mRab_bh = mRab[rab_b, rab_h, None, None]
-                mdRab_bh = mdRab[rab_b, rab_h, None, None]
+                mdRab_bh = mdRab[rab_b, head if cutlass.const_expr(self.drab_per_head) else 0,
+                                 None, None]
                 rab_p = cute.make_rmem_tensor((n_rows,), Int32)
                 rab_ok = cute.make_rmem_tensor((n_rows,), Int32)
                 alpha = alpha_half * 2.0
 
+            if cutlass.const_expr(self.deterministic):
+                # the previous KV tile of this sequence (read when n_block > 0)
+                qp = QTileRange.create(mQStart, batch, n0 - bn, seqlen_q, seqlen_k, off, left,
+                                       right, bm, bn, self.has_func)
+                qt0 = Int32(mQStart[batch])  # semaphore row of query tile 0
+
+            # query tiles ascending, or (deterministic) from the last one down (see the
+            # module docstring)
+            m_step = -1 if cutlass.const_expr(self.deterministic) else 1
+            m_first = m_min + m_count - 1 if cutlass.const_expr(self.deterministic) else m_min
             if m_count > 0:
                 hc.load_rows(copy_d, tKgK, tKsK, tKc, seqlen_k - n0)
                 hc.load_rows(copy_dv, tVgV, tVsV, tVc, seqlen_k - n0)
-                hc.load_rows(copy_d, tQgQ[None, None, None, m_min], tQsQ[None, None, None, 0],
-                             tQc, seqlen_q - m_min * bm)
-                hc.load_rows(copy_dv, tdOgdO[None, None, None, m_min],
-                             tdOsdO[None, None, None, 0], tdOc, seqlen_q - m_min * bm)
+                hc.load_rows(copy_d, tQgQ[None, None, None, m_first], tQsQ[None, None, None, 0],
+                             tQc, seqlen_q - m_first * bm)
+                hc.load_rows(copy_dv, tdOgdO[None, None, None, m_first],
+                             tdOsdO[None, None, None, 0], tdOc, seqlen_q - m_first * bm)
                 cute.arch.cp_async_commit_group()
 
             for it in cutlass.range(m_count, unroll=1):
-                m_block = m_min + it
+                m_block = m_first + m_step * it
                 stage = it % 2
                 if it + 1 < m_count:
-                    mn = m_block + 1
+                    mn = m_block + m_step
                     hc.load_rows(copy_d, tQgQ[None, None, None, mn],
                                  tQsQ[None, None, None, 1 - stage], tQc, seqlen_q - mn * bm)
                     hc.load_rows(copy_dv, tdOgdO[None, None, None, mn],
@@ -317,6 +344,15 @@ class HstuBwdSm80(hc.HstuSm80Kernel):
                         hc.gemm_ss(mma_dq, acc_dQ, tdQrdS, tdQrKt, tdQsdS,
                                    s2r_B_dq.partition_S(sKt_c), s2r_A_dq, s2r_B_dq,
                                    tdQrdS_v, tdQrKt_v)
+                        if cutlass.const_expr(self.deterministic and cidx == 0):
+                            # the earlier KV tiles' additions to this query tile are done
+                            if tidx == 0:
+                                if n_block > 0:
+                                    if qp.covers(mQTiles, m_block, left, right) != 0:
+                                        hc.wait_at_least(
+                                            hc.elem_ptr(mdQSem, (qt0 + m_block, head)),
+                                            n_block)
+                            cute.arch.barrier()
                         gdQ = cute.local_tile(mdQ_b, (bm, dqc), (m_block, cidx))
                         tdQg = thr_dq.partition_C(gdQ)
                         # accumulator values (2k, 2k+1) are adjacent columns of one row
@@ -325,6 +361,12 @@ class HstuBwdSm80(hc.HstuSm80Kernel):
                                 hc.red_add_pair(hc.elem_ptr(tdQg, 2 * e2), acc_dQ[2 * e2],
                                                 acc_dQ[2 * e2 + 1], self.vec_red)
                 cute.arch.barrier()
+                if cutlass.const_expr(self.deterministic):
+                    # every thread's additions to this tile precede the barrier above
+                    if active != 0:
+                        if tidx == 0:
+                            hc.st_release_s32(hc.elem_ptr(mdQSem, (qt0 + m_block, head)),
+                                              n_block + 1)
 
             # ---- epilogue: dK, dV -> smem -> gmem ----------------------------------------
             cute.arch.cp_async_wait_group(0)

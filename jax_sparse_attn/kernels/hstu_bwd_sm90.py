@@ -41,6 +41,26 @@ CTA = 3 warpgroups (384 threads):
 
 The host launches the KV tiles longest work first (``metadata.hstu_bwd_schedule`` with the
 window).
+
+Deterministic mode (``deterministic``, with ``mdQSem``: int32 ``(query tile slots, H)``,
+zero-initialised by XLA): the dQ contributions of the KV tiles that cover a query tile are
+added in ascending KV tile order, so every dQ element gets the same fp32 additions in the
+same order on every run. Warp 1 of the producer warpgroup (otherwise idle) walks the same
+query tiles as the consumers; for each it waits (lane 0, acquire loads) until the
+semaphore of (query tile, head) reaches ``n`` when KV tile ``n - 1`` also covers the tile
+(``QTileRange.covers``), then arrives on named barrier 2; the consumers sync on it before
+their ``red.global.add`` of that tile and arrive on named barrier 3 after them; warp 1 syncs
+on barrier 3 and publishes ``n + 1`` (``fence.acq_rel.gpu`` + store). The spin overlaps the
+consumers' GEMMs. In this mode every CTA walks its query tiles from the last one down: the
+CTA of KV tile ``n - 1`` (whose query-tile range ends no later and which launches no later)
+then reaches each shared query tile no later than the CTA of tile ``n``, so a CTA rarely
+waits and never has to outlive its predecessor (with an ascending walk under a causal mask
+every CTA would end with the longest one of its sequence, the shared last query tile). Deadlock freedom: a CTA only waits for the CTA of KV tile ``n - 1`` of
+the same sequence and head, which the schedule launches at a lower linear block index
+(``hstu_bwd_schedule(..., deterministic=True)`` keeps KV tiles of a sequence in ascending
+order), and a non-persistent grid dispatches blocks in increasing linear index (as
+FlashAttention-2/3's deterministic backwards assume), so the lowest unfinished block never
+waits. dQ is then always reduced with ``red`` (``dq_bulk`` is off).
 """
 
 from __future__ import annotations
@@ -77,7 +97,7 @@ def bwd_sm90_tiles(head_dim: int):
 class HstuBwdSm90:
     """``__call__`` takes the arguments of ``HstuBwdSm80.__call__`` (without rab)."""
 
-    def __init__(self, dtype, head_dim, has_func, func_n, dq_bulk=False):
+    def __init__(self, dtype, head_dim, has_func, func_n, dq_bulk=False, deterministic=False):
         if head_dim not in SM90_BWD_HEAD_DIMS:
             raise NotImplementedError(
                 f"hstu_bwd_sm90: head_dim={head_dim} is not one of {SM90_BWD_HEAD_DIMS}")
@@ -94,14 +114,15 @@ class HstuBwdSm90:
         # dQ: red.global.add.v2.f32 from registers, or (dq_bulk) staged in shared memory per
         # warpgroup (64 rows x 64 columns, row stride DQ_STRIDE floats) and added with one
         # bulk reduce-add per row
-        self.dq_bulk = dq_bulk
+        self.dq_bulk = dq_bulk and not deterministic
+        self.deterministic = deterministic
         self.num_threads = 384
         self.regs_producer = 24
         self.regs_consumer = 240
 
     @cute.jit
     def __call__(self, mdO, mQ, mK, mV, mCuQ, mCuK, mKVTile, mQStart, mQTiles, mFunc, mScal,
-                 mWin, mdQacc, mdK, mdV, stream):
+                 mWin, mdQacc, mdK, mdV, stream, mdQSem=None):
         dt = self.dtype
         bm, bn, d = self.bm, self.bn, self.d
         Kmaj = OperandMajorMode.K
@@ -155,8 +176,8 @@ class HstuBwdSm90:
         self.kernel(
             tma_q, tma_tQ, tma_do, tma_tdO, tma_k, tma_tK, tma_v, tma_tV,
             mQ, mdO, mK, mV, mCuQ, mCuK, mKVTile, mQStart, mQTiles, mFunc, mScal, mWin,
-            mdQacc, mdK, mdV, sK_layout, sK_mn_layout, sQ_layout, sQ_mn_layout, sdS_layout,
-            mma_s, mma_kv, mma_dq, Smem,
+            mdQacc, mdK, mdV, mdQSem, sK_layout, sK_mn_layout, sQ_layout, sQ_mn_layout,
+            sdS_layout, mma_s, mma_kv, mma_dq, Smem,
         ).launch(grid=grid, block=[self.num_threads, 1, 1], smem=Smem.size_in_bytes(),
                  stream=stream, min_blocks_per_mp=1)
 
@@ -209,11 +230,44 @@ class HstuBwdSm90:
         cute.arch.fence_proxy("async.shared", space="cta")
         cute.arch.sync_warp()
 
+    @cute.jit
+    def _dq_order_warp(self, mCuQ, mCuK, mKVTile, mQStart, mQTiles, mdQSem, slot, head, batch,
+                       left, right):
+        """Warp 1 in deterministic mode: per query tile the consumers add to, wait for the
+        previous KV tile's additions, let the consumers add (barrier 2), wait for their
+        additions (barrier 3) and publish this KV tile's (see the module docstring)."""
+        bm, bn = self.bm, self.bn
+        lane = cute.arch.lane_idx()
+        n_block = Int32(mKVTile[slot, 1])
+        seq = SeqlenInfo.create(batch, mCuQ, mCuK)
+        n0 = n_block * bn
+        qr = QTileRange.create(mQStart, batch, n0, seq.seqlen_q, seq.seqlen_k, seq.off,
+                               left, right, bm, bn, self.has_func)
+        # the previous KV tile of this sequence (n_block > 0)
+        qp = QTileRange.create(mQStart, batch, n0 - bn, seq.seqlen_q, seq.seqlen_k, seq.off,
+                               left, right, bm, bn, self.has_func)
+        qt0 = Int32(mQStart[batch])
+        for it in cutlass.range(qr.m_count, unroll=1):
+            m_block = qr.m_block(it, self.deterministic)
+            active, full = qr.tile_state(mQTiles, m_block, left, right)
+            if active != 0:
+                sem = elem_ptr(mdQSem, (qt0 + m_block, head))
+                if lane == 0:
+                    if n_block > 0:
+                        if qp.covers(mQTiles, m_block, left, right) != 0:
+                            hc.wait_at_least(sem, n_block)
+                cute.arch.sync_warp()
+                cute.arch.barrier_arrive(barrier_id=2, number_of_threads=288)
+                cute.arch.barrier(barrier_id=3, number_of_threads=288)
+                if lane == 0:
+                    hc.st_release_s32(sem, n_block + 1)
+                cute.arch.sync_warp()
+
     @cute.kernel
     def kernel(self, tma_q, tma_tQ, tma_do, tma_tdO, tma_k, tma_tK, tma_v, tma_tV,
                mQ, mdO, mK, mV, mCuQ, mCuK, mKVTile, mQStart, mQTiles, mFunc, mScal, mWin,
-               mdQacc, mdK, mdV, sK_layout, sK_mn_layout, sQ_layout, sQ_mn_layout, sdS_layout,
-               mma_s, mma_kv, mma_dq, Smem: cutlass.Constexpr):
+               mdQacc, mdK, mdV, mdQSem, sK_layout, sK_mn_layout, sQ_layout, sQ_mn_layout,
+               sdS_layout, mma_s, mma_kv, mma_dq, Smem: cutlass.Constexpr):
         tidx, _, _ = cute.arch.thread_idx()
         head, slot, _ = cute.arch.block_idx()
         warp = cute.arch.make_warp_uniform(cute.arch.warp_idx())
@@ -283,7 +337,7 @@ class HstuBwdSm90:
                     tdOs, tdOg = self._tma_tiles(tma_do, tma_tdO, head, seq.q_start, bm, sdO)
                     c = Int32(0)
                     for it in cutlass.range(qr.m_count, unroll=1):
-                        m_block = qr.m_min + it
+                        m_block = qr.m_block(it, self.deterministic)
                         active, full = qr.tile_state(mQTiles, m_block, left, right)
                         if active != 0:
                             pipe_q.producer_acquire(c)
@@ -303,6 +357,11 @@ class HstuBwdSm90:
                                 self._fence_rows()
                                 pipe_q.producer_arrive(c)
                             c += 1
+            if cutlass.const_expr(self.deterministic):
+                if warp == 1:
+                    if batch >= 0:
+                        self._dq_order_warp(mCuQ, mCuK, mKVTile, mQStart, mQTiles, mdQSem,
+                                            slot, head, batch, left, right)
         else:
             # ================================ consumers ===============================
             cute.arch.setmaxregister_increase(self.regs_consumer)
@@ -354,7 +413,7 @@ class HstuBwdSm90:
                 pipe_kv.consumer_wait(0)
                 c = Int32(0)
                 for it in cutlass.range(qr.m_count, unroll=1):
-                    m_block = qr.m_min + it
+                    m_block = qr.m_block(it, self.deterministic)
                     active, full = qr.tile_state(mQTiles, m_block, left, right)
                     if active != 0:
                         m0 = m_block * bm
@@ -450,6 +509,9 @@ class HstuBwdSm90:
                             (m_block, 0))
                         tdQg = thr_dq.partition_C(gdQ)
                         lim = seq.seqlen_q - m0
+                        if cutlass.const_expr(self.deterministic):
+                            # warp 1: the earlier KV tiles' additions to this tile are done
+                            cute.arch.barrier(barrier_id=2, number_of_threads=288)
                         if cutlass.const_expr(self.dq_bulk):
                             # the previous tile's bulk reads of this warp's rows are done
                             cute.arch.cp_async_bulk_wait_group(0, read=True)
@@ -469,6 +531,8 @@ class HstuBwdSm90:
                                 if tdQc[2 * e2][0] < lim:
                                     hc.red_add_v2_f32(elem_ptr(tdQg, 2 * e2), acc_dQ[2 * e2],
                                                       acc_dQ[2 * e2 + 1])
+                            if cutlass.const_expr(self.deterministic):
+                                cute.arch.barrier_arrive(barrier_id=3, number_of_threads=288)
                         warpgroup.wait_group(0)
                         # P^T, dS^T registers stay allocated until the GEMMs reading them end
                         tP32 = cute.recast_tensor(tP, cutlass.Uint32)
