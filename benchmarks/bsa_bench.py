@@ -9,6 +9,9 @@ Effective FLOPs (issue 4): fwd = 4*B*H_q*S_q*D*(top_k*blk), bwd = 2.5x fwd.
 Timing: device-bound steady state. One jitted call runs the op on ``n_sets`` distinct input
 sets back to back (more bytes than L2 together); after warm-up, a sample is ``reps`` such
 calls and one ``block_until_ready``; reported time = median over samples / (reps*n_sets).
+``--reference`` adds the pure-JAX reference backend's blk64 rows (``backend="reference"``).
+``--variants 'JAX_SPARSE_ATTN_KERNEL_FAMILY=portable:blk64fwd,blk64bwd;:blk64fwd,blk64bwd'``
+times the portable kernels beside the default (Hopper) ones.
 ``bwd`` times the kernel backward alone (delta, CSR build, dK/dV/dQ kernel, dq cast) from
 saved out/lse; ``csr`` times only the K->Q CSR construction. Prints a table and writes JSON.
 """
@@ -56,14 +59,15 @@ def _time(fn, sets, target_s=0.3, samples=5):
     return statistics.median(res) * 1e3
 
 
-def run(cases, b=1, h=16, s=16384, d=128, n_sets=3, seed=0, tag="", switches=None):
+def run(cases, b=1, h=16, s=16384, d=128, n_sets=3, seed=0, tag="", switches=None,
+        backend="kernel"):
     key = jax.random.PRNGKey(seed)
     rows = []
     for blk, topk, passes in cases:
         sets = [_inputs(jax.random.fold_in(key, i), b, h, s, d, blk, topk, jnp.bfloat16)
                 for i in range(n_sets)]
         scale = 1.0 / np.sqrt(d)
-        kw = dict(layout="bhsd", sparse_block_size=blk, softmax_scale=scale, backend="kernel",
+        kw = dict(layout="bhsd", sparse_block_size=blk, softmax_scale=scale, backend=backend,
                   switches=switches)
         flops_fwd = 4.0 * b * h * s * d * (topk * blk)
 
@@ -88,7 +92,11 @@ def run(cases, b=1, h=16, s=16384, d=128, n_sets=3, seed=0, tag="", switches=Non
             else:
                 ms, fl = _time(csr, sets), 0.0
             row = dict(variant=tag, blk=blk, top_k=topk, pass_=p, ms=ms, tflops=fl / (ms * 1e-3) / 1e12 if fl else None,
-                       B=b, H=h, S=s, D=d, dtype="bfloat16")
+                       B=b, H=h, S=s, D=d, dtype="bfloat16", backend=backend)
+            if backend == "kernel":
+                row["kernel_choice"] = jsa.which_backend(
+                    jsa.block_sparse_attention, *sets[0][:3], sets[0][3], None, None,
+                    sets[0][4], **kw).reason
             rows.append(row)
             tf = f"{row['tflops']:.1f}" if row["tflops"] else "-"
             print(f"{tag:28s} blk{blk:<4d} top{topk:<3d} {p:4s} {ms:8.3f} ms  {tf:>7s} TFLOP/s", flush=True)
@@ -151,6 +159,9 @@ def main(argv=None):
                          "(e.g. 'JAX_SPARSE_ATTN_BSA_FWD_IMPL=sm90;JAX_SPARSE_ATTN_BSA_FWD_IMPL=sm90ws')")
     ap.add_argument("--rows", default="",
                     help="with --table: comma list of TABLE row numbers (default: all)")
+    ap.add_argument("--reference", action="store_true",
+                    help="add blk64 top-32 fwd/bwd rows of the pure-JAX reference backend "
+                         "(backend='reference', what backend='auto' runs without the kernels)")
     args = ap.parse_args(argv)
     s = 4096 if args.quick else 16384
     rows = []
@@ -172,6 +183,9 @@ def main(argv=None):
                 if ps:
                     cases.append((blk, topk, ps))
             rows += run(cases, s=s, n_sets=2, tag=envs or "default", switches=switches)
+    if args.reference:
+        rows += run([(64, 32, ("fwd", "bwd"))], s=s, n_sets=1, tag="reference",
+                    backend="reference")
     meta = dict(device=str(jax.devices()[0]), jax=jax.__version__,
                 flops="fwd = 4*B*H*S_q*D*(top_k*blk); bwd = 2.5*fwd",
                 floors=dict(blk64_top32_fwd=310, blk64_top32_bwd=230, blk128_top16_fwd=340))

@@ -12,6 +12,16 @@ FLOPs (issue 3): causal forward = 2 * sum_b L_b^2 * H * D, full = 2x that; backw
         --bwd-only    # the backward kernels of the hstu_bwd_impl switch side by side
     python benchmarks/hstu_bench.py --inference all   # paged / short-query forward rows
 
+``--variant 'ENV=V,ENV=V'`` (repeatable) runs every case with the switches of those
+``JAX_SPARSE_ATTN_*`` variables (validated by ``config.from_env``), e.g. the portable kernel
+family on an H100/H200 beside the default Hopper kernels::
+
+    python benchmarks/hstu_bench.py --case 8x4096-causal --variant '' \
+        --variant JAX_SPARSE_ATTN_KERNEL_FAMILY=portable --reference
+
+``--reference`` adds a row of the pure-JAX reference backend (``backend="reference"``, the
+path ``backend="auto"`` takes where the kernels cannot run) for each case.
+
 ``--deterministic`` runs every case twice, the second time with ``deterministic=True`` (ordered
 dq additions), and prints the backward time ratio default / deterministic.
 
@@ -33,7 +43,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jax_sparse_attn.config import SWITCHES, Switches
+from jax_sparse_attn.config import SWITCHES, Switches, from_env
 
 _BWD_IMPLS = next(sw.allowed for sw in SWITCHES if sw.field == "hstu_bwd_impl")
 _BWD_DQ = next(sw.allowed for sw in SWITCHES if sw.field == "hstu_bwd_dq")
@@ -90,8 +100,8 @@ def _rab_array(spec, b, h, l, dtype):
     return r.astype(jnp.float32 if dt == "f32" else dtype)
 
 
-def run_case(name, dtype, iters, do_bwd, switches=None, do_fwd=True, rab="",
-             deterministic=False):
+def run_case(name, dtype, iters, do_bwd, switches=None, do_fwd=True, rab="", backend="kernel",
+             variant=None, deterministic=False):
     import jax_sparse_attn as jsa
 
     _, _, h, d, window = CASES[name]
@@ -102,17 +112,25 @@ def run_case(name, dtype, iters, do_bwd, switches=None, do_fwd=True, rab="",
     q, k, v, do = (jax.random.normal(kk, (t, h, d), jnp.float32).astype(dtype) for kk in ks)
     cu = jnp.asarray(np.concatenate([[0], np.cumsum(lens)]), jnp.int32)
     kw = dict(max_seqlen_q=l, max_seqlen_k=l, scaling_seqlen=float(l), window_size=window,
-              alpha=1.0 / np.sqrt(d), backend="kernel", switches=switches,
+              alpha=1.0 / np.sqrt(d), backend=backend, switches=switches,
               deterministic=deterministic)
     r = _rab_array(rab, b, h, l, dtype)
     fl = flops_fwd(lens, h, d, window)
     res = dict(case=name, dtype=jnp.dtype(dtype).name, B=b, L=l, H=h, D=d, window=window,
                rab=rab or None, deterministic=deterministic)
-    if switches is not None:
+    res["backend"] = backend
+    if variant is not None:
+        res["variant"] = variant
+    if backend == "kernel":
+        choice = jsa.which_backend(jsa.hstu_attention, q, k, v, cu, cu, **kw)
+        res["kernel_choice"] = choice.reason
+    if switches is not None and variant is None:
         res["bwd_impl"] = switches.hstu_bwd_impl
         if switches.hstu_bwd_impl == "sm90":
             res["bwd_impl"] += f"/{switches.hstu_bwd_dq}"
     tag = f"{name} rab={rab}" if rab else name
+    if backend != "kernel" or variant:
+        tag += f" [{backend if backend != 'kernel' else variant}]"
     tag += " det" if deterministic else ""
     line = f"{tag:30s} {res['dtype']:9s}"
     if do_fwd:
@@ -246,6 +264,11 @@ def main():
                     choices=sorted(INFERENCE) + ["all"],
                     help="inference row(s) instead of the training cases: the forward with "
                          "contiguous and paged K/V, achieved K/V bandwidth ('all': every row)")
+    ap.add_argument("--variant", action="append", default=[],
+                    help="run each case with the switches of 'ENV=V,ENV=V' (JAX_SPARSE_ATTN_* "
+                         "variables; '' = the defaults); repeat to compare")
+    ap.add_argument("--reference", action="store_true",
+                    help="add a row of the pure-JAX reference backend per case")
     ap.add_argument("--deterministic", action="store_true",
                     help="also run every case with deterministic=True (bitwise reproducible "
                          "backward) and print the backward time ratio")
@@ -272,7 +295,23 @@ def main():
             variants.append(None if impl is None else Switches(
                 hstu_bwd_impl=impl, **({} if dq is None else {"hstu_bwd_dq": dq})))
     for c in cases:
-        for sw in variants:
+        for var in a.variant:
+            env = dict(kv.partition("=")[::2] for kv in filter(None, var.split(",")))
+            try:
+                results.append(run_case(c, jnp.dtype(a.dtype), a.iters, not a.no_bwd,
+                                        from_env(env), do_fwd=not a.bwd_only,
+                                        variant=var or "default"))
+            except Exception as e:  # noqa: BLE001 - report and go on with the other rows
+                print(f"{c:22s} [{var}]: failed: {type(e).__name__}: {str(e)[:300]}", flush=True)
+        if a.reference:
+            try:
+                results.append(run_case(c, jnp.dtype(a.dtype), max(2, a.iters // 10),
+                                        not a.no_bwd, do_fwd=not a.bwd_only,
+                                        backend="reference"))
+            except Exception as e:  # noqa: BLE001
+                print(f"{c:22s} [reference]: failed: {type(e).__name__}: {str(e)[:300]}",
+                      flush=True)
+        for sw in (variants if not (a.variant or a.reference) or a.bwd_impl else []):
             for rab in ("", a.rab) if a.rab else ("",):
                 rows = []
                 for det in (False, True) if a.deterministic else (False,):

@@ -78,11 +78,22 @@ def _warn_once_on_gpu(reason: str):
         f"this, see jax_sparse_attn.kernel_status().", KernelUnavailableWarning, stacklevel=4)
 
 
-def select(backend: str, op_name: str, op: str, unsupported_reason):
+def _family_text(switches) -> str:
+    """``"kernel family F for arch A (GPU)"`` of the current target."""
+    arch = _platform.resolved_arch()
+    family = _platform.kernel_family(switches, arch)
+    what = ("Hopper kernels (wgmma/TMA) where the op has them, mma.sync elsewhere"
+            if family == "sm90" else "mma.sync sm80 kernels")
+    return f"kernel family {family!r} ({what}) for {arch}, {_platform.gpu_name()}"
+
+
+def select(backend: str, op_name: str, op: str, unsupported_reason, switches=None):
     """Resolve ``backend``: the ffi module ``jax_sparse_attn.ffi.<op>`` when the kernel
     backend runs the call, else None (the reference).
 
-    ``unsupported_reason(module)`` returns None when the kernel applies to this call,
+    ``switches`` (the call's :class:`~jax_sparse_attn.config.Switches`) name the kernel
+    family in the recorded reason. ``unsupported_reason(module)`` returns None when the
+    kernel applies to this call,
     else a string. ``"kernel"`` raises NotImplementedError with the reason when the
     kernel cannot be used; ``"auto"`` falls back to the reference. ``backend`` has been
     checked with :func:`check_backend` by the caller (first, so that a typo fails before
@@ -103,7 +114,7 @@ def select(backend: str, op_name: str, op: str, unsupported_reason):
         if recording:
             raise _Resolved(BackendChoice(
                 op_name, "kernel", f"backend={backend!r} and the CuTe DSL kernels support this "
-                "call on this device"))
+                f"call on this device: {_family_text(switches)}"))
         return mod
     if backend == "kernel":
         raise NotImplementedError(f"{op_name}(backend='kernel') is not available: {reason}")
@@ -137,7 +148,9 @@ def which_backend(op, *args, **kwargs) -> BackendChoice:
 
 def kernel_status() -> BackendChoice:
     """Whether the CuTe DSL kernel backend can run on this machine's default JAX device:
-    ``BackendChoice("kernels", "kernel" | "reference", reason)``. A one-line check that
+    ``BackendChoice("kernels", "kernel" | "reference", reason)``; the reason names the
+    kernel family, the target arch and the GPU (``JAX_SPARSE_ATTN_KERNEL_FAMILY`` read from
+    the environment). A one-line check that
     the kernel path is live: ``python -c "import jax_sparse_attn as j; print(j.kernel_status())"``.
     """
     reason = _platform.kernel_platform_unavailable_reason()
@@ -148,5 +161,6 @@ def kernel_status() -> BackendChoice:
                 break
     if reason is None:
         return BackendChoice("kernels", "kernel", "the CuTe DSL kernels can run on this device "
-                             "(backend='auto' uses them for the calls they support)")
+                             "(backend='auto' uses them for the calls they support): "
+                             f"{_family_text(config.from_env())}")
     return BackendChoice("kernels", "reference", f"kernels unavailable: {reason}")

@@ -28,7 +28,7 @@ from functools import partial
 import jax
 import jax.numpy as jnp
 
-from . import _backend, _transforms, metadata, reference
+from . import _backend, _platform, _transforms, metadata, reference
 from ._results import BSABackwardResult, BSAForwardResult
 from .config import BSAConfig
 from .validation import (
@@ -49,7 +49,13 @@ __all__ = [
 ]
 
 
-def _kernel_unsupported_reason(cfg, mod):
+def _passes(op_name):
+    """The kernel passes a call of ``op_name`` may run (the forward entry points are
+    differentiable, so they may run the backward too)."""
+    return ("bwd",) if op_name.endswith("_backward") else ("fwd", "bwd")
+
+
+def _kernel_unsupported_reason(cfg, passes, switches, mod):
     # options that only the reference backend implements so far (kv_splits="auto" lets the
     # backend choose: the kernels, without split-KV yet, run one split)
     for name, value, default in (("kv_splits", cfg.kv_splits, 1),
@@ -60,7 +66,8 @@ def _kernel_unsupported_reason(cfg, mod):
                     f"(only {name}={default!r}); backend='reference' implements it")
     return mod.bsa_kernel_unsupported_reason(dtype=cfg.dtype, head_dim=cfg.head_dim,
                                              head_dim_v=cfg.head_dim_v,
-                                             sparse_block_size=cfg.sparse_block_size)
+                                             sparse_block_size=cfg.sparse_block_size,
+                                             passes=passes, switches=switches)
 
 
 def _make_config(q, k, v, q2k_block_index, block_sparse_num, block_sizes, q2k_block_nums, *,
@@ -86,13 +93,19 @@ def _make_config(q, k, v, q2k_block_index, block_sparse_num, block_sizes, q2k_bl
         run_time_value_checks(
             lambda i, s, n: _bsa_value_checks(i, s, n, allow_empty_block_nums, cfg),
             q2k_block_index, block_sizes, q2k_block_nums)
-    mod = _backend.select(backend, op_name, "bsa", partial(_kernel_unsupported_reason, cfg))
+    passes = _passes(op_name)
+    mod = _backend.select(backend, op_name, "bsa",
+                          partial(_kernel_unsupported_reason, cfg, passes, switches),
+                          switches=switches)
     if mod is not None:
         static = (cfg.dtype, cfg.head_dim, cfg.sparse_block_size, cfg.has_block_sizes, switches)
+        # the compile keys of the passes this call may run (None: not run by this call)
         cfg = dataclasses.replace(cfg, backend="kernel", cute_call=switches.cute_call,
-                                  fwd=mod.fwd_config(*static),
-                                  bwd=mod.bwd_config(*static),
-                                  pre=mod.pre_config(cfg.dtype, cfg.head_dim, switches))
+                                  fwd=mod.fwd_config(*static) if "fwd" in passes else None,
+                                  bwd=mod.bwd_config(*static) if "bwd" in passes else None,
+                                  pre=mod.pre_config(cfg.dtype, cfg.head_dim, switches),
+                                  kernel_arch=_platform.resolved_arch(),
+                                  kernel_family=_platform.kernel_family(switches))
     idx, nums, sizes = metadata.normalize_bsa_metadata(
         q2k_block_index, cfg.block_sparse_num, block_sizes, q2k_block_nums)
     return cfg, idx, nums, sizes

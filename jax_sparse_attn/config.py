@@ -111,6 +111,16 @@ _parse_bsa_ws = _parse_option_list(BSA_WS_FLAGS, "stages", lambda n: 2 <= n <= 8
                                    _BSA_WS_ALLOWED)
 
 
+def _parse_kb(var, raw):
+    try:
+        n = int(raw)
+    except ValueError:
+        n = 0
+    if not 16 <= n <= 227 or str(n) != raw.strip():
+        raise ValueError(f"{var}={raw!r} is not allowed: give an integer number of KiB in 16..227")
+    return n
+
+
 def _parse_tile(var, raw):
     parts = raw.split(",")
     try:
@@ -199,14 +209,28 @@ SWITCHES = (
     Switch("bsa_bwd_min_blocks", "JAX_SPARSE_ATTN_BSA_BWD_MIN_BLOCKS", "integer >= 0",
            _parse_count, None, "BSA sm80 backward: minimum resident CTAs per SM hint "
                                "(unset: 2 for D <= 128, else 1)"),
+    _choice("kernel_family", "JAX_SPARSE_ATTN_KERNEL_FAMILY",
+            ("auto", "portable", "portable_sm8x"),
+            "kernel family of the kernel backend: auto (the best family of the GPU: the Hopper "
+            "kernels of the *_impl switches on compute capability 9.0, the portable mma.sync "
+            "sm80 kernels on 8.0, 8.6, 8.9, 10.0, 10.3, 12.0), portable (the sm80 kernels for "
+            "every op and pass whatever the *_impl switches say; runs them on an H100/H200 "
+            "for testing and comparison), portable_sm8x (portable with the sm_8x code path: "
+            "scalar fp32 red.global.add in place of the sm_90+ vector form; with "
+            "smem_limit_kb=99 an H200 runs the configuration of compute capability 8.6/8.9)"),
+    Switch("smem_limit_kb", "JAX_SPARSE_ATTN_SMEM_LIMIT_KB", "integer KiB in 16..227",
+           _parse_kb, None, "shared memory per block the portable kernels' tiles must fit "
+           "(testing: 99 on an H200 selects the tiles of compute capability 8.6/8.9/12.0, "
+           "163 those of 8.0); unset: the GPU's own limit. Never raises the GPU's limit"),
     _choice("cute_call", "JAX_SPARSE_ATTN_CUTE_CALL", ("shared", "per_shape"),
             "how the kernel calls are built and compiled: shared (jax_sparse_attn._cute_call: "
             "one CuTe DSL compile per compile key for every shape, optional on-disk cache), "
             "per_shape (plain cutlass.jax.cutlass_call: one compile per shape, the generated "
             "code of the kernels as validated before the shared layer)"),
     Switch("force_kernel", "JAX_SPARSE_ATTN_FORCE_KERNEL", _TRUE + _FALSE, _parse_bool, False,
-           "skip the SM90 device check of backend selection, so that a CPU machine lowers "
-           "the kernel path for lowering_platforms=('cuda',)"),
+           "skip the GPU check of backend selection, so that a CPU machine lowers the kernel "
+           "path for lowering_platforms=('cuda',) (target arch: CUTE_DSL_ARCH, default "
+           "sm_90a)"),
 )
 _FORCE_KERNEL = SWITCHES[-1]
 _DEFAULT = {sw.field: sw.default for sw in SWITCHES}
@@ -237,6 +261,8 @@ class Switches:
     bsa_fwd_q_in_regs: bool = _DEFAULT["bsa_fwd_q_in_regs"]
     bsa_fwd_min_blocks: int = _DEFAULT["bsa_fwd_min_blocks"]
     bsa_bwd_min_blocks: int | None = _DEFAULT["bsa_bwd_min_blocks"]
+    kernel_family: str = _DEFAULT["kernel_family"]
+    smem_limit_kb: int | None = _DEFAULT["smem_limit_kb"]
     cute_call: str = _DEFAULT["cute_call"]
 
     def __post_init__(self):
@@ -347,6 +373,10 @@ class HSTUConfig:
     rab_per_head: bool = False  # H_rab == H
     rab_dtype: str = ""
     cute_call: str = "shared"  # kernel backend: Switches.cute_call (how kernel calls compile)
+    # kernel backend: the target arch (CuTe DSL name, e.g. "sm_86") and the kernel family
+    # chosen for it ("sm90": Hopper kernels; "portable": the mma.sync sm80 kernels)
+    kernel_arch: str = ""
+    kernel_family: str = ""
     # bitwise reproducible backward (fixed order of the dq / shared-head drab additions);
     # the backward compile key ``bwd`` carries it too
     deterministic: bool = False
@@ -406,3 +436,5 @@ class BSAConfig:
     bwd: object = None  # ffi.bsa.BsaBwdConfig
     pre: object = None  # ffi.bsa.BsaPreConfig, or None for the XLA preprocessing
     cute_call: str = "shared"  # kernel backend: Switches.cute_call (how kernel calls compile)
+    kernel_arch: str = ""  # kernel backend: target arch and kernel family, as in HSTUConfig
+    kernel_family: str = ""

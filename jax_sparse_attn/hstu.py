@@ -37,7 +37,7 @@ from functools import partial
 import jax
 import jax.numpy as jnp
 
-from . import _backend, _transforms, metadata, reference
+from . import _backend, _platform, _transforms, metadata, reference
 from ._results import HSTUBackwardRabResult, HSTUBackwardResult, HSTUForwardResult
 from .config import HSTUConfig
 from .validation import (
@@ -62,7 +62,15 @@ def _padded_dims(cfg, mod):
             metadata.padded_head_dim(cfg.head_dim_v, dims))
 
 
-def _kernel_unsupported_reason(cfg, switches, mod):
+def _passes(cfg, op_name):
+    """The kernel passes a call of ``op_name`` may run: the paged forward is inference only,
+    ``hstu_attention_backward`` runs the backward, ``hstu_attention`` both."""
+    if cfg.paged:
+        return ("fwd",)
+    return ("bwd",) if op_name.endswith("_backward") else ("fwd", "bwd")
+
+
+def _kernel_unsupported_reason(cfg, passes, switches, mod):
     d_pad, dv_pad = _padded_dims(cfg, mod)
     if d_pad is None or dv_pad is None:
         return (f"head dims D={cfg.head_dim}, D_v={cfg.head_dim_v}: the kernels support head "
@@ -82,7 +90,8 @@ def _kernel_unsupported_reason(cfg, switches, mod):
         if getattr(cfg, "deterministic", False) and not cfg.paged:
             return ("grouped KV heads (H_kv < H) with deterministic=True: the deterministic "
                     "sm90 backward orders dq per query head and has no GQA")
-    return mod.hstu_kernel_unsupported_reason(dtype=cfg.dtype, head_dim=d_pad, head_dim_v=dv_pad)
+    return mod.hstu_kernel_unsupported_reason(dtype=cfg.dtype, head_dim=d_pad, head_dim_v=dv_pad,
+                                              passes=passes, switches=switches)
 
 
 def _make_config(q, k, v, cu_seqlens_q, cu_seqlens_k, func, paged_kv, page_ids, page_indptrs,
@@ -112,26 +121,34 @@ def _make_config(q, k, v, cu_seqlens_q, cu_seqlens_k, func, paged_kv, page_ids, 
             _hstu_value_checks(shapes[0], shapes[1], cu_q, cu_k, f, shapes[2], ids, ptrs, cfg)
 
         run_time_value_checks(check, cu_seqlens_q, cu_seqlens_k, func, page_ids, page_indptrs)
+    passes = _passes(cfg, op_name)
     mod = _backend.select(backend, op_name, "hstu",
-                          partial(_kernel_unsupported_reason, cfg, switches))
+                          partial(_kernel_unsupported_reason, cfg, passes, switches),
+                          switches=switches)
     if mod is None:
         return cfg
     d_pad, dv_pad = _padded_dims(cfg, mod)
     splits = 1
-    if hasattr(mod, "resolve_kv_splits"):
+    if "fwd" in passes and hasattr(mod, "resolve_kv_splits"):
         splits = mod.resolve_kv_splits(
             kv_splits, batch=int(cu_seqlens_q.shape[0]) - 1, num_heads=cfg.num_heads,
             max_seqlen_q=cfg.max_seqlen_q, max_seqlen_k=cfg.max_seqlen_k,
             impl=switches.hstu_fwd_impl)
     extra = dict(({"paged": True} if cfg.paged else {}),
                  **({"kv_splits": splits} if splits > 1 else {}))
+    # the compile keys of the passes this call may run (a pass that cannot run here is None)
+    fwd = bwd = None
+    if "fwd" in passes:
+        fwd = mod.fwd_config(cfg.dtype, d_pad, dv_pad, cfg.func_n, switches, **_rab_key(cfg),
+                             **extra)
+    if "bwd" in passes:
+        bwd = mod.bwd_config(cfg.dtype, d_pad, dv_pad, cfg.func_n, switches, **_det_key(cfg),
+                             **_rab_key(cfg))
     return dataclasses.replace(
         cfg, backend="kernel", head_dim_pad=d_pad, head_dim_v_pad=dv_pad,
         cute_call=switches.cute_call, kv_splits=splits, schedule=switches.hstu_schedule,
-        fwd=mod.fwd_config(cfg.dtype, d_pad, dv_pad, cfg.func_n, switches, **_rab_key(cfg),
-                           **extra),
-        bwd=None if cfg.paged else mod.bwd_config(cfg.dtype, d_pad, dv_pad, cfg.func_n, switches,
-                                                  **_det_key(cfg), **_rab_key(cfg)))
+        fwd=fwd, bwd=bwd, kernel_arch=_platform.resolved_arch(),
+        kernel_family=_platform.kernel_family(switches))
 
 
 def _det_key(cfg):
@@ -306,8 +323,9 @@ _PAGED_ARG_LINES = """
         fp32 rounding; the reference backend and the sm80 forward ignore it."""
 
 _BACKEND_ARG_LINES = """
-      backend: ``"auto"`` (default: CuTe DSL kernel on an SM90 GPU when it supports the
-        call, else the pure-JAX reference), ``"kernel"`` or ``"reference"``.
+      backend: ``"auto"`` (default: CuTe DSL kernel on a GPU of compute capability 8.0,
+        8.6, 8.9, 9.0, 10.0, 10.3 or 12.0 when it supports the call there, else the
+        pure-JAX reference; docs/support.md), ``"kernel"`` or ``"reference"``.
       switches: optional :class:`jax_sparse_attn.config.Switches` choosing the kernel
         implementations and tiles (kernel backend only); default None reads them from the
         ``JAX_SPARSE_ATTN_*`` environment variables (:func:`jax_sparse_attn.config.from_env`).

@@ -1,4 +1,5 @@
-"""Shared pytest configuration: the ``gpu`` marker skips cleanly without an SM90 GPU."""
+"""Shared pytest configuration: the ``gpu`` marker skips cleanly without a supported GPU
+(the GPU tests are written for and run on the H200)."""
 
 import pytest
 

@@ -242,47 +242,61 @@ def hstu_oracle_vjp(q, k, v, do, cu_q, cu_k, *, max_seqlen_q, scaling_seqlen=Non
     return out, dq, dk, dv
 
 
+def _rows_vjp(q, k, v, do, scale, b, h, hk, rows, keys, out, lse, dq, dk, dv):
+    """Softmax attention of query rows ``rows`` of head ``h`` over the keys ``keys`` of KV
+    head ``hk``: writes out, lse, dq of the rows and adds their dk, dv contributions."""
+    kk, vv = k[b, hk, keys], v[b, hk, keys]
+    s = scale * q[b, h, rows] @ kk.T
+    mx = s.max(axis=1, keepdims=True)
+    w = np.exp(s - mx)
+    tot = w.sum(axis=1, keepdims=True)
+    p = w / tot
+    o = p @ vv
+    out[b, h, rows], lse[b, h, rows] = o, (mx + np.log(tot))[:, 0]
+    dob = do[b, h, rows]
+    ds = p * (dob @ vv.T - np.sum(dob * o, axis=1, keepdims=True))
+    dq[b, h, rows] = scale * ds @ kk
+    dk[b, hk, keys] += scale * ds.T @ q[b, h, rows]
+    dv[b, hk, keys] += p.T @ dob
+
+
+def _bsa_vjp(q, k, v, do, softmax_scale, layout, units):
+    """float64 ``(out, lse, dq, dk, dv)`` of the BSA oracles: ``units(B, H_q, S_q, S_kv, r)``
+    yields ``(b, h, rows, keys)`` (a slice of query rows of head ``h`` and their key
+    positions), every query row at most once; rows never yielded or with no key get out 0,
+    lse -inf and no gradient."""
+    q, k, v, do = f64(q), f64(k), f64(v), f64(do)
+    if layout == "bshd":
+        q, k, v, do = (np.swapaxes(x, 1, 2) for x in (q, k, v, do))
+    B, Hq, Sq, D = q.shape
+    r = Hq // k.shape[1]
+    scale = 1.0 / math.sqrt(D) if softmax_scale is None else softmax_scale
+    out, lse = np.zeros(do.shape), np.full((B, Hq, Sq), -np.inf)
+    dq, dk, dv = np.zeros(q.shape), np.zeros(k.shape), np.zeros(v.shape)
+    for b, h, rows, keys in units(B, Hq, Sq, k.shape[2], r):
+        if keys:
+            _rows_vjp(q, k, v, do, scale, b, h, h // r, rows, keys, out, lse, dq, dk, dv)
+    if layout == "bshd":
+        out, dq, dk, dv = (np.swapaxes(x, 1, 2) for x in (out, dq, dk, dv))
+    return out, lse, dq, dk, dv
+
+
 def bsa_oracle_vjp(q, k, v, do, idx, nums, sizes=None, *, blk=128, softmax_scale=None,
                    layout="bhsd"):
     """``(out, lse, dq, dk, dv)`` float64: block-sparse softmax attention and its gradients
     for ``do``, one query block at a time over the key set of :func:`bsa_key_positions`
     (``sizes`` None or broadcast to ``(B, H_q, N_kv)``)."""
-    q, k, v, do = f64(q), f64(k), f64(v), f64(do)
-    if layout == "bshd":
-        q, k, v, do = (np.swapaxes(x, 1, 2) for x in (q, k, v, do))
-    B, Hq, Sq, D = q.shape
-    Hkv, Skv = k.shape[1], k.shape[2]
-    g = Hq // Hkv
-    scale = 1.0 / math.sqrt(D) if softmax_scale is None else softmax_scale
     idx, nums = np.asarray(idx), np.asarray(nums)
     sizes = None if sizes is None else np.asarray(sizes)
-    out, lse = np.zeros(do.shape), np.full((B, Hq, Sq), -np.inf)
-    dq, dk, dv = np.zeros(q.shape), np.zeros(k.shape), np.zeros(v.shape)
-    for b in range(B):
-        for h in range(Hq):
-            hk = h // g
-            for mb in range(-(-Sq // blk)):
-                keys = bsa_key_positions(b, h, mb, idx, nums, sizes, blk, Skv)
-                if not keys:
-                    continue
-                rows = slice(mb * blk, min((mb + 1) * blk, Sq))
-                kk, vv = k[b, hk, keys], v[b, hk, keys]
-                s = scale * q[b, h, rows] @ kk.T
-                mx = s.max(axis=1, keepdims=True)
-                w = np.exp(s - mx)
-                tot = w.sum(axis=1, keepdims=True)
-                p = w / tot
-                o = p @ vv
-                out[b, h, rows], lse[b, h, rows] = o, (mx + np.log(tot))[:, 0]
-                dob = do[b, h, rows]
-                dp = dob @ vv.T
-                ds = p * (dp - np.sum(dob * o, axis=1, keepdims=True))
-                dq[b, h, rows] = scale * ds @ kk
-                dk[b, hk, keys] += scale * ds.T @ q[b, h, rows]
-                dv[b, hk, keys] += p.T @ dob
-    if layout == "bshd":
-        out, dq, dk, dv = (np.swapaxes(x, 1, 2) for x in (out, dq, dk, dv))
-    return out, lse, dq, dk, dv
+
+    def units(B, Hq, Sq, Skv, r):
+        for b in range(B):
+            for h in range(Hq):
+                for mb in range(-(-Sq // blk)):
+                    yield (b, h, slice(mb * blk, min((mb + 1) * blk, Sq)),
+                           bsa_key_positions(b, h, mb, idx, nums, sizes, blk, Skv))
+
+    return _bsa_vjp(q, k, v, do, softmax_scale, layout, units)
 
 
 def bsa_row_keys(b, h, i, idx, nums, sizes, blk, S_q, S_kv, r=1, pack_gqa=False,
@@ -304,37 +318,14 @@ def bsa_rows_oracle_vjp(q, k, v, do, idx, nums, sizes=None, *, blk=128, softmax_
     """``(out, lse, dq, dk, dv)`` float64 of block-sparse softmax attention with the
     ``pack_gqa`` / ``causal`` options, one query row at a time over
     :func:`bsa_row_keys` (rows without keys: out 0, lse -inf, no gradient)."""
-    q, k, v, do = f64(q), f64(k), f64(v), f64(do)
-    if layout == "bshd":
-        q, k, v, do = (np.swapaxes(x, 1, 2) for x in (q, k, v, do))
-    B, Hq, Sq, D = q.shape
-    Hkv, Skv = k.shape[1], k.shape[2]
-    r = Hq // Hkv
-    scale = 1.0 / math.sqrt(D) if softmax_scale is None else softmax_scale
     idx, nums = np.asarray(idx), np.asarray(nums)
     sizes = None if sizes is None else np.asarray(sizes)
-    out, lse = np.zeros(do.shape), np.full((B, Hq, Sq), -np.inf)
-    dq, dk, dv = np.zeros(q.shape), np.zeros(k.shape), np.zeros(v.shape)
-    for b in range(B):
-        for h in range(Hq):
-            hk = h // r
-            for i in range(Sq):
-                keys = bsa_row_keys(b, h, i, idx, nums, sizes, blk, Sq, Skv, r, pack_gqa,
-                                    causal)
-                if not keys:
-                    continue
-                kk, vv = k[b, hk, keys], v[b, hk, keys]
-                s = scale * kk @ q[b, h, i]
-                mx = s.max()
-                w = np.exp(s - mx)
-                p = w / w.sum()
-                o = p @ vv
-                out[b, h, i], lse[b, h, i] = o, mx + math.log(w.sum())
-                dp = vv @ do[b, h, i]
-                ds = p * (dp - do[b, h, i] @ o)
-                dq[b, h, i] = scale * ds @ kk
-                dk[b, hk, keys] += scale * ds[:, None] * q[b, h, i][None, :]
-                dv[b, hk, keys] += p[:, None] * do[b, h, i][None, :]
-    if layout == "bshd":
-        out, dq, dk, dv = (np.swapaxes(x, 1, 2) for x in (out, dq, dk, dv))
-    return out, lse, dq, dk, dv
+
+    def units(B, Hq, Sq, Skv, r):
+        for b in range(B):
+            for h in range(Hq):
+                for i in range(Sq):
+                    yield b, h, slice(i, i + 1), bsa_row_keys(
+                        b, h, i, idx, nums, sizes, blk, Sq, Skv, r, pack_gqa, causal)
+
+    return _bsa_vjp(q, k, v, do, softmax_scale, layout, units)

@@ -285,7 +285,7 @@ def _fake_hstu(calls, reason=None):
     m = types.ModuleType("fake_ffi_hstu")
     m.SUPPORTED_HEAD_DIMS = (32, 64, 128, 256)
 
-    def unsupported(*, dtype, head_dim, head_dim_v):
+    def unsupported(*, dtype, head_dim, head_dim_v, passes=("fwd", "bwd"), switches=None):
         calls.append(("reason", jnp.dtype(dtype), head_dim, head_dim_v))
         return reason
 
@@ -369,7 +369,8 @@ def test_kernel_path_bsa_metadata_normalised(force_platform):
     calls = []
     m = types.ModuleType("fake_ffi_bsa")
 
-    def unsupported(*, dtype, head_dim, head_dim_v, sparse_block_size):
+    def unsupported(*, dtype, head_dim, head_dim_v, sparse_block_size, passes=("fwd", "bwd"),
+                    switches=None):
         calls.append(("reason", head_dim, head_dim_v, sparse_block_size))
         return None
 

@@ -14,7 +14,7 @@ from jax_sparse_attn.ffi.hstu import ws_options
 
 BAD = {"JAX_SPARSE_ATTN_HSTU_FWD_TILE": "128,64", "JAX_SPARSE_ATTN_HSTU_BWD_TILE": "a,b,c",
        "JAX_SPARSE_ATTN_BSA_FWD_MIN_BLOCKS": "-1", "JAX_SPARSE_ATTN_BSA_BWD_MIN_BLOCKS": "two",
-       "JAX_SPARSE_ATTN_HSTU_WS": "nopingpong,sm99"}
+       "JAX_SPARSE_ATTN_HSTU_WS": "nopingpong,sm99", "JAX_SPARSE_ATTN_SMEM_LIMIT_KB": "300"}
 
 
 @pytest.mark.parametrize("sw", config.SWITCHES, ids=lambda sw: sw.env)
@@ -47,14 +47,15 @@ def test_from_env_reads_every_switch():
            "JAX_SPARSE_ATTN_BSA_FWD_Q_IN_REGS": "0", "JAX_SPARSE_ATTN_BSA_FWD_MIN_BLOCKS": "2",
            "JAX_SPARSE_ATTN_BSA_BWD_MIN_BLOCKS": "1", "JAX_SPARSE_ATTN_FORCE_KERNEL": "true",
            "JAX_SPARSE_ATTN_HSTU_WS": "nopingpong, bn=64", "JAX_SPARSE_ATTN_BSA_WS": "q1,stages=3",
-           "JAX_SPARSE_ATTN_CUTE_CALL": "per_shape"}
+           "JAX_SPARSE_ATTN_CUTE_CALL": "per_shape", "JAX_SPARSE_ATTN_KERNEL_FAMILY": "portable",
+           "JAX_SPARSE_ATTN_SMEM_LIMIT_KB": "99"}
     assert set(env) == {sw.env for sw in config.SWITCHES}
     assert config.from_env(env) == config.Switches(
         hstu_fwd_impl="sm80", hstu_fwd_ws=("nopingpong", "bn=64"), hstu_fwd_tile=(64, 64, 4),
         hstu_bwd_tile=(64, 64, 8), hstu_bwd_impl="sm90", hstu_bwd_dq="bulk",
         hstu_schedule="xla", bsa_fwd_impl="sm80", bsa_fwd_ws=("q1", "stages=3"), bsa_bwd_impl="sm80",
         bsa_pre_impl="xla", bsa_fwd_q_in_regs=False, bsa_fwd_min_blocks=2, bsa_bwd_min_blocks=1,
-        cute_call="per_shape")
+        cute_call="per_shape", kernel_family="portable", smem_limit_kb=99)
     assert config.force_kernel(env) and not config.force_kernel({})
     assert config.from_env({}) == config.Switches()
     assert config.from_env({"JAX_SPARSE_ATTN_HSTU_FWD_IMPL": ""}) == config.Switches()
@@ -69,7 +70,9 @@ def test_from_env_reads_every_switch():
                                          ("hstu_fwd_tile", (1, 2)), ("bsa_fwd_q_in_regs", 1),
                                          ("bsa_bwd_min_blocks", -2), ("bsa_fwd_min_blocks", True),
                                          ("bsa_fwd_impl", "sm90pp"), ("bsa_fwd_ws", "bn=64"),
-                                         ("bsa_fwd_ws", "stages=9"), ("bsa_fwd_ws", "q1,q1")])
+                                         ("bsa_fwd_ws", "stages=9"), ("bsa_fwd_ws", "q1,q1"),
+                                         ("kernel_family", "sm80"), ("smem_limit_kb", 228),
+                                         ("smem_limit_kb", "99"), ("smem_limit_kb", True)])
 def test_switches_fields_are_validated(field, value):
     env = next(sw.env for sw in config.SWITCHES if sw.field == field)
     with pytest.raises(ValueError, match=re.escape(env)):

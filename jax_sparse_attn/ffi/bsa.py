@@ -49,7 +49,7 @@ import functools
 import jax
 import jax.numpy as jnp
 
-from .. import metadata
+from .. import _platform, metadata
 
 SUPPORTED_HEAD_DIMS = (32, 64, 128, 256)
 SUPPORTED_BLOCK_SIZES = (64, 128)
@@ -79,6 +79,7 @@ class BsaFwdConfig:
     ws_q_stages: int = 2
     ws_max_stages: int = 4
     num_sms: int = 0
+    arch: str = ""  # the target arch (CuTe DSL name) the key was chosen for
 
 
 @dataclasses.dataclass(frozen=True)
@@ -91,6 +92,43 @@ class BsaBwdConfig:
     has_block_sizes: bool
     impl: str
     min_blocks: int = 0
+    arch: str = ""  # the target arch (CuTe DSL name)
+    # sm80: dQ pairs added with one vector atomic (sm_90+), else with two scalar
+    # red.global.add.f32 (sm_8x; _platform.vec_red)
+    vec_red: bool = True
+    # sm80: Q/dO shared-memory stages (2: prefetch of the next step; 1 where 2 do not fit)
+    q_stages: int = 2
+
+
+def fwd_smem_bytes(head_dim, block_size) -> int:
+    """Dynamic shared memory of ``bsa_fwd_sm80``: Q, K, V tiles of ``block_size`` rows."""
+    return 3 * -(-2 * block_size * head_dim // 1024) * 1024
+
+
+def bwd_smem_bytes(head_dim, q_stages=2) -> int:
+    """Dynamic shared memory of ``bsa_bwd_sm80``: K, V (64 rows), ``q_stages`` buffers of Q
+    and dO and the 64 x 64 P, dS tiles."""
+    return 2 * 1024 * (-(-2 * 64 * head_dim // 1024) * (1 + q_stages) + 8)
+
+
+def bwd_q_stages(head_dim, limit) -> int | None:
+    """Q/dO stages of ``bsa_bwd_sm80`` within ``limit`` bytes: 2 when they fit, else 1, else
+    None."""
+    return next((st for st in (2, 1) if bwd_smem_bytes(head_dim, st) <= limit), None)
+
+
+def smem_unsupported_reason(head_dim, block_size, passes=("fwd", "bwd"), switches=None):
+    """``None`` when the portable kernels of ``passes`` fit the target's shared memory per
+    block, else why not (naming the GPU, the need and the limit)."""
+    limit = _platform.smem_limit(switches=switches)
+    for pas, name, need in (("fwd", "forward", fwd_smem_bytes(head_dim, block_size)),
+                            ("bwd", "backward", bwd_smem_bytes(head_dim, q_stages=1))):
+        if pas in passes and need > limit:
+            blk = f", sparse_block_size={block_size}" if name == "forward" else ""
+            return (f"the portable (mma.sync) BSA {name} at head_dim={head_dim}{blk} needs "
+                    f"{need / 1024:g} KiB of shared memory per block; "
+                    f"{_platform.smem_limit_text(switches)}")
+    return None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -121,33 +159,49 @@ def bsa_ws_options(opts) -> dict:
             "q_stages": 1 if "q1" in opts else 2, "max_stages": st[0] if st else 4}
 
 
+def _family_impl(want: str, head_dim: int, switches, block_size: int | None = None) -> str:
+    """The implementation of a pass: the switch's (sm90 kernels where they apply) in the
+    Hopper family, sm80 in the portable one."""
+    if _platform.kernel_family(switches) == "portable":
+        return "sm80"
+    return _impl(want, head_dim, block_size)
+
+
 def fwd_config(dtype, head_dim, block_size, has_block_sizes, switches) -> BsaFwdConfig:
     """The forward compile key from the static call properties and the
     :class:`~jax_sparse_attn.config.Switches`."""
-    name, impl = jnp.dtype(dtype).name, _impl(switches.bsa_fwd_impl, head_dim, block_size)
+    name = jnp.dtype(dtype).name
+    impl = _family_impl(switches.bsa_fwd_impl, head_dim, switches, block_size)
+    arch = _platform.resolved_arch()
     if impl == "sm90":
-        return BsaFwdConfig(name, head_dim, block_size, has_block_sizes, impl)
+        return BsaFwdConfig(name, head_dim, block_size, has_block_sizes, impl, arch=arch)
     if impl == "sm90ws":
         o = bsa_ws_options(switches.bsa_fwd_ws)
         return BsaFwdConfig(name, head_dim, block_size, has_block_sizes, impl,
                             ws_overlap=o["overlap"], ws_pingpong=o["pingpong"],
                             ws_q_stages=o["q_stages"], ws_max_stages=o["max_stages"],
-                            num_sms=metadata.num_sms())
+                            num_sms=metadata.num_sms(), arch=arch)
     return BsaFwdConfig(name, head_dim, block_size, has_block_sizes, impl,
                         switches.bsa_fwd_q_in_regs and head_dim <= 128,
-                        switches.bsa_fwd_min_blocks)
+                        switches.bsa_fwd_min_blocks, arch=arch)
 
 
 def bwd_config(dtype, head_dim, block_size, has_block_sizes, switches) -> BsaBwdConfig:
     """The dK/dV/dQ kernel's compile key (see :func:`fwd_config`)."""
-    name, impl = jnp.dtype(dtype).name, _impl(switches.bsa_bwd_impl, head_dim)
+    name, impl = jnp.dtype(dtype).name, _family_impl(switches.bsa_bwd_impl, head_dim, switches)
+    arch = _platform.resolved_arch()
     if impl == "sm90":
-        return BsaBwdConfig(name, head_dim, block_size, has_block_sizes, impl)
+        return BsaBwdConfig(name, head_dim, block_size, has_block_sizes, impl, arch=arch)
     # 2 CTAs per SM (register cap 128) where the accumulators allow it
     min_blocks = switches.bsa_bwd_min_blocks
     if min_blocks is None:
         min_blocks = 2 if head_dim <= 128 else 1
-    return BsaBwdConfig(name, head_dim, block_size, has_block_sizes, impl, min_blocks)
+    q_stages = bwd_q_stages(head_dim, _platform.smem_limit(arch, switches))
+    if q_stages is None:
+        raise NotImplementedError(smem_unsupported_reason(head_dim, block_size, ("bwd",),
+                                                          switches))
+    return BsaBwdConfig(name, head_dim, block_size, has_block_sizes, impl, min_blocks, arch=arch,
+                        vec_red=_platform.vec_red(switches, arch), q_stages=q_stages)
 
 
 def pre_config(dtype, head_dim, switches) -> BsaPreConfig | None:
@@ -157,8 +211,10 @@ def pre_config(dtype, head_dim, switches) -> BsaPreConfig | None:
     return BsaPreConfig(jnp.dtype(dtype).name, head_dim)
 
 
-def bsa_kernel_unsupported_reason(*, dtype, head_dim, head_dim_v, sparse_block_size) -> str | None:
-    """``None`` when the BSA kernels implement this static configuration, else why not."""
+def bsa_kernel_unsupported_reason(*, dtype, head_dim, head_dim_v, sparse_block_size,
+                                  passes=("fwd", "bwd"), switches=None) -> str | None:
+    """``None`` when the BSA kernels implement this static configuration for the ``passes``
+    the call may run on the target GPU, else why not."""
     name = jnp.dtype(dtype).name
     if name not in _DTYPES:
         return f"the BSA kernels support float16 and bfloat16 inputs, got {name}"
@@ -168,7 +224,11 @@ def bsa_kernel_unsupported_reason(*, dtype, head_dim, head_dim_v, sparse_block_s
         return f"the BSA kernels support head dims {SUPPORTED_HEAD_DIMS}, got {head_dim}"
     if sparse_block_size not in SUPPORTED_BLOCK_SIZES:
         return f"the BSA kernels support sparse_block_size in {SUPPORTED_BLOCK_SIZES}, got {sparse_block_size}"
-    return None
+    # the sm90 kernels run D in {64, 128} on sm_90a only; elsewhere (and at D in {32, 256})
+    # the sm80 kernels run, whose tiles must fit the target's shared memory
+    if _platform.kernel_family(switches) == "sm90" and head_dim in _SM90_HEAD_DIMS:
+        return None
+    return smem_unsupported_reason(head_dim, sparse_block_size, passes, switches)
 
 
 def _cutlass_dtype(name: str):
@@ -311,7 +371,8 @@ def _bwd_entry(stream, q, k, v, do, lse, delta, offsets, entries, sizes, scale, 
     else:
         from ..kernels.bsa_bwd_sm80 import BsaBwdSm80  # noqa: PLC0415
 
-        kernel = BsaBwdSm80(*args, min_blocks=cfg.min_blocks)
+        kernel = BsaBwdSm80(*args, min_blocks=cfg.min_blocks, vec_red=cfg.vec_red,
+                            q_stages=cfg.q_stages)
     kernel(q, k, v, do, lse, delta, offsets, entries, sizes, scale, dq_acc, dk, dv, stream)
 
 

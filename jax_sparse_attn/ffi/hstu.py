@@ -60,7 +60,7 @@ import functools
 import jax
 import jax.numpy as jnp
 
-from .. import metadata
+from .. import _platform, metadata
 
 __all__ = [
     "SUPPORTED_HEAD_DIMS",
@@ -79,12 +79,15 @@ __all__ = [
     "hstu_fwd_paged",
     "resolve_kv_splits",
     "MAX_KV_SPLITS",
+    "fwd_smem_bytes",
+    "bwd_smem_bytes",
+    "sm80_fwd_tiles",
+    "sm80_bwd_tiles",
 ]
 
 SUPPORTED_HEAD_DIMS = (32, 64, 128, 256)
 #: forward implementations with the relative attention bias (all of them)
 RAB_FWD_IMPLS = ("sm90ws", "sm80")
-_SMEM_BYTES = 227 * 1024
 
 
 @dataclasses.dataclass(frozen=True)
@@ -125,6 +128,8 @@ class HstuFwdConfig(_HstuKey):
     # sm90ws only: split-KV (the keys of each query tile split over this many work items whose
     # fp32 partial outputs are added in a fixed order; 1 = no split)
     kv_splits: int = 1
+    # the target arch (CuTe DSL name) the key was chosen for
+    arch: str = ""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -142,35 +147,145 @@ class HstuBwdConfig(_HstuKey):
     replaced_impl: str = ""
     # sm90: dQ reduced with bulk reduce-adds of shared-memory rows (else red.global.add)
     dq_bulk: bool = False
+    # the target arch (CuTe DSL name)
+    arch: str = ""
+    # sm80: fp32 pairs (dQ, shared d rab) added with red.global.add.v2.f32 (sm_90+), else
+    # with two scalar red.global.add.f32 (sm_8x; _platform.vec_red)
+    vec_red: bool = True
     # bitwise reproducible dq (ordered additions, semaphore workspace) and drab (per-head
     # workspace when H_rab = 1)
     deterministic: bool = False
 
 
-def hstu_kernel_unsupported_reason(*, dtype, head_dim, head_dim_v) -> str | None:
-    """``None`` if the CuTe DSL HSTU kernels handle this static configuration, else why not."""
+def fwd_smem_bytes(head_dim, head_dim_v, bm, bn) -> int:
+    """Dynamic shared memory of the sm80 forward (``hstu_fwd_sm80``: Q, K, V tiles of 16-bit
+    elements, each 1024-byte aligned)."""
+    return _aligned(bm * max(head_dim, head_dim_v), bn * head_dim, bn * head_dim_v)
+
+
+def bwd_smem_bytes(head_dim, head_dim_v, bm, bn) -> int:
+    """Dynamic shared memory of the sm80 backward (``hstu_bwd_sm80``: K, V; Q and dO double
+    buffered; P and dS)."""
+    return _aligned(bn * head_dim, bn * head_dim_v, 2 * bm * head_dim, 2 * bm * head_dim_v,
+                    bm * bn, bm * bn)
+
+
+def _aligned(*elems) -> int:
+    return sum(-(-2 * n // 1024) * 1024 for n in elems)
+
+
+#: sm80 forward tiles (block_m, block_n, num_warps) by largest head dim, best first
+_SM80_FWD_TILES = {32: ((128, 128, 4),), 64: ((128, 64, 4),), 128: ((128, 64, 4),),
+                   256: ((64, 64, 4),)}
+#: sm80 backward tiles, best first: 64 query rows x 128 keys (8 warps: dK/dV of 128 keys in
+#: registers for D <= 128), 64 keys at D = 256 (register budget); the 32-row tiles are for
+#: GPUs with less shared memory per block (2 warps along the rows)
+_SM80_BWD_TILES = {32: ((64, 128, 8),), 64: ((64, 128, 8),),
+                   128: ((64, 128, 8), (32, 64, 4)), 256: ((64, 64, 8), (32, 64, 8))}
+
+
+def _copy_rows(num_threads, cols):
+    return num_threads // ((64 if cols % 64 == 0 else 32) // 8)
+
+
+def _fwd_tile_ok(d, dv, bm, bn, w) -> bool:
+    return w in (2, 4, 8) and bm % (16 * w) == 0 and bn % 16 == 0
+
+
+def _bwd_tile_ok(d, dv, bm, bn, w) -> bool:
+    """The divisibility rules of ``hstu_bwd_sm80``'s (wm, wn) warp grid and 128-bit copies."""
+    if bm % 16 or w not in (2, 4, 8):
+        return False
+    wm = min(4, bm // 16)
+    if wm == 0 or w % wm:
+        return False
+    wn = w // wm
+    rows_ok = all(r % _copy_rows(32 * w, c) == 0 for r in (bm, bn) for c in (d, dv))
+    return (rows_ok and bm % (16 * wm) == 0 and bn % (16 * wm) == 0 and bn % (16 * wn) == 0
+            and all(x % (16 * wn) == 0 for x in (d, dv, min(d, 128))))
+
+
+def sm80_fwd_tiles(head_dim, head_dim_v, limit) -> tuple | None:
+    """The sm80 forward's tiles for the head dims within ``limit`` bytes of shared memory
+    per block, None if none fits."""
+    for t in _SM80_FWD_TILES[max(head_dim, head_dim_v)]:
+        if fwd_smem_bytes(head_dim, head_dim_v, t[0], t[1]) <= limit:
+            return t
+    return None
+
+
+def sm80_bwd_tiles(head_dim, head_dim_v, limit) -> tuple | None:
+    """The sm80 backward's tiles for the head dims within ``limit`` bytes, None if none fits."""
+    for t in _SM80_BWD_TILES[max(head_dim, head_dim_v)]:
+        if (bwd_smem_bytes(head_dim, head_dim_v, t[0], t[1]) <= limit
+                and _bwd_tile_ok(head_dim, head_dim_v, *t)):
+            return t
+    return None
+
+
+def _kb(n):
+    return f"{n / 1024:g} KiB"
+
+
+def smem_unsupported_reason(head_dim, head_dim_v, passes=("fwd", "bwd"), switches=None):
+    """``None`` when the portable kernels of ``passes`` have tiles that fit the target's
+    shared memory per block, else why not (naming the GPU, the need and the limit)."""
+    limit = _platform.smem_limit(switches=switches)
+    for pas, name, tiles, need in (
+            ("fwd", "forward", sm80_fwd_tiles, fwd_smem_bytes),
+            ("bwd", "backward", sm80_bwd_tiles, bwd_smem_bytes)):
+        if pas not in passes or tiles(head_dim, head_dim_v, limit) is not None:
+            continue
+        smallest = min(need(head_dim, head_dim_v, t[0], t[1])
+                       for t in (_SM80_FWD_TILES if name == "forward" else _SM80_BWD_TILES)[
+                           max(head_dim, head_dim_v)])
+        return (f"the portable (mma.sync) HSTU {name} at head_dim={head_dim}, "
+                f"head_dim_v={head_dim_v} (padded) needs {_kb(smallest)} of shared memory per "
+                f"block; {_platform.smem_limit_text(switches)}")
+    return None
+
+
+def hstu_kernel_unsupported_reason(*, dtype, head_dim, head_dim_v, passes=("fwd", "bwd"),
+                                   switches=None) -> str | None:
+    """``None`` if the CuTe DSL HSTU kernels handle this static configuration for the
+    ``passes`` the call may run on the target GPU, else why not."""
     dt = jnp.dtype(dtype)
     if dt not in (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16)):
         return f"the HSTU kernels support float16 and bfloat16, got {dt}"
     for name, d in (("head_dim", head_dim), ("head_dim_v", head_dim_v)):
         if d not in SUPPORTED_HEAD_DIMS:
             return f"{name}={d} is not one of {SUPPORTED_HEAD_DIMS} (pad it first)"
-    return None
+    # the Hopper kernels of the default impls fall back to sm80 where they do not apply, so
+    # every call needs the sm80 kernels' shared memory to fit, whatever the family
+    return smem_unsupported_reason(head_dim, head_dim_v, passes, switches)
 
 
 def _cutlass_dtype_name(dtype) -> str:
     return "bfloat16" if jnp.dtype(dtype) == jnp.dtype(jnp.bfloat16) else "float16"
 
 
-def _check_fwd_tile(head_dim, head_dim_v, bm, bn, w):
+def _check_fwd_tile(head_dim, head_dim_v, bm, bn, w, limit):
     """The tile constraints of the sm80 forward (ValueError naming the switch)."""
-    smem = (bm * max(head_dim, head_dim_v) + bn * (head_dim + head_dim_v)) * 2
-    if not (w in (2, 4, 8) and bm % (16 * w) == 0 and bn % 16 == 0 and smem <= _SMEM_BYTES):
+    smem = fwd_smem_bytes(head_dim, head_dim_v, bm, bn)
+    if not (_fwd_tile_ok(head_dim, head_dim_v, bm, bn, w) and smem <= limit):
         raise ValueError(f"JAX_SPARSE_ATTN_HSTU_FWD_TILE / Switches.hstu_fwd_tile="
                          f"{(bm, bn, w)} does not fit the sm80 forward at D={head_dim}, "
                          f"D_v={head_dim_v}: allowed are num_warps in (2, 4, 8), block_m a "
                          f"multiple of 16 * num_warps, block_n a multiple of 16, at most "
-                         f"{_SMEM_BYTES} bytes of shared memory")
+                         f"{limit} bytes of shared memory ({_platform.gpu_name()})")
+
+
+def _check_bwd_tile(head_dim, head_dim_v, bm, bn, w, limit):
+    """The tile constraints of the sm80 backward (ValueError naming the switch)."""
+    smem = bwd_smem_bytes(head_dim, head_dim_v, bm, bn)
+    if not (_bwd_tile_ok(head_dim, head_dim_v, bm, bn, w) and smem <= limit):
+        raise ValueError(f"JAX_SPARSE_ATTN_HSTU_BWD_TILE / Switches.hstu_bwd_tile="
+                         f"{(bm, bn, w)} does not fit the sm80 backward at D={head_dim}, "
+                         f"D_v={head_dim_v}: allowed are num_warps in (2, 4, 8) with "
+                         f"wm = min(4, block_m / 16) warps along the rows dividing it, block_m "
+                         f"and block_n multiples of 16 * wm and of 16 * num_warps / wm (so are "
+                         f"the head dims), needing {smem} of at most {limit} bytes of shared "
+                         f"memory ({_platform.gpu_name()})")
 
 
 def fwd_config(dtype, head_dim, head_dim_v, func_n, switches, *, has_rab=False,
@@ -182,29 +297,31 @@ def fwd_config(dtype, head_dim, head_dim_v, func_n, switches, *, has_rab=False,
     (:func:`paged_unsupported_reason` says when it exists); ``kv_splits`` (resolved, see
     :func:`resolve_kv_splits`) splits the keys of the sm90ws forward (the sm80 forward
     ignores it)."""
-    d = max(head_dim, head_dim_v)
+    arch = _platform.resolved_arch()
     impl = switches.hstu_fwd_impl
+    if _platform.kernel_family(switches, arch) == "portable":
+        impl = "sm80"
     rab = dict(has_rab=bool(has_rab), rab_per_head=bool(has_rab and rab_per_head),
                rab_dtype=rab_dtype if has_rab else "")
     if paged:
         reason = paged_unsupported_reason(head_dim, head_dim_v, switches)
         if reason is not None:
             raise NotImplementedError(reason)
-        return dataclasses.replace(_ws_config(dtype, head_dim, head_dim_v, 0, switches, rab),
-                                   paged=True, kv_splits=int(kv_splits))
+        return dataclasses.replace(_ws_config(dtype, head_dim, head_dim_v, 0, switches, rab,
+                                              arch), paged=True, kv_splits=int(kv_splits))
     if impl == "sm90ws":
-        return dataclasses.replace(_ws_config(dtype, head_dim, head_dim_v, func_n, switches,
-                                              rab), kv_splits=int(kv_splits))
-    if d <= 32:
-        default = (128, 128, 4)
-    elif d <= 128:
-        default = (128, 64, 4)
-    else:
-        default = (64, 64, 4)
-    bm, bn, w = switches.hstu_fwd_tile or default
-    _check_fwd_tile(head_dim, head_dim_v, bm, bn, w)
+        return dataclasses.replace(
+            _ws_config(dtype, head_dim, head_dim_v, func_n, switches, rab, arch),
+            kv_splits=int(kv_splits))
+    limit = _platform.smem_limit(arch, switches)
+    tile = switches.hstu_fwd_tile or sm80_fwd_tiles(head_dim, head_dim_v, limit)
+    if tile is None:
+        raise NotImplementedError(smem_unsupported_reason(head_dim, head_dim_v, ("fwd",),
+                                                          switches))
+    bm, bn, w = tile
+    _check_fwd_tile(head_dim, head_dim_v, bm, bn, w, limit)
     return HstuFwdConfig(_cutlass_dtype_name(dtype), head_dim, head_dim_v, bm, bn, w,
-                         func_n > 0, max(func_n, 1), impl, **rab)
+                         func_n > 0, max(func_n, 1), impl, **rab, arch=arch)
 
 
 def ws_options(opts) -> dict:
@@ -221,7 +338,7 @@ def ws_options(opts) -> dict:
             "bn": bn[0] if bn else 0}
 
 
-def _ws_config(dtype, head_dim, head_dim_v, func_n, switches, rab) -> HstuFwdConfig:
+def _ws_config(dtype, head_dim, head_dim_v, func_n, switches, rab, arch) -> HstuFwdConfig:
     """The warp-specialized forward: 128 query rows (2 consumer warpgroups x 64) x ``bn`` keys,
     384 threads (12 warps). ``switches.hstu_fwd_ws`` (tuning / ablation only; see
     :func:`ws_options`) turns off the intra-warpgroup GEMM overlap or the ping-pong of the
@@ -248,7 +365,7 @@ def _ws_config(dtype, head_dim, head_dim_v, func_n, switches, rab) -> HstuFwdCon
                          ws_overlap=opts["overlap"], ws_pingpong=opts["pingpong"],
                          ws_q_stages=opts["q_stages"], ws_silu16=opts["silu16"],
                          ws_tanh16=opts["tanh16"],
-                         num_sms=metadata.num_sms(), **rab)
+                         num_sms=metadata.num_sms(), **rab, arch=arch)
 
 
 #: head dims (D = D_v) of the sm90 backward; other head dims, D != D_v and rab run sm80
@@ -301,6 +418,9 @@ def paged_unsupported_reason(head_dim, head_dim_v, switches) -> str | None:
     """``None`` if the paged-KV forward kernel takes these padded head dims and
     :class:`~jax_sparse_attn.config.Switches`, else why not: it is the sm90ws forward with
     the K / V tiles loaded page by page (``block_n`` must divide the page size, 128)."""
+    if _platform.kernel_family(switches) == "portable":
+        return ("the paged-KV forward is a variant of the sm90ws forward, which needs sm_90a "
+                "and the kernel_family switch 'auto'")
     if switches.hstu_fwd_impl != "sm90ws":
         return (f"the paged-KV forward is a variant of the sm90ws forward; hstu_fwd_impl="
                 f"{switches.hstu_fwd_impl!r} (JAX_SPARSE_ATTN_HSTU_FWD_IMPL) has none")
@@ -317,6 +437,9 @@ def gqa_unsupported_reason(head_dim, head_dim_v, has_rab, switches, paged=False)
     head dims, rab presence and :class:`~jax_sparse_attn.config.Switches`, else why not:
     the sm90ws forward and (unless ``paged``: forward only) the sm90 backward read KV head
     ``h // (H / H_kv)``; the portable sm80 kernels do not."""
+    if _platform.kernel_family(switches) == "portable":
+        return ("grouped KV heads (H_kv < H) need the sm90ws forward and the sm90 backward, "
+                "which need sm_90a and the kernel_family switch 'auto'")
     if switches.hstu_fwd_impl != "sm90ws":
         return (f"grouped KV heads (H_kv < H) need the sm90ws forward; hstu_fwd_impl="
                 f"{switches.hstu_fwd_impl!r} (JAX_SPARSE_ATTN_HSTU_FWD_IMPL) has none")
@@ -348,7 +471,14 @@ def bwd_config(dtype, head_dim, head_dim_v, func_n, switches, *, has_rab=False,
 
 def _bwd_config(dtype, head_dim, head_dim_v, func_n, switches, *, has_rab=False,
                 rab_per_head=False, rab_dtype="") -> HstuBwdConfig:
+    arch = _platform.resolved_arch()
     impl = getattr(switches, "hstu_bwd_impl", "sm80")
+    if impl == "sm90" and _platform.kernel_family(switches, arch) == "portable":
+        return dataclasses.replace(
+            _bwd_config(dtype, head_dim, head_dim_v, func_n,
+                       dataclasses.replace(switches, hstu_bwd_impl="sm80"), has_rab=has_rab,
+                       rab_per_head=rab_per_head, rab_dtype=rab_dtype),
+            replaced_impl="sm90")
     if impl == "sm90":
         if bwd_sm90_unsupported_reason(head_dim, head_dim_v, has_rab) is None:
             if switches.hstu_bwd_tile is not None:
@@ -361,19 +491,25 @@ def _bwd_config(dtype, head_dim, head_dim_v, func_n, switches, *, has_rab=False,
             bm = 128 if head_dim <= 64 else 64
             return HstuBwdConfig(_cutlass_dtype_name(dtype), head_dim, head_dim_v, bm, 128, 12,
                                  func_n > 0, max(func_n, 1), impl="sm90",
-                                 dq_bulk=getattr(switches, "hstu_bwd_dq", "red") == "bulk")
+                                 dq_bulk=getattr(switches, "hstu_bwd_dq", "red") == "bulk",
+                                 arch=arch)
         return dataclasses.replace(
             _bwd_config(dtype, head_dim, head_dim_v, func_n,
                        dataclasses.replace(switches, hstu_bwd_impl="sm80"), has_rab=has_rab,
                        rab_per_head=rab_per_head, rab_dtype=rab_dtype),
             replaced_impl="sm90")
-    # 64 x 128 (q rows x keys), 8 warps: dK/dV of 128 keys stay in registers for D <= 128;
-    # D = 256 keeps 64 keys per CTA (register budget).
-    default = (64, 128, 8) if max(head_dim, head_dim_v) <= 128 else (64, 64, 8)
-    bm, bn, w = switches.hstu_bwd_tile or default
+    # the best tiles of _SM80_BWD_TILES that fit the target's shared memory per block
+    limit = _platform.smem_limit(arch, switches)
+    tile = switches.hstu_bwd_tile or sm80_bwd_tiles(head_dim, head_dim_v, limit)
+    if tile is None:
+        raise NotImplementedError(smem_unsupported_reason(head_dim, head_dim_v, ("bwd",),
+                                                          switches))
+    bm, bn, w = tile
+    _check_bwd_tile(head_dim, head_dim_v, bm, bn, w, limit)
     return HstuBwdConfig(_cutlass_dtype_name(dtype), head_dim, head_dim_v, bm, bn, w,
                          func_n > 0, max(func_n, 1), bool(has_rab), bool(rab_per_head),
-                         rab_dtype if has_rab else "")
+                         rab_dtype if has_rab else "", arch=arch,
+                         vec_red=_platform.vec_red(switches, arch))
 
 
 # ----------------------------------------------------------------------------------------
@@ -479,7 +615,7 @@ def _bwd_rab_adapter():
         # dq_acc and drab are aliased to outputs 2 and 3 (initialised by XLA)
         HstuBwdSm80(_dt(cfg.dtype), cfg.head_dim, cfg.head_dim_v, cfg.block_m, cfg.block_n,
                     cfg.num_warps, cfg.has_func, cfg.func_n, has_rab=True,
-                    rab_per_head=cfg.rab_per_head)(
+                    rab_per_head=cfg.rab_per_head, vec_red=cfg.vec_red)(
             do, q, k, v, cu_q, cu_k, kv_tiles, q_tile_start, q_tiles, func, scal, win,
             dq_acc, dk, dv, stream, rab, drab)
 
@@ -501,7 +637,7 @@ def _bwd_rab_det_adapter():
         # outputs 2, 3 and 4 (zero-initialised by XLA)
         HstuBwdSm80(_dt(cfg.dtype), cfg.head_dim, cfg.head_dim_v, cfg.block_m, cfg.block_n,
                     cfg.num_warps, cfg.has_func, cfg.func_n, has_rab=True,
-                    rab_per_head=cfg.rab_per_head, deterministic=True)(
+                    rab_per_head=cfg.rab_per_head, deterministic=True, vec_red=cfg.vec_red)(
             do, q, k, v, cu_q, cu_k, kv_tiles, q_tile_start, q_tiles, func, scal, win,
             dq_acc, dk, dv, stream, rab, drab, dq_sem)
 
@@ -531,7 +667,8 @@ def _bwd_adapter():
                                  f"the compile key's {(cfg.block_m, cfg.block_n)}")
         else:
             kernel = HstuBwdSm80(_dt(cfg.dtype), cfg.head_dim, cfg.head_dim_v, cfg.block_m,
-                                 cfg.block_n, cfg.num_warps, cfg.has_func, cfg.func_n)
+                                 cfg.block_n, cfg.num_warps, cfg.has_func, cfg.func_n,
+                                 vec_red=cfg.vec_red)
         kernel(do, q, k, v, cu_q, cu_k, kv_tiles, q_tile_start, q_tiles, func, scal, win,
                dq_acc, dk, dv, stream)
 
@@ -560,7 +697,7 @@ def _bwd_det_adapter():
         else:
             kernel = HstuBwdSm80(_dt(cfg.dtype), cfg.head_dim, cfg.head_dim_v, cfg.block_m,
                                  cfg.block_n, cfg.num_warps, cfg.has_func, cfg.func_n,
-                                 deterministic=True)
+                                 deterministic=True, vec_red=cfg.vec_red)
         kernel(do, q, k, v, cu_q, cu_k, kv_tiles, q_tile_start, q_tiles, func, scal, win,
                dq_acc, dk, dv, stream, mdQSem=dq_sem)
 

@@ -11,6 +11,9 @@ of that query block (``blk // 64`` of them, those past ``S_q`` skipped):
     dP = dO V^T,  dS = P * (dP - delta)
     dV += P^T dO, dK += dS^T Q,  dQ_accum[rows] += scale * dS K   (fp32 atomicAdd)
 
+(dQ pairs of neighbouring columns: one 8-byte vector atomic on sm_90+, ``vec_red``; two
+scalar ``red.global.add.f32`` on sm_8x, which has no vector float atomics.)
+
 Keys of the tile at or past ``min(block_sizes[b, h, n], S_kv - n*blk)`` (per query head, so
 GQA heads with different partial sizes are exact) and query rows past ``S_q`` give P = 0
 (rows past S_q read lse = +inf). The epilogue writes ``dK * scale`` and ``dV`` (zero for
@@ -31,7 +34,7 @@ from cutlass.cute.nvgpu import warp
 from .bsa_common import (LOG2_E, bwd_entry_rows, bwd_load_kv_tile, bwd_tile_coords,
                          issue_q_do_rows)
 from .common import (acc_mn_view, cvt_frag, elem_ptr, gemm_ss, gmem_load_copy, gmem_store_copy,
-                     launch, ldmatrix_atoms, ldmatrix_slices, mma_frags, r2s_copy,
+                     launch, ldmatrix_atoms, ldmatrix_slices, mma_frags, r2s_copy, red_add_2xf32,
                      smem_layout_16b, smem_parts, smem_storage, smem_struct, store_p_ds,
                      transpose_view, transpose_view_staged)
 
@@ -43,7 +46,7 @@ class BsaBwdSm80:
     per-block valid sizes are given and the minimum-CTAs-per-SM launch hint."""
 
     def __init__(self, dtype, head_dim: int, block_size: int, has_block_sizes: bool,
-                 min_blocks: int = 1):
+                 min_blocks: int = 1, vec_red: bool = True, q_stages: int = 2):
         self.dtype = dtype
         self.hd = head_dim
         self.blk = block_size
@@ -51,6 +54,11 @@ class BsaBwdSm80:
         self.num_threads = 256  # 8 warps
         self.has_sizes = has_block_sizes
         self.min_blocks = min_blocks
+        # dQ pairs: one 8-byte vector atomic (sm_90+) or two scalar red.global.add.f32 (sm_8x)
+        self.vec_red = vec_red
+        # Q/dO smem stages: 2 (the next step's rows load while this step computes) or 1 (the
+        # rows load at the start of their step: 32 KiB less at D = 128, for 99 KiB GPUs)
+        self.q_stages = q_stages
 
     def _mma(self):
         return cute.make_tiled_mma(
@@ -64,7 +72,7 @@ class BsaBwdSm80:
                  mdQacc, mdK, mdV, stream):
         hd = self.hd
         s_qd = smem_layout_16b(TILE, hd)
-        s_qd_st = smem_layout_16b(TILE, hd, 2)
+        s_qd_st = smem_layout_16b(TILE, hd, self.q_stages)
         s_pp = smem_layout_16b(TILE, TILE)
 
         SharedStorage = smem_struct(self.dtype, sQ=s_qd_st, sdO=s_qd_st, sK=s_qd,
@@ -179,14 +187,19 @@ class BsaBwdSm80:
         e_begin = mOffsets[row_id]
         n_steps = (mOffsets[row_id + 1] - e_begin) * self.sub
 
-        # Step t handles entry e_begin + t // sub, query sub-tile t % sub, smem stage t % 2.
+        # Step t handles entry e_begin + t // sub, query sub-tile t % sub, smem stage t % 2
+        # (q_stages = 1: stage 0, loaded at the start of the step when the step computes).
         # Q/dO of step t+1 are fetched (cp.async) while step t computes.
-        if n_steps > 0:
-            self._issue_q_do(mQ, mdO, mEntries, e_begin, 0, n_q_blocks, head_kv, group, batch,
-                             seqlen_q, gmem_copy_in, thr_copy, tCc, tQsQ, tdOsdO, 0)
+        if cutlass.const_expr(self.q_stages == 2):
+            if n_steps > 0:
+                self._issue_q_do(mQ, mdO, mEntries, e_begin, 0, n_q_blocks, head_kv, group,
+                                 batch, seqlen_q, gmem_copy_in, thr_copy, tCc, tQsQ, tdOsdO, 0)
         cute.arch.cp_async_commit_group()
         for t in cutlass.range(n_steps, unroll=1):
-            stage = t % 2
+            if cutlass.const_expr(self.q_stages == 2):
+                stage = t % 2
+            else:
+                stage = 0
             ent = mEntries[e_begin + t // self.sub]
             head, q0 = bwd_entry_rows(ent, t, n_q_blocks, head_kv, group, blk, self.sub, TILE)
             q_tile = q0 // TILE
@@ -195,11 +208,12 @@ class BsaBwdSm80:
                 limit = cutlass.min(limit, mSizes[batch, head, n_block] - tile_off)
 
             cute.arch.barrier()  # step t-1 is done with stage (t+1)%2, sP and sdS
-            if t + 1 < n_steps:
-                self._issue_q_do(mQ, mdO, mEntries, e_begin, t + 1, n_q_blocks, head_kv, group,
-                                 batch, seqlen_q, gmem_copy_in, thr_copy, tCc, tQsQ, tdOsdO,
-                                 1 - stage)
-            cute.arch.cp_async_commit_group()
+            if cutlass.const_expr(self.q_stages == 2):
+                if t + 1 < n_steps:
+                    self._issue_q_do(mQ, mdO, mEntries, e_begin, t + 1, n_q_blocks, head_kv,
+                                     group, batch, seqlen_q, gmem_copy_in, thr_copy, tCc, tQsQ,
+                                     tdOsdO, 1 - stage)
+                cute.arch.cp_async_commit_group()
 
             if limit > 0 and q0 < seqlen_q:
                 # per-row lse (log2 domain) and delta of this thread's rows
@@ -213,7 +227,13 @@ class BsaBwdSm80:
                         lse2[r] = mLSE[batch, head, row] * LOG2_E
                         dlt[r] = mDelta[batch, head, row]
 
-                cute.arch.cp_async_wait_group(1)
+                if cutlass.const_expr(self.q_stages == 1):
+                    # this step's rows into the one stage (step t-1 is done reading it)
+                    self._issue_q_do(mQ, mdO, mEntries, e_begin, t, n_q_blocks, head_kv, group,
+                                     batch, seqlen_q, gmem_copy_in, thr_copy, tCc, tQsQ,
+                                     tdOsdO, 0)
+                    cute.arch.cp_async_commit_group()
+                cute.arch.cp_async_wait_group(self.q_stages - 1)
                 cute.arch.barrier()
 
                 acc_S = cute.make_rmem_tensor(thr_sdp.partition_shape_C((TILE, TILE)), cutlass.Float32)
@@ -258,9 +278,12 @@ class BsaBwdSm80:
                         pair[0] = acc_dQ[2 * i] * softmax_scale
                         pair[1] = acc_dQ[2 * i + 1] * softmax_scale
                         ptr = elem_ptr(tdQgdQ, 2 * i)
-                        cute.arch.atomic_add(ptr, pair.load().ir_value())
+                        if cutlass.const_expr(self.vec_red):
+                            cute.arch.atomic_add(ptr, pair.load().ir_value())
+                        else:
+                            red_add_2xf32(ptr, pair[0], pair[1])
             else:
-                cute.arch.cp_async_wait_group(1)
+                cute.arch.cp_async_wait_group(self.q_stages - 1)
 
         # Epilogue: dK * scale and dV, through smem (sK / sV reused), row-predicated.
         cute.arch.cp_async_wait_group(0)

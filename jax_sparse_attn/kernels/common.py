@@ -30,6 +30,9 @@
 * ``bulk_reduce_add_f32(gptr, sptr, nbytes)``: asynchronous fp32 reduce-add of a
   shared-memory row into global memory on the bulk-copy engine (sm_90): the dQ reduction
   of the block-sparse backward (``bsa_bwd_sm90``).
+* ``red_add_2xf32(ptr, a, b)``: ``ptr[0] += a; ptr[1] += b`` as two scalar
+  ``red.global.add.f32`` (every arch from sm_70; the portable form of the 8-byte vector
+  ``red.global.add.v2.f32``, which needs sm_90 or later).
 * ``inline_asm(...)``: one PTX statement as inline assembly (the helpers' building block).
 """
 
@@ -358,3 +361,15 @@ def bulk_reduce_add_f32(gptr, sptr, nbytes: int, *, loc=None, ip=None):
          sptr.toint(loc=loc, ip=ip).ir_value(loc=loc, ip=ip)],
         f"cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [$0], [$1], {nbytes};",
         "l,r", True, loc, ip)
+
+
+@dsl_user_op
+def red_add_2xf32(ptr, a, b, *, loc=None, ip=None):
+    """``red.global.add.f32 [ptr], a; red.global.add.f32 [ptr + 4], b``: the fp32 pair
+    reduction of :func:`red_add_v2_f32 <jax_sparse_attn.kernels.hstu_common.red_add_v2_f32>`
+    without the vector form (sm_8x has no ``red.global.add.v2.f32``)."""
+    inline_asm(None, [ptr.toint(loc=loc, ip=ip).ir_value(loc=loc, ip=ip),
+                      cutlass.Float32(a).ir_value(loc=loc, ip=ip),
+                      cutlass.Float32(b).ir_value(loc=loc, ip=ip)],
+               "red.relaxed.gpu.global.add.f32 [$0], $1;\n\t"
+               "red.relaxed.gpu.global.add.f32 [$0+4], $2;", "l,f,f", True, loc, ip)

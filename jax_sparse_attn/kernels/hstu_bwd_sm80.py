@@ -10,12 +10,17 @@ window or the func summary). Per query tile (Q and dO double-buffered in smem wi
     dV += P^T dO    dK += dS^T Q    (P, dS through smem, read transposed by ldmatrix.trans)
     dQ += dS K      (fp32 ``red.global.add`` into an XLA-owned workspace, rows < L_q)
 
+Tiles: ``block_m`` query rows x ``block_n`` keys, ``num_warps`` warps in a (wm, wn) grid
+with wm = min(4, block_m / 16) warps along the rows; the adapter picks the tiles that fit
+the target's shared memory per block (docs/support.md).
+
 dV gets the 1/scaling_seqlen factor once in the epilogue. Out-of-range rows of Q, dO, K
 and V are zero-filled in smem, which makes P and dS vanish there without masks; only
 tiles crossing a window/func boundary run the per-element mask.
 dK, dV are deterministic; dQ (atomics) is not bitwise deterministic.
 
-dQ uses per-thread ``red.global.add.v2.f32`` rather than the staged bulk reductions of
+dQ uses per-thread ``red.global.add.v2.f32`` (``vec_red``, sm_90+; on sm_8x two scalar
+``red.global.add.f32``) rather than the staged bulk reductions of
 ``bsa_bwd_sm90``: with 64 x 128 tiles the dQ traffic per FLOP is half the block-sparse
 kernel's and the 8 warps hide the reductions (docs/performance.md compares the two).
 
@@ -64,13 +69,16 @@ class HstuBwdSm80(hc.HstuSm80Kernel):
     """
 
     def __init__(self, dtype, head_dim, head_dim_v, block_m, block_n, num_warps, has_func,
-                 func_n, has_rab=False, rab_per_head=False, deterministic=False):
+                 func_n, has_rab=False, rab_per_head=False, deterministic=False, vec_red=True):
         super().__init__(dtype, head_dim, head_dim_v, block_m, block_n, num_warps, has_func,
                          func_n, has_rab, rab_per_head)
         self.dq_chunk = min(head_dim, 128)
         self.deterministic = deterministic
         # drab with one writer per element: per-head rab, or per-head workspace (deterministic)
         self.drab_per_head = rab_per_head or deterministic
+        # fp32 pair reductions (dQ, shared d rab): red.global.add.v2.f32 (sm_90+) or two
+        # scalar red.global.add.f32 (sm_8x)
+        self.vec_red = vec_red
 
     @cute.jit
     def __call__(self, mdO, mQ, mK, mV, mCuQ, mCuK, mKVTile, mQStart, mQTiles, mFunc, mScal,
@@ -90,7 +98,8 @@ class HstuBwdSm80(hc.HstuSm80Kernel):
         copy_dv = hc.gmem_load_copy(dt, self.num_threads, self.dv)
         store_d = hc.gmem_store_copy(dt, self.num_threads, self.d)
         store_dv = hc.gmem_store_copy(dt, self.num_threads, self.dv)
-        wm = 4
+        # warps along the query rows: 4 (64-row tiles), 2 for 32-row tiles (small smem)
+        wm = min(4, bm // 16)
         wn = self.num_warps // wm
         atom = warp.MmaF16BF16Op(dt, Float32, (16, 8, 16))
         mma_sdp = cute.make_tiled_mma(atom, (wm, wn, 1), permutation_mnk=(wm * 16, wn * 16, 16))
@@ -117,8 +126,8 @@ class HstuBwdSm80(hc.HstuSm80Kernel):
                 elif cutlass.const_expr(c % 2 == 0):
                     # columns j, j + 1 (j even; the workspace rows are padded to even length)
                     if (row_ok[r] != 0) & (j < lim):
-                        hc.red_add_v2_f32(hc.elem_ptr(mdRab_bh, (row_p[r], j)), g_mn[r, c],
-                                          g_mn[r, c + 1])
+                        hc.red_add_pair(hc.elem_ptr(mdRab_bh, (row_p[r], j)), g_mn[r, c],
+                                        g_mn[r, c + 1], self.vec_red)
 
     @cute.kernel
     def kernel(self, mdO, mQ, mK, mV, mCuQ, mCuK, mKVTile, mQStart, mQTiles, mFunc, mScal,
@@ -349,8 +358,8 @@ class HstuBwdSm80(hc.HstuSm80Kernel):
                         # accumulator values (2k, 2k+1) are adjacent columns of one row
                         for e2 in cutlass.range_constexpr(cute.size(acc_dQ) // 2):
                             if tdQc[2 * e2][0] < seqlen_q - m0:
-                                hc.red_add_v2_f32(hc.elem_ptr(tdQg, 2 * e2), acc_dQ[2 * e2],
-                                                  acc_dQ[2 * e2 + 1])
+                                hc.red_add_pair(hc.elem_ptr(tdQg, 2 * e2), acc_dQ[2 * e2],
+                                                acc_dQ[2 * e2 + 1], self.vec_red)
                 cute.arch.barrier()
                 if cutlass.const_expr(self.deterministic):
                     # every thread's additions to this tile precede the barrier above

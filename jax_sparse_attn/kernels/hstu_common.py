@@ -19,7 +19,9 @@ BSA kernels) and re-exported here.
   (so ``SiLU(2h) = h + h tanh(h)`` gives its limit 0 instead of ``-inf * 0 = NaN``), NaN
   stays NaN.
 * ``elem_ptr(t, i)``: pointer to element ``i`` of tensor ``t`` (for ``red``/atomics).
-* ``red_add_v2_f32(ptr, a, b)``: vectorized fp32 reduction into global memory (sm_90).
+* ``red_add_v2_f32(ptr, a, b)``: vectorized fp32 reduction into global memory (sm_90+);
+  ``red_add_pair(ptr, a, b, vec)``: that one when ``vec``, else two scalar reductions
+  (:func:`.common.red_add_2xf32`, sm_8x).
 * ``gemm_ss(...)``: ``acc += A B`` with both operands loaded from smem via ``ldmatrix``,
   double-buffered over the K mode.
 * ``load_rows(...)`` / ``store_rows(...)``: row-predicated tile copies, re-exported from
@@ -42,7 +44,7 @@ from cutlass.cutlass_dsl import T, dsl_user_op
 
 # re-exported: the HSTU kernels use them as hc.*
 from .common import (acc_mn_view, acc_to_a_frag, cvt_frag, elem_ptr, gemm_rs,  # noqa: F401
-                     gemm_ss, gmem_load_copy, gmem_store_copy, inline_asm, launch,
+                     gemm_ss, red_add_2xf32, gmem_load_copy, gmem_store_copy, inline_asm, launch,
                      ldmatrix_atoms, ldmatrix_slices, mma_frags, load_rows, r2s_copy,
                      smem_layout_16b, smem_parts, smem_storage, smem_struct, store_p_ds,
                      store_rows, transpose_view)
@@ -78,6 +80,15 @@ def red_add_v2_f32(ptr, a, b, *, loc=None, ip=None):
     inline_asm(None, [ptr.toint(loc=loc, ip=ip).ir_value(loc=loc, ip=ip), _f32(a, loc, ip),
                       _f32(b, loc, ip)],
                "red.relaxed.gpu.global.add.v2.f32 [$0], {$1, $2};", "l,f,f", True, loc, ip)
+
+
+def red_add_pair(ptr, a, b, vec: bool):
+    """fp32 ``ptr[0] += a, ptr[1] += b`` (8-byte aligned ``ptr``): one vector reduction when
+    ``vec`` (sm_90+), else two scalar ones (sm_8x)."""
+    if vec:
+        red_add_v2_f32(ptr, a, b)
+    else:
+        red_add_2xf32(ptr, a, b)
 
 
 # ---- ordered dQ additions (deterministic backward) -------------------------------------
