@@ -284,20 +284,21 @@ def check_hstu_args(q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q, max_se
 HSTU_MAX_KV_SPLITS = 16
 
 
-def check_kv_splits(kv_splits):
-    """``kv_splits``: ``"auto"`` or a Python int in ``[1, 16]``; returns it."""
+def check_kv_splits(kv_splits, max_splits: int = HSTU_MAX_KV_SPLITS):
+    """``kv_splits``: ``"auto"`` or a static Python int in ``[1, max_splits]``; returns it
+    (``ValueError`` for other strings and out-of-range ints, ``TypeError`` for other types)."""
     if isinstance(kv_splits, str):
         if kv_splits != "auto":
-            raise ValueError(f"kv_splits must be 'auto' or an int in [1, {HSTU_MAX_KV_SPLITS}], "
+            raise ValueError(f"kv_splits must be an int in [1, {max_splits}] or 'auto', "
                              f"got {kv_splits!r}")
         return kv_splits
-    if isinstance(kv_splits, bool) or not isinstance(kv_splits, (int, np.integer)):
-        raise TypeError(f"kv_splits must be 'auto' or a static Python int, got "
-                        f"{type(kv_splits).__name__}")
-    if not 1 <= int(kv_splits) <= HSTU_MAX_KV_SPLITS:
-        raise ValueError(f"kv_splits must be 'auto' or an int in [1, {HSTU_MAX_KV_SPLITS}], "
-                         f"got {int(kv_splits)}")
-    return int(kv_splits)
+    n = _static_scalar("kv_splits", kv_splits, "int")
+    if isinstance(n, bool) or not isinstance(n, numbers.Integral):
+        raise TypeError(f"kv_splits must be a static Python int in [1, {max_splits}] or "
+                        f"'auto', got {type(n).__name__}")
+    if not 1 <= int(n) <= max_splits:
+        raise ValueError(f"kv_splits must be in [1, {max_splits}] or 'auto', got {int(n)}")
+    return int(n)
 
 
 def _check_rab(rab, q_dtype, B, H, max_seqlen_k, paged):
@@ -434,21 +435,6 @@ def _hstu_value_checks(q, k, cu_seqlens_q, cu_seqlens_k, func, paged_kv, page_id
 # ----------------------------------------------------------------------------- BSA
 
 
-def _check_kv_splits(kv_splits):
-    if isinstance(kv_splits, str):
-        if kv_splits != "auto":
-            raise ValueError(f"kv_splits must be an int in [1, {MAX_KV_SPLITS}] or 'auto', "
-                             f"got {kv_splits!r}")
-        return kv_splits
-    n = _static_scalar("kv_splits", kv_splits, "int")
-    if isinstance(n, bool) or not isinstance(n, numbers.Integral):
-        raise TypeError(f"kv_splits must be a static Python int in [1, {MAX_KV_SPLITS}] or "
-                        f"'auto', got {type(n).__name__}")
-    if not 1 <= int(n) <= MAX_KV_SPLITS:
-        raise ValueError(f"kv_splits must be in [1, {MAX_KV_SPLITS}] or 'auto', got {int(n)}")
-    return int(n)
-
-
 def _check_bool(name, x):
     if not isinstance(x, (bool, np.bool_)):
         raise TypeError(f"{name} must be a bool, got {x!r}")
@@ -494,7 +480,7 @@ def check_bsa_args(q, k, v, q2k_block_index, block_sparse_num=None, block_sizes=
             or int(sparse_block_size) not in SPARSE_BLOCK_SIZES:
         raise ValueError(f"sparse_block_size must be one of {SPARSE_BLOCK_SIZES}, got {sparse_block_size!r}")
     blk = int(sparse_block_size)
-    kv_splits = _check_kv_splits(kv_splits)
+    kv_splits = check_kv_splits(kv_splits, MAX_KV_SPLITS)
     pack_gqa = _check_bool("pack_gqa", pack_gqa)
     causal = _check_bool("causal", causal)
     r = Hq // Hkv
