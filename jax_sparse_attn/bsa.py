@@ -56,10 +56,8 @@ def _passes(op_name):
 
 
 def _kernel_unsupported_reason(cfg, passes, switches, mod):
-    # options that only the reference backend implements so far (kv_splits="auto" lets the
-    # backend choose: the kernels, without split-KV yet, run one split)
-    for name, value, default in (("kv_splits", cfg.kv_splits, 1),
-                                 ("pack_gqa", cfg.pack_gqa, False),
+    # options that only the reference backend implements so far
+    for name, value, default in (("pack_gqa", cfg.pack_gqa, False),
                                  ("causal", cfg.causal, False)):
         if value not in (default, "auto"):
             return (f"{name}={value!r} is not implemented by the block-sparse kernels yet "
@@ -67,7 +65,18 @@ def _kernel_unsupported_reason(cfg, passes, switches, mod):
     return mod.bsa_kernel_unsupported_reason(dtype=cfg.dtype, head_dim=cfg.head_dim,
                                              head_dim_v=cfg.head_dim_v,
                                              sparse_block_size=cfg.sparse_block_size,
-                                             passes=passes, switches=switches)
+                                             passes=passes, switches=switches,
+                                             **_kv_split_sizes(cfg))
+
+
+def _kv_split_sizes(cfg):
+    """The split-KV option and the static sizes that resolve it (``ffi.bsa.resolve_kv_splits``):
+    metadata rows ``B H N_q`` (KV heads with ``pack_gqa``), ``K_max`` and the elements of one
+    fp32 partial output."""
+    heads = cfg.num_heads_kv if cfg.pack_gqa else cfg.num_heads_q
+    return dict(kv_splits=cfg.kv_splits, num_rows=cfg.batch * heads * cfg.num_q_blocks,
+                k_max=cfg.k_max,
+                partial_elems=cfg.batch * cfg.num_heads_q * cfg.seqlen_q * cfg.head_dim_v)
 
 
 def _make_config(q, k, v, q2k_block_index, block_sparse_num, block_sizes, q2k_block_nums, *,
@@ -101,7 +110,8 @@ def _make_config(q, k, v, q2k_block_index, block_sparse_num, block_sizes, q2k_bl
         static = (cfg.dtype, cfg.head_dim, cfg.sparse_block_size, cfg.has_block_sizes, switches)
         # the compile keys of the passes this call may run (None: not run by this call)
         cfg = dataclasses.replace(cfg, backend="kernel", cute_call=switches.cute_call,
-                                  fwd=mod.fwd_config(*static) if "fwd" in passes else None,
+                                  fwd=(mod.fwd_config(*static, **_fwd_split_args(cfg))
+                                       if "fwd" in passes else None),
                                   bwd=mod.bwd_config(*static) if "bwd" in passes else None,
                                   pre=mod.pre_config(cfg.dtype, cfg.head_dim, switches),
                                   kernel_arch=_platform.resolved_arch(),
@@ -109,6 +119,12 @@ def _make_config(q, k, v, q2k_block_index, block_sparse_num, block_sizes, q2k_bl
     idx, nums, sizes = metadata.normalize_bsa_metadata(
         q2k_block_index, cfg.block_sparse_num, block_sizes, q2k_block_nums)
     return cfg, idx, nums, sizes
+
+
+def _fwd_split_args(cfg):
+    sizes = _kv_split_sizes(cfg)
+    del sizes["partial_elems"]
+    return sizes
 
 
 def _ref_options(cfg):
