@@ -14,6 +14,10 @@ calls and one ``block_until_ready``; reported time = median over samples / (reps
 times the portable kernels beside the default (Hopper) ones.
 ``bwd`` times the kernel backward alone (delta, CSR build, dK/dV/dQ kernel, dq cast) from
 saved out/lse; ``csr`` times only the K->Q CSR construction. Prints a table and writes JSON.
+``--splits`` times the split-KV decode rows instead (:data:`SPLIT_ROWS`: few query rows against
+a long KV list; ``kv_splits="auto"`` against ``kv_splits=1``), with the K/V bytes read per
+second (listed blocks of K and V once per query block and head: ``2 B H_q N_q top_k blk D``
+16-bit values) and the speed-up over one split.
 """
 
 from __future__ import annotations
@@ -147,6 +151,71 @@ def table(variants, n_sets=2, seed=0, rows_sel=None):
     return rows
 
 
+# split-KV decode rows (bf16, B=1, D=128, random top-k lists of S_kv / blk blocks):
+# (label, blk, top_k, S_q, S_kv, H_q, H_kv); each row is timed with every SPLIT_SETTINGS value
+SPLIT_ROWS = [
+    ("decode blk128 top64 S_kv=128k", 128, 64, 128, 131072, 16, 16),
+]
+SPLIT_SETTINGS = ("auto", 1)
+
+
+def _split_inputs(key, b, h, h_kv, s_q, s_kv, d, blk, topk, dtype):
+    n_q, n_kv = -(-s_q // blk), -(-s_kv // blk)
+    kq, kk, kv, ki = jax.random.split(key, 4)
+    q = jax.random.normal(kq, (b, h, s_q, d), jnp.float32).astype(dtype)
+    k, v = (jax.random.normal(x, (b, h_kv, s_kv, d), jnp.float32).astype(dtype) for x in (kk, kv))
+    idx = jnp.argsort(jax.random.uniform(ki, (b, h, n_q, n_kv)), axis=-1)[..., :topk]
+    return q, k, v, idx.astype(jnp.int32), jnp.full((b, h, n_q), topk, jnp.int32)
+
+
+def splits(rows_sel=None, settings=SPLIT_SETTINGS, n_sets=2, seed=0, d=128):
+    """Forward times of the :data:`SPLIT_ROWS` under each ``kv_splits`` setting (kernel
+    backend, default switches); the speed-up is over the row's ``kv_splits=1`` time."""
+    from jax_sparse_attn.ffi import bsa as ffi_bsa  # noqa: PLC0415
+
+    rows = []
+    for j, (label, blk, topk, s_q, s_kv, h, h_kv) in enumerate(SPLIT_ROWS):
+        if rows_sel is not None and j not in rows_sel:
+            continue
+        key = jax.random.fold_in(jax.random.PRNGKey(seed), j)
+        sets = [_split_inputs(jax.random.fold_in(key, i), 1, h, h_kv, s_q, s_kv, d, blk, topk,
+                              jnp.bfloat16) for i in range(n_sets)]
+        n_q = -(-s_q // blk)
+        flops = 4.0 * h * s_q * d * (topk * blk)
+        kv_bytes = 2.0 * h * n_q * topk * blk * d * 2
+        got = {}
+        for ks in settings:
+            kw = dict(layout="bhsd", sparse_block_size=blk, softmax_scale=1.0 / np.sqrt(d),
+                      backend="kernel", kv_splits=ks)
+
+            def fwd(q, k, v, i, n, kw=kw):
+                return tuple(jsa.block_sparse_attention_forward(q, k, v, i, None, None, n, **kw))
+
+            resolved = ffi_bsa.resolve_kv_splits(ks, num_rows=h * n_q, k_max=topk, impl="sm90ws")
+            try:
+                ms = _time(fwd, sets)
+            except Exception as e:  # noqa: BLE001  (one failing setting must not end the rows)
+                print(f"{label:32s} kv_splits={ks!s:5s} FAILED {type(e).__name__}: {str(e)[:300]}",
+                      flush=True)
+                continue
+            got[ks] = ms
+            row = dict(case=label, kv_splits=ks, splits=resolved, blk=blk, top_k=topk, S_q=s_q,
+                       S_kv=s_kv, D=d, H=h, H_kv=h_kv, pass_="fwd", ms=ms,
+                       tflops=flops / (ms * 1e-3) / 1e12, kv_gbs=kv_bytes / (ms * 1e-3) / 1e9,
+                       num_sms=metadata.num_sms())
+            rows.append(row)
+            print(f"{label:32s} kv_splits={ks!s:5s} ({resolved:3d} splits) {ms:8.4f} ms "
+                  f"{row['tflops']:7.1f} TFLOP/s {row['kv_gbs']:8.1f} GB/s K/V", flush=True)
+        for row in rows:
+            if row["case"] == label and 1 in got:
+                row["speedup_vs_1"] = got[1] / row["ms"]
+        if 1 in got:
+            for ks, ms in got.items():
+                print(f"{label:32s} kv_splits={ks!s:5s} speed-up over kv_splits=1: "
+                      f"{got[1] / ms:.2f}x", flush=True)
+    return rows
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default="bsa_bench.json")
@@ -162,10 +231,15 @@ def main(argv=None):
     ap.add_argument("--reference", action="store_true",
                     help="add blk64 top-32 fwd/bwd rows of the pure-JAX reference backend "
                          "(backend='reference', what backend='auto' runs without the kernels)")
+    ap.add_argument("--splits", action="store_true",
+                    help="time the split-KV decode rows (SPLIT_ROWS, kv_splits='auto' vs 1) only")
     args = ap.parse_args(argv)
     s = 4096 if args.quick else 16384
     rows = []
-    if args.table:
+    if args.splits:
+        sel = [int(r) for r in args.rows.split(",") if r] or None
+        rows = splits(rows_sel=sel)
+    elif args.table:
         sel = [int(r) for r in args.rows.split(",") if r] or None
         rows = table(args.table.split(";"), rows_sel=sel)
     elif not args.variants:
