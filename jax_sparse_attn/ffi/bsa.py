@@ -24,6 +24,12 @@ Kernels (``jax_sparse_attn/kernels``):
   (``bsa_fwd_sm90_ws``: TMA producer warp, persistent grid) for D in {64, 128}; other head
   dims use ``bsa_fwd_sm80``. The switch ``bsa_fwd_ws`` (tuning / ablation) sets its variants.
 
+Split-KV (``kv_splits``, resolved by :func:`resolve_kv_splits` into ``BsaFwdConfig.kv_splits``;
+sm90 / sm90ws only): the forward writes per split fp32 partial outputs and LSEs into two
+XLA-owned outputs ``(S, B, H_q, S_q, D)`` / ``(S, B, H_q, S_q)``, then the combine kernel
+(``kernels/bsa_combine.py``, compile key ``BsaCombineConfig``) merges them into ``out`` and
+``lse`` (:func:`_bsa_fwd_split`). ``kv_splits = 1`` runs the forward of before.
+
 Backward structure (all launches on XLA's stream, all buffers XLA-owned):
 
 1. The preprocessing kernel (``kernels/bsa_pre.py``, default; the switch
