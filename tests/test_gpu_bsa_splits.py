@@ -204,4 +204,4 @@ def test_bsa_split_kv_auto_on_this_gpu():
     out, lse = f(q, kv, kv)
     # all-zero q and k: uniform softmax over 64 * 128 keys of zero values
     assert np.all(np.asarray(out, np.float32) == 0)
-    np.testing.assert_allclose(np.asarray(lse), np.log(64 * 128), rtol=1e-6)
+    np.testing.assert_allclose(np.asarray(lse), np.log(64 * 128), rtol=1e-5)

@@ -97,6 +97,8 @@ def test_bsa_split_forward_and_grad_lower(kernel_env, ks, blk, d, dtype, layout,
         o = jsa.block_sparse_attention(q, k, v, i, None, s, n, **kw)
         return jnp.sum(o.astype(jnp.float32))
 
+    if ks not in (2, 7):
+        return  # the gradient through the split forward: one case per default forward (CI time)
     txt = jax.jit(jax.grad(loss, argnums=(0, 1, 2))).trace(q, k, k, idx, nums, bs).lower(
         lowering_platforms=("cuda",)).as_text()
     # split forward + combine, backward preprocessing + dK/dV/dQ kernel
