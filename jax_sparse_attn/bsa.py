@@ -253,9 +253,8 @@ _META_ARG_LINES = """
         entries, per-chunk fp32 softmax partials merged by ``lse = log sum exp(lse_s)``
         (empty chunks contribute nothing). ``"auto"``: ``floor(num_SMs / (B H N_q))``
         clamped to ``[1, min(K_max, 256)]`` (132 SMs where no GPU is visible), resolved at
-        trace time. The backward does not split. Kernels: the sm90 / sm90ws forwards (D in
-        {64, 128} on sm_90a) split (fp32 partials + a combine kernel, ``docs/bsa.md``); the
-        mma.sync forward runs ``"auto"`` as one split and declines more.
+        trace time. The backward does not split. Kernels: every forward splits (fp32
+        partials + a combine kernel, ``docs/bsa.md``).
       pack_gqa: bool (default False): metadata over packed query rows ``p = s r + g``
         (position ``s`` of query head ``h_kv r + g``, ``r = H_q / H_kv`` must divide
         ``sparse_block_size``): ``q2k_block_index (B, H_kv, N_qp, K_max)``,
@@ -285,8 +284,8 @@ _RAISES_DOC = """
         ``switches`` not a ``Switches``, kv_splits not an int or "auto", pack_gqa /
         causal not bools (backward: ``do``, ``o`` or ``lse`` of the wrong dtype).
       NotImplementedError: ``backend="kernel"`` where the kernel cannot run (also
-        ``kv_splits > 1`` on the mma.sync forward, ``pack_gqa=True``, ``causal=True`` for
-        now).
+        ``pack_gqa=True``, ``causal=True`` for now, and a ``kv_splits`` whose fp32 partials
+        would pass 2^31 elements).
 """
 
 

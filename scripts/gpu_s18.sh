@@ -7,7 +7,7 @@
 #   T=240 OUT=$OUT bash scripts/gpu_s18.sh
 # Everything stays under T seconds (timeout on every python call); logs, the benchmark JSON
 # and summary.txt are packed into $OUT/s18_logs.tgz (summary also printed).
-# Knobs: SHARDS (default 4), TB (benchmark seconds, default 70), K (pytest -k filter),
+# Knobs: SHARDS (default 6: one test shape per process), TB (benchmark seconds, default 70), K (pytest -k filter),
 # STEPS ("tb": tests and bench; "t" or "b" for one of them).
 set -u
 T=${T:-240}
@@ -17,7 +17,7 @@ mkdir -p "$out"
 export XLA_PYTHON_CLIENT_PREALLOCATE=false PYTHONUNBUFFERED=1
 export PYTHONPATH=${PYTHONPATH:-$PWD}
 start=$SECONDS
-SHARDS=${SHARDS:-4}
+SHARDS=${SHARDS:-6}
 TB=${TB:-70}
 STEPS=${STEPS:-tb}
 TT=$((T - TB - 10))

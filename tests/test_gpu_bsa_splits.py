@@ -13,8 +13,8 @@ last query block and a partial last KV block that every row lists, ``block_sizes
 every K/V row no query block lists and past ``block_sizes`` (contributes nothing), garbage
 indices past the active prefix, and outputs poisoned by a preceding all-NaN run (XLA reuses
 the buffers; an unwritten partial, LSE or output would show). Cases cover the default
-forwards (``bsa_fwd_impl="auto"``: sm90ws at blk 128, sm90 at blk 64) and the other one
-at each block size.
+forwards (``bsa_fwd_impl="auto"``: sm90ws at blk 128, sm90 at blk 64), the other one at
+each block size and the mma.sync forward (D 256; D 128 with ``bsa_fwd_impl="sm80"``).
 
 Run on the H200: ``python -m pytest -m gpu tests/test_gpu_bsa_splits.py`` (shard with
 ``BSA_TEST_SHARD=i/n``); ``scripts/gpu_s18.sh`` runs it with the benchmark rows.
@@ -46,8 +46,11 @@ SHAPES = [
     ("sm90-blk64-d64", 64, 64, "float16", "bshd", 4, 4, 1000, 999, 5, False, "auto"),
     ("ws-blk64-d128-gqa", 64, 128, "float16", "bhsd", 4, 1, 130, 2100, 9, True, "sm90ws"),
     ("sm90-blk128-d64", 128, 64, "bfloat16", "bshd", 4, 2, 257, 1500, 6, False, "sm90"),
+    # the mma.sync forward: D 256 (its default there) and D 128 with bsa_fwd_impl="sm80"
+    ("mma-blk64-d256-gqa", 64, 256, "bfloat16", "bshd", 4, 2, 200, 1500, 7, True, "auto"),
+    ("mma-blk128-d128", 128, 128, "float16", "bhsd", 2, 2, 300, 2100, 6, False, "sm80"),
 ]
-# kv_splits-major: with BSA_TEST_SHARD=i/4 each shard runs one shape (one backward compile)
+# kv_splits-major: with BSA_TEST_SHARD=i/6 each shard runs one shape (one backward compile)
 CASES = [(s, ks) for ks in SPLITS for s in SHAPES]
 
 

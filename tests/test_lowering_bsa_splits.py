@@ -1,14 +1,14 @@
 """Block-sparse split-KV (``kv_splits``) on the kernel path, on CPU: lowering for sm_90a, the
-split count of the compile key, and the options the kernels decline.
+split count of the compile key, and the split counts the kernels decline.
 
 The lowering grid compiles the split forward (``bsa_fwd_sm90_ws`` / ``bsa_fwd_sm90`` with
 ``kv_splits > 1``) and the combine kernel (``kernels/bsa_combine.py``) through the public
 API for ``kv_splits`` in {2, 7, 64, "auto"} at both block sizes and both default forwards
-(``bsa_fwd_impl="auto"``: sm90ws at blk 128, sm90 at blk 64) plus the other forward at each
-block size; dtype, layout, head dim and ``block_sizes`` presence alternate. ``kv_splits=1``
+(``bsa_fwd_impl="auto"``: sm90ws at blk 128, sm90 at blk 64), the other one at each block
+size and the mma.sync forward (D 32 and 256); dtype, layout, head dim and ``block_sizes`` presence alternate. ``kv_splits=1``
 keeps the kernels of before (their PTX is pinned in ``tests/ws_ptx_sha256.txt``,
-``tests/test_lowering_hstu.py::test_ws_ptx_matches_recorded_hashes``; the compile key is the
-same object, checked below).
+``tests/test_lowering_hstu.py::test_sm90ws_forwards_without_rab_keep_their_ptx``; the
+compile key is the same object, checked below).
 """
 
 from __future__ import annotations
@@ -33,6 +33,8 @@ LOWER = [
     ("auto", 64, 128, "bfloat16", "bhsd", False, "auto"),
     (2, 64, 128, "bfloat16", "bshd", True, "sm90ws"),
     ("auto", 128, 128, "float16", "bhsd", True, "sm90"),
+    (7, 64, 256, "bfloat16", "bhsd", True, "auto"),  # D 256: the mma.sync forward
+    (2, 128, 32, "float16", "bshd", False, "sm80"),
 ]
 
 
@@ -80,7 +82,8 @@ def test_bsa_split_forward_and_grad_lower(kernel_env, ks, blk, d, dtype, layout,
     q, k, idx, nums, bs = _args(blk, d, dtype, layout, sizes)
     cfg = _config(q, k, _idx(idx.shape), ks, blk, impl, layout=layout)
     assert cfg.fwd.kv_splits == (5 if ks != 2 else 2)
-    assert cfg.fwd.impl == {"auto": "sm90ws" if blk == 128 else "sm90"}.get(impl, impl)
+    want = {"auto": "sm90ws" if blk == 128 else "sm90"}.get(impl, impl)
+    assert cfg.fwd.impl == ("sm80" if d in (32, 256) else want)
     kw = dict(layout=layout, sparse_block_size=blk, backend="kernel", kv_splits=ks,
               switches=Switches(bsa_fwd_impl=impl))
 
@@ -119,7 +122,7 @@ def test_kv_splits_resolution_and_compile_key(kernel_env):
     assert r(256, num_rows=1, k_max=300, impl="sm90") == 256
     assert r("auto", num_rows=16, k_max=64, impl="sm90ws") == metadata.auto_kv_splits(16, 64)
     assert r("auto", num_rows=10_000, k_max=64, impl="sm90ws") == 1
-    assert r("auto", num_rows=1, k_max=64, impl="sm80") == 1
+    assert r("auto", num_rows=1, k_max=64, impl="sm80") == 64  # every forward splits
     assert metadata.num_sms() == metadata.DEFAULT_NUM_SMS == 132  # CPU: the documented default
 
     # B=1 H=16 S_q=128 against 64 listed blocks (the decode benchmark row): 132 // 16 = 8
@@ -145,11 +148,10 @@ def test_kv_splits_resolution_and_compile_key(kernel_env):
 
 @pytest.mark.parametrize("d,impl,family", [(256, "auto", "auto"), (128, "sm80", "auto"),
                                            (64, "auto", "portable")])
-def test_kv_splits_declined_by_the_mma_sync_forward(kernel_env, monkeypatch, d, impl, family):
-    """kv_splits > 1 needs the sm90 / sm90ws forward: the mma.sync (sm80) forward (D 32/256,
-    bsa_fwd_impl="sm80", the portable kernel family) raises NotImplementedError naming
-    kv_splits on backend="kernel" and runs the reference on backend="auto"; "auto" and
-    kv_splits that clamp to 1 run the kernel with one split."""
+def test_kv_splits_on_the_mma_sync_forward(kernel_env, d, impl, family):
+    """The mma.sync (sm80) forward splits too (D 32/256, bsa_fwd_impl="sm80", the portable
+    kernel family): its compile key carries the split count; the backward entry point never
+    splits."""
     import jax_sparse_attn as jsa
     from jax_sparse_attn.config import Switches
 
@@ -157,24 +159,20 @@ def test_kv_splits_declined_by_the_mma_sync_forward(kernel_env, monkeypatch, d, 
     q = jax.ShapeDtypeStruct((1, 2, 300, d), jnp.bfloat16)
     idx = _idx((1, 2, 5, 3))
     kw = dict(sparse_block_size=64, switches=sw)
-    with pytest.raises(NotImplementedError, match=r"kv_splits=2 needs the sm90 block-sparse "
-                                                  r"forwards"):
-        jsa.block_sparse_attention_forward(q, q, q, idx, 3, backend="kernel", kv_splits=2, **kw)
-    choice = jsa.which_backend(jsa.block_sparse_attention, q, q, q, idx, 3, kv_splits=2, **kw)
-    assert choice.backend == "reference" and "kv_splits" in choice.reason
-    for ks in ("auto", 1):
+    for ks, want in ((2, 2), (7, 3), ("auto", 3), (1, 1)):
         choice = jsa.which_backend(jsa.block_sparse_attention, q, q, q, idx, 3, kv_splits=ks,
                                    **kw)
         assert choice.backend == "kernel", choice.reason
-    # one listed block: 2 splits clamp to 1
-    idx1 = _idx((1, 2, 5, 1))
-    choice = jsa.which_backend(jsa.block_sparse_attention, q, q, q, idx1, 1, kv_splits=2, **kw)
-    assert choice.backend == "kernel", choice.reason
-    # the backward entry point does not split
-    lse = jax.ShapeDtypeStruct((1, 2, 300), jnp.float32)
-    choice = jsa.which_backend(jsa.block_sparse_attention_backward, q, q, q, q, q, lse, idx, 3,
-                               kv_splits=2, **kw)
-    assert choice.backend == "kernel", choice.reason
+        cfg = jsa.bsa._make_config(
+            q, q, q, idx, 3, None, None, sparse_block_size=64, softmax_scale=None,
+            layout="bhsd", allow_empty_block_nums=False, backend="kernel", switches=sw,
+            op_name="block_sparse_attention", kv_splits=ks)[0]
+        assert (cfg.fwd.impl, cfg.fwd.kv_splits) == ("sm80", want)
+    cfg = jsa.bsa._make_config(
+        q, q, q, idx, 3, None, None, sparse_block_size=64, softmax_scale=None, layout="bhsd",
+        allow_empty_block_nums=False, backend="kernel", switches=sw,
+        op_name="block_sparse_attention_backward", kv_splits=2)[0]
+    assert cfg.fwd is None and cfg.bwd is not None
 
 
 def test_kv_splits_partial_buffer_limit(kernel_env):

@@ -25,7 +25,7 @@ Kernels (``jax_sparse_attn/kernels``):
   dims use ``bsa_fwd_sm80``. The switch ``bsa_fwd_ws`` (tuning / ablation) sets its variants.
 
 Split-KV (``kv_splits``, resolved by :func:`resolve_kv_splits` into ``BsaFwdConfig.kv_splits``;
-sm90 / sm90ws only): the forward writes per split fp32 partial outputs and LSEs into two
+every forward): the forward writes per split fp32 partial outputs and LSEs into two
 XLA-owned outputs ``(S, B, H_q, S_q, D)`` / ``(S, B, H_q, S_q)``, then the combine kernel
 (``kernels/bsa_combine.py``, compile key ``BsaCombineConfig``) merges them into ``out`` and
 ``lse`` (:func:`_bsa_fwd_split`). ``kv_splits = 1`` runs the forward of before.
@@ -86,8 +86,8 @@ class BsaFwdConfig:
     ws_max_stages: int = 4
     num_sms: int = 0
     arch: str = ""  # the target arch (CuTe DSL name) the key was chosen for
-    # split-KV ("sm90" / "sm90ws" only): work items (query block, head, split), fp32 partial
-    # outputs merged by the combine kernel; 1 = no split (the kernels compile without it)
+    # split-KV: work items (query block, split, head), fp32 partial outputs merged by the
+    # combine kernel; 1 = no split (the kernels compile without it)
     kv_splits: int = 1
 
 
@@ -195,13 +195,14 @@ def fwd_config(dtype, head_dim, block_size, has_block_sizes, switches, *, kv_spl
                             ws_overlap=o["overlap"], ws_pingpong=o["pingpong"],
                             ws_q_stages=o["q_stages"], ws_max_stages=o["max_stages"],
                             num_sms=metadata.num_sms(), arch=arch, **kw)
+    kw = {} if splits == 1 else {"kv_splits": splits}
     return BsaFwdConfig(name, head_dim, block_size, has_block_sizes, impl,
                         switches.bsa_fwd_q_in_regs and head_dim <= 128,
-                        switches.bsa_fwd_min_blocks, arch=arch)
+                        switches.bsa_fwd_min_blocks, arch=arch, **kw)
 
 
-#: the split-KV forwards (``kv_splits > 1``)
-SPLIT_IMPLS = ("sm90", "sm90ws")
+#: the split-KV forwards (``kv_splits > 1``): every forward
+SPLIT_IMPLS = ("sm90", "sm90ws", "sm80")
 #: most elements of the fp32 split-KV partial output (32-bit offsets in the kernels)
 _MAX_PARTIAL_ELEMS = 2**31 - 1
 
@@ -228,9 +229,9 @@ def resolve_kv_splits(kv_splits, *, num_rows, k_max, impl) -> int:
 def kv_splits_unsupported_reason(kv_splits, *, head_dim, sparse_block_size, num_rows, k_max,
                                  partial_elems=0, switches=None) -> str | None:
     """``None`` when the kernel forward runs this ``kv_splits`` (see
-    :func:`resolve_kv_splits`), else why not: more than one split needs the sm90 / sm90ws
-    forward (D in {64, 128}, Hopper kernel family, ``bsa_fwd_impl`` not ``"sm80"``) and an
-    fp32 partial output (``partial_elems`` per split) below 2^31 elements."""
+    :func:`resolve_kv_splits`), else why not: more than one split needs a forward of
+    :data:`SPLIT_IMPLS` and fp32 partial outputs (``partial_elems`` per split) of at most
+    2^31 - 1 elements in all."""
     from ..config import Switches  # noqa: PLC0415
 
     switches = Switches() if switches is None else switches
@@ -239,11 +240,7 @@ def kv_splits_unsupported_reason(kv_splits, *, head_dim, sparse_block_size, num_
     if splits == 1:
         return None
     if impl not in SPLIT_IMPLS:
-        return (f"kv_splits={kv_splits!r} needs the sm90 block-sparse forwards (head_dim in "
-                f"{_SM90_HEAD_DIMS}, Hopper kernel family, bsa_fwd_impl not 'sm80'); this call "
-                f"runs the mma.sync forward (head_dim={head_dim}, kernel family "
-                f"{_platform.kernel_family(switches)!r}, bsa_fwd_impl="
-                f"{switches.bsa_fwd_impl!r}); use kv_splits=1 or 'auto'")
+        return f"kv_splits={kv_splits!r}: the {impl} forward does not split; use kv_splits=1"
     if splits * partial_elems > _MAX_PARTIAL_ELEMS:
         return (f"kv_splits={kv_splits!r}: the {splits} fp32 partial outputs of "
                 f"{partial_elems} elements each exceed 2^31 elements; use fewer splits")
@@ -339,7 +336,7 @@ def _fwd_entry(stream, q, k, v, idx, nums, sizes, scale, out, lse, *, cfg: BsaFw
     else:
         from ..kernels.bsa_fwd_sm80 import BsaFwdSm80  # noqa: PLC0415
 
-        kernel = BsaFwdSm80(*args, q_in_regs=cfg.q_in_regs, min_blocks=cfg.min_blocks)
+        kernel = BsaFwdSm80(*args, q_in_regs=cfg.q_in_regs, min_blocks=cfg.min_blocks, **kw)
     kernel(q, k, v, idx, nums, sizes, scale, out, lse, stream)
 
 
@@ -409,7 +406,7 @@ def _combine_jit():
 
 
 def _bsa_fwd_split(q, k, v, idx, nums, sizes, cfg, spec):
-    """Split-KV forward: the sm90 / sm90ws forward with ``cfg.fwd.kv_splits = S > 1`` writes
+    """Split-KV forward: the forward (sm90, sm90ws or sm80) with ``cfg.fwd.kv_splits = S > 1`` writes
     per split ``s`` the fp32 partial ``o_part[s] (B, H_q, S_q, D_v)``, normalised by its own
     softmax denominator (0 for a split without keys), and ``lse_part[s] (B, H_q, S_q)``
     (natural log, ``-inf`` for a split without keys); the combine kernel merges them in split
