@@ -169,7 +169,7 @@ def _split_inputs(key, b, h, h_kv, s_q, s_kv, d, blk, topk, dtype):
     return q, k, v, idx.astype(jnp.int32), jnp.full((b, h, n_q), topk, jnp.int32)
 
 
-def splits(rows_sel=None, settings=SPLIT_SETTINGS, n_sets=2, seed=0, d=128):
+def splits(rows_sel=None, settings=SPLIT_SETTINGS, n_sets=4, seed=0, d=128):
     """Forward times of the :data:`SPLIT_ROWS` under each ``kv_splits`` setting (kernel
     backend, default switches); the speed-up is over the row's ``kv_splits=1`` time."""
     from jax_sparse_attn.ffi import bsa as ffi_bsa  # noqa: PLC0415
