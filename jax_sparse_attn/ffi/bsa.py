@@ -406,8 +406,8 @@ def _combine_jit():
 
 
 def _bsa_fwd_split(q, k, v, idx, nums, sizes, cfg, spec):
-    """Split-KV forward: the forward (sm90, sm90ws or sm80) with ``cfg.fwd.kv_splits = S > 1`` writes
-    per split ``s`` the fp32 partial ``o_part[s] (B, H_q, S_q, D_v)``, normalised by its own
+    """Split-KV forward: the forward (sm90, sm90ws or sm80) with ``cfg.fwd.kv_splits = S > 1``
+    writes per split ``s`` the fp32 partial ``o_part[s] (B, H_q, S_q, D_v)``, normalised by its own
     softmax denominator (0 for a split without keys), and ``lse_part[s] (B, H_q, S_q)``
     (natural log, ``-inf`` for a split without keys); the combine kernel merges them in split
     order into ``out`` (q's layout and dtype) and ``lse``. Both buffers are XLA-owned
