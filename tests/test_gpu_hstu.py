@@ -109,7 +109,11 @@ class TestHSTUKernelGrid(HSTUKernelGrid):
         assert np.array_equal(np.asarray(got[2]), np.asarray(again[2]))
         assert np.array_equal(np.asarray(got[3]), np.asarray(again[3]))
         a, b = _f32(got[1]), _f32(again[1])
-        assert np.all(np.abs(a - b) <= 2 ** -7 * np.abs(a) + 1e-6), float(np.max(np.abs(a - b)))
+        d = np.abs(a - b)
+        i = np.unravel_index(np.argmax(d - 2 ** -7 * np.abs(a)), d.shape)
+        assert np.all(d <= 2 ** -7 * np.abs(a) + 1e-6), (
+            f"dq differs between runs at {i}: {a[i]} vs {b[i]} (max |dq| {np.abs(a).max()}, "
+            f"{int((d > 2 ** -7 * np.abs(a) + 1e-6).sum())} elements over)")
         self.run_case(dataclasses.replace(case, lens="lq_lt_lk"), Switches(), seed=4)
 
 
@@ -627,7 +631,8 @@ def _sched_cfg(window, schedule, bwd_impl="sm90"):
     from types import SimpleNamespace
 
     return SimpleNamespace(fwd=SimpleNamespace(block_m=128), schedule=schedule,
-                           bwd=SimpleNamespace(block_m=64, block_n=128, impl=bwd_impl),
+                           bwd=SimpleNamespace(block_m=64, block_n=128, impl=bwd_impl,
+                                                 deterministic=False),
                            window_size=window, cute_call="shared")
 
 
