@@ -73,6 +73,7 @@ class BsaFwdConfig:
     q_in_regs: bool = True
     min_blocks: int = 0
     late_v_wait: bool = False
+    warp_rows: int = 16
     # "sm90ws" only: intra-warpgroup GEMM overlap, ping-pong (blk 128), Q stages, most K/V
     # stages, SMs of the persistent grid
     ws_overlap: bool = True
@@ -185,7 +186,8 @@ def fwd_config(dtype, head_dim, block_size, has_block_sizes, switches) -> BsaFwd
     return BsaFwdConfig(name, head_dim, block_size, has_block_sizes, impl,
                         switches.bsa_fwd_q_in_regs and head_dim <= 128,
                         switches.bsa_fwd_min_blocks,
-                        late_v_wait=switches.bsa_fwd_late_v_wait, arch=arch)
+                        late_v_wait=switches.bsa_fwd_late_v_wait,
+                        warp_rows=int(switches.bsa_fwd_warp_rows), arch=arch)
 
 
 def bwd_config(dtype, head_dim, block_size, has_block_sizes, switches) -> BsaBwdConfig:
@@ -268,7 +270,7 @@ def _fwd_entry(stream, q, k, v, idx, nums, sizes, scale, out, lse, *, cfg: BsaFw
         from ..kernels.bsa_fwd_sm80 import BsaFwdSm80  # noqa: PLC0415
 
         kernel = BsaFwdSm80(*args, q_in_regs=cfg.q_in_regs, min_blocks=cfg.min_blocks,
-                            late_v_wait=cfg.late_v_wait)
+                            late_v_wait=cfg.late_v_wait, warp_rows=cfg.warp_rows)
     kernel(q, k, v, idx, nums, sizes, scale, out, lse, stream)
 
 

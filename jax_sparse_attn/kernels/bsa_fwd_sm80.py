@@ -39,17 +39,21 @@ class BsaFwdSm80:
     per-block valid sizes are given, whether Q fragments stay in registers (D <= 128 only),
     the minimum-CTAs-per-SM launch hint (0 = none) and ``late_v_wait``: a block's online
     softmax runs before the wait for its V block (V's load hides behind it; the next K
-    block's load then starts after the softmax instead of before it)."""
+    block's load then starts after the softmax instead of before it); ``warp_rows``: query
+    rows per warp (16 or 32; 32 keeps Q in shared memory)."""
 
     def __init__(self, dtype, head_dim: int, block_size: int, has_block_sizes: bool,
-                 q_in_regs: bool = True, min_blocks: int = 0, late_v_wait: bool = False):
+                 q_in_regs: bool = True, min_blocks: int = 0, late_v_wait: bool = False,
+                 warp_rows: int = 16):
         self.dtype = dtype
         self.hd = head_dim
         self.blk = block_size
-        self.num_warps = block_size // 16
+        # warp_rows query rows per warp (16 or 32: one or two m16 MMA rows of tiles)
+        self.num_warps = block_size // warp_rows
         self.num_threads = self.num_warps * 32
         self.has_sizes = has_block_sizes
-        self.q_in_regs = head_dim <= 128 and q_in_regs
+        # Q fragments in registers only with 16 rows per warp (32 rows would spill)
+        self.q_in_regs = head_dim <= 128 and q_in_regs and warp_rows == 16
         self.min_blocks = min_blocks
         self.late_v_wait = late_v_wait
 
