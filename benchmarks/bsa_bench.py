@@ -176,11 +176,45 @@ def _split_inputs(key, b, h, h_kv, s_q, s_kv, d, blk, topk, dtype, n_sets):
     return sets
 
 
-def splits(rows_sel=None, settings=SPLIT_SETTINGS, n_sets=16, seed=0, d=128):
+def _kernel_times(fn, args, iters=20):
+    """Per-kernel GPU time (us per call) of ``iters`` calls of ``fn(*args)`` from a JAX
+    profiler trace (CUPTI, perfetto JSON): ``(device span per call, [(name, us), ...])``."""
+    import collections  # noqa: PLC0415
+    import glob  # noqa: PLC0415
+    import gzip  # noqa: PLC0415
+    import shutil  # noqa: PLC0415
+    import tempfile  # noqa: PLC0415
+
+    jax.block_until_ready(fn(*args))
+    d = tempfile.mkdtemp(prefix="bsa_trace_")
+    try:
+        with jax.profiler.trace(d, create_perfetto_trace=True):
+            for _ in range(iters):
+                out = fn(*args)
+            jax.block_until_ready(out)
+        path = glob.glob(f"{d}/**/*perfetto_trace.json.gz", recursive=True)
+        with gzip.open(path[0]) as f:
+            t = json.load(f)
+    finally:
+        shutil.rmtree(d, ignore_errors=True)
+    ev = t["traceEvents"] if isinstance(t, dict) else t
+    names = {e["pid"]: e.get("args", {}).get("name", "") for e in ev
+             if e.get("ph") == "M" and e.get("name") == "process_name"}
+    gpu = {p for p, n in names.items() if "GPU" in n or "gpu" in n}
+    ev = [e for e in ev if e.get("ph") == "X" and e.get("pid") in gpu and "dur" in e]
+    by = collections.defaultdict(float)
+    for e in ev:
+        by[e["name"][:80]] += e["dur"] / iters
+    span = (max(e["ts"] + e["dur"] for e in ev) - min(e["ts"] for e in ev)) / iters if ev else 0.0
+    return span, sorted(by.items(), key=lambda x: -x[1])
+
+
+def splits(rows_sel=None, settings=SPLIT_SETTINGS, n_sets=16, seed=0, d=128, trace=False):
     """Forward times of the :data:`SPLIT_ROWS` under each ``kv_splits`` setting (kernel
     backend, default switches); the speed-up is over the row's ``kv_splits=1`` time. One
     jitted call runs the ``n_sets`` input sets back to back (a split forward takes tens of
-    microseconds: fewer calls would time the host's dispatch)."""
+    microseconds: fewer calls would time the host's dispatch). ``trace``: also the per-kernel
+    GPU times of one set's call (:func:`_kernel_times`)."""
     from jax_sparse_attn.ffi import bsa as ffi_bsa  # noqa: PLC0415
 
     rows = []
@@ -208,6 +242,16 @@ def splits(rows_sel=None, settings=SPLIT_SETTINGS, n_sets=16, seed=0, d=128):
                       flush=True)
                 continue
             got[ks] = ms
+            if trace:
+                try:
+                    span, ks_us = _kernel_times(jax.jit(fwd), sets[0])
+                    print(f"   trace kv_splits={ks}: device span {span:8.1f} us per call "
+                          f"(back-to-back calls)", flush=True)
+                    for n, us in ks_us[:10]:
+                        print(f"   {us:9.2f} us  {n}", flush=True)
+                except Exception as e:  # noqa: BLE001  (the trace is optional)
+                    print(f"   trace kv_splits={ks} FAILED {type(e).__name__}: {str(e)[:200]}",
+                          flush=True)
             row = dict(case=label, kv_splits=ks, splits=resolved, blk=blk, top_k=topk, S_q=s_q,
                        S_kv=s_kv, D=d, H=h, H_kv=h_kv, pass_="fwd", ms=ms,
                        tflops=flops / (ms * 1e-3) / 1e12, kv_gbs=kv_bytes / (ms * 1e-3) / 1e9,
@@ -242,12 +286,18 @@ def main(argv=None):
                          "(backend='reference', what backend='auto' runs without the kernels)")
     ap.add_argument("--splits", action="store_true",
                     help="time the split-KV decode rows (SPLIT_ROWS, kv_splits='auto' vs 1) only")
+    ap.add_argument("--split-settings", default="auto,1",
+                    help="with --splits: comma list of kv_splits values to time (the speed-up "
+                         "is over 1)")
+    ap.add_argument("--trace", action="store_true",
+                    help="with --splits: per-kernel GPU times of one call (JAX profiler)")
     args = ap.parse_args(argv)
     s = 4096 if args.quick else 16384
     rows = []
     if args.splits:
         sel = [int(r) for r in args.rows.split(",") if r] or None
-        rows = splits(rows_sel=sel)
+        settings = tuple(x if x == "auto" else int(x) for x in args.split_settings.split(","))
+        rows = splits(rows_sel=sel, settings=settings, trace=args.trace)
     elif args.table:
         sel = [int(r) for r in args.rows.split(",") if r] or None
         rows = table(args.table.split(";"), rows_sel=sel)

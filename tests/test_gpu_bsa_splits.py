@@ -211,3 +211,37 @@ def test_bsa_split_kv_auto_on_this_gpu():
     # all-zero q and k: uniform softmax over 64 * 128 keys of zero values
     assert np.all(np.asarray(out, np.float32) == 0)
     np.testing.assert_allclose(np.asarray(lse), np.log(64 * 128), rtol=1e-5)
+
+
+@pytest.mark.parametrize("impl,blk", [("sm90ws", 128), ("sm90", 64), ("sm80", 64)])
+def test_bsa_split_kv_garbage_metadata_is_clamped(impl, blk):
+    """Traced metadata (no eager checks) outside the contract: ids < 0 or >= N_kv inside the
+    active prefix, counts < 0 or > K_max, block_sizes < 1 or > blk. The split forward reads
+    nothing out of bounds and gives exactly the result of the metadata clamped as
+    ``metadata.sanitize_bsa_metadata`` does (the sm90ws forward clamps in the kernel, the
+    others get the sanitised metadata), and no NaN."""
+    import jax_sparse_attn as jsa
+    from jax_sparse_attn.metadata import sanitize_bsa_metadata
+
+    j = ["sm90ws", "sm90", "sm80"].index(impl)
+    if SHARD and int(SHARD.split("/")[0]) != j % int(SHARD.split("/")[1]):
+        pytest.skip("BSA_TEST_SHARD: runs in another shard")
+    rng = np.random.default_rng(7)
+    b, h, sq, skv, d, kmax = 1, 2, 200, 1000, 128, 6
+    nq, nkv = -(-sq // blk), -(-skv // blk)
+    q, k, v = (jnp.asarray(rng.standard_normal((b, h, s, d), np.float32)).astype(jnp.bfloat16)
+               for s in (sq, skv, skv))
+    idx = jnp.asarray(rng.integers(-3, nkv + 3, size=(b, h, nq, kmax)), jnp.int32)
+    nums = jnp.asarray(rng.integers(-2, kmax + 3, size=(b, h, nq)), jnp.int32)
+    sizes = jnp.asarray(rng.integers(-5, blk + 20, size=(b, h, nkv)), jnp.int32)
+    kw = dict(sparse_block_size=blk, allow_empty_block_nums=True, backend="kernel",
+              kv_splits=3, switches=Switches(bsa_fwd_impl=impl))
+    f = jax.jit(lambda q, k, v, i, n, s: tuple(
+        jsa.block_sparse_attention_forward(q, k, v, i, None, s, n, **kw)))
+    got = f(q, k, v, idx, nums, sizes)
+    want = f(q, k, v, *sanitize_bsa_metadata(idx, nums, sizes, num_kv_blocks=nkv,
+                                             block_size=blk))
+    for g, w in zip(got, want):
+        g, w = np.asarray(g, np.float32), np.asarray(w, np.float32)
+        assert not np.isnan(g).any()
+        np.testing.assert_array_equal(g, w)

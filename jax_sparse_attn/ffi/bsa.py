@@ -363,10 +363,10 @@ def bsa_fwd(q, k, v, q2k_block_index, q2k_block_nums, block_sizes, cfg):
     from .._cute_call import call_builder  # noqa: PLC0415
 
     spec = _specs(cfg.layout)
-    q2k_block_index, q2k_block_nums, block_sizes = _sanitize(
-        q2k_block_index, q2k_block_nums, block_sizes, cfg)
     if cfg.fwd.kv_splits > 1:
         return _bsa_fwd_split(q, k, v, q2k_block_index, q2k_block_nums, block_sizes, cfg, spec)
+    q2k_block_index, q2k_block_nums, block_sizes = _sanitize(
+        q2k_block_index, q2k_block_nums, block_sizes, cfg)
     call = call_builder(cfg.cute_call)(
         _fwd_jit(),
         output_shape_dtype=(
@@ -416,7 +416,7 @@ def _bsa_fwd_split(q, k, v, idx, nums, sizes, cfg, spec):
     softmax denominator (0 for a split without keys), and ``lse_part[s] (B, H_q, S_q)``
     (natural log, ``-inf`` for a split without keys); the combine kernel merges them in split
     order into ``out`` (q's layout and dtype) and ``lse``. Both buffers are XLA-owned
-    outputs of the first call."""
+    outputs of the first call. Metadata as in :func:`bsa_fwd` before :func:`_sanitize`."""
     from .._cute_call import call_builder  # noqa: PLC0415
 
     n_splits = cfg.fwd.kv_splits
@@ -424,6 +424,10 @@ def _bsa_fwd_split(q, k, v, idx, nums, sizes, cfg, spec):
     out_shape = q.shape[:-1] + (D_v,)
     if B * H * S_q == 0:
         return jnp.zeros(out_shape, q.dtype), jnp.full((B, H, S_q), -jnp.inf, jnp.float32)
+    if cfg.fwd.impl != "sm90ws":
+        # the sm90ws forward clamps counts, ids and sizes itself (block_info.BlockList); the
+        # others read the metadata as given
+        idx, nums, sizes = _sanitize(idx, nums, sizes, cfg)
     call = call_builder(cfg.cute_call)(
         _fwd_jit(),
         output_shape_dtype=(
