@@ -72,7 +72,9 @@ def _kernel_unsupported_reason(cfg, passes, switches, mod):
 def _kv_split_sizes(cfg):
     """The split-KV option and the static sizes that resolve it (``ffi.bsa.resolve_kv_splits``):
     metadata rows ``B H N_q`` (KV heads with ``pack_gqa``), ``K_max`` and the elements of one
-    fp32 partial output."""
+    fp32 partial output; nothing for ``kv_splits=1`` (the ffi functions' defaults)."""
+    if cfg.kv_splits == 1:
+        return {}
     heads = cfg.num_heads_kv if cfg.pack_gqa else cfg.num_heads_q
     return dict(kv_splits=cfg.kv_splits, num_rows=cfg.batch * heads * cfg.num_q_blocks,
                 k_max=cfg.k_max,
@@ -123,7 +125,7 @@ def _make_config(q, k, v, q2k_block_index, block_sparse_num, block_sizes, q2k_bl
 
 def _fwd_split_args(cfg):
     sizes = _kv_split_sizes(cfg)
-    del sizes["partial_elems"]
+    sizes.pop("partial_elems", None)
     return sizes
 
 

@@ -370,7 +370,7 @@ def test_kernel_path_bsa_metadata_normalised(force_platform):
     m = types.ModuleType("fake_ffi_bsa")
 
     def unsupported(*, dtype, head_dim, head_dim_v, sparse_block_size, passes=("fwd", "bwd"),
-                    switches=None, **split_sizes):
+                    switches=None):
         calls.append(("reason", head_dim, head_dim_v, sparse_block_size))
         return None
 
@@ -389,7 +389,7 @@ def test_kernel_path_bsa_metadata_normalised(force_platform):
                                                         **ref_kw(cfg))
 
     m.bsa_kernel_unsupported_reason, m.bsa_fwd, m.bsa_bwd = unsupported, bsa_fwd, bsa_bwd
-    m.fwd_config = lambda *a, **kw: ("fwd_key",) + a  # kw: the kv_splits sizes
+    m.fwd_config = lambda *a: ("fwd_key",) + a
     m.bwd_config = lambda *a: ("bwd_key",) + a
     m.pre_config = lambda *a: None
     force_platform("bsa", m)
