@@ -37,9 +37,10 @@ The K->Q CSR entries are software-pipelined two steps ahead in registers, so no 
 global load of an entry sits between a barrier and the prefetch it feeds.
 
 ``causal`` (static): the token-level causal mask inside the listed blocks (key ``j`` visible
-from query ``i`` iff ``j <= i + S_kv - S_q``). The CTA first reduces the largest query block
-among its CSR entries and zero-fills the K/V rows past the keys its last row sees (no query
-of any entry sees them, so NaN there never reaches dQ through ``0 * K``); a step whose 64
+from query ``i`` iff ``j <= i + S_kv - S_q``). The CTA first reduces, over its CSR entries, the keys of
+its tile that the entry's query rows see (to the diagonal of the block's last row, within
+``block_sizes``) and zero-fills the K/V rows past the largest (no query of any entry sees
+them, so NaN there never reaches dQ through ``0 * K``); a step whose 64
 queries see none of the tile's keys is skipped like an empty one; a step crossing the
 diagonal selects 0 into P and dS (``mask.CausalMaskKeyMajor``), a step below it is unmasked.
 Rows with ``lse = -inf`` (no visible key) have every pair masked, so they add nothing and get
@@ -173,25 +174,31 @@ class BsaBwdSm90:
                 dP_mn[r, c] = ds if key_ok else cutlass.Float32(0.0)
 
     @cute.jit
-    def _causal_row_cap(self, mEntries, e_begin, n_entries, n_q_blocks, seqlen_q, seqlen_k,
-                        n0, tidx, sLD):
-        """Causal: rows of this K/V tile (first key ``n0``) that some query of its CSR entries
-        sees, ``min((m_hi + 1) blk, S_q) + S_kv - S_q - n0`` with ``m_hi`` the largest query
-        block of the entries (a strided scan, warp shuffles, then one CTA barrier through
-        four Int32 slots of sLD's stage 1, which no copy writes before step 0's barrier)."""
-        m_hi = cutlass.Int32(-1)
+    def _causal_row_cap(self, mEntries, mSizes, e_begin, n_entries, n_q_blocks, seqlen_q,
+                        seqlen_k, batch, head_kv, group, n_block, tile_off, n0, tidx, sLD):
+        """Causal: rows of this K/V tile (first key ``n0``) that some query row of its CSR
+        entries sees: the largest over the entries (query block ``m`` of head ``h``) of
+        ``min((m + 1) blk, S_q) + S_kv - S_q - n0``, capped by ``block_sizes[b, h, n] -
+        tile_off`` when given. A strided scan, warp shuffles, then one CTA barrier through
+        four Int32 slots of sLD's stage 1 (no copy writes it before step 0's barrier)."""
+        cap = cutlass.Int32(-1)
         for e in cutlass.range(tidx, n_entries, self.num_threads, unroll=1):
             ent = mEntries[e_begin + e]
-            m_hi = cutlass.max(m_hi, ent - (ent // n_q_blocks) * n_q_blocks)
+            h_in_group = ent // n_q_blocks
+            m = ent - h_in_group * n_q_blocks
+            rows = cutlass.min((m + 1) * self.blk, seqlen_q) + seqlen_k - seqlen_q - n0
+            if cutlass.const_expr(self.has_sizes):
+                rows = cutlass.min(rows, mSizes[batch, head_kv * group + h_in_group, n_block]
+                                   - tile_off)
+            cap = cutlass.max(cap, rows)
         for sh in cutlass.range_constexpr(5):
-            m_hi = cutlass.max(m_hi, cute.arch.shuffle_sync_bfly(m_hi, offset=16 >> sh))
+            cap = cutlass.max(cap, cute.arch.shuffle_sync_bfly(cap, offset=16 >> sh))
         slots = cute.make_tensor(cute.recast_ptr(sLD.iterator + 2 * TILE, dtype=cutlass.Int32),
                                  cute.make_layout(4))
         if tidx % 32 == 0:
-            slots[tidx // 32] = m_hi
+            slots[tidx // 32] = cap
         cute.arch.barrier()
-        m_all = cutlass.max(cutlass.max(slots[0], slots[1]), cutlass.max(slots[2], slots[3]))
-        return cutlass.min((m_all + 1) * self.blk, seqlen_q) + seqlen_k - seqlen_q - n0
+        return cutlass.max(cutlass.max(slots[0], slots[1]), cutlass.max(slots[2], slots[3]))
 
     @cute.kernel
     def kernel(
@@ -245,8 +252,9 @@ class BsaBwdSm90:
         if cutlass.const_expr(self.causal):
             row_id0 = (batch * num_heads_kv + head_kv) * n_kv_blocks + n_block
             row_cap = self._causal_row_cap(
-                mEntries, mOffsets[row_id0], mOffsets[row_id0 + 1] - mOffsets[row_id0],
-                n_q_blocks, seqlen_q, seqlen_k, n_tile * TILE, tidx, sLD)
+                mEntries, mSizes, mOffsets[row_id0], mOffsets[row_id0 + 1] - mOffsets[row_id0],
+                n_q_blocks, seqlen_q, seqlen_k, batch, head_kv, group, n_block, tile_off,
+                n_tile * TILE, tidx, sLD)
         thr_copy, tCc, kv_left, tQsQ, tdOsdO = bwd_load_kv_tile(
             gmem_copy_in, tidx, mK, mV, sK[None, None, 0], sV[None, None, 0], sQ, sdO, mSizes,
             batch, head_kv, group, n_tile, n_block, tile_off, seqlen_k, TILE, hd,
