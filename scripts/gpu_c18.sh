@@ -4,14 +4,14 @@
 #   1. tests/test_gpu_bsa_causal.py in SHARDS parallel processes (CAUSAL_TEST_SHARD=i/n),
 #      T - T_BENCH - 15 seconds;
 #   2. benchmarks/bsa_bench.py --causal (blk128, diagonal + 15 past blocks, causal vs the same
-#      listing non-causal, fwd and bwd; TFLOP/s + JSON), T_BENCH seconds (default 100).
+#      listing non-causal, fwd and bwd; TFLOP/s + JSON), T_BENCH seconds (default 90).
 # Logs and JSON under $OUT, packed into $OUT/c18_logs.tgz at the end.
 set -u
 T=${T:-240}
 OUT=${OUT:-./gpu_out_c18}
 mkdir -p "$OUT"
 SHARDS=${SHARDS:-6}
-T_BENCH=${T_BENCH:-100}
+T_BENCH=${T_BENCH:-90}
 T_TEST=$(( T - T_BENCH - 15 ))
 export XLA_PYTHON_CLIENT_PREALLOCATE=false PYTHONUNBUFFERED=1
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
