@@ -17,7 +17,7 @@ export XLA_PYTHON_CLIENT_PREALLOCATE=false PYTHONUNBUFFERED=1
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
 start=$(date +%s)
 stamp() { echo "[$(( $(date +%s) - start ))s] $*" | tee -a "$OUT/summary.txt"; }
-stamp "c18 $(git rev-parse --short HEAD 2>/dev/null || echo nogit) T=$T shards=$SHARDS T_TEST=$T_TEST T_BENCH=$T_BENCH"
+stamp "c18 $(cat C18_COMMIT 2>/dev/null || git rev-parse --short HEAD 2>/dev/null) T=$T shards=$SHARDS T_TEST=$T_TEST T_BENCH=$T_BENCH"
 nvidia-smi --query-gpu=name,memory.used --format=csv,noheader >> "$OUT/summary.txt" 2>&1
 PYT="python3 -m pytest -m gpu -q -rA -p no:cacheprovider"
 pids=()
