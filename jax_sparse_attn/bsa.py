@@ -55,6 +55,11 @@ def _passes(op_name):
     return ("bwd",) if op_name.endswith("_backward") else ("fwd", "bwd")
 
 
+def _causal_kw(cfg):
+    """``causal=True`` for the ffi module's key / support functions (nothing when False)."""
+    return {"causal": True} if cfg.causal else {}
+
+
 def _kernel_unsupported_reason(cfg, passes, switches, mod):
     # options that only the reference backend implements so far (kv_splits="auto" lets the
     # backend choose: the kernels, without split-KV yet, run one split); causal: the sm90
@@ -68,7 +73,7 @@ def _kernel_unsupported_reason(cfg, passes, switches, mod):
                                              head_dim_v=cfg.head_dim_v,
                                              sparse_block_size=cfg.sparse_block_size,
                                              passes=passes, switches=switches,
-                                             causal=cfg.causal)
+                                             **_causal_kw(cfg))
 
 
 def _make_config(q, k, v, q2k_block_index, block_sparse_num, block_sizes, q2k_block_nums, *,
@@ -102,9 +107,9 @@ def _make_config(q, k, v, q2k_block_index, block_sparse_num, block_sizes, q2k_bl
         static = (cfg.dtype, cfg.head_dim, cfg.sparse_block_size, cfg.has_block_sizes, switches)
         # the compile keys of the passes this call may run (None: not run by this call)
         cfg = dataclasses.replace(cfg, backend="kernel", cute_call=switches.cute_call,
-                                  fwd=(mod.fwd_config(*static, causal=cfg.causal)
+                                  fwd=(mod.fwd_config(*static, **_causal_kw(cfg))
                                        if "fwd" in passes else None),
-                                  bwd=(mod.bwd_config(*static, causal=cfg.causal)
+                                  bwd=(mod.bwd_config(*static, **_causal_kw(cfg))
                                        if "bwd" in passes else None),
                                   pre=mod.pre_config(cfg.dtype, cfg.head_dim, switches),
                                   kernel_arch=_platform.resolved_arch(),

@@ -328,7 +328,7 @@ def fake_kernel_platform(monkeypatch):
     monkeypatch.setattr(_platform, "kernel_platform_unavailable_reason", lambda: None)
     m = types.ModuleType("fake_ffi_bsa")
     m.bsa_kernel_unsupported_reason = lambda **kw: None
-    m.fwd_config = m.bwd_config = lambda *a, **kw: a
+    m.fwd_config = m.bwd_config = lambda *a: a
     m.pre_config = lambda *a: None
     import jax_sparse_attn.ffi as ffi_pkg  # noqa: PLC0415
 
