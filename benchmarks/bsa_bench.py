@@ -182,7 +182,9 @@ def causal_rows(s=16384, b=1, h=16, d=128, blk=128, past=15, n_sets=2, seed=0):
     rows = []
     for p in ("fwd", "bwd"):
         times = {}
-        for causal in (False, True):
+        # non-causal, causal, then both again: each row keeps its faster round, so a drift
+        # of the GPU's clocks or of other load during the run does not favour either
+        for causal in (False, True, False, True):
             kw = dict(layout="bhsd", sparse_block_size=blk, softmax_scale=1.0 / np.sqrt(d),
                       backend="kernel", causal=causal)
 
@@ -202,6 +204,9 @@ def causal_rows(s=16384, b=1, h=16, d=128, blk=128, past=15, n_sets=2, seed=0):
 
                 ms = _time(bwd, bsets)
             fl = flops_fwd * (2.5 if p == "bwd" else 1.0)
+            if causal in times:  # second round: keep the faster time, replace the row
+                ms = min(ms, times[causal])
+                rows = [r for r in rows if not (r["pass_"] == p and r["causal"] == causal)]
             times[causal] = ms
             row = dict(variant="causal" if causal else "non-causal", case=f"diag+{past} past",
                        blk=blk, listed_blocks=listed, pass_=p, ms=ms,
