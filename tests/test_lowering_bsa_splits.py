@@ -33,7 +33,7 @@ LOWER = [
     (2, 64, 128, "bfloat16", "bshd", True, "sm90ws"),
     ("auto", 128, 128, "float16", "bhsd", True, "sm90"),
     (7, 64, 256, "bfloat16", "bhsd", True, "auto"),  # D 256: the mma.sync forward
-    (2, 128, 32, "float16", "bshd", False, "sm80"),
+    (64, 128, 32, "float16", "bshd", False, "sm80"),
 ]
 
 
