@@ -8,7 +8,7 @@
 #   processes in parallel, one shape each).
 # bench: benchmarks/bsa_bench.py --splits: the decode rows (B=1 H=16, S_q=128 against
 #   S_kv=131072, blk128 top-64; then blk64 top-128) with kv_splits "auto" vs 1 (row 0 also 16
-#   and 32 splits) and the per-kernel GPU times of one call (--trace).
+#   splits, and 32 with TB >= 90) and the per-kernel GPU times of one call (--trace).
 # Every python call runs under timeout; logs, JSON and summary.txt are packed into
 # $OUT/s18_logs_$PHASE.tgz (summary also printed). Knobs: SHARDS (6), K (pytest -k filter).
 set -u
@@ -38,8 +38,11 @@ if [ "$PHASE" != bench ]; then
 fi
 if [ "$PHASE" != tests ]; then
   b0=$SECONDS
-  timeout -k 5 $((TB * 2 / 3)) python3 -m benchmarks.bsa_bench --splits --rows 0 \
-    --split-settings auto,1,16,32 --trace --out "$LOGS/bsa_splits_row0.json" \
+  # row 0: auto, 1 and 16 splits (also 32 with TB >= 90); row 1 (auto, 1) in the rest
+  SET0=${SET0:-auto,1,16}
+  [ "$TB" -ge 90 ] && SET0=${SET0},32
+  timeout -k 5 $((TB - 18)) python3 -m benchmarks.bsa_bench --splits --rows 0 \
+    --split-settings "$SET0" --trace --out "$LOGS/bsa_splits_row0.json" \
     > "$LOGS/bench_row0.log" 2>&1
   echo "rc=$? at $((SECONDS - start)) s" >> "$LOGS/bench_row0.log"
   left=$((TB - 3 - (SECONDS - b0)))

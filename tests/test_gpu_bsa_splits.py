@@ -155,6 +155,21 @@ def _reference_fn(c, ks, compute_dtype):
 @pytest.mark.parametrize("c,ks", shard(CASES, SHARD),
                          ids=[f"{s[0]}-kv{ks}" for s, ks in shard(CASES, SHARD)])
 def test_bsa_split_kv_kernel_vs_reference(c, ks):
+    _check_case(c, ks)
+
+
+# more than the 16 splits the combine kernel unrolls (its loop over a runtime split count)
+LONG = ("ws-blk128-d64-long", 128, 64, "bfloat16", "bshd", 4, 2, 200, 6000, 40, True, "auto")
+
+
+def test_bsa_split_kv_runtime_split_count_combine():
+    """kv_splits=32 against 40-entry lists: the combine kernel's runtime-count variant."""
+    if SHARD and int(SHARD.split("/")[0]) != 5 % int(SHARD.split("/")[1]):
+        pytest.skip("BSA_TEST_SHARD: runs in another shard")
+    _check_case(LONG, 32)
+
+
+def _check_case(c, ks):
     from jax_sparse_attn.metadata import normalize_bsa_metadata
 
     (q, k, v, do), (kp, vp), idx, nums, sizes = _inputs(c)

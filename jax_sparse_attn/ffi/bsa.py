@@ -430,17 +430,24 @@ def bsa_fwd(q, k, v, q2k_block_index, q2k_block_nums, block_sizes, cfg):
 
 @dataclasses.dataclass(frozen=True)
 class BsaCombineConfig:
-    """Compile key of the split-KV combine kernel (``kernels/bsa_combine.py``); the number
-    of splits is a runtime extent."""
+    """Compile key of the split-KV combine kernel (``kernels/bsa_combine.py``): ``kv_splits``
+    the split count of its unrolled variant (at most ``bsa_combine.UNROLL_MAX``), 0 for the
+    variant that reads the count at run time."""
 
     dtype: str
     head_dim: int
+    kv_splits: int = 0
+
+
+#: most splits the combine kernel unrolls (kernels/bsa_combine.py UNROLL_MAX)
+_COMBINE_UNROLL_MAX = 16
 
 
 def _combine_entry(stream, o_part, lse_part, out, lse, *, cfg: BsaCombineConfig):
     from ..kernels.bsa_combine import BsaCombine  # noqa: PLC0415
 
-    BsaCombine(_cutlass_dtype(cfg.dtype), cfg.head_dim)(o_part, lse_part, out, lse, stream)
+    BsaCombine(_cutlass_dtype(cfg.dtype), cfg.head_dim, cfg.kv_splits)(o_part, lse_part, out,
+                                                                       lse, stream)
 
 
 @functools.cache
@@ -483,7 +490,8 @@ def _bsa_fwd_split(q, k, v, idx, nums, sizes, cfg, spec):
         static_last_outputs=(0,),
     )
     o_part, lse_part = call(q, k, v, idx, nums, sizes, _scale_array(cfg.softmax_scale))
-    ckey = BsaCombineConfig(cfg.dtype, D_v)
+    ckey = BsaCombineConfig(cfg.dtype, D_v,
+                            n_splits if n_splits <= _COMBINE_UNROLL_MAX else 0)
     combine = call_builder(cfg.cute_call)(
         _combine_jit(),
         output_shape_dtype=(
