@@ -59,11 +59,16 @@ def _kernel_unsupported_reason(cfg, passes, switches, mod):
     # options that only the reference backend implements so far (kv_splits="auto" lets the
     # backend choose: the kernels, without split-KV yet, run one split)
     for name, value, default in (("kv_splits", cfg.kv_splits, 1),
-                                 ("pack_gqa", cfg.pack_gqa, False),
                                  ("causal", cfg.causal, False)):
         if value not in (default, "auto"):
             return (f"{name}={value!r} is not implemented by the block-sparse kernels yet "
                     f"(only {name}={default!r}); backend='reference' implements it")
+    if cfg.pack_gqa:
+        why = mod.pack_gqa_unsupported_reason(
+            head_dim=cfg.head_dim, sparse_block_size=cfg.sparse_block_size,
+            group=cfg.num_heads_q // max(cfg.num_heads_kv, 1), passes=passes, switches=switches)
+        if why is not None:
+            return why + "; backend='reference' implements it"
     return mod.bsa_kernel_unsupported_reason(dtype=cfg.dtype, head_dim=cfg.head_dim,
                                              head_dim_v=cfg.head_dim_v,
                                              sparse_block_size=cfg.sparse_block_size,
@@ -99,10 +104,12 @@ def _make_config(q, k, v, q2k_block_index, block_sparse_num, block_sizes, q2k_bl
                           switches=switches)
     if mod is not None:
         static = (cfg.dtype, cfg.head_dim, cfg.sparse_block_size, cfg.has_block_sizes, switches)
+        # pack_gqa: the kernels' compile keys carry r (1 = not packed)
+        pack = {"pack_gqa": cfg.num_heads_q // cfg.num_heads_kv} if cfg.pack_gqa else {}
         # the compile keys of the passes this call may run (None: not run by this call)
         cfg = dataclasses.replace(cfg, backend="kernel", cute_call=switches.cute_call,
-                                  fwd=mod.fwd_config(*static) if "fwd" in passes else None,
-                                  bwd=mod.bwd_config(*static) if "bwd" in passes else None,
+                                  fwd=mod.fwd_config(*static, **pack) if "fwd" in passes else None,
+                                  bwd=mod.bwd_config(*static, **pack) if "bwd" in passes else None,
                                   pre=mod.pre_config(cfg.dtype, cfg.head_dim, switches),
                                   kernel_arch=_platform.resolved_arch(),
                                   kernel_family=_platform.kernel_family(switches))

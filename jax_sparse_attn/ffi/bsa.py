@@ -80,6 +80,8 @@ class BsaFwdConfig:
     ws_max_stages: int = 4
     num_sms: int = 0
     arch: str = ""  # the target arch (CuTe DSL name) the key was chosen for
+    # pack_gqa: query heads per KV head r of the packed rows (1: not packed; sm90/sm90ws)
+    pack_gqa: int = 1
 
 
 @dataclasses.dataclass(frozen=True)
@@ -98,6 +100,8 @@ class BsaBwdConfig:
     vec_red: bool = True
     # sm80: Q/dO shared-memory stages (2: prefetch of the next step; 1 where 2 do not fit)
     q_stages: int = 2
+    # pack_gqa: query heads per KV head r of the packed rows (1: not packed; sm90 only)
+    pack_gqa: int = 1
 
 
 def fwd_smem_bytes(head_dim, block_size) -> int:
@@ -167,31 +171,36 @@ def _family_impl(want: str, head_dim: int, switches, block_size: int | None = No
     return _impl(want, head_dim, block_size)
 
 
-def fwd_config(dtype, head_dim, block_size, has_block_sizes, switches) -> BsaFwdConfig:
+def fwd_config(dtype, head_dim, block_size, has_block_sizes, switches,
+               pack_gqa: int = 1) -> BsaFwdConfig:
     """The forward compile key from the static call properties and the
-    :class:`~jax_sparse_attn.config.Switches`."""
+    :class:`~jax_sparse_attn.config.Switches` (``pack_gqa``: r of packed rows, 1 = off; only
+    the sm90 / sm90ws kernels pack, :func:`pack_gqa_unsupported_reason`)."""
     name = jnp.dtype(dtype).name
     impl = _family_impl(switches.bsa_fwd_impl, head_dim, switches, block_size)
     arch = _platform.resolved_arch()
     if impl == "sm90":
-        return BsaFwdConfig(name, head_dim, block_size, has_block_sizes, impl, arch=arch)
+        return BsaFwdConfig(name, head_dim, block_size, has_block_sizes, impl, arch=arch,
+                            pack_gqa=pack_gqa)
     if impl == "sm90ws":
         o = bsa_ws_options(switches.bsa_fwd_ws)
         return BsaFwdConfig(name, head_dim, block_size, has_block_sizes, impl,
                             ws_overlap=o["overlap"], ws_pingpong=o["pingpong"],
                             ws_q_stages=o["q_stages"], ws_max_stages=o["max_stages"],
-                            num_sms=metadata.num_sms(), arch=arch)
+                            num_sms=metadata.num_sms(), arch=arch, pack_gqa=pack_gqa)
     return BsaFwdConfig(name, head_dim, block_size, has_block_sizes, impl,
                         switches.bsa_fwd_q_in_regs and head_dim <= 128,
                         switches.bsa_fwd_min_blocks, arch=arch)
 
 
-def bwd_config(dtype, head_dim, block_size, has_block_sizes, switches) -> BsaBwdConfig:
+def bwd_config(dtype, head_dim, block_size, has_block_sizes, switches,
+               pack_gqa: int = 1) -> BsaBwdConfig:
     """The dK/dV/dQ kernel's compile key (see :func:`fwd_config`)."""
     name, impl = jnp.dtype(dtype).name, _family_impl(switches.bsa_bwd_impl, head_dim, switches)
     arch = _platform.resolved_arch()
     if impl == "sm90":
-        return BsaBwdConfig(name, head_dim, block_size, has_block_sizes, impl, arch=arch)
+        return BsaBwdConfig(name, head_dim, block_size, has_block_sizes, impl, arch=arch,
+                            pack_gqa=pack_gqa)
     # 2 CTAs per SM (register cap 128) where the accumulators allow it
     min_blocks = switches.bsa_bwd_min_blocks
     if min_blocks is None:
@@ -202,6 +211,28 @@ def bwd_config(dtype, head_dim, block_size, has_block_sizes, switches) -> BsaBwd
                                                           switches))
     return BsaBwdConfig(name, head_dim, block_size, has_block_sizes, impl, min_blocks, arch=arch,
                         vec_red=_platform.vec_red(switches, arch), q_stages=q_stages)
+
+
+def pack_gqa_unsupported_reason(*, head_dim, sparse_block_size, group, passes=("fwd", "bwd"),
+                                switches=None) -> str | None:
+    """``None`` when the kernels that the ``passes`` of a call would run implement
+    ``pack_gqa`` with ``group`` (``r = H_q / H_kv``) query heads per KV head, else why not:
+    the sm90 forward (``sm90`` / ``sm90ws``) and the sm90 backward pack groups of a size
+    dividing 64; the mma.sync (sm80) kernels do not pack."""
+    if 64 % group:
+        return (f"pack_gqa=True with r = H_q / H_kv = {group} is not implemented by the "
+                f"block-sparse kernels (they pack groups of a size dividing 64)")
+    for pas, want in (("fwd", None if switches is None else switches.bsa_fwd_impl),
+                      ("bwd", None if switches is None else switches.bsa_bwd_impl)):
+        if pas not in passes:
+            continue
+        want = want or ("auto" if pas == "fwd" else "sm90")
+        impl = _family_impl(want, head_dim, switches, sparse_block_size)
+        if impl == "sm80":
+            return (f"pack_gqa=True is not implemented by the mma.sync (sm80 / portable) "
+                    f"block-sparse {'forward' if pas == 'fwd' else 'backward'} (head_dim="
+                    f"{head_dim}; the sm90 kernels pack at head_dim in {_SM90_HEAD_DIMS})")
+    return None
 
 
 def pre_config(dtype, head_dim, switches) -> BsaPreConfig | None:
@@ -257,11 +288,11 @@ def _fwd_entry(stream, q, k, v, idx, nums, sizes, scale, out, lse, *, cfg: BsaFw
 
         kernel = BsaFwdSm90Ws(*args, cfg.num_sms, overlap=cfg.ws_overlap,
                               pingpong=cfg.ws_pingpong, max_stages=cfg.ws_max_stages,
-                              q_stages=cfg.ws_q_stages)
+                              q_stages=cfg.ws_q_stages, pack_gqa=cfg.pack_gqa)
     elif cfg.impl == "sm90":
         from ..kernels.bsa_fwd_sm90 import BsaFwdSm90  # noqa: PLC0415
 
-        kernel = BsaFwdSm90(*args)
+        kernel = BsaFwdSm90(*args, pack_gqa=cfg.pack_gqa)
     else:
         from ..kernels.bsa_fwd_sm80 import BsaFwdSm80  # noqa: PLC0415
 
@@ -367,7 +398,7 @@ def _bwd_entry(stream, q, k, v, do, lse, delta, offsets, entries, sizes, scale, 
     if cfg.impl == "sm90":
         from ..kernels.bsa_bwd_sm90 import BsaBwdSm90  # noqa: PLC0415
 
-        kernel = BsaBwdSm90(*args)
+        kernel = BsaBwdSm90(*args, pack_gqa=cfg.pack_gqa)
     else:
         from ..kernels.bsa_bwd_sm80 import BsaBwdSm80  # noqa: PLC0415
 
