@@ -338,7 +338,7 @@ def fake_kernel_platform(monkeypatch):
     jax.clear_caches()
 
 
-@pytest.mark.parametrize("opt,val", [("kv_splits", 2), ("pack_gqa", True), ("causal", True)])
+@pytest.mark.parametrize("opt,val", [("kv_splits", 2), ("causal", True)])
 def test_kernel_backend_declines_new_options(fake_kernel_platform, opt, val):
     (q, k, v), idx, nums = _args(pack=opt == "pack_gqa")
     q, k, v = (x.astype(jnp.bfloat16) for x in (q, k, v))
@@ -349,3 +349,32 @@ def test_kernel_backend_declines_new_options(fake_kernel_platform, opt, val):
     # backend="auto" runs the reference instead
     choice = jsa.which_backend(jsa.block_sparse_attention, q, k, v, idx, **kw)
     assert choice.backend == "reference" and opt in choice.reason
+
+
+def test_pack_gqa_runs_on_the_sm90_kernels_only():
+    """pack_gqa: the sm90 forwards (sm90, sm90ws) and the sm90 backward pack; a pass that
+    would run an mma.sync (sm80 / portable) kernel declines with a reason naming it (then
+    backend="auto" runs the reference); the kernels' compile keys carry r."""
+    from jax_sparse_attn.config import Switches
+    from jax_sparse_attn.ffi import bsa as ffi_bsa
+
+    why = ffi_bsa.pack_gqa_unsupported_reason
+    kw = dict(head_dim=128, sparse_block_size=128, group=8)
+    assert why(**kw, switches=Switches()) is None
+    assert why(**kw, switches=Switches(bsa_fwd_impl="sm90")) is None
+    assert why(head_dim=64, sparse_block_size=64, group=4,
+               switches=Switches(bsa_fwd_impl="sm90ws")) is None
+    msg = why(**kw, switches=Switches(bsa_fwd_impl="sm80"))
+    assert "mma.sync" in msg and "forward" in msg
+    msg = why(**kw, switches=Switches(bsa_bwd_impl="sm80"))
+    assert "mma.sync" in msg and "backward" in msg
+    assert why(**kw, passes=("fwd",), switches=Switches(bsa_bwd_impl="sm80")) is None
+    assert "head_dim=256" in why(head_dim=256, sparse_block_size=128, group=2,
+                                 switches=Switches())
+    assert "dividing 64" in why(head_dim=128, sparse_block_size=128, group=128,
+                                switches=Switches())
+    assert "mma.sync" in why(**kw, switches=Switches(kernel_family="portable"))
+    sw = Switches()
+    assert ffi_bsa.fwd_config("bfloat16", 128, 128, False, sw).pack_gqa == 1
+    assert ffi_bsa.fwd_config("bfloat16", 128, 128, False, sw, pack_gqa=8).pack_gqa == 8
+    assert ffi_bsa.bwd_config("bfloat16", 64, 64, True, sw, pack_gqa=4).pack_gqa == 4
