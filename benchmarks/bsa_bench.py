@@ -14,9 +14,10 @@ calls and one ``block_until_ready``; reported time = median over samples / (reps
 times the portable kernels beside the default (Hopper) ones.
 ``bwd`` times the kernel backward alone (delta, CSR build, dK/dV/dQ kernel, dq cast) from
 saved out/lse; ``csr`` times only the K->Q CSR construction. Prints a table and writes JSON.
-``--pack-gqa`` times ``pack_gqa=True`` against unpacked GQA at the same density (bf16, B=1,
-H_q=32, H_kv=4, blk128, 12.5 % of the KV blocks per row, S=16384, D=128; fwd and bwd; the
-same FLOPs ``4*B*H_q*S_q*D*(top_k*blk)`` for both, random lists drawn independently).
+``--pack-gqa`` times ``pack_gqa=True`` against unpacked GQA at the same density (bf16,
+H_q=32, H_kv=4, blk128, 12.5 % of the KV blocks per row, D=128; the same FLOPs
+``4*B*H_q*S_q*D*(top_k*blk)`` for both, random lists drawn independently): "prefill" B=1,
+S_q=S_kv=16384, fwd and bwd; "decode" B=16, S_q=16 (S_q r = blk), S_kv=16384, fwd.
 """
 
 from __future__ import annotations
@@ -107,28 +108,32 @@ def run(cases, b=1, h=16, s=16384, d=128, n_sets=3, seed=0, tag="", switches=Non
 
 
 def pack_gqa_rows(s=16384, h=32, h_kv=4, d=128, blk=128, density=0.125, n_sets=2, seed=0,
-                  passes=("fwd", "bwd"), backend="kernel"):
-    """``pack_gqa=True`` (metadata ``(B, H_kv, S r / blk, top_k)``) vs unpacked GQA
-    (``(B, H_q, S / blk, top_k)``) at the same density: rows with ``variant`` "unpacked" /
-    "pack_gqa" and, for the packed rows, ``speedup`` over the unpacked row of the pass."""
+                  passes=("fwd", "bwd"), backend="kernel", b=1, s_q=None, tag="prefill"):
+    """``pack_gqa=True`` (metadata ``(B, H_kv, S_q r / blk, top_k)``) vs unpacked GQA
+    (``(B, H_q, S_q / blk, top_k)``) at the same density (``top_k`` of the ``S / blk`` KV
+    blocks per row, lists drawn independently; ``s_q``: query positions, default ``s``):
+    rows with ``variant`` "unpacked" / "pack_gqa" and, for the packed rows, ``speedup`` over
+    the unpacked row of the pass. Effective FLOPs are the same for both:
+    ``4 B H_q S_q D top_k blk`` (forward), 2.5x that (backward)."""
+    s_q = s if s_q is None else s_q
     r = h // h_kv
     n_kv = -(-s // blk)
     topk = max(1, round(density * n_kv))
     key = jax.random.PRNGKey(seed)
     scale = 1.0 / np.sqrt(d)
-    flops_fwd = 4.0 * h * s * d * (topk * blk)
+    flops_fwd = 4.0 * b * h * s_q * d * (topk * blk)
     rows, ms_of = [], {}
     for variant, pack in (("unpacked", False), ("pack_gqa", True)):
-        hm, nq = (h_kv, -(-s * r // blk)) if pack else (h, -(-s // blk))
+        hm, nq = (h_kv, -(-s_q * r // blk)) if pack else (h, -(-s_q // blk))
         sets = []
         for i in range(n_sets):
             kq, kk, kv, ki, kd = jax.random.split(jax.random.fold_in(key, i), 5)
-            q, do = (jax.random.normal(x, (1, h, s, d), jnp.float32).astype(jnp.bfloat16)
+            q, do = (jax.random.normal(x, (b, h, s_q, d), jnp.float32).astype(jnp.bfloat16)
                      for x in (kq, kd))
-            k, v = (jax.random.normal(x, (1, h_kv, s, d), jnp.float32).astype(jnp.bfloat16)
+            k, v = (jax.random.normal(x, (b, h_kv, s, d), jnp.float32).astype(jnp.bfloat16)
                     for x in (kk, kv))
-            idx = jnp.argsort(jax.random.uniform(ki, (1, hm, nq, n_kv)), axis=-1)[..., :topk]
-            nums = jnp.full((1, hm, nq), topk, jnp.int32)
+            idx = jnp.argsort(jax.random.uniform(ki, (b, hm, nq, n_kv)), axis=-1)[..., :topk]
+            nums = jnp.full((b, hm, nq), topk, jnp.int32)
             sets.append((q, k, v, idx.astype(jnp.int32), nums, do))
         kw = dict(layout="bhsd", sparse_block_size=blk, softmax_scale=scale, backend=backend,
                   pack_gqa=pack)
@@ -147,15 +152,16 @@ def pack_gqa_rows(s=16384, h=32, h_kv=4, d=128, blk=128, density=0.125, n_sets=2
                 saved = [jax.jit(fwd)(*st) for st in sets]
                 ms, fl = _time(bwd, [st + tuple(sv) for st, sv in zip(sets, saved)]), 2.5 * flops_fwd
             ms_of[(variant, p)] = ms
-            row = dict(variant=variant, blk=blk, top_k=topk, pass_=p, ms=ms,
-                       tflops=fl / (ms * 1e-3) / 1e12, B=1, H=h, H_kv=h_kv, S=s, D=d,
-                       dtype="bfloat16", backend=backend, density=topk / n_kv)
+            row = dict(case=tag, variant=variant, blk=blk, top_k=topk, pass_=p, ms=ms,
+                       tflops=fl / (ms * 1e-3) / 1e12, B=b, H=h, H_kv=h_kv, S_q=s_q, S=s,
+                       D=d, dtype="bfloat16", backend=backend, density=topk / n_kv)
             if pack:
                 row["speedup"] = ms_of[("unpacked", p)] / ms
             rows.append(row)
             sp = f"  {row['speedup']:.2f}x" if pack else ""
-            print(f"{variant:10s} H{h}/{h_kv} blk{blk} top{topk}/{n_kv} S{s} D{d} {p:4s} "
-                  f"{ms:8.3f} ms {row['tflops']:7.1f} TFLOP/s{sp}", flush=True)
+            print(f"{tag:8s} {variant:9s} B{b} H{h}/{h_kv} blk{blk} top{topk}/{n_kv} "
+                  f"S_q{s_q} S{s} D{d} {p:4s} {ms:8.3f} ms {row['tflops']:7.1f} TFLOP/s{sp}",
+                  flush=True)
     return rows
 
 
@@ -226,6 +232,8 @@ def main(argv=None):
     rows = []
     if args.pack_gqa:
         rows = pack_gqa_rows(s=s)
+        # decode-like: S_q r = blk, one packed block per KV head vs r mostly empty tiles
+        rows += pack_gqa_rows(s=s, b=16, s_q=16, passes=("fwd",), tag="decode")
     elif args.table:
         sel = [int(r) for r in args.rows.split(",") if r] or None
         rows = table(args.table.split(";"), rows_sel=sel)
