@@ -108,13 +108,16 @@ def run(cases, b=1, h=16, s=16384, d=128, n_sets=3, seed=0, tag="", switches=Non
 
 
 def pack_gqa_rows(s=16384, h=32, h_kv=4, d=128, blk=128, density=0.125, n_sets=2, seed=0,
-                  passes=("fwd", "bwd"), backend="kernel", b=1, s_q=None, tag="prefill"):
+                  passes=("fwd", "bwd"), backend="kernel", b=1, s_q=None, tag="prefill",
+                  timing=None):
     """``pack_gqa=True`` (metadata ``(B, H_kv, S_q r / blk, top_k)``) vs unpacked GQA
     (``(B, H_q, S_q / blk, top_k)``) at the same density (``top_k`` of the ``S / blk`` KV
     blocks per row, lists drawn independently; ``s_q``: query positions, default ``s``):
     rows with ``variant`` "unpacked" / "pack_gqa" and, for the packed rows, ``speedup`` over
     the unpacked row of the pass. Effective FLOPs are the same for both:
-    ``4 B H_q S_q D top_k blk`` (forward), 2.5x that (backward)."""
+    ``4 B H_q S_q D top_k blk`` (forward), 2.5x that (backward). ``timing``: keyword
+    arguments of ``_time``."""
+    timing = timing or {}
     s_q = s if s_q is None else s_q
     r = h // h_kv
     n_kv = -(-s // blk)
@@ -147,10 +150,11 @@ def pack_gqa_rows(s=16384, h=32, h_kv=4, d=128, blk=128, density=0.125, n_sets=2
 
         for p in passes:
             if p == "fwd":
-                ms, fl = _time(fwd, sets), flops_fwd
+                ms, fl = _time(fwd, sets, **timing), flops_fwd
             else:
                 saved = [jax.jit(fwd)(*st) for st in sets]
-                ms, fl = _time(bwd, [st + tuple(sv) for st, sv in zip(sets, saved)]), 2.5 * flops_fwd
+                ms = _time(bwd, [st + tuple(sv) for st, sv in zip(sets, saved)], **timing)
+                fl = 2.5 * flops_fwd
             ms_of[(variant, p)] = ms
             row = dict(case=tag, variant=variant, blk=blk, top_k=topk, pass_=p, ms=ms,
                        tflops=fl / (ms * 1e-3) / 1e12, B=b, H=h, H_kv=h_kv, S_q=s_q, S=s,

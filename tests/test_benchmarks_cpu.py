@@ -486,9 +486,10 @@ def test_bsa_bench_pack_gqa_rows_tiny_cpu():
     unpacked rows of both passes, the same effective FLOPs, a speedup on the packed rows."""
     from benchmarks import bsa_bench
 
-    rows = bsa_bench.pack_gqa_rows(s=256, h=4, h_kv=1, d=32, n_sets=1, backend="reference")
-    rows += bsa_bench.pack_gqa_rows(s=256, h=4, h_kv=1, d=32, n_sets=1, backend="reference",
-                                    b=2, s_q=32, passes=("fwd",), tag="decode")
+    kw = dict(s=256, h=4, h_kv=1, d=32, n_sets=1, backend="reference",
+              timing=dict(target_s=0.001, samples=1))
+    rows = bsa_bench.pack_gqa_rows(**kw)
+    rows += bsa_bench.pack_gqa_rows(**kw, b=2, s_q=32, passes=("fwd",), tag="decode")
     assert [(r["case"], r["variant"], r["pass_"]) for r in rows] == [
         ("prefill", "unpacked", "fwd"), ("prefill", "unpacked", "bwd"),
         ("prefill", "pack_gqa", "fwd"), ("prefill", "pack_gqa", "bwd"),
