@@ -250,7 +250,9 @@ _META_ARG_LINES = """
         ``sparse_block_size``): ``q2k_block_index (B, H_kv, N_qp, K_max)``,
         ``q2k_block_nums (B, H_kv, N_qp)``, ``block_sizes`` ranks 1-2 or
         ``(B, H_kv, N_kv)``, ``N_qp = ceil(S_q r / blk)``; ``lse`` stays ``(B, H_q, S_q)``.
-        Reference backend only for now.
+        Semantics: cuDNN's packed GQA (FlashAttention's ``pack_gqa``). Reference backend,
+        and the SM90 kernels at D in {64, 128} for r dividing 64 (the mma.sync kernels
+        decline it).
       causal: bool (default False): token-level causal mask inside the listed blocks,
         key ``j`` visible from query position ``i`` iff ``j <= i + S_kv - S_q``
         (bottom-right aligned). Reference backend only for now.
@@ -274,7 +276,8 @@ _RAISES_DOC = """
         ``switches`` not a ``Switches``, kv_splits not an int or "auto", pack_gqa /
         causal not bools (backward: ``do``, ``o`` or ``lse`` of the wrong dtype).
       NotImplementedError: ``backend="kernel"`` where the kernel cannot run (also
-        ``kv_splits > 1``, ``pack_gqa=True``, ``causal=True`` for now).
+        ``kv_splits > 1``, ``causal=True`` for now; ``pack_gqa=True`` on an mma.sync
+        kernel).
 """
 
 
