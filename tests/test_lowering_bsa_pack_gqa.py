@@ -31,8 +31,7 @@ PACK_CONFIGS = [
     dict(d=128, blk=128, r=8, dtype="bfloat16", layout="bshd", sizes=True, fwd="auto"),
     dict(d=64, blk=64, r=4, dtype="float16", layout="bhsd", sizes=False, fwd="auto"),
     dict(d=128, blk=64, r=2, dtype="bfloat16", layout="bshd", sizes=True, fwd="sm90ws"),
-    dict(d=64, blk=128, r=2, dtype="bfloat16", layout="bhsd", sizes=True, fwd="sm90"),
-    dict(d=128, blk=128, r=4, dtype="float16", layout="bhsd", sizes=False, fwd="auto"),
+    dict(d=64, blk=128, r=2, dtype="float16", layout="bhsd", sizes=True, fwd="sm90"),
 ]
 
 
