@@ -84,6 +84,8 @@ class BsaFwdConfig:
     arch: str = ""  # the target arch (CuTe DSL name) the key was chosen for
     # pack_gqa: query heads per KV head r of the packed rows (1: not packed; sm90/sm90ws)
     pack_gqa: int = 1
+    # the token-level causal mask inside the listed blocks ("sm90" / "sm90ws" only)
+    causal: bool = False
 
 
 @dataclasses.dataclass(frozen=True)
@@ -104,6 +106,8 @@ class BsaBwdConfig:
     q_stages: int = 2
     # pack_gqa: query heads per KV head r of the packed rows (1: not packed; sm90 only)
     pack_gqa: int = 1
+    # the token-level causal mask inside the listed blocks ("sm90" only)
+    causal: bool = False
 
 
 def fwd_smem_bytes(head_dim, block_size) -> int:
@@ -174,22 +178,27 @@ def _family_impl(want: str, head_dim: int, switches, block_size: int | None = No
 
 
 def fwd_config(dtype, head_dim, block_size, has_block_sizes, switches,
-               pack_gqa: int = 1) -> BsaFwdConfig:
+               pack_gqa: int = 1, causal=False) -> BsaFwdConfig:
     """The forward compile key from the static call properties and the
-    :class:`~jax_sparse_attn.config.Switches` (``pack_gqa``: r of packed rows, 1 = off; only
-    the sm90 / sm90ws kernels pack, :func:`pack_gqa_unsupported_reason`)."""
+    :class:`~jax_sparse_attn.config.Switches` (``pack_gqa``: r of packed rows, 1 = off;
+    ``causal``: the token-level causal mask; both the sm90 kernels only,
+    :func:`pack_gqa_unsupported_reason`, :func:`causal_unsupported_reason`)."""
     name = jnp.dtype(dtype).name
     impl = _family_impl(switches.bsa_fwd_impl, head_dim, switches, block_size)
     arch = _platform.resolved_arch()
     if impl == "sm90":
         return BsaFwdConfig(name, head_dim, block_size, has_block_sizes, impl, arch=arch,
-                            pack_gqa=pack_gqa)
+                            pack_gqa=pack_gqa, causal=causal)
     if impl == "sm90ws":
         o = bsa_ws_options(switches.bsa_fwd_ws)
         return BsaFwdConfig(name, head_dim, block_size, has_block_sizes, impl,
                             ws_overlap=o["overlap"], ws_pingpong=o["pingpong"],
                             ws_q_stages=o["q_stages"], ws_max_stages=o["max_stages"],
-                            num_sms=metadata.num_sms(), arch=arch, pack_gqa=pack_gqa)
+                            num_sms=metadata.num_sms(), arch=arch, pack_gqa=pack_gqa,
+                            causal=causal)
+    if causal:
+        raise NotImplementedError(causal_unsupported_reason(head_dim, block_size, ("fwd",),
+                                                            switches))
     return BsaFwdConfig(name, head_dim, block_size, has_block_sizes, impl,
                         switches.bsa_fwd_q_in_regs and head_dim <= 128,
                         switches.bsa_fwd_min_blocks,
@@ -198,13 +207,16 @@ def fwd_config(dtype, head_dim, block_size, has_block_sizes, switches,
 
 
 def bwd_config(dtype, head_dim, block_size, has_block_sizes, switches,
-               pack_gqa: int = 1) -> BsaBwdConfig:
+               pack_gqa: int = 1, causal=False) -> BsaBwdConfig:
     """The dK/dV/dQ kernel's compile key (see :func:`fwd_config`)."""
     name, impl = jnp.dtype(dtype).name, _family_impl(switches.bsa_bwd_impl, head_dim, switches)
     arch = _platform.resolved_arch()
     if impl == "sm90":
         return BsaBwdConfig(name, head_dim, block_size, has_block_sizes, impl, arch=arch,
-                            pack_gqa=pack_gqa)
+                            pack_gqa=pack_gqa, causal=causal)
+    if causal:
+        raise NotImplementedError(causal_unsupported_reason(head_dim, block_size, ("bwd",),
+                                                            switches))
     # 2 CTAs per SM (register cap 128) where the accumulators allow it
     min_blocks = switches.bsa_bwd_min_blocks
     if min_blocks is None:
@@ -218,11 +230,14 @@ def bwd_config(dtype, head_dim, block_size, has_block_sizes, switches,
 
 
 def pack_gqa_unsupported_reason(*, head_dim, sparse_block_size, group, passes=("fwd", "bwd"),
-                                switches=None) -> str | None:
+                                switches=None, causal=False) -> str | None:
     """``None`` when the kernels that the ``passes`` of a call would run implement
     ``pack_gqa`` with ``group`` (``r = H_q / H_kv``) query heads per KV head, else why not:
     the sm90 forward (``sm90`` / ``sm90ws``) and the sm90 backward pack groups of a size
-    dividing 64; the mma.sync (sm80) kernels do not pack."""
+    dividing 64, without ``causal``; the mma.sync (sm80) kernels do not pack."""
+    if causal:
+        return ("pack_gqa=True together with causal=True is not implemented by the "
+                "block-sparse kernels (each option alone is)")
     if 64 % group:
         return (f"pack_gqa=True with r = H_q / H_kv = {group} is not implemented by the "
                 f"block-sparse kernels (they pack groups of a size dividing 64)")
@@ -246,8 +261,31 @@ def pre_config(dtype, head_dim, switches) -> BsaPreConfig | None:
     return BsaPreConfig(jnp.dtype(dtype).name, head_dim)
 
 
+def causal_unsupported_reason(head_dim, block_size, passes=("fwd", "bwd"),
+                              switches=None) -> str | None:
+    """``None`` when the kernels of ``passes`` implement ``causal=True``: the sm90 kernels
+    (forward ``sm90`` / ``sm90ws``, backward ``sm90``: D in {64, 128}, Hopper kernel family);
+    else why not, naming the option."""
+    from ..config import from_env  # noqa: PLC0415
+
+    sw = from_env() if switches is None else switches
+    impls = {"fwd": _family_impl(sw.bsa_fwd_impl, head_dim, sw, block_size),
+             "bwd": _family_impl(sw.bsa_bwd_impl, head_dim, sw)}
+    for pas in passes:
+        if impls[pas] == "sm80":
+            switch = "bsa_fwd_impl" if pas == "fwd" else "bsa_bwd_impl"
+            return (f"causal=True is implemented by the sm90 block-sparse kernels only "
+                    f"(head_dim in {_SM90_HEAD_DIMS}, the sm90 kernel family, {switch} not "
+                    f"'sm80'); this call's {'forward' if pas == 'fwd' else 'backward'} would "
+                    f"run the mma.sync (sm80) kernel (head_dim={head_dim}, kernel family "
+                    f"{_platform.kernel_family(sw)!r}, {switch}={getattr(sw, switch)!r}); "
+                    f"backend='reference' implements it")
+    return None
+
+
 def bsa_kernel_unsupported_reason(*, dtype, head_dim, head_dim_v, sparse_block_size,
-                                  passes=("fwd", "bwd"), switches=None) -> str | None:
+                                  passes=("fwd", "bwd"), switches=None,
+                                  causal=False) -> str | None:
     """``None`` when the BSA kernels implement this static configuration for the ``passes``
     the call may run on the target GPU, else why not."""
     name = jnp.dtype(dtype).name
@@ -259,6 +297,10 @@ def bsa_kernel_unsupported_reason(*, dtype, head_dim, head_dim_v, sparse_block_s
         return f"the BSA kernels support head dims {SUPPORTED_HEAD_DIMS}, got {head_dim}"
     if sparse_block_size not in SUPPORTED_BLOCK_SIZES:
         return f"the BSA kernels support sparse_block_size in {SUPPORTED_BLOCK_SIZES}, got {sparse_block_size}"
+    if causal:
+        reason = causal_unsupported_reason(head_dim, sparse_block_size, passes, switches)
+        if reason is not None:
+            return reason
     # the sm90 kernels run D in {64, 128} on sm_90a only; elsewhere (and at D in {32, 256})
     # the sm80 kernels run, whose tiles must fit the target's shared memory
     if _platform.kernel_family(switches) == "sm90" and head_dim in _SM90_HEAD_DIMS:
@@ -292,11 +334,12 @@ def _fwd_entry(stream, q, k, v, idx, nums, sizes, scale, out, lse, *, cfg: BsaFw
 
         kernel = BsaFwdSm90Ws(*args, cfg.num_sms, overlap=cfg.ws_overlap,
                               pingpong=cfg.ws_pingpong, max_stages=cfg.ws_max_stages,
-                              q_stages=cfg.ws_q_stages, pack_gqa=cfg.pack_gqa)
+                              q_stages=cfg.ws_q_stages, pack_gqa=cfg.pack_gqa,
+                              causal=cfg.causal)
     elif cfg.impl == "sm90":
         from ..kernels.bsa_fwd_sm90 import BsaFwdSm90  # noqa: PLC0415
 
-        kernel = BsaFwdSm90(*args, pack_gqa=cfg.pack_gqa)
+        kernel = BsaFwdSm90(*args, pack_gqa=cfg.pack_gqa, causal=cfg.causal)
     else:
         from ..kernels.bsa_fwd_sm80 import BsaFwdSm80  # noqa: PLC0415
 
@@ -403,7 +446,7 @@ def _bwd_entry(stream, q, k, v, do, lse, delta, offsets, entries, sizes, scale, 
     if cfg.impl == "sm90":
         from ..kernels.bsa_bwd_sm90 import BsaBwdSm90  # noqa: PLC0415
 
-        kernel = BsaBwdSm90(*args, pack_gqa=cfg.pack_gqa)
+        kernel = BsaBwdSm90(*args, pack_gqa=cfg.pack_gqa, causal=cfg.causal)
     else:
         from ..kernels.bsa_bwd_sm80 import BsaBwdSm80  # noqa: PLC0415
 
