@@ -83,7 +83,8 @@ def test_bsa_pack_gqa_fwd_bwd_lower(c):
 
 
 def test_bsa_pack_gqa_declined_by_the_mma_sync_kernels():
-    """backend="kernel" with a pass on an mma.sync kernel: a NotImplementedError naming it."""
+    """backend="kernel" with a pass on an mma.sync kernel, or with causal: a
+    NotImplementedError naming the reason."""
     import jax_sparse_attn as jsa
     from jax_sparse_attn.config import Switches
 
@@ -96,6 +97,11 @@ def test_bsa_pack_gqa_declined_by_the_mma_sync_kernels():
             jax.eval_shape(lambda q, k, v, i, n: jsa.block_sparse_attention(
                 q, k, v, i, q2k_block_nums=n, sparse_block_size=128, layout="bshd",
                 backend="kernel", switches=sw, pack_gqa=True), q, k, v, i, n)
+    # together with causal (each alone runs on the sm90 kernels)
+    with pytest.raises(NotImplementedError, match="pack_gqa=True together with causal=True"):
+        jax.eval_shape(lambda q, k, v, i, n: jsa.block_sparse_attention(
+            q, k, v, i, q2k_block_nums=n, sparse_block_size=128, layout="bshd",
+            backend="kernel", pack_gqa=True, causal=True), q, k, v, i, n)
 
 
 _PTX_SCRIPT = """
