@@ -29,7 +29,10 @@ CALL_TARGET = "CuteDSLRT_NvJaxCutlassCall"
 
 PACK_CONFIGS = [
     dict(d=128, blk=128, r=8, dtype="bfloat16", layout="bshd", sizes=True, fwd="auto"),
-    dict(d=64, blk=64, r=4, dtype="float16", layout="bhsd", sizes=False, fwd="auto"),
+    # kv_splits="auto" with pack_gqa and few packed rows (unpacked, "auto" would split them):
+    # one split (the packed kernels do not split; no combine kernel: still three calls)
+    dict(d=64, blk=64, r=4, dtype="float16", layout="bhsd", sizes=False, fwd="auto",
+         kv_splits="auto", sq=16),
     dict(d=128, blk=64, r=2, dtype="bfloat16", layout="bshd", sizes=True, fwd="sm90ws"),
     dict(d=64, blk=128, r=2, dtype="float16", layout="bhsd", sizes=True, fwd="sm90"),
 ]
@@ -42,14 +45,15 @@ def _sm90_env(monkeypatch):
 
 
 def _ids(c):
-    return (f"{c['fwd']}-d{c['d']}-blk{c['blk']}-r{c['r']}-{c['dtype']}-{c['layout']}-"
+    return (f"{c['fwd']}-{'splitsauto-' if 'kv_splits' in c else ''}d{c['d']}-blk{c['blk']}-r{c['r']}-{c['dtype']}-{c['layout']}-"
             f"{'sizes' if c['sizes'] else 'nosizes'}")
 
 
-def _loss_and_args(c, b=2, hkv=2, sq=1000, skv=1025, kmax=5):
+def _loss_and_args(c, b=2, hkv=2, skv=1025, kmax=5):
     import jax_sparse_attn as jsa
     from jax_sparse_attn.config import Switches
 
+    sq = c.get("sq", 1000)
     d, blk, r = c["d"], c["blk"], c["r"]
     dt = jnp.dtype(c["dtype"])
     nqp, nkv = -(-sq * r // blk), -(-skv // blk)
@@ -63,7 +67,7 @@ def _loss_and_args(c, b=2, hkv=2, sq=1000, skv=1025, kmax=5):
             jax.ShapeDtypeStruct((b, hkv, nkv), jnp.int32) if c["sizes"] else None)
     kw = dict(layout=c["layout"], sparse_block_size=blk, softmax_scale=0.3, backend="kernel",
               switches=Switches(bsa_fwd_impl=c["fwd"]), pack_gqa=True,
-              allow_empty_block_nums=True)
+              allow_empty_block_nums=True, kv_splits=c.get("kv_splits", 1))
 
     def loss(q, k, v, i, n, s):
         out = jsa.block_sparse_attention(q, k, v, i, q2k_block_nums=n, block_sizes=s, **kw)
