@@ -52,6 +52,7 @@ class PackCase:
     sizes_rank: int = 0
     impl: str = "auto"  # bsa_fwd_impl
     b: int = 2
+    kv_splits: object = 1
 
 
 CASES = [
@@ -72,6 +73,9 @@ CASES = [
     # one position (a single partial packed block), one KV block
     PackCase("r8-blk128-d128-bf16-q1", 8, 128, sq=1, skv=65, kmax=1),
     PackCase("r2-blk64-d64-bf16-q1-sm90ws", 2, 64, d=64, sq=1, skv=300, kmax=3, impl="sm90ws"),
+    # decode-like (S_q r = blk) with kv_splits="auto": the packed kernels run one split
+    PackCase("r8-blk128-d128-bf16-decode-splitsauto", 8, 128, sq=16, skv=4096, kmax=8,
+             kv_splits="auto", b=4),
 ]
 
 
@@ -135,7 +139,8 @@ def _kernel_fn(c: PackCase, kw):
     from jax_sparse_attn.config import Switches
 
     sw = Switches(bsa_fwd_impl=c.impl)
-    opts = dict(kw, backend=BACKEND, switches=sw, pack_gqa=True, allow_empty_block_nums=True)
+    opts = dict(kw, backend=BACKEND, switches=sw, pack_gqa=True, allow_empty_block_nums=True,
+                kv_splits=c.kv_splits)
 
     @jax.jit
     def f(q, k, v, do, idx, nums, sizes):
