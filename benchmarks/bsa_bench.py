@@ -14,6 +14,10 @@ calls and one ``block_until_ready``; reported time = median over samples / (reps
 times the portable kernels beside the default (Hopper) ones.
 ``bwd`` times the kernel backward alone (delta, CSR build, dK/dV/dQ kernel, dq cast) from
 saved out/lse; ``csr`` times only the K->Q CSR construction. Prints a table and writes JSON.
+``--pack-gqa`` times ``pack_gqa=True`` against unpacked GQA at the same density (bf16,
+H_q=32, H_kv=4, blk128, 12.5 % of the KV blocks per row, D=128; the same FLOPs
+``4*B*H_q*S_q*D*(top_k*blk)`` for both, random lists drawn independently): "prefill" B=1,
+S_q=S_kv=16384, fwd and bwd; "decode" B=16, S_q=16 (S_q r = blk), S_kv=16384, fwd.
 ``--splits`` times the split-KV decode rows instead (:data:`SPLIT_ROWS`: few query rows against
 a long KV list; ``kv_splits="auto"`` against ``kv_splits=1``), with the K/V bytes read per
 second (listed blocks of K and V once per query block and head: ``2 B H_q N_q top_k blk D``
@@ -111,6 +115,68 @@ def run(cases, b=1, h=16, s=16384, d=128, n_sets=3, seed=0, tag="", switches=Non
             rows.append(row)
             tf = f"{row['tflops']:.1f}" if row["tflops"] else "-"
             print(f"{tag:28s} blk{blk:<4d} top{topk:<3d} {p:4s} {ms:8.3f} ms  {tf:>7s} TFLOP/s", flush=True)
+    return rows
+
+
+def pack_gqa_rows(s=16384, h=32, h_kv=4, d=128, blk=128, density=0.125, n_sets=2, seed=0,
+                  passes=("fwd", "bwd"), backend="kernel", b=1, s_q=None, tag="prefill",
+                  timing=None):
+    """``pack_gqa=True`` (metadata ``(B, H_kv, S_q r / blk, top_k)``) vs unpacked GQA
+    (``(B, H_q, S_q / blk, top_k)``) at the same density (``top_k`` of the ``S / blk`` KV
+    blocks per row, lists drawn independently; ``s_q``: query positions, default ``s``):
+    rows with ``variant`` "unpacked" / "pack_gqa" and, for the packed rows, ``speedup`` over
+    the unpacked row of the pass. Effective FLOPs are the same for both:
+    ``4 B H_q S_q D top_k blk`` (forward), 2.5x that (backward). ``timing``: keyword
+    arguments of ``_time``."""
+    timing = timing or {}
+    s_q = s if s_q is None else s_q
+    r = h // h_kv
+    n_kv = -(-s // blk)
+    topk = max(1, round(density * n_kv))
+    key = jax.random.PRNGKey(seed)
+    scale = 1.0 / np.sqrt(d)
+    flops_fwd = 4.0 * b * h * s_q * d * (topk * blk)
+    rows, ms_of = [], {}
+    for variant, pack in (("unpacked", False), ("pack_gqa", True)):
+        hm, nq = (h_kv, -(-s_q * r // blk)) if pack else (h, -(-s_q // blk))
+        sets = []
+        for i in range(n_sets):
+            kq, kk, kv, ki, kd = jax.random.split(jax.random.fold_in(key, i), 5)
+            q, do = (jax.random.normal(x, (b, h, s_q, d), jnp.float32).astype(jnp.bfloat16)
+                     for x in (kq, kd))
+            k, v = (jax.random.normal(x, (b, h_kv, s, d), jnp.float32).astype(jnp.bfloat16)
+                    for x in (kk, kv))
+            idx = jnp.argsort(jax.random.uniform(ki, (b, hm, nq, n_kv)), axis=-1)[..., :topk]
+            nums = jnp.full((b, hm, nq), topk, jnp.int32)
+            sets.append((q, k, v, idx.astype(jnp.int32), nums, do))
+        kw = dict(layout="bhsd", sparse_block_size=blk, softmax_scale=scale, backend=backend,
+                  pack_gqa=pack)
+
+        def fwd(q, k, v, idx, nums, do, kw=kw):
+            return tuple(jsa.block_sparse_attention_forward(q, k, v, idx, None, None, nums, **kw))
+
+        def bwd(q, k, v, idx, nums, do, out, lse, kw=kw):
+            return tuple(jsa.block_sparse_attention_backward(do, q, k, v, out, lse, idx, None,
+                                                             None, nums, **kw))
+
+        for p in passes:
+            if p == "fwd":
+                ms, fl = _time(fwd, sets, **timing), flops_fwd
+            else:
+                saved = [jax.jit(fwd)(*st) for st in sets]
+                ms = _time(bwd, [st + tuple(sv) for st, sv in zip(sets, saved)], **timing)
+                fl = 2.5 * flops_fwd
+            ms_of[(variant, p)] = ms
+            row = dict(case=tag, variant=variant, blk=blk, top_k=topk, pass_=p, ms=ms,
+                       tflops=fl / (ms * 1e-3) / 1e12, B=b, H=h, H_kv=h_kv, S_q=s_q, S=s,
+                       D=d, dtype="bfloat16", backend=backend, density=topk / n_kv)
+            if pack:
+                row["speedup"] = ms_of[("unpacked", p)] / ms
+            rows.append(row)
+            sp = f"  {row['speedup']:.2f}x" if pack else ""
+            print(f"{tag:8s} {variant:9s} B{b} H{h}/{h_kv} blk{blk} top{topk}/{n_kv} "
+                  f"S_q{s_q} S{s} D{d} {p:4s} {ms:8.3f} ms {row['tflops']:7.1f} TFLOP/s{sp}",
+                  flush=True)
     return rows
 
 
@@ -364,6 +430,9 @@ def main(argv=None):
     ap.add_argument("--reference", action="store_true",
                     help="add blk64 top-32 fwd/bwd rows of the pure-JAX reference backend "
                          "(backend='reference', what backend='auto' runs without the kernels)")
+    ap.add_argument("--pack-gqa", action="store_true",
+                    help="only the pack_gqa rows: packed vs unpacked GQA H_q=32/H_kv=4 blk128 "
+                         "12.5%% fwd and bwd (S=16384, --quick: 4096)")
     ap.add_argument("--splits", action="store_true",
                     help="time the split-KV decode rows (SPLIT_ROWS, kv_splits='auto' vs 1) only")
     ap.add_argument("--split-settings", default="auto,1",
@@ -374,7 +443,17 @@ def main(argv=None):
     args = ap.parse_args(argv)
     s = 4096 if args.quick else 16384
     rows = []
-    if args.splits:
+    if args.pack_gqa:
+        # forwards first, then the backward; the JSON is rewritten after each group of rows
+        # (a time limit keeps what was measured)
+        for kw in (dict(passes=("fwd",)),
+                   # decode-like: S_q r = blk, one packed block per KV head vs r mostly empty
+                   # 128-row tiles per query head
+                   dict(b=16, s_q=16, passes=("fwd",), tag="decode"),
+                   dict(passes=("bwd",))):
+            rows += pack_gqa_rows(s=s, **kw)
+            _write(args.out, rows)
+    elif args.splits:
         sel = [int(r) for r in args.rows.split(",") if r] or None
         settings = tuple(x if x == "auto" else int(x) for x in args.split_settings.split(","))
         rows = splits(rows_sel=sel, settings=settings, trace=args.trace)
@@ -401,13 +480,17 @@ def main(argv=None):
     if args.reference:
         rows += run([(64, 32, ("fwd", "bwd"))], s=s, n_sets=1, tag="reference",
                     backend="reference")
+    _write(args.out, rows)
+    print("wrote", args.out)
+
+
+def _write(path, rows):
     meta = dict(device=str(jax.devices()[0]), jax=jax.__version__,
                 flops="fwd = 4*B*H*S_q*D*(top_k*blk) (causal rows: 4*B*H*blk*D*blk*"
                       "sum(q2k_block_nums), every listed block in full); bwd = 2.5*fwd",
                 floors=dict(blk64_top32_fwd=310, blk64_top32_bwd=230, blk128_top16_fwd=340))
-    with open(args.out, "w") as f:
+    with open(path, "w") as f:
         json.dump(dict(meta=meta, rows=rows), f, indent=1)
-    print("wrote", args.out)
 
 
 if __name__ == "__main__":

@@ -61,12 +61,15 @@ def _causal_kw(cfg):
 
 
 def _kernel_unsupported_reason(cfg, passes, switches, mod):
-    # options that only the reference backend implements so far (causal: the sm90 kernels;
-    # kv_splits: every forward; mod.bsa_kernel_unsupported_reason says where not)
-    for name, value, default in (("pack_gqa", cfg.pack_gqa, False),):
-        if value not in (default, "auto"):
-            return (f"{name}={value!r} is not implemented by the block-sparse kernels yet "
-                    f"(only {name}={default!r}); backend='reference' implements it")
+    # causal, pack_gqa: the sm90 kernels; kv_splits: every forward (the ffi module says where
+    # not)
+    if cfg.pack_gqa:
+        why = mod.pack_gqa_unsupported_reason(
+            head_dim=cfg.head_dim, sparse_block_size=cfg.sparse_block_size,
+            group=cfg.num_heads_q // max(cfg.num_heads_kv, 1), passes=passes, switches=switches,
+            kv_splits=cfg.kv_splits, **_causal_kw(cfg))
+        if why is not None:
+            return why + "; backend='reference' implements it"
     return mod.bsa_kernel_unsupported_reason(dtype=cfg.dtype, head_dim=cfg.head_dim,
                                              head_dim_v=cfg.head_dim_v,
                                              sparse_block_size=cfg.sparse_block_size,
@@ -77,8 +80,10 @@ def _kernel_unsupported_reason(cfg, passes, switches, mod):
 def _kv_split_sizes(cfg):
     """The split-KV option and the static sizes that resolve it (``ffi.bsa.resolve_kv_splits``):
     metadata rows ``B H N_q`` (KV heads with ``pack_gqa``), ``K_max`` and the elements of one
-    fp32 partial output; nothing for ``kv_splits=1`` (the ffi functions' defaults)."""
-    if cfg.kv_splits == 1:
+    fp32 partial output; nothing for ``kv_splits=1`` (the ffi functions' defaults) and with
+    ``pack_gqa`` (the packed kernels run one split: ``"auto"`` chooses 1, other values are
+    declined by ``ffi.bsa.pack_gqa_unsupported_reason``)."""
+    if cfg.kv_splits == 1 or cfg.pack_gqa:
         return {}
     heads = cfg.num_heads_kv if cfg.pack_gqa else cfg.num_heads_q
     return dict(kv_splits=cfg.kv_splits, num_rows=cfg.batch * heads * cfg.num_q_blocks,
@@ -115,12 +120,14 @@ def _make_config(q, k, v, q2k_block_index, block_sparse_num, block_sizes, q2k_bl
                           switches=switches)
     if mod is not None:
         static = (cfg.dtype, cfg.head_dim, cfg.sparse_block_size, cfg.has_block_sizes, switches)
+        # pack_gqa: the kernels' compile keys carry r (1 = not packed)
+        pack = {"pack_gqa": cfg.num_heads_q // cfg.num_heads_kv} if cfg.pack_gqa else {}
         # the compile keys of the passes this call may run (None: not run by this call)
         cfg = dataclasses.replace(cfg, backend="kernel", cute_call=switches.cute_call,
                                   fwd=(mod.fwd_config(*static, **_causal_kw(cfg),
-                                                      **_fwd_split_args(cfg))
+                                                      **_fwd_split_args(cfg), **pack)
                                        if "fwd" in passes else None),
-                                  bwd=(mod.bwd_config(*static, **_causal_kw(cfg))
+                                  bwd=(mod.bwd_config(*static, **_causal_kw(cfg), **pack)
                                        if "bwd" in passes else None),
                                   pre=mod.pre_config(cfg.dtype, cfg.head_dim, switches),
                                   kernel_arch=_platform.resolved_arch(),
@@ -269,7 +276,9 @@ _META_ARG_LINES = """
         ``sparse_block_size``): ``q2k_block_index (B, H_kv, N_qp, K_max)``,
         ``q2k_block_nums (B, H_kv, N_qp)``, ``block_sizes`` ranks 1-2 or
         ``(B, H_kv, N_kv)``, ``N_qp = ceil(S_q r / blk)``; ``lse`` stays ``(B, H_q, S_q)``.
-        Reference backend only for now.
+        Semantics: cuDNN's packed GQA (FlashAttention's ``pack_gqa``). Reference backend,
+        and the SM90 kernels at D in {64, 128} for r dividing 64 (the mma.sync kernels
+        decline it).
       causal: bool (default False): token-level causal mask inside the listed blocks,
         key ``j`` visible from query position ``i`` iff ``j <= i + S_kv - S_q``
         (bottom-right aligned). Kernels: the sm90 ones (D in {64, 128} on sm_90a); the
@@ -294,9 +303,10 @@ _RAISES_DOC = """
         ``switches`` not a ``Switches``, kv_splits not an int or "auto", pack_gqa /
         causal not bools (backward: ``do``, ``o`` or ``lse`` of the wrong dtype).
       NotImplementedError: ``backend="kernel"`` where the kernel cannot run (also
-        ``pack_gqa=True`` for now, ``causal=True`` where the mma.sync kernels would run: D
-        in {32, 256}, the portable kernel family or the ``sm80`` switches, and a
-        ``kv_splits`` whose fp32 partials would pass 2^31 elements).
+        ``causal=True`` where the mma.sync kernels would run: D in {32, 256}, the portable
+        kernel family or the ``sm80`` switches; ``pack_gqa=True`` there too, or with
+        ``causal=True`` or ``kv_splits > 1``; and a ``kv_splits`` whose fp32 partials would
+        pass 2^31 elements).
 """
 
 

@@ -481,6 +481,27 @@ def test_hstu_bench_paged_cache_is_the_contiguous_kv():
     np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-6, atol=1e-6)
 
 
+def test_bsa_bench_pack_gqa_rows_tiny_cpu():
+    """``bsa_bench --pack-gqa`` rows on tiny shapes with the reference backend: packed and
+    unpacked rows of both passes, the same effective FLOPs, a speedup on the packed rows."""
+    from benchmarks import bsa_bench
+
+    kw = dict(s=256, h=4, h_kv=1, d=32, n_sets=1, backend="reference",
+              timing=dict(target_s=0.001, samples=1))
+    rows = bsa_bench.pack_gqa_rows(**kw)
+    rows += bsa_bench.pack_gqa_rows(**kw, b=2, s_q=32, passes=("fwd",), tag="decode")
+    assert [(r["case"], r["variant"], r["pass_"]) for r in rows] == [
+        ("prefill", "unpacked", "fwd"), ("prefill", "unpacked", "bwd"),
+        ("prefill", "pack_gqa", "fwd"), ("prefill", "pack_gqa", "bwd"),
+        ("decode", "unpacked", "fwd"), ("decode", "pack_gqa", "fwd")]
+    for r in rows:
+        assert r["ms"] > 0 and r["tflops"] > 0
+        assert ("speedup" in r) == (r["variant"] == "pack_gqa")
+    by = {(r["case"], r["variant"], r["pass_"]): r for r in rows}
+    f = lambda r: r["tflops"] * r["ms"]  # noqa: E731  (FLOPs up to a constant)
+    assert f(by["prefill", "pack_gqa", "fwd"]) == pytest.approx(f(by["prefill", "unpacked", "fwd"]))
+
+
 def test_bsa_bench_causal_listing():
     """bsa_bench --causal: query block m lists exactly its diagonal block and the 15 before
     it (those >= 0), each once, in its active prefix."""

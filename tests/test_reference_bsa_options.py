@@ -21,6 +21,7 @@ import pytest
 
 import jax_sparse_attn as jsa
 from jax_sparse_attn import _platform, masks, metadata, reference
+from jax_sparse_attn.ffi import bsa as _ffi_bsa
 from oracle import broadcast_sizes, bsa_rows_oracle_vjp, x64
 
 
@@ -328,6 +329,7 @@ def fake_kernel_platform(monkeypatch):
     monkeypatch.setattr(_platform, "kernel_platform_unavailable_reason", lambda: None)
     m = types.ModuleType("fake_ffi_bsa")
     m.bsa_kernel_unsupported_reason = lambda **kw: None
+    m.pack_gqa_unsupported_reason = _ffi_bsa.pack_gqa_unsupported_reason
     m.fwd_config = m.bwd_config = lambda *a: a
     m.pre_config = lambda *a: None
     import jax_sparse_attn.ffi as ffi_pkg  # noqa: PLC0415
@@ -338,17 +340,48 @@ def fake_kernel_platform(monkeypatch):
     jax.clear_caches()
 
 
-# causal=True runs on the sm90 kernels; where the mma.sync kernels would run it is declined
-# (tests/test_lowering_bsa.py::test_causal_declined_where_sm80_kernels_run); kv_splits: every
-# forward splits (tests/test_lowering_bsa_splits.py)
-@pytest.mark.parametrize("opt,val", [("pack_gqa", True)])
-def test_kernel_backend_declines_new_options(fake_kernel_platform, opt, val):
-    (q, k, v), idx, nums = _args(pack=opt == "pack_gqa")
+# causal=True and pack_gqa=True run on the sm90 kernels; where the mma.sync kernels would run
+# they are declined (tests/test_lowering_bsa.py::test_causal_declined_where_sm80_kernels_run,
+# test_pack_gqa_runs_on_the_sm90_kernels_only below); kv_splits: every forward splits
+# (tests/test_lowering_bsa_splits.py). pack_gqa together with causal or kv_splits > 1 is
+# declined.
+@pytest.mark.parametrize("extra,msg", [(dict(kv_splits=2), "kv_splits=2"),
+                                       (dict(causal=True), "causal=True")])
+def test_kernel_backend_declines_pack_gqa_with(fake_kernel_platform, extra, msg):
+    (q, k, v), idx, nums = _args(pack=True)
     q, k, v = (x.astype(jnp.bfloat16) for x in (q, k, v))
-    kw = dict(q2k_block_nums=nums, sparse_block_size=64, **{opt: val})
-    with pytest.raises(NotImplementedError, match=rf"{opt}={val!r} is not implemented by the "
-                                                  r"block-sparse kernels yet"):
+    kw = dict(q2k_block_nums=nums, sparse_block_size=64, pack_gqa=True, **extra)
+    with pytest.raises(NotImplementedError, match=f"pack_gqa=True together with {msg}"):
         jsa.block_sparse_attention(q, k, v, idx, backend="kernel", **kw)
     # backend="auto" runs the reference instead
     choice = jsa.which_backend(jsa.block_sparse_attention, q, k, v, idx, **kw)
-    assert choice.backend == "reference" and opt in choice.reason
+    assert choice.backend == "reference" and "pack_gqa" in choice.reason
+
+
+def test_pack_gqa_runs_on_the_sm90_kernels_only():
+    """pack_gqa: the sm90 forwards (sm90, sm90ws) and the sm90 backward pack; a pass that
+    would run an mma.sync (sm80 / portable) kernel declines with a reason naming it (then
+    backend="auto" runs the reference); the kernels' compile keys carry r."""
+    from jax_sparse_attn.config import Switches
+    from jax_sparse_attn.ffi import bsa as ffi_bsa
+
+    why = ffi_bsa.pack_gqa_unsupported_reason
+    kw = dict(head_dim=128, sparse_block_size=128, group=8)
+    assert why(**kw, switches=Switches()) is None
+    assert why(**kw, switches=Switches(bsa_fwd_impl="sm90")) is None
+    assert why(head_dim=64, sparse_block_size=64, group=4,
+               switches=Switches(bsa_fwd_impl="sm90ws")) is None
+    msg = why(**kw, switches=Switches(bsa_fwd_impl="sm80"))
+    assert "mma.sync" in msg and "forward" in msg
+    msg = why(**kw, switches=Switches(bsa_bwd_impl="sm80"))
+    assert "mma.sync" in msg and "backward" in msg
+    assert why(**kw, passes=("fwd",), switches=Switches(bsa_bwd_impl="sm80")) is None
+    assert "head_dim=256" in why(head_dim=256, sparse_block_size=128, group=2,
+                                 switches=Switches())
+    assert "dividing 64" in why(head_dim=128, sparse_block_size=128, group=128,
+                                switches=Switches())
+    assert "mma.sync" in why(**kw, switches=Switches(kernel_family="portable"))
+    sw = Switches()
+    assert ffi_bsa.fwd_config("bfloat16", 128, 128, False, sw).pack_gqa == 1
+    assert ffi_bsa.fwd_config("bfloat16", 128, 128, False, sw, pack_gqa=8).pack_gqa == 8
+    assert ffi_bsa.bwd_config("bfloat16", 64, 64, True, sw, pack_gqa=4).pack_gqa == 4

@@ -88,6 +88,8 @@ class BsaFwdConfig:
     ws_max_stages: int = 4
     num_sms: int = 0
     arch: str = ""  # the target arch (CuTe DSL name) the key was chosen for
+    # pack_gqa: query heads per KV head r of the packed rows (1: not packed; sm90/sm90ws)
+    pack_gqa: int = 1
     # split-KV: work items (query block, split, head), fp32 partial outputs merged by the
     # combine kernel; 1 = no split (the kernels compile without it)
     kv_splits: int = 1
@@ -111,6 +113,8 @@ class BsaBwdConfig:
     vec_red: bool = True
     # sm80: Q/dO shared-memory stages (2: prefetch of the next step; 1 where 2 do not fit)
     q_stages: int = 2
+    # pack_gqa: query heads per KV head r of the packed rows (1: not packed; sm90 only)
+    pack_gqa: int = 1
     # the token-level causal mask inside the listed blocks ("sm90" only)
     causal: bool = False
 
@@ -183,11 +187,12 @@ def _family_impl(want: str, head_dim: int, switches, block_size: int | None = No
 
 
 def fwd_config(dtype, head_dim, block_size, has_block_sizes, switches, causal=False, *,
-               kv_splits=1, num_rows=1, k_max=1) -> BsaFwdConfig:
+               kv_splits=1, num_rows=1, k_max=1, pack_gqa: int = 1) -> BsaFwdConfig:
     """The forward compile key from the static call properties and the
     :class:`~jax_sparse_attn.config.Switches` (``causal``: the sm90 kernels only,
     :func:`causal_unsupported_reason`); ``kv_splits`` (the option), ``num_rows`` (metadata
-    rows) and ``k_max`` give the split count (:func:`resolve_kv_splits`)."""
+    rows) and ``k_max`` give the split count (:func:`resolve_kv_splits`); ``pack_gqa``: r of
+    packed rows, 1 = off (the sm90 kernels only, :func:`pack_gqa_unsupported_reason`)."""
     name = jnp.dtype(dtype).name
     impl = _family_impl(switches.bsa_fwd_impl, head_dim, switches, block_size)
     arch = _platform.resolved_arch()
@@ -195,14 +200,15 @@ def fwd_config(dtype, head_dim, block_size, has_block_sizes, switches, causal=Fa
     if impl == "sm90":
         kw = {} if splits == 1 else {"kv_splits": splits}
         return BsaFwdConfig(name, head_dim, block_size, has_block_sizes, impl, arch=arch,
-                            causal=causal, **kw)
+                            causal=causal, pack_gqa=pack_gqa, **kw)
     if impl == "sm90ws":
         o = bsa_ws_options(switches.bsa_fwd_ws)
         kw = {} if splits == 1 else {"kv_splits": splits}
         return BsaFwdConfig(name, head_dim, block_size, has_block_sizes, impl,
                             ws_overlap=o["overlap"], ws_pingpong=o["pingpong"],
                             ws_q_stages=o["q_stages"], ws_max_stages=o["max_stages"],
-                            num_sms=metadata.num_sms(), arch=arch, causal=causal, **kw)
+                            num_sms=metadata.num_sms(), arch=arch, causal=causal,
+                            pack_gqa=pack_gqa, **kw)
     if causal:
         raise NotImplementedError(causal_unsupported_reason(head_dim, block_size, ("fwd",),
                                                             switches))
@@ -261,13 +267,13 @@ def kv_splits_unsupported_reason(kv_splits, *, head_dim, sparse_block_size, num_
 
 
 def bwd_config(dtype, head_dim, block_size, has_block_sizes, switches,
-               causal=False) -> BsaBwdConfig:
+               pack_gqa: int = 1, causal=False) -> BsaBwdConfig:
     """The dK/dV/dQ kernel's compile key (see :func:`fwd_config`)."""
     name, impl = jnp.dtype(dtype).name, _family_impl(switches.bsa_bwd_impl, head_dim, switches)
     arch = _platform.resolved_arch()
     if impl == "sm90":
         return BsaBwdConfig(name, head_dim, block_size, has_block_sizes, impl, arch=arch,
-                            causal=causal)
+                            pack_gqa=pack_gqa, causal=causal)
     if causal:
         raise NotImplementedError(causal_unsupported_reason(head_dim, block_size, ("bwd",),
                                                             switches))
@@ -281,6 +287,36 @@ def bwd_config(dtype, head_dim, block_size, has_block_sizes, switches,
                                                           switches))
     return BsaBwdConfig(name, head_dim, block_size, has_block_sizes, impl, min_blocks, arch=arch,
                         vec_red=_platform.vec_red(switches, arch), q_stages=q_stages)
+
+
+def pack_gqa_unsupported_reason(*, head_dim, sparse_block_size, group, passes=("fwd", "bwd"),
+                                switches=None, causal=False, kv_splits=1) -> str | None:
+    """``None`` when the kernels that the ``passes`` of a call would run implement
+    ``pack_gqa`` with ``group`` (``r = H_q / H_kv``) query heads per KV head, else why not:
+    the sm90 forward (``sm90`` / ``sm90ws``) and the sm90 backward pack groups of a size
+    dividing 64, without ``causal`` and with one key split (``kv_splits`` 1 or ``"auto"``,
+    which then runs one split); the mma.sync (sm80) kernels do not pack."""
+    if causal:
+        return ("pack_gqa=True together with causal=True is not implemented by the "
+                "block-sparse kernels (each option alone is)")
+    if kv_splits not in (1, "auto") and "fwd" in passes:
+        return (f"pack_gqa=True together with kv_splits={kv_splits!r} is not implemented by "
+                f"the block-sparse kernels (the packed forward runs one split: kv_splits=1 or "
+                f"'auto')")
+    if 64 % group:
+        return (f"pack_gqa=True with r = H_q / H_kv = {group} is not implemented by the "
+                f"block-sparse kernels (they pack groups of a size dividing 64)")
+    for pas, want in (("fwd", None if switches is None else switches.bsa_fwd_impl),
+                      ("bwd", None if switches is None else switches.bsa_bwd_impl)):
+        if pas not in passes:
+            continue
+        want = want or ("auto" if pas == "fwd" else "sm90")
+        impl = _family_impl(want, head_dim, switches, sparse_block_size)
+        if impl == "sm80":
+            return (f"pack_gqa=True is not implemented by the mma.sync (sm80 / portable) "
+                    f"block-sparse {'forward' if pas == 'fwd' else 'backward'} (head_dim="
+                    f"{head_dim}; the sm90 kernels pack at head_dim in {_SM90_HEAD_DIMS})")
+    return None
 
 
 def pre_config(dtype, head_dim, switches) -> BsaPreConfig | None:
@@ -373,11 +409,12 @@ def _fwd_entry(stream, q, k, v, idx, nums, sizes, scale, out, lse, *, cfg: BsaFw
 
         kernel = BsaFwdSm90Ws(*args, cfg.num_sms, overlap=cfg.ws_overlap,
                               pingpong=cfg.ws_pingpong, max_stages=cfg.ws_max_stages,
-                              q_stages=cfg.ws_q_stages, causal=cfg.causal, **kw)
+                              q_stages=cfg.ws_q_stages, causal=cfg.causal,
+                              pack_gqa=cfg.pack_gqa, **kw)
     elif cfg.impl == "sm90":
         from ..kernels.bsa_fwd_sm90 import BsaFwdSm90  # noqa: PLC0415
 
-        kernel = BsaFwdSm90(*args, causal=cfg.causal, **kw)
+        kernel = BsaFwdSm90(*args, causal=cfg.causal, pack_gqa=cfg.pack_gqa, **kw)
     else:
         from ..kernels.bsa_fwd_sm80 import BsaFwdSm80  # noqa: PLC0415
 
@@ -569,7 +606,7 @@ def _bwd_entry(stream, q, k, v, do, lse, delta, offsets, entries, sizes, scale, 
     if cfg.impl == "sm90":
         from ..kernels.bsa_bwd_sm90 import BsaBwdSm90  # noqa: PLC0415
 
-        kernel = BsaBwdSm90(*args, causal=cfg.causal)
+        kernel = BsaBwdSm90(*args, pack_gqa=cfg.pack_gqa, causal=cfg.causal)
     else:
         from ..kernels.bsa_bwd_sm80 import BsaBwdSm80  # noqa: PLC0415
 

@@ -59,6 +59,7 @@ from .bsa_common import (LOG2_E, bwd_entry_rows, bwd_load_kv_tile, bwd_tile_coor
                          issue_q_do_rows)
 from .common import (acc_layout_as_a, acc_mn_view_wg, bulk_reduce_add_f32, elem_ptr,
                      gmem_load_copy, kv_major_bwd_operands, launch, smem_storage)
+from .pack_gqa import packed_row, row_tile_view
 from .mask import CausalMaskKeyMajor
 
 TILE = 64
@@ -73,8 +74,15 @@ def _restage(layout: cute.ComposedLayout, num_stages: int, stage_stride: int) ->
 
 class BsaBwdSm90:
     def __init__(self, dtype, head_dim: int, block_size: int, has_block_sizes: bool,
-                 causal: bool = False):
+                 pack_gqa: int = 1, causal: bool = False):
         self.dtype = dtype
+        # pack_gqa: r = H_q / H_kv (1: off). The K->Q lists then hold packed query blocks
+        # (entries m, one per block: the group is 1), a step is 64 packed rows (64 / r
+        # positions x r query heads) and Q, dO, lse, delta, dQ rows are addressed through the
+        # packed mapping (kernels/pack_gqa.py); dK/dV sum over the whole group by construction
+        self.pack = pack_gqa
+        if pack_gqa > 1 and causal:
+            raise NotImplementedError("pack_gqa with causal is not implemented by this kernel")
         self.causal = causal
         self.hd = head_dim
         self.blk = block_size
@@ -134,9 +142,31 @@ class BsaBwdSm90:
     @cute.jit
     def _issue_q_do(self, mQ, mdO, ent, t, n_q_blocks, head_kv, group, batch,
                     seqlen_q, gmem_copy_in, thr_copy, tCc, tQsQ, tdOsdO, stage):
-        issue_q_do_rows(mQ, mdO, ent, t, n_q_blocks, head_kv, group, batch, seqlen_q,
-                        gmem_copy_in, thr_copy, tCc, tQsQ, tdOsdO, stage,
-                        self.blk, self.sub, self.hd, TILE)
+        if cutlass.const_expr(self.pack > 1):
+            self._issue_q_do_packed(mQ, mdO, ent, t, n_q_blocks, head_kv, group, batch,
+                                    seqlen_q, gmem_copy_in, thr_copy, tCc, tQsQ, tdOsdO, stage)
+        else:
+            issue_q_do_rows(mQ, mdO, ent, t, n_q_blocks, head_kv, group, batch, seqlen_q,
+                            gmem_copy_in, thr_copy, tCc, tQsQ, tdOsdO, stage,
+                            self.blk, self.sub, self.hd, TILE)
+
+    @cute.jit
+    def _issue_q_do_packed(self, mQ, mdO, ent, t, n_q_blocks, head_kv, group, batch,
+                           n_rows, gmem_copy_in, thr_copy, tCc, tQsQ, tdOsdO, stage):
+        """cp.async of step ``t``'s 64 packed Q and dO rows, each from its (position, query
+        head) row; rows at or past ``n_rows`` (``S_q r``) zero-filled."""
+        _, q0 = bwd_entry_rows(ent, t, n_q_blocks, head_kv, group, self.blk, self.sub, TILE)
+        for r in cutlass.range_constexpr(cute.size(tQsQ.shape[1])):
+            p = q0 + tCc[0, r, 0][0]
+            if p < n_rows:
+                s, h = packed_row(p, head_kv, self.pack)
+                tq = thr_copy.partition_S(row_tile_view(mQ, batch, s, h, TILE, self.hd))
+                tdo = thr_copy.partition_S(row_tile_view(mdO, batch, s, h, TILE, self.hd))
+                cute.copy(gmem_copy_in, tq[None, r, None], tQsQ[None, r, None, stage])
+                cute.copy(gmem_copy_in, tdo[None, r, None], tdOsdO[None, r, None, stage])
+            else:
+                tQsQ[None, r, None, stage].fill(0)
+                tdOsdO[None, r, None, stage].fill(0)
 
     @cute.jit
     def _issue_lse_delta(self, mLSE, mDelta, ent, t, n_q_blocks, head_kv, group, batch,
@@ -151,11 +181,15 @@ class BsaBwdSm90:
         dst = cute.make_tensor(sLD.iterator + (row + kind * TILE + stage * 2 * TILE), cute.make_layout(1))
         if qrow < seqlen_q:
             atom = cute.make_copy_atom(cpasync.CopyG2SOp(), cutlass.Float32, num_bits_per_copy=32)
+            # the row's (query head, position): itself, or a packed row's
+            h_row, s_row = head, qrow
+            if cutlass.const_expr(self.pack > 1):
+                s_row, h_row = packed_row(qrow, head_kv, self.pack)
             if kind == 0:
-                src = cute.make_tensor(elem_ptr(mLSE, (batch, head, qrow)), cute.make_layout(1))
+                src = cute.make_tensor(elem_ptr(mLSE, (batch, h_row, s_row)), cute.make_layout(1))
                 cute.copy(atom, src, dst)
             else:
-                src = cute.make_tensor(elem_ptr(mDelta, (batch, head, qrow)), cute.make_layout(1))
+                src = cute.make_tensor(elem_ptr(mDelta, (batch, h_row, s_row)), cute.make_layout(1))
                 cute.copy(atom, src, dst)
         else:
             dst[0] = cutlass.Float32.inf if kind == 0 else cutlass.Float32(0.0)
@@ -232,6 +266,11 @@ class BsaBwdSm90:
         (n_tile, head_kv, batch, seqlen_q, seqlen_k, num_heads_kv, group, n_q_blocks,
          n_kv_blocks, n_block, tile_off, softmax_scale, scale_log2) = bwd_tile_coords(
             mQ, mK, mScale, blk, self.sub, TILE)
+        if cutlass.const_expr(self.pack > 1):
+            # one KV head's S_q r packed rows in N_qp packed blocks; entries are block ids
+            seqlen_q = seqlen_q * self.pack
+            group = 1
+            n_q_blocks = (seqlen_q + blk - 1) // blk
 
         storage = smem_storage(SharedStorage)
         sK = storage.sK.get_tensor(sKV_layout.outer, swizzle=sKV_layout.inner)  # (kv, d, 1)
@@ -410,9 +449,15 @@ class BsaBwdSm90:
                 dq_row = (tidx // 32) * 16 + lane
                 if lane < 16:
                     if q0 + dq_row < seqlen_q:
-                        bulk_reduce_add_f32(
-                            elem_ptr(gdQ, (dq_row, 0)),
-                            stg + dq_row * dq_stride, hd * 4)
+                        if cutlass.const_expr(self.pack > 1):
+                            s_dq, h_dq = packed_row(q0 + dq_row, head_kv, self.pack)
+                            bulk_reduce_add_f32(
+                                elem_ptr(mdQacc, (batch, s_dq, h_dq, 0)),
+                                stg + dq_row * dq_stride, hd * 4)
+                        else:
+                            bulk_reduce_add_f32(
+                                elem_ptr(gdQ, (dq_row, 0)),
+                                stg + dq_row * dq_stride, hd * 4)
                 cute.arch.cp_async_bulk_commit_group()
 
         cute.arch.cp_async_wait_group(0)

@@ -44,13 +44,20 @@ from .bsa_common import (fwd_copy_partitions, fwd_gmem_tiles, fwd_grid, fwd_tile
                          softmax_rows)
 from .common import (acc_layout_as_a, acc_mn_view_wg, gmem_load_copy, launch, load_rows,
                      smem_storage, smem_struct)
+from .pack_gqa import packed_row, row_tile_view
 from .mask import KeyLimitMask
 
 
 class BsaFwdSm90:
     def __init__(self, dtype, head_dim: int, block_size: int, has_block_sizes: bool,
-                 causal: bool = False, kv_splits: int = 1):
+                 pack_gqa: int = 1, causal: bool = False, kv_splits: int = 1):
         self.dtype = dtype
+        # pack_gqa: r = H_q / H_kv (1: off): a CTA owns one block of blk packed query rows
+        # (blk / r positions x the r query heads of one KV head; kernels/pack_gqa.py)
+        self.pack = pack_gqa
+        if pack_gqa > 1 and (causal or kv_splits > 1):
+            raise NotImplementedError(
+                "pack_gqa with causal or kv_splits > 1 is not implemented by this kernel")
         self.causal = causal
         self.hd = head_dim
         self.blk = block_size
@@ -84,6 +91,9 @@ class BsaFwdSm90:
 
         gmem_copy_in = gmem_load_copy(self.dtype, self.num_threads, hd)
         grid = fwd_grid(mQ, blk)
+        if cutlass.const_expr(self.pack > 1):
+            grid = (cute.ceil_div(mQ.shape[1] * self.pack, blk), cute.size(mK.shape[2]),
+                    cute.size(mQ.shape[0]))
         if cutlass.const_expr(self.kv_splits > 1):
             grid = (grid[0] * self.kv_splits, grid[1], grid[2])
         launch(self.kernel(
@@ -121,6 +131,10 @@ class BsaFwdSm90:
             # block_idx.x = m_block S + split; the split's chunk of the row's list
             split = cute.arch.block_idx()[0] % self.kv_splits
             j0, num_blocks = kv_split_chunk(num_blocks, split, self.kv_splits)
+        if cutlass.const_expr(self.pack > 1):
+            # head is the KV head; rows are the S_q r packed rows
+            head_kv = head
+            seqlen_q = seqlen_q * self.pack
 
         storage = smem_storage(SharedStorage)
         sQ = storage.sQ.get_tensor(sQ_layout.outer, swizzle=sQ_layout.inner)  # (blk, hd, 1)
@@ -153,7 +167,11 @@ class BsaFwdSm90:
             key_end = cutlass.min((m_block + 1) * blk, seqlen_q) + seqlen_k - seqlen_q
 
         # Prologue: Q, then the first listed K/V block into stage 0.
-        load_rows(gmem_copy_in, tQgQ, tQsQ, tCc, seqlen_q - m_block * blk)
+        if cutlass.const_expr(self.pack > 1):
+            self._load_q_packed(mQ, gmem_copy_in, tidx, tQsQ, tCc, batch, head, m_block,
+                                seqlen_q)
+        else:
+            load_rows(gmem_copy_in, tQgQ, tQsQ, tCc, seqlen_q - m_block * blk)
         if num_blocks > 0:
             n0 = mIdx[batch, head, m_block, self._entry(j0, 0)]
             rows0 = kv_block_rows(mSizes, batch, head, n0, seqlen_k, blk, self.has_sizes)
@@ -248,7 +266,27 @@ class BsaFwdSm90:
                     lse = row_max[r] * softmax_scale + cute.math.log(l, fastmath=False)
                 row = m_block * blk + tOcO_mn[r, 0][0]
                 if row < seqlen_q:
+                    # the row's (position, query head): itself, or a packed row's
+                    s_row, h_row = row, head
+                    if cutlass.const_expr(self.pack > 1):
+                        s_row, h_row = packed_row(row, head, self.pack)
                     if tidx % 4 == 0:
-                        mLSE[batch, head, row] = lse
+                        mLSE[batch, h_row, s_row] = lse
                     for c in cutlass.range_constexpr(cute.size(tOcO_mn, mode=[1])):
-                        mO[batch, row, head, tOcO_mn[r, c][1]] = (acc_O_mn[r, c] * inv).to(self.dtype)
+                        mO[batch, s_row, h_row, tOcO_mn[r, c][1]] = (acc_O_mn[r, c] * inv).to(self.dtype)
+
+    @cute.jit
+    def _load_q_packed(self, mQ, gmem_copy_in, tidx, tQsQ, tCc, batch, head_kv, m_block,
+                       n_rows):
+        """cp.async of the CTA's blk packed Q rows, each from its (position, query head) row
+        of ``mQ``; rows at or past ``n_rows`` (``S_q r``) zero-filled."""
+        thr_copy = gmem_copy_in.get_slice(tidx)
+        for r in cutlass.range_constexpr(cute.size(tQsQ.shape[1])):
+            row = tCc[0, r, 0][0]
+            p = m_block * self.blk + row
+            if p < n_rows:
+                s, h = packed_row(p, head_kv, self.pack)
+                tg = thr_copy.partition_S(row_tile_view(mQ, batch, s, h, self.blk, self.hd))
+                cute.copy(gmem_copy_in, tg[None, r, None], tQsQ[None, r, None])
+            else:
+                tQsQ[None, r, None].fill(0)

@@ -58,8 +58,9 @@ from cutlass import Float32, Int32
 
 from .attn_fwd_sm90_ws import SMEM_LIMIT, AttnFwdSm90Ws, WorkItem, smem_plan
 from .block_info import BlockList, BlockListSplit
-from .common import acc_mn_view_wg, tma_view
+from .common import acc_mn_view_wg, gmem_store_copy, tma_view
 from .mask import KeyLimitMask
+from .pack_gqa import pack_rows_view, packed_row, row_tile_view
 from .softmax import OnlineSoftmax
 from .tile_scheduler import StaticLptScheduler
 
@@ -94,8 +95,8 @@ class _Tile:
 class BsaFwdSm90Ws(AttnFwdSm90Ws):
     def __init__(self, dtype, head_dim: int, block_size: int, has_block_sizes: bool,
                  num_sms: int, overlap: bool = True, pingpong: bool = True,
-                 max_stages: int = 4, q_stages: int = 2, causal: bool = False,
-                 kv_splits: int = 1):
+                 max_stages: int = 4, q_stages: int = 2, pack_gqa: int = 1,
+                 causal: bool = False, kv_splits: int = 1):
         if block_size not in (64, 128) or head_dim not in (64, 128):
             raise NotImplementedError(
                 f"bsa_fwd_sm90_ws implements head_dim in (64, 128) and sparse_block_size in "
@@ -121,6 +122,15 @@ class BsaFwdSm90Ws(AttnFwdSm90Ws):
         # register budget per CTA: 65536 / ctas_per_sm = 128 * (producer + num_wg * consumer)
         self.regs_producer = 24
         self.regs_consumer = 240 if self.num_wg == 2 else 232
+        # pack_gqa: r = H_q / H_kv query heads per work item (1: off); r divides the 64-row
+        # warpgroup tile, so a Q slice is one (D, r, 64 / r) TMA box
+        if 64 % pack_gqa:
+            raise NotImplementedError(
+                f"bsa_fwd_sm90_ws packs GQA groups of a size dividing 64, got {pack_gqa}")
+        self.pack = pack_gqa
+        if pack_gqa > 1 and (causal or kv_splits > 1):
+            raise NotImplementedError(
+                "pack_gqa with causal or kv_splits > 1 is not implemented by this kernel")
 
     @staticmethod
     def can_implement(dtype, head_dim: int, block_size: int) -> bool:
@@ -138,6 +148,11 @@ class BsaFwdSm90Ws(AttnFwdSm90Ws):
         B = mQ.shape[0]
         S_q = mQ.shape[1]
         H_q = mQ.shape[2]
+        if cutlass.const_expr(self.pack > 1):
+            # work items are (packed block, KV head, batch); Q rows are packed rows
+            tQ = pack_rows_view(tQ, self.pack, 0, 2)
+            S_q = S_q * self.pack
+            H_q = mK.shape[2]
         tma_q, tma_tQ, tma_k, tma_tK, tma_v, tma_tV = self._tma_atoms(
             tQ, tK, tV, sQ_layout, sK_layout, sV_layout)
         Smem = self._smem_struct(sQ_layout, sK_layout, sV_layout, sO_layout)
@@ -198,6 +213,11 @@ class BsaFwdSm90Ws(AttnFwdSm90Ws):
             n_heads = mO.shape[2]
         seqlen_k = mV.shape[1]
         group = n_heads // mV.shape[2]
+        if cutlass.const_expr(self.pack > 1):
+            # (packed block, KV head, batch) items over S_q r packed rows
+            seqlen_q = seqlen_q * self.pack
+            n_heads = mV.shape[2]
+            group = 1
         n_q_blocks = (seqlen_q + bm - 1) // bm
         # split-KV: "heads" of the schedule are (split, head) pairs, split-major
         n_hs = n_heads
@@ -380,7 +400,49 @@ class BsaFwdSm90Ws(AttnFwdSm90Ws):
             row = tOcO_mn[r, 0][0]
             if row < lim:
                 if wtid % 4 == 0:
-                    tile.mLSE[work.batch, work.head, mw0 + row] = lse
+                    if cutlass.const_expr(self.pack > 1):
+                        s, h = packed_row(mw0 + row, work.head, self.pack)
+                        tile.mLSE[work.batch, h, s] = lse
+                    else:
+                        tile.mLSE[work.batch, work.head, mw0 + row] = lse
             acc_O_mn[r, None] = acc_O_mn[r, None].load() * inv
-        self._store_o(acc_O, None, thr_mma_pv, sO, tile.mO[work.batch, None, work.head, None],
-                      mw0, tile.seqlen_q, wg, wtid, has_work)
+        if cutlass.const_expr(self.pack > 1):
+            self._store_o_packed(acc_O, thr_mma_pv, sO, tile.mO, work, mw0, tile.seqlen_q, wg,
+                                 wtid, has_work)
+        else:
+            self._store_o(acc_O, None, thr_mma_pv, sO,
+                          tile.mO[work.batch, None, work.head, None], mw0, tile.seqlen_q, wg,
+                          wtid, has_work)
+
+    @cute.jit
+    def _store_o_packed(self, acc_O, thr_mma_pv, sO, mO, work, mw0, n_rows, wg, wtid,
+                        has_work):
+        """``_store_o`` for packed rows: 16 bit -> smem -> 128-bit stores of this warpgroup's
+        packed rows ``mw0 + i < n_rows`` (``S_q r``), each to its own (position, query head)
+        row of ``mO`` (B, S, H, D); an item without KV tiles stores zeros from registers."""
+        wgm, dv = self.wg_m, self.dv
+        bar_id = 3 + wg
+        copy_o = gmem_store_copy(self.dtype, 128, dv)
+        thr = copy_o.get_slice(wtid)
+        tOs = thr.partition_S(sO)
+        tOc = thr.partition_S(cute.make_identity_tensor((wgm, dv)))
+        lim = n_rows - mw0
+        if has_work:
+            rO = cute.make_fragment_like(acc_O, self.dtype)
+            rO.store(acc_O.load().to(self.dtype))
+            cute.autovec_copy(rO, thr_mma_pv.partition_C(sO))
+            cute.arch.barrier(barrier_id=bar_id, number_of_threads=128)
+        for r in cutlass.range_constexpr(cute.size(tOs.shape[1])):
+            row = tOc[0, r, 0][0]
+            if row < lim:
+                s, h = packed_row(mw0 + row, work.head, self.pack)
+                tOg = thr.partition_D(row_tile_view(mO, work.batch, s, h, wgm, dv))
+                rr = cute.make_fragment_like(tOs[None, r, None])
+                if has_work:
+                    cute.autovec_copy(tOs[None, r, None], rr)
+                else:
+                    rr.fill(0)
+                cute.copy(copy_o, rr, tOg[None, r, None])
+        if has_work:
+            # every thread's smem reads are done before the buffer is written again
+            cute.arch.barrier(barrier_id=bar_id, number_of_threads=128)

@@ -1,0 +1,242 @@
+"""GPU: block-sparse attention with ``pack_gqa=True`` on the SM90 kernels vs the fp32 reference.
+
+Packed metadata ``(B, H_kv, N_qp, K_max)`` over packed query rows ``p = s r + g``
+(``r = H_q / H_kv``; ``jax_sparse_attn.bsa``). Every case runs the forward (out, lse) and the
+backward (dq, dk, dv) of the public ops on the kernel backend and checks the test rule of
+``tests/attention_base.py`` (kernel error vs the float32 reference <= 2x (out, lse) / 5x
+(dq, dk, dv) the error of the reference computed in the input dtype, plus a small atol; no
+NaN). Inputs are hostile: S_q not a multiple of ``blk / r`` (a partial last packed block),
+S_kv not a multiple of blk, per-row counts with empty packed rows (out 0, lse -inf, dq 0 on
+their (position, head) rows), garbage past each row's active prefix, K/V NaN in every KV
+block no active row lists and past ``block_sizes``, and outputs poisoned by a preceding
+all-NaN run. The kernels: the default (``sm90ws`` forward at blk 128, ``sm90`` at blk 64,
+``sm90`` backward) and, per case, the other forward (``impl``).
+
+Run on the H200: ``python -m pytest -m gpu tests/test_gpu_bsa_pack_gqa.py`` (shard with
+``BSA_PACK_SHARD=i/n``); ``scripts/gpu_p18.sh`` runs it with the benchmark rows.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+
+import numpy as np
+import pytest
+
+jax = pytest.importorskip("jax")
+import jax.numpy as jnp  # noqa: E402
+
+from attention_base import check_rule, shard  # noqa: E402
+
+pytestmark = pytest.mark.gpu
+
+SHARD = os.environ.get("BSA_PACK_SHARD", "")
+# the backend under test; "reference" checks the test itself on a CPU (with the gpu marker
+# deselected: python -m pytest -m "gpu or not gpu" ... does not skip; see scripts/gpu_p18.sh)
+BACKEND = os.environ.get("BSA_PACK_TEST_BACKEND", "kernel")
+
+
+@dataclasses.dataclass(frozen=True)
+class PackCase:
+    name: str
+    r: int
+    blk: int
+    d: int = 128
+    dtype: str = "bfloat16"
+    layout: str = "bhsd"
+    hkv: int = 2
+    sq: int = 1000
+    skv: int = 1025
+    kmax: int = 4
+    sizes_rank: int = 0
+    impl: str = "auto"  # bsa_fwd_impl
+    b: int = 2
+    kv_splits: object = 1
+
+
+CASES = [
+    PackCase("r2-blk64-d128-bf16-bhsd", 2, 64, sq=1001),
+    PackCase("r4-blk64-d64-fp16-bshd-sizes3", 4, 64, d=64, dtype="float16", layout="bshd",
+             sq=999, sizes_rank=3),
+    PackCase("r8-blk64-d128-bf16-bshd-sizes1", 8, 64, layout="bshd", sq=1003, sizes_rank=1),
+    PackCase("r2-blk128-d64-bf16-bhsd-sizes2", 2, 128, d=64, sq=1000, skv=4096, kmax=8,
+             sizes_rank=2),
+    PackCase("r4-blk128-d128-fp16-bhsd", 4, 128, dtype="float16", sq=1001),
+    PackCase("r8-blk128-d128-bf16-bshd-sizes3", 8, 128, layout="bshd", sq=1002, sizes_rank=3),
+    # the other forward kernel at each block size
+    PackCase("r4-blk64-d128-bf16-sm90ws", 4, 64, sq=77, impl="sm90ws"),
+    PackCase("r8-blk128-d64-fp16-sm90-sizes3", 8, 128, d=64, dtype="float16", sq=130,
+             impl="sm90", sizes_rank=3),
+    # a group of 16 (4 positions per 64-row slice), one KV head
+    PackCase("r16-blk128-d128-bf16-bshd-hkv1", 16, 128, layout="bshd", hkv=1, sq=333, b=3),
+    # one position (a single partial packed block), one KV block
+    PackCase("r8-blk128-d128-bf16-q1", 8, 128, sq=1, skv=65, kmax=1),
+    PackCase("r2-blk64-d64-bf16-q1-sm90ws", 2, 64, d=64, sq=1, skv=300, kmax=3, impl="sm90ws"),
+    # decode-like (S_q r = blk) with kv_splits="auto": the packed kernels run one split
+    PackCase("r8-blk128-d128-bf16-decode-splitsauto", 8, 128, sq=16, skv=4096, kmax=8,
+             kv_splits="auto", b=4),
+]
+
+
+def pack_inputs(c: PackCase, seed=0):
+    """q, k, v, do (the case's layout and dtype) and packed metadata: random unique listed
+    blocks, counts in [0, K_max] (block 0 of every KV head empty), garbage past the active
+    prefix; K and V NaN in unlisted blocks and past block_sizes."""
+    rng = np.random.default_rng(seed)
+    b, hkv, r, d, blk = c.b, c.hkv, c.r, c.d, c.blk
+    hq = hkv * r
+    nqp, nkv = -(-c.sq * r // blk), -(-c.skv // blk)
+    kmax = min(c.kmax, nkv)
+    idx = np.argsort(rng.random((b, hkv, nqp, nkv)), axis=-1)[..., :kmax].astype(np.int32)
+    nums = rng.integers(0, kmax + 1, size=(b, hkv, nqp)).astype(np.int32)
+    if nqp > 1:
+        nums[:, :, 0] = 0
+        nums[:, :, -1] = kmax  # the partial last packed block is never empty
+    else:
+        nums[:, 0, 0], nums[:, -1, 0] = 0, kmax
+    j = np.arange(kmax)[None, None, None, :]
+    garbage = rng.choice(np.array([-7, 10**6, nkv, -1], np.int32), size=idx.shape)
+    idx = np.where(j < nums[..., None], idx, garbage).astype(np.int32)
+    sizes = None
+    full = np.full((b, hkv, nkv), blk, np.int32)
+    if c.sizes_rank:
+        shape = {1: (nkv,), 2: (b, nkv), 3: (b, hkv, nkv)}[c.sizes_rank]
+        sizes = rng.integers(1, blk + 1, size=shape).astype(np.int32)
+        # ranks 1 / 2 broadcast over the batch / KV heads: (N_kv,) or (B, N_kv)
+        full = np.broadcast_to(sizes if sizes.ndim == 3 else
+                               sizes[None, None] if sizes.ndim == 1 else sizes[:, None],
+                               (b, hkv, nkv)).copy()
+    listed = np.zeros((b, hkv, nkv), bool)
+    for bi in range(b):
+        for h in range(hkv):
+            for m in range(nqp):
+                listed[bi, h, idx[bi, h, m, :nums[bi, h, m]]] = True
+    # key rows that no active row uses: NaN
+    pos = np.arange(nkv * blk)
+    keep = listed[..., pos // blk] & ((pos % blk) < full[..., pos // blk])  # (b, hkv, S)
+    keep = keep[..., : c.skv]
+    dt = jnp.dtype(c.dtype)
+
+    def t(s, h, nan_rows=None):
+        x = rng.standard_normal((b, h, s, d)).astype(np.float32)
+        if nan_rows is not None:
+            x = np.where(nan_rows[..., None], x, np.nan)
+        if c.layout == "bshd":
+            x = np.swapaxes(x, 1, 2)
+        return jnp.asarray(x).astype(dt)
+
+    q, do = t(c.sq, hq), t(c.sq, hq)
+    k, v = t(c.skv, hkv, keep), t(c.skv, hkv, keep)
+    return dict(q=q, k=k, v=v, do=do, idx=jnp.asarray(idx), nums=jnp.asarray(nums),
+                nums_np=nums, sizes=None if sizes is None else jnp.asarray(sizes),
+                kw=dict(layout=c.layout, sparse_block_size=blk,
+                        softmax_scale=float(0.7 / np.sqrt(d))))
+
+
+def _kernel_fn(c: PackCase, kw):
+    import jax_sparse_attn as jsa
+    from jax_sparse_attn.config import Switches
+
+    sw = Switches(bsa_fwd_impl=c.impl)
+    opts = dict(kw, backend=BACKEND, switches=sw, pack_gqa=True, allow_empty_block_nums=True,
+                kv_splits=c.kv_splits)
+
+    @jax.jit
+    def f(q, k, v, do, idx, nums, sizes):
+        o = dict(opts, q2k_block_nums=nums, block_sizes=sizes)
+        out, lse = jsa.block_sparse_attention_forward(q, k, v, idx, **o)
+        _, vjp = jax.vjp(lambda q, k, v: jsa.block_sparse_attention(q, k, v, idx, **o), q, k, v)
+        return (out, lse) + vjp(do)
+
+    return f
+
+
+def _reference(x, compute_dtype):
+    from jax_sparse_attn import reference
+    from jax_sparse_attn.metadata import normalize_bsa_metadata
+
+    idx, nums, sizes = normalize_bsa_metadata(x["idx"], None, x["sizes"], x["nums"])
+    kw = dict(x["kw"], pack_gqa=True, compute_dtype=compute_dtype)
+    args = [x[n] for n in ("q", "k", "v", "do")]
+    if compute_dtype is None:
+        args = [a.astype(jnp.float32) for a in args]
+    q, k, v, do = args
+
+    @jax.jit
+    def f(q, k, v, do):
+        out, lse = reference.block_sparse_attention_ref(q, k, v, idx, nums, sizes, **kw)
+        return (out, lse) + tuple(reference.block_sparse_attention_bwd_ref(
+            do, q, k, v, out, lse, idx, nums, sizes, **kw))
+
+    return f(q, k, v, do)
+
+
+def _bhs(a, layout):
+    a = np.asarray(jnp.asarray(a, jnp.float32))
+    return a if layout == "bhsd" else np.swapaxes(a, 1, 2)
+
+
+@pytest.mark.parametrize("c", shard(CASES, SHARD), ids=lambda c: c.name)
+def test_bsa_pack_gqa_kernel_vs_reference(c):
+    x = pack_inputs(c)
+    f = _kernel_fn(c, x["kw"])
+    args = (x["q"], x["k"], x["v"], x["do"], x["idx"], x["nums"], x["sizes"])
+    # poisoned outputs: an all-NaN run first leaves NaN in buffers XLA is likely to reuse
+    jax.block_until_ready(f(x["q"] * jnp.nan, *args[1:]))
+    got = jax.block_until_ready(f(*args))
+    truth = _reference(x, None)
+    base = _reference(x, jnp.dtype(c.dtype))
+    report = []
+    check_rule("out", got[0], truth[0], base[0], 2.0, 2e-3, report)
+    lse_g, lse_t, lse_b = (np.asarray(a, np.float64) for a in (got[1], truth[1], base[1]))
+    assert lse_g.shape == (c.b, c.hkv * c.r, c.sq)
+    assert not np.isnan(lse_g).any(), "lse: NaN"
+    assert np.array_equal(np.isneginf(lse_g), np.isneginf(lse_t)), "lse -inf pattern differs"
+    fin = np.isfinite(lse_t)
+    check_rule("lse", lse_g[fin], lse_t[fin], lse_b[fin], 2.0, 1e-4, report)
+    for i, name in enumerate(("dq", "dk", "dv"), start=2):
+        check_rule(name, got[i], truth[i], base[i], 5.0, 5e-3, report)
+    # empty packed rows: their (position, query head) rows give out 0, lse -inf, dq 0
+    nums = x["nums_np"]
+    p = np.arange(c.sq * c.r)
+    empty = np.zeros((c.b, c.hkv * c.r, c.sq), bool)
+    for h in range(c.hkv):
+        e = nums[:, h, p // c.blk] == 0  # (b, S r)
+        empty[:, h * c.r + p % c.r, p // c.r] = e
+    assert empty.any()
+    assert np.all(_bhs(got[0], c.layout)[empty] == 0)
+    assert np.all(np.isneginf(lse_g[empty]))
+    assert np.all(_bhs(got[2], c.layout)[empty] == 0)
+    print(c.name, " | ".join(report))
+
+
+def test_bsa_pack_gqa_equals_unpacked_listing():
+    """Packed metadata whose every packed block lists the blocks the unpacked rows of its
+    positions list (one pattern per position block, the same for every head of the group):
+    packed and unpacked kernel results agree to rounding (same math, other row grouping)."""
+    import jax_sparse_attn as jsa
+
+    if SHARD and not SHARD.startswith("0/"):
+        pytest.skip("BSA_PACK_SHARD: runs in shard 0")
+
+    r, blk, hkv, sq, skv, d = 4, 128, 2, 1024, 2048, 128
+    rng = np.random.default_rng(5)
+    dt = jnp.bfloat16
+    q = jnp.asarray(rng.standard_normal((1, hkv * r, sq, d)), dt)
+    k = jnp.asarray(rng.standard_normal((1, hkv, skv, d)), dt)
+    v = jnp.asarray(rng.standard_normal((1, hkv, skv, d)), dt)
+    nkv, nq = skv // blk, sq // blk
+    # unpacked rows: query block m of every head of KV head h lists sel[h, m]
+    sel = np.argsort(rng.random((hkv, nq, nkv)), axis=-1)[..., :3].astype(np.int32)
+    u_idx = np.repeat(sel[None], r, axis=1).reshape(1, hkv * r, nq, 3)
+    # packed block mp of KV head h covers positions [mp blk / r, (mp + 1) blk / r): block m
+    mp = np.arange(nq * r)
+    p_idx = sel[None][:, :, mp * blk // r // blk]
+    kw = dict(sparse_block_size=blk, block_sparse_num=3, backend=BACKEND)
+    out_u, lse_u = jsa.block_sparse_attention_forward(q, k, v, jnp.asarray(u_idx), **kw)
+    out_p, lse_p = jsa.block_sparse_attention_forward(q, k, v, jnp.asarray(p_idx), pack_gqa=True,
+                                                      **kw)
+    np.testing.assert_allclose(np.asarray(lse_p), np.asarray(lse_u), rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(np.asarray(out_p, np.float32), np.asarray(out_u, np.float32),
+                               rtol=2e-2, atol=2e-2)
