@@ -92,7 +92,7 @@ class HstuFwdSm90Ws(AttnFwdSm90Ws):
     def __init__(self, dtype, head_dim, head_dim_v, block_n, has_func, func_n, num_sms,
                  overlap=True, pingpong=True, max_stages=4, q_stages=2, silu16=False,
                  has_rab=False, rab_per_head=False, tanh16=False, paged=False,
-                 kv_splits=1):
+                 kv_splits=1, page_id_clamp=False):
         self.dtype = dtype
         self.d = head_dim
         self.dv = head_dim_v
@@ -110,6 +110,9 @@ class HstuFwdSm90Ws(AttnFwdSm90Ws):
         self.has_rab = has_rab
         self.rab_per_head = rab_per_head
         self.paged = paged
+        # paged: the producer clamps each page id it reads into [0, num_pages) (else the
+        # caller passes clamped ids)
+        self.page_id_clamp = paged and page_id_clamp
         # split-KV: work item = (query tile, head, key split); each split adds its KV tiles'
         # fp32 partial O (times 1 / scaling_seqlen) into its own slice of mO (S, T_q, H, Dv)
         self.kv_splits = kv_splits
@@ -278,10 +281,14 @@ class HstuFwdSm90Ws(AttnFwdSm90Ws):
     @cute.jit
     def _page(self, work, n):
         """Paged KV: the page holding the sequence's KV tile ``n`` (its slot clamped into
-        ``page_ids``; the host clamps the page ids into the cache)."""
+        ``page_ids``; the page id clamped into the cache here with ``page_id_clamp``, else
+        by the caller)."""
         ids, slot0, n_slots = work.pages
         slot = cutlass.max(cutlass.min(slot0 + n // (PAGE_SIZE // self.bn), n_slots - 1), 0)
-        return Int32(ids[slot])
+        page = Int32(ids[slot])
+        if cutlass.const_expr(self.page_id_clamp):
+            page = cutlass.max(cutlass.min(page, Int32(work.mV.shape[0]) - 1), 0)
+        return page
 
     @cute.jit
     def _kv_coord(self, work, n):
