@@ -187,3 +187,134 @@ def test_resolve_kv_splits():
     assert r("auto", batch=2, num_heads=2, max_seqlen_q=4096, max_seqlen_k=4096) == sms // 128
     assert r(5, batch=64, num_heads=4, max_seqlen_q=1, max_seqlen_k=64) == 5
     assert r(5, batch=1, num_heads=1, max_seqlen_q=1, max_seqlen_k=8192, impl="sm80") == 1
+
+
+# --------------------------------------------------------------- GPU: paged-KV forward kernel
+def _paged_gpu_inputs(lens_q, lens_k, heads, h_kv, d, seed, extra_slots=2, spare_pages=3):
+    """bf16 paged cache: each sequence's pages shuffled over the cache, NaN in every slot past
+    a sequence's keys and in the spare pages, ``extra_slots`` garbage page ids (negative,
+    huge, a NaN page) after each sequence's pages; q rows past ``cu_seqlens_q[-1]`` NaN."""
+    rng = np.random.default_rng(seed)
+    need = [-(-lk // PAGE) for lk in lens_k]
+    n_pages = sum(need) + spare_pages
+    perm = rng.permutation(n_pages)
+    kv = np.full((n_pages, 2, PAGE, h_kv, d), np.nan, np.float32)
+    ids, ptr, used = [], [0], 0
+    for b, lk in enumerate(lens_k):
+        mine = perm[used:used + need[b]]
+        used += need[b]
+        vals = rng.standard_normal((2, lk, h_kv, d)).astype(np.float32)
+        for j in range(0, lk, PAGE):
+            kv[mine[j // PAGE], :, :min(PAGE, lk - j)] = vals[:, j:j + PAGE]
+        garbage = rng.choice([-7, 2 ** 30, int(perm[-1])], size=extra_slots)
+        ids.extend([int(x) for x in mine] + [int(x) for x in garbage])
+        ptr.append(len(ids))
+    cu_q = np.concatenate([[0], np.cumsum(lens_q)]).astype(np.int32)
+    cu_k = np.concatenate([[0], np.cumsum(lens_k)]).astype(np.int32)
+    q = rng.standard_normal((int(cu_q[-1]) + 64, heads, d)).astype(np.float32)
+    q[int(cu_q[-1]):] = np.nan
+    bf = lambda x: jnp.asarray(x, jnp.bfloat16)  # noqa: E731
+    return (bf(q), bf(kv), jnp.asarray(np.asarray(ids, np.int32)),
+            jnp.asarray(np.asarray(ptr, np.int32)), jnp.asarray(cu_q), jnp.asarray(cu_k))
+
+
+def _paged_kernel_fn(schedule, kv_splits, **kw):
+    from jax_sparse_attn.config import Switches
+
+    return jax.jit(lambda q, kv, i, p, a, b: jsa.hstu_attention(
+        q, None, None, a, b, paged_kv=kv, page_ids=i, page_indptrs=p, backend="kernel",
+        kv_splits=kv_splits, switches=Switches(hstu_schedule=schedule), **kw))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("kv_splits", [1, "auto"])
+@pytest.mark.parametrize("lq", [1, 7, 64, 300])
+def test_paged_kernel_gpu_schedule_kernel_and_xla(lq, kv_splits):
+    """Paged-KV forward on the H200 with its metadata built by the schedule kernel (page ids
+    clamped by the forward kernel, the default) and by XLA (``hstu_schedule="xla"``):
+    bitwise equal outputs, both within the rule of the float32 reference; garbage page ids
+    after each sequence's pages, NaN in every unused cache slot, a sequence without queries,
+    histories ending inside a page, q rows past ``cu_seqlens_q[-1]`` NaN (their outputs must
+    be 0). Before the checked calls the same functions run on all-NaN inputs, so output
+    buffers XLA reuses hold NaN where a kernel would leave elements unwritten."""
+    from attention_base import _f32, check_rule
+    from jax_sparse_attn import reference
+
+    lens_k = [3000, 129, 1, 700, 2048, 301]
+    lens_q = [min(lq, lk) for lk in lens_k]
+    lens_q[3] = 0
+    q, kv, ids, ptr, cu_q, cu_k = _paged_gpu_inputs(lens_q, lens_k, 4, 2, 128, seed=lq)
+    n = int(cu_q[-1])
+    kw = dict(max_seqlen_q=max(lens_q), max_seqlen_k=max(lens_k),
+              scaling_seqlen=float(max(lens_q)), alpha=1.0 / np.sqrt(128))
+    outs = {}
+    for sched in ("kernel", "xla"):
+        fn = _paged_kernel_fn(sched, kv_splits, **kw)
+        jax.block_until_ready(fn(jnp.full_like(q, jnp.nan), jnp.full_like(kv, jnp.nan), ids,
+                                 ptr, cu_q, cu_k))  # poison the buffers XLA may reuse
+        outs[sched] = np.asarray(_f32(fn(q, kv, ids, ptr, cu_q, cu_k)))
+    np.testing.assert_array_equal(outs["kernel"], outs["xla"])
+    out = outs["kernel"]
+    assert not np.any(out[n:]), "out rows past cu_seqlens_q[-1] are not zero"
+
+    def ref(cdt):
+        return jax.jit(lambda q, kv, i, p, a, b: reference.hstu_attention_ref(
+            q, None, None, a, b, None, paged_kv=kv, page_ids=i, page_indptrs=p,
+            compute_dtype=cdt, **kw))(q[:n], kv, ids, ptr, cu_q, cu_k)
+
+    report = []
+    check_rule("out", out[:n], ref(None), ref(jnp.bfloat16), 2.0, 2e-3, report)
+    print(f"paged lq={lq} kv_splits={kv_splits} " + report[0])
+
+
+_PAGED_META = {
+    # cu_seqlens_q, cu_seqlens_k, page_indptrs, T_q, page slots
+    "valid": ([0, 7, 8, 40], [0, 300, 556, 900], [0, 3, 5, 8], 40, 12),
+    "ptr-negative": ([0, 7, 8, 40], [0, 300, 556, 900], [0, -4, 5, 8], 40, 12),
+    "ptr-decreasing": ([0, 7, 8, 40], [0, 300, 556, 900], [0, 6, 2, 8], 40, 12),
+    "ptr-past-P": ([0, 7, 8, 40], [0, 2000, 1 << 30, -3], [0, 3, 50, 1 << 30], 40, 12),
+    "cu-garbage": ([5, 900, -3, 400], [7, -1, 3000, 20], [9, 2, 2, 1], 300, 30),
+    "many-seqs": (list(np.cumsum([0] + [1] * 1000)), list(np.cumsum([0] + [300] * 1000)),
+                  list(np.arange(1001) * 3), 1000, 3000),
+}
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", sorted(_PAGED_META))
+def test_paged_schedule_kernel_metadata_gpu(name):
+    """The schedule kernel's paged mode gives the sanitised ``cu_seqlens_q`` / ``_k`` and
+    ``page_indptrs`` of the jnp path bit for bit (garbage values included) and the same
+    query tiles, longest work first, idle rows last."""
+    from types import SimpleNamespace
+
+    from jax_sparse_attn.ffi.hstu import _paged_metadata
+
+    cu_q, cu_k, ptr, t_q, slots = _PAGED_META[name]
+    args = [jnp.asarray(x, jnp.int32) for x in (cu_q, cu_k, ptr)]
+    got = {}
+    for sched in ("kernel", "xla"):
+        cfg = SimpleNamespace(fwd=SimpleNamespace(block_m=128), schedule=sched,
+                              window_size=(-1, 0), cute_call="shared")
+        got[sched] = [np.asarray(x) for x in jax.jit(
+            lambda a, b, c, cfg=cfg: _paged_metadata(a, b, c, cfg, t_q, slots, PAGE))(*args)]
+    for i, what in enumerate(("cu_q", "cu_k", "page_indptrs")):
+        np.testing.assert_array_equal(got["kernel"][i], got["xla"][i], err_msg=what)
+    tiles, rtiles = got["kernel"][3], got["xla"][3]
+    assert tiles.shape == rtiles.shape
+    valid = tiles[:, 0] >= 0
+    assert not (valid[1:] & ~valid[:-1]).any(), "idle rows last"
+    key = lambda tt: sorted(map(tuple, tt[tt[:, 0] >= 0][:, :2].tolist()))  # noqa: E731
+    assert key(tiles) == key(rtiles)
+    assert (np.diff(_causal_work(tiles, got["kernel"][0], got["kernel"][1])) <= 0).all(), (
+        "longest work first")
+
+
+def _causal_work(tiles, cu_q, cu_k, bm=128):
+    """Work (64-key units + 1) of each valid causal forward schedule row: the keys its rows
+    see (bottom-right aligned)."""
+    work = []
+    for b, m in tiles[tiles[:, 0] >= 0][:, :2]:
+        lq, lk = cu_q[b + 1] - cu_q[b], cu_k[b + 1] - cu_k[b]
+        hi = min(min(m * bm + bm, lq) + lk - lq, lk)
+        work.append(max(hi, 0) // 64 + 1)
+    return np.asarray(work)

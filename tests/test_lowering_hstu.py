@@ -575,6 +575,50 @@ def test_hstu_paged_lowers(dtype, head_dim, h_kv):
 
     txt = _lower(fwd, q, kv, ids, cu, cu, cu)
     assert _attention_calls(txt) == 1 and "\\7FELF" in txt
+    # the schedule kernel (paged mode) sanitises cu_seqlens and page_indptrs and builds the
+    # tile schedule; the forward kernel clamps the page ids
+    assert _SCHEDULE_KERNEL in txt
+
+
+_XLA_METADATA_OPS = ("stablehlo.sort", "stablehlo.reduce_window", "stablehlo.scatter",
+                     "stablehlo.clamp", "stablehlo.maximum", "stablehlo.minimum",
+                     "stablehlo.gather", "stablehlo.concatenate")
+
+
+@pytest.mark.parametrize("kv_splits", [1, 3])
+def test_hstu_paged_metadata_in_one_launch(kv_splits):
+    """A paged call lowers to two kernel launches (the schedule kernel and the forward) and
+    no XLA metadata op with ``hstu_schedule="kernel"`` (the default): no sort, scan, scatter,
+    gather, concatenation or clamp (split-KV adds only the elementwise sum of the partials);
+    ``"xla"`` keeps the jnp schedule and the XLA page-id clip, and the forward's compile key
+    says who clamps the page ids."""
+    import jax_sparse_attn as jsa  # noqa: PLC0415
+    from jax_sparse_attn.config import Switches  # noqa: PLC0415
+    from jax_sparse_attn.ffi import hstu as fh  # noqa: PLC0415
+
+    q = jax.ShapeDtypeStruct((40, 4, 128), jnp.bfloat16)
+    kv = jax.ShapeDtypeStruct((20, 2, 128, 2, 128), jnp.bfloat16)
+    cu = jax.ShapeDtypeStruct((5,), jnp.int32)
+    ids = jax.ShapeDtypeStruct((18,), jnp.int32)
+    texts = {}
+    for sched in ("kernel", "xla"):
+        def fwd(q, kv, ids, ptr, cu_q, cu_k, sched=sched):
+            return jsa.hstu_attention(q, None, None, cu_q, cu_k, max_seqlen_q=20,
+                                      max_seqlen_k=2000, paged_kv=kv, page_ids=ids,
+                                      page_indptrs=ptr, backend="kernel", kv_splits=kv_splits,
+                                      switches=Switches(hstu_schedule=sched))
+
+        texts[sched] = _lower(fwd, q, kv, ids, cu, cu, cu)
+        assert _attention_calls(texts[sched]) == 1
+    txt = texts["kernel"]
+    assert txt.count(_target()) == 2 and _SCHEDULE_KERNEL in txt
+    assert not [op for op in _XLA_METADATA_OPS if op in txt], txt[:3000]
+    assert _SCHEDULE_KERNEL not in texts["xla"]
+    assert "stablehlo.sort" in texts["xla"] and "func.func private @clip" in texts["xla"]
+    assert fh.fwd_config("bfloat16", 128, 128, 0, Switches(), paged=True).page_id_clamp
+    assert not fh.fwd_config("bfloat16", 128, 128, 0, Switches(hstu_schedule="xla"),
+                             paged=True).page_id_clamp
+    assert not fh.fwd_config("bfloat16", 128, 128, 0, Switches()).page_id_clamp
 
 
 def test_hstu_paged_config_and_routing():
