@@ -621,6 +621,32 @@ def test_hstu_paged_metadata_in_one_launch(kv_splits):
     assert not fh.fwd_config("bfloat16", 128, 128, 0, Switches()).page_id_clamp
 
 
+def test_hstu_paged_page_prefetch_lowers():
+    """``hstu_fwd_ws="pagepf"`` (the paged producer loads each KV tile's page id one tile
+    ahead) compiles a paged forward of its own; contiguous calls ignore the option."""
+    import jax_sparse_attn as jsa  # noqa: PLC0415
+    from jax_sparse_attn.config import Switches  # noqa: PLC0415
+    from jax_sparse_attn.ffi import hstu as fh  # noqa: PLC0415
+
+    sw = Switches(hstu_fwd_ws="pagepf")
+    assert fh.fwd_config("bfloat16", 128, 128, 0, sw, paged=True).ws_page_prefetch
+    assert not fh.fwd_config("bfloat16", 128, 128, 0, Switches(), paged=True).ws_page_prefetch
+    assert fh.fwd_config("bfloat16", 128, 128, 0, sw) == fh.fwd_config(
+        "bfloat16", 128, 128, 0, Switches())
+    q = jax.ShapeDtypeStruct((40, 4, 64), jnp.float16)
+    kv = jax.ShapeDtypeStruct((20, 2, 128, 1, 64), jnp.float16)
+    cu = jax.ShapeDtypeStruct((5,), jnp.int32)
+    ids = jax.ShapeDtypeStruct((18,), jnp.int32)
+
+    def fwd(q, kv, ids, ptr, cu_q, cu_k):
+        return jsa.hstu_attention(q, None, None, cu_q, cu_k, max_seqlen_q=20,
+                                  max_seqlen_k=2000, paged_kv=kv, page_ids=ids,
+                                  page_indptrs=ptr, backend="kernel", switches=sw)
+
+    txt = _lower(fwd, q, kv, ids, cu, cu, cu)
+    assert _attention_calls(txt) == 1 and _SCHEDULE_KERNEL in txt
+
+
 def test_hstu_paged_config_and_routing():
     from jax_sparse_attn.config import Switches  # noqa: PLC0415
     from jax_sparse_attn.ffi import hstu as fh  # noqa: PLC0415

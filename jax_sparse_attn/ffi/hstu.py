@@ -128,6 +128,8 @@ class HstuFwdConfig(_HstuKey):
     # paged: the kernel clamps the page ids into the cache (the hstu_schedule switch
     # "kernel": no XLA op sanitises the page table) instead of an XLA clip ("xla")
     page_id_clamp: bool = False
+    # paged: the producer loads each KV tile's page id one tile ahead (hstu_fwd_ws "pagepf")
+    ws_page_prefetch: bool = False
     # sm90ws only: split-KV (the keys of each query tile split over this many work items whose
     # fp32 partial outputs are added in a fixed order; 1 = no split)
     kv_splits: int = 1
@@ -310,9 +312,10 @@ def fwd_config(dtype, head_dim, head_dim_v, func_n, switches, *, has_rab=False,
         reason = paged_unsupported_reason(head_dim, head_dim_v, switches)
         if reason is not None:
             raise NotImplementedError(reason)
-        return dataclasses.replace(_ws_config(dtype, head_dim, head_dim_v, 0, switches, rab,
-                                              arch), paged=True, kv_splits=int(kv_splits),
-                                   page_id_clamp=switches.hstu_schedule == "kernel")
+        return dataclasses.replace(
+            _ws_config(dtype, head_dim, head_dim_v, 0, switches, rab, arch), paged=True,
+            kv_splits=int(kv_splits), page_id_clamp=switches.hstu_schedule == "kernel",
+            ws_page_prefetch=ws_options(switches.hstu_fwd_ws)["page_prefetch"])
     if impl == "sm90ws":
         return dataclasses.replace(
             _ws_config(dtype, head_dim, head_dim_v, func_n, switches, rab, arch),
@@ -333,12 +336,13 @@ def ws_options(opts) -> dict:
     ``overlap`` (intra-warpgroup GEMM overlap), ``pingpong`` (consumer warpgroups issue their
     GEMMs in turns), ``q_stages`` (2: the next tile's Q loads during this tile's mainloop),
     ``silu16`` (score function in packed 16-bit arithmetic), ``tanh16`` (one
-    ``tanh.approx.f16x2`` per two scores), ``bn`` (block_n, 0: the
-    kernel's default for the head dims)."""
+    ``tanh.approx.f16x2`` per two scores), ``page_prefetch`` (``pagepf``: the paged-KV
+    producer loads each KV tile's page id one tile ahead; other calls ignore it), ``bn``
+    (block_n, 0: the kernel's default for the head dims)."""
     bn = [int(o[3:]) for o in opts if o.startswith("bn=")]
     return {"overlap": "nooverlap" not in opts, "pingpong": "nopingpong" not in opts,
             "q_stages": 1 if "q1" in opts else 2, "silu16": "silu16" in opts,
-            "tanh16": "tanh16" in opts,
+            "tanh16": "tanh16" in opts, "page_prefetch": "pagepf" in opts,
             "bn": bn[0] if bn else 0}
 
 
@@ -570,7 +574,8 @@ def _fwd_paged_adapter():
                                False, 1, cfg.num_sms, overlap=cfg.ws_overlap,
                                pingpong=cfg.ws_pingpong, q_stages=cfg.ws_q_stages,
                                silu16=cfg.ws_silu16, tanh16=cfg.ws_tanh16, paged=True,
-                               kv_splits=cfg.kv_splits, page_id_clamp=cfg.page_id_clamp)
+                               kv_splits=cfg.kv_splits, page_id_clamp=cfg.page_id_clamp,
+                               page_prefetch=cfg.ws_page_prefetch)
         kernel(q, paged_kv, paged_kv, cu_q, cu_k, tiles, func, scal, win, out, stream,
                mPageIds=page_ids, mPageIndptrs=page_indptrs)
 

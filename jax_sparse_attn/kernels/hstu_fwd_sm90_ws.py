@@ -92,7 +92,7 @@ class HstuFwdSm90Ws(AttnFwdSm90Ws):
     def __init__(self, dtype, head_dim, head_dim_v, block_n, has_func, func_n, num_sms,
                  overlap=True, pingpong=True, max_stages=4, q_stages=2, silu16=False,
                  has_rab=False, rab_per_head=False, tanh16=False, paged=False,
-                 kv_splits=1, page_id_clamp=False):
+                 kv_splits=1, page_id_clamp=False, page_prefetch=False):
         self.dtype = dtype
         self.d = head_dim
         self.dv = head_dim_v
@@ -113,6 +113,8 @@ class HstuFwdSm90Ws(AttnFwdSm90Ws):
         # paged: the producer clamps each page id it reads into [0, num_pages) (else the
         # caller passes clamped ids)
         self.page_id_clamp = paged and page_id_clamp
+        # paged: the producer loads each KV tile's page id one tile ahead
+        self.page_prefetch = paged and page_prefetch
         # split-KV: work item = (query tile, head, key split); each split adds its KV tiles'
         # fp32 partial O (times 1 / scaling_seqlen) into its own slice of mO (S, T_q, H, Dv)
         self.kv_splits = kv_splits
@@ -289,6 +291,27 @@ class HstuFwdSm90Ws(AttnFwdSm90Ws):
         if cutlass.const_expr(self.page_id_clamp):
             page = cutlass.max(cutlass.min(page, Int32(work.mV.shape[0]) - 1), 0)
         return page
+
+    def _kv_prefetch(self):
+        return self.page_prefetch
+
+    @cute.jit
+    def _kv_entry(self, work, n):
+        """Paged KV with ``page_prefetch``: issue the load of the page id of the sequence's
+        KV tile ``n`` (slot clamped into ``page_ids``; the id is clamped where it is used,
+        ``_kv_coord_of``, so nothing waits for the load here)."""
+        ids, slot0, n_slots = work.pages
+        slot = cutlass.max(cutlass.min(slot0 + n // (PAGE_SIZE // self.bn), n_slots - 1), 0)
+        return Int32(ids[slot])
+
+    @cute.jit
+    def _kv_coord_of(self, work, n, entry):
+        """Paged KV: tile ``n``'s index in the K / V views from its page id ``entry``."""
+        tpp = PAGE_SIZE // self.bn
+        page = entry
+        if cutlass.const_expr(self.page_id_clamp):
+            page = cutlass.max(cutlass.min(page, Int32(work.mV.shape[0]) - 1), 0)
+        return page * tpp + n % tpp
 
     @cute.jit
     def _kv_coord(self, work, n):
