@@ -25,6 +25,7 @@ if [[ " $PHASES " == *" b "* ]]; then
   #    jnp schedule (paged_xla), the contiguous forward beside them
   tb=$(( $(left) < ${T_B:-100} ? $(left) : ${T_B:-100} ))
   timeout "$tb" python3 benchmarks/hstu_bench.py --schedule-ab --iters "${ITERS:-50}" \
+    --paged-variant JAX_SPARSE_ATTN_HSTU_WS=pagepf \
     --inference target1-64x8192 --inference target64-64x8192 --inference target1-8x8192 \
     --inference target64-8x8192 --inference paged-8x4096 \
     --out "$L/inference_bench.json" > "$L/bench.log" 2>&1

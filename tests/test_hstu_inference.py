@@ -218,12 +218,13 @@ def _paged_gpu_inputs(lens_q, lens_k, heads, h_kv, d, seed, extra_slots=2, spare
             jnp.asarray(np.asarray(ptr, np.int32)), jnp.asarray(cu_q), jnp.asarray(cu_k))
 
 
-def _paged_kernel_fn(schedule, kv_splits, **kw):
+def _paged_kernel_fn(schedule, kv_splits, ws=(), **kw):
     from jax_sparse_attn.config import Switches
 
+    sw = Switches(hstu_schedule=schedule, hstu_fwd_ws=ws)
     return jax.jit(lambda q, kv, i, p, a, b: jsa.hstu_attention(
         q, None, None, a, b, paged_kv=kv, page_ids=i, page_indptrs=p, backend="kernel",
-        kv_splits=kv_splits, switches=Switches(hstu_schedule=schedule), **kw))
+        kv_splits=kv_splits, switches=sw, **kw))
 
 
 @pytest.mark.gpu
@@ -231,8 +232,9 @@ def _paged_kernel_fn(schedule, kv_splits, **kw):
 @pytest.mark.parametrize("lq", [1, 7, 64, 300])
 def test_paged_kernel_gpu_schedule_kernel_and_xla(lq, kv_splits):
     """Paged-KV forward on the H200 with its metadata built by the schedule kernel (page ids
-    clamped by the forward kernel, the default) and by XLA (``hstu_schedule="xla"``):
-    bitwise equal outputs, both within the rule of the float32 reference; garbage page ids
+    clamped by the forward kernel, the default), by XLA (``hstu_schedule="xla"``) and with
+    the producer's page-id prefetch (``hstu_fwd_ws="pagepf"``): bitwise equal outputs, all
+    within the rule of the float32 reference; garbage page ids
     after each sequence's pages, NaN in every unused cache slot, a sequence without queries,
     histories ending inside a page, q rows past ``cu_seqlens_q[-1]`` NaN (their outputs must
     be 0). Before the checked calls the same functions run on all-NaN inputs, so output
@@ -248,13 +250,14 @@ def test_paged_kernel_gpu_schedule_kernel_and_xla(lq, kv_splits):
     kw = dict(max_seqlen_q=max(lens_q), max_seqlen_k=max(lens_k),
               scaling_seqlen=float(max(lens_q)), alpha=1.0 / np.sqrt(128))
     outs = {}
-    for sched in ("kernel", "xla"):
-        fn = _paged_kernel_fn(sched, kv_splits, **kw)
+    for sched, ws in (("kernel", ()), ("xla", ()), ("kernel", ("pagepf",))):
+        fn = _paged_kernel_fn(sched, kv_splits, ws, **kw)
         jax.block_until_ready(fn(jnp.full_like(q, jnp.nan), jnp.full_like(kv, jnp.nan), ids,
                                  ptr, cu_q, cu_k))  # poison the buffers XLA may reuse
-        outs[sched] = np.asarray(_f32(fn(q, kv, ids, ptr, cu_q, cu_k)))
-    np.testing.assert_array_equal(outs["kernel"], outs["xla"])
-    out = outs["kernel"]
+        outs[(sched, ws)] = np.asarray(_f32(fn(q, kv, ids, ptr, cu_q, cu_k)))
+    out = outs[("kernel", ())]
+    for variant, o in outs.items():
+        np.testing.assert_array_equal(o, out, err_msg=str(variant))
     assert not np.any(out[n:]), "out rows past cu_seqlens_q[-1] are not zero"
 
     def ref(cdt):
