@@ -174,9 +174,11 @@ SWITCHES = (
            "block_n)"),
     _choice("hstu_schedule", "JAX_SPARSE_ATTN_HSTU_SCHEDULE", ("kernel", "xla"),
             "how the HSTU forward's tile schedule (sanitised cu_seqlens + query tiles "
-            "longest work first) is built: kernel (one single-CTA CuTe DSL launch, "
-            "kernels/hstu_schedule.py; up to 1022 sequences and 8192 query tiles, and no "
-            "func mask, else xla), xla (jnp ops: a sort, scans, gathers)"),
+            "longest work first; paged KV: also the sanitised page_indptrs) is built: "
+            "kernel (one single-CTA CuTe DSL launch, kernels/hstu_schedule.py; up to 1022 "
+            "sequences and 8192 query tiles, and no func mask, else xla; paged KV: the "
+            "forward kernel clamps the page ids), xla (jnp ops: a sort, scans, gathers; "
+            "paged KV: XLA clips the page ids)"),
     _choice("hstu_bwd_impl", "JAX_SPARSE_ATTN_HSTU_BWD_IMPL", ("sm90", "sm80"),
             "HSTU backward kernel: sm90 (warp-specialized TMA producer warp + two wgmma "
             "consumer warpgroups; D = D_v in {64, 128} without rab, other calls run sm80 and "
