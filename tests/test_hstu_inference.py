@@ -321,3 +321,34 @@ def _causal_work(tiles, cu_q, cu_k, bm=128):
         hi = min(min(m * bm + bm, lq) + lk - lq, lk)
         work.append(max(hi, 0) // 64 + 1)
     return np.asarray(work)
+
+
+@pytest.mark.gpu
+def test_paged_kernel_gpu_beyond_schedule_kernel_limits():
+    """More sequences than the schedule kernel takes (``MAX_SEQS``): the jnp metadata path
+    with the forward's own page-id clamp (the default key) gives the outputs of
+    ``hstu_schedule="xla"`` (XLA clips the ids) bit for bit, within the reference's rule."""
+    from attention_base import _f32, check_rule
+    from jax_sparse_attn import reference
+    from jax_sparse_attn.kernels.hstu_schedule import MAX_SEQS
+
+    b = MAX_SEQS + 10
+    lens_k = [1 + (i * 37) % 200 for i in range(b)]
+    lens_q = [1] * b
+    q, kv, ids, ptr, cu_q, cu_k = _paged_gpu_inputs(lens_q, lens_k, 4, 2, 128, seed=5,
+                                                    extra_slots=1, spare_pages=1)
+    n = int(cu_q[-1])
+    kw = dict(max_seqlen_q=1, max_seqlen_k=max(lens_k), alpha=0.125)
+    outs = [np.asarray(_f32(_paged_kernel_fn(s, 1, **kw)(q, kv, ids, ptr, cu_q, cu_k)))
+            for s in ("kernel", "xla")]
+    np.testing.assert_array_equal(outs[0], outs[1])
+    assert not np.any(outs[0][n:])
+
+    def ref(cdt):
+        return jax.jit(lambda q, kv, i, p, a, c: reference.hstu_attention_ref(
+            q, None, None, a, c, None, paged_kv=kv, page_ids=i, page_indptrs=p,
+            compute_dtype=cdt, **kw))(q[:n], kv, ids, ptr, cu_q, cu_k)
+
+    report = []
+    check_rule("out", outs[0][:n], ref(None), ref(jnp.bfloat16), 2.0, 2e-3, report)
+    print(f"paged B={b} " + report[0])
