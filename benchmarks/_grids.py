@@ -194,14 +194,14 @@ def bsa_fwd_flops(cfg: BSAConfig, index: np.ndarray, head_dim_v: int | None = No
 # ----------------------------------------------------------------------------- floors
 # The kernel issues' performance floors on the H200 (bf16, effective TFLOP/s), by label.
 FLOORS = {
-    # forward: the warp-specialized SM90 forward's floors (FBGEMM-level); backward: issue 3
+    # forward: the warp-specialized SM90 forward's floors (FBGEMM-level); backward: the first kernels' floor
     "hstu D128 H4 uniform causal L4096": {"fwd": 540.0, "bwd": 175.0},  # B=8
     "hstu D128 H4 uniform causal L1024": {"fwd": 330.0},  # B=32
     "hstu D128 H4 canonical causal L4096": {"fwd": 420.0},  # canonical jagged, T=32100
     "hstu D64 H4 uniform causal L4096": {"fwd": 400.0},  # B=8
     "hstu D256 H4 uniform causal L4096": {"fwd": 600.0},  # B=8
-    "bsa blk64 top32/256 H16/16 D128 S16384": {"fwd": 310.0, "bwd": 230.0},  # issue 4
-    "bsa blk128 top16/128 H16/16 D128 S16384": {"fwd": 340.0},  # issue 4
+    "bsa blk64 top32/256 H16/16 D128 S16384": {"fwd": 310.0, "bwd": 230.0},  # the first BSA kernels' floors
+    "bsa blk128 top16/128 H16/16 D128 S16384": {"fwd": 340.0},  # the first BSA kernels' floors
 }
 
 
@@ -251,7 +251,7 @@ def _hstu_grid(name: str) -> list[HSTUConfig]:
 def _bsa_grid(name: str) -> list[BSAConfig]:
     if name == "quick":
         return [
-            BSAConfig(16384, density=0.125, blk=64),  # issue 4 floor shape: top-32 of 256
+            BSAConfig(16384, density=0.125, blk=64),  # the BSA floor shape: top-32 of 256
             BSAConfig(16384, density=0.125, blk=128),  # top-16 of 128
             BSAConfig(16384, density=0.125, blk=64, heads_kv=4),  # GQA 4
         ]

@@ -1,10 +1,10 @@
-"""Block-sparse attention kernel benchmark (issue 4 targets).
+"""Block-sparse attention kernel benchmark with the project's speed floors.
 
 ``python -m benchmarks.bsa_bench [--out bsa_bench.json] [--quick]``
 
 Problem: bf16, B=1, H=16, S_q=S_kv=16384, D=128, random top-k KV blocks per query block
 (unique indices, fixed count). Cases: blk64 top-32 (fwd, bwd), blk128 top-16 (fwd, bwd).
-Effective FLOPs (issue 4): fwd = 4*B*H_q*S_q*D*(top_k*blk), bwd = 2.5x fwd.
+Effective FLOPs (listed keys only): fwd = 4*B*H_q*S_q*D*(top_k*blk), bwd = 2.5x fwd.
 
 Timing: device-bound steady state. One jitted call runs the op on ``n_sets`` distinct input
 sets back to back (more bytes than L2 together); after warm-up, a sample is ``reps`` such

@@ -1,7 +1,7 @@
 """HSTU kernel benchmark: prints ms and TFLOP/s, writes JSON (not a test).
 
-FLOPs (issue 3): causal forward = 2 * sum_b L_b^2 * H * D, full = 2x that; backward =
-2.5x forward. Times are wall-clock per call of the jitted kernel-backend function
+FLOPs: causal forward = 2 * sum_b L_b^2 * H * D, full = 2x that; backward = 2.5x forward.
+Times are wall-clock per call of the jitted kernel-backend function
 (``jax_sparse_attn.ffi.hstu``; tile-schedule metadata ops included), averaged over
 ``--iters`` back-to-back calls after warm-up.
 

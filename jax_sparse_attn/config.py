@@ -209,6 +209,12 @@ SWITCHES = (
            _parse_bool, True, "BSA sm80 forward keeps Q fragments in registers for D <= 128"),
     Switch("bsa_fwd_min_blocks", "JAX_SPARSE_ATTN_BSA_FWD_MIN_BLOCKS", "integer >= 0",
            _parse_count, 0, "BSA sm80 forward: minimum resident CTAs per SM hint (0 = none)"),
+    _choice("bsa_fwd_warp_rows", "JAX_SPARSE_ATTN_BSA_FWD_WARP_ROWS", ("16", "32"),
+            "BSA sm80 forward: query rows per warp (16: blk/16 warps; 32: blk/32 warps, each "
+            "warp reads K and V from shared memory once for twice the rows)"),
+    Switch("bsa_fwd_late_v_wait", "JAX_SPARSE_ATTN_BSA_FWD_LATE_V_WAIT", _TRUE + _FALSE,
+           _parse_bool, False, "BSA sm80 forward: the online softmax of a block runs before "
+                               "the wait for its V block (the next K load starts after it)"),
     Switch("bsa_bwd_min_blocks", "JAX_SPARSE_ATTN_BSA_BWD_MIN_BLOCKS", "integer >= 0",
            _parse_count, None, "BSA sm80 backward: minimum resident CTAs per SM hint "
                                "(unset: 2 for D <= 128, else 1)"),
@@ -263,6 +269,8 @@ class Switches:
     bsa_pre_impl: str = _DEFAULT["bsa_pre_impl"]
     bsa_fwd_q_in_regs: bool = _DEFAULT["bsa_fwd_q_in_regs"]
     bsa_fwd_min_blocks: int = _DEFAULT["bsa_fwd_min_blocks"]
+    bsa_fwd_late_v_wait: bool = _DEFAULT["bsa_fwd_late_v_wait"]
+    bsa_fwd_warp_rows: str = _DEFAULT["bsa_fwd_warp_rows"]
     bsa_bwd_min_blocks: int | None = _DEFAULT["bsa_bwd_min_blocks"]
     kernel_family: str = _DEFAULT["kernel_family"]
     smem_limit_kb: int | None = _DEFAULT["smem_limit_kb"]

@@ -49,7 +49,7 @@ if [ "${PHASE:-grid}" = grid ]; then
   } > "$out/summary.txt" 2>&1
 else
   TB=${TB:-70}
-  timeout -k 5 "$TB" python3 benchmarks/hstu_bench.py --case 8x4096-causal --iters 10 \
+  timeout -k 5 "$TB" python3 benchmarks/hstu_bench.py --case 8x4096-causal --iters ${ITERS:-10} \
     --variant '' --variant JAX_SPARSE_ATTN_KERNEL_FAMILY=portable \
     --variant JAX_SPARSE_ATTN_KERNEL_FAMILY=portable_sm8x,JAX_SPARSE_ATTN_SMEM_LIMIT_KB=99 \
     --reference --out "$out/hstu_portable.json" > "$LOGS/hstu_bench.log" 2>&1

@@ -42,7 +42,7 @@ def test_hstu_flops_follow_issue_convention():
     lengths = np.array([4096] * 8)
     H, D = 4, 128
     causal = _grids.hstu_fwd_flops(lengths, H, D, (-1, 0))
-    assert causal == 2 * 8 * 4096**2 * H * D  # issue 3: causal fwd = 2 * sum L^2 * H * D
+    assert causal == 2 * 8 * 4096**2 * H * D  # causal fwd = 2 * sum L^2 * H * D
     assert _grids.hstu_fwd_flops(lengths, H, D, (-1, -1)) == 2 * causal
     assert _grids.PASS_FLOP_FACTOR == {"fwd": 1.0, "bwd": 2.5, "fwdbwd": 3.5}
 
@@ -76,7 +76,7 @@ def test_bsa_index_and_flops_match_token_count(S, blk, density, hq, hkv):
     full = _grids.BSAConfig(16384, density=0.125, blk=64)
     fidx = _grids.bsa_topk_index(full)
     assert full.topk == 32
-    # issue 4: 4 * B * H_q * S_q * D * (selected keys per query)
+    # 4 * B * H_q * S_q * D * (selected keys per query)
     assert _grids.bsa_fwd_flops(full, fidx) == 4 * 1 * 16 * 16384 * 128 * (32 * 64)
 
 
@@ -428,7 +428,7 @@ def test_floor_labels_exist_in_quick_grids():
     labels = {c.label for op in ("hstu", "bsa") for c in _grids.grid(op, "quick")}
     assert set(_grids.FLOORS) <= labels
     hstu_b8 = _grids.hstu_lengths(_grids.HSTUConfig(max_seqlen=4096))
-    assert len(hstu_b8) == 8  # issue 3's B=8, L=4096
+    assert len(hstu_b8) == 8  # B=8, L=4096
     canon = _grids.hstu_lengths(_grids.HSTUConfig(max_seqlen=4096, dist="canonical"))
     assert len(canon) == 32 and int(canon.sum()) == 32100 and canon.min() >= 64
     rows = [dict(label="hstu D128 H4 uniform causal L4096", impl="kernel", status="ok", tflops=560.0,

@@ -12,7 +12,9 @@ run in one shard each, spread over the shards. The default kernels are the wgmma
 D in {64, 128}; ``BSA_TEST_IMPLS`` (a comma list) adds the grid with other switches:
 ``sm80``: ``Switches(bsa_fwd_impl="sm80", bsa_bwd_impl="sm80", bsa_pre_impl="xla")`` (the
 mma.sync kernels at every D and the XLA preprocessing); ``sm90ws``:
-``Switches(bsa_fwd_impl="sm90ws")`` (the warp-specialized forward, opt-in);
+``Switches(bsa_fwd_impl="sm90ws")`` (the warp-specialized forward, opt-in); ``sm80_late_v``:
+the mma.sync forward with ``bsa_fwd_late_v_wait=True``; ``sm80_wr32``: with
+``bsa_fwd_warp_rows="32"``;
 ``test_bsa_preprocess_kernel`` checks the preprocessing kernel directly.
 ``test_bsa_sm90ws_forward`` adds the sm90ws forward's own cases (every KV block listed, the
 partial last block listed by every row, NaN in unlisted blocks and past block_sizes,
@@ -42,6 +44,8 @@ pytestmark = pytest.mark.gpu
 SHARD = os.environ.get("BSA_TEST_SHARD", "")
 SM80 = Switches(bsa_fwd_impl="sm80", bsa_bwd_impl="sm80", bsa_pre_impl="xla")
 SM90WS = Switches(bsa_fwd_impl="sm90ws")
+SM80_LATE_V = Switches(bsa_fwd_impl="sm80", bsa_fwd_late_v_wait=True)
+SM80_WR32 = Switches(bsa_fwd_impl="sm80", bsa_fwd_warp_rows="32")
 
 
 def _only_in_shard(j):
@@ -59,6 +63,8 @@ class TestBSAKernelGrid(BSAKernelGrid):
         cases = [(c, Switches()) for c in BSA_GRID]
         cases += [(c, SM80) for c in BSA_GRID if "sm80" in extra]
         cases += [(c, SM90WS) for c in BSA_GRID if "sm90ws" in extra]
+        cases += [(c, SM80_LATE_V) for c in BSA_GRID if "sm80_late_v" in extra]
+        cases += [(c, SM80_WR32) for c in BSA_GRID if "sm80_wr32" in extra]
         return shard(cases, SHARD)
 
 

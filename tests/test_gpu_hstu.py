@@ -48,6 +48,7 @@ from attention_base import (  # noqa: E402
     check_rule,
     hstu_inputs,
     shard,
+    with_env_family,
 )
 from attention_base import generate as pytest_generate_tests  # noqa: E402, F401
 from jax_sparse_attn.config import SWITCHES, Switches  # noqa: E402
@@ -104,12 +105,17 @@ class TestHSTUKernelGrid(HSTUKernelGrid):
         second call with different inputs matches its own reference (no stale elements)."""
         case = HSTUCase(128)
         x, got = self.run_case(case, Switches(), seed=3)
-        fn = _hstu_public("kernel", Switches(), tuple(sorted(x["kw"].items())))
+        # the same kernel family as run_case (the grids force one through the environment)
+        fn = _hstu_public("kernel", with_env_family(Switches()), tuple(sorted(x["kw"].items())))
         again = fn(x["q"], x["k"], x["v"], x["do"], x["cu_q"], x["cu_k"], x["func"])
         assert np.array_equal(np.asarray(got[2]), np.asarray(again[2]))
         assert np.array_equal(np.asarray(got[3]), np.asarray(again[3]))
         a, b = _f32(got[1]), _f32(again[1])
-        assert np.all(np.abs(a - b) <= 2 ** -7 * np.abs(a) + 1e-6), float(np.max(np.abs(a - b)))
+        d = np.abs(a - b)
+        i = np.unravel_index(np.argmax(d - 2 ** -7 * np.abs(a)), d.shape)
+        assert np.all(d <= 2 ** -7 * np.abs(a) + 1e-6), (
+            f"dq differs between runs at {i}: {a[i]} vs {b[i]} (max |dq| {np.abs(a).max()}, "
+            f"{int((d > 2 ** -7 * np.abs(a) + 1e-6).sum())} elements over)")
         self.run_case(dataclasses.replace(case, lens="lq_lt_lk"), Switches(), seed=4)
 
 
@@ -627,7 +633,8 @@ def _sched_cfg(window, schedule, bwd_impl="sm90"):
     from types import SimpleNamespace
 
     return SimpleNamespace(fwd=SimpleNamespace(block_m=128), schedule=schedule,
-                           bwd=SimpleNamespace(block_m=64, block_n=128, impl=bwd_impl),
+                           bwd=SimpleNamespace(block_m=64, block_n=128, impl=bwd_impl,
+                                                 deterministic=False),
                            window_size=window, cute_call="shared")
 
 

@@ -62,7 +62,7 @@ _SM90_HEAD_DIMS = (64, 128)
 class BsaFwdConfig:
     """Compile key of the BSA forward. ``impl``: "sm90" (wgmma kernel, D in {64, 128}),
     "sm90ws" (warp-specialized TMA + wgmma kernel, D in {64, 128}) or "sm80" (mma.sync
-    kernel); ``q_in_regs`` / ``min_blocks`` only apply to sm80, the ``ws_*`` fields and
+    kernel); ``q_in_regs`` / ``min_blocks`` / ``late_v_wait`` only apply to sm80, the ``ws_*`` fields and
     ``num_sms`` only to sm90ws."""
 
     dtype: str
@@ -72,6 +72,8 @@ class BsaFwdConfig:
     impl: str
     q_in_regs: bool = True
     min_blocks: int = 0
+    late_v_wait: bool = False
+    warp_rows: int = 16
     # "sm90ws" only: intra-warpgroup GEMM overlap, ping-pong (blk 128), Q stages, most K/V
     # stages, SMs of the persistent grid
     ws_overlap: bool = True
@@ -183,7 +185,9 @@ def fwd_config(dtype, head_dim, block_size, has_block_sizes, switches) -> BsaFwd
                             num_sms=metadata.num_sms(), arch=arch)
     return BsaFwdConfig(name, head_dim, block_size, has_block_sizes, impl,
                         switches.bsa_fwd_q_in_regs and head_dim <= 128,
-                        switches.bsa_fwd_min_blocks, arch=arch)
+                        switches.bsa_fwd_min_blocks,
+                        late_v_wait=switches.bsa_fwd_late_v_wait,
+                        warp_rows=int(switches.bsa_fwd_warp_rows), arch=arch)
 
 
 def bwd_config(dtype, head_dim, block_size, has_block_sizes, switches) -> BsaBwdConfig:
@@ -265,7 +269,8 @@ def _fwd_entry(stream, q, k, v, idx, nums, sizes, scale, out, lse, *, cfg: BsaFw
     else:
         from ..kernels.bsa_fwd_sm80 import BsaFwdSm80  # noqa: PLC0415
 
-        kernel = BsaFwdSm80(*args, q_in_regs=cfg.q_in_regs, min_blocks=cfg.min_blocks)
+        kernel = BsaFwdSm80(*args, q_in_regs=cfg.q_in_regs, min_blocks=cfg.min_blocks,
+                            late_v_wait=cfg.late_v_wait, warp_rows=cfg.warp_rows)
     kernel(q, k, v, idx, nums, sizes, scale, out, lse, stream)
 
 

@@ -269,28 +269,33 @@ def _cutlass_dtype_name(dtype) -> str:
     return "bfloat16" if jnp.dtype(dtype) == jnp.dtype(jnp.bfloat16) else "float16"
 
 
-def _check_fwd_tile(head_dim, head_dim_v, bm, bn, w, limit):
-    """The tile constraints of the sm80 forward (ValueError naming the switch)."""
-    smem = fwd_smem_bytes(head_dim, head_dim_v, bm, bn)
-    if not (_fwd_tile_ok(head_dim, head_dim_v, bm, bn, w) and smem <= limit):
-        raise ValueError(f"JAX_SPARSE_ATTN_HSTU_FWD_TILE / Switches.hstu_fwd_tile="
-                         f"{(bm, bn, w)} does not fit the sm80 forward at D={head_dim}, "
-                         f"D_v={head_dim_v}: allowed are num_warps in (2, 4, 8), block_m a "
-                         f"multiple of 16 * num_warps, block_n a multiple of 16, at most "
-                         f"{limit} bytes of shared memory ({_platform.gpu_name()})")
-
-
-def _check_bwd_tile(head_dim, head_dim_v, bm, bn, w, limit):
-    """The tile constraints of the sm80 backward (ValueError naming the switch)."""
-    smem = bwd_smem_bytes(head_dim, head_dim_v, bm, bn)
-    if not (_bwd_tile_ok(head_dim, head_dim_v, bm, bn, w) and smem <= limit):
-        raise ValueError(f"JAX_SPARSE_ATTN_HSTU_BWD_TILE / Switches.hstu_bwd_tile="
-                         f"{(bm, bn, w)} does not fit the sm80 backward at D={head_dim}, "
-                         f"D_v={head_dim_v}: allowed are num_warps in (2, 4, 8) with "
-                         f"wm = min(4, block_m / 16) warps along the rows dividing it, block_m "
-                         f"and block_n multiples of 16 * wm and of 16 * num_warps / wm (so are "
-                         f"the head dims), needing {smem} of at most {limit} bytes of shared "
-                         f"memory ({_platform.gpu_name()})")
+def _sm80_tile(pass_name, head_dim, head_dim_v, switches, arch):
+    """``(block_m, block_n, num_warps)`` of the sm80 forward / backward: the switch's override
+    or the best tiles that fit the target's shared memory per block (``_SM80_FWD_TILES`` /
+    ``_SM80_BWD_TILES``); NotImplementedError where none fits, ValueError (naming the switch)
+    for an override that breaks the kernel's tile constraints."""
+    fwd = pass_name == "forward"
+    limit = _platform.smem_limit(arch, switches)
+    tile = (switches.hstu_fwd_tile if fwd else switches.hstu_bwd_tile) or (
+        sm80_fwd_tiles if fwd else sm80_bwd_tiles)(head_dim, head_dim_v, limit)
+    if tile is None:
+        raise NotImplementedError(smem_unsupported_reason(
+            head_dim, head_dim_v, ("fwd",) if fwd else ("bwd",), switches))
+    bm, bn, w = tile
+    smem = (fwd_smem_bytes if fwd else bwd_smem_bytes)(head_dim, head_dim_v, bm, bn)
+    ok = (_fwd_tile_ok if fwd else _bwd_tile_ok)(head_dim, head_dim_v, bm, bn, w)
+    if ok and smem <= limit:
+        return tile
+    rule = ("num_warps in (2, 4, 8), block_m a multiple of 16 * num_warps, block_n a "
+            "multiple of 16" if fwd else
+            "num_warps in (2, 4, 8) with wm = min(4, block_m / 16) warps along the rows "
+            "dividing it, block_m and block_n multiples of 16 * wm and of 16 * num_warps / wm "
+            "(so are the head dims)")
+    switch = "FWD" if fwd else "BWD"
+    raise ValueError(f"JAX_SPARSE_ATTN_HSTU_{switch}_TILE / Switches.hstu_{switch.lower()}_tile="
+                     f"{(bm, bn, w)} does not fit the sm80 {pass_name} at D={head_dim}, "
+                     f"D_v={head_dim_v}: allowed are {rule}, needing {smem} of at most {limit} "
+                     f"bytes of shared memory ({_platform.gpu_name()})")
 
 
 def fwd_config(dtype, head_dim, head_dim_v, func_n, switches, *, has_rab=False,
@@ -320,13 +325,7 @@ def fwd_config(dtype, head_dim, head_dim_v, func_n, switches, *, has_rab=False,
         return dataclasses.replace(
             _ws_config(dtype, head_dim, head_dim_v, func_n, switches, rab, arch),
             kv_splits=int(kv_splits))
-    limit = _platform.smem_limit(arch, switches)
-    tile = switches.hstu_fwd_tile or sm80_fwd_tiles(head_dim, head_dim_v, limit)
-    if tile is None:
-        raise NotImplementedError(smem_unsupported_reason(head_dim, head_dim_v, ("fwd",),
-                                                          switches))
-    bm, bn, w = tile
-    _check_fwd_tile(head_dim, head_dim_v, bm, bn, w, limit)
+    bm, bn, w = _sm80_tile("forward", head_dim, head_dim_v, switches, arch)
     return HstuFwdConfig(_cutlass_dtype_name(dtype), head_dim, head_dim_v, bm, bn, w,
                          func_n > 0, max(func_n, 1), impl, **rab, arch=arch)
 
@@ -506,14 +505,7 @@ def _bwd_config(dtype, head_dim, head_dim_v, func_n, switches, *, has_rab=False,
                        dataclasses.replace(switches, hstu_bwd_impl="sm80"), has_rab=has_rab,
                        rab_per_head=rab_per_head, rab_dtype=rab_dtype),
             replaced_impl="sm90")
-    # the best tiles of _SM80_BWD_TILES that fit the target's shared memory per block
-    limit = _platform.smem_limit(arch, switches)
-    tile = switches.hstu_bwd_tile or sm80_bwd_tiles(head_dim, head_dim_v, limit)
-    if tile is None:
-        raise NotImplementedError(smem_unsupported_reason(head_dim, head_dim_v, ("bwd",),
-                                                          switches))
-    bm, bn, w = tile
-    _check_bwd_tile(head_dim, head_dim_v, bm, bn, w, limit)
+    bm, bn, w = _sm80_tile("backward", head_dim, head_dim_v, switches, arch)
     return HstuBwdConfig(_cutlass_dtype_name(dtype), head_dim, head_dim_v, bm, bn, w,
                          func_n > 0, max(func_n, 1), bool(has_rab), bool(rab_per_head),
                          rab_dtype if has_rab else "", arch=arch,

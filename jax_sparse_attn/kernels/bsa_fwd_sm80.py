@@ -36,19 +36,26 @@ from .common import (acc_mn_view, acc_to_a_frag, cvt_frag, gemm_rs, gemm_ss, gme
 
 class BsaFwdSm80:
     """Compile-time settings: element type, head dim (D = D_v), sparse block size, whether
-    per-block valid sizes are given, whether Q fragments stay in registers (D <= 128 only)
-    and the minimum-CTAs-per-SM launch hint (0 = none)."""
+    per-block valid sizes are given, whether Q fragments stay in registers (D <= 128 only),
+    the minimum-CTAs-per-SM launch hint (0 = none) and ``late_v_wait``: a block's online
+    softmax runs before the wait for its V block (V's load hides behind it; the next K
+    block's load then starts after the softmax instead of before it); ``warp_rows``: query
+    rows per warp (16 or 32; 32 keeps Q in shared memory)."""
 
     def __init__(self, dtype, head_dim: int, block_size: int, has_block_sizes: bool,
-                 q_in_regs: bool = True, min_blocks: int = 0):
+                 q_in_regs: bool = True, min_blocks: int = 0, late_v_wait: bool = False,
+                 warp_rows: int = 16):
         self.dtype = dtype
         self.hd = head_dim
         self.blk = block_size
-        self.num_warps = block_size // 16
+        # warp_rows query rows per warp (16 or 32: one or two m16 MMA rows of tiles)
+        self.num_warps = block_size // warp_rows
         self.num_threads = self.num_warps * 32
         self.has_sizes = has_block_sizes
-        self.q_in_regs = head_dim <= 128 and q_in_regs
+        # Q fragments in registers only with 16 rows per warp (32 rows would spill)
+        self.q_in_regs = head_dim <= 128 and q_in_regs and warp_rows == 16
         self.min_blocks = min_blocks
+        self.late_v_wait = late_v_wait
 
     @cute.jit
     def __call__(self, mQ, mK, mV, mIdx, mNums, mSizes, mScale, mO, mLSE, stream):
@@ -153,14 +160,9 @@ class BsaFwdSm80:
                 gemm_rs(tiled_mma, acc_S, tSrQ, tSrK, tSsK, s2r_K)
             else:
                 gemm_ss(tiled_mma, acc_S, tSrQ, tSrK, tSsQ, tSsK, s2r_Q, s2r_K)
-            cute.arch.cp_async_wait_group(0)
-            cute.arch.barrier()
-            if j + 1 < num_blocks:
-                n_next = mIdx[batch, head, m_block, j + 1]
-                load_rows(gmem_copy_in, tKgK[None, None, None, n_next], tKsK, tCc,
-                          kv_block_rows(mSizes, batch, head, n_next, seqlen_k, blk,
-                                        self.has_sizes))
-            cute.arch.cp_async_commit_group()
+            if cutlass.const_expr(not self.late_v_wait):
+                self._next_k(gmem_copy_in, tKgK, tKsK, tCc, mIdx, mSizes, batch, head, m_block,
+                             j, num_blocks, seqlen_k)
 
             # Valid keys of this block: [0, limit).
             limit = cutlass.min(kv_rows, blk)
@@ -168,6 +170,9 @@ class BsaFwdSm80:
             if limit < blk:
                 mask_keys_from(acc_S_mn, tScS_mn, limit)
             online_softmax_step(acc_S_mn, acc_mn_view(acc_O), row_max, row_sum, scale_log2)
+            if cutlass.const_expr(self.late_v_wait):
+                self._next_k(gmem_copy_in, tKgK, tKsK, tCc, mIdx, mSizes, batch, head, m_block,
+                             j, num_blocks, seqlen_k)
 
             gemm_rs(tiled_mma, acc_O, acc_to_a_frag(cvt_frag(acc_S, self.dtype)), tOrVt, tOsVt,
                     s2r_V)
@@ -205,3 +210,17 @@ class BsaFwdSm80:
         for r in cutlass.range_constexpr(cute.size(tOgO.shape[1])):
             if m_block * blk + tOc[0, r, 0][0] < seqlen_q:
                 cute.copy(gmem_copy_out, tOrO[None, r, None], tOgO[None, r, None])
+
+    @cute.jit
+    def _next_k(self, gmem_copy_in, tKgK, tKsK, tCc, mIdx, mSizes, batch, head, m_block, j,
+                num_blocks, seqlen_k):
+        """Wait for this block's V (every warp is then also done reading sK), then start
+        loading the next listed K block into sK."""
+        cute.arch.cp_async_wait_group(0)
+        cute.arch.barrier()
+        if j + 1 < num_blocks:
+            n_next = mIdx[batch, head, m_block, j + 1]
+            load_rows(gmem_copy_in, tKgK[None, None, None, n_next], tKsK, tCc,
+                      kv_block_rows(mSizes, batch, head, n_next, seqlen_k, self.blk,
+                                    self.has_sizes))
+        cute.arch.cp_async_commit_group()
