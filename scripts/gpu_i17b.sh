@@ -1,78 +1,81 @@
 #!/usr/bin/env bash
-# HSTU paged-KV inference forward on ONE H200 (i17b): benchmark rows (paged with the schedule
-# kernel vs the jnp schedule, contiguous), the paged GPU tests, and compute-sanitizer memcheck
-# of the paged garbage-metadata cases of tests/sanitize_grid.py, one case per process (rc per
-# case in summary.txt). Everything within T seconds (default 240). From the tree's root:
-#   T=240 OUT=$OUT/i17b bash scripts/gpu_i17b.sh
-# Logs under $OUT/logs, packed into $OUT/i17b_logs.tgz. PHASES (default "b t s"): b = bench,
-# t = GPU tests, s = sanitizer; t and s run side by side after b (timing alone on the GPU).
+# HSTU paged-KV inference forward on ONE H200 (i17b). From the tree's root:
+#   PHASE=tests T=240 OUT=$OUT/i17b bash scripts/gpu_i17b.sh
+#   PHASE=bench TB=60 OUT=$OUT/i17b bash scripts/gpu_i17b.sh
+# PHASE=tests (within T s, default 240): the paged GPU tests (tests/test_hstu_inference.py -m gpu:
+#   schedule-kernel metadata vs jnp, paged forward with the schedule kernel / jnp metadata /
+#   page-id prefetch bitwise equal and vs the reference), beside them compute-sanitizer
+#   memcheck of the paged garbage-metadata cases of tests/sanitize_grid.py, one case per
+#   process (SAN_P at once, the most garbled first; rc per case in summary.txt), then the
+#   paged cases of tests/test_gpu_hstu.py if time is left.
+# PHASE=bench (within TB s, default 60; alone on its GPU): hstu_bench --inference rows, the
+#   target rows first: paged with the schedule kernel (paged), with jnp metadata (paged_xla),
+#   with the page-id prefetch (paged[...pagepf]) and contiguous. Each row prints when done.
+# PHASE=all: bench then tests. Logs under $OUT/logs_$PHASE, packed into
+# $OUT/i17b_logs_$PHASE.tgz; summary in logs_$PHASE/summary.txt (also printed).
 set -u
-T=${T:-240}
+PHASE=${PHASE:-tests}
 OUT=${OUT:-/tmp/i17b_gpu}
-PHASES=${PHASES:-"b t s"}
-L=$OUT/logs
+case $PHASE in tests) BUDGET=${T:-240} ;; bench) BUDGET=${TB:-60} ;; all) BUDGET=$(( ${T:-240} + ${TB:-60} )) ;;
+  *) echo "PHASE must be tests, bench or all, got '$PHASE'"; exit 2 ;; esac
+L=$OUT/logs_$PHASE
 mkdir -p "$L"
 export PYTHONPATH=$PWD:${PYTHONPATH:-} XLA_PYTHON_CLIENT_PREALLOCATE=false PYTHONUNBUFFERED=1
 export JAX_SPARSE_ATTN_CACHE_DIR=${JAX_SPARSE_ATTN_CACHE_DIR:-/tmp/i17b_kernel_cache}
 start=$(date +%s)
-left() { echo $(( T - ($(date +%s) - start) - 8 )); }   # seconds left, 8 s kept for packing
+left() { echo $(( BUDGET - ($(date +%s) - start) - 6 )); }   # 6 s kept for packing
 S=$L/summary.txt
-echo "i17b $(git log -1 --format=%h 2>/dev/null || echo nogit) T=$T" > "$S"
+echo "i17b PHASE=$PHASE budget=${BUDGET}s $(date -u +%H:%M:%S)" > "$S"
 nvidia-smi --query-gpu=name,memory.used --format=csv > "$L/gpu.txt" 2>&1
 
-if [[ " $PHASES " == *" b "* ]]; then
-  # 1) bench alone on the GPU: the paged rows with the schedule kernel (paged) and with the
-  #    jnp schedule (paged_xla), the contiguous forward beside them
-  tb=$(( $(left) < ${T_B:-100} ? $(left) : ${T_B:-100} ))
-  timeout "$tb" python3 benchmarks/hstu_bench.py --schedule-ab --iters "${ITERS:-50}" \
+if [[ $PHASE == bench || $PHASE == all ]]; then
+  timeout "$(left)" python3 benchmarks/hstu_bench.py --schedule-ab --iters "${ITERS:-30}" \
     --paged-variant JAX_SPARSE_ATTN_HSTU_WS=pagepf \
-    --inference target1-64x8192 --inference target64-64x8192 --inference target1-8x8192 \
-    --inference target64-8x8192 --inference paged-8x4096 \
+    --inference target64-64x8192 --inference target1-64x8192 --inference target64-8x8192 \
+    --inference target1-8x8192 --inference paged-8x4096 \
     --out "$L/inference_bench.json" > "$L/bench.log" 2>&1
   echo "bench rc=$? ($(( $(date +%s) - start )) s)" >> "$S"
-  grep -E "^target|^paged" "$L/bench.log" >> "$S"
+  grep -E "^target|^paged|failed" "$L/bench.log" >> "$S"
 fi
 
-# 2) GPU tests and 3) sanitizer side by side in what is left
-if [[ " $PHASES " == *" t "* ]]; then
+if [[ $PHASE == tests || $PHASE == all ]]; then
   (
-    tt=$(left)
-    timeout "$tt" python3 -m pytest -q -m gpu -p no:cacheprovider -s -rA \
+    timeout "$(left)" python3 -m pytest -q -m gpu -p no:cacheprovider -s -rA \
       tests/test_hstu_inference.py > "$L/gpu_tests.log" 2>&1
     echo "gpu tests (test_hstu_inference.py -m gpu) rc=$? ($(( $(date +%s) - start )) s)" >> "$S"
-    grep -E "passed|failed|error" "$L/gpu_tests.log" | tail -2 >> "$S"
-    if [[ ${EXTRA_TESTS:-1} == 1 && $(left) -gt 40 ]]; then
+    grep -E "^(PASSED|FAILED|ERROR)|passed|failed" "$L/gpu_tests.log" | tail -20 >> "$S"
+    if (( $(left) > 45 )); then
       timeout "$(left)" python3 -m pytest -q -m gpu -p no:cacheprovider -s -rA \
         -k "paged_kernel or (split_kv and paged)" tests/test_gpu_hstu.py \
         > "$L/gpu_tests_paged_grid.log" 2>&1
       echo "gpu tests (test_gpu_hstu.py -k paged) rc=$? ($(( $(date +%s) - start )) s)" >> "$S"
-      grep -E "passed|failed|error" "$L/gpu_tests_paged_grid.log" | tail -2 >> "$S"
+      grep -E "passed|failed" "$L/gpu_tests_paged_grid.log" | tail -2 >> "$S"
     fi
   ) &
-fi
-if [[ " $PHASES " == *" s "* ]]; then
   (
     timeout 60 python3 tests/sanitize_grid.py --list --only "hstu paged" > "$L/sanitize_cases.txt" 2>&1
     i=0
-    # at most SAN_P (default 4) sanitizer processes at once, one case each, the most garbled
-    # metadata first (the list reversed)
+    # at most SAN_P (default 3) sanitizer processes at once, one case each: the default path's
+    # cases (schedule kernel + kernel page-id clamp), most garbled metadata first, then the
+    # page-id prefetch cases, then the jnp-metadata case
     while IFS= read -r name; do
       [[ $name == hstu\ paged* ]] || continue
       i=$((i + 1))
-      ts=$(( $(left) < ${T_S:-150} ? $(left) : ${T_S:-150} ))
-      if (( ts < 20 )); then echo "sanitize case $i '$name' NOT RUN (time)" >> "$S"; continue; fi
+      ts=$(left)
+      if (( ts < 25 )); then echo "sanitize case $i '$name' NOT RUN (time)" >> "$S"; continue; fi
       (
         timeout "$ts" compute-sanitizer --tool memcheck --report-api-errors no --error-exitcode 9 \
           python3 tests/sanitize_grid.py --only "$name" > "$L/sanitize_$i.log" 2>&1
         rc=$?
         echo "sanitize case $i rc=$rc '$name' $(grep -ohE 'ERROR SUMMARY: [0-9]+ errors?' "$L/sanitize_$i.log" | tail -1) $(grep -ohE '^ *(ok|NON-FINITE|ERROR)[^ ]*' "$L/sanitize_$i.log" | head -1)" >> "$S"
       ) &
-      while (( $(jobs -rp | wc -l) >= ${SAN_P:-4} )); do sleep 1; done
-    done < <(tac "$L/sanitize_cases.txt")
+      while (( $(jobs -rp | wc -l) >= ${SAN_P:-3} )); do sleep 1; done
+    done < <(grep -v "schedule=" "$L/sanitize_cases.txt" | tac; grep "pagepf" "$L/sanitize_cases.txt";
+             grep "schedule=xla" "$L/sanitize_cases.txt")
     wait
   ) &
+  wait
 fi
-wait
 echo "total $(( $(date +%s) - start )) s" >> "$S"
-tar czf "$OUT/i17b_logs.tgz" -C "$OUT" logs
+tar czf "$OUT/i17b_logs_$PHASE.tgz" -C "$OUT" "logs_$PHASE"
 cat "$S"
