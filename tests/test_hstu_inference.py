@@ -232,9 +232,10 @@ def _paged_kernel_fn(schedule, kv_splits, ws=(), **kw):
 @pytest.mark.parametrize("lq", [1, 7, 64, 300])
 def test_paged_kernel_gpu_schedule_kernel_and_xla(lq, kv_splits):
     """Paged-KV forward on the H200 with its metadata built by the schedule kernel (page ids
-    clamped by the forward kernel, the default), by XLA (``hstu_schedule="xla"``) and with
-    the producer's page-id prefetch (``hstu_fwd_ws="pagepf"``): bitwise equal outputs, all
-    within the rule of the float32 reference; garbage page ids
+    clamped by the forward kernel, the default), by XLA (``hstu_schedule="xla"``), with
+    the producer's page-id prefetch (``hstu_fwd_ws="pagepf"``) and with O staged in a single
+    Q buffer for 3 K/V stages (``"qalias"``): bitwise equal outputs, all within the rule of
+    the float32 reference; garbage page ids
     after each sequence's pages, NaN in every unused cache slot, a sequence without queries,
     histories ending inside a page, q rows past ``cu_seqlens_q[-1]`` NaN (their outputs must
     be 0). Before the checked calls the same functions run on all-NaN inputs, so output
@@ -250,7 +251,8 @@ def test_paged_kernel_gpu_schedule_kernel_and_xla(lq, kv_splits):
     kw = dict(max_seqlen_q=max(lens_q), max_seqlen_k=max(lens_k),
               scaling_seqlen=float(max(lens_q)), alpha=1.0 / np.sqrt(128))
     outs = {}
-    for sched, ws in (("kernel", ()), ("xla", ()), ("kernel", ("pagepf",))):
+    for sched, ws in (("kernel", ()), ("xla", ()), ("kernel", ("pagepf",)),
+                      ("kernel", ("qalias",))):
         fn = _paged_kernel_fn(sched, kv_splits, ws, **kw)
         jax.block_until_ready(fn(jnp.full_like(q, jnp.nan), jnp.full_like(kv, jnp.nan), ids,
                                  ptr, cu_q, cu_k))  # poison the buffers XLA may reuse
@@ -352,3 +354,41 @@ def test_paged_kernel_gpu_beyond_schedule_kernel_limits():
     report = []
     check_rule("out", outs[0][:n], ref(None), ref(jnp.bfloat16), 2.0, 2e-3, report)
     print(f"paged B={b} " + report[0])
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("lens_q,window,kv_splits", [
+    ([1, 0, 17, 113, 1023, 4097, 300, 129], (-1, 0), 1),
+    ([1, 0, 17, 113, 1023, 4097, 300, 129], (40, 3), 1),
+    ([1] * 6, (-1, 0), "auto"),
+], ids=["mixed-causal", "mixed-local", "one-query-split"])
+def test_contiguous_q_alias_gpu(lens_q, window, kv_splits):
+    """``hstu_fwd_ws="qalias"`` (one Q buffer that O is staged in, 3 K/V stages at D = 128)
+    gives the default sm90ws forward's outputs bit for bit (same tiles, same summation
+    order), GQA 4 -> 2 heads, histories longer than the queries, NaN rows past the last
+    sequence (zeros out), buffers poisoned by an all-NaN call first."""
+    from attention_base import _f32
+    from jax_sparse_attn.config import Switches
+
+    lens_k = [max(lq, 2000 + 331 * i) for i, lq in enumerate(lens_q)]
+    cu_q = jnp.asarray(np.concatenate([[0], np.cumsum(lens_q)]), jnp.int32)
+    cu_k = jnp.asarray(np.concatenate([[0], np.cumsum(lens_k)]), jnp.int32)
+    n_q, n_k = int(cu_q[-1]), int(cu_k[-1])
+    ks = jax.random.split(jax.random.PRNGKey(7), 3)
+    q = jax.random.normal(ks[0], (n_q + 64, 4, 128), jnp.float32).astype(jnp.bfloat16)
+    q = q.at[n_q:].set(jnp.nan)
+    k, v = (jax.random.normal(kk, (n_k + 64, 2, 128), jnp.float32).astype(jnp.bfloat16)
+            for kk in ks[1:])
+    k, v = (x.at[n_k:].set(jnp.nan) for x in (k, v))
+    outs = []
+    for ws in ((), ("qalias",)):
+        fn = jax.jit(lambda q, k, v, a, b, ws=ws: jsa.hstu_attention(
+            q, k, v, a, b, max_seqlen_q=max(lens_q), max_seqlen_k=max(lens_k),
+            window_size=window, alpha=0.1, backend="kernel", kv_splits=kv_splits,
+            switches=Switches(hstu_fwd_ws=ws)))
+        jax.block_until_ready(fn(jnp.full_like(q, jnp.nan), jnp.full_like(k, jnp.nan),
+                                 jnp.full_like(v, jnp.nan), cu_q, cu_k))
+        outs.append(np.asarray(_f32(fn(q, k, v, cu_q, cu_k))))
+    assert np.isfinite(outs[0]).all() and np.abs(outs[0][:n_q]).max() > 0
+    np.testing.assert_array_equal(outs[1], outs[0])
+    assert not np.any(outs[0][n_q:])

@@ -647,6 +647,34 @@ def test_hstu_paged_page_prefetch_lowers():
     assert _attention_calls(txt) == 1 and _SCHEDULE_KERNEL in txt
 
 
+def test_hstu_q_alias_plan_and_lowers():
+    """``hstu_fwd_ws="qalias"``: O staged in one Q buffer, 3 K/V stages at D = 128 (2 by
+    default); the contiguous and the paged forward lower with it."""
+    import jax_sparse_attn as jsa  # noqa: PLC0415
+    from jax_sparse_attn.config import Switches  # noqa: PLC0415
+    from jax_sparse_attn.ffi import hstu as fh  # noqa: PLC0415
+    from jax_sparse_attn.kernels.hstu_fwd_sm90_ws import ws_smem_plan  # noqa: PLC0415
+
+    assert ws_smem_plan(128, 128, 128) == (2, 2, False)
+    assert ws_smem_plan(128, 128, 128, q_alias=True) == (3, 1, True)
+    sw = Switches(hstu_fwd_ws="qalias")
+    assert fh.fwd_config("bfloat16", 128, 128, 0, sw).ws_q_alias
+    assert fh.fwd_config("bfloat16", 128, 128, 0, sw, paged=True).ws_q_alias
+    q = jax.ShapeDtypeStruct((40, 4, 128), jnp.bfloat16)
+    kv = jax.ShapeDtypeStruct((20, 2, 128, 2, 128), jnp.bfloat16)
+    k = jax.ShapeDtypeStruct((300, 2, 128), jnp.bfloat16)
+    cu = jax.ShapeDtypeStruct((5,), jnp.int32)
+    ids = jax.ShapeDtypeStruct((18,), jnp.int32)
+    kw = dict(max_seqlen_q=20, max_seqlen_k=2000, backend="kernel", switches=sw)
+    txt = _lower(lambda q, kv, ids, ptr, cu_q, cu_k: jsa.hstu_attention(
+        q, None, None, cu_q, cu_k, paged_kv=kv, page_ids=ids, page_indptrs=ptr, **kw),
+        q, kv, ids, cu, cu, cu)
+    assert _attention_calls(txt) == 1
+    txt = _lower(lambda q, k, v, cu_q, cu_k: jsa.hstu_attention(q, k, v, cu_q, cu_k, **kw),
+                 q, k, k, cu, cu)
+    assert _attention_calls(txt) == 1
+
+
 def test_hstu_paged_config_and_routing():
     from jax_sparse_attn.config import Switches  # noqa: PLC0415
     from jax_sparse_attn.ffi import hstu as fh  # noqa: PLC0415

@@ -118,6 +118,8 @@ class HstuFwdConfig(_HstuKey):
     ws_q_stages: int = 2
     ws_silu16: bool = False
     ws_tanh16: bool = False
+    # one Q buffer that O is staged in, the rest of shared memory to K/V stages ("qalias")
+    ws_q_alias: bool = False
     num_sms: int = 0
     # relative attention bias: presence, H_rab == H, rab's dtype name ("" without rab)
     has_rab: bool = False
@@ -336,13 +338,14 @@ def ws_options(opts) -> dict:
     GEMMs in turns), ``q_stages`` (2: the next tile's Q loads during this tile's mainloop),
     ``silu16`` (score function in packed 16-bit arithmetic), ``tanh16`` (one
     ``tanh.approx.f16x2`` per two scores), ``page_prefetch`` (``pagepf``: the paged-KV
-    producer loads each KV tile's page id one tile ahead; other calls ignore it), ``bn``
-    (block_n, 0: the kernel's default for the head dims)."""
+    producer loads each KV tile's page id one tile ahead; other calls ignore it), ``q_alias``
+    (``qalias``: one Q buffer that O is staged in, the freed shared memory to K/V stages),
+    ``bn`` (block_n, 0: the kernel's default for the head dims)."""
     bn = [int(o[3:]) for o in opts if o.startswith("bn=")]
     return {"overlap": "nooverlap" not in opts, "pingpong": "nopingpong" not in opts,
             "q_stages": 1 if "q1" in opts else 2, "silu16": "silu16" in opts,
             "tanh16": "tanh16" in opts, "page_prefetch": "pagepf" in opts,
-            "bn": bn[0] if bn else 0}
+            "q_alias": "qalias" in opts, "bn": bn[0] if bn else 0}
 
 
 def _ws_config(dtype, head_dim, head_dim_v, func_n, switches, rab, arch) -> HstuFwdConfig:
@@ -362,7 +365,8 @@ def _ws_config(dtype, head_dim, head_dim_v, func_n, switches, rab, arch) -> Hstu
         from ..kernels.hstu_fwd_sm90_ws import ws_smem_plan  # noqa: PLC0415
 
         try:
-            ws_smem_plan(head_dim, head_dim_v, bn, q_stages=opts["q_stages"])
+            ws_smem_plan(head_dim, head_dim_v, bn, q_stages=opts["q_stages"],
+                         q_alias=opts["q_alias"])
         except ValueError:
             raise ValueError(
                 f"JAX_SPARSE_ATTN_HSTU_WS / Switches.hstu_fwd_ws bn={bn} does not fit the "
@@ -371,7 +375,7 @@ def _ws_config(dtype, head_dim, head_dim_v, func_n, switches, rab, arch) -> Hstu
                          func_n > 0, max(func_n, 1), "sm90ws",
                          ws_overlap=opts["overlap"], ws_pingpong=opts["pingpong"],
                          ws_q_stages=opts["q_stages"], ws_silu16=opts["silu16"],
-                         ws_tanh16=opts["tanh16"],
+                         ws_tanh16=opts["tanh16"], ws_q_alias=opts["q_alias"],
                          num_sms=metadata.num_sms(), **rab, arch=arch)
 
 
@@ -546,7 +550,8 @@ def _fwd_adapter():
                                    cfg.has_func, cfg.func_n, cfg.num_sms,
                                    overlap=cfg.ws_overlap, pingpong=cfg.ws_pingpong,
                                    q_stages=cfg.ws_q_stages, silu16=cfg.ws_silu16,
-                                   tanh16=cfg.ws_tanh16, kv_splits=cfg.kv_splits)
+                                   tanh16=cfg.ws_tanh16, q_alias=cfg.ws_q_alias,
+                                   kv_splits=cfg.kv_splits)
         kernel(q, k, v, cu_q, cu_k, tiles, func, scal, win, out, stream)
 
     return hstu_fwd_launch
@@ -565,7 +570,8 @@ def _fwd_paged_adapter():
         kernel = HstuFwdSm90Ws(_dt(cfg.dtype), cfg.head_dim, cfg.head_dim_v, cfg.block_n,
                                False, 1, cfg.num_sms, overlap=cfg.ws_overlap,
                                pingpong=cfg.ws_pingpong, q_stages=cfg.ws_q_stages,
-                               silu16=cfg.ws_silu16, tanh16=cfg.ws_tanh16, paged=True,
+                               silu16=cfg.ws_silu16, tanh16=cfg.ws_tanh16,
+                               q_alias=cfg.ws_q_alias, paged=True,
                                kv_splits=cfg.kv_splits, page_id_clamp=cfg.page_id_clamp,
                                page_prefetch=cfg.ws_page_prefetch)
         kernel(q, paged_kv, paged_kv, cu_q, cu_k, tiles, func, scal, win, out, stream,
@@ -595,7 +601,7 @@ def _fwd_rab_adapter():
                                    cfg.has_func, cfg.func_n, cfg.num_sms,
                                    overlap=cfg.ws_overlap, pingpong=cfg.ws_pingpong,
                                    q_stages=cfg.ws_q_stages, silu16=cfg.ws_silu16,
-                                   tanh16=cfg.ws_tanh16, has_rab=True,
+                                   tanh16=cfg.ws_tanh16, q_alias=cfg.ws_q_alias, has_rab=True,
                                    rab_per_head=cfg.rab_per_head, kv_splits=cfg.kv_splits)
         kernel(q, k, v, cu_q, cu_k, tiles, func, scal, win, out, stream, rab)
 

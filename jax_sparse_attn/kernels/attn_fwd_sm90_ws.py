@@ -45,13 +45,16 @@ SMEM_LIMIT = 227 * 1024
 
 
 def smem_plan(d: int, dv: int, bm: int, bn: int, limit: int, max_stages: int = 4,
-              q_stages: int = 2):
+              q_stages: int = 2, alias_first: bool = False):
     """(K/V stages, Q stages, whether O's smem buffer aliases Q's) within ``limit`` bytes for
     ``bm`` query rows and ``bn``-key tiles: a double-buffered Q (the next item's Q loads
     during this item's mainloop) with its own O buffer first, then one Q stage, then O in
-    Q's buffer (only when ``dv <= d``); for each, the most K/V stages (at least 2)."""
+    Q's buffer (only when ``dv <= d``); for each, the most K/V stages (at least 2).
+    ``alias_first``: O in the single Q buffer first (the most K/V stages)."""
     o = bm * dv * 2
     plans = [(qs, False) for qs in range(q_stages, 0, -1)] + [(1, True)]
+    if alias_first:
+        plans = [(1, True)] + plans
     for qs, alias in plans:
         if alias and dv > d:
             continue
@@ -266,7 +269,8 @@ class AttnFwdSm90Ws:
             s = pipe_k.stage(c_kv)
             pipe_k.producer_acquire(c_kv)
             pipe_k.producer_expect_tx(c_kv, k_bytes)
-            cute.copy(tma_k, tKg[None, nk], tKs[None, s], tma_bar_ptr=pipe_k.full_ptr(c_kv))
+            cute.copy(tma_k, tKg[None, nk], tKs[None, s],
+                      tma_bar_ptr=pipe_k.full_ptr(c_kv))
             pipe_v.producer_acquire(c_kv)
             limit, tma_ok = self._v_limit(work, n)
             if tma_ok:

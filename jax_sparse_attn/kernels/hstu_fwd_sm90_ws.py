@@ -63,10 +63,12 @@ from .tile_scheduler import StaticLptScheduler
 PAGE_SIZE = 128
 
 
-def ws_smem_plan(d: int, dv: int, bn: int, max_stages: int = 4, q_stages: int = 2):
+def ws_smem_plan(d: int, dv: int, bn: int, max_stages: int = 4, q_stages: int = 2,
+                 q_alias: bool = False):
     """(K/V stages, Q stages, whether O's smem buffer aliases Q's) that fit the 227 KiB of an
-    SM90 CTA with 128 query rows (``attn_fwd_sm90_ws.smem_plan``)."""
-    return smem_plan(d, dv, 128, bn, SMEM_LIMIT, max_stages, q_stages)
+    SM90 CTA with 128 query rows (``attn_fwd_sm90_ws.smem_plan``); ``q_alias``: one Q buffer
+    that O is staged in, the rest to K/V stages (3 at D = 128 instead of 2)."""
+    return smem_plan(d, dv, 128, bn, SMEM_LIMIT, max_stages, q_stages, alias_first=q_alias)
 
 
 @dataclass(frozen=True)
@@ -92,7 +94,7 @@ class HstuFwdSm90Ws(AttnFwdSm90Ws):
     def __init__(self, dtype, head_dim, head_dim_v, block_n, has_func, func_n, num_sms,
                  overlap=True, pingpong=True, max_stages=4, q_stages=2, silu16=False,
                  has_rab=False, rab_per_head=False, tanh16=False, paged=False,
-                 kv_splits=1, page_id_clamp=False, page_prefetch=False):
+                 kv_splits=1, page_id_clamp=False, page_prefetch=False, q_alias=False):
         self.dtype = dtype
         self.d = head_dim
         self.dv = head_dim_v
@@ -123,7 +125,7 @@ class HstuFwdSm90Ws(AttnFwdSm90Ws):
                 f"hstu_fwd_sm90_ws paged KV: block_n={block_n} must divide the page size "
                 f"{PAGE_SIZE} and head_dim={head_dim} equal head_dim_v={head_dim_v}")
         self.stages, self.q_stages, self.o_alias_q = ws_smem_plan(
-            head_dim, head_dim_v, block_n, max_stages, q_stages)
+            head_dim, head_dim_v, block_n, max_stages, q_stages, q_alias)
         self.num_threads = 384
         self.regs_producer = 24
         self.regs_consumer = 240
