@@ -10,7 +10,8 @@
 #   paged cases of tests/test_gpu_hstu.py if time is left.
 # PHASE=bench (within TB s, default 60; alone on its GPU): hstu_bench --inference rows, the
 #   target rows first: paged with the schedule kernel (paged), with jnp metadata (paged_xla),
-#   with the page-id prefetch (paged[...pagepf]) and contiguous. Each row prints when done.
+#   with the page-id prefetch (paged[...pagepf]), with 3 K/V stages (paged[...qalias]) and
+#   contiguous (default and [...qalias]). Each row prints when done.
 # PHASE=all: bench then tests. Logs under $OUT/logs_$PHASE, packed into
 # $OUT/i17b_logs_$PHASE.tgz; summary in logs_$PHASE/summary.txt (also printed).
 set -u
@@ -30,7 +31,8 @@ nvidia-smi --query-gpu=name,memory.used --format=csv > "$L/gpu.txt" 2>&1
 
 if [[ $PHASE == bench || $PHASE == all ]]; then
   timeout "$(left)" python3 benchmarks/hstu_bench.py --schedule-ab --iters "${ITERS:-30}" \
-    --paged-variant JAX_SPARSE_ATTN_HSTU_WS=pagepf \
+    --paged-variant JAX_SPARSE_ATTN_HSTU_WS=pagepf --paged-variant JAX_SPARSE_ATTN_HSTU_WS=qalias \
+    --contiguous-variant JAX_SPARSE_ATTN_HSTU_WS=qalias \
     --inference target64-64x8192 --inference target1-64x8192 --inference target64-8x8192 \
     --inference target1-8x8192 --inference paged-8x4096 \
     --out "$L/inference_bench.json" > "$L/bench.log" 2>&1
