@@ -55,19 +55,25 @@ def _passes(op_name):
     return ("bwd",) if op_name.endswith("_backward") else ("fwd", "bwd")
 
 
+def _causal_kw(cfg):
+    """``causal=True`` for the ffi module's key / support functions (nothing when False)."""
+    return {"causal": True} if cfg.causal else {}
+
+
 def _kernel_unsupported_reason(cfg, passes, switches, mod):
     # options that only the reference backend implements so far (kv_splits="auto" lets the
-    # backend choose: the kernels, without split-KV yet, run one split)
+    # backend choose: the kernels, without split-KV yet, run one split); causal: the sm90
+    # kernels (mod.bsa_kernel_unsupported_reason says where not)
     for name, value, default in (("kv_splits", cfg.kv_splits, 1),
-                                 ("pack_gqa", cfg.pack_gqa, False),
-                                 ("causal", cfg.causal, False)):
+                                 ("pack_gqa", cfg.pack_gqa, False)):
         if value not in (default, "auto"):
             return (f"{name}={value!r} is not implemented by the block-sparse kernels yet "
                     f"(only {name}={default!r}); backend='reference' implements it")
     return mod.bsa_kernel_unsupported_reason(dtype=cfg.dtype, head_dim=cfg.head_dim,
                                              head_dim_v=cfg.head_dim_v,
                                              sparse_block_size=cfg.sparse_block_size,
-                                             passes=passes, switches=switches)
+                                             passes=passes, switches=switches,
+                                             **_causal_kw(cfg))
 
 
 def _make_config(q, k, v, q2k_block_index, block_sparse_num, block_sizes, q2k_block_nums, *,
@@ -101,8 +107,10 @@ def _make_config(q, k, v, q2k_block_index, block_sparse_num, block_sizes, q2k_bl
         static = (cfg.dtype, cfg.head_dim, cfg.sparse_block_size, cfg.has_block_sizes, switches)
         # the compile keys of the passes this call may run (None: not run by this call)
         cfg = dataclasses.replace(cfg, backend="kernel", cute_call=switches.cute_call,
-                                  fwd=mod.fwd_config(*static) if "fwd" in passes else None,
-                                  bwd=mod.bwd_config(*static) if "bwd" in passes else None,
+                                  fwd=(mod.fwd_config(*static, **_causal_kw(cfg))
+                                       if "fwd" in passes else None),
+                                  bwd=(mod.bwd_config(*static, **_causal_kw(cfg))
+                                       if "bwd" in passes else None),
                                   pre=mod.pre_config(cfg.dtype, cfg.head_dim, switches),
                                   kernel_arch=_platform.resolved_arch(),
                                   kernel_family=_platform.kernel_family(switches))
@@ -246,7 +254,8 @@ _META_ARG_LINES = """
         Reference backend only for now.
       causal: bool (default False): token-level causal mask inside the listed blocks,
         key ``j`` visible from query position ``i`` iff ``j <= i + S_kv - S_q``
-        (bottom-right aligned). Reference backend only for now.
+        (bottom-right aligned). Kernels: the sm90 ones (D in {64, 128} on sm_90a); the
+        mma.sync (sm80 / portable) kernels raise NotImplementedError.
 """
 
 _ARGS_DOC = "\n    Args:" + _ARG_LINES + _META_ARG_LINES
@@ -267,7 +276,9 @@ _RAISES_DOC = """
         ``switches`` not a ``Switches``, kv_splits not an int or "auto", pack_gqa /
         causal not bools (backward: ``do``, ``o`` or ``lse`` of the wrong dtype).
       NotImplementedError: ``backend="kernel"`` where the kernel cannot run (also
-        ``kv_splits > 1``, ``pack_gqa=True``, ``causal=True`` for now).
+        ``kv_splits > 1``, ``pack_gqa=True`` for now, and ``causal=True`` where the
+        mma.sync kernels would run: D in {32, 256}, the portable kernel family or the
+        ``sm80`` switches).
 """
 
 

@@ -479,3 +479,20 @@ def test_hstu_bench_paged_cache_is_the_contiguous_kv():
     got = jsa.hstu_attention(q, None, None, cu_q, cu_k, paged_kv=kv, page_ids=ids,
                              page_indptrs=ptr, **kw)
     np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-6, atol=1e-6)
+
+
+def test_bsa_bench_causal_listing():
+    """bsa_bench --causal: query block m lists exactly its diagonal block and the 15 before
+    it (those >= 0), each once, in its active prefix."""
+    import jax
+
+    from benchmarks import bsa_bench
+
+    *_, idx, nums, _ = bsa_bench._causal_inputs(jax.random.PRNGKey(0), 1, 2, 2048, 32, 128, 15,
+                                                "bfloat16")
+    idx, nums = np.asarray(idx), np.asarray(nums)
+    assert idx.shape == (1, 2, 16, 16)
+    for h in range(2):
+        for m in range(16):
+            got = sorted(idx[0, h, m, : nums[0, h, m]].tolist())
+            assert got == list(range(max(0, m - 15), m + 1)), (h, m, got)

@@ -285,3 +285,94 @@ def test_bsa_sm90ws_ptx_is_warp_specialized(tmp_path, cfg):
         needles.append("cp.async.cg.shared.global")
     for needle in needles:
         assert needle in text, f"{needle} missing from the sm90ws BSA forward PTX"
+
+
+# ----------------------------------------------------------------------------- causal
+# causal=True (a static flag of the sm90 forward / backward keys): every (D, blk) pair on the
+# default kernels (sm90ws forward at blk 128, sm90 at blk 64; sm90 backward), the other
+# forward at one pair each; dtype, layout and block_sizes presence alternate.
+CAUSAL_CONFIGS = [
+    dict(d=128, blk=128, dtype="bfloat16", layout="bhsd", sizes=False),
+    dict(d=64, blk=128, dtype="float16", layout="bshd", sizes=True),
+    dict(d=128, blk=64, dtype="float16", layout="bhsd", sizes=True),
+    dict(d=64, blk=64, dtype="bfloat16", layout="bshd", sizes=False),
+    dict(d=128, blk=128, dtype="float16", layout="bshd", sizes=True, fwd_impl="sm90",
+         fwd_only=True),
+    dict(d=64, blk=64, dtype="bfloat16", layout="bhsd", sizes=True, fwd_impl="sm90ws",
+         fwd_only=True),
+]
+
+
+@pytest.mark.parametrize("cfg", CAUSAL_CONFIGS, ids=_ids)
+def test_bsa_causal_lowers(cfg):
+    """causal=True lowers (forward and, unless fwd_only, backward) for sm_90a on the kernels
+    the call selects, with the causal flag in their compile keys."""
+    import jax_sparse_attn as jsa
+    from jax_sparse_attn.config import Switches
+    from jax_sparse_attn.ffi import bsa as ffi_bsa
+
+    q, k, idx, nums, sizes, lse = _shapes(cfg)
+    sw = Switches(bsa_fwd_impl=cfg.get("fwd_impl", "auto"))
+    kw = dict(layout=cfg["layout"], sparse_block_size=cfg["blk"], softmax_scale=0.3,
+              backend="kernel", switches=sw, causal=True)
+    static = (jnp.dtype(cfg["dtype"]), cfg["d"], cfg["blk"], cfg["sizes"], sw)
+    fkey = ffi_bsa.fwd_config(*static, causal=True)
+    want_fwd = cfg.get("fwd_impl") or ("sm90ws" if cfg["blk"] == 128 else "sm90")
+    assert fkey.causal and fkey.impl == want_fwd
+    bkey = ffi_bsa.bwd_config(*static, causal=True)
+    assert bkey.causal and bkey.impl == "sm90"
+
+    def fwd(q, k, v, i, n, s):
+        return jsa.block_sparse_attention_forward(q, k, v, i, None, s, n, **kw)
+
+    txt = jax.jit(fwd).trace(q, k, k, idx, nums, sizes).lower(lowering_platforms=("cuda",)).as_text()
+    assert txt.count(CALL_TARGET) == 1 and "\\7FELF" in txt
+    if cfg.get("fwd_only"):
+        return
+
+    def bwd(do, q, k, v, o, lse, i, n, s):
+        return jsa.block_sparse_attention_backward(do, q, k, v, o, lse, i, None, s, n, **kw)
+
+    txt = jax.jit(bwd).trace(q, q, k, k, q, lse, idx, nums, sizes).lower(
+        lowering_platforms=("cuda",)).as_text()
+    assert txt.count(CALL_TARGET) == 2 and "\\7FELF" in txt
+
+
+def test_causal_config_keys_default_unchanged():
+    """causal=False keys equal the keys built without the argument (same compile key as
+    before the option existed)."""
+    from jax_sparse_attn.config import Switches
+    from jax_sparse_attn.ffi import bsa
+
+    for blk in (64, 128):
+        assert bsa.fwd_config(jnp.bfloat16, 128, blk, False, Switches()) == bsa.fwd_config(
+            jnp.bfloat16, 128, blk, False, Switches(), causal=False)
+        assert not bsa.fwd_config(jnp.bfloat16, 128, blk, False, Switches()).causal
+    assert bsa.bwd_config(jnp.float16, 64, 64, True, Switches(), causal=True).causal
+
+
+@pytest.mark.parametrize("why,d,sw", [
+    ("d32", 32, {}),
+    ("d256", 256, {}),
+    ("fwd_sm80", 128, {"bsa_fwd_impl": "sm80"}),
+    ("bwd_sm80", 64, {"bsa_bwd_impl": "sm80"}),
+    ("portable", 128, {"kernel_family": "portable"}),
+])
+def test_causal_declined_where_sm80_kernels_run(why, d, sw):
+    """causal=True where a pass would run a mma.sync (sm80) kernel: NotImplementedError
+    naming the option (backend="kernel"); backend="auto" runs the reference."""
+    import jax_sparse_attn as jsa
+    from jax_sparse_attn.config import Switches
+    from jax_sparse_attn.ffi import bsa
+
+    switches = Switches(**sw)
+    reason = bsa.causal_unsupported_reason(d, 64, switches=switches)
+    assert reason is not None and "causal=True" in reason and "reference" in reason
+    assert bsa.causal_unsupported_reason(128, 64, switches=Switches()) is None
+    q = jnp.zeros((1, 2, 100, d), jnp.bfloat16)
+    idx = jnp.zeros((1, 2, 2, 1), jnp.int32)
+    kw = dict(sparse_block_size=64, switches=switches, causal=True)
+    with pytest.raises(NotImplementedError, match="causal=True"):
+        jsa.block_sparse_attention(q, q, q, idx, 1, backend="kernel", **kw)
+    choice = jsa.which_backend(jsa.block_sparse_attention, q, q, q, idx, 1, **kw)
+    assert choice.backend == "reference" and "causal" in choice.reason

@@ -82,6 +82,8 @@ class BsaFwdConfig:
     ws_max_stages: int = 4
     num_sms: int = 0
     arch: str = ""  # the target arch (CuTe DSL name) the key was chosen for
+    # the token-level causal mask inside the listed blocks ("sm90" / "sm90ws" only)
+    causal: bool = False
 
 
 @dataclasses.dataclass(frozen=True)
@@ -100,6 +102,8 @@ class BsaBwdConfig:
     vec_red: bool = True
     # sm80: Q/dO shared-memory stages (2: prefetch of the next step; 1 where 2 do not fit)
     q_stages: int = 2
+    # the token-level causal mask inside the listed blocks ("sm90" only)
+    causal: bool = False
 
 
 def fwd_smem_bytes(head_dim, block_size) -> int:
@@ -169,20 +173,26 @@ def _family_impl(want: str, head_dim: int, switches, block_size: int | None = No
     return _impl(want, head_dim, block_size)
 
 
-def fwd_config(dtype, head_dim, block_size, has_block_sizes, switches) -> BsaFwdConfig:
+def fwd_config(dtype, head_dim, block_size, has_block_sizes, switches,
+               causal=False) -> BsaFwdConfig:
     """The forward compile key from the static call properties and the
-    :class:`~jax_sparse_attn.config.Switches`."""
+    :class:`~jax_sparse_attn.config.Switches` (``causal``: the sm90 kernels only,
+    :func:`causal_unsupported_reason`)."""
     name = jnp.dtype(dtype).name
     impl = _family_impl(switches.bsa_fwd_impl, head_dim, switches, block_size)
     arch = _platform.resolved_arch()
     if impl == "sm90":
-        return BsaFwdConfig(name, head_dim, block_size, has_block_sizes, impl, arch=arch)
+        return BsaFwdConfig(name, head_dim, block_size, has_block_sizes, impl, arch=arch,
+                            causal=causal)
     if impl == "sm90ws":
         o = bsa_ws_options(switches.bsa_fwd_ws)
         return BsaFwdConfig(name, head_dim, block_size, has_block_sizes, impl,
                             ws_overlap=o["overlap"], ws_pingpong=o["pingpong"],
                             ws_q_stages=o["q_stages"], ws_max_stages=o["max_stages"],
-                            num_sms=metadata.num_sms(), arch=arch)
+                            num_sms=metadata.num_sms(), arch=arch, causal=causal)
+    if causal:
+        raise NotImplementedError(causal_unsupported_reason(head_dim, block_size, ("fwd",),
+                                                            switches))
     return BsaFwdConfig(name, head_dim, block_size, has_block_sizes, impl,
                         switches.bsa_fwd_q_in_regs and head_dim <= 128,
                         switches.bsa_fwd_min_blocks,
@@ -190,12 +200,17 @@ def fwd_config(dtype, head_dim, block_size, has_block_sizes, switches) -> BsaFwd
                         warp_rows=int(switches.bsa_fwd_warp_rows), arch=arch)
 
 
-def bwd_config(dtype, head_dim, block_size, has_block_sizes, switches) -> BsaBwdConfig:
+def bwd_config(dtype, head_dim, block_size, has_block_sizes, switches,
+               causal=False) -> BsaBwdConfig:
     """The dK/dV/dQ kernel's compile key (see :func:`fwd_config`)."""
     name, impl = jnp.dtype(dtype).name, _family_impl(switches.bsa_bwd_impl, head_dim, switches)
     arch = _platform.resolved_arch()
     if impl == "sm90":
-        return BsaBwdConfig(name, head_dim, block_size, has_block_sizes, impl, arch=arch)
+        return BsaBwdConfig(name, head_dim, block_size, has_block_sizes, impl, arch=arch,
+                            causal=causal)
+    if causal:
+        raise NotImplementedError(causal_unsupported_reason(head_dim, block_size, ("bwd",),
+                                                            switches))
     # 2 CTAs per SM (register cap 128) where the accumulators allow it
     min_blocks = switches.bsa_bwd_min_blocks
     if min_blocks is None:
@@ -215,8 +230,31 @@ def pre_config(dtype, head_dim, switches) -> BsaPreConfig | None:
     return BsaPreConfig(jnp.dtype(dtype).name, head_dim)
 
 
+def causal_unsupported_reason(head_dim, block_size, passes=("fwd", "bwd"),
+                              switches=None) -> str | None:
+    """``None`` when the kernels of ``passes`` implement ``causal=True``: the sm90 kernels
+    (forward ``sm90`` / ``sm90ws``, backward ``sm90``: D in {64, 128}, Hopper kernel family);
+    else why not, naming the option."""
+    from ..config import from_env  # noqa: PLC0415
+
+    sw = from_env() if switches is None else switches
+    impls = {"fwd": _family_impl(sw.bsa_fwd_impl, head_dim, sw, block_size),
+             "bwd": _family_impl(sw.bsa_bwd_impl, head_dim, sw)}
+    for pas in passes:
+        if impls[pas] == "sm80":
+            switch = "bsa_fwd_impl" if pas == "fwd" else "bsa_bwd_impl"
+            return (f"causal=True is implemented by the sm90 block-sparse kernels only "
+                    f"(head_dim in {_SM90_HEAD_DIMS}, the sm90 kernel family, {switch} not "
+                    f"'sm80'); this call's {'forward' if pas == 'fwd' else 'backward'} would "
+                    f"run the mma.sync (sm80) kernel (head_dim={head_dim}, kernel family "
+                    f"{_platform.kernel_family(sw)!r}, {switch}={getattr(sw, switch)!r}); "
+                    f"backend='reference' implements it")
+    return None
+
+
 def bsa_kernel_unsupported_reason(*, dtype, head_dim, head_dim_v, sparse_block_size,
-                                  passes=("fwd", "bwd"), switches=None) -> str | None:
+                                  passes=("fwd", "bwd"), switches=None,
+                                  causal=False) -> str | None:
     """``None`` when the BSA kernels implement this static configuration for the ``passes``
     the call may run on the target GPU, else why not."""
     name = jnp.dtype(dtype).name
@@ -228,6 +266,10 @@ def bsa_kernel_unsupported_reason(*, dtype, head_dim, head_dim_v, sparse_block_s
         return f"the BSA kernels support head dims {SUPPORTED_HEAD_DIMS}, got {head_dim}"
     if sparse_block_size not in SUPPORTED_BLOCK_SIZES:
         return f"the BSA kernels support sparse_block_size in {SUPPORTED_BLOCK_SIZES}, got {sparse_block_size}"
+    if causal:
+        reason = causal_unsupported_reason(head_dim, sparse_block_size, passes, switches)
+        if reason is not None:
+            return reason
     # the sm90 kernels run D in {64, 128} on sm_90a only; elsewhere (and at D in {32, 256})
     # the sm80 kernels run, whose tiles must fit the target's shared memory
     if _platform.kernel_family(switches) == "sm90" and head_dim in _SM90_HEAD_DIMS:
@@ -261,11 +303,11 @@ def _fwd_entry(stream, q, k, v, idx, nums, sizes, scale, out, lse, *, cfg: BsaFw
 
         kernel = BsaFwdSm90Ws(*args, cfg.num_sms, overlap=cfg.ws_overlap,
                               pingpong=cfg.ws_pingpong, max_stages=cfg.ws_max_stages,
-                              q_stages=cfg.ws_q_stages)
+                              q_stages=cfg.ws_q_stages, causal=cfg.causal)
     elif cfg.impl == "sm90":
         from ..kernels.bsa_fwd_sm90 import BsaFwdSm90  # noqa: PLC0415
 
-        kernel = BsaFwdSm90(*args)
+        kernel = BsaFwdSm90(*args, causal=cfg.causal)
     else:
         from ..kernels.bsa_fwd_sm80 import BsaFwdSm80  # noqa: PLC0415
 
@@ -372,7 +414,7 @@ def _bwd_entry(stream, q, k, v, do, lse, delta, offsets, entries, sizes, scale, 
     if cfg.impl == "sm90":
         from ..kernels.bsa_bwd_sm90 import BsaBwdSm90  # noqa: PLC0415
 
-        kernel = BsaBwdSm90(*args)
+        kernel = BsaBwdSm90(*args, causal=cfg.causal)
     else:
         from ..kernels.bsa_bwd_sm80 import BsaBwdSm80  # noqa: PLC0415
 

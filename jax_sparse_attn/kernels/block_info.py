@@ -14,7 +14,11 @@ interface: query block ``m`` of (batch ``b``, query head ``h``) visits the KV bl
 ``[0, K_max]`` (0 when there are no keys) and every index clamped to ``[0, N_kv - 1]``, so no
 metadata value makes a load leave the K/V tensors. ``valid_keys(n)`` is the number of leading
 keys of block ``n`` that exist and count: ``min(L_k - n bn, bn)``, also capped by
-``block_sizes[b, h, n]`` when given (at least 0).
+``block_sizes[b, h, n]`` when given (at least 0). With the causal mask (``key_end`` given:
+``min((m + 1) bm, L_q) + L_k - L_q``, one past the last key the block's last query row sees)
+it is also capped by ``key_end - n bn``: the keys past it are masked for every row of the
+query block, so the V rows there are zero-filled like a partial block's tail (0 for a block
+entirely above the diagonal).
 
 ``QTileRange`` (the KV-major backward's form): the query tiles of width ``bm`` that can see
 the keys ``[n0, n0 + bn)`` of one sequence: ``[m_min, m_min + m_count)`` from the window, or
@@ -82,6 +86,7 @@ class BlockList:
     n_count: object
     bn: int
     has_sizes: bool
+    key_end: object = None  # causal: one past the last key the query block sees
 
     def kv_tile(self, it):
         """The KV block visited in iteration ``it`` (``0 <= it < n_count``)."""
@@ -93,19 +98,21 @@ class BlockList:
         lim = cutlass.min(self.seqlen_k - n * self.bn, Int32(self.bn))
         if cutlass.const_expr(self.has_sizes):
             lim = cutlass.min(lim, Int32(self.mSizes[self.batch, self.head, n]))
+        if cutlass.const_expr(self.key_end is not None):
+            lim = cutlass.min(lim, self.key_end - n * self.bn)
         return cutlass.max(lim, Int32(0))
 
     @staticmethod
     @cute.jit
     def create(mIdx, mNums, mSizes, batch, head, m_block, seqlen_k, bn: cutlass.Constexpr,
-               has_sizes: cutlass.Constexpr):
+               has_sizes: cutlass.Constexpr, key_end=None):
         n_kv = (seqlen_k + bn - 1) // bn
         k_max = Int32(mIdx.shape[3])
         cnt = cutlass.min(cutlass.max(Int32(mNums[batch, head, m_block]), Int32(0)), k_max)
         if n_kv <= 0:
             cnt = Int32(0)
         return BlockList(mIdx, mSizes, batch, head, m_block, n_kv - 1, seqlen_k, cnt, bn,
-                         has_sizes)
+                         has_sizes, key_end)
 
 
 @dataclass(frozen=True)

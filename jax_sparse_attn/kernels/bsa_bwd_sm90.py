@@ -35,6 +35,16 @@ of this kernel goes.
 
 The K->Q CSR entries are software-pipelined two steps ahead in registers, so no dependent
 global load of an entry sits between a barrier and the prefetch it feeds.
+
+``causal`` (static): the token-level causal mask inside the listed blocks (key ``j`` visible
+from query ``i`` iff ``j <= i + S_kv - S_q``). The CTA first reduces, over its CSR entries, the keys of
+its tile that the entry's query rows see (to the diagonal of the block's last row, within
+``block_sizes``) and zero-fills the K/V rows past the largest (no query of any entry sees
+them, so NaN there never reaches dQ through ``0 * K``); a step whose 64
+queries see none of the tile's keys is skipped like an empty one; a step crossing the
+diagonal selects 0 into P and dS (``mask.CausalMaskKeyMajor``), a step below it is unmasked.
+Rows with ``lse = -inf`` (no visible key) have every pair masked, so they add nothing and get
+``dq = 0``.
 """
 
 from __future__ import annotations
@@ -49,6 +59,7 @@ from .bsa_common import (LOG2_E, bwd_entry_rows, bwd_load_kv_tile, bwd_tile_coor
                          issue_q_do_rows)
 from .common import (acc_layout_as_a, acc_mn_view_wg, bulk_reduce_add_f32, elem_ptr,
                      gmem_load_copy, kv_major_bwd_operands, launch, smem_storage)
+from .mask import CausalMaskKeyMajor
 
 TILE = 64
 
@@ -61,8 +72,10 @@ def _restage(layout: cute.ComposedLayout, num_stages: int, stage_stride: int) ->
 
 
 class BsaBwdSm90:
-    def __init__(self, dtype, head_dim: int, block_size: int, has_block_sizes: bool):
+    def __init__(self, dtype, head_dim: int, block_size: int, has_block_sizes: bool,
+                 causal: bool = False):
         self.dtype = dtype
+        self.causal = causal
         self.hd = head_dim
         self.blk = block_size
         self.sub = block_size // TILE
@@ -147,6 +160,46 @@ class BsaBwdSm90:
         else:
             dst[0] = cutlass.Float32.inf if kind == 0 else cutlass.Float32(0.0)
 
+    @cute.jit
+    def _p_ds_key_limit(self, S_mn, dP_mn, tScS_mn, lse2, dlt, limit, scale_log2,
+                        n_rows: cutlass.Constexpr, n_cols: cutlass.Constexpr):
+        """P and dS in place for key rows below ``limit``, 0 (a select: dP of a non-key may
+        be NaN) for the others."""
+        for r in cutlass.range_constexpr(n_rows):
+            key_ok = tScS_mn[r, 0][0] < limit
+            for c in cutlass.range_constexpr(n_cols):
+                p = cute.math.exp2(S_mn[r, c] * scale_log2 - lse2[c], fastmath=True)
+                ds = p * (dP_mn[r, c] - dlt[c])
+                S_mn[r, c] = p if key_ok else cutlass.Float32(0.0)
+                dP_mn[r, c] = ds if key_ok else cutlass.Float32(0.0)
+
+    @cute.jit
+    def _causal_row_cap(self, mEntries, mSizes, e_begin, n_entries, n_q_blocks, seqlen_q,
+                        seqlen_k, batch, head_kv, group, n_block, tile_off, n0, tidx, sLD):
+        """Causal: rows of this K/V tile (first key ``n0``) that some query row of its CSR
+        entries sees: the largest over the entries (query block ``m`` of head ``h``) of
+        ``min((m + 1) blk, S_q) + S_kv - S_q - n0``, capped by ``block_sizes[b, h, n] -
+        tile_off`` when given. A strided scan, warp shuffles, then one CTA barrier through
+        four Int32 slots of sLD's stage 1 (no copy writes it before step 0's barrier)."""
+        cap = cutlass.Int32(-1)
+        for e in cutlass.range(tidx, n_entries, self.num_threads, unroll=1):
+            ent = mEntries[e_begin + e]
+            h_in_group = ent // n_q_blocks
+            m = ent - h_in_group * n_q_blocks
+            rows = cutlass.min((m + 1) * self.blk, seqlen_q) + seqlen_k - seqlen_q - n0
+            if cutlass.const_expr(self.has_sizes):
+                rows = cutlass.min(rows, mSizes[batch, head_kv * group + h_in_group, n_block]
+                                   - tile_off)
+            cap = cutlass.max(cap, rows)
+        for sh in cutlass.range_constexpr(5):
+            cap = cutlass.max(cap, cute.arch.shuffle_sync_bfly(cap, offset=16 >> sh))
+        slots = cute.make_tensor(cute.recast_ptr(sLD.iterator + 2 * TILE, dtype=cutlass.Int32),
+                                 cute.make_layout(4))
+        if tidx % 32 == 0:
+            slots[tidx // 32] = cap
+        cute.arch.barrier()
+        return cutlass.max(cutlass.max(slots[0], slots[1]), cutlass.max(slots[2], slots[3]))
+
     @cute.kernel
     def kernel(
         self,
@@ -195,10 +248,17 @@ class BsaBwdSm90:
         # per-stage lse (natural log) and delta of the step's 64 query rows: (row, kind, stage)
         sLD = storage.sLD.get_tensor(cute.make_layout((TILE, 2, 2), stride=(1, TILE, 2 * TILE)))
 
+        row_cap = None
+        if cutlass.const_expr(self.causal):
+            row_id0 = (batch * num_heads_kv + head_kv) * n_kv_blocks + n_block
+            row_cap = self._causal_row_cap(
+                mEntries, mSizes, mOffsets[row_id0], mOffsets[row_id0 + 1] - mOffsets[row_id0],
+                n_q_blocks, seqlen_q, seqlen_k, batch, head_kv, group, n_block, tile_off,
+                n_tile * TILE, tidx, sLD)
         thr_copy, tCc, kv_left, tQsQ, tdOsdO = bwd_load_kv_tile(
             gmem_copy_in, tidx, mK, mV, sK[None, None, 0], sV[None, None, 0], sQ, sdO, mSizes,
             batch, head_kv, group, n_tile, n_block, tile_off, seqlen_k, TILE, hd,
-            self.has_sizes)
+            self.has_sizes, row_cap)
 
         ((thr_s, thr_kv, thr_q), (tSrK, tPrV, tSrQ, tPrdO, tVrdO, tKrQ, tQrdS, tQrK),
          (acc_dK, acc_dV)) = kv_major_bwd_operands(
@@ -237,6 +297,13 @@ class BsaBwdSm90:
             limit = cutlass.min(kv_left, TILE)
             if cutlass.const_expr(self.has_sizes):
                 limit = cutlass.min(limit, mSizes[batch, head, n_block] - tile_off)
+            qlo0 = None
+            if cutlass.const_expr(self.causal):
+                # ---- causal: keys of the tile that some query of the step sees (none:
+                # the step is skipped); key row r is visible from query columns >= qlo0 + r
+                off = seqlen_k - seqlen_q
+                limit = cutlass.min(limit, cutlass.min(q0 + TILE, seqlen_q) + off - n_tile * TILE)
+                qlo0 = n_tile * TILE - off - q0
 
             cute.arch.cp_async_wait_group(0)  # this thread's copies of step t (and K/V)
             # the bulk dQ reduction of step t-1 has read its smem rows (other stage, dS)
@@ -277,14 +344,28 @@ class BsaBwdSm90:
 
                 S_mn = acc_mn_view_wg(acc_S)
                 dP_mn = acc_mn_view_wg(acc_dP)
-                for r in cutlass.range_constexpr(n_rows):
-                    key_ok = tScS_mn[r, 0][0] < limit
-                    for c in cutlass.range_constexpr(n_cols):
-                        p = cute.math.exp2(S_mn[r, c] * scale_log2 - lse2[c], fastmath=True)
-                        # select, never multiply by zero: dP of a non-key may be NaN
-                        ds = p * (dP_mn[r, c] - dlt[c])
-                        S_mn[r, c] = p if key_ok else cutlass.Float32(0.0)
-                        dP_mn[r, c] = ds if key_ok else cutlass.Float32(0.0)
+                if cutlass.const_expr(self.causal):
+                    if qlo0 + TILE - 1 > 0:
+                        # ---- causal: the step crosses the diagonal
+                        for r in cutlass.range_constexpr(n_rows):
+                            for c in cutlass.range_constexpr(n_cols):
+                                p = cute.math.exp2(S_mn[r, c] * scale_log2 - lse2[c],
+                                                   fastmath=True)
+                                dP_mn[r, c] = p * (dP_mn[r, c] - dlt[c])
+                                S_mn[r, c] = p
+                        CausalMaskKeyMajor(tScS_mn).apply(S_mn, dP_mn, limit, qlo0)
+                    else:
+                        self._p_ds_key_limit(S_mn, dP_mn, tScS_mn, lse2, dlt, limit,
+                                             scale_log2, n_rows, n_cols)
+                else:
+                    for r in cutlass.range_constexpr(n_rows):
+                        key_ok = tScS_mn[r, 0][0] < limit
+                        for c in cutlass.range_constexpr(n_cols):
+                            p = cute.math.exp2(S_mn[r, c] * scale_log2 - lse2[c], fastmath=True)
+                            # select, never multiply by zero: dP of a non-key may be NaN
+                            ds = p * (dP_mn[r, c] - dlt[c])
+                            S_mn[r, c] = p if key_ok else cutlass.Float32(0.0)
+                            dP_mn[r, c] = ds if key_ok else cutlass.Float32(0.0)
 
                 tPr = cute.make_rmem_tensor(acc_layout_as_a(acc_S.layout, mma_kv.tv_layout_A.shape[1]), self.dtype)
                 cute.make_tensor(tPr.iterator, acc_S.layout).store(acc_S.load().to(self.dtype))

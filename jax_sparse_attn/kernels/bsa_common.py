@@ -146,10 +146,10 @@ def row_sum_inv(row_sum_r):
 
 def bwd_load_kv_tile(gmem_copy_in, tidx, mK, mV, sK, sV, sQ, sdO, mSizes, batch, head_kv,
                      group, n_tile, n_block, tile_off, seqlen_k, tile: int, hd: int,
-                     has_sizes: bool):
+                     has_sizes: bool, row_cap=None):
     """Backward prologue, traced inline: cp.async the CTA's ``tile`` K and V rows into ``sK`` /
     ``sV`` (one commit group; rows that no query head of the GQA group uses as keys are
-    zero-filled, never read). Returns ``(thr_copy, tCc, kv_left, tQsQ, tdOsdO)``: this
+    zero-filled, never read; with ``row_cap`` also the rows at or past it). Returns ``(thr_copy, tCc, kv_left, tQsQ, tdOsdO)``: this
     thread's slice of ``gmem_copy_in``, its identity partition, the keys left from the
     tile's first row to ``S_kv`` and the partitions of the Q / dO smem stages."""
     thr_copy = gmem_copy_in.get_slice(tidx)
@@ -159,6 +159,8 @@ def bwd_load_kv_tile(gmem_copy_in, tidx, mK, mV, sK, sV, sQ, sdO, mSizes, batch,
     kv_left = seqlen_k - n_tile * tile
     kv_rows = bwd_kv_tile_rows(mSizes, batch, head_kv, group, n_block, tile_off, kv_left,
                                has_sizes)
+    if row_cap is not None:
+        kv_rows = cutlass.min(kv_rows, row_cap)
     load_rows(gmem_copy_in, thr_copy.partition_S(gK), thr_copy.partition_D(sK), tCc, kv_rows)
     load_rows(gmem_copy_in, thr_copy.partition_S(gV), thr_copy.partition_D(sV), tCc, kv_rows)
     cute.arch.cp_async_commit_group()

@@ -15,6 +15,12 @@ difference is the math engine:
 * Online softmax in base 2 on the fp32 accumulators (quad shuffles for row max / sum),
   masking only for KV blocks whose valid length ``min(block_sizes, S_kv - n*blk)`` is
   below blk; empty rows give ``out = 0`` and ``lse = -inf``.
+* ``causal`` (static): the token-level causal mask inside the listed blocks (bottom-right
+  aligned: key ``j`` visible from query ``i`` iff ``j <= i + S_kv - S_q``). The K/V rows a
+  block loads are also capped at the keys the query block's last row sees (the rest are
+  zero-filled); a block crossing the diagonal gets the per-row limit
+  (``mask.KeyLimitMask.apply_causal``), a block at or below it no mask, and a block entirely
+  above it loads no rows and is fully masked (its GEMMs run and add nothing).
 """
 
 from __future__ import annotations
@@ -30,11 +36,14 @@ from .bsa_common import (fwd_copy_partitions, fwd_gmem_tiles, fwd_grid, fwd_tile
                          softmax_rows)
 from .common import (acc_layout_as_a, acc_mn_view_wg, gmem_load_copy, launch, load_rows,
                      smem_storage, smem_struct)
+from .mask import KeyLimitMask
 
 
 class BsaFwdSm90:
-    def __init__(self, dtype, head_dim: int, block_size: int, has_block_sizes: bool):
+    def __init__(self, dtype, head_dim: int, block_size: int, has_block_sizes: bool,
+                 causal: bool = False):
         self.dtype = dtype
+        self.causal = causal
         self.hd = head_dim
         self.blk = block_size
         self.num_wg = block_size // 64
@@ -117,11 +126,18 @@ class BsaFwdSm90:
         n_rows = cute.size(tScS_mn, mode=[0])
         row_max, row_sum = softmax_rows(n_rows)
 
+        key_end = None
+        if cutlass.const_expr(self.causal):
+            # one past the last key this query block's last row sees
+            key_end = cutlass.min((m_block + 1) * blk, seqlen_q) + seqlen_k - seqlen_q
+
         # Prologue: Q, then the first listed K/V block into stage 0.
         load_rows(gmem_copy_in, tQgQ, tQsQ, tCc, seqlen_q - m_block * blk)
         if num_blocks > 0:
             n0 = mIdx[batch, head, m_block, 0]
             rows0 = kv_block_rows(mSizes, batch, head, n0, seqlen_k, blk, self.has_sizes)
+            if cutlass.const_expr(self.causal):
+                rows0 = cutlass.min(rows0, key_end - n0 * blk)
             load_rows(gmem_copy_in, tKgK[None, None, None, n0], tKsK[None, None, None, 0], tCc,
                        rows0)
             load_rows(gmem_copy_in, tVgV[None, None, None, n0], tVsV[None, None, None, 0], tCc,
@@ -139,6 +155,8 @@ class BsaFwdSm90:
                 n_next = mIdx[batch, head, m_block, j + 1]
                 rows_next = kv_block_rows(mSizes, batch, head, n_next, seqlen_k, blk,
                                           self.has_sizes)
+                if cutlass.const_expr(self.causal):
+                    rows_next = cutlass.min(rows_next, key_end - n_next * blk)
                 load_rows(gmem_copy_in, tKgK[None, None, None, n_next],
                            tKsK[None, None, None, 1 - stage], tCc, rows_next)
                 load_rows(gmem_copy_in, tVgV[None, None, None, n_next],
@@ -157,8 +175,16 @@ class BsaFwdSm90:
             warpgroup.wait_group(0)
 
             acc_S_mn = acc_mn_view_wg(acc_S)
-            if limit < blk:
-                mask_keys_from(acc_S_mn, tScS_mn, limit)
+            if cutlass.const_expr(self.causal):
+                # ---- causal: keys past the block's last row's diagonal are not keys of
+                # the block; rows of a diagonal-crossing block get their own limit
+                limit = cutlass.min(limit, key_end - n_block * blk)
+                row_lim0 = m_block * blk + seqlen_k - seqlen_q + 1 - n_block * blk
+                if cutlass.min(limit, row_lim0) < blk:
+                    KeyLimitMask(tScS_mn).apply_causal(acc_S_mn, limit, row_lim0)
+            else:
+                if limit < blk:
+                    mask_keys_from(acc_S_mn, tScS_mn, limit)
             online_softmax_step(acc_S_mn, acc_mn_view_wg(acc_O), row_max, row_sum, scale_log2)
 
             # P (16 bit) straight from the score registers as the A operand of O += P V

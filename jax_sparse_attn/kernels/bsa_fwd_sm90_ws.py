@@ -20,6 +20,11 @@ block-sparse variation points:
   the async proxy, then published with a plain arrival on the full barrier.
 * Score plug point: key columns at or past the block's valid count become ``-inf``
   (``mask.KeyLimitMask``, a select), then the online softmax (``softmax.OnlineSoftmax``).
+  ``causal`` (static): the valid count is also capped at the keys the query block's last row
+  sees (``BlockList`` ``key_end``; the V rows past it are zero-filled), and a block that
+  crosses the diagonal of a warpgroup's rows gets the per-row causal limit
+  (``KeyLimitMask.apply_causal``); blocks at or below it need no mask, a block entirely above
+  it is fully masked with zero V (it costs its GEMMs and contributes nothing).
   With ``overlap`` the PV GEMM of block ``j - 1`` runs while block ``j``'s softmax is
   computed; the O accumulator is rescaled after that GEMM completes.
 * Epilogue: ``O / l`` in 16 bit through swizzled shared memory to row-predicated 128-bit
@@ -80,7 +85,7 @@ class _Tile:
 class BsaFwdSm90Ws(AttnFwdSm90Ws):
     def __init__(self, dtype, head_dim: int, block_size: int, has_block_sizes: bool,
                  num_sms: int, overlap: bool = True, pingpong: bool = True,
-                 max_stages: int = 4, q_stages: int = 2):
+                 max_stages: int = 4, q_stages: int = 2, causal: bool = False):
         if block_size not in (64, 128) or head_dim not in (64, 128):
             raise NotImplementedError(
                 f"bsa_fwd_sm90_ws implements head_dim in (64, 128) and sparse_block_size in "
@@ -93,6 +98,7 @@ class BsaFwdSm90Ws(AttnFwdSm90Ws):
         self.num_wg = block_size // 64
         self.bm = 64 * self.num_wg
         self.has_sizes = has_block_sizes
+        self.causal = causal
         self.overlap = overlap
         self.pingpong = pingpong and self.num_wg == 2
         self.ctas_per_sm = 1 if self.num_wg == 2 else 2
@@ -136,13 +142,20 @@ class BsaFwdSm90Ws(AttnFwdSm90Ws):
                  preferred_smem_carveout=100 if self.ctas_per_sm > 1 else None)
 
     @cute.jit
-    def _work(self, sched, t, n_q_blocks, mIdx, mNums, mSizes, seqlen_k):
-        """(batch, query head, query block, its BlockList) of work item ``t``."""
+    def _work(self, sched, t, n_q_blocks, mIdx, mNums, mSizes, seqlen_k, seqlen_q=None):
+        """(batch, query head, query block, its BlockList) of work item ``t`` (``seqlen_q``:
+        causal only)."""
         slot, head = sched.coords(t)
         batch = slot // n_q_blocks
         m_block = slot - batch * n_q_blocks
-        blist = BlockList.create(mIdx, mNums, mSizes, batch, head, m_block, seqlen_k, self.bn,
-                                 self.has_sizes)
+        if cutlass.const_expr(self.causal):
+            # ---- causal: one past the last key the query block's last row sees
+            key_end = cutlass.min((m_block + 1) * self.bm, seqlen_q) + seqlen_k - seqlen_q
+            blist = BlockList.create(mIdx, mNums, mSizes, batch, head, m_block, seqlen_k,
+                                     self.bn, self.has_sizes, key_end)
+        else:
+            blist = BlockList.create(mIdx, mNums, mSizes, batch, head, m_block, seqlen_k,
+                                     self.bn, self.has_sizes)
         return batch, head, m_block, blist
 
     @cute.kernel
@@ -171,7 +184,7 @@ class BsaFwdSm90Ws(AttnFwdSm90Ws):
                 lane, sV_rows, c_q, c_kv, t = self._producer_warp_start(sV, sched)
                 while sched.valid(t):
                     batch, head, m_block, blist = self._work(sched, t, n_q_blocks, mIdx, mNums,
-                                                             mSizes, seqlen_k)
+                                                             mSizes, seqlen_k, seqlen_q)
                     head_kv = head // group
                     work = WorkItem(blist, head, mV, batch=batch, head_kv=head_kv)
                     c_q, c_kv = self._produce(
@@ -194,7 +207,7 @@ class BsaFwdSm90Ws(AttnFwdSm90Ws):
             c_q, c_kv, t = self._loop_start(sched)
             while sched.valid(t):
                 batch, head, m_block, blist = self._work(sched, t, n_q_blocks, mIdx, mNums,
-                                                         mSizes, seqlen_k)
+                                                         mSizes, seqlen_k, seqlen_q)
                 mw0 = m_block * bm + wg * wgm
                 tile = _Tile(mw0, mask, smax, seqlen_q, mO, mLSE)
                 c_kv, c_q = self._consume(
@@ -240,7 +253,11 @@ class BsaFwdSm90Ws(AttnFwdSm90Ws):
 
     def _tile_pre(self, work, tile, rows, it):
         """The valid key count of iteration ``it``'s block (metadata loads issued before the
-        QK GEMM is waited on)."""
+        QK GEMM is waited on); causal: with the tile's ``row_lim0`` (``mask.KeyLimitMask``)."""
+        if self.causal:
+            n = work.kv.kv_tile(it)
+            row_lim0 = tile.mw0 + work.kv.seqlen_k - tile.seqlen_q + 1 - n * self.bn
+            return work.kv.valid_keys(n), row_lim0
         return work.kv.valid_keys(work.kv.kv_tile(it))
 
     @cute.jit
@@ -267,8 +284,15 @@ class BsaFwdSm90Ws(AttnFwdSm90Ws):
         step. The caller reads ``limit`` (metadata loads) before it waits for the GEMM, so
         their latency hides behind it."""
         acc_mn = acc_mn_view_wg(acc_S)
-        if limit < self.bn:
-            mask.apply(acc_mn, limit)
+        if cutlass.const_expr(self.causal):
+            # ---- causal: ``limit`` is (valid count, row_lim0); only diagonal-crossing or
+            # partial blocks are masked
+            key_lim, row_lim0 = limit
+            if cutlass.min(key_lim, row_lim0) < self.bn:
+                mask.apply_causal(acc_mn, key_lim, row_lim0)
+        else:
+            if limit < self.bn:
+                mask.apply(acc_mn, limit)
         smax.step(acc_mn, corr)
 
     @cute.jit

@@ -17,7 +17,16 @@ work; ``apply(acc_mn, n0)`` masks a tile in place.
 ``KeyLimitMask`` is the block-sparse forward's mask: in a KV block with ``limit`` valid keys
 (``BlockList.valid_keys``: the sequence end or ``block_sizes``), the score columns at or past
 ``limit`` become ``-inf`` (a select: whatever those K rows hold, NaN included, is dropped);
-only blocks with ``limit < bn`` need it.
+only blocks with ``limit < bn`` need it. ``apply_causal`` adds the block-sparse causal mask
+(bottom-right aligned, key ``j`` visible from query ``i`` iff ``j <= i + S_kv - S_q``) as a
+per-row key limit: row ``r`` of the tile keeps the columns ``c < min(limit, row_lim0 + r)``
+with ``row_lim0 = i0 + S_kv - S_q + 1 - n0`` (``i0``, ``n0``: the tile's first query row and
+first key); only tiles with ``min(limit, row_lim0) < bn`` need it.
+
+``CausalMaskKeyMajor`` is that causal mask on the block-sparse backward's transposed tiles
+(rows = keys, columns = queries): key row ``r`` is visible from the query columns
+``c >= qlo0 + r`` (``qlo0 = n0 - (S_kv - S_q) - q0``) and only below the key limit; it selects
+0 into the P and dS tiles elsewhere.
 
 ``HstuMaskKeyMajor`` is the HSTU mask of the KV-major backward's transposed score tiles
 (rows = keys ``j``, columns = queries ``i``; same visibility rule as ``HstuMask``): it
@@ -115,6 +124,32 @@ class KeyLimitMask:
             keep = self.tScS[0, c][1] < limit
             for r in cutlass.range_constexpr(cute.size(self.tScS, mode=[0])):
                 acc_mn[r, c] = acc_mn[r, c] if keep else -Float32.inf
+
+    @cute.jit
+    def apply_causal(self, acc_mn, limit, row_lim0):
+        """Row ``r`` keeps the key columns ``c < min(limit, row_lim0 + r)`` (``r``, ``c``:
+        the tile coordinates of ``tScS``); the others become ``-inf``."""
+        for r in cutlass.range_constexpr(cute.size(self.tScS, mode=[0])):
+            lim = cutlass.min(limit, row_lim0 + self.tScS[r, 0][0])
+            for c in cutlass.range_constexpr(cute.size(self.tScS, mode=[1])):
+                acc_mn[r, c] = acc_mn[r, c] if self.tScS[0, c][1] < lim else -Float32.inf
+
+
+@dataclass(frozen=True)
+class CausalMaskKeyMajor:
+    tScS: object  # (keys, queries) identity coordinates of this thread's score values
+
+    @cute.jit
+    def apply(self, p_mn, ds_mn, limit, qlo0):
+        """Keep ``(r, c)`` iff ``r < limit`` and ``c >= qlo0 + r``; select 0 elsewhere."""
+        for r in cutlass.range_constexpr(cute.size(self.tScS, mode=[0])):
+            kr = self.tScS[r, 0][0]
+            key_ok = kr < limit
+            lo = qlo0 + kr
+            for c in cutlass.range_constexpr(cute.size(self.tScS, mode=[1])):
+                ok = key_ok & (self.tScS[0, c][1] >= lo)
+                p_mn[r, c] = p_mn[r, c] if ok else p_mn.element_type(0.0)
+                ds_mn[r, c] = ds_mn[r, c] if ok else ds_mn.element_type(0.0)
 
 
 @dataclass(frozen=True)
