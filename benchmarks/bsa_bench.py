@@ -14,6 +14,10 @@ calls and one ``block_until_ready``; reported time = median over samples / (reps
 times the portable kernels beside the default (Hopper) ones.
 ``bwd`` times the kernel backward alone (delta, CSR build, dK/dV/dQ kernel, dq cast) from
 saved out/lse; ``csr`` times only the K->Q CSR construction. Prints a table and writes JSON.
+``--splits`` times the split-KV decode rows instead (:data:`SPLIT_ROWS`: few query rows against
+a long KV list; ``kv_splits="auto"`` against ``kv_splits=1``), with the K/V bytes read per
+second (listed blocks of K and V once per query block and head: ``2 B H_q N_q top_k blk D``
+16-bit values) and the speed-up over one split.
 
 ``--causal``: the causal rows instead (blk128, S=16384 (``--quick``: 4096), H=16, D=128, bf16):
 every query block lists its diagonal block and the 15 blocks before it (fewer near the start;
@@ -154,6 +158,124 @@ def table(variants, n_sets=2, seed=0, rows_sel=None):
     return rows
 
 
+# split-KV decode rows (bf16, B=1, D=128, random top-k lists of S_kv / blk blocks):
+# (label, blk, top_k, S_q, S_kv, H_q, H_kv); each row is timed with every SPLIT_SETTINGS value
+SPLIT_ROWS = [
+    ("decode blk128 top64 S_kv=128k", 128, 64, 128, 131072, 16, 16),
+    ("decode blk64 top128 S_kv=128k", 64, 128, 64, 131072, 16, 16),
+]
+SPLIT_SETTINGS = ("auto", 1)
+
+
+def _split_inputs(key, b, h, h_kv, s_q, s_kv, d, blk, topk, dtype, n_sets):
+    """``n_sets`` input sets sharing one K and V (1 GiB at S_kv = 128k): each its own q and
+    random block lists, so the calls differ (no common subexpression) and read different
+    blocks."""
+    n_q, n_kv = -(-s_q // blk), -(-s_kv // blk)
+    kk, kv, key = jax.random.split(key, 3)
+    k, v = (jax.random.normal(x, (b, h_kv, s_kv, d), jnp.float32).astype(dtype) for x in (kk, kv))
+    sets = []
+    for i in range(n_sets):
+        kq, ki = jax.random.split(jax.random.fold_in(key, i))
+        q = jax.random.normal(kq, (b, h, s_q, d), jnp.float32).astype(dtype)
+        idx = jnp.argsort(jax.random.uniform(ki, (b, h, n_q, n_kv)), axis=-1)[..., :topk]
+        sets.append((q, k, v, idx.astype(jnp.int32), jnp.full((b, h, n_q), topk, jnp.int32)))
+    return sets
+
+
+def _kernel_times(fn, args, iters=20):
+    """Per-kernel GPU time (us per call) of ``iters`` calls of ``fn(*args)`` from a JAX
+    profiler trace (CUPTI, perfetto JSON): ``(device span per call, [(name, us), ...])``."""
+    import collections  # noqa: PLC0415
+    import glob  # noqa: PLC0415
+    import gzip  # noqa: PLC0415
+    import shutil  # noqa: PLC0415
+    import tempfile  # noqa: PLC0415
+
+    jax.block_until_ready(fn(*args))
+    d = tempfile.mkdtemp(prefix="bsa_trace_")
+    try:
+        with jax.profiler.trace(d, create_perfetto_trace=True):
+            for _ in range(iters):
+                out = fn(*args)
+            jax.block_until_ready(out)
+        path = glob.glob(f"{d}/**/*perfetto_trace.json.gz", recursive=True)
+        with gzip.open(path[0]) as f:
+            t = json.load(f)
+    finally:
+        shutil.rmtree(d, ignore_errors=True)
+    ev = t["traceEvents"] if isinstance(t, dict) else t
+    names = {e["pid"]: e.get("args", {}).get("name", "") for e in ev
+             if e.get("ph") == "M" and e.get("name") == "process_name"}
+    gpu = {p for p, n in names.items() if "GPU" in n or "gpu" in n}
+    ev = [e for e in ev if e.get("ph") == "X" and e.get("pid") in gpu and "dur" in e]
+    by = collections.defaultdict(float)
+    for e in ev:
+        by[e["name"][:80]] += e["dur"] / iters
+    span = (max(e["ts"] + e["dur"] for e in ev) - min(e["ts"] for e in ev)) / iters if ev else 0.0
+    return span, sorted(by.items(), key=lambda x: -x[1])
+
+
+def splits(rows_sel=None, settings=SPLIT_SETTINGS, n_sets=16, seed=0, d=128, trace=False):
+    """Forward times of the :data:`SPLIT_ROWS` under each ``kv_splits`` setting (kernel
+    backend, default switches); the speed-up is over the row's ``kv_splits=1`` time. One
+    jitted call runs the ``n_sets`` input sets back to back (a split forward takes tens of
+    microseconds: fewer calls would time the host's dispatch). ``trace``: also the per-kernel
+    GPU times of one set's call (:func:`_kernel_times`)."""
+    from jax_sparse_attn.ffi import bsa as ffi_bsa  # noqa: PLC0415
+
+    rows = []
+    for j, (label, blk, topk, s_q, s_kv, h, h_kv) in enumerate(SPLIT_ROWS):
+        if rows_sel is not None and j not in rows_sel:
+            continue
+        key = jax.random.fold_in(jax.random.PRNGKey(seed), j)
+        sets = _split_inputs(key, 1, h, h_kv, s_q, s_kv, d, blk, topk, jnp.bfloat16, n_sets)
+        n_q = -(-s_q // blk)
+        flops = 4.0 * h * s_q * d * (topk * blk)
+        kv_bytes = 2.0 * h * n_q * topk * blk * d * 2
+        got = {}
+        for ks in settings:
+            kw = dict(layout="bhsd", sparse_block_size=blk, softmax_scale=1.0 / np.sqrt(d),
+                      backend="kernel", kv_splits=ks)
+
+            def fwd(q, k, v, i, n, kw=kw):
+                return tuple(jsa.block_sparse_attention_forward(q, k, v, i, None, None, n, **kw))
+
+            resolved = ffi_bsa.resolve_kv_splits(ks, num_rows=h * n_q, k_max=topk, impl="sm90")
+            try:
+                ms = _time(fwd, sets)
+            except Exception as e:  # noqa: BLE001  (one failing setting must not end the rows)
+                print(f"{label:32s} kv_splits={ks!s:5s} FAILED {type(e).__name__}: {str(e)[:300]}",
+                      flush=True)
+                continue
+            got[ks] = ms
+            if trace:
+                try:
+                    span, ks_us = _kernel_times(jax.jit(fwd), sets[0])
+                    print(f"   trace kv_splits={ks}: device span {span:8.1f} us per call "
+                          f"(back-to-back calls)", flush=True)
+                    for n, us in ks_us[:10]:
+                        print(f"   {us:9.2f} us  {n}", flush=True)
+                except Exception as e:  # noqa: BLE001  (the trace is optional)
+                    print(f"   trace kv_splits={ks} FAILED {type(e).__name__}: {str(e)[:200]}",
+                          flush=True)
+            row = dict(case=label, kv_splits=ks, splits=resolved, blk=blk, top_k=topk, S_q=s_q,
+                       S_kv=s_kv, D=d, H=h, H_kv=h_kv, pass_="fwd", ms=ms,
+                       tflops=flops / (ms * 1e-3) / 1e12, kv_gbs=kv_bytes / (ms * 1e-3) / 1e9,
+                       num_sms=metadata.num_sms())
+            rows.append(row)
+            print(f"{label:32s} kv_splits={ks!s:5s} ({resolved:3d} splits) {ms:8.4f} ms "
+                  f"{row['tflops']:7.1f} TFLOP/s {row['kv_gbs']:8.1f} GB/s K/V", flush=True)
+        for row in rows:
+            if row["case"] == label and 1 in got:
+                row["speedup_vs_1"] = got[1] / row["ms"]
+        if 1 in got:
+            for ks, ms in got.items():
+                print(f"{label:32s} kv_splits={ks!s:5s} speed-up over kv_splits=1: "
+                      f"{got[1] / ms:.2f}x", flush=True)
+    return rows
+
+
 def _causal_inputs(key, b, h, s, d, blk, past, dtype):
     """q, k, v, idx, nums, do: query block m lists blocks m, m-1, ..., m-past (those >= 0,
     in a random order per row)."""
@@ -242,10 +364,21 @@ def main(argv=None):
     ap.add_argument("--reference", action="store_true",
                     help="add blk64 top-32 fwd/bwd rows of the pure-JAX reference backend "
                          "(backend='reference', what backend='auto' runs without the kernels)")
+    ap.add_argument("--splits", action="store_true",
+                    help="time the split-KV decode rows (SPLIT_ROWS, kv_splits='auto' vs 1) only")
+    ap.add_argument("--split-settings", default="auto,1",
+                    help="with --splits: comma list of kv_splits values to time (the speed-up "
+                         "is over 1)")
+    ap.add_argument("--trace", action="store_true",
+                    help="with --splits: per-kernel GPU times of one call (JAX profiler)")
     args = ap.parse_args(argv)
     s = 4096 if args.quick else 16384
     rows = []
-    if args.causal:
+    if args.splits:
+        sel = [int(r) for r in args.rows.split(",") if r] or None
+        settings = tuple(x if x == "auto" else int(x) for x in args.split_settings.split(","))
+        rows = splits(rows_sel=sel, settings=settings, trace=args.trace)
+    elif args.causal:
         rows = causal_rows(s=s)
     elif args.table:
         sel = [int(r) for r in args.rows.split(",") if r] or None

@@ -61,11 +61,9 @@ def _causal_kw(cfg):
 
 
 def _kernel_unsupported_reason(cfg, passes, switches, mod):
-    # options that only the reference backend implements so far (kv_splits="auto" lets the
-    # backend choose: the kernels, without split-KV yet, run one split); causal: the sm90
-    # kernels (mod.bsa_kernel_unsupported_reason says where not)
-    for name, value, default in (("kv_splits", cfg.kv_splits, 1),
-                                 ("pack_gqa", cfg.pack_gqa, False)):
+    # options that only the reference backend implements so far (causal: the sm90 kernels;
+    # kv_splits: every forward; mod.bsa_kernel_unsupported_reason says where not)
+    for name, value, default in (("pack_gqa", cfg.pack_gqa, False),):
         if value not in (default, "auto"):
             return (f"{name}={value!r} is not implemented by the block-sparse kernels yet "
                     f"(only {name}={default!r}); backend='reference' implements it")
@@ -73,7 +71,19 @@ def _kernel_unsupported_reason(cfg, passes, switches, mod):
                                              head_dim_v=cfg.head_dim_v,
                                              sparse_block_size=cfg.sparse_block_size,
                                              passes=passes, switches=switches,
-                                             **_causal_kw(cfg))
+                                             **_causal_kw(cfg), **_kv_split_sizes(cfg))
+
+
+def _kv_split_sizes(cfg):
+    """The split-KV option and the static sizes that resolve it (``ffi.bsa.resolve_kv_splits``):
+    metadata rows ``B H N_q`` (KV heads with ``pack_gqa``), ``K_max`` and the elements of one
+    fp32 partial output; nothing for ``kv_splits=1`` (the ffi functions' defaults)."""
+    if cfg.kv_splits == 1:
+        return {}
+    heads = cfg.num_heads_kv if cfg.pack_gqa else cfg.num_heads_q
+    return dict(kv_splits=cfg.kv_splits, num_rows=cfg.batch * heads * cfg.num_q_blocks,
+                k_max=cfg.k_max,
+                partial_elems=cfg.batch * cfg.num_heads_q * cfg.seqlen_q * cfg.head_dim_v)
 
 
 def _make_config(q, k, v, q2k_block_index, block_sparse_num, block_sizes, q2k_block_nums, *,
@@ -107,7 +117,8 @@ def _make_config(q, k, v, q2k_block_index, block_sparse_num, block_sizes, q2k_bl
         static = (cfg.dtype, cfg.head_dim, cfg.sparse_block_size, cfg.has_block_sizes, switches)
         # the compile keys of the passes this call may run (None: not run by this call)
         cfg = dataclasses.replace(cfg, backend="kernel", cute_call=switches.cute_call,
-                                  fwd=(mod.fwd_config(*static, **_causal_kw(cfg))
+                                  fwd=(mod.fwd_config(*static, **_causal_kw(cfg),
+                                                      **_fwd_split_args(cfg))
                                        if "fwd" in passes else None),
                                   bwd=(mod.bwd_config(*static, **_causal_kw(cfg))
                                        if "bwd" in passes else None),
@@ -117,6 +128,12 @@ def _make_config(q, k, v, q2k_block_index, block_sparse_num, block_sizes, q2k_bl
     idx, nums, sizes = metadata.normalize_bsa_metadata(
         q2k_block_index, cfg.block_sparse_num, block_sizes, q2k_block_nums)
     return cfg, idx, nums, sizes
+
+
+def _fwd_split_args(cfg):
+    sizes = _kv_split_sizes(cfg)
+    sizes.pop("partial_elems", None)
+    return sizes
 
 
 def _ref_options(cfg):
@@ -244,8 +261,9 @@ _META_ARG_LINES = """
         active prefix cut into ``kv_splits`` contiguous chunks of ``ceil(n / kv_splits)``
         entries, per-chunk fp32 softmax partials merged by ``lse = log sum exp(lse_s)``
         (empty chunks contribute nothing). ``"auto"``: ``floor(num_SMs / (B H N_q))``
-        clamped to ``[1, min(K_max, 256)]`` (132 SMs where no GPU is visible). The backward
-        does not split. Reference backend; the kernels run ``1`` / ``"auto"`` only.
+        clamped to ``[1, min(K_max, 256)]`` (132 SMs where no GPU is visible), resolved at
+        trace time. The backward does not split. Kernels: every forward splits (fp32
+        partials + a combine kernel, ``docs/bsa.md``).
       pack_gqa: bool (default False): metadata over packed query rows ``p = s r + g``
         (position ``s`` of query head ``h_kv r + g``, ``r = H_q / H_kv`` must divide
         ``sparse_block_size``): ``q2k_block_index (B, H_kv, N_qp, K_max)``,
@@ -276,9 +294,9 @@ _RAISES_DOC = """
         ``switches`` not a ``Switches``, kv_splits not an int or "auto", pack_gqa /
         causal not bools (backward: ``do``, ``o`` or ``lse`` of the wrong dtype).
       NotImplementedError: ``backend="kernel"`` where the kernel cannot run (also
-        ``kv_splits > 1``, ``pack_gqa=True`` for now, and ``causal=True`` where the
-        mma.sync kernels would run: D in {32, 256}, the portable kernel family or the
-        ``sm80`` switches).
+        ``pack_gqa=True`` for now, ``causal=True`` where the mma.sync kernels would run: D
+        in {32, 256}, the portable kernel family or the ``sm80`` switches, and a
+        ``kv_splits`` whose fp32 partials would pass 2^31 elements).
 """
 
 

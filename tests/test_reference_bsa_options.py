@@ -339,8 +339,9 @@ def fake_kernel_platform(monkeypatch):
 
 
 # causal=True runs on the sm90 kernels; where the mma.sync kernels would run it is declined
-# (tests/test_lowering_bsa.py::test_causal_declined_where_sm80_kernels_run)
-@pytest.mark.parametrize("opt,val", [("kv_splits", 2), ("pack_gqa", True)])
+# (tests/test_lowering_bsa.py::test_causal_declined_where_sm80_kernels_run); kv_splits: every
+# forward splits (tests/test_lowering_bsa_splits.py)
+@pytest.mark.parametrize("opt,val", [("pack_gqa", True)])
 def test_kernel_backend_declines_new_options(fake_kernel_platform, opt, val):
     (q, k, v), idx, nums = _args(pack=opt == "pack_gqa")
     q, k, v = (x.astype(jnp.bfloat16) for x in (q, k, v))

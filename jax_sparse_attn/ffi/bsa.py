@@ -24,6 +24,12 @@ Kernels (``jax_sparse_attn/kernels``):
   (``bsa_fwd_sm90_ws``: TMA producer warp, persistent grid) for D in {64, 128}; other head
   dims use ``bsa_fwd_sm80``. The switch ``bsa_fwd_ws`` (tuning / ablation) sets its variants.
 
+Split-KV (``kv_splits``, resolved by :func:`resolve_kv_splits` into ``BsaFwdConfig.kv_splits``;
+every forward): the forward writes per split fp32 partial outputs and LSEs into two
+XLA-owned outputs ``(S, B, H_q, S_q, D)`` / ``(S, B, H_q, S_q)``, then the combine kernel
+(``kernels/bsa_combine.py``, compile key ``BsaCombineConfig``) merges them into ``out`` and
+``lse`` (:func:`_bsa_fwd_split`). ``kv_splits = 1`` runs the forward of before.
+
 Backward structure (all launches on XLA's stream, all buffers XLA-owned):
 
 1. The preprocessing kernel (``kernels/bsa_pre.py``, default; the switch
@@ -82,6 +88,9 @@ class BsaFwdConfig:
     ws_max_stages: int = 4
     num_sms: int = 0
     arch: str = ""  # the target arch (CuTe DSL name) the key was chosen for
+    # split-KV: work items (query block, split, head), fp32 partial outputs merged by the
+    # combine kernel; 1 = no split (the kernels compile without it)
+    kv_splits: int = 1
     # the token-level causal mask inside the listed blocks ("sm90" / "sm90ws" only)
     causal: bool = False
 
@@ -173,31 +182,82 @@ def _family_impl(want: str, head_dim: int, switches, block_size: int | None = No
     return _impl(want, head_dim, block_size)
 
 
-def fwd_config(dtype, head_dim, block_size, has_block_sizes, switches,
-               causal=False) -> BsaFwdConfig:
+def fwd_config(dtype, head_dim, block_size, has_block_sizes, switches, causal=False, *,
+               kv_splits=1, num_rows=1, k_max=1) -> BsaFwdConfig:
     """The forward compile key from the static call properties and the
     :class:`~jax_sparse_attn.config.Switches` (``causal``: the sm90 kernels only,
-    :func:`causal_unsupported_reason`)."""
+    :func:`causal_unsupported_reason`); ``kv_splits`` (the option), ``num_rows`` (metadata
+    rows) and ``k_max`` give the split count (:func:`resolve_kv_splits`)."""
     name = jnp.dtype(dtype).name
     impl = _family_impl(switches.bsa_fwd_impl, head_dim, switches, block_size)
     arch = _platform.resolved_arch()
+    splits = resolve_kv_splits(kv_splits, num_rows=num_rows, k_max=k_max, impl=impl)
     if impl == "sm90":
+        kw = {} if splits == 1 else {"kv_splits": splits}
         return BsaFwdConfig(name, head_dim, block_size, has_block_sizes, impl, arch=arch,
-                            causal=causal)
+                            causal=causal, **kw)
     if impl == "sm90ws":
         o = bsa_ws_options(switches.bsa_fwd_ws)
+        kw = {} if splits == 1 else {"kv_splits": splits}
         return BsaFwdConfig(name, head_dim, block_size, has_block_sizes, impl,
                             ws_overlap=o["overlap"], ws_pingpong=o["pingpong"],
                             ws_q_stages=o["q_stages"], ws_max_stages=o["max_stages"],
-                            num_sms=metadata.num_sms(), arch=arch, causal=causal)
+                            num_sms=metadata.num_sms(), arch=arch, causal=causal, **kw)
     if causal:
         raise NotImplementedError(causal_unsupported_reason(head_dim, block_size, ("fwd",),
                                                             switches))
+    kw = {} if splits == 1 else {"kv_splits": splits}
     return BsaFwdConfig(name, head_dim, block_size, has_block_sizes, impl,
                         switches.bsa_fwd_q_in_regs and head_dim <= 128,
                         switches.bsa_fwd_min_blocks,
                         late_v_wait=switches.bsa_fwd_late_v_wait,
-                        warp_rows=int(switches.bsa_fwd_warp_rows), arch=arch)
+                        warp_rows=int(switches.bsa_fwd_warp_rows), arch=arch, **kw)
+
+
+#: the split-KV forwards (``kv_splits > 1``): every forward
+SPLIT_IMPLS = ("sm90", "sm90ws", "sm80")
+#: most elements of the fp32 split-KV partial output (32-bit offsets in the kernels)
+_MAX_PARTIAL_ELEMS = 2**31 - 1
+
+
+def resolve_kv_splits(kv_splits, *, num_rows, k_max, impl) -> int:
+    """The number of key splits the forward ``impl`` runs for the ``kv_splits`` option (an
+    int >= 1 or ``"auto"``) and the call's static sizes: ``num_rows`` metadata rows (``B H
+    N_q``; packed rows with ``pack_gqa``) of ``k_max`` list entries.
+
+    An int is clamped to ``k_max`` (more splits would only be empty; the chunks are the same,
+    :func:`~jax_sparse_attn.metadata.kv_split_ids`). ``"auto"`` is
+    :func:`~jax_sparse_attn.metadata.auto_kv_splits` (the reference backend's rule:
+    ``floor(num_SMs / num_rows)`` clamped to ``[1, min(k_max, 256)]``, SM count from
+    :func:`~jax_sparse_attn.metadata.num_sms`, 132 without a visible GPU) on the forwards that
+    split (``impl`` in :data:`SPLIT_IMPLS`) and 1 on the others.
+    """
+    if kv_splits == "auto":
+        if impl not in SPLIT_IMPLS:
+            return 1
+        return metadata.auto_kv_splits(num_rows, k_max)
+    return max(1, min(int(kv_splits), int(k_max)))
+
+
+def kv_splits_unsupported_reason(kv_splits, *, head_dim, sparse_block_size, num_rows, k_max,
+                                 partial_elems=0, switches=None) -> str | None:
+    """``None`` when the kernel forward runs this ``kv_splits`` (see
+    :func:`resolve_kv_splits`), else why not: more than one split needs a forward of
+    :data:`SPLIT_IMPLS` and fp32 partial outputs (``partial_elems`` per split) of at most
+    2^31 - 1 elements in all."""
+    from ..config import Switches  # noqa: PLC0415
+
+    switches = Switches() if switches is None else switches
+    impl = _family_impl(switches.bsa_fwd_impl, head_dim, switches, sparse_block_size)
+    splits = resolve_kv_splits(kv_splits, num_rows=num_rows, k_max=k_max, impl=impl)
+    if splits == 1:
+        return None
+    if impl not in SPLIT_IMPLS:
+        return f"kv_splits={kv_splits!r}: the {impl} forward does not split; use kv_splits=1"
+    if splits * partial_elems > _MAX_PARTIAL_ELEMS:
+        return (f"kv_splits={kv_splits!r}: the {splits} fp32 partial outputs of "
+                f"{partial_elems} elements each exceed 2^31 elements; use fewer splits")
+    return None
 
 
 def bwd_config(dtype, head_dim, block_size, has_block_sizes, switches,
@@ -253,10 +313,13 @@ def causal_unsupported_reason(head_dim, block_size, passes=("fwd", "bwd"),
 
 
 def bsa_kernel_unsupported_reason(*, dtype, head_dim, head_dim_v, sparse_block_size,
-                                  passes=("fwd", "bwd"), switches=None,
-                                  causal=False) -> str | None:
+                                  passes=("fwd", "bwd"), switches=None, causal=False,
+                                  kv_splits=1, num_rows=1, k_max=1,
+                                  partial_elems=0) -> str | None:
     """``None`` when the BSA kernels implement this static configuration for the ``passes``
-    the call may run on the target GPU, else why not."""
+    the call may run on the target GPU, else why not (``kv_splits``, ``num_rows``,
+    ``k_max``, ``partial_elems``: see :func:`kv_splits_unsupported_reason`; only the forward
+    splits)."""
     name = jnp.dtype(dtype).name
     if name not in _DTYPES:
         return f"the BSA kernels support float16 and bfloat16 inputs, got {name}"
@@ -268,6 +331,12 @@ def bsa_kernel_unsupported_reason(*, dtype, head_dim, head_dim_v, sparse_block_s
         return f"the BSA kernels support sparse_block_size in {SUPPORTED_BLOCK_SIZES}, got {sparse_block_size}"
     if causal:
         reason = causal_unsupported_reason(head_dim, sparse_block_size, passes, switches)
+        if reason is not None:
+            return reason
+    if "fwd" in passes:
+        reason = kv_splits_unsupported_reason(
+            kv_splits, head_dim=head_dim, sparse_block_size=sparse_block_size,
+            num_rows=num_rows, k_max=k_max, partial_elems=partial_elems, switches=switches)
         if reason is not None:
             return reason
     # the sm90 kernels run D in {64, 128} on sm_90a only; elsewhere (and at D in {32, 256})
@@ -298,21 +367,22 @@ def _specs(layout: str):
 
 def _fwd_entry(stream, q, k, v, idx, nums, sizes, scale, out, lse, *, cfg: BsaFwdConfig):
     args = (_cutlass_dtype(cfg.dtype), cfg.head_dim, cfg.block_size, cfg.has_block_sizes)
+    kw = {} if cfg.kv_splits == 1 else {"kv_splits": cfg.kv_splits}
     if cfg.impl == "sm90ws":
         from ..kernels.bsa_fwd_sm90_ws import BsaFwdSm90Ws  # noqa: PLC0415
 
         kernel = BsaFwdSm90Ws(*args, cfg.num_sms, overlap=cfg.ws_overlap,
                               pingpong=cfg.ws_pingpong, max_stages=cfg.ws_max_stages,
-                              q_stages=cfg.ws_q_stages, causal=cfg.causal)
+                              q_stages=cfg.ws_q_stages, causal=cfg.causal, **kw)
     elif cfg.impl == "sm90":
         from ..kernels.bsa_fwd_sm90 import BsaFwdSm90  # noqa: PLC0415
 
-        kernel = BsaFwdSm90(*args, causal=cfg.causal)
+        kernel = BsaFwdSm90(*args, causal=cfg.causal, **kw)
     else:
         from ..kernels.bsa_fwd_sm80 import BsaFwdSm80  # noqa: PLC0415
 
         kernel = BsaFwdSm80(*args, q_in_regs=cfg.q_in_regs, min_blocks=cfg.min_blocks,
-                            late_v_wait=cfg.late_v_wait, warp_rows=cfg.warp_rows)
+                            late_v_wait=cfg.late_v_wait, warp_rows=cfg.warp_rows, **kw)
     kernel(q, k, v, idx, nums, sizes, scale, out, lse, stream)
 
 
@@ -334,6 +404,8 @@ def bsa_fwd(q, k, v, q2k_block_index, q2k_block_nums, block_sizes, cfg):
     from .._cute_call import call_builder  # noqa: PLC0415
 
     spec = _specs(cfg.layout)
+    if cfg.fwd.kv_splits > 1:
+        return _bsa_fwd_split(q, k, v, q2k_block_index, q2k_block_nums, block_sizes, cfg, spec)
     q2k_block_index, q2k_block_nums, block_sizes = _sanitize(
         q2k_block_index, q2k_block_nums, block_sizes, cfg)
     call = call_builder(cfg.cute_call)(
@@ -351,6 +423,81 @@ def bsa_fwd(q, k, v, q2k_block_index, q2k_block_nums, block_sizes, cfg):
     )
     return call(q, k, v, q2k_block_index, q2k_block_nums, block_sizes,
                 _scale_array(cfg.softmax_scale))
+
+
+# --------------------------------------------------------------------------- split-KV
+
+
+@dataclasses.dataclass(frozen=True)
+class BsaCombineConfig:
+    """Compile key of the split-KV combine kernel (``kernels/bsa_combine.py``); the number
+    of splits is a runtime extent."""
+
+    dtype: str
+    head_dim: int
+
+
+def _combine_entry(stream, o_part, lse_part, out, lse, *, cfg: BsaCombineConfig):
+    from ..kernels.bsa_combine import BsaCombine  # noqa: PLC0415
+
+    BsaCombine(_cutlass_dtype(cfg.dtype), cfg.head_dim)(o_part, lse_part, out, lse, stream)
+
+
+@functools.cache
+def _combine_jit():
+    """The one ``cute.jit`` of ``_combine_entry`` (cutlass_call caches on its identity)."""
+    import cutlass.cute as cute  # noqa: PLC0415
+
+    return cute.jit(_combine_entry)
+
+
+def _bsa_fwd_split(q, k, v, idx, nums, sizes, cfg, spec):
+    """Split-KV forward: the forward (sm90, sm90ws or sm80) with ``cfg.fwd.kv_splits = S > 1``
+    writes per split ``s`` the fp32 partial ``o_part[s] (B, H_q, S_q, D_v)``, normalised by its own
+    softmax denominator (0 for a split without keys), and ``lse_part[s] (B, H_q, S_q)``
+    (natural log, ``-inf`` for a split without keys); the combine kernel merges them in split
+    order into ``out`` (q's layout and dtype) and ``lse``. Both buffers are XLA-owned
+    outputs of the first call. Metadata as in :func:`bsa_fwd` before :func:`_sanitize`."""
+    from .._cute_call import call_builder  # noqa: PLC0415
+
+    n_splits = cfg.fwd.kv_splits
+    B, H, S_q, D_v = cfg.batch, cfg.num_heads_q, cfg.seqlen_q, cfg.head_dim_v
+    out_shape = q.shape[:-1] + (D_v,)
+    if B * H * S_q == 0:
+        return jnp.zeros(out_shape, q.dtype), jnp.full((B, H, S_q), -jnp.inf, jnp.float32)
+    if cfg.fwd.impl != "sm90ws":
+        # the sm90ws forward clamps counts, ids and sizes itself (block_info.BlockList); the
+        # others read the metadata as given
+        idx, nums, sizes = _sanitize(idx, nums, sizes, cfg)
+    call = call_builder(cfg.cute_call)(
+        _fwd_jit(),
+        output_shape_dtype=(
+            jax.ShapeDtypeStruct((n_splits, B, H, S_q, D_v), jnp.float32),
+            jax.ShapeDtypeStruct((n_splits, B, H, S_q), jnp.float32),
+        ),
+        input_spec=(spec, spec, spec, None, None, None, None),
+        output_spec=(None, None),
+        compile_key=("bsa_fwd", cfg.fwd),
+        cfg=cfg.fwd,
+        static_last_inputs=(0, 1, 2),
+        static_last_outputs=(0,),
+    )
+    o_part, lse_part = call(q, k, v, idx, nums, sizes, _scale_array(cfg.softmax_scale))
+    ckey = BsaCombineConfig(cfg.dtype, D_v)
+    combine = call_builder(cfg.cute_call)(
+        _combine_jit(),
+        output_shape_dtype=(
+            jax.ShapeDtypeStruct(out_shape, q.dtype),
+            jax.ShapeDtypeStruct((B, H, S_q), jnp.float32),
+        ),
+        input_spec=(None, None),
+        output_spec=(spec, None),
+        compile_key=("bsa_combine", ckey),
+        cfg=ckey,
+        static_last_inputs=(0,),
+        static_last_outputs=(0,),
+    )
+    return combine(o_part, lse_part)
 
 
 def _sanitize(idx, nums, sizes, cfg):

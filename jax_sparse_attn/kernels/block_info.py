@@ -20,6 +20,11 @@ it is also capped by ``key_end - n bn``: the keys past it are masked for every r
 query block, so the V rows there are zero-filled like a partial block's tail (0 for a block
 entirely above the diagonal).
 
+``BlockListSplit`` (the split-KV forward's form): split ``s`` of ``kv_splits`` of a
+``BlockList`` visits the contiguous chunk ``[s c, min((s + 1) c, n))`` of its active list, ``c =
+ceil(n / kv_splits)`` (``kv_split_chunk``; empty for the splits past the end), with the same
+``kv_tile`` / ``valid_keys`` (entry ``it`` of the chunk is entry ``s c + it`` of the list).
+
 ``QTileRange`` (the KV-major backward's form): the query tiles of width ``bm`` that can see
 the keys ``[n0, n0 + bn)`` of one sequence: ``[m_min, m_min + m_count)`` from the window, or
 every query tile with a per-tile test against the host's func summary of canonical query
@@ -113,6 +118,47 @@ class BlockList:
             cnt = Int32(0)
         return BlockList(mIdx, mSizes, batch, head, m_block, n_kv - 1, seqlen_k, cnt, bn,
                          has_sizes, key_end)
+
+
+@cute.jit
+def kv_split_chunk(n, split, kv_splits: cutlass.Constexpr):
+    """``(first entry, entries)`` of split ``split`` of a list of ``n`` active entries cut
+    into ``kv_splits`` contiguous chunks of ``c = ceil(n / kv_splits)`` entries: ``[split c,
+    min((split + 1) c, n))`` (the reference's ``metadata.kv_split_ids``); ``(n, 0)`` past the
+    end."""
+    chunk = (n + (kv_splits - 1)) // kv_splits
+    lo = cutlass.min(split * chunk, n)
+    hi = cutlass.min(lo + chunk, n)
+    return lo, hi - lo
+
+
+@dataclass(frozen=True)
+class BlockListSplit:
+    """Split ``split`` of ``kv_splits`` of the ``BlockList`` ``base`` (``kv_split_chunk``):
+    ``n_count`` entries from entry ``it0``; other attributes are the base list's."""
+
+    base: object
+    it0: object
+    n_count: object
+
+    def kv_tile(self, it):
+        """The KV block of iteration ``it`` (``0 <= it < n_count``): entry ``it0 + it``."""
+        return self.base.kv_tile(self.it0 + it)
+
+    def valid_keys(self, n):
+        return self.base.valid_keys(n)
+
+    def __getattr__(self, name):
+        # only called for names the split does not define (never for its own fields)
+        if name in ("base", "it0", "n_count") or name.startswith("__"):
+            raise AttributeError(name)
+        return getattr(self.base, name)
+
+    @staticmethod
+    @cute.jit
+    def create(base, split, kv_splits: cutlass.Constexpr):
+        it0, count = kv_split_chunk(base.n_count, split, kv_splits)
+        return BlockListSplit(base, it0, count)
 
 
 @dataclass(frozen=True)

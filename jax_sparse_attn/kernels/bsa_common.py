@@ -192,12 +192,15 @@ def bwd_entry_rows(ent, t, n_q_blocks, head_kv, group, blk: int, sub: int, tile:
     return head_kv * group + h_in_group, m_block * blk + (t % sub) * tile
 
 
-def fwd_tile_coords(mQ, mK, mScale, mNums):
-    """Coordinates and sizes of a forward CTA (grid ``(N_q, H_q, B)``, one query block),
-    traced inline: ``(m_block, head, batch, seqlen_q, seqlen_k, head_kv, softmax_scale,
-    scale_log2, num_blocks)`` with ``head_kv = head // (H_q // H_kv)``, ``scale_log2 =
-    softmax_scale * log2(e)`` and ``num_blocks = q2k_block_nums[batch, head, m_block]``."""
+def fwd_tile_coords(mQ, mK, mScale, mNums, kv_splits: int = 1):
+    """Coordinates and sizes of a forward CTA (grid ``(N_q, H_q, B)``, one query block;
+    split-KV: ``(N_q kv_splits, H_q, B)``, the splits of a block adjacent), traced inline:
+    ``(m_block, head, batch, seqlen_q, seqlen_k, head_kv, softmax_scale, scale_log2,
+    num_blocks)`` with ``head_kv = head // (H_q // H_kv)``, ``scale_log2 = softmax_scale *
+    log2(e)`` and ``num_blocks = q2k_block_nums[batch, head, m_block]``."""
     m_block, head, batch = cute.arch.block_idx()
+    if kv_splits > 1:
+        m_block = m_block // kv_splits
     seqlen_q = mQ.shape[1]
     seqlen_k = mK.shape[1]
     head_kv = head // (mQ.shape[2] // mK.shape[2])

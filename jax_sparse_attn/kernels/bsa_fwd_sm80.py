@@ -17,6 +17,13 @@ Logical tensor modes seen by the kernel (the adapter maps bhsd/bshd buffers onto
 without copies): q/out ``(B, S_q, H_q, D)``, k/v ``(B, S_kv, H_kv, D)``, index
 ``(B, H_q, N_q, K_max)``, nums ``(B, H_q, N_q)``, sizes ``(B, H_q, N_kv)`` or None,
 scale ``(1,)`` fp32, lse ``(B, H_q, S_q)`` fp32.
+
+Split-KV (``kv_splits = S > 1``, a compile-time option; ``S = 1`` compiles none of this): one
+CTA per (query block, split, query head, batch), grid ``(N_q S, H_q, B)``; split ``s`` visits
+the chunk ``[s c, min((s + 1) c, n))`` of the row's active list, ``c = ceil(n / S)``
+(``block_info.kv_split_chunk``), and writes its fp32 output normalised by its own softmax
+denominator from registers to ``mO (S, B, H_q, S_q, D)`` and its LSE to ``mLSE (S, B, H_q,
+S_q)`` (zeros and ``-inf`` without keys); ``bsa_combine`` merges the splits.
 """
 
 from __future__ import annotations
@@ -25,6 +32,7 @@ import cutlass
 import cutlass.cute as cute
 from cutlass.cute.nvgpu import warp
 
+from .block_info import kv_split_chunk
 from .bsa_common import (fwd_copy_partitions, fwd_gmem_tiles, fwd_grid, fwd_tile_coords,
                          kv_block_rows, mask_keys_from, online_softmax_step, row_sum_inv,
                          softmax_rows)
@@ -44,7 +52,7 @@ class BsaFwdSm80:
 
     def __init__(self, dtype, head_dim: int, block_size: int, has_block_sizes: bool,
                  q_in_regs: bool = True, min_blocks: int = 0, late_v_wait: bool = False,
-                 warp_rows: int = 16):
+                 warp_rows: int = 16, kv_splits: int = 1):
         self.dtype = dtype
         self.hd = head_dim
         self.blk = block_size
@@ -56,6 +64,11 @@ class BsaFwdSm80:
         self.q_in_regs = head_dim <= 128 and q_in_regs and warp_rows == 16
         self.min_blocks = min_blocks
         self.late_v_wait = late_v_wait
+        self.kv_splits = kv_splits
+
+    def _entry(self, j0, j):
+        """List entry of step ``j`` (split-KV: of the split's chunk starting at ``j0``)."""
+        return j if self.kv_splits == 1 else j0 + j
 
     @cute.jit
     def __call__(self, mQ, mK, mV, mIdx, mNums, mSizes, mScale, mO, mLSE, stream):
@@ -73,6 +86,8 @@ class BsaFwdSm80:
             permutation_mnk=(self.num_warps * 16, 16, 16),
         )
         grid = fwd_grid(mQ, blk)
+        if cutlass.const_expr(self.kv_splits > 1):
+            grid = (grid[0] * self.kv_splits, grid[1], grid[2])
         launch(self.kernel(
             mQ, mK, mV, mIdx, mNums, mSizes, mScale, mO, mLSE,
             sQ_layout, sKV_layout, gmem_copy_in, gmem_copy_out, tiled_mma, SharedStorage,
@@ -101,7 +116,13 @@ class BsaFwdSm80:
         blk, hd = self.blk, self.hd
         tidx, _, _ = cute.arch.thread_idx()
         (m_block, head, batch, seqlen_q, seqlen_k, head_kv, softmax_scale, scale_log2,
-         num_blocks) = fwd_tile_coords(mQ, mK, mScale, mNums)
+         num_blocks) = fwd_tile_coords(mQ, mK, mScale, mNums, self.kv_splits)
+        split = None
+        j0 = None
+        if cutlass.const_expr(self.kv_splits > 1):
+            # block_idx.x = m_block S + split; the split's chunk of the row's list
+            split = cute.arch.block_idx()[0] % self.kv_splits
+            j0, num_blocks = kv_split_chunk(num_blocks, split, self.kv_splits)
 
         gQ, gK, gV = fwd_gmem_tiles(mQ, mK, mV, batch, head, head_kv, m_block, blk, hd)
 
@@ -135,7 +156,7 @@ class BsaFwdSm80:
         if cutlass.const_expr(self.q_in_regs):
             cute.arch.cp_async_commit_group()
         if num_blocks > 0:
-            n_first = mIdx[batch, head, m_block, 0]
+            n_first = mIdx[batch, head, m_block, self._entry(j0, 0)]
             load_rows(gmem_copy_in, tKgK[None, None, None, n_first], tKsK, tCc,
                       kv_block_rows(mSizes, batch, head, n_first, seqlen_k, blk, self.has_sizes))
         cute.arch.cp_async_commit_group()
@@ -147,7 +168,7 @@ class BsaFwdSm80:
             cute.copy(s2r_Q, tSsQ, s2r_Q.retile(tSrQ))
 
         for j in cutlass.range(num_blocks, unroll=1):
-            n_block = mIdx[batch, head, m_block, j]
+            n_block = mIdx[batch, head, m_block, self._entry(j0, j)]
             # key rows of this block; the K/V copies zero-fill the rest (never read)
             kv_rows = kv_block_rows(mSizes, batch, head, n_block, seqlen_k, blk, self.has_sizes)
             acc_S = cute.make_rmem_tensor(thr_mma.partition_shape_C((blk, blk)), cutlass.Float32)
@@ -162,7 +183,7 @@ class BsaFwdSm80:
                 gemm_ss(tiled_mma, acc_S, tSrQ, tSrK, tSsQ, tSsK, s2r_Q, s2r_K)
             if cutlass.const_expr(not self.late_v_wait):
                 self._next_k(gmem_copy_in, tKgK, tKsK, tCc, mIdx, mSizes, batch, head, m_block,
-                             j, num_blocks, seqlen_k)
+                             j, num_blocks, seqlen_k, j0)
 
             # Valid keys of this block: [0, limit).
             limit = cutlass.min(kv_rows, blk)
@@ -172,7 +193,7 @@ class BsaFwdSm80:
             online_softmax_step(acc_S_mn, acc_mn_view(acc_O), row_max, row_sum, scale_log2)
             if cutlass.const_expr(self.late_v_wait):
                 self._next_k(gmem_copy_in, tKgK, tKsK, tCc, mIdx, mSizes, batch, head, m_block,
-                             j, num_blocks, seqlen_k)
+                             j, num_blocks, seqlen_k, j0)
 
             gemm_rs(tiled_mma, acc_O, acc_to_a_frag(cvt_frag(acc_S, self.dtype)), tOrVt, tOsVt,
                     s2r_V)
@@ -182,6 +203,40 @@ class BsaFwdSm80:
         cute.arch.cp_async_wait_group(0)
         acc_O_mn = acc_mn_view(acc_O)
         tOcO_mn = acc_mn_view(thr_mma.partition_C(cute.make_identity_tensor((blk, hd))))
+        if cutlass.const_expr(self.kv_splits > 1):
+            self._epilogue_split(acc_O_mn, tOcO_mn, row_max, row_sum, softmax_scale, mO, mLSE,
+                                 split, batch, head, m_block, seqlen_q, tidx, n_rows)
+        else:
+            self._epilogue_out(acc_O, acc_O_mn, tOcO_mn, row_max, row_sum, softmax_scale, mO,
+                               mLSE, batch, head, m_block, seqlen_q, tidx, n_rows, sQ,
+                               sQ_layout, gmem_copy_out, tiled_mma)
+
+    @cute.jit
+    def _epilogue_split(self, acc_O_mn, tOcO_mn, row_max, row_sum, softmax_scale, mO, mLSE,
+                        split, batch, head, m_block, seqlen_q, tidx,
+                        n_rows: cutlass.Constexpr):
+        """Split-KV: the split's fp32 ``O / l`` and LSE of rows ``< S_q`` from registers
+        (zeros and ``-inf`` for a split without keys)."""
+        blk = self.blk
+        mO_s = mO[split, batch, head, None, None]
+        mLSE_s = mLSE[split, batch, head, None]
+        for r in cutlass.range_constexpr(n_rows):
+            l, empty, inv = row_sum_inv(row_sum[r])
+            lse = -cutlass.Float32.inf
+            if not empty:
+                lse = row_max[r] * softmax_scale + cute.math.log(l, fastmath=False)
+            row = m_block * blk + tOcO_mn[r, 0][0]
+            if row < seqlen_q:
+                if tidx % 4 == 0:
+                    mLSE_s[row] = lse
+                for c in cutlass.range_constexpr(cute.size(tOcO_mn, mode=[1])):
+                    mO_s[row, tOcO_mn[r, c][1]] = acc_O_mn[r, c] * inv
+
+    @cute.jit
+    def _epilogue_out(self, acc_O, acc_O_mn, tOcO_mn, row_max, row_sum, softmax_scale, mO,
+                      mLSE, batch, head, m_block, seqlen_q, tidx, n_rows: cutlass.Constexpr,
+                      sQ, sQ_layout, gmem_copy_out, tiled_mma):
+        blk, hd = self.blk, self.hd
         for r in cutlass.range_constexpr(n_rows):
             l, empty, inv = row_sum_inv(row_sum[r])
             acc_O_mn[r, None] = acc_O_mn[r, None].load() * inv
@@ -213,13 +268,14 @@ class BsaFwdSm80:
 
     @cute.jit
     def _next_k(self, gmem_copy_in, tKgK, tKsK, tCc, mIdx, mSizes, batch, head, m_block, j,
-                num_blocks, seqlen_k):
+                num_blocks, seqlen_k, j0=None):
         """Wait for this block's V (every warp is then also done reading sK), then start
-        loading the next listed K block into sK."""
+        loading the next listed K block into sK (split-KV: ``j0`` is the chunk's first
+        entry)."""
         cute.arch.cp_async_wait_group(0)
         cute.arch.barrier()
         if j + 1 < num_blocks:
-            n_next = mIdx[batch, head, m_block, j + 1]
+            n_next = mIdx[batch, head, m_block, self._entry(j0, j + 1)]
             load_rows(gmem_copy_in, tKgK[None, None, None, n_next], tKsK, tCc,
                       kv_block_rows(mSizes, batch, head, n_next, seqlen_k, self.blk,
                                     self.has_sizes))

@@ -21,6 +21,13 @@ difference is the math engine:
   zero-filled); a block crossing the diagonal gets the per-row limit
   (``mask.KeyLimitMask.apply_causal``), a block at or below it no mask, and a block entirely
   above it loads no rows and is fully masked (its GEMMs run and add nothing).
+
+Split-KV (``kv_splits = S > 1``, a compile-time option; ``S = 1`` compiles none of this): one
+CTA per (query block, split, query head, batch), grid ``(N_q S, H_q, B)``; split ``s`` visits
+the chunk ``[s c, min((s + 1) c, n))`` of the row's active list, ``c = ceil(n / S)``
+(``block_info.kv_split_chunk``), and writes its fp32 output normalised by its own softmax
+denominator to ``mO (S, B, H_q, S_q, D)`` and its natural-log LSE to ``mLSE (S, B, H_q, S_q)``
+(zeros and ``-inf`` without keys); ``bsa_combine`` merges the splits.
 """
 
 from __future__ import annotations
@@ -31,6 +38,7 @@ import cutlass.utils.hopper_helpers as sm90_utils
 from cutlass.cute.nvgpu import warpgroup
 from cutlass.tensor_utils import LayoutEnum
 
+from .block_info import kv_split_chunk
 from .bsa_common import (fwd_copy_partitions, fwd_gmem_tiles, fwd_grid, fwd_tile_coords,
                          kv_block_rows, mask_keys_from, online_softmax_step, row_sum_inv,
                          softmax_rows)
@@ -41,7 +49,7 @@ from .mask import KeyLimitMask
 
 class BsaFwdSm90:
     def __init__(self, dtype, head_dim: int, block_size: int, has_block_sizes: bool,
-                 causal: bool = False):
+                 causal: bool = False, kv_splits: int = 1):
         self.dtype = dtype
         self.causal = causal
         self.hd = head_dim
@@ -50,6 +58,11 @@ class BsaFwdSm90:
         self.num_threads = 128 * self.num_wg
         self.has_sizes = has_block_sizes
         self.kv_stages = 2
+        self.kv_splits = kv_splits
+
+    def _entry(self, j0, j):
+        """List entry of step ``j`` (split-KV: of the split's chunk starting at ``j0``)."""
+        return j if self.kv_splits == 1 else j0 + j
 
     @cute.jit
     def __call__(self, mQ, mK, mV, mIdx, mNums, mSizes, mScale, mO, mLSE, stream):
@@ -71,6 +84,8 @@ class BsaFwdSm90:
 
         gmem_copy_in = gmem_load_copy(self.dtype, self.num_threads, hd)
         grid = fwd_grid(mQ, blk)
+        if cutlass.const_expr(self.kv_splits > 1):
+            grid = (grid[0] * self.kv_splits, grid[1], grid[2])
         launch(self.kernel(
             mQ, mK, mV, mIdx, mNums, mSizes, mScale, mO, mLSE,
             sQ_layout, sK_layout, sV_layout, gmem_copy_in, qk_mma, pv_mma, SharedStorage,
@@ -99,7 +114,13 @@ class BsaFwdSm90:
         blk, hd = self.blk, self.hd
         tidx, _, _ = cute.arch.thread_idx()
         (m_block, head, batch, seqlen_q, seqlen_k, head_kv, softmax_scale, scale_log2,
-         num_blocks) = fwd_tile_coords(mQ, mK, mScale, mNums)
+         num_blocks) = fwd_tile_coords(mQ, mK, mScale, mNums, self.kv_splits)
+        split = None
+        j0 = None
+        if cutlass.const_expr(self.kv_splits > 1):
+            # block_idx.x = m_block S + split; the split's chunk of the row's list
+            split = cute.arch.block_idx()[0] % self.kv_splits
+            j0, num_blocks = kv_split_chunk(num_blocks, split, self.kv_splits)
 
         storage = smem_storage(SharedStorage)
         sQ = storage.sQ.get_tensor(sQ_layout.outer, swizzle=sQ_layout.inner)  # (blk, hd, 1)
@@ -134,7 +155,7 @@ class BsaFwdSm90:
         # Prologue: Q, then the first listed K/V block into stage 0.
         load_rows(gmem_copy_in, tQgQ, tQsQ, tCc, seqlen_q - m_block * blk)
         if num_blocks > 0:
-            n0 = mIdx[batch, head, m_block, 0]
+            n0 = mIdx[batch, head, m_block, self._entry(j0, 0)]
             rows0 = kv_block_rows(mSizes, batch, head, n0, seqlen_k, blk, self.has_sizes)
             if cutlass.const_expr(self.causal):
                 rows0 = cutlass.min(rows0, key_end - n0 * blk)
@@ -146,13 +167,13 @@ class BsaFwdSm90:
 
         for j in cutlass.range(num_blocks, unroll=1):
             stage = j % 2
-            n_block = mIdx[batch, head, m_block, j]
+            n_block = mIdx[batch, head, m_block, self._entry(j0, j)]
             # valid keys of this block: [0, limit); the K/V copies zero-filled the rest
             limit = cutlass.min(
                 kv_block_rows(mSizes, batch, head, n_block, seqlen_k, blk, self.has_sizes), blk)
             cute.arch.barrier()  # every warpgroup is done with stage 1 - stage
             if j + 1 < num_blocks:
-                n_next = mIdx[batch, head, m_block, j + 1]
+                n_next = mIdx[batch, head, m_block, self._entry(j0, j + 1)]
                 rows_next = kv_block_rows(mSizes, batch, head, n_next, seqlen_k, blk,
                                           self.has_sizes)
                 if cutlass.const_expr(self.causal):
@@ -204,14 +225,30 @@ class BsaFwdSm90:
         # Epilogue: normalize, write LSE and O straight from registers (row-predicated).
         acc_O_mn = acc_mn_view_wg(acc_O)
         tOcO_mn = acc_mn_view_wg(thr_pv.partition_C(cute.make_identity_tensor((blk, hd))))
-        for r in cutlass.range_constexpr(n_rows):
-            l, empty, inv = row_sum_inv(row_sum[r])
-            lse = -cutlass.Float32.inf
-            if not empty:
-                lse = row_max[r] * softmax_scale + cute.math.log(l, fastmath=False)
-            row = m_block * blk + tOcO_mn[r, 0][0]
-            if row < seqlen_q:
-                if tidx % 4 == 0:
-                    mLSE[batch, head, row] = lse
-                for c in cutlass.range_constexpr(cute.size(tOcO_mn, mode=[1])):
-                    mO[batch, row, head, tOcO_mn[r, c][1]] = (acc_O_mn[r, c] * inv).to(self.dtype)
+        if cutlass.const_expr(self.kv_splits > 1):
+            # split-KV: the split's fp32 partial and LSE (zeros and -inf without keys)
+            mO_s = mO[split, batch, head, None, None]
+            mLSE_s = mLSE[split, batch, head, None]
+            for r in cutlass.range_constexpr(n_rows):
+                l, empty, inv = row_sum_inv(row_sum[r])
+                lse = -cutlass.Float32.inf
+                if not empty:
+                    lse = row_max[r] * softmax_scale + cute.math.log(l, fastmath=False)
+                row = m_block * blk + tOcO_mn[r, 0][0]
+                if row < seqlen_q:
+                    if tidx % 4 == 0:
+                        mLSE_s[row] = lse
+                    for c in cutlass.range_constexpr(cute.size(tOcO_mn, mode=[1])):
+                        mO_s[row, tOcO_mn[r, c][1]] = acc_O_mn[r, c] * inv
+        else:
+            for r in cutlass.range_constexpr(n_rows):
+                l, empty, inv = row_sum_inv(row_sum[r])
+                lse = -cutlass.Float32.inf
+                if not empty:
+                    lse = row_max[r] * softmax_scale + cute.math.log(l, fastmath=False)
+                row = m_block * blk + tOcO_mn[r, 0][0]
+                if row < seqlen_q:
+                    if tidx % 4 == 0:
+                        mLSE[batch, head, row] = lse
+                    for c in cutlass.range_constexpr(cute.size(tOcO_mn, mode=[1])):
+                        mO[batch, row, head, tOcO_mn[r, c][1]] = (acc_O_mn[r, c] * inv).to(self.dtype)

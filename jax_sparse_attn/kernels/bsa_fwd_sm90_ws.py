@@ -38,6 +38,14 @@ warpgroups of 64 query rows, sharing each K/V load, ping-pong), one CTA per SM.
 by the persistent ``tile_scheduler.StaticLptScheduler``; consecutive items are the query heads
 of one query block, so the heads of a GQA group read the same K/V blocks close in time.
 Implemented for D in {64, 128}; other head dims use the mma.sync kernel (``bsa_fwd_sm80``).
+
+Split-KV (``kv_splits = S > 1``, a compile-time option; ``S = 1`` compiles none of this): the
+work items are (query block, split, query head), a row's ``S * H_q`` items consecutive with
+the heads of one split adjacent; split ``s`` visits the chunk ``[s c, min((s + 1) c, n))`` of
+its row's active list, ``c = ceil(n / S)`` (``block_info.BlockListSplit``). ``mO`` / ``mLSE``
+are then the fp32 partials ``(S, B, H_q, S_q, D)`` / ``(S, B, H_q, S_q)``: the split's output
+normalised by its own softmax denominator, stored from registers, and its natural-log LSE; a
+split without keys stores zeros and ``-inf``. ``bsa_combine`` merges them.
 """
 
 from __future__ import annotations
@@ -49,7 +57,7 @@ import cutlass.cute as cute
 from cutlass import Float32, Int32
 
 from .attn_fwd_sm90_ws import SMEM_LIMIT, AttnFwdSm90Ws, WorkItem, smem_plan
-from .block_info import BlockList
+from .block_info import BlockList, BlockListSplit
 from .common import acc_mn_view_wg, tma_view
 from .mask import KeyLimitMask
 from .softmax import OnlineSoftmax
@@ -80,12 +88,14 @@ class _Tile:
     seqlen_q: object
     mO: object
     mLSE: object
+    split: object = None  # split-KV: this item's split
 
 
 class BsaFwdSm90Ws(AttnFwdSm90Ws):
     def __init__(self, dtype, head_dim: int, block_size: int, has_block_sizes: bool,
                  num_sms: int, overlap: bool = True, pingpong: bool = True,
-                 max_stages: int = 4, q_stages: int = 2, causal: bool = False):
+                 max_stages: int = 4, q_stages: int = 2, causal: bool = False,
+                 kv_splits: int = 1):
         if block_size not in (64, 128) or head_dim not in (64, 128):
             raise NotImplementedError(
                 f"bsa_fwd_sm90_ws implements head_dim in (64, 128) and sparse_block_size in "
@@ -106,6 +116,7 @@ class BsaFwdSm90Ws(AttnFwdSm90Ws):
         self.stages, self.q_stages, self.o_alias_q = bsa_ws_smem_plan(
             head_dim, self.bm, block_size, limit, max_stages, q_stages)
         self.num_sms = num_sms
+        self.kv_splits = kv_splits
         self.num_threads = 128 * (1 + self.num_wg)
         # register budget per CTA: 65536 / ctas_per_sm = 128 * (producer + num_wg * consumer)
         self.regs_producer = 24
@@ -132,6 +143,8 @@ class BsaFwdSm90Ws(AttnFwdSm90Ws):
         Smem = self._smem_struct(sQ_layout, sK_layout, sV_layout, sO_layout)
         n_q_blocks = (S_q + self.bm - 1) // self.bm
         n_work = B * n_q_blocks * H_q
+        if cutlass.const_expr(self.kv_splits > 1):
+            n_work = n_work * self.kv_splits
         grid = StaticLptScheduler.grid(n_work, self.num_sms * self.ctas_per_sm)
         self.kernel(
             tma_q, tma_tQ, tma_k, tma_tK, tma_v, tma_tV, mV, mIdx, mNums, mSizes, mScale, mO,
@@ -142,10 +155,16 @@ class BsaFwdSm90Ws(AttnFwdSm90Ws):
                  preferred_smem_carveout=100 if self.ctas_per_sm > 1 else None)
 
     @cute.jit
-    def _work(self, sched, t, n_q_blocks, mIdx, mNums, mSizes, seqlen_k, seqlen_q=None):
+    def _work(self, sched, t, n_q_blocks, mIdx, mNums, mSizes, seqlen_k, seqlen_q=None,
+              n_heads=None):
         """(batch, query head, query block, its BlockList) of work item ``t`` (``seqlen_q``:
-        causal only)."""
+        causal only); split-KV: the split's part of the list (``BlockListSplit``) and the
+        split, last."""
         slot, head = sched.coords(t)
+        split = None
+        if cutlass.const_expr(self.kv_splits > 1):
+            split = head // n_heads
+            head = head - split * n_heads
         batch = slot // n_q_blocks
         m_block = slot - batch * n_q_blocks
         if cutlass.const_expr(self.causal):
@@ -156,6 +175,8 @@ class BsaFwdSm90Ws(AttnFwdSm90Ws):
         else:
             blist = BlockList.create(mIdx, mNums, mSizes, batch, head, m_block, seqlen_k,
                                      self.bn, self.has_sizes)
+        if cutlass.const_expr(self.kv_splits > 1):
+            return batch, head, m_block, BlockListSplit.create(blist, split, self.kv_splits), split
         return batch, head, m_block, blist
 
     @cute.kernel
@@ -166,13 +187,23 @@ class BsaFwdSm90Ws(AttnFwdSm90Ws):
         warp = cute.arch.make_warp_uniform(cute.arch.warp_idx())
         wg_idx = warp // 4
         bm, wgm = self.bm, self.wg_m
-        n_batch = mO.shape[0]
-        seqlen_q = mO.shape[1]
-        n_heads = mO.shape[2]
+        if cutlass.const_expr(self.kv_splits > 1):
+            # fp32 partials: mLSE is (S, B, H_q, S_q)
+            n_batch = mLSE.shape[1]
+            seqlen_q = mLSE.shape[3]
+            n_heads = mLSE.shape[2]
+        else:
+            n_batch = mO.shape[0]
+            seqlen_q = mO.shape[1]
+            n_heads = mO.shape[2]
         seqlen_k = mV.shape[1]
         group = n_heads // mV.shape[2]
         n_q_blocks = (seqlen_q + bm - 1) // bm
-        sched = StaticLptScheduler(n_heads, n_batch * n_q_blocks * n_heads)
+        # split-KV: "heads" of the schedule are (split, head) pairs, split-major
+        n_hs = n_heads
+        if cutlass.const_expr(self.kv_splits > 1):
+            n_hs = n_heads * self.kv_splits
+        sched = StaticLptScheduler(n_hs, n_batch * n_q_blocks * n_hs)
         st, pipe_q, pipe_k, pipe_v, sQ, sK, sV, q_bytes, k_bytes, v_bytes = (
             self._smem_and_pipes(Smem, sQ_layout, sK_layout, sV_layout, tma_q, tma_k, tma_v,
                                  warp))
@@ -184,7 +215,8 @@ class BsaFwdSm90Ws(AttnFwdSm90Ws):
                 lane, sV_rows, c_q, c_kv, t = self._producer_warp_start(sV, sched)
                 while sched.valid(t):
                     batch, head, m_block, blist = self._work(sched, t, n_q_blocks, mIdx, mNums,
-                                                             mSizes, seqlen_k, seqlen_q)
+                                                             mSizes, seqlen_k, seqlen_q,
+                                                             n_heads)[:4]
                     head_kv = head // group
                     work = WorkItem(blist, head, mV, batch=batch, head_kv=head_kv)
                     c_q, c_kv = self._produce(
@@ -206,10 +238,14 @@ class BsaFwdSm90Ws(AttnFwdSm90Ws):
             turns.start(wg)
             c_q, c_kv, t = self._loop_start(sched)
             while sched.valid(t):
-                batch, head, m_block, blist = self._work(sched, t, n_q_blocks, mIdx, mNums,
-                                                         mSizes, seqlen_k, seqlen_q)
+                item = self._work(sched, t, n_q_blocks, mIdx, mNums, mSizes, seqlen_k, seqlen_q,
+                                  n_heads)
+                batch, head, m_block, blist = item[:4]
                 mw0 = m_block * bm + wg * wgm
-                tile = _Tile(mw0, mask, smax, seqlen_q, mO, mLSE)
+                split = None
+                if cutlass.const_expr(self.kv_splits > 1):
+                    split = item[4]
+                tile = _Tile(mw0, mask, smax, seqlen_q, mO, mLSE, split)
                 c_kv, c_q = self._consume(
                     WorkItem(blist, head, mV, batch=batch), tile, mma_qk, mma_qk0, mma_pv,
                     thr_mma_qk, thr_mma_pv, tSrQ, tSrK, tOrV, pipe_q, pipe_k, pipe_v, c_q, c_kv,
@@ -298,7 +334,42 @@ class BsaFwdSm90Ws(AttnFwdSm90Ws):
     @cute.jit
     def _epilogue(self, acc_O, work, tile, thr_mma_pv, sO, wg, wtid, has_work):
         """``O / l`` -> 16 bit -> smem (swizzled) -> 128-bit stores of rows ``< S_q``; LSE
-        (``lse = -inf`` and ``O = 0`` for a work item without listed blocks)."""
+        (``lse = -inf`` and ``O = 0`` for a work item without listed blocks). Split-KV: the
+        split's fp32 partial ``O / l`` and LSE (``_epilogue_split``)."""
+        if cutlass.const_expr(self.kv_splits > 1):
+            self._epilogue_split(acc_O, work, tile, thr_mma_pv, wtid)
+        else:
+            self._epilogue_out(acc_O, work, tile, thr_mma_pv, sO, wg, wtid, has_work)
+
+    @cute.jit
+    def _epilogue_split(self, acc_O, work, tile, thr_mma_pv, wtid):
+        """Split-KV: ``O / l`` of this warpgroup's rows ``< S_q`` in fp32 from registers into
+        ``mO[split, b, h]`` and their LSE into ``mLSE[split, b, h]`` (a split without keys:
+        ``O = 0`` from the zero-filled accumulator, ``lse = -inf``). No shared memory: an
+        item without KV tiles must not touch the Q buffer the producer may be refilling."""
+        wgm, d = self.wg_m, self.d
+        mw0 = tile.mw0
+        lim = tile.seqlen_q - mw0
+        acc_O_mn = acc_mn_view_wg(acc_O)
+        tOcO_mn = acc_mn_view_wg(thr_mma_pv.partition_C(cute.make_identity_tensor((wgm, d))))
+        mLSE_s = tile.mLSE[tile.split, work.batch, work.head, None]
+        for r in cutlass.range_constexpr(cute.size(acc_O_mn, mode=[0])):
+            inv, lse = tile.smax.finalize(r)
+            row = tOcO_mn[r, 0][0]
+            if row < lim:
+                if wtid % 4 == 0:
+                    mLSE_s[mw0 + row] = lse
+            acc_O_mn[r, None] = acc_O_mn[r, None].load() * inv
+        gP = cute.local_tile(tile.mO[tile.split, work.batch, work.head, None, None], (wgm, d),
+                             (mw0 // wgm, 0))
+        tPg = thr_mma_pv.partition_C(gP)
+        tPc = thr_mma_pv.partition_C(cute.make_identity_tensor((wgm, d)))
+        for e in cutlass.range_constexpr(cute.size(acc_O)):
+            if tPc[e][0] < lim:
+                tPg[e] = acc_O[e]
+
+    @cute.jit
+    def _epilogue_out(self, acc_O, work, tile, thr_mma_pv, sO, wg, wtid, has_work):
         wgm, d = self.wg_m, self.d
         mw0 = tile.mw0
         lim = tile.seqlen_q - mw0
