@@ -42,12 +42,12 @@ fi
 
 if [[ $PHASE == tests || $PHASE == all ]]; then
   (
-    timeout "$(left)" python3 -m pytest -q -m gpu -p no:cacheprovider -s -rA \
+    timeout "$(left)" python3 -m pytest -v -m gpu -p no:cacheprovider -s -rfE \
       tests/test_hstu_inference.py > "$L/gpu_tests.log" 2>&1
     echo "gpu tests (test_hstu_inference.py -m gpu) rc=$? ($(( $(date +%s) - start )) s)" >> "$S"
-    grep -E "^(PASSED|FAILED|ERROR)|passed|failed" "$L/gpu_tests.log" | tail -20 >> "$S"
+    grep -E "(PASSED|FAILED|ERROR)( |$)|passed|failed|^paged|^gqa" "$L/gpu_tests.log" | tail -40 >> "$S"
     if (( $(left) > 45 )); then
-      timeout "$(left)" python3 -m pytest -q -m gpu -p no:cacheprovider -s -rA \
+      timeout "$(left)" python3 -m pytest -v -m gpu -p no:cacheprovider -s -rfE \
         -k "paged_kernel or (split_kv and paged)" tests/test_gpu_hstu.py \
         > "$L/gpu_tests_paged_grid.log" 2>&1
       echo "gpu tests (test_gpu_hstu.py -k paged) rc=$? ($(( $(date +%s) - start )) s)" >> "$S"
