@@ -15,8 +15,8 @@ what the HSTU kernels read, everything in shared memory:
   canonical order.
 * paged-KV forward (``HstuSchedule(block_m, paged=True)``): also the sanitised page table
   offsets ``page_indptrs`` (clamped to ``[0, P]``, non-decreasing, plus an empty
-  pseudo-sequence), from the same scan as ``cu_seqlens``; ``T_k`` is then the keys the page
-  table can hold (``P * page size``).
+  pseudo-sequence; one more scan of the same kind); ``T_k`` is then the keys the page table
+  can hold (``P * page size``).
 * backward (``HstuSchedule(block_n, kv_major=True, block_other=block_m)``): the KV tiles
   ``[batch, n_block]`` of ``block_n`` keys, longest work first (``sort``; the number of
   query rows the window lets see the tile, as ``metadata.hstu_bwd_schedule``) or in
