@@ -36,6 +36,7 @@ bias add is not counted) and prints both rows.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import time
 
@@ -185,10 +186,15 @@ def _paged_cache(k, v, b, l_k, h_kv, d, seed=0):
     return kv, ids, ptr
 
 
-def run_inference(name, dtype, iters, switches=None):
+def run_inference(name, dtype, iters, switches=None, schedule_ab=False, paged_variants=(),
+                  contiguous_variants=()):
     """One inference row: the forward with contiguous K/V and with the paged cache; ms,
     TFLOP/s (useful work: the causal pairs) and the achieved bandwidth of the K/V read
-    (B * L_k * H_kv * (D + D_v) * 2 bytes per call) against the HBM peak."""
+    (B * L_k * H_kv * (D + D_v) * 2 bytes per call) against the HBM peak. ``schedule_ab``
+    adds the paged call with ``hstu_schedule="xla"`` (jnp tile schedule and page-table
+    sanitising) as ``paged_xla``; ``paged_variants`` / ``contiguous_variants``: more paged /
+    contiguous rows, ``'ENV=V,ENV=V'`` strings of ``JAX_SPARSE_ATTN_*`` switches
+    (``paged[ENV=V,...]`` / ``contiguous[...]``)."""
     import jax_sparse_attn as jsa
 
     b, l_q, l_k, h, h_kv, d = INFERENCE[name]
@@ -216,6 +222,25 @@ def run_inference(name, dtype, iters, switches=None):
         q, None, None, a, c, paged_kv=kv, page_ids=i, page_indptrs=p, **kw))
     variants = [("contiguous", contiguous, (q, k, v, cu_q, cu_k)),
                 ("paged", paged, (q, kv, ids, ptr, cu_q, cu_k))]
+    if schedule_ab:
+        kw_xla = dict(kw, switches=dataclasses.replace(switches or from_env(),
+                                                       hstu_schedule="xla"))
+        variants.append(("paged_xla", jax.jit(lambda q, kv, i, p, a, c: jsa.hstu_attention(
+            q, None, None, a, c, paged_kv=kv, page_ids=i, page_indptrs=p, **kw_xla)),
+            (q, kv, ids, ptr, cu_q, cu_k)))
+    for var in paged_variants:
+        env = dict(kv.partition("=")[::2] for kv in filter(None, var.split(",")))
+        kw_var = dict(kw, switches=from_env(env))
+        variants.append((f"paged[{var}]", jax.jit(
+            lambda q, kv, i, p, a, c, kw_var=kw_var: jsa.hstu_attention(
+                q, None, None, a, c, paged_kv=kv, page_ids=i, page_indptrs=p, **kw_var)),
+            (q, kv, ids, ptr, cu_q, cu_k)))
+    for var in contiguous_variants:
+        env = dict(kv.partition("=")[::2] for kv in filter(None, var.split(",")))
+        kw_var = dict(kw, switches=from_env(env))
+        variants.append((f"contiguous[{var}]", jax.jit(
+            lambda q, k, v, a, c, kw_var=kw_var: jsa.hstu_attention(q, k, v, a, c, **kw_var)),
+            (q, k, v, cu_q, cu_k)))
     if res["kv_splits_auto"] > 1:
         variants.append(("contiguous_nosplit", jax.jit(lambda q, k, v, a, c: jsa.hstu_attention(
             q, k, v, a, c, kv_splits=1, **kw)), (q, k, v, cu_q, cu_k)))
@@ -264,6 +289,16 @@ def main():
                     choices=sorted(INFERENCE) + ["all"],
                     help="inference row(s) instead of the training cases: the forward with "
                          "contiguous and paged K/V, achieved K/V bandwidth ('all': every row)")
+    ap.add_argument("--schedule-ab", action="store_true",
+                    help="with --inference: also time the paged call with the jnp tile "
+                         "schedule and page-table sanitising (hstu_schedule=xla)")
+    ap.add_argument("--paged-variant", action="append", default=[],
+                    help="with --inference: also time the paged call with the switches of "
+                         "'ENV=V,ENV=V' (JAX_SPARSE_ATTN_* variables), e.g. "
+                         "JAX_SPARSE_ATTN_HSTU_WS=pagepf; repeatable")
+    ap.add_argument("--contiguous-variant", action="append", default=[],
+                    help="with --inference: also time the contiguous call with the switches "
+                         "of 'ENV=V,ENV=V'; repeatable")
     ap.add_argument("--variant", action="append", default=[],
                     help="run each case with the switches of 'ENV=V,ENV=V' (JAX_SPARSE_ATTN_* "
                          "variables; '' = the defaults); repeat to compare")
@@ -279,7 +314,10 @@ def main():
         results = []
         for n in names:
             try:
-                results.append(run_inference(n, jnp.dtype(a.dtype), a.iters))
+                results.append(run_inference(n, jnp.dtype(a.dtype), a.iters,
+                                             schedule_ab=a.schedule_ab,
+                                             paged_variants=a.paged_variant,
+                                             contiguous_variants=a.contiguous_variant))
             except Exception as e:  # noqa: BLE001 - report and go on with the other rows
                 print(f"{n:24s} failed: {type(e).__name__}: {str(e)[:300]}", flush=True)
         with open(a.out, "w") as f:

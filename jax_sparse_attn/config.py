@@ -94,7 +94,7 @@ def _parse_option_list(flags, key, key_ok, allowed):
 
 #: the flags of the sm90ws forward's tuning switch (JAX_SPARSE_ATTN_HSTU_WS); ``bn=N`` is
 #: the fifth entry
-WS_FLAGS = ("nooverlap", "nopingpong", "q1", "silu16", "tanh16")
+WS_FLAGS = ("nooverlap", "nopingpong", "q1", "silu16", "tanh16", "pagepf", "qalias")
 _WS_ALLOWED = ("comma list of " + ", ".join(WS_FLAGS)
                + ", bn=N (block_n: a multiple of 16 in 16..256)")
 #: parser of JAX_SPARSE_ATTN_HSTU_WS: :data:`WS_FLAGS` and ``bn=N``
@@ -165,17 +165,21 @@ SWITCHES = (
            "nooverlap (no intra-warpgroup overlap of S = QK^T and O += PV), nopingpong "
            "(consumer warpgroups in lockstep), q1 (single-buffered Q), tanh16 (one "
            "tanh.approx.f16x2 per two scores, the rest fp32), silu16 (score "
-           "function in packed 16-bit arithmetic), bn=N (keys per tile; default 128, 64 "
-           "at D = 256)"),
+           "function in packed 16-bit arithmetic), pagepf (paged KV: the producer loads "
+           "each KV tile's page id one tile ahead), qalias (one Q buffer that O is staged "
+           "in, the freed shared memory to K/V stages: 3 instead of 2 at D = 128), bn=N "
+           "(keys per tile; default 128, 64 at D = 256)"),
     Switch("hstu_fwd_tile", "JAX_SPARSE_ATTN_HSTU_FWD_TILE", _TILE, _parse_tile, None,
            "HSTU sm80 forward tile override (tuning; unset: the kernel's tiles for the head "
            "dims); with sm90ws it is an error (bn=N of JAX_SPARSE_ATTN_HSTU_WS sets its "
            "block_n)"),
     _choice("hstu_schedule", "JAX_SPARSE_ATTN_HSTU_SCHEDULE", ("kernel", "xla"),
             "how the HSTU forward's tile schedule (sanitised cu_seqlens + query tiles "
-            "longest work first) is built: kernel (one single-CTA CuTe DSL launch, "
-            "kernels/hstu_schedule.py; up to 1022 sequences and 8192 query tiles, and no "
-            "func mask, else xla), xla (jnp ops: a sort, scans, gathers)"),
+            "longest work first; paged KV: also the sanitised page_indptrs) is built: "
+            "kernel (one single-CTA CuTe DSL launch, kernels/hstu_schedule.py; up to 1022 "
+            "sequences and 8192 query tiles, and no func mask, else xla; paged KV: the "
+            "forward kernel clamps the page ids), xla (jnp ops: a sort, scans, gathers; "
+            "paged KV: XLA clips the page ids)"),
     _choice("hstu_bwd_impl", "JAX_SPARSE_ATTN_HSTU_BWD_IMPL", ("sm90", "sm80"),
             "HSTU backward kernel: sm90 (warp-specialized TMA producer warp + two wgmma "
             "consumer warpgroups; D = D_v in {64, 128} without rab, other calls run sm80 and "

@@ -150,6 +150,16 @@ def paged_cases(quick):
             yield (f"hstu paged ptr={pn} cu_k={kn} D={d} H_kv={h_kv}",
                    dict(ptr=np.asarray(ptr, np.int32), cu_k=np.asarray(cu_k, np.int32),
                         ids=ids, D=d, H_kv=h_kv))
+    if not quick:
+        # the producer's page-id prefetch (hstu_fwd_ws "pagepf") and the jnp metadata path
+        for (pn, kn), ws, sched in ((("past_P", "past_pages"), ("pagepf",), "kernel"),
+                                    (("decreasing", "valid"), ("pagepf",), "kernel"),
+                                    (("past_P", "past_pages"), (), "xla")):
+            yield (f"hstu paged {'+'.join(ws) or 'default'} schedule={sched} ptr={pn} "
+                   f"cu_k={kn} D=128 H_kv=2",
+                   dict(ptr=np.asarray(ptrs[pn], np.int32), cu_k=np.asarray(cu_ks[kn], np.int32),
+                        ids=ids, D=128, H_kv=2,
+                        switches=Switches(hstu_fwd_ws=ws, hstu_schedule=sched)))
 
 
 def run_hstu_paged(c):
@@ -163,7 +173,8 @@ def run_hstu_paged(c):
     @jax.jit
     def f(q, kv, ids, ptr, cu_q, cu_k):
         return hstu_attention(q, None, None, cu_q, cu_k, max_seqlen_q=32, max_seqlen_k=1024,
-                              paged_kv=kv, page_ids=ids, page_indptrs=ptr, backend=BACKEND)
+                              paged_kv=kv, page_ids=ids, page_indptrs=ptr, backend=BACKEND,
+                              switches=c.get("switches"))
 
     return [jax.block_until_ready(f(q, kv, jnp.asarray(c["ids"]), jnp.asarray(c["ptr"]), cu_q,
                                     jnp.asarray(c["cu_k"])))]

@@ -187,3 +187,208 @@ def test_resolve_kv_splits():
     assert r("auto", batch=2, num_heads=2, max_seqlen_q=4096, max_seqlen_k=4096) == sms // 128
     assert r(5, batch=64, num_heads=4, max_seqlen_q=1, max_seqlen_k=64) == 5
     assert r(5, batch=1, num_heads=1, max_seqlen_q=1, max_seqlen_k=8192, impl="sm80") == 1
+
+
+# --------------------------------------------------------------- GPU: paged-KV forward kernel
+def _paged_gpu_inputs(lens_q, lens_k, heads, h_kv, d, seed, extra_slots=2, spare_pages=3):
+    """bf16 paged cache: each sequence's pages shuffled over the cache, NaN in every slot past
+    a sequence's keys and in the spare pages, ``extra_slots`` garbage page ids (negative,
+    huge, a NaN page) after each sequence's pages; q rows past ``cu_seqlens_q[-1]`` NaN."""
+    rng = np.random.default_rng(seed)
+    need = [-(-lk // PAGE) for lk in lens_k]
+    n_pages = sum(need) + spare_pages
+    perm = rng.permutation(n_pages)
+    kv = np.full((n_pages, 2, PAGE, h_kv, d), np.nan, np.float32)
+    ids, ptr, used = [], [0], 0
+    for b, lk in enumerate(lens_k):
+        mine = perm[used:used + need[b]]
+        used += need[b]
+        vals = rng.standard_normal((2, lk, h_kv, d)).astype(np.float32)
+        for j in range(0, lk, PAGE):
+            kv[mine[j // PAGE], :, :min(PAGE, lk - j)] = vals[:, j:j + PAGE]
+        garbage = rng.choice([-7, 2 ** 30, int(perm[-1])], size=extra_slots)
+        ids.extend([int(x) for x in mine] + [int(x) for x in garbage])
+        ptr.append(len(ids))
+    cu_q = np.concatenate([[0], np.cumsum(lens_q)]).astype(np.int32)
+    cu_k = np.concatenate([[0], np.cumsum(lens_k)]).astype(np.int32)
+    q = rng.standard_normal((int(cu_q[-1]) + 64, heads, d)).astype(np.float32)
+    q[int(cu_q[-1]):] = np.nan
+    bf = lambda x: jnp.asarray(x, jnp.bfloat16)  # noqa: E731
+    return (bf(q), bf(kv), jnp.asarray(np.asarray(ids, np.int32)),
+            jnp.asarray(np.asarray(ptr, np.int32)), jnp.asarray(cu_q), jnp.asarray(cu_k))
+
+
+def _paged_kernel_fn(schedule, kv_splits, ws=(), **kw):
+    from jax_sparse_attn.config import Switches
+
+    sw = Switches(hstu_schedule=schedule, hstu_fwd_ws=ws)
+    return jax.jit(lambda q, kv, i, p, a, b: jsa.hstu_attention(
+        q, None, None, a, b, paged_kv=kv, page_ids=i, page_indptrs=p, backend="kernel",
+        kv_splits=kv_splits, switches=sw, **kw))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("kv_splits", [1, "auto"])
+@pytest.mark.parametrize("lq", [1, 7, 64, 300])
+def test_paged_kernel_gpu_schedule_kernel_and_xla(lq, kv_splits):
+    """Paged-KV forward on the H200 with its metadata built by the schedule kernel (page ids
+    clamped by the forward kernel, the default), by XLA (``hstu_schedule="xla"``), with
+    the producer's page-id prefetch (``hstu_fwd_ws="pagepf"``) and with O staged in a single
+    Q buffer for 3 K/V stages (``"qalias"``): bitwise equal outputs, all within the rule of
+    the float32 reference; garbage page ids
+    after each sequence's pages, NaN in every unused cache slot, a sequence without queries,
+    histories ending inside a page, q rows past ``cu_seqlens_q[-1]`` NaN (their outputs must
+    be 0). Before the checked calls the same functions run on all-NaN inputs, so output
+    buffers XLA reuses hold NaN where a kernel would leave elements unwritten."""
+    from attention_base import _f32, check_rule
+    from jax_sparse_attn import reference
+
+    lens_k = [3000, 129, 1, 700, 2048, 301]
+    lens_q = [min(lq, lk) for lk in lens_k]
+    lens_q[3] = 0
+    q, kv, ids, ptr, cu_q, cu_k = _paged_gpu_inputs(lens_q, lens_k, 4, 2, 128, seed=lq)
+    n = int(cu_q[-1])
+    kw = dict(max_seqlen_q=max(lens_q), max_seqlen_k=max(lens_k),
+              scaling_seqlen=float(max(lens_q)), alpha=1.0 / np.sqrt(128))
+    outs = {}
+    for sched, ws in (("kernel", ()), ("xla", ()), ("kernel", ("pagepf",)),
+                      ("kernel", ("qalias",))):
+        fn = _paged_kernel_fn(sched, kv_splits, ws, **kw)
+        jax.block_until_ready(fn(jnp.full_like(q, jnp.nan), jnp.full_like(kv, jnp.nan), ids,
+                                 ptr, cu_q, cu_k))  # poison the buffers XLA may reuse
+        outs[(sched, ws)] = np.asarray(_f32(fn(q, kv, ids, ptr, cu_q, cu_k)))
+    out = outs[("kernel", ())]
+    for variant, o in outs.items():
+        np.testing.assert_array_equal(o, out, err_msg=str(variant))
+    assert not np.any(out[n:]), "out rows past cu_seqlens_q[-1] are not zero"
+
+    def ref(cdt):
+        return jax.jit(lambda q, kv, i, p, a, b: reference.hstu_attention_ref(
+            q, None, None, a, b, None, paged_kv=kv, page_ids=i, page_indptrs=p,
+            compute_dtype=cdt, **kw))(q[:n], kv, ids, ptr, cu_q, cu_k)
+
+    report = []
+    check_rule("out", out[:n], ref(None), ref(jnp.bfloat16), 2.0, 2e-3, report)
+    print(f"paged lq={lq} kv_splits={kv_splits} " + report[0])
+
+
+_PAGED_META = {
+    # cu_seqlens_q, cu_seqlens_k, page_indptrs, T_q, page slots
+    "valid": ([0, 7, 8, 40], [0, 300, 556, 900], [0, 3, 5, 8], 40, 12),
+    "ptr-negative": ([0, 7, 8, 40], [0, 300, 556, 900], [0, -4, 5, 8], 40, 12),
+    "ptr-decreasing": ([0, 7, 8, 40], [0, 300, 556, 900], [0, 6, 2, 8], 40, 12),
+    "ptr-past-P": ([0, 7, 8, 40], [0, 2000, 1 << 30, -3], [0, 3, 50, 1 << 30], 40, 12),
+    "cu-garbage": ([5, 900, -3, 400], [7, -1, 3000, 20], [9, 2, 2, 1], 300, 30),
+    "many-seqs": (list(np.cumsum([0] + [1] * 1000)), list(np.cumsum([0] + [300] * 1000)),
+                  list(np.arange(1001) * 3), 1000, 3000),
+}
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", sorted(_PAGED_META))
+def test_paged_schedule_kernel_metadata_gpu(name):
+    """The schedule kernel's paged mode gives the sanitised ``cu_seqlens_q`` / ``_k`` and
+    ``page_indptrs`` of the jnp path bit for bit (garbage values included) and the same
+    query tiles, longest work first, idle rows last."""
+    from types import SimpleNamespace
+
+    from jax_sparse_attn.ffi.hstu import _paged_metadata
+
+    cu_q, cu_k, ptr, t_q, slots = _PAGED_META[name]
+    args = [jnp.asarray(x, jnp.int32) for x in (cu_q, cu_k, ptr)]
+    got = {}
+    for sched in ("kernel", "xla"):
+        cfg = SimpleNamespace(fwd=SimpleNamespace(block_m=128), schedule=sched,
+                              window_size=(-1, 0), cute_call="shared")
+        got[sched] = [np.asarray(x) for x in jax.jit(
+            lambda a, b, c, cfg=cfg: _paged_metadata(a, b, c, cfg, t_q, slots, PAGE))(*args)]
+    for i, what in enumerate(("cu_q", "cu_k", "page_indptrs")):
+        np.testing.assert_array_equal(got["kernel"][i], got["xla"][i], err_msg=what)
+    tiles, rtiles = got["kernel"][3], got["xla"][3]
+    assert tiles.shape == rtiles.shape
+    valid = tiles[:, 0] >= 0
+    assert not (valid[1:] & ~valid[:-1]).any(), "idle rows last"
+    key = lambda tt: sorted(map(tuple, tt[tt[:, 0] >= 0][:, :2].tolist()))  # noqa: E731
+    assert key(tiles) == key(rtiles)
+    assert (np.diff(_causal_work(tiles, got["kernel"][0], got["kernel"][1])) <= 0).all(), (
+        "longest work first")
+
+
+def _causal_work(tiles, cu_q, cu_k, bm=128):
+    """Work (64-key units + 1) of each valid causal forward schedule row: the keys its rows
+    see (bottom-right aligned)."""
+    work = []
+    for b, m in tiles[tiles[:, 0] >= 0][:, :2]:
+        lq, lk = cu_q[b + 1] - cu_q[b], cu_k[b + 1] - cu_k[b]
+        hi = min(min(m * bm + bm, lq) + lk - lq, lk)
+        work.append(max(hi, 0) // 64 + 1)
+    return np.asarray(work)
+
+
+@pytest.mark.gpu
+def test_paged_kernel_gpu_beyond_schedule_kernel_limits():
+    """More sequences than the schedule kernel takes (``MAX_SEQS``): the jnp metadata path
+    with the forward's own page-id clamp (the default key) gives the outputs of
+    ``hstu_schedule="xla"`` (XLA clips the ids) bit for bit, within the reference's rule."""
+    from attention_base import _f32, check_rule
+    from jax_sparse_attn import reference
+    from jax_sparse_attn.kernels.hstu_schedule import MAX_SEQS
+
+    b = MAX_SEQS + 10
+    lens_k = [1 + (i * 37) % 200 for i in range(b)]
+    lens_q = [1] * b
+    q, kv, ids, ptr, cu_q, cu_k = _paged_gpu_inputs(lens_q, lens_k, 4, 2, 128, seed=5,
+                                                    extra_slots=1, spare_pages=1)
+    n = int(cu_q[-1])
+    kw = dict(max_seqlen_q=1, max_seqlen_k=max(lens_k), alpha=0.125)
+    outs = [np.asarray(_f32(_paged_kernel_fn(s, 1, **kw)(q, kv, ids, ptr, cu_q, cu_k)))
+            for s in ("kernel", "xla")]
+    np.testing.assert_array_equal(outs[0], outs[1])
+    assert not np.any(outs[0][n:])
+
+    def ref(cdt):
+        return jax.jit(lambda q, kv, i, p, a, c: reference.hstu_attention_ref(
+            q, None, None, a, c, None, paged_kv=kv, page_ids=i, page_indptrs=p,
+            compute_dtype=cdt, **kw))(q[:n], kv, ids, ptr, cu_q, cu_k)
+
+    report = []
+    check_rule("out", outs[0][:n], ref(None), ref(jnp.bfloat16), 2.0, 2e-3, report)
+    print(f"paged B={b} " + report[0])
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("lens_q,window,kv_splits", [
+    ([1, 0, 17, 113, 1023, 4097, 300, 129], (-1, 0), 1),
+    ([1, 0, 17, 113, 1023, 4097, 300, 129], (40, 3), 1),
+    ([1] * 6, (-1, 0), "auto"),
+], ids=["mixed-causal", "mixed-local", "one-query-split"])
+def test_contiguous_q_alias_gpu(lens_q, window, kv_splits):
+    """``hstu_fwd_ws="qalias"`` (one Q buffer that O is staged in, 3 K/V stages at D = 128)
+    gives the default sm90ws forward's outputs bit for bit (same tiles, same summation
+    order), GQA 4 -> 2 heads, histories longer than the queries, NaN rows past the last
+    sequence (zeros out), buffers poisoned by an all-NaN call first."""
+    from attention_base import _f32
+    from jax_sparse_attn.config import Switches
+
+    lens_k = [max(lq, 2000 + 331 * i) for i, lq in enumerate(lens_q)]
+    cu_q = jnp.asarray(np.concatenate([[0], np.cumsum(lens_q)]), jnp.int32)
+    cu_k = jnp.asarray(np.concatenate([[0], np.cumsum(lens_k)]), jnp.int32)
+    n_q, n_k = int(cu_q[-1]), int(cu_k[-1])
+    ks = jax.random.split(jax.random.PRNGKey(7), 3)
+    q = jax.random.normal(ks[0], (n_q + 64, 4, 128), jnp.float32).astype(jnp.bfloat16)
+    q = q.at[n_q:].set(jnp.nan)
+    k, v = (jax.random.normal(kk, (n_k + 64, 2, 128), jnp.float32).astype(jnp.bfloat16)
+            for kk in ks[1:])
+    k, v = (x.at[n_k:].set(jnp.nan) for x in (k, v))
+    outs = []
+    for ws in ((), ("qalias",)):
+        fn = jax.jit(lambda q, k, v, a, b, ws=ws: jsa.hstu_attention(
+            q, k, v, a, b, max_seqlen_q=max(lens_q), max_seqlen_k=max(lens_k),
+            window_size=window, alpha=0.1, backend="kernel", kv_splits=kv_splits,
+            switches=Switches(hstu_fwd_ws=ws)))
+        jax.block_until_ready(fn(jnp.full_like(q, jnp.nan), jnp.full_like(k, jnp.nan),
+                                 jnp.full_like(v, jnp.nan), cu_q, cu_k))
+        outs.append(np.asarray(_f32(fn(q, k, v, cu_q, cu_k))))
+    assert np.isfinite(outs[0]).all() and np.abs(outs[0][:n_q]).max() > 0
+    np.testing.assert_array_equal(outs[1], outs[0])
+    assert not np.any(outs[0][n_q:])

@@ -575,6 +575,104 @@ def test_hstu_paged_lowers(dtype, head_dim, h_kv):
 
     txt = _lower(fwd, q, kv, ids, cu, cu, cu)
     assert _attention_calls(txt) == 1 and "\\7FELF" in txt
+    # the schedule kernel (paged mode) sanitises cu_seqlens and page_indptrs and builds the
+    # tile schedule; the forward kernel clamps the page ids
+    assert _SCHEDULE_KERNEL in txt
+
+
+_XLA_METADATA_OPS = ("stablehlo.sort", "stablehlo.reduce_window", "stablehlo.scatter",
+                     "stablehlo.clamp", "stablehlo.maximum", "stablehlo.minimum",
+                     "stablehlo.gather", "stablehlo.concatenate")
+
+
+@pytest.mark.parametrize("kv_splits", [1, 3])
+def test_hstu_paged_metadata_in_one_launch(kv_splits):
+    """A paged call lowers to two kernel launches (the schedule kernel and the forward) and
+    no XLA metadata op with ``hstu_schedule="kernel"`` (the default): no sort, scan, scatter,
+    gather, concatenation or clamp (split-KV adds only the elementwise sum of the partials);
+    ``"xla"`` keeps the jnp schedule and the XLA page-id clip, and the forward's compile key
+    says who clamps the page ids."""
+    import jax_sparse_attn as jsa  # noqa: PLC0415
+    from jax_sparse_attn.config import Switches  # noqa: PLC0415
+    from jax_sparse_attn.ffi import hstu as fh  # noqa: PLC0415
+
+    q = jax.ShapeDtypeStruct((40, 4, 128), jnp.bfloat16)
+    kv = jax.ShapeDtypeStruct((20, 2, 128, 2, 128), jnp.bfloat16)
+    cu = jax.ShapeDtypeStruct((5,), jnp.int32)
+    ids = jax.ShapeDtypeStruct((18,), jnp.int32)
+    texts = {}
+    for sched in ("kernel", "xla"):
+        def fwd(q, kv, ids, ptr, cu_q, cu_k, sched=sched):
+            return jsa.hstu_attention(q, None, None, cu_q, cu_k, max_seqlen_q=20,
+                                      max_seqlen_k=2000, paged_kv=kv, page_ids=ids,
+                                      page_indptrs=ptr, backend="kernel", kv_splits=kv_splits,
+                                      switches=Switches(hstu_schedule=sched))
+
+        texts[sched] = _lower(fwd, q, kv, ids, cu, cu, cu)
+        assert _attention_calls(texts[sched]) == 1
+    txt = texts["kernel"]
+    assert txt.count(_target()) == 2 and _SCHEDULE_KERNEL in txt
+    assert not [op for op in _XLA_METADATA_OPS if op in txt], txt[:3000]
+    assert _SCHEDULE_KERNEL not in texts["xla"]
+    assert "stablehlo.sort" in texts["xla"] and "func.func private @clip" in texts["xla"]
+    assert fh.fwd_config("bfloat16", 128, 128, 0, Switches(), paged=True).page_id_clamp
+    assert not fh.fwd_config("bfloat16", 128, 128, 0, Switches(hstu_schedule="xla"),
+                             paged=True).page_id_clamp
+    assert not fh.fwd_config("bfloat16", 128, 128, 0, Switches()).page_id_clamp
+
+
+def test_hstu_paged_page_prefetch_lowers():
+    """``hstu_fwd_ws="pagepf"`` (the paged producer loads each KV tile's page id one tile
+    ahead) compiles a paged forward of its own; contiguous calls ignore the option."""
+    import jax_sparse_attn as jsa  # noqa: PLC0415
+    from jax_sparse_attn.config import Switches  # noqa: PLC0415
+    from jax_sparse_attn.ffi import hstu as fh  # noqa: PLC0415
+
+    sw = Switches(hstu_fwd_ws="pagepf")
+    assert fh.fwd_config("bfloat16", 128, 128, 0, sw, paged=True).ws_page_prefetch
+    assert not fh.fwd_config("bfloat16", 128, 128, 0, Switches(), paged=True).ws_page_prefetch
+    assert fh.fwd_config("bfloat16", 128, 128, 0, sw) == fh.fwd_config(
+        "bfloat16", 128, 128, 0, Switches())
+    q = jax.ShapeDtypeStruct((40, 4, 64), jnp.float16)
+    kv = jax.ShapeDtypeStruct((20, 2, 128, 1, 64), jnp.float16)
+    cu = jax.ShapeDtypeStruct((5,), jnp.int32)
+    ids = jax.ShapeDtypeStruct((18,), jnp.int32)
+
+    def fwd(q, kv, ids, ptr, cu_q, cu_k):
+        return jsa.hstu_attention(q, None, None, cu_q, cu_k, max_seqlen_q=20,
+                                  max_seqlen_k=2000, paged_kv=kv, page_ids=ids,
+                                  page_indptrs=ptr, backend="kernel", switches=sw)
+
+    txt = _lower(fwd, q, kv, ids, cu, cu, cu)
+    assert _attention_calls(txt) == 1 and _SCHEDULE_KERNEL in txt
+
+
+def test_hstu_q_alias_plan_and_lowers():
+    """``hstu_fwd_ws="qalias"``: O staged in one Q buffer, 3 K/V stages at D = 128 (2 by
+    default); the contiguous and the paged forward lower with it."""
+    import jax_sparse_attn as jsa  # noqa: PLC0415
+    from jax_sparse_attn.config import Switches  # noqa: PLC0415
+    from jax_sparse_attn.ffi import hstu as fh  # noqa: PLC0415
+    from jax_sparse_attn.kernels.hstu_fwd_sm90_ws import ws_smem_plan  # noqa: PLC0415
+
+    assert ws_smem_plan(128, 128, 128) == (2, 2, False)
+    assert ws_smem_plan(128, 128, 128, q_alias=True) == (3, 1, True)
+    sw = Switches(hstu_fwd_ws="qalias")
+    assert fh.fwd_config("bfloat16", 128, 128, 0, sw).ws_q_alias
+    assert fh.fwd_config("bfloat16", 128, 128, 0, sw, paged=True).ws_q_alias
+    q = jax.ShapeDtypeStruct((40, 4, 128), jnp.bfloat16)
+    kv = jax.ShapeDtypeStruct((20, 2, 128, 2, 128), jnp.bfloat16)
+    k = jax.ShapeDtypeStruct((300, 2, 128), jnp.bfloat16)
+    cu = jax.ShapeDtypeStruct((5,), jnp.int32)
+    ids = jax.ShapeDtypeStruct((18,), jnp.int32)
+    kw = dict(max_seqlen_q=20, max_seqlen_k=2000, backend="kernel", switches=sw)
+    txt = _lower(lambda q, kv, ids, ptr, cu_q, cu_k: jsa.hstu_attention(
+        q, None, None, cu_q, cu_k, paged_kv=kv, page_ids=ids, page_indptrs=ptr, **kw),
+        q, kv, ids, cu, cu, cu)
+    assert _attention_calls(txt) == 1
+    txt = _lower(lambda q, k, v, cu_q, cu_k: jsa.hstu_attention(q, k, v, cu_q, cu_k, **kw),
+                 q, k, k, cu, cu)
+    assert _attention_calls(txt) == 1
 
 
 def test_hstu_paged_config_and_routing():

@@ -118,6 +118,8 @@ class HstuFwdConfig(_HstuKey):
     ws_q_stages: int = 2
     ws_silu16: bool = False
     ws_tanh16: bool = False
+    # one Q buffer that O is staged in, the rest of shared memory to K/V stages ("qalias")
+    ws_q_alias: bool = False
     num_sms: int = 0
     # relative attention bias: presence, H_rab == H, rab's dtype name ("" without rab)
     has_rab: bool = False
@@ -125,6 +127,11 @@ class HstuFwdConfig(_HstuKey):
     rab_dtype: str = ""
     # sm90ws only: K/V read from a paged cache through a page table (forward-only inference)
     paged: bool = False
+    # paged: the kernel clamps the page ids into the cache (the hstu_schedule switch
+    # "kernel": no XLA op sanitises the page table) instead of an XLA clip ("xla")
+    page_id_clamp: bool = False
+    # paged: the producer loads each KV tile's page id one tile ahead (hstu_fwd_ws "pagepf")
+    ws_page_prefetch: bool = False
     # sm90ws only: split-KV (the keys of each query tile split over this many work items whose
     # fp32 partial outputs are added in a fixed order; 1 = no split)
     kv_splits: int = 1
@@ -312,8 +319,10 @@ def fwd_config(dtype, head_dim, head_dim_v, func_n, switches, *, has_rab=False,
         reason = paged_unsupported_reason(head_dim, head_dim_v, switches)
         if reason is not None:
             raise NotImplementedError(reason)
-        return dataclasses.replace(_ws_config(dtype, head_dim, head_dim_v, 0, switches, rab,
-                                              arch), paged=True, kv_splits=int(kv_splits))
+        return dataclasses.replace(
+            _ws_config(dtype, head_dim, head_dim_v, 0, switches, rab, arch), paged=True,
+            kv_splits=int(kv_splits), page_id_clamp=switches.hstu_schedule == "kernel",
+            ws_page_prefetch=ws_options(switches.hstu_fwd_ws)["page_prefetch"])
     if impl == "sm90ws":
         return dataclasses.replace(
             _ws_config(dtype, head_dim, head_dim_v, func_n, switches, rab, arch),
@@ -328,13 +337,15 @@ def ws_options(opts) -> dict:
     ``overlap`` (intra-warpgroup GEMM overlap), ``pingpong`` (consumer warpgroups issue their
     GEMMs in turns), ``q_stages`` (2: the next tile's Q loads during this tile's mainloop),
     ``silu16`` (score function in packed 16-bit arithmetic), ``tanh16`` (one
-    ``tanh.approx.f16x2`` per two scores), ``bn`` (block_n, 0: the
-    kernel's default for the head dims)."""
+    ``tanh.approx.f16x2`` per two scores), ``page_prefetch`` (``pagepf``: the paged-KV
+    producer loads each KV tile's page id one tile ahead; other calls ignore it), ``q_alias``
+    (``qalias``: one Q buffer that O is staged in, the freed shared memory to K/V stages),
+    ``bn`` (block_n, 0: the kernel's default for the head dims)."""
     bn = [int(o[3:]) for o in opts if o.startswith("bn=")]
     return {"overlap": "nooverlap" not in opts, "pingpong": "nopingpong" not in opts,
             "q_stages": 1 if "q1" in opts else 2, "silu16": "silu16" in opts,
-            "tanh16": "tanh16" in opts,
-            "bn": bn[0] if bn else 0}
+            "tanh16": "tanh16" in opts, "page_prefetch": "pagepf" in opts,
+            "q_alias": "qalias" in opts, "bn": bn[0] if bn else 0}
 
 
 def _ws_config(dtype, head_dim, head_dim_v, func_n, switches, rab, arch) -> HstuFwdConfig:
@@ -354,7 +365,8 @@ def _ws_config(dtype, head_dim, head_dim_v, func_n, switches, rab, arch) -> Hstu
         from ..kernels.hstu_fwd_sm90_ws import ws_smem_plan  # noqa: PLC0415
 
         try:
-            ws_smem_plan(head_dim, head_dim_v, bn, q_stages=opts["q_stages"])
+            ws_smem_plan(head_dim, head_dim_v, bn, q_stages=opts["q_stages"],
+                         q_alias=opts["q_alias"])
         except ValueError:
             raise ValueError(
                 f"JAX_SPARSE_ATTN_HSTU_WS / Switches.hstu_fwd_ws bn={bn} does not fit the "
@@ -363,7 +375,7 @@ def _ws_config(dtype, head_dim, head_dim_v, func_n, switches, rab, arch) -> Hstu
                          func_n > 0, max(func_n, 1), "sm90ws",
                          ws_overlap=opts["overlap"], ws_pingpong=opts["pingpong"],
                          ws_q_stages=opts["q_stages"], ws_silu16=opts["silu16"],
-                         ws_tanh16=opts["tanh16"],
+                         ws_tanh16=opts["tanh16"], ws_q_alias=opts["q_alias"],
                          num_sms=metadata.num_sms(), **rab, arch=arch)
 
 
@@ -538,7 +550,8 @@ def _fwd_adapter():
                                    cfg.has_func, cfg.func_n, cfg.num_sms,
                                    overlap=cfg.ws_overlap, pingpong=cfg.ws_pingpong,
                                    q_stages=cfg.ws_q_stages, silu16=cfg.ws_silu16,
-                                   tanh16=cfg.ws_tanh16, kv_splits=cfg.kv_splits)
+                                   tanh16=cfg.ws_tanh16, q_alias=cfg.ws_q_alias,
+                                   kv_splits=cfg.kv_splits)
         kernel(q, k, v, cu_q, cu_k, tiles, func, scal, win, out, stream)
 
     return hstu_fwd_launch
@@ -557,8 +570,10 @@ def _fwd_paged_adapter():
         kernel = HstuFwdSm90Ws(_dt(cfg.dtype), cfg.head_dim, cfg.head_dim_v, cfg.block_n,
                                False, 1, cfg.num_sms, overlap=cfg.ws_overlap,
                                pingpong=cfg.ws_pingpong, q_stages=cfg.ws_q_stages,
-                               silu16=cfg.ws_silu16, tanh16=cfg.ws_tanh16, paged=True,
-                               kv_splits=cfg.kv_splits)
+                               silu16=cfg.ws_silu16, tanh16=cfg.ws_tanh16,
+                               q_alias=cfg.ws_q_alias, paged=True,
+                               kv_splits=cfg.kv_splits, page_id_clamp=cfg.page_id_clamp,
+                               page_prefetch=cfg.ws_page_prefetch)
         kernel(q, paged_kv, paged_kv, cu_q, cu_k, tiles, func, scal, win, out, stream,
                mPageIds=page_ids, mPageIndptrs=page_indptrs)
 
@@ -586,7 +601,7 @@ def _fwd_rab_adapter():
                                    cfg.has_func, cfg.func_n, cfg.num_sms,
                                    overlap=cfg.ws_overlap, pingpong=cfg.ws_pingpong,
                                    q_stages=cfg.ws_q_stages, silu16=cfg.ws_silu16,
-                                   tanh16=cfg.ws_tanh16, has_rab=True,
+                                   tanh16=cfg.ws_tanh16, q_alias=cfg.ws_q_alias, has_rab=True,
                                    rab_per_head=cfg.rab_per_head, kv_splits=cfg.kv_splits)
         kernel(q, k, v, cu_q, cu_k, tiles, func, scal, win, out, stream, rab)
 
@@ -716,7 +731,13 @@ def _schedule_adapter():
         HstuSchedule(block, kv_major=True, block_other=block_other, sort=sort)(
             cu_q, cu_k, param, cu_q_out, cu_k_out, kv_tiles, q_start, stream)
 
-    return hstu_fwd_schedule_launch, hstu_bwd_schedule_launch
+    @cute.jit
+    def hstu_fwd_schedule_paged_launch(stream, cu_q, cu_k, ptr, param, cu_q_out, cu_k_out,
+                                       tiles, ptr_out, *, block: cutlass.Constexpr):
+        HstuSchedule(block, paged=True)(cu_q, cu_k, param, cu_q_out, cu_k_out, tiles, cu_q_out,
+                                        stream, mPtr=ptr, mPtrS=ptr_out)
+
+    return hstu_fwd_schedule_launch, hstu_bwd_schedule_launch, hstu_fwd_schedule_paged_launch
 
 
 def _schedule_kernel_fits(cfg, func, nb, n_slots):
@@ -730,10 +751,40 @@ def _schedule_kernel_fits(cfg, func, nb, n_slots):
     return nb + 2 <= MAX_SEQS and n_slots <= MAX_SLOTS
 
 
-def _schedule_param(t_q, t_k, window_size, n_slots):
+def _schedule_param(t_q, t_k, window_size, n_slots, *extra):
     n_pow2 = 1 << max(n_slots - 1, 1).bit_length()
     left, right = (int(w) for w in window_size)
-    return jnp.asarray([t_q, t_k, left, right, n_slots, n_pow2], jnp.int32)
+    return jnp.asarray([t_q, t_k, left, right, n_slots, n_pow2, *extra], jnp.int32)
+
+
+def _paged_metadata(cu_seqlens_q, cu_seqlens_k, page_indptrs, cfg, t_q, n_page_slots, page):
+    """Sanitised ``cu_q`` / ``cu_k`` / ``page_indptrs`` (each with the pseudo-sequence; keys
+    clamped to the ``n_page_slots * page`` the page table can hold, page offsets to the
+    ``n_page_slots``) and the forward tile schedule of a paged-KV call: one launch of
+    ``kernels/hstu_schedule.py`` (paged mode) where :func:`_schedule_kernel_fits`, else the
+    jnp formulation of ``metadata``."""
+    bm = cfg.fwd.block_m
+    nb = cu_seqlens_q.shape[0] - 1
+    n_slots = t_q // bm + nb + 1
+    t_k = n_page_slots * page
+    if _schedule_kernel_fits(cfg, None, nb, n_slots):
+        out_sds = (jax.ShapeDtypeStruct((nb + 2,), jnp.int32),
+                   jax.ShapeDtypeStruct((nb + 2,), jnp.int32),
+                   jax.ShapeDtypeStruct((n_slots, 5), jnp.int32),
+                   jax.ShapeDtypeStruct((nb + 2,), jnp.int32))
+        call = _cutlass_call(cfg)(_schedule_adapter()[2], output_shape_dtype=out_sds,
+                                  compile_key=("hstu_fwd_schedule_paged", bm), block=bm)
+        cu_q, cu_k, tiles, ptr = call(
+            cu_seqlens_q.astype(jnp.int32), cu_seqlens_k.astype(jnp.int32),
+            page_indptrs.astype(jnp.int32),
+            _schedule_param(t_q, t_k, cfg.window_size, n_slots, n_page_slots))
+        return cu_q, cu_k, ptr, tiles
+    cu_q = metadata.append_pseudo_sequence(metadata.sanitize_cu_seqlens(cu_seqlens_q, t_q), t_q)
+    cu_k = metadata.append_pseudo_sequence(metadata.sanitize_cu_seqlens(cu_seqlens_k, t_k), None)
+    ptr = metadata.append_pseudo_sequence(
+        metadata.sanitize_cu_seqlens(page_indptrs, n_page_slots), None)
+    tiles = metadata.hstu_fwd_schedule(cu_q, cu_k, None, bm, t_q, cfg.window_size)
+    return cu_q, cu_k, ptr, tiles
 
 
 def _fwd_metadata(cu_seqlens_q, cu_seqlens_k, func, cfg, t_q, t_k):
@@ -858,23 +909,23 @@ def hstu_fwd_paged(q, paged_kv, page_ids, page_indptrs, cu_seqlens_q, cu_seqlens
     D)`` in place (no gathered copy; zero-padding of D to ``cfg.head_dim_pad`` copies the
     cache only for a head dim that is not a kernel dim). ``cu_seqlens_k`` gives the key
     counts. Metadata are sanitised so no value reads out of bounds: ``page_indptrs`` like
-    ``cu_seqlens`` (clamped into ``[0, P]``, non-decreasing), ``page_ids`` clamped into
-    ``[0, num_pages)``, and the kernel clamps each page slot into ``[0, P)``. Returns
-    ``out (T_q, H, D)`` in q's dtype."""
+    ``cu_seqlens`` (clamped into ``[0, P]``, non-decreasing; with ``cu_seqlens`` and the tile
+    schedule in one launch of the schedule kernel, :func:`_paged_metadata`), ``page_ids``
+    clamped into ``[0, num_pages)`` (by the forward kernel as it reads them with
+    ``cfg.fwd.page_id_clamp``, the ``hstu_schedule="kernel"`` default, else by XLA), and the
+    kernel clamps each page slot into ``[0, P)``. Returns ``out (T_q, H, D)`` in q's
+    dtype."""
     key = cfg.fwd
     t_q, h, _ = q.shape
     n_pages, n_slots = paged_kv.shape[0], page_ids.shape[0]
     out_shape = (t_q, h, cfg.head_dim_v)
     if t_q == 0 or h == 0 or n_pages == 0 or n_slots == 0:  # no rows, or no key anywhere
         return jnp.zeros(out_shape, q.dtype)
-    page = paged_kv.shape[2]
-    cu_q = metadata.append_pseudo_sequence(metadata.sanitize_cu_seqlens(cu_seqlens_q, t_q), t_q)
-    cu_k = metadata.append_pseudo_sequence(
-        metadata.sanitize_cu_seqlens(cu_seqlens_k, n_slots * page), None)
-    ptr = metadata.append_pseudo_sequence(metadata.sanitize_cu_seqlens(page_indptrs, n_slots),
-                                          None)
-    ids = jnp.clip(page_ids.astype(jnp.int32), 0, n_pages - 1)
-    tiles = metadata.hstu_fwd_schedule(cu_q, cu_k, None, key.block_m, t_q, cfg.window_size)
+    cu_q, cu_k, ptr, tiles = _paged_metadata(cu_seqlens_q, cu_seqlens_k, page_indptrs, cfg,
+                                             t_q, n_slots, paged_kv.shape[2])
+    ids = page_ids.astype(jnp.int32)
+    if not key.page_id_clamp:
+        ids = jnp.clip(ids, 0, n_pages - 1)
     scal, win = metadata.hstu_scalars(cfg.alpha, cfg.scaling_seqlen, cfg.window_size)
     func_arr = jnp.zeros((1, 1, 1), jnp.int32)
     out_sds = _out_sds(key, t_q, h, cfg.head_dim_v_pad, q.dtype)

@@ -45,13 +45,16 @@ SMEM_LIMIT = 227 * 1024
 
 
 def smem_plan(d: int, dv: int, bm: int, bn: int, limit: int, max_stages: int = 4,
-              q_stages: int = 2):
+              q_stages: int = 2, alias_first: bool = False):
     """(K/V stages, Q stages, whether O's smem buffer aliases Q's) within ``limit`` bytes for
     ``bm`` query rows and ``bn``-key tiles: a double-buffered Q (the next item's Q loads
     during this item's mainloop) with its own O buffer first, then one Q stage, then O in
-    Q's buffer (only when ``dv <= d``); for each, the most K/V stages (at least 2)."""
+    Q's buffer (only when ``dv <= d``); for each, the most K/V stages (at least 2).
+    ``alias_first``: O in the single Q buffer first (the most K/V stages)."""
     o = bm * dv * 2
     plans = [(qs, False) for qs in range(q_stages, 0, -1)] + [(1, True)]
+    if alias_first:
+        plans = [(1, True)] + plans
     for qs, alias in plans:
         if alias and dv > d:
             continue
@@ -201,6 +204,10 @@ class AttnFwdSm90Ws:
         tiles it visits (a partial V tile: the zero-filling copy ``_load_v_rows``)."""
         wgm, bn, d, dv, nwg = self.wg_m, self.bn, self.d, self.dv, self.num_wg
         if work.n_count > 0:
+            prefetch = None
+            if cutlass.const_expr(self._kv_prefetch()):
+                # the first KV tile's table entry loads while Q is acquired and loaded
+                prefetch = self._kv_entry(work, work.kv_tile(0))
             gQ = cute.local_tile(self._q_tile(tma_tQ, work), (wgm, d), (None, 0))
             tQs, tQg = cpasync.tma_partition(
                 tma_q, 0, cute.make_layout(1), cute.group_modes(sQ, 0, 2),
@@ -220,25 +227,75 @@ class AttnFwdSm90Ws:
                 cute.copy(tma_q, tQg[None, nwg * m_block + w], tQs[None, nwg * sq + w],
                           tma_bar_ptr=pipe_q.full_ptr(c_q))
             c_q += 1
-            for it in cutlass.range(work.n_count, unroll=1):
-                n = work.kv_tile(it)
-                nk = self._kv_coord(work, n)  # the tile's index in the K / V TMA views
-                s = pipe_k.stage(c_kv)
-                pipe_k.producer_acquire(c_kv)
-                pipe_k.producer_expect_tx(c_kv, k_bytes)
-                cute.copy(tma_k, tKg[None, nk], tKs[None, s],
-                          tma_bar_ptr=pipe_k.full_ptr(c_kv))
-                pipe_v.producer_acquire(c_kv)
-                limit, tma_ok = self._v_limit(work, n)
-                if tma_ok:
-                    pipe_v.producer_expect_tx(c_kv, v_bytes)
-                    cute.copy(tma_v, tVg[None, nk], tVs[None, s],
-                              tma_bar_ptr=pipe_v.full_ptr(c_kv))
-                else:
-                    self._load_v_rows(work, n, limit, sV_rows, s, lane)
-                    pipe_v.producer_arrive(c_kv)
-                c_kv += 1
+            if cutlass.const_expr(self._kv_prefetch()):
+                c_kv = self._produce_kv_prefetched(
+                    work, prefetch, tma_k, tKg, tKs, tma_v, tVg, tVs, sV_rows, pipe_k, pipe_v,
+                    k_bytes, v_bytes, c_kv, lane)
+            else:
+                for it in cutlass.range(work.n_count, unroll=1):
+                    n = work.kv_tile(it)
+                    nk = self._kv_coord(work, n)  # the tile's index in the K / V TMA views
+                    s = pipe_k.stage(c_kv)
+                    pipe_k.producer_acquire(c_kv)
+                    pipe_k.producer_expect_tx(c_kv, k_bytes)
+                    cute.copy(tma_k, tKg[None, nk], tKs[None, s],
+                              tma_bar_ptr=pipe_k.full_ptr(c_kv))
+                    pipe_v.producer_acquire(c_kv)
+                    limit, tma_ok = self._v_limit(work, n)
+                    if tma_ok:
+                        pipe_v.producer_expect_tx(c_kv, v_bytes)
+                        cute.copy(tma_v, tVg[None, nk], tVs[None, s],
+                                  tma_bar_ptr=pipe_v.full_ptr(c_kv))
+                    else:
+                        self._load_v_rows(work, n, limit, sV_rows, s, lane)
+                        pipe_v.producer_arrive(c_kv)
+                    c_kv += 1
         return c_q, c_kv
+
+    @cute.jit
+    def _produce_kv_prefetched(self, work, prefetch, tma_k, tKg, tKs, tma_v, tVg, tVs,
+                               sV_rows, pipe_k, pipe_v, k_bytes, v_bytes, c_kv, lane):
+        """The K / V loop of ``_produce`` with the KV tiles' table entries (``_kv_entry``)
+        loaded one tile ahead: iteration ``it`` issues the load of tile ``it + 1``'s entry before it waits
+        for the free K / V stages, and its TMA coordinates come from the entry loaded one
+        iteration earlier (``prefetch``: tile 0's)."""
+        cur = prefetch
+        last = work.n_count - 1
+        for it in cutlass.range(work.n_count, unroll=1):
+            n = work.kv_tile(it)
+            entry = cur
+            cur = self._kv_entry(work, work.kv_tile(cutlass.min(it + 1, last)))
+            nk = self._kv_coord_of(work, n, entry)
+            s = pipe_k.stage(c_kv)
+            pipe_k.producer_acquire(c_kv)
+            pipe_k.producer_expect_tx(c_kv, k_bytes)
+            cute.copy(tma_k, tKg[None, nk], tKs[None, s],
+                      tma_bar_ptr=pipe_k.full_ptr(c_kv))
+            pipe_v.producer_acquire(c_kv)
+            limit, tma_ok = self._v_limit(work, n)
+            if tma_ok:
+                pipe_v.producer_expect_tx(c_kv, v_bytes)
+                cute.copy(tma_v, tVg[None, nk], tVs[None, s],
+                          tma_bar_ptr=pipe_v.full_ptr(c_kv))
+            else:
+                self._load_v_rows(work, n, limit, sV_rows, s, lane)
+                pipe_v.producer_arrive(c_kv)
+            c_kv += 1
+        return c_kv
+
+    def _kv_prefetch(self):
+        """Whether the producer loads the KV tiles' table entries one tile ahead
+        (``_produce_kv_prefetched``; a kernel with a per-tile table lookup may say so)."""
+        return False
+
+    def _kv_entry(self, work, n):
+        """The table entry that KV tile ``n``'s coordinate is made of (kernels that prefetch:
+        issues the load)."""
+        return n
+
+    def _kv_coord_of(self, work, n, entry):
+        """KV tile ``n``'s index in the K / V TMA views from its table entry ``entry``."""
+        return entry
 
     def _kv_coord(self, work, n):
         """The index in the K / V TMA views of the work item's KV tile ``n`` (``n`` itself;

@@ -63,10 +63,12 @@ from .tile_scheduler import StaticLptScheduler
 PAGE_SIZE = 128
 
 
-def ws_smem_plan(d: int, dv: int, bn: int, max_stages: int = 4, q_stages: int = 2):
+def ws_smem_plan(d: int, dv: int, bn: int, max_stages: int = 4, q_stages: int = 2,
+                 q_alias: bool = False):
     """(K/V stages, Q stages, whether O's smem buffer aliases Q's) that fit the 227 KiB of an
-    SM90 CTA with 128 query rows (``attn_fwd_sm90_ws.smem_plan``)."""
-    return smem_plan(d, dv, 128, bn, SMEM_LIMIT, max_stages, q_stages)
+    SM90 CTA with 128 query rows (``attn_fwd_sm90_ws.smem_plan``); ``q_alias``: one Q buffer
+    that O is staged in, the rest to K/V stages (3 at D = 128 instead of 2)."""
+    return smem_plan(d, dv, 128, bn, SMEM_LIMIT, max_stages, q_stages, alias_first=q_alias)
 
 
 @dataclass(frozen=True)
@@ -92,7 +94,7 @@ class HstuFwdSm90Ws(AttnFwdSm90Ws):
     def __init__(self, dtype, head_dim, head_dim_v, block_n, has_func, func_n, num_sms,
                  overlap=True, pingpong=True, max_stages=4, q_stages=2, silu16=False,
                  has_rab=False, rab_per_head=False, tanh16=False, paged=False,
-                 kv_splits=1):
+                 kv_splits=1, page_id_clamp=False, page_prefetch=False, q_alias=False):
         self.dtype = dtype
         self.d = head_dim
         self.dv = head_dim_v
@@ -110,6 +112,11 @@ class HstuFwdSm90Ws(AttnFwdSm90Ws):
         self.has_rab = has_rab
         self.rab_per_head = rab_per_head
         self.paged = paged
+        # paged: the producer clamps each page id it reads into [0, num_pages) (else the
+        # caller passes clamped ids)
+        self.page_id_clamp = paged and page_id_clamp
+        # paged: the producer loads each KV tile's page id one tile ahead
+        self.page_prefetch = paged and page_prefetch
         # split-KV: work item = (query tile, head, key split); each split adds its KV tiles'
         # fp32 partial O (times 1 / scaling_seqlen) into its own slice of mO (S, T_q, H, Dv)
         self.kv_splits = kv_splits
@@ -118,7 +125,7 @@ class HstuFwdSm90Ws(AttnFwdSm90Ws):
                 f"hstu_fwd_sm90_ws paged KV: block_n={block_n} must divide the page size "
                 f"{PAGE_SIZE} and head_dim={head_dim} equal head_dim_v={head_dim_v}")
         self.stages, self.q_stages, self.o_alias_q = ws_smem_plan(
-            head_dim, head_dim_v, block_n, max_stages, q_stages)
+            head_dim, head_dim_v, block_n, max_stages, q_stages, q_alias)
         self.num_threads = 384
         self.regs_producer = 24
         self.regs_consumer = 240
@@ -278,10 +285,35 @@ class HstuFwdSm90Ws(AttnFwdSm90Ws):
     @cute.jit
     def _page(self, work, n):
         """Paged KV: the page holding the sequence's KV tile ``n`` (its slot clamped into
-        ``page_ids``; the host clamps the page ids into the cache)."""
+        ``page_ids``; the page id clamped into the cache here with ``page_id_clamp``, else
+        by the caller)."""
+        ids, slot0, n_slots = work.pages
+        slot = cutlass.max(cutlass.min(slot0 + n // (PAGE_SIZE // self.bn), n_slots - 1), 0)
+        page = Int32(ids[slot])
+        if cutlass.const_expr(self.page_id_clamp):
+            page = cutlass.max(cutlass.min(page, Int32(work.mV.shape[0]) - 1), 0)
+        return page
+
+    def _kv_prefetch(self):
+        return self.page_prefetch
+
+    @cute.jit
+    def _kv_entry(self, work, n):
+        """Paged KV with ``page_prefetch``: issue the load of the page id of the sequence's
+        KV tile ``n`` (slot clamped into ``page_ids``; the id is clamped where it is used,
+        ``_kv_coord_of``, so nothing waits for the load here)."""
         ids, slot0, n_slots = work.pages
         slot = cutlass.max(cutlass.min(slot0 + n // (PAGE_SIZE // self.bn), n_slots - 1), 0)
         return Int32(ids[slot])
+
+    @cute.jit
+    def _kv_coord_of(self, work, n, entry):
+        """Paged KV: tile ``n``'s index in the K / V views from its page id ``entry``."""
+        tpp = PAGE_SIZE // self.bn
+        page = entry
+        if cutlass.const_expr(self.page_id_clamp):
+            page = cutlass.max(cutlass.min(page, Int32(work.mV.shape[0]) - 1), 0)
+        return page * tpp + n % tpp
 
     @cute.jit
     def _kv_coord(self, work, n):

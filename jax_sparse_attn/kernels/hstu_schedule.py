@@ -13,6 +13,10 @@ what the HSTU kernels read, everything in shared memory:
   time first: a tile's work is the number of keys its window lets it see, in units of 64
   keys, plus one (the window arithmetic of ``metadata.hstu_fwd_schedule``); ties keep the
   canonical order.
+* paged-KV forward (``HstuSchedule(block_m, paged=True)``): also the sanitised page table
+  offsets ``page_indptrs`` (clamped to ``[0, P]``, non-decreasing, plus an empty
+  pseudo-sequence; one more scan of the same kind); ``T_k`` is then the keys the page table
+  can hold (``P * page size``).
 * backward (``HstuSchedule(block_n, kv_major=True, block_other=block_m)``): the KV tiles
   ``[batch, n_block]`` of ``block_n`` keys, longest work first (``sort``; the number of
   query rows the window lets see the tile, as ``metadata.hstu_bwd_schedule``) or in
@@ -51,18 +55,21 @@ _IDX_MASK = (1 << _IDX_BITS) - 1
 
 class HstuSchedule:
     def __init__(self, block: int, kv_major: bool = False, block_other: int = 0,
-                 sort: bool = True):
+                 sort: bool = True, paged: bool = False):
         self.bm = block
         self.kv_major = kv_major
         self.block_other = block_other
         self.sort = sort
+        self.paged = paged
 
     @cute.jit
-    def __call__(self, mCuQ, mCuK, mParam, mCuQs, mCuKs, mTile, mQStart, stream):
+    def __call__(self, mCuQ, mCuK, mParam, mCuQs, mCuKs, mTile, mQStart, stream,
+                 mPtr=None, mPtrS=None):
         """``mCuQ``/``mCuK`` (B + 1,) raw offsets; ``mParam`` int32 ``[T_q, T_k, left, right,
-        n_slots, n_pow2]`` (``n_pow2``: a power of two >= ``n_slots``); outputs ``mCuQs``,
-        ``mCuKs`` (B + 2,), ``mTile`` (n_slots, 5) forward / (n_slots, 2) backward and (backward)
-        ``mQStart`` (B + 2,)."""
+        n_slots, n_pow2]`` (``n_pow2``: a power of two >= ``n_slots``; paged: a seventh entry,
+        the page slots ``P``); outputs ``mCuQs``, ``mCuKs`` (B + 2,), ``mTile`` (n_slots, 5)
+        forward / (n_slots, 2) backward and (backward) ``mQStart`` (B + 2,). Paged: ``mPtr``
+        (B + 1,) raw ``page_indptrs`` -> ``mPtrS`` (B + 2,)."""
 
         @cute.struct
         class Smem:
@@ -72,8 +79,12 @@ class HstuSchedule:
             start: cute.struct.MemRange[Int32, MAX_SEQS]
             wtot: cute.struct.MemRange[Int32, 64]
 
-        launch(self.kernel(mCuQ, mCuK, mParam, mCuQs, mCuKs, mTile, mQStart, Smem), (1, 1, 1),
-               NUM_THREADS, Smem, stream)
+        if cutlass.const_expr(self.paged):
+            launch(self.kernel(mCuQ, mCuK, mParam, mCuQs, mCuKs, mTile, mQStart, Smem, mPtr,
+                               mPtrS), (1, 1, 1), NUM_THREADS, Smem, stream)
+        else:
+            launch(self.kernel(mCuQ, mCuK, mParam, mCuQs, mCuKs, mTile, mQStart, Smem),
+                   (1, 1, 1), NUM_THREADS, Smem, stream)
 
     @cute.jit
     def _warp_scan(self, v, lane, is_max: cutlass.Constexpr):
@@ -181,7 +192,7 @@ class HstuSchedule:
 
     @cute.kernel
     def kernel(self, mCuQ, mCuK, mParam, mCuQs, mCuKs, mTile, mQStart,
-               Smem: cutlass.Constexpr):
+               Smem: cutlass.Constexpr, mPtr=None, mPtrS=None):
         tid, _, _ = cute.arch.thread_idx()
         tid = Int32(tid)
         st = smem_storage(Smem)
@@ -225,6 +236,19 @@ class HstuSchedule:
             ck[nb + 1] = pk
             mCuQs[nb + 1] = pq
             mCuKs[nb + 1] = pk
+        if cutlass.const_expr(self.paged):
+            # page table offsets: the same sanitising scan, clamped to the P page slots
+            n_ptr = Int32(mParam[6])
+            cute.arch.barrier()  # every read of wtot by the scan above is done
+            xp = Int32(0)
+            if tid <= nb:
+                if tid > 0:
+                    xp = cutlass.min(cutlass.max(Int32(mPtr[tid]), Int32(0)), n_ptr)
+            xp, _ = self._scan2(xp, Int32(0), tid, wtot, True)
+            if tid <= nb:
+                mPtrS[tid] = xp
+            if tid == nb:
+                mPtrS[nb + 1] = xp  # the pseudo-sequence owns no page
         cute.arch.barrier()
         # ---- tiles per sequence -> exclusive prefix sums (start; backward: q_start too)
         nt = Int32(0)
