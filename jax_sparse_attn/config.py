@@ -210,9 +210,11 @@ SWITCHES = (
            _parse_bool, True, "BSA sm80 forward keeps Q fragments in registers for D <= 128"),
     Switch("bsa_fwd_min_blocks", "JAX_SPARSE_ATTN_BSA_FWD_MIN_BLOCKS", "integer >= 0",
            _parse_count, 0, "BSA sm80 forward: minimum resident CTAs per SM hint (0 = none)"),
-    _choice("bsa_fwd_warp_rows", "JAX_SPARSE_ATTN_BSA_FWD_WARP_ROWS", ("16", "32"),
+    _choice("bsa_fwd_warp_rows", "JAX_SPARSE_ATTN_BSA_FWD_WARP_ROWS", ("auto", "16", "32"),
             "BSA sm80 forward: query rows per warp (16: blk/16 warps; 32: blk/32 warps, each "
-            "warp reads K and V from shared memory once for twice the rows)"),
+            "warp reads K and V from shared memory once for twice the rows; it fits the "
+            "registers only at sparse_block_size 64 with D <= 128, elsewhere it spills); auto: "
+            "32 at sparse_block_size 64 with D in {64, 128}, else 16"),
     Switch("bsa_fwd_late_v_wait", "JAX_SPARSE_ATTN_BSA_FWD_LATE_V_WAIT", _TRUE + _FALSE,
            _parse_bool, False, "BSA sm80 forward: the online softmax of a block runs before "
                                "the wait for its V block (the next K load starts after it)"),

@@ -120,3 +120,15 @@ def test_docs_table_lists_every_switch():
     with open(os.path.join(root, "docs", "design.md")) as f:
         text = f.read()
     assert config.switches_table() in text
+
+
+@pytest.mark.parametrize("want,blk,d,rows", [
+    ("auto", 64, 128, 32), ("auto", 64, 64, 32), ("auto", 128, 128, 16), ("auto", 64, 256, 16),
+    ("auto", 64, 32, 16), ("16", 64, 128, 16), ("32", 128, 64, 32)])
+def test_bsa_sm80_warp_rows_rule(want, blk, d, rows):
+    """``bsa_fwd_warp_rows="auto"`` gives the sm80 forward 32 query rows per warp only where
+    they fit the registers (sparse_block_size 64, D <= 128); explicit values are kept."""
+    from jax_sparse_attn.ffi import bsa as ffi_bsa
+    sw = config.Switches(kernel_family="portable", bsa_fwd_warp_rows=want)
+    cfg = ffi_bsa.fwd_config(jnp.bfloat16, d, blk, False, sw)
+    assert (cfg.impl, cfg.warp_rows) == ("sm80", rows)

@@ -14,7 +14,9 @@ D in {64, 128}; ``BSA_TEST_IMPLS`` (a comma list) adds the grid with other switc
 mma.sync kernels at every D and the XLA preprocessing); ``sm90ws``:
 ``Switches(bsa_fwd_impl="sm90ws")`` (the warp-specialized forward, opt-in); ``sm80_late_v``:
 the mma.sync forward with ``bsa_fwd_late_v_wait=True``; ``sm80_wr32``: with
-``bsa_fwd_warp_rows="32"``;
+``bsa_fwd_warp_rows="32"`` (at every block size: slow where it spills, still exact);
+``sm80_wr16``: with ``bsa_fwd_warp_rows="16"`` (the rows the ``auto`` default does not
+run at sparse_block_size 64, D <= 128);
 ``test_bsa_preprocess_kernel`` checks the preprocessing kernel directly.
 ``test_bsa_sm90ws_forward`` adds the sm90ws forward's own cases (every KV block listed, the
 partial last block listed by every row, NaN in unlisted blocks and past block_sizes,
@@ -46,6 +48,7 @@ SM80 = Switches(bsa_fwd_impl="sm80", bsa_bwd_impl="sm80", bsa_pre_impl="xla")
 SM90WS = Switches(bsa_fwd_impl="sm90ws")
 SM80_LATE_V = Switches(bsa_fwd_impl="sm80", bsa_fwd_late_v_wait=True)
 SM80_WR32 = Switches(bsa_fwd_impl="sm80", bsa_fwd_warp_rows="32")
+SM80_WR16 = Switches(bsa_fwd_impl="sm80", bsa_fwd_warp_rows="16")
 
 
 def _only_in_shard(j):
@@ -65,6 +68,7 @@ class TestBSAKernelGrid(BSAKernelGrid):
         cases += [(c, SM90WS) for c in BSA_GRID if "sm90ws" in extra]
         cases += [(c, SM80_LATE_V) for c in BSA_GRID if "sm80_late_v" in extra]
         cases += [(c, SM80_WR32) for c in BSA_GRID if "sm80_wr32" in extra]
+        cases += [(c, SM80_WR16) for c in BSA_GRID if "sm80_wr16" in extra]
         return shard(cases, SHARD)
 
 

@@ -217,7 +217,20 @@ def fwd_config(dtype, head_dim, block_size, has_block_sizes, switches, causal=Fa
                         switches.bsa_fwd_q_in_regs and head_dim <= 128,
                         switches.bsa_fwd_min_blocks,
                         late_v_wait=switches.bsa_fwd_late_v_wait,
-                        warp_rows=int(switches.bsa_fwd_warp_rows), arch=arch, **kw)
+                        warp_rows=sm80_warp_rows(switches.bsa_fwd_warp_rows, head_dim,
+                                                 block_size), arch=arch, **kw)
+
+
+#: (sparse_block_size, D) of the sm80 forward that ``bsa_fwd_warp_rows="auto"`` runs with 32
+#: query rows per warp (docs/support.md: faster on the H200 there, and no register spill)
+_WARP_ROWS_32 = frozenset({(64, 64), (64, 128)})
+
+
+def sm80_warp_rows(want: str, head_dim: int, block_size: int) -> int:
+    """Query rows per warp of the sm80 forward for the ``bsa_fwd_warp_rows`` switch value."""
+    if want == "auto":
+        return 32 if (block_size, head_dim) in _WARP_ROWS_32 else 16
+    return int(want)
 
 
 #: the split-KV forwards (``kv_splits > 1``): every forward
