@@ -331,9 +331,9 @@ def _pad_blocks(x, n_blocks, blk):
 
 
 def _bsa_item_keys(n, idx, nums, sizes, dims):
-    """Per (b, h, m) item: gathered KV block ids, the key validity mask, the valid query
-    rows and the (row, key) mask ``allowed`` (the key mask, and causal: key position <=
-    query position + S_kv - S_q)."""
+    """Per (b, h, m) item: gathered KV block ids, the key validity mask (causal: also
+    keys that the item's last query row sees), the valid query rows and the (row, key) mask
+    ``allowed`` (the key mask, and causal: key position <= query position + S_kv - S_q)."""
     B, Hq, Hkv, Sq, Skv, D, Dv, Nq, Nkv, blk, r, diag = dims
     K_max = idx.shape[-1]
     b = n // (Hq * Nq)
@@ -348,6 +348,11 @@ def _bsa_item_keys(n, idx, nums, sizes, dims):
     if sizes is not None:
         kval = kval & (off[None, :] < sizes[b, h, idc][:, None])
     qrow_ok = (m * blk + off) < Sq
+    if diag is not None:
+        # keys past the diagonal of the item's last query row are seen by none of its rows:
+        # they are no keys of the item (selected to zero below, whatever K/V hold there)
+        q_last = (jnp.minimum((m + 1) * blk, Sq) - 1) // r
+        kval = kval & (kpos <= q_last + diag)
     kval = kval.reshape(K_max * blk)
     allowed = kval[None, :]
     if diag is not None:

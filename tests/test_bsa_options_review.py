@@ -4,6 +4,11 @@ review that the option tests did not cover.
 * The reference API (``reference.block_sparse_attention_ref``) validates ``kv_splits`` as the
   op does (it ran ``kv_splits=0`` / ``-1`` as 1 and failed on ``"AUTO"`` with ``int()``'s
   message).
+* ``causal=True`` on the reference backend: K/V rows past the diagonal of the last query row
+  of every query block that lists them (seen by no row) may hold NaN/Inf and contribute
+  nothing (the kernels' guarantee, docs/bsa.md); the reference multiplied them by 0 and
+  returned NaN (out, dq), also where ``backend="auto"`` runs it on the GPU (``pack_gqa``
+  with ``causal``).
 * ``validate_bsa_metadata`` takes the op's ``kv_splits`` / ``causal`` keywords ("the same
   arguments as block_sparse_attention").
 * Kernel path (``JAX_SPARSE_ATTN_FORCE_KERNEL=1``, sm_90a, no GPU needed): ``jax.vmap`` folds
@@ -24,6 +29,7 @@ import pytest
 
 import jax_sparse_attn as jsa
 from jax_sparse_attn import reference
+from test_reference_bsa_options import run
 
 CALL_TARGET = "CuteDSLRT_NvJaxCutlassCall"
 
@@ -66,6 +72,33 @@ def test_validate_bsa_metadata_takes_the_op_options():
         jsa.validate_bsa_metadata(q, k, v, idx, **dict(opts, causal=1))
     with pytest.raises(ValueError, match=r"q2k_block_index\[\(0, 1, 0, 0\)\]=7 is outside"):
         jsa.validate_bsa_metadata(q, k, v, idx.at[0, 1, 0, 0].set(7), **opts)
+
+
+@pytest.mark.parametrize("pack,kv_splits", [(False, 1), (False, 3), (True, 1), (True, 2)])
+def test_reference_causal_unseen_nan_kv_contributes_nothing(pack, kv_splits):
+    """S_q = S_kv = 100, blk 64, H_q 2 / H_kv 1: query block 0 lists KV blocks 0 and 1, the
+    other blocks list block 0 only, so keys 64..99 are seen by no query row (block 1 lies
+    past the diagonal of block 0's last row). NaN in K and Inf in V there: out, lse and the
+    gradients equal those of clean K/V, no NaN."""
+    rng = np.random.default_rng(3)
+    q, k, v, do = (rng.standard_normal(s) for s in ((1, 2, 100, 8), (1, 1, 100, 8),
+                                                    (1, 1, 100, 8), (1, 2, 100, 8)))
+    hm, nq = (1, 4) if pack else (2, 2)  # packed: r = 2, N_qp = ceil(200 / 64)
+    idx = np.zeros((1, hm, nq, 2), np.int32)
+    idx[:, :, 0] = [0, 1]
+    nums = np.ones((1, hm, nq), np.int32)
+    nums[:, :, 0] = 2
+    kp, vp = k.copy(), v.copy()
+    kp[:, :, 64:] = np.nan
+    vp[:, :, 64:] = np.inf
+    opts = dict(causal=True, pack_gqa=pack, kv_splits=kv_splits)
+    clean = run(q, k, v, do, idx, nums, **opts)
+    got = run(q, kp, vp, do, idx, nums, **opts)
+    for name, a, b in zip(("out", "lse", "dq", "dk", "dv"), got, clean):
+        assert not np.isnan(a).any(), name
+        if name == "dk" or name == "dv":  # unseen keys get zero gradients
+            assert np.all(a[:, :, 64:] == 0), name
+        np.testing.assert_allclose(a, b, rtol=1e-13, atol=1e-13, err_msg=name)
 
 
 # ----------------------------------------------------------------------------- kernel path
