@@ -16,8 +16,8 @@ Inputs hold NaN (and Inf) in every K/V row no query row sees. New here:
   count) with S_q = S_kv = 1023 MQA, 17 splits (its smallest runtime-count one), the mma.sync
   forward at D 256 / blk 128.
 * ``causal`` with ``kv_splits`` (``tests/test_gpu_bsa_causal.py``'s check, NaN/Inf in every
-  key no row sees): S_q > S_kv (1023 vs 129) with r = 3 and empty rows, S_q = 113 on the sm90
-  forward at blk 128 with 7 splits and future-only rows, ``"auto"`` with S_q > S_kv on sm90ws.
+  key no row sees): S_q > S_kv (1023 vs 129) with r = 3 and empty rows, S_q = 333 on the sm90
+  forward at blk 128 with 7 splits, future-only and empty rows, ``"auto"`` with S_q > S_kv on sm90ws.
 * every count 0 with splits and causal and all-NaN K/V; zero-size calls (S_q = 0, S_kv = 0,
   B = 0) on every path: out 0, lse -inf, zero gradients, no launch error.
 
@@ -70,8 +70,9 @@ SPLITS = [
 CAUSAL = [
     (gc.CausalCase("x-bf16-blk64-d64-sq-gt-skv-r3-empty", blk=64, d=64, layout="bshd", hq=6,
                    hkv=2, sq=1023, skv=129, kmax=3, counts="empty"), 5),
-    (gc.CausalCase("x-fp16-blk128-d128-sq113-sm90-future", dtype="float16", sq=113, skv=4001,
-                   kmax=6, pattern="future", impl="sm90", b=3), 7),
+    (gc.CausalCase("x-fp16-blk128-d128-sq333-sm90-future-gqa", dtype="float16", hq=8, hkv=2,
+                   sq=333, skv=4001, kmax=6, pattern="future", counts="empty", impl="sm90",
+                   b=3), 7),
     (gc.CausalCase("x-bf16-blk128-d64-sq300-skv129-ws", d=64, sq=300, skv=129, kmax=2),
      "auto"),
 ]
