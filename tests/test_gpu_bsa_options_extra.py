@@ -15,15 +15,17 @@ Inputs hold NaN (and Inf) in every K/V row no query row sees. New here:
   blk) and more splits than listed blocks, 16 splits (the combine kernel's largest unrolled
   count) with S_q = S_kv = 1023 MQA, 17 splits (its smallest runtime-count one), the mma.sync
   forward at D 256 / blk 128.
-* ``causal`` with ``kv_splits`` (``tests/test_gpu_bsa_causal.py``'s check, NaN/Inf in every
-  key no row sees): S_q > S_kv (1023 vs 129) with r = 3 and empty rows, S_q = 333 on the sm90
-  forward at blk 128 with 7 splits, future-only and empty rows, ``"auto"`` with S_q > S_kv on sm90ws.
+* ``causal`` with ``kv_splits`` (``tests/test_gpu_bsa_causal.py``'s check, NaN/Inf in
+  every key no row sees): S_q > S_kv (1023 vs 129) with r = 3 and empty rows, S_q = 333 on
+  the sm90 forward at blk 128 with 7 splits, future-only and empty rows, ``"auto"`` with
+  S_q > S_kv on sm90ws.
 * every count 0 with splits and causal and all-NaN K/V; zero-size calls (S_q = 0, S_kv = 0,
   B = 0) on every path: out 0, lse -inf, zero gradients, no launch error.
 
-Run on the H200 (6 processes, about 2 cases each):
-``seq 0 5 | xargs -P 6 -I{} env EXTRA_SHARD={}/6 timeout 120 python3 -m pytest -m gpu -q -rA
-tests/test_gpu_bsa_options_extra.py``
+Run on the H200 (7 processes, about 2 cases each, within 120 s):
+``T=120 OUT=$OUT bash scripts/gpu_r1.sh`` (logs in ``$OUT/r1_logs.tgz``), or by hand
+``seq 0 6 | XLA_PYTHON_CLIENT_PREALLOCATE=false xargs -P 7 -I{} env EXTRA_SHARD={}/7
+timeout 115 python3 -m pytest -m gpu -q -rA tests/test_gpu_bsa_options_extra.py``.
 """
 
 from __future__ import annotations
