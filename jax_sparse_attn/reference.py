@@ -38,7 +38,7 @@ from jax import lax
 
 from .masks import func_interval_mask
 from .metadata import auto_kv_splits, kv_split_ids, normalize_bsa_metadata
-from .validation import HSTU_PAGE_SIZE
+from .validation import HSTU_PAGE_SIZE, MAX_KV_SPLITS, check_kv_splits
 
 __all__ = [
     "hstu_attention_ref",
@@ -331,9 +331,9 @@ def _pad_blocks(x, n_blocks, blk):
 
 
 def _bsa_item_keys(n, idx, nums, sizes, dims):
-    """Per (b, h, m) item: gathered KV block ids, the key validity mask, the valid query
-    rows and the (row, key) mask ``allowed`` (the key mask, and causal: key position <=
-    query position + S_kv - S_q)."""
+    """Per (b, h, m) item: gathered KV block ids, the key validity mask (causal: also
+    keys that the item's last query row sees), the valid query rows and the (row, key) mask
+    ``allowed`` (the key mask, and causal: key position <= query position + S_kv - S_q)."""
     B, Hq, Hkv, Sq, Skv, D, Dv, Nq, Nkv, blk, r, diag = dims
     K_max = idx.shape[-1]
     b = n // (Hq * Nq)
@@ -348,6 +348,11 @@ def _bsa_item_keys(n, idx, nums, sizes, dims):
     if sizes is not None:
         kval = kval & (off[None, :] < sizes[b, h, idc][:, None])
     qrow_ok = (m * blk + off) < Sq
+    if diag is not None:
+        # keys past the diagonal of the item's last query row are seen by none of its rows:
+        # they are no keys of the item (selected to zero below, whatever K/V hold there)
+        q_last = (jnp.minimum((m + 1) * blk, Sq) - 1) // r
+        kval = kval & (kpos <= q_last + diag)
     kval = kval.reshape(K_max * blk)
     allowed = kval[None, :]
     if diag is not None:
@@ -433,7 +438,8 @@ def _block_sparse_attention_ref_impl(
       block_sizes: None or int32 of rank 1 ``(N_kv,)``, 2 ``(B, N_kv)`` or 3 ``(B, H_q, N_kv)``.
       softmax_scale: default ``1/sqrt(D)``.
       compute_dtype: dtype of the computation (default float32 / float64 for float64 inputs).
-      kv_splits: static int >= 1 or ``"auto"``: each row's active list is cut into that many
+      kv_splits: static int in ``[1, 256]`` or ``"auto"`` (else ValueError / TypeError, as
+        the op's): each row's active list is cut into that many
         contiguous chunks (:func:`~jax_sparse_attn.metadata.kv_split_ids`), each chunk's
         softmax partial is computed alone and the partials are merged by
         :func:`combine_kv_splits` (the split-KV computation; same result up to rounding).
@@ -672,7 +678,7 @@ def block_sparse_attention_ref(q, k, v, q2k_block_index, q2k_block_nums, block_s
                         sparse_block_size=int(sparse_block_size),
                         softmax_scale=_static_float(softmax_scale),
                         compute_dtype=_static_dtype(compute_dtype),
-                        kv_splits=kv_splits if kv_splits == "auto" else int(kv_splits),
+                        kv_splits=check_kv_splits(kv_splits, MAX_KV_SPLITS),
                         pack_gqa=bool(pack_gqa), causal=bool(causal))
 
 

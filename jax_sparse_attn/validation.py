@@ -559,11 +559,13 @@ def check_bsa_args(q, k, v, q2k_block_index, block_sparse_num=None, block_sizes=
 
 def validate_bsa_metadata(q, k, v, q2k_block_index, block_sparse_num=None, block_sizes=None,
                           q2k_block_nums=None, *, sparse_block_size=128, layout="bhsd",
-                          allow_empty_block_nums=False, softmax_scale=None, pack_gqa=False):
+                          allow_empty_block_nums=False, softmax_scale=None, pack_gqa=False,
+                          kv_splits=1, causal=False):
     """Check the shapes *and values* of block-sparse attention metadata eagerly.
 
     Takes the same arguments as :func:`~jax_sparse_attn.block_sparse_attention` (``q``,
-    ``k``, ``v`` may be :class:`jax.ShapeDtypeStruct`). Value checks: counts in
+    ``k``, ``v`` may be :class:`jax.ShapeDtypeStruct`; ``kv_splits`` and ``causal`` are
+    checked like the op's and do not change the metadata contract). Value checks: counts in
     ``[1, K_max]`` (``[0, K_max]`` with ``allow_empty_block_nums``); indices of the active
     prefix in ``[0, N_kv)`` and unique within their row (entries past the prefix are
     ignored); ``block_sizes`` in ``[1, sparse_block_size]``.
@@ -582,7 +584,8 @@ def validate_bsa_metadata(q, k, v, q2k_block_index, block_sparse_num=None, block
     opts = check_bsa_args(q, k, v, q2k_block_index, block_sparse_num, block_sizes,
                           q2k_block_nums, sparse_block_size=sparse_block_size,
                           softmax_scale=softmax_scale, layout=layout,
-                          allow_empty_block_nums=allow_empty_block_nums, pack_gqa=pack_gqa)
+                          allow_empty_block_nums=allow_empty_block_nums, pack_gqa=pack_gqa,
+                          kv_splits=kv_splits, causal=causal)
     _bsa_value_checks(q2k_block_index, block_sizes, q2k_block_nums, allow_empty_block_nums, opts)
 
 

@@ -453,6 +453,11 @@ def bsa_fwd(q, k, v, q2k_block_index, q2k_block_nums, block_sizes, cfg):
     """
     from .._cute_call import call_builder  # noqa: PLC0415
 
+    if cfg.batch * cfg.num_heads_q * cfg.seqlen_q == 0 or cfg.seqlen_kv == 0:
+        # no query row, or no key for any row: nothing to launch (a grid or TMA box of zero
+        # extent); the result of rows without keys
+        return (jnp.zeros(q.shape[:-1] + (cfg.head_dim_v,), q.dtype),
+                jnp.full((cfg.batch, cfg.num_heads_q, cfg.seqlen_q), -jnp.inf, jnp.float32))
     spec = _specs(cfg.layout)
     if cfg.fwd.kv_splits > 1:
         return _bsa_fwd_split(q, k, v, q2k_block_index, q2k_block_nums, block_sizes, cfg, spec)
@@ -520,8 +525,13 @@ def _bsa_fwd_split(q, k, v, idx, nums, sizes, cfg, spec):
     n_splits = cfg.fwd.kv_splits
     B, H, S_q, D_v = cfg.batch, cfg.num_heads_q, cfg.seqlen_q, cfg.head_dim_v
     out_shape = q.shape[:-1] + (D_v,)
-    if B * H * S_q == 0:
-        return jnp.zeros(out_shape, q.dtype), jnp.full((B, H, S_q), -jnp.inf, jnp.float32)
+    if n_splits * B * H * S_q * D_v > _MAX_PARTIAL_ELEMS:
+        # the public layer declines this (kv_splits_unsupported_reason); jax.vmap folds its
+        # axis into B after that check, so it is repeated on the folded shape here
+        raise NotImplementedError(
+            f"kv_splits={n_splits}: the {n_splits} fp32 partial outputs of {B * H * S_q * D_v} "
+            f"elements each (B={B} including any jax.vmap axis, H_q={H}, S_q={S_q}, "
+            f"D_v={D_v}) exceed 2^31 elements; use fewer splits or backend='reference'")
     if cfg.fwd.impl != "sm90ws":
         # the sm90ws forward clamps counts, ids and sizes itself (block_info.BlockList); the
         # others read the metadata as given
@@ -644,6 +654,9 @@ def bsa_bwd(do, q, k, v, out, lse, q2k_block_index, q2k_block_nums, block_sizes,
     the layouts and dtypes of q, k, v."""
     from .._cute_call import call_builder  # noqa: PLC0415
 
+    if cfg.batch * cfg.num_heads_q * cfg.seqlen_q == 0 or cfg.seqlen_kv == 0:
+        # no query row or no key: zero gradients, nothing to launch (see bsa_fwd)
+        return jnp.zeros_like(q), jnp.zeros_like(k), jnp.zeros_like(v)
     spec = _specs(cfg.layout)
     q2k_block_index, q2k_block_nums, block_sizes = _sanitize(
         q2k_block_index, q2k_block_nums, block_sizes, cfg)
