@@ -233,7 +233,7 @@ _hstu_jit = jax.jit(_hstu, static_argnums=(0,))
 _bwd_jit = jax.jit(_bwd_impl, static_argnums=(0,))
 
 
-def _paged_impl(cfg, q, paged_kv, page_ids, page_indptrs, cu_q, cu_k):
+def _paged_backend(cfg, q, paged_kv, page_ids, page_indptrs, cu_q, cu_k):
     if cfg.backend == "kernel":
         # the paged-KV kernel hook (docs/design.md): ffi.hstu.hstu_fwd_paged, same contract
         # as hstu_fwd with the pages in place of k and v
@@ -241,6 +241,12 @@ def _paged_impl(cfg, q, paged_kv, page_ids, page_indptrs, cu_q, cu_k):
     return reference.hstu_attention_ref(q, None, None, cu_q, cu_k, None, paged_kv=paged_kv,
                                         page_ids=page_ids, page_indptrs=page_indptrs,
                                         **_ref_options(cfg))
+
+
+# jax.vmap folds the mapped axis into the packed token axis and the page table
+def _paged_impl(cfg, q, paged_kv, page_ids, page_indptrs, cu_q, cu_k):
+    return _transforms.hstu_fwd_paged(cfg, _paged_backend)(q, paged_kv, page_ids,
+                                                           page_indptrs, cu_q, cu_k)
 
 
 _PAGED_GRAD_MSG = (

@@ -126,6 +126,35 @@ def test_paged_kv_matches_oracle(ratio, lengths_q, lengths_k):
     np.testing.assert_allclose(out, want_p, rtol=1e-10, atol=1e-12)
 
 
+@pytest.mark.parametrize("cache_mapped", [True, False])
+def test_paged_kv_vmap_equals_loop(cache_mapped):
+    """``jax.vmap`` of a paged call (mapped queries / page tables, a mapped or a shared
+    cache) folds the mapped axis into one call (``_transforms.hstu_fwd_paged``; the kernel's
+    cute call has no batching rule) and equals the per-item calls bit for bit, garbage page
+    ids included (clamped per item, as the unmapped op does)."""
+    items = [paged_case([1, 0, 5], [130, 0, 7], H=2, H_kv=1, seed=s) for s in (11, 12)]
+    if not cache_mapped:  # one cache and page table, different queries per item
+        items = [items[0][:1] + items[0][1:] for _ in items]
+        items[1] = (items[1][0] * 2,) + items[1][1:]
+    stack = [jnp.asarray(np.stack([it[i] for it in items]), jnp.float32) if i < 2
+             else jnp.asarray(np.stack([it[i] for it in items])) for i in range(6)]
+    ids = stack[2].at[1, 0].set(-5).at[0, 2].set(10 ** 6) if cache_mapped else stack[2]
+    stack[2] = ids
+
+    def f(q, kv, i, p, a, b):
+        return jsa.hstu_attention(q, None, None, a, b, max_seqlen_q=5, max_seqlen_k=130,
+                                  paged_kv=kv, page_ids=i, page_indptrs=p, backend="reference")
+
+    axes = (0, 0 if cache_mapped else None, 0, 0, 0, 0)
+    args = [x if a == 0 else x[0] for x, a in zip(stack, axes)]
+    out = np.asarray(jax.jit(jax.vmap(f, in_axes=axes))(*args))
+    for n in range(2):
+        one = [x[n] if a == 0 else x for x, a in zip(args, axes)]
+        np.testing.assert_array_equal(out[n], np.asarray(jax.jit(f)(*one)))
+    # (a garbage id may select a NaN page: unspecified values, the same in both)
+    assert np.nanmax(np.abs(out)) > 0 and (cache_mapped or np.isfinite(out).all())
+
+
 def test_gqa_and_paged_validation_messages():
     q = jnp.zeros((4, 6, 8))
     cu = jnp.asarray([0, 4], jnp.int32)
