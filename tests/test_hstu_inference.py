@@ -219,10 +219,12 @@ def test_resolve_kv_splits():
 
 
 # --------------------------------------------------------------- GPU: paged-KV forward kernel
-def _paged_gpu_inputs(lens_q, lens_k, heads, h_kv, d, seed, extra_slots=2, spare_pages=3):
-    """bf16 paged cache: each sequence's pages shuffled over the cache, NaN in every slot past
-    a sequence's keys and in the spare pages, ``extra_slots`` garbage page ids (negative,
-    huge, a NaN page) after each sequence's pages; q rows past ``cu_seqlens_q[-1]`` NaN."""
+def _paged_gpu_inputs(lens_q, lens_k, heads, h_kv, d, seed, extra_slots=2, spare_pages=3,
+                      dtype=jnp.bfloat16, spare_fill=(np.nan,)):
+    """Paged cache (``dtype``, default bf16): each sequence's pages shuffled over the cache,
+    NaN in every slot past a sequence's keys, the spare pages filled with ``spare_fill``
+    (cycled: NaN by default), ``extra_slots`` garbage page ids (negative, huge, a spare
+    page) after each sequence's pages; q rows past ``cu_seqlens_q[-1]`` NaN."""
     rng = np.random.default_rng(seed)
     need = [-(-lk // PAGE) for lk in lens_k]
     n_pages = sum(need) + spare_pages
@@ -242,7 +244,9 @@ def _paged_gpu_inputs(lens_q, lens_k, heads, h_kv, d, seed, extra_slots=2, spare
     cu_k = np.concatenate([[0], np.cumsum(lens_k)]).astype(np.int32)
     q = rng.standard_normal((int(cu_q[-1]) + 64, heads, d)).astype(np.float32)
     q[int(cu_q[-1]):] = np.nan
-    bf = lambda x: jnp.asarray(x, jnp.bfloat16)  # noqa: E731
+    for i, page in enumerate(perm[used:]):
+        kv[page] = spare_fill[i % len(spare_fill)]
+    bf = lambda x: jnp.asarray(x, dtype)  # noqa: E731
     return (bf(q), bf(kv), jnp.asarray(np.asarray(ids, np.int32)),
             jnp.asarray(np.asarray(ptr, np.int32)), jnp.asarray(cu_q), jnp.asarray(cu_k))
 
