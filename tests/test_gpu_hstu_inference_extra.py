@@ -152,3 +152,34 @@ def test_contiguous_targets_mqa_fp16_d64(window, kv_splits):
 
     _check(out, ref(None), ref(jnp.float16), n_q,
            f"contiguous mqa fp16 d64 window={window} kv_splits={kv_splits}")
+
+
+@pytest.mark.parametrize("layout", ["paged", "contiguous"])
+def test_no_query_in_any_sequence_writes_zeros(layout):
+    """Calls where no row belongs to a sequence (B = 0, and B = 3 users with histories but 0
+    queries each) with 40 query rows, 4 KV splits: every output element is written 0 (the
+    split partials of the rows past ``cu_seqlens_q[-1]`` included), after a poisoning call
+    on the same shapes whose rows are inside sequences."""
+    h, h_kv, d = 8, 1, 64
+    rng = np.random.default_rng(0)
+    q = jnp.asarray(rng.standard_normal((40, h, d)), jnp.float16)
+    for cu_q, cu_k in (([0], [0]), ([0, 0, 0, 0], [0, 300, 301, 1000])):
+        poison_q = [0, 10, 20, 40] if len(cu_q) == 4 else [0]
+        cu_q, cu_k, poison_q = (jnp.asarray(x, jnp.int32) for x in (cu_q, cu_k, poison_q))
+        kw = dict(max_seqlen_q=64, max_seqlen_k=1000, alpha=0.1)
+        if layout == "paged":
+            kv = jnp.asarray(rng.standard_normal((12, 2, PAGE, h_kv, d)), jnp.float16)
+            ids = jnp.arange(12, dtype=jnp.int32)
+            ptr = jnp.asarray([0, 3, 6, 12][:len(cu_q)], jnp.int32)
+            fn = _paged_kernel_fn("kernel", 4, **kw)
+            jax.block_until_ready(fn(jnp.full_like(q, jnp.nan), kv, ids, ptr, poison_q, cu_k))
+            out = fn(q, kv, ids, ptr, cu_q, cu_k)
+        else:
+            k = jnp.asarray(rng.standard_normal((1000, h_kv, d)), jnp.float16)
+            fn = jax.jit(lambda q, k, v, a, b: jsa.hstu_attention(
+                q, k, v, a, b, backend="kernel", kv_splits=4, **kw))
+            jax.block_until_ready(fn(jnp.full_like(q, jnp.nan), k, k, poison_q, cu_k))
+            out = fn(q, k, k, cu_q, cu_k)
+        out = np.asarray(_f32(out))
+        assert out.shape == (40, h, d)
+        assert not np.any(out), f"{layout} B={len(cu_q) - 1}: nonzero/NaN rows outside sequences"
