@@ -171,6 +171,28 @@ def test_gqa_and_paged_validation_messages():
                            page_indptrs=jnp.asarray([0, 1], jnp.int32), backend="reference")
 
 
+def test_paged_and_validate_accept_python_lists():
+    """Python lists for the metadata (as for ``cu_seqlens`` in the op) are accepted by the
+    op for the page table and by ``validate_hstu_inputs`` for every metadata argument
+    (before, both raised TypeError for a list), and validated the same way."""
+    q, paged, ids, ptr, cu_q, cu_k, _, _ = paged_case([1, 2], [130, 5], H=2, H_kv=1, seed=9)
+    lists = [x.tolist() for x in (ids, ptr, cu_q, cu_k)]
+    kw = dict(max_seqlen_q=2, max_seqlen_k=130, paged_kv=jnp.asarray(paged, jnp.float32))
+    qf = jnp.asarray(q, jnp.float32)
+    want = jsa.hstu_attention(qf, None, None, jnp.asarray(cu_q), jnp.asarray(cu_k),
+                              page_ids=jnp.asarray(ids), page_indptrs=jnp.asarray(ptr),
+                              backend="reference", **kw)
+    got = jsa.hstu_attention(qf, None, None, lists[2], lists[3], page_ids=lists[0],
+                             page_indptrs=lists[1], backend="reference", **kw)
+    np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
+    jsa.validate_hstu_inputs(qf, None, None, lists[2], lists[3], page_ids=lists[0],
+                             page_indptrs=lists[1], **kw)
+    jsa.validate_hstu_inputs(qf, qf, qf, [0, 3], (0, 3), max_seqlen_q=3, max_seqlen_k=3)
+    with pytest.raises(ValueError, match=r"page_ids\[0\]=99 is outside"):
+        jsa.validate_hstu_inputs(qf, None, None, lists[2], lists[3], page_ids=[99] + lists[0][1:],
+                                 page_indptrs=lists[1], **kw)
+
+
 def test_gqa_kernel_routing_names_the_option():
     """GQA needs the sm90ws forward and the sm90 backward; the portable sm80 kernels decline
     it with a reason naming the switch (backend='kernel' raises it, 'auto' falls back)."""
