@@ -18,6 +18,8 @@ tests/test_gpu_hstu_inference_extra.py``.
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 import pytest
 
@@ -46,15 +48,22 @@ def _poisoned_call(fn, *args):
     return np.asarray(_f32(fn(*args)))
 
 
+@functools.lru_cache(maxsize=None)
+def _paged_ref_fn(cdt, kw_items):
+    """The jitted paged reference for one compute dtype and option set (one compile per
+    shapes, shared by the calls of a test)."""
+    kw = dict(kw_items)
+    return jax.jit(lambda q, kv, i, p, a, b: reference.hstu_attention_ref(
+        q, None, None, a, b, None, paged_kv=kv, page_ids=i, page_indptrs=p,
+        compute_dtype=cdt, **kw))
+
+
 def _paged_ref(q, kv, ids, ptr, cu_q, cu_k, kw):
+    """(float32 reference, input-dtype reference) of the rows inside sequences."""
     n = int(cu_q[-1])
-
-    def ref(cdt):
-        return jax.jit(lambda q, kv, i, p, a, b: reference.hstu_attention_ref(
-            q, None, None, a, b, None, paged_kv=kv, page_ids=i, page_indptrs=p,
-            compute_dtype=cdt, **kw))(q[:n], kv, ids, ptr, cu_q, cu_k)
-
-    return ref(None), ref(kv.dtype)
+    items = tuple(sorted(kw.items()))
+    return tuple(_paged_ref_fn(cdt, items)(q[:n], kv, ids, ptr, cu_q, cu_k)
+                 for cdt in (None, jnp.dtype(kv.dtype)))
 
 
 def _check(out, truth, base, n, label):
@@ -75,11 +84,11 @@ def _share_full_page(ids, ptr, lens_k, src, dst, dst_page):
     return jnp.asarray(ids)
 
 
-@pytest.mark.parametrize("kv_splits", [1, "auto", 5])
+@pytest.mark.parametrize("kv_splits", [1, "auto"])
 def test_paged_mixed_users_mqa_fp16_d64(kv_splits):
     """8 users (1-query and 64-target users mixed), MQA 8 -> 1 KV head, float16, D = 64;
     spare pages alternately NaN, +Inf, -Inf; user 7 reads user 6's first page as its
-    fourth; ``"auto"`` resolves to 2 splits here (64 work items)."""
+    fourth; ``"auto"`` resolves to 2 splits on the H200 (64 work items, 132 SMs)."""
     q, kv, ids, ptr, cu_q, cu_k = _paged_gpu_inputs(
         MIXED_Q, MIXED_K, 8, 1, 64, seed=113, extra_slots=3, spare_pages=5,
         dtype=jnp.float16, spare_fill=(np.nan, np.inf, -np.inf))
@@ -126,13 +135,13 @@ def test_paged_vmap_kernel_equals_loop(cache_mapped):
         _check(out[n], *_paged_ref(*it, kw), int(it[4][-1]), f"paged vmap item {n}")
 
 
-@pytest.mark.parametrize("window,kv_splits", [((-1, 0), 1), ((-1, 0), 4), ((200, 0), 16)],
-                         ids=["causal-s1", "causal-s4", "local200-s16"])
+@pytest.mark.parametrize("window,kv_splits", [((-1, 0), 4), ((200, 0), 16)],
+                         ids=["causal-s4", "local200-s16"])
 def test_contiguous_targets_mqa_fp16_d64(window, kv_splits):
     """Contiguous short-query forwards: the users of the mixed batch (1 query / 64 targets,
     more targets than history for two users, a zero-length history with a query), MQA
-    8 -> 1, float16, D = 64, causal and a local window (left 200), 1 / 4 / 16 KV splits (16
-    splits: most are empty for the short histories); NaN rows past the packed tokens."""
+    8 -> 1, float16, D = 64, causal and a local window (left 200), 4 / 16 KV splits (16
+    splits: most are empty for the short histories); NaN / Inf rows past the packed tokens."""
     cu_q = jnp.asarray(np.concatenate([[0], np.cumsum(MIXED_Q)]), jnp.int32)
     cu_k = jnp.asarray(np.concatenate([[0], np.cumsum(MIXED_K)]), jnp.int32)
     n_q, n_k = int(cu_q[-1]), int(cu_k[-1])
@@ -157,7 +166,7 @@ def test_contiguous_targets_mqa_fp16_d64(window, kv_splits):
 @pytest.mark.parametrize("layout", ["paged", "contiguous"])
 def test_no_query_in_any_sequence_writes_zeros(layout):
     """Calls where no row belongs to a sequence (B = 0, and B = 3 users with histories but 0
-    queries each) with 40 query rows, 4 KV splits: every output element is written 0 (the
+    queries each) with 40 query rows, 2 (paged) / 4 (contiguous) KV splits: every output element is written 0 (the
     split partials of the rows past ``cu_seqlens_q[-1]`` included), after a poisoning call
     on the same shapes whose rows are inside sequences."""
     h, h_kv, d = 8, 1, 64
@@ -171,7 +180,7 @@ def test_no_query_in_any_sequence_writes_zeros(layout):
             kv = jnp.asarray(rng.standard_normal((12, 2, PAGE, h_kv, d)), jnp.float16)
             ids = jnp.arange(12, dtype=jnp.int32)
             ptr = jnp.asarray([0, 3, 6, 12][:len(cu_q)], jnp.int32)
-            fn = _paged_kernel_fn("kernel", 4, **kw)
+            fn = _paged_kernel_fn("kernel", 2, **kw)
             jax.block_until_ready(fn(jnp.full_like(q, jnp.nan), kv, ids, ptr, poison_q, cu_k))
             out = fn(q, kv, ids, ptr, cu_q, cu_k)
         else:
