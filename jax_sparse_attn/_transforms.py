@@ -118,6 +118,8 @@ def hstu_fwd(cfg, impl):
 
     @f.def_vmap
     def rule(axis_size, in_batched, q, k, v, cu_q, cu_k, func, rab):
+        if axis_size == 0:  # vmap over no item: nothing to fold or compute
+            return jnp.zeros((0,) + q.shape[-3:-1] + v.shape[-1:], q.dtype), True
         args, n, t_q, _ = _hstu_fold(axis_size, in_batched, q, k, v, cu_q, cu_k, func, rab)
         out = f(*args)
         return out.reshape((n, t_q) + tuple(out.shape[1:])), True
@@ -136,6 +138,10 @@ def hstu_bwd(cfg, impl):
 
     @f.def_vmap
     def rule(axis_size, in_batched, do, q, k, v, cu_q, cu_k, func, rab):
+        if axis_size == 0:  # vmap over no item: empty gradients
+            empty = tuple(jnp.zeros((0,) + x.shape[x.ndim - nd:], x.dtype)
+                          for x, nd in ((q, 3), (k, 3), (v, 3), (rab, 4)) if x is not None)
+            return empty, (True,) * len(empty)
         do = _bcast(do, in_batched[0], axis_size)
         args, n, t_q, t_k = _hstu_fold(axis_size, in_batched[1:], q, k, v, cu_q, cu_k, func,
                                        rab)
@@ -161,6 +167,8 @@ def hstu_fwd_paged(cfg, impl):
     @f.def_vmap
     def rule(axis_size, in_batched, q, paged_kv, page_ids, page_indptrs, cu_q, cu_k):
         n = axis_size
+        if n == 0:  # vmap over no item: nothing to fold or compute
+            return jnp.zeros((0,) + q.shape[-3:-1] + paged_kv.shape[-1:], q.dtype), True
         cache_batched = in_batched[1]
         q, page_ids, page_indptrs, cu_q, cu_k = (
             _bcast(x, b, n) for x, b in zip((q, page_ids, page_indptrs, cu_q, cu_k),
