@@ -14,6 +14,13 @@ with a rule that turns ``N`` mapped calls into one call of the same implementati
   gets two zero bias blocks per item for its two pseudo-sequences (which read no bias: one
   has no keys, the other no queries) and ``drab`` drops them again. Contract used:
   ``cu_seqlens[..., 0] == 0`` (checked eagerly for concrete metadata).
+* **HSTU paged KV** (forward only): queries and ``cu_seqlens`` fold as above, with
+  ``P * 128`` keys per item (what its ``P`` page slots hold); ``page_ids`` are concatenated
+  and ``page_indptrs`` offset by ``n*P`` like ``cu_seqlens`` (the key-only pseudo-sequence
+  takes the item's unused slots). A mapped cache ``(N, num_pages, 2, 128, H_kv, D)`` is
+  merged to ``(N*num_pages, ...)`` and item ``n``'s page ids, clamped into
+  ``[0, num_pages)`` as the unmapped op clamps them, are offset by ``n*num_pages``; an
+  unmapped cache is shared by all items (never broadcast).
 * **BSA** (``(B, H, S, D)``): the mapped axis is merged into ``B`` (metadata too).
 
 Unmapped arguments are broadcast first, so any mix of mapped and unmapped arrays and
@@ -31,7 +38,7 @@ import jax
 import jax.numpy as jnp
 from jax.custom_batching import custom_vmap
 
-__all__ = ["hstu_fwd", "hstu_bwd", "bsa_fwd", "bsa_bwd", "fold_cu_seqlens"]
+__all__ = ["hstu_fwd", "hstu_bwd", "hstu_fwd_paged", "bsa_fwd", "bsa_bwd", "fold_cu_seqlens"]
 
 
 def _bcast(x, batched, n):
@@ -111,6 +118,8 @@ def hstu_fwd(cfg, impl):
 
     @f.def_vmap
     def rule(axis_size, in_batched, q, k, v, cu_q, cu_k, func, rab):
+        if axis_size == 0:  # vmap over no item: nothing to fold or compute
+            return jnp.zeros((0,) + q.shape[-3:-1] + v.shape[-1:], q.dtype), True
         args, n, t_q, _ = _hstu_fold(axis_size, in_batched, q, k, v, cu_q, cu_k, func, rab)
         out = f(*args)
         return out.reshape((n, t_q) + tuple(out.shape[1:])), True
@@ -129,6 +138,10 @@ def hstu_bwd(cfg, impl):
 
     @f.def_vmap
     def rule(axis_size, in_batched, do, q, k, v, cu_q, cu_k, func, rab):
+        if axis_size == 0:  # vmap over no item: empty gradients
+            empty = tuple(jnp.zeros((0,) + x.shape[x.ndim - nd:], x.dtype)
+                          for x, nd in ((q, 3), (k, 3), (v, 3), (rab, 4)) if x is not None)
+            return empty, (True,) * len(empty)
         do = _bcast(do, in_batched[0], axis_size)
         args, n, t_q, t_k = _hstu_fold(axis_size, in_batched[1:], q, k, v, cu_q, cu_k, func,
                                        rab)
@@ -138,6 +151,39 @@ def hstu_bwd(cfg, impl):
         if rab is not None:
             out = out + (_unfold_rab(grads[3], n),)
         return out, (True,) * len(out)
+
+    return f
+
+
+@functools.lru_cache(maxsize=None)
+def hstu_fwd_paged(cfg, impl):
+    """``impl(cfg, q, paged_kv, page_ids, page_indptrs, cu_q, cu_k) -> out`` (paged-KV
+    forward) as a custom_vmap function of the arrays."""
+
+    @custom_vmap
+    def f(q, paged_kv, page_ids, page_indptrs, cu_q, cu_k):
+        return impl(cfg, q, paged_kv, page_ids, page_indptrs, cu_q, cu_k)
+
+    @f.def_vmap
+    def rule(axis_size, in_batched, q, paged_kv, page_ids, page_indptrs, cu_q, cu_k):
+        n = axis_size
+        if n == 0:  # vmap over no item: nothing to fold or compute
+            return jnp.zeros((0,) + q.shape[-3:-1] + paged_kv.shape[-1:], q.dtype), True
+        cache_batched = in_batched[1]
+        q, page_ids, page_indptrs, cu_q, cu_k = (
+            _bcast(x, b, n) for x, b in zip((q, page_ids, page_indptrs, cu_q, cu_k),
+                                            (in_batched[0],) + tuple(in_batched[2:])))
+        t_q, n_slots = q.shape[1], page_ids.shape[1]
+        page = paged_kv.shape[-3]
+        fq, fk = fold_cu_seqlens(cu_q, cu_k, t_q, n_slots * page)
+        _, fp = fold_cu_seqlens(page_indptrs, page_indptrs, n_slots, n_slots)
+        if cache_batched:
+            n_pages = paged_kv.shape[1]
+            ids = jnp.clip(page_ids.astype(jnp.int32), 0, max(n_pages - 1, 0))
+            page_ids = ids + jnp.arange(n, dtype=jnp.int32)[:, None] * n_pages
+            paged_kv = _merge(paged_kv)
+        out = f(_merge(q), paged_kv, _merge(page_ids), fp, fq, fk)
+        return out.reshape((n, t_q) + tuple(out.shape[1:])), True
 
     return f
 

@@ -233,7 +233,7 @@ _hstu_jit = jax.jit(_hstu, static_argnums=(0,))
 _bwd_jit = jax.jit(_bwd_impl, static_argnums=(0,))
 
 
-def _paged_impl(cfg, q, paged_kv, page_ids, page_indptrs, cu_q, cu_k):
+def _paged_backend(cfg, q, paged_kv, page_ids, page_indptrs, cu_q, cu_k):
     if cfg.backend == "kernel":
         # the paged-KV kernel hook (docs/design.md): ffi.hstu.hstu_fwd_paged, same contract
         # as hstu_fwd with the pages in place of k and v
@@ -241,6 +241,12 @@ def _paged_impl(cfg, q, paged_kv, page_ids, page_indptrs, cu_q, cu_k):
     return reference.hstu_attention_ref(q, None, None, cu_q, cu_k, None, paged_kv=paged_kv,
                                         page_ids=page_ids, page_indptrs=page_indptrs,
                                         **_ref_options(cfg))
+
+
+# jax.vmap folds the mapped axis into the packed token axis and the page table
+def _paged_impl(cfg, q, paged_kv, page_ids, page_indptrs, cu_q, cu_k):
+    return _transforms.hstu_fwd_paged(cfg, _paged_backend)(q, paged_kv, page_ids,
+                                                           page_indptrs, cu_q, cu_k)
 
 
 _PAGED_GRAD_MSG = (
@@ -311,10 +317,13 @@ _PAGED_ARG_LINES = """
       paged_kv: optional ``(num_pages, 2, 128, H_kv, D)`` paged KV cache (index 0 = K,
         1 = V; ``H_kv`` divides ``H``); forward only, causal only. Then ``k``/``v`` must be
         None. Default None. The kernel backend (sm90ws forward) reads the pages in place.
-      page_ids: ``(P,)`` int32 page numbers; sequence ``b`` uses pages
-        ``page_ids[page_indptrs[b]:page_indptrs[b+1]]`` concatenated, truncated to
-        ``L_k`` from ``cu_seqlens_k``.
-      page_indptrs: ``(B+1,)`` int32.
+      page_ids: ``(P,)`` int32 page numbers in ``[0, num_pages)``; sequence ``b`` uses
+        pages ``page_ids[page_indptrs[b]:page_indptrs[b+1]]`` concatenated, truncated to
+        ``L_k`` from ``cu_seqlens_k`` (at least ``ceil(L_k / 128)`` of them; pages may be
+        shared between sequences).
+      page_indptrs: ``(B+1,)`` int32, starts at 0, non-decreasing, last entry <= P. Like
+        ``cu_seqlens``, Python lists and other integer dtypes are converted to int32;
+        the values are checked eagerly for concrete arrays.
       kv_splits: ``"auto"`` (default) or a static int in [1, 16]: split-KV of the sm90ws
         forward kernel (short queries over long histories: the keys of each query tile are
         split over this many work items, whose fp32 partial outputs are added in a fixed
@@ -368,6 +377,7 @@ def hstu_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q, max_seq
                    switches=None, debug_checks=False, rab=None, deterministic=False,
                    kv_splits="auto"):
     cu_seqlens_q, cu_seqlens_k = as_array_arg(cu_seqlens_q), as_array_arg(cu_seqlens_k)
+    page_ids, page_indptrs = as_array_arg(page_ids), as_array_arg(page_indptrs)
     if getattr(cu_seqlens_q, "ndim", 1) == 2 and getattr(cu_seqlens_k, "ndim", 1) == 2:
         return _per_shard(q, k, v, cu_seqlens_q, cu_seqlens_k, func, paged_kv, rab,
                           dict(max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k,

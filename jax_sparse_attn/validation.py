@@ -378,6 +378,8 @@ def validate_hstu_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q, m
       ValueError naming the first offending position; TypeError/ValueError from the
       trace-time checks.
     """
+    cu_seqlens_q, cu_seqlens_k, page_ids, page_indptrs = (
+        as_array_arg(x) for x in (cu_seqlens_q, cu_seqlens_k, page_ids, page_indptrs))
     opts = check_hstu_args(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q=max_seqlen_q,
                            max_seqlen_k=max_seqlen_k, scaling_seqlen=scaling_seqlen,
                            window_size=window_size, alpha=alpha, func=func, paged_kv=paged_kv,

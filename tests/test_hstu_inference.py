@@ -126,6 +126,35 @@ def test_paged_kv_matches_oracle(ratio, lengths_q, lengths_k):
     np.testing.assert_allclose(out, want_p, rtol=1e-10, atol=1e-12)
 
 
+@pytest.mark.parametrize("cache_mapped", [True, False])
+def test_paged_kv_vmap_equals_loop(cache_mapped):
+    """``jax.vmap`` of a paged call (mapped queries / page tables, a mapped or a shared
+    cache) folds the mapped axis into one call (``_transforms.hstu_fwd_paged``; the kernel's
+    cute call has no batching rule) and equals the per-item calls bit for bit, garbage page
+    ids included (clamped per item, as the unmapped op does)."""
+    items = [paged_case([1, 0, 5], [130, 0, 7], H=2, H_kv=1, seed=s) for s in (11, 12)]
+    if not cache_mapped:  # one cache and page table, different queries per item
+        items = [items[0][:1] + items[0][1:] for _ in items]
+        items[1] = (items[1][0] * 2,) + items[1][1:]
+    stack = [jnp.asarray(np.stack([it[i] for it in items]), jnp.float32) if i < 2
+             else jnp.asarray(np.stack([it[i] for it in items])) for i in range(6)]
+    ids = stack[2].at[1, 0].set(-5).at[0, 2].set(10 ** 6) if cache_mapped else stack[2]
+    stack[2] = ids
+
+    def f(q, kv, i, p, a, b):
+        return jsa.hstu_attention(q, None, None, a, b, max_seqlen_q=5, max_seqlen_k=130,
+                                  paged_kv=kv, page_ids=i, page_indptrs=p, backend="reference")
+
+    axes = (0, 0 if cache_mapped else None, 0, 0, 0, 0)
+    args = [x if a == 0 else x[0] for x, a in zip(stack, axes)]
+    out = np.asarray(jax.jit(jax.vmap(f, in_axes=axes))(*args))
+    for n in range(2):
+        one = [x[n] if a == 0 else x for x, a in zip(args, axes)]
+        np.testing.assert_array_equal(out[n], np.asarray(jax.jit(f)(*one)))
+    # (a garbage id may select a NaN page: unspecified values, the same in both)
+    assert np.nanmax(np.abs(out)) > 0 and (cache_mapped or np.isfinite(out).all())
+
+
 def test_gqa_and_paged_validation_messages():
     q = jnp.zeros((4, 6, 8))
     cu = jnp.asarray([0, 4], jnp.int32)
@@ -140,6 +169,28 @@ def test_gqa_and_paged_validation_messages():
                            paged_kv=jnp.zeros((2, 2, PAGE, 4, 8)),
                            page_ids=jnp.zeros((1,), jnp.int32),
                            page_indptrs=jnp.asarray([0, 1], jnp.int32), backend="reference")
+
+
+def test_paged_and_validate_accept_python_lists():
+    """Python lists for the metadata (as for ``cu_seqlens`` in the op) are accepted by the
+    op for the page table and by ``validate_hstu_inputs`` for every metadata argument
+    (before, both raised TypeError for a list), and validated the same way."""
+    q, paged, ids, ptr, cu_q, cu_k, _, _ = paged_case([1, 2], [130, 5], H=2, H_kv=1, seed=9)
+    lists = [x.tolist() for x in (ids, ptr, cu_q, cu_k)]
+    kw = dict(max_seqlen_q=2, max_seqlen_k=130, paged_kv=jnp.asarray(paged, jnp.float32))
+    qf = jnp.asarray(q, jnp.float32)
+    want = jsa.hstu_attention(qf, None, None, jnp.asarray(cu_q), jnp.asarray(cu_k),
+                              page_ids=jnp.asarray(ids), page_indptrs=jnp.asarray(ptr),
+                              backend="reference", **kw)
+    got = jsa.hstu_attention(qf, None, None, lists[2], lists[3], page_ids=lists[0],
+                             page_indptrs=lists[1], backend="reference", **kw)
+    np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
+    jsa.validate_hstu_inputs(qf, None, None, lists[2], lists[3], page_ids=lists[0],
+                             page_indptrs=lists[1], **kw)
+    jsa.validate_hstu_inputs(qf, qf, qf, [0, 3], (0, 3), max_seqlen_q=3, max_seqlen_k=3)
+    with pytest.raises(ValueError, match=r"page_ids\[0\]=99 is outside"):
+        jsa.validate_hstu_inputs(qf, None, None, lists[2], lists[3], page_ids=[99] + lists[0][1:],
+                                 page_indptrs=lists[1], **kw)
 
 
 def test_gqa_kernel_routing_names_the_option():
@@ -190,10 +241,12 @@ def test_resolve_kv_splits():
 
 
 # --------------------------------------------------------------- GPU: paged-KV forward kernel
-def _paged_gpu_inputs(lens_q, lens_k, heads, h_kv, d, seed, extra_slots=2, spare_pages=3):
-    """bf16 paged cache: each sequence's pages shuffled over the cache, NaN in every slot past
-    a sequence's keys and in the spare pages, ``extra_slots`` garbage page ids (negative,
-    huge, a NaN page) after each sequence's pages; q rows past ``cu_seqlens_q[-1]`` NaN."""
+def _paged_gpu_inputs(lens_q, lens_k, heads, h_kv, d, seed, extra_slots=2, spare_pages=3,
+                      dtype=jnp.bfloat16, spare_fill=(np.nan,)):
+    """Paged cache (``dtype``, default bf16): each sequence's pages shuffled over the cache,
+    NaN in every slot past a sequence's keys, the spare pages filled with ``spare_fill``
+    (cycled: NaN by default), ``extra_slots`` garbage page ids (negative, huge, a spare
+    page) after each sequence's pages; q rows past ``cu_seqlens_q[-1]`` NaN."""
     rng = np.random.default_rng(seed)
     need = [-(-lk // PAGE) for lk in lens_k]
     n_pages = sum(need) + spare_pages
@@ -213,7 +266,9 @@ def _paged_gpu_inputs(lens_q, lens_k, heads, h_kv, d, seed, extra_slots=2, spare
     cu_k = np.concatenate([[0], np.cumsum(lens_k)]).astype(np.int32)
     q = rng.standard_normal((int(cu_q[-1]) + 64, heads, d)).astype(np.float32)
     q[int(cu_q[-1]):] = np.nan
-    bf = lambda x: jnp.asarray(x, jnp.bfloat16)  # noqa: E731
+    for i, page in enumerate(perm[used:]):
+        kv[page] = spare_fill[i % len(spare_fill)]
+    bf = lambda x: jnp.asarray(x, dtype)  # noqa: E731
     return (bf(q), bf(kv), jnp.asarray(np.asarray(ids, np.int32)),
             jnp.asarray(np.asarray(ptr, np.int32)), jnp.asarray(cu_q), jnp.asarray(cu_k))
 

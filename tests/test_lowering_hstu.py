@@ -580,6 +580,29 @@ def test_hstu_paged_lowers(dtype, head_dim, h_kv):
     assert _SCHEDULE_KERNEL in txt
 
 
+@pytest.mark.parametrize("cache_mapped", [False, True])
+def test_hstu_paged_vmap_lowers(cache_mapped):
+    """``jax.vmap`` of a paged call on the kernel path (3 items; a shared cache or one per
+    item) folds into one call of the paged forward (the cute call has no batching rule);
+    here at D = 256 (two 64-key tiles per page), MQA and 3 KV splits."""
+    import jax_sparse_attn as jsa  # noqa: PLC0415
+
+    dt = jnp.bfloat16
+    q = jax.ShapeDtypeStruct((3, 40, 4, 256), dt)
+    kv = jax.ShapeDtypeStruct(((3,) if cache_mapped else ()) + (20, 2, 128, 1, 256), dt)
+    cu = jax.ShapeDtypeStruct((3, 5), jnp.int32)
+    ids = jax.ShapeDtypeStruct((3, 18), jnp.int32)
+
+    def fwd(q, kv, ids, ptr, cu_q, cu_k):
+        return jsa.hstu_attention(q, None, None, cu_q, cu_k, max_seqlen_q=20,
+                                  max_seqlen_k=2000, paged_kv=kv, page_ids=ids,
+                                  page_indptrs=ptr, kv_splits=3, backend="kernel")
+
+    axes = (0, 0 if cache_mapped else None, 0, 0, 0, 0)
+    txt = _lower(jax.vmap(fwd, in_axes=axes), q, kv, ids, cu, cu, cu)
+    assert _attention_calls(txt) == 1 and _SCHEDULE_KERNEL in txt and "\\7FELF" in txt
+
+
 _XLA_METADATA_OPS = ("stablehlo.sort", "stablehlo.reduce_window", "stablehlo.scatter",
                      "stablehlo.clamp", "stablehlo.maximum", "stablehlo.minimum",
                      "stablehlo.gather", "stablehlo.concatenate")

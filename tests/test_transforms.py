@@ -107,6 +107,29 @@ def test_hstu_vmap_of_grad_and_grad_of_vmap():
     _close(g2(q, k, v), got, 1e-4)
 
 
+def test_hstu_vmap_over_no_item():
+    """``jax.vmap`` over an axis of size 0 gives empty results of the right shapes and dtypes
+    (forward, gradients with rab, paged KV) instead of an IndexError of the fold."""
+    q, k, v = (x[:0] for x in _qkv(3, dv=8))
+    rab = jnp.zeros((0, CU.shape[1] - 1, 1, MAXQ, MAXQ))
+
+    def f(q, k, v, cu, rb):
+        return jsa.hstu_attention(q, k, v, cu, cu, max_seqlen_q=MAXQ, max_seqlen_k=MAXQ,
+                                  rab=rb, backend="reference")
+
+    out = jax.vmap(f)(q, k, v, CU[:0], rab)
+    assert out.shape == (0, T, H, 8) and out.dtype == q.dtype
+    g = jax.vmap(jax.grad(lambda *a: jnp.sum(f(*a)), argnums=(0, 1, 2, 4)),
+                 in_axes=(0, 0, 0, None, 0))(q, k, v, CU[0], rab)
+    assert [x.shape for x in g] == [q.shape, k.shape, v.shape, rab.shape]
+    kv = jnp.zeros((4, 2, 128, H, D), jnp.bfloat16)
+    out = jax.vmap(lambda q: jsa.hstu_attention(
+        q, None, None, CU[0], CU[0], max_seqlen_q=MAXQ, max_seqlen_k=MAXQ, paged_kv=kv,
+        page_ids=jnp.zeros((4,), jnp.int32), page_indptrs=jnp.asarray([0, 1, 2, 3]),
+        backend="reference"))(jnp.zeros((0, T, H, D), jnp.bfloat16))
+    assert out.shape == (0, T, H, D) and out.dtype == jnp.bfloat16
+
+
 def test_hstu_vmap_with_rab_matches_loop():
     """rab (per item (B, H_rab, L, L), batched or shared) folds with the sequences: the
     output and the gradients (drab included) equal a loop of unmapped calls, and the folded
