@@ -190,17 +190,20 @@ def topk_block_index(q, k, top_k: int, *, sparse_block_size: int = 128, layout: 
 
     Scores ``mean_pool(q_block_m) . mean_pool(k_block_n)`` (means over the valid tokens
     of each block; query head h uses KV head ``h // (H_q // H_kv)``). With ``causal`` KV
-    blocks after the query block's diagonal block ``d = m + N_kv - N_q`` (bottom-right
-    aligned by block count) are excluded and the diagonal block is always kept. When
-    ``N_q > N_kv`` the first ``N_q - N_kv`` query blocks have no diagonal block and get
-    count 0 (pass ``allow_empty_block_nums=True`` to the op).
+    blocks after the query block's diagonal block are excluded and the diagonal block is
+    always kept: the diagonal block holds key ``s_last + S_kv - S_q`` of the block's last
+    query position ``s_last = min((m + 1) blk, S_q) - 1`` (token-exact, bottom-right aligned
+    as the op's ``causal=True``, so the lists hold every key a causal call can see; when
+    ``S_q`` and ``S_kv`` are multiples of ``blk`` this is block ``m + N_kv - N_q``). A query
+    block whose last position sees no key (``s_last + S_kv - S_q < 0``, possible when
+    ``S_q > S_kv``) gets count 0 (pass ``allow_empty_block_nums=True`` to the op).
 
     With ``pack_gqa`` the metadata are built at packed granularity (the ``pack_gqa``
     contract of :func:`~jax_sparse_attn.block_sparse_attention`): the query block is the
     packed block ``m`` of KV head ``h_kv`` (packed rows ``[m blk, (m + 1) blk)``, row
     ``s r + g`` = position ``s`` of query head ``h_kv r + g``), pooled over all its rows;
-    with ``causal`` its diagonal block is the KV block holding key ``s_last + S_kv - S_q``
-    of its last query position ``s_last`` (token-exact; negative: count 0).
+    with ``causal`` its diagonal block is found as above from its last query position
+    ``s_last`` (packed row ``(m + 1) blk - 1`` is position ``((m + 1) blk - 1) // r``).
 
     Args:
       q: ``(B, H_q, S_q, D)`` (bhsd) or ``(B, S_q, H_q, D)`` (bshd).
@@ -208,7 +211,7 @@ def topk_block_index(q, k, top_k: int, *, sparse_block_size: int = 128, layout: 
       top_k: static ``K_max`` (>= 1, clipped to ``N_kv``).
       sparse_block_size: 64 or 128 (default 128, as the op's).
       layout: "bhsd" or "bshd".
-      causal: restrict to KV blocks ``n <= m + N_kv - N_q`` (packed: see above).
+      causal: restrict to KV blocks up to the diagonal block (see above).
       pack_gqa: build packed metadata (default False).
 
     Returns:
@@ -253,11 +256,10 @@ def topk_block_index(q, k, top_k: int, *, sparse_block_size: int = 128, layout: 
     if causal:
         m = jnp.arange(n_q)[:, None]
         n = jnp.arange(n_kv)[None, :]
-        if pack_gqa:
-            s_last = jnp.minimum(((m + 1) * blk - 1) // r, Sq - 1)
-            diag = jnp.floor_divide(s_last + (k.shape[2] - Sq), blk)
-        else:
-            diag = m + (n_kv - n_q)
+        # the last query position of the (packed) block and the KV block of its last
+        # visible key (bottom-right aligned, the op's causal=True)
+        s_last = jnp.minimum(((m + 1) * blk - 1) // (r if pack_gqa else 1), Sq - 1)
+        diag = jnp.floor_divide(s_last + (k.shape[2] - Sq), blk)
         allowed = n <= diag
         scores = jnp.where(n == diag, jnp.inf, scores)
     scores = jnp.where(allowed, scores, -jnp.inf)

@@ -138,12 +138,14 @@ def test_topk_block_index(causal):
     for h in range(Hq):
         for m in range(Nq):
             qm = q[0, h, m * blk: (m + 1) * blk].mean(0)
+            # the block of the last key the block's last query row sees (bottom-right)
+            d = (min((m + 1) * blk, Sq) - 1 + Skv - Sq) // blk
             scores = []
             for n in range(Nkv):
-                if causal and n > m + Nkv - Nq:
+                if causal and n > d:
                     continue
                 kn = k[0, h // 2, n * blk: (n + 1) * blk].mean(0)
-                diag = causal and n == m + Nkv - Nq
+                diag = causal and n == d
                 scores.append((np.inf if diag else float(qm @ kn), n))
             best = [n for _, n in sorted(scores, reverse=True)[:top_k]]
             assert nums[0, h, m] == len(best)
@@ -197,3 +199,17 @@ def test_topk_block_index_causal_more_q_than_kv_blocks():
     np.testing.assert_array_equal(np.asarray(nums)[0, 0], [0, 0, 1, 2])
     assert int(index[0, 0, 2, 0]) == 0 and sorted(np.asarray(index)[0, 0, 3].tolist()) == [0, 1]
     assert int(index[0, 0, 3, 0]) == 1  # the diagonal block comes first
+
+
+def test_topk_block_index_causal_is_token_exact_packed_or_not():
+    """The causal diagonal is the block of the last key the block's last query row sees,
+    packed (r = 1) or not: S_q = 129, S_kv = 130 at blk 64 lists blocks up to 1, 2, 2."""
+    rng = np.random.default_rng(6)
+    q = jnp.asarray(rng.standard_normal((1, 2, 129, 8)), jnp.float32)
+    k = jnp.asarray(rng.standard_normal((1, 2, 130, 8)), jnp.float32)
+    i0, n0 = masks.topk_block_index(q, k, 3, sparse_block_size=64, causal=True)
+    i1, n1 = masks.topk_block_index(q, k, 3, sparse_block_size=64, causal=True, pack_gqa=True)
+    np.testing.assert_array_equal(np.asarray(n0)[0, 0], [2, 3, 3])
+    np.testing.assert_array_equal(np.asarray(n0), np.asarray(n1))
+    np.testing.assert_array_equal(np.asarray(i0)[..., 0], np.asarray(i1)[..., 0])
+    np.testing.assert_array_equal(np.asarray(i0)[0, 0, :, 0], [1, 2, 2])  # diagonal first
