@@ -55,9 +55,12 @@ def _target():
         return "CuteDSLRT"
 
 
+# every (head dim, mask, direction) once; the dtype alternates so that each head dim, mask
+# and direction lowers in both dtypes (the full dtype product doubles the CI time for
+# kernels whose 16-bit dtype is only a type parameter)
 CONFIGS = [
-    (dt, d, mask, direction)
-    for dt in ("bfloat16", "float16")
+    (("bfloat16", "float16")[(mask == "func") ^ (direction == "bwd") ^ (d in (64, 256))], d,
+     mask, direction)
     for d in (32, 64, 128, 256)
     for mask in ("window", "func")
     for direction in ("fwd", "bwd")
@@ -775,9 +778,8 @@ def test_hstu_split_kv_config():
 # window / func) and the sm80 backward it routes other configurations to (D = 32, 256, rab
 # with H_rab = 1 and per head)
 DET_LOWER = [(128, "bfloat16", "causal", 0), (64, "float16", "func", 0),
-             (128, "float16", "window", 0), (256, "bfloat16", "func", 0),
-             (32, "float16", "window", 0), (128, "bfloat16", "causal", 1),
-             (64, "float16", "func", 2)]
+             (256, "bfloat16", "func", 0), (32, "float16", "window", 0),
+             (128, "bfloat16", "causal", 1), (64, "float16", "func", 2)]
 
 
 @pytest.mark.parametrize("head_dim,dtype,mask,h_rab", DET_LOWER,

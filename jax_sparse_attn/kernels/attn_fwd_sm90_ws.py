@@ -235,20 +235,8 @@ class AttnFwdSm90Ws:
                 for it in cutlass.range(work.n_count, unroll=1):
                     n = work.kv_tile(it)
                     nk = self._kv_coord(work, n)  # the tile's index in the K / V TMA views
-                    s = pipe_k.stage(c_kv)
-                    pipe_k.producer_acquire(c_kv)
-                    pipe_k.producer_expect_tx(c_kv, k_bytes)
-                    cute.copy(tma_k, tKg[None, nk], tKs[None, s],
-                              tma_bar_ptr=pipe_k.full_ptr(c_kv))
-                    pipe_v.producer_acquire(c_kv)
-                    limit, tma_ok = self._v_limit(work, n)
-                    if tma_ok:
-                        pipe_v.producer_expect_tx(c_kv, v_bytes)
-                        cute.copy(tma_v, tVg[None, nk], tVs[None, s],
-                                  tma_bar_ptr=pipe_v.full_ptr(c_kv))
-                    else:
-                        self._load_v_rows(work, n, limit, sV_rows, s, lane)
-                        pipe_v.producer_arrive(c_kv)
+                    self._issue_kv(work, n, nk, tma_k, tKg, tKs, tma_v, tVg, tVs, sV_rows,
+                                   pipe_k, pipe_v, k_bytes, v_bytes, c_kv, lane)
                     c_kv += 1
         return c_q, c_kv
 
@@ -266,22 +254,29 @@ class AttnFwdSm90Ws:
             entry = cur
             cur = self._kv_entry(work, work.kv_tile(cutlass.min(it + 1, last)))
             nk = self._kv_coord_of(work, n, entry)
-            s = pipe_k.stage(c_kv)
-            pipe_k.producer_acquire(c_kv)
-            pipe_k.producer_expect_tx(c_kv, k_bytes)
-            cute.copy(tma_k, tKg[None, nk], tKs[None, s],
-                      tma_bar_ptr=pipe_k.full_ptr(c_kv))
-            pipe_v.producer_acquire(c_kv)
-            limit, tma_ok = self._v_limit(work, n)
-            if tma_ok:
-                pipe_v.producer_expect_tx(c_kv, v_bytes)
-                cute.copy(tma_v, tVg[None, nk], tVs[None, s],
-                          tma_bar_ptr=pipe_v.full_ptr(c_kv))
-            else:
-                self._load_v_rows(work, n, limit, sV_rows, s, lane)
-                pipe_v.producer_arrive(c_kv)
+            self._issue_kv(work, n, nk, tma_k, tKg, tKs, tma_v, tVg, tVs, sV_rows, pipe_k,
+                           pipe_v, k_bytes, v_bytes, c_kv, lane)
             c_kv += 1
         return c_kv
+
+    @cute.jit
+    def _issue_kv(self, work, n, nk, tma_k, tKg, tKs, tma_v, tVg, tVs, sV_rows, pipe_k,
+                  pipe_v, k_bytes, v_bytes, c_kv, lane):
+        """Load KV tile ``n`` (index ``nk`` in the K / V TMA views) into stage ``c_kv`` of the
+        K and V rings: K by TMA; V by TMA, or row by row (``_load_v_rows``) where
+        ``_v_limit`` says a TMA box would read rows it must not."""
+        s = pipe_k.stage(c_kv)
+        pipe_k.producer_acquire(c_kv)
+        pipe_k.producer_expect_tx(c_kv, k_bytes)
+        cute.copy(tma_k, tKg[None, nk], tKs[None, s], tma_bar_ptr=pipe_k.full_ptr(c_kv))
+        pipe_v.producer_acquire(c_kv)
+        limit, tma_ok = self._v_limit(work, n)
+        if tma_ok:
+            pipe_v.producer_expect_tx(c_kv, v_bytes)
+            cute.copy(tma_v, tVg[None, nk], tVs[None, s], tma_bar_ptr=pipe_v.full_ptr(c_kv))
+        else:
+            self._load_v_rows(work, n, limit, sV_rows, s, lane)
+            pipe_v.producer_arrive(c_kv)
 
     def _kv_prefetch(self):
         """Whether the producer loads the KV tiles' table entries one tile ahead

@@ -26,6 +26,7 @@ from __future__ import annotations
 import cutlass
 import cutlass.cute as cute
 
+from .block_info import kv_split_chunk
 from .common import load_rows
 
 LOG2_E = 1.4426950408889634074
@@ -196,8 +197,10 @@ def fwd_tile_coords(mQ, mK, mScale, mNums, kv_splits: int = 1):
     """Coordinates and sizes of a forward CTA (grid ``(N_q, H_q, B)``, one query block;
     split-KV: ``(N_q kv_splits, H_q, B)``, the splits of a block adjacent), traced inline:
     ``(m_block, head, batch, seqlen_q, seqlen_k, head_kv, softmax_scale, scale_log2,
-    num_blocks)`` with ``head_kv = head // (H_q // H_kv)``, ``scale_log2 = softmax_scale *
-    log2(e)`` and ``num_blocks = q2k_block_nums[batch, head, m_block]``."""
+    num_blocks, split, j0)`` with ``head_kv = head // (H_q // H_kv)``, ``scale_log2 =
+    softmax_scale * log2(e)`` and ``num_blocks = q2k_block_nums[batch, head, m_block]``;
+    split-KV: ``split`` the CTA's split, ``[j0, j0 + num_blocks)`` its chunk of the row's list
+    (:func:`~.block_info.kv_split_chunk`); without: ``split = j0 = None``."""
     m_block, head, batch = cute.arch.block_idx()
     if kv_splits > 1:
         m_block = m_block // kv_splits
@@ -207,8 +210,13 @@ def fwd_tile_coords(mQ, mK, mScale, mNums, kv_splits: int = 1):
     softmax_scale = mScale[0]
     scale_log2 = softmax_scale * LOG2_E
     num_blocks = mNums[batch, head, m_block]
+    split = None
+    j0 = None
+    if kv_splits > 1:
+        split = cute.arch.block_idx()[0] % kv_splits
+        j0, num_blocks = kv_split_chunk(num_blocks, split, kv_splits)
     return (m_block, head, batch, seqlen_q, seqlen_k, head_kv, softmax_scale, scale_log2,
-            num_blocks)
+            num_blocks, split, j0)
 
 
 def bwd_tile_coords(mQ, mK, mScale, blk: int, sub: int, tile: int):

@@ -32,7 +32,6 @@ import cutlass
 import cutlass.cute as cute
 from cutlass.cute.nvgpu import warp
 
-from .block_info import kv_split_chunk
 from .bsa_common import (fwd_copy_partitions, fwd_gmem_tiles, fwd_grid, fwd_tile_coords,
                          kv_block_rows, mask_keys_from, online_softmax_step, row_sum_inv,
                          softmax_rows)
@@ -116,13 +115,7 @@ class BsaFwdSm80:
         blk, hd = self.blk, self.hd
         tidx, _, _ = cute.arch.thread_idx()
         (m_block, head, batch, seqlen_q, seqlen_k, head_kv, softmax_scale, scale_log2,
-         num_blocks) = fwd_tile_coords(mQ, mK, mScale, mNums, self.kv_splits)
-        split = None
-        j0 = None
-        if cutlass.const_expr(self.kv_splits > 1):
-            # block_idx.x = m_block S + split; the split's chunk of the row's list
-            split = cute.arch.block_idx()[0] % self.kv_splits
-            j0, num_blocks = kv_split_chunk(num_blocks, split, self.kv_splits)
+         num_blocks, split, j0) = fwd_tile_coords(mQ, mK, mScale, mNums, self.kv_splits)
 
         gQ, gK, gV = fwd_gmem_tiles(mQ, mK, mV, batch, head, head_kv, m_block, blk, hd)
 

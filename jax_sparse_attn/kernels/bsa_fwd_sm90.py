@@ -38,7 +38,6 @@ import cutlass.utils.hopper_helpers as sm90_utils
 from cutlass.cute.nvgpu import warpgroup
 from cutlass.tensor_utils import LayoutEnum
 
-from .block_info import kv_split_chunk
 from .bsa_common import (fwd_copy_partitions, fwd_gmem_tiles, fwd_grid, fwd_tile_coords,
                          kv_block_rows, mask_keys_from, online_softmax_step, row_sum_inv,
                          softmax_rows)
@@ -124,13 +123,7 @@ class BsaFwdSm90:
         blk, hd = self.blk, self.hd
         tidx, _, _ = cute.arch.thread_idx()
         (m_block, head, batch, seqlen_q, seqlen_k, head_kv, softmax_scale, scale_log2,
-         num_blocks) = fwd_tile_coords(mQ, mK, mScale, mNums, self.kv_splits)
-        split = None
-        j0 = None
-        if cutlass.const_expr(self.kv_splits > 1):
-            # block_idx.x = m_block S + split; the split's chunk of the row's list
-            split = cute.arch.block_idx()[0] % self.kv_splits
-            j0, num_blocks = kv_split_chunk(num_blocks, split, self.kv_splits)
+         num_blocks, split, j0) = fwd_tile_coords(mQ, mK, mScale, mNums, self.kv_splits)
         if cutlass.const_expr(self.pack > 1):
             # head is the KV head; rows are the S_q r packed rows
             head_kv = head
