@@ -397,14 +397,8 @@ class BsaBwdSm90:
                         self._p_ds_key_limit(S_mn, dP_mn, tScS_mn, lse2, dlt, limit,
                                              scale_log2, n_rows, n_cols)
                 else:
-                    for r in cutlass.range_constexpr(n_rows):
-                        key_ok = tScS_mn[r, 0][0] < limit
-                        for c in cutlass.range_constexpr(n_cols):
-                            p = cute.math.exp2(S_mn[r, c] * scale_log2 - lse2[c], fastmath=True)
-                            # select, never multiply by zero: dP of a non-key may be NaN
-                            ds = p * (dP_mn[r, c] - dlt[c])
-                            S_mn[r, c] = p if key_ok else cutlass.Float32(0.0)
-                            dP_mn[r, c] = ds if key_ok else cutlass.Float32(0.0)
+                    self._p_ds_key_limit(S_mn, dP_mn, tScS_mn, lse2, dlt, limit, scale_log2,
+                                         n_rows, n_cols)
 
                 tPr = cute.make_rmem_tensor(acc_layout_as_a(acc_S.layout, mma_kv.tv_layout_A.shape[1]), self.dtype)
                 cute.make_tensor(tPr.iterator, acc_S.layout).store(acc_S.load().to(self.dtype))

@@ -145,6 +145,28 @@ def row_sum_inv(row_sum_r):
     return l, empty, inv
 
 
+@cute.jit
+def store_split_partial(mO, mLSE, split, batch, head, acc_O_mn, tOcO_mn, row_max, row_sum,
+                        softmax_scale, m_block, seqlen_q, tidx, blk: cutlass.Constexpr,
+                        n_rows: cutlass.Constexpr):
+    """Split-KV epilogue of the one-CTA-per-item forwards: the split's fp32 ``O / l`` and LSE
+    of the CTA's rows ``< S_q`` straight from the accumulator registers (zeros and ``-inf``
+    for a split without keys); ``mO`` ``(S, B, H, S_q, D)``, ``mLSE`` ``(S, B, H, S_q)``."""
+    mO_s = mO[split, batch, head, None, None]
+    mLSE_s = mLSE[split, batch, head, None]
+    for r in cutlass.range_constexpr(n_rows):
+        l, empty, inv = row_sum_inv(row_sum[r])
+        lse = -cutlass.Float32.inf
+        if not empty:
+            lse = row_max[r] * softmax_scale + cute.math.log(l, fastmath=False)
+        row = m_block * blk + tOcO_mn[r, 0][0]
+        if row < seqlen_q:
+            if tidx % 4 == 0:
+                mLSE_s[row] = lse
+            for c in cutlass.range_constexpr(cute.size(tOcO_mn, mode=[1])):
+                mO_s[row, tOcO_mn[r, c][1]] = acc_O_mn[r, c] * inv
+
+
 def bwd_load_kv_tile(gmem_copy_in, tidx, mK, mV, sK, sV, sQ, sdO, mSizes, batch, head_kv,
                      group, n_tile, n_block, tile_off, seqlen_k, tile: int, hd: int,
                      has_sizes: bool, row_cap=None):

@@ -34,7 +34,7 @@ from cutlass.cute.nvgpu import warp
 
 from .bsa_common import (fwd_copy_partitions, fwd_gmem_tiles, fwd_grid, fwd_tile_coords,
                          kv_block_rows, mask_keys_from, online_softmax_step, row_sum_inv,
-                         softmax_rows)
+                         softmax_rows, store_split_partial)
 from .common import (acc_mn_view, acc_to_a_frag, cvt_frag, gemm_rs, gemm_ss, gmem_load_copy,
                      gmem_store_copy, launch, ldmatrix_atoms, ldmatrix_slices, mma_frags,
                      smem_parts, load_rows, r2s_copy, smem_layout_16b, smem_storage,
@@ -210,20 +210,8 @@ class BsaFwdSm80:
                         n_rows: cutlass.Constexpr):
         """Split-KV: the split's fp32 ``O / l`` and LSE of rows ``< S_q`` from registers
         (zeros and ``-inf`` for a split without keys)."""
-        blk = self.blk
-        mO_s = mO[split, batch, head, None, None]
-        mLSE_s = mLSE[split, batch, head, None]
-        for r in cutlass.range_constexpr(n_rows):
-            l, empty, inv = row_sum_inv(row_sum[r])
-            lse = -cutlass.Float32.inf
-            if not empty:
-                lse = row_max[r] * softmax_scale + cute.math.log(l, fastmath=False)
-            row = m_block * blk + tOcO_mn[r, 0][0]
-            if row < seqlen_q:
-                if tidx % 4 == 0:
-                    mLSE_s[row] = lse
-                for c in cutlass.range_constexpr(cute.size(tOcO_mn, mode=[1])):
-                    mO_s[row, tOcO_mn[r, c][1]] = acc_O_mn[r, c] * inv
+        store_split_partial(mO, mLSE, split, batch, head, acc_O_mn, tOcO_mn, row_max, row_sum,
+                            softmax_scale, m_block, seqlen_q, tidx, self.blk, n_rows)
 
     @cute.jit
     def _epilogue_out(self, acc_O, acc_O_mn, tOcO_mn, row_max, row_sum, softmax_scale, mO,

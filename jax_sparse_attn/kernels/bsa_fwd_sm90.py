@@ -40,7 +40,7 @@ from cutlass.tensor_utils import LayoutEnum
 
 from .bsa_common import (fwd_copy_partitions, fwd_gmem_tiles, fwd_grid, fwd_tile_coords,
                          kv_block_rows, mask_keys_from, online_softmax_step, row_sum_inv,
-                         softmax_rows)
+                         softmax_rows, store_split_partial)
 from .common import (acc_layout_as_a, acc_mn_view_wg, gmem_load_copy, launch, load_rows,
                      smem_storage, smem_struct)
 from .pack_gqa import packed_row, row_tile_view
@@ -238,19 +238,8 @@ class BsaFwdSm90:
         tOcO_mn = acc_mn_view_wg(thr_pv.partition_C(cute.make_identity_tensor((blk, hd))))
         if cutlass.const_expr(self.kv_splits > 1):
             # split-KV: the split's fp32 partial and LSE (zeros and -inf without keys)
-            mO_s = mO[split, batch, head, None, None]
-            mLSE_s = mLSE[split, batch, head, None]
-            for r in cutlass.range_constexpr(n_rows):
-                l, empty, inv = row_sum_inv(row_sum[r])
-                lse = -cutlass.Float32.inf
-                if not empty:
-                    lse = row_max[r] * softmax_scale + cute.math.log(l, fastmath=False)
-                row = m_block * blk + tOcO_mn[r, 0][0]
-                if row < seqlen_q:
-                    if tidx % 4 == 0:
-                        mLSE_s[row] = lse
-                    for c in cutlass.range_constexpr(cute.size(tOcO_mn, mode=[1])):
-                        mO_s[row, tOcO_mn[r, c][1]] = acc_O_mn[r, c] * inv
+            store_split_partial(mO, mLSE, split, batch, head, acc_O_mn, tOcO_mn, row_max,
+                                row_sum, softmax_scale, m_block, seqlen_q, tidx, blk, n_rows)
         else:
             for r in cutlass.range_constexpr(n_rows):
                 l, empty, inv = row_sum_inv(row_sum[r])
