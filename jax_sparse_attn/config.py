@@ -103,7 +103,7 @@ _parse_ws = _parse_option_list(WS_FLAGS, "bn", lambda n: n % 16 == 0 and 16 <= n
 
 #: the flags of the sm90ws BSA forward's tuning switch (JAX_SPARSE_ATTN_BSA_WS), plus
 #: ``stages=N`` (at most N K/V stages, 2..8)
-BSA_WS_FLAGS = ("nooverlap", "nopingpong", "q1")
+BSA_WS_FLAGS = ("nooverlap", "nopingpong", "q1", "headinner")
 _BSA_WS_ALLOWED = ("comma list of " + ", ".join(BSA_WS_FLAGS)
                    + ", stages=N (most K/V shared-memory stages: 2..8)")
 #: parser of JAX_SPARSE_ATTN_BSA_WS: :data:`BSA_WS_FLAGS` and ``stages=N``
@@ -192,14 +192,15 @@ SWITCHES = (
            "HSTU sm80 backward tile override (tuning; with sm90, the default, it is an error "
            "except for calls that sm90 routes to sm80: set hstu_bwd_impl=sm80 as well)"),
     _choice("bsa_fwd_impl", "JAX_SPARSE_ATTN_BSA_FWD_IMPL", ("auto", "sm90", "sm90ws", "sm80"),
-            "BSA forward kernel: auto (sm90ws at sparse_block_size 128, sm90 at 64: the faster "
-            "one on the H200), sm90 (wgmma, cp.async; D in {64, 128}, other D use sm80), "
+            "BSA forward kernel: auto (sm90ws: the faster one on the H200 at both block "
+            "sizes), sm90 (wgmma, cp.async; D in {64, 128}, other D use sm80), "
             "sm90ws (warp-specialized TMA producer warp + wgmma consumer warpgroups, "
             "persistent grid; D in {64, 128}, other D use sm80), sm80 (mma.sync, every D)"),
     Switch("bsa_fwd_ws", "JAX_SPARSE_ATTN_BSA_WS", _BSA_WS_ALLOWED, _parse_bsa_ws, (),
            "sm90ws BSA forward variants (tuning / ablation; other forwards ignore them): "
            "nooverlap (no overlap of the PV GEMM with the next block's softmax), nopingpong "
-           "(blk 128: consumer warpgroups in lockstep), q1 (single-buffered Q), stages=N "
+           "(blk 128: consumer warpgroups in lockstep), q1 (single-buffered Q), headinner "
+           "(work items query block major, heads fastest, instead of KV head major), stages=N "
            "(most K/V stages)"),
     _choice("bsa_bwd_impl", "JAX_SPARSE_ATTN_BSA_BWD_IMPL", ("sm90", "sm80"),
             "BSA backward kernel, as for the forward"),

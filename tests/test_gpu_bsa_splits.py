@@ -13,7 +13,7 @@ last query block and a partial last KV block that every row lists, ``block_sizes
 every K/V row no query block lists and past ``block_sizes`` (contributes nothing), garbage
 indices past the active prefix, and outputs poisoned by a preceding all-NaN run (XLA reuses
 the buffers; an unwritten partial, LSE or output would show). Cases cover the default
-forwards (``bsa_fwd_impl="auto"``: sm90ws at blk 128, sm90 at blk 64), the other one at
+forward (``bsa_fwd_impl="auto"``: sm90ws), the sm90 forward at
 each block size and the mma.sync forward (D 256; D 128 with ``bsa_fwd_impl="sm80"``).
 
 Run on the H200: ``python -m pytest -m gpu tests/test_gpu_bsa_splits.py`` (shard with

@@ -289,8 +289,8 @@ def test_bsa_sm90ws_ptx_is_warp_specialized(tmp_path, cfg):
 
 # ----------------------------------------------------------------------------- causal
 # causal=True (a static flag of the sm90 forward / backward keys): every (D, blk) pair on the
-# default kernels (sm90ws forward at blk 128, sm90 at blk 64; sm90 backward), the other
-# forward at one pair each; dtype, layout and block_sizes presence alternate.
+# default kernels (sm90ws forward; sm90 backward), the sm90
+# forward at one pair; dtype, layout and block_sizes presence alternate.
 CAUSAL_CONFIGS = [
     dict(d=128, blk=128, dtype="bfloat16", layout="bhsd", sizes=False),
     dict(d=64, blk=128, dtype="float16", layout="bshd", sizes=True),
@@ -298,7 +298,7 @@ CAUSAL_CONFIGS = [
     dict(d=64, blk=64, dtype="bfloat16", layout="bshd", sizes=False),
     dict(d=128, blk=128, dtype="float16", layout="bshd", sizes=True, fwd_impl="sm90",
          fwd_only=True),
-    dict(d=64, blk=64, dtype="bfloat16", layout="bhsd", sizes=True, fwd_impl="sm90ws",
+    dict(d=64, blk=64, dtype="bfloat16", layout="bhsd", sizes=True, fwd_impl="sm90",
          fwd_only=True),
 ]
 
@@ -317,7 +317,7 @@ def test_bsa_causal_lowers(cfg):
               backend="kernel", switches=sw, causal=True)
     static = (jnp.dtype(cfg["dtype"]), cfg["d"], cfg["blk"], cfg["sizes"], sw)
     fkey = ffi_bsa.fwd_config(*static, causal=True)
-    want_fwd = cfg.get("fwd_impl") or ("sm90ws" if cfg["blk"] == 128 else "sm90")
+    want_fwd = cfg.get("fwd_impl") or "sm90ws"
     assert fkey.causal and fkey.impl == want_fwd
     bkey = ffi_bsa.bwd_config(*static, causal=True)
     assert bkey.causal and bkey.impl == "sm90"

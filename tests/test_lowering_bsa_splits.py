@@ -3,8 +3,8 @@ split count of the compile key, and the split counts the kernels decline.
 
 The lowering grid compiles the split forward (``bsa_fwd_sm90_ws`` / ``bsa_fwd_sm90`` with
 ``kv_splits > 1``) and the combine kernel (``kernels/bsa_combine.py``) through the public
-API for ``kv_splits`` in {2, 7, 64, "auto"} at both block sizes and both default forwards
-(``bsa_fwd_impl="auto"``: sm90ws at blk 128, sm90 at blk 64), the other one at each block
+API for ``kv_splits`` in {2, 7, 64, "auto"} at both block sizes and the default forward
+(``bsa_fwd_impl="auto"``: sm90ws), the sm90 forward at each block
 size and the mma.sync forward (D 32 and 256); dtype, layout, head dim and ``block_sizes`` presence alternate. ``kv_splits=1``
 keeps the kernels of before (their PTX is pinned in ``tests/ws_ptx_sha256.txt``,
 ``tests/test_lowering_hstu.py::test_sm90ws_forwards_without_rab_keep_their_ptx``; the
@@ -81,7 +81,7 @@ def test_bsa_split_forward_and_grad_lower(kernel_env, ks, blk, d, dtype, layout,
     q, k, idx, nums, bs = _args(blk, d, dtype, layout, sizes)
     cfg = _config(q, k, _idx(idx.shape), ks, blk, impl, layout=layout)
     assert cfg.fwd.kv_splits == (5 if ks != 2 else 2)
-    want = {"auto": "sm90ws" if blk == 128 else "sm90"}.get(impl, impl)
+    want = {"auto": "sm90ws"}.get(impl, impl)
     assert cfg.fwd.impl == ("sm80" if d in (32, 256) else want)
     kw = dict(layout=layout, sparse_block_size=blk, backend="kernel", kv_splits=ks,
               switches=Switches(bsa_fwd_impl=impl))

@@ -86,6 +86,8 @@ class BsaFwdConfig:
     ws_pingpong: bool = True
     ws_q_stages: int = 2
     ws_max_stages: int = 4
+    # work items (batch, KV head, query block, head of the group), else query block major
+    ws_head_major: bool = True
     num_sms: int = 0
     arch: str = ""  # the target arch (CuTe DSL name) the key was chosen for
     # pack_gqa: query heads per KV head r of the packed rows (1: not packed; sm90/sm90ws)
@@ -160,11 +162,10 @@ class BsaPreConfig:
 
 def _impl(want: str, head_dim: int, block_size: int | None = None) -> str:
     """The kernel a switch value selects for a call: ``auto`` (the forward's default) is
-    ``sm90ws`` at ``block_size`` 128 and ``sm90`` otherwise (the faster of the two on the
-    H200 at each block size, docs/bsa.md); ``sm90`` / ``sm90ws`` take D in {64, 128}, other D
-    run ``sm80``."""
+    ``sm90ws`` (the faster of the Hopper forwards on the H200 at both block sizes,
+    docs/bsa.md); ``sm90`` / ``sm90ws`` take D in {64, 128}, other D run ``sm80``."""
     if want == "auto":
-        want = "sm90ws" if block_size == 128 else "sm90"
+        want = "sm90ws"
     return want if want in ("sm90", "sm90ws") and head_dim in _SM90_HEAD_DIMS else "sm80"
 
 
@@ -172,10 +173,13 @@ def bsa_ws_options(opts) -> dict:
     """The sm90ws BSA forward's options from a validated ``Switches.bsa_fwd_ws`` tuple:
     ``overlap`` (PV GEMM of block j-1 in flight during block j's softmax), ``pingpong``
     (blk 128: the two consumer warpgroups issue their GEMMs in turns), ``q_stages`` (2: the
-    next item's Q loads during this item's mainloop), ``max_stages`` (most K/V stages)."""
+    next item's Q loads during this item's mainloop), ``max_stages`` (most K/V stages),
+    ``head_major`` (work items KV head major, the concurrent CTAs sharing one head's K/V in
+    L2; ``headinner``: query block major, heads fastest)."""
     st = [int(o[7:]) for o in opts if o.startswith("stages=")]
     return {"overlap": "nooverlap" not in opts, "pingpong": "nopingpong" not in opts,
-            "q_stages": 1 if "q1" in opts else 2, "max_stages": st[0] if st else 4}
+            "q_stages": 1 if "q1" in opts else 2, "max_stages": st[0] if st else 4,
+            "head_major": "headinner" not in opts}
 
 
 def _family_impl(want: str, head_dim: int, switches, block_size: int | None = None) -> str:
@@ -207,7 +211,7 @@ def fwd_config(dtype, head_dim, block_size, has_block_sizes, switches, causal=Fa
         return BsaFwdConfig(name, head_dim, block_size, has_block_sizes, impl,
                             ws_overlap=o["overlap"], ws_pingpong=o["pingpong"],
                             ws_q_stages=o["q_stages"], ws_max_stages=o["max_stages"],
-                            num_sms=metadata.num_sms(), arch=arch, causal=causal,
+                            ws_head_major=o["head_major"], num_sms=metadata.num_sms(), arch=arch, causal=causal,
                             pack_gqa=pack_gqa, **kw)
     if causal:
         raise NotImplementedError(causal_unsupported_reason(head_dim, block_size, ("fwd",),
@@ -423,7 +427,7 @@ def _fwd_entry(stream, q, k, v, idx, nums, sizes, scale, out, lse, *, cfg: BsaFw
         kernel = BsaFwdSm90Ws(*args, cfg.num_sms, overlap=cfg.ws_overlap,
                               pingpong=cfg.ws_pingpong, max_stages=cfg.ws_max_stages,
                               q_stages=cfg.ws_q_stages, causal=cfg.causal,
-                              pack_gqa=cfg.pack_gqa, **kw)
+                              pack_gqa=cfg.pack_gqa, head_major=cfg.ws_head_major, **kw)
     elif cfg.impl == "sm90":
         from ..kernels.bsa_fwd_sm90 import BsaFwdSm90  # noqa: PLC0415
 

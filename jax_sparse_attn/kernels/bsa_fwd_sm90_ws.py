@@ -35,8 +35,11 @@ CTA shapes: ``sparse_block_size = 128``: 384 threads (producer warpgroup + two c
 warpgroups of 64 query rows, sharing each K/V load, ping-pong), one CTA per SM.
 ``sparse_block_size = 64``: 256 threads (producer warpgroup + one consumer warpgroup owning a
 64-row query block), two CTAs per SM. Work items (query block, query head, batch) are walked
-by the persistent ``tile_scheduler.StaticLptScheduler``; consecutive items are the query heads
-of one query block, so the heads of a GQA group read the same K/V blocks close in time.
+by a persistent scheduler: ``head_major`` (default) ``tile_scheduler.HeadMajorScheduler``
+(batch, KV head, query block, query head of the group fastest: the CTAs running at one time
+share one KV head's K/V in L2, and the heads of a GQA group read the same K/V blocks
+together), else ``StaticLptScheduler`` (query block, then head fastest: the CTAs running at
+one time span every head, whose K/V together can exceed L2).
 Implemented for D in {64, 128}; other head dims use the mma.sync kernel (``bsa_fwd_sm80``).
 
 Split-KV (``kv_splits = S > 1``, a compile-time option; ``S = 1`` compiles none of this): the
@@ -62,7 +65,7 @@ from .common import acc_mn_view_wg, gmem_store_copy, tma_view
 from .mask import KeyLimitMask
 from .pack_gqa import pack_rows_view, packed_row, row_tile_view
 from .softmax import OnlineSoftmax
-from .tile_scheduler import StaticLptScheduler
+from .tile_scheduler import HeadMajorScheduler, StaticLptScheduler
 
 # two CTAs per SM: 228 KiB of shared memory per SM less 1 KiB reserved per CTA
 SMEM_LIMIT_2CTA = 113 * 1024
@@ -96,7 +99,7 @@ class BsaFwdSm90Ws(AttnFwdSm90Ws):
     def __init__(self, dtype, head_dim: int, block_size: int, has_block_sizes: bool,
                  num_sms: int, overlap: bool = True, pingpong: bool = True,
                  max_stages: int = 4, q_stages: int = 2, pack_gqa: int = 1,
-                 causal: bool = False, kv_splits: int = 1):
+                 causal: bool = False, kv_splits: int = 1, head_major: bool = True):
         if block_size not in (64, 128) or head_dim not in (64, 128):
             raise NotImplementedError(
                 f"bsa_fwd_sm90_ws implements head_dim in (64, 128) and sparse_block_size in "
@@ -118,6 +121,7 @@ class BsaFwdSm90Ws(AttnFwdSm90Ws):
             head_dim, self.bm, block_size, limit, max_stages, q_stages)
         self.num_sms = num_sms
         self.kv_splits = kv_splits
+        self.head_major = head_major
         self.num_threads = 128 * (1 + self.num_wg)
         # register budget per CTA: 65536 / ctas_per_sm = 128 * (producer + num_wg * consumer)
         self.regs_producer = 24
@@ -223,7 +227,11 @@ class BsaFwdSm90Ws(AttnFwdSm90Ws):
         n_hs = n_heads
         if cutlass.const_expr(self.kv_splits > 1):
             n_hs = n_heads * self.kv_splits
-        sched = StaticLptScheduler(n_hs, n_batch * n_q_blocks * n_hs)
+        if cutlass.const_expr(self.head_major):
+            sched = HeadMajorScheduler(n_hs, n_batch * n_q_blocks * n_hs, n_hs // n_heads * group,
+                                       group, n_q_blocks, n_heads // group)
+        else:
+            sched = StaticLptScheduler(n_hs, n_batch * n_q_blocks * n_hs)
         st, pipe_q, pipe_k, pipe_v, sQ, sK, sV, q_bytes, k_bytes, v_bytes = (
             self._smem_and_pipes(Smem, sQ_layout, sK_layout, sV_layout, tma_q, tma_k, tma_v,
                                  warp))

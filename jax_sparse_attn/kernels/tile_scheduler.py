@@ -6,6 +6,12 @@
 (descending number of visible keys), so each CTA starts with the heaviest remaining tiles and the
 short ones fill the tail (LPT order). Producer and consumer warps walk the same sequence
 independently, so no tile index has to be passed between them.
+
+``HeadMajorScheduler``: the same persistent walk over items ordered (batch, KV head, query
+block, inner) with ``inner`` = (split, query head of the KV head's group) fastest. The CTAs
+running at one time then cover consecutive query blocks of one or two KV heads, so the K/V
+blocks their lists name are read from L2 rather than HBM (the block-sparse forward's K/V of
+all heads exceed the L2 cache at long sequences).
 """
 
 from __future__ import annotations
@@ -41,3 +47,28 @@ class StaticLptScheduler:
     def coords(self, t):
         """(schedule row, head) of work item ``t``."""
         return t // self.n_heads, t % self.n_heads
+
+
+@dataclass(frozen=True)
+class HeadMajorScheduler(StaticLptScheduler):
+    """Work item ``t``: ``inner = t % n_inner`` (``n_inner = splits * group``; split
+    ``inner // group``, query head ``kv_head * group + inner % group``), then query block, KV
+    head and batch, slowest last. ``coords`` returns the (schedule row, split-major head)
+    pair of :class:`StaticLptScheduler` (row = ``batch * n_blocks + block``, head index =
+    ``split * H_q + head``), so callers decode items the same way under both orders."""
+
+    n_inner: object
+    group: object
+    n_blocks: object
+    n_kv_heads: object
+
+    def coords(self, t):
+        inner = t % self.n_inner
+        rest = t // self.n_inner
+        block = rest % self.n_blocks
+        rest = rest // self.n_blocks
+        kv_head = rest % self.n_kv_heads
+        batch = rest // self.n_kv_heads
+        split = inner // self.group
+        head = kv_head * self.group + (inner - split * self.group)
+        return batch * self.n_blocks + block, split * (self.n_kv_heads * self.group) + head
