@@ -10,6 +10,12 @@ running max ``m`` of the raw scores and the running (lane-partial) sum ``l`` of
   the O accumulator with ``rescale`` once the PV GEMM that still adds into it has completed).
   A row whose max is still ``-inf`` (every key masked so far) uses 0 as its max, so
   ``-inf - (-inf)`` never turns into NaN.
+* ``rescale_threshold`` (static, log2 units; ``None``: the max follows every tile): a row
+  keeps its running max until a tile's max exceeds it by more than ``threshold / (scale
+  log2 e)``, so most tiles after the first few leave ``corr = 1`` and ``rescale`` skips the O
+  multiply for a warp none of whose rows moved (a warp vote). Probabilities are then at most
+  ``2^threshold`` instead of 1 (exact in fp32 and 16-bit P); ``m`` and ``l`` stay consistent,
+  so ``finalize`` is unchanged (the lazy rescaling of FlashAttention-4).
 * ``finalize(r)``: ``(1 / l, lse)`` of row ``r`` with ``lse = scale m + ln l`` (natural log),
   and ``(0, -inf)`` for a row without any visible key (``l = 0``).
 """
@@ -31,12 +37,14 @@ class OnlineSoftmax:
     row_sum: object
     softmax_scale: object
     scale_log2: object
+    rescale_threshold: object = None
 
     @staticmethod
-    def create(n_rows: int, softmax_scale):
+    def create(n_rows: int, softmax_scale, rescale_threshold=None):
         row_max = cute.make_rmem_tensor((n_rows,), Float32)
         row_sum = cute.make_rmem_tensor((n_rows,), Float32)
-        return OnlineSoftmax(row_max, row_sum, softmax_scale, softmax_scale * LOG2_E)
+        return OnlineSoftmax(row_max, row_sum, softmax_scale, softmax_scale * LOG2_E,
+                             rescale_threshold)
 
     def reset(self):
         self.row_max.fill(-Float32.inf)
@@ -49,6 +57,11 @@ class OnlineSoftmax:
             m_cur = quad_allreduce_max(s_row.reduce(cute.ReductionOp.MAX, -Float32.inf, 0))
             m_prev = self.row_max[r]
             m_new = cute.arch.fmax(m_prev, m_cur)
+            if cutlass.const_expr(self.rescale_threshold is not None):
+                # keep the stale max unless the new one is far above it (NaN when both are
+                # -inf: kept; +inf when only the old one is: moved)
+                grow = (m_new - m_prev) * self.scale_log2
+                m_new = m_new if grow > Float32(self.rescale_threshold) else m_prev
             m_safe = 0.0 if m_new == -Float32.inf else m_new
             m_scaled = m_safe * self.scale_log2
             p_row = cute.math.exp2(s_row * self.scale_log2 - m_scaled, fastmath=True)
@@ -61,6 +74,17 @@ class OnlineSoftmax:
 
     @cute.jit
     def rescale(self, acc_O_mn, corr):
+        if cutlass.const_expr(self.rescale_threshold is None):
+            self._rescale(acc_O_mn, corr)
+        else:
+            moved = corr[0] != Float32(1.0)
+            for r in cutlass.range_constexpr(1, cute.size(acc_O_mn, mode=[0])):
+                moved = moved | (corr[r] != Float32(1.0))
+            if cute.arch.vote_any_sync(moved):
+                self._rescale(acc_O_mn, corr)
+
+    @cute.jit
+    def _rescale(self, acc_O_mn, corr):
         for r in cutlass.range_constexpr(cute.size(acc_O_mn, mode=[0])):
             acc_O_mn[r, None] = acc_O_mn[r, None].load() * corr[r]
 
