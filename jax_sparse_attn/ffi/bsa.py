@@ -89,7 +89,7 @@ class BsaFwdConfig:
     # work items (batch, KV head, query block, head of the group), else query block major
     ws_head_major: bool = True
     # the online softmax rescales O only when a row max grows by more than 2^8 (else: always)
-    ws_lazy_rescale: bool = True
+    ws_lazy_rescale: bool = False
     num_sms: int = 0
     arch: str = ""  # the target arch (CuTe DSL name) the key was chosen for
     # pack_gqa: query heads per KV head r of the packed rows (1: not packed; sm90/sm90ws)
@@ -177,12 +177,12 @@ def bsa_ws_options(opts) -> dict:
     (blk 128: the two consumer warpgroups issue their GEMMs in turns), ``q_stages`` (2: the
     next item's Q loads during this item's mainloop), ``max_stages`` (most K/V stages),
     ``head_major`` (work items KV head major, the concurrent CTAs sharing one head's K/V in
-    L2; ``headinner``: query block major, heads fastest), ``lazy_rescale`` (O rescaled only
-    when a row max grows by more than 2^8; ``eagerrescale``: at every block)."""
+    L2; ``headinner``: query block major, heads fastest), ``lazy_rescale`` (``lazyrescale``: O
+    rescaled only when a row max grows by more than 2^8; default: at every block)."""
     st = [int(o[7:]) for o in opts if o.startswith("stages=")]
     return {"overlap": "nooverlap" not in opts, "pingpong": "nopingpong" not in opts,
             "q_stages": 1 if "q1" in opts else 2, "max_stages": st[0] if st else 4,
-            "head_major": "headinner" not in opts, "lazy_rescale": "eagerrescale" not in opts}
+            "head_major": "headinner" not in opts, "lazy_rescale": "lazyrescale" in opts}
 
 
 def _family_impl(want: str, head_dim: int, switches, block_size: int | None = None) -> str:

@@ -100,7 +100,7 @@ class BsaFwdSm90Ws(AttnFwdSm90Ws):
                  num_sms: int, overlap: bool = True, pingpong: bool = True,
                  max_stages: int = 4, q_stages: int = 2, pack_gqa: int = 1,
                  causal: bool = False, kv_splits: int = 1, head_major: bool = True,
-                 lazy_rescale: bool = True):
+                 lazy_rescale: bool = False):
         if block_size not in (64, 128) or head_dim not in (64, 128):
             raise NotImplementedError(
                 f"bsa_fwd_sm90_ws implements head_dim in (64, 128) and sparse_block_size in "
@@ -123,7 +123,7 @@ class BsaFwdSm90Ws(AttnFwdSm90Ws):
         self.num_sms = num_sms
         self.kv_splits = kv_splits
         self.head_major = head_major
-        # online softmax: rows keep a stale max up to 2^8 below the true one (softmax.py)
+        # lazy_rescale: rows keep a stale max up to 2^8 below the true one (softmax.py)
         self.rescale_threshold = 8.0 if lazy_rescale else None
         self.num_threads = 128 * (1 + self.num_wg)
         # register budget per CTA: 65536 / ctas_per_sm = 128 * (producer + num_wg * consumer)
