@@ -208,9 +208,6 @@ class AttnFwdSm90Ws:
             if cutlass.const_expr(self._kv_prefetch()):
                 # the first KV tile's table entry loads while Q is acquired and loaded
                 prefetch = self._kv_entry(work, work.kv_tile(0))
-            elif cutlass.const_expr(self._list_ahead()):
-                # the first KV tile's list entry loads while Q is acquired and loaded
-                prefetch = work.kv_tile(0)
             gQ = cute.local_tile(self._q_tile(tma_tQ, work), (wgm, d), (None, 0))
             tQs, tQg = cpasync.tma_partition(
                 tma_q, 0, cute.make_layout(1), cute.group_modes(sQ, 0, 2),
@@ -234,18 +231,6 @@ class AttnFwdSm90Ws:
                 c_kv = self._produce_kv_prefetched(
                     work, prefetch, tma_k, tKg, tKs, tma_v, tVg, tVs, sV_rows, pipe_k, pipe_v,
                     k_bytes, v_bytes, c_kv, lane)
-            elif cutlass.const_expr(self._list_ahead()):
-                # list entries one tile ahead: entry it + 1 loads before tile it's stages are
-                # acquired
-                last = work.n_count - 1
-                n_next = prefetch
-                for it in cutlass.range(work.n_count, unroll=1):
-                    n = n_next
-                    n_next = work.kv_tile(cutlass.min(it + 1, last))
-                    nk = self._kv_coord(work, n)
-                    self._issue_kv(work, n, nk, tma_k, tKg, tKs, tma_v, tVg, tVs, sV_rows,
-                                   pipe_k, pipe_v, k_bytes, v_bytes, c_kv, lane)
-                    c_kv += 1
             else:
                 for it in cutlass.range(work.n_count, unroll=1):
                     n = work.kv_tile(it)
@@ -296,11 +281,6 @@ class AttnFwdSm90Ws:
     def _kv_prefetch(self):
         """Whether the producer loads the KV tiles' table entries one tile ahead
         (``_produce_kv_prefetched``; a kernel with a per-tile table lookup may say so)."""
-        return False
-
-    def _list_ahead(self):
-        """Whether ``work.kv_tile`` is a memory load worth issuing one tile ahead, by the
-        producer (``_produce``) and by the consumers (``_tile_pre`` in ``_mainloop``)."""
         return False
 
     def _kv_entry(self, work, n):
@@ -436,21 +416,12 @@ class AttnFwdSm90Ws:
             turns.pass_turn(wg)
             warpgroup.wait_group(0)
             pipe_k.consumer_release(c_kv)
-            last = work.n_count - 1
-            pre_next = None
-            if cutlass.const_expr(self._list_ahead()):
-                pre_next = self._tile_pre(work, tile, rows, cutlass.min(1, last))
             rP = self._tile_p(acc_S, work, tile, rows, state, pre, 0)
             tOrP = cute.make_tensor(rP.iterator, acc_layout_as_a(rP.layout, a_vals))
             for it in cutlass.range(1, work.n_count, unroll=1):
                 c_new = c_kv + it
                 acc_S2 = cute.make_rmem_tensor(s_shape, Float32)
-                if cutlass.const_expr(self._list_ahead()):
-                    # tile it's metadata loaded one iteration ago; tile it + 1's now
-                    pre2 = pre_next
-                    pre_next = self._tile_pre(work, tile, rows, cutlass.min(it + 1, last))
-                else:
-                    pre2 = self._tile_pre(work, tile, rows, it)
+                pre2 = self._tile_pre(work, tile, rows, it)
                 self._issue_qk(mma_qk, mma_qk0, tSrQ, tSrK, pipe_k, c_new, acc_S2, turns, wg)
                 self._issue_pv(mma_pv, tOrP, tOrV, pipe_v, c_new - 1, acc_O, turns, wg, False)
                 turns.pass_turn(wg)

@@ -100,7 +100,7 @@ class BsaFwdSm90Ws(AttnFwdSm90Ws):
                  num_sms: int, overlap: bool = True, pingpong: bool = True,
                  max_stages: int = 4, q_stages: int = 2, pack_gqa: int = 1,
                  causal: bool = False, kv_splits: int = 1, head_major: bool = True,
-                 lazy_rescale: bool = False, list_ahead: bool = False):
+                 lazy_rescale: bool = False):
         if block_size not in (64, 128) or head_dim not in (64, 128):
             raise NotImplementedError(
                 f"bsa_fwd_sm90_ws implements head_dim in (64, 128) and sparse_block_size in "
@@ -123,7 +123,6 @@ class BsaFwdSm90Ws(AttnFwdSm90Ws):
         self.num_sms = num_sms
         self.kv_splits = kv_splits
         self.head_major = head_major
-        self.list_ahead = list_ahead
         # lazy_rescale: rows keep a stale max up to 2^8 below the true one (softmax.py)
         self.rescale_threshold = 8.0 if lazy_rescale else None
         self.num_threads = 128 * (1 + self.num_wg)
@@ -286,9 +285,6 @@ class BsaFwdSm90Ws(AttnFwdSm90Ws):
                 t = sched.next(t)
 
     # ------------------------------------------------- variation points (AttnFwdSm90Ws)
-    def _list_ahead(self):
-        return self.list_ahead
-
     def _q_tile(self, tma_tQ, work):
         return tma_tQ[None, None, work.head, work.batch]
 
