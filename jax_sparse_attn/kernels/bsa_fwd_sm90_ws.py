@@ -34,7 +34,8 @@ block-sparse variation points:
 CTA shapes: ``sparse_block_size = 128``: 384 threads (producer warpgroup + two consumer
 warpgroups of 64 query rows, sharing each K/V load, ping-pong), one CTA per SM.
 ``sparse_block_size = 64``: 256 threads (producer warpgroup + one consumer warpgroup owning a
-64-row query block), two CTAs per SM. Work items (query block, query head, batch) are walked
+64-row query block), two CTAs per SM, or three with ``three_ctas`` (75 KiB of shared memory
+and 136 consumer registers each; the caller sets it at D = 64). Work items (query block, query head, batch) are walked
 by a persistent scheduler: ``head_major`` (default) ``tile_scheduler.HeadMajorScheduler``
 (batch, KV head, query block, query head of the group fastest: the CTAs running at one time
 share one KV head's K/V in L2, and the heads of a GQA group read the same K/V blocks
@@ -69,6 +70,8 @@ from .tile_scheduler import HeadMajorScheduler, StaticLptScheduler
 
 # two CTAs per SM: 228 KiB of shared memory per SM less 1 KiB reserved per CTA
 SMEM_LIMIT_2CTA = 113 * 1024
+# three CTAs per SM (blk 64, ``three_ctas``): a third of it, less 1 KiB
+SMEM_LIMIT_3CTA = 75 * 1024
 
 
 def bsa_ws_smem_plan(d: int, bm: int, bn: int, limit: int, max_stages: int = 4,
@@ -100,7 +103,7 @@ class BsaFwdSm90Ws(AttnFwdSm90Ws):
                  num_sms: int, overlap: bool = True, pingpong: bool = True,
                  max_stages: int = 4, q_stages: int = 2, pack_gqa: int = 1,
                  causal: bool = False, kv_splits: int = 1, head_major: bool = True,
-                 lazy_rescale: bool = False):
+                 lazy_rescale: bool = False, three_ctas: bool = False):
         if block_size not in (64, 128) or head_dim not in (64, 128):
             raise NotImplementedError(
                 f"bsa_fwd_sm90_ws implements head_dim in (64, 128) and sparse_block_size in "
@@ -117,7 +120,11 @@ class BsaFwdSm90Ws(AttnFwdSm90Ws):
         self.overlap = overlap
         self.pingpong = pingpong and self.num_wg == 2
         self.ctas_per_sm = 1 if self.num_wg == 2 else 2
-        limit = SMEM_LIMIT if self.ctas_per_sm == 1 else SMEM_LIMIT_2CTA
+        if three_ctas:
+            if self.num_wg != 1:
+                raise NotImplementedError("three CTAs per SM need sparse_block_size=64")
+            self.ctas_per_sm = 3
+        limit = {1: SMEM_LIMIT, 2: SMEM_LIMIT_2CTA, 3: SMEM_LIMIT_3CTA}[self.ctas_per_sm]
         self.stages, self.q_stages, self.o_alias_q = bsa_ws_smem_plan(
             head_dim, self.bm, block_size, limit, max_stages, q_stages)
         self.num_sms = num_sms
@@ -129,6 +136,10 @@ class BsaFwdSm90Ws(AttnFwdSm90Ws):
         # register budget per CTA: 65536 / ctas_per_sm = 128 * (producer + num_wg * consumer)
         self.regs_producer = 24
         self.regs_consumer = 240 if self.num_wg == 2 else 232
+        if self.ctas_per_sm == 3:
+            # 80 registers per thread at launch (65536 / 768, multiple of 8): the producer
+            # warpgroup's 56 spare registers go to the consumer warpgroup
+            self.regs_consumer = 136
         # pack_gqa: r = H_q / H_kv query heads per work item (1: off); r divides the 64-row
         # warpgroup tile, so a Q slice is one (D, r, 64 / r) TMA box
         if 64 % pack_gqa:
