@@ -103,7 +103,7 @@ _parse_ws = _parse_option_list(WS_FLAGS, "bn", lambda n: n % 16 == 0 and 16 <= n
 
 #: the flags of the sm90ws BSA forward's tuning switch (JAX_SPARSE_ATTN_BSA_WS), plus
 #: ``stages=N`` (at most N K/V stages, 2..8)
-BSA_WS_FLAGS = ("nooverlap", "nopingpong", "q1", "headinner", "lazyrescale", "ctas2")
+BSA_WS_FLAGS = ("nooverlap", "nopingpong", "q1", "headinner", "lazyrescale", "ctas2", "oalias")
 _BSA_WS_ALLOWED = ("comma list of " + ", ".join(BSA_WS_FLAGS)
                    + ", stages=N (most K/V shared-memory stages: 2..8)")
 #: parser of JAX_SPARSE_ATTN_BSA_WS: :data:`BSA_WS_FLAGS` and ``stages=N``
@@ -203,7 +203,8 @@ SWITCHES = (
            "(work items query block major, heads fastest, instead of KV head major), "
            "lazyrescale (the online softmax keeps a row's max and skips the O rescale until "
            "the max grows by more than 2^8; slower on the H200), ctas2 (blk 64 D 64: two CTAs "
-           "per SM instead of three), stages=N "
+           "per SM instead of three), oalias (O staged in a single Q buffer, for more K/V "
+           "stages), stages=N "
            "(most K/V stages)"),
     _choice("bsa_bwd_impl", "JAX_SPARSE_ATTN_BSA_BWD_IMPL", ("sm90", "sm80"),
             "BSA backward kernel, as for the forward"),

@@ -45,12 +45,13 @@ SMEM_LIMIT = 227 * 1024
 
 
 def smem_plan(d: int, dv: int, bm: int, bn: int, limit: int, max_stages: int = 4,
-              q_stages: int = 2, alias_first: bool = False):
+              q_stages: int = 2, alias_first: bool = False, reserve: int = 1024 + 256):
     """(K/V stages, Q stages, whether O's smem buffer aliases Q's) within ``limit`` bytes for
     ``bm`` query rows and ``bn``-key tiles: a double-buffered Q (the next item's Q loads
     during this item's mainloop) with its own O buffer first, then one Q stage, then O in
     Q's buffer (only when ``dv <= d``); for each, the most K/V stages (at least 2).
-    ``alias_first``: O in the single Q buffer first (the most K/V stages)."""
+    ``alias_first``: O in the single Q buffer first (the most K/V stages). ``reserve``: bytes
+    besides the buffers (the mbarriers, padded to the 1024-byte alignment of Q)."""
     o = bm * dv * 2
     plans = [(qs, False) for qs in range(q_stages, 0, -1)] + [(1, True)]
     if alias_first:
@@ -60,7 +61,7 @@ def smem_plan(d: int, dv: int, bm: int, bn: int, limit: int, max_stages: int = 4
             continue
         for stages in range(max_stages, 1, -1):
             total = (qs * bm * d * 2 + stages * bn * (d + dv) * 2 + (0 if alias else o)
-                     + 1024 + 256)
+                     + reserve)
             if total <= limit:
                 return stages, qs, alias
     raise ValueError(f"no shared-memory plan for head_dim={d}, head_dim_v={dv}, block_n={bn}")

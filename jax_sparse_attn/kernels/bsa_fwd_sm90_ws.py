@@ -75,11 +75,13 @@ SMEM_LIMIT_3CTA = 75 * 1024
 
 
 def bsa_ws_smem_plan(d: int, bm: int, bn: int, limit: int, max_stages: int = 4,
-                     q_stages: int = 2):
+                     q_stages: int = 2, alias_first: bool = False):
     """(K/V stages, Q stages, whether O's smem buffer aliases Q's) within ``limit`` bytes
-    (``attn_fwd_sm90_ws.smem_plan`` with ``D_v = D``)."""
+    (``attn_fwd_sm90_ws.smem_plan`` with ``D_v = D``; the struct is exactly the buffers
+    plus the mbarriers padded to 1 KiB, so ``limit`` may be met to the byte)."""
     try:
-        return smem_plan(d, d, bm, bn, limit, max_stages, q_stages)
+        return smem_plan(d, d, bm, bn, limit, max_stages, q_stages, alias_first=alias_first,
+                         reserve=1024)
     except ValueError:
         raise ValueError(
             f"no shared-memory plan for head_dim={d}, sparse_block_size={bn}") from None
@@ -103,7 +105,8 @@ class BsaFwdSm90Ws(AttnFwdSm90Ws):
                  num_sms: int, overlap: bool = True, pingpong: bool = True,
                  max_stages: int = 4, q_stages: int = 2, pack_gqa: int = 1,
                  causal: bool = False, kv_splits: int = 1, head_major: bool = True,
-                 lazy_rescale: bool = False, three_ctas: bool = False):
+                 lazy_rescale: bool = False, three_ctas: bool = False,
+                 o_alias_first: bool = False):
         if block_size not in (64, 128) or head_dim not in (64, 128):
             raise NotImplementedError(
                 f"bsa_fwd_sm90_ws implements head_dim in (64, 128) and sparse_block_size in "
@@ -126,7 +129,7 @@ class BsaFwdSm90Ws(AttnFwdSm90Ws):
             self.ctas_per_sm = 3
         limit = {1: SMEM_LIMIT, 2: SMEM_LIMIT_2CTA, 3: SMEM_LIMIT_3CTA}[self.ctas_per_sm]
         self.stages, self.q_stages, self.o_alias_q = bsa_ws_smem_plan(
-            head_dim, self.bm, block_size, limit, max_stages, q_stages)
+            head_dim, self.bm, block_size, limit, max_stages, q_stages, o_alias_first)
         self.num_sms = num_sms
         self.kv_splits = kv_splits
         self.head_major = head_major
