@@ -1,0 +1,102 @@
+"""The sm90ws block-sparse forward's work order, CTAs per SM and shared-memory plan (CPU, no
+kernel compile): ``tile_scheduler.HeadMajorScheduler`` decodes every work item exactly once
+in KV-head-major order, the compile key picks three CTAs per SM only at blk 64 / D 64, the
+ablation flags reach the key, and the shared-memory plans fit their per-CTA limits."""
+
+from __future__ import annotations
+
+import itertools
+
+import jax.numpy as jnp
+import pytest
+
+pytest.importorskip("cutlass")
+
+from jax_sparse_attn.config import Switches  # noqa: E402
+from jax_sparse_attn.ffi import bsa  # noqa: E402
+from jax_sparse_attn.kernels.attn_fwd_sm90_ws import SMEM_LIMIT  # noqa: E402
+from jax_sparse_attn.kernels.bsa_fwd_sm90_ws import (  # noqa: E402
+    SMEM_LIMIT_2CTA, SMEM_LIMIT_3CTA, bsa_ws_smem_plan)
+from jax_sparse_attn.kernels.tile_scheduler import (  # noqa: E402
+    HeadMajorScheduler, StaticLptScheduler)
+
+
+def _decode(sched, n_heads, n_blocks, t):
+    """(batch, head, block, split) of item ``t``, as ``BsaFwdSm90Ws._work`` decodes it."""
+    slot, hs = sched.coords(t)
+    split, head = divmod(hs, n_heads)
+    batch, block = divmod(slot, n_blocks)
+    return batch, head, block, split
+
+
+@pytest.mark.parametrize("b,h_q,h_kv,n_blocks,splits", [
+    (1, 16, 16, 5, 1), (2, 16, 4, 3, 1), (3, 8, 1, 4, 1), (2, 4, 2, 3, 3), (1, 6, 3, 2, 7)])
+def test_head_major_order_is_a_bijection_kv_head_major(b, h_q, h_kv, n_blocks, splits):
+    group = h_q // h_kv
+    n_hs = h_q * splits
+    n_work = b * n_blocks * n_hs
+    sched = HeadMajorScheduler(n_hs, n_work, splits * group, group, n_blocks, h_kv)
+    items = [_decode(sched, h_q, n_blocks, t) for t in range(n_work)]
+    # every (batch, head, block, split) exactly once
+    assert sorted(items) == sorted(itertools.product(range(b), range(h_q), range(n_blocks),
+                                                     range(splits)))
+    # batch, then KV head, then query block change slowest; the (split, head of the group)
+    # pairs of one query block are consecutive
+    keys = [(bb, hh // group, blk) for bb, hh, blk, _ in items]
+    assert keys == sorted(keys)
+    for t0 in range(0, n_work, splits * group):
+        run = items[t0:t0 + splits * group]
+        assert len({(bb, hh // group, blk) for bb, hh, blk, _ in run}) == 1
+    # the previous order: query block major, heads fastest
+    old = StaticLptScheduler(n_hs, n_work)
+    first = [_decode(old, h_q, n_blocks, t) for t in range(n_hs)]
+    assert {(bb, blk) for bb, _, blk, _ in first} == {(0, 0)}
+
+
+def test_compile_key_options():
+    dt = jnp.bfloat16
+    key = bsa.fwd_config(dt, 64, 64, False, Switches())
+    assert key.impl == "sm90ws" and key.ws_head_major and key.ws_three_ctas
+    assert not (key.ws_lazy_rescale or key.ws_o_alias)
+    for d, blk in ((128, 64), (64, 128), (128, 128)):
+        k = bsa.fwd_config(dt, d, blk, False, Switches())
+        assert k.impl == "sm90ws" and not k.ws_three_ctas
+    sw = Switches(bsa_fwd_ws=("headinner", "ctas2", "oalias", "lazyrescale"))
+    k = bsa.fwd_config(dt, 64, 64, True, sw)
+    assert (k.ws_head_major, k.ws_three_ctas, k.ws_o_alias, k.ws_lazy_rescale) == (
+        False, False, True, True)
+    # the sm90 forward stays selectable
+    assert bsa.fwd_config(dt, 128, 64, False, Switches(bsa_fwd_impl="sm90")).impl == "sm90"
+
+
+def _bytes(d, bm, bn, plan):
+    stages, q_stages, alias = plan
+    return q_stages * bm * d * 2 + stages * bn * 2 * d * 2 + (0 if alias else bm * d * 2) + 1024
+
+
+@pytest.mark.parametrize("d,blk,limit,want", [
+    (128, 128, SMEM_LIMIT, (2, 2, False)),
+    (64, 128, SMEM_LIMIT, (4, 2, False)),
+    (128, 64, SMEM_LIMIT_2CTA, (2, 2, False)),  # to the byte: 113 KiB
+    (64, 64, SMEM_LIMIT_3CTA, (3, 2, False)),
+])
+def test_shared_memory_plans_fit(d, blk, limit, want):
+    plan = bsa_ws_smem_plan(d, blk, blk, limit)
+    assert plan == want
+    assert _bytes(d, blk, blk, plan) <= limit
+    # two / three CTAs per SM with the driver's 1 KiB each fit the SM's 228 KiB
+    ctas = {SMEM_LIMIT: 1, SMEM_LIMIT_2CTA: 2, SMEM_LIMIT_3CTA: 3}[limit]
+    assert ctas * (limit + 1024) <= 228 * 1024 or ctas == 1
+
+
+def test_three_ctas_needs_blk64():
+    import cutlass  # noqa: PLC0415
+
+    from jax_sparse_attn.kernels.bsa_fwd_sm90_ws import BsaFwdSm90Ws  # noqa: PLC0415
+
+    with pytest.raises(NotImplementedError, match="sparse_block_size=64"):
+        BsaFwdSm90Ws(cutlass.BFloat16, 64, 128, False, 132, three_ctas=True)
+    with pytest.raises(ValueError, match="no shared-memory plan"):
+        BsaFwdSm90Ws(cutlass.BFloat16, 128, 64, False, 132, three_ctas=True)
+    k = BsaFwdSm90Ws(cutlass.BFloat16, 64, 64, False, 132, three_ctas=True)
+    assert (k.ctas_per_sm, k.regs_consumer, k.stages) == (3, 136, 3)
