@@ -223,7 +223,7 @@ def test_family_switch_and_smem_limit_switch(monkeypatch):
     assert _platform.kernel_family(base) == "sm90"
     assert ffi_hstu.fwd_config("bfloat16", 128, 128, 0, base).impl == "sm90ws"
     assert ffi_hstu.bwd_config("bfloat16", 128, 128, 0, base).impl == "sm90"
-    assert ffi_bsa.fwd_config("bfloat16", 128, 64, False, base).impl == "sm90"
+    assert ffi_bsa.fwd_config("bfloat16", 128, 64, False, base).impl == "sm90ws"
     port = Switches(kernel_family="portable")
     f, b = (ffi_hstu.fwd_config("bfloat16", 128, 128, 0, port),
             ffi_hstu.bwd_config("bfloat16", 128, 128, 0, port))
