@@ -6,11 +6,17 @@ ablation flags reach the key, and the shared-memory plans fit their per-CTA limi
 from __future__ import annotations
 
 import itertools
+import os
 
-import jax.numpy as jnp
 import pytest
 
-pytest.importorskip("cutlass")
+# CuTe DSL reads its target arch when cutlass is first imported: set it before that (this
+# module is collected before the lowering tests, which need sm_90a)
+os.environ.setdefault("CUTE_DSL_ARCH", "sm_90a")
+
+import jax.numpy as jnp  # noqa: E402
+
+pytest.importorskip("cutlass")  # noqa: E402
 
 from jax_sparse_attn.config import Switches  # noqa: E402
 from jax_sparse_attn.ffi import bsa  # noqa: E402
