@@ -193,34 +193,44 @@ TABLE = [
 ]
 
 
-def table(variants, n_sets=2, seed=0, rows_sel=None):
-    """Forward times of the TABLE rows under each variant (``'ENV=V,ENV=V'`` strings of
-    ``JAX_SPARSE_ATTN_*`` switch variables, validated by :func:`config.from_env`)."""
+def table(variants, n_sets=2, seed=0, rows_sel=None, pass_="fwd"):
+    """Forward (``pass_="fwd"``) or backward (``"bwd"``: the whole backward from saved out /
+    lse, FLOPs 2.5x the forward's) times of the TABLE rows under each variant (``'ENV=V,ENV=V'``
+    strings of ``JAX_SPARSE_ATTN_*`` switch variables, validated by :func:`config.from_env`)."""
     rows = []
     for j, (label, blk, topk, s, d, h, h_kv) in enumerate(TABLE):
         if rows_sel is not None and j not in rows_sel:
             continue
         key = jax.random.fold_in(jax.random.PRNGKey(seed), blk * 1000 + topk)
-        sets = [_inputs(jax.random.fold_in(key, i), 1, h, s, d, blk, topk, jnp.bfloat16, h_kv)[:5]
+        sets = [_inputs(jax.random.fold_in(key, i), 1, h, s, d, blk, topk, jnp.bfloat16, h_kv)
                 for i in range(n_sets)]
-        flops = 4.0 * h * s * d * (topk * blk)
+        flops = 4.0 * h * s * d * (topk * blk) * (2.5 if pass_ == "bwd" else 1.0)
         for var in variants:
             env = dict(kv.partition("=")[::2] for kv in filter(None, var.split(",")))
             kw = dict(layout="bhsd", sparse_block_size=blk, softmax_scale=1.0 / np.sqrt(d),
                       backend="kernel", switches=config.from_env(env))
 
-            def fwd(q, k, v, i, n, kw=kw):
+            def fwd(q, k, v, i, n, do=None, kw=kw):
                 return tuple(jsa.block_sparse_attention_forward(q, k, v, i, None, None, n, **kw))
 
+            def bwd(q, k, v, i, n, do, out, lse, kw=kw):
+                return tuple(jsa.block_sparse_attention_backward(do, q, k, v, out, lse, i, None,
+                                                                 None, n, **kw))
+
             try:
-                ms = _time(fwd, sets)
+                if pass_ == "bwd":
+                    saved = [jax.jit(fwd)(*st) for st in sets]
+                    ms = _time(bwd, [st + tuple(sv) for st, sv in zip(sets, saved)])
+                else:
+                    ms = _time(fwd, sets)
             except Exception as e:  # noqa: BLE001  (one failing variant must not end the table)
                 print(f"{label:24s} {var:44s} FAILED {type(e).__name__}: {str(e)[:300]}", flush=True)
                 continue
             row = dict(case=label, variant=var, blk=blk, top_k=topk, S=s, D=d, H=h, H_kv=h_kv,
-                       pass_="fwd", ms=ms, tflops=flops / (ms * 1e-3) / 1e12)
+                       pass_=pass_, ms=ms, tflops=flops / (ms * 1e-3) / 1e12)
             rows.append(row)
-            print(f"{label:24s} {var:44s} {ms:8.3f} ms {row['tflops']:7.1f} TFLOP/s", flush=True)
+            print(f"{label:24s} {pass_} {var:44s} {ms:8.3f} ms {row['tflops']:7.1f} TFLOP/s",
+                  flush=True)
     return rows
 
 
@@ -423,6 +433,8 @@ def main(argv=None):
     ap.add_argument("--table", default="",
                     help="';'-separated variants ('ENV=V,ENV=V') timed on the forward rows of TABLE "
                          "(e.g. 'JAX_SPARSE_ATTN_BSA_FWD_IMPL=sm90;JAX_SPARSE_ATTN_BSA_FWD_IMPL=sm90ws')")
+    ap.add_argument("--table-pass", default="fwd", choices=("fwd", "bwd"),
+                    help="with --table: time the forward (default) or the whole backward")
     ap.add_argument("--rows", default="",
                     help="with --table: comma list of TABLE row numbers (default: all)")
     ap.add_argument("--causal", action="store_true",
@@ -461,7 +473,7 @@ def main(argv=None):
         rows = causal_rows(s=s)
     elif args.table:
         sel = [int(r) for r in args.rows.split(",") if r] or None
-        rows = table(args.table.split(";"), rows_sel=sel)
+        rows = table(args.table.split(";"), rows_sel=sel, pass_=args.table_pass)
     elif not args.variants:
         cases = [(64, 32, ("fwd", "bwd", "csr")), (128, 16, ("fwd", "bwd"))]
         rows = run(cases, s=s, tag="default")

@@ -206,8 +206,11 @@ SWITCHES = (
            "per SM instead of three), oalias (O staged in a single Q buffer, for more K/V "
            "stages), stages=N "
            "(most K/V stages)"),
-    _choice("bsa_bwd_impl", "JAX_SPARSE_ATTN_BSA_BWD_IMPL", ("sm90", "sm80"),
-            "BSA backward kernel, as for the forward"),
+    _choice("bsa_bwd_impl", "JAX_SPARSE_ATTN_BSA_BWD_IMPL", ("sm90", "sm90ws", "sm80"),
+            "BSA backward kernel: sm90 (wgmma, one warpgroup per 64-key tile, cp.async; D in "
+            "{64, 128}, other D use sm80), sm90ws (warp-specialized: TMA producer warp + one "
+            "wgmma consumer warpgroup per 64 keys of a whole KV block; D in {64, 128}; "
+            "pack_gqa and causal calls run sm90), sm80 (mma.sync, every D)"),
     _choice("bsa_pre_impl", "JAX_SPARSE_ATTN_BSA_PRE_IMPL", ("kernel", "xla"),
             "BSA backward preprocessing (delta = rowsum(dO*O), zeroed dQ accumulator): "
             "kernel (one CuTe DSL launch) or xla (an XLA fusion)"),

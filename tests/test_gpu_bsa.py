@@ -16,7 +16,8 @@ mma.sync kernels at every D and the XLA preprocessing); ``sm90ws``:
 the mma.sync forward with ``bsa_fwd_late_v_wait=True``; ``sm80_wr32``: with
 ``bsa_fwd_warp_rows="32"`` (at every block size: slow where it spills, still exact);
 ``sm80_wr16``: with ``bsa_fwd_warp_rows="16"`` (the rows the ``auto`` default does not
-run at sparse_block_size 64, D <= 128);
+run at sparse_block_size 64, D <= 128); ``bwdws``: ``Switches(bsa_bwd_impl="sm90ws")`` (the
+warp-specialized backward, opt-in);
 ``test_bsa_preprocess_kernel`` checks the preprocessing kernel directly.
 ``test_bsa_sm90ws_forward`` adds the sm90ws forward's own cases (every KV block listed, the
 partial last block listed by every row, NaN in unlisted blocks and past block_sizes,
@@ -46,6 +47,7 @@ pytestmark = pytest.mark.gpu
 SHARD = os.environ.get("BSA_TEST_SHARD", "")
 SM80 = Switches(bsa_fwd_impl="sm80", bsa_bwd_impl="sm80", bsa_pre_impl="xla")
 SM90WS = Switches(bsa_fwd_impl="sm90ws")
+BWDWS = Switches(bsa_bwd_impl="sm90ws")
 SM80_LATE_V = Switches(bsa_fwd_impl="sm80", bsa_fwd_late_v_wait=True)
 SM80_WR32 = Switches(bsa_fwd_impl="sm80", bsa_fwd_warp_rows="32")
 SM80_WR16 = Switches(bsa_fwd_impl="sm80", bsa_fwd_warp_rows="16")
@@ -66,6 +68,7 @@ class TestBSAKernelGrid(BSAKernelGrid):
         cases = [(c, Switches()) for c in BSA_GRID]
         cases += [(c, SM80) for c in BSA_GRID if "sm80" in extra]
         cases += [(c, SM90WS) for c in BSA_GRID if "sm90ws" in extra]
+        cases += [(c, BWDWS) for c in BSA_GRID if "bwdws" in extra]
         cases += [(c, SM80_LATE_V) for c in BSA_GRID if "sm80_late_v" in extra]
         cases += [(c, SM80_WR32) for c in BSA_GRID if "sm80_wr32" in extra]
         cases += [(c, SM80_WR16) for c in BSA_GRID if "sm80_wr16" in extra]
@@ -315,4 +318,58 @@ def test_bsa_sm90ws_forward(c):
         assert empty.any()
         o_rows = _rows_bhs(np.asarray(out, np.float32), c["layout"])
         assert np.all(o_rows[empty] == 0) and np.all(np.isneginf(lse_g[empty]))
+    print(c["name"], "; ".join(report))
+
+
+# ----------------------------------------------------------------------------- sm90ws backward
+# The warp-specialized backward (kernels/bsa_bwd_sm90_ws.py) is opt-in: the grid runs on it
+# with BSA_TEST_IMPLS=bwdws; the cases below add NaN in unlisted blocks and past
+# block_sizes, every KV block listed, GQA 8:1 and outputs poisoned by an all-NaN run.
+
+BWD_WS_CASES = WS_CASES + [
+    dict(name="bwdws-gqa8-blk128-d128", blk=128, d=128, dtype="bfloat16", layout="bshd",
+         hq=8, hkv=1, sq=2048, skv=2048, mode="last"),
+    dict(name="bwdws-gqa8-blk64-d128-all", blk=64, d=128, dtype="float16", layout="bhsd",
+         hq=8, hkv=1, sq=513, skv=700, mode="all"),
+]
+
+
+@pytest.mark.parametrize("c", shard(BWD_WS_CASES, SHARD), ids=lambda c: c["name"])
+def test_bsa_sm90ws_backward(c):
+    import jax_sparse_attn as jsa
+    from jax_sparse_attn import reference
+    from jax_sparse_attn.metadata import normalize_bsa_metadata
+
+    (q, k, v), (kp, vp), idx, nums, sizes = _ws_inputs(c)
+    idx_n, nums_n, sizes_n = normalize_bsa_metadata(idx, None, sizes, nums)
+    kw = dict(layout=c["layout"], sparse_block_size=c["blk"], softmax_scale=0.6 / np.sqrt(c["d"]))
+    do = jnp.asarray(np.random.default_rng(11).standard_normal(q.shape, np.float32)).astype(q.dtype)
+
+    @jax.jit
+    def kernel_grads(q, k, v, do):
+        _, vjp = jax.vjp(lambda q, k, v: jsa.block_sparse_attention(
+            q, k, v, idx, None, sizes, nums, allow_empty_block_nums=True, backend="kernel",
+            switches=BWDWS, **kw), q, k, v)
+        return vjp(do)
+
+    def ref_grads(q, k, v, do, **extra):
+        _, vjp = jax.vjp(lambda q, k, v: reference.block_sparse_attention_ref(
+            q, k, v, idx_n, nums_n, sizes_n, **kw, **extra)[0], q, k, v)
+        return vjp(do)
+
+    # poisoned outputs: an all-NaN run first leaves NaN in buffers XLA is likely to reuse
+    jax.block_until_ready(kernel_grads(q * jnp.nan, kp, vp, do * jnp.nan))
+    got = jax.block_until_ready(kernel_grads(q, kp, vp, do))
+    f32 = lambda x: x.astype(jnp.float32)  # noqa: E731
+    truth = ref_grads(f32(q), f32(k), f32(v), f32(do))
+    base = ref_grads(q, k, v, do, compute_dtype=q.dtype)
+    report = []
+    for name, g, t, b in zip(("dq", "dk", "dv"), got, truth, base):
+        check_rule(name, g, t, b, 5, 2e-3, report)
+    # dK / dV of keys that contribute nothing (unlisted, past block_sizes; NaN in the inputs
+    # there) are exactly zero
+    for name, g, t in zip(("dk", "dv"), got[1:], truth[1:]):
+        g, t = (_rows_bhs(np.asarray(x, np.float32), c["layout"]) for x in (g, t))
+        dead = np.all(t == 0, axis=-1)
+        assert np.all(g[dead] == 0), f"{name}: nonzero gradient of a key that contributes nothing"
     print(c["name"], "; ".join(report))

@@ -302,6 +302,11 @@ def bwd_config(dtype, head_dim, block_size, has_block_sizes, switches,
     """The dK/dV/dQ kernel's compile key (see :func:`fwd_config`)."""
     name, impl = jnp.dtype(dtype).name, _family_impl(switches.bsa_bwd_impl, head_dim, switches)
     arch = _platform.resolved_arch()
+    if impl == "sm90ws" and (pack_gqa > 1 or causal):
+        # the warp-specialized backward does not pack GQA groups or mask causally
+        impl = "sm90"
+    if impl == "sm90ws":
+        return BsaBwdConfig(name, head_dim, block_size, has_block_sizes, impl, arch=arch)
     if impl == "sm90":
         return BsaBwdConfig(name, head_dim, block_size, has_block_sizes, impl, arch=arch,
                             pack_gqa=pack_gqa, causal=causal)
@@ -647,7 +652,11 @@ def bsa_preprocess(do, out, cfg):
 def _bwd_entry(stream, q, k, v, do, lse, delta, offsets, entries, sizes, scale, dq_acc, dk, dv,
                *, cfg: BsaBwdConfig):
     args = (_cutlass_dtype(cfg.dtype), cfg.head_dim, cfg.block_size, cfg.has_block_sizes)
-    if cfg.impl == "sm90":
+    if cfg.impl == "sm90ws":
+        from ..kernels.bsa_bwd_sm90_ws import BsaBwdSm90Ws  # noqa: PLC0415
+
+        kernel = BsaBwdSm90Ws(*args)
+    elif cfg.impl == "sm90":
         from ..kernels.bsa_bwd_sm90 import BsaBwdSm90  # noqa: PLC0415
 
         kernel = BsaBwdSm90(*args, pack_gqa=cfg.pack_gqa, causal=cfg.causal)

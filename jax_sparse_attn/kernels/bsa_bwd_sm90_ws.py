@@ -1,0 +1,459 @@
+"""Block-sparse attention backward for SM90: warp-specialized TMA + wgmma kernel
+(``bsa_bwd_impl="sm90ws"``).
+
+Contract and semantics are those of :mod:`bsa_bwd_sm90` (tensor modes ``q, k, v, do, dq_acc,
+dk, dv: (B, S, H, D)`` in the caller's physical layout, ``lse`` / ``delta`` fp32 ``(B, H_q,
+S_q)``, the K->Q CSR lists ``offsets`` / ``entries`` of ``metadata.build_kq_csr`` with entry
+``h_in_group * N_q + m_block``, optional ``block_sizes (B, H_q, N_kv)``); the work split
+differs: one CTA per (KV block of ``blk`` keys, KV head, batch), the whole block at once.
+
+CTA = one producer warpgroup + ``blk / 64`` consumer warpgroups (blk 128: 384 threads, one
+CTA per SM; blk 64: 256 threads, two CTAs per SM):
+
+* producer (``setmaxnreg`` down to 24 registers), warp 0: TMA of the block's K and V once
+  (rows past ``S_kv`` are zero-filled by the hardware; a block that ``block_sizes`` cuts for
+  every query head of the GQA group is copied row by row with cp.async, its other rows
+  zero-filled, so no NaN / Inf garbage reaches ``dQ = dS K``), then, for every 64-row query
+  tile of every entry of the block's K->Q list (blk 128: two tiles per entry, a tile at or
+  past ``S_q`` skipped), the tile's lse and delta (cp.async, +inf / 0 past ``S_q``) and its Q
+  and dO tiles (TMA; rows past ``S_q`` zero-filled) into a ``q_stages`` mbarrier ring.
+* consumers (``setmaxnreg`` up to 240 / 232): warpgroup ``w`` owns keys ``[64 w, 64 w + 64)``
+  and keeps their dK, dV in fp32 registers. Key-major products, as in ``bsa_bwd_sm90``::
+
+      S^T = K Q^T,  dP^T = V dO^T                              (wgmma, smem x smem)
+      P^T = exp2(S^T scale log2 e - lse log2 e)                (while dP^T runs)
+      dS^T = softmax_scale * P^T (dP^T - delta)                 (keys past the block's valid
+                                                                count: P^T, dS^T select 0)
+      dV += P^T dO,  dK += dS^T Q                               (wgmma, registers x smem)
+      dQ  = dS K                                                (wgmma, smem x smem)
+
+  dS^T goes to shared memory with ``stmatrix`` (query-major; double-buffered at blk 128),
+  a named barrier publishes both warpgroups' key halves, then dQ (blk 128: the warpgroups
+  split the head dim) and dK issue as two wgmma groups and the dQ rows ``< S_q`` are added
+  to the fp32 workspace with ``red.global.add.v2.f32`` while the dK GEMM runs.
+* epilogue: dK, dV straight from registers to the key rows ``< S_kv``.
+
+``softmax_scale`` is folded into dS^T before its 16-bit conversion, so neither dK nor dQ
+needs a final scale. dK / dV are bitwise deterministic (one CTA sums its list in list order);
+dQ's fp32 additions are not ordered. Not implemented here (the public layer runs
+``bsa_bwd_sm90`` for them): ``pack_gqa``, ``causal``.
+"""
+
+from __future__ import annotations
+
+import cutlass
+import cutlass.cute as cute
+import cutlass.memory
+import cutlass.utils.hopper_helpers as sm90_utils
+from cutlass import Float32, Int32
+from cutlass.cute.nvgpu import OperandMajorMode, cpasync, warpgroup
+from cutlass.tensor_utils import LayoutEnum
+
+from . import hstu_common as hc
+from .bsa_common import LOG2_E, bwd_kv_tile_rows
+from .common import (acc_layout_as_a, acc_mn_view_wg, elem_ptr, gmem_load_copy,
+                     kv_major_bwd_operands, tma_view)
+from .pipeline import SmemPipeline
+
+#: query rows per step (one wgmma N / M extent)
+TILE_M = 64
+
+
+class BsaBwdSm90Ws:
+    """``__call__`` takes the arguments of ``BsaBwdSm90.__call__``."""
+
+    def __init__(self, dtype, head_dim: int, block_size: int, has_block_sizes: bool,
+                 q_stages: int = 2):
+        if head_dim not in (64, 128) or block_size not in (64, 128):
+            raise NotImplementedError(
+                f"bsa_bwd_sm90_ws implements head_dim in (64, 128) and sparse_block_size in "
+                f"(64, 128), got head_dim={head_dim}, sparse_block_size={block_size}")
+        self.dtype = dtype
+        self.d = head_dim
+        self.bn = block_size
+        self.bm = TILE_M
+        self.sub = block_size // TILE_M
+        self.num_wg = block_size // 64
+        self.has_sizes = has_block_sizes
+        self.q_stages = q_stages
+        self.ds_bufs = 2 if self.num_wg == 2 else 1
+        self.num_threads = 128 * (1 + self.num_wg)
+        self.ctas_per_sm = 1 if self.num_wg == 2 else 2
+        self.regs_producer = 24
+        # 65536 registers per SM: 384 threads x 168 at launch (blk 128), 2 x 256 x 128 (blk 64)
+        self.regs_consumer = 240 if self.num_wg == 2 else 232
+
+    @cute.jit
+    def __call__(self, mQ, mK, mV, mdO, mLSE, mDelta, mOffsets, mEntries, mSizes, mScale,
+                 mdQacc, mdK, mdV, stream):
+        dt = self.dtype
+        bm, bn, d, nwg = self.bm, self.bn, self.d, self.num_wg
+        Kmaj = OperandMajorMode.K
+        MN = OperandMajorMode.MN
+        # S^T, dP^T: (bn keys) x (bm queries), reduction over D; warpgroup w: keys 64 w ..
+        mma_s = sm90_utils.make_trivial_tiled_mma(dt, dt, Kmaj, Kmaj, Float32, (nwg, 1, 1),
+                                                  (64, bm))
+        # dV, dK: (bn keys) x D, reduction over the bm queries, A (P^T, dS^T) from registers
+        mma_kv = sm90_utils.make_trivial_tiled_mma(dt, dt, Kmaj, MN, Float32, (nwg, 1, 1),
+                                                   (64, d), warpgroup.OperandSource.RMEM)
+        # dQ: (bm queries) x D, reduction over the bn keys; two warpgroups split the head dim
+        mma_dq = sm90_utils.make_trivial_tiled_mma(dt, dt, MN, MN, Float32, (1, nwg, 1),
+                                                   (64, d // nwg))
+        s_tiler = (bn, bm, d)
+        kv_tiler = (bn, d, bm)
+        dq_tiler = (bm, d, bn)
+        sK_layout = sm90_utils.make_smem_layout_a(LayoutEnum.ROW_MAJOR, s_tiler, dt, 1)
+        sK_mn_layout = sm90_utils.make_smem_layout_b(LayoutEnum.COL_MAJOR, dq_tiler, dt, 1)
+        sQ_layout = sm90_utils.make_smem_layout_b(LayoutEnum.ROW_MAJOR, s_tiler, dt,
+                                                  self.q_stages)
+        sQ_mn_layout = sm90_utils.make_smem_layout_b(LayoutEnum.COL_MAJOR, kv_tiler, dt,
+                                                     self.q_stages)
+        sdS_layout = sm90_utils.make_smem_layout_a(LayoutEnum.COL_MAJOR, dq_tiler, dt,
+                                                   self.ds_bufs)
+
+        # TMA views (S, D, H, B) with D contiguous; boxes of bm (Q, dO) / bn (K, V) rows
+        tQ, tdO, tK, tV = tma_view(mQ, d), tma_view(mdO, d), tma_view(mK, d), tma_view(mV, d)
+        g2s = cpasync.CopyBulkTensorTileG2SOp()
+        sQ_one = cute.slice_(sQ_layout, (None, None, 0))
+        sK_one = cute.slice_(sK_layout, (None, None, 0))
+        tma_q, tma_tQ = cpasync.make_tiled_tma_atom(g2s, tQ, sQ_one, (bm, d))
+        tma_do, tma_tdO = cpasync.make_tiled_tma_atom(g2s, tdO, sQ_one, (bm, d))
+        tma_k, tma_tK = cpasync.make_tiled_tma_atom(g2s, tK, sK_one, (bn, d))
+        tma_v, tma_tV = cpasync.make_tiled_tma_atom(g2s, tV, sK_one, (bn, d))
+
+        n_mbar = SmemPipeline.num_barriers(self.q_stages) + SmemPipeline.num_barriers(1)
+
+        @cute.struct
+        class Smem:
+            mbar: cute.struct.MemRange[cutlass.Int64, n_mbar]
+            sLD: cute.struct.Align[cute.struct.MemRange[Float32, 2 * bm * self.q_stages], 128]
+            sK: cute.struct.Align[cute.struct.MemRange[dt, cute.cosize(sK_layout)], 1024]
+            sV: cute.struct.Align[cute.struct.MemRange[dt, cute.cosize(sK_layout)], 1024]
+            sQ: cute.struct.Align[cute.struct.MemRange[dt, cute.cosize(sQ_layout)], 1024]
+            sdO: cute.struct.Align[cute.struct.MemRange[dt, cute.cosize(sQ_layout)], 1024]
+            sdS: cute.struct.Align[cute.struct.MemRange[dt, cute.cosize(sdS_layout)], 1024]
+
+        n_kv_blocks = (mK.shape[1] + bn - 1) // bn
+        grid = (n_kv_blocks, cute.size(mK.shape[2]), cute.size(mK.shape[0]))
+        self.kernel(
+            tma_q, tma_tQ, tma_do, tma_tdO, tma_k, tma_tK, tma_v, tma_tV,
+            mQ, mK, mV, mLSE, mDelta, mOffsets, mEntries, mSizes, mScale, mdQacc, mdK, mdV,
+            sK_layout, sK_mn_layout, sQ_layout, sQ_mn_layout, sdS_layout,
+            mma_s, mma_kv, mma_dq, Smem,
+        ).launch(grid=grid, block=[self.num_threads, 1, 1], smem=Smem.size_in_bytes(),
+                 stream=stream, min_blocks_per_mp=self.ctas_per_sm,
+                 preferred_smem_carveout=100 if self.ctas_per_sm > 1 else None)
+
+    # ------------------------------------------------------------------------------------
+    @cute.jit
+    def _load_rows(self, mX, batch, head, n_block, limit, sX, lane):
+        """One warp: rows ``< limit`` of block ``n_block`` (``bn`` rows) of ``mX[batch, :,
+        head, :]`` by cp.async into ``sX`` (bn, D), zeros in the block's other rows."""
+        copy = gmem_load_copy(self.dtype, 32, self.d)
+        gX = cute.local_tile(mX[batch, None, head, None], (self.bn, self.d), (n_block, 0))
+        thr = copy.get_slice(lane)
+        tg = thr.partition_S(gX)
+        ts = thr.partition_D(sX)
+        tc = thr.partition_S(cute.make_identity_tensor((self.bn, self.d)))
+        for r in cutlass.range(cute.size(ts.shape[1]), unroll=1):
+            if tc[0, r, 0][0] < limit:
+                cute.copy(copy, tg[None, r, None], ts[None, r, None])
+            else:
+                ts[None, r, None].fill(0)
+
+    @cute.jit
+    def _load_lse_delta(self, mLSE, mDelta, batch, head, q0, seqlen_q, sLD, stage, lane):
+        """One warp: the lse and delta of query rows ``[q0, q0 + bm)`` into ``sLD[:, 0 / 1,
+        stage]`` (cp.async, 4 bytes each; +inf / 0 past ``S_q``, so P^T = dS^T = 0 there)."""
+        atom = cute.make_copy_atom(cpasync.CopyG2SOp(), Float32, num_bits_per_copy=32)
+        for j in cutlass.range_constexpr(self.bm // 32):
+            r = lane + 32 * j
+            q = q0 + r
+            dl = cute.make_tensor(elem_ptr(sLD, (r, 0, stage)), cute.make_layout(1))
+            dd = cute.make_tensor(elem_ptr(sLD, (r, 1, stage)), cute.make_layout(1))
+            if q < seqlen_q:
+                cute.copy(atom, cute.make_tensor(elem_ptr(mLSE, (batch, head, q)),
+                                                 cute.make_layout(1)), dl)
+                cute.copy(atom, cute.make_tensor(elem_ptr(mDelta, (batch, head, q)),
+                                                 cute.make_layout(1)), dd)
+            else:
+                dl[0] = Float32.inf
+                dd[0] = Float32(0.0)
+
+    @cute.jit
+    def _fence_rows(self):
+        """Complete this warp's cp.async copies and zero-fill stores and make them visible
+        to the async proxy (wgmma) and to the consumers."""
+        cute.arch.cp_async_commit_group()
+        cute.arch.cp_async_wait_group(0)
+        cute.arch.fence_proxy("async.shared", space="cta")
+        cute.arch.sync_warp()
+
+    @cute.kernel
+    def kernel(self, tma_q, tma_tQ, tma_do, tma_tdO, tma_k, tma_tK, tma_v, tma_tV,
+               mQ, mK, mV, mLSE, mDelta, mOffsets, mEntries, mSizes, mScale, mdQacc, mdK, mdV,
+               sK_layout, sK_mn_layout, sQ_layout, sQ_mn_layout, sdS_layout,
+               mma_s, mma_kv, mma_dq, Smem: cutlass.Constexpr):
+        tidx, _, _ = cute.arch.thread_idx()
+        n_block, head_kv, batch = cute.arch.block_idx()
+        warp = cute.arch.make_warp_uniform(cute.arch.warp_idx())
+        wg_idx = warp // 4
+        bm, bn, d, nwg = self.bm, self.bn, self.d, self.num_wg
+        seqlen_q = mQ.shape[1]
+        seqlen_k = mK.shape[1]
+        num_heads_kv = mK.shape[2]
+        group = mQ.shape[2] // num_heads_kv
+        n_q_blocks = (seqlen_q + bn - 1) // bn
+        n_kv_blocks = (seqlen_k + bn - 1) // bn
+        row_id = (batch * num_heads_kv + head_kv) * n_kv_blocks + n_block
+        e_begin = Int32(mOffsets[row_id])
+        n_ent = Int32(mOffsets[row_id + 1]) - e_begin
+        n0 = n_block * bn
+        kv_left = seqlen_k - n0
+
+        smem = cutlass.memory.SmemAllocator()
+        st = smem.allocate(Smem)
+        mbar = st.mbar.data_ptr()
+        pipe_q = SmemPipeline(mbar, self.q_stages, 4 * nwg)
+        pipe_kv = SmemPipeline(mbar + SmemPipeline.num_barriers(self.q_stages), 1, 4 * nwg)
+        if warp == 0:
+            pipe_q.init()
+            pipe_kv.init()
+            cpasync.prefetch_descriptor(tma_q)
+            cpasync.prefetch_descriptor(tma_do)
+            cpasync.prefetch_descriptor(tma_k)
+            cpasync.prefetch_descriptor(tma_v)
+        cute.arch.mbarrier_init_fence()
+        cute.arch.barrier()
+
+        sK = st.sK.get_tensor(sK_layout.outer, swizzle=sK_layout.inner)  # (bn, D, 1)
+        sV = st.sV.get_tensor(sK_layout.outer, swizzle=sK_layout.inner)
+        sQ = st.sQ.get_tensor(sQ_layout.outer, swizzle=sQ_layout.inner)  # (bm, D, stages)
+        sdO = st.sdO.get_tensor(sQ_layout.outer, swizzle=sQ_layout.inner)
+        sdS = st.sdS.get_tensor(sdS_layout.outer, swizzle=sdS_layout.inner)  # (bm, bn, bufs)
+        # MN-major aliases of the same bytes: (D, bn, 1) and (D, bm, stages)
+        sK_mn = st.sK.get_tensor(sK_mn_layout.outer, swizzle=sK_mn_layout.inner)
+        sQ_mn = st.sQ.get_tensor(sQ_mn_layout.outer, swizzle=sQ_mn_layout.inner)
+        sdO_mn = st.sdO.get_tensor(sQ_mn_layout.outer, swizzle=sQ_mn_layout.inner)
+        # per-stage lse (natural log) and delta of the step's bm query rows: (row, kind, stage)
+        sLD = st.sLD.get_tensor(cute.make_layout((bm, 2, self.q_stages),
+                                                 stride=(1, bm, 2 * bm)))
+
+        if wg_idx == 0:
+            # ================================ producer ================================
+            cute.arch.setmaxregister_decrease(self.regs_producer)
+            if warp == 0:
+                if n_ent > 0:
+                    lane = cute.arch.lane_idx()
+                    # rows of the block that are keys for some query head of the group
+                    kv_rows = bwd_kv_tile_rows(mSizes, batch, head_kv, group, n_block, 0,
+                                               kv_left, self.has_sizes)
+                    if kv_rows >= cutlass.min(kv_left, bn):
+                        kv_bytes = cute.size_in_bytes(self.dtype, cute.slice_(sK_layout, (None, None, 0)))
+                        pipe_kv.producer_expect_tx(0, 2 * kv_bytes)
+                        gK = cute.local_tile(tma_tK[None, None, head_kv, batch], (bn, d), (None, 0))
+                        tKs, tKg = cpasync.tma_partition(
+                            tma_k, 0, cute.make_layout(1), cute.group_modes(sK, 0, 2),
+                            cute.group_modes(gK, 0, 2))
+                        cute.copy(tma_k, tKg[None, n_block], tKs[None, 0],
+                                  tma_bar_ptr=pipe_kv.full_ptr(0))
+                        gV = cute.local_tile(tma_tV[None, None, head_kv, batch], (bn, d), (None, 0))
+                        tVs, tVg = cpasync.tma_partition(
+                            tma_v, 0, cute.make_layout(1), cute.group_modes(sV, 0, 2),
+                            cute.group_modes(gV, 0, 2))
+                        cute.copy(tma_v, tVg[None, n_block], tVs[None, 0],
+                                  tma_bar_ptr=pipe_kv.full_ptr(0))
+                    else:
+                        self._load_rows(mK, batch, head_kv, n_block, kv_rows,
+                                        sK[None, None, 0], lane)
+                        self._load_rows(mV, batch, head_kv, n_block, kv_rows,
+                                        sV[None, None, 0], lane)
+                        self._fence_rows()
+                        pipe_kv.producer_arrive(0)
+
+                    q_bytes = cute.size_in_bytes(self.dtype, cute.slice_(sQ_layout, (None, None, 0)))
+                    c = Int32(0)
+                    for e in cutlass.range(n_ent, unroll=1):
+                        ent = Int32(mEntries[e_begin + e])
+                        h_in_group = ent // n_q_blocks
+                        m_block = ent - h_in_group * n_q_blocks
+                        head = head_kv * group + h_in_group
+                        gQ = cute.local_tile(tma_tQ[None, None, head, batch], (bm, d), (None, 0))
+                        tQs, tQg = cpasync.tma_partition(
+                            tma_q, 0, cute.make_layout(1), cute.group_modes(sQ, 0, 2),
+                            cute.group_modes(gQ, 0, 2))
+                        gdO = cute.local_tile(tma_tdO[None, None, head, batch], (bm, d), (None, 0))
+                        tdOs, tdOg = cpasync.tma_partition(
+                            tma_do, 0, cute.make_layout(1), cute.group_modes(sdO, 0, 2),
+                            cute.group_modes(gdO, 0, 2))
+                        for s in cutlass.range_constexpr(self.sub):
+                            q0 = m_block * bn + s * bm
+                            if q0 < seqlen_q:
+                                pipe_q.producer_acquire(c)
+                                stg = pipe_q.stage(c)
+                                # lse / delta first: the TMA arrival below completes the phase
+                                self._load_lse_delta(mLSE, mDelta, batch, head, q0, seqlen_q,
+                                                     sLD, stg, lane)
+                                cute.arch.cp_async_commit_group()
+                                cute.arch.cp_async_wait_group(0)
+                                cute.arch.sync_warp()
+                                pipe_q.producer_expect_tx(c, 2 * q_bytes)
+                                q_tile = m_block * self.sub + s
+                                cute.copy(tma_q, tQg[None, q_tile], tQs[None, stg],
+                                          tma_bar_ptr=pipe_q.full_ptr(c))
+                                cute.copy(tma_do, tdOg[None, q_tile], tdOs[None, stg],
+                                          tma_bar_ptr=pipe_q.full_ptr(c))
+                                c += 1
+        else:
+            # ================================ consumers ===============================
+            cute.arch.setmaxregister_increase(self.regs_consumer)
+            ctid = tidx - 128
+            softmax_scale = Float32(mScale[0])
+            scale_log2 = softmax_scale * LOG2_E
+
+            ((thr_s, thr_kv, thr_dq), (tSrK, tSrV, tSrQ, tSrdO, tVrdO, tKrQ, tQrdS, tQrK),
+             (acc_dK, acc_dV)) = kv_major_bwd_operands(
+                mma_s, mma_kv, mma_dq, ctid, sK, sV, sQ, sdO, sQ_mn, sdO_mn, sdS, sK_mn, (bn, d))
+            tScS = acc_mn_view_wg(thr_s.partition_C(cute.make_identity_tensor((bn, bm))))
+            n_rows = cute.size(tScS, mode=[0])  # keys of this thread
+            n_cols = cute.size(tScS, mode=[1])  # queries of this thread
+            tdQc = thr_dq.partition_C(cute.make_identity_tensor((bm, d)))
+            # (bn, bm, bufs) view of the (bm, bn, bufs) query-major dS tiles: the accumulator's
+            # rows of 8 queries are 16 contiguous bytes there (stmatrix, not transposed)
+            sdS_t = cute.composition(sdS, cute.make_layout((bn, bm, self.ds_bufs),
+                                                           stride=(bm, 1, bm * bn)))
+            r2s_dS = cute.make_tiled_copy_C(
+                cute.make_copy_atom(cute.nvgpu.warp.StMatrix8x8x16bOp(
+                    transpose=False, num_matrices=4), self.dtype), mma_s).get_slice(ctid)
+            tdSsdS = r2s_dS.partition_D(sdS_t)
+            a_vals = mma_kv.tv_layout_A.shape[1]
+            s_shape = thr_s.partition_shape_C((bn, bm))
+
+            if n_ent > 0:
+                pipe_kv.consumer_wait(0)
+            c = Int32(0)
+            for e in cutlass.range(n_ent, unroll=1):
+                ent = Int32(mEntries[e_begin + e])
+                h_in_group = ent // n_q_blocks
+                m_block = ent - h_in_group * n_q_blocks
+                head = head_kv * group + h_in_group
+                # keys of the block for this query head
+                limit = kv_left
+                if cutlass.const_expr(self.has_sizes):
+                    limit = cutlass.min(limit, mSizes[batch, head, n_block])
+                for s in cutlass.range_constexpr(self.sub):
+                    q0 = m_block * bn + s * bm
+                    if q0 < seqlen_q:
+                        stg = pipe_q.stage(c)
+                        buf = c % self.ds_bufs
+                        acc_S = thr_s.make_fragment_C(s_shape)
+                        acc_dP = thr_s.make_fragment_C(s_shape)
+                        pipe_q.consumer_wait(c)
+                        warpgroup.fence()
+                        for k in cutlass.range_constexpr(cute.size(tSrK, mode=[2])):
+                            mma_s.set(warpgroup.Field.ACCUMULATE, k != 0)
+                            cute.gemm(mma_s, acc_S, tSrK[None, None, k, 0],
+                                      tSrQ[None, None, k, stg], acc_S)
+                        warpgroup.commit_group()
+                        for k in cutlass.range_constexpr(cute.size(tSrV, mode=[2])):
+                            mma_s.set(warpgroup.Field.ACCUMULATE, k != 0)
+                            cute.gemm(mma_s, acc_dP, tSrV[None, None, k, 0],
+                                      tSrdO[None, None, k, stg], acc_dP)
+                        warpgroup.commit_group()
+                        # per-query (column) lse in the log2 domain, read under the GEMMs
+                        lse2 = cute.make_rmem_tensor(n_cols, Float32)
+                        for cc in cutlass.range_constexpr(n_cols):
+                            lse2[cc] = sLD[tScS[0, cc][1], 0, stg] * LOG2_E
+                        S_mn = acc_mn_view_wg(acc_S)
+                        dP_mn = acc_mn_view_wg(acc_dP)
+                        warpgroup.wait_group(1)
+                        # P^T while the dP^T GEMM runs
+                        for r in cutlass.range_constexpr(n_rows):
+                            for cc in cutlass.range_constexpr(n_cols):
+                                S_mn[r, cc] = cute.math.exp2(S_mn[r, cc] * scale_log2 - lse2[cc],
+                                                             fastmath=True)
+                        dlt = cute.make_rmem_tensor(n_cols, Float32)
+                        for cc in cutlass.range_constexpr(n_cols):
+                            dlt[cc] = sLD[tScS[0, cc][1], 1, stg]
+                        warpgroup.wait_group(0)
+                        for r in cutlass.range_constexpr(n_rows):
+                            for cc in cutlass.range_constexpr(n_cols):
+                                dP_mn[r, cc] = (S_mn[r, cc] * softmax_scale) * (dP_mn[r, cc] - dlt[cc])
+                        if limit < bn:
+                            # keys past the block's valid count: select, never multiply (their
+                            # dP^T may be NaN)
+                            for r in cutlass.range_constexpr(n_rows):
+                                key_ok = tScS[r, 0][0] < limit
+                                for cc in cutlass.range_constexpr(n_cols):
+                                    S_mn[r, cc] = S_mn[r, cc] if key_ok else Float32(0.0)
+                                    dP_mn[r, cc] = dP_mn[r, cc] if key_ok else Float32(0.0)
+                        tP = cute.make_rmem_tensor(acc_layout_as_a(acc_S.layout, a_vals),
+                                                   self.dtype)
+                        cute.make_tensor(tP.iterator, acc_S.layout).store(
+                            acc_S.load().to(self.dtype))
+                        tdS = cute.make_rmem_tensor(acc_layout_as_a(acc_dP.layout, a_vals),
+                                                    self.dtype)
+                        tdS_acc = cute.make_tensor(tdS.iterator, acc_dP.layout)
+                        tdS_acc.store(acc_dP.load().to(self.dtype))
+                        # dS^T -> smem buffer `buf` (stmatrix: rows of 8 consecutive queries)
+                        cute.copy(r2s_dS, r2s_dS.retile(tdS_acc), tdSsdS[None, None, None, buf])
+
+                        # dV += P^T dO (registers x smem) while the dS^T halves are published
+                        warpgroup.fence()
+                        mma_kv.set(warpgroup.Field.ACCUMULATE, True)
+                        for k in cutlass.range_constexpr(cute.size(tP, mode=[2])):
+                            cute.gemm(mma_kv, acc_dV, tP[None, None, k], tVrdO[None, None, k, stg],
+                                      acc_dV)
+                        warpgroup.commit_group()
+                        # every warp's dS^T rows are in smem (generic -> async proxy)
+                        cute.arch.fence_proxy("async.shared", space="cta")
+                        cute.arch.barrier(barrier_id=1, number_of_threads=128 * nwg)
+                        # dQ = dS K, then dK += dS^T Q (its own group: the dQ reductions below
+                        # are issued while it runs)
+                        acc_dQ = thr_dq.make_fragment_C(thr_dq.partition_shape_C((bm, d)))
+                        warpgroup.fence()
+                        for k in cutlass.range_constexpr(cute.size(tQrdS, mode=[2])):
+                            mma_dq.set(warpgroup.Field.ACCUMULATE, k != 0)
+                            cute.gemm(mma_dq, acc_dQ, tQrdS[None, None, k, buf],
+                                      tQrK[None, None, k, 0], acc_dQ)
+                        warpgroup.commit_group()
+                        for k in cutlass.range_constexpr(cute.size(tdS, mode=[2])):
+                            cute.gemm(mma_kv, acc_dK, tdS[None, None, k], tKrQ[None, None, k, stg],
+                                      acc_dK)
+                        warpgroup.commit_group()
+                        warpgroup.wait_group(1)
+
+                        # dQ rows < S_q -> fp32 workspace (values 2k, 2k + 1: adjacent columns)
+                        gdQ = cute.local_tile(mdQacc[batch, None, head, None], (bm, d),
+                                              (m_block * self.sub + s, 0))
+                        tdQg = thr_dq.partition_C(gdQ)
+                        lim = seqlen_q - q0
+                        for e2 in cutlass.range_constexpr(cute.size(acc_dQ) // 2):
+                            if tdQc[2 * e2][0] < lim:
+                                hc.red_add_v2_f32(elem_ptr(tdQg, 2 * e2), acc_dQ[2 * e2],
+                                                  acc_dQ[2 * e2 + 1])
+                        warpgroup.wait_group(0)
+                        # P^T, dS^T registers stay allocated until the GEMMs reading them end
+                        tP32 = cute.recast_tensor(tP, cutlass.Uint32)
+                        for i in cutlass.range_constexpr(cute.size(tP32)):
+                            tP32[i] = hc.keep_u32(tP32[i])
+                        tdS32 = cute.recast_tensor(tdS, cutlass.Uint32)
+                        for i in cutlass.range_constexpr(cute.size(tdS32)):
+                            tdS32[i] = hc.keep_u32(tdS32[i])
+                        pipe_q.consumer_release(c)
+                        c += 1
+
+            # ---- epilogue: dK (softmax_scale already in dS^T), dV -> key rows < S_kv ----
+            tKVc = acc_mn_view_wg(thr_kv.partition_C(cute.make_identity_tensor((bn, d))))
+            dK_mn = acc_mn_view_wg(acc_dK)
+            dV_mn = acc_mn_view_wg(acc_dV)
+            for r in cutlass.range_constexpr(cute.size(tKVc, mode=[0])):
+                row = tKVc[r, 0][0]
+                if row < kv_left:
+                    for cc in cutlass.range_constexpr(cute.size(tKVc, mode=[1])):
+                        col = tKVc[r, cc][1]
+                        mdK[batch, n0 + row, head_kv, col] = dK_mn[r, cc].to(self.dtype)
+                        mdV[batch, n0 + row, head_kv, col] = dV_mn[r, cc].to(self.dtype)
+
+
+__all__ = ["BsaBwdSm90Ws"]
