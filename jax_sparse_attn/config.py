@@ -110,6 +110,14 @@ _BSA_WS_ALLOWED = ("comma list of " + ", ".join(BSA_WS_FLAGS)
 _parse_bsa_ws = _parse_option_list(BSA_WS_FLAGS, "stages", lambda n: 2 <= n <= 8,
                                    _BSA_WS_ALLOWED)
 
+#: the flags of the sm90ws BSA backward's tuning switch (JAX_SPARSE_ATTN_BSA_BWD_WS), plus
+#: ``stages=N`` (at most N Q / dO stages, 2..4)
+BSA_BWD_WS_FLAGS = ("ldwait",)
+_BSA_BWD_WS_ALLOWED = ("comma list of " + ", ".join(BSA_BWD_WS_FLAGS)
+                       + ", stages=N (most Q / dO shared-memory stages: 2..4)")
+_parse_bsa_bwd_ws = _parse_option_list(BSA_BWD_WS_FLAGS, "stages", lambda n: 2 <= n <= 4,
+                                       _BSA_BWD_WS_ALLOWED)
+
 
 def _parse_kb(var, raw):
     try:
@@ -211,6 +219,11 @@ SWITCHES = (
             "{64, 128}, other D use sm80), sm90ws (warp-specialized: TMA producer warp + one "
             "wgmma consumer warpgroup per 64 keys of a whole KV block; D in {64, 128}; "
             "pack_gqa and causal calls run sm90), sm80 (mma.sync, every D)"),
+    Switch("bsa_bwd_ws", "JAX_SPARSE_ATTN_BSA_BWD_WS", _BSA_BWD_WS_ALLOWED, _parse_bsa_bwd_ws,
+           (), "sm90ws BSA backward variants (tuning / ablation; other backwards ignore "
+               "them): ldwait (the producer waits for each step's lse / delta copies before "
+               "it issues the step's TMA loads, instead of the mbarrier tracking them), "
+               "stages=N (most Q / dO stages)"),
     _choice("bsa_pre_impl", "JAX_SPARSE_ATTN_BSA_PRE_IMPL", ("kernel", "xla"),
             "BSA backward preprocessing (delta = rowsum(dO*O), zeroed dQ accumulator): "
             "kernel (one CuTe DSL launch) or xla (an XLA fusion)"),
@@ -277,6 +290,7 @@ class Switches:
     bsa_fwd_impl: str = _DEFAULT["bsa_fwd_impl"]
     bsa_fwd_ws: tuple = _DEFAULT["bsa_fwd_ws"]
     bsa_bwd_impl: str = _DEFAULT["bsa_bwd_impl"]
+    bsa_bwd_ws: tuple = _DEFAULT["bsa_bwd_ws"]
     bsa_pre_impl: str = _DEFAULT["bsa_pre_impl"]
     bsa_fwd_q_in_regs: bool = _DEFAULT["bsa_fwd_q_in_regs"]
     bsa_fwd_min_blocks: int = _DEFAULT["bsa_fwd_min_blocks"]
@@ -290,7 +304,7 @@ class Switches:
     def __post_init__(self):
         for sw in _switches_of(Switches):
             val = getattr(self, sw.field)
-            if sw.parse in (_parse_ws, _parse_bsa_ws) and isinstance(val, str):
+            if sw.parse in (_parse_ws, _parse_bsa_ws, _parse_bsa_bwd_ws) and isinstance(val, str):
                 # "nopingpong,bn=64" -> tuple
                 val = sw.parse(f"Switches.{sw.field} (environment variable {sw.env})", val)
                 object.__setattr__(self, sw.field, val)

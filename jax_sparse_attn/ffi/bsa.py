@@ -125,6 +125,10 @@ class BsaBwdConfig:
     pack_gqa: int = 1
     # the token-level causal mask inside the listed blocks ("sm90" only)
     causal: bool = False
+    # "sm90ws" only: most Q / dO stages (the shared-memory plan takes the most that fit),
+    # and whether the producer waits for each step's lse / delta copies (ablation)
+    ws_max_stages: int = 4
+    ws_ld_wait: bool = False
 
 
 def fwd_smem_bytes(head_dim, block_size) -> int:
@@ -306,7 +310,10 @@ def bwd_config(dtype, head_dim, block_size, has_block_sizes, switches,
         # the warp-specialized backward does not pack GQA groups or mask causally
         impl = "sm90"
     if impl == "sm90ws":
-        return BsaBwdConfig(name, head_dim, block_size, has_block_sizes, impl, arch=arch)
+        opts = switches.bsa_bwd_ws
+        st = [int(o[7:]) for o in opts if o.startswith("stages=")]
+        return BsaBwdConfig(name, head_dim, block_size, has_block_sizes, impl, arch=arch,
+                            ws_max_stages=st[0] if st else 4, ws_ld_wait="ldwait" in opts)
     if impl == "sm90":
         return BsaBwdConfig(name, head_dim, block_size, has_block_sizes, impl, arch=arch,
                             pack_gqa=pack_gqa, causal=causal)
@@ -655,7 +662,7 @@ def _bwd_entry(stream, q, k, v, do, lse, delta, offsets, entries, sizes, scale, 
     if cfg.impl == "sm90ws":
         from ..kernels.bsa_bwd_sm90_ws import BsaBwdSm90Ws  # noqa: PLC0415
 
-        kernel = BsaBwdSm90Ws(*args)
+        kernel = BsaBwdSm90Ws(*args, max_stages=cfg.ws_max_stages, ld_wait=cfg.ws_ld_wait)
     elif cfg.impl == "sm90":
         from ..kernels.bsa_bwd_sm90 import BsaBwdSm90  # noqa: PLC0415
 

@@ -16,7 +16,9 @@ CTA per SM; blk 64: 256 threads, two CTAs per SM):
   zero-filled, so no NaN / Inf garbage reaches ``dQ = dS K``), then, for every 64-row query
   tile of every entry of the block's K->Q list (blk 128: two tiles per entry, a tile at or
   past ``S_q`` skipped), the tile's lse and delta (cp.async, +inf / 0 past ``S_q``) and its Q
-  and dO tiles (TMA; rows past ``S_q`` zero-filled) into a ``q_stages`` mbarrier ring.
+  and dO tiles (TMA; rows past ``S_q`` zero-filled) into a ``q_stages`` mbarrier ring (the
+  most stages that fit: 3 at blk 128 / D 128); each lane's cp.async copies are tracked by the
+  stage's full barrier (``cp.async.mbarrier.arrive``), so the producer never waits for them.
 * consumers (``setmaxnreg`` up to 240 / 232): warpgroup ``w`` owns keys ``[64 w, 64 w + 64)``
   and keeps their dK, dV in fp32 registers. Key-major products, as in ``bsa_bwd_sm90``::
 
@@ -46,6 +48,8 @@ import cutlass.cute as cute
 import cutlass.memory
 import cutlass.utils.hopper_helpers as sm90_utils
 from cutlass import Float32, Int32
+from cutlass._mlir.dialects import nvvm as _nvvm
+from cutlass.cutlass_dsl import dsl_user_op
 from cutlass.cute.nvgpu import OperandMajorMode, cpasync, warpgroup
 from cutlass.tensor_utils import LayoutEnum
 
@@ -57,13 +61,43 @@ from .pipeline import SmemPipeline
 
 #: query rows per step (one wgmma N / M extent)
 TILE_M = 64
+#: shared memory per CTA: one CTA per SM at blk 128, two at blk 64 (228 KiB per SM less
+#: 1 KiB reserved per CTA)
+SMEM_LIMIT = {1: 227 * 1024, 2: 113 * 1024}
+
+
+def bwd_ws_smem_bytes(head_dim: int, block_size: int, stages: int) -> int:
+    """Shared memory of the kernel: K, V, ``stages`` x (Q, dO, lse, delta), the dS tiles
+    (two buffers at blk 128) and 1 KiB for the mbarriers and alignment."""
+    ds_bufs = 2 if block_size == 128 else 1
+    return (2 * block_size * head_dim * 2 + stages * (2 * TILE_M * head_dim * 2 + 2 * TILE_M * 4)
+            + ds_bufs * TILE_M * block_size * 2 + 1024)
+
+
+def bwd_ws_q_stages(head_dim: int, block_size: int, max_stages: int = 4) -> int:
+    """The most Q / dO stages (2..``max_stages``) whose shared memory fits the CTA's share."""
+    limit = SMEM_LIMIT[1 if block_size == 128 else 2]
+    for st in range(max_stages, 1, -1):
+        if bwd_ws_smem_bytes(head_dim, block_size, st) <= limit:
+            return st
+    raise ValueError(f"no shared-memory plan for head_dim={head_dim}, "
+                     f"sparse_block_size={block_size}")
+
+
+@dsl_user_op
+def cp_async_mbarrier_arrive(mbar_ptr, *, loc=None, ip=None):
+    """``cp.async.mbarrier.arrive.shared::cta.b64``: the mbarrier's pending arrivals grow by
+    one now and shrink by one when this thread's earlier cp.async copies have completed (so
+    its phase cannot complete before they have)."""
+    _nvvm.cp_async_mbarrier_arrive(mbar_ptr.to_llvm_ptr(loc=loc, ip=ip), noinc=False,
+                                   loc=loc, ip=ip)
 
 
 class BsaBwdSm90Ws:
     """``__call__`` takes the arguments of ``BsaBwdSm90.__call__``."""
 
     def __init__(self, dtype, head_dim: int, block_size: int, has_block_sizes: bool,
-                 q_stages: int = 2):
+                 max_stages: int = 4, ld_wait: bool = False):
         if head_dim not in (64, 128) or block_size not in (64, 128):
             raise NotImplementedError(
                 f"bsa_bwd_sm90_ws implements head_dim in (64, 128) and sparse_block_size in "
@@ -75,10 +109,11 @@ class BsaBwdSm90Ws:
         self.sub = block_size // TILE_M
         self.num_wg = block_size // 64
         self.has_sizes = has_block_sizes
-        self.q_stages = q_stages
         self.ds_bufs = 2 if self.num_wg == 2 else 1
         self.num_threads = 128 * (1 + self.num_wg)
         self.ctas_per_sm = 1 if self.num_wg == 2 else 2
+        self.q_stages = bwd_ws_q_stages(head_dim, block_size, max_stages)
+        self.ld_wait = ld_wait
         self.regs_producer = 24
         # 65536 registers per SM: 384 threads x 168 at launch (blk 128), 2 x 256 x 128 (blk 64)
         self.regs_consumer = 240 if self.num_wg == 2 else 232
@@ -291,11 +326,15 @@ class BsaBwdSm90Ws:
                             if q0 < seqlen_q:
                                 pipe_q.producer_acquire(c)
                                 stg = pipe_q.stage(c)
-                                # lse / delta first: the TMA arrival below completes the phase
                                 self._load_lse_delta(mLSE, mDelta, batch, head, q0, seqlen_q,
                                                      sLD, stg, lane)
-                                cute.arch.cp_async_commit_group()
-                                cute.arch.cp_async_wait_group(0)
+                                if cutlass.const_expr(self.ld_wait):
+                                    cute.arch.cp_async_commit_group()
+                                    cute.arch.cp_async_wait_group(0)
+                                else:
+                                    # the stage's phase also waits for these copies
+                                    cp_async_mbarrier_arrive(pipe_q.full_ptr(c))
+                                # every lane's copies (and +inf / 0 stores) precede the arrival
                                 cute.arch.sync_warp()
                                 pipe_q.producer_expect_tx(c, 2 * q_bytes)
                                 q_tile = m_block * self.sub + s
