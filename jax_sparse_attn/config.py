@@ -214,8 +214,10 @@ SWITCHES = (
            "per SM instead of three), oalias (O staged in a single Q buffer, for more K/V "
            "stages), stages=N "
            "(most K/V stages)"),
-    _choice("bsa_bwd_impl", "JAX_SPARSE_ATTN_BSA_BWD_IMPL", ("sm90", "sm90ws", "sm80"),
-            "BSA backward kernel: sm90 (wgmma, one warpgroup per 64-key tile, cp.async; D in "
+    _choice("bsa_bwd_impl", "JAX_SPARSE_ATTN_BSA_BWD_IMPL", ("auto", "sm90", "sm90ws", "sm80"),
+            "BSA backward kernel: auto (the faster one on the H200: sm90ws at sparse_block_size "
+            "128 and at D 64, sm90 at sparse_block_size 64 with D 128), sm90 (wgmma, one "
+            "warpgroup per 64-key tile, cp.async; D in "
             "{64, 128}, other D use sm80), sm90ws (warp-specialized: TMA producer warp + one "
             "wgmma consumer warpgroup per 64 keys of a whole KV block; D in {64, 128}; "
             "pack_gqa and causal calls run sm90), sm80 (mma.sync, every D)"),

@@ -301,10 +301,21 @@ def kv_splits_unsupported_reason(kv_splits, *, head_dim, sparse_block_size, num_
     return None
 
 
+def bwd_impl_choice(want: str, head_dim: int, block_size: int) -> str:
+    """The backward a switch value names: ``auto`` (the default) is the faster Hopper
+    backward on the H200 (docs/bsa.md, "The warp-specialized backward"): ``sm90ws`` at
+    ``sparse_block_size`` 128 and at D = 64, ``sm90`` at ``sparse_block_size`` 64 with D = 128."""
+    if want != "auto":
+        return want
+    return "sm90ws" if block_size == 128 or head_dim == 64 else "sm90"
+
+
 def bwd_config(dtype, head_dim, block_size, has_block_sizes, switches,
                pack_gqa: int = 1, causal=False) -> BsaBwdConfig:
     """The dK/dV/dQ kernel's compile key (see :func:`fwd_config`)."""
-    name, impl = jnp.dtype(dtype).name, _family_impl(switches.bsa_bwd_impl, head_dim, switches)
+    name = jnp.dtype(dtype).name
+    impl = _family_impl(bwd_impl_choice(switches.bsa_bwd_impl, head_dim, block_size), head_dim,
+                        switches)
     arch = _platform.resolved_arch()
     if impl == "sm90ws" and (pack_gqa > 1 or causal):
         # the warp-specialized backward does not pack GQA groups or mask causally

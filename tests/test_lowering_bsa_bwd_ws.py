@@ -1,0 +1,154 @@
+"""CPU lowering of the warp-specialized block-sparse backward (``bsa_bwd_impl="sm90ws"``,
+``kernels/bsa_bwd_sm90_ws.py``) for sm_90a, its PTX, its shared-memory plan and the
+``auto`` choice between the Hopper backwards (no GPU needed)."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+# CuTe DSL reads its target arch when cutlass is first imported: set it before that.
+os.environ.setdefault("CUTE_DSL_ARCH", "sm_90a")
+
+pytestmark = pytest.mark.lowering
+
+jax = pytest.importorskip("jax")
+import jax.numpy as jnp  # noqa: E402
+
+pytest.importorskip("cutlass.jax")
+
+CALL_TARGET = "CuteDSLRT_NvJaxCutlassCall"
+
+# every (D, blk) pair of the kernel; dtype, layout, block_sizes presence and GQA alternate
+CONFIGS = [
+    dict(d=128, blk=128, dtype="bfloat16", layout="bshd", sizes=False, hq=4, hkv=2),
+    dict(d=128, blk=64, dtype="bfloat16", layout="bhsd", sizes=True, hq=4, hkv=4),
+    dict(d=64, blk=128, dtype="float16", layout="bhsd", sizes=True, hq=8, hkv=1),
+    dict(d=64, blk=64, dtype="float16", layout="bshd", sizes=False, hq=4, hkv=2),
+]
+
+
+def _ids(c):
+    return (f"d{c['d']}-blk{c['blk']}-{c['dtype']}-{c['layout']}-"
+            f"{'sizes' if c['sizes'] else 'nosizes'}-h{c['hq']}:{c['hkv']}")
+
+
+def _bwd_text(cfg, ws="", b=2, sq=1000, skv=1025, kmax=5):
+    """The lowered text of the public backward on the sm90ws kernel for ``cfg``."""
+    import jax_sparse_attn as jsa
+    from jax_sparse_attn.config import Switches
+
+    d, blk = cfg["d"], cfg["blk"]
+    dt = jnp.dtype(cfg["dtype"])
+    nq, nkv = -(-sq // blk), -(-skv // blk)
+
+    def t(s, h):
+        shape = (b, h, s, d) if cfg["layout"] == "bhsd" else (b, s, h, d)
+        return jax.ShapeDtypeStruct(shape, dt)
+
+    q, k = t(sq, cfg["hq"]), t(skv, cfg["hkv"])
+    idx = jax.ShapeDtypeStruct((b, cfg["hq"], nq, kmax), jnp.int32)
+    nums = jax.ShapeDtypeStruct((b, cfg["hq"], nq), jnp.int32)
+    sizes = jax.ShapeDtypeStruct((b, cfg["hq"], nkv), jnp.int32) if cfg["sizes"] else None
+    lse = jax.ShapeDtypeStruct((b, cfg["hq"], sq), jnp.float32)
+    kw = dict(layout=cfg["layout"], sparse_block_size=blk, softmax_scale=0.3, backend="kernel",
+              switches=Switches(bsa_bwd_impl="sm90ws", bsa_bwd_ws=ws))
+
+    def bwd(do, q, k, v, o, lse, i, n, s):
+        return jsa.block_sparse_attention_backward(do, q, k, v, o, lse, i, None, s, n, **kw)
+
+    return jax.jit(bwd).trace(q, q, k, k, q, lse, idx, nums, sizes).lower(
+        lowering_platforms=("cuda",)).as_text()
+
+
+@pytest.fixture(autouse=True)
+def _sm90_env(monkeypatch):
+    monkeypatch.setenv("CUTE_DSL_ARCH", os.environ.get("CUTE_DSL_ARCH", "sm_90a"))
+    monkeypatch.setenv("JAX_SPARSE_ATTN_FORCE_KERNEL", "1")
+
+
+@pytest.mark.parametrize("cfg", CONFIGS, ids=_ids)
+def test_bsa_bwd_ws_lowers(cfg):
+    txt = _bwd_text(cfg)
+    # the preprocessing kernel and the dK/dV/dQ kernel
+    assert txt.count(CALL_TARGET) == 2
+    assert "\\7FELF" in txt
+
+
+def test_bsa_bwd_ws_ablation_lowers():
+    """The ablation variants (``ldwait``, two Q / dO stages) compile too."""
+    txt = _bwd_text(CONFIGS[0], ws="ldwait,stages=2")
+    assert txt.count(CALL_TARGET) == 2
+
+
+_PTX_SCRIPT = """
+import sys
+sys.path.insert(0, {root!r})
+import tests.test_lowering_bsa_bwd_ws as t
+t._bwd_text({cfg!r})
+"""
+
+
+@pytest.mark.parametrize("cfg", [CONFIGS[0], CONFIGS[1]], ids=_ids)
+def test_bsa_bwd_ws_ptx_is_warp_specialized(tmp_path, cfg):
+    """The kernel's PTX (kept with CUTE_DSL_KEEP=ptx in a fresh process) has TMA loads,
+    warpgroup MMAs, register reallocation, mbarrier waits, the cp.async copies of lse /
+    delta tracked by the stage's mbarrier and the vector dQ reductions."""
+    import subprocess  # noqa: PLC0415
+    import sys  # noqa: PLC0415
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    dump = tmp_path / "ptx"
+    dump.mkdir()  # the CuTe DSL writes elsewhere when the directory does not exist
+    env = dict(os.environ, CUTE_DSL_ARCH="sm_90a", JAX_SPARSE_ATTN_FORCE_KERNEL="1",
+               CUTE_DSL_KEEP="ptx", CUTE_DSL_DUMP_DIR=str(dump), JAX_PLATFORMS="cpu")
+    r = subprocess.run([sys.executable, "-c", _PTX_SCRIPT.format(root=root, cfg=cfg)],
+                       env=env, cwd=root, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    texts = [p.read_text() for p in dump.iterdir() if p.suffix == ".ptx"]
+    ws = [t for t in texts if "bsa_bwd_sm90_ws" in t]
+    assert len(ws) == 1, [p.name for p in dump.iterdir()]
+    text = ws[0]
+    for needle in ("cp.async.bulk.tensor", "wgmma.mma_async", "setmaxnreg.dec",
+                   "setmaxnreg.inc", "mbarrier.try_wait", "cp.async.mbarrier.arrive",
+                   "red.relaxed.gpu.global.add.v2.f32", "stmatrix"):
+        assert needle in text, f"{needle} missing from the sm90ws BSA backward PTX"
+
+
+def test_bsa_bwd_ws_smem_plan():
+    """The most Q / dO stages that fit: blk 128 (one CTA per SM, 227 KiB), blk 64 (two CTAs
+    per SM, 113 KiB each); a smaller cap is honoured."""
+    from jax_sparse_attn.kernels.bsa_bwd_sm90_ws import (SMEM_LIMIT, bwd_ws_q_stages,
+                                                         bwd_ws_smem_bytes)
+
+    for d, blk, want in ((128, 128, 4), (128, 64, 2), (64, 128, 4), (64, 64, 4)):
+        st = bwd_ws_q_stages(d, blk)
+        assert st == want, (d, blk, st)
+        limit = SMEM_LIMIT[1 if blk == 128 else 2]
+        assert bwd_ws_smem_bytes(d, blk, st) <= limit
+        if st < 4:
+            assert bwd_ws_smem_bytes(d, blk, st + 1) > limit
+    assert bwd_ws_q_stages(128, 128, max_stages=2) == 2
+
+
+def test_bsa_bwd_auto_choice():
+    """``bsa_bwd_impl="auto"`` (the default): sm90ws at blk 128 and at D = 64, sm90 at blk 64
+    with D = 128; pack_gqa and causal calls of sm90ws run sm90; D in {32, 256}: sm80."""
+    from jax_sparse_attn.config import Switches
+    from jax_sparse_attn.ffi import bsa
+
+    sw = Switches()
+    assert sw.bsa_bwd_impl == "auto"
+    got = {(d, blk): bsa.bwd_config(jnp.bfloat16, d, blk, False, sw).impl
+           for d in (32, 64, 128, 256) for blk in (64, 128)}
+    assert got == {(32, 64): "sm80", (32, 128): "sm80", (64, 64): "sm90ws",
+                   (64, 128): "sm90ws", (128, 64): "sm90", (128, 128): "sm90ws",
+                   (256, 64): "sm80", (256, 128): "sm80"}
+    ws = Switches(bsa_bwd_impl="sm90ws")
+    assert bsa.bwd_config(jnp.bfloat16, 128, 64, False, ws).impl == "sm90ws"
+    assert bsa.bwd_config(jnp.bfloat16, 128, 128, False, ws, pack_gqa=2).impl == "sm90"
+    assert bsa.bwd_config(jnp.bfloat16, 128, 128, False, ws, causal=True).impl == "sm90"
+    key = bsa.bwd_config(jnp.float16, 64, 128, True, Switches(bsa_bwd_impl="sm90ws",
+                                                               bsa_bwd_ws="ldwait,stages=3"))
+    assert (key.ws_ld_wait, key.ws_max_stages) == (True, 3)
