@@ -368,11 +368,16 @@ class BsaBwdSm90Ws:
             a_vals = mma_kv.tv_layout_A.shape[1]
             s_shape = thr_s.partition_shape_C((bn, bm))
 
+            # the list entries are loaded one entry ahead (register carried), so the global
+            # load of entry e + 1 runs under entry e's steps
+            ent_nxt = Int32(0)
             if n_ent > 0:
+                ent_nxt = Int32(mEntries[e_begin])
                 pipe_kv.consumer_wait(0)
             c = Int32(0)
             for e in cutlass.range(n_ent, unroll=1):
-                ent = Int32(mEntries[e_begin + e])
+                ent = ent_nxt
+                ent_nxt = Int32(mEntries[e_begin + cutlass.min(e + 1, n_ent - 1)])
                 h_in_group = ent // n_q_blocks
                 m_block = ent - h_in_group * n_q_blocks
                 head = head_kv * group + h_in_group
