@@ -199,11 +199,10 @@ SWITCHES = (
     Switch("hstu_bwd_tile", "JAX_SPARSE_ATTN_HSTU_BWD_TILE", _TILE, _parse_tile, None,
            "HSTU sm80 backward tile override (tuning; with sm90, the default, it is an error "
            "except for calls that sm90 routes to sm80: set hstu_bwd_impl=sm80 as well)"),
-    _choice("bsa_fwd_impl", "JAX_SPARSE_ATTN_BSA_FWD_IMPL", ("auto", "sm90", "sm90ws", "sm80"),
-            "BSA forward kernel: auto (sm90ws: the faster one on the H200 at both block "
-            "sizes), sm90 (wgmma, cp.async; D in {64, 128}, other D use sm80), "
-            "sm90ws (warp-specialized TMA producer warp + wgmma consumer warpgroups, "
-            "persistent grid; D in {64, 128}, other D use sm80), sm80 (mma.sync, every D)"),
+    _choice("bsa_fwd_impl", "JAX_SPARSE_ATTN_BSA_FWD_IMPL", ("auto", "sm90ws", "sm80"),
+            "BSA forward kernel: auto (sm90ws), sm90ws (warp-specialized TMA producer warp + "
+            "wgmma consumer warpgroups, persistent grid; D in {64, 128}, other D use sm80), "
+            "sm80 (mma.sync, every D)"),
     Switch("bsa_fwd_ws", "JAX_SPARSE_ATTN_BSA_WS", _BSA_WS_ALLOWED, _parse_bsa_ws, (),
            "sm90ws BSA forward variants (tuning / ablation; other forwards ignore them): "
            "nooverlap (no overlap of the PV GEMM with the next block's softmax), nopingpong "

@@ -4,7 +4,7 @@
 #   PHASE=bench TB=60 OUT=$OUT bash scripts/gpu_s18.sh  # benchmark rows only, within TB
 #   T=240 OUT=$OUT bash scripts/gpu_s18.sh              # both (tests, then bench)
 # tests: tests/test_gpu_bsa_splits.py (kernel vs reference for kv_splits in {1, 2, 7, 64,
-#   "auto"}, fwd + grad, six shapes over the sm90ws / sm90 / mma.sync forwards; SHARDS pytest
+#   "auto"}, fwd + grad, six shapes over the sm90ws / mma.sync forwards; SHARDS pytest
 #   processes in parallel, one shape each).
 # bench: benchmarks/bsa_bench.py --splits: the decode rows (B=1 H=16, S_q=128 against
 #   S_kv=131072, blk128 top-64; then blk64 top-128) with kv_splits "auto" vs 1 (row 0 also 16

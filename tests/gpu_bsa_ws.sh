@@ -1,13 +1,13 @@
 #!/usr/bin/env bash
 # GPU check of the warp-specialized block-sparse forward (switch bsa_fwd_impl=sm90ws,
-# JAX_SPARSE_ATTN_BSA_FWD_IMPL=sm90ws; opt-in) in one device call, from the repo root (after `source .devcache/setup.sh` where the
+# JAX_SPARSE_ATTN_BSA_FWD_IMPL=sm90ws; what the default "auto" runs) in one device call, from the repo root (after `source .devcache/setup.sh` where the
 # environment needs it). Steps (STEPS, default "sgtb"), each under `timeout` so that a hang in
 # the mbarrier pipeline cannot eat the call:
 #   s  smoke: one small sm90ws case (blk128, all blocks listed); stops here on failure
 #   g  the sm90ws cases of tests/test_gpu_bsa.py (test_bsa_sm90ws_forward)
 #   t  the whole BSA GPU grid with the forward on sm90ws (BSA_TEST_IMPLS=sm90ws, sharded;
 #      the backward is the default one)
-#   b  benchmark: the issue-table forward rows, sm90 (today's default) vs sm90ws, then the
+#   b  benchmark: the issue-table forward rows, sm90ws vs the mma.sync forward sm80, then the
 #      sm90ws ablation (no overlap, no ping-pong, one Q stage, two K/V stages) on two rows
 # Worst case (every timeout hit) is over 10 minutes: with one device call of 600 s, run
 # STEPS=sgt and STEPS=b as two calls, or STEPS=sgb alone.
@@ -46,8 +46,8 @@ fi
 if [[ $STEPS == *b* ]]; then
   I=JAX_SPARSE_ATTN_BSA_FWD_IMPL
   W=JAX_SPARSE_ATTN_BSA_WS
-  # every table row: today's sm90 vs sm90ws
-  timeout ${T_BENCH:-240} python3 -m benchmarks.bsa_bench --table "$I=sm90;$I=sm90ws" \
+  # every table row: sm90ws vs the portable mma.sync forward
+  timeout ${T_BENCH:-240} python3 -m benchmarks.bsa_bench --table "$I=sm90ws;$I=sm80" \
     --out "$out/bsa_ws_bench.json" > "$out/bsa_ws_bench.log" 2>&1
   stamp "bench rc=$?"; grep -v "^WARNING\|^I0000\|^W0000" "$out/bsa_ws_bench.log" | tail -20
   # ablation on blk64 top-32 and blk128 top-16: no overlap, no ping-pong, 1 Q stage, 2 K/V stages

@@ -71,8 +71,11 @@ def test_compile_key_options():
     k = bsa.fwd_config(dt, 64, 64, True, sw)
     assert (k.ws_head_major, k.ws_three_ctas, k.ws_o_alias, k.ws_lazy_rescale) == (
         False, False, True, True)
-    # the sm90 forward stays selectable
-    assert bsa.fwd_config(dt, 128, 64, False, Switches(bsa_fwd_impl="sm90")).impl == "sm90"
+    # head dims sm90ws does not implement run the mma.sync forward, as does the sm80 switch
+    for d in (32, 256):
+        assert bsa.fwd_config(dt, d, 64, False, Switches()).impl == "sm80"
+        assert bsa.fwd_config(dt, d, 128, False, Switches(bsa_fwd_impl="sm90ws")).impl == "sm80"
+    assert bsa.fwd_config(dt, 128, 64, False, Switches(bsa_fwd_impl="sm80")).impl == "sm80"
 
 
 def _bytes(d, bm, bn, plan):

@@ -83,6 +83,18 @@ def test_switches_fields_are_validated(field, value):
         config.Switches(**{field: value})
 
 
+def test_removed_sm90_bsa_forward_is_rejected():
+    """The cp.async wgmma BSA forward (bsa_fwd_impl="sm90") was removed: the value is an error
+    naming the allowed ones (the BSA backward keeps its "sm90")."""
+    env = "JAX_SPARSE_ATTN_BSA_FWD_IMPL"
+    assert config.Switches().bsa_fwd_impl == "auto"
+    with pytest.raises(ValueError, match=re.escape(env) + ".*auto, sm90ws, sm80"):
+        config.Switches(bsa_fwd_impl="sm90")
+    with pytest.raises(ValueError, match=re.escape(env) + ".*'auto', 'sm90ws', 'sm80'"):
+        config.from_env({env: "sm90"})
+    assert config.Switches(bsa_bwd_impl="sm90").bsa_bwd_impl == "sm90"
+
+
 @pytest.mark.parametrize("raw", ["nooverlap", "nopingpong", "q1", "silu16", "tanh16", "pagepf",
                                  "qalias", "bn=16", "bn=256",
                                  "bn=80,q1", "nooverlap,nopingpong,q1,silu16,bn=192", " q1 , "])

@@ -9,10 +9,10 @@ Run on the H200: ``python -m pytest -m gpu tests/test_gpu_bsa.py`` (about 20 s p
 mostly CuTe DSL + reference compiles). Shard with ``BSA_TEST_SHARD=i/n`` to run several
 processes in parallel (CuTe compiles are serial inside one process). The non-grid tests
 run in one shard each, spread over the shards. The default kernels are the wgmma ones for
-D in {64, 128}; ``BSA_TEST_IMPLS`` (a comma list) adds the grid with other switches:
+D in {64, 128} (the sm90ws forward, the sm90 backward); ``BSA_TEST_IMPLS`` (a comma list) adds the grid with other switches:
 ``sm80``: ``Switches(bsa_fwd_impl="sm80", bsa_bwd_impl="sm80", bsa_pre_impl="xla")`` (the
 mma.sync kernels at every D and the XLA preprocessing); ``sm90ws``:
-``Switches(bsa_fwd_impl="sm90ws")`` (the warp-specialized forward, opt-in); ``sm80_late_v``:
+``Switches(bsa_fwd_impl="sm90ws")`` (the warp-specialized forward named, as ``auto`` runs it); ``sm80_late_v``:
 the mma.sync forward with ``bsa_fwd_late_v_wait=True``; ``sm80_wr32``: with
 ``bsa_fwd_warp_rows="32"`` (at every block size: slow where it spills, still exact);
 ``sm80_wr16``: with ``bsa_fwd_warp_rows="16"`` (the rows the ``auto`` default does not

@@ -17,8 +17,8 @@ K/V row that no listed query row sees (unlisted blocks, past ``block_sizes``, ke
 the diagonal of the last row of every query block that lists them); the reference runs on
 the clean tensors. Outputs are poisoned by a preceding all-NaN run.
 
-``impl``: ``auto`` (the defaults: sm90ws forward, sm90 backward), ``sm90`` / ``sm90ws``
-(the named forward).
+``impl``: ``auto`` (the defaults: sm90ws forward, sm90 backward) or ``sm90ws`` (the forward
+switch named; the same kernels).
 
 Run: ``python -m pytest -m gpu tests/test_gpu_bsa_causal.py`` (``CAUSAL_TEST_SHARD=i/n``
 runs every n-th case from i, for parallel processes).
@@ -77,14 +77,14 @@ CASES = [
                counts="empty", sizes=True),
     CausalCase("fp16-blk64-d64-sizes-gqa", blk=64, d=64, dtype="float16", hq=4, hkv=1,
                sq=1023, skv=1100, sizes=True, kmax=8),
-    # the sm90 forward (not the default) at each block size
-    CausalCase("bf16-blk128-d128-sm90fwd", sq=1000, skv=1100, impl="sm90", hq=8, hkv=2),
-    CausalCase("fp16-blk64-d64-sm90fwd", blk=64, d=64, dtype="float16", layout="bshd",
-               sq=700, skv=650, impl="sm90", pattern="future"),
-    CausalCase("bf16-blk64-d128-sm90fwd-sizes", blk=64, sq=1000, skv=1000, impl="sm90",
+    # the forward switch named (bsa_fwd_impl="sm90ws") at each block size and head dim
+    CausalCase("bf16-blk128-d128-sm90wsfwd", sq=1000, skv=1100, impl="sm90ws", hq=8, hkv=2),
+    CausalCase("fp16-blk64-d64-sm90wsfwd", blk=64, d=64, dtype="float16", layout="bshd",
+               sq=700, skv=650, impl="sm90ws", pattern="future"),
+    CausalCase("bf16-blk64-d128-sm90wsfwd-sizes", blk=64, sq=1000, skv=1000, impl="sm90ws",
                sizes=True, counts="empty"),
-    CausalCase("fp16-blk128-d64-sm90fwd-sq-lt-skv", d=64, dtype="float16", sq=200, skv=900,
-               impl="sm90", counts="fixed", kmax=4),
+    CausalCase("fp16-blk128-d64-sm90wsfwd-sq-lt-skv", d=64, dtype="float16", sq=200, skv=900,
+               impl="sm90ws", counts="fixed", kmax=4),
 ]
 
 

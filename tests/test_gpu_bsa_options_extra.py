@@ -8,7 +8,7 @@ vs the float32 reference <= 2x (forward, lse) / 5x (backward) the error of the r
 the input dtype, plus a small atol; NaN never passes; rows without keys exactly 0 / -inf).
 Inputs hold NaN (and Inf) in every K/V row no query row sees. New here:
 
-* ``pack_gqa`` (``tests/test_gpu_bsa_pack_gqa.py``'s check): r = 2 at D 64 on the sm90 forward
+* ``pack_gqa`` (``tests/test_gpu_bsa_pack_gqa.py``'s check): r = 2 at D 64 on the sm90ws forward
   (blk 64) with B = 3 and S_q = 113, r = 2 at D 64 / S_q 17 on sm90ws (blk 128) with rank-2
   ``block_sizes``, r = 64 (one position per 64-row slice, MQA) and r = 32 with S_q = 1023.
 * ``kv_splits`` (``tests/test_gpu_bsa_splits.py``'s check): S_q 17 with r = 3 (not dividing
@@ -17,7 +17,7 @@ Inputs hold NaN (and Inf) in every K/V row no query row sees. New here:
   forward at D 256 / blk 128.
 * ``causal`` with ``kv_splits`` (``tests/test_gpu_bsa_causal.py``'s check, NaN/Inf in
   every key no row sees): S_q > S_kv (1023 vs 129) with r = 3 and empty rows, S_q = 333 on
-  the sm90 forward at blk 128 with 7 splits, future-only and empty rows, ``"auto"`` with
+  the sm90ws forward (switch named) at blk 128 with 7 splits, future-only and empty rows, ``"auto"`` with
   S_q > S_kv on sm90ws.
 * every count 0 with splits and causal and all-NaN K/V; zero-size calls (S_q = 0, S_kv = 0,
   B = 0) on every path: out 0, lse -inf, zero gradients, no launch error.
@@ -62,7 +62,7 @@ PACK = [
 SPLITS = [
     (("x-ws-blk128-d64-r3-sq17", 128, 64, "float16", "bhsd", 6, 2, 17, 1500, 3, True,
       "auto"), 7),
-    (("x-sm90-blk64-d128-mqa-sq1023", 64, 128, "bfloat16", "bshd", 2, 1, 1023, 1023, 16,
+    (("x-ws-blk64-d128-mqa-sq1023", 64, 128, "bfloat16", "bshd", 2, 1, 1023, 1023, 16,
       False, "auto"), 16),
     (("x-ws-blk64-d64-splits17", 64, 64, "bfloat16", "bhsd", 2, 2, 65, 1400, 20, False,
       "sm90ws"), 17),
@@ -72,8 +72,8 @@ SPLITS = [
 CAUSAL = [
     (gc.CausalCase("x-bf16-blk64-d64-sq-gt-skv-r3-empty", blk=64, d=64, layout="bshd", hq=6,
                    hkv=2, sq=1023, skv=129, kmax=3, counts="empty"), 5),
-    (gc.CausalCase("x-fp16-blk128-d128-sq333-sm90-future-gqa", dtype="float16", hq=8, hkv=2,
-                   sq=333, skv=4001, kmax=6, pattern="future", counts="empty", impl="sm90",
+    (gc.CausalCase("x-fp16-blk128-d128-sq333-ws-future-gqa", dtype="float16", hq=8, hkv=2,
+                   sq=333, skv=4001, kmax=6, pattern="future", counts="empty", impl="sm90ws",
                    b=3), 7),
     (gc.CausalCase("x-bf16-blk128-d64-sq300-skv129-ws", d=64, sq=300, skv=129, kmax=2),
      "auto"),
@@ -119,7 +119,7 @@ def _check_all_rows_empty():
     import jax_sparse_attn as jsa
 
     rng = np.random.default_rng(11)
-    for blk, impl in ((128, "auto"), (64, "sm90")):
+    for blk, impl in ((128, "auto"), (64, "sm90ws")):
         b, hq, hkv, sq, skv, d, kmax = 2, 4, 2, 300, 700, 128, 4
         nq = -(-sq // blk)
         q, do = (jnp.asarray(rng.standard_normal((b, hq, sq, d)), jnp.bfloat16)

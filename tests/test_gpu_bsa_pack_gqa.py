@@ -9,8 +9,8 @@ NaN). Inputs are hostile: S_q not a multiple of ``blk / r`` (a partial last pack
 S_kv not a multiple of blk, per-row counts with empty packed rows (out 0, lse -inf, dq 0 on
 their (position, head) rows), garbage past each row's active prefix, K/V NaN in every KV
 block no active row lists and past ``block_sizes``, and outputs poisoned by a preceding
-all-NaN run. The kernels: the default (``sm90ws`` forward at blk 128, ``sm90`` at blk 64,
-``sm90`` backward) and, per case, the other forward (``impl``).
+all-NaN run. The kernels: the ``sm90ws`` forward (the default ``bsa_fwd_impl="auto"``, or
+named per case: ``impl``) and the ``sm90`` backward.
 
 Run on the H200: ``python -m pytest -m gpu tests/test_gpu_bsa_pack_gqa.py`` (shard with
 ``BSA_PACK_SHARD=i/n``); ``scripts/gpu_p18.sh`` runs it with the benchmark rows.
@@ -64,10 +64,10 @@ CASES = [
              sizes_rank=2),
     PackCase("r4-blk128-d128-fp16-bhsd", 4, 128, dtype="float16", sq=1001),
     PackCase("r8-blk128-d128-bf16-bshd-sizes3", 8, 128, layout="bshd", sq=1002, sizes_rank=3),
-    # the other forward kernel at each block size
+    # the forward switch named (bsa_fwd_impl="sm90ws") at each block size
     PackCase("r4-blk64-d128-bf16-sm90ws", 4, 64, sq=77, impl="sm90ws"),
-    PackCase("r8-blk128-d64-fp16-sm90-sizes3", 8, 128, d=64, dtype="float16", sq=130,
-             impl="sm90", sizes_rank=3),
+    PackCase("r8-blk128-d64-fp16-sm90ws-sizes3", 8, 128, d=64, dtype="float16", sq=130,
+             impl="sm90ws", sizes_rank=3),
     # a group of 16 (4 positions per 64-row slice), one KV head
     PackCase("r16-blk128-d128-bf16-bshd-hkv1", 16, 128, layout="bshd", hkv=1, sq=333, b=3),
     # one position (a single partial packed block), one KV block

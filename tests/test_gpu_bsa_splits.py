@@ -12,9 +12,9 @@ blocks (``kv_splits`` 7 and 64 against lists of 0-12 entries: empty splits), GQA
 last query block and a partial last KV block that every row lists, ``block_sizes``, NaN in
 every K/V row no query block lists and past ``block_sizes`` (contributes nothing), garbage
 indices past the active prefix, and outputs poisoned by a preceding all-NaN run (XLA reuses
-the buffers; an unwritten partial, LSE or output would show). Cases cover the default
-forward (``bsa_fwd_impl="auto"``: sm90ws), the sm90 forward at
-each block size and the mma.sync forward (D 256; D 128 with ``bsa_fwd_impl="sm80"``).
+the buffers; an unwritten partial, LSE or output would show). Cases cover the sm90ws forward
+(the default ``bsa_fwd_impl="auto"`` and ``"sm90ws"`` named) at each block size and head dim
+and the mma.sync forward (D 256; D 128 with ``bsa_fwd_impl="sm80"``).
 
 Run on the H200: ``python -m pytest -m gpu tests/test_gpu_bsa_splits.py`` (shard with
 ``BSA_TEST_SHARD=i/n``); ``scripts/gpu_s18.sh`` runs it with the benchmark rows.
@@ -43,9 +43,9 @@ SPLITS = (1, 2, 7, 64, "auto")
 # row with counts in [0, kmax] (a third of the rows empty or short)
 SHAPES = [
     ("ws-blk128-d128-gqa", 128, 128, "bfloat16", "bhsd", 8, 2, 300, 4001, 12, True, "auto"),
-    ("sm90-blk64-d64", 64, 64, "float16", "bshd", 4, 4, 1000, 999, 5, False, "auto"),
+    ("ws-blk64-d64", 64, 64, "float16", "bshd", 4, 4, 1000, 999, 5, False, "auto"),
     ("ws-blk64-d128-gqa", 64, 128, "float16", "bhsd", 4, 1, 130, 2100, 9, True, "sm90ws"),
-    ("sm90-blk128-d64", 128, 64, "bfloat16", "bshd", 4, 2, 257, 1500, 6, False, "sm90"),
+    ("ws-blk128-d64-gqa", 128, 64, "bfloat16", "bshd", 4, 2, 257, 1500, 6, False, "sm90ws"),
     # the mma.sync forward: D 256 (its default there) and D 128 with bsa_fwd_impl="sm80"
     ("mma-blk64-d256-gqa", 64, 256, "bfloat16", "bshd", 4, 2, 200, 1500, 7, True, "auto"),
     ("mma-blk128-d128", 128, 128, "float16", "bhsd", 2, 2, 300, 2100, 6, False, "sm80"),
@@ -228,7 +228,10 @@ def test_bsa_split_kv_auto_on_this_gpu():
     np.testing.assert_allclose(np.asarray(lse), np.log(64 * 128), rtol=1e-5)
 
 
-@pytest.mark.parametrize("impl,blk", [("sm90ws", 128), ("sm90", 64), ("sm80", 64)])
+GARBAGE = [("sm90ws", 128), ("sm90ws", 64), ("sm80", 64)]
+
+
+@pytest.mark.parametrize("impl,blk", GARBAGE)
 def test_bsa_split_kv_garbage_metadata_is_clamped(impl, blk):
     """Traced metadata (no eager checks) outside the contract: ids < 0 or >= N_kv inside the
     active prefix, counts < 0 or > K_max, block_sizes < 1 or > blk. The split forward reads
@@ -238,7 +241,7 @@ def test_bsa_split_kv_garbage_metadata_is_clamped(impl, blk):
     import jax_sparse_attn as jsa
     from jax_sparse_attn.metadata import sanitize_bsa_metadata
 
-    j = ["sm90ws", "sm90", "sm80"].index(impl)
+    j = GARBAGE.index((impl, blk))
     if SHARD and int(SHARD.split("/")[0]) != j % int(SHARD.split("/")[1]):
         pytest.skip("BSA_TEST_SHARD: runs in another shard")
     rng = np.random.default_rng(7)
@@ -262,7 +265,7 @@ def test_bsa_split_kv_garbage_metadata_is_clamped(impl, blk):
         np.testing.assert_array_equal(g, w)
 
 
-CAUSAL_SHAPES = [SHAPES[0], SHAPES[1]]  # the default forwards: sm90ws blk 128, sm90 blk 64
+CAUSAL_SHAPES = [SHAPES[0], SHAPES[1]]  # the default forward (sm90ws) at blk 128 and blk 64
 
 
 @pytest.mark.parametrize("c", CAUSAL_SHAPES, ids=[s[0] for s in CAUSAL_SHAPES])

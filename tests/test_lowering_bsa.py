@@ -81,9 +81,9 @@ def _ids(cfg):
 def _switches(cfg):
     from jax_sparse_attn.config import Switches
 
-    fwd = cfg.get("fwd_impl", "sm90")
-    return Switches(bsa_fwd_impl=fwd, bsa_bwd_impl=cfg.get("bwd_impl", fwd),
-                    bsa_pre_impl=cfg.get("pre_impl", "kernel"))
+    fwd = cfg.get("fwd_impl", "auto")
+    bwd = cfg.get("bwd_impl", "sm80" if fwd == "sm80" else "sm90")
+    return Switches(bsa_fwd_impl=fwd, bsa_bwd_impl=bwd, bsa_pre_impl=cfg.get("pre_impl", "kernel"))
 
 
 @pytest.mark.parametrize("cfg", CONFIGS, ids=_ids)
@@ -288,17 +288,17 @@ def test_bsa_sm90ws_ptx_is_warp_specialized(tmp_path, cfg):
 
 
 # ----------------------------------------------------------------------------- causal
-# causal=True (a static flag of the sm90 forward / backward keys): every (D, blk) pair on the
-# default kernels (sm90ws forward; sm90 backward), the sm90
-# forward at one pair; dtype, layout and block_sizes presence alternate.
+# causal=True (a static flag of the sm90ws forward / sm90 backward keys): every (D, blk) pair on
+# the default kernels (sm90ws forward; sm90 backward), and two more forwards with block_sizes
+# at (128, 128) and (64, 64); dtype, layout and block_sizes presence alternate.
 CAUSAL_CONFIGS = [
     dict(d=128, blk=128, dtype="bfloat16", layout="bhsd", sizes=False),
     dict(d=64, blk=128, dtype="float16", layout="bshd", sizes=True),
     dict(d=128, blk=64, dtype="float16", layout="bhsd", sizes=True),
     dict(d=64, blk=64, dtype="bfloat16", layout="bshd", sizes=False),
-    dict(d=128, blk=128, dtype="float16", layout="bshd", sizes=True, fwd_impl="sm90",
+    dict(d=128, blk=128, dtype="float16", layout="bshd", sizes=True, fwd_impl="sm90ws",
          fwd_only=True),
-    dict(d=64, blk=64, dtype="bfloat16", layout="bhsd", sizes=True, fwd_impl="sm90",
+    dict(d=64, blk=64, dtype="bfloat16", layout="bhsd", sizes=True, fwd_impl="sm90ws",
          fwd_only=True),
 ]
 

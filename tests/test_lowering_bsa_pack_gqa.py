@@ -3,8 +3,8 @@
 Each configuration lowers ``jax.grad`` of a loss through the public op (forward, the
 preprocessing kernel and the dK/dV/dQ kernel: three CuTe DSL calls) with packed metadata
 ``(B, H_kv, ceil(S_q r / blk), K_max)``; between them: r in {2, 4, 8}, blk 64 / 128, D 64 /
-128, both dtypes and layouts, with and without ``block_sizes``, both SM90 forwards (the
-default per block size and the other one). The packed forward's Q load is one 5-D TMA box
+128, both dtypes and layouts, with and without ``block_sizes``, on the sm90ws forward (the
+default ``auto`` and the switch named). The packed forward's Q load is one 5-D TMA box
 (D, r heads, positions, KV head, batch) on the sm90ws kernel; the PTX test checks it. The
 pack_gqa=False kernels are unchanged (PTX sha256 of the sm90ws forward: tests/ws_ptx_sha256.txt
 via tests/test_lowering_hstu.py; all BSA SM90 kernels: docs/bsa.md).
@@ -34,7 +34,7 @@ PACK_CONFIGS = [
     dict(d=64, blk=64, r=4, dtype="float16", layout="bhsd", sizes=False, fwd="auto",
          kv_splits="auto", sq=16),
     dict(d=128, blk=64, r=2, dtype="bfloat16", layout="bshd", sizes=True, fwd="sm90ws"),
-    dict(d=64, blk=128, r=2, dtype="float16", layout="bhsd", sizes=True, fwd="sm90"),
+    dict(d=64, blk=128, r=2, dtype="float16", layout="bhsd", sizes=True, fwd="sm90ws"),
 ]
 
 

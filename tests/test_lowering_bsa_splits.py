@@ -1,11 +1,11 @@
 """Block-sparse split-KV (``kv_splits``) on the kernel path, on CPU: lowering for sm_90a, the
 split count of the compile key, and the split counts the kernels decline.
 
-The lowering grid compiles the split forward (``bsa_fwd_sm90_ws`` / ``bsa_fwd_sm90`` with
+The lowering grid compiles the split forward (``bsa_fwd_sm90_ws`` / ``bsa_fwd_sm80`` with
 ``kv_splits > 1``) and the combine kernel (``kernels/bsa_combine.py``) through the public
-API for ``kv_splits`` in {2, 7, 64, "auto"} at both block sizes and the default forward
-(``bsa_fwd_impl="auto"``: sm90ws), the sm90 forward at each block
-size and the mma.sync forward (D 32 and 256); dtype, layout, head dim and ``block_sizes`` presence alternate. ``kv_splits=1``
+API for ``kv_splits`` in {2, 7, 64, "auto"} at both block sizes on the default forward
+(``bsa_fwd_impl="auto"``: sm90ws), with ``bsa_fwd_impl="sm90ws"`` named at each block size,
+and on the mma.sync forward (D 32 and 256); dtype, layout, head dim and ``block_sizes`` presence alternate. ``kv_splits=1``
 keeps the kernels of before (their PTX is pinned in ``tests/ws_ptx_sha256.txt``,
 ``tests/test_lowering_hstu.py::test_sm90ws_forwards_without_rab_keep_their_ptx``; the
 compile key is the same object, checked below).
@@ -31,7 +31,7 @@ LOWER = [
     (7, 64, 64, "float16", "bshd", True, "auto"),
     ("auto", 64, 128, "bfloat16", "bhsd", False, "auto"),
     (2, 64, 128, "bfloat16", "bshd", True, "sm90ws"),
-    ("auto", 128, 128, "float16", "bhsd", True, "sm90"),
+    ("auto", 128, 128, "float16", "bhsd", True, "sm90ws"),
     (7, 64, 256, "bfloat16", "bhsd", True, "auto"),  # D 256: the mma.sync forward
     (64, 128, 32, "float16", "bshd", False, "sm80"),
 ]
@@ -117,8 +117,9 @@ def test_kv_splits_resolution_and_compile_key(kernel_env):
 
     r = ffi_bsa.resolve_kv_splits
     assert r(7, num_rows=16, k_max=64, impl="sm90ws") == 7
-    assert r(64, num_rows=16, k_max=5, impl="sm90") == 5
-    assert r(256, num_rows=1, k_max=300, impl="sm90") == 256
+    assert ffi_bsa.SPLIT_IMPLS == ("sm90ws", "sm80")
+    assert r(64, num_rows=16, k_max=5, impl="sm90ws") == 5
+    assert r(256, num_rows=1, k_max=300, impl="sm80") == 256
     assert r("auto", num_rows=16, k_max=64, impl="sm90ws") == metadata.auto_kv_splits(16, 64)
     assert r("auto", num_rows=10_000, k_max=64, impl="sm90ws") == 1
     assert r("auto", num_rows=1, k_max=64, impl="sm80") == 64  # every forward splits
@@ -129,7 +130,7 @@ def test_kv_splits_resolution_and_compile_key(kernel_env):
     k = jax.ShapeDtypeStruct((1, 16, 64 * 128, 128), jnp.bfloat16)
     idx = _idx((1, 16, 1, 64))
     assert _config(q, k, idx, "auto", 128).fwd.kv_splits == 8
-    assert _config(q, k, idx, "auto", 128, impl="sm90").fwd.kv_splits == 8
+    assert _config(q, k, idx, "auto", 128, impl="sm90ws").fwd.kv_splits == 8
     # many rows: auto = 1 and the key is that of a call without kv_splits
     q2 = jax.ShapeDtypeStruct((4, 16, 8192, 128), jnp.bfloat16)
     idx2 = _idx((4, 16, 64, 64))

@@ -359,7 +359,7 @@ def test_kernel_backend_declines_pack_gqa_with(fake_kernel_platform, extra, msg)
 
 
 def test_pack_gqa_runs_on_the_sm90_kernels_only():
-    """pack_gqa: the sm90 forwards (sm90, sm90ws) and the sm90 backward pack; a pass that
+    """pack_gqa: the sm90ws forward and the sm90 backward pack; a pass that
     would run an mma.sync (sm80 / portable) kernel declines with a reason naming it (then
     backend="auto" runs the reference); the kernels' compile keys carry r."""
     from jax_sparse_attn.config import Switches
@@ -368,7 +368,7 @@ def test_pack_gqa_runs_on_the_sm90_kernels_only():
     why = ffi_bsa.pack_gqa_unsupported_reason
     kw = dict(head_dim=128, sparse_block_size=128, group=8)
     assert why(**kw, switches=Switches()) is None
-    assert why(**kw, switches=Switches(bsa_fwd_impl="sm90")) is None
+    assert why(**kw, switches=Switches(bsa_fwd_impl="sm90ws")) is None
     assert why(head_dim=64, sparse_block_size=64, group=4,
                switches=Switches(bsa_fwd_impl="sm90ws")) is None
     msg = why(**kw, switches=Switches(bsa_fwd_impl="sm80"))

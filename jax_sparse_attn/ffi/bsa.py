@@ -15,14 +15,14 @@ its :class:`~jax_sparse_attn.config.BSAConfig`.
 
 Kernels (``jax_sparse_attn/kernels``):
 
-* D in {64, 128}: ``bsa_fwd_sm90`` / ``bsa_bwd_sm90`` (warpgroup MMA, sm_90a) by default;
+* D in {64, 128}: ``bsa_fwd_sm90_ws`` (``bsa_fwd_impl`` ``"auto"`` / ``"sm90ws"``: the
+  warp-specialized TMA + wgmma mainloop, TMA producer warp, persistent grid; the switch
+  ``bsa_fwd_ws`` (tuning / ablation) sets its variants) / ``bsa_bwd_sm90`` (warpgroup MMA)
+  by default, both sm_90a;
 * D in {32, 256}: ``bsa_fwd_sm80`` / ``bsa_bwd_sm80`` (warp-level ``mma.sync``, also run on
   sm_90a). The switches ``bsa_fwd_impl`` / ``bsa_bwd_impl`` = ``"sm80"`` of
   :class:`jax_sparse_attn.config.Switches` force the ``mma.sync`` kernels for every D
   (:func:`fwd_config` / :func:`bwd_config` put the choice in the compile key).
-* ``bsa_fwd_impl="sm90ws"`` (opt-in): the forward on the warp-specialized TMA + wgmma mainloop
-  (``bsa_fwd_sm90_ws``: TMA producer warp, persistent grid) for D in {64, 128}; other head
-  dims use ``bsa_fwd_sm80``. The switch ``bsa_fwd_ws`` (tuning / ablation) sets its variants.
 
 Split-KV (``kv_splits``, resolved by :func:`resolve_kv_splits` into ``BsaFwdConfig.kv_splits``;
 every forward): the forward writes per split fp32 partial outputs and LSEs into two
@@ -66,10 +66,10 @@ _SM90_HEAD_DIMS = (64, 128)
 
 @dataclasses.dataclass(frozen=True)
 class BsaFwdConfig:
-    """Compile key of the BSA forward. ``impl``: "sm90" (wgmma kernel, D in {64, 128}),
-    "sm90ws" (warp-specialized TMA + wgmma kernel, D in {64, 128}) or "sm80" (mma.sync
-    kernel); ``q_in_regs`` / ``min_blocks`` / ``late_v_wait`` only apply to sm80, the ``ws_*`` fields and
-    ``num_sms`` only to sm90ws."""
+    """Compile key of the BSA forward. ``impl``: "sm90ws" (warp-specialized TMA + wgmma
+    kernel, D in {64, 128}) or "sm80" (mma.sync kernel); ``q_in_regs`` / ``min_blocks`` /
+    ``late_v_wait`` / ``warp_rows`` only apply to sm80, the ``ws_*`` fields and ``num_sms``
+    only to sm90ws."""
 
     dtype: str
     head_dim: int
@@ -96,12 +96,12 @@ class BsaFwdConfig:
     ws_o_alias: bool = False
     num_sms: int = 0
     arch: str = ""  # the target arch (CuTe DSL name) the key was chosen for
-    # pack_gqa: query heads per KV head r of the packed rows (1: not packed; sm90/sm90ws)
+    # pack_gqa: query heads per KV head r of the packed rows (1: not packed; sm90ws only)
     pack_gqa: int = 1
     # split-KV: work items (query block, split, head), fp32 partial outputs merged by the
     # combine kernel; 1 = no split (the kernels compile without it)
     kv_splits: int = 1
-    # the token-level causal mask inside the listed blocks ("sm90" / "sm90ws" only)
+    # the token-level causal mask inside the listed blocks ("sm90ws" only)
     causal: bool = False
 
 
@@ -171,9 +171,9 @@ class BsaPreConfig:
 
 
 def _impl(want: str, head_dim: int, block_size: int | None = None) -> str:
-    """The kernel a switch value selects for a call: ``auto`` (the forward's default) is
-    ``sm90ws`` (the faster of the Hopper forwards on the H200 at both block sizes,
-    docs/bsa.md); ``sm90`` / ``sm90ws`` take D in {64, 128}, other D run ``sm80``."""
+    """The kernel a switch value selects for a call: ``auto`` is ``sm90ws`` (the backward
+    resolves its own ``auto`` first, :func:`bwd_impl_choice`); ``sm90ws`` (forward and
+    backward) / ``sm90`` (backward) take D in {64, 128}, other D run ``sm80``."""
     if want == "auto":
         want = "sm90ws"
     return want if want in ("sm90", "sm90ws") and head_dim in _SM90_HEAD_DIMS else "sm80"
@@ -208,18 +208,14 @@ def _family_impl(want: str, head_dim: int, switches, block_size: int | None = No
 def fwd_config(dtype, head_dim, block_size, has_block_sizes, switches, causal=False, *,
                kv_splits=1, num_rows=1, k_max=1, pack_gqa: int = 1) -> BsaFwdConfig:
     """The forward compile key from the static call properties and the
-    :class:`~jax_sparse_attn.config.Switches` (``causal``: the sm90 kernels only,
+    :class:`~jax_sparse_attn.config.Switches` (``causal``: the sm90ws forward only,
     :func:`causal_unsupported_reason`); ``kv_splits`` (the option), ``num_rows`` (metadata
     rows) and ``k_max`` give the split count (:func:`resolve_kv_splits`); ``pack_gqa``: r of
-    packed rows, 1 = off (the sm90 kernels only, :func:`pack_gqa_unsupported_reason`)."""
+    packed rows, 1 = off (the sm90ws forward only, :func:`pack_gqa_unsupported_reason`)."""
     name = jnp.dtype(dtype).name
     impl = _family_impl(switches.bsa_fwd_impl, head_dim, switches, block_size)
     arch = _platform.resolved_arch()
     splits = resolve_kv_splits(kv_splits, num_rows=num_rows, k_max=k_max, impl=impl)
-    if impl == "sm90":
-        kw = {} if splits == 1 else {"kv_splits": splits}
-        return BsaFwdConfig(name, head_dim, block_size, has_block_sizes, impl, arch=arch,
-                            causal=causal, pack_gqa=pack_gqa, **kw)
     if impl == "sm90ws":
         o = bsa_ws_options(switches.bsa_fwd_ws)
         kw = {} if splits == 1 else {"kv_splits": splits}
@@ -256,7 +252,7 @@ def sm80_warp_rows(want: str, head_dim: int, block_size: int) -> int:
 
 
 #: the split-KV forwards (``kv_splits > 1``): every forward
-SPLIT_IMPLS = ("sm90", "sm90ws", "sm80")
+SPLIT_IMPLS = ("sm90ws", "sm80")
 #: most elements of the fp32 split-KV partial output (32-bit offsets in the kernels)
 _MAX_PARTIAL_ELEMS = 2**31 - 1
 
@@ -347,9 +343,9 @@ def pack_gqa_unsupported_reason(*, head_dim, sparse_block_size, group, passes=("
                                 switches=None, causal=False, kv_splits=1) -> str | None:
     """``None`` when the kernels that the ``passes`` of a call would run implement
     ``pack_gqa`` with ``group`` (``r = H_q / H_kv``) query heads per KV head, else why not:
-    the sm90 forward (``sm90`` / ``sm90ws``) and the sm90 backward pack groups of a size
-    dividing 64, without ``causal`` and with one key split (``kv_splits`` 1 or ``"auto"``,
-    which then runs one split); the mma.sync (sm80) kernels do not pack."""
+    the sm90ws forward and the sm90 backward pack groups of a size dividing 64, without
+    ``causal`` and with one key split (``kv_splits`` 1 or ``"auto"``, which then runs one
+    split); the mma.sync (sm80) kernels do not pack."""
     if causal:
         return ("pack_gqa=True together with causal=True is not implemented by the "
                 "block-sparse kernels (each option alone is)")
@@ -383,7 +379,7 @@ def pre_config(dtype, head_dim, switches) -> BsaPreConfig | None:
 def causal_unsupported_reason(head_dim, block_size, passes=("fwd", "bwd"),
                               switches=None) -> str | None:
     """``None`` when the kernels of ``passes`` implement ``causal=True``: the sm90 kernels
-    (forward ``sm90`` / ``sm90ws``, backward ``sm90``: D in {64, 128}, Hopper kernel family);
+    (forward ``sm90ws``, backward ``sm90``: D in {64, 128}, Hopper kernel family);
     else why not, naming the option."""
     from ..config import from_env  # noqa: PLC0415
 
@@ -468,10 +464,6 @@ def _fwd_entry(stream, q, k, v, idx, nums, sizes, scale, out, lse, *, cfg: BsaFw
                               lazy_rescale=cfg.ws_lazy_rescale,
                               three_ctas=cfg.ws_three_ctas, o_alias_first=cfg.ws_o_alias,
                               **kw)
-    elif cfg.impl == "sm90":
-        from ..kernels.bsa_fwd_sm90 import BsaFwdSm90  # noqa: PLC0415
-
-        kernel = BsaFwdSm90(*args, causal=cfg.causal, pack_gqa=cfg.pack_gqa, **kw)
     else:
         from ..kernels.bsa_fwd_sm80 import BsaFwdSm80  # noqa: PLC0415
 
@@ -558,7 +550,7 @@ def _combine_jit():
 
 
 def _bsa_fwd_split(q, k, v, idx, nums, sizes, cfg, spec):
-    """Split-KV forward: the forward (sm90, sm90ws or sm80) with ``cfg.fwd.kv_splits = S > 1``
+    """Split-KV forward: the forward (sm90ws or sm80) with ``cfg.fwd.kv_splits = S > 1``
     writes per split ``s`` the fp32 partial ``o_part[s] (B, H_q, S_q, D_v)``, normalised by its own
     softmax denominator (0 for a split without keys), and ``lse_part[s] (B, H_q, S_q)``
     (natural log, ``-inf`` for a split without keys); the combine kernel merges them in split

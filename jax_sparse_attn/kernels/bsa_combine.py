@@ -1,6 +1,6 @@
 """Split-KV combine of the block-sparse attention forward (CuTe DSL, no jax imports).
 
-Inputs: the fp32 partials of the split forward (``bsa_fwd_sm90`` / ``bsa_fwd_sm90_ws`` with
+Inputs: the fp32 partials of the split forward (``bsa_fwd_sm90_ws`` / ``bsa_fwd_sm80`` with
 ``kv_splits = S > 1``): ``mOp (S, B, H, S_q, D)``, each split's output normalised by its own
 softmax denominator, and ``mLp (S, B, H, S_q)``, its natural-log LSE (``-inf``: the split has
 no key for the row). Outputs: ``mO`` (logical ``(B, S_q, H, D)`` in the caller's layout, the

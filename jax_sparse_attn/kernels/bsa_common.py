@@ -6,16 +6,16 @@ layouts, accumulator views and ``mma.sync`` GEMM loops shared with HSTU live in
 
 * ``fwd_tile_coords`` / ``fwd_grid`` / ``fwd_gmem_tiles`` / ``fwd_copy_partitions``: the
   forward CTA's coordinates and sizes, its grid, its Q/K/V gmem tiles and this thread's
-  partitions of their row copies (both forward kernels).
+  partitions of their row copies (the mma.sync forward, ``bsa_fwd_sm80``).
 * ``softmax_rows`` / ``row_sum_inv``: the online softmax's per-row running max and sum
-  registers and a row's final denominator and its inverse (both forward kernels).
+  registers and a row's final denominator and its inverse (``bsa_fwd_sm80``).
 * ``issue_q_do_rows(...)``: the backward's cp.async of one Q/dO row tile (zero past S_q).
 * ``bwd_tile_coords(...)``: the backward CTA's tile/head/batch coordinates and sizes;
   ``bwd_load_kv_tile(...)``: its K/V tile load (both backward kernels).
 * ``bwd_entry_rows(...)``: query head and first row of a backward step's K->Q entry.
 * ``quad_allreduce_max/sum``: reduce over the 4 lanes that share an accumulator row.
 * ``mask_keys_from`` / ``online_softmax_step``: the forward's key-tail mask and online
-  softmax update of one KV block (both forward kernels).
+  softmax update of one KV block (``bsa_fwd_sm80``).
 * ``kv_block_rows`` / ``bwd_kv_tile_rows``: how many leading rows of a KV block (forward)
   or backward KV tile are keys; the K/V copies zero-fill the rest, so a partial block's
   tail (padding, NaN/Inf garbage) is never read into a result.

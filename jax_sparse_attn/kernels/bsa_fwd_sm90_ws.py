@@ -1,7 +1,7 @@
 """Block-sparse attention forward for SM90 on the warp-specialized TMA + wgmma mainloop
 (``impl="sm90ws"``).
 
-Contract and semantics are those of :mod:`bsa_fwd_sm80` / :mod:`bsa_fwd_sm90` (tensor modes
+Contract and semantics are those of :mod:`bsa_fwd_sm80` (tensor modes
 ``q, k, v, out: (B, S, H, D)`` in the caller's physical layout, ``q2k_block_index (B, H_q, N_q,
 K_max)``, ``q2k_block_nums (B, H_q, N_q)``, optional ``block_sizes (B, H_q, N_kv)``, ``lse
 (B, H_q, S_q)`` fp32 natural log). The TMA producer, pipelines, persistent loop, mainloop
