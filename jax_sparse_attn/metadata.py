@@ -315,6 +315,15 @@ def build_kq_csr(q2k_block_index, q2k_block_nums, *, num_kv_heads: int, num_kv_b
     return offsets, entries
 
 
+def kq_lpt_order(offsets):
+    """The K->Q CSR rows (KV blocks) longest list first: int32 ``(R,)`` for the ``R + 1``
+    ``offsets`` of :func:`build_kq_csr`, ties in row order (a stable sort). A backward
+    that walks its CTAs in this order starts the longest lists first and ends with the
+    shortest (longest-processing-time-first scheduling)."""
+    counts = offsets[1:] - offsets[:-1]
+    return jnp.argsort(-counts, stable=True).astype(jnp.int32)
+
+
 def _kq_csr_dense(q2k_block_index, active, group, num_kv_heads, num_kv_blocks):
     """:func:`build_kq_csr` through a (KV block) x (query head in group, query block) bitmap."""
     b, h_q, n_q, k_max = q2k_block_index.shape

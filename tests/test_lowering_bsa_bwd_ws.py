@@ -152,3 +152,25 @@ def test_bsa_bwd_auto_choice():
     key = bsa.bwd_config(jnp.float16, 64, 128, True, Switches(bsa_bwd_impl="sm90ws",
                                                                bsa_bwd_ws="ldwait,stages=3"))
     assert (key.ws_ld_wait, key.ws_max_stages) == (True, 3)
+
+
+def test_kq_lpt_order():
+    """``metadata.kq_lpt_order``: a permutation of the K->Q rows, longest list first, ties
+    in row order."""
+    import numpy as np
+
+    from jax_sparse_attn import metadata
+
+    rng = np.random.default_rng(0)
+    b, h_q, h_kv, n_q, n_kv, k_max = 2, 4, 2, 9, 11, 5
+    idx = np.stack([np.stack([np.stack([rng.permutation(n_kv)[:k_max] for _ in range(n_q)])
+                              for _ in range(h_q)]) for _ in range(b)]).astype(np.int32)
+    nums = rng.integers(0, k_max + 1, (b, h_q, n_q)).astype(np.int32)
+    offsets, _ = metadata.build_kq_csr(jnp.asarray(idx), jnp.asarray(nums), num_kv_heads=h_kv,
+                                       num_kv_blocks=n_kv)
+    order = np.asarray(metadata.kq_lpt_order(offsets))
+    counts = np.diff(np.asarray(offsets))
+    assert order.dtype == np.int32 and sorted(order.tolist()) == list(range(b * h_kv * n_kv))
+    got = [(-counts[r], r) for r in order]
+    assert got == sorted(got)
+    assert counts.sum() == int(np.sum(nums))

@@ -129,6 +129,8 @@ class BsaBwdConfig:
     # and whether the producer waits for each step's lse / delta copies (ablation)
     ws_max_stages: int = 4
     ws_ld_wait: bool = False
+    # "sm90ws" only: CTAs walk the KV blocks longest K->Q list first (else in grid order)
+    ws_lpt: bool = True
 
 
 def fwd_smem_bytes(head_dim, block_size) -> int:
@@ -320,7 +322,8 @@ def bwd_config(dtype, head_dim, block_size, has_block_sizes, switches,
         opts = switches.bsa_bwd_ws
         st = [int(o[7:]) for o in opts if o.startswith("stages=")]
         return BsaBwdConfig(name, head_dim, block_size, has_block_sizes, impl, arch=arch,
-                            ws_max_stages=st[0] if st else 4, ws_ld_wait="ldwait" in opts)
+                            ws_max_stages=st[0] if st else 4, ws_ld_wait="ldwait" in opts,
+                            ws_lpt="nolpt" not in opts)
     if impl == "sm90":
         return BsaBwdConfig(name, head_dim, block_size, has_block_sizes, impl, arch=arch,
                             pack_gqa=pack_gqa, causal=causal)
@@ -665,7 +668,8 @@ def _bwd_entry(stream, q, k, v, do, lse, delta, offsets, entries, sizes, scale, 
     if cfg.impl == "sm90ws":
         from ..kernels.bsa_bwd_sm90_ws import BsaBwdSm90Ws  # noqa: PLC0415
 
-        kernel = BsaBwdSm90Ws(*args, max_stages=cfg.ws_max_stages, ld_wait=cfg.ws_ld_wait)
+        kernel = BsaBwdSm90Ws(*args, max_stages=cfg.ws_max_stages, ld_wait=cfg.ws_ld_wait,
+                              lpt=cfg.ws_lpt)
     elif cfg.impl == "sm90":
         from ..kernels.bsa_bwd_sm90 import BsaBwdSm90  # noqa: PLC0415
 
@@ -706,6 +710,9 @@ def bsa_bwd(do, q, k, v, out, lse, q2k_block_index, q2k_block_nums, block_sizes,
     offsets, entries = metadata.build_kq_csr(q2k_block_index, q2k_block_nums,
                                              num_kv_heads=cfg.num_heads_kv,
                                              num_kv_blocks=cfg.num_kv_blocks)
+    if cfg.bwd.impl == "sm90ws" and cfg.bwd.ws_lpt:
+        # the sm90ws kernel reads its CTA order (longest K->Q list first) after the offsets
+        offsets = jnp.concatenate([offsets, metadata.kq_lpt_order(offsets)])
     # flattened inputs: block_sizes may be None (absent, no buffer); dq_acc is the last
     n_in = 10 + (block_sizes is not None)
     call = call_builder(cfg.cute_call)(

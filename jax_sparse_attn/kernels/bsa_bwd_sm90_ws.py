@@ -35,6 +35,10 @@ CTA per SM; blk 64: 256 threads, two CTAs per SM):
   to the fp32 workspace with ``red.global.add.v2.f32`` while the dK GEMM runs.
 * epilogue: dK, dV straight from registers to the key rows ``< S_kv``.
 
+CTA order (``lpt``, default): the ``offsets`` input is followed by a permutation of the K->Q
+rows, longest list first (``metadata.kq_lpt_order``); CTA ``i`` (in launch order) takes row
+``order[i]``, so the long lists start first and the short ones fill the tail.
+
 ``softmax_scale`` is folded into dS^T before its 16-bit conversion, so neither dK nor dQ
 needs a final scale. dK / dV are bitwise deterministic (one CTA sums its list in list order);
 dQ's fp32 additions are not ordered. Not implemented here (the public layer runs
@@ -97,7 +101,7 @@ class BsaBwdSm90Ws:
     """``__call__`` takes the arguments of ``BsaBwdSm90.__call__``."""
 
     def __init__(self, dtype, head_dim: int, block_size: int, has_block_sizes: bool,
-                 max_stages: int = 4, ld_wait: bool = False):
+                 max_stages: int = 4, ld_wait: bool = False, lpt: bool = True):
         if head_dim not in (64, 128) or block_size not in (64, 128):
             raise NotImplementedError(
                 f"bsa_bwd_sm90_ws implements head_dim in (64, 128) and sparse_block_size in "
@@ -114,6 +118,7 @@ class BsaBwdSm90Ws:
         self.ctas_per_sm = 1 if self.num_wg == 2 else 2
         self.q_stages = bwd_ws_q_stages(head_dim, block_size, max_stages)
         self.ld_wait = ld_wait
+        self.lpt = lpt
         self.regs_producer = 24
         # 65536 registers per SM: 384 threads x 168 at launch (blk 128), 2 x 256 x 128 (blk 64)
         self.regs_consumer = 240 if self.num_wg == 2 else 232
@@ -241,6 +246,14 @@ class BsaBwdSm90Ws:
         n_q_blocks = (seqlen_q + bn - 1) // bn
         n_kv_blocks = (seqlen_k + bn - 1) // bn
         row_id = (batch * num_heads_kv + head_kv) * n_kv_blocks + n_block
+        if cutlass.const_expr(self.lpt):
+            # CTA `row_id` (in launch order) takes the row_id-th longest K->Q list: the order
+            # follows the R + 1 offsets
+            n_rows = mK.shape[0] * num_heads_kv * n_kv_blocks
+            row_id = Int32(mOffsets[n_rows + 1 + row_id])
+            n_block = row_id % n_kv_blocks
+            head_kv = (row_id // n_kv_blocks) % num_heads_kv
+            batch = row_id // (n_kv_blocks * num_heads_kv)
         e_begin = Int32(mOffsets[row_id])
         n_ent = Int32(mOffsets[row_id + 1]) - e_begin
         n0 = n_block * bn
