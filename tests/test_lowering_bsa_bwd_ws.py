@@ -77,8 +77,11 @@ def test_bsa_bwd_ws_lowers(cfg):
 
 
 def test_bsa_bwd_ws_ablation_lowers():
-    """The ablation variants (``ldwait``, two Q / dO stages) compile too."""
+    """The ablation variants (``ldwait``, two Q / dO stages, ``lpt``) compile too."""
     txt = _bwd_text(CONFIGS[0], ws="ldwait,stages=2")
+    assert txt.count(CALL_TARGET) == 2
+    # opt-in: CTAs in longest-list-first order (the order follows the CSR offsets)
+    txt = _bwd_text(CONFIGS[1], ws="lpt")
     assert txt.count(CALL_TARGET) == 2
 
 
@@ -151,7 +154,8 @@ def test_bsa_bwd_auto_choice():
     assert bsa.bwd_config(jnp.bfloat16, 128, 128, False, ws, causal=True).impl == "sm90"
     key = bsa.bwd_config(jnp.float16, 64, 128, True, Switches(bsa_bwd_impl="sm90ws",
                                                                bsa_bwd_ws="ldwait,stages=3"))
-    assert (key.ws_ld_wait, key.ws_max_stages) == (True, 3)
+    assert (key.ws_ld_wait, key.ws_max_stages, key.ws_lpt) == (True, 3, False)
+    assert bsa.bwd_config(jnp.float16, 64, 128, True, Switches(bsa_bwd_ws="lpt")).ws_lpt
 
 
 def test_kq_lpt_order():

@@ -130,7 +130,7 @@ class BsaBwdConfig:
     ws_max_stages: int = 4
     ws_ld_wait: bool = False
     # "sm90ws" only: CTAs walk the KV blocks longest K->Q list first (else in grid order)
-    ws_lpt: bool = True
+    ws_lpt: bool = False
 
 
 def fwd_smem_bytes(head_dim, block_size) -> int:
@@ -323,7 +323,7 @@ def bwd_config(dtype, head_dim, block_size, has_block_sizes, switches,
         st = [int(o[7:]) for o in opts if o.startswith("stages=")]
         return BsaBwdConfig(name, head_dim, block_size, has_block_sizes, impl, arch=arch,
                             ws_max_stages=st[0] if st else 4, ws_ld_wait="ldwait" in opts,
-                            ws_lpt="nolpt" not in opts)
+                            ws_lpt="lpt" in opts)
     if impl == "sm90":
         return BsaBwdConfig(name, head_dim, block_size, has_block_sizes, impl, arch=arch,
                             pack_gqa=pack_gqa, causal=causal)

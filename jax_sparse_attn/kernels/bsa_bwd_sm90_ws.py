@@ -35,9 +35,11 @@ CTA per SM; blk 64: 256 threads, two CTAs per SM):
   to the fp32 workspace with ``red.global.add.v2.f32`` while the dK GEMM runs.
 * epilogue: dK, dV straight from registers to the key rows ``< S_kv``.
 
-CTA order (``lpt``, default): the ``offsets`` input is followed by a permutation of the K->Q
-rows, longest list first (``metadata.kq_lpt_order``); CTA ``i`` (in launch order) takes row
-``order[i]``, so the long lists start first and the short ones fill the tail.
+CTAs run in grid order (KV block fastest, then KV head, batch): the CTAs running at one time
+work on one or two KV heads, whose Q / dO / lse / delta stay in L2. Opt-in ``lpt`` (measured
+slower on the H200, docs/bsa.md): the ``offsets`` input is followed by a permutation of the
+K->Q rows, longest list first (``metadata.kq_lpt_order``), and CTA ``i`` (in launch order)
+takes row ``order[i]``.
 
 ``softmax_scale`` is folded into dS^T before its 16-bit conversion, so neither dK nor dQ
 needs a final scale. dK / dV are bitwise deterministic (one CTA sums its list in list order);
@@ -101,7 +103,7 @@ class BsaBwdSm90Ws:
     """``__call__`` takes the arguments of ``BsaBwdSm90.__call__``."""
 
     def __init__(self, dtype, head_dim: int, block_size: int, has_block_sizes: bool,
-                 max_stages: int = 4, ld_wait: bool = False, lpt: bool = True):
+                 max_stages: int = 4, ld_wait: bool = False, lpt: bool = False):
         if head_dim not in (64, 128) or block_size not in (64, 128):
             raise NotImplementedError(
                 f"bsa_bwd_sm90_ws implements head_dim in (64, 128) and sparse_block_size in "
@@ -249,8 +251,8 @@ class BsaBwdSm90Ws:
         if cutlass.const_expr(self.lpt):
             # CTA `row_id` (in launch order) takes the row_id-th longest K->Q list: the order
             # follows the R + 1 offsets
-            n_rows = mK.shape[0] * num_heads_kv * n_kv_blocks
-            row_id = Int32(mOffsets[n_rows + 1 + row_id])
+            n_csr_rows = mK.shape[0] * num_heads_kv * n_kv_blocks
+            row_id = Int32(mOffsets[n_csr_rows + 1 + row_id])
             n_block = row_id % n_kv_blocks
             head_kv = (row_id // n_kv_blocks) % num_heads_kv
             batch = row_id // (n_kv_blocks * num_heads_kv)
