@@ -57,9 +57,8 @@ from cutlass import Float32, Int32
 from cutlass._mlir.dialects import nvvm as _nvvm
 from cutlass.cutlass_dsl import dsl_user_op
 from cutlass.cute.nvgpu import OperandMajorMode, cpasync, warpgroup
-from cutlass.tensor_utils import LayoutEnum
 
-from . import hstu_common as hc
+from . import kv_major_bwd as kvb
 from .bsa_common import LOG2_E, bwd_kv_tile_rows
 from .common import (acc_layout_as_a, acc_mn_view_wg, elem_ptr, gmem_load_copy,
                      kv_major_bwd_operands, tma_view)
@@ -141,17 +140,8 @@ class BsaBwdSm90Ws:
         # dQ: (bm queries) x D, reduction over the bn keys; two warpgroups split the head dim
         mma_dq = sm90_utils.make_trivial_tiled_mma(dt, dt, MN, MN, Float32, (1, nwg, 1),
                                                    (64, d // nwg))
-        s_tiler = (bn, bm, d)
-        kv_tiler = (bn, d, bm)
-        dq_tiler = (bm, d, bn)
-        sK_layout = sm90_utils.make_smem_layout_a(LayoutEnum.ROW_MAJOR, s_tiler, dt, 1)
-        sK_mn_layout = sm90_utils.make_smem_layout_b(LayoutEnum.COL_MAJOR, dq_tiler, dt, 1)
-        sQ_layout = sm90_utils.make_smem_layout_b(LayoutEnum.ROW_MAJOR, s_tiler, dt,
-                                                  self.q_stages)
-        sQ_mn_layout = sm90_utils.make_smem_layout_b(LayoutEnum.COL_MAJOR, kv_tiler, dt,
-                                                     self.q_stages)
-        sdS_layout = sm90_utils.make_smem_layout_a(LayoutEnum.COL_MAJOR, dq_tiler, dt,
-                                                   self.ds_bufs)
+        sK_layout, sK_mn_layout, sQ_layout, sQ_mn_layout, sdS_layout = kvb.layouts(
+            dt, bn, bm, d, self.q_stages, self.ds_bufs)
 
         # TMA views (S, D, H, B) with D contiguous; boxes of bm (Q, dO) / bn (K, V) rows
         tQ, tdO, tK, tV = tma_view(mQ, d), tma_view(mdO, d), tma_view(mK, d), tma_view(mV, d)
@@ -276,15 +266,9 @@ class BsaBwdSm90Ws:
         cute.arch.mbarrier_init_fence()
         cute.arch.barrier()
 
-        sK = st.sK.get_tensor(sK_layout.outer, swizzle=sK_layout.inner)  # (bn, D, 1)
-        sV = st.sV.get_tensor(sK_layout.outer, swizzle=sK_layout.inner)
-        sQ = st.sQ.get_tensor(sQ_layout.outer, swizzle=sQ_layout.inner)  # (bm, D, stages)
-        sdO = st.sdO.get_tensor(sQ_layout.outer, swizzle=sQ_layout.inner)
-        sdS = st.sdS.get_tensor(sdS_layout.outer, swizzle=sdS_layout.inner)  # (bm, bn, bufs)
-        # MN-major aliases of the same bytes: (D, bn, 1) and (D, bm, stages)
-        sK_mn = st.sK.get_tensor(sK_mn_layout.outer, swizzle=sK_mn_layout.inner)
-        sQ_mn = st.sQ.get_tensor(sQ_mn_layout.outer, swizzle=sQ_mn_layout.inner)
-        sdO_mn = st.sdO.get_tensor(sQ_mn_layout.outer, swizzle=sQ_mn_layout.inner)
+        # (bn, D, 1), (bm, D, stages), (bm, bn, bufs); MN-major aliases (D, bn, 1), (D, bm, stages)
+        sK, sV, sQ, sdO, sdS, sK_mn, sQ_mn, sdO_mn = kvb.smem_views(
+            st, sK_layout, sK_mn_layout, sQ_layout, sQ_mn_layout, sdS_layout)
         # per-stage lse (natural log) and delta of the step's bm query rows: (row, kind, stage)
         sLD = st.sLD.get_tensor(cute.make_layout((bm, 2, self.q_stages),
                                                  stride=(1, bm, 2 * bm)))
@@ -368,18 +352,13 @@ class BsaBwdSm90Ws:
             ((thr_s, thr_kv, thr_dq), (tSrK, tSrV, tSrQ, tSrdO, tVrdO, tKrQ, tQrdS, tQrK),
              (acc_dK, acc_dV)) = kv_major_bwd_operands(
                 mma_s, mma_kv, mma_dq, ctid, sK, sV, sQ, sdO, sQ_mn, sdO_mn, sdS, sK_mn, (bn, d))
+            mma_kv.set(warpgroup.Field.ACCUMULATE, True)  # dV, dK accumulate
             tScS = acc_mn_view_wg(thr_s.partition_C(cute.make_identity_tensor((bn, bm))))
             n_rows = cute.size(tScS, mode=[0])  # keys of this thread
             n_cols = cute.size(tScS, mode=[1])  # queries of this thread
             tdQc = thr_dq.partition_C(cute.make_identity_tensor((bm, d)))
-            # (bn, bm, bufs) view of the (bm, bn, bufs) query-major dS tiles: the accumulator's
-            # rows of 8 queries are 16 contiguous bytes there (stmatrix, not transposed)
-            sdS_t = cute.composition(sdS, cute.make_layout((bn, bm, self.ds_bufs),
-                                                           stride=(bm, 1, bm * bn)))
-            r2s_dS = cute.make_tiled_copy_C(
-                cute.make_copy_atom(cute.nvgpu.warp.StMatrix8x8x16bOp(
-                    transpose=False, num_matrices=4), self.dtype), mma_s).get_slice(ctid)
-            tdSsdS = r2s_dS.partition_D(sdS_t)
+            r2s_dS, tdSsdS = kvb.ds_store_copy(mma_s, sdS, bn, bm, self.ds_bufs, self.dtype,
+                                               ctid)
             a_vals = mma_kv.tv_layout_A.shape[1]
             s_shape = thr_s.partition_shape_C((bn, bm))
 
@@ -408,17 +387,8 @@ class BsaBwdSm90Ws:
                         acc_S = thr_s.make_fragment_C(s_shape)
                         acc_dP = thr_s.make_fragment_C(s_shape)
                         pipe_q.consumer_wait(c)
-                        warpgroup.fence()
-                        for k in cutlass.range_constexpr(cute.size(tSrK, mode=[2])):
-                            mma_s.set(warpgroup.Field.ACCUMULATE, k != 0)
-                            cute.gemm(mma_s, acc_S, tSrK[None, None, k, 0],
-                                      tSrQ[None, None, k, stg], acc_S)
-                        warpgroup.commit_group()
-                        for k in cutlass.range_constexpr(cute.size(tSrV, mode=[2])):
-                            mma_s.set(warpgroup.Field.ACCUMULATE, k != 0)
-                            cute.gemm(mma_s, acc_dP, tSrV[None, None, k, 0],
-                                      tSrdO[None, None, k, stg], acc_dP)
-                        warpgroup.commit_group()
+                        mma_s = kvb.issue_s_dp(mma_s, acc_S, acc_dP, tSrK, tSrV, tSrQ, tSrdO,
+                                               stg)
                         # per-query (column) lse in the log2 domain, read under the GEMMs
                         lse2 = cute.make_rmem_tensor(n_cols, Float32)
                         for cc in cutlass.range_constexpr(n_cols):
@@ -458,47 +428,24 @@ class BsaBwdSm90Ws:
                         cute.copy(r2s_dS, r2s_dS.retile(tdS_acc), tdSsdS[None, None, None, buf])
 
                         # dV += P^T dO (registers x smem) while the dS^T halves are published
-                        warpgroup.fence()
-                        mma_kv.set(warpgroup.Field.ACCUMULATE, True)
-                        for k in cutlass.range_constexpr(cute.size(tP, mode=[2])):
-                            cute.gemm(mma_kv, acc_dV, tP[None, None, k], tVrdO[None, None, k, stg],
-                                      acc_dV)
-                        warpgroup.commit_group()
+                        kvb.issue_dv(mma_kv, acc_dV, tP, tVrdO, stg)
                         # every warp's dS^T rows are in smem (generic -> async proxy)
                         cute.arch.fence_proxy("async.shared", space="cta")
                         cute.arch.barrier(barrier_id=1, number_of_threads=128 * nwg)
                         # dQ = dS K, then dK += dS^T Q (its own group: the dQ reductions below
                         # are issued while it runs)
                         acc_dQ = thr_dq.make_fragment_C(thr_dq.partition_shape_C((bm, d)))
-                        warpgroup.fence()
-                        for k in cutlass.range_constexpr(cute.size(tQrdS, mode=[2])):
-                            mma_dq.set(warpgroup.Field.ACCUMULATE, k != 0)
-                            cute.gemm(mma_dq, acc_dQ, tQrdS[None, None, k, buf],
-                                      tQrK[None, None, k, 0], acc_dQ)
-                        warpgroup.commit_group()
-                        for k in cutlass.range_constexpr(cute.size(tdS, mode=[2])):
-                            cute.gemm(mma_kv, acc_dK, tdS[None, None, k], tKrQ[None, None, k, stg],
-                                      acc_dK)
-                        warpgroup.commit_group()
+                        mma_dq = kvb.issue_dq_dk(mma_dq, mma_kv, acc_dQ, acc_dK, tQrdS, tQrK,
+                                                 tdS, tKrQ, buf, stg)
                         warpgroup.wait_group(1)
 
                         # dQ rows < S_q -> fp32 workspace (values 2k, 2k + 1: adjacent columns)
                         gdQ = cute.local_tile(mdQacc[batch, None, head, None], (bm, d),
                                               (m_block * self.sub + s, 0))
                         tdQg = thr_dq.partition_C(gdQ)
-                        lim = seqlen_q - q0
-                        for e2 in cutlass.range_constexpr(cute.size(acc_dQ) // 2):
-                            if tdQc[2 * e2][0] < lim:
-                                hc.red_add_v2_f32(elem_ptr(tdQg, 2 * e2), acc_dQ[2 * e2],
-                                                  acc_dQ[2 * e2 + 1])
+                        kvb.red_add_rows(acc_dQ, tdQg, tdQc, seqlen_q - q0)
                         warpgroup.wait_group(0)
-                        # P^T, dS^T registers stay allocated until the GEMMs reading them end
-                        tP32 = cute.recast_tensor(tP, cutlass.Uint32)
-                        for i in cutlass.range_constexpr(cute.size(tP32)):
-                            tP32[i] = hc.keep_u32(tP32[i])
-                        tdS32 = cute.recast_tensor(tdS, cutlass.Uint32)
-                        for i in cutlass.range_constexpr(cute.size(tdS32)):
-                            tdS32[i] = hc.keep_u32(tdS32[i])
+                        kvb.keep_regs(tP, tdS)
                         pipe_q.consumer_release(c)
                         c += 1
 

@@ -71,9 +71,9 @@ import cutlass.memory
 import cutlass.utils.hopper_helpers as sm90_utils
 from cutlass import Float32, Int32
 from cutlass.cute.nvgpu import OperandMajorMode, cpasync, warpgroup
-from cutlass.tensor_utils import LayoutEnum
 
 from . import hstu_common as hc
+from . import kv_major_bwd as kvb
 from .block_info import QTileRange
 from .common import (acc_layout_as_a, acc_mn_view_wg, bulk_reduce_add_f32, elem_ptr,
                      gmem_load_copy, kv_major_bwd_operands, tma_view)
@@ -138,16 +138,8 @@ class HstuBwdSm90:
         else:
             mma_dq = sm90_utils.make_trivial_tiled_mma(dt, dt, MN, MN, Float32, (1, 2, 1),
                                                        (64, d // 2))
-        s_tiler = (bn, bm, d)
-        kv_tiler = (bn, d, bm)
-        dq_tiler = (bm, d, bn)
-        sK_layout = sm90_utils.make_smem_layout_a(LayoutEnum.ROW_MAJOR, s_tiler, dt, 1)
-        sK_mn_layout = sm90_utils.make_smem_layout_b(LayoutEnum.COL_MAJOR, dq_tiler, dt, 1)
-        sQ_layout = sm90_utils.make_smem_layout_b(LayoutEnum.ROW_MAJOR, s_tiler, dt,
-                                                  self.q_stages)
-        sQ_mn_layout = sm90_utils.make_smem_layout_b(LayoutEnum.COL_MAJOR, kv_tiler, dt,
-                                                     self.q_stages)
-        sdS_layout = sm90_utils.make_smem_layout_a(LayoutEnum.COL_MAJOR, dq_tiler, dt, 2)
+        sK_layout, sK_mn_layout, sQ_layout, sQ_mn_layout, sdS_layout = kvb.layouts(
+            dt, bn, bm, d, self.q_stages, 2)
 
         # TMA views (T, D, H) with D contiguous
         tQ, tdO, tK, tV = tma_view(mQ, d), tma_view(mdO, d), tma_view(mK, d), tma_view(mV, d)
@@ -292,15 +284,9 @@ class HstuBwdSm90:
         cute.arch.mbarrier_init_fence()
         cute.arch.barrier()
 
-        sK = st.sK.get_tensor(sK_layout.outer, swizzle=sK_layout.inner)  # (bn, D, 1)
-        sV = st.sV.get_tensor(sK_layout.outer, swizzle=sK_layout.inner)
-        sQ = st.sQ.get_tensor(sQ_layout.outer, swizzle=sQ_layout.inner)  # (bm, D, stages)
-        sdO = st.sdO.get_tensor(sQ_layout.outer, swizzle=sQ_layout.inner)
-        sdS = st.sdS.get_tensor(sdS_layout.outer, swizzle=sdS_layout.inner)  # (bm, bn, 2)
-        # MN-major aliases of the same bytes: (D, bn, 1) and (D, bm, stages)
-        sK_mn = st.sK.get_tensor(sK_mn_layout.outer, swizzle=sK_mn_layout.inner)
-        sQ_mn = st.sQ.get_tensor(sQ_mn_layout.outer, swizzle=sQ_mn_layout.inner)
-        sdO_mn = st.sdO.get_tensor(sQ_mn_layout.outer, swizzle=sQ_mn_layout.inner)
+        # (bn, D, 1), (bm, D, stages), (bm, bn, 2); MN-major aliases (D, bn, 1), (D, bm, stages)
+        sK, sV, sQ, sdO, sdS, sK_mn, sQ_mn, sdO_mn = kvb.smem_views(
+            st, sK_layout, sK_mn_layout, sQ_layout, sQ_mn_layout, sdS_layout)
 
         batch = Int32(mKVTile[slot, 0])
         left = Int32(mWin[0])
@@ -386,6 +372,7 @@ class HstuBwdSm90:
                  (acc_dK, acc_dV)) = kv_major_bwd_operands(
                     mma_s, mma_kv, mma_dq, ctid, sK, sV, sQ, sdO, sQ_mn, sdO_mn, sdS, sK_mn,
                     (bn, d))
+                mma_kv.set(warpgroup.Field.ACCUMULATE, True)  # dV, dK accumulate
                 tScS = acc_mn_view_wg(thr_s.partition_C(cute.make_identity_tensor((bn, bm))))
                 mask = HstuMaskKeyMajor(self.has_func, self.func_n if self.has_func else 1,
                                         tScS)
@@ -404,14 +391,7 @@ class HstuBwdSm90:
                     dq_sptr = st.sdQ.data_ptr() + wg * (64 * DQ_STRIDE) + dq_row * DQ_STRIDE
                     dq_grow = dq_row + (wg * 64 if cutlass.const_expr(self.dq_split_m) else 0)
                     dq_gcol = 0 if cutlass.const_expr(self.dq_split_m) else wg * 64
-                # (bn, bm, 2) view of the (bm, bn, 2) query-major dS tiles: the accumulator's
-                # rows of 8 queries are 16 contiguous bytes there (stmatrix, not transposed)
-                sdS_t = cute.composition(sdS, cute.make_layout((bn, bm, 2),
-                                                               stride=(bm, 1, bm * bn)))
-                r2s_dS = cute.make_tiled_copy_C(
-                    cute.make_copy_atom(cute.nvgpu.warp.StMatrix8x8x16bOp(
-                        transpose=False, num_matrices=4), self.dtype), mma_s).get_slice(ctid)
-                tdSsdS = r2s_dS.partition_D(sdS_t)
+                r2s_dS, tdSsdS = kvb.ds_store_copy(mma_s, sdS, bn, bm, 2, self.dtype, ctid)
                 a_vals = mma_kv.tv_layout_A.shape[1]
                 s_shape = thr_s.partition_shape_C((bn, bm))
 
@@ -431,17 +411,8 @@ class HstuBwdSm90:
                             acc_S = thr_s.make_fragment_C(s_shape)
                             acc_dP = thr_s.make_fragment_C(s_shape)
                             pipe_q.consumer_wait(c)
-                            warpgroup.fence()
-                            for k in cutlass.range_constexpr(cute.size(tSrK, mode=[2])):
-                                mma_s.set(warpgroup.Field.ACCUMULATE, k != 0)
-                                cute.gemm(mma_s, acc_S, tSrK[None, None, k, 0],
-                                          tSrQ[None, None, k, s], acc_S)
-                            warpgroup.commit_group()
-                            for k in cutlass.range_constexpr(cute.size(tSrV, mode=[2])):
-                                mma_s.set(warpgroup.Field.ACCUMULATE, k != 0)
-                                cute.gemm(mma_s, acc_dP, tSrV[None, None, k, 0],
-                                          tSrdO[None, None, k, s], acc_dP)
-                            warpgroup.commit_group()
+                            mma_s = kvb.issue_s_dp(mma_s, acc_S, acc_dP, tSrK, tSrV, tSrQ,
+                                                   tSrdO, s)
                             tP = cute.make_rmem_tensor(acc_layout_as_a(acc_S.layout, a_vals),
                                                        self.dtype)
                             tP_acc = cute.make_tensor(tP.iterator, acc_S.layout)
@@ -488,28 +459,15 @@ class HstuBwdSm90:
                             cute.copy(r2s_dS, r2s_dS.retile(tdS_acc), tdSsdS[None, None, None, buf])
 
                             # dV += P^T dO (registers x smem) while the dS^T halves are published
-                            warpgroup.fence()
-                            mma_kv.set(warpgroup.Field.ACCUMULATE, True)
-                            for k in cutlass.range_constexpr(cute.size(tP, mode=[2])):
-                                cute.gemm(mma_kv, acc_dV, tP[None, None, k], tVrdO[None, None, k, s],
-                                          acc_dV)
-                            warpgroup.commit_group()
+                            kvb.issue_dv(mma_kv, acc_dV, tP, tVrdO, s)
                             # both warpgroups' dS^T halves are in smem (generic -> async proxy)
                             cute.arch.fence_proxy("async.shared", space="cta")
                             cute.arch.barrier(barrier_id=1, number_of_threads=256)
                             # dQ = dS K, then dK += dS^T Q (its own group: the dQ reductions below
                             # are issued while it runs)
                             acc_dQ = thr_dq.make_fragment_C(thr_dq.partition_shape_C((bm, d)))
-                            warpgroup.fence()
-                            for k in cutlass.range_constexpr(cute.size(tQrdS, mode=[2])):
-                                mma_dq.set(warpgroup.Field.ACCUMULATE, k != 0)
-                                cute.gemm(mma_dq, acc_dQ, tQrdS[None, None, k, buf],
-                                          tQrK[None, None, k, 0], acc_dQ)
-                            warpgroup.commit_group()
-                            for k in cutlass.range_constexpr(cute.size(tdS, mode=[2])):
-                                cute.gemm(mma_kv, acc_dK, tdS[None, None, k], tKrQ[None, None, k, s],
-                                          acc_dK)
-                            warpgroup.commit_group()
+                            mma_dq = kvb.issue_dq_dk(mma_dq, mma_kv, acc_dQ, acc_dK, tQrdS,
+                                                     tQrK, tdS, tKrQ, buf, s)
                             warpgroup.wait_group(1)
 
                             # dQ rows < L_q -> fp32 workspace (values 2k, 2k+1: adjacent columns)
@@ -536,36 +494,18 @@ class HstuBwdSm90:
                                             dq_sptr, 64 * 4)
                                 cute.arch.cp_async_bulk_commit_group()
                             else:
-                                for e2 in cutlass.range_constexpr(cute.size(acc_dQ) // 2):
-                                    if tdQc[2 * e2][0] < lim:
-                                        hc.red_add_v2_f32(elem_ptr(tdQg, 2 * e2), acc_dQ[2 * e2],
-                                                          acc_dQ[2 * e2 + 1])
+                                kvb.red_add_rows(acc_dQ, tdQg, tdQc, lim)
                                 if cutlass.const_expr(self.deterministic):
                                     cute.arch.barrier_arrive(barrier_id=3, number_of_threads=288)
                             warpgroup.wait_group(0)
-                            # P^T, dS^T registers stay allocated until the GEMMs reading them end
-                            tP32 = cute.recast_tensor(tP, cutlass.Uint32)
-                            for e in cutlass.range_constexpr(cute.size(tP32)):
-                                tP32[e] = hc.keep_u32(tP32[e])
-                            tdS32 = cute.recast_tensor(tdS, cutlass.Uint32)
-                            for e in cutlass.range_constexpr(cute.size(tdS32)):
-                                tdS32[e] = hc.keep_u32(tdS32[e])
+                            kvb.keep_regs(tP, tdS)
                             pipe_q.consumer_release(c)
                             c += 1
 
                 if cutlass.const_expr(self.dq_bulk):
                     cute.arch.cp_async_bulk_wait_group(0, read=False)
                 # ---- epilogue: dK, dV / scaling_seqlen -> key rows < L_k ----------------
-                tKVc = acc_mn_view_wg(thr_kv.partition_C(cute.make_identity_tensor((bn, d))))
-                dK_mn = acc_mn_view_wg(acc_dK)
-                dV_mn = acc_mn_view_wg(acc_dV)
-                mdK_b = offset_rows(mdK[None, head_kv, None], seq.k_start + n0)
-                mdV_b = offset_rows(mdV[None, head_kv, None], seq.k_start + n0)
-                kv_left = seq.seqlen_k - n0
-                for r in cutlass.range_constexpr(cute.size(tKVc, mode=[0])):
-                    row = tKVc[r, 0][0]
-                    if row < kv_left:
-                        for cc in cutlass.range_constexpr(cute.size(tKVc, mode=[1])):
-                            col = tKVc[r, cc][1]
-                            mdK_b[row, col] = dK_mn[r, cc].to(self.dtype)
-                            mdV_b[row, col] = (dV_mn[r, cc] * inv_scale).to(self.dtype)
+                kvb.store_dk_dv(acc_dK, acc_dV, thr_kv, bn, d,
+                                offset_rows(mdK[None, head_kv, None], seq.k_start + n0),
+                                offset_rows(mdV[None, head_kv, None], seq.k_start + n0),
+                                seq.seqlen_k - n0, inv_scale, self.dtype)

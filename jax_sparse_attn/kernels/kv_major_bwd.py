@@ -1,0 +1,159 @@
+"""Pieces of the warp-specialized key-major SM90 backwards (``hstu_bwd_sm90``,
+``bsa_bwd_sm90_ws``; no jax imports).
+
+Both kernels give one CTA a KV tile of ``bn`` keys (one consumer warpgroup per 64 keys) and
+walk query tiles of ``bm`` rows; every product is a wgmma in the key-major orientation
+(``S^T = K Q^T``, ``dP^T = V dO^T``, ``dV += P^T dO``, ``dK += dS^T Q``, ``dQ = dS K``), and
+the same shared-memory bytes serve as a K-major operand in one product and an MN-major one in
+another. What differs is the score function (SiLU or softmax), which query tiles are walked,
+how the loads are issued and how dQ is reduced; this module holds what is the same:
+
+* ``layouts`` / ``smem_views``: the shared-memory layouts of K, V, Q, dO, dS and the
+  MN-major aliases of the same bytes;
+* ``ds_store_copy``: the ``stmatrix`` copy of the dS^T accumulator into the query-major dS
+  tile;
+* ``issue_s_dp``, ``issue_dv``, ``issue_dq_dk``: the wgmma groups of one query tile (plain
+  functions traced inline; the MMAs whose accumulate field they set are returned and rebound
+  by the caller);
+* ``red_add_rows``: dQ rows below a limit added to an fp32 workspace with vector ``red``;
+* ``keep_regs``: keeps 16-bit A-operand registers allocated until the GEMMs that read them
+  have completed;
+* ``store_dk_dv``: the epilogue's row-predicated dK / dV stores from registers (HSTU; the
+  block-sparse kernel indexes its 4-mode outputs directly).
+"""
+
+from __future__ import annotations
+
+import cutlass
+import cutlass.cute as cute
+import cutlass.utils.hopper_helpers as sm90_utils
+from cutlass.cute.nvgpu import warpgroup
+from cutlass.tensor_utils import LayoutEnum
+
+from . import hstu_common as hc
+from .common import acc_mn_view_wg, elem_ptr
+
+
+def layouts(dtype, bn: int, bm: int, d: int, q_stages: int, ds_stages: int):
+    """``(sK, sK_mn, sQ, sQ_mn, sdS)`` smem layouts: K / V ``(bn, D)`` K-major and its
+    MN-major alias ``(D, bn)``; Q / dO ``(bm, D, q_stages)`` and ``(D, bm, q_stages)``; the
+    query-major dS tile ``(bm, bn, ds_stages)`` (the MN-major A operand of ``dQ = dS K``)."""
+    s_tiler = (bn, bm, d)
+    kv_tiler = (bn, d, bm)
+    dq_tiler = (bm, d, bn)
+    return (sm90_utils.make_smem_layout_a(LayoutEnum.ROW_MAJOR, s_tiler, dtype, 1),
+            sm90_utils.make_smem_layout_b(LayoutEnum.COL_MAJOR, dq_tiler, dtype, 1),
+            sm90_utils.make_smem_layout_b(LayoutEnum.ROW_MAJOR, s_tiler, dtype, q_stages),
+            sm90_utils.make_smem_layout_b(LayoutEnum.COL_MAJOR, kv_tiler, dtype, q_stages),
+            sm90_utils.make_smem_layout_a(LayoutEnum.COL_MAJOR, dq_tiler, dtype, ds_stages))
+
+
+def smem_views(st, sK_layout, sK_mn_layout, sQ_layout, sQ_mn_layout, sdS_layout):
+    """``(sK, sV, sQ, sdO, sdS, sK_mn, sQ_mn, sdO_mn)`` of a shared-memory struct ``st`` with
+    fields ``sK``, ``sV``, ``sQ``, ``sdO``, ``sdS`` (``*_mn``: MN-major views of the same
+    bytes; for 16-bit types the 128-byte-swizzled K-major tile of a row-major ``(rows, D)``
+    block is bit-identical to the MN-major tile of its transpose)."""
+    return (st.sK.get_tensor(sK_layout.outer, swizzle=sK_layout.inner),
+            st.sV.get_tensor(sK_layout.outer, swizzle=sK_layout.inner),
+            st.sQ.get_tensor(sQ_layout.outer, swizzle=sQ_layout.inner),
+            st.sdO.get_tensor(sQ_layout.outer, swizzle=sQ_layout.inner),
+            st.sdS.get_tensor(sdS_layout.outer, swizzle=sdS_layout.inner),
+            st.sK.get_tensor(sK_mn_layout.outer, swizzle=sK_mn_layout.inner),
+            st.sQ.get_tensor(sQ_mn_layout.outer, swizzle=sQ_mn_layout.inner),
+            st.sdO.get_tensor(sQ_mn_layout.outer, swizzle=sQ_mn_layout.inner))
+
+
+def ds_store_copy(mma_s, sdS, bn: int, bm: int, stages: int, dtype, tidx):
+    """``(r2s, tdSsdS)``: thread ``tidx``'s ``stmatrix`` copy of the ``(bn, bm)`` dS^T
+    accumulator of ``mma_s`` and its destination partition of the ``(bm, bn, stages)``
+    query-major dS tiles, seen as ``(bn, bm, stages)`` (the accumulator's rows of 8 queries
+    are 16 contiguous bytes there: stmatrix without transpose)."""
+    sdS_t = cute.composition(sdS, cute.make_layout((bn, bm, stages), stride=(bm, 1, bm * bn)))
+    r2s = cute.make_tiled_copy_C(
+        cute.make_copy_atom(cute.nvgpu.warp.StMatrix8x8x16bOp(transpose=False, num_matrices=4),
+                            dtype), mma_s).get_slice(tidx)
+    return r2s, r2s.partition_D(sdS_t)
+
+
+def issue_s_dp(mma_s, acc_S, acc_dP, tSrK, tSrV, tSrQ, tSrdO, stage):
+    """``S^T = K Q^T`` and ``dP^T = V dO^T`` of Q / dO stage ``stage``: two wgmma groups.
+    Returns ``mma_s`` (its accumulate field is set here: the caller rebinds it, so that the
+    CuTe DSL threads the value through the caller's control flow)."""
+    warpgroup.fence()
+    for k in range(cute.size(tSrK, mode=[2])):
+        mma_s.set(warpgroup.Field.ACCUMULATE, k != 0)
+        cute.gemm(mma_s, acc_S, tSrK[None, None, k, 0], tSrQ[None, None, k, stage], acc_S)
+    warpgroup.commit_group()
+    for k in range(cute.size(tSrV, mode=[2])):
+        mma_s.set(warpgroup.Field.ACCUMULATE, k != 0)
+        cute.gemm(mma_s, acc_dP, tSrV[None, None, k, 0], tSrdO[None, None, k, stage], acc_dP)
+    warpgroup.commit_group()
+    return mma_s
+
+
+def issue_dv(mma_kv, acc_dV, tP, tVrdO, stage):
+    """``dV += P^T dO`` (P^T from registers, dO of stage ``stage``): one wgmma group
+    (``mma_kv`` accumulates: the caller sets it once, before its loop)."""
+    warpgroup.fence()
+    for k in range(cute.size(tP, mode=[2])):
+        cute.gemm(mma_kv, acc_dV, tP[None, None, k], tVrdO[None, None, k, stage], acc_dV)
+    warpgroup.commit_group()
+
+
+def issue_dq_dk(mma_dq, mma_kv, acc_dQ, acc_dK, tQrdS, tQrK, tdS, tKrQ, buf, stage):
+    """``dQ = dS K`` (dS tile ``buf``) and ``dK += dS^T Q`` (dS^T from registers, Q of stage
+    ``stage``): two wgmma groups, so the dQ reductions can be issued while dK runs. Returns
+    ``mma_dq`` (rebound by the caller, as for :func:`issue_s_dp`)."""
+    warpgroup.fence()
+    for k in range(cute.size(tQrdS, mode=[2])):
+        mma_dq.set(warpgroup.Field.ACCUMULATE, k != 0)
+        cute.gemm(mma_dq, acc_dQ, tQrdS[None, None, k, buf], tQrK[None, None, k, 0], acc_dQ)
+    warpgroup.commit_group()
+    for k in range(cute.size(tdS, mode=[2])):
+        cute.gemm(mma_kv, acc_dK, tdS[None, None, k], tKrQ[None, None, k, stage], acc_dK)
+    warpgroup.commit_group()
+    return mma_dq
+
+
+@cute.jit
+def red_add_rows(acc_dQ, tdQg, tdQc, lim):
+    """The dQ accumulator's rows ``< lim`` (row coordinates from ``tdQc``) added to the fp32
+    tile ``tdQg`` (its partition of the workspace), values ``2k, 2k + 1`` (adjacent columns)
+    with one ``red.global.add.v2.f32``."""
+    for e2 in cutlass.range_constexpr(cute.size(acc_dQ) // 2):
+        if tdQc[2 * e2][0] < lim:
+            hc.red_add_v2_f32(elem_ptr(tdQg, 2 * e2), acc_dQ[2 * e2], acc_dQ[2 * e2 + 1])
+
+
+def keep_regs(tP, tdS):
+    """P^T and dS^T registers stay allocated until the GEMMs reading them have completed."""
+    tP32 = cute.recast_tensor(tP, cutlass.Uint32)
+    for e in range(cute.size(tP32)):
+        tP32[e] = hc.keep_u32(tP32[e])
+    tdS32 = cute.recast_tensor(tdS, cutlass.Uint32)
+    for e in range(cute.size(tdS32)):
+        tdS32[e] = hc.keep_u32(tdS32[e])
+
+
+@cute.jit
+def store_dk_dv(acc_dK, acc_dV, thr_kv, bn: cutlass.Constexpr, d: cutlass.Constexpr, mdK_b,
+                mdV_b, kv_left, dv_scale, dtype: cutlass.Constexpr):
+    """Epilogue: this thread's dK and dV (times ``dv_scale`` unless None) converted to
+    ``dtype`` and stored to the key rows ``< kv_left`` of ``mdK_b`` / ``mdV_b`` ``(rows, D)``."""
+    tKVc = acc_mn_view_wg(thr_kv.partition_C(cute.make_identity_tensor((bn, d))))
+    dK_mn = acc_mn_view_wg(acc_dK)
+    dV_mn = acc_mn_view_wg(acc_dV)
+    for r in cutlass.range_constexpr(cute.size(tKVc, mode=[0])):
+        row = tKVc[r, 0][0]
+        if row < kv_left:
+            for cc in cutlass.range_constexpr(cute.size(tKVc, mode=[1])):
+                col = tKVc[r, cc][1]
+                mdK_b[row, col] = dK_mn[r, cc].to(dtype)
+                if cutlass.const_expr(dv_scale is None):
+                    mdV_b[row, col] = dV_mn[r, cc].to(dtype)
+                else:
+                    mdV_b[row, col] = (dV_mn[r, cc] * dv_scale).to(dtype)
+
+
+__all__ = ["ds_store_copy", "issue_dq_dk", "issue_dv", "issue_s_dp", "keep_regs", "layouts",
+           "red_add_rows", "smem_views", "store_dk_dv"]
