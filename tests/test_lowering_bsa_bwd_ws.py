@@ -77,11 +77,15 @@ def test_bsa_bwd_ws_lowers(cfg):
 
 
 def test_bsa_bwd_ws_ablation_lowers():
-    """The ablation variants (``ldwait``, two Q / dO stages, ``lpt``) compile too."""
+    """The ablation variants (``ldwait``, two Q / dO stages, ``lpt``, ``decouple``) compile
+    too."""
     txt = _bwd_text(CONFIGS[0], ws="ldwait,stages=2")
     assert txt.count(CALL_TARGET) == 2
     # opt-in: CTAs in longest-list-first order (the order follows the CSR offsets)
     txt = _bwd_text(CONFIGS[1], ws="lpt")
+    assert txt.count(CALL_TARGET) == 2
+    # opt-in at blk 128: each consumer warpgroup reduces the dQ of its own keys
+    txt = _bwd_text(CONFIGS[2], ws="decouple")
     assert txt.count(CALL_TARGET) == 2
 
 
@@ -156,6 +160,8 @@ def test_bsa_bwd_auto_choice():
                                                                bsa_bwd_ws="ldwait,stages=3"))
     assert (key.ws_ld_wait, key.ws_max_stages, key.ws_lpt) == (True, 3, False)
     assert bsa.bwd_config(jnp.float16, 64, 128, True, Switches(bsa_bwd_ws="lpt")).ws_lpt
+    assert bsa.bwd_config(jnp.float16, 128, 128, False,
+                          Switches(bsa_bwd_ws="decouple")).ws_decouple
 
 
 def test_kq_lpt_order():

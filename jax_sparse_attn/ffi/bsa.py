@@ -131,6 +131,8 @@ class BsaBwdConfig:
     ws_ld_wait: bool = False
     # "sm90ws" only: CTAs walk the KV blocks longest K->Q list first (else in grid order)
     ws_lpt: bool = False
+    # "sm90ws" only, blk 128: each consumer warpgroup adds the dQ of its own keys
+    ws_decouple: bool = False
 
 
 def fwd_smem_bytes(head_dim, block_size) -> int:
@@ -323,7 +325,7 @@ def bwd_config(dtype, head_dim, block_size, has_block_sizes, switches,
         st = [int(o[7:]) for o in opts if o.startswith("stages=")]
         return BsaBwdConfig(name, head_dim, block_size, has_block_sizes, impl, arch=arch,
                             ws_max_stages=st[0] if st else 4, ws_ld_wait="ldwait" in opts,
-                            ws_lpt="lpt" in opts)
+                            ws_lpt="lpt" in opts, ws_decouple="decouple" in opts)
     if impl == "sm90":
         return BsaBwdConfig(name, head_dim, block_size, has_block_sizes, impl, arch=arch,
                             pack_gqa=pack_gqa, causal=causal)
@@ -669,7 +671,7 @@ def _bwd_entry(stream, q, k, v, do, lse, delta, offsets, entries, sizes, scale, 
         from ..kernels.bsa_bwd_sm90_ws import BsaBwdSm90Ws  # noqa: PLC0415
 
         kernel = BsaBwdSm90Ws(*args, max_stages=cfg.ws_max_stages, ld_wait=cfg.ws_ld_wait,
-                              lpt=cfg.ws_lpt)
+                              lpt=cfg.ws_lpt, decouple=cfg.ws_decouple)
     elif cfg.impl == "sm90":
         from ..kernels.bsa_bwd_sm90 import BsaBwdSm90  # noqa: PLC0415
 

@@ -102,7 +102,8 @@ class BsaBwdSm90Ws:
     """``__call__`` takes the arguments of ``BsaBwdSm90.__call__``."""
 
     def __init__(self, dtype, head_dim: int, block_size: int, has_block_sizes: bool,
-                 max_stages: int = 4, ld_wait: bool = False, lpt: bool = False):
+                 max_stages: int = 4, ld_wait: bool = False, lpt: bool = False,
+                 decouple: bool = False):
         if head_dim not in (64, 128) or block_size not in (64, 128):
             raise NotImplementedError(
                 f"bsa_bwd_sm90_ws implements head_dim in (64, 128) and sparse_block_size in "
@@ -120,6 +121,9 @@ class BsaBwdSm90Ws:
         self.q_stages = bwd_ws_q_stages(head_dim, block_size, max_stages)
         self.ld_wait = ld_wait
         self.lpt = lpt
+        # blk 128: each consumer warpgroup adds the dQ of its own 64 keys (no barrier between
+        # the warpgroups; twice the dQ reductions)
+        self.decouple = decouple and self.num_wg == 2
         self.regs_producer = 24
         # 65536 registers per SM: 384 threads x 168 at launch (blk 128), 2 x 256 x 128 (blk 64)
         self.regs_consumer = 240 if self.num_wg == 2 else 232
@@ -138,8 +142,9 @@ class BsaBwdSm90Ws:
         mma_kv = sm90_utils.make_trivial_tiled_mma(dt, dt, Kmaj, MN, Float32, (nwg, 1, 1),
                                                    (64, d), warpgroup.OperandSource.RMEM)
         # dQ: (bm queries) x D, reduction over the bn keys; two warpgroups split the head dim
-        mma_dq = sm90_utils.make_trivial_tiled_mma(dt, dt, MN, MN, Float32, (1, nwg, 1),
-                                                   (64, d // nwg))
+        dq_split = 1 if self.decouple else nwg
+        mma_dq = sm90_utils.make_trivial_tiled_mma(dt, dt, MN, MN, Float32, (1, dq_split, 1),
+                                                   (64, d // dq_split))
         sK_layout, sK_mn_layout, sQ_layout, sQ_mn_layout, sdS_layout = kvb.layouts(
             dt, bn, bm, d, self.q_stages, self.ds_bufs)
 
@@ -356,6 +361,12 @@ class BsaBwdSm90Ws:
             tScS = acc_mn_view_wg(thr_s.partition_C(cute.make_identity_tensor((bn, bm))))
             n_rows = cute.size(tScS, mode=[0])  # keys of this thread
             n_cols = cute.size(tScS, mode=[1])  # queries of this thread
+            if cutlass.const_expr(self.decouple):
+                # one warpgroup's dQ tile (all of D) over its own 64 keys
+                thr_dq = mma_dq.get_slice(ctid % 128)
+                tQrdS = thr_dq.make_fragment_A(thr_dq.partition_A(sdS))
+                tQrK = thr_dq.make_fragment_B(thr_dq.partition_B(sK_mn))
+            wg = ctid // 128
             tdQc = thr_dq.partition_C(cute.make_identity_tensor((bm, d)))
             r2s_dS, tdSsdS = kvb.ds_store_copy(mma_s, sdS, bn, bm, self.ds_bufs, self.dtype,
                                                ctid)
@@ -431,12 +442,25 @@ class BsaBwdSm90Ws:
                         kvb.issue_dv(mma_kv, acc_dV, tP, tVrdO, stg)
                         # every warp's dS^T rows are in smem (generic -> async proxy)
                         cute.arch.fence_proxy("async.shared", space="cta")
-                        cute.arch.barrier(barrier_id=1, number_of_threads=128 * nwg)
+                        if cutlass.const_expr(self.decouple):
+                            cute.arch.barrier(barrier_id=1 + wg, number_of_threads=128)
+                        else:
+                            cute.arch.barrier(barrier_id=1, number_of_threads=128 * nwg)
                         # dQ = dS K, then dK += dS^T Q (its own group: the dQ reductions below
                         # are issued while it runs)
                         acc_dQ = thr_dq.make_fragment_C(thr_dq.partition_shape_C((bm, d)))
-                        mma_dq = kvb.issue_dq_dk(mma_dq, mma_kv, acc_dQ, acc_dK, tQrdS, tQrK,
-                                                 tdS, tKrQ, buf, stg)
+                        if cutlass.const_expr(self.decouple):
+                            kb = cute.size(tQrdS, mode=[2]) // 2  # k16 blocks per warpgroup
+                            if wg == 0:
+                                mma_dq = kvb.issue_dq_dk(mma_dq, mma_kv, acc_dQ, acc_dK, tQrdS,
+                                                         tQrK, tdS, tKrQ, buf, stg, (0, kb))
+                            else:
+                                mma_dq = kvb.issue_dq_dk(mma_dq, mma_kv, acc_dQ, acc_dK, tQrdS,
+                                                         tQrK, tdS, tKrQ, buf, stg,
+                                                         (kb, 2 * kb))
+                        else:
+                            mma_dq = kvb.issue_dq_dk(mma_dq, mma_kv, acc_dQ, acc_dK, tQrdS,
+                                                     tQrK, tdS, tKrQ, buf, stg)
                         warpgroup.wait_group(1)
 
                         # dQ rows < S_q -> fp32 workspace (values 2k, 2k + 1: adjacent columns)

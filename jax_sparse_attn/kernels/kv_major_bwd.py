@@ -100,13 +100,16 @@ def issue_dv(mma_kv, acc_dV, tP, tVrdO, stage):
     warpgroup.commit_group()
 
 
-def issue_dq_dk(mma_dq, mma_kv, acc_dQ, acc_dK, tQrdS, tQrK, tdS, tKrQ, buf, stage):
+def issue_dq_dk(mma_dq, mma_kv, acc_dQ, acc_dK, tQrdS, tQrK, tdS, tKrQ, buf, stage,
+                k_range=None):
     """``dQ = dS K`` (dS tile ``buf``) and ``dK += dS^T Q`` (dS^T from registers, Q of stage
     ``stage``): two wgmma groups, so the dQ reductions can be issued while dK runs. Returns
-    ``mma_dq`` (rebound by the caller, as for :func:`issue_s_dp`)."""
+    ``mma_dq`` (rebound by the caller, as for :func:`issue_s_dp`). ``k_range``: ``(lo, hi)``,
+    the k16 blocks (keys) of dQ's reduction to take (default: all)."""
+    lo, hi = (0, cute.size(tQrdS, mode=[2])) if k_range is None else k_range
     warpgroup.fence()
-    for k in range(cute.size(tQrdS, mode=[2])):
-        mma_dq.set(warpgroup.Field.ACCUMULATE, k != 0)
+    for k in range(lo, hi):
+        mma_dq.set(warpgroup.Field.ACCUMULATE, k != lo)
         cute.gemm(mma_dq, acc_dQ, tQrdS[None, None, k, buf], tQrK[None, None, k, 0], acc_dQ)
     warpgroup.commit_group()
     for k in range(cute.size(tdS, mode=[2])):
