@@ -37,6 +37,7 @@ from .validation import (
     canonical_dtype,
     check_bsa_args,
     check_debug_checks,
+    check_deterministic,
     is_concrete,
     run_time_value_checks,
 )
@@ -60,9 +61,20 @@ def _causal_kw(cfg):
     return {"causal": True} if cfg.causal else {}
 
 
+def _det_kw(cfg):
+    """``deterministic=True`` for the ffi module's backward key (nothing when False)."""
+    return {"deterministic": True} if cfg.deterministic else {}
+
+
 def _kernel_unsupported_reason(cfg, passes, switches, mod):
-    # causal, pack_gqa: the sm90 kernels; kv_splits: every forward (the ffi module says where
-    # not)
+    # causal, pack_gqa: the sm90 kernels; kv_splits: every forward; deterministic: the sm90ws
+    # backward (the ffi module says where not)
+    if cfg.deterministic and "bwd" in passes:
+        why = mod.deterministic_unsupported_reason(
+            cfg.head_dim, cfg.sparse_block_size, switches,
+            cfg.num_heads_q // max(cfg.num_heads_kv, 1) if cfg.pack_gqa else 1, cfg.causal)
+        if why is not None:
+            return why + "; backend='reference' implements it"
     if cfg.pack_gqa:
         why = mod.pack_gqa_unsupported_reason(
             head_dim=cfg.head_dim, sparse_block_size=cfg.sparse_block_size,
@@ -94,7 +106,7 @@ def _kv_split_sizes(cfg):
 def _make_config(q, k, v, q2k_block_index, block_sparse_num, block_sizes, q2k_block_nums, *,
                  sparse_block_size, softmax_scale, layout, allow_empty_block_nums, backend,
                  switches, op_name, debug_checks=False, kv_splits=1, pack_gqa=False,
-                 causal=False):
+                 causal=False, deterministic=False):
     """Validate the arguments and build the call's one static config (backend chosen,
     kernel compile keys decided); returns it with the metadata in normalised form
     (:func:`~jax_sparse_attn.metadata.normalize_bsa_metadata`)."""
@@ -107,6 +119,7 @@ def _make_config(q, k, v, q2k_block_index, block_sparse_num, block_sizes, q2k_bl
                          softmax_scale=softmax_scale, layout=layout,
                          allow_empty_block_nums=allow_empty_block_nums, kv_splits=kv_splits,
                          pack_gqa=pack_gqa, causal=causal)
+    cfg = dataclasses.replace(cfg, deterministic=check_deterministic(deterministic))
     if is_concrete(q2k_block_index, block_sizes, q2k_block_nums):
         _bsa_value_checks(q2k_block_index, block_sizes, q2k_block_nums, allow_empty_block_nums,
                           cfg)
@@ -127,7 +140,8 @@ def _make_config(q, k, v, q2k_block_index, block_sparse_num, block_sizes, q2k_bl
                                   fwd=(mod.fwd_config(*static, **_causal_kw(cfg),
                                                       **_fwd_split_args(cfg), **pack)
                                        if "fwd" in passes else None),
-                                  bwd=(mod.bwd_config(*static, **_causal_kw(cfg), **pack)
+                                  bwd=(mod.bwd_config(*static, **_causal_kw(cfg), **pack,
+                                                      **_det_kw(cfg))
                                        if "bwd" in passes else None),
                                   pre=mod.pre_config(cfg.dtype, cfg.head_dim, switches),
                                   kernel_arch=_platform.resolved_arch(),
@@ -283,6 +297,14 @@ _META_ARG_LINES = """
         key ``j`` visible from query position ``i`` iff ``j <= i + S_kv - S_q``
         (bottom-right aligned). Kernels: the sm90 ones (D in {64, 128} on sm_90a); the
         mma.sync (sm80 / portable) kernels raise NotImplementedError.
+      deterministic: static bool (default False). With True the backward's gradients are
+        bitwise reproducible run to run: the dq contributions of the KV blocks are added
+        in ascending KV block order (FlashAttention-2/3's deterministic backward
+        technique: one int32 counter per 64-row query tile); dk, dv and the forward are
+        deterministic in both modes. Kernels: the warp-specialized Hopper backward (D in
+        {64, 128}, sm_90a, without pack_gqa / causal; its cost is in ``docs/bsa.md``);
+        elsewhere ``backend="auto"`` runs the reference (deterministic) and
+        ``backend="kernel"`` raises NotImplementedError.
 """
 
 _ARGS_DOC = "\n    Args:" + _ARG_LINES + _META_ARG_LINES
@@ -298,15 +320,16 @@ _RAISES_DOC = """
         switch environment variable outside its allowed values, and
         (for concrete metadata) bad values, see
         :func:`~jax_sparse_attn.validate_bsa_metadata`.
-      TypeError: mixed or unsupported dtypes, non-integer metadata, a non-bool
+      TypeError: deterministic not a bool, mixed or unsupported dtypes, non-integer metadata, a non-bool
         allow_empty_block_nums, block_sparse_num/softmax_scale not static Python numbers
         ``switches`` not a ``Switches``, kv_splits not an int or "auto", pack_gqa /
         causal not bools (backward: ``do``, ``o`` or ``lse`` of the wrong dtype).
       NotImplementedError: ``backend="kernel"`` where the kernel cannot run (also
         ``causal=True`` where the mma.sync kernels would run: D in {32, 256}, the portable
         kernel family or the ``sm80`` switches; ``pack_gqa=True`` there too, or with
-        ``causal=True`` or ``kv_splits > 1``; and a ``kv_splits`` whose fp32 partials would
-        pass 2^31 elements).
+        ``causal=True`` or ``kv_splits > 1``; a ``kv_splits`` whose fp32 partials would
+        pass 2^31 elements; ``deterministic=True`` where the warp-specialized backward
+        does not run).
 """
 
 
@@ -314,13 +337,13 @@ def block_sparse_attention(q, k, v, q2k_block_index, block_sparse_num=None, bloc
                            q2k_block_nums=None, *, sparse_block_size=128, softmax_scale=None,
                            layout="bhsd", allow_empty_block_nums=False, backend="auto",
                            switches=None, debug_checks=False, kv_splits=1, pack_gqa=False,
-                           causal=False):
+                           causal=False, deterministic=False):
     cfg, idx, nums, sizes = _make_config(
         q, k, v, q2k_block_index, block_sparse_num, block_sizes, q2k_block_nums,
         sparse_block_size=sparse_block_size, softmax_scale=softmax_scale, layout=layout,
         allow_empty_block_nums=allow_empty_block_nums, backend=backend, switches=switches,
         debug_checks=debug_checks, kv_splits=kv_splits, pack_gqa=pack_gqa, causal=causal,
-        op_name="block_sparse_attention")
+        deterministic=deterministic, op_name="block_sparse_attention")
     return _bsa_jit(cfg, q, k, v, idx, nums, sizes)
 
 
@@ -346,13 +369,13 @@ def block_sparse_attention_forward(q, k, v, q2k_block_index, block_sparse_num=No
                                    sparse_block_size=128, softmax_scale=None, layout="bhsd",
                                    allow_empty_block_nums=False, backend="auto",
                                    switches=None, debug_checks=False, kv_splits=1,
-                                   pack_gqa=False, causal=False):
+                                   pack_gqa=False, causal=False, deterministic=False):
     cfg, idx, nums, sizes = _make_config(
         q, k, v, q2k_block_index, block_sparse_num, block_sizes, q2k_block_nums,
         sparse_block_size=sparse_block_size, softmax_scale=softmax_scale, layout=layout,
         allow_empty_block_nums=allow_empty_block_nums, backend=backend, switches=switches,
         debug_checks=debug_checks, kv_splits=kv_splits, pack_gqa=pack_gqa, causal=causal,
-        op_name="block_sparse_attention_forward")
+        deterministic=deterministic, op_name="block_sparse_attention_forward")
     out, lse = _fwd_jit(cfg, q, k, v, idx, nums, sizes)
     return BSAForwardResult(o_tensor=out, lse_tensor=lse)
 
@@ -383,13 +406,13 @@ def block_sparse_attention_backward(do, q, k, v, o, lse, q2k_block_index, block_
                                     sparse_block_size=128, softmax_scale=None, layout="bhsd",
                                     allow_empty_block_nums=False, backend="auto",
                                     switches=None, dlse=None, debug_checks=False, kv_splits=1,
-                                    pack_gqa=False, causal=False):
+                                    pack_gqa=False, causal=False, deterministic=False):
     cfg, idx, nums, sizes = _make_config(
         q, k, v, q2k_block_index, block_sparse_num, block_sizes, q2k_block_nums,
         sparse_block_size=sparse_block_size, softmax_scale=softmax_scale, layout=layout,
         allow_empty_block_nums=allow_empty_block_nums, backend=backend, switches=switches,
         debug_checks=debug_checks, kv_splits=kv_splits, pack_gqa=pack_gqa, causal=causal,
-        op_name="block_sparse_attention_backward")
+        deterministic=deterministic, op_name="block_sparse_attention_backward")
     qs = tuple(q.shape)
     out_shape = qs[:-1] + (cfg.head_dim_v,)
     for name, x in (("do", do), ("o", o)):

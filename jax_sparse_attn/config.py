@@ -472,6 +472,8 @@ class BSAConfig:
     kv_splits: int | str = 1
     pack_gqa: bool = False
     causal: bool = False
+    # bitwise reproducible backward (ordered dQ additions; the reference is deterministic)
+    deterministic: bool = False
     backend: str = "reference"
     fwd: object = None  # ffi.bsa.BsaFwdConfig
     bwd: object = None  # ffi.bsa.BsaBwdConfig

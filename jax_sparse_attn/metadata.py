@@ -279,7 +279,8 @@ def sanitize_bsa_metadata(q2k_block_index, q2k_block_nums, block_sizes, *, num_k
 _DENSE_CSR_MAX_ELEMS = 1 << 22
 
 
-def build_kq_csr(q2k_block_index, q2k_block_nums, *, num_kv_heads: int, num_kv_blocks: int):
+def build_kq_csr(q2k_block_index, q2k_block_nums, *, num_kv_heads: int, num_kv_blocks: int,
+                 with_ranks: bool = False):
     """K->Q transposed block lists (CSR) from the Q->K metadata, on the device.
 
     Returns ``(offsets, entries)``: ``offsets`` int32 ``(B*H_kv*N_kv + 1,)``; the entries of
@@ -287,6 +288,11 @@ def build_kq_csr(q2k_block_index, q2k_block_nums, *, num_kv_heads: int, num_kv_b
     ``r = (b*H_kv + g)*N_kv + n``, each ``h_in_group*N_q + m`` (query head ``g*G + h_in_group``,
     query block m), in increasing order. Only the active prefix of each row is used.
     ``entries`` has ``B*H_q*N_q*K_max`` slots; those past ``offsets[-1]`` are unused.
+
+    ``with_ranks``: also return ``ranks`` (int32, like ``entries``): the rank of each entry's
+    KV block among the entries of its query row ``(b, h, m)`` in ascending KV block order,
+    ``0 .. count - 1`` over the row's entries (the order in which a deterministic backward
+    adds the row's dQ contributions; each KV block's CTA waits for ``rank`` earlier ones).
 
     Active ids outside ``[0, num_kv_blocks)`` are skipped. Two constructions with
     identical results for unique active ids per row: for up to ``2**22`` (query block, KV
@@ -300,7 +306,8 @@ def build_kq_csr(q2k_block_index, q2k_block_nums, *, num_kv_heads: int, num_kv_b
     active = ((j[None, None, None, :] < q2k_block_nums[..., None]) & (q2k_block_index >= 0)
               & (q2k_block_index < num_kv_blocks))
     if b * h_q * n_q * num_kv_blocks <= _DENSE_CSR_MAX_ELEMS:
-        return _kq_csr_dense(q2k_block_index, active, group, num_kv_heads, num_kv_blocks)
+        return _kq_csr_dense(q2k_block_index, active, group, num_kv_heads, num_kv_blocks,
+                             with_ranks)
     n_rows = b * num_kv_heads * num_kv_blocks
     bi = jnp.arange(b, dtype=jnp.int32)[:, None, None, None]
     hi = jnp.arange(h_q, dtype=jnp.int32)[None, :, None, None]
@@ -312,7 +319,14 @@ def build_kq_csr(q2k_block_index, q2k_block_nums, *, num_kv_heads: int, num_kv_b
     entries = val[perm].astype(jnp.int32)
     counts = jnp.zeros((n_rows + 1,), jnp.int32).at[key].add(1)
     offsets = jnp.concatenate([jnp.zeros((1,), jnp.int32), jnp.cumsum(counts[:n_rows], dtype=jnp.int32)])
-    return offsets, entries
+    if not with_ranks:
+        return offsets, entries
+    # rank within the query row: position in the row's stable sort by KV block id (repeated
+    # ids are separate entries here, with consecutive ranks)
+    row_key = jnp.where(active, q2k_block_index, num_kv_blocks)
+    row_rank = jnp.argsort(jnp.argsort(row_key, axis=-1, stable=True), axis=-1, stable=True)
+    ranks = row_rank.astype(jnp.int32).reshape(-1)[perm]
+    return offsets, entries, ranks
 
 
 def kq_lpt_order(offsets):
@@ -324,7 +338,7 @@ def kq_lpt_order(offsets):
     return jnp.argsort(-counts, stable=True).astype(jnp.int32)
 
 
-def _kq_csr_dense(q2k_block_index, active, group, num_kv_heads, num_kv_blocks):
+def _kq_csr_dense(q2k_block_index, active, group, num_kv_heads, num_kv_blocks, with_ranks):
     """:func:`build_kq_csr` through a (KV block) x (query head in group, query block) bitmap."""
     b, h_q, n_q, k_max = q2k_block_index.shape
     # selected[b, h, m, n] = 1 if query block m of head h lists KV block n (inactive slots
@@ -344,4 +358,11 @@ def _kq_csr_dense(q2k_block_index, active, group, num_kv_heads, num_kv_blocks):
     pos = jnp.where(rows > 0, pos, n_slots)  # unselected: out of range, dropped
     vals = jnp.broadcast_to(jnp.arange(group * n_q, dtype=jnp.int32), rows.shape)
     entries = jnp.zeros((n_slots,), jnp.int32).at[pos.reshape(-1)].set(vals.reshape(-1), mode="drop")
-    return offsets, entries
+    if not with_ranks:
+        return offsets, entries
+    # rank within the query row: selected KV blocks before this one (repeated ids were merged)
+    rank = jnp.cumsum(sel, axis=-1, dtype=jnp.int32) - 1
+    rank = rank.reshape(b, num_kv_heads, group, n_q, num_kv_blocks).transpose(0, 1, 4, 2, 3)
+    rank = rank.reshape(rows.shape)
+    ranks = jnp.zeros((n_slots,), jnp.int32).at[pos.reshape(-1)].set(rank.reshape(-1), mode="drop")
+    return offsets, entries, ranks

@@ -34,7 +34,7 @@ def _ids(c):
             f"{'sizes' if c['sizes'] else 'nosizes'}-h{c['hq']}:{c['hkv']}")
 
 
-def _bwd_text(cfg, ws="", b=2, sq=1000, skv=1025, kmax=5, impl="sm90ws"):
+def _bwd_text(cfg, ws="", b=2, sq=1000, skv=1025, kmax=5, impl="sm90ws", deterministic=False):
     """The lowered text of the public backward on the ``impl`` kernel for ``cfg``."""
     import jax_sparse_attn as jsa
     from jax_sparse_attn.config import Switches
@@ -53,7 +53,7 @@ def _bwd_text(cfg, ws="", b=2, sq=1000, skv=1025, kmax=5, impl="sm90ws"):
     sizes = jax.ShapeDtypeStruct((b, cfg["hq"], nkv), jnp.int32) if cfg["sizes"] else None
     lse = jax.ShapeDtypeStruct((b, cfg["hq"], sq), jnp.float32)
     kw = dict(layout=cfg["layout"], sparse_block_size=blk, softmax_scale=0.3, backend="kernel",
-              switches=Switches(bsa_bwd_impl=impl, bsa_bwd_ws=ws))
+              switches=Switches(bsa_bwd_impl=impl, bsa_bwd_ws=ws), deterministic=deterministic)
 
     def bwd(do, q, k, v, o, lse, i, n, s):
         return jsa.block_sparse_attention_backward(do, q, k, v, o, lse, i, None, s, n, **kw)

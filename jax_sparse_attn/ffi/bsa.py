@@ -42,8 +42,12 @@ Backward structure (all launches on XLA's stream, all buffers XLA-owned):
    the GQA group, query block) entries that listed its KV block, keeps dK/dV in
    registers and adds each dQ tile to the fp32 accumulator (``sm90``: bulk
    ``cp.reduce.async.bulk .add.f32`` of shared-memory rows; ``sm80``: ``atomicAdd``).
-   Determinism: dK and dV are bitwise deterministic (fixed entry order, no atomics); dQ
-   is not (the order of the fp32 additions varies from run to run).
+   (``sm90ws``: a CTA per whole KV block, ``red.global.add.v2.f32``). Determinism: dK and
+   dV are bitwise deterministic (fixed entry order, no atomics); by default dQ is not (the
+   order of the fp32 additions varies from run to run). ``deterministic=True``
+   (:func:`_bsa_bwd_deterministic`, sm90ws only) orders them: each K->Q entry carries the
+   rank of its KV block in its query row, and one zeroed int32 semaphore per 64-row query
+   tile lets the contributions in, in ascending KV block order.
 4. ``dq = dq_accum.astype(q.dtype)`` (XLA).
 """
 
@@ -133,6 +137,9 @@ class BsaBwdConfig:
     ws_lpt: bool = False
     # "sm90ws" only, blk 128: each consumer warpgroup adds the dQ of its own keys
     ws_decouple: bool = False
+    # bitwise reproducible dQ: the additions to each query tile in ascending KV block order
+    # (rank per K->Q entry, semaphore workspace; "sm90ws" only)
+    deterministic: bool = False
 
 
 def fwd_smem_bytes(head_dim, block_size) -> int:
@@ -311,11 +318,18 @@ def bwd_impl_choice(want: str, head_dim: int, block_size: int) -> str:
 
 
 def bwd_config(dtype, head_dim, block_size, has_block_sizes, switches,
-               pack_gqa: int = 1, causal=False) -> BsaBwdConfig:
-    """The dK/dV/dQ kernel's compile key (see :func:`fwd_config`)."""
+               pack_gqa: int = 1, causal=False, deterministic=False) -> BsaBwdConfig:
+    """The dK/dV/dQ kernel's compile key (see :func:`fwd_config`). ``deterministic``: the
+    sm90ws backward with ordered dQ additions (``bsa_bwd_impl`` ``"auto"`` picks it at
+    every block size; :func:`deterministic_unsupported_reason` says where it cannot run)."""
     name = jnp.dtype(dtype).name
-    impl = _family_impl(bwd_impl_choice(switches.bsa_bwd_impl, head_dim, block_size), head_dim,
-                        switches)
+    want = switches.bsa_bwd_impl
+    if deterministic:
+        why = deterministic_unsupported_reason(head_dim, block_size, switches, pack_gqa, causal)
+        if why is not None:
+            raise NotImplementedError(why)
+        want = "sm90ws"
+    impl = _family_impl(bwd_impl_choice(want, head_dim, block_size), head_dim, switches)
     arch = _platform.resolved_arch()
     if impl == "sm90ws" and (pack_gqa > 1 or causal):
         # the warp-specialized backward does not pack GQA groups or mask causally
@@ -325,7 +339,9 @@ def bwd_config(dtype, head_dim, block_size, has_block_sizes, switches,
         st = [int(o[7:]) for o in opts if o.startswith("stages=")]
         return BsaBwdConfig(name, head_dim, block_size, has_block_sizes, impl, arch=arch,
                             ws_max_stages=st[0] if st else 4, ws_ld_wait="ldwait" in opts,
-                            ws_lpt="lpt" in opts, ws_decouple="decouple" in opts)
+                            ws_lpt="lpt" in opts and not deterministic,
+                            ws_decouple="decouple" in opts and not deterministic,
+                            deterministic=bool(deterministic))
     if impl == "sm90":
         return BsaBwdConfig(name, head_dim, block_size, has_block_sizes, impl, arch=arch,
                             pack_gqa=pack_gqa, causal=causal)
@@ -342,6 +358,30 @@ def bwd_config(dtype, head_dim, block_size, has_block_sizes, switches,
                                                           switches))
     return BsaBwdConfig(name, head_dim, block_size, has_block_sizes, impl, min_blocks, arch=arch,
                         vec_red=_platform.vec_red(switches, arch), q_stages=q_stages)
+
+
+def deterministic_unsupported_reason(head_dim, block_size, switches=None, pack_gqa: int = 1,
+                                     causal=False) -> str | None:
+    """``None`` when the deterministic backward (the sm90ws kernel with ordered dQ additions)
+    runs a call, else why not: it needs D in {64, 128} on the Hopper kernel family, the
+    ``bsa_bwd_impl`` switch ``auto`` or ``sm90ws``, no ``pack_gqa`` and no ``causal``."""
+    from ..config import from_env  # noqa: PLC0415
+
+    sw = from_env() if switches is None else switches
+    where = ("deterministic=True runs the warp-specialized Hopper backward (sm90ws: head_dim "
+             "in {64, 128}, sm_90a, bsa_bwd_impl 'auto' or 'sm90ws', without pack_gqa and "
+             "causal)")
+    if head_dim not in _SM90_HEAD_DIMS:
+        return f"{where}; got head_dim={head_dim}"
+    if sw.bsa_bwd_impl not in ("auto", "sm90ws"):
+        return f"{where}; got bsa_bwd_impl={sw.bsa_bwd_impl!r}"
+    if _family_impl("sm90ws", head_dim, sw, block_size) != "sm90ws":
+        return f"{where}; this call's kernel family is {_platform.kernel_family(sw)!r}"
+    if pack_gqa > 1:
+        return f"{where}; got pack_gqa=True"
+    if causal:
+        return f"{where}; got causal=True"
+    return None
 
 
 def pack_gqa_unsupported_reason(*, head_dim, sparse_block_size, group, passes=("fwd", "bwd"),
@@ -664,6 +704,31 @@ def bsa_preprocess(do, out, cfg):
     return call(out, do.astype(out.dtype))
 
 
+def _ws_kernel(cfg: BsaBwdConfig):
+    from ..kernels.bsa_bwd_sm90_ws import BsaBwdSm90Ws  # noqa: PLC0415
+
+    return BsaBwdSm90Ws(_cutlass_dtype(cfg.dtype), cfg.head_dim, cfg.block_size,
+                        cfg.has_block_sizes, max_stages=cfg.ws_max_stages,
+                        ld_wait=cfg.ws_ld_wait, lpt=cfg.ws_lpt, decouple=cfg.ws_decouple,
+                        deterministic=cfg.deterministic)
+
+
+def _bwd_det_entry(stream, q, k, v, do, lse, delta, offsets, entries, ranks, sizes, scale,
+                   dq_acc, dq_sem, dk, dv, *, cfg: BsaBwdConfig):
+    # deterministic: dq_acc and the dq semaphores (int32 (B, H_q, N_q blk / 64)) are aliased
+    # to outputs 0 and 3 (zero-initialised by XLA)
+    _ws_kernel(cfg)(q, k, v, do, lse, delta, offsets, entries, sizes, scale, dq_acc, dk, dv,
+                    stream, mRank=ranks, mdQSem=dq_sem)
+
+
+@functools.cache
+def _bwd_det_jit():
+    """The one ``cute.jit`` of ``_bwd_det_entry``."""
+    import cutlass.cute as cute  # noqa: PLC0415
+
+    return cute.jit(_bwd_det_entry)
+
+
 def _bwd_entry(stream, q, k, v, do, lse, delta, offsets, entries, sizes, scale, dq_acc, dk, dv,
                *, cfg: BsaBwdConfig):
     args = (_cutlass_dtype(cfg.dtype), cfg.head_dim, cfg.block_size, cfg.has_block_sizes)
@@ -709,6 +774,9 @@ def bsa_bwd(do, q, k, v, out, lse, q2k_block_index, q2k_block_nums, block_sizes,
     delta, dq_acc = bsa_preprocess(do, out, cfg)
     if dlse is not None:
         delta = delta - dlse.astype(jnp.float32)
+    if cfg.bwd.deterministic:
+        return _bsa_bwd_deterministic(q, k, v, do, lse, delta, dq_acc, q2k_block_index,
+                                      q2k_block_nums, block_sizes, cfg, spec)
     offsets, entries = metadata.build_kq_csr(q2k_block_index, q2k_block_nums,
                                              num_kv_heads=cfg.num_heads_kv,
                                              num_kv_blocks=cfg.num_kv_blocks)
@@ -734,4 +802,38 @@ def bsa_bwd(do, q, k, v, out, lse, q2k_block_index, q2k_block_nums, block_sizes,
     )
     dq_acc, dk, dv = call(q, k, v, do, lse, delta, offsets, entries, block_sizes,
                           _scale_array(cfg.softmax_scale), dq_acc)
+    return dq_acc.astype(q.dtype), dk, dv
+
+
+def _bsa_bwd_deterministic(q, k, v, do, lse, delta, dq_acc, q2k_block_index, q2k_block_nums,
+                           block_sizes, cfg, spec):
+    """:func:`bsa_bwd`'s kernel call in deterministic mode: the K->Q lists with each entry's
+    rank in its query row, and one zeroed int32 semaphore per 64-row query tile."""
+    from .._cute_call import call_builder  # noqa: PLC0415
+
+    offsets, entries, ranks = metadata.build_kq_csr(
+        q2k_block_index, q2k_block_nums, num_kv_heads=cfg.num_heads_kv,
+        num_kv_blocks=cfg.num_kv_blocks, with_ranks=True)
+    sem0 = jnp.zeros((cfg.batch, cfg.num_heads_q, cfg.num_q_blocks * (cfg.sparse_block_size // 64)),
+                     jnp.int32)
+    n_in = 12 + (block_sizes is not None)  # flattened inputs (block_sizes may be None)
+    call = call_builder(cfg.cute_call)(
+        _bwd_det_jit(),
+        output_shape_dtype=(
+            jax.ShapeDtypeStruct(q.shape, jnp.float32),
+            jax.ShapeDtypeStruct(k.shape, k.dtype),
+            jax.ShapeDtypeStruct(v.shape, v.dtype),
+            jax.ShapeDtypeStruct(sem0.shape, jnp.int32),
+        ),
+        input_spec=(spec, spec, spec, spec, None, None, None, None, None, None, None, spec,
+                    None),
+        output_spec=(spec, spec, spec, None),
+        input_output_aliases={11: 0, 12: 3},
+        compile_key=("bsa_bwd_det", cfg.bwd),
+        cfg=cfg.bwd,
+        static_last_inputs=(0, 1, 2, 3, n_in - 2),
+        static_last_outputs=(0, 1, 2),
+    )
+    dq_acc, dk, dv, _ = call(q, k, v, do, lse, delta, offsets, entries, ranks, block_sizes,
+                             _scale_array(cfg.softmax_scale), dq_acc, sem0)
     return dq_acc.astype(q.dtype), dk, dv

@@ -43,7 +43,24 @@ takes row ``order[i]``.
 
 ``softmax_scale`` is folded into dS^T before its 16-bit conversion, so neither dK nor dQ
 needs a final scale. dK / dV are bitwise deterministic (one CTA sums its list in list order);
-dQ's fp32 additions are not ordered. Not implemented here (the public layer runs
+by default dQ's fp32 additions are not ordered.
+
+Deterministic mode (``deterministic``; extra inputs ``mRank``, int32 like ``entries``: the
+rank of each entry's KV block among the KV blocks of its query row in ascending order,
+``metadata.build_kq_csr(..., with_ranks=True)``, and ``mdQSem``, int32 ``(B, H_q, N_q *
+blk / 64)`` zero-initialised by XLA: one counter per 64-row query tile): the dQ
+contributions to a query tile are added in ascending KV block order, so every dQ element
+gets the same fp32 additions in the same order on every run. Warp 1 of the producer
+warpgroup (otherwise idle) walks the CTA's list like the consumers; per query tile its lane
+0 waits (acquire loads) until the tile's counter reaches the entry's rank, arrives on named
+barrier 2 (the consumers sync on it before their ``red.global.add``), syncs on barrier 3
+(the consumers arrive after their reductions) and publishes ``rank + 1`` (``fence.acq_rel.gpu``
++ store): FlashAttention-2/3's ``dq_semaphore`` technique with the rank in place of the KV
+tile index. Deadlock freedom: a CTA waits only for CTAs of lower KV blocks of the same
+(batch, KV head), which have lower linear block indices (grid order, ``lpt`` off), and a
+non-persistent grid dispatches blocks in increasing linear index, so the lowest unfinished
+block never waits. ``decouple`` is off in this mode (each query tile gets one addition per
+KV block). Not implemented here (the public layer runs
 ``bsa_bwd_sm90`` for them): ``pack_gqa``, ``causal``.
 """
 
@@ -61,7 +78,7 @@ from cutlass.cute.nvgpu import OperandMajorMode, cpasync, warpgroup
 from . import kv_major_bwd as kvb
 from .bsa_common import LOG2_E, bwd_kv_tile_rows
 from .common import (acc_layout_as_a, acc_mn_view_wg, elem_ptr, gmem_load_copy,
-                     kv_major_bwd_operands, tma_view)
+                     kv_major_bwd_operands, st_release_s32, tma_view, wait_at_least)
 from .pipeline import SmemPipeline
 
 #: query rows per step (one wgmma N / M extent)
@@ -103,7 +120,7 @@ class BsaBwdSm90Ws:
 
     def __init__(self, dtype, head_dim: int, block_size: int, has_block_sizes: bool,
                  max_stages: int = 4, ld_wait: bool = False, lpt: bool = False,
-                 decouple: bool = False):
+                 decouple: bool = False, deterministic: bool = False):
         if head_dim not in (64, 128) or block_size not in (64, 128):
             raise NotImplementedError(
                 f"bsa_bwd_sm90_ws implements head_dim in (64, 128) and sparse_block_size in "
@@ -120,17 +137,19 @@ class BsaBwdSm90Ws:
         self.ctas_per_sm = 1 if self.num_wg == 2 else 2
         self.q_stages = bwd_ws_q_stages(head_dim, block_size, max_stages)
         self.ld_wait = ld_wait
-        self.lpt = lpt
+        self.deterministic = deterministic
+        # the ordered dQ additions need the grid's launch order (lower KV blocks first)
+        self.lpt = lpt and not deterministic
         # blk 128: each consumer warpgroup adds the dQ of its own 64 keys (no barrier between
         # the warpgroups; twice the dQ reductions)
-        self.decouple = decouple and self.num_wg == 2
+        self.decouple = decouple and self.num_wg == 2 and not deterministic
         self.regs_producer = 24
         # 65536 registers per SM: 384 threads x 168 at launch (blk 128), 2 x 256 x 128 (blk 64)
         self.regs_consumer = 240 if self.num_wg == 2 else 232
 
     @cute.jit
     def __call__(self, mQ, mK, mV, mdO, mLSE, mDelta, mOffsets, mEntries, mSizes, mScale,
-                 mdQacc, mdK, mdV, stream):
+                 mdQacc, mdK, mdV, stream, mRank=None, mdQSem=None):
         dt = self.dtype
         bm, bn, d, nwg = self.bm, self.bn, self.d, self.num_wg
         Kmaj = OperandMajorMode.K
@@ -175,7 +194,7 @@ class BsaBwdSm90Ws:
         self.kernel(
             tma_q, tma_tQ, tma_do, tma_tdO, tma_k, tma_tK, tma_v, tma_tV,
             mQ, mK, mV, mLSE, mDelta, mOffsets, mEntries, mSizes, mScale, mdQacc, mdK, mdV,
-            sK_layout, sK_mn_layout, sQ_layout, sQ_mn_layout, sdS_layout,
+            mRank, mdQSem, sK_layout, sK_mn_layout, sQ_layout, sQ_mn_layout, sdS_layout,
             mma_s, mma_kv, mma_dq, Smem,
         ).launch(grid=grid, block=[self.num_threads, 1, 1], smem=Smem.size_in_bytes(),
                  stream=stream, min_blocks_per_mp=self.ctas_per_sm,
@@ -226,10 +245,36 @@ class BsaBwdSm90Ws:
         cute.arch.fence_proxy("async.shared", space="cta")
         cute.arch.sync_warp()
 
+    @cute.jit
+    def _dq_order_warp(self, mEntries, mRank, mdQSem, e_begin, n_ent, n_q_blocks, seqlen_q,
+                       head_kv, group, batch):
+        """Warp 1 in deterministic mode: per query tile of the list, wait for the earlier KV
+        blocks' dQ additions, let the consumers add (barrier 2), wait for their additions
+        (barrier 3) and publish this block's (see the module docstring)."""
+        lane = cute.arch.lane_idx()
+        n_sync = 128 * self.num_wg + 32
+        for e in cutlass.range(n_ent, unroll=1):
+            ent = Int32(mEntries[e_begin + e])
+            rank = Int32(mRank[e_begin + e])
+            h_in_group = ent // n_q_blocks
+            m_block = ent - h_in_group * n_q_blocks
+            head = head_kv * group + h_in_group
+            for s in cutlass.range_constexpr(self.sub):
+                if m_block * self.bn + s * self.bm < seqlen_q:
+                    sem = elem_ptr(mdQSem, (batch, head, m_block * self.sub + s))
+                    if lane == 0:
+                        wait_at_least(sem, rank)
+                    cute.arch.sync_warp()
+                    cute.arch.barrier_arrive(barrier_id=2, number_of_threads=n_sync)
+                    cute.arch.barrier(barrier_id=3, number_of_threads=n_sync)
+                    if lane == 0:
+                        st_release_s32(sem, rank + 1)
+                    cute.arch.sync_warp()
+
     @cute.kernel
     def kernel(self, tma_q, tma_tQ, tma_do, tma_tdO, tma_k, tma_tK, tma_v, tma_tV,
                mQ, mK, mV, mLSE, mDelta, mOffsets, mEntries, mSizes, mScale, mdQacc, mdK, mdV,
-               sK_layout, sK_mn_layout, sQ_layout, sQ_mn_layout, sdS_layout,
+               mRank, mdQSem, sK_layout, sK_mn_layout, sQ_layout, sQ_mn_layout, sdS_layout,
                mma_s, mma_kv, mma_dq, Smem: cutlass.Constexpr):
         tidx, _, _ = cute.arch.thread_idx()
         n_block, head_kv, batch = cute.arch.block_idx()
@@ -347,6 +392,10 @@ class BsaBwdSm90Ws:
                                 cute.copy(tma_do, tdOg[None, q_tile], tdOs[None, stg],
                                           tma_bar_ptr=pipe_q.full_ptr(c))
                                 c += 1
+            if cutlass.const_expr(self.deterministic):
+                if warp == 1:
+                    self._dq_order_warp(mEntries, mRank, mdQSem, e_begin, n_ent, n_q_blocks,
+                                        seqlen_q, head_kv, group, batch)
         else:
             # ================================ consumers ===============================
             cute.arch.setmaxregister_increase(self.regs_consumer)
@@ -467,7 +516,13 @@ class BsaBwdSm90Ws:
                         gdQ = cute.local_tile(mdQacc[batch, None, head, None], (bm, d),
                                               (m_block * self.sub + s, 0))
                         tdQg = thr_dq.partition_C(gdQ)
+                        if cutlass.const_expr(self.deterministic):
+                            # warp 1: the lower KV blocks' additions to this tile are done
+                            cute.arch.barrier(barrier_id=2, number_of_threads=128 * nwg + 32)
                         kvb.red_add_rows(acc_dQ, tdQg, tdQc, seqlen_q - q0)
+                        if cutlass.const_expr(self.deterministic):
+                            cute.arch.barrier_arrive(barrier_id=3,
+                                                     number_of_threads=128 * nwg + 32)
                         warpgroup.wait_group(0)
                         kvb.keep_regs(tP, tdS)
                         pipe_q.consumer_release(c)

@@ -33,6 +33,9 @@
 * ``red_add_2xf32(ptr, a, b)``: ``ptr[0] += a; ptr[1] += b`` as two scalar
   ``red.global.add.f32`` (every arch from sm_70; the portable form of the 8-byte vector
   ``red.global.add.v2.f32``, which needs sm_90 or later).
+* ``ld_acquire_s32`` / ``st_release_s32`` / ``wait_at_least``: an int32 counter in global
+  memory that one thread waits on and publishes (the ordered dQ additions of the
+  deterministic backwards).
 * ``inline_asm(...)``: one PTX statement as inline assembly (the helpers' building block).
 """
 
@@ -43,7 +46,7 @@ import cutlass.cute as cute
 import cutlass.memory
 from cutlass._mlir.dialects import llvm
 from cutlass.cute.nvgpu import cpasync, warp
-from cutlass.cutlass_dsl import dsl_user_op
+from cutlass.cutlass_dsl import T, dsl_user_op
 
 
 def launch(kernel, grid, num_threads: int, storage_type, stream, **options):
@@ -373,3 +376,35 @@ def red_add_2xf32(ptr, a, b, *, loc=None, ip=None):
                       cutlass.Float32(b).ir_value(loc=loc, ip=ip)],
                "red.relaxed.gpu.global.add.f32 [$0], $1;\n\t"
                "red.relaxed.gpu.global.add.f32 [$0+4], $2;", "l,f,f", True, loc, ip)
+
+
+# ---- ordered additions (deterministic backwards): an int32 counter in global memory that
+# one thread waits on (acquire loads) and publishes (release) ----
+
+
+@dsl_user_op
+def ld_acquire_s32(ptr, *, loc=None, ip=None):
+    """``ld.acquire.gpu.global.b32``: load the int32 at global ``ptr`` with acquire
+    semantics at GPU scope."""
+    return cutlass.Int32(
+        inline_asm(T.i32(), [ptr.toint(loc=loc, ip=ip).ir_value(loc=loc, ip=ip)],
+                   "ld.acquire.gpu.global.b32 $0, [$1];", "=r,l", True, loc, ip))
+
+
+@dsl_user_op
+def st_release_s32(ptr, val, *, loc=None, ip=None):
+    """``fence.acq_rel.gpu`` then ``st.relaxed.gpu.global.b32``: publish ``val`` at global
+    ``ptr`` after every memory operation that happens before this one (those of the other
+    threads of a preceding CTA barrier included: the fence is cumulative)."""
+    inline_asm(None, [ptr.toint(loc=loc, ip=ip).ir_value(loc=loc, ip=ip),
+                      cutlass.Int32(val).ir_value(loc=loc, ip=ip)],
+               "fence.acq_rel.gpu;\n\tst.relaxed.gpu.global.b32 [$0], $1;", "l,r", True,
+               loc, ip)
+
+
+@cute.jit
+def wait_at_least(ptr, target):
+    """Spin (one thread) until the int32 at ``ptr`` (acquire loads) is >= ``target``."""
+    v = ld_acquire_s32(ptr)
+    while v < target:
+        v = ld_acquire_s32(ptr)

@@ -48,6 +48,7 @@ from .common import (acc_mn_view, acc_to_a_frag, cvt_frag, elem_ptr, gemm_rs,  #
                      ldmatrix_atoms, ldmatrix_slices, mma_frags, load_rows, r2s_copy,
                      smem_layout_16b, smem_parts, smem_storage, smem_struct, store_p_ds,
                      store_rows, transpose_view)
+from .common import ld_acquire_s32, st_release_s32, wait_at_least  # noqa: F401
 from .seqlen_info import SeqlenInfo, offset_rows
 
 
@@ -98,34 +99,7 @@ def red_add_pair(ptr, a, b, vec: bool):
 # (block_info.QTileRange.covers), added in ascending KV tile order: the CTA of KV tile n
 # waits until the semaphore reaches n when tile n - 1 contributes (else it is the first),
 # adds, and stores n + 1 with release semantics.
-
-
-@dsl_user_op
-def ld_acquire_s32(ptr, *, loc=None, ip=None):
-    """``ld.acquire.gpu.global.b32``: load the int32 at global ``ptr`` with acquire
-    semantics at GPU scope."""
-    return cutlass.Int32(
-        inline_asm(T.i32(), [ptr.toint(loc=loc, ip=ip).ir_value(loc=loc, ip=ip)],
-                   "ld.acquire.gpu.global.b32 $0, [$1];", "=r,l", True, loc, ip))
-
-
-@dsl_user_op
-def st_release_s32(ptr, val, *, loc=None, ip=None):
-    """``fence.acq_rel.gpu`` then ``st.relaxed.gpu.global.b32``: publish ``val`` at global
-    ``ptr`` after every memory operation that happens before this one (those of the other
-    threads of a preceding CTA barrier included: the fence is cumulative)."""
-    inline_asm(None, [ptr.toint(loc=loc, ip=ip).ir_value(loc=loc, ip=ip),
-                      cutlass.Int32(val).ir_value(loc=loc, ip=ip)],
-               "fence.acq_rel.gpu;\n\tst.relaxed.gpu.global.b32 [$0], $1;", "l,r", True,
-               loc, ip)
-
-
-@cute.jit
-def wait_at_least(ptr, target):
-    """Spin (one thread) until the int32 at ``ptr`` (acquire loads) is >= ``target``."""
-    v = ld_acquire_s32(ptr)
-    while v < target:
-        v = ld_acquire_s32(ptr)
+# (the wait / publish primitives are common.ld_acquire_s32, st_release_s32, wait_at_least)
 
 
 class HstuSm80Kernel:
