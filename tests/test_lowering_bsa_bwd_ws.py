@@ -89,12 +89,53 @@ def test_bsa_bwd_ws_ablation_lowers():
     assert txt.count(CALL_TARGET) == 2
 
 
+@pytest.mark.parametrize("cfg", CONFIGS, ids=_ids)
+def test_bsa_bwd_ws_deterministic_lowers(cfg):
+    """``deterministic=True`` on every (D, blk) pair: the preprocessing kernel and the
+    deterministic sm90ws kernel (``impl="auto"``: at blk 64 / D 128 too)."""
+    txt = _bwd_text(cfg, impl="auto", deterministic=True)
+    assert txt.count(CALL_TARGET) == 2
+
+
 _PTX_SCRIPT = """
 import sys
 sys.path.insert(0, {root!r})
 import tests.test_lowering_bsa_bwd_ws as t
-t._bwd_text({cfg!r})
+t._bwd_text({cfg!r}, deterministic={det!r})
 """
+
+
+def _ws_ptx(tmp_path, cfg, det=False):
+    """The PTX of the sm90ws backward for ``cfg`` (kept with CUTE_DSL_KEEP=ptx in a fresh
+    process)."""
+    import subprocess  # noqa: PLC0415
+    import sys  # noqa: PLC0415
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    dump = tmp_path / "ptx"
+    dump.mkdir(parents=True)  # the CuTe DSL writes elsewhere when the directory does not exist
+    env = dict(os.environ, CUTE_DSL_ARCH="sm_90a", JAX_SPARSE_ATTN_FORCE_KERNEL="1",
+               CUTE_DSL_KEEP="ptx", CUTE_DSL_DUMP_DIR=str(dump), JAX_PLATFORMS="cpu")
+    r = subprocess.run([sys.executable, "-c", _PTX_SCRIPT.format(root=root, cfg=cfg, det=det)],
+                       env=env, cwd=root, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    texts = [p.read_text() for p in dump.iterdir() if p.suffix == ".ptx"]
+    ws = [t for t in texts if "bsa_bwd_sm90_ws" in t]
+    assert len(ws) == 1, [p.name for p in dump.iterdir()]
+    return ws[0]
+
+
+def test_bsa_bwd_ws_deterministic_ptx(tmp_path):
+    """The deterministic kernel waits with acquire loads, publishes after a GPU-scope
+    fence and hands each query tile between warp 1 and the consumers with named-barrier
+    arrivals; the default kernel has none of the acquire / release operations."""
+    text = _ws_ptx(tmp_path / "det", CONFIGS[1], det=True)
+    for needle in ("ld.acquire.gpu.global.b32", "fence.acq_rel.gpu", "st.relaxed.gpu.global.b32",
+                   "bar.arrive", "red.relaxed.gpu.global.add.v2.f32"):
+        assert needle in text, f"{needle} missing from the deterministic sm90ws backward PTX"
+    default = _ws_ptx(tmp_path / "default", CONFIGS[1])
+    for needle in ("ld.acquire.gpu", "fence.acq_rel.gpu"):
+        assert needle not in default
 
 
 @pytest.mark.parametrize("cfg", [CONFIGS[0], CONFIGS[1]], ids=_ids)
@@ -102,21 +143,7 @@ def test_bsa_bwd_ws_ptx_is_warp_specialized(tmp_path, cfg):
     """The kernel's PTX (kept with CUTE_DSL_KEEP=ptx in a fresh process) has TMA loads,
     warpgroup MMAs, register reallocation, mbarrier waits, the cp.async copies of lse /
     delta tracked by the stage's mbarrier and the vector dQ reductions."""
-    import subprocess  # noqa: PLC0415
-    import sys  # noqa: PLC0415
-
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    dump = tmp_path / "ptx"
-    dump.mkdir()  # the CuTe DSL writes elsewhere when the directory does not exist
-    env = dict(os.environ, CUTE_DSL_ARCH="sm_90a", JAX_SPARSE_ATTN_FORCE_KERNEL="1",
-               CUTE_DSL_KEEP="ptx", CUTE_DSL_DUMP_DIR=str(dump), JAX_PLATFORMS="cpu")
-    r = subprocess.run([sys.executable, "-c", _PTX_SCRIPT.format(root=root, cfg=cfg)],
-                       env=env, cwd=root, capture_output=True, text=True, timeout=600)
-    assert r.returncode == 0, r.stderr[-3000:]
-    texts = [p.read_text() for p in dump.iterdir() if p.suffix == ".ptx"]
-    ws = [t for t in texts if "bsa_bwd_sm90_ws" in t]
-    assert len(ws) == 1, [p.name for p in dump.iterdir()]
-    text = ws[0]
+    text = _ws_ptx(tmp_path, cfg)
     for needle in ("cp.async.bulk.tensor", "wgmma.mma_async", "setmaxnreg.dec",
                    "setmaxnreg.inc", "mbarrier.try_wait", "cp.async.mbarrier.arrive",
                    "red.relaxed.gpu.global.add.v2.f32", "stmatrix"):
