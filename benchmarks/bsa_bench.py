@@ -197,7 +197,8 @@ TABLE = [
 def table(variants, n_sets=2, seed=0, rows_sel=None, pass_="fwd"):
     """Forward (``pass_="fwd"``) or backward (``"bwd"``: the whole backward from saved out /
     lse, FLOPs 2.5x the forward's) times of the TABLE rows under each variant (``'ENV=V,ENV=V'``
-    strings of ``JAX_SPARSE_ATTN_*`` switch variables, validated by :func:`config.from_env`)."""
+    strings of ``JAX_SPARSE_ATTN_*`` switch variables, validated by :func:`config.from_env`;
+    the entry ``deterministic=1`` calls the ops with ``deterministic=True``)."""
     rows = []
     for j, (label, blk, topk, s, d, h, h_kv) in enumerate(TABLE):
         if rows_sel is not None and j not in rows_sel:
@@ -208,8 +209,9 @@ def table(variants, n_sets=2, seed=0, rows_sel=None, pass_="fwd"):
         flops = 4.0 * h * s * d * (topk * blk) * (2.5 if pass_ == "bwd" else 1.0)
         for var in variants:
             env = dict(kv.partition("=")[::2] for kv in filter(None, var.split(",")))
+            det = env.pop("deterministic", "0") == "1"
             kw = dict(layout="bhsd", sparse_block_size=blk, softmax_scale=1.0 / np.sqrt(d),
-                      backend="kernel", switches=config.from_env(env))
+                      backend="kernel", switches=config.from_env(env), deterministic=det)
 
             def fwd(q, k, v, i, n, do=None, kw=kw):
                 return tuple(jsa.block_sparse_attention_forward(q, k, v, i, None, None, n, **kw))

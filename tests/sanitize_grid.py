@@ -61,9 +61,22 @@ def bsa_cases(quick):
                dict(B=B, H=H, hkv=hkv, S=S, D=d, blk=blk, idx=idx, nums=nums,
                     sizes=sizes if use_sizes else None, layout=layout,
                     switches=Switches(bsa_fwd_impl=fwd, bsa_bwd_impl=bwd)))
+    # deterministic=True (the sm90ws backward with ordered dQ additions; repeated ids in a
+    # row included), K->Q lists from both constructions
+    for (d, use_sizes, layout, hkv), sort_csr in itertools.product(
+            shapes[:1] if quick else shapes[:3], (False, True)):
+        yield (f"bsa deterministic D={d} sizes={use_sizes} {layout} H_kv={hkv} "
+               f"csr={'sort' if sort_csr else 'dense'}",
+               dict(B=B, H=H, hkv=hkv, S=S, D=d, blk=blk, idx=idx, nums=nums,
+                    sizes=sizes if use_sizes else None, layout=layout, switches=Switches(),
+                    deterministic=True, sort_csr=sort_csr))
 
 
 def run_bsa(c):
+    from jax_sparse_attn import metadata
+
+    # the sort construction of the K->Q lists (else the dense one at these sizes)
+    metadata._DENSE_CSR_MAX_ELEMS = 0 if c.get("sort_csr") else 1 << 22
     rng = np.random.default_rng(1)
     shp = lambda h: (c["B"], h, c["S"], c["D"]) if c["layout"] == "bhsd" else (c["B"], c["S"], h, c["D"])  # noqa: E731
     q = jnp.asarray(rng.standard_normal(shp(c["H"])), jnp.bfloat16)
@@ -78,7 +91,8 @@ def run_bsa(c):
             o, lse = block_sparse_attention_forward(
                 q, k, v, idx, q2k_block_nums=nums, block_sizes=sizes,
                 sparse_block_size=c["blk"], layout=c["layout"], allow_empty_block_nums=True,
-                backend=BACKEND, switches=c["switches"])
+                backend=BACKEND, switches=c["switches"],
+                deterministic=c.get("deterministic", False))
             return jnp.sum(o.astype(jnp.float32)) + jnp.sum(jnp.where(jnp.isfinite(lse), lse, 0))
         return jax.value_and_grad(loss, argnums=(0, 1, 2))(q, k, v)
 
