@@ -112,7 +112,7 @@ _parse_bsa_ws = _parse_option_list(BSA_WS_FLAGS, "stages", lambda n: 2 <= n <= 8
 
 #: the flags of the sm90ws BSA backward's tuning switch (JAX_SPARSE_ATTN_BSA_BWD_WS), plus
 #: ``stages=N`` (at most N Q / dO stages, 2..4)
-BSA_BWD_WS_FLAGS = ("ldwait", "lpt", "decouple")
+BSA_BWD_WS_FLAGS = ("ldwait", "lpt", "decouple", "detkv", "detfull")
 _BSA_BWD_WS_ALLOWED = ("comma list of " + ", ".join(BSA_BWD_WS_FLAGS)
                        + ", stages=N (most Q / dO shared-memory stages: 2..4)")
 _parse_bsa_bwd_ws = _parse_option_list(BSA_BWD_WS_FLAGS, "stages", lambda n: 2 <= n <= 4,
@@ -227,8 +227,11 @@ SWITCHES = (
                "lpt (CTAs take the KV blocks longest K->Q list first instead of in grid "
                "order; slower on the H200: the CTAs running at one time then span every "
                "head), decouple (blk 128: each consumer warpgroup adds the dQ of its own 64 "
-               "keys, without the barrier between the warpgroups; not measured yet), "
-               "stages=N (most Q / dO stages)"),
+               "keys, without the barrier between the warpgroups; slower on the H200), "
+               "detkv (deterministic=True: dQ additions in ascending KV block order instead "
+               "of in the order the CTAs of a launch group reach them), detfull "
+               "(deterministic=True: launch groups of every CTA the GPU holds at once "
+               "instead of half of them), stages=N (most Q / dO stages)"),
     _choice("bsa_pre_impl", "JAX_SPARSE_ATTN_BSA_PRE_IMPL", ("kernel", "xla"),
             "BSA backward preprocessing (delta = rowsum(dO*O), zeroed dQ accumulator): "
             "kernel (one CuTe DSL launch) or xla (an XLA fusion)"),

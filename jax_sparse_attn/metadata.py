@@ -280,7 +280,7 @@ _DENSE_CSR_MAX_ELEMS = 1 << 22
 
 
 def build_kq_csr(q2k_block_index, q2k_block_nums, *, num_kv_heads: int, num_kv_blocks: int,
-                 with_ranks: bool = False):
+                 with_ranks: bool = False, rank_group: int = 0):
     """K->Q transposed block lists (CSR) from the Q->K metadata, on the device.
 
     Returns ``(offsets, entries)``: ``offsets`` int32 ``(B*H_kv*N_kv + 1,)``; the entries of
@@ -289,10 +289,14 @@ def build_kq_csr(q2k_block_index, q2k_block_nums, *, num_kv_heads: int, num_kv_b
     query block m), in increasing order. Only the active prefix of each row is used.
     ``entries`` has ``B*H_q*N_q*K_max`` slots; those past ``offsets[-1]`` are unused.
 
-    ``with_ranks``: also return ``ranks`` (int32, like ``entries``): the rank of each entry's
-    KV block among the entries of its query row ``(b, h, m)`` in ascending KV block order,
-    ``0 .. count - 1`` over the row's entries (the order in which a deterministic backward
-    adds the row's dQ contributions; each KV block's CTA waits for ``rank`` earlier ones).
+    ``with_ranks``: also return ``ranks`` (int32, like ``entries``): the rank of each entry
+    among the entries of its query row ``(b, h, m)``, ``0 .. count - 1`` over the row's
+    entries: the order in which a deterministic backward adds the row's dQ contributions
+    (each KV block's CTA waits for ``rank`` earlier ones). ``rank_group = 0``: ascending KV
+    block order. ``rank_group = G > 0``: ascending ``(r // G, p, n)`` with ``r`` the entry's
+    CSR row (the linear index of its CTA) and ``p`` its position in that row, so within a
+    group of ``G`` consecutive CTAs a query row's contributions come in the order in which
+    the CTAs reach it (each walks its row in order), and groups come in launch order.
 
     Active ids outside ``[0, num_kv_blocks)`` are skipped. Two constructions with
     identical results for unique active ids per row: for up to ``2**22`` (query block, KV
@@ -307,7 +311,7 @@ def build_kq_csr(q2k_block_index, q2k_block_nums, *, num_kv_heads: int, num_kv_b
               & (q2k_block_index < num_kv_blocks))
     if b * h_q * n_q * num_kv_blocks <= _DENSE_CSR_MAX_ELEMS:
         return _kq_csr_dense(q2k_block_index, active, group, num_kv_heads, num_kv_blocks,
-                             with_ranks)
+                             with_ranks, rank_group)
     n_rows = b * num_kv_heads * num_kv_blocks
     bi = jnp.arange(b, dtype=jnp.int32)[:, None, None, None]
     hi = jnp.arange(h_q, dtype=jnp.int32)[None, :, None, None]
@@ -322,10 +326,17 @@ def build_kq_csr(q2k_block_index, q2k_block_nums, *, num_kv_heads: int, num_kv_b
     if not with_ranks:
         return offsets, entries
     # rank within the query row: position in the row's stable sort by KV block id (repeated
-    # ids are separate entries here, with consecutive ranks)
-    row_key = jnp.where(active, q2k_block_index, num_kv_blocks)
-    row_rank = jnp.argsort(jnp.argsort(row_key, axis=-1, stable=True), axis=-1, stable=True)
-    ranks = row_rank.astype(jnp.int32).reshape(-1)[perm]
+    # ids are separate entries here, with consecutive ranks), or by (CTA group, position in
+    # the CSR row, id)
+    big = jnp.iinfo(jnp.int32).max
+    keys = [jnp.where(active, q2k_block_index, big)]
+    if rank_group:
+        slot = jnp.zeros_like(perm).at[perm].set(jnp.arange(perm.shape[0], dtype=perm.dtype))
+        row = jnp.minimum(key, n_rows - 1)
+        p = (slot - offsets[row]).reshape(q2k_block_index.shape)
+        keys += [jnp.where(active, p, big),
+                 jnp.where(active, (row // rank_group).reshape(q2k_block_index.shape), big)]
+    ranks = _ranks_along_last(keys).reshape(-1)[perm]
     return offsets, entries, ranks
 
 
@@ -338,7 +349,20 @@ def kq_lpt_order(offsets):
     return jnp.argsort(-counts, stable=True).astype(jnp.int32)
 
 
-def _kq_csr_dense(q2k_block_index, active, group, num_kv_heads, num_kv_blocks, with_ranks):
+def _ranks_along_last(keys):
+    """Rank of each element along the last axis in the lexicographic order of ``keys``
+    (last key most significant, ties in index order): stable sorts from the least
+    significant key up, then the inverse permutation."""
+    order = None
+    for k in keys:
+        kk = k if order is None else jnp.take_along_axis(k, order, axis=-1)
+        o = jnp.argsort(kk, axis=-1, stable=True)
+        order = o if order is None else jnp.take_along_axis(order, o, axis=-1)
+    return jnp.argsort(order, axis=-1, stable=True).astype(jnp.int32)
+
+
+def _kq_csr_dense(q2k_block_index, active, group, num_kv_heads, num_kv_blocks, with_ranks,
+                  rank_group=0):
     """:func:`build_kq_csr` through a (KV block) x (query head in group, query block) bitmap."""
     b, h_q, n_q, k_max = q2k_block_index.shape
     # selected[b, h, m, n] = 1 if query block m of head h lists KV block n (inactive slots
@@ -360,8 +384,21 @@ def _kq_csr_dense(q2k_block_index, active, group, num_kv_heads, num_kv_blocks, w
     entries = jnp.zeros((n_slots,), jnp.int32).at[pos.reshape(-1)].set(vals.reshape(-1), mode="drop")
     if not with_ranks:
         return offsets, entries
-    # rank within the query row: selected KV blocks before this one (repeated ids were merged)
-    rank = jnp.cumsum(sel, axis=-1, dtype=jnp.int32) - 1
+    # rank within the query row: selected KV blocks before this one (repeated ids were
+    # merged), or by (CTA group, position in the CSR row, id)
+    if rank_group:
+        big = jnp.iinfo(jnp.int32).max
+        p = pos - offsets[:-1, None]  # (CSR row, h_in_group * n_q + m)
+        p = p.reshape(b, num_kv_heads, num_kv_blocks, group, n_q).transpose(0, 1, 3, 4, 2)
+        p = p.reshape(b, h_q, n_q, num_kv_blocks)
+        r = ((jnp.arange(b)[:, None] * num_kv_heads + jnp.arange(h_q)[None, :] // group)[..., None]
+             * num_kv_blocks + jnp.arange(num_kv_blocks)[None, None, :])  # (b, h_q, n_kv)
+        gkey = jnp.broadcast_to((r // rank_group)[:, :, None, :], sel.shape)
+        on = sel > 0
+        rank = _ranks_along_last([jnp.where(on, jnp.arange(num_kv_blocks), big),
+                                  jnp.where(on, p, big), jnp.where(on, gkey, big)])
+    else:
+        rank = jnp.cumsum(sel, axis=-1, dtype=jnp.int32) - 1
     rank = rank.reshape(b, num_kv_heads, group, n_q, num_kv_blocks).transpose(0, 1, 4, 2, 3)
     rank = rank.reshape(rows.shape)
     ranks = jnp.zeros((n_slots,), jnp.int32).at[pos.reshape(-1)].set(rank.reshape(-1), mode="drop")

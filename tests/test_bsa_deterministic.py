@@ -155,6 +155,51 @@ def _row_ranks(idx, nums, n_kv):
 
 
 @pytest.mark.parametrize("dense", [True, False])
+@pytest.mark.parametrize("group", [1, 5, 13, 1000])
+def test_kq_csr_ranks_in_launch_groups(monkeypatch, dense, group):
+    """``rank_group = G``: a query row's entries are ranked by (CSR row // G, position in
+    the CSR row, KV block), 0 .. count - 1; so a contribution only waits for lower groups
+    (lower launch indices) or, within its group, for CTAs that reach the row earlier in
+    their walk (no cycle: the pair (position, KV block) decreases along every wait)."""
+    if not dense:
+        monkeypatch.setattr(metadata, "_DENSE_CSR_MAX_ELEMS", 0)
+    rng = np.random.default_rng(group)
+    b, hq, hkv, nq, nkv, kmax = 2, 6, 2, 7, 9, 5
+    g = hq // hkv
+    idx = np.stack([np.stack([np.stack([rng.permutation(nkv)[:kmax] for _ in range(nq)])
+                              for _ in range(hq)]) for _ in range(b)]).astype(np.int32)
+    nums = rng.integers(0, kmax + 1, (b, hq, nq)).astype(np.int32)
+    offsets, entries, ranks = (np.asarray(x) for x in metadata.build_kq_csr(
+        jnp.asarray(idx), jnp.asarray(nums), num_kv_heads=hkv, num_kv_blocks=nkv,
+        with_ranks=True, rank_group=group))
+    rows = {}
+    for r in range(b * hkv * nkv):
+        bb, gg, n = r // (hkv * nkv), (r // nkv) % hkv, r % nkv
+        for e in range(offsets[r], offsets[r + 1]):
+            hg, m = divmod(int(entries[e]), nq)
+            rows.setdefault((bb, gg * g + hg, m), []).append(
+                (r // group, e - offsets[r], n, int(ranks[e])))
+    assert sum(len(v) for v in rows.values()) == int(nums.sum())
+    for key, lst in rows.items():
+        assert [x[3] for x in sorted(lst)] == list(range(len(lst))), (key, lst)
+
+
+def test_det_launch_group():
+    """Half the CTAs the GPU holds at once by default (1 per SM at blk 128, 2 at blk 64),
+    all of them with ``detfull``, 0 (KV block order) with ``detkv``; in the compile key."""
+    sms = metadata.num_sms()
+    assert fb.det_launch_group(128) == sms // 2 and fb.det_launch_group(64) == sms
+    assert fb.det_launch_group(64, ("detfull",)) == 2 * sms
+    assert fb.det_launch_group(128, ("detkv",)) == 0
+    key = fb.bwd_config(jnp.bfloat16, 128, 128, False, Switches(bsa_bwd_ws="detkv"),
+                        deterministic=True)
+    assert key.deterministic and key.det_group == 0
+    assert fb.bwd_config(jnp.bfloat16, 64, 64, False, Switches(),
+                         deterministic=True).det_group == sms
+    assert fb.bwd_config(jnp.bfloat16, 64, 64, False, Switches()).det_group == 0
+
+
+@pytest.mark.parametrize("dense", [True, False])
 @pytest.mark.parametrize("seed", range(3))
 def test_kq_csr_ranks(monkeypatch, dense, seed):
     """``build_kq_csr(..., with_ranks=True)``: each entry's rank is the number of KV blocks

@@ -138,8 +138,10 @@ class BsaBwdConfig:
     # "sm90ws" only, blk 128: each consumer warpgroup adds the dQ of its own keys
     ws_decouple: bool = False
     # bitwise reproducible dQ: the additions to each query tile in ascending KV block order
-    # (rank per K->Q entry, semaphore workspace; "sm90ws" only)
+    # (rank per K->Q entry, semaphore workspace; "sm90ws" only), and the launch groups of the
+    # order (metadata.build_kq_csr's rank_group; 0: ascending KV block order)
     deterministic: bool = False
+    det_group: int = 0
 
 
 def fwd_smem_bytes(head_dim, block_size) -> int:
@@ -341,7 +343,8 @@ def bwd_config(dtype, head_dim, block_size, has_block_sizes, switches,
                             ws_max_stages=st[0] if st else 4, ws_ld_wait="ldwait" in opts,
                             ws_lpt="lpt" in opts and not deterministic,
                             ws_decouple="decouple" in opts and not deterministic,
-                            deterministic=bool(deterministic))
+                            deterministic=bool(deterministic),
+                            det_group=det_launch_group(block_size, opts) if deterministic else 0)
     if impl == "sm90":
         return BsaBwdConfig(name, head_dim, block_size, has_block_sizes, impl, arch=arch,
                             pack_gqa=pack_gqa, causal=causal)
@@ -358,6 +361,19 @@ def bwd_config(dtype, head_dim, block_size, has_block_sizes, switches,
                                                           switches))
     return BsaBwdConfig(name, head_dim, block_size, has_block_sizes, impl, min_blocks, arch=arch,
                         vec_red=_platform.vec_red(switches, arch), q_stages=q_stages)
+
+
+def det_launch_group(block_size: int, opts=()) -> int:
+    """The CTA launch groups of the deterministic backward's dQ order
+    (``metadata.build_kq_csr``'s ``rank_group``): half the CTAs the GPU holds at once
+    (``num_sms`` x 1 at blk 128, x 2 at blk 64), all of them with the ``detfull`` option of
+    ``bsa_bwd_ws``, 0 (ascending KV block order) with ``detkv``. Within a group the CTAs
+    may wait for CTAs of higher launch index, so a group must fit on the GPU at once
+    (docs/bsa.md, "Deterministic backward")."""
+    if "detkv" in opts:
+        return 0
+    held = metadata.num_sms() * (1 if block_size == 128 else 2)
+    return held if "detfull" in opts else max(held // 2, 1)
 
 
 def deterministic_unsupported_reason(head_dim, block_size, switches=None, pack_gqa: int = 1,
@@ -813,7 +829,7 @@ def _bsa_bwd_deterministic(q, k, v, do, lse, delta, dq_acc, q2k_block_index, q2k
 
     offsets, entries, ranks = metadata.build_kq_csr(
         q2k_block_index, q2k_block_nums, num_kv_heads=cfg.num_heads_kv,
-        num_kv_blocks=cfg.num_kv_blocks, with_ranks=True)
+        num_kv_blocks=cfg.num_kv_blocks, with_ranks=True, rank_group=cfg.bwd.det_group)
     sem0 = jnp.zeros((cfg.batch, cfg.num_heads_q, cfg.num_q_blocks * (cfg.sparse_block_size // 64)),
                      jnp.int32)
     n_in = 12 + (block_sizes is not None)  # flattened inputs (block_sizes may be None)
