@@ -228,10 +228,10 @@ SWITCHES = (
                "order; slower on the H200: the CTAs running at one time then span every "
                "head), decouple (blk 128: each consumer warpgroup adds the dQ of its own 64 "
                "keys, without the barrier between the warpgroups; slower on the H200), "
-               "detkv (deterministic=True: dQ additions in ascending KV block order instead "
-               "of in the order the CTAs of a launch group reach them), detfull "
-               "(deterministic=True: launch groups of every CTA the GPU holds at once "
-               "instead of half of them), stages=N (most Q / dO stages)"),
+               "detkv (deterministic=True at blk 128: dQ additions in ascending KV block "
+               "order instead of in the order the CTAs of a launch group of half the GPU "
+               "reach them), detfull (deterministic=True: launch groups of every CTA the GPU "
+               "holds at once, at both block sizes), stages=N (most Q / dO stages)"),
     _choice("bsa_pre_impl", "JAX_SPARSE_ATTN_BSA_PRE_IMPL", ("kernel", "xla"),
             "BSA backward preprocessing (delta = rowsum(dO*O), zeroed dQ accumulator): "
             "kernel (one CuTe DSL launch) or xla (an XLA fusion)"),

@@ -185,18 +185,22 @@ def test_kq_csr_ranks_in_launch_groups(monkeypatch, dense, group):
 
 
 def test_det_launch_group():
-    """Half the CTAs the GPU holds at once by default (1 per SM at blk 128, 2 at blk 64),
-    all of them with ``detfull``, 0 (KV block order) with ``detkv``; in the compile key."""
+    """By default half the CTAs the GPU holds at once at blk 128 (one per SM) and the KV
+    block order (0) at blk 64; every CTA held with ``detfull`` (2 per SM at blk 64), 0 with
+    ``detkv``; in the compile key."""
     sms = metadata.num_sms()
-    assert fb.det_launch_group(128) == sms // 2 and fb.det_launch_group(64) == sms
+    assert fb.det_launch_group(128) == sms // 2 and fb.det_launch_group(64) == 0
     assert fb.det_launch_group(64, ("detfull",)) == 2 * sms
+    assert fb.det_launch_group(128, ("detfull",)) == sms
     assert fb.det_launch_group(128, ("detkv",)) == 0
     key = fb.bwd_config(jnp.bfloat16, 128, 128, False, Switches(bsa_bwd_ws="detkv"),
                         deterministic=True)
     assert key.deterministic and key.det_group == 0
-    assert fb.bwd_config(jnp.bfloat16, 64, 64, False, Switches(),
-                         deterministic=True).det_group == sms
-    assert fb.bwd_config(jnp.bfloat16, 64, 64, False, Switches()).det_group == 0
+    assert fb.bwd_config(jnp.bfloat16, 64, 128, False, Switches(),
+                         deterministic=True).det_group == sms // 2
+    assert fb.bwd_config(jnp.bfloat16, 64, 64, False, Switches(bsa_bwd_ws="detfull"),
+                         deterministic=True).det_group == 2 * sms
+    assert fb.bwd_config(jnp.bfloat16, 128, 128, False, Switches()).det_group == 0
 
 
 @pytest.mark.parametrize("dense", [True, False])

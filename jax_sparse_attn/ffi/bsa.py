@@ -365,15 +365,18 @@ def bwd_config(dtype, head_dim, block_size, has_block_sizes, switches,
 
 def det_launch_group(block_size: int, opts=()) -> int:
     """The CTA launch groups of the deterministic backward's dQ order
-    (``metadata.build_kq_csr``'s ``rank_group``): half the CTAs the GPU holds at once
-    (``num_sms`` x 1 at blk 128, x 2 at blk 64), all of them with the ``detfull`` option of
-    ``bsa_bwd_ws``, 0 (ascending KV block order) with ``detkv``. Within a group the CTAs
-    may wait for CTAs of higher launch index, so a group must fit on the GPU at once
-    (docs/bsa.md, "Deterministic backward")."""
-    if "detkv" in opts:
-        return 0
+    (``metadata.build_kq_csr``'s ``rank_group``), the faster order measured on the H200
+    (docs/bsa.md, "Deterministic backward"): at blk 128 half the CTAs the GPU holds at
+    once (``num_sms``, one CTA per SM), at blk 64 0 (ascending KV block order). The
+    ``bsa_bwd_ws`` options: ``detkv`` 0 at every block size, ``detfull`` every CTA the GPU
+    holds (``num_sms`` x 1 at blk 128, x 2 at blk 64). Within a group the CTAs may wait
+    for CTAs of higher launch index, so a group must fit on the GPU at once."""
     held = metadata.num_sms() * (1 if block_size == 128 else 2)
-    return held if "detfull" in opts else max(held // 2, 1)
+    if "detfull" in opts:
+        return held
+    if "detkv" in opts or block_size != 128:
+        return 0
+    return max(held // 2, 1)
 
 
 def deterministic_unsupported_reason(head_dim, block_size, switches=None, pack_gqa: int = 1,
