@@ -46,20 +46,24 @@ needs a final scale. dK / dV are bitwise deterministic (one CTA sums its list in
 by default dQ's fp32 additions are not ordered.
 
 Deterministic mode (``deterministic``; extra inputs ``mRank``, int32 like ``entries``: the
-rank of each entry's KV block among the KV blocks of its query row in ascending order,
-``metadata.build_kq_csr(..., with_ranks=True)``, and ``mdQSem``, int32 ``(B, H_q, N_q *
+place of each entry among the contributions to its query row, ``metadata.build_kq_csr(...,
+with_ranks=True)``, and ``mdQSem``, int32 ``(B, H_q, N_q *
 blk / 64)`` zero-initialised by XLA: one counter per 64-row query tile): the dQ
 contributions to a query tile are added in ascending KV block order, so every dQ element
-gets the same fp32 additions in the same order on every run. Warp 1 of the producer
+gets the same fp32 additions in the same order on every run (the order is the ranks':
+ascending KV block, or by launch group of ``G`` CTAs, then by the position of the query
+tile in each CTA's walk; docs/bsa.md). Warp 1 of the producer
 warpgroup (otherwise idle) walks the CTA's list like the consumers; per query tile its lane
 0 waits (acquire loads) until the tile's counter reaches the entry's rank, arrives on named
 barrier 2 (the consumers sync on it before their ``red.global.add``), syncs on barrier 3
 (the consumers arrive after their reductions) and publishes ``rank + 1`` (``fence.acq_rel.gpu``
 + store): FlashAttention-2/3's ``dq_semaphore`` technique with the rank in place of the KV
-tile index. Deadlock freedom: a CTA waits only for CTAs of lower KV blocks of the same
-(batch, KV head), which have lower linear block indices (grid order, ``lpt`` off), and a
-non-persistent grid dispatches blocks in increasing linear index, so the lowest unfinished
-block never waits. ``decouple`` is off in this mode (each query tile gets one addition per
+tile index. Deadlock freedom: in KV block order a CTA waits only for CTAs of lower KV blocks
+of the same (batch, KV head), which have lower linear block indices (grid order, ``lpt``
+off), and a non-persistent grid dispatches blocks in increasing linear index, so the lowest
+unfinished block never waits; in launch-group order it also waits for CTAs of its own
+group, along waits that decrease (position in the walk, KV block), so a group whose CTAs
+are resident together always progresses. ``decouple`` is off in this mode (each query tile gets one addition per
 KV block). Not implemented here (the public layer runs
 ``bsa_bwd_sm90`` for them): ``pack_gqa``, ``causal``.
 """
