@@ -98,6 +98,9 @@ class BsaFwdConfig:
     ws_three_ctas: bool = False
     # O staged in the single Q buffer first (more K/V stages)
     ws_o_alias: bool = False
+    # consecutive work items of a CTA chained (next item's first S = QK^T issued with this
+    # item's last PV GEMM, the epilogue after it)
+    ws_cross: bool = True
     num_sms: int = 0
     arch: str = ""  # the target arch (CuTe DSL name) the key was chosen for
     # pack_gqa: query heads per KV head r of the packed rows (1: not packed; sm90ws only)
@@ -202,12 +205,14 @@ def bsa_ws_options(opts) -> dict:
     rescaled only when a row max grows by more than 2^8; default: at every block),
     ``three_ctas`` (three CTAs per SM at blk 64 and D 64, faster on the H200 than two;
     ``ctas2``: two), ``o_alias`` (``oalias``: O staged in a single Q buffer for the most K/V
-    stages)."""
+    stages), ``cross`` (``nocross`` turns it off: consecutive work items of a CTA chained, the
+    next item's first ``S = Q K^T`` issued with this item's last PV GEMM)."""
     st = [int(o[7:]) for o in opts if o.startswith("stages=")]
     return {"overlap": "nooverlap" not in opts, "pingpong": "nopingpong" not in opts,
             "q_stages": 1 if "q1" in opts else 2, "max_stages": st[0] if st else 4,
             "head_major": "headinner" not in opts, "lazy_rescale": "lazyrescale" in opts,
-            "three_ctas": "ctas2" not in opts, "o_alias": "oalias" in opts}
+            "three_ctas": "ctas2" not in opts, "o_alias": "oalias" in opts,
+            "cross": "nocross" not in opts}
 
 
 def _family_impl(want: str, head_dim: int, switches, block_size: int | None = None) -> str:
@@ -237,7 +242,7 @@ def fwd_config(dtype, head_dim, block_size, has_block_sizes, switches, causal=Fa
                             ws_q_stages=o["q_stages"], ws_max_stages=o["max_stages"],
                             ws_head_major=o["head_major"], ws_lazy_rescale=o["lazy_rescale"],
                             ws_three_ctas=o["three_ctas"] and (block_size, head_dim) == (64, 64),
-                            ws_o_alias=o["o_alias"],
+                            ws_o_alias=o["o_alias"], ws_cross=o["cross"],
                             num_sms=metadata.num_sms(), arch=arch, causal=causal,
                             pack_gqa=pack_gqa, **kw)
     if causal:
@@ -527,6 +532,7 @@ def _fwd_entry(stream, q, k, v, idx, nums, sizes, scale, out, lse, *, cfg: BsaFw
                               pack_gqa=cfg.pack_gqa, head_major=cfg.ws_head_major,
                               lazy_rescale=cfg.ws_lazy_rescale,
                               three_ctas=cfg.ws_three_ctas, o_alias_first=cfg.ws_o_alias,
+                              cross_item=cfg.ws_cross,
                               **kw)
     else:
         from ..kernels.bsa_fwd_sm80 import BsaFwdSm80  # noqa: PLC0415

@@ -120,6 +120,9 @@ class HstuFwdConfig(_HstuKey):
     ws_tanh16: bool = False
     # one Q buffer that O is staged in, the rest of shared memory to K/V stages ("qalias")
     ws_q_alias: bool = False
+    # consecutive work items of a CTA chained (next item's first S = QK^T issued with this
+    # item's last PV GEMM, the epilogue after it)
+    ws_cross: bool = True
     num_sms: int = 0
     # relative attention bias: presence, H_rab == H, rab's dtype name ("" without rab)
     has_rab: bool = False
@@ -340,12 +343,14 @@ def ws_options(opts) -> dict:
     ``tanh.approx.f16x2`` per two scores), ``page_prefetch`` (``pagepf``: the paged-KV
     producer loads each KV tile's page id one tile ahead; other calls ignore it), ``q_alias``
     (``qalias``: one Q buffer that O is staged in, the freed shared memory to K/V stages),
-    ``bn`` (block_n, 0: the kernel's default for the head dims)."""
+    ``cross`` (``nocross`` turns it off: consecutive work items of a CTA chained, the next
+    item's first ``S = Q K^T`` issued with this item's last PV GEMM), ``bn`` (block_n, 0: the kernel's default for the head dims)."""
     bn = [int(o[3:]) for o in opts if o.startswith("bn=")]
     return {"overlap": "nooverlap" not in opts, "pingpong": "nopingpong" not in opts,
             "q_stages": 1 if "q1" in opts else 2, "silu16": "silu16" in opts,
             "tanh16": "tanh16" in opts, "page_prefetch": "pagepf" in opts,
-            "q_alias": "qalias" in opts, "bn": bn[0] if bn else 0}
+            "q_alias": "qalias" in opts, "cross": "nocross" not in opts,
+            "bn": bn[0] if bn else 0}
 
 
 def _ws_config(dtype, head_dim, head_dim_v, func_n, switches, rab, arch) -> HstuFwdConfig:
@@ -376,6 +381,7 @@ def _ws_config(dtype, head_dim, head_dim_v, func_n, switches, rab, arch) -> Hstu
                          ws_overlap=opts["overlap"], ws_pingpong=opts["pingpong"],
                          ws_q_stages=opts["q_stages"], ws_silu16=opts["silu16"],
                          ws_tanh16=opts["tanh16"], ws_q_alias=opts["q_alias"],
+                         ws_cross=opts["cross"],
                          num_sms=metadata.num_sms(), **rab, arch=arch)
 
 
@@ -551,7 +557,7 @@ def _fwd_adapter():
                                    overlap=cfg.ws_overlap, pingpong=cfg.ws_pingpong,
                                    q_stages=cfg.ws_q_stages, silu16=cfg.ws_silu16,
                                    tanh16=cfg.ws_tanh16, q_alias=cfg.ws_q_alias,
-                                   kv_splits=cfg.kv_splits)
+                                   cross_item=cfg.ws_cross, kv_splits=cfg.kv_splits)
         kernel(q, k, v, cu_q, cu_k, tiles, func, scal, win, out, stream)
 
     return hstu_fwd_launch
@@ -571,7 +577,7 @@ def _fwd_paged_adapter():
                                False, 1, cfg.num_sms, overlap=cfg.ws_overlap,
                                pingpong=cfg.ws_pingpong, q_stages=cfg.ws_q_stages,
                                silu16=cfg.ws_silu16, tanh16=cfg.ws_tanh16,
-                               q_alias=cfg.ws_q_alias, paged=True,
+                               q_alias=cfg.ws_q_alias, cross_item=cfg.ws_cross, paged=True,
                                kv_splits=cfg.kv_splits, page_id_clamp=cfg.page_id_clamp,
                                page_prefetch=cfg.ws_page_prefetch)
         kernel(q, paged_kv, paged_kv, cu_q, cu_k, tiles, func, scal, win, out, stream,
@@ -601,7 +607,8 @@ def _fwd_rab_adapter():
                                    cfg.has_func, cfg.func_n, cfg.num_sms,
                                    overlap=cfg.ws_overlap, pingpong=cfg.ws_pingpong,
                                    q_stages=cfg.ws_q_stages, silu16=cfg.ws_silu16,
-                                   tanh16=cfg.ws_tanh16, q_alias=cfg.ws_q_alias, has_rab=True,
+                                   tanh16=cfg.ws_tanh16, q_alias=cfg.ws_q_alias,
+                                   cross_item=cfg.ws_cross, has_rab=True,
                                    rab_per_head=cfg.rab_per_head, kv_splits=cfg.kv_splits)
         kernel(q, k, v, cu_q, cu_k, tiles, func, scal, win, out, stream, rab)
 

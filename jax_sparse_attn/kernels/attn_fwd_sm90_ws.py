@@ -369,6 +369,108 @@ class AttnFwdSm90Ws:
             c_q += 1
         return c_kv, c_q
 
+    @cute.jit
+    def _consume_items(self, sched, n_work, ctx, mma_qk, mma_qk0, mma_pv, thr_mma_qk,
+                       thr_mma_pv, tSrQ, tSrK, tOrV, pipe_q, pipe_k, pipe_v, sO, turns, wg,
+                       wtid):
+        """Consumer warpgroup, every work item of its CTA with the items chained
+        (``cross_item``): the turn that issues the last PV GEMM of an item also issues the
+        next item's first ``S = Q K^T`` (its Q is already loaded: ``q_stages = 2``), the
+        next item's first score tile is computed while that PV GEMM runs, and this item's
+        epilogue follows (overlapping the other warpgroup's GEMMs). So an item boundary
+        costs a mainloop step plus the epilogue, not a GEMM latency and an unoverlapped
+        score tile as well.
+
+        ``self._decode(t, ctx, which)`` gives item ``t``'s ``(work, tile, n)``: ``n`` its KV
+        tile count, ``-1`` for an item the consumers skip; ``which`` (0 / 1) picks the
+        per-row state the tile context carries (the current item's, the next item's), and
+        ``self._handoff(tile, next_tile)`` moves the next item's into the current one."""
+        wgm, bn, nwg = self.wg_m, self.bn, self.num_wg
+        s_shape = thr_mma_qk.partition_shape_C((wgm, bn))
+        a_vals = mma_pv.tv_layout_A.shape[1]
+        acc_O = cute.make_rmem_tensor(thr_mma_pv.partition_shape_C((wgm, self.dv)), Float32)
+        rP = cute.make_rmem_tensor(s_shape, self.dtype)
+        tOrP = cute.make_tensor(rP.iterator, acc_layout_as_a(rP.layout, a_vals))
+        c_q, c_kv, t = self._loop_start(sched)
+        # 1: this item's first score tile is already in rP (and its row state in state 0)
+        pending = Int32(0)
+        while sched.valid(t):
+            work, tile, n = self._decode(t, ctx, 0)
+            t_next = sched.next(t)
+            if n > 0:
+                rows = self._work_rows(work, tile)
+                state = self._tile_state(acc_O, tile)
+                tQ = tSrQ[None, None, None, nwg * pipe_q.stage(c_q) + wg]
+                if pending == 0:
+                    acc_O.fill(0.0)
+                    self._work_start(tile)
+                    pipe_q.consumer_wait(c_q)
+                    acc_S = cute.make_rmem_tensor(s_shape, Float32)
+                    pre = self._tile_pre(work, tile, rows, 0)
+                    self._issue_qk(mma_qk, mma_qk0, tQ, tSrK, pipe_k, c_kv, acc_S, turns, wg)
+                    turns.pass_turn(wg)
+                    warpgroup.wait_group(0)
+                    pipe_k.consumer_release(c_kv)
+                    rP0 = self._tile_p(acc_S, work, tile, rows, state, pre, 0)
+                    rP.store(rP0.load())
+                self._overlap_steps(mma_qk, mma_qk0, mma_pv, tQ, tSrK, tOrV, tOrP, rP, acc_O,
+                                    pipe_k, pipe_v, c_kv, work, tile, rows, state, turns, wg,
+                                    s_shape)
+                c_last = c_kv + n - 1
+                # the next item (decoded at a valid index; used only when it has KV tiles)
+                nwork, ntile, n_next = self._decode(cutlass.min(t_next, n_work - 1), ctx, 1)
+                chain = Int32(0)
+                if sched.valid(t_next):
+                    if n_next > 0:
+                        chain = Int32(1)
+                if chain == 1:
+                    nrows = self._work_rows(nwork, ntile)
+                    nstate = self._tile_state(acc_O, ntile)
+                    self._work_start(ntile)
+                    pipe_q.consumer_wait(c_q + 1)
+                    tQn = tSrQ[None, None, None, nwg * pipe_q.stage(c_q + 1) + wg]
+                    acc_S2 = cute.make_rmem_tensor(s_shape, Float32)
+                    pre2 = self._tile_pre(nwork, ntile, nrows, 0)
+                    self._issue_qk(mma_qk, mma_qk0, tQn, tSrK, pipe_k, c_last + 1, acc_S2,
+                                   turns, wg)
+                    self._issue_pv(mma_pv, tOrP, tOrV, pipe_v, c_last, acc_O, turns, wg, False)
+                    turns.pass_turn(wg)
+                    warpgroup.wait_group(1)
+                    pipe_k.consumer_release(c_last + 1)
+                    # every S GEMM reading this item's Q has completed
+                    pipe_q.consumer_release(c_q)
+                    rP2 = self._tile_p(acc_S2, nwork, ntile, nrows, nstate, pre2, 0)
+                    warpgroup.wait_group(0)
+                    rP32 = cute.recast_tensor(rP, cutlass.Uint32)
+                    for e in cutlass.range_constexpr(cute.size(rP32)):
+                        rP32[e] = hc.keep_u32(rP32[e])
+                    pipe_v.consumer_release(c_last)
+                    self._epilogue(acc_O, work, tile, thr_mma_pv, sO, wg, wtid, True)
+                    self._handoff(tile, ntile)
+                    rP.store(rP2.load())
+                    acc_O.fill(0.0)
+                    pending = Int32(1)
+                else:
+                    self._issue_pv(mma_pv, tOrP, tOrV, pipe_v, c_last, acc_O, turns, wg, True)
+                    turns.pass_turn(wg)
+                    warpgroup.wait_group(0)
+                    pipe_v.consumer_release(c_last)
+                    pipe_q.consumer_release(c_q)
+                    self._epilogue(acc_O, work, tile, thr_mma_pv, sO, wg, wtid, True)
+                    pending = Int32(0)
+                c_kv = c_kv + n
+                c_q = c_q + 1
+            else:
+                if n == 0:
+                    acc_O.fill(0.0)
+                    self._work_start(tile)
+                    self._epilogue(acc_O, work, tile, thr_mma_pv, sO, wg, wtid, False)
+            t = t_next
+
+    def _handoff(self, tile, next_tile):
+        """Chained items: the next item's per-row state (``_decode`` slot 1) becomes the
+        current one's (slot 0). Kernels without per-row state: nothing."""
+
     # ------------------------------------------------------------------ mainloop
     @cute.jit
     def _qk(self, mma_qk, mma_qk0, tSrQ, tSrK, stage, acc_S):
@@ -419,24 +521,9 @@ class AttnFwdSm90Ws:
             pipe_k.consumer_release(c_kv)
             rP = self._tile_p(acc_S, work, tile, rows, state, pre, 0)
             tOrP = cute.make_tensor(rP.iterator, acc_layout_as_a(rP.layout, a_vals))
-            for it in cutlass.range(1, work.n_count, unroll=1):
-                c_new = c_kv + it
-                acc_S2 = cute.make_rmem_tensor(s_shape, Float32)
-                pre2 = self._tile_pre(work, tile, rows, it)
-                self._issue_qk(mma_qk, mma_qk0, tSrQ, tSrK, pipe_k, c_new, acc_S2, turns, wg)
-                self._issue_pv(mma_pv, tOrP, tOrV, pipe_v, c_new - 1, acc_O, turns, wg, False)
-                turns.pass_turn(wg)
-                warpgroup.wait_group(1)
-                pipe_k.consumer_release(c_new)
-                rP2 = self._tile_p(acc_S2, work, tile, rows, state, pre2, it)
-                warpgroup.wait_group(0)
-                # P_{j-1} stays allocated until the PV GEMM that reads it has completed
-                rP32 = cute.recast_tensor(rP, cutlass.Uint32)
-                for e in cutlass.range_constexpr(cute.size(rP32)):
-                    rP32[e] = hc.keep_u32(rP32[e])
-                pipe_v.consumer_release(c_new - 1)
-                self._pv_done(acc_O, state)
-                rP.store(rP2.load())
+            self._overlap_steps(mma_qk, mma_qk0, mma_pv, tSrQ, tSrK, tOrV, tOrP, rP, acc_O,
+                                pipe_k, pipe_v, c_kv, work, tile, rows, state, turns, wg,
+                                s_shape)
             c_last = c_kv + work.n_count - 1
             self._issue_pv(mma_pv, tOrP, tOrV, pipe_v, c_last, acc_O, turns, wg, True)
             turns.pass_turn(wg)
@@ -458,6 +545,33 @@ class AttnFwdSm90Ws:
                 warpgroup.wait_group(0)
                 pipe_v.consumer_release(c)
         return c_kv + work.n_count
+
+    @cute.jit
+    def _overlap_steps(self, mma_qk, mma_qk0, mma_pv, tSrQ, tSrK, tOrV, tOrP, rP, acc_O, pipe_k,
+                       pipe_v, c_kv, work, tile, rows, state, turns, wg, s_shape):
+        """Iterations ``1 .. n_count - 1`` of the overlapped mainloop: issue ``S_j = Q K_j^T``
+        and ``O += P_{j-1} V_{j-1}`` in one turn, wait for ``S_j`` only, compute ``P_j`` while
+        the PV GEMM runs, then wait for it and bring O to tile ``j``'s state (``_pv_done``).
+        ``rP`` holds ``P_{j-1}`` on entry (``tOrP`` is its A-operand view) and ``P_{n-1}`` on
+        exit; K / V tile ``j`` is pipeline slot ``c_kv + j``."""
+        for it in cutlass.range(1, work.n_count, unroll=1):
+            c_new = c_kv + it
+            acc_S2 = cute.make_rmem_tensor(s_shape, Float32)
+            pre2 = self._tile_pre(work, tile, rows, it)
+            self._issue_qk(mma_qk, mma_qk0, tSrQ, tSrK, pipe_k, c_new, acc_S2, turns, wg)
+            self._issue_pv(mma_pv, tOrP, tOrV, pipe_v, c_new - 1, acc_O, turns, wg, False)
+            turns.pass_turn(wg)
+            warpgroup.wait_group(1)
+            pipe_k.consumer_release(c_new)
+            rP2 = self._tile_p(acc_S2, work, tile, rows, state, pre2, it)
+            warpgroup.wait_group(0)
+            # P_{j-1} stays allocated until the PV GEMM that reads it has completed
+            rP32 = cute.recast_tensor(rP, cutlass.Uint32)
+            for e in cutlass.range_constexpr(cute.size(rP32)):
+                rP32[e] = hc.keep_u32(rP32[e])
+            pipe_v.consumer_release(c_new - 1)
+            self._pv_done(acc_O, state)
+            rP.store(rP2.load())
 
     # ------------------------------------------------------------------ epilogue
     @cute.jit

@@ -106,7 +106,7 @@ class BsaFwdSm90Ws(AttnFwdSm90Ws):
                  max_stages: int = 4, q_stages: int = 2, pack_gqa: int = 1,
                  causal: bool = False, kv_splits: int = 1, head_major: bool = True,
                  lazy_rescale: bool = False, three_ctas: bool = False,
-                 o_alias_first: bool = False):
+                 o_alias_first: bool = False, cross_item: bool = True):
         if block_size not in (64, 128) or head_dim not in (64, 128):
             raise NotImplementedError(
                 f"bsa_fwd_sm90_ws implements head_dim in (64, 128) and sparse_block_size in "
@@ -131,6 +131,10 @@ class BsaFwdSm90Ws(AttnFwdSm90Ws):
         self.stages, self.q_stages, self.o_alias_q = bsa_ws_smem_plan(
             head_dim, self.bm, block_size, limit, max_stages, q_stages, o_alias_first)
         self.num_sms = num_sms
+        # chained work items (``AttnFwdSm90Ws._consume_items``): needs the overlapped
+        # mainloop and the next item's Q in its own buffer
+        self.cross_item = (cross_item and overlap and self.q_stages >= 2
+                           and not self.o_alias_q)
         self.kv_splits = kv_splits
         self.head_major = head_major
         # lazy_rescale: rows keep a stale max up to 2^8 below the true one (softmax.py)
@@ -282,21 +286,47 @@ class BsaFwdSm90Ws(AttnFwdSm90Ws):
             sO = self._o_buffer(st, sO_layout, wg)
 
             turns.start(wg)
-            c_q, c_kv, t = self._loop_start(sched)
-            while sched.valid(t):
-                item = self._work(sched, t, n_q_blocks, mIdx, mNums, mSizes, seqlen_k, seqlen_q,
-                                  n_heads)
-                batch, head, m_block, blist = item[:4]
-                mw0 = m_block * bm + wg * wgm
-                split = None
-                if cutlass.const_expr(self.kv_splits > 1):
-                    split = item[4]
-                tile = _Tile(mw0, mask, smax, seqlen_q, mO, mLSE, split)
-                c_kv, c_q = self._consume(
-                    WorkItem(blist, head, mV, batch=batch), tile, mma_qk, mma_qk0, mma_pv,
-                    thr_mma_qk, thr_mma_pv, tSrQ, tSrK, tOrV, pipe_q, pipe_k, pipe_v, c_q, c_kv,
-                    sO, turns, wg, wtid)
-                t = sched.next(t)
+            smaxes = (smax, smax)
+            if cutlass.const_expr(self.cross_item):
+                # the next item's first score tile needs its own softmax state
+                smaxes = (smax, OnlineSoftmax.create(cute.size(tScS, mode=[0]), softmax_scale,
+                                                     self.rescale_threshold))
+            ctx = (sched, n_q_blocks, mIdx, mNums, mSizes, seqlen_k, seqlen_q, n_heads, mV,
+                   mask, smaxes, mO, mLSE, wg)
+            if cutlass.const_expr(self.cross_item):
+                self._consume_items(sched, sched.n_work, ctx, mma_qk, mma_qk0, mma_pv,
+                                    thr_mma_qk, thr_mma_pv, tSrQ, tSrK, tOrV, pipe_q, pipe_k,
+                                    pipe_v, sO, turns, wg, wtid)
+            else:
+                c_q, c_kv, t = self._loop_start(sched)
+                while sched.valid(t):
+                    work, tile, _ = self._decode(t, ctx, 0)
+                    c_kv, c_q = self._consume(
+                        work, tile, mma_qk, mma_qk0, mma_pv, thr_mma_qk, thr_mma_pv, tSrQ,
+                        tSrK, tOrV, pipe_q, pipe_k, pipe_v, c_q, c_kv, sO, turns, wg, wtid)
+                    t = sched.next(t)
+
+    @cute.jit
+    def _decode(self, t, ctx, which: cutlass.Constexpr):
+        """Chained items (``_consume_items``): item ``t``'s work, tile context (with softmax
+        state ``which``) and listed-block count."""
+        (sched, n_q_blocks, mIdx, mNums, mSizes, seqlen_k, seqlen_q, n_heads, mV, mask, smaxes,
+         mO, mLSE, wg) = ctx
+        item = self._work(sched, t, n_q_blocks, mIdx, mNums, mSizes, seqlen_k, seqlen_q,
+                          n_heads)
+        batch, head, m_block, blist = item[:4]
+        split = None
+        if cutlass.const_expr(self.kv_splits > 1):
+            split = item[4]
+        tile = _Tile(m_block * self.bm + wg * self.wg_m, mask, smaxes[which], seqlen_q, mO,
+                     mLSE, split)
+        return WorkItem(blist, head, mV, batch=batch), tile, blist.n_count
+
+    @cute.jit
+    def _handoff(self, tile, next_tile):
+        """The next item's running max and sum become the current softmax state."""
+        tile.smax.row_max.store(next_tile.smax.row_max.load())
+        tile.smax.row_sum.store(next_tile.smax.row_sum.load())
 
     # ------------------------------------------------- variation points (AttnFwdSm90Ws)
     def _q_tile(self, tma_tQ, work):

@@ -94,7 +94,8 @@ class HstuFwdSm90Ws(AttnFwdSm90Ws):
     def __init__(self, dtype, head_dim, head_dim_v, block_n, has_func, func_n, num_sms,
                  overlap=True, pingpong=True, max_stages=4, q_stages=2, silu16=False,
                  has_rab=False, rab_per_head=False, tanh16=False, paged=False,
-                 kv_splits=1, page_id_clamp=False, page_prefetch=False, q_alias=False):
+                 kv_splits=1, page_id_clamp=False, page_prefetch=False, q_alias=False,
+                 cross_item=True):
         self.dtype = dtype
         self.d = head_dim
         self.dv = head_dim_v
@@ -126,6 +127,10 @@ class HstuFwdSm90Ws(AttnFwdSm90Ws):
                 f"{PAGE_SIZE} and head_dim={head_dim} equal head_dim_v={head_dim_v}")
         self.stages, self.q_stages, self.o_alias_q = ws_smem_plan(
             head_dim, head_dim_v, block_n, max_stages, q_stages, q_alias)
+        # chained work items (``AttnFwdSm90Ws._consume_items``): needs the overlapped
+        # mainloop and the next item's Q in its own buffer
+        self.cross_item = (cross_item and overlap and self.q_stages >= 2
+                           and not self.o_alias_q)
         self.num_threads = 384
         self.regs_producer = 24
         self.regs_consumer = 240
@@ -215,23 +220,51 @@ class HstuFwdSm90Ws(AttnFwdSm90Ws):
             sO = self._o_buffer(st, sO_layout, wg)
 
             turns.start(wg)
-            c_q, c_kv, t = self._loop_start(sched)
-            while sched.valid(t):
-                slot, head, split = self._coords(sched, t, n_heads)
-                batch = Int32(mTile[slot, 0])
-                if batch >= 0:
-                    work, m_block, m0 = self._work(mTile, slot, head, batch, mCuQ, mCuK, left,
-                                                   right, mV, group, mPageIds,
-                                                   mPageIndptrs, split)
-                    mw0 = m0 + wg * wgm
-                    mw1 = cutlass.min(mw0 + wgm, work.seq.seqlen_q)
-                    tile = _Tile(batch, mw0, mw1, mask, tSc, left, right, alpha_half,
-                                 inv_scale, mFunc, mRab, mO, split)
-                    c_kv, c_q = self._consume(
-                        work, tile, mma_qk, mma_qk0, mma_pv, thr_mma_qk,
-                        thr_mma_pv, tSrQ, tSrK, tOrV, pipe_q, pipe_k, pipe_v, c_q, c_kv, sO,
-                        turns, wg, wtid)
-                t = sched.next(t)
+            if cutlass.const_expr(self.cross_item):
+                ctx = (sched, n_heads, mTile, mCuQ, mCuK, left, right, mV, group, mPageIds,
+                       mPageIndptrs, mask, tSc, alpha_half, inv_scale, mFunc, mRab, mO, wg)
+                self._consume_items(sched, sched.n_work, ctx, mma_qk, mma_qk0, mma_pv,
+                                    thr_mma_qk, thr_mma_pv, tSrQ, tSrK, tOrV, pipe_q, pipe_k,
+                                    pipe_v, sO, turns, wg, wtid)
+            else:
+                c_q, c_kv, t = self._loop_start(sched)
+                while sched.valid(t):
+                    slot, head, split = self._coords(sched, t, n_heads)
+                    batch = Int32(mTile[slot, 0])
+                    if batch >= 0:
+                        work, m_block, m0 = self._work(mTile, slot, head, batch, mCuQ, mCuK,
+                                                       left, right, mV, group, mPageIds,
+                                                       mPageIndptrs, split)
+                        mw0 = m0 + wg * wgm
+                        mw1 = cutlass.min(mw0 + wgm, work.seq.seqlen_q)
+                        tile = _Tile(batch, mw0, mw1, mask, tSc, left, right, alpha_half,
+                                     inv_scale, mFunc, mRab, mO, split)
+                        c_kv, c_q = self._consume(
+                            work, tile, mma_qk, mma_qk0, mma_pv, thr_mma_qk,
+                            thr_mma_pv, tSrQ, tSrK, tOrV, pipe_q, pipe_k, pipe_v, c_q, c_kv,
+                            sO, turns, wg, wtid)
+                    t = sched.next(t)
+
+    @cute.jit
+    def _decode(self, t, ctx, which: cutlass.Constexpr):
+        """Chained items (``_consume_items``): item ``t``'s work, tile context and KV tile
+        count (-1 for a schedule row without a tile: ``mTile[slot, 0] < 0``, decoded as
+        sequence 0 so that nothing reads out of bounds). No per-row state (``which``)."""
+        (sched, n_heads, mTile, mCuQ, mCuK, left, right, mV, group, mPageIds, mPageIndptrs,
+         mask, tSc, alpha_half, inv_scale, mFunc, mRab, mO, wg) = ctx
+        slot, head, split = self._coords(sched, t, n_heads)
+        batch = Int32(mTile[slot, 0])
+        b = cutlass.max(batch, Int32(0))
+        work, m_block, m0 = self._work(mTile, slot, head, b, mCuQ, mCuK, left, right, mV,
+                                       group, mPageIds, mPageIndptrs, split)
+        mw0 = m0 + wg * self.wg_m
+        mw1 = cutlass.min(mw0 + self.wg_m, work.seq.seqlen_q)
+        tile = _Tile(b, mw0, mw1, mask, tSc, left, right, alpha_half, inv_scale, mFunc, mRab,
+                     mO, split)
+        n = work.n_count
+        if batch < 0:
+            n = Int32(-1)
+        return work, tile, n
 
     @cute.jit
     def _coords(self, sched, t, n_heads):
