@@ -99,8 +99,8 @@ class BsaFwdConfig:
     # O staged in the single Q buffer first (more K/V stages)
     ws_o_alias: bool = False
     # consecutive work items of a CTA chained (next item's first S = QK^T issued with this
-    # item's last PV GEMM, the epilogue after it)
-    ws_cross: bool = True
+    # item's last PV GEMM, the epilogue after it; 2: the epilogue during that S GEMM; 0: off)
+    ws_cross: int = 1
     num_sms: int = 0
     arch: str = ""  # the target arch (CuTe DSL name) the key was chosen for
     # pack_gqa: query heads per KV head r of the packed rows (1: not packed; sm90ws only)
@@ -212,7 +212,7 @@ def bsa_ws_options(opts) -> dict:
             "q_stages": 1 if "q1" in opts else 2, "max_stages": st[0] if st else 4,
             "head_major": "headinner" not in opts, "lazy_rescale": "lazyrescale" in opts,
             "three_ctas": "ctas2" not in opts, "o_alias": "oalias" in opts,
-            "cross": "nocross" not in opts}
+            "cross": 0 if "nocross" in opts else 2 if "crossepi" in opts else 1}
 
 
 def _family_impl(want: str, head_dim: int, switches, block_size: int | None = None) -> str:

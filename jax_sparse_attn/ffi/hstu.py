@@ -121,8 +121,8 @@ class HstuFwdConfig(_HstuKey):
     # one Q buffer that O is staged in, the rest of shared memory to K/V stages ("qalias")
     ws_q_alias: bool = False
     # consecutive work items of a CTA chained (next item's first S = QK^T issued with this
-    # item's last PV GEMM, the epilogue after it)
-    ws_cross: bool = True
+    # item's last PV GEMM, the epilogue after it; 2: the epilogue during that S GEMM; 0: off)
+    ws_cross: int = 1
     num_sms: int = 0
     # relative attention bias: presence, H_rab == H, rab's dtype name ("" without rab)
     has_rab: bool = False
@@ -349,7 +349,8 @@ def ws_options(opts) -> dict:
     return {"overlap": "nooverlap" not in opts, "pingpong": "nopingpong" not in opts,
             "q_stages": 1 if "q1" in opts else 2, "silu16": "silu16" in opts,
             "tanh16": "tanh16" in opts, "page_prefetch": "pagepf" in opts,
-            "q_alias": "qalias" in opts, "cross": "nocross" not in opts,
+            "q_alias": "qalias" in opts,
+            "cross": 0 if "nocross" in opts else 2 if "crossepi" in opts else 1,
             "bn": bn[0] if bn else 0}
 
 

@@ -401,6 +401,18 @@ class AttnFwdSm90Ws:
                 rows = self._work_rows(work, tile)
                 state = self._tile_state(acc_O, tile)
                 tQ = tSrQ[None, None, None, nwg * pipe_q.stage(c_q) + wg]
+                # the next item (decoded at a valid index, chained only when it has KV
+                # tiles); its metadata loads are issued here so that their latency hides
+                # behind this item's mainloop
+                nwork, ntile, n_next = self._decode(cutlass.min(t_next, n_work - 1), ctx, 1)
+                nrows = self._work_rows(nwork, ntile)
+                pre2 = None
+                if cutlass.const_expr(self._early_pre()):
+                    pre2 = self._tile_pre(nwork, ntile, nrows, 0)
+                chain = Int32(0)
+                if sched.valid(t_next):
+                    if n_next > 0:
+                        chain = Int32(1)
                 if pending == 0:
                     acc_O.fill(0.0)
                     self._work_start(tile)
@@ -417,35 +429,46 @@ class AttnFwdSm90Ws:
                                     pipe_k, pipe_v, c_kv, work, tile, rows, state, turns, wg,
                                     s_shape)
                 c_last = c_kv + n - 1
-                # the next item (decoded at a valid index; used only when it has KV tiles)
-                nwork, ntile, n_next = self._decode(cutlass.min(t_next, n_work - 1), ctx, 1)
-                chain = Int32(0)
-                if sched.valid(t_next):
-                    if n_next > 0:
-                        chain = Int32(1)
                 if chain == 1:
-                    nrows = self._work_rows(nwork, ntile)
                     nstate = self._tile_state(acc_O, ntile)
                     self._work_start(ntile)
                     pipe_q.consumer_wait(c_q + 1)
                     tQn = tSrQ[None, None, None, nwg * pipe_q.stage(c_q + 1) + wg]
                     acc_S2 = cute.make_rmem_tensor(s_shape, Float32)
-                    pre2 = self._tile_pre(nwork, ntile, nrows, 0)
-                    self._issue_qk(mma_qk, mma_qk0, tQn, tSrK, pipe_k, c_last + 1, acc_S2,
-                                   turns, wg)
-                    self._issue_pv(mma_pv, tOrP, tOrV, pipe_v, c_last, acc_O, turns, wg, False)
-                    turns.pass_turn(wg)
-                    warpgroup.wait_group(1)
-                    pipe_k.consumer_release(c_last + 1)
-                    # every S GEMM reading this item's Q has completed
-                    pipe_q.consumer_release(c_q)
-                    rP2 = self._tile_p(acc_S2, nwork, ntile, nrows, nstate, pre2, 0)
-                    warpgroup.wait_group(0)
-                    rP32 = cute.recast_tensor(rP, cutlass.Uint32)
-                    for e in cutlass.range_constexpr(cute.size(rP32)):
-                        rP32[e] = hc.keep_u32(rP32[e])
-                    pipe_v.consumer_release(c_last)
-                    self._epilogue(acc_O, work, tile, thr_mma_pv, sO, wg, wtid, True)
+                    if cutlass.const_expr(not self._early_pre()):
+                        pre2 = self._tile_pre(nwork, ntile, nrows, 0)
+                    if cutlass.const_expr(self.cross_epi_first):
+                        # PV first: the epilogue runs while the next item's S GEMM does
+                        self._issue_pv(mma_pv, tOrP, tOrV, pipe_v, c_last, acc_O, turns, wg,
+                                       True)
+                        pipe_k.consumer_wait(c_last + 1)
+                        warpgroup.fence()
+                        self._qk(mma_qk, mma_qk0, tQn, tSrK, pipe_k.stage(c_last + 1), acc_S2)
+                        warpgroup.commit_group()
+                        turns.pass_turn(wg)
+                        warpgroup.wait_group(1)
+                        self._keep_p(rP)
+                        pipe_v.consumer_release(c_last)
+                        self._epilogue(acc_O, work, tile, thr_mma_pv, sO, wg, wtid, True)
+                        warpgroup.wait_group(0)
+                        pipe_k.consumer_release(c_last + 1)
+                        pipe_q.consumer_release(c_q)
+                        rP2 = self._tile_p(acc_S2, nwork, ntile, nrows, nstate, pre2, 0)
+                    else:
+                        self._issue_qk(mma_qk, mma_qk0, tQn, tSrK, pipe_k, c_last + 1, acc_S2,
+                                       turns, wg)
+                        self._issue_pv(mma_pv, tOrP, tOrV, pipe_v, c_last, acc_O, turns, wg,
+                                       False)
+                        turns.pass_turn(wg)
+                        warpgroup.wait_group(1)
+                        pipe_k.consumer_release(c_last + 1)
+                        # every S GEMM reading this item's Q has completed
+                        pipe_q.consumer_release(c_q)
+                        rP2 = self._tile_p(acc_S2, nwork, ntile, nrows, nstate, pre2, 0)
+                        warpgroup.wait_group(0)
+                        self._keep_p(rP)
+                        pipe_v.consumer_release(c_last)
+                        self._epilogue(acc_O, work, tile, thr_mma_pv, sO, wg, wtid, True)
                     self._handoff(tile, ntile)
                     rP.store(rP2.load())
                     acc_O.fill(0.0)
@@ -466,6 +489,12 @@ class AttnFwdSm90Ws:
                     self._work_start(tile)
                     self._epilogue(acc_O, work, tile, thr_mma_pv, sO, wg, wtid, False)
             t = t_next
+
+    def _early_pre(self):
+        """Chained items: whether the next item's first ``_tile_pre`` (its loads) is issued
+        at the start of the current item (cheap per-tile values) rather than just before
+        its GEMM (values that take many registers)."""
+        return True
 
     def _handoff(self, tile, next_tile):
         """Chained items: the next item's per-row state (``_decode`` slot 1) becomes the
@@ -547,6 +576,14 @@ class AttnFwdSm90Ws:
         return c_kv + work.n_count
 
     @cute.jit
+    def _keep_p(self, rP):
+        """P stays allocated until the PV GEMM that reads it from registers has completed
+        (call after that GEMM's ``wait_group``)."""
+        rP32 = cute.recast_tensor(rP, cutlass.Uint32)
+        for e in cutlass.range_constexpr(cute.size(rP32)):
+            rP32[e] = hc.keep_u32(rP32[e])
+
+    @cute.jit
     def _overlap_steps(self, mma_qk, mma_qk0, mma_pv, tSrQ, tSrK, tOrV, tOrP, rP, acc_O, pipe_k,
                        pipe_v, c_kv, work, tile, rows, state, turns, wg, s_shape):
         """Iterations ``1 .. n_count - 1`` of the overlapped mainloop: issue ``S_j = Q K_j^T``
@@ -565,10 +602,7 @@ class AttnFwdSm90Ws:
             pipe_k.consumer_release(c_new)
             rP2 = self._tile_p(acc_S2, work, tile, rows, state, pre2, it)
             warpgroup.wait_group(0)
-            # P_{j-1} stays allocated until the PV GEMM that reads it has completed
-            rP32 = cute.recast_tensor(rP, cutlass.Uint32)
-            for e in cutlass.range_constexpr(cute.size(rP32)):
-                rP32[e] = hc.keep_u32(rP32[e])
+            self._keep_p(rP)
             pipe_v.consumer_release(c_new - 1)
             self._pv_done(acc_O, state)
             rP.store(rP2.load())

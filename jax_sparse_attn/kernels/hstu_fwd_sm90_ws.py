@@ -95,7 +95,7 @@ class HstuFwdSm90Ws(AttnFwdSm90Ws):
                  overlap=True, pingpong=True, max_stages=4, q_stages=2, silu16=False,
                  has_rab=False, rab_per_head=False, tanh16=False, paged=False,
                  kv_splits=1, page_id_clamp=False, page_prefetch=False, q_alias=False,
-                 cross_item=True):
+                 cross_item=1):
         self.dtype = dtype
         self.d = head_dim
         self.dv = head_dim_v
@@ -129,8 +129,11 @@ class HstuFwdSm90Ws(AttnFwdSm90Ws):
             head_dim, head_dim_v, block_n, max_stages, q_stages, q_alias)
         # chained work items (``AttnFwdSm90Ws._consume_items``): needs the overlapped
         # mainloop and the next item's Q in its own buffer
-        self.cross_item = (cross_item and overlap and self.q_stages >= 2
+        # (``cross_item``: 0 off, 1 on, 2 on with the last PV GEMM issued before the next
+        # item's first S GEMM and the epilogue while that one runs)
+        self.cross_item = (bool(cross_item) and overlap and self.q_stages >= 2
                            and not self.o_alias_q)
+        self.cross_epi_first = self.cross_item and cross_item == 2
         self.num_threads = 384
         self.regs_producer = 24
         self.regs_consumer = 240
@@ -244,6 +247,10 @@ class HstuFwdSm90Ws(AttnFwdSm90Ws):
                             thr_mma_pv, tSrQ, tSrK, tOrV, pipe_q, pipe_k, pipe_v, c_q, c_kv,
                             sO, turns, wg, wtid)
                     t = sched.next(t)
+
+    def _early_pre(self):
+        """The bias fragment (rab) takes a register per accumulator element: load it late."""
+        return not self.has_rab
 
     @cute.jit
     def _decode(self, t, ctx, which: cutlass.Constexpr):
