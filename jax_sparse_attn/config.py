@@ -95,7 +95,7 @@ def _parse_option_list(flags, key, key_ok, allowed):
 #: the flags of the sm90ws forward's tuning switch (JAX_SPARSE_ATTN_HSTU_WS); ``bn=N`` is
 #: the fifth entry
 WS_FLAGS = ("nooverlap", "nopingpong", "q1", "silu16", "tanh16", "pagepf", "qalias",
-            "nocross", "crossepi")
+            "cross", "crossepi")
 _WS_ALLOWED = ("comma list of " + ", ".join(WS_FLAGS)
                + ", bn=N (block_n: a multiple of 16 in 16..256)")
 #: parser of JAX_SPARSE_ATTN_HSTU_WS: :data:`WS_FLAGS` and ``bn=N``
@@ -105,7 +105,7 @@ _parse_ws = _parse_option_list(WS_FLAGS, "bn", lambda n: n % 16 == 0 and 16 <= n
 #: the flags of the sm90ws BSA forward's tuning switch (JAX_SPARSE_ATTN_BSA_WS), plus
 #: ``stages=N`` (at most N K/V stages, 2..8)
 BSA_WS_FLAGS = ("nooverlap", "nopingpong", "q1", "headinner", "lazyrescale", "ctas2", "oalias",
-                "nocross", "crossepi")
+                "cross", "crossepi")
 _BSA_WS_ALLOWED = ("comma list of " + ", ".join(BSA_WS_FLAGS)
                    + ", stages=N (most K/V shared-memory stages: 2..8)")
 #: parser of JAX_SPARSE_ATTN_BSA_WS: :data:`BSA_WS_FLAGS` and ``stages=N``
@@ -177,10 +177,11 @@ SWITCHES = (
            "tanh.approx.f16x2 per two scores, the rest fp32), silu16 (score "
            "function in packed 16-bit arithmetic), pagepf (paged KV: the producer loads "
            "each KV tile's page id one tile ahead), qalias (one Q buffer that O is staged "
-           "in, the freed shared memory to K/V stages: 3 instead of 2 at D = 128), nocross "
-           "(each work item's epilogue and first S = QK^T without the next / previous item's "
-           "GEMMs in flight), crossepi (chained items, the epilogue during the next item's "
-           "first S = QK^T), bn=N "
+           "in, the freed shared memory to K/V stages: 3 instead of 2 at D = 128), cross "
+           "(a CTA's consecutive work items chained: the next item's first S = QK^T issued "
+           "with this item's last PV GEMM, the epilogue after the next item's first score "
+           "tile; slower on the H200), crossepi (chained, the epilogue during that S = QK^T), "
+           "bn=N "
            "(keys per tile; default 128, 64 at D = 256)"),
     Switch("hstu_fwd_tile", "JAX_SPARSE_ATTN_HSTU_FWD_TILE", _TILE, _parse_tile, None,
            "HSTU sm80 forward tile override (tuning; unset: the kernel's tiles for the head "
@@ -216,9 +217,10 @@ SWITCHES = (
            "lazyrescale (the online softmax keeps a row's max and skips the O rescale until "
            "the max grows by more than 2^8; slower on the H200), ctas2 (blk 64 D 64: two CTAs "
            "per SM instead of three), oalias (O staged in a single Q buffer, for more K/V "
-           "stages), nocross (each work item's epilogue and first S = QK^T without the "
-           "next / previous item's GEMMs in flight), crossepi (chained items, the epilogue "
-           "during the next item's first S = QK^T), stages=N "
+           "stages), cross (a CTA's consecutive work items chained: the next item's first "
+           "S = QK^T issued with this item's last PV GEMM, the epilogue after the next "
+           "item's first score tile; slower on the H200), crossepi (chained, the epilogue "
+           "during that S = QK^T), stages=N "
            "(most K/V stages)"),
     _choice("bsa_bwd_impl", "JAX_SPARSE_ATTN_BSA_BWD_IMPL", ("auto", "sm90", "sm90ws", "sm80"),
             "BSA backward kernel: auto (the faster one on the H200: sm90ws at sparse_block_size "

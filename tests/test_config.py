@@ -96,7 +96,7 @@ def test_removed_sm90_bsa_forward_is_rejected():
 
 
 @pytest.mark.parametrize("raw", ["nooverlap", "nopingpong", "q1", "silu16", "tanh16", "pagepf",
-                                 "qalias", "nocross", "crossepi", "bn=16", "bn=256",
+                                 "qalias", "cross", "crossepi", "bn=16", "bn=256",
                                  "bn=80,q1", "nooverlap,nopingpong,q1,silu16,bn=192", " q1 , "])
 def test_sm90ws_variants_parse(raw):
     """Every option of hstu_fwd_ws is accepted alone and combined; the string form of a
@@ -110,7 +110,7 @@ def test_sm90ws_variants_parse(raw):
                    "q_stages": 1 if "q1" in opts else 2, "silu16": "silu16" in opts,
                    "tanh16": "tanh16" in opts, "page_prefetch": "pagepf" in opts,
                    "q_alias": "qalias" in opts,
-                   "cross": 0 if "nocross" in opts else 2 if "crossepi" in opts else 1,
+                   "cross": 2 if "crossepi" in opts else 1 if "cross" in opts else 0,
                    "bn": bn[0] if bn else 0}
 
 

@@ -99,8 +99,9 @@ class BsaFwdConfig:
     # O staged in the single Q buffer first (more K/V stages)
     ws_o_alias: bool = False
     # consecutive work items of a CTA chained (next item's first S = QK^T issued with this
-    # item's last PV GEMM, the epilogue after it; 2: the epilogue during that S GEMM; 0: off)
-    ws_cross: int = 1
+    # item's last PV GEMM, the epilogue after it; 2: the epilogue during that S GEMM; 0: off,
+    # the default: slower on the H200)
+    ws_cross: int = 0
     num_sms: int = 0
     arch: str = ""  # the target arch (CuTe DSL name) the key was chosen for
     # pack_gqa: query heads per KV head r of the packed rows (1: not packed; sm90ws only)
@@ -205,14 +206,15 @@ def bsa_ws_options(opts) -> dict:
     rescaled only when a row max grows by more than 2^8; default: at every block),
     ``three_ctas`` (three CTAs per SM at blk 64 and D 64, faster on the H200 than two;
     ``ctas2``: two), ``o_alias`` (``oalias``: O staged in a single Q buffer for the most K/V
-    stages), ``cross`` (``nocross`` turns it off: consecutive work items of a CTA chained, the
-    next item's first ``S = Q K^T`` issued with this item's last PV GEMM)."""
+    stages), ``cross`` (1 with ``cross``, 2 with ``crossepi``, else 0: a CTA's consecutive
+    work items chained, the next item's first ``S = Q K^T`` issued with this item's last PV
+    GEMM; slower on the H200)."""
     st = [int(o[7:]) for o in opts if o.startswith("stages=")]
     return {"overlap": "nooverlap" not in opts, "pingpong": "nopingpong" not in opts,
             "q_stages": 1 if "q1" in opts else 2, "max_stages": st[0] if st else 4,
             "head_major": "headinner" not in opts, "lazy_rescale": "lazyrescale" in opts,
             "three_ctas": "ctas2" not in opts, "o_alias": "oalias" in opts,
-            "cross": 0 if "nocross" in opts else 2 if "crossepi" in opts else 1}
+            "cross": 2 if "crossepi" in opts else 1 if "cross" in opts else 0}
 
 
 def _family_impl(want: str, head_dim: int, switches, block_size: int | None = None) -> str:

@@ -121,8 +121,9 @@ class HstuFwdConfig(_HstuKey):
     # one Q buffer that O is staged in, the rest of shared memory to K/V stages ("qalias")
     ws_q_alias: bool = False
     # consecutive work items of a CTA chained (next item's first S = QK^T issued with this
-    # item's last PV GEMM, the epilogue after it; 2: the epilogue during that S GEMM; 0: off)
-    ws_cross: int = 1
+    # item's last PV GEMM, the epilogue after it; 2: the epilogue during that S GEMM; 0: off,
+    # the default: slower on the H200)
+    ws_cross: int = 0
     num_sms: int = 0
     # relative attention bias: presence, H_rab == H, rab's dtype name ("" without rab)
     has_rab: bool = False
@@ -343,14 +344,15 @@ def ws_options(opts) -> dict:
     ``tanh.approx.f16x2`` per two scores), ``page_prefetch`` (``pagepf``: the paged-KV
     producer loads each KV tile's page id one tile ahead; other calls ignore it), ``q_alias``
     (``qalias``: one Q buffer that O is staged in, the freed shared memory to K/V stages),
-    ``cross`` (``nocross`` turns it off: consecutive work items of a CTA chained, the next
-    item's first ``S = Q K^T`` issued with this item's last PV GEMM), ``bn`` (block_n, 0: the kernel's default for the head dims)."""
+    ``cross`` (1 with ``cross``, 2 with ``crossepi``, else 0: a CTA's consecutive work items
+    chained, the next item's first ``S = Q K^T`` issued with this item's last PV GEMM;
+    slower on the H200), ``bn`` (block_n, 0: the kernel's default for the head dims)."""
     bn = [int(o[3:]) for o in opts if o.startswith("bn=")]
     return {"overlap": "nooverlap" not in opts, "pingpong": "nopingpong" not in opts,
             "q_stages": 1 if "q1" in opts else 2, "silu16": "silu16" in opts,
             "tanh16": "tanh16" in opts, "page_prefetch": "pagepf" in opts,
             "q_alias": "qalias" in opts,
-            "cross": 0 if "nocross" in opts else 2 if "crossepi" in opts else 1,
+            "cross": 2 if "crossepi" in opts else 1 if "cross" in opts else 0,
             "bn": bn[0] if bn else 0}
 
 

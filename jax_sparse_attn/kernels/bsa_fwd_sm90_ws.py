@@ -106,7 +106,7 @@ class BsaFwdSm90Ws(AttnFwdSm90Ws):
                  max_stages: int = 4, q_stages: int = 2, pack_gqa: int = 1,
                  causal: bool = False, kv_splits: int = 1, head_major: bool = True,
                  lazy_rescale: bool = False, three_ctas: bool = False,
-                 o_alias_first: bool = False, cross_item: int = 1):
+                 o_alias_first: bool = False, cross_item: int = 0):
         if block_size not in (64, 128) or head_dim not in (64, 128):
             raise NotImplementedError(
                 f"bsa_fwd_sm90_ws implements head_dim in (64, 128) and sparse_block_size in "

@@ -95,7 +95,7 @@ class HstuFwdSm90Ws(AttnFwdSm90Ws):
                  overlap=True, pingpong=True, max_stages=4, q_stages=2, silu16=False,
                  has_rab=False, rab_per_head=False, tanh16=False, paged=False,
                  kv_splits=1, page_id_clamp=False, page_prefetch=False, q_alias=False,
-                 cross_item=1):
+                 cross_item=0):
         self.dtype = dtype
         self.d = head_dim
         self.dv = head_dim_v
