@@ -71,6 +71,10 @@ def test_compile_key_options():
     k = bsa.fwd_config(dt, 64, 64, True, sw)
     assert (k.ws_head_major, k.ws_three_ctas, k.ws_o_alias, k.ws_lazy_rescale) == (
         False, False, True, True)
+    # chained work items: opt-in (slower on the H200), crossepi the epilogue-first order
+    assert key.ws_cross == 0
+    assert bsa.fwd_config(dt, 128, 128, False, Switches(bsa_fwd_ws=("cross",))).ws_cross == 1
+    assert bsa.fwd_config(dt, 128, 64, False, Switches(bsa_fwd_ws=("crossepi",))).ws_cross == 2
     # head dims sm90ws does not implement run the mma.sync forward, as does the sm80 switch
     for d in (32, 256):
         assert bsa.fwd_config(dt, d, 64, False, Switches()).impl == "sm80"
@@ -109,3 +113,19 @@ def test_three_ctas_needs_blk64():
         BsaFwdSm90Ws(cutlass.BFloat16, 128, 64, False, 132, three_ctas=True)
     k = BsaFwdSm90Ws(cutlass.BFloat16, 64, 64, False, 132, three_ctas=True)
     assert (k.ctas_per_sm, k.regs_consumer, k.stages) == (3, 136, 3)
+
+
+@pytest.mark.parametrize("kw,chained", [
+    ({}, False), ({"cross_item": 1}, True), ({"cross_item": 2}, True),
+    # chaining needs the overlapped mainloop and the next item's Q in a buffer of its own
+    ({"cross_item": 1, "q_stages": 1}, False), ({"cross_item": 1, "overlap": False}, False),
+    ({"cross_item": 2, "o_alias_first": True}, False),
+])
+def test_chained_items_need_two_q_buffers(kw, chained):
+    import cutlass  # noqa: PLC0415
+
+    from jax_sparse_attn.kernels.bsa_fwd_sm90_ws import BsaFwdSm90Ws  # noqa: PLC0415
+
+    k = BsaFwdSm90Ws(cutlass.BFloat16, 128, 128, False, 132, **kw)
+    assert k.cross_item == chained
+    assert k.cross_epi_first == (chained and kw.get("cross_item") == 2)

@@ -376,3 +376,24 @@ def test_causal_declined_where_sm80_kernels_run(why, d, sw):
         jsa.block_sparse_attention(q, q, q, idx, 1, backend="kernel", **kw)
     choice = jsa.which_backend(jsa.block_sparse_attention, q, q, q, idx, 1, **kw)
     assert choice.backend == "reference" and "causal" in choice.reason
+
+
+@pytest.mark.parametrize("ws,d,blk,sizes", [("cross", 128, 128, False), ("crossepi", 64, 64, True),
+                                           ("cross", 128, 64, True)])
+def test_bsa_fwd_chained_items_lower(ws, d, blk, sizes):
+    """The opt-in chained-items variants of the sm90ws forward (``cross``, ``crossepi``)."""
+    import jax_sparse_attn as jsa
+    from jax_sparse_attn.config import Switches
+
+    cfg = dict(d=d, blk=blk, dtype="bfloat16", layout="bshd", sizes=sizes)
+    q, k, idx, nums, sizes_, _ = _shapes(cfg)
+    sw = Switches(bsa_fwd_ws=(ws,))
+
+    def fwd(q, k, v, i, n, s):
+        return jsa.block_sparse_attention_forward(q, k, v, i, None, s, n, layout="bshd",
+                                                  sparse_block_size=blk, softmax_scale=0.3,
+                                                  backend="kernel", switches=sw)
+
+    txt = jax.jit(fwd).trace(q, k, k, idx, nums, sizes_).lower(
+        lowering_platforms=("cuda",)).as_text()
+    assert txt.count(CALL_TARGET) == 1 and "\\7FELF" in txt
