@@ -95,7 +95,7 @@ def _parse_option_list(flags, key, key_ok, allowed):
 #: the flags of the sm90ws forward's tuning switch (JAX_SPARSE_ATTN_HSTU_WS); ``bn=N`` is
 #: the fifth entry
 WS_FLAGS = ("nooverlap", "nopingpong", "q1", "silu16", "tanh16", "pagepf", "qalias",
-            "cross", "crossepi")
+            "cross", "crossepi", "vlag")
 _WS_ALLOWED = ("comma list of " + ", ".join(WS_FLAGS)
                + ", bn=N (block_n: a multiple of 16 in 16..256)")
 #: parser of JAX_SPARSE_ATTN_HSTU_WS: :data:`WS_FLAGS` and ``bn=N``
@@ -105,7 +105,7 @@ _parse_ws = _parse_option_list(WS_FLAGS, "bn", lambda n: n % 16 == 0 and 16 <= n
 #: the flags of the sm90ws BSA forward's tuning switch (JAX_SPARSE_ATTN_BSA_WS), plus
 #: ``stages=N`` (at most N K/V stages, 2..8)
 BSA_WS_FLAGS = ("nooverlap", "nopingpong", "q1", "headinner", "lazyrescale", "ctas2", "oalias",
-                "cross", "crossepi")
+                "cross", "crossepi", "vlag")
 _BSA_WS_ALLOWED = ("comma list of " + ", ".join(BSA_WS_FLAGS)
                    + ", stages=N (most K/V shared-memory stages: 2..8)")
 #: parser of JAX_SPARSE_ATTN_BSA_WS: :data:`BSA_WS_FLAGS` and ``stages=N``
@@ -181,7 +181,7 @@ SWITCHES = (
            "(a CTA's consecutive work items chained: the next item's first S = QK^T issued "
            "with this item's last PV GEMM, the epilogue after the next item's first score "
            "tile; slower on the H200), crossepi (chained, the epilogue during that S = QK^T), "
-           "bn=N "
+           "vlag (the producer issues V tile j after K tile j + 1), bn=N "
            "(keys per tile; default 128, 64 at D = 256)"),
     Switch("hstu_fwd_tile", "JAX_SPARSE_ATTN_HSTU_FWD_TILE", _TILE, _parse_tile, None,
            "HSTU sm80 forward tile override (tuning; unset: the kernel's tiles for the head "
@@ -220,7 +220,8 @@ SWITCHES = (
            "stages), cross (a CTA's consecutive work items chained: the next item's first "
            "S = QK^T issued with this item's last PV GEMM, the epilogue after the next "
            "item's first score tile; slower on the H200), crossepi (chained, the epilogue "
-           "during that S = QK^T), stages=N "
+           "during that S = QK^T), vlag (the producer issues V tile j after K tile j + 1), "
+           "stages=N "
            "(most K/V stages)"),
     _choice("bsa_bwd_impl", "JAX_SPARSE_ATTN_BSA_BWD_IMPL", ("auto", "sm90", "sm90ws", "sm80"),
             "BSA backward kernel: auto (the faster one on the H200: sm90ws at sparse_block_size "

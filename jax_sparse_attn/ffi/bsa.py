@@ -102,6 +102,8 @@ class BsaFwdConfig:
     # item's last PV GEMM, the epilogue after it; 2: the epilogue during that S GEMM; 0: off,
     # the default: slower on the H200)
     ws_cross: int = 0
+    # the producer issues V tile j after K tile j + 1 ("vlag")
+    ws_v_lag: bool = False
     num_sms: int = 0
     arch: str = ""  # the target arch (CuTe DSL name) the key was chosen for
     # pack_gqa: query heads per KV head r of the packed rows (1: not packed; sm90ws only)
@@ -208,13 +210,15 @@ def bsa_ws_options(opts) -> dict:
     ``ctas2``: two), ``o_alias`` (``oalias``: O staged in a single Q buffer for the most K/V
     stages), ``cross`` (1 with ``cross``, 2 with ``crossepi``, else 0: a CTA's consecutive
     work items chained, the next item's first ``S = Q K^T`` issued with this item's last PV
-    GEMM; slower on the H200)."""
+    GEMM; slower on the H200), ``v_lag`` (``vlag``: the producer issues V tile ``j`` after K
+    tile ``j + 1``)."""
     st = [int(o[7:]) for o in opts if o.startswith("stages=")]
     return {"overlap": "nooverlap" not in opts, "pingpong": "nopingpong" not in opts,
             "q_stages": 1 if "q1" in opts else 2, "max_stages": st[0] if st else 4,
             "head_major": "headinner" not in opts, "lazy_rescale": "lazyrescale" in opts,
             "three_ctas": "ctas2" not in opts, "o_alias": "oalias" in opts,
-            "cross": 2 if "crossepi" in opts else 1 if "cross" in opts else 0}
+            "cross": 2 if "crossepi" in opts else 1 if "cross" in opts else 0,
+            "v_lag": "vlag" in opts}
 
 
 def _family_impl(want: str, head_dim: int, switches, block_size: int | None = None) -> str:
@@ -245,6 +249,7 @@ def fwd_config(dtype, head_dim, block_size, has_block_sizes, switches, causal=Fa
                             ws_head_major=o["head_major"], ws_lazy_rescale=o["lazy_rescale"],
                             ws_three_ctas=o["three_ctas"] and (block_size, head_dim) == (64, 64),
                             ws_o_alias=o["o_alias"], ws_cross=o["cross"],
+                            ws_v_lag=o["v_lag"],
                             num_sms=metadata.num_sms(), arch=arch, causal=causal,
                             pack_gqa=pack_gqa, **kw)
     if causal:
@@ -534,7 +539,7 @@ def _fwd_entry(stream, q, k, v, idx, nums, sizes, scale, out, lse, *, cfg: BsaFw
                               pack_gqa=cfg.pack_gqa, head_major=cfg.ws_head_major,
                               lazy_rescale=cfg.ws_lazy_rescale,
                               three_ctas=cfg.ws_three_ctas, o_alias_first=cfg.ws_o_alias,
-                              cross_item=cfg.ws_cross,
+                              cross_item=cfg.ws_cross, v_lag=cfg.ws_v_lag,
                               **kw)
     else:
         from ..kernels.bsa_fwd_sm80 import BsaFwdSm80  # noqa: PLC0415

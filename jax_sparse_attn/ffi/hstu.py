@@ -124,6 +124,8 @@ class HstuFwdConfig(_HstuKey):
     # item's last PV GEMM, the epilogue after it; 2: the epilogue during that S GEMM; 0: off,
     # the default: slower on the H200)
     ws_cross: int = 0
+    # the producer issues V tile j after K tile j + 1 ("vlag")
+    ws_v_lag: bool = False
     num_sms: int = 0
     # relative attention bias: presence, H_rab == H, rab's dtype name ("" without rab)
     has_rab: bool = False
@@ -346,13 +348,15 @@ def ws_options(opts) -> dict:
     (``qalias``: one Q buffer that O is staged in, the freed shared memory to K/V stages),
     ``cross`` (1 with ``cross``, 2 with ``crossepi``, else 0: a CTA's consecutive work items
     chained, the next item's first ``S = Q K^T`` issued with this item's last PV GEMM;
-    slower on the H200), ``bn`` (block_n, 0: the kernel's default for the head dims)."""
+    slower on the H200), ``v_lag`` (``vlag``: the producer issues V tile ``j`` after K tile
+    ``j + 1``), ``bn`` (block_n, 0: the kernel's default for the head dims)."""
     bn = [int(o[3:]) for o in opts if o.startswith("bn=")]
     return {"overlap": "nooverlap" not in opts, "pingpong": "nopingpong" not in opts,
             "q_stages": 1 if "q1" in opts else 2, "silu16": "silu16" in opts,
             "tanh16": "tanh16" in opts, "page_prefetch": "pagepf" in opts,
             "q_alias": "qalias" in opts,
             "cross": 2 if "crossepi" in opts else 1 if "cross" in opts else 0,
+            "v_lag": "vlag" in opts,
             "bn": bn[0] if bn else 0}
 
 
@@ -384,7 +388,7 @@ def _ws_config(dtype, head_dim, head_dim_v, func_n, switches, rab, arch) -> Hstu
                          ws_overlap=opts["overlap"], ws_pingpong=opts["pingpong"],
                          ws_q_stages=opts["q_stages"], ws_silu16=opts["silu16"],
                          ws_tanh16=opts["tanh16"], ws_q_alias=opts["q_alias"],
-                         ws_cross=opts["cross"],
+                         ws_cross=opts["cross"], ws_v_lag=opts["v_lag"],
                          num_sms=metadata.num_sms(), **rab, arch=arch)
 
 
@@ -560,7 +564,8 @@ def _fwd_adapter():
                                    overlap=cfg.ws_overlap, pingpong=cfg.ws_pingpong,
                                    q_stages=cfg.ws_q_stages, silu16=cfg.ws_silu16,
                                    tanh16=cfg.ws_tanh16, q_alias=cfg.ws_q_alias,
-                                   cross_item=cfg.ws_cross, kv_splits=cfg.kv_splits)
+                                   cross_item=cfg.ws_cross, v_lag=cfg.ws_v_lag,
+                                   kv_splits=cfg.kv_splits)
         kernel(q, k, v, cu_q, cu_k, tiles, func, scal, win, out, stream)
 
     return hstu_fwd_launch
@@ -580,7 +585,8 @@ def _fwd_paged_adapter():
                                False, 1, cfg.num_sms, overlap=cfg.ws_overlap,
                                pingpong=cfg.ws_pingpong, q_stages=cfg.ws_q_stages,
                                silu16=cfg.ws_silu16, tanh16=cfg.ws_tanh16,
-                               q_alias=cfg.ws_q_alias, cross_item=cfg.ws_cross, paged=True,
+                               q_alias=cfg.ws_q_alias, cross_item=cfg.ws_cross,
+                               v_lag=cfg.ws_v_lag, paged=True,
                                kv_splits=cfg.kv_splits, page_id_clamp=cfg.page_id_clamp,
                                page_prefetch=cfg.ws_page_prefetch)
         kernel(q, paged_kv, paged_kv, cu_q, cu_k, tiles, func, scal, win, out, stream,
@@ -611,7 +617,8 @@ def _fwd_rab_adapter():
                                    overlap=cfg.ws_overlap, pingpong=cfg.ws_pingpong,
                                    q_stages=cfg.ws_q_stages, silu16=cfg.ws_silu16,
                                    tanh16=cfg.ws_tanh16, q_alias=cfg.ws_q_alias,
-                                   cross_item=cfg.ws_cross, has_rab=True,
+                                   cross_item=cfg.ws_cross, v_lag=cfg.ws_v_lag,
+                                   has_rab=True,
                                    rab_per_head=cfg.rab_per_head, kv_splits=cfg.kv_splits)
         kernel(q, k, v, cu_q, cu_k, tiles, func, scal, win, out, stream, rab)
 

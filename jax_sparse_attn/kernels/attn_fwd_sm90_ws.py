@@ -21,7 +21,9 @@ the variation points (FA4's ``flash_attn/cute`` structure):
   stores).
 
 Attributes a kernel class sets: ``dtype``, ``d``, ``dv``, ``wg_m`` (64), ``bn``, ``num_wg``
-(consumer warpgroups), ``stages``, ``q_stages``, ``o_alias_q``, ``overlap``, ``pingpong``.
+(consumer warpgroups), ``stages``, ``q_stages``, ``o_alias_q``, ``overlap``, ``pingpong``,
+``v_lag`` (the producer issues V tile ``j`` after K tile ``j + 1``), ``cross_item`` and
+``cross_epi_first`` (chained work items, ``_consume_items``).
 """
 
 # no ``from __future__ import annotations``: ``cute.struct`` reads its field annotations as
@@ -232,6 +234,24 @@ class AttnFwdSm90Ws:
                 c_kv = self._produce_kv_prefetched(
                     work, prefetch, tma_k, tKg, tKs, tma_v, tVg, tVs, sV_rows, pipe_k, pipe_v,
                     k_bytes, v_bytes, c_kv, lane)
+            elif cutlass.const_expr(self.v_lag):
+                # V one tile behind K: K tile j goes out once its stage is free (its S GEMM
+                # j - stages has completed) without waiting for V tile j's stage, which
+                # frees a tile later (the PV GEMM lags the S GEMM by one tile)
+                n_prev = Int32(0)
+                nk_prev = Int32(0)
+                for it in cutlass.range(work.n_count, unroll=1):
+                    n = work.kv_tile(it)
+                    nk = self._kv_coord(work, n)
+                    self._issue_k(n, nk, tma_k, tKg, tKs, pipe_k, k_bytes, c_kv)
+                    if it > 0:
+                        self._issue_v(work, n_prev, nk_prev, tma_v, tVg, tVs, sV_rows, pipe_v,
+                                      v_bytes, c_kv - 1, lane)
+                    n_prev = n
+                    nk_prev = nk
+                    c_kv += 1
+                self._issue_v(work, n_prev, nk_prev, tma_v, tVg, tVs, sV_rows, pipe_v,
+                              v_bytes, c_kv - 1, lane)
             else:
                 for it in cutlass.range(work.n_count, unroll=1):
                     n = work.kv_tile(it)
@@ -266,18 +286,30 @@ class AttnFwdSm90Ws:
         """Load KV tile ``n`` (index ``nk`` in the K / V TMA views) into stage ``c_kv`` of the
         K and V rings: K by TMA; V by TMA, or row by row (``_load_v_rows``) where
         ``_v_limit`` says a TMA box would read rows it must not."""
-        s = pipe_k.stage(c_kv)
-        pipe_k.producer_acquire(c_kv)
-        pipe_k.producer_expect_tx(c_kv, k_bytes)
-        cute.copy(tma_k, tKg[None, nk], tKs[None, s], tma_bar_ptr=pipe_k.full_ptr(c_kv))
-        pipe_v.producer_acquire(c_kv)
+        self._issue_k(n, nk, tma_k, tKg, tKs, pipe_k, k_bytes, c_kv)
+        self._issue_v(work, n, nk, tma_v, tVg, tVs, sV_rows, pipe_v, v_bytes, c_kv, lane)
+
+    @cute.jit
+    def _issue_k(self, n, nk, tma_k, tKg, tKs, pipe_k, k_bytes, c):
+        """TMA of K tile ``n`` (index ``nk`` of the view) into stage ``c`` of the K ring."""
+        pipe_k.producer_acquire(c)
+        pipe_k.producer_expect_tx(c, k_bytes)
+        cute.copy(tma_k, tKg[None, nk], tKs[None, pipe_k.stage(c)],
+                  tma_bar_ptr=pipe_k.full_ptr(c))
+
+    @cute.jit
+    def _issue_v(self, work, n, nk, tma_v, tVg, tVs, sV_rows, pipe_v, v_bytes, c, lane):
+        """V tile ``n`` into stage ``c`` of the V ring: TMA, or the zero-filling row copy
+        where ``_v_limit`` says a box would read rows it must not."""
+        s = pipe_v.stage(c)
+        pipe_v.producer_acquire(c)
         limit, tma_ok = self._v_limit(work, n)
         if tma_ok:
-            pipe_v.producer_expect_tx(c_kv, v_bytes)
-            cute.copy(tma_v, tVg[None, nk], tVs[None, s], tma_bar_ptr=pipe_v.full_ptr(c_kv))
+            pipe_v.producer_expect_tx(c, v_bytes)
+            cute.copy(tma_v, tVg[None, nk], tVs[None, s], tma_bar_ptr=pipe_v.full_ptr(c))
         else:
             self._load_v_rows(work, n, limit, sV_rows, s, lane)
-            pipe_v.producer_arrive(c_kv)
+            pipe_v.producer_arrive(c)
 
     def _kv_prefetch(self):
         """Whether the producer loads the KV tiles' table entries one tile ahead

@@ -106,7 +106,7 @@ class BsaFwdSm90Ws(AttnFwdSm90Ws):
                  max_stages: int = 4, q_stages: int = 2, pack_gqa: int = 1,
                  causal: bool = False, kv_splits: int = 1, head_major: bool = True,
                  lazy_rescale: bool = False, three_ctas: bool = False,
-                 o_alias_first: bool = False, cross_item: int = 0):
+                 o_alias_first: bool = False, cross_item: int = 0, v_lag: bool = False):
         if block_size not in (64, 128) or head_dim not in (64, 128):
             raise NotImplementedError(
                 f"bsa_fwd_sm90_ws implements head_dim in (64, 128) and sparse_block_size in "
@@ -138,6 +138,8 @@ class BsaFwdSm90Ws(AttnFwdSm90Ws):
         self.cross_item = (bool(cross_item) and overlap and self.q_stages >= 2
                            and not self.o_alias_q)
         self.cross_epi_first = self.cross_item and cross_item == 2
+        # the producer issues V tile j after K tile j + 1 (the PV GEMM lags the S GEMM)
+        self.v_lag = v_lag
         self.kv_splits = kv_splits
         self.head_major = head_major
         # lazy_rescale: rows keep a stale max up to 2^8 below the true one (softmax.py)

@@ -95,7 +95,7 @@ class HstuFwdSm90Ws(AttnFwdSm90Ws):
                  overlap=True, pingpong=True, max_stages=4, q_stages=2, silu16=False,
                  has_rab=False, rab_per_head=False, tanh16=False, paged=False,
                  kv_splits=1, page_id_clamp=False, page_prefetch=False, q_alias=False,
-                 cross_item=0):
+                 cross_item=0, v_lag: bool = False):
         self.dtype = dtype
         self.d = head_dim
         self.dv = head_dim_v
@@ -134,6 +134,8 @@ class HstuFwdSm90Ws(AttnFwdSm90Ws):
         self.cross_item = (bool(cross_item) and overlap and self.q_stages >= 2
                            and not self.o_alias_q)
         self.cross_epi_first = self.cross_item and cross_item == 2
+        # the producer issues V tile j after K tile j + 1 (the PV GEMM lags the S GEMM)
+        self.v_lag = v_lag
         self.num_threads = 384
         self.regs_producer = 24
         self.regs_consumer = 240
