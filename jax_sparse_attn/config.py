@@ -196,7 +196,8 @@ SWITCHES = (
             "paged KV: XLA clips the page ids)"),
     _choice("hstu_bwd_impl", "JAX_SPARSE_ATTN_HSTU_BWD_IMPL", ("sm90", "sm80"),
             "HSTU backward kernel: sm90 (warp-specialized TMA producer warp + two wgmma "
-            "consumer warpgroups; D = D_v in {64, 128} without rab, other calls run sm80 and "
+            "consumer warpgroups; D = D_v in {64, 128, 256} without rab, other calls run sm80 "
+            "and "
             "the compile key records it), sm80 (mma.sync, cp.async; every head dim, with rab)"),
     _choice("hstu_bwd_dq", "JAX_SPARSE_ATTN_HSTU_BWD_DQ", ("red", "bulk"),
             "dQ reduction of the sm90 HSTU backward (tuning / ablation; sm80 ignores it): red "

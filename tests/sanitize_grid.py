@@ -119,7 +119,7 @@ def hstu_cases(quick):
                 yield (f"hstu fwd={impl} cu={name} D={d} window={window}",
                        dict(T=T, H=H, D=d, cu=np.asarray(cu, np.int32), window=window,
                             switches=Switches(hstu_fwd_impl=impl)))
-    # the non-default backwards of the hstu_bwd_impl switch (sm90: D in {64, 128}) on the same
+    # the non-default backwards of the hstu_bwd_impl switch on the same
     # garbage lengths
     for bwd in _allowed("hstu_bwd_impl")[1:] if not quick else ():
         for (name, cu), window in zip(cus.items(), windows):
@@ -127,6 +127,12 @@ def hstu_cases(quick):
                 yield (f"hstu bwd={bwd} cu={name} D={d} window={window}",
                        dict(T=T, H=H, D=d, cu=np.asarray(cu, np.int32), window=window,
                             switches=Switches(hstu_bwd_impl=bwd)))
+    # the default backward at D = 256 (sm90: 64 x 64 tiles, head dim split between the
+    # consumer warpgroups) on the same garbage lengths
+    for (name, cu), window in zip(cus.items(), windows) if not quick else ():
+        yield (f"hstu bwd=default cu={name} D=256 window={window}",
+               dict(T=T, H=H, D=256, cu=np.asarray(cu, np.int32), window=window,
+                    switches=Switches()))
     # relative attention bias (each forward with rab, alternating, and the backward writing
     # drab): rab rows and columns come from the garbage lengths; H_rab = 1 (fp32 drab
     # workspace with vector reductions) and H_rab = H (direct drab stores)

@@ -143,7 +143,7 @@ class TestHSTUForwardImpls(HSTUKernelGrid):
 class TestHSTUBackwardImpls(HSTUKernelGrid):
     """HSTU_TEST_BWD: the grid and the tile-shape extras with each selected backward
     implementation (the forward is the default one); configurations a backward does not take
-    (e.g. sm90: D != D_v, D in {32, 256}) run the sm80 backward it routes them to."""
+    (e.g. sm90: D != D_v, D = 32, rab) run the sm80 backward it routes them to."""
 
     @classmethod
     def grid(cls):
@@ -164,7 +164,7 @@ DET_SM80_CASES = [HSTUCase(128), HSTUCase(64, "float16"), HSTUCase(128, window=(
 
 class TestHSTUBackwardDeterministic(HSTUKernelGrid):
     """HSTU_TEST_DET=1: the grid with ``deterministic=True`` on the default switches (the sm90
-    backward at D = D_v in {64, 128}, sm80 for the other cases) and :data:`DET_SM80_CASES` on
+    backward at D = D_v in {64, 128, 256}, sm80 for the other cases) and :data:`DET_SM80_CASES` on
     the sm80 backward (``hstu_bwd_impl="sm80"``), so both kernels' ordered dQ additions run
     every mask kind."""
 
@@ -231,6 +231,11 @@ BWD_BATCHES = [
      "float16"),
     ("lens-300-0-257-d64-local", [300, 0, 257, 5], 64, (40, 3), "bfloat16"),
     ("canonical-jagged", "canonical", 128, (-1, 0), "bfloat16"),
+    # D = 256: 64 x 64 tiles, both warpgroups on all 64 keys (half of the head dim each)
+    ("lens-0-1-63-64-65-0-127-129-d256-causal", [0, 1, 63, 64, 65, 0, 127, 129], 256, (-1, 0),
+     "bfloat16"),
+    ("lens-300-0-257-d256-local", [300, 0, 257, 5], 256, (40, 3), "float16"),
+    ("lens-200-1-d256-full", [200, 1, 70], 256, (-1, -1), "bfloat16"),
 ]
 
 
@@ -424,6 +429,7 @@ GQA_CASES = [
     ("r4-d64-full", [1, 63, 64, 65, 0, 127, 129, 300], 64, 4, (-1, -1)),
     ("r8-d128-local", [300, 0, 257, 5], 128, 8, (40, 3)),
     ("r4-d128-causal-lq-lt-lk", [1, 7, 64, 100], 128, 4, (-1, 0)),
+    ("r2-d256-causal", [1, 63, 64, 65, 0, 127, 129, 300], 256, 2, (-1, 0)),
 ]
 
 
@@ -549,14 +555,14 @@ def test_hstu_split_kv_kernel(layout, lq, kv_splits):
 
 # ---- deterministic=True: bitwise reproducible backward -----------------------------------
 # (name, lens, D, window, dtype, mask extra): the canonical jagged batch on the sm90 backward
-# (D = 128, causal), a window whose work grows with the KV tile (launch order kept ascending
-# per sequence), a func mask, and configurations that run the sm80 backward (D = 32, 256,
-# relative attention bias with H_rab = 1: drab summed over heads in a fixed order)
+# (D = 128, causal; D = 256), a window whose work grows with the KV tile (launch order kept
+# ascending per sequence), a func mask, and configurations that run the sm80 backward
+# (D = 32, relative attention bias with H_rab = 1: drab summed over heads in a fixed order)
 DET_CASES = [
     ("canonical-jagged-d128-causal", "canonical", 128, (-1, 0), "bfloat16", ""),
     ("jagged-d64-window-64-inf", [700, 0, 1500, 129, 64, 1000], 64, (64, -1), "float16", ""),
     ("jagged-d128-func-targets", [900, 1, 1200, 0, 333], 128, (-1, -1), "bfloat16", "func"),
-    ("canonical-jagged-d256-causal-sm80", "canonical", 256, (-1, 0), "bfloat16", ""),
+    ("canonical-jagged-d256-causal", "canonical", 256, (-1, 0), "bfloat16", ""),
     ("jagged-d32-local-sm80", [700, 0, 1500, 129], 32, (100, 20), "float16", ""),
     ("jagged-d128-rab1-sm80", [300, 0, 257, 64], 128, (-1, 0), "bfloat16", "rab1"),
 ]

@@ -353,10 +353,11 @@ def test_hstu_rab_keeps_the_selected_forward():
     assert not b0.has_rab and b1.has_rab and b1.rab_per_head and b0 != b1
 
 
-# the sm90 backward (hstu_bwd_impl="sm90", the default): both head dims, both dtypes, window /
-# causal / func masks; D = 64 runs 128 x 128 tiles, D = 128 64 x 128 tiles
+# the sm90 backward (hstu_bwd_impl="sm90", the default): every head dim, both dtypes, window /
+# causal / func masks; D = 64 runs 128 x 128 tiles, D = 128 64 x 128 tiles, D = 256 64 x 64
 BWD_SM90_LOWER = [(128, "bfloat16", "causal"), (64, "float16", "func"),
-                  (128, "float16", "window"), (64, "bfloat16", "full")]
+                  (128, "float16", "window"), (64, "bfloat16", "full"),
+                  (256, "float16", "func"), (256, "bfloat16", "window")]
 _BWD_WINDOWS = {"causal": (-1, 0), "func": (-1, -1), "window": (63, 17), "full": (-1, -1)}
 
 
@@ -413,9 +414,10 @@ def test_hstu_bwd_sm90_lowers_lq_ne_lk():
 
 
 def test_hstu_bwd_sm90_config_routes_to_sm80():
-    """hstu_bwd_impl="sm90" puts the sm90 kernel in the compile key for D = D_v in {64, 128}
-    without rab; other head dims, D != D_v and rab run sm80 (the key records the replaced
-    switch value); the sm80 tile override with sm90 is a ValueError naming the switch."""
+    """hstu_bwd_impl="sm90" puts the sm90 kernel in the compile key for D = D_v in
+    {64, 128, 256} without rab; D = 32, D != D_v and rab run sm80 (the key records the
+    replaced switch value); the sm80 tile override with sm90 is a ValueError naming the
+    switch."""
     from jax_sparse_attn.config import Switches  # noqa: PLC0415
     from jax_sparse_attn.ffi import hstu as fh  # noqa: PLC0415
 
@@ -425,7 +427,11 @@ def test_hstu_bwd_sm90_config_routes_to_sm80():
     assert (k128.impl, k128.block_m, k128.block_n, k128.replaced_impl) == ("sm90", 64, 128, "")
     k64 = fh.bwd_config("float16", 64, 64, 3, sw)
     assert (k64.impl, k64.block_m, k64.has_func, k64.func_n) == ("sm90", 128, True, 3)
-    for d, dv, rab in ((32, 32, False), (256, 256, False), (64, 128, False), (128, 128, True)):
+    k256 = fh.bwd_config("bfloat16", 256, 256, 0, Switches(hstu_bwd_impl="sm90",
+                                                           hstu_bwd_dq="bulk"))
+    # D = 256: 64 x 64 tiles, dQ always reduced with red (no room to stage it)
+    assert (k256.impl, k256.block_m, k256.block_n, k256.dq_bulk) == ("sm90", 64, 64, False)
+    for d, dv, rab in ((32, 32, False), (128, 256, False), (64, 128, False), (128, 128, True)):
         key = fh.bwd_config("bfloat16", d, dv, 0, sw, has_rab=rab,
                             rab_dtype="bfloat16" if rab else "")
         assert (key.impl, key.replaced_impl) == ("sm80", "sm90"), (d, dv, rab)
@@ -450,10 +456,12 @@ t._bwd_text({d}, {dt!r}, {mask!r}, Switches(hstu_bwd_impl="sm90"))
 """
 
 
-def test_hstu_bwd_sm90_ptx_is_warp_specialized(tmp_path):
-    """The sm90 backward's PTX has TMA loads, warpgroup MMAs (S^T, dP^T, dV, dK, dQ: 32 per
-    tile at D = 128), register reallocation between producer and consumers, mbarrier waits
-    and the vectorized fp32 dQ reductions, and no mma.sync."""
+@pytest.mark.parametrize("head_dim,n_wgmma", [(128, 32), (256, 44)])
+def test_hstu_bwd_sm90_ptx_is_warp_specialized(tmp_path, head_dim, n_wgmma):
+    """The sm90 backward's PTX has TMA loads, warpgroup MMAs (S^T, dP^T, dV, dK, dQ per tile:
+    32 at D = 128; 44 at D = 256, where S^T and dP^T are m64n32 slices over 16 k-steps),
+    register reallocation between producer and consumers, mbarrier waits and the vectorized
+    fp32 dQ reductions, and no mma.sync."""
     import re  # noqa: PLC0415
     import subprocess  # noqa: PLC0415
     import sys  # noqa: PLC0415
@@ -463,7 +471,8 @@ def test_hstu_bwd_sm90_ptx_is_warp_specialized(tmp_path):
     env = {k: v for k, v in os.environ.items() if not k.startswith("JAX_SPARSE_ATTN_")}
     env.update(CUTE_DSL_ARCH="sm_90a", JAX_SPARSE_ATTN_FORCE_KERNEL="1", CUTE_DSL_KEEP="ptx",
                CUTE_DSL_DUMP_DIR=str(tmp_path), JAX_PLATFORMS="cpu")
-    script = _BWD_PTX_SCRIPT.format(root=root, tests=tests, d=128, dt="bfloat16", mask="causal")
+    script = _BWD_PTX_SCRIPT.format(root=root, tests=tests, d=head_dim, dt="bfloat16",
+                                    mask="causal")
     r = subprocess.run([sys.executable, "-c", script], env=env, cwd=root, capture_output=True,
                        text=True, timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
@@ -475,7 +484,7 @@ def test_hstu_bwd_sm90_ptx_is_warp_specialized(tmp_path):
     for needle in ("cp.async.bulk.tensor", "setmaxnreg.dec", "setmaxnreg.inc",
                    "mbarrier.try_wait", "red.relaxed.gpu.global.add.v2.f32"):
         assert needle in text, f"{needle} missing from the sm90 backward PTX"
-    assert len(re.findall(r"wgmma\.mma_async", text)) == 32
+    assert len(re.findall(r"wgmma\.mma_async", text)) == n_wgmma
     assert "mma.sync" not in text
 
 

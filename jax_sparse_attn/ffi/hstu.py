@@ -393,7 +393,7 @@ def _ws_config(dtype, head_dim, head_dim_v, func_n, switches, rab, arch) -> Hstu
 
 
 #: head dims (D = D_v) of the sm90 backward; other head dims, D != D_v and rab run sm80
-SM90_BWD_HEAD_DIMS = (64, 128)
+SM90_BWD_HEAD_DIMS = (64, 128, 256)
 
 
 def bwd_sm90_unsupported_reason(head_dim, head_dim_v, has_rab) -> str | None:
@@ -509,13 +509,16 @@ def _bwd_config(dtype, head_dim, head_dim_v, func_n, switches, *, has_rab=False,
                 raise ValueError(
                     f"JAX_SPARSE_ATTN_HSTU_BWD_TILE / Switches.hstu_bwd_tile="
                     f"{switches.hstu_bwd_tile} applies to the sm80 backward only; the sm90 "
-                    "backward (the default hstu_bwd_impl) has fixed tiles (64 x 128 at "
-                    "D = 128, 128 x 128 at D = 64): set JAX_SPARSE_ATTN_HSTU_BWD_IMPL=sm80 / "
+                    "backward (the default hstu_bwd_impl) has fixed tiles (128 x 128 at "
+                    "D = 64, 64 x 128 at D = 128, 64 x 64 at D = 256): set JAX_SPARSE_ATTN_HSTU_BWD_IMPL=sm80 / "
                     "Switches.hstu_bwd_impl='sm80' to use the tile override")
-            bm = 128 if head_dim <= 64 else 64
-            return HstuBwdConfig(_cutlass_dtype_name(dtype), head_dim, head_dim_v, bm, 128, 12,
-                                 func_n > 0, max(func_n, 1), impl="sm90",
-                                 dq_bulk=getattr(switches, "hstu_bwd_dq", "red") == "bulk",
+            # query rows x keys per tile (kernels.hstu_bwd_sm90.bwd_sm90_tiles)
+            bm, bn = ((64, 64) if head_dim > 128 else
+                      ((128 if head_dim <= 64 else 64), 128))
+            # D = 256 reduces dQ with red only (no shared staging room)
+            dq_bulk = (getattr(switches, "hstu_bwd_dq", "red") == "bulk" and head_dim <= 128)
+            return HstuBwdConfig(_cutlass_dtype_name(dtype), head_dim, head_dim_v, bm, bn, 12,
+                                 func_n > 0, max(func_n, 1), impl="sm90", dq_bulk=dq_bulk,
                                  arch=arch)
         return dataclasses.replace(
             _bwd_config(dtype, head_dim, head_dim_v, func_n,

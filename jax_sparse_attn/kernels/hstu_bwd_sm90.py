@@ -4,7 +4,7 @@ Same contract, schedule and semantics as ``hstu_bwd_sm80`` (read its docstring):
 (KV tile of ``bn = 128`` keys, head), dK and dV in fp32 registers while the CTA walks the
 query tiles that can see its keys (``block_info.QTileRange``), dQ added into the XLA-owned
 fp32 workspace with ``red.global.add.v2.f32``. No relative attention bias; head dims
-``D = D_v`` in {64, 128} (the public layer routes other configurations to sm80).
+``D = D_v`` in {64, 128, 256} (the public layer routes other configurations to sm80).
 
 CTA = 3 warpgroups (384 threads):
 
@@ -36,6 +36,13 @@ CTA = 3 warpgroups (384 threads):
   The K tile serves as the K-major A operand of S^T and as the MN-major B operand of dQ (for
   16-bit types the 128-byte-swizzled K-major tile of a row-major ``(keys, D)`` block is
   bit-identical to the MN-major tile of its transpose); likewise Q and dO.
+* D = 256 (``split_d``, 64 x 64 tiles): dK and dV of 64 keys x 256 columns would take 256
+  fp32 registers per thread of one warpgroup, so both consumer warpgroups work on all 64 keys
+  and each owns half of the head dim of dK, dV and dQ. S^T and dP^T are split along the
+  query columns (warpgroup ``w``: queries ``[32 w, 32 w + 32)``, m64n32 wgmmas); P^T and
+  dS^T both go to double-buffered query-major shared tiles, and after the barrier dV and dK
+  read them as K-major A operands from shared memory (the same bytes, a K-major view). dQ is
+  reduced with ``red`` (no room to stage it).
 * epilogue: dK and dV / scaling_seqlen converted in registers and stored to key rows
   ``< L_k``.
 
@@ -82,7 +89,7 @@ from .pipeline import SmemPipeline
 from .seqlen_info import SeqlenInfo, offset_rows
 
 #: head dims (D = D_v) of this kernel
-SM90_BWD_HEAD_DIMS = (64, 128)
+SM90_BWD_HEAD_DIMS = (64, 128, 256)
 #: lower clamp of h = (alpha / 2) s in the score function and its derivative
 H_LOWEST = -1.0e30
 #: row stride (floats) of the dq_bulk staging: rows 0-3 of a warp's stores fill the 32 banks
@@ -90,7 +97,10 @@ DQ_STRIDE = 72
 
 
 def bwd_sm90_tiles(head_dim: int):
-    """(query rows, keys) per tile: 64 x 128 at D = 128, 128 x 128 at D = 64."""
+    """(query rows, keys) per tile: 128 x 128 at D = 64, 64 x 128 at D = 128, 64 x 64 at
+    D = 256."""
+    if head_dim > 128:
+        return 64, 64
     return (128 if head_dim <= 64 else 64), 128
 
 
@@ -104,6 +114,11 @@ class HstuBwdSm90:
         self.dtype = dtype
         self.d = head_dim
         self.bm, self.bn = bwd_sm90_tiles(head_dim)
+        # D = 256 (split_d): dK and dV of 64 keys x D do not fit one warpgroup's registers, so
+        # both warpgroups take all 64 keys and half of the head dim each; S^T / dP^T are split
+        # along the query columns, P^T and dS^T go through shared memory (the A operand of
+        # dV / dK from smem)
+        self.split_d = head_dim > 128
         self.has_func = has_func
         self.func_n = func_n
         self.q_stages = 2
@@ -114,7 +129,7 @@ class HstuBwdSm90:
         # dQ: red.global.add.v2.f32 from registers, or (dq_bulk) staged in shared memory per
         # warpgroup (64 rows x 64 columns, row stride DQ_STRIDE floats) and added with one
         # bulk reduce-add per row
-        self.dq_bulk = dq_bulk and not deterministic
+        self.dq_bulk = dq_bulk and not deterministic and not self.split_d
         self.deterministic = deterministic
         self.num_threads = 384
         self.regs_producer = 24
@@ -127,11 +142,20 @@ class HstuBwdSm90:
         bm, bn, d = self.bm, self.bn, self.d
         Kmaj = OperandMajorMode.K
         MN = OperandMajorMode.MN
-        # S^T, dP^T: (bn keys) x (bm queries), reduction over D; warpgroup w: keys 64w..
-        mma_s = sm90_utils.make_trivial_tiled_mma(dt, dt, Kmaj, Kmaj, Float32, (2, 1, 1), (64, bm))
-        # dV, dK: (bn keys) x D, reduction over the bm queries, A (P^T, dS^T) from registers
-        mma_kv = sm90_utils.make_trivial_tiled_mma(dt, dt, Kmaj, MN, Float32, (2, 1, 1), (64, d),
-                                                   warpgroup.OperandSource.RMEM)
+        if cutlass.const_expr(self.split_d):
+            # S^T, dP^T: (bn = 64 keys) x (bm queries); warpgroup w: query columns bm/2 w..
+            mma_s = sm90_utils.make_trivial_tiled_mma(dt, dt, Kmaj, Kmaj, Float32, (1, 2, 1),
+                                                      (64, bm // 2))
+            # dV, dK: (bn keys) x D, warpgroup w: columns D/2 w..; A (P^T, dS^T) from smem
+            mma_kv = sm90_utils.make_trivial_tiled_mma(dt, dt, Kmaj, MN, Float32, (1, 2, 1),
+                                                       (64, d // 2))
+        else:
+            # S^T, dP^T: (bn keys) x (bm queries), reduction over D; warpgroup w: keys 64w..
+            mma_s = sm90_utils.make_trivial_tiled_mma(dt, dt, Kmaj, Kmaj, Float32, (2, 1, 1),
+                                                      (64, bm))
+            # dV, dK: (bn keys) x D, reduction over the bm queries, A (P^T, dS^T) from registers
+            mma_kv = sm90_utils.make_trivial_tiled_mma(dt, dt, Kmaj, MN, Float32, (2, 1, 1),
+                                                       (64, d), warpgroup.OperandSource.RMEM)
         # dQ: (bm queries) x D, reduction over the bn keys
         if cutlass.const_expr(self.dq_split_m):
             mma_dq = sm90_utils.make_trivial_tiled_mma(dt, dt, MN, MN, Float32, (2, 1, 1), (64, d))
@@ -140,6 +164,9 @@ class HstuBwdSm90:
                                                        (64, d // 2))
         sK_layout, sK_mn_layout, sQ_layout, sQ_mn_layout, sdS_layout = kvb.layouts(
             dt, bn, bm, d, self.q_stages, 2)
+        # split_d: the K-major (bn, bm) view of the query-major dS / P^T tiles (A of dK / dV)
+        sdS_k_layout = kvb.ds_kmajor_layout(dt, bn, bm, d, 2)
+        p_elems = cute.cosize(sdS_layout) if cutlass.const_expr(self.split_d) else 0
 
         # TMA views (T, D, H) with D contiguous
         tQ, tdO, tK, tV = tma_view(mQ, d), tma_view(mdO, d), tma_view(mK, d), tma_view(mV, d)
@@ -162,6 +189,7 @@ class HstuBwdSm90:
             sQ: cute.struct.Align[cute.struct.MemRange[dt, cute.cosize(sQ_layout)], 1024]
             sdO: cute.struct.Align[cute.struct.MemRange[dt, cute.cosize(sQ_layout)], 1024]
             sdS: cute.struct.Align[cute.struct.MemRange[dt, cute.cosize(sdS_layout)], 1024]
+            sP: cute.struct.Align[cute.struct.MemRange[dt, p_elems], 1024]
             sdQ: cute.struct.Align[cute.struct.MemRange[Float32, dq_elems], 128]
 
         grid = (cute.size(mK.shape[1]), cute.size(mKVTile.shape[0]), 1)
@@ -169,7 +197,7 @@ class HstuBwdSm90:
             tma_q, tma_tQ, tma_do, tma_tdO, tma_k, tma_tK, tma_v, tma_tV,
             mQ, mdO, mK, mV, mCuQ, mCuK, mKVTile, mQStart, mQTiles, mFunc, mScal, mWin,
             mdQacc, mdK, mdV, mdQSem, sK_layout, sK_mn_layout, sQ_layout, sQ_mn_layout,
-            sdS_layout, mma_s, mma_kv, mma_dq, Smem,
+            sdS_layout, sdS_k_layout, mma_s, mma_kv, mma_dq, Smem,
         ).launch(grid=grid, block=[self.num_threads, 1, 1], smem=Smem.size_in_bytes(),
                  stream=stream, min_blocks_per_mp=1)
 
@@ -259,7 +287,7 @@ class HstuBwdSm90:
     def kernel(self, tma_q, tma_tQ, tma_do, tma_tdO, tma_k, tma_tK, tma_v, tma_tV,
                mQ, mdO, mK, mV, mCuQ, mCuK, mKVTile, mQStart, mQTiles, mFunc, mScal, mWin,
                mdQacc, mdK, mdV, mdQSem, sK_layout, sK_mn_layout, sQ_layout, sQ_mn_layout,
-               sdS_layout, mma_s, mma_kv, mma_dq, Smem: cutlass.Constexpr):
+               sdS_layout, sdS_k_layout, mma_s, mma_kv, mma_dq, Smem: cutlass.Constexpr):
         tidx, _, _ = cute.arch.thread_idx()
         head_kv, slot, _ = cute.arch.block_idx()
         warp = cute.arch.make_warp_uniform(cute.arch.warp_idx())
@@ -392,6 +420,14 @@ class HstuBwdSm90:
                     dq_grow = dq_row + (wg * 64 if cutlass.const_expr(self.dq_split_m) else 0)
                     dq_gcol = 0 if cutlass.const_expr(self.dq_split_m) else wg * 64
                 r2s_dS, tdSsdS = kvb.ds_store_copy(mma_s, sdS, bn, bm, 2, self.dtype, ctid)
+                if cutlass.const_expr(self.split_d):
+                    # P^T tiles (query-major like dS) and the K-major A operands of dV / dK
+                    sP = st.sP.get_tensor(sdS_layout.outer, swizzle=sdS_layout.inner)
+                    _, tPsP = kvb.ds_store_copy(mma_s, sP, bn, bm, 2, self.dtype, ctid)
+                    sP_k = st.sP.get_tensor(sdS_k_layout.outer, swizzle=sdS_k_layout.inner)
+                    sdS_k = st.sdS.get_tensor(sdS_k_layout.outer, swizzle=sdS_k_layout.inner)
+                    tVrP = thr_kv.make_fragment_A(thr_kv.partition_A(sP_k))
+                    tKrdS = thr_kv.make_fragment_A(thr_kv.partition_A(sdS_k))
                 a_vals = mma_kv.tv_layout_A.shape[1]
                 s_shape = thr_s.partition_shape_C((bn, bm))
 
@@ -413,12 +449,18 @@ class HstuBwdSm90:
                             pipe_q.consumer_wait(c)
                             mma_s = kvb.issue_s_dp(mma_s, acc_S, acc_dP, tSrK, tSrV, tSrQ,
                                                    tSrdO, s)
-                            tP = cute.make_rmem_tensor(acc_layout_as_a(acc_S.layout, a_vals),
-                                                       self.dtype)
-                            tP_acc = cute.make_tensor(tP.iterator, acc_S.layout)
-                            tdS = cute.make_rmem_tensor(acc_layout_as_a(acc_dP.layout, a_vals),
-                                                        self.dtype)
-                            tdS_acc = cute.make_tensor(tdS.iterator, acc_dP.layout)
+                            if cutlass.const_expr(self.split_d):
+                                tP = cute.make_rmem_tensor(acc_S.layout, self.dtype)
+                                tP_acc = tP
+                                tdS = cute.make_rmem_tensor(acc_dP.layout, self.dtype)
+                                tdS_acc = tdS
+                            else:
+                                tP = cute.make_rmem_tensor(
+                                    acc_layout_as_a(acc_S.layout, a_vals), self.dtype)
+                                tP_acc = cute.make_tensor(tP.iterator, acc_S.layout)
+                                tdS = cute.make_rmem_tensor(
+                                    acc_layout_as_a(acc_dP.layout, a_vals), self.dtype)
+                                tdS_acc = cute.make_tensor(tdS.iterator, acc_dP.layout)
                             if cutlass.const_expr(self.overlap_sdp):
                                 # S^T is done; the dP^T GEMM runs while P^T (16 bit) and the factor
                                 # dS^T / dP^T (fp32, in acc_S's registers) are computed
@@ -458,16 +500,29 @@ class HstuBwdSm90:
                             # dS^T -> smem buffer `buf` (stmatrix: rows of 8 consecutive queries)
                             cute.copy(r2s_dS, r2s_dS.retile(tdS_acc), tdSsdS[None, None, None, buf])
 
-                            # dV += P^T dO (registers x smem) while the dS^T halves are published
-                            kvb.issue_dv(mma_kv, acc_dV, tP, tVrdO, s)
-                            # both warpgroups' dS^T halves are in smem (generic -> async proxy)
-                            cute.arch.fence_proxy("async.shared", space="cta")
-                            cute.arch.barrier(barrier_id=1, number_of_threads=256)
+                            if cutlass.const_expr(self.split_d):
+                                # P^T -> smem; both warpgroups' halves of P^T and dS^T are
+                                # published, then dV += P^T dO (smem x smem)
+                                cute.copy(r2s_dS, r2s_dS.retile(tP_acc),
+                                          tPsP[None, None, None, buf])
+                                cute.arch.fence_proxy("async.shared", space="cta")
+                                cute.arch.barrier(barrier_id=1, number_of_threads=256)
+                                kvb.issue_dv(mma_kv, acc_dV, tVrP[None, None, None, buf], tVrdO,
+                                             s)
+                                tdS_a = tKrdS[None, None, None, buf]
+                            else:
+                                # dV += P^T dO (registers x smem) while the dS^T halves are
+                                # published
+                                kvb.issue_dv(mma_kv, acc_dV, tP, tVrdO, s)
+                                # both warpgroups' dS^T halves are in smem (generic -> async)
+                                cute.arch.fence_proxy("async.shared", space="cta")
+                                cute.arch.barrier(barrier_id=1, number_of_threads=256)
+                                tdS_a = tdS
                             # dQ = dS K, then dK += dS^T Q (its own group: the dQ reductions below
                             # are issued while it runs)
                             acc_dQ = thr_dq.make_fragment_C(thr_dq.partition_shape_C((bm, d)))
                             mma_dq = kvb.issue_dq_dk(mma_dq, mma_kv, acc_dQ, acc_dK, tQrdS,
-                                                     tQrK, tdS, tKrQ, buf, s)
+                                                     tQrK, tdS_a, tKrQ, buf, s)
                             warpgroup.wait_group(1)
 
                             # dQ rows < L_q -> fp32 workspace (values 2k, 2k+1: adjacent columns)
@@ -498,7 +553,8 @@ class HstuBwdSm90:
                                 if cutlass.const_expr(self.deterministic):
                                     cute.arch.barrier_arrive(barrier_id=3, number_of_threads=288)
                             warpgroup.wait_group(0)
-                            kvb.keep_regs(tP, tdS)
+                            if cutlass.const_expr(not self.split_d):
+                                kvb.keep_regs(tP, tdS)
                             pipe_q.consumer_release(c)
                             c += 1
 

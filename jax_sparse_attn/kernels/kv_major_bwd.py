@@ -48,6 +48,13 @@ def layouts(dtype, bn: int, bm: int, d: int, q_stages: int, ds_stages: int):
             sm90_utils.make_smem_layout_a(LayoutEnum.COL_MAJOR, dq_tiler, dtype, ds_stages))
 
 
+def ds_kmajor_layout(dtype, bn: int, bm: int, d: int, ds_stages: int):
+    """The K-major ``(bn, bm, ds_stages)`` layout of the query-major dS tiles of
+    :func:`layouts` (the same bytes: the A operand ``dS^T`` / ``P^T`` of ``dK += dS^T Q`` /
+    ``dV += P^T dO`` read from shared memory)."""
+    return sm90_utils.make_smem_layout_a(LayoutEnum.ROW_MAJOR, (bn, d, bm), dtype, ds_stages)
+
+
 def smem_views(st, sK_layout, sK_mn_layout, sQ_layout, sQ_mn_layout, sdS_layout):
     """``(sK, sV, sQ, sdO, sdS, sK_mn, sQ_mn, sdO_mn)`` of a shared-memory struct ``st`` with
     fields ``sK``, ``sV``, ``sQ``, ``sdO``, ``sdS`` (``*_mn``: MN-major views of the same
@@ -158,5 +165,5 @@ def store_dk_dv(acc_dK, acc_dV, thr_kv, bn: cutlass.Constexpr, d: cutlass.Conste
                     mdV_b[row, col] = (dV_mn[r, cc] * dv_scale).to(dtype)
 
 
-__all__ = ["ds_store_copy", "issue_dq_dk", "issue_dv", "issue_s_dp", "keep_regs", "layouts",
+__all__ = ["ds_kmajor_layout", "ds_store_copy", "issue_dq_dk", "issue_dv", "issue_s_dp", "keep_regs", "layouts",
            "red_add_rows", "smem_views", "store_dk_dv"]
