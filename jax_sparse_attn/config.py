@@ -199,10 +199,18 @@ SWITCHES = (
             "consumer warpgroups; D = D_v in {64, 128, 256} without rab, other calls run sm80 "
             "and "
             "the compile key records it), sm80 (mma.sync, cp.async; every head dim, with rab)"),
-    _choice("hstu_bwd_dq", "JAX_SPARSE_ATTN_HSTU_BWD_DQ", ("red", "bulk"),
+    _choice("hstu_bwd_dq", "JAX_SPARSE_ATTN_HSTU_BWD_DQ", ("red", "bulk", "red4"),
             "dQ reduction of the sm90 HSTU backward (tuning / ablation; sm80 ignores it): red "
             "(red.global.add.v2.f32 from registers), bulk (fp32 rows staged in shared memory, "
-            "one cp.reduce.async.bulk add per row)"),
+            "one cp.reduce.async.bulk add per row; D <= 128, else red), red4 "
+            "(red.global.add.v4.f32: lane pairs swap halves with shuffles)"),
+    _choice("hstu_bwd_order", "JAX_SPARSE_ATTN_HSTU_BWD_ORDER", ("hlpt", "lpt", "seq"),
+            "launch order of the sm90 HSTU backward's KV tiles (tuning / ablation): hlpt "
+            "(longest work first within each head, one head after the other: concurrent CTAs "
+            "share one head's Q, dO and dQ in L2), lpt (longest work first over all sequences, "
+            "a tile's heads consecutive), seq "
+            "(canonical order, the KV tiles of one sequence and head consecutive: concurrent "
+            "CTAs share Q, dO and dQ in L2)"),
     Switch("hstu_bwd_tile", "JAX_SPARSE_ATTN_HSTU_BWD_TILE", _TILE, _parse_tile, None,
            "HSTU sm80 backward tile override (tuning; with sm90, the default, it is an error "
            "except for calls that sm90 routes to sm80: set hstu_bwd_impl=sm80 as well)"),
@@ -305,6 +313,7 @@ class Switches:
     hstu_schedule: str = _DEFAULT["hstu_schedule"]
     hstu_bwd_impl: str = _DEFAULT["hstu_bwd_impl"]
     hstu_bwd_dq: str = _DEFAULT["hstu_bwd_dq"]
+    hstu_bwd_order: str = _DEFAULT["hstu_bwd_order"]
     hstu_bwd_tile: tuple | None = _DEFAULT["hstu_bwd_tile"]
     bsa_fwd_impl: str = _DEFAULT["bsa_fwd_impl"]
     bsa_fwd_ws: tuple = _DEFAULT["bsa_fwd_ws"]

@@ -42,6 +42,7 @@ def test_from_env_reads_every_switch():
     env = {"JAX_SPARSE_ATTN_HSTU_FWD_IMPL": "sm80", "JAX_SPARSE_ATTN_HSTU_FWD_TILE": "64,64,4",
            "JAX_SPARSE_ATTN_HSTU_BWD_TILE": "64,64,8", "JAX_SPARSE_ATTN_HSTU_BWD_IMPL": "sm90",
            "JAX_SPARSE_ATTN_HSTU_BWD_DQ": "bulk", "JAX_SPARSE_ATTN_HSTU_SCHEDULE": "xla",
+           "JAX_SPARSE_ATTN_HSTU_BWD_ORDER": "seq",
            "JAX_SPARSE_ATTN_BSA_FWD_IMPL": "sm80",
            "JAX_SPARSE_ATTN_BSA_BWD_IMPL": "sm80", "JAX_SPARSE_ATTN_BSA_PRE_IMPL": "xla",
            "JAX_SPARSE_ATTN_BSA_FWD_Q_IN_REGS": "0", "JAX_SPARSE_ATTN_BSA_FWD_MIN_BLOCKS": "2",
@@ -55,7 +56,7 @@ def test_from_env_reads_every_switch():
     assert config.from_env(env) == config.Switches(
         hstu_fwd_impl="sm80", hstu_fwd_ws=("nopingpong", "bn=64"), hstu_fwd_tile=(64, 64, 4),
         hstu_bwd_tile=(64, 64, 8), hstu_bwd_impl="sm90", hstu_bwd_dq="bulk",
-        hstu_schedule="xla", bsa_fwd_impl="sm80", bsa_fwd_ws=("q1", "stages=3"), bsa_bwd_impl="sm80",
+        hstu_bwd_order="seq", hstu_schedule="xla", bsa_fwd_impl="sm80", bsa_fwd_ws=("q1", "stages=3"), bsa_bwd_impl="sm80",
         bsa_bwd_ws=("ldwait", "stages=2"),
         bsa_pre_impl="xla", bsa_fwd_q_in_regs=False, bsa_fwd_min_blocks=2, bsa_bwd_min_blocks=1,
         bsa_fwd_late_v_wait=True, bsa_fwd_warp_rows="32", cute_call="per_shape", kernel_family="portable", smem_limit_kb=99)

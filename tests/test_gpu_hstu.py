@@ -185,7 +185,7 @@ class TestHSTUBackwardDeterministic(HSTUKernelGrid):
 
 
 def _bwd_case(lens, d, window, seed, poison, impl, dtype="bfloat16", backend="kernel",
-              dq="red"):
+              dq="red", order="hlpt"):
     """The backward of ``impl`` (public op, kernel backend) vs the float32 reference on a
     packed batch of ``lens`` (zero lengths allowed; T = sum(lens) + 200 tail rows). ``poison``:
     q/k/v/dout rows past ``cu[-1]`` are NaN (they must contribute nothing; dq/dk/dv rows
@@ -207,7 +207,7 @@ def _bwd_case(lens, d, window, seed, poison, impl, dtype="bfloat16", backend="ke
     mx = max(max(lens), 1)
     kw = dict(max_seqlen_q=mx, max_seqlen_k=mx, scaling_seqlen=float(mx), window_size=window,
               alpha=1.0 / np.sqrt(d))
-    sw = Switches(hstu_bwd_impl=impl, hstu_bwd_dq=dq)
+    sw = Switches(hstu_bwd_impl=impl, hstu_bwd_dq=dq, hstu_bwd_order=order)
     got = jax.jit(lambda do, q, k, v, c: tuple(jsa.hstu_attention_backward(
         do, q, k, v, c, c, backend=backend, switches=sw, **kw)))(do, q, k, v, cu)
     qc, kc, vc, dc = (x[:n] for x in (q, k, v, do))
@@ -244,7 +244,8 @@ BWD_BATCHES = [
                          ids=[c[0] for c in shard(BWD_BATCHES, SHARD)])
 @pytest.mark.parametrize("poison", [False, True], ids=["clean", "poisoned"])
 def test_hstu_bwd_batches(name, lens, d, window, dtype, poison):
-    """Each selected backward (sm90: both dQ reductions of hstu_bwd_dq) on packed batches with
+    """Each selected backward (sm90: every dQ reduction of hstu_bwd_dq, every launch order of
+    hstu_bwd_order) on packed batches with
     zero-length sequences, sequences ending inside a tile and the canonical jagged batch, with
     NaN-poisoned rows past the end."""
     if lens == "canonical":
@@ -255,8 +256,12 @@ def test_hstu_bwd_batches(name, lens, d, window, dtype, poison):
 
         lens = canonical_jagged_lengths()
     for impl in _bwd_impls():
-        for dq in ("red", "bulk") if impl == "sm90" else ("red",):
-            _bwd_case(lens, d, window, seed=9, poison=poison, impl=impl, dtype=dtype, dq=dq)
+        variants = ((("red", "hlpt"), ("bulk", "hlpt"), ("red4", "hlpt"), ("red", "seq"),
+                     ("red", "lpt"))
+                    if impl == "sm90" else (("red", "hlpt"),))
+        for dq, order in variants:
+            _bwd_case(lens, d, window, seed=9, poison=poison, impl=impl, dtype=dtype, dq=dq,
+                      order=order)
 
 
 @pytest.mark.skipif(not _first_shard(), reason="runs in shard 0")

@@ -866,3 +866,28 @@ def test_hstu_bwd_sm90_deterministic_ptx(tmp_path, det):
         assert "cp.reduce.async.bulk" in text  # the bulk switch holds in the default mode
         for needle in det_needles:
             assert needle not in text, f"{needle} in the default sm90 backward PTX"
+
+
+def test_hstu_bwd_sm90_order_and_dq_variants():
+    """The sm90 backward's compile key carries the launch order (hstu_bwd_order: hlpt, the
+    default, lpt, seq; head-major grid for hlpt / seq, the schedule sorted for hlpt / lpt)
+    and the 16-byte dQ reduction (hstu_bwd_dq="red4"); the variants lower."""
+    from jax_sparse_attn.config import Switches  # noqa: PLC0415
+    from jax_sparse_attn.ffi import hstu as fh  # noqa: PLC0415
+
+    assert Switches().hstu_bwd_order == "hlpt"
+    keys = {o: fh.bwd_config("bfloat16", 128, 128, 0, Switches(hstu_bwd_order=o))
+            for o in ("hlpt", "lpt", "seq")}
+    assert {k.bwd_order for k in keys.values()} == {"hlpt", "lpt", "seq"}
+    assert len(set(keys.values())) == 3
+    red4 = fh.bwd_config("bfloat16", 64, 64, 0, Switches(hstu_bwd_dq="red4"))
+    assert red4.dq_vec4 and not red4.dq_bulk
+    assert not fh.bwd_config("bfloat16", 64, 64, 0, Switches()).dq_vec4
+    det = fh.bwd_config("bfloat16", 128, 128, 0, Switches(hstu_bwd_dq="red4"),
+                        deterministic=True)
+    assert det.deterministic and det.dq_vec4
+    for d, mask, sw in ((128, "causal", Switches(hstu_bwd_order="lpt", hstu_bwd_dq="red4")),
+                        (64, "func", Switches(hstu_bwd_order="seq")),
+                        (256, "window", Switches(hstu_bwd_dq="red4"))):
+        txt = _bwd_text(d, "bfloat16", mask, sw)
+        assert _attention_calls(txt) == 1 and "\\7FELF" in txt

@@ -160,6 +160,13 @@ class HstuBwdConfig(_HstuKey):
     replaced_impl: str = ""
     # sm90: dQ reduced with bulk reduce-adds of shared-memory rows (else red.global.add)
     dq_bulk: bool = False
+    # sm90 with red: 16-byte red.global.add.v4.f32 (lane pairs swap halves), else 8-byte .v2
+    dq_vec4: bool = False
+    # sm90 launch order of the KV tiles: "hlpt" (longest work first within each head, one
+    # head after the other), "lpt" (longest work first over all sequences, the heads of a KV
+    # tile slot consecutive) or "seq" (canonical order: the KV tiles of one sequence and
+    # head consecutive)
+    bwd_order: str = "hlpt"
     # the target arch (CuTe DSL name)
     arch: str = ""
     # sm80: fp32 pairs (dQ, shared d rab) added with red.global.add.v2.f32 (sm_90+), else
@@ -516,9 +523,12 @@ def _bwd_config(dtype, head_dim, head_dim_v, func_n, switches, *, has_rab=False,
             bm, bn = ((64, 64) if head_dim > 128 else
                       ((128 if head_dim <= 64 else 64), 128))
             # D = 256 reduces dQ with red only (no shared staging room)
-            dq_bulk = (getattr(switches, "hstu_bwd_dq", "red") == "bulk" and head_dim <= 128)
+            dq = getattr(switches, "hstu_bwd_dq", "red")
+            dq_bulk = dq == "bulk" and head_dim <= 128
             return HstuBwdConfig(_cutlass_dtype_name(dtype), head_dim, head_dim_v, bm, bn, 12,
                                  func_n > 0, max(func_n, 1), impl="sm90", dq_bulk=dq_bulk,
+                                 dq_vec4=dq == "red4",
+                                 bwd_order=getattr(switches, "hstu_bwd_order", "hlpt"),
                                  arch=arch)
         return dataclasses.replace(
             _bwd_config(dtype, head_dim, head_dim_v, func_n,
@@ -687,7 +697,8 @@ def _bwd_adapter():
         # one branch per value of the hstu_bwd_impl switch (config.SWITCHES)
         if cutlass.const_expr(cfg.impl == "sm90"):
             kernel = HstuBwdSm90(_dt(cfg.dtype), cfg.head_dim, cfg.has_func, cfg.func_n,
-                                 dq_bulk=cfg.dq_bulk)
+                                 dq_bulk=cfg.dq_bulk, dq_vec4=cfg.dq_vec4,
+                                 head_major=cfg.bwd_order != "lpt")
             if cutlass.const_expr((kernel.bm, kernel.bn) != (cfg.block_m, cfg.block_n)):
                 # the tile schedule was built for the key's tiles
                 raise ValueError(f"hstu_bwd_sm90 tiles {(kernel.bm, kernel.bn)} differ from "
@@ -717,7 +728,8 @@ def _bwd_det_adapter():
         # aliased to outputs 2 and 3 (zero-initialised by XLA)
         if cutlass.const_expr(cfg.impl == "sm90"):
             kernel = HstuBwdSm90(_dt(cfg.dtype), cfg.head_dim, cfg.has_func, cfg.func_n,
-                                 deterministic=True)
+                                 deterministic=True, dq_vec4=cfg.dq_vec4,
+                                 head_major=cfg.bwd_order != "lpt")
             if cutlass.const_expr((kernel.bm, kernel.bn) != (cfg.block_m, cfg.block_n)):
                 raise ValueError(f"hstu_bwd_sm90 tiles {(kernel.bm, kernel.bn)} differ from "
                                  f"the compile key's {(cfg.block_m, cfg.block_n)}")
@@ -837,7 +849,7 @@ def _bwd_metadata(cu_seqlens_q, cu_seqlens_k, func, cfg, t_q, t_k):
     bm, bn = key.block_m, key.block_n
     nb = cu_seqlens_q.shape[0] - 1
     nk_slots = t_k // bn + nb + 1
-    sort = key.impl == "sm90"
+    sort = key.impl == "sm90" and key.bwd_order != "seq"
     # the schedule kernel's longest-first order keeps a sequence's KV tiles ascending (ties
     # in canonical order) when the work does not grow with the KV tile, i.e. without a
     # finite left window edge; the deterministic backward needs that order (its dq

@@ -47,7 +47,10 @@ CTA = 3 warpgroups (384 threads):
   ``< L_k``.
 
 The host launches the KV tiles longest work first (``metadata.hstu_bwd_schedule`` with the
-window).
+window). With ``head_major`` the grid is (KV tile slots, heads): the CTAs of one head launch
+together (longest first within it), so the CTAs resident at a time read Q / dO and add dQ of
+one head, a working set that stays in L2 (with the heads of a slot consecutive, the resident
+CTAs span every sequence and head, and at long sequences Q, dO and dQ overflow L2).
 
 Deterministic mode (``deterministic``, with ``mdQSem``: int32 ``(query tile slots, H)``,
 zero-initialised by XLA): the dQ contributions of the KV tiles that cover a query tile are
@@ -107,7 +110,8 @@ def bwd_sm90_tiles(head_dim: int):
 class HstuBwdSm90:
     """``__call__`` takes the arguments of ``HstuBwdSm80.__call__`` (without rab)."""
 
-    def __init__(self, dtype, head_dim, has_func, func_n, dq_bulk=False, deterministic=False):
+    def __init__(self, dtype, head_dim, has_func, func_n, dq_bulk=False, deterministic=False,
+                 dq_vec4=False, head_major=False):
         if head_dim not in SM90_BWD_HEAD_DIMS:
             raise NotImplementedError(
                 f"hstu_bwd_sm90: head_dim={head_dim} is not one of {SM90_BWD_HEAD_DIMS}")
@@ -131,6 +135,12 @@ class HstuBwdSm90:
         # bulk reduce-add per row
         self.dq_bulk = dq_bulk and not deterministic and not self.split_d
         self.deterministic = deterministic
+        # red: one red.global.add.v4.f32 per 4 values (lane pairs swap halves) instead of
+        # one .v2 per 2
+        self.dq_vec4 = dq_vec4 and not self.dq_bulk
+        # grid (KV tile slots, heads) instead of (heads, slots): consecutive CTAs take the KV
+        # tiles of one head (with the schedule in canonical order: of one sequence and head)
+        self.head_major = head_major
         self.num_threads = 384
         self.regs_producer = 24
         self.regs_consumer = 240
@@ -193,6 +203,8 @@ class HstuBwdSm90:
             sdQ: cute.struct.Align[cute.struct.MemRange[Float32, dq_elems], 128]
 
         grid = (cute.size(mK.shape[1]), cute.size(mKVTile.shape[0]), 1)
+        if cutlass.const_expr(self.head_major):
+            grid = (cute.size(mKVTile.shape[0]), cute.size(mK.shape[1]), 1)
         self.kernel(
             tma_q, tma_tQ, tma_do, tma_tdO, tma_k, tma_tK, tma_v, tma_tV,
             mQ, mdO, mK, mV, mCuQ, mCuK, mKVTile, mQStart, mQTiles, mFunc, mScal, mWin,
@@ -290,6 +302,8 @@ class HstuBwdSm90:
                sdS_layout, sdS_k_layout, mma_s, mma_kv, mma_dq, Smem: cutlass.Constexpr):
         tidx, _, _ = cute.arch.thread_idx()
         head_kv, slot, _ = cute.arch.block_idx()
+        if cutlass.const_expr(self.head_major):
+            slot, head_kv, _ = cute.arch.block_idx()
         warp = cute.arch.make_warp_uniform(cute.arch.warp_idx())
         wg_idx = warp // 4
         bm, bn, d = self.bm, self.bn, self.d
@@ -549,7 +563,10 @@ class HstuBwdSm90:
                                             dq_sptr, 64 * 4)
                                 cute.arch.cp_async_bulk_commit_group()
                             else:
-                                kvb.red_add_rows(acc_dQ, tdQg, tdQc, lim)
+                                if cutlass.const_expr(self.dq_vec4):
+                                    kvb.red_add_rows_v4(acc_dQ, tdQg, tdQc, lim)
+                                else:
+                                    kvb.red_add_rows(acc_dQ, tdQg, tdQc, lim)
                                 if cutlass.const_expr(self.deterministic):
                                     cute.arch.barrier_arrive(barrier_id=3, number_of_threads=288)
                             warpgroup.wait_group(0)

@@ -20,7 +20,8 @@ BSA kernels) and re-exported here.
   stays NaN.
 * ``elem_ptr(t, i)``: pointer to element ``i`` of tensor ``t`` (for ``red``/atomics).
 * ``red_add_v2_f32(ptr, a, b)``: vectorized fp32 reduction into global memory (sm_90+);
-  ``red_add_pair(ptr, a, b, vec)``: that one when ``vec``, else two scalar reductions
+  ``red_add_v4_f32_at(addr, a, b, c, d)``: the 16-byte one;
+  ``red_add_pair(ptr, a, b, vec)``: the 8-byte one when ``vec``, else two scalar reductions
   (:func:`.common.red_add_2xf32`, sm_8x).
 * ``gemm_ss(...)``: ``acc += A B`` with both operands loaded from smem via ``ldmatrix``,
   double-buffered over the K mode.
@@ -81,6 +82,16 @@ def red_add_v2_f32(ptr, a, b, *, loc=None, ip=None):
     inline_asm(None, [ptr.toint(loc=loc, ip=ip).ir_value(loc=loc, ip=ip), _f32(a, loc, ip),
                       _f32(b, loc, ip)],
                "red.relaxed.gpu.global.add.v2.f32 [$0], {$1, $2};", "l,f,f", True, loc, ip)
+
+
+@dsl_user_op
+def red_add_v4_f32_at(addr, a, b, c, d, *, loc=None, ip=None):
+    """``red.global.add.v4.f32 [addr], {a, b, c, d}`` (sm_90; ``addr``: a 16-byte aligned
+    global address as an integer)."""
+    inline_asm(None, [cutlass.Int64(addr).ir_value(loc=loc, ip=ip), _f32(a, loc, ip),
+                      _f32(b, loc, ip), _f32(c, loc, ip), _f32(d, loc, ip)],
+               "red.relaxed.gpu.global.add.v4.f32 [$0], {$1, $2, $3, $4};", "l,f,f,f,f", True,
+               loc, ip)
 
 
 def red_add_pair(ptr, a, b, vec: bool):

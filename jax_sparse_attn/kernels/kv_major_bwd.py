@@ -15,7 +15,8 @@ how the loads are issued and how dQ is reduced; this module holds what is the sa
 * ``issue_s_dp``, ``issue_dv``, ``issue_dq_dk``: the wgmma groups of one query tile (plain
   functions traced inline; the MMAs whose accumulate field they set are returned and rebound
   by the caller);
-* ``red_add_rows``: dQ rows below a limit added to an fp32 workspace with vector ``red``;
+* ``red_add_rows`` / ``red_add_rows_v4``: dQ rows below a limit added to an fp32 workspace
+  with 8-byte / 16-byte vector ``red``;
 * ``keep_regs``: keeps 16-bit A-operand registers allocated until the GEMMs that read them
   have completed;
 * ``store_dk_dv``: the epilogue's row-predicated dK / dV stores from registers (HSTU; the
@@ -135,6 +136,34 @@ def red_add_rows(acc_dQ, tdQg, tdQc, lim):
             hc.red_add_v2_f32(elem_ptr(tdQg, 2 * e2), acc_dQ[2 * e2], acc_dQ[2 * e2 + 1])
 
 
+@cute.jit
+def red_add_rows_v4(acc_dQ, tdQg, tdQc, lim):
+    """As :func:`red_add_rows`, with one ``red.global.add.v4.f32`` per 4 values: in a wgmma
+    accumulator lanes ``2i`` and ``2i + 1`` hold adjacent column pairs of the same rows ``r``
+    and ``r + 8``; they swap one pair (two shuffles), then the even lane adds columns
+    ``c .. c + 3`` of row ``r`` and the odd lane those of row ``r + 8`` (half the reduction
+    operations of the pairwise form)."""
+    odd = (cute.arch.lane_idx() % 2) == 1
+    for g in cutlass.range_constexpr(cute.size(acc_dQ) // 4):
+        a0 = acc_dQ[4 * g]
+        a1 = acc_dQ[4 * g + 1]
+        b0 = acc_dQ[4 * g + 2]
+        b1 = acc_dQ[4 * g + 3]
+        s0 = a0 if odd else b0
+        s1 = a1 if odd else b1
+        r0 = cute.arch.shuffle_sync_bfly(s0, offset=1)
+        r1 = cute.arch.shuffle_sync_bfly(s1, offset=1)
+        x0 = r0 if odd else a0
+        x1 = r1 if odd else a1
+        x2 = b0 if odd else r0
+        x3 = b1 if odd else r1
+        row = tdQc[4 * g + 2][0] if odd else tdQc[4 * g][0]
+        # the odd lane's row r + 8 starts 2 columns (8 bytes) before its own pair
+        addr = (elem_ptr(tdQg, 4 * g + 2).toint() - 8) if odd else elem_ptr(tdQg, 4 * g).toint()
+        if row < lim:
+            hc.red_add_v4_f32_at(addr, x0, x1, x2, x3)
+
+
 def keep_regs(tP, tdS):
     """P^T and dS^T registers stay allocated until the GEMMs reading them have completed."""
     tP32 = cute.recast_tensor(tP, cutlass.Uint32)
@@ -166,4 +195,4 @@ def store_dk_dv(acc_dK, acc_dV, thr_kv, bn: cutlass.Constexpr, d: cutlass.Conste
 
 
 __all__ = ["ds_kmajor_layout", "ds_store_copy", "issue_dq_dk", "issue_dv", "issue_s_dp", "keep_regs", "layouts",
-           "red_add_rows", "smem_views", "store_dk_dv"]
+           "red_add_rows", "red_add_rows_v4", "smem_views", "store_dk_dv"]
