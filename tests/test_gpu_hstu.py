@@ -645,7 +645,7 @@ def _sched_cfg(window, schedule, bwd_impl="sm90"):
 
     return SimpleNamespace(fwd=SimpleNamespace(block_m=128), schedule=schedule,
                            bwd=SimpleNamespace(block_m=64, block_n=128, impl=bwd_impl,
-                                                 deterministic=False),
+                                                 deterministic=False, bwd_order="hlpt"),
                            window_size=window, cute_call="shared")
 
 
