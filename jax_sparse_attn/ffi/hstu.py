@@ -16,18 +16,24 @@ Kernels (``jax_sparse_attn/kernels``): the default forward is ``hstu_fwd_sm90_ws
 (``sm90ws``: a TMA producer warp and two consumer warpgroups with wgmma, persistent grid of
 ``num_sms`` CTAs, 128 query rows x 128 keys per tile, 64 keys at D = 256); ``sm80`` selects the
 portable ``hstu_fwd_sm80`` (warp-level ``mma.sync``, cp.async loads; runs on sm_80+ including
-the H200). The backward is ``hstu_bwd_sm80``. The switches ``hstu_fwd_impl``, ``hstu_fwd_ws``,
-``hstu_fwd_tile`` and ``hstu_bwd_tile`` of :class:`jax_sparse_attn.config.Switches` select the
-forward kernel, the sm90ws variant and override the tiles; :func:`fwd_config` /
+the H200). The default backward is ``hstu_bwd_sm90`` (``sm90``: TMA producer warp, two wgmma
+consumer warpgroups; D = D_v in {64, 128, 256} without rab), else the portable
+``hstu_bwd_sm80``. The switches ``hstu_fwd_impl``, ``hstu_fwd_ws``, ``hstu_fwd_tile``,
+``hstu_bwd_impl``, ``hstu_bwd_dq``, ``hstu_bwd_order`` and ``hstu_bwd_tile`` of
+:class:`jax_sparse_attn.config.Switches` select the kernels and their variants and override
+the tiles; :func:`fwd_config` /
 :func:`bwd_config` turn them into the compile keys. Default tiles: sm90ws 128 x 128 (64 keys at
 D = 256; ``hstu_fwd_ws`` ``bn=N`` overrides the keys), 12 warps; sm80 forward 128 x 64
-(D <= 128; 128 x 128 at D = 32; 64 x 64 at D = 256), 4 warps; backward 64 query rows x 128
-keys, 8 warps (64 x 64 at D = 256). docs/hstu.md has the sm90ws design and its measurements.
+(D <= 128; 128 x 128 at D = 32; 64 x 64 at D = 256), 4 warps; sm90 backward 64 query rows
+x 128 keys (128 x 128 at D = 64, 64 x 64 at D = 256), 12 warps; sm80 backward 64 x 128, 8
+warps (64 x 64 at D = 256). docs/hstu.md has the sm90ws design and its measurements.
 
 Schedules (built in :mod:`jax_sparse_attn.metadata`): the forward's schedule rows are its query
 tiles ordered longest-work-first (argsort of the visible key count); the persistent sm90ws grid
-walks (row, head) items in that order; the backward grid is ``(H, S)`` over KV tiles in
-canonical order. A pseudo-sequence appended to ``cu_seqlens`` covers rows past
+walks (row, head) items in that order; the sm80 backward grid is ``(H, S)`` over KV tiles in
+canonical order, the sm90 backward's ``(S, H)`` (``hstu_bwd_order="hlpt"``, the default) or
+``(H, S)`` (``lpt``) over KV tiles ordered longest work first, or ``(S, H)`` in canonical
+order (``seq``). A pseudo-sequence appended to ``cu_seqlens`` covers rows past
 ``cu_seqlens[-1]`` so the kernels write zeros there.
 
 Relative attention bias (``rab (B, H_rab, N_k, N_k)``, q's dtype or fp32): a presence flag
