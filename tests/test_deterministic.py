@@ -83,10 +83,13 @@ def test_config_carries_deterministic(monkeypatch):
     bulk = Switches(hstu_bwd_dq="bulk")
     assert cfg(False, bulk).bwd.dq_bulk and not cfg(True, bulk).bwd.dq_bulk
     # configurations routed to the sm80 backward keep the flag
-    for d, rab in ((32, False), (256, False), (128, True)):
+    for d, rab in ((32, False), (128, True)):
         key = fh.bwd_config("bfloat16", d, d, 0, Switches(), has_rab=rab,
                             rab_dtype="float32" if rab else "", deterministic=True)
         assert key.impl == "sm80" and key.deterministic, (d, rab)
+    # D = 256 runs the sm90 backward (64 x 64 tiles) in both modes
+    k256 = fh.bwd_config("bfloat16", 256, 256, 0, Switches(), deterministic=True)
+    assert (k256.impl, k256.block_n, k256.deterministic) == ("sm90", 64, True)
     ref = hstu._make_config(q, k, v, cu, cu, None, None, None, None, scaling_seqlen=None,
                             backend="reference", switches=None, op_name="t",
                             deterministic=True, **KW)

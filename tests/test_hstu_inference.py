@@ -207,7 +207,9 @@ def test_gqa_kernel_routing_names_the_option():
                                              jsa_config.Switches(hstu_bwd_impl="sm80"))
     assert reason and "hstu_bwd_impl" in reason
     assert "relative attention bias" in ffi_hstu.gqa_unsupported_reason(128, 128, True, sw)
-    assert "256" in ffi_hstu.gqa_unsupported_reason(256, 256, False, sw)
+    assert ffi_hstu.gqa_unsupported_reason(256, 256, False, sw) is None  # sm90 at D = 256
+    reason = ffi_hstu.gqa_unsupported_reason(32, 32, False, sw)
+    assert reason and "32" in reason and "(64, 128, 256)" in reason
 
 
 def test_kv_splits_validation_and_reference_ignores_it():

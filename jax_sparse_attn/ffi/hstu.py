@@ -687,6 +687,20 @@ def _bwd_rab_det_adapter():
     return hstu_bwd_rab_det_launch
 
 
+def _sm90_bwd_kernel(cfg):
+    """The ``hstu_bwd_sm90`` kernel object of the backward compile key ``cfg`` (called while
+    an adapter traces); its tiles must be the key's, for which the schedule was built."""
+    from ..kernels.hstu_bwd_sm90 import HstuBwdSm90  # noqa: PLC0415
+
+    kernel = HstuBwdSm90(_dt(cfg.dtype), cfg.head_dim, cfg.has_func, cfg.func_n,
+                         dq_bulk=cfg.dq_bulk, deterministic=cfg.deterministic,
+                         dq_vec4=cfg.dq_vec4, head_major=cfg.bwd_order != "lpt")
+    if (kernel.bm, kernel.bn) != (cfg.block_m, cfg.block_n):
+        raise ValueError(f"hstu_bwd_sm90 tiles {(kernel.bm, kernel.bn)} differ from the "
+                         f"compile key's {(cfg.block_m, cfg.block_n)}")
+    return kernel
+
+
 @functools.lru_cache(maxsize=None)
 def _bwd_adapter():
     import cutlass  # noqa: PLC0415
@@ -694,21 +708,13 @@ def _bwd_adapter():
 
     from ..kernels.hstu_bwd_sm80 import HstuBwdSm80  # noqa: PLC0415
 
-    from ..kernels.hstu_bwd_sm90 import HstuBwdSm90  # noqa: PLC0415
-
     @cute.jit
     def hstu_bwd_launch(stream, do, q, k, v, cu_q, cu_k, kv_tiles, q_tile_start, q_tiles,
                         func, scal, win, dq_acc, dk, dv, *, cfg: cutlass.Constexpr):
         # dq_acc is aliased to the third output (the fp32 dq workspace, zero-initialized).
         # one branch per value of the hstu_bwd_impl switch (config.SWITCHES)
         if cutlass.const_expr(cfg.impl == "sm90"):
-            kernel = HstuBwdSm90(_dt(cfg.dtype), cfg.head_dim, cfg.has_func, cfg.func_n,
-                                 dq_bulk=cfg.dq_bulk, dq_vec4=cfg.dq_vec4,
-                                 head_major=cfg.bwd_order != "lpt")
-            if cutlass.const_expr((kernel.bm, kernel.bn) != (cfg.block_m, cfg.block_n)):
-                # the tile schedule was built for the key's tiles
-                raise ValueError(f"hstu_bwd_sm90 tiles {(kernel.bm, kernel.bn)} differ from "
-                                 f"the compile key's {(cfg.block_m, cfg.block_n)}")
+            kernel = _sm90_bwd_kernel(cfg)
         else:
             kernel = HstuBwdSm80(_dt(cfg.dtype), cfg.head_dim, cfg.head_dim_v, cfg.block_m,
                                  cfg.block_n, cfg.num_warps, cfg.has_func, cfg.func_n,
@@ -725,7 +731,6 @@ def _bwd_det_adapter():
     import cutlass.cute as cute  # noqa: PLC0415
 
     from ..kernels.hstu_bwd_sm80 import HstuBwdSm80  # noqa: PLC0415
-    from ..kernels.hstu_bwd_sm90 import HstuBwdSm90  # noqa: PLC0415
 
     @cute.jit
     def hstu_bwd_det_launch(stream, do, q, k, v, cu_q, cu_k, kv_tiles, q_tile_start, q_tiles,
@@ -733,12 +738,7 @@ def _bwd_det_adapter():
         # deterministic: dq_acc and the dq semaphores (int32 (query tile slots, H)) are
         # aliased to outputs 2 and 3 (zero-initialised by XLA)
         if cutlass.const_expr(cfg.impl == "sm90"):
-            kernel = HstuBwdSm90(_dt(cfg.dtype), cfg.head_dim, cfg.has_func, cfg.func_n,
-                                 deterministic=True, dq_vec4=cfg.dq_vec4,
-                                 head_major=cfg.bwd_order != "lpt")
-            if cutlass.const_expr((kernel.bm, kernel.bn) != (cfg.block_m, cfg.block_n)):
-                raise ValueError(f"hstu_bwd_sm90 tiles {(kernel.bm, kernel.bn)} differ from "
-                                 f"the compile key's {(cfg.block_m, cfg.block_n)}")
+            kernel = _sm90_bwd_kernel(cfg)
         else:
             kernel = HstuBwdSm80(_dt(cfg.dtype), cfg.head_dim, cfg.head_dim_v, cfg.block_m,
                                  cfg.block_n, cfg.num_warps, cfg.has_func, cfg.func_n,
