@@ -256,8 +256,8 @@ def test_hstu_bwd_batches(name, lens, d, window, dtype, poison):
 
         lens = canonical_jagged_lengths()
     for impl in _bwd_impls():
-        variants = ((("red", "hlpt"), ("bulk", "hlpt"), ("red4", "hlpt"), ("red", "seq"),
-                     ("red", "lpt"))
+        variants = ((("red", "hlpt"), ("bulk", "hlpt"), ("red4", "hlpt"), ("tile", "hlpt"),
+                     ("red", "seq"), ("red", "lpt"))
                     if impl == "sm90" else (("red", "hlpt"),))
         for dq, order in variants:
             _bwd_case(lens, d, window, seed=9, poison=poison, impl=impl, dtype=dtype, dq=dq,

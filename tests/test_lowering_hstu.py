@@ -103,6 +103,7 @@ def test_hstu_kernel_lowers(dtype, head_dim, mask, direction):
 
 
 _SCHEDULE_KERNEL = "hstu_scheduleHstuSchedule"  # in the name of the schedule kernel
+_DQ_TILES_KERNEL = "hstu_dq_tilesHstuDqFromTiles"  # the dq reordering of hstu_bwd_dq="tile"
 
 
 def _attention_calls(txt):
@@ -829,7 +830,7 @@ sys.path.insert(0, {root!r})
 sys.path.insert(0, {tests!r})
 import test_lowering_hstu as t
 from jax_sparse_attn.config import Switches
-t._bwd_text(128, "bfloat16", "causal", Switches(hstu_bwd_dq="bulk"), deterministic={det})
+t._bwd_text(128, "bfloat16", "causal", Switches(hstu_bwd_dq="tile"), deterministic={det})
 """
 
 
@@ -837,8 +838,9 @@ t._bwd_text(128, "bfloat16", "causal", Switches(hstu_bwd_dq="bulk"), determinist
 def test_hstu_bwd_sm90_deterministic_ptx(tmp_path, det):
     """deterministic=True: the sm90 backward's PTX spins on acquire loads, publishes with a
     GPU-scope fence + store, hands over between the spin warp and the consumers on named
-    barriers 2 and 3, and reduces dQ with red (the bulk switch is overridden). The default
-    PTX has none of the semaphore code."""
+    barriers 2 and 3, and reduces dQ with red (the hstu_bwd_dq="tile" switch is overridden).
+    The default PTX has none of the semaphore code and, with "tile", adds dQ by bulk
+    reduce-adds of 16-byte shared-memory stores, without red.global.add."""
     import subprocess  # noqa: PLC0415
     import sys  # noqa: PLC0415
 
@@ -851,10 +853,12 @@ def test_hstu_bwd_sm90_deterministic_ptx(tmp_path, det):
     r = subprocess.run([sys.executable, "-c", script], env=env, cwd=root, capture_output=True,
                        text=True, timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
-    ptx = [p for p in tmp_path.iterdir() if p.suffix == ".ptx"
-           and _SCHEDULE_KERNEL not in p.read_text()]  # the tile-schedule kernel
+    texts = [p.read_text() for p in tmp_path.iterdir() if p.suffix == ".ptx"]
+    # the tile-schedule kernel; the dq reordering kernel of the tile workspace (default mode)
+    assert sum(_DQ_TILES_KERNEL in t for t in texts) == (0 if det else 1)
+    ptx = [t for t in texts if _SCHEDULE_KERNEL not in t and _DQ_TILES_KERNEL not in t]
     assert len(ptx) == 1, [p.name for p in tmp_path.iterdir()]
-    text = ptx[0].read_text()
+    text = ptx[0]
     assert "HstuBwdSm90" in text
     det_needles = ("ld.acquire.gpu.global.b32", "fence.acq_rel.gpu",
                    "st.relaxed.gpu.global.b32", "bar.arrive 2, 288", "bar.arrive 3, 288")
@@ -863,7 +867,10 @@ def test_hstu_bwd_sm90_deterministic_ptx(tmp_path, det):
             assert needle in text, f"{needle} missing from the deterministic sm90 backward PTX"
         assert "cp.reduce.async.bulk" not in text
     else:
-        assert "cp.reduce.async.bulk" in text  # the bulk switch holds in the default mode
+        # the tile switch holds in the default mode
+        assert "cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32" in text
+        assert "st.shared.v4.f32" in text
+        assert "red.relaxed.gpu.global.add" not in text
         for needle in det_needles:
             assert needle not in text, f"{needle} in the default sm90 backward PTX"
 
@@ -891,3 +898,24 @@ def test_hstu_bwd_sm90_order_and_dq_variants():
                         (256, "window", Switches(hstu_bwd_dq="red4"))):
         txt = _bwd_text(d, "bfloat16", mask, sw)
         assert _attention_calls(txt) == 1 and "\\7FELF" in txt
+
+
+def test_hstu_bwd_sm90_dq_tile_key_and_lowering():
+    """hstu_bwd_dq="tile": the key carries dq_tile at D = 64 / 128 (not at D = 256, not in
+    the deterministic mode, which reduce dQ with red); the kernel lowers and its PTX adds
+    each warp's dQ slice with one 4 KB bulk reduce-add (PTX: the deterministic PTX test)."""
+    from jax_sparse_attn.config import Switches  # noqa: PLC0415
+    from jax_sparse_attn.ffi import hstu as fh  # noqa: PLC0415
+
+    sw = Switches(hstu_bwd_dq="tile")
+    for d in (64, 128):
+        key = fh.bwd_config("bfloat16", d, d, 0, sw)
+        assert key.dq_tile and not key.dq_bulk and not key.dq_vec4
+    assert not fh.bwd_config("bfloat16", 256, 256, 0, sw).dq_tile
+    assert not fh.bwd_config("bfloat16", 128, 128, 0, sw, deterministic=True).dq_tile
+    assert not fh.bwd_config("bfloat16", 128, 128, 0, Switches()).dq_tile
+    # D = 128 (and its PTX): test_hstu_bwd_sm90_deterministic_ptx. Two kernel calls: the
+    # backward and the dq reordering (kernels/hstu_dq_tiles.py)
+    txt = _bwd_text(64, "bfloat16", "window", sw)
+    assert _attention_calls(txt) == 2 and "\\7FELF" in txt
+    assert _DQ_TILES_KERNEL in txt

@@ -168,6 +168,9 @@ class HstuBwdConfig(_HstuKey):
     dq_bulk: bool = False
     # sm90 with red: 16-byte red.global.add.v4.f32 (lane pairs swap halves), else 8-byte .v2
     dq_vec4: bool = False
+    # sm90: dQ added per warp with one bulk reduce-add of its accumulator slice in register
+    # order into a (query tile slots, H, block_m * D) workspace (dq_from_tiles reorders it)
+    dq_tile: bool = False
     # sm90 launch order of the KV tiles: "hlpt" (longest work first within each head, one
     # head after the other), "lpt" (longest work first over all sequences, the heads of a KV
     # tile slot consecutive) or "seq" (canonical order: the KV tiles of one sequence and
@@ -502,7 +505,7 @@ def bwd_config(dtype, head_dim, head_dim_v, func_n, switches, *, has_rab=False,
     key = _bwd_config(dtype, head_dim, head_dim_v, func_n, switches, has_rab=has_rab,
                       rab_per_head=rab_per_head, rab_dtype=rab_dtype)
     if deterministic:
-        key = dataclasses.replace(key, deterministic=True, dq_bulk=False)
+        key = dataclasses.replace(key, deterministic=True, dq_bulk=False, dq_tile=False)
     return key
 
 
@@ -533,7 +536,7 @@ def _bwd_config(dtype, head_dim, head_dim_v, func_n, switches, *, has_rab=False,
             dq_bulk = dq == "bulk" and head_dim <= 128
             return HstuBwdConfig(_cutlass_dtype_name(dtype), head_dim, head_dim_v, bm, bn, 12,
                                  func_n > 0, max(func_n, 1), impl="sm90", dq_bulk=dq_bulk,
-                                 dq_vec4=dq == "red4",
+                                 dq_vec4=dq == "red4", dq_tile=dq == "tile" and head_dim <= 128,
                                  bwd_order=getattr(switches, "hstu_bwd_order", "hlpt"),
                                  arch=arch)
         return dataclasses.replace(
@@ -694,7 +697,8 @@ def _sm90_bwd_kernel(cfg):
 
     kernel = HstuBwdSm90(_dt(cfg.dtype), cfg.head_dim, cfg.has_func, cfg.func_n,
                          dq_bulk=cfg.dq_bulk, deterministic=cfg.deterministic,
-                         dq_vec4=cfg.dq_vec4, head_major=cfg.bwd_order != "lpt")
+                         dq_vec4=cfg.dq_vec4, head_major=cfg.bwd_order != "lpt",
+                         dq_tile=cfg.dq_tile)
     if (kernel.bm, kernel.bn) != (cfg.block_m, cfg.block_n):
         raise ValueError(f"hstu_bwd_sm90 tiles {(kernel.bm, kernel.bn)} differ from the "
                          f"compile key's {(cfg.block_m, cfg.block_n)}")
@@ -747,6 +751,21 @@ def _bwd_det_adapter():
                dq_acc, dk, dv, stream, mdQSem=dq_sem)
 
     return hstu_bwd_det_launch
+
+
+@functools.lru_cache(maxsize=None)
+def _dq_tiles_adapter():
+    import cutlass  # noqa: PLC0415
+    import cutlass.cute as cute  # noqa: PLC0415
+
+    from ..kernels.hstu_dq_tiles import HstuDqFromTiles  # noqa: PLC0415
+
+    @cute.jit
+    def hstu_dq_tiles_launch(stream, ws, cu_q, q_start, dq, *, dtype: cutlass.Constexpr,
+                             block_m: cutlass.Constexpr, head_dim: cutlass.Constexpr):
+        HstuDqFromTiles(_dt(dtype), block_m, head_dim)(ws, cu_q, q_start, dq, stream)
+
+    return hstu_dq_tiles_launch
 
 
 @functools.lru_cache(maxsize=None)
@@ -1002,10 +1021,12 @@ def hstu_bwd(do, q, k, v, cu_seqlens_q, cu_seqlens_k, func, cfg, rab=None, _drab
         cu_seqlens_q, cu_seqlens_k, func if key.has_func else None, cfg, t_q, t_k)
     scal, win = metadata.hstu_scalars(cfg.alpha, cfg.scaling_seqlen, cfg.window_size)
     func_arr = func.astype(jnp.int32) if key.has_func else jnp.zeros((1, 1, 1), jnp.int32)
-    dq_acc0 = jnp.zeros((t_q, h, d), jnp.float32)
+    # canonical query tile slots (metadata.hstu_bwd_schedule's q_start)
+    n_q_slots = t_q // key.block_m + cu_q.shape[0] - 1
+    dq_ws_shape = ((n_q_slots, h, key.block_m * d) if key.dq_tile else (t_q, h, d))
+    dq_acc0 = jnp.zeros(dq_ws_shape, jnp.float32)
     # deterministic: one semaphore per (canonical query tile slot, head)
-    sem0 = (jnp.zeros((t_q // key.block_m + cu_q.shape[0] - 1, h), jnp.int32)
-            if key.deterministic else None)
+    sem0 = jnp.zeros((n_q_slots, h), jnp.int32) if key.deterministic else None
     hd, hdv = cfg.head_dim, cfg.head_dim_v
     if key.has_rab and _has_elements(rab):
         dk, dv_out, dq_acc, drab = _bwd_rab_call(
@@ -1015,7 +1036,7 @@ def hstu_bwd(do, q, k, v, cu_seqlens_q, cu_seqlens_k, func, cfg, rab=None, _drab
     out_sds = (
         jax.ShapeDtypeStruct(k_p.shape, k.dtype),
         jax.ShapeDtypeStruct(v_p.shape, v.dtype),
-        jax.ShapeDtypeStruct((t_q, h, d), jnp.float32),
+        jax.ShapeDtypeStruct(dq_ws_shape, jnp.float32),
     )
     args = (do_p, q_p, k_p, v_p, cu_q, cu_k, kv_tiles, q_start, q_tiles, func_arr, scal, win,
             dq_acc0)
@@ -1034,8 +1055,42 @@ def hstu_bwd(do, q, k, v, cu_seqlens_q, cu_seqlens_k, func, cfg, rab=None, _drab
             static_last_inputs=(0, 1, 2, 3, 12), static_last_outputs=(0, 1, 2),
         )
         dk, dv_out, dq_acc = call(*args)
+        if key.dq_tile:
+            # dq in q's dtype, reordered by kernels/hstu_dq_tiles.py (dq_from_tiles: the
+            # same in jnp)
+            call = _cutlass_call(cfg)(
+                _dq_tiles_adapter(), output_shape_dtype=jax.ShapeDtypeStruct((t_q, h, d), q.dtype),
+                compile_key=("hstu_dq_tiles", key.dtype, key.block_m, d), dtype=key.dtype,
+                block_m=key.block_m, head_dim=d, static_last_inputs=(0,),
+                static_last_outputs=(0,))
+            dq_acc = call(dq_acc, cu_q, q_start)
     grads = (dq_acc[..., :hd].astype(q.dtype), dk[..., :hd], dv_out[..., :hdv])
     return grads if rab is None else grads + (jnp.zeros_like(rab),)  # rab without elements
+
+
+def dq_from_tiles(ws, cu_q, q_start, t_q, block_m, d):
+    """The ``(T_q, H, D)`` fp32 dq of the sm90 backward's query-tile workspace (``dq_tile``).
+
+    ``ws`` is ``(query tile slots, H, block_m * D)``: canonical query tile ``t`` of sequence
+    ``b`` (slot ``q_start[b] + t``) holds 8 blocks of 1024 floats, one per consumer warp
+    ``c`` (warpgroup ``c // 4``, warp ``w = c % 4``); block ``c`` stores the wgmma
+    accumulator slice of that warp (``m64n64`` of its warpgroup, rows ``16 w .. 16 w + 15``)
+    in register order: float ``4 (32 j + 4 g + q) + 2 h + e`` is row ``16 w + 8 h + g``,
+    column ``8 j + 2 q + e``. The warpgroups split the head dim (``block_m = 64``: columns
+    ``64 wg ..``) or the rows (``block_m = 128``: rows ``64 wg ..``). Token ``i`` of sequence
+    ``b`` is row ``i - cu_q[b]`` of its sequence's tiles."""
+    s, h = ws.shape[0], ws.shape[1]
+    # (slot, H, wg, w, j, g, q, h8, e)
+    x = ws.reshape(s, h, 2, 4, 8, 8, 4, 2, 2)
+    if block_m == 128:  # rows (wg, w, h8, g), columns (j, q, e)
+        x = x.transpose(0, 2, 3, 7, 5, 1, 4, 6, 8)
+    else:  # rows (w, h8, g), columns (wg, j, q, e)
+        x = x.transpose(0, 3, 7, 5, 1, 2, 4, 6, 8)
+    x = x.reshape(s * block_m, h, d)
+    tok = jnp.arange(t_q, dtype=jnp.int32)
+    b = jnp.searchsorted(cu_q, tok, side="right").astype(jnp.int32) - 1
+    b = jnp.clip(b, 0, cu_q.shape[0] - 2)
+    return x[q_start[b] * block_m + tok - cu_q[b]]
 
 
 def _bwd_rab_call(cfg, key, args, k, v, rab, drab_init, sem0=None):

@@ -111,7 +111,7 @@ class HstuBwdSm90:
     """``__call__`` takes the arguments of ``HstuBwdSm80.__call__`` (without rab)."""
 
     def __init__(self, dtype, head_dim, has_func, func_n, dq_bulk=False, deterministic=False,
-                 dq_vec4=False, head_major=False):
+                 dq_vec4=False, head_major=False, dq_tile=False):
         if head_dim not in SM90_BWD_HEAD_DIMS:
             raise NotImplementedError(
                 f"hstu_bwd_sm90: head_dim={head_dim} is not one of {SM90_BWD_HEAD_DIMS}")
@@ -134,6 +134,13 @@ class HstuBwdSm90:
         # warpgroup (64 rows x 64 columns, row stride DQ_STRIDE floats) and added with one
         # bulk reduce-add per row
         self.dq_bulk = dq_bulk and not deterministic and not self.split_d
+        # dQ tile workspace (dq_tile): each consumer warp stores its 16 x 64 accumulator slice
+        # in register order (thread-interleaved 16-byte stores, conflict-free) and one lane
+        # adds the warp's 4 KB with a single bulk reduce-add to the query tile's block of the
+        # workspace (query tile slots, H, bm * D), whose order the host undoes
+        # (``dq_tile_order``)
+        self.dq_tile = (dq_tile and not deterministic and not self.split_d
+                        and not self.dq_bulk)
         self.deterministic = deterministic
         # red: one red.global.add.v4.f32 per 4 values (lane pairs swap halves) instead of
         # one .v2 per 2
@@ -190,6 +197,8 @@ class HstuBwdSm90:
 
         n_mbar = SmemPipeline.num_barriers(self.q_stages) + SmemPipeline.num_barriers(1)
         dq_elems = 2 * 64 * DQ_STRIDE if cutlass.const_expr(self.dq_bulk) else 0
+        if cutlass.const_expr(self.dq_tile):
+            dq_elems = bm * d
 
         @cute.struct
         class Smem:
@@ -539,16 +548,37 @@ class HstuBwdSm90:
                                                      tQrK, tdS_a, tKrQ, buf, s)
                             warpgroup.wait_group(1)
 
-                            # dQ rows < L_q -> fp32 workspace (values 2k, 2k+1: adjacent columns)
-                            gdQ = cute.local_tile(
-                                offset_rows(mdQacc[None, head, None], seq.q_start), (bm, d),
-                                (m_block, 0))
-                            tdQg = thr_dq.partition_C(gdQ)
                             lim = seq.seqlen_q - m0
                             if cutlass.const_expr(self.deterministic):
                                 # warp 1: the earlier KV tiles' additions to this tile are done
                                 cute.arch.barrier(barrier_id=2, number_of_threads=288)
-                            if cutlass.const_expr(self.dq_bulk):
+                            if cutlass.const_expr(self.dq_tile):
+                                # consumer warp i (0..7) owns floats [1024 i, 1024 i + 1024)
+                                # of the tile: its lane l stores values 4 k .. 4 k + 3 at
+                                # float 4 (32 k + l)
+                                t_lane = cute.arch.lane_idx()
+                                t_chunk = warp - 4
+                                t_sbase = st.sdQ.data_ptr() + t_chunk * 1024
+                                t_sptr = t_sbase + t_lane * 4
+                                # the previous tile's bulk read of this warp's slice is done
+                                if t_lane == 0:
+                                    cute.arch.cp_async_bulk_wait_group(0, read=True)
+                                cute.arch.sync_warp()
+                                for k4 in cutlass.range_constexpr(cute.size(acc_dQ) // 4):
+                                    hc.st_shared_v4_f32(t_sptr + 128 * k4, acc_dQ[4 * k4],
+                                                        acc_dQ[4 * k4 + 1], acc_dQ[4 * k4 + 2],
+                                                        acc_dQ[4 * k4 + 3])
+                                cute.arch.fence_proxy("async.shared", space="cta")
+                                cute.arch.sync_warp()
+                                if t_lane == 0:
+                                    # all rows of the tile: rows past L_q hold zeros (zero
+                                    # Q / dO rows) and their slot rows are never read
+                                    bulk_reduce_add_f32(
+                                        elem_ptr(mdQacc, (Int32(mQStart[batch]) + m_block, head,
+                                                          t_chunk * 1024)),
+                                        t_sbase, 4096)
+                                    cute.arch.cp_async_bulk_commit_group()
+                            elif cutlass.const_expr(self.dq_bulk):
                                 # the previous tile's bulk reads of this warp's rows are done
                                 cute.arch.cp_async_bulk_wait_group(0, read=True)
                                 cute.arch.sync_warp()
@@ -563,6 +593,12 @@ class HstuBwdSm90:
                                             dq_sptr, 64 * 4)
                                 cute.arch.cp_async_bulk_commit_group()
                             else:
+                                # dQ rows < L_q -> fp32 workspace (values 2k, 2k+1: adjacent
+                                # columns)
+                                gdQ = cute.local_tile(
+                                    offset_rows(mdQacc[None, head, None], seq.q_start), (bm, d),
+                                    (m_block, 0))
+                                tdQg = thr_dq.partition_C(gdQ)
                                 if cutlass.const_expr(self.dq_vec4):
                                     kvb.red_add_rows_v4(acc_dQ, tdQg, tdQc, lim)
                                 else:
@@ -575,7 +611,7 @@ class HstuBwdSm90:
                             pipe_q.consumer_release(c)
                             c += 1
 
-                if cutlass.const_expr(self.dq_bulk):
+                if cutlass.const_expr(self.dq_bulk or self.dq_tile):
                     cute.arch.cp_async_bulk_wait_group(0, read=False)
                 # ---- epilogue: dK, dV / scaling_seqlen -> key rows < L_k ----------------
                 kvb.store_dk_dv(acc_dK, acc_dV, thr_kv, bn, d,

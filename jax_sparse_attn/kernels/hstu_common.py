@@ -94,6 +94,15 @@ def red_add_v4_f32_at(addr, a, b, c, d, *, loc=None, ip=None):
                loc, ip)
 
 
+@dsl_user_op
+def st_shared_v4_f32(sptr, a, b, c, d, *, loc=None, ip=None):
+    """``st.shared.v4.f32 [sptr], {a, b, c, d}`` (``sptr``: a 16-byte aligned shared-memory
+    pointer)."""
+    inline_asm(None, [sptr.toint(loc=loc, ip=ip).ir_value(loc=loc, ip=ip), _f32(a, loc, ip),
+                      _f32(b, loc, ip), _f32(c, loc, ip), _f32(d, loc, ip)],
+               "st.shared.v4.f32 [$0], {$1, $2, $3, $4};", "r,f,f,f,f", True, loc, ip)
+
+
 def red_add_pair(ptr, a, b, vec: bool):
     """fp32 ``ptr[0] += a, ptr[1] += b`` (8-byte aligned ``ptr``): one vector reduction when
     ``vec`` (sm_90+), else two scalar ones (sm_8x)."""

@@ -1,0 +1,66 @@
+"""The query-tile dQ workspace of the sm90 HSTU backward (``hstu_bwd_dq="tile"``): the host
+reordering ``ffi.hstu.dq_from_tiles`` inverts the kernel's store order (emulated here in
+numpy from the wgmma accumulator layout), reads only rows inside their sequence and handles
+zero-length sequences. CPU only: the kernel itself is checked on the GPU
+(``tests/test_gpu_hstu.py``, ``test_hstu_bwd_batches``)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+jnp = pytest.importorskip("jax.numpy")
+
+from jax_sparse_attn.ffi.hstu import dq_from_tiles  # noqa: E402
+
+
+def _kernel_workspace(dq, lens, block_m, rng):
+    """What the kernel leaves in the workspace for the per-token fp32 ``dq (T, H, D)``:
+    slot ``q_start[b] + t`` holds tile ``t`` of sequence ``b``; consumer warp ``c`` (thread
+    ``32 c + 4 g + q``) stores value ``i = 4 j + 2 h + e`` of its m64n64 accumulator at float
+    ``1024 c + 4 (32 j + 4 g + q) + (i % 4)``; the value is row ``16 w + 8 h + g``, column
+    ``8 j + 2 q + e`` of warpgroup ``c // 4``'s block (warp ``w = c % 4``). Rows past a
+    sequence's end and unused slots hold garbage (never read)."""
+    t_q, h, d = dq.shape
+    nb = len(lens)
+    cu = np.concatenate([[0], np.cumsum(lens)]).astype(np.int32)
+    # the pseudo-sequence of the sanitised cu_seqlens: rows past cu[-1] (none here)
+    cu_full = np.concatenate([cu, [t_q]]).astype(np.int32)
+    lens_full = np.diff(cu_full)
+    tiles = -(-lens_full // block_m)
+    q_start = np.concatenate([[0], np.cumsum(tiles)]).astype(np.int32)
+    n_slots = t_q // block_m + len(cu_full) - 1
+    assert q_start[-1] <= n_slots
+    ws = rng.standard_normal((n_slots, h, block_m * d)).astype(np.float32) * 1e6
+    for b in range(nb + 1):
+        for t in range(tiles[b]):
+            for c in range(8):
+                wg, w = divmod(c, 4)
+                for lane in range(32):
+                    g, q = divmod(lane, 4)
+                    for i in range(32):
+                        j, hh, e = i // 4, (i // 2) % 2, i % 2
+                        r = 16 * w + 8 * hh + g
+                        col = 8 * j + 2 * q + e
+                        if block_m == 128:
+                            r += 64 * wg
+                        else:
+                            col += 64 * wg
+                        row = t * block_m + r
+                        if row < lens_full[b]:
+                            off = 1024 * c + 4 * (32 * j + lane) + i % 4
+                            ws[q_start[b] + t, :, off] = dq[cu_full[b] + row, :, col]
+    return ws, cu_full, q_start
+
+
+@pytest.mark.parametrize("block_m,d", [(64, 128), (128, 64)], ids=["D128", "D64"])
+def test_dq_from_tiles_inverts_the_kernel_order(block_m, d):
+    rng = np.random.default_rng(3)
+    lens = [1, 0, 63, 64, 65, 129]
+    t_q, h = sum(lens), 2
+    dq = rng.standard_normal((t_q, h, d)).astype(np.float32)
+    ws, cu_full, q_start = _kernel_workspace(dq, lens, block_m, rng)
+    got = dq_from_tiles(jnp.asarray(ws), jnp.asarray(cu_full), jnp.asarray(q_start), t_q,
+                        block_m, d)
+    assert got.shape == (t_q, h, d) and got.dtype == jnp.float32
+    np.testing.assert_array_equal(np.asarray(got), dq)
