@@ -108,8 +108,10 @@ _DQ_TILES_KERNEL = "hstu_dq_tilesHstuDqFromTiles"  # the dq reordering of hstu_b
 
 def _attention_calls(txt):
     """The number of kernel calls in a lowering other than the tile-schedule kernel's
-    (``kernels/hstu_schedule.py``)."""
-    return sum(_SCHEDULE_KERNEL not in seg for seg in txt.split(_target())[1:])
+    (``kernels/hstu_schedule.py``) and the dq reordering kernel's
+    (``kernels/hstu_dq_tiles.py``)."""
+    return sum(_SCHEDULE_KERNEL not in seg and _DQ_TILES_KERNEL not in seg
+               for seg in txt.split(_target())[1:])
 
 
 def test_hstu_kernel_lowers_dv_ne_d_and_window_values():
@@ -461,8 +463,9 @@ t._bwd_text({d}, {dt!r}, {mask!r}, Switches(hstu_bwd_impl="sm90"))
 def test_hstu_bwd_sm90_ptx_is_warp_specialized(tmp_path, head_dim, n_wgmma):
     """The sm90 backward's PTX has TMA loads, warpgroup MMAs (S^T, dP^T, dV, dK, dQ per tile:
     32 at D = 128; 44 at D = 256, where S^T and dP^T are m64n32 slices over 16 k-steps),
-    register reallocation between producer and consumers, mbarrier waits and the vectorized
-    fp32 dQ reductions, and no mma.sync."""
+    register reallocation between producer and consumers, mbarrier waits and the dQ
+    reductions (the default hstu_bwd_dq="tile": bulk reduce-adds at D = 128, with the dq
+    reordering kernel; vectorized red.global.add at D = 256), and no mma.sync."""
     import re  # noqa: PLC0415
     import subprocess  # noqa: PLC0415
     import sys  # noqa: PLC0415
@@ -477,13 +480,17 @@ def test_hstu_bwd_sm90_ptx_is_warp_specialized(tmp_path, head_dim, n_wgmma):
     r = subprocess.run([sys.executable, "-c", script], env=env, cwd=root, capture_output=True,
                        text=True, timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
-    ptx = [p for p in tmp_path.iterdir() if p.suffix == ".ptx"
-           and _SCHEDULE_KERNEL not in p.read_text()]  # the tile-schedule kernel
+    texts = [p.read_text() for p in tmp_path.iterdir() if p.suffix == ".ptx"]
+    assert sum(_DQ_TILES_KERNEL in t for t in texts) == (1 if head_dim == 128 else 0)
+    # without the tile-schedule kernel and the dq reordering kernel
+    ptx = [t for t in texts if _SCHEDULE_KERNEL not in t and _DQ_TILES_KERNEL not in t]
     assert len(ptx) == 1, [p.name for p in tmp_path.iterdir()]
-    text = ptx[0].read_text()
+    text = ptx[0]
     assert "HstuBwdSm90" in text
+    dq_needle = ("cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32"
+                 if head_dim == 128 else "red.relaxed.gpu.global.add.v2.f32")
     for needle in ("cp.async.bulk.tensor", "setmaxnreg.dec", "setmaxnreg.inc",
-                   "mbarrier.try_wait", "red.relaxed.gpu.global.add.v2.f32"):
+                   "mbarrier.try_wait", dq_needle):
         assert needle in text, f"{needle} missing from the sm90 backward PTX"
     assert len(re.findall(r"wgmma\.mma_async", text)) == n_wgmma
     assert "mma.sync" not in text
@@ -914,8 +921,8 @@ def test_hstu_bwd_sm90_dq_tile_key_and_lowering():
     assert not fh.bwd_config("bfloat16", 256, 256, 0, sw).dq_tile
     assert not fh.bwd_config("bfloat16", 128, 128, 0, sw, deterministic=True).dq_tile
     assert not fh.bwd_config("bfloat16", 128, 128, 0, Switches()).dq_tile
-    # D = 128 (and its PTX): test_hstu_bwd_sm90_deterministic_ptx. Two kernel calls: the
-    # backward and the dq reordering (kernels/hstu_dq_tiles.py)
+    # D = 128 (and its PTX): test_hstu_bwd_sm90_deterministic_ptx. The backward and the dq
+    # reordering (kernels/hstu_dq_tiles.py)
     txt = _bwd_text(64, "bfloat16", "window", sw)
-    assert _attention_calls(txt) == 2 and "\\7FELF" in txt
+    assert _attention_calls(txt) == 1 and "\\7FELF" in txt
     assert _DQ_TILES_KERNEL in txt

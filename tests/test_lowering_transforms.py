@@ -39,8 +39,10 @@ def _lower(fn, *args):
 
 
 def _n(txt):
-    """Kernel calls in a lowering other than the HSTU tile-schedule kernel's."""
-    return sum("hstu_scheduleHstuSchedule" not in seg for seg in txt.split(TARGET)[1:])
+    """Kernel calls in a lowering other than the HSTU tile-schedule kernel's and the HSTU
+    backward's dq reordering kernel's."""
+    return sum("hstu_scheduleHstuSchedule" not in seg and "hstu_dq_tilesHstuDqFromTiles" not in seg
+               for seg in txt.split(TARGET)[1:])
 
 
 def _hstu(q, k, v, cu):
