@@ -24,8 +24,8 @@ def _kernel_workspace(dq, lens, block_m, rng):
     t_q, h, d = dq.shape
     nb = len(lens)
     cu = np.concatenate([[0], np.cumsum(lens)]).astype(np.int32)
-    # the pseudo-sequence of the sanitised cu_seqlens: rows past cu[-1] (none here)
-    cu_full = np.concatenate([cu, [t_q]]).astype(np.int32)
+    # the backward's pseudo-sequence (no query rows); rows past cu[-1] belong to none
+    cu_full = np.concatenate([cu, [cu[-1]]]).astype(np.int32)
     lens_full = np.diff(cu_full)
     tiles = -(-lens_full // block_m)
     q_start = np.concatenate([[0], np.cumsum(tiles)]).astype(np.int32)
@@ -57,10 +57,12 @@ def _kernel_workspace(dq, lens, block_m, rng):
 def test_dq_from_tiles_inverts_the_kernel_order(block_m, d):
     rng = np.random.default_rng(3)
     lens = [1, 0, 63, 64, 65, 129]
-    t_q, h = sum(lens), 2
+    t_q, h = sum(lens) + 70, 2  # 70 rows past the last sequence
     dq = rng.standard_normal((t_q, h, d)).astype(np.float32)
     ws, cu_full, q_start = _kernel_workspace(dq, lens, block_m, rng)
     got = dq_from_tiles(jnp.asarray(ws), jnp.asarray(cu_full), jnp.asarray(q_start), t_q,
                         block_m, d)
     assert got.shape == (t_q, h, d) and got.dtype == jnp.float32
-    np.testing.assert_array_equal(np.asarray(got), dq)
+    want = dq.copy()
+    want[sum(lens):] = 0.0
+    np.testing.assert_array_equal(np.asarray(got), want)

@@ -1078,7 +1078,8 @@ def dq_from_tiles(ws, cu_q, q_start, t_q, block_m, d):
     in register order: float ``4 (32 j + 4 g + q) + 2 h + e`` is row ``16 w + 8 h + g``,
     column ``8 j + 2 q + e``. The warpgroups split the head dim (``block_m = 64``: columns
     ``64 wg ..``) or the rows (``block_m = 128``: rows ``64 wg ..``). Token ``i`` of sequence
-    ``b`` is row ``i - cu_q[b]`` of its sequence's tiles."""
+    ``b`` is row ``i - cu_q[b]`` of its sequence's tiles; rows past ``cu_q[-1]`` are zero. The
+    jnp statement of what ``kernels/hstu_dq_tiles.py`` computes (tests)."""
     s, h = ws.shape[0], ws.shape[1]
     # (slot, H, wg, w, j, g, q, h8, e)
     x = ws.reshape(s, h, 2, 4, 8, 8, 4, 2, 2)
@@ -1090,7 +1091,9 @@ def dq_from_tiles(ws, cu_q, q_start, t_q, block_m, d):
     tok = jnp.arange(t_q, dtype=jnp.int32)
     b = jnp.searchsorted(cu_q, tok, side="right").astype(jnp.int32) - 1
     b = jnp.clip(b, 0, cu_q.shape[0] - 2)
-    return x[q_start[b] * block_m + tok - cu_q[b]]
+    rows = jnp.clip(q_start[b] * block_m + tok - cu_q[b], 0, s * block_m - 1)
+    # rows past cu_q[-1] belong to no sequence: zeros
+    return jnp.where((tok < cu_q[-1])[:, None, None], x[rows], 0.0)
 
 
 def _bwd_rab_call(cfg, key, args, k, v, rab, drab_init, sem0=None):

@@ -10,12 +10,15 @@ tile (the m64n64 wgmma accumulator layout). The warpgroups split the head dim at
 (columns ``64 wg ..``) and the rows at ``bm = 128`` (rows ``64 wg ..``).
 
 This kernel writes ``dq (T, H, D)`` in the input dtype from it, every row exactly once:
-one CTA of 256 threads per (slot, head); thread ``32 c + lane`` reads the 16-byte groups
-``4 (32 j + lane)`` of block ``c`` (consecutive threads, consecutive addresses) and stores
-the two bf16 / fp16 pairs of rows ``r`` and ``r + 8`` that each holds, for the rows inside
-the slot's sequence (token ``cu_q[b] + t bm + r``). Slots past the last sequence's tiles do
-nothing. ``cu_q`` / ``q_start`` are the sanitised offsets with the pseudo-sequence (every
-token belongs to one sequence) and the first slot of every sequence, as the backward's
+one CTA of 256 threads per (slot, head) of ``slots + 1`` slots. Thread ``32 c + lane`` loads
+the 16-byte groups ``4 (32 j + lane)`` of block ``c`` (consecutive threads, consecutive
+addresses; all 8 loads issued before anything else), converts them and writes the bf16 /
+fp16 pairs (rows ``r``, ``r + 8``) into a row-major shared tile; then each thread stores
+16-byte pieces of the tile's rows that lie inside the slot's sequence (token
+``cu_q[b] + t bm + r``). The CTAs of the slots past the last sequence's tiles (at least one:
+the extra slot) write zeros to the rows past ``cu_q[n]`` (rows of no sequence), in a
+grid-stride loop. ``cu_q`` / ``q_start`` are the sanitised offsets of the ``n`` sequences
+(the pseudo-sequence included) and the first slot of every sequence, as the backward's
 schedule builds them.
 """
 
@@ -23,6 +26,7 @@ from __future__ import annotations
 
 import cutlass
 import cutlass.cute as cute
+import cutlass.memory
 from cutlass import Float32, Int32
 
 from .common import elem_ptr
@@ -41,16 +45,35 @@ class HstuDqFromTiles:
     def __call__(self, mWs, mCuQ, mQStart, mdQ, stream):
         """``mWs`` fp32 ``(slots, H, bm * D)``; ``mCuQ``, ``mQStart`` int32 ``(n + 1,)`` for
         ``n`` sequences (the pseudo-sequence included); ``mdQ`` ``(T, H, D)``."""
-        self.kernel(mWs, mCuQ, mQStart, mdQ).launch(
-            grid=(cute.size(mWs.shape[0]), cute.size(mWs.shape[1]), 1), block=[256, 1, 1],
-            stream=stream)
+        rs = self.d + 8  # row stride of the shared tile (elements): conflict-free pair stores
+
+        @cute.struct
+        class Smem:
+            tile: cute.struct.Align[cute.struct.MemRange[self.dtype, self.bm * rs], 128]
+
+        self.kernel(mWs, mCuQ, mQStart, mdQ, Smem).launch(
+            grid=(cute.size(mWs.shape[0]) + 1, cute.size(mWs.shape[1]), 1), block=[256, 1, 1],
+            smem=Smem.size_in_bytes(), stream=stream)
 
     @cute.kernel
-    def kernel(self, mWs, mCuQ, mQStart, mdQ):
+    def kernel(self, mWs, mCuQ, mQStart, mdQ, Smem: cutlass.Constexpr):
         tidx, _, _ = cute.arch.thread_idx()
         slot, head, _ = cute.arch.block_idx()
+        bm, d = self.bm, self.d
+        rs = d + 8
+        esize = self.dtype.width // 8
+        chunks = d * esize // 16  # 16-byte pieces per row
         nseq = mCuQ.shape[0] - 1
-        if slot < mQStart[nseq]:
+        total = mQStart[nseq]
+        if slot < total:
+            c = tidx // 32
+            lane = tidx % 32
+            v = cute.make_rmem_tensor((4, 8), Float32)
+            for j in cutlass.range_constexpr(8):
+                src = cute.make_ptr(
+                    Float32, elem_ptr(mWs, (slot, head, c * 1024 + 4 * (32 * j + lane))).toint(),
+                    cute.AddressSpace.gmem, assumed_align=16)
+                v[None, j].store(cute.make_tensor(src, cute.make_layout(4)).load())
             # the sequence of this slot: the last b < nseq with q_start[b] <= slot
             lo = Int32(0)
             hi = Int32(nseq)
@@ -60,31 +83,55 @@ class HstuDqFromTiles:
                     lo = mid
                 else:
                     hi = mid
-            b = lo
-            row0 = (slot - mQStart[b]) * self.bm
-            lim = mCuQ[b + 1] - mCuQ[b] - row0
-            tok0 = mCuQ[b] + row0
-            c = tidx // 32
-            lane = tidx % 32
+            row0 = (slot - mQStart[lo]) * bm
+            lim = mCuQ[lo + 1] - mCuQ[lo] - row0
+            tok0 = mCuQ[lo] + row0
             r = (c % 4) * 16 + lane // 4
             col = (lane % 4) * 2
-            if cutlass.const_expr(self.bm == 128):
+            if cutlass.const_expr(bm == 128):
                 r += (c // 4) * 64
             else:
                 col += (c // 4) * 64
-            esize = self.dtype.width // 8
+            st = cutlass.memory.SmemAllocator().allocate(Smem)
+            sbase = st.tile.data_ptr()
+            vb = cute.make_rmem_tensor((4, 8), self.dtype)
+            vb.store(v.load().to(self.dtype))
+            pairs = cute.recast_tensor(vb, Int32)  # (2, 8): rows r, r + 8
             for j in cutlass.range_constexpr(8):
-                src = cute.make_ptr(Float32,
-                                    elem_ptr(mWs, (slot, head, c * 1024 + 4 * (32 * j + lane))).toint(),
-                                    cute.AddressSpace.gmem, assumed_align=16)
-                v = cute.make_rmem_tensor((4,), Float32)
-                v.store(cute.make_tensor(src, cute.make_layout(4)).load())
-                vb = cute.make_rmem_tensor((4,), self.dtype)
-                vb.store(v.load().to(self.dtype))
-                pairs = cute.recast_tensor(vb, Int32)
                 for h in cutlass.range_constexpr(2):
-                    if r + 8 * h < lim:
-                        dst = cute.make_ptr(
-                            Int32, elem_ptr(mdQ, (tok0 + r + 8 * h, head, col + 8 * j)).toint(),
-                            cute.AddressSpace.gmem, assumed_align=2 * esize)
-                        cute.make_tensor(dst, cute.make_layout(1))[0] = pairs[h]
+                    dst = cute.make_ptr(Int32, (sbase + (r + 8 * h) * rs + col + 8 * j).toint(),
+                                        cute.AddressSpace.smem, assumed_align=4)
+                    cute.make_tensor(dst, cute.make_layout(1))[0] = pairs[h, j]
+            cute.arch.barrier()
+            for it in cutlass.range_constexpr(bm * chunks // 256):
+                k = it * 256 + tidx
+                row = k // chunks
+                piece = k % chunks
+                if row < lim:
+                    s_ptr = cute.make_ptr(self.dtype, (sbase + row * rs + piece * (16 // esize)).toint(),
+                                          cute.AddressSpace.smem, assumed_align=16)
+                    g_ptr = cute.make_ptr(
+                        self.dtype, elem_ptr(mdQ, (tok0 + row, head, piece * (16 // esize))).toint(),
+                        cute.AddressSpace.gmem, assumed_align=16)
+                    cute.make_tensor(g_ptr, cute.make_layout(16 // esize)).store(
+                        cute.make_tensor(s_ptr, cute.make_layout(16 // esize)).load())
+        else:
+            # rows past cu_q[n] (no sequence): zeros, bm rows per spare CTA and turn
+            tail0 = mCuQ[nseq]
+            n_rows = mdQ.shape[0] - tail0
+            spare = cute.size(mWs.shape[0]) + 1 - total
+            zero = cute.make_rmem_tensor((16 // esize,), self.dtype)
+            zero.fill(0.0)
+            blk = slot - total
+            while blk * bm < n_rows:
+                for it in cutlass.range_constexpr(bm * chunks // 256):
+                    k = it * 256 + tidx
+                    row = blk * bm + k // chunks
+                    piece = k % chunks
+                    if row < n_rows:
+                        g_ptr = cute.make_ptr(
+                            self.dtype,
+                            elem_ptr(mdQ, (tail0 + row, head, piece * (16 // esize))).toint(),
+                            cute.AddressSpace.gmem, assumed_align=16)
+                        cute.make_tensor(g_ptr, cute.make_layout(16 // esize)).store(zero.load())
+                blk += spare
