@@ -845,9 +845,11 @@ t._bwd_text(128, "bfloat16", "causal", Switches(hstu_bwd_dq="tile"), determinist
 def test_hstu_bwd_sm90_deterministic_ptx(tmp_path, det):
     """deterministic=True: the sm90 backward's PTX spins on acquire loads, publishes with a
     GPU-scope fence + store, hands over between the spin warp and the consumers on named
-    barriers 2 and 3, and reduces dQ with red (the hstu_bwd_dq="tile" switch is overridden).
-    The default PTX has none of the semaphore code and, with "tile", adds dQ by bulk
-    reduce-adds of 16-byte shared-memory stores, without red.global.add."""
+    barriers 2 and 3. Both modes add dQ with hstu_bwd_dq="tile" (bulk reduce-adds of 16-byte
+    shared-memory stores, no red.global.add; the deterministic mode waits for each one to
+    complete) and run the dq reordering kernel; the default PTX has none of the semaphore
+    code."""
+    import re  # noqa: PLC0415
     import subprocess  # noqa: PLC0415
     import sys  # noqa: PLC0415
 
@@ -862,22 +864,22 @@ def test_hstu_bwd_sm90_deterministic_ptx(tmp_path, det):
     assert r.returncode == 0, r.stderr[-3000:]
     texts = [p.read_text() for p in tmp_path.iterdir() if p.suffix == ".ptx"]
     # the tile-schedule kernel; the dq reordering kernel of the tile workspace (default mode)
-    assert sum(_DQ_TILES_KERNEL in t for t in texts) == (0 if det else 1)
+    assert sum(_DQ_TILES_KERNEL in t for t in texts) == 1
     ptx = [t for t in texts if _SCHEDULE_KERNEL not in t and _DQ_TILES_KERNEL not in t]
     assert len(ptx) == 1, [p.name for p in tmp_path.iterdir()]
     text = ptx[0]
     assert "HstuBwdSm90" in text
     det_needles = ("ld.acquire.gpu.global.b32", "fence.acq_rel.gpu",
                    "st.relaxed.gpu.global.b32", "bar.arrive 2, 288", "bar.arrive 3, 288")
+    assert "cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32" in text
+    assert "st.shared.v4.f32" in text
+    assert "red.relaxed.gpu.global.add" not in text
+    # complete-waits: the one before exit, and (deterministic) the one per tile
+    assert len(re.findall(r"cp\.async\.bulk\.wait_group\s+0;", text)) == (2 if det else 1)
     if det:
-        for needle in det_needles + ("red.relaxed.gpu.global.add.v2.f32",):
+        for needle in det_needles:
             assert needle in text, f"{needle} missing from the deterministic sm90 backward PTX"
-        assert "cp.reduce.async.bulk" not in text
     else:
-        # the tile switch holds in the default mode
-        assert "cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32" in text
-        assert "st.shared.v4.f32" in text
-        assert "red.relaxed.gpu.global.add" not in text
         for needle in det_needles:
             assert needle not in text, f"{needle} in the default sm90 backward PTX"
 
@@ -908,8 +910,8 @@ def test_hstu_bwd_sm90_order_and_dq_variants():
 
 
 def test_hstu_bwd_sm90_dq_tile_key_and_lowering():
-    """hstu_bwd_dq="tile": the key carries dq_tile at D = 64 / 128 (not at D = 256, not in
-    the deterministic mode, which reduce dQ with red); the kernel lowers and its PTX adds
+    """hstu_bwd_dq="tile": the key carries dq_tile at D = 64 / 128, also in the deterministic
+    mode (not at D = 256, which reduces dQ with red); the kernel lowers and its PTX adds
     each warp's dQ slice with one 4 KB bulk reduce-add (PTX: the deterministic PTX test)."""
     from jax_sparse_attn.config import Switches  # noqa: PLC0415
     from jax_sparse_attn.ffi import hstu as fh  # noqa: PLC0415
@@ -919,8 +921,9 @@ def test_hstu_bwd_sm90_dq_tile_key_and_lowering():
         key = fh.bwd_config("bfloat16", d, d, 0, sw)
         assert key.dq_tile and not key.dq_bulk and not key.dq_vec4
     assert not fh.bwd_config("bfloat16", 256, 256, 0, sw).dq_tile
-    assert not fh.bwd_config("bfloat16", 128, 128, 0, sw, deterministic=True).dq_tile
-    assert not fh.bwd_config("bfloat16", 128, 128, 0, Switches()).dq_tile
+    assert fh.bwd_config("bfloat16", 128, 128, 0, sw, deterministic=True).dq_tile
+    assert fh.bwd_config("bfloat16", 128, 128, 0, Switches()).dq_tile  # the default
+    assert not fh.bwd_config("bfloat16", 128, 128, 0, Switches(hstu_bwd_dq="red")).dq_tile
     # D = 128 (and its PTX): test_hstu_bwd_sm90_deterministic_ptx. The backward and the dq
     # reordering (kernels/hstu_dq_tiles.py)
     txt = _bwd_text(64, "bfloat16", "window", sw)

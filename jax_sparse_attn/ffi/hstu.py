@@ -501,11 +501,11 @@ def bwd_config(dtype, head_dim, head_dim_v, func_n, switches, *, has_rab=False,
     configuration the sm90 kernel does not take (:func:`bwd_sm90_unsupported_reason`) runs
     sm80; the key records the replaced switch value in ``replaced_impl``. ``deterministic``
     (both kernels) orders the dq additions (and makes drab per head); the sm90 kernel then
-    reduces dQ with ``red`` whatever ``hstu_bwd_dq`` says."""
+    takes ``tile``, ``red`` and ``red4`` of ``hstu_bwd_dq`` (``bulk`` becomes ``red``)."""
     key = _bwd_config(dtype, head_dim, head_dim_v, func_n, switches, has_rab=has_rab,
                       rab_per_head=rab_per_head, rab_dtype=rab_dtype)
     if deterministic:
-        key = dataclasses.replace(key, deterministic=True, dq_bulk=False, dq_tile=False)
+        key = dataclasses.replace(key, deterministic=True, dq_bulk=False)
     return key
 
 
@@ -1055,15 +1055,15 @@ def hstu_bwd(do, q, k, v, cu_seqlens_q, cu_seqlens_k, func, cfg, rab=None, _drab
             static_last_inputs=(0, 1, 2, 3, 12), static_last_outputs=(0, 1, 2),
         )
         dk, dv_out, dq_acc = call(*args)
-        if key.dq_tile:
-            # dq in q's dtype, reordered by kernels/hstu_dq_tiles.py (dq_from_tiles: the
-            # same in jnp)
-            call = _cutlass_call(cfg)(
-                _dq_tiles_adapter(), output_shape_dtype=jax.ShapeDtypeStruct((t_q, h, d), q.dtype),
-                compile_key=("hstu_dq_tiles", key.dtype, key.block_m, d), dtype=key.dtype,
-                block_m=key.block_m, head_dim=d, static_last_inputs=(0,),
-                static_last_outputs=(0,))
-            dq_acc = call(dq_acc, cu_q, q_start)
+    if key.dq_tile:
+        # dq in q's dtype, reordered by kernels/hstu_dq_tiles.py (dq_from_tiles: the
+        # same in jnp)
+        call = _cutlass_call(cfg)(
+            _dq_tiles_adapter(), output_shape_dtype=jax.ShapeDtypeStruct((t_q, h, d), q.dtype),
+            compile_key=("hstu_dq_tiles", key.dtype, key.block_m, d), dtype=key.dtype,
+            block_m=key.block_m, head_dim=d, static_last_inputs=(0,),
+            static_last_outputs=(0,))
+        dq_acc = call(dq_acc, cu_q, q_start)
     grads = (dq_acc[..., :hd].astype(q.dtype), dk[..., :hd], dv_out[..., :hdv])
     return grads if rab is None else grads + (jnp.zeros_like(rab),)  # rab without elements
 

@@ -70,7 +70,9 @@ the same sequence and head, which the schedule launches at a lower linear block 
 (``hstu_bwd_schedule(..., deterministic=True)`` keeps KV tiles of a sequence in ascending
 order), and a non-persistent grid dispatches blocks in increasing linear index (as
 FlashAttention-2/3's deterministic backwards assume), so the lowest unfinished block never
-waits. dQ is then always reduced with ``red`` (``dq_bulk`` is off).
+waits. dQ is then reduced with ``red`` or, with ``dq_tile``, each warp's bulk reduce-add is
+issued after barrier 2 and waited for (complete, not only read) before barrier 3 (``dq_bulk``
+is off).
 """
 
 from __future__ import annotations
@@ -139,8 +141,7 @@ class HstuBwdSm90:
         # adds the warp's 4 KB with a single bulk reduce-add to the query tile's block of the
         # workspace (query tile slots, H, bm * D), whose order the host undoes
         # (``dq_tile_order``)
-        self.dq_tile = (dq_tile and not deterministic and not self.split_d
-                        and not self.dq_bulk)
+        self.dq_tile = dq_tile and not self.split_d and not self.dq_bulk
         self.deterministic = deterministic
         # red: one red.global.add.v4.f32 per 4 values (lane pairs swap halves) instead of
         # one .v2 per 2
@@ -549,7 +550,7 @@ class HstuBwdSm90:
                             warpgroup.wait_group(1)
 
                             lim = seq.seqlen_q - m0
-                            if cutlass.const_expr(self.deterministic):
+                            if cutlass.const_expr(self.deterministic and not self.dq_tile):
                                 # warp 1: the earlier KV tiles' additions to this tile are done
                                 cute.arch.barrier(barrier_id=2, number_of_threads=288)
                             if cutlass.const_expr(self.dq_tile):
@@ -570,6 +571,9 @@ class HstuBwdSm90:
                                                         acc_dQ[4 * k4 + 3])
                                 cute.arch.fence_proxy("async.shared", space="cta")
                                 cute.arch.sync_warp()
+                                if cutlass.const_expr(self.deterministic):
+                                    # warp 1: the earlier KV tiles' additions are done
+                                    cute.arch.barrier(barrier_id=2, number_of_threads=288)
                                 if t_lane == 0:
                                     # all rows of the tile: rows past L_q hold zeros (zero
                                     # Q / dO rows) and their slot rows are never read
@@ -578,6 +582,12 @@ class HstuBwdSm90:
                                                           t_chunk * 1024)),
                                         t_sbase, 4096)
                                     cute.arch.cp_async_bulk_commit_group()
+                                    if cutlass.const_expr(self.deterministic):
+                                        # the addition is complete before warp 1 publishes
+                                        cute.arch.cp_async_bulk_wait_group(0, read=False)
+                                if cutlass.const_expr(self.deterministic):
+                                    cute.arch.sync_warp()
+                                    cute.arch.barrier_arrive(barrier_id=3, number_of_threads=288)
                             elif cutlass.const_expr(self.dq_bulk):
                                 # the previous tile's bulk reads of this warp's rows are done
                                 cute.arch.cp_async_bulk_wait_group(0, read=True)
