@@ -203,8 +203,7 @@ SWITCHES = (
             "dQ reduction of the sm90 HSTU backward (tuning / ablation; sm80 ignores it): tile "
             "(each consumer warp stores its dQ accumulator slice in register order to shared "
             "memory and adds it with one 4 KB cp.reduce.async.bulk into a query-tile "
-            "workspace, which a second kernel reorders into dq; D <= 128 and not "
-            "deterministic, else red), red (red.global.add.v2.f32 from registers), bulk (fp32 "
+            "workspace, which a second kernel reorders into dq; D <= 128, else red), red (red.global.add.v2.f32 from registers), bulk (fp32 "
             "rows staged in shared memory, one cp.reduce.async.bulk add per row; D <= 128, "
             "else red), red4 (red.global.add.v4.f32: lane pairs swap halves with shuffles)"),
     _choice("hstu_bwd_order", "JAX_SPARSE_ATTN_HSTU_BWD_ORDER", ("hlpt", "lpt", "seq"),

@@ -2,8 +2,10 @@
 
 Same contract, schedule and semantics as ``hstu_bwd_sm80`` (read its docstring): one CTA per
 (KV tile of ``bn = 128`` keys, head), dK and dV in fp32 registers while the CTA walks the
-query tiles that can see its keys (``block_info.QTileRange``), dQ added into the XLA-owned
-fp32 workspace with ``red.global.add.v2.f32``. No relative attention bias; head dims
+query tiles that can see its keys (``block_info.QTileRange``), dQ added into an XLA-owned
+fp32 workspace: per warp with one bulk reduce-add into a query-tile workspace (``dq_tile``,
+reordered into dq by ``hstu_dq_tiles``) or with ``red.global.add.v2.f32`` into a ``(T, H,
+D)`` one. No relative attention bias; head dims
 ``D = D_v`` in {64, 128, 256} (the public layer routes other configurations to sm80).
 
 CTA = 3 warpgroups (384 threads):
