@@ -114,7 +114,7 @@ _parse_bsa_ws = _parse_option_list(BSA_WS_FLAGS, "stages", lambda n: 2 <= n <= 8
 
 #: the flags of the sm90ws BSA backward's tuning switch (JAX_SPARSE_ATTN_BSA_BWD_WS), plus
 #: ``stages=N`` (at most N Q / dO stages, 2..4)
-BSA_BWD_WS_FLAGS = ("ldwait", "lpt", "decouple", "detkv", "detfull")
+BSA_BWD_WS_FLAGS = ("ldwait", "lpt", "decouple", "detkv", "detfull", "dqalias")
 _BSA_BWD_WS_ALLOWED = ("comma list of " + ", ".join(BSA_BWD_WS_FLAGS)
                        + ", stages=N (most Q / dO shared-memory stages: 2..4)")
 _parse_bsa_bwd_ws = _parse_option_list(BSA_BWD_WS_FLAGS, "stages", lambda n: 2 <= n <= 4,
@@ -235,12 +235,20 @@ SWITCHES = (
            "stages=N "
            "(most K/V stages)"),
     _choice("bsa_bwd_impl", "JAX_SPARSE_ATTN_BSA_BWD_IMPL", ("auto", "sm90", "sm90ws", "sm80"),
-            "BSA backward kernel: auto (the faster one on the H200: sm90ws at sparse_block_size "
-            "128 and at D 64, sm90 at sparse_block_size 64 with D 128), sm90 (wgmma, one "
+            "BSA backward kernel: auto (the faster one on the H200: sm90ws; sm90 at "
+            "sparse_block_size 64 with D 128 under bsa_bwd_dq=rows), sm90 (wgmma, one "
             "warpgroup per 64-key tile, cp.async; D in "
             "{64, 128}, other D use sm80), sm90ws (warp-specialized: TMA producer warp + one "
             "wgmma consumer warpgroup per 64 keys of a whole KV block; D in {64, 128}; "
             "pack_gqa and causal calls run sm90), sm80 (mma.sync, every D)"),
+    _choice("bsa_bwd_dq", "JAX_SPARSE_ATTN_BSA_BWD_DQ", ("tile", "rows"),
+            "dQ reduction of the Hopper BSA backwards (tuning / ablation; sm80 ignores it): "
+            "tile (each consumer warp stores its dQ accumulator slice in register order to "
+            "shared memory and adds it with one cp.reduce.async.bulk per 64 (blk 128 / D 64: "
+            "32) columns into a workspace of 64-row query tiles, which a second kernel "
+            "reorders into dq; pack_gqa calls and the sm90ws backward at blk 64 / D 128, "
+            "where the staging tile does not fit, use rows), rows (a row-major fp32 "
+            "workspace: sm90 one bulk reduce-add per row, sm90ws red.global.add.v2.f32)"),
     Switch("bsa_bwd_ws", "JAX_SPARSE_ATTN_BSA_BWD_WS", _BSA_BWD_WS_ALLOWED, _parse_bsa_bwd_ws,
            (), "sm90ws BSA backward variants (tuning / ablation; other backwards ignore "
                "them): ldwait (the producer waits for each step's lse / delta copies before "
@@ -252,7 +260,10 @@ SWITCHES = (
                "detkv (deterministic=True at blk 128: dQ additions in ascending KV block "
                "order instead of in the order the CTAs of a launch group of half the GPU "
                "reach them), detfull (deterministic=True: launch groups of every CTA the GPU "
-               "holds at once, at both block sizes), stages=N (most Q / dO stages)"),
+               "holds at once, at both block sizes), dqalias (bsa_bwd_dq=tile: the dQ slices "
+               "staged in the step's consumed Q / dO tiles instead of a staging tile of "
+               "their own; always at blk 64 / D 128, where that tile does not fit), "
+               "stages=N (most Q / dO stages)"),
     _choice("bsa_pre_impl", "JAX_SPARSE_ATTN_BSA_PRE_IMPL", ("kernel", "xla"),
             "BSA backward preprocessing (delta = rowsum(dO*O), zeroed dQ accumulator): "
             "kernel (one CuTe DSL launch) or xla (an XLA fusion)"),
@@ -320,6 +331,7 @@ class Switches:
     bsa_fwd_impl: str = _DEFAULT["bsa_fwd_impl"]
     bsa_fwd_ws: tuple = _DEFAULT["bsa_fwd_ws"]
     bsa_bwd_impl: str = _DEFAULT["bsa_bwd_impl"]
+    bsa_bwd_dq: str = _DEFAULT["bsa_bwd_dq"]
     bsa_bwd_ws: tuple = _DEFAULT["bsa_bwd_ws"]
     bsa_pre_impl: str = _DEFAULT["bsa_pre_impl"]
     bsa_fwd_q_in_regs: bool = _DEFAULT["bsa_fwd_q_in_regs"]

@@ -54,7 +54,8 @@ KernelLauncher.launch = _recording_launch
 
 CALL_TARGET = "CuteDSLRT_NvJaxCutlassCall"
 SCHEDULE = "hstu_scheduleHstuSchedule"  # in the name of the HSTU tile-schedule kernel
-DQ_TILES = "hstu_dq_tilesHstuDqFromTiles"  # the HSTU sm90 backward's dq reordering kernel
+# the dq reordering kernels of the Hopper backwards' query-tile workspaces (HSTU, BSA)
+DQ_TILES = ("hstu_dq_tilesHstuDqFromTiles", "dq_tilesBsaDqFromTiles")
 T, B = 300, 3
 
 # (name, op, head_dim, dtype, mask/blk, extra): HSTU (op "hstu") masks are "window" (causal),
@@ -175,7 +176,7 @@ def main():
         try:
             txt, keys = _hstu(d, dtype, mask) if op == "hstu" else _bsa(d, dtype, mask, extra)
             # attention calls: CuTe DSL calls other than the HSTU tile-schedule kernel's
-            calls = sum(SCHEDULE not in seg and DQ_TILES not in seg
+            calls = sum(SCHEDULE not in seg and not any(n in seg for n in DQ_TILES)
                         for seg in txt.split(CALL_TARGET)[1:])
             res.update(ok=True, calls=calls, schedule=SCHEDULE in txt, elf="\\7FELF" in txt,
                        keys=[_key(k) for k in keys])

@@ -49,7 +49,7 @@ def test_from_env_reads_every_switch():
            "JAX_SPARSE_ATTN_BSA_FWD_LATE_V_WAIT": "1", "JAX_SPARSE_ATTN_BSA_FWD_WARP_ROWS": "32",
            "JAX_SPARSE_ATTN_BSA_BWD_MIN_BLOCKS": "1", "JAX_SPARSE_ATTN_FORCE_KERNEL": "true",
            "JAX_SPARSE_ATTN_HSTU_WS": "nopingpong, bn=64", "JAX_SPARSE_ATTN_BSA_WS": "q1,stages=3",
-           "JAX_SPARSE_ATTN_BSA_BWD_WS": "ldwait,stages=2",
+           "JAX_SPARSE_ATTN_BSA_BWD_WS": "ldwait,stages=2", "JAX_SPARSE_ATTN_BSA_BWD_DQ": "rows",
            "JAX_SPARSE_ATTN_CUTE_CALL": "per_shape", "JAX_SPARSE_ATTN_KERNEL_FAMILY": "portable",
            "JAX_SPARSE_ATTN_SMEM_LIMIT_KB": "99"}
     assert set(env) == {sw.env for sw in config.SWITCHES}
@@ -57,7 +57,7 @@ def test_from_env_reads_every_switch():
         hstu_fwd_impl="sm80", hstu_fwd_ws=("nopingpong", "bn=64"), hstu_fwd_tile=(64, 64, 4),
         hstu_bwd_tile=(64, 64, 8), hstu_bwd_impl="sm90", hstu_bwd_dq="bulk",
         hstu_bwd_order="seq", hstu_schedule="xla", bsa_fwd_impl="sm80", bsa_fwd_ws=("q1", "stages=3"), bsa_bwd_impl="sm80",
-        bsa_bwd_ws=("ldwait", "stages=2"),
+        bsa_bwd_ws=("ldwait", "stages=2"), bsa_bwd_dq="rows",
         bsa_pre_impl="xla", bsa_fwd_q_in_regs=False, bsa_fwd_min_blocks=2, bsa_bwd_min_blocks=1,
         bsa_fwd_late_v_wait=True, bsa_fwd_warp_rows="32", cute_call="per_shape", kernel_family="portable", smem_limit_kb=99)
     assert config.force_kernel(env) and not config.force_kernel({})
@@ -76,6 +76,7 @@ def test_from_env_reads_every_switch():
                                          ("bsa_fwd_impl", "sm90pp"), ("bsa_fwd_ws", "bn=64"),
                                          ("bsa_fwd_ws", "stages=9"), ("bsa_fwd_ws", "q1,q1"),
                                          ("bsa_bwd_ws", "stages=5"), ("bsa_bwd_ws", "q1"),
+                                         ("bsa_bwd_dq", "red"),
                                          ("kernel_family", "sm80"), ("smem_limit_kb", 228),
                                          ("smem_limit_kb", "99"), ("smem_limit_kb", True)])
 def test_switches_fields_are_validated(field, value):

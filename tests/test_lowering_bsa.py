@@ -71,6 +71,15 @@ def _shapes(cfg, b=2, hq=4, hkv=2, sq=1000, skv=1025, kmax=5):
     return q, k, idx, nums, sizes, lse
 
 
+def _dq_tiles(d, blk, switches=None, **kw):
+    """1 when the backward of (d, blk) adds dQ into the query-tile workspace (its reordering
+    kernel is one more CuTe DSL call), else 0."""
+    from jax_sparse_attn.config import Switches
+    from jax_sparse_attn.ffi import bsa
+
+    return int(bsa.bwd_config(jnp.bfloat16, d, blk, False, switches or Switches(), **kw).dq_tile)
+
+
 def _ids(cfg):
     impl = cfg.get("fwd_impl", "default")
     if "bwd_impl" in cfg:
@@ -105,8 +114,9 @@ def test_bsa_fwd_bwd_lower_to_cutedsl_call(cfg):
     assert "\\7FELF" in txt  # the compiled kernel object is embedded
     txt = jax.jit(bwd).trace(q, q, k, k, q, lse, idx, nums, sizes).lower(
         lowering_platforms=("cuda",)).as_text()
-    # the preprocessing kernel is a second CuTe DSL call
-    assert txt.count(CALL_TARGET) == (2 if cfg.get("pre_impl", "kernel") == "kernel" else 1)
+    # the preprocessing kernel is a second CuTe DSL call, the dq reordering a third
+    assert txt.count(CALL_TARGET) == ((2 if cfg.get("pre_impl", "kernel") == "kernel" else 1)
+                                      + _dq_tiles(cfg["d"], cfg["blk"], _switches(cfg)))
     assert "\\7FELF" in txt
 
 
@@ -142,8 +152,10 @@ def test_public_api_uses_kernel_path_when_forced():
 
     txt = jax.jit(jax.grad(loss, argnums=(0, 1, 2))).trace(q, k, k, idx, nums, sizes).lower(
         lowering_platforms=("cuda",)).as_text()
-    # forward + backward kernels + the preprocessing kernel (the default)
-    assert txt.count(CALL_TARGET) == 3
+    # forward + backward kernels + the preprocessing kernel (the default) + the dq
+    # reordering of the query-tile workspace
+    assert _dq_tiles(64, 64) == 1
+    assert txt.count(CALL_TARGET) == 4
 
 
 def test_unsupported_reason():
@@ -320,7 +332,7 @@ def test_bsa_causal_lowers(cfg):
     want_fwd = cfg.get("fwd_impl") or "sm90ws"
     assert fkey.causal and fkey.impl == want_fwd
     bkey = ffi_bsa.bwd_config(*static, causal=True)
-    assert bkey.causal and bkey.impl == "sm90"
+    assert bkey.causal and bkey.impl == "sm90" and bkey.dq_tile
 
     def fwd(q, k, v, i, n, s):
         return jsa.block_sparse_attention_forward(q, k, v, i, None, s, n, **kw)
@@ -335,7 +347,8 @@ def test_bsa_causal_lowers(cfg):
 
     txt = jax.jit(bwd).trace(q, q, k, k, q, lse, idx, nums, sizes).lower(
         lowering_platforms=("cuda",)).as_text()
-    assert txt.count(CALL_TARGET) == 2 and "\\7FELF" in txt
+    # preprocessing, dK/dV/dQ kernel, dq reordering
+    assert txt.count(CALL_TARGET) == 3 and "\\7FELF" in txt
 
 
 def test_causal_config_keys_default_unchanged():

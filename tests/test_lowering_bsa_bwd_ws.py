@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 import os
+import re
 
 import pytest
 
@@ -34,7 +35,8 @@ def _ids(c):
             f"{'sizes' if c['sizes'] else 'nosizes'}-h{c['hq']}:{c['hkv']}")
 
 
-def _bwd_text(cfg, ws="", b=2, sq=1000, skv=1025, kmax=5, impl="sm90ws", deterministic=False):
+def _bwd_text(cfg, ws="", b=2, sq=1000, skv=1025, kmax=5, impl="sm90ws", deterministic=False,
+              dq="tile"):
     """The lowered text of the public backward on the ``impl`` kernel for ``cfg``."""
     import jax_sparse_attn as jsa
     from jax_sparse_attn.config import Switches
@@ -53,7 +55,8 @@ def _bwd_text(cfg, ws="", b=2, sq=1000, skv=1025, kmax=5, impl="sm90ws", determi
     sizes = jax.ShapeDtypeStruct((b, cfg["hq"], nkv), jnp.int32) if cfg["sizes"] else None
     lse = jax.ShapeDtypeStruct((b, cfg["hq"], sq), jnp.float32)
     kw = dict(layout=cfg["layout"], sparse_block_size=blk, softmax_scale=0.3, backend="kernel",
-              switches=Switches(bsa_bwd_impl=impl, bsa_bwd_ws=ws), deterministic=deterministic)
+              switches=Switches(bsa_bwd_impl=impl, bsa_bwd_ws=ws, bsa_bwd_dq=dq),
+              deterministic=deterministic)
 
     def bwd(do, q, k, v, o, lse, i, n, s):
         return jsa.block_sparse_attention_backward(do, q, k, v, o, lse, i, None, s, n, **kw)
@@ -68,11 +71,22 @@ def _sm90_env(monkeypatch):
     monkeypatch.setenv("JAX_SPARSE_ATTN_FORCE_KERNEL", "1")
 
 
+def _calls(cfg, ws="", **kw):
+    """CuTe DSL calls of the backward: preprocessing, dK/dV/dQ kernel and, where the kernel
+    adds dQ into the query-tile workspace, the dq reordering."""
+    from jax_sparse_attn.config import Switches
+    from jax_sparse_attn.ffi import bsa
+
+    key = bsa.bwd_config(jnp.bfloat16, cfg["d"], cfg["blk"], False,
+                         Switches(bsa_bwd_impl=kw.pop("impl", "sm90ws"), bsa_bwd_ws=ws), **kw)
+    return 2 + key.dq_tile
+
+
 @pytest.mark.parametrize("cfg", CONFIGS, ids=_ids)
 def test_bsa_bwd_ws_lowers(cfg):
     txt = _bwd_text(cfg)
-    # the preprocessing kernel and the dK/dV/dQ kernel
-    assert txt.count(CALL_TARGET) == 2
+    # the preprocessing kernel, the dK/dV/dQ kernel and the dq reordering
+    assert txt.count(CALL_TARGET) == _calls(cfg) == 3
     assert "\\7FELF" in txt
 
 
@@ -80,11 +94,18 @@ def test_bsa_bwd_ws_ablation_lowers():
     """The ablation variants (``ldwait``, two Q / dO stages, ``lpt``, ``decouple``) compile
     too."""
     txt = _bwd_text(CONFIGS[0], ws="ldwait,stages=2")
-    assert txt.count(CALL_TARGET) == 2
+    assert txt.count(CALL_TARGET) == 3
     # opt-in: CTAs in longest-list-first order (the order follows the CSR offsets)
     txt = _bwd_text(CONFIGS[1], ws="lpt")
+    assert txt.count(CALL_TARGET) == 3
+    # the dQ slices staged in the consumed Q / dO tiles (blk 64 / D 128 does so by default)
+    txt = _bwd_text(CONFIGS[0], ws="dqalias")
+    assert txt.count(CALL_TARGET) == 3
+    # the row-major dQ workspace (vector reductions, no reordering kernel)
+    txt = _bwd_text(CONFIGS[3], dq="rows")
     assert txt.count(CALL_TARGET) == 2
-    # opt-in at blk 128: each consumer warpgroup reduces the dQ of its own keys
+    # opt-in at blk 128: each consumer warpgroup reduces the dQ of its own keys (red, no
+    # query-tile workspace)
     txt = _bwd_text(CONFIGS[2], ws="decouple")
     assert txt.count(CALL_TARGET) == 2
 
@@ -94,18 +115,18 @@ def test_bsa_bwd_ws_deterministic_lowers(cfg):
     """``deterministic=True`` on every (D, blk) pair: the preprocessing kernel and the
     deterministic sm90ws kernel (``impl="auto"``: at blk 64 / D 128 too)."""
     txt = _bwd_text(cfg, impl="auto", deterministic=True)
-    assert txt.count(CALL_TARGET) == 2
+    assert txt.count(CALL_TARGET) == _calls(cfg, impl="auto", deterministic=True)
 
 
 _PTX_SCRIPT = """
 import sys
 sys.path.insert(0, {root!r})
 import tests.test_lowering_bsa_bwd_ws as t
-t._bwd_text({cfg!r}, deterministic={det!r})
+t._bwd_text({cfg!r}, deterministic={det!r}, dq={dq!r})
 """
 
 
-def _ws_ptx(tmp_path, cfg, det=False):
+def _ws_ptx(tmp_path, cfg, det=False, dq="tile"):
     """The PTX of the sm90ws backward for ``cfg`` (kept with CUTE_DSL_KEEP=ptx in a fresh
     process)."""
     import subprocess  # noqa: PLC0415
@@ -116,7 +137,7 @@ def _ws_ptx(tmp_path, cfg, det=False):
     dump.mkdir(parents=True)  # the CuTe DSL writes elsewhere when the directory does not exist
     env = dict(os.environ, CUTE_DSL_ARCH="sm_90a", JAX_SPARSE_ATTN_FORCE_KERNEL="1",
                CUTE_DSL_KEEP="ptx", CUTE_DSL_DUMP_DIR=str(dump), JAX_PLATFORMS="cpu")
-    r = subprocess.run([sys.executable, "-c", _PTX_SCRIPT.format(root=root, cfg=cfg, det=det)],
+    r = subprocess.run([sys.executable, "-c", _PTX_SCRIPT.format(root=root, cfg=cfg, det=det, dq=dq)],
                        env=env, cwd=root, capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
     texts = [p.read_text() for p in dump.iterdir() if p.suffix == ".ptx"]
@@ -128,11 +149,24 @@ def _ws_ptx(tmp_path, cfg, det=False):
 def test_bsa_bwd_ws_deterministic_ptx(tmp_path):
     """The deterministic kernel waits with acquire loads, publishes after a GPU-scope
     fence and hands each query tile between warp 1 and the consumers with named-barrier
-    arrivals; the default kernel has none of the acquire / release operations."""
-    text = _ws_ptx(tmp_path / "det", CONFIGS[1], det=True)
-    for needle in ("ld.acquire.gpu.global.b32", "fence.acq_rel.gpu", "st.relaxed.gpu.global.b32",
-                   "bar.arrive", "red.relaxed.gpu.global.add.v2.f32"):
-        assert needle in text, f"{needle} missing from the deterministic sm90ws backward PTX"
+    arrivals; its dQ bulk reduce-adds (query-tile workspace; at blk 64 / D 128 staged in the
+    consumed Q / dO tiles) are waited for before the hand-back, or, with the row-major
+    workspace, vector reductions; the default kernel has none of the acquire / release
+    operations."""
+    sync = ("ld.acquire.gpu.global.b32", "fence.acq_rel.gpu", "st.relaxed.gpu.global.b32",
+            "bar.arrive")
+    tile = ("cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32", "st.shared.v4.f32")
+    red = "red.relaxed.gpu.global.add.v2.f32"
+    for name, cfg in (("blk64", CONFIGS[1]), ("blk128", CONFIGS[0])):
+        text = _ws_ptx(tmp_path / name, cfg, det=True)
+        for needle in sync + tile:
+            assert needle in text, f"{needle} missing from the deterministic sm90ws PTX ({name})"
+        assert red not in text
+        # the completion wait (not only the read) before the hand-back
+        assert re.search(r"cp\.async\.bulk\.wait_group\s+0;", text), name
+    rows = _ws_ptx(tmp_path / "rows", CONFIGS[1], det=True, dq="rows")
+    for needle in sync + (red,):
+        assert needle in rows, f"{needle} missing from the deterministic sm90ws PTX (rows)"
     default = _ws_ptx(tmp_path / "default", CONFIGS[1])
     for needle in ("ld.acquire.gpu", "fence.acq_rel.gpu"):
         assert needle not in default
@@ -142,12 +176,15 @@ def test_bsa_bwd_ws_deterministic_ptx(tmp_path):
 def test_bsa_bwd_ws_ptx_is_warp_specialized(tmp_path, cfg):
     """The kernel's PTX (kept with CUTE_DSL_KEEP=ptx in a fresh process) has TMA loads,
     warpgroup MMAs, register reallocation, mbarrier waits, the cp.async copies of lse /
-    delta tracked by the stage's mbarrier and the vector dQ reductions."""
+    delta tracked by the stage's mbarrier and the dQ reductions: bulk reduce-adds of the
+    warps' slices staged with 16-byte stores (query-tile workspace), no vector reductions."""
     text = _ws_ptx(tmp_path, cfg)
     for needle in ("cp.async.bulk.tensor", "wgmma.mma_async", "setmaxnreg.dec",
-                   "setmaxnreg.inc", "mbarrier.try_wait", "cp.async.mbarrier.arrive",
-                   "red.relaxed.gpu.global.add.v2.f32", "stmatrix"):
+                   "setmaxnreg.inc", "mbarrier.try_wait", "cp.async.mbarrier.arrive", "stmatrix"):
         assert needle in text, f"{needle} missing from the sm90ws BSA backward PTX"
+    tile = ("cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32", "st.shared.v4.f32")
+    red = "red.relaxed.gpu.global.add.v2.f32"
+    assert all(n in text for n in tile) and red not in text
 
 
 def test_bsa_bwd_ws_smem_plan():
@@ -167,8 +204,9 @@ def test_bsa_bwd_ws_smem_plan():
 
 
 def test_bsa_bwd_auto_choice():
-    """``bsa_bwd_impl="auto"`` (the default): sm90ws at blk 128 and at D = 64, sm90 at blk 64
-    with D = 128; pack_gqa and causal calls of sm90ws run sm90; D in {32, 256}: sm80."""
+    """``bsa_bwd_impl="auto"`` (the default): sm90ws for D in {64, 128} (with
+    ``bsa_bwd_dq="rows"``: sm90 at blk 64 with D = 128); pack_gqa and causal calls of sm90ws
+    run sm90; D in {32, 256}: sm80."""
     from jax_sparse_attn.config import Switches
     from jax_sparse_attn.ffi import bsa
 
@@ -177,8 +215,12 @@ def test_bsa_bwd_auto_choice():
     got = {(d, blk): bsa.bwd_config(jnp.bfloat16, d, blk, False, sw).impl
            for d in (32, 64, 128, 256) for blk in (64, 128)}
     assert got == {(32, 64): "sm80", (32, 128): "sm80", (64, 64): "sm90ws",
-                   (64, 128): "sm90ws", (128, 64): "sm90", (128, 128): "sm90ws",
+                   (64, 128): "sm90ws", (128, 64): "sm90ws", (128, 128): "sm90ws",
                    (256, 64): "sm80", (256, 128): "sm80"}
+    # the row-major dQ workspace: sm90 at blk 64 / D 128
+    rows = Switches(bsa_bwd_dq="rows")
+    assert bsa.bwd_config(jnp.bfloat16, 128, 64, False, rows).impl == "sm90"
+    assert bsa.bwd_config(jnp.bfloat16, 128, 128, False, rows).impl == "sm90ws"
     ws = Switches(bsa_bwd_impl="sm90ws")
     assert bsa.bwd_config(jnp.bfloat16, 128, 64, False, ws).impl == "sm90ws"
     assert bsa.bwd_config(jnp.bfloat16, 128, 128, False, ws, pack_gqa=2).impl == "sm90"

@@ -148,6 +148,12 @@ class BsaBwdConfig:
     # order (metadata.build_kq_csr's rank_group; 0: ascending KV block order)
     deterministic: bool = False
     det_group: int = 0
+    # "sm90" / "sm90ws": dQ added per consumer warp with bulk reductions into a workspace of
+    # 64-row query tiles (B, H_q, ceil(S_q / 64), 64 D) fp32, reordered into dq by
+    # kernels/dq_tiles.py (else a row-major (B, S_q, H_q, D) fp32 workspace)
+    dq_tile: bool = False
+    # "sm90ws" with dq_tile: the dQ slices staged in the step's consumed Q / dO tiles
+    ws_dq_alias: bool = False
 
 
 def fwd_smem_bytes(head_dim, block_size) -> int:
@@ -322,13 +328,15 @@ def kv_splits_unsupported_reason(kv_splits, *, head_dim, sparse_block_size, num_
     return None
 
 
-def bwd_impl_choice(want: str, head_dim: int, block_size: int) -> str:
+def bwd_impl_choice(want: str, head_dim: int, block_size: int, dq: str = "tile") -> str:
     """The backward a switch value names: ``auto`` (the default) is the faster Hopper
-    backward on the H200 (docs/bsa.md, "The warp-specialized backward"): ``sm90ws`` at
-    ``sparse_block_size`` 128 and at D = 64, ``sm90`` at ``sparse_block_size`` 64 with D = 128."""
+    backward on the H200 (docs/bsa.md, "The warp-specialized backward"): ``sm90ws``, except
+    at ``sparse_block_size`` 64 with D = 128 under ``bsa_bwd_dq="rows"`` (``sm90``)."""
     if want != "auto":
         return want
-    return "sm90ws" if block_size == 128 or head_dim == 64 else "sm90"
+    if dq == "rows" and block_size == 64 and head_dim == 128:
+        return "sm90"
+    return "sm90ws"
 
 
 def bwd_config(dtype, head_dim, block_size, has_block_sizes, switches,
@@ -343,23 +351,33 @@ def bwd_config(dtype, head_dim, block_size, has_block_sizes, switches,
         if why is not None:
             raise NotImplementedError(why)
         want = "sm90ws"
-    impl = _family_impl(bwd_impl_choice(want, head_dim, block_size), head_dim, switches)
+    impl = _family_impl(bwd_impl_choice(want, head_dim, block_size, switches.bsa_bwd_dq),
+                        head_dim, switches)
     arch = _platform.resolved_arch()
     if impl == "sm90ws" and (pack_gqa > 1 or causal):
         # the warp-specialized backward does not pack GQA groups or mask causally
         impl = "sm90"
     if impl == "sm90ws":
+        from ..kernels.bsa_bwd_sm90_ws import bwd_ws_dq_tile_fits  # noqa: PLC0415
+
         opts = switches.bsa_bwd_ws
         st = [int(o[7:]) for o in opts if o.startswith("stages=")]
+        decouple = "decouple" in opts and block_size == 128 and not deterministic
+        tile = switches.bsa_bwd_dq == "tile" and not decouple
         return BsaBwdConfig(name, head_dim, block_size, has_block_sizes, impl, arch=arch,
                             ws_max_stages=st[0] if st else 4, ws_ld_wait="ldwait" in opts,
                             ws_lpt="lpt" in opts and not deterministic,
-                            ws_decouple="decouple" in opts and not deterministic,
+                            ws_decouple=decouple,
                             deterministic=bool(deterministic),
-                            det_group=det_launch_group(block_size, opts) if deterministic else 0)
+                            det_group=det_launch_group(block_size, opts) if deterministic else 0,
+                            dq_tile=tile,
+                            ws_dq_alias=tile and ("dqalias" in opts
+                                                  or not bwd_ws_dq_tile_fits(head_dim,
+                                                                             block_size)))
     if impl == "sm90":
         return BsaBwdConfig(name, head_dim, block_size, has_block_sizes, impl, arch=arch,
-                            pack_gqa=pack_gqa, causal=causal)
+                            pack_gqa=pack_gqa, causal=causal,
+                            dq_tile=switches.bsa_bwd_dq == "tile" and pack_gqa == 1)
     if causal:
         raise NotImplementedError(causal_unsupported_reason(head_dim, block_size, ("bwd",),
                                                             switches))
@@ -700,30 +718,56 @@ def _pre_entry(stream, out, do, delta, dq_acc, *, cfg: BsaPreConfig):
     BsaPreprocess(_cutlass_dtype(cfg.dtype), cfg.head_dim)(out, do, delta, dq_acc, stream)
 
 
+def _pre_delta_entry(stream, out, do, delta, *, cfg: BsaPreConfig):
+    from ..kernels.bsa_pre import BsaPreprocess  # noqa: PLC0415
+
+    BsaPreprocess(_cutlass_dtype(cfg.dtype), cfg.head_dim)(out, do, delta, None, stream)
+
+
 @functools.cache
-def _pre_jit():
-    """The one ``cute.jit`` of ``_pre_entry`` (cutlass_call caches on its identity)."""
+def _pre_jit(with_dq: bool = True):
+    """The one ``cute.jit`` of ``_pre_entry`` (``with_dq``) or ``_pre_delta_entry``
+    (cutlass_call caches on its identity)."""
     import cutlass.cute as cute  # noqa: PLC0415
 
-    return cute.jit(_pre_entry)
+    return cute.jit(_pre_entry if with_dq else _pre_delta_entry)
 
 
 def bsa_preprocess(do, out, cfg):
-    """``delta = rowsum(dO * O)`` (fp32 ``(B, H_q, S_q)``) and a zeroed fp32 dQ accumulator
-    (q's shape and layout): one CuTe DSL launch (``kernels/bsa_pre.py``) when ``cfg.pre``
-    is set, else XLA."""
+    """``delta = rowsum(dO * O)`` (fp32 ``(B, H_q, S_q)``) and a zeroed fp32 dQ workspace:
+    q's shape and layout, or with ``cfg.bwd.dq_tile`` the query-tile workspace
+    :func:`dq_tile_shape` (zeroed by XLA). Delta by one CuTe DSL launch
+    (``kernels/bsa_pre.py``, which also zeroes the row-major workspace) when ``cfg.pre`` is
+    set, else by XLA."""
     from .._cute_call import call_builder  # noqa: PLC0415
 
+    tile = cfg.bwd is not None and cfg.bwd.dq_tile
+    ws = jnp.zeros(dq_tile_shape(cfg), jnp.float32) if tile else None
     if cfg.pre is None:
         delta = jnp.sum(do.astype(jnp.float32) * out.astype(jnp.float32), axis=-1)
         if cfg.layout == "bshd":
             delta = jnp.swapaxes(delta, 1, 2)
-        return delta, jnp.zeros(out.shape[:-1] + (cfg.head_dim,), jnp.float32)
+        if ws is None:
+            ws = jnp.zeros(out.shape[:-1] + (cfg.head_dim,), jnp.float32)
+        return delta, ws
     spec = _specs(cfg.layout)
+    delta_sds = jax.ShapeDtypeStruct((cfg.batch, cfg.num_heads_q, cfg.seqlen_q), jnp.float32)
+    if tile:
+        call = call_builder(cfg.cute_call)(
+            _pre_jit(False),
+            output_shape_dtype=(delta_sds,),
+            input_spec=(spec, spec),
+            output_spec=(None,),
+            compile_key=("bsa_pre_delta", cfg.pre),
+            cfg=cfg.pre,
+            static_last_inputs=(0, 1),
+        )
+        (delta,) = call(out, do.astype(out.dtype))
+        return delta, ws
     call = call_builder(cfg.cute_call)(
         _pre_jit(),
         output_shape_dtype=(
-            jax.ShapeDtypeStruct((cfg.batch, cfg.num_heads_q, cfg.seqlen_q), jnp.float32),
+            delta_sds,
             jax.ShapeDtypeStruct(out.shape, jnp.float32),
         ),
         input_spec=(spec, spec),
@@ -736,13 +780,89 @@ def bsa_preprocess(do, out, cfg):
     return call(out, do.astype(out.dtype))
 
 
+def dq_tile_shape(cfg) -> tuple:
+    """The query-tile dQ workspace of the Hopper backwards (``cfg.bwd.dq_tile``): fp32
+    ``(B, H_q, ceil(S_q / 64), 64 D)``, each 64-row tile in the block order of
+    ``kernels/dq_tiles.py``."""
+    return (cfg.batch, cfg.num_heads_q, -(-cfg.seqlen_q // 64), 64 * cfg.head_dim)
+
+
+def dq_block_cols(bwd) -> int:
+    """Columns of one block of the query-tile workspace of the backward ``bwd``."""
+    if bwd.impl == "sm90ws":
+        from ..kernels.bsa_bwd_sm90_ws import bwd_ws_dq_block_cols  # noqa: PLC0415
+
+        return bwd_ws_dq_block_cols(bwd.head_dim, bwd.block_size)
+    return 64
+
+
+@dataclasses.dataclass(frozen=True)
+class BsaDqTilesConfig:
+    """Compile key of the kernel that reorders the query-tile dQ workspace into dq."""
+
+    dtype: str
+    head_dim: int
+    block_cols: int
+
+
+def _dq_tiles_entry(stream, ws, dq, *, cfg: BsaDqTilesConfig):
+    from ..kernels.dq_tiles import BsaDqFromTiles  # noqa: PLC0415
+
+    BsaDqFromTiles(_cutlass_dtype(cfg.dtype), cfg.head_dim, cfg.block_cols)(ws, dq, stream)
+
+
+@functools.cache
+def _dq_tiles_jit():
+    """The one ``cute.jit`` of ``_dq_tiles_entry``."""
+    import cutlass.cute as cute  # noqa: PLC0415
+
+    return cute.jit(_dq_tiles_entry)
+
+
+def dq_from_tiles(ws, seqlen_q, head_dim, block_cols):
+    """The ``(B, S_q, H_q, D)`` fp32 dq held by the query-tile workspace ``ws`` ``(B, H_q,
+    N_t, 64 D)`` of ``block_cols``-column blocks (``kernels/dq_tiles.py``: block ``c = 4 cg +
+    rg``, float ``4 (32 j + 4 g + q) + 2 h + e`` of a block is row ``16 rg + 8 h + g``,
+    column ``block_cols cg + 8 j + 2 q + e``): the jnp statement of what the reordering
+    kernel computes (tests)."""
+    b, h, nt, _ = ws.shape
+    w = block_cols
+    # (b, h, t, cg, rg, j, g, q, hh, e)
+    x = ws.reshape(b, h, nt, head_dim // w, 4, w // 8, 8, 4, 2, 2)
+    # rows (t, rg, hh, g), columns (cg, j, q, e)
+    x = x.transpose(0, 2, 4, 8, 6, 1, 3, 5, 7, 9)
+    return x.reshape(b, nt * 64, h, head_dim)[:, :seqlen_q]
+
+
+def _dq_out(dq_acc, q, cfg, spec):
+    """dq in q's dtype and layout from the backward's fp32 workspace: the reordering kernel
+    for the query-tile workspace, else XLA's cast."""
+    from .._cute_call import call_builder  # noqa: PLC0415
+
+    if not cfg.bwd.dq_tile:
+        return dq_acc.astype(q.dtype)
+    key = BsaDqTilesConfig(cfg.bwd.dtype, cfg.head_dim, dq_block_cols(cfg.bwd))
+    call = call_builder(cfg.cute_call)(
+        _dq_tiles_jit(),
+        output_shape_dtype=(jax.ShapeDtypeStruct(q.shape, q.dtype),),
+        input_spec=(None,),
+        output_spec=(spec,),
+        compile_key=("bsa_dq_tiles", key),
+        cfg=key,
+        static_last_outputs=(0,),
+    )
+    (dq,) = call(dq_acc)
+    return dq
+
+
 def _ws_kernel(cfg: BsaBwdConfig):
     from ..kernels.bsa_bwd_sm90_ws import BsaBwdSm90Ws  # noqa: PLC0415
 
     return BsaBwdSm90Ws(_cutlass_dtype(cfg.dtype), cfg.head_dim, cfg.block_size,
                         cfg.has_block_sizes, max_stages=cfg.ws_max_stages,
                         ld_wait=cfg.ws_ld_wait, lpt=cfg.ws_lpt, decouple=cfg.ws_decouple,
-                        deterministic=cfg.deterministic)
+                        deterministic=cfg.deterministic, dq_tile=cfg.dq_tile,
+                        dq_alias=cfg.ws_dq_alias)
 
 
 def _bwd_det_entry(stream, q, k, v, do, lse, delta, offsets, entries, ranks, sizes, scale,
@@ -765,14 +885,12 @@ def _bwd_entry(stream, q, k, v, do, lse, delta, offsets, entries, sizes, scale, 
                *, cfg: BsaBwdConfig):
     args = (_cutlass_dtype(cfg.dtype), cfg.head_dim, cfg.block_size, cfg.has_block_sizes)
     if cfg.impl == "sm90ws":
-        from ..kernels.bsa_bwd_sm90_ws import BsaBwdSm90Ws  # noqa: PLC0415
-
-        kernel = BsaBwdSm90Ws(*args, max_stages=cfg.ws_max_stages, ld_wait=cfg.ws_ld_wait,
-                              lpt=cfg.ws_lpt, decouple=cfg.ws_decouple)
+        kernel = _ws_kernel(cfg)
     elif cfg.impl == "sm90":
         from ..kernels.bsa_bwd_sm90 import BsaBwdSm90  # noqa: PLC0415
 
-        kernel = BsaBwdSm90(*args, pack_gqa=cfg.pack_gqa, causal=cfg.causal)
+        kernel = BsaBwdSm90(*args, pack_gqa=cfg.pack_gqa, causal=cfg.causal,
+                            dq_tile=cfg.dq_tile)
     else:
         from ..kernels.bsa_bwd_sm80 import BsaBwdSm80  # noqa: PLC0415
 
@@ -815,17 +933,18 @@ def bsa_bwd(do, q, k, v, out, lse, q2k_block_index, q2k_block_nums, block_sizes,
     if cfg.bwd.impl == "sm90ws" and cfg.bwd.ws_lpt:
         # the sm90ws kernel reads its CTA order (longest K->Q list first) after the offsets
         offsets = jnp.concatenate([offsets, metadata.kq_lpt_order(offsets)])
+    ws_spec = None if cfg.bwd.dq_tile else spec  # the query-tile workspace is row-major
     # flattened inputs: block_sizes may be None (absent, no buffer); dq_acc is the last
     n_in = 10 + (block_sizes is not None)
     call = call_builder(cfg.cute_call)(
         _bwd_jit(),
         output_shape_dtype=(
-            jax.ShapeDtypeStruct(q.shape, jnp.float32),
+            jax.ShapeDtypeStruct(dq_acc.shape, jnp.float32),
             jax.ShapeDtypeStruct(k.shape, k.dtype),
             jax.ShapeDtypeStruct(v.shape, v.dtype),
         ),
-        input_spec=(spec, spec, spec, spec, None, None, None, None, None, None, spec),
-        output_spec=(spec, spec, spec),
+        input_spec=(spec, spec, spec, spec, None, None, None, None, None, None, ws_spec),
+        output_spec=(ws_spec, spec, spec),
         input_output_aliases={10: 0},
         compile_key=("bsa_bwd", cfg.bwd),
         cfg=cfg.bwd,
@@ -834,7 +953,7 @@ def bsa_bwd(do, q, k, v, out, lse, q2k_block_index, q2k_block_nums, block_sizes,
     )
     dq_acc, dk, dv = call(q, k, v, do, lse, delta, offsets, entries, block_sizes,
                           _scale_array(cfg.softmax_scale), dq_acc)
-    return dq_acc.astype(q.dtype), dk, dv
+    return _dq_out(dq_acc, q, cfg, spec), dk, dv
 
 
 def _bsa_bwd_deterministic(q, k, v, do, lse, delta, dq_acc, q2k_block_index, q2k_block_nums,
@@ -846,20 +965,21 @@ def _bsa_bwd_deterministic(q, k, v, do, lse, delta, dq_acc, q2k_block_index, q2k
     offsets, entries, ranks = metadata.build_kq_csr(
         q2k_block_index, q2k_block_nums, num_kv_heads=cfg.num_heads_kv,
         num_kv_blocks=cfg.num_kv_blocks, with_ranks=True, rank_group=cfg.bwd.det_group)
+    ws_spec = None if cfg.bwd.dq_tile else spec  # the query-tile workspace is row-major
     sem0 = jnp.zeros((cfg.batch, cfg.num_heads_q, cfg.num_q_blocks * (cfg.sparse_block_size // 64)),
                      jnp.int32)
     n_in = 12 + (block_sizes is not None)  # flattened inputs (block_sizes may be None)
     call = call_builder(cfg.cute_call)(
         _bwd_det_jit(),
         output_shape_dtype=(
-            jax.ShapeDtypeStruct(q.shape, jnp.float32),
+            jax.ShapeDtypeStruct(dq_acc.shape, jnp.float32),
             jax.ShapeDtypeStruct(k.shape, k.dtype),
             jax.ShapeDtypeStruct(v.shape, v.dtype),
             jax.ShapeDtypeStruct(sem0.shape, jnp.int32),
         ),
-        input_spec=(spec, spec, spec, spec, None, None, None, None, None, None, None, spec,
+        input_spec=(spec, spec, spec, spec, None, None, None, None, None, None, None, ws_spec,
                     None),
-        output_spec=(spec, spec, spec, None),
+        output_spec=(ws_spec, spec, spec, None),
         input_output_aliases={11: 0, 12: 3},
         compile_key=("bsa_bwd_det", cfg.bwd),
         cfg=cfg.bwd,
@@ -868,4 +988,4 @@ def _bsa_bwd_deterministic(q, k, v, do, lse, delta, dq_acc, q2k_block_index, q2k
     )
     dq_acc, dk, dv, _ = call(q, k, v, do, lse, delta, offsets, entries, ranks, block_sizes,
                              _scale_array(cfg.softmax_scale), dq_acc, sem0)
-    return dq_acc.astype(q.dtype), dk, dv
+    return _dq_out(dq_acc, q, cfg, spec), dk, dv

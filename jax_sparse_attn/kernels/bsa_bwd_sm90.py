@@ -1,6 +1,7 @@
 """Block-sparse attention backward for Hopper (sm_90a): warpgroup MMA (wgmma) CuTe DSL kernel.
 
-The BSA backward for D in {64, 128} (switch ``bsa_bwd_impl="sm90"``, the default;
+The BSA backward for D in {64, 128} (switch ``bsa_bwd_impl="sm90"``; ``auto`` runs it for
+``pack_gqa`` and ``causal`` calls, and at blk 64 / D 128 with ``bsa_bwd_dq="rows"``;
 ``"sm80"`` selects :mod:`bsa_bwd_sm80`, which also serves D in {32, 256}). Same contract, work
 split and semantics as :mod:`bsa_bwd_sm80`: one CTA = one warpgroup (2 CTAs per SM) per
 64-key tile, KV head and batch, walking the K->Q transposed CSR list of its KV block; the
@@ -17,15 +18,19 @@ Products (key-major orientation):
     S^T  = K Q^T,  dP^T = V dO^T                       (SS)
     P^T  = exp2(S^T * scale * log2 e - lse[q] * log2 e),  dS^T = P^T * (dP^T - delta[q])
     dV  += P^T dO,  dK += dS^T Q                        (RS, from registers)
-    dQ   = dS K   (SS, dS^T stored once to smem)  -> smem rows -> bulk fp32 reduce-add
+    dQ   = dS K   (SS, dS^T stored once to smem)  -> smem staging -> bulk fp32 reduce-add
 
-* dQ: after the step's products, the fp32 dQ tile (scaled by ``softmax_scale``) is stored to
-  shared memory in rows of ``D + 8`` floats (conflict-free stores of the accumulator) that
-  alias the step's own ring stage (Q, dO, and the dS tile; all read by then), and one
-  ``cp.reduce.async.bulk ... add.f32`` per row adds it to the XLA-owned accumulator, so the
-  reduction runs on the bulk-copy engine, asynchronously. Each warp issues the bulk
-  reductions of its own 16 accumulator rows after a warp-level sync (no CTA barrier).
-  Before a stage is refilled, the bulk reads of it are awaited.
+* dQ: after the step's products, the fp32 dQ tile (scaled by ``softmax_scale``) is staged in
+  shared memory that aliases the step's own ring stage (Q, dO, and the dS tile; all read by
+  then) and added to the XLA-owned fp32 workspace with ``cp.reduce.async.bulk ... add.f32``
+  (the bulk-copy engine, asynchronously), each warp for its own 16 accumulator rows after a
+  warp-level sync (no CTA barrier). With ``dq_tile`` (the default) the workspace is
+  ``(B, H_q, ceil(S_q / 64), 64 D)`` of 64-row query tiles: each warp stores its slice in
+  register order (``dq_tiles.stage_warp_slice``, 16-byte conflict-free stores) and adds it
+  with ``D / 64`` bulk reductions of 4 KB; ``kernels/dq_tiles.py`` reorders the workspace
+  into dq. Without it (``pack_gqa``: packed rows) the workspace is row-major ``(B, S_q, H_q,
+  D)``, rows of ``D + 8`` floats are staged and lanes 0-15 add one row each. Before a stage
+  is refilled, the bulk reads of it are awaited.
 * lse/delta arrive with the step's Q/dO (4-byte ``cp.async`` into a per-stage smem slot,
   +inf / 0 past S_q) and are read from smem under the S/dP wgmmas, so no global load sits
   after a barrier.
@@ -59,6 +64,7 @@ from .bsa_common import (LOG2_E, bwd_entry_rows, bwd_load_kv_tile, bwd_tile_coor
                          issue_q_do_rows)
 from .common import (acc_layout_as_a, acc_mn_view_wg, bulk_reduce_add_f32, elem_ptr,
                      gmem_load_copy, kv_major_bwd_operands, launch, smem_storage)
+from .dq_tiles import bulk_add_warp_slice, stage_warp_slice
 from .pack_gqa import packed_row, row_tile_view
 from .mask import CausalMaskKeyMajor
 
@@ -74,8 +80,14 @@ def _restage(layout: cute.ComposedLayout, num_stages: int, stage_stride: int) ->
 
 class BsaBwdSm90:
     def __init__(self, dtype, head_dim: int, block_size: int, has_block_sizes: bool,
-                 pack_gqa: int = 1, causal: bool = False):
+                 pack_gqa: int = 1, causal: bool = False, dq_tile: bool = False):
         self.dtype = dtype
+        # dQ into the query-tile workspace (kernels/dq_tiles.py): (B, H_q, ceil(S_q / 64),
+        # 64 D) fp32, each warp's 16 x D slice added with D / 64 bulk reductions of 4 KB;
+        # else row-major (B, S_q, H_q, D) with one bulk reduction per row
+        if dq_tile and pack_gqa > 1:
+            raise NotImplementedError("the dQ tile workspace with pack_gqa is not implemented")
+        self.dq_tile = dq_tile
         # pack_gqa: r = H_q / H_kv (1: off). The K->Q lists then hold packed query blocks
         # (entries m, one per block: the group is 1), a step is 64 packed rows (64 / r
         # positions x r query heads) and Q, dO, lse, delta, dQ rows are addressed through the
@@ -328,6 +340,8 @@ class BsaBwdSm90:
         dq_stride = self.dq_stride  # fp32 dQ staging row stride (floats)
         # element offset of stage 1's dQ staging: it ends where the ring ends
         stg1_off = self.ring_elems - 2 * TILE * dq_stride
+        if cutlass.const_expr(self.dq_tile):
+            stg1_off = self.ring_elems - 2 * TILE * hd
         for t in cutlass.range(n_steps, unroll=1):
             stage = t % 2
             ent = ent_cur
@@ -429,29 +443,41 @@ class BsaBwdSm90:
                 # every warp's products have read Q/dO/dS of this stage: reuse it for dQ
                 cute.arch.barrier()
                 stg = cute.recast_ptr(ring + stage * stg1_off, dtype=cutlass.Float32)
-                sdQ = cute.make_tensor(stg, cute.make_layout((TILE, hd), stride=(dq_stride, 1)))
-                tdQsdQ = thr_q.partition_C(sdQ)
-                for i in cutlass.range_constexpr(cute.size(acc_dQ)):
-                    tdQsdQ[i] = acc_dQ[i] * softmax_scale
-                cute.arch.fence_proxy("async.shared", space="cta")
-                cute.arch.sync_warp()
-                gdQ = cute.local_tile(mdQacc[batch, None, head, None], (TILE, hd), (q_tile, 0))
-                # warp w holds rows 16w..16w+15 of the dQ tile: once its lanes' stores are
-                # fenced for the async proxy and the warp has synced, lanes 0-15 issue one
-                # bulk reduce-add of one row each
                 lane = tidx % 32
-                dq_row = (tidx // 32) * 16 + lane
-                if lane < 16:
-                    if q0 + dq_row < seqlen_q:
-                        if cutlass.const_expr(self.pack > 1):
-                            s_dq, h_dq = packed_row(q0 + dq_row, head_kv, self.pack)
-                            bulk_reduce_add_f32(
-                                elem_ptr(mdQacc, (batch, s_dq, h_dq, 0)),
-                                stg + dq_row * dq_stride, hd * 4)
-                        else:
-                            bulk_reduce_add_f32(
-                                elem_ptr(gdQ, (dq_row, 0)),
-                                stg + dq_row * dq_stride, hd * 4)
+                if cutlass.const_expr(self.dq_tile):
+                    # warp w: rows 16 w .. 16 w + 15, blocks w + 4 cg of the tile (register
+                    # order); lane 0 adds them with one 4 KB bulk reduction each (rows past
+                    # S_q hold zeros: zero-filled Q / dO rows, lse = +inf)
+                    warp = tidx // 32
+                    stage_warp_slice(acc_dQ, stg, lane, warp, 0, 4, 64, softmax_scale)
+                    cute.arch.fence_proxy("async.shared", space="cta")
+                    cute.arch.sync_warp()
+                    if lane == 0:
+                        bulk_add_warp_slice(elem_ptr(mdQacc, (batch, head, q_tile, 0)), stg,
+                                            warp, 0, hd // 64, 4, 64)
+                else:
+                    sdQ = cute.make_tensor(stg, cute.make_layout((TILE, hd), stride=(dq_stride, 1)))
+                    tdQsdQ = thr_q.partition_C(sdQ)
+                    for i in cutlass.range_constexpr(cute.size(acc_dQ)):
+                        tdQsdQ[i] = acc_dQ[i] * softmax_scale
+                    cute.arch.fence_proxy("async.shared", space="cta")
+                    cute.arch.sync_warp()
+                    gdQ = cute.local_tile(mdQacc[batch, None, head, None], (TILE, hd), (q_tile, 0))
+                    # warp w holds rows 16w..16w+15 of the dQ tile: once its lanes' stores are
+                    # fenced for the async proxy and the warp has synced, lanes 0-15 issue one
+                    # bulk reduce-add of one row each
+                    dq_row = (tidx // 32) * 16 + lane
+                    if lane < 16:
+                        if q0 + dq_row < seqlen_q:
+                            if cutlass.const_expr(self.pack > 1):
+                                s_dq, h_dq = packed_row(q0 + dq_row, head_kv, self.pack)
+                                bulk_reduce_add_f32(
+                                    elem_ptr(mdQacc, (batch, s_dq, h_dq, 0)),
+                                    stg + dq_row * dq_stride, hd * 4)
+                            else:
+                                bulk_reduce_add_f32(
+                                    elem_ptr(gdQ, (dq_row, 0)),
+                                    stg + dq_row * dq_stride, hd * 4)
                 cute.arch.cp_async_bulk_commit_group()
 
         cute.arch.cp_async_wait_group(0)

@@ -31,8 +31,18 @@ CTA per SM; blk 64: 256 threads, two CTAs per SM):
 
   dS^T goes to shared memory with ``stmatrix`` (query-major; double-buffered at blk 128),
   a named barrier publishes both warpgroups' key halves, then dQ (blk 128: the warpgroups
-  split the head dim) and dK issue as two wgmma groups and the dQ rows ``< S_q`` are added
-  to the fp32 workspace with ``red.global.add.v2.f32`` while the dK GEMM runs.
+  split the head dim) and dK issue as two wgmma groups. dQ, with ``dq_tile`` (the
+  default): each consumer warp stores its accumulator slice in register order to a shared
+  staging tile (``dq_tiles.stage_warp_slice``) and one lane adds it to the query tile's
+  blocks of the fp32 workspace ``(B, H_q, ceil(S_q / 64), 64 D)`` with one
+  ``cp.reduce.async.bulk ... add.f32`` per block, while the dK GEMM runs; the warp waits
+  for its previous bulk reads before it stages again. With ``dq_alias`` (blk 64 / D 128,
+  where two CTAs per SM leave no room for the staging tile) the slices go to the step's
+  own Q and dO tiles instead: after the dK GEMM and a barrier of the consumer warps, and
+  each warp waits for its bulk reads before it releases the stage to the producer.
+  ``kernels/dq_tiles.py`` reorders the workspace into dq. Without ``dq_tile`` the dQ rows
+  ``< S_q`` are added to a row-major ``(B, S_q, H_q, D)`` workspace with
+  ``red.global.add.v2.f32`` while the dK GEMM runs.
 * epilogue: dK, dV straight from registers to the key rows ``< S_kv``.
 
 CTAs run in grid order (KV block fastest, then KV head, batch): the CTAs running at one time
@@ -55,8 +65,9 @@ ascending KV block, or by launch group of ``G`` CTAs, then by the position of th
 tile in each CTA's walk; docs/bsa.md). Warp 1 of the producer
 warpgroup (otherwise idle) walks the CTA's list like the consumers; per query tile its lane
 0 waits (acquire loads) until the tile's counter reaches the entry's rank, arrives on named
-barrier 2 (the consumers sync on it before their ``red.global.add``), syncs on barrier 3
-(the consumers arrive after their reductions) and publishes ``rank + 1`` (``fence.acq_rel.gpu``
+barrier 2 (the consumers sync on it before their dQ additions), syncs on barrier 3
+(the consumers arrive after their reductions; with ``dq_tile`` once their bulk reduce-adds
+are complete) and publishes ``rank + 1`` (``fence.acq_rel.gpu``
 + store): FlashAttention-2/3's ``dq_semaphore`` technique with the rank in place of the KV
 tile index. Deadlock freedom: in KV block order a CTA waits only for CTAs of lower KV blocks
 of the same (batch, KV head), which have lower linear block indices (grid order, ``lpt``
@@ -83,6 +94,7 @@ from . import kv_major_bwd as kvb
 from .bsa_common import LOG2_E, bwd_kv_tile_rows
 from .common import (acc_layout_as_a, acc_mn_view_wg, elem_ptr, gmem_load_copy,
                      kv_major_bwd_operands, st_release_s32, tma_view, wait_at_least)
+from .dq_tiles import bulk_add_warp_slice, stage_warp_slice
 from .pipeline import SmemPipeline
 
 #: query rows per step (one wgmma N / M extent)
@@ -92,22 +104,38 @@ TILE_M = 64
 SMEM_LIMIT = {1: 227 * 1024, 2: 113 * 1024}
 
 
-def bwd_ws_smem_bytes(head_dim: int, block_size: int, stages: int) -> int:
+def bwd_ws_smem_bytes(head_dim: int, block_size: int, stages: int,
+                      dq_tile: bool = False) -> int:
     """Shared memory of the kernel: K, V, ``stages`` x (Q, dO, lse, delta), the dS tiles
-    (two buffers at blk 128) and 1 KiB for the mbarriers and alignment."""
+    (two buffers at blk 128), with ``dq_tile`` the fp32 dQ staging tile, and 1 KiB for the
+    mbarriers and alignment."""
     ds_bufs = 2 if block_size == 128 else 1
     return (2 * block_size * head_dim * 2 + stages * (2 * TILE_M * head_dim * 2 + 2 * TILE_M * 4)
-            + ds_bufs * TILE_M * block_size * 2 + 1024)
+            + ds_bufs * TILE_M * block_size * 2 + 1024
+            + (TILE_M * head_dim * 4 if dq_tile else 0))
 
 
-def bwd_ws_q_stages(head_dim: int, block_size: int, max_stages: int = 4) -> int:
-    """The most Q / dO stages (2..``max_stages``) whose shared memory fits the CTA's share."""
+def bwd_ws_q_stages(head_dim: int, block_size: int, max_stages: int = 4,
+                    dq_tile: bool = False) -> int | None:
+    """The most Q / dO stages (2..``max_stages``) whose shared memory fits the CTA's share
+    (None: none fits)."""
     limit = SMEM_LIMIT[1 if block_size == 128 else 2]
     for st in range(max_stages, 1, -1):
-        if bwd_ws_smem_bytes(head_dim, block_size, st) <= limit:
+        if bwd_ws_smem_bytes(head_dim, block_size, st, dq_tile) <= limit:
             return st
-    raise ValueError(f"no shared-memory plan for head_dim={head_dim}, "
-                     f"sparse_block_size={block_size}")
+    return None
+
+
+def bwd_ws_dq_tile_fits(head_dim: int, block_size: int) -> bool:
+    """Whether the dQ staging tile fits next to two Q / dO stages (not at blk 64 / D 128,
+    where two CTAs share an SM)."""
+    return bwd_ws_q_stages(head_dim, block_size, dq_tile=True) is not None
+
+
+def bwd_ws_dq_block_cols(head_dim: int, block_size: int) -> int:
+    """Columns of one block of the dQ tile workspace (``kernels/dq_tiles.py``): a consumer
+    warp's accumulator columns (blk 128: the warpgroups split the head dim), at most 64."""
+    return min(64, head_dim // (block_size // 64))
 
 
 @dsl_user_op
@@ -124,7 +152,8 @@ class BsaBwdSm90Ws:
 
     def __init__(self, dtype, head_dim: int, block_size: int, has_block_sizes: bool,
                  max_stages: int = 4, ld_wait: bool = False, lpt: bool = False,
-                 decouple: bool = False, deterministic: bool = False):
+                 decouple: bool = False, deterministic: bool = False, dq_tile: bool = False,
+                 dq_alias: bool = False):
         if head_dim not in (64, 128) or block_size not in (64, 128):
             raise NotImplementedError(
                 f"bsa_bwd_sm90_ws implements head_dim in (64, 128) and sparse_block_size in "
@@ -139,7 +168,21 @@ class BsaBwdSm90Ws:
         self.ds_bufs = 2 if self.num_wg == 2 else 1
         self.num_threads = 128 * (1 + self.num_wg)
         self.ctas_per_sm = 1 if self.num_wg == 2 else 2
-        self.q_stages = bwd_ws_q_stages(head_dim, block_size, max_stages)
+        # dQ into the query-tile workspace (kernels/dq_tiles.py): each consumer warp stages its
+        # accumulator slice in shared memory and adds it with one bulk reduction per block
+        if dq_tile and decouple and self.num_wg == 2 and not deterministic:
+            raise NotImplementedError("bsa_bwd_sm90_ws: dq_tile with decouple")
+        self.dq_tile = dq_tile
+        # dq_alias: the slices are staged in the step's consumed Q / dO tiles (no staging tile:
+        # the consumers sync before staging and release the stage once the bulk reads are done)
+        self.dq_alias = dq_alias and self.dq_tile
+        self.q_stages = bwd_ws_q_stages(head_dim, block_size, max_stages,
+                                        self.dq_tile and not self.dq_alias)
+        if self.q_stages is None:
+            raise NotImplementedError(
+                f"bsa_bwd_sm90_ws: no shared-memory plan for head_dim={head_dim}, "
+                f"sparse_block_size={block_size}, dq_tile={dq_tile}")
+        self.dq_w = bwd_ws_dq_block_cols(head_dim, block_size)
         self.ld_wait = ld_wait
         self.deterministic = deterministic
         # the ordered dQ additions need the grid's launch order (lower KV blocks first)
@@ -192,7 +235,13 @@ class BsaBwdSm90Ws:
             sQ: cute.struct.Align[cute.struct.MemRange[dt, cute.cosize(sQ_layout)], 1024]
             sdO: cute.struct.Align[cute.struct.MemRange[dt, cute.cosize(sQ_layout)], 1024]
             sdS: cute.struct.Align[cute.struct.MemRange[dt, cute.cosize(sdS_layout)], 1024]
+            sdQ: cute.struct.Align[cute.struct.MemRange[
+                Float32, bm * d if self.dq_tile and not self.dq_alias else 0], 128]
 
+        if cutlass.const_expr(Smem.size_in_bytes() > SMEM_LIMIT[self.ctas_per_sm]):
+            raise NotImplementedError(
+                f"bsa_bwd_sm90_ws: {Smem.size_in_bytes()} bytes of shared memory exceed the "
+                f"plan's {SMEM_LIMIT[self.ctas_per_sm]} (head_dim={d}, sparse_block_size={bn})")
         n_kv_blocks = (mK.shape[1] + bn - 1) // bn
         grid = (n_kv_blocks, cute.size(mK.shape[2]), cute.size(mK.shape[0]))
         self.kernel(
@@ -516,22 +565,77 @@ class BsaBwdSm90Ws:
                                                      tQrK, tdS, tKrQ, buf, stg)
                         warpgroup.wait_group(1)
 
-                        # dQ rows < S_q -> fp32 workspace (values 2k, 2k + 1: adjacent columns)
-                        gdQ = cute.local_tile(mdQacc[batch, None, head, None], (bm, d),
-                                              (m_block * self.sub + s, 0))
-                        tdQg = thr_dq.partition_C(gdQ)
-                        if cutlass.const_expr(self.deterministic):
-                            # warp 1: the lower KV blocks' additions to this tile are done
-                            cute.arch.barrier(barrier_id=2, number_of_threads=128 * nwg + 32)
-                        kvb.red_add_rows(acc_dQ, tdQg, tdQc, seqlen_q - q0)
-                        if cutlass.const_expr(self.deterministic):
-                            cute.arch.barrier_arrive(barrier_id=3,
-                                                     number_of_threads=128 * nwg + 32)
+                        if cutlass.const_expr(self.dq_tile):
+                            # the warp's slice (rows 16 rg .., the warpgroup's columns) in
+                            # register order to the staging tile, then one bulk reduction
+                            # per block into query tile q0 / 64 (rows past S_q: zeros)
+                            t_lane = cute.arch.lane_idx()
+                            t_rg = (warp - 4) % 4
+                            t_cols = d // nwg
+                            t_cg0 = wg * (t_cols // self.dq_w)
+                            t_half = 2 * d // self.dq_w  # blocks per staging buffer (alias)
+                            sdQ = None
+                            sdQ2 = None
+                            if cutlass.const_expr(self.dq_alias):
+                                # stage this step's slices in its Q and dO tiles once every
+                                # consumer warp's GEMMs have read them
+                                warpgroup.wait_group(0)
+                                cute.arch.barrier(barrier_id=4, number_of_threads=128 * nwg)
+                                sdQ = cute.recast_ptr(st.sQ.data_ptr() + stg * (bm * d),
+                                                      dtype=Float32)
+                                sdQ2 = cute.recast_ptr(st.sdO.data_ptr() + stg * (bm * d),
+                                                       dtype=Float32)
+                            else:
+                                sdQ = st.sdQ.data_ptr()
+                                # the previous step's bulk reads of this warp's blocks are done
+                                if t_lane == 0:
+                                    cute.arch.cp_async_bulk_wait_group(0, read=True)
+                                cute.arch.sync_warp()
+                            stage_warp_slice(acc_dQ, sdQ, t_lane, t_rg, t_cg0, 4, self.dq_w,
+                                             sbase2=sdQ2, half=t_half)
+                            cute.arch.fence_proxy("async.shared", space="cta")
+                            cute.arch.sync_warp()
+                            if cutlass.const_expr(self.deterministic):
+                                # warp 1: the lower KV blocks' additions to this tile are done
+                                cute.arch.barrier(barrier_id=2,
+                                                  number_of_threads=128 * nwg + 32)
+                            if t_lane == 0:
+                                bulk_add_warp_slice(
+                                    elem_ptr(mdQacc, (batch, head, m_block * self.sub + s, 0)),
+                                    sdQ, t_rg, t_cg0, t_cols // self.dq_w, 4, self.dq_w,
+                                    sbase2=sdQ2, half=t_half)
+                                cute.arch.cp_async_bulk_commit_group()
+                                if cutlass.const_expr(self.deterministic):
+                                    # the addition is complete before warp 1 publishes
+                                    cute.arch.cp_async_bulk_wait_group(0, read=False)
+                                elif cutlass.const_expr(self.dq_alias):
+                                    # the stage is released after the bulk reads of it
+                                    cute.arch.cp_async_bulk_wait_group(0, read=True)
+                            if cutlass.const_expr(self.deterministic or self.dq_alias):
+                                cute.arch.sync_warp()
+                            if cutlass.const_expr(self.deterministic):
+                                cute.arch.barrier_arrive(barrier_id=3,
+                                                         number_of_threads=128 * nwg + 32)
+                        else:
+                            # dQ rows < S_q -> fp32 workspace (values 2k, 2k + 1: adjacent
+                            # columns)
+                            gdQ = cute.local_tile(mdQacc[batch, None, head, None], (bm, d),
+                                                  (m_block * self.sub + s, 0))
+                            tdQg = thr_dq.partition_C(gdQ)
+                            if cutlass.const_expr(self.deterministic):
+                                # warp 1: the lower KV blocks' additions to this tile are done
+                                cute.arch.barrier(barrier_id=2, number_of_threads=128 * nwg + 32)
+                            kvb.red_add_rows(acc_dQ, tdQg, tdQc, seqlen_q - q0)
+                            if cutlass.const_expr(self.deterministic):
+                                cute.arch.barrier_arrive(barrier_id=3,
+                                                         number_of_threads=128 * nwg + 32)
                         warpgroup.wait_group(0)
                         kvb.keep_regs(tP, tdS)
                         pipe_q.consumer_release(c)
                         c += 1
 
+            if cutlass.const_expr(self.dq_tile):
+                cute.arch.cp_async_bulk_wait_group(0, read=False)  # smem outlives the reads
             # ---- epilogue: dK (softmax_scale already in dS^T), dV -> key rows < S_kv ----
             tKVc = acc_mn_view_wg(thr_kv.partition_C(cute.make_identity_tensor((bn, d))))
             dK_mn = acc_mn_view_wg(acc_dK)

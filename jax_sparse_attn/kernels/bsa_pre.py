@@ -5,7 +5,8 @@ One launch computes, for every query row (b, s, h),
     delta[b, h, s] = sum_d dO[b, s, h, d] * O[b, s, h, d]        (fp32)
 
 and zero-fills the same row of the fp32 dQ accumulator that the backward kernels then
-update with atomics (so no separate memset is needed). Tensors are the logical
+update with atomics (so no separate memset is needed; without ``mdQacc``, delta only: the
+query-tile dQ workspace is zeroed by XLA). Tensors are the logical
 ``(B, S, H, D)`` views of either layout (``bhsd`` buffers are presented that way by the
 adapter); D is contiguous. ``D / 8`` threads share a row: each loads 8 contiguous 16-bit
 elements of O and dO (one 128-bit load each), multiplies in fp32 and the partial sums are
@@ -31,13 +32,14 @@ class BsaPreprocess:
 
     @cute.jit
     def __call__(self, mO, mdO, mDelta, mdQacc, stream):
+        """``mdQacc`` None: delta only (the backward's dQ workspace is zeroed elsewhere)."""
         total = mO.shape[0] * mO.shape[1] * mO.shape[2]
         grid = (cute.ceil_div(total, self.rows_per_cta), 1, 1)
         self.kernel(mO, mdO, mDelta, mdQacc).launch(
             grid=grid, block=[self.num_threads, 1, 1], stream=stream)
 
     @cute.kernel
-    def kernel(self, mO: cute.Tensor, mdO: cute.Tensor, mDelta: cute.Tensor, mdQacc: cute.Tensor):
+    def kernel(self, mO: cute.Tensor, mdO: cute.Tensor, mDelta: cute.Tensor, mdQacc):
         tidx, _, _ = cute.arch.thread_idx()
         bidx, _, _ = cute.arch.block_idx()
         n_b, n_s, n_h = mO.shape[0], mO.shape[1], mO.shape[2]
@@ -62,9 +64,10 @@ class BsaPreprocess:
             fdO = rdO.load().to(cutlass.Float32)
             for i in cutlass.range_constexpr(VEC):
                 acc = acc + fO[i] * fdO[i]
-            rZ = cute.make_rmem_tensor((VEC,), cutlass.Float32)
-            rZ.fill(0.0)
-            cute.autovec_copy(rZ, cute.local_tile(mdQacc[b, s, h, None], (VEC,), (c,)))
+            if cutlass.const_expr(mdQacc is not None):
+                rZ = cute.make_rmem_tensor((VEC,), cutlass.Float32)
+                rZ.fill(0.0)
+                cute.autovec_copy(rZ, cute.local_tile(mdQacc[b, s, h, None], (VEC,), (c,)))
         # reduce over the row's lane group (aligned, power-of-two size); all lanes shuffle
         for i in cutlass.range_constexpr(self.log2_tpr):
             acc = acc + cute.arch.shuffle_sync_bfly(acc, offset=self.tpr >> (i + 1))

@@ -29,7 +29,9 @@
   built from an accumulator layout (RS wgmma from the score registers).
 * ``bulk_reduce_add_f32(gptr, sptr, nbytes)``: asynchronous fp32 reduce-add of a
   shared-memory row into global memory on the bulk-copy engine (sm_90): the dQ reduction
-  of the block-sparse backward (``bsa_bwd_sm90``).
+  of the block-sparse backward (``bsa_bwd_sm90``); ``st_shared_v4_f32(sptr, a, b, c, d)``:
+  one 16-byte shared-memory store of four fp32 (the dQ staging of the query-tile
+  workspaces, ``dq_tiles``).
 * ``red_add_2xf32(ptr, a, b)``: ``ptr[0] += a; ptr[1] += b`` as two scalar
   ``red.global.add.f32`` (every arch from sm_70; the portable form of the 8-byte vector
   ``red.global.add.v2.f32``, which needs sm_90 or later).
@@ -364,6 +366,15 @@ def bulk_reduce_add_f32(gptr, sptr, nbytes: int, *, loc=None, ip=None):
          sptr.toint(loc=loc, ip=ip).ir_value(loc=loc, ip=ip)],
         f"cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [$0], [$1], {nbytes};",
         "l,r", True, loc, ip)
+
+
+@dsl_user_op
+def st_shared_v4_f32(sptr, a, b, c, d, *, loc=None, ip=None):
+    """``st.shared.v4.f32 [sptr], {a, b, c, d}`` (``sptr``: a 16-byte aligned shared-memory
+    pointer)."""
+    vals = [cutlass.Float32(x).ir_value(loc=loc, ip=ip) for x in (a, b, c, d)]
+    inline_asm(None, [sptr.toint(loc=loc, ip=ip).ir_value(loc=loc, ip=ip), *vals],
+               "st.shared.v4.f32 [$0], {$1, $2, $3, $4};", "r,f,f,f,f", True, loc, ip)
 
 
 @dsl_user_op

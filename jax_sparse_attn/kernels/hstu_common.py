@@ -49,7 +49,7 @@ from .common import (acc_mn_view, acc_to_a_frag, cvt_frag, elem_ptr, gemm_rs,  #
                      ldmatrix_atoms, ldmatrix_slices, mma_frags, load_rows, r2s_copy,
                      smem_layout_16b, smem_parts, smem_storage, smem_struct, store_p_ds,
                      store_rows, transpose_view)
-from .common import ld_acquire_s32, st_release_s32, wait_at_least  # noqa: F401
+from .common import ld_acquire_s32, st_release_s32, st_shared_v4_f32, wait_at_least  # noqa: F401
 from .seqlen_info import SeqlenInfo, offset_rows
 
 
@@ -92,15 +92,6 @@ def red_add_v4_f32_at(addr, a, b, c, d, *, loc=None, ip=None):
                       _f32(b, loc, ip), _f32(c, loc, ip), _f32(d, loc, ip)],
                "red.relaxed.gpu.global.add.v4.f32 [$0], {$1, $2, $3, $4};", "l,f,f,f,f", True,
                loc, ip)
-
-
-@dsl_user_op
-def st_shared_v4_f32(sptr, a, b, c, d, *, loc=None, ip=None):
-    """``st.shared.v4.f32 [sptr], {a, b, c, d}`` (``sptr``: a 16-byte aligned shared-memory
-    pointer)."""
-    inline_asm(None, [sptr.toint(loc=loc, ip=ip).ir_value(loc=loc, ip=ip), _f32(a, loc, ip),
-                      _f32(b, loc, ip), _f32(c, loc, ip), _f32(d, loc, ip)],
-               "st.shared.v4.f32 [$0], {$1, $2, $3, $4};", "r,f,f,f,f", True, loc, ip)
 
 
 def red_add_pair(ptr, a, b, vec: bool):

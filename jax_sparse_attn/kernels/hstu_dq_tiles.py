@@ -30,6 +30,7 @@ import cutlass.memory
 from cutlass import Float32, Int32
 
 from .common import elem_ptr
+from .dq_tiles import smem_row_stride, smem_rows_to_gmem, tile_load, tile_to_smem
 
 
 class HstuDqFromTiles:
@@ -45,11 +46,12 @@ class HstuDqFromTiles:
     def __call__(self, mWs, mCuQ, mQStart, mdQ, stream):
         """``mWs`` fp32 ``(slots, H, bm * D)``; ``mCuQ``, ``mQStart`` int32 ``(n + 1,)`` for
         ``n`` sequences (the pseudo-sequence included); ``mdQ`` ``(T, H, D)``."""
-        rs = self.d + 8  # row stride of the shared tile (elements): conflict-free pair stores
+
+        n_elems = self.bm * smem_row_stride(self.d)
 
         @cute.struct
         class Smem:
-            tile: cute.struct.Align[cute.struct.MemRange[self.dtype, self.bm * rs], 128]
+            tile: cute.struct.Align[cute.struct.MemRange[self.dtype, n_elems], 128]
 
         self.kernel(mWs, mCuQ, mQStart, mdQ, Smem).launch(
             grid=(cute.size(mWs.shape[0]) + 1, cute.size(mWs.shape[1]), 1), block=[256, 1, 1],
@@ -60,20 +62,12 @@ class HstuDqFromTiles:
         tidx, _, _ = cute.arch.thread_idx()
         slot, head, _ = cute.arch.block_idx()
         bm, d = self.bm, self.d
-        rs = d + 8
         esize = self.dtype.width // 8
         chunks = d * esize // 16  # 16-byte pieces per row
         nseq = mCuQ.shape[0] - 1
         total = mQStart[nseq]
         if slot < total:
-            c = tidx // 32
-            lane = tidx % 32
-            v = cute.make_rmem_tensor((4, 8), Float32)
-            for j in cutlass.range_constexpr(8):
-                src = cute.make_ptr(
-                    Float32, elem_ptr(mWs, (slot, head, c * 1024 + 4 * (32 * j + lane))).toint(),
-                    cute.AddressSpace.gmem, assumed_align=16)
-                v[None, j].store(cute.make_tensor(src, cute.make_layout(4)).load())
+            v = tile_load(elem_ptr(mWs, (slot, head, 0)), tidx, 64)  # loads first
             # the sequence of this slot: the last b < nseq with q_start[b] <= slot
             lo = Int32(0)
             hi = Int32(nseq)
@@ -84,37 +78,12 @@ class HstuDqFromTiles:
                 else:
                     hi = mid
             row0 = (slot - mQStart[lo]) * bm
-            lim = mCuQ[lo + 1] - mCuQ[lo] - row0
-            tok0 = mCuQ[lo] + row0
-            r = (c % 4) * 16 + lane // 4
-            col = (lane % 4) * 2
-            if cutlass.const_expr(bm == 128):
-                r += (c // 4) * 64
-            else:
-                col += (c // 4) * 64
             st = cutlass.memory.SmemAllocator().allocate(Smem)
             sbase = st.tile.data_ptr()
-            vb = cute.make_rmem_tensor((4, 8), self.dtype)
-            vb.store(v.load().to(self.dtype))
-            pairs = cute.recast_tensor(vb, Int32)  # (2, 8): rows r, r + 8
-            for j in cutlass.range_constexpr(8):
-                for h in cutlass.range_constexpr(2):
-                    dst = cute.make_ptr(Int32, (sbase + (r + 8 * h) * rs + col + 8 * j).toint(),
-                                        cute.AddressSpace.smem, assumed_align=4)
-                    cute.make_tensor(dst, cute.make_layout(1))[0] = pairs[h, j]
+            tile_to_smem(v, sbase, tidx, bm, d, 64, self.dtype)
             cute.arch.barrier()
-            for it in cutlass.range_constexpr(bm * chunks // 256):
-                k = it * 256 + tidx
-                row = k // chunks
-                piece = k % chunks
-                if row < lim:
-                    s_ptr = cute.make_ptr(self.dtype, (sbase + row * rs + piece * (16 // esize)).toint(),
-                                          cute.AddressSpace.smem, assumed_align=16)
-                    g_ptr = cute.make_ptr(
-                        self.dtype, elem_ptr(mdQ, (tok0 + row, head, piece * (16 // esize))).toint(),
-                        cute.AddressSpace.gmem, assumed_align=16)
-                    cute.make_tensor(g_ptr, cute.make_layout(16 // esize)).store(
-                        cute.make_tensor(s_ptr, cute.make_layout(16 // esize)).load())
+            smem_rows_to_gmem(sbase, tidx, 256, mdQ[None, head, None], mCuQ[lo] + row0,
+                              mCuQ[lo + 1] - mCuQ[lo] - row0, bm, d, self.dtype)
         else:
             # rows past cu_q[n] (no sequence): zeros, bm rows per spare CTA and turn
             tail0 = mCuQ[nseq]

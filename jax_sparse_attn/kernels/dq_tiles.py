@@ -1,0 +1,190 @@
+"""dq from a query-tile workspace of warp-ordered fp32 blocks (CuTe DSL, no jax imports).
+
+The Hopper backwards that add dQ per consumer warp with one bulk reduce-add
+(``cp.reduce.async.bulk ... add.f32``) write each ``bm x D`` query tile of an fp32
+workspace as ``bm / 16 x D / W`` blocks of ``16 W`` floats, one per (row group ``rg`` of 16
+rows, column group ``cg`` of ``W`` columns), block ``c = cg (bm / 16) + rg``. A block holds
+a consumer warp's slice of a wgmma accumulator (rows ``16 rg ..``, columns ``W cg ..``) in
+register order: float ``4 (32 j + 4 g + q) + 2 h + e`` of the block is row ``16 rg + 8 h +
+g``, column ``W cg + 8 j + 2 q + e`` (``j < W / 8``: the accumulator's 8-column groups; lane
+``4 g + q``). The warp stores its slice with one ``st.shared.v4.f32`` per 8-column group
+(consecutive lanes at consecutive addresses) and adds it to the workspace as one
+contiguous ``16 W``-float bulk reduction.
+
+:func:`tile_load`, :func:`tile_to_smem` and :func:`smem_rows_to_gmem` turn one such tile back into rows of
+``dq`` in the input dtype (all loads issued first, a row-major shared tile, 16-byte row
+stores); :func:`stage_warp_slice` and :func:`bulk_add_warp_slice` are the writing side
+(the backward's consumer warps); :class:`BsaDqFromTiles` is the block-sparse backward's reordering kernel
+(``hstu_dq_tiles`` the HSTU one).
+"""
+
+from __future__ import annotations
+
+import cutlass
+import cutlass.cute as cute
+import cutlass.memory
+from cutlass import Float32, Int32
+
+from .common import bulk_reduce_add_f32, elem_ptr, st_shared_v4_f32
+
+
+def tile_blocks(bm: int, d: int, w: int) -> int:
+    """Blocks (= reading warps) of one ``bm x d`` tile of ``w``-column blocks."""
+    return (bm // 16) * (d // w)
+
+
+def smem_row_stride(d: int) -> int:
+    """Row stride (elements) of the shared tile: conflict-free pair stores."""
+    return d + 8
+
+
+@cute.jit
+def block_smem_ptr(blk, sbase, sbase2, half: cutlass.Constexpr, w: cutlass.Constexpr):
+    """Shared-memory fp32 pointer of block ``blk`` of a staged tile: blocks at ``sbase``, or
+    (``sbase2`` given) blocks ``< half`` at ``sbase`` and the others at ``sbase2`` (a tile
+    staged in two separate buffers, e.g. the Q and dO tiles of a consumed pipeline stage)."""
+    addr = sbase.toint() + blk * (64 * w)
+    if cutlass.const_expr(sbase2 is not None):
+        sel = Int32(blk >= half)
+        addr = (sbase.toint() + sel * (sbase2.toint() - sbase.toint())
+                + (blk - sel * half) * (64 * w))
+    return cute.make_ptr(Float32, addr, cute.AddressSpace.smem, assumed_align=16)
+
+
+@cute.jit
+def stage_warp_slice(acc, sbase, lane, rg, cg0, n_rg: cutlass.Constexpr,
+                     w: cutlass.Constexpr, scale=None, sbase2=None, half: cutlass.Constexpr = 0):
+    """A warp's slice of a wgmma accumulator (``acc``: its ``(2, 2, N / 8)`` values, rows
+    ``16 rg ..``, columns ``w cg0 .. w cg0 + N``) to the fp32 tile of blocks at shared
+    ``sbase`` (:func:`block_smem_ptr`), in register order, each value times ``scale`` when
+    given. The warp then fences for the async proxy and syncs before
+    :func:`bulk_add_warp_slice`."""
+    for k4 in cutlass.range_constexpr(cute.size(acc) // 4):
+        blk = (cg0 + (8 * k4) // w) * n_rg + rg
+        ptr = block_smem_ptr(blk, sbase, sbase2, half, w) + 4 * (32 * ((8 * k4) % w // 8) + lane)
+        vals = [acc[4 * k4 + i] for i in range(4)]
+        if cutlass.const_expr(scale is not None):
+            vals = [x * scale for x in vals]
+        st_shared_v4_f32(ptr, vals[0], vals[1], vals[2], vals[3])
+
+
+@cute.jit
+def bulk_add_warp_slice(gtile_ptr, sbase, rg, cg0, n_cg: cutlass.Constexpr,
+                        n_rg: cutlass.Constexpr, w: cutlass.Constexpr, sbase2=None,
+                        half: cutlass.Constexpr = 0):
+    """One bulk reduce-add per block of the warp's slice (blocks ``(cg0 + i) n_rg + rg``,
+    ``i < n_cg``) from the staged tile (:func:`block_smem_ptr`) to the same blocks of the
+    fp32 tile at gmem ``gtile_ptr`` (one lane issues them; the caller commits the bulk
+    group)."""
+    for i in cutlass.range_constexpr(n_cg):
+        blk = (cg0 + i) * n_rg + rg
+        bulk_reduce_add_f32(gtile_ptr + blk * (16 * w), block_smem_ptr(blk, sbase, sbase2, half, w),
+                            64 * w)
+
+
+@cute.jit
+def tile_load(tile_ptr, tidx, w: cutlass.Constexpr):
+    """Thread ``32 c + lane`` loads its ``w / 8`` 16-byte groups of block ``c`` of the fp32
+    tile at gmem ``tile_ptr``: a ``(4, w / 8)`` fp32 register tensor."""
+    nj = w // 8
+    c = tidx // 32
+    lane = tidx % 32
+    v = cute.make_rmem_tensor((4, nj), Float32)
+    for j in cutlass.range_constexpr(nj):
+        src = cute.make_ptr(Float32, (tile_ptr + c * (16 * w) + 4 * (32 * j + lane)).toint(),
+                            cute.AddressSpace.gmem, assumed_align=16)
+        v[None, j].store(cute.make_tensor(src, cute.make_layout(4)).load())
+    return v
+
+
+@cute.jit
+def tile_to_smem(v, sbase, tidx, bm: cutlass.Constexpr, d: cutlass.Constexpr,
+                 w: cutlass.Constexpr, dtype: cutlass.Constexpr):
+    """The values :func:`tile_load` gave thread ``tidx``, converted to ``dtype``, into the
+    row-major ``(bm, d + 8)`` shared tile at ``sbase`` (bf16 / fp16 pairs: rows ``r`` and
+    ``r + 8``). The caller syncs the CTA before reading the tile."""
+    n_rg = bm // 16
+    nj = w // 8
+    c = tidx // 32
+    lane = tidx % 32
+    rs = smem_row_stride(d)
+    r = (c % n_rg) * 16 + lane // 4
+    col = (c // n_rg) * w + (lane % 4) * 2
+    vb = cute.make_rmem_tensor((4, nj), dtype)
+    vb.store(v.load().to(dtype))
+    pairs = cute.recast_tensor(vb, Int32)  # (2, nj): rows r, r + 8
+    for j in cutlass.range_constexpr(nj):
+        for h in cutlass.range_constexpr(2):
+            dst = cute.make_ptr(Int32, (sbase + (r + 8 * h) * rs + col + 8 * j).toint(),
+                                cute.AddressSpace.smem, assumed_align=4)
+            cute.make_tensor(dst, cute.make_layout(1))[0] = pairs[h, j]
+
+
+@cute.jit
+def smem_rows_to_gmem(sbase, tidx, n_threads: cutlass.Constexpr, gRows, row0, lim,
+                      bm: cutlass.Constexpr, d: cutlass.Constexpr, dtype: cutlass.Constexpr):
+    """Rows ``r < lim`` of the ``(bm, d + 8)`` shared tile at ``sbase`` to rows ``row0 + r``
+    of the 2-D ``(rows, d)`` tensor ``gRows`` (D contiguous), in 16-byte pieces
+    (``n_threads`` divides the tile's pieces)."""
+    esize = dtype.width // 8
+    per = 16 // esize  # elements per 16-byte piece
+    chunks = d // per
+    rs = smem_row_stride(d)
+    for it in cutlass.range_constexpr(bm * chunks // n_threads):
+        k = it * n_threads + tidx
+        row = k // chunks
+        piece = k % chunks
+        if row < lim:
+            s_ptr = cute.make_ptr(dtype, (sbase + row * rs + piece * per).toint(),
+                                  cute.AddressSpace.smem, assumed_align=16)
+            g_ptr = cute.make_ptr(dtype, elem_ptr(gRows, (row0 + row, piece * per)).toint(),
+                                  cute.AddressSpace.gmem, assumed_align=16)
+            cute.make_tensor(g_ptr, cute.make_layout(per)).store(
+                cute.make_tensor(s_ptr, cute.make_layout(per)).load())
+
+
+class BsaDqFromTiles:
+    """dq ``(B, S_q, H_q, D)`` (either physical layout, D contiguous) in the input dtype from
+    the block-sparse backward's workspace ``(B, H_q, ceil(S_q / 64), 64 D)`` fp32 of
+    64-row query tiles in ``w``-column blocks: one CTA of ``32 * tile_blocks(64, D, w)``
+    threads per (query tile, head, batch) writes the tile's rows below ``S_q``."""
+
+    BM = 64
+
+    def __init__(self, dtype, head_dim: int, block_cols: int):
+        if head_dim % block_cols or block_cols % 8 or block_cols > 64:
+            raise NotImplementedError(
+                f"dq tiles: head_dim {head_dim} with {block_cols}-column blocks")
+        self.dtype = dtype
+        self.d = head_dim
+        self.w = block_cols
+        self.num_threads = 32 * tile_blocks(self.BM, head_dim, block_cols)
+
+    @cute.jit
+    def __call__(self, mWs, mdQ, stream):
+        n_elems = self.BM * smem_row_stride(self.d)
+
+        @cute.struct
+        class Smem:
+            tile: cute.struct.Align[cute.struct.MemRange[self.dtype, n_elems], 128]
+
+        self.kernel(mWs, mdQ, Smem).launch(
+            grid=(cute.size(mWs.shape[2]), cute.size(mWs.shape[1]), cute.size(mWs.shape[0])),
+            block=[self.num_threads, 1, 1], smem=Smem.size_in_bytes(), stream=stream)
+
+    @cute.kernel
+    def kernel(self, mWs, mdQ, Smem: cutlass.Constexpr):
+        tidx, _, _ = cute.arch.thread_idx()
+        t, head, batch = cute.arch.block_idx()
+        st = cutlass.memory.SmemAllocator().allocate(Smem)
+        sbase = st.tile.data_ptr()
+        v = tile_load(elem_ptr(mWs, (batch, head, t, 0)), tidx, self.w)
+        tile_to_smem(v, sbase, tidx, self.BM, self.d, self.w, self.dtype)
+        cute.arch.barrier()
+        row0 = t * self.BM
+        smem_rows_to_gmem(sbase, tidx, self.num_threads, mdQ[batch, None, head, None], row0,
+                          mdQ.shape[1] - row0, self.BM, self.d, self.dtype)
+
+
+__all__ = ["BsaDqFromTiles", "block_smem_ptr", "bulk_add_warp_slice", "smem_rows_to_gmem", "smem_row_stride",
+           "stage_warp_slice", "tile_blocks", "tile_load", "tile_to_smem"]

@@ -1,0 +1,107 @@
+"""The query-tile dQ workspace of the Hopper block-sparse backwards (``bsa_bwd_dq="tile"``):
+the host statement ``ffi.bsa.dq_from_tiles`` inverts the consumer warps' store order
+(emulated here in numpy from the wgmma accumulator layout, exactly as
+``kernels/dq_tiles.stage_warp_slice`` computes its addresses) for every block width the
+kernels use; the compile keys choose the workspace where the kernels implement it. CPU
+only: the kernels themselves are checked on the GPU (``tests/test_gpu_bsa.py``)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+jnp = pytest.importorskip("jax.numpy")
+
+from jax_sparse_attn.ffi import bsa  # noqa: E402
+
+
+def _staged_tile(acc_tile, warp_cols, w, rng):
+    """The fp32 ``64 * D`` floats the consumer warps leave for one ``(64, D)`` dQ tile: warp
+    ``(wg, rg)`` holds rows ``16 rg ..`` and columns ``warp_cols * wg ..`` (warpgroups split
+    the head dim when ``warp_cols < D``) as wgmma accumulator values ``i = 4 k4 + 2 h + e``
+    of lane ``4 g + q`` (row ``16 rg + 8 h + g``, column ``warp_cols wg + 8 k4 + 2 q + e``)
+    and stores value group ``k4`` at block ``(cg0 + 8 k4 // w) 4 + rg``, float
+    ``4 (32 ((8 k4 % w) // 8) + lane) + i % 4``, ``cg0 = wg warp_cols / w``."""
+    d = acc_tile.shape[1]
+    out = rng.standard_normal(64 * d).astype(np.float32) * 1e6  # every float is overwritten
+    seen = np.zeros(64 * d, bool)
+    for wg in range(d // warp_cols):
+        cg0 = wg * warp_cols // w
+        for rg in range(4):
+            for lane in range(32):
+                g, q = divmod(lane, 4)
+                for i in range(warp_cols // 2):
+                    k4, hh, e = i // 4, (i // 2) % 2, i % 2
+                    row = 16 * rg + 8 * hh + g
+                    col = warp_cols * wg + 8 * k4 + 2 * q + e
+                    blk = (cg0 + (8 * k4) // w) * 4 + rg
+                    off = blk * 16 * w + 4 * (32 * ((8 * k4) % w // 8) + lane) + i % 4
+                    assert not seen[off]
+                    seen[off] = True
+                    out[off] = acc_tile[row, col]
+    assert seen.all()
+    return out
+
+
+# (head_dim, columns of one warp's accumulator, block columns): sm90 (one warpgroup, all of
+# D), sm90ws blk 128 (two warpgroups split D), sm90ws blk 64 / D 64
+CASES = [(128, 128, 64), (64, 64, 64), (128, 64, 64), (64, 32, 32)]
+
+
+@pytest.mark.parametrize("d,warp_cols,w", CASES, ids=lambda c: str(c))
+def test_dq_from_tiles_inverts_the_warp_store_order(d, warp_cols, w):
+    rng = np.random.default_rng(7)
+    b, h, s_q = 2, 3, 150  # 3 query tiles, the last one partial
+    nt = -(-s_q // 64)
+    dq = rng.standard_normal((b, nt * 64, h, d)).astype(np.float32)
+    ws = np.stack([np.stack([np.stack([_staged_tile(dq[bi, 64 * t:64 * t + 64, hi], warp_cols,
+                                                    w, rng)
+                                       for t in range(nt)]) for hi in range(h)])
+                   for bi in range(b)])
+    assert ws.shape == (b, h, nt, 64 * d)
+    got = np.asarray(bsa.dq_from_tiles(jnp.asarray(ws), s_q, d, w))
+    np.testing.assert_array_equal(got, dq[:, :s_q])
+
+
+def test_dq_block_cols_follow_the_kernels():
+    """64-column blocks, except the sm90ws backward at blk 128 / D 64 (each warpgroup's
+    m64n32 slice), as the kernel's ``bwd_ws_dq_block_cols``."""
+    from jax_sparse_attn.config import Switches
+
+    pytest.importorskip("cutlass")
+    sw = Switches()
+    cols = {}
+    for d in (64, 128):
+        for blk in (64, 128):
+            key = bsa.bwd_config(jnp.bfloat16, d, blk, False, sw)
+            cols[(d, blk)] = (key.impl, key.dq_tile, bsa.dq_block_cols(key) if key.dq_tile else 0)
+    assert cols == {(64, 64): ("sm90ws", True, 64), (64, 128): ("sm90ws", True, 32),
+                    (128, 64): ("sm90ws", True, 64), (128, 128): ("sm90ws", True, 64)}
+    sm90 = bsa.bwd_config(jnp.bfloat16, 128, 64, False, Switches(bsa_bwd_impl="sm90"))
+    assert sm90.dq_tile and bsa.dq_block_cols(sm90) == 64
+
+
+def test_dq_tile_choice():
+    """``bsa_bwd_dq="tile"`` (the default) except where the kernels do not implement it:
+    pack_gqa (sm90 adds packed rows) and ``decouple`` (blk 128); the sm90ws backward stages
+    the slices in the consumed Q / dO tiles at blk 64 / D 128 (two CTAs per SM: no room for
+    a staging tile of its own) and with ``dqalias``; ``"rows"`` everywhere."""
+    from jax_sparse_attn.config import Switches
+
+    pytest.importorskip("cutlass")
+    sw = Switches()
+    assert sw.bsa_bwd_dq == "tile"
+    key = lambda d, blk, s=sw, **kw: bsa.bwd_config(jnp.bfloat16, d, blk, False, s, **kw)  # noqa: E731
+    packed = key(128, 64, pack_gqa=2)
+    assert packed.impl == "sm90" and not packed.dq_tile
+    assert key(128, 64, causal=True).impl == "sm90" and key(128, 64, causal=True).dq_tile
+    aliased = {(d, blk): key(d, blk).ws_dq_alias for d in (64, 128) for blk in (64, 128)}
+    assert aliased == {(64, 64): False, (64, 128): False, (128, 64): True, (128, 128): False}
+    for blk in (64, 128):
+        det = key(128, blk, deterministic=True)
+        assert det.impl == "sm90ws" and det.dq_tile and det.ws_dq_alias == (blk == 64)
+    assert key(128, 128, Switches(bsa_bwd_ws="dqalias")).ws_dq_alias
+    assert not key(128, 128, Switches(bsa_bwd_ws="decouple")).dq_tile
+    assert key(128, 64, Switches(bsa_bwd_ws="decouple")).dq_tile  # no decoupling at blk 64
+    rows = Switches(bsa_bwd_dq="rows")
+    assert not any(key(d, blk, rows).dq_tile for d in (64, 128) for blk in (64, 128))
