@@ -96,14 +96,16 @@ def _cfg(monkeypatch, det, d=128, blk=64, switches=None, backend="kernel", **kw)
 def test_config_carries_deterministic(monkeypatch, d, blk):
     """The op config and the backward compile key carry the flag (the two modes compile
     separately) and the forward key is the same in both; the deterministic backward is the
-    sm90ws kernel at every block size (``auto`` picks sm90 at blk 64 / D 128 otherwise),
-    with the ``lpt`` and ``decouple`` variants off."""
+    sm90ws kernel at every block size (``auto`` picks sm90 at blk 64 / D 128 only with
+    ``bsa_bwd_dq="rows"``), with the ``lpt`` and ``decouple`` variants off."""
     c0, c1 = _cfg(monkeypatch, False, d, blk), _cfg(monkeypatch, True, d, blk)
     assert not c0.deterministic and c1.deterministic
     assert not c0.bwd.deterministic and c1.bwd.deterministic and c0.bwd != c1.bwd
     assert c0.fwd == c1.fwd and hash(c0) != hash(c1)
     assert c1.bwd.impl == "sm90ws"
-    assert c0.bwd.impl == ("sm90" if (d, blk) == (128, 64) else "sm90ws")
+    assert c0.bwd.impl == "sm90ws"
+    rows = _cfg(monkeypatch, False, d, blk, Switches(bsa_bwd_dq="rows")).bwd
+    assert rows.impl == ("sm90" if (d, blk) == (128, 64) else "sm90ws")
     sw = Switches(bsa_bwd_ws="lpt,decouple")
     key = _cfg(monkeypatch, True, d, blk, sw).bwd
     assert key.deterministic and not key.ws_lpt and not key.ws_decouple
