@@ -300,6 +300,14 @@ SWITCHES = (
             "one CuTe DSL compile per compile key for every shape, optional on-disk cache), "
             "per_shape (plain cutlass.jax.cutlass_call: one compile per shape, the generated "
             "code of the kernels as validated before the shared layer)"),
+    Switch("pdl", "JAX_SPARSE_ATTN_PDL", _TRUE + _FALSE, _parse_bool, True,
+           "programmatic dependent launch of the Hopper kernels (sm90ws / sm90 forwards and "
+           "backwards, the HSTU tile schedule, the block-sparse preprocessing and the dQ "
+           "reordering kernels): each is launched with CUDA's programmatic stream "
+           "serialization attribute and waits (griddepcontrol.wait) for the previous grid "
+           "before its first global memory access, so its launch overlaps the previous "
+           "kernel's end; the tile schedule and the preprocessing let their dependents "
+           "launch at once. The portable kernels ignore it"),
     Switch("force_kernel", "JAX_SPARSE_ATTN_FORCE_KERNEL", _TRUE + _FALSE, _parse_bool, False,
            "skip the GPU check of backend selection, so that a CPU machine lowers the kernel "
            "path for lowering_platforms=('cuda',) (target arch: CUTE_DSL_ARCH, default "
@@ -342,6 +350,7 @@ class Switches:
     kernel_family: str = _DEFAULT["kernel_family"]
     smem_limit_kb: int | None = _DEFAULT["smem_limit_kb"]
     cute_call: str = _DEFAULT["cute_call"]
+    pdl: bool = _DEFAULT["pdl"]
 
     def __post_init__(self):
         for sw in _switches_of(Switches):

@@ -63,7 +63,9 @@ def hstu_case(dt, d, dv, fn, ws, rab=None):
     if rab is not None:
         r = jax.ShapeDtypeStruct((B, rab[0], 200, 200), jnp.dtype(rab[1]))
     window = (-1, -1) if fn else (-1, 0)
-    sw = Switches(hstu_fwd_impl="sm90ws", hstu_fwd_ws=ws)
+    # pdl=False: the pinned PTX is the kernel's without the programmatic-dependent-launch
+    # wait (the default adds one griddepcontrol.wait; tests/test_lowering_hstu.py checks it)
+    sw = Switches(hstu_fwd_impl="sm90ws", hstu_fwd_ws=ws, pdl=False)
 
     def f(q, k, v, cu, func, r):
         return jsa.hstu_attention(q, k, v, cu, cu, max_seqlen_q=200, max_seqlen_k=200,
@@ -81,7 +83,7 @@ def bsa_case(d, blk, dt, layout, sizes, ws):
     idx = jax.ShapeDtypeStruct((1, h, nq, nq), jnp.int32)
     nums = jax.ShapeDtypeStruct((1, h, nq), jnp.int32)
     bs = jax.ShapeDtypeStruct((1, h, nq), jnp.int32) if sizes else None
-    sw = Switches(bsa_fwd_impl="sm90ws", bsa_fwd_ws=ws)
+    sw = Switches(bsa_fwd_impl="sm90ws", bsa_fwd_ws=ws, pdl=False)
 
     def f(q, k, v, i, n, bs):
         return jsa.block_sparse_attention_forward(

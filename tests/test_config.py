@@ -51,7 +51,7 @@ def test_from_env_reads_every_switch():
            "JAX_SPARSE_ATTN_HSTU_WS": "nopingpong, bn=64", "JAX_SPARSE_ATTN_BSA_WS": "q1,stages=3",
            "JAX_SPARSE_ATTN_BSA_BWD_WS": "ldwait,stages=2", "JAX_SPARSE_ATTN_BSA_BWD_DQ": "rows",
            "JAX_SPARSE_ATTN_CUTE_CALL": "per_shape", "JAX_SPARSE_ATTN_KERNEL_FAMILY": "portable",
-           "JAX_SPARSE_ATTN_SMEM_LIMIT_KB": "99"}
+           "JAX_SPARSE_ATTN_SMEM_LIMIT_KB": "99", "JAX_SPARSE_ATTN_PDL": "0"}
     assert set(env) == {sw.env for sw in config.SWITCHES}
     assert config.from_env(env) == config.Switches(
         hstu_fwd_impl="sm80", hstu_fwd_ws=("nopingpong", "bn=64"), hstu_fwd_tile=(64, 64, 4),
@@ -59,7 +59,8 @@ def test_from_env_reads_every_switch():
         hstu_bwd_order="seq", hstu_schedule="xla", bsa_fwd_impl="sm80", bsa_fwd_ws=("q1", "stages=3"), bsa_bwd_impl="sm80",
         bsa_bwd_ws=("ldwait", "stages=2"), bsa_bwd_dq="rows",
         bsa_pre_impl="xla", bsa_fwd_q_in_regs=False, bsa_fwd_min_blocks=2, bsa_bwd_min_blocks=1,
-        bsa_fwd_late_v_wait=True, bsa_fwd_warp_rows="32", cute_call="per_shape", kernel_family="portable", smem_limit_kb=99)
+        bsa_fwd_late_v_wait=True, bsa_fwd_warp_rows="32", cute_call="per_shape", kernel_family="portable", smem_limit_kb=99,
+        pdl=False)
     assert config.force_kernel(env) and not config.force_kernel({})
     assert config.from_env({}) == config.Switches()
     assert config.from_env({"JAX_SPARSE_ATTN_HSTU_FWD_IMPL": ""}) == config.Switches()
@@ -151,3 +152,23 @@ def test_bsa_sm80_warp_rows_rule(want, blk, d, rows):
     sw = config.Switches(kernel_family="portable", bsa_fwd_warp_rows=want)
     cfg = ffi_bsa.fwd_config(jnp.bfloat16, d, blk, False, sw)
     assert (cfg.impl, cfg.warp_rows) == ("sm80", rows)
+
+
+def test_pdl_switch_reaches_the_hopper_compile_keys():
+    """Switches.pdl (default on) sets the programmatic-dependent-launch flag of every Hopper
+    compile key (HSTU forward / backward, block-sparse forward / backward / preprocessing);
+    pdl=False and the portable kernel family clear it."""
+    from jax_sparse_attn.ffi import bsa as fb  # noqa: PLC0415
+    from jax_sparse_attn.ffi import hstu as fh  # noqa: PLC0415
+
+    assert config.Switches().pdl is True
+    for sw, want in ((config.Switches(), True), (config.Switches(pdl=False), False),
+                     (config.Switches(kernel_family="portable"), False)):
+        keys = (fh.fwd_config("bfloat16", 128, 128, 0, sw),
+                fh.bwd_config("bfloat16", 128, 128, 0, sw),
+                fb.fwd_config("bfloat16", 128, 64, False, sw),
+                fb.bwd_config("bfloat16", 128, 64, False, sw),
+                fb.pre_config("bfloat16", 128, sw))
+        assert [k.pdl for k in keys] == [want] * 5, (sw, keys)
+    with pytest.raises(ValueError, match="JAX_SPARSE_ATTN_PDL"):
+        config.from_env({"JAX_SPARSE_ATTN_PDL": "maybe"})

@@ -297,6 +297,8 @@ def test_bsa_sm90ws_ptx_is_warp_specialized(tmp_path, cfg):
         needles.append("cp.async.cg.shared.global")
     for needle in needles:
         assert needle in text, f"{needle} missing from the sm90ws BSA forward PTX"
+    # programmatic dependent launch (the default Switches.pdl): one wait for the previous grid
+    assert text.count("griddepcontrol.wait;") == 1
 
 
 # ----------------------------------------------------------------------------- causal

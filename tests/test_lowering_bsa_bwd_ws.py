@@ -185,6 +185,8 @@ def test_bsa_bwd_ws_ptx_is_warp_specialized(tmp_path, cfg):
     tile = ("cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32", "st.shared.v4.f32")
     red = "red.relaxed.gpu.global.add.v2.f32"
     assert all(n in text for n in tile) and red not in text
+    # programmatic dependent launch (the default Switches.pdl): one wait for the previous grid
+    assert text.count("griddepcontrol.wait;") == 1
 
 
 def test_bsa_bwd_ws_smem_plan():

@@ -208,6 +208,7 @@ def test_hstu_sm90ws_ptx_is_warp_specialized(tmp_path, head_dim, func_n, dtype):
     """The sm90ws forward's PTX (kept with CUTE_DSL_KEEP=ptx, in a fresh process so that the
     CuTe DSL reads the variables and compiles) has TMA loads, warpgroup MMAs and register
     reallocation between the producer and the consumer warpgroups."""
+    import re  # noqa: PLC0415
     import subprocess  # noqa: PLC0415
     import sys  # noqa: PLC0415
 
@@ -227,6 +228,16 @@ def test_hstu_sm90ws_ptx_is_warp_specialized(tmp_path, head_dim, func_n, dtype):
     for needle in ("cp.async.bulk.tensor", "wgmma.mma_async", "setmaxnreg.dec",
                    "setmaxnreg.inc", "mbarrier.try_wait"):
         assert needle in text, f"{needle} missing from the sm90ws PTX"
+    # programmatic dependent launch (the default Switches.pdl): the forward waits once for
+    # the previous grid; the schedule kernel lets it launch at once and waits itself
+    assert len(re.findall(r"griddepcontrol\.wait;", text)) == 1
+    assert "griddepcontrol.launch_dependents" not in text
+    sched = [p.read_text() for p in tmp_path.iterdir() if p.suffix == ".ptx"
+             and _SCHEDULE_KERNEL in p.read_text()]
+    # (a func mask takes the XLA schedule)
+    assert len(sched) == (0 if func_n else 1)
+    assert all("griddepcontrol.launch_dependents;" in t and "griddepcontrol.wait;" in t
+               for t in sched)
 
 
 def test_hstu_fwd_tile_switch_is_validated():
@@ -494,6 +505,10 @@ def test_hstu_bwd_sm90_ptx_is_warp_specialized(tmp_path, head_dim, n_wgmma):
         assert needle in text, f"{needle} missing from the sm90 backward PTX"
     assert len(re.findall(r"wgmma\.mma_async", text)) == n_wgmma
     assert "mma.sync" not in text
+    # programmatic dependent launch (the default): every kernel of the backward (schedule,
+    # backward, dq reordering) waits for the previous grid
+    assert len(re.findall(r"griddepcontrol\.wait;", text)) == 1
+    assert all("griddepcontrol.wait;" in t for t in texts)
 
 
 def test_sm90ws_forwards_without_rab_keep_their_ptx():

@@ -113,6 +113,8 @@ class BsaFwdConfig:
     kv_splits: int = 1
     # the token-level causal mask inside the listed blocks ("sm90ws" only)
     causal: bool = False
+    # "sm90ws" only: programmatic dependent launch (Switches.pdl)
+    pdl: bool = False
 
 
 @dataclasses.dataclass(frozen=True)
@@ -154,6 +156,9 @@ class BsaBwdConfig:
     dq_tile: bool = False
     # "sm90ws" with dq_tile: the dQ slices staged in the step's consumed Q / dO tiles
     ws_dq_alias: bool = False
+    # "sm90ws" only: programmatic dependent launch (Switches.pdl) of the backward and of
+    # its dQ reordering kernel
+    pdl: bool = False
 
 
 def fwd_smem_bytes(head_dim, block_size) -> int:
@@ -189,10 +194,12 @@ def smem_unsupported_reason(head_dim, block_size, passes=("fwd", "bwd"), switche
 
 @dataclasses.dataclass(frozen=True)
 class BsaPreConfig:
-    """Compile key of the backward preprocessing kernel."""
+    """Compile key of the backward preprocessing kernel (``pdl``: programmatic dependent
+    launch, Hopper family only)."""
 
     dtype: str
     head_dim: int
+    pdl: bool = False
 
 
 def _impl(want: str, head_dim: int, block_size: int | None = None) -> str:
@@ -257,7 +264,8 @@ def fwd_config(dtype, head_dim, block_size, has_block_sizes, switches, causal=Fa
                             ws_o_alias=o["o_alias"], ws_cross=o["cross"],
                             ws_v_lag=o["v_lag"],
                             num_sms=metadata.num_sms(), arch=arch, causal=causal,
-                            pack_gqa=pack_gqa, **kw)
+                            pack_gqa=pack_gqa, pdl=bool(getattr(switches, "pdl", False)),
+                            **kw)
     if causal:
         raise NotImplementedError(causal_unsupported_reason(head_dim, block_size, ("fwd",),
                                                             switches))
@@ -373,7 +381,8 @@ def bwd_config(dtype, head_dim, block_size, has_block_sizes, switches,
                             dq_tile=tile,
                             ws_dq_alias=tile and ("dqalias" in opts
                                                   or not bwd_ws_dq_tile_fits(head_dim,
-                                                                             block_size)))
+                                                                             block_size)),
+                            pdl=bool(getattr(switches, "pdl", False)))
     if impl == "sm90":
         return BsaBwdConfig(name, head_dim, block_size, has_block_sizes, impl, arch=arch,
                             pack_gqa=pack_gqa, causal=causal,
@@ -467,7 +476,8 @@ def pre_config(dtype, head_dim, switches) -> BsaPreConfig | None:
     """The preprocessing kernel's compile key, or None for the XLA preprocessing."""
     if switches.bsa_pre_impl != "kernel":
         return None
-    return BsaPreConfig(jnp.dtype(dtype).name, head_dim)
+    pdl = bool(getattr(switches, "pdl", False)) and _platform.kernel_family(switches) == "sm90"
+    return BsaPreConfig(jnp.dtype(dtype).name, head_dim, pdl)
 
 
 def causal_unsupported_reason(head_dim, block_size, passes=("fwd", "bwd"),
@@ -557,7 +567,7 @@ def _fwd_entry(stream, q, k, v, idx, nums, sizes, scale, out, lse, *, cfg: BsaFw
                               pack_gqa=cfg.pack_gqa, head_major=cfg.ws_head_major,
                               lazy_rescale=cfg.ws_lazy_rescale,
                               three_ctas=cfg.ws_three_ctas, o_alias_first=cfg.ws_o_alias,
-                              cross_item=cfg.ws_cross, v_lag=cfg.ws_v_lag,
+                              cross_item=cfg.ws_cross, v_lag=cfg.ws_v_lag, pdl=cfg.pdl,
                               **kw)
     else:
         from ..kernels.bsa_fwd_sm80 import BsaFwdSm80  # noqa: PLC0415
@@ -715,13 +725,14 @@ def _scale_array(softmax_scale):
 def _pre_entry(stream, out, do, delta, dq_acc, *, cfg: BsaPreConfig):
     from ..kernels.bsa_pre import BsaPreprocess  # noqa: PLC0415
 
-    BsaPreprocess(_cutlass_dtype(cfg.dtype), cfg.head_dim)(out, do, delta, dq_acc, stream)
+    BsaPreprocess(_cutlass_dtype(cfg.dtype), cfg.head_dim, cfg.pdl)(out, do, delta, dq_acc,
+                                                                    stream)
 
 
 def _pre_delta_entry(stream, out, do, delta, *, cfg: BsaPreConfig):
     from ..kernels.bsa_pre import BsaPreprocess  # noqa: PLC0415
 
-    BsaPreprocess(_cutlass_dtype(cfg.dtype), cfg.head_dim)(out, do, delta, None, stream)
+    BsaPreprocess(_cutlass_dtype(cfg.dtype), cfg.head_dim, cfg.pdl)(out, do, delta, None, stream)
 
 
 @functools.cache
@@ -803,12 +814,14 @@ class BsaDqTilesConfig:
     dtype: str
     head_dim: int
     block_cols: int
+    pdl: bool = False  # programmatic dependent launch (the backward's)
 
 
 def _dq_tiles_entry(stream, ws, dq, *, cfg: BsaDqTilesConfig):
     from ..kernels.dq_tiles import BsaDqFromTiles  # noqa: PLC0415
 
-    BsaDqFromTiles(_cutlass_dtype(cfg.dtype), cfg.head_dim, cfg.block_cols)(ws, dq, stream)
+    BsaDqFromTiles(_cutlass_dtype(cfg.dtype), cfg.head_dim, cfg.block_cols, cfg.pdl)(
+        ws, dq, stream)
 
 
 @functools.cache
@@ -841,7 +854,7 @@ def _dq_out(dq_acc, q, cfg, spec):
 
     if not cfg.bwd.dq_tile:
         return dq_acc.astype(q.dtype)
-    key = BsaDqTilesConfig(cfg.bwd.dtype, cfg.head_dim, dq_block_cols(cfg.bwd))
+    key = BsaDqTilesConfig(cfg.bwd.dtype, cfg.head_dim, dq_block_cols(cfg.bwd), cfg.bwd.pdl)
     call = call_builder(cfg.cute_call)(
         _dq_tiles_jit(),
         output_shape_dtype=(jax.ShapeDtypeStruct(q.shape, q.dtype),),
@@ -862,7 +875,7 @@ def _ws_kernel(cfg: BsaBwdConfig):
                         cfg.has_block_sizes, max_stages=cfg.ws_max_stages,
                         ld_wait=cfg.ws_ld_wait, lpt=cfg.ws_lpt, decouple=cfg.ws_decouple,
                         deterministic=cfg.deterministic, dq_tile=cfg.dq_tile,
-                        dq_alias=cfg.ws_dq_alias)
+                        dq_alias=cfg.ws_dq_alias, pdl=cfg.pdl)
 
 
 def _bwd_det_entry(stream, q, k, v, do, lse, delta, offsets, entries, ranks, sizes, scale,

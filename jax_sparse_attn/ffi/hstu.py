@@ -149,6 +149,8 @@ class HstuFwdConfig(_HstuKey):
     kv_splits: int = 1
     # the target arch (CuTe DSL name) the key was chosen for
     arch: str = ""
+    # sm90ws: programmatic dependent launch (Switches.pdl), also of the tile schedule kernel
+    pdl: bool = False
 
 
 @dataclasses.dataclass(frozen=True)
@@ -184,6 +186,9 @@ class HstuBwdConfig(_HstuKey):
     # bitwise reproducible dq (ordered additions, semaphore workspace) and drab (per-head
     # workspace when H_rab = 1)
     deterministic: bool = False
+    # sm90: programmatic dependent launch (Switches.pdl) of the backward, its tile schedule
+    # and dq reordering kernels
+    pdl: bool = False
 
 
 def fwd_smem_bytes(head_dim, head_dim_v, bm, bn) -> int:
@@ -405,7 +410,8 @@ def _ws_config(dtype, head_dim, head_dim_v, func_n, switches, rab, arch) -> Hstu
                          ws_q_stages=opts["q_stages"], ws_silu16=opts["silu16"],
                          ws_tanh16=opts["tanh16"], ws_q_alias=opts["q_alias"],
                          ws_cross=opts["cross"], ws_v_lag=opts["v_lag"],
-                         num_sms=metadata.num_sms(), **rab, arch=arch)
+                         num_sms=metadata.num_sms(), **rab, arch=arch,
+                         pdl=bool(getattr(switches, "pdl", False)))
 
 
 #: head dims (D = D_v) of the sm90 backward; other head dims, D != D_v and rab run sm80
@@ -538,7 +544,7 @@ def _bwd_config(dtype, head_dim, head_dim_v, func_n, switches, *, has_rab=False,
                                  func_n > 0, max(func_n, 1), impl="sm90", dq_bulk=dq_bulk,
                                  dq_vec4=dq == "red4", dq_tile=dq == "tile" and head_dim <= 128,
                                  bwd_order=getattr(switches, "hstu_bwd_order", "hlpt"),
-                                 arch=arch)
+                                 arch=arch, pdl=bool(getattr(switches, "pdl", False)))
         return dataclasses.replace(
             _bwd_config(dtype, head_dim, head_dim_v, func_n,
                        dataclasses.replace(switches, hstu_bwd_impl="sm80"), has_rab=has_rab,
@@ -586,7 +592,7 @@ def _fwd_adapter():
                                    overlap=cfg.ws_overlap, pingpong=cfg.ws_pingpong,
                                    q_stages=cfg.ws_q_stages, silu16=cfg.ws_silu16,
                                    tanh16=cfg.ws_tanh16, q_alias=cfg.ws_q_alias,
-                                   cross_item=cfg.ws_cross, v_lag=cfg.ws_v_lag,
+                                   cross_item=cfg.ws_cross, v_lag=cfg.ws_v_lag, pdl=cfg.pdl,
                                    kv_splits=cfg.kv_splits)
         kernel(q, k, v, cu_q, cu_k, tiles, func, scal, win, out, stream)
 
@@ -608,7 +614,7 @@ def _fwd_paged_adapter():
                                pingpong=cfg.ws_pingpong, q_stages=cfg.ws_q_stages,
                                silu16=cfg.ws_silu16, tanh16=cfg.ws_tanh16,
                                q_alias=cfg.ws_q_alias, cross_item=cfg.ws_cross,
-                               v_lag=cfg.ws_v_lag, paged=True,
+                               v_lag=cfg.ws_v_lag, paged=True, pdl=cfg.pdl,
                                kv_splits=cfg.kv_splits, page_id_clamp=cfg.page_id_clamp,
                                page_prefetch=cfg.ws_page_prefetch)
         kernel(q, paged_kv, paged_kv, cu_q, cu_k, tiles, func, scal, win, out, stream,
@@ -639,7 +645,7 @@ def _fwd_rab_adapter():
                                    overlap=cfg.ws_overlap, pingpong=cfg.ws_pingpong,
                                    q_stages=cfg.ws_q_stages, silu16=cfg.ws_silu16,
                                    tanh16=cfg.ws_tanh16, q_alias=cfg.ws_q_alias,
-                                   cross_item=cfg.ws_cross, v_lag=cfg.ws_v_lag,
+                                   cross_item=cfg.ws_cross, v_lag=cfg.ws_v_lag, pdl=cfg.pdl,
                                    has_rab=True,
                                    rab_per_head=cfg.rab_per_head, kv_splits=cfg.kv_splits)
         kernel(q, k, v, cu_q, cu_k, tiles, func, scal, win, out, stream, rab)
@@ -698,7 +704,7 @@ def _sm90_bwd_kernel(cfg):
     kernel = HstuBwdSm90(_dt(cfg.dtype), cfg.head_dim, cfg.has_func, cfg.func_n,
                          dq_bulk=cfg.dq_bulk, deterministic=cfg.deterministic,
                          dq_vec4=cfg.dq_vec4, head_major=cfg.bwd_order != "lpt",
-                         dq_tile=cfg.dq_tile)
+                         dq_tile=cfg.dq_tile, pdl=cfg.pdl)
     if (kernel.bm, kernel.bn) != (cfg.block_m, cfg.block_n):
         raise ValueError(f"hstu_bwd_sm90 tiles {(kernel.bm, kernel.bn)} differ from the "
                          f"compile key's {(cfg.block_m, cfg.block_n)}")
@@ -762,8 +768,9 @@ def _dq_tiles_adapter():
 
     @cute.jit
     def hstu_dq_tiles_launch(stream, ws, cu_q, q_start, dq, *, dtype: cutlass.Constexpr,
-                             block_m: cutlass.Constexpr, head_dim: cutlass.Constexpr):
-        HstuDqFromTiles(_dt(dtype), block_m, head_dim)(ws, cu_q, q_start, dq, stream)
+                             block_m: cutlass.Constexpr, head_dim: cutlass.Constexpr,
+                             pdl: cutlass.Constexpr):
+        HstuDqFromTiles(_dt(dtype), block_m, head_dim, pdl=pdl)(ws, cu_q, q_start, dq, stream)
 
     return hstu_dq_tiles_launch
 
@@ -777,21 +784,23 @@ def _schedule_adapter():
 
     @cute.jit
     def hstu_fwd_schedule_launch(stream, cu_q, cu_k, param, cu_q_out, cu_k_out, tiles,
-                                 *, block: cutlass.Constexpr):
+                                 *, block: cutlass.Constexpr, pdl: cutlass.Constexpr):
         # the forward writes no q_start: cu_q_out stands in for it
-        HstuSchedule(block)(cu_q, cu_k, param, cu_q_out, cu_k_out, tiles, cu_q_out, stream)
+        HstuSchedule(block, pdl=pdl)(cu_q, cu_k, param, cu_q_out, cu_k_out, tiles, cu_q_out, stream)
 
     @cute.jit
     def hstu_bwd_schedule_launch(stream, cu_q, cu_k, param, cu_q_out, cu_k_out, kv_tiles,
                                  q_start, *, block: cutlass.Constexpr,
-                                 block_other: cutlass.Constexpr, sort: cutlass.Constexpr):
-        HstuSchedule(block, kv_major=True, block_other=block_other, sort=sort)(
+                                 block_other: cutlass.Constexpr, sort: cutlass.Constexpr,
+                                 pdl: cutlass.Constexpr):
+        HstuSchedule(block, kv_major=True, block_other=block_other, sort=sort, pdl=pdl)(
             cu_q, cu_k, param, cu_q_out, cu_k_out, kv_tiles, q_start, stream)
 
     @cute.jit
     def hstu_fwd_schedule_paged_launch(stream, cu_q, cu_k, ptr, param, cu_q_out, cu_k_out,
-                                       tiles, ptr_out, *, block: cutlass.Constexpr):
-        HstuSchedule(block, paged=True)(cu_q, cu_k, param, cu_q_out, cu_k_out, tiles, cu_q_out,
+                                       tiles, ptr_out, *, block: cutlass.Constexpr,
+                                       pdl: cutlass.Constexpr):
+        HstuSchedule(block, paged=True, pdl=pdl)(cu_q, cu_k, param, cu_q_out, cu_k_out, tiles, cu_q_out,
                                         stream, mPtr=ptr, mPtrS=ptr_out)
 
     return hstu_fwd_schedule_launch, hstu_bwd_schedule_launch, hstu_fwd_schedule_paged_launch
@@ -830,7 +839,8 @@ def _paged_metadata(cu_seqlens_q, cu_seqlens_k, page_indptrs, cfg, t_q, n_page_s
                    jax.ShapeDtypeStruct((n_slots, 5), jnp.int32),
                    jax.ShapeDtypeStruct((nb + 2,), jnp.int32))
         call = _cutlass_call(cfg)(_schedule_adapter()[2], output_shape_dtype=out_sds,
-                                  compile_key=("hstu_fwd_schedule_paged", bm), block=bm)
+                                  compile_key=("hstu_fwd_schedule_paged", bm, cfg.fwd.pdl),
+                                  block=bm, pdl=cfg.fwd.pdl)
         cu_q, cu_k, tiles, ptr = call(
             cu_seqlens_q.astype(jnp.int32), cu_seqlens_k.astype(jnp.int32),
             page_indptrs.astype(jnp.int32),
@@ -856,7 +866,8 @@ def _fwd_metadata(cu_seqlens_q, cu_seqlens_k, func, cfg, t_q, t_k):
                    jax.ShapeDtypeStruct((nb + 2,), jnp.int32),
                    jax.ShapeDtypeStruct((n_slots, 5), jnp.int32))
         call = _cutlass_call(cfg)(_schedule_adapter()[0], output_shape_dtype=out_sds,
-                                  compile_key=("hstu_fwd_schedule", bm), block=bm)
+                                  compile_key=("hstu_fwd_schedule", bm, cfg.fwd.pdl), block=bm,
+                                  pdl=cfg.fwd.pdl)
         return call(cu_seqlens_q.astype(jnp.int32), cu_seqlens_k.astype(jnp.int32),
                     _schedule_param(t_q, t_k, cfg.window_size, n_slots))
     cu_q = metadata.append_pseudo_sequence(metadata.sanitize_cu_seqlens(cu_seqlens_q, t_q), t_q)
@@ -887,8 +898,8 @@ def _bwd_metadata(cu_seqlens_q, cu_seqlens_k, func, cfg, t_q, t_k):
                    jax.ShapeDtypeStruct((nk_slots, 2), jnp.int32),
                    jax.ShapeDtypeStruct((nb + 2,), jnp.int32))
         call = _cutlass_call(cfg)(_schedule_adapter()[1], output_shape_dtype=out_sds,
-                                  compile_key=("hstu_bwd_schedule", bn, bm, sort), block=bn,
-                                  block_other=bm, sort=sort)
+                                  compile_key=("hstu_bwd_schedule", bn, bm, sort, key.pdl),
+                                  block=bn, block_other=bm, sort=sort, pdl=key.pdl)
         cu_q, cu_k, kv_tiles, q_start = call(
             cu_seqlens_q.astype(jnp.int32), cu_seqlens_k.astype(jnp.int32),
             _schedule_param(t_q, t_k, cfg.window_size, nk_slots))
@@ -1060,8 +1071,8 @@ def hstu_bwd(do, q, k, v, cu_seqlens_q, cu_seqlens_k, func, cfg, rab=None, _drab
         # same in jnp)
         call = _cutlass_call(cfg)(
             _dq_tiles_adapter(), output_shape_dtype=jax.ShapeDtypeStruct((t_q, h, d), q.dtype),
-            compile_key=("hstu_dq_tiles", key.dtype, key.block_m, d), dtype=key.dtype,
-            block_m=key.block_m, head_dim=d, static_last_inputs=(0,),
+            compile_key=("hstu_dq_tiles", key.dtype, key.block_m, d, key.pdl), dtype=key.dtype,
+            block_m=key.block_m, head_dim=d, pdl=key.pdl, static_last_inputs=(0,),
             static_last_outputs=(0,))
         dq_acc = call(dq_acc, cu_q, q_start)
     grads = (dq_acc[..., :hd].astype(q.dtype), dk[..., :hd], dv_out[..., :hdv])

@@ -173,6 +173,10 @@ class AttnFwdSm90Ws:
             cpasync.prefetch_descriptor(tma_v)
         cute.arch.mbarrier_init_fence()
         cute.arch.barrier()
+        if cutlass.const_expr(self.pdl):
+            # programmatic dependent launch: no global memory access before the previous
+            # grid has completed and flushed its writes
+            cute.arch.griddepcontrol_wait()
 
         sQ = st.sQ.get_tensor(sQ_layout.outer, swizzle=sQ_layout.inner)  # (64, D, nwg Qstages)
         sK = st.sK.get_tensor(sK_layout.outer, swizzle=sK_layout.inner)  # (BN, D, S)

@@ -153,7 +153,8 @@ class BsaBwdSm90Ws:
     def __init__(self, dtype, head_dim: int, block_size: int, has_block_sizes: bool,
                  max_stages: int = 4, ld_wait: bool = False, lpt: bool = False,
                  decouple: bool = False, deterministic: bool = False, dq_tile: bool = False,
-                 dq_alias: bool = False):
+                 dq_alias: bool = False, pdl: bool = False):
+        self.pdl = pdl
         if head_dim not in (64, 128) or block_size not in (64, 128):
             raise NotImplementedError(
                 f"bsa_bwd_sm90_ws implements head_dim in (64, 128) and sparse_block_size in "
@@ -250,7 +251,7 @@ class BsaBwdSm90Ws:
             mRank, mdQSem, sK_layout, sK_mn_layout, sQ_layout, sQ_mn_layout, sdS_layout,
             mma_s, mma_kv, mma_dq, Smem,
         ).launch(grid=grid, block=[self.num_threads, 1, 1], smem=Smem.size_in_bytes(),
-                 stream=stream, min_blocks_per_mp=self.ctas_per_sm,
+                 stream=stream, min_blocks_per_mp=self.ctas_per_sm, use_pdl=self.pdl,
                  preferred_smem_carveout=100 if self.ctas_per_sm > 1 else None)
 
     # ------------------------------------------------------------------------------------
@@ -341,6 +342,10 @@ class BsaBwdSm90Ws:
         n_q_blocks = (seqlen_q + bn - 1) // bn
         n_kv_blocks = (seqlen_k + bn - 1) // bn
         row_id = (batch * num_heads_kv + head_kv) * n_kv_blocks + n_block
+        if cutlass.const_expr(self.pdl):
+            # programmatic dependent launch: no global memory access before the previous
+            # grid has completed and flushed its writes
+            cute.arch.griddepcontrol_wait()
         if cutlass.const_expr(self.lpt):
             # CTA `row_id` (in launch order) takes the row_id-th longest K->Q list: the order
             # follows the R + 1 offsets

@@ -106,7 +106,9 @@ class BsaFwdSm90Ws(AttnFwdSm90Ws):
                  max_stages: int = 4, q_stages: int = 2, pack_gqa: int = 1,
                  causal: bool = False, kv_splits: int = 1, head_major: bool = True,
                  lazy_rescale: bool = False, three_ctas: bool = False,
-                 o_alias_first: bool = False, cross_item: int = 0, v_lag: bool = False):
+                 o_alias_first: bool = False, cross_item: int = 0, v_lag: bool = False,
+                 pdl: bool = False):
+        self.pdl = pdl
         if block_size not in (64, 128) or head_dim not in (64, 128):
             raise NotImplementedError(
                 f"bsa_fwd_sm90_ws implements head_dim in (64, 128) and sparse_block_size in "
@@ -195,7 +197,7 @@ class BsaFwdSm90Ws(AttnFwdSm90Ws):
             tma_q, tma_tQ, tma_k, tma_tK, tma_v, tma_tV, mV, mIdx, mNums, mSizes, mScale, mO,
             mLSE, sQ_layout, sK_layout, sV_layout, sO_layout, mma_qk, mma_qk0, mma_pv, Smem,
         ).launch(grid=grid, block=[self.num_threads, 1, 1], smem=Smem.size_in_bytes(),
-                 stream=stream, min_blocks_per_mp=self.ctas_per_sm,
+                 stream=stream, min_blocks_per_mp=self.ctas_per_sm, use_pdl=self.pdl,
                  # two CTAs per SM need the largest shared-memory carveout (percent)
                  preferred_smem_carveout=100 if self.ctas_per_sm > 1 else None)
 

@@ -23,8 +23,9 @@ VEC = 8  # 16-bit elements per thread (128 bits)
 
 
 class BsaPreprocess:
-    def __init__(self, dtype, head_dim: int):
+    def __init__(self, dtype, head_dim: int, pdl: bool = False):
         self.dtype = dtype
+        self.pdl = pdl
         self.tpr = head_dim // VEC  # threads per row
         self.num_threads = 128
         self.rows_per_cta = self.num_threads // self.tpr
@@ -36,12 +37,17 @@ class BsaPreprocess:
         total = mO.shape[0] * mO.shape[1] * mO.shape[2]
         grid = (cute.ceil_div(total, self.rows_per_cta), 1, 1)
         self.kernel(mO, mdO, mDelta, mdQacc).launch(
-            grid=grid, block=[self.num_threads, 1, 1], stream=stream)
+            grid=grid, block=[self.num_threads, 1, 1], stream=stream, use_pdl=self.pdl)
 
     @cute.kernel
     def kernel(self, mO: cute.Tensor, mdO: cute.Tensor, mDelta: cute.Tensor, mdQacc):
         tidx, _, _ = cute.arch.thread_idx()
         bidx, _, _ = cute.arch.block_idx()
+        if cutlass.const_expr(self.pdl):
+            # programmatic dependent launch: later kernels may launch at once (they wait for
+            # this grid before reading delta); this one waits for its predecessor
+            cute.arch.griddepcontrol_launch_dependents()
+            cute.arch.griddepcontrol_wait()
         n_b, n_s, n_h = mO.shape[0], mO.shape[1], mO.shape[2]
         total = n_b * n_s * n_h
         row = bidx * self.rows_per_cta + tidx // self.tpr

@@ -151,7 +151,8 @@ class BsaDqFromTiles:
 
     BM = 64
 
-    def __init__(self, dtype, head_dim: int, block_cols: int):
+    def __init__(self, dtype, head_dim: int, block_cols: int, pdl: bool = False):
+        self.pdl = pdl
         if head_dim % block_cols or block_cols % 8 or block_cols > 64:
             raise NotImplementedError(
                 f"dq tiles: head_dim {head_dim} with {block_cols}-column blocks")
@@ -170,12 +171,16 @@ class BsaDqFromTiles:
 
         self.kernel(mWs, mdQ, Smem).launch(
             grid=(cute.size(mWs.shape[2]), cute.size(mWs.shape[1]), cute.size(mWs.shape[0])),
-            block=[self.num_threads, 1, 1], smem=Smem.size_in_bytes(), stream=stream)
+            block=[self.num_threads, 1, 1], smem=Smem.size_in_bytes(), stream=stream,
+            use_pdl=self.pdl)
 
     @cute.kernel
     def kernel(self, mWs, mdQ, Smem: cutlass.Constexpr):
         tidx, _, _ = cute.arch.thread_idx()
         t, head, batch = cute.arch.block_idx()
+        if cutlass.const_expr(self.pdl):
+            # programmatic dependent launch: wait for the backward's grid
+            cute.arch.griddepcontrol_wait()
         st = cutlass.memory.SmemAllocator().allocate(Smem)
         sbase = st.tile.data_ptr()
         v = tile_load(elem_ptr(mWs, (batch, head, t, 0)), tidx, self.w)

@@ -115,7 +115,8 @@ class HstuBwdSm90:
     """``__call__`` takes the arguments of ``HstuBwdSm80.__call__`` (without rab)."""
 
     def __init__(self, dtype, head_dim, has_func, func_n, dq_bulk=False, deterministic=False,
-                 dq_vec4=False, head_major=False, dq_tile=False):
+                 dq_vec4=False, head_major=False, dq_tile=False, pdl=False):
+        self.pdl = pdl
         if head_dim not in SM90_BWD_HEAD_DIMS:
             raise NotImplementedError(
                 f"hstu_bwd_sm90: head_dim={head_dim} is not one of {SM90_BWD_HEAD_DIMS}")
@@ -223,7 +224,7 @@ class HstuBwdSm90:
             mdQacc, mdK, mdV, mdQSem, sK_layout, sK_mn_layout, sQ_layout, sQ_mn_layout,
             sdS_layout, sdS_k_layout, mma_s, mma_kv, mma_dq, Smem,
         ).launch(grid=grid, block=[self.num_threads, 1, 1], smem=Smem.size_in_bytes(),
-                 stream=stream, min_blocks_per_mp=1)
+                 stream=stream, min_blocks_per_mp=1, use_pdl=self.pdl)
 
     # ------------------------------------------------------------------------------------
     @cute.jit
@@ -337,6 +338,9 @@ class HstuBwdSm90:
             cpasync.prefetch_descriptor(tma_v)
         cute.arch.mbarrier_init_fence()
         cute.arch.barrier()
+        if cutlass.const_expr(self.pdl):
+            # programmatic dependent launch: wait for the previous grid (see attn_fwd_sm90_ws)
+            cute.arch.griddepcontrol_wait()
 
         # (bn, D, 1), (bm, D, stages), (bm, bn, 2); MN-major aliases (D, bn, 1), (D, bm, stages)
         sK, sV, sQ, sdO, sdS, sK_mn, sQ_mn, sdO_mn = kvb.smem_views(

@@ -34,7 +34,8 @@ from .dq_tiles import smem_row_stride, smem_rows_to_gmem, tile_load, tile_to_sme
 
 
 class HstuDqFromTiles:
-    def __init__(self, dtype, block_m: int, head_dim: int):
+    def __init__(self, dtype, block_m: int, head_dim: int, pdl: bool = False):
+        self.pdl = pdl
         if block_m * head_dim != 8192:
             raise NotImplementedError(
                 f"hstu_dq_tiles: block_m * head_dim = {block_m} * {head_dim} is not 8192")
@@ -55,7 +56,7 @@ class HstuDqFromTiles:
 
         self.kernel(mWs, mCuQ, mQStart, mdQ, Smem).launch(
             grid=(cute.size(mWs.shape[0]) + 1, cute.size(mWs.shape[1]), 1), block=[256, 1, 1],
-            smem=Smem.size_in_bytes(), stream=stream)
+            smem=Smem.size_in_bytes(), stream=stream, use_pdl=self.pdl)
 
     @cute.kernel
     def kernel(self, mWs, mCuQ, mQStart, mdQ, Smem: cutlass.Constexpr):
@@ -65,6 +66,9 @@ class HstuDqFromTiles:
         esize = self.dtype.width // 8
         chunks = d * esize // 16  # 16-byte pieces per row
         nseq = mCuQ.shape[0] - 1
+        if cutlass.const_expr(self.pdl):
+            # programmatic dependent launch: wait for the backward's grid
+            cute.arch.griddepcontrol_wait()
         total = mQStart[nseq]
         if slot < total:
             v = tile_load(elem_ptr(mWs, (slot, head, 0)), tidx, 64)  # loads first

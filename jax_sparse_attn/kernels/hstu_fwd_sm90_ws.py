@@ -95,7 +95,8 @@ class HstuFwdSm90Ws(AttnFwdSm90Ws):
                  overlap=True, pingpong=True, max_stages=4, q_stages=2, silu16=False,
                  has_rab=False, rab_per_head=False, tanh16=False, paged=False,
                  kv_splits=1, page_id_clamp=False, page_prefetch=False, q_alias=False,
-                 cross_item=0, v_lag: bool = False):
+                 cross_item=0, v_lag: bool = False, pdl: bool = False):
+        self.pdl = pdl
         self.dtype = dtype
         self.d = head_dim
         self.dv = head_dim_v
@@ -173,7 +174,7 @@ class HstuFwdSm90Ws(AttnFwdSm90Ws):
             mWin, mO, mRab, mPageIds, mPageIndptrs, H_kv, sQ_layout, sK_layout, sV_layout,
             sO_layout, mma_qk, mma_qk0, mma_pv, Smem,
         ).launch(grid=grid, block=[self.num_threads, 1, 1], smem=Smem.size_in_bytes(),
-                 stream=stream, min_blocks_per_mp=1)
+                 stream=stream, min_blocks_per_mp=1, use_pdl=self.pdl)
 
     @cute.kernel
     def kernel(self, tma_q, tma_tQ, tma_k, tma_tK, tma_v, tma_tV, mV, mCuQ, mCuK, mTile,

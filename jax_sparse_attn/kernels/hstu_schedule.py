@@ -55,8 +55,9 @@ _IDX_MASK = (1 << _IDX_BITS) - 1
 
 class HstuSchedule:
     def __init__(self, block: int, kv_major: bool = False, block_other: int = 0,
-                 sort: bool = True, paged: bool = False):
+                 sort: bool = True, paged: bool = False, pdl: bool = False):
         self.bm = block
+        self.pdl = pdl
         self.kv_major = kv_major
         self.block_other = block_other
         self.sort = sort
@@ -81,10 +82,10 @@ class HstuSchedule:
 
         if cutlass.const_expr(self.paged):
             launch(self.kernel(mCuQ, mCuK, mParam, mCuQs, mCuKs, mTile, mQStart, Smem, mPtr,
-                               mPtrS), (1, 1, 1), NUM_THREADS, Smem, stream)
+                               mPtrS), (1, 1, 1), NUM_THREADS, Smem, stream, use_pdl=self.pdl)
         else:
             launch(self.kernel(mCuQ, mCuK, mParam, mCuQs, mCuKs, mTile, mQStart, Smem),
-                   (1, 1, 1), NUM_THREADS, Smem, stream)
+                   (1, 1, 1), NUM_THREADS, Smem, stream, use_pdl=self.pdl)
 
     @cute.jit
     def _warp_scan(self, v, lane, is_max: cutlass.Constexpr):
@@ -195,6 +196,12 @@ class HstuSchedule:
                Smem: cutlass.Constexpr, mPtr=None, mPtrS=None):
         tid, _, _ = cute.arch.thread_idx()
         tid = Int32(tid)
+        if cutlass.const_expr(self.pdl):
+            # programmatic dependent launch: the attention kernel may launch now (it waits
+            # for this grid before it reads the schedule); this grid waits for its own
+            # predecessor before it touches global memory
+            cute.arch.griddepcontrol_launch_dependents()
+            cute.arch.griddepcontrol_wait()
         st = smem_storage(Smem)
         keys = st.keys.get_tensor(cute.make_layout(MAX_SLOTS))
         cq = st.cq.get_tensor(cute.make_layout(MAX_SEQS))
