@@ -643,9 +643,12 @@ def test_hstu_bwd_deterministic(name, lens, d, window, dtype, extra):
 def _sched_cfg(window, schedule, bwd_impl="sm90"):
     from types import SimpleNamespace
 
-    return SimpleNamespace(fwd=SimpleNamespace(block_m=128), schedule=schedule,
+    # pdl: the schedule kernel launched as the default keys launch it (programmatic
+    # dependent launch)
+    return SimpleNamespace(fwd=SimpleNamespace(block_m=128, pdl=True), schedule=schedule,
                            bwd=SimpleNamespace(block_m=64, block_n=128, impl=bwd_impl,
-                                                 deterministic=False, bwd_order="hlpt"),
+                                                 deterministic=False, bwd_order="hlpt",
+                                                 pdl=True),
                            window_size=window, cute_call="shared")
 
 

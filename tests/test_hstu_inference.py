@@ -355,7 +355,7 @@ def test_paged_schedule_kernel_metadata_gpu(name):
     args = [jnp.asarray(x, jnp.int32) for x in (cu_q, cu_k, ptr)]
     got = {}
     for sched in ("kernel", "xla"):
-        cfg = SimpleNamespace(fwd=SimpleNamespace(block_m=128), schedule=sched,
+        cfg = SimpleNamespace(fwd=SimpleNamespace(block_m=128, pdl=True), schedule=sched,
                               window_size=(-1, 0), cute_call="shared")
         got[sched] = [np.asarray(x) for x in jax.jit(
             lambda a, b, c, cfg=cfg: _paged_metadata(a, b, c, cfg, t_q, slots, PAGE))(*args)]
