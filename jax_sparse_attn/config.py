@@ -308,6 +308,13 @@ SWITCHES = (
            "before its first global memory access, so its launch overlaps the previous "
            "kernel's end; the tile schedule and the preprocessing let their dependents "
            "launch at once. The portable kernels ignore it"),
+    Switch("det_writer", "JAX_SPARSE_ATTN_DET_WRITER", _TRUE + _FALSE, _parse_bool, False,
+           "deterministic=True on the Hopper backwards with the dQ tile workspace (HSTU sm90 "
+           "with hstu_bwd_dq=tile, BSA sm90ws with bsa_bwd_dq=tile; tuning / ablation): the "
+           "ordering warp also issues each query tile's bulk reductions once the tile's "
+           "semaphore allows, as FlashAttention-3's dQ writer warp does, so the consumer "
+           "warpgroups stage a tile's dQ and go on instead of waiting for their turn; off: "
+           "the consumers wait for their turn and add the tile themselves"),
     Switch("force_kernel", "JAX_SPARSE_ATTN_FORCE_KERNEL", _TRUE + _FALSE, _parse_bool, False,
            "skip the GPU check of backend selection, so that a CPU machine lowers the kernel "
            "path for lowering_platforms=('cuda',) (target arch: CUTE_DSL_ARCH, default "
@@ -351,6 +358,7 @@ class Switches:
     smem_limit_kb: int | None = _DEFAULT["smem_limit_kb"]
     cute_call: str = _DEFAULT["cute_call"]
     pdl: bool = _DEFAULT["pdl"]
+    det_writer: bool = _DEFAULT["det_writer"]
 
     def __post_init__(self):
         for sw in _switches_of(Switches):

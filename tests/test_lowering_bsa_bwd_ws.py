@@ -36,7 +36,7 @@ def _ids(c):
 
 
 def _bwd_text(cfg, ws="", b=2, sq=1000, skv=1025, kmax=5, impl="sm90ws", deterministic=False,
-              dq="tile"):
+              dq="tile", det_writer=False):
     """The lowered text of the public backward on the ``impl`` kernel for ``cfg``."""
     import jax_sparse_attn as jsa
     from jax_sparse_attn.config import Switches
@@ -55,7 +55,8 @@ def _bwd_text(cfg, ws="", b=2, sq=1000, skv=1025, kmax=5, impl="sm90ws", determi
     sizes = jax.ShapeDtypeStruct((b, cfg["hq"], nkv), jnp.int32) if cfg["sizes"] else None
     lse = jax.ShapeDtypeStruct((b, cfg["hq"], sq), jnp.float32)
     kw = dict(layout=cfg["layout"], sparse_block_size=blk, softmax_scale=0.3, backend="kernel",
-              switches=Switches(bsa_bwd_impl=impl, bsa_bwd_ws=ws, bsa_bwd_dq=dq),
+              switches=Switches(bsa_bwd_impl=impl, bsa_bwd_ws=ws, bsa_bwd_dq=dq,
+                                det_writer=det_writer),
               deterministic=deterministic)
 
     def bwd(do, q, k, v, o, lse, i, n, s):

@@ -159,6 +159,9 @@ class BsaBwdConfig:
     # "sm90ws" only: programmatic dependent launch (Switches.pdl) of the backward and of
     # its dQ reordering kernel
     pdl: bool = False
+    # "sm90ws", deterministic with dq_tile: the ordering warp issues each query tile's bulk
+    # reductions (Switches.det_writer)
+    det_writer: bool = False
 
 
 def fwd_smem_bytes(head_dim, block_size) -> int:
@@ -382,7 +385,9 @@ def bwd_config(dtype, head_dim, block_size, has_block_sizes, switches,
                             ws_dq_alias=tile and ("dqalias" in opts
                                                   or not bwd_ws_dq_tile_fits(head_dim,
                                                                              block_size)),
-                            pdl=bool(getattr(switches, "pdl", False)))
+                            pdl=bool(getattr(switches, "pdl", False)),
+                            det_writer=bool(deterministic) and tile
+                            and bool(getattr(switches, "det_writer", False)))
     if impl == "sm90":
         return BsaBwdConfig(name, head_dim, block_size, has_block_sizes, impl, arch=arch,
                             pack_gqa=pack_gqa, causal=causal,
@@ -875,7 +880,7 @@ def _ws_kernel(cfg: BsaBwdConfig):
                         cfg.has_block_sizes, max_stages=cfg.ws_max_stages,
                         ld_wait=cfg.ws_ld_wait, lpt=cfg.ws_lpt, decouple=cfg.ws_decouple,
                         deterministic=cfg.deterministic, dq_tile=cfg.dq_tile,
-                        dq_alias=cfg.ws_dq_alias, pdl=cfg.pdl)
+                        dq_alias=cfg.ws_dq_alias, pdl=cfg.pdl, det_writer=cfg.det_writer)
 
 
 def _bwd_det_entry(stream, q, k, v, do, lse, delta, offsets, entries, ranks, sizes, scale,

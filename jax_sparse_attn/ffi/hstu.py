@@ -189,6 +189,9 @@ class HstuBwdConfig(_HstuKey):
     # sm90: programmatic dependent launch (Switches.pdl) of the backward, its tile schedule
     # and dq reordering kernels
     pdl: bool = False
+    # sm90, deterministic with dq_tile: the ordering warp issues each query tile's bulk
+    # reductions (Switches.det_writer)
+    det_writer: bool = False
 
 
 def fwd_smem_bytes(head_dim, head_dim_v, bm, bn) -> int:
@@ -512,6 +515,8 @@ def bwd_config(dtype, head_dim, head_dim_v, func_n, switches, *, has_rab=False,
                       rab_per_head=rab_per_head, rab_dtype=rab_dtype)
     if deterministic:
         key = dataclasses.replace(key, deterministic=True, dq_bulk=False)
+        if key.impl == "sm90" and key.dq_tile and getattr(switches, "det_writer", False):
+            key = dataclasses.replace(key, det_writer=True)
     return key
 
 
@@ -704,7 +709,7 @@ def _sm90_bwd_kernel(cfg):
     kernel = HstuBwdSm90(_dt(cfg.dtype), cfg.head_dim, cfg.has_func, cfg.func_n,
                          dq_bulk=cfg.dq_bulk, deterministic=cfg.deterministic,
                          dq_vec4=cfg.dq_vec4, head_major=cfg.bwd_order != "lpt",
-                         dq_tile=cfg.dq_tile, pdl=cfg.pdl)
+                         dq_tile=cfg.dq_tile, pdl=cfg.pdl, det_writer=cfg.det_writer)
     if (kernel.bm, kernel.bn) != (cfg.block_m, cfg.block_n):
         raise ValueError(f"hstu_bwd_sm90 tiles {(kernel.bm, kernel.bn)} differ from the "
                          f"compile key's {(cfg.block_m, cfg.block_n)}")

@@ -74,7 +74,14 @@ of the same (batch, KV head), which have lower linear block indices (grid order,
 off), and a non-persistent grid dispatches blocks in increasing linear index, so the lowest
 unfinished block never waits; in launch-group order it also waits for CTAs of its own
 group, along waits that decrease (position in the walk, KV block), so a group whose CTAs
-are resident together always progresses. ``decouple`` is off in this mode (each query tile gets one addition per
+are resident together always progresses. With ``det_writer`` (and ``dq_tile``) warp 1 also
+issues the additions, as FlashAttention-3's dQ writer warp does: the consumers stage a step's
+slices, arrive on named barrier 2 and go on with the next step; warp 1 waits for the
+semaphore, syncs on barrier 2, adds the staged tile (one bulk reduce-add per block), waits
+until the additions are complete, publishes, and hands the buffer back (named barrier 5,
+on which the consumers sync before they stage the next step; with ``dq_alias`` it also
+releases the step's Q / dO stage to the producer). The consumers then wait for a slow
+predecessor only when the writer is a whole step behind. ``decouple`` is off in this mode (each query tile gets one addition per
 KV block). Not implemented here (the public layer runs
 ``bsa_bwd_sm90`` for them): ``pack_gqa``, ``causal``.
 """
@@ -153,7 +160,7 @@ class BsaBwdSm90Ws:
     def __init__(self, dtype, head_dim: int, block_size: int, has_block_sizes: bool,
                  max_stages: int = 4, ld_wait: bool = False, lpt: bool = False,
                  decouple: bool = False, deterministic: bool = False, dq_tile: bool = False,
-                 dq_alias: bool = False, pdl: bool = False):
+                 dq_alias: bool = False, pdl: bool = False, det_writer: bool = False):
         self.pdl = pdl
         if head_dim not in (64, 128) or block_size not in (64, 128):
             raise NotImplementedError(
@@ -186,6 +193,9 @@ class BsaBwdSm90Ws:
         self.dq_w = bwd_ws_dq_block_cols(head_dim, block_size)
         self.ld_wait = ld_wait
         self.deterministic = deterministic
+        # deterministic with dq_tile: warp 1 issues the staged tile's bulk reductions itself
+        # once the semaphore allows (the consumers stage and go on; see _dq_writer_warp)
+        self.det_writer = det_writer and deterministic and self.dq_tile
         # the ordered dQ additions need the grid's launch order (lower KV blocks first)
         self.lpt = lpt and not deterministic
         # blk 128: each consumer warpgroup adds the dQ of its own 64 keys (no barrier between
@@ -325,6 +335,66 @@ class BsaBwdSm90Ws:
                         st_release_s32(sem, rank + 1)
                     cute.arch.sync_warp()
 
+    @cute.jit
+    def _dq_writer_warp(self, mEntries, mRank, mdQSem, mdQacc, st, pipe_q, e_begin, n_ent,
+                        n_q_blocks, seqlen_q, head_kv, group, batch):
+        """Warp 1 in deterministic mode with ``det_writer``: per query tile of the list (the
+        consumers' steps, in their order), wait for the earlier contributions (lane 0,
+        acquire loads), wait until the consumers have staged the step's dQ slices (named
+        barrier 2, the consumers arrive), add the whole staged tile with one bulk
+        reduce-add per block, wait until the additions are complete, publish ``rank + 1``,
+        then hand the staging buffer back: with ``dq_alias`` the step's Q / dO stage to the
+        producer (one arrival per consumer warp on its empty barrier), and to the consumers
+        (named barrier 5, the consumers sync on it before they stage the next step)."""
+        lane = cute.arch.lane_idx()
+        bm, d, nwg = self.bm, self.d, self.num_wg
+        n_sync = 128 * nwg + 32
+        t_cols = d // nwg
+        n_cg = t_cols // self.dq_w
+        t_half = 2 * d // self.dq_w
+        c = Int32(0)
+        for e in cutlass.range(n_ent, unroll=1):
+            ent = Int32(mEntries[e_begin + e])
+            rank = Int32(mRank[e_begin + e])
+            h_in_group = ent // n_q_blocks
+            m_block = ent - h_in_group * n_q_blocks
+            head = head_kv * group + h_in_group
+            for s in cutlass.range_constexpr(self.sub):
+                if m_block * self.bn + s * bm < seqlen_q:
+                    sem = elem_ptr(mdQSem, (batch, head, m_block * self.sub + s))
+                    if lane == 0:
+                        wait_at_least(sem, rank)
+                    cute.arch.sync_warp()
+                    # every consumer warp's slice of this step is staged and fenced
+                    cute.arch.barrier(barrier_id=2, number_of_threads=n_sync)
+                    sdQ = st.sdQ.data_ptr()
+                    sdQ2 = None
+                    if cutlass.const_expr(self.dq_alias):
+                        stg = pipe_q.stage(c)
+                        sdQ = cute.recast_ptr(st.sQ.data_ptr() + stg * (bm * d), dtype=Float32)
+                        sdQ2 = cute.recast_ptr(st.sdO.data_ptr() + stg * (bm * d),
+                                               dtype=Float32)
+                    if lane == 0:
+                        gtile = elem_ptr(mdQacc, (batch, head, m_block * self.sub + s, 0))
+                        for wi in cutlass.range_constexpr(4 * nwg):
+                            # consumer warp wi: rows 16 (wi % 4) .., warpgroup wi // 4's
+                            # columns
+                            bulk_add_warp_slice(gtile, sdQ, wi % 4, (wi // 4) * n_cg, n_cg, 4,
+                                                self.dq_w, sbase2=sdQ2, half=t_half)
+                        cute.arch.cp_async_bulk_commit_group()
+                        # complete (not only read) before the publication
+                        cute.arch.cp_async_bulk_wait_group(0, read=False)
+                        st_release_s32(sem, rank + 1)
+                    cute.arch.sync_warp()
+                    if cutlass.const_expr(self.dq_alias):
+                        # the stage goes back to the producer (the consumers did not release
+                        # it): one arrival per consumer warp
+                        with cute.arch.elect_one():
+                            for _ in cutlass.range_constexpr(4 * nwg):
+                                cute.arch.mbarrier_arrive(pipe_q.empty + pipe_q.stage(c))
+                    cute.arch.barrier_arrive(barrier_id=5, number_of_threads=n_sync)
+                    c += 1
+
     @cute.kernel
     def kernel(self, tma_q, tma_tQ, tma_do, tma_tdO, tma_k, tma_tK, tma_v, tma_tV,
                mQ, mK, mV, mLSE, mDelta, mOffsets, mEntries, mSizes, mScale, mdQacc, mdK, mdV,
@@ -450,7 +520,11 @@ class BsaBwdSm90Ws:
                                 cute.copy(tma_do, tdOg[None, q_tile], tdOs[None, stg],
                                           tma_bar_ptr=pipe_q.full_ptr(c))
                                 c += 1
-            if cutlass.const_expr(self.deterministic):
+            if cutlass.const_expr(self.det_writer):
+                if warp == 1:
+                    self._dq_writer_warp(mEntries, mRank, mdQSem, mdQacc, st, pipe_q, e_begin,
+                                         n_ent, n_q_blocks, seqlen_q, head_kv, group, batch)
+            elif cutlass.const_expr(self.deterministic):
                 if warp == 1:
                     self._dq_order_warp(mEntries, mRank, mdQSem, e_begin, n_ent, n_q_blocks,
                                         seqlen_q, head_kv, group, batch)
@@ -592,35 +666,49 @@ class BsaBwdSm90Ws:
                                                        dtype=Float32)
                             else:
                                 sdQ = st.sdQ.data_ptr()
-                                # the previous step's bulk reads of this warp's blocks are done
-                                if t_lane == 0:
-                                    cute.arch.cp_async_bulk_wait_group(0, read=True)
-                                cute.arch.sync_warp()
+                                if cutlass.const_expr(not self.det_writer):
+                                    # the previous step's bulk reads of this warp's blocks
+                                    # are done
+                                    if t_lane == 0:
+                                        cute.arch.cp_async_bulk_wait_group(0, read=True)
+                                    cute.arch.sync_warp()
+                            if cutlass.const_expr(self.det_writer):
+                                # the writer warp is done with the previous step's staged
+                                # tile (its buffer, or its Q / dO stage)
+                                if c > 0:
+                                    cute.arch.barrier(barrier_id=5,
+                                                      number_of_threads=128 * nwg + 32)
                             stage_warp_slice(acc_dQ, sdQ, t_lane, t_rg, t_cg0, 4, self.dq_w,
                                              sbase2=sdQ2, half=t_half)
                             cute.arch.fence_proxy("async.shared", space="cta")
                             cute.arch.sync_warp()
-                            if cutlass.const_expr(self.deterministic):
+                            if cutlass.const_expr(self.det_writer):
+                                # the writer warp waits for its turn and adds the tile
+                                cute.arch.barrier_arrive(barrier_id=2,
+                                                         number_of_threads=128 * nwg + 32)
+                            elif cutlass.const_expr(self.deterministic):
                                 # warp 1: the lower KV blocks' additions to this tile are done
                                 cute.arch.barrier(barrier_id=2,
                                                   number_of_threads=128 * nwg + 32)
-                            if t_lane == 0:
-                                bulk_add_warp_slice(
-                                    elem_ptr(mdQacc, (batch, head, m_block * self.sub + s, 0)),
-                                    sdQ, t_rg, t_cg0, t_cols // self.dq_w, 4, self.dq_w,
-                                    sbase2=sdQ2, half=t_half)
-                                cute.arch.cp_async_bulk_commit_group()
+                            if cutlass.const_expr(not self.det_writer):
+                                if t_lane == 0:
+                                    bulk_add_warp_slice(
+                                        elem_ptr(mdQacc, (batch, head, m_block * self.sub + s,
+                                                          0)),
+                                        sdQ, t_rg, t_cg0, t_cols // self.dq_w, 4, self.dq_w,
+                                        sbase2=sdQ2, half=t_half)
+                                    cute.arch.cp_async_bulk_commit_group()
+                                    if cutlass.const_expr(self.deterministic):
+                                        # the addition is complete before warp 1 publishes
+                                        cute.arch.cp_async_bulk_wait_group(0, read=False)
+                                    elif cutlass.const_expr(self.dq_alias):
+                                        # the stage is released after the bulk reads of it
+                                        cute.arch.cp_async_bulk_wait_group(0, read=True)
+                                if cutlass.const_expr(self.deterministic or self.dq_alias):
+                                    cute.arch.sync_warp()
                                 if cutlass.const_expr(self.deterministic):
-                                    # the addition is complete before warp 1 publishes
-                                    cute.arch.cp_async_bulk_wait_group(0, read=False)
-                                elif cutlass.const_expr(self.dq_alias):
-                                    # the stage is released after the bulk reads of it
-                                    cute.arch.cp_async_bulk_wait_group(0, read=True)
-                            if cutlass.const_expr(self.deterministic or self.dq_alias):
-                                cute.arch.sync_warp()
-                            if cutlass.const_expr(self.deterministic):
-                                cute.arch.barrier_arrive(barrier_id=3,
-                                                         number_of_threads=128 * nwg + 32)
+                                    cute.arch.barrier_arrive(barrier_id=3,
+                                                             number_of_threads=128 * nwg + 32)
                         else:
                             # dQ rows < S_q -> fp32 workspace (values 2k, 2k + 1: adjacent
                             # columns)
@@ -636,9 +724,16 @@ class BsaBwdSm90Ws:
                                                          number_of_threads=128 * nwg + 32)
                         warpgroup.wait_group(0)
                         kvb.keep_regs(tP, tdS)
-                        pipe_q.consumer_release(c)
+                        if cutlass.const_expr(not (self.det_writer and self.dq_alias)):
+                            # (det_writer with dq_alias: the writer warp releases the stage
+                            # that holds the staged dQ slices)
+                            pipe_q.consumer_release(c)
                         c += 1
 
+            if cutlass.const_expr(self.det_writer):
+                # the writer warp's last hand-back (one per step)
+                if c > 0:
+                    cute.arch.barrier(barrier_id=5, number_of_threads=128 * nwg + 32)
             if cutlass.const_expr(self.dq_tile):
                 cute.arch.cp_async_bulk_wait_group(0, read=False)  # smem outlives the reads
             # ---- epilogue: dK (softmax_scale already in dS^T), dV -> key rows < S_kv ----

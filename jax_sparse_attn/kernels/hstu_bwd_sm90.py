@@ -74,7 +74,12 @@ order), and a non-persistent grid dispatches blocks in increasing linear index (
 FlashAttention-2/3's deterministic backwards assume), so the lowest unfinished block never
 waits. dQ is then reduced with ``red`` or, with ``dq_tile``, each warp's bulk reduce-add is
 issued after barrier 2 and waited for (complete, not only read) before barrier 3 (``dq_bulk``
-is off).
+is off). With ``det_writer`` (and ``dq_tile``) warp 1 issues the additions itself, as
+FlashAttention-3's dQ writer warp does: the consumers stage their slices, arrive on barrier 2
+and go on with the next query tile; warp 1 waits for the semaphore, syncs on barrier 2, adds
+the staged tile (8 bulk reduce-adds of 4 KB), waits until they are complete, publishes and
+arrives on barrier 5, on which the consumers sync before they stage their next tile. The
+consumers then wait for a slow predecessor only when warp 1 is a whole tile behind.
 """
 
 from __future__ import annotations
@@ -115,7 +120,8 @@ class HstuBwdSm90:
     """``__call__`` takes the arguments of ``HstuBwdSm80.__call__`` (without rab)."""
 
     def __init__(self, dtype, head_dim, has_func, func_n, dq_bulk=False, deterministic=False,
-                 dq_vec4=False, head_major=False, dq_tile=False, pdl=False):
+                 dq_vec4=False, head_major=False, dq_tile=False, pdl=False,
+                 det_writer=False):
         self.pdl = pdl
         if head_dim not in SM90_BWD_HEAD_DIMS:
             raise NotImplementedError(
@@ -146,6 +152,9 @@ class HstuBwdSm90:
         # (``dq_tile_order``)
         self.dq_tile = dq_tile and not self.split_d and not self.dq_bulk
         self.deterministic = deterministic
+        # deterministic with dq_tile: warp 1 issues the staged tile's bulk reductions itself
+        # once the semaphore allows (the consumers stage and go on; _dq_order_warp)
+        self.det_writer = det_writer and deterministic and self.dq_tile
         # red: one red.global.add.v4.f32 per 4 values (lane pairs swap halves) instead of
         # one .v2 per 2
         self.dq_vec4 = dq_vec4 and not self.dq_bulk
@@ -277,10 +286,15 @@ class HstuBwdSm90:
 
     @cute.jit
     def _dq_order_warp(self, mCuQ, mCuK, mKVTile, mQStart, mQTiles, mdQSem, slot, head, batch,
-                       left, right):
+                       left, right, mdQacc=None, sdQ=None):
         """Warp 1 in deterministic mode: per query tile the consumers add to, wait for the
         previous KV tile's additions, let the consumers add (barrier 2), wait for their
-        additions (barrier 3) and publish this KV tile's (see the module docstring)."""
+        additions (barrier 3) and publish this KV tile's (see the module docstring). With
+        ``det_writer``: wait for the previous KV tile's additions, wait until the consumers
+        have staged the tile (barrier 2, the consumers arrive), add the staged tile
+        (``sdQ``, 8 bulk reduce-adds of 4 KB into ``mdQacc``), wait until they are complete,
+        publish, and hand the staging tile back (barrier 5: the consumers sync on it before
+        they stage their next tile)."""
         bm, bn = self.bm, self.bn
         lane = cute.arch.lane_idx()
         n_block = Int32(mKVTile[slot, 1])
@@ -302,11 +316,27 @@ class HstuBwdSm90:
                         if qp.covers(mQTiles, m_block, left, right) != 0:
                             hc.wait_at_least(sem, n_block)
                 cute.arch.sync_warp()
-                cute.arch.barrier_arrive(barrier_id=2, number_of_threads=288)
-                cute.arch.barrier(barrier_id=3, number_of_threads=288)
-                if lane == 0:
-                    hc.st_release_s32(sem, n_block + 1)
-                cute.arch.sync_warp()
+                if cutlass.const_expr(self.det_writer):
+                    # every consumer warp's slice of the tile is staged and fenced
+                    cute.arch.barrier(barrier_id=2, number_of_threads=288)
+                    if lane == 0:
+                        for chunk in cutlass.range_constexpr(8):
+                            bulk_reduce_add_f32(
+                                elem_ptr(mdQacc, (qt0 + m_block, head, chunk * 1024)),
+                                sdQ + chunk * 1024, 4096)
+                        cute.arch.cp_async_bulk_commit_group()
+                        # complete (not only read) before the publication
+                        cute.arch.cp_async_bulk_wait_group(0, read=False)
+                        hc.st_release_s32(sem, n_block + 1)
+                    cute.arch.sync_warp()
+                    # the staging tile is free again
+                    cute.arch.barrier_arrive(barrier_id=5, number_of_threads=288)
+                else:
+                    cute.arch.barrier_arrive(barrier_id=2, number_of_threads=288)
+                    cute.arch.barrier(barrier_id=3, number_of_threads=288)
+                    if lane == 0:
+                        hc.st_release_s32(sem, n_block + 1)
+                    cute.arch.sync_warp()
 
     @cute.kernel
     def kernel(self, tma_q, tma_tQ, tma_do, tma_tdO, tma_k, tma_tK, tma_v, tma_tV,
@@ -410,7 +440,8 @@ class HstuBwdSm90:
                 if warp == 1:
                     if batch >= 0:
                         self._dq_order_warp(mCuQ, mCuK, mKVTile, mQStart, mQTiles, mdQSem,
-                                            slot, head_kv, batch, left, right)
+                                            slot, head_kv, batch, left, right, mdQacc,
+                                            st.sdQ.data_ptr())
         else:
             # ================================ consumers ===============================
             cute.arch.setmaxregister_increase(self.regs_consumer)
@@ -567,33 +598,46 @@ class HstuBwdSm90:
                                 t_chunk = warp - 4
                                 t_sbase = st.sdQ.data_ptr() + t_chunk * 1024
                                 t_sptr = t_sbase + t_lane * 4
-                                # the previous tile's bulk read of this warp's slice is done
-                                if t_lane == 0:
-                                    cute.arch.cp_async_bulk_wait_group(0, read=True)
-                                cute.arch.sync_warp()
+                                if cutlass.const_expr(self.det_writer):
+                                    # warp 1 is done with the previous tile's staged dQ
+                                    if c > 0:
+                                        cute.arch.barrier(barrier_id=5, number_of_threads=288)
+                                else:
+                                    # the previous tile's bulk read of this warp's slice is
+                                    # done
+                                    if t_lane == 0:
+                                        cute.arch.cp_async_bulk_wait_group(0, read=True)
+                                    cute.arch.sync_warp()
                                 for k4 in cutlass.range_constexpr(cute.size(acc_dQ) // 4):
                                     hc.st_shared_v4_f32(t_sptr + 128 * k4, acc_dQ[4 * k4],
                                                         acc_dQ[4 * k4 + 1], acc_dQ[4 * k4 + 2],
                                                         acc_dQ[4 * k4 + 3])
                                 cute.arch.fence_proxy("async.shared", space="cta")
                                 cute.arch.sync_warp()
-                                if cutlass.const_expr(self.deterministic):
+                                if cutlass.const_expr(self.det_writer):
+                                    # warp 1 waits for its turn and adds the staged tile
+                                    cute.arch.barrier_arrive(barrier_id=2, number_of_threads=288)
+                                elif cutlass.const_expr(self.deterministic):
                                     # warp 1: the earlier KV tiles' additions are done
                                     cute.arch.barrier(barrier_id=2, number_of_threads=288)
-                                if t_lane == 0:
-                                    # all rows of the tile: rows past L_q hold zeros (zero
-                                    # Q / dO rows) and their slot rows are never read
-                                    bulk_reduce_add_f32(
-                                        elem_ptr(mdQacc, (Int32(mQStart[batch]) + m_block, head,
-                                                          t_chunk * 1024)),
-                                        t_sbase, 4096)
-                                    cute.arch.cp_async_bulk_commit_group()
+                                if cutlass.const_expr(not self.det_writer):
+                                    if t_lane == 0:
+                                        # all rows of the tile: rows past L_q hold zeros
+                                        # (zero Q / dO rows) and their slot rows are never
+                                        # read
+                                        bulk_reduce_add_f32(
+                                            elem_ptr(mdQacc, (Int32(mQStart[batch]) + m_block,
+                                                              head, t_chunk * 1024)),
+                                            t_sbase, 4096)
+                                        cute.arch.cp_async_bulk_commit_group()
+                                        if cutlass.const_expr(self.deterministic):
+                                            # the addition is complete before warp 1
+                                            # publishes
+                                            cute.arch.cp_async_bulk_wait_group(0, read=False)
                                     if cutlass.const_expr(self.deterministic):
-                                        # the addition is complete before warp 1 publishes
-                                        cute.arch.cp_async_bulk_wait_group(0, read=False)
-                                if cutlass.const_expr(self.deterministic):
-                                    cute.arch.sync_warp()
-                                    cute.arch.barrier_arrive(barrier_id=3, number_of_threads=288)
+                                        cute.arch.sync_warp()
+                                        cute.arch.barrier_arrive(barrier_id=3,
+                                                                 number_of_threads=288)
                             elif cutlass.const_expr(self.dq_bulk):
                                 # the previous tile's bulk reads of this warp's rows are done
                                 cute.arch.cp_async_bulk_wait_group(0, read=True)
@@ -627,6 +671,10 @@ class HstuBwdSm90:
                             pipe_q.consumer_release(c)
                             c += 1
 
+                if cutlass.const_expr(self.det_writer):
+                    # warp 1's last hand-back of the staging tile (one per tile)
+                    if c > 0:
+                        cute.arch.barrier(barrier_id=5, number_of_threads=288)
                 if cutlass.const_expr(self.dq_bulk or self.dq_tile):
                     cute.arch.cp_async_bulk_wait_group(0, read=False)
                 # ---- epilogue: dK, dV / scaling_seqlen -> key rows < L_k ----------------

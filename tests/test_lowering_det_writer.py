@@ -1,0 +1,120 @@
+"""CPU: the dQ writer warp of the deterministic Hopper backwards (``Switches.det_writer``,
+``JAX_SPARSE_ATTN_DET_WRITER``): which compile keys carry it, and the PTX of the HSTU sm90 and
+the block-sparse sm90ws backwards lowered with it for sm_90a (no GPU needed). The GPU run is
+``tests/test_gpu_det_writer.py``."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+
+os.environ.setdefault("CUTE_DSL_ARCH", "sm_90a")
+
+jax = pytest.importorskip("jax")
+import jax.numpy as jnp  # noqa: E402
+
+from jax_sparse_attn.config import Switches, from_env  # noqa: E402
+
+
+def test_det_writer_switch_and_keys():
+    """Off by default; read from the environment; set in a backward key only in the
+    deterministic mode of a kernel with the dQ tile workspace (HSTU sm90 at D 64 / 128, BSA
+    sm90ws with bsa_bwd_dq=tile), and then part of the compile key."""
+    from jax_sparse_attn.ffi import bsa as fb
+    from jax_sparse_attn.ffi import hstu as fh
+
+    assert Switches().det_writer is False
+    assert from_env({"JAX_SPARSE_ATTN_DET_WRITER": "1"}).det_writer is True
+    assert from_env({}).det_writer is False
+    with pytest.raises(ValueError, match="JAX_SPARSE_ATTN_DET_WRITER"):
+        from_env({"JAX_SPARSE_ATTN_DET_WRITER": "sometimes"})
+
+    on = Switches(det_writer=True)
+    for d in (64, 128):
+        det = fh.bwd_config("bfloat16", d, d, 0, on, deterministic=True)
+        assert det.det_writer and det.dq_tile and det.impl == "sm90"
+        assert det != fh.bwd_config("bfloat16", d, d, 0, Switches(), deterministic=True)
+        assert not fh.bwd_config("bfloat16", d, d, 0, on).det_writer
+    # D = 256 reduces dQ with red (no staging tile); red / red4 have no staged tile either
+    assert not fh.bwd_config("bfloat16", 256, 256, 0, on, deterministic=True).det_writer
+    red = Switches(det_writer=True, hstu_bwd_dq="red")
+    assert not fh.bwd_config("bfloat16", 128, 128, 0, red, deterministic=True).det_writer
+
+    for d in (64, 128):
+        for blk in (64, 128):
+            det = fb.bwd_config(jnp.bfloat16, d, blk, False, on, deterministic=True)
+            assert det.det_writer and det.dq_tile and det.impl == "sm90ws", (d, blk)
+            assert det != fb.bwd_config(jnp.bfloat16, d, blk, False, Switches(),
+                                        deterministic=True)
+            assert not fb.bwd_config(jnp.bfloat16, d, blk, False, on).det_writer
+    rows = Switches(det_writer=True, bsa_bwd_dq="rows")
+    assert not fb.bwd_config(jnp.bfloat16, 128, 128, False, rows, deterministic=True).det_writer
+
+
+_SCRIPT = """
+import sys
+sys.path.insert(0, {root!r})
+sys.path.insert(0, {tests!r})
+import test_lowering_hstu as th
+import test_lowering_bsa_bwd_ws as tb
+from jax_sparse_attn.config import Switches
+th._bwd_text(128, "bfloat16", "causal", Switches(hstu_bwd_dq="tile", det_writer=True),
+             deterministic=True)
+# blk 128, D 128: staging tile; blk 64, D 128: staged in the step's Q / dO stage
+tb._bwd_text(tb.CONFIGS[0], deterministic=True, det_writer=True)
+tb._bwd_text(tb.CONFIGS[1], deterministic=True, det_writer=True)
+"""
+
+
+@pytest.mark.lowering
+def test_det_writer_ptx(tmp_path):
+    """With the switch on, warp 1 issues every bulk reduce-add of a query tile after the
+    consumers' arrival on named barrier 2 and hands the staging buffer back on barrier 5;
+    barrier 3 (the consumers' report of their own additions) is gone. HSTU (D 128): 8 bulk
+    reduce-adds of 4 KB, the complete-wait per tile and the one before exit. BSA blk 128:
+    8 blocks for each of the two 64-row query tiles of a block; blk 64 / D 128 (slices in
+    the step's Q / dO stage): 8 blocks, and warp 1 releases the stage to the producer."""
+    tests = os.path.dirname(os.path.abspath(__file__))
+    root = os.path.dirname(tests)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("JAX_SPARSE_ATTN_")}
+    env.update(CUTE_DSL_ARCH="sm_90a", JAX_SPARSE_ATTN_FORCE_KERNEL="1", CUTE_DSL_KEEP="ptx",
+               CUTE_DSL_DUMP_DIR=str(tmp_path), JAX_PLATFORMS="cpu")
+    r = subprocess.run([sys.executable, "-c", _SCRIPT.format(root=root, tests=tests)], env=env,
+                       cwd=root, capture_output=True, text=True, timeout=900)
+    assert r.returncode == 0, r.stderr[-3000:]
+    texts = [p.read_text() for p in tmp_path.iterdir() if p.suffix == ".ptx"]
+    bulk = r"cp\.reduce\.async\.bulk\.global\.shared::cta\.bulk_group\.add\.f32"
+    complete = r"cp\.async\.bulk\.wait_group\s+0;"
+
+    def bar(kind, bid, n):
+        return rf"bar\.{kind}\s+{bid}, {n};"
+
+    hstu = [t for t in texts if "HstuBwdSm90" in t]
+    assert len(hstu) == 1, [p.name for p in tmp_path.iterdir()]
+    h = hstu[0]
+    assert len(re.findall(bulk, h)) == 8
+    assert len(re.findall(complete, h)) == 2
+    for kind, bid in (("sync", 2), ("arrive", 2), ("sync", 5), ("arrive", 5)):
+        assert re.search(bar(kind, bid, 288), h), (kind, bid)
+    assert not re.search(r"bar\.(sync|arrive)\s+3, 288;", h)
+    assert "ld.acquire.gpu.global.b32" in h and "fence.acq_rel.gpu" in h
+
+    ws = [t for t in texts if "bsa_bwd_sm90_ws" in t]
+    assert len(ws) == 2, [p.name for p in tmp_path.iterdir()]
+    by_threads = {n: [t for t in ws if re.search(bar("sync", 2, n), t)] for n in (288, 160)}
+    assert len(by_threads[288]) == 1 and len(by_threads[160]) == 1
+    for n, want in ((288, 16), (160, 8)):
+        t = by_threads[n][0]
+        assert len(re.findall(bulk, t)) == want, n
+        for kind, bid in (("arrive", 2), ("sync", 5), ("arrive", 5)):
+            assert re.search(bar(kind, bid, n), t), (n, kind, bid)
+        assert not re.search(rf"bar\.(sync|arrive)\s+3, {n};", t), n
+        assert "ld.acquire.gpu.global.b32" in t and "st.relaxed.gpu.global.b32" in t
+    # blk 64 / D 128: warp 1 hands the stage back to the producer, one arrival per consumer
+    # warp (4) on its empty mbarrier
+    alias = by_threads[160][0]
+    assert len(re.findall(r"mbarrier\.arrive\.shared\.b64", alias)) >= 4
