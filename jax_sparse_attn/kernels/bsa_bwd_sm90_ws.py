@@ -311,47 +311,22 @@ class BsaBwdSm90Ws:
 
     @cute.jit
     def _dq_order_warp(self, mEntries, mRank, mdQSem, e_begin, n_ent, n_q_blocks, seqlen_q,
-                       head_kv, group, batch):
+                       head_kv, group, batch, mdQacc=None, st=None, pipe_q=None):
         """Warp 1 in deterministic mode: per query tile of the list, wait for the earlier KV
         blocks' dQ additions, let the consumers add (barrier 2), wait for their additions
-        (barrier 3) and publish this block's (see the module docstring)."""
-        lane = cute.arch.lane_idx()
-        n_sync = 128 * self.num_wg + 32
-        for e in cutlass.range(n_ent, unroll=1):
-            ent = Int32(mEntries[e_begin + e])
-            rank = Int32(mRank[e_begin + e])
-            h_in_group = ent // n_q_blocks
-            m_block = ent - h_in_group * n_q_blocks
-            head = head_kv * group + h_in_group
-            for s in cutlass.range_constexpr(self.sub):
-                if m_block * self.bn + s * self.bm < seqlen_q:
-                    sem = elem_ptr(mdQSem, (batch, head, m_block * self.sub + s))
-                    if lane == 0:
-                        wait_at_least(sem, rank)
-                    cute.arch.sync_warp()
-                    cute.arch.barrier_arrive(barrier_id=2, number_of_threads=n_sync)
-                    cute.arch.barrier(barrier_id=3, number_of_threads=n_sync)
-                    if lane == 0:
-                        st_release_s32(sem, rank + 1)
-                    cute.arch.sync_warp()
+        (barrier 3) and publish this block's (see the module docstring).
 
-    @cute.jit
-    def _dq_writer_warp(self, mEntries, mRank, mdQSem, mdQacc, st, pipe_q, e_begin, n_ent,
-                        n_q_blocks, seqlen_q, head_kv, group, batch):
-        """Warp 1 in deterministic mode with ``det_writer``: per query tile of the list (the
-        consumers' steps, in their order), wait for the earlier contributions (lane 0,
-        acquire loads), wait until the consumers have staged the step's dQ slices (named
-        barrier 2, the consumers arrive), add the whole staged tile with one bulk
-        reduce-add per block, wait until the additions are complete, publish ``rank + 1``,
-        then hand the staging buffer back: with ``dq_alias`` the step's Q / dO stage to the
-        producer (one arrival per consumer warp on its empty barrier), and to the consumers
-        (named barrier 5, the consumers sync on it before they stage the next step)."""
+        With ``det_writer``: per query tile (the consumers' steps, in their order) wait for
+        the earlier contributions, wait until the consumers have staged the step's dQ slices
+        (barrier 2, the consumers arrive), add the whole staged tile with one bulk reduce-add
+        per block into ``mdQacc``, wait until the additions are complete, publish, then hand
+        the staging buffer back: with ``dq_alias`` the step's Q / dO stage of ``pipe_q`` to
+        the producer (one arrival per consumer warp on its empty barrier), and to the
+        consumers (barrier 5: they sync on it before they stage the next step)."""
         lane = cute.arch.lane_idx()
         bm, d, nwg = self.bm, self.d, self.num_wg
         n_sync = 128 * nwg + 32
-        t_cols = d // nwg
-        n_cg = t_cols // self.dq_w
-        t_half = 2 * d // self.dq_w
+        n_cg = d // nwg // self.dq_w  # blocks per consumer warp
         c = Int32(0)
         for e in cutlass.range(n_ent, unroll=1):
             ent = Int32(mEntries[e_begin + e])
@@ -365,35 +340,44 @@ class BsaBwdSm90Ws:
                     if lane == 0:
                         wait_at_least(sem, rank)
                     cute.arch.sync_warp()
-                    # every consumer warp's slice of this step is staged and fenced
-                    cute.arch.barrier(barrier_id=2, number_of_threads=n_sync)
-                    sdQ = st.sdQ.data_ptr()
-                    sdQ2 = None
-                    if cutlass.const_expr(self.dq_alias):
-                        stg = pipe_q.stage(c)
-                        sdQ = cute.recast_ptr(st.sQ.data_ptr() + stg * (bm * d), dtype=Float32)
-                        sdQ2 = cute.recast_ptr(st.sdO.data_ptr() + stg * (bm * d),
-                                               dtype=Float32)
-                    if lane == 0:
-                        gtile = elem_ptr(mdQacc, (batch, head, m_block * self.sub + s, 0))
-                        for wi in cutlass.range_constexpr(4 * nwg):
-                            # consumer warp wi: rows 16 (wi % 4) .., warpgroup wi // 4's
-                            # columns
-                            bulk_add_warp_slice(gtile, sdQ, wi % 4, (wi // 4) * n_cg, n_cg, 4,
-                                                self.dq_w, sbase2=sdQ2, half=t_half)
-                        cute.arch.cp_async_bulk_commit_group()
-                        # complete (not only read) before the publication
-                        cute.arch.cp_async_bulk_wait_group(0, read=False)
-                        st_release_s32(sem, rank + 1)
-                    cute.arch.sync_warp()
-                    if cutlass.const_expr(self.dq_alias):
-                        # the stage goes back to the producer (the consumers did not release
-                        # it): one arrival per consumer warp
-                        with cute.arch.elect_one():
-                            for _ in cutlass.range_constexpr(4 * nwg):
-                                cute.arch.mbarrier_arrive(pipe_q.empty + pipe_q.stage(c))
-                    cute.arch.barrier_arrive(barrier_id=5, number_of_threads=n_sync)
-                    c += 1
+                    if cutlass.const_expr(self.det_writer):
+                        # every consumer warp's slice of this step is staged and fenced
+                        cute.arch.barrier(barrier_id=2, number_of_threads=n_sync)
+                        sdQ = st.sdQ.data_ptr()
+                        sdQ2 = None
+                        if cutlass.const_expr(self.dq_alias):
+                            stg = pipe_q.stage(c)
+                            sdQ = cute.recast_ptr(st.sQ.data_ptr() + stg * (bm * d),
+                                                  dtype=Float32)
+                            sdQ2 = cute.recast_ptr(st.sdO.data_ptr() + stg * (bm * d),
+                                                   dtype=Float32)
+                        if lane == 0:
+                            gtile = elem_ptr(mdQacc, (batch, head, m_block * self.sub + s, 0))
+                            for wi in cutlass.range_constexpr(4 * nwg):
+                                # consumer warp wi: rows 16 (wi % 4) .., warpgroup wi // 4's
+                                # columns
+                                bulk_add_warp_slice(gtile, sdQ, wi % 4, (wi // 4) * n_cg, n_cg,
+                                                    4, self.dq_w, sbase2=sdQ2,
+                                                    half=2 * d // self.dq_w)
+                            cute.arch.cp_async_bulk_commit_group()
+                            # complete (not only read) before the publication
+                            cute.arch.cp_async_bulk_wait_group(0, read=False)
+                            st_release_s32(sem, rank + 1)
+                        cute.arch.sync_warp()
+                        if cutlass.const_expr(self.dq_alias):
+                            # the stage goes back to the producer (the consumers did not
+                            # release it): one arrival per consumer warp
+                            with cute.arch.elect_one():
+                                for _ in cutlass.range_constexpr(4 * nwg):
+                                    cute.arch.mbarrier_arrive(pipe_q.empty + pipe_q.stage(c))
+                        cute.arch.barrier_arrive(barrier_id=5, number_of_threads=n_sync)
+                        c += 1
+                    else:
+                        cute.arch.barrier_arrive(barrier_id=2, number_of_threads=n_sync)
+                        cute.arch.barrier(barrier_id=3, number_of_threads=n_sync)
+                        if lane == 0:
+                            st_release_s32(sem, rank + 1)
+                        cute.arch.sync_warp()
 
     @cute.kernel
     def kernel(self, tma_q, tma_tQ, tma_do, tma_tdO, tma_k, tma_tK, tma_v, tma_tV,
@@ -520,14 +504,10 @@ class BsaBwdSm90Ws:
                                 cute.copy(tma_do, tdOg[None, q_tile], tdOs[None, stg],
                                           tma_bar_ptr=pipe_q.full_ptr(c))
                                 c += 1
-            if cutlass.const_expr(self.det_writer):
-                if warp == 1:
-                    self._dq_writer_warp(mEntries, mRank, mdQSem, mdQacc, st, pipe_q, e_begin,
-                                         n_ent, n_q_blocks, seqlen_q, head_kv, group, batch)
-            elif cutlass.const_expr(self.deterministic):
+            if cutlass.const_expr(self.deterministic):
                 if warp == 1:
                     self._dq_order_warp(mEntries, mRank, mdQSem, e_begin, n_ent, n_q_blocks,
-                                        seqlen_q, head_kv, group, batch)
+                                        seqlen_q, head_kv, group, batch, mdQacc, st, pipe_q)
         else:
             # ================================ consumers ===============================
             cute.arch.setmaxregister_increase(self.regs_consumer)
