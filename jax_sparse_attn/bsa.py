@@ -265,7 +265,7 @@ _META_ARG_LINES = """
       q2k_block_nums: int32 ``(B, H_q, N_q)`` per-row active-prefix lengths in
         ``[1, K_max]`` (``[0, K_max]`` with ``allow_empty_block_nums=True``). Default None.
       sparse_block_size: 64 or 128 (default 128 on every backend).
-      softmax_scale: Python number, default ``1 / sqrt(D)``.
+      softmax_scale: Python number, finite in float32; default ``1 / sqrt(D)``.
       layout: ``"bhsd"`` (default) or ``"bshd"``; outputs follow it.
       allow_empty_block_nums: allow counts of 0 (empty rows: out 0, lse -inf); default
         False.
@@ -316,7 +316,7 @@ _RAISES_DOC = """
         "auto", pack_gqa with H_q / H_kv not dividing sparse_block_size, K_max = 0,
         both or neither of
         block_sparse_num/q2k_block_nums, block_sparse_num outside [1, K_max], a
-        non-finite softmax_scale, backend not in {"auto", "kernel", "reference"}, a
+        softmax_scale that is not finite in float32, backend not in {"auto", "kernel", "reference"}, a
         switch environment variable outside its allowed values, and
         (for concrete metadata) bad values, see
         :func:`~jax_sparse_attn.validate_bsa_metadata`.

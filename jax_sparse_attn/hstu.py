@@ -294,13 +294,15 @@ _ARG_LINES = """
         per-shard ``(num_shards, B_local+1)`` arrays with shard-local offsets, row ``s``
         packing tokens ``[s*T/num_shards, (s+1)*T/num_shards)`` (``func`` then
         ``(num_shards, N, L_local)``; see :mod:`jax_sparse_attn.sharding`).
-      max_seqlen_q: static Python int >= every query length (compile-time bound).
-      max_seqlen_k: static Python int >= every key length.
-      scaling_seqlen: positive Python number dividing the output; default
-        ``max_seqlen_q`` (1 when ``max_seqlen_q`` is 0).
+      max_seqlen_q: static Python int >= every query length (compile-time bound),
+        at most ``2**31 - 1``.
+      max_seqlen_k: static Python int >= every key length, at most ``2**31 - 1``.
+      scaling_seqlen: positive Python number dividing the output (``1 / scaling_seqlen``
+        finite in float32); default ``max_seqlen_q`` (1 when ``max_seqlen_q`` is 0).
       window_size: ``(left, right)`` Python ints >= -1 (-1 = unbounded), relative to the
-        bottom-right aligned query position; default ``(-1, 0)`` (causal).
-      alpha: Python number scaling ``q . k``; default 1.0.
+        bottom-right aligned query position; default ``(-1, 0)`` (causal). A side
+        ``>= max_seqlen_q + max_seqlen_k`` reaches every key and means the same as -1.
+      alpha: Python number scaling ``q . k`` (finite in float32); default 1.0.
       func: optional int32 ``(1, N, L_f)``, N odd, ``L_f >= T_q + 256``: arbitrary
         interval mask (see module doc; :mod:`jax_sparse_attn.masks` builds common
         ones). Requires ``window_size=(-1, -1)`` and no paged KV. Default None.
@@ -360,7 +362,8 @@ _ARGS_DOC = "\n    Args:" + _ARG_LINES + _PAGED_ARG_LINES + _BACKEND_ARG_LINES
 _RAISES_DOC = """
     Raises:
       ValueError: bad shapes/ranks (also zero heads or head dims), options (e.g. func with a window, odd-N violation,
-        scaling_seqlen <= 0, backend not in {"auto", "kernel", "reference"}, a switch
+        scaling_seqlen <= 0, alpha or 1 / scaling_seqlen not finite in float32,
+        max_seqlen_* > 2**31 - 1, backend not in {"auto", "kernel", "reference"}, a switch
         environment variable outside its allowed values) or, when the
         metadata are concrete arrays, bad values
         (see :func:`~jax_sparse_attn.validate_hstu_inputs`).

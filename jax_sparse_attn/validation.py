@@ -147,23 +147,37 @@ def _check_int(name, x):
     return dt
 
 
-def _static_int(name, x, minimum=None):
+#: largest int32 value: the kernels and the reference index sequences with int32 offsets
+INT32_MAX = 2**31 - 1
+#: largest finite float32: the kernels take alpha, 1 / scaling_seqlen and softmax_scale as
+#: float32 scalars (the reference computes in float32 for 16/32-bit inputs)
+FLOAT32_MAX = float(np.finfo(np.float32).max)
+
+
+def _static_int(name, x, minimum=None, maximum=None):
     x = _static_scalar(name, x, "int")
     if isinstance(x, bool) or not isinstance(x, numbers.Integral):
         raise TypeError(f"{name} must be a static Python int, got {type(x).__name__}")
     x = int(x)
     if minimum is not None and x < minimum:
         raise ValueError(f"{name} must be >= {minimum}, got {x}")
+    if maximum is not None and x > maximum:
+        raise ValueError(f"{name} must be <= {maximum}, got {x}")
     return x
 
 
 def _static_real(name, x):
+    """A static finite number whose magnitude fits float32 (the dtype the kernels and the
+    reference scale by: a larger value would become inf there and turn results into NaN)."""
     x = _static_scalar(name, x, "number")
     if isinstance(x, bool) or not isinstance(x, numbers.Real):
         raise TypeError(f"{name} must be a static Python number, got {type(x).__name__}")
     x = float(x)
     if not np.isfinite(x):
         raise ValueError(f"{name} must be finite, got {x}")
+    if abs(x) > FLOAT32_MAX:
+        raise ValueError(f"{name} must be finite in float32 (|{name}| <= {FLOAT32_MAX:.4g}), "
+                         f"got {x}")
     return x
 
 
@@ -183,6 +197,16 @@ def _check_window(window_size):
             raise ValueError(f"window_size {side} must be >= -1 (-1 = unbounded), got {int(w)}")
         out.append(int(w))
     return tuple(out)
+
+
+def _unbounded_window(window, max_seqlen_q, max_seqlen_k):
+    """A window side ``>= max_seqlen_q + max_seqlen_k`` reaches every key of every sequence
+    (key positions ``j`` lie in ``[0, max_seqlen_k)``, query positions ``p`` in
+    ``(-max_seqlen_q, max_seqlen_k)``), so it is the unbounded side ``-1``. Normalising it
+    keeps the mask exact and ``p +- w`` within int32 (``(-1, 2**31 - 1)`` would otherwise
+    wrap around and mask every key)."""
+    reach = max_seqlen_q + max_seqlen_k
+    return tuple(-1 if w >= reach else w for w in window)
 
 
 # ----------------------------------------------------------------------------- HSTU
@@ -243,15 +267,18 @@ def check_hstu_args(q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q, max_se
         raise ValueError(f"cu_seqlens_k must have the same length as cu_seqlens_q ({bq}), got {bk}")
     if paged and page_indptrs.shape[0] != bq:
         raise ValueError(f"page_indptrs must have shape (B+1,) = ({bq},), got {tuple(page_indptrs.shape)}")
-    max_seqlen_q = _static_int("max_seqlen_q", max_seqlen_q, 0)
-    max_seqlen_k = _static_int("max_seqlen_k", max_seqlen_k, 0)
+    max_seqlen_q = _static_int("max_seqlen_q", max_seqlen_q, 0, INT32_MAX)
+    max_seqlen_k = _static_int("max_seqlen_k", max_seqlen_k, 0, INT32_MAX)
     if scaling_seqlen is None:
         scaling = float(max_seqlen_q) if max_seqlen_q > 0 else 1.0
     else:
         scaling = _static_real("scaling_seqlen", scaling_seqlen)
         if scaling <= 0:
             raise ValueError(f"scaling_seqlen must be > 0, got {scaling}")
-    window = _check_window(window_size)
+        if 1.0 / scaling > FLOAT32_MAX:
+            raise ValueError(f"scaling_seqlen must be >= {1.0 / FLOAT32_MAX:.4g} (1 / scaling_seqlen "
+                             f"must be finite in float32), got {scaling}")
+    window = _unbounded_window(_check_window(window_size), max_seqlen_q, max_seqlen_k)
     alpha = _static_real("alpha", alpha)
     if func is not None:
         fshape = _check_rank("func", func, 3, "(1, N, L_f)")

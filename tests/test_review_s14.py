@@ -1,0 +1,141 @@
+"""Review session 14: inputs that broke the public API on the CPU (reference backend).
+
+Each test is a problem found by trying the ops as a new user would; the docstring of each
+says what happened before the fix.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from jax_sparse_attn import (
+    block_sparse_attention,
+    hstu_attention,
+    validate_hstu_inputs,
+)
+
+INT32_MAX = 2**31 - 1
+
+
+def _silu(x):
+    return x / (1.0 + np.exp(-x))
+
+
+def _hstu_oracle(q, k, v, cu_q, cu_k, window, alpha, scaling):
+    """float64 numpy HSTU forward of the documented semantics (window masks only)."""
+    out = np.zeros(q.shape[:2] + (v.shape[2],))
+    left, right = window
+    for b in range(len(cu_q) - 1):
+        L_q, L_k = cu_q[b + 1] - cu_q[b], cu_k[b + 1] - cu_k[b]
+        for i in range(L_q):
+            p = i + L_k - L_q
+            for j in range(L_k):
+                if (left >= 0 and j < p - left) or (right >= 0 and j > p + right):
+                    continue
+                s = alpha * np.einsum("hd,hd->h", q[cu_q[b] + i], k[cu_k[b] + j])
+                out[cu_q[b] + i] += _silu(s)[:, None] * v[cu_k[b] + j] / scaling
+    return out
+
+
+def _hstu_inputs(lens_q=(5, 7), lens_k=(6, 9), H=2, D=8, seed=0):
+    rng = np.random.default_rng(seed)
+    cu_q = np.cumsum((0,) + tuple(lens_q)).astype(np.int32)
+    cu_k = np.cumsum((0,) + tuple(lens_k)).astype(np.int32)
+    q = rng.standard_normal((cu_q[-1], H, D)).astype(np.float32)
+    k = rng.standard_normal((cu_k[-1], H, D)).astype(np.float32)
+    v = rng.standard_normal((cu_k[-1], H, D)).astype(np.float32)
+    return q, k, v, cu_q, cu_k
+
+
+# ----------------------------------------------------------------------------- HSTU windows
+
+
+@pytest.mark.parametrize("window", [(-1, INT32_MAX), (INT32_MAX, INT32_MAX), (3, INT32_MAX),
+                                    (INT32_MAX, 0), (2**40, 0), (0, 2**40), (10**30, 10**30)])
+def test_hstu_huge_window_side_is_unbounded(window):
+    """A window side of INT32_MAX (a common "no limit" sentinel) wrapped around in
+    ``p + right`` (int32) and masked every key: the output was silently all zeros (and
+    ``2**40`` raised an internal OverflowError from the jitted reference). A side that
+    reaches past every key must act as -1 (unbounded)."""
+    q, k, v, cu_q, cu_k = _hstu_inputs()
+    opts = dict(max_seqlen_q=8, max_seqlen_k=10, alpha=0.3)
+    got = np.asarray(hstu_attention(q, k, v, cu_q, cu_k, window_size=window, **opts))
+    want_window = tuple(-1 if w >= 18 else w for w in window)
+    want = _hstu_oracle(q, k, v, cu_q, cu_k, want_window, 0.3, 8)
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+    assert np.abs(got).max() > 0
+
+
+@pytest.mark.parametrize("window", [(7, 0), (8, 2), (0, 9), (9, 8)])
+def test_hstu_large_finite_window_exact(window):
+    """Windows just below the "reaches every key" bound keep their exact (finite) mask."""
+    q, k, v, cu_q, cu_k = _hstu_inputs(lens_q=(8, 3), lens_k=(6, 9))
+    got = np.asarray(hstu_attention(q, k, v, cu_q, cu_k, max_seqlen_q=8, max_seqlen_k=9,
+                                    window_size=window, alpha=0.5))
+    np.testing.assert_allclose(got, _hstu_oracle(q, k, v, cu_q, cu_k, window, 0.5, 8),
+                               rtol=1e-5, atol=1e-6)
+
+
+def test_hstu_huge_window_under_jit_and_grad():
+    """The same through jit + grad (traced cu_seqlens): gradients match the unbounded mask."""
+    q, k, v, cu_q, cu_k = _hstu_inputs()
+
+    def loss(q, cu, w):
+        return jnp.sum(hstu_attention(q, k, v, cu, cu_k, max_seqlen_q=8, max_seqlen_k=10,
+                                      window_size=w) ** 2)
+
+    g_big = jax.jit(jax.grad(lambda q, cu: loss(q, cu, (-1, INT32_MAX))))(q, cu_q)
+    g_full = jax.grad(lambda q, cu: loss(q, cu, (-1, -1)))(q, cu_q)
+    np.testing.assert_allclose(g_big, g_full, rtol=1e-6, atol=1e-7)
+
+
+# ----------------------------------------------------------------------------- static numbers
+
+
+@pytest.mark.parametrize("name,value", [("max_seqlen_q", 2**31), ("max_seqlen_q", 2**40),
+                                        ("max_seqlen_k", 2**31), ("max_seqlen_k", 2**63)])
+def test_hstu_max_seqlen_beyond_int32(name, value):
+    """``max_seqlen_q=2**40`` raised jax's internal OverflowError ("while parsing an argument
+    to a jitted computation, whose argument path is x2"), ``max_seqlen_k=2**31`` ran out of
+    memory allocating 1.2 TB. Both must be a ValueError naming the argument."""
+    q, k, v, cu_q, cu_k = _hstu_inputs()
+    opts = dict(max_seqlen_q=8, max_seqlen_k=10)
+    opts[name] = value
+    with pytest.raises(ValueError, match=rf"{name} must be <= {INT32_MAX}"):
+        hstu_attention(q, k, v, cu_q, cu_k, **opts)
+    with pytest.raises(ValueError, match=name):
+        validate_hstu_inputs(q, k, v, cu_q, cu_k, **opts)
+
+
+@pytest.mark.parametrize("name,value", [("alpha", 1e39), ("alpha", -1e300),
+                                        ("scaling_seqlen", 1e300), ("scaling_seqlen", 1e-300),
+                                        ("scaling_seqlen", 1e-39)])
+def test_hstu_scalars_beyond_float32(name, value):
+    """alpha / 1 / scaling_seqlen are float32 scalars: alpha=1e39 or scaling_seqlen=1e-300
+    became inf and the output silently NaN. They must be a ValueError naming the argument."""
+    q, k, v, cu_q, cu_k = _hstu_inputs()
+    with pytest.raises(ValueError, match=rf"{name} must be"):
+        hstu_attention(q, k, v, cu_q, cu_k, max_seqlen_q=8, max_seqlen_k=10, **{name: value})
+
+
+@pytest.mark.parametrize("name,value", [("alpha", 1e30), ("scaling_seqlen", 1e-30),
+                                        ("scaling_seqlen", 1e30)])
+def test_hstu_scalars_large_but_float32_ok(name, value):
+    """Values inside float32's range are still accepted (finite result)."""
+    q, k, v, cu_q, cu_k = _hstu_inputs()
+    q = q * 1e-10 if name == "alpha" else q
+    out = hstu_attention(q, k, v, cu_q, cu_k, max_seqlen_q=8, max_seqlen_k=10, **{name: value})
+    assert out.shape == (12, 2, 8)
+
+
+@pytest.mark.parametrize("scale", [1e39, -1e300])
+def test_bsa_softmax_scale_beyond_float32(scale):
+    """softmax_scale=1e39 became inf in float32: every score was +-inf and the output NaN.
+    It must be a ValueError naming softmax_scale."""
+    x = jnp.ones((1, 1, 64, 16), jnp.float32)
+    idx = jnp.zeros((1, 1, 1, 1), jnp.int32)
+    with pytest.raises(ValueError, match="softmax_scale must be finite in float32"):
+        block_sparse_attention(x, x, x, idx, 1, sparse_block_size=64, softmax_scale=scale)
