@@ -41,6 +41,8 @@ import functools
 import jax
 import jax.numpy as jnp
 
+from .validation import _static_int
+
 __all__ = [
     "TIME_BUCKET_DIVISOR",
     "position_bias",
@@ -60,7 +62,20 @@ def _table(w, name):
         raise ValueError(f"{name} must be a 1-D table (n,) or per-head (H_rab, n), got shape {w.shape}")
     if not jnp.issubdtype(w.dtype, jnp.floating):
         raise TypeError(f"{name} must be a floating-point table, got dtype {w.dtype}")
+    if w.shape[-1] < 1 or (w.ndim == 2 and w.shape[0] < 1):
+        raise ValueError(f"{name} must have H_rab >= 1 heads and at least one entry per head, "
+                         f"got shape {w.shape}")
     return w if w.ndim == 2 else w[None]  # (H_rab, n)
+
+
+def _timestamps(x, name, batch=None):
+    """A ``(B, N)`` timestamp array (``ValueError`` naming ``name`` otherwise)."""
+    x = jnp.asarray(x)
+    if x.ndim != 2 or (batch is not None and x.shape[0] != batch):
+        want = "(B, N)" if batch is None else f"(B={batch}, N)"
+        raise ValueError(f"{name} must have shape {want} (one padded row per sequence), "
+                         f"got {x.shape}")
+    return x
 
 
 def position_bias(w_pos, max_seqlen_k: int):
@@ -76,14 +91,15 @@ def position_bias(w_pos, max_seqlen_k: int):
       the batch, e.g. with :func:`relative_bias` or ``jnp.broadcast_to``).
 
     Raises:
-      ValueError: the table length is even or ``max_seqlen_k > N``.
+      ValueError: the table length is even, ``max_seqlen_k < 0`` or ``max_seqlen_k > N``.
+      TypeError: ``max_seqlen_k`` is not a static int, or the table is not floating-point.
     """
     w = _table(w_pos, "w_pos")
     n2 = w.shape[-1]
     if n2 % 2 != 1:
         raise ValueError(f"w_pos must have an odd length 2N - 1, got {n2}")
     n = (n2 + 1) // 2
-    mk = int(max_seqlen_k)
+    mk = _static_int("max_seqlen_k", max_seqlen_k, 0)
     if mk > n:
         raise ValueError(f"max_seqlen_k={mk} exceeds N={n} positions covered by w_pos (length {n2})")
     return _skew(w[:, n - mk: n + mk - 1], mk)[None]
@@ -112,7 +128,8 @@ def time_bucket(dt, num_buckets: int = 128):
     ``dt`` is an integer (or float) array of time gaps in the timestamps' unit (seconds for
     MovieLens). The logarithm is evaluated in float32.
     """
-    a = jnp.maximum(jnp.abs(jnp.asarray(dt)).astype(jnp.float32), 1.0)
+    # float32 before abs: |INT32_MIN| does not exist as an int32 (it would stay negative)
+    a = jnp.maximum(jnp.abs(jnp.asarray(dt).astype(jnp.float32)), 1.0)
     b = jnp.floor(jnp.log(a) / TIME_BUCKET_DIVISOR)
     return jnp.clip(b, 0, num_buckets).astype(jnp.int32)
 
@@ -130,12 +147,18 @@ def next_timestamps(timestamps, lengths=None):
 
     Returns:
       ``(B, N)`` with timestamps' dtype.
+
+    Raises:
+      ValueError: ``timestamps`` is not ``(B, N)`` or ``lengths`` is not ``(B,)``.
     """
-    ts = jnp.asarray(timestamps)
+    ts = _timestamps(timestamps, "timestamps")
     nxt = jnp.concatenate([ts[:, 1:], ts[:, -1:]], axis=1)
     if lengths is None:
         return nxt
-    lengths = jnp.asarray(lengths).astype(jnp.int32)
+    lengths = jnp.asarray(lengths)
+    if lengths.shape != ts.shape[:1]:
+        raise ValueError(f"lengths must have shape (B,) = {ts.shape[:1]}, got {lengths.shape}")
+    lengths = lengths.astype(jnp.int32)
     last = jnp.take_along_axis(ts, jnp.clip(lengths - 1, 0, ts.shape[1] - 1)[:, None], axis=1)
     p = jnp.arange(ts.shape[1])[None, :]
     return jnp.where(p >= lengths[:, None] - 1, last, nxt)
@@ -156,14 +179,12 @@ def time_bias(w_ts, timestamps, query_timestamps=None):
       accumulated in float32 or wider, see the module docstring); no forward mode.
 
     Raises:
-      ValueError: ``w_ts`` is not 1-D or 2-D, ``timestamps`` is not ``(B, N)``, or
-        ``query_timestamps`` has another shape.
+      ValueError: ``w_ts`` is not 1-D or 2-D or is empty, ``timestamps`` is not
+        ``(B, N)``, or ``query_timestamps`` has another shape.
       TypeError: ``w_ts`` is not a floating-point table.
     """
     w = _table(w_ts, "w_ts")
-    ts = jnp.asarray(timestamps)
-    if ts.ndim != 2:
-        raise ValueError(f"timestamps must have shape (B, N), got {ts.shape}")
+    ts = _timestamps(timestamps, "timestamps")
     tq = next_timestamps(ts) if query_timestamps is None else jnp.asarray(query_timestamps)
     if tq.shape != ts.shape:
         raise ValueError(f"query_timestamps must have timestamps' shape {ts.shape}, got {tq.shape}")
@@ -241,9 +262,13 @@ def relative_bias(w_pos, w_ts, timestamps, query_timestamps=None):
       (module docstring).
 
     Raises:
-      ValueError / TypeError: as :func:`position_bias` and :func:`time_bias`.
+      ValueError / TypeError: as :func:`position_bias` and :func:`time_bias`; also
+        ``ValueError`` when the two tables have different head counts ``H_rab`` (one of
+        them may be 1-D or have 1 head: it is shared by the other's heads).
     """
-    ts = jnp.asarray(timestamps)
-    if ts.ndim != 2:
-        raise ValueError(f"timestamps must have shape (B, N), got {ts.shape}")
+    ts = _timestamps(timestamps, "timestamps")
+    hp, ht = (_table(w, name).shape[0] for w, name in ((w_pos, "w_pos"), (w_ts, "w_ts")))
+    if hp != ht and 1 not in (hp, ht):
+        raise ValueError(f"w_pos and w_ts must have the same number of heads H_rab (or one of "
+                         f"them 1, shared by all heads), got w_pos with {hp} and w_ts with {ht}")
     return position_bias(w_pos, ts.shape[1]) + time_bias(w_ts, ts, query_timestamps)

@@ -139,3 +139,69 @@ def test_bsa_softmax_scale_beyond_float32(scale):
     idx = jnp.zeros((1, 1, 1, 1), jnp.int32)
     with pytest.raises(ValueError, match="softmax_scale must be finite in float32"):
         block_sparse_attention(x, x, x, idx, 1, sparse_block_size=64, softmax_scale=scale)
+
+
+# ----------------------------------------------------------------------------- bias builders
+
+
+def _raises(exc, match, f):
+    with pytest.raises(exc, match=match):
+        f()
+
+
+@pytest.mark.parametrize("case", ["pos_negative_len", "pos_float_len", "ts_empty_table",
+                                  "ts_zero_heads", "heads_mismatch", "next_ts_1d",
+                                  "next_ts_lengths_shape", "time_bias_1d_ts"])
+def test_bias_builders_bad_input(case):
+    """Bad inputs of jax_sparse_attn.bias raised JAX-internal errors ("reshape new_sizes
+    must all be positive", "Slice size at index 1 in gather op is out of range", "add got
+    incompatible shapes for broadcasting", an IndexError) or were silently truncated
+    (``max_seqlen_k=2.5`` gave a 2 x 2 bias). Each must name the argument."""
+    from jax_sparse_attn import bias
+
+    ts = jnp.array([[0, 10, 100, 1000], [5, 5, 5, 5]], jnp.int32)
+    cases = {
+        "pos_negative_len": (ValueError, "max_seqlen_k must be >= 0",
+                             lambda: bias.position_bias(jnp.zeros(7), -1)),
+        "pos_float_len": (TypeError, "max_seqlen_k must be a static Python int",
+                          lambda: bias.position_bias(jnp.zeros(7), 2.5)),
+        "ts_empty_table": (ValueError, "w_ts must have H_rab >= 1 heads and at least one entry",
+                           lambda: bias.time_bias(jnp.zeros(0), ts)),
+        "ts_zero_heads": (ValueError, "w_ts must have H_rab >= 1",
+                          lambda: bias.time_bias(jnp.zeros((0, 9)), ts)),
+        "heads_mismatch": (ValueError, "w_pos and w_ts must have the same number of heads",
+                           lambda: bias.relative_bias(jnp.zeros((2, 7)), jnp.zeros((3, 9)), ts)),
+        "next_ts_1d": (ValueError, r"timestamps must have shape \(B, N\)",
+                       lambda: bias.next_timestamps(ts[0])),
+        "next_ts_lengths_shape": (ValueError, r"lengths must have shape \(B,\)",
+                                  lambda: bias.next_timestamps(ts, jnp.array([1, 2, 3]))),
+        "time_bias_1d_ts": (ValueError, r"timestamps must have shape \(B, N\)",
+                            lambda: bias.time_bias(jnp.zeros(9), ts[0])),
+    }
+    exc, match, f = cases[case]
+    _raises(exc, match, f)
+
+
+@pytest.mark.parametrize("hp,ht", [(1, 1), (2, 1), (1, 3), (3, 3)])
+def test_bias_relative_heads_broadcast(hp, ht):
+    """Tables with equal head counts or one shared (1-head) table still combine."""
+    from jax_sparse_attn import bias
+
+    ts = jnp.array([[0, 10, 100, 1000], [5, 5, 5, 5]], jnp.int32)
+    w_pos = jnp.arange(hp * 7, dtype=jnp.float32).reshape(hp, 7)
+    w_ts = jnp.arange(ht * 9, dtype=jnp.float32).reshape(ht, 9)
+    out = bias.relative_bias(w_pos, w_ts, ts)
+    assert out.shape == (2, max(hp, ht), 4, 4)
+    want = bias.position_bias(w_pos, 4) + bias.time_bias(w_ts, ts)
+    np.testing.assert_array_equal(out, want)
+
+
+@pytest.mark.parametrize("dt,want", [(-(2**31), 71), (2**31 - 1, 71), (-1000, 22), (1000, 22),
+                                     (0, 0), (-1, 0)])
+def test_time_bucket_int32_extremes(dt, want):
+    """``time_bucket`` took ``abs`` in int32, where ``|-2**31|`` wraps to ``-2**31``: the
+    largest negative gap fell into bucket 0 instead of bucket 71 (= floor(ln 2**31 / 0.301))."""
+    from jax_sparse_attn import bias
+
+    got = int(bias.time_bucket(jnp.array([dt], jnp.int32), 128)[0])
+    assert got == want == min(128, int(np.floor(np.log(max(abs(float(dt)), 1.0)) / 0.301)))
