@@ -23,7 +23,7 @@ import jax.numpy as jnp
 from jax import lax
 
 from .metadata import build_kq_csr
-from .validation import HSTU_FUNC_PAD, SPARSE_BLOCK_SIZES
+from .validation import HSTU_FUNC_PAD, SPARSE_BLOCK_SIZES, _check_int, _check_rank, _static_int
 
 __all__ = [
     "hstu_target_func",
@@ -65,18 +65,38 @@ def hstu_target_func(cu_seqlens, total_len: int, *, num_targets=None, contextual
     Returns:
       int32 ``(1, N, L_f)`` with ``N = 5`` when ``num_targets`` is given, else 3; rows
       outside every sequence see nothing.
+
+    Raises:
+      ValueError: ``cu_seqlens`` not ``(B+1,)``, ``num_targets`` not ``(B,)``, a negative
+        ``total_len`` / ``contextual_seq_len`` / ``max_attn_len``, ``func_len`` below
+        ``total_len + 256``.
+      TypeError: non-integer ``cu_seqlens`` / ``num_targets``, or a static size that is
+        not a Python int.
     """
-    T = int(total_len)
-    L_f = T + HSTU_FUNC_PAD if func_len is None else int(func_len)
+    T = _static_int("total_len", total_len, 0)
+    L_f = T + HSTU_FUNC_PAD if func_len is None else _static_int("func_len", func_len)
     if L_f < T + HSTU_FUNC_PAD:
         raise ValueError(f"func_len must be >= total_len + {HSTU_FUNC_PAD} = {T + HSTU_FUNC_PAD}, got {L_f}")
-    c = int(contextual_seq_len)
+    c = _static_int("contextual_seq_len", contextual_seq_len)
     if c < 0:
         raise ValueError(f"contextual_seq_len must be >= 0, got {c}")
-    w = None if not max_attn_len else int(max_attn_len)
+    w = None if max_attn_len is None else _static_int("max_attn_len", max_attn_len)
     if w is not None and w < 0:
         raise ValueError(f"max_attn_len must be >= 0 or None, got {max_attn_len}")
-    cu = jnp.asarray(cu_seqlens).astype(jnp.int32)
+    w = w or None  # 0 = unbounded
+    cu_seqlens = jnp.asarray(cu_seqlens)
+    (n_cu,) = _check_rank("cu_seqlens", cu_seqlens, 1, "(B+1,)")
+    _check_int("cu_seqlens", cu_seqlens)
+    if n_cu < 1:
+        raise ValueError("cu_seqlens must have B+1 >= 1 entries, got 0")
+    if num_targets is not None:
+        num_targets = jnp.asarray(num_targets)
+        _check_rank("num_targets", num_targets, 1, f"(B,) = ({n_cu - 1},)")
+        _check_int("num_targets", num_targets)
+        if num_targets.shape[0] != n_cu - 1:
+            raise ValueError(f"num_targets must have shape (B,) = ({n_cu - 1},) (one count per "
+                             f"sequence of cu_seqlens), got {tuple(num_targets.shape)}")
+    cu = cu_seqlens.astype(jnp.int32)
     B = cu.shape[0] - 1
     r = jnp.arange(L_f, dtype=jnp.int32)
     b_r = jnp.searchsorted(cu, r, side="right").astype(jnp.int32) - 1
@@ -160,8 +180,16 @@ def block_mask_to_index(block_mask, max_blocks: int | None = None):
       without any True entry have count 0 (use ``allow_empty_block_nums=True``).
     """
     mask = jnp.asarray(block_mask).astype(bool)
+    if mask.ndim < 1:
+        raise ValueError(f"block_mask must be (B, H, N_q, N_kv), got shape {mask.shape}")
     n_kv = mask.shape[-1]
-    k_max = n_kv if max_blocks is None else int(max_blocks)
+    if max_blocks is None:
+        if n_kv < 1:
+            raise ValueError(f"block_mask has N_kv = 0 KV blocks (shape {mask.shape}): pass "
+                             f"max_blocks >= 1 for the K_max of the (empty) lists")
+        k_max = n_kv
+    else:
+        k_max = _static_int("max_blocks", max_blocks)
     if k_max < 1:
         raise ValueError(f"max_blocks must be >= 1, got {k_max}")
     order = jnp.argsort(~mask, axis=-1, stable=True).astype(jnp.int32)
@@ -228,16 +256,26 @@ def topk_block_index(q, k, top_k: int, *, sparse_block_size: int = 128, layout: 
         raise ValueError(f"layout must be 'bhsd' or 'bshd', got {layout!r}")
     if isinstance(sparse_block_size, bool) or sparse_block_size not in SPARSE_BLOCK_SIZES:
         raise ValueError(f"sparse_block_size must be one of {SPARSE_BLOCK_SIZES}, got {sparse_block_size!r}")
-    if int(top_k) < 1:
+    top_k = _static_int("top_k", top_k)
+    if top_k < 1:
         raise ValueError(f"top_k must be >= 1, got {top_k}")
+    desc = "(B, H, S, D)" if layout == "bhsd" else "(B, S, H, D)"
+    _check_rank("q", q, 4, desc)
+    _check_rank("k", k, 4, desc)
     if layout == "bshd":
         q = jnp.swapaxes(q, 1, 2)
         k = jnp.swapaxes(k, 1, 2)
     blk = int(sparse_block_size)
     B, Hq, Sq, D = q.shape
-    Hkv = k.shape[1]
-    if Hq % Hkv:
+    Bk, Hkv, Skv, Dk = k.shape
+    if Bk != B or Dk != D:
+        raise ValueError(f"k must have q's batch size {B} and head dim {D} (layout={layout!r} "
+                         f"{desc}), got batch {Bk} and head dim {Dk}")
+    if Hkv < 1 or Hq % Hkv:
         raise ValueError(f"H_q={Hq} must be a multiple of H_kv={Hkv}")
+    if Skv < 1:
+        raise ValueError(f"k must have S_kv >= 1 keys (N_kv >= 1 blocks to choose from), got "
+                         f"S_kv={Skv}")
     r = Hq // Hkv
     if pack_gqa:
         if blk % r:
@@ -284,10 +322,16 @@ def transpose_block_index(q2k_block_index, q2k_block_nums, num_kv_blocks: int):
       in ascending order. Entries past ``k2q_indptr[b, h, -1]`` are -1. Inactive and
       out-of-range entries of the input are ignored.
     """
-    idx = jnp.asarray(q2k_block_index).astype(jnp.int32)
-    nums = jnp.asarray(q2k_block_nums).astype(jnp.int32)
-    B, H, Nq, K = idx.shape
-    n_kv = int(num_kv_blocks)
+    idx, nums = jnp.asarray(q2k_block_index), jnp.asarray(q2k_block_nums)
+    B, H, Nq, K = _check_rank("q2k_block_index", idx, 4, "(B, H, N_q, K_max)")
+    _check_int("q2k_block_index", idx)
+    _check_rank("q2k_block_nums", nums, 3, "(B, H, N_q)")
+    _check_int("q2k_block_nums", nums)
+    if tuple(nums.shape) != (B, H, Nq):
+        raise ValueError(f"q2k_block_nums must have shape (B, H, N_q) = {(B, H, Nq)}, "
+                         f"got {tuple(nums.shape)}")
+    n_kv = _static_int("num_kv_blocks", num_kv_blocks, 0)
+    idx, nums = idx.astype(jnp.int32), nums.astype(jnp.int32)
     # one list per (b, h): build_kq_csr with as many KV heads as query heads
     offsets, entries = build_kq_csr(idx, nums, num_kv_heads=H, num_kv_blocks=n_kv)
     starts = offsets[: B * H * n_kv + 1 : n_kv] if n_kv else jnp.zeros((B * H + 1,), jnp.int32)

@@ -205,3 +205,91 @@ def test_time_bucket_int32_extremes(dt, want):
 
     got = int(bias.time_bucket(jnp.array([dt], jnp.int32), 128)[0])
     assert got == want == min(128, int(np.floor(np.log(max(abs(float(dt)), 1.0)) / 0.301)))
+
+
+# ----------------------------------------------------------------------------- mask builders
+
+
+def _mask_cases():
+    from jax_sparse_attn import masks
+
+    cu = jnp.array([0, 6, 14], jnp.int32)
+    q = jnp.ones((1, 2, 256, 16), jnp.float32)
+    idx = jnp.zeros((1, 2, 3, 2), jnp.int32)
+    return {
+        # hstu_target_func
+        "tf_num_targets_len": (ValueError, r"num_targets must have shape \(B,\) = \(2,\)",
+                               lambda: masks.hstu_target_func(cu, 14, num_targets=jnp.array([2, 2, 2]))),
+        "tf_num_targets_2d": (ValueError, "num_targets must have rank 1",
+                              lambda: masks.hstu_target_func(cu, 14, num_targets=jnp.array([[2, 2]]))),
+        "tf_num_targets_float": (TypeError, "num_targets must be an integer",
+                                 lambda: masks.hstu_target_func(cu, 14, num_targets=jnp.array([2.5, 2.0]))),
+        "tf_cu_2d": (ValueError, "cu_seqlens must have rank 1",
+                     lambda: masks.hstu_target_func(cu[None], 14)),
+        "tf_cu_float": (TypeError, "cu_seqlens must be an integer",
+                        lambda: masks.hstu_target_func(cu.astype(jnp.float32), 14)),
+        "tf_total_float": (TypeError, "total_len must be a static Python int",
+                           lambda: masks.hstu_target_func(cu, 14.5)),
+        "tf_ctx_float": (TypeError, "contextual_seq_len must be a static Python int",
+                         lambda: masks.hstu_target_func(cu, 14, contextual_seq_len=1.5)),
+        "tf_window_float": (TypeError, "max_attn_len must be a static Python int",
+                            lambda: masks.hstu_target_func(cu, 14, max_attn_len=2.5)),
+        # block_mask_to_index
+        "bm_max_blocks_float": (TypeError, "max_blocks must be a static Python int",
+                                lambda: masks.block_mask_to_index(jnp.ones((1, 2, 3, 4), bool), 2.5)),
+        "bm_no_kv_blocks": (ValueError, "N_kv = 0",
+                            lambda: masks.block_mask_to_index(jnp.ones((1, 1, 1, 0), bool))),
+        # topk_block_index
+        "topk_float_k": (TypeError, "top_k must be a static Python int",
+                         lambda: masks.topk_block_index(q, q, 2.5)),
+        "topk_rank3": (ValueError, "q must have rank 4",
+                       lambda: masks.topk_block_index(q[0], q[0], 2)),
+        "topk_head_dim": (ValueError, "k must have q's batch size 1 and head dim 16",
+                          lambda: masks.topk_block_index(q, q[..., :8], 2)),
+        "topk_batch": (ValueError, "k must have q's batch size 1",
+                       lambda: masks.topk_block_index(q, jnp.concatenate([q, q]), 2)),
+        "topk_no_kv_heads": (ValueError, "must be a multiple of H_kv=0",
+                             lambda: masks.topk_block_index(q, q[:, :0], 2)),
+        "topk_no_keys": (ValueError, "S_kv >= 1",
+                         lambda: masks.topk_block_index(q, q[:, :, :0], 2)),
+        # transpose_block_index
+        "tr_nums_shape": (ValueError, "q2k_block_nums must have rank 3",
+                          lambda: masks.transpose_block_index(idx, jnp.ones((1, 2), jnp.int32), 4)),
+        "tr_nums_mismatch": (ValueError, r"q2k_block_nums must have shape \(B, H, N_q\) = \(1, 2, 3\)",
+                             lambda: masks.transpose_block_index(idx, jnp.ones((1, 2, 4), jnp.int32), 4)),
+        "tr_negative_blocks": (ValueError, "num_kv_blocks must be >= 0",
+                               lambda: masks.transpose_block_index(idx, jnp.ones((1, 2, 3), jnp.int32), -1)),
+        "tr_float_index": (TypeError, "q2k_block_index must be an integer",
+                           lambda: masks.transpose_block_index(idx.astype(jnp.float32),
+                                                               jnp.ones((1, 2, 3), jnp.int32), 4)),
+    }
+
+
+@pytest.mark.parametrize("case", sorted(_mask_cases()))
+def test_mask_builders_bad_input(case):
+    """Bad inputs of jax_sparse_attn.masks gave JAX-internal errors ("integer modulo by
+    zero", "not enough values to unpack", an einsum label error, "k argument to top_k must
+    be no larger than size along axis", "a should be 1-dimensional", broadcasting errors)
+    or silent garbage: ``topk_block_index`` with k of batch 2 and q of batch 1 returned an
+    index of batch 2 with counts of batch 1; ``num_targets`` of the wrong length or a float
+    dtype and float static sizes were silently truncated. Each must name the argument."""
+    exc, match, f = _mask_cases()[case]
+    with pytest.raises(exc, match=match):
+        f()
+
+
+def test_mask_builders_valid_inputs_unchanged():
+    """The accepted spellings still work: NumPy ints, max_attn_len 0 / None (unbounded),
+    Python-list cu_seqlens and num_targets."""
+    from jax_sparse_attn import masks
+
+    cu = [0, 6, 14]
+    a = masks.hstu_target_func(cu, np.int64(14), num_targets=[2, 2], max_attn_len=0)
+    b = masks.hstu_target_func(jnp.array(cu, jnp.int32), 14, num_targets=np.array([2, 2]),
+                               max_attn_len=None, contextual_seq_len=np.int32(0))
+    np.testing.assert_array_equal(a, b)
+    idx, nums = masks.block_mask_to_index(jnp.ones((1, 1, 2, 3), bool), max_blocks=np.int64(2))
+    assert idx.shape == (1, 1, 2, 2) and nums.tolist() == [[[2, 2]]]
+    q = jnp.ones((1, 2, 130, 16), jnp.float32)
+    i, n = masks.topk_block_index(q, q[:, :1], np.int32(1), sparse_block_size=64)
+    assert i.shape == (1, 2, 3, 1) and n.shape == (1, 2, 3)
