@@ -125,16 +125,34 @@ def select(backend: str, op_name: str, op: str, unsupported_reason, switches=Non
     return None
 
 
+#: the public ops :func:`which_backend` takes by name
+PUBLIC_OPS = ("hstu_attention", "hstu_attention_forward", "hstu_attention_backward",
+              "block_sparse_attention", "block_sparse_attention_forward",
+              "block_sparse_attention_backward")
+
+
 def which_backend(op, *args, **kwargs) -> BackendChoice:
     """Which backend ``op(*args, **kwargs)`` would run on, and why, without running it.
 
     ``op`` is one of the public ops (:func:`~jax_sparse_attn.hstu_attention`,
-    :func:`~jax_sparse_attn.block_sparse_attention`, their ``_forward`` / ``_backward``);
-    the arguments are those of the call (validated the same way, so the same errors are
-    raised, e.g. NotImplementedError for ``backend="kernel"`` where the kernels cannot
-    run). Returns a :class:`BackendChoice` ``(op, backend, reason)``, ``backend`` being
-    ``"kernel"`` or ``"reference"``.
+    :func:`~jax_sparse_attn.block_sparse_attention`, their ``_forward`` / ``_backward``),
+    the function or its name (``"hstu_attention"``); the arguments are those of the call
+    (validated the same way, so the same errors are raised, e.g. NotImplementedError for
+    ``backend="kernel"`` where the kernels cannot run). Returns a :class:`BackendChoice`
+    ``(op, backend, reason)``, ``backend`` being ``"kernel"`` or ``"reference"``.
+
+    Raises:
+      TypeError: ``op`` is a name other than those of the public ops, or neither a name
+        nor callable, or a callable that makes no backend choice.
     """
+    if isinstance(op, str):
+        if op not in PUBLIC_OPS:
+            raise TypeError(f"which_backend: op must be a public jax_sparse_attn op or its "
+                            f"name, one of {PUBLIC_OPS}; got {op!r}")
+        op = getattr(importlib.import_module("jax_sparse_attn"), op)
+    elif not callable(op):
+        raise TypeError(f"which_backend: op must be a public jax_sparse_attn op or its name, "
+                        f"one of {PUBLIC_OPS}; got {type(op).__name__}")
     _recording.active = True
     try:
         op(*args, **kwargs)

@@ -293,3 +293,37 @@ def test_mask_builders_valid_inputs_unchanged():
     q = jnp.ones((1, 2, 130, 16), jnp.float32)
     i, n = masks.topk_block_index(q, q[:, :1], np.int32(1), sparse_block_size=64)
     assert i.shape == (1, 2, 3, 1) and n.shape == (1, 2, 3)
+
+
+# ----------------------------------------------------------------------------- which_backend
+
+
+@pytest.mark.parametrize("name", ["hstu_attention", "hstu_attention_forward",
+                                  "block_sparse_attention", "block_sparse_attention_forward"])
+def test_which_backend_by_name(name):
+    """README: ``which_backend(op, *args, **kwargs)``; passing the op's name (the natural
+    reading of ``op``) failed with "'str' object is not callable". Names of the public ops
+    now resolve to the ops; the result equals passing the function."""
+    import jax_sparse_attn as jsa
+
+    if name.startswith("hstu"):
+        q = jnp.ones((8, 2, 16), jnp.float32)
+        args, kw = (q, q, q, jnp.array([0, 8], jnp.int32), jnp.array([0, 8], jnp.int32)), \
+            dict(max_seqlen_q=8, max_seqlen_k=8)
+    else:
+        x = jnp.ones((1, 2, 64, 16), jnp.float32)
+        args, kw = (x, x, x, jnp.zeros((1, 2, 1, 1), jnp.int32), 1), dict(sparse_block_size=64)
+    by_name = jsa.which_backend(name, *args, **kw)
+    by_fn = jsa.which_backend(getattr(jsa, name), *args, **kw)
+    assert by_name == by_fn and by_name.backend == "reference"
+    # (hstu_attention_forward runs hstu_attention, whose name the choice records)
+    assert by_name.op in (name, name.replace("_forward", ""))
+
+
+@pytest.mark.parametrize("op", ["hstu", "print", 3, None])
+def test_which_backend_bad_op(op):
+    """Unknown names and non-callables: a TypeError listing the public op names."""
+    import jax_sparse_attn as jsa
+
+    with pytest.raises(TypeError, match="op must be a public jax_sparse_attn op or its name"):
+        jsa.which_backend(op)
