@@ -199,13 +199,17 @@ SWITCHES = (
             "consumer warpgroups; D = D_v in {64, 128, 256} without rab, other calls run sm80 "
             "and "
             "the compile key records it), sm80 (mma.sync, cp.async; every head dim, with rab)"),
-    _choice("hstu_bwd_dq", "JAX_SPARSE_ATTN_HSTU_BWD_DQ", ("tile", "red", "bulk", "red4"),
+    _choice("hstu_bwd_dq", "JAX_SPARSE_ATTN_HSTU_BWD_DQ",
+            ("tile", "red", "bulk", "red4", "tile256"),
             "dQ reduction of the sm90 HSTU backward (tuning / ablation; sm80 ignores it): tile "
             "(each consumer warp stores its dQ accumulator slice in register order to shared "
             "memory and adds it with one 4 KB cp.reduce.async.bulk into a query-tile "
             "workspace, which a second kernel reorders into dq; D <= 128, else red), red (red.global.add.v2.f32 from registers), bulk (fp32 "
             "rows staged in shared memory, one cp.reduce.async.bulk add per row; D <= 128, "
-            "else red), red4 (red.global.add.v4.f32: lane pairs swap halves with shuffles)"),
+            "else red), red4 (red.global.add.v4.f32: lane pairs swap halves with shuffles), "
+            "tile256 (tile, and at D = 256 too: each warp stages its slice in the step's "
+            "consumed Q / dO tiles once both warpgroups' GEMMs are done; not yet run on a "
+            "GPU)"),
     _choice("hstu_bwd_order", "JAX_SPARSE_ATTN_HSTU_BWD_ORDER", ("hlpt", "lpt", "seq"),
             "launch order of the sm90 HSTU backward's KV tiles (tuning / ablation): hlpt "
             "(longest work first within each head, one head after the other: concurrent CTAs "

@@ -16,11 +16,15 @@ from jax_sparse_attn.ffi.hstu import dq_from_tiles  # noqa: E402
 
 def _kernel_workspace(dq, lens, block_m, rng):
     """What the kernel leaves in the workspace for the per-token fp32 ``dq (T, H, D)``:
-    slot ``q_start[b] + t`` holds tile ``t`` of sequence ``b``; consumer warp ``c`` (thread
-    ``32 c + 4 g + q``) stores value ``i = 4 j + 2 h + e`` of its m64n64 accumulator at float
-    ``1024 c + 4 (32 j + 4 g + q) + (i % 4)``; the value is row ``16 w + 8 h + g``, column
-    ``8 j + 2 q + e`` of warpgroup ``c // 4``'s block (warp ``w = c % 4``). Rows past a
-    sequence's end and unused slots hold garbage (never read)."""
+    slot ``q_start[b] + t`` holds tile ``t`` of sequence ``b``. Consumer warp ``w`` of
+    warpgroup ``wg`` (thread ``4 g + q``) holds the wgmma accumulator of rows ``16 w + 8 h +
+    g`` (plus ``64 wg`` at ``block_m = 128``, where the warpgroups split the rows) and
+    columns ``8 j + 2 q + e`` (plus ``D / 2 wg`` at ``block_m = 64``, where they split the
+    head dim), value ``4 j + 2 h + e``; it stores 8-column group ``j`` into block ``(cg0 +
+    j // 8) n_rg + rg`` (``n_rg = block_m / 16``, ``rg`` its row group, ``cg0`` its first
+    64-column group) at float ``4 (32 (j % 8) + 4 g + q) + 2 h + e`` of the block's 1024
+    (``kernels/dq_tiles.py``, ``stage_warp_slice``). Rows past a sequence's end and unused
+    slots hold garbage (never read)."""
     t_q, h, d = dq.shape
     nb = len(lens)
     cu = np.concatenate([[0], np.cumsum(lens)]).astype(np.int32)
@@ -32,28 +36,31 @@ def _kernel_workspace(dq, lens, block_m, rng):
     n_slots = t_q // block_m + len(cu_full) - 1
     assert q_start[-1] <= n_slots
     ws = rng.standard_normal((n_slots, h, block_m * d)).astype(np.float32) * 1e6
+    n_rg = block_m // 16
+    cols = d if block_m == 128 else d // 2  # accumulator columns of one warpgroup
     for b in range(nb + 1):
         for t in range(tiles[b]):
-            for c in range(8):
-                wg, w = divmod(c, 4)
-                for lane in range(32):
-                    g, q = divmod(lane, 4)
-                    for i in range(32):
-                        j, hh, e = i // 4, (i // 2) % 2, i % 2
-                        r = 16 * w + 8 * hh + g
-                        col = 8 * j + 2 * q + e
-                        if block_m == 128:
-                            r += 64 * wg
-                        else:
-                            col += 64 * wg
-                        row = t * block_m + r
-                        if row < lens_full[b]:
-                            off = 1024 * c + 4 * (32 * j + lane) + i % 4
-                            ws[q_start[b] + t, :, off] = dq[cu_full[b] + row, :, col]
+            for wg in range(2):
+                for w in range(4):
+                    rg = 4 * wg + w if block_m == 128 else w
+                    cg0 = 0 if block_m == 128 else wg * cols // 64
+                    for lane in range(32):
+                        g, q = divmod(lane, 4)
+                        for j in range(cols // 8):
+                            for hh in range(2):
+                                for e in range(2):
+                                    r = 16 * rg + 8 * hh + g
+                                    col = cg0 * 64 + 8 * j + 2 * q + e
+                                    row = t * block_m + r
+                                    if row < lens_full[b]:
+                                        blk = (cg0 + j // 8) * n_rg + rg
+                                        off = 1024 * blk + 4 * (32 * (j % 8) + lane) + 2 * hh + e
+                                        ws[q_start[b] + t, :, off] = dq[cu_full[b] + row, :, col]
     return ws, cu_full, q_start
 
 
-@pytest.mark.parametrize("block_m,d", [(64, 128), (128, 64)], ids=["D128", "D64"])
+@pytest.mark.parametrize("block_m,d", [(64, 128), (128, 64), (64, 256)],
+                         ids=["D128", "D64", "D256"])
 def test_dq_from_tiles_inverts_the_kernel_order(block_m, d):
     rng = np.random.default_rng(3)
     lens = [1, 0, 63, 64, 65, 129]

@@ -74,8 +74,9 @@ tb._bwd_text(tb.CONFIGS[1], deterministic=True, det_writer=True)
 def test_det_writer_ptx(tmp_path):
     """With the switch on, warp 1 issues every bulk reduce-add of a query tile after the
     consumers' arrival on named barrier 2 and hands the staging buffer back on barrier 5;
-    barrier 3 (the consumers' report of their own additions) is gone. HSTU (D 128): 8 bulk
-    reduce-adds of 4 KB, the complete-wait per tile and the one before exit. BSA blk 128:
+    barrier 3 (the consumers' report of their own additions) is gone. Warp 1 hands the
+    buffer back once the bulk reads are done and publishes once the additions are complete.
+    HSTU (D 128): 8 bulk reduce-adds of 4 KB. BSA blk 128:
     8 blocks for each of the two 64-row query tiles of a block; blk 64 / D 128 (slices in
     the step's Q / dO stage): 8 blocks, and warp 1 releases the stage to the producer."""
     tests = os.path.dirname(os.path.abspath(__file__))
@@ -89,6 +90,7 @@ def test_det_writer_ptx(tmp_path):
     texts = [p.read_text() for p in tmp_path.iterdir() if p.suffix == ".ptx"]
     bulk = r"cp\.reduce\.async\.bulk\.global\.shared::cta\.bulk_group\.add\.f32"
     complete = r"cp\.async\.bulk\.wait_group\s+0;"
+    read = r"cp\.async\.bulk\.wait_group\.read\s+0;"
 
     def bar(kind, bid, n):
         return rf"bar\.{kind}\s+{bid}, {n};"
@@ -97,7 +99,10 @@ def test_det_writer_ptx(tmp_path):
     assert len(hstu) == 1, [p.name for p in tmp_path.iterdir()]
     h = hstu[0]
     assert len(re.findall(bulk, h)) == 8
+    # the writer waits for the reads (then hands the tile back), then for the completion
+    # (then publishes); the consumers' wait before exit
     assert len(re.findall(complete, h)) == 2
+    assert len(re.findall(read, h)) == 1
     for kind, bid in (("sync", 2), ("arrive", 2), ("sync", 5), ("arrive", 5)):
         assert re.search(bar(kind, bid, 288), h), (kind, bid)
     assert not re.search(r"bar\.(sync|arrive)\s+3, 288;", h)
@@ -107,9 +112,13 @@ def test_det_writer_ptx(tmp_path):
     assert len(ws) == 2, [p.name for p in tmp_path.iterdir()]
     by_threads = {n: [t for t in ws if re.search(bar("sync", 2, n), t)] for n in (288, 160)}
     assert len(by_threads[288]) == 1 and len(by_threads[160]) == 1
-    for n, want in ((288, 16), (160, 8)):
+    # bulk reduce-adds; writer read / complete waits (one per 64-row query tile of a block)
+    # plus the consumers' complete-wait before exit
+    for n, want, tiles in ((288, 16, 2), (160, 8, 1)):
         t = by_threads[n][0]
         assert len(re.findall(bulk, t)) == want, n
+        assert len(re.findall(read, t)) == tiles, n
+        assert len(re.findall(complete, t)) == tiles + 1, n
         for kind, bid in (("arrive", 2), ("sync", 5), ("arrive", 5)):
             assert re.search(bar(kind, bid, n), t), (n, kind, bid)
         assert not re.search(rf"bar\.(sync|arrive)\s+3, {n};", t), n

@@ -515,7 +515,8 @@ def bwd_config(dtype, head_dim, head_dim_v, func_n, switches, *, has_rab=False,
                       rab_per_head=rab_per_head, rab_dtype=rab_dtype)
     if deterministic:
         key = dataclasses.replace(key, deterministic=True, dq_bulk=False)
-        if key.impl == "sm90" and key.dq_tile and getattr(switches, "det_writer", False):
+        if (key.impl == "sm90" and key.dq_tile and head_dim <= 128
+                and getattr(switches, "det_writer", False)):
             key = dataclasses.replace(key, det_writer=True)
     return key
 
@@ -547,7 +548,8 @@ def _bwd_config(dtype, head_dim, head_dim_v, func_n, switches, *, has_rab=False,
             dq_bulk = dq == "bulk" and head_dim <= 128
             return HstuBwdConfig(_cutlass_dtype_name(dtype), head_dim, head_dim_v, bm, bn, 12,
                                  func_n > 0, max(func_n, 1), impl="sm90", dq_bulk=dq_bulk,
-                                 dq_vec4=dq == "red4", dq_tile=dq == "tile" and head_dim <= 128,
+                                 dq_vec4=dq == "red4",
+                                 dq_tile=(dq == "tile" and head_dim <= 128) or dq == "tile256",
                                  bwd_order=getattr(switches, "hstu_bwd_order", "hlpt"),
                                  arch=arch, pdl=bool(getattr(switches, "pdl", False)))
         return dataclasses.replace(
@@ -1088,20 +1090,21 @@ def dq_from_tiles(ws, cu_q, q_start, t_q, block_m, d):
     """The ``(T_q, H, D)`` fp32 dq of the sm90 backward's query-tile workspace (``dq_tile``).
 
     ``ws`` is ``(query tile slots, H, block_m * D)``: canonical query tile ``t`` of sequence
-    ``b`` (slot ``q_start[b] + t``) holds 8 blocks of 1024 floats, one per consumer warp
-    ``c`` (warpgroup ``c // 4``, warp ``w = c % 4``); block ``c`` stores the wgmma
-    accumulator slice of that warp (``m64n64`` of its warpgroup, rows ``16 w .. 16 w + 15``)
-    in register order: float ``4 (32 j + 4 g + q) + 2 h + e`` is row ``16 w + 8 h + g``,
-    column ``8 j + 2 q + e``. The warpgroups split the head dim (``block_m = 64``: columns
-    ``64 wg ..``) or the rows (``block_m = 128``: rows ``64 wg ..``). Token ``i`` of sequence
+    ``b`` (slot ``q_start[b] + t``) holds blocks of 1024 floats (16 rows x 64 columns in
+    the wgmma accumulator's register order: float ``4 (32 j + 4 g + q) + 2 h + e`` is row
+    ``8 h + g``, column ``8 j + 2 q + e`` of the block). ``block_m = 64`` (D = 128: 8 blocks,
+    D = 256: 16): block ``c = 4 cg + w`` holds rows ``16 w ..``, columns ``64 cg ..``;
+    ``block_m = 128`` (D = 64, the warpgroups split the rows): block ``c = 4 wg + w`` holds
+    rows ``64 wg + 16 w ..``. Token ``i`` of sequence
     ``b`` is row ``i - cu_q[b]`` of its sequence's tiles; rows past ``cu_q[-1]`` are zero. The
     jnp statement of what ``kernels/hstu_dq_tiles.py`` computes (tests)."""
     s, h = ws.shape[0], ws.shape[1]
     # (slot, H, wg, w, j, g, q, h8, e)
-    x = ws.reshape(s, h, 2, 4, 8, 8, 4, 2, 2)
+    # (slot, H, wg or column group cg, w, j, g, q, h8, e)
+    x = ws.reshape(s, h, 2 if block_m == 128 else d // 64, 4, 8, 8, 4, 2, 2)
     if block_m == 128:  # rows (wg, w, h8, g), columns (j, q, e)
         x = x.transpose(0, 2, 3, 7, 5, 1, 4, 6, 8)
-    else:  # rows (w, h8, g), columns (wg, j, q, e)
+    else:  # rows (w, h8, g), columns (cg, j, q, e)
         x = x.transpose(0, 3, 7, 5, 1, 2, 4, 6, 8)
     x = x.reshape(s * block_m, h, d)
     tok = jnp.arange(t_q, dtype=jnp.int32)

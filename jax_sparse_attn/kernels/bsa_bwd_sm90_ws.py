@@ -77,10 +77,10 @@ group, along waits that decrease (position in the walk, KV block), so a group wh
 are resident together always progresses. With ``det_writer`` (and ``dq_tile``) warp 1 also
 issues the additions, as FlashAttention-3's dQ writer warp does: the consumers stage a step's
 slices, arrive on named barrier 2 and go on with the next step; warp 1 waits for the
-semaphore, syncs on barrier 2, adds the staged tile (one bulk reduce-add per block), waits
-until the additions are complete, publishes, and hands the buffer back (named barrier 5,
-on which the consumers sync before they stage the next step; with ``dq_alias`` it also
-releases the step's Q / dO stage to the producer). The consumers then wait for a slow
+semaphore, syncs on barrier 2, adds the staged tile (one bulk reduce-add per block), hands
+the buffer back once the additions have read it (named barrier 5, on which the consumers
+sync before they stage the next step; with ``dq_alias`` it also releases the step's Q / dO
+stage to the producer), and publishes once they are complete. The consumers then wait for a slow
 predecessor only when the writer is a whole step behind. ``decouple`` is off in this mode (each query tile gets one addition per
 KV block). Not implemented here (the public layer runs
 ``bsa_bwd_sm90`` for them): ``pack_gqa``, ``causal``.
@@ -319,10 +319,11 @@ class BsaBwdSm90Ws:
         With ``det_writer``: per query tile (the consumers' steps, in their order) wait for
         the earlier contributions, wait until the consumers have staged the step's dQ slices
         (barrier 2, the consumers arrive), add the whole staged tile with one bulk reduce-add
-        per block into ``mdQacc``, wait until the additions are complete, publish, then hand
-        the staging buffer back: with ``dq_alias`` the step's Q / dO stage of ``pipe_q`` to
-        the producer (one arrival per consumer warp on its empty barrier), and to the
-        consumers (barrier 5: they sync on it before they stage the next step)."""
+        per block into ``mdQacc``; once the additions have read it, hand the staging buffer
+        back: with ``dq_alias`` the step's Q / dO stage of ``pipe_q`` to the producer (one
+        arrival per consumer warp on its empty barrier), and to the consumers (barrier 5:
+        they sync on it before they stage the next step); once they are complete,
+        publish."""
         lane = cute.arch.lane_idx()
         bm, d, nwg = self.bm, self.d, self.num_wg
         n_sync = 128 * nwg + 32
@@ -360,10 +361,9 @@ class BsaBwdSm90Ws:
                                                     4, self.dq_w, sbase2=sdQ2,
                                                     half=2 * d // self.dq_w)
                             cute.arch.cp_async_bulk_commit_group()
-                            # complete (not only read) before the publication
-                            cute.arch.cp_async_bulk_wait_group(0, read=False)
-                            st_release_s32(sem, rank + 1)
+                            cute.arch.cp_async_bulk_wait_group(0, read=True)
                         cute.arch.sync_warp()
+                        # the staged tile is read: its buffer is free again
                         if cutlass.const_expr(self.dq_alias):
                             # the stage goes back to the producer (the consumers did not
                             # release it): one arrival per consumer warp
@@ -371,6 +371,11 @@ class BsaBwdSm90Ws:
                                 for _ in cutlass.range_constexpr(4 * nwg):
                                     cute.arch.mbarrier_arrive(pipe_q.empty + pipe_q.stage(c))
                         cute.arch.barrier_arrive(barrier_id=5, number_of_threads=n_sync)
+                        if lane == 0:
+                            # complete (not only read) before the publication
+                            cute.arch.cp_async_bulk_wait_group(0, read=False)
+                            st_release_s32(sem, rank + 1)
+                        cute.arch.sync_warp()
                         c += 1
                     else:
                         cute.arch.barrier_arrive(barrier_id=2, number_of_threads=n_sync)

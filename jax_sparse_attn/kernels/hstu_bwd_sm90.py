@@ -77,8 +77,9 @@ issued after barrier 2 and waited for (complete, not only read) before barrier 3
 is off). With ``det_writer`` (and ``dq_tile``) warp 1 issues the additions itself, as
 FlashAttention-3's dQ writer warp does: the consumers stage their slices, arrive on barrier 2
 and go on with the next query tile; warp 1 waits for the semaphore, syncs on barrier 2, adds
-the staged tile (8 bulk reduce-adds of 4 KB), waits until they are complete, publishes and
-arrives on barrier 5, on which the consumers sync before they stage their next tile. The
+the staged tile (8 bulk reduce-adds of 4 KB), waits until they have read it and arrives on
+barrier 5 (on which the consumers sync before they stage their next tile), then waits until
+they are complete and publishes. The
 consumers then wait for a slow predecessor only when warp 1 is a whole tile behind.
 """
 
@@ -96,6 +97,7 @@ from . import kv_major_bwd as kvb
 from .block_info import QTileRange
 from .common import (acc_layout_as_a, acc_mn_view_wg, bulk_reduce_add_f32, elem_ptr,
                      gmem_load_copy, kv_major_bwd_operands, tma_view)
+from .dq_tiles import bulk_add_warp_slice, stage_warp_slice
 from .mask import HstuMaskKeyMajor
 from .pipeline import SmemPipeline
 from .seqlen_info import SeqlenInfo, offset_rows
@@ -151,10 +153,19 @@ class HstuBwdSm90:
         # workspace (query tile slots, H, bm * D), whose order the host undoes
         # (``dq_tile_order``)
         self.dq_tile = dq_tile and not self.split_d and not self.dq_bulk
+        # D = 256 with dq_tile (dq_alias): no room for a staging tile, so once both
+        # warpgroups' GEMMs of a step are done each consumer warp stages its 16 x 128 slice
+        # in the step's consumed Q / dO stage (the tile's 16 blocks of 16 x 64 floats,
+        # ``dq_tiles.stage_warp_slice``: 8 in the Q buffer, 8 in the dO buffer) and adds its
+        # two blocks with bulk reduce-adds; the stage goes back to the producer once their
+        # reads are done
+        self.dq_alias = dq_tile and self.split_d and not self.dq_bulk
         self.deterministic = deterministic
         # deterministic with dq_tile: warp 1 issues the staged tile's bulk reductions itself
         # once the semaphore allows (the consumers stage and go on; _dq_order_warp)
         self.det_writer = det_writer and deterministic and self.dq_tile
+        # blocks of the dq tile workspace (16 x 64 floats each, kernels/dq_tiles.py order)
+        self.dq_blocks = (self.bm // 16) * (head_dim // 64)
         # red: one red.global.add.v4.f32 per 4 values (lane pairs swap halves) instead of
         # one .v2 per 2
         self.dq_vec4 = dq_vec4 and not self.dq_bulk
@@ -292,9 +303,9 @@ class HstuBwdSm90:
         additions (barrier 3) and publish this KV tile's (see the module docstring). With
         ``det_writer``: wait for the previous KV tile's additions, wait until the consumers
         have staged the tile (barrier 2, the consumers arrive), add the staged tile
-        (``sdQ``, 8 bulk reduce-adds of 4 KB into ``mdQacc``), wait until they are complete,
-        publish, and hand the staging tile back (barrier 5: the consumers sync on it before
-        they stage their next tile)."""
+        (``sdQ``, 8 bulk reduce-adds of 4 KB into ``mdQacc``), hand the staging tile back
+        once they have read it (barrier 5: the consumers sync on it before they stage their
+        next tile), and publish once they are complete."""
         bm, bn = self.bm, self.bn
         lane = cute.arch.lane_idx()
         n_block = Int32(mKVTile[slot, 1])
@@ -325,12 +336,15 @@ class HstuBwdSm90:
                                 elem_ptr(mdQacc, (qt0 + m_block, head, chunk * 1024)),
                                 sdQ + chunk * 1024, 4096)
                         cute.arch.cp_async_bulk_commit_group()
+                        cute.arch.cp_async_bulk_wait_group(0, read=True)
+                    cute.arch.sync_warp()
+                    # the staging tile is read: free again
+                    cute.arch.barrier_arrive(barrier_id=5, number_of_threads=288)
+                    if lane == 0:
                         # complete (not only read) before the publication
                         cute.arch.cp_async_bulk_wait_group(0, read=False)
                         hc.st_release_s32(sem, n_block + 1)
                     cute.arch.sync_warp()
-                    # the staging tile is free again
-                    cute.arch.barrier_arrive(barrier_id=5, number_of_threads=288)
                 else:
                     cute.arch.barrier_arrive(barrier_id=2, number_of_threads=288)
                     cute.arch.barrier(barrier_id=3, number_of_threads=288)
@@ -587,10 +601,46 @@ class HstuBwdSm90:
                             warpgroup.wait_group(1)
 
                             lim = seq.seqlen_q - m0
-                            if cutlass.const_expr(self.deterministic and not self.dq_tile):
+                            if cutlass.const_expr(self.deterministic and not self.dq_tile
+                                                  and not self.dq_alias):
                                 # warp 1: the earlier KV tiles' additions to this tile are done
                                 cute.arch.barrier(barrier_id=2, number_of_threads=288)
-                            if cutlass.const_expr(self.dq_tile):
+                            if cutlass.const_expr(self.dq_alias):
+                                # D = 256: stage this step's slices in its Q and dO tiles once
+                                # both warpgroups' GEMMs (dK reads Q) have read them; the
+                                # warp's rows 16 w .., its warpgroup's 128 columns = blocks
+                                # 4 (2 wg + i) + w, i < 2
+                                a_lane = cute.arch.lane_idx()
+                                a_w = (warp - 4) % 4
+                                a_cg0 = 2 * ((warp - 4) // 4)
+                                warpgroup.wait_group(0)
+                                cute.arch.barrier(barrier_id=4, number_of_threads=256)
+                                a_q = cute.recast_ptr(st.sQ.data_ptr() + s * (bm * d),
+                                                      dtype=Float32)
+                                a_do = cute.recast_ptr(st.sdO.data_ptr() + s * (bm * d),
+                                                       dtype=Float32)
+                                stage_warp_slice(acc_dQ, a_q, a_lane, a_w, a_cg0, 4, 64,
+                                                 sbase2=a_do, half=self.dq_blocks // 2)
+                                cute.arch.fence_proxy("async.shared", space="cta")
+                                cute.arch.sync_warp()
+                                if cutlass.const_expr(self.deterministic):
+                                    # warp 1: the earlier KV tiles' additions are done
+                                    cute.arch.barrier(barrier_id=2, number_of_threads=288)
+                                if a_lane == 0:
+                                    bulk_add_warp_slice(
+                                        elem_ptr(mdQacc, (Int32(mQStart[batch]) + m_block, head,
+                                                          0)),
+                                        a_q, a_w, a_cg0, 2, 4, 64, sbase2=a_do,
+                                        half=self.dq_blocks // 2)
+                                    cute.arch.cp_async_bulk_commit_group()
+                                    # deterministic: complete before warp 1 publishes; else
+                                    # read before the stage goes back to the producer
+                                    cute.arch.cp_async_bulk_wait_group(
+                                        0, read=not self.deterministic)
+                                cute.arch.sync_warp()
+                                if cutlass.const_expr(self.deterministic):
+                                    cute.arch.barrier_arrive(barrier_id=3, number_of_threads=288)
+                            elif cutlass.const_expr(self.dq_tile):
                                 # consumer warp i (0..7) owns floats [1024 i, 1024 i + 1024)
                                 # of the tile: its lane l stores values 4 k .. 4 k + 3 at
                                 # float 4 (32 k + l)
@@ -675,7 +725,7 @@ class HstuBwdSm90:
                     # warp 1's last hand-back of the staging tile (one per tile)
                     if c > 0:
                         cute.arch.barrier(barrier_id=5, number_of_threads=288)
-                if cutlass.const_expr(self.dq_bulk or self.dq_tile):
+                if cutlass.const_expr(self.dq_bulk or self.dq_tile or self.dq_alias):
                     cute.arch.cp_async_bulk_wait_group(0, read=False)
                 # ---- epilogue: dK, dV / scaling_seqlen -> key rows < L_k ----------------
                 kvb.store_dk_dv(acc_dK, acc_dV, thr_kv, bn, d,

@@ -1,16 +1,19 @@
 """dq from the query-tile workspace of the sm90 HSTU backward (CuTe DSL, no jax imports).
 
 With ``dq_tile`` the backward (``hstu_bwd_sm90``) adds each consumer warp's dQ accumulator
-slice, in register order, with one bulk reduce-add to an fp32 workspace ``(query tile
-slots, H, bm * D)``: slot ``q_start[b] + t`` is canonical query tile ``t`` of sequence ``b``,
-and its ``bm * D`` floats are 8 blocks of 1024, one per consumer warp ``c`` (warpgroup
-``c // 4``, warp ``w = c % 4``), where float ``4 (32 j + 4 g + q) + 2 h + e`` of block ``c`` is
-row ``16 w + 8 h + g``, column ``8 j + 2 q + e`` of the warpgroup's ``64 x 64`` part of the
-tile (the m64n64 wgmma accumulator layout). The warpgroups split the head dim at ``bm = 64``
-(columns ``64 wg ..``) and the rows at ``bm = 128`` (rows ``64 wg ..``).
+slice, in register order, with bulk reduce-adds to an fp32 workspace ``(query tile slots,
+H, bm * D)``: slot ``q_start[b] + t`` is canonical query tile ``t`` of sequence ``b``, and its
+``bm * D`` floats are blocks of 1024 (16 rows x 64 columns, ``kernels/dq_tiles.py``): block
+``c = 4 cg + w`` at ``bm = 64`` (rows ``16 w ..``, columns ``64 cg ..``; 8 blocks at D = 128,
+16 at D = 256), block ``c = rg`` at ``bm = 128`` (rows ``16 rg ..``, D = 64), where float
+``4 (32 j + 4 g + q) + 2 h + e`` of a block is row ``8 h + g``, column ``8 j + 2 q + e`` of it
+(the wgmma accumulator layout). D = 128: consumer warp ``c`` (warpgroup ``c // 4``, warp
+``c % 4``) adds block ``c``; D = 256: warp ``w`` of warpgroup ``wg`` adds blocks ``4 (2 wg)
++ w`` and ``4 (2 wg + 1) + w``; D = 64: the warpgroups split the rows (``rg = 4 wg + w``).
 
 This kernel writes ``dq (T, H, D)`` in the input dtype from it, every row exactly once:
-one CTA of 256 threads per (slot, head) of ``slots + 1`` slots. Thread ``32 c + lane`` loads
+one CTA of one warp per block (256 threads; 512 at D = 256) per (slot, head) of ``slots +
+1`` slots. Thread ``32 c + lane`` loads
 the 16-byte groups ``4 (32 j + lane)`` of block ``c`` (consecutive threads, consecutive
 addresses; all 8 loads issued before anything else), converts them and writes the bf16 /
 fp16 pairs (rows ``r``, ``r + 8``) into a row-major shared tile; then each thread stores
@@ -30,18 +33,21 @@ import cutlass.memory
 from cutlass import Float32, Int32
 
 from .common import elem_ptr
-from .dq_tiles import smem_row_stride, smem_rows_to_gmem, tile_load, tile_to_smem
+from .dq_tiles import smem_row_stride, smem_rows_to_gmem, tile_blocks, tile_load, tile_to_smem
 
 
 class HstuDqFromTiles:
     def __init__(self, dtype, block_m: int, head_dim: int, pdl: bool = False):
         self.pdl = pdl
-        if block_m * head_dim != 8192:
+        if (block_m, head_dim) not in ((128, 64), (64, 128), (64, 256)):
             raise NotImplementedError(
-                f"hstu_dq_tiles: block_m * head_dim = {block_m} * {head_dim} is not 8192")
+                f"hstu_dq_tiles: (block_m, head_dim) = ({block_m}, {head_dim}) is not one of "
+                "(128, 64), (64, 128), (64, 256)")
         self.dtype = dtype
         self.bm = block_m
         self.d = head_dim
+        # one warp per 16 x 64 block of the tile
+        self.num_threads = 32 * tile_blocks(block_m, head_dim, 64)
 
     @cute.jit
     def __call__(self, mWs, mCuQ, mQStart, mdQ, stream):
@@ -55,7 +61,8 @@ class HstuDqFromTiles:
             tile: cute.struct.Align[cute.struct.MemRange[self.dtype, n_elems], 128]
 
         self.kernel(mWs, mCuQ, mQStart, mdQ, Smem).launch(
-            grid=(cute.size(mWs.shape[0]) + 1, cute.size(mWs.shape[1]), 1), block=[256, 1, 1],
+            grid=(cute.size(mWs.shape[0]) + 1, cute.size(mWs.shape[1]), 1),
+            block=[self.num_threads, 1, 1],
             smem=Smem.size_in_bytes(), stream=stream, use_pdl=self.pdl)
 
     @cute.kernel
@@ -86,7 +93,8 @@ class HstuDqFromTiles:
             sbase = st.tile.data_ptr()
             tile_to_smem(v, sbase, tidx, bm, d, 64, self.dtype)
             cute.arch.barrier()
-            smem_rows_to_gmem(sbase, tidx, 256, mdQ[None, head, None], mCuQ[lo] + row0,
+            smem_rows_to_gmem(sbase, tidx, self.num_threads, mdQ[None, head, None],
+                              mCuQ[lo] + row0,
                               mCuQ[lo + 1] - mCuQ[lo] - row0, bm, d, self.dtype)
         else:
             # rows past cu_q[n] (no sequence): zeros, bm rows per spare CTA and turn
@@ -97,8 +105,8 @@ class HstuDqFromTiles:
             zero.fill(0.0)
             blk = slot - total
             while blk * bm < n_rows:
-                for it in cutlass.range_constexpr(bm * chunks // 256):
-                    k = it * 256 + tidx
+                for it in cutlass.range_constexpr(bm * chunks // self.num_threads):
+                    k = it * self.num_threads + tidx
                     row = blk * bm + k // chunks
                     piece = k % chunks
                     if row < n_rows:
