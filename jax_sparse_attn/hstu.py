@@ -36,6 +36,7 @@ from functools import partial
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from . import _backend, _platform, _transforms, metadata, reference
 from ._results import HSTUBackwardRabResult, HSTUBackwardResult, HSTUForwardResult
@@ -50,6 +51,7 @@ from .validation import (
     check_kv_splits,
     is_concrete,
     run_time_value_checks,
+    validate_hstu_inputs,
 )
 
 __all__ = ["hstu_attention", "hstu_attention_forward", "hstu_attention_backward", "HSTUConfig"]
@@ -400,6 +402,38 @@ def hstu_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q, max_seq
     return _hstu_jit(cfg, q, k, v, cu_q, cu_k, _i32(func), rab)
 
 
+_VALUE_OPTS = ("max_seqlen_q", "max_seqlen_k", "scaling_seqlen", "window_size", "alpha")
+
+
+def validate_per_shard(q, k, v, cu_q, cu_k, func, rab, opts):
+    """The eager value checks of per-shard ``cu_seqlens`` ``(num_shards, B_local + 1)``
+    (and ``func (num_shards, N, L_local)``): each row against its shard's token slice
+    ``T / num_shards``, when the metadata are concrete (under ``jax.vmap`` /
+    ``jax.shard_map`` they are tracers, so the per-shard calls cannot check them
+    themselves). Raises the validator's ValueError prefixed with the shard; no-op for
+    traced metadata."""
+    if not is_concrete(cu_q, cu_k, func):
+        return
+    ns = int(cu_q.shape[0])
+    cq, ck = np.asarray(cu_q), np.asarray(cu_k)
+    fn = None if func is None else np.asarray(func)
+
+    def local(x, rows):
+        return None if x is None else jax.ShapeDtypeStruct((rows,) + tuple(x.shape[1:]), x.dtype)
+
+    kw = {name: opts[name] for name in _VALUE_OPTS if name in opts}
+    for s in range(ns):
+        rb = None if rab is None else local(rab, rab.shape[0] // ns)
+        try:
+            validate_hstu_inputs(local(q, q.shape[0] // ns), local(k, k.shape[0] // ns),
+                                 local(v, v.shape[0] // ns), cq[s], ck[s],
+                                 func=None if fn is None else fn[s][None], rab=rb, **kw)
+        except ValueError as e:
+            raise ValueError(f"shard {s} of the per-shard cu_seqlens (row {s}, tokens "
+                             f"[{s * (q.shape[0] // ns)}, {(s + 1) * (q.shape[0] // ns)})): "
+                             f"{e}") from None
+
+
 def _per_shard(q, k, v, cu_q, cu_k, func, paged_kv, rab, opts):
     """``cu_seqlens`` of shape ``(num_shards, B_local + 1)``: row ``s`` packs tokens
     ``[s*T/num_shards, (s+1)*T/num_shards)`` with shard-local offsets (the contract of
@@ -408,6 +442,22 @@ def _per_shard(q, k, v, cu_q, cu_k, func, paged_kv, rab, opts):
     ``[s*B_local, (s+1)*B_local)``)."""
     if paged_kv is not None:
         raise ValueError("two-dimensional (per-shard) cu_seqlens are not supported with paged_kv")
+    _per_shard_shapes(q, k, v, cu_q, cu_k, func, rab)
+    ns = cu_q.shape[0]
+    validate_per_shard(q, k, v, cu_q, cu_k, func, rab, opts)
+    split = lambda x: x.reshape((ns, x.shape[0] // ns) + tuple(x.shape[1:]))  # noqa: E731
+
+    def one(q, k, v, cq, ck, fn, rb):
+        return hstu_attention(q, k, v, cq, ck, func=None if fn is None else fn[None], rab=rb,
+                              **opts)
+
+    out = jax.vmap(one)(split(q), split(k), split(v), cu_q, cu_k, func,
+                        None if rab is None else split(rab))
+    return out.reshape((-1,) + tuple(out.shape[2:]))
+
+
+def _per_shard_shapes(q, k, v, cu_q, cu_k, func, rab):
+    """Shape checks of per-shard ``cu_seqlens`` and the arrays split along them."""
     shapes = (tuple(getattr(cu_q, "shape", ())), tuple(getattr(cu_k, "shape", ())))
     if shapes[0][0] != shapes[1][0]:
         raise ValueError("per-shard cu_seqlens_q and cu_seqlens_k must have shapes "
@@ -425,15 +475,6 @@ def _per_shard(q, k, v, cu_q, cu_k, func, paged_kv, rab, opts):
         raise ValueError(f"with per-shard cu_seqlens, rab must be (num_shards * B_local = "
                          f"{ns * (shapes[0][1] - 1)}, H_rab, max_seqlen_k, max_seqlen_k), "
                          f"got shape {getattr(rab, 'shape', None)}")
-    split = lambda x: x.reshape((ns, x.shape[0] // ns) + tuple(x.shape[1:]))  # noqa: E731
-
-    def one(q, k, v, cq, ck, fn, rb):
-        return hstu_attention(q, k, v, cq, ck, func=None if fn is None else fn[None], rab=rb,
-                              **opts)
-
-    out = jax.vmap(one)(split(q), split(k), split(v), cu_q, cu_k, func,
-                        None if rab is None else split(rab))
-    return out.reshape((-1,) + tuple(out.shape[2:]))
 
 
 hstu_attention.__doc__ = (
@@ -490,6 +531,13 @@ def hstu_attention_backward(do, q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seql
                             func=None, backend="auto", switches=None, debug_checks=False,
                             rab=None, deterministic=False):
     cu_seqlens_q, cu_seqlens_k = as_array_arg(cu_seqlens_q), as_array_arg(cu_seqlens_k)
+    if getattr(cu_seqlens_q, "ndim", 1) == 2 and getattr(cu_seqlens_k, "ndim", 1) == 2:
+        return _per_shard_backward(
+            do, q, k, v, cu_seqlens_q, cu_seqlens_k, func, rab,
+            dict(max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k,
+                 scaling_seqlen=scaling_seqlen, window_size=window_size, alpha=alpha,
+                 backend=backend, switches=switches, debug_checks=debug_checks,
+                 deterministic=deterministic))
     cfg = _make_config(q, k, v, cu_seqlens_q, cu_seqlens_k, func, None, None, None,
                        max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k,
                        scaling_seqlen=scaling_seqlen, window_size=window_size, alpha=alpha,
@@ -503,6 +551,31 @@ def hstu_attention_backward(do, q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seql
     if dodt != qdt:
         raise TypeError(f"do dtype {dodt} must equal q's dtype {qdt}")
     grads = _bwd_jit(cfg, do, q, k, v, _i32(cu_seqlens_q), _i32(cu_seqlens_k), _i32(func), rab)
+    if rab is None:
+        return HSTUBackwardResult(dq_tensor=grads[0], dk_tensor=grads[1], dv_tensor=grads[2])
+    return HSTUBackwardRabResult(dq_tensor=grads[0], dk_tensor=grads[1], dv_tensor=grads[2],
+                                 drab_tensor=grads[3])
+
+
+def _per_shard_backward(do, q, k, v, cu_q, cu_k, func, rab, opts):
+    """:func:`hstu_attention_backward` with per-shard ``cu_seqlens`` ``(num_shards,
+    B_local + 1)`` (the contract of :func:`_per_shard`): a vmap over the shards."""
+    _per_shard_shapes(q, k, v, cu_q, cu_k, func, rab)
+    ns = cu_q.shape[0]
+    if getattr(do, "ndim", 0) != 3 or do.shape[0] != q.shape[0]:
+        raise ValueError(f"do must have the output's shape (T_q, H, D_v) with T_q = "
+                         f"{q.shape[0]}, got {tuple(getattr(do, 'shape', ()))}")
+    validate_per_shard(q, k, v, cu_q, cu_k, func, rab, opts)
+    split = lambda x: x.reshape((ns, x.shape[0] // ns) + tuple(x.shape[1:]))  # noqa: E731
+
+    def one(do, q, k, v, cq, ck, fn, rb):
+        return tuple(hstu_attention_backward(do, q, k, v, cq, ck,
+                                             func=None if fn is None else fn[None], rab=rb,
+                                             **opts))
+
+    grads = jax.vmap(one)(split(do), split(q), split(k), split(v), cu_q, cu_k, func,
+                          None if rab is None else split(rab))
+    grads = [g.reshape((-1,) + tuple(g.shape[2:])) for g in grads]
     if rab is None:
         return HSTUBackwardResult(dq_tensor=grads[0], dk_tensor=grads[1], dv_tensor=grads[2])
     return HSTUBackwardRabResult(dq_tensor=grads[0], dk_tensor=grads[1], dv_tensor=grads[2],

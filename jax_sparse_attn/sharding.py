@@ -36,6 +36,11 @@ from jax.sharding import PartitionSpec as P
 
 from . import bsa as _bsa
 from . import hstu as _hstu
+from .validation import is_concrete, validate_bsa_metadata
+
+#: the options of block_sparse_attention that validate_bsa_metadata takes
+_BSA_VALUE_OPTS = ("sparse_block_size", "allow_empty_block_nums", "softmax_scale", "pack_gqa",
+                   "kv_splits", "causal")
 
 __all__ = [
     "hstu_attention_sharded",
@@ -160,6 +165,8 @@ def hstu_attention_sharded(q, k, v, cu_seqlens_q, cu_seqlens_k, *, mesh, token_a
     _check_div("H_kv", k.shape[1], nh, head_axis)  # GQA: each shard keeps whole groups
     if func is not None and func.shape[0] != ns:
         raise ValueError(f"func must have shape (num_shards={ns}, N, L_local), got {func.shape}")
+    # concrete metadata are checked here: inside shard_map they are tracers
+    _hstu.validate_per_shard(q, k, v, cu_q, cu_k, func, None, kwargs)
     tok = P(token_axis, head_axis, None)
     meta = P(token_axis, None)
 
@@ -198,6 +205,11 @@ def block_sparse_attention_sharded(q, k, v, q2k_block_index, block_sparse_num=No
     _check_div("B", q.shape[0], nb, batch_axis)
     _check_div("H_q", q.shape[h_axis], nh, head_axis)
     _check_div("H_kv", k.shape[h_axis], nh, head_axis)
+    if is_concrete(q2k_block_index, block_sizes, q2k_block_nums):
+        # the eager value checks of the op (inside shard_map the metadata are tracers)
+        validate_bsa_metadata(q, k, v, q2k_block_index, block_sparse_num, block_sizes,
+                              q2k_block_nums, layout=layout,
+                              **{n: kwargs[n] for n in _BSA_VALUE_OPTS if n in kwargs})
     x_spec = (P(batch_axis, head_axis, None, None) if layout == "bhsd"
               else P(batch_axis, None, head_axis, None))
     idx_spec = P(batch_axis, head_axis, None, None)

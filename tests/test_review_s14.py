@@ -327,3 +327,99 @@ def test_which_backend_bad_op(op):
 
     with pytest.raises(TypeError, match="op must be a public jax_sparse_attn op or its name"):
         jsa.which_backend(op)
+
+
+# ----------------------------------------------------------------------------- per-shard cu_seqlens
+
+
+def _per_shard_inputs(seed=0):
+    rng = np.random.default_rng(seed)
+    q, k, v, do = (jnp.asarray(rng.standard_normal((16, 2, 8)), jnp.float32) for _ in range(4))
+    return q, k, v, do
+
+
+_BAD_SHARD_CU = {
+    "max_seqlen_too_small": ([[0, 3, 8], [0, 8, 8]], dict(max_seqlen_q=4, max_seqlen_k=8),
+                             "max_seqlen_q=4 is smaller"),
+    "non_monotone": ([[0, 5, 3], [0, 8, 8]], dict(max_seqlen_q=8, max_seqlen_k=8),
+                     "must be non-decreasing"),
+    "past_shard_slice": ([[0, 8, 8], [0, 3, 9]], dict(max_seqlen_q=9, max_seqlen_k=9),
+                         "exceeds the number of tokens 8"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(_BAD_SHARD_CU))
+@pytest.mark.parametrize("op", ["forward", "backward"])
+def test_per_shard_cu_seqlens_value_checks(case, op):
+    """hstu_attention with concrete per-shard cu_seqlens ``(num_shards, B_local + 1)``
+    skipped the eager value checks (the shards run under a vmap, where they are tracers):
+    a too small max_seqlen_q, decreasing offsets or offsets past the shard's token slice ran
+    silently with unspecified output. The checks must run per shard and name it."""
+    from jax_sparse_attn import hstu_attention_backward
+
+    cu, opts, msg = _BAD_SHARD_CU[case]
+    cu = jnp.array(cu, jnp.int32)
+    q, k, v, do = _per_shard_inputs()
+    shard = 1 if case == "past_shard_slice" else 0
+    with pytest.raises(ValueError, match=rf"shard {shard} of the per-shard cu_seqlens.*{msg}"):
+        if op == "forward":
+            hstu_attention(q, k, v, cu, cu, **opts)
+        else:
+            hstu_attention_backward(do, q, k, v, cu, cu, **opts)
+
+
+@pytest.mark.parametrize("with_rab", [False, True])
+def test_per_shard_backward_matches_vjp(with_rab):
+    """The hstu_attention_backward docstring (shared argument lines) says cu_seqlens "may
+    instead be per-shard (num_shards, B_local+1) arrays", but the backward raised
+    "cu_seqlens_q must have rank 1". It must equal the vjp of the per-shard forward."""
+    from jax_sparse_attn import hstu_attention_backward
+
+    q, k, v, do = _per_shard_inputs(1)
+    cu_q = jnp.array([[0, 3, 7], [0, 0, 6]], jnp.int32)   # L_q <= L_k (rab's rule)
+    cu_k = jnp.array([[0, 4, 8], [0, 1, 7]], jnp.int32)
+    opts = dict(max_seqlen_q=6, max_seqlen_k=6, alpha=0.4, window_size=(3, 0))
+    rab = (jnp.asarray(np.random.default_rng(2).standard_normal((4, 1, 6, 6)), jnp.float32)
+           if with_rab else None)
+    args = (q, k, v) + ((rab,) if with_rab else ())
+
+    def f(q, k, v, rab=None):
+        return hstu_attention(q, k, v, cu_q, cu_k, rab=rab, **opts)
+
+    _, vjp = jax.vjp(f, *args)
+    want = vjp(do)
+    got = hstu_attention_backward(do, q, k, v, cu_q, cu_k, rab=rab, **opts)
+    assert len(got) == len(want)
+    for g, w in zip(got, want):
+        assert g.shape == w.shape
+        np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-6)
+
+
+def test_sharded_ops_check_concrete_metadata():
+    """hstu_attention_sharded / block_sparse_attention_sharded run the op inside
+    jax.shard_map, where the metadata are tracers: concrete bad metadata (a too small
+    max_seqlen_q, an out-of-range block id) ran silently. They must raise the op's
+    ValueError before sharding (one-device mesh here; the same code path as N devices)."""
+    from jax.sharding import Mesh
+
+    from jax_sparse_attn import sharding
+
+    mesh = Mesh(np.array(jax.devices()[:1]), ("x",))
+    q, k, v, _ = _per_shard_inputs()
+    cu = jnp.array([[0, 5, 16]], jnp.int32)
+    with pytest.raises(ValueError, match="shard 0 of the per-shard cu_seqlens.*max_seqlen_q=8"):
+        sharding.hstu_attention_sharded(q, k, v, cu, cu, mesh=mesh, token_axis="x",
+                                        max_seqlen_q=8, max_seqlen_k=11)
+    out = sharding.hstu_attention_sharded(q, k, v, cu, cu, mesh=mesh, token_axis="x",
+                                          max_seqlen_q=11, max_seqlen_k=11)
+    np.testing.assert_allclose(out, hstu_attention(q, k, v, cu, cu, max_seqlen_q=11,
+                                                   max_seqlen_k=11), rtol=1e-6, atol=1e-6)
+
+    x = jnp.ones((2, 2, 128, 16), jnp.float32)
+    idx = jnp.zeros((2, 2, 2, 1), jnp.int32).at[1, 0, 1, 0].set(7)
+    with pytest.raises(ValueError, match=r"q2k_block_index\[\(1, 0, 1, 0\)\]=7 is outside"):
+        sharding.block_sparse_attention_sharded(x, x, x, idx, 1, mesh=mesh, batch_axis="x",
+                                                sparse_block_size=64)
+    out = sharding.block_sparse_attention_sharded(x, x, x, jnp.zeros_like(idx), 1, mesh=mesh,
+                                                  batch_axis="x", sparse_block_size=64)
+    assert out.shape == x.shape
