@@ -15,7 +15,8 @@ the variation points (FA4's ``flash_attn/cute`` structure):
   partial V tile, via ``_copy_v_rows``);
 * what happens to a score tile: ``_tile_state`` (per-mainloop registers), ``_tile_pre``
   (per-tile loads issued before the QK GEMM is waited on), ``_tile_p`` (mask + score function
-  -> the 16-bit P fragment), ``_pv_done`` (after the PV GEMM of the previous tile completed),
+  -> the 16-bit P fragment, or what ``_p_final`` / ``_p_into`` turn into it once the PV GEMM
+  reading the previous P has completed), ``_pv_done`` (after the PV GEMM of the previous tile completed),
   ``_work_start`` / ``_work_rows`` (per work item, before the mainloop);
 * the epilogue ``_epilogue`` (``_store_o``: 16 bit -> swizzled smem -> row-predicated 128-bit
   stores).
@@ -459,8 +460,7 @@ class AttnFwdSm90Ws:
                     turns.pass_turn(wg)
                     warpgroup.wait_group(0)
                     pipe_k.consumer_release(c_kv)
-                    rP0 = self._tile_p(acc_S, work, tile, rows, state, pre, 0)
-                    rP.store(rP0.load())
+                    self._p_into(rP, self._tile_p(acc_S, work, tile, rows, state, pre, 0))
                 self._overlap_steps(mma_qk, mma_qk0, mma_pv, tQ, tSrK, tOrV, tOrP, rP, acc_O,
                                     pipe_k, pipe_v, c_kv, work, tile, rows, state, turns, wg,
                                     s_shape)
@@ -506,7 +506,7 @@ class AttnFwdSm90Ws:
                         pipe_v.consumer_release(c_last)
                         self._epilogue(acc_O, work, tile, thr_mma_pv, sO, wg, wtid, True)
                     self._handoff(tile, ntile)
-                    rP.store(rP2.load())
+                    self._p_into(rP, rP2)
                     acc_O.fill(0.0)
                     pending = Int32(1)
                 else:
@@ -584,7 +584,7 @@ class AttnFwdSm90Ws:
             turns.pass_turn(wg)
             warpgroup.wait_group(0)
             pipe_k.consumer_release(c_kv)
-            rP = self._tile_p(acc_S, work, tile, rows, state, pre, 0)
+            rP = self._p_final(self._tile_p(acc_S, work, tile, rows, state, pre, 0))
             tOrP = cute.make_tensor(rP.iterator, acc_layout_as_a(rP.layout, a_vals))
             self._overlap_steps(mma_qk, mma_qk0, mma_pv, tSrQ, tSrK, tOrV, tOrP, rP, acc_O,
                                 pipe_k, pipe_v, c_kv, work, tile, rows, state, turns, wg,
@@ -603,13 +603,25 @@ class AttnFwdSm90Ws:
                 turns.pass_turn(wg)
                 warpgroup.wait_group(0)
                 pipe_k.consumer_release(c)
-                rP = self._tile_p(acc_S, work, tile, rows, state, pre, it)
+                rP = self._p_final(self._tile_p(acc_S, work, tile, rows, state, pre, it))
                 tOrP = cute.make_tensor(rP.iterator, acc_layout_as_a(rP.layout, a_vals))
                 self._issue_pv(mma_pv, tOrP, tOrV, pipe_v, c, acc_O, turns, wg, True)
                 turns.pass_turn(wg)
                 warpgroup.wait_group(0)
                 pipe_v.consumer_release(c)
         return c_kv + work.n_count
+
+    def _p_final(self, p):
+        """The 16-bit P fragment of what ``_tile_p`` returned (``p`` itself; a kernel whose
+        ``_tile_p`` leaves the last step of P for after the wait of the PV GEMM that reads
+        the previous P finishes it here)."""
+        return p
+
+    @cute.jit
+    def _p_into(self, rP, p):
+        """``rP`` <- the P fragment of ``p`` (what ``_tile_p`` returned), after the PV GEMM
+        that read ``rP`` has completed."""
+        rP.store(p.load())
 
     @cute.jit
     def _keep_p(self, rP):
@@ -641,7 +653,7 @@ class AttnFwdSm90Ws:
             self._keep_p(rP)
             pipe_v.consumer_release(c_new - 1)
             self._pv_done(acc_O, state)
-            rP.store(rP2.load())
+            self._p_into(rP, rP2)
 
     # ------------------------------------------------------------------ epilogue
     @cute.jit

@@ -11,8 +11,9 @@ BSA kernels) and re-exported here.
 * ``acc_to_a_frag(t)``: reinterpret an accumulator-shaped 16-bit fragment as the A operand
   of the m16n8k16 MMA (register reuse of P in ``O += P V``).
 * ``tanh_approx(x)``: one MUFU ``tanh.approx.f32``.
-* ``silu_half_pair(h0, h1, bf16)``: ``h + h tanh(h)`` of two values in packed 16-bit arithmetic
-  (one ``tanh.approx.{bf16,f16}x2``), returned packed as the A operand of a 16-bit GEMM.
+* ``pack_pair``, ``tanh_pair``, ``silu_finish_pair``: ``h + h tanh(h)`` of two values in
+  packed 16-bit arithmetic (one ``tanh.approx.{bf16,f16}x2``) in three steps, the last of which
+  writes the packed A operand of a 16-bit GEMM.
 * ``keep_u32(x)``: an opaque redefinition of ``x`` that keeps a register operand of an
   asynchronous wgmma allocated until its ``wait_group``.
 * ``finite_below(x)``: ``max.NaN.f32(x, -FLT_MAX)``: -inf becomes the lowest finite float
@@ -198,22 +199,39 @@ def mask_row(acc_mn, acc2_mn, r, tScS, n0, row_f, lo, hi, has_func: cutlass.Cons
 
 
 @dsl_user_op
-def silu_half_pair(h0, h1, bf16: bool, *, loc=None, ip=None):
-    """``h + h * tanh(h)`` of two fp32 values in packed 16-bit arithmetic: one
-    ``cvt.rn.{bf16,f16}x2.f32``, one ``tanh.approx`` and one ``fma.rn`` per pair (half the
-    MUFU work of the fp32 path). Returns the packed pair (``h0`` in the low half) as a
-    ``Uint32`` (the 16-bit A operand of the PV GEMM). Marked side-effecting so that the
-    compiler keeps it where it is written, before the ``wgmma.fence`` of the GEMM that reads
-    it (sunk past the fence, ptxas serializes the wgmma)."""
+def pack_pair(h0, h1, bf16: bool, *, loc=None, ip=None):
+    """``cvt.rn.{bf16,f16}x2.f32``: two fp32 values packed (``h0`` in the low half) as a
+    ``Uint32``. Side-effecting, so that it stays where it is written (see
+    :func:`silu_finish_pair`)."""
     t = "bf16x2" if bf16 else "f16x2"
-    asm = ("{\n.reg .b32 hh, th;\n"
-           f"cvt.rn.{t}.f32 hh, $2, $1;\n"
-           f"tanh.approx.{t} th, hh;\n"
-           f"fma.rn.{t} $0, hh, th, hh;\n"
-           "}")
     return cutlass.Uint32(
-        inline_asm(T.i32(), [_f32(h0, loc, ip), _f32(h1, loc, ip)], asm, "=r,f,f", True,
-                   loc, ip))
+        inline_asm(T.i32(), [_f32(h0, loc, ip), _f32(h1, loc, ip)], f"cvt.rn.{t}.f32 $0, $2, $1;",
+                   "=r,f,f", True, loc, ip))
+
+
+@dsl_user_op
+def tanh_pair(hh, bf16: bool, *, loc=None, ip=None):
+    """``tanh.approx.{bf16,f16}x2`` of a packed pair (one MUFU op for two values);
+    side-effecting (see :func:`silu_finish_pair`)."""
+    t = "bf16x2" if bf16 else "f16x2"
+    return cutlass.Uint32(
+        inline_asm(T.i32(), [cutlass.Uint32(hh).ir_value(loc=loc, ip=ip)],
+                   f"tanh.approx.{t} $0, $1;", "=r,r", True, loc, ip))
+
+
+@dsl_user_op
+def silu_finish_pair(hh, th, bf16: bool, *, loc=None, ip=None):
+    """``fma.rn.{bf16,f16}x2 hh * th + hh``: the packed SiLU pair ``h + h tanh(h)`` from
+    :func:`pack_pair` and :func:`tanh_pair`. The three steps are side-effecting so that the
+    pack and the tanh stay where they are written (inside the window of the PV GEMM of the
+    previous tile, which reads the previous P) and this step, which writes the new P, after
+    that GEMM's wait: a new P written while the GEMM that reads the old one runs makes ptxas
+    serialize the wgmma (C7513)."""
+    t = "bf16x2" if bf16 else "f16x2"
+    return cutlass.Uint32(
+        inline_asm(T.i32(), [cutlass.Uint32(hh).ir_value(loc=loc, ip=ip),
+                             cutlass.Uint32(th).ir_value(loc=loc, ip=ip)],
+                   f"fma.rn.{t} $0, $1, $2, $1;", "=r,r,r", True, loc, ip))
 
 
 @dsl_user_op

@@ -463,18 +463,43 @@ class HstuFwdSm90Ws(AttnFwdSm90Ws):
 
     @cute.jit
     def _to_p(self, acc_S, alpha_half):
-        """The 16-bit P fragment (A operand layout of ``acc_S``) of a masked score tile."""
+        """The 16-bit P fragment (A operand layout of ``acc_S``) of a masked score tile. With
+        ``silu16``: ``(P fragment to fill, packed pairs)``, the pairs' ``h`` and ``tanh(h)``
+        in packed 16-bit form (``hc.pack_pair``, ``hc.tanh_pair``: one MUFU op per two
+        scores); ``_p_final`` / ``_p_into`` finish ``h + h tanh(h)`` into the fragment after
+        the wait of the PV GEMM that reads the previous P."""
         rP = cute.make_fragment_like(acc_S, self.dtype)
         if cutlass.const_expr(self.silu16):
+            bf16 = self.dtype == cutlass.BFloat16
+            n = cute.size(rP) // 2
+            pend = cute.make_rmem_tensor((2 * n,), cutlass.Uint32)
+            for e in cutlass.range_constexpr(n):
+                # h clamped below like the fp32 path: -inf scores give P = 0, not NaN
+                hh = hc.pack_pair(hc.finite_below(self._h(acc_S[2 * e], alpha_half)),
+                                  hc.finite_below(self._h(acc_S[2 * e + 1], alpha_half)), bf16)
+                pend[2 * e] = hh
+                pend[2 * e + 1] = hc.tanh_pair(hh, bf16)
+            return rP, pend
+        self._score(acc_S, alpha_half)
+        rP.store(acc_S.load().to(self.dtype))
+        return rP
+
+    def _p_final(self, p):
+        if cutlass.const_expr(self.silu16):
+            self._p_into(p[0], p)
+            return p[0]
+        return p
+
+    @cute.jit
+    def _p_into(self, rP, p):
+        if cutlass.const_expr(self.silu16):
+            pend = p[1]
             rP32 = cute.recast_tensor(rP, cutlass.Uint32)
             for e in cutlass.range_constexpr(cute.size(rP32)):
-                rP32[e] = hc.silu_half_pair(self._h(acc_S[2 * e], alpha_half),
-                                            self._h(acc_S[2 * e + 1], alpha_half),
-                                            self.dtype == cutlass.BFloat16)
+                rP32[e] = hc.silu_finish_pair(pend[2 * e], pend[2 * e + 1],
+                                              self.dtype == cutlass.BFloat16)
         else:
-            self._score(acc_S, alpha_half)
-            rP.store(acc_S.load().to(self.dtype))
-        return rP
+            rP.store(p.load())
 
     # ------------------------------------------------------------- relative attention bias
     @cute.jit

@@ -1,0 +1,56 @@
+"""CPU: ptxas (when installed) assembles the sm90ws HSTU forward for sm_90a without the
+wgmma-serialization warning C7513 ("wgmma.mma_async instructions are serialized due to non
+wgmma instructions defining input registers of a wgmma between start and end of the pipeline
+stage") and without register spills, by default and with the packed 16-bit score function
+(``hstu_fwd_ws=silu16``, whose last step writes P after the wait of the PV GEMM that reads
+the previous P). A serialized wgmma runs without the overlap the kernel is built for."""
+
+from __future__ import annotations
+
+import glob
+import os
+import re
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+pytestmark = pytest.mark.lowering
+
+_SCRIPT = """
+import os, sys
+sys.path.insert(0, {root!r})
+import jax, jax.numpy as jnp
+import jax_sparse_attn as jsa
+q = jax.ShapeDtypeStruct((300, 2, {d}), jnp.bfloat16)
+cu = jax.ShapeDtypeStruct((3,), jnp.int32)
+f = lambda q, k, v, cu: jsa.hstu_attention(q, k, v, cu, cu, max_seqlen_q=200, max_seqlen_k=200)
+jax.jit(f).trace(q, q, q, cu).lower(lowering_platforms=("cuda",))
+"""
+
+
+@pytest.mark.skipif(shutil.which("ptxas") is None, reason="ptxas is not installed")
+@pytest.mark.parametrize("ws", ["", "silu16"], ids=["default", "silu16"])
+def test_hstu_fwd_ws_ptxas_no_serialized_wgmma(tmp_path, ws):
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = {k: v for k, v in os.environ.items() if not k.startswith("JAX_SPARSE_ATTN_")}
+    env.update(CUTE_DSL_ARCH="sm_90a", JAX_SPARSE_ATTN_FORCE_KERNEL="1", CUTE_DSL_KEEP="ptx",
+               CUTE_DSL_DUMP_DIR=str(tmp_path), JAX_PLATFORMS="cpu",
+               JAX_SPARSE_ATTN_HSTU_WS=ws)
+    r = subprocess.run([sys.executable, "-c", _SCRIPT.format(root=root, d=64)], env=env,
+                       cwd=root, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    fwd = [p for p in glob.glob(str(tmp_path / "*.ptx"))
+           if "HstuFwdSm90Ws" in open(p).read()]
+    assert len(fwd) == 1, os.listdir(tmp_path)
+    text = open(fwd[0]).read()
+    if ws == "silu16":
+        assert "tanh.approx.bf16x2" in text and "fma.rn.bf16x2" in text
+    a = subprocess.run(["ptxas", "-arch=sm_90a", "-v", fwd[0], "-o", str(tmp_path / "k.cubin")],
+                       capture_output=True, text=True, timeout=600)
+    out = a.stdout + a.stderr
+    assert a.returncode == 0, out[-3000:]
+    assert "C7513" not in out, out[-3000:]
+    spills = [int(x) for x in re.findall(r"(\d+) bytes spill stores", out)]
+    assert spills and max(spills) == 0, out[-3000:]
