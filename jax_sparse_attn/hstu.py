@@ -597,7 +597,8 @@ hstu_attention_backward.__doc__ = (
     + """
     Returns:
       :class:`~jax_sparse_attn._results.HSTUBackwardResult` with ``dq_tensor (T_q, H, D)``,
-      ``dk_tensor (T_k, H, D)``, ``dv_tensor (T_k, H, D_v)`` in the input dtype; with
+      ``dk_tensor (T_k, H_kv, D)``, ``dv_tensor (T_k, H_kv, D_v)`` in the input dtype (with
+      ``H_kv < H`` each sums the ``H / H_kv`` query heads of its group); with
       ``rab`` an :class:`~jax_sparse_attn._results.HSTUBackwardRabResult` that adds
       ``drab_tensor`` (rab's shape and dtype, accumulated in fp32, summed over heads when
       ``H_rab = 1``, zero where masked or outside the sequences).

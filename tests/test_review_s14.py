@@ -423,3 +423,23 @@ def test_sharded_ops_check_concrete_metadata():
     out = sharding.block_sparse_attention_sharded(x, x, x, jnp.zeros_like(idx), 1, mesh=mesh,
                                                   batch_axis="x", sparse_block_size=64)
     assert out.shape == x.shape
+
+
+def test_hstu_backward_gqa_shapes_as_documented():
+    """The hstu_attention_backward docstring gave dk/dv as ``(T_k, H, D)``; with grouped KV
+    heads they are ``(T_k, H_kv, D)`` (each the sum over its group), as the docs now say."""
+    from jax_sparse_attn import hstu_attention_backward
+
+    rng = np.random.default_rng(5)
+    q = jnp.asarray(rng.standard_normal((9, 4, 8)), jnp.float32)
+    k = jnp.asarray(rng.standard_normal((9, 1, 8)), jnp.float32)
+    v = jnp.asarray(rng.standard_normal((9, 1, 6)), jnp.float32)
+    do = jnp.asarray(rng.standard_normal((9, 4, 6)), jnp.float32)
+    cu = jnp.array([0, 4, 9], jnp.int32)
+    res = hstu_attention_backward(do, q, k, v, cu, cu, max_seqlen_q=5, max_seqlen_k=5)
+    assert res.dq_tensor.shape == (9, 4, 8)
+    assert res.dk_tensor.shape == (9, 1, 8) and res.dv_tensor.shape == (9, 1, 6)
+    k4, v4 = jnp.repeat(k, 4, axis=1), jnp.repeat(v, 4, axis=1)
+    full = hstu_attention_backward(do, q, k4, v4, cu, cu, max_seqlen_q=5, max_seqlen_k=5)
+    np.testing.assert_allclose(res.dk_tensor[:, 0], full.dk_tensor.sum(1), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(res.dv_tensor[:, 0], full.dv_tensor.sum(1), rtol=1e-5, atol=1e-6)
