@@ -114,7 +114,7 @@ _parse_bsa_ws = _parse_option_list(BSA_WS_FLAGS, "stages", lambda n: 2 <= n <= 8
 
 #: the flags of the sm90ws BSA backward's tuning switch (JAX_SPARSE_ATTN_BSA_BWD_WS), plus
 #: ``stages=N`` (at most N Q / dO stages, 2..4)
-BSA_BWD_WS_FLAGS = ("ldwait", "lpt", "decouple", "detkv", "detfull", "dqalias")
+BSA_BWD_WS_FLAGS = ("ldwait", "lpt", "decouple", "detkv", "detfull", "dqalias", "dqlate")
 _BSA_BWD_WS_ALLOWED = ("comma list of " + ", ".join(BSA_BWD_WS_FLAGS)
                        + ", stages=N (most Q / dO shared-memory stages: 2..4)")
 _parse_bsa_bwd_ws = _parse_option_list(BSA_BWD_WS_FLAGS, "stages", lambda n: 2 <= n <= 4,
@@ -267,6 +267,9 @@ SWITCHES = (
                "holds at once, at both block sizes), dqalias (bsa_bwd_dq=tile: the dQ slices "
                "staged in the step's consumed Q / dO tiles instead of a staging tile of "
                "their own; always at blk 64 / D 128, where that tile does not fit), "
+               "dqlate (with dqalias: the dK GEMM first and dQ = dS K once the dV / dK GEMMs "
+               "have completed, so fewer registers are live at once and ptxas does not "
+               "serialize the wgmma (C7512) at blk 64 / D 128; not yet run on a GPU), "
                "stages=N (most Q / dO stages)"),
     _choice("bsa_pre_impl", "JAX_SPARSE_ATTN_BSA_PRE_IMPL", ("kernel", "xla"),
             "BSA backward preprocessing (delta = rowsum(dO*O), zeroed dQ accumulator): "

@@ -54,3 +54,57 @@ def test_hstu_fwd_ws_ptxas_no_serialized_wgmma(tmp_path, ws):
     assert "C7513" not in out, out[-3000:]
     spills = [int(x) for x in re.findall(r"(\d+) bytes spill stores", out)]
     assert spills and max(spills) == 0, out[-3000:]
+
+
+_BSA_BWD_SCRIPT = """
+import sys
+sys.path.insert(0, {root!r})
+sys.path.insert(0, {tests!r})
+import test_lowering_bsa_bwd_ws as t
+t._bwd_text(t.CONFIGS[1], ws={ws!r}, deterministic={det!r})
+"""
+
+
+def test_bsa_bwd_dqlate_key():
+    """``bsa_bwd_ws=dqlate`` reaches the sm90ws backward's compile key where the dQ slices
+    are staged in the Q / dO stage (blk 64 / D 128 always; ``dqalias`` elsewhere)."""
+    import jax.numpy as jnp
+
+    from jax_sparse_attn.config import Switches
+    from jax_sparse_attn.ffi import bsa as fb
+
+    late = Switches(bsa_bwd_ws="dqlate")
+    for det in (False, True):
+        key = fb.bwd_config(jnp.bfloat16, 128, 64, False, late, deterministic=det)
+        assert key.ws_dq_alias and key.ws_dq_late
+    assert not fb.bwd_config(jnp.bfloat16, 128, 64, False, Switches()).ws_dq_late
+    # blk 128 stages in its own tile: dqlate needs dqalias there
+    assert not fb.bwd_config(jnp.bfloat16, 128, 128, False, late).ws_dq_late
+    both = Switches(bsa_bwd_ws="dqalias,dqlate")
+    assert fb.bwd_config(jnp.bfloat16, 128, 128, False, both).ws_dq_late
+
+
+@pytest.mark.skipif(shutil.which("ptxas") is None, reason="ptxas is not installed")
+def test_bsa_bwd_dqlate_ptxas_no_serialized_wgmma(tmp_path):
+    """blk 64 / D 128 (one consumer warpgroup holding dK and dV of 64 keys x 128): with
+    ``dqlate`` the dQ accumulator is not live next to P^T, dS^T and the in-flight dV / dK
+    GEMMs, and ptxas assembles the kernel without serializing the wgmma for lack of
+    registers (C7512) and without spills."""
+    tests = os.path.dirname(os.path.abspath(__file__))
+    root = os.path.dirname(tests)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("JAX_SPARSE_ATTN_")}
+    env.update(CUTE_DSL_ARCH="sm_90a", JAX_SPARSE_ATTN_FORCE_KERNEL="1", CUTE_DSL_KEEP="ptx",
+               CUTE_DSL_DUMP_DIR=str(tmp_path), JAX_PLATFORMS="cpu")
+    script = _BSA_BWD_SCRIPT.format(root=root, tests=tests, ws="dqlate", det=False)
+    r = subprocess.run([sys.executable, "-c", script], env=env, cwd=root, capture_output=True,
+                       text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    ws = [p for p in glob.glob(str(tmp_path / "*.ptx")) if "BsaBwdSm90Ws" in open(p).read()]
+    assert len(ws) == 1, os.listdir(tmp_path)
+    a = subprocess.run(["ptxas", "-arch=sm_90a", "-v", ws[0], "-o", str(tmp_path / "k.cubin")],
+                       capture_output=True, text=True, timeout=600)
+    out = a.stdout + a.stderr
+    assert a.returncode == 0, out[-3000:]
+    assert "C7512" not in out and "C7513" not in out, out[-3000:]
+    spills = [int(x) for x in re.findall(r"(\d+) bytes spill stores", out)]
+    assert spills and max(spills) == 0, out[-3000:]

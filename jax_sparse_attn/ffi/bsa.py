@@ -156,6 +156,8 @@ class BsaBwdConfig:
     dq_tile: bool = False
     # "sm90ws" with dq_tile: the dQ slices staged in the step's consumed Q / dO tiles
     ws_dq_alias: bool = False
+    # "sm90ws" with ws_dq_alias: dK first, dQ once the dV / dK GEMMs have completed
+    ws_dq_late: bool = False
     # "sm90ws" only: programmatic dependent launch (Switches.pdl) of the backward and of
     # its dQ reordering kernel
     pdl: bool = False
@@ -375,6 +377,7 @@ def bwd_config(dtype, head_dim, block_size, has_block_sizes, switches,
         st = [int(o[7:]) for o in opts if o.startswith("stages=")]
         decouple = "decouple" in opts and block_size == 128 and not deterministic
         tile = switches.bsa_bwd_dq == "tile" and not decouple
+        alias = tile and ("dqalias" in opts or not bwd_ws_dq_tile_fits(head_dim, block_size))
         return BsaBwdConfig(name, head_dim, block_size, has_block_sizes, impl, arch=arch,
                             ws_max_stages=st[0] if st else 4, ws_ld_wait="ldwait" in opts,
                             ws_lpt="lpt" in opts and not deterministic,
@@ -382,9 +385,8 @@ def bwd_config(dtype, head_dim, block_size, has_block_sizes, switches,
                             deterministic=bool(deterministic),
                             det_group=det_launch_group(block_size, opts) if deterministic else 0,
                             dq_tile=tile,
-                            ws_dq_alias=tile and ("dqalias" in opts
-                                                  or not bwd_ws_dq_tile_fits(head_dim,
-                                                                             block_size)),
+                            ws_dq_alias=alias,
+                            ws_dq_late=alias and "dqlate" in opts,
                             pdl=bool(getattr(switches, "pdl", False)),
                             det_writer=bool(deterministic) and tile
                             and bool(getattr(switches, "det_writer", False)))
@@ -880,7 +882,8 @@ def _ws_kernel(cfg: BsaBwdConfig):
                         cfg.has_block_sizes, max_stages=cfg.ws_max_stages,
                         ld_wait=cfg.ws_ld_wait, lpt=cfg.ws_lpt, decouple=cfg.ws_decouple,
                         deterministic=cfg.deterministic, dq_tile=cfg.dq_tile,
-                        dq_alias=cfg.ws_dq_alias, pdl=cfg.pdl, det_writer=cfg.det_writer)
+                        dq_alias=cfg.ws_dq_alias, pdl=cfg.pdl, det_writer=cfg.det_writer,
+                        dq_late=cfg.ws_dq_late)
 
 
 def _bwd_det_entry(stream, q, k, v, do, lse, delta, offsets, entries, ranks, sizes, scale,

@@ -160,7 +160,8 @@ class BsaBwdSm90Ws:
     def __init__(self, dtype, head_dim: int, block_size: int, has_block_sizes: bool,
                  max_stages: int = 4, ld_wait: bool = False, lpt: bool = False,
                  decouple: bool = False, deterministic: bool = False, dq_tile: bool = False,
-                 dq_alias: bool = False, pdl: bool = False, det_writer: bool = False):
+                 dq_alias: bool = False, pdl: bool = False, det_writer: bool = False,
+                 dq_late: bool = False):
         self.pdl = pdl
         if head_dim not in (64, 128) or block_size not in (64, 128):
             raise NotImplementedError(
@@ -184,6 +185,10 @@ class BsaBwdSm90Ws:
         # dq_alias: the slices are staged in the step's consumed Q / dO tiles (no staging tile:
         # the consumers sync before staging and release the stage once the bulk reads are done)
         self.dq_alias = dq_alias and self.dq_tile
+        # dq_alias: dK first, dQ = dS K only once the dV / dK GEMMs have completed (the dQ
+        # accumulator is not live next to P^T, dS^T and the in-flight dV / dK: fewer
+        # registers at the peak, so ptxas need not serialize the wgmma)
+        self.dq_late = dq_late and self.dq_alias
         self.q_stages = bwd_ws_q_stages(head_dim, block_size, max_stages,
                                         self.dq_tile and not self.dq_alias)
         if self.q_stages is None:
@@ -624,6 +629,11 @@ class BsaBwdSm90Ws:
                                 mma_dq = kvb.issue_dq_dk(mma_dq, mma_kv, acc_dQ, acc_dK, tQrdS,
                                                          tQrK, tdS, tKrQ, buf, stg,
                                                          (kb, 2 * kb))
+                        elif cutlass.const_expr(self.dq_late):
+                            kvb.issue_dk(mma_kv, acc_dK, tdS, tKrQ, stg)
+                            warpgroup.wait_group(0)
+                            kvb.keep_regs(tP, tdS)
+                            mma_dq = kvb.issue_dq(mma_dq, acc_dQ, tQrdS, tQrK, buf)
                         else:
                             mma_dq = kvb.issue_dq_dk(mma_dq, mma_kv, acc_dQ, acc_dK, tQrdS,
                                                      tQrK, tdS, tKrQ, buf, stg)

@@ -126,6 +126,25 @@ def issue_dq_dk(mma_dq, mma_kv, acc_dQ, acc_dK, tQrdS, tQrK, tdS, tKrQ, buf, sta
     return mma_dq
 
 
+def issue_dk(mma_kv, acc_dK, tdS, tKrQ, stage):
+    """``dK += dS^T Q`` (dS^T from registers, Q of stage ``stage``): one wgmma group."""
+    warpgroup.fence()
+    for k in range(cute.size(tdS, mode=[2])):
+        cute.gemm(mma_kv, acc_dK, tdS[None, None, k], tKrQ[None, None, k, stage], acc_dK)
+    warpgroup.commit_group()
+
+
+def issue_dq(mma_dq, acc_dQ, tQrdS, tQrK, buf):
+    """``dQ = dS K`` (dS tile ``buf``): one wgmma group. Returns ``mma_dq`` (rebound by the
+    caller, as for :func:`issue_s_dp`)."""
+    warpgroup.fence()
+    for k in range(cute.size(tQrdS, mode=[2])):
+        mma_dq.set(warpgroup.Field.ACCUMULATE, k != 0)
+        cute.gemm(mma_dq, acc_dQ, tQrdS[None, None, k, buf], tQrK[None, None, k, 0], acc_dQ)
+    warpgroup.commit_group()
+    return mma_dq
+
+
 @cute.jit
 def red_add_rows(acc_dQ, tdQg, tdQc, lim):
     """The dQ accumulator's rows ``< lim`` (row coordinates from ``tdQc``) added to the fp32
