@@ -47,9 +47,18 @@ def hstu_target_func(cu_seqlens, total_len: int, *, num_targets=None, contextual
     ``c = contextual_seq_len`` and window ``w = max_attn_len`` (None/0 = unbounded),
     local query ``i`` sees the local keys:
 
-    * history query ``i < L_h``, ``i >= c``: ``[max(0, i - w), i]`` (causal, windowed);
     * contextual query ``i < min(c, L_h)``: every non-target key ``[0, L_h)``;
-    * target query ``i >= L_h``: the history ``[max(0, L_h - w), L_h)`` and itself.
+    * history query ``c <= i < L_h``: the keys ``[max(c, i - w), i]`` (causal, windowed),
+      and the contextual keys ``[0, min(c, L_h))`` when ``i - c + 1 <= w`` (all or none);
+    * target query ``i >= L_h``: the history keys ``[max(c, L_h - w), L_h)``, the contextual
+      keys when ``L_h - c + 1 <= w``, and itself.
+
+    With ``w`` unbounded a history query sees ``[0, i]`` and a target ``[0, L_h)`` and
+    itself. This is the mask of generative-recommenders' reference
+    (``_get_valid_attn_mask``, causal): the ``c`` contextual positions share one position
+    id, ``0``, and the history ones follow (``i - c + 1``), so a query is as far from every
+    contextual key as from position ``c - 1``; every target shares the id after the
+    history's.
 
     Use with ``hstu_attention(..., cu_seqlens_q=cu, cu_seqlens_k=cu,
     window_size=(-1, -1), func=func)``.
@@ -112,15 +121,26 @@ def hstu_target_func(cu_seqlens, total_len: int, *, num_targets=None, contextual
     zero = jnp.zeros_like(r)
     is_target = i >= Lh
     is_ctx = (i < c) & ~is_target
-    lo_hist = zero if w is None else jnp.maximum(i - w, 0)
-    lo_tgt = zero if w is None else jnp.maximum(Lh - w, 0)
-    # interval [F1, F2): causal/windowed history, the whole history for contextual rows,
-    # the (windowed) history for targets; [F3, F4): a target's own position.
-    f1 = jnp.where(is_target, lo_tgt, jnp.where(is_ctx, zero, lo_hist))
+    # the contextual keys [0, F0): the first min(c, L_h), for a history / target query
+    # within the window of their shared position id (all or none)
+    c_keys = jnp.minimum(c, Lh)
+    if w is None:
+        sees_ctx = jnp.ones_like(is_target)
+        lo_hist = jnp.full_like(r, c)
+        lo_tgt = jnp.full_like(r, c)
+    else:
+        sees_ctx = jnp.where(is_target, Lh - c + 1, i - c + 1) <= w
+        lo_hist = jnp.maximum(i - w, c)
+        lo_tgt = jnp.maximum(Lh - w, c)
+    f0 = jnp.where(sees_ctx & ~is_ctx, c_keys, zero)
+    # interval [F1, F2): causal/windowed history keys from c on (the whole history for
+    # contextual rows); [F3, F4): a target's own position
+    f1 = jnp.where(is_target, jnp.minimum(lo_tgt, Lh), jnp.where(is_ctx, zero, lo_hist))
     f2 = jnp.where(is_target | is_ctx, Lh, i + 1)
+    f0 = jnp.where(in_seq, f0, zero)
     f1 = jnp.where(in_seq, f1, zero)
     f2 = jnp.where(in_seq, f2, zero)
-    rows = [zero, f1, f2]
+    rows = [f0, f1, f2]
     if num_targets is not None:
         rows += [jnp.where(in_seq & is_target, i, zero), jnp.where(in_seq & is_target, i + 1, zero)]
     return jnp.stack(rows)[None].astype(jnp.int32)

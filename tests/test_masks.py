@@ -18,18 +18,62 @@ def gr_rule(i, j, L, n, c, w):
     Lh = L - n
     if not (0 <= j < L):
         return False
+    ctx = min(c, Lh)  # contextual keys
     if i >= Lh:  # target
-        lo = 0 if w is None else max(0, Lh - w)
-        return lo <= j < Lh or j == i
+        if j == i:
+            return True
+        if j < ctx:
+            return w is None or Lh - c + 1 <= w
+        return max(c, 0 if w is None else Lh - w) <= j < Lh
     if i < c:  # contextual
         return j < Lh
-    lo = 0 if w is None else max(0, i - w)
-    return lo <= j <= i
+    if j < ctx:
+        return w is None or i - c + 1 <= w
+    return (c if w is None else max(c, i - w)) <= j <= i
+
+
+def gr_rule_ids(i, j, L, n, c, w):
+    """The same mask in the position-id form of generative-recommenders' reference
+    (causal): contextual positions share id 0, history positions follow (``p - c + 1``),
+    targets share the id after the history's; a query sees a key whose id is lower and
+    within ``w`` of its own, itself, and a contextual query every non-target key."""
+    n = min(max(n, 0), L)
+    if not (0 <= j < L):
+        return False
+
+    def pid(p):
+        q = max(p - c + 1, 0) if c > 0 else p
+        return min(q, L - n - c + 1 if c > 0 else L - n)
+
+    top = L - n - c + 1 if c > 0 else L - n  # the targets' id
+    dist = pid(i) - pid(j)
+    ok = (i == j or dist > 0) and (w is None or dist <= w)
+    if c > 0 and pid(i) == 0 and pid(j) < top:
+        ok = True
+    return ok
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_gr_rule_is_the_position_id_rule(seed):
+    """The docstring rule equals the position-id formulation on random lengths, target
+    counts, contextual lengths and windows (history at least as long as the contextual
+    part, as in the generative-recommenders setting)."""
+    rng = np.random.default_rng(seed)
+    for _ in range(60):
+        L = int(rng.integers(1, 14))
+        n = int(rng.integers(0, L))
+        c = int(rng.integers(0, L - n + 1))
+        w = None if rng.random() < 0.3 else int(rng.integers(1, 8))
+        for i in range(L):
+            for j in range(L):
+                assert gr_rule(i, j, L, n, c, w) == gr_rule_ids(i, j, L, n, c, w), (
+                    L, n, c, w, i, j)
 
 
 @pytest.mark.parametrize("num_targets,c,w", [
     (None, 0, None), ([2, 0, 3, 1], 0, None), ([2, 0, 3, 9], 2, None),
-    ([1, 1, 0, 2], 0, 3), (None, 3, 2), ([3, 0, 2, 1], 1, 4),
+    ([1, 1, 0, 2], 0, 3), (None, 3, 2), ([3, 0, 2, 1], 1, 4), ([1, 0, 2, 1], 3, 2),
+    ([2, 0, 1, 0], 2, 1),
 ])
 def test_hstu_target_func_matches_rule(num_targets, c, w):
     lengths = [6, 0, 9, 4]
