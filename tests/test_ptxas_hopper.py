@@ -47,6 +47,9 @@ def test_hstu_fwd_ws_ptxas_no_serialized_wgmma(tmp_path, ws):
     text = open(fwd[0]).read()
     if ws == "silu16":
         assert "tanh.approx.bf16x2" in text and "fma.rn.bf16x2" in text
+        # h clamped at the lowest finite bf16 (0xFF7F0000) before packing: -inf scores give
+        # P = 0, not -inf + inf = NaN
+        assert "max.NaN.f32" in text and ("-8454144" in text or "0fFF7F0000" in text)
     a = subprocess.run(["ptxas", "-arch=sm_90a", "-v", fwd[0], "-o", str(tmp_path / "k.cubin")],
                        capture_output=True, text=True, timeout=600)
     out = a.stdout + a.stderr

@@ -718,7 +718,9 @@ class BsaBwdSm90Ws:
                                 cute.arch.barrier_arrive(barrier_id=3,
                                                          number_of_threads=128 * nwg + 32)
                         warpgroup.wait_group(0)
-                        kvb.keep_regs(tP, tdS)
+                        if cutlass.const_expr(not self.dq_late):
+                            # (dq_late: kept once the dV / dK GEMMs completed, before dQ)
+                            kvb.keep_regs(tP, tdS)
                         if cutlass.const_expr(not (self.det_writer and self.dq_alias)):
                             # (det_writer with dq_alias: the writer warp releases the stage
                             # that holds the staged dQ slices)

@@ -471,12 +471,16 @@ class HstuFwdSm90Ws(AttnFwdSm90Ws):
         rP = cute.make_fragment_like(acc_S, self.dtype)
         if cutlass.const_expr(self.silu16):
             bf16 = self.dtype == cutlass.BFloat16
+            # h clamped below at the lowest finite value of the 16-bit type (NaN kept): the
+            # packed h stays finite, so -inf scores (and fp16's h below -65504) give
+            # P = h + h tanh(h) = 0, not -inf + inf = NaN
+            lowest = -3.3895313892515355e38 if bf16 else -65504.0
             n = cute.size(rP) // 2
             pend = cute.make_rmem_tensor((2 * n,), cutlass.Uint32)
             for e in cutlass.range_constexpr(n):
-                # h clamped below like the fp32 path: -inf scores give P = 0, not NaN
-                hh = hc.pack_pair(hc.finite_below(self._h(acc_S[2 * e], alpha_half)),
-                                  hc.finite_below(self._h(acc_S[2 * e + 1], alpha_half)), bf16)
+                hh = hc.pack_pair(hc.finite_below(self._h(acc_S[2 * e], alpha_half), lowest),
+                                  hc.finite_below(self._h(acc_S[2 * e + 1], alpha_half),
+                                                  lowest), bf16)
                 pend[2 * e] = hh
                 pend[2 * e + 1] = hc.tanh_pair(hh, bf16)
             return rP, pend
