@@ -22,7 +22,7 @@ family on an H100/H200 beside the default Hopper kernels::
 ``--reference`` adds a row of the pure-JAX reference backend (``backend="reference"``, the
 path ``backend="auto"`` takes where the kernels cannot run) for each case.
 
-``--deterministic`` runs every case twice, the second time with ``deterministic=True`` (ordered
+``--deterministic`` runs every case (and every ``--variant``) twice, the second time with ``deterministic=True`` (ordered
 dq additions), and prints the backward time ratio default / deterministic.
 
     python benchmarks/hstu_bench.py --case 8x4096-causal --case jagged32-causal \
@@ -337,12 +337,14 @@ def main():
     for c in cases:
         for var in a.variant:
             env = dict(kv.partition("=")[::2] for kv in filter(None, var.split(",")))
-            try:
-                results.append(run_case(c, jnp.dtype(a.dtype), a.iters, not a.no_bwd,
-                                        from_env(env), do_fwd=not a.bwd_only,
-                                        variant=var or "default"))
-            except Exception as e:  # noqa: BLE001 - report and go on with the other rows
-                print(f"{c:22s} [{var}]: failed: {type(e).__name__}: {str(e)[:300]}", flush=True)
+            for det in (False, True) if a.deterministic else (False,):
+                try:
+                    results.append(run_case(c, jnp.dtype(a.dtype), a.iters, not a.no_bwd,
+                                            from_env(env), do_fwd=not a.bwd_only,
+                                            variant=var or "default", deterministic=det))
+                except Exception as e:  # noqa: BLE001 - report, go on with the other rows
+                    print(f"{c:22s} [{var}] deterministic={det}: failed: "
+                          f"{type(e).__name__}: {str(e)[:300]}", flush=True)
         if a.reference:
             try:
                 results.append(run_case(c, jnp.dtype(a.dtype), max(2, a.iters // 10),

@@ -114,7 +114,7 @@ _parse_bsa_ws = _parse_option_list(BSA_WS_FLAGS, "stages", lambda n: 2 <= n <= 8
 
 #: the flags of the sm90ws BSA backward's tuning switch (JAX_SPARSE_ATTN_BSA_BWD_WS), plus
 #: ``stages=N`` (at most N Q / dO stages, 2..4)
-BSA_BWD_WS_FLAGS = ("ldwait", "lpt", "decouple", "detkv", "detfull", "dqalias", "dqlate")
+BSA_BWD_WS_FLAGS = ("ldwait", "lpt", "decouple", "detkv", "detfull", "dqalias", "dqearly")
 _BSA_BWD_WS_ALLOWED = ("comma list of " + ", ".join(BSA_BWD_WS_FLAGS)
                        + ", stages=N (most Q / dO shared-memory stages: 2..4)")
 _parse_bsa_bwd_ws = _parse_option_list(BSA_BWD_WS_FLAGS, "stages", lambda n: 2 <= n <= 4,
@@ -200,16 +200,15 @@ SWITCHES = (
             "and "
             "the compile key records it), sm80 (mma.sync, cp.async; every head dim, with rab)"),
     _choice("hstu_bwd_dq", "JAX_SPARSE_ATTN_HSTU_BWD_DQ",
-            ("tile", "red", "bulk", "red4", "tile256"),
+            ("tile", "red", "bulk", "red4"),
             "dQ reduction of the sm90 HSTU backward (tuning / ablation; sm80 ignores it): tile "
             "(each consumer warp stores its dQ accumulator slice in register order to shared "
             "memory and adds it with one 4 KB cp.reduce.async.bulk into a query-tile "
-            "workspace, which a second kernel reorders into dq; D <= 128, else red), red (red.global.add.v2.f32 from registers), bulk (fp32 "
+            "workspace, which a second kernel reorders into dq; at D = 256 each warp stages "
+            "its slice in the step's consumed Q / dO tiles once both warpgroups' GEMMs are "
+            "done), red (red.global.add.v2.f32 from registers), bulk (fp32 "
             "rows staged in shared memory, one cp.reduce.async.bulk add per row; D <= 128, "
-            "else red), red4 (red.global.add.v4.f32: lane pairs swap halves with shuffles), "
-            "tile256 (tile, and at D = 256 too: each warp stages its slice in the step's "
-            "consumed Q / dO tiles once both warpgroups' GEMMs are done; not yet run on a "
-            "GPU)"),
+            "else red), red4 (red.global.add.v4.f32: lane pairs swap halves with shuffles)"),
     _choice("hstu_bwd_order", "JAX_SPARSE_ATTN_HSTU_BWD_ORDER", ("hlpt", "lpt", "seq"),
             "launch order of the sm90 HSTU backward's KV tiles (tuning / ablation): hlpt "
             "(longest work first within each head, one head after the other: concurrent CTAs "
@@ -267,9 +266,10 @@ SWITCHES = (
                "holds at once, at both block sizes), dqalias (bsa_bwd_dq=tile: the dQ slices "
                "staged in the step's consumed Q / dO tiles instead of a staging tile of "
                "their own; always at blk 64 / D 128, where that tile does not fit), "
-               "dqlate (with dqalias: the dK GEMM first and dQ = dS K once the dV / dK GEMMs "
-               "have completed, so fewer registers are live at once and ptxas does not "
-               "serialize the wgmma (C7512) at blk 64 / D 128; not yet run on a GPU), "
+               "dqearly (where the dQ slices are staged in the Q / dO tiles: dQ = dS K issued "
+               "with the dK GEMM, before the dV / dK GEMMs complete; by default dQ waits for "
+               "them, so fewer registers are live at once and ptxas does not serialize the "
+               "wgmma (C7512) at blk 64 / D 128; slower on the H200), "
                "stages=N (most Q / dO stages)"),
     _choice("bsa_pre_impl", "JAX_SPARSE_ATTN_BSA_PRE_IMPL", ("kernel", "xla"),
             "BSA backward preprocessing (delta = rowsum(dO*O), zeroed dQ accumulator): "
@@ -315,13 +315,13 @@ SWITCHES = (
            "before its first global memory access, so its launch overlaps the previous "
            "kernel's end; the tile schedule and the preprocessing let their dependents "
            "launch at once. The portable kernels ignore it"),
-    Switch("det_writer", "JAX_SPARSE_ATTN_DET_WRITER", _TRUE + _FALSE, _parse_bool, False,
+    Switch("det_writer", "JAX_SPARSE_ATTN_DET_WRITER", _TRUE + _FALSE, _parse_bool, True,
            "deterministic=True on the Hopper backwards with the dQ tile workspace (HSTU sm90 "
-           "with hstu_bwd_dq=tile, BSA sm90ws with bsa_bwd_dq=tile; tuning / ablation): the "
-           "ordering warp also issues each query tile's bulk reductions once the tile's "
-           "semaphore allows, as FlashAttention-3's dQ writer warp does, so the consumer "
-           "warpgroups stage a tile's dQ and go on instead of waiting for their turn; off: "
-           "the consumers wait for their turn and add the tile themselves"),
+           "with hstu_bwd_dq=tile at D <= 128, BSA sm90ws with bsa_bwd_dq=tile; tuning / "
+           "ablation): on, the ordering warp also issues each query tile's bulk reductions "
+           "once the tile's semaphore allows, as FlashAttention-3's dQ writer warp does, so "
+           "the consumer warpgroups stage a tile's dQ and go on instead of waiting for their "
+           "turn; off, the consumers wait for their turn and add the tile themselves"),
     Switch("force_kernel", "JAX_SPARSE_ATTN_FORCE_KERNEL", _TRUE + _FALSE, _parse_bool, False,
            "skip the GPU check of backend selection, so that a CPU machine lowers the kernel "
            "path for lowering_platforms=('cuda',) (target arch: CUTE_DSL_ARCH, default "

@@ -1,7 +1,8 @@
-"""GPU: the deterministic backwards with the dQ writer warp (``Switches.det_writer``,
-``JAX_SPARSE_ATTN_DET_WRITER=1``): the deterministic cases of ``tests/test_gpu_hstu.py`` and
+"""GPU: the deterministic backwards without the dQ writer warp (``Switches.det_writer``, on by
+default; ``JAX_SPARSE_ATTN_DET_WRITER=0``: the consumer warps wait for their turn and add each
+query tile's dQ themselves): the deterministic cases of ``tests/test_gpu_hstu.py`` and
 ``tests/test_gpu_bsa.py`` that run a Hopper kernel with the dQ tile workspace, with the switch
-on. Each case runs the gradient five times (bitwise equal) and checks it against the float32
+off (those files run them with the writer). Each case runs the gradient five times (bitwise equal) and checks it against the float32
 reference (5x the input-dtype error), as the cases of those files do.
 
 Run on the H200: ``python -m pytest -m gpu tests/test_gpu_det_writer.py``.
@@ -26,27 +27,27 @@ HSTU_CASES += [c for c in th.DET_CASES if c[2] == 128 and c[5] == "func"]
 
 
 @pytest.fixture
-def _writer(monkeypatch):
-    monkeypatch.setenv("JAX_SPARSE_ATTN_DET_WRITER", "1")
-    assert from_env().det_writer
+def _no_writer(monkeypatch):
+    monkeypatch.setenv("JAX_SPARSE_ATTN_DET_WRITER", "0")
+    assert not from_env().det_writer
 
 
 @pytest.mark.parametrize("name,lens,d,window,dtype,extra", HSTU_CASES,
                          ids=[c[0] for c in HSTU_CASES])
-def test_hstu_bwd_det_writer(name, lens, d, window, dtype, extra, _writer):
+def test_hstu_bwd_det_no_writer(name, lens, d, window, dtype, extra, _no_writer):
     from jax_sparse_attn.ffi import hstu as fh
 
     key = fh.bwd_config(dtype, d, d, 1 if extra == "func" else 0, from_env(),
                         deterministic=True)
-    assert key.impl == "sm90" and key.dq_tile and key.det_writer, key
+    assert key.impl == "sm90" and key.dq_tile and not key.det_writer, key
     th.test_hstu_bwd_deterministic(name, lens, d, window, dtype, extra)
 
 
 @pytest.mark.parametrize("c", tb.DET_CASES, ids=lambda c: c["name"])
-def test_bsa_bwd_det_writer(c, monkeypatch, _writer):
+def test_bsa_bwd_det_no_writer(c, monkeypatch, _no_writer):
     from jax_sparse_attn.ffi import bsa as fb
 
     key = fb.bwd_config(jnp.dtype(c["dtype"]), c["d"], c["blk"], False, from_env(),
                         deterministic=True)
-    assert key.impl == "sm90ws" and key.dq_tile and key.det_writer, key
+    assert key.impl == "sm90ws" and key.dq_tile and not key.det_writer, key
     tb.test_bsa_bwd_deterministic(c, monkeypatch)

@@ -21,25 +21,28 @@ from jax_sparse_attn.config import Switches, from_env  # noqa: E402
 
 
 def test_det_writer_switch_and_keys():
-    """Off by default; read from the environment; set in a backward key only in the
+    """On by default; read from the environment; set in a backward key only in the
     deterministic mode of a kernel with the dQ tile workspace (HSTU sm90 at D 64 / 128, BSA
     sm90ws with bsa_bwd_dq=tile), and then part of the compile key."""
     from jax_sparse_attn.ffi import bsa as fb
     from jax_sparse_attn.ffi import hstu as fh
 
-    assert Switches().det_writer is False
+    assert Switches().det_writer is True
     assert from_env({"JAX_SPARSE_ATTN_DET_WRITER": "1"}).det_writer is True
-    assert from_env({}).det_writer is False
+    assert from_env({"JAX_SPARSE_ATTN_DET_WRITER": "0"}).det_writer is False
+    assert from_env({}).det_writer is True
     with pytest.raises(ValueError, match="JAX_SPARSE_ATTN_DET_WRITER"):
         from_env({"JAX_SPARSE_ATTN_DET_WRITER": "sometimes"})
 
     on = Switches(det_writer=True)
+    off = Switches(det_writer=False)
     for d in (64, 128):
         det = fh.bwd_config("bfloat16", d, d, 0, on, deterministic=True)
         assert det.det_writer and det.dq_tile and det.impl == "sm90"
-        assert det != fh.bwd_config("bfloat16", d, d, 0, Switches(), deterministic=True)
+        assert det != fh.bwd_config("bfloat16", d, d, 0, off, deterministic=True)
         assert not fh.bwd_config("bfloat16", d, d, 0, on).det_writer
-    # D = 256 reduces dQ with red (no staging tile); red / red4 have no staged tile either
+    # D = 256 stages dQ in the Q / dO tiles, which the writer does not take; red / red4 have
+    # no staged tile
     assert not fh.bwd_config("bfloat16", 256, 256, 0, on, deterministic=True).det_writer
     red = Switches(det_writer=True, hstu_bwd_dq="red")
     assert not fh.bwd_config("bfloat16", 128, 128, 0, red, deterministic=True).det_writer
@@ -48,7 +51,7 @@ def test_det_writer_switch_and_keys():
         for blk in (64, 128):
             det = fb.bwd_config(jnp.bfloat16, d, blk, False, on, deterministic=True)
             assert det.det_writer and det.dq_tile and det.impl == "sm90ws", (d, blk)
-            assert det != fb.bwd_config(jnp.bfloat16, d, blk, False, Switches(),
+            assert det != fb.bwd_config(jnp.bfloat16, d, blk, False, off,
                                         deterministic=True)
             assert not fb.bwd_config(jnp.bfloat16, d, blk, False, on).det_writer
     rows = Switches(det_writer=True, bsa_bwd_dq="rows")

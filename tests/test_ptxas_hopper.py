@@ -68,29 +68,32 @@ t._bwd_text(t.CONFIGS[1], ws={ws!r}, deterministic={det!r})
 """
 
 
-def test_bsa_bwd_dqlate_key():
-    """``bsa_bwd_ws=dqlate`` reaches the sm90ws backward's compile key where the dQ slices
-    are staged in the Q / dO stage (blk 64 / D 128 always; ``dqalias`` elsewhere)."""
+def test_bsa_bwd_dq_late_key():
+    """The sm90ws backward issues dQ after the dV / dK GEMMs (``ws_dq_late``) wherever the dQ
+    slices are staged in the Q / dO stage (blk 64 / D 128 always; ``dqalias`` elsewhere);
+    ``bsa_bwd_ws=dqearly`` turns it off."""
     import jax.numpy as jnp
 
     from jax_sparse_attn.config import Switches
     from jax_sparse_attn.ffi import bsa as fb
 
-    late = Switches(bsa_bwd_ws="dqlate")
+    early = Switches(bsa_bwd_ws="dqearly")
     for det in (False, True):
-        key = fb.bwd_config(jnp.bfloat16, 128, 64, False, late, deterministic=det)
+        key = fb.bwd_config(jnp.bfloat16, 128, 64, False, Switches(), deterministic=det)
         assert key.ws_dq_alias and key.ws_dq_late
-    assert not fb.bwd_config(jnp.bfloat16, 128, 64, False, Switches()).ws_dq_late
-    # blk 128 stages in its own tile: dqlate needs dqalias there
-    assert not fb.bwd_config(jnp.bfloat16, 128, 128, False, late).ws_dq_late
-    both = Switches(bsa_bwd_ws="dqalias,dqlate")
-    assert fb.bwd_config(jnp.bfloat16, 128, 128, False, both).ws_dq_late
+        key = fb.bwd_config(jnp.bfloat16, 128, 64, False, early, deterministic=det)
+        assert key.ws_dq_alias and not key.ws_dq_late
+    # blk 128 stages in its own tile unless dqalias
+    assert not fb.bwd_config(jnp.bfloat16, 128, 128, False, Switches()).ws_dq_late
+    assert fb.bwd_config(jnp.bfloat16, 128, 128, False, Switches(bsa_bwd_ws="dqalias")).ws_dq_late
+    both = Switches(bsa_bwd_ws="dqalias,dqearly")
+    assert not fb.bwd_config(jnp.bfloat16, 128, 128, False, both).ws_dq_late
 
 
 @pytest.mark.skipif(shutil.which("ptxas") is None, reason="ptxas is not installed")
-def test_bsa_bwd_dqlate_ptxas_no_serialized_wgmma(tmp_path):
-    """blk 64 / D 128 (one consumer warpgroup holding dK and dV of 64 keys x 128): with
-    ``dqlate`` the dQ accumulator is not live next to P^T, dS^T and the in-flight dV / dK
+def test_bsa_bwd_dq_late_ptxas_no_serialized_wgmma(tmp_path):
+    """blk 64 / D 128 (one consumer warpgroup holding dK and dV of 64 keys x 128): with dQ
+    issued after the dV / dK GEMMs (the default) the dQ accumulator is not live next to P^T, dS^T and the in-flight dV / dK
     GEMMs, and ptxas assembles the kernel without serializing the wgmma for lack of
     registers (C7512) and without spills."""
     tests = os.path.dirname(os.path.abspath(__file__))
@@ -98,7 +101,7 @@ def test_bsa_bwd_dqlate_ptxas_no_serialized_wgmma(tmp_path):
     env = {k: v for k, v in os.environ.items() if not k.startswith("JAX_SPARSE_ATTN_")}
     env.update(CUTE_DSL_ARCH="sm_90a", JAX_SPARSE_ATTN_FORCE_KERNEL="1", CUTE_DSL_KEEP="ptx",
                CUTE_DSL_DUMP_DIR=str(tmp_path), JAX_PLATFORMS="cpu")
-    script = _BSA_BWD_SCRIPT.format(root=root, tests=tests, ws="dqlate", det=False)
+    script = _BSA_BWD_SCRIPT.format(root=root, tests=tests, ws="", det=False)
     r = subprocess.run([sys.executable, "-c", script], env=env, cwd=root, capture_output=True,
                        text=True, timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]

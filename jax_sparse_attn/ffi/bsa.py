@@ -386,7 +386,7 @@ def bwd_config(dtype, head_dim, block_size, has_block_sizes, switches,
                             det_group=det_launch_group(block_size, opts) if deterministic else 0,
                             dq_tile=tile,
                             ws_dq_alias=alias,
-                            ws_dq_late=alias and "dqlate" in opts,
+                            ws_dq_late=alias and "dqearly" not in opts,
                             pdl=bool(getattr(switches, "pdl", False)),
                             det_writer=bool(deterministic) and tile
                             and bool(getattr(switches, "det_writer", False)))

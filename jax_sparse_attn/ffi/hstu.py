@@ -543,13 +543,12 @@ def _bwd_config(dtype, head_dim, head_dim_v, func_n, switches, *, has_rab=False,
             # query rows x keys per tile (kernels.hstu_bwd_sm90.bwd_sm90_tiles)
             bm, bn = ((64, 64) if head_dim > 128 else
                       ((128 if head_dim <= 64 else 64), 128))
-            # D = 256 reduces dQ with red only (no shared staging room)
             dq = getattr(switches, "hstu_bwd_dq", "red")
             dq_bulk = dq == "bulk" and head_dim <= 128
             return HstuBwdConfig(_cutlass_dtype_name(dtype), head_dim, head_dim_v, bm, bn, 12,
                                  func_n > 0, max(func_n, 1), impl="sm90", dq_bulk=dq_bulk,
                                  dq_vec4=dq == "red4",
-                                 dq_tile=(dq == "tile" and head_dim <= 128) or dq == "tile256",
+                                 dq_tile=dq == "tile",
                                  bwd_order=getattr(switches, "hstu_bwd_order", "hlpt"),
                                  arch=arch, pdl=bool(getattr(switches, "pdl", False)))
         return dataclasses.replace(

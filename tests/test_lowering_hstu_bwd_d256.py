@@ -1,8 +1,8 @@
-"""CPU: ``hstu_bwd_dq="tile256"`` — the sm90 HSTU backward at D = 256 adds dQ through the
+"""CPU: ``hstu_bwd_dq="tile"`` at D = 256 — the sm90 HSTU backward adds dQ through the
 query-tile workspace, each consumer warp staging its slice in the step's consumed Q / dO
 tiles (``kernels/hstu_bwd_sm90.py``, ``dq_alias``), and ``kernels/hstu_dq_tiles.py`` reorders
 the 16-block tiles into dq. Compile keys, lowering for sm_90a and the PTX (no GPU needed);
-the GPU run is ``tests/test_gpu_hstu_tile256.py``, the host statement of the workspace order
+the GPU run is ``tests/test_gpu_hstu_bwd_d256.py``, the host statement of the workspace order
 ``tests/test_hstu_dq_tiles.py``."""
 
 from __future__ import annotations
@@ -21,18 +21,20 @@ jax = pytest.importorskip("jax")
 from jax_sparse_attn.config import Switches  # noqa: E402
 
 
-def test_tile256_keys():
-    """tile256 sets dq_tile at every sm90 head dim (tile stops at D = 128), in both modes;
-    the dQ writer warp (det_writer) stays off at D = 256."""
+def test_d256_dq_keys():
+    """hstu_bwd_dq=tile (the default) sets dq_tile at every sm90 head dim, in both modes; red
+    does not; the dQ writer warp (det_writer) stays off at D = 256."""
     from jax_sparse_attn.ffi import hstu as fh
 
-    sw = Switches(hstu_bwd_dq="tile256")
-    for d in (64, 128, 256):
-        key = fh.bwd_config("bfloat16", d, d, 0, sw)
-        assert key.impl == "sm90" and key.dq_tile and not key.dq_bulk, d
-    assert not fh.bwd_config("bfloat16", 256, 256, 0, Switches()).dq_tile
-    assert fh.bwd_config("bfloat16", 256, 256, 0, sw, deterministic=True).dq_tile
-    w = Switches(hstu_bwd_dq="tile256", det_writer=True)
+    for sw in (Switches(), Switches(hstu_bwd_dq="tile")):
+        for d in (64, 128, 256):
+            key = fh.bwd_config("bfloat16", d, d, 0, sw)
+            assert key.impl == "sm90" and key.dq_tile and not key.dq_bulk, d
+        assert fh.bwd_config("bfloat16", 256, 256, 0, sw, deterministic=True).dq_tile
+    red = Switches(hstu_bwd_dq="red")
+    assert not fh.bwd_config("bfloat16", 256, 256, 0, red).dq_tile
+    assert not fh.bwd_config("bfloat16", 256, 256, 0, Switches(hstu_bwd_dq="bulk")).dq_tile
+    w = Switches(det_writer=True)
     assert not fh.bwd_config("bfloat16", 256, 256, 0, w, deterministic=True).det_writer
     assert fh.bwd_config("bfloat16", 128, 128, 0, w, deterministic=True).det_writer
 
@@ -58,7 +60,7 @@ sys.path.insert(0, {root!r})
 sys.path.insert(0, {tests!r})
 import test_lowering_hstu as th
 from jax_sparse_attn.config import Switches
-txt = th._bwd_text(256, "bfloat16", {mask!r}, Switches(hstu_bwd_dq="tile256"),
+txt = th._bwd_text(256, "bfloat16", {mask!r}, Switches(hstu_bwd_dq="tile"),
                    deterministic={det!r})
 print("CALLS", txt.count("CuteDSLRT_NvJaxCutlassCall"))
 """
@@ -66,7 +68,7 @@ print("CALLS", txt.count("CuteDSLRT_NvJaxCutlassCall"))
 
 @pytest.mark.lowering
 @pytest.mark.parametrize("det", [False, True], ids=["default", "deterministic"])
-def test_tile256_ptx(tmp_path, det):
+def test_d256_tile_ptx(tmp_path, det):
     """The D = 256 backward lowers with the schedule, the backward and the reordering kernel
     (512 threads); the backward adds dQ with two bulk reduce-adds per consumer warp from the
     Q / dO stage after a barrier of the consumer warpgroups (no red.global.add), and waits for
