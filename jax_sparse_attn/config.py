@@ -249,8 +249,9 @@ SWITCHES = (
             "tile (each consumer warp stores its dQ accumulator slice in register order to "
             "shared memory and adds it with one cp.reduce.async.bulk per 64 (blk 128 / D 64: "
             "32) columns into a workspace of 64-row query tiles, which a second kernel "
-            "reorders into dq; pack_gqa calls and the sm90ws backward at blk 64 / D 128, "
-            "where the staging tile does not fit, use rows), rows (a row-major fp32 "
+            "reorders into dq; the sm90ws backward at blk 64 / D 128, where a staging tile "
+            "does not fit, stages in the step's consumed Q / dO tiles; pack_gqa calls use "
+            "rows), rows (a row-major fp32 "
             "workspace: sm90 one bulk reduce-add per row, sm90ws red.global.add.v2.f32)"),
     Switch("bsa_bwd_ws", "JAX_SPARSE_ATTN_BSA_BWD_WS", _BSA_BWD_WS_ALLOWED, _parse_bsa_bwd_ws,
            (), "sm90ws BSA backward variants (tuning / ablation; other backwards ignore "

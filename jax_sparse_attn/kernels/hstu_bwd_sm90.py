@@ -44,7 +44,9 @@ CTA = 3 warpgroups (384 threads):
   query columns (warpgroup ``w``: queries ``[32 w, 32 w + 32)``, m64n32 wgmmas); P^T and
   dS^T both go to double-buffered query-major shared tiles, and after the barrier dV and dK
   read them as K-major A operands from shared memory (the same bytes, a K-major view). dQ is
-  reduced with ``red`` (no room to stage it).
+  reduced with ``red`` or, with ``dq_tile``, staged per warp (16 x 128 fp32) in the step's
+  Q / dO stage once both warpgroups' GEMMs have read it (named barrier 4 of the 256 consumer
+  threads) and added with two bulk reduce-adds of 16 x 64.
 * epilogue: dK and dV / scaling_seqlen converted in registers and stored to key rows
   ``< L_k``.
 
