@@ -193,53 +193,6 @@ def test_hstu_sm90ws_variants_lower(ws, head_dim, func_n, dtype):
     assert _target() in txt and "\\7FELF" in txt
 
 
-_PTX_SCRIPT = """
-import sys
-sys.path.insert(0, {root!r})
-sys.path.insert(0, {tests!r})
-import test_lowering_hstu as t
-from jax_sparse_attn.config import Switches
-t._fwd_text({d}, {d}, {fn}, {dt!r}, Switches(hstu_fwd_impl="sm90ws"))
-"""
-
-
-@pytest.mark.parametrize("head_dim,func_n,dtype", [(128, 0, "bfloat16"), (256, 3, "float16")])
-def test_hstu_sm90ws_ptx_is_warp_specialized(tmp_path, head_dim, func_n, dtype):
-    """The sm90ws forward's PTX (kept with CUTE_DSL_KEEP=ptx, in a fresh process so that the
-    CuTe DSL reads the variables and compiles) has TMA loads, warpgroup MMAs and register
-    reallocation between the producer and the consumer warpgroups."""
-    import re  # noqa: PLC0415
-    import subprocess  # noqa: PLC0415
-    import sys  # noqa: PLC0415
-
-    tests = os.path.dirname(os.path.abspath(__file__))
-    root = os.path.dirname(tests)
-    env = {k: v for k, v in os.environ.items() if not k.startswith("JAX_SPARSE_ATTN_")}
-    env.update(CUTE_DSL_ARCH="sm_90a", JAX_SPARSE_ATTN_FORCE_KERNEL="1", CUTE_DSL_KEEP="ptx",
-               CUTE_DSL_DUMP_DIR=str(tmp_path), JAX_PLATFORMS="cpu")
-    script = _PTX_SCRIPT.format(root=root, tests=tests, d=head_dim, fn=func_n, dt=dtype)
-    r = subprocess.run([sys.executable, "-c", script], env=env, cwd=root, capture_output=True,
-                       text=True, timeout=600)
-    assert r.returncode == 0, r.stderr[-3000:]
-    ptx = [p for p in tmp_path.iterdir() if p.suffix == ".ptx"
-           and _SCHEDULE_KERNEL not in p.read_text()]  # the tile-schedule kernel
-    assert len(ptx) == 1, [p.name for p in tmp_path.iterdir()]
-    text = ptx[0].read_text()
-    for needle in ("cp.async.bulk.tensor", "wgmma.mma_async", "setmaxnreg.dec",
-                   "setmaxnreg.inc", "mbarrier.try_wait"):
-        assert needle in text, f"{needle} missing from the sm90ws PTX"
-    # programmatic dependent launch (the default Switches.pdl): the forward waits once for
-    # the previous grid; the schedule kernel lets it launch at once and waits itself
-    assert len(re.findall(r"griddepcontrol\.wait;", text)) == 1
-    assert "griddepcontrol.launch_dependents" not in text
-    sched = [p.read_text() for p in tmp_path.iterdir() if p.suffix == ".ptx"
-             and _SCHEDULE_KERNEL in p.read_text()]
-    # (a func mask takes the XLA schedule)
-    assert len(sched) == (0 if func_n else 1)
-    assert all("griddepcontrol.launch_dependents;" in t and "griddepcontrol.wait;" in t
-               for t in sched)
-
-
 def test_hstu_fwd_tile_switch_is_validated():
     """The tile override reaches the sm80 compile key; a tile the sm80 forward cannot run, or
     any tile with sm90ws (which takes block_n from hstu_fwd_ws), is a ValueError naming the
@@ -458,86 +411,6 @@ def test_hstu_bwd_sm90_config_routes_to_sm80():
     # routed configurations keep honouring the sm80 tile override
     assert fh.bwd_config("bfloat16", 32, 32, 0, Switches(
         hstu_bwd_impl="sm90", hstu_bwd_tile=(64, 64, 8))).block_n == 64
-
-
-_BWD_PTX_SCRIPT = """
-import sys
-sys.path.insert(0, {root!r})
-sys.path.insert(0, {tests!r})
-import test_lowering_hstu as t
-from jax_sparse_attn.config import Switches
-t._bwd_text({d}, {dt!r}, {mask!r}, Switches(hstu_bwd_impl="sm90"))
-"""
-
-
-@pytest.mark.parametrize("head_dim,n_wgmma", [(128, 32), (256, 44)])
-def test_hstu_bwd_sm90_ptx_is_warp_specialized(tmp_path, head_dim, n_wgmma):
-    """The sm90 backward's PTX has TMA loads, warpgroup MMAs (S^T, dP^T, dV, dK, dQ per tile:
-    32 at D = 128; 44 at D = 256, where S^T and dP^T are m64n32 slices over 16 k-steps),
-    register reallocation between producer and consumers, mbarrier waits and the dQ
-    reductions (the default hstu_bwd_dq="tile": bulk reduce-adds at D = 128, with the dq
-    reordering kernel; vectorized red.global.add at D = 256), and no mma.sync."""
-    import re  # noqa: PLC0415
-    import subprocess  # noqa: PLC0415
-    import sys  # noqa: PLC0415
-
-    tests = os.path.dirname(os.path.abspath(__file__))
-    root = os.path.dirname(tests)
-    env = {k: v for k, v in os.environ.items() if not k.startswith("JAX_SPARSE_ATTN_")}
-    env.update(CUTE_DSL_ARCH="sm_90a", JAX_SPARSE_ATTN_FORCE_KERNEL="1", CUTE_DSL_KEEP="ptx",
-               CUTE_DSL_DUMP_DIR=str(tmp_path), JAX_PLATFORMS="cpu")
-    script = _BWD_PTX_SCRIPT.format(root=root, tests=tests, d=head_dim, dt="bfloat16",
-                                    mask="causal")
-    r = subprocess.run([sys.executable, "-c", script], env=env, cwd=root, capture_output=True,
-                       text=True, timeout=600)
-    assert r.returncode == 0, r.stderr[-3000:]
-    texts = [p.read_text() for p in tmp_path.iterdir() if p.suffix == ".ptx"]
-    assert sum(_DQ_TILES_KERNEL in t for t in texts) == (1 if head_dim == 128 else 0)
-    # without the tile-schedule kernel and the dq reordering kernel
-    ptx = [t for t in texts if _SCHEDULE_KERNEL not in t and _DQ_TILES_KERNEL not in t]
-    assert len(ptx) == 1, [p.name for p in tmp_path.iterdir()]
-    text = ptx[0]
-    assert "HstuBwdSm90" in text
-    dq_needle = ("cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32"
-                 if head_dim == 128 else "red.relaxed.gpu.global.add.v2.f32")
-    for needle in ("cp.async.bulk.tensor", "setmaxnreg.dec", "setmaxnreg.inc",
-                   "mbarrier.try_wait", dq_needle):
-        assert needle in text, f"{needle} missing from the sm90 backward PTX"
-    assert len(re.findall(r"wgmma\.mma_async", text)) == n_wgmma
-    assert "mma.sync" not in text
-    # programmatic dependent launch (the default): every kernel of the backward (schedule,
-    # backward, dq reordering) waits for the previous grid
-    assert len(re.findall(r"griddepcontrol\.wait;", text)) == 1
-    assert all("griddepcontrol.wait;" in t for t in texts)
-
-
-def test_sm90ws_forwards_without_rab_keep_their_ptx():
-    """The HSTU sm90ws forward without rab and the BSA sm90ws forward (one configuration each,
-    ``scripts/ws_ptx_hashes.py quick``, in a fresh process) still compile to the PTX recorded
-    in tests/ws_ptx_sha256.txt (sha256 of the PTX without ``.loc``/``.file`` lines and
-    comments): the rab presence flag and the shared warp-specialized base add no code to
-    them. Skipped with another CuTe DSL version than the one the hashes were made with."""
-    import importlib.metadata  # noqa: PLC0415
-    import subprocess  # noqa: PLC0415
-    import sys  # noqa: PLC0415
-
-    tests = os.path.dirname(os.path.abspath(__file__))
-    root = os.path.dirname(tests)
-    with open(os.path.join(tests, "ws_ptx_sha256.txt")) as f:
-        lines = f.read().splitlines()
-    version = lines[0].split()[2]
-    if importlib.metadata.version("nvidia-cutlass-dsl") != version:
-        pytest.skip(f"hashes recorded with nvidia-cutlass-dsl {version}")
-    want = dict(ln.split(" ", 1) for ln in lines[1:] if ln and not ln.startswith("#"))
-    env = {k: v for k, v in os.environ.items() if not k.startswith("JAX_SPARSE_ATTN_")}
-    env["PYTHONPATH"] = root + os.pathsep + env.get("PYTHONPATH", "")
-    r = subprocess.run([sys.executable, os.path.join(root, "scripts", "ws_ptx_hashes.py"),
-                        "quick"], env=env, cwd=root, capture_output=True, text=True, timeout=600)
-    assert r.returncode == 0, r.stderr[-3000:]
-    got = dict(ln.split(" ", 1) for ln in r.stdout.splitlines() if ln.startswith(("hstu", "bsa")))
-    assert len(got) == 2, r.stdout
-    for name, h in got.items():
-        assert h == want[name], f"{name}: PTX sha256 {h} != recorded {want[name]}"
 
 
 # ---------------------------------------------------------- inference: GQA/MQA, paged KV
@@ -846,59 +719,6 @@ def test_hstu_bwd_deterministic_lowers(head_dim, dtype, mask, h_rab):
     assert _attention_calls(txt) == 1 and "\\7FELF" in txt
 
 
-_DET_PTX_SCRIPT = """
-import sys
-sys.path.insert(0, {root!r})
-sys.path.insert(0, {tests!r})
-import test_lowering_hstu as t
-from jax_sparse_attn.config import Switches
-t._bwd_text(128, "bfloat16", "causal", Switches(hstu_bwd_dq="tile"), deterministic={det})
-"""
-
-
-@pytest.mark.parametrize("det", [True, False], ids=["deterministic", "default"])
-def test_hstu_bwd_sm90_deterministic_ptx(tmp_path, det):
-    """deterministic=True: the sm90 backward's PTX spins on acquire loads, publishes with a
-    GPU-scope fence + store, hands over between the spin warp and the consumers on named
-    barriers 2 and 3. Both modes add dQ with hstu_bwd_dq="tile" (bulk reduce-adds of 16-byte
-    shared-memory stores, no red.global.add; the deterministic mode waits for each one to
-    complete) and run the dq reordering kernel; the default PTX has none of the semaphore
-    code."""
-    import re  # noqa: PLC0415
-    import subprocess  # noqa: PLC0415
-    import sys  # noqa: PLC0415
-
-    tests = os.path.dirname(os.path.abspath(__file__))
-    root = os.path.dirname(tests)
-    env = {k: v for k, v in os.environ.items() if not k.startswith("JAX_SPARSE_ATTN_")}
-    env.update(CUTE_DSL_ARCH="sm_90a", JAX_SPARSE_ATTN_FORCE_KERNEL="1", CUTE_DSL_KEEP="ptx",
-               CUTE_DSL_DUMP_DIR=str(tmp_path), JAX_PLATFORMS="cpu")
-    script = _DET_PTX_SCRIPT.format(root=root, tests=tests, det=det)
-    r = subprocess.run([sys.executable, "-c", script], env=env, cwd=root, capture_output=True,
-                       text=True, timeout=600)
-    assert r.returncode == 0, r.stderr[-3000:]
-    texts = [p.read_text() for p in tmp_path.iterdir() if p.suffix == ".ptx"]
-    # the tile-schedule kernel; the dq reordering kernel of the tile workspace (default mode)
-    assert sum(_DQ_TILES_KERNEL in t for t in texts) == 1
-    ptx = [t for t in texts if _SCHEDULE_KERNEL not in t and _DQ_TILES_KERNEL not in t]
-    assert len(ptx) == 1, [p.name for p in tmp_path.iterdir()]
-    text = ptx[0]
-    assert "HstuBwdSm90" in text
-    det_needles = ("ld.acquire.gpu.global.b32", "fence.acq_rel.gpu",
-                   "st.relaxed.gpu.global.b32", "bar.arrive 2, 288", "bar.arrive 3, 288")
-    assert "cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32" in text
-    assert "st.shared.v4.f32" in text
-    assert "red.relaxed.gpu.global.add" not in text
-    # complete-waits: the one before exit, and (deterministic) the one per tile
-    assert len(re.findall(r"cp\.async\.bulk\.wait_group\s+0;", text)) == (2 if det else 1)
-    if det:
-        for needle in det_needles:
-            assert needle in text, f"{needle} missing from the deterministic sm90 backward PTX"
-    else:
-        for needle in det_needles:
-            assert needle not in text, f"{needle} in the default sm90 backward PTX"
-
-
 def test_hstu_bwd_sm90_order_and_dq_variants():
     """The sm90 backward's compile key carries the launch order (hstu_bwd_order: hlpt, the
     default, lpt, seq; head-major grid for hlpt / seq, the schedule sorted for hlpt / lpt)
@@ -944,3 +764,242 @@ def test_hstu_bwd_sm90_dq_tile_key_and_lowering():
     txt = _bwd_text(64, "bfloat16", "window", sw)
     assert _attention_calls(txt) == 1 and "\\7FELF" in txt
     assert _DQ_TILES_KERNEL in txt
+
+
+# ------------------------------------------------------------ PTX (CUTE_DSL_KEEP=ptx)
+# The CuTe DSL reads CUTE_DSL_KEEP / CUTE_DSL_DUMP_DIR when it is imported, so the PTX tests
+# read PTX kept by a fresh process. One process lowers every configuration below (the jax and
+# DSL imports are paid once): each configuration's PTX files move to a directory of their own
+# (two kernels with the same signature would overwrite each other's file), and the compile
+# caches are emptied between configurations so that each one compiles, and keeps the PTX of,
+# every kernel it lowers. A configuration equal to an earlier one (same helper and argument
+# values, defaults included; Switches compared by value) shares that one's PTX. name -> (helper of this module, its positional
+# arguments before the switches, Switches fields, keyword arguments)
+_PTX_CONFIGS = {
+    "fwd-128-0-bfloat16": ("_fwd_text", (128, 128, 0, "bfloat16"),
+                           {"hstu_fwd_impl": "sm90ws"}, {}),
+    "fwd-256-3-float16": ("_fwd_text", (256, 256, 3, "float16"),
+                          {"hstu_fwd_impl": "sm90ws"}, {}),
+    "bwd-128-bfloat16-causal": ("_bwd_text", (128, "bfloat16", "causal"),
+                                {"hstu_bwd_impl": "sm90"}, {}),
+    "bwd-256-bfloat16-causal": ("_bwd_text", (256, "bfloat16", "causal"),
+                                {"hstu_bwd_impl": "sm90"}, {}),
+    "bwd-128-bfloat16-causal-tile-deterministic": ("_bwd_text", (128, "bfloat16", "causal"),
+                                                   {"hstu_bwd_dq": "tile"},
+                                                   {"deterministic": True}),
+    "bwd-128-bfloat16-causal-tile-default": ("_bwd_text", (128, "bfloat16", "causal"),
+                                             {"hstu_bwd_dq": "tile"},
+                                             {"deterministic": False}),
+}
+
+# argv: repository root, tests directory, output directory, "1" to run
+# ``scripts/ws_ptx_hashes.py quick`` first, the configurations (JSON)
+_PTX_SCRIPT = """
+import contextlib, inspect, io, json, os, runpy, shutil, sys, traceback
+
+root, tests, out_root, hashes = sys.argv[1:5]
+configs = json.loads(sys.argv[5])
+sys.path[:0] = [root, tests]
+if hashes == "1":
+    # before anything imports the DSL: the script sets the DSL's variables (with a dump
+    # directory of its own) and compiles its configurations as in a process of their own
+    buf = io.StringIO()
+    sys.argv = [os.path.join(root, "scripts", "ws_ptx_hashes.py"), "quick"]
+    try:
+        with contextlib.redirect_stdout(buf):
+            runpy.run_path(sys.argv[0], run_name="__main__")
+    except BaseException:
+        buf.write("ERROR " + traceback.format_exc())
+    with open(os.path.join(out_root, "ws_ptx_hashes.txt"), "w") as f:
+        f.write(buf.getvalue())
+
+import jax
+from cutlass.jax import compile as cjc
+
+import test_lowering_hstu as t
+from jax_sparse_attn import _cute_call
+from jax_sparse_attn.config import Switches
+
+dump = os.environ["CUTE_DSL_DUMP_DIR"]
+done = []
+for name, (helper, args, fields, kwargs) in configs.items():
+    out = os.path.join(out_root, name)
+    os.mkdir(out)
+    try:
+        fn = getattr(t, helper)
+        bound = inspect.signature(fn).bind(*args, Switches(**fields), **kwargs)
+        bound.apply_defaults()
+        call = (helper, bound.arguments)
+        same = next((d for c, d in done if c == call), None)
+        if same is not None:
+            shutil.copytree(same, out, dirs_exist_ok=True)
+            continue
+        fn(*bound.args, **bound.kwargs)
+        done.append((call, out))
+    except Exception:
+        with open(os.path.join(out, "error.txt"), "w") as f:
+            f.write(traceback.format_exc())
+    for p in os.listdir(dump):
+        if p.endswith(".ptx"):
+            shutil.move(os.path.join(dump, p), out)
+    _cute_call.reset_compile_stats(clear_memory_cache=True)
+    cjc.release_compile_cache()
+    jax.clear_caches()
+if hashes == "1":
+    shutil.rmtree(dump, ignore_errors=True)  # the hash script's own directory
+"""
+
+
+def _recorded_ws_hashes():
+    """(CuTe DSL version, {configuration: sha256 prefix}) of tests/ws_ptx_sha256.txt."""
+    tests = os.path.dirname(os.path.abspath(__file__))
+    with open(os.path.join(tests, "ws_ptx_sha256.txt")) as f:
+        lines = f.read().splitlines()
+    want = dict(ln.split(" ", 1) for ln in lines[1:] if ln and not ln.startswith("#"))
+    return lines[0].split()[2], want
+
+
+def _ws_hashes_apply():
+    """Whether the installed CuTe DSL is the version the recorded hashes were made with."""
+    import importlib.metadata  # noqa: PLC0415
+
+    return importlib.metadata.version("nvidia-cutlass-dsl") == _recorded_ws_hashes()[0]
+
+
+@pytest.fixture(scope="module")
+def kept_ptx(tmp_path_factory):
+    """The directory of the PTX kept while lowering :data:`_PTX_CONFIGS` (one subdirectory
+    per configuration, with ``error.txt`` where its lowering raised) and, where the recorded
+    hashes apply, ``ws_ptx_hashes.txt`` (the output of ``scripts/ws_ptx_hashes.py quick``)."""
+    import json  # noqa: PLC0415
+    import subprocess  # noqa: PLC0415
+    import sys  # noqa: PLC0415
+
+    if not _have_cutedsl():
+        pytest.skip("CuTe DSL not importable")
+    tests = os.path.dirname(os.path.abspath(__file__))
+    root = os.path.dirname(tests)
+    out = tmp_path_factory.mktemp("kept_ptx")
+    dump = out / "dump"
+    dump.mkdir()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("JAX_SPARSE_ATTN_")}
+    env.update(CUTE_DSL_ARCH="sm_90a", JAX_SPARSE_ATTN_FORCE_KERNEL="1", CUTE_DSL_KEEP="ptx",
+               CUTE_DSL_DUMP_DIR=str(dump), JAX_PLATFORMS="cpu")
+    r = subprocess.run([sys.executable, "-c", _PTX_SCRIPT, root, tests, str(out),
+                        "1" if _ws_hashes_apply() else "0", json.dumps(_PTX_CONFIGS)],
+                       env=env, cwd=root, capture_output=True, text=True, timeout=1800)
+    assert r.returncode == 0, r.stderr[-3000:]
+    return out
+
+
+def _kept(kept_ptx, name):
+    """{file name: PTX text} kept while lowering the configuration ``name``."""
+    d = kept_ptx / name
+    err = d / "error.txt"
+    assert not err.exists(), err.read_text()[-3000:]
+    return {p.name: p.read_text() for p in sorted(d.iterdir()) if p.suffix == ".ptx"}
+
+
+@pytest.mark.parametrize("head_dim,func_n,dtype", [(128, 0, "bfloat16"), (256, 3, "float16")])
+def test_hstu_sm90ws_ptx_is_warp_specialized(kept_ptx, head_dim, func_n, dtype):
+    """The sm90ws forward's PTX has TMA loads, warpgroup MMAs and register reallocation
+    between the producer and the consumer warpgroups."""
+    import re  # noqa: PLC0415
+
+    files = _kept(kept_ptx, f"fwd-{head_dim}-{func_n}-{dtype}")
+    ptx = [t for t in files.values() if _SCHEDULE_KERNEL not in t]  # the tile-schedule kernel
+    assert len(ptx) == 1, list(files)
+    text = ptx[0]
+    for needle in ("cp.async.bulk.tensor", "wgmma.mma_async", "setmaxnreg.dec",
+                   "setmaxnreg.inc", "mbarrier.try_wait"):
+        assert needle in text, f"{needle} missing from the sm90ws PTX"
+    # programmatic dependent launch (the default Switches.pdl): the forward waits once for
+    # the previous grid; the schedule kernel lets it launch at once and waits itself
+    assert len(re.findall(r"griddepcontrol\.wait;", text)) == 1
+    assert "griddepcontrol.launch_dependents" not in text
+    sched = [t for t in files.values() if _SCHEDULE_KERNEL in t]
+    # (a func mask takes the XLA schedule)
+    assert len(sched) == (0 if func_n else 1)
+    assert all("griddepcontrol.launch_dependents;" in t and "griddepcontrol.wait;" in t
+               for t in sched)
+
+
+@pytest.mark.parametrize("head_dim,n_wgmma", [(128, 32), (256, 44)])
+def test_hstu_bwd_sm90_ptx_is_warp_specialized(kept_ptx, head_dim, n_wgmma):
+    """The sm90 backward's PTX has TMA loads, warpgroup MMAs (S^T, dP^T, dV, dK, dQ per tile:
+    32 at D = 128; 44 at D = 256, where S^T and dP^T are m64n32 slices over 16 k-steps),
+    register reallocation between producer and consumers, mbarrier waits and the dQ
+    reductions (the default hstu_bwd_dq="tile": bulk reduce-adds at D = 128, with the dq
+    reordering kernel; vectorized red.global.add at D = 256), and no mma.sync."""
+    import re  # noqa: PLC0415
+
+    files = _kept(kept_ptx, f"bwd-{head_dim}-bfloat16-causal")
+    texts = list(files.values())
+    assert sum(_DQ_TILES_KERNEL in t for t in texts) == (1 if head_dim == 128 else 0)
+    # without the tile-schedule kernel and the dq reordering kernel
+    ptx = [t for t in texts if _SCHEDULE_KERNEL not in t and _DQ_TILES_KERNEL not in t]
+    assert len(ptx) == 1, list(files)
+    text = ptx[0]
+    assert "HstuBwdSm90" in text
+    dq_needle = ("cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32"
+                 if head_dim == 128 else "red.relaxed.gpu.global.add.v2.f32")
+    for needle in ("cp.async.bulk.tensor", "setmaxnreg.dec", "setmaxnreg.inc",
+                   "mbarrier.try_wait", dq_needle):
+        assert needle in text, f"{needle} missing from the sm90 backward PTX"
+    assert len(re.findall(r"wgmma\.mma_async", text)) == n_wgmma
+    assert "mma.sync" not in text
+    # programmatic dependent launch (the default): every kernel of the backward (schedule,
+    # backward, dq reordering) waits for the previous grid
+    assert len(re.findall(r"griddepcontrol\.wait;", text)) == 1
+    assert all("griddepcontrol.wait;" in t for t in texts)
+
+
+@pytest.mark.parametrize("det", [True, False], ids=["deterministic", "default"])
+def test_hstu_bwd_sm90_deterministic_ptx(kept_ptx, det):
+    """deterministic=True: the sm90 backward's PTX spins on acquire loads, publishes with a
+    GPU-scope fence + store, hands over between the spin warp and the consumers on named
+    barriers 2 and 3. Both modes add dQ with hstu_bwd_dq="tile" (bulk reduce-adds of 16-byte
+    shared-memory stores, no red.global.add; the deterministic mode waits for each one to
+    complete) and run the dq reordering kernel; the default PTX has none of the semaphore
+    code."""
+    import re  # noqa: PLC0415
+
+    mode = "deterministic" if det else "default"
+    files = _kept(kept_ptx, f"bwd-128-bfloat16-causal-tile-{mode}")
+    texts = list(files.values())
+    # the tile-schedule kernel; the dq reordering kernel of the tile workspace (default mode)
+    assert sum(_DQ_TILES_KERNEL in t for t in texts) == 1
+    ptx = [t for t in texts if _SCHEDULE_KERNEL not in t and _DQ_TILES_KERNEL not in t]
+    assert len(ptx) == 1, list(files)
+    text = ptx[0]
+    assert "HstuBwdSm90" in text
+    det_needles = ("ld.acquire.gpu.global.b32", "fence.acq_rel.gpu",
+                   "st.relaxed.gpu.global.b32", "bar.arrive 2, 288", "bar.arrive 3, 288")
+    assert "cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32" in text
+    assert "st.shared.v4.f32" in text
+    assert "red.relaxed.gpu.global.add" not in text
+    # complete-waits: the one before exit, and (deterministic) the one per tile
+    assert len(re.findall(r"cp\.async\.bulk\.wait_group\s+0;", text)) == (2 if det else 1)
+    if det:
+        for needle in det_needles:
+            assert needle in text, f"{needle} missing from the deterministic sm90 backward PTX"
+    else:
+        for needle in det_needles:
+            assert needle not in text, f"{needle} in the default sm90 backward PTX"
+
+
+def test_sm90ws_forwards_without_rab_keep_their_ptx(request):
+    """The HSTU sm90ws forward without rab and the BSA sm90ws forward (one configuration each,
+    ``scripts/ws_ptx_hashes.py quick``, run first in the process of :func:`kept_ptx`) still
+    compile to the PTX recorded in tests/ws_ptx_sha256.txt (sha256 of the PTX without
+    ``.loc``/``.file`` lines and comments): the rab presence flag and the shared
+    warp-specialized base add no code to them. Skipped with another CuTe DSL version than the
+    one the hashes were made with."""
+    version, want = _recorded_ws_hashes()
+    if not _ws_hashes_apply():
+        pytest.skip(f"hashes recorded with nvidia-cutlass-dsl {version}")
+    out = (request.getfixturevalue("kept_ptx") / "ws_ptx_hashes.txt").read_text()
+    got = dict(ln.split(" ", 1) for ln in out.splitlines() if ln.startswith(("hstu", "bsa")))
+    assert len(got) == 2, out[-3000:]
+    for name, h in got.items():
+        assert h == want[name], f"{name}: PTX sha256 {h} != recorded {want[name]}"
