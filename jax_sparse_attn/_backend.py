@@ -142,26 +142,26 @@ def which_backend(op, *args, **kwargs) -> BackendChoice:
     ``(op, backend, reason)``, ``backend`` being ``"kernel"`` or ``"reference"``.
 
     Raises:
-      TypeError: ``op`` is a name other than those of the public ops, or neither a name
-        nor callable, or a callable that makes no backend choice.
+      TypeError: ``op`` is neither a public op nor the name of one (any other callable is
+        rejected before it runs).
     """
+    package = importlib.import_module("jax_sparse_attn")
     if isinstance(op, str):
-        if op not in PUBLIC_OPS:
-            raise TypeError(f"which_backend: op must be a public jax_sparse_attn op or its "
-                            f"name, one of {PUBLIC_OPS}; got {op!r}")
-        op = getattr(importlib.import_module("jax_sparse_attn"), op)
-    elif not callable(op):
+        name = op if op in PUBLIC_OPS else None
+    else:
+        name = next((n for n in PUBLIC_OPS if getattr(package, n) is op), None)
+    if name is None:
+        got = repr(op) if isinstance(op, str) else getattr(op, "__name__", type(op).__name__)
         raise TypeError(f"which_backend: op must be a public jax_sparse_attn op or its name, "
-                        f"one of {PUBLIC_OPS}; got {type(op).__name__}")
+                        f"one of {PUBLIC_OPS}; got {got}")
     _recording.active = True
     try:
-        op(*args, **kwargs)
+        getattr(package, name)(*args, **kwargs)
     except _Resolved as r:
-        return r.choice
+        return dataclasses.replace(r.choice, op=name)
     finally:
         _recording.active = False
-    raise TypeError(f"which_backend: {getattr(op, '__name__', op)!r} is not a public "
-                    "jax_sparse_attn op (it made no backend choice)")
+    raise RuntimeError(f"which_backend: {name} made no backend choice")  # pragma: no cover
 
 
 def kernel_status() -> BackendChoice:

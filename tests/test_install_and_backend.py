@@ -67,7 +67,7 @@ def test_which_backend_reports_reference_and_reason_on_cpu(monkeypatch):
     # the same validation as the call itself
     with pytest.raises(ValueError, match="backend"):
         jsa.which_backend(jsa.hstu_attention, *args, backend="gpu", **kw)
-    with pytest.raises(TypeError, match="not a public"):
+    with pytest.raises(TypeError, match="op must be a public jax_sparse_attn op"):
         jsa.which_backend(lambda: None)
 
 

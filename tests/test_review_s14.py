@@ -316,8 +316,17 @@ def test_which_backend_by_name(name):
     by_name = jsa.which_backend(name, *args, **kw)
     by_fn = jsa.which_backend(getattr(jsa, name), *args, **kw)
     assert by_name == by_fn and by_name.backend == "reference"
-    # (hstu_attention_forward runs hstu_attention, whose name the choice records)
-    assert by_name.op in (name, name.replace("_forward", ""))
+    assert by_name.op == name
+
+
+def test_which_backend_rejects_other_callables_before_running_them():
+    """A callable that is not a public op is rejected without being called."""
+    import jax_sparse_attn as jsa
+
+    calls = []
+    with pytest.raises(TypeError, match="op must be a public jax_sparse_attn op"):
+        jsa.which_backend(lambda *a: calls.append(a), 1, 2)
+    assert calls == []
 
 
 @pytest.mark.parametrize("op", ["hstu", "print", 3, None])
