@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Nsight Compute profiles of the default SM90 kernels (one launch each, full section set, GPU
 # clocks left as they are): the HSTU sm90ws forward and sm90 backward at B8 L4096 and B32 L1024
-# (D128, causal) and the BSA sm90ws forward at blk128 12.5 % (S=16384). PROFILES selects a
+# (D128, causal), the backward also at D256 (bwd_d256) and on the canonical jagged batch
+# (bwd_jagged), and the BSA sm90ws forward at blk128 12.5 % (S=16384). PROFILES selects a
 # subset (names below). Reports (.ncu-rep) and text details go to $OUT/ncu.
 # Usage (repo root, after `source .devcache/setup.sh`): OUT=$OUT bash scripts/gpu_ncu.sh
 set -u
@@ -24,6 +25,8 @@ want fwd_8x4096 && prof fwd_8x4096 HstuFwdSm90Ws --case 8x4096-causal --no-bwd
 want fwd_32x1024 && prof fwd_32x1024 HstuFwdSm90Ws --case 32x1024-causal --no-bwd
 want bwd_8x4096 && prof bwd_8x4096 HstuBwdSm90 --case 8x4096-causal --bwd-only
 want bwd_32x1024 && prof bwd_32x1024 HstuBwdSm90 --case 32x1024-causal --bwd-only
+want bwd_d256 && prof bwd_d256 HstuBwdSm90 --case 8x4096-causal-d256 --bwd-only
+want bwd_jagged && prof bwd_jagged HstuBwdSm90 --case jagged32-causal --bwd-only
 if want bsa_blk128; then
   timeout -k 5 "${NCU_T:-150}" "$NCU" --set full --clock-control none --kernel-name "regex:BsaFwdSm90Ws" \
     --launch-skip 2 --launch-count 1 -f -o "$out/bsa_blk128" \

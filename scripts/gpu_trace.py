@@ -80,9 +80,11 @@ CASES = {
     "hstu_bwd_8x4096": lambda: _hstu(8, 4096, 128, True),
     "hstu_bwd_32x1024": lambda: _hstu(32, 1024, 128, True),
     "hstu_bwd_jagged": lambda: _hstu(0, 0, 128, True, jagged=True),
+    "hstu_bwd_8x4096_d256": lambda: _hstu(8, 4096, 256, True),
     "bsa_fwd_blk128": lambda: _bsa(128, 16),
     "bsa_fwd_blk64": lambda: _bsa(64, 32),
     "bsa_fwdbwd_blk64": lambda: _bsa(64, 32, bwd=True),
+    "bsa_fwdbwd_blk128": lambda: _bsa(128, 16, bwd=True),
 }
 _OURS = ("Hstu", "Bsa", "Attn", "cutlass")
 
