@@ -22,8 +22,9 @@ family on an H100/H200 beside the default Hopper kernels::
 ``--reference`` adds a row of the pure-JAX reference backend (``backend="reference"``, the
 path ``backend="auto"`` takes where the kernels cannot run) for each case.
 
-``--deterministic`` runs every case (and every ``--variant``) twice, the second time with ``deterministic=True`` (ordered
-dq additions), and prints the backward time ratio default / deterministic.
+``--deterministic`` runs every case (and every ``--variant``) twice, the second time with
+``deterministic=True`` (ordered dq additions), and prints the backward time ratio default /
+deterministic.
 
     python benchmarks/hstu_bench.py --case 8x4096-causal --case jagged32-causal \
         --bwd-only --deterministic
@@ -284,7 +285,8 @@ def main():
                          "compare; default: the switches from the environment)")
     ap.add_argument("--bwd-dq", action="append", default=[], choices=_BWD_DQ,
                     help="with --bwd-impl sm90: this dQ reduction (Switches.hstu_bwd_dq / "
-                         "JAX_SPARSE_ATTN_HSTU_BWD_DQ; repeat to compare; default red)")
+                         "JAX_SPARSE_ATTN_HSTU_BWD_DQ; repeat to compare; default: the "
+                         "switch's default, tile)")
     ap.add_argument("--bwd-only", action="store_true",
                     help="time only the backward (no forward timing)")
     ap.add_argument("--inference", action="append", default=[],
@@ -337,14 +339,20 @@ def main():
     for c in cases:
         for var in a.variant:
             env = dict(kv.partition("=")[::2] for kv in filter(None, var.split(",")))
+            rows = []
             for det in (False, True) if a.deterministic else (False,):
                 try:
-                    results.append(run_case(c, jnp.dtype(a.dtype), a.iters, not a.no_bwd,
-                                            from_env(env), do_fwd=not a.bwd_only,
-                                            variant=var or "default", deterministic=det))
+                    rows.append(run_case(c, jnp.dtype(a.dtype), a.iters, not a.no_bwd,
+                                         from_env(env), do_fwd=not a.bwd_only,
+                                         variant=var or "default", deterministic=det))
                 except Exception as e:  # noqa: BLE001 - report, go on with the other rows
                     print(f"{c:22s} [{var}] deterministic={det}: failed: "
                           f"{type(e).__name__}: {str(e)[:300]}", flush=True)
+            if len(rows) == 2 and "bwd_ms" in rows[0]:
+                ratio = rows[0]["bwd_ms"] / rows[1]["bwd_ms"]
+                rows[1]["bwd_speed_vs_default"] = ratio
+                print(f"{'':30s} deterministic bwd speed = {ratio:.3f} x default", flush=True)
+            results.extend(rows)
         if a.reference:
             try:
                 results.append(run_case(c, jnp.dtype(a.dtype), max(2, a.iters // 10),

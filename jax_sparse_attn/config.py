@@ -206,7 +206,7 @@ SWITCHES = (
             "memory and adds it with one 4 KB cp.reduce.async.bulk into a query-tile "
             "workspace, which a second kernel reorders into dq; at D = 256 each warp stages "
             "its slice in the step's consumed Q / dO tiles once both warpgroups' GEMMs are "
-            "done), red (red.global.add.v2.f32 from registers), bulk (fp32 "
+            "done and adds it as two 4 KB blocks), red (red.global.add.v2.f32 from registers), bulk (fp32 "
             "rows staged in shared memory, one cp.reduce.async.bulk add per row; D <= 128, "
             "else red), red4 (red.global.add.v4.f32: lane pairs swap halves with shuffles)"),
     _choice("hstu_bwd_order", "JAX_SPARSE_ATTN_HSTU_BWD_ORDER", ("hlpt", "lpt", "seq"),

@@ -114,8 +114,9 @@ def test_bsa_bwd_ws_ablation_lowers():
 @pytest.mark.parametrize("cfg", CONFIGS, ids=_ids)
 def test_bsa_bwd_ws_deterministic_lowers(cfg):
     """``deterministic=True`` on every (D, blk) pair: the preprocessing kernel and the
-    deterministic sm90ws kernel (``impl="auto"``: at blk 64 / D 128 too)."""
-    txt = _bwd_text(cfg, impl="auto", deterministic=True)
+    deterministic sm90ws kernel (``impl="auto"``: at blk 64 / D 128 too) with the default
+    dQ writer warp (``det_writer``; without it: :func:`test_bsa_bwd_ws_deterministic_ptx`)."""
+    txt = _bwd_text(cfg, impl="auto", deterministic=True, det_writer=True)
     assert txt.count(CALL_TARGET) == _calls(cfg, impl="auto", deterministic=True)
 
 
@@ -148,12 +149,13 @@ def _ws_ptx(tmp_path, cfg, det=False, dq="tile"):
 
 
 def test_bsa_bwd_ws_deterministic_ptx(tmp_path):
-    """The deterministic kernel waits with acquire loads, publishes after a GPU-scope
-    fence and hands each query tile between warp 1 and the consumers with named-barrier
-    arrivals; its dQ bulk reduce-adds (query-tile workspace; at blk 64 / D 128 staged in the
-    consumed Q / dO tiles) are waited for before the hand-back, or, with the row-major
-    workspace, vector reductions; the default kernel has none of the acquire / release
-    operations."""
+    """The deterministic kernel without the dQ writer warp (``det_writer`` off; with it:
+    ``tests/test_lowering_det_writer.py``) waits with acquire loads, publishes after a
+    GPU-scope fence and hands each query tile between warp 1 and the consumers with
+    named-barrier arrivals; its dQ bulk reduce-adds (query-tile workspace; at blk 64 / D 128
+    staged in the consumed Q / dO tiles) are waited for before the hand-back, or, with the
+    row-major workspace, vector reductions; the non-deterministic kernel has none of the
+    acquire / release operations."""
     sync = ("ld.acquire.gpu.global.b32", "fence.acq_rel.gpu", "st.relaxed.gpu.global.b32",
             "bar.arrive")
     tile = ("cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32", "st.shared.v4.f32")

@@ -47,8 +47,9 @@ Backward: ``drab`` is written directly (rab's dtype, zero-initialised output) wh
 
 Determinism: the forward and dk/dv are deterministic (each output element is written by
 exactly one CTA with a fixed summation order). By default dq is accumulated in an fp32
-workspace with ``red.global.add.f32`` from the CTAs of every KV tile that sees the query,
-so its low bits depend on scheduling order (run-to-run differences at fp32 rounding level,
+workspace (sm90 ``hstu_bwd_dq="tile"``: bulk reduce-adds into the query-tile workspace;
+else ``red.global.add.f32``) from the CTAs of every KV tile that sees the query, so its low
+bits depend on scheduling order (run-to-run differences at fp32 rounding level,
 before the final cast to q's dtype); so does ``drab`` when ``H_rab = 1`` (per-head ``drab``
 is deterministic). The ``deterministic`` flag of the backward key (the public
 ``deterministic=True``) makes both reproducible: a zero-initialised int32 semaphore per
@@ -170,8 +171,9 @@ class HstuBwdConfig(_HstuKey):
     dq_bulk: bool = False
     # sm90 with red: 16-byte red.global.add.v4.f32 (lane pairs swap halves), else 8-byte .v2
     dq_vec4: bool = False
-    # sm90: dQ added per warp with one bulk reduce-add of its accumulator slice in register
-    # order into a (query tile slots, H, block_m * D) workspace (dq_from_tiles reorders it)
+    # sm90: dQ added per warp with bulk reduce-adds of its accumulator slice in register
+    # order (one 4 KB block at D <= 128, two at D = 256, staged in the Q / dO stage) into a
+    # (query tile slots, H, block_m * D) workspace (dq_from_tiles reorders it)
     dq_tile: bool = False
     # sm90 launch order of the KV tiles: "hlpt" (longest work first within each head, one
     # head after the other), "lpt" (longest work first over all sequences, the heads of a KV
