@@ -396,7 +396,7 @@ def test_hstu_bwd_sm90_config_routes_to_sm80():
     assert (k64.impl, k64.block_m, k64.has_func, k64.func_n) == ("sm90", 128, True, 3)
     k256 = fh.bwd_config("bfloat16", 256, 256, 0, Switches(hstu_bwd_impl="sm90",
                                                            hstu_bwd_dq="bulk"))
-    # D = 256: 64 x 64 tiles, dQ always reduced with red (no room to stage it)
+    # D = 256: 64 x 64 tiles; bulk (rows staged in shared memory) becomes red there
     assert (k256.impl, k256.block_m, k256.block_n, k256.dq_bulk) == ("sm90", 64, 64, False)
     for d, dv, rab in ((32, 32, False), (128, 256, False), (64, 128, False), (128, 128, True)):
         key = fh.bwd_config("bfloat16", d, dv, 0, sw, has_rab=rab,
@@ -745,17 +745,18 @@ def test_hstu_bwd_sm90_order_and_dq_variants():
 
 
 def test_hstu_bwd_sm90_dq_tile_key_and_lowering():
-    """hstu_bwd_dq="tile": the key carries dq_tile at D = 64 / 128, also in the deterministic
-    mode (not at D = 256, which reduces dQ with red); the kernel lowers and its PTX adds
-    each warp's dQ slice with one 4 KB bulk reduce-add (PTX: the deterministic PTX test)."""
+    """hstu_bwd_dq="tile": the key carries dq_tile at D = 64 / 128 / 256, also in the
+    deterministic mode; the kernel lowers and its PTX adds each warp's dQ slice with one 4 KB
+    bulk reduce-add at D <= 128 (PTX: the deterministic PTX test; D = 256:
+    tests/test_lowering_hstu_bwd_d256.py)."""
     from jax_sparse_attn.config import Switches  # noqa: PLC0415
     from jax_sparse_attn.ffi import hstu as fh  # noqa: PLC0415
 
     sw = Switches(hstu_bwd_dq="tile")
-    for d in (64, 128):
+    for d in (64, 128, 256):
         key = fh.bwd_config("bfloat16", d, d, 0, sw)
         assert key.dq_tile and not key.dq_bulk and not key.dq_vec4
-    assert not fh.bwd_config("bfloat16", 256, 256, 0, sw).dq_tile
+    assert not fh.bwd_config("bfloat16", 256, 256, 0, Switches(hstu_bwd_dq="red")).dq_tile
     assert fh.bwd_config("bfloat16", 128, 128, 0, sw, deterministic=True).dq_tile
     assert fh.bwd_config("bfloat16", 128, 128, 0, Switches()).dq_tile  # the default
     assert not fh.bwd_config("bfloat16", 128, 128, 0, Switches(hstu_bwd_dq="red")).dq_tile
@@ -785,7 +786,8 @@ _PTX_CONFIGS = {
     "bwd-256-bfloat16-causal": ("_bwd_text", (256, "bfloat16", "causal"),
                                 {"hstu_bwd_impl": "sm90"}, {}),
     "bwd-128-bfloat16-causal-tile-deterministic": ("_bwd_text", (128, "bfloat16", "causal"),
-                                                   {"hstu_bwd_dq": "tile"},
+                                                   {"hstu_bwd_dq": "tile",
+                                                    "det_writer": False},
                                                    {"deterministic": True}),
     "bwd-128-bfloat16-causal-tile-default": ("_bwd_text", (128, "bfloat16", "causal"),
                                              {"hstu_bwd_dq": "tile"},
@@ -929,20 +931,19 @@ def test_hstu_bwd_sm90_ptx_is_warp_specialized(kept_ptx, head_dim, n_wgmma):
     """The sm90 backward's PTX has TMA loads, warpgroup MMAs (S^T, dP^T, dV, dK, dQ per tile:
     32 at D = 128; 44 at D = 256, where S^T and dP^T are m64n32 slices over 16 k-steps),
     register reallocation between producer and consumers, mbarrier waits and the dQ
-    reductions (the default hstu_bwd_dq="tile": bulk reduce-adds at D = 128, with the dq
-    reordering kernel; vectorized red.global.add at D = 256), and no mma.sync."""
+    reductions (the default hstu_bwd_dq="tile": bulk reduce-adds, with the dq reordering
+    kernel), and no mma.sync."""
     import re  # noqa: PLC0415
 
     files = _kept(kept_ptx, f"bwd-{head_dim}-bfloat16-causal")
     texts = list(files.values())
-    assert sum(_DQ_TILES_KERNEL in t for t in texts) == (1 if head_dim == 128 else 0)
+    assert sum(_DQ_TILES_KERNEL in t for t in texts) == 1
     # without the tile-schedule kernel and the dq reordering kernel
     ptx = [t for t in texts if _SCHEDULE_KERNEL not in t and _DQ_TILES_KERNEL not in t]
     assert len(ptx) == 1, list(files)
     text = ptx[0]
     assert "HstuBwdSm90" in text
-    dq_needle = ("cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32"
-                 if head_dim == 128 else "red.relaxed.gpu.global.add.v2.f32")
+    dq_needle = "cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32"
     for needle in ("cp.async.bulk.tensor", "setmaxnreg.dec", "setmaxnreg.inc",
                    "mbarrier.try_wait", dq_needle):
         assert needle in text, f"{needle} missing from the sm90 backward PTX"
@@ -956,9 +957,10 @@ def test_hstu_bwd_sm90_ptx_is_warp_specialized(kept_ptx, head_dim, n_wgmma):
 
 @pytest.mark.parametrize("det", [True, False], ids=["deterministic", "default"])
 def test_hstu_bwd_sm90_deterministic_ptx(kept_ptx, det):
-    """deterministic=True: the sm90 backward's PTX spins on acquire loads, publishes with a
-    GPU-scope fence + store, hands over between the spin warp and the consumers on named
-    barriers 2 and 3. Both modes add dQ with hstu_bwd_dq="tile" (bulk reduce-adds of 16-byte
+    """deterministic=True without the dQ writer warp (det_writer=False; with it:
+    tests/test_lowering_det_writer.py): the sm90 backward's PTX spins on acquire loads,
+    publishes with a GPU-scope fence + store, hands over between the spin warp and the
+    consumers on named barriers 2 and 3. Both modes add dQ with hstu_bwd_dq="tile" (bulk reduce-adds of 16-byte
     shared-memory stores, no red.global.add; the deterministic mode waits for each one to
     complete) and run the dq reordering kernel; the default PTX has none of the semaphore
     code."""
