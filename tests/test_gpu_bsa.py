@@ -9,7 +9,7 @@ Run on the H200: ``python -m pytest -m gpu tests/test_gpu_bsa.py`` (about 20 s p
 mostly CuTe DSL + reference compiles). Shard with ``BSA_TEST_SHARD=i/n`` to run several
 processes in parallel (CuTe compiles are serial inside one process). The non-grid tests
 run in one shard each, spread over the shards. The default kernels are the wgmma ones for
-D in {64, 128} (the sm90ws forward, the sm90 backward); ``BSA_TEST_IMPLS`` (a comma list) adds the grid with other switches:
+D in {64, 128} (the sm90ws forward and backward; sm90 backward for pack_gqa and causal); ``BSA_TEST_IMPLS`` (a comma list) adds the grid with other switches:
 ``sm80``: ``Switches(bsa_fwd_impl="sm80", bsa_bwd_impl="sm80", bsa_pre_impl="xla")`` (the
 mma.sync kernels at every D and the XLA preprocessing); ``sm90ws``:
 ``Switches(bsa_fwd_impl="sm90ws")`` (the warp-specialized forward named, as ``auto`` runs it); ``sm80_late_v``:
@@ -204,8 +204,8 @@ def test_bsa_preprocess_kernel(d, layout, dtype):
 
 
 # ----------------------------------------------------------------------------- sm90ws forward
-# The warp-specialized forward (kernels/bsa_fwd_sm90_ws.py) is opt-in: the whole grid above runs
-# on it with JAX_SPARSE_ATTN_BSA_FWD_IMPL=sm90ws; the tests below select it themselves.
+# The warp-specialized forward (kernels/bsa_fwd_sm90_ws.py), the default at D in {64, 128}:
+# the tests below select it themselves (the grid above runs the default selection).
 
 WS_CASES = [
     # every query block lists every KV block; S_kv not a multiple of the block size
@@ -325,9 +325,10 @@ def test_bsa_sm90ws_forward(c):
 
 
 # ----------------------------------------------------------------------------- sm90ws backward
-# The warp-specialized backward (kernels/bsa_bwd_sm90_ws.py) is opt-in: the grid runs on it
-# with BSA_TEST_IMPLS=bwdws; the cases below add NaN in unlisted blocks and past
-# block_sizes, every KV block listed, GQA 8:1 and outputs poisoned by an all-NaN run.
+# The warp-specialized backward (kernels/bsa_bwd_sm90_ws.py), the default where it applies:
+# BSA_TEST_IMPLS=bwdws runs the grid on it explicitly; the cases below add NaN in unlisted
+# blocks and past block_sizes, every KV block listed, GQA 8:1 and outputs poisoned by an
+# all-NaN run.
 
 BWD_WS_CASES = WS_CASES + [
     dict(name="bwdws-gqa8-blk128-d128", blk=128, d=128, dtype="bfloat16", layout="bshd",

@@ -39,7 +39,11 @@ CTA per SM; blk 64: 256 threads, two CTAs per SM):
   for its previous bulk reads before it stages again. With ``dq_alias`` (blk 64 / D 128,
   where two CTAs per SM leave no room for the staging tile) the slices go to the step's
   own Q and dO tiles instead: after the dK GEMM and a barrier of the consumer warps, and
-  each warp waits for its bulk reads before it releases the stage to the producer.
+  each warp waits for its bulk reads before it releases the stage to the producer. With
+  ``dq_late`` (set wherever ``dq_alias`` is, unless ``bsa_bwd_ws=dqearly``) the dK GEMM
+  is issued alone and dQ = dS K only once the dV / dK GEMMs have completed, so the dQ
+  accumulator is not live next to P^T, dS^T and the in-flight dV / dK GEMMs (at blk 64 /
+  D 128 the dQ-first order does not fit the registers: ptxas serializes the wgmma).
   ``kernels/dq_tiles.py`` reorders the workspace into dq. Without ``dq_tile`` the dQ rows
   ``< S_q`` are added to a row-major ``(B, S_q, H_q, D)`` workspace with
   ``red.global.add.v2.f32`` while the dK GEMM runs.
