@@ -260,36 +260,30 @@ def test_bsa_sm90ws_config_and_fallback():
             from_env({"JAX_SPARSE_ATTN_BSA_WS": bad})
 
 
-_WS_PTX_SCRIPT = """
-import sys
-sys.path.insert(0, {root!r})
-import tests.test_lowering_bsa as t
-t._ws_fwd_text({cfg!r})
-"""
+# the PTX tests' configurations, lowered in one fresh process (tests/kept_ptx.py)
+_PTX_CONFIGS = {_ids(c): ("_ws_fwd_text", (c,), None, {}) for c in WS_CONFIGS[:2]}
+
+
+@pytest.fixture(scope="module")
+def kept_ptx(tmp_path_factory):
+    import kept_ptx as kp  # noqa: PLC0415
+
+    env = dict(JAX_SPARSE_ATTN_BSA_FWD_IMPL="sm90ws", JAX_SPARSE_ATTN_BSA_WS="")
+    return kp.keep_ptx(tmp_path_factory.mktemp("kept_ptx"), "test_lowering_bsa", _PTX_CONFIGS,
+                       env=env)
 
 
 @pytest.mark.parametrize("cfg", [WS_CONFIGS[0], WS_CONFIGS[1]], ids=lambda c: _ids(c))
-def test_bsa_sm90ws_ptx_is_warp_specialized(tmp_path, cfg):
-    """The sm90ws forward's PTX (kept with CUTE_DSL_KEEP=ptx, in a fresh process so that the
-    CuTe DSL reads the variables and compiles) has TMA loads, warpgroup MMAs, mbarrier waits
+def test_bsa_sm90ws_ptx_is_warp_specialized(kept_ptx, cfg):
+    """The sm90ws forward's PTX (kept with CUTE_DSL_KEEP=ptx by a fresh process, which reads
+    the variables when it imports the CuTe DSL) has TMA loads, warpgroup MMAs, mbarrier waits
     and register reallocation between the producer and the consumer warpgroups; with
     block_sizes it also has the producer's cp.async copy of partial V blocks."""
-    import subprocess  # noqa: PLC0415
-    import sys  # noqa: PLC0415
+    import kept_ptx as kp  # noqa: PLC0415
 
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    dump = tmp_path / "ptx"
-    dump.mkdir()  # the CuTe DSL writes elsewhere when the directory does not exist
-    env = dict(os.environ, CUTE_DSL_ARCH="sm_90a", JAX_SPARSE_ATTN_FORCE_KERNEL="1",
-               JAX_SPARSE_ATTN_BSA_FWD_IMPL="sm90ws", JAX_SPARSE_ATTN_BSA_WS="",
-               CUTE_DSL_KEEP="ptx", CUTE_DSL_DUMP_DIR=str(dump), JAX_PLATFORMS="cpu")
-    script = _WS_PTX_SCRIPT.format(root=root, cfg=cfg)
-    r = subprocess.run([sys.executable, "-c", script], env=env, cwd=root, capture_output=True,
-                       text=True, timeout=600)
-    assert r.returncode == 0, r.stderr[-3000:]
-    ptx = [p for p in dump.iterdir() if p.suffix == ".ptx"]
-    assert len(ptx) == 1, [p.name for p in dump.iterdir()]
-    text = ptx[0].read_text()
+    files = kp.ptx_of(kept_ptx, _ids(cfg))
+    assert len(files) == 1, list(files)
+    text = next(iter(files.values()))
     assert "bsa_fwd_sm90_ws" in text
     needles = ["cp.async.bulk.tensor", "wgmma.mma_async", "setmaxnreg.dec", "setmaxnreg.inc",
                "mbarrier.try_wait"]

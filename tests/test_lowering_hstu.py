@@ -768,14 +768,10 @@ def test_hstu_bwd_sm90_dq_tile_key_and_lowering():
 
 
 # ------------------------------------------------------------ PTX (CUTE_DSL_KEEP=ptx)
-# The CuTe DSL reads CUTE_DSL_KEEP / CUTE_DSL_DUMP_DIR when it is imported, so the PTX tests
-# read PTX kept by a fresh process. One process lowers every configuration below (the jax and
-# DSL imports are paid once): each configuration's PTX files move to a directory of their own
-# (two kernels with the same signature would overwrite each other's file), and the compile
-# caches are emptied between configurations so that each one compiles, and keeps the PTX of,
-# every kernel it lowers. A configuration equal to an earlier one (same helper and argument
-# values, defaults included; Switches compared by value) shares that one's PTX. name -> (helper of this module, its positional
-# arguments before the switches, Switches fields, keyword arguments)
+# The PTX tests read the PTX kept by one fresh process that lowers every configuration below
+# (tests/kept_ptx.py; after scripts/ws_ptx_hashes.py quick, for the hash test). name ->
+# (function of this module, its positional arguments before the switches, Switches fields,
+# keyword arguments)
 _PTX_CONFIGS = {
     "fwd-128-0-bfloat16": ("_fwd_text", (128, 128, 0, "bfloat16"),
                            {"hstu_fwd_impl": "sm90ws"}, {}),
@@ -793,63 +789,6 @@ _PTX_CONFIGS = {
                                              {"hstu_bwd_dq": "tile"},
                                              {"deterministic": False}),
 }
-
-# argv: repository root, tests directory, output directory, "1" to run
-# ``scripts/ws_ptx_hashes.py quick`` first, the configurations (JSON)
-_PTX_SCRIPT = """
-import contextlib, inspect, io, json, os, runpy, shutil, sys, traceback
-
-root, tests, out_root, hashes = sys.argv[1:5]
-configs = json.loads(sys.argv[5])
-sys.path[:0] = [root, tests]
-if hashes == "1":
-    # before anything imports the DSL: the script sets the DSL's variables (with a dump
-    # directory of its own) and compiles its configurations as in a process of their own
-    buf = io.StringIO()
-    sys.argv = [os.path.join(root, "scripts", "ws_ptx_hashes.py"), "quick"]
-    try:
-        with contextlib.redirect_stdout(buf):
-            runpy.run_path(sys.argv[0], run_name="__main__")
-    except BaseException:
-        buf.write("ERROR " + traceback.format_exc())
-    with open(os.path.join(out_root, "ws_ptx_hashes.txt"), "w") as f:
-        f.write(buf.getvalue())
-
-import jax
-from cutlass.jax import compile as cjc
-
-import test_lowering_hstu as t
-from jax_sparse_attn import _cute_call
-from jax_sparse_attn.config import Switches
-
-dump = os.environ["CUTE_DSL_DUMP_DIR"]
-done = []
-for name, (helper, args, fields, kwargs) in configs.items():
-    out = os.path.join(out_root, name)
-    os.mkdir(out)
-    try:
-        fn = getattr(t, helper)
-        bound = inspect.signature(fn).bind(*args, Switches(**fields), **kwargs)
-        bound.apply_defaults()
-        call = (helper, bound.arguments)
-        same = next((d for c, d in done if c == call), None)
-        if same is not None:
-            shutil.copytree(same, out, dirs_exist_ok=True)
-            continue
-        fn(*bound.args, **bound.kwargs)
-        done.append((call, out))
-    except Exception:
-        with open(os.path.join(out, "error.txt"), "w") as f:
-            f.write(traceback.format_exc())
-    for p in os.listdir(dump):
-        if p.endswith(".ptx"):
-            shutil.move(os.path.join(dump, p), out)
-    _cute_call.reset_compile_stats(clear_memory_cache=True)
-    cjc.release_compile_cache()
-    jax.clear_caches()
-if hashes == "1":
-    shutil.rmtree(dump, ignore_errors=True)  # the hash script's own directory
-"""
 
 
 def _recorded_ws_hashes():
@@ -870,36 +809,25 @@ def _ws_hashes_apply():
 
 @pytest.fixture(scope="module")
 def kept_ptx(tmp_path_factory):
-    """The directory of the PTX kept while lowering :data:`_PTX_CONFIGS` (one subdirectory
-    per configuration, with ``error.txt`` where its lowering raised) and, where the recorded
-    hashes apply, ``ws_ptx_hashes.txt`` (the output of ``scripts/ws_ptx_hashes.py quick``)."""
-    import json  # noqa: PLC0415
-    import subprocess  # noqa: PLC0415
-    import sys  # noqa: PLC0415
-
+    """The directory of the PTX kept while lowering :data:`_PTX_CONFIGS` (tests/kept_ptx.py)
+    and, where the recorded hashes apply, ``first.txt``: the output of
+    ``scripts/ws_ptx_hashes.py quick``, run first in that process."""
     if not _have_cutedsl():
         pytest.skip("CuTe DSL not importable")
-    tests = os.path.dirname(os.path.abspath(__file__))
-    root = os.path.dirname(tests)
-    out = tmp_path_factory.mktemp("kept_ptx")
-    dump = out / "dump"
-    dump.mkdir()
-    env = {k: v for k, v in os.environ.items() if not k.startswith("JAX_SPARSE_ATTN_")}
-    env.update(CUTE_DSL_ARCH="sm_90a", JAX_SPARSE_ATTN_FORCE_KERNEL="1", CUTE_DSL_KEEP="ptx",
-               CUTE_DSL_DUMP_DIR=str(dump), JAX_PLATFORMS="cpu")
-    r = subprocess.run([sys.executable, "-c", _PTX_SCRIPT, root, tests, str(out),
-                        "1" if _ws_hashes_apply() else "0", json.dumps(_PTX_CONFIGS)],
-                       env=env, cwd=root, capture_output=True, text=True, timeout=1800)
-    assert r.returncode == 0, r.stderr[-3000:]
-    return out
+    import kept_ptx as kp  # noqa: PLC0415
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    first = ((os.path.join(root, "scripts", "ws_ptx_hashes.py"), ["quick"])
+             if _ws_hashes_apply() else None)
+    return kp.keep_ptx(tmp_path_factory.mktemp("kept_ptx"), "test_lowering_hstu", _PTX_CONFIGS,
+                       first=first)
 
 
 def _kept(kept_ptx, name):
     """{file name: PTX text} kept while lowering the configuration ``name``."""
-    d = kept_ptx / name
-    err = d / "error.txt"
-    assert not err.exists(), err.read_text()[-3000:]
-    return {p.name: p.read_text() for p in sorted(d.iterdir()) if p.suffix == ".ptx"}
+    import kept_ptx as kp  # noqa: PLC0415
+
+    return kp.ptx_of(kept_ptx, name)
 
 
 @pytest.mark.parametrize("head_dim,func_n,dtype", [(128, 0, "bfloat16"), (256, 3, "float16")])
@@ -1000,7 +928,7 @@ def test_sm90ws_forwards_without_rab_keep_their_ptx(request):
     version, want = _recorded_ws_hashes()
     if not _ws_hashes_apply():
         pytest.skip(f"hashes recorded with nvidia-cutlass-dsl {version}")
-    out = (request.getfixturevalue("kept_ptx") / "ws_ptx_hashes.txt").read_text()
+    out = (request.getfixturevalue("kept_ptx") / "first.txt").read_text()
     got = dict(ln.split(" ", 1) for ln in out.splitlines() if ln.startswith(("hstu", "bsa")))
     assert len(got) == 2, out[-3000:]
     for name, h in got.items():

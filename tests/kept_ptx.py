@@ -1,0 +1,127 @@
+"""PTX of several CPU lowerings, kept by one fresh process (no GPU needed).
+
+The CuTe DSL reads ``CUTE_DSL_KEEP`` / ``CUTE_DSL_DUMP_DIR`` (and ``CUTE_DSL_ARCH``) when it
+is imported, so a PTX test lowers in a fresh process that has them set. :func:`keep_ptx`
+runs one such process for several configurations, so that the jax and DSL imports are paid
+once:
+
+* each configuration's PTX files move to a directory of their own (two kernels with the
+  same signature write the same file name);
+* the compile caches are emptied after each configuration, so that the next one compiles,
+  and keeps the PTX of, every kernel it lowers, as a process of its own would;
+* a configuration equal to an earlier one (the same function, argument values with the
+  defaults filled in, ``Switches`` compared by value) shares that one's PTX;
+* a configuration whose lowering raises leaves its traceback in ``error.txt``, which
+  :func:`ptx_of` turns into the failure of the tests that read it.
+
+A configuration is ``(function, positional arguments, Switches fields or None, keyword
+arguments)``: ``function`` is the name of a function of the test module that lowers it;
+with Switches fields, ``Switches(**fields)`` is passed after the positional arguments.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+import subprocess
+import sys
+
+TESTS = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(TESTS)
+
+# argv: the output directory, the test module, the script to run first ("" for none) and
+# its arguments (JSON), the configurations (JSON)
+_SCRIPT = """
+import contextlib, inspect, io, json, os, runpy, shutil, sys, traceback
+
+out_root, module, first, first_args = sys.argv[1:5]
+configs = json.loads(sys.argv[5])
+sys.path[:0] = [{root!r}, {tests!r}]
+if first:
+    # before anything imports the DSL: the script may set the DSL's variables itself (its
+    # own dump directory: the PTX of the configurations below lands there then)
+    buf = io.StringIO()
+    sys.argv = [first, *json.loads(first_args)]
+    try:
+        with contextlib.redirect_stdout(buf):
+            runpy.run_path(first, run_name="__main__")
+    except BaseException:
+        buf.write("ERROR " + traceback.format_exc())
+    with open(os.path.join(out_root, "first.txt"), "w") as f:
+        f.write(buf.getvalue())
+
+import importlib
+
+import jax
+from cutlass.jax import compile as cjc
+
+from jax_sparse_attn import _cute_call
+from jax_sparse_attn.config import Switches
+
+t = importlib.import_module(module)
+dump = os.environ["CUTE_DSL_DUMP_DIR"]
+done = []
+for name, (fn_name, args, fields, kwargs) in configs.items():
+    out = os.path.join(out_root, name)
+    os.mkdir(out)
+    try:
+        fn = getattr(t, fn_name)
+        args = [*args, Switches(**fields)] if fields is not None else args
+        bound = inspect.signature(fn).bind(*args, **kwargs)
+        bound.apply_defaults()
+        call = (fn_name, bound.arguments)
+        same = next((d for c, d in done if c == call), None)
+        if same is not None:
+            shutil.copytree(same, out, dirs_exist_ok=True)
+            continue
+        fn(*bound.args, **bound.kwargs)
+        done.append((call, out))
+    except Exception:
+        with open(os.path.join(out, "error.txt"), "w") as f:
+            f.write(traceback.format_exc())
+    for p in os.listdir(dump):
+        if p.endswith(".ptx"):
+            shutil.move(os.path.join(dump, p), out)
+    _cute_call.reset_compile_stats(clear_memory_cache=True)
+    cjc.release_compile_cache()
+    jax.clear_caches()
+if dump != os.path.join(out_root, "dump"):
+    shutil.rmtree(dump, ignore_errors=True)  # the first script's own dump directory
+"""
+
+
+def keep_ptx(out, module, configs, *, env=None, first=None, timeout=1800):
+    """Lower ``configs`` ({name: configuration}) of the test module ``module`` (a module name
+    importable from tests/ or the repository root) in one fresh process for sm_90a with
+    ``CUTE_DSL_KEEP=ptx``; returns ``out`` (a directory), which then holds one directory per
+    configuration (:func:`ptx_of`).
+
+    ``env``: variables set on top of this process's environment without its
+    ``JAX_SPARSE_ATTN_*`` variables (``JAX_SPARSE_ATTN_FORCE_KERNEL=1``, ``CUTE_DSL_ARCH=sm_90a``
+    and ``JAX_PLATFORMS=cpu`` are set). ``first``: ``(script path, argument list)`` run first
+    in the process as ``__main__``; its output is in ``out / "first.txt"``, with ``ERROR``
+    and the traceback where it raised."""
+    out = pathlib.Path(out)
+    dump = out / "dump"
+    dump.mkdir(parents=True)  # the CuTe DSL writes elsewhere when the directory does not exist
+    full_env = {k: v for k, v in os.environ.items() if not k.startswith("JAX_SPARSE_ATTN_")}
+    full_env.update(CUTE_DSL_ARCH="sm_90a", JAX_SPARSE_ATTN_FORCE_KERNEL="1",
+                    CUTE_DSL_KEEP="ptx", CUTE_DSL_DUMP_DIR=str(dump), JAX_PLATFORMS="cpu")
+    full_env.update(env or {})
+    script = _SCRIPT.format(root=ROOT, tests=TESTS)
+    first_path, first_args = first or ("", [])
+    r = subprocess.run([sys.executable, "-c", script, str(out), module, first_path,
+                        json.dumps(list(first_args)), json.dumps(configs)],
+                       env=full_env, cwd=ROOT, capture_output=True, text=True, timeout=timeout)
+    assert r.returncode == 0, r.stderr[-3000:]
+    return out
+
+
+def ptx_of(out, name):
+    """{file name: PTX text} kept while lowering the configuration ``name`` (an
+    AssertionError with the traceback where its lowering raised)."""
+    d = pathlib.Path(out) / name
+    err = d / "error.txt"
+    assert not err.exists(), err.read_text()[-3000:]
+    return {p.name: p.read_text() for p in sorted(d.iterdir()) if p.suffix == ".ptx"}
