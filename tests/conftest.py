@@ -1,7 +1,30 @@
 """Shared pytest configuration: the ``gpu`` marker skips cleanly without a supported GPU
-(the GPU tests are written for and run on the H200)."""
+(the GPU tests are written for and run on the H200); on a CPU-only setup XLA compiles the
+tests' programs at LLVM optimization level 0."""
+
+import importlib.util
+import os
 
 import pytest
+
+#: XLA flag of the CPU-only runs: the tests' XLA programs are small and run a few times, so
+#: their compile time dominates, and LLVM's optimizations are most of it. XLA's HLO passes
+#: run as at the default level; only the generated machine code is unoptimized
+CPU_XLA_FLAG = "--xla_backend_optimization_level=0"
+
+
+def _cpu_only():
+    """JAX_PLATFORMS=cpu, or no PJRT plugin (CUDA, ROCm) installed: XLA runs on the CPU
+    only. The GPU runs keep XLA's default optimization level."""
+    if os.environ.get("JAX_PLATFORMS", "").strip().lower() == "cpu":
+        return True
+    return importlib.util.find_spec("jax_plugins") is None
+
+
+# set before any test initializes an XLA backend; subprocesses that copy the environment
+# inherit it
+if _cpu_only() and "--xla_backend_optimization_level" not in os.environ.get("XLA_FLAGS", ""):
+    os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " " + CPU_XLA_FLAG).strip()
 
 
 def _gpu_skip_reason():

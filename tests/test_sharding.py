@@ -24,7 +24,8 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 @pytest.fixture(scope="module")
 def worker_result():
-    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=2",
+    flags = (os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=2").strip()
+    env = dict(os.environ, XLA_FLAGS=flags,
                JAX_PLATFORMS="cpu", PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
     env.pop("JAX_SPARSE_ATTN_FORCE_KERNEL", None)
     proc = subprocess.run([sys.executable, str(ROOT / "tests" / "sharding_worker.py")],
