@@ -131,18 +131,21 @@ def test_rab_params_and_no_rab_ablation_differ():
     assert "rab_pos" not in p0["blocks"][0]
     batch = hm.pack_eval_batch(seqs, [0, 1, 2], cfg, ts, np.array([t[-1] for t in ts]))
     key = jax.random.PRNGKey(1)
-    with_rab = np.asarray(hm.encode(p, batch, key, cfg, "reference", train=False))
+    # under jit, as the example's train and eval steps run them (one XLA compile each
+    # instead of one per operation)
+    encode = jax.jit(hm.encode, static_argnames=("cfg", "backend", "train"))
+    with_rab = np.asarray(encode(p, batch, key, cfg=cfg, backend="reference", train=False))
     zero = jax.tree_util.tree_map(lambda x: x, p)
     for blk in zero["blocks"]:
         blk["rab_pos"] = blk["rab_pos"] * 0.0
         blk["rab_ts"] = blk["rab_ts"] * 0.0
-    no_bias = np.asarray(hm.encode(zero, batch, key, cfg, "reference", train=False))
-    ablated = np.asarray(hm.encode(zero, batch, key, dataclasses.replace(cfg, rab=False),
-                                   "reference", train=False))
+    no_bias = np.asarray(encode(zero, batch, key, cfg=cfg, backend="reference", train=False))
+    ablated = np.asarray(encode(zero, batch, key, cfg=dataclasses.replace(cfg, rab=False),
+                                backend="reference", train=False))
     np.testing.assert_allclose(no_bias, ablated, rtol=1e-6, atol=1e-7)  # zero tables = no rab
     assert np.abs(with_rab - no_bias).max() > 1e-4
-    g = jax.grad(lambda pp: hm.sampled_softmax_loss(
-        pp, hm.pack_train_batch(seqs, [0, 1, 2], cfg, ts), key, cfg, "reference", 10))(p)
+    g = jax.jit(jax.grad(lambda pp: hm.sampled_softmax_loss(
+        pp, hm.pack_train_batch(seqs, [0, 1, 2], cfg, ts), key, cfg, "reference", 10)))(p)
     assert float(np.abs(np.asarray(g["blocks"][0]["rab_ts"])).sum()) > 0
 
 
@@ -203,8 +206,10 @@ def test_packed_sequences_do_not_interact():
     key = jax.random.PRNGKey(0)
     both = hm.pack_eval_batch(seqs, [0, 2], cfg)
     alone = hm.pack_eval_batch(seqs, [2], cfg)
-    out_both = np.asarray(hm.encode(params, both, key, cfg, "reference", train=False))
-    out_alone = np.asarray(hm.encode(params, alone, key, cfg, "reference", train=False))
+    encode = jax.jit(hm.encode, static_argnames=("cfg", "backend", "train"))
+    out_both = np.asarray(encode(params, both, key, cfg=cfg, backend="reference", train=False))
+    out_alone = np.asarray(encode(params, alone, key, cfg=cfg, backend="reference",
+                                  train=False))
     n0, n2 = 6, 8  # user 0: 6 items; user 2: its last max_len = 8 of 9
     np.testing.assert_allclose(out_both[n0:n0 + n2], out_alone[:n2], rtol=2e-5, atol=2e-6)
     assert np.all(np.isfinite(out_both))
