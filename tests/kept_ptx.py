@@ -11,8 +11,10 @@ once:
   and keeps the PTX of, every kernel it lowers, as a process of its own would;
 * a configuration equal to an earlier one (the same function, argument values with the
   defaults filled in, ``Switches`` compared by value) shares that one's PTX;
+* a function that returns a string (the lowered module's text) leaves it in
+  ``lowered.txt`` (:func:`lowered_text_of`);
 * a configuration whose lowering raises leaves its traceback in ``error.txt``, which
-  :func:`ptx_of` turns into the failure of the tests that read it.
+  :func:`ptx_of` and :func:`lowered_text_of` turn into the failure of the tests that read it.
 
 A configuration is ``(function, positional arguments, Switches fields or None, keyword
 arguments)``: ``function`` is the name of a function of the test module that lowers it;
@@ -75,7 +77,10 @@ for name, (fn_name, args, fields, kwargs) in configs.items():
         if same is not None:
             shutil.copytree(same, out, dirs_exist_ok=True)
             continue
-        fn(*bound.args, **bound.kwargs)
+        result = fn(*bound.args, **bound.kwargs)
+        if isinstance(result, str):
+            with open(os.path.join(out, "lowered.txt"), "w") as f:
+                f.write(result)
         done.append((call, out))
     except Exception:
         with open(os.path.join(out, "error.txt"), "w") as f:
@@ -118,10 +123,20 @@ def keep_ptx(out, module, configs, *, env=None, first=None, timeout=1800):
     return out
 
 
-def ptx_of(out, name):
-    """{file name: PTX text} kept while lowering the configuration ``name`` (an
-    AssertionError with the traceback where its lowering raised)."""
+def _config_dir(out, name):
     d = pathlib.Path(out) / name
     err = d / "error.txt"
     assert not err.exists(), err.read_text()[-3000:]
+    return d
+
+
+def ptx_of(out, name):
+    """{file name: PTX text} kept while lowering the configuration ``name`` (an
+    AssertionError with the traceback where its lowering raised)."""
+    d = _config_dir(out, name)
     return {p.name: p.read_text() for p in sorted(d.iterdir()) if p.suffix == ".ptx"}
+
+
+def lowered_text_of(out, name):
+    """The string the configuration's function returned (the lowered module's text)."""
+    return (_config_dir(out, name) / "lowered.txt").read_text()
