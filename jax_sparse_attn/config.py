@@ -323,6 +323,14 @@ SWITCHES = (
            "once the tile's semaphore allows, as FlashAttention-3's dQ writer warp does, so "
            "the consumer warpgroups stage a tile's dQ and go on instead of waiting for their "
            "turn; off, the consumers wait for their turn and add the tile themselves"),
+    Switch("dq_writer", "JAX_SPARSE_ATTN_DQ_WRITER", _TRUE + _FALSE, _parse_bool, False,
+           "deterministic=False on the Hopper backwards with the dQ tile workspace (HSTU sm90 "
+           "with hstu_bwd_dq=tile at every head dim, BSA sm90ws with bsa_bwd_dq=tile; tuning "
+           "/ ablation): on, warp 1 of the producer warpgroup issues every step's bulk "
+           "reductions of the staged dQ (and, where the dQ is staged in the step's Q / dO "
+           "stage, hands the stage back to the producer), so the consumer warpgroups stage a "
+           "step's dQ and go on instead of waiting until the bulk copies have read it; off, "
+           "each consumer warp adds its own slice"),
     Switch("force_kernel", "JAX_SPARSE_ATTN_FORCE_KERNEL", _TRUE + _FALSE, _parse_bool, False,
            "skip the GPU check of backend selection, so that a CPU machine lowers the kernel "
            "path for lowering_platforms=('cuda',) (target arch: CUTE_DSL_ARCH, default "
@@ -367,6 +375,7 @@ class Switches:
     cute_call: str = _DEFAULT["cute_call"]
     pdl: bool = _DEFAULT["pdl"]
     det_writer: bool = _DEFAULT["det_writer"]
+    dq_writer: bool = _DEFAULT["dq_writer"]
 
     def __post_init__(self):
         for sw in _switches_of(Switches):

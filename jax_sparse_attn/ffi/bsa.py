@@ -164,6 +164,9 @@ class BsaBwdConfig:
     # "sm90ws", deterministic with dq_tile: the ordering warp issues each query tile's bulk
     # reductions (Switches.det_writer)
     det_writer: bool = False
+    # "sm90ws", not deterministic, with dq_tile: warp 1 issues every step's bulk reductions
+    # of the staged dQ (Switches.dq_writer)
+    dq_writer: bool = False
 
 
 def fwd_smem_bytes(head_dim, block_size) -> int:
@@ -389,7 +392,9 @@ def bwd_config(dtype, head_dim, block_size, has_block_sizes, switches,
                             ws_dq_late=alias and "dqearly" not in opts,
                             pdl=bool(getattr(switches, "pdl", False)),
                             det_writer=bool(deterministic) and tile
-                            and bool(getattr(switches, "det_writer", False)))
+                            and bool(getattr(switches, "det_writer", False)),
+                            dq_writer=not deterministic and tile
+                            and bool(getattr(switches, "dq_writer", False)))
     if impl == "sm90":
         return BsaBwdConfig(name, head_dim, block_size, has_block_sizes, impl, arch=arch,
                             pack_gqa=pack_gqa, causal=causal,
@@ -883,6 +888,7 @@ def _ws_kernel(cfg: BsaBwdConfig):
                         ld_wait=cfg.ws_ld_wait, lpt=cfg.ws_lpt, decouple=cfg.ws_decouple,
                         deterministic=cfg.deterministic, dq_tile=cfg.dq_tile,
                         dq_alias=cfg.ws_dq_alias, pdl=cfg.pdl, det_writer=cfg.det_writer,
+                        dq_writer=cfg.dq_writer,
                         dq_late=cfg.ws_dq_late)
 
 

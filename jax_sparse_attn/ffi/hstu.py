@@ -194,6 +194,9 @@ class HstuBwdConfig(_HstuKey):
     # sm90, deterministic with dq_tile: the ordering warp issues each query tile's bulk
     # reductions (Switches.det_writer)
     det_writer: bool = False
+    # sm90, not deterministic, with dq_tile: warp 1 issues every step's bulk reductions of
+    # the staged dQ (Switches.dq_writer)
+    dq_writer: bool = False
 
 
 def fwd_smem_bytes(head_dim, head_dim_v, bm, bn) -> int:
@@ -520,6 +523,8 @@ def bwd_config(dtype, head_dim, head_dim_v, func_n, switches, *, has_rab=False,
         if (key.impl == "sm90" and key.dq_tile and head_dim <= 128
                 and getattr(switches, "det_writer", False)):
             key = dataclasses.replace(key, det_writer=True)
+    elif key.impl == "sm90" and key.dq_tile and getattr(switches, "dq_writer", False):
+        key = dataclasses.replace(key, dq_writer=True)
     return key
 
 
@@ -712,7 +717,8 @@ def _sm90_bwd_kernel(cfg):
     kernel = HstuBwdSm90(_dt(cfg.dtype), cfg.head_dim, cfg.has_func, cfg.func_n,
                          dq_bulk=cfg.dq_bulk, deterministic=cfg.deterministic,
                          dq_vec4=cfg.dq_vec4, head_major=cfg.bwd_order != "lpt",
-                         dq_tile=cfg.dq_tile, pdl=cfg.pdl, det_writer=cfg.det_writer)
+                         dq_tile=cfg.dq_tile, pdl=cfg.pdl, det_writer=cfg.det_writer,
+                         dq_writer=cfg.dq_writer)
     if (kernel.bm, kernel.bn) != (cfg.block_m, cfg.block_n):
         raise ValueError(f"hstu_bwd_sm90 tiles {(kernel.bm, kernel.bn)} differ from the "
                          f"compile key's {(cfg.block_m, cfg.block_n)}")

@@ -165,7 +165,7 @@ class BsaBwdSm90Ws:
                  max_stages: int = 4, ld_wait: bool = False, lpt: bool = False,
                  decouple: bool = False, deterministic: bool = False, dq_tile: bool = False,
                  dq_alias: bool = False, pdl: bool = False, det_writer: bool = False,
-                 dq_late: bool = False):
+                 dq_late: bool = False, dq_writer: bool = False):
         self.pdl = pdl
         if head_dim not in (64, 128) or block_size not in (64, 128):
             raise NotImplementedError(
@@ -205,6 +205,12 @@ class BsaBwdSm90Ws:
         # deterministic with dq_tile: warp 1 issues the staged tile's bulk reductions itself
         # once the semaphore allows (the consumers stage and go on; see _dq_writer_warp)
         self.det_writer = det_writer and deterministic and self.dq_tile
+        # not deterministic, with dq_tile: warp 1 issues every step's bulk reductions of the
+        # staged dQ (the consumers stage and go on instead of waiting for the bulk reads of
+        # their slices; with dq_alias warp 1 also hands the stage back)
+        self.dq_writer = dq_writer and not deterministic and self.dq_tile
+        # warp 1 adds the staged dQ tiles (either mode)
+        self.writer = self.det_writer or self.dq_writer
         # the ordered dQ additions need the grid's launch order (lower KV blocks first)
         self.lpt = lpt and not deterministic
         # blk 128: each consumer warpgroup adds the dQ of its own 64 keys (no barrier between
@@ -321,18 +327,19 @@ class BsaBwdSm90Ws:
     @cute.jit
     def _dq_order_warp(self, mEntries, mRank, mdQSem, e_begin, n_ent, n_q_blocks, seqlen_q,
                        head_kv, group, batch, mdQacc=None, st=None, pipe_q=None):
-        """Warp 1 in deterministic mode: per query tile of the list, wait for the earlier KV
-        blocks' dQ additions, let the consumers add (barrier 2), wait for their additions
-        (barrier 3) and publish this block's (see the module docstring).
+        """Warp 1 in deterministic mode or with ``dq_writer``. Deterministic: per query
+        tile of the list, wait for the earlier KV blocks' dQ additions, let the consumers add
+        (barrier 2), wait for their additions (barrier 3) and publish this block's (see the
+        module docstring).
 
-        With ``det_writer``: per query tile (the consumers' steps, in their order) wait for
-        the earlier contributions, wait until the consumers have staged the step's dQ slices
+        With ``det_writer`` or ``dq_writer`` (the writer): per query tile (the consumers'
+        steps, in their order; deterministic: wait for the earlier contributions), wait until the consumers have staged the step's dQ slices
         (barrier 2, the consumers arrive), add the whole staged tile with one bulk reduce-add
         per block into ``mdQacc``; once the additions have read it, hand the staging buffer
         back: with ``dq_alias`` the step's Q / dO stage of ``pipe_q`` to the producer (one
         arrival per consumer warp on its empty barrier), and to the consumers (barrier 5:
-        they sync on it before they stage the next step); once they are complete,
-        publish."""
+        they sync on it before they stage the next step); deterministic: once they are
+        complete, publish."""
         lane = cute.arch.lane_idx()
         bm, d, nwg = self.bm, self.d, self.num_wg
         n_sync = 128 * nwg + 32
@@ -340,17 +347,21 @@ class BsaBwdSm90Ws:
         c = Int32(0)
         for e in cutlass.range(n_ent, unroll=1):
             ent = Int32(mEntries[e_begin + e])
-            rank = Int32(mRank[e_begin + e])
+            rank = None
+            if cutlass.const_expr(self.deterministic):
+                rank = Int32(mRank[e_begin + e])
             h_in_group = ent // n_q_blocks
             m_block = ent - h_in_group * n_q_blocks
             head = head_kv * group + h_in_group
             for s in cutlass.range_constexpr(self.sub):
                 if m_block * self.bn + s * bm < seqlen_q:
-                    sem = elem_ptr(mdQSem, (batch, head, m_block * self.sub + s))
-                    if lane == 0:
-                        wait_at_least(sem, rank)
-                    cute.arch.sync_warp()
-                    if cutlass.const_expr(self.det_writer):
+                    sem = None
+                    if cutlass.const_expr(self.deterministic):
+                        sem = elem_ptr(mdQSem, (batch, head, m_block * self.sub + s))
+                        if lane == 0:
+                            wait_at_least(sem, rank)
+                        cute.arch.sync_warp()
+                    if cutlass.const_expr(self.writer):
                         # every consumer warp's slice of this step is staged and fenced
                         cute.arch.barrier(barrier_id=2, number_of_threads=n_sync)
                         sdQ = st.sdQ.data_ptr()
@@ -380,11 +391,12 @@ class BsaBwdSm90Ws:
                                 for _ in cutlass.range_constexpr(4 * nwg):
                                     cute.arch.mbarrier_arrive(pipe_q.empty + pipe_q.stage(c))
                         cute.arch.barrier_arrive(barrier_id=5, number_of_threads=n_sync)
-                        if lane == 0:
-                            # complete (not only read) before the publication
-                            cute.arch.cp_async_bulk_wait_group(0, read=False)
-                            st_release_s32(sem, rank + 1)
-                        cute.arch.sync_warp()
+                        if cutlass.const_expr(self.deterministic):
+                            if lane == 0:
+                                # complete (not only read) before the publication
+                                cute.arch.cp_async_bulk_wait_group(0, read=False)
+                                st_release_s32(sem, rank + 1)
+                            cute.arch.sync_warp()
                         c += 1
                     else:
                         cute.arch.barrier_arrive(barrier_id=2, number_of_threads=n_sync)
@@ -518,7 +530,7 @@ class BsaBwdSm90Ws:
                                 cute.copy(tma_do, tdOg[None, q_tile], tdOs[None, stg],
                                           tma_bar_ptr=pipe_q.full_ptr(c))
                                 c += 1
-            if cutlass.const_expr(self.deterministic):
+            if cutlass.const_expr(self.deterministic or self.dq_writer):
                 if warp == 1:
                     self._dq_order_warp(mEntries, mRank, mdQSem, e_begin, n_ent, n_q_blocks,
                                         seqlen_q, head_kv, group, batch, mdQacc, st, pipe_q)
@@ -665,13 +677,13 @@ class BsaBwdSm90Ws:
                                                        dtype=Float32)
                             else:
                                 sdQ = st.sdQ.data_ptr()
-                                if cutlass.const_expr(not self.det_writer):
+                                if cutlass.const_expr(not self.writer):
                                     # the previous step's bulk reads of this warp's blocks
                                     # are done
                                     if t_lane == 0:
                                         cute.arch.cp_async_bulk_wait_group(0, read=True)
                                     cute.arch.sync_warp()
-                            if cutlass.const_expr(self.det_writer):
+                            if cutlass.const_expr(self.writer):
                                 # the writer warp is done with the previous step's staged
                                 # tile (its buffer, or its Q / dO stage)
                                 if c > 0:
@@ -681,7 +693,7 @@ class BsaBwdSm90Ws:
                                              sbase2=sdQ2, half=t_half)
                             cute.arch.fence_proxy("async.shared", space="cta")
                             cute.arch.sync_warp()
-                            if cutlass.const_expr(self.det_writer):
+                            if cutlass.const_expr(self.writer):
                                 # the writer warp waits for its turn and adds the tile
                                 cute.arch.barrier_arrive(barrier_id=2,
                                                          number_of_threads=128 * nwg + 32)
@@ -689,7 +701,7 @@ class BsaBwdSm90Ws:
                                 # warp 1: the lower KV blocks' additions to this tile are done
                                 cute.arch.barrier(barrier_id=2,
                                                   number_of_threads=128 * nwg + 32)
-                            if cutlass.const_expr(not self.det_writer):
+                            if cutlass.const_expr(not self.writer):
                                 if t_lane == 0:
                                     bulk_add_warp_slice(
                                         elem_ptr(mdQacc, (batch, head, m_block * self.sub + s,
@@ -725,13 +737,13 @@ class BsaBwdSm90Ws:
                         if cutlass.const_expr(not self.dq_late):
                             # (dq_late: kept once the dV / dK GEMMs completed, before dQ)
                             kvb.keep_regs(tP, tdS)
-                        if cutlass.const_expr(not (self.det_writer and self.dq_alias)):
-                            # (det_writer with dq_alias: the writer warp releases the stage
+                        if cutlass.const_expr(not (self.writer and self.dq_alias)):
+                            # (the writer with dq_alias: the writer warp releases the stage
                             # that holds the staged dQ slices)
                             pipe_q.consumer_release(c)
                         c += 1
 
-            if cutlass.const_expr(self.det_writer):
+            if cutlass.const_expr(self.writer):
                 # the writer warp's last hand-back (one per step)
                 if c > 0:
                     cute.arch.barrier(barrier_id=5, number_of_threads=128 * nwg + 32)

@@ -125,7 +125,7 @@ class HstuBwdSm90:
 
     def __init__(self, dtype, head_dim, has_func, func_n, dq_bulk=False, deterministic=False,
                  dq_vec4=False, head_major=False, dq_tile=False, pdl=False,
-                 det_writer=False):
+                 det_writer=False, dq_writer=False):
         self.pdl = pdl
         if head_dim not in SM90_BWD_HEAD_DIMS:
             raise NotImplementedError(
@@ -166,6 +166,12 @@ class HstuBwdSm90:
         # deterministic with dq_tile: warp 1 issues the staged tile's bulk reductions itself
         # once the semaphore allows (the consumers stage and go on; _dq_order_warp)
         self.det_writer = det_writer and deterministic and self.dq_tile
+        # not deterministic, with dq_tile or dq_alias: warp 1 issues every step's bulk
+        # reductions of the staged dQ (the consumers stage and go on instead of waiting for
+        # the bulk reads of their slices; with dq_alias warp 1 also hands the stage back)
+        self.dq_writer = dq_writer and not deterministic and (self.dq_tile or self.dq_alias)
+        # warp 1 adds the staged dQ tiles (either mode)
+        self.writer = self.det_writer or self.dq_writer
         # blocks of the dq tile workspace (16 x 64 floats each, kernels/dq_tiles.py order)
         self.dq_blocks = (self.bm // 16) * (head_dim // 64)
         # red: one red.global.add.v4.f32 per 4 values (lane pairs swap halves) instead of
@@ -298,61 +304,97 @@ class HstuBwdSm90:
         cute.arch.sync_warp()
 
     @cute.jit
-    def _dq_order_warp(self, mCuQ, mCuK, mKVTile, mQStart, mQTiles, mdQSem, slot, head, batch,
-                       left, right, mdQacc=None, sdQ=None):
-        """Warp 1 in deterministic mode: per query tile the consumers add to, wait for the
-        previous KV tile's additions, let the consumers add (barrier 2), wait for their
-        additions (barrier 3) and publish this KV tile's (see the module docstring). With
-        ``det_writer``: wait for the previous KV tile's additions, wait until the consumers
-        have staged the tile (barrier 2, the consumers arrive), add the staged tile
-        (``sdQ``, 8 bulk reduce-adds of 4 KB into ``mdQacc``), hand the staging tile back
-        once they have read it (barrier 5: the consumers sync on it before they stage their
-        next tile), and publish once they are complete."""
-        bm, bn = self.bm, self.bn
+    def _dq_order_warp(self, mCuQ, mCuK, mKVTile, mQStart, mQTiles, mdQSem, slot, head_kv,
+                       batch, left, right, group, mdQacc, st, pipe_q):
+        """Warp 1 in deterministic mode or with ``dq_writer``, over the consumers' steps in
+        their order (the query heads of the group, then the visible query tiles).
+
+        Deterministic: per query tile, wait for the previous KV tile's additions, let the
+        consumers add (barrier 2), wait for their additions (barrier 3) and publish this KV
+        tile's (see the module docstring). With ``det_writer`` or ``dq_writer`` (the writer):
+        (deterministic: wait for the previous KV tile's additions,) wait until the consumers
+        have staged the step's dQ (barrier 2, the consumers arrive), add the staged tile
+        (the staging tile: 8 bulk reduce-adds of 4 KB into ``mdQacc``; ``dq_alias``: each
+        consumer warp's two 16 x 64 blocks in the step's Q / dO stage), and once the
+        additions have read it hand the staging buffer back: with ``dq_alias`` the stage to
+        the producer (one arrival per consumer warp on its empty barrier), and to the
+        consumers (barrier 5: they sync on it before they stage their next step);
+        deterministic: publish once the additions are complete."""
+        bm, bn, d = self.bm, self.bn, self.d
         lane = cute.arch.lane_idx()
         n_block = Int32(mKVTile[slot, 1])
         seq = SeqlenInfo.create(batch, mCuQ, mCuK)
         n0 = n_block * bn
         qr = QTileRange.create(mQStart, batch, n0, seq.seqlen_q, seq.seqlen_k, seq.off,
                                left, right, bm, bn, self.has_func)
-        # the previous KV tile of this sequence (n_block > 0)
-        qp = QTileRange.create(mQStart, batch, n0 - bn, seq.seqlen_q, seq.seqlen_k, seq.off,
-                               left, right, bm, bn, self.has_func)
+        qp = None
+        if cutlass.const_expr(self.deterministic):
+            # the previous KV tile of this sequence (n_block > 0)
+            qp = QTileRange.create(mQStart, batch, n0 - bn, seq.seqlen_q, seq.seqlen_k,
+                                   seq.off, left, right, bm, bn, self.has_func)
         qt0 = Int32(mQStart[batch])
-        for it in cutlass.range(qr.m_count, unroll=1):
-            m_block = qr.m_block(it, self.deterministic)
-            active, full = qr.tile_state(mQTiles, m_block, left, right)
-            if active != 0:
-                sem = elem_ptr(mdQSem, (qt0 + m_block, head))
-                if lane == 0:
-                    if n_block > 0:
-                        if qp.covers(mQTiles, m_block, left, right) != 0:
-                            hc.wait_at_least(sem, n_block)
-                cute.arch.sync_warp()
-                if cutlass.const_expr(self.det_writer):
-                    # every consumer warp's slice of the tile is staged and fenced
-                    cute.arch.barrier(barrier_id=2, number_of_threads=288)
-                    if lane == 0:
-                        for chunk in cutlass.range_constexpr(8):
-                            bulk_reduce_add_f32(
-                                elem_ptr(mdQacc, (qt0 + m_block, head, chunk * 1024)),
-                                sdQ + chunk * 1024, 4096)
-                        cute.arch.cp_async_bulk_commit_group()
-                        cute.arch.cp_async_bulk_wait_group(0, read=True)
-                    cute.arch.sync_warp()
-                    # the staging tile is read: free again
-                    cute.arch.barrier_arrive(barrier_id=5, number_of_threads=288)
-                    if lane == 0:
-                        # complete (not only read) before the publication
-                        cute.arch.cp_async_bulk_wait_group(0, read=False)
-                        hc.st_release_s32(sem, n_block + 1)
-                    cute.arch.sync_warp()
-                else:
-                    cute.arch.barrier_arrive(barrier_id=2, number_of_threads=288)
-                    cute.arch.barrier(barrier_id=3, number_of_threads=288)
-                    if lane == 0:
-                        hc.st_release_s32(sem, n_block + 1)
-                    cute.arch.sync_warp()
+        c = Int32(0)
+        for g in cutlass.range(group, unroll=1):
+            head = head_kv * group + g
+            for it in cutlass.range(qr.m_count, unroll=1):
+                m_block = qr.m_block(it, self.deterministic)
+                active, full = qr.tile_state(mQTiles, m_block, left, right)
+                if active != 0:
+                    sem = None
+                    if cutlass.const_expr(self.deterministic):
+                        sem = elem_ptr(mdQSem, (qt0 + m_block, head))
+                        if lane == 0:
+                            if n_block > 0:
+                                if qp.covers(mQTiles, m_block, left, right) != 0:
+                                    hc.wait_at_least(sem, n_block)
+                        cute.arch.sync_warp()
+                    if cutlass.const_expr(self.writer):
+                        # every consumer warp's slice of the step is staged and fenced
+                        cute.arch.barrier(barrier_id=2, number_of_threads=288)
+                        if lane == 0:
+                            gtile = elem_ptr(mdQacc, (qt0 + m_block, head, 0))
+                            if cutlass.const_expr(self.dq_alias):
+                                stg = pipe_q.stage(c)
+                                a_q = cute.recast_ptr(st.sQ.data_ptr() + stg * (bm * d),
+                                                      dtype=Float32)
+                                a_do = cute.recast_ptr(st.sdO.data_ptr() + stg * (bm * d),
+                                                       dtype=Float32)
+                                for wi in cutlass.range_constexpr(8):
+                                    # consumer warp wi: rows 16 (wi % 4) .., warpgroup
+                                    # wi // 4's 128 columns
+                                    bulk_add_warp_slice(gtile, a_q, wi % 4, 2 * (wi // 4), 2, 4,
+                                                        64, sbase2=a_do,
+                                                        half=self.dq_blocks // 2)
+                            else:
+                                sdQ = st.sdQ.data_ptr()
+                                for chunk in cutlass.range_constexpr(8):
+                                    bulk_reduce_add_f32(
+                                        elem_ptr(mdQacc, (qt0 + m_block, head, chunk * 1024)),
+                                        sdQ + chunk * 1024, 4096)
+                            cute.arch.cp_async_bulk_commit_group()
+                            cute.arch.cp_async_bulk_wait_group(0, read=True)
+                        cute.arch.sync_warp()
+                        if cutlass.const_expr(self.dq_alias):
+                            # the stage goes back to the producer (the consumers did not
+                            # release it): one arrival per consumer warp
+                            with cute.arch.elect_one():
+                                for _ in cutlass.range_constexpr(8):
+                                    cute.arch.mbarrier_arrive(pipe_q.empty + pipe_q.stage(c))
+                        # the staged tile is read: its buffer is free again
+                        cute.arch.barrier_arrive(barrier_id=5, number_of_threads=288)
+                        if cutlass.const_expr(self.deterministic):
+                            if lane == 0:
+                                # complete (not only read) before the publication
+                                cute.arch.cp_async_bulk_wait_group(0, read=False)
+                                hc.st_release_s32(sem, n_block + 1)
+                            cute.arch.sync_warp()
+                        c += 1
+                    else:
+                        cute.arch.barrier_arrive(barrier_id=2, number_of_threads=288)
+                        cute.arch.barrier(barrier_id=3, number_of_threads=288)
+                        if lane == 0:
+                            hc.st_release_s32(sem, n_block + 1)
+                        cute.arch.sync_warp()
 
     @cute.kernel
     def kernel(self, tma_q, tma_tQ, tma_do, tma_tdO, tma_k, tma_tK, tma_v, tma_tV,
@@ -452,12 +494,12 @@ class HstuBwdSm90:
                                     self._fence_rows()
                                     pipe_q.producer_arrive(c)
                                 c += 1
-            if cutlass.const_expr(self.deterministic):
+            if cutlass.const_expr(self.deterministic or self.dq_writer):
                 if warp == 1:
                     if batch >= 0:
                         self._dq_order_warp(mCuQ, mCuK, mKVTile, mQStart, mQTiles, mdQSem,
-                                            slot, head_kv, batch, left, right, mdQacc,
-                                            st.sdQ.data_ptr())
+                                            slot, head_kv, batch, left, right, group, mdQacc,
+                                            st, pipe_q)
         else:
             # ================================ consumers ===============================
             cute.arch.setmaxregister_increase(self.regs_consumer)
@@ -617,6 +659,11 @@ class HstuBwdSm90:
                                 a_cg0 = 2 * ((warp - 4) // 4)
                                 warpgroup.wait_group(0)
                                 cute.arch.barrier(barrier_id=4, number_of_threads=256)
+                                if cutlass.const_expr(self.dq_writer):
+                                    # warp 1 has read the previous step's staged slices (so
+                                    # its barrier 2 of that step has completed)
+                                    if c > 0:
+                                        cute.arch.barrier(barrier_id=5, number_of_threads=288)
                                 a_q = cute.recast_ptr(st.sQ.data_ptr() + s * (bm * d),
                                                       dtype=Float32)
                                 a_do = cute.recast_ptr(st.sdO.data_ptr() + s * (bm * d),
@@ -625,23 +672,29 @@ class HstuBwdSm90:
                                                  sbase2=a_do, half=self.dq_blocks // 2)
                                 cute.arch.fence_proxy("async.shared", space="cta")
                                 cute.arch.sync_warp()
-                                if cutlass.const_expr(self.deterministic):
-                                    # warp 1: the earlier KV tiles' additions are done
-                                    cute.arch.barrier(barrier_id=2, number_of_threads=288)
-                                if a_lane == 0:
-                                    bulk_add_warp_slice(
-                                        elem_ptr(mdQacc, (Int32(mQStart[batch]) + m_block, head,
-                                                          0)),
-                                        a_q, a_w, a_cg0, 2, 4, 64, sbase2=a_do,
-                                        half=self.dq_blocks // 2)
-                                    cute.arch.cp_async_bulk_commit_group()
-                                    # deterministic: complete before warp 1 publishes; else
-                                    # read before the stage goes back to the producer
-                                    cute.arch.cp_async_bulk_wait_group(
-                                        0, read=not self.deterministic)
-                                cute.arch.sync_warp()
-                                if cutlass.const_expr(self.deterministic):
-                                    cute.arch.barrier_arrive(barrier_id=3, number_of_threads=288)
+                                if cutlass.const_expr(self.dq_writer):
+                                    # warp 1 adds the staged slices and releases the stage
+                                    cute.arch.barrier_arrive(barrier_id=2, number_of_threads=288)
+                                else:
+                                    if cutlass.const_expr(self.deterministic):
+                                        # warp 1: the earlier KV tiles' additions are done
+                                        cute.arch.barrier(barrier_id=2, number_of_threads=288)
+                                    if a_lane == 0:
+                                        bulk_add_warp_slice(
+                                            elem_ptr(mdQacc, (Int32(mQStart[batch]) + m_block,
+                                                              head, 0)),
+                                            a_q, a_w, a_cg0, 2, 4, 64, sbase2=a_do,
+                                            half=self.dq_blocks // 2)
+                                        cute.arch.cp_async_bulk_commit_group()
+                                        # deterministic: complete before warp 1 publishes;
+                                        # else read before the stage goes back to the
+                                        # producer
+                                        cute.arch.cp_async_bulk_wait_group(
+                                            0, read=not self.deterministic)
+                                    cute.arch.sync_warp()
+                                    if cutlass.const_expr(self.deterministic):
+                                        cute.arch.barrier_arrive(barrier_id=3,
+                                                                 number_of_threads=288)
                             elif cutlass.const_expr(self.dq_tile):
                                 # consumer warp i (0..7) owns floats [1024 i, 1024 i + 1024)
                                 # of the tile: its lane l stores values 4 k .. 4 k + 3 at
@@ -650,7 +703,7 @@ class HstuBwdSm90:
                                 t_chunk = warp - 4
                                 t_sbase = st.sdQ.data_ptr() + t_chunk * 1024
                                 t_sptr = t_sbase + t_lane * 4
-                                if cutlass.const_expr(self.det_writer):
+                                if cutlass.const_expr(self.writer):
                                     # warp 1 is done with the previous tile's staged dQ
                                     if c > 0:
                                         cute.arch.barrier(barrier_id=5, number_of_threads=288)
@@ -666,13 +719,13 @@ class HstuBwdSm90:
                                                         acc_dQ[4 * k4 + 3])
                                 cute.arch.fence_proxy("async.shared", space="cta")
                                 cute.arch.sync_warp()
-                                if cutlass.const_expr(self.det_writer):
+                                if cutlass.const_expr(self.writer):
                                     # warp 1 waits for its turn and adds the staged tile
                                     cute.arch.barrier_arrive(barrier_id=2, number_of_threads=288)
                                 elif cutlass.const_expr(self.deterministic):
                                     # warp 1: the earlier KV tiles' additions are done
                                     cute.arch.barrier(barrier_id=2, number_of_threads=288)
-                                if cutlass.const_expr(not self.det_writer):
+                                if cutlass.const_expr(not self.writer):
                                     if t_lane == 0:
                                         # all rows of the tile: rows past L_q hold zeros
                                         # (zero Q / dO rows) and their slot rows are never
@@ -720,10 +773,13 @@ class HstuBwdSm90:
                             warpgroup.wait_group(0)
                             if cutlass.const_expr(not self.split_d):
                                 kvb.keep_regs(tP, tdS)
-                            pipe_q.consumer_release(c)
+                            if cutlass.const_expr(not (self.dq_writer and self.dq_alias)):
+                                # (dq_writer with dq_alias: warp 1 releases the stage that
+                                # holds the staged dQ slices)
+                                pipe_q.consumer_release(c)
                             c += 1
 
-                if cutlass.const_expr(self.det_writer):
+                if cutlass.const_expr(self.writer):
                     # warp 1's last hand-back of the staging tile (one per tile)
                     if c > 0:
                         cute.arch.barrier(barrier_id=5, number_of_threads=288)
