@@ -323,14 +323,17 @@ SWITCHES = (
            "once the tile's semaphore allows, as FlashAttention-3's dQ writer warp does, so "
            "the consumer warpgroups stage a tile's dQ and go on instead of waiting for their "
            "turn; off, the consumers wait for their turn and add the tile themselves"),
-    Switch("dq_writer", "JAX_SPARSE_ATTN_DQ_WRITER", _TRUE + _FALSE, _parse_bool, False,
-           "deterministic=False on the Hopper backwards with the dQ tile workspace (HSTU sm90 "
-           "with hstu_bwd_dq=tile at every head dim, BSA sm90ws with bsa_bwd_dq=tile; tuning "
-           "/ ablation): on, warp 1 of the producer warpgroup issues every step's bulk "
-           "reductions of the staged dQ (and, where the dQ is staged in the step's Q / dO "
-           "stage, hands the stage back to the producer), so the consumer warpgroups stage a "
-           "step's dQ and go on instead of waiting until the bulk copies have read it; off, "
-           "each consumer warp adds its own slice"),
+    _choice("dq_writer", "JAX_SPARSE_ATTN_DQ_WRITER", ("auto", "on", "off"),
+            "deterministic=False on the Hopper backwards with the dQ tile workspace (HSTU sm90 "
+            "with hstu_bwd_dq=tile, BSA sm90ws with bsa_bwd_dq=tile; tuning / ablation): "
+            "where it is used, warp 1 of the producer warpgroup issues every step's bulk "
+            "reductions of the staged dQ (and, where the dQ is staged in the step's Q / dO "
+            "stage, hands the stage back to the producer), so the consumer warpgroups stage a "
+            "step's dQ and go on instead of waiting until the bulk copies have read it; "
+            "otherwise each consumer warp adds its own slice. auto: the block-sparse "
+            "backward at every block size and head dim, the HSTU backward at D = 256 (its dQ "
+            "staged in the Q / dO stage); on: also the HSTU backward at D <= 128; off: "
+            "nowhere"),
     Switch("force_kernel", "JAX_SPARSE_ATTN_FORCE_KERNEL", _TRUE + _FALSE, _parse_bool, False,
            "skip the GPU check of backend selection, so that a CPU machine lowers the kernel "
            "path for lowering_platforms=('cuda',) (target arch: CUTE_DSL_ARCH, default "

@@ -52,7 +52,7 @@ def test_from_env_reads_every_switch():
            "JAX_SPARSE_ATTN_BSA_BWD_WS": "ldwait,stages=2", "JAX_SPARSE_ATTN_BSA_BWD_DQ": "rows",
            "JAX_SPARSE_ATTN_CUTE_CALL": "per_shape", "JAX_SPARSE_ATTN_KERNEL_FAMILY": "portable",
            "JAX_SPARSE_ATTN_SMEM_LIMIT_KB": "99", "JAX_SPARSE_ATTN_PDL": "0",
-           "JAX_SPARSE_ATTN_DET_WRITER": "1"}
+           "JAX_SPARSE_ATTN_DET_WRITER": "1", "JAX_SPARSE_ATTN_DQ_WRITER": "off"}
     assert set(env) == {sw.env for sw in config.SWITCHES}
     assert config.from_env(env) == config.Switches(
         hstu_fwd_impl="sm80", hstu_fwd_ws=("nopingpong", "bn=64"), hstu_fwd_tile=(64, 64, 4),
@@ -61,7 +61,7 @@ def test_from_env_reads_every_switch():
         bsa_bwd_ws=("ldwait", "stages=2"), bsa_bwd_dq="rows",
         bsa_pre_impl="xla", bsa_fwd_q_in_regs=False, bsa_fwd_min_blocks=2, bsa_bwd_min_blocks=1,
         bsa_fwd_late_v_wait=True, bsa_fwd_warp_rows="32", cute_call="per_shape", kernel_family="portable", smem_limit_kb=99,
-        pdl=False, det_writer=True)
+        pdl=False, det_writer=True, dq_writer="off")
     assert config.force_kernel(env) and not config.force_kernel({})
     assert config.from_env({}) == config.Switches()
     assert config.from_env({"JAX_SPARSE_ATTN_HSTU_FWD_IMPL": ""}) == config.Switches()

@@ -21,8 +21,8 @@ from jax_sparse_attn.config import from_env  # noqa: E402
 
 pytestmark = pytest.mark.gpu
 
-# the HSTU cases on the sm90 backward with the dQ tile workspace (D in {64, 128})
-HSTU_CASES = [c for c in th.DET_CASES if c[2] in (64, 128) and c[5] == ""]
+# the HSTU cases on the sm90 backward with the dQ tile workspace (D in {64, 128, 256})
+HSTU_CASES = [c for c in th.DET_CASES if c[2] in (64, 128, 256) and c[5] == ""]
 HSTU_CASES += [c for c in th.DET_CASES if c[2] == 128 and c[5] == "func"]
 
 

@@ -1,14 +1,17 @@
-"""GPU: the non-deterministic Hopper backwards with the dQ writer warp (``Switches.dq_writer``,
-``JAX_SPARSE_ATTN_DQ_WRITER=1``: warp 1 of the producer warpgroup issues every step's bulk
+"""GPU: the non-deterministic Hopper backwards with the dQ writer warp (``Switches.dq_writer``
+``"on"``, ``JAX_SPARSE_ATTN_DQ_WRITER=on``; the default ``"auto"`` uses it in the block-sparse
+backward and the HSTU one at D = 256: warp 1 of the producer warpgroup issues every step's bulk
 reductions of the staged dQ and, where dQ is staged in the step's Q / dO stage, hands the
 stage back to the producer; the consumer warpgroups stage and go on). The HSTU sm90 backward
 batches of ``tests/test_gpu_hstu.py`` at every head dim (D = 256 stages in the Q / dO stage;
 zero-length sequences, sequences ending inside a tile, causal / local / full masks,
 NaN-poisoned rows past the end whose gradients must be zero) and its GQA cases (the writer
-walks the query heads of the group), and the sm90ws block-sparse backward cases of
+walks the query heads of the group) with ``"on"``; the sm90ws block-sparse backward cases of
 ``tests/test_gpu_bsa.py`` (NaN in unlisted blocks and past block_sizes, GQA, empty rows, all
-blocks listed, outputs poisoned by an all-NaN run), against the float32 reference (5x the
-input-dtype error; 2x for the GQA forward). Larger batches run with several seeds.
+blocks listed, outputs poisoned by an all-NaN run) and the HSTU D = 256 batches with ``"off"``
+(their default files run ``"auto"``, i.e. with the writer), and blk 128 with ``dqalias`` and
+the writer; against the float32 reference (5x the input-dtype error; 2x for the GQA forward).
+Larger batches run with several seeds.
 
 Run on the H200: ``python -m pytest -m gpu tests/test_gpu_dq_writer.py``.
 """
@@ -28,16 +31,16 @@ from jax_sparse_attn.config import Switches, from_env  # noqa: E402
 
 pytestmark = pytest.mark.gpu
 
-WRITER_BSA = Switches(bsa_bwd_impl="sm90ws", dq_writer=True)
+WRITER_BSA = Switches(bsa_bwd_impl="sm90ws", dq_writer="on")
 
 
 @pytest.fixture
 def _writer_switches(monkeypatch):
-    """test_gpu_hstu builds its Switches itself: add dq_writer=True to them (and to the
+    """test_gpu_hstu builds its Switches itself: add dq_writer="on" to them (and to the
     environment, for the cases that take the defaults)."""
-    monkeypatch.setattr(th, "Switches", functools.partial(Switches, dq_writer=True))
-    monkeypatch.setenv("JAX_SPARSE_ATTN_DQ_WRITER", "1")
-    assert from_env().dq_writer
+    monkeypatch.setattr(th, "Switches", functools.partial(Switches, dq_writer="on"))
+    monkeypatch.setenv("JAX_SPARSE_ATTN_DQ_WRITER", "on")
+    assert from_env().dq_writer == "on"
 
 
 @pytest.mark.parametrize("name,lens,d,window,dtype", th.BWD_BATCHES,
@@ -46,9 +49,10 @@ def _writer_switches(monkeypatch):
 def test_hstu_bwd_dq_writer(name, lens, d, window, dtype, poison, _writer_switches):
     from jax_sparse_attn.ffi import hstu as fh
 
-    key = fh.bwd_config(dtype, d, d, 0, Switches(hstu_bwd_dq="tile", dq_writer=True))
+    key = fh.bwd_config(dtype, d, d, 0, Switches(hstu_bwd_dq="tile", dq_writer="on"))
     assert key.impl == "sm90" and key.dq_tile and key.dq_writer, key
-    assert not fh.bwd_config(dtype, d, d, 0, Switches(hstu_bwd_dq="tile")).dq_writer
+    # the default ("auto") uses it at D = 256 only
+    assert fh.bwd_config(dtype, d, d, 0, Switches(hstu_bwd_dq="tile")).dq_writer == (d > 128)
     if lens == "canonical":
         from benchmarks._grids import canonical_jagged_lengths
 
@@ -74,13 +78,34 @@ def test_hstu_gqa_dq_writer(name, lens, d, ratio, window, _writer_switches):
 
 
 @pytest.mark.parametrize("c", tb.BWD_WS_CASES, ids=lambda c: c["name"])
-def test_bsa_bwd_dq_writer(c, monkeypatch):
+def test_bsa_bwd_no_dq_writer(c, monkeypatch):
+    """dq_writer="off": each consumer warp adds its own slice (tests/test_gpu_bsa.py runs the
+    default, with the writer)."""
     from jax_sparse_attn.ffi import bsa as fb
 
-    key = fb.bwd_config(jnp.dtype(c["dtype"]), c["d"], c["blk"], False, WRITER_BSA)
-    assert key.impl == "sm90ws" and key.dq_tile and key.dq_writer and not key.det_writer, key
-    monkeypatch.setattr(tb, "BWDWS", WRITER_BSA)
+    off = Switches(bsa_bwd_impl="sm90ws", dq_writer="off")
+    key = fb.bwd_config(jnp.dtype(c["dtype"]), c["d"], c["blk"], False, off)
+    assert key.impl == "sm90ws" and key.dq_tile and not key.dq_writer, key
+    assert fb.bwd_config(jnp.dtype(c["dtype"]), c["d"], c["blk"], False, WRITER_BSA).dq_writer
+    monkeypatch.setattr(tb, "BWDWS", off)
     tb.test_bsa_sm90ws_backward(c)
+
+
+D256_BATCHES = [c for c in th.BWD_BATCHES if c[2] == 256]
+
+
+@pytest.mark.parametrize("name,lens,d,window,dtype", D256_BATCHES,
+                         ids=[c[0] for c in D256_BATCHES])
+@pytest.mark.parametrize("poison", [False, True], ids=["clean", "poisoned"])
+def test_hstu_bwd_d256_no_dq_writer(name, lens, d, window, dtype, poison, monkeypatch):
+    """D = 256 with dq_writer="off" (each consumer warp adds its slice and waits until it is
+    read before the stage goes back; tests/test_gpu_hstu_bwd_d256.py runs the default)."""
+    from jax_sparse_attn.ffi import hstu as fh
+
+    off = functools.partial(Switches, dq_writer="off")
+    assert not fh.bwd_config(dtype, d, d, 0, off(hstu_bwd_dq="tile")).dq_writer
+    monkeypatch.setattr(th, "Switches", off)
+    th._bwd_case(lens, d, window, seed=9, poison=poison, impl="sm90", dtype=dtype, dq="tile")
 
 
 @pytest.mark.parametrize("c", [c for c in tb.BWD_WS_CASES if c["blk"] == 128],
@@ -89,7 +114,7 @@ def test_bsa_bwd_dq_writer_dqalias(c, monkeypatch):
     """blk 128 with the dQ slices staged in the Q / dO stage (warp 1 releases the stage)."""
     from jax_sparse_attn.ffi import bsa as fb
 
-    sw = Switches(bsa_bwd_impl="sm90ws", bsa_bwd_ws="dqalias", dq_writer=True)
+    sw = Switches(bsa_bwd_impl="sm90ws", bsa_bwd_ws="dqalias", dq_writer="on")
     key = fb.bwd_config(jnp.dtype(c["dtype"]), c["d"], c["blk"], False, sw)
     assert key.ws_dq_alias and key.dq_writer, key
     monkeypatch.setattr(tb, "BWDWS", sw)

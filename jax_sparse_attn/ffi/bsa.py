@@ -394,7 +394,7 @@ def bwd_config(dtype, head_dim, block_size, has_block_sizes, switches,
                             det_writer=bool(deterministic) and tile
                             and bool(getattr(switches, "det_writer", False)),
                             dq_writer=not deterministic and tile
-                            and bool(getattr(switches, "dq_writer", False)))
+                            and getattr(switches, "dq_writer", "auto") != "off")
     if impl == "sm90":
         return BsaBwdConfig(name, head_dim, block_size, has_block_sizes, impl, arch=arch,
                             pack_gqa=pack_gqa, causal=causal,

@@ -192,7 +192,7 @@ class HstuBwdConfig(_HstuKey):
     # and dq reordering kernels
     pdl: bool = False
     # sm90, deterministic with dq_tile: the ordering warp issues each query tile's bulk
-    # reductions (Switches.det_writer)
+    # reductions (Switches.det_writer; at D = 256 it also hands the Q / dO stage back)
     det_writer: bool = False
     # sm90, not deterministic, with dq_tile: warp 1 issues every step's bulk reductions of
     # the staged dQ (Switches.dq_writer)
@@ -520,11 +520,13 @@ def bwd_config(dtype, head_dim, head_dim_v, func_n, switches, *, has_rab=False,
                       rab_per_head=rab_per_head, rab_dtype=rab_dtype)
     if deterministic:
         key = dataclasses.replace(key, deterministic=True, dq_bulk=False)
-        if (key.impl == "sm90" and key.dq_tile and head_dim <= 128
+        if (key.impl == "sm90" and key.dq_tile
                 and getattr(switches, "det_writer", False)):
             key = dataclasses.replace(key, det_writer=True)
-    elif key.impl == "sm90" and key.dq_tile and getattr(switches, "dq_writer", False):
-        key = dataclasses.replace(key, dq_writer=True)
+    elif key.impl == "sm90" and key.dq_tile:
+        writer = getattr(switches, "dq_writer", "auto")
+        if writer == "on" or (writer == "auto" and head_dim > 128):
+            key = dataclasses.replace(key, dq_writer=True)
     return key
 
 

@@ -165,7 +165,7 @@ class HstuBwdSm90:
         self.deterministic = deterministic
         # deterministic with dq_tile: warp 1 issues the staged tile's bulk reductions itself
         # once the semaphore allows (the consumers stage and go on; _dq_order_warp)
-        self.det_writer = det_writer and deterministic and self.dq_tile
+        self.det_writer = det_writer and deterministic and (self.dq_tile or self.dq_alias)
         # not deterministic, with dq_tile or dq_alias: warp 1 issues every step's bulk
         # reductions of the staged dQ (the consumers stage and go on instead of waiting for
         # the bulk reads of their slices; with dq_alias warp 1 also hands the stage back)
@@ -659,7 +659,7 @@ class HstuBwdSm90:
                                 a_cg0 = 2 * ((warp - 4) // 4)
                                 warpgroup.wait_group(0)
                                 cute.arch.barrier(barrier_id=4, number_of_threads=256)
-                                if cutlass.const_expr(self.dq_writer):
+                                if cutlass.const_expr(self.writer):
                                     # warp 1 has read the previous step's staged slices (so
                                     # its barrier 2 of that step has completed)
                                     if c > 0:
@@ -672,7 +672,7 @@ class HstuBwdSm90:
                                                  sbase2=a_do, half=self.dq_blocks // 2)
                                 cute.arch.fence_proxy("async.shared", space="cta")
                                 cute.arch.sync_warp()
-                                if cutlass.const_expr(self.dq_writer):
+                                if cutlass.const_expr(self.writer):
                                     # warp 1 adds the staged slices and releases the stage
                                     cute.arch.barrier_arrive(barrier_id=2, number_of_threads=288)
                                 else:
@@ -773,8 +773,8 @@ class HstuBwdSm90:
                             warpgroup.wait_group(0)
                             if cutlass.const_expr(not self.split_d):
                                 kvb.keep_regs(tP, tdS)
-                            if cutlass.const_expr(not (self.dq_writer and self.dq_alias)):
-                                # (dq_writer with dq_alias: warp 1 releases the stage that
+                            if cutlass.const_expr(not (self.writer and self.dq_alias)):
+                                # (the writer with dq_alias: warp 1 releases the stage that
                                 # holds the staged dQ slices)
                                 pipe_q.consumer_release(c)
                             c += 1
