@@ -83,14 +83,6 @@ def _calls(cfg, ws="", **kw):
     return 2 + key.dq_tile
 
 
-@pytest.mark.parametrize("cfg", CONFIGS, ids=_ids)
-def test_bsa_bwd_ws_lowers(cfg):
-    txt = _bwd_text(cfg)
-    # the preprocessing kernel, the dK/dV/dQ kernel and the dq reordering
-    assert txt.count(CALL_TARGET) == _calls(cfg) == 3
-    assert "\\7FELF" in txt
-
-
 def test_bsa_bwd_ws_ablation_lowers():
     """The ablation variants (``ldwait``, two Q / dO stages, ``lpt``, ``decouple``) compile
     too."""
@@ -120,35 +112,40 @@ def test_bsa_bwd_ws_deterministic_lowers(cfg):
     assert txt.count(CALL_TARGET) == _calls(cfg, impl="auto", deterministic=True)
 
 
-_PTX_SCRIPT = """
-import sys
-sys.path.insert(0, {root!r})
-import tests.test_lowering_bsa_bwd_ws as t
-t._bwd_text({cfg!r}, deterministic={det!r}, dq={dq!r})
-"""
+# the PTX tests' configurations, lowered in one fresh process (tests/kept_ptx.py): name ->
+# (function of this module, its positional arguments, Switches fields, keyword arguments);
+# the default ones (CUTE_DSL_KEEP=ptx keeps the lowered text too) also serve
+# test_bsa_bwd_ws_lowers
+_PTX_CONFIGS = {
+    **{_ids(c): ("_bwd_text", (c,), None, {}) for c in CONFIGS[:2]},
+    "det-blk64": ("_bwd_text", (CONFIGS[1],), None, {"deterministic": True}),
+    "det-blk128": ("_bwd_text", (CONFIGS[0],), None, {"deterministic": True}),
+    "det-rows": ("_bwd_text", (CONFIGS[1],), None, {"deterministic": True, "dq": "rows"}),
+}
 
 
-def _ws_ptx(tmp_path, cfg, det=False, dq="tile"):
-    """The PTX of the sm90ws backward for ``cfg`` (kept with CUTE_DSL_KEEP=ptx in a fresh
-    process)."""
-    import subprocess  # noqa: PLC0415
-    import sys  # noqa: PLC0415
+@pytest.fixture(scope="module")
+def kept_ptx(tmp_path_factory):
+    """The directory of the PTX (and lowered text) kept while lowering :data:`_PTX_CONFIGS`
+    in one fresh process (tests/kept_ptx.py)."""
+    import kept_ptx as kp  # noqa: PLC0415
 
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    dump = tmp_path / "ptx"
-    dump.mkdir(parents=True)  # the CuTe DSL writes elsewhere when the directory does not exist
-    env = dict(os.environ, CUTE_DSL_ARCH="sm_90a", JAX_SPARSE_ATTN_FORCE_KERNEL="1",
-               CUTE_DSL_KEEP="ptx", CUTE_DSL_DUMP_DIR=str(dump), JAX_PLATFORMS="cpu")
-    r = subprocess.run([sys.executable, "-c", _PTX_SCRIPT.format(root=root, cfg=cfg, det=det, dq=dq)],
-                       env=env, cwd=root, capture_output=True, text=True, timeout=600)
-    assert r.returncode == 0, r.stderr[-3000:]
-    texts = [p.read_text() for p in dump.iterdir() if p.suffix == ".ptx"]
-    ws = [t for t in texts if "bsa_bwd_sm90_ws" in t]
-    assert len(ws) == 1, [p.name for p in dump.iterdir()]
+    return kp.keep_ptx(tmp_path_factory.mktemp("kept_ptx"), "test_lowering_bsa_bwd_ws",
+                       _PTX_CONFIGS)
+
+
+def _ws_ptx(kept_ptx, name):
+    """The PTX of the sm90ws backward of the configuration ``name`` of :data:`_PTX_CONFIGS`
+    (kept with CUTE_DSL_KEEP=ptx in a fresh process)."""
+    import kept_ptx as kp  # noqa: PLC0415
+
+    files = kp.ptx_of(kept_ptx, name)
+    ws = [t for t in files.values() if "bsa_bwd_sm90_ws" in t]
+    assert len(ws) == 1, list(files)
     return ws[0]
 
 
-def test_bsa_bwd_ws_deterministic_ptx(tmp_path):
+def test_bsa_bwd_ws_deterministic_ptx(kept_ptx):
     """The deterministic kernel without the dQ writer warp (``det_writer`` off; with it:
     ``tests/test_lowering_det_writer.py``) waits with acquire loads, publishes after a
     GPU-scope fence and hands each query tile between warp 1 and the consumers with
@@ -160,28 +157,28 @@ def test_bsa_bwd_ws_deterministic_ptx(tmp_path):
             "bar.arrive")
     tile = ("cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32", "st.shared.v4.f32")
     red = "red.relaxed.gpu.global.add.v2.f32"
-    for name, cfg in (("blk64", CONFIGS[1]), ("blk128", CONFIGS[0])):
-        text = _ws_ptx(tmp_path / name, cfg, det=True)
+    for name in ("blk64", "blk128"):
+        text = _ws_ptx(kept_ptx, f"det-{name}")
         for needle in sync + tile:
             assert needle in text, f"{needle} missing from the deterministic sm90ws PTX ({name})"
         assert red not in text
         # the completion wait (not only the read) before the hand-back
         assert re.search(r"cp\.async\.bulk\.wait_group\s+0;", text), name
-    rows = _ws_ptx(tmp_path / "rows", CONFIGS[1], det=True, dq="rows")
+    rows = _ws_ptx(kept_ptx, "det-rows")
     for needle in sync + (red,):
         assert needle in rows, f"{needle} missing from the deterministic sm90ws PTX (rows)"
-    default = _ws_ptx(tmp_path / "default", CONFIGS[1])
+    default = _ws_ptx(kept_ptx, _ids(CONFIGS[1]))
     for needle in ("ld.acquire.gpu", "fence.acq_rel.gpu"):
         assert needle not in default
 
 
 @pytest.mark.parametrize("cfg", [CONFIGS[0], CONFIGS[1]], ids=_ids)
-def test_bsa_bwd_ws_ptx_is_warp_specialized(tmp_path, cfg):
+def test_bsa_bwd_ws_ptx_is_warp_specialized(kept_ptx, cfg):
     """The kernel's PTX (kept with CUTE_DSL_KEEP=ptx in a fresh process) has TMA loads,
     warpgroup MMAs, register reallocation, mbarrier waits, the cp.async copies of lse /
     delta tracked by the stage's mbarrier and the dQ reductions: bulk reduce-adds of the
     warps' slices staged with 16-byte stores (query-tile workspace), no vector reductions."""
-    text = _ws_ptx(tmp_path, cfg)
+    text = _ws_ptx(kept_ptx, _ids(cfg))
     for needle in ("cp.async.bulk.tensor", "wgmma.mma_async", "setmaxnreg.dec",
                    "setmaxnreg.inc", "mbarrier.try_wait", "cp.async.mbarrier.arrive", "stmatrix"):
         assert needle in text, f"{needle} missing from the sm90ws BSA backward PTX"
@@ -190,6 +187,19 @@ def test_bsa_bwd_ws_ptx_is_warp_specialized(tmp_path, cfg):
     assert all(n in text for n in tile) and red not in text
     # programmatic dependent launch (the default Switches.pdl): one wait for the previous grid
     assert text.count("griddepcontrol.wait;") == 1
+
+
+@pytest.mark.parametrize("cfg", CONFIGS, ids=_ids)
+def test_bsa_bwd_ws_lowers(request, cfg):
+    if _ids(cfg) in _PTX_CONFIGS:  # lowered (and its text kept) by the PTX tests' process
+        import kept_ptx as kp  # noqa: PLC0415
+
+        txt = kp.lowered_text_of(request.getfixturevalue("kept_ptx"), _ids(cfg))
+    else:
+        txt = _bwd_text(cfg)
+    # the preprocessing kernel, the dK/dV/dQ kernel and the dq reordering
+    assert txt.count(CALL_TARGET) == _calls(cfg) == 3
+    assert "\\7FELF" in txt
 
 
 def test_bsa_bwd_ws_smem_plan():

@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import os
 import re
-import subprocess
-import sys
 
 import pytest
 
@@ -54,41 +52,42 @@ def test_dq_tiles_kernel_shapes():
         HstuDqFromTiles(cutlass.BFloat16, 64, 96)
 
 
-_SCRIPT = """
-import sys
-sys.path.insert(0, {root!r})
-sys.path.insert(0, {tests!r})
-import test_lowering_hstu as th
-from jax_sparse_attn.config import Switches
-txt = th._bwd_text(256, "bfloat16", {mask!r}, Switches(hstu_bwd_dq="tile"),
-                   deterministic={det!r})
-print("CALLS", txt.count("CuteDSLRT_NvJaxCutlassCall"))
-"""
+# the PTX test's configurations (functions of tests/test_lowering_hstu.py), lowered in one
+# fresh process (tests/kept_ptx.py): the default mode with the window mask, the deterministic
+# one with the causal mask
+_PTX_CONFIGS = {
+    mode: ("_bwd_text", (256, "bfloat16", mask), {"hstu_bwd_dq": "tile"},
+           {"deterministic": mode == "deterministic"})
+    for mode, mask in (("default", "window"), ("deterministic", "causal"))
+}
+
+
+@pytest.fixture(scope="module")
+def kept_ptx(tmp_path_factory):
+    """The directory of the PTX and lowered text kept while lowering :data:`_PTX_CONFIGS`."""
+    import kept_ptx as kp  # noqa: PLC0415
+
+    return kp.keep_ptx(tmp_path_factory.mktemp("kept_ptx"), "test_lowering_hstu", _PTX_CONFIGS)
 
 
 @pytest.mark.lowering
 @pytest.mark.parametrize("det", [False, True], ids=["default", "deterministic"])
-def test_d256_tile_ptx(tmp_path, det):
+def test_d256_tile_ptx(kept_ptx, det):
     """The D = 256 backward lowers with the schedule, the backward and the reordering kernel
     (512 threads); the backward adds dQ with two bulk reduce-adds per consumer warp from the
     Q / dO stage after a barrier of the consumer warpgroups (no red.global.add), and waits for
     their reads before it releases the stage (deterministic: for their completion, between
     the ordering barriers 2 and 3)."""
-    tests = os.path.dirname(os.path.abspath(__file__))
-    root = os.path.dirname(tests)
-    env = {k: v for k, v in os.environ.items() if not k.startswith("JAX_SPARSE_ATTN_")}
-    env.update(CUTE_DSL_ARCH="sm_90a", JAX_SPARSE_ATTN_FORCE_KERNEL="1", CUTE_DSL_KEEP="ptx",
-               CUTE_DSL_DUMP_DIR=str(tmp_path), JAX_PLATFORMS="cpu")
-    mask = "causal" if det else "window"
-    script = _SCRIPT.format(root=root, tests=tests, mask=mask, det=det)
-    r = subprocess.run([sys.executable, "-c", script], env=env, cwd=root, capture_output=True,
-                       text=True, timeout=900)
-    assert r.returncode == 0, r.stderr[-3000:]
-    assert "CALLS 3" in r.stdout, r.stdout[-2000:]
-    texts = [p.read_text() for p in tmp_path.iterdir() if p.suffix == ".ptx"]
+    import kept_ptx as kp  # noqa: PLC0415
+
+    name = "deterministic" if det else "default"
+    calls = kp.lowered_text_of(kept_ptx, name).count("CuteDSLRT_NvJaxCutlassCall")
+    assert calls == 3, calls
+    files = kp.ptx_of(kept_ptx, name)
+    texts = list(files.values())
     bwd = [t for t in texts if "HstuBwdSm90" in t]
     tiles = [t for t in texts if "hstu_dq_tilesHstuDqFromTiles" in t]
-    assert len(bwd) == 1 and len(tiles) == 1, [p.name for p in tmp_path.iterdir()]
+    assert len(bwd) == 1 and len(tiles) == 1, list(files)
     b = bwd[0]
     assert len(re.findall(r"cp\.reduce\.async\.bulk\.global\.shared::cta\.bulk_group\.add\.f32",
                           b)) == 2

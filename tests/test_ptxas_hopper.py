@@ -7,65 +7,89 @@ the previous P). A serialized wgmma runs without the overlap the kernel is built
 
 from __future__ import annotations
 
-import glob
-import os
 import re
 import shutil
 import subprocess
-import sys
 
 import pytest
 
 pytestmark = pytest.mark.lowering
 
-_SCRIPT = """
-import os, sys
-sys.path.insert(0, {root!r})
-import jax, jax.numpy as jnp
-import jax_sparse_attn as jsa
-q = jax.ShapeDtypeStruct((300, 2, {d}), jnp.bfloat16)
-cu = jax.ShapeDtypeStruct((3,), jnp.int32)
-f = lambda q, k, v, cu: jsa.hstu_attention(q, k, v, cu, cu, max_seqlen_q=200, max_seqlen_k=200)
-jax.jit(f).trace(q, q, q, cu).lower(lowering_platforms=("cuda",))
-"""
+def _hstu_fwd_text(switches):
+    """The lowered text of the HSTU forward (D = 64, bf16) on the kernel backend."""
+    import jax  # noqa: PLC0415
+    import jax.numpy as jnp  # noqa: PLC0415
+
+    import jax_sparse_attn as jsa  # noqa: PLC0415
+
+    q = jax.ShapeDtypeStruct((300, 2, 64), jnp.bfloat16)
+    cu = jax.ShapeDtypeStruct((3,), jnp.int32)
+
+    def f(q, k, v, cu):
+        return jsa.hstu_attention(q, k, v, cu, cu, max_seqlen_q=200, max_seqlen_k=200,
+                                  switches=switches)
+
+    return jax.jit(f).trace(q, q, q, cu).lower(lowering_platforms=("cuda",)).as_text()
+
+
+def _bsa_bwd_text(cfg_index, **kw):
+    """The lowered text of the block-sparse backward of tests/test_lowering_bsa_bwd_ws.py on
+    its configuration ``cfg_index``."""
+    import test_lowering_bsa_bwd_ws as t  # noqa: PLC0415
+
+    return t._bwd_text(t.CONFIGS[cfg_index], **kw)
+
+
+# the configurations assembled here, lowered in one fresh process (tests/kept_ptx.py): name ->
+# (function of this module, its positional arguments, Switches fields, keyword arguments)
+_PTX_CONFIGS = {
+    "hstu-fwd-default": ("_hstu_fwd_text", (), {}, {}),
+    "hstu-fwd-silu16": ("_hstu_fwd_text", (), {"hstu_fwd_ws": "silu16"}, {}),
+    # blk 64 / D 128, the default backward (dQ issued after the dV / dK GEMMs)
+    "bsa-bwd-blk64": ("_bsa_bwd_text", (1,), None, {"ws": "", "deterministic": False}),
+}
+
+
+@pytest.fixture(scope="module")
+def kept_ptx(tmp_path_factory):
+    """The directory of the PTX kept while lowering :data:`_PTX_CONFIGS`."""
+    import kept_ptx as kp  # noqa: PLC0415
+
+    return kp.keep_ptx(tmp_path_factory.mktemp("kept_ptx"), "test_ptxas_hopper", _PTX_CONFIGS)
+
+
+def _kernel_ptx(kept_ptx, name, kernel):
+    """(path, text) of the one PTX file of the configuration ``name`` that holds ``kernel``."""
+    import kept_ptx as kp  # noqa: PLC0415
+
+    files = kp.ptx_of(kept_ptx, name)
+    hits = [f for f, t in files.items() if kernel in t]
+    assert len(hits) == 1, list(files)
+    return str(kept_ptx / name / hits[0]), files[hits[0]]
+
+
+def _ptxas(ptx, tmp_path):
+    """ptxas -v output of ``ptx`` for sm_90a (asserting that it assembles)."""
+    a = subprocess.run(["ptxas", "-arch=sm_90a", "-v", ptx, "-o", str(tmp_path / "k.cubin")],
+                       capture_output=True, text=True, timeout=600)
+    out = a.stdout + a.stderr
+    assert a.returncode == 0, out[-3000:]
+    return out
 
 
 @pytest.mark.skipif(shutil.which("ptxas") is None, reason="ptxas is not installed")
 @pytest.mark.parametrize("ws", ["", "silu16"], ids=["default", "silu16"])
-def test_hstu_fwd_ws_ptxas_no_serialized_wgmma(tmp_path, ws):
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    env = {k: v for k, v in os.environ.items() if not k.startswith("JAX_SPARSE_ATTN_")}
-    env.update(CUTE_DSL_ARCH="sm_90a", JAX_SPARSE_ATTN_FORCE_KERNEL="1", CUTE_DSL_KEEP="ptx",
-               CUTE_DSL_DUMP_DIR=str(tmp_path), JAX_PLATFORMS="cpu",
-               JAX_SPARSE_ATTN_HSTU_WS=ws)
-    r = subprocess.run([sys.executable, "-c", _SCRIPT.format(root=root, d=64)], env=env,
-                       cwd=root, capture_output=True, text=True, timeout=600)
-    assert r.returncode == 0, r.stderr[-3000:]
-    fwd = [p for p in glob.glob(str(tmp_path / "*.ptx"))
-           if "HstuFwdSm90Ws" in open(p).read()]
-    assert len(fwd) == 1, os.listdir(tmp_path)
-    text = open(fwd[0]).read()
+def test_hstu_fwd_ws_ptxas_no_serialized_wgmma(kept_ptx, tmp_path, ws):
+    path, text = _kernel_ptx(kept_ptx, f"hstu-fwd-{ws or 'default'}", "HstuFwdSm90Ws")
     if ws == "silu16":
         assert "tanh.approx.bf16x2" in text and "fma.rn.bf16x2" in text
         # h clamped at the lowest finite bf16 (0xFF7F0000) before packing: -inf scores give
         # P = 0, not -inf + inf = NaN
         assert "max.NaN.f32" in text and ("-8454144" in text or "0fFF7F0000" in text)
-    a = subprocess.run(["ptxas", "-arch=sm_90a", "-v", fwd[0], "-o", str(tmp_path / "k.cubin")],
-                       capture_output=True, text=True, timeout=600)
-    out = a.stdout + a.stderr
-    assert a.returncode == 0, out[-3000:]
+    out = _ptxas(path, tmp_path)
     assert "C7513" not in out, out[-3000:]
     spills = [int(x) for x in re.findall(r"(\d+) bytes spill stores", out)]
     assert spills and max(spills) == 0, out[-3000:]
-
-
-_BSA_BWD_SCRIPT = """
-import sys
-sys.path.insert(0, {root!r})
-sys.path.insert(0, {tests!r})
-import test_lowering_bsa_bwd_ws as t
-t._bwd_text(t.CONFIGS[1], ws={ws!r}, deterministic={det!r})
-"""
 
 
 def test_bsa_bwd_dq_late_key():
@@ -91,26 +115,13 @@ def test_bsa_bwd_dq_late_key():
 
 
 @pytest.mark.skipif(shutil.which("ptxas") is None, reason="ptxas is not installed")
-def test_bsa_bwd_dq_late_ptxas_no_serialized_wgmma(tmp_path):
+def test_bsa_bwd_dq_late_ptxas_no_serialized_wgmma(kept_ptx, tmp_path):
     """blk 64 / D 128 (one consumer warpgroup holding dK and dV of 64 keys x 128): with dQ
     issued after the dV / dK GEMMs (the default) the dQ accumulator is not live next to P^T, dS^T and the in-flight dV / dK
     GEMMs, and ptxas assembles the kernel without serializing the wgmma for lack of
     registers (C7512) and without spills."""
-    tests = os.path.dirname(os.path.abspath(__file__))
-    root = os.path.dirname(tests)
-    env = {k: v for k, v in os.environ.items() if not k.startswith("JAX_SPARSE_ATTN_")}
-    env.update(CUTE_DSL_ARCH="sm_90a", JAX_SPARSE_ATTN_FORCE_KERNEL="1", CUTE_DSL_KEEP="ptx",
-               CUTE_DSL_DUMP_DIR=str(tmp_path), JAX_PLATFORMS="cpu")
-    script = _BSA_BWD_SCRIPT.format(root=root, tests=tests, ws="", det=False)
-    r = subprocess.run([sys.executable, "-c", script], env=env, cwd=root, capture_output=True,
-                       text=True, timeout=600)
-    assert r.returncode == 0, r.stderr[-3000:]
-    ws = [p for p in glob.glob(str(tmp_path / "*.ptx")) if "BsaBwdSm90Ws" in open(p).read()]
-    assert len(ws) == 1, os.listdir(tmp_path)
-    a = subprocess.run(["ptxas", "-arch=sm_90a", "-v", ws[0], "-o", str(tmp_path / "k.cubin")],
-                       capture_output=True, text=True, timeout=600)
-    out = a.stdout + a.stderr
-    assert a.returncode == 0, out[-3000:]
+    path, _ = _kernel_ptx(kept_ptx, "bsa-bwd-blk64", "BsaBwdSm90Ws")
+    out = _ptxas(path, tmp_path)
     assert "C7512" not in out and "C7513" not in out, out[-3000:]
     spills = [int(x) for x in re.findall(r"(\d+) bytes spill stores", out)]
     assert spills and max(spills) == 0, out[-3000:]
