@@ -21,7 +21,8 @@ from jax_sparse_attn.config import Switches  # noqa: E402
 
 def test_d256_dq_keys():
     """hstu_bwd_dq=tile (the default) sets dq_tile at every sm90 head dim, in both modes; red
-    does not; the dQ writer warp (det_writer) stays off at D = 256."""
+    does not; the dQ writer warp runs at D = 256 in both modes (dq_writer "auto" / det_writer)
+    and, not deterministic, at D <= 128 only with dq_writer="on"."""
     from jax_sparse_attn.ffi import hstu as fh
 
     for sw in (Switches(), Switches(hstu_bwd_dq="tile")):
@@ -33,8 +34,17 @@ def test_d256_dq_keys():
     assert not fh.bwd_config("bfloat16", 256, 256, 0, red).dq_tile
     assert not fh.bwd_config("bfloat16", 256, 256, 0, Switches(hstu_bwd_dq="bulk")).dq_tile
     w = Switches(det_writer=True)
-    assert not fh.bwd_config("bfloat16", 256, 256, 0, w, deterministic=True).det_writer
+    assert fh.bwd_config("bfloat16", 256, 256, 0, w, deterministic=True).det_writer
     assert fh.bwd_config("bfloat16", 128, 128, 0, w, deterministic=True).det_writer
+    assert not fh.bwd_config("bfloat16", 256, 256, 0, Switches(det_writer=False),
+                             deterministic=True).det_writer
+    for d in (64, 128, 256):
+        auto = fh.bwd_config("bfloat16", d, d, 0, Switches())
+        assert auto.dq_writer == (d == 256) and not auto.det_writer, d
+        assert fh.bwd_config("bfloat16", d, d, 0, Switches(dq_writer="on")).dq_writer
+        assert not fh.bwd_config("bfloat16", d, d, 0, Switches(dq_writer="off")).dq_writer
+        assert not fh.bwd_config("bfloat16", d, d, 0, Switches(dq_writer="on"),
+                                 deterministic=True).dq_writer
 
 
 def test_dq_tiles_kernel_shapes():
@@ -74,10 +84,12 @@ def kept_ptx(tmp_path_factory):
 @pytest.mark.parametrize("det", [False, True], ids=["default", "deterministic"])
 def test_d256_tile_ptx(kept_ptx, det):
     """The D = 256 backward lowers with the schedule, the backward and the reordering kernel
-    (512 threads); the backward adds dQ with two bulk reduce-adds per consumer warp from the
-    Q / dO stage after a barrier of the consumer warpgroups (no red.global.add), and waits for
-    their reads before it releases the stage (deterministic: for their completion, between
-    the ordering barriers 2 and 3)."""
+    (512 threads); the consumer warps stage their dQ slices in the Q / dO stage after a
+    barrier of the consumer warpgroups (bar 4) and hand them to the writer warp (bar 2), which
+    adds them with two bulk reduce-adds per consumer warp (16, no red.global.add), waits for
+    their reads, releases the stage and hands the slices back (bar 5); deterministic: it also
+    waits for the previous KV tile's additions (acquire loads) and for the completion of its
+    own before it publishes."""
     import kept_ptx as kp  # noqa: PLC0415
 
     name = "deterministic" if det else "default"
@@ -90,15 +102,17 @@ def test_d256_tile_ptx(kept_ptx, det):
     assert len(bwd) == 1 and len(tiles) == 1, list(files)
     b = bwd[0]
     assert len(re.findall(r"cp\.reduce\.async\.bulk\.global\.shared::cta\.bulk_group\.add\.f32",
-                          b)) == 2
+                          b)) == 16
     assert "red.relaxed.gpu.global.add" not in b and "red.global.add" not in b
     assert re.search(r"bar\.sync\s+4, 256;", b)
+    for kind, bid in (("sync", 2), ("arrive", 2), ("sync", 5), ("arrive", 5)):
+        assert re.search(rf"bar\.{kind}\s+{bid}, 288;", b), (kind, bid)
+    assert not re.search(r"bar\.(sync|arrive)\s+3, 288;", b)
     complete = len(re.findall(r"cp\.async\.bulk\.wait_group\s+0;", b))
     read = len(re.findall(r"cp\.async\.bulk\.wait_group\.read\s+0;", b))
     if det:
-        assert (complete, read) == (2, 0)
-        for kind, bid in (("sync", 2), ("arrive", 2), ("sync", 3), ("arrive", 3)):
-            assert re.search(rf"bar\.{kind}\s+{bid}, 288;", b), (kind, bid)
+        assert (complete, read) == (2, 1)
+        assert "ld.acquire.gpu" in b
     else:
         assert (complete, read) == (1, 1)
         assert "ld.acquire.gpu" not in b
