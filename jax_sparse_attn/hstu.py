@@ -307,7 +307,11 @@ _ARG_LINES = """
       alpha: Python number scaling ``q . k`` (finite in float32); default 1.0.
       func: optional int32 ``(1, N, L_f)``, N odd, ``L_f >= T_q + 256``: arbitrary
         interval mask (see module doc; :mod:`jax_sparse_attn.masks` builds common
-        ones). Requires ``window_size=(-1, -1)`` and no paged KV. Default None.
+        ones). Requires ``window_size=(-1, -1)`` and no paged KV. Values are key
+        positions in ``[0, max_seqlen_k]``: concrete values outside raise ``ValueError``;
+        traced ones (under ``jax.jit``, unless ``debug_checks``) are not checked and mean
+        what the module doc says (each interval intersected with ``[0, L_k)``, so a value
+        below 0 acts as 0 and one above ``L_k`` as ``L_k``). Default None.
       rab: optional relative attention bias ``(B, H_rab, max_seqlen_k, max_seqlen_k)``,
         ``H_rab`` in {1, H}, q's dtype or float32: ``rab[b, h % H_rab, p, j]`` is added to
         ``alpha * q_i . k_j`` of query ``i`` (key position ``p = i + L_k - L_q``) and key
@@ -500,7 +504,7 @@ def hstu_attention_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q,
                            scaling_seqlen=None, window_size=(-1, 0), alpha=1.0, func=None,
                            paged_kv=None, page_ids=None, page_indptrs=None, backend="auto",
                            switches=None, debug_checks=False, rab=None, deterministic=False,
-                   kv_splits="auto"):
+                           kv_splits="auto"):
     out = hstu_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q=max_seqlen_q,
                          max_seqlen_k=max_seqlen_k, scaling_seqlen=scaling_seqlen,
                          window_size=window_size, alpha=alpha, func=func, paged_kv=paged_kv,

@@ -86,7 +86,9 @@ the buffer back once the additions have read it (named barrier 5, on which the c
 sync before they stage the next step; with ``dq_alias`` it also releases the step's Q / dO
 stage to the producer), and publishes once they are complete. The consumers then wait for a slow
 predecessor only when the writer is a whole step behind. ``decouple`` is off in this mode (each query tile gets one addition per
-KV block). Not implemented here (the public layer runs
+KV block). ``dq_writer`` (not deterministic, with ``dq_tile``): warp 1 is the same writer
+without the semaphore and the ranks, so no consumer warp waits for the reads of its own bulk
+copies. Not implemented here (the public layer runs
 ``bsa_bwd_sm90`` for them): ``pack_gqa``, ``causal``.
 """
 

@@ -81,8 +81,15 @@ FlashAttention-3's dQ writer warp does: the consumers stage their slices, arrive
 and go on with the next query tile; warp 1 waits for the semaphore, syncs on barrier 2, adds
 the staged tile (8 bulk reduce-adds of 4 KB), waits until they have read it and arrives on
 barrier 5 (on which the consumers sync before they stage their next tile), then waits until
-they are complete and publishes. The
-consumers then wait for a slow predecessor only when warp 1 is a whole tile behind.
+they are complete and publishes (at D = 256, ``dq_alias``: the consumers stage in the step's Q
+/ dO stage and warp 1 adds every warp's two blocks and releases the stage to the producer
+once they are read). The consumers then wait for a slow predecessor only when warp 1 is a
+whole tile behind.
+
+``dq_writer`` (not deterministic, with ``dq_tile`` or ``dq_alias``): warp 1 is the same
+writer without the semaphore: it adds each step's staged dQ, hands the staging buffer (and
+with ``dq_alias`` the Q / dO stage) back once the additions have read it, so no consumer warp
+waits for the reads of its own bulk copies.
 """
 
 from __future__ import annotations
