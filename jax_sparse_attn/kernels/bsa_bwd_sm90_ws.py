@@ -369,11 +369,7 @@ class BsaBwdSm90Ws:
                         sdQ = st.sdQ.data_ptr()
                         sdQ2 = None
                         if cutlass.const_expr(self.dq_alias):
-                            stg = pipe_q.stage(c)
-                            sdQ = cute.recast_ptr(st.sQ.data_ptr() + stg * (bm * d),
-                                                  dtype=Float32)
-                            sdQ2 = cute.recast_ptr(st.sdO.data_ptr() + stg * (bm * d),
-                                                   dtype=Float32)
+                            sdQ, sdQ2 = kvb.stage_as_f32(st, pipe_q.stage(c), bm, d)
                         if lane == 0:
                             gtile = elem_ptr(mdQacc, (batch, head, m_block * self.sub + s, 0))
                             for wi in cutlass.range_constexpr(4 * nwg):
@@ -673,10 +669,7 @@ class BsaBwdSm90Ws:
                                 # consumer warp's GEMMs have read them
                                 warpgroup.wait_group(0)
                                 cute.arch.barrier(barrier_id=4, number_of_threads=128 * nwg)
-                                sdQ = cute.recast_ptr(st.sQ.data_ptr() + stg * (bm * d),
-                                                      dtype=Float32)
-                                sdQ2 = cute.recast_ptr(st.sdO.data_ptr() + stg * (bm * d),
-                                                       dtype=Float32)
+                                sdQ, sdQ2 = kvb.stage_as_f32(st, stg, bm, d)
                             else:
                                 sdQ = st.sdQ.data_ptr()
                                 if cutlass.const_expr(not self.writer):

@@ -361,11 +361,7 @@ class HstuBwdSm90:
                         if lane == 0:
                             gtile = elem_ptr(mdQacc, (qt0 + m_block, head, 0))
                             if cutlass.const_expr(self.dq_alias):
-                                stg = pipe_q.stage(c)
-                                a_q = cute.recast_ptr(st.sQ.data_ptr() + stg * (bm * d),
-                                                      dtype=Float32)
-                                a_do = cute.recast_ptr(st.sdO.data_ptr() + stg * (bm * d),
-                                                       dtype=Float32)
+                                a_q, a_do = kvb.stage_as_f32(st, pipe_q.stage(c), bm, d)
                                 for wi in cutlass.range_constexpr(8):
                                     # consumer warp wi: rows 16 (wi % 4) .., warpgroup
                                     # wi // 4's 128 columns
@@ -671,10 +667,7 @@ class HstuBwdSm90:
                                     # its barrier 2 of that step has completed)
                                     if c > 0:
                                         cute.arch.barrier(barrier_id=5, number_of_threads=288)
-                                a_q = cute.recast_ptr(st.sQ.data_ptr() + s * (bm * d),
-                                                      dtype=Float32)
-                                a_do = cute.recast_ptr(st.sdO.data_ptr() + s * (bm * d),
-                                                       dtype=Float32)
+                                a_q, a_do = kvb.stage_as_f32(st, s, bm, d)
                                 stage_warp_slice(acc_dQ, a_q, a_lane, a_w, a_cg0, 4, 64,
                                                  sbase2=a_do, half=self.dq_blocks // 2)
                                 cute.arch.fence_proxy("async.shared", space="cta")

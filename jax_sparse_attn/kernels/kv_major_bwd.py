@@ -19,6 +19,8 @@ how the loads are issued and how dQ is reduced; this module holds what is the sa
   with 8-byte / 16-byte vector ``red``;
 * ``keep_regs``: keeps 16-bit A-operand registers allocated until the GEMMs that read them
   have completed;
+* ``stage_as_f32``: the fp32 views of a consumed Q / dO stage in which the dQ slices are
+  staged (``dq_alias``);
 * ``store_dk_dv``: the epilogue's row-predicated dK / dV stores from registers (HSTU; the
   block-sparse kernel indexes its 4-mode outputs directly).
 """
@@ -181,6 +183,14 @@ def red_add_rows_v4(acc_dQ, tdQg, tdQc, lim):
         addr = (elem_ptr(tdQg, 4 * g + 2).toint() - 8) if odd else elem_ptr(tdQg, 4 * g).toint()
         if row < lim:
             hc.red_add_v4_f32_at(addr, x0, x1, x2, x3)
+
+
+def stage_as_f32(st, stage, bm: int, d: int):
+    """``(Q, dO)``: fp32 pointers to the Q and dO tiles of Q / dO stage ``stage`` (``bm x d``
+    16-bit values each, so ``bm x d / 2`` floats) of the shared storage ``st``, where the
+    ``dq_alias`` kernels stage a step's dQ slices once its GEMMs have read the stage."""
+    return (cute.recast_ptr(st.sQ.data_ptr() + stage * (bm * d), dtype=cutlass.Float32),
+            cute.recast_ptr(st.sdO.data_ptr() + stage * (bm * d), dtype=cutlass.Float32))
 
 
 def keep_regs(tP, tdS):
