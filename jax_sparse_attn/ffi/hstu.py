@@ -133,6 +133,9 @@ class HstuFwdConfig(_HstuKey):
     ws_cross: int = 0
     # the producer issues V tile j after K tile j + 1 ("vlag")
     ws_v_lag: bool = False
+    # persistent work items walk the schedule rows of one (split, head) after the other
+    # ("headouter"; else the heads of a row are consecutive items)
+    ws_head_outer: bool = False
     num_sms: int = 0
     # relative attention bias: presence, H_rab == H, rab's dtype name ("" without rab)
     has_rab: bool = False
@@ -378,14 +381,17 @@ def ws_options(opts) -> dict:
     ``cross`` (1 with ``cross``, 2 with ``crossepi``, else 0: a CTA's consecutive work items
     chained, the next item's first ``S = Q K^T`` issued with this item's last PV GEMM;
     slower on the H200), ``v_lag`` (``vlag``: the producer issues V tile ``j`` after K tile
-    ``j + 1``), ``bn`` (block_n, 0: the kernel's default for the head dims)."""
+    ``j + 1``), ``head_outer`` (``headouter``: the persistent CTAs take all schedule rows
+    of one head, then the next head, so the K / V read at one time are one head's; else the
+    heads of a row are consecutive work items), ``bn`` (block_n, 0: the kernel's default for
+    the head dims)."""
     bn = [int(o[3:]) for o in opts if o.startswith("bn=")]
     return {"overlap": "nooverlap" not in opts, "pingpong": "nopingpong" not in opts,
             "q_stages": 1 if "q1" in opts else 2, "silu16": "silu16" in opts,
             "tanh16": "tanh16" in opts, "page_prefetch": "pagepf" in opts,
             "q_alias": "qalias" in opts,
             "cross": 2 if "crossepi" in opts else 1 if "cross" in opts else 0,
-            "v_lag": "vlag" in opts,
+            "v_lag": "vlag" in opts, "head_outer": "headouter" in opts,
             "bn": bn[0] if bn else 0}
 
 
@@ -418,6 +424,7 @@ def _ws_config(dtype, head_dim, head_dim_v, func_n, switches, rab, arch) -> Hstu
                          ws_q_stages=opts["q_stages"], ws_silu16=opts["silu16"],
                          ws_tanh16=opts["tanh16"], ws_q_alias=opts["q_alias"],
                          ws_cross=opts["cross"], ws_v_lag=opts["v_lag"],
+                         ws_head_outer=opts["head_outer"],
                          num_sms=metadata.num_sms(), **rab, arch=arch,
                          pdl=bool(getattr(switches, "pdl", False)))
 
@@ -608,6 +615,7 @@ def _fwd_adapter():
                                    q_stages=cfg.ws_q_stages, silu16=cfg.ws_silu16,
                                    tanh16=cfg.ws_tanh16, q_alias=cfg.ws_q_alias,
                                    cross_item=cfg.ws_cross, v_lag=cfg.ws_v_lag, pdl=cfg.pdl,
+                                   head_outer=cfg.ws_head_outer,
                                    kv_splits=cfg.kv_splits)
         kernel(q, k, v, cu_q, cu_k, tiles, func, scal, win, out, stream)
 
@@ -630,6 +638,7 @@ def _fwd_paged_adapter():
                                silu16=cfg.ws_silu16, tanh16=cfg.ws_tanh16,
                                q_alias=cfg.ws_q_alias, cross_item=cfg.ws_cross,
                                v_lag=cfg.ws_v_lag, paged=True, pdl=cfg.pdl,
+                               head_outer=cfg.ws_head_outer,
                                kv_splits=cfg.kv_splits, page_id_clamp=cfg.page_id_clamp,
                                page_prefetch=cfg.ws_page_prefetch)
         kernel(q, paged_kv, paged_kv, cu_q, cu_k, tiles, func, scal, win, out, stream,
@@ -661,6 +670,7 @@ def _fwd_rab_adapter():
                                    q_stages=cfg.ws_q_stages, silu16=cfg.ws_silu16,
                                    tanh16=cfg.ws_tanh16, q_alias=cfg.ws_q_alias,
                                    cross_item=cfg.ws_cross, v_lag=cfg.ws_v_lag, pdl=cfg.pdl,
+                                   head_outer=cfg.ws_head_outer,
                                    has_rab=True,
                                    rab_per_head=cfg.rab_per_head, kv_splits=cfg.kv_splits)
         kernel(q, k, v, cu_q, cu_k, tiles, func, scal, win, out, stream, rab)

@@ -56,7 +56,7 @@ from .block_info import BlockInfo
 from .common import acc_mn_view_wg, tma_view
 from .mask import HstuMask
 from .seqlen_info import SeqlenInfo, offset_rows
-from .tile_scheduler import StaticLptScheduler
+from .tile_scheduler import HeadOuterScheduler, StaticLptScheduler
 
 
 #: rows per page of the paged KV cache (``paged_kv.shape[2]``)
@@ -95,7 +95,8 @@ class HstuFwdSm90Ws(AttnFwdSm90Ws):
                  overlap=True, pingpong=True, max_stages=4, q_stages=2, silu16=False,
                  has_rab=False, rab_per_head=False, tanh16=False, paged=False,
                  kv_splits=1, page_id_clamp=False, page_prefetch=False, q_alias=False,
-                 cross_item=0, v_lag: bool = False, pdl: bool = False):
+                 cross_item=0, v_lag: bool = False, pdl: bool = False,
+                 head_outer: bool = False):
         self.pdl = pdl
         self.dtype = dtype
         self.d = head_dim
@@ -137,6 +138,9 @@ class HstuFwdSm90Ws(AttnFwdSm90Ws):
         self.cross_epi_first = self.cross_item and cross_item == 2
         # the producer issues V tile j after K tile j + 1 (the PV GEMM lags the S GEMM)
         self.v_lag = v_lag
+        # work item t = (schedule row t % rows, split-major head t // rows): the CTAs running
+        # at one time read one head's K / V (else row t // heads, head t % heads)
+        self.head_outer = head_outer
         self.num_threads = 384
         self.regs_producer = 24
         self.regs_consumer = 240
@@ -191,6 +195,8 @@ class HstuFwdSm90Ws(AttnFwdSm90Ws):
         # split-KV: items (row, split * H + head): a row's splits are consecutive items
         n_hs = n_heads * self.kv_splits
         sched = StaticLptScheduler(n_hs, mTile.shape[0] * n_hs)
+        if cutlass.const_expr(self.head_outer):
+            sched = HeadOuterScheduler(n_hs, mTile.shape[0] * n_hs, mTile.shape[0])
         st, pipe_q, pipe_k, pipe_v, sQ, sK, sV, q_bytes, k_bytes, v_bytes = (
             self._smem_and_pipes(Smem, sQ_layout, sK_layout, sV_layout, tma_q, tma_k, tma_v,
                                  warp))

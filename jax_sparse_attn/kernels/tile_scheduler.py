@@ -7,6 +7,11 @@
 short ones fill the tail (LPT order). Producer and consumer warps walk the same sequence
 independently, so no tile index has to be passed between them.
 
+``HeadOuterScheduler``: the same walk over items (schedule row ``t % n_rows``, head
+``t // n_rows``): every row of one head in the longest-first order, then the next head, so
+the CTAs running at one time read one head's K / V (of all sequences) instead of the K / V of
+every head of fewer sequences (the HSTU forward's ``headouter`` option).
+
 ``HeadMajorScheduler``: the same persistent walk over items ordered (batch, KV head, query
 block, inner) with ``inner`` = (split, query head of the KV head's group) fastest. The CTAs
 running at one time then cover consecutive query blocks of one or two KV heads, so the K/V
@@ -47,6 +52,19 @@ class StaticLptScheduler:
     def coords(self, t):
         """(schedule row, head) of work item ``t``."""
         return t // self.n_heads, t % self.n_heads
+
+
+@dataclass(frozen=True)
+class HeadOuterScheduler(StaticLptScheduler):
+    """Work item ``t``: schedule row ``t % n_rows``, head index ``t // n_rows`` (every row of
+    one head, in the schedule's longest-first order, before the next head), so the CTAs
+    running at one time read the K / V of one head (of all sequences) rather than of every
+    head of fewer sequences."""
+
+    n_rows: object
+
+    def coords(self, t):
+        return t % self.n_rows, t // self.n_rows
 
 
 @dataclass(frozen=True)
