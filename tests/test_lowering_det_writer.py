@@ -22,8 +22,8 @@ from jax_sparse_attn.config import Switches, from_env  # noqa: E402
 
 def test_det_writer_switch_and_keys():
     """On by default; read from the environment; set in a backward key only in the
-    deterministic mode of a kernel with the dQ tile workspace (HSTU sm90 at D 64 / 128, BSA
-    sm90ws with bsa_bwd_dq=tile), and then part of the compile key."""
+    deterministic mode of a kernel with the dQ tile workspace (HSTU sm90 at every head dim,
+    BSA sm90ws with bsa_bwd_dq=tile), and then part of the compile key."""
     from jax_sparse_attn.ffi import bsa as fb
     from jax_sparse_attn.ffi import hstu as fh
 
@@ -36,14 +36,13 @@ def test_det_writer_switch_and_keys():
 
     on = Switches(det_writer=True)
     off = Switches(det_writer=False)
-    for d in (64, 128):
+    for d in (64, 128, 256):
         det = fh.bwd_config("bfloat16", d, d, 0, on, deterministic=True)
         assert det.det_writer and det.dq_tile and det.impl == "sm90"
         assert det != fh.bwd_config("bfloat16", d, d, 0, off, deterministic=True)
         assert not fh.bwd_config("bfloat16", d, d, 0, on).det_writer
-    # D = 256 stages dQ in the Q / dO tiles, which the writer does not take; red / red4 have
-    # no staged tile
-    assert not fh.bwd_config("bfloat16", 256, 256, 0, on, deterministic=True).det_writer
+    # (D = 256 stages dQ in the Q / dO tiles, which the writer hands back to the producer);
+    # red / red4 have no staged tile
     red = Switches(det_writer=True, hstu_bwd_dq="red")
     assert not fh.bwd_config("bfloat16", 128, 128, 0, red, deterministic=True).det_writer
 
