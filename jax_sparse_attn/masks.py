@@ -19,6 +19,9 @@ BSA metadata builders
 
 from __future__ import annotations
 
+from functools import partial
+
+import jax
 import jax.numpy as jnp
 from jax import lax
 
@@ -105,7 +108,15 @@ def hstu_target_func(cu_seqlens, total_len: int, *, num_targets=None, contextual
         if num_targets.shape[0] != n_cu - 1:
             raise ValueError(f"num_targets must have shape (B,) = ({n_cu - 1},) (one count per "
                              f"sequence of cu_seqlens), got {tuple(num_targets.shape)}")
-    cu = cu_seqlens.astype(jnp.int32)
+    return _target_func(cu_seqlens.astype(jnp.int32),
+                        None if num_targets is None else num_targets.astype(jnp.int32),
+                        L_f, c, w)
+
+
+@partial(jax.jit, static_argnums=(2, 3, 4))
+def _target_func(cu, num_targets, L_f, c, w):
+    """The body of :func:`hstu_target_func` on validated arguments (one compiled program per
+    shape and static options when called outside ``jit``, inlined inside one)."""
     B = cu.shape[0] - 1
     r = jnp.arange(L_f, dtype=jnp.int32)
     b_r = jnp.searchsorted(cu, r, side="right").astype(jnp.int32) - 1
@@ -116,7 +127,7 @@ def hstu_target_func(cu_seqlens, total_len: int, *, num_targets=None, contextual
     if num_targets is None:
         n = jnp.zeros_like(r)
     else:
-        n = jnp.clip(jnp.asarray(num_targets).astype(jnp.int32)[b_c], 0, L)
+        n = jnp.clip(num_targets[b_c], 0, L)
     Lh = L - n
     zero = jnp.zeros_like(r)
     is_target = i >= Lh
