@@ -1,8 +1,9 @@
 """jax_sparse_attn: HSTU attention and block-sparse attention for JAX.
 
-Two attention ops with one API on every JAX backend: a CuTe DSL kernel backend on
-NVIDIA Hopper (SM90) GPUs and a pure-JAX reference everywhere else (CPU, TPU, other
-GPUs). Torch-free.
+Two attention ops with one API on every JAX backend: a CuTe DSL kernel backend on NVIDIA
+GPUs of compute capability 8.0, 8.6, 8.9, 9.0, 10.0, 10.3 and 12.0 (the warp-specialized
+kernels on Hopper, SM90; portable mma.sync kernels on the others) and a pure-JAX reference
+everywhere else (CPU, TPU, other GPUs). Torch-free.
 
 * :func:`hstu_attention` (+ ``_forward`` / ``_backward``): pointwise SiLU attention over
   packed variable-length sequences (HSTU, Zhai et al. 2024).

@@ -321,7 +321,7 @@ _RAISES_DOC = """
         (for concrete metadata) bad values, see
         :func:`~jax_sparse_attn.validate_bsa_metadata`.
       TypeError: deterministic not a bool, mixed or unsupported dtypes, non-integer metadata, a non-bool
-        allow_empty_block_nums, block_sparse_num/softmax_scale not static Python numbers
+        allow_empty_block_nums, block_sparse_num/softmax_scale not static Python numbers,
         ``switches`` not a ``Switches``, kv_splits not an int or "auto", pack_gqa /
         causal not bools (backward: ``do``, ``o`` or ``lse`` of the wrong dtype).
       NotImplementedError: ``backend="kernel"`` where the kernel cannot run (also
@@ -393,7 +393,8 @@ block_sparse_attention_forward.__doc__ = (
 
     Returns:
       :class:`~jax_sparse_attn._results.BSAForwardResult`: ``o_tensor`` (input layout,
-      q's dtype) and ``lse_tensor (B, H_q, S_q)`` float32 natural-log sum of
+      q's dtype) and ``lse_tensor (B, H_q, S_q)`` float32 (float64 for float64 inputs)
+      natural-log sum of
       ``exp(softmax_scale * q.k)`` over the attended keys (``-inf`` for empty rows).
       Supports ``res["lse_tensor"]`` and ``o, lse = res``.
 """
@@ -415,6 +416,10 @@ def block_sparse_attention_backward(do, q, k, v, o, lse, q2k_block_index, block_
         deterministic=deterministic, op_name="block_sparse_attention_backward")
     qs = tuple(q.shape)
     out_shape = qs[:-1] + (cfg.head_dim_v,)
+    for name, x in (("do", do), ("o", o), ("lse", lse)):
+        if x is None:
+            raise ValueError(f"{name} is required (got None): the backward takes the forward's "
+                             f"out and lse (block_sparse_attention_forward) and the cotangent do")
     for name, x in (("do", do), ("o", o)):
         if tuple(getattr(x, "shape", ())) != out_shape:
             raise ValueError(f"{name} must have the output's shape {out_shape}, "

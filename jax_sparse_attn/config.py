@@ -6,7 +6,8 @@ Two kinds of frozen (hashable) dataclasses live here:
   public ops take ``switches=`` (default :func:`from_env`, which reads the
   ``JAX_SPARSE_ATTN_*`` environment variables listed in :data:`SWITCHES` and validates
   every value). Switches only matter on the kernel backend; the reference backend
-  ignores them.
+  computes the same without them (the ``JAX_SPARSE_ATTN_*`` variables are still read and
+  validated on every call, so an invalid value raises ``ValueError`` there too).
 * :class:`HSTUConfig` / :class:`BSAConfig`: everything static about one call of an op,
   built once by the public layer (``hstu.py`` / ``bsa.py``) from the validated
   arguments and the switches, and passed as the ``custom_vjp`` non-differentiable

@@ -23,10 +23,12 @@ from functools import partial
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax import lax
 
 from .metadata import build_kq_csr
-from .validation import HSTU_FUNC_PAD, SPARSE_BLOCK_SIZES, _check_int, _check_rank, _static_int
+from .validation import (HSTU_FUNC_PAD, SPARSE_BLOCK_SIZES, _check_int, _check_rank, _static_int,
+                         is_concrete)
 
 __all__ = [
     "hstu_target_func",
@@ -79,7 +81,8 @@ def hstu_target_func(cu_seqlens, total_len: int, *, num_targets=None, contextual
       outside every sequence see nothing.
 
     Raises:
-      ValueError: ``cu_seqlens`` not ``(B+1,)``, ``num_targets`` not ``(B,)``, a negative
+      ValueError: ``cu_seqlens`` not ``(B+1,)``, or (concrete values) not starting at 0,
+        decreasing or ending past ``total_len``; ``num_targets`` not ``(B,)``, a negative
         ``total_len`` / ``contextual_seq_len`` / ``max_attn_len``, ``func_len`` below
         ``total_len + 256``.
       TypeError: non-integer ``cu_seqlens`` / ``num_targets``, or a static size that is
@@ -101,6 +104,14 @@ def hstu_target_func(cu_seqlens, total_len: int, *, num_targets=None, contextual
     _check_int("cu_seqlens", cu_seqlens)
     if n_cu < 1:
         raise ValueError("cu_seqlens must have B+1 >= 1 entries, got 0")
+    if is_concrete(cu_seqlens):
+        cu_np = np.asarray(cu_seqlens).astype(np.int64)
+        if cu_np[0] != 0 or np.any(np.diff(cu_np) < 0):
+            raise ValueError(f"cu_seqlens must start at 0 and be non-decreasing, got "
+                             f"{cu_np.tolist()[:8]}{' ...' if cu_np.size > 8 else ''}")
+        if cu_np[-1] > T:
+            raise ValueError(f"cu_seqlens[-1]={int(cu_np[-1])} exceeds total_len={T} (the "
+                             f"packed length, q.shape[0])")
     if num_targets is not None:
         num_targets = jnp.asarray(num_targets)
         _check_rank("num_targets", num_targets, 1, f"(B,) = ({n_cu - 1},)")
@@ -198,7 +209,8 @@ def block_mask_to_index(block_mask, max_blocks: int | None = None):
     """Dense block mask -> ``(q2k_block_index, q2k_block_nums)``.
 
     Args:
-      block_mask: bool ``(B, H, N_q, N_kv)``; True = query block m attends KV block n.
+      block_mask: bool ``(B, H, N_q, N_kv)`` (an integer array: nonzero = True); True =
+        query block m attends KV block n.
         For ``pack_gqa`` metadata pass the mask over packed query blocks,
         ``(B, H_kv, N_qp, N_kv)``.
       max_blocks: static ``K_max``; default ``N_kv``. Rows with more than ``K_max`` True
@@ -209,10 +221,19 @@ def block_mask_to_index(block_mask, max_blocks: int | None = None):
       order, then the remaining ids (ignored: past the active prefix);
       ``q2k_block_nums`` int32 ``(B, H, N_q)``: number of True entries (min K_max). Rows
       without any True entry have count 0 (use ``allow_empty_block_nums=True``).
+
+    Raises:
+      ValueError: ``block_mask`` not of rank 4; ``max_blocks`` below 1, or not given with
+        ``N_kv = 0``.
+      TypeError: ``block_mask`` neither bool nor integer; ``max_blocks`` not a Python int.
     """
-    mask = jnp.asarray(block_mask).astype(bool)
-    if mask.ndim < 1:
-        raise ValueError(f"block_mask must be (B, H, N_q, N_kv), got shape {mask.shape}")
+    mask = jnp.asarray(block_mask)
+    if mask.ndim != 4:
+        raise ValueError(f"block_mask must have rank 4 (B, H, N_q, N_kv), got shape {mask.shape}")
+    if not (mask.dtype == jnp.bool_ or jnp.issubdtype(mask.dtype, jnp.integer)):
+        raise TypeError(f"block_mask must be a bool (or integer: nonzero = True) array, got "
+                        f"dtype {mask.dtype}")
+    mask = mask.astype(bool)
     n_kv = mask.shape[-1]
     if max_blocks is None:
         if n_kv < 1:
@@ -282,6 +303,7 @@ def topk_block_index(q, k, top_k: int, *, sparse_block_size: int = 128, layout: 
       ValueError: ``top_k < 1``, ``sparse_block_size`` not in {64, 128}, a layout other
         than "bhsd"/"bshd", ``H_q`` not a multiple of ``H_kv``, or (``pack_gqa``) the group
         size ``r = H_q / H_kv`` not dividing ``sparse_block_size``.
+      TypeError: ``q`` or ``k`` not floating-point.
     """
     if layout not in ("bhsd", "bshd"):
         raise ValueError(f"layout must be 'bhsd' or 'bshd', got {layout!r}")
@@ -293,6 +315,10 @@ def topk_block_index(q, k, top_k: int, *, sparse_block_size: int = 128, layout: 
     desc = "(B, H, S, D)" if layout == "bhsd" else "(B, S, H, D)"
     _check_rank("q", q, 4, desc)
     _check_rank("k", k, 4, desc)
+    for name, x in (("q", q), ("k", k)):
+        if not jnp.issubdtype(jnp.asarray(x).dtype, jnp.floating):
+            raise TypeError(f"{name} must be a floating-point array (the attention's "
+                            f"queries / keys), got dtype {jnp.asarray(x).dtype}")
     if layout == "bshd":
         q = jnp.swapaxes(q, 1, 2)
         k = jnp.swapaxes(k, 1, 2)

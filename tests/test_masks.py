@@ -257,3 +257,27 @@ def test_topk_block_index_causal_is_token_exact_packed_or_not():
     np.testing.assert_array_equal(np.asarray(n0), np.asarray(n1))
     np.testing.assert_array_equal(np.asarray(i0)[..., 0], np.asarray(i1)[..., 0])
     np.testing.assert_array_equal(np.asarray(i0)[0, 0, :, 0], [1, 2, 2])  # diagonal first
+
+
+def test_mask_builders_reject_bad_inputs():
+    """Concrete cu_seqlens are checked by hstu_target_func (start at 0, non-decreasing, within
+    total_len); block_mask_to_index takes rank-4 bool / integer masks; topk_block_index takes
+    floating q / k. Each error names the argument."""
+    with pytest.raises(ValueError, match="cu_seqlens must start at 0 and be non-decreasing"):
+        masks.hstu_target_func(np.array([0, 7, 5]), 12)
+    with pytest.raises(ValueError, match="cu_seqlens must start at 0"):
+        masks.hstu_target_func(np.array([3, 7, 12]), 12)
+    with pytest.raises(ValueError, match="exceeds total_len=5"):
+        masks.hstu_target_func(np.array([0, 5, 12], np.int32), 5, func_len=268)
+    # traced cu_seqlens are not read
+    f = jax.jit(lambda cu: masks.hstu_target_func(cu, 12))(jnp.array([0, 5, 12], jnp.int32))
+    assert f.shape == (1, 3, 268)
+    with pytest.raises(ValueError, match="block_mask must have rank 4"):
+        masks.block_mask_to_index(np.ones((2, 3, 4), bool))
+    with pytest.raises(TypeError, match="block_mask must be a bool"):
+        masks.block_mask_to_index(np.array([[[[0.5, 0.0, -1.0]]]], np.float32))
+    idx, nums = masks.block_mask_to_index(np.array([[[[0, 3, 1]]]], np.int32))
+    assert np.asarray(nums).tolist() == [[[2]]] and np.asarray(idx)[0, 0, 0, :2].tolist() == [1, 2]
+    with pytest.raises(TypeError, match="q must be a floating-point array"):
+        masks.topk_block_index(np.ones((1, 2, 128, 8), np.int32),
+                               np.ones((1, 2, 128, 8), np.float32), 1, sparse_block_size=64)

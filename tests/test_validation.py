@@ -162,3 +162,17 @@ def test_bsa_bad_block_sizes():
         bs = np.full((1, 2, 4), 64, np.int32)
         bs[0, 1, 3] = 65
         validate_bsa_metadata(q, k, v, idx, block_sparse_num=1, sparse_block_size=64, block_sizes=bs)
+
+
+def test_bsa_backward_requires_forward_results():
+    """block_sparse_attention_backward without o / lse / do: a ValueError naming the missing
+    argument (not a shape mismatch against ())."""
+    import jax_sparse_attn as jsa
+
+    q = jnp.zeros((1, 2, 128, 16), jnp.float32)
+    idx = jnp.zeros((1, 2, 2, 1), jnp.int32)
+    lse = jnp.zeros((1, 2, 128), jnp.float32)
+    for name, (do, o, l_) in (("o", (q, None, lse)), ("lse", (q, q, None)), ("do", (None, q, lse))):
+        with pytest.raises(ValueError, match=f"{name} is required"):
+            jsa.block_sparse_attention_backward(do, q, q, q, o, l_, idx, 1, None,
+                                                sparse_block_size=64)
