@@ -10,6 +10,10 @@
 #   bsa_ws     the opt-in sm90ws BSA forward: its own cases + the BSA grid with it (2 + 1)
 #   rab        rab tests (RAB_SHARDS processes)
 #   transforms the 1-GPU transformation tests (3 processes)
+#   extra      the option / variant files outside the grids (not in the default PARTS): the
+#              block-sparse causal / pack_gqa / split-KV / options files, the dQ writer and
+#              deterministic-writer files, HSTU D = 256, the dqalias / dqearly variants and the
+#              randomized tests/test_gpu_fuzz.py (split by op), one process per group
 #   sanitize   the garbage-metadata grid (tests/sanitize_grid.py) under compute-sanitizer
 #              memcheck, in two phases: a plain run fills JAX's persistent compilation cache
 #              and the kernel cache (so the sanitized processes compile nothing: XLA compiles
@@ -68,6 +72,17 @@ if has transforms; then
   run transforms_0 $PYT tests/test_gpu_transforms.py -k "vmap" &
   run transforms_1 $PYT tests/test_gpu_transforms.py -k "remat or new_lengths" &
   run transforms_2 $PYT tests/test_gpu_transforms.py -k "export or disk_cache" &
+fi
+if has extra; then
+  run extra_bsa_opts $PYT tests/test_gpu_bsa_causal.py tests/test_gpu_bsa_options_extra.py &
+  run extra_bsa_pack $PYT tests/test_gpu_bsa_pack_gqa.py &
+  run extra_bsa_splits $PYT tests/test_gpu_bsa_splits.py &
+  run extra_writer_hstu $PYT tests/test_gpu_dq_writer.py -k hstu &
+  run extra_writer_bsa $PYT -k "bsa or dqalias or dqearly" tests/test_gpu_dq_writer.py \
+    tests/test_gpu_bsa_dqalias.py tests/test_gpu_bsa_dqearly.py &
+  run extra_det_d256 $PYT tests/test_gpu_det_writer.py tests/test_gpu_hstu_bwd_d256.py &
+  run extra_fuzz_hstu $PYT tests/test_gpu_fuzz.py -k hstu &
+  run extra_fuzz_bsa $PYT tests/test_gpu_fuzz.py -k bsa &
 fi
 if has sanitize; then
   (
