@@ -136,6 +136,9 @@ class HstuFwdConfig(_HstuKey):
     # persistent work items walk the schedule rows of one (split, head) after the other
     # ("headouter"; else the heads of a row are consecutive items)
     ws_head_outer: bool = False
+    # persistent CTAs take each round of the longest-first items in alternating direction
+    # (else, with "roundrobin", in the same direction every round)
+    ws_snake: bool = True
     num_sms: int = 0
     # relative attention bias: presence, H_rab == H, rab's dtype name ("" without rab)
     has_rab: bool = False
@@ -383,7 +386,9 @@ def ws_options(opts) -> dict:
     slower on the H200), ``v_lag`` (``vlag``: the producer issues V tile ``j`` after K tile
     ``j + 1``), ``head_outer`` (``headouter``: the persistent CTAs take all schedule rows
     of one head, then the next head, so the K / V read at one time are one head's; else the
-    heads of a row are consecutive work items), ``bn`` (block_n, 0: the kernel's default for
+    heads of a row are consecutive work items), ``snake`` (each round of the longest-first
+    items dealt to the CTAs in alternating direction; off with ``roundrobin``: CTA ``c``
+    takes items ``c, c + G, ...``), ``bn`` (block_n, 0: the kernel's default for
     the head dims)."""
     bn = [int(o[3:]) for o in opts if o.startswith("bn=")]
     return {"overlap": "nooverlap" not in opts, "pingpong": "nopingpong" not in opts,
@@ -392,7 +397,7 @@ def ws_options(opts) -> dict:
             "q_alias": "qalias" in opts,
             "cross": 2 if "crossepi" in opts else 1 if "cross" in opts else 0,
             "v_lag": "vlag" in opts, "head_outer": "headouter" in opts,
-            "bn": bn[0] if bn else 0}
+            "snake": "roundrobin" not in opts, "bn": bn[0] if bn else 0}
 
 
 def _ws_config(dtype, head_dim, head_dim_v, func_n, switches, rab, arch) -> HstuFwdConfig:
@@ -424,7 +429,7 @@ def _ws_config(dtype, head_dim, head_dim_v, func_n, switches, rab, arch) -> Hstu
                          ws_q_stages=opts["q_stages"], ws_silu16=opts["silu16"],
                          ws_tanh16=opts["tanh16"], ws_q_alias=opts["q_alias"],
                          ws_cross=opts["cross"], ws_v_lag=opts["v_lag"],
-                         ws_head_outer=opts["head_outer"],
+                         ws_head_outer=opts["head_outer"], ws_snake=opts["snake"],
                          num_sms=metadata.num_sms(), **rab, arch=arch,
                          pdl=bool(getattr(switches, "pdl", False)))
 
@@ -615,7 +620,7 @@ def _fwd_adapter():
                                    q_stages=cfg.ws_q_stages, silu16=cfg.ws_silu16,
                                    tanh16=cfg.ws_tanh16, q_alias=cfg.ws_q_alias,
                                    cross_item=cfg.ws_cross, v_lag=cfg.ws_v_lag, pdl=cfg.pdl,
-                                   head_outer=cfg.ws_head_outer,
+                                   head_outer=cfg.ws_head_outer, snake=cfg.ws_snake,
                                    kv_splits=cfg.kv_splits)
         kernel(q, k, v, cu_q, cu_k, tiles, func, scal, win, out, stream)
 
@@ -638,7 +643,7 @@ def _fwd_paged_adapter():
                                silu16=cfg.ws_silu16, tanh16=cfg.ws_tanh16,
                                q_alias=cfg.ws_q_alias, cross_item=cfg.ws_cross,
                                v_lag=cfg.ws_v_lag, paged=True, pdl=cfg.pdl,
-                               head_outer=cfg.ws_head_outer,
+                               head_outer=cfg.ws_head_outer, snake=cfg.ws_snake,
                                kv_splits=cfg.kv_splits, page_id_clamp=cfg.page_id_clamp,
                                page_prefetch=cfg.ws_page_prefetch)
         kernel(q, paged_kv, paged_kv, cu_q, cu_k, tiles, func, scal, win, out, stream,
@@ -670,7 +675,7 @@ def _fwd_rab_adapter():
                                    q_stages=cfg.ws_q_stages, silu16=cfg.ws_silu16,
                                    tanh16=cfg.ws_tanh16, q_alias=cfg.ws_q_alias,
                                    cross_item=cfg.ws_cross, v_lag=cfg.ws_v_lag, pdl=cfg.pdl,
-                                   head_outer=cfg.ws_head_outer,
+                                   head_outer=cfg.ws_head_outer, snake=cfg.ws_snake,
                                    has_rab=True,
                                    rab_per_head=cfg.rab_per_head, kv_splits=cfg.kv_splits)
         kernel(q, k, v, cu_q, cu_k, tiles, func, scal, win, out, stream, rab)

@@ -4,7 +4,10 @@ Semantics, tile schedule rows and zero-fill conventions are those of ``hstu_fwd_
 its docstring): per sequence and head ``O = (mask * SiLU(alpha Q K^T)) V / scaling_seqlen``;
 rows of the pseudo-sequence past ``cu_seqlens_q[-1]`` get zeros.
 
-CTA = 3 warpgroups (384 threads), persistent (``tile_scheduler.StaticLptScheduler``):
+CTA = 3 warpgroups (384 threads), persistent: the grid's ``G`` CTAs deal the longest-first
+work items in rounds of ``G``, alternating direction (``tile_scheduler.SnakeLptScheduler``;
+``snake=False``: ``StaticLptScheduler``'s round robin, which gives the lower CTAs the heavier
+item of every round):
 
 * warpgroup 0 (producer, ``setmaxnreg`` down to 24 registers): warp 0 walks the work items and
   issues the TMA loads (``cp.async.bulk.tensor``) of the 128-row Q tile and of the K and V
@@ -56,7 +59,7 @@ from .block_info import BlockInfo
 from .common import acc_mn_view_wg, tma_view
 from .mask import HstuMask
 from .seqlen_info import SeqlenInfo, offset_rows
-from .tile_scheduler import HeadOuterScheduler, StaticLptScheduler
+from .tile_scheduler import HeadOuterScheduler, SnakeLptScheduler, StaticLptScheduler
 
 
 #: rows per page of the paged KV cache (``paged_kv.shape[2]``)
@@ -96,7 +99,7 @@ class HstuFwdSm90Ws(AttnFwdSm90Ws):
                  has_rab=False, rab_per_head=False, tanh16=False, paged=False,
                  kv_splits=1, page_id_clamp=False, page_prefetch=False, q_alias=False,
                  cross_item=0, v_lag: bool = False, pdl: bool = False,
-                 head_outer: bool = False):
+                 head_outer: bool = False, snake: bool = True):
         self.pdl = pdl
         self.dtype = dtype
         self.d = head_dim
@@ -141,6 +144,8 @@ class HstuFwdSm90Ws(AttnFwdSm90Ws):
         # work item t = (schedule row t % rows, split-major head t // rows): the CTAs running
         # at one time read one head's K / V (else row t // heads, head t % heads)
         self.head_outer = head_outer
+        # CTAs take the longest-first items in boustrophedon order (SnakeLptScheduler)
+        self.snake = snake and not head_outer
         self.num_threads = 384
         self.regs_producer = 24
         self.regs_consumer = 240
@@ -195,6 +200,8 @@ class HstuFwdSm90Ws(AttnFwdSm90Ws):
         # split-KV: items (row, split * H + head): a row's splits are consecutive items
         n_hs = n_heads * self.kv_splits
         sched = StaticLptScheduler(n_hs, mTile.shape[0] * n_hs)
+        if cutlass.const_expr(self.snake):
+            sched = SnakeLptScheduler(n_hs, mTile.shape[0] * n_hs)
         if cutlass.const_expr(self.head_outer):
             sched = HeadOuterScheduler(n_hs, mTile.shape[0] * n_hs, mTile.shape[0])
         st, pipe_q, pipe_k, pipe_v, sQ, sK, sV, q_bytes, k_bytes, v_bytes = (

@@ -7,6 +7,10 @@
 short ones fill the tail (LPT order). Producer and consumer warps walk the same sequence
 independently, so no tile index has to be passed between them.
 
+``SnakeLptScheduler``: the same items, each round of ``G`` dealt in alternating direction
+(CTAs ``0 .. G - 1``, then ``G - 1 .. 0``), so that the longest-first order does not give
+the same CTAs the heavier item of every round.
+
 ``HeadOuterScheduler``: the same walk over items (schedule row ``t % n_rows``, head
 ``t // n_rows``): every row of one head in the longest-first order, then the next head, so
 the CTAs running at one time read one head's K / V (of all sequences) instead of the K / V of
@@ -52,6 +56,26 @@ class StaticLptScheduler:
     def coords(self, t):
         """(schedule row, head) of work item ``t``."""
         return t // self.n_heads, t % self.n_heads
+
+
+@dataclass(frozen=True)
+class SnakeLptScheduler(StaticLptScheduler):
+    """The items of :class:`StaticLptScheduler` dealt to the CTAs in boustrophedon order:
+    round ``k`` (items ``k G .. k G + G - 1``) goes to CTAs ``0 .. G - 1`` when ``k`` is even and
+    to ``G - 1 .. 0`` when it is odd. Over a longest-first item list, plain round robin gives
+    CTA 0 the heaviest item of every round (its total exceeds CTA ``G - 1``'s by up to the
+    heaviest minus the lightest item); alternating the direction pairs each heavy turn with a
+    light one."""
+
+    def next(self, t):
+        gdim, _, _ = cute.arch.grid_dim()
+        c, _, _ = cute.arch.block_idx()
+        g = Int32(gdim)
+        cta = Int32(c)
+        odd = (t // g) % 2
+        # even round: t = kG + c -> (k + 1) G + (G - 1 - c); odd: t = kG + G - 1 - c ->
+        # (k + 1) G + c
+        return t + 1 + 2 * (g - 1 - cta) + odd * (4 * cta + 2 - 2 * g)
 
 
 @dataclass(frozen=True)
