@@ -70,12 +70,16 @@ class SnakeLptScheduler(StaticLptScheduler):
     def next(self, t):
         gdim, _, _ = cute.arch.grid_dim()
         c, _, _ = cute.arch.block_idx()
-        g = Int32(gdim)
-        cta = Int32(c)
-        odd = (t // g) % 2
-        # even round: t = kG + c -> (k + 1) G + (G - 1 - c); odd: t = kG + G - 1 - c ->
-        # (k + 1) G + c
-        return t + 1 + 2 * (g - 1 - cta) + odd * (4 * cta + 2 - 2 * g)
+        return snake_next(t, Int32(c), Int32(gdim))
+
+
+def snake_next(t, cta, g):
+    """The item after item ``t`` of CTA ``cta`` of ``g`` in the alternating deal (plain
+    integer arithmetic: Python ints or the kernel's ``Int32``). Even round ``k``:
+    ``t = k g + cta`` -> ``(k + 1) g + (g - 1 - cta)``; odd: ``t = k g + g - 1 - cta`` ->
+    ``(k + 1) g + cta``."""
+    odd = (t // g) % 2
+    return t + 1 + 2 * (g - 1 - cta) + odd * (4 * cta + 2 - 2 * g)
 
 
 @dataclass(frozen=True)
