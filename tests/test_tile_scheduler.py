@@ -54,3 +54,21 @@ def test_alternating_deal_balances_a_longest_first_list():
     # jagged lengths: better, not perfect
     costs = item_costs([65, 4020, 1000, 513, 129, 2048, 77, 3000] * 4, 128, 128, 4, 1.0)
     assert balance(costs, 132, "alternating") > balance(costs, 132, "round robin")
+
+
+def test_deal_balance_script_writes_its_json(tmp_path, monkeypatch, capsys):
+    """benchmarks/hstu_deal_balance.py runs on CPU and records every shape and deal."""
+    import json
+    import sys
+
+    from benchmarks import hstu_deal_balance
+
+    out = tmp_path / "balance.json"
+    monkeypatch.setattr(sys, "argv", ["hstu_deal_balance", "--out", str(out)])
+    hstu_deal_balance.main()
+    res = json.loads(out.read_text())["balance"]
+    assert set(res) == set(hstu_deal_balance.CASES)
+    for row in res.values():
+        assert set(row) == {"round robin", "alternating", "dynamic"}
+        assert all(0.5 < v <= 1.0 for v in row.values())
+    assert "alternating" in capsys.readouterr().out
