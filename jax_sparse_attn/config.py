@@ -96,7 +96,7 @@ def _parse_option_list(flags, key, key_ok, allowed):
 #: the flags of the sm90ws forward's tuning switch (JAX_SPARSE_ATTN_HSTU_WS); ``bn=N`` is
 #: the fifth entry
 WS_FLAGS = ("nooverlap", "nopingpong", "q1", "silu16", "tanh16", "pagepf", "qalias",
-            "cross", "crossepi", "vlag", "headouter", "roundrobin")
+            "cross", "crossepi", "vlag", "headouter", "roundrobin", "dynamic")
 _WS_ALLOWED = ("comma list of " + ", ".join(WS_FLAGS)
                + ", bn=N (block_n: a multiple of 16 in 16..256)")
 #: parser of JAX_SPARSE_ATTN_HSTU_WS: :data:`WS_FLAGS` and ``bn=N``

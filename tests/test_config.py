@@ -100,7 +100,7 @@ def test_removed_sm90_bsa_forward_is_rejected():
 
 
 @pytest.mark.parametrize("raw", ["nooverlap", "nopingpong", "q1", "silu16", "tanh16", "pagepf",
-                                 "qalias", "cross", "crossepi", "vlag", "headouter", "roundrobin",
+                                 "qalias", "cross", "crossepi", "vlag", "headouter", "roundrobin", "dynamic",
                                  "bn=16",
                                  "bn=256",
                                  "bn=80,q1", "nooverlap,nopingpong,q1,silu16,bn=192", " q1 , "])
@@ -118,7 +118,8 @@ def test_sm90ws_variants_parse(raw):
                    "q_alias": "qalias" in opts,
                    "cross": 2 if "crossepi" in opts else 1 if "cross" in opts else 0,
                    "v_lag": "vlag" in opts, "head_outer": "headouter" in opts,
-                   "snake": "roundrobin" not in opts, "bn": bn[0] if bn else 0}
+                   "snake": "roundrobin" not in opts, "dynamic": "dynamic" in opts,
+                   "bn": bn[0] if bn else 0}
 
 
 @pytest.mark.parametrize("raw", ["bn=0", "bn=8", "bn=272", "bn=64x", "bn=", "bn", "q2",

@@ -181,7 +181,8 @@ def test_hstu_forward_impls_lower(impl, head_dim, head_dim_v, func_n, dtype):
 WS_LOWER = [(ws, 128, 0, "bfloat16") for ws in ("nooverlap", "nopingpong", "q1", "silu16",
                                                  "cross")]
 WS_LOWER += [("bn=80", 256, 0, "float16"), ("crossepi", 64, 3, "float16"),
-             ("headouter", 64, 0, "bfloat16"), ("roundrobin", 128, 3, "bfloat16")]
+             ("headouter", 64, 0, "bfloat16"), ("roundrobin", 128, 3, "bfloat16"),
+             ("dynamic", 128, 0, "bfloat16"), ("dynamic", 256, 3, "float16")]
 
 
 @pytest.mark.parametrize("ws,head_dim,func_n,dtype", WS_LOWER,

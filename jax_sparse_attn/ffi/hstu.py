@@ -139,6 +139,9 @@ class HstuFwdConfig(_HstuKey):
     # persistent CTAs take each round of the longest-first items in alternating direction
     # (else, with "roundrobin", in the same direction every round)
     ws_snake: bool = True
+    # the CTAs take their items after the first from an atomic counter ("dynamic";
+    # contiguous K / V without rab only)
+    ws_dynamic: bool = False
     num_sms: int = 0
     # relative attention bias: presence, H_rab == H, rab's dtype name ("" without rab)
     has_rab: bool = False
@@ -388,7 +391,9 @@ def ws_options(opts) -> dict:
     of one head, then the next head, so the K / V read at one time are one head's; else the
     heads of a row are consecutive work items), ``snake`` (each round of the longest-first
     items dealt to the CTAs in alternating direction; off with ``roundrobin``: CTA ``c``
-    takes items ``c, c + G, ...``), ``bn`` (block_n, 0: the kernel's default for
+    takes items ``c, c + G, ...``), ``dynamic`` (after its first item each CTA takes the
+    next one from a zeroed atomic counter: a greedy deal in the schedule's order; contiguous
+    K / V without rab only), ``bn`` (block_n, 0: the kernel's default for
     the head dims)."""
     bn = [int(o[3:]) for o in opts if o.startswith("bn=")]
     return {"overlap": "nooverlap" not in opts, "pingpong": "nopingpong" not in opts,
@@ -397,7 +402,8 @@ def ws_options(opts) -> dict:
             "q_alias": "qalias" in opts,
             "cross": 2 if "crossepi" in opts else 1 if "cross" in opts else 0,
             "v_lag": "vlag" in opts, "head_outer": "headouter" in opts,
-            "snake": "roundrobin" not in opts, "bn": bn[0] if bn else 0}
+            "snake": "roundrobin" not in opts, "dynamic": "dynamic" in opts,
+            "bn": bn[0] if bn else 0}
 
 
 def _ws_config(dtype, head_dim, head_dim_v, func_n, switches, rab, arch) -> HstuFwdConfig:
@@ -430,6 +436,7 @@ def _ws_config(dtype, head_dim, head_dim_v, func_n, switches, rab, arch) -> Hstu
                          ws_tanh16=opts["tanh16"], ws_q_alias=opts["q_alias"],
                          ws_cross=opts["cross"], ws_v_lag=opts["v_lag"],
                          ws_head_outer=opts["head_outer"], ws_snake=opts["snake"],
+                         ws_dynamic=opts["dynamic"],
                          num_sms=metadata.num_sms(), **rab, arch=arch,
                          pdl=bool(getattr(switches, "pdl", False)))
 
@@ -625,6 +632,30 @@ def _fwd_adapter():
         kernel(q, k, v, cu_q, cu_k, tiles, func, scal, win, out, stream)
 
     return hstu_fwd_launch
+
+
+@functools.lru_cache(maxsize=None)
+def _fwd_dynamic_adapter():
+    import cutlass  # noqa: PLC0415
+    import cutlass.cute as cute  # noqa: PLC0415
+
+    from ..kernels.hstu_fwd_sm90_ws import HstuFwdSm90Ws  # noqa: PLC0415
+
+    @cute.jit
+    def hstu_fwd_dynamic_launch(stream, q, k, v, cu_q, cu_k, tiles, func, scal, win, counter,
+                                out, *, cfg: cutlass.Constexpr):
+        # counter (int32 (1,)) is aliased to output 1 (zero-initialised by XLA)
+        kernel = HstuFwdSm90Ws(_dt(cfg.dtype), cfg.head_dim, cfg.head_dim_v, cfg.block_n,
+                               cfg.has_func, cfg.func_n, cfg.num_sms,
+                               overlap=cfg.ws_overlap, pingpong=cfg.ws_pingpong,
+                               q_stages=cfg.ws_q_stages, silu16=cfg.ws_silu16,
+                               tanh16=cfg.ws_tanh16, q_alias=cfg.ws_q_alias,
+                               cross_item=cfg.ws_cross, v_lag=cfg.ws_v_lag, pdl=cfg.pdl,
+                               head_outer=cfg.ws_head_outer, snake=cfg.ws_snake,
+                               kv_splits=cfg.kv_splits, dynamic=True)
+        kernel(q, k, v, cu_q, cu_k, tiles, func, scal, win, out, stream, mCounter=counter)
+
+    return hstu_fwd_dynamic_launch
 
 
 @functools.lru_cache(maxsize=None)
@@ -991,6 +1022,14 @@ def hstu_fwd(q, k, v, cu_seqlens_q, cu_seqlens_k, func, cfg, rab=None):
                                compile_key=("hstu_fwd_rab", key), cfg=key,
                                static_last_inputs=(0, 1, 2), static_last_outputs=(0,))
         out = call(*args, rab)
+    elif key.impl == "sm90ws" and key.ws_dynamic and not key.ws_head_outer and not key.ws_cross:
+        # the dynamic deal's item counter: zeroed by XLA, updated in place by the kernel
+        call = _cutlass_call(cfg)(
+            _fwd_dynamic_adapter(),
+            output_shape_dtype=(out_sds, jax.ShapeDtypeStruct((1,), jnp.int32)),
+            input_output_aliases={9: 1}, compile_key=("hstu_fwd_dynamic", key), cfg=key,
+            static_last_inputs=(0, 1, 2), static_last_outputs=(0,))
+        out, _ = call(*args, jnp.zeros((1,), jnp.int32))
     else:
         call = _cutlass_call(cfg)(_fwd_adapter(), output_shape_dtype=out_sds,
                                compile_key=("hstu_fwd", key), cfg=key,

@@ -140,6 +140,19 @@ class AttnFwdSm90Ws:
         n_mbar = SmemPipeline.num_barriers(self.q_stages) + 2 * SmemPipeline.num_barriers(
             self.stages)
         o_elems = 0 if cutlass.const_expr(self.o_alias_q) else cute.cosize(sO_layout) * self.num_wg
+        n_ring = getattr(self, "item_ring", 0)
+        if n_ring:
+            # a kernel's item ring (dynamic deal): 2 mbarriers and one 8-byte slot per stage
+            @cute.struct
+            class SmemRing:
+                mbar: cute.struct.MemRange[cutlass.Int64, n_mbar]
+                ring: cute.struct.MemRange[cutlass.Int64, 3 * n_ring]
+                sQ: cute.struct.Align[cute.struct.MemRange[dt, cute.cosize(sQ_layout)], 1024]
+                sK: cute.struct.Align[cute.struct.MemRange[dt, cute.cosize(sK_layout)], 1024]
+                sV: cute.struct.Align[cute.struct.MemRange[dt, cute.cosize(sV_layout)], 1024]
+                sO: cute.struct.Align[cute.struct.MemRange[dt, o_elems], 1024]
+
+            return SmemRing
 
         @cute.struct
         class Smem:

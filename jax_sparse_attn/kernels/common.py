@@ -389,6 +389,32 @@ def red_add_2xf32(ptr, a, b, *, loc=None, ip=None):
                "red.relaxed.gpu.global.add.f32 [$0+4], $2;", "l,f,f", True, loc, ip)
 
 
+@dsl_user_op
+def atom_add_s32(ptr, val, *, loc=None, ip=None):
+    """``atom.relaxed.gpu.global.add.s32``: add ``val`` to the int32 at global ``ptr``;
+    returns the old value."""
+    return cutlass.Int32(
+        inline_asm(T.i32(), [ptr.toint(loc=loc, ip=ip).ir_value(loc=loc, ip=ip),
+                             cutlass.Int32(val).ir_value(loc=loc, ip=ip)],
+                   "atom.relaxed.gpu.global.add.s32 $0, [$1], $2;", "=r,l,r", True, loc, ip))
+
+
+@dsl_user_op
+def st_shared_s32(sptr, val, *, loc=None, ip=None):
+    """``st.shared.b32 [sptr], val``."""
+    inline_asm(None, [sptr.toint(loc=loc, ip=ip).ir_value(loc=loc, ip=ip),
+                      cutlass.Int32(val).ir_value(loc=loc, ip=ip)],
+               "st.shared.b32 [$0], $1;", "r,r", True, loc, ip)
+
+
+@dsl_user_op
+def ld_shared_s32(sptr, *, loc=None, ip=None):
+    """``ld.shared.b32``: the int32 at shared-memory ``sptr``."""
+    return cutlass.Int32(
+        inline_asm(T.i32(), [sptr.toint(loc=loc, ip=ip).ir_value(loc=loc, ip=ip)],
+                   "ld.shared.b32 $0, [$1];", "=r,r", True, loc, ip))
+
+
 # ---- ordered additions (deterministic backwards): an int32 counter in global memory that
 # one thread waits on (acquire loads) and publishes (release) ----
 

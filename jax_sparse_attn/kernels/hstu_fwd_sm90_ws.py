@@ -56,7 +56,8 @@ from cutlass import Float32, Int32
 from . import hstu_common as hc
 from .attn_fwd_sm90_ws import SMEM_LIMIT, AttnFwdSm90Ws, WorkItem, smem_plan
 from .block_info import BlockInfo
-from .common import acc_mn_view_wg, tma_view
+from .common import acc_mn_view_wg, atom_add_s32, ld_shared_s32, st_shared_s32, tma_view
+from .pipeline import SmemPipeline
 from .mask import HstuMask
 from .seqlen_info import SeqlenInfo, offset_rows
 from .tile_scheduler import HeadOuterScheduler, SnakeLptScheduler, StaticLptScheduler
@@ -99,7 +100,7 @@ class HstuFwdSm90Ws(AttnFwdSm90Ws):
                  has_rab=False, rab_per_head=False, tanh16=False, paged=False,
                  kv_splits=1, page_id_clamp=False, page_prefetch=False, q_alias=False,
                  cross_item=0, v_lag: bool = False, pdl: bool = False,
-                 head_outer: bool = False, snake: bool = True):
+                 head_outer: bool = False, snake: bool = True, dynamic: bool = False):
         self.pdl = pdl
         self.dtype = dtype
         self.d = head_dim
@@ -146,13 +147,19 @@ class HstuFwdSm90Ws(AttnFwdSm90Ws):
         self.head_outer = head_outer
         # CTAs take the longest-first items in boustrophedon order (SnakeLptScheduler)
         self.snake = snake and not head_outer
+        # dynamic deal: after its first item (its CTA index) the producer warp takes the
+        # next item from a global counter (atomic add; the caller passes it zeroed as
+        # mCounter) and hands each item index to the consumers through a shared-memory ring
+        # of ``item_ring`` slots (mbarrier pipeline); not with chained items or headouter
+        self.dynamic = dynamic and not self.cross_item and not head_outer
+        self.item_ring = 4 if self.dynamic else 0
         self.num_threads = 384
         self.regs_producer = 24
         self.regs_consumer = 240
 
     @cute.jit
     def __call__(self, mQ, mK, mV, mCuQ, mCuK, mTile, mFunc, mScal, mWin, mO, stream,
-                 mRab=None, mPageIds=None, mPageIndptrs=None):
+                 mRab=None, mPageIds=None, mPageIndptrs=None, mCounter=None):
         d, dv = self.d, self.dv
         mma_qk, mma_qk0, mma_pv, sQ_layout, sK_layout, sV_layout, sO_layout = (
             self._mmas_and_layouts())
@@ -180,15 +187,15 @@ class HstuFwdSm90Ws(AttnFwdSm90Ws):
         grid = StaticLptScheduler.grid(n_work, self.num_sms)
         self.kernel(
             tma_q, tma_tQ, tma_k, tma_tK, tma_v, tma_tV, mV, mCuQ, mCuK, mTile, mFunc, mScal,
-            mWin, mO, mRab, mPageIds, mPageIndptrs, H_kv, sQ_layout, sK_layout, sV_layout,
-            sO_layout, mma_qk, mma_qk0, mma_pv, Smem,
+            mWin, mO, mRab, mPageIds, mPageIndptrs, mCounter, H_kv, sQ_layout, sK_layout,
+            sV_layout, sO_layout, mma_qk, mma_qk0, mma_pv, Smem,
         ).launch(grid=grid, block=[self.num_threads, 1, 1], smem=Smem.size_in_bytes(),
                  stream=stream, min_blocks_per_mp=1, use_pdl=self.pdl)
 
     @cute.kernel
     def kernel(self, tma_q, tma_tQ, tma_k, tma_tK, tma_v, tma_tV, mV, mCuQ, mCuK, mTile,
-               mFunc, mScal, mWin, mO, mRab, mPageIds, mPageIndptrs, n_heads_kv, sQ_layout,
-               sK_layout, sV_layout, sO_layout, mma_qk, mma_qk0, mma_pv,
+               mFunc, mScal, mWin, mO, mRab, mPageIds, mPageIndptrs, mCounter, n_heads_kv,
+               sQ_layout, sK_layout, sV_layout, sO_layout, mma_qk, mma_qk0, mma_pv,
                Smem: cutlass.Constexpr):
         tidx, _, _ = cute.arch.thread_idx()
         warp = cute.arch.make_warp_uniform(cute.arch.warp_idx())
@@ -209,13 +216,32 @@ class HstuFwdSm90Ws(AttnFwdSm90Ws):
                                  warp))
         left = Int32(mWin[0])
         right = Int32(mWin[1])
+        pipe_t = None
+        slots = None
+        if cutlass.const_expr(self.dynamic):
+            # item ring: full / empty mbarriers, then one 8-byte slot per stage
+            ring = st.ring.data_ptr()
+            pipe_t = SmemPipeline(ring, self.item_ring, 4 * self.num_wg)
+            slots = ring + SmemPipeline.num_barriers(self.item_ring)
+            if warp == 0:
+                pipe_t.init()
+            cute.arch.mbarrier_init_fence()
+            cute.arch.barrier()
 
         if wg_idx == 0:
             # ================================ producer ================================
             cute.arch.setmaxregister_decrease(self.regs_producer)
             if warp == 0:
                 lane, sV_rows, c_q, c_kv, t = self._producer_warp_start(sV, sched)
+                c_t = Int32(0)
+                if cutlass.const_expr(self.dynamic):
+                    self._publish_item(pipe_t, slots, c_t, t)
+                    c_t += 1
                 while sched.valid(t):
+                    t_next = t
+                    if cutlass.const_expr(self.dynamic):
+                        # the next item's index arrives while this item's loads are issued
+                        t_next = self._fetch_item(mCounter, lane)
                     slot, head, split = self._coords(sched, t, n_heads)
                     batch = Int32(mTile[slot, 0])
                     if batch >= 0:
@@ -226,7 +252,12 @@ class HstuFwdSm90Ws(AttnFwdSm90Ws):
                             work, m_block, tma_q, tma_tQ, tma_k, tma_tK,
                             tma_v, tma_tV, sQ, sK, sV, sV_rows, pipe_q, pipe_k, pipe_v,
                             q_bytes, k_bytes, v_bytes, c_q, c_kv, lane)
-                    t = sched.next(t)
+                    if cutlass.const_expr(self.dynamic):
+                        t = t_next
+                        self._publish_item(pipe_t, slots, c_t, t)
+                        c_t += 1
+                    else:
+                        t = sched.next(t)
         else:
             # ================================ consumers ===============================
             wg, wtid, turns = self._consumer_start(wg_idx, tidx)
@@ -247,6 +278,10 @@ class HstuFwdSm90Ws(AttnFwdSm90Ws):
                                     pipe_v, sO, turns, wg, wtid)
             else:
                 c_q, c_kv, t = self._loop_start(sched)
+                c_t = Int32(0)
+                if cutlass.const_expr(self.dynamic):
+                    t = self._take_item(pipe_t, slots, c_t)
+                    c_t += 1
                 while sched.valid(t):
                     slot, head, split = self._coords(sched, t, n_heads)
                     batch = Int32(mTile[slot, 0])
@@ -262,7 +297,39 @@ class HstuFwdSm90Ws(AttnFwdSm90Ws):
                             work, tile, mma_qk, mma_qk0, mma_pv, thr_mma_qk,
                             thr_mma_pv, tSrQ, tSrK, tOrV, pipe_q, pipe_k, pipe_v, c_q, c_kv,
                             sO, turns, wg, wtid)
-                    t = sched.next(t)
+                    if cutlass.const_expr(self.dynamic):
+                        t = self._take_item(pipe_t, slots, c_t)
+                        c_t += 1
+                    else:
+                        t = sched.next(t)
+
+    @cute.jit
+    def _fetch_item(self, mCounter, lane):
+        """Dynamic deal, producer warp: the next work item (lane 0's atomic add on the
+        counter, broadcast to the warp; items below the grid size are the CTAs' first)."""
+        v = Int32(0)
+        if lane == 0:
+            v = atom_add_s32(mCounter.iterator, 1)
+        gdim, _, _ = cute.arch.grid_dim()
+        return cute.arch.shuffle_sync(v, 0) + Int32(gdim)
+
+    @cute.jit
+    def _publish_item(self, pipe_t, slots, c_t, t):
+        """Dynamic deal, producer warp: item ``t`` into ring slot ``c_t`` (once the
+        consumers freed it); the full barrier's arrival publishes the store."""
+        pipe_t.producer_acquire(c_t)
+        with cute.arch.elect_one():
+            st_shared_s32(slots + pipe_t.stage(c_t), t)
+            cute.arch.mbarrier_arrive(pipe_t.full_ptr(c_t))
+
+    @cute.jit
+    def _take_item(self, pipe_t, slots, c_t):
+        """Dynamic deal, consumer warps: the item of ring slot ``c_t``."""
+        pipe_t.consumer_wait(c_t)
+        t = ld_shared_s32(slots + pipe_t.stage(c_t))
+        cute.arch.sync_warp()
+        pipe_t.consumer_release(c_t)
+        return t
 
     def _early_pre(self):
         """The bias fragment (rab) takes a register per accumulator element: load it late."""
