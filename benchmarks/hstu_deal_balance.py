@@ -9,8 +9,9 @@ divided by the largest (1.0 = perfectly balanced; the kernel ends with its slowe
 * ``round robin``: CTA ``c`` takes items ``c, c + G, ...`` (``hstu_fwd_ws=roundrobin``);
 * ``alternating``: rounds of ``G`` items dealt in alternating direction, the default
   (``tile_scheduler.snake_next``, the kernel's own index arithmetic);
-* ``dynamic``: each CTA takes the next item when it finishes (what an atomic tile counter
-  would give; not implemented in the kernel).
+* ``dynamic``: each CTA takes the next item when it finishes its current one (greedy; the
+  model of ``hstu_fwd_ws=dynamic``, whose producer warp claims the next item from an atomic
+  counter once the current item's loads are issued, slightly before the item ends).
 
 Usage: ``python -m benchmarks.hstu_deal_balance [--sms 132] [--out FILE.json]``.
 """
@@ -46,6 +47,8 @@ def item_costs(lengths, block_m, block_n, heads, overhead):
 
 def balance(costs, g, deal):
     """Mean CTA load / largest CTA load of ``costs`` over ``g`` CTAs."""
+    if deal not in ("round robin", "alternating", "dynamic"):
+        raise ValueError(f"deal={deal!r}: one of 'round robin', 'alternating', 'dynamic'")
     g = min(g, len(costs))
     if deal == "dynamic":
         free = [(0.0, c) for c in range(g)]

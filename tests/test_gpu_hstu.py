@@ -376,6 +376,68 @@ def test_hstu_sm90ws_batches(name, lens, d, window, poison):
     _ws_case(lens, d, window, seed=5, poison=poison)
 
 
+# the dynamic deal of the sm90ws forward's work items (hstu_fwd_ws=dynamic): name, lengths,
+# D, window, query heads, KV heads, kv_splits
+DYNAMIC_CASES = [
+    ("canonical-jagged", "canonical", 128, (-1, 0), 4, 4, 1),
+    ("fewer-items-than-sms", [1, 17], 128, (-1, 0), 2, 2, 1),
+    ("odd-lens-d256-local", [1, 63, 64, 65, 127, 129, 1023], 256, (40, 3), 2, 2, 1),
+    ("gqa-4to1-empty-seq-d64", [113, 4097, 0, 17], 64, (-1, 0), 8, 2, 1),
+    ("kv-splits-2", [1023, 4097, 1], 128, (-1, 0), 2, 2, 2),
+]
+
+
+@pytest.mark.parametrize("name,lens,d,window,heads,heads_kv,kv_splits", DYNAMIC_CASES,
+                         ids=[c[0] for c in DYNAMIC_CASES])
+def test_hstu_sm90ws_dynamic_deal(name, lens, d, window, heads, heads_kv, kv_splits):
+    """hstu_fwd_ws=dynamic: the CTAs take their items from an atomic counter. The output
+    matches the float32 reference (2x rule), is bitwise the default deal's (each item's
+    arithmetic does not depend on the CTA that runs it), is the same on a second call (the
+    counter is zeroed per call), and rows past the last sequence (NaN-poisoned inputs) are
+    zeros."""
+    import jax_sparse_attn as jsa
+    from jax_sparse_attn import reference
+
+    if lens == "canonical":
+        import sys
+
+        sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+        from benchmarks._grids import canonical_jagged_lengths
+
+        lens = canonical_jagged_lengths()
+    lens = [int(x) for x in lens]
+    cu = jnp.asarray(np.concatenate([[0], np.cumsum(lens)]).astype(np.int32))
+    t = int(sum(lens)) + 200
+    n = int(cu[-1])
+    ks = jax.random.split(jax.random.PRNGKey(11), 3)
+    q = jax.random.normal(ks[0], (t, heads, d), jnp.float32).astype(jnp.bfloat16)
+    k, v = (jax.random.normal(kk, (t, heads_kv, d), jnp.float32).astype(jnp.bfloat16)
+            for kk in ks[1:])
+    tail = jnp.arange(t) >= n
+    q, k, v = (jnp.where(tail[:, None, None], jnp.nan, x).astype(x.dtype) for x in (q, k, v))
+    kw = dict(max_seqlen_q=max(lens), max_seqlen_k=max(lens), scaling_seqlen=float(max(lens)),
+              window_size=window, alpha=1.0 / np.sqrt(d))
+
+    def run(ws):
+        sw = Switches(hstu_fwd_impl="sm90ws", hstu_fwd_ws=ws)
+        return jax.jit(lambda q, k, v, c: jsa.hstu_attention(
+            q, k, v, c, c, backend="kernel", switches=sw, kv_splits=kv_splits, **kw))
+
+    dyn = run(("dynamic",))
+    out = dyn(q, k, v, cu)
+    again = dyn(q, k, v, cu)
+    default = run(())(q, k, v, cu)
+    qc, kc, vc = (x[:n] for x in (q, k, v))
+    ref = lambda cdt: jax.jit(lambda q, k, v, c: reference.hstu_attention_ref(  # noqa: E731
+        q, k, v, c, c, None, compute_dtype=cdt, **kw))(qc, kc, vc, cu)
+    report = []
+    check_rule("out", out[:n], ref(None), ref(jnp.bfloat16), 2.0, 2e-3, report)
+    print(report[0])
+    assert bool(jnp.array_equal(out, default)), "dynamic deal differs from the default deal"
+    assert bool(jnp.array_equal(out, again)), "second call differs (counter not re-zeroed?)"
+    assert float(jnp.abs(out[n:].astype(jnp.float32)).max()) == 0.0, "tail rows not zero"
+
+
 # ------------------------------------------------------- inference: GQA/MQA and paged KV
 
 

@@ -185,6 +185,21 @@ WS_LOWER += [("bn=80", 256, 0, "float16"), ("crossepi", 64, 3, "float16"),
              ("dynamic", 128, 0, "bfloat16"), ("dynamic", 256, 3, "float16")]
 
 
+def test_hstu_sm90ws_dynamic_deal_passes_an_aliased_counter():
+    """hstu_fwd_ws=dynamic: the forward call takes a zeroed int32 counter that is aliased to
+    an output (XLA owns it and zeroes it per call); the default forward has no aliased
+    buffer."""
+    from jax_sparse_attn.config import Switches  # noqa: PLC0415
+
+    dyn = _fwd_text(128, 128, 0, "bfloat16",
+                    Switches(hstu_fwd_impl="sm90ws", hstu_fwd_ws=("dynamic",)))
+    default = _fwd_text(128, 128, 0, "bfloat16", Switches(hstu_fwd_impl="sm90ws"))
+    assert "output_operand_alias" in dyn
+    assert "output_operand_alias" not in default
+    # the counter: one int32 operand of the forward call, one int32 result aliased to it
+    assert "tensor<1xi32>) -> (tensor<300x2x128xbf16>, tensor<1xi32>)" in dyn
+
+
 @pytest.mark.parametrize("ws,head_dim,func_n,dtype", WS_LOWER,
                          ids=[c[0].replace("=", "") for c in WS_LOWER])
 def test_hstu_sm90ws_variants_lower(ws, head_dim, func_n, dtype):

@@ -238,10 +238,6 @@ class HstuFwdSm90Ws(AttnFwdSm90Ws):
                     self._publish_item(pipe_t, slots, c_t, t)
                     c_t += 1
                 while sched.valid(t):
-                    t_next = t
-                    if cutlass.const_expr(self.dynamic):
-                        # the next item's index arrives while this item's loads are issued
-                        t_next = self._fetch_item(mCounter, lane)
                     slot, head, split = self._coords(sched, t, n_heads)
                     batch = Int32(mTile[slot, 0])
                     if batch >= 0:
@@ -253,7 +249,10 @@ class HstuFwdSm90Ws(AttnFwdSm90Ws):
                             tma_v, tma_tV, sQ, sK, sV, sV_rows, pipe_q, pipe_k, pipe_v,
                             q_bytes, k_bytes, v_bytes, c_q, c_kv, lane)
                     if cutlass.const_expr(self.dynamic):
-                        t = t_next
+                        # claimed once this item's loads are issued (the consumers are then
+                        # within the K / V stages of its end), so the CTAs that finish first
+                        # take the next items
+                        t = self._fetch_item(mCounter, lane)
                         self._publish_item(pipe_t, slots, c_t, t)
                         c_t += 1
                     else:
@@ -326,7 +325,7 @@ class HstuFwdSm90Ws(AttnFwdSm90Ws):
     def _take_item(self, pipe_t, slots, c_t):
         """Dynamic deal, consumer warps: the item of ring slot ``c_t``."""
         pipe_t.consumer_wait(c_t)
-        t = ld_shared_s32(slots + pipe_t.stage(c_t))
+        t = cute.arch.make_warp_uniform(ld_shared_s32(slots + pipe_t.stage(c_t)))
         cute.arch.sync_warp()
         pipe_t.consumer_release(c_t)
         return t
