@@ -604,13 +604,27 @@ def _dt(name):
     return cutlass.BFloat16 if name == "bfloat16" else cutlass.Float16
 
 
+def _ws_fwd_kernel(cfg, **extra):
+    """The ``hstu_fwd_sm90_ws`` kernel object of the forward compile key ``cfg`` with
+    contiguous K / V (called while an adapter traces); ``extra``: rab or dynamic-deal
+    arguments."""
+    from ..kernels.hstu_fwd_sm90_ws import HstuFwdSm90Ws  # noqa: PLC0415
+
+    return HstuFwdSm90Ws(_dt(cfg.dtype), cfg.head_dim, cfg.head_dim_v, cfg.block_n,
+                         cfg.has_func, cfg.func_n, cfg.num_sms, overlap=cfg.ws_overlap,
+                         pingpong=cfg.ws_pingpong, q_stages=cfg.ws_q_stages,
+                         silu16=cfg.ws_silu16, tanh16=cfg.ws_tanh16, q_alias=cfg.ws_q_alias,
+                         cross_item=cfg.ws_cross, v_lag=cfg.ws_v_lag, pdl=cfg.pdl,
+                         head_outer=cfg.ws_head_outer, snake=cfg.ws_snake,
+                         kv_splits=cfg.kv_splits, **extra)
+
+
 @functools.lru_cache(maxsize=None)
 def _fwd_adapter():
     import cutlass  # noqa: PLC0415
     import cutlass.cute as cute  # noqa: PLC0415
 
     from ..kernels.hstu_fwd_sm80 import HstuFwdSm80  # noqa: PLC0415
-    from ..kernels.hstu_fwd_sm90_ws import HstuFwdSm90Ws  # noqa: PLC0415
 
     @cute.jit
     def hstu_fwd_launch(stream, q, k, v, cu_q, cu_k, tiles, func, scal, win, out,
@@ -621,14 +635,7 @@ def _fwd_adapter():
         if cutlass.const_expr(cfg.impl == "sm80"):
             kernel = HstuFwdSm80(*args)
         elif cutlass.const_expr(cfg.impl == "sm90ws"):
-            kernel = HstuFwdSm90Ws(args[0], cfg.head_dim, cfg.head_dim_v, cfg.block_n,
-                                   cfg.has_func, cfg.func_n, cfg.num_sms,
-                                   overlap=cfg.ws_overlap, pingpong=cfg.ws_pingpong,
-                                   q_stages=cfg.ws_q_stages, silu16=cfg.ws_silu16,
-                                   tanh16=cfg.ws_tanh16, q_alias=cfg.ws_q_alias,
-                                   cross_item=cfg.ws_cross, v_lag=cfg.ws_v_lag, pdl=cfg.pdl,
-                                   head_outer=cfg.ws_head_outer, snake=cfg.ws_snake,
-                                   kv_splits=cfg.kv_splits)
+            kernel = _ws_fwd_kernel(cfg)
         kernel(q, k, v, cu_q, cu_k, tiles, func, scal, win, out, stream)
 
     return hstu_fwd_launch
@@ -639,21 +646,12 @@ def _fwd_dynamic_adapter():
     import cutlass  # noqa: PLC0415
     import cutlass.cute as cute  # noqa: PLC0415
 
-    from ..kernels.hstu_fwd_sm90_ws import HstuFwdSm90Ws  # noqa: PLC0415
-
     @cute.jit
     def hstu_fwd_dynamic_launch(stream, q, k, v, cu_q, cu_k, tiles, func, scal, win, counter,
                                 out, *, cfg: cutlass.Constexpr):
         # counter (int32 (1,)) is aliased to output 1 (zero-initialised by XLA)
-        kernel = HstuFwdSm90Ws(_dt(cfg.dtype), cfg.head_dim, cfg.head_dim_v, cfg.block_n,
-                               cfg.has_func, cfg.func_n, cfg.num_sms,
-                               overlap=cfg.ws_overlap, pingpong=cfg.ws_pingpong,
-                               q_stages=cfg.ws_q_stages, silu16=cfg.ws_silu16,
-                               tanh16=cfg.ws_tanh16, q_alias=cfg.ws_q_alias,
-                               cross_item=cfg.ws_cross, v_lag=cfg.ws_v_lag, pdl=cfg.pdl,
-                               head_outer=cfg.ws_head_outer, snake=cfg.ws_snake,
-                               kv_splits=cfg.kv_splits, dynamic=True)
-        kernel(q, k, v, cu_q, cu_k, tiles, func, scal, win, out, stream, mCounter=counter)
+        _ws_fwd_kernel(cfg, dynamic=True)(q, k, v, cu_q, cu_k, tiles, func, scal, win, out,
+                                          stream, mCounter=counter)
 
     return hstu_fwd_dynamic_launch
 
@@ -689,7 +687,6 @@ def _fwd_rab_adapter():
     import cutlass.cute as cute  # noqa: PLC0415
 
     from ..kernels.hstu_fwd_sm80 import HstuFwdSm80  # noqa: PLC0415
-    from ..kernels.hstu_fwd_sm90_ws import HstuFwdSm90Ws  # noqa: PLC0415
 
     @cute.jit
     def hstu_fwd_rab_launch(stream, q, k, v, cu_q, cu_k, tiles, func, scal, win, rab, out,
@@ -700,15 +697,7 @@ def _fwd_rab_adapter():
                                  cfg.block_n, cfg.num_warps, cfg.has_func, cfg.func_n,
                                  has_rab=True, rab_per_head=cfg.rab_per_head)
         elif cutlass.const_expr(cfg.impl == "sm90ws"):
-            kernel = HstuFwdSm90Ws(_dt(cfg.dtype), cfg.head_dim, cfg.head_dim_v, cfg.block_n,
-                                   cfg.has_func, cfg.func_n, cfg.num_sms,
-                                   overlap=cfg.ws_overlap, pingpong=cfg.ws_pingpong,
-                                   q_stages=cfg.ws_q_stages, silu16=cfg.ws_silu16,
-                                   tanh16=cfg.ws_tanh16, q_alias=cfg.ws_q_alias,
-                                   cross_item=cfg.ws_cross, v_lag=cfg.ws_v_lag, pdl=cfg.pdl,
-                                   head_outer=cfg.ws_head_outer, snake=cfg.ws_snake,
-                                   has_rab=True,
-                                   rab_per_head=cfg.rab_per_head, kv_splits=cfg.kv_splits)
+            kernel = _ws_fwd_kernel(cfg, has_rab=True, rab_per_head=cfg.rab_per_head)
         kernel(q, k, v, cu_q, cu_k, tiles, func, scal, win, out, stream, rab)
 
     return hstu_fwd_rab_launch
