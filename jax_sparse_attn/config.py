@@ -182,7 +182,11 @@ SWITCHES = (
            "(a CTA's consecutive work items chained: the next item's first S = QK^T issued "
            "with this item's last PV GEMM, the epilogue after the next item's first score "
            "tile; slower on the H200), crossepi (chained, the epilogue during that S = QK^T), "
-           "vlag (the producer issues V tile j after K tile j + 1), bn=N "
+           "vlag (the producer issues V tile j after K tile j + 1), headouter (the "
+           "persistent CTAs take every schedule row of one head before the next head), "
+           "roundrobin (CTA c takes work items c, c + G, ... instead of rounds dealt in "
+           "alternating direction), dynamic (after its first item each CTA takes the next "
+           "from an atomic counter XLA zeroes; contiguous K / V without rab), bn=N "
            "(keys per tile; default 128, 64 at D = 256)"),
     Switch("hstu_fwd_tile", "JAX_SPARSE_ATTN_HSTU_FWD_TILE", _TILE, _parse_tile, None,
            "HSTU sm80 forward tile override (tuning; unset: the kernel's tiles for the head "
