@@ -12,7 +12,8 @@ Times are wall-clock per call of the jitted kernel-backend function
         --bwd-only    # the backward kernels of the hstu_bwd_impl switch side by side
     python benchmarks/hstu_bench.py --inference all   # paged / short-query forward rows
 
-``--variant 'ENV=V,ENV=V'`` (repeatable) runs every case with the switches of those
+``--variant 'ENV=V,ENV=V'`` (repeatable; ``+`` in a value stands for a comma of a
+comma-list switch, e.g. ``JAX_SPARSE_ATTN_HSTU_WS=dynamic+chunk=16384``) runs every case with the switches of those
 ``JAX_SPARSE_ATTN_*`` variables (validated by ``config.from_env``), e.g. the portable kernel
 family on an H100/H200 beside the default Hopper kernels::
 
@@ -338,7 +339,8 @@ def main():
                 hstu_bwd_impl=impl, **({} if dq is None else {"hstu_bwd_dq": dq})))
     for c in cases:
         for var in a.variant:
-            env = dict(kv.partition("=")[::2] for kv in filter(None, var.split(",")))
+            env = {k: v.replace("+", ",") for k, v in
+                   (kv.partition("=")[::2] for kv in filter(None, var.split(",")))}
             rows = []
             for det in (False, True) if a.deterministic else (False,):
                 try:

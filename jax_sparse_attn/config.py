@@ -73,16 +73,19 @@ def _parse_count(var, raw):
 
 def _parse_option_list(flags, key, key_ok, allowed):
     """Parser of a comma list of ``flags`` and ``key=N`` (``N`` a plain non-negative decimal
-    with ``key_ok(N)``), each at most once, returned as a tuple in the given order;
-    ``allowed`` describes the values in the error messages."""
+    with ``key_ok(N)``; ``key`` may also be a dict ``{key: key_ok}`` of several such
+    options, ``key_ok`` then ``None``), each at most once, returned as a tuple in the given
+    order; ``allowed`` describes the values in the error messages."""
+    keys = key if isinstance(key, dict) else {key: key_ok}
 
     def parse(var, raw):
         opts = tuple(o.strip() for o in raw.split(",") if o.strip())
         for o in opts:
             ok = o in flags
-            if o.startswith(key + "="):
-                n = o[len(key) + 1:]
-                ok = n.isdigit() and str(int(n)) == n and key_ok(int(n))
+            for name, name_ok in keys.items():
+                if o.startswith(name + "="):
+                    n = o[len(name) + 1:]
+                    ok = n.isdigit() and str(int(n)) == n and name_ok(int(n))
             if not ok:
                 raise ValueError(f"{var}={raw!r}: {o!r} is not allowed; allowed: {allowed}")
         names = [o.split("=")[0] for o in opts]
@@ -96,12 +99,14 @@ def _parse_option_list(flags, key, key_ok, allowed):
 #: the flags of the sm90ws forward's tuning switch (JAX_SPARSE_ATTN_HSTU_WS); ``bn=N`` is
 #: the fifth entry
 WS_FLAGS = ("nooverlap", "nopingpong", "q1", "silu16", "tanh16", "pagepf", "qalias",
-            "cross", "crossepi", "vlag", "headouter", "roundrobin", "dynamic")
+            "cross", "crossepi", "vlag", "headouter", "roundrobin", "dynamic", "static")
 _WS_ALLOWED = ("comma list of " + ", ".join(WS_FLAGS)
-               + ", bn=N (block_n: a multiple of 16 in 16..256)")
-#: parser of JAX_SPARSE_ATTN_HSTU_WS: :data:`WS_FLAGS` and ``bn=N``
-_parse_ws = _parse_option_list(WS_FLAGS, "bn", lambda n: n % 16 == 0 and 16 <= n <= 256,
-                               _WS_ALLOWED)
+               + ", bn=N (block_n: a multiple of 16 in 16..256), chunk=N (KiB of K / V per "
+               "sequence chunk of the tile schedule: 0..1048576, 0 = off)")
+#: parser of JAX_SPARSE_ATTN_HSTU_WS: :data:`WS_FLAGS`, ``bn=N`` and ``chunk=N``
+_parse_ws = _parse_option_list(WS_FLAGS, {"bn": lambda n: n % 16 == 0 and 16 <= n <= 256,
+                                          "chunk": lambda n: 0 <= n <= 1 << 20},
+                               None, _WS_ALLOWED)
 
 #: the flags of the sm90ws BSA forward's tuning switch (JAX_SPARSE_ATTN_BSA_WS), plus
 #: ``stages=N`` (at most N K/V stages, 2..8)
@@ -184,10 +189,15 @@ SWITCHES = (
            "tile; slower on the H200), crossepi (chained, the epilogue during that S = QK^T), "
            "vlag (the producer issues V tile j after K tile j + 1), headouter (the "
            "persistent CTAs take every schedule row of one head before the next head), "
-           "roundrobin (CTA c takes work items c, c + G, ... instead of rounds dealt in "
-           "alternating direction), dynamic (after its first item each CTA takes the next "
-           "from an atomic counter XLA zeroes; contiguous K / V without rab), bn=N "
-           "(keys per tile; default 128, 64 at D = 256)"),
+           "dynamic (the default with contiguous K / V without rab: after its first item "
+           "each CTA takes the next from an atomic counter XLA zeroes), static (the CTAs "
+           "take the rounds of the longest-first items dealt in alternating direction, as "
+           "with rab or paged K / V), roundrobin (static, CTA c takes work items c, c + G, "
+           "...), bn=N (keys per tile; default 128, 64 at D = 256), chunk=N (with the "
+           "dynamic deal: the tile schedule orders the query tiles by sequence chunks of "
+           "about N KiB of K / V over all KV heads, longest work first within a chunk, so "
+           "the CTAs running at one time read K / V that fit the L2 cache; default 16384, "
+           "0 = one longest-first order)"),
     Switch("hstu_fwd_tile", "JAX_SPARSE_ATTN_HSTU_FWD_TILE", _TILE, _parse_tile, None,
            "HSTU sm80 forward tile override (tuning; unset: the kernel's tiles for the head "
            "dims); with sm90ws it is an error (bn=N of JAX_SPARSE_ATTN_HSTU_WS sets its "

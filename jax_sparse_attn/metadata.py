@@ -84,9 +84,14 @@ def _func_tile_summary(func, cu_q, block, n_slots, t_q):
     return jnp.stack([lo_t, hi_t, f0_t], axis=1).astype(jnp.int32)
 
 
-def hstu_fwd_schedule(cu_q, cu_k, func, block_m, t_q, window_size):
+def hstu_fwd_schedule(cu_q, cu_k, func, block_m, t_q, window_size, tokens_per_chunk=0):
     """Per CTA row: ``[batch, m_block, lo, hi, f0]`` (batch -1: idle slot), longest work
     first (number of visible keys, stable argsort; docs/performance.md gives its worth).
+
+    ``tokens_per_chunk > 0``: ordered by sequence chunk first (``min(cu_k[b] //
+    tokens_per_chunk, 126)``: the sequences whose keys start in one chunk of that many keys),
+    longest work first within a chunk, idle slots last, so the tiles that run at one time
+    read the K / V of few sequences.
     """
     bm = block_m
     nb = cu_q.shape[0] - 1
@@ -108,7 +113,11 @@ def hstu_fwd_schedule(cu_q, cu_k, func, block_m, t_q, window_size):
         j_lo = jnp.maximum(m0 + off - left, 0) if left >= 0 else jnp.zeros_like(m0)
         j_hi = jnp.minimum(m1 + off + right, lk) if right >= 0 else lk
     work = jnp.where(b >= 0, jnp.maximum(j_hi - j_lo, 0) + 1, -1)
-    order = jnp.argsort(-work, stable=True)
+    if tokens_per_chunk > 0:
+        chunk = jnp.where(b >= 0, jnp.minimum(cu_k[bc] // tokens_per_chunk, 126), 127)
+        order = jnp.lexsort((-work, chunk))  # stable; chunk is the primary key
+    else:
+        order = jnp.argsort(-work, stable=True)
     tiles = jnp.concatenate([b[:, None], m[:, None], summ], axis=1).astype(jnp.int32)
     return tiles[order]
 

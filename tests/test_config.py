@@ -103,7 +103,9 @@ def test_removed_sm90_bsa_forward_is_rejected():
                                  "qalias", "cross", "crossepi", "vlag", "headouter", "roundrobin", "dynamic",
                                  "bn=16",
                                  "bn=256",
-                                 "bn=80,q1", "nooverlap,nopingpong,q1,silu16,bn=192", " q1 , "])
+                                 "bn=80,q1", "nooverlap,nopingpong,q1,silu16,bn=192", " q1 , ",
+                                 "chunk=1", "dynamic,chunk=24576,bn=64", "static", "chunk=0",
+                                 "static,chunk=64", "roundrobin,q1"])
 def test_sm90ws_variants_parse(raw):
     """Every option of hstu_fwd_ws is accepted alone and combined; the string form of a
     Switches field is the environment's; ffi.hstu.ws_options reads them."""
@@ -112,22 +114,27 @@ def test_sm90ws_variants_parse(raw):
     assert sw.hstu_fwd_ws == opts == config.Switches(hstu_fwd_ws=raw).hstu_fwd_ws
     got = ws_options(sw.hstu_fwd_ws)
     bn = [int(o[3:]) for o in opts if o.startswith("bn=")]
+    # the dynamic deal is the default; the chunked order (16 MiB default) goes with it
+    dynamic = "static" not in opts and "roundrobin" not in opts
+    chunk = int(raw.split("chunk=")[1].split(",")[0]) if "chunk=" in raw else 16384
+    chunk = chunk if dynamic else 0
     assert got == {"overlap": "nooverlap" not in opts, "pingpong": "nopingpong" not in opts,
                    "q_stages": 1 if "q1" in opts else 2, "silu16": "silu16" in opts,
                    "tanh16": "tanh16" in opts, "page_prefetch": "pagepf" in opts,
                    "q_alias": "qalias" in opts,
                    "cross": 2 if "crossepi" in opts else 1 if "cross" in opts else 0,
                    "v_lag": "vlag" in opts, "head_outer": "headouter" in opts,
-                   "snake": "roundrobin" not in opts, "dynamic": "dynamic" in opts,
-                   "bn": bn[0] if bn else 0}
+                   "snake": "roundrobin" not in opts, "dynamic": dynamic,
+                   "bn": bn[0] if bn else 0, "chunk": chunk}
 
 
 @pytest.mark.parametrize("raw", ["bn=0", "bn=8", "bn=272", "bn=64x", "bn=", "bn", "q2",
-                                 "nopingpong,nopingpong", "bn=64,bn=128", "NOOVERLAP"])
+                                 "nopingpong,nopingpong", "bn=64,bn=128", "NOOVERLAP",
+                                 "chunk=-1", "chunk=1048577", "chunk=2,chunk=4", "chunk=1k"])
 def test_sm90ws_variants_reject(raw):
     with pytest.raises(ValueError, match="JAX_SPARSE_ATTN_HSTU_WS") as e:
         config.from_env({"JAX_SPARSE_ATTN_HSTU_WS": raw})
-    assert all(f in str(e.value) for f in config.WS_FLAGS) and "bn=N" in str(e.value)
+    assert all(f in str(e.value) for f in config.WS_FLAGS) and "bn=N" in str(e.value) and "chunk=N" in str(e.value)
 
 
 def test_public_ops_reject_non_switches():

@@ -387,14 +387,27 @@ DYNAMIC_CASES = [
 ]
 
 
-@pytest.mark.parametrize("name,lens,d,window,heads,heads_kv,kv_splits", DYNAMIC_CASES,
-                         ids=[c[0] for c in DYNAMIC_CASES])
-def test_hstu_sm90ws_dynamic_deal(name, lens, d, window, heads, heads_kv, kv_splits):
-    """hstu_fwd_ws=dynamic: the CTAs take their items from an atomic counter. The output
-    matches the float32 reference (2x rule), is bitwise the default deal's (each item's
-    arithmetic does not depend on the CTA that runs it), is the same on a second call (the
-    counter is zeroed per call), and rows past the last sequence (NaN-poisoned inputs) are
-    zeros."""
+# the deal / order variants against the static alternating deal: the default (dynamic deal,
+# 16 MiB sequence chunks) on every case; without chunks and with 64 KiB chunks (a few keys
+# per chunk: the chunk index saturates) on three
+_DEAL_VARIANTS = ([(c, ()) for c in DYNAMIC_CASES]
+                  + [(c, ws) for c in DYNAMIC_CASES
+                     if c[0] in ("canonical-jagged", "gqa-4to1-empty-seq-d64", "kv-splits-2")
+                     for ws in (("chunk=0",), ("dynamic", "chunk=64"))])
+
+
+@pytest.mark.parametrize("name,lens,d,window,heads,heads_kv,kv_splits,ws",
+                         [c + (ws,) for c, ws in _DEAL_VARIANTS],
+                         ids=[c[0] + "-" + ("-".join(ws) or "default")
+                              for c, ws in _DEAL_VARIANTS])
+def test_hstu_sm90ws_dynamic_deal(name, lens, d, window, heads, heads_kv, kv_splits, ws):
+    """The dynamic deal (the default): the CTAs take their items from an atomic counter;
+    chunk=N: the tile schedule orders the query tiles by sequence chunks of N KiB of K / V
+    (default 16384; 64: a few keys per chunk, so the chunk index saturates). The output
+    matches the float32 reference (2x rule), is bitwise the static deal's (each item's
+    arithmetic does not depend on the CTA that runs it or the order), is the same on a
+    second call (the counter is zeroed per call), and rows past the last sequence
+    (NaN-poisoned inputs) are zeros."""
     import jax_sparse_attn as jsa
     from jax_sparse_attn import reference
 
@@ -423,17 +436,17 @@ def test_hstu_sm90ws_dynamic_deal(name, lens, d, window, heads, heads_kv, kv_spl
         return jax.jit(lambda q, k, v, c: jsa.hstu_attention(
             q, k, v, c, c, backend="kernel", switches=sw, kv_splits=kv_splits, **kw))
 
-    dyn = run(("dynamic",))
+    dyn = run(ws)
     out = dyn(q, k, v, cu)
     again = dyn(q, k, v, cu)
-    default = run(())(q, k, v, cu)
+    default = run(("static",))(q, k, v, cu)
     qc, kc, vc = (x[:n] for x in (q, k, v))
     ref = lambda cdt: jax.jit(lambda q, k, v, c: reference.hstu_attention_ref(  # noqa: E731
         q, k, v, c, c, None, compute_dtype=cdt, **kw))(qc, kc, vc, cu)
     report = []
     check_rule("out", out[:n], ref(None), ref(jnp.bfloat16), 2.0, 2e-3, report)
     print(report[0])
-    assert bool(jnp.array_equal(out, default)), "dynamic deal differs from the default deal"
+    assert bool(jnp.array_equal(out, default)), f"{ws} differs from the static deal"
     assert bool(jnp.array_equal(out, again)), "second call differs (counter not re-zeroed?)"
     assert float(jnp.abs(out[n:].astype(jnp.float32)).max()) == 0.0, "tail rows not zero"
 
@@ -750,28 +763,34 @@ _SCHED_CASES = {
 }
 
 
-@pytest.mark.parametrize("mode", ["fwd", "bwd-sm90", "bwd-sm80"])
+@pytest.mark.parametrize("mode", ["fwd", "fwd-chunk", "bwd-sm90", "bwd-sm80"])
 @pytest.mark.parametrize("name", sorted(_SCHED_CASES))
 def test_hstu_schedule_kernel(name, mode):
     """The single-CTA schedule kernel (``hstu_schedule="kernel"``) gives the sanitised
     offsets (and the backward's first query tile per sequence) of the jnp path bit for
     bit and the same set of tiles: ordered by non-increasing work (64-row units), idle
-    rows last (forward, sm90 backward), or in canonical order (sm80 backward)."""
+    rows last (forward, sm90 backward), or in canonical order (sm80 backward); chunked
+    forward order (``fwd-chunk``, 1000 keys per chunk): by non-decreasing chunk of the
+    sequence's first key (saturating at 126), non-increasing work within a chunk."""
     from jax_sparse_attn.ffi.hstu import _bwd_metadata, _fwd_metadata
 
     cu_q, cu_k, t, window = _SCHED_CASES[name]
     cu_k = cu_q if cu_k is None else cu_k
     t = int(max(cu_q[-1], 1)) if t is None else t
     cq, ck = jnp.asarray(cu_q, jnp.int32), jnp.asarray(cu_k, jnp.int32)
-    fn = _fwd_metadata if mode == "fwd" else _bwd_metadata
-    impl = mode[4:] or "sm90"
+    tokens = 1000 if mode == "fwd-chunk" else 0
+    impl = mode[4:] if mode.startswith("bwd") else "sm90"
+    if mode.startswith("fwd"):
+        fn = lambda a, b, cfg: _fwd_metadata(a, b, None, cfg, t, t, tokens)  # noqa: E731
+    else:
+        fn = lambda a, b, cfg: _bwd_metadata(a, b, None, cfg, t, t)  # noqa: E731
     got, ref = (
         [np.asarray(x) for x in jax.jit(
-            lambda a, b, s=sched: fn(a, b, None, _sched_cfg(window, s, impl), t, t))(cq, ck)]
+            lambda a, b, s=sched: fn(a, b, _sched_cfg(window, s, impl)))(cq, ck)]
         for sched in ("kernel", "xla"))
     np.testing.assert_array_equal(got[0], ref[0])
     np.testing.assert_array_equal(got[1], ref[1])
-    if mode != "fwd":
+    if mode.startswith("bwd"):
         np.testing.assert_array_equal(got[3], ref[3])  # q_start
     tiles, rtiles = got[2], ref[2]
     assert tiles.shape == rtiles.shape
@@ -783,7 +802,15 @@ def test_hstu_schedule_kernel(name, mode):
     key = lambda tt: sorted(map(tuple, tt[tt[:, 0] >= 0][:, :2].tolist()))  # noqa: E731
     assert key(tiles) == key(rtiles)
     assert (tiles[:, 2:] == 0).all()
-    w = _sched_work(tiles, got[0], got[1], window, 128, mode != "fwd")
+    w = _sched_work(tiles, got[0], got[1], window, 128, mode.startswith("bwd"))
+    if mode == "fwd-chunk":
+        b = tiles[tiles[:, 0] >= 0][:, 0]
+        chunk = np.minimum(got[1][b] // tokens, 126)
+        assert (np.diff(chunk) >= 0).all(), "chunks in order"
+        w = np.minimum(w, 1022)  # the chunked keys' work saturates at 1022 units
+        w = np.where(np.diff(chunk) == 0, np.diff(w), 0)
+        assert (w <= 0).all(), "longest work first within a chunk"
+        return
     assert (np.diff(w) <= 0).all(), "longest work first"
 
 

@@ -182,20 +182,47 @@ WS_LOWER = [(ws, 128, 0, "bfloat16") for ws in ("nooverlap", "nopingpong", "q1",
                                                  "cross")]
 WS_LOWER += [("bn=80", 256, 0, "float16"), ("crossepi", 64, 3, "float16"),
              ("headouter", 64, 0, "bfloat16"), ("roundrobin", 128, 3, "bfloat16"),
-             ("dynamic", 128, 0, "bfloat16"), ("dynamic", 256, 3, "float16")]
+             ("static", 128, 0, "bfloat16"), ("dynamic", 256, 3, "float16"),
+             ("chunk=1024", 128, 0, "bfloat16"), ("chunk=0", 64, 0, "bfloat16")]
+
+
+def test_hstu_fwd_chunked_schedule_takes_the_chunk_size():
+    """With the dynamic deal (the default) the schedule kernel gets a seventh parameter (keys
+    per chunk, from chunk=N KiB, 16384 by default, over the call's KV heads and padded head
+    dims); the static deal and chunk=0 have six."""
+    from jax_sparse_attn.config import Switches  # noqa: PLC0415
+    from jax_sparse_attn.ffi import hstu as fh  # noqa: PLC0415
+
+    chunked = _fwd_text(128, 128, 0, "bfloat16",
+                        Switches(hstu_fwd_impl="sm90ws", hstu_fwd_ws=("dynamic", "chunk=1024")))
+    default = _fwd_text(128, 128, 0, "bfloat16", Switches(hstu_fwd_impl="sm90ws"))
+    for off in (("static", "chunk=1024"), ("chunk=0",)):
+        txt = _fwd_text(128, 128, 0, "bfloat16", Switches(hstu_fwd_impl="sm90ws", hstu_fwd_ws=off))
+        assert "tensor<6xi32>" in txt and "tensor<7xi32>" not in txt, off
+    assert "tensor<7xi32>" in chunked and "tensor<7xi32>" in default
+    key = fh.fwd_config("bfloat16", 128, 128, 0,
+                        Switches(hstu_fwd_impl="sm90ws", hstu_fwd_ws=("chunk=1024",)))
+    assert key.schedule_chunk_kib == 1024
+    # 1 MiB over 2 KV heads x (128 + 128) x 2 bytes per key = 1024 keys
+    assert fh.schedule_tokens_per_chunk(key, 2, 2) == 1024
+    assert fh.schedule_tokens_per_chunk(fh.fwd_config(
+        "bfloat16", 128, 128, 0, Switches(hstu_fwd_impl="sm90ws")), 2, 2) == 16384
+    assert fh.schedule_tokens_per_chunk(fh.fwd_config(
+        "bfloat16", 128, 128, 0, Switches(hstu_fwd_impl="sm90ws", hstu_fwd_ws="static")),
+        2, 2) == 0
 
 
 def test_hstu_sm90ws_dynamic_deal_passes_an_aliased_counter():
-    """hstu_fwd_ws=dynamic: the forward call takes a zeroed int32 counter that is aliased to
-    an output (XLA owns it and zeroes it per call); the default forward has no aliased
-    buffer."""
+    """The dynamic deal (the default): the forward call takes a zeroed int32 counter that is
+    aliased to an output (XLA owns it and zeroes it per call); the static deal has no
+    aliased buffer."""
     from jax_sparse_attn.config import Switches  # noqa: PLC0415
 
-    dyn = _fwd_text(128, 128, 0, "bfloat16",
-                    Switches(hstu_fwd_impl="sm90ws", hstu_fwd_ws=("dynamic",)))
-    default = _fwd_text(128, 128, 0, "bfloat16", Switches(hstu_fwd_impl="sm90ws"))
+    dyn = _fwd_text(128, 128, 0, "bfloat16", Switches(hstu_fwd_impl="sm90ws"))
+    static = _fwd_text(128, 128, 0, "bfloat16",
+                       Switches(hstu_fwd_impl="sm90ws", hstu_fwd_ws=("static",)))
     assert "output_operand_alias" in dyn
-    assert "output_operand_alias" not in default
+    assert "output_operand_alias" not in static
     # the counter: one int32 operand of the forward call, one int32 result aliased to it
     assert "tensor<1xi32>) -> (tensor<300x2x128xbf16>, tensor<1xi32>)" in dyn
 

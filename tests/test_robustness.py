@@ -336,3 +336,42 @@ def test_hstu_bwd_lpt_schedule_is_a_permutation(window):
 
     w = [work(int(b), int(n)) for b, n in lpt]
     assert w == sorted(w, reverse=True), w
+
+
+@pytest.mark.parametrize("tokens", [1, 300, 1000, 100_000])
+@pytest.mark.parametrize("window", [(-1, 0), (-1, -1), (40, 3)])
+def test_hstu_fwd_chunked_schedule(tokens, window):
+    """The forward's tile schedule in chunked order (``tokens_per_chunk``) holds the same
+    query tiles as the longest-first order: by non-decreasing chunk ``min(cu_k[b] //
+    tokens, 126)`` of the tile's sequence, the most visible keys first within a chunk
+    (brute force), idle slots last; one chunk gives the longest-first order itself."""
+    lens = [300, 0, 257, 5, 129, 1030, 64, 1]
+    cu = jnp.asarray(np.concatenate([[0], np.cumsum(lens), [sum(lens) + 40]]), jnp.int32)
+    t = sum(lens) + 40
+    base = np.asarray(metadata.hstu_fwd_schedule(cu, cu, None, 128, t, window))
+    got = np.asarray(metadata.hstu_fwd_schedule(cu, cu, None, 128, t, window,
+                                                tokens_per_chunk=tokens))
+    assert sorted(map(tuple, base.tolist())) == sorted(map(tuple, got.tolist()))
+    valid = got[:, 0] >= 0
+    assert not (valid[1:] & ~valid[:-1]).any(), "idle rows last"
+    c = np.asarray(cu)
+
+    def work(b, m):
+        lq = lk = c[b + 1] - c[b]
+        rows = np.arange(m * 128, min(m * 128 + 128, lq))
+        j = np.arange(lk)
+        ok = np.ones((len(rows), lk), bool)
+        if window[0] >= 0:
+            ok &= j[None] >= rows[:, None] - window[0]
+        if window[1] >= 0:
+            ok &= j[None] <= rows[:, None] + window[1]
+        cols = np.nonzero(ok.any(0))[0]
+        return int(cols[-1] - cols[0] + 1) if len(cols) else 0
+
+    rows = got[valid]
+    chunk = np.minimum(c[rows[:, 0]] // tokens, 126)
+    assert (np.diff(chunk) >= 0).all()
+    w = np.asarray([work(int(b), int(m)) for b, m in rows[:, :2]])
+    assert (np.where(np.diff(chunk) == 0, np.diff(w), 0) <= 0).all(), (chunk, w)
+    if tokens == 100_000:
+        np.testing.assert_array_equal(got, base)

@@ -139,9 +139,12 @@ class HstuFwdConfig(_HstuKey):
     # persistent CTAs take each round of the longest-first items in alternating direction
     # (else, with "roundrobin", in the same direction every round)
     ws_snake: bool = True
-    # the CTAs take their items after the first from an atomic counter ("dynamic";
-    # contiguous K / V without rab only)
+    # the CTAs take their items after the first from an atomic counter ("dynamic", the
+    # default of ws_options; contiguous K / V without rab only, else the static deal)
     ws_dynamic: bool = False
+    # the tile schedule orders the query tiles by sequence chunks of about this many KiB of
+    # K / V (all KV heads), longest work first within a chunk (0: over all tiles)
+    schedule_chunk_kib: int = 0
     num_sms: int = 0
     # relative attention bias: presence, H_rab == H, rab's dtype name ("" without rab)
     has_rab: bool = False
@@ -376,6 +379,12 @@ def fwd_config(dtype, head_dim, head_dim_v, func_n, switches, *, has_rab=False,
                          func_n > 0, max(func_n, 1), impl, **rab, arch=arch)
 
 
+#: default KiB of K / V (all KV heads) per sequence chunk of the sm90ws forward's tile
+#: schedule with the dynamic deal: about a third of the H100 / H200 L2 cache (50 MB), so the
+#: K / V that the CTAs running at one time read stay in L2 (docs/performance.md)
+SCHEDULE_CHUNK_KIB = 16384
+
+
 def ws_options(opts) -> dict:
     """The sm90ws forward's options from a validated ``Switches.hstu_fwd_ws`` tuple:
     ``overlap`` (intra-warpgroup GEMM overlap), ``pingpong`` (consumer warpgroups issue their
@@ -392,18 +401,24 @@ def ws_options(opts) -> dict:
     heads of a row are consecutive work items), ``snake`` (each round of the longest-first
     items dealt to the CTAs in alternating direction; off with ``roundrobin``: CTA ``c``
     takes items ``c, c + G, ...``), ``dynamic`` (after its first item each CTA takes the
-    next one from a zeroed atomic counter: a greedy deal in the schedule's order; contiguous
-    K / V without rab only), ``bn`` (block_n, 0: the kernel's default for
-    the head dims)."""
+    next one from a zeroed atomic counter: a greedy deal in the schedule's order; the
+    default, off with ``static`` or ``roundrobin``; the kernels with rab or paged K / V and
+    ``cross`` / ``headouter`` deal statically), ``bn`` (block_n, 0: the kernel's default for
+    the head dims), ``chunk`` (with the dynamic deal: KiB of K / V per sequence chunk of the
+    tile schedule, :data:`SCHEDULE_CHUNK_KIB` unless given, 0: one longest-first order over
+    all query tiles)."""
     bn = [int(o[3:]) for o in opts if o.startswith("bn=")]
+    chunk = [int(o[6:]) for o in opts if o.startswith("chunk=")]
+    dynamic = "static" not in opts and "roundrobin" not in opts
     return {"overlap": "nooverlap" not in opts, "pingpong": "nopingpong" not in opts,
             "q_stages": 1 if "q1" in opts else 2, "silu16": "silu16" in opts,
             "tanh16": "tanh16" in opts, "page_prefetch": "pagepf" in opts,
             "q_alias": "qalias" in opts,
             "cross": 2 if "crossepi" in opts else 1 if "cross" in opts else 0,
             "v_lag": "vlag" in opts, "head_outer": "headouter" in opts,
-            "snake": "roundrobin" not in opts, "dynamic": "dynamic" in opts,
-            "bn": bn[0] if bn else 0}
+            "snake": "roundrobin" not in opts, "dynamic": dynamic,
+            "bn": bn[0] if bn else 0,
+            "chunk": (chunk[0] if chunk else SCHEDULE_CHUNK_KIB) if dynamic else 0}
 
 
 def _ws_config(dtype, head_dim, head_dim_v, func_n, switches, rab, arch) -> HstuFwdConfig:
@@ -436,7 +451,7 @@ def _ws_config(dtype, head_dim, head_dim_v, func_n, switches, rab, arch) -> Hstu
                          ws_tanh16=opts["tanh16"], ws_q_alias=opts["q_alias"],
                          ws_cross=opts["cross"], ws_v_lag=opts["v_lag"],
                          ws_head_outer=opts["head_outer"], ws_snake=opts["snake"],
-                         ws_dynamic=opts["dynamic"],
+                         ws_dynamic=opts["dynamic"], schedule_chunk_kib=opts["chunk"],
                          num_sms=metadata.num_sms(), **rab, arch=arch,
                          pdl=bool(getattr(switches, "pdl", False)))
 
@@ -835,9 +850,11 @@ def _schedule_adapter():
 
     @cute.jit
     def hstu_fwd_schedule_launch(stream, cu_q, cu_k, param, cu_q_out, cu_k_out, tiles,
-                                 *, block: cutlass.Constexpr, pdl: cutlass.Constexpr):
+                                 *, block: cutlass.Constexpr, pdl: cutlass.Constexpr,
+                                 chunk: cutlass.Constexpr = False):
         # the forward writes no q_start: cu_q_out stands in for it
-        HstuSchedule(block, pdl=pdl)(cu_q, cu_k, param, cu_q_out, cu_k_out, tiles, cu_q_out, stream)
+        HstuSchedule(block, pdl=pdl, chunk=chunk)(cu_q, cu_k, param, cu_q_out, cu_k_out, tiles,
+                                                  cu_q_out, stream)
 
     @cute.jit
     def hstu_bwd_schedule_launch(stream, cu_q, cu_k, param, cu_q_out, cu_k_out, kv_tiles,
@@ -905,26 +922,41 @@ def _paged_metadata(cu_seqlens_q, cu_seqlens_k, page_indptrs, cfg, t_q, n_page_s
     return cu_q, cu_k, ptr, tiles
 
 
-def _fwd_metadata(cu_seqlens_q, cu_seqlens_k, func, cfg, t_q, t_k):
+def _fwd_metadata(cu_seqlens_q, cu_seqlens_k, func, cfg, t_q, t_k, tokens_per_chunk=0):
     """Sanitised ``cu_q`` / ``cu_k`` (each with the pseudo-sequence) and the forward tile
     schedule: one launch of ``kernels/hstu_schedule.py`` where :func:`_schedule_kernel_fits`,
-    else the jnp formulation of ``metadata``."""
+    else the jnp formulation of ``metadata``. ``tokens_per_chunk > 0``: the query tiles are
+    ordered by sequence chunks of that many keys first (``metadata.hstu_fwd_schedule``)."""
     bm = cfg.fwd.block_m
     nb = cu_seqlens_q.shape[0] - 1
     n_slots = t_q // bm + nb + 1
+    chunk = tokens_per_chunk > 0
     if _schedule_kernel_fits(cfg, func, nb, n_slots):
         out_sds = (jax.ShapeDtypeStruct((nb + 2,), jnp.int32),
                    jax.ShapeDtypeStruct((nb + 2,), jnp.int32),
                    jax.ShapeDtypeStruct((n_slots, 5), jnp.int32))
         call = _cutlass_call(cfg)(_schedule_adapter()[0], output_shape_dtype=out_sds,
-                                  compile_key=("hstu_fwd_schedule", bm, cfg.fwd.pdl), block=bm,
-                                  pdl=cfg.fwd.pdl)
+                                  compile_key=("hstu_fwd_schedule", bm, cfg.fwd.pdl, chunk),
+                                  block=bm, pdl=cfg.fwd.pdl, chunk=chunk)
+        extra = (tokens_per_chunk,) if chunk else ()
         return call(cu_seqlens_q.astype(jnp.int32), cu_seqlens_k.astype(jnp.int32),
-                    _schedule_param(t_q, t_k, cfg.window_size, n_slots))
+                    _schedule_param(t_q, t_k, cfg.window_size, n_slots, *extra))
     cu_q = metadata.append_pseudo_sequence(metadata.sanitize_cu_seqlens(cu_seqlens_q, t_q), t_q)
     cu_k = metadata.append_pseudo_sequence(metadata.sanitize_cu_seqlens(cu_seqlens_k, t_k), None)
-    tiles = metadata.hstu_fwd_schedule(cu_q, cu_k, func, bm, t_q, cfg.window_size)
+    tiles = metadata.hstu_fwd_schedule(cu_q, cu_k, func, bm, t_q, cfg.window_size,
+                                       tokens_per_chunk)
     return cu_q, cu_k, tiles
+
+
+def schedule_tokens_per_chunk(key, num_kv_heads, itemsize) -> int:
+    """Keys per sequence chunk of the forward's tile schedule for the compile key's
+    ``schedule_chunk_kib`` (KiB of K and V over ``num_kv_heads`` heads of the padded head
+    dims, ``itemsize`` bytes per element); 0: no chunked order."""
+    kib = getattr(key, "schedule_chunk_kib", 0)
+    if not kib:
+        return 0
+    per_key = max(1, num_kv_heads) * (key.head_dim + key.head_dim_v) * itemsize
+    return max(1, (kib * 1024) // per_key)
 
 
 def _bwd_metadata(cu_seqlens_q, cu_seqlens_k, func, cfg, t_q, t_k):
@@ -997,8 +1029,16 @@ def hstu_fwd(q, k, v, cu_seqlens_q, cu_seqlens_k, func, cfg, rab=None):
         return jnp.zeros(out_shape, q.dtype)
     # clamped so no cu_seqlens value makes the kernel read or write out of bounds;
     # pseudo-sequence B covers rows past cu_q[-1] (no keys): the kernel writes zeros there
-    cu_q, cu_k, tiles = _fwd_metadata(cu_seqlens_q, cu_seqlens_k, func if key.has_func else None,
-                                      cfg, t_q, k.shape[0])
+    with_rab = key.has_rab and _has_elements(rab)
+    dynamic = (key.impl == "sm90ws" and key.ws_dynamic and not key.ws_head_outer
+               and not key.ws_cross and not with_rab)
+    # the chunked order only with the dynamic deal (a static deal of it is badly balanced)
+    tokens = schedule_tokens_per_chunk(key, k.shape[1], jnp.dtype(k.dtype).itemsize)
+    cu_q, cu_k, tiles = _fwd_metadata(
+        cu_seqlens_q, cu_seqlens_k, func if key.has_func else None, cfg, t_q, k.shape[0],
+        tokens if dynamic else 0)
+    # the chunked order changes the schedule only: one attention kernel for every chunk size
+    key = dataclasses.replace(key, schedule_chunk_kib=0)
     scal, win = metadata.hstu_scalars(cfg.alpha, cfg.scaling_seqlen, cfg.window_size)
     func_arr = func.astype(jnp.int32) if key.has_func else jnp.zeros((1, 1, 1), jnp.int32)
     out_sds = _out_sds(key, t_q, h, cfg.head_dim_v_pad, q.dtype)
@@ -1006,12 +1046,12 @@ def hstu_fwd(q, k, v, cu_seqlens_q, cu_seqlens_k, func, cfg, rab=None):
             metadata.pad_last(v, cfg.head_dim_v_pad), cu_q, cu_k, tiles, func_arr, scal, win)
     # static_last: q, k, v (inputs 0-2) and out carry the padded head dims of the key; rab
     # (input 9) has only runtime extents
-    if key.has_rab and _has_elements(rab):
+    if with_rab:
         call = _cutlass_call(cfg)(_fwd_rab_adapter(), output_shape_dtype=out_sds,
                                compile_key=("hstu_fwd_rab", key), cfg=key,
                                static_last_inputs=(0, 1, 2), static_last_outputs=(0,))
         out = call(*args, rab)
-    elif key.impl == "sm90ws" and key.ws_dynamic and not key.ws_head_outer and not key.ws_cross:
+    elif dynamic:
         # the dynamic deal's item counter: zeroed by XLA, updated in place by the kernel
         call = _cutlass_call(cfg)(
             _fwd_dynamic_adapter(),

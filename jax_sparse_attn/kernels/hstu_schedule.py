@@ -24,7 +24,11 @@ what the HSTU kernels read, everything in shared memory:
   ``block_m`` rows.
 
 Sort keys are 32-bit ``(2^17 - 2 - work) << 14 | canonical index`` (idle slots
-``(2^17 - 1) << 14 | index``), all distinct: up to ``RANK_SLOTS`` tiles each thread counts the
+``(2^17 - 1) << 14 | index``), all distinct. Chunked forward order (``HstuSchedule(block_m,
+chunk=True)``, a seventh parameter ``tokens``): the 17 high bits are ``chunk << 10 |
+(1022 - work)`` with ``chunk = min(cu_k[b] // tokens, 126)`` of the tile's sequence ``b``
+and ``work`` saturating at 1022, so the tiles of the sequences whose keys start in one
+``tokens``-key chunk are consecutive, longest work first within the chunk: up to ``RANK_SLOTS`` tiles each thread counts the
 keys below its own (its row's position, no barrier), beyond that a bitonic sort in shared
 memory. The scans (running max of the offsets, tile counts) are warp-shuffle scans with one
 shared-memory step across warps.
@@ -51,12 +55,17 @@ _IDX_BITS = 14  # canonical index bits of a sort key (MAX_SLOTS <= 2^14)
 _WORK_MAX = (1 << 17) - 2  # work (64-key units) saturates here
 _IDLE_HI = (1 << 17) - 1  # the high part of an idle slot's key: sorts last
 _IDX_MASK = (1 << _IDX_BITS) - 1
+_CHUNK_WORK_BITS = 10  # chunked order: work bits below the chunk index
+_CHUNK_WORK_MAX = (1 << _CHUNK_WORK_BITS) - 2
+_CHUNK_MAX = (1 << (17 - _CHUNK_WORK_BITS)) - 2  # chunk indices saturate here (below idle)
 
 
 class HstuSchedule:
     def __init__(self, block: int, kv_major: bool = False, block_other: int = 0,
-                 sort: bool = True, paged: bool = False, pdl: bool = False):
+                 sort: bool = True, paged: bool = False, pdl: bool = False,
+                 chunk: bool = False):
         self.bm = block
+        self.chunk = chunk and not kv_major and not paged and sort
         self.pdl = pdl
         self.kv_major = kv_major
         self.block_other = block_other
@@ -68,7 +77,7 @@ class HstuSchedule:
                  mPtr=None, mPtrS=None):
         """``mCuQ``/``mCuK`` (B + 1,) raw offsets; ``mParam`` int32 ``[T_q, T_k, left, right,
         n_slots, n_pow2]`` (``n_pow2``: a power of two >= ``n_slots``; paged: a seventh entry,
-        the page slots ``P``); outputs ``mCuQs``, ``mCuKs`` (B + 2,), ``mTile`` (n_slots, 5)
+        the page slots ``P``; chunked order: a seventh entry, the keys per chunk); outputs ``mCuQs``, ``mCuKs`` (B + 2,), ``mTile`` (n_slots, 5)
         forward / (n_slots, 2) backward and (backward) ``mQStart`` (B + 2,). Paged: ``mPtr``
         (B + 1,) raw ``page_indptrs`` -> ``mPtrS`` (B + 2,)."""
 
@@ -140,7 +149,7 @@ class HstuSchedule:
         return lo
 
     @cute.jit
-    def _key(self, c, total, start, cq, ck, nseq, left, right):
+    def _key(self, c, total, start, cq, ck, nseq, left, right, tokens):
         """The sort key of canonical tile ``c`` (see the module docstring)."""
         bm = self.bm
         key = (Int32(_IDLE_HI) << _IDX_BITS) | c
@@ -170,8 +179,16 @@ class HstuSchedule:
                         lo = cutlass.max(m0 + off - left, Int32(0))
                     if right >= 0:
                         hi = cutlass.min(m1 + off + right, lk)
-                work = cutlass.min(cutlass.max(hi - lo, Int32(0)) // 64 + 1, Int32(_WORK_MAX))
-                key = ((Int32(_WORK_MAX) - work) << _IDX_BITS) | c
+                if cutlass.const_expr(self.chunk):
+                    work = cutlass.min(cutlass.max(hi - lo, Int32(0)) // 64 + 1,
+                                       Int32(_CHUNK_WORK_MAX))
+                    chunk = cutlass.min(ck[b] // tokens, Int32(_CHUNK_MAX))
+                    hi17 = (chunk << _CHUNK_WORK_BITS) | (Int32(_CHUNK_WORK_MAX) - work)
+                    key = (hi17 << _IDX_BITS) | c
+                else:
+                    work = cutlass.min(cutlass.max(hi - lo, Int32(0)) // 64 + 1,
+                                       Int32(_WORK_MAX))
+                    key = ((Int32(_WORK_MAX) - work) << _IDX_BITS) | c
         return key
 
     @cute.jit
@@ -214,6 +231,9 @@ class HstuSchedule:
         right = Int32(mParam[3])
         n_slots = Int32(mParam[4])
         n_pow2 = Int32(mParam[5])
+        tokens = Int32(1)
+        if cutlass.const_expr(self.chunk):
+            tokens = cutlass.max(Int32(mParam[6]), Int32(1))
         nb = Int32(mCuQ.shape[0]) - 1  # B
         nseq = nb + 1  # with the pseudo-sequence
         bm = self.bm
@@ -279,7 +299,7 @@ class HstuSchedule:
         total = start[nseq]
         # ---- sort keys of the canonical tiles
         for c in cutlass.range(tid, n_pow2, NUM_THREADS, unroll=1):
-            keys[c] = self._key(c, total, start, cq, ck, nseq, left, right)
+            keys[c] = self._key(c, total, start, cq, ck, nseq, left, right, tokens)
         cute.arch.barrier()
         if cutlass.const_expr(not self.sort):
             for s in cutlass.range(tid, n_slots, NUM_THREADS, unroll=1):
