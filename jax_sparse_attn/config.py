@@ -190,7 +190,7 @@ SWITCHES = (
            "vlag (the producer issues V tile j after K tile j + 1), headouter (the "
            "persistent CTAs take every schedule row of one head before the next head), "
            "dynamic (the default with contiguous K / V without rab: after its first item "
-           "each CTA takes the next from an atomic counter XLA zeroes), static (the CTAs "
+           "each CTA takes the next from an atomic counter zeroed per call), static (the CTAs "
            "take the rounds of the longest-first items dealt in alternating direction, as "
            "with rab or paged K / V), roundrobin (static, CTA c takes work items c, c + G, "
            "...), bn=N (keys per tile; default 128, 64 at D = 256), chunk=N (with the "

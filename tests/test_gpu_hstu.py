@@ -771,7 +771,8 @@ def test_hstu_schedule_kernel(name, mode):
     bit and the same set of tiles: ordered by non-increasing work (64-row units), idle
     rows last (forward, sm90 backward), or in canonical order (sm80 backward); chunked
     forward order (``fwd-chunk``, 1000 keys per chunk): by non-decreasing chunk of the
-    sequence's first key (saturating at 126), non-increasing work within a chunk."""
+    sequence's first key (saturating at 126), non-increasing work within a chunk, and the
+    dynamic deal's item counter written as 0."""
     from jax_sparse_attn.ffi.hstu import _bwd_metadata, _fwd_metadata
 
     cu_q, cu_k, t, window = _SCHED_CASES[name]
@@ -781,7 +782,9 @@ def test_hstu_schedule_kernel(name, mode):
     tokens = 1000 if mode == "fwd-chunk" else 0
     impl = mode[4:] if mode.startswith("bwd") else "sm90"
     if mode.startswith("fwd"):
-        fn = lambda a, b, cfg: _fwd_metadata(a, b, None, cfg, t, t, tokens)  # noqa: E731
+        # fwd-chunk: also the dynamic deal's counter, zeroed by the same launch
+        fn = lambda a, b, cfg: _fwd_metadata(a, b, None, cfg, t, t, tokens,  # noqa: E731
+                                             counter=tokens > 0)
     else:
         fn = lambda a, b, cfg: _bwd_metadata(a, b, None, cfg, t, t)  # noqa: E731
     got, ref = (
@@ -804,6 +807,7 @@ def test_hstu_schedule_kernel(name, mode):
     assert (tiles[:, 2:] == 0).all()
     w = _sched_work(tiles, got[0], got[1], window, 128, mode.startswith("bwd"))
     if mode == "fwd-chunk":
+        assert got[3].tolist() == [0] and ref[3].tolist() == [0]
         b = tiles[tiles[:, 0] >= 0][:, 0]
         chunk = np.minimum(got[1][b] // tokens, 126)
         assert (np.diff(chunk) >= 0).all(), "chunks in order"

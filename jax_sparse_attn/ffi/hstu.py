@@ -871,7 +871,18 @@ def _schedule_adapter():
         HstuSchedule(block, paged=True, pdl=pdl)(cu_q, cu_k, param, cu_q_out, cu_k_out, tiles, cu_q_out,
                                         stream, mPtr=ptr, mPtrS=ptr_out)
 
-    return hstu_fwd_schedule_launch, hstu_bwd_schedule_launch, hstu_fwd_schedule_paged_launch
+    @cute.jit
+    def hstu_fwd_schedule_counter_launch(stream, cu_q, cu_k, param, cu_q_out, cu_k_out, tiles,
+                                         counter, *, block: cutlass.Constexpr,
+                                         pdl: cutlass.Constexpr,
+                                         chunk: cutlass.Constexpr = False):
+        # also zeroes the dynamic deal's work-item counter (no XLA memset between this launch
+        # and the forward, which would stop the forward's programmatic early launch)
+        HstuSchedule(block, pdl=pdl, chunk=chunk)(cu_q, cu_k, param, cu_q_out, cu_k_out, tiles,
+                                                  cu_q_out, stream, mCounter=counter)
+
+    return (hstu_fwd_schedule_launch, hstu_bwd_schedule_launch, hstu_fwd_schedule_paged_launch,
+            hstu_fwd_schedule_counter_launch)
 
 
 def _schedule_kernel_fits(cfg, func, nb, n_slots):
@@ -922,11 +933,14 @@ def _paged_metadata(cu_seqlens_q, cu_seqlens_k, page_indptrs, cfg, t_q, n_page_s
     return cu_q, cu_k, ptr, tiles
 
 
-def _fwd_metadata(cu_seqlens_q, cu_seqlens_k, func, cfg, t_q, t_k, tokens_per_chunk=0):
+def _fwd_metadata(cu_seqlens_q, cu_seqlens_k, func, cfg, t_q, t_k, tokens_per_chunk=0,
+                  counter=False):
     """Sanitised ``cu_q`` / ``cu_k`` (each with the pseudo-sequence) and the forward tile
     schedule: one launch of ``kernels/hstu_schedule.py`` where :func:`_schedule_kernel_fits`,
     else the jnp formulation of ``metadata``. ``tokens_per_chunk > 0``: the query tiles are
-    ordered by sequence chunks of that many keys first (``metadata.hstu_fwd_schedule``)."""
+    ordered by sequence chunks of that many keys first (``metadata.hstu_fwd_schedule``).
+    ``counter``: a fourth result, a zeroed int32 ``(1,)`` (the dynamic deal's item counter;
+    written by the schedule kernel where it runs)."""
     bm = cfg.fwd.block_m
     nb = cu_seqlens_q.shape[0] - 1
     n_slots = t_q // bm + nb + 1
@@ -935,8 +949,12 @@ def _fwd_metadata(cu_seqlens_q, cu_seqlens_k, func, cfg, t_q, t_k, tokens_per_ch
         out_sds = (jax.ShapeDtypeStruct((nb + 2,), jnp.int32),
                    jax.ShapeDtypeStruct((nb + 2,), jnp.int32),
                    jax.ShapeDtypeStruct((n_slots, 5), jnp.int32))
-        call = _cutlass_call(cfg)(_schedule_adapter()[0], output_shape_dtype=out_sds,
-                                  compile_key=("hstu_fwd_schedule", bm, cfg.fwd.pdl, chunk),
+        if counter:
+            out_sds += (jax.ShapeDtypeStruct((1,), jnp.int32),)
+        call = _cutlass_call(cfg)(_schedule_adapter()[3 if counter else 0],
+                                  output_shape_dtype=out_sds,
+                                  compile_key=("hstu_fwd_schedule", bm, cfg.fwd.pdl, chunk,
+                                               counter),
                                   block=bm, pdl=cfg.fwd.pdl, chunk=chunk)
         extra = (tokens_per_chunk,) if chunk else ()
         return call(cu_seqlens_q.astype(jnp.int32), cu_seqlens_k.astype(jnp.int32),
@@ -945,6 +963,8 @@ def _fwd_metadata(cu_seqlens_q, cu_seqlens_k, func, cfg, t_q, t_k, tokens_per_ch
     cu_k = metadata.append_pseudo_sequence(metadata.sanitize_cu_seqlens(cu_seqlens_k, t_k), None)
     tiles = metadata.hstu_fwd_schedule(cu_q, cu_k, func, bm, t_q, cfg.window_size,
                                        tokens_per_chunk)
+    if counter:
+        return cu_q, cu_k, tiles, jnp.zeros((1,), jnp.int32)
     return cu_q, cu_k, tiles
 
 
@@ -1034,9 +1054,9 @@ def hstu_fwd(q, k, v, cu_seqlens_q, cu_seqlens_k, func, cfg, rab=None):
                and not key.ws_cross and not with_rab)
     # the chunked order only with the dynamic deal (a static deal of it is badly balanced)
     tokens = schedule_tokens_per_chunk(key, k.shape[1], jnp.dtype(k.dtype).itemsize)
-    cu_q, cu_k, tiles = _fwd_metadata(
+    cu_q, cu_k, tiles, *counter = _fwd_metadata(
         cu_seqlens_q, cu_seqlens_k, func if key.has_func else None, cfg, t_q, k.shape[0],
-        tokens if dynamic else 0)
+        tokens if dynamic else 0, counter=dynamic)
     # the chunked order changes the schedule only: one attention kernel for every chunk size
     key = dataclasses.replace(key, schedule_chunk_kib=0)
     scal, win = metadata.hstu_scalars(cfg.alpha, cfg.scaling_seqlen, cfg.window_size)
@@ -1052,13 +1072,14 @@ def hstu_fwd(q, k, v, cu_seqlens_q, cu_seqlens_k, func, cfg, rab=None):
                                static_last_inputs=(0, 1, 2), static_last_outputs=(0,))
         out = call(*args, rab)
     elif dynamic:
-        # the dynamic deal's item counter: zeroed by XLA, updated in place by the kernel
+        # the dynamic deal's item counter: zeroed by the schedule launch (or XLA), updated in
+        # place by the kernel
         call = _cutlass_call(cfg)(
             _fwd_dynamic_adapter(),
             output_shape_dtype=(out_sds, jax.ShapeDtypeStruct((1,), jnp.int32)),
             input_output_aliases={9: 1}, compile_key=("hstu_fwd_dynamic", key), cfg=key,
             static_last_inputs=(0, 1, 2), static_last_outputs=(0,))
-        out, _ = call(*args, jnp.zeros((1,), jnp.int32))
+        out, _ = call(*args, counter[0])
     else:
         call = _cutlass_call(cfg)(_fwd_adapter(), output_shape_dtype=out_sds,
                                compile_key=("hstu_fwd", key), cfg=key,

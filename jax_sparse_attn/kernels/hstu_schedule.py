@@ -74,12 +74,13 @@ class HstuSchedule:
 
     @cute.jit
     def __call__(self, mCuQ, mCuK, mParam, mCuQs, mCuKs, mTile, mQStart, stream,
-                 mPtr=None, mPtrS=None):
+                 mPtr=None, mPtrS=None, mCounter=None):
         """``mCuQ``/``mCuK`` (B + 1,) raw offsets; ``mParam`` int32 ``[T_q, T_k, left, right,
         n_slots, n_pow2]`` (``n_pow2``: a power of two >= ``n_slots``; paged: a seventh entry,
         the page slots ``P``; chunked order: a seventh entry, the keys per chunk); outputs ``mCuQs``, ``mCuKs`` (B + 2,), ``mTile`` (n_slots, 5)
         forward / (n_slots, 2) backward and (backward) ``mQStart`` (B + 2,). Paged: ``mPtr``
-        (B + 1,) raw ``page_indptrs`` -> ``mPtrS`` (B + 2,)."""
+        (B + 1,) raw ``page_indptrs`` -> ``mPtrS`` (B + 2,). ``mCounter`` (optional, int32
+        (1,)): set to 0 (the work-item counter of the forward's dynamic deal)."""
 
         @cute.struct
         class Smem:
@@ -93,7 +94,8 @@ class HstuSchedule:
             launch(self.kernel(mCuQ, mCuK, mParam, mCuQs, mCuKs, mTile, mQStart, Smem, mPtr,
                                mPtrS), (1, 1, 1), NUM_THREADS, Smem, stream, use_pdl=self.pdl)
         else:
-            launch(self.kernel(mCuQ, mCuK, mParam, mCuQs, mCuKs, mTile, mQStart, Smem),
+            launch(self.kernel(mCuQ, mCuK, mParam, mCuQs, mCuKs, mTile, mQStart, Smem,
+                               mCounter=mCounter),
                    (1, 1, 1), NUM_THREADS, Smem, stream, use_pdl=self.pdl)
 
     @cute.jit
@@ -210,7 +212,7 @@ class HstuSchedule:
 
     @cute.kernel
     def kernel(self, mCuQ, mCuK, mParam, mCuQs, mCuKs, mTile, mQStart,
-               Smem: cutlass.Constexpr, mPtr=None, mPtrS=None):
+               Smem: cutlass.Constexpr, mPtr=None, mPtrS=None, mCounter=None):
         tid, _, _ = cute.arch.thread_idx()
         tid = Int32(tid)
         if cutlass.const_expr(self.pdl):
@@ -219,6 +221,9 @@ class HstuSchedule:
             # predecessor before it touches global memory
             cute.arch.griddepcontrol_launch_dependents()
             cute.arch.griddepcontrol_wait()
+        if cutlass.const_expr(mCounter is not None):
+            if tid == 0:
+                mCounter[0] = Int32(0)
         st = smem_storage(Smem)
         keys = st.keys.get_tensor(cute.make_layout(MAX_SLOTS))
         cq = st.cq.get_tensor(cute.make_layout(MAX_SEQS))
