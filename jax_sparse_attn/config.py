@@ -103,10 +103,19 @@ WS_FLAGS = ("nooverlap", "nopingpong", "q1", "silu16", "tanh16", "pagepf", "qali
 _WS_ALLOWED = ("comma list of " + ", ".join(WS_FLAGS)
                + ", bn=N (block_n: a multiple of 16 in 16..256), chunk=N (KiB of K / V per "
                "sequence chunk of the tile schedule: 0..1048576, 0 = off)")
-#: parser of JAX_SPARSE_ATTN_HSTU_WS: :data:`WS_FLAGS`, ``bn=N`` and ``chunk=N``
-_parse_ws = _parse_option_list(WS_FLAGS, {"bn": lambda n: n % 16 == 0 and 16 <= n <= 256,
-                                          "chunk": lambda n: 0 <= n <= 1 << 20},
-                               None, _WS_ALLOWED)
+_parse_ws_opts = _parse_option_list(WS_FLAGS, {"bn": lambda n: n % 16 == 0 and 16 <= n <= 256,
+                                               "chunk": lambda n: 0 <= n <= 1 << 20},
+                                    None, _WS_ALLOWED)
+
+
+def _parse_ws(var, raw):
+    """Parser of JAX_SPARSE_ATTN_HSTU_WS: :data:`WS_FLAGS`, ``bn=N`` and ``chunk=N``; the
+    deal flags ``dynamic`` and ``static`` / ``roundrobin`` exclude each other."""
+    opts = _parse_ws_opts(var, raw)
+    if "dynamic" in opts and ("static" in opts or "roundrobin" in opts):
+        raise ValueError(f"{var}={raw!r}: 'dynamic' cannot be combined with 'static' or "
+                         f"'roundrobin' (the static deals); allowed: {_WS_ALLOWED}")
+    return opts
 
 #: the flags of the sm90ws BSA forward's tuning switch (JAX_SPARSE_ATTN_BSA_WS), plus
 #: ``stages=N`` (at most N K/V stages, 2..8)

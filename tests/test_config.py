@@ -130,7 +130,8 @@ def test_sm90ws_variants_parse(raw):
 
 @pytest.mark.parametrize("raw", ["bn=0", "bn=8", "bn=272", "bn=64x", "bn=", "bn", "q2",
                                  "nopingpong,nopingpong", "bn=64,bn=128", "NOOVERLAP",
-                                 "chunk=-1", "chunk=1048577", "chunk=2,chunk=4", "chunk=1k"])
+                                 "chunk=-1", "chunk=1048577", "chunk=2,chunk=4", "chunk=1k",
+                                 "dynamic,static", "roundrobin,dynamic"])
 def test_sm90ws_variants_reject(raw):
     with pytest.raises(ValueError, match="JAX_SPARSE_ATTN_HSTU_WS") as e:
         config.from_env({"JAX_SPARSE_ATTN_HSTU_WS": raw})

@@ -389,7 +389,8 @@ DYNAMIC_CASES = [
 
 # the deal / order variants against the static alternating deal: the default (dynamic deal,
 # 16 MiB sequence chunks) on every case; without chunks and with 64 KiB chunks (a few keys
-# per chunk: the chunk index saturates) on three
+# per chunk: 32 chunks and more; on the canonical jagged batch the index saturates at 126)
+# on three
 _DEAL_VARIANTS = ([(c, ()) for c in DYNAMIC_CASES]
                   + [(c, ws) for c in DYNAMIC_CASES
                      if c[0] in ("canonical-jagged", "gqa-4to1-empty-seq-d64", "kv-splits-2")
@@ -403,7 +404,7 @@ _DEAL_VARIANTS = ([(c, ()) for c in DYNAMIC_CASES]
 def test_hstu_sm90ws_dynamic_deal(name, lens, d, window, heads, heads_kv, kv_splits, ws):
     """The dynamic deal (the default): the CTAs take their items from an atomic counter;
     chunk=N: the tile schedule orders the query tiles by sequence chunks of N KiB of K / V
-    (default 16384; 64: a few keys per chunk, so the chunk index saturates). The output
+    (default 16384; 64: a few keys per chunk, many chunks). The output
     matches the float32 reference (2x rule), is bitwise the static deal's (each item's
     arithmetic does not depend on the CTA that runs it or the order), is the same on a
     second call (the counter is zeroed per call), and rows past the last sequence

@@ -11,6 +11,7 @@ fallback) is what runs on the GPU.
 from __future__ import annotations
 
 import os
+import re
 
 import pytest
 
@@ -196,10 +197,16 @@ def test_hstu_fwd_chunked_schedule_takes_the_chunk_size():
     chunked = _fwd_text(128, 128, 0, "bfloat16",
                         Switches(hstu_fwd_impl="sm90ws", hstu_fwd_ws=("dynamic", "chunk=1024")))
     default = _fwd_text(128, 128, 0, "bfloat16", Switches(hstu_fwd_impl="sm90ws"))
-    for off in (("static", "chunk=1024"), ("chunk=0",)):
+    for off in (("static", "chunk=1024"), ("chunk=0",), ("headouter",), ("cross",)):
         txt = _fwd_text(128, 128, 0, "bfloat16", Switches(hstu_fwd_impl="sm90ws", hstu_fwd_ws=off))
         assert "tensor<6xi32>" in txt and "tensor<7xi32>" not in txt, off
-    assert "tensor<7xi32>" in chunked and "tensor<7xi32>" in default
+        # chunk=0 keeps the dynamic deal (its counter aliased), the others deal statically
+        assert ("output_operand_alias" in txt) == (off == ("chunk=0",)), off
+    sm80 = _fwd_text(128, 128, 0, "bfloat16", Switches(hstu_fwd_impl="sm80"))
+    assert "tensor<7xi32>" not in sm80 and "output_operand_alias" not in sm80
+    # the seventh parameter is the keys per chunk: N KiB over 2 KV heads x (128 + 128) x 2 B
+    assert "dense<[300, 300, -1, 0, 6, 8, 1024]> : tensor<7xi32>" in chunked
+    assert "dense<[300, 300, -1, 0, 6, 8, 16384]> : tensor<7xi32>" in default
     key = fh.fwd_config("bfloat16", 128, 128, 0,
                         Switches(hstu_fwd_impl="sm90ws", hstu_fwd_ws=("chunk=1024",)))
     assert key.schedule_chunk_kib == 1024
@@ -213,9 +220,10 @@ def test_hstu_fwd_chunked_schedule_takes_the_chunk_size():
 
 
 def test_hstu_sm90ws_dynamic_deal_passes_an_aliased_counter():
-    """The dynamic deal (the default): the forward call takes a zeroed int32 counter that is
-    aliased to an output (XLA owns it and zeroes it per call); the static deal has no
-    aliased buffer."""
+    """The dynamic deal (the default): the forward call takes an int32 counter aliased to an
+    output, and that counter is the tile-schedule call's fourth result (the schedule launch
+    zeroes it: no XLA copy of a zero constant between the two launches); the static deal has
+    no aliased buffer."""
     from jax_sparse_attn.config import Switches  # noqa: PLC0415
 
     dyn = _fwd_text(128, 128, 0, "bfloat16", Switches(hstu_fwd_impl="sm90ws"))
@@ -225,6 +233,11 @@ def test_hstu_sm90ws_dynamic_deal_passes_an_aliased_counter():
     assert "output_operand_alias" not in static
     # the counter: one int32 operand of the forward call, one int32 result aliased to it
     assert "tensor<1xi32>) -> (tensor<300x2x128xbf16>, tensor<1xi32>)" in dyn
+    calls = [ln for ln in dyn.splitlines() if "stablehlo.custom_call" in ln]
+    sched = re.match(r"\s*(%\w+):4 = stablehlo.custom_call", calls[0])
+    assert sched, calls[0][:200]
+    fwd_operands = calls[1].split("(", 1)[1].split(")", 1)[0].split(", ")
+    assert fwd_operands[-1] == sched.group(1) + "#3", fwd_operands
 
 
 @pytest.mark.parametrize("ws,head_dim,func_n,dtype", WS_LOWER,

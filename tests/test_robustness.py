@@ -375,3 +375,28 @@ def test_hstu_fwd_chunked_schedule(tokens, window):
     assert (np.where(np.diff(chunk) == 0, np.diff(w), 0) <= 0).all(), (chunk, w)
     if tokens == 100_000:
         np.testing.assert_array_equal(got, base)
+
+
+@pytest.mark.parametrize("tokens", [1, 200, 700])
+def test_hstu_fwd_chunked_schedule_takes_the_chunk_from_the_keys(tokens):
+    """With L_q != L_k and the pseudo-sequences of the kernel path (rows past cu_q[B] without
+    keys), the chunk of a query tile is that of its sequence's first key
+    (``cu_k[b] // tokens``), not of its first query row."""
+    lens_q, lens_k = [300, 5, 257, 0, 129], [40, 600, 257, 90, 500]
+    t_q, t_k = sum(lens_q) + 70, sum(lens_k)
+    cu_q = metadata.append_pseudo_sequence(
+        jnp.asarray(np.concatenate([[0], np.cumsum(lens_q)]), jnp.int32), t_q)
+    cu_k = metadata.append_pseudo_sequence(
+        jnp.asarray(np.concatenate([[0], np.cumsum(lens_k)]), jnp.int32), None)
+    got = np.asarray(metadata.hstu_fwd_schedule(cu_q, cu_k, None, 128, t_q, (-1, 0),
+                                                tokens_per_chunk=tokens))
+    base = np.asarray(metadata.hstu_fwd_schedule(cu_q, cu_k, None, 128, t_q, (-1, 0)))
+    assert sorted(map(tuple, base.tolist())) == sorted(map(tuple, got.tolist()))
+    rows = got[got[:, 0] >= 0]
+    ck = np.asarray(cu_k)
+    chunk = np.minimum(ck[rows[:, 0]] // tokens, 126)
+    assert (np.diff(chunk) >= 0).all(), (rows[:, 0], chunk)
+    # the pseudo-sequence (index 5: the 70 rows past cu_q[5]) is in the chunk of cu_k[5]
+    assert 5 in rows[:, 0]
+    cq = np.asarray(cu_q)
+    assert (np.minimum(cq[rows[:, 0]] // tokens, 126) != chunk).any() or tokens == 1

@@ -366,8 +366,10 @@ def fwd_config(dtype, head_dim, head_dim_v, func_n, switches, *, has_rab=False,
         reason = paged_unsupported_reason(head_dim, head_dim_v, switches)
         if reason is not None:
             raise NotImplementedError(reason)
+        # the paged forward deals statically in the schedule's longest-first order
         return dataclasses.replace(
             _ws_config(dtype, head_dim, head_dim_v, 0, switches, rab, arch), paged=True,
+            ws_dynamic=False, schedule_chunk_kib=0,
             kv_splits=int(kv_splits), page_id_clamp=switches.hstu_schedule == "kernel",
             ws_page_prefetch=ws_options(switches.hstu_fwd_ws)["page_prefetch"])
     if impl == "sm90ws":
@@ -664,7 +666,8 @@ def _fwd_dynamic_adapter():
     @cute.jit
     def hstu_fwd_dynamic_launch(stream, q, k, v, cu_q, cu_k, tiles, func, scal, win, counter,
                                 out, *, cfg: cutlass.Constexpr):
-        # counter (int32 (1,)) is aliased to output 1 (zero-initialised by XLA)
+        # counter (int32 (1,)) is aliased to output 1 (zeroed by the tile-schedule launch, or
+        # by XLA on the jnp schedule path)
         _ws_fwd_kernel(cfg, dynamic=True)(q, k, v, cu_q, cu_k, tiles, func, scal, win, out,
                                           stream, mCounter=counter)
 
@@ -1058,7 +1061,9 @@ def hstu_fwd(q, k, v, cu_seqlens_q, cu_seqlens_k, func, cfg, rab=None):
         cu_seqlens_q, cu_seqlens_k, func if key.has_func else None, cfg, t_q, k.shape[0],
         tokens if dynamic else 0, counter=dynamic)
     # the chunked order changes the schedule only: one attention kernel for every chunk size
-    key = dataclasses.replace(key, schedule_chunk_kib=0)
+    # (and one for the kernels that deal statically, whatever the deal option)
+    key = dataclasses.replace(key, schedule_chunk_kib=0,
+                              ws_dynamic=dynamic)
     scal, win = metadata.hstu_scalars(cfg.alpha, cfg.scaling_seqlen, cfg.window_size)
     func_arr = func.astype(jnp.int32) if key.has_func else jnp.zeros((1, 1, 1), jnp.int32)
     out_sds = _out_sds(key, t_q, h, cfg.head_dim_v_pad, q.dtype)
