@@ -99,7 +99,7 @@ def _parse_option_list(flags, key, key_ok, allowed):
 #: the flags of the sm90ws forward's tuning switch (JAX_SPARSE_ATTN_HSTU_WS); ``bn=N`` is
 #: the fifth entry
 WS_FLAGS = ("nooverlap", "nopingpong", "q1", "silu16", "tanh16", "pagepf", "qalias",
-            "cross", "crossepi", "vlag", "headouter", "roundrobin", "dynamic", "static")
+            "cross", "crossepi", "vlag", "headouter", "roundrobin", "dynamic", "static", "qscale")
 _WS_ALLOWED = ("comma list of " + ", ".join(WS_FLAGS)
                + ", bn=N (block_n: a multiple of 16 in 16..256), chunk=N (KiB of K / V per "
                "sequence chunk of the tile schedule: 0..1048576, 0 = off)")
@@ -202,7 +202,10 @@ SWITCHES = (
            "each CTA takes the next from an atomic counter zeroed per call), static (the CTAs "
            "take the rounds of the longest-first items dealt in alternating direction, as "
            "with rab or paged K / V), roundrobin (static, CTA c takes work items c, c + G, "
-           "...), bn=N (keys per tile; default 128, 64 at D = 256), chunk=N (with the "
+           "...), qscale (each consumer warpgroup scales its Q tile by alpha / 2 in shared "
+           "memory once per work item, so no score is multiplied; one more rounding of q "
+           "to the 16-bit type; not with rab), bn=N (keys per tile; default 128, 64 at "
+           "D = 256), chunk=N (with the "
            "dynamic deal: the tile schedule orders the query tiles by sequence chunks of "
            "about N KiB of K / V over all KV heads, longest work first within a chunk, so "
            "the CTAs running at one time read K / V that fit the L2 cache; default 16384, "

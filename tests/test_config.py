@@ -105,7 +105,8 @@ def test_removed_sm90_bsa_forward_is_rejected():
                                  "bn=256",
                                  "bn=80,q1", "nooverlap,nopingpong,q1,silu16,bn=192", " q1 , ",
                                  "chunk=1", "dynamic,chunk=24576,bn=64", "static", "chunk=0",
-                                 "static,chunk=64", "roundrobin,q1"])
+                                 "static,chunk=64", "roundrobin,q1", "qscale",
+                                 "qscale,static,bn=64"])
 def test_sm90ws_variants_parse(raw):
     """Every option of hstu_fwd_ws is accepted alone and combined; the string form of a
     Switches field is the environment's; ffi.hstu.ws_options reads them."""
@@ -125,6 +126,7 @@ def test_sm90ws_variants_parse(raw):
                    "cross": 2 if "crossepi" in opts else 1 if "cross" in opts else 0,
                    "v_lag": "vlag" in opts, "head_outer": "headouter" in opts,
                    "snake": "roundrobin" not in opts, "dynamic": dynamic,
+                   "q_scale": "qscale" in opts,
                    "bn": bn[0] if bn else 0, "chunk": chunk}
 
 

@@ -184,7 +184,9 @@ WS_LOWER = [(ws, 128, 0, "bfloat16") for ws in ("nooverlap", "nopingpong", "q1",
 WS_LOWER += [("bn=80", 256, 0, "float16"), ("crossepi", 64, 3, "float16"),
              ("headouter", 64, 0, "bfloat16"), ("roundrobin", 128, 3, "bfloat16"),
              ("static", 128, 0, "bfloat16"), ("dynamic", 256, 3, "float16"),
-             ("chunk=1024", 128, 0, "bfloat16"), ("chunk=0", 64, 0, "bfloat16")]
+             ("chunk=1024", 128, 0, "bfloat16"), ("chunk=0", 64, 0, "bfloat16"),
+             ("qscale", 64, 0, "bfloat16"), ("qscale", 128, 3, "float16"),
+             ("qscale", 256, 0, "bfloat16")]
 
 
 def test_hstu_fwd_chunked_schedule_takes_the_chunk_size():

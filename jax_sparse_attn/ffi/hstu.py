@@ -145,6 +145,8 @@ class HstuFwdConfig(_HstuKey):
     # the tile schedule orders the query tiles by sequence chunks of about this many KiB of
     # K / V (all KV heads), longest work first within a chunk (0: over all tiles)
     schedule_chunk_kib: int = 0
+    # consumers scale their Q tile by alpha / 2 in shared memory ("qscale"; not with rab)
+    ws_q_scale: bool = False
     num_sms: int = 0
     # relative attention bias: presence, H_rab == H, rab's dtype name ("" without rab)
     has_rab: bool = False
@@ -405,7 +407,9 @@ def ws_options(opts) -> dict:
     takes items ``c, c + G, ...``), ``dynamic`` (after its first item each CTA takes the
     next one from a zeroed atomic counter: a greedy deal in the schedule's order; the
     default, off with ``static`` or ``roundrobin``; the kernels with rab or paged K / V and
-    ``cross`` / ``headouter`` deal statically), ``bn`` (block_n, 0: the kernel's default for
+    ``cross`` / ``headouter`` deal statically), ``q_scale`` (``qscale``: each consumer
+    warpgroup scales its Q tile by alpha / 2 in shared memory once per item instead of
+    multiplying every score; not with rab), ``bn`` (block_n, 0: the kernel's default for
     the head dims), ``chunk`` (with the dynamic deal: KiB of K / V per sequence chunk of the
     tile schedule, :data:`SCHEDULE_CHUNK_KIB` unless given, 0: one longest-first order over
     all query tiles)."""
@@ -418,7 +422,7 @@ def ws_options(opts) -> dict:
             "q_alias": "qalias" in opts,
             "cross": 2 if "crossepi" in opts else 1 if "cross" in opts else 0,
             "v_lag": "vlag" in opts, "head_outer": "headouter" in opts,
-            "snake": "roundrobin" not in opts, "dynamic": dynamic,
+            "snake": "roundrobin" not in opts, "dynamic": dynamic, "q_scale": "qscale" in opts,
             "bn": bn[0] if bn else 0,
             "chunk": (chunk[0] if chunk else SCHEDULE_CHUNK_KIB) if dynamic else 0}
 
@@ -454,6 +458,7 @@ def _ws_config(dtype, head_dim, head_dim_v, func_n, switches, rab, arch) -> Hstu
                          ws_cross=opts["cross"], ws_v_lag=opts["v_lag"],
                          ws_head_outer=opts["head_outer"], ws_snake=opts["snake"],
                          ws_dynamic=opts["dynamic"], schedule_chunk_kib=opts["chunk"],
+                         ws_q_scale=opts["q_scale"],
                          num_sms=metadata.num_sms(), **rab, arch=arch,
                          pdl=bool(getattr(switches, "pdl", False)))
 
@@ -633,7 +638,7 @@ def _ws_fwd_kernel(cfg, **extra):
                          silu16=cfg.ws_silu16, tanh16=cfg.ws_tanh16, q_alias=cfg.ws_q_alias,
                          cross_item=cfg.ws_cross, v_lag=cfg.ws_v_lag, pdl=cfg.pdl,
                          head_outer=cfg.ws_head_outer, snake=cfg.ws_snake,
-                         kv_splits=cfg.kv_splits, **extra)
+                         kv_splits=cfg.kv_splits, q_scale=cfg.ws_q_scale, **extra)
 
 
 @functools.lru_cache(maxsize=None)

@@ -383,6 +383,11 @@ class AttnFwdSm90Ws:
         tSc = thr_mma_qk.partition_C(cute.make_identity_tensor((self.wg_m, self.bn)))
         return thr_mma_qk, thr_mma_pv, tSrQ, tSrK, tOrV, tSc
 
+    def _q_ready(self, tile, q_slice, wg, wtid):
+        """Called by a consumer warpgroup once its Q slice ``q_slice`` of ``sQ`` has arrived,
+        before the item's first QK GEMM (a kernel may rewrite the slice there; it must
+        make the writes visible to the async proxy and synchronise the warpgroup)."""
+
     @cute.jit
     def _o_buffer(self, st, sO_layout, wg):
         """This warpgroup's O staging buffer: its own buffer, or its part of sQ."""
@@ -404,6 +409,7 @@ class AttnFwdSm90Ws:
         if work.n_count > 0:
             rows = self._work_rows(work, tile)
             pipe_q.consumer_wait(c_q)
+            self._q_ready(tile, self.num_wg * pipe_q.stage(c_q) + wg, wg, wtid)
             c_kv = self._mainloop(
                 mma_qk, mma_qk0, mma_pv, thr_mma_qk,
                 tSrQ[None, None, None, self.num_wg * pipe_q.stage(c_q) + wg], tSrK,

@@ -16,6 +16,7 @@ BSA kernels) and re-exported here.
   writes the packed A operand of a 16-bit GEMM.
 * ``keep_u32(x)``: an opaque redefinition of ``x`` that keeps a register operand of an
   asynchronous wgmma allocated until its ``wait_group``.
+* ``scale_pair(w, scale, bf16)``: a packed 16-bit pair times an fp32 scale, rounded once.
 * ``finite_below(x)``: ``max.NaN.f32(x, -FLT_MAX)``: -inf becomes the lowest finite float
   (so ``SiLU(2h) = h + h tanh(h)`` gives its limit 0 instead of ``-inf * 0 = NaN``), NaN
   stays NaN.
@@ -75,6 +76,20 @@ def finite_below(x, lowest=FLT_LOWEST, *, loc=None, ip=None):
     return cutlass.Float32(
         inline_asm(T.f32(), [_f32(x, loc, ip), _f32(lowest, loc, ip)],
                    "max.NaN.f32 $0, $1, $2;", "=f,f,f", False, loc, ip))
+
+
+@dsl_user_op
+def scale_pair(w, scale, bf16: bool, *, loc=None, ip=None):
+    """A packed pair of 16-bit values (``uint32``, bf16 or fp16) times an fp32 ``scale``:
+    both halves widened to fp32, multiplied, rounded back to the 16-bit type once
+    (``cvt.rn``)."""
+    t = "bf16" if bf16 else "f16"
+    return cutlass.Uint32(
+        inline_asm(T.i32(), [cutlass.Uint32(w).ir_value(loc=loc, ip=ip), _f32(scale, loc, ip)],
+                   "{\n.reg .b16 lo, hi;\n.reg .f32 a, b;\nmov.b32 {lo, hi}, $1;\n"
+                   f"cvt.f32.{t} a, lo;\ncvt.f32.{t} b, hi;\n"
+                   "mul.f32 a, a, $2;\nmul.f32 b, b, $2;\n"
+                   f"cvt.rn.{t}x2.f32 $0, b, a;\n}}", "=r,r,f", False, loc, ip))
 
 
 @dsl_user_op

@@ -92,6 +92,7 @@ class _Tile:
     mRab: object
     mO: object
     split: object = None  # split-KV: this item's key split
+    q_base: object = None  # q_scale: the shared-memory pointer of sQ
 
 
 class HstuFwdSm90Ws(AttnFwdSm90Ws):
@@ -100,7 +101,8 @@ class HstuFwdSm90Ws(AttnFwdSm90Ws):
                  has_rab=False, rab_per_head=False, tanh16=False, paged=False,
                  kv_splits=1, page_id_clamp=False, page_prefetch=False, q_alias=False,
                  cross_item=0, v_lag: bool = False, pdl: bool = False,
-                 head_outer: bool = False, snake: bool = True, dynamic: bool = False):
+                 head_outer: bool = False, snake: bool = True, dynamic: bool = False,
+                 q_scale: bool = False):
         self.pdl = pdl
         self.dtype = dtype
         self.d = head_dim
@@ -153,6 +155,10 @@ class HstuFwdSm90Ws(AttnFwdSm90Ws):
         # of ``item_ring`` slots (mbarrier pipeline); not with chained items or headouter
         self.dynamic = dynamic and not self.cross_item and not head_outer
         self.item_ring = 4 if self.dynamic else 0
+        # each consumer warpgroup scales its Q slice by alpha / 2 in shared memory once per
+        # item (one rounding to the 16-bit type), so the score tiles hold h directly (no
+        # multiply per score); not with rab (h = (alpha s + rab) / 2) or chained items
+        self.q_scale = q_scale and not has_rab and not self.cross_item
         self.num_threads = 384
         self.regs_producer = 24
         self.regs_consumer = 240
@@ -291,7 +297,8 @@ class HstuFwdSm90Ws(AttnFwdSm90Ws):
                         mw0 = m0 + wg * wgm
                         mw1 = cutlass.min(mw0 + wgm, work.seq.seqlen_q)
                         tile = _Tile(batch, mw0, mw1, mask, tSc, left, right, alpha_half,
-                                     inv_scale, mFunc, mRab, mO, split)
+                                     inv_scale, mFunc, mRab, mO, split,
+                                     st.sQ.data_ptr() if self.q_scale else None)
                         c_kv, c_q = self._consume(
                             work, tile, mma_qk, mma_qk0, mma_pv, thr_mma_qk,
                             thr_mma_pv, tSrQ, tSrK, tOrV, pipe_q, pipe_k, pipe_v, c_q, c_kv,
@@ -520,8 +527,26 @@ class HstuFwdSm90Ws(AttnFwdSm90Ws):
     # ------------------------------------------------------------- score function
     def _h(self, x, alpha_half):
         """``h`` of an accumulator value: ``(alpha / 2) s``; with rab the tile already holds
-        ``h = (alpha s + rab) / 2`` (``_add_rab``)."""
-        return x if cutlass.const_expr(self.has_rab) else x * alpha_half
+        ``h = (alpha s + rab) / 2`` (``_add_rab``), with ``q_scale`` ``s`` is already ``h``
+        (``_q_ready``)."""
+        return x if cutlass.const_expr(self.has_rab or self.q_scale) else x * alpha_half
+
+    @cute.jit
+    def _q_ready(self, tile, q_slice, wg, wtid):
+        """``q_scale``: this warpgroup's Q slice (64 x D elements, contiguous in ``sQ``)
+        times ``alpha / 2`` in place, 32-bit words of two elements, consecutive threads at
+        consecutive words; then the writes are fenced for the async proxy (the QK wgmma) and
+        the warpgroup synchronised (named barrier ``3 + wg``, as the epilogue)."""
+        if cutlass.const_expr(self.q_scale):
+            n = self.wg_m * self.d
+            base = cute.recast_ptr(tile.q_base + q_slice * n, dtype=cutlass.Uint32)
+            words = cute.make_tensor(base, cute.make_layout(n // 2))
+            bf16 = self.dtype == cutlass.BFloat16
+            for i in cutlass.range_constexpr(n // 2 // 128):
+                words[wtid + 128 * i] = hc.scale_pair(words[wtid + 128 * i], tile.alpha_half,
+                                                      bf16)
+            cute.arch.fence_proxy("async.shared", space="cta")
+            cute.arch.barrier(barrier_id=3 + wg, number_of_threads=128)
 
     @cute.jit
     def _score(self, acc_S, alpha_half):
