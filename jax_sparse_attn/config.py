@@ -204,7 +204,7 @@ SWITCHES = (
            "with rab or paged K / V), roundrobin (static, CTA c takes work items c, c + G, "
            "...), qscale (each consumer warpgroup scales its Q tile by alpha / 2 in shared "
            "memory once per work item, so no score is multiplied; one more rounding of q "
-           "to the 16-bit type; not with rab), bn=N (keys per tile; default 128, 64 at "
+           "to the 16-bit type; not with rab or paged K / V), bn=N (keys per tile; default 128, 64 at "
            "D = 256), chunk=N (with the "
            "dynamic deal: the tile schedule orders the query tiles by sequence chunks of "
            "about N KiB of K / V over all KV heads, longest work first within a chunk, so "

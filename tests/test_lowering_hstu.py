@@ -836,6 +836,9 @@ _PTX_CONFIGS = {
                            {"hstu_fwd_impl": "sm90ws"}, {}),
     "fwd-256-3-float16": ("_fwd_text", (256, 256, 3, "float16"),
                           {"hstu_fwd_impl": "sm90ws"}, {}),
+    "fwd-64-0-bfloat16": ("_fwd_text", (64, 64, 0, "bfloat16"), {"hstu_fwd_impl": "sm90ws"}, {}),
+    "fwd-64-0-bfloat16-qscale": ("_fwd_text", (64, 64, 0, "bfloat16"),
+                                 {"hstu_fwd_impl": "sm90ws", "hstu_fwd_ws": "qscale"}, {}),
     "bwd-128-bfloat16-causal": ("_bwd_text", (128, "bfloat16", "causal"),
                                 {"hstu_bwd_impl": "sm90"}, {}),
     "bwd-256-bfloat16-causal": ("_bwd_text", (256, "bfloat16", "causal"),
@@ -887,6 +890,28 @@ def _kept(kept_ptx, name):
     import kept_ptx as kp  # noqa: PLC0415
 
     return kp.ptx_of(kept_ptx, name)
+
+
+def test_hstu_sm90ws_qscale_ptx_drops_the_per_score_multiply(kept_ptx):
+    """hstu_fwd_ws=qscale at D = 64: the consumer warpgroups scale their Q slice once per item
+    (two fp32 multiplies per 32-bit word of the 64 x 64 slice, a fence for the async proxy
+    and one more named barrier), and the score tiles lose their multiply by alpha / 2 (one
+    per tanh)."""
+    def fwd(name):
+        files = _kept(kept_ptx, name)
+        ptx = [t for t in files.values() if _SCHEDULE_KERNEL not in t]
+        assert len(ptx) == 1, list(files)
+        return ptx[0]
+
+    base, qs = fwd("fwd-64-0-bfloat16"), fwd("fwd-64-0-bfloat16-qscale")
+    count = lambda t, needle: t.count(needle)  # noqa: E731
+    tanh = count(base, "tanh.approx.f32")
+    assert tanh > 0 and count(qs, "tanh.approx.f32") == tanh
+    scale_muls = 2 * (64 * 64 // 2 // 128)
+    assert count(qs, "mul.f32") <= count(base, "mul.f32") - tanh + scale_muls
+    assert (count(qs, "fence.proxy.async.shared::cta")
+            == count(base, "fence.proxy.async.shared::cta") + 1)
+    assert count(qs, "cvt.rn.bf16x2.f32") >= count(base, "cvt.rn.bf16x2.f32") + scale_muls // 2
 
 
 @pytest.mark.parametrize("head_dim,func_n,dtype", [(128, 0, "bfloat16"), (256, 3, "float16")])

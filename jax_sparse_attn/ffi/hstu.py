@@ -368,10 +368,11 @@ def fwd_config(dtype, head_dim, head_dim_v, func_n, switches, *, has_rab=False,
         reason = paged_unsupported_reason(head_dim, head_dim_v, switches)
         if reason is not None:
             raise NotImplementedError(reason)
-        # the paged forward deals statically in the schedule's longest-first order
+        # the paged forward deals statically in the schedule's longest-first order and
+        # multiplies each score by alpha / 2 (no qscale)
         return dataclasses.replace(
             _ws_config(dtype, head_dim, head_dim_v, 0, switches, rab, arch), paged=True,
-            ws_dynamic=False, schedule_chunk_kib=0,
+            ws_dynamic=False, schedule_chunk_kib=0, ws_q_scale=False,
             kv_splits=int(kv_splits), page_id_clamp=switches.hstu_schedule == "kernel",
             ws_page_prefetch=ws_options(switches.hstu_fwd_ws)["page_prefetch"])
     if impl == "sm90ws":
@@ -458,7 +459,7 @@ def _ws_config(dtype, head_dim, head_dim_v, func_n, switches, rab, arch) -> Hstu
                          ws_cross=opts["cross"], ws_v_lag=opts["v_lag"],
                          ws_head_outer=opts["head_outer"], ws_snake=opts["snake"],
                          ws_dynamic=opts["dynamic"], schedule_chunk_kib=opts["chunk"],
-                         ws_q_scale=opts["q_scale"],
+                         ws_q_scale=opts["q_scale"] and not rab["has_rab"] and not opts["cross"],
                          num_sms=metadata.num_sms(), **rab, arch=arch,
                          pdl=bool(getattr(switches, "pdl", False)))
 

@@ -542,7 +542,7 @@ class HstuFwdSm90Ws(AttnFwdSm90Ws):
             base = cute.recast_ptr(tile.q_base + q_slice * n, dtype=cutlass.Uint32)
             words = cute.make_tensor(base, cute.make_layout(n // 2))
             bf16 = self.dtype == cutlass.BFloat16
-            for i in cutlass.range_constexpr(n // 2 // 128):
+            for i in cutlass.range(n // 2 // 128, unroll_full=True):
                 words[wtid + 128 * i] = hc.scale_pair(words[wtid + 128 * i], tile.alpha_half,
                                                       bf16)
             cute.arch.fence_proxy("async.shared", space="cta")
