@@ -59,11 +59,16 @@ CASES = {
     "16x2048-causal": (16, 2048, 4, 128, (-1, 0)),
     "64x512-causal": (64, 512, 4, 128, (-1, 0)),
     "8x4096-causal-d64": (8, 4096, 4, 64, (-1, 0)),
+    "32x1024-causal-d64": (32, 1024, 4, 64, (-1, 0)),
+    "16x2048-causal-d64": (16, 2048, 4, 64, (-1, 0)),
+    "64x512-causal-d64": (64, 512, 4, 64, (-1, 0)),
+    "4x8192-causal-d64": (4, 8192, 4, 64, (-1, 0)),
     "8x4096-causal-d256": (8, 4096, 4, 256, (-1, 0)),
     # MovieLens-1M sequence model shape (HSTU paper's ML-1M setup: L 200, one head, D 64)
     "movielens-128x200": (128, 200, 1, 64, (-1, 0)),
     # the canonical jagged batch (benchmarks._grids.canonical_jagged_lengths), H=4, D=128
     "jagged32-causal": ("jagged", None, 4, 128, (-1, 0)),
+    "jagged32-causal-d64": ("jagged", None, 4, 64, (-1, 0)),
 }
 
 

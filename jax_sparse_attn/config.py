@@ -99,7 +99,8 @@ def _parse_option_list(flags, key, key_ok, allowed):
 #: the flags of the sm90ws forward's tuning switch (JAX_SPARSE_ATTN_HSTU_WS); ``bn=N`` is
 #: the fifth entry
 WS_FLAGS = ("nooverlap", "nopingpong", "q1", "silu16", "tanh16", "pagepf", "qalias",
-            "cross", "crossepi", "vlag", "headouter", "roundrobin", "dynamic", "static", "qscale")
+            "cross", "crossepi", "vlag", "headouter", "roundrobin", "dynamic", "static", "qscale",
+            "noqscale", "wg3", "wg2")
 _WS_ALLOWED = ("comma list of " + ", ".join(WS_FLAGS)
                + ", bn=N (block_n: a multiple of 16 in 16..256), chunk=N (KiB of K / V per "
                "sequence chunk of the tile schedule: 0..1048576, 0 = off)")
@@ -110,11 +111,18 @@ _parse_ws_opts = _parse_option_list(WS_FLAGS, {"bn": lambda n: n % 16 == 0 and 1
 
 def _parse_ws(var, raw):
     """Parser of JAX_SPARSE_ATTN_HSTU_WS: :data:`WS_FLAGS`, ``bn=N`` and ``chunk=N``; the
-    deal flags ``dynamic`` and ``static`` / ``roundrobin`` exclude each other."""
+    deal flags ``dynamic`` and ``static`` / ``roundrobin`` exclude each other, and so do
+    ``qscale`` and ``noqscale``, ``wg3`` and ``wg2``."""
     opts = _parse_ws_opts(var, raw)
     if "dynamic" in opts and ("static" in opts or "roundrobin" in opts):
         raise ValueError(f"{var}={raw!r}: 'dynamic' cannot be combined with 'static' or "
                          f"'roundrobin' (the static deals); allowed: {_WS_ALLOWED}")
+    if "wg3" in opts and "wg2" in opts:
+        raise ValueError(f"{var}={raw!r}: 'wg3' and 'wg2' exclude each other; "
+                         f"allowed: {_WS_ALLOWED}")
+    if "qscale" in opts and "noqscale" in opts:
+        raise ValueError(f"{var}={raw!r}: 'qscale' and 'noqscale' exclude each other; "
+                         f"allowed: {_WS_ALLOWED}")
     return opts
 
 #: the flags of the sm90ws BSA forward's tuning switch (JAX_SPARSE_ATTN_BSA_WS), plus
@@ -204,7 +212,12 @@ SWITCHES = (
            "with rab or paged K / V), roundrobin (static, CTA c takes work items c, c + G, "
            "...), qscale (each consumer warpgroup scales its Q tile by alpha / 2 in shared "
            "memory once per work item, so no score is multiplied; one more rounding of q "
-           "to the 16-bit type; not with rab or paged K / V), bn=N (keys per tile; default 128, 64 at "
+           "to the 16-bit type; the default at head dims up to 64, where the score "
+           "function bounds the kernel; not with rab or paged K / V), noqscale (every "
+           "score multiplied by alpha / 2 in fp32, also at head dims up to 64), wg3 (three "
+           "consumer warpgroups, 192-row query tiles, 160 registers per consumer thread; at "
+           "head dims up to 64, not with rab, paged K / V or chained items), wg2 (two consumer "
+           "warpgroups, 128-row query tiles), bn=N (keys per tile; default 128, 64 at "
            "D = 256), chunk=N (with the "
            "dynamic deal: the tile schedule orders the query tiles by sequence chunks of "
            "about N KiB of K / V over all KV heads, longest work first within a chunk, so "

@@ -137,7 +137,8 @@ def _make_config(q, k, v, cu_seqlens_q, cu_seqlens_k, func, paged_kv, page_ids, 
             max_seqlen_q=cfg.max_seqlen_q, max_seqlen_k=cfg.max_seqlen_k,
             impl=switches.hstu_fwd_impl)
     extra = dict(({"paged": True} if cfg.paged else {}),
-                 **({"kv_splits": splits} if splits > 1 else {}))
+                 **({"kv_splits": splits} if splits > 1 else {}),
+                 **({"max_seqlen_q": int(cfg.max_seqlen_q)} if "fwd" in passes else {}))
     # the compile keys of the passes this call may run (a pass that cannot run here is None)
     fwd = bwd = None
     if "fwd" in passes:

@@ -119,6 +119,11 @@ def hstu_cases(quick):
                 yield (f"hstu fwd={impl} cu={name} D={d} window={window}",
                        dict(T=T, H=H, D=d, cu=np.asarray(cu, np.int32), window=window,
                             switches=Switches(hstu_fwd_impl=impl)))
+    # the sm90ws forward with three consumer warpgroups (192-row tiles, hstu_fwd_ws wg3)
+    for (name, cu), window in zip(cus.items(), windows) if not quick else ():
+        yield (f"hstu fwd=sm90ws wg3 cu={name} D=64 window={window}",
+               dict(T=T, H=H, D=64, cu=np.asarray(cu, np.int32), window=window,
+                    switches=Switches(hstu_fwd_impl="sm90ws", hstu_fwd_ws=("wg3",))))
     # the non-default backwards of the hstu_bwd_impl switch on the same
     # garbage lengths
     for bwd in _allowed("hstu_bwd_impl")[1:] if not quick else ():

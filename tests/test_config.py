@@ -106,7 +106,8 @@ def test_removed_sm90_bsa_forward_is_rejected():
                                  "bn=80,q1", "nooverlap,nopingpong,q1,silu16,bn=192", " q1 , ",
                                  "chunk=1", "dynamic,chunk=24576,bn=64", "static", "chunk=0",
                                  "static,chunk=64", "roundrobin,q1", "qscale",
-                                 "qscale,static,bn=64"])
+                                 "qscale,static,bn=64", "noqscale", "noqscale,q1", "wg3",
+                                 "wg3,static,noqscale,bn=64", "wg2"])
 def test_sm90ws_variants_parse(raw):
     """Every option of hstu_fwd_ws is accepted alone and combined; the string form of a
     Switches field is the environment's; ffi.hstu.ws_options reads them."""
@@ -126,14 +127,17 @@ def test_sm90ws_variants_parse(raw):
                    "cross": 2 if "crossepi" in opts else 1 if "cross" in opts else 0,
                    "v_lag": "vlag" in opts, "head_outer": "headouter" in opts,
                    "snake": "roundrobin" not in opts, "dynamic": dynamic,
-                   "q_scale": "qscale" in opts,
+                   "q_scale": (True if "qscale" in opts else False if "noqscale" in opts
+                               else None),
+                   "num_wg": 3 if "wg3" in opts else 2 if "wg2" in opts else None,
                    "bn": bn[0] if bn else 0, "chunk": chunk}
 
 
 @pytest.mark.parametrize("raw", ["bn=0", "bn=8", "bn=272", "bn=64x", "bn=", "bn", "q2",
                                  "nopingpong,nopingpong", "bn=64,bn=128", "NOOVERLAP",
                                  "chunk=-1", "chunk=1048577", "chunk=2,chunk=4", "chunk=1k",
-                                 "dynamic,static", "roundrobin,dynamic"])
+                                 "dynamic,static", "roundrobin,dynamic",
+                                 "qscale,noqscale", "wg2,wg3"])
 def test_sm90ws_variants_reject(raw):
     with pytest.raises(ValueError, match="JAX_SPARSE_ATTN_HSTU_WS") as e:
         config.from_env({"JAX_SPARSE_ATTN_HSTU_WS": raw})

@@ -320,10 +320,12 @@ def test_inputs_fit_the_canvas():
         assert int(x["cu_q"][-1]) < x["q"].shape[0] and int(x["cu_k"][-1]) <= x["k"].shape[0]
 
 
-def _ws_case(lens, d, window, seed, poison):
+def _ws_case(lens, d, window, seed, poison, alpha=None, ws=None):
     """The sm90ws forward (public op, kernel backend) vs the float32 reference on a packed
     batch of ``lens`` (own canvas: T = sum(lens) + 200 tail rows). ``poison``: q/k/v rows past
-    ``cu[-1]`` are NaN (they must contribute nothing; the kernel must write zeros there)."""
+    ``cu[-1]`` are NaN (they must contribute nothing; the kernel must write zeros there).
+    ``alpha``: default 1 / sqrt(d); ``ws``: the ``hstu_fwd_ws`` options (default
+    ``HSTU_TEST_WS``)."""
     import jax_sparse_attn as jsa
     from jax_sparse_attn import reference
 
@@ -336,8 +338,8 @@ def _ws_case(lens, d, window, seed, poison):
         tail = jnp.arange(t) >= int(cu[-1])
         q, k, v = (jnp.where(tail[:, None, None], jnp.nan, x).astype(x.dtype) for x in (q, k, v))
     kw = dict(max_seqlen_q=max(lens), max_seqlen_k=max(lens), scaling_seqlen=float(max(lens)),
-              window_size=window, alpha=1.0 / np.sqrt(d))
-    sw = Switches(hstu_fwd_impl="sm90ws", hstu_fwd_ws=_WS)
+              window_size=window, alpha=1.0 / np.sqrt(d) if alpha is None else alpha)
+    sw = Switches(hstu_fwd_impl="sm90ws", hstu_fwd_ws=_WS if ws is None else ws)
     out = jax.jit(lambda q, k, v, c: jsa.hstu_attention(
         q, k, v, c, c, backend="kernel", switches=sw, **kw))(q, k, v, cu)
     n = int(cu[-1])
@@ -374,6 +376,32 @@ def test_hstu_sm90ws_batches(name, lens, d, window, poison):
 
         lens = canonical_jagged_lengths()
     _ws_case(lens, d, window, seed=5, poison=poison)
+
+
+@pytest.mark.parametrize("d,alpha,window", [(64, 0.3, (-1, 0)), (128, 2.7, (40, 3)),
+                                            (256, 0.11, (-1, -1)), (32, -0.6, (-1, 0))])
+def test_hstu_sm90ws_qscale_alpha(d, alpha, window):
+    """hstu_fwd_ws=qscale (Q scaled by alpha / 2 in shared memory, rounded to the input
+    dtype) with alphas that are not powers of two, and a negative one, against the float32
+    reference (2x rule), NaN-poisoned tail rows written as zeros."""
+    _ws_case([1, 17, 113, 1023, 64, 4097], d, window, seed=9, poison=True, alpha=alpha,
+             ws=("qscale",))
+
+
+@pytest.mark.parametrize("d,window,ws", [(64, (-1, 0), ("wg3",)), (64, (40, 3), ("wg3",)),
+                                         (32, (-1, -1), ("wg3", "static")),
+                                         (64, (-1, 0), ("wg3", "noqscale", "q1")),
+                                         (64, (-1, 0), ()), (64, (-1, 0), ("wg2",))],
+                         ids=["d64-causal", "d64-local", "d32-full-static",
+                              "d64-causal-noqscale-q1", "d64-causal-default",
+                              "d64-causal-wg2"])
+def test_hstu_sm90ws_three_consumer_warpgroups(d, window, ws):
+    """Three consumer warpgroups on 192-row query tiles (hstu_fwd_ws=wg3; the default here,
+    max_seqlen_q = 4097 at D <= 64) and two (wg2), against the float32 reference (2x rule),
+    on sequences ending on both sides of a 192-row tile edge and zero-length ones,
+    NaN-poisoned tail rows written as zeros."""
+    _ws_case([1, 191, 192, 193, 0, 383, 1023, 4097, 17], d, window, seed=13, poison=True,
+             ws=ws)
 
 
 # the dynamic deal of the sm90ws forward's work items (hstu_fwd_ws=dynamic): name, lengths,

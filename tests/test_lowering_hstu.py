@@ -186,7 +186,41 @@ WS_LOWER += [("bn=80", 256, 0, "float16"), ("crossepi", 64, 3, "float16"),
              ("static", 128, 0, "bfloat16"), ("dynamic", 256, 3, "float16"),
              ("chunk=1024", 128, 0, "bfloat16"), ("chunk=0", 64, 0, "bfloat16"),
              ("qscale", 64, 0, "bfloat16"), ("qscale", 128, 3, "float16"),
-             ("qscale", 256, 0, "bfloat16")]
+             ("qscale", 256, 0, "bfloat16"), ("noqscale", 64, 0, "bfloat16"),
+             ("noqscale,static", 32, 3, "float16"), ("wg3", 64, 0, "bfloat16"),
+             ("wg3,noqscale", 64, 3, "float16"), ("wg3,static,q1", 32, 0, "bfloat16")]
+
+
+def test_hstu_sm90ws_three_consumer_warpgroups_key():
+    """hstu_fwd_ws=wg3: 192-row query tiles and 16 warps in the compile key at head dims up
+    to 64; above, with rab or paged K / V the key is the two-warpgroup one. Without wg2 /
+    wg3 the static max_seqlen_q picks it."""
+    import dataclasses  # noqa: PLC0415
+
+    from jax_sparse_attn.config import Switches  # noqa: PLC0415
+    from jax_sparse_attn.ffi import hstu as fh  # noqa: PLC0415
+
+    wg3, wg2 = Switches(hstu_fwd_ws="wg3"), Switches(hstu_fwd_ws="wg2")
+    k = fh.fwd_config("bfloat16", 64, 64, 0, wg3)
+    assert (k.block_m, k.num_warps, k.ws_num_wg) == (192, 16, 3)
+    assert fh.fwd_config("float16", 32, 32, 3, wg3).block_m == 192
+    base = fh.fwd_config("bfloat16", 64, 64, 0, wg2)
+    assert (base.block_m, base.num_warps, base.ws_num_wg) == (128, 12, 2)
+    assert dataclasses.replace(k, block_m=128, num_warps=12, ws_num_wg=2) == base
+    for d, kw in ((128, {}), (256, {}), (64, {"has_rab": True, "rab_dtype": "float32"}),
+                  (64, {"paged": True})):
+        key = fh.fwd_config("bfloat16", d, d, 0, wg3, **kw)
+        assert (key.block_m, key.num_warps, key.ws_num_wg) == (128, 12, 2), (d, kw)
+    # unless wg2 / wg3 says otherwise: three warpgroups from max_seqlen_q = 2048 at D <= 64
+    sw = Switches()
+    assert fh.WS_WG3_MIN_SEQLEN_Q == 2048
+    for d, lq, n in ((64, 2048, 3), (64, 2047, 2), (32, 4096, 3), (64, 0, 2), (128, 8192, 2),
+                     (256, 8192, 2)):
+        assert fh.fwd_config("bfloat16", d, d, 0, sw, max_seqlen_q=lq).ws_num_wg == n, (d, lq)
+    assert fh.fwd_config("bfloat16", 64, 64, 0, wg2, max_seqlen_q=8192).ws_num_wg == 2
+    assert fh.fwd_config("bfloat16", 64, 64, 0, wg3, max_seqlen_q=1).ws_num_wg == 3
+    assert fh.fwd_config("bfloat16", 64, 64, 0, sw, max_seqlen_q=8192, has_rab=True,
+                         rab_dtype="float32").ws_num_wg == 2
 
 
 def test_hstu_fwd_chunked_schedule_takes_the_chunk_size():
@@ -248,7 +282,7 @@ def test_hstu_sm90ws_variants_lower(ws, head_dim, func_n, dtype):
     from jax_sparse_attn.config import Switches  # noqa: PLC0415
 
     txt = _fwd_text(head_dim, head_dim, func_n, dtype,
-                    Switches(hstu_fwd_impl="sm90ws", hstu_fwd_ws=(ws,)))
+                    Switches(hstu_fwd_impl="sm90ws", hstu_fwd_ws=tuple(ws.split(","))))
     assert _target() in txt and "\\7FELF" in txt
 
 
@@ -357,8 +391,11 @@ def test_hstu_rab_keeps_the_selected_forward():
                         rab_dtype="float32")
     assert key.impl == "sm90ws" and key.has_rab and key.rab_per_head
     assert key.rab_dtype == "float32"
-    assert dataclasses.replace(key, has_rab=False, rab_per_head=False, rab_dtype="") == \
-        fh.fwd_config("bfloat16", 64, 64, 0, sw)
+    # without rab the D = 64 forward scales Q in shared memory (qscale: h = (alpha s + rab)
+    # / 2 needs the per-score multiply with rab)
+    assert not key.ws_q_scale
+    assert dataclasses.replace(key, has_rab=False, rab_per_head=False, rab_dtype="",
+                               ws_q_scale=True) == fh.fwd_config("bfloat16", 64, 64, 0, sw)
     ws = fh.fwd_config("bfloat16", 64, 64, 0, config.Switches(hstu_fwd_ws="silu16,bn=64"),
                        has_rab=True, rab_dtype="bfloat16")
     assert (ws.impl, ws.block_n, ws.ws_silu16, ws.has_rab) == ("sm90ws", 64, True, True)
@@ -837,8 +874,8 @@ _PTX_CONFIGS = {
     "fwd-256-3-float16": ("_fwd_text", (256, 256, 3, "float16"),
                           {"hstu_fwd_impl": "sm90ws"}, {}),
     "fwd-64-0-bfloat16": ("_fwd_text", (64, 64, 0, "bfloat16"), {"hstu_fwd_impl": "sm90ws"}, {}),
-    "fwd-64-0-bfloat16-qscale": ("_fwd_text", (64, 64, 0, "bfloat16"),
-                                 {"hstu_fwd_impl": "sm90ws", "hstu_fwd_ws": "qscale"}, {}),
+    "fwd-64-0-bfloat16-noqscale": ("_fwd_text", (64, 64, 0, "bfloat16"),
+                                   {"hstu_fwd_impl": "sm90ws", "hstu_fwd_ws": "noqscale"}, {}),
     "bwd-128-bfloat16-causal": ("_bwd_text", (128, "bfloat16", "causal"),
                                 {"hstu_bwd_impl": "sm90"}, {}),
     "bwd-256-bfloat16-causal": ("_bwd_text", (256, "bfloat16", "causal"),
@@ -893,17 +930,17 @@ def _kept(kept_ptx, name):
 
 
 def test_hstu_sm90ws_qscale_ptx_drops_the_per_score_multiply(kept_ptx):
-    """hstu_fwd_ws=qscale at D = 64: the consumer warpgroups scale their Q slice once per item
-    (two fp32 multiplies per 32-bit word of the 64 x 64 slice, a fence for the async proxy
-    and one more named barrier), and the score tiles lose their multiply by alpha / 2 (one
-    per tanh)."""
+    """qscale, the default at D = 64, against hstu_fwd_ws=noqscale: the consumer warpgroups
+    scale their Q slice once per item (two fp32 multiplies per 32-bit word of the 64 x 64
+    slice, a fence for the async proxy and one more named barrier), and the score tiles lose
+    their multiply by alpha / 2 (one per tanh)."""
     def fwd(name):
         files = _kept(kept_ptx, name)
         ptx = [t for t in files.values() if _SCHEDULE_KERNEL not in t]
         assert len(ptx) == 1, list(files)
         return ptx[0]
 
-    base, qs = fwd("fwd-64-0-bfloat16"), fwd("fwd-64-0-bfloat16-qscale")
+    base, qs = fwd("fwd-64-0-bfloat16-noqscale"), fwd("fwd-64-0-bfloat16")
     count = lambda t, needle: t.count(needle)  # noqa: E731
     tanh = count(base, "tanh.approx.f32")
     assert tanh > 0 and count(qs, "tanh.approx.f32") == tanh

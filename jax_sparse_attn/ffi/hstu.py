@@ -147,6 +147,8 @@ class HstuFwdConfig(_HstuKey):
     schedule_chunk_kib: int = 0
     # consumers scale their Q tile by alpha / 2 in shared memory ("qscale"; not with rab)
     ws_q_scale: bool = False
+    # consumer warpgroups (64 query rows each; block_m = 64 * ws_num_wg): 3 with "wg3"
+    ws_num_wg: int = 2
     num_sms: int = 0
     # relative attention bias: presence, H_rab == H, rab's dtype name ("" without rab)
     has_rab: bool = False
@@ -350,14 +352,16 @@ def _sm80_tile(pass_name, head_dim, head_dim_v, switches, arch):
 
 
 def fwd_config(dtype, head_dim, head_dim_v, func_n, switches, *, has_rab=False,
-               rab_per_head=False, rab_dtype="", paged=False, kv_splits=1) -> HstuFwdConfig:
+               rab_per_head=False, rab_dtype="", paged=False, kv_splits=1,
+               max_seqlen_q=0) -> HstuFwdConfig:
     """The forward compile key for padded head dims, ``func_n`` endpoint rows (0: no func)
     and the :class:`~jax_sparse_attn.config.Switches`; ``has_rab`` (with ``rab_per_head``
     and rab's dtype name) adds the relative attention bias to the selected forward;
     ``paged`` selects the paged-KV variant of the sm90ws forward
     (:func:`paged_unsupported_reason` says when it exists); ``kv_splits`` (resolved, see
     :func:`resolve_kv_splits`) splits the keys of the sm90ws forward (the sm80 forward
-    ignores it)."""
+    ignores it); ``max_seqlen_q`` (the call's static bound, 0: unknown) picks the sm90ws
+    forward's query tile at head dims up to 64 (:data:`WS_WG3_MIN_SEQLEN_Q`)."""
     arch = _platform.resolved_arch()
     impl = switches.hstu_fwd_impl
     if _platform.kernel_family(switches, arch) == "portable":
@@ -372,12 +376,14 @@ def fwd_config(dtype, head_dim, head_dim_v, func_n, switches, *, has_rab=False,
         # multiplies each score by alpha / 2 (no qscale)
         return dataclasses.replace(
             _ws_config(dtype, head_dim, head_dim_v, 0, switches, rab, arch), paged=True,
-            ws_dynamic=False, schedule_chunk_kib=0, ws_q_scale=False,
+            ws_dynamic=False, schedule_chunk_kib=0, ws_q_scale=False, ws_num_wg=2,
+            block_m=128, num_warps=12,
             kv_splits=int(kv_splits), page_id_clamp=switches.hstu_schedule == "kernel",
             ws_page_prefetch=ws_options(switches.hstu_fwd_ws)["page_prefetch"])
     if impl == "sm90ws":
         return dataclasses.replace(
-            _ws_config(dtype, head_dim, head_dim_v, func_n, switches, rab, arch),
+            _ws_config(dtype, head_dim, head_dim_v, func_n, switches, rab, arch,
+                       max_seqlen_q),
             kv_splits=int(kv_splits))
     bm, bn, w = _sm80_tile("forward", head_dim, head_dim_v, switches, arch)
     return HstuFwdConfig(_cutlass_dtype_name(dtype), head_dim, head_dim_v, bm, bn, w,
@@ -408,9 +414,12 @@ def ws_options(opts) -> dict:
     takes items ``c, c + G, ...``), ``dynamic`` (after its first item each CTA takes the
     next one from a zeroed atomic counter: a greedy deal in the schedule's order; the
     default, off with ``static`` or ``roundrobin``; the kernels with rab or paged K / V and
-    ``cross`` / ``headouter`` deal statically), ``q_scale`` (``qscale``: each consumer
+    ``cross`` / ``headouter`` deal statically), ``q_scale`` (``qscale``: True, each consumer
     warpgroup scales its Q tile by alpha / 2 in shared memory once per item instead of
-    multiplying every score; not with rab), ``bn`` (block_n, 0: the kernel's default for
+    multiplying every score; ``noqscale``: False; else None, which the config resolves to
+    True at head dims up to 64; never with rab, paged K / V or ``cross``), ``num_wg`` (consumer warpgroups: 3
+    with ``wg3`` (192-row query tiles, at head dims up to 64; never with rab, paged K / V or
+    ``cross``), 2 with ``wg2``, else None: the config's default), ``bn`` (block_n, 0: the kernel's default for
     the head dims), ``chunk`` (with the dynamic deal: KiB of K / V per sequence chunk of the
     tile schedule, :data:`SCHEDULE_CHUNK_KIB` unless given, 0: one longest-first order over
     all query tiles)."""
@@ -423,12 +432,27 @@ def ws_options(opts) -> dict:
             "q_alias": "qalias" in opts,
             "cross": 2 if "crossepi" in opts else 1 if "cross" in opts else 0,
             "v_lag": "vlag" in opts, "head_outer": "headouter" in opts,
-            "snake": "roundrobin" not in opts, "dynamic": dynamic, "q_scale": "qscale" in opts,
-            "bn": bn[0] if bn else 0,
+            "snake": "roundrobin" not in opts, "dynamic": dynamic, "q_scale": True if "qscale" in opts else False if "noqscale" in opts else None,
+            "num_wg": 3 if "wg3" in opts else 2 if "wg2" in opts else None, "bn": bn[0] if bn else 0,
             "chunk": (chunk[0] if chunk else SCHEDULE_CHUNK_KIB) if dynamic else 0}
 
 
-def _ws_config(dtype, head_dim, head_dim_v, func_n, switches, rab, arch) -> HstuFwdConfig:
+#: the sm90ws forward runs three consumer warpgroups (192-row query tiles) where it can (head
+#: dims up to 64, no rab / paged K / V / chained items) when ``max_seqlen_q`` is at least
+#: this, unless ``wg2`` / ``wg3`` says otherwise: faster from L = 2048 on the H200, slower at
+#: L <= 1024, where the 192-row tiles leave more rows idle and make fewer work items
+#: (docs/performance.md)
+WS_WG3_MIN_SEQLEN_Q = 2048
+
+
+def ws_default_block_n(head_dim, head_dim_v) -> int:
+    """The sm90ws forward's block_n (keys per tile) unless ``bn=N`` sets it: 128 up to
+    D = 128, 64 above (shared memory)."""
+    return 128 if max(head_dim, head_dim_v) <= 128 else 64
+
+
+def _ws_config(dtype, head_dim, head_dim_v, func_n, switches, rab, arch,
+               max_seqlen_q=0) -> HstuFwdConfig:
     """The warp-specialized forward: 128 query rows (2 consumer warpgroups x 64) x ``bn`` keys,
     384 threads (12 warps). ``switches.hstu_fwd_ws`` (tuning / ablation only; see
     :func:`ws_options`) turns off the intra-warpgroup GEMM overlap or the ping-pong of the
@@ -440,26 +464,35 @@ def _ws_config(dtype, head_dim, head_dim_v, func_n, switches, rab, arch) -> Hstu
             "applies to the sm80 forward only; the sm90ws forward takes its block_n from "
             "JAX_SPARSE_ATTN_HSTU_WS / Switches.hstu_fwd_ws 'bn=N'")
     opts = ws_options(switches.hstu_fwd_ws)
-    bn = opts["bn"] or (128 if max(head_dim, head_dim_v) <= 128 else 64)
+    # three consumer warpgroups fit their registers (160 per thread) at D <= 64 only
+    wg3 = (opts["num_wg"] == 3 if opts["num_wg"] is not None
+           else max_seqlen_q >= WS_WG3_MIN_SEQLEN_Q)
+    num_wg = (3 if wg3 and max(head_dim, head_dim_v) <= 64 and not rab["has_rab"]
+              and not opts["cross"] else 2)
+    bn = opts["bn"] or ws_default_block_n(head_dim, head_dim_v)
+    # Q scaled once per item instead of every score: at D <= 64 the score function, not the
+    # GEMMs, bounds the tile (docs/performance.md)
+    q_scale = opts["q_scale"] if opts["q_scale"] is not None else max(head_dim, head_dim_v) <= 64
     if opts["bn"]:
         from ..kernels.hstu_fwd_sm90_ws import ws_smem_plan  # noqa: PLC0415
 
         try:
             ws_smem_plan(head_dim, head_dim_v, bn, q_stages=opts["q_stages"],
-                         q_alias=opts["q_alias"])
+                         q_alias=opts["q_alias"], num_wg=num_wg)
         except ValueError:
             raise ValueError(
                 f"JAX_SPARSE_ATTN_HSTU_WS / Switches.hstu_fwd_ws bn={bn} does not fit the "
                 f"sm90ws forward's shared memory at D={head_dim}, D_v={head_dim_v}") from None
-    return HstuFwdConfig(_cutlass_dtype_name(dtype), head_dim, head_dim_v, 128, bn, 12,
-                         func_n > 0, max(func_n, 1), "sm90ws",
+    return HstuFwdConfig(_cutlass_dtype_name(dtype), head_dim, head_dim_v, 64 * num_wg, bn,
+                         4 * (1 + num_wg), func_n > 0, max(func_n, 1), "sm90ws",
                          ws_overlap=opts["overlap"], ws_pingpong=opts["pingpong"],
                          ws_q_stages=opts["q_stages"], ws_silu16=opts["silu16"],
                          ws_tanh16=opts["tanh16"], ws_q_alias=opts["q_alias"],
                          ws_cross=opts["cross"], ws_v_lag=opts["v_lag"],
                          ws_head_outer=opts["head_outer"], ws_snake=opts["snake"],
                          ws_dynamic=opts["dynamic"], schedule_chunk_kib=opts["chunk"],
-                         ws_q_scale=opts["q_scale"] and not rab["has_rab"] and not opts["cross"],
+                         ws_q_scale=q_scale and not rab["has_rab"] and not opts["cross"],
+                         ws_num_wg=num_wg,
                          num_sms=metadata.num_sms(), **rab, arch=arch,
                          pdl=bool(getattr(switches, "pdl", False)))
 
@@ -520,8 +553,7 @@ def paged_unsupported_reason(head_dim, head_dim_v, switches) -> str | None:
     if switches.hstu_fwd_impl != "sm90ws":
         return (f"the paged-KV forward is a variant of the sm90ws forward; hstu_fwd_impl="
                 f"{switches.hstu_fwd_impl!r} (JAX_SPARSE_ATTN_HSTU_FWD_IMPL) has none")
-    bn = ws_options(switches.hstu_fwd_ws)["bn"] or (128 if max(head_dim, head_dim_v) <= 128
-                                                    else 64)
+    bn = ws_options(switches.hstu_fwd_ws)["bn"] or ws_default_block_n(head_dim, head_dim_v)
     if 128 % bn:
         return (f"the paged-KV forward needs block_n dividing the page size 128; "
                 f"JAX_SPARSE_ATTN_HSTU_WS / Switches.hstu_fwd_ws bn={bn}")
@@ -639,7 +671,8 @@ def _ws_fwd_kernel(cfg, **extra):
                          silu16=cfg.ws_silu16, tanh16=cfg.ws_tanh16, q_alias=cfg.ws_q_alias,
                          cross_item=cfg.ws_cross, v_lag=cfg.ws_v_lag, pdl=cfg.pdl,
                          head_outer=cfg.ws_head_outer, snake=cfg.ws_snake,
-                         kv_splits=cfg.kv_splits, q_scale=cfg.ws_q_scale, **extra)
+                         kv_splits=cfg.kv_splits, q_scale=cfg.ws_q_scale,
+                         num_wg=cfg.ws_num_wg, **extra)
 
 
 @functools.lru_cache(maxsize=None)

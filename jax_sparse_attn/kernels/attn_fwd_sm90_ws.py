@@ -216,7 +216,12 @@ class AttnFwdSm90Ws:
         """A consumer warpgroup takes its register budget; returns its index, the thread's
         index in it and the ping-pong turns."""
         cute.arch.setmaxregister_increase(self.regs_consumer)
-        return wg_idx - 1, tidx % 128, WarpgroupTurns(self.pingpong)
+        return wg_idx - 1, tidx % 128, WarpgroupTurns(self.pingpong, count=self.num_wg)
+
+    def _wg_bar(self, wg):
+        """The named barrier of consumer warpgroup ``wg`` alone (epilogue, Q scaling): after
+        the turn barriers ``1 .. num_wg``, at least 3."""
+        return max(3, 1 + self.num_wg) + wg
 
     @cute.jit
     def _produce(self, work, m_block, tma_q, tma_tQ, tma_k, tma_tK, tma_v, tma_tV, sQ, sK, sV,
@@ -686,7 +691,7 @@ class AttnFwdSm90Ws:
         producer is already refilling for the next item.
         """
         wgm, dv = self.wg_m, self.dv
-        bar_id = 3 + wg
+        bar_id = self._wg_bar(wg)
         copy_o = gmem_store_copy(self.dtype, 128, dv)
         thr = copy_o.get_slice(wtid)
         gO = cute.local_tile(mO_rows, (wgm, dv), (mw0 // wgm, 0))

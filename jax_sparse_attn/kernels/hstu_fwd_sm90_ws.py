@@ -4,28 +4,31 @@ Semantics, tile schedule rows and zero-fill conventions are those of ``hstu_fwd_
 its docstring): per sequence and head ``O = (mask * SiLU(alpha Q K^T)) V / scaling_seqlen``;
 rows of the pseudo-sequence past ``cu_seqlens_q[-1]`` get zeros.
 
-CTA = 3 warpgroups (384 threads), persistent: the grid's ``G`` CTAs deal the longest-first
+CTA = 1 + ``num_wg`` warpgroups (``num_wg`` = 2: 384 threads, 128-row query tiles; 3: 512
+threads, 192-row tiles, consumers at 160 registers, at head dims up to 64), persistent: the grid's ``G`` CTAs deal the longest-first
 work items in rounds of ``G``, alternating direction (``tile_scheduler.SnakeLptScheduler``;
 ``snake=False``: ``StaticLptScheduler``'s round robin, which gives the lower CTAs the heavier
 item of every round):
 
 * warpgroup 0 (producer, ``setmaxnreg`` down to 24 registers): warp 0 walks the work items and
-  issues the TMA loads (``cp.async.bulk.tensor``) of the 128-row Q tile and of the K and V
+  issues the TMA loads (``cp.async.bulk.tensor``) of the Q tile and of the K and V
   tiles into ``stages``-deep shared-memory rings (``pipeline.SmemPipeline``: full / empty
   mbarriers). The one KV tile that crosses a sequence's end is the exception for V: the warp
   copies its in-sequence rows with cp.async and zero-fills the others (a TMA box would read
   the next sequence's rows, and ``0 * NaN`` is NaN), fences them for the async proxy, then
   arrives on the full barrier.
-* warpgroups 1 and 2 (consumers, ``setmaxnreg`` up to 240): each owns 64 query rows of the
-  tile. Per KV tile: ``S = Q K^T`` (wgmma, both operands in smem), the mask
+* warpgroups 1 .. ``num_wg`` (consumers, ``setmaxnreg`` up to 240, or 160 with three): each
+  owns 64 query rows of the tile. Per KV tile: ``S = Q K^T`` (wgmma, both operands in smem), the mask
   (``mask.HstuMask``, only on tiles crossing a mask edge or the sequence end: select, never
   multiply), the score function ``P = h + h * tanh(h)``, ``h = (alpha / 2) S`` (one MUFU op),
   ``P`` converted to 16 bit and kept in registers as the A operand of ``O += P V`` (wgmma RS).
 * ``overlap=True`` (intra-warpgroup overlap): iteration ``j`` issues ``S_j = Q K_j^T`` and
   ``O += P_{j-1} V_{j-1}`` back to back, waits only for ``S_j`` (``wgmma.wait_group 1``),
   computes ``P_j`` while the PV GEMM runs, then waits for it.
-* ``pingpong=True``: the two consumer warpgroups take turns issuing their GEMMs
-  (``pipeline.WarpgroupTurns``), so one's pointwise work overlaps the other's GEMMs.
+* ``pingpong=True``: the consumer warpgroups take turns issuing their GEMMs, in cyclic order
+  (``pipeline.WarpgroupTurns``), so one's pointwise work overlaps the others' GEMMs.
+* ``q_scale=True``: each consumer warpgroup multiplies its Q slice by ``alpha / 2`` in shared
+  memory once per work item, so ``S`` is ``h`` and no score is multiplied (not with rab).
 * epilogue: ``O / scaling_seqlen`` in 16 bit -> swizzled shared memory (a per-warpgroup
   buffer, or the warpgroup's half of the Q buffer where shared memory is short) -> 128-bit
   row-predicated global stores (rows ``< L_q`` only; a TMA store box would overwrite the next
@@ -68,11 +71,12 @@ PAGE_SIZE = 128
 
 
 def ws_smem_plan(d: int, dv: int, bn: int, max_stages: int = 4, q_stages: int = 2,
-                 q_alias: bool = False):
+                 q_alias: bool = False, num_wg: int = 2):
     """(K/V stages, Q stages, whether O's smem buffer aliases Q's) that fit the 227 KiB of an
-    SM90 CTA with 128 query rows (``attn_fwd_sm90_ws.smem_plan``); ``q_alias``: one Q buffer
-    that O is staged in, the rest to K/V stages (3 at D = 128 instead of 2)."""
-    return smem_plan(d, dv, 128, bn, SMEM_LIMIT, max_stages, q_stages, alias_first=q_alias)
+    SM90 CTA with ``64 * num_wg`` query rows (``attn_fwd_sm90_ws.smem_plan``); ``q_alias``:
+    one Q buffer that O is staged in, the rest to K/V stages (3 at D = 128 instead of 2)."""
+    return smem_plan(d, dv, 64 * num_wg, bn, SMEM_LIMIT, max_stages, q_stages,
+                     alias_first=q_alias)
 
 
 @dataclass(frozen=True)
@@ -102,14 +106,20 @@ class HstuFwdSm90Ws(AttnFwdSm90Ws):
                  kv_splits=1, page_id_clamp=False, page_prefetch=False, q_alias=False,
                  cross_item=0, v_lag: bool = False, pdl: bool = False,
                  head_outer: bool = False, snake: bool = True, dynamic: bool = False,
-                 q_scale: bool = False):
+                 q_scale: bool = False, num_wg: int = 2):
         self.pdl = pdl
         self.dtype = dtype
         self.d = head_dim
         self.dv = head_dim_v
-        self.bm = 128
+        # consumer warpgroups of 64 query rows each: 2, or 3 (192-row tiles, 160 registers
+        # per consumer thread) without rab, paged K / V or chained items
+        if num_wg not in (2, 3) or (num_wg == 3 and (has_rab or paged or cross_item)):
+            raise NotImplementedError(
+                f"hstu_fwd_sm90_ws: {num_wg} consumer warpgroups (2, or 3 without rab, paged "
+                "K / V or chained items)")
+        self.num_wg = num_wg
         self.wg_m = 64
-        self.num_wg = 2
+        self.bm = self.wg_m * num_wg
         self.bn = block_n
         self.has_func = has_func
         self.func_n = func_n
@@ -134,7 +144,7 @@ class HstuFwdSm90Ws(AttnFwdSm90Ws):
                 f"hstu_fwd_sm90_ws paged KV: block_n={block_n} must divide the page size "
                 f"{PAGE_SIZE} and head_dim={head_dim} equal head_dim_v={head_dim_v}")
         self.stages, self.q_stages, self.o_alias_q = ws_smem_plan(
-            head_dim, head_dim_v, block_n, max_stages, q_stages, q_alias)
+            head_dim, head_dim_v, block_n, max_stages, q_stages, q_alias, num_wg)
         # chained work items (``AttnFwdSm90Ws._consume_items``): needs the overlapped
         # mainloop and the next item's Q in its own buffer
         # (``cross_item``: 0 off, 1 on, 2 on with the last PV GEMM issued before the next
@@ -159,9 +169,10 @@ class HstuFwdSm90Ws(AttnFwdSm90Ws):
         # item (one rounding to the 16-bit type), so the score tiles hold h directly (no
         # multiply per score); not with rab (h = (alpha s + rab) / 2) or chained items
         self.q_scale = q_scale and not has_rab and not self.cross_item
-        self.num_threads = 384
+        self.num_threads = 128 * (1 + num_wg)
+        # 65536 registers per CTA: 128 * (producer + num_wg * consumer)
         self.regs_producer = 24
-        self.regs_consumer = 240
+        self.regs_consumer = 240 if num_wg == 2 else 160
 
     @cute.jit
     def __call__(self, mQ, mK, mV, mCuQ, mCuK, mTile, mFunc, mScal, mWin, mO, stream,
@@ -536,7 +547,7 @@ class HstuFwdSm90Ws(AttnFwdSm90Ws):
         """``q_scale``: this warpgroup's Q slice (64 x D elements, contiguous in ``sQ``)
         times ``alpha / 2`` in place, 32-bit words of two elements, consecutive threads at
         consecutive words; then the writes are fenced for the async proxy (the QK wgmma) and
-        the warpgroup synchronised (named barrier ``3 + wg``, as the epilogue)."""
+        the warpgroup synchronised (its named barrier ``_wg_bar(wg)``, as the epilogue)."""
         if cutlass.const_expr(self.q_scale):
             n = self.wg_m * self.d
             base = cute.recast_ptr(tile.q_base + q_slice * n, dtype=cutlass.Uint32)
@@ -546,7 +557,7 @@ class HstuFwdSm90Ws(AttnFwdSm90Ws):
                 words[wtid + 128 * i] = hc.scale_pair(words[wtid + 128 * i], tile.alpha_half,
                                                       bf16)
             cute.arch.fence_proxy("async.shared", space="cta")
-            cute.arch.barrier(barrier_id=3 + wg, number_of_threads=128)
+            cute.arch.barrier(barrier_id=self._wg_bar(wg), number_of_threads=128)
 
     @cute.jit
     def _score(self, acc_S, alpha_half):

@@ -82,11 +82,14 @@ class SmemPipeline:
 
 @dataclass(frozen=True)
 class WarpgroupTurns:
-    """Ping-pong order of two consumer warpgroups (named barriers ``bar_base``, ``+1``)."""
+    """Turn order of ``count`` consumer warpgroups (ping-pong with two): warpgroup ``wg``
+    waits on named barrier ``bar_base + wg`` and passes the turn to ``wg + 1`` (cyclic);
+    each barrier joins the waiting and the passing warpgroup (``num_threads``)."""
 
     enabled: bool
     bar_base: int = 1
     num_threads: int = 256
+    count: int = 2
 
     @cute.jit
     def start(self, wg):
@@ -103,8 +106,15 @@ class WarpgroupTurns:
     @cute.jit
     def pass_turn(self, wg):
         if cutlass.const_expr(self.enabled):
-            cute.arch.barrier_arrive(barrier_id=self.bar_base + 1 - wg,
-                                     number_of_threads=self.num_threads)
+            if cutlass.const_expr(self.count == 2):
+                cute.arch.barrier_arrive(barrier_id=self.bar_base + 1 - wg,
+                                         number_of_threads=self.num_threads)
+            else:
+                nxt = wg + 1
+                if nxt == self.count:
+                    nxt = 0
+                cute.arch.barrier_arrive(barrier_id=self.bar_base + nxt,
+                                         number_of_threads=self.num_threads)
 
 
 __all__ = ["SmemPipeline", "WarpgroupTurns"]
