@@ -100,7 +100,7 @@ def _parse_option_list(flags, key, key_ok, allowed):
 #: the fifth entry
 WS_FLAGS = ("nooverlap", "nopingpong", "q1", "silu16", "tanh16", "pagepf", "qalias",
             "cross", "crossepi", "vlag", "headouter", "roundrobin", "dynamic", "static", "qscale",
-            "noqscale", "wg3", "wg2")
+            "noqscale", "wg3", "wg2", "pearly")
 _WS_ALLOWED = ("comma list of " + ", ".join(WS_FLAGS)
                + ", bn=N (block_n: a multiple of 16 in 16..256), chunk=N (KiB of K / V per "
                "sequence chunk of the tile schedule: 0..1048576, 0 = off)")
@@ -217,7 +217,9 @@ SWITCHES = (
            "score multiplied by alpha / 2 in fp32, also at head dims up to 64), wg3 (three "
            "consumer warpgroups, 192-row query tiles, 160 registers per consumer thread; at "
            "head dims up to 64, not with rab, paged K / V or chained items), wg2 (two consumer "
-           "warpgroups, 128-row query tiles), bn=N (keys per tile; default 128, 64 at "
+           "warpgroups, 128-row query tiles), pearly (fp16: P converted to 16 bit while the "
+           "previous PV GEMM runs, which makes ptxas serialize every wgmma: C7513; ablation), "
+           "bn=N (keys per tile; default 128, 64 at "
            "D = 256), chunk=N (with the "
            "dynamic deal: the tile schedule orders the query tiles by sequence chunks of "
            "about N KiB of K / V over all KV heads, longest work first within a chunk, so "

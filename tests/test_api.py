@@ -303,7 +303,7 @@ def _fake_hstu(calls, reason=None):
         return reference.hstu_attention_bwd_ref(do, q, k, v, cu_q, cu_k, func, **ref_kw(cfg))
 
     m.hstu_kernel_unsupported_reason = unsupported
-    m.fwd_config = lambda *a: ("fwd_key",) + a
+    m.fwd_config = lambda *a, **kw: ("fwd_key",) + a + tuple(sorted(kw.items()))
     m.bwd_config = lambda *a: ("bwd_key",) + a
     m.hstu_fwd = hstu_fwd
     m.hstu_bwd = hstu_bwd
@@ -323,7 +323,9 @@ def test_kernel_path_pads_head_dims(force_platform):
     assert fwd[1] == (12, 2, 50) and fwd[2] == (12, 2, 50) and fwd[3] == (12, 2, 20)
     cfg = fwd[4]
     assert (cfg.backend, cfg.head_dim_pad, cfg.head_dim_v_pad) == ("kernel", 64, 32)
-    assert cfg.fwd == ("fwd_key", "bfloat16", 64, 32, 0, config.from_env())
+    # the forward's key also gets the static max_seqlen_q (it picks the sm90ws query tile)
+    assert cfg.fwd == ("fwd_key", "bfloat16", 64, 32, 0, config.from_env(),
+                       ("max_seqlen_q", kw["max_seqlen_q"]))
     assert cfg.bwd == ("bwd_key", "bfloat16", 64, 32, 0, config.from_env())
     assert (cfg.window_size, cfg.alpha, cfg.scaling_seqlen) == ((2, 1), 0.3, 5.0)
     ref = jsa.hstu_attention(q, k, v, cu, cu, backend="reference", **kw)
@@ -389,7 +391,7 @@ def test_kernel_path_bsa_metadata_normalised(force_platform):
                                                         **ref_kw(cfg))
 
     m.bsa_kernel_unsupported_reason, m.bsa_fwd, m.bsa_bwd = unsupported, bsa_fwd, bsa_bwd
-    m.fwd_config = lambda *a: ("fwd_key",) + a
+    m.fwd_config = lambda *a, **kw: ("fwd_key",) + a + tuple(sorted(kw.items()))
     m.bwd_config = lambda *a: ("bwd_key",) + a
     m.pre_config = lambda *a: None
     force_platform("bsa", m)

@@ -218,6 +218,9 @@ def test_hstu_sm90ws_three_consumer_warpgroups_key():
                      (256, 8192, 2)):
         assert fh.fwd_config("bfloat16", d, d, 0, sw, max_seqlen_q=lq).ws_num_wg == n, (d, lq)
     assert fh.fwd_config("bfloat16", 64, 64, 0, wg2, max_seqlen_q=8192).ws_num_wg == 2
+    # not by default with a func mask (explicitly, yes)
+    assert fh.fwd_config("bfloat16", 64, 64, 3, sw, max_seqlen_q=8192).ws_num_wg == 2
+    assert fh.fwd_config("bfloat16", 64, 64, 3, wg3).ws_num_wg == 3
     assert fh.fwd_config("bfloat16", 64, 64, 0, wg3, max_seqlen_q=1).ws_num_wg == 3
     assert fh.fwd_config("bfloat16", 64, 64, 0, sw, max_seqlen_q=8192, has_rab=True,
                          rab_dtype="float32").ws_num_wg == 2

@@ -1,9 +1,11 @@
 """CPU: ptxas (when installed) assembles the sm90ws HSTU forward for sm_90a without the
 wgmma-serialization warning C7513 ("wgmma.mma_async instructions are serialized due to non
 wgmma instructions defining input registers of a wgmma between start and end of the pipeline
-stage") and without register spills, by default and with the packed 16-bit score function
+stage") and without register spills, by default, with the packed 16-bit score function
 (``hstu_fwd_ws=silu16``, whose last step writes P after the wait of the PV GEMM that reads
-the previous P). A serialized wgmma runs without the overlap the kernel is built for."""
+the previous P), with three consumer warpgroups and in fp16 (P converted to 16 bit after that
+wait). A serialized wgmma runs without the overlap the kernel is built for: ptxas then
+serializes every wgmma of the kernel."""
 
 from __future__ import annotations
 
@@ -15,19 +17,20 @@ import pytest
 
 pytestmark = pytest.mark.lowering
 
-def _hstu_fwd_text(switches):
-    """The lowered text of the HSTU forward (D = 64, bf16) on the kernel backend."""
+def _hstu_fwd_text(switches, d=64, dtype="bfloat16", max_seqlen=200):
+    """The lowered text of the HSTU forward (default D = 64, bf16, max_seqlen 200: two
+    consumer warpgroups) on the kernel backend."""
     import jax  # noqa: PLC0415
     import jax.numpy as jnp  # noqa: PLC0415
 
     import jax_sparse_attn as jsa  # noqa: PLC0415
 
-    q = jax.ShapeDtypeStruct((300, 2, 64), jnp.bfloat16)
+    q = jax.ShapeDtypeStruct((max_seqlen + 100, 2, d), jnp.dtype(dtype))
     cu = jax.ShapeDtypeStruct((3,), jnp.int32)
 
     def f(q, k, v, cu):
-        return jsa.hstu_attention(q, k, v, cu, cu, max_seqlen_q=200, max_seqlen_k=200,
-                                  switches=switches)
+        return jsa.hstu_attention(q, k, v, cu, cu, max_seqlen_q=max_seqlen,
+                                  max_seqlen_k=max_seqlen, switches=switches)
 
     return jax.jit(f).trace(q, q, q, cu).lower(lowering_platforms=("cuda",)).as_text()
 
@@ -45,6 +48,12 @@ def _bsa_bwd_text(cfg_index, **kw):
 _PTX_CONFIGS = {
     "hstu-fwd-default": ("_hstu_fwd_text", (), {}, {}),
     "hstu-fwd-silu16": ("_hstu_fwd_text", (), {"hstu_fwd_ws": "silu16"}, {}),
+    # three consumer warpgroups (the default at D <= 64 from max_seqlen_q 2048)
+    "hstu-fwd-wg3": ("_hstu_fwd_text", (), {}, {"max_seqlen": 4096}),
+    # fp16: P converted after the PV wait (p_late), at D = 128 and D = 64 with three
+    # consumer warpgroups
+    "hstu-fwd-fp16": ("_hstu_fwd_text", (), {}, {"d": 128, "dtype": "float16"}),
+    "hstu-fwd-fp16-wg3": ("_hstu_fwd_text", (), {}, {"dtype": "float16", "max_seqlen": 4096}),
     # blk 64 / D 128, the default backward (dQ issued after the dV / dK GEMMs)
     "bsa-bwd-blk64": ("_bsa_bwd_text", (1,), None, {"ws": "", "deterministic": False}),
 }
@@ -78,9 +87,13 @@ def _ptxas(ptx, tmp_path):
 
 
 @pytest.mark.skipif(shutil.which("ptxas") is None, reason="ptxas is not installed")
-@pytest.mark.parametrize("ws", ["", "silu16"], ids=["default", "silu16"])
+@pytest.mark.parametrize("ws", ["", "silu16", "wg3", "fp16", "fp16-wg3"],
+                         ids=["default", "silu16", "wg3", "fp16", "fp16-wg3"])
 def test_hstu_fwd_ws_ptxas_no_serialized_wgmma(kept_ptx, tmp_path, ws):
     path, text = _kernel_ptx(kept_ptx, f"hstu-fwd-{ws or 'default'}", "HstuFwdSm90Ws")
+    if "wg3" in ws:
+        assert ".reqntid 512" in text
+        assert re.search(r"setmaxnreg\.inc\.sync\.aligned\.u32\s+160;", text)
     if ws == "silu16":
         assert "tanh.approx.bf16x2" in text and "fma.rn.bf16x2" in text
         # h clamped at the lowest finite bf16 (0xFF7F0000) before packing: -inf scores give

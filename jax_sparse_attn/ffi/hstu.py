@@ -149,6 +149,8 @@ class HstuFwdConfig(_HstuKey):
     ws_q_scale: bool = False
     # consumer warpgroups (64 query rows each; block_m = 64 * ws_num_wg): 3 with "wg3"
     ws_num_wg: int = 2
+    # fp16: P converted while the previous PV GEMM runs ("pearly"; C7513 serialization)
+    ws_p_early: bool = False
     num_sms: int = 0
     # relative attention bias: presence, H_rab == H, rab's dtype name ("" without rab)
     has_rab: bool = False
@@ -417,7 +419,9 @@ def ws_options(opts) -> dict:
     ``cross`` / ``headouter`` deal statically), ``q_scale`` (``qscale``: True, each consumer
     warpgroup scales its Q tile by alpha / 2 in shared memory once per item instead of
     multiplying every score; ``noqscale``: False; else None, which the config resolves to
-    True at head dims up to 64; never with rab, paged K / V or ``cross``), ``num_wg`` (consumer warpgroups: 3
+    True at head dims up to 64; never with rab, paged K / V or ``cross``), ``p_early`` (``pearly``: fp16's P converted while the
+    previous PV GEMM runs, as before; ptxas then serializes every wgmma, C7513; ablation),
+    ``num_wg`` (consumer warpgroups: 3
     with ``wg3`` (192-row query tiles, at head dims up to 64; never with rab, paged K / V or
     ``cross``), 2 with ``wg2``, else None: the config's default), ``bn`` (block_n, 0: the kernel's default for
     the head dims), ``chunk`` (with the dynamic deal: KiB of K / V per sequence chunk of the
@@ -433,13 +437,14 @@ def ws_options(opts) -> dict:
             "cross": 2 if "crossepi" in opts else 1 if "cross" in opts else 0,
             "v_lag": "vlag" in opts, "head_outer": "headouter" in opts,
             "snake": "roundrobin" not in opts, "dynamic": dynamic, "q_scale": True if "qscale" in opts else False if "noqscale" in opts else None,
-            "num_wg": 3 if "wg3" in opts else 2 if "wg2" in opts else None, "bn": bn[0] if bn else 0,
+            "num_wg": 3 if "wg3" in opts else 2 if "wg2" in opts else None,
+            "p_early": "pearly" in opts, "bn": bn[0] if bn else 0,
             "chunk": (chunk[0] if chunk else SCHEDULE_CHUNK_KIB) if dynamic else 0}
 
 
 #: the sm90ws forward runs three consumer warpgroups (192-row query tiles) where it can (head
 #: dims up to 64, no rab / paged K / V / chained items) when ``max_seqlen_q`` is at least
-#: this, unless ``wg2`` / ``wg3`` says otherwise: faster from L = 2048 on the H200, slower at
+#: this and there is no func mask, unless ``wg2`` / ``wg3`` says otherwise: faster from L = 2048 on the H200, slower at
 #: L <= 1024, where the 192-row tiles leave more rows idle and make fewer work items
 #: (docs/performance.md)
 WS_WG3_MIN_SEQLEN_Q = 2048
@@ -465,8 +470,9 @@ def _ws_config(dtype, head_dim, head_dim_v, func_n, switches, rab, arch,
             "JAX_SPARSE_ATTN_HSTU_WS / Switches.hstu_fwd_ws 'bn=N'")
     opts = ws_options(switches.hstu_fwd_ws)
     # three consumer warpgroups fit their registers (160 per thread) at D <= 64 only
+    # (by default not with a func mask: its mask state spills a few registers at 160)
     wg3 = (opts["num_wg"] == 3 if opts["num_wg"] is not None
-           else max_seqlen_q >= WS_WG3_MIN_SEQLEN_Q)
+           else max_seqlen_q >= WS_WG3_MIN_SEQLEN_Q and func_n == 0)
     num_wg = (3 if wg3 and max(head_dim, head_dim_v) <= 64 and not rab["has_rab"]
               and not opts["cross"] else 2)
     bn = opts["bn"] or ws_default_block_n(head_dim, head_dim_v)
@@ -493,6 +499,8 @@ def _ws_config(dtype, head_dim, head_dim_v, func_n, switches, rab, arch,
                          ws_dynamic=opts["dynamic"], schedule_chunk_kib=opts["chunk"],
                          ws_q_scale=q_scale and not rab["has_rab"] and not opts["cross"],
                          ws_num_wg=num_wg,
+                         ws_p_early=(opts["p_early"] and _cutlass_dtype_name(dtype) == "float16"
+                                     and not opts["silu16"]),
                          num_sms=metadata.num_sms(), **rab, arch=arch,
                          pdl=bool(getattr(switches, "pdl", False)))
 
@@ -672,7 +680,7 @@ def _ws_fwd_kernel(cfg, **extra):
                          cross_item=cfg.ws_cross, v_lag=cfg.ws_v_lag, pdl=cfg.pdl,
                          head_outer=cfg.ws_head_outer, snake=cfg.ws_snake,
                          kv_splits=cfg.kv_splits, q_scale=cfg.ws_q_scale,
-                         num_wg=cfg.ws_num_wg, **extra)
+                         num_wg=cfg.ws_num_wg, p_early=cfg.ws_p_early, **extra)
 
 
 @functools.lru_cache(maxsize=None)

@@ -106,7 +106,7 @@ class HstuFwdSm90Ws(AttnFwdSm90Ws):
                  kv_splits=1, page_id_clamp=False, page_prefetch=False, q_alias=False,
                  cross_item=0, v_lag: bool = False, pdl: bool = False,
                  head_outer: bool = False, snake: bool = True, dynamic: bool = False,
-                 q_scale: bool = False, num_wg: int = 2):
+                 q_scale: bool = False, num_wg: int = 2, p_early: bool = False):
         self.pdl = pdl
         self.dtype = dtype
         self.d = head_dim
@@ -169,6 +169,11 @@ class HstuFwdSm90Ws(AttnFwdSm90Ws):
         # item (one rounding to the 16-bit type), so the score tiles hold h directly (no
         # multiply per score); not with rab (h = (alpha s + rab) / 2) or chained items
         self.q_scale = q_scale and not has_rab and not self.cross_item
+        # fp16: P converted to 16 bit only after the wait of the PV GEMM that reads the
+        # previous P (``_p_into``); converted while that GEMM runs, ptxas allocates the new P
+        # over the old one's registers and serializes every wgmma of the kernel (C7513);
+        # ``p_early``: the conversion while it runs (ablation)
+        self.p_late = dtype == cutlass.Float16 and not silu16 and not p_early
         self.num_threads = 128 * (1 + num_wg)
         # 65536 registers per CTA: 128 * (producer + num_wg * consumer)
         self.regs_producer = 24
@@ -582,7 +587,11 @@ class HstuFwdSm90Ws(AttnFwdSm90Ws):
         ``silu16``: ``(P fragment to fill, packed pairs)``, the pairs' ``h`` and ``tanh(h)``
         in packed 16-bit form (``hc.pack_pair``, ``hc.tanh_pair``: one MUFU op per two
         scores); ``_p_final`` / ``_p_into`` finish ``h + h tanh(h)`` into the fragment after
-        the wait of the PV GEMM that reads the previous P."""
+        the wait of the PV GEMM that reads the previous P. With ``p_late`` (fp16): the fp32
+        scores after the score function, which ``_p_final`` / ``_p_into`` convert."""
+        if cutlass.const_expr(self.p_late):
+            self._score(acc_S, alpha_half)
+            return acc_S
         rP = cute.make_fragment_like(acc_S, self.dtype)
         if cutlass.const_expr(self.silu16):
             bf16 = self.dtype == cutlass.BFloat16
@@ -607,6 +616,10 @@ class HstuFwdSm90Ws(AttnFwdSm90Ws):
         if cutlass.const_expr(self.silu16):
             self._p_into(p[0], p)
             return p[0]
+        if cutlass.const_expr(self.p_late):
+            rP = cute.make_fragment_like(p, self.dtype)
+            rP.store(p.load().to(self.dtype))
+            return rP
         return p
 
     @cute.jit
@@ -617,6 +630,8 @@ class HstuFwdSm90Ws(AttnFwdSm90Ws):
             for e in cutlass.range_constexpr(cute.size(rP32)):
                 rP32[e] = hc.silu_finish_pair(pend[2 * e], pend[2 * e + 1],
                                               self.dtype == cutlass.BFloat16)
+        elif cutlass.const_expr(self.p_late):
+            rP.store(p.load().to(self.dtype))
         else:
             rP.store(p.load())
 
