@@ -378,14 +378,18 @@ def test_hstu_sm90ws_batches(name, lens, d, window, poison):
     _ws_case(lens, d, window, seed=5, poison=poison)
 
 
-@pytest.mark.parametrize("d,alpha,window", [(64, 0.3, (-1, 0)), (128, 2.7, (40, 3)),
-                                            (256, 0.11, (-1, -1)), (32, -0.6, (-1, 0))])
-def test_hstu_sm90ws_qscale_alpha(d, alpha, window):
+@pytest.mark.parametrize("d,alpha,window,ws", [(64, 0.3, (-1, 0), ("qscale", "wg2")),
+                                               (64, 0.7, (-1, 0), ("qscale",)),
+                                               (128, 2.7, (40, 3), ("qscale",)),
+                                               (256, 0.11, (-1, -1), ("qscale",)),
+                                               (32, -0.6, (-1, 0), ("qscale",))])
+def test_hstu_sm90ws_qscale_alpha(d, alpha, window, ws):
     """hstu_fwd_ws=qscale (Q scaled by alpha / 2 in shared memory, rounded to the input
     dtype) with alphas that are not powers of two, and a negative one, against the float32
-    reference (2x rule), NaN-poisoned tail rows written as zeros."""
+    reference (2x rule), NaN-poisoned tail rows written as zeros; at D <= 64 with two
+    consumer warpgroups (wg2) and three (the default at this max_seqlen_q = 4097)."""
     _ws_case([1, 17, 113, 1023, 64, 4097], d, window, seed=9, poison=True, alpha=alpha,
-             ws=("qscale",))
+             ws=ws)
 
 
 @pytest.mark.parametrize("d,window,ws", [(64, (-1, 0), ("wg3",)), (64, (40, 3), ("wg3",)),
@@ -400,6 +404,12 @@ def test_hstu_sm90ws_three_consumer_warpgroups(d, window, ws):
     max_seqlen_q = 4097 at D <= 64) and two (wg2), against the float32 reference (2x rule),
     on sequences ending on both sides of a 192-row tile edge and zero-length ones,
     NaN-poisoned tail rows written as zeros."""
+    from jax_sparse_attn.ffi import hstu as fh
+
+    # the compile key of this call (max_seqlen_q = 4097): three warpgroups unless wg2
+    key = fh.fwd_config("bfloat16", d, d, 0, Switches(hstu_fwd_impl="sm90ws", hstu_fwd_ws=ws),
+                        max_seqlen_q=4097)
+    assert (key.ws_num_wg, key.block_m) == ((2, 128) if "wg2" in ws else (3, 192))
     _ws_case([1, 191, 192, 193, 0, 383, 1023, 4097, 17], d, window, seed=13, poison=True,
              ws=ws)
 

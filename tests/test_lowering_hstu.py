@@ -218,9 +218,22 @@ def test_hstu_sm90ws_three_consumer_warpgroups_key():
                      (256, 8192, 2)):
         assert fh.fwd_config("bfloat16", d, d, 0, sw, max_seqlen_q=lq).ws_num_wg == n, (d, lq)
     assert fh.fwd_config("bfloat16", 64, 64, 0, wg2, max_seqlen_q=8192).ws_num_wg == 2
-    # not by default with a func mask (explicitly, yes)
+    # not by default with a func mask (explicitly, yes), split keys or block_n > 128; wg3
+    # with block_n > 128 is an error
     assert fh.fwd_config("bfloat16", 64, 64, 3, sw, max_seqlen_q=8192).ws_num_wg == 2
     assert fh.fwd_config("bfloat16", 64, 64, 3, wg3).ws_num_wg == 3
+    assert fh.fwd_config("bfloat16", 64, 64, 0, sw, max_seqlen_q=8192,
+                         kv_splits=2).ws_num_wg == 2
+    big = Switches(hstu_fwd_ws="bn=192")
+    assert fh.fwd_config("bfloat16", 64, 64, 0, big, max_seqlen_q=8192).ws_num_wg == 2
+    assert fh.fwd_config("bfloat16", 64, 64, 0, Switches(hstu_fwd_ws="bn=128,wg3")).block_m == 192
+    with pytest.raises(ValueError, match="wg3.*bn=144.*block_n <= 128"):
+        fh.fwd_config("bfloat16", 64, 64, 0, Switches(hstu_fwd_ws="wg3,bn=144"))
+    # qscale by default at D <= 64 in bf16 only (fp16: q * alpha / 2 could overflow)
+    assert fh.fwd_config("bfloat16", 64, 64, 0, sw).ws_q_scale
+    assert not fh.fwd_config("float16", 64, 64, 0, sw).ws_q_scale
+    assert fh.fwd_config("float16", 64, 64, 0, Switches(hstu_fwd_ws="qscale")).ws_q_scale
+    assert not fh.fwd_config("bfloat16", 128, 128, 0, sw).ws_q_scale
     assert fh.fwd_config("bfloat16", 64, 64, 0, wg3, max_seqlen_q=1).ws_num_wg == 3
     assert fh.fwd_config("bfloat16", 64, 64, 0, sw, max_seqlen_q=8192, has_rab=True,
                          rab_dtype="float32").ws_num_wg == 2

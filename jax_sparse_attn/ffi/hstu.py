@@ -363,7 +363,8 @@ def fwd_config(dtype, head_dim, head_dim_v, func_n, switches, *, has_rab=False,
     (:func:`paged_unsupported_reason` says when it exists); ``kv_splits`` (resolved, see
     :func:`resolve_kv_splits`) splits the keys of the sm90ws forward (the sm80 forward
     ignores it); ``max_seqlen_q`` (the call's static bound, 0: unknown) picks the sm90ws
-    forward's query tile at head dims up to 64 (:data:`WS_WG3_MIN_SEQLEN_Q`)."""
+    forward's query tile at head dims up to 64 without split keys
+    (:data:`WS_WG3_MIN_SEQLEN_Q`)."""
     arch = _platform.resolved_arch()
     impl = switches.hstu_fwd_impl
     if _platform.kernel_family(switches, arch) == "portable":
@@ -385,7 +386,7 @@ def fwd_config(dtype, head_dim, head_dim_v, func_n, switches, *, has_rab=False,
     if impl == "sm90ws":
         return dataclasses.replace(
             _ws_config(dtype, head_dim, head_dim_v, func_n, switches, rab, arch,
-                       max_seqlen_q),
+                       max_seqlen_q if int(kv_splits) == 1 else 0),
             kv_splits=int(kv_splits))
     bm, bn, w = _sm80_tile("forward", head_dim, head_dim_v, switches, arch)
     return HstuFwdConfig(_cutlass_dtype_name(dtype), head_dim, head_dim_v, bm, bn, w,
@@ -449,6 +450,9 @@ def ws_options(opts) -> dict:
 #: (docs/performance.md)
 WS_WG3_MIN_SEQLEN_Q = 2048
 
+#: the largest block_n of the sm90ws forward with three consumer warpgroups
+WS_WG3_MAX_BLOCK_N = 128
+
 
 def ws_default_block_n(head_dim, head_dim_v) -> int:
     """The sm90ws forward's block_n (keys per tile) unless ``bn=N`` sets it: 128 up to
@@ -458,27 +462,39 @@ def ws_default_block_n(head_dim, head_dim_v) -> int:
 
 def _ws_config(dtype, head_dim, head_dim_v, func_n, switches, rab, arch,
                max_seqlen_q=0) -> HstuFwdConfig:
-    """The warp-specialized forward: 128 query rows (2 consumer warpgroups x 64) x ``bn`` keys,
-    384 threads (12 warps). ``switches.hstu_fwd_ws`` (tuning / ablation only; see
-    :func:`ws_options`) turns off the intra-warpgroup GEMM overlap or the ping-pong of the
-    consumer warpgroups, single-buffers Q, computes the score function in packed 16-bit
-    arithmetic or sets ``bn``."""
+    """The warp-specialized forward: 64 query rows per consumer warpgroup (2: 128 rows, 384
+    threads; 3: 192 rows, 512 threads) x ``bn`` keys. ``switches.hstu_fwd_ws`` (tuning /
+    ablation only; see :func:`ws_options`) turns off the intra-warpgroup GEMM overlap or the
+    ping-pong of the consumer warpgroups, single-buffers Q, computes the score function in
+    packed 16-bit arithmetic, sets ``bn`` or the number of consumer warpgroups.
+    ``max_seqlen_q``: the call's static bound (0: unknown), which picks three consumer
+    warpgroups by default (:data:`WS_WG3_MIN_SEQLEN_Q`)."""
     if switches.hstu_fwd_tile is not None:
         raise ValueError(
             f"JAX_SPARSE_ATTN_HSTU_FWD_TILE / Switches.hstu_fwd_tile={switches.hstu_fwd_tile} "
             "applies to the sm80 forward only; the sm90ws forward takes its block_n from "
             "JAX_SPARSE_ATTN_HSTU_WS / Switches.hstu_fwd_ws 'bn=N'")
     opts = ws_options(switches.hstu_fwd_ws)
-    # three consumer warpgroups fit their registers (160 per thread) at D <= 64 only
-    # (by default not with a func mask: its mask state spills a few registers at 160)
+    bn = opts["bn"] or ws_default_block_n(head_dim, head_dim_v)
+    # three consumer warpgroups fit their registers (160 per thread) at D <= 64 and
+    # block_n <= 128 only; by default not with a func mask (its mask state spills a few
+    # registers at 160)
+    if opts["num_wg"] == 3 and bn > WS_WG3_MAX_BLOCK_N:
+        raise ValueError(
+            f"JAX_SPARSE_ATTN_HSTU_WS / Switches.hstu_fwd_ws 'wg3' with bn={bn}: three consumer "
+            f"warpgroups take block_n <= {WS_WG3_MAX_BLOCK_N} (their 160 registers per thread "
+            "hold no larger score tile)")
     wg3 = (opts["num_wg"] == 3 if opts["num_wg"] is not None
-           else max_seqlen_q >= WS_WG3_MIN_SEQLEN_Q and func_n == 0)
+           else max_seqlen_q >= WS_WG3_MIN_SEQLEN_Q and func_n == 0
+           and bn <= WS_WG3_MAX_BLOCK_N)
     num_wg = (3 if wg3 and max(head_dim, head_dim_v) <= 64 and not rab["has_rab"]
               and not opts["cross"] else 2)
-    bn = opts["bn"] or ws_default_block_n(head_dim, head_dim_v)
     # Q scaled once per item instead of every score: at D <= 64 the score function, not the
-    # GEMMs, bounds the tile (docs/performance.md)
-    q_scale = opts["q_scale"] if opts["q_scale"] is not None else max(head_dim, head_dim_v) <= 64
+    # GEMMs, bounds the tile (docs/performance.md); by default bf16 only (fp16's narrower
+    # exponent range would overflow or lose precision in q * alpha / 2 for large or tiny
+    # alpha, where the fp32 multiply of each score does not)
+    q_scale = (opts["q_scale"] if opts["q_scale"] is not None
+               else max(head_dim, head_dim_v) <= 64 and _cutlass_dtype_name(dtype) == "bfloat16")
     if opts["bn"]:
         from ..kernels.hstu_fwd_sm90_ws import ws_smem_plan  # noqa: PLC0415
 

@@ -113,10 +113,12 @@ class HstuFwdSm90Ws(AttnFwdSm90Ws):
         self.dv = head_dim_v
         # consumer warpgroups of 64 query rows each: 2, or 3 (192-row tiles, 160 registers
         # per consumer thread) without rab, paged K / V or chained items
-        if num_wg not in (2, 3) or (num_wg == 3 and (has_rab or paged or cross_item)):
+        if num_wg not in (2, 3) or (num_wg == 3 and (
+                has_rab or paged or cross_item or block_n > 128
+                or max(head_dim, head_dim_v) > 64)):
             raise NotImplementedError(
-                f"hstu_fwd_sm90_ws: {num_wg} consumer warpgroups (2, or 3 without rab, paged "
-                "K / V or chained items)")
+                f"hstu_fwd_sm90_ws: {num_wg} consumer warpgroups (2, or 3 at head dims up to 64 "
+                "and block_n up to 128 without rab, paged K / V or chained items)")
         self.num_wg = num_wg
         self.wg_m = 64
         self.bm = self.wg_m * num_wg
