@@ -100,7 +100,7 @@ def _parse_option_list(flags, key, key_ok, allowed):
 #: the fifth entry
 WS_FLAGS = ("nooverlap", "nopingpong", "q1", "silu16", "tanh16", "pagepf", "qalias",
             "cross", "crossepi", "vlag", "headouter", "roundrobin", "dynamic", "static", "qscale",
-            "noqscale", "wg3", "wg2", "pearly")
+            "noqscale", "wg3", "wg2", "plate")
 _WS_ALLOWED = ("comma list of " + ", ".join(WS_FLAGS)
                + ", bn=N (block_n: a multiple of 16 in 16..256), chunk=N (KiB of K / V per "
                "sequence chunk of the tile schedule: 0..1048576, 0 = off)")
@@ -217,9 +217,10 @@ SWITCHES = (
            "score multiplied by alpha / 2 in fp32, also at head dims up to 64), wg3 (three "
            "consumer warpgroups, 192-row query tiles, 160 registers per consumer thread; at "
            "head dims up to 64 and bn up to 128, not with rab, paged K / V or chained items; "
-           "the default there when max_seqlen_q >= 2048 without a func mask or split keys), wg2 (two consumer "
-           "warpgroups, 128-row query tiles), pearly (fp16: P converted to 16 bit while the "
-           "previous PV GEMM runs, which makes ptxas serialize every wgmma: C7513; ablation), "
+           "the default there in bf16 when max_seqlen_q >= 2048 without a func mask or split "
+           "keys), wg2 (two consumer "
+           "warpgroups, 128-row query tiles), plate (fp16: P converted to 16 bit after the wait of the previous PV GEMM, so "
+           "that ptxas does not serialize the wgmmas (C7513); measured no faster), "
            "bn=N (keys per tile; default 128, 64 at "
            "D = 256), chunk=N (with the "
            "dynamic deal: the tile schedule orders the query tiles by sequence chunks of "

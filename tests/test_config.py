@@ -107,7 +107,7 @@ def test_removed_sm90_bsa_forward_is_rejected():
                                  "chunk=1", "dynamic,chunk=24576,bn=64", "static", "chunk=0",
                                  "static,chunk=64", "roundrobin,q1", "qscale",
                                  "qscale,static,bn=64", "noqscale", "noqscale,q1", "wg3",
-                                 "wg3,static,noqscale,bn=64", "wg2", "pearly,wg2"])
+                                 "wg3,static,noqscale,bn=64", "wg2", "plate,wg2"])
 def test_sm90ws_variants_parse(raw):
     """Every option of hstu_fwd_ws is accepted alone and combined; the string form of a
     Switches field is the environment's; ffi.hstu.ws_options reads them."""
@@ -130,7 +130,7 @@ def test_sm90ws_variants_parse(raw):
                    "q_scale": (True if "qscale" in opts else False if "noqscale" in opts
                                else None),
                    "num_wg": 3 if "wg3" in opts else 2 if "wg2" in opts else None,
-                   "p_early": "pearly" in opts,
+                   "p_late": "plate" in opts,
                    "bn": bn[0] if bn else 0, "chunk": chunk}
 
 

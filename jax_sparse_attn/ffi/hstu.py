@@ -14,7 +14,8 @@ public layer keeps in ``cfg.fwd`` / ``cfg.bwd``.
 
 Kernels (``jax_sparse_attn/kernels``): the default forward is ``hstu_fwd_sm90_ws``
 (``sm90ws``: a TMA producer warp and two consumer warpgroups with wgmma, persistent grid of
-``num_sms`` CTAs, 128 query rows x 128 keys per tile, 64 keys at D = 256); ``sm80`` selects the
+``num_sms`` CTAs, 128 query rows x 128 keys per tile, 64 keys at D = 256; three consumer
+warpgroups and 192 query rows at D <= 64 in bf16 from ``max_seqlen_q`` 2048); ``sm80`` selects the
 portable ``hstu_fwd_sm80`` (warp-level ``mma.sync``, cp.async loads; runs on sm_80+ including
 the H200). The default backward is ``hstu_bwd_sm90`` (``sm90``: TMA producer warp, two wgmma
 consumer warpgroups; D = D_v in {64, 128, 256} without rab), else the portable
@@ -115,7 +116,7 @@ class _HstuKey:
 class HstuFwdConfig(_HstuKey):
     """Compile key of the HSTU forward: static kernel properties only."""
 
-    # "sm90ws" (warp-specialized: TMA producer warp + 2 consumer warpgroups, persistent) or
+    # "sm90ws" (warp-specialized: TMA producer warp + 2 or 3 consumer warpgroups, persistent) or
     # "sm80" (mma.sync, portable)
     impl: str
     # sm90ws only (the defaults for sm80): intra-warpgroup GEMM overlap, ping-pong of the
@@ -149,8 +150,8 @@ class HstuFwdConfig(_HstuKey):
     ws_q_scale: bool = False
     # consumer warpgroups (64 query rows each; block_m = 64 * ws_num_wg): 3 with "wg3"
     ws_num_wg: int = 2
-    # fp16: P converted while the previous PV GEMM runs ("pearly"; C7513 serialization)
-    ws_p_early: bool = False
+    # fp16: P converted after the wait of the previous PV GEMM ("plate"; no C7513)
+    ws_p_late: bool = False
     num_sms: int = 0
     # relative attention bias: presence, H_rab == H, rab's dtype name ("" without rab)
     has_rab: bool = False
@@ -420,9 +421,9 @@ def ws_options(opts) -> dict:
     ``cross`` / ``headouter`` deal statically), ``q_scale`` (``qscale``: True, each consumer
     warpgroup scales its Q tile by alpha / 2 in shared memory once per item instead of
     multiplying every score; ``noqscale``: False; else None, which the config resolves to
-    True at head dims up to 64; never with rab, paged K / V or ``cross``), ``p_early`` (``pearly``: fp16's P converted while the
-    previous PV GEMM runs, as before; ptxas then serializes every wgmma, C7513; ablation),
-    ``num_wg`` (consumer warpgroups: 3
+    True at head dims up to 64; never with rab, paged K / V or ``cross``), ``p_late`` (``plate``: fp16's P converted after the wait
+    of the previous PV GEMM, so that ptxas does not serialize the wgmmas, C7513; measured no
+    faster on the H200), ``num_wg`` (consumer warpgroups: 3
     with ``wg3`` (192-row query tiles, at head dims up to 64; never with rab, paged K / V or
     ``cross``), 2 with ``wg2``, else None: the config's default), ``bn`` (block_n, 0: the kernel's default for
     the head dims), ``chunk`` (with the dynamic deal: KiB of K / V per sequence chunk of the
@@ -439,13 +440,13 @@ def ws_options(opts) -> dict:
             "v_lag": "vlag" in opts, "head_outer": "headouter" in opts,
             "snake": "roundrobin" not in opts, "dynamic": dynamic, "q_scale": True if "qscale" in opts else False if "noqscale" in opts else None,
             "num_wg": 3 if "wg3" in opts else 2 if "wg2" in opts else None,
-            "p_early": "pearly" in opts, "bn": bn[0] if bn else 0,
+            "p_late": "plate" in opts, "bn": bn[0] if bn else 0,
             "chunk": (chunk[0] if chunk else SCHEDULE_CHUNK_KIB) if dynamic else 0}
 
 
 #: the sm90ws forward runs three consumer warpgroups (192-row query tiles) where it can (head
 #: dims up to 64, no rab / paged K / V / chained items) when ``max_seqlen_q`` is at least
-#: this and there is no func mask, unless ``wg2`` / ``wg3`` says otherwise: faster from L = 2048 on the H200, slower at
+#: this, in bf16 and without a func mask, unless ``wg2`` / ``wg3`` says otherwise: faster from L = 2048 on the H200, slower at
 #: L <= 1024, where the 192-row tiles leave more rows idle and make fewer work items
 #: (docs/performance.md)
 WS_WG3_MIN_SEQLEN_Q = 2048
@@ -478,7 +479,7 @@ def _ws_config(dtype, head_dim, head_dim_v, func_n, switches, rab, arch,
     bn = opts["bn"] or ws_default_block_n(head_dim, head_dim_v)
     # three consumer warpgroups fit their registers (160 per thread) at D <= 64 and
     # block_n <= 128 only; by default not with a func mask (its mask state spills a few
-    # registers at 160)
+    # registers at 160) and in bf16 only (where it was measured)
     if opts["num_wg"] == 3 and bn > WS_WG3_MAX_BLOCK_N:
         raise ValueError(
             f"JAX_SPARSE_ATTN_HSTU_WS / Switches.hstu_fwd_ws 'wg3' with bn={bn}: three consumer "
@@ -486,7 +487,7 @@ def _ws_config(dtype, head_dim, head_dim_v, func_n, switches, rab, arch,
             "hold no larger score tile)")
     wg3 = (opts["num_wg"] == 3 if opts["num_wg"] is not None
            else max_seqlen_q >= WS_WG3_MIN_SEQLEN_Q and func_n == 0
-           and bn <= WS_WG3_MAX_BLOCK_N)
+           and bn <= WS_WG3_MAX_BLOCK_N and _cutlass_dtype_name(dtype) == "bfloat16")
     num_wg = (3 if wg3 and max(head_dim, head_dim_v) <= 64 and not rab["has_rab"]
               and not opts["cross"] else 2)
     # Q scaled once per item instead of every score: at D <= 64 the score function, not the
@@ -515,7 +516,7 @@ def _ws_config(dtype, head_dim, head_dim_v, func_n, switches, rab, arch,
                          ws_dynamic=opts["dynamic"], schedule_chunk_kib=opts["chunk"],
                          ws_q_scale=q_scale and not rab["has_rab"] and not opts["cross"],
                          ws_num_wg=num_wg,
-                         ws_p_early=(opts["p_early"] and _cutlass_dtype_name(dtype) == "float16"
+                         ws_p_late=(opts["p_late"] and _cutlass_dtype_name(dtype) == "float16"
                                      and not opts["silu16"]),
                          num_sms=metadata.num_sms(), **rab, arch=arch,
                          pdl=bool(getattr(switches, "pdl", False)))
@@ -696,7 +697,7 @@ def _ws_fwd_kernel(cfg, **extra):
                          cross_item=cfg.ws_cross, v_lag=cfg.ws_v_lag, pdl=cfg.pdl,
                          head_outer=cfg.ws_head_outer, snake=cfg.ws_snake,
                          kv_splits=cfg.kv_splits, q_scale=cfg.ws_q_scale,
-                         num_wg=cfg.ws_num_wg, p_early=cfg.ws_p_early, **extra)
+                         num_wg=cfg.ws_num_wg, p_late=cfg.ws_p_late, **extra)
 
 
 @functools.lru_cache(maxsize=None)

@@ -106,7 +106,7 @@ class HstuFwdSm90Ws(AttnFwdSm90Ws):
                  kv_splits=1, page_id_clamp=False, page_prefetch=False, q_alias=False,
                  cross_item=0, v_lag: bool = False, pdl: bool = False,
                  head_outer: bool = False, snake: bool = True, dynamic: bool = False,
-                 q_scale: bool = False, num_wg: int = 2, p_early: bool = False):
+                 q_scale: bool = False, num_wg: int = 2, p_late: bool = False):
         self.pdl = pdl
         self.dtype = dtype
         self.d = head_dim
@@ -171,11 +171,11 @@ class HstuFwdSm90Ws(AttnFwdSm90Ws):
         # item (one rounding to the 16-bit type), so the score tiles hold h directly (no
         # multiply per score); not with rab (h = (alpha s + rab) / 2) or chained items
         self.q_scale = q_scale and not has_rab and not self.cross_item
-        # fp16: P converted to 16 bit only after the wait of the PV GEMM that reads the
-        # previous P (``_p_into``); converted while that GEMM runs, ptxas allocates the new P
-        # over the old one's registers and serializes every wgmma of the kernel (C7513);
-        # ``p_early``: the conversion while it runs (ablation)
-        self.p_late = dtype == cutlass.Float16 and not silu16 and not p_early
+        # ``p_late`` (fp16): P converted to 16 bit only after the wait of the PV GEMM that
+        # reads the previous P (``_p_into``); converted while that GEMM runs (the default),
+        # ptxas may allocate the new P over the old one's registers and then serializes every
+        # wgmma of the kernel (C7513), which measured no slower on the H200
+        self.p_late = p_late and dtype == cutlass.Float16 and not silu16
         self.num_threads = 128 * (1 + num_wg)
         # 65536 registers per CTA: 128 * (producer + num_wg * consumer)
         self.regs_producer = 24

@@ -17,10 +17,10 @@ The full barrier of a stage is initialised with count 1 (the producer), the empt
 the number of consumer warps. A producer's first pass over the stages waits on parity 1 of the
 empty barriers, which a freshly initialised mbarrier reports as complete.
 
-``WarpgroupTurns``: two consumer warpgroups issue their tensor-core work in alternation
-(ping-pong) through two named barriers of 256 threads: ``wait(wg)`` = ``bar.sync`` on the
-warpgroup's own barrier, ``pass_turn(wg)`` = ``bar.arrive`` on the other's; warpgroup 0 holds
-the first turn (``start``).
+``WarpgroupTurns``: two (or three) consumer warpgroups issue their tensor-core work in turns
+(ping-pong; cyclic with three) through one named barrier of 256 threads per warpgroup:
+``wait(wg)`` = ``bar.sync`` on the warpgroup's own barrier, ``pass_turn(wg)`` = ``bar.arrive``
+on the next one's; warpgroup 0 holds the first turn (``start``).
 """
 
 from __future__ import annotations
