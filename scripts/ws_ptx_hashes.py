@@ -99,7 +99,7 @@ HSTU += [("bfloat16", 128, 128, 3, ""), ("bfloat16", 256, 256, 7, ""), ("float16
 HSTU += [("bfloat16", 128, 128, 0, k) for k in ("nooverlap", "nopingpong", "q1", "silu16", "bn=64",
                                                 "bn=80")]
 HSTU += [("float16", 256, 256, 0, "bn=32"), ("bfloat16", 64, 64, 0, "noqscale"),
-         ("float16", 128, 128, 0, "plate")]
+         ("float16", 128, 128, 0, "plate"), ("bfloat16", 64, 64, 0, "wg3")]
 BSA = [(128, 128, "bfloat16", "bshd", False, ""), (128, 64, "float16", "bhsd", True, ""),
        (64, 128, "float16", "bhsd", True, ""), (64, 64, "bfloat16", "bshd", False, ""),
        (128, 128, "bfloat16", "bhsd", True, "nooverlap,nopingpong"),
