@@ -320,12 +320,12 @@ def test_inputs_fit_the_canvas():
         assert int(x["cu_q"][-1]) < x["q"].shape[0] and int(x["cu_k"][-1]) <= x["k"].shape[0]
 
 
-def _ws_case(lens, d, window, seed, poison, alpha=None, ws=None):
+def _ws_case(lens, d, window, seed, poison, alpha=None, ws=None, kv_splits="auto"):
     """The sm90ws forward (public op, kernel backend) vs the float32 reference on a packed
     batch of ``lens`` (own canvas: T = sum(lens) + 200 tail rows). ``poison``: q/k/v rows past
     ``cu[-1]`` are NaN (they must contribute nothing; the kernel must write zeros there).
     ``alpha``: default 1 / sqrt(d); ``ws``: the ``hstu_fwd_ws`` options (default
-    ``HSTU_TEST_WS``)."""
+    ``HSTU_TEST_WS``); ``kv_splits``: split keys (the public default "auto")."""
     import jax_sparse_attn as jsa
     from jax_sparse_attn import reference
 
@@ -341,7 +341,7 @@ def _ws_case(lens, d, window, seed, poison, alpha=None, ws=None):
               window_size=window, alpha=1.0 / np.sqrt(d) if alpha is None else alpha)
     sw = Switches(hstu_fwd_impl="sm90ws", hstu_fwd_ws=_WS if ws is None else ws)
     out = jax.jit(lambda q, k, v, c: jsa.hstu_attention(
-        q, k, v, c, c, backend="kernel", switches=sw, **kw))(q, k, v, cu)
+        q, k, v, c, c, backend="kernel", switches=sw, kv_splits=kv_splits, **kw))(q, k, v, cu)
     n = int(cu[-1])
     qc, kc, vc = (x[:n] for x in (q, k, v))
     ref = lambda cdt: jax.jit(lambda q, k, v, c: reference.hstu_attention_ref(  # noqa: E731
@@ -392,26 +392,29 @@ def test_hstu_sm90ws_qscale_alpha(d, alpha, window, ws):
              ws=ws)
 
 
-@pytest.mark.parametrize("d,window,ws", [(64, (-1, 0), ("wg3",)), (64, (40, 3), ("wg3",)),
-                                         (32, (-1, -1), ("wg3", "static")),
-                                         (64, (-1, 0), ("wg3", "noqscale", "q1")),
-                                         (64, (-1, 0), ()), (64, (-1, 0), ("wg2",))],
+@pytest.mark.parametrize("d,window,ws,kv_splits",
+                         [(64, (-1, 0), ("wg3",), 1), (64, (40, 3), ("wg3",), 1),
+                          (32, (-1, -1), ("wg3", "static"), 1),
+                          (64, (-1, 0), ("wg3", "noqscale", "q1"), 1),
+                          (64, (-1, 0), (), 1), (64, (-1, 0), ("wg2",), 1),
+                          (64, (-1, 0), ("wg3",), 3)],
                          ids=["d64-causal", "d64-local", "d32-full-static",
                               "d64-causal-noqscale-q1", "d64-causal-default",
-                              "d64-causal-wg2"])
-def test_hstu_sm90ws_three_consumer_warpgroups(d, window, ws):
+                              "d64-causal-wg2", "d64-causal-kv-splits-3"])
+def test_hstu_sm90ws_three_consumer_warpgroups(d, window, ws, kv_splits):
     """Three consumer warpgroups on 192-row query tiles (hstu_fwd_ws=wg3; the default here,
     max_seqlen_q = 4097 at D <= 64) and two (wg2), against the float32 reference (2x rule),
     on sequences ending on both sides of a 192-row tile edge and zero-length ones,
-    NaN-poisoned tail rows written as zeros."""
+    NaN-poisoned tail rows written as zeros; with wg3 also with split keys (kv_splits = 3,
+    which the default leaves to two warpgroups)."""
     from jax_sparse_attn.ffi import hstu as fh
 
     # the compile key of this call (max_seqlen_q = 4097): three warpgroups unless wg2
     key = fh.fwd_config("bfloat16", d, d, 0, Switches(hstu_fwd_impl="sm90ws", hstu_fwd_ws=ws),
-                        max_seqlen_q=4097)
+                        max_seqlen_q=4097, kv_splits=kv_splits)
     assert (key.ws_num_wg, key.block_m) == ((2, 128) if "wg2" in ws else (3, 192))
     _ws_case([1, 191, 192, 193, 0, 383, 1023, 4097, 17], d, window, seed=13, poison=True,
-             ws=ws)
+             ws=ws, kv_splits=kv_splits)
 
 
 # the dynamic deal of the sm90ws forward's work items (hstu_fwd_ws=dynamic): name, lengths,
