@@ -100,7 +100,7 @@ def _parse_option_list(flags, key, key_ok, allowed):
 #: the fifth entry
 WS_FLAGS = ("nooverlap", "nopingpong", "q1", "silu16", "tanh16", "pagepf", "qalias",
             "cross", "crossepi", "vlag", "headouter", "roundrobin", "dynamic", "static", "qscale",
-            "noqscale", "wg3", "wg2", "plate")
+            "noqscale", "wg3", "wg2", "plate", "splitwait")
 _WS_ALLOWED = ("comma list of " + ", ".join(WS_FLAGS)
                + ", bn=N (block_n: a multiple of 16 in 16..256), chunk=N (KiB of K / V per "
                "sequence chunk of the tile schedule: 0..1048576, 0 = off)")
@@ -128,12 +128,21 @@ def _parse_ws(var, raw):
 #: the flags of the sm90ws BSA forward's tuning switch (JAX_SPARSE_ATTN_BSA_WS), plus
 #: ``stages=N`` (at most N K/V stages, 2..8)
 BSA_WS_FLAGS = ("nooverlap", "nopingpong", "q1", "headinner", "lazyrescale", "ctas2", "oalias",
-                "cross", "crossepi", "vlag")
+                "cross", "crossepi", "vlag", "splitwait", "nosplitwait")
 _BSA_WS_ALLOWED = ("comma list of " + ", ".join(BSA_WS_FLAGS)
                    + ", stages=N (most K/V shared-memory stages: 2..8)")
-#: parser of JAX_SPARSE_ATTN_BSA_WS: :data:`BSA_WS_FLAGS` and ``stages=N``
-_parse_bsa_ws = _parse_option_list(BSA_WS_FLAGS, "stages", lambda n: 2 <= n <= 8,
-                                   _BSA_WS_ALLOWED)
+_parse_bsa_ws_opts = _parse_option_list(BSA_WS_FLAGS, "stages", lambda n: 2 <= n <= 8,
+                                        _BSA_WS_ALLOWED)
+
+
+def _parse_bsa_ws(var, raw):
+    """Parser of JAX_SPARSE_ATTN_BSA_WS: :data:`BSA_WS_FLAGS` and ``stages=N``;
+    ``splitwait`` and ``nosplitwait`` exclude each other."""
+    opts = _parse_bsa_ws_opts(var, raw)
+    if "splitwait" in opts and "nosplitwait" in opts:
+        raise ValueError(f"{var}={raw!r}: 'splitwait' and 'nosplitwait' exclude each other; "
+                         f"allowed: {_BSA_WS_ALLOWED}")
+    return opts
 
 #: the flags of the sm90ws BSA backward's tuning switch (JAX_SPARSE_ATTN_BSA_BWD_WS), plus
 #: ``stages=N`` (at most N Q / dO stages, 2..4)
@@ -217,10 +226,13 @@ SWITCHES = (
            "score multiplied by alpha / 2 in fp32, also at head dims up to 64), wg3 (three "
            "consumer warpgroups, 192-row query tiles, 160 registers per consumer thread; at "
            "head dims up to 64 and bn up to 128, not with rab, paged K / V or chained items; "
-           "the default there in bf16 when max_seqlen_q >= 2048 without a func mask or split "
+           "the default there when max_seqlen_q >= 2048 without a func mask or split "
            "keys), wg2 (two consumer "
            "warpgroups, 128-row query tiles), plate (fp16: P converted to 16 bit after the wait of the previous PV GEMM, so "
            "that ptxas does not serialize the wgmmas (C7513); measured no faster), "
+           "splitwait (each consumer warpgroup re-checks the V tile's full barrier before it "
+           "waits for the PV GEMM, so that ptxas keeps that wait below the next score tile "
+           "instead of hoisting it above; measured within 1 % on the H200), "
            "bn=N (keys per tile; default 128, 64 at "
            "D = 256), chunk=N (with the "
            "dynamic deal: the tile schedule orders the query tiles by sequence chunks of "
@@ -279,6 +291,10 @@ SWITCHES = (
            "S = QK^T issued with this item's last PV GEMM, the epilogue after the next "
            "item's first score tile; slower on the H200), crossepi (chained, the epilogue "
            "during that S = QK^T), vlag (the producer issues V tile j after K tile j + 1), "
+           "splitwait (the consumer warpgroup re-checks the V tile's full barrier before it "
+           "waits for the PV GEMM, so that ptxas keeps that wait below the next block's "
+           "softmax instead of hoisting it above; the default at blk 64 with D 128), "
+           "nosplitwait (never), "
            "stages=N "
            "(most K/V stages)"),
     _choice("bsa_bwd_impl", "JAX_SPARSE_ATTN_BSA_BWD_IMPL", ("auto", "sm90", "sm90ws", "sm80"),

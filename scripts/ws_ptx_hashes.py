@@ -99,12 +99,14 @@ HSTU += [("bfloat16", 128, 128, 3, ""), ("bfloat16", 256, 256, 7, ""), ("float16
 HSTU += [("bfloat16", 128, 128, 0, k) for k in ("nooverlap", "nopingpong", "q1", "silu16", "bn=64",
                                                 "bn=80")]
 HSTU += [("float16", 256, 256, 0, "bn=32"), ("bfloat16", 64, 64, 0, "noqscale"),
-         ("float16", 128, 128, 0, "plate"), ("bfloat16", 64, 64, 0, "wg3")]
+         ("float16", 128, 128, 0, "plate"), ("bfloat16", 64, 64, 0, "wg3"),
+         ("bfloat16", 128, 128, 0, "splitwait")]
 BSA = [(128, 128, "bfloat16", "bshd", False, ""), (128, 64, "float16", "bhsd", True, ""),
        (64, 128, "float16", "bhsd", True, ""), (64, 64, "bfloat16", "bshd", False, ""),
        (128, 128, "bfloat16", "bhsd", True, "nooverlap,nopingpong"),
        (128, 64, "bfloat16", "bshd", False, "nooverlap"), (128, 128, "float16", "bshd", True, "q1"),
-       (64, 64, "float16", "bhsd", True, "q1,stages=3")]
+       (64, 64, "float16", "bhsd", True, "q1,stages=3"),
+       (128, 64, "float16", "bhsd", True, "nosplitwait")]
 RAB = [("bfloat16", 128, 128, 0, "", (1, "float32")), ("float16", 64, 64, 5, "", (2, "float16")),
        ("bfloat16", 256, 256, 0, "", (2, "bfloat16")), ("bfloat16", 32, 32, 3, "", (1, "float32")),
        ("bfloat16", 128, 128, 0, "silu16", (1, "bfloat16")),

@@ -87,6 +87,23 @@ def test_switches_fields_are_validated(field, value):
         config.Switches(**{field: value})
 
 
+@pytest.mark.parametrize("raw,want", [("", None), ("splitwait", True), ("nosplitwait", False),
+                                      ("q1,splitwait,stages=3", True)])
+def test_bsa_split_wait_option(raw, want):
+    """bsa_fwd_ws's splitwait / nosplitwait force the re-check of the V barrier before the
+    PV wait; unset, the compile key takes it at blk 64 with D 128 only; both is an error."""
+    from jax_sparse_attn.ffi import bsa as ffi_bsa  # noqa: PLC0415
+
+    sw = config.from_env({"JAX_SPARSE_ATTN_BSA_WS": raw})
+    assert ffi_bsa.bsa_ws_options(sw.bsa_fwd_ws)["split_wait"] is want
+    sw = config.Switches(bsa_fwd_impl="sm90ws", bsa_fwd_ws=raw)
+    for blk, d in ((64, 128), (128, 128), (64, 64), (128, 64)):
+        cfg = ffi_bsa.fwd_config(jnp.bfloat16, d, blk, False, sw)
+        assert cfg.ws_split_wait is (want if want is not None else (blk, d) == (64, 128))
+    with pytest.raises(ValueError, match="JAX_SPARSE_ATTN_BSA_WS.*exclude each other"):
+        config.from_env({"JAX_SPARSE_ATTN_BSA_WS": "splitwait,nosplitwait"})
+
+
 def test_removed_sm90_bsa_forward_is_rejected():
     """The cp.async wgmma BSA forward (bsa_fwd_impl="sm90") was removed: the value is an error
     naming the allowed ones (the BSA backward keeps its "sm90")."""
@@ -107,7 +124,8 @@ def test_removed_sm90_bsa_forward_is_rejected():
                                  "chunk=1", "dynamic,chunk=24576,bn=64", "static", "chunk=0",
                                  "static,chunk=64", "roundrobin,q1", "qscale",
                                  "qscale,static,bn=64", "noqscale", "noqscale,q1", "wg3",
-                                 "wg3,static,noqscale,bn=64", "wg2", "plate,wg2"])
+                                 "wg3,static,noqscale,bn=64", "wg2", "plate,wg2",
+                                 "splitwait", "splitwait,wg3"])
 def test_sm90ws_variants_parse(raw):
     """Every option of hstu_fwd_ws is accepted alone and combined; the string form of a
     Switches field is the environment's; ffi.hstu.ws_options reads them."""
@@ -130,7 +148,7 @@ def test_sm90ws_variants_parse(raw):
                    "q_scale": (True if "qscale" in opts else False if "noqscale" in opts
                                else None),
                    "num_wg": 3 if "wg3" in opts else 2 if "wg2" in opts else None,
-                   "p_late": "plate" in opts,
+                   "p_late": "plate" in opts, "split_wait": "splitwait" in opts,
                    "bn": bn[0] if bn else 0, "chunk": chunk}
 
 

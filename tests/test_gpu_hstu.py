@@ -320,12 +320,14 @@ def test_inputs_fit_the_canvas():
         assert int(x["cu_q"][-1]) < x["q"].shape[0] and int(x["cu_k"][-1]) <= x["k"].shape[0]
 
 
-def _ws_case(lens, d, window, seed, poison, alpha=None, ws=None, kv_splits="auto"):
+def _ws_case(lens, d, window, seed, poison, alpha=None, ws=None, kv_splits="auto",
+             dtype=jnp.bfloat16):
     """The sm90ws forward (public op, kernel backend) vs the float32 reference on a packed
     batch of ``lens`` (own canvas: T = sum(lens) + 200 tail rows). ``poison``: q/k/v rows past
     ``cu[-1]`` are NaN (they must contribute nothing; the kernel must write zeros there).
     ``alpha``: default 1 / sqrt(d); ``ws``: the ``hstu_fwd_ws`` options (default
-    ``HSTU_TEST_WS``); ``kv_splits``: split keys (the public default "auto")."""
+    ``HSTU_TEST_WS``); ``kv_splits``: split keys (the public default "auto"); ``dtype``: of
+    q, k, v (bf16 or fp16)."""
     import jax_sparse_attn as jsa
     from jax_sparse_attn import reference
 
@@ -333,7 +335,7 @@ def _ws_case(lens, d, window, seed, poison, alpha=None, ws=None, kv_splits="auto
     cu = jnp.asarray(np.concatenate([[0], np.cumsum(lens)]).astype(np.int32))
     t = int(sum(lens)) + 200
     ks = jax.random.split(jax.random.PRNGKey(seed), 3)
-    q, k, v = (jax.random.normal(kk, (t, 2, d), jnp.float32).astype(jnp.bfloat16) for kk in ks)
+    q, k, v = (jax.random.normal(kk, (t, 2, d), jnp.float32).astype(dtype) for kk in ks)
     if poison:
         tail = jnp.arange(t) >= int(cu[-1])
         q, k, v = (jnp.where(tail[:, None, None], jnp.nan, x).astype(x.dtype) for x in (q, k, v))
@@ -347,7 +349,7 @@ def _ws_case(lens, d, window, seed, poison, alpha=None, ws=None, kv_splits="auto
     ref = lambda cdt: jax.jit(lambda q, k, v, c: reference.hstu_attention_ref(  # noqa: E731
         q, k, v, c, c, None, compute_dtype=cdt, **kw))(qc, kc, vc, cu)
     report = []
-    check_rule("out", out[:n], ref(None), ref(jnp.bfloat16), 2.0, 2e-3, report)
+    check_rule("out", out[:n], ref(None), ref(dtype), 2.0, 2e-3, report)
     print(report[0])
     assert float(jnp.abs(out[n:].astype(jnp.float32)).max()) == 0.0, "tail rows not zero"
 
@@ -415,6 +417,22 @@ def test_hstu_sm90ws_three_consumer_warpgroups(d, window, ws, kv_splits):
     assert (key.ws_num_wg, key.block_m) == ((2, 128) if "wg2" in ws else (3, 192))
     _ws_case([1, 191, 192, 193, 0, 383, 1023, 4097, 17], d, window, seed=13, poison=True,
              ws=ws, kv_splits=kv_splits)
+
+
+@pytest.mark.parametrize("d,window,ws", [(64, (-1, 0), ()), (32, (40, 3), ()),
+                                         (64, (-1, -1), ("wg3", "static"))],
+                         ids=["d64-causal-default", "d32-local-default", "d64-full-wg3-static"])
+def test_hstu_sm90ws_three_consumer_warpgroups_fp16(d, window, ws):
+    """fp16 with three consumer warpgroups (the default at D <= 64 from max_seqlen_q = 2048
+    in both 16-bit types; fp16 keeps the fp32 multiply by alpha / 2) against the float32
+    reference (2x rule of the fp16 computation), NaN-poisoned tail rows written as zeros."""
+    from jax_sparse_attn.ffi import hstu as fh
+
+    key = fh.fwd_config("float16", d, d, 0, Switches(hstu_fwd_impl="sm90ws", hstu_fwd_ws=ws),
+                        max_seqlen_q=4097)
+    assert (key.ws_num_wg, key.block_m, key.ws_q_scale) == (3, 192, False)
+    _ws_case([1, 191, 192, 193, 0, 383, 1023, 4097, 17], d, window, seed=17, poison=True,
+             ws=ws, dtype=jnp.float16)
 
 
 # the dynamic deal of the sm90ws forward's work items (hstu_fwd_ws=dynamic): name, lengths,

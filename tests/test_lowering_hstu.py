@@ -229,8 +229,10 @@ def test_hstu_sm90ws_three_consumer_warpgroups_key():
     assert fh.fwd_config("bfloat16", 64, 64, 0, Switches(hstu_fwd_ws="bn=128,wg3")).block_m == 192
     with pytest.raises(ValueError, match="wg3.*bn=144.*block_n <= 128"):
         fh.fwd_config("bfloat16", 64, 64, 0, Switches(hstu_fwd_ws="wg3,bn=144"))
-    # three warpgroups by default in bf16 only
-    assert fh.fwd_config("float16", 64, 64, 0, sw, max_seqlen_q=8192).ws_num_wg == 2
+    # three warpgroups by default in both 16-bit types (fp16 without qscale)
+    key16 = fh.fwd_config("float16", 64, 64, 0, sw, max_seqlen_q=8192)
+    assert (key16.ws_num_wg, key16.block_m, key16.ws_q_scale) == (3, 192, False)
+    assert fh.fwd_config("float16", 64, 64, 0, sw, max_seqlen_q=1024).ws_num_wg == 2
     assert fh.fwd_config("float16", 64, 64, 0, wg3, max_seqlen_q=8192).ws_num_wg == 3
     # qscale by default at D <= 64 in bf16 only (fp16: q * alpha / 2 could overflow)
     assert fh.fwd_config("bfloat16", 64, 64, 0, sw).ws_q_scale

@@ -134,6 +134,8 @@ class HstuFwdConfig(_HstuKey):
     ws_cross: int = 0
     # the producer issues V tile j after K tile j + 1 ("vlag")
     ws_v_lag: bool = False
+    # the V tile's full barrier re-checked before the wait of the PV GEMM ("splitwait")
+    ws_split_wait: bool = False
     # persistent work items walk the schedule rows of one (split, head) after the other
     # ("headouter"; else the heads of a row are consecutive items)
     ws_head_outer: bool = False
@@ -423,7 +425,10 @@ def ws_options(opts) -> dict:
     multiplying every score; ``noqscale``: False; else None, which the config resolves to
     True at head dims up to 64; never with rab, paged K / V or ``cross``), ``p_late`` (``plate``: fp16's P converted after the wait
     of the previous PV GEMM, so that ptxas does not serialize the wgmmas, C7513; measured no
-    faster on the H200), ``num_wg`` (consumer warpgroups: 3
+    faster on the H200), ``split_wait`` (``splitwait``: each consumer warpgroup re-checks the
+    V tile's full barrier before it waits for the PV GEMM, which ends a basic block, so that
+    ptxas keeps that wait below the next score tile instead of hoisting it above; measured
+    within 1 % on the H200), ``num_wg`` (consumer warpgroups: 3
     with ``wg3`` (192-row query tiles, at head dims up to 64; never with rab, paged K / V or
     ``cross``), 2 with ``wg2``, else None: the config's default), ``bn`` (block_n, 0: the kernel's default for
     the head dims), ``chunk`` (with the dynamic deal: KiB of K / V per sequence chunk of the
@@ -440,13 +445,14 @@ def ws_options(opts) -> dict:
             "v_lag": "vlag" in opts, "head_outer": "headouter" in opts,
             "snake": "roundrobin" not in opts, "dynamic": dynamic, "q_scale": True if "qscale" in opts else False if "noqscale" in opts else None,
             "num_wg": 3 if "wg3" in opts else 2 if "wg2" in opts else None,
-            "p_late": "plate" in opts, "bn": bn[0] if bn else 0,
+            "p_late": "plate" in opts, "split_wait": "splitwait" in opts,
+            "bn": bn[0] if bn else 0,
             "chunk": (chunk[0] if chunk else SCHEDULE_CHUNK_KIB) if dynamic else 0}
 
 
 #: the sm90ws forward runs three consumer warpgroups (192-row query tiles) where it can (head
 #: dims up to 64, no rab / paged K / V / chained items) when ``max_seqlen_q`` is at least
-#: this, in bf16 and without a func mask, unless ``wg2`` / ``wg3`` says otherwise: faster from L = 2048 on the H200, slower at
+#: this, without a func mask, unless ``wg2`` / ``wg3`` says otherwise: faster from L = 2048 on the H200, slower at
 #: L <= 1024, where the 192-row tiles leave more rows idle and make fewer work items
 #: (docs/performance.md)
 WS_WG3_MIN_SEQLEN_Q = 2048
@@ -479,7 +485,7 @@ def _ws_config(dtype, head_dim, head_dim_v, func_n, switches, rab, arch,
     bn = opts["bn"] or ws_default_block_n(head_dim, head_dim_v)
     # three consumer warpgroups fit their registers (160 per thread) at D <= 64 and
     # block_n <= 128 only; by default not with a func mask (its mask state spills a few
-    # registers at 160) and in bf16 only (where it was measured)
+    # registers at 160); faster in both 16-bit types from L = 2048 (measured)
     if opts["num_wg"] == 3 and bn > WS_WG3_MAX_BLOCK_N:
         raise ValueError(
             f"JAX_SPARSE_ATTN_HSTU_WS / Switches.hstu_fwd_ws 'wg3' with bn={bn}: three consumer "
@@ -487,7 +493,7 @@ def _ws_config(dtype, head_dim, head_dim_v, func_n, switches, rab, arch,
             "hold no larger score tile)")
     wg3 = (opts["num_wg"] == 3 if opts["num_wg"] is not None
            else max_seqlen_q >= WS_WG3_MIN_SEQLEN_Q and func_n == 0
-           and bn <= WS_WG3_MAX_BLOCK_N and _cutlass_dtype_name(dtype) == "bfloat16")
+           and bn <= WS_WG3_MAX_BLOCK_N)
     num_wg = (3 if wg3 and max(head_dim, head_dim_v) <= 64 and not rab["has_rab"]
               and not opts["cross"] else 2)
     # Q scaled once per item instead of every score: at D <= 64 the score function, not the
@@ -512,6 +518,7 @@ def _ws_config(dtype, head_dim, head_dim_v, func_n, switches, rab, arch,
                          ws_q_stages=opts["q_stages"], ws_silu16=opts["silu16"],
                          ws_tanh16=opts["tanh16"], ws_q_alias=opts["q_alias"],
                          ws_cross=opts["cross"], ws_v_lag=opts["v_lag"],
+                         ws_split_wait=opts["split_wait"],
                          ws_head_outer=opts["head_outer"], ws_snake=opts["snake"],
                          ws_dynamic=opts["dynamic"], schedule_chunk_kib=opts["chunk"],
                          ws_q_scale=q_scale and not rab["has_rab"] and not opts["cross"],
@@ -697,7 +704,8 @@ def _ws_fwd_kernel(cfg, **extra):
                          cross_item=cfg.ws_cross, v_lag=cfg.ws_v_lag, pdl=cfg.pdl,
                          head_outer=cfg.ws_head_outer, snake=cfg.ws_snake,
                          kv_splits=cfg.kv_splits, q_scale=cfg.ws_q_scale,
-                         num_wg=cfg.ws_num_wg, p_late=cfg.ws_p_late, **extra)
+                         num_wg=cfg.ws_num_wg, p_late=cfg.ws_p_late,
+                         split_wait=cfg.ws_split_wait, **extra)
 
 
 @functools.lru_cache(maxsize=None)
@@ -756,7 +764,8 @@ def _fwd_paged_adapter():
                                v_lag=cfg.ws_v_lag, paged=True, pdl=cfg.pdl,
                                head_outer=cfg.ws_head_outer, snake=cfg.ws_snake,
                                kv_splits=cfg.kv_splits, page_id_clamp=cfg.page_id_clamp,
-                               page_prefetch=cfg.ws_page_prefetch)
+                               page_prefetch=cfg.ws_page_prefetch,
+                               split_wait=cfg.ws_split_wait)
         kernel(q, paged_kv, paged_kv, cu_q, cu_k, tiles, func, scal, win, out, stream,
                mPageIds=page_ids, mPageIndptrs=page_indptrs)
 

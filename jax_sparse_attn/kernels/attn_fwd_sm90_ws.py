@@ -673,6 +673,13 @@ class AttnFwdSm90Ws:
             warpgroup.wait_group(1)
             pipe_k.consumer_release(c_new)
             rP2 = self._tile_p(acc_S2, work, tile, rows, state, pre2, it)
+            if cutlass.const_expr(self.split_wait):
+                # V tile j - 1 is still held (released below), so this check of its full
+                # barrier passes at once; its wait loop ends the basic block, and ptxas,
+                # which places a wgmma wait at the top of its block, keeps the wait below
+                # the score tile instead of hoisting it above (serializing that tile with
+                # the PV GEMM)
+                pipe_v.consumer_wait(c_new - 1)
             warpgroup.wait_group(0)
             self._keep_p(rP)
             pipe_v.consumer_release(c_new - 1)

@@ -107,8 +107,9 @@ class BsaFwdSm90Ws(AttnFwdSm90Ws):
                  causal: bool = False, kv_splits: int = 1, head_major: bool = True,
                  lazy_rescale: bool = False, three_ctas: bool = False,
                  o_alias_first: bool = False, cross_item: int = 0, v_lag: bool = False,
-                 pdl: bool = False):
+                 split_wait: bool = False, pdl: bool = False):
         self.pdl = pdl
+        self.split_wait = split_wait
         if block_size not in (64, 128) or head_dim not in (64, 128):
             raise NotImplementedError(
                 f"bsa_fwd_sm90_ws implements head_dim in (64, 128) and sparse_block_size in "

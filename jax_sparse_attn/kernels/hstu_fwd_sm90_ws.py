@@ -106,8 +106,10 @@ class HstuFwdSm90Ws(AttnFwdSm90Ws):
                  kv_splits=1, page_id_clamp=False, page_prefetch=False, q_alias=False,
                  cross_item=0, v_lag: bool = False, pdl: bool = False,
                  head_outer: bool = False, snake: bool = True, dynamic: bool = False,
-                 q_scale: bool = False, num_wg: int = 2, p_late: bool = False):
+                 q_scale: bool = False, num_wg: int = 2, p_late: bool = False,
+                 split_wait: bool = False):
         self.pdl = pdl
+        self.split_wait = split_wait
         self.dtype = dtype
         self.d = head_dim
         self.dv = head_dim_v
