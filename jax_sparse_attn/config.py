@@ -146,7 +146,8 @@ def _parse_bsa_ws(var, raw):
 
 #: the flags of the sm90ws BSA backward's tuning switch (JAX_SPARSE_ATTN_BSA_BWD_WS), plus
 #: ``stages=N`` (at most N Q / dO stages, 2..4)
-BSA_BWD_WS_FLAGS = ("ldwait", "lpt", "decouple", "detkv", "detfull", "dqalias", "dqearly")
+BSA_BWD_WS_FLAGS = ("ldwait", "lpt", "decouple", "detkv", "detfull", "dqalias", "dqearly",
+                    "lselate")
 _BSA_BWD_WS_ALLOWED = ("comma list of " + ", ".join(BSA_BWD_WS_FLAGS)
                        + ", stages=N (most Q / dO shared-memory stages: 2..4)")
 _parse_bsa_bwd_ws = _parse_option_list(BSA_BWD_WS_FLAGS, "stages", lambda n: 2 <= n <= 4,
@@ -331,6 +332,9 @@ SWITCHES = (
                "with the dK GEMM, before the dV / dK GEMMs complete; by default dQ waits for "
                "them, so fewer registers are live at once and ptxas does not serialize the "
                "wgmma (C7512) at blk 64 / D 128; slower on the H200), "
+               "lselate (each step's lse read from shared memory while its S / dP GEMMs are "
+               "issued, as before; by default it is read before they are issued, so ptxas "
+               "does not stall the GEMM issue on that load), "
                "stages=N (most Q / dO stages)"),
     _choice("bsa_pre_impl", "JAX_SPARSE_ATTN_BSA_PRE_IMPL", ("kernel", "xla"),
             "BSA backward preprocessing (delta = rowsum(dO*O), zeroed dQ accumulator): "

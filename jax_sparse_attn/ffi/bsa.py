@@ -161,6 +161,9 @@ class BsaBwdConfig:
     ws_dq_alias: bool = False
     # "sm90ws" with ws_dq_alias: dK first, dQ once the dV / dK GEMMs have completed
     ws_dq_late: bool = False
+    # "sm90ws": the step's lse read from shared memory before its GEMMs are issued (off:
+    # "lselate", read under them)
+    ws_lse_early: bool = True
     # "sm90ws" only: programmatic dependent launch (Switches.pdl) of the backward and of
     # its dQ reordering kernel
     pdl: bool = False
@@ -398,6 +401,7 @@ def bwd_config(dtype, head_dim, block_size, has_block_sizes, switches,
                             dq_tile=tile,
                             ws_dq_alias=alias,
                             ws_dq_late=alias and "dqearly" not in opts,
+                            ws_lse_early="lselate" not in opts,
                             pdl=bool(getattr(switches, "pdl", False)),
                             det_writer=bool(deterministic) and tile
                             and bool(getattr(switches, "det_writer", False)),
@@ -898,7 +902,7 @@ def _ws_kernel(cfg: BsaBwdConfig):
                         deterministic=cfg.deterministic, dq_tile=cfg.dq_tile,
                         dq_alias=cfg.ws_dq_alias, pdl=cfg.pdl, det_writer=cfg.det_writer,
                         dq_writer=cfg.dq_writer,
-                        dq_late=cfg.ws_dq_late)
+                        dq_late=cfg.ws_dq_late, lse_early=cfg.ws_lse_early)
 
 
 def _bwd_det_entry(stream, q, k, v, do, lse, delta, offsets, entries, ranks, sizes, scale,

@@ -167,8 +167,10 @@ class BsaBwdSm90Ws:
                  max_stages: int = 4, ld_wait: bool = False, lpt: bool = False,
                  decouple: bool = False, deterministic: bool = False, dq_tile: bool = False,
                  dq_alias: bool = False, pdl: bool = False, det_writer: bool = False,
-                 dq_late: bool = False, dq_writer: bool = False):
+                 dq_late: bool = False, dq_writer: bool = False, lse_early: bool = False):
         self.pdl = pdl
+        # the step's lse read from shared memory before its GEMMs are issued (else under them)
+        self.lse_early = lse_early
         if head_dim not in (64, 128) or block_size not in (64, 128):
             raise NotImplementedError(
                 f"bsa_bwd_sm90_ws implements head_dim in (64, 128) and sparse_block_size in "
@@ -583,15 +585,24 @@ class BsaBwdSm90Ws:
                         acc_S = thr_s.make_fragment_C(s_shape)
                         acc_dP = thr_s.make_fragment_C(s_shape)
                         pipe_q.consumer_wait(c)
+                        # per-query (column) lse, read before the GEMMs are issued and
+                        # brought to the log2 domain after the S^T GEMM's wait
+                        lse2 = cute.make_rmem_tensor(n_cols, Float32)
+                        if cutlass.const_expr(self.lse_early):
+                            for cc in cutlass.range_constexpr(n_cols):
+                                lse2[cc] = sLD[tScS[0, cc][1], 0, stg]
                         mma_s = kvb.issue_s_dp(mma_s, acc_S, acc_dP, tSrK, tSrV, tSrQ, tSrdO,
                                                stg)
-                        # per-query (column) lse in the log2 domain, read under the GEMMs
-                        lse2 = cute.make_rmem_tensor(n_cols, Float32)
-                        for cc in cutlass.range_constexpr(n_cols):
-                            lse2[cc] = sLD[tScS[0, cc][1], 0, stg] * LOG2_E
+                        if cutlass.const_expr(not self.lse_early):
+                            # read under the GEMMs
+                            for cc in cutlass.range_constexpr(n_cols):
+                                lse2[cc] = sLD[tScS[0, cc][1], 0, stg] * LOG2_E
                         S_mn = acc_mn_view_wg(acc_S)
                         dP_mn = acc_mn_view_wg(acc_dP)
                         warpgroup.wait_group(1)
+                        if cutlass.const_expr(self.lse_early):
+                            for cc in cutlass.range_constexpr(n_cols):
+                                lse2[cc] = lse2[cc] * LOG2_E
                         # P^T while the dP^T GEMM runs
                         for r in cutlass.range_constexpr(n_rows):
                             for cc in cutlass.range_constexpr(n_cols):
