@@ -144,10 +144,15 @@ def _parse_bsa_ws(var, raw):
                          f"allowed: {_BSA_WS_ALLOWED}")
     return opts
 
+#: the flags of the sm90 HSTU backward's tuning switch (JAX_SPARSE_ATTN_HSTU_BWD_WS)
+HSTU_BWD_WS_FLAGS = ("splitwait",)
+_HSTU_BWD_WS_ALLOWED = "comma list of " + ", ".join(HSTU_BWD_WS_FLAGS)
+_parse_hstu_bwd_ws = _parse_option_list(HSTU_BWD_WS_FLAGS, {}, None, _HSTU_BWD_WS_ALLOWED)
+
 #: the flags of the sm90ws BSA backward's tuning switch (JAX_SPARSE_ATTN_BSA_BWD_WS), plus
 #: ``stages=N`` (at most N Q / dO stages, 2..4)
 BSA_BWD_WS_FLAGS = ("ldwait", "lpt", "decouple", "detkv", "detfull", "dqalias", "dqearly",
-                    "lselate")
+                    "lselate", "splitwait")
 _BSA_BWD_WS_ALLOWED = ("comma list of " + ", ".join(BSA_BWD_WS_FLAGS)
                        + ", stages=N (most Q / dO shared-memory stages: 2..4)")
 _parse_bsa_bwd_ws = _parse_option_list(BSA_BWD_WS_FLAGS, "stages", lambda n: 2 <= n <= 4,
@@ -273,6 +278,13 @@ SWITCHES = (
             "a tile's heads consecutive), seq "
             "(canonical order, the KV tiles of one sequence and head consecutive: concurrent "
             "CTAs share Q, dO and dQ in L2)"),
+    Switch("hstu_bwd_ws", "JAX_SPARSE_ATTN_HSTU_BWD_WS", _HSTU_BWD_WS_ALLOWED,
+           _parse_hstu_bwd_ws, (),
+           "sm90 HSTU backward variants (tuning / ablation; the sm80 backward ignores them): "
+           "splitwait (where SiLU / SiLU' of S^T run while the dP^T GEMM does, head dims "
+           "with 64-query tiles: the step's Q / dO stage's full barrier re-checked right "
+           "before the wait of the dP^T GEMM, so that ptxas keeps that wait below the "
+           "tanh instead of hoisting it above most of them; not yet measured)"),
     Switch("hstu_bwd_tile", "JAX_SPARSE_ATTN_HSTU_BWD_TILE", _TILE, _parse_tile, None,
            "HSTU sm80 backward tile override (tuning; with sm90, the default, it is an error "
            "except for calls that sm90 routes to sm80: set hstu_bwd_impl=sm80 as well)"),
@@ -335,6 +347,10 @@ SWITCHES = (
                "lselate (each step's lse read from shared memory while its S / dP GEMMs are "
                "issued, as before; by default it is read before they are issued, so ptxas "
                "does not stall the GEMM issue on that load), "
+               "splitwait (P^T masked and converted before the wait of the dP^T GEMM, and the "
+               "Q / dO stage's full barrier re-checked right before that wait, so that ptxas "
+               "keeps the wait below the exp2s instead of hoisting it above most of them; "
+               "not yet measured), "
                "stages=N (most Q / dO stages)"),
     _choice("bsa_pre_impl", "JAX_SPARSE_ATTN_BSA_PRE_IMPL", ("kernel", "xla"),
             "BSA backward preprocessing (delta = rowsum(dO*O), zeroed dQ accumulator): "
@@ -431,6 +447,7 @@ class Switches:
     bsa_bwd_impl: str = _DEFAULT["bsa_bwd_impl"]
     bsa_bwd_dq: str = _DEFAULT["bsa_bwd_dq"]
     bsa_bwd_ws: tuple = _DEFAULT["bsa_bwd_ws"]
+    hstu_bwd_ws: tuple = _DEFAULT["hstu_bwd_ws"]
     bsa_pre_impl: str = _DEFAULT["bsa_pre_impl"]
     bsa_fwd_q_in_regs: bool = _DEFAULT["bsa_fwd_q_in_regs"]
     bsa_fwd_min_blocks: int = _DEFAULT["bsa_fwd_min_blocks"]
@@ -447,7 +464,8 @@ class Switches:
     def __post_init__(self):
         for sw in _switches_of(Switches):
             val = getattr(self, sw.field)
-            if sw.parse in (_parse_ws, _parse_bsa_ws, _parse_bsa_bwd_ws) and isinstance(val, str):
+            if sw.parse in (_parse_ws, _parse_bsa_ws, _parse_bsa_bwd_ws,
+                            _parse_hstu_bwd_ws) and isinstance(val, str):
                 # "nopingpong,bn=64" -> tuple
                 val = sw.parse(f"Switches.{sw.field} (environment variable {sw.env})", val)
                 object.__setattr__(self, sw.field, val)

@@ -42,7 +42,7 @@ def test_from_env_reads_every_switch():
     env = {"JAX_SPARSE_ATTN_HSTU_FWD_IMPL": "sm80", "JAX_SPARSE_ATTN_HSTU_FWD_TILE": "64,64,4",
            "JAX_SPARSE_ATTN_HSTU_BWD_TILE": "64,64,8", "JAX_SPARSE_ATTN_HSTU_BWD_IMPL": "sm90",
            "JAX_SPARSE_ATTN_HSTU_BWD_DQ": "bulk", "JAX_SPARSE_ATTN_HSTU_SCHEDULE": "xla",
-           "JAX_SPARSE_ATTN_HSTU_BWD_ORDER": "seq",
+           "JAX_SPARSE_ATTN_HSTU_BWD_ORDER": "seq", "JAX_SPARSE_ATTN_HSTU_BWD_WS": "splitwait",
            "JAX_SPARSE_ATTN_BSA_FWD_IMPL": "sm80",
            "JAX_SPARSE_ATTN_BSA_BWD_IMPL": "sm80", "JAX_SPARSE_ATTN_BSA_PRE_IMPL": "xla",
            "JAX_SPARSE_ATTN_BSA_FWD_Q_IN_REGS": "0", "JAX_SPARSE_ATTN_BSA_FWD_MIN_BLOCKS": "2",
@@ -57,7 +57,7 @@ def test_from_env_reads_every_switch():
     assert config.from_env(env) == config.Switches(
         hstu_fwd_impl="sm80", hstu_fwd_ws=("nopingpong", "bn=64"), hstu_fwd_tile=(64, 64, 4),
         hstu_bwd_tile=(64, 64, 8), hstu_bwd_impl="sm90", hstu_bwd_dq="bulk",
-        hstu_bwd_order="seq", hstu_schedule="xla", bsa_fwd_impl="sm80", bsa_fwd_ws=("q1", "stages=3"), bsa_bwd_impl="sm80",
+        hstu_bwd_order="seq", hstu_bwd_ws=("splitwait",), hstu_schedule="xla", bsa_fwd_impl="sm80", bsa_fwd_ws=("q1", "stages=3"), bsa_bwd_impl="sm80",
         bsa_bwd_ws=("ldwait", "stages=2"), bsa_bwd_dq="rows",
         bsa_pre_impl="xla", bsa_fwd_q_in_regs=False, bsa_fwd_min_blocks=2, bsa_bwd_min_blocks=1,
         bsa_fwd_late_v_wait=True, bsa_fwd_warp_rows="32", cute_call="per_shape", kernel_family="portable", smem_limit_kb=99,
@@ -102,6 +102,41 @@ def test_bsa_split_wait_option(raw, want):
         assert cfg.ws_split_wait is (want if want is not None else (blk, d) == (64, 128))
     with pytest.raises(ValueError, match="JAX_SPARSE_ATTN_BSA_WS.*exclude each other"):
         config.from_env({"JAX_SPARSE_ATTN_BSA_WS": "splitwait,nosplitwait"})
+
+
+@pytest.mark.parametrize("raw", ["", "splitwait", " splitwait , "])
+def test_hstu_bwd_ws_option(raw):
+    """hstu_bwd_ws takes splitwait, which the sm90 backward's compile key keeps at the head
+    dims with 64-query tiles (D 128, 256) and drops at D 64 (128-query tiles, no overlap of
+    the score function with the dP^T GEMM)."""
+    from jax_sparse_attn.ffi import hstu as fh  # noqa: PLC0415
+
+    sw = config.from_env({"JAX_SPARSE_ATTN_HSTU_BWD_WS": raw})
+    want = "splitwait" in raw
+    assert sw.hstu_bwd_ws == (("splitwait",) if want else ()) == config.Switches(
+        hstu_bwd_ws=raw).hstu_bwd_ws
+    for d in (64, 128, 256):
+        key = fh.bwd_config("bfloat16", d, d, 0, sw)
+        assert key.impl == "sm90" and key.split_wait is (want and d > 64), d
+    for bad in ("splitwait,splitwait", "split", "nosplitwait", "stages=2"):
+        with pytest.raises(ValueError, match="JAX_SPARSE_ATTN_HSTU_BWD_WS.*splitwait"):
+            config.from_env({"JAX_SPARSE_ATTN_HSTU_BWD_WS": bad})
+
+
+@pytest.mark.parametrize("raw,split,lse_early", [("", False, True), ("splitwait", True, True),
+                                                 ("lselate", False, False),
+                                                 ("splitwait,lselate,stages=3", True, False)])
+def test_bsa_bwd_ws_split_and_lse_options(raw, split, lse_early):
+    """bsa_bwd_ws's splitwait (P^T before the dP^T wait in its own basic block; opt-in) and
+    lselate (the lse read while the GEMMs are issued; the default reads it before) reach the
+    sm90ws backward's compile key at every block size and head dim."""
+    from jax_sparse_attn.ffi import bsa as ffi_bsa  # noqa: PLC0415
+
+    sw = config.from_env({"JAX_SPARSE_ATTN_BSA_BWD_WS": raw, "JAX_SPARSE_ATTN_BSA_BWD_IMPL":
+                          "sm90ws"})
+    for blk, d in ((64, 128), (128, 128), (64, 64), (128, 64)):
+        key = ffi_bsa.bwd_config(jnp.bfloat16, d, blk, False, sw)
+        assert (key.impl, key.ws_split_wait, key.ws_lse_early) == ("sm90ws", split, lse_early)
 
 
 def test_removed_sm90_bsa_forward_is_rejected():

@@ -185,11 +185,11 @@ class TestHSTUBackwardDeterministic(HSTUKernelGrid):
 
 
 def _bwd_case(lens, d, window, seed, poison, impl, dtype="bfloat16", backend="kernel",
-              dq="red", order="hlpt"):
+              dq="red", order="hlpt", ws=()):
     """The backward of ``impl`` (public op, kernel backend) vs the float32 reference on a
     packed batch of ``lens`` (zero lengths allowed; T = sum(lens) + 200 tail rows). ``poison``:
     q/k/v/dout rows past ``cu[-1]`` are NaN (they must contribute nothing; dq/dk/dv rows
-    there must be 0)."""
+    there must be 0). ``ws``: the ``hstu_bwd_ws`` options."""
     import jax_sparse_attn as jsa
     from jax_sparse_attn import reference
 
@@ -207,7 +207,7 @@ def _bwd_case(lens, d, window, seed, poison, impl, dtype="bfloat16", backend="ke
     mx = max(max(lens), 1)
     kw = dict(max_seqlen_q=mx, max_seqlen_k=mx, scaling_seqlen=float(mx), window_size=window,
               alpha=1.0 / np.sqrt(d))
-    sw = Switches(hstu_bwd_impl=impl, hstu_bwd_dq=dq, hstu_bwd_order=order)
+    sw = Switches(hstu_bwd_impl=impl, hstu_bwd_dq=dq, hstu_bwd_order=order, hstu_bwd_ws=ws)
     got = jax.jit(lambda do, q, k, v, c: tuple(jsa.hstu_attention_backward(
         do, q, k, v, c, c, backend=backend, switches=sw, **kw)))(do, q, k, v, cu)
     qc, kc, vc, dc = (x[:n] for x in (q, k, v, do))

@@ -121,6 +121,9 @@ _PTX_CONFIGS = {
     "det-blk64": ("_bwd_text", (CONFIGS[1],), None, {"deterministic": True}),
     "det-blk128": ("_bwd_text", (CONFIGS[0],), None, {"deterministic": True}),
     "det-rows": ("_bwd_text", (CONFIGS[1],), None, {"deterministic": True, "dq": "rows"}),
+    "split-blk128": ("_bwd_text", (CONFIGS[0],), None, {"ws": "splitwait"}),
+    "split-blk64": ("_bwd_text", (CONFIGS[1],), None, {"ws": "splitwait"}),
+    "lselate-blk128": ("_bwd_text", (CONFIGS[0],), None, {"ws": "lselate"}),
 }
 
 
@@ -170,6 +173,24 @@ def test_bsa_bwd_ws_deterministic_ptx(kept_ptx):
     default = _ws_ptx(kept_ptx, _ids(CONFIGS[1]))
     for needle in ("ld.acquire.gpu", "fence.acq_rel.gpu"):
         assert needle not in default
+
+
+@pytest.mark.parametrize("cfg", [CONFIGS[0], CONFIGS[1]], ids=_ids)
+def test_bsa_bwd_ws_splitwait_ptx(kept_ptx, cfg):
+    """``bsa_bwd_ws=splitwait`` re-checks the step's Q / dO full barrier before the dP^T wait:
+    one more mbarrier try-wait per unrolled step (blk 128: two) than the default kernel, the
+    same warpgroup MMAs and waits;
+    ``lselate`` (the lse read while the GEMMs are issued) is a different kernel too."""
+    name = "blk128" if cfg["blk"] == 128 else "blk64"
+    default, split = _ws_ptx(kept_ptx, _ids(cfg)), _ws_ptx(kept_ptx, f"split-{name}")
+    steps = cfg["blk"] // 64
+    assert split.count("mbarrier.try_wait") == default.count("mbarrier.try_wait") + steps
+    for needle in ("wgmma.mma_async", "wgmma.wait_group.sync.aligned"):
+        assert split.count(needle) == default.count(needle), needle
+    if name == "blk128":
+        late = _ws_ptx(kept_ptx, "lselate-blk128")
+        assert late != default and late.count("wgmma.mma_async") == default.count(
+            "wgmma.mma_async")
 
 
 @pytest.mark.parametrize("cfg", [CONFIGS[0], CONFIGS[1]], ids=_ids)

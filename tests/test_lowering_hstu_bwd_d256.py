@@ -70,6 +70,14 @@ _PTX_CONFIGS = {
            {"deterministic": mode == "deterministic"})
     for mode, mask in (("default", "window"), ("deterministic", "causal"))
 }
+# hstu_bwd_ws=splitwait at the head dims with 64-query tiles, and the D = 128 default
+_PTX_CONFIGS.update({
+    "split-d256": ("_bwd_text", (256, "bfloat16", "window"),
+                   {"hstu_bwd_dq": "tile", "hstu_bwd_ws": "splitwait"}, {}),
+    "default-d128": ("_bwd_text", (128, "bfloat16", "window"), {"hstu_bwd_dq": "tile"}, {}),
+    "split-d128": ("_bwd_text", (128, "bfloat16", "window"),
+                   {"hstu_bwd_dq": "tile", "hstu_bwd_ws": "splitwait"}, {}),
+})
 
 
 @pytest.fixture(scope="module")
@@ -78,6 +86,26 @@ def kept_ptx(tmp_path_factory):
     import kept_ptx as kp  # noqa: PLC0415
 
     return kp.keep_ptx(tmp_path_factory.mktemp("kept_ptx"), "test_lowering_hstu", _PTX_CONFIGS)
+
+
+@pytest.mark.lowering
+@pytest.mark.parametrize("d", [128, 256])
+def test_bwd_splitwait_ptx(kept_ptx, d):
+    """``hstu_bwd_ws=splitwait`` re-checks the step's Q / dO full barrier right before the
+    dP^T wait: one more mbarrier try-wait in the backward than without it, the same
+    warpgroup MMAs and waits."""
+    import kept_ptx as kp  # noqa: PLC0415
+
+    def bwd(name):
+        b = [t for t in kp.ptx_of(kept_ptx, name).values() if "HstuBwdSm90" in t]
+        assert len(b) == 1
+        return b[0]
+
+    default = bwd("default" if d == 256 else "default-d128")
+    split = bwd(f"split-d{d}")
+    assert split.count("mbarrier.try_wait") == default.count("mbarrier.try_wait") + 1
+    for needle in ("wgmma.mma_async", "wgmma.wait_group.sync.aligned"):
+        assert split.count(needle) == default.count(needle), needle
 
 
 @pytest.mark.lowering

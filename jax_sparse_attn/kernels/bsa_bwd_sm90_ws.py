@@ -167,8 +167,11 @@ class BsaBwdSm90Ws:
                  max_stages: int = 4, ld_wait: bool = False, lpt: bool = False,
                  decouple: bool = False, deterministic: bool = False, dq_tile: bool = False,
                  dq_alias: bool = False, pdl: bool = False, det_writer: bool = False,
-                 dq_late: bool = False, dq_writer: bool = False, lse_early: bool = False):
+                 dq_late: bool = False, dq_writer: bool = False, lse_early: bool = False,
+                 split_wait: bool = False):
         self.pdl = pdl
+        # P^T computed before the dP^T wait, which starts its own basic block
+        self.split_wait = split_wait
         # the step's lse read from shared memory before its GEMMs are issued (else under them)
         self.lse_early = lse_early
         if head_dim not in (64, 128) or block_size not in (64, 128):
@@ -611,6 +614,21 @@ class BsaBwdSm90Ws:
                         dlt = cute.make_rmem_tensor(n_cols, Float32)
                         for cc in cutlass.range_constexpr(n_cols):
                             dlt[cc] = sLD[tScS[0, cc][1], 1, stg]
+                        tP = cute.make_rmem_tensor(acc_layout_as_a(acc_S.layout, a_vals),
+                                                   self.dtype)
+                        if cutlass.const_expr(self.split_wait):
+                            # P^T masked and converted before the dP^T wait; the step's Q / dO
+                            # stage is still held, so this check of its full barrier passes at
+                            # once, and its wait loop ends the basic block: ptxas keeps the
+                            # wait below P^T instead of hoisting it above the exp2s
+                            if limit < bn:
+                                for r in cutlass.range_constexpr(n_rows):
+                                    key_ok = tScS[r, 0][0] < limit
+                                    for cc in cutlass.range_constexpr(n_cols):
+                                        S_mn[r, cc] = S_mn[r, cc] if key_ok else Float32(0.0)
+                            cute.make_tensor(tP.iterator, acc_S.layout).store(
+                                acc_S.load().to(self.dtype))
+                            pipe_q.consumer_wait(c)
                         warpgroup.wait_group(0)
                         for r in cutlass.range_constexpr(n_rows):
                             for cc in cutlass.range_constexpr(n_cols):
@@ -621,12 +639,12 @@ class BsaBwdSm90Ws:
                             for r in cutlass.range_constexpr(n_rows):
                                 key_ok = tScS[r, 0][0] < limit
                                 for cc in cutlass.range_constexpr(n_cols):
-                                    S_mn[r, cc] = S_mn[r, cc] if key_ok else Float32(0.0)
+                                    if cutlass.const_expr(not self.split_wait):
+                                        S_mn[r, cc] = S_mn[r, cc] if key_ok else Float32(0.0)
                                     dP_mn[r, cc] = dP_mn[r, cc] if key_ok else Float32(0.0)
-                        tP = cute.make_rmem_tensor(acc_layout_as_a(acc_S.layout, a_vals),
-                                                   self.dtype)
-                        cute.make_tensor(tP.iterator, acc_S.layout).store(
-                            acc_S.load().to(self.dtype))
+                        if cutlass.const_expr(not self.split_wait):
+                            cute.make_tensor(tP.iterator, acc_S.layout).store(
+                                acc_S.load().to(self.dtype))
                         tdS = cute.make_rmem_tensor(acc_layout_as_a(acc_dP.layout, a_vals),
                                                     self.dtype)
                         tdS_acc = cute.make_tensor(tdS.iterator, acc_dP.layout)

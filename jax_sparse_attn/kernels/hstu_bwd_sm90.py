@@ -132,7 +132,7 @@ class HstuBwdSm90:
 
     def __init__(self, dtype, head_dim, has_func, func_n, dq_bulk=False, deterministic=False,
                  dq_vec4=False, head_major=False, dq_tile=False, pdl=False,
-                 det_writer=False, dq_writer=False):
+                 det_writer=False, dq_writer=False, split_wait=False):
         self.pdl = pdl
         if head_dim not in SM90_BWD_HEAD_DIMS:
             raise NotImplementedError(
@@ -152,6 +152,9 @@ class HstuBwdSm90:
         self.dq_split_m = self.bm == 128
         # SiLU / SiLU' of S^T while the dP^T GEMM runs (needs registers for both: 64-query tiles)
         self.overlap_sdp = self.bm == 64
+        # with overlap_sdp: the Q / dO stage's full barrier re-checked before the dP^T wait
+        # (a basic block boundary that keeps ptxas from hoisting the wait above the SiLU)
+        self.split_wait = split_wait and self.overlap_sdp
         # dQ: red.global.add.v2.f32 from registers, or (dq_bulk) staged in shared memory per
         # warpgroup (64 rows x 64 columns, row stride DQ_STRIDE floats) and added with one
         # bulk reduce-add per row
@@ -598,6 +601,12 @@ class HstuBwdSm90:
                                     off = cute.crd2idx(2 * e2, acc_S.layout)
                                     cute.make_tensor(tP.iterator + off, cute.make_layout(2)).store(
                                         pp.load().to(self.dtype))
+                                if cutlass.const_expr(self.split_wait):
+                                    # the step's Q / dO stage is still held, so this check
+                                    # of its full barrier passes at once; its wait loop ends
+                                    # the basic block, and ptxas keeps the dP^T wait below
+                                    # the SiLU instead of hoisting it above most of it
+                                    pipe_q.consumer_wait(c)
                                 warpgroup.wait_group(0)
                                 for e in cutlass.range_constexpr(cute.size(acc_S)):
                                     acc_dP[e] = acc_dP[e] * acc_S[e]
