@@ -118,6 +118,9 @@ def test_hstu_bwd_ws_option(raw):
     for d in (64, 128, 256):
         key = fh.bwd_config("bfloat16", d, d, 0, sw)
         assert key.impl == "sm90" and key.split_wait is (want and d > 64), d
+    assert fh.bwd_config("bfloat16", 128, 128, 0, config.Switches(
+        hstu_bwd_ws="splitwait,epi32")).epi_pairs
+    assert not fh.bwd_config("bfloat16", 128, 128, 0, sw).epi_pairs
     for bad in ("splitwait,splitwait", "split", "nosplitwait", "stages=2"):
         with pytest.raises(ValueError, match="JAX_SPARSE_ATTN_HSTU_BWD_WS.*splitwait"):
             config.from_env({"JAX_SPARSE_ATTN_HSTU_BWD_WS": bad})
@@ -137,6 +140,10 @@ def test_bsa_bwd_ws_split_and_lse_options(raw, split, lse_early):
     for blk, d in ((64, 128), (128, 128), (64, 64), (128, 64)):
         key = ffi_bsa.bwd_config(jnp.bfloat16, d, blk, False, sw)
         assert (key.impl, key.ws_split_wait, key.ws_lse_early) == ("sm90ws", split, lse_early)
+        assert key.ws_epi_pairs is False
+    key = ffi_bsa.bwd_config(jnp.bfloat16, 128, 64, False, config.Switches(
+        bsa_bwd_impl="sm90ws", bsa_bwd_ws="epi32," + raw if raw else "epi32"))
+    assert key.ws_epi_pairs and key.ws_split_wait is split
 
 
 def test_removed_sm90_bsa_forward_is_rejected():

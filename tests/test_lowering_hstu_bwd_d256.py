@@ -77,6 +77,8 @@ _PTX_CONFIGS.update({
     "default-d128": ("_bwd_text", (128, "bfloat16", "window"), {"hstu_bwd_dq": "tile"}, {}),
     "split-d128": ("_bwd_text", (128, "bfloat16", "window"),
                    {"hstu_bwd_dq": "tile", "hstu_bwd_ws": "splitwait"}, {}),
+    "epi-d128": ("_bwd_text", (128, "bfloat16", "window"),
+                 {"hstu_bwd_dq": "tile", "hstu_bwd_ws": "epi32"}, {}),
 })
 
 
@@ -106,6 +108,24 @@ def test_bwd_splitwait_ptx(kept_ptx, d):
     assert split.count("mbarrier.try_wait") == default.count("mbarrier.try_wait") + 1
     for needle in ("wgmma.mma_async", "wgmma.wait_group.sync.aligned"):
         assert split.count(needle) == default.count(needle), needle
+
+
+@pytest.mark.lowering
+def test_bwd_epi32_ptx(kept_ptx):
+    """``hstu_bwd_ws=epi32`` stores dK / dV as packed pairs: half as many global stores, 4
+    bytes each (after a bf16x2 conversion), where the default has 2-byte ones."""
+    import kept_ptx as kp  # noqa: PLC0415
+
+    def bwd(name):
+        b = [t for t in kp.ptx_of(kept_ptx, name).values() if "HstuBwdSm90" in t]
+        assert len(b) == 1
+        return b[0]
+
+    default, epi = bwd("default-d128"), bwd("epi-d128")
+    n16 = len(re.findall(r"st\.global\.b16", default))
+    assert n16 > 0 and not re.findall(r"st\.global\.b16", epi)
+    assert len(re.findall(r"st\.global\.b32", epi)) == n16 // 2
+    assert "cvt.rn.bf16x2.f32" in epi
 
 
 @pytest.mark.lowering

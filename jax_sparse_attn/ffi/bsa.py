@@ -167,6 +167,8 @@ class BsaBwdConfig:
     # "sm90ws": P^T masked and converted before the dP^T wait, the Q / dO stage's full
     # barrier re-checked right before that wait ("splitwait")
     ws_split_wait: bool = False
+    # "sm90ws": dK / dV stored as packed pairs of adjacent columns ("epi32")
+    ws_epi_pairs: bool = False
     # "sm90ws" only: programmatic dependent launch (Switches.pdl) of the backward and of
     # its dQ reordering kernel
     pdl: bool = False
@@ -406,6 +408,7 @@ def bwd_config(dtype, head_dim, block_size, has_block_sizes, switches,
                             ws_dq_late=alias and "dqearly" not in opts,
                             ws_lse_early="lselate" not in opts,
                             ws_split_wait="splitwait" in opts,
+                            ws_epi_pairs="epi32" in opts,
                             pdl=bool(getattr(switches, "pdl", False)),
                             det_writer=bool(deterministic) and tile
                             and bool(getattr(switches, "det_writer", False)),
@@ -907,7 +910,7 @@ def _ws_kernel(cfg: BsaBwdConfig):
                         dq_alias=cfg.ws_dq_alias, pdl=cfg.pdl, det_writer=cfg.det_writer,
                         dq_writer=cfg.dq_writer,
                         dq_late=cfg.ws_dq_late, lse_early=cfg.ws_lse_early,
-                        split_wait=cfg.ws_split_wait)
+                        split_wait=cfg.ws_split_wait, epi_pairs=cfg.ws_epi_pairs)
 
 
 def _bwd_det_entry(stream, q, k, v, do, lse, delta, offsets, entries, ranks, sizes, scale,

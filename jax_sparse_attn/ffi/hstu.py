@@ -221,6 +221,8 @@ class HstuBwdConfig(_HstuKey):
     # sm90 with 64-query tiles (SiLU of S^T during the dP^T GEMM): the Q / dO stage's full
     # barrier re-checked right before the dP^T wait (hstu_bwd_ws "splitwait")
     split_wait: bool = False
+    # sm90: dK / dV stored as packed pairs of adjacent columns (hstu_bwd_ws "epi32")
+    epi_pairs: bool = False
 
 
 def fwd_smem_bytes(head_dim, head_dim_v, bm, bn) -> int:
@@ -670,7 +672,8 @@ def _bwd_config(dtype, head_dim, head_dim_v, func_n, switches, *, has_rab=False,
                                  bwd_order=getattr(switches, "hstu_bwd_order", "hlpt"),
                                  arch=arch, pdl=bool(getattr(switches, "pdl", False)),
                                  split_wait=bm == 64 and "splitwait" in getattr(
-                                     switches, "hstu_bwd_ws", ()))
+                                     switches, "hstu_bwd_ws", ()),
+                                 epi_pairs="epi32" in getattr(switches, "hstu_bwd_ws", ()))
         return dataclasses.replace(
             _bwd_config(dtype, head_dim, head_dim_v, func_n,
                        dataclasses.replace(switches, hstu_bwd_impl="sm80"), has_rab=has_rab,
@@ -851,7 +854,8 @@ def _sm90_bwd_kernel(cfg):
                          dq_bulk=cfg.dq_bulk, deterministic=cfg.deterministic,
                          dq_vec4=cfg.dq_vec4, head_major=cfg.bwd_order != "lpt",
                          dq_tile=cfg.dq_tile, pdl=cfg.pdl, det_writer=cfg.det_writer,
-                         dq_writer=cfg.dq_writer, split_wait=cfg.split_wait)
+                         dq_writer=cfg.dq_writer, split_wait=cfg.split_wait,
+                         epi_pairs=cfg.epi_pairs)
     if (kernel.bm, kernel.bn) != (cfg.block_m, cfg.block_n):
         raise ValueError(f"hstu_bwd_sm90 tiles {(kernel.bm, kernel.bn)} differ from the "
                          f"compile key's {(cfg.block_m, cfg.block_n)}")

@@ -109,6 +109,7 @@ from .common import (acc_layout_as_a, acc_mn_view_wg, elem_ptr, gmem_load_copy,
                      kv_major_bwd_operands, st_release_s32, tma_view, wait_at_least)
 from .dq_tiles import bulk_add_warp_slice, stage_warp_slice
 from .pipeline import SmemPipeline
+from .seqlen_info import offset_rows
 
 #: query rows per step (one wgmma N / M extent)
 TILE_M = 64
@@ -168,8 +169,10 @@ class BsaBwdSm90Ws:
                  decouple: bool = False, deterministic: bool = False, dq_tile: bool = False,
                  dq_alias: bool = False, pdl: bool = False, det_writer: bool = False,
                  dq_late: bool = False, dq_writer: bool = False, lse_early: bool = False,
-                 split_wait: bool = False):
+                 split_wait: bool = False, epi_pairs: bool = False):
         self.pdl = pdl
+        # dK / dV stored as packed pairs of adjacent columns (4-byte stores)
+        self.epi_pairs = epi_pairs
         # P^T computed before the dP^T wait, which starts its own basic block
         self.split_wait = split_wait
         # the step's lse read from shared memory before its GEMMs are issued (else under them)
@@ -774,16 +777,22 @@ class BsaBwdSm90Ws:
             if cutlass.const_expr(self.dq_tile):
                 cute.arch.cp_async_bulk_wait_group(0, read=False)  # smem outlives the reads
             # ---- epilogue: dK (softmax_scale already in dS^T), dV -> key rows < S_kv ----
-            tKVc = acc_mn_view_wg(thr_kv.partition_C(cute.make_identity_tensor((bn, d))))
-            dK_mn = acc_mn_view_wg(acc_dK)
-            dV_mn = acc_mn_view_wg(acc_dV)
-            for r in cutlass.range_constexpr(cute.size(tKVc, mode=[0])):
-                row = tKVc[r, 0][0]
-                if row < kv_left:
-                    for cc in cutlass.range_constexpr(cute.size(tKVc, mode=[1])):
-                        col = tKVc[r, cc][1]
-                        mdK[batch, n0 + row, head_kv, col] = dK_mn[r, cc].to(self.dtype)
-                        mdV[batch, n0 + row, head_kv, col] = dV_mn[r, cc].to(self.dtype)
+            if cutlass.const_expr(self.epi_pairs):
+                kvb.store_dk_dv(acc_dK, acc_dV, thr_kv, bn, d,
+                                offset_rows(mdK[batch, None, head_kv, None], n0),
+                                offset_rows(mdV[batch, None, head_kv, None], n0), kv_left,
+                                None, self.dtype, True)
+            else:
+                tKVc = acc_mn_view_wg(thr_kv.partition_C(cute.make_identity_tensor((bn, d))))
+                dK_mn = acc_mn_view_wg(acc_dK)
+                dV_mn = acc_mn_view_wg(acc_dV)
+                for r in cutlass.range_constexpr(cute.size(tKVc, mode=[0])):
+                    row = tKVc[r, 0][0]
+                    if row < kv_left:
+                        for cc in cutlass.range_constexpr(cute.size(tKVc, mode=[1])):
+                            col = tKVc[r, cc][1]
+                            mdK[batch, n0 + row, head_kv, col] = dK_mn[r, cc].to(self.dtype)
+                            mdV[batch, n0 + row, head_kv, col] = dV_mn[r, cc].to(self.dtype)
 
 
 __all__ = ["BsaBwdSm90Ws"]

@@ -400,6 +400,21 @@ def atom_add_s32(ptr, val, *, loc=None, ip=None):
 
 
 @dsl_user_op
+def st_global_pair16(ptr, lo, hi, bf16: bool, *, loc=None, ip=None):
+    """``lo``, ``hi`` (fp32) rounded to bf16 (``bf16``) or fp16 and stored as one packed
+    4-byte ``st.global.b32`` at ``ptr`` (``lo`` at the lower address; ``ptr`` 4-byte
+    aligned)."""
+    kind = "bf16x2" if bf16 else "f16x2"
+    asm = ("{\n.reg .b32 p;\n"
+           f"cvt.rn.{kind}.f32 p, $2, $1;\n"
+           "st.global.b32 [$0], p;\n}")
+    inline_asm(None, [ptr.toint(loc=loc, ip=ip).ir_value(loc=loc, ip=ip),
+                      cutlass.Float32(lo).ir_value(loc=loc, ip=ip),
+                      cutlass.Float32(hi).ir_value(loc=loc, ip=ip)],
+               asm, "l,f,f", True, loc, ip)
+
+
+@dsl_user_op
 def st_shared_s32(sptr, val, *, loc=None, ip=None):
     """``st.shared.b32 [sptr], val``."""
     inline_asm(None, [sptr.toint(loc=loc, ip=ip).ir_value(loc=loc, ip=ip),

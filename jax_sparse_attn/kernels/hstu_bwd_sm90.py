@@ -132,7 +132,7 @@ class HstuBwdSm90:
 
     def __init__(self, dtype, head_dim, has_func, func_n, dq_bulk=False, deterministic=False,
                  dq_vec4=False, head_major=False, dq_tile=False, pdl=False,
-                 det_writer=False, dq_writer=False, split_wait=False):
+                 det_writer=False, dq_writer=False, split_wait=False, epi_pairs=False):
         self.pdl = pdl
         if head_dim not in SM90_BWD_HEAD_DIMS:
             raise NotImplementedError(
@@ -155,6 +155,8 @@ class HstuBwdSm90:
         # with overlap_sdp: the Q / dO stage's full barrier re-checked before the dP^T wait
         # (a basic block boundary that keeps ptxas from hoisting the wait above the SiLU)
         self.split_wait = split_wait and self.overlap_sdp
+        # dK / dV stored as packed pairs of adjacent columns (4-byte stores)
+        self.epi_pairs = epi_pairs
         # dQ: red.global.add.v2.f32 from registers, or (dq_bulk) staged in shared memory per
         # warpgroup (64 rows x 64 columns, row stride DQ_STRIDE floats) and added with one
         # bulk reduce-add per row
@@ -798,4 +800,4 @@ class HstuBwdSm90:
                 kvb.store_dk_dv(acc_dK, acc_dV, thr_kv, bn, d,
                                 offset_rows(mdK[None, head_kv, None], seq.k_start + n0),
                                 offset_rows(mdV[None, head_kv, None], seq.k_start + n0),
-                                seq.seqlen_k - n0, inv_scale, self.dtype)
+                                seq.seqlen_k - n0, inv_scale, self.dtype, self.epi_pairs)

@@ -34,7 +34,7 @@ from cutlass.cute.nvgpu import warpgroup
 from cutlass.tensor_utils import LayoutEnum
 
 from . import hstu_common as hc
-from .common import acc_mn_view_wg, elem_ptr
+from .common import acc_mn_view_wg, elem_ptr, st_global_pair16
 
 
 def layouts(dtype, bn: int, bm: int, d: int, q_stages: int, ds_stages: int):
@@ -205,22 +205,40 @@ def keep_regs(tP, tdS):
 
 @cute.jit
 def store_dk_dv(acc_dK, acc_dV, thr_kv, bn: cutlass.Constexpr, d: cutlass.Constexpr, mdK_b,
-                mdV_b, kv_left, dv_scale, dtype: cutlass.Constexpr):
+                mdV_b, kv_left, dv_scale, dtype: cutlass.Constexpr,
+                paired: cutlass.Constexpr = False):
     """Epilogue: this thread's dK and dV (times ``dv_scale`` unless None) converted to
-    ``dtype`` and stored to the key rows ``< kv_left`` of ``mdK_b`` / ``mdV_b`` ``(rows, D)``."""
-    tKVc = acc_mn_view_wg(thr_kv.partition_C(cute.make_identity_tensor((bn, d))))
-    dK_mn = acc_mn_view_wg(acc_dK)
-    dV_mn = acc_mn_view_wg(acc_dV)
-    for r in cutlass.range_constexpr(cute.size(tKVc, mode=[0])):
-        row = tKVc[r, 0][0]
-        if row < kv_left:
-            for cc in cutlass.range_constexpr(cute.size(tKVc, mode=[1])):
-                col = tKVc[r, cc][1]
-                mdK_b[row, col] = dK_mn[r, cc].to(dtype)
+    ``dtype`` and stored to the key rows ``< kv_left`` of ``mdK_b`` / ``mdV_b`` ``(rows, D)``.
+    ``paired``: accumulator values ``2k, 2k + 1`` (adjacent columns of one row, even first
+    column) go out as one packed 4-byte store each (rows with an even element stride)."""
+    if cutlass.const_expr(paired):
+        tKVc_e = thr_kv.partition_C(cute.make_identity_tensor((bn, d)))
+        for e2 in cutlass.range_constexpr(cute.size(acc_dK) // 2):
+            row = tKVc_e[2 * e2][0]
+            col = tKVc_e[2 * e2][1]
+            if row < kv_left:
+                st_global_pair16(elem_ptr(mdK_b, (row, col)), acc_dK[2 * e2],
+                                 acc_dK[2 * e2 + 1], dtype == cutlass.BFloat16)
                 if cutlass.const_expr(dv_scale is None):
-                    mdV_b[row, col] = dV_mn[r, cc].to(dtype)
+                    st_global_pair16(elem_ptr(mdV_b, (row, col)), acc_dV[2 * e2],
+                                     acc_dV[2 * e2 + 1], dtype == cutlass.BFloat16)
                 else:
-                    mdV_b[row, col] = (dV_mn[r, cc] * dv_scale).to(dtype)
+                    st_global_pair16(elem_ptr(mdV_b, (row, col)), acc_dV[2 * e2] * dv_scale,
+                                     acc_dV[2 * e2 + 1] * dv_scale, dtype == cutlass.BFloat16)
+    else:
+        tKVc = acc_mn_view_wg(thr_kv.partition_C(cute.make_identity_tensor((bn, d))))
+        dK_mn = acc_mn_view_wg(acc_dK)
+        dV_mn = acc_mn_view_wg(acc_dV)
+        for r in cutlass.range_constexpr(cute.size(tKVc, mode=[0])):
+            row = tKVc[r, 0][0]
+            if row < kv_left:
+                for cc in cutlass.range_constexpr(cute.size(tKVc, mode=[1])):
+                    col = tKVc[r, cc][1]
+                    mdK_b[row, col] = dK_mn[r, cc].to(dtype)
+                    if cutlass.const_expr(dv_scale is None):
+                        mdV_b[row, col] = dV_mn[r, cc].to(dtype)
+                    else:
+                        mdV_b[row, col] = (dV_mn[r, cc] * dv_scale).to(dtype)
 
 
 __all__ = ["ds_kmajor_layout", "ds_store_copy", "issue_dq_dk", "issue_dv", "issue_s_dp", "keep_regs", "layouts",
