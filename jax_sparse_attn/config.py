@@ -145,14 +145,14 @@ def _parse_bsa_ws(var, raw):
     return opts
 
 #: the flags of the sm90 HSTU backward's tuning switch (JAX_SPARSE_ATTN_HSTU_BWD_WS)
-HSTU_BWD_WS_FLAGS = ("splitwait", "epi32")
+HSTU_BWD_WS_FLAGS = ("splitwait", "epi16")
 _HSTU_BWD_WS_ALLOWED = "comma list of " + ", ".join(HSTU_BWD_WS_FLAGS)
 _parse_hstu_bwd_ws = _parse_option_list(HSTU_BWD_WS_FLAGS, {}, None, _HSTU_BWD_WS_ALLOWED)
 
 #: the flags of the sm90ws BSA backward's tuning switch (JAX_SPARSE_ATTN_BSA_BWD_WS), plus
 #: ``stages=N`` (at most N Q / dO stages, 2..4)
 BSA_BWD_WS_FLAGS = ("ldwait", "lpt", "decouple", "detkv", "detfull", "dqalias", "dqearly",
-                    "lselate", "splitwait", "epi32")
+                    "lselate", "splitwait", "epi16")
 _BSA_BWD_WS_ALLOWED = ("comma list of " + ", ".join(BSA_BWD_WS_FLAGS)
                        + ", stages=N (most Q / dO shared-memory stages: 2..4)")
 _parse_bsa_bwd_ws = _parse_option_list(BSA_BWD_WS_FLAGS, "stages", lambda n: 2 <= n <= 4,
@@ -284,9 +284,9 @@ SWITCHES = (
            "splitwait (where SiLU / SiLU' of S^T run while the dP^T GEMM does, head dims "
            "with 64-query tiles: the step's Q / dO stage's full barrier re-checked right "
            "before the wait of the dP^T GEMM, so that ptxas keeps that wait below the "
-           "tanh instead of hoisting it above most of them; not yet measured), epi32 (dK and "
-           "dV stored as packed pairs, one 4-byte store per two adjacent columns, instead of "
-           "one 2-byte store per value; not yet measured)"),
+           "tanh instead of hoisting it above most of them; slower on the H200), epi16 (dK and "
+           "dV stored one 2-byte store per value; by default they go out as packed pairs, one "
+           "4-byte store per two adjacent columns, faster on the H200)"),
     Switch("hstu_bwd_tile", "JAX_SPARSE_ATTN_HSTU_BWD_TILE", _TILE, _parse_tile, None,
            "HSTU sm80 backward tile override (tuning; with sm90, the default, it is an error "
            "except for calls that sm90 routes to sm80: set hstu_bwd_impl=sm80 as well)"),
@@ -352,9 +352,10 @@ SWITCHES = (
                "splitwait (P^T masked and converted before the wait of the dP^T GEMM, and the "
                "Q / dO stage's full barrier re-checked right before that wait, so that ptxas "
                "keeps the wait below the exp2s instead of hoisting it above most of them; "
-               "not yet measured), "
-               "epi32 (dK and dV stored as packed pairs, one 4-byte store per two adjacent "
-               "columns, instead of one 2-byte store per value; not yet measured), "
+               "slower on the H200), "
+               "epi16 (dK and dV stored one 2-byte store per value; by default they go out "
+               "as packed pairs, one 4-byte store per two adjacent columns, faster on the "
+               "H200), "
                "stages=N (most Q / dO stages)"),
     _choice("bsa_pre_impl", "JAX_SPARSE_ATTN_BSA_PRE_IMPL", ("kernel", "xla"),
             "BSA backward preprocessing (delta = rowsum(dO*O), zeroed dQ accumulator): "

@@ -5,8 +5,9 @@ poisoned tails / unlisted blocks and partial blocks, as the default paths' tests
   ``bsa_bwd_ws=splitwait``: the step's Q / dO stage's full barrier is re-checked right
   before that wait, so that ptxas keeps the wait below the score function instead of
   hoisting it above; the block-sparse one also masks and converts P^T before the wait);
-* dK / dV stored as packed pairs of adjacent columns (``epi32``, 4-byte stores), at every
-  head dim, with key rows past the sequence / past S_kv not written.
+* dK / dV stored one 2-byte store per value (``epi16``; by default they go out as packed
+  pairs of adjacent columns, 4-byte stores), at every head dim, with key rows past the
+  sequence / past S_kv not written.
 
 Run on the H200: ``python -m pytest -m gpu tests/test_gpu_bwd_variants.py``.
 """
@@ -62,22 +63,23 @@ def test_bsa_bwd_splitwait_deterministic(c, monkeypatch):
 
 @pytest.mark.parametrize("name,lens,d,window,dtype", th.BWD_BATCHES,
                          ids=[c[0] for c in th.BWD_BATCHES])
-def test_hstu_bwd_epi32(name, lens, d, window, dtype):
+def test_hstu_bwd_epi16(name, lens, d, window, dtype):
     from jax_sparse_attn.ffi import hstu as fh
 
-    assert fh.bwd_config(dtype, d, d, 0, Switches(hstu_bwd_ws="epi32")).epi_pairs
+    assert fh.bwd_config(dtype, d, d, 0, Switches()).epi_pairs
+    assert not fh.bwd_config(dtype, d, d, 0, Switches(hstu_bwd_ws="epi16")).epi_pairs
     th._bwd_case(lens, d, window, seed=13, poison=True, impl="sm90", dtype=dtype, dq="tile",
-                 ws=("epi32",))
+                 ws=("epi16",))
 
 
-EPI = Switches(bsa_bwd_impl="sm90ws", bsa_bwd_ws="epi32")
+EPI = Switches(bsa_bwd_impl="sm90ws", bsa_bwd_ws="epi16")
 
 
 @pytest.mark.parametrize("c", tb.BWD_WS_CASES, ids=lambda c: c["name"])
-def test_bsa_bwd_epi32(c, monkeypatch):
+def test_bsa_bwd_epi16(c, monkeypatch):
     from jax_sparse_attn.ffi import bsa as fb
 
     key = fb.bwd_config(jnp.dtype(c["dtype"]), c["d"], c["blk"], False, EPI)
-    assert key.ws_epi_pairs, key
+    assert not key.ws_epi_pairs, key
     monkeypatch.setattr(tb, "BWDWS", EPI)
     tb.test_bsa_sm90ws_backward(c)

@@ -187,12 +187,20 @@ class TestHSTUBackwardDeterministic(HSTUKernelGrid):
 def _bwd_case(lens, d, window, seed, poison, impl, dtype="bfloat16", backend="kernel",
               dq="red", order="hlpt", ws=()):
     """The backward of ``impl`` (public op, kernel backend) vs the float32 reference on a
-    packed batch of ``lens`` (zero lengths allowed; T = sum(lens) + 200 tail rows). ``poison``:
+    packed batch of ``lens`` (zero lengths allowed, or "canonical": the canonical jagged
+    batch; T = sum(lens) + 200 tail rows). ``poison``:
     q/k/v/dout rows past ``cu[-1]`` are NaN (they must contribute nothing; dq/dk/dv rows
     there must be 0). ``ws``: the ``hstu_bwd_ws`` options."""
     import jax_sparse_attn as jsa
     from jax_sparse_attn import reference
 
+    if lens == "canonical":
+        import sys
+
+        sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+        from benchmarks._grids import canonical_jagged_lengths
+
+        lens = canonical_jagged_lengths()
     lens = [int(x) for x in lens]
     cu = jnp.asarray(np.concatenate([[0], np.cumsum(lens)]).astype(np.int32))
     t = int(sum(lens)) + 200
@@ -248,13 +256,6 @@ def test_hstu_bwd_batches(name, lens, d, window, dtype, poison):
     hstu_bwd_order) on packed batches with
     zero-length sequences, sequences ending inside a tile and the canonical jagged batch, with
     NaN-poisoned rows past the end."""
-    if lens == "canonical":
-        import sys
-
-        sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
-        from benchmarks._grids import canonical_jagged_lengths
-
-        lens = canonical_jagged_lengths()
     for impl in _bwd_impls():
         variants = ((("red", "hlpt"), ("bulk", "hlpt"), ("red4", "hlpt"), ("tile", "hlpt"),
                      ("red", "seq"), ("red", "lpt"))
@@ -331,6 +332,13 @@ def _ws_case(lens, d, window, seed, poison, alpha=None, ws=None, kv_splits="auto
     import jax_sparse_attn as jsa
     from jax_sparse_attn import reference
 
+    if lens == "canonical":
+        import sys
+
+        sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+        from benchmarks._grids import canonical_jagged_lengths
+
+        lens = canonical_jagged_lengths()
     lens = [int(x) for x in lens]
     cu = jnp.asarray(np.concatenate([[0], np.cumsum(lens)]).astype(np.int32))
     t = int(sum(lens)) + 200
@@ -471,6 +479,13 @@ def test_hstu_sm90ws_dynamic_deal(name, lens, d, window, heads, heads_kv, kv_spl
     import jax_sparse_attn as jsa
     from jax_sparse_attn import reference
 
+    if lens == "canonical":
+        import sys
+
+        sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+        from benchmarks._grids import canonical_jagged_lengths
+
+        lens = canonical_jagged_lengths()
     if lens == "canonical":
         import sys
 

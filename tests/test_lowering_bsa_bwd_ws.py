@@ -124,7 +124,7 @@ _PTX_CONFIGS = {
     "split-blk128": ("_bwd_text", (CONFIGS[0],), None, {"ws": "splitwait"}),
     "split-blk64": ("_bwd_text", (CONFIGS[1],), None, {"ws": "splitwait"}),
     "lselate-blk128": ("_bwd_text", (CONFIGS[0],), None, {"ws": "lselate"}),
-    "epi-blk128": ("_bwd_text", (CONFIGS[0],), None, {"ws": "epi32"}),
+    "epi16-blk128": ("_bwd_text", (CONFIGS[0],), None, {"ws": "epi16"}),
 }
 
 
@@ -194,14 +194,14 @@ def test_bsa_bwd_ws_splitwait_ptx(kept_ptx, cfg):
             "wgmma.mma_async")
 
 
-def test_bsa_bwd_ws_epi32_ptx(kept_ptx):
-    """``bsa_bwd_ws=epi32`` stores dK / dV as packed pairs: 4-byte global stores (with the
-    bf16x2 conversion) where the default has one 2-byte store per value, half as many."""
-    default, epi = _ws_ptx(kept_ptx, _ids(CONFIGS[0])), _ws_ptx(kept_ptx, "epi-blk128")
-    n16 = len(re.findall(r"st\.global\.b16", default))
-    assert n16 > 0 and not re.findall(r"st\.global\.b16", epi)
-    assert len(re.findall(r"st\.global\.b32", epi)) == n16 // 2
-    assert "cvt.rn.bf16x2.f32" in epi
+def test_bsa_bwd_ws_epi_pairs_ptx(kept_ptx):
+    """By default dK / dV go out as packed pairs: 4-byte global stores (after the bf16x2
+    conversion), half as many as the one 2-byte store per value of ``bsa_bwd_ws=epi16``."""
+    pairs, epi16 = _ws_ptx(kept_ptx, _ids(CONFIGS[0])), _ws_ptx(kept_ptx, "epi16-blk128")
+    n16 = len(re.findall(r"st\.global\.b16", epi16))
+    assert n16 > 0 and not re.findall(r"st\.global\.b16", pairs)
+    assert len(re.findall(r"st\.global\.b32", pairs)) == n16 // 2
+    assert "cvt.rn.bf16x2.f32" in pairs
 
 
 @pytest.mark.parametrize("cfg", [CONFIGS[0], CONFIGS[1]], ids=_ids)

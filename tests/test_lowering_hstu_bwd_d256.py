@@ -77,8 +77,8 @@ _PTX_CONFIGS.update({
     "default-d128": ("_bwd_text", (128, "bfloat16", "window"), {"hstu_bwd_dq": "tile"}, {}),
     "split-d128": ("_bwd_text", (128, "bfloat16", "window"),
                    {"hstu_bwd_dq": "tile", "hstu_bwd_ws": "splitwait"}, {}),
-    "epi-d128": ("_bwd_text", (128, "bfloat16", "window"),
-                 {"hstu_bwd_dq": "tile", "hstu_bwd_ws": "epi32"}, {}),
+    "epi16-d128": ("_bwd_text", (128, "bfloat16", "window"),
+                   {"hstu_bwd_dq": "tile", "hstu_bwd_ws": "epi16"}, {}),
 })
 
 
@@ -111,9 +111,9 @@ def test_bwd_splitwait_ptx(kept_ptx, d):
 
 
 @pytest.mark.lowering
-def test_bwd_epi32_ptx(kept_ptx):
-    """``hstu_bwd_ws=epi32`` stores dK / dV as packed pairs: half as many global stores, 4
-    bytes each (after a bf16x2 conversion), where the default has 2-byte ones."""
+def test_bwd_epi_pairs_ptx(kept_ptx):
+    """By default dK / dV go out as packed pairs: 4-byte global stores after a bf16x2
+    conversion, half as many as the one 2-byte store per value of ``hstu_bwd_ws=epi16``."""
     import kept_ptx as kp  # noqa: PLC0415
 
     def bwd(name):
@@ -121,11 +121,11 @@ def test_bwd_epi32_ptx(kept_ptx):
         assert len(b) == 1
         return b[0]
 
-    default, epi = bwd("default-d128"), bwd("epi-d128")
-    n16 = len(re.findall(r"st\.global\.b16", default))
-    assert n16 > 0 and not re.findall(r"st\.global\.b16", epi)
-    assert len(re.findall(r"st\.global\.b32", epi)) == n16 // 2
-    assert "cvt.rn.bf16x2.f32" in epi
+    pairs, epi16 = bwd("default-d128"), bwd("epi16-d128")
+    n16 = len(re.findall(r"st\.global\.b16", epi16))
+    assert n16 > 0 and not re.findall(r"st\.global\.b16", pairs)
+    assert len(re.findall(r"st\.global\.b32", pairs)) == n16 // 2
+    assert "cvt.rn.bf16x2.f32" in pairs
 
 
 @pytest.mark.lowering

@@ -408,7 +408,7 @@ def bwd_config(dtype, head_dim, block_size, has_block_sizes, switches,
                             ws_dq_late=alias and "dqearly" not in opts,
                             ws_lse_early="lselate" not in opts,
                             ws_split_wait="splitwait" in opts,
-                            ws_epi_pairs="epi32" in opts,
+                            ws_epi_pairs="epi16" not in opts,
                             pdl=bool(getattr(switches, "pdl", False)),
                             det_writer=bool(deterministic) and tile
                             and bool(getattr(switches, "det_writer", False)),

@@ -673,7 +673,7 @@ def _bwd_config(dtype, head_dim, head_dim_v, func_n, switches, *, has_rab=False,
                                  arch=arch, pdl=bool(getattr(switches, "pdl", False)),
                                  split_wait=bm == 64 and "splitwait" in getattr(
                                      switches, "hstu_bwd_ws", ()),
-                                 epi_pairs="epi32" in getattr(switches, "hstu_bwd_ws", ()))
+                                 epi_pairs="epi16" not in getattr(switches, "hstu_bwd_ws", ()))
         return dataclasses.replace(
             _bwd_config(dtype, head_dim, head_dim_v, func_n,
                        dataclasses.replace(switches, hstu_bwd_impl="sm80"), has_rab=has_rab,

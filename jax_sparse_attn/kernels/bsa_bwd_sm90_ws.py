@@ -777,22 +777,10 @@ class BsaBwdSm90Ws:
             if cutlass.const_expr(self.dq_tile):
                 cute.arch.cp_async_bulk_wait_group(0, read=False)  # smem outlives the reads
             # ---- epilogue: dK (softmax_scale already in dS^T), dV -> key rows < S_kv ----
-            if cutlass.const_expr(self.epi_pairs):
-                kvb.store_dk_dv(acc_dK, acc_dV, thr_kv, bn, d,
-                                offset_rows(mdK[batch, None, head_kv, None], n0),
-                                offset_rows(mdV[batch, None, head_kv, None], n0), kv_left,
-                                None, self.dtype, True)
-            else:
-                tKVc = acc_mn_view_wg(thr_kv.partition_C(cute.make_identity_tensor((bn, d))))
-                dK_mn = acc_mn_view_wg(acc_dK)
-                dV_mn = acc_mn_view_wg(acc_dV)
-                for r in cutlass.range_constexpr(cute.size(tKVc, mode=[0])):
-                    row = tKVc[r, 0][0]
-                    if row < kv_left:
-                        for cc in cutlass.range_constexpr(cute.size(tKVc, mode=[1])):
-                            col = tKVc[r, cc][1]
-                            mdK[batch, n0 + row, head_kv, col] = dK_mn[r, cc].to(self.dtype)
-                            mdV[batch, n0 + row, head_kv, col] = dV_mn[r, cc].to(self.dtype)
+            kvb.store_dk_dv(acc_dK, acc_dV, thr_kv, bn, d,
+                            offset_rows(mdK[batch, None, head_kv, None], n0),
+                            offset_rows(mdV[batch, None, head_kv, None], n0), kv_left,
+                            None, self.dtype, self.epi_pairs)
 
 
 __all__ = ["BsaBwdSm90Ws"]
