@@ -145,7 +145,7 @@ def _parse_bsa_ws(var, raw):
     return opts
 
 #: the flags of the sm90 HSTU backward's tuning switch (JAX_SPARSE_ATTN_HSTU_BWD_WS)
-HSTU_BWD_WS_FLAGS = ("splitwait", "epi16")
+HSTU_BWD_WS_FLAGS = ("splitwait", "epi16", "detstore")
 _HSTU_BWD_WS_ALLOWED = "comma list of " + ", ".join(HSTU_BWD_WS_FLAGS)
 _parse_hstu_bwd_ws = _parse_option_list(HSTU_BWD_WS_FLAGS, {}, None, _HSTU_BWD_WS_ALLOWED)
 
@@ -286,7 +286,11 @@ SWITCHES = (
            "before the wait of the dP^T GEMM, so that ptxas keeps that wait below the "
            "tanh instead of hoisting it above most of them; slower on the H200), epi16 (dK and "
            "dV stored one 2-byte store per value; by default they go out as packed pairs, one "
-           "4-byte store per two adjacent columns, faster on the H200)"),
+           "4-byte store per two adjacent columns, faster on the H200), detstore "
+           "(deterministic=True with the dQ tile workspace and the writer warp: the first KV "
+           "tile in each query tile's order stores its dQ instead of adding it, so the fp32 "
+           "workspace is not zeroed first; query tiles no KV tile covers are zeroed by the "
+           "reordering kernel; not yet measured)"),
     Switch("hstu_bwd_tile", "JAX_SPARSE_ATTN_HSTU_BWD_TILE", _TILE, _parse_tile, None,
            "HSTU sm80 backward tile override (tuning; with sm90, the default, it is an error "
            "except for calls that sm90 routes to sm80: set hstu_bwd_impl=sm80 as well)"),

@@ -9,11 +9,19 @@ poisoned tails / unlisted blocks and partial blocks, as the default paths' tests
   pairs of adjacent columns, 4-byte stores), at every head dim, with key rows past the
   sequence / past S_kv not written.
 
+* the deterministic HSTU backward with ``hstu_bwd_ws=detstore`` (the first KV tile in a
+  query tile's order stores its dQ, so the fp32 workspace is not zeroed): the deterministic
+  cases (5 runs bitwise equal, both modes against the reference), and, with the workspace
+  filled with NaN before the kernel, batches where query tiles get no contribution (sequences
+  without keys, L_q > L_k under a local window, func masks with empty intervals): their dq
+  rows must be 0.
+
 Run on the H200: ``python -m pytest -m gpu tests/test_gpu_bwd_variants.py``.
 """
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 jax = pytest.importorskip("jax")
@@ -83,3 +91,97 @@ def test_bsa_bwd_epi16(c, monkeypatch):
     assert not key.ws_epi_pairs, key
     monkeypatch.setattr(tb, "BWDWS", EPI)
     tb.test_bsa_sm90ws_backward(c)
+
+
+# the deterministic cases on the sm90 backward (no rab)
+DETSTORE_CASES = [c for c in th.DET_CASES if c[2] in (64, 128, 256) and c[5] in ("", "func")]
+
+
+@pytest.mark.parametrize("name,lens,d,window,dtype,extra", DETSTORE_CASES,
+                         ids=[c[0] for c in DETSTORE_CASES])
+def test_hstu_bwd_detstore_deterministic(name, lens, d, window, dtype, extra, monkeypatch):
+    from jax_sparse_attn.config import from_env
+    from jax_sparse_attn.ffi import hstu as fh
+
+    monkeypatch.setenv("JAX_SPARSE_ATTN_HSTU_BWD_WS", "detstore")
+    key = fh.bwd_config(dtype, d, d, 1 if extra == "func" else 0, from_env(),
+                        deterministic=True)
+    assert key.det_store and key.det_writer, key
+    th.test_hstu_bwd_deterministic(name, lens, d, window, dtype, extra)
+
+
+# (name, L_q per sequence, L_k per sequence, D, window, func intervals per sequence or None)
+UNCOVERED = [
+    # a sequence with queries and no keys; L_q > L_k (bottom-right aligned) under a window:
+    # the first query tiles see no key
+    ("no-keys-d128", [130, 70, 0, 200], [130, 0, 5, 64], 128, (16, 0), None),
+    ("lq-gt-lk-d64", [400, 1, 260], [40, 1, 300], 64, (8, 0), None),
+    ("lq-gt-lk-d256", [300, 65], [20, 0], 256, (30, 0), None),
+    # func: query rows of the middle third of each sequence see nothing (empty interval)
+    ("func-empty-d128", [300, 129, 450], [300, 129, 450], 128, (-1, -1), "middle"),
+]
+
+
+@pytest.mark.parametrize("name,lq,lk,d,window,func", UNCOVERED, ids=[c[0] for c in UNCOVERED])
+def test_hstu_bwd_detstore_uncovered_tiles(name, lq, lk, d, window, func):
+    """detstore with the fp32 dq workspace filled with NaN before the kernel (the mode does
+    not zero it): query tiles no KV tile covers must come out as zeros, every other dq row
+    within 5x the input-dtype error of the float32 reference, and dk / dv too; rows past the
+    last sequence zero; no NaN anywhere."""
+    from attention_base import check_rule
+
+    from jax_sparse_attn import hstu as hstu_mod
+    from jax_sparse_attn import reference
+    from jax_sparse_attn.config import Switches
+    from jax_sparse_attn.ffi import hstu as fh
+
+    dt = jnp.dtype("bfloat16")
+    cq = np.concatenate([[0], np.cumsum(lq)]).astype(np.int32)
+    ck = np.concatenate([[0], np.cumsum(lk)]).astype(np.int32)
+    tq, tk = int(cq[-1]) + 64, int(ck[-1]) + 64
+    ks = jax.random.split(jax.random.PRNGKey(5), 4)
+    q = jax.random.normal(ks[0], (tq, 2, d), jnp.float32).astype(dt)
+    do = jax.random.normal(ks[1], (tq, 2, d), jnp.float32).astype(dt)
+    k = jax.random.normal(ks[2], (tk, 2, d), jnp.float32).astype(dt)
+    v = jax.random.normal(ks[3], (tk, 2, d), jnp.float32).astype(dt)
+    fn = None
+    if func == "middle":
+        # one interval per query row: [0, L_k) except the middle third of each sequence,
+        # whose rows get the empty interval [0, 0)
+        n = tq + 256
+        f = np.zeros((1, 3, n), np.int32)
+        for b in range(len(lq)):
+            for i in range(lq[b]):
+                r = cq[b] + i
+                f[0, 0, r] = 0
+                f[0, 1, r] = 0 if lq[b] // 3 <= i < 2 * lq[b] // 3 else lk[b]
+                f[0, 2, r] = 0
+        fn = jnp.asarray(f)
+    mq, mk = max(max(lq), 1), max(max(lk), 1)
+    kw = dict(max_seqlen_q=mq, max_seqlen_k=mk, scaling_seqlen=float(mq), window_size=window,
+              alpha=1.0 / np.sqrt(d))
+    sw = Switches(hstu_bwd_ws="detstore")
+    cqj, ckj = jnp.asarray(cq), jnp.asarray(ck)
+
+    def run(do, q, k, v, cq, ck, fn):
+        cfg = hstu_mod._make_config(q, k, v, cq, ck, fn, None, None, None, backend="kernel",
+                                    switches=sw, op_name="test", deterministic=True, **kw)
+        assert cfg.bwd.det_store, cfg.bwd
+        return tuple(fh.hstu_bwd(do, q, k, v, cq, ck, fn, cfg, _dq_ws_fill=float("nan")))
+
+    got = jax.jit(run)(do, q, k, v, cqj, ckj, fn)
+    nq, nk = int(cq[-1]), int(ck[-1])
+
+    def ref(cdt):
+        return jax.jit(lambda do, q, k, v, cq, ck, fn: tuple(reference.hstu_attention_bwd_ref(
+            do, q, k, v, cq, ck, fn, compute_dtype=cdt, **kw)))(
+                do[:nq], q[:nq], k[:nk], v[:nk], cqj, ckj, fn)
+
+    truth, base = ref(None), ref(dt)
+    report = []
+    for i, (nm, lim) in enumerate((("dq", nq), ("dk", nk), ("dv", nk))):
+        x = np.asarray(got[i], np.float32)
+        assert not np.isnan(x).any(), f"{nm}: NaN (a workspace tile nobody wrote was read)"
+        check_rule(nm, got[i][:lim], truth[i], base[i], 5.0, 5e-3, report)
+        assert not np.any(x[lim:]), f"{nm} rows past the last sequence are not zero"
+    print(" | ".join(report))

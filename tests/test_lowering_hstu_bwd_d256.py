@@ -79,6 +79,17 @@ _PTX_CONFIGS.update({
                    {"hstu_bwd_dq": "tile", "hstu_bwd_ws": "splitwait"}, {}),
     "epi16-d128": ("_bwd_text", (128, "bfloat16", "window"),
                    {"hstu_bwd_dq": "tile", "hstu_bwd_ws": "epi16"}, {}),
+    # deterministic with detstore: D = 256 (blocks staged in the Q / dO stage) with the
+    # causal mask, D = 128 (the staging tile) with a func mask, D = 64 with the window
+    "detstore-d256": ("_bwd_text", (256, "bfloat16", "causal"),
+                      {"hstu_bwd_dq": "tile", "hstu_bwd_ws": "detstore"},
+                      {"deterministic": True}),
+    "detstore-d128": ("_bwd_text", (128, "bfloat16", "func"),
+                      {"hstu_bwd_dq": "tile", "hstu_bwd_ws": "detstore"},
+                      {"deterministic": True}),
+    "detstore-d64": ("_bwd_text", (64, "float16", "window"),
+                     {"hstu_bwd_dq": "tile", "hstu_bwd_ws": "detstore"},
+                     {"deterministic": True}),
 })
 
 
@@ -165,3 +176,39 @@ def test_d256_tile_ptx(kept_ptx, det):
         assert (complete, read) == (1, 1)
         assert "ld.acquire.gpu" not in b
     assert re.search(r"\.reqntid 512, 1, 1", tiles[0])
+
+
+def test_detstore_keys():
+    """``hstu_bwd_ws=detstore`` reaches the compile key only in deterministic mode with the
+    dQ tile workspace and the writer warp (det_writer, the default), at every head dim."""
+    from jax_sparse_attn.ffi import hstu as fh
+
+    sw = Switches(hstu_bwd_ws="detstore")
+    for d in (64, 128, 256):
+        key = fh.bwd_config("bfloat16", d, d, 0, sw, deterministic=True)
+        assert key.det_writer and key.det_store, d
+        assert not fh.bwd_config("bfloat16", d, d, 0, sw).det_store, d
+        assert not fh.bwd_config("bfloat16", d, d, 0, Switches(), deterministic=True).det_store
+        assert not fh.bwd_config("bfloat16", d, d, 0, Switches(
+            hstu_bwd_ws="detstore", det_writer=False), deterministic=True).det_store
+        assert not fh.bwd_config("bfloat16", d, d, 0, Switches(
+            hstu_bwd_ws="detstore", hstu_bwd_dq="red"), deterministic=True).det_store
+
+
+@pytest.mark.lowering
+@pytest.mark.parametrize("d", [64, 128, 256])
+def test_detstore_ptx(kept_ptx, d):
+    """With ``detstore`` the deterministic backward's writer warp has a bulk store path next
+    to its bulk reduce-adds (one store per reduce-add: the same blocks), and the reordering
+    kernel reads the semaphores."""
+    import kept_ptx as kp  # noqa: PLC0415
+
+    files = kp.ptx_of(kept_ptx, f"detstore-d{d}")
+    bwd = [t for t in files.values() if "HstuBwdSm90" in t]
+    assert len(bwd) == 1
+    copies = re.findall(r"cp\.async\.bulk\.global\.shared::cta\.bulk_group \[", bwd[0])
+    adds = re.findall(r"cp\.reduce\.async\.bulk\.global\.shared::cta\.bulk_group\.add\.f32",
+                      bwd[0])
+    assert copies and len(copies) == len(adds), (len(copies), len(adds))
+    reorder = [t for t in files.values() if "HstuDqFromTiles" in t]
+    assert len(reorder) == 1 and reorder[0].count("ld.global") > 0

@@ -221,8 +221,12 @@ class HstuBwdConfig(_HstuKey):
     # sm90 with 64-query tiles (SiLU of S^T during the dP^T GEMM): the Q / dO stage's full
     # barrier re-checked right before the dP^T wait (hstu_bwd_ws "splitwait")
     split_wait: bool = False
-    # sm90: dK / dV stored as packed pairs of adjacent columns (hstu_bwd_ws "epi32")
+    # sm90: dK / dV stored as packed pairs of adjacent columns (off: hstu_bwd_ws "epi16")
     epi_pairs: bool = False
+    # sm90, deterministic with det_writer: each query tile's first contribution is stored
+    # (bulk copy), so the fp32 dq workspace is not zeroed; tiles nobody covers are zeroed
+    # by the reordering kernel from their semaphores (hstu_bwd_ws "detstore")
+    det_store: bool = False
 
 
 def fwd_smem_bytes(head_dim, head_dim_v, bm, bn) -> int:
@@ -633,7 +637,9 @@ def bwd_config(dtype, head_dim, head_dim_v, func_n, switches, *, has_rab=False,
         key = dataclasses.replace(key, deterministic=True, dq_bulk=False)
         if (key.impl == "sm90" and key.dq_tile
                 and getattr(switches, "det_writer", False)):
-            key = dataclasses.replace(key, det_writer=True)
+            key = dataclasses.replace(
+                key, det_writer=True,
+                det_store="detstore" in getattr(switches, "hstu_bwd_ws", ()))
     elif key.impl == "sm90" and key.dq_tile:
         writer = getattr(switches, "dq_writer", "auto")
         if writer == "on" or (writer == "auto" and head_dim > 128):
@@ -855,7 +861,7 @@ def _sm90_bwd_kernel(cfg):
                          dq_vec4=cfg.dq_vec4, head_major=cfg.bwd_order != "lpt",
                          dq_tile=cfg.dq_tile, pdl=cfg.pdl, det_writer=cfg.det_writer,
                          dq_writer=cfg.dq_writer, split_wait=cfg.split_wait,
-                         epi_pairs=cfg.epi_pairs)
+                         epi_pairs=cfg.epi_pairs, det_store=cfg.det_store)
     if (kernel.bm, kernel.bn) != (cfg.block_m, cfg.block_n):
         raise ValueError(f"hstu_bwd_sm90 tiles {(kernel.bm, kernel.bn)} differ from the "
                          f"compile key's {(cfg.block_m, cfg.block_n)}")
@@ -908,6 +914,40 @@ def _bwd_det_adapter():
                dq_acc, dk, dv, stream, mdQSem=dq_sem)
 
     return hstu_bwd_det_launch
+
+
+@functools.lru_cache(maxsize=None)
+def _bwd_det_store_adapter():
+    import cutlass  # noqa: PLC0415
+    import cutlass.cute as cute  # noqa: PLC0415
+
+    @cute.jit
+    def hstu_bwd_det_store_launch(stream, do, q, k, v, cu_q, cu_k, kv_tiles, q_tile_start,
+                                  q_tiles, func, scal, win, dq_sem, dk, dv, dq_acc, *,
+                                  cfg: cutlass.Constexpr):
+        # deterministic with det_store: the dq semaphores are aliased to output 3
+        # (zero-initialised by XLA); the fp32 dq workspace (output 2) is not initialised
+        _sm90_bwd_kernel(cfg)(do, q, k, v, cu_q, cu_k, kv_tiles, q_tile_start, q_tiles, func,
+                              scal, win, dq_acc, dk, dv, stream, mdQSem=dq_sem)
+
+    return hstu_bwd_det_store_launch
+
+
+@functools.lru_cache(maxsize=None)
+def _dq_tiles_sem_adapter():
+    import cutlass  # noqa: PLC0415
+    import cutlass.cute as cute  # noqa: PLC0415
+
+    from ..kernels.hstu_dq_tiles import HstuDqFromTiles  # noqa: PLC0415
+
+    @cute.jit
+    def hstu_dq_tiles_sem_launch(stream, ws, cu_q, q_start, sem, dq, *,
+                                 dtype: cutlass.Constexpr, block_m: cutlass.Constexpr,
+                                 head_dim: cutlass.Constexpr, pdl: cutlass.Constexpr):
+        HstuDqFromTiles(_dt(dtype), block_m, head_dim, pdl=pdl, sem=True)(
+            ws, cu_q, q_start, dq, stream, mSem=sem)
+
+    return hstu_dq_tiles_sem_launch
 
 
 @functools.lru_cache(maxsize=None)
@@ -1215,14 +1255,17 @@ def hstu_fwd_paged(q, paged_kv, page_ids, page_indptrs, cu_seqlens_q, cu_seqlens
     return out[..., : cfg.head_dim_v]
 
 
-def hstu_bwd(do, q, k, v, cu_seqlens_q, cu_seqlens_k, func, cfg, rab=None, _drab_init=None):
+def hstu_bwd(do, q, k, v, cu_seqlens_q, cu_seqlens_k, func, cfg, rab=None, _drab_init=None,
+             _dq_ws_fill=None):
     """HSTU backward on the CuTe DSL kernel for the op config ``cfg`` (``cfg.bwd`` set;
     padding as in :func:`hstu_fwd`). Returns ``(dq, dk, dv)`` in the input dtype, and
     ``drab`` (rab's shape and dtype) as a fourth output when ``rab`` is given.
 
     ``_drab_init`` (tests only): the initial content of the buffer the kernel writes drab
     into (rab's shape and dtype when ``H_rab == H``, else the fp32 ``(B, 1, N_k, N_k_pad)``
-    workspace, then returned unsliced and uncast) instead of zeros."""
+    workspace, then returned unsliced and uncast) instead of zeros. ``_dq_ws_fill`` (tests
+    only; ``det_store`` keys): a value the fp32 dq workspace is filled with before the
+    kernel, which that mode does not zero (XLA leaves it uninitialised without it)."""
     key = cfg.bwd
     t_q, h, _ = q.shape
     t_k = k.shape[0]
@@ -1242,7 +1285,11 @@ def hstu_bwd(do, q, k, v, cu_seqlens_q, cu_seqlens_k, func, cfg, rab=None, _drab
     # canonical query tile slots (metadata.hstu_bwd_schedule's q_start)
     n_q_slots = t_q // key.block_m + cu_q.shape[0] - 1
     dq_ws_shape = ((n_q_slots, h, key.block_m * d) if key.dq_tile else (t_q, h, d))
-    dq_acc0 = jnp.zeros(dq_ws_shape, jnp.float32)
+    # (det_store: the kernel's first contributions initialise the workspace)
+    if _dq_ws_fill is not None and key.det_store:
+        dq_acc0 = jnp.full(dq_ws_shape, _dq_ws_fill, jnp.float32)
+    else:
+        dq_acc0 = None if key.det_store else jnp.zeros(dq_ws_shape, jnp.float32)
     # deterministic: one semaphore per (canonical query tile slot, head)
     sem0 = jnp.zeros((n_q_slots, h), jnp.int32) if key.deterministic else None
     hd, hdv = cfg.head_dim, cfg.head_dim_v
@@ -1258,14 +1305,24 @@ def hstu_bwd(do, q, k, v, cu_seqlens_q, cu_seqlens_k, func, cfg, rab=None, _drab
     )
     args = (do_p, q_p, k_p, v_p, cu_q, cu_k, kv_tiles, q_start, q_tiles, func_arr, scal, win,
             dq_acc0)
-    if key.deterministic:
+    sem = None
+    if key.det_store and dq_acc0 is None:
+        # no zeroed workspace: the first contribution to each query tile is stored
+        call = _cutlass_call(cfg)(
+            _bwd_det_store_adapter(), output_shape_dtype=out_sds + (
+                jax.ShapeDtypeStruct(sem0.shape, jnp.int32),),
+            compile_key=("hstu_bwd_det_store", key), input_output_aliases={12: 3}, cfg=key,
+            static_last_inputs=(0, 1, 2, 3), static_last_outputs=(0, 1, 2),
+        )
+        dk, dv_out, dq_acc, sem = call(*args[:12], sem0)
+    elif key.deterministic:
         call = _cutlass_call(cfg)(
             _bwd_det_adapter(), output_shape_dtype=out_sds + (
                 jax.ShapeDtypeStruct(sem0.shape, jnp.int32),),
             compile_key=("hstu_bwd_det", key), input_output_aliases={12: 2, 13: 3}, cfg=key,
             static_last_inputs=(0, 1, 2, 3, 12), static_last_outputs=(0, 1, 2),
         )
-        dk, dv_out, dq_acc, _ = call(*args, sem0)
+        dk, dv_out, dq_acc, sem = call(*args, sem0)
     else:
         call = _cutlass_call(cfg)(
             _bwd_adapter(), output_shape_dtype=out_sds, compile_key=("hstu_bwd", key),
@@ -1273,7 +1330,16 @@ def hstu_bwd(do, q, k, v, cu_seqlens_q, cu_seqlens_k, func, cfg, rab=None, _drab
             static_last_inputs=(0, 1, 2, 3, 12), static_last_outputs=(0, 1, 2),
         )
         dk, dv_out, dq_acc = call(*args)
-    if key.dq_tile:
+    if key.det_store:
+        # as below, with the semaphores: tiles no KV tile covered (never written) give zeros
+        call = _cutlass_call(cfg)(
+            _dq_tiles_sem_adapter(),
+            output_shape_dtype=jax.ShapeDtypeStruct((t_q, h, d), q.dtype),
+            compile_key=("hstu_dq_tiles_sem", key.dtype, key.block_m, d, key.pdl),
+            dtype=key.dtype, block_m=key.block_m, head_dim=d, pdl=key.pdl,
+            static_last_inputs=(0,), static_last_outputs=(0,))
+        dq_acc = call(dq_acc, cu_q, q_start, sem)
+    elif key.dq_tile:
         # dq in q's dtype, reordered by kernels/hstu_dq_tiles.py (dq_from_tiles: the
         # same in jnp)
         call = _cutlass_call(cfg)(

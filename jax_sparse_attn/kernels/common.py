@@ -369,6 +369,19 @@ def bulk_reduce_add_f32(gptr, sptr, nbytes: int, *, loc=None, ip=None):
 
 
 @dsl_user_op
+def bulk_copy_f32(gptr, sptr, nbytes: int, *, loc=None, ip=None):
+    """``cp.async.bulk.global.shared::cta.bulk_group``: store ``nbytes`` (a multiple of 16)
+    from shared memory ``sptr`` to global ``gptr`` (both 16-byte aligned), asynchronously,
+    in this thread's bulk group (the plain-store counterpart of :func:`bulk_reduce_add_f32`)."""
+    inline_asm(
+        None,
+        [gptr.toint(loc=loc, ip=ip).ir_value(loc=loc, ip=ip),
+         sptr.toint(loc=loc, ip=ip).ir_value(loc=loc, ip=ip)],
+        f"cp.async.bulk.global.shared::cta.bulk_group [$0], [$1], {nbytes};",
+        "l,r", True, loc, ip)
+
+
+@dsl_user_op
 def st_shared_v4_f32(sptr, a, b, c, d, *, loc=None, ip=None):
     """``st.shared.v4.f32 [sptr], {a, b, c, d}`` (``sptr``: a 16-byte aligned shared-memory
     pointer)."""

@@ -25,7 +25,7 @@ import cutlass.cute as cute
 import cutlass.memory
 from cutlass import Float32, Int32
 
-from .common import bulk_reduce_add_f32, elem_ptr, st_shared_v4_f32
+from .common import bulk_copy_f32, bulk_reduce_add_f32, elem_ptr, st_shared_v4_f32
 
 
 def tile_blocks(bm: int, d: int, w: int) -> int:
@@ -71,15 +71,18 @@ def stage_warp_slice(acc, sbase, lane, rg, cg0, n_rg: cutlass.Constexpr,
 @cute.jit
 def bulk_add_warp_slice(gtile_ptr, sbase, rg, cg0, n_cg: cutlass.Constexpr,
                         n_rg: cutlass.Constexpr, w: cutlass.Constexpr, sbase2=None,
-                        half: cutlass.Constexpr = 0):
+                        half: cutlass.Constexpr = 0, store: cutlass.Constexpr = False):
     """One bulk reduce-add per block of the warp's slice (blocks ``(cg0 + i) n_rg + rg``,
     ``i < n_cg``) from the staged tile (:func:`block_smem_ptr`) to the same blocks of the
     fp32 tile at gmem ``gtile_ptr`` (one lane issues them; the caller commits the bulk
-    group)."""
+    group); ``store``: bulk stores instead (the tile's first contribution)."""
     for i in cutlass.range_constexpr(n_cg):
         blk = (cg0 + i) * n_rg + rg
-        bulk_reduce_add_f32(gtile_ptr + blk * (16 * w), block_smem_ptr(blk, sbase, sbase2, half, w),
-                            64 * w)
+        src = block_smem_ptr(blk, sbase, sbase2, half, w)
+        if cutlass.const_expr(store):
+            bulk_copy_f32(gtile_ptr + blk * (16 * w), src, 64 * w)
+        else:
+            bulk_reduce_add_f32(gtile_ptr + blk * (16 * w), src, 64 * w)
 
 
 @cute.jit

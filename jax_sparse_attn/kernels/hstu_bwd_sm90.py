@@ -104,8 +104,8 @@ from cutlass.cute.nvgpu import OperandMajorMode, cpasync, warpgroup
 from . import hstu_common as hc
 from . import kv_major_bwd as kvb
 from .block_info import QTileRange
-from .common import (acc_layout_as_a, acc_mn_view_wg, bulk_reduce_add_f32, elem_ptr,
-                     gmem_load_copy, kv_major_bwd_operands, tma_view)
+from .common import (acc_layout_as_a, acc_mn_view_wg, bulk_copy_f32, bulk_reduce_add_f32,
+                     elem_ptr, gmem_load_copy, kv_major_bwd_operands, tma_view)
 from .dq_tiles import bulk_add_warp_slice, stage_warp_slice
 from .mask import HstuMaskKeyMajor
 from .pipeline import SmemPipeline
@@ -132,7 +132,8 @@ class HstuBwdSm90:
 
     def __init__(self, dtype, head_dim, has_func, func_n, dq_bulk=False, deterministic=False,
                  dq_vec4=False, head_major=False, dq_tile=False, pdl=False,
-                 det_writer=False, dq_writer=False, split_wait=False, epi_pairs=False):
+                 det_writer=False, dq_writer=False, split_wait=False, epi_pairs=False,
+                 det_store=False):
         self.pdl = pdl
         if head_dim not in SM90_BWD_HEAD_DIMS:
             raise NotImplementedError(
@@ -184,6 +185,10 @@ class HstuBwdSm90:
         self.dq_writer = dq_writer and not deterministic and (self.dq_tile or self.dq_alias)
         # warp 1 adds the staged dQ tiles (either mode)
         self.writer = self.det_writer or self.dq_writer
+        # with det_writer: the first KV tile in a query tile's order stores its dQ instead of
+        # adding it, so the workspace needs no zeroing (query tiles no KV tile covers keep
+        # their semaphore at 0, and the reordering kernel writes zeros for them)
+        self.det_store = det_store and self.det_writer
         # blocks of the dq tile workspace (16 x 64 floats each, kernels/dq_tiles.py order)
         self.dq_blocks = (self.bm // 16) * (head_dim // 64)
         # red: one red.global.add.v4.f32 per 4 values (lane pairs swap halves) instead of
@@ -316,6 +321,27 @@ class HstuBwdSm90:
         cute.arch.sync_warp()
 
     @cute.jit
+    def _dq_tile_out(self, st, pipe_q, c, gtile, store: cutlass.Constexpr):
+        """Lane 0 of the writer warp: the staged dQ tile of step ``c`` to the workspace tile
+        at ``gtile`` with bulk reduce-adds, or (``store``) bulk stores; the caller commits
+        the bulk group. The staging tile: 8 blocks of 4 KB; ``dq_alias``: each consumer
+        warp's two 16 x 64 blocks in the step's Q / dO stage."""
+        bm, d = self.bm, self.d
+        if cutlass.const_expr(self.dq_alias):
+            a_q, a_do = kvb.stage_as_f32(st, pipe_q.stage(c), bm, d)
+            for wi in cutlass.range_constexpr(8):
+                # consumer warp wi: rows 16 (wi % 4) .., warpgroup wi // 4's 128 columns
+                bulk_add_warp_slice(gtile, a_q, wi % 4, 2 * (wi // 4), 2, 4, 64, sbase2=a_do,
+                                    half=self.dq_blocks // 2, store=store)
+        else:
+            sdQ = st.sdQ.data_ptr()
+            for chunk in cutlass.range_constexpr(8):
+                if cutlass.const_expr(store):
+                    bulk_copy_f32(gtile + chunk * 1024, sdQ + chunk * 1024, 4096)
+                else:
+                    bulk_reduce_add_f32(gtile + chunk * 1024, sdQ + chunk * 1024, 4096)
+
+    @cute.jit
     def _dq_order_warp(self, mCuQ, mCuK, mKVTile, mQStart, mQTiles, mdQSem, slot, head_kv,
                        batch, left, right, group, mdQacc, st, pipe_q):
         """Warp 1 in deterministic mode or with ``dq_writer``, over the consumers' steps in
@@ -353,11 +379,14 @@ class HstuBwdSm90:
                 active, full = qr.tile_state(mQTiles, m_block, left, right)
                 if active != 0:
                     sem = None
+                    # (det_store) no earlier KV tile covers this query tile: lane 0 stores
+                    first = Int32(1)
                     if cutlass.const_expr(self.deterministic):
                         sem = elem_ptr(mdQSem, (qt0 + m_block, head))
                         if lane == 0:
                             if n_block > 0:
                                 if qp.covers(mQTiles, m_block, left, right) != 0:
+                                    first = Int32(0)
                                     hc.wait_at_least(sem, n_block)
                         cute.arch.sync_warp()
                     if cutlass.const_expr(self.writer):
@@ -365,20 +394,13 @@ class HstuBwdSm90:
                         cute.arch.barrier(barrier_id=2, number_of_threads=288)
                         if lane == 0:
                             gtile = elem_ptr(mdQacc, (qt0 + m_block, head, 0))
-                            if cutlass.const_expr(self.dq_alias):
-                                a_q, a_do = kvb.stage_as_f32(st, pipe_q.stage(c), bm, d)
-                                for wi in cutlass.range_constexpr(8):
-                                    # consumer warp wi: rows 16 (wi % 4) .., warpgroup
-                                    # wi // 4's 128 columns
-                                    bulk_add_warp_slice(gtile, a_q, wi % 4, 2 * (wi // 4), 2, 4,
-                                                        64, sbase2=a_do,
-                                                        half=self.dq_blocks // 2)
+                            if cutlass.const_expr(self.det_store):
+                                if first != 0:
+                                    self._dq_tile_out(st, pipe_q, c, gtile, True)
+                                else:
+                                    self._dq_tile_out(st, pipe_q, c, gtile, False)
                             else:
-                                sdQ = st.sdQ.data_ptr()
-                                for chunk in cutlass.range_constexpr(8):
-                                    bulk_reduce_add_f32(
-                                        elem_ptr(mdQacc, (qt0 + m_block, head, chunk * 1024)),
-                                        sdQ + chunk * 1024, 4096)
+                                self._dq_tile_out(st, pipe_q, c, gtile, False)
                             cute.arch.cp_async_bulk_commit_group()
                             cute.arch.cp_async_bulk_wait_group(0, read=True)
                         cute.arch.sync_warp()

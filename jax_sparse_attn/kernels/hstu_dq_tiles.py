@@ -23,6 +23,11 @@ the extra slot) write zeros to the rows past ``cu_q[n]`` (rows of no sequence), 
 grid-stride loop. ``cu_q`` / ``q_start`` are the sanitised offsets of the ``n`` sequences
 (the pseudo-sequence included) and the first slot of every sequence, as the backward's
 schedule builds them.
+
+With ``sem`` (the deterministic backward with ``det_store``: the first contribution to a
+query tile is stored, the workspace is not zeroed) the int32 ``(slots, H)`` semaphores of
+the backward come along: a (slot, head) whose semaphore is still 0 got no contribution, and
+its rows are written as zeros (whatever its workspace tile holds).
 """
 
 from __future__ import annotations
@@ -37,8 +42,11 @@ from .dq_tiles import smem_row_stride, smem_rows_to_gmem, tile_blocks, tile_load
 
 
 class HstuDqFromTiles:
-    def __init__(self, dtype, block_m: int, head_dim: int, pdl: bool = False):
+    def __init__(self, dtype, block_m: int, head_dim: int, pdl: bool = False,
+                 sem: bool = False):
         self.pdl = pdl
+        # the semaphores of the deterministic backward tell which tiles got a contribution
+        self.sem = sem
         if (block_m, head_dim) not in ((128, 64), (64, 128), (64, 256)):
             raise NotImplementedError(
                 f"hstu_dq_tiles: (block_m, head_dim) = ({block_m}, {head_dim}) is not one of "
@@ -50,9 +58,10 @@ class HstuDqFromTiles:
         self.num_threads = 32 * tile_blocks(block_m, head_dim, 64)
 
     @cute.jit
-    def __call__(self, mWs, mCuQ, mQStart, mdQ, stream):
+    def __call__(self, mWs, mCuQ, mQStart, mdQ, stream, mSem=None):
         """``mWs`` fp32 ``(slots, H, bm * D)``; ``mCuQ``, ``mQStart`` int32 ``(n + 1,)`` for
-        ``n`` sequences (the pseudo-sequence included); ``mdQ`` ``(T, H, D)``."""
+        ``n`` sequences (the pseudo-sequence included); ``mdQ`` ``(T, H, D)``; ``mSem`` int32
+        ``(slots, H)`` (with ``sem``)."""
 
         n_elems = self.bm * smem_row_stride(self.d)
 
@@ -60,13 +69,13 @@ class HstuDqFromTiles:
         class Smem:
             tile: cute.struct.Align[cute.struct.MemRange[self.dtype, n_elems], 128]
 
-        self.kernel(mWs, mCuQ, mQStart, mdQ, Smem).launch(
+        self.kernel(mWs, mCuQ, mQStart, mdQ, mSem, Smem).launch(
             grid=(cute.size(mWs.shape[0]) + 1, cute.size(mWs.shape[1]), 1),
             block=[self.num_threads, 1, 1],
             smem=Smem.size_in_bytes(), stream=stream, use_pdl=self.pdl)
 
     @cute.kernel
-    def kernel(self, mWs, mCuQ, mQStart, mdQ, Smem: cutlass.Constexpr):
+    def kernel(self, mWs, mCuQ, mQStart, mdQ, mSem, Smem: cutlass.Constexpr):
         tidx, _, _ = cute.arch.thread_idx()
         slot, head, _ = cute.arch.block_idx()
         bm, d = self.bm, self.d
@@ -79,6 +88,9 @@ class HstuDqFromTiles:
         total = mQStart[nseq]
         if slot < total:
             v = tile_load(elem_ptr(mWs, (slot, head, 0)), tidx, 64)  # loads first
+            if cutlass.const_expr(self.sem):
+                if mSem[slot, head] == 0:
+                    v.fill(0.0)  # no contribution: the workspace tile was never written
             # the sequence of this slot: the last b < nseq with q_start[b] <= slot
             lo = Int32(0)
             hi = Int32(nseq)
