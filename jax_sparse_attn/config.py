@@ -145,7 +145,7 @@ def _parse_bsa_ws(var, raw):
     return opts
 
 #: the flags of the sm90 HSTU backward's tuning switch (JAX_SPARSE_ATTN_HSTU_BWD_WS)
-HSTU_BWD_WS_FLAGS = ("splitwait", "epi16", "detstore")
+HSTU_BWD_WS_FLAGS = ("splitwait", "epi16", "detstore", "dqclaim")
 _HSTU_BWD_WS_ALLOWED = "comma list of " + ", ".join(HSTU_BWD_WS_FLAGS)
 _parse_hstu_bwd_ws = _parse_option_list(HSTU_BWD_WS_FLAGS, {}, None, _HSTU_BWD_WS_ALLOWED)
 
@@ -290,7 +290,10 @@ SWITCHES = (
            "(deterministic=True with the dQ tile workspace and the writer warp: the first KV "
            "tile in each query tile's order stores its dQ instead of adding it, so the fp32 "
            "workspace is not zeroed first; query tiles no KV tile covers are zeroed by the "
-           "reordering kernel; not yet measured)"),
+           "reordering kernel; not yet measured), dqclaim (not deterministic, with the dQ tile "
+           "workspace: turns the dQ writer warp on, which claims each query tile with an "
+           "atomic add; the first claimer stores its dQ, later ones add once that store is "
+           "complete, so the fp32 workspace is not zeroed first; not yet measured)"),
     Switch("hstu_bwd_tile", "JAX_SPARSE_ATTN_HSTU_BWD_TILE", _TILE, _parse_tile, None,
            "HSTU sm80 backward tile override (tuning; with sm90, the default, it is an error "
            "except for calls that sm90 routes to sm80: set hstu_bwd_impl=sm80 as well)"),

@@ -14,7 +14,11 @@ poisoned tails / unlisted blocks and partial blocks, as the default paths' tests
   cases (5 runs bitwise equal, both modes against the reference), and, with the workspace
   filled with NaN before the kernel, batches where query tiles get no contribution (sequences
   without keys, L_q > L_k under a local window, func masks with empty intervals): their dq
-  rows must be 0.
+  rows must be 0;
+* the default-mode HSTU backward with ``hstu_bwd_ws=dqclaim`` (the writer warp claims each
+  query tile; the first claimer stores, the others add once that store is complete; the
+  workspace is not zeroed): the backward batches with NaN-poisoned tails, and the batches
+  with uncovered query tiles on a NaN-filled workspace.
 
 Run on the H200: ``python -m pytest -m gpu tests/test_gpu_bwd_variants.py``.
 """
@@ -122,12 +126,13 @@ UNCOVERED = [
 ]
 
 
+@pytest.mark.parametrize("mode", ["detstore", "dqclaim"])
 @pytest.mark.parametrize("name,lq,lk,d,window,func", UNCOVERED, ids=[c[0] for c in UNCOVERED])
-def test_hstu_bwd_detstore_uncovered_tiles(name, lq, lk, d, window, func):
-    """detstore with the fp32 dq workspace filled with NaN before the kernel (the mode does
-    not zero it): query tiles no KV tile covers must come out as zeros, every other dq row
-    within 5x the input-dtype error of the float32 reference, and dk / dv too; rows past the
-    last sequence zero; no NaN anywhere."""
+def test_hstu_bwd_uncovered_tiles_unzeroed_workspace(name, lq, lk, d, window, func, mode):
+    """detstore (deterministic) / dqclaim (default mode) with the fp32 dq workspace filled
+    with NaN before the kernel (these modes do not zero it): query tiles no KV tile covers
+    must come out as zeros, every other dq row within 5x the input-dtype error of the
+    float32 reference, and dk / dv too; rows past the last sequence zero; no NaN anywhere."""
     from attention_base import check_rule
 
     from jax_sparse_attn import hstu as hstu_mod
@@ -160,13 +165,14 @@ def test_hstu_bwd_detstore_uncovered_tiles(name, lq, lk, d, window, func):
     mq, mk = max(max(lq), 1), max(max(lk), 1)
     kw = dict(max_seqlen_q=mq, max_seqlen_k=mk, scaling_seqlen=float(mq), window_size=window,
               alpha=1.0 / np.sqrt(d))
-    sw = Switches(hstu_bwd_ws="detstore")
+    sw = Switches(hstu_bwd_ws=mode)
     cqj, ckj = jnp.asarray(cq), jnp.asarray(ck)
 
     def run(do, q, k, v, cq, ck, fn):
         cfg = hstu_mod._make_config(q, k, v, cq, ck, fn, None, None, None, backend="kernel",
-                                    switches=sw, op_name="test", deterministic=True, **kw)
-        assert cfg.bwd.det_store, cfg.bwd
+                                    switches=sw, op_name="test",
+                                    deterministic=mode == "detstore", **kw)
+        assert cfg.bwd.det_store if mode == "detstore" else cfg.bwd.dq_claim, cfg.bwd
         return tuple(fh.hstu_bwd(do, q, k, v, cq, ck, fn, cfg, _dq_ws_fill=float("nan")))
 
     got = jax.jit(run)(do, q, k, v, cqj, ckj, fn)
@@ -185,3 +191,15 @@ def test_hstu_bwd_detstore_uncovered_tiles(name, lq, lk, d, window, func):
         check_rule(nm, got[i][:lim], truth[i], base[i], 5.0, 5e-3, report)
         assert not np.any(x[lim:]), f"{nm} rows past the last sequence are not zero"
     print(" | ".join(report))
+
+
+@pytest.mark.parametrize("name,lens,d,window,dtype", th.BWD_BATCHES,
+                         ids=[c[0] for c in th.BWD_BATCHES])
+@pytest.mark.parametrize("poison", [False, True], ids=["clean", "poisoned"])
+def test_hstu_bwd_dqclaim(name, lens, d, window, dtype, poison):
+    from jax_sparse_attn.ffi import hstu as fh
+
+    key = fh.bwd_config(dtype, d, d, 0, Switches(hstu_bwd_ws="dqclaim"))
+    assert key.dq_claim and key.dq_writer, key
+    th._bwd_case(lens, d, window, seed=17, poison=poison, impl="sm90", dtype=dtype, dq="tile",
+                 ws=("dqclaim",))

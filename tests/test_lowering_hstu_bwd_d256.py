@@ -90,6 +90,13 @@ _PTX_CONFIGS.update({
     "detstore-d64": ("_bwd_text", (64, "float16", "window"),
                      {"hstu_bwd_dq": "tile", "hstu_bwd_ws": "detstore"},
                      {"deterministic": True}),
+    # dqclaim (not deterministic): D = 256 causal, D = 128 func, D = 64 window
+    "dqclaim-d256": ("_bwd_text", (256, "bfloat16", "causal"),
+                     {"hstu_bwd_dq": "tile", "hstu_bwd_ws": "dqclaim"}, {}),
+    "dqclaim-d128": ("_bwd_text", (128, "bfloat16", "func"),
+                     {"hstu_bwd_dq": "tile", "hstu_bwd_ws": "dqclaim"}, {}),
+    "dqclaim-d64": ("_bwd_text", (64, "float16", "window"),
+                    {"hstu_bwd_dq": "tile", "hstu_bwd_ws": "dqclaim"}, {}),
 })
 
 
@@ -176,6 +183,47 @@ def test_d256_tile_ptx(kept_ptx, det):
         assert (complete, read) == (1, 1)
         assert "ld.acquire.gpu" not in b
     assert re.search(r"\.reqntid 512, 1, 1", tiles[0])
+
+
+def test_dqclaim_keys():
+    """``hstu_bwd_ws=dqclaim`` turns the dQ writer warp on and reaches the compile key in the
+    default (not deterministic) mode with the dQ tile workspace, at every head dim, whatever
+    ``dq_writer`` says; not with ``red`` and not in deterministic mode."""
+    from jax_sparse_attn.ffi import hstu as fh
+
+    for d in (64, 128, 256):
+        for writer in ("auto", "on", "off"):
+            key = fh.bwd_config("bfloat16", d, d, 0, Switches(hstu_bwd_ws="dqclaim",
+                                                              dq_writer=writer))
+            assert key.dq_claim and key.dq_writer, (d, writer)
+        assert not fh.bwd_config("bfloat16", d, d, 0, Switches()).dq_claim
+        assert not fh.bwd_config("bfloat16", d, d, 0, Switches(hstu_bwd_ws="dqclaim"),
+                                 deterministic=True).dq_claim
+        key = fh.bwd_config("bfloat16", d, d, 0, Switches(hstu_bwd_ws="dqclaim",
+                                                          hstu_bwd_dq="red"))
+        assert not key.dq_claim and not key.dq_writer, d
+
+
+@pytest.mark.lowering
+@pytest.mark.parametrize("d", [64, 128, 256])
+def test_dqclaim_ptx(kept_ptx, d):
+    """With ``dqclaim`` the writer warp claims each query tile with an atomic add, waits with
+    acquire loads, publishes after a GPU-scope fence, and has a bulk store path next to its
+    bulk reduce-adds (the same blocks); the reordering kernel reads the claim counters."""
+    import kept_ptx as kp  # noqa: PLC0415
+
+    files = kp.ptx_of(kept_ptx, f"dqclaim-d{d}")
+    bwd = [t for t in files.values() if "HstuBwdSm90" in t]
+    assert len(bwd) == 1
+    text = bwd[0]
+    for needle in ("atom.relaxed.gpu.global.add.s32", "ld.acquire.gpu.global.b32",
+                   "fence.acq_rel.gpu", "st.relaxed.gpu.global.b32"):
+        assert needle in text, needle
+    copies = re.findall(r"cp\.async\.bulk\.global\.shared::cta\.bulk_group \[", text)
+    adds = re.findall(r"cp\.reduce\.async\.bulk\.global\.shared::cta\.bulk_group\.add\.f32",
+                      text)
+    assert copies and len(copies) == len(adds), (len(copies), len(adds))
+    assert len([t for t in files.values() if "HstuDqFromTiles" in t]) == 1
 
 
 def test_detstore_keys():

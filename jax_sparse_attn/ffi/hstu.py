@@ -227,6 +227,10 @@ class HstuBwdConfig(_HstuKey):
     # (bulk copy), so the fp32 dq workspace is not zeroed; tiles nobody covers are zeroed
     # by the reordering kernel from their semaphores (hstu_bwd_ws "detstore")
     det_store: bool = False
+    # sm90, not deterministic, with dq_tile and the writer warp: each query tile's first
+    # claimer stores its dQ, later ones add after its store completed, so the fp32 dq
+    # workspace is not zeroed (hstu_bwd_ws "dqclaim"; turns dq_writer on)
+    dq_claim: bool = False
 
 
 def fwd_smem_bytes(head_dim, head_dim_v, bm, bn) -> int:
@@ -642,8 +646,9 @@ def bwd_config(dtype, head_dim, head_dim_v, func_n, switches, *, has_rab=False,
                 det_store="detstore" in getattr(switches, "hstu_bwd_ws", ()))
     elif key.impl == "sm90" and key.dq_tile:
         writer = getattr(switches, "dq_writer", "auto")
-        if writer == "on" or (writer == "auto" and head_dim > 128):
-            key = dataclasses.replace(key, dq_writer=True)
+        claim = "dqclaim" in getattr(switches, "hstu_bwd_ws", ())
+        if claim or writer == "on" or (writer == "auto" and head_dim > 128):
+            key = dataclasses.replace(key, dq_writer=True, dq_claim=claim)
     return key
 
 
@@ -861,7 +866,8 @@ def _sm90_bwd_kernel(cfg):
                          dq_vec4=cfg.dq_vec4, head_major=cfg.bwd_order != "lpt",
                          dq_tile=cfg.dq_tile, pdl=cfg.pdl, det_writer=cfg.det_writer,
                          dq_writer=cfg.dq_writer, split_wait=cfg.split_wait,
-                         epi_pairs=cfg.epi_pairs, det_store=cfg.det_store)
+                         epi_pairs=cfg.epi_pairs, det_store=cfg.det_store,
+                         dq_claim=cfg.dq_claim)
     if (kernel.bm, kernel.bn) != (cfg.block_m, cfg.block_n):
         raise ValueError(f"hstu_bwd_sm90 tiles {(kernel.bm, kernel.bn)} differ from the "
                          f"compile key's {(cfg.block_m, cfg.block_n)}")
@@ -903,7 +909,9 @@ def _bwd_det_adapter():
     def hstu_bwd_det_launch(stream, do, q, k, v, cu_q, cu_k, kv_tiles, q_tile_start, q_tiles,
                             func, scal, win, dq_acc, dq_sem, dk, dv, *, cfg: cutlass.Constexpr):
         # deterministic: dq_acc and the dq semaphores (int32 (query tile slots, H)) are
-        # aliased to outputs 2 and 3 (zero-initialised by XLA)
+        # aliased to outputs 2 and 3 (zero-initialised by XLA; with det_store / dq_claim
+        # this adapter serves the tests' filled workspace, the semaphores of dq_claim are
+        # (slots, H, 2))
         if cutlass.const_expr(cfg.impl == "sm90"):
             kernel = _sm90_bwd_kernel(cfg)
         else:
@@ -925,7 +933,8 @@ def _bwd_det_store_adapter():
     def hstu_bwd_det_store_launch(stream, do, q, k, v, cu_q, cu_k, kv_tiles, q_tile_start,
                                   q_tiles, func, scal, win, dq_sem, dk, dv, dq_acc, *,
                                   cfg: cutlass.Constexpr):
-        # deterministic with det_store: the dq semaphores are aliased to output 3
+        # det_store / dq_claim: the dq semaphores (det_store: int32 (query tile slots, H);
+        # dq_claim: (slots, H, 2), claim counters and ready flags) are aliased to output 3
         # (zero-initialised by XLA); the fp32 dq workspace (output 2) is not initialised
         _sm90_bwd_kernel(cfg)(do, q, k, v, cu_q, cu_k, kv_tiles, q_tile_start, q_tiles, func,
                               scal, win, dq_acc, dk, dv, stream, mdQSem=dq_sem)
@@ -1286,12 +1295,15 @@ def hstu_bwd(do, q, k, v, cu_seqlens_q, cu_seqlens_k, func, cfg, rab=None, _drab
     n_q_slots = t_q // key.block_m + cu_q.shape[0] - 1
     dq_ws_shape = ((n_q_slots, h, key.block_m * d) if key.dq_tile else (t_q, h, d))
     # (det_store: the kernel's first contributions initialise the workspace)
-    if _dq_ws_fill is not None and key.det_store:
+    uninit = key.det_store or key.dq_claim
+    if _dq_ws_fill is not None and uninit:
         dq_acc0 = jnp.full(dq_ws_shape, _dq_ws_fill, jnp.float32)
     else:
-        dq_acc0 = None if key.det_store else jnp.zeros(dq_ws_shape, jnp.float32)
-    # deterministic: one semaphore per (canonical query tile slot, head)
-    sem0 = jnp.zeros((n_q_slots, h), jnp.int32) if key.deterministic else None
+        dq_acc0 = None if uninit else jnp.zeros(dq_ws_shape, jnp.float32)
+    # deterministic: one semaphore per (canonical query tile slot, head); dq_claim: a claim
+    # counter and a ready flag per (slot, head)
+    sem0 = (jnp.zeros((n_q_slots, h), jnp.int32) if key.deterministic else
+            jnp.zeros((n_q_slots, h, 2), jnp.int32) if key.dq_claim else None)
     hd, hdv = cfg.head_dim, cfg.head_dim_v
     if key.has_rab and _has_elements(rab):
         dk, dv_out, dq_acc, drab = _bwd_rab_call(
@@ -1306,7 +1318,7 @@ def hstu_bwd(do, q, k, v, cu_seqlens_q, cu_seqlens_k, func, cfg, rab=None, _drab
     args = (do_p, q_p, k_p, v_p, cu_q, cu_k, kv_tiles, q_start, q_tiles, func_arr, scal, win,
             dq_acc0)
     sem = None
-    if key.det_store and dq_acc0 is None:
+    if uninit and dq_acc0 is None:
         # no zeroed workspace: the first contribution to each query tile is stored
         call = _cutlass_call(cfg)(
             _bwd_det_store_adapter(), output_shape_dtype=out_sds + (
@@ -1323,6 +1335,15 @@ def hstu_bwd(do, q, k, v, cu_seqlens_q, cu_seqlens_k, func, cfg, rab=None, _drab
             static_last_inputs=(0, 1, 2, 3, 12), static_last_outputs=(0, 1, 2),
         )
         dk, dv_out, dq_acc, sem = call(*args, sem0)
+    elif key.dq_claim:
+        # (tests: _dq_ws_fill) the workspace filled, aliased as the default mode does
+        call = _cutlass_call(cfg)(
+            _bwd_det_adapter(), output_shape_dtype=out_sds + (
+                jax.ShapeDtypeStruct(sem0.shape, jnp.int32),),
+            compile_key=("hstu_bwd_claim_filled", key), input_output_aliases={12: 2, 13: 3},
+            cfg=key, static_last_inputs=(0, 1, 2, 3, 12), static_last_outputs=(0, 1, 2),
+        )
+        dk, dv_out, dq_acc, sem = call(*args, sem0)
     else:
         call = _cutlass_call(cfg)(
             _bwd_adapter(), output_shape_dtype=out_sds, compile_key=("hstu_bwd", key),
@@ -1330,8 +1351,11 @@ def hstu_bwd(do, q, k, v, cu_seqlens_q, cu_seqlens_k, func, cfg, rab=None, _drab
             static_last_inputs=(0, 1, 2, 3, 12), static_last_outputs=(0, 1, 2),
         )
         dk, dv_out, dq_acc = call(*args)
-    if key.det_store:
-        # as below, with the semaphores: tiles no KV tile covered (never written) give zeros
+    if uninit:
+        # as below, with the semaphores (dq_claim: the claim counters): tiles no KV tile
+        # covered (never written) give zeros
+        if key.dq_claim:
+            sem = sem[..., 0]
         call = _cutlass_call(cfg)(
             _dq_tiles_sem_adapter(),
             output_shape_dtype=jax.ShapeDtypeStruct((t_q, h, d), q.dtype),

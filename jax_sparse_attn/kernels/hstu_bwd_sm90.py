@@ -90,6 +90,16 @@ whole tile behind.
 writer without the semaphore: it adds each step's staged dQ, hands the staging buffer (and
 with ``dq_alias`` the Q / dO stage) back once the additions have read it, so no consumer warp
 waits for the reads of its own bulk copies.
+
+Workspace without zeroing: ``det_store`` (deterministic, with the writer): the KV tile
+first in a query tile's order (``QTileRange.covers`` of the previous KV tile is 0) stores the
+tile with bulk copies instead of adding it. ``dq_claim`` (with ``dq_writer``; ``mdQSem``
+int32 ``(slots, H, 2)``, zero-initialised): the writer claims the query tile with an atomic
+add on ``[slot, head, 0]``; the first claimer stores, waits until the store is complete and
+publishes ``[slot, head, 1] = 1`` (release); a later claimer waits for that flag (acquire)
+before its bulk reduce-adds. The first claimer publishes without waiting for anything
+else, so the waits cannot form a cycle. In both modes a tile nobody wrote keeps its counter
+at 0 and ``kernels/hstu_dq_tiles.py`` writes zeros for it.
 """
 
 from __future__ import annotations
@@ -104,8 +114,9 @@ from cutlass.cute.nvgpu import OperandMajorMode, cpasync, warpgroup
 from . import hstu_common as hc
 from . import kv_major_bwd as kvb
 from .block_info import QTileRange
-from .common import (acc_layout_as_a, acc_mn_view_wg, bulk_copy_f32, bulk_reduce_add_f32,
-                     elem_ptr, gmem_load_copy, kv_major_bwd_operands, tma_view)
+from .common import (acc_layout_as_a, acc_mn_view_wg, atom_add_s32, bulk_copy_f32,
+                     bulk_reduce_add_f32, elem_ptr, gmem_load_copy, kv_major_bwd_operands,
+                     tma_view)
 from .dq_tiles import bulk_add_warp_slice, stage_warp_slice
 from .mask import HstuMaskKeyMajor
 from .pipeline import SmemPipeline
@@ -133,7 +144,7 @@ class HstuBwdSm90:
     def __init__(self, dtype, head_dim, has_func, func_n, dq_bulk=False, deterministic=False,
                  dq_vec4=False, head_major=False, dq_tile=False, pdl=False,
                  det_writer=False, dq_writer=False, split_wait=False, epi_pairs=False,
-                 det_store=False):
+                 det_store=False, dq_claim=False):
         self.pdl = pdl
         if head_dim not in SM90_BWD_HEAD_DIMS:
             raise NotImplementedError(
@@ -189,6 +200,12 @@ class HstuBwdSm90:
         # adding it, so the workspace needs no zeroing (query tiles no KV tile covers keep
         # their semaphore at 0, and the reordering kernel writes zeros for them)
         self.det_store = det_store and self.det_writer
+        # with dq_writer (not deterministic): the writer claims each query tile (atomic add
+        # on ``mdQSem[slot, head, 0]``); the first claimer stores its dQ and, once the store
+        # is complete, publishes ``mdQSem[slot, head, 1] = 1``; later claimers wait for that
+        # before they add; so the workspace needs no zeroing (unclaimed tiles: the
+        # reordering kernel writes zeros)
+        self.dq_claim = dq_claim and self.dq_writer
         # blocks of the dq tile workspace (16 x 64 floats each, kernels/dq_tiles.py order)
         self.dq_blocks = (self.bm // 16) * (head_dim // 64)
         # red: one red.global.add.v4.f32 per 4 values (lane pairs swap halves) instead of
@@ -379,7 +396,8 @@ class HstuBwdSm90:
                 active, full = qr.tile_state(mQTiles, m_block, left, right)
                 if active != 0:
                     sem = None
-                    # (det_store) no earlier KV tile covers this query tile: lane 0 stores
+                    # (det_store) no earlier KV tile covers this query tile, (dq_claim) this
+                    # KV tile claimed the query tile first: lane 0 stores
                     first = Int32(1)
                     if cutlass.const_expr(self.deterministic):
                         sem = elem_ptr(mdQSem, (qt0 + m_block, head))
@@ -394,7 +412,14 @@ class HstuBwdSm90:
                         cute.arch.barrier(barrier_id=2, number_of_threads=288)
                         if lane == 0:
                             gtile = elem_ptr(mdQacc, (qt0 + m_block, head, 0))
-                            if cutlass.const_expr(self.det_store):
+                            if cutlass.const_expr(self.dq_claim):
+                                if atom_add_s32(elem_ptr(mdQSem, (qt0 + m_block, head, 0)),
+                                                1) != 0:
+                                    first = Int32(0)
+                                    # the first claimer's store is complete
+                                    hc.wait_at_least(
+                                        elem_ptr(mdQSem, (qt0 + m_block, head, 1)), 1)
+                            if cutlass.const_expr(self.det_store or self.dq_claim):
                                 if first != 0:
                                     self._dq_tile_out(st, pipe_q, c, gtile, True)
                                 else:
@@ -417,6 +442,15 @@ class HstuBwdSm90:
                                 # complete (not only read) before the publication
                                 cute.arch.cp_async_bulk_wait_group(0, read=False)
                                 hc.st_release_s32(sem, n_block + 1)
+                            cute.arch.sync_warp()
+                        if cutlass.const_expr(self.dq_claim):
+                            if lane == 0:
+                                if first != 0:
+                                    # the store complete (not only read) before the
+                                    # publication
+                                    cute.arch.cp_async_bulk_wait_group(0, read=False)
+                                    hc.st_release_s32(
+                                        elem_ptr(mdQSem, (qt0 + m_block, head, 1)), 1)
                             cute.arch.sync_warp()
                         c += 1
                     else:
