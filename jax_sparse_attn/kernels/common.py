@@ -355,17 +355,22 @@ def inline_asm(result_type, operands, asm: str, constraints: str, side_effects: 
     )
 
 
+def _bulk_shared_to_global(instr, gptr, sptr, nbytes, loc, ip):
+    """``instr [gptr], [sptr], nbytes;``: a bulk operation from shared to global memory."""
+    inline_asm(
+        None,
+        [gptr.toint(loc=loc, ip=ip).ir_value(loc=loc, ip=ip),
+         sptr.toint(loc=loc, ip=ip).ir_value(loc=loc, ip=ip)],
+        f"{instr} [$0], [$1], {nbytes};", "l,r", True, loc, ip)
+
+
 @dsl_user_op
 def bulk_reduce_add_f32(gptr, sptr, nbytes: int, *, loc=None, ip=None):
     """``cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32``: add ``nbytes``
     (a multiple of 16) of fp32 from shared memory ``sptr`` to global ``gptr`` (both 16-byte
     aligned), asynchronously, in this thread's bulk group."""
-    inline_asm(
-        None,
-        [gptr.toint(loc=loc, ip=ip).ir_value(loc=loc, ip=ip),
-         sptr.toint(loc=loc, ip=ip).ir_value(loc=loc, ip=ip)],
-        f"cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [$0], [$1], {nbytes};",
-        "l,r", True, loc, ip)
+    _bulk_shared_to_global("cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32",
+                           gptr, sptr, nbytes, loc, ip)
 
 
 @dsl_user_op
@@ -373,12 +378,8 @@ def bulk_copy_f32(gptr, sptr, nbytes: int, *, loc=None, ip=None):
     """``cp.async.bulk.global.shared::cta.bulk_group``: store ``nbytes`` (a multiple of 16)
     from shared memory ``sptr`` to global ``gptr`` (both 16-byte aligned), asynchronously,
     in this thread's bulk group (the plain-store counterpart of :func:`bulk_reduce_add_f32`)."""
-    inline_asm(
-        None,
-        [gptr.toint(loc=loc, ip=ip).ir_value(loc=loc, ip=ip),
-         sptr.toint(loc=loc, ip=ip).ir_value(loc=loc, ip=ip)],
-        f"cp.async.bulk.global.shared::cta.bulk_group [$0], [$1], {nbytes};",
-        "l,r", True, loc, ip)
+    _bulk_shared_to_global("cp.async.bulk.global.shared::cta.bulk_group", gptr, sptr, nbytes,
+                           loc, ip)
 
 
 @dsl_user_op
