@@ -209,7 +209,8 @@ def test_dqclaim_keys():
 def test_dqclaim_ptx(kept_ptx, d):
     """With ``dqclaim`` the writer warp claims each query tile with an atomic add, waits with
     acquire loads, publishes after a GPU-scope fence, and has a bulk store path next to its
-    bulk reduce-adds (the same blocks); the reordering kernel reads the claim counters."""
+    bulk reduce-adds (the same blocks), with an async-proxy fence after the acquire; the
+    reordering kernel zeroes the tiles nobody claimed."""
     import kept_ptx as kp  # noqa: PLC0415
 
     files = kp.ptx_of(kept_ptx, f"dqclaim-d{d}")
@@ -223,7 +224,9 @@ def test_dqclaim_ptx(kept_ptx, d):
     adds = re.findall(r"cp\.reduce\.async\.bulk\.global\.shared::cta\.bulk_group\.add\.f32",
                       text)
     assert copies and len(copies) == len(adds), (len(copies), len(adds))
-    assert len([t for t in files.values() if "HstuDqFromTiles" in t]) == 1
+    # after the acquire, before the additions
+    assert "fence.proxy.async.global" in text
+    _assert_reorder_zero_select(kept_ptx, files)
 
 
 def test_detstore_keys():
@@ -247,8 +250,8 @@ def test_detstore_keys():
 @pytest.mark.parametrize("d", [64, 128, 256])
 def test_detstore_ptx(kept_ptx, d):
     """With ``detstore`` the deterministic backward's writer warp has a bulk store path next
-    to its bulk reduce-adds (one store per reduce-add: the same blocks), and the reordering
-    kernel reads the semaphores."""
+    to its bulk reduce-adds (one store per reduce-add: the same blocks) and an async-proxy
+    fence after the acquire, and the reordering kernel zeroes the tiles nobody covered."""
     import kept_ptx as kp  # noqa: PLC0415
 
     files = kp.ptx_of(kept_ptx, f"detstore-d{d}")
@@ -258,5 +261,17 @@ def test_detstore_ptx(kept_ptx, d):
     adds = re.findall(r"cp\.reduce\.async\.bulk\.global\.shared::cta\.bulk_group\.add\.f32",
                       bwd[0])
     assert copies and len(copies) == len(adds), (len(copies), len(adds))
+    assert "fence.proxy.async.global" in bwd[0]
+    _assert_reorder_zero_select(kept_ptx, files)
+
+
+def _assert_reorder_zero_select(kept_ptx, files):
+    """The reordering kernel of a configuration without zeroed workspace selects 0 for the
+    loaded values (tiles whose counter is 0), which the default one never does."""
+    import kept_ptx as kp  # noqa: PLC0415
+
+    zero_sel = re.compile(r"selp\.(b32|f32)\s+%r\d+, (0|0f00000000), %r\d+")
     reorder = [t for t in files.values() if "HstuDqFromTiles" in t]
-    assert len(reorder) == 1 and reorder[0].count("ld.global") > 0
+    assert len(reorder) == 1 and zero_sel.search(reorder[0])
+    default = [t for t in kp.ptx_of(kept_ptx, "default-d128").values() if "HstuDqFromTiles" in t]
+    assert len(default) == 1 and not zero_sel.search(default[0])

@@ -1273,8 +1273,9 @@ def hstu_bwd(do, q, k, v, cu_seqlens_q, cu_seqlens_k, func, cfg, rab=None, _drab
     ``_drab_init`` (tests only): the initial content of the buffer the kernel writes drab
     into (rab's shape and dtype when ``H_rab == H``, else the fp32 ``(B, 1, N_k, N_k_pad)``
     workspace, then returned unsliced and uncast) instead of zeros. ``_dq_ws_fill`` (tests
-    only; ``det_store`` keys): a value the fp32 dq workspace is filled with before the
-    kernel, which that mode does not zero (XLA leaves it uninitialised without it)."""
+    only; ``det_store`` / ``dq_claim`` keys, else a ValueError): a value the fp32 dq
+    workspace is filled with before the kernel, which those modes do not zero (XLA leaves it
+    uninitialised without it)."""
     key = cfg.bwd
     t_q, h, _ = q.shape
     t_k = k.shape[0]
@@ -1296,6 +1297,8 @@ def hstu_bwd(do, q, k, v, cu_seqlens_q, cu_seqlens_k, func, cfg, rab=None, _drab
     dq_ws_shape = ((n_q_slots, h, key.block_m * d) if key.dq_tile else (t_q, h, d))
     # (det_store: the kernel's first contributions initialise the workspace)
     uninit = key.det_store or key.dq_claim
+    if _dq_ws_fill is not None and not uninit:
+        raise ValueError("_dq_ws_fill applies to backward keys with det_store or dq_claim only")
     if _dq_ws_fill is not None and uninit:
         dq_acc0 = jnp.full(dq_ws_shape, _dq_ws_fill, jnp.float32)
     else:
@@ -1354,8 +1357,8 @@ def hstu_bwd(do, q, k, v, cu_seqlens_q, cu_seqlens_k, func, cfg, rab=None, _drab
     if uninit:
         # as below, with the semaphores (dq_claim: the claim counters): tiles no KV tile
         # covered (never written) give zeros
-        if key.dq_claim:
-            sem = sem[..., 0]
+        if key.det_store:
+            sem = sem.reshape(sem.shape + (1,))  # (slots, H, 1): a bitcast
         call = _cutlass_call(cfg)(
             _dq_tiles_sem_adapter(),
             output_shape_dtype=jax.ShapeDtypeStruct((t_q, h, d), q.dtype),

@@ -98,7 +98,9 @@ int32 ``(slots, H, 2)``, zero-initialised): the writer claims the query tile wit
 add on ``[slot, head, 0]``; the first claimer stores, waits until the store is complete and
 publishes ``[slot, head, 1] = 1`` (release); a later claimer waits for that flag (acquire)
 before its bulk reduce-adds. The first claimer publishes without waiting for anything
-else, so the waits cannot form a cycle. In both modes a tile nobody wrote keeps its counter
+else, so the waits cannot form a cycle. In both modes a waiting writer issues
+``fence.proxy.async.global`` after its acquire: the acquire orders generic-proxy accesses,
+and the bulk reduce-adds that follow are async-proxy ones. In both modes a tile nobody wrote keeps its counter
 at 0 and ``kernels/hstu_dq_tiles.py`` writes zeros for it.
 """
 
@@ -406,6 +408,10 @@ class HstuBwdSm90:
                                 if qp.covers(mQTiles, m_block, left, right) != 0:
                                     first = Int32(0)
                                     hc.wait_at_least(sem, n_block)
+                                    if cutlass.const_expr(self.det_store):
+                                        # the acquired stores, before this thread's
+                                        # async-proxy additions to the same addresses
+                                        cute.arch.fence_proxy("async.global")
                         cute.arch.sync_warp()
                     if cutlass.const_expr(self.writer):
                         # every consumer warp's slice of the step is staged and fenced
@@ -419,6 +425,7 @@ class HstuBwdSm90:
                                     # the first claimer's store is complete
                                     hc.wait_at_least(
                                         elem_ptr(mdQSem, (qt0 + m_block, head, 1)), 1)
+                                    cute.arch.fence_proxy("async.global")
                             if cutlass.const_expr(self.det_store or self.dq_claim):
                                 if first != 0:
                                     self._dq_tile_out(st, pipe_q, c, gtile, True)

@@ -24,10 +24,11 @@ grid-stride loop. ``cu_q`` / ``q_start`` are the sanitised offsets of the ``n`` 
 (the pseudo-sequence included) and the first slot of every sequence, as the backward's
 schedule builds them.
 
-With ``sem`` (the deterministic backward with ``det_store``: the first contribution to a
-query tile is stored, the workspace is not zeroed) the int32 ``(slots, H)`` semaphores of
-the backward come along: a (slot, head) whose semaphore is still 0 got no contribution, and
-its rows are written as zeros (whatever its workspace tile holds).
+With ``sem`` (the backward's ``det_store`` / ``dq_claim``: the first contribution to a query
+tile is stored, the workspace is not zeroed) the backward's int32 ``(slots, H, n)`` counters
+come along (``[..., 0]``: the deterministic semaphore, or the claim counter): a (slot, head)
+whose counter is still 0 got no contribution, and its rows are written as zeros (whatever
+its workspace tile holds).
 """
 
 from __future__ import annotations
@@ -61,7 +62,7 @@ class HstuDqFromTiles:
     def __call__(self, mWs, mCuQ, mQStart, mdQ, stream, mSem=None):
         """``mWs`` fp32 ``(slots, H, bm * D)``; ``mCuQ``, ``mQStart`` int32 ``(n + 1,)`` for
         ``n`` sequences (the pseudo-sequence included); ``mdQ`` ``(T, H, D)``; ``mSem`` int32
-        ``(slots, H)`` (with ``sem``)."""
+        ``(slots, H, n)`` (with ``sem``)."""
 
         n_elems = self.bm * smem_row_stride(self.d)
 
@@ -89,7 +90,7 @@ class HstuDqFromTiles:
         if slot < total:
             v = tile_load(elem_ptr(mWs, (slot, head, 0)), tidx, 64)  # loads first
             if cutlass.const_expr(self.sem):
-                if mSem[slot, head] == 0:
+                if mSem[slot, head, 0] == 0:
                     v.fill(0.0)  # no contribution: the workspace tile was never written
             # the sequence of this slot: the last b < nseq with q_start[b] <= slot
             lo = Int32(0)
