@@ -146,8 +146,11 @@ def _parse_bsa_ws(var, raw):
 
 #: the flags of the sm90 HSTU backward's tuning switch (JAX_SPARSE_ATTN_HSTU_BWD_WS)
 HSTU_BWD_WS_FLAGS = ("splitwait", "epi16", "detstore", "dqclaim")
-_HSTU_BWD_WS_ALLOWED = "comma list of " + ", ".join(HSTU_BWD_WS_FLAGS)
-_parse_hstu_bwd_ws = _parse_option_list(HSTU_BWD_WS_FLAGS, {}, None, _HSTU_BWD_WS_ALLOWED)
+_HSTU_BWD_WS_ALLOWED = ("comma list of " + ", ".join(HSTU_BWD_WS_FLAGS)
+                        + ", convert=N (query rows: 1..65536)")
+_parse_hstu_bwd_ws = _parse_option_list(HSTU_BWD_WS_FLAGS,
+                                        {"convert": lambda n: 1 <= n <= 65536}, None,
+                                        _HSTU_BWD_WS_ALLOWED)
 
 #: the flags of the sm90ws BSA backward's tuning switch (JAX_SPARSE_ATTN_BSA_BWD_WS), plus
 #: ``stages=N`` (at most N Q / dO stages, 2..4)
@@ -293,7 +296,11 @@ SWITCHES = (
            "reordering kernel; not yet measured), dqclaim (not deterministic, with the dQ tile "
            "workspace: turns the dQ writer warp on, which claims each query tile with an "
            "atomic add; the first claimer stores its dQ, later ones add once that store is "
-           "complete, so the fp32 workspace is not zeroed first; not yet measured)"),
+           "complete, so the fp32 workspace is not zeroed first; not yet measured), convert=N "
+           "(not deterministic, with the dQ tile workspace, D <= 128: the last CTA of a "
+           "sequence and KV head to finish writes that sequence's dq from the workspace "
+           "when it has at most N queries, and the reordering kernel skips those "
+           "sequences; not yet measured)"),
     Switch("hstu_bwd_tile", "JAX_SPARSE_ATTN_HSTU_BWD_TILE", _TILE, _parse_tile, None,
            "HSTU sm80 backward tile override (tuning; with sm90, the default, it is an error "
            "except for calls that sm90 routes to sm80: set hstu_bwd_impl=sm80 as well)"),

@@ -18,7 +18,11 @@ poisoned tails / unlisted blocks and partial blocks, as the default paths' tests
 * the default-mode HSTU backward with ``hstu_bwd_ws=dqclaim`` (the writer warp claims each
   query tile; the first claimer stores, the others add once that store is complete; the
   workspace is not zeroed): the backward batches with NaN-poisoned tails, and the batches
-  with uncovered query tiles on a NaN-filled workspace.
+  with uncovered query tiles on a NaN-filled workspace;
+* ``hstu_bwd_ws=convert=N`` (the last CTA of a sequence and KV head writes the dq of a
+  sequence with at most N queries; the reordering kernel the others): the backward batches
+  (N = 128: both paths in one batch), with ``dqclaim`` on a NaN-filled workspace, grouped KV
+  heads.
 
 Run on the H200: ``python -m pytest -m gpu tests/test_gpu_bwd_variants.py``.
 """
@@ -126,10 +130,11 @@ UNCOVERED = [
 ]
 
 
-def _unzeroed_case(lq, lk, d, window, func, mode, heads=2, reps=1, seed=5):
-    """The kernel backward in ``mode`` (``detstore``: deterministic; ``dqclaim``) with the
-    fp32 dq workspace filled with NaN before the kernel (these modes do not zero it), ``reps``
-    times: no NaN anywhere, dq / dk / dv within 5x the input-dtype error of the float32
+def _unzeroed_case(lq, lk, d, window, func, mode, heads=2, reps=1, seed=5, heads_kv=None,
+                   fill=float("nan")):
+    """The kernel backward in ``mode`` (``hstu_bwd_ws``; ``detstore``: deterministic) with the
+    fp32 dq workspace filled with ``fill`` before the kernel (NaN: the modes that do not
+    zero it; None: as the mode leaves it), ``reps`` times: no NaN anywhere, dq / dk / dv within 5x the input-dtype error of the float32
     reference (so query tiles no KV tile covers come out as zeros, and no contribution is
     lost to a late store), rows past the last sequence zero."""
     from attention_base import check_rule
@@ -146,8 +151,8 @@ def _unzeroed_case(lq, lk, d, window, func, mode, heads=2, reps=1, seed=5):
     ks = jax.random.split(jax.random.PRNGKey(seed), 4)
     q = jax.random.normal(ks[0], (tq, heads, d), jnp.float32).astype(dt)
     do = jax.random.normal(ks[1], (tq, heads, d), jnp.float32).astype(dt)
-    k = jax.random.normal(ks[2], (tk, heads, d), jnp.float32).astype(dt)
-    v = jax.random.normal(ks[3], (tk, heads, d), jnp.float32).astype(dt)
+    k = jax.random.normal(ks[2], (tk, heads_kv or heads, d), jnp.float32).astype(dt)
+    v = jax.random.normal(ks[3], (tk, heads_kv or heads, d), jnp.float32).astype(dt)
     fn = None
     if func == "middle":
         # visible keys [0, F0) U [F1, F2): F0 = L_k, F1 = F2 = 0, except the middle third of
@@ -167,8 +172,11 @@ def _unzeroed_case(lq, lk, d, window, func, mode, heads=2, reps=1, seed=5):
         cfg = hstu_mod._make_config(q, k, v, cq, ck, fn, None, None, None, backend="kernel",
                                     switches=sw, op_name="test",
                                     deterministic=mode == "detstore", **kw)
-        assert cfg.bwd.det_store if mode == "detstore" else cfg.bwd.dq_claim, cfg.bwd
-        return tuple(fh.hstu_bwd(do, q, k, v, cq, ck, fn, cfg, _dq_ws_fill=float("nan")))
+        assert (cfg.bwd.det_store if mode == "detstore" else
+                cfg.bwd.dq_claim == ("dqclaim" in mode)), cfg.bwd
+        assert cfg.bwd.dq_convert_rows == (int(mode.split("convert=")[1])
+                                           if "convert=" in mode else 0), cfg.bwd
+        return tuple(fh.hstu_bwd(do, q, k, v, cq, ck, fn, cfg, _dq_ws_fill=fill))
 
     nq, nk = int(cq[-1]), int(ck[-1])
 
@@ -191,7 +199,10 @@ def _unzeroed_case(lq, lk, d, window, func, mode, heads=2, reps=1, seed=5):
         print(f"run {rep}: " + " | ".join(report))
 
 
-@pytest.mark.parametrize("mode", ["detstore", "dqclaim"])
+UNZEROED_MODES = ["detstore", "dqclaim", "dqclaim,convert=256"]
+
+
+@pytest.mark.parametrize("mode", UNZEROED_MODES)
 @pytest.mark.parametrize("name,lq,lk,d,window,func", UNCOVERED, ids=[c[0] for c in UNCOVERED])
 def test_hstu_bwd_uncovered_tiles_unzeroed_workspace(name, lq, lk, d, window, func, mode):
     """Query tiles no KV tile covers come out as zeros from the unzeroed (NaN-filled)
@@ -199,7 +210,7 @@ def test_hstu_bwd_uncovered_tiles_unzeroed_workspace(name, lq, lk, d, window, fu
     _unzeroed_case(lq, lk, d, window, func, mode)
 
 
-@pytest.mark.parametrize("mode", ["detstore", "dqclaim"])
+@pytest.mark.parametrize("mode", UNZEROED_MODES)
 @pytest.mark.parametrize("d", [128, 256])
 def test_hstu_bwd_canonical_unzeroed_workspace(d, mode):
     """The canonical jagged batch, causal, 4 heads, three runs on a NaN-filled workspace: many
@@ -219,3 +230,27 @@ def test_hstu_bwd_dqclaim(name, lens, d, window, dtype, poison):
     assert key.dq_claim and key.dq_writer, key
     th._bwd_case(lens, d, window, seed=17, poison=poison, impl="sm90", dtype=dtype, dq="tile",
                  ws=("dqclaim",))
+
+
+@pytest.mark.parametrize("ws", [("convert=128",), ("dqclaim", "convert=100000")],
+                         ids=["convert128", "claim-convert-all"])
+@pytest.mark.parametrize("name,lens,d,window,dtype", th.BWD_BATCHES,
+                         ids=[c[0] for c in th.BWD_BATCHES])
+def test_hstu_bwd_convert(name, lens, d, window, dtype, ws):
+    from jax_sparse_attn.ffi import hstu as fh
+
+    key = fh.bwd_config(dtype, d, d, 0, Switches(hstu_bwd_ws=",".join(ws)))
+    assert key.dq_convert_rows == (int(ws[-1][8:]) if d <= 128 else 0), key
+    th._bwd_case(lens, d, window, seed=19, poison=True, impl="sm90", dtype=dtype, dq="tile",
+                 ws=ws)
+
+
+@pytest.mark.parametrize("mode", ["convert=300", "dqclaim,convert=300"])
+@pytest.mark.parametrize("d", [64, 128])
+def test_hstu_bwd_convert_gqa(d, mode):
+    """Grouped KV heads (4 query heads on 2 KV heads): the converting CTA writes the dq of
+    every query head of its group; sequences longer than 300 rows go to the reordering
+    kernel."""
+    lens = [0, 300, 1, 301, 700, 64]
+    _unzeroed_case(lens, lens, d, (-1, 0), None, mode, heads=4, heads_kv=2, reps=2, seed=29,
+                   fill=float("nan") if "dqclaim" in mode else None)

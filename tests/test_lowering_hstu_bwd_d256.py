@@ -97,6 +97,11 @@ _PTX_CONFIGS.update({
                      {"hstu_bwd_dq": "tile", "hstu_bwd_ws": "dqclaim"}, {}),
     "dqclaim-d64": ("_bwd_text", (64, "float16", "window"),
                     {"hstu_bwd_dq": "tile", "hstu_bwd_ws": "dqclaim"}, {}),
+    # convert=N: D = 128 window, D = 64 (fp16) with dqclaim
+    "convert-d128": ("_bwd_text", (128, "bfloat16", "window"),
+                     {"hstu_bwd_dq": "tile", "hstu_bwd_ws": "convert=1024"}, {}),
+    "convert-claim-d64": ("_bwd_text", (64, "float16", "window"),
+                          {"hstu_bwd_dq": "tile", "hstu_bwd_ws": "dqclaim,convert=512"}, {}),
 })
 
 
@@ -227,6 +232,48 @@ def test_dqclaim_ptx(kept_ptx, d):
     # after the acquire, before the additions
     assert "fence.proxy.async.global" in text
     _assert_reorder_zero_select(kept_ptx, files)
+
+
+def test_convert_keys():
+    """``hstu_bwd_ws=convert=N`` reaches the compile key in the default mode with the dQ
+    tile workspace at D <= 128 (the staging tile), not at D = 256, with ``red`` or in
+    deterministic mode; N outside 1..65536 is a ValueError naming the switch."""
+    from jax_sparse_attn import config
+    from jax_sparse_attn.ffi import hstu as fh
+
+    sw = Switches(hstu_bwd_ws="convert=700")
+    for d in (64, 128):
+        assert fh.bwd_config("bfloat16", d, d, 0, sw).dq_convert_rows == 700, d
+        assert fh.bwd_config("bfloat16", d, d, 0, sw, deterministic=True).dq_convert_rows == 0
+        assert fh.bwd_config("bfloat16", d, d, 0, Switches(
+            hstu_bwd_ws="convert=700", hstu_bwd_dq="red")).dq_convert_rows == 0
+        assert fh.bwd_config("bfloat16", d, d, 0, Switches()).dq_convert_rows == 0
+    assert fh.bwd_config("bfloat16", 256, 256, 0, sw).dq_convert_rows == 0
+    for bad in ("convert=0", "convert=70000", "convert=x", "convert"):
+        with pytest.raises(ValueError, match="JAX_SPARSE_ATTN_HSTU_BWD_WS.*convert=N"):
+            config.from_env({"JAX_SPARSE_ATTN_HSTU_BWD_WS": bad})
+
+
+@pytest.mark.lowering
+@pytest.mark.parametrize("name,atoms", [("convert-d128", 1), ("convert-claim-d64", 2)])
+def test_convert_ptx(kept_ptx, name, atoms):
+    """With ``convert=N`` the consumers count the CTA as finished (one fenced atomic add; with
+    ``dqclaim`` the writer's claims too) and the last one converts the workspace tiles
+    through shared memory with the consumer-only named barrier 7; the writer warp (with
+    ``dqclaim``) arrives on barrier 6 once its additions are complete."""
+    import kept_ptx as kp  # noqa: PLC0415
+
+    files = kp.ptx_of(kept_ptx, name)
+    bwd = [t for t in files.values() if "HstuBwdSm90" in t]
+    assert len(bwd) == 1
+    text = bwd[0]
+    assert text.count("atom.relaxed.gpu.global.add.s32") == atoms
+    assert re.search(r"fence\.acq_rel\.gpu;\s*atom\.relaxed\.gpu\.global\.add\.s32"
+                     r"[^;]*;\s*fence\.acq_rel\.gpu;", text)
+    assert re.search(r"bar\.sync\s+7", text) and re.search(r"bar\.sync\s+6", text)
+    if atoms == 2:
+        assert re.search(r"bar\.arrive\s+6", text)
+    assert len([t for t in files.values() if "HstuDqFromTiles" in t]) == 1
 
 
 def test_detstore_keys():

@@ -231,6 +231,10 @@ class HstuBwdConfig(_HstuKey):
     # claimer stores its dQ, later ones add after its store completed, so the fp32 dq
     # workspace is not zeroed (hstu_bwd_ws "dqclaim"; turns dq_writer on)
     dq_claim: bool = False
+    # sm90, not deterministic, with dq_tile at D <= 128: sequences with keys and at most
+    # this many queries get their dq written by the backward's last CTA of the (sequence, KV
+    # head); the reordering kernel skips them (hstu_bwd_ws "convert=N"; 0: off)
+    dq_convert_rows: int = 0
 
 
 def fwd_smem_bytes(head_dim, head_dim_v, bm, bn) -> int:
@@ -649,6 +653,10 @@ def bwd_config(dtype, head_dim, head_dim_v, func_n, switches, *, has_rab=False,
         claim = "dqclaim" in getattr(switches, "hstu_bwd_ws", ())
         if claim or writer == "on" or (writer == "auto" and head_dim > 128):
             key = dataclasses.replace(key, dq_writer=True, dq_claim=claim)
+        conv = [int(o[8:]) for o in getattr(switches, "hstu_bwd_ws", ())
+                if o.startswith("convert=")]
+        if conv and head_dim <= 128:
+            key = dataclasses.replace(key, dq_convert_rows=conv[0])
     return key
 
 
@@ -867,7 +875,7 @@ def _sm90_bwd_kernel(cfg):
                          dq_tile=cfg.dq_tile, pdl=cfg.pdl, det_writer=cfg.det_writer,
                          dq_writer=cfg.dq_writer, split_wait=cfg.split_wait,
                          epi_pairs=cfg.epi_pairs, det_store=cfg.det_store,
-                         dq_claim=cfg.dq_claim)
+                         dq_claim=cfg.dq_claim, convert_rows=cfg.dq_convert_rows)
     if (kernel.bm, kernel.bn) != (cfg.block_m, cfg.block_n):
         raise ValueError(f"hstu_bwd_sm90 tiles {(kernel.bm, kernel.bn)} differ from the "
                          f"compile key's {(cfg.block_m, cfg.block_n)}")
@@ -940,6 +948,71 @@ def _bwd_det_store_adapter():
                               scal, win, dq_acc, dk, dv, stream, mdQSem=dq_sem)
 
     return hstu_bwd_det_store_launch
+
+
+@functools.lru_cache(maxsize=None)
+def _bwd_convert_adapter():
+    import cutlass  # noqa: PLC0415
+    import cutlass.cute as cute  # noqa: PLC0415
+
+    @cute.jit
+    def hstu_bwd_convert_launch(stream, do, q, k, v, cu_q, cu_k, kv_tiles, q_tile_start,
+                                q_tiles, func, scal, win, dq_acc, dq_sem, cnt, dk, dv, dq, *,
+                                cfg: cutlass.Constexpr):
+        # dq_convert_rows: dq_acc (zeroed, or with dq_claim filled by the tests), the claim
+        # counters (dq_claim; else a dummy) and the finished-CTA counters are aliased to
+        # outputs 2, 3, 4; dq (output 5) is written here for the converted sequences
+        if cutlass.const_expr(cfg.dq_claim):
+            _sm90_bwd_kernel(cfg)(do, q, k, v, cu_q, cu_k, kv_tiles, q_tile_start, q_tiles,
+                                  func, scal, win, dq_acc, dk, dv, stream, mdQSem=dq_sem,
+                                  mdQout=dq, mCnt=cnt)
+        else:
+            _sm90_bwd_kernel(cfg)(do, q, k, v, cu_q, cu_k, kv_tiles, q_tile_start, q_tiles,
+                                  func, scal, win, dq_acc, dk, dv, stream, mdQout=dq,
+                                  mCnt=cnt)
+
+    return hstu_bwd_convert_launch
+
+
+@functools.lru_cache(maxsize=None)
+def _bwd_convert_uninit_adapter():
+    import cutlass  # noqa: PLC0415
+    import cutlass.cute as cute  # noqa: PLC0415
+
+    @cute.jit
+    def hstu_bwd_convert_uninit_launch(stream, do, q, k, v, cu_q, cu_k, kv_tiles, q_tile_start,
+                                       q_tiles, func, scal, win, dq_sem, cnt, dk, dv, dq_acc,
+                                       dq, *, cfg: cutlass.Constexpr):
+        # dq_convert_rows with dq_claim: the claim counters and the finished-CTA counters are
+        # aliased to outputs 3 and 4; the workspace (output 2) is not initialised
+        _sm90_bwd_kernel(cfg)(do, q, k, v, cu_q, cu_k, kv_tiles, q_tile_start, q_tiles, func,
+                              scal, win, dq_acc, dk, dv, stream, mdQSem=dq_sem, mdQout=dq,
+                              mCnt=cnt)
+
+    return hstu_bwd_convert_uninit_launch
+
+
+@functools.lru_cache(maxsize=None)
+def _dq_tiles_convert_adapter():
+    import cutlass  # noqa: PLC0415
+    import cutlass.cute as cute  # noqa: PLC0415
+
+    from ..kernels.hstu_dq_tiles import HstuDqFromTiles  # noqa: PLC0415
+
+    @cute.jit
+    def hstu_dq_tiles_convert_launch(stream, ws, cu_q, cu_k, q_start, sem, dq, *,
+                                     dtype: cutlass.Constexpr, block_m: cutlass.Constexpr,
+                                     head_dim: cutlass.Constexpr, pdl: cutlass.Constexpr,
+                                     claim: cutlass.Constexpr, rows: cutlass.Constexpr):
+        # dq (input 5) is aliased to the output: the backward wrote the converted sequences
+        kernel = HstuDqFromTiles(_dt(dtype), block_m, head_dim, pdl=pdl, sem=claim,
+                                 convert_rows=rows)
+        if cutlass.const_expr(claim):
+            kernel(ws, cu_q, q_start, dq, stream, mSem=sem, mCuK=cu_k)
+        else:
+            kernel(ws, cu_q, q_start, dq, stream, mCuK=cu_k)
+
+    return hstu_dq_tiles_convert_launch
 
 
 @functools.lru_cache(maxsize=None)
@@ -1321,6 +1394,9 @@ def hstu_bwd(do, q, k, v, cu_seqlens_q, cu_seqlens_k, func, cfg, rab=None, _drab
     args = (do_p, q_p, k_p, v_p, cu_q, cu_k, kv_tiles, q_start, q_tiles, func_arr, scal, win,
             dq_acc0)
     sem = None
+    if key.dq_convert_rows:
+        return _bwd_convert_call(cfg, key, args, sem0, out_sds, q, t_q, h, d, cu_q, cu_k,
+                                 q_start, hd, hdv, rab)
     if uninit and dq_acc0 is None:
         # no zeroed workspace: the first contribution to each query tile is stored
         call = _cutlass_call(cfg)(
@@ -1376,6 +1452,46 @@ def hstu_bwd(do, q, k, v, cu_seqlens_q, cu_seqlens_k, func, cfg, rab=None, _drab
             static_last_outputs=(0,))
         dq_acc = call(dq_acc, cu_q, q_start)
     grads = (dq_acc[..., :hd].astype(q.dtype), dk[..., :hd], dv_out[..., :hdv])
+    return grads if rab is None else grads + (jnp.zeros_like(rab),)  # rab without elements
+
+
+def _bwd_convert_call(cfg, key, args, sem0, out_sds, q, t_q, h, d, cu_q, cu_k, q_start, hd,
+                      hdv, rab):
+    """:func:`hstu_bwd`'s kernels with ``dq_convert_rows``: the backward (it writes the dq of
+    the sequences it converts), then the reordering kernel for the other sequences, into the
+    same dq buffer."""
+    n_seq = cu_q.shape[0] - 1
+    cnt0 = jnp.zeros((n_seq, args[2].shape[1]), jnp.int32)  # (sequences, H_kv)
+    dq_sds = jax.ShapeDtypeStruct((t_q, h, d), q.dtype)
+    cnt_sds = jax.ShapeDtypeStruct(cnt0.shape, jnp.int32)
+    if key.dq_claim and args[12] is None:
+        call = _cutlass_call(cfg)(
+            _bwd_convert_uninit_adapter(), output_shape_dtype=out_sds + (
+                jax.ShapeDtypeStruct(sem0.shape, jnp.int32), cnt_sds, dq_sds),
+            compile_key=("hstu_bwd_convert_uninit", key),
+            input_output_aliases={12: 3, 13: 4}, cfg=key,
+            static_last_inputs=(0, 1, 2, 3), static_last_outputs=(0, 1, 2, 5),
+        )
+        dk, dv_out, dq_acc, sem, _, dq = call(*args[:12], sem0, cnt0)
+    else:
+        sem_in = sem0 if key.dq_claim else jnp.zeros((1, 1, 2), jnp.int32)
+        call = _cutlass_call(cfg)(
+            _bwd_convert_adapter(), output_shape_dtype=out_sds + (
+                jax.ShapeDtypeStruct(sem_in.shape, jnp.int32), cnt_sds, dq_sds),
+            compile_key=("hstu_bwd_convert", key),
+            input_output_aliases={12: 2, 13: 3, 14: 4}, cfg=key,
+            static_last_inputs=(0, 1, 2, 3, 12), static_last_outputs=(0, 1, 2, 5),
+        )
+        dk, dv_out, dq_acc, sem, _, dq = call(*args, sem_in, cnt0)
+    call = _cutlass_call(cfg)(
+        _dq_tiles_convert_adapter(), output_shape_dtype=dq_sds,
+        compile_key=("hstu_dq_tiles_convert", key.dtype, key.block_m, d, key.pdl, key.dq_claim,
+                     key.dq_convert_rows),
+        dtype=key.dtype, block_m=key.block_m, head_dim=d, pdl=key.pdl, claim=key.dq_claim,
+        rows=key.dq_convert_rows, input_output_aliases={5: 0}, static_last_inputs=(0, 5),
+        static_last_outputs=(0,))
+    dq = call(dq_acc, cu_q, cu_k, q_start, sem, dq)
+    grads = (dq[..., :hd], dk[..., :hd], dv_out[..., :hdv])
     return grads if rab is None else grads + (jnp.zeros_like(rab),)  # rab without elements
 
 

@@ -414,6 +414,19 @@ def atom_add_s32(ptr, val, *, loc=None, ip=None):
 
 
 @dsl_user_op
+def atom_add_acq_rel_s32(ptr, val, *, loc=None, ip=None):
+    """``fence.acq_rel.gpu``, ``atom.relaxed.gpu.global.add.s32``, ``fence.acq_rel.gpu``: add
+    ``val`` to the int32 at global ``ptr`` after every memory operation that happens before
+    (the first fence is cumulative: those of the other threads of a preceding CTA barrier
+    too) and before every one that follows; returns the old value."""
+    return cutlass.Int32(
+        inline_asm(T.i32(), [ptr.toint(loc=loc, ip=ip).ir_value(loc=loc, ip=ip),
+                             cutlass.Int32(val).ir_value(loc=loc, ip=ip)],
+                   "fence.acq_rel.gpu;\n\tatom.relaxed.gpu.global.add.s32 $0, [$1], $2;"
+                   "\n\tfence.acq_rel.gpu;", "=r,l,r", True, loc, ip))
+
+
+@dsl_user_op
 def st_global_pair16(ptr, lo, hi, bf16: bool, *, loc=None, ip=None):
     """``lo``, ``hi`` (fp32) rounded to bf16 (``bf16``) or fp16 and stored as one packed
     4-byte ``st.global.b32`` at ``ptr`` (``lo`` at the lower address; ``ptr`` 4-byte

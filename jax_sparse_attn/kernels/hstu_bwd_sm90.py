@@ -116,10 +116,11 @@ from cutlass.cute.nvgpu import OperandMajorMode, cpasync, warpgroup
 from . import hstu_common as hc
 from . import kv_major_bwd as kvb
 from .block_info import QTileRange
-from .common import (acc_layout_as_a, acc_mn_view_wg, atom_add_s32, bulk_copy_f32,
-                     bulk_reduce_add_f32, elem_ptr, gmem_load_copy, kv_major_bwd_operands,
-                     tma_view)
-from .dq_tiles import bulk_add_warp_slice, stage_warp_slice
+from .common import (acc_layout_as_a, acc_mn_view_wg, atom_add_acq_rel_s32, atom_add_s32,
+                     bulk_copy_f32, bulk_reduce_add_f32, elem_ptr, gmem_load_copy,
+                     kv_major_bwd_operands, ld_shared_s32, st_shared_s32, tma_view)
+from .dq_tiles import (bulk_add_warp_slice, smem_rows_to_gmem, stage_warp_slice, tile_load,
+                       tile_to_smem)
 from .mask import HstuMaskKeyMajor
 from .pipeline import SmemPipeline
 from .seqlen_info import SeqlenInfo, offset_rows
@@ -146,7 +147,7 @@ class HstuBwdSm90:
     def __init__(self, dtype, head_dim, has_func, func_n, dq_bulk=False, deterministic=False,
                  dq_vec4=False, head_major=False, dq_tile=False, pdl=False,
                  det_writer=False, dq_writer=False, split_wait=False, epi_pairs=False,
-                 det_store=False, dq_claim=False):
+                 det_store=False, dq_claim=False, convert_rows=0):
         self.pdl = pdl
         if head_dim not in SM90_BWD_HEAD_DIMS:
             raise NotImplementedError(
@@ -208,6 +209,12 @@ class HstuBwdSm90:
         # before they add; so the workspace needs no zeroing (unclaimed tiles: the
         # reordering kernel writes zeros)
         self.dq_claim = dq_claim and self.dq_writer
+        # convert_rows > 0 (not deterministic, dq_tile at D <= 128): the last CTA of a
+        # (sequence, KV head) to finish (a counter per pair, ``mCnt``) writes that
+        # sequence's dq in the input dtype from the workspace when the sequence has at most
+        # convert_rows queries (``mdQout``); the reordering kernel skips those sequences
+        self.convert_rows = (convert_rows if not deterministic and self.dq_tile
+                             and not self.dq_bulk else 0)
         # blocks of the dq tile workspace (16 x 64 floats each, kernels/dq_tiles.py order)
         self.dq_blocks = (self.bm // 16) * (head_dim // 64)
         # red: one red.global.add.v4.f32 per 4 values (lane pairs swap halves) instead of
@@ -222,7 +229,7 @@ class HstuBwdSm90:
 
     @cute.jit
     def __call__(self, mdO, mQ, mK, mV, mCuQ, mCuK, mKVTile, mQStart, mQTiles, mFunc, mScal,
-                 mWin, mdQacc, mdK, mdV, stream, mdQSem=None):
+                 mWin, mdQacc, mdK, mdV, stream, mdQSem=None, mdQout=None, mCnt=None):
         dt = self.dtype
         bm, bn, d = self.bm, self.bn, self.d
         Kmaj = OperandMajorMode.K
@@ -285,8 +292,8 @@ class HstuBwdSm90:
         self.kernel(
             tma_q, tma_tQ, tma_do, tma_tdO, tma_k, tma_tK, tma_v, tma_tV,
             mQ, mdO, mK, mV, mCuQ, mCuK, mKVTile, mQStart, mQTiles, mFunc, mScal, mWin,
-            mdQacc, mdK, mdV, mdQSem, sK_layout, sK_mn_layout, sQ_layout, sQ_mn_layout,
-            sdS_layout, sdS_k_layout, mma_s, mma_kv, mma_dq, Smem,
+            mdQacc, mdK, mdV, mdQSem, mdQout, mCnt, sK_layout, sK_mn_layout, sQ_layout,
+            sQ_mn_layout, sdS_layout, sdS_k_layout, mma_s, mma_kv, mma_dq, Smem,
         ).launch(grid=grid, block=[self.num_threads, 1, 1], smem=Smem.size_in_bytes(),
                  stream=stream, min_blocks_per_mp=1, use_pdl=self.pdl)
 
@@ -359,6 +366,48 @@ class HstuBwdSm90:
                     bulk_copy_f32(gtile + chunk * 1024, sdQ + chunk * 1024, 4096)
                 else:
                     bulk_reduce_add_f32(gtile + chunk * 1024, sdQ + chunk * 1024, 4096)
+
+    @cute.jit
+    def _convert_dq(self, st, ctid, batch, head_kv, group, seq, mQStart, mdQacc, mdQSem,
+                    mdQout, mCnt):
+        """Consumer threads (``ctid`` 0..255), after the epilogue: count this CTA as finished
+        for (``batch``, ``head_kv``); the last of the sequence's KV tiles writes the
+        sequence's dq rows of every query head of the group in the input dtype from the
+        workspace, as ``kernels/hstu_dq_tiles.py`` does (``dq_claim``: tiles nobody claimed
+        as zeros), when the sequence has at most ``convert_rows`` queries."""
+        bm, bn, d = self.bm, self.bn, self.d
+        # this CTA's dQ additions are complete (each consumer warp waited for its own bulk
+        # groups after the step loop; the writer warp waits for its own and arrives)
+        nthr = 288 if cutlass.const_expr(self.writer) else 256
+        cute.arch.barrier(barrier_id=6, number_of_threads=nthr)
+        flag = cute.make_ptr(Int32, st.sdQ.data_ptr().toint(), cute.AddressSpace.smem,
+                             assumed_align=16)
+        if ctid == 0:
+            st_shared_s32(flag, atom_add_acq_rel_s32(elem_ptr(mCnt, (batch, head_kv)), 1))
+        cute.arch.barrier(barrier_id=7, number_of_threads=256)
+        done = ld_shared_s32(flag)
+        n_kv = (seq.seqlen_k + bn - 1) // bn
+        if done == n_kv - 1:
+            if seq.seqlen_q <= self.convert_rows:
+                # (the acquire: thread 0's fence after its atomic, then the CTA barrier)
+                sbase = cute.make_ptr(self.dtype, st.sdQ.data_ptr().toint(),
+                                      cute.AddressSpace.smem, assumed_align=16)
+                qt0 = Int32(mQStart[batch])
+                n_t = (seq.seqlen_q + bm - 1) // bm
+                for g in cutlass.range(group, unroll=1):
+                    head = head_kv * group + g
+                    for t in cutlass.range(n_t, unroll=1):
+                        v = tile_load(elem_ptr(mdQacc, (qt0 + t, head, 0)), ctid, 64)
+                        if cutlass.const_expr(self.dq_claim):
+                            if mdQSem[qt0 + t, head, 0] == 0:
+                                v.fill(0.0)  # nobody claimed (covered) this tile
+                        # the previous tile's shared rows (or the flag) are read
+                        cute.arch.barrier(barrier_id=7, number_of_threads=256)
+                        tile_to_smem(v, sbase, ctid, bm, d, 64, self.dtype)
+                        cute.arch.barrier(barrier_id=7, number_of_threads=256)
+                        smem_rows_to_gmem(sbase, ctid, 256, mdQout[None, head, None],
+                                          seq.q_start + t * bm, seq.seqlen_q - t * bm, bm, d,
+                                          self.dtype)
 
     @cute.jit
     def _dq_order_warp(self, mCuQ, mCuK, mKVTile, mQStart, mQTiles, mdQSem, slot, head_kv,
@@ -466,12 +515,19 @@ class HstuBwdSm90:
                         if lane == 0:
                             hc.st_release_s32(sem, n_block + 1)
                         cute.arch.sync_warp()
+        if cutlass.const_expr(self.convert_rows > 0):
+            # every addition complete before the consumers count this CTA as finished
+            if lane == 0:
+                cute.arch.cp_async_bulk_wait_group(0, read=False)
+            cute.arch.sync_warp()
+            cute.arch.barrier_arrive(barrier_id=6, number_of_threads=288)
 
     @cute.kernel
     def kernel(self, tma_q, tma_tQ, tma_do, tma_tdO, tma_k, tma_tK, tma_v, tma_tV,
                mQ, mdO, mK, mV, mCuQ, mCuK, mKVTile, mQStart, mQTiles, mFunc, mScal, mWin,
-               mdQacc, mdK, mdV, mdQSem, sK_layout, sK_mn_layout, sQ_layout, sQ_mn_layout,
-               sdS_layout, sdS_k_layout, mma_s, mma_kv, mma_dq, Smem: cutlass.Constexpr):
+               mdQacc, mdK, mdV, mdQSem, mdQout, mCnt, sK_layout, sK_mn_layout, sQ_layout,
+               sQ_mn_layout, sdS_layout, sdS_k_layout, mma_s, mma_kv, mma_dq,
+               Smem: cutlass.Constexpr):
         tidx, _, _ = cute.arch.thread_idx()
         head_kv, slot, _ = cute.arch.block_idx()
         if cutlass.const_expr(self.head_major):
@@ -864,3 +920,6 @@ class HstuBwdSm90:
                                 offset_rows(mdK[None, head_kv, None], seq.k_start + n0),
                                 offset_rows(mdV[None, head_kv, None], seq.k_start + n0),
                                 seq.seqlen_k - n0, inv_scale, self.dtype, self.epi_pairs)
+                if cutlass.const_expr(self.convert_rows > 0):
+                    self._convert_dq(st, ctid, batch, head_kv, group, seq, mQStart, mdQacc,
+                                     mdQSem, mdQout, mCnt)

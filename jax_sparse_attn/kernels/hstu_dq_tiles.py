@@ -29,6 +29,9 @@ tile is stored, the workspace is not zeroed) the backward's int32 ``(slots, H, n
 come along (``[..., 0]``: the deterministic semaphore, or the claim counter): a (slot, head)
 whose counter is still 0 got no contribution, and its rows are written as zeros (whatever
 its workspace tile holds).
+
+With ``convert_rows`` > 0 (the backward converted those itself) the CTAs of a slot whose
+sequence has keys and at most ``convert_rows`` queries write nothing (``cu_k`` comes along).
 """
 
 from __future__ import annotations
@@ -44,8 +47,10 @@ from .dq_tiles import smem_row_stride, smem_rows_to_gmem, tile_blocks, tile_load
 
 class HstuDqFromTiles:
     def __init__(self, dtype, block_m: int, head_dim: int, pdl: bool = False,
-                 sem: bool = False):
+                 sem: bool = False, convert_rows: int = 0):
         self.pdl = pdl
+        # sequences with keys and at most this many queries: written by the backward
+        self.convert_rows = convert_rows
         # the semaphores of the deterministic backward tell which tiles got a contribution
         self.sem = sem
         if (block_m, head_dim) not in ((128, 64), (64, 128), (64, 256)):
@@ -59,10 +64,10 @@ class HstuDqFromTiles:
         self.num_threads = 32 * tile_blocks(block_m, head_dim, 64)
 
     @cute.jit
-    def __call__(self, mWs, mCuQ, mQStart, mdQ, stream, mSem=None):
+    def __call__(self, mWs, mCuQ, mQStart, mdQ, stream, mSem=None, mCuK=None):
         """``mWs`` fp32 ``(slots, H, bm * D)``; ``mCuQ``, ``mQStart`` int32 ``(n + 1,)`` for
         ``n`` sequences (the pseudo-sequence included); ``mdQ`` ``(T, H, D)``; ``mSem`` int32
-        ``(slots, H, n)`` (with ``sem``)."""
+        ``(slots, H, n)`` (with ``sem``); ``mCuK`` like ``mCuQ`` (with ``convert_rows``)."""
 
         n_elems = self.bm * smem_row_stride(self.d)
 
@@ -70,13 +75,34 @@ class HstuDqFromTiles:
         class Smem:
             tile: cute.struct.Align[cute.struct.MemRange[self.dtype, n_elems], 128]
 
-        self.kernel(mWs, mCuQ, mQStart, mdQ, mSem, Smem).launch(
+        self.kernel(mWs, mCuQ, mQStart, mdQ, mSem, mCuK, Smem).launch(
             grid=(cute.size(mWs.shape[0]) + 1, cute.size(mWs.shape[1]), 1),
             block=[self.num_threads, 1, 1],
             smem=Smem.size_in_bytes(), stream=stream, use_pdl=self.pdl)
 
+    @cute.jit
+    def _load(self, mWs, mSem, slot, head, tidx):
+        """This thread's values of workspace tile (slot, head) (zeros with ``sem`` where its
+        counter is 0: the tile was never written)."""
+        v = tile_load(elem_ptr(mWs, (slot, head, 0)), tidx, 64)
+        if cutlass.const_expr(self.sem):
+            if mSem[slot, head, 0] == 0:
+                v.fill(0.0)
+        return v
+
+    @cute.jit
+    def _write(self, v, Smem: cutlass.Constexpr, tidx, mdQ, head, row0, lim):
+        """The tile's values converted through a row-major shared tile to the rows
+        ``row0 ..`` (fewer than ``lim``) of head ``head`` of ``mdQ``."""
+        st = cutlass.memory.SmemAllocator().allocate(Smem)
+        sbase = st.tile.data_ptr()
+        tile_to_smem(v, sbase, tidx, self.bm, self.d, 64, self.dtype)
+        cute.arch.barrier()
+        smem_rows_to_gmem(sbase, tidx, self.num_threads, mdQ[None, head, None], row0, lim,
+                          self.bm, self.d, self.dtype)
+
     @cute.kernel
-    def kernel(self, mWs, mCuQ, mQStart, mdQ, mSem, Smem: cutlass.Constexpr):
+    def kernel(self, mWs, mCuQ, mQStart, mdQ, mSem, mCuK, Smem: cutlass.Constexpr):
         tidx, _, _ = cute.arch.thread_idx()
         slot, head, _ = cute.arch.block_idx()
         bm, d = self.bm, self.d
@@ -88,10 +114,9 @@ class HstuDqFromTiles:
             cute.arch.griddepcontrol_wait()
         total = mQStart[nseq]
         if slot < total:
-            v = tile_load(elem_ptr(mWs, (slot, head, 0)), tidx, 64)  # loads first
-            if cutlass.const_expr(self.sem):
-                if mSem[slot, head, 0] == 0:
-                    v.fill(0.0)  # no contribution: the workspace tile was never written
+            v = None
+            if cutlass.const_expr(self.convert_rows == 0):
+                v = self._load(mWs, mSem, slot, head, tidx)  # loads first
             # the sequence of this slot: the last b < nseq with q_start[b] <= slot
             lo = Int32(0)
             hi = Int32(nseq)
@@ -102,13 +127,17 @@ class HstuDqFromTiles:
                 else:
                     hi = mid
             row0 = (slot - mQStart[lo]) * bm
-            st = cutlass.memory.SmemAllocator().allocate(Smem)
-            sbase = st.tile.data_ptr()
-            tile_to_smem(v, sbase, tidx, bm, d, 64, self.dtype)
-            cute.arch.barrier()
-            smem_rows_to_gmem(sbase, tidx, self.num_threads, mdQ[None, head, None],
-                              mCuQ[lo] + row0,
-                              mCuQ[lo + 1] - mCuQ[lo] - row0, bm, d, self.dtype)
+            if cutlass.const_expr(self.convert_rows == 0):
+                self._write(v, Smem, tidx, mdQ, head, mCuQ[lo] + row0,
+                            mCuQ[lo + 1] - mCuQ[lo] - row0)
+            else:
+                skip = Int32(0)
+                if mCuQ[lo + 1] - mCuQ[lo] <= self.convert_rows:
+                    if mCuK[lo + 1] > mCuK[lo]:
+                        skip = Int32(1)  # written by the backward
+                if skip == 0:
+                    self._write(self._load(mWs, mSem, slot, head, tidx), Smem, tidx, mdQ, head,
+                                mCuQ[lo] + row0, mCuQ[lo + 1] - mCuQ[lo] - row0)
         else:
             # rows past cu_q[n] (no sequence): zeros, bm rows per spare CTA and turn
             tail0 = mCuQ[nseq]
