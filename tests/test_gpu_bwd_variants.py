@@ -174,8 +174,8 @@ def _unzeroed_case(lq, lk, d, window, func, mode, heads=2, reps=1, seed=5, heads
                                     deterministic=mode == "detstore", **kw)
         assert (cfg.bwd.det_store if mode == "detstore" else
                 cfg.bwd.dq_claim == ("dqclaim" in mode)), cfg.bwd
-        assert cfg.bwd.dq_convert_rows == (int(mode.split("convert=")[1])
-                                           if "convert=" in mode else 0), cfg.bwd
+        want = int(mode.split("convert=")[1]) if "convert=" in mode and d <= 128 else 0
+        assert cfg.bwd.dq_convert_rows == want, cfg.bwd
         return tuple(fh.hstu_bwd(do, q, k, v, cq, ck, fn, cfg, _dq_ws_fill=fill))
 
     nq, nk = int(cq[-1]), int(ck[-1])
@@ -187,6 +187,9 @@ def _unzeroed_case(lq, lk, d, window, func, mode, heads=2, reps=1, seed=5, heads
 
     truth, base = ref(None), ref(dt)
     kernel = jax.jit(run)
+    # a decoy run first (dO negated): output buffers XLA hands to the checked runs may hold
+    # its (wrong-signed) values, so rows nobody writes cannot pass on a stale correct result
+    jax.block_until_ready(kernel(-do, q, k, v, cqj, ckj, fn))
     for rep in range(reps):
         got = kernel(do, q, k, v, cqj, ckj, fn)
         report = []
@@ -207,7 +210,7 @@ UNZEROED_MODES = ["detstore", "dqclaim", "dqclaim,convert=256"]
 def test_hstu_bwd_uncovered_tiles_unzeroed_workspace(name, lq, lk, d, window, func, mode):
     """Query tiles no KV tile covers come out as zeros from the unzeroed (NaN-filled)
     workspace (:func:`_unzeroed_case`)."""
-    _unzeroed_case(lq, lk, d, window, func, mode)
+    _unzeroed_case(lq, lk, d, window, func, mode, seed=5 + UNZEROED_MODES.index(mode))
 
 
 @pytest.mark.parametrize("mode", UNZEROED_MODES)
@@ -217,7 +220,8 @@ def test_hstu_bwd_canonical_unzeroed_workspace(d, mode):
     KV tiles reach each query tile close together, so a reduce-add that overtook the first
     store (a lost contribution) would show against the reference."""
     lens = th._canonical_lengths()
-    _unzeroed_case(lens, lens, d, (-1, 0), None, mode, heads=4, reps=3, seed=23)
+    _unzeroed_case(lens, lens, d, (-1, 0), None, mode, heads=4, reps=3,
+                   seed=23 + UNZEROED_MODES.index(mode))
 
 
 @pytest.mark.parametrize("name,lens,d,window,dtype", th.BWD_BATCHES,
@@ -232,7 +236,7 @@ def test_hstu_bwd_dqclaim(name, lens, d, window, dtype, poison):
                  ws=("dqclaim",))
 
 
-@pytest.mark.parametrize("ws", [("convert=128",), ("dqclaim", "convert=100000")],
+@pytest.mark.parametrize("ws", [("convert=128",), ("dqclaim", "convert=65536")],
                          ids=["convert128", "claim-convert-all"])
 @pytest.mark.parametrize("name,lens,d,window,dtype", th.BWD_BATCHES,
                          ids=[c[0] for c in th.BWD_BATCHES])
@@ -241,8 +245,9 @@ def test_hstu_bwd_convert(name, lens, d, window, dtype, ws):
 
     key = fh.bwd_config(dtype, d, d, 0, Switches(hstu_bwd_ws=",".join(ws)))
     assert key.dq_convert_rows == (int(ws[-1][8:]) if d <= 128 else 0), key
-    th._bwd_case(lens, d, window, seed=19, poison=True, impl="sm90", dtype=dtype, dq="tile",
-                 ws=ws)
+    # (a seed per variant: a reused output buffer holds another variant's different result)
+    th._bwd_case(lens, d, window, seed=19 if len(ws) == 1 else 43, poison=True, impl="sm90",
+                 dtype=dtype, dq="tile", ws=ws)
 
 
 @pytest.mark.parametrize("mode", ["convert=300", "dqclaim,convert=300"])
@@ -252,5 +257,6 @@ def test_hstu_bwd_convert_gqa(d, mode):
     every query head of its group; sequences longer than 300 rows go to the reordering
     kernel."""
     lens = [0, 300, 1, 301, 700, 64]
-    _unzeroed_case(lens, lens, d, (-1, 0), None, mode, heads=4, heads_kv=2, reps=2, seed=29,
+    _unzeroed_case(lens, lens, d, (-1, 0), None, mode, heads=4, heads_kv=2, reps=2,
+                   seed=29 if "dqclaim" in mode else 31,
                    fill=float("nan") if "dqclaim" in mode else None)

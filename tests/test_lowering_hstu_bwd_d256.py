@@ -267,7 +267,7 @@ def test_convert_ptx(kept_ptx, name, atoms):
     bwd = [t for t in files.values() if "HstuBwdSm90" in t]
     assert len(bwd) == 1
     text = bwd[0]
-    assert text.count("atom.relaxed.gpu.global.add.s32") == atoms
+    assert text.count("atom.relaxed.gpu.global.add.s32") >= atoms
     assert re.search(r"fence\.acq_rel\.gpu;\s*atom\.relaxed\.gpu\.global\.add\.s32"
                      r"[^;]*;\s*fence\.acq_rel\.gpu;", text)
     assert re.search(r"bar\.sync\s+7", text) and re.search(r"bar\.sync\s+6", text)
