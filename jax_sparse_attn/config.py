@@ -145,7 +145,7 @@ def _parse_bsa_ws(var, raw):
     return opts
 
 #: the flags of the sm90 HSTU backward's tuning switch (JAX_SPARSE_ATTN_HSTU_BWD_WS)
-HSTU_BWD_WS_FLAGS = ("splitwait", "epi16", "detstore", "dqclaim")
+HSTU_BWD_WS_FLAGS = ("splitwait", "epi16", "detzero", "dqclaim")
 _HSTU_BWD_WS_ALLOWED = ("comma list of " + ", ".join(HSTU_BWD_WS_FLAGS)
                         + ", convert=N (query rows: 1..65536)")
 _parse_hstu_bwd_ws = _parse_option_list(HSTU_BWD_WS_FLAGS,
@@ -289,18 +289,20 @@ SWITCHES = (
            "before the wait of the dP^T GEMM, so that ptxas keeps that wait below the "
            "tanh instead of hoisting it above most of them; slower on the H200), epi16 (dK and "
            "dV stored one 2-byte store per value; by default they go out as packed pairs, one "
-           "4-byte store per two adjacent columns, faster on the H200), detstore "
-           "(deterministic=True with the dQ tile workspace and the writer warp: the first KV "
-           "tile in each query tile's order stores its dQ instead of adding it, so the fp32 "
-           "workspace is not zeroed first; query tiles no KV tile covers are zeroed by the "
-           "reordering kernel; not yet measured), dqclaim (not deterministic, with the dQ tile "
+           "4-byte store per two adjacent columns, faster on the H200), detzero "
+           "(deterministic=True with the dQ tile workspace and the writer warp: XLA zeroes "
+           "the fp32 workspace and every KV tile adds its dQ; by default the first KV tile "
+           "in each query tile's order stores its dQ instead, the workspace is not zeroed and "
+           "the reordering kernel zeroes query tiles no KV tile covers, 1-3 % faster on the "
+           "H200), dqclaim (not deterministic, with the dQ tile "
            "workspace: turns the dQ writer warp on, which claims each query tile with an "
            "atomic add; the first claimer stores its dQ, later ones add once that store is "
-           "complete, so the fp32 workspace is not zeroed first; not yet measured), convert=N "
+           "complete, so the fp32 workspace is not zeroed first; within noise of the default "
+           "on the H200, slower at D = 64 and 256), convert=N "
            "(not deterministic, with the dQ tile workspace, D <= 128: the last CTA of a "
            "sequence and KV head to finish writes that sequence's dq from the workspace "
            "when it has at most N queries, and the reordering kernel skips those "
-           "sequences; not yet measured)"),
+           "sequences; slower on the H200)"),
     Switch("hstu_bwd_tile", "JAX_SPARSE_ATTN_HSTU_BWD_TILE", _TILE, _parse_tile, None,
            "HSTU sm80 backward tile override (tuning; with sm90, the default, it is an error "
            "except for calls that sm90 routes to sm80: set hstu_bwd_impl=sm80 as well)"),

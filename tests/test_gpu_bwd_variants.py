@@ -9,12 +9,13 @@ poisoned tails / unlisted blocks and partial blocks, as the default paths' tests
   pairs of adjacent columns, 4-byte stores), at every head dim, with key rows past the
   sequence / past S_kv not written.
 
-* the deterministic HSTU backward with ``hstu_bwd_ws=detstore`` (the first KV tile in a
-  query tile's order stores its dQ, so the fp32 workspace is not zeroed): the deterministic
-  cases (5 runs bitwise equal, both modes against the reference), and, with the workspace
-  filled with NaN before the kernel, batches where query tiles get no contribution (sequences
-  without keys, L_q > L_k under a local window, func masks with empty intervals): their dq
-  rows must be 0;
+* the deterministic HSTU backward with ``hstu_bwd_ws=detzero`` (XLA zeroes the fp32
+  workspace and every KV tile adds; by default the first KV tile in a query tile's order
+  stores its dQ, which ``tests/test_gpu_hstu.py`` covers): the deterministic cases (5 runs
+  bitwise equal, both modes against the reference); and the default deterministic backward
+  with the workspace filled with NaN before the kernel, on batches where query tiles get no
+  contribution (sequences without keys, L_q > L_k under a local window, func masks with
+  empty intervals): their dq rows must be 0;
 * the default-mode HSTU backward with ``hstu_bwd_ws=dqclaim`` (the writer warp claims each
   query tile; the first claimer stores, the others add once that store is complete; the
   workspace is not zeroed): the backward batches with NaN-poisoned tails, and the batches
@@ -102,19 +103,19 @@ def test_bsa_bwd_epi16(c, monkeypatch):
 
 
 # the deterministic cases on the sm90 backward (no rab)
-DETSTORE_CASES = [c for c in th.DET_CASES if c[2] in (64, 128, 256) and c[5] in ("", "func")]
+DETZERO_CASES = [c for c in th.DET_CASES if c[2] in (64, 128, 256) and c[5] in ("", "func")]
 
 
-@pytest.mark.parametrize("name,lens,d,window,dtype,extra", DETSTORE_CASES,
-                         ids=[c[0] for c in DETSTORE_CASES])
-def test_hstu_bwd_detstore_deterministic(name, lens, d, window, dtype, extra, monkeypatch):
+@pytest.mark.parametrize("name,lens,d,window,dtype,extra", DETZERO_CASES,
+                         ids=[c[0] for c in DETZERO_CASES])
+def test_hstu_bwd_detzero_deterministic(name, lens, d, window, dtype, extra, monkeypatch):
     from jax_sparse_attn.config import from_env
     from jax_sparse_attn.ffi import hstu as fh
 
-    monkeypatch.setenv("JAX_SPARSE_ATTN_HSTU_BWD_WS", "detstore")
+    monkeypatch.setenv("JAX_SPARSE_ATTN_HSTU_BWD_WS", "detzero")
     key = fh.bwd_config(dtype, d, d, 1 if extra == "func" else 0, from_env(),
                         deterministic=True)
-    assert key.det_store and key.det_writer, key
+    assert key.det_writer and not key.det_store, key
     th.test_hstu_bwd_deterministic(name, lens, d, window, dtype, extra)
 
 
@@ -132,7 +133,7 @@ UNCOVERED = [
 
 def _unzeroed_case(lq, lk, d, window, func, mode, heads=2, reps=1, seed=5, heads_kv=None,
                    fill=float("nan")):
-    """The kernel backward in ``mode`` (``hstu_bwd_ws``; ``detstore``: deterministic) with the
+    """The kernel backward in ``mode`` (``hstu_bwd_ws``; ``det``: deterministic) with the
     fp32 dq workspace filled with ``fill`` before the kernel (NaN: the modes that do not
     zero it; None: as the mode leaves it), ``reps`` times: no NaN anywhere, dq / dk / dv within 5x the input-dtype error of the float32
     reference (so query tiles no KV tile covers come out as zeros, and no contribution is
@@ -165,14 +166,14 @@ def _unzeroed_case(lq, lk, d, window, func, mode, heads=2, reps=1, seed=5, heads
     mq, mk = max(max(lq), 1), max(max(lk), 1)
     kw = dict(max_seqlen_q=mq, max_seqlen_k=mk, scaling_seqlen=float(mq), window_size=window,
               alpha=1.0 / np.sqrt(d))
-    sw = Switches(hstu_bwd_ws=mode)
+    sw = Switches(hstu_bwd_ws="" if mode == "det" else mode)
     cqj, ckj = jnp.asarray(cq), jnp.asarray(ck)
 
     def run(do, q, k, v, cq, ck, fn):
         cfg = hstu_mod._make_config(q, k, v, cq, ck, fn, None, None, None, backend="kernel",
                                     switches=sw, op_name="test",
-                                    deterministic=mode == "detstore", **kw)
-        assert (cfg.bwd.det_store if mode == "detstore" else
+                                    deterministic=mode == "det", **kw)
+        assert (cfg.bwd.det_store if mode == "det" else
                 cfg.bwd.dq_claim == ("dqclaim" in mode)), cfg.bwd
         want = int(mode.split("convert=")[1]) if "convert=" in mode and d <= 128 else 0
         assert cfg.bwd.dq_convert_rows == want, cfg.bwd
@@ -202,7 +203,7 @@ def _unzeroed_case(lq, lk, d, window, func, mode, heads=2, reps=1, seed=5, heads
         print(f"run {rep}: " + " | ".join(report))
 
 
-UNZEROED_MODES = ["detstore", "dqclaim", "dqclaim,convert=256"]
+UNZEROED_MODES = ["det", "dqclaim", "dqclaim,convert=256"]
 
 
 @pytest.mark.parametrize("mode", UNZEROED_MODES)

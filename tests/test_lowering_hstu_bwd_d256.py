@@ -64,11 +64,12 @@ def test_dq_tiles_kernel_shapes():
 
 # the PTX test's configurations (functions of tests/test_lowering_hstu.py), lowered in one
 # fresh process (tests/kept_ptx.py): the default mode with the window mask, the deterministic
-# one with the causal mask
+# one with the causal mask and the zeroed workspace (hstu_bwd_ws=detzero)
 _PTX_CONFIGS = {
-    mode: ("_bwd_text", (256, "bfloat16", mask), {"hstu_bwd_dq": "tile"},
+    mode: ("_bwd_text", (256, "bfloat16", mask), {"hstu_bwd_dq": "tile", **ws},
            {"deterministic": mode == "deterministic"})
-    for mode, mask in (("default", "window"), ("deterministic", "causal"))
+    for mode, mask, ws in (("default", "window", {}),
+                           ("deterministic", "causal", {"hstu_bwd_ws": "detzero"}))
 }
 # hstu_bwd_ws=splitwait at the head dims with 64-query tiles, and the D = 128 default
 _PTX_CONFIGS.update({
@@ -79,16 +80,16 @@ _PTX_CONFIGS.update({
                    {"hstu_bwd_dq": "tile", "hstu_bwd_ws": "splitwait"}, {}),
     "epi16-d128": ("_bwd_text", (128, "bfloat16", "window"),
                    {"hstu_bwd_dq": "tile", "hstu_bwd_ws": "epi16"}, {}),
-    # deterministic with detstore: D = 256 (blocks staged in the Q / dO stage) with the
+    # deterministic (first contributions stored, the default): D = 256 (blocks staged in the Q / dO stage) with the
     # causal mask, D = 128 (the staging tile) with a func mask, D = 64 with the window
     "detstore-d256": ("_bwd_text", (256, "bfloat16", "causal"),
-                      {"hstu_bwd_dq": "tile", "hstu_bwd_ws": "detstore"},
+                      {"hstu_bwd_dq": "tile"},
                       {"deterministic": True}),
     "detstore-d128": ("_bwd_text", (128, "bfloat16", "func"),
-                      {"hstu_bwd_dq": "tile", "hstu_bwd_ws": "detstore"},
+                      {"hstu_bwd_dq": "tile"},
                       {"deterministic": True}),
     "detstore-d64": ("_bwd_text", (64, "float16", "window"),
-                     {"hstu_bwd_dq": "tile", "hstu_bwd_ws": "detstore"},
+                     {"hstu_bwd_dq": "tile"},
                      {"deterministic": True}),
     # dqclaim (not deterministic): D = 256 causal, D = 128 func, D = 64 window
     "dqclaim-d256": ("_bwd_text", (256, "bfloat16", "causal"),
@@ -277,26 +278,29 @@ def test_convert_ptx(kept_ptx, name, atoms):
 
 
 def test_detstore_keys():
-    """``hstu_bwd_ws=detstore`` reaches the compile key only in deterministic mode with the
-    dQ tile workspace and the writer warp (det_writer, the default), at every head dim."""
+    """The deterministic backward stores each query tile's first dQ contribution (det_store)
+    by default with the dQ tile workspace and the writer warp (det_writer, the default), at
+    every head dim; ``hstu_bwd_ws=detzero`` turns it off; never in the default mode."""
     from jax_sparse_attn.ffi import hstu as fh
 
-    sw = Switches(hstu_bwd_ws="detstore")
     for d in (64, 128, 256):
-        key = fh.bwd_config("bfloat16", d, d, 0, sw, deterministic=True)
+        key = fh.bwd_config("bfloat16", d, d, 0, Switches(), deterministic=True)
         assert key.det_writer and key.det_store, d
-        assert not fh.bwd_config("bfloat16", d, d, 0, sw).det_store, d
-        assert not fh.bwd_config("bfloat16", d, d, 0, Switches(), deterministic=True).det_store
-        assert not fh.bwd_config("bfloat16", d, d, 0, Switches(
-            hstu_bwd_ws="detstore", det_writer=False), deterministic=True).det_store
-        assert not fh.bwd_config("bfloat16", d, d, 0, Switches(
-            hstu_bwd_ws="detstore", hstu_bwd_dq="red"), deterministic=True).det_store
+        assert not fh.bwd_config("bfloat16", d, d, 0, Switches()).det_store, d
+        assert not fh.bwd_config("bfloat16", d, d, 0, Switches(hstu_bwd_ws="detzero"),
+                                 deterministic=True).det_store, d
+        assert not fh.bwd_config("bfloat16", d, d, 0, Switches(det_writer=False),
+                                 deterministic=True).det_store
+        assert not fh.bwd_config("bfloat16", d, d, 0, Switches(hstu_bwd_dq="red"),
+                                 deterministic=True).det_store
+    with pytest.raises(ValueError, match="detzero"):
+        Switches(hstu_bwd_ws="detstore")
 
 
 @pytest.mark.lowering
 @pytest.mark.parametrize("d", [64, 128, 256])
 def test_detstore_ptx(kept_ptx, d):
-    """With ``detstore`` the deterministic backward's writer warp has a bulk store path next
+    """By default the deterministic backward's writer warp has a bulk store path next
     to its bulk reduce-adds (one store per reduce-add: the same blocks) and an async-proxy
     fence after the acquire, and the reordering kernel zeroes the tiles nobody covered."""
     import kept_ptx as kp  # noqa: PLC0415

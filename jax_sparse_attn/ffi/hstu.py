@@ -225,7 +225,7 @@ class HstuBwdConfig(_HstuKey):
     epi_pairs: bool = False
     # sm90, deterministic with det_writer: each query tile's first contribution is stored
     # (bulk copy), so the fp32 dq workspace is not zeroed; tiles nobody covers are zeroed
-    # by the reordering kernel from their semaphores (hstu_bwd_ws "detstore")
+    # by the reordering kernel from their semaphores (the default; hstu_bwd_ws "detzero": off)
     det_store: bool = False
     # sm90, not deterministic, with dq_tile and the writer warp: each query tile's first
     # claimer stores its dQ, later ones add after its store completed, so the fp32 dq
@@ -647,7 +647,7 @@ def bwd_config(dtype, head_dim, head_dim_v, func_n, switches, *, has_rab=False,
                 and getattr(switches, "det_writer", False)):
             key = dataclasses.replace(
                 key, det_writer=True,
-                det_store="detstore" in getattr(switches, "hstu_bwd_ws", ()))
+                det_store="detzero" not in getattr(switches, "hstu_bwd_ws", ()))
     elif key.impl == "sm90" and key.dq_tile:
         writer = getattr(switches, "dq_writer", "auto")
         claim = "dqclaim" in getattr(switches, "hstu_bwd_ws", ())
