@@ -145,7 +145,7 @@ def _parse_bsa_ws(var, raw):
     return opts
 
 #: the flags of the sm90 HSTU backward's tuning switch (JAX_SPARSE_ATTN_HSTU_BWD_WS)
-HSTU_BWD_WS_FLAGS = ("splitwait", "epi16", "detzero", "dqclaim")
+HSTU_BWD_WS_FLAGS = ("splitwait", "epi16", "detzero", "dqclaim", "xlazero")
 _HSTU_BWD_WS_ALLOWED = ("comma list of " + ", ".join(HSTU_BWD_WS_FLAGS)
                         + ", convert=N (query rows: 1..65536)")
 _parse_hstu_bwd_ws = _parse_option_list(HSTU_BWD_WS_FLAGS,
@@ -302,7 +302,9 @@ SWITCHES = (
            "(not deterministic, with the dQ tile workspace, D <= 128: the last CTA of a "
            "sequence and KV head to finish writes that sequence's dq from the workspace "
            "when it has at most N queries, and the reordering kernel skips those "
-           "sequences; slower on the H200)"),
+           "sequences; slower on the H200), xlazero (the fp32 dQ workspace zeroed by an XLA "
+           "memset; by default the tile-schedule launch zeroes it with extra CTAs, so "
+           "nothing runs between that launch and the backward)"),
     Switch("hstu_bwd_tile", "JAX_SPARSE_ATTN_HSTU_BWD_TILE", _TILE, _parse_tile, None,
            "HSTU sm80 backward tile override (tuning; with sm90, the default, it is an error "
            "except for calls that sm90 routes to sm80: set hstu_bwd_impl=sm80 as well)"),

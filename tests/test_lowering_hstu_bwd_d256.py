@@ -326,3 +326,29 @@ def _assert_reorder_zero_select(kept_ptx, files):
     assert len(reorder) == 1 and zero_sel.search(reorder[0])
     default = [t for t in kp.ptx_of(kept_ptx, "default-d128").values() if "HstuDqFromTiles" in t]
     assert len(default) == 1 and not zero_sel.search(default[0])
+
+
+@pytest.mark.lowering
+@pytest.mark.parametrize("d", [64, 128, 256])
+def test_schedule_launch_zeroes_dq_workspace(d, monkeypatch):
+    """By default the sm90 backward's fp32 dQ tile workspace comes zeroed from the
+    tile-schedule launch (a flat fp32 output of it, no XLA broadcast of zeros in the
+    workspace's shape); ``hstu_bwd_ws=xlazero`` zeroes it with an XLA broadcast, and the
+    deterministic mode (first contributions stored) zeroes it nowhere."""
+    import test_lowering_hstu as tl  # noqa: PLC0415
+
+    if not tl._have_cutedsl():
+        pytest.skip("CuTe DSL not importable")
+    monkeypatch.setenv("JAX_SPARSE_ATTN_FORCE_KERNEL", "1")
+    bm = 128 if d <= 64 else 64
+    ws = re.compile(rf"broadcast_in_dim %\w+, dims = \[\] : \(tensor<f32>\) -> "
+                    rf"tensor<\d+x2x{bm * d}xf32>")
+    flat = re.compile(r"-> \(tensor<\d+xi32>, tensor<\d+xi32>, tensor<\d+x2xi32>, "
+                      r"tensor<\d+xi32>, tensor<\d+xf32>\)")
+    base = {"hstu_bwd_dq": "tile"}
+    default = tl._bwd_text(d, "bfloat16", "causal", Switches(**base))
+    assert not ws.search(default) and flat.search(default)
+    xla = tl._bwd_text(d, "bfloat16", "causal", Switches(**base, hstu_bwd_ws="xlazero"))
+    assert ws.search(xla) and not flat.search(xla)
+    det = tl._bwd_text(d, "bfloat16", "causal", Switches(**base), deterministic=True)
+    assert not ws.search(det) and not flat.search(det)

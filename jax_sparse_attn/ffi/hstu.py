@@ -64,6 +64,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 
 import jax
 import jax.numpy as jnp
@@ -235,6 +236,10 @@ class HstuBwdConfig(_HstuKey):
     # this many queries get their dq written by the backward's last CTA of the (sequence, KV
     # head); the reordering kernel skips them (hstu_bwd_ws "convert=N"; 0: off)
     dq_convert_rows: int = 0
+    # sm90: the tile-schedule launch zeroes the fp32 dq workspace (extra CTAs) where the
+    # backward needs it zeroed and the schedule kernel runs, instead of an XLA memset
+    # between the two launches (off: hstu_bwd_ws "xlazero")
+    sched_zero: bool = False
 
 
 def fwd_smem_bytes(head_dim, head_dim_v, bm, bn) -> int:
@@ -692,7 +697,9 @@ def _bwd_config(dtype, head_dim, head_dim_v, func_n, switches, *, has_rab=False,
                                  arch=arch, pdl=bool(getattr(switches, "pdl", False)),
                                  split_wait=bm == 64 and "splitwait" in getattr(
                                      switches, "hstu_bwd_ws", ()),
-                                 epi_pairs="epi16" not in getattr(switches, "hstu_bwd_ws", ()))
+                                 epi_pairs="epi16" not in getattr(switches, "hstu_bwd_ws", ()),
+                                 sched_zero="xlazero" not in getattr(
+                                     switches, "hstu_bwd_ws", ()))
         return dataclasses.replace(
             _bwd_config(dtype, head_dim, head_dim_v, func_n,
                        dataclasses.replace(switches, hstu_bwd_impl="sm80"), has_rab=has_rab,
@@ -1088,8 +1095,19 @@ def _schedule_adapter():
         HstuSchedule(block, pdl=pdl, chunk=chunk)(cu_q, cu_k, param, cu_q_out, cu_k_out, tiles,
                                                   cu_q_out, stream, mCounter=counter)
 
+    @cute.jit
+    def hstu_bwd_schedule_zero_launch(stream, cu_q, cu_k, param, cu_q_out, cu_k_out, kv_tiles,
+                                      q_start, dq_ws, *, block: cutlass.Constexpr,
+                                      block_other: cutlass.Constexpr, sort: cutlass.Constexpr,
+                                      pdl: cutlass.Constexpr, zero_ctas: cutlass.Constexpr):
+        # also zeroes the backward's flat fp32 dq workspace (no XLA memset between this
+        # launch and the backward, which would stop the backward's programmatic early launch)
+        HstuSchedule(block, kv_major=True, block_other=block_other, sort=sort, pdl=pdl,
+                     zero_ctas=zero_ctas)(
+            cu_q, cu_k, param, cu_q_out, cu_k_out, kv_tiles, q_start, stream, mZero=dq_ws)
+
     return (hstu_fwd_schedule_launch, hstu_bwd_schedule_launch, hstu_fwd_schedule_paged_launch,
-            hstu_fwd_schedule_counter_launch)
+            hstu_fwd_schedule_counter_launch, hstu_bwd_schedule_zero_launch)
 
 
 def _schedule_kernel_fits(cfg, func, nb, n_slots):
@@ -1186,11 +1204,19 @@ def schedule_tokens_per_chunk(key, num_kv_heads, itemsize) -> int:
     return max(1, (kib * 1024) // per_key)
 
 
-def _bwd_metadata(cu_seqlens_q, cu_seqlens_k, func, cfg, t_q, t_k):
+#: CTAs of the tile-schedule launch that zero the backward's dq workspace: with the
+#: schedule's CTA one per SM of the H200 (1024 threads of 48 registers each: one resident
+#: CTA per SM), a single wave
+SCHED_ZERO_CTAS = 131
+
+
+def _bwd_metadata(cu_seqlens_q, cu_seqlens_k, func, cfg, t_q, t_k, zero_shape=None):
     """Sanitised ``cu_q`` / ``cu_k`` (pseudo-sequence of keys), the KV tiles (longest work
     first for the sm90 backward, canonical order for sm80), each sequence's first query
     tile and the func summary: one launch of ``kernels/hstu_schedule.py`` where
-    :func:`_schedule_kernel_fits`, else the jnp formulation of ``metadata``."""
+    :func:`_schedule_kernel_fits`, else the jnp formulation of ``metadata``. With
+    ``zero_shape`` (the fp32 dq workspace's shape) a sixth value: that workspace zeroed by
+    the schedule launch, or None where the launch does not run (the caller zeroes it)."""
     key = cfg.bwd
     bm, bn = key.block_m, key.block_n
     nb = cu_seqlens_q.shape[0] - 1
@@ -1207,19 +1233,31 @@ def _bwd_metadata(cu_seqlens_q, cu_seqlens_k, func, cfg, t_q, t_k):
                    jax.ShapeDtypeStruct((nb + 2,), jnp.int32),
                    jax.ShapeDtypeStruct((nk_slots, 2), jnp.int32),
                    jax.ShapeDtypeStruct((nb + 2,), jnp.int32))
+        raw = (cu_seqlens_q.astype(jnp.int32), cu_seqlens_k.astype(jnp.int32),
+               _schedule_param(t_q, t_k, cfg.window_size, nk_slots))
+        n_zero = math.prod(zero_shape) if zero_shape is not None else 0
+        if 0 < n_zero < 2 ** 31 - 2 ** 24 and n_zero % 4 == 0:
+            call = _cutlass_call(cfg)(
+                _schedule_adapter()[4],
+                output_shape_dtype=out_sds + (jax.ShapeDtypeStruct((n_zero,), jnp.float32),),
+                compile_key=("hstu_bwd_schedule_zero", bn, bm, sort, key.pdl, SCHED_ZERO_CTAS),
+                block=bn, block_other=bm, sort=sort, pdl=key.pdl, zero_ctas=SCHED_ZERO_CTAS)
+            cu_q, cu_k, kv_tiles, q_start, ws = call(*raw)
+            return (cu_q, cu_k, kv_tiles, q_start, jnp.zeros((1, 3), jnp.int32),
+                    ws.reshape(zero_shape))
         call = _cutlass_call(cfg)(_schedule_adapter()[1], output_shape_dtype=out_sds,
                                   compile_key=("hstu_bwd_schedule", bn, bm, sort, key.pdl),
                                   block=bn, block_other=bm, sort=sort, pdl=key.pdl)
-        cu_q, cu_k, kv_tiles, q_start = call(
-            cu_seqlens_q.astype(jnp.int32), cu_seqlens_k.astype(jnp.int32),
-            _schedule_param(t_q, t_k, cfg.window_size, nk_slots))
-        return cu_q, cu_k, kv_tiles, q_start, jnp.zeros((1, 3), jnp.int32)
+        cu_q, cu_k, kv_tiles, q_start = call(*raw)
+        out = (cu_q, cu_k, kv_tiles, q_start, jnp.zeros((1, 3), jnp.int32))
+        return out if zero_shape is None else out + (None,)
     cu_q = metadata.append_pseudo_sequence(metadata.sanitize_cu_seqlens(cu_seqlens_q, t_q), None)
     cu_k = metadata.append_pseudo_sequence(metadata.sanitize_cu_seqlens(cu_seqlens_k, t_k), t_k)
     kv_tiles, q_start, q_tiles = metadata.hstu_bwd_schedule(
         cu_q, cu_k, func, bm, bn, t_q, t_k, window_size=cfg.window_size if sort else None,
         deterministic=key.deterministic)
-    return cu_q, cu_k, kv_tiles, q_start, q_tiles
+    out = (cu_q, cu_k, kv_tiles, q_start, q_tiles)
+    return out if zero_shape is None else out + (None,)
 
 
 def _cutlass_call(cfg):
@@ -1361,21 +1399,25 @@ def hstu_bwd(do, q, k, v, cu_seqlens_q, cu_seqlens_k, func, cfg, rab=None, _drab
     # clamped (memory safety, see hstu_fwd); pseudo-sequence B covers keys past cu_k[-1]
     # (no queries): zero dk/dv there
     # the sm90 backward launches its KV tiles longest work first (LPT launch order)
-    cu_q, cu_k, kv_tiles, q_start, q_tiles = _bwd_metadata(
-        cu_seqlens_q, cu_seqlens_k, func if key.has_func else None, cfg, t_q, t_k)
-    scal, win = metadata.hstu_scalars(cfg.alpha, cfg.scaling_seqlen, cfg.window_size)
-    func_arr = func.astype(jnp.int32) if key.has_func else jnp.zeros((1, 1, 1), jnp.int32)
     # canonical query tile slots (metadata.hstu_bwd_schedule's q_start)
-    n_q_slots = t_q // key.block_m + cu_q.shape[0] - 1
+    n_q_slots = t_q // key.block_m + cu_seqlens_q.shape[0]
     dq_ws_shape = ((n_q_slots, h, key.block_m * d) if key.dq_tile else (t_q, h, d))
     # (det_store: the kernel's first contributions initialise the workspace)
     uninit = key.det_store or key.dq_claim
     if _dq_ws_fill is not None and not uninit:
         raise ValueError("_dq_ws_fill applies to backward keys with det_store or dq_claim only")
+    # sched_zero: the schedule launch zeroes the workspace (where its kernel runs)
+    cu_q, cu_k, kv_tiles, q_start, q_tiles, *ws = _bwd_metadata(
+        cu_seqlens_q, cu_seqlens_k, func if key.has_func else None, cfg, t_q, t_k,
+        zero_shape=dq_ws_shape if key.sched_zero and not uninit else None)
+    scal, win = metadata.hstu_scalars(cfg.alpha, cfg.scaling_seqlen, cfg.window_size)
+    func_arr = func.astype(jnp.int32) if key.has_func else jnp.zeros((1, 1, 1), jnp.int32)
     if _dq_ws_fill is not None and uninit:
         dq_acc0 = jnp.full(dq_ws_shape, _dq_ws_fill, jnp.float32)
+    elif uninit:
+        dq_acc0 = None
     else:
-        dq_acc0 = None if uninit else jnp.zeros(dq_ws_shape, jnp.float32)
+        dq_acc0 = ws[0] if ws and ws[0] is not None else jnp.zeros(dq_ws_shape, jnp.float32)
     # deterministic: one semaphore per (canonical query tile slot, head); dq_claim: a claim
     # counter and a ready flag per (slot, head)
     sem0 = (jnp.zeros((n_q_slots, h), jnp.int32) if key.deterministic else

@@ -33,6 +33,12 @@ keys below its own (its row's position, no barrier), beyond that a bitonic sort 
 memory. The scans (running max of the offsets, tile counts) are warp-shuffle scans with one
 shared-memory step across warps.
 
+Backward with ``zero_ctas`` > 0: the launch has ``1 + zero_ctas`` CTAs; CTA 0 builds the
+schedule, the others write zeros to the fp32 dQ workspace ``mZero`` (a flat tensor of a
+multiple of 4 floats, 16-byte aligned) in a grid-stride loop of 16-byte stores, so that no
+separate memset runs between this launch and the backward (which may then launch early,
+programmatically dependent on this one).
+
 The XLA formulation of the same schedule costs about ten small kernels (a sort, scans,
 gathers, concatenations); this is one. Limits (static, checked by the caller): at most
 ``MAX_SEQS`` sequences incl. the pseudo-sequence and ``MAX_SLOTS`` schedule rows; a
@@ -43,9 +49,9 @@ from __future__ import annotations
 
 import cutlass
 import cutlass.cute as cute
-from cutlass import Int32
+from cutlass import Float32, Int32
 
-from .common import launch, smem_storage
+from .common import elem_ptr, launch, smem_storage
 
 NUM_THREADS = 1024
 MAX_SEQS = 1024  # sequences incl. the pseudo-sequence (one scan element per thread)
@@ -63,8 +69,10 @@ _CHUNK_MAX = (1 << (17 - _CHUNK_WORK_BITS)) - 2  # chunk indices saturate here (
 class HstuSchedule:
     def __init__(self, block: int, kv_major: bool = False, block_other: int = 0,
                  sort: bool = True, paged: bool = False, pdl: bool = False,
-                 chunk: bool = False):
+                 chunk: bool = False, zero_ctas: int = 0):
         self.bm = block
+        # CTAs besides the schedule's that zero the backward's dQ workspace (mZero)
+        self.zero_ctas = zero_ctas if kv_major else 0
         self.chunk = chunk and not kv_major and not paged and sort
         self.pdl = pdl
         self.kv_major = kv_major
@@ -74,13 +82,15 @@ class HstuSchedule:
 
     @cute.jit
     def __call__(self, mCuQ, mCuK, mParam, mCuQs, mCuKs, mTile, mQStart, stream,
-                 mPtr=None, mPtrS=None, mCounter=None):
+                 mPtr=None, mPtrS=None, mCounter=None, mZero=None):
         """``mCuQ``/``mCuK`` (B + 1,) raw offsets; ``mParam`` int32 ``[T_q, T_k, left, right,
         n_slots, n_pow2]`` (``n_pow2``: a power of two >= ``n_slots``; paged: a seventh entry,
         the page slots ``P``; chunked order: a seventh entry, the keys per chunk); outputs ``mCuQs``, ``mCuKs`` (B + 2,), ``mTile`` (n_slots, 5)
         forward / (n_slots, 2) backward and (backward) ``mQStart`` (B + 2,). Paged: ``mPtr``
         (B + 1,) raw ``page_indptrs`` -> ``mPtrS`` (B + 2,). ``mCounter`` (optional, int32
-        (1,)): set to 0 (the work-item counter of the forward's dynamic deal)."""
+        (1,)): set to 0 (the work-item counter of the forward's dynamic deal). ``mZero``
+        (backward with ``zero_ctas``: fp32 ``(n,)``, ``n`` a multiple of 4, 16-byte
+        aligned): set to 0 by CTAs ``1 .. zero_ctas``."""
 
         @cute.struct
         class Smem:
@@ -93,6 +103,10 @@ class HstuSchedule:
         if cutlass.const_expr(self.paged):
             launch(self.kernel(mCuQ, mCuK, mParam, mCuQs, mCuKs, mTile, mQStart, Smem, mPtr,
                                mPtrS), (1, 1, 1), NUM_THREADS, Smem, stream, use_pdl=self.pdl)
+        elif cutlass.const_expr(self.zero_ctas > 0 and mZero is not None):
+            launch(self.kernel(mCuQ, mCuK, mParam, mCuQs, mCuKs, mTile, mQStart, Smem,
+                               mZero=mZero),
+                   (1 + self.zero_ctas, 1, 1), NUM_THREADS, Smem, stream, use_pdl=self.pdl)
         else:
             launch(self.kernel(mCuQ, mCuK, mParam, mCuQs, mCuKs, mTile, mQStart, Smem,
                                mCounter=mCounter),
@@ -212,7 +226,7 @@ class HstuSchedule:
 
     @cute.kernel
     def kernel(self, mCuQ, mCuK, mParam, mCuQs, mCuKs, mTile, mQStart,
-               Smem: cutlass.Constexpr, mPtr=None, mPtrS=None, mCounter=None):
+               Smem: cutlass.Constexpr, mPtr=None, mPtrS=None, mCounter=None, mZero=None):
         tid, _, _ = cute.arch.thread_idx()
         tid = Int32(tid)
         if cutlass.const_expr(self.pdl):
@@ -221,6 +235,34 @@ class HstuSchedule:
             # predecessor before it touches global memory
             cute.arch.griddepcontrol_launch_dependents()
             cute.arch.griddepcontrol_wait()
+        if cutlass.const_expr(mZero is not None):
+            bid, _, _ = cute.arch.block_idx()
+            if bid > 0:
+                self._zero(mZero, Int32(bid) - 1, tid)
+            else:
+                self._schedule(mCuQ, mCuK, mParam, mCuQs, mCuKs, mTile, mQStart, Smem, tid,
+                               mPtr, mPtrS, mCounter)
+        else:
+            self._schedule(mCuQ, mCuK, mParam, mCuQs, mCuKs, mTile, mQStart, Smem, tid,
+                           mPtr, mPtrS, mCounter)
+
+    @cute.jit
+    def _zero(self, mZero, cta, tid):
+        """CTA ``cta`` of the ``zero_ctas`` zeroing CTAs: 16-byte stores of zeros over the
+        flat fp32 ``mZero``, grid-stride."""
+        zero = cute.make_rmem_tensor(4, Float32)
+        zero.fill(0.0)
+        n_vec = Int32(mZero.shape[0]) // 4
+        for i in cutlass.range(cta * NUM_THREADS + tid, n_vec, self.zero_ctas * NUM_THREADS,
+                               unroll=4):
+            g = cute.make_ptr(Float32, elem_ptr(mZero, (i * 4,)).toint(),
+                              cute.AddressSpace.gmem, assumed_align=16)
+            cute.make_tensor(g, cute.make_layout(4)).store(zero.load())
+
+    @cute.jit
+    def _schedule(self, mCuQ, mCuK, mParam, mCuQs, mCuKs, mTile, mQStart,
+                  Smem: cutlass.Constexpr, tid, mPtr, mPtrS, mCounter):
+        """The schedule (CTA 0)."""
         if cutlass.const_expr(mCounter is not None):
             if tid == 0:
                 mCounter[0] = Int32(0)
