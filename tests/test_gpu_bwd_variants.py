@@ -20,6 +20,8 @@ poisoned tails / unlisted blocks and partial blocks, as the default paths' tests
   query tile; the first claimer stores, the others add once that store is complete; the
   workspace is not zeroed): the backward batches with NaN-poisoned tails, and the batches
   with uncovered query tiles on a NaN-filled workspace;
+* the default mode's workspace zeroed by the tile-schedule launch, filled with NaN before
+  that launch (batches without func masks, the canonical batch at D = 64 / 128);
 * ``hstu_bwd_ws=convert=N`` (the last CTA of a sequence and KV head writes the dq of a
   sequence with at most N queries; the reordering kernel the others): the backward batches
   (N = 128: both paths in one batch), with ``dqclaim`` on a NaN-filled workspace, grouped KV
@@ -166,7 +168,7 @@ def _unzeroed_case(lq, lk, d, window, func, mode, heads=2, reps=1, seed=5, heads
     mq, mk = max(max(lq), 1), max(max(lk), 1)
     kw = dict(max_seqlen_q=mq, max_seqlen_k=mk, scaling_seqlen=float(mq), window_size=window,
               alpha=1.0 / np.sqrt(d))
-    sw = Switches(hstu_bwd_ws="" if mode == "det" else mode)
+    sw = Switches(hstu_bwd_ws="" if mode in ("det", "sched") else mode)
     cqj, ckj = jnp.asarray(cq), jnp.asarray(ck)
 
     def run(do, q, k, v, cq, ck, fn):
@@ -174,6 +176,7 @@ def _unzeroed_case(lq, lk, d, window, func, mode, heads=2, reps=1, seed=5, heads
                                     switches=sw, op_name="test",
                                     deterministic=mode == "det", **kw)
         assert (cfg.bwd.det_store if mode == "det" else
+                cfg.bwd.sched_zero and not cfg.bwd.dq_claim if mode == "sched" else
                 cfg.bwd.dq_claim == ("dqclaim" in mode)), cfg.bwd
         want = int(mode.split("convert=")[1]) if "convert=" in mode and d <= 128 else 0
         assert cfg.bwd.dq_convert_rows == want, cfg.bwd
@@ -223,6 +226,24 @@ def test_hstu_bwd_canonical_unzeroed_workspace(d, mode):
     lens = th._canonical_lengths()
     _unzeroed_case(lens, lens, d, (-1, 0), None, mode, heads=4, reps=3,
                    seed=23 + UNZEROED_MODES.index(mode))
+
+
+# the schedule kernel (and so its zeroing) does not take func masks
+SCHED_ZERO_CASES = [c for c in UNCOVERED if c[5] is None] + [
+    ("canonical-d128", "canonical", "canonical", 128, (-1, 0), None),
+    ("canonical-d64", "canonical", "canonical", 64, (-1, 0), None)]
+
+
+@pytest.mark.parametrize("name,lq,lk,d,window,func", SCHED_ZERO_CASES,
+                         ids=[c[0] for c in SCHED_ZERO_CASES])
+def test_hstu_bwd_schedule_zeroed_workspace(name, lq, lk, d, window, func):
+    """The default mode's fp32 dQ workspace zeroed by the tile-schedule launch (sched_zero):
+    the workspace filled with NaN before that launch, so an element its zeroing CTAs miss
+    shows as NaN in dq."""
+    if lq == "canonical":
+        lq = lk = th._canonical_lengths()
+    _unzeroed_case(lq, lk, d, window, func, "sched", heads=4 if name.startswith("can") else 2,
+                   reps=2, seed=31)
 
 
 @pytest.mark.parametrize("name,lens,d,window,dtype", th.BWD_BATCHES,

@@ -348,6 +348,10 @@ def test_schedule_launch_zeroes_dq_workspace(d, monkeypatch):
     base = {"hstu_bwd_dq": "tile"}
     default = tl._bwd_text(d, "bfloat16", "causal", Switches(**base))
     assert not ws.search(default) and flat.search(default)
+    # the flat output covers the whole workspace (reshaped to it)
+    m = re.search(rf"reshape %\S+ : \(tensor<(\d+)xf32>\) -> tensor<(\d+)x2x{bm * d}xf32>",
+                  default)
+    assert m and int(m.group(1)) == int(m.group(2)) * 2 * bm * d, m
     xla = tl._bwd_text(d, "bfloat16", "causal", Switches(**base, hstu_bwd_ws="xlazero"))
     assert ws.search(xla) and not flat.search(xla)
     det = tl._bwd_text(d, "bfloat16", "causal", Switches(**base), deterministic=True)

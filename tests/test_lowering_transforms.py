@@ -159,6 +159,24 @@ def test_export_for_cuda_round_trip_and_symbolic_tokens():
     assert "t" in str(back.in_avals[0].shape)
 
 
+def test_export_symbolic_query_tokens_static_keys():
+    """jax.grad through the HSTU op exports for CUDA with a symbolic number of query tokens
+    and a concrete number of keys: the schedule launch then has concrete sizes, while the
+    dQ workspace it would zero is symbolic (left to XLA)."""
+    from jax import export  # noqa: PLC0415
+
+    def loss(q, k, v, cu):
+        return jnp.sum(jsa.hstu_attention(q, k, v, cu, cu, max_seqlen_q=200, max_seqlen_k=200,
+                                          backend="kernel").astype(jnp.float32))
+
+    (t,) = export.symbolic_shape("t")
+    kv = _sds((300, 2, 64))
+    exp = export.export(jax.jit(jax.grad(loss, argnums=(0, 1, 2))), platforms=("cuda",),
+                        disabled_checks=jsa.export_safety_checks())(
+        _sds((t, 2, 64)), kv, kv, _sds((4,), jnp.int32))
+    assert exp.mlir_module().count(TARGET) >= 3
+
+
 def _run_cache_process(cache):
     code = (
         "import hashlib, json, jax, jax.numpy as jnp, jax_sparse_attn as jsa\n"

@@ -1106,8 +1106,22 @@ def _schedule_adapter():
                      zero_ctas=zero_ctas)(
             cu_q, cu_k, param, cu_q_out, cu_k_out, kv_tiles, q_start, stream, mZero=dq_ws)
 
+    @cute.jit
+    def hstu_bwd_schedule_zero_filled_launch(stream, cu_q, cu_k, param, dq_ws, cu_q_out,
+                                             cu_k_out, kv_tiles, q_start, *,
+                                             block: cutlass.Constexpr,
+                                             block_other: cutlass.Constexpr,
+                                             sort: cutlass.Constexpr, pdl: cutlass.Constexpr,
+                                             zero_ctas: cutlass.Constexpr):
+        # (tests) the same launch with the workspace an input filled by the test, aliased to
+        # output 4
+        HstuSchedule(block, kv_major=True, block_other=block_other, sort=sort, pdl=pdl,
+                     zero_ctas=zero_ctas)(
+            cu_q, cu_k, param, cu_q_out, cu_k_out, kv_tiles, q_start, stream, mZero=dq_ws)
+
     return (hstu_fwd_schedule_launch, hstu_bwd_schedule_launch, hstu_fwd_schedule_paged_launch,
-            hstu_fwd_schedule_counter_launch, hstu_bwd_schedule_zero_launch)
+            hstu_fwd_schedule_counter_launch, hstu_bwd_schedule_zero_launch,
+            hstu_bwd_schedule_zero_filled_launch)
 
 
 def _schedule_kernel_fits(cfg, func, nb, n_slots):
@@ -1210,13 +1224,16 @@ def schedule_tokens_per_chunk(key, num_kv_heads, itemsize) -> int:
 SCHED_ZERO_CTAS = 131
 
 
-def _bwd_metadata(cu_seqlens_q, cu_seqlens_k, func, cfg, t_q, t_k, zero_shape=None):
+def _bwd_metadata(cu_seqlens_q, cu_seqlens_k, func, cfg, t_q, t_k, zero_shape=None,
+                  _zero_fill=None):
     """Sanitised ``cu_q`` / ``cu_k`` (pseudo-sequence of keys), the KV tiles (longest work
     first for the sm90 backward, canonical order for sm80), each sequence's first query
     tile and the func summary: one launch of ``kernels/hstu_schedule.py`` where
     :func:`_schedule_kernel_fits`, else the jnp formulation of ``metadata``. With
     ``zero_shape`` (the fp32 dq workspace's shape) a sixth value: that workspace zeroed by
-    the schedule launch, or None where the launch does not run (the caller zeroes it)."""
+    the schedule launch, or None where the launch does not run (the caller zeroes it).
+    ``_zero_fill`` (tests only): the workspace is an input filled with this value before the
+    launch (aliased to its output), so that a missed element shows."""
     key = cfg.bwd
     bm, bn = key.block_m, key.block_n
     nb = cu_seqlens_q.shape[0] - 1
@@ -1236,13 +1253,24 @@ def _bwd_metadata(cu_seqlens_q, cu_seqlens_k, func, cfg, t_q, t_k, zero_shape=No
         raw = (cu_seqlens_q.astype(jnp.int32), cu_seqlens_k.astype(jnp.int32),
                _schedule_param(t_q, t_k, cfg.window_size, nk_slots))
         n_zero = math.prod(zero_shape) if zero_shape is not None else 0
-        if 0 < n_zero < 2 ** 31 - 2 ** 24 and n_zero % 4 == 0:
-            call = _cutlass_call(cfg)(
-                _schedule_adapter()[4],
-                output_shape_dtype=out_sds + (jax.ShapeDtypeStruct((n_zero,), jnp.float32),),
-                compile_key=("hstu_bwd_schedule_zero", bn, bm, sort, key.pdl, SCHED_ZERO_CTAS),
-                block=bn, block_other=bm, sort=sort, pdl=key.pdl, zero_ctas=SCHED_ZERO_CTAS)
-            cu_q, cu_k, kv_tiles, q_start, ws = call(*raw)
+        # (concrete sizes only: with jax.export a symbolic T_q makes the workspace symbolic)
+        if isinstance(n_zero, int) and 0 < n_zero < 2 ** 31 - 2 ** 24 and n_zero % 4 == 0:
+            ws_sds = jax.ShapeDtypeStruct((n_zero,), jnp.float32)
+            kw = dict(block=bn, block_other=bm, sort=sort, pdl=key.pdl,
+                      zero_ctas=SCHED_ZERO_CTAS)
+            if _zero_fill is None:
+                call = _cutlass_call(cfg)(
+                    _schedule_adapter()[4], output_shape_dtype=out_sds + (ws_sds,),
+                    compile_key=("hstu_bwd_schedule_zero", bn, bm, sort, key.pdl,
+                                 SCHED_ZERO_CTAS), **kw)
+                cu_q, cu_k, kv_tiles, q_start, ws = call(*raw)
+            else:
+                call = _cutlass_call(cfg)(
+                    _schedule_adapter()[5], output_shape_dtype=out_sds + (ws_sds,),
+                    compile_key=("hstu_bwd_schedule_zero_filled", bn, bm, sort, key.pdl,
+                                 SCHED_ZERO_CTAS), input_output_aliases={3: 4}, **kw)
+                cu_q, cu_k, kv_tiles, q_start, ws = call(
+                    *raw, jnp.full((n_zero,), _zero_fill, jnp.float32))
             return (cu_q, cu_k, kv_tiles, q_start, jnp.zeros((1, 3), jnp.int32),
                     ws.reshape(zero_shape))
         call = _cutlass_call(cfg)(_schedule_adapter()[1], output_shape_dtype=out_sds,
@@ -1384,9 +1412,10 @@ def hstu_bwd(do, q, k, v, cu_seqlens_q, cu_seqlens_k, func, cfg, rab=None, _drab
     ``_drab_init`` (tests only): the initial content of the buffer the kernel writes drab
     into (rab's shape and dtype when ``H_rab == H``, else the fp32 ``(B, 1, N_k, N_k_pad)``
     workspace, then returned unsliced and uncast) instead of zeros. ``_dq_ws_fill`` (tests
-    only; ``det_store`` / ``dq_claim`` keys, else a ValueError): a value the fp32 dq
-    workspace is filled with before the kernel, which those modes do not zero (XLA leaves it
-    uninitialised without it)."""
+    only; ``det_store`` / ``dq_claim`` keys, and ``sched_zero`` keys where the schedule
+    launch zeroes the workspace, else a ValueError): a value the fp32 dq workspace is filled
+    with before the kernel (``sched_zero``: before the schedule launch zeroes it), which those
+    modes do not zero (XLA leaves it uninitialised without it)."""
     key = cfg.bwd
     t_q, h, _ = q.shape
     t_k = k.shape[0]
@@ -1404,12 +1433,17 @@ def hstu_bwd(do, q, k, v, cu_seqlens_q, cu_seqlens_k, func, cfg, rab=None, _drab
     dq_ws_shape = ((n_q_slots, h, key.block_m * d) if key.dq_tile else (t_q, h, d))
     # (det_store: the kernel's first contributions initialise the workspace)
     uninit = key.det_store or key.dq_claim
-    if _dq_ws_fill is not None and not uninit:
-        raise ValueError("_dq_ws_fill applies to backward keys with det_store or dq_claim only")
+    sched_zero = key.sched_zero and not uninit
+    if _dq_ws_fill is not None and not (uninit or sched_zero):
+        raise ValueError("_dq_ws_fill applies to backward keys with det_store, dq_claim or "
+                         "sched_zero only")
     # sched_zero: the schedule launch zeroes the workspace (where its kernel runs)
     cu_q, cu_k, kv_tiles, q_start, q_tiles, *ws = _bwd_metadata(
         cu_seqlens_q, cu_seqlens_k, func if key.has_func else None, cfg, t_q, t_k,
-        zero_shape=dq_ws_shape if key.sched_zero and not uninit else None)
+        zero_shape=dq_ws_shape if sched_zero else None,
+        _zero_fill=_dq_ws_fill if sched_zero else None)
+    if _dq_ws_fill is not None and sched_zero and ws[0] is None:
+        raise ValueError("_dq_ws_fill: the schedule launch does not zero this call's workspace")
     scal, win = metadata.hstu_scalars(cfg.alpha, cfg.scaling_seqlen, cfg.window_size)
     func_arr = func.astype(jnp.int32) if key.has_func else jnp.zeros((1, 1, 1), jnp.int32)
     if _dq_ws_fill is not None and uninit:
