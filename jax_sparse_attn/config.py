@@ -147,9 +147,10 @@ def _parse_bsa_ws(var, raw):
 #: the flags of the sm90 HSTU backward's tuning switch (JAX_SPARSE_ATTN_HSTU_BWD_WS)
 HSTU_BWD_WS_FLAGS = ("splitwait", "epi16", "detzero", "dqclaim", "xlazero")
 _HSTU_BWD_WS_ALLOWED = ("comma list of " + ", ".join(HSTU_BWD_WS_FLAGS)
-                        + ", convert=N (query rows: 1..65536)")
+                        + ", convert=N (query rows: 1..65536), chunk=N (KiB: 0..1048576)")
 _parse_hstu_bwd_ws = _parse_option_list(HSTU_BWD_WS_FLAGS,
-                                        {"convert": lambda n: 1 <= n <= 65536}, None,
+                                        {"convert": lambda n: 1 <= n <= 65536,
+                                         "chunk": lambda n: 0 <= n <= 1 << 20}, None,
                                         _HSTU_BWD_WS_ALLOWED)
 
 #: the flags of the sm90ws BSA backward's tuning switch (JAX_SPARSE_ATTN_BSA_BWD_WS), plus
@@ -274,8 +275,9 @@ SWITCHES = (
             "done and adds it as two 4 KB blocks), red (red.global.add.v2.f32 from registers), bulk (fp32 "
             "rows staged in shared memory, one cp.reduce.async.bulk add per row; D <= 128, "
             "else red), red4 (red.global.add.v4.f32: lane pairs swap halves with shuffles)"),
-    _choice("hstu_bwd_order", "JAX_SPARSE_ATTN_HSTU_BWD_ORDER", ("hlpt", "lpt", "seq"),
-            "launch order of the sm90 HSTU backward's KV tiles (tuning / ablation): hlpt "
+    _choice("hstu_bwd_order", "JAX_SPARSE_ATTN_HSTU_BWD_ORDER", ("auto", "hlpt", "lpt", "seq"),
+            "launch order of the sm90 HSTU backward's KV tiles (tuning / ablation): auto "
+            "(lpt for deterministic=True at D <= 64, else hlpt), hlpt "
             "(longest work first within each head, one head after the other: concurrent CTAs "
             "share one head's Q, dO and dQ in L2), lpt (longest work first over all sequences, "
             "a tile's heads consecutive), seq "

@@ -136,7 +136,7 @@ def _segment_suffix_max(b, work):
 
 
 def hstu_bwd_schedule(cu_q, cu_k, func, block_m, block_n, t_q, t_k, window_size=None,
-                      deterministic=False):
+                      deterministic=False, tokens_per_chunk=0):
     """KV tiles ``[batch, n_block]`` in canonical order (n ascending: under a causal /
     right-aligned mask the first KV tiles of a sequence see the most queries, so they
     start first), the canonical first q-tile index per batch, and the func summary.
@@ -150,7 +150,12 @@ def hstu_bwd_schedule(cu_q, cu_k, func, block_m, block_n, t_q, t_k, window_size=
     of it and the later KV tiles of its sequence, so every sequence's KV tiles launch in
     ascending order (the ordered dq additions of the deterministic backward wait only for
     the previous KV tile: it must have a lower linear block index); for a causal or full
-    mask this is the plain longest-first order."""
+    mask this is the plain longest-first order.
+
+    ``tokens_per_chunk > 0`` (with ``window_size``): ordered by sequence chunk first
+    (``min(cu_q[b] // tokens_per_chunk, 126)``: the sequences whose queries start in one
+    chunk of that many rows), then as above within a chunk, idle slots last, so the KV tiles
+    that run at one time stream the Q, dO and dq rows of few sequences."""
     bm, bn = block_m, block_n
     nb = cu_q.shape[0] - 1
     nk_slots = t_k // bn + nb
@@ -175,7 +180,11 @@ def hstu_bwd_schedule(cu_q, cu_k, func, block_m, block_n, t_q, t_k, window_size=
         work = jnp.where(b >= 0, jnp.maximum(i_hi - i_lo, 0) + 1, -1)
         if deterministic:
             work = _segment_suffix_max(b, work)
-        kv_tiles = kv_tiles[jnp.argsort(-work, stable=True)]
+        if tokens_per_chunk > 0:
+            chunk = jnp.where(b >= 0, jnp.minimum(cu_q[bc] // tokens_per_chunk, 126), 127)
+            kv_tiles = kv_tiles[jnp.lexsort((-work, chunk))]  # stable; chunk first
+        else:
+            kv_tiles = kv_tiles[jnp.argsort(-work, stable=True)]
     return kv_tiles, q_start.astype(jnp.int32), q_tiles
 
 

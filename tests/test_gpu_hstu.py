@@ -716,6 +716,7 @@ def test_hstu_split_kv_kernel(layout, lq, kv_splits):
 DET_CASES = [
     ("canonical-jagged-d128-causal", "canonical", 128, (-1, 0), "bfloat16", ""),
     ("jagged-d64-window-64-inf", [700, 0, 1500, 129, 64, 1000], 64, (64, -1), "float16", ""),
+    ("canonical-jagged-d64-causal", "canonical", 64, (-1, 0), "bfloat16", ""),
     ("jagged-d128-func-targets", [900, 1, 1200, 0, 333], 128, (-1, -1), "bfloat16", "func"),
     ("canonical-jagged-d256-causal", "canonical", 256, (-1, 0), "bfloat16", ""),
     ("jagged-d32-local-sm80", [700, 0, 1500, 129], 32, (100, 20), "float16", ""),
@@ -790,15 +791,16 @@ def test_hstu_bwd_deterministic(name, lens, d, window, dtype, extra):
     diff = int(np.sum(defaults[0][0] != defaults[1][0]))
     print(" | ".join(report) + f" | default-mode dq elements changed between 2 runs: {diff}")
 # ------------------------------------------------------------- tile schedule kernel
-def _sched_cfg(window, schedule, bwd_impl="sm90"):
+def _sched_cfg(window, schedule, bwd_impl="sm90", chunk_kib=0):
     from types import SimpleNamespace
 
     # pdl: the schedule kernel launched as the default keys launch it (programmatic
-    # dependent launch)
+    # dependent launch); chunk_kib: the backward's chunked order (D = 128: 1 KiB per row)
     return SimpleNamespace(fwd=SimpleNamespace(block_m=128, pdl=True), schedule=schedule,
                            bwd=SimpleNamespace(block_m=64, block_n=128, impl=bwd_impl,
                                                  deterministic=False, bwd_order="hlpt",
-                                                 pdl=True),
+                                                 pdl=True, head_dim=128, head_dim_v=128,
+                                                 sched_chunk_kib=chunk_kib),
                            window_size=window, cute_call="shared")
 
 
@@ -838,7 +840,7 @@ _SCHED_CASES = {
 }
 
 
-@pytest.mark.parametrize("mode", ["fwd", "fwd-chunk", "bwd-sm90", "bwd-sm80"])
+@pytest.mark.parametrize("mode", ["fwd", "fwd-chunk", "bwd-sm90", "bwd-chunk", "bwd-sm80"])
 @pytest.mark.parametrize("name", sorted(_SCHED_CASES))
 def test_hstu_schedule_kernel(name, mode):
     """The single-CTA schedule kernel (``hstu_schedule="kernel"``) gives the sanitised
@@ -847,15 +849,16 @@ def test_hstu_schedule_kernel(name, mode):
     rows last (forward, sm90 backward), or in canonical order (sm80 backward); chunked
     forward order (``fwd-chunk``, 1000 keys per chunk): by non-decreasing chunk of the
     sequence's first key (saturating at 126), non-increasing work within a chunk, and the
-    dynamic deal's item counter written as 0."""
+    dynamic deal's item counter written as 0; chunked backward order (``bwd-chunk``, 1000
+    query rows per chunk): the same by the sequence's first query."""
     from jax_sparse_attn.ffi.hstu import _bwd_metadata, _fwd_metadata
 
     cu_q, cu_k, t, window = _SCHED_CASES[name]
     cu_k = cu_q if cu_k is None else cu_k
     t = int(max(cu_q[-1], 1)) if t is None else t
     cq, ck = jnp.asarray(cu_q, jnp.int32), jnp.asarray(cu_k, jnp.int32)
-    tokens = 1000 if mode == "fwd-chunk" else 0
-    impl = mode[4:] if mode.startswith("bwd") else "sm90"
+    tokens = 1000 if mode.endswith("chunk") else 0
+    impl = mode[4:] if mode in ("bwd-sm90", "bwd-sm80") else "sm90"
     if mode.startswith("fwd"):
         # fwd-chunk: also the dynamic deal's counter, zeroed by the same launch
         fn = lambda a, b, cfg: _fwd_metadata(a, b, None, cfg, t, t, tokens,  # noqa: E731
@@ -864,7 +867,8 @@ def test_hstu_schedule_kernel(name, mode):
         fn = lambda a, b, cfg: _bwd_metadata(a, b, None, cfg, t, t)  # noqa: E731
     got, ref = (
         [np.asarray(x) for x in jax.jit(
-            lambda a, b, s=sched: fn(a, b, _sched_cfg(window, s, impl)))(cq, ck)]
+            lambda a, b, s=sched: fn(a, b, _sched_cfg(
+                window, s, impl, tokens if mode == "bwd-chunk" else 0)))(cq, ck)]
         for sched in ("kernel", "xla"))
     np.testing.assert_array_equal(got[0], ref[0])
     np.testing.assert_array_equal(got[1], ref[1])
@@ -881,10 +885,11 @@ def test_hstu_schedule_kernel(name, mode):
     assert key(tiles) == key(rtiles)
     assert (tiles[:, 2:] == 0).all()
     w = _sched_work(tiles, got[0], got[1], window, 128, mode.startswith("bwd"))
-    if mode == "fwd-chunk":
-        assert got[3].tolist() == [0] and ref[3].tolist() == [0]
+    if mode.endswith("chunk"):
+        if mode == "fwd-chunk":
+            assert got[3].tolist() == [0] and ref[3].tolist() == [0]
         b = tiles[tiles[:, 0] >= 0][:, 0]
-        chunk = np.minimum(got[1][b] // tokens, 126)
+        chunk = np.minimum(got[0 if mode == "bwd-chunk" else 1][b] // tokens, 126)
         assert (np.diff(chunk) >= 0).all(), "chunks in order"
         w = np.minimum(w, 1022)  # the chunked keys' work saturates at 1022 units
         w = np.where(np.diff(chunk) == 0, np.diff(w), 0)

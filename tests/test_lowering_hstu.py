@@ -843,11 +843,11 @@ def test_hstu_bwd_sm90_order_and_dq_variants():
     from jax_sparse_attn.config import Switches  # noqa: PLC0415
     from jax_sparse_attn.ffi import hstu as fh  # noqa: PLC0415
 
-    assert Switches().hstu_bwd_order == "hlpt"
+    assert Switches().hstu_bwd_order == "auto"
     keys = {o: fh.bwd_config("bfloat16", 128, 128, 0, Switches(hstu_bwd_order=o))
-            for o in ("hlpt", "lpt", "seq")}
+            for o in ("auto", "hlpt", "lpt", "seq")}
     assert {k.bwd_order for k in keys.values()} == {"hlpt", "lpt", "seq"}
-    assert len(set(keys.values())) == 3
+    assert len(set(keys.values())) == 3 and keys["auto"] == keys["hlpt"]
     red4 = fh.bwd_config("bfloat16", 64, 64, 0, Switches(hstu_bwd_dq="red4"))
     assert red4.dq_vec4 and not red4.dq_bulk
     assert not fh.bwd_config("bfloat16", 64, 64, 0, Switches()).dq_vec4
@@ -859,6 +859,40 @@ def test_hstu_bwd_sm90_order_and_dq_variants():
                         (256, "window", Switches(hstu_bwd_dq="red4"))):
         txt = _bwd_text(d, "bfloat16", mask, sw)
         assert _attention_calls(txt) == 1 and "\\7FELF" in txt
+
+
+def test_hstu_bwd_sm90_auto_order_and_chunks():
+    """hstu_bwd_order="auto" resolves to lpt for the deterministic backward at D <= 64 and
+    to hlpt elsewhere (an explicit order stays); hstu_bwd_ws "chunk=N" sets the hlpt
+    schedule's chunk size (KiB; ignored by lpt / seq), and the chunked schedule launch takes
+    the query rows per chunk as its seventh parameter."""
+    from jax_sparse_attn.config import Switches, from_env  # noqa: PLC0415
+    from jax_sparse_attn.ffi import hstu as fh  # noqa: PLC0415
+
+    def key(d, det=False, **sw):
+        return fh.bwd_config("bfloat16", d, d, 0, Switches(**sw), deterministic=det)
+
+    assert key(64, det=True).bwd_order == "lpt"
+    assert key(64).bwd_order == "hlpt"
+    assert key(128, det=True).bwd_order == key(256, det=True).bwd_order == "hlpt"
+    assert key(64, det=True, hstu_bwd_order="hlpt").bwd_order == "hlpt"
+    assert key(128).sched_chunk_kib == fh.BWD_SCHEDULE_CHUNK_KIB
+    assert key(128, hstu_bwd_ws=("chunk=4096",)).sched_chunk_kib == 4096
+    assert key(128, hstu_bwd_ws=("chunk=0",)).sched_chunk_kib == 0
+    for order in ("lpt", "seq"):
+        assert key(128, hstu_bwd_order=order, hstu_bwd_ws=("chunk=4096",)).sched_chunk_kib == 0
+    k = key(128, hstu_bwd_ws=("chunk=4096",))
+    # Q and dO (2 x 128 x 2 bytes) and fp32 dq (128 x 4 bytes) per query row of one head
+    assert fh.bwd_tokens_per_chunk(k) == 4096 * 1024 // 1024
+    with pytest.raises(ValueError, match="chunk"):
+        from_env({"JAX_SPARSE_ATTN_HSTU_BWD_WS": "chunk=-1"})
+
+    pytest.importorskip("cutlass")
+    txt = _bwd_text(128, "bfloat16", "causal", Switches(hstu_bwd_ws=("chunk=1",)))
+    assert _attention_calls(txt) == 1 and "\\7FELF" in txt
+    # the backward schedule's parameter: [T_q, T_k, left, right, slots, pow2, rows per
+    # chunk] (1 KiB: one row); the forward's chunked schedule has its own seventh entry
+    assert re.search(r"dense<\[300, 300, -1, 0, \d+, \d+, 1\]> : tensor<7xi32>", txt), txt[:0]
 
 
 def test_hstu_bwd_sm90_dq_tile_key_and_lowering():

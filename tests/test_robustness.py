@@ -338,6 +338,44 @@ def test_hstu_bwd_lpt_schedule_is_a_permutation(window):
     assert w == sorted(w, reverse=True), w
 
 
+@pytest.mark.parametrize("deterministic", [False, True])
+@pytest.mark.parametrize("tokens", [1, 300, 1000, 100_000])
+@pytest.mark.parametrize("window", [(-1, 0), (-1, -1), (40, 3)])
+def test_hstu_bwd_chunked_schedule(tokens, window, deterministic):
+    """The backward's KV-tile schedule in chunked order (``tokens_per_chunk``) holds the
+    same KV tiles as the longest-first order: by non-decreasing chunk ``min(cu_q[b] //
+    tokens, 126)`` of the tile's sequence (its first query; L_q != L_k here), the
+    longest-first order within a chunk, idle slots last; deterministic: every sequence's KV
+    tiles still ascend; one chunk gives the longest-first order itself."""
+    lens_q = [300, 0, 257, 5, 129, 1030, 64, 1]
+    lens_k = [300, 0, 257, 40, 129, 900, 64, 70]
+    cu_q = jnp.asarray(np.concatenate([[0], np.cumsum(lens_q), [sum(lens_q)]]), jnp.int32)
+    cu_k = jnp.asarray(np.concatenate([[0], np.cumsum(lens_k), [sum(lens_k) + 50]]), jnp.int32)
+    t_q, t_k = sum(lens_q), sum(lens_k) + 50
+    kw = dict(window_size=window, deterministic=deterministic)
+    base, _, _ = metadata.hstu_bwd_schedule(cu_q, cu_k, None, 64, 128, t_q, t_k, **kw)
+    got, _, _ = metadata.hstu_bwd_schedule(cu_q, cu_k, None, 64, 128, t_q, t_k, **kw,
+                                           tokens_per_chunk=tokens)
+    base, got = np.asarray(base), np.asarray(got)
+    assert sorted(map(tuple, base.tolist())) == sorted(map(tuple, got.tolist()))
+    valid = got[:, 0] >= 0
+    assert not (valid[1:] & ~valid[:-1]).any(), "idle rows last"
+    rows = got[valid]
+    chunk = np.minimum(np.asarray(cu_q)[rows[:, 0]] // tokens, 126)
+    assert (np.diff(chunk) >= 0).all()
+    # within a chunk: the order of the unchunked schedule
+    pos = {tuple(r): i for i, r in enumerate(base.tolist())}
+    for c in np.unique(chunk):
+        p = [pos[tuple(r)] for r in rows[chunk == c].tolist()]
+        assert p == sorted(p), (c, p)
+    if deterministic:
+        for b in np.unique(rows[:, 0]):
+            n = rows[rows[:, 0] == b][:, 1]
+            assert (np.diff(n) > 0).all(), (b, n)
+    if tokens == 100_000:
+        np.testing.assert_array_equal(got, base)
+
+
 @pytest.mark.parametrize("tokens", [1, 300, 1000, 100_000])
 @pytest.mark.parametrize("window", [(-1, 0), (-1, -1), (40, 3)])
 def test_hstu_fwd_chunked_schedule(tokens, window):

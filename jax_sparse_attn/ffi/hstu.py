@@ -240,6 +240,10 @@ class HstuBwdConfig(_HstuKey):
     # backward needs it zeroed and the schedule kernel runs, instead of an XLA memset
     # between the two launches (off: hstu_bwd_ws "xlazero")
     sched_zero: bool = False
+    # sm90 with the hlpt order: the KV tiles of each head ordered by sequence chunks of
+    # about this many KiB of Q, dO and fp32 dq rows first, longest work first within a
+    # chunk (hstu_bwd_ws "chunk=N"; 0: longest first over the whole head)
+    sched_chunk_kib: int = 0
 
 
 def fwd_smem_bytes(head_dim, head_dim_v, bm, bn) -> int:
@@ -646,6 +650,16 @@ def bwd_config(dtype, head_dim, head_dim_v, func_n, switches, *, has_rab=False,
     takes ``tile``, ``red`` and ``red4`` of ``hstu_bwd_dq`` (``bulk`` becomes ``red``)."""
     key = _bwd_config(dtype, head_dim, head_dim_v, func_n, switches, has_rab=has_rab,
                       rab_per_head=rab_per_head, rab_dtype=rab_dtype)
+    if key.impl == "sm90" and key.bwd_order == "auto":
+        # deterministic at D <= 64: the resident CTAs of an hlpt order hold long runs of
+        # consecutive KV tiles of one sequence whose ordered dq additions wait on each other
+        key = dataclasses.replace(
+            key, bwd_order="lpt" if deterministic and head_dim <= 64 else "hlpt")
+    if key.impl == "sm90" and key.bwd_order == "hlpt":
+        chunk = [int(o[6:]) for o in getattr(switches, "hstu_bwd_ws", ())
+                 if o.startswith("chunk=")]
+        key = dataclasses.replace(
+            key, sched_chunk_kib=chunk[0] if chunk else BWD_SCHEDULE_CHUNK_KIB)
     if deterministic:
         key = dataclasses.replace(key, deterministic=True, dq_bulk=False)
         if (key.impl == "sm90" and key.dq_tile
@@ -693,7 +707,7 @@ def _bwd_config(dtype, head_dim, head_dim_v, func_n, switches, *, has_rab=False,
                                  func_n > 0, max(func_n, 1), impl="sm90", dq_bulk=dq_bulk,
                                  dq_vec4=dq == "red4",
                                  dq_tile=dq == "tile",
-                                 bwd_order=getattr(switches, "hstu_bwd_order", "hlpt"),
+                                 bwd_order=getattr(switches, "hstu_bwd_order", "auto"),
                                  arch=arch, pdl=bool(getattr(switches, "pdl", False)),
                                  split_wait=bm == 64 and "splitwait" in getattr(
                                      switches, "hstu_bwd_ws", ()),
@@ -1074,8 +1088,9 @@ def _schedule_adapter():
     def hstu_bwd_schedule_launch(stream, cu_q, cu_k, param, cu_q_out, cu_k_out, kv_tiles,
                                  q_start, *, block: cutlass.Constexpr,
                                  block_other: cutlass.Constexpr, sort: cutlass.Constexpr,
-                                 pdl: cutlass.Constexpr):
-        HstuSchedule(block, kv_major=True, block_other=block_other, sort=sort, pdl=pdl)(
+                                 pdl: cutlass.Constexpr, chunk: cutlass.Constexpr = False):
+        HstuSchedule(block, kv_major=True, block_other=block_other, sort=sort, pdl=pdl,
+                     chunk=chunk)(
             cu_q, cu_k, param, cu_q_out, cu_k_out, kv_tiles, q_start, stream)
 
     @cute.jit
@@ -1099,11 +1114,12 @@ def _schedule_adapter():
     def hstu_bwd_schedule_zero_launch(stream, cu_q, cu_k, param, cu_q_out, cu_k_out, kv_tiles,
                                       q_start, dq_ws, *, block: cutlass.Constexpr,
                                       block_other: cutlass.Constexpr, sort: cutlass.Constexpr,
-                                      pdl: cutlass.Constexpr, zero_ctas: cutlass.Constexpr):
+                                      pdl: cutlass.Constexpr, zero_ctas: cutlass.Constexpr,
+                                      chunk: cutlass.Constexpr = False):
         # also zeroes the backward's flat fp32 dq workspace (no XLA memset between this
         # launch and the backward, which would stop the backward's programmatic early launch)
         HstuSchedule(block, kv_major=True, block_other=block_other, sort=sort, pdl=pdl,
-                     zero_ctas=zero_ctas)(
+                     zero_ctas=zero_ctas, chunk=chunk)(
             cu_q, cu_k, param, cu_q_out, cu_k_out, kv_tiles, q_start, stream, mZero=dq_ws)
 
     @cute.jit
@@ -1112,11 +1128,12 @@ def _schedule_adapter():
                                              block: cutlass.Constexpr,
                                              block_other: cutlass.Constexpr,
                                              sort: cutlass.Constexpr, pdl: cutlass.Constexpr,
-                                             zero_ctas: cutlass.Constexpr):
+                                             zero_ctas: cutlass.Constexpr,
+                                             chunk: cutlass.Constexpr = False):
         # (tests) the same launch with the workspace an input filled by the test, aliased to
         # output 4
         HstuSchedule(block, kv_major=True, block_other=block_other, sort=sort, pdl=pdl,
-                     zero_ctas=zero_ctas)(
+                     zero_ctas=zero_ctas, chunk=chunk)(
             cu_q, cu_k, param, cu_q_out, cu_k_out, kv_tiles, q_start, stream, mZero=dq_ws)
 
     return (hstu_fwd_schedule_launch, hstu_bwd_schedule_launch, hstu_fwd_schedule_paged_launch,
@@ -1218,6 +1235,23 @@ def schedule_tokens_per_chunk(key, num_kv_heads, itemsize) -> int:
     return max(1, (kib * 1024) // per_key)
 
 
+#: KiB of Q, dO and fp32 dq rows of one head per sequence chunk of the sm90 backward's
+#: hlpt schedule (0: no chunks)
+BWD_SCHEDULE_CHUNK_KIB = 0
+
+
+def bwd_tokens_per_chunk(key) -> int:
+    """Query rows per sequence chunk of the sm90 backward's KV-tile schedule for the compile
+    key's ``sched_chunk_kib`` (KiB of one head's Q and dO in the input dtype and its fp32 dq
+    workspace rows: what the CTAs of one head's KV tiles stream); 0: one longest-first
+    order over all KV tiles of a head."""
+    kib = getattr(key, "sched_chunk_kib", 0)
+    if not kib:
+        return 0
+    per_row = (key.head_dim + key.head_dim_v) * 2 + key.head_dim * 4
+    return max(1, (kib * 1024) // per_row)
+
+
 #: CTAs of the tile-schedule launch that zero the backward's dq workspace: with the
 #: schedule's CTA one per SM of the H200 (1024 threads of 48 registers each: one resident
 #: CTA per SM), a single wave
@@ -1245,37 +1279,42 @@ def _bwd_metadata(cu_seqlens_q, cu_seqlens_k, func, cfg, t_q, t_k, zero_shape=No
     # additions wait only for the previous KV tile), so otherwise it takes the jnp schedule
     # with the deterministic sort key
     det_xla = key.deterministic and sort and int(cfg.window_size[0]) >= 0
+    tokens = bwd_tokens_per_chunk(key) if sort else 0
+    chunk = tokens > 0
+    extra = (tokens,) if chunk else ()
     if not det_xla and _schedule_kernel_fits(cfg, func, nb, nk_slots):
         out_sds = (jax.ShapeDtypeStruct((nb + 2,), jnp.int32),
                    jax.ShapeDtypeStruct((nb + 2,), jnp.int32),
                    jax.ShapeDtypeStruct((nk_slots, 2), jnp.int32),
                    jax.ShapeDtypeStruct((nb + 2,), jnp.int32))
         raw = (cu_seqlens_q.astype(jnp.int32), cu_seqlens_k.astype(jnp.int32),
-               _schedule_param(t_q, t_k, cfg.window_size, nk_slots))
+               _schedule_param(t_q, t_k, cfg.window_size, nk_slots, *extra))
         n_zero = math.prod(zero_shape) if zero_shape is not None else 0
         # (concrete sizes only: with jax.export a symbolic T_q makes the workspace symbolic)
         if isinstance(n_zero, int) and 0 < n_zero < 2 ** 31 - 2 ** 24 and n_zero % 4 == 0:
             ws_sds = jax.ShapeDtypeStruct((n_zero,), jnp.float32)
             kw = dict(block=bn, block_other=bm, sort=sort, pdl=key.pdl,
-                      zero_ctas=SCHED_ZERO_CTAS)
+                      zero_ctas=SCHED_ZERO_CTAS, chunk=chunk)
             if _zero_fill is None:
                 call = _cutlass_call(cfg)(
                     _schedule_adapter()[4], output_shape_dtype=out_sds + (ws_sds,),
                     compile_key=("hstu_bwd_schedule_zero", bn, bm, sort, key.pdl,
-                                 SCHED_ZERO_CTAS), **kw)
+                                 SCHED_ZERO_CTAS, chunk), **kw)
                 cu_q, cu_k, kv_tiles, q_start, ws = call(*raw)
             else:
                 call = _cutlass_call(cfg)(
                     _schedule_adapter()[5], output_shape_dtype=out_sds + (ws_sds,),
                     compile_key=("hstu_bwd_schedule_zero_filled", bn, bm, sort, key.pdl,
-                                 SCHED_ZERO_CTAS), input_output_aliases={3: 4}, **kw)
+                                 SCHED_ZERO_CTAS, chunk), input_output_aliases={3: 4}, **kw)
                 cu_q, cu_k, kv_tiles, q_start, ws = call(
                     *raw, jnp.full((n_zero,), _zero_fill, jnp.float32))
             return (cu_q, cu_k, kv_tiles, q_start, jnp.zeros((1, 3), jnp.int32),
                     ws.reshape(zero_shape))
         call = _cutlass_call(cfg)(_schedule_adapter()[1], output_shape_dtype=out_sds,
-                                  compile_key=("hstu_bwd_schedule", bn, bm, sort, key.pdl),
-                                  block=bn, block_other=bm, sort=sort, pdl=key.pdl)
+                                  compile_key=("hstu_bwd_schedule", bn, bm, sort, key.pdl,
+                                               chunk),
+                                  block=bn, block_other=bm, sort=sort, pdl=key.pdl,
+                                  chunk=chunk)
         cu_q, cu_k, kv_tiles, q_start = call(*raw)
         out = (cu_q, cu_k, kv_tiles, q_start, jnp.zeros((1, 3), jnp.int32))
         return out if zero_shape is None else out + (None,)
@@ -1283,7 +1322,7 @@ def _bwd_metadata(cu_seqlens_q, cu_seqlens_k, func, cfg, t_q, t_k, zero_shape=No
     cu_k = metadata.append_pseudo_sequence(metadata.sanitize_cu_seqlens(cu_seqlens_k, t_k), t_k)
     kv_tiles, q_start, q_tiles = metadata.hstu_bwd_schedule(
         cu_q, cu_k, func, bm, bn, t_q, t_k, window_size=cfg.window_size if sort else None,
-        deterministic=key.deterministic)
+        deterministic=key.deterministic, tokens_per_chunk=tokens)
     out = (cu_q, cu_k, kv_tiles, q_start, q_tiles)
     return out if zero_shape is None else out + (None,)
 

@@ -24,11 +24,12 @@ what the HSTU kernels read, everything in shared memory:
   ``block_m`` rows.
 
 Sort keys are 32-bit ``(2^17 - 2 - work) << 14 | canonical index`` (idle slots
-``(2^17 - 1) << 14 | index``), all distinct. Chunked forward order (``HstuSchedule(block_m,
-chunk=True)``, a seventh parameter ``tokens``): the 17 high bits are ``chunk << 10 |
-(1022 - work)`` with ``chunk = min(cu_k[b] // tokens, 126)`` of the tile's sequence ``b``
-and ``work`` saturating at 1022, so the tiles of the sequences whose keys start in one
-``tokens``-key chunk are consecutive, longest work first within the chunk: up to ``RANK_SLOTS`` tiles each thread counts the
+``(2^17 - 1) << 14 | index``), all distinct. Chunked order (``chunk=True``, a seventh
+parameter ``tokens``): the 17 high bits are ``chunk << 10 | (1022 - work)`` with ``chunk =
+min(cu_k[b] // tokens, 126)`` of the tile's sequence ``b`` (backward: ``cu_q[b] // tokens``)
+and ``work`` saturating at 1022, so the tiles of the sequences whose keys (backward:
+queries) start in one ``tokens``-row chunk are consecutive, longest work first within the
+chunk: up to ``RANK_SLOTS`` tiles each thread counts the
 keys below its own (its row's position, no barrier), beyond that a bitonic sort in shared
 memory. The scans (running max of the offsets, tile counts) are warp-shuffle scans with one
 shared-memory step across warps.
@@ -73,7 +74,7 @@ class HstuSchedule:
         self.bm = block
         # CTAs besides the schedule's that zero the backward's dQ workspace (mZero)
         self.zero_ctas = zero_ctas if kv_major else 0
-        self.chunk = chunk and not kv_major and not paged and sort
+        self.chunk = chunk and not paged and sort
         self.pdl = pdl
         self.kv_major = kv_major
         self.block_other = block_other
@@ -198,7 +199,10 @@ class HstuSchedule:
                 if cutlass.const_expr(self.chunk):
                     work = cutlass.min(cutlass.max(hi - lo, Int32(0)) // 64 + 1,
                                        Int32(_CHUNK_WORK_MAX))
-                    chunk = cutlass.min(ck[b] // tokens, Int32(_CHUNK_MAX))
+                    # the sequence's first query (backward: Q, dO and dQ are what the CTAs
+                    # of a KV tile stream) or first key (forward: K and V)
+                    first = cq[b] if cutlass.const_expr(self.kv_major) else ck[b]
+                    chunk = cutlass.min(first // tokens, Int32(_CHUNK_MAX))
                     hi17 = (chunk << _CHUNK_WORK_BITS) | (Int32(_CHUNK_WORK_MAX) - work)
                     key = (hi17 << _IDX_BITS) | c
                 else:
