@@ -895,6 +895,20 @@ def test_hstu_bwd_sm90_auto_order_and_chunks():
     assert re.search(r"dense<\[300, 300, -1, 0, \d+, \d+, 1\]> : tensor<7xi32>", txt), txt[:0]
 
 
+def test_hstu_bwd_sm90_wg_skip_key():
+    """hstu_bwd_ws "wgskip" (D = 128 only: 64-query tiles): the key carries wg_skip, in
+    both modes (PTX: test_hstu_bwd_sm90_wg_skip_ptx)."""
+    from jax_sparse_attn.config import Switches  # noqa: PLC0415
+    from jax_sparse_attn.ffi import hstu as fh  # noqa: PLC0415
+
+    sw = Switches(hstu_bwd_ws=("wgskip",))
+    assert fh.bwd_config("bfloat16", 128, 128, 0, sw).wg_skip
+    assert fh.bwd_config("bfloat16", 128, 128, 0, sw, deterministic=True).wg_skip
+    assert not fh.bwd_config("bfloat16", 128, 128, 0, Switches(hstu_bwd_ws=())).wg_skip
+    for d in (64, 256):
+        assert not fh.bwd_config("bfloat16", d, d, 0, sw).wg_skip
+
+
 def test_hstu_bwd_sm90_dq_tile_key_and_lowering():
     """hstu_bwd_dq="tile": the key carries dq_tile at D = 64 / 128 / 256, also in the
     deterministic mode; the kernel lowers and its PTX adds each warp's dQ slice with one 4 KB
@@ -942,6 +956,8 @@ _PTX_CONFIGS = {
     "bwd-128-bfloat16-causal-tile-default": ("_bwd_text", (128, "bfloat16", "causal"),
                                              {"hstu_bwd_dq": "tile"},
                                              {"deterministic": False}),
+    "bwd-128-bfloat16-causal-wgskip": ("_bwd_text", (128, "bfloat16", "causal"),
+                                       {"hstu_bwd_ws": "wgskip"}, {}),
 }
 
 
@@ -1109,3 +1125,17 @@ def test_sm90ws_forwards_without_rab_keep_their_ptx(request):
     assert len(got) == 2, out[-3000:]
     for name, h in got.items():
         assert h == want[name], f"{name}: PTX sha256 {h} != recorded {want[name]}"
+
+
+def test_hstu_bwd_sm90_wg_skip_ptx(kept_ptx):
+    """hstu_bwd_ws "wgskip": the backward's PTX has the skipped step's lone dQ GEMM besides
+    the full step's (eight more wgmma: 40 instead of 32)."""
+    def bwd(name):
+        files = _kept(kept_ptx, name)
+        ptx = [t for t in files.values() if "HstuBwdSm90" in t]
+        assert len(ptx) == 1, list(files)
+        return ptx[0]
+
+    base, skip = bwd("bwd-128-bfloat16-causal"), bwd("bwd-128-bfloat16-causal-wgskip")
+    assert base.count("wgmma.mma_async") == 32
+    assert skip.count("wgmma.mma_async") == 40

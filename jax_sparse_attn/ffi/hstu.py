@@ -244,6 +244,9 @@ class HstuBwdConfig(_HstuKey):
     # about this many KiB of Q, dO and fp32 dq rows first, longest work first within a
     # chunk (hstu_bwd_ws "chunk=N"; 0: longest first over the whole head)
     sched_chunk_kib: int = 0
+    # sm90 at D = 128: a consumer warpgroup whose keys the mask hides from a whole query
+    # tile (or past L_k) skips that step's GEMMs but dQ (hstu_bwd_ws "wgskip")
+    wg_skip: bool = False
 
 
 def fwd_smem_bytes(head_dim, head_dim_v, bm, bn) -> int:
@@ -713,6 +716,8 @@ def _bwd_config(dtype, head_dim, head_dim_v, func_n, switches, *, has_rab=False,
                                      switches, "hstu_bwd_ws", ()),
                                  epi_pairs="epi16" not in getattr(switches, "hstu_bwd_ws", ()),
                                  sched_zero="xlazero" not in getattr(
+                                     switches, "hstu_bwd_ws", ()),
+                                 wg_skip=bm == 64 and bn == 128 and "wgskip" in getattr(
                                      switches, "hstu_bwd_ws", ()))
         return dataclasses.replace(
             _bwd_config(dtype, head_dim, head_dim_v, func_n,
@@ -896,7 +901,8 @@ def _sm90_bwd_kernel(cfg):
                          dq_tile=cfg.dq_tile, pdl=cfg.pdl, det_writer=cfg.det_writer,
                          dq_writer=cfg.dq_writer, split_wait=cfg.split_wait,
                          epi_pairs=cfg.epi_pairs, det_store=cfg.det_store,
-                         dq_claim=cfg.dq_claim, convert_rows=cfg.dq_convert_rows)
+                         dq_claim=cfg.dq_claim, convert_rows=cfg.dq_convert_rows,
+                         wg_skip=cfg.wg_skip)
     if (kernel.bm, kernel.bn) != (cfg.block_m, cfg.block_n):
         raise ValueError(f"hstu_bwd_sm90 tiles {(kernel.bm, kernel.bn)} differ from the "
                          f"compile key's {(cfg.block_m, cfg.block_n)}")

@@ -147,7 +147,7 @@ class HstuBwdSm90:
     def __init__(self, dtype, head_dim, has_func, func_n, dq_bulk=False, deterministic=False,
                  dq_vec4=False, head_major=False, dq_tile=False, pdl=False,
                  det_writer=False, dq_writer=False, split_wait=False, epi_pairs=False,
-                 det_store=False, dq_claim=False, convert_rows=0):
+                 det_store=False, dq_claim=False, convert_rows=0, wg_skip=False):
         self.pdl = pdl
         if head_dim not in SM90_BWD_HEAD_DIMS:
             raise NotImplementedError(
@@ -223,6 +223,13 @@ class HstuBwdSm90:
         # grid (KV tile slots, heads) instead of (heads, slots): consecutive CTAs take the KV
         # tiles of one head (with the schedule in canonical order: of one sequence and head)
         self.head_major = head_major
+        # a consumer warpgroup whose 64 keys the mask hides from every query of a step (or
+        # that lie past L_k) skips the step's S^T, dP^T, dV and dK GEMMs and its score
+        # function; it writes zeros as its half of dS^T and takes part in dQ = dS K as
+        # usual (D = 128: the warpgroups own key halves of 64-query tiles; at D = 64 the
+        # second path costs ptxas spills, and the 128-query tiles see both halves on the
+        # causal diagonal)
+        self.wg_skip = wg_skip and not self.split_d and self.bm == 64
         self.num_threads = 384
         self.regs_producer = 24
         self.regs_consumer = 240
@@ -336,6 +343,72 @@ class HstuBwdSm90:
         a = hval - hval * tv
         sg = half_ds + half_ds * tv
         return p, sg + sg * a
+
+    @cute.jit
+    def _scores(self, mma_s, acc_S, acc_dP, tSrK, tSrV, tSrQ, tSrdO, s, c, tP, tP_acc, tdS_acc,
+                alpha_half, half_ds, ds_scale, full, mask, n0, m0, seq, left, right, mFunc,
+                pipe_q):
+        """One step's score tiles: issues ``S^T`` and ``dP^T`` (Q / dO stage ``s``), computes
+        P^T (into ``tP``) and dS^T (``acc_dP``, then ``tdS_acc`` in the input dtype), masked
+        where the tile is not ``full``. Returns ``mma_s`` (rebound by the caller)."""
+        mma_s = kvb.issue_s_dp(mma_s, acc_S, acc_dP, tSrK, tSrV, tSrQ, tSrdO, s)
+        if cutlass.const_expr(self.overlap_sdp):
+            # S^T is done; the dP^T GEMM runs while P^T (16 bit) and the factor
+            # dS^T / dP^T (fp32, in acc_S's registers) are computed
+            warpgroup.wait_group(1)
+            for e2 in cutlass.range_constexpr(cute.size(acc_S) // 2):
+                pp = cute.make_rmem_tensor((2,), Float32)
+                for u in cutlass.range_constexpr(2):
+                    e = 2 * e2 + u
+                    pp[u], acc_S[e] = self._silu_grad(acc_S[e], alpha_half,
+                                                      half_ds)
+                # values 2k, 2k + 1 (adjacent columns) are adjacent registers:
+                # one packed conversion
+                off = cute.crd2idx(2 * e2, acc_S.layout)
+                cute.make_tensor(tP.iterator + off, cute.make_layout(2)).store(
+                    pp.load().to(self.dtype))
+            if cutlass.const_expr(self.split_wait):
+                # the step's Q / dO stage is still held, so this check
+                # of its full barrier passes at once; its wait loop ends
+                # the basic block, and ptxas keeps the dP^T wait below
+                # the SiLU instead of hoisting it above most of it
+                pipe_q.consumer_wait(c)
+            warpgroup.wait_group(0)
+            for e in cutlass.range_constexpr(cute.size(acc_S)):
+                acc_dP[e] = acc_dP[e] * acc_S[e]
+        else:
+            # both GEMMs done; P^T and dS^T in place (fewer live registers;
+            # this form of SiLU' leaves ptxas without spills here)
+            warpgroup.wait_group(0)
+            for e in cutlass.range_constexpr(cute.size(acc_S)):
+                hval = hc.finite_below(acc_S[e] * alpha_half)  # SiLU(-inf)=0
+                tv = hc.tanh_approx(hval)
+                p = hval + hval * tv
+                sig = 0.5 + 0.5 * tv
+                acc_S[e] = p
+                acc_dP[e] = acc_dP[e] * ds_scale * (sig + p * (1.0 - sig))
+            tP_acc.store(acc_S.load().to(self.dtype))
+        if full == 0:
+            # select, never multiply: masked pairs give P^T = dS^T = 0
+            mask.apply(acc_mn_view_wg(tP_acc), acc_mn_view_wg(acc_dP), n0, m0,
+                       seq, left, right, mFunc)
+        tdS_acc.store(acc_dP.load().to(self.dtype))
+        return mma_s
+
+    @cute.jit
+    def _wg_hidden(self, wg, n0, m0, seq, left, right):
+        """Whether the mask hides keys ``[n0 + 64 wg, n0 + 64 wg + 64)`` from every query row
+        ``[m0, m0 + bm)`` (window masks: key ``j`` is seen by row ``i`` when ``i + off - left
+        <= j <= i + off + right``, an end unbounded where negative), or they all lie past
+        ``L_k``; with a func mask only the latter."""
+        k_lo = n0 + 64 * wg
+        hidden = k_lo >= seq.seqlen_k
+        if cutlass.const_expr(not self.has_func):
+            if right >= 0:
+                hidden = hidden | (k_lo > m0 + (self.bm - 1) + seq.off + right)
+            if left >= 0:
+                hidden = hidden | (k_lo + 63 < m0 + seq.off - left)
+        return hidden
 
     @cute.jit
     def _fence_rows(self):
@@ -692,9 +765,6 @@ class HstuBwdSm90:
                             buf = c % 2
                             acc_S = thr_s.make_fragment_C(s_shape)
                             acc_dP = thr_s.make_fragment_C(s_shape)
-                            pipe_q.consumer_wait(c)
-                            mma_s = kvb.issue_s_dp(mma_s, acc_S, acc_dP, tSrK, tSrV, tSrQ,
-                                                   tSrdO, s)
                             if cutlass.const_expr(self.split_d):
                                 tP = cute.make_rmem_tensor(acc_S.layout, self.dtype)
                                 tP_acc = tP
@@ -707,47 +777,21 @@ class HstuBwdSm90:
                                 tdS = cute.make_rmem_tensor(
                                     acc_layout_as_a(acc_dP.layout, a_vals), self.dtype)
                                 tdS_acc = cute.make_tensor(tdS.iterator, acc_dP.layout)
-                            if cutlass.const_expr(self.overlap_sdp):
-                                # S^T is done; the dP^T GEMM runs while P^T (16 bit) and the factor
-                                # dS^T / dP^T (fp32, in acc_S's registers) are computed
-                                warpgroup.wait_group(1)
-                                for e2 in cutlass.range_constexpr(cute.size(acc_S) // 2):
-                                    pp = cute.make_rmem_tensor((2,), Float32)
-                                    for u in cutlass.range_constexpr(2):
-                                        e = 2 * e2 + u
-                                        pp[u], acc_S[e] = self._silu_grad(acc_S[e], alpha_half,
-                                                                          half_ds)
-                                    # values 2k, 2k + 1 (adjacent columns) are adjacent registers:
-                                    # one packed conversion
-                                    off = cute.crd2idx(2 * e2, acc_S.layout)
-                                    cute.make_tensor(tP.iterator + off, cute.make_layout(2)).store(
-                                        pp.load().to(self.dtype))
-                                if cutlass.const_expr(self.split_wait):
-                                    # the step's Q / dO stage is still held, so this check
-                                    # of its full barrier passes at once; its wait loop ends
-                                    # the basic block, and ptxas keeps the dP^T wait below
-                                    # the SiLU instead of hoisting it above most of it
-                                    pipe_q.consumer_wait(c)
-                                warpgroup.wait_group(0)
-                                for e in cutlass.range_constexpr(cute.size(acc_S)):
-                                    acc_dP[e] = acc_dP[e] * acc_S[e]
+                            skip = False
+                            if cutlass.const_expr(self.wg_skip):
+                                skip = self._wg_hidden(ctid // 128, n0, m0, seq, left, right)
+                            pipe_q.consumer_wait(c)
+                            if skip:
+                                # this warpgroup's keys are hidden from the whole tile: its
+                                # half of dS^T is zero, dV and dK get nothing
+                                acc_dP.fill(0.0)
+                                tdS_acc.store(acc_dP.load().to(self.dtype))
                             else:
-                                # both GEMMs done; P^T and dS^T in place (fewer live registers;
-                                # this form of SiLU' leaves ptxas without spills here)
-                                warpgroup.wait_group(0)
-                                for e in cutlass.range_constexpr(cute.size(acc_S)):
-                                    hval = hc.finite_below(acc_S[e] * alpha_half)  # SiLU(-inf)=0
-                                    tv = hc.tanh_approx(hval)
-                                    p = hval + hval * tv
-                                    sig = 0.5 + 0.5 * tv
-                                    acc_S[e] = p
-                                    acc_dP[e] = acc_dP[e] * ds_scale * (sig + p * (1.0 - sig))
-                                tP_acc.store(acc_S.load().to(self.dtype))
-                            if full == 0:
-                                # select, never multiply: masked pairs give P^T = dS^T = 0
-                                mask.apply(acc_mn_view_wg(tP_acc), acc_mn_view_wg(acc_dP), n0, m0,
-                                           seq, left, right, mFunc)
-                            tdS_acc.store(acc_dP.load().to(self.dtype))
+                                mma_s = self._scores(mma_s, acc_S, acc_dP, tSrK, tSrV, tSrQ,
+                                                     tSrdO, s, c, tP, tP_acc, tdS_acc,
+                                                     alpha_half, half_ds, ds_scale, full,
+                                                     mask, n0, m0, seq, left, right, mFunc,
+                                                     pipe_q)
 
                             # dS^T -> smem buffer `buf` (stmatrix: rows of 8 consecutive queries)
                             cute.copy(r2s_dS, r2s_dS.retile(tdS_acc), tdSsdS[None, None, None, buf])
@@ -765,7 +809,8 @@ class HstuBwdSm90:
                             else:
                                 # dV += P^T dO (registers x smem) while the dS^T halves are
                                 # published
-                                kvb.issue_dv(mma_kv, acc_dV, tP, tVrdO, s)
+                                if not skip:
+                                    kvb.issue_dv(mma_kv, acc_dV, tP, tVrdO, s)
                                 # both warpgroups' dS^T halves are in smem (generic -> async)
                                 cute.arch.fence_proxy("async.shared", space="cta")
                                 cute.arch.barrier(barrier_id=1, number_of_threads=256)
@@ -773,9 +818,13 @@ class HstuBwdSm90:
                             # dQ = dS K, then dK += dS^T Q (its own group: the dQ reductions below
                             # are issued while it runs)
                             acc_dQ = thr_dq.make_fragment_C(thr_dq.partition_shape_C((bm, d)))
-                            mma_dq = kvb.issue_dq_dk(mma_dq, mma_kv, acc_dQ, acc_dK, tQrdS,
-                                                     tQrK, tdS_a, tKrQ, buf, s)
-                            warpgroup.wait_group(1)
+                            if skip:
+                                mma_dq = kvb.issue_dq(mma_dq, acc_dQ, tQrdS, tQrK, buf)
+                                warpgroup.wait_group(0)
+                            else:
+                                mma_dq = kvb.issue_dq_dk(mma_dq, mma_kv, acc_dQ, acc_dK, tQrdS,
+                                                         tQrK, tdS_a, tKrQ, buf, s)
+                                warpgroup.wait_group(1)
 
                             lim = seq.seqlen_q - m0
                             if cutlass.const_expr(self.deterministic and not self.dq_tile
