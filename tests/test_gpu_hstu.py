@@ -23,7 +23,9 @@ Backward implementations: ``HSTU_TEST_BWD=sm90`` (or ``1`` for every non-default
 (``TestHSTUBackwardImpls``) and packed batches with zero-length sequences and NaN-poisoned
 rows past the last sequence (``test_hstu_bwd_batches``) with
 ``switches=Switches(hstu_bwd_impl=...)``: ``HSTU_TEST_BWD=sm90 python -m pytest -m gpu -k
-"BackwardImpls or bwd_batches" tests/test_gpu_hstu.py``.
+"BackwardImpls or bwd_batches" tests/test_gpu_hstu.py``. ``HSTU_TEST_BWD_WS`` (a comma list of
+``hstu_bwd_ws`` values, e.g. ``wgskip``) runs the default grid, the backward grids and the
+backward batches with those sm90 backward variants.
 """
 
 from __future__ import annotations
@@ -88,12 +90,17 @@ def _first_shard():
 #: ``HSTU_TEST_WS``: sm90ws forward variants (``hstu_fwd_ws``, comma list, e.g. ``tanh16``) for
 #: the default grid and the sm90ws batches
 _WS = tuple(o for o in os.environ.get("HSTU_TEST_WS", "").split(",") if o)
+#: ``HSTU_TEST_BWD_WS``: sm90 backward variants (``hstu_bwd_ws``, comma list, e.g. ``wgskip``)
+#: for the default grid, the backward grids and the backward batches (None: the default)
+_BWD_WS = (tuple(o for o in os.environ["HSTU_TEST_BWD_WS"].split(",") if o)
+           if "HSTU_TEST_BWD_WS" in os.environ else None)
+_BWD_WS_KW = {} if _BWD_WS is None else {"hstu_bwd_ws": _BWD_WS}
 
 
 class TestHSTUKernelGrid(HSTUKernelGrid):
     @classmethod
     def grid(cls):
-        return shard([(c, Switches(hstu_fwd_ws=_WS)) for c in HSTU_GRID], SHARD)
+        return shard([(c, Switches(hstu_fwd_ws=_WS, **_BWD_WS_KW)) for c in HSTU_GRID], SHARD)
 
     @pytest.mark.skipif(not _first_shard(), reason="runs in shard 0")
     def test_hstu_remat_matches_plain_grad(self):
@@ -147,8 +154,8 @@ class TestHSTUBackwardImpls(HSTUKernelGrid):
 
     @classmethod
     def grid(cls):
-        return shard([(c, Switches(hstu_bwd_impl=i)) for c in HSTU_GRID + HSTU_WGMMA_EXTRA
-                      for i in _bwd_impls()], SHARD)
+        return shard([(c, Switches(hstu_bwd_impl=i, **_BWD_WS_KW))
+                      for c in HSTU_GRID + HSTU_WGMMA_EXTRA for i in _bwd_impls()], SHARD)
 
     def test_hstu_grid(self, case, switches):
         seed = 23 + sum(map(ord, switches.hstu_bwd_impl))
@@ -215,7 +222,8 @@ def _bwd_case(lens, d, window, seed, poison, impl, dtype="bfloat16", backend="ke
     mx = max(max(lens), 1)
     kw = dict(max_seqlen_q=mx, max_seqlen_k=mx, scaling_seqlen=float(mx), window_size=window,
               alpha=1.0 / np.sqrt(d))
-    sw = Switches(hstu_bwd_impl=impl, hstu_bwd_dq=dq, hstu_bwd_order=order, hstu_bwd_ws=ws)
+    sw = Switches(hstu_bwd_impl=impl, hstu_bwd_dq=dq, hstu_bwd_order=order,
+                  hstu_bwd_ws=ws + (_BWD_WS or ()))
     got = jax.jit(lambda do, q, k, v, c: tuple(jsa.hstu_attention_backward(
         do, q, k, v, c, c, backend=backend, switches=sw, **kw)))(do, q, k, v, cu)
     qc, kc, vc, dc = (x[:n] for x in (q, k, v, do))
