@@ -145,7 +145,8 @@ def _parse_bsa_ws(var, raw):
     return opts
 
 #: the flags of the sm90 HSTU backward's tuning switch (JAX_SPARSE_ATTN_HSTU_BWD_WS)
-HSTU_BWD_WS_FLAGS = ("splitwait", "epi16", "detzero", "dqclaim", "xlazero", "wgskip")
+HSTU_BWD_WS_FLAGS = ("splitwait", "epi16", "detzero", "dqclaim", "xlazero", "wgskip",
+                     "revheads")
 _HSTU_BWD_WS_ALLOWED = ("comma list of " + ", ".join(HSTU_BWD_WS_FLAGS)
                         + ", convert=N (query rows: 1..65536), chunk=N (KiB: 0..1048576)")
 _parse_hstu_bwd_ws = _parse_option_list(HSTU_BWD_WS_FLAGS,
@@ -306,7 +307,13 @@ SWITCHES = (
            "when it has at most N queries, and the reordering kernel skips those "
            "sequences; slower on the H200), xlazero (the fp32 dQ workspace zeroed by an XLA "
            "memset; by default the tile-schedule launch zeroes it with extra CTAs, so "
-           "nothing runs between that launch and the backward)"),
+           "nothing runs between that launch and the backward), chunk=N (the hlpt order: "
+           "each head's KV tiles ordered by sequence chunks of N KiB of Q, dO and fp32 dq "
+           "rows first, longest work first within a chunk; not faster on the H200), wgskip "
+           "(D = 128: a consumer warpgroup whose keys the mask hides from a whole query tile, "
+           "or that lie past L_k, skips that step's GEMMs but dQ), revheads (with the dQ "
+           "tile workspace: the reordering kernel reads the heads last to first, those the "
+           "backward walked last first)"),
     Switch("hstu_bwd_tile", "JAX_SPARSE_ATTN_HSTU_BWD_TILE", _TILE, _parse_tile, None,
            "HSTU sm80 backward tile override (tuning; with sm90, the default, it is an error "
            "except for calls that sm90 routes to sm80: set hstu_bwd_impl=sm80 as well)"),

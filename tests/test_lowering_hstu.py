@@ -909,6 +909,25 @@ def test_hstu_bwd_sm90_wg_skip_key():
         assert not fh.bwd_config("bfloat16", d, d, 0, sw).wg_skip
 
 
+def test_hstu_bwd_sm90_rev_heads_key_and_lowering():
+    """hstu_bwd_ws "revheads" (the dQ tile workspace only): the key carries dq_rev_heads in
+    both modes, and the backward with its reordering kernel lowers."""
+    from jax_sparse_attn.config import Switches  # noqa: PLC0415
+    from jax_sparse_attn.ffi import hstu as fh  # noqa: PLC0415
+
+    sw = Switches(hstu_bwd_ws=("revheads",))
+    for d in (64, 128, 256):
+        assert fh.bwd_config("bfloat16", d, d, 0, sw).dq_rev_heads
+        assert fh.bwd_config("bfloat16", d, d, 0, sw, deterministic=True).dq_rev_heads
+        assert not fh.bwd_config("bfloat16", d, d, 0, Switches(hstu_bwd_ws=())).dq_rev_heads
+    assert not fh.bwd_config("bfloat16", 128, 128, 0,
+                             Switches(hstu_bwd_ws=("revheads",), hstu_bwd_dq="red")).dq_rev_heads
+    pytest.importorskip("cutlass")
+    for det in (False, True):
+        txt = _bwd_text(128, "bfloat16", "causal", sw, deterministic=det)
+        assert _attention_calls(txt) == 1 and "\\7FELF" in txt and _DQ_TILES_KERNEL in txt
+
+
 def test_hstu_bwd_sm90_dq_tile_key_and_lowering():
     """hstu_bwd_dq="tile": the key carries dq_tile at D = 64 / 128 / 256, also in the
     deterministic mode; the kernel lowers and its PTX adds each warp's dQ slice with one 4 KB

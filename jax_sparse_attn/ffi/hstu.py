@@ -247,6 +247,9 @@ class HstuBwdConfig(_HstuKey):
     # sm90 at D = 128: a consumer warpgroup whose keys the mask hides from a whole query
     # tile (or past L_k) skips that step's GEMMs but dQ (hstu_bwd_ws "wgskip")
     wg_skip: bool = False
+    # sm90 with dq_tile: the reordering kernel reads the heads last to first (the backward's
+    # head-major order walks them first to last; hstu_bwd_ws "revheads")
+    dq_rev_heads: bool = False
 
 
 def fwd_smem_bytes(head_dim, head_dim_v, bm, bn) -> int:
@@ -718,6 +721,8 @@ def _bwd_config(dtype, head_dim, head_dim_v, func_n, switches, *, has_rab=False,
                                  sched_zero="xlazero" not in getattr(
                                      switches, "hstu_bwd_ws", ()),
                                  wg_skip=bm == 64 and bn == 128 and "wgskip" in getattr(
+                                     switches, "hstu_bwd_ws", ()),
+                                 dq_rev_heads=dq == "tile" and "revheads" in getattr(
                                      switches, "hstu_bwd_ws", ()))
         return dataclasses.replace(
             _bwd_config(dtype, head_dim, head_dim_v, func_n,
@@ -1052,8 +1057,10 @@ def _dq_tiles_sem_adapter():
     @cute.jit
     def hstu_dq_tiles_sem_launch(stream, ws, cu_q, q_start, sem, dq, *,
                                  dtype: cutlass.Constexpr, block_m: cutlass.Constexpr,
-                                 head_dim: cutlass.Constexpr, pdl: cutlass.Constexpr):
-        HstuDqFromTiles(_dt(dtype), block_m, head_dim, pdl=pdl, sem=True)(
+                                 head_dim: cutlass.Constexpr, pdl: cutlass.Constexpr,
+                                 rev_heads: cutlass.Constexpr = False):
+        HstuDqFromTiles(_dt(dtype), block_m, head_dim, pdl=pdl, sem=True,
+                        rev_heads=rev_heads)(
             ws, cu_q, q_start, dq, stream, mSem=sem)
 
     return hstu_dq_tiles_sem_launch
@@ -1069,8 +1076,9 @@ def _dq_tiles_adapter():
     @cute.jit
     def hstu_dq_tiles_launch(stream, ws, cu_q, q_start, dq, *, dtype: cutlass.Constexpr,
                              block_m: cutlass.Constexpr, head_dim: cutlass.Constexpr,
-                             pdl: cutlass.Constexpr):
-        HstuDqFromTiles(_dt(dtype), block_m, head_dim, pdl=pdl)(ws, cu_q, q_start, dq, stream)
+                             pdl: cutlass.Constexpr, rev_heads: cutlass.Constexpr = False):
+        HstuDqFromTiles(_dt(dtype), block_m, head_dim, pdl=pdl, rev_heads=rev_heads)(
+            ws, cu_q, q_start, dq, stream)
 
     return hstu_dq_tiles_launch
 
@@ -1559,18 +1567,20 @@ def hstu_bwd(do, q, k, v, cu_seqlens_q, cu_seqlens_k, func, cfg, rab=None, _drab
         call = _cutlass_call(cfg)(
             _dq_tiles_sem_adapter(),
             output_shape_dtype=jax.ShapeDtypeStruct((t_q, h, d), q.dtype),
-            compile_key=("hstu_dq_tiles_sem", key.dtype, key.block_m, d, key.pdl),
+            compile_key=("hstu_dq_tiles_sem", key.dtype, key.block_m, d, key.pdl,
+                         key.dq_rev_heads),
             dtype=key.dtype, block_m=key.block_m, head_dim=d, pdl=key.pdl,
-            static_last_inputs=(0,), static_last_outputs=(0,))
+            rev_heads=key.dq_rev_heads, static_last_inputs=(0,), static_last_outputs=(0,))
         dq_acc = call(dq_acc, cu_q, q_start, sem)
     elif key.dq_tile:
         # dq in q's dtype, reordered by kernels/hstu_dq_tiles.py (dq_from_tiles: the
         # same in jnp)
         call = _cutlass_call(cfg)(
             _dq_tiles_adapter(), output_shape_dtype=jax.ShapeDtypeStruct((t_q, h, d), q.dtype),
-            compile_key=("hstu_dq_tiles", key.dtype, key.block_m, d, key.pdl), dtype=key.dtype,
-            block_m=key.block_m, head_dim=d, pdl=key.pdl, static_last_inputs=(0,),
-            static_last_outputs=(0,))
+            compile_key=("hstu_dq_tiles", key.dtype, key.block_m, d, key.pdl,
+                         key.dq_rev_heads), dtype=key.dtype,
+            block_m=key.block_m, head_dim=d, pdl=key.pdl, rev_heads=key.dq_rev_heads,
+            static_last_inputs=(0,), static_last_outputs=(0,))
         dq_acc = call(dq_acc, cu_q, q_start)
     grads = (dq_acc[..., :hd].astype(q.dtype), dk[..., :hd], dv_out[..., :hdv])
     return grads if rab is None else grads + (jnp.zeros_like(rab),)  # rab without elements

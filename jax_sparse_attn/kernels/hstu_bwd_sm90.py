@@ -141,6 +141,14 @@ def bwd_sm90_tiles(head_dim: int):
     return (128 if head_dim <= 64 else 64), 128
 
 
+class _StepCtx:
+    """The loop-invariant values of a consumer warpgroup's walk that ``HstuBwdSm90._step``
+    reads (a plain holder of trace-time values)."""
+
+    def __init__(self, **values):
+        self.__dict__.update(values)
+
+
 class HstuBwdSm90:
     """``__call__`` takes the arguments of ``HstuBwdSm80.__call__`` (without rab)."""
 
@@ -394,6 +402,255 @@ class HstuBwdSm90:
                        seq, left, right, mFunc)
         tdS_acc.store(acc_dP.load().to(self.dtype))
         return mma_s
+
+    @cute.jit
+    def _step(self, skip: cutlass.Constexpr, ctx, c, m_block, full, head, mma_s, mma_dq):
+        """One query tile of a consumer warpgroup's walk (Q / dO stage of step ``c``): the
+        score GEMMs and function, dV, dS^T to shared memory, dQ and dK, the dQ reduction, the
+        stage's release. ``skip``: this warpgroup's keys are hidden from the whole tile (see
+        :meth:`_wg_hidden`): no S^T, dP^T, dV or dK GEMM and no score function; zeros as its
+        half of dS^T, its half of dQ = dS K as usual. Both variants end with no wgmma in
+        flight, so the caller's branch between them leaves the full step's code as it is
+        without one. ``ctx``: the walk's loop-invariant values. Returns ``(mma_s, mma_dq)``
+        (rebound by the caller)."""
+        a_vals = ctx.a_vals
+        acc_dK = ctx.acc_dK
+        acc_dV = ctx.acc_dV
+        alpha_half = ctx.alpha_half
+        batch = ctx.batch
+        bm = ctx.bm
+        ctid = ctx.ctid
+        d = ctx.d
+        dq_gcol = ctx.dq_gcol
+        dq_grow = ctx.dq_grow
+        dq_sptr = ctx.dq_sptr
+        ds_scale = ctx.ds_scale
+        half_ds = ctx.half_ds
+        lane = ctx.lane
+        left = ctx.left
+        mFunc = ctx.mFunc
+        mQStart = ctx.mQStart
+        mask = ctx.mask
+        mdQacc = ctx.mdQacc
+        mma_kv = ctx.mma_kv
+        n0 = ctx.n0
+        pipe_q = ctx.pipe_q
+        r2s_dS = ctx.r2s_dS
+        right = ctx.right
+        s_shape = ctx.s_shape
+        seq = ctx.seq
+        st = ctx.st
+        tKrQ = ctx.tKrQ
+        tKrdS = ctx.tKrdS
+        tPsP = ctx.tPsP
+        tQrK = ctx.tQrK
+        tQrdS = ctx.tQrdS
+        tSrK = ctx.tSrK
+        tSrQ = ctx.tSrQ
+        tSrV = ctx.tSrV
+        tSrdO = ctx.tSrdO
+        tVrP = ctx.tVrP
+        tVrdO = ctx.tVrdO
+        tdQc = ctx.tdQc
+        tdQs = ctx.tdQs
+        tdSsdS = ctx.tdSsdS
+        thr_dq = ctx.thr_dq
+        thr_s = ctx.thr_s
+        warp = ctx.warp
+        m0 = m_block * bm
+        s = pipe_q.stage(c)
+        buf = c % 2
+        acc_S = thr_s.make_fragment_C(s_shape)
+        acc_dP = thr_s.make_fragment_C(s_shape)
+        if cutlass.const_expr(self.split_d):
+            tP = cute.make_rmem_tensor(acc_S.layout, self.dtype)
+            tP_acc = tP
+            tdS = cute.make_rmem_tensor(acc_dP.layout, self.dtype)
+            tdS_acc = tdS
+        else:
+            tP = cute.make_rmem_tensor(
+                acc_layout_as_a(acc_S.layout, a_vals), self.dtype)
+            tP_acc = cute.make_tensor(tP.iterator, acc_S.layout)
+            tdS = cute.make_rmem_tensor(
+                acc_layout_as_a(acc_dP.layout, a_vals), self.dtype)
+            tdS_acc = cute.make_tensor(tdS.iterator, acc_dP.layout)
+        pipe_q.consumer_wait(c)
+        if cutlass.const_expr(skip):
+            # this warpgroup's keys are hidden from the whole tile: its
+            # half of dS^T is zero, dV and dK get nothing
+            acc_dP.fill(0.0)
+            tdS_acc.store(acc_dP.load().to(self.dtype))
+        else:
+            mma_s = self._scores(mma_s, acc_S, acc_dP, tSrK, tSrV, tSrQ,
+                                 tSrdO, s, c, tP, tP_acc, tdS_acc,
+                                 alpha_half, half_ds, ds_scale, full,
+                                 mask, n0, m0, seq, left, right, mFunc,
+                                 pipe_q)
+
+        # dS^T -> smem buffer `buf` (stmatrix: rows of 8 consecutive queries)
+        cute.copy(r2s_dS, r2s_dS.retile(tdS_acc), tdSsdS[None, None, None, buf])
+
+        if cutlass.const_expr(self.split_d):
+            # P^T -> smem; both warpgroups' halves of P^T and dS^T are
+            # published, then dV += P^T dO (smem x smem)
+            cute.copy(r2s_dS, r2s_dS.retile(tP_acc),
+                      tPsP[None, None, None, buf])
+            cute.arch.fence_proxy("async.shared", space="cta")
+            cute.arch.barrier(barrier_id=1, number_of_threads=256)
+            kvb.issue_dv(mma_kv, acc_dV, tVrP[None, None, None, buf], tVrdO,
+                         s)
+            tdS_a = tKrdS[None, None, None, buf]
+        else:
+            # dV += P^T dO (registers x smem) while the dS^T halves are
+            # published
+            if cutlass.const_expr(not skip):
+                kvb.issue_dv(mma_kv, acc_dV, tP, tVrdO, s)
+            # both warpgroups' dS^T halves are in smem (generic -> async)
+            cute.arch.fence_proxy("async.shared", space="cta")
+            cute.arch.barrier(barrier_id=1, number_of_threads=256)
+            tdS_a = tdS
+        # dQ = dS K, then dK += dS^T Q (its own group: the dQ reductions below
+        # are issued while it runs)
+        acc_dQ = thr_dq.make_fragment_C(thr_dq.partition_shape_C((bm, d)))
+        if cutlass.const_expr(skip):
+            mma_dq = kvb.issue_dq(mma_dq, acc_dQ, tQrdS, tQrK, buf)
+            warpgroup.wait_group(0)
+        else:
+            mma_dq = kvb.issue_dq_dk(mma_dq, mma_kv, acc_dQ, acc_dK, tQrdS,
+                                     tQrK, tdS_a, tKrQ, buf, s)
+            warpgroup.wait_group(1)
+
+        lim = seq.seqlen_q - m0
+        if cutlass.const_expr(self.deterministic and not self.dq_tile
+                              and not self.dq_alias):
+            # warp 1: the earlier KV tiles' additions to this tile are done
+            cute.arch.barrier(barrier_id=2, number_of_threads=288)
+        if cutlass.const_expr(self.dq_alias):
+            # D = 256: stage this step's slices in its Q and dO tiles once
+            # both warpgroups' GEMMs (dK reads Q) have read them; the
+            # warp's rows 16 w .., its warpgroup's 128 columns = blocks
+            # 4 (2 wg + i) + w, i < 2
+            a_lane = cute.arch.lane_idx()
+            a_w = (warp - 4) % 4
+            a_cg0 = 2 * ((warp - 4) // 4)
+            warpgroup.wait_group(0)
+            cute.arch.barrier(barrier_id=4, number_of_threads=256)
+            if cutlass.const_expr(self.writer):
+                # warp 1 has read the previous step's staged slices (so
+                # its barrier 2 of that step has completed)
+                if c > 0:
+                    cute.arch.barrier(barrier_id=5, number_of_threads=288)
+            a_q, a_do = kvb.stage_as_f32(st, s, bm, d)
+            stage_warp_slice(acc_dQ, a_q, a_lane, a_w, a_cg0, 4, 64,
+                             sbase2=a_do, half=self.dq_blocks // 2)
+            cute.arch.fence_proxy("async.shared", space="cta")
+            cute.arch.sync_warp()
+            if cutlass.const_expr(self.writer):
+                # warp 1 adds the staged slices and releases the stage
+                cute.arch.barrier_arrive(barrier_id=2, number_of_threads=288)
+            else:
+                if cutlass.const_expr(self.deterministic):
+                    # warp 1: the earlier KV tiles' additions are done
+                    cute.arch.barrier(barrier_id=2, number_of_threads=288)
+                if a_lane == 0:
+                    bulk_add_warp_slice(
+                        elem_ptr(mdQacc, (Int32(mQStart[batch]) + m_block,
+                                          head, 0)),
+                        a_q, a_w, a_cg0, 2, 4, 64, sbase2=a_do,
+                        half=self.dq_blocks // 2)
+                    cute.arch.cp_async_bulk_commit_group()
+                    # deterministic: complete before warp 1 publishes;
+                    # else read before the stage goes back to the
+                    # producer
+                    cute.arch.cp_async_bulk_wait_group(
+                        0, read=not self.deterministic)
+                cute.arch.sync_warp()
+                if cutlass.const_expr(self.deterministic):
+                    cute.arch.barrier_arrive(barrier_id=3,
+                                             number_of_threads=288)
+        elif cutlass.const_expr(self.dq_tile):
+            # consumer warp i (0..7) owns floats [1024 i, 1024 i + 1024)
+            # of the tile: its lane l stores values 4 k .. 4 k + 3 at
+            # float 4 (32 k + l)
+            t_lane = cute.arch.lane_idx()
+            t_chunk = warp - 4
+            t_sbase = st.sdQ.data_ptr() + t_chunk * 1024
+            t_sptr = t_sbase + t_lane * 4
+            if cutlass.const_expr(self.writer):
+                # warp 1 is done with the previous tile's staged dQ
+                if c > 0:
+                    cute.arch.barrier(barrier_id=5, number_of_threads=288)
+            else:
+                # the previous tile's bulk read of this warp's slice is
+                # done
+                if t_lane == 0:
+                    cute.arch.cp_async_bulk_wait_group(0, read=True)
+                cute.arch.sync_warp()
+            for k4 in cutlass.range_constexpr(cute.size(acc_dQ) // 4):
+                hc.st_shared_v4_f32(t_sptr + 128 * k4, acc_dQ[4 * k4],
+                                    acc_dQ[4 * k4 + 1], acc_dQ[4 * k4 + 2],
+                                    acc_dQ[4 * k4 + 3])
+            cute.arch.fence_proxy("async.shared", space="cta")
+            cute.arch.sync_warp()
+            if cutlass.const_expr(self.writer):
+                # warp 1 waits for its turn and adds the staged tile
+                cute.arch.barrier_arrive(barrier_id=2, number_of_threads=288)
+            elif cutlass.const_expr(self.deterministic):
+                # warp 1: the earlier KV tiles' additions are done
+                cute.arch.barrier(barrier_id=2, number_of_threads=288)
+            if cutlass.const_expr(not self.writer):
+                if t_lane == 0:
+                    # all rows of the tile: rows past L_q hold zeros
+                    # (zero Q / dO rows) and their slot rows are never
+                    # read
+                    bulk_reduce_add_f32(
+                        elem_ptr(mdQacc, (Int32(mQStart[batch]) + m_block,
+                                          head, t_chunk * 1024)),
+                        t_sbase, 4096)
+                    cute.arch.cp_async_bulk_commit_group()
+                    if cutlass.const_expr(self.deterministic):
+                        # the addition is complete before warp 1
+                        # publishes
+                        cute.arch.cp_async_bulk_wait_group(0, read=False)
+                if cutlass.const_expr(self.deterministic):
+                    cute.arch.sync_warp()
+                    cute.arch.barrier_arrive(barrier_id=3,
+                                             number_of_threads=288)
+        elif cutlass.const_expr(self.dq_bulk):
+            # the previous tile's bulk reads of this warp's rows are done
+            cute.arch.cp_async_bulk_wait_group(0, read=True)
+            cute.arch.sync_warp()
+            cute.autovec_copy(acc_dQ, tdQs)
+            cute.arch.fence_proxy("async.shared", space="cta")
+            cute.arch.sync_warp()
+            if lane < 16:
+                if dq_grow < lim:
+                    bulk_reduce_add_f32(
+                        elem_ptr(mdQacc, (seq.q_start + m0 + dq_grow, head,
+                                          dq_gcol)),
+                        dq_sptr, 64 * 4)
+            cute.arch.cp_async_bulk_commit_group()
+        else:
+            # dQ rows < L_q -> fp32 workspace (values 2k, 2k+1: adjacent
+            # columns)
+            gdQ = cute.local_tile(
+                offset_rows(mdQacc[None, head, None], seq.q_start), (bm, d),
+                (m_block, 0))
+            tdQg = thr_dq.partition_C(gdQ)
+            if cutlass.const_expr(self.dq_vec4):
+                kvb.red_add_rows_v4(acc_dQ, tdQg, tdQc, lim)
+            else:
+                kvb.red_add_rows(acc_dQ, tdQg, tdQc, lim)
+            if cutlass.const_expr(self.deterministic):
+                cute.arch.barrier_arrive(barrier_id=3, number_of_threads=288)
+        warpgroup.wait_group(0)
+        if cutlass.const_expr(not self.split_d):
+            kvb.keep_regs(tP, tdS)
+        if cutlass.const_expr(not (self.writer and self.dq_alias)):
+            # (the writer with dq_alias: warp 1 releases the stage that
+            # holds the staged dQ slices)
+            pipe_q.consumer_release(c)
+        return mma_s, mma_dq
 
     @cute.jit
     def _wg_hidden(self, wg, n0, m0, seq, left, right):
@@ -724,6 +981,9 @@ class HstuBwdSm90:
                 mask = HstuMaskKeyMajor(self.has_func, self.func_n if self.has_func else 1,
                                         tScS)
                 tdQc = thr_dq.partition_C(cute.make_identity_tensor((bm, d)))
+                # (defined below only where the configuration uses them)
+                tdQs = lane = dq_sptr = dq_grow = dq_gcol = None
+                tPsP = tVrP = tKrdS = None
                 if cutlass.const_expr(self.dq_bulk):
                     # (bm, D) view of the two warpgroups' 64 x 64 staging regions
                     if cutlass.const_expr(self.dq_split_m):
@@ -750,6 +1010,17 @@ class HstuBwdSm90:
                 a_vals = mma_kv.tv_layout_A.shape[1]
                 s_shape = thr_s.partition_shape_C((bn, bm))
 
+                # the walk's loop-invariant values, for _step
+                ctx = _StepCtx(a_vals=a_vals, acc_dK=acc_dK, acc_dV=acc_dV, alpha_half=alpha_half,
+                               batch=batch, bm=bm, ctid=ctid, d=d, dq_gcol=dq_gcol,
+                               dq_grow=dq_grow, dq_sptr=dq_sptr, ds_scale=ds_scale,
+                               half_ds=half_ds, lane=lane, left=left, mFunc=mFunc, mQStart=mQStart,
+                               mask=mask, mdQacc=mdQacc, mma_kv=mma_kv, n0=n0, pipe_q=pipe_q,
+                               r2s_dS=r2s_dS, right=right, s_shape=s_shape, seq=seq, st=st,
+                               tKrQ=tKrQ, tKrdS=tKrdS, tPsP=tPsP, tQrK=tQrK, tQrdS=tQrdS,
+                               tSrK=tSrK, tSrQ=tSrQ, tSrV=tSrV, tSrdO=tSrdO, tVrP=tVrP,
+                               tVrdO=tVrdO, tdQc=tdQc, tdQs=tdQs, tdSsdS=tdSsdS, thr_dq=thr_dq,
+                               thr_s=thr_s, warp=warp)
                 pipe_kv.consumer_wait(0)
                 c = Int32(0)
                 for g in cutlass.range(group, unroll=1):
@@ -760,202 +1031,17 @@ class HstuBwdSm90:
                         m_block = qr.m_block(it, self.deterministic)
                         active, full = qr.tile_state(mQTiles, m_block, left, right)
                         if active != 0:
-                            m0 = m_block * bm
-                            s = pipe_q.stage(c)
-                            buf = c % 2
-                            acc_S = thr_s.make_fragment_C(s_shape)
-                            acc_dP = thr_s.make_fragment_C(s_shape)
-                            if cutlass.const_expr(self.split_d):
-                                tP = cute.make_rmem_tensor(acc_S.layout, self.dtype)
-                                tP_acc = tP
-                                tdS = cute.make_rmem_tensor(acc_dP.layout, self.dtype)
-                                tdS_acc = tdS
-                            else:
-                                tP = cute.make_rmem_tensor(
-                                    acc_layout_as_a(acc_S.layout, a_vals), self.dtype)
-                                tP_acc = cute.make_tensor(tP.iterator, acc_S.layout)
-                                tdS = cute.make_rmem_tensor(
-                                    acc_layout_as_a(acc_dP.layout, a_vals), self.dtype)
-                                tdS_acc = cute.make_tensor(tdS.iterator, acc_dP.layout)
-                            skip = False
                             if cutlass.const_expr(self.wg_skip):
-                                skip = self._wg_hidden(ctid // 128, n0, m0, seq, left, right)
-                            pipe_q.consumer_wait(c)
-                            if skip:
-                                # this warpgroup's keys are hidden from the whole tile: its
-                                # half of dS^T is zero, dV and dK get nothing
-                                acc_dP.fill(0.0)
-                                tdS_acc.store(acc_dP.load().to(self.dtype))
-                            else:
-                                mma_s = self._scores(mma_s, acc_S, acc_dP, tSrK, tSrV, tSrQ,
-                                                     tSrdO, s, c, tP, tP_acc, tdS_acc,
-                                                     alpha_half, half_ds, ds_scale, full,
-                                                     mask, n0, m0, seq, left, right, mFunc,
-                                                     pipe_q)
-
-                            # dS^T -> smem buffer `buf` (stmatrix: rows of 8 consecutive queries)
-                            cute.copy(r2s_dS, r2s_dS.retile(tdS_acc), tdSsdS[None, None, None, buf])
-
-                            if cutlass.const_expr(self.split_d):
-                                # P^T -> smem; both warpgroups' halves of P^T and dS^T are
-                                # published, then dV += P^T dO (smem x smem)
-                                cute.copy(r2s_dS, r2s_dS.retile(tP_acc),
-                                          tPsP[None, None, None, buf])
-                                cute.arch.fence_proxy("async.shared", space="cta")
-                                cute.arch.barrier(barrier_id=1, number_of_threads=256)
-                                kvb.issue_dv(mma_kv, acc_dV, tVrP[None, None, None, buf], tVrdO,
-                                             s)
-                                tdS_a = tKrdS[None, None, None, buf]
-                            else:
-                                # dV += P^T dO (registers x smem) while the dS^T halves are
-                                # published
-                                if not skip:
-                                    kvb.issue_dv(mma_kv, acc_dV, tP, tVrdO, s)
-                                # both warpgroups' dS^T halves are in smem (generic -> async)
-                                cute.arch.fence_proxy("async.shared", space="cta")
-                                cute.arch.barrier(barrier_id=1, number_of_threads=256)
-                                tdS_a = tdS
-                            # dQ = dS K, then dK += dS^T Q (its own group: the dQ reductions below
-                            # are issued while it runs)
-                            acc_dQ = thr_dq.make_fragment_C(thr_dq.partition_shape_C((bm, d)))
-                            if skip:
-                                mma_dq = kvb.issue_dq(mma_dq, acc_dQ, tQrdS, tQrK, buf)
-                                warpgroup.wait_group(0)
-                            else:
-                                mma_dq = kvb.issue_dq_dk(mma_dq, mma_kv, acc_dQ, acc_dK, tQrdS,
-                                                         tQrK, tdS_a, tKrQ, buf, s)
-                                warpgroup.wait_group(1)
-
-                            lim = seq.seqlen_q - m0
-                            if cutlass.const_expr(self.deterministic and not self.dq_tile
-                                                  and not self.dq_alias):
-                                # warp 1: the earlier KV tiles' additions to this tile are done
-                                cute.arch.barrier(barrier_id=2, number_of_threads=288)
-                            if cutlass.const_expr(self.dq_alias):
-                                # D = 256: stage this step's slices in its Q and dO tiles once
-                                # both warpgroups' GEMMs (dK reads Q) have read them; the
-                                # warp's rows 16 w .., its warpgroup's 128 columns = blocks
-                                # 4 (2 wg + i) + w, i < 2
-                                a_lane = cute.arch.lane_idx()
-                                a_w = (warp - 4) % 4
-                                a_cg0 = 2 * ((warp - 4) // 4)
-                                warpgroup.wait_group(0)
-                                cute.arch.barrier(barrier_id=4, number_of_threads=256)
-                                if cutlass.const_expr(self.writer):
-                                    # warp 1 has read the previous step's staged slices (so
-                                    # its barrier 2 of that step has completed)
-                                    if c > 0:
-                                        cute.arch.barrier(barrier_id=5, number_of_threads=288)
-                                a_q, a_do = kvb.stage_as_f32(st, s, bm, d)
-                                stage_warp_slice(acc_dQ, a_q, a_lane, a_w, a_cg0, 4, 64,
-                                                 sbase2=a_do, half=self.dq_blocks // 2)
-                                cute.arch.fence_proxy("async.shared", space="cta")
-                                cute.arch.sync_warp()
-                                if cutlass.const_expr(self.writer):
-                                    # warp 1 adds the staged slices and releases the stage
-                                    cute.arch.barrier_arrive(barrier_id=2, number_of_threads=288)
+                                if self._wg_hidden(ctid // 128, n0, m_block * bm, seq, left,
+                                                   right):
+                                    mma_s, mma_dq = self._step(True, ctx, c, m_block, full,
+                                                               head, mma_s, mma_dq)
                                 else:
-                                    if cutlass.const_expr(self.deterministic):
-                                        # warp 1: the earlier KV tiles' additions are done
-                                        cute.arch.barrier(barrier_id=2, number_of_threads=288)
-                                    if a_lane == 0:
-                                        bulk_add_warp_slice(
-                                            elem_ptr(mdQacc, (Int32(mQStart[batch]) + m_block,
-                                                              head, 0)),
-                                            a_q, a_w, a_cg0, 2, 4, 64, sbase2=a_do,
-                                            half=self.dq_blocks // 2)
-                                        cute.arch.cp_async_bulk_commit_group()
-                                        # deterministic: complete before warp 1 publishes;
-                                        # else read before the stage goes back to the
-                                        # producer
-                                        cute.arch.cp_async_bulk_wait_group(
-                                            0, read=not self.deterministic)
-                                    cute.arch.sync_warp()
-                                    if cutlass.const_expr(self.deterministic):
-                                        cute.arch.barrier_arrive(barrier_id=3,
-                                                                 number_of_threads=288)
-                            elif cutlass.const_expr(self.dq_tile):
-                                # consumer warp i (0..7) owns floats [1024 i, 1024 i + 1024)
-                                # of the tile: its lane l stores values 4 k .. 4 k + 3 at
-                                # float 4 (32 k + l)
-                                t_lane = cute.arch.lane_idx()
-                                t_chunk = warp - 4
-                                t_sbase = st.sdQ.data_ptr() + t_chunk * 1024
-                                t_sptr = t_sbase + t_lane * 4
-                                if cutlass.const_expr(self.writer):
-                                    # warp 1 is done with the previous tile's staged dQ
-                                    if c > 0:
-                                        cute.arch.barrier(barrier_id=5, number_of_threads=288)
-                                else:
-                                    # the previous tile's bulk read of this warp's slice is
-                                    # done
-                                    if t_lane == 0:
-                                        cute.arch.cp_async_bulk_wait_group(0, read=True)
-                                    cute.arch.sync_warp()
-                                for k4 in cutlass.range_constexpr(cute.size(acc_dQ) // 4):
-                                    hc.st_shared_v4_f32(t_sptr + 128 * k4, acc_dQ[4 * k4],
-                                                        acc_dQ[4 * k4 + 1], acc_dQ[4 * k4 + 2],
-                                                        acc_dQ[4 * k4 + 3])
-                                cute.arch.fence_proxy("async.shared", space="cta")
-                                cute.arch.sync_warp()
-                                if cutlass.const_expr(self.writer):
-                                    # warp 1 waits for its turn and adds the staged tile
-                                    cute.arch.barrier_arrive(barrier_id=2, number_of_threads=288)
-                                elif cutlass.const_expr(self.deterministic):
-                                    # warp 1: the earlier KV tiles' additions are done
-                                    cute.arch.barrier(barrier_id=2, number_of_threads=288)
-                                if cutlass.const_expr(not self.writer):
-                                    if t_lane == 0:
-                                        # all rows of the tile: rows past L_q hold zeros
-                                        # (zero Q / dO rows) and their slot rows are never
-                                        # read
-                                        bulk_reduce_add_f32(
-                                            elem_ptr(mdQacc, (Int32(mQStart[batch]) + m_block,
-                                                              head, t_chunk * 1024)),
-                                            t_sbase, 4096)
-                                        cute.arch.cp_async_bulk_commit_group()
-                                        if cutlass.const_expr(self.deterministic):
-                                            # the addition is complete before warp 1
-                                            # publishes
-                                            cute.arch.cp_async_bulk_wait_group(0, read=False)
-                                    if cutlass.const_expr(self.deterministic):
-                                        cute.arch.sync_warp()
-                                        cute.arch.barrier_arrive(barrier_id=3,
-                                                                 number_of_threads=288)
-                            elif cutlass.const_expr(self.dq_bulk):
-                                # the previous tile's bulk reads of this warp's rows are done
-                                cute.arch.cp_async_bulk_wait_group(0, read=True)
-                                cute.arch.sync_warp()
-                                cute.autovec_copy(acc_dQ, tdQs)
-                                cute.arch.fence_proxy("async.shared", space="cta")
-                                cute.arch.sync_warp()
-                                if lane < 16:
-                                    if dq_grow < lim:
-                                        bulk_reduce_add_f32(
-                                            elem_ptr(mdQacc, (seq.q_start + m0 + dq_grow, head,
-                                                              dq_gcol)),
-                                            dq_sptr, 64 * 4)
-                                cute.arch.cp_async_bulk_commit_group()
+                                    mma_s, mma_dq = self._step(False, ctx, c, m_block, full,
+                                                               head, mma_s, mma_dq)
                             else:
-                                # dQ rows < L_q -> fp32 workspace (values 2k, 2k+1: adjacent
-                                # columns)
-                                gdQ = cute.local_tile(
-                                    offset_rows(mdQacc[None, head, None], seq.q_start), (bm, d),
-                                    (m_block, 0))
-                                tdQg = thr_dq.partition_C(gdQ)
-                                if cutlass.const_expr(self.dq_vec4):
-                                    kvb.red_add_rows_v4(acc_dQ, tdQg, tdQc, lim)
-                                else:
-                                    kvb.red_add_rows(acc_dQ, tdQg, tdQc, lim)
-                                if cutlass.const_expr(self.deterministic):
-                                    cute.arch.barrier_arrive(barrier_id=3, number_of_threads=288)
-                            warpgroup.wait_group(0)
-                            if cutlass.const_expr(not self.split_d):
-                                kvb.keep_regs(tP, tdS)
-                            if cutlass.const_expr(not (self.writer and self.dq_alias)):
-                                # (the writer with dq_alias: warp 1 releases the stage that
-                                # holds the staged dQ slices)
-                                pipe_q.consumer_release(c)
+                                mma_s, mma_dq = self._step(False, ctx, c, m_block, full, head,
+                                                           mma_s, mma_dq)
                             c += 1
 
                 if cutlass.const_expr(self.writer):

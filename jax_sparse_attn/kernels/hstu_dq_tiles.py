@@ -47,8 +47,11 @@ from .dq_tiles import smem_row_stride, smem_rows_to_gmem, tile_blocks, tile_load
 
 class HstuDqFromTiles:
     def __init__(self, dtype, block_m: int, head_dim: int, pdl: bool = False,
-                 sem: bool = False, convert_rows: int = 0):
+                 sem: bool = False, convert_rows: int = 0, rev_heads: bool = False):
         self.pdl = pdl
+        # CTA row y takes head H - 1 - y: the heads the backward walked last (its head-major
+        # order), whose workspace tiles L2 may still hold, are read first
+        self.rev_heads = rev_heads
         # sequences with keys and at most this many queries: written by the backward
         self.convert_rows = convert_rows
         # the semaphores of the deterministic backward tell which tiles got a contribution
@@ -105,6 +108,8 @@ class HstuDqFromTiles:
     def kernel(self, mWs, mCuQ, mQStart, mdQ, mSem, mCuK, Smem: cutlass.Constexpr):
         tidx, _, _ = cute.arch.thread_idx()
         slot, head, _ = cute.arch.block_idx()
+        if cutlass.const_expr(self.rev_heads):
+            head = cute.size(mWs.shape[1]) - 1 - head
         bm, d = self.bm, self.d
         esize = self.dtype.width // 8
         chunks = d * esize // 16  # 16-byte pieces per row
