@@ -86,6 +86,13 @@ they are complete and publishes (at D = 256, ``dq_alias``: the consumers stage i
 once they are read). The consumers then wait for a slow predecessor only when warp 1 is a
 whole tile behind.
 
+``wg_skip`` (D = 128): a consumer warpgroup whose 64 keys the mask hides from every row of a
+query tile, or that lie past ``L_k`` (``_wg_hidden``), runs the step without its S^T, dP^T,
+dV and dK GEMMs and score function: zeros as its half of dS^T, its half of dQ as usual. The
+step is one method (``_step``) with a Constexpr ``skip``, and the walk branches between its
+two copies, each ending with no wgmma in flight (a branch inside the step leaves a wgmma
+group in flight on one path only, and the full step got much slower).
+
 ``dq_writer`` (not deterministic, with ``dq_tile`` or ``dq_alias``): warp 1 is the same
 writer without the semaphore: it adds each step's staged dQ, hands the staging buffer (and
 with ``dq_alias`` the Q / dO stage) back once the additions have read it, so no consumer warp
