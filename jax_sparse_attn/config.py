@@ -146,7 +146,7 @@ def _parse_bsa_ws(var, raw):
 
 #: the flags of the sm90 HSTU backward's tuning switch (JAX_SPARSE_ATTN_HSTU_BWD_WS)
 HSTU_BWD_WS_FLAGS = ("splitwait", "epi16", "detzero", "dqclaim", "xlazero", "wgskip",
-                     "revheads")
+                     "revheads", "epismem")
 _HSTU_BWD_WS_ALLOWED = ("comma list of " + ", ".join(HSTU_BWD_WS_FLAGS)
                         + ", convert=N (query rows: 1..65536), chunk=N (KiB: 0..1048576)")
 _parse_hstu_bwd_ws = _parse_option_list(HSTU_BWD_WS_FLAGS,
@@ -313,7 +313,8 @@ SWITCHES = (
            "(D = 128: a consumer warpgroup whose keys the mask hides from a whole query tile, "
            "or that lie past L_k, skips that step's GEMMs but dQ), revheads (with the dQ "
            "tile workspace: the reordering kernel reads the heads last to first, those the "
-           "backward walked last first)"),
+           "backward walked last first), epismem (D <= 128: dK and dV staged in shared "
+           "memory and written in coalesced 16-byte row pieces)"),
     Switch("hstu_bwd_tile", "JAX_SPARSE_ATTN_HSTU_BWD_TILE", _TILE, _parse_tile, None,
            "HSTU sm80 backward tile override (tuning; with sm90, the default, it is an error "
            "except for calls that sm90 routes to sm80: set hstu_bwd_impl=sm80 as well)"),

@@ -928,6 +928,23 @@ def test_hstu_bwd_sm90_rev_heads_key_and_lowering():
         assert _attention_calls(txt) == 1 and "\\7FELF" in txt and _DQ_TILES_KERNEL in txt
 
 
+def test_hstu_bwd_sm90_epi_smem_key_and_lowering():
+    """hstu_bwd_ws "epismem" (D <= 128): the key carries epi_smem in both modes; the
+    backward lowers (PTX: test_hstu_bwd_sm90_epi_smem_ptx)."""
+    from jax_sparse_attn.config import Switches  # noqa: PLC0415
+    from jax_sparse_attn.ffi import hstu as fh  # noqa: PLC0415
+
+    sw = Switches(hstu_bwd_ws=("epismem",))
+    for d in (64, 128):
+        assert fh.bwd_config("bfloat16", d, d, 0, sw).epi_smem
+        assert fh.bwd_config("bfloat16", d, d, 0, sw, deterministic=True).epi_smem
+        assert not fh.bwd_config("bfloat16", d, d, 0, Switches(hstu_bwd_ws=())).epi_smem
+    assert not fh.bwd_config("bfloat16", 256, 256, 0, sw).epi_smem
+    pytest.importorskip("cutlass")
+    txt = _bwd_text(64, "bfloat16", "window", sw)
+    assert _attention_calls(txt) == 1 and "\\7FELF" in txt
+
+
 def test_hstu_bwd_sm90_dq_tile_key_and_lowering():
     """hstu_bwd_dq="tile": the key carries dq_tile at D = 64 / 128 / 256, also in the
     deterministic mode; the kernel lowers and its PTX adds each warp's dQ slice with one 4 KB
@@ -977,6 +994,8 @@ _PTX_CONFIGS = {
                                              {"deterministic": False}),
     "bwd-128-bfloat16-causal-wgskip": ("_bwd_text", (128, "bfloat16", "causal"),
                                        {"hstu_bwd_ws": "wgskip"}, {}),
+    "bwd-128-bfloat16-causal-epismem": ("_bwd_text", (128, "bfloat16", "causal"),
+                                        {"hstu_bwd_ws": "epismem"}, {}),
 }
 
 
@@ -1158,3 +1177,19 @@ def test_hstu_bwd_sm90_wg_skip_ptx(kept_ptx):
     base, skip = bwd("bwd-128-bfloat16-causal"), bwd("bwd-128-bfloat16-causal-wgskip")
     assert base.count("wgmma.mma_async") == 32
     assert skip.count("wgmma.mma_async") == 40
+
+
+def test_hstu_bwd_sm90_epi_smem_ptx(kept_ptx):
+    """hstu_bwd_ws "epismem": the backward's dK / dV leave as packed pairs into shared memory
+    (32 + 32 st.shared.b32 per thread at D = 128) and 16-byte global stores (8 + 8), and no
+    4-byte global store remains (the default: 64 st.global.b32)."""
+    def bwd(name):
+        files = _kept(kept_ptx, name)
+        ptx = [t for t in files.values() if "HstuBwdSm90" in t]
+        assert len(ptx) == 1, list(files)
+        return ptx[0]
+
+    base, epi = bwd("bwd-128-bfloat16-causal"), bwd("bwd-128-bfloat16-causal-epismem")
+    assert base.count("st.global.b32") == 64 and epi.count("st.global.b32") == 0
+    assert epi.count("st.shared.b32") == base.count("st.shared.b32") + 64
+    assert epi.count("st.global.v4") == base.count("st.global.v4") + 16

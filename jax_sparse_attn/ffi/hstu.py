@@ -250,6 +250,9 @@ class HstuBwdConfig(_HstuKey):
     # sm90 with dq_tile: the reordering kernel reads the heads last to first (the backward's
     # head-major order walks them first to last; hstu_bwd_ws "revheads")
     dq_rev_heads: bool = False
+    # sm90 at D <= 128: dK / dV staged in shared memory (packed pairs) and written in
+    # coalesced 16-byte row pieces (hstu_bwd_ws "epismem")
+    epi_smem: bool = False
 
 
 def fwd_smem_bytes(head_dim, head_dim_v, bm, bn) -> int:
@@ -723,6 +726,8 @@ def _bwd_config(dtype, head_dim, head_dim_v, func_n, switches, *, has_rab=False,
                                  wg_skip=bm == 64 and bn == 128 and "wgskip" in getattr(
                                      switches, "hstu_bwd_ws", ()),
                                  dq_rev_heads=dq == "tile" and "revheads" in getattr(
+                                     switches, "hstu_bwd_ws", ()),
+                                 epi_smem=head_dim <= 128 and "epismem" in getattr(
                                      switches, "hstu_bwd_ws", ()))
         return dataclasses.replace(
             _bwd_config(dtype, head_dim, head_dim_v, func_n,
@@ -907,7 +912,7 @@ def _sm90_bwd_kernel(cfg):
                          dq_writer=cfg.dq_writer, split_wait=cfg.split_wait,
                          epi_pairs=cfg.epi_pairs, det_store=cfg.det_store,
                          dq_claim=cfg.dq_claim, convert_rows=cfg.dq_convert_rows,
-                         wg_skip=cfg.wg_skip)
+                         wg_skip=cfg.wg_skip, epi_smem=cfg.epi_smem)
     if (kernel.bm, kernel.bn) != (cfg.block_m, cfg.block_n):
         raise ValueError(f"hstu_bwd_sm90 tiles {(kernel.bm, kernel.bn)} differ from the "
                          f"compile key's {(cfg.block_m, cfg.block_n)}")

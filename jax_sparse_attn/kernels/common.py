@@ -442,6 +442,20 @@ def st_global_pair16(ptr, lo, hi, bf16: bool, *, loc=None, ip=None):
 
 
 @dsl_user_op
+def st_shared_pair16(sptr, lo, hi, bf16: bool, *, loc=None, ip=None):
+    """``lo``, ``hi`` (fp32) rounded to bf16 (``bf16``) or fp16 and stored as one packed
+    4-byte ``st.shared.b32`` at shared-memory ``sptr`` (``lo`` at the lower address)."""
+    kind = "bf16x2" if bf16 else "f16x2"
+    asm = ("{\n.reg .b32 p;\n"
+           f"cvt.rn.{kind}.f32 p, $2, $1;\n"
+           "st.shared.b32 [$0], p;\n}")
+    inline_asm(None, [sptr.toint(loc=loc, ip=ip).ir_value(loc=loc, ip=ip),
+                      cutlass.Float32(lo).ir_value(loc=loc, ip=ip),
+                      cutlass.Float32(hi).ir_value(loc=loc, ip=ip)],
+               asm, "r,f,f", True, loc, ip)
+
+
+@dsl_user_op
 def st_shared_s32(sptr, val, *, loc=None, ip=None):
     """``st.shared.b32 [sptr], val``."""
     inline_asm(None, [sptr.toint(loc=loc, ip=ip).ir_value(loc=loc, ip=ip),

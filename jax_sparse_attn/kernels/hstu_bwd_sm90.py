@@ -162,7 +162,8 @@ class HstuBwdSm90:
     def __init__(self, dtype, head_dim, has_func, func_n, dq_bulk=False, deterministic=False,
                  dq_vec4=False, head_major=False, dq_tile=False, pdl=False,
                  det_writer=False, dq_writer=False, split_wait=False, epi_pairs=False,
-                 det_store=False, dq_claim=False, convert_rows=0, wg_skip=False):
+                 det_store=False, dq_claim=False, convert_rows=0, wg_skip=False,
+                 epi_smem=False):
         self.pdl = pdl
         if head_dim not in SM90_BWD_HEAD_DIMS:
             raise NotImplementedError(
@@ -245,6 +246,10 @@ class HstuBwdSm90:
         # second path costs ptxas spills, and the 128-query tiles see both halves on the
         # causal diagonal)
         self.wg_skip = wg_skip and not self.split_d and self.bm == 64
+        # epilogue through shared memory (the consumed Q / dO stages and dS tiles): packed
+        # conflict-free pairs into two (bn, D + 8) tiles, then coalesced 16-byte row pieces
+        # (kv_major_bwd.store_dk_dv_smem); D <= 128 (the warpgroups own key halves)
+        self.epi_smem = epi_smem and not self.split_d
         self.num_threads = 384
         self.regs_producer = 24
         self.regs_consumer = 240
@@ -1058,10 +1063,22 @@ class HstuBwdSm90:
                 if cutlass.const_expr(self.dq_bulk or self.dq_tile or self.dq_alias):
                     cute.arch.cp_async_bulk_wait_group(0, read=False)
                 # ---- epilogue: dK, dV / scaling_seqlen -> key rows < L_k ----------------
-                kvb.store_dk_dv(acc_dK, acc_dV, thr_kv, bn, d,
-                                offset_rows(mdK[None, head_kv, None], seq.k_start + n0),
-                                offset_rows(mdV[None, head_kv, None], seq.k_start + n0),
-                                seq.seqlen_k - n0, inv_scale, self.dtype, self.epi_pairs)
+                if cutlass.const_expr(self.epi_smem):
+                    # both warpgroups' last GEMMs (dK read the Q stage, dQ the dS tile) are
+                    # done: the Q / dO stages and the dS tiles (contiguous) take the two
+                    # (bn, D + 8) staging tiles
+                    cute.arch.barrier(barrier_id=1, number_of_threads=256)
+                    s_epi = st.sQ.data_ptr()
+                    kvb.store_dk_dv_smem(
+                        acc_dK, acc_dV, thr_kv, bn, d, s_epi, s_epi + bn * (d + 8), ctid,
+                        offset_rows(mdK[None, head_kv, None], seq.k_start + n0),
+                        offset_rows(mdV[None, head_kv, None], seq.k_start + n0),
+                        seq.seqlen_k - n0, inv_scale, self.dtype)
+                else:
+                    kvb.store_dk_dv(acc_dK, acc_dV, thr_kv, bn, d,
+                                    offset_rows(mdK[None, head_kv, None], seq.k_start + n0),
+                                    offset_rows(mdV[None, head_kv, None], seq.k_start + n0),
+                                    seq.seqlen_k - n0, inv_scale, self.dtype, self.epi_pairs)
                 if cutlass.const_expr(self.convert_rows > 0):
                     self._convert_dq(st, ctid, batch, head_kv, group, seq, mQStart, mdQacc,
                                      mdQSem, mdQout, mCnt)

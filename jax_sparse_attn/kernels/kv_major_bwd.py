@@ -34,7 +34,8 @@ from cutlass.cute.nvgpu import warpgroup
 from cutlass.tensor_utils import LayoutEnum
 
 from . import hstu_common as hc
-from .common import acc_mn_view_wg, elem_ptr, st_global_pair16
+from .common import acc_mn_view_wg, elem_ptr, st_global_pair16, st_shared_pair16
+from .dq_tiles import smem_row_stride, smem_rows_to_gmem
 
 
 def layouts(dtype, bn: int, bm: int, d: int, q_stages: int, ds_stages: int):
@@ -241,5 +242,35 @@ def store_dk_dv(acc_dK, acc_dV, thr_kv, bn: cutlass.Constexpr, d: cutlass.Conste
                         mdV_b[row, col] = (dV_mn[r, cc] * dv_scale).to(dtype)
 
 
+@cute.jit
+def store_dk_dv_smem(acc_dK, acc_dV, thr_kv, bn: cutlass.Constexpr, d: cutlass.Constexpr,
+                     sK_st, sV_st, ctid, mdK_b, mdV_b, kv_left, dv_scale,
+                     dtype: cutlass.Constexpr):
+    """Epilogue through shared memory (two consumer warpgroups, warpgroup ``w`` owning key
+    rows ``[64 w, 64 w + 64)``): this thread's dK and dV (dV times ``dv_scale``) converted to
+    ``dtype`` and stored as packed pairs into the ``(bn, d + 8)`` row-major shared tiles at
+    ``sK_st`` / ``sV_st`` (conflict-free), then each warpgroup writes its key rows ``<
+    kv_left`` of ``mdK_b`` / ``mdV_b`` ``(rows, D)`` in coalesced 16-byte pieces. The caller
+    makes sure nothing else reads or writes the two tiles any more. Named barriers 8 and 9
+    (one per warpgroup, 128 threads)."""
+    rs = smem_row_stride(d)
+    bf16 = dtype == cutlass.BFloat16
+    tKVc_e = thr_kv.partition_C(cute.make_identity_tensor((bn, d)))
+    for e2 in cutlass.range_constexpr(cute.size(acc_dK) // 2):
+        row = tKVc_e[2 * e2][0]
+        col = tKVc_e[2 * e2][1]
+        st_shared_pair16(sK_st + (row * rs + col), acc_dK[2 * e2], acc_dK[2 * e2 + 1], bf16)
+        st_shared_pair16(sV_st + (row * rs + col), acc_dV[2 * e2] * dv_scale,
+                         acc_dV[2 * e2 + 1] * dv_scale, bf16)
+    wg = ctid // 128
+    if wg == 0:
+        cute.arch.barrier(barrier_id=8, number_of_threads=128)
+    else:
+        cute.arch.barrier(barrier_id=9, number_of_threads=128)
+    r0 = wg * 64
+    smem_rows_to_gmem(sK_st + r0 * rs, ctid % 128, 128, mdK_b, r0, kv_left - r0, 64, d, dtype)
+    smem_rows_to_gmem(sV_st + r0 * rs, ctid % 128, 128, mdV_b, r0, kv_left - r0, 64, d, dtype)
+
+
 __all__ = ["ds_kmajor_layout", "ds_store_copy", "issue_dq_dk", "issue_dv", "issue_s_dp", "keep_regs", "layouts",
-           "red_add_rows", "red_add_rows_v4", "smem_views", "store_dk_dv"]
+           "red_add_rows", "red_add_rows_v4", "smem_views", "store_dk_dv", "store_dk_dv_smem"]
