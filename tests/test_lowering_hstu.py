@@ -1165,16 +1165,19 @@ def test_sm90ws_forwards_without_rab_keep_their_ptx(request):
         assert h == want[name], f"{name}: PTX sha256 {h} != recorded {want[name]}"
 
 
+def _bwd_ptx(kept_ptx, name):
+    """The sm90 backward kernel's PTX kept while lowering the configuration ``name``."""
+    files = _kept(kept_ptx, name)
+    ptx = [t for t in files.values() if "HstuBwdSm90" in t]
+    assert len(ptx) == 1, list(files)
+    return ptx[0]
+
+
 def test_hstu_bwd_sm90_wg_skip_ptx(kept_ptx):
     """hstu_bwd_ws "wgskip": the backward's PTX has the skipped step's lone dQ GEMM besides
     the full step's (eight more wgmma: 40 instead of 32)."""
-    def bwd(name):
-        files = _kept(kept_ptx, name)
-        ptx = [t for t in files.values() if "HstuBwdSm90" in t]
-        assert len(ptx) == 1, list(files)
-        return ptx[0]
-
-    base, skip = bwd("bwd-128-bfloat16-causal"), bwd("bwd-128-bfloat16-causal-wgskip")
+    base = _bwd_ptx(kept_ptx, "bwd-128-bfloat16-causal")
+    skip = _bwd_ptx(kept_ptx, "bwd-128-bfloat16-causal-wgskip")
     assert base.count("wgmma.mma_async") == 32
     assert skip.count("wgmma.mma_async") == 40
 
@@ -1183,13 +1186,8 @@ def test_hstu_bwd_sm90_epi_smem_ptx(kept_ptx):
     """hstu_bwd_ws "epismem": the backward's dK / dV leave as packed pairs into shared memory
     (32 + 32 st.shared.b32 per thread at D = 128) and 16-byte global stores (8 + 8), and no
     4-byte global store remains (the default: 64 st.global.b32)."""
-    def bwd(name):
-        files = _kept(kept_ptx, name)
-        ptx = [t for t in files.values() if "HstuBwdSm90" in t]
-        assert len(ptx) == 1, list(files)
-        return ptx[0]
-
-    base, epi = bwd("bwd-128-bfloat16-causal"), bwd("bwd-128-bfloat16-causal-epismem")
+    base = _bwd_ptx(kept_ptx, "bwd-128-bfloat16-causal")
+    epi = _bwd_ptx(kept_ptx, "bwd-128-bfloat16-causal-epismem")
     assert base.count("st.global.b32") == 64 and epi.count("st.global.b32") == 0
     assert epi.count("st.shared.b32") == base.count("st.shared.b32") + 64
     assert epi.count("st.global.v4") == base.count("st.global.v4") + 16

@@ -426,33 +426,31 @@ def atom_add_acq_rel_s32(ptr, val, *, loc=None, ip=None):
                    "\n\tfence.acq_rel.gpu;", "=r,l,r", True, loc, ip))
 
 
+def _st_pair16(space: str, addr_constraint: str, ptr, lo, hi, bf16: bool, loc, ip):
+    """``lo``, ``hi`` (fp32) rounded to bf16 / fp16 and stored as one packed 4-byte
+    ``st.<space>.b32`` at ``ptr`` (``lo`` at the lower address)."""
+    kind = "bf16x2" if bf16 else "f16x2"
+    asm = ("{\n.reg .b32 p;\n"
+           f"cvt.rn.{kind}.f32 p, $2, $1;\n"
+           f"st.{space}.b32 [$0], p;\n}}")
+    inline_asm(None, [ptr.toint(loc=loc, ip=ip).ir_value(loc=loc, ip=ip),
+                      cutlass.Float32(lo).ir_value(loc=loc, ip=ip),
+                      cutlass.Float32(hi).ir_value(loc=loc, ip=ip)],
+               asm, addr_constraint + ",f,f", True, loc, ip)
+
+
 @dsl_user_op
 def st_global_pair16(ptr, lo, hi, bf16: bool, *, loc=None, ip=None):
     """``lo``, ``hi`` (fp32) rounded to bf16 (``bf16``) or fp16 and stored as one packed
     4-byte ``st.global.b32`` at ``ptr`` (``lo`` at the lower address; ``ptr`` 4-byte
     aligned)."""
-    kind = "bf16x2" if bf16 else "f16x2"
-    asm = ("{\n.reg .b32 p;\n"
-           f"cvt.rn.{kind}.f32 p, $2, $1;\n"
-           "st.global.b32 [$0], p;\n}")
-    inline_asm(None, [ptr.toint(loc=loc, ip=ip).ir_value(loc=loc, ip=ip),
-                      cutlass.Float32(lo).ir_value(loc=loc, ip=ip),
-                      cutlass.Float32(hi).ir_value(loc=loc, ip=ip)],
-               asm, "l,f,f", True, loc, ip)
+    _st_pair16("global", "l", ptr, lo, hi, bf16, loc, ip)
 
 
 @dsl_user_op
 def st_shared_pair16(sptr, lo, hi, bf16: bool, *, loc=None, ip=None):
-    """``lo``, ``hi`` (fp32) rounded to bf16 (``bf16``) or fp16 and stored as one packed
-    4-byte ``st.shared.b32`` at shared-memory ``sptr`` (``lo`` at the lower address)."""
-    kind = "bf16x2" if bf16 else "f16x2"
-    asm = ("{\n.reg .b32 p;\n"
-           f"cvt.rn.{kind}.f32 p, $2, $1;\n"
-           "st.shared.b32 [$0], p;\n}")
-    inline_asm(None, [sptr.toint(loc=loc, ip=ip).ir_value(loc=loc, ip=ip),
-                      cutlass.Float32(lo).ir_value(loc=loc, ip=ip),
-                      cutlass.Float32(hi).ir_value(loc=loc, ip=ip)],
-               asm, "r,f,f", True, loc, ip)
+    """As :func:`st_global_pair16`, to shared-memory ``sptr``."""
+    _st_pair16("shared", "r", sptr, lo, hi, bf16, loc, ip)
 
 
 @dsl_user_op
