@@ -121,6 +121,7 @@ def test_hstu_bwd_ws_option(raw):
     assert not fh.bwd_config("bfloat16", 128, 128, 0, config.Switches(
         hstu_bwd_ws="splitwait,epi16")).epi_pairs
     assert fh.bwd_config("bfloat16", 128, 128, 0, sw).epi_pairs
+    assert fh.bwd_config("bfloat16", 128, 128, 0, sw).epi_smem
     for bad in ("splitwait,splitwait", "split", "nosplitwait", "stages=2"):
         with pytest.raises(ValueError, match="JAX_SPARSE_ATTN_HSTU_BWD_WS.*splitwait"):
             config.from_env({"JAX_SPARSE_ATTN_HSTU_BWD_WS": bad})
@@ -132,8 +133,8 @@ def test_hstu_bwd_ws_option(raw):
 def test_bsa_bwd_ws_split_and_lse_options(raw, split, lse_early):
     """bsa_bwd_ws's splitwait (P^T before the dP^T wait in its own basic block; opt-in) and
     lselate (the lse read while the GEMMs are issued; the default reads it before) reach the
-    sm90ws backward's compile key at every block size and head dim; dK / dV go out as packed
-    pairs unless epi16."""
+    sm90ws backward's compile key at every block size and head dim; dK / dV go through
+    shared memory unless epiregs or epi16, as packed pairs unless epi16."""
     from jax_sparse_attn.ffi import bsa as ffi_bsa  # noqa: PLC0415
 
     sw = config.from_env({"JAX_SPARSE_ATTN_BSA_BWD_WS": raw, "JAX_SPARSE_ATTN_BSA_BWD_IMPL":
@@ -141,10 +142,13 @@ def test_bsa_bwd_ws_split_and_lse_options(raw, split, lse_early):
     for blk, d in ((64, 128), (128, 128), (64, 64), (128, 64)):
         key = ffi_bsa.bwd_config(jnp.bfloat16, d, blk, False, sw)
         assert (key.impl, key.ws_split_wait, key.ws_lse_early) == ("sm90ws", split, lse_early)
-        assert key.ws_epi_pairs is True
+        assert key.ws_epi_pairs is True and key.ws_epi_smem is True
     key = ffi_bsa.bwd_config(jnp.bfloat16, 128, 64, False, config.Switches(
         bsa_bwd_impl="sm90ws", bsa_bwd_ws="epi16," + raw if raw else "epi16"))
-    assert not key.ws_epi_pairs and key.ws_split_wait is split
+    assert not key.ws_epi_pairs and not key.ws_epi_smem and key.ws_split_wait is split
+    key = ffi_bsa.bwd_config(jnp.bfloat16, 128, 64, False, config.Switches(
+        bsa_bwd_impl="sm90ws", bsa_bwd_ws="epiregs," + raw if raw else "epiregs"))
+    assert key.ws_epi_pairs and not key.ws_epi_smem and key.ws_split_wait is split
 
 
 def test_removed_sm90_bsa_forward_is_rejected():

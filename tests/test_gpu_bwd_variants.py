@@ -5,9 +5,10 @@ poisoned tails / unlisted blocks and partial blocks, as the default paths' tests
   ``bsa_bwd_ws=splitwait``: the step's Q / dO stage's full barrier is re-checked right
   before that wait, so that ptxas keeps the wait below the score function instead of
   hoisting it above; the block-sparse one also masks and converts P^T before the wait);
-* dK / dV stored one 2-byte store per value (``epi16``; by default they go out as packed
-  pairs of adjacent columns, 4-byte stores), at every head dim, with key rows past the
-  sequence / past S_kv not written.
+* dK / dV stored from registers (``epiregs``: packed pairs of adjacent columns, 4-byte
+  stores; ``epi16``: one 2-byte store per value; by default they are staged in shared memory
+  and written in 16-byte row pieces), at every head dim, with key rows past the sequence /
+  past S_kv not written.
 
 * the deterministic HSTU backward with ``hstu_bwd_ws=detzero`` (XLA zeroes the fp32
   workspace and every KV tile adds; by default the first KV tile in a query tile's order
@@ -80,27 +81,27 @@ def test_bsa_bwd_splitwait_deterministic(c, monkeypatch):
     tb.test_bsa_bwd_deterministic(c, monkeypatch)
 
 
+@pytest.mark.parametrize("epi", ["epi16", "epiregs"])
 @pytest.mark.parametrize("name,lens,d,window,dtype", th.BWD_BATCHES,
                          ids=[c[0] for c in th.BWD_BATCHES])
-def test_hstu_bwd_epi16(name, lens, d, window, dtype):
+def test_hstu_bwd_epi_from_registers(name, lens, d, window, dtype, epi):
     from jax_sparse_attn.ffi import hstu as fh
 
-    assert fh.bwd_config(dtype, d, d, 0, Switches()).epi_pairs
-    assert not fh.bwd_config(dtype, d, d, 0, Switches(hstu_bwd_ws="epi16")).epi_pairs
+    key = fh.bwd_config(dtype, d, d, 0, Switches(hstu_bwd_ws=epi))
+    assert not key.epi_smem and key.epi_pairs is (epi == "epiregs"), key
     th._bwd_case(lens, d, window, seed=13, poison=True, impl="sm90", dtype=dtype, dq="tile",
-                 ws=("epi16",))
+                 ws=(epi,))
 
 
-EPI = Switches(bsa_bwd_impl="sm90ws", bsa_bwd_ws="epi16")
-
-
+@pytest.mark.parametrize("epi", ["epi16", "epiregs"])
 @pytest.mark.parametrize("c", tb.BWD_WS_CASES, ids=lambda c: c["name"])
-def test_bsa_bwd_epi16(c, monkeypatch):
+def test_bsa_bwd_epi_from_registers(c, epi, monkeypatch):
     from jax_sparse_attn.ffi import bsa as fb
 
-    key = fb.bwd_config(jnp.dtype(c["dtype"]), c["d"], c["blk"], False, EPI)
-    assert not key.ws_epi_pairs, key
-    monkeypatch.setattr(tb, "BWDWS", EPI)
+    sw = Switches(bsa_bwd_impl="sm90ws", bsa_bwd_ws=epi)
+    key = fb.bwd_config(jnp.dtype(c["dtype"]), c["d"], c["blk"], False, sw)
+    assert not key.ws_epi_smem and key.ws_epi_pairs is (epi == "epiregs"), key
+    monkeypatch.setattr(tb, "BWDWS", sw)
     tb.test_bsa_sm90ws_backward(c)
 
 

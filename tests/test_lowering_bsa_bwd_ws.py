@@ -125,6 +125,7 @@ _PTX_CONFIGS = {
     "split-blk64": ("_bwd_text", (CONFIGS[1],), None, {"ws": "splitwait"}),
     "lselate-blk128": ("_bwd_text", (CONFIGS[0],), None, {"ws": "lselate"}),
     "epi16-blk128": ("_bwd_text", (CONFIGS[0],), None, {"ws": "epi16"}),
+    "epiregs-blk128": ("_bwd_text", (CONFIGS[0],), None, {"ws": "epiregs"}),
 }
 
 
@@ -194,14 +195,22 @@ def test_bsa_bwd_ws_splitwait_ptx(kept_ptx, cfg):
             "wgmma.mma_async")
 
 
-def test_bsa_bwd_ws_epi_pairs_ptx(kept_ptx):
-    """By default dK / dV go out as packed pairs: 4-byte global stores (after the bf16x2
-    conversion), half as many as the one 2-byte store per value of ``bsa_bwd_ws=epi16``."""
-    pairs, epi16 = _ws_ptx(kept_ptx, _ids(CONFIGS[0])), _ws_ptx(kept_ptx, "epi16-blk128")
+def test_bsa_bwd_ws_epi_ptx(kept_ptx):
+    """By default dK / dV go through shared memory: packed pairs into it (32 + 32
+    st.shared.b32 per thread at D = 128), then 16-byte global stores (8 + 8), no 2- or 4-byte
+    global store (blk 128 and blk 64). ``bsa_bwd_ws=epiregs`` stores them from registers as
+    packed pairs: 4-byte global stores after the bf16x2 conversion, half as many as the one
+    2-byte store per value of ``epi16``."""
+    default, regs = _ws_ptx(kept_ptx, _ids(CONFIGS[0])), _ws_ptx(kept_ptx, "epiregs-blk128")
+    epi16 = _ws_ptx(kept_ptx, "epi16-blk128")
     n16 = len(re.findall(r"st\.global\.b16", epi16))
-    assert n16 > 0 and not re.findall(r"st\.global\.b16", pairs)
-    assert len(re.findall(r"st\.global\.b32", pairs)) == n16 // 2
-    assert "cvt.rn.bf16x2.f32" in pairs
+    assert n16 > 0 and not re.findall(r"st\.global\.b16", regs)
+    assert len(re.findall(r"st\.global\.b32", regs)) == n16 // 2
+    assert "cvt.rn.bf16x2.f32" in regs and "cvt.rn.bf16x2.f32" in default
+    for text in (default, _ws_ptx(kept_ptx, _ids(CONFIGS[1]))):
+        assert not re.findall(r"st\.global\.b(16|32)", text)
+    assert default.count("st.shared.b32") == regs.count("st.shared.b32") + 64
+    assert default.count("st.global.v4") == regs.count("st.global.v4") + 16
 
 
 @pytest.mark.parametrize("cfg", [CONFIGS[0], CONFIGS[1]], ids=_ids)

@@ -929,20 +929,24 @@ def test_hstu_bwd_sm90_rev_heads_key_and_lowering():
 
 
 def test_hstu_bwd_sm90_epi_smem_key_and_lowering():
-    """hstu_bwd_ws "epismem" (D <= 128): the key carries epi_smem in both modes; the
-    backward lowers (PTX: test_hstu_bwd_sm90_epi_smem_ptx)."""
+    """The sm90 backward stages dK / dV through shared memory by default at D <= 128 (the key
+    carries epi_smem in both modes); hstu_bwd_ws "epiregs" or "epi16" store them from
+    registers; D = 256 (split head dim) never stages. Both epilogues lower (PTX:
+    test_hstu_bwd_sm90_epi_smem_ptx)."""
     from jax_sparse_attn.config import Switches  # noqa: PLC0415
     from jax_sparse_attn.ffi import hstu as fh  # noqa: PLC0415
 
-    sw = Switches(hstu_bwd_ws=("epismem",))
+    sw = Switches(hstu_bwd_ws=())
     for d in (64, 128):
         assert fh.bwd_config("bfloat16", d, d, 0, sw).epi_smem
         assert fh.bwd_config("bfloat16", d, d, 0, sw, deterministic=True).epi_smem
-        assert not fh.bwd_config("bfloat16", d, d, 0, Switches(hstu_bwd_ws=())).epi_smem
+        for off in ("epiregs", "epi16"):
+            assert not fh.bwd_config("bfloat16", d, d, 0, Switches(hstu_bwd_ws=(off,))).epi_smem
     assert not fh.bwd_config("bfloat16", 256, 256, 0, sw).epi_smem
     pytest.importorskip("cutlass")
-    txt = _bwd_text(64, "bfloat16", "window", sw)
-    assert _attention_calls(txt) == 1 and "\\7FELF" in txt
+    for s in (sw, Switches(hstu_bwd_ws=("epiregs",))):
+        txt = _bwd_text(64, "bfloat16", "window", s)
+        assert _attention_calls(txt) == 1 and "\\7FELF" in txt
 
 
 def test_hstu_bwd_sm90_dq_tile_key_and_lowering():
@@ -994,8 +998,8 @@ _PTX_CONFIGS = {
                                              {"deterministic": False}),
     "bwd-128-bfloat16-causal-wgskip": ("_bwd_text", (128, "bfloat16", "causal"),
                                        {"hstu_bwd_ws": "wgskip"}, {}),
-    "bwd-128-bfloat16-causal-epismem": ("_bwd_text", (128, "bfloat16", "causal"),
-                                        {"hstu_bwd_ws": "epismem"}, {}),
+    "bwd-128-bfloat16-causal-epiregs": ("_bwd_text", (128, "bfloat16", "causal"),
+                                        {"hstu_bwd_ws": "epiregs"}, {}),
 }
 
 
@@ -1183,11 +1187,11 @@ def test_hstu_bwd_sm90_wg_skip_ptx(kept_ptx):
 
 
 def test_hstu_bwd_sm90_epi_smem_ptx(kept_ptx):
-    """hstu_bwd_ws "epismem": the backward's dK / dV leave as packed pairs into shared memory
-    (32 + 32 st.shared.b32 per thread at D = 128) and 16-byte global stores (8 + 8), and no
-    4-byte global store remains (the default: 64 st.global.b32)."""
+    """The default backward's dK / dV leave as packed pairs into shared memory (32 + 32
+    st.shared.b32 per thread at D = 128) and 16-byte global stores (8 + 8), no 4-byte global
+    store remains; hstu_bwd_ws "epiregs" stores them from registers (64 st.global.b32)."""
     base = _bwd_ptx(kept_ptx, "bwd-128-bfloat16-causal")
-    epi = _bwd_ptx(kept_ptx, "bwd-128-bfloat16-causal-epismem")
-    assert base.count("st.global.b32") == 64 and epi.count("st.global.b32") == 0
-    assert epi.count("st.shared.b32") == base.count("st.shared.b32") + 64
-    assert epi.count("st.global.v4") == base.count("st.global.v4") + 16
+    regs = _bwd_ptx(kept_ptx, "bwd-128-bfloat16-causal-epiregs")
+    assert regs.count("st.global.b32") == 64 and base.count("st.global.b32") == 0
+    assert base.count("st.shared.b32") == regs.count("st.shared.b32") + 64
+    assert base.count("st.global.v4") == regs.count("st.global.v4") + 16

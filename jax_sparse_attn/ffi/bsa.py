@@ -167,8 +167,11 @@ class BsaBwdConfig:
     # "sm90ws": P^T masked and converted before the dP^T wait, the Q / dO stage's full
     # barrier re-checked right before that wait ("splitwait")
     ws_split_wait: bool = False
-    # "sm90ws": dK / dV stored as packed pairs of adjacent columns ("epi32")
+    # "sm90ws": dK / dV stored as packed pairs of adjacent columns (off: "epi16")
     ws_epi_pairs: bool = False
+    # "sm90ws": dK / dV staged in shared memory (packed pairs) and written in coalesced
+    # 16-byte row pieces (off: "epiregs" or "epi16")
+    ws_epi_smem: bool = False
     # "sm90ws" only: programmatic dependent launch (Switches.pdl) of the backward and of
     # its dQ reordering kernel
     pdl: bool = False
@@ -409,6 +412,7 @@ def bwd_config(dtype, head_dim, block_size, has_block_sizes, switches,
                             ws_lse_early="lselate" not in opts,
                             ws_split_wait="splitwait" in opts,
                             ws_epi_pairs="epi16" not in opts,
+                            ws_epi_smem=not {"epiregs", "epi16"} & set(opts),
                             pdl=bool(getattr(switches, "pdl", False)),
                             det_writer=bool(deterministic) and tile
                             and bool(getattr(switches, "det_writer", False)),
@@ -910,7 +914,8 @@ def _ws_kernel(cfg: BsaBwdConfig):
                         dq_alias=cfg.ws_dq_alias, pdl=cfg.pdl, det_writer=cfg.det_writer,
                         dq_writer=cfg.dq_writer,
                         dq_late=cfg.ws_dq_late, lse_early=cfg.ws_lse_early,
-                        split_wait=cfg.ws_split_wait, epi_pairs=cfg.ws_epi_pairs)
+                        split_wait=cfg.ws_split_wait, epi_pairs=cfg.ws_epi_pairs,
+                        epi_smem=cfg.ws_epi_smem)
 
 
 def _bwd_det_entry(stream, q, k, v, do, lse, delta, offsets, entries, ranks, sizes, scale,

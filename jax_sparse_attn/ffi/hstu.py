@@ -251,7 +251,7 @@ class HstuBwdConfig(_HstuKey):
     # head-major order walks them first to last; hstu_bwd_ws "revheads")
     dq_rev_heads: bool = False
     # sm90 at D <= 128: dK / dV staged in shared memory (packed pairs) and written in
-    # coalesced 16-byte row pieces (hstu_bwd_ws "epismem")
+    # coalesced 16-byte row pieces (off with hstu_bwd_ws "epiregs" or "epi16")
     epi_smem: bool = False
 
 
@@ -727,8 +727,8 @@ def _bwd_config(dtype, head_dim, head_dim_v, func_n, switches, *, has_rab=False,
                                      switches, "hstu_bwd_ws", ()),
                                  dq_rev_heads=dq == "tile" and "revheads" in getattr(
                                      switches, "hstu_bwd_ws", ()),
-                                 epi_smem=head_dim <= 128 and "epismem" in getattr(
-                                     switches, "hstu_bwd_ws", ()))
+                                 epi_smem=head_dim <= 128 and not {"epiregs", "epi16"} & set(
+                                     getattr(switches, "hstu_bwd_ws", ())))
         return dataclasses.replace(
             _bwd_config(dtype, head_dim, head_dim_v, func_n,
                        dataclasses.replace(switches, hstu_bwd_impl="sm80"), has_rab=has_rab,

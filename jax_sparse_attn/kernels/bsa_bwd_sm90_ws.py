@@ -169,10 +169,14 @@ class BsaBwdSm90Ws:
                  decouple: bool = False, deterministic: bool = False, dq_tile: bool = False,
                  dq_alias: bool = False, pdl: bool = False, det_writer: bool = False,
                  dq_late: bool = False, dq_writer: bool = False, lse_early: bool = False,
-                 split_wait: bool = False, epi_pairs: bool = False):
+                 split_wait: bool = False, epi_pairs: bool = False, epi_smem: bool = False):
         self.pdl = pdl
         # dK / dV stored as packed pairs of adjacent columns (4-byte stores)
         self.epi_pairs = epi_pairs
+        # epilogue through shared memory (the consumed Q / dO stages and dS tiles): packed
+        # conflict-free pairs into two (bn, D + 8) tiles, then coalesced 16-byte row pieces
+        # (kv_major_bwd.store_dk_dv_smem)
+        self.epi_smem = epi_smem
         # P^T computed before the dP^T wait, which starts its own basic block
         self.split_wait = split_wait
         # the step's lse read from shared memory before its GEMMs are issued (else under them)
@@ -274,6 +278,15 @@ class BsaBwdSm90Ws:
             sdQ: cute.struct.Align[cute.struct.MemRange[
                 Float32, bm * d if self.dq_tile and not self.dq_alias else 0], 128]
 
+        if cutlass.const_expr(self.epi_smem):
+            # the epilogue's two (bn, D + 8) tiles take the Q / dO stages and the dS tiles,
+            # which lie back to back in Smem (sizes multiples of its 1024-byte alignment)
+            room = 2 * cute.cosize(sQ_layout) + cute.cosize(sdS_layout)
+            if cutlass.const_expr(2 * bn * (d + 8) > room
+                                  or cute.cosize(sQ_layout) * 2 % 1024 != 0):
+                raise NotImplementedError(
+                    f"bsa_bwd_sm90_ws epi_smem: the staging tiles ({2 * bn * (d + 8)} "
+                    f"elements) do not fit the Q / dO stages and dS tiles ({room})")
         if cutlass.const_expr(Smem.size_in_bytes() > SMEM_LIMIT[self.ctas_per_sm]):
             raise NotImplementedError(
                 f"bsa_bwd_sm90_ws: {Smem.size_in_bytes()} bytes of shared memory exceed the "
@@ -777,10 +790,22 @@ class BsaBwdSm90Ws:
             if cutlass.const_expr(self.dq_tile):
                 cute.arch.cp_async_bulk_wait_group(0, read=False)  # smem outlives the reads
             # ---- epilogue: dK (softmax_scale already in dS^T), dV -> key rows < S_kv ----
-            kvb.store_dk_dv(acc_dK, acc_dV, thr_kv, bn, d,
-                            offset_rows(mdK[batch, None, head_kv, None], n0),
-                            offset_rows(mdV[batch, None, head_kv, None], n0), kv_left,
-                            None, self.dtype, self.epi_pairs)
+            if cutlass.const_expr(self.epi_smem):
+                # every consumer warpgroup's last GEMMs (dK read the Q stage, dQ the dS tile)
+                # and dQ bulk reads are done: the Q / dO stages and the dS tiles (contiguous)
+                # take the two (bn, D + 8) staging tiles
+                cute.arch.barrier(barrier_id=7, number_of_threads=128 * nwg)
+                s_epi = st.sQ.data_ptr()
+                kvb.store_dk_dv_smem(acc_dK, acc_dV, thr_kv, bn, d, s_epi,
+                                     s_epi + bn * (d + 8), ctid,
+                                     offset_rows(mdK[batch, None, head_kv, None], n0),
+                                     offset_rows(mdV[batch, None, head_kv, None], n0), kv_left,
+                                     None, self.dtype)
+            else:
+                kvb.store_dk_dv(acc_dK, acc_dV, thr_kv, bn, d,
+                                offset_rows(mdK[batch, None, head_kv, None], n0),
+                                offset_rows(mdV[batch, None, head_kv, None], n0), kv_left,
+                                None, self.dtype, self.epi_pairs)
 
 
 __all__ = ["BsaBwdSm90Ws"]

@@ -246,8 +246,9 @@ def store_dk_dv(acc_dK, acc_dV, thr_kv, bn: cutlass.Constexpr, d: cutlass.Conste
 def store_dk_dv_smem(acc_dK, acc_dV, thr_kv, bn: cutlass.Constexpr, d: cutlass.Constexpr,
                      sK_st, sV_st, ctid, mdK_b, mdV_b, kv_left, dv_scale,
                      dtype: cutlass.Constexpr):
-    """Epilogue through shared memory (two consumer warpgroups, warpgroup ``w`` owning key
-    rows ``[64 w, 64 w + 64)``): this thread's dK and dV (dV times ``dv_scale``) converted to
+    """Epilogue through shared memory (one or two consumer warpgroups, warpgroup ``w`` owning
+    key rows ``[64 w, 64 w + 64)``): this thread's dK and dV (dV times ``dv_scale`` unless
+    None) converted to
     ``dtype`` and stored as packed pairs into the ``(bn, d + 8)`` row-major shared tiles at
     ``sK_st`` / ``sV_st`` (conflict-free), then each warpgroup writes its key rows ``<
     kv_left`` of ``mdK_b`` / ``mdV_b`` ``(rows, D)`` in coalesced 16-byte pieces. The caller
@@ -260,8 +261,11 @@ def store_dk_dv_smem(acc_dK, acc_dV, thr_kv, bn: cutlass.Constexpr, d: cutlass.C
         row = tKVc_e[2 * e2][0]
         col = tKVc_e[2 * e2][1]
         st_shared_pair16(sK_st + (row * rs + col), acc_dK[2 * e2], acc_dK[2 * e2 + 1], bf16)
-        st_shared_pair16(sV_st + (row * rs + col), acc_dV[2 * e2] * dv_scale,
-                         acc_dV[2 * e2 + 1] * dv_scale, bf16)
+        if cutlass.const_expr(dv_scale is None):
+            st_shared_pair16(sV_st + (row * rs + col), acc_dV[2 * e2], acc_dV[2 * e2 + 1], bf16)
+        else:
+            st_shared_pair16(sV_st + (row * rs + col), acc_dV[2 * e2] * dv_scale,
+                             acc_dV[2 * e2 + 1] * dv_scale, bf16)
     wg = ctid // 128
     if wg == 0:
         cute.arch.barrier(barrier_id=8, number_of_threads=128)
