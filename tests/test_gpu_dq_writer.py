@@ -53,10 +53,7 @@ def test_hstu_bwd_dq_writer(name, lens, d, window, dtype, poison, _writer_switch
     assert key.impl == "sm90" and key.dq_tile and key.dq_writer, key
     # the default ("auto") uses it at D = 256 only
     assert fh.bwd_config(dtype, d, d, 0, Switches(hstu_bwd_dq="tile")).dq_writer == (d > 128)
-    if lens == "canonical":
-        from benchmarks._grids import canonical_jagged_lengths
-
-        lens = canonical_jagged_lengths()
+    # (lens "canonical": _bwd_case builds the canonical jagged batch)
     th._bwd_case(lens, d, window, seed=9, poison=poison, impl="sm90", dtype=dtype, dq="tile")
 
 
