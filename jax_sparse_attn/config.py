@@ -315,8 +315,8 @@ SWITCHES = (
            "tile workspace: the reordering kernel reads the heads last to first, those the "
            "backward walked last first), epiregs (D <= 128: dK and dV stored straight from "
            "registers as packed 4-byte pairs; by default they are staged in shared memory "
-           "and written in coalesced 16-byte row pieces, 5-12 % faster on the H200 at "
-           "B=32 L=1024)"),
+           "and written in coalesced 16-byte row pieces, 3-13 % faster on the H200, most "
+           "at short sequences)"),
     Switch("hstu_bwd_tile", "JAX_SPARSE_ATTN_HSTU_BWD_TILE", _TILE, _parse_tile, None,
            "HSTU sm80 backward tile override (tuning; with sm90, the default, it is an error "
            "except for calls that sm90 routes to sm80: set hstu_bwd_impl=sm80 as well)"),
@@ -387,7 +387,7 @@ SWITCHES = (
                "epiregs; epiregs stores packed pairs, one 4-byte store per two adjacent "
                "columns, faster), epiregs (dK and dV stored straight from registers; by "
                "default they are staged in shared memory and written in coalesced 16-byte "
-               "row pieces), "
+               "row pieces, 1-3 % faster on the H200), "
                "stages=N (most Q / dO stages)"),
     _choice("bsa_pre_impl", "JAX_SPARSE_ATTN_BSA_PRE_IMPL", ("kernel", "xla"),
             "BSA backward preprocessing (delta = rowsum(dO*O), zeroed dQ accumulator): "
