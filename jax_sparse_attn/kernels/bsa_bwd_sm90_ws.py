@@ -279,14 +279,8 @@ class BsaBwdSm90Ws:
                 Float32, bm * d if self.dq_tile and not self.dq_alias else 0], 128]
 
         if cutlass.const_expr(self.epi_smem):
-            # the epilogue's two (bn, D + 8) tiles take the Q / dO stages and the dS tiles,
-            # which lie back to back in Smem (sizes multiples of its 1024-byte alignment)
-            room = 2 * cute.cosize(sQ_layout) + cute.cosize(sdS_layout)
-            if cutlass.const_expr(2 * bn * (d + 8) > room
-                                  or cute.cosize(sQ_layout) * 2 % 1024 != 0):
-                raise NotImplementedError(
-                    f"bsa_bwd_sm90_ws epi_smem: the staging tiles ({2 * bn * (d + 8)} "
-                    f"elements) do not fit the Q / dO stages and dS tiles ({room})")
+            # the epilogue's two (bn, D + 8) tiles take the Q / dO stages and the dS tiles
+            kvb.check_epi_smem_fit("bsa_bwd_sm90_ws", bn, d, sQ_layout, sdS_layout)
         if cutlass.const_expr(Smem.size_in_bytes() > SMEM_LIMIT[self.ctas_per_sm]):
             raise NotImplementedError(
                 f"bsa_bwd_sm90_ws: {Smem.size_in_bytes()} bytes of shared memory exceed the "

@@ -287,14 +287,8 @@ class HstuBwdSm90:
         sdS_k_layout = kvb.ds_kmajor_layout(dt, bn, bm, d, 2)
         p_elems = cute.cosize(sdS_layout) if cutlass.const_expr(self.split_d) else 0
         if cutlass.const_expr(self.epi_smem):
-            # the epilogue's two (bn, D + 8) tiles take the Q / dO stages and the dS tiles,
-            # which lie back to back in Smem (sizes multiples of its 1024-byte alignment)
-            room = 2 * cute.cosize(sQ_layout) + cute.cosize(sdS_layout)
-            if cutlass.const_expr(2 * bn * (d + 8) > room
-                                  or cute.cosize(sQ_layout) * 2 % 1024 != 0):
-                raise NotImplementedError(
-                    f"hstu_bwd_sm90 epi_smem: the staging tiles ({2 * bn * (d + 8)} elements) "
-                    f"do not fit the Q / dO stages and dS tiles ({room})")
+            # the epilogue's two (bn, D + 8) tiles take the Q / dO stages and the dS tiles
+            kvb.check_epi_smem_fit("hstu_bwd_sm90", bn, d, sQ_layout, sdS_layout)
 
         # TMA views (T, D, H) with D contiguous
         tQ, tdO, tK, tV = tma_view(mQ, d), tma_view(mdO, d), tma_view(mK, d), tma_view(mV, d)

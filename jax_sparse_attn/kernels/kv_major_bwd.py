@@ -242,6 +242,17 @@ def store_dk_dv(acc_dK, acc_dV, thr_kv, bn: cutlass.Constexpr, d: cutlass.Conste
                         mdV_b[row, col] = (dV_mn[r, cc] * dv_scale).to(dtype)
 
 
+def check_epi_smem_fit(kernel: str, bn: int, d: int, sQ_layout, sdS_layout):
+    """Trace time: :func:`store_dk_dv_smem`'s two ``(bn, d + 8)`` tiles must fit the Q / dO
+    stages and the dS tiles, which lie back to back in the kernel's shared storage (sizes
+    multiples of its 1024-byte alignment); raises NotImplementedError naming ``kernel``."""
+    room = 2 * cute.cosize(sQ_layout) + cute.cosize(sdS_layout)
+    if 2 * bn * (d + 8) > room or cute.cosize(sQ_layout) * 2 % 1024 != 0:
+        raise NotImplementedError(
+            f"{kernel} epi_smem: the staging tiles ({2 * bn * (d + 8)} elements) do not fit "
+            f"the Q / dO stages and dS tiles ({room})")
+
+
 @cute.jit
 def store_dk_dv_smem(acc_dK, acc_dV, thr_kv, bn: cutlass.Constexpr, d: cutlass.Constexpr,
                      sK_st, sV_st, ctid, mdK_b, mdV_b, kv_left, dv_scale,
@@ -276,5 +287,5 @@ def store_dk_dv_smem(acc_dK, acc_dV, thr_kv, bn: cutlass.Constexpr, d: cutlass.C
     smem_rows_to_gmem(sV_st + r0 * rs, ctid % 128, 128, mdV_b, r0, kv_left - r0, 64, d, dtype)
 
 
-__all__ = ["ds_kmajor_layout", "ds_store_copy", "issue_dq_dk", "issue_dv", "issue_s_dp", "keep_regs", "layouts",
+__all__ = ["check_epi_smem_fit", "ds_kmajor_layout", "ds_store_copy", "issue_dq_dk", "issue_dv", "issue_s_dp", "keep_regs", "layouts",
            "red_add_rows", "red_add_rows_v4", "smem_views", "store_dk_dv", "store_dk_dv_smem"]
