@@ -80,6 +80,8 @@ _PTX_CONFIGS.update({
                    {"hstu_bwd_dq": "tile", "hstu_bwd_ws": "splitwait"}, {}),
     "epi16-d128": ("_bwd_text", (128, "bfloat16", "window"),
                    {"hstu_bwd_dq": "tile", "hstu_bwd_ws": "epi16"}, {}),
+    "epiregs-d128": ("_bwd_text", (128, "bfloat16", "window"),
+                     {"hstu_bwd_dq": "tile", "hstu_bwd_ws": "epiregs"}, {}),
     # deterministic (first contributions stored, the default): D = 256 (blocks staged in the Q / dO stage) with the
     # causal mask, D = 128 (the staging tile) with a func mask, D = 64 with the window
     "detstore-d256": ("_bwd_text", (256, "bfloat16", "causal"),
@@ -136,8 +138,9 @@ def test_bwd_splitwait_ptx(kept_ptx, d):
 
 @pytest.mark.lowering
 def test_bwd_epi_pairs_ptx(kept_ptx):
-    """By default dK / dV go out as packed pairs: 4-byte global stores after a bf16x2
-    conversion, half as many as the one 2-byte store per value of ``hstu_bwd_ws=epi16``."""
+    """From registers (``hstu_bwd_ws=epiregs``) dK / dV go out as packed pairs: 4-byte
+    global stores after a bf16x2 conversion, half as many as the one 2-byte store per value
+    of ``epi16``; the default (through shared memory) has neither."""
     import kept_ptx as kp  # noqa: PLC0415
 
     def bwd(name):
@@ -145,11 +148,12 @@ def test_bwd_epi_pairs_ptx(kept_ptx):
         assert len(b) == 1
         return b[0]
 
-    pairs, epi16 = bwd("default-d128"), bwd("epi16-d128")
+    pairs, epi16 = bwd("epiregs-d128"), bwd("epi16-d128")
     n16 = len(re.findall(r"st\.global\.b16", epi16))
     assert n16 > 0 and not re.findall(r"st\.global\.b16", pairs)
     assert len(re.findall(r"st\.global\.b32", pairs)) == n16 // 2
     assert "cvt.rn.bf16x2.f32" in pairs
+    assert not re.findall(r"st\.global\.b(16|32)", bwd("default-d128"))
 
 
 @pytest.mark.lowering
