@@ -389,9 +389,10 @@ SWITCHES = (
                "default they are staged in shared memory and written in coalesced 16-byte "
                "row pieces, 1-3 % faster on the H200), "
                "stages=N (most Q / dO stages)"),
-    _choice("bsa_pre_impl", "JAX_SPARSE_ATTN_BSA_PRE_IMPL", ("kernel", "xla"),
-            "BSA backward preprocessing (delta = rowsum(dO*O), zeroed dQ accumulator): "
-            "kernel (one CuTe DSL launch) or xla (an XLA fusion)"),
+    _choice("bsa_pre_impl", "JAX_SPARSE_ATTN_BSA_PRE_IMPL", ("kernel", "delta", "xla"),
+            "BSA backward preprocessing (delta = rowsum(dO*O), zeroed fp32 dQ workspace): "
+            "kernel (one CuTe DSL launch computes delta and zeroes the workspace), delta (the "
+            "launch computes delta, an XLA memset zeroes the workspace) or xla (XLA fusions)"),
     Switch("bsa_fwd_q_in_regs", "JAX_SPARSE_ATTN_BSA_FWD_Q_IN_REGS", _TRUE + _FALSE,
            _parse_bool, True, "BSA sm80 forward keeps Q fragments in registers for D <= 128"),
     Switch("bsa_fwd_min_blocks", "JAX_SPARSE_ATTN_BSA_FWD_MIN_BLOCKS", "integer >= 0",

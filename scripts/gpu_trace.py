@@ -61,6 +61,13 @@ def _bsa(blk, topk, s=16384, h=16, d=128, bwd=False):
     kw = dict(layout="bhsd", sparse_block_size=blk, softmax_scale=1.0 / np.sqrt(d),
               backend=_BACKEND)
     flops = 4.0 * h * s * d * topk * blk
+    if bwd == "only":  # the backward alone from the saved forward (bsa_bench --table-pass bwd)
+        out, lse = jax.jit(lambda q, k, v: tuple(jsa.block_sparse_attention_forward(
+            q, k, v, idx, None, None, nums, **kw)))(q, k, v)
+        do = jax.random.normal(jax.random.PRNGKey(2), q.shape, jnp.float32).astype(q.dtype)
+        fn = jax.jit(lambda do, q, k, v, out, lse: tuple(jsa.block_sparse_attention_backward(
+            do, q, k, v, out, lse, idx, None, None, nums, **kw)))
+        return fn, (do, q, k, v, out, lse), 2.5 * flops
     if bwd:
         def loss(q, k, v):
             return jsa.block_sparse_attention(q, k, v, idx, None, None, nums, **kw).astype(
@@ -85,6 +92,10 @@ CASES = {
     "bsa_fwd_blk64": lambda: _bsa(64, 32),
     "bsa_fwdbwd_blk64": lambda: _bsa(64, 32, bwd=True),
     "bsa_fwdbwd_blk128": lambda: _bsa(128, 16, bwd=True),
+    "bsa_fwd_s32768": lambda: _bsa(128, 32, s=32768),
+    "bsa_bwd_blk64": lambda: _bsa(64, 32, bwd="only"),
+    "bsa_bwd_blk128": lambda: _bsa(128, 16, bwd="only"),
+    "bsa_bwd_s32768": lambda: _bsa(128, 32, s=32768, bwd="only"),
 }
 _OURS = ("Hstu", "Bsa", "Attn", "cutlass")
 

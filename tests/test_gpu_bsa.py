@@ -168,15 +168,21 @@ def test_fresh_inputs_same_shape_not_stale():
     assert not np.array_equal(outs[0], outs[1])
 
 
-PRE_CASES = [(d, layout, dtype) for d, layout, dtype in (
-    (32, "bshd", "float16"), (64, "bhsd", "bfloat16"), (128, "bshd", "bfloat16"), (256, "bhsd", "float16"))]
+PRE_CASES = [(d, layout, dtype, ws, pre) for d, layout, dtype, ws, pre in (
+    (32, "bshd", "float16", "rows", "kernel"), (64, "bhsd", "bfloat16", "tile", "kernel"),
+    (128, "bshd", "bfloat16", "tile", "kernel"), (128, "bhsd", "float16", "rows", "kernel"),
+    (128, "bhsd", "bfloat16", "tile", "delta"), (256, "bhsd", "float16", "rows", "kernel"))]
 
 
-@pytest.mark.parametrize("d,layout,dtype", shard(PRE_CASES, SHARD))
-def test_bsa_preprocess_kernel(d, layout, dtype):
-    """kernels/bsa_pre.py: delta = rowsum(dO * O) in fp32 and an all-zero dq accumulator.
+@pytest.mark.parametrize("d,layout,dtype,ws,pre", shard(PRE_CASES, SHARD))
+def test_bsa_preprocess_kernel(d, layout, dtype, ws, pre):
+    """kernels/bsa_pre.py: delta = rowsum(dO * O) in fp32 and an all-zero dQ workspace (the
+    row-major accumulator, or the query-tile workspace of the sm90ws backward; zeroed by the
+    launch, or with ``bsa_pre_impl="delta"`` by XLA).
 
-    B*S*H = 2*1023*3 rows is not a multiple of the rows per CTA (tail CTA), odd S."""
+    B*S*H = 2*1023*3 rows is not a multiple of the rows per CTA (tail CTA), odd S (the tile
+    workspace has 1024 rows per (b, h)). The allocator is first handed a NaN-filled buffer
+    of the workspace's size, so an unwritten workspace would likely show NaN."""
     from jax_sparse_attn.ffi import bsa as ffi_bsa
     from jax_sparse_attn.validation import check_bsa_args
 
@@ -185,7 +191,13 @@ def test_bsa_preprocess_kernel(d, layout, dtype):
     o, do = (jnp.asarray(rng.standard_normal(shape, dtype=np.float32)).astype(dtype) for _ in range(2))
     idx = jnp.zeros((2, 3, 16, 1), jnp.int32)
     cfg = check_bsa_args(o, o, o, idx, 1, layout=layout, sparse_block_size=64)
-    cfg = dataclasses.replace(cfg, backend="kernel", pre=ffi_bsa.pre_config(dtype, d, Switches()))
+    sw = Switches(bsa_pre_impl=pre)
+    bwd = ffi_bsa.bwd_config(dtype, d, 64, False, sw) if ws == "tile" else None
+    cfg = dataclasses.replace(cfg, backend="kernel", pre=ffi_bsa.pre_config(dtype, d, sw), bwd=bwd)
+    assert (cfg.bwd is not None and cfg.bwd.dq_tile) == (ws == "tile")
+    want_shape = ffi_bsa.dq_tile_shape(cfg) if ws == "tile" else shape
+    poison = jnp.full(want_shape, jnp.nan, jnp.float32).block_until_ready()
+    del poison
     f = jax.jit(functools.partial(ffi_bsa.bsa_preprocess, cfg=cfg))
     delta, dq_acc = f(do, o)
     want = jnp.sum(do.astype(jnp.float32) * o.astype(jnp.float32), axis=-1)
@@ -195,7 +207,7 @@ def test_bsa_preprocess_kernel(d, layout, dtype):
     assert not np.isnan(got).any()
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-4 * np.sqrt(d))
     acc = np.asarray(dq_acc)
-    assert acc.shape == shape and acc.dtype == np.float32
+    assert acc.shape == tuple(want_shape) and acc.dtype == np.float32
     assert np.all(acc == 0.0)
     # a second call with other inputs is not stale
     delta2, _ = f(o, o)

@@ -55,6 +55,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 
 import jax
 import jax.numpy as jnp
@@ -217,11 +218,13 @@ def smem_unsupported_reason(head_dim, block_size, passes=("fwd", "bwd"), switche
 @dataclasses.dataclass(frozen=True)
 class BsaPreConfig:
     """Compile key of the backward preprocessing kernel (``pdl``: programmatic dependent
-    launch, Hopper family only)."""
+    launch, Hopper family only; ``zero_ws``: the launch also zeroes the fp32 dQ workspace,
+    else XLA does)."""
 
     dtype: str
     head_dim: int
     pdl: bool = False
+    zero_ws: bool = True
 
 
 def _impl(want: str, head_dim: int, block_size: int | None = None) -> str:
@@ -509,10 +512,11 @@ def pack_gqa_unsupported_reason(*, head_dim, sparse_block_size, group, passes=("
 
 def pre_config(dtype, head_dim, switches) -> BsaPreConfig | None:
     """The preprocessing kernel's compile key, or None for the XLA preprocessing."""
-    if switches.bsa_pre_impl != "kernel":
+    if switches.bsa_pre_impl not in ("kernel", "delta"):
         return None
     pdl = bool(getattr(switches, "pdl", False)) and _platform.kernel_family(switches) == "sm90"
-    return BsaPreConfig(jnp.dtype(dtype).name, head_dim, pdl)
+    return BsaPreConfig(jnp.dtype(dtype).name, head_dim, pdl,
+                        zero_ws=switches.bsa_pre_impl == "kernel")
 
 
 def causal_unsupported_reason(head_dim, block_size, passes=("fwd", "bwd"),
@@ -783,23 +787,21 @@ def _pre_jit(with_dq: bool = True):
 def bsa_preprocess(do, out, cfg):
     """``delta = rowsum(dO * O)`` (fp32 ``(B, H_q, S_q)``) and a zeroed fp32 dQ workspace:
     q's shape and layout, or with ``cfg.bwd.dq_tile`` the query-tile workspace
-    :func:`dq_tile_shape` (zeroed by XLA). Delta by one CuTe DSL launch
-    (``kernels/bsa_pre.py``, which also zeroes the row-major workspace) when ``cfg.pre`` is
-    set, else by XLA."""
+    :func:`dq_tile_shape`. One CuTe DSL launch (``kernels/bsa_pre.py``) computes delta and,
+    with ``cfg.pre.zero_ws``, zeroes the workspace (else XLA zeroes it) when ``cfg.pre`` is
+    set; else both are XLA's."""
     from .._cute_call import call_builder  # noqa: PLC0415
 
     tile = cfg.bwd is not None and cfg.bwd.dq_tile
-    ws = jnp.zeros(dq_tile_shape(cfg), jnp.float32) if tile else None
+    ws_shape = dq_tile_shape(cfg) if tile else out.shape[:-1] + (cfg.head_dim,)
     if cfg.pre is None:
         delta = jnp.sum(do.astype(jnp.float32) * out.astype(jnp.float32), axis=-1)
         if cfg.layout == "bshd":
             delta = jnp.swapaxes(delta, 1, 2)
-        if ws is None:
-            ws = jnp.zeros(out.shape[:-1] + (cfg.head_dim,), jnp.float32)
-        return delta, ws
+        return delta, jnp.zeros(ws_shape, jnp.float32)
     spec = _specs(cfg.layout)
     delta_sds = jax.ShapeDtypeStruct((cfg.batch, cfg.num_heads_q, cfg.seqlen_q), jnp.float32)
-    if tile:
+    if not cfg.pre.zero_ws:
         call = call_builder(cfg.cute_call)(
             _pre_jit(False),
             output_shape_dtype=(delta_sds,),
@@ -810,21 +812,22 @@ def bsa_preprocess(do, out, cfg):
             static_last_inputs=(0, 1),
         )
         (delta,) = call(out, do.astype(out.dtype))
-        return delta, ws
+        return delta, jnp.zeros(ws_shape, jnp.float32)
+    # the workspace leaves the launch flat (zeroed by 16-byte stores) and is reshaped here
     call = call_builder(cfg.cute_call)(
         _pre_jit(),
         output_shape_dtype=(
             delta_sds,
-            jax.ShapeDtypeStruct(out.shape, jnp.float32),
+            jax.ShapeDtypeStruct((math.prod(ws_shape),), jnp.float32),
         ),
         input_spec=(spec, spec),
-        output_spec=(None, spec),
+        output_spec=(None, None),
         compile_key=("bsa_pre", cfg.pre),
         cfg=cfg.pre,
         static_last_inputs=(0, 1),
-        static_last_outputs=(1,),
     )
-    return call(out, do.astype(out.dtype))
+    delta, ws = call(out, do.astype(out.dtype))
+    return delta, ws.reshape(ws_shape)
 
 
 def dq_tile_shape(cfg) -> tuple:

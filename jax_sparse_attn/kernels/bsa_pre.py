@@ -4,20 +4,25 @@ One launch computes, for every query row (b, s, h),
 
     delta[b, h, s] = sum_d dO[b, s, h, d] * O[b, s, h, d]        (fp32)
 
-and zero-fills the same row of the fp32 dQ accumulator that the backward kernels then
-update with atomics (so no separate memset is needed; without ``mdQacc``, delta only: the
-query-tile dQ workspace is zeroed by XLA). Tensors are the logical
-``(B, S, H, D)`` views of either layout (``bhsd`` buffers are presented that way by the
-adapter); D is contiguous. ``D / 8`` threads share a row: each loads 8 contiguous 16-bit
-elements of O and dO (one 128-bit load each), multiplies in fp32 and the partial sums are
-combined with butterfly shuffles inside the row's lane group. Plain loads/stores only,
-so it runs on any SM80+ GPU (used on sm_90a).
+and zero-fills the fp32 dQ workspace that the backward kernels then add into (so no
+separate memset is needed; without ``mdQacc``, delta only). The workspace is passed flat
+(1-D, any length divisible by 4, 16-byte aligned): the row-major accumulator and the
+query-tile workspace are zeroed alike, by 16-byte stores in a grid-stride loop over the
+delta launch's threads. Tensors O and dO are the logical ``(B, S, H, D)`` views of either
+layout (``bhsd`` buffers are presented that way by the adapter); D is contiguous. ``D / 8``
+threads share a row: each loads 8 contiguous 16-bit elements of O and dO (one 128-bit load
+each), multiplies in fp32 and the partial sums are combined with butterfly shuffles inside
+the row's lane group. Plain loads/stores only, so it runs on any SM80+ GPU (used on
+sm_90a).
 """
 
 from __future__ import annotations
 
 import cutlass
 import cutlass.cute as cute
+from cutlass import Float32, Int32
+
+from .common import elem_ptr
 
 VEC = 8  # 16-bit elements per thread (128 bits)
 
@@ -33,7 +38,7 @@ class BsaPreprocess:
 
     @cute.jit
     def __call__(self, mO, mdO, mDelta, mdQacc, stream):
-        """``mdQacc`` None: delta only (the backward's dQ workspace is zeroed elsewhere)."""
+        """``mdQacc``: the flat fp32 dQ workspace to zero, or None (delta only)."""
         total = mO.shape[0] * mO.shape[1] * mO.shape[2]
         grid = (cute.ceil_div(total, self.rows_per_cta), 1, 1)
         self.kernel(mO, mdO, mDelta, mdQacc).launch(
@@ -53,6 +58,8 @@ class BsaPreprocess:
         row = bidx * self.rows_per_cta + tidx // self.tpr
         c = tidx % self.tpr
         ok = row < total
+        if cutlass.const_expr(mdQacc is not None):
+            self._zero(mdQacc, Int32(bidx), Int32(tidx), cute.arch.grid_dim()[0])
         rowc = cutlass.min(row, total - 1)  # clamped so that every lane takes part below
         h = rowc % n_h
         s = (rowc // n_h) % n_s
@@ -70,12 +77,20 @@ class BsaPreprocess:
             fdO = rdO.load().to(cutlass.Float32)
             for i in cutlass.range_constexpr(VEC):
                 acc = acc + fO[i] * fdO[i]
-            if cutlass.const_expr(mdQacc is not None):
-                rZ = cute.make_rmem_tensor((VEC,), cutlass.Float32)
-                rZ.fill(0.0)
-                cute.autovec_copy(rZ, cute.local_tile(mdQacc[b, s, h, None], (VEC,), (c,)))
         # reduce over the row's lane group (aligned, power-of-two size); all lanes shuffle
         for i in cutlass.range_constexpr(self.log2_tpr):
             acc = acc + cute.arch.shuffle_sync_bfly(acc, offset=self.tpr >> (i + 1))
         if ok and c == 0:
             mDelta[b, h, s] = acc
+
+    @cute.jit
+    def _zero(self, mZero, cta, tid, n_cta):
+        """Zero the flat fp32 ``mZero``: 16-byte stores, grid-stride over all threads."""
+        zero = cute.make_rmem_tensor(4, Float32)
+        zero.fill(0.0)
+        n_vec = Int32(mZero.shape[0]) // 4
+        for i in cutlass.range(cta * self.num_threads + tid, n_vec,
+                               Int32(n_cta) * self.num_threads, unroll=2):
+            g = cute.make_ptr(Float32, elem_ptr(mZero, (i * 4,)).toint(),
+                              cute.AddressSpace.gmem, assumed_align=16)
+            cute.make_tensor(g, cute.make_layout(4)).store(zero.load())
