@@ -157,7 +157,7 @@ _parse_hstu_bwd_ws = _parse_option_list(HSTU_BWD_WS_FLAGS,
 #: the flags of the sm90ws BSA backward's tuning switch (JAX_SPARSE_ATTN_BSA_BWD_WS), plus
 #: ``stages=N`` (at most N Q / dO stages, 2..4)
 BSA_BWD_WS_FLAGS = ("ldwait", "lpt", "decouple", "detkv", "detfull", "dqalias", "dqearly",
-                    "lselate", "splitwait", "epi16", "epiregs")
+                    "lselate", "splitwait", "epi16", "epiregs", "dqalt")
 _BSA_BWD_WS_ALLOWED = ("comma list of " + ", ".join(BSA_BWD_WS_FLAGS)
                        + ", stages=N (most Q / dO shared-memory stages: 2..4)")
 _parse_bsa_bwd_ws = _parse_option_list(BSA_BWD_WS_FLAGS, "stages", lambda n: 2 <= n <= 4,
@@ -388,6 +388,10 @@ SWITCHES = (
                "columns, faster), epiregs (dK and dV stored straight from registers; by "
                "default they are staged in shared memory and written in coalesced 16-byte "
                "row pieces, 1-3 % faster on the H200), "
+               "dqalt (blk 128, not deterministic, with the dQ writer warp and the staging "
+               "tile: the two consumer warpgroups take turns computing a step's whole dQ = dS "
+               "K, m64 n=D, instead of each computing half of D every step; the other one "
+               "does not wait for the step's dS), "
                "stages=N (most Q / dO stages)"),
     _choice("bsa_pre_impl", "JAX_SPARSE_ATTN_BSA_PRE_IMPL", ("kernel", "delta", "xla"),
             "BSA backward preprocessing (delta = rowsum(dO*O), zeroed fp32 dQ workspace): "

@@ -8,7 +8,9 @@ poisoned tails / unlisted blocks and partial blocks, as the default paths' tests
 * dK / dV stored from registers (``epiregs``: packed pairs of adjacent columns, 4-byte
   stores; ``epi16``: one 2-byte store per value; by default they are staged in shared memory
   and written in 16-byte row pieces), at every head dim, with key rows past the sequence /
-  past S_kv not written.
+  past S_kv not written;
+* the block-sparse blk 128 backward with ``bsa_bwd_ws=dqalt`` (the consumer warpgroups take
+  turns computing a step's whole dQ tile).
 
 * the deterministic HSTU backward with ``hstu_bwd_ws=detzero`` (XLA zeroes the fp32
   workspace and every KV tile adds; by default the first KV tile in a query tile's order
@@ -101,6 +103,24 @@ def test_bsa_bwd_epi_from_registers(c, epi, monkeypatch):
     sw = Switches(bsa_bwd_impl="sm90ws", bsa_bwd_ws=epi)
     key = fb.bwd_config(jnp.dtype(c["dtype"]), c["d"], c["blk"], False, sw)
     assert not key.ws_epi_smem and key.ws_epi_pairs is (epi == "epiregs"), key
+    monkeypatch.setattr(tb, "BWDWS", sw)
+    tb.test_bsa_sm90ws_backward(c)
+
+
+DQALT_CASES = [c for c in tb.BWD_WS_CASES if c["blk"] == 128]
+
+
+@pytest.mark.parametrize("c", DQALT_CASES, ids=lambda c: c["name"])
+def test_bsa_bwd_dqalt(c, monkeypatch):
+    """``bsa_bwd_ws=dqalt``: the blk 128 consumer warpgroups take turns computing a step's
+    whole dQ tile (the other one does not wait for the step's dS)."""
+    from jax_sparse_attn.ffi import bsa as fb
+
+    sw = Switches(bsa_bwd_impl="sm90ws", bsa_bwd_ws="dqalt")
+    key = fb.bwd_config(jnp.dtype(c["dtype"]), c["d"], c["blk"], False, sw)
+    assert key.ws_dq_alt and key.dq_writer and not key.ws_dq_alias, key
+    assert not fb.bwd_config(jnp.dtype(c["dtype"]), c["d"], c["blk"], False, sw,
+                             deterministic=True).ws_dq_alt
     monkeypatch.setattr(tb, "BWDWS", sw)
     tb.test_bsa_sm90ws_backward(c)
 

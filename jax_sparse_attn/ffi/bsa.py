@@ -173,6 +173,9 @@ class BsaBwdConfig:
     # "sm90ws": dK / dV staged in shared memory (packed pairs) and written in coalesced
     # 16-byte row pieces (off: "epiregs" or "epi16")
     ws_epi_smem: bool = False
+    # "sm90ws", blk 128 with the dQ writer warp and the staging tile: the consumer
+    # warpgroups take turns computing a step's whole dQ ("dqalt")
+    ws_dq_alt: bool = False
     # "sm90ws" only: programmatic dependent launch (Switches.pdl) of the backward and of
     # its dQ reordering kernel
     pdl: bool = False
@@ -416,6 +419,9 @@ def bwd_config(dtype, head_dim, block_size, has_block_sizes, switches,
                             ws_split_wait="splitwait" in opts,
                             ws_epi_pairs="epi16" not in opts,
                             ws_epi_smem=not {"epiregs", "epi16"} & set(opts),
+                            ws_dq_alt="dqalt" in opts and block_size == 128 and tile
+                            and not alias and not deterministic and not decouple
+                            and getattr(switches, "dq_writer", "auto") != "off",
                             pdl=bool(getattr(switches, "pdl", False)),
                             det_writer=bool(deterministic) and tile
                             and bool(getattr(switches, "det_writer", False)),
@@ -918,7 +924,7 @@ def _ws_kernel(cfg: BsaBwdConfig):
                         dq_writer=cfg.dq_writer,
                         dq_late=cfg.ws_dq_late, lse_early=cfg.ws_lse_early,
                         split_wait=cfg.ws_split_wait, epi_pairs=cfg.ws_epi_pairs,
-                        epi_smem=cfg.ws_epi_smem)
+                        epi_smem=cfg.ws_epi_smem, dq_alt=cfg.ws_dq_alt)
 
 
 def _bwd_det_entry(stream, q, k, v, do, lse, delta, offsets, entries, ranks, sizes, scale,

@@ -169,7 +169,8 @@ class BsaBwdSm90Ws:
                  decouple: bool = False, deterministic: bool = False, dq_tile: bool = False,
                  dq_alias: bool = False, pdl: bool = False, det_writer: bool = False,
                  dq_late: bool = False, dq_writer: bool = False, lse_early: bool = False,
-                 split_wait: bool = False, epi_pairs: bool = False, epi_smem: bool = False):
+                 split_wait: bool = False, epi_pairs: bool = False, epi_smem: bool = False,
+                 dq_alt: bool = False):
         self.pdl = pdl
         # dK / dV stored as packed pairs of adjacent columns (4-byte stores)
         self.epi_pairs = epi_pairs
@@ -230,6 +231,12 @@ class BsaBwdSm90Ws:
         # blk 128: each consumer warpgroup adds the dQ of its own 64 keys (no barrier between
         # the warpgroups; twice the dQ reductions)
         self.decouple = decouple and self.num_wg == 2 and not deterministic
+        # blk 128 with the dQ writer and the staging tile: the consumer warpgroups take turns
+        # (step c: warpgroup c % 2) computing the step's whole dQ tile (m64, n = D, k = bn);
+        # the other warpgroup only arrives on the step's dS barrier (ids 1 / 6 by step
+        # parity) and goes on. Barriers 2 and 5 then count the computing warpgroup and warp 1.
+        self.dq_alt = (dq_alt and self.num_wg == 2 and self.dq_writer and not self.dq_alias
+                       and not self.decouple)
         self.regs_producer = 24
         # 65536 registers per SM: 384 threads x 168 at launch (blk 128), 2 x 256 x 128 (blk 64)
         self.regs_consumer = 240 if self.num_wg == 2 else 232
@@ -248,7 +255,7 @@ class BsaBwdSm90Ws:
         mma_kv = sm90_utils.make_trivial_tiled_mma(dt, dt, Kmaj, MN, Float32, (nwg, 1, 1),
                                                    (64, d), warpgroup.OperandSource.RMEM)
         # dQ: (bm queries) x D, reduction over the bn keys; two warpgroups split the head dim
-        dq_split = 1 if self.decouple else nwg
+        dq_split = 1 if self.decouple or self.dq_alt else nwg
         mma_dq = sm90_utils.make_trivial_tiled_mma(dt, dt, MN, MN, Float32, (1, dq_split, 1),
                                                    (64, d // dq_split))
         sK_layout, sK_mn_layout, sQ_layout, sQ_mn_layout, sdS_layout = kvb.layouts(
@@ -342,6 +349,45 @@ class BsaBwdSm90Ws:
         cute.arch.sync_warp()
 
     @cute.jit
+    def _alt_step(self, mma_kv, mma_dq, acc_dK, tdS, tKrQ, tP, tQrdS, tQrK, thr_dq, st, stg,
+                  buf, c, wg, warp):
+        """``dq_alt``: the rest of step ``c`` after the dV GEMM's issue. Warpgroup ``c % 2``
+        waits for both dS^T halves (barrier 1 at even steps, 6 at odd ones: the other
+        warpgroup may arrive for the next step before this one has synced), issues dK,
+        then ``dQ = dS K`` over all keys and D once dK / dV are complete, and stages it for
+        the writer warp (barrier 5: the writer is done with the previous tile; barrier 2: this
+        one is staged). The other warpgroup arrives on the dS barrier and issues dK only.
+        Both end with no wgmma in flight."""
+        bm, d = self.bm, self.d
+        mine = (c % 2) == wg
+        if mine:
+            if c % 2 == 0:
+                cute.arch.barrier(barrier_id=1, number_of_threads=256)
+            else:
+                cute.arch.barrier(barrier_id=6, number_of_threads=256)
+        else:
+            if c % 2 == 0:
+                cute.arch.barrier_arrive(barrier_id=1, number_of_threads=256)
+            else:
+                cute.arch.barrier_arrive(barrier_id=6, number_of_threads=256)
+        kvb.issue_dk(mma_kv, acc_dK, tdS, tKrQ, stg)
+        warpgroup.wait_group(0)
+        kvb.keep_regs(tP, tdS)
+        if mine:
+            acc_dQ = thr_dq.make_fragment_C(thr_dq.partition_shape_C((bm, d)))
+            mma_dq = kvb.issue_dq(mma_dq, acc_dQ, tQrdS, tQrK, buf)
+            warpgroup.wait_group(0)
+            if c > 0:
+                # the writer warp is done with the previous step's staged tile
+                cute.arch.barrier(barrier_id=5, number_of_threads=128 + 32)
+            stage_warp_slice(acc_dQ, st.sdQ.data_ptr(), cute.arch.lane_idx(), (warp - 4) % 4,
+                             0, 4, self.dq_w)
+            cute.arch.fence_proxy("async.shared", space="cta")
+            cute.arch.sync_warp()
+            cute.arch.barrier_arrive(barrier_id=2, number_of_threads=128 + 32)
+        return mma_dq
+
+    @cute.jit
     def _dq_order_warp(self, mEntries, mRank, mdQSem, e_begin, n_ent, n_q_blocks, seqlen_q,
                        head_kv, group, batch, mdQacc=None, st=None, pipe_q=None):
         """Warp 1 in deterministic mode or with ``dq_writer``. Deterministic: per query
@@ -359,7 +405,7 @@ class BsaBwdSm90Ws:
         complete, publish."""
         lane = cute.arch.lane_idx()
         bm, d, nwg = self.bm, self.d, self.num_wg
-        n_sync = 128 * nwg + 32
+        n_sync = 128 * (1 if self.dq_alt else nwg) + 32
         n_cg = d // nwg // self.dq_w  # blocks per consumer warp
         c = Int32(0)
         for e in cutlass.range(n_ent, unroll=1):
@@ -561,8 +607,8 @@ class BsaBwdSm90Ws:
             tScS = acc_mn_view_wg(thr_s.partition_C(cute.make_identity_tensor((bn, bm))))
             n_rows = cute.size(tScS, mode=[0])  # keys of this thread
             n_cols = cute.size(tScS, mode=[1])  # queries of this thread
-            if cutlass.const_expr(self.decouple):
-                # one warpgroup's dQ tile (all of D) over its own 64 keys
+            if cutlass.const_expr(self.decouple or self.dq_alt):
+                # one warpgroup's dQ tile (all of D; decouple: over its own 64 keys)
                 thr_dq = mma_dq.get_slice(ctid % 128)
                 tQrdS = thr_dq.make_fragment_A(thr_dq.partition_A(sdS))
                 tQrK = thr_dq.make_fragment_B(thr_dq.partition_B(sK_mn))
@@ -666,118 +712,127 @@ class BsaBwdSm90Ws:
                         kvb.issue_dv(mma_kv, acc_dV, tP, tVrdO, stg)
                         # every warp's dS^T rows are in smem (generic -> async proxy)
                         cute.arch.fence_proxy("async.shared", space="cta")
-                        if cutlass.const_expr(self.decouple):
-                            cute.arch.barrier(barrier_id=1 + wg, number_of_threads=128)
+                        if cutlass.const_expr(self.dq_alt):
+                            mma_dq = self._alt_step(mma_kv, mma_dq, acc_dK, tdS, tKrQ, tP,
+                                                    tQrdS, tQrK, thr_dq, st, stg, buf, c, wg,
+                                                    warp)
                         else:
-                            cute.arch.barrier(barrier_id=1, number_of_threads=128 * nwg)
-                        # dQ = dS K, then dK += dS^T Q (its own group: the dQ reductions below
-                        # are issued while it runs)
-                        acc_dQ = thr_dq.make_fragment_C(thr_dq.partition_shape_C((bm, d)))
-                        if cutlass.const_expr(self.decouple):
-                            kb = cute.size(tQrdS, mode=[2]) // 2  # k16 blocks per warpgroup
-                            if wg == 0:
-                                mma_dq = kvb.issue_dq_dk(mma_dq, mma_kv, acc_dQ, acc_dK, tQrdS,
-                                                         tQrK, tdS, tKrQ, buf, stg, (0, kb))
+                            if cutlass.const_expr(self.decouple):
+                                cute.arch.barrier(barrier_id=1 + wg, number_of_threads=128)
                             else:
-                                mma_dq = kvb.issue_dq_dk(mma_dq, mma_kv, acc_dQ, acc_dK, tQrdS,
-                                                         tQrK, tdS, tKrQ, buf, stg,
-                                                         (kb, 2 * kb))
-                        elif cutlass.const_expr(self.dq_late):
-                            kvb.issue_dk(mma_kv, acc_dK, tdS, tKrQ, stg)
-                            warpgroup.wait_group(0)
-                            kvb.keep_regs(tP, tdS)
-                            mma_dq = kvb.issue_dq(mma_dq, acc_dQ, tQrdS, tQrK, buf)
-                        else:
-                            mma_dq = kvb.issue_dq_dk(mma_dq, mma_kv, acc_dQ, acc_dK, tQrdS,
-                                                     tQrK, tdS, tKrQ, buf, stg)
-                        warpgroup.wait_group(1)
-
-                        if cutlass.const_expr(self.dq_tile):
-                            # the warp's slice (rows 16 rg .., the warpgroup's columns) in
-                            # register order to the staging tile, then one bulk reduction
-                            # per block into query tile q0 / 64 (rows past S_q: zeros)
-                            t_lane = cute.arch.lane_idx()
-                            t_rg = (warp - 4) % 4
-                            t_cols = d // nwg
-                            t_cg0 = wg * (t_cols // self.dq_w)
-                            t_half = 2 * d // self.dq_w  # blocks per staging buffer (alias)
-                            sdQ = None
-                            sdQ2 = None
-                            if cutlass.const_expr(self.dq_alias):
-                                # stage this step's slices in its Q and dO tiles once every
-                                # consumer warp's GEMMs have read them
+                                cute.arch.barrier(barrier_id=1, number_of_threads=128 * nwg)
+                            # dQ = dS K, then dK += dS^T Q (its own group: the dQ reductions below
+                            # are issued while it runs)
+                            acc_dQ = thr_dq.make_fragment_C(thr_dq.partition_shape_C((bm, d)))
+                            if cutlass.const_expr(self.decouple):
+                                kb = cute.size(tQrdS, mode=[2]) // 2  # k16 blocks per warpgroup
+                                if wg == 0:
+                                    mma_dq = kvb.issue_dq_dk(mma_dq, mma_kv, acc_dQ, acc_dK, tQrdS,
+                                                             tQrK, tdS, tKrQ, buf, stg, (0, kb))
+                                else:
+                                    mma_dq = kvb.issue_dq_dk(mma_dq, mma_kv, acc_dQ, acc_dK, tQrdS,
+                                                             tQrK, tdS, tKrQ, buf, stg,
+                                                             (kb, 2 * kb))
+                            elif cutlass.const_expr(self.dq_late):
+                                kvb.issue_dk(mma_kv, acc_dK, tdS, tKrQ, stg)
                                 warpgroup.wait_group(0)
-                                cute.arch.barrier(barrier_id=4, number_of_threads=128 * nwg)
-                                sdQ, sdQ2 = kvb.stage_as_f32(st, stg, bm, d)
+                                kvb.keep_regs(tP, tdS)
+                                mma_dq = kvb.issue_dq(mma_dq, acc_dQ, tQrdS, tQrK, buf)
                             else:
-                                sdQ = st.sdQ.data_ptr()
-                                if cutlass.const_expr(not self.writer):
-                                    # the previous step's bulk reads of this warp's blocks
-                                    # are done
-                                    if t_lane == 0:
-                                        cute.arch.cp_async_bulk_wait_group(0, read=True)
-                                    cute.arch.sync_warp()
-                            if cutlass.const_expr(self.writer):
-                                # the writer warp is done with the previous step's staged
-                                # tile (its buffer, or its Q / dO stage)
-                                if c > 0:
-                                    cute.arch.barrier(barrier_id=5,
+                                mma_dq = kvb.issue_dq_dk(mma_dq, mma_kv, acc_dQ, acc_dK, tQrdS,
+                                                         tQrK, tdS, tKrQ, buf, stg)
+                            warpgroup.wait_group(1)
+
+                            if cutlass.const_expr(self.dq_tile):
+                                # the warp's slice (rows 16 rg .., the warpgroup's columns) in
+                                # register order to the staging tile, then one bulk reduction
+                                # per block into query tile q0 / 64 (rows past S_q: zeros)
+                                t_lane = cute.arch.lane_idx()
+                                t_rg = (warp - 4) % 4
+                                t_cols = d // nwg
+                                t_cg0 = wg * (t_cols // self.dq_w)
+                                t_half = 2 * d // self.dq_w  # blocks per staging buffer (alias)
+                                sdQ = None
+                                sdQ2 = None
+                                if cutlass.const_expr(self.dq_alias):
+                                    # stage this step's slices in its Q and dO tiles once every
+                                    # consumer warp's GEMMs have read them
+                                    warpgroup.wait_group(0)
+                                    cute.arch.barrier(barrier_id=4, number_of_threads=128 * nwg)
+                                    sdQ, sdQ2 = kvb.stage_as_f32(st, stg, bm, d)
+                                else:
+                                    sdQ = st.sdQ.data_ptr()
+                                    if cutlass.const_expr(not self.writer):
+                                        # the previous step's bulk reads of this warp's blocks
+                                        # are done
+                                        if t_lane == 0:
+                                            cute.arch.cp_async_bulk_wait_group(0, read=True)
+                                        cute.arch.sync_warp()
+                                if cutlass.const_expr(self.writer):
+                                    # the writer warp is done with the previous step's staged
+                                    # tile (its buffer, or its Q / dO stage)
+                                    if c > 0:
+                                        cute.arch.barrier(barrier_id=5,
+                                                          number_of_threads=128 * nwg + 32)
+                                stage_warp_slice(acc_dQ, sdQ, t_lane, t_rg, t_cg0, 4, self.dq_w,
+                                                 sbase2=sdQ2, half=t_half)
+                                cute.arch.fence_proxy("async.shared", space="cta")
+                                cute.arch.sync_warp()
+                                if cutlass.const_expr(self.writer):
+                                    # the writer warp waits for its turn and adds the tile
+                                    cute.arch.barrier_arrive(barrier_id=2,
+                                                             number_of_threads=128 * nwg + 32)
+                                elif cutlass.const_expr(self.deterministic):
+                                    # warp 1: the lower KV blocks' additions to this tile are done
+                                    cute.arch.barrier(barrier_id=2,
                                                       number_of_threads=128 * nwg + 32)
-                            stage_warp_slice(acc_dQ, sdQ, t_lane, t_rg, t_cg0, 4, self.dq_w,
-                                             sbase2=sdQ2, half=t_half)
-                            cute.arch.fence_proxy("async.shared", space="cta")
-                            cute.arch.sync_warp()
-                            if cutlass.const_expr(self.writer):
-                                # the writer warp waits for its turn and adds the tile
-                                cute.arch.barrier_arrive(barrier_id=2,
-                                                         number_of_threads=128 * nwg + 32)
-                            elif cutlass.const_expr(self.deterministic):
-                                # warp 1: the lower KV blocks' additions to this tile are done
-                                cute.arch.barrier(barrier_id=2,
-                                                  number_of_threads=128 * nwg + 32)
-                            if cutlass.const_expr(not self.writer):
-                                if t_lane == 0:
-                                    bulk_add_warp_slice(
-                                        elem_ptr(mdQacc, (batch, head, m_block * self.sub + s,
-                                                          0)),
-                                        sdQ, t_rg, t_cg0, t_cols // self.dq_w, 4, self.dq_w,
-                                        sbase2=sdQ2, half=t_half)
-                                    cute.arch.cp_async_bulk_commit_group()
+                                if cutlass.const_expr(not self.writer):
+                                    if t_lane == 0:
+                                        bulk_add_warp_slice(
+                                            elem_ptr(mdQacc, (batch, head, m_block * self.sub + s,
+                                                              0)),
+                                            sdQ, t_rg, t_cg0, t_cols // self.dq_w, 4, self.dq_w,
+                                            sbase2=sdQ2, half=t_half)
+                                        cute.arch.cp_async_bulk_commit_group()
+                                        if cutlass.const_expr(self.deterministic):
+                                            # the addition is complete before warp 1 publishes
+                                            cute.arch.cp_async_bulk_wait_group(0, read=False)
+                                        elif cutlass.const_expr(self.dq_alias):
+                                            # the stage is released after the bulk reads of it
+                                            cute.arch.cp_async_bulk_wait_group(0, read=True)
+                                    if cutlass.const_expr(self.deterministic or self.dq_alias):
+                                        cute.arch.sync_warp()
                                     if cutlass.const_expr(self.deterministic):
-                                        # the addition is complete before warp 1 publishes
-                                        cute.arch.cp_async_bulk_wait_group(0, read=False)
-                                    elif cutlass.const_expr(self.dq_alias):
-                                        # the stage is released after the bulk reads of it
-                                        cute.arch.cp_async_bulk_wait_group(0, read=True)
-                                if cutlass.const_expr(self.deterministic or self.dq_alias):
-                                    cute.arch.sync_warp()
+                                        cute.arch.barrier_arrive(barrier_id=3,
+                                                                 number_of_threads=128 * nwg + 32)
+                            else:
+                                # dQ rows < S_q -> fp32 workspace (values 2k, 2k + 1: adjacent
+                                # columns)
+                                gdQ = cute.local_tile(mdQacc[batch, None, head, None], (bm, d),
+                                                      (m_block * self.sub + s, 0))
+                                tdQg = thr_dq.partition_C(gdQ)
+                                if cutlass.const_expr(self.deterministic):
+                                    # warp 1: the lower KV blocks' additions to this tile are done
+                                    cute.arch.barrier(barrier_id=2, number_of_threads=128 * nwg + 32)
+                                kvb.red_add_rows(acc_dQ, tdQg, tdQc, seqlen_q - q0)
                                 if cutlass.const_expr(self.deterministic):
                                     cute.arch.barrier_arrive(barrier_id=3,
                                                              number_of_threads=128 * nwg + 32)
-                        else:
-                            # dQ rows < S_q -> fp32 workspace (values 2k, 2k + 1: adjacent
-                            # columns)
-                            gdQ = cute.local_tile(mdQacc[batch, None, head, None], (bm, d),
-                                                  (m_block * self.sub + s, 0))
-                            tdQg = thr_dq.partition_C(gdQ)
-                            if cutlass.const_expr(self.deterministic):
-                                # warp 1: the lower KV blocks' additions to this tile are done
-                                cute.arch.barrier(barrier_id=2, number_of_threads=128 * nwg + 32)
-                            kvb.red_add_rows(acc_dQ, tdQg, tdQc, seqlen_q - q0)
-                            if cutlass.const_expr(self.deterministic):
-                                cute.arch.barrier_arrive(barrier_id=3,
-                                                         number_of_threads=128 * nwg + 32)
-                        warpgroup.wait_group(0)
-                        if cutlass.const_expr(not self.dq_late):
-                            # (dq_late: kept once the dV / dK GEMMs completed, before dQ)
-                            kvb.keep_regs(tP, tdS)
+                            warpgroup.wait_group(0)
+                            if cutlass.const_expr(not self.dq_late):
+                                # (dq_late: kept once the dV / dK GEMMs completed, before dQ)
+                                kvb.keep_regs(tP, tdS)
                         if cutlass.const_expr(not (self.writer and self.dq_alias)):
                             # (the writer with dq_alias: the writer warp releases the stage
                             # that holds the staged dQ slices)
                             pipe_q.consumer_release(c)
                         c += 1
 
-            if cutlass.const_expr(self.writer):
+            if cutlass.const_expr(self.dq_alt):
+                # the writer warp's last hand-back, to the warpgroup whose turn is next
+                if c > 0 and c % 2 == wg:
+                    cute.arch.barrier(barrier_id=5, number_of_threads=128 + 32)
+            elif cutlass.const_expr(self.writer):
                 # the writer warp's last hand-back (one per step)
                 if c > 0:
                     cute.arch.barrier(barrier_id=5, number_of_threads=128 * nwg + 32)
