@@ -44,7 +44,11 @@ CTA per SM; blk 64: 256 threads, two CTAs per SM):
   is issued alone and dQ = dS K only once the dV / dK GEMMs have completed, so the dQ
   accumulator is not live next to P^T, dS^T and the in-flight dV / dK GEMMs (at blk 64 /
   D 128 the dQ-first order does not fit the registers: ptxas serializes the wgmma).
-  ``kernels/dq_tiles.py`` reorders the workspace into dq. Without ``dq_tile`` the dQ rows
+  ``kernels/dq_tiles.py`` reorders the workspace into dq. With ``dq_alt`` (blk 128, the dQ
+  writer warp and the staging tile) the warpgroups take turns instead: at step ``c``
+  warpgroup ``c % 2`` waits for both dS^T halves, computes the whole ``64 x D`` dQ tile over
+  all 128 keys (after its dV / dK GEMMs have completed) and stages it for the writer, while
+  the other warpgroup only arrives on that step's dS barrier and goes on to its next step. Without ``dq_tile`` the dQ rows
   ``< S_q`` are added to a row-major ``(B, S_q, H_q, D)`` workspace with
   ``red.global.add.v2.f32`` while the dK GEMM runs.
 * epilogue: dK, dV straight from registers to the key rows ``< S_kv``.
