@@ -833,8 +833,10 @@ class BsaBwdSm90Ws:
                         c += 1
 
             if cutlass.const_expr(self.dq_alt):
-                # the writer warp's last hand-back, to the warpgroup whose turn is next
-                if c > 0 and c % 2 == wg:
+                # the writer warp's last hand-back, to the warpgroup that computed the last
+                # step (the other one may get here before that warpgroup's sync of the
+                # previous hand-back: it would take that one's place)
+                if c > 0 and c % 2 != wg:
                     cute.arch.barrier(barrier_id=5, number_of_threads=128 + 32)
             elif cutlass.const_expr(self.writer):
                 # the writer warp's last hand-back (one per step)
