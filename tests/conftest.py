@@ -1,11 +1,14 @@
 """Shared pytest configuration: the ``gpu`` marker skips cleanly without a supported GPU
 (the GPU tests are written for and run on the H200); on a CPU-only setup XLA compiles the
-tests' programs at LLVM optimization level 0."""
+tests' programs at LLVM optimization level 0. ``JAX_SPARSE_ATTN_GPU_TEST_TIMEOUT=seconds``
+puts each ``gpu`` test under a watchdog that names a hanging test (``hang_guard.py``)."""
 
 import importlib.util
 import os
 
 import pytest
+
+import hang_guard
 
 #: XLA flag of the CPU-only runs: the tests' XLA programs are small and run a few times, so
 #: their compile time dominates, and LLVM's optimizations are most of it. XLA's HLO passes
@@ -51,3 +54,17 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+@pytest.fixture(autouse=True)
+def _gpu_hang_guard(request):
+    """``gpu`` tests under ``JAX_SPARSE_ATTN_GPU_TEST_TIMEOUT``: see ``hang_guard``."""
+    seconds = hang_guard.timeout_seconds() if "gpu" in request.node.keywords else 0.0
+    if not seconds:
+        yield
+        return
+    log = hang_guard.arm(request.node.nodeid, seconds)
+    try:
+        yield
+    finally:
+        hang_guard.disarm(log)
