@@ -39,6 +39,10 @@ def _gpu_skip_reason():
 
 
 def pytest_configure(config):
+    try:
+        hang_guard.timeout_seconds()
+    except ValueError as e:
+        raise pytest.UsageError(str(e)) from None
     config.addinivalue_line("markers", "gpu: needs an SM90 GPU and CuTe DSL (run on the H200)")
     config.addinivalue_line("markers", "lowering: compiles CuTe DSL kernels for sm_90a on CPU")
     config.addinivalue_line("markers", "slow: long-running")
@@ -67,4 +71,4 @@ def _gpu_hang_guard(request):
     try:
         yield
     finally:
-        hang_guard.disarm(log)
+        hang_guard.disarm(log, request.node.nodeid)

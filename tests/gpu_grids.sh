@@ -21,7 +21,8 @@
 #              the same cases from the caches. SAN_ARGS=--quick for one implementation per op.
 # Every process runs under `timeout` T (seconds; SAN_T for each sanitizer phase); logs and summary.txt go to $OUT.
 # Each gpu test runs under the watchdog of tests/hang_guard.py (JAX_SPARSE_ATTN_GPU_TEST_TIMEOUT,
-# default here 300 s): a test that hangs ends its process and $OUT/gpu_hang.log names it.
+# default here 240 s, below T; 0 turns it off): a test that hangs (or is still running when
+# `timeout` ends its process) leaves its stack in $OUT/gpu_hang.log, a start line without done.
 # From the repo root after `source .devcache/setup.sh`:  OUT=$OUT bash tests/gpu_grids.sh
 set -u
 out=${OUT:-./gpu_out}
@@ -30,7 +31,7 @@ T=${T:-320}
 PARTS=${PARTS:-"hstu bsa rab transforms sanitize"}
 mkdir -p "$out" "$LOGS"
 export XLA_PYTHON_CLIENT_PREALLOCATE=false PYTHONUNBUFFERED=1
-export JAX_SPARSE_ATTN_GPU_TEST_TIMEOUT=${JAX_SPARSE_ATTN_GPU_TEST_TIMEOUT:-300}
+export JAX_SPARSE_ATTN_GPU_TEST_TIMEOUT=${JAX_SPARSE_ATTN_GPU_TEST_TIMEOUT-240}
 export JAX_SPARSE_ATTN_GPU_HANG_LOG=${JAX_SPARSE_ATTN_GPU_HANG_LOG:-$(cd "$out" && pwd)/gpu_hang.log}
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
 NGPU=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU' || echo 1); [ "$NGPU" -ge 1 ] || NGPU=1

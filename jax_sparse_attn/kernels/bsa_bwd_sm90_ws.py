@@ -357,7 +357,8 @@ class BsaBwdSm90Ws:
                   buf, c, wg, warp):
         """``dq_alt``: the rest of step ``c`` after the dV GEMM's issue. Warpgroup ``c % 2``
         waits for both dS^T halves (barrier 1 at even steps, 6 at odd ones: the other
-        warpgroup may arrive for the next step before this one has synced), issues dK,
+        warpgroup may reach the next step's dS barrier before this one has synced on this
+        step's), issues dK,
         then ``dQ = dS K`` over all keys and D once dK / dV are complete, and stages it for
         the writer warp (barrier 5: the writer is done with the previous tile; barrier 2: this
         one is staged). The other warpgroup arrives on the dS barrier and issues dK only.
