@@ -27,8 +27,9 @@ def test_hang_exits_with_the_stack(tmp_path):
     log = tmp_path / "hang.log"
     t0 = time.monotonic()
     r = _child("import time, hang_guard\n"
-               f"hang_guard.arm('tests/x.py::test_stuck[a]', 0.5, {str(log)!r})\n"
-               "def stuck_kernel_wait():\n    time.sleep(30)\n"
+               "def stuck_kernel_wait():\n"
+               f"    hang_guard.arm('tests/x.py::test_stuck[a]', 0.5, {str(log)!r})\n"
+               "    time.sleep(30)\n"
                "stuck_kernel_wait()\n", tmp_path)
     assert r.returncode != 0
     assert time.monotonic() - t0 < 25
@@ -43,8 +44,9 @@ def test_sigterm_during_a_test_writes_the_stack(tmp_path):
     p = subprocess.Popen([sys.executable, "-c", f"import sys; sys.path.insert(0, {HERE!r})\n"
                           "import time, hang_guard\n"
                           f"hang_guard.arm('t::killed', 60, {str(log)!r})\n"
-                          "def waiting_for_kernel():\n    time.sleep(60)\n"
-                          "print('armed', flush=True)\nwaiting_for_kernel()\n"],
+                          "def waiting_for_kernel():\n"
+                          "    print('armed', flush=True)\n    time.sleep(60)\n"
+                          "waiting_for_kernel()\n"],
                          cwd=tmp_path, stdout=subprocess.PIPE, text=True)
     assert p.stdout.readline().strip() == "armed"
     p.terminate()
