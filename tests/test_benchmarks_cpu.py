@@ -517,3 +517,35 @@ def test_bsa_bench_causal_listing():
         for m in range(16):
             got = sorted(idx[0, h, m, : nums[0, h, m]].tolist())
             assert got == list(range(max(0, m - 15), m + 1)), (h, m, got)
+
+
+@pytest.mark.parametrize("mode", ["sustained", "burst", "both"])
+def test_bsa_bench_timing_modes(monkeypatch, mode):
+    """``bsa_bench --timing``: each mode returns its own median, "both" reports the sustained
+    one and records the burst one, the rows get the details, and the printed note names the
+    burst time only when both ran."""
+    import jax.numpy as jnp
+
+    from benchmarks import bsa_bench
+
+    monkeypatch.setitem(bsa_bench.TIMING, "mode", mode)
+    monkeypatch.setattr(bsa_bench, "BURST_PAUSE_S", 0.0)
+    monkeypatch.setattr(bsa_bench, "BURST_SAMPLES", 2)
+    sets = [(jnp.ones((64, 64)),), (jnp.ones((64, 64)),)]
+    ms = bsa_bench._time(lambda x: x @ x, sets, target_s=0.002, samples=2)
+    last = dict(bsa_bench._LAST)
+    assert last["timing"] == mode and ms > 0
+    assert ("ms_sustained" in last) == (mode != "burst")
+    assert ("ms_burst" in last) == (mode != "sustained")
+    assert ms == last["ms_burst" if mode == "burst" else "ms_sustained"]
+    for m in ("sustained", "burst"):
+        if f"ms_{m}" in last:  # no NVML on CPU: the clock fields are there, empty
+            assert f"sm_mhz_median_{m}" in last and f"clock_event_reasons_{m}" in last
+    assert ("burst" in bsa_bench._timing_note()) == (mode == "both")
+
+
+def test_bsa_bench_rejects_unknown_timing():
+    from benchmarks import bsa_bench
+
+    with pytest.raises(SystemExit):
+        bsa_bench.main(["--timing", "fast"])
