@@ -157,7 +157,8 @@ _parse_hstu_bwd_ws = _parse_option_list(HSTU_BWD_WS_FLAGS,
 #: the flags of the sm90ws BSA backward's tuning switch (JAX_SPARSE_ATTN_BSA_BWD_WS), plus
 #: ``stages=N`` (at most N Q / dO stages, 2..4)
 BSA_BWD_WS_FLAGS = ("ldwait", "lpt", "decouple", "detkv", "detfull", "dqalias", "dqearly",
-                    "lselate", "splitwait", "epi16", "epiregs", "dqalt")
+                    "lselate", "splitwait", "epi16", "epiregs", "dqalt", "detsched",
+                    "detschedfull")
 _BSA_BWD_WS_ALLOWED = ("comma list of " + ", ".join(BSA_BWD_WS_FLAGS)
                        + ", stages=N (most Q / dO shared-memory stages: 2..4)")
 _parse_bsa_bwd_ws = _parse_option_list(BSA_BWD_WS_FLAGS, "stages", lambda n: 2 <= n <= 4,
@@ -369,7 +370,11 @@ SWITCHES = (
                "detkv (deterministic=True at blk 128: dQ additions in ascending KV block "
                "order instead of in the order the CTAs of a launch group of half the GPU "
                "reach them), detfull (deterministic=True: launch groups of every CTA the GPU "
-               "holds at once, at both block sizes), dqalias (bsa_bwd_dq=tile: the dQ slices "
+               "holds at once, at both block sizes), detsched (deterministic=True: the schedule "
+               "order, a greedy edge colouring of the K->Q lists along the estimated launch "
+               "schedule computed on the GPU, with a window of half the CTAs the GPU holds; "
+               "it falls back to the default order where its shared memory does not fit), "
+               "detschedfull (detsched with a window of every CTA the GPU holds), dqalias (bsa_bwd_dq=tile: the dQ slices "
                "staged in the step's consumed Q / dO tiles instead of a staging tile of "
                "their own; always at blk 64 / D 128, where that tile does not fit), "
                "dqearly (where the dQ slices are staged in the Q / dO tiles: dQ = dS K issued "

@@ -7,7 +7,9 @@ Tiny XLA computations on int32 metadata, shared by the ffi adapters, the referen
   schedules (:func:`hstu_fwd_schedule`, :func:`hstu_bwd_schedule`), the per-tile
   summaries of a ``func`` mask and the runtime scalars;
 * BSA: :func:`normalize_bsa_metadata` (the kernel-interface form of the metadata) and
-  :func:`build_kq_csr` (the K->Q transposed block lists of the backward);
+  :func:`build_kq_csr` (the K->Q transposed block lists of the backward) and the
+  deterministic backward's orders of them (:func:`kq_schedule_starts`,
+  :func:`kq_schedule_order_reference`);
 * head-dim padding (:func:`padded_head_dim`, :func:`pad_last`);
 * memory safety whatever the metadata values (:func:`sanitize_cu_seqlens`,
   :func:`sanitize_bsa_metadata`): the kernels never read or write out of bounds, even
@@ -365,6 +367,106 @@ def kq_lpt_order(offsets):
     shortest (longest-processing-time-first scheduling)."""
     counts = offsets[1:] - offsets[:-1]
     return jnp.argsort(-counts, stable=True).astype(jnp.int32)
+
+
+def kq_schedule_starts(offsets, *, num_kv_blocks: int, held: int):
+    """Estimated start of each K->Q CSR row's CTA, in entries (steps), relative to its
+    chain: int32 ``(R,)`` for the ``R + 1`` ``offsets`` of :func:`build_kq_csr`.
+
+    The rows are launched in order (row ``r``: KV block ``r % num_kv_blocks`` of chain
+    ``r // num_kv_blocks``, a chain being one (batch, KV head)) onto ``held`` CTA slots; the
+    estimate puts row ``r`` on the slot of row ``r - held`` once that one's entries are done
+    (``start[r] = start[r - held] + len[r - held]``, 0 for the first ``held`` rows: a
+    strided prefix sum), then subtracts the smallest start of the chain. The input of
+    :func:`kq_schedule_order_reference` and of the kernel that computes the same order."""
+    lens = (offsets[1:] - offsets[:-1]).astype(jnp.int32)
+    n_rows = lens.shape[0]
+    waves = -(-n_rows // held)
+    lp = jnp.pad(lens, (0, waves * held - n_rows)).reshape(waves, held)
+    start = (jnp.cumsum(lp, axis=0, dtype=jnp.int32) - lp).reshape(-1)[:n_rows]
+    start = start.reshape(-1, num_kv_blocks)
+    return (start - start.min(axis=1, keepdims=True)).reshape(-1).astype(jnp.int32)
+
+
+def kq_schedule_order_reference(offsets, entries, starts, *, num_kv_blocks: int, window: int,
+                                subrounds: int = 4):
+    """The deterministic backward's schedule order of the K->Q lists (numpy; the definition
+    that the GPU kernel ``kernels/bsa_det_order.py`` computes bit for bit).
+
+    Returns ``(entries, ranks)`` like :func:`build_kq_csr`'s, over the active slots
+    ``[0, offsets[-1])``: each CSR row's entries reordered into the order its CTA walks them,
+    and each entry's rank among the contributions to its query tile. Within each chain
+    (``num_kv_blocks`` consecutive rows: one batch and KV head, whose rows share the query
+    tiles ``entries`` name) the entries are coloured in rounds ``t = 0, 1, ...``, a greedy
+    bipartite edge colouring done in parallel: in round ``t`` a row is active when it has
+    uncoloured entries, ``t >= starts[row]`` (:func:`kq_schedule_starts`) and, for the
+    chain's row ``n >= window``, its rows ``<= n - window`` have all finished in rounds
+    before ``t``. In up to ``subrounds`` sub-rounds each active row that has not coloured an
+    entry in this round proposes its first uncoloured entry (in ``entries`` order) whose query
+    tile no row has taken in this round; a tile goes to the lowest proposing row, which
+    colours that entry ``t``: it becomes the row's next entry and takes the tile's next
+    rank. A row therefore walks its entries in increasing colour and a tile's contributions
+    come in increasing colour.
+
+    Why it cannot deadlock (rows launched in order, at least ``window`` CTAs resident at
+    once; colours of later chains read as offset past every colour of earlier ones): every
+    colour of row ``r + window`` or later is above every colour of row ``r``; at a deadlock
+    the blocked CTA with the lowest current colour waits for a smaller colour, so for a row
+    that is not resident (a resident one would be at a smaller colour still), so at least
+    ``window`` rows past the lowest unfinished one: a contradiction with the first point."""
+    import numpy as np  # noqa: PLC0415
+
+    offsets, entries, starts = (np.asarray(x) for x in (offsets, entries, starts))
+    out_e, out_r = entries.copy(), np.zeros_like(entries)
+    n_rows = len(offsets) - 1
+    for c0 in range(0, n_rows, num_kv_blocks):
+        n_kv = min(num_kv_blocks, n_rows - c0)
+        lo, deg = offsets[c0:c0 + n_kv], offsets[c0 + 1:c0 + n_kv + 1] - offsets[c0:c0 + n_kv]
+        done = [np.zeros(int(d), bool) for d in deg]
+        k = np.zeros(n_kv, np.int64)
+        fin_round = np.where(deg == 0, -1, np.iinfo(np.int64).max)
+        tile_round, tile_cnt = {}, {}
+        left, t, fin = int(deg.sum()), 0, 0
+        while left > 0:
+            while fin < n_kv and fin_round[fin] < t:
+                fin += 1
+            active = [n for n in range(n_kv) if k[n] < deg[n] and t >= starts[c0 + n]
+                      and (n < window or fin >= n - window + 1)]
+            ptr, got = dict.fromkeys(active, 0), set()
+            for _ in range(subrounds):
+                cand, prop = {}, {}
+                for n in active:
+                    if n in got:
+                        continue
+                    p = ptr[n]
+                    while p < deg[n] and (done[n][p]
+                                          or tile_round.get(int(entries[lo[n] + p])) == t):
+                        p += 1
+                    ptr[n] = p
+                    if p < deg[n]:
+                        tl = int(entries[lo[n] + p])
+                        cand[n] = p
+                        prop[tl] = min(prop.get(tl, n), n)
+                if not cand:
+                    break
+                for n, p in cand.items():
+                    tl = int(entries[lo[n] + p])
+                    if prop[tl] != n:
+                        ptr[n] = p + 1
+                        continue
+                    tile_round[tl] = t
+                    out_e[lo[n] + k[n]] = tl
+                    out_r[lo[n] + k[n]] = tile_cnt.get(tl, 0)
+                    tile_cnt[tl] = tile_cnt.get(tl, 0) + 1
+                    k[n] += 1
+                    done[n][p] = True
+                    got.add(n)
+                    left -= 1
+                    if k[n] == deg[n]:
+                        fin_round[n] = t
+            t += 1
+    end = int(offsets[-1])
+    return out_e[:end], out_r[:end]
 
 
 def _ranks_along_last(keys):

@@ -154,6 +154,10 @@ class BsaBwdConfig:
     # order (metadata.build_kq_csr's rank_group; 0: ascending KV block order)
     deterministic: bool = False
     det_group: int = 0
+    # deterministic with the schedule order (det_schedule_window; 0: det_group's order):
+    # the window of metadata.kq_schedule_order_reference, CTAs the GPU holds (held_ctas)
+    det_window: int = 0
+    held_ctas: int = 0
     # "sm90" / "sm90ws": dQ added per consumer warp with bulk reductions into a workspace of
     # 64-row query tiles (B, H_q, ceil(S_q / 64), 64 D) fp32, reordered into dq by
     # kernels/dq_tiles.py (else a row-major (B, S_q, H_q, D) fp32 workspace)
@@ -412,6 +416,9 @@ def bwd_config(dtype, head_dim, block_size, has_block_sizes, switches,
                             ws_decouple=decouple,
                             deterministic=bool(deterministic),
                             det_group=det_launch_group(block_size, opts) if deterministic else 0,
+                            det_window=det_schedule_window(block_size, opts) if deterministic
+                            else 0,
+                            held_ctas=_held_ctas(block_size) if deterministic else 0,
                             dq_tile=tile,
                             ws_dq_alias=alias,
                             ws_dq_late=alias and "dqearly" not in opts,
@@ -460,6 +467,94 @@ def det_launch_group(block_size: int, opts=()) -> int:
     if "detkv" in opts or block_size != 128:
         return 0
     return max(held // 2, 1)
+
+
+def _held_ctas(block_size: int) -> int:
+    """CTAs of the sm90ws backward the GPU holds at once: one per SM at blk 128, two at
+    blk 64."""
+    return metadata.num_sms() * (1 if block_size == 128 else 2)
+
+
+def det_schedule_window(block_size: int, opts=()) -> int:
+    """The window of the deterministic backward's schedule order (``bsa_bwd_ws`` options
+    ``detsched``: half the CTAs the GPU holds, ``detschedfull``: all of them; else 0, the
+    order of :func:`det_launch_group`). The order cannot deadlock while at least this many
+    CTAs are resident at once (``metadata.kq_schedule_order_reference``)."""
+    held = _held_ctas(block_size)
+    if "detschedfull" in opts:
+        return held
+    if "detsched" in opts:
+        return max(held // 2, 1)
+    return 0
+
+
+@dataclasses.dataclass(frozen=True)
+class BsaDetOrderConfig:
+    """Compile key of the schedule-order kernel (``kernels/bsa_det_order.py``): rows per
+    chain (KV blocks), query tiles per chain (``group * N_q``), most entries per chain, the
+    window and the sub-rounds per round."""
+
+    n_kv: int
+    n_tiles: int
+    e_cap: int
+    window: int
+    subrounds: int = 4
+
+
+#: shared memory the schedule-order kernel may use (one CTA per SM)
+DET_ORDER_SMEM = 200 * 1024
+#: most CSR rows per chain (8 per thread of a 1024-thread CTA)
+DET_ORDER_MAX_ROWS = 8192
+
+
+def det_order_config(cfg) -> BsaDetOrderConfig | None:
+    """The schedule-order kernel's configuration for the backward ``cfg`` (a ``BsaConfig``
+    with ``bwd.det_window > 0``), or None where it does not fit (shared memory, rows per
+    chain): the backward then uses the ``det_group`` order."""
+    from ..kernels.bsa_det_order import smem_bytes  # noqa: PLC0415
+
+    group = cfg.num_heads_q // cfg.num_heads_kv
+    n_kv, n_tiles = cfg.num_kv_blocks, group * cfg.num_q_blocks
+    e_cap = min(n_tiles * cfg.k_max, n_kv * n_tiles)
+    if n_kv > DET_ORDER_MAX_ROWS or smem_bytes(n_kv, n_tiles, e_cap) + 1024 > DET_ORDER_SMEM:
+        return None
+    return BsaDetOrderConfig(n_kv, n_tiles, e_cap, cfg.bwd.det_window)
+
+
+def _det_order_entry(stream, offsets, entries, starts, entries_out, ranks_out, *,
+                     cfg: BsaDetOrderConfig):
+    from ..kernels.bsa_det_order import BsaDetScheduleOrder  # noqa: PLC0415
+
+    BsaDetScheduleOrder(cfg.n_kv, cfg.n_tiles, cfg.e_cap, cfg.window, cfg.subrounds)(
+        offsets, entries, starts, entries_out, ranks_out, stream)
+
+
+@functools.cache
+def _det_order_jit():
+    """The one ``cute.jit`` of ``_det_order_entry`` (cutlass_call caches on its identity)."""
+    import cutlass.cute as cute  # noqa: PLC0415
+
+    return cute.jit(_det_order_entry)
+
+
+def det_schedule_order(offsets, entries, ocfg: BsaDetOrderConfig, held: int,
+                       cute_call_mode: str = "shared"):
+    """``(entries, ranks)`` of the schedule order (``metadata.kq_schedule_order_reference``
+    computed on the GPU by ``kernels/bsa_det_order.py``) for the K->Q lists ``offsets``,
+    ``entries`` of :func:`metadata.build_kq_csr`; ``held``: the CTAs the GPU holds (the
+    launch-schedule estimate of :func:`metadata.kq_schedule_starts`). Slots past
+    ``offsets[-1]`` are left unwritten."""
+    from .._cute_call import call_builder  # noqa: PLC0415
+
+    starts = metadata.kq_schedule_starts(offsets, num_kv_blocks=ocfg.n_kv, held=held)
+    sds = jax.ShapeDtypeStruct(entries.shape, jnp.int32)
+    call = call_builder(cute_call_mode)(
+        _det_order_jit(),
+        output_shape_dtype=(sds, sds),
+        compile_key=("bsa_det_order", ocfg),
+        cfg=ocfg,
+    )
+    return call(offsets, entries, starts)
 
 
 def deterministic_unsupported_reason(head_dim, block_size, switches=None, pack_gqa: int = 1,
@@ -1024,9 +1119,17 @@ def _bsa_bwd_deterministic(q, k, v, do, lse, delta, dq_acc, q2k_block_index, q2k
     rank in its query row, and one zeroed int32 semaphore per 64-row query tile."""
     from .._cute_call import call_builder  # noqa: PLC0415
 
-    offsets, entries, ranks = metadata.build_kq_csr(
-        q2k_block_index, q2k_block_nums, num_kv_heads=cfg.num_heads_kv,
-        num_kv_blocks=cfg.num_kv_blocks, with_ranks=True, rank_group=cfg.bwd.det_group)
+    ocfg = det_order_config(cfg) if cfg.bwd.det_window else None
+    if ocfg is not None:
+        offsets, entries = metadata.build_kq_csr(
+            q2k_block_index, q2k_block_nums, num_kv_heads=cfg.num_heads_kv,
+            num_kv_blocks=cfg.num_kv_blocks)
+        entries, ranks = det_schedule_order(offsets, entries, ocfg, cfg.bwd.held_ctas,
+                                            cfg.cute_call)
+    else:
+        offsets, entries, ranks = metadata.build_kq_csr(
+            q2k_block_index, q2k_block_nums, num_kv_heads=cfg.num_heads_kv,
+            num_kv_blocks=cfg.num_kv_blocks, with_ranks=True, rank_group=cfg.bwd.det_group)
     ws_spec = None if cfg.bwd.dq_tile else spec  # the query-tile workspace is row-major
     sem0 = jnp.zeros((cfg.batch, cfg.num_heads_q, cfg.num_q_blocks * (cfg.sparse_block_size // 64)),
                      jnp.int32)

@@ -1,0 +1,264 @@
+"""Schedule order of the deterministic block-sparse backward's K->Q lists (CuTe DSL, no jax
+imports).
+
+The deterministic backward adds the dQ contributions to each 64-row query tile in a fixed
+order: a CTA (one KV block, i.e. one row of the K->Q CSR lists) waits until its entry's rank
+among the tile's contributions has come up. This kernel computes an order in which those
+waits are short: each chain (the ``n_kv`` consecutive CSR rows of one batch and KV head,
+whose entries name the chain's ``n_tiles`` query tiles) is coloured in rounds, a greedy
+bipartite edge colouring run in parallel. Round ``t`` stands for the ``t``-th step of the
+estimated schedule; a row is active in it when it has uncoloured entries, ``t`` has reached
+its estimated start (``mStarts``) and, for the chain's row ``n >= window``, its rows
+``<= n - window`` finished in earlier rounds. In up to ``subrounds`` sub-rounds, every active
+row that has not coloured an entry in this round proposes its first uncoloured entry (CSR
+order) whose tile no row has taken in this round; the lowest proposing row gets the tile
+(a shared-memory ``atom.min.u64`` on ``(sub-round, row)`` keys, so the result does not
+depend on timing). The entry then becomes the row's next entry (``mEntriesOut``) and takes
+the tile's next rank (``mRanksOut``). ``metadata.kq_schedule_order_reference`` is the
+same computation in numpy, the definition the kernel's output must equal bit for bit; its
+docstring gives the argument that the order cannot deadlock.
+
+One CTA per chain, one thread per row (``rows_per_thread`` rows each when a chain has more
+rows than a CTA has threads). Shared memory holds the chain's entries, per tile the round of
+its last taking, its rank counter and the proposals, per entry a coloured bit, per row the
+round it finished in. Three CTA barriers per sub-round.
+"""
+
+from __future__ import annotations
+
+import cutlass
+import cutlass.cute as cute
+from cutlass import Int32, Int64
+from cutlass._mlir.dialects.llvm import AsmDialect  # noqa: F401  (the inline_asm dialect)
+from cutlass.cutlass_dsl import T, dsl_user_op
+
+from .common import inline_asm
+
+#: rounds / sub-rounds keys: (BIG - sub-round) << 32 | row, so a later sub-round's key is
+#: smaller than any earlier one and ``atom.min`` needs no reset between sub-rounds
+BIG = 0x7FFFFFFF
+#: most threads per CTA
+MAX_THREADS = 1024
+
+
+@dsl_user_op
+def atom_min_shared_u64(sptr, val, *, loc=None, ip=None):
+    """``atom.shared.min.u64 [sptr], val`` (the old value is dropped)."""
+    inline_asm(T.i64(), [sptr.toint(loc=loc, ip=ip).ir_value(loc=loc, ip=ip),
+                         Int64(val).ir_value(loc=loc, ip=ip)],
+               "atom.shared.min.u64 $0, [$1], $2;", "=l,r,l", True, loc, ip)
+
+
+@dsl_user_op
+def atom_or_shared_b32(sptr, val, *, loc=None, ip=None):
+    """``atom.shared.or.b32 [sptr], val`` (the old value is dropped)."""
+    inline_asm(T.i32(), [sptr.toint(loc=loc, ip=ip).ir_value(loc=loc, ip=ip),
+                         Int32(val).ir_value(loc=loc, ip=ip)],
+               "atom.shared.or.b32 $0, [$1], $2;", "=r,r,r", True, loc, ip)
+
+
+@dsl_user_op
+def atom_add_shared_s32(sptr, val, *, loc=None, ip=None):
+    """``atom.shared.add.s32 [sptr], val`` (the old value is dropped)."""
+    inline_asm(T.i32(), [sptr.toint(loc=loc, ip=ip).ir_value(loc=loc, ip=ip),
+                         Int32(val).ir_value(loc=loc, ip=ip)],
+               "atom.shared.add.s32 $0, [$1], $2;", "=r,r,r", True, loc, ip)
+
+
+def smem_bytes(n_kv: int, n_tiles: int, e_cap: int) -> int:
+    """Shared memory of one CTA (before alignment padding)."""
+    return 4 * n_tiles * 2 + 8 * n_tiles + 4 * e_cap + 4 * (-(-e_cap // 32)) + 4 * n_kv + 32
+
+
+class BsaDetScheduleOrder:
+    """``(offsets, entries, starts) -> (entries_out, ranks_out)`` for chains of ``n_kv``
+    CSR rows over ``n_tiles`` query tiles with at most ``e_cap`` entries each (see the
+    module docstring). ``offsets`` int32 ``(R + 1,)``, ``entries`` / ``entries_out`` /
+    ``ranks_out`` int32 of equal length (slots past ``offsets[R]`` are not written),
+    ``starts`` int32 ``(R,)``, ``R`` a multiple of ``n_kv``."""
+
+    def __init__(self, n_kv: int, n_tiles: int, e_cap: int, window: int, subrounds: int = 4):
+        if min(n_kv, n_tiles, e_cap, window, subrounds) < 1:
+            raise ValueError(f"bsa_det_order: n_kv={n_kv}, n_tiles={n_tiles}, e_cap={e_cap}, "
+                             f"window={window}, subrounds={subrounds} must be >= 1")
+        self.n_kv, self.n_tiles, self.e_cap = n_kv, n_tiles, e_cap
+        self.window, self.subrounds = window, subrounds
+        self.num_threads = min(MAX_THREADS, -(-n_kv // 32) * 32)
+        self.rpt = -(-n_kv // self.num_threads)
+        self.n_words = -(-e_cap // 32)
+
+    @cute.jit
+    def __call__(self, mOffsets, mEntries, mStarts, mEntriesOut, mRanksOut, stream):
+        @cute.struct
+        class Smem:
+            tile_round: cute.struct.Align[cute.struct.MemRange[Int32, self.n_tiles], 16]
+            tile_cnt: cute.struct.Align[cute.struct.MemRange[Int32, self.n_tiles], 16]
+            tile_prop: cute.struct.Align[cute.struct.MemRange[Int64, self.n_tiles], 16]
+            edge: cute.struct.Align[cute.struct.MemRange[Int32, self.e_cap], 16]
+            bits: cute.struct.Align[cute.struct.MemRange[Int32, self.n_words], 16]
+            row_fin: cute.struct.Align[cute.struct.MemRange[Int32, self.n_kv], 16]
+            misc: cute.struct.Align[cute.struct.MemRange[Int32, 8], 16]
+
+        n_chains = (cute.size(mOffsets.shape[0]) - 1) // self.n_kv
+        self.kernel(mOffsets, mEntries, mStarts, mEntriesOut, mRanksOut, Smem).launch(
+            grid=(n_chains, 1, 1), block=[self.num_threads, 1, 1], smem=Smem.size_in_bytes(),
+            stream=stream)
+
+    @cute.kernel
+    def kernel(self, mOffsets, mEntries, mStarts, mEntriesOut, mRanksOut,
+               Smem: cutlass.Constexpr):
+        tid, _, _ = cute.arch.thread_idx()
+        chain, _, _ = cute.arch.block_idx()
+        nt, n_kv, n_tiles, rpt = self.num_threads, self.n_kv, self.n_tiles, self.rpt
+        st = cutlass.memory.SmemAllocator().allocate(Smem)
+        sRound = st.tile_round.get_tensor(cute.make_layout(n_tiles))
+        sCnt = st.tile_cnt.get_tensor(cute.make_layout(n_tiles))
+        sProp = st.tile_prop.get_tensor(cute.make_layout(n_tiles))
+        sEdge = st.edge.get_tensor(cute.make_layout(self.e_cap))
+        sBits = st.bits.get_tensor(cute.make_layout(self.n_words))
+        sFin = st.row_fin.get_tensor(cute.make_layout(n_kv))
+        sMisc = st.misc.get_tensor(cute.make_layout(8))
+
+        row0 = chain * n_kv
+        e0 = Int32(mOffsets[row0])
+        n_e = cutlass.min(Int32(mOffsets[row0 + n_kv]) - e0, self.e_cap)
+        # per-thread rows: chain row tid + i * nt
+        rOff = cute.make_rmem_tensor((rpt,), Int32)   # first entry, chain-local
+        rDeg = cute.make_rmem_tensor((rpt,), Int32)
+        rT0 = cute.make_rmem_tensor((rpt,), Int32)
+        rK = cute.make_rmem_tensor((rpt,), Int32)     # entries coloured so far
+        rAct = cute.make_rmem_tensor((rpt,), Int32)   # active in this round, no entry yet
+        rPtr = cute.make_rmem_tensor((rpt,), Int32)   # scan position in this round
+        rCand = cute.make_rmem_tensor((rpt,), Int32)  # proposed entry (-1: none)
+        for i in cutlass.range_constexpr(rpt):
+            n = tid + i * nt
+            rOff[i] = Int32(0)
+            rDeg[i] = Int32(0)
+            rT0[i] = Int32(0)
+            if n < n_kv:
+                a = Int32(mOffsets[row0 + n]) - e0
+                b = Int32(mOffsets[row0 + n + 1]) - e0
+                # clamped like n_e: a chain never has more than e_cap entries
+                a = cutlass.max(cutlass.min(a, n_e), 0)
+                b = cutlass.max(cutlass.min(b, n_e), a)
+                rOff[i] = a
+                rDeg[i] = b - a
+                rT0[i] = Int32(mStarts[row0 + n])
+                fin0 = Int32(BIG)
+                if b == a:
+                    fin0 = Int32(-1)
+                sFin[n] = fin0
+            rK[i] = Int32(0)
+        for j in cutlass.range(tid, n_tiles, nt, unroll=1):
+            sRound[j] = Int32(-1)
+            sCnt[j] = Int32(0)
+            sProp[j] = Int64(0x7FFFFFFFFFFFFFFF)  # no proposal
+        for j in cutlass.range(tid, self.n_words, nt, unroll=1):
+            sBits[j] = Int32(0)
+        for j in cutlass.range(tid, n_e, nt, unroll=1):
+            # tiles outside [0, n_tiles) would index past the tile arrays: clamped (the CSR
+            # builder never produces them)
+            sEdge[j] = cutlass.max(cutlass.min(Int32(mEntries[e0 + j]), n_tiles - 1), 0)
+        if tid == 0:
+            sMisc[0] = n_e       # entries left to colour
+            sMisc[1] = Int32(0)  # rows 0 .. fin-1 finished in earlier rounds
+            sMisc[2] = Int32(0)  # "some row proposed" flags, by sub-round parity
+            sMisc[3] = Int32(0)
+        cute.arch.barrier()
+
+        t = Int32(0)
+        sc = Int32(0)
+        left = Int32(sMisc[0])
+        while left > 0:
+            if tid == 0:
+                f = Int32(sMisc[1])
+                go = Int32(1)
+                while go != 0:
+                    go = Int32(0)
+                    if f < n_kv:
+                        if Int32(sFin[cutlass.min(f, n_kv - 1)]) < t:
+                            f += 1
+                            go = Int32(1)
+                sMisc[1] = f
+            cute.arch.barrier()
+            fin = Int32(sMisc[1])
+            for i in cutlass.range_constexpr(rpt):
+                n = tid + i * nt
+                act = Int32(0)
+                if n < n_kv:
+                    if rK[i] < rDeg[i]:
+                        if t >= rT0[i]:
+                            act = Int32(1)
+                            if cutlass.const_expr(self.window < n_kv):
+                                if n >= self.window:
+                                    if fin < n - self.window + 1:
+                                        act = Int32(0)
+                rAct[i] = act
+                rPtr[i] = Int32(0)
+            s = Int32(0)
+            go_s = Int32(1)
+            while go_s != 0:
+                key = Int64(BIG - sc) << 32
+                # proposals: each active row's first uncoloured entry whose tile is free
+                for i in cutlass.range_constexpr(rpt):
+                    rCand[i] = Int32(-1)
+                    if rAct[i] != 0:
+                        p = rPtr[i]
+                        deg = rDeg[i]
+                        base = rOff[i]
+                        go = Int32(0)
+                        if p < deg:
+                            go = Int32(1)
+                        while go != 0:
+                            e = base + p
+                            skip = (Int32(sBits[e >> 5]) >> (e & 31)) & 1
+                            if Int32(sRound[Int32(sEdge[e])]) == t:
+                                skip = Int32(1)
+                            go = Int32(0)
+                            if skip != 0:
+                                p += 1
+                                if p < deg:
+                                    go = Int32(1)
+                        rPtr[i] = p
+                        if p < deg:
+                            rCand[i] = p
+                            tile = Int32(sEdge[base + p])
+                            atom_min_shared_u64(st.tile_prop.data_ptr() + tile,
+                                                key | Int64(tid + i * nt))
+                            sMisc[2 + (sc & 1)] = Int32(1)
+                cute.arch.barrier()
+                more = Int32(sMisc[2 + (sc & 1)])
+                # the lowest proposer of each tile takes it
+                for i in cutlass.range_constexpr(rpt):
+                    if rCand[i] >= 0:
+                        n = tid + i * nt
+                        e = rOff[i] + rCand[i]
+                        tile = Int32(sEdge[e])
+                        if Int64(sProp[tile]) == (key | Int64(n)):
+                            rank = Int32(sCnt[tile])
+                            sCnt[tile] = rank + 1
+                            sRound[tile] = t
+                            out = e0 + rOff[i] + rK[i]
+                            mEntriesOut[out] = tile
+                            mRanksOut[out] = rank
+                            rK[i] = rK[i] + 1
+                            atom_or_shared_b32(st.bits.data_ptr() + (e >> 5),
+                                               Int32(1) << (e & 31))
+                            atom_add_shared_s32(st.misc.data_ptr(), Int32(-1))
+                            rAct[i] = Int32(0)
+                            if rK[i] == rDeg[i]:
+                                sFin[n] = t
+                        else:
+                            rPtr[i] = rCand[i] + 1
+                if tid == 0:
+                    # the flag of the next sub-round (read last one sub-round ago)
+                    sMisc[2 + ((sc + 1) & 1)] = Int32(0)
+                cute.arch.barrier()
+                s += 1
+                sc += 1
+                go_s = Int32(0)
+                if s < self.subrounds:
+                    if more != 0:
+                        go_s = Int32(1)
+            t += 1
+            left = Int32(sMisc[0])
