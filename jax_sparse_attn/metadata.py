@@ -374,17 +374,24 @@ def kq_schedule_starts(offsets, *, num_kv_blocks: int, held: int):
     chain: int32 ``(R,)`` for the ``R + 1`` ``offsets`` of :func:`build_kq_csr`.
 
     The rows are launched in order (row ``r``: KV block ``r % num_kv_blocks`` of chain
-    ``r // num_kv_blocks``, a chain being one (batch, KV head)) onto ``held`` CTA slots; the
-    estimate puts row ``r`` on the slot of row ``r - held`` once that one's entries are done
-    (``start[r] = start[r - held] + len[r - held]``, 0 for the first ``held`` rows: a
-    strided prefix sum), then subtracts the smallest start of the chain. The input of
-    :func:`kq_schedule_order_reference` and of the kernel that computes the same order."""
+    ``r // num_kv_blocks``, a chain being one (batch, KV head)) onto ``held`` CTA slots,
+    each taking one step per entry. A fluid estimate: the first ``held`` rows start at 0;
+    when row ``r`` starts, the entries of the rows before it (prefix sum ``P_r``) are the
+    work done on ``held`` busy slots plus what the ``held - 1`` other running rows have
+    left, about half a mean row each, so ``start_r = (P_r - (held - 1) L / 2) / held``
+    (``L`` the mean entries per row; integer arithmetic, rounded down), at least 0; then the
+    chain's smallest start is subtracted. (Modelled on random lists, this estimate orders as well as simulating the
+    slots, and a per-slot estimate ``start[r - held] + len[r - held]`` much worse;
+    ``scripts/det_order_model.py``.) The input of :func:`kq_schedule_order_reference` and of
+    the kernel that computes the same order."""
     lens = (offsets[1:] - offsets[:-1]).astype(jnp.int32)
     n_rows = lens.shape[0]
-    waves = -(-n_rows // held)
-    lp = jnp.pad(lens, (0, waves * held - n_rows)).reshape(waves, held)
-    start = (jnp.cumsum(lp, axis=0, dtype=jnp.int32) - lp).reshape(-1)[:n_rows]
-    start = start.reshape(-1, num_kv_blocks)
+    prefix = offsets[:-1].astype(jnp.int32) - offsets[0].astype(jnp.int32)
+    # integer arithmetic (the same result on every backend): (held - 1) L / 2 with twice
+    # the mean rounded down, L2 = 2 sum / R
+    mean2 = (2 * (offsets[-1] - offsets[0]).astype(jnp.int32)) // max(n_rows, 1)
+    start = jnp.maximum(prefix - ((held - 1) * mean2) // 4, 0) // held
+    start = jnp.where(jnp.arange(n_rows) < held, 0, start).reshape(-1, num_kv_blocks)
     return (start - start.min(axis=1, keepdims=True)).reshape(-1).astype(jnp.int32)
 
 

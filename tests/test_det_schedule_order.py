@@ -40,9 +40,10 @@ def test_starts_match_a_loop():
     for held in (1, 3, 7, 40):
         got = np.asarray(metadata.kq_schedule_starts(jnp.asarray(off), num_kv_blocks=10,
                                                      held=held))
+        mean2 = 2 * lens.sum() // len(lens)
         start = np.zeros(len(lens), np.int64)
         for r in range(held, len(lens)):
-            start[r] = start[r - held] + lens[r - held]
+            start[r] = max(lens[:r].sum() - (held - 1) * mean2 // 4, 0) // held
         want = (start.reshape(-1, 10) - start.reshape(-1, 10).min(1, keepdims=True)).ravel()
         np.testing.assert_array_equal(got, want)
         assert got.dtype == np.int32
@@ -242,3 +243,286 @@ def test_sched_order_lowers(tmp_path):
     for p in order:
         assert "atom.shared.min.u64" in p and "atom.shared.or.b32" in p
         assert ".local" not in p
+
+
+# ------------------------------------------------- the order kernel's phases, emulated on CPU
+
+
+def _kernel_emulation(off, ent, starts, *, n_kv, n_tiles, e_cap, window, subrounds=4,
+                      max_threads=1024, seed=0):
+    """``kernels/bsa_det_order.py`` statement by statement in Python: one generator per
+    thread that yields before each shared-memory access, a scheduler that steps the threads
+    in a random interleaving up to each ``cute.arch.barrier()``, and a race check per
+    barrier interval (two threads on one address with at least one plain write, other than
+    equal-valued plain stores, or a plain read next to an atomic). Returns ``(entries_out,
+    ranks_out)`` (slots not written: -7) and the global slots written per chain."""
+    rng = np.random.default_rng(seed)
+    big, nt = 0x7FFFFFFF, min(max_threads, -(-n_kv // 32) * 32)
+    rpt, n_words = -(-n_kv // nt), -(-e_cap // 32)
+    n_rows = len(off) - 1
+    out_e = np.full(len(ent), -7, np.int64)
+    out_r = np.full(len(ent), -7, np.int64)
+    written = []
+
+    def run_chain(chain):
+        sm = {"round": [0] * n_tiles, "cnt": [0] * n_tiles, "prop": [0] * n_tiles,
+              "edge": [0] * e_cap, "bits": [0] * n_words, "fin": [0] * n_kv, "misc": [0] * 8}
+        log = []  # (tid, kind, array, index, value) of the current barrier interval
+        slots = []
+
+        def acc(tid, kind, arr, i, val=None):
+            assert 0 <= i < len(sm[arr]), (arr, i)  # shared-memory bounds
+            log.append((tid, kind, arr, i, val))
+
+        def thread(tid):
+            row0 = chain * n_kv
+            e0 = int(off[row0])
+            n_e = min(int(off[row0 + n_kv]) - e0, e_cap)
+            rOff, rDeg, rT0, rK = [0] * rpt, [0] * rpt, [0] * rpt, [0] * rpt
+            rAct, rPtr, rCand = [0] * rpt, [0] * rpt, [0] * rpt
+            for i in range(rpt):
+                n = tid + i * nt
+                if n < n_kv:
+                    a = int(off[row0 + n]) - e0
+                    b = int(off[row0 + n + 1]) - e0
+                    a = max(min(a, n_e), 0)
+                    b = max(min(b, n_e), a)
+                    rOff[i], rDeg[i], rT0[i] = a, b - a, int(starts[row0 + n])
+                    yield acc(tid, "w", "fin", n, -1 if b == a else big)
+                    sm["fin"][n] = -1 if b == a else big
+            for j in range(tid, n_tiles, nt):
+                for arr, v in (("round", -1), ("cnt", 0), ("prop", (1 << 63) - 1)):
+                    yield acc(tid, "w", arr, j, v)
+                    sm[arr][j] = v
+            for j in range(tid, n_words, nt):
+                yield acc(tid, "w", "bits", j, 0)
+                sm["bits"][j] = 0
+            for j in range(tid, n_e, nt):
+                v = max(min(int(ent[e0 + j]), n_tiles - 1), 0)
+                yield acc(tid, "w", "edge", j, v)
+                sm["edge"][j] = v
+            if tid == 0:
+                for j, v in enumerate((n_e, 0, 0, 0)):
+                    yield acc(tid, "w", "misc", j, v)
+                    sm["misc"][j] = v
+            yield "bar"
+            t = sc = 0
+            yield acc(tid, "r", "misc", 0)
+            left = sm["misc"][0]
+            while left > 0:
+                if tid == 0:
+                    yield acc(tid, "r", "misc", 1)
+                    f = sm["misc"][1]
+                    while f < n_kv:
+                        yield acc(tid, "r", "fin", min(f, n_kv - 1))
+                        if sm["fin"][min(f, n_kv - 1)] < t:
+                            f += 1
+                        else:
+                            break
+                    yield acc(tid, "w", "misc", 1, f)
+                    sm["misc"][1] = f
+                yield "bar"
+                yield acc(tid, "r", "misc", 1)
+                fin = sm["misc"][1]
+                for i in range(rpt):
+                    n = tid + i * nt
+                    act = 0
+                    if n < n_kv and rK[i] < rDeg[i] and t >= rT0[i]:
+                        act = 1
+                        if window < n_kv and n >= window and fin < n - window + 1:
+                            act = 0
+                    rAct[i], rPtr[i] = act, 0
+                s, go_s = 0, True
+                while go_s:
+                    key = (big - sc) << 32
+                    for i in range(rpt):
+                        rCand[i] = -1
+                        if rAct[i]:
+                            p, deg, base = rPtr[i], rDeg[i], rOff[i]
+                            while p < deg:
+                                e = base + p
+                                yield acc(tid, "r", "bits", e >> 5)
+                                skip = (sm["bits"][e >> 5] >> (e & 31)) & 1
+                                yield acc(tid, "r", "edge", e)
+                                yield acc(tid, "r", "round", sm["edge"][e])
+                                if sm["round"][sm["edge"][e]] == t:
+                                    skip = 1
+                                if not skip:
+                                    break
+                                p += 1
+                            rPtr[i] = p
+                            if p < deg:
+                                rCand[i] = p
+                                yield acc(tid, "r", "edge", base + p)
+                                tile = sm["edge"][base + p]
+                                yield acc(tid, "a", "prop", tile)
+                                sm["prop"][tile] = min(sm["prop"][tile], key | (tid + i * nt))
+                                yield acc(tid, "w", "misc", 2 + (sc & 1), 1)
+                                sm["misc"][2 + (sc & 1)] = 1
+                    yield "bar"
+                    yield acc(tid, "r", "misc", 2 + (sc & 1))
+                    more = sm["misc"][2 + (sc & 1)]
+                    for i in range(rpt):
+                        if rCand[i] >= 0:
+                            n = tid + i * nt
+                            e = rOff[i] + rCand[i]
+                            yield acc(tid, "r", "edge", e)
+                            tile = sm["edge"][e]
+                            yield acc(tid, "r", "prop", tile)
+                            if sm["prop"][tile] == (key | n):
+                                yield acc(tid, "r", "cnt", tile)
+                                rank = sm["cnt"][tile]
+                                yield acc(tid, "w", "cnt", tile, rank + 1)
+                                sm["cnt"][tile] = rank + 1
+                                yield acc(tid, "w", "round", tile, t)
+                                sm["round"][tile] = t
+                                out = e0 + rOff[i] + rK[i]
+                                slots.append(out)
+                                out_e[out], out_r[out] = tile, rank
+                                rK[i] += 1
+                                yield acc(tid, "a", "bits", e >> 5)
+                                sm["bits"][e >> 5] |= 1 << (e & 31)
+                                yield acc(tid, "a", "misc", 0)
+                                sm["misc"][0] -= 1
+                                rAct[i] = 0
+                                if rK[i] == rDeg[i]:
+                                    yield acc(tid, "w", "fin", n, t)
+                                    sm["fin"][n] = t
+                            else:
+                                rPtr[i] = rCand[i] + 1
+                    if tid == 0:
+                        yield acc(tid, "w", "misc", 2 + ((sc + 1) & 1), 0)
+                        sm["misc"][2 + ((sc + 1) & 1)] = 0
+                    yield "bar"
+                    s += 1
+                    sc += 1
+                    go_s = s < subrounds and more != 0
+                    assert sc < big  # the keys stay ordered
+                t += 1
+                yield acc(tid, "r", "misc", 0)
+                left = sm["misc"][0]
+
+        def check_races():
+            by_addr = {}
+            for tid, kind, arr, i, val in log:
+                by_addr.setdefault((arr, i), []).append((tid, kind, val))
+            for addr, accs in by_addr.items():
+                if len({a[0] for a in accs}) < 2:
+                    continue
+                kinds = {a[1] for a in accs}
+                if kinds <= {"r"} or kinds <= {"a"}:
+                    continue
+                if kinds == {"w"} and len({a[2] for a in accs}) == 1:
+                    continue  # equal-valued stores (the "some row proposed" flag)
+                raise AssertionError(f"race on {addr}: {accs}")
+            log.clear()
+
+        threads = {tid: thread(tid) for tid in range(nt)}
+        running = set(threads)
+        intervals = 0
+        while running:
+            at_bar, done = set(), set()
+            live = sorted(running)
+            while live:
+                tid = live[rng.integers(len(live))]
+                try:
+                    if next(threads[tid]) == "bar":
+                        at_bar.add(tid)
+                        live.remove(tid)
+                except StopIteration:
+                    done.add(tid)
+                    live.remove(tid)
+            assert not (at_bar and done), "threads leave at different barriers"
+            check_races()
+            running = at_bar
+            intervals += 1
+            assert intervals < 100000, "no termination"
+        written.append(slots)
+
+    for chain in range(n_rows // n_kv):
+        run_chain(chain)
+    return out_e, out_r, written
+
+
+EMU_CASES = [  # b, h_q, h_kv, n_q, n_kv, k_max, held, window, ragged, max_threads
+    (1, 2, 2, 6, 20, 4, 8, 4, False, 1024),    # window rule, one row per thread
+    (1, 4, 2, 5, 23, 5, 6, 3, True, 8),        # three rows per thread (n_kv > threads)
+    (2, 2, 1, 4, 13, 13, 5, 13, True, 4),      # every block listed, window = n_kv
+    (1, 1, 1, 12, 6, 6, 2, 1, False, 4),       # window 1, long rows
+    (1, 2, 2, 3, 40, 2, 40, 40, True, 16),     # many empty rows
+]
+
+
+@pytest.mark.parametrize("case", EMU_CASES)
+def test_kernel_emulation_matches_reference(case):
+    """The order kernel's statements, run with random thread interleavings between its
+    barriers, give the reference's entries and ranks bit for bit, with no data race, every
+    slot of the active range written once and none outside it."""
+    b, h_q, h_kv, n_q, n_kv, k_max, held, window, ragged, max_threads = case
+    rng = np.random.default_rng(11 + sum(case[:6]))
+    idx, nums = _random_lists(rng, b, h_q, h_kv, n_q, n_kv, k_max, ragged)
+    if ragged:
+        nums[..., ::2] = 0  # empty query rows: rows of zero degree and unused tiles
+    off, ent, starts, e2, r2 = _order(idx, nums, h_kv, n_kv, held, window)
+    n_tiles = (h_q // h_kv) * n_q
+    e_cap = min(n_tiles * k_max, n_kv * n_tiles)
+    end = int(off[-1])
+    for seed in range(3):
+        ke, kr, written = _kernel_emulation(off, ent, starts, n_kv=n_kv, n_tiles=n_tiles,
+                                            e_cap=e_cap, window=window,
+                                            max_threads=max_threads, seed=seed)
+        np.testing.assert_array_equal(ke[:end], e2)
+        np.testing.assert_array_equal(kr[:end], r2)
+        assert (ke[end:] == -7).all() and (kr[end:] == -7).all()
+        for c, slots in enumerate(written):
+            assert sorted(slots) == list(range(off[c * n_kv], off[(c + 1) * n_kv]))
+
+
+def test_kernel_emulation_bad_metadata_stays_in_bounds():
+    """Offsets that decrease, chains past ``e_cap`` and tiles out of range: the kernel
+    still terminates, touches shared memory only in bounds and writes only slots of its
+    chain's range (the emulation asserts the shared-memory bounds)."""
+    rng = np.random.default_rng(5)
+    n_kv, n_tiles = 9, 5
+    for trial in range(6):
+        lens = rng.integers(0, 7, 2 * n_kv)
+        off = np.concatenate([[0], np.cumsum(lens)]).astype(np.int64)
+        if trial % 2:
+            off[1:-1] = rng.permutation(off[1:-1])  # not monotone
+        ent = rng.integers(-3, n_tiles + 3, int(off[-1]) + 4)
+        starts = rng.integers(0, 4, 2 * n_kv)
+        _, _, written = _kernel_emulation(off, ent, starts, n_kv=n_kv, n_tiles=n_tiles,
+                                          e_cap=int(rng.integers(1, 30)), window=3,
+                                          max_threads=4, seed=trial)
+        for c, slots in enumerate(written):
+            assert all(off[c * n_kv] <= s < off[(c + 1) * n_kv] for s in slots)
+            assert len(set(slots)) == len(slots)
+
+
+def test_order_config_holds_every_chain(monkeypatch):
+    """``det_order_config``'s ``e_cap`` holds every chain that ``build_kq_csr`` can build
+    from sanitized metadata, also with repeated ids (out-of-range ids clipped by
+    ``sanitize_bsa_metadata``) on its sort path, which keeps repeats; a chain past
+    ``e_cap`` would leave slots of ``entries_out`` / ``ranks_out`` unwritten, which the
+    backward reads."""
+    from jax_sparse_attn import config as jc
+    from jax_sparse_attn.ffi import bsa as fb
+
+    b, h_q, h_kv, n_q, n_kv, k_max = 1, 2, 1, 4, 3, 8  # K_max > N_kv
+    idx = np.full((b, h_q, n_q, k_max), -1, np.int32)  # clipped to block 0: repeats
+    nums = np.full((b, h_q, n_q), k_max, np.int32)
+    sidx, snums, _ = metadata.sanitize_bsa_metadata(jnp.asarray(idx), jnp.asarray(nums), None,
+                                                    num_kv_blocks=n_kv, block_size=64)
+    monkeypatch.setattr(metadata, "_DENSE_CSR_MAX_ELEMS", 0)  # the sort path
+    off, _ = _csr(np.asarray(sidx), np.asarray(snums), h_kv, n_kv)
+
+    class C:
+        num_heads_q, num_heads_kv, num_q_blocks, num_kv_blocks = h_q, h_kv, n_q, n_kv
+        bwd = fb.bwd_config(jnp.bfloat16, 128, 64, False, jc.Switches(bsa_bwd_ws="detsched"),
+                            deterministic=True)
+
+    C.k_max = k_max
+    ocfg = fb.det_order_config(C)
+    chain_counts = off[n_kv::n_kv] - off[:-1:n_kv]
+    assert chain_counts.max() == h_q // h_kv * n_q * k_max
+    assert chain_counts.max() <= ocfg.e_cap
