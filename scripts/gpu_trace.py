@@ -53,13 +53,13 @@ def _hstu(b, l, d, bwd, jagged=False, h=4):
     return fn, (q, k, v, cu), flops
 
 
-def _bsa(blk, topk, s=16384, h=16, d=128, bwd=False):
+def _bsa(blk, topk, s=16384, h=16, d=128, bwd=False, deterministic=False):
     from benchmarks.bsa_bench import _inputs
 
     q, k, v, idx, nums = _inputs(jax.random.PRNGKey(1), 1, h, s, d, blk, topk, jnp.bfloat16,
                                  h)[:5]
     kw = dict(layout="bhsd", sparse_block_size=blk, softmax_scale=1.0 / np.sqrt(d),
-              backend=_BACKEND)
+              backend=_BACKEND, deterministic=deterministic)
     flops = 4.0 * h * s * d * topk * blk
     if bwd == "only":  # the backward alone from the saved forward (bsa_bench --table-pass bwd)
         out, lse = jax.jit(lambda q, k, v: tuple(jsa.block_sparse_attention_forward(
@@ -96,6 +96,9 @@ CASES = {
     "bsa_bwd_blk64": lambda: _bsa(64, 32, bwd="only"),
     "bsa_bwd_blk128": lambda: _bsa(128, 16, bwd="only"),
     "bsa_bwd_s32768": lambda: _bsa(128, 32, s=32768, bwd="only"),
+    # deterministic=True (the dQ order from the environment: JAX_SPARSE_ATTN_BSA_BWD_WS)
+    "bsa_bwd_det_blk64": lambda: _bsa(64, 32, bwd="only", deterministic=True),
+    "bsa_bwd_det_blk128": lambda: _bsa(128, 16, bwd="only", deterministic=True),
 }
 _OURS = ("Hstu", "Bsa", "Attn", "cutlass")
 
