@@ -515,7 +515,10 @@ def det_order_config(cfg) -> BsaDetOrderConfig | None:
 
     group = cfg.num_heads_q // cfg.num_heads_kv
     n_kv, n_tiles = cfg.num_kv_blocks, group * cfg.num_q_blocks
-    e_cap = min(n_tiles * cfg.k_max, n_kv * n_tiles)
+    # every chain fits: each query tile lists at most k_max entries (not n_kv: build_kq_csr's
+    # sort path keeps repeated ids, e.g. out-of-range ids clipped by sanitize_bsa_metadata,
+    # and slots of a chain past e_cap would be left unwritten for the backward to read)
+    e_cap = n_tiles * cfg.k_max
     if n_kv > DET_ORDER_MAX_ROWS or smem_bytes(n_kv, n_tiles, e_cap) + 1024 > DET_ORDER_SMEM:
         return None
     return BsaDetOrderConfig(n_kv, n_tiles, e_cap, cfg.bwd.det_window)
