@@ -4,8 +4,8 @@ CTAs wait for their turn under each order, relative to the same lists without wa
 ``python scripts/det_order_model.py [--blk 64] [--s 16384] [--heads 16] [--density 0.125]
 [--noise 0.1]``
 
-The K->Q lists come from random top-k metadata as in ``benchmarks/bsa_bench.py`` (one batch,
-MHA). CTAs (one per K->Q row) are launched in row order onto ``held`` slots (2 x 132 at blk
+The K->Q lists come from random top-k metadata as in ``benchmarks/bsa_bench.py`` (one batch;
+``--kv-heads`` for GQA). CTAs (one per K->Q row) are launched in row order onto ``held`` slots (2 x 132 at blk
 64, 132 at blk 128) and walk their entries; one entry is one unit of consumer work (the
 GEMMs, then ``s`` = 0.25 of it staging the step's dQ, which needs the writer warp's
 hand-back of the previous step), times ``1 + noise * N(0, 1)``. The writer warp takes a
@@ -127,6 +127,7 @@ def main(argv=None):
     ap.add_argument("--blk", type=int, default=64)
     ap.add_argument("--s", type=int, default=16384)
     ap.add_argument("--heads", type=int, default=16)
+    ap.add_argument("--kv-heads", type=int, default=0, help="default: --heads (MHA)")
     ap.add_argument("--density", type=float, default=0.125)
     ap.add_argument("--noise", type=float, default=0.1)
     ap.add_argument("--sms", type=int, default=metadata.DEFAULT_NUM_SMS)
@@ -135,16 +136,17 @@ def main(argv=None):
     n = -(-a.s // a.blk)
     topk = max(1, round(a.density * n))
     held = a.sms * (1 if a.blk == 128 else 2)
+    h_kv = a.kv_heads or a.heads
     rng = np.random.default_rng(a.seed)
     idx = jnp.asarray(np.argsort(rng.random((1, a.heads, n, n)), -1)[..., :topk].astype(np.int32))
     nums = jnp.full((1, a.heads, n), topk, jnp.int32)
     off, ent = (np.asarray(x) for x in metadata.build_kq_csr(
-        idx, nums, num_kv_heads=a.heads, num_kv_blocks=n))
+        idx, nums, num_kv_heads=h_kv, num_kv_blocks=n))
     rows = lambda e, r: [e[off[i]:off[i + 1]] for i in range(len(off) - 1)]  # noqa: E731
     orders = {"none": (rows(ent, None), [np.zeros(off[i + 1] - off[i], int)
                                          for i in range(len(off) - 1)])}
     for name, g in (("kv", 0), ("group", max(held // 2, 1))):
-        _, e, r = metadata.build_kq_csr(idx, nums, num_kv_heads=a.heads, num_kv_blocks=n,
+        _, e, r = metadata.build_kq_csr(idx, nums, num_kv_heads=h_kv, num_kv_blocks=n,
                                         with_ranks=True, rank_group=g)
         orders[name] = (rows(np.asarray(e), None), rows(np.asarray(r), None))
     starts = np.asarray(metadata.kq_schedule_starts(jnp.asarray(off), num_kv_blocks=n, held=held))
@@ -152,7 +154,7 @@ def main(argv=None):
         e, r = metadata.kq_schedule_order_reference(off, ent, starts, num_kv_blocks=n, window=w)
         orders[name] = (rows(e, None), rows(r, None))
     base = None
-    print(f"blk {a.blk}, S {a.s}, {a.heads} heads, top-{topk} of {n}, {held} CTA slots, "
+    print(f"blk {a.blk}, S {a.s}, {a.heads} / {h_kv} heads, top-{topk} of {n}, {held} CTA slots, "
           f"noise {a.noise}")
     for name, (walks, ranks) in orders.items():
         t = simulate(walks, ranks, n, held, a.noise, a.seed + 1)
