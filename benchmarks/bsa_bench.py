@@ -10,7 +10,7 @@ Timing: device-bound steady state. One jitted call runs the op on ``n_sets`` dis
 sets back to back (more bytes than L2 together); after warm-up, a sample is ``reps`` such
 calls and one ``block_until_ready``; reported time = median over samples / (reps*n_sets).
 ``--timing sustained`` (default): ``reps`` fills ~0.3 s per sample, five samples; under this
-load the H200 runs at its software power cap (SM clock ~1800 MHz instead of 1980).
+load the GPU may run at its software power cap (docs/performance.md, "Timing method").
 ``--timing burst``: seven bursts of ~20 launches, each after a 0.3 s idle pause (the clocks
 of short runs, as in ``hstu_bench`` and ``scripts/gpu_trace.py``); ``--timing both`` runs
 the two in turn. Rows record both times and the SM clock sampled through NVML (``pynvml``)
@@ -40,7 +40,9 @@ work, so both rows have the same FLOP count and their TFLOP/s ratio is their tim
 from __future__ import annotations
 
 import argparse
+import functools
 import json
+import os
 import statistics
 import threading
 import time
@@ -63,19 +65,29 @@ def _inputs(key, b, h, s, d, blk, topk, dtype, h_kv=None):
     return q, k, v, idx, nums, do
 
 
+@functools.cache
+def _nvml_handle():
+    """``(pynvml, handle)`` of the GPU JAX uses first (the first entry of
+    ``CUDA_VISIBLE_DEVICES`` when it is an index, else NVML device 0), or ``(None, None)``
+    without ``pynvml`` or a GPU. NVML is initialised once per process."""
+    try:
+        import pynvml  # noqa: PLC0415  (optional: nvidia-ml-py)
+
+        pynvml.nvmlInit()
+        first = os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",")[0].strip()
+        return pynvml, pynvml.nvmlDeviceGetHandleByIndex(int(first) if first.isdigit() else 0)
+    except Exception:  # noqa: BLE001  (no NVML: no clock samples)
+        return None, None
+
+
 class _ClockSampler:
-    """SM clock (MHz) and clock-event reason bits of GPU 0, read through NVML every
-    ``period_s`` while a ``with`` block runs (no samples without ``pynvml`` or a GPU)."""
+    """SM clock (MHz) and clock-event reason bits of the GPU (:func:`_nvml_handle`), read
+    through NVML every ``period_s`` while a ``with`` block runs (no samples without
+    ``pynvml`` or a GPU)."""
 
     def __init__(self, period_s=0.02):
         self.period_s, self.mhz, self.reasons = period_s, [], 0
-        try:
-            import pynvml  # noqa: PLC0415  (optional: nvidia-ml-py)
-
-            pynvml.nvmlInit()
-            self._nvml, self._h = pynvml, pynvml.nvmlDeviceGetHandleByIndex(0)
-        except Exception:  # noqa: BLE001  (no NVML: no clock samples)
-            self._nvml = None
+        self._nvml, self._h = _nvml_handle()
 
     def _read(self):
         n = self._nvml

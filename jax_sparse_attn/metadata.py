@@ -380,12 +380,16 @@ def kq_schedule_starts(offsets, *, num_kv_blocks: int, held: int):
     work done on ``held`` busy slots plus what the ``held - 1`` other running rows have
     left, about half a mean row each, so ``start_r = (P_r - (held - 1) L / 2) / held``
     (``L`` the mean entries per row; integer arithmetic, rounded down), at least 0; then the
-    chain's smallest start is subtracted. (Modelled on random lists, this estimate orders as well as simulating the
-    slots, and a per-slot estimate ``start[r - held] + len[r - held]`` much worse;
-    ``scripts/det_order_model.py``.) The input of :func:`kq_schedule_order_reference` and of
-    the kernel that computes the same order."""
-    lens = (offsets[1:] - offsets[:-1]).astype(jnp.int32)
-    n_rows = lens.shape[0]
+    chain's smallest start is subtracted. Why this estimate rather than a per-slot one:
+    docs/performance.md, "Deterministic block-sparse backward: why the CTAs wait". The input
+    of :func:`kq_schedule_order_reference` and of the kernel that computes the same order.
+
+    Raises ValueError when ``held`` or ``num_kv_blocks`` is below 1 or ``R`` is not a
+    multiple of ``num_kv_blocks``."""
+    n_rows = offsets.shape[0] - 1
+    if held < 1 or num_kv_blocks < 1 or n_rows % num_kv_blocks:
+        raise ValueError(f"kq_schedule_starts: held={held} and num_kv_blocks={num_kv_blocks} "
+                         f"must be >= 1, and the {n_rows} CSR rows a multiple of num_kv_blocks")
     prefix = offsets[:-1].astype(jnp.int32) - offsets[0].astype(jnp.int32)
     # integer arithmetic (the same result on every backend): (held - 1) L / 2 with twice
     # the mean rounded down, L2 = 2 sum / R
@@ -420,8 +424,15 @@ def kq_schedule_order_reference(offsets, entries, starts, *, num_kv_blocks: int,
     colour of row ``r + window`` or later is above every colour of row ``r``; at a deadlock
     the blocked CTA with the lowest current colour waits for a smaller colour, so for a row
     that is not resident (a resident one would be at a smaller colour still), so at least
-    ``window`` rows past the lowest unfinished one: a contradiction with the first point."""
+    ``window`` rows past the lowest unfinished one: a contradiction with the first point.
+
+    Raises ValueError when ``num_kv_blocks``, ``window`` or ``subrounds`` is below 1 (a
+    window of 0 would never let a row start)."""
     import numpy as np  # noqa: PLC0415
+
+    if min(num_kv_blocks, window, subrounds) < 1:
+        raise ValueError(f"kq_schedule_order_reference: num_kv_blocks={num_kv_blocks}, "
+                         f"window={window}, subrounds={subrounds} must be >= 1")
 
     offsets, entries, starts = (np.asarray(x) for x in (offsets, entries, starts))
     out_e, out_r = entries.copy(), np.zeros_like(entries)

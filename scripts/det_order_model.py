@@ -1,16 +1,18 @@
 """Model of the deterministic block-sparse backward's dQ orders (CPU, numpy): how long the
 CTAs wait for their turn under each order, relative to the same lists without waits.
 
-``python scripts/det_order_model.py [--blk 64] [--s 16384] [--heads 16] [--density 0.125]
-[--noise 0.1]``
+``python scripts/det_order_model.py [--blk 64] [--s 16384] [--heads 16] [--kv-heads 16]
+[--density 0.125] [--noise 0.1] [--hand-back 0.05] [--publish 0.3]``
 
 The K->Q lists come from random top-k metadata as in ``benchmarks/bsa_bench.py`` (one batch;
-``--kv-heads`` for GQA). CTAs (one per K->Q row) are launched in row order onto ``held`` slots (2 x 132 at blk
-64, 132 at blk 128) and walk their entries; one entry is one unit of consumer work (the
-GEMMs, then ``s`` = 0.25 of it staging the step's dQ, which needs the writer warp's
-hand-back of the previous step), times ``1 + noise * N(0, 1)``. The writer warp takes a
-staged step once the entry's rank has come up on its query tile (every contribution of
-lower rank published), hands the staging buffer back after 0.05 and publishes 0.3 later.
+``--kv-heads`` for GQA). CTAs (one per K->Q row) are launched in row order onto ``held``
+slots (2 x 132 at blk 64, 132 at blk 128) and walk their entries; one entry is one unit of
+consumer work (the GEMMs, then ``s`` = 0.25 of it staging the step's dQ, which needs the
+writer warp's hand-back of the previous step), times ``1 + noise * N(0, 1)``. The writer
+warp takes a staged step once the entry's rank has come up on its query tile (every
+contribution of lower rank published), hands the staging buffer back after ``--hand-back``
+(0.05) and publishes ``--publish`` (0.3) later (D 64, whose step takes about half the time:
+``--hand-back 0.1 --publish 0.6``).
 The orders: ``none`` (no waits: the default, non-deterministic backward), ``kv`` (ascending
 KV block, the blk 64 default), ``group`` (launch groups of half the slots, the blk 128
 default), ``sched`` / ``schedfull`` (``metadata.kq_schedule_order_reference`` with a window
@@ -132,6 +134,10 @@ def main(argv=None):
     ap.add_argument("--noise", type=float, default=0.1)
     ap.add_argument("--sms", type=int, default=metadata.DEFAULT_NUM_SMS)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--hand-back", type=float, default=0.05,
+                    help="writer warp: staged step to staging buffer handed back (steps)")
+    ap.add_argument("--publish", type=float, default=0.3,
+                    help="writer warp: hand-back to the contribution published (steps)")
     a = ap.parse_args(argv)
     n = -(-a.s // a.blk)
     topk = max(1, round(a.density * n))
@@ -155,9 +161,10 @@ def main(argv=None):
         orders[name] = (rows(e, None), rows(r, None))
     base = None
     print(f"blk {a.blk}, S {a.s}, {a.heads} / {h_kv} heads, top-{topk} of {n}, {held} CTA slots, "
-          f"noise {a.noise}")
+          f"noise {a.noise}, hand-back {a.hand_back}, publish {a.publish}")
     for name, (walks, ranks) in orders.items():
-        t = simulate(walks, ranks, n, held, a.noise, a.seed + 1)
+        t = simulate(walks, ranks, n, held, a.noise, a.seed + 1, delta=a.hand_back,
+                     lam=a.publish)
         base = base or t
         print(f"{name:10s} {t:9.1f} units   none / order = {base / t:.2f}")
 

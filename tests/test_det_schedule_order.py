@@ -1,7 +1,7 @@
 """The deterministic block-sparse backward's schedule order of the K->Q lists, on CPU:
 ``metadata.kq_schedule_starts`` against a loop, ``metadata.kq_schedule_order_reference``'s
-invariants (each row's entries permuted, each query tile's ranks 0..count-1, colours
-increasing along rows and tiles, the window rule) and a discrete-event run of the
+invariants (each row's entries permuted, each query tile's ranks 0..count-1, the window
+rule), their argument checks, and a discrete-event run of the
 kernel's wait protocol with only ``window`` CTA slots and random step times: every order
 finishes (no deadlock) for random and adversarial lists."""
 
@@ -83,6 +83,21 @@ def test_order_invariants(case):
             assert sorted(r2[lo:hi][e2[lo:hi] == tile]) == list(range(int(np.sum(e2[lo:hi] == tile))))
 
 
+def test_schedule_arguments_are_checked():
+    """Bad ``held`` / ``num_kv_blocks`` / ``window`` / ``subrounds`` raise ValueError naming
+    them (a window of 0 would otherwise never let a row start: an endless loop)."""
+    off = jnp.asarray([0, 2, 3, 3, 5], jnp.int32)
+    ent = np.asarray([0, 1, 1, 0, 1], np.int32)
+    for kw in (dict(num_kv_blocks=2, held=0), dict(num_kv_blocks=0, held=4),
+               dict(num_kv_blocks=3, held=4)):  # 4 rows are not chains of 3
+        with pytest.raises(ValueError, match="num_kv_blocks"):
+            metadata.kq_schedule_starts(off, **kw)
+    starts = np.asarray(metadata.kq_schedule_starts(off, num_kv_blocks=2, held=4))
+    for kw in (dict(window=0), dict(window=2, subrounds=0)):
+        with pytest.raises(ValueError, match="window"):
+            metadata.kq_schedule_order_reference(off, ent, starts, num_kv_blocks=2, **kw)
+    e2, r2 = metadata.kq_schedule_order_reference(off, ent, starts, num_kv_blocks=2, window=1)
+    assert sorted(r2[:3][e2[:3] == 1]) == [0, 1]
 
 
 def _simulate(off, e2, r2, n_kv, slots, seed, steps=None):

@@ -9,6 +9,8 @@ Run on the H200: ``python -m pytest -m gpu tests/test_gpu_det_order.py``.
 
 from __future__ import annotations
 
+import types
+
 import numpy as np
 import pytest
 
@@ -41,9 +43,9 @@ def test_order_kernel_matches_reference(case):
             else np.full((b, h_q, n_q), k_max)).astype(np.int32)
     if case[0] == "empty-rows":
         nums[:, :, ::3] = 0
-    group = h_q // h_kv
-    ocfg = fb.BsaDetOrderConfig(n_kv, group * n_q, min(group * n_q * k_max, n_kv * group * n_q),
-                                window)
+    # the configuration the backward would build (det_order_config), with this window
+    ocfg = fb.det_order_config(_order_cfg_fields(h_q, h_kv, n_q, n_kv, k_max, window))
+    assert ocfg is not None, "the case does not fit the order kernel"
 
     @jax.jit
     def order(idx, nums):
@@ -65,6 +67,13 @@ def test_order_kernel_matches_reference(case):
     np.testing.assert_array_equal(again[3][:end], r2[:end])
 
 
+def _order_cfg_fields(h_q, h_kv, n_q, n_kv, k_max, window):
+    """The ``BsaConfig`` fields that ``ffi.bsa.det_order_config`` reads."""
+    return types.SimpleNamespace(num_heads_q=h_q, num_heads_kv=h_kv, num_q_blocks=n_q,
+                                 num_kv_blocks=n_kv, k_max=k_max,
+                                 bwd=types.SimpleNamespace(det_window=window))
+
+
 @pytest.mark.parametrize("ws", ["detsched", "detschedfull"])
 @pytest.mark.parametrize("c", tb.DET_CASES, ids=lambda c: c["name"])
 def test_bsa_bwd_det_sched(c, ws, monkeypatch):
@@ -74,4 +83,9 @@ def test_bsa_bwd_det_sched(c, ws, monkeypatch):
     key = fb.bwd_config(jnp.dtype(c["dtype"]), c["d"], c["blk"], False, from_env(),
                         deterministic=True)
     assert key.impl == "sm90ws" and key.det_window > 0, key
+    # the case runs the order kernel, not the fallback to the default order
+    n_q, n_kv = -(-c["sq"] // c["blk"]), -(-c["skv"] // c["blk"])
+    k_max = n_kv if c["mode"] == "all" else min(4, n_kv)  # as tb._ws_inputs builds them
+    assert fb.det_order_config(_order_cfg_fields(c["hq"], c["hkv"], n_q, n_kv, k_max,
+                                                 key.det_window)) is not None
     tb.test_bsa_bwd_deterministic(c, monkeypatch)

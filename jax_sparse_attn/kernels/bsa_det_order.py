@@ -21,7 +21,7 @@ docstring gives the argument that the order cannot deadlock.
 One CTA per chain, one thread per row (``rows_per_thread`` rows each when a chain has more
 rows than a CTA has threads). Shared memory holds the chain's entries, per tile the round of
 its last taking, its rank counter and the proposals, per entry a coloured bit, per row the
-round it finished in. Three CTA barriers per sub-round.
+round it finished in. Two CTA barriers per sub-round and one per round.
 """
 
 from __future__ import annotations
