@@ -541,3 +541,26 @@ def test_order_config_holds_every_chain(monkeypatch):
     chain_counts = off[n_kv::n_kv] - off[:-1:n_kv]
     assert chain_counts.max() == h_q // h_kv * n_q * k_max
     assert chain_counts.max() <= ocfg.e_cap
+
+
+def test_sched_fallback_warns():
+    """Where the order kernel does not fit, the backward warns and uses its default order;
+    where it fits, or without the switch, no warning."""
+    import types
+    import warnings
+
+    from jax_sparse_attn import config as jc
+    from jax_sparse_attn.ffi import bsa as fb
+
+    def cfg(ws, n_q, n_kv, k_max, h_q=16, h_kv=16):
+        bwd = fb.bwd_config(jnp.bfloat16, 128, 64, False, jc.Switches(bsa_bwd_ws=ws),
+                            deterministic=True)
+        return types.SimpleNamespace(num_heads_q=h_q, num_heads_kv=h_kv, num_q_blocks=n_q,
+                                     num_kv_blocks=n_kv, k_max=k_max, bwd=bwd)
+
+    with pytest.warns(UserWarning, match="schedule order does not fit"):
+        assert fb._det_order_or_warn(cfg("detsched", 2048, 2048, 256, 64, 16)) is None
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert fb._det_order_or_warn(cfg("detsched", 256, 256, 32)) is not None
+        assert fb._det_order_or_warn(cfg("", 2048, 2048, 256, 64, 16)) is None

@@ -524,6 +524,26 @@ def det_order_config(cfg) -> BsaDetOrderConfig | None:
     return BsaDetOrderConfig(n_kv, n_tiles, e_cap, cfg.bwd.det_window)
 
 
+def _det_order_or_warn(cfg) -> BsaDetOrderConfig | None:
+    """:func:`det_order_config` where ``cfg.bwd`` asks for the schedule order (else None),
+    with a ``UserWarning`` (once per trace) where the order does not fit and the backward
+    falls back to the ``det_group`` order."""
+    if not cfg.bwd.det_window:
+        return None
+    ocfg = det_order_config(cfg)
+    if ocfg is None:
+        import warnings  # noqa: PLC0415
+
+        group = cfg.num_heads_q // cfg.num_heads_kv
+        warnings.warn(
+            f"bsa_bwd_ws detsched / detschedfull: the schedule order does not fit this call "
+            f"({cfg.num_kv_blocks} KV blocks and {group * cfg.num_q_blocks} query tiles per "
+            f"(batch, KV head), up to {cfg.k_max} entries each; the order kernel takes at most "
+            f"{DET_ORDER_MAX_ROWS} KV blocks and {DET_ORDER_SMEM // 1024} KiB of shared "
+            f"memory); the deterministic backward uses its default order", stacklevel=3)
+    return ocfg
+
+
 def _det_order_entry(stream, offsets, entries, starts, entries_out, ranks_out, *,
                      cfg: BsaDetOrderConfig):
     from ..kernels.bsa_det_order import BsaDetScheduleOrder  # noqa: PLC0415
@@ -1122,7 +1142,7 @@ def _bsa_bwd_deterministic(q, k, v, do, lse, delta, dq_acc, q2k_block_index, q2k
     rank in its query row, and one zeroed int32 semaphore per 64-row query tile."""
     from .._cute_call import call_builder  # noqa: PLC0415
 
-    ocfg = det_order_config(cfg) if cfg.bwd.det_window else None
+    ocfg = _det_order_or_warn(cfg)
     if ocfg is not None:
         offsets, entries = metadata.build_kq_csr(
             q2k_block_index, q2k_block_nums, num_kv_heads=cfg.num_heads_kv,
