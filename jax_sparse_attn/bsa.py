@@ -274,7 +274,7 @@ _META_ARG_LINES = """
       switches: optional :class:`jax_sparse_attn.config.Switches` (kernel implementations;
         default None reads the environment, see :func:`hstu_attention`).
       debug_checks: bool, default False: also check traced metadata values (inside
-        ``jax.jit``) on the host at run time; bad values raise
+        ``jax.jit``, or batched by ``jax.vmap`` even in an eager call) on the host at run time; bad values raise
         ``jax.errors.JaxRuntimeError`` with the eager validator's message (see
         :func:`hstu_attention`). Without it, bad traced metadata give unspecified values
         (never an out-of-bounds access).

@@ -310,8 +310,8 @@ _ARG_LINES = """
         interval mask (see module doc; :mod:`jax_sparse_attn.masks` builds common
         ones). Requires ``window_size=(-1, -1)`` and no paged KV. Values are key
         positions in ``[0, max_seqlen_k]``: concrete values outside raise ``ValueError``;
-        traced ones (under ``jax.jit``, unless ``debug_checks``) are not checked and mean
-        what the module doc says (each interval intersected with ``[0, L_k)``, so a value
+        traced ones (under ``jax.jit`` or ``jax.vmap``, unless ``debug_checks``) are not
+        checked and mean what the module doc says (each interval intersected with ``[0, L_k)``, so a value
         below 0 acts as 0 and one above ``L_k`` as ``L_k``). Default None.
       rab: optional relative attention bias ``(B, H_rab, max_seqlen_k, max_seqlen_k)``,
         ``H_rab`` in {1, H}, q's dtype or float32: ``rab[b, h % H_rab, p, j]`` is added to
@@ -349,7 +349,8 @@ _BACKEND_ARG_LINES = """
         ``JAX_SPARSE_ATTN_*`` environment variables (:func:`jax_sparse_attn.config.from_env`).
       debug_checks: bool, default False. The metadata values (``cu_seqlens_*``, ``func``,
         paged-KV pages) are always checked eagerly when they are concrete; with
-        ``debug_checks=True`` they are also checked when traced (inside ``jax.jit``),
+        ``debug_checks=True`` they are also checked when traced (inside ``jax.jit``, or
+        batched by ``jax.vmap``, even in an eager call),
         on the host at run time (``jax.debug.callback``, a device-to-host copy per call):
         bad values then raise ``jax.errors.JaxRuntimeError`` carrying the eager
         validator's message. Without it, bad traced metadata give unspecified values

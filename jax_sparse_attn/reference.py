@@ -483,7 +483,10 @@ def _block_sparse_attention_ref_impl(
         b, h, m, idc, kval, _, allowed = _bsa_item_keys(n, idx, nums, sizes, dims)
         qt = qb[b, h, m].astype(cdt)  # (blk, D)
         kt, vt = _listed_kv(kb, vb, b, h // g, idc, kval, cdt)
-        s = jnp.einsum("qd,kd->qk", qt, kt, preferred_element_type=cdt) * scale
+        # the scale goes on q so that the scores are one materialised product: a fused
+        # ``dot * scale - max`` (one rounding) against the rounded ``dot * scale`` of the
+        # row max differs by an ulp of the score, which overflows exp at huge scales
+        s = jnp.einsum("qd,kd->qk", qt * scale, kt, preferred_element_type=cdt)
         s = jnp.where(allowed, s, -jnp.inf)
         if n_splits > 1:
             sp = kv_split_ids(nums[b, h, m], K_max, n_splits)
@@ -580,7 +583,7 @@ def _block_sparse_attention_bwd_ref_impl(
         dot = dob[b, h, m].astype(cdt)
         lt = lseb[b, h, m]
         kt, vt = _listed_kv(kb, vb, b, h // g, idc, kval, cdt)
-        s = jnp.einsum("qd,kd->qk", qt, kt, preferred_element_type=cdt) * scale
+        s = jnp.einsum("qd,kd->qk", qt * scale, kt, preferred_element_type=cdt)
         row_ok = qrow_ok & jnp.isfinite(lt)
         lt_safe = jnp.where(row_ok, lt, 0).astype(cdt)
         ok = row_ok[:, None] & allowed

@@ -184,6 +184,46 @@ def test_bsa_softmax_scale_and_default():
     np.testing.assert_array_equal(o_def, o_exp)
 
 
+_HARD_MAX_CHECK = """
+import sys
+import jax.numpy as jnp, numpy as np
+import jax_sparse_attn as jsa
+for n_blocks, kv_splits in ((1, 1), (2, 1), (2, 2)):
+    for scale in (1e10, 1e30):
+        x = np.random.default_rng(0).standard_normal((1, 1, 128 * n_blocks, 8)).astype(np.float32)
+        rows = [[(m + j) % n_blocks for j in range(n_blocks)] for m in range(n_blocks)]
+        idx = jnp.asarray(np.array([[rows]], np.int32))
+        nums = jnp.full((1, 1, n_blocks), n_blocks, jnp.int32)
+        x_ = jnp.asarray(x)
+        o, lse = jsa.block_sparse_attention_forward(
+            x_, x_, x_, idx, q2k_block_nums=nums, sparse_block_size=128, softmax_scale=scale,
+            kv_splits=kv_splits, backend="reference")
+        o, lse = np.asarray(o), np.asarray(lse)
+        assert np.isfinite(o).all() and np.isfinite(lse).all(), (n_blocks, kv_splits, scale)
+        s = (x[0, 0].astype(np.float64) * scale) @ x[0, 0].T.astype(np.float64)
+        np.testing.assert_allclose(o[0, 0], x[0, 0][s.argmax(-1)], rtol=1e-6, atol=1e-6)
+        np.testing.assert_allclose(lse[0, 0], s.max(-1), rtol=1e-5)
+print("ok")
+"""
+
+
+def test_bsa_huge_softmax_scale_is_a_hard_max():
+    """At a huge finite scale the softmax is a hard max: finite outputs and lse, each row's
+    output the value row of its largest score, lse that score (to float32 rounding). Run at
+    XLA's default CPU optimisation level (the tests' level 0 does not fuse the score scale
+    into the exponent's subtraction, where one rounding less made ``exp`` overflow)."""
+    import os
+    import subprocess
+    import sys
+
+    env = dict(os.environ, JAX_PLATFORMS="cpu")
+    env["XLA_FLAGS"] = " ".join(f for f in env.get("XLA_FLAGS", "").split()
+                                if not f.startswith("--xla_backend_optimization_level"))
+    r = subprocess.run([sys.executable, "-c", _HARD_MAX_CHECK], env=env, capture_output=True,
+                       text=True, timeout=300)
+    assert r.returncode == 0 and r.stdout.strip() == "ok", r.stderr[-3000:]
+
+
 @pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float16])
 def test_bsa_low_precision(dtype):
     q, k, v, idx, nums = make_case(Sq=128, Skv=200, blk=64, K=3, D=16, seed=9, dtype=np.float32)
