@@ -294,7 +294,7 @@ def _kernel_emulation(off, ent, starts, *, n_kv, n_tiles, e_cap, window, subroun
             e0 = int(off[row0])
             n_e = min(int(off[row0 + n_kv]) - e0, e_cap)
             rOff, rDeg, rT0, rK = [0] * rpt, [0] * rpt, [0] * rpt, [0] * rpt
-            rAct, rPtr, rCand = [0] * rpt, [0] * rpt, [0] * rpt
+            rAct, rPtr, rCand, rFirst = [0] * rpt, [0] * rpt, [0] * rpt, [0] * rpt
             for i in range(rpt):
                 n = tid + i * nt
                 if n < n_kv:
@@ -346,7 +346,17 @@ def _kernel_emulation(off, ent, starts, *, n_kv, n_tiles, e_cap, window, subroun
                         act = 1
                         if window < n_kv and n >= window and fin < n - window + 1:
                             act = 0
-                    rAct[i], rPtr[i] = act, 0
+                    rAct[i] = act
+                    p = rFirst[i]
+                    if act:
+                        while p < rDeg[i]:
+                            e = rOff[i] + p
+                            yield acc(tid, "r", "bits", e >> 5)
+                            if not (sm["bits"][e >> 5] >> (e & 31)) & 1:
+                                break
+                            p += 1
+                        rFirst[i] = p
+                    rPtr[i] = p
                 s, go_s = 0, True
                 while go_s:
                     key = (big - sc) << 32

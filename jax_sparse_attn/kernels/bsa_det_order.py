@@ -21,7 +21,8 @@ docstring gives the argument that the order cannot deadlock.
 One CTA per chain, one thread per row (``rows_per_thread`` rows each when a chain has more
 rows than a CTA has threads). Shared memory holds the chain's entries, per tile the round of
 its last taking, its rank counter and the proposals, per entry a coloured bit, per row the
-round it finished in. Two CTA barriers per sub-round and one per round.
+round it finished in; per row a register holds the length of its coloured prefix, where
+the row's scans start. Two CTA barriers per sub-round and one per round.
 """
 
 from __future__ import annotations
@@ -129,6 +130,7 @@ class BsaDetScheduleOrder:
         rK = cute.make_rmem_tensor((rpt,), Int32)     # entries coloured so far
         rAct = cute.make_rmem_tensor((rpt,), Int32)   # active in this round, no entry yet
         rPtr = cute.make_rmem_tensor((rpt,), Int32)   # scan position in this round
+        rFirst = cute.make_rmem_tensor((rpt,), Int32)  # entries before it are all coloured
         rCand = cute.make_rmem_tensor((rpt,), Int32)  # proposed entry (-1: none)
         for i in cutlass.range_constexpr(rpt):
             n = tid + i * nt
@@ -149,6 +151,7 @@ class BsaDetScheduleOrder:
                     fin0 = Int32(-1)
                 sFin[n] = fin0
             rK[i] = Int32(0)
+            rFirst[i] = Int32(0)
         for j in cutlass.range(tid, n_tiles, nt, unroll=1):
             sRound[j] = Int32(-1)
             sCnt[j] = Int32(0)
@@ -194,7 +197,22 @@ class BsaDetScheduleOrder:
                                     if fin < n - self.window + 1:
                                         act = Int32(0)
                 rAct[i] = act
-                rPtr[i] = Int32(0)
+                # an active row's scan starts past its coloured prefix (the bits are only
+                # read until the first sub-round's barrier)
+                p = rFirst[i]
+                if act != 0:
+                    go = Int32(0)
+                    if p < rDeg[i]:
+                        go = Int32(1)
+                    while go != 0:
+                        e = rOff[i] + p
+                        go = Int32(0)
+                        if ((Int32(sBits[e >> 5]) >> (e & 31)) & 1) != 0:
+                            p += 1
+                            if p < rDeg[i]:
+                                go = Int32(1)
+                    rFirst[i] = p
+                rPtr[i] = p
             s = Int32(0)
             go_s = Int32(1)
             while go_s != 0:
