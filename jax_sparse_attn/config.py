@@ -156,8 +156,8 @@ _parse_hstu_bwd_ws = _parse_option_list(HSTU_BWD_WS_FLAGS,
 
 #: the flags of the sm90ws BSA backward's tuning switch (JAX_SPARSE_ATTN_BSA_BWD_WS), plus
 #: ``stages=N`` (at most N Q / dO stages, 2..4)
-BSA_BWD_WS_FLAGS = ("ldwait", "lpt", "decouple", "detkv", "detfull", "dqalias", "dqearly",
-                    "lselate", "splitwait", "epi16", "epiregs", "dqalt", "detsched",
+BSA_BWD_WS_FLAGS = ("ldwait", "lpt", "decouple", "detkv", "detfull", "detlaunch", "dqalias",
+                    "dqearly", "lselate", "splitwait", "epi16", "epiregs", "dqalt", "detsched",
                     "detschedfull")
 _BSA_BWD_WS_ALLOWED = ("comma list of " + ", ".join(BSA_BWD_WS_FLAGS)
                        + ", stages=N (most Q / dO shared-memory stages: 2..4)")
@@ -367,15 +367,18 @@ SWITCHES = (
                "order; slower on the H200: the CTAs running at one time then span every "
                "head), decouple (blk 128: each consumer warpgroup adds the dQ of its own 64 "
                "keys, without the barrier between the warpgroups; slower on the H200), "
-               "detkv (deterministic=True at blk 128: dQ additions in ascending KV block "
-               "order instead of in the order the CTAs of a launch group of half the GPU "
-               "reach them), detfull (deterministic=True: launch groups of every CTA the GPU "
-               "holds at once, at both block sizes), detsched (deterministic=True: the schedule "
-               "order, a greedy edge colouring of the K->Q lists along the estimated launch "
-               "schedule computed on the GPU, with a window of half the CTAs the GPU holds; "
-               "it falls back to the default order, with a UserWarning, where the order kernel "
-               "does not fit: shared memory, more than 8192 KV blocks), detschedfull (detsched with a "
-               "window of every CTA the GPU holds), dqalias (bsa_bwd_dq=tile: the dQ slices "
+               "deterministic=True orders the dQ additions to a query tile by default with "
+               "the schedule order (a greedy edge colouring of the K->Q lists along the "
+               "estimated launch schedule, computed on the GPU, with a window of one CTA per "
+               "SM) where the query heads are the KV heads and the order kernel fits, else "
+               "with the launch-group order (detlaunch); the options choose one: detlaunch "
+               "(the order in which the CTAs of a launch group of half the GPU reach the "
+               "tile at blk 128, ascending KV block at blk 64), detkv (ascending KV block "
+               "order), detfull (launch groups of every CTA the GPU holds at once), detsched "
+               "(the schedule order with a window of half the CTAs the GPU holds, also with "
+               "GQA; where the order kernel does not fit (shared memory, more than 8192 KV "
+               "blocks) the launch-group order, with a UserWarning), detschedfull (detsched "
+               "with a window of every CTA the GPU holds), dqalias (bsa_bwd_dq=tile: the dQ slices "
                "staged in the step's consumed Q / dO tiles instead of a staging tile of "
                "their own; always at blk 64 / D 128, where that tile does not fit), "
                "dqearly (where the dQ slices are staged in the Q / dO tiles: dQ = dS K issued "

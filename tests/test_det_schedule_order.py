@@ -195,19 +195,25 @@ def test_window_rule_orders_far_rows():
 
 
 def test_sched_window_and_config():
-    """``detsched`` sets half the CTAs the GPU holds as the window, ``detschedfull`` all of
-    them, only in deterministic mode; the order kernel's config falls back (None) where its
-    shared memory does not fit."""
+    """The default window is one CTA per SM (the default's order: ``det_sched_auto``),
+    ``detsched`` half the CTAs the GPU holds, ``detschedfull`` all of them, the launch-group
+    options none, only in deterministic mode; the order kernel's config falls back (None)
+    where its shared memory does not fit."""
     from jax_sparse_attn import config as jc
     from jax_sparse_attn.ffi import bsa as fb
 
-    held = {64: 2 * metadata.num_sms(), 128: metadata.num_sms()}
+    sms = metadata.num_sms()
+    held = {64: 2 * sms, 128: sms}
     for blk in (64, 128):
-        for ws, want in (("", 0), ("detsched", held[blk] // 2), ("detschedfull", held[blk])):
+        for ws, want in (("", sms), ("detsched", held[blk] // 2),
+                         ("detschedfull", held[blk]), ("detlaunch", 0), ("detkv", 0),
+                         ("detfull", 0), ("lselate", sms)):
             sw = jc.Switches(bsa_bwd_ws=ws)
             key = fb.bwd_config(jnp.bfloat16, 128, blk, False, sw, deterministic=True)
             assert key.det_window == want and key.held_ctas == held[blk], (blk, ws, key)
-            assert fb.bwd_config(jnp.bfloat16, 128, blk, False, sw).det_window == 0
+            assert key.det_sched_auto == (ws in ("", "lselate")), (blk, ws, key)
+            key = fb.bwd_config(jnp.bfloat16, 128, blk, False, sw)
+            assert key.det_window == 0 and not key.det_sched_auto
     with pytest.raises(ValueError, match="JAX_SPARSE_ATTN_BSA_BWD_WS"):
         jc.from_env({"JAX_SPARSE_ATTN_BSA_BWD_WS": "detschedule"})
 
@@ -573,4 +579,10 @@ def test_sched_fallback_warns():
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         assert fb._det_order_or_warn(cfg("detsched", 256, 256, 32)) is not None
-        assert fb._det_order_or_warn(cfg("", 2048, 2048, 256, 64, 16)) is None
+        # the default: the schedule order where it fits and the heads are the KV heads,
+        # silently the launch-group order elsewhere
+        assert fb._det_order_or_warn(cfg("", 256, 256, 32)).window == metadata.num_sms()
+        assert fb._det_order_or_warn(cfg("", 256, 256, 32, 16, 4)) is None
+        assert fb._det_order_or_warn(cfg("", 2048, 2048, 256, 16, 16)) is None
+        assert fb._det_order_or_warn(cfg("detlaunch", 256, 256, 32)) is None
+        assert fb._det_order_or_warn(cfg("detsched", 256, 256, 32, 16, 4)) is not None

@@ -158,6 +158,10 @@ class BsaBwdConfig:
     # the window of metadata.kq_schedule_order_reference, CTAs the GPU holds (held_ctas)
     det_window: int = 0
     held_ctas: int = 0
+    # the window is the default's (no bsa_bwd_ws order option): the schedule order runs
+    # only where the measurements favour it (one query head per KV head) and fits, and
+    # falls back to det_group's order without a warning elsewhere
+    det_sched_auto: bool = False
     # "sm90" / "sm90ws": dQ added per consumer warp with bulk reductions into a workspace of
     # 64-row query tiles (B, H_q, ceil(S_q / 64), 64 D) fp32, reordered into dq by
     # kernels/dq_tiles.py (else a row-major (B, S_q, H_q, D) fp32 workspace)
@@ -418,6 +422,7 @@ def bwd_config(dtype, head_dim, block_size, has_block_sizes, switches,
                             det_group=det_launch_group(block_size, opts) if deterministic else 0,
                             det_window=det_schedule_window(block_size, opts) if deterministic
                             else 0,
+                            det_sched_auto=bool(deterministic) and not _det_order_opts(opts),
                             held_ctas=_held_ctas(block_size) if deterministic else 0,
                             dq_tile=tile,
                             ws_dq_alias=alias,
@@ -475,17 +480,29 @@ def _held_ctas(block_size: int) -> int:
     return metadata.num_sms() * (1 if block_size == 128 else 2)
 
 
+#: the ``bsa_bwd_ws`` options that choose the deterministic backward's dQ order
+DET_ORDER_OPTS = ("detkv", "detfull", "detlaunch", "detsched", "detschedfull")
+
+
+def _det_order_opts(opts) -> tuple:
+    return tuple(o for o in opts if o in DET_ORDER_OPTS)
+
+
 def det_schedule_window(block_size: int, opts=()) -> int:
-    """The window of the deterministic backward's schedule order (``bsa_bwd_ws`` options
-    ``detsched``: half the CTAs the GPU holds, ``detschedfull``: all of them; else 0, the
-    order of :func:`det_launch_group`). The order cannot deadlock while at least this many
-    CTAs are resident at once (``metadata.kq_schedule_order_reference``)."""
+    """The window of the deterministic backward's schedule order: by default (no order
+    option) one CTA per SM, ``num_sms`` (at blk 128 every CTA the GPU holds, at blk 64 half
+    of them): the order cannot deadlock while at least this many CTAs are resident at once
+    (``metadata.kq_schedule_order_reference``), which holds wherever each SM can hold one.
+    ``bsa_bwd_ws`` options: ``detsched`` half the CTAs the GPU holds, ``detschedfull`` all of
+    them; ``detkv`` / ``detfull`` / ``detlaunch`` 0, the order of :func:`det_launch_group`."""
     held = _held_ctas(block_size)
     if "detschedfull" in opts:
         return held
     if "detsched" in opts:
         return max(held // 2, 1)
-    return 0
+    if _det_order_opts(opts):
+        return 0
+    return metadata.num_sms()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -526,12 +543,17 @@ def det_order_config(cfg) -> BsaDetOrderConfig | None:
 
 def _det_order_or_warn(cfg) -> BsaDetOrderConfig | None:
     """:func:`det_order_config` where ``cfg.bwd`` asks for the schedule order (else None),
-    with a ``UserWarning`` (once per trace) where the order does not fit and the backward
-    falls back to the ``det_group`` order."""
+    with a ``UserWarning`` (once per trace) where an option asked for it, the order does
+    not fit and the backward falls back to the ``det_group`` order. The default's order
+    (``det_sched_auto``) runs with one query head per KV head only (with GQA the
+    ``det_group`` order measured faster on the H200, docs/performance.md) and falls back
+    silently."""
     if not cfg.bwd.det_window:
         return None
+    if cfg.bwd.det_sched_auto and cfg.num_heads_q != cfg.num_heads_kv:
+        return None
     ocfg = det_order_config(cfg)
-    if ocfg is None:
+    if ocfg is None and not cfg.bwd.det_sched_auto:
         import warnings  # noqa: PLC0415
 
         group = cfg.num_heads_q // cfg.num_heads_kv
