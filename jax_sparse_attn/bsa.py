@@ -298,11 +298,15 @@ _META_ARG_LINES = """
         (bottom-right aligned). Kernels: the sm90 ones (D in {64, 128} on sm_90a); the
         mma.sync (sm80 / portable) kernels raise NotImplementedError.
       deterministic: static bool (default False). With True the backward's gradients are
-        bitwise reproducible run to run: the dq contributions of the KV blocks are added
-        in ascending KV block order (FlashAttention-2/3's deterministic backward
-        technique: one int32 counter per 64-row query tile); dk, dv and the forward are
-        deterministic in both modes. Kernels: the warp-specialized Hopper backward (D in
-        {64, 128}, sm_90a, without pack_gqa / causal; its cost is in ``docs/bsa.md``);
+        bitwise reproducible run to run: the dq contributions of the KV blocks to each
+        64-row query tile are added in a fixed order, each waiting for its turn on one
+        int32 counter per tile (FlashAttention-2/3's deterministic backward technique);
+        the order is computed on the GPU from the block lists, so that a tile's
+        contributions come one after another along the launch schedule (one extra
+        launch), or with GQA follows the launch order of the KV blocks; dk, dv and the
+        forward are deterministic in both modes. Kernels: the warp-specialized Hopper
+        backward (D in {64, 128}, sm_90a, without pack_gqa / causal; its cost is in
+        ``docs/bsa.md``);
         elsewhere ``backend="auto"`` runs the reference (deterministic) and
         ``backend="kernel"`` raises NotImplementedError.
 """
