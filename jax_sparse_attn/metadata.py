@@ -222,14 +222,21 @@ def hstu_scalars(alpha, scaling_seqlen, window_size):
 DEFAULT_NUM_SMS = 132
 
 
-def num_sms() -> int:
-    """SM count of the first GPU (:data:`DEFAULT_NUM_SMS` when none is visible)."""
+def gpu_num_sms() -> int | None:
+    """SM count of the first visible GPU, or None when no GPU is visible (or it does not
+    say)."""
     try:
         gpus = jax.devices("gpu")
     except RuntimeError:
         gpus = []
     n = getattr(gpus[0], "core_count", 0) if gpus else 0
-    return int(n) if n else DEFAULT_NUM_SMS
+    return int(n) if n else None
+
+
+def num_sms() -> int:
+    """SM count of the first GPU (:data:`DEFAULT_NUM_SMS` when none is visible)."""
+    n = gpu_num_sms()
+    return DEFAULT_NUM_SMS if n is None else n
 
 
 def auto_kv_splits(num_rows: int, k_max: int, sms: int | None = None) -> int:

@@ -204,10 +204,12 @@ def test_sched_window_and_config():
 
     sms = metadata.num_sms()
     held = {64: 2 * sms, 128: sms}
+    # the default: one CTA per SM; at blk 128 half that when no GPU is visible
+    auto = {64: sms, 128: sms if metadata.gpu_num_sms() else sms // 2}
     for blk in (64, 128):
-        for ws, want in (("", sms), ("detsched", held[blk] // 2),
+        for ws, want in (("", auto[blk]), ("detsched", held[blk] // 2),
                          ("detschedfull", held[blk]), ("detlaunch", 0), ("detkv", 0),
-                         ("detfull", 0), ("lselate", sms)):
+                         ("detfull", 0), ("lselate", auto[blk])):
             sw = jc.Switches(bsa_bwd_ws=ws)
             key = fb.bwd_config(jnp.bfloat16, 128, blk, False, sw, deterministic=True)
             assert key.det_window == want and key.held_ctas == held[blk], (blk, ws, key)
@@ -228,6 +230,20 @@ def test_sched_window_and_config():
     assert fb.det_order_config(C) is None
     C.num_heads_q, C.num_q_blocks, C.num_kv_blocks, C.k_max = 16, 8, 10000, 8
     assert fb.det_order_config(C) is None  # more rows per chain than the kernel takes
+
+
+def test_default_window_follows_the_visible_gpu(monkeypatch):
+    """The default window is one CTA per SM of the visible GPU; traced without one, at blk
+    128 (where that is every CTA the GPU holds) half of the guessed SM count."""
+    from jax_sparse_attn.ffi import bsa as fb
+
+    monkeypatch.setattr(metadata, "gpu_num_sms", lambda: 114)
+    monkeypatch.setattr(metadata, "num_sms", lambda: 114)
+    assert fb.det_schedule_window(128) == 114 and fb.det_schedule_window(64) == 114
+    monkeypatch.setattr(metadata, "gpu_num_sms", lambda: None)
+    monkeypatch.setattr(metadata, "num_sms", lambda: 132)
+    assert fb.det_schedule_window(128) == 66 and fb.det_schedule_window(64) == 132
+    assert fb.det_schedule_window(128, ("detschedfull",)) == 132
 
 
 _LOWER = """
@@ -560,7 +576,7 @@ def test_order_config_holds_every_chain(monkeypatch):
 
 
 def test_sched_fallback_warns():
-    """Where the order kernel does not fit, the backward warns and uses its default order;
+    """Where the order kernel does not fit, the backward warns and uses the launch-group order;
     where it fits, or without the switch, no warning."""
     import types
     import warnings

@@ -410,6 +410,9 @@ DET_CASES = [
          hq=4, hkv=4, sq=1000, skv=999, mode="all"),
     dict(name="det-all-blk128-d64-gqa8", blk=128, d=64, dtype="bfloat16", layout="bhsd",
          hq=8, hkv=1, sq=513, skv=700, mode="all"),
+    # one query head per KV head at blk 128: the default runs the schedule order
+    dict(name="det-all-blk128-d128-mha", blk=128, d=128, dtype="bfloat16", layout="bshd",
+         hq=2, hkv=2, sq=2000, skv=1900, mode="all"),
     # empty rows, block_sizes, GQA 4:1; K->Q lists and ranks built by the sort construction
     dict(name="det-empty-blk64-d64-sortcsr", blk=64, d=64, dtype="bfloat16", layout="bshd",
          hq=8, hkv=2, sq=1000, skv=1001, mode="last-empty", sort_csr=True),

@@ -83,7 +83,7 @@ def test_bsa_bwd_det_sched(c, ws, monkeypatch):
     key = fb.bwd_config(jnp.dtype(c["dtype"]), c["d"], c["blk"], False, from_env(),
                         deterministic=True)
     assert key.impl == "sm90ws" and key.det_window > 0, key
-    # the case runs the order kernel, not the fallback to the default order
+    # the case runs the order kernel, not the fallback to the launch-group order
     n_q, n_kv = -(-c["sq"] // c["blk"]), -(-c["skv"] // c["blk"])
     k_max = n_kv if c["mode"] == "all" else min(4, n_kv)  # as tb._ws_inputs builds them
     assert fb.det_order_config(_order_cfg_fields(c["hq"], c["hkv"], n_q, n_kv, k_max,

@@ -489,12 +489,16 @@ def _det_order_opts(opts) -> tuple:
 
 
 def det_schedule_window(block_size: int, opts=()) -> int:
-    """The window of the deterministic backward's schedule order: by default (no order
-    option) one CTA per SM, ``num_sms`` (at blk 128 every CTA the GPU holds, at blk 64 half
-    of them): the order cannot deadlock while at least this many CTAs are resident at once
-    (``metadata.kq_schedule_order_reference``), which holds wherever each SM can hold one.
-    ``bsa_bwd_ws`` options: ``detsched`` half the CTAs the GPU holds, ``detschedfull`` all of
-    them; ``detkv`` / ``detfull`` / ``detlaunch`` 0, the order of :func:`det_launch_group`."""
+    """The window of the deterministic backward's schedule order. The order cannot deadlock
+    while at least this many CTAs are resident at once
+    (``metadata.kq_schedule_order_reference``). By default (no order option) one CTA per SM,
+    ``num_sms``, where the traced-for GPU is visible: at blk 64 half the CTAs it holds; at
+    blk 128 all of them, so the whole GPU must be available to the kernel (not an MPS or
+    green-context share of its SMs: use ``detsched`` or ``detlaunch`` there). Traced
+    without a visible GPU (export, CPU lowering), where the SM count is a guess, half that
+    at blk 128. ``bsa_bwd_ws`` options: ``detsched`` half the CTAs the GPU holds,
+    ``detschedfull`` all of them; ``detkv`` / ``detfull`` / ``detlaunch`` 0, the order of
+    :func:`det_launch_group`."""
     held = _held_ctas(block_size)
     if "detschedfull" in opts:
         return held
@@ -502,6 +506,8 @@ def det_schedule_window(block_size: int, opts=()) -> int:
         return max(held // 2, 1)
     if _det_order_opts(opts):
         return 0
+    if block_size == 128 and metadata.gpu_num_sms() is None:
+        return max(metadata.num_sms() // 2, 1)
     return metadata.num_sms()
 
 
@@ -562,7 +568,8 @@ def _det_order_or_warn(cfg) -> BsaDetOrderConfig | None:
             f"({cfg.num_kv_blocks} KV blocks and {group * cfg.num_q_blocks} query tiles per "
             f"(batch, KV head), up to {cfg.k_max} entries each; the order kernel takes at most "
             f"{DET_ORDER_MAX_ROWS} KV blocks and {DET_ORDER_SMEM // 1024} KiB of shared "
-            f"memory); the deterministic backward uses its default order", stacklevel=3)
+            f"memory); the deterministic backward uses the launch-group order (detlaunch)",
+            stacklevel=3)
     return ocfg
 
 
