@@ -159,10 +159,30 @@ _parse_hstu_bwd_ws = _parse_option_list(HSTU_BWD_WS_FLAGS,
 BSA_BWD_WS_FLAGS = ("ldwait", "lpt", "decouple", "detkv", "detfull", "detlaunch", "dqalias",
                     "dqearly", "lselate", "splitwait", "epi16", "epiregs", "dqalt", "detsched",
                     "detschedfull")
+#: the flags among :data:`BSA_BWD_WS_FLAGS` that choose the deterministic dQ order (at most
+#: one of them)
+BSA_DET_ORDER_FLAGS = ("detkv", "detfull", "detlaunch", "detsched", "detschedfull")
 _BSA_BWD_WS_ALLOWED = ("comma list of " + ", ".join(BSA_BWD_WS_FLAGS)
-                       + ", stages=N (most Q / dO shared-memory stages: 2..4)")
-_parse_bsa_bwd_ws = _parse_option_list(BSA_BWD_WS_FLAGS, "stages", lambda n: 2 <= n <= 4,
-                                       _BSA_BWD_WS_ALLOWED)
+                       + " (at most one of " + ", ".join(BSA_DET_ORDER_FLAGS) + "), stages=N "
+                       "(most Q / dO shared-memory stages: 2..4), dqslots=N (deterministic: "
+                       "fp32 accumulators per query tile, 1..4)")
+_parse_bsa_bwd_ws_opts = _parse_option_list(BSA_BWD_WS_FLAGS,
+                                             {"stages": lambda n: 2 <= n <= 4,
+                                              "dqslots": lambda n: 1 <= n <= 4},
+                                             None, _BSA_BWD_WS_ALLOWED)
+
+
+def _parse_bsa_bwd_ws(var, raw):
+    """Parser of JAX_SPARSE_ATTN_BSA_BWD_WS: :data:`BSA_BWD_WS_FLAGS`, ``stages=N`` and
+    ``dqslots=N``; at most one of the deterministic order flags
+    (:data:`BSA_DET_ORDER_FLAGS`)."""
+    opts = _parse_bsa_bwd_ws_opts(var, raw)
+    orders = [o for o in opts if o in BSA_DET_ORDER_FLAGS]
+    if len(orders) > 1:
+        raise ValueError(f"{var}={raw!r}: {' and '.join(map(repr, orders))} each choose the "
+                         f"deterministic dQ order; give at most one; allowed: "
+                         f"{_BSA_BWD_WS_ALLOWED}")
+    return opts
 
 
 def _parse_kb(var, raw):
@@ -403,7 +423,11 @@ SWITCHES = (
                "tile: the two consumer warpgroups take turns computing a step's whole dQ = dS "
                "K, m64 n=D, instead of each computing half of D every step; the other one "
                "does not wait for the step's dS), "
-               "stages=N (most Q / dO stages)"),
+               "stages=N (most Q / dO stages), "
+               "dqslots=N (deterministic with the dQ writer warp: N fp32 accumulators per "
+               "64-row query tile; the contribution of rank r goes to accumulator r % N and "
+               "waits only for rank r - N, and the reordering kernel sums the N in order; "
+               "N times the workspace)"),
     _choice("bsa_pre_impl", "JAX_SPARSE_ATTN_BSA_PRE_IMPL", ("kernel", "delta", "xla"),
             "BSA backward preprocessing (delta = rowsum(dO*O), zeroed fp32 dQ workspace): "
             "kernel (one CuTe DSL launch computes delta and zeroes the workspace), delta (the "

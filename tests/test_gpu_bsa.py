@@ -416,6 +416,14 @@ DET_CASES = [
     # empty rows, block_sizes, GQA 4:1; K->Q lists and ranks built by the sort construction
     dict(name="det-empty-blk64-d64-sortcsr", blk=64, d=64, dtype="bfloat16", layout="bshd",
          hq=8, hkv=2, sq=1000, skv=1001, mode="last-empty", sort_csr=True),
+    # several fp32 dQ accumulators per query tile (bsa_bwd_ws dqslots=N): the schedule order
+    # at blk 64 and 128, the launch-group order with GQA, empty rows
+    dict(name="det-all-blk64-d128-slots2", blk=64, d=128, dtype="bfloat16", layout="bshd",
+         hq=2, hkv=2, sq=1500, skv=1400, mode="all", ws="dqslots=2"),
+    dict(name="det-all-blk128-d128-slots3", blk=128, d=128, dtype="float16", layout="bhsd",
+         hq=2, hkv=2, sq=2000, skv=1900, mode="all", ws="dqslots=3"),
+    dict(name="det-empty-blk64-d64-gqa-slots4", blk=64, d=64, dtype="bfloat16", layout="bhsd",
+         hq=8, hkv=2, sq=1000, skv=1001, mode="last-empty", ws="dqslots=4"),
 ]
 
 
@@ -431,12 +439,17 @@ def test_bsa_bwd_deterministic(c, monkeypatch):
     idx_n, nums_n, sizes_n = normalize_bsa_metadata(idx, None, sizes, nums)
     kw = dict(layout=c["layout"], sparse_block_size=c["blk"], softmax_scale=0.6 / np.sqrt(c["d"]))
     do = jnp.asarray(np.random.default_rng(12).standard_normal(q.shape, np.float32)).astype(q.dtype)
+    sw = {}
+    if c.get("ws"):
+        from jax_sparse_attn.config import from_env
+
+        sw = dict(switches=dataclasses.replace(from_env(), bsa_bwd_ws=tuple(c["ws"].split(","))))
 
     @jax.jit
     def kernel_grads(q, k, v, do):
         _, vjp = jax.vjp(lambda q, k, v: jsa.block_sparse_attention(
             q, k, v, idx, None, sizes, nums, allow_empty_block_nums=True, backend="kernel",
-            deterministic=True, **kw), q, k, v)
+            deterministic=True, **kw, **sw), q, k, v)
         return vjp(do)
 
     jax.block_until_ready(kernel_grads(q * jnp.nan, kp, vp, do * jnp.nan))

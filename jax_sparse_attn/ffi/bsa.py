@@ -61,6 +61,7 @@ import jax
 import jax.numpy as jnp
 
 from .. import _platform, metadata
+from ..config import BSA_DET_ORDER_FLAGS
 
 SUPPORTED_HEAD_DIMS = (32, 64, 128, 256)
 SUPPORTED_BLOCK_SIZES = (64, 128)
@@ -162,6 +163,9 @@ class BsaBwdConfig:
     # only where the measurements favour it (one query head per KV head) and fits, and
     # falls back to det_group's order without a warning elsewhere
     det_sched_auto: bool = False
+    # deterministic with det_writer: fp32 accumulators per 64-row query tile (workspace tile
+    # t * det_slots + p; the contribution of rank r goes to r % det_slots) and semaphores
+    det_slots: int = 1
     # "sm90" / "sm90ws": dQ added per consumer warp with bulk reductions into a workspace of
     # 64-row query tiles (B, H_q, ceil(S_q / 64), 64 D) fp32, reordered into dq by
     # kernels/dq_tiles.py (else a row-major (B, S_q, H_q, D) fp32 workspace)
@@ -437,6 +441,8 @@ def bwd_config(dtype, head_dim, block_size, has_block_sizes, switches,
                             pdl=bool(getattr(switches, "pdl", False)),
                             det_writer=bool(deterministic) and tile
                             and bool(getattr(switches, "det_writer", False)),
+                            det_slots=det_dq_slots(block_size, opts) if deterministic and tile
+                            and bool(getattr(switches, "det_writer", False)) else 1,
                             dq_writer=not deterministic and tile
                             and getattr(switches, "dq_writer", "auto") != "off")
     if impl == "sm90":
@@ -474,6 +480,13 @@ def det_launch_group(block_size: int, opts=()) -> int:
     return max(held // 2, 1)
 
 
+def det_dq_slots(block_size: int, opts=()) -> int:
+    """fp32 dQ accumulators per query tile of the deterministic backward with the dQ writer
+    warp (``bsa_bwd_ws`` option ``dqslots=N``; default 1)."""
+    n = [int(o[8:]) for o in opts if o.startswith("dqslots=")]
+    return n[0] if n else 1
+
+
 def _held_ctas(block_size: int) -> int:
     """CTAs of the sm90ws backward the GPU holds at once: one per SM at blk 128, two at
     blk 64."""
@@ -481,7 +494,7 @@ def _held_ctas(block_size: int) -> int:
 
 
 #: the ``bsa_bwd_ws`` options that choose the deterministic backward's dQ order
-DET_ORDER_OPTS = ("detkv", "detfull", "detlaunch", "detsched", "detschedfull")
+DET_ORDER_OPTS = BSA_DET_ORDER_FLAGS
 
 
 def _det_order_opts(opts) -> tuple:
@@ -985,9 +998,11 @@ def bsa_preprocess(do, out, cfg):
 
 def dq_tile_shape(cfg) -> tuple:
     """The query-tile dQ workspace of the Hopper backwards (``cfg.bwd.dq_tile``): fp32
-    ``(B, H_q, ceil(S_q / 64), 64 D)``, each 64-row tile in the block order of
-    ``kernels/dq_tiles.py``."""
-    return (cfg.batch, cfg.num_heads_q, -(-cfg.seqlen_q // 64), 64 * cfg.head_dim)
+    ``(B, H_q, ceil(S_q / 64) P, 64 D)``, each 64-row tile in the block order of
+    ``kernels/dq_tiles.py``, ``P = cfg.bwd.det_slots`` consecutive accumulators per query
+    tile."""
+    slots = cfg.bwd.det_slots if cfg.bwd is not None else 1
+    return (cfg.batch, cfg.num_heads_q, -(-cfg.seqlen_q // 64) * slots, 64 * cfg.head_dim)
 
 
 def dq_block_cols(bwd) -> int:
@@ -1007,13 +1022,14 @@ class BsaDqTilesConfig:
     head_dim: int
     block_cols: int
     pdl: bool = False  # programmatic dependent launch (the backward's)
+    slots: int = 1  # accumulators per query tile, summed in order
 
 
 def _dq_tiles_entry(stream, ws, dq, *, cfg: BsaDqTilesConfig):
     from ..kernels.dq_tiles import BsaDqFromTiles  # noqa: PLC0415
 
-    BsaDqFromTiles(_cutlass_dtype(cfg.dtype), cfg.head_dim, cfg.block_cols, cfg.pdl)(
-        ws, dq, stream)
+    BsaDqFromTiles(_cutlass_dtype(cfg.dtype), cfg.head_dim, cfg.block_cols, cfg.pdl,
+                   cfg.slots)(ws, dq, stream)
 
 
 @functools.cache
@@ -1024,13 +1040,19 @@ def _dq_tiles_jit():
     return cute.jit(_dq_tiles_entry)
 
 
-def dq_from_tiles(ws, seqlen_q, head_dim, block_cols):
+def dq_from_tiles(ws, seqlen_q, head_dim, block_cols, slots=1):
     """The ``(B, S_q, H_q, D)`` fp32 dq held by the query-tile workspace ``ws`` ``(B, H_q,
-    N_t, 64 D)`` of ``block_cols``-column blocks (``kernels/dq_tiles.py``: block ``c = 4 cg +
-    rg``, float ``4 (32 j + 4 g + q) + 2 h + e`` of a block is row ``16 rg + 8 h + g``,
-    column ``block_cols cg + 8 j + 2 q + e``): the jnp statement of what the reordering
-    kernel computes (tests)."""
-    b, h, nt, _ = ws.shape
+    N_t slots, 64 D)`` of ``block_cols``-column blocks (``kernels/dq_tiles.py``: block ``c =
+    4 cg + rg``, float ``4 (32 j + 4 g + q) + 2 h + e`` of a block is row ``16 rg + 8 h +
+    g``, column ``block_cols cg + 8 j + 2 q + e``; ``slots`` consecutive accumulators per
+    query tile, summed in order): the jnp statement of what the reordering kernel computes
+    (tests)."""
+    b, h, nts, _ = ws.shape
+    nt = nts // slots
+    acc = ws.reshape(b, h, nt, slots, -1)
+    ws = acc[:, :, :, 0]
+    for p in range(1, slots):
+        ws = ws + acc[:, :, :, p]
     w = block_cols
     # (b, h, t, cg, rg, j, g, q, hh, e)
     x = ws.reshape(b, h, nt, head_dim // w, 4, w // 8, 8, 4, 2, 2)
@@ -1046,7 +1068,8 @@ def _dq_out(dq_acc, q, cfg, spec):
 
     if not cfg.bwd.dq_tile:
         return dq_acc.astype(q.dtype)
-    key = BsaDqTilesConfig(cfg.bwd.dtype, cfg.head_dim, dq_block_cols(cfg.bwd), cfg.bwd.pdl)
+    key = BsaDqTilesConfig(cfg.bwd.dtype, cfg.head_dim, dq_block_cols(cfg.bwd), cfg.bwd.pdl,
+                           cfg.bwd.det_slots)
     call = call_builder(cfg.cute_call)(
         _dq_tiles_jit(),
         output_shape_dtype=(jax.ShapeDtypeStruct(q.shape, q.dtype),),
@@ -1071,7 +1094,8 @@ def _ws_kernel(cfg: BsaBwdConfig):
                         dq_writer=cfg.dq_writer,
                         dq_late=cfg.ws_dq_late, lse_early=cfg.ws_lse_early,
                         split_wait=cfg.ws_split_wait, epi_pairs=cfg.ws_epi_pairs,
-                        epi_smem=cfg.ws_epi_smem, dq_alt=cfg.ws_dq_alt)
+                        epi_smem=cfg.ws_epi_smem, dq_alt=cfg.ws_dq_alt,
+                        dq_slots=cfg.det_slots)
 
 
 def _bwd_det_entry(stream, q, k, v, do, lse, delta, offsets, entries, ranks, sizes, scale,
@@ -1168,7 +1192,8 @@ def bsa_bwd(do, q, k, v, out, lse, q2k_block_index, q2k_block_nums, block_sizes,
 def _bsa_bwd_deterministic(q, k, v, do, lse, delta, dq_acc, q2k_block_index, q2k_block_nums,
                            block_sizes, cfg, spec):
     """:func:`bsa_bwd`'s kernel call in deterministic mode: the K->Q lists with each entry's
-    rank in its query row, and one zeroed int32 semaphore per 64-row query tile."""
+    rank in its query row, and one zeroed int32 semaphore per 64-row query tile and dQ
+    accumulator (``cfg.bwd.det_slots``)."""
     from .._cute_call import call_builder  # noqa: PLC0415
 
     ocfg = _det_order_or_warn(cfg)
@@ -1183,7 +1208,8 @@ def _bsa_bwd_deterministic(q, k, v, do, lse, delta, dq_acc, q2k_block_index, q2k
             q2k_block_index, q2k_block_nums, num_kv_heads=cfg.num_heads_kv,
             num_kv_blocks=cfg.num_kv_blocks, with_ranks=True, rank_group=cfg.bwd.det_group)
     ws_spec = None if cfg.bwd.dq_tile else spec  # the query-tile workspace is row-major
-    sem0 = jnp.zeros((cfg.batch, cfg.num_heads_q, cfg.num_q_blocks * (cfg.sparse_block_size // 64)),
+    sem0 = jnp.zeros((cfg.batch, cfg.num_heads_q,
+                      cfg.num_q_blocks * (cfg.sparse_block_size // 64) * cfg.bwd.det_slots),
                      jnp.int32)
     n_in = 12 + (block_sizes is not None)  # flattened inputs (block_sizes may be None)
     call = call_builder(cfg.cute_call)(

@@ -66,7 +66,8 @@ by default dQ's fp32 additions are not ordered.
 Deterministic mode (``deterministic``; extra inputs ``mRank``, int32 like ``entries``: the
 place of each entry among the contributions to its query row, ``metadata.build_kq_csr(...,
 with_ranks=True)``, and ``mdQSem``, int32 ``(B, H_q, N_q *
-blk / 64)`` zero-initialised by XLA: one counter per 64-row query tile): the dQ
+blk / 64 * dq_slots)`` zero-initialised by XLA: one counter per 64-row query tile and
+accumulator slot): the dQ
 contributions to a query tile are added in ascending KV block order, so every dQ element
 gets the same fp32 additions in the same order on every run (the order is the ranks':
 ascending KV block, or by launch group of ``G`` CTAs, then by the position of the query
@@ -88,7 +89,15 @@ slices, arrive on named barrier 2 and go on with the next step; warp 1 waits for
 semaphore, syncs on barrier 2, adds the staged tile (one bulk reduce-add per block), hands
 the buffer back once the additions have read it (named barrier 5, on which the consumers
 sync before they stage the next step; with ``dq_alias`` it also releases the step's Q / dO
-stage to the producer), and publishes once they are complete. The consumers then wait for a slow
+stage to the producer), and publishes once they are complete. With ``dq_slots = P > 1`` each
+query tile has ``P`` accumulator tiles in the workspace (``(B, H_q, N_t P, 64 D)``, tile ``t``
+slot ``p`` at ``t P + p``) and ``P`` semaphores (``mdQSem`` ``(B, H_q, N_t P)``): the
+contribution of rank ``r`` is added to slot ``r % P`` once the slot's semaphore reaches
+``r // P``, so it waits for rank ``r - P`` only and ``P`` publications of a tile are in flight
+at once; ``kernels/dq_tiles.py`` sums the slots in slot order. Each slot's additions and
+their sum have a fixed order, so dQ stays bitwise reproducible; the ranks a contribution
+waits for are a subset of those it waits for at ``P = 1``, so the deadlock argument carries
+over. The consumers then wait for a slow
 predecessor only when the writer is a whole step behind. ``decouple`` is off in this mode (each query tile gets one addition per
 KV block). ``dq_writer`` (not deterministic, with ``dq_tile``): warp 1 is the same writer
 without the semaphore and the ranks, so no consumer warp waits for the reads of its own bulk
@@ -174,7 +183,7 @@ class BsaBwdSm90Ws:
                  dq_alias: bool = False, pdl: bool = False, det_writer: bool = False,
                  dq_late: bool = False, dq_writer: bool = False, lse_early: bool = False,
                  split_wait: bool = False, epi_pairs: bool = False, epi_smem: bool = False,
-                 dq_alt: bool = False):
+                 dq_alt: bool = False, dq_slots: int = 1):
         self.pdl = pdl
         # dK / dV stored as packed pairs of adjacent columns (4-byte stores)
         self.epi_pairs = epi_pairs
@@ -230,6 +239,14 @@ class BsaBwdSm90Ws:
         self.dq_writer = dq_writer and not deterministic and self.dq_tile
         # warp 1 adds the staged dQ tiles (either mode)
         self.writer = self.det_writer or self.dq_writer
+        # deterministic with the writer: each query tile has ``dq_slots`` fp32 accumulators
+        # (workspace tiles ``t * dq_slots + p``); the contribution of rank ``r`` goes to slot
+        # ``r % dq_slots`` and waits for rank ``r - dq_slots`` only (the tile's semaphore of
+        # that slot counts ``r // dq_slots``); the reordering kernel sums the slots in order
+        if dq_slots < 1 or (dq_slots > 1 and not self.det_writer):
+            raise NotImplementedError(
+                f"bsa_bwd_sm90_ws: dq_slots={dq_slots} needs the deterministic dQ writer warp")
+        self.dq_slots = dq_slots
         # the ordered dQ additions need the grid's launch order (lower KV blocks first)
         self.lpt = lpt and not deterministic
         # blk 128: each consumer warpgroup adds the dQ of its own 64 keys (no barrier between
@@ -424,10 +441,17 @@ class BsaBwdSm90Ws:
             for s in cutlass.range_constexpr(self.sub):
                 if m_block * self.bn + s * bm < seqlen_q:
                     sem = None
+                    # this contribution's accumulator tile of the workspace (its slot) and
+                    # its place among the slot's contributions
+                    t_ws = m_block * self.sub + s
+                    turn = rank
+                    if cutlass.const_expr(self.dq_slots > 1):
+                        t_ws = t_ws * self.dq_slots + rank % self.dq_slots
+                        turn = rank // self.dq_slots
                     if cutlass.const_expr(self.deterministic):
-                        sem = elem_ptr(mdQSem, (batch, head, m_block * self.sub + s))
+                        sem = elem_ptr(mdQSem, (batch, head, t_ws))
                         if lane == 0:
-                            wait_at_least(sem, rank)
+                            wait_at_least(sem, turn)
                         cute.arch.sync_warp()
                     if cutlass.const_expr(self.writer):
                         # every consumer warp's slice of this step is staged and fenced
@@ -437,7 +461,7 @@ class BsaBwdSm90Ws:
                         if cutlass.const_expr(self.dq_alias):
                             sdQ, sdQ2 = kvb.stage_as_f32(st, pipe_q.stage(c), bm, d)
                         if lane == 0:
-                            gtile = elem_ptr(mdQacc, (batch, head, m_block * self.sub + s, 0))
+                            gtile = elem_ptr(mdQacc, (batch, head, t_ws, 0))
                             for wi in cutlass.range_constexpr(4 * nwg):
                                 # consumer warp wi: rows 16 (wi % 4) .., warpgroup wi // 4's
                                 # columns
@@ -459,7 +483,7 @@ class BsaBwdSm90Ws:
                             if lane == 0:
                                 # complete (not only read) before the publication
                                 cute.arch.cp_async_bulk_wait_group(0, read=False)
-                                st_release_s32(sem, rank + 1)
+                                st_release_s32(sem, turn + 1)
                             cute.arch.sync_warp()
                         c += 1
                     else:

@@ -148,14 +148,19 @@ def smem_rows_to_gmem(sbase, tidx, n_threads: cutlass.Constexpr, gRows, row0, li
 
 class BsaDqFromTiles:
     """dq ``(B, S_q, H_q, D)`` (either physical layout, D contiguous) in the input dtype from
-    the block-sparse backward's workspace ``(B, H_q, ceil(S_q / 64), 64 D)`` fp32 of
-    64-row query tiles in ``w``-column blocks: one CTA of ``32 * tile_blocks(64, D, w)``
-    threads per (query tile, head, batch) writes the tile's rows below ``S_q``."""
+    the block-sparse backward's workspace ``(B, H_q, ceil(S_q / 64) slots, 64 D)`` fp32 of
+    64-row query tiles in ``w``-column blocks, ``slots`` consecutive accumulator tiles per
+    query tile (summed in slot order): one CTA of ``32 * tile_blocks(64, D, w)`` threads per
+    (query tile, head, batch) writes the tile's rows below ``S_q``."""
 
     BM = 64
 
-    def __init__(self, dtype, head_dim: int, block_cols: int, pdl: bool = False):
+    def __init__(self, dtype, head_dim: int, block_cols: int, pdl: bool = False,
+                 slots: int = 1):
         self.pdl = pdl
+        if slots < 1:
+            raise ValueError(f"dq tiles: slots={slots} must be >= 1")
+        self.slots = slots
         if head_dim % block_cols or block_cols % 8 or block_cols > 64:
             raise NotImplementedError(
                 f"dq tiles: head_dim {head_dim} with {block_cols}-column blocks")
@@ -173,7 +178,8 @@ class BsaDqFromTiles:
             tile: cute.struct.Align[cute.struct.MemRange[self.dtype, n_elems], 128]
 
         self.kernel(mWs, mdQ, Smem).launch(
-            grid=(cute.size(mWs.shape[2]), cute.size(mWs.shape[1]), cute.size(mWs.shape[0])),
+            grid=(cute.size(mWs.shape[2]) // self.slots, cute.size(mWs.shape[1]),
+                  cute.size(mWs.shape[0])),
             block=[self.num_threads, 1, 1], smem=Smem.size_in_bytes(), stream=stream,
             use_pdl=self.pdl)
 
@@ -186,7 +192,13 @@ class BsaDqFromTiles:
             cute.arch.griddepcontrol_wait()
         st = cutlass.memory.SmemAllocator().allocate(Smem)
         sbase = st.tile.data_ptr()
-        v = tile_load(elem_ptr(mWs, (batch, head, t, 0)), tidx, self.w)
+        v = tile_load(elem_ptr(mWs, (batch, head, t * self.slots, 0)), tidx, self.w)
+        if cutlass.const_expr(self.slots > 1):
+            # all slots' loads first, then the sum in slot order
+            vs = [tile_load(elem_ptr(mWs, (batch, head, t * self.slots + p, 0)), tidx, self.w)
+                  for p in range(1, self.slots)]
+            for vp in vs:
+                v.store(v.load() + vp.load())
         tile_to_smem(v, sbase, tidx, self.BM, self.d, self.w, self.dtype)
         cute.arch.barrier()
         row0 = t * self.BM
