@@ -2,7 +2,7 @@
 CTAs wait for their turn under each order, relative to the same lists without waits.
 
 ``python scripts/det_order_model.py [--blk 64] [--s 16384] [--heads 16] [--kv-heads 16]
-[--density 0.125] [--noise 0.1] [--hand-back 0.05] [--publish 0.3]``
+[--density 0.125] [--noise 0.1] [--hand-back 0.05] [--publish 0.3] [--slots 1]``
 
 The K->Q lists come from random top-k metadata as in ``benchmarks/bsa_bench.py`` (one batch;
 ``--kv-heads`` for GQA). CTAs (one per K->Q row) are launched in row order onto ``held``
@@ -12,7 +12,9 @@ writer warp's hand-back of the previous step), times ``1 + noise * N(0, 1)``. Th
 warp takes a staged step once the entry's rank has come up on its query tile (every
 contribution of lower rank published), hands the staging buffer back after ``--hand-back``
 (0.05) and publishes ``--publish`` (0.3) later (D 64, whose step takes about half the time:
-``--hand-back 0.1 --publish 0.6``).
+``--hand-back 0.1 --publish 0.6``). With ``--slots N`` (``bsa_bwd_ws=dqslots=N``) each
+query tile has ``N`` accumulators and a contribution waits only for the one ``N`` ranks
+before it.
 The orders: ``none`` (no waits: the default, non-deterministic backward), ``kv`` (ascending
 KV block, the blk 64 default), ``group`` (launch groups of half the slots, the blk 128
 default), ``sched`` / ``schedfull`` (``metadata.kq_schedule_order_reference`` with a window
@@ -34,9 +36,10 @@ import numpy as np
 from jax_sparse_attn import metadata
 
 
-def simulate(walks, ranks, n_kv, held, noise, seed, s=0.25, delta=0.05, lam=0.3):
+def simulate(walks, ranks, n_kv, held, noise, seed, s=0.25, delta=0.05, lam=0.3, slots=1):
     """Finish time of CTAs ``r`` (walk ``walks[r]``: query tiles; ``ranks[r]``: their ranks)
-    launched in order onto ``held`` slots (see the module docstring)."""
+    launched in order onto ``held`` slots (see the module docstring); ``slots`` dQ
+    accumulators per query tile (rank ``r`` waits for rank ``r - slots`` only)."""
     rng = np.random.default_rng(seed)
     n_rows = len(walks)
     ev, seq = [], [0]
@@ -65,7 +68,7 @@ def simulate(walks, ranks, n_kv, held, noise, seed, s=0.25, delta=0.05, lam=0.3)
                 push(now + dur() * (1 - s), "gemm", r, 0)
 
     def key(r, p):
-        return (r // n_kv, int(walks[r][p]))
+        return (r // n_kv, int(walks[r][p]), int(ranks[r][p]) % slots)
 
     def try_writer(r, now):
         S = st[r]
@@ -73,8 +76,8 @@ def simulate(walks, ranks, n_kv, held, noise, seed, s=0.25, delta=0.05, lam=0.3)
         if p >= S["L"] or S["staged"][p] is None or (p > 0 and S["back"][p - 1] is None):
             return
         k = key(r, p)
-        if cnt.get(k, 0) < ranks[r][p]:
-            waiting.setdefault(k, {})[int(ranks[r][p])] = r
+        if cnt.get(k, 0) < ranks[r][p] // slots:
+            waiting.setdefault(k, {})[int(ranks[r][p]) // slots] = r
             return
         t = max(now, S["staged"][p]) + delta
         S["back"][p] = t
@@ -138,6 +141,8 @@ def main(argv=None):
                     help="writer warp: staged step to staging buffer handed back (steps)")
     ap.add_argument("--publish", type=float, default=0.3,
                     help="writer warp: hand-back to the contribution published (steps)")
+    ap.add_argument("--slots", type=int, default=1,
+                    help="dQ accumulators per query tile (bsa_bwd_ws dqslots=N)")
     a = ap.parse_args(argv)
     n = -(-a.s // a.blk)
     topk = max(1, round(a.density * n))
@@ -161,10 +166,10 @@ def main(argv=None):
         orders[name] = (rows(e, None), rows(r, None))
     base = None
     print(f"blk {a.blk}, S {a.s}, {a.heads} / {h_kv} heads, top-{topk} of {n}, {held} CTA slots, "
-          f"noise {a.noise}, hand-back {a.hand_back}, publish {a.publish}")
+          f"noise {a.noise}, hand-back {a.hand_back}, publish {a.publish}, slots {a.slots}")
     for name, (walks, ranks) in orders.items():
         t = simulate(walks, ranks, n, held, a.noise, a.seed + 1, delta=a.hand_back,
-                     lam=a.publish)
+                     lam=a.publish, slots=a.slots)
         base = base or t
         print(f"{name:10s} {t:9.1f} units   none / order = {base / t:.2f}")
 

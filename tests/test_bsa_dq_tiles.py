@@ -105,3 +105,62 @@ def test_dq_tile_choice():
     assert key(128, 64, Switches(bsa_bwd_ws="decouple")).dq_tile  # no decoupling at blk 64
     rows = Switches(bsa_bwd_dq="rows")
     assert not any(key(d, blk, rows).dq_tile for d in (64, 128) for blk in (64, 128))
+
+
+@pytest.mark.parametrize("slots", [2, 3])
+def test_dq_from_tiles_sums_the_slots_in_order(slots):
+    """With ``slots`` accumulators per query tile (the deterministic backward's
+    ``dqslots=N``), tile ``t`` slot ``p`` sits at ``t * slots + p`` and the slots are summed
+    in slot order: each slot holds a part of the tile's dQ, and the result is the ordered
+    fp32 sum of the slots' reorderings (bitwise)."""
+    rng = np.random.default_rng(11)
+    b, h, s_q, d, w = 1, 2, 100, 64, 64
+    nt = -(-s_q // 64)
+    parts = rng.standard_normal((slots, b, nt * 64, h, d)).astype(np.float32)
+    ws = np.zeros((b, h, nt * slots, 64 * d), np.float32)
+    for p in range(slots):
+        for bi in range(b):
+            for hi in range(h):
+                for t in range(nt):
+                    ws[bi, hi, t * slots + p] = _staged_tile(
+                        parts[p, bi, 64 * t:64 * t + 64, hi], d, w, rng)
+    got = np.asarray(bsa.dq_from_tiles(jnp.asarray(ws), s_q, d, w, slots=slots))
+    want = parts[0]
+    for p in range(1, slots):
+        want = want + parts[p]
+    np.testing.assert_array_equal(got, want[:, :s_q])
+    # slot order matters in fp32: the statement is not a sum of the slots in another order
+    assert got.shape == (b, s_q, h, d)
+
+
+def test_dq_slots_compile_keys():
+    """``bsa_bwd_ws`` ``dqslots=N`` sets ``det_slots`` only in the deterministic sm90ws
+    backward with the dQ writer warp (and so the workspace, the semaphores and the
+    reordering key); elsewhere it is 1. The workspace holds ``N`` tiles per query tile."""
+    import dataclasses
+
+    from jax_sparse_attn.config import Switches, from_env
+    from jax_sparse_attn.validation import check_bsa_args
+
+    pytest.importorskip("cutlass")
+    sw = from_env({"JAX_SPARSE_ATTN_BSA_BWD_WS": "dqslots=3"})
+    assert sw.bsa_bwd_ws == ("dqslots=3",)
+    for d in (64, 128):
+        for blk in (64, 128):
+            det = bsa.bwd_config(jnp.bfloat16, d, blk, False, sw, deterministic=True)
+            assert det.det_slots == 3 and det.det_writer, (d, blk)
+            assert bsa.bwd_config(jnp.bfloat16, d, blk, False, sw).det_slots == 1
+            assert bsa.bwd_config(jnp.bfloat16, d, blk, False, Switches(),
+                                  deterministic=True).det_slots == 1
+    no_writer = dataclasses.replace(sw, det_writer=False)
+    assert bsa.bwd_config(jnp.bfloat16, 128, 64, False, no_writer,
+                          deterministic=True).det_slots == 1
+    rows = dataclasses.replace(sw, bsa_bwd_dq="rows")
+    assert bsa.bwd_config(jnp.bfloat16, 128, 128, False, rows, deterministic=True).det_slots == 1
+    x = jnp.zeros((1, 2, 130, 64), jnp.bfloat16)
+    cfg = check_bsa_args(x, x, x, jnp.zeros((1, 2, 3, 1), jnp.int32), 1, layout="bhsd",
+                         sparse_block_size=64)
+    det = bsa.bwd_config(jnp.bfloat16, 64, 64, False, sw, deterministic=True)
+    assert bsa.dq_tile_shape(dataclasses.replace(cfg, bwd=det)) == (1, 2, 9, 64 * 64)
+    one = bsa.bwd_config(jnp.bfloat16, 64, 64, False, Switches(), deterministic=True)
+    assert bsa.dq_tile_shape(dataclasses.replace(cfg, bwd=one)) == (1, 2, 3, 64 * 64)

@@ -210,6 +210,24 @@ def test_sm90ws_variants_reject(raw):
     assert all(f in str(e.value) for f in config.WS_FLAGS) and "bn=N" in str(e.value) and "chunk=N" in str(e.value)
 
 
+@pytest.mark.parametrize("raw", ["dqslots=0", "dqslots=5", "dqslots=2,dqslots=3", "dqslots",
+                                 "detsched,detlaunch", "detkv,detfull", "detsched,detschedfull",
+                                 "stages=1"])
+def test_bsa_bwd_ws_rejects(raw):
+    """dqslots=N takes 1..4, once; at most one deterministic order flag (they each choose
+    the order); the message names the variable and every allowed value."""
+    with pytest.raises(ValueError, match="JAX_SPARSE_ATTN_BSA_BWD_WS") as e:
+        config.from_env({"JAX_SPARSE_ATTN_BSA_BWD_WS": raw})
+    msg = str(e.value)
+    assert all(f in msg for f in config.BSA_BWD_WS_FLAGS) and "dqslots=N" in msg
+
+
+@pytest.mark.parametrize("raw", ["dqslots=1", "dqslots=4", "detsched,dqslots=2",
+                                 "detlaunch,stages=3,dqslots=2"])
+def test_bsa_bwd_ws_accepts(raw):
+    assert config.from_env({"JAX_SPARSE_ATTN_BSA_BWD_WS": raw}).bsa_bwd_ws == tuple(raw.split(","))
+
+
 def test_public_ops_reject_non_switches():
     q = jnp.ones((4, 1, 8), jnp.float32)
     cu = np.array([0, 4], np.int32)

@@ -115,6 +115,21 @@ def test_bsa_bwd_ws_deterministic_lowers(cfg):
     assert txt.count(CALL_TARGET) == _calls(cfg, impl="auto", deterministic=True)
 
 
+@pytest.mark.parametrize("cfg,slots", [(CONFIGS[1], 2), (CONFIGS[0], 3)],
+                         ids=["blk64-slots2", "blk128-slots3"])
+def test_bsa_bwd_ws_dq_slots_lowers(cfg, slots):
+    """``bsa_bwd_ws`` ``dqslots=N`` (deterministic, dQ writer warp): the workspace the
+    backward adds into and the reordering kernel reads holds ``N`` tiles per 64-row query
+    tile, and the zeroed semaphores ``N`` per query tile (B = 2, S_q = 1000: 16 tiles)."""
+    txt = _bwd_text(cfg, ws=f"dqslots={slots}", impl="auto", deterministic=True,
+                    det_writer=True)
+    assert txt.count(CALL_TARGET) == _calls(cfg, impl="auto", deterministic=True)
+    h, d = cfg["hq"], cfg["d"]
+    assert f"tensor<2x{h}x{16 * slots}x{64 * d}xf32>" in txt
+    assert f"tensor<2x{h}x{16 * slots}xi32>" in txt
+    assert f"tensor<2x{h}x16x{64 * d}xf32>" not in txt
+
+
 # the PTX tests' configurations, lowered in one fresh process (tests/kept_ptx.py): name ->
 # (function of this module, its positional arguments, Switches fields, keyword arguments);
 # the default ones (CUTE_DSL_KEEP=ptx keeps the lowered text too) also serve
