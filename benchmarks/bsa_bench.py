@@ -305,7 +305,8 @@ TABLE = [
 def table(variants, n_sets=2, seed=0, rows_sel=None, pass_="fwd"):
     """Forward (``pass_="fwd"``) or backward (``"bwd"``: the whole backward from saved out /
     lse, FLOPs 2.5x the forward's) times of the TABLE rows under each variant (``'ENV=V,ENV=V'``
-    strings of ``JAX_SPARSE_ATTN_*`` switch variables, validated by :func:`config.from_env`;
+    strings of ``JAX_SPARSE_ATTN_*`` switch variables, validated by :func:`config.from_env`,
+    ``+`` in a value standing for ``,``;
     the entry ``deterministic=1`` calls the ops with ``deterministic=True``)."""
     rows = []
     for j, (label, blk, topk, s, d, h, h_kv) in enumerate(TABLE):
@@ -316,7 +317,9 @@ def table(variants, n_sets=2, seed=0, rows_sel=None, pass_="fwd"):
                 for i in range(n_sets)]
         flops = 4.0 * h * s * d * (topk * blk) * (2.5 if pass_ == "bwd" else 1.0)
         for var in variants:
-            env = dict(kv.partition("=")[::2] for kv in filter(None, var.split(",")))
+            # '+' inside a value stands for ',' (several options of one switch)
+            env = {k_: v_.replace("+", ",") for k_, v_ in
+                   (kv.partition("=")[::2] for kv in filter(None, var.split(",")))}
             det = env.pop("deterministic", "0") == "1"
             kw = dict(layout="bhsd", sparse_block_size=blk, softmax_scale=1.0 / np.sqrt(d),
                       backend="kernel", switches=config.from_env(env), deterministic=det)

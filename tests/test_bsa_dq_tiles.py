@@ -136,7 +136,8 @@ def test_dq_from_tiles_sums_the_slots_in_order(slots):
 def test_dq_slots_compile_keys():
     """``bsa_bwd_ws`` ``dqslots=N`` sets ``det_slots`` only in the deterministic sm90ws
     backward with the dQ writer warp (and so the workspace, the semaphores and the
-    reordering key); elsewhere it is 1. The workspace holds ``N`` tiles per query tile."""
+    reordering key); elsewhere it is 1, or 0 (chosen per call) in the deterministic default.
+    The workspace holds ``N`` tiles per query tile."""
     import dataclasses
 
     from jax_sparse_attn.config import Switches, from_env
@@ -151,7 +152,7 @@ def test_dq_slots_compile_keys():
             assert det.det_slots == 3 and det.det_writer, (d, blk)
             assert bsa.bwd_config(jnp.bfloat16, d, blk, False, sw).det_slots == 1
             assert bsa.bwd_config(jnp.bfloat16, d, blk, False, Switches(),
-                                  deterministic=True).det_slots == 1
+                                  deterministic=True).det_slots == 0
     no_writer = dataclasses.replace(sw, det_writer=False)
     assert bsa.bwd_config(jnp.bfloat16, 128, 64, False, no_writer,
                           deterministic=True).det_slots == 1
@@ -162,5 +163,41 @@ def test_dq_slots_compile_keys():
                          sparse_block_size=64)
     det = bsa.bwd_config(jnp.bfloat16, 64, 64, False, sw, deterministic=True)
     assert bsa.dq_tile_shape(dataclasses.replace(cfg, bwd=det)) == (1, 2, 9, 64 * 64)
-    one = bsa.bwd_config(jnp.bfloat16, 64, 64, False, Switches(), deterministic=True)
+    one = bsa.bwd_config(jnp.bfloat16, 64, 64, False, from_env({"JAX_SPARSE_ATTN_BSA_BWD_WS":
+                                                                "dqslots=1"}),
+                         deterministic=True)
     assert bsa.dq_tile_shape(dataclasses.replace(cfg, bwd=one)) == (1, 2, 3, 64 * 64)
+
+
+@pytest.mark.parametrize("blk,h_kv,k_max,ws,want", [
+    (64, 16, 32, "", 2), (64, 16, 64, "", 2), (64, 16, 13, "", 1), (64, 16, 31, "", 1),
+    (64, 4, 32, "", 1), (128, 16, 32, "", 1), (64, 16, 32, "detlaunch", 1),
+    (64, 16, 32, "detsched", 1), (64, 16, 13, "dqslots=3", 3), (128, 4, 16, "dqslots=2", 2)])
+def test_det_slots_default(blk, h_kv, k_max, ws, want):
+    """The deterministic default's dQ accumulators per query tile: 2 at blk 64 in the
+    schedule order (query heads = KV heads, no order option) where query rows list at least
+    ``DET_SLOTS_MIN_K`` KV blocks, else 1; ``dqslots=N`` wherever it is given."""
+    import dataclasses
+
+    from jax_sparse_attn.config import from_env
+    from jax_sparse_attn.validation import check_bsa_args
+
+    pytest.importorskip("cutlass")
+    s = 16384
+    q = jax_struct((1, 16, s, 128))
+    k = jax_struct((1, h_kv, s, 128))
+    idx = jnp.zeros((1, 16, s // blk, k_max), jnp.int32)
+    cfg = check_bsa_args(q, k, k, idx, k_max, layout="bhsd", sparse_block_size=blk)
+    sw = from_env({"JAX_SPARSE_ATTN_BSA_BWD_WS": ws} if ws else {})
+    det = bsa.bwd_config(jnp.bfloat16, 128, blk, False, sw, deterministic=True)
+    cfg = dataclasses.replace(cfg, bwd=det)
+    assert bsa.det_slots_of(cfg) == want
+    assert bsa.dq_tile_shape(cfg)[2] == -(-s // 64) * want
+    assert bsa.det_slots_of(dataclasses.replace(
+        cfg, bwd=bsa.bwd_config(jnp.bfloat16, 128, blk, False, sw))) == 1
+
+
+def jax_struct(shape):
+    import jax
+
+    return jax.ShapeDtypeStruct(shape, jnp.bfloat16)

@@ -164,7 +164,8 @@ class BsaBwdConfig:
     # falls back to det_group's order without a warning elsewhere
     det_sched_auto: bool = False
     # deterministic with det_writer: fp32 accumulators per 64-row query tile (workspace tile
-    # t * det_slots + p; the contribution of rank r goes to r % det_slots) and semaphores
+    # t * det_slots + p; the contribution of rank r goes to r % det_slots) and semaphores;
+    # 0: chosen per call (det_slots_of)
     det_slots: int = 1
     # "sm90" / "sm90ws": dQ added per consumer warp with bulk reductions into a workspace of
     # 64-row query tiles (B, H_q, ceil(S_q / 64), 64 D) fp32, reordered into dq by
@@ -482,9 +483,33 @@ def det_launch_group(block_size: int, opts=()) -> int:
 
 def det_dq_slots(block_size: int, opts=()) -> int:
     """fp32 dQ accumulators per query tile of the deterministic backward with the dQ writer
-    warp (``bsa_bwd_ws`` option ``dqslots=N``; default 1)."""
+    warp: the ``bsa_bwd_ws`` option ``dqslots=N``, else 0 (:func:`det_slots_of` chooses per
+    call)."""
     n = [int(o[8:]) for o in opts if o.startswith("dqslots=")]
-    return n[0] if n else 1
+    return n[0] if n else 0
+
+
+#: the default's two dQ accumulators need query rows listing at least this many KV blocks
+DET_SLOTS_MIN_K = 32
+
+
+def det_slots_of(cfg) -> int:
+    """The dQ accumulators per query tile of the backward of ``cfg`` (a ``BsaConfig``): 1
+    unless deterministic with the dQ writer warp; ``cfg.bwd.det_slots`` where an option set
+    it; by default 2 where the measurements favour it (docs/performance.md, "Two dQ
+    accumulators per query tile"): blk 64 in the schedule order (one query head per KV head,
+    the order kernel fits) with ``K_max >= DET_SLOTS_MIN_K`` list entries per query row,
+    where each query tile has that many contributions in turn; else 1."""
+    bwd = cfg.bwd
+    if bwd is None or not bwd.deterministic or not bwd.det_writer:
+        return 1
+    if bwd.det_slots:
+        return bwd.det_slots
+    if (bwd.block_size == 64 and bwd.det_sched_auto and bwd.det_window
+            and cfg.num_heads_q == cfg.num_heads_kv and cfg.k_max >= DET_SLOTS_MIN_K
+            and det_order_config(cfg) is not None):
+        return 2
+    return 1
 
 
 def _held_ctas(block_size: int) -> int:
@@ -1001,8 +1026,8 @@ def dq_tile_shape(cfg) -> tuple:
     ``(B, H_q, ceil(S_q / 64) P, 64 D)``, each 64-row tile in the block order of
     ``kernels/dq_tiles.py``, ``P = cfg.bwd.det_slots`` consecutive accumulators per query
     tile."""
-    slots = cfg.bwd.det_slots if cfg.bwd is not None else 1
-    return (cfg.batch, cfg.num_heads_q, -(-cfg.seqlen_q // 64) * slots, 64 * cfg.head_dim)
+    return (cfg.batch, cfg.num_heads_q, -(-cfg.seqlen_q // 64) * det_slots_of(cfg),
+            64 * cfg.head_dim)
 
 
 def dq_block_cols(bwd) -> int:
@@ -1069,7 +1094,7 @@ def _dq_out(dq_acc, q, cfg, spec):
     if not cfg.bwd.dq_tile:
         return dq_acc.astype(q.dtype)
     key = BsaDqTilesConfig(cfg.bwd.dtype, cfg.head_dim, dq_block_cols(cfg.bwd), cfg.bwd.pdl,
-                           cfg.bwd.det_slots)
+                           det_slots_of(cfg))
     call = call_builder(cfg.cute_call)(
         _dq_tiles_jit(),
         output_shape_dtype=(jax.ShapeDtypeStruct(q.shape, q.dtype),),
@@ -1154,6 +1179,10 @@ def bsa_bwd(do, q, k, v, out, lse, q2k_block_index, q2k_block_nums, block_sizes,
     spec = _specs(cfg.layout)
     q2k_block_index, q2k_block_nums, block_sizes = _sanitize(
         q2k_block_index, q2k_block_nums, block_sizes, cfg)
+    if cfg.bwd.deterministic:
+        # the compile keys carry the dQ accumulators chosen for this call
+        cfg = dataclasses.replace(cfg, bwd=dataclasses.replace(cfg.bwd,
+                                                               det_slots=det_slots_of(cfg)))
     delta, dq_acc = bsa_preprocess(do, out, cfg)
     if dlse is not None:
         delta = delta - dlse.astype(jnp.float32)
