@@ -158,7 +158,7 @@ _parse_hstu_bwd_ws = _parse_option_list(HSTU_BWD_WS_FLAGS,
 #: ``stages=N`` (at most N Q / dO stages, 2..4)
 BSA_BWD_WS_FLAGS = ("ldwait", "lpt", "decouple", "detkv", "detfull", "detlaunch", "dqalias",
                     "dqearly", "lselate", "splitwait", "epi16", "epiregs", "dqalt", "detsched",
-                    "detschedfull")
+                    "detschedfull", "relaxpoll")
 #: the flags among :data:`BSA_BWD_WS_FLAGS` that choose the deterministic dQ order (at most
 #: one of them)
 BSA_DET_ORDER_FLAGS = ("detkv", "detfull", "detlaunch", "detsched", "detschedfull")
@@ -427,7 +427,9 @@ SWITCHES = (
                "dqslots=N (deterministic with the dQ writer warp: N fp32 accumulators per "
                "64-row query tile; the contribution of rank r goes to accumulator r % N and "
                "waits only for rank r - N, and the reordering kernel sums the N in order; "
-               "N times the workspace)"),
+               "N times the workspace), "
+               "relaxpoll (deterministic: the writer warp polls the query tile's semaphore "
+               "with relaxed loads and fences once, instead of acquire loads)"),
     _choice("bsa_pre_impl", "JAX_SPARSE_ATTN_BSA_PRE_IMPL", ("kernel", "delta", "xla"),
             "BSA backward preprocessing (delta = rowsum(dO*O), zeroed fp32 dQ workspace): "
             "kernel (one CuTe DSL launch computes delta and zeroes the workspace), delta (the "

@@ -425,6 +425,8 @@ DET_CASES = [
     # the default at blk 64 with query rows of at least 32 entries: two dQ accumulators
     dict(name="det-all-blk64-d128-k63-default", blk=64, d=128, dtype="bfloat16", layout="bhsd",
          hq=2, hkv=2, sq=4096, skv=4000, mode="all"),
+    dict(name="det-all-blk64-d128-relaxpoll", blk=64, d=128, dtype="float16", layout="bshd",
+         hq=2, hkv=2, sq=3000, skv=2900, mode="all", ws="relaxpoll"),
     dict(name="det-empty-blk64-d64-gqa-slots4", blk=64, d=64, dtype="bfloat16", layout="bhsd",
          hq=8, hkv=2, sq=1000, skv=1001, mode="last-empty", ws="dqslots=4"),
 ]

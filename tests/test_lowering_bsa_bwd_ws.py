@@ -139,6 +139,8 @@ _PTX_CONFIGS = {
     "det-blk64": ("_bwd_text", (CONFIGS[1],), None, {"deterministic": True}),
     "det-blk128": ("_bwd_text", (CONFIGS[0],), None, {"deterministic": True}),
     "det-rows": ("_bwd_text", (CONFIGS[1],), None, {"deterministic": True, "dq": "rows"}),
+    "det-relaxpoll-blk64": ("_bwd_text", (CONFIGS[1],), None,
+                            {"deterministic": True, "ws": "relaxpoll"}),
     "split-blk128": ("_bwd_text", (CONFIGS[0],), None, {"ws": "splitwait"}),
     "split-blk64": ("_bwd_text", (CONFIGS[1],), None, {"ws": "splitwait"}),
     "lselate-blk128": ("_bwd_text", (CONFIGS[0],), None, {"ws": "lselate"}),
@@ -166,6 +168,16 @@ def _ws_ptx(kept_ptx, name):
     ws = [t for t in files.values() if "bsa_bwd_sm90_ws" in t]
     assert len(ws) == 1, list(files)
     return ws[0]
+
+
+def test_bsa_bwd_ws_relaxpoll_ptx(kept_ptx):
+    """``relaxpoll``: the semaphore is polled with relaxed GPU-scope loads and one
+    ``fence.acq_rel.gpu`` follows the poll (no acquire loads); the publication keeps its
+    fence."""
+    t = _ws_ptx(kept_ptx, "det-relaxpoll-blk64")
+    assert "ld.relaxed.gpu.global.b32" in t and "ld.acquire.gpu" not in t
+    assert len(re.findall(r"fence\.acq_rel\.gpu;", t)) >= 2
+    assert "ld.acquire.gpu.global.b32" in _ws_ptx(kept_ptx, "det-blk64")
 
 
 def test_bsa_bwd_ws_deterministic_ptx(kept_ptx):

@@ -167,6 +167,8 @@ class BsaBwdConfig:
     # t * det_slots + p; the contribution of rank r goes to r % det_slots) and semaphores;
     # 0: chosen per call (det_slots_of)
     det_slots: int = 1
+    # deterministic: the semaphore polled with relaxed loads, one acquire fence ("relaxpoll")
+    det_relaxed_poll: bool = False
     # "sm90" / "sm90ws": dQ added per consumer warp with bulk reductions into a workspace of
     # 64-row query tiles (B, H_q, ceil(S_q / 64), 64 D) fp32, reordered into dq by
     # kernels/dq_tiles.py (else a row-major (B, S_q, H_q, D) fp32 workspace)
@@ -444,6 +446,7 @@ def bwd_config(dtype, head_dim, block_size, has_block_sizes, switches,
                             and bool(getattr(switches, "det_writer", False)),
                             det_slots=det_dq_slots(block_size, opts) if deterministic and tile
                             and bool(getattr(switches, "det_writer", False)) else 1,
+                            det_relaxed_poll=bool(deterministic) and "relaxpoll" in opts,
                             dq_writer=not deterministic and tile
                             and getattr(switches, "dq_writer", "auto") != "off")
     if impl == "sm90":
@@ -1120,7 +1123,7 @@ def _ws_kernel(cfg: BsaBwdConfig):
                         dq_late=cfg.ws_dq_late, lse_early=cfg.ws_lse_early,
                         split_wait=cfg.ws_split_wait, epi_pairs=cfg.ws_epi_pairs,
                         epi_smem=cfg.ws_epi_smem, dq_alt=cfg.ws_dq_alt,
-                        dq_slots=cfg.det_slots)
+                        dq_slots=cfg.det_slots, relaxed_poll=cfg.det_relaxed_poll)
 
 
 def _bwd_det_entry(stream, q, k, v, do, lse, delta, offsets, entries, ranks, sizes, scale,

@@ -183,8 +183,10 @@ class BsaBwdSm90Ws:
                  dq_alias: bool = False, pdl: bool = False, det_writer: bool = False,
                  dq_late: bool = False, dq_writer: bool = False, lse_early: bool = False,
                  split_wait: bool = False, epi_pairs: bool = False, epi_smem: bool = False,
-                 dq_alt: bool = False, dq_slots: int = 1):
+                 dq_alt: bool = False, dq_slots: int = 1, relaxed_poll: bool = False):
         self.pdl = pdl
+        # deterministic: the semaphore polled with relaxed loads and one acquire fence
+        self.relaxed_poll = relaxed_poll
         # dK / dV stored as packed pairs of adjacent columns (4-byte stores)
         self.epi_pairs = epi_pairs
         # epilogue through shared memory (the consumed Q / dO stages and dS tiles): packed
@@ -451,7 +453,7 @@ class BsaBwdSm90Ws:
                     if cutlass.const_expr(self.deterministic):
                         sem = elem_ptr(mdQSem, (batch, head, t_ws))
                         if lane == 0:
-                            wait_at_least(sem, turn)
+                            wait_at_least(sem, turn, self.relaxed_poll)
                         cute.arch.sync_warp()
                     if cutlass.const_expr(self.writer):
                         # every consumer warp's slice of this step is staged and fenced

@@ -493,9 +493,33 @@ def st_release_s32(ptr, val, *, loc=None, ip=None):
                loc, ip)
 
 
+@dsl_user_op
+def ld_relaxed_s32(ptr, *, loc=None, ip=None):
+    """``ld.relaxed.gpu.global.b32``: load the int32 at global ``ptr`` (coherent at GPU
+    scope, no ordering of later accesses: follow it with :func:`fence_acq_rel_gpu`)."""
+    return cutlass.Int32(
+        inline_asm(T.i32(), [ptr.toint(loc=loc, ip=ip).ir_value(loc=loc, ip=ip)],
+                   "ld.relaxed.gpu.global.b32 $0, [$1];", "=r,l", True, loc, ip))
+
+
+@dsl_user_op
+def fence_acq_rel_gpu(*, loc=None, ip=None):
+    """``fence.acq_rel.gpu``."""
+    inline_asm(None, [], "fence.acq_rel.gpu;", "", True, loc, ip)
+
+
 @cute.jit
-def wait_at_least(ptr, target):
-    """Spin (one thread) until the int32 at ``ptr`` (acquire loads) is >= ``target``."""
-    v = ld_acquire_s32(ptr)
-    while v < target:
+def wait_at_least(ptr, target, relaxed: cutlass.Constexpr = False):
+    """Spin (one thread) until the int32 at ``ptr`` is >= ``target``: acquire loads, or
+    (``relaxed``) relaxed loads and one ``fence.acq_rel.gpu`` after the last one (with the
+    publisher's fence and relaxed store, the same synchronization; the polls then need no
+    L1 invalidation each)."""
+    if cutlass.const_expr(relaxed):
+        v = ld_relaxed_s32(ptr)
+        while v < target:
+            v = ld_relaxed_s32(ptr)
+        fence_acq_rel_gpu()
+    else:
         v = ld_acquire_s32(ptr)
+        while v < target:
+            v = ld_acquire_s32(ptr)
