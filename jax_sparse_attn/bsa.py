@@ -299,8 +299,11 @@ _META_ARG_LINES = """
         mma.sync (sm80 / portable) kernels raise NotImplementedError.
       deterministic: static bool (default False). With True the backward's gradients are
         bitwise reproducible run to run: the dq contributions of the KV blocks to each
-        64-row query tile are added in a fixed order, each waiting for its turn on one
-        int32 counter per tile (FlashAttention-2/3's deterministic backward technique);
+        64-row query tile are added in a fixed order, each waiting for its turn on an
+        int32 counter of the tile (FlashAttention-2/3's deterministic backward technique;
+        at sparse_block_size 64 with K_max >= 32 and one query head per KV head the tile
+        has two fp32 accumulators, each with its counter, and twice the fp32 dq
+        workspace, so which dq bits a call reproduces depends on its static shapes);
         the order is computed on the GPU from the block lists, so that a tile's
         contributions come one after another along the launch schedule (one extra
         launch), or with GQA follows the launch order of the KV blocks; dk, dv and the

@@ -163,9 +163,9 @@ BSA_BWD_WS_FLAGS = ("ldwait", "lpt", "decouple", "detkv", "detfull", "detlaunch"
 #: one of them)
 BSA_DET_ORDER_FLAGS = ("detkv", "detfull", "detlaunch", "detsched", "detschedfull")
 _BSA_BWD_WS_ALLOWED = ("comma list of " + ", ".join(BSA_BWD_WS_FLAGS)
-                       + " (at most one of " + ", ".join(BSA_DET_ORDER_FLAGS) + "), stages=N "
-                       "(most Q / dO shared-memory stages: 2..4), dqslots=N (deterministic: "
-                       "fp32 accumulators per query tile, 1..4)")
+                       + ", stages=N (most Q / dO shared-memory stages: 2..4), dqslots=N "
+                       "(deterministic: fp32 accumulators per query tile, 1..4); at most one "
+                       "of " + ", ".join(BSA_DET_ORDER_FLAGS))
 _parse_bsa_bwd_ws_opts = _parse_option_list(BSA_BWD_WS_FLAGS,
                                              {"stages": lambda n: 2 <= n <= 4,
                                               "dqslots": lambda n: 1 <= n <= 4},
@@ -427,9 +427,11 @@ SWITCHES = (
                "dqslots=N (deterministic with the dQ writer warp: N fp32 accumulators per "
                "64-row query tile; the contribution of rank r goes to accumulator r % N and "
                "waits only for rank r - N, and the reordering kernel sums the N in order; "
-               "N times the workspace), "
-               "relaxpoll (deterministic: the writer warp polls the query tile's semaphore "
-               "with relaxed loads and fences once, instead of acquire loads)"),
+               "N times the workspace; by default 2 at blk 64 in the default schedule order "
+               "with K_max >= 32, else 1), "
+               "relaxpoll (deterministic: the query tile's semaphore is polled with relaxed "
+               "loads and one fence after them, instead of acquire loads; slower on the "
+               "H200)"),
     _choice("bsa_pre_impl", "JAX_SPARSE_ATTN_BSA_PRE_IMPL", ("kernel", "delta", "xla"),
             "BSA backward preprocessing (delta = rowsum(dO*O), zeroed fp32 dQ workspace): "
             "kernel (one CuTe DSL launch computes delta and zeroes the workspace), delta (the "

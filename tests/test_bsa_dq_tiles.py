@@ -129,8 +129,10 @@ def test_dq_from_tiles_sums_the_slots_in_order(slots):
     for p in range(1, slots):
         want = want + parts[p]
     np.testing.assert_array_equal(got, want[:, :s_q])
-    # slot order matters in fp32: the statement is not a sum of the slots in another order
-    assert got.shape == (b, s_q, h, d)
+    if slots == 3:
+        # the grouping matters in fp32: (p0 + p1) + p2, not p0 + (p1 + p2)
+        other = parts[0] + (parts[1] + parts[2])
+        assert not np.array_equal(got, other[:, :s_q])
 
 
 def test_dq_slots_compile_keys():
@@ -201,3 +203,30 @@ def jax_struct(shape):
     import jax
 
     return jax.ShapeDtypeStruct(shape, jnp.bfloat16)
+
+
+def test_det_slots_keep_32_bit_offsets():
+    """The slots' workspace stays within the kernels' 32-bit element offsets: at B 4, H 32,
+    S 65536, D 128 (2^30 floats per accumulator) the default takes one accumulator and
+    ``dqslots=2`` raises ``NotImplementedError`` naming the option; at B 2 the default
+    takes two."""
+    import dataclasses
+
+    from jax_sparse_attn.config import Switches, from_env
+    from jax_sparse_attn.validation import check_bsa_args
+
+    pytest.importorskip("cutlass")
+
+    def cfg_for(b, sw):
+        q = jax_struct((b, 32, 65536, 128))
+        idx = jnp.zeros((b, 32, 1024, 32), jnp.int32)
+        cfg = check_bsa_args(q, q, q, idx, 32, layout="bhsd", sparse_block_size=64)
+        return dataclasses.replace(cfg, bwd=bsa.bwd_config(jnp.bfloat16, 128, 64, False, sw,
+                                                           deterministic=True))
+
+    assert bsa.det_slots_of(cfg_for(2, Switches())) == 2
+    assert bsa.det_slots_of(cfg_for(4, Switches())) == 1
+    two = from_env({"JAX_SPARSE_ATTN_BSA_BWD_WS": "dqslots=2"})
+    with pytest.raises(NotImplementedError, match="dqslots=2"):
+        bsa.det_slots_of(cfg_for(4, two))
+    assert bsa.det_slots_of(cfg_for(2, two)) == 2

@@ -448,7 +448,10 @@ def test_bsa_bwd_deterministic(c, monkeypatch):
     if c.get("ws"):
         from jax_sparse_attn.config import from_env
 
-        sw = dict(switches=dataclasses.replace(from_env(), bsa_bwd_ws=tuple(c["ws"].split(","))))
+        # the case's options join those of the environment (the variant test modules)
+        env = from_env()
+        sw = dict(switches=dataclasses.replace(
+            env, bsa_bwd_ws=tuple(env.bsa_bwd_ws) + tuple(c["ws"].split(","))))
 
     @jax.jit
     def kernel_grads(q, k, v, do):

@@ -130,6 +130,17 @@ def test_bsa_bwd_ws_dq_slots_lowers(cfg, slots):
     assert f"tensor<2x{h}x16x{64 * d}xf32>" not in txt
 
 
+@pytest.mark.parametrize("kmax,slots", [(40, 2), (20, 1)], ids=["k40", "k20"])
+def test_bsa_bwd_ws_dq_slots_default_lowers(kmax, slots):
+    """The deterministic default at blk 64 with one query head per KV head (the schedule
+    order): two dQ accumulators per query tile where the metadata lists at least 32 KV
+    blocks per row, else one (B = 2, H = 4, S = 4096: 64 query tiles)."""
+    txt = _bwd_text(CONFIGS[1], sq=4096, skv=4096, kmax=kmax, impl="auto", deterministic=True,
+                    det_writer=True)
+    assert f"tensor<2x4x{64 * slots}x8192xf32>" in txt
+    assert f"tensor<2x4x{64 * slots}xi32>" in txt
+
+
 # the PTX tests' configurations, lowered in one fresh process (tests/kept_ptx.py): name ->
 # (function of this module, its positional arguments, Switches fields, keyword arguments);
 # the default ones (CUTE_DSL_KEEP=ptx keeps the lowered text too) also serve

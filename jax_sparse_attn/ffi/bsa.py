@@ -46,8 +46,9 @@ Backward structure (all launches on XLA's stream, all buffers XLA-owned):
    dV are bitwise deterministic (fixed entry order, no atomics); by default dQ is not (the
    order of the fp32 additions varies from run to run). ``deterministic=True``
    (:func:`_bsa_bwd_deterministic`, sm90ws only) orders them: each K->Q entry carries the
-   rank of its KV block in its query row, and one zeroed int32 semaphore per 64-row query
-   tile lets the contributions in, in ascending KV block order.
+   rank of its KV block in its query row, and zeroed int32 semaphores per 64-row query
+   tile (one per fp32 accumulator of the tile, :func:`det_slots_of`) let the contributions
+   in, in rank order.
 4. ``dq = dq_accum.astype(q.dtype)`` (XLA).
 """
 
@@ -444,7 +445,7 @@ def bwd_config(dtype, head_dim, block_size, has_block_sizes, switches,
                             pdl=bool(getattr(switches, "pdl", False)),
                             det_writer=bool(deterministic) and tile
                             and bool(getattr(switches, "det_writer", False)),
-                            det_slots=det_dq_slots(block_size, opts) if deterministic and tile
+                            det_slots=det_dq_slots(opts) if deterministic and tile
                             and bool(getattr(switches, "det_writer", False)) else 1,
                             det_relaxed_poll=bool(deterministic) and "relaxpoll" in opts,
                             dq_writer=not deterministic and tile
@@ -484,7 +485,7 @@ def det_launch_group(block_size: int, opts=()) -> int:
     return max(held // 2, 1)
 
 
-def det_dq_slots(block_size: int, opts=()) -> int:
+def det_dq_slots(opts=()) -> int:
     """fp32 dQ accumulators per query tile of the deterministic backward with the dQ writer
     warp: the ``bsa_bwd_ws`` option ``dqslots=N``, else 0 (:func:`det_slots_of` chooses per
     call)."""
@@ -499,18 +500,27 @@ DET_SLOTS_MIN_K = 32
 def det_slots_of(cfg) -> int:
     """The dQ accumulators per query tile of the backward of ``cfg`` (a ``BsaConfig``): 1
     unless deterministic with the dQ writer warp; ``cfg.bwd.det_slots`` where an option set
-    it; by default 2 where the measurements favour it (docs/performance.md, "Two dQ
-    accumulators per query tile"): blk 64 in the schedule order (one query head per KV head,
-    the order kernel fits) with ``K_max >= DET_SLOTS_MIN_K`` list entries per query row,
-    where each query tile has that many contributions in turn; else 1."""
+    it; by default 2 where the measurements favour it (docs/bsa.md, "Two dQ accumulators
+    per query tile"): blk 64 in the schedule order (one query head per KV head, the order
+    kernel fits) with ``K_max >= DET_SLOTS_MIN_K`` (the metadata's list length: each query
+    tile may have that many contributions in turn); else 1. The workspace of the slots
+    must stay within 32-bit element offsets: the default then takes 1, and an option that
+    would pass them raises ``NotImplementedError``."""
     bwd = cfg.bwd
     if bwd is None or not bwd.deterministic or not bwd.det_writer:
         return 1
+    tile_elems = cfg.batch * cfg.num_heads_q * -(-cfg.seqlen_q // 64) * 64 * cfg.head_dim
     if bwd.det_slots:
+        if bwd.det_slots * tile_elems > _MAX_PARTIAL_ELEMS >= tile_elems:
+            raise NotImplementedError(
+                f"bsa_bwd_ws dqslots={bwd.det_slots}: the fp32 dQ workspace of "
+                f"{bwd.det_slots} accumulators per query tile would hold "
+                f"{bwd.det_slots * tile_elems} elements, past the kernels' 32-bit offsets "
+                f"({_MAX_PARTIAL_ELEMS}); use fewer (dqslots=1 always fits)")
         return bwd.det_slots
     if (bwd.block_size == 64 and bwd.det_sched_auto and bwd.det_window
             and cfg.num_heads_q == cfg.num_heads_kv and cfg.k_max >= DET_SLOTS_MIN_K
-            and det_order_config(cfg) is not None):
+            and 2 * tile_elems <= _MAX_PARTIAL_ELEMS and det_order_config(cfg) is not None):
         return 2
     return 1
 
@@ -1027,8 +1037,8 @@ def bsa_preprocess(do, out, cfg):
 def dq_tile_shape(cfg) -> tuple:
     """The query-tile dQ workspace of the Hopper backwards (``cfg.bwd.dq_tile``): fp32
     ``(B, H_q, ceil(S_q / 64) P, 64 D)``, each 64-row tile in the block order of
-    ``kernels/dq_tiles.py``, ``P = cfg.bwd.det_slots`` consecutive accumulators per query
-    tile."""
+    ``kernels/dq_tiles.py``, ``P =`` :func:`det_slots_of` ``(cfg)`` consecutive
+    accumulators per query tile."""
     return (cfg.batch, cfg.num_heads_q, -(-cfg.seqlen_q // 64) * det_slots_of(cfg),
             64 * cfg.head_dim)
 
@@ -1128,7 +1138,8 @@ def _ws_kernel(cfg: BsaBwdConfig):
 
 def _bwd_det_entry(stream, q, k, v, do, lse, delta, offsets, entries, ranks, sizes, scale,
                    dq_acc, dq_sem, dk, dv, *, cfg: BsaBwdConfig):
-    # deterministic: dq_acc and the dq semaphores (int32 (B, H_q, N_q blk / 64)) are aliased
+    # deterministic: dq_acc and the dq semaphores (int32 (B, H_q, N_q blk / 64 det_slots))
+    # are aliased
     # to outputs 0 and 3 (zero-initialised by XLA)
     _ws_kernel(cfg)(q, k, v, do, lse, delta, offsets, entries, sizes, scale, dq_acc, dk, dv,
                     stream, mRank=ranks, mdQSem=dq_sem)

@@ -73,7 +73,8 @@ gets the same fp32 additions in the same order on every run (the order is the ra
 ascending KV block, or by launch group of ``G`` CTAs, then by the position of the query
 tile in each CTA's walk; docs/bsa.md). Warp 1 of the producer
 warpgroup (otherwise idle) walks the CTA's list like the consumers; per query tile its lane
-0 waits (acquire loads) until the tile's counter reaches the entry's rank, arrives on named
+0 waits (acquire loads; ``relaxed_poll``: relaxed loads, then one ``fence.acq_rel.gpu``)
+until the tile's counter reaches the entry's rank, arrives on named
 barrier 2 (the consumers sync on it before their dQ additions), syncs on barrier 3
 (the consumers arrive after their reductions; with ``dq_tile`` once their bulk reduce-adds
 are complete) and publishes ``rank + 1`` (``fence.acq_rel.gpu``
@@ -245,7 +246,9 @@ class BsaBwdSm90Ws:
         # (workspace tiles ``t * dq_slots + p``); the contribution of rank ``r`` goes to slot
         # ``r % dq_slots`` and waits for rank ``r - dq_slots`` only (the tile's semaphore of
         # that slot counts ``r // dq_slots``); the reordering kernel sums the slots in order
-        if dq_slots < 1 or (dq_slots > 1 and not self.det_writer):
+        if dq_slots < 1:
+            raise ValueError(f"bsa_bwd_sm90_ws: dq_slots={dq_slots} must be >= 1")
+        if dq_slots > 1 and not self.det_writer:
             raise NotImplementedError(
                 f"bsa_bwd_sm90_ws: dq_slots={dq_slots} needs the deterministic dQ writer warp")
         self.dq_slots = dq_slots

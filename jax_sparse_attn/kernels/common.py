@@ -37,7 +37,8 @@
   ``red.global.add.v2.f32``, which needs sm_90 or later).
 * ``ld_acquire_s32`` / ``st_release_s32`` / ``wait_at_least``: an int32 counter in global
   memory that one thread waits on and publishes (the ordered dQ additions of the
-  deterministic backwards).
+  deterministic backwards); ``ld_relaxed_s32`` / ``fence_acq_rel_gpu``: the relaxed poll
+  and its one fence (``wait_at_least(..., relaxed=True)``).
 * ``inline_asm(...)``: one PTX statement as inline assembly (the helpers' building block).
 """
 
