@@ -100,10 +100,12 @@ def test_schedule_arguments_are_checked():
     assert sorted(r2[:3][e2[:3] == 1]) == [0, 1]
 
 
-def _simulate(off, e2, r2, n_kv, slots, seed, steps=None):
+def _simulate(off, e2, r2, n_kv, slots, seed, steps=None, acc=1):
     """CTAs of the rows launched in order onto ``slots`` slots; a CTA walks its entries,
     each step waits until its tile's counter reaches the entry's rank, takes a random time
-    and then publishes. Returns the finish time; raises on a deadlock."""
+    and then publishes. ``acc`` dQ accumulators per tile (``bsa_bwd_ws=dqslots``): the
+    entry of rank ``r`` waits on accumulator ``r % acc``'s counter for ``r // acc``.
+    Returns the finish time; raises on a deadlock."""
     rng = np.random.default_rng(seed)
     n_rows = len(off) - 1
     chain = lambda r: r // n_kv  # noqa: E731
@@ -119,11 +121,12 @@ def _simulate(off, e2, r2, n_kv, slots, seed, steps=None):
         if p == off[r + 1] - off[r]:
             heapq.heappush(ev, (now, seq, "end", r)); seq += 1
             return
-        key = (chain(r), int(e2[off[r] + p]))
-        if cnt.get(key, 0) >= r2[off[r] + p]:
+        rank = int(r2[off[r] + p])
+        key = (chain(r), int(e2[off[r] + p]), rank % acc)
+        if cnt.get(key, 0) >= rank // acc:
             heapq.heappush(ev, (now + rng.uniform(0.2, 3.0), seq, "step", r)); seq += 1
         else:
-            waiting.setdefault(key, {})[int(r2[off[r] + p])] = r
+            waiting.setdefault(key, {})[rank // acc] = r
 
     def launch(now):
         nonlocal nxt, free
@@ -142,7 +145,7 @@ def _simulate(off, e2, r2, n_kv, slots, seed, steps=None):
             finished += 1
             launch(now)
             continue
-        key = (chain(r), int(e2[off[r] + pos[r]]))
+        key = (chain(r), int(e2[off[r] + pos[r]]), int(r2[off[r] + pos[r]]) % acc)
         cnt[key] = cnt.get(key, 0) + 1
         pos[r] += 1
         w = waiting.get(key, {})
@@ -154,16 +157,17 @@ def _simulate(off, e2, r2, n_kv, slots, seed, steps=None):
     return end
 
 
+@pytest.mark.parametrize("acc", [1, 2, 3])
 @pytest.mark.parametrize("case", CASES)
-def test_no_deadlock_with_window_slots(case):
+def test_no_deadlock_with_window_slots(case, acc):
     """With exactly ``window`` CTA slots (the fewest the order allows) and random step
-    times, every CTA finishes."""
+    times, every CTA finishes, with one or several dQ accumulators per tile."""
     b, h_q, h_kv, n_q, n_kv, k_max, held, window, ragged = case
     rng = np.random.default_rng(7 + sum(case[:6]))
     idx, nums = _random_lists(rng, b, h_q, h_kv, n_q, n_kv, k_max, ragged)
     off, ent, starts, e2, r2 = _order(idx, nums, h_kv, n_kv, held, window)
     for seed in range(3):
-        _simulate(off, e2, r2, n_kv, window, seed)
+        _simulate(off, e2, r2, n_kv, window, seed, acc=acc)
 
 
 def test_simulation_finds_a_deadlock():
@@ -175,6 +179,11 @@ def test_simulation_finds_a_deadlock():
     with pytest.raises(RuntimeError, match="deadlock"):
         _simulate(off, e2, r2, 2, 1, 0)
     _simulate(off, e2, r2, 2, 2, 0)  # with both resident it finishes
+    # with two accumulators rank 1 no longer waits for rank 0: one slot finishes
+    _simulate(off, e2, r2, 2, 1, 0, acc=2)
+    r3 = np.array([2, 0])  # rank 2 waits for rank 0 on the same accumulator
+    with pytest.raises(RuntimeError, match="deadlock"):
+        _simulate(off, e2, r3, 2, 1, 0, acc=2)
 
 
 def test_window_rule_orders_far_rows():
