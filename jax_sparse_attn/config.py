@@ -158,7 +158,7 @@ _parse_hstu_bwd_ws = _parse_option_list(HSTU_BWD_WS_FLAGS,
 #: ``stages=N`` (at most N Q / dO stages, 2..4)
 BSA_BWD_WS_FLAGS = ("ldwait", "lpt", "decouple", "detkv", "detfull", "detlaunch", "dqalias",
                     "dqearly", "lselate", "splitwait", "epi16", "epiregs", "dqalt", "detsched",
-                    "detschedfull", "relaxpoll")
+                    "detschedfull", "relaxpoll", "detstream")
 #: the flags among :data:`BSA_BWD_WS_FLAGS` that choose the deterministic dQ order (at most
 #: one of them)
 BSA_DET_ORDER_FLAGS = ("detkv", "detfull", "detlaunch", "detsched", "detschedfull")
@@ -431,7 +431,12 @@ SWITCHES = (
                "with K_max >= 32, else 1), "
                "relaxpoll (deterministic: the query tile's semaphore is polled with relaxed "
                "loads and one fence after them, instead of acquire loads; slower on the "
-               "H200)"),
+               "H200), "
+               "detstream (deterministic in the schedule order, with pdl: the order kernel "
+               "and the backward are launched by one call, the backward as its programmatic "
+               "dependent as soon as the order kernel starts, and each CTA reads its list "
+               "entries and ranks as the order kernel publishes them, instead of after it "
+               "completes)"),
     _choice("bsa_pre_impl", "JAX_SPARSE_ATTN_BSA_PRE_IMPL", ("kernel", "delta", "xla"),
             "BSA backward preprocessing (delta = rowsum(dO*O), zeroed fp32 dQ workspace): "
             "kernel (one CuTe DSL launch computes delta and zeroes the workspace), delta (the "

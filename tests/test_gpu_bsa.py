@@ -429,6 +429,18 @@ DET_CASES = [
          hq=2, hkv=2, sq=3000, skv=2900, mode="all", ws="relaxpoll"),
     dict(name="det-empty-blk64-d64-gqa-slots4", blk=64, d=64, dtype="bfloat16", layout="bhsd",
          hq=8, hkv=2, sq=1000, skv=1001, mode="last-empty", ws="dqslots=4"),
+    # detstream: the order kernel and the backward side by side, the backward reading each
+    # list entry once it is published (blk 64 with two accumulators, blk 128 with one long
+    # list, GQA and empty rows in the schedule order of detsched)
+    dict(name="det-all-blk64-d128-k63-stream", blk=64, d=128, dtype="bfloat16", layout="bshd",
+         hq=2, hkv=2, sq=4096, skv=4000, mode="all", ws="detstream"),
+    dict(name="det-hot-blk128-d128-32k-stream", blk=128, d=128, dtype="bfloat16",
+         layout="bhsd", hq=2, hkv=2, sq=32768, skv=32768, mode="last", ws="detstream"),
+    dict(name="det-all-blk128-d64-stream", blk=128, d=64, dtype="float16", layout="bshd",
+         hq=2, hkv=2, sq=2000, skv=1900, mode="all", ws="detstream"),
+    dict(name="det-empty-blk64-d64-gqa-detsched-stream", blk=64, d=64, dtype="bfloat16",
+         layout="bhsd", hq=8, hkv=2, sq=1000, skv=1001, mode="last-empty",
+         ws="detsched,detstream"),
 ]
 
 

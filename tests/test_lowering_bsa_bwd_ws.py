@@ -152,6 +152,12 @@ _PTX_CONFIGS = {
     "det-rows": ("_bwd_text", (CONFIGS[1],), None, {"deterministic": True, "dq": "rows"}),
     "det-relaxpoll-blk64": ("_bwd_text", (CONFIGS[1],), None,
                             {"deterministic": True, "ws": "relaxpoll"}),
+    "det-stream-blk64": ("_bwd_text", (CONFIGS[1],), None,
+                         {"deterministic": True, "ws": "detstream", "impl": "auto",
+                          "det_writer": True, "sq": 4096, "skv": 4096, "kmax": 40}),
+    "det-sched-blk64": ("_bwd_text", (CONFIGS[1],), None,
+                        {"deterministic": True, "impl": "auto", "det_writer": True,
+                         "sq": 4096, "skv": 4096, "kmax": 40}),
     "split-blk128": ("_bwd_text", (CONFIGS[0],), None, {"ws": "splitwait"}),
     "split-blk64": ("_bwd_text", (CONFIGS[1],), None, {"ws": "splitwait"}),
     "lselate-blk128": ("_bwd_text", (CONFIGS[0],), None, {"ws": "lselate"}),
@@ -216,6 +222,60 @@ def test_bsa_bwd_ws_deterministic_ptx(kept_ptx):
     default = _ws_ptx(kept_ptx, _ids(CONFIGS[1]))
     for needle in ("ld.acquire.gpu", "fence.acq_rel.gpu"):
         assert needle not in default
+
+
+def _kernel_text(ptx: str, marker: str) -> str:
+    """The part of ``ptx`` from the ``.entry`` whose name contains ``marker`` to the next
+    ``.entry`` (one kernel of a module that holds several)."""
+    starts = [m.start() for m in re.finditer(r"\.entry ", ptx)] + [len(ptx)]
+    parts = [ptx[a:b] for a, b in zip(starts, starts[1:])]
+    found = [p for p in parts if marker in p.split("(", 1)[0]]
+    assert len(found) == 1, (marker, [p.split("(", 1)[0][:120] for p in parts])
+    return found[0]
+
+
+def test_bsa_bwd_ws_detstream_ptx(kept_ptx):
+    """``detstream``: one module holds the schedule-order kernel and the backward. The order
+    kernel waits for the previous grid, then lets its dependent launch, and publishes each
+    row's prefix after a GPU-scope fence; the backward does not wait for the order kernel
+    before it starts: its only grid-dependency wait comes after its acquire polls (at its
+    end), and it reads the entries and ranks with L1-bypassing relaxed loads. Without
+    ``detstream`` (the same call) the backward waits first, the order kernel is a module
+    of its own and the backward reads the entries with plain loads."""
+    t = _ws_ptx(kept_ptx, "det-stream-blk64")
+    order = _kernel_text(t, "BsaDetScheduleOrder")
+    ws = _kernel_text(t, "BsaBwdSm90Ws")
+    assert order.index("griddepcontrol.wait") < order.index("griddepcontrol.launch_dependents")
+    assert re.search(r"fence\.acq_rel\.gpu;\s*st\.relaxed\.gpu\.global\.b32", order)
+    assert ws.count("griddepcontrol.wait") == 1
+    assert ws.index("ld.acquire.gpu.global.b32") < ws.index("griddepcontrol.wait")
+    # the producer's and the writer's entry, the writer's rank, the consumers' entry
+    assert ws.count("ld.relaxed.gpu.global.b32") >= 4
+    plain = _ws_ptx(kept_ptx, "det-sched-blk64")
+    assert "BsaDetScheduleOrder" not in plain
+    assert plain.index("griddepcontrol.wait") < plain.index("ld.acquire.gpu.global.b32")
+    assert "ld.relaxed.gpu.global.b32" not in plain
+    assert "griddepcontrol.launch_dependents" not in plain
+
+
+def test_bsa_bwd_ws_detstream_lowers():
+    """``detstream`` lowers to one call with the backward's outputs, the semaphores, the
+    per-row published prefixes and the ordered entries and ranks (7 results); without it
+    the order kernel is its own call (2 results) before the backward (4)."""
+    kw = dict(sq=4096, skv=4096, kmax=40, impl="auto", deterministic=True, det_writer=True)
+    stream = _bwd_text(CONFIGS[1], ws="detstream", **kw)
+    plain = _bwd_text(CONFIGS[1], **kw)
+    n = 2 * 4 * 64  # B * H_kv * N_kv CSR rows: one published prefix each
+
+    def calls(txt, results):
+        return len(re.findall(r"%\w+:" + str(results) + r" = stablehlo\.custom_call @"
+                              + CALL_TARGET, txt))
+
+    assert calls(stream, 7) == 1 and calls(plain, 7) == 0
+    assert f"tensor<{n}xi32>" in stream
+    # the order kernel's own call (entries, ranks) besides the preprocessing's (delta, dQ)
+    assert calls(plain, 2) == calls(stream, 2) + 1
+    assert calls(plain, 4) == 1 and calls(stream, 4) == 0
 
 
 @pytest.mark.parametrize("cfg", [CONFIGS[0], CONFIGS[1]], ids=_ids)

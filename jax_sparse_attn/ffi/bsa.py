@@ -170,6 +170,10 @@ class BsaBwdConfig:
     det_slots: int = 1
     # deterministic: the semaphore polled with relaxed loads, one acquire fence ("relaxpoll")
     det_relaxed_poll: bool = False
+    # deterministic in the schedule order: the order kernel and the backward launched by one
+    # call, the backward reading each entry once the order kernel has published it
+    # ("detstream"; with pdl the two kernels run side by side)
+    det_stream: bool = False
     # "sm90" / "sm90ws": dQ added per consumer warp with bulk reductions into a workspace of
     # 64-row query tiles (B, H_q, ceil(S_q / 64), 64 D) fp32, reordered into dq by
     # kernels/dq_tiles.py (else a row-major (B, S_q, H_q, D) fp32 workspace)
@@ -448,6 +452,7 @@ def bwd_config(dtype, head_dim, block_size, has_block_sizes, switches,
                             det_slots=det_dq_slots(opts) if deterministic and tile
                             and bool(getattr(switches, "det_writer", False)) else 1,
                             det_relaxed_poll=bool(deterministic) and "relaxpoll" in opts,
+                            det_stream=bool(deterministic) and "detstream" in opts,
                             dq_writer=not deterministic and tile
                             and getattr(switches, "dq_writer", "auto") != "off")
     if impl == "sm90":
@@ -1133,7 +1138,8 @@ def _ws_kernel(cfg: BsaBwdConfig):
                         dq_late=cfg.ws_dq_late, lse_early=cfg.ws_lse_early,
                         split_wait=cfg.ws_split_wait, epi_pairs=cfg.ws_epi_pairs,
                         epi_smem=cfg.ws_epi_smem, dq_alt=cfg.ws_dq_alt,
-                        dq_slots=cfg.det_slots, relaxed_poll=cfg.det_relaxed_poll)
+                        dq_slots=cfg.det_slots, relaxed_poll=cfg.det_relaxed_poll,
+                        order_stream=cfg.det_stream)
 
 
 def _bwd_det_entry(stream, q, k, v, do, lse, delta, offsets, entries, ranks, sizes, scale,
@@ -1143,6 +1149,30 @@ def _bwd_det_entry(stream, q, k, v, do, lse, delta, offsets, entries, ranks, siz
     # to outputs 0 and 3 (zero-initialised by XLA)
     _ws_kernel(cfg)(q, k, v, do, lse, delta, offsets, entries, sizes, scale, dq_acc, dk, dv,
                     stream, mRank=ranks, mdQSem=dq_sem)
+
+
+def _bwd_det_stream_entry(stream, q, k, v, do, lse, delta, offsets, entries, starts, sizes,
+                          scale, dq_acc, dq_sem, progress, dk, dv, entries_out, ranks, *,
+                          cfg: BsaBwdConfig, ocfg: BsaDetOrderConfig):
+    # deterministic with det_stream: the schedule-order kernel, then the backward (its
+    # programmatic dependent with pdl), which polls each CSR row's published prefix
+    # (``progress``, int32 per row, zero-initialised by XLA and aliased like dq_acc and the
+    # semaphores)
+    from ..kernels.bsa_det_order import BsaDetScheduleOrder  # noqa: PLC0415
+
+    BsaDetScheduleOrder(ocfg.n_kv, ocfg.n_tiles, ocfg.e_cap, ocfg.window, ocfg.subrounds,
+                        publish=True, pdl=cfg.pdl)(
+        offsets, entries, starts, entries_out, ranks, stream, mProgress=progress)
+    _ws_kernel(cfg)(q, k, v, do, lse, delta, offsets, entries_out, sizes, scale, dq_acc, dk,
+                    dv, stream, mRank=ranks, mdQSem=dq_sem, mProgress=progress)
+
+
+@functools.cache
+def _bwd_det_stream_jit():
+    """The one ``cute.jit`` of ``_bwd_det_stream_entry``."""
+    import cutlass.cute as cute  # noqa: PLC0415
+
+    return cute.jit(_bwd_det_stream_entry)
 
 
 @functools.cache
@@ -1240,6 +1270,12 @@ def _bsa_bwd_deterministic(q, k, v, do, lse, delta, dq_acc, q2k_block_index, q2k
     from .._cute_call import call_builder  # noqa: PLC0415
 
     ocfg = _det_order_or_warn(cfg)
+    if cfg.bwd.det_stream and ocfg is None:
+        # the schedule order does not run this call: nothing to stream
+        cfg = dataclasses.replace(cfg, bwd=dataclasses.replace(cfg.bwd, det_stream=False))
+    if cfg.bwd.det_stream:
+        return _bsa_bwd_det_stream(q, k, v, do, lse, delta, dq_acc, q2k_block_index,
+                                   q2k_block_nums, block_sizes, cfg, spec, ocfg)
     if ocfg is not None:
         offsets, entries = metadata.build_kq_csr(
             q2k_block_index, q2k_block_nums, num_kv_heads=cfg.num_heads_kv,
@@ -1251,9 +1287,7 @@ def _bsa_bwd_deterministic(q, k, v, do, lse, delta, dq_acc, q2k_block_index, q2k
             q2k_block_index, q2k_block_nums, num_kv_heads=cfg.num_heads_kv,
             num_kv_blocks=cfg.num_kv_blocks, with_ranks=True, rank_group=cfg.bwd.det_group)
     ws_spec = None if cfg.bwd.dq_tile else spec  # the query-tile workspace is row-major
-    sem0 = jnp.zeros((cfg.batch, cfg.num_heads_q,
-                      cfg.num_q_blocks * (cfg.sparse_block_size // 64) * cfg.bwd.det_slots),
-                     jnp.int32)
+    sem0 = _det_semaphores(cfg)
     n_in = 12 + (block_sizes is not None)  # flattened inputs (block_sizes may be None)
     call = call_builder(cfg.cute_call)(
         _bwd_det_jit(),
@@ -1274,4 +1308,54 @@ def _bsa_bwd_deterministic(q, k, v, do, lse, delta, dq_acc, q2k_block_index, q2k
     )
     dq_acc, dk, dv, _ = call(q, k, v, do, lse, delta, offsets, entries, ranks, block_sizes,
                              _scale_array(cfg.softmax_scale), dq_acc, sem0)
+    return _dq_out(dq_acc, q, cfg, spec), dk, dv
+
+
+def _det_semaphores(cfg):
+    """One zeroed int32 semaphore per 64-row query tile and dQ accumulator."""
+    return jnp.zeros((cfg.batch, cfg.num_heads_q,
+                      cfg.num_q_blocks * (cfg.sparse_block_size // 64) * cfg.bwd.det_slots),
+                     jnp.int32)
+
+
+def _bsa_bwd_det_stream(q, k, v, do, lse, delta, dq_acc, q2k_block_index, q2k_block_nums,
+                        block_sizes, cfg, spec, ocfg):
+    """:func:`_bsa_bwd_deterministic` with ``det_stream``: one call launches the schedule-order
+    kernel and the backward (``_bwd_det_stream_entry``); the ordered entries, their ranks
+    and the per-row published prefixes are outputs of that call that nothing reads after
+    it."""
+    from .._cute_call import call_builder  # noqa: PLC0415
+
+    offsets, entries = metadata.build_kq_csr(
+        q2k_block_index, q2k_block_nums, num_kv_heads=cfg.num_heads_kv,
+        num_kv_blocks=cfg.num_kv_blocks)
+    starts = metadata.kq_schedule_starts(offsets, num_kv_blocks=ocfg.n_kv,
+                                         held=cfg.bwd.held_ctas)
+    ws_spec = None if cfg.bwd.dq_tile else spec  # the query-tile workspace is row-major
+    sem0 = _det_semaphores(cfg)
+    progress0 = jnp.zeros((offsets.shape[0] - 1,), jnp.int32)
+    n_in = 13 + (block_sizes is not None)  # flattened inputs (block_sizes may be None)
+    sds = jax.ShapeDtypeStruct(entries.shape, jnp.int32)
+    call = call_builder(cfg.cute_call)(
+        _bwd_det_stream_jit(),
+        output_shape_dtype=(
+            jax.ShapeDtypeStruct(dq_acc.shape, jnp.float32),
+            jax.ShapeDtypeStruct(k.shape, k.dtype),
+            jax.ShapeDtypeStruct(v.shape, v.dtype),
+            jax.ShapeDtypeStruct(sem0.shape, jnp.int32),
+            jax.ShapeDtypeStruct(progress0.shape, jnp.int32),
+            sds, sds,
+        ),
+        input_spec=(spec, spec, spec, spec, None, None, None, None, None, None, None, ws_spec,
+                    None, None),
+        output_spec=(ws_spec, spec, spec, None, None, None, None),
+        input_output_aliases={11: 0, 12: 3, 13: 4},
+        compile_key=("bsa_bwd_det_stream", cfg.bwd, ocfg),
+        cfg=cfg.bwd,
+        ocfg=ocfg,
+        static_last_inputs=(0, 1, 2, 3, n_in - 3),
+        static_last_outputs=(0, 1, 2),
+    )
+    dq_acc, dk, dv, *_ = call(q, k, v, do, lse, delta, offsets, entries, starts, block_sizes,
+                              _scale_array(cfg.softmax_scale), dq_acc, sem0, progress0)
     return _dq_out(dq_acc, q, cfg, spec), dk, dv

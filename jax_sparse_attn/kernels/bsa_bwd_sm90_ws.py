@@ -120,7 +120,8 @@ from cutlass.cute.nvgpu import OperandMajorMode, cpasync, warpgroup
 from . import kv_major_bwd as kvb
 from .bsa_common import LOG2_E, bwd_kv_tile_rows
 from .common import (acc_layout_as_a, acc_mn_view_wg, elem_ptr, gmem_load_copy,
-                     kv_major_bwd_operands, st_release_s32, tma_view, wait_at_least)
+                     kv_major_bwd_operands, ld_acquire_s32, ld_relaxed_s32, st_release_s32,
+                     tma_view, wait_at_least)
 from .dq_tiles import bulk_add_warp_slice, stage_warp_slice
 from .pipeline import SmemPipeline
 from .seqlen_info import offset_rows
@@ -184,8 +185,12 @@ class BsaBwdSm90Ws:
                  dq_alias: bool = False, pdl: bool = False, det_writer: bool = False,
                  dq_late: bool = False, dq_writer: bool = False, lse_early: bool = False,
                  split_wait: bool = False, epi_pairs: bool = False, epi_smem: bool = False,
-                 dq_alt: bool = False, dq_slots: int = 1, relaxed_poll: bool = False):
+                 dq_alt: bool = False, dq_slots: int = 1, relaxed_poll: bool = False,
+                 order_stream: bool = False):
         self.pdl = pdl
+        # deterministic: the entries and ranks are produced while this kernel runs (by
+        # kernels/bsa_det_order.py launched just before it, see _entry_ready)
+        self.order_stream = order_stream and deterministic
         # deterministic: the semaphore polled with relaxed loads and one acquire fence
         self.relaxed_poll = relaxed_poll
         # dK / dV stored as packed pairs of adjacent columns (4-byte stores)
@@ -269,7 +274,7 @@ class BsaBwdSm90Ws:
 
     @cute.jit
     def __call__(self, mQ, mK, mV, mdO, mLSE, mDelta, mOffsets, mEntries, mSizes, mScale,
-                 mdQacc, mdK, mdV, stream, mRank=None, mdQSem=None):
+                 mdQacc, mdK, mdV, stream, mRank=None, mdQSem=None, mProgress=None):
         dt = self.dtype
         bm, bn, d, nwg = self.bm, self.bn, self.d, self.num_wg
         Kmaj = OperandMajorMode.K
@@ -323,8 +328,8 @@ class BsaBwdSm90Ws:
         self.kernel(
             tma_q, tma_tQ, tma_do, tma_tdO, tma_k, tma_tK, tma_v, tma_tV,
             mQ, mK, mV, mLSE, mDelta, mOffsets, mEntries, mSizes, mScale, mdQacc, mdK, mdV,
-            mRank, mdQSem, sK_layout, sK_mn_layout, sQ_layout, sQ_mn_layout, sdS_layout,
-            mma_s, mma_kv, mma_dq, Smem,
+            mRank, mdQSem, mProgress, sK_layout, sK_mn_layout, sQ_layout, sQ_mn_layout,
+            sdS_layout, mma_s, mma_kv, mma_dq, Smem,
         ).launch(grid=grid, block=[self.num_threads, 1, 1], smem=Smem.size_in_bytes(),
                  stream=stream, min_blocks_per_mp=self.ctas_per_sm, use_pdl=self.pdl,
                  preferred_smem_carveout=100 if self.ctas_per_sm > 1 else None)
@@ -415,8 +420,23 @@ class BsaBwdSm90Ws:
         return mma_dq
 
     @cute.jit
+    def _entry_ready(self, mProgress, row_id, e, avail):
+        """``order_stream``: the published prefix length of CSR row ``row_id`` once it
+        exceeds ``e`` (acquire loads by every lane of the warp; ``avail``: the last value
+        read, so a row's published prefix is polled for only once it is used up). The
+        entries and ranks below it are then read past L1 (``ld.relaxed.gpu``)."""
+        v = avail
+        if e >= avail:
+            ptr = mProgress.iterator + row_id
+            v = ld_acquire_s32(ptr)
+            while v <= e:
+                v = ld_acquire_s32(ptr)
+        return v
+
+    @cute.jit
     def _dq_order_warp(self, mEntries, mRank, mdQSem, e_begin, n_ent, n_q_blocks, seqlen_q,
-                       head_kv, group, batch, mdQacc=None, st=None, pipe_q=None):
+                       head_kv, group, batch, mdQacc=None, st=None, pipe_q=None,
+                       mProgress=None, row_id=None):
         """Warp 1 in deterministic mode or with ``dq_writer``. Deterministic: per query
         tile of the list, wait for the earlier KV blocks' dQ additions, let the consumers add
         (barrier 2), wait for their additions (barrier 3) and publish this block's (see the
@@ -435,11 +455,18 @@ class BsaBwdSm90Ws:
         n_sync = 128 * (1 if self.dq_alt else nwg) + 32
         n_cg = d // nwg // self.dq_w  # blocks per consumer warp
         c = Int32(0)
+        avail = Int32(0)
         for e in cutlass.range(n_ent, unroll=1):
-            ent = Int32(mEntries[e_begin + e])
+            ent = Int32(0)
             rank = None
-            if cutlass.const_expr(self.deterministic):
-                rank = Int32(mRank[e_begin + e])
+            if cutlass.const_expr(self.order_stream):
+                avail = self._entry_ready(mProgress, row_id, e, avail)
+                ent = ld_relaxed_s32(mEntries.iterator + (e_begin + e))
+                rank = ld_relaxed_s32(mRank.iterator + (e_begin + e))
+            else:
+                ent = Int32(mEntries[e_begin + e])
+                if cutlass.const_expr(self.deterministic):
+                    rank = Int32(mRank[e_begin + e])
             h_in_group = ent // n_q_blocks
             m_block = ent - h_in_group * n_q_blocks
             head = head_kv * group + h_in_group
@@ -501,8 +528,8 @@ class BsaBwdSm90Ws:
     @cute.kernel
     def kernel(self, tma_q, tma_tQ, tma_do, tma_tdO, tma_k, tma_tK, tma_v, tma_tV,
                mQ, mK, mV, mLSE, mDelta, mOffsets, mEntries, mSizes, mScale, mdQacc, mdK, mdV,
-               mRank, mdQSem, sK_layout, sK_mn_layout, sQ_layout, sQ_mn_layout, sdS_layout,
-               mma_s, mma_kv, mma_dq, Smem: cutlass.Constexpr):
+               mRank, mdQSem, mProgress, sK_layout, sK_mn_layout, sQ_layout, sQ_mn_layout,
+               sdS_layout, mma_s, mma_kv, mma_dq, Smem: cutlass.Constexpr):
         tidx, _, _ = cute.arch.thread_idx()
         n_block, head_kv, batch = cute.arch.block_idx()
         warp = cute.arch.make_warp_uniform(cute.arch.warp_idx())
@@ -515,7 +542,7 @@ class BsaBwdSm90Ws:
         n_q_blocks = (seqlen_q + bn - 1) // bn
         n_kv_blocks = (seqlen_k + bn - 1) // bn
         row_id = (batch * num_heads_kv + head_kv) * n_kv_blocks + n_block
-        if cutlass.const_expr(self.pdl):
+        if cutlass.const_expr(self.pdl and not self.order_stream):
             # programmatic dependent launch: no global memory access before the previous
             # grid has completed and flushed its writes
             cute.arch.griddepcontrol_wait()
@@ -588,8 +615,14 @@ class BsaBwdSm90Ws:
 
                     q_bytes = cute.size_in_bytes(self.dtype, cute.slice_(sQ_layout, (None, None, 0)))
                     c = Int32(0)
+                    avail = Int32(0)
                     for e in cutlass.range(n_ent, unroll=1):
-                        ent = Int32(mEntries[e_begin + e])
+                        ent = Int32(0)
+                        if cutlass.const_expr(self.order_stream):
+                            avail = self._entry_ready(mProgress, row_id, e, avail)
+                            ent = ld_relaxed_s32(mEntries.iterator + (e_begin + e))
+                        else:
+                            ent = Int32(mEntries[e_begin + e])
                         h_in_group = ent // n_q_blocks
                         m_block = ent - h_in_group * n_q_blocks
                         head = head_kv * group + h_in_group
@@ -626,7 +659,8 @@ class BsaBwdSm90Ws:
             if cutlass.const_expr(self.deterministic or self.dq_writer):
                 if warp == 1:
                     self._dq_order_warp(mEntries, mRank, mdQSem, e_begin, n_ent, n_q_blocks,
-                                        seqlen_q, head_kv, group, batch, mdQacc, st, pipe_q)
+                                        seqlen_q, head_kv, group, batch, mdQacc, st, pipe_q,
+                                        mProgress, row_id)
         else:
             # ================================ consumers ===============================
             cute.arch.setmaxregister_increase(self.regs_consumer)
@@ -657,12 +691,20 @@ class BsaBwdSm90Ws:
             # load of entry e + 1 runs under entry e's steps
             ent_nxt = Int32(0)
             if n_ent > 0:
-                ent_nxt = Int32(mEntries[e_begin])
+                if cutlass.const_expr(not self.order_stream):
+                    ent_nxt = Int32(mEntries[e_begin])
                 pipe_kv.consumer_wait(0)
             c = Int32(0)
             for e in cutlass.range(n_ent, unroll=1):
                 ent = ent_nxt
-                ent_nxt = Int32(mEntries[e_begin + cutlass.min(e + 1, n_ent - 1)])
+                if cutlass.const_expr(self.order_stream):
+                    # the producer loaded this entry's first stage once the entry was
+                    # published: after that stage's wait (repeated below, a no-op) the entry
+                    # is visible here (read past L1)
+                    pipe_q.consumer_wait(c)
+                    ent = ld_relaxed_s32(mEntries.iterator + (e_begin + e))
+                else:
+                    ent_nxt = Int32(mEntries[e_begin + cutlass.min(e + 1, n_ent - 1)])
                 h_in_group = ent // n_q_blocks
                 m_block = ent - h_in_group * n_q_blocks
                 head = head_kv * group + h_in_group
@@ -891,6 +933,10 @@ class BsaBwdSm90Ws:
                                 offset_rows(mdK[batch, None, head_kv, None], n0),
                                 offset_rows(mdV[batch, None, head_kv, None], n0), kv_left,
                                 None, self.dtype, self.epi_pairs)
+        if cutlass.const_expr(self.pdl and self.order_stream):
+            # the order kernel (the previous grid) completes before this grid does, so the
+            # next grid's wait for this one covers it too
+            cute.arch.griddepcontrol_wait()
 
 
 __all__ = ["BsaBwdSm90Ws"]

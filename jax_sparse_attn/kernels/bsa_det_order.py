@@ -33,7 +33,7 @@ from cutlass import Int32, Int64
 from cutlass._mlir.dialects.llvm import AsmDialect  # noqa: F401  (the inline_asm dialect)
 from cutlass.cutlass_dsl import T, dsl_user_op
 
-from .common import inline_asm
+from .common import elem_ptr, inline_asm, st_release_s32
 
 #: rounds / sub-rounds keys: (BIG - sub-round) << 32 | row, so a later sub-round's key is
 #: smaller than any earlier one and ``atom.min`` needs no reset between sub-rounds
@@ -78,7 +78,8 @@ class BsaDetScheduleOrder:
     ``ranks_out`` int32 of equal length (slots past ``offsets[R]`` are not written),
     ``starts`` int32 ``(R,)``, ``R`` a multiple of ``n_kv``."""
 
-    def __init__(self, n_kv: int, n_tiles: int, e_cap: int, window: int, subrounds: int = 4):
+    def __init__(self, n_kv: int, n_tiles: int, e_cap: int, window: int, subrounds: int = 4,
+                 publish: bool = False, pdl: bool = False):
         if min(n_kv, n_tiles, e_cap, window, subrounds) < 1:
             raise ValueError(f"bsa_det_order: n_kv={n_kv}, n_tiles={n_tiles}, e_cap={e_cap}, "
                              f"window={window}, subrounds={subrounds} must be >= 1")
@@ -87,9 +88,16 @@ class BsaDetScheduleOrder:
         self.num_threads = min(MAX_THREADS, -(-n_kv // 32) * 32)
         self.rpt = -(-n_kv // self.num_threads)
         self.n_words = -(-e_cap // 32)
+        # publish: each row's coloured prefix length published (release) to ``mProgress``
+        # after every taking, for a backward that runs alongside; pdl: launched as a
+        # programmatic dependent, it waits for the previous grid and then lets its own
+        # dependent (that backward) launch
+        self.publish = publish
+        self.pdl = pdl and publish
 
     @cute.jit
-    def __call__(self, mOffsets, mEntries, mStarts, mEntriesOut, mRanksOut, stream):
+    def __call__(self, mOffsets, mEntries, mStarts, mEntriesOut, mRanksOut, stream,
+                 mProgress=None):
         @cute.struct
         class Smem:
             tile_round: cute.struct.Align[cute.struct.MemRange[Int32, self.n_tiles], 16]
@@ -101,14 +109,20 @@ class BsaDetScheduleOrder:
             misc: cute.struct.Align[cute.struct.MemRange[Int32, 8], 16]
 
         n_chains = (cute.size(mOffsets.shape[0]) - 1) // self.n_kv
-        self.kernel(mOffsets, mEntries, mStarts, mEntriesOut, mRanksOut, Smem).launch(
+        self.kernel(mOffsets, mEntries, mStarts, mEntriesOut, mRanksOut, mProgress,
+                    Smem).launch(
             grid=(n_chains, 1, 1), block=[self.num_threads, 1, 1], smem=Smem.size_in_bytes(),
-            stream=stream)
+            stream=stream, use_pdl=self.pdl)
 
     @cute.kernel
-    def kernel(self, mOffsets, mEntries, mStarts, mEntriesOut, mRanksOut,
+    def kernel(self, mOffsets, mEntries, mStarts, mEntriesOut, mRanksOut, mProgress,
                Smem: cutlass.Constexpr):
         tid, _, _ = cute.arch.thread_idx()
+        if cutlass.const_expr(self.pdl):
+            # every earlier grid has completed before this one reads anything, and only
+            # then may the dependent backward launch (it skips its own wait at the start)
+            cute.arch.griddepcontrol_wait()
+            cute.arch.griddepcontrol_launch_dependents()
         chain, _, _ = cute.arch.block_idx()
         nt, n_kv, n_tiles, rpt = self.num_threads, self.n_kv, self.n_tiles, self.rpt
         st = cutlass.memory.SmemAllocator().allocate(Smem)
@@ -260,6 +274,9 @@ class BsaDetScheduleOrder:
                             mEntriesOut[out] = tile
                             mRanksOut[out] = rank
                             rK[i] = rK[i] + 1
+                            if cutlass.const_expr(self.publish):
+                                # the entry and its rank precede the prefix length
+                                st_release_s32(elem_ptr(mProgress, (row0 + n,)), rK[i])
                             atom_or_shared_b32(st.bits.data_ptr() + (e >> 5),
                                                Int32(1) << (e & 31))
                             atom_add_shared_s32(st.misc.data_ptr(), Int32(-1))
