@@ -236,8 +236,8 @@ def _kernel_text(ptx: str, marker: str) -> str:
 
 def test_bsa_bwd_ws_detstream_ptx(kept_ptx):
     """``detstream``: one module holds the schedule-order kernel and the backward. The order
-    kernel waits for the previous grid, then lets its dependent launch, and publishes each
-    row's prefix after a GPU-scope fence; the backward does not wait for the order kernel
+    kernel waits for the previous grid, then lets its dependent launch, and publishes the
+    prefixes of a round's rows after one GPU-scope fence; the backward does not wait for the order kernel
     before it starts: its only grid-dependency wait comes after its acquire polls (at its
     end), and it reads the entries and ranks with L1-bypassing relaxed loads. Without
     ``detstream`` (the same call) the backward waits first, the order kernel is a module
@@ -246,7 +246,9 @@ def test_bsa_bwd_ws_detstream_ptx(kept_ptx):
     order = _kernel_text(t, "BsaDetScheduleOrder")
     ws = _kernel_text(t, "BsaBwdSm90Ws")
     assert order.index("griddepcontrol.wait") < order.index("griddepcontrol.launch_dependents")
-    assert re.search(r"fence\.acq_rel\.gpu;\s*st\.relaxed\.gpu\.global\.b32", order)
+    # one fence per round (thread 0, cumulative over the CTA barrier), then the stores
+    assert order.count("fence.acq_rel.gpu") == 1
+    assert order.index("fence.acq_rel.gpu") < order.index("st.relaxed.gpu.global.b32")
     assert ws.count("griddepcontrol.wait") == 1
     assert ws.index("ld.acquire.gpu.global.b32") < ws.index("griddepcontrol.wait")
     # the producer's and the writer's entry, the writer's rank, the consumers' entry

@@ -33,7 +33,7 @@ from cutlass import Int32, Int64
 from cutlass._mlir.dialects.llvm import AsmDialect  # noqa: F401  (the inline_asm dialect)
 from cutlass.cutlass_dsl import T, dsl_user_op
 
-from .common import elem_ptr, inline_asm, st_release_s32
+from .common import elem_ptr, fence_acq_rel_gpu, inline_asm, st_relaxed_s32
 
 #: rounds / sub-rounds keys: (BIG - sub-round) << 32 | row, so a later sub-round's key is
 #: smaller than any earlier one and ``atom.min`` needs no reset between sub-rounds
@@ -48,6 +48,14 @@ def atom_min_shared_u64(sptr, val, *, loc=None, ip=None):
     inline_asm(T.i64(), [sptr.toint(loc=loc, ip=ip).ir_value(loc=loc, ip=ip),
                          Int64(val).ir_value(loc=loc, ip=ip)],
                "atom.shared.min.u64 $0, [$1], $2;", "=l,r,l", True, loc, ip)
+
+
+@dsl_user_op
+def atom_min_shared_s32(sptr, val, *, loc=None, ip=None):
+    """``atom.shared.min.s32 [sptr], val`` (the old value is dropped)."""
+    inline_asm(T.i32(), [sptr.toint(loc=loc, ip=ip).ir_value(loc=loc, ip=ip),
+                         Int32(val).ir_value(loc=loc, ip=ip)],
+               "atom.shared.min.s32 $0, [$1], $2;", "=r,r,r", True, loc, ip)
 
 
 @dsl_user_op
@@ -146,6 +154,7 @@ class BsaDetScheduleOrder:
         rPtr = cute.make_rmem_tensor((rpt,), Int32)   # scan position in this round
         rFirst = cute.make_rmem_tensor((rpt,), Int32)  # entries before it are all coloured
         rCand = cute.make_rmem_tensor((rpt,), Int32)  # proposed entry (-1: none)
+        rK0 = cute.make_rmem_tensor((rpt,), Int32)    # rK at the start of the round
         for i in cutlass.range_constexpr(rpt):
             n = tid + i * nt
             rOff[i] = Int32(0)
@@ -181,6 +190,7 @@ class BsaDetScheduleOrder:
             sMisc[1] = Int32(0)  # rows 0 .. fin-1 finished in earlier rounds
             sMisc[2] = Int32(0)  # "some row proposed" flags, by sub-round parity
             sMisc[3] = Int32(0)
+            sMisc[4] = Int32(BIG)  # the earliest start of a pending row (idle rounds)
         cute.arch.barrier()
 
         t = Int32(0)
@@ -199,6 +209,9 @@ class BsaDetScheduleOrder:
                 sMisc[1] = f
             cute.arch.barrier()
             fin = Int32(sMisc[1])
+            if tid == 0:
+                # every thread read the last idle round's minimum before this barrier
+                sMisc[4] = Int32(BIG)
             for i in cutlass.range_constexpr(rpt):
                 n = tid + i * nt
                 act = Int32(0)
@@ -229,6 +242,9 @@ class BsaDetScheduleOrder:
                 rPtr[i] = p
             s = Int32(0)
             go_s = Int32(1)
+            any0 = Int32(1)  # some row proposed in the first sub-round (some row was active)
+            for i in cutlass.range_constexpr(rpt):
+                rK0[i] = rK[i]
             while go_s != 0:
                 key = Int64(BIG - sc) << 32
                 # proposals: each active row's first uncoloured entry whose tile is free
@@ -260,6 +276,8 @@ class BsaDetScheduleOrder:
                             sMisc[2 + (sc & 1)] = Int32(1)
                 cute.arch.barrier()
                 more = Int32(sMisc[2 + (sc & 1)])
+                if s == 0:
+                    any0 = more
                 # the lowest proposer of each tile takes it
                 for i in cutlass.range_constexpr(rpt):
                     if rCand[i] >= 0:
@@ -274,9 +292,6 @@ class BsaDetScheduleOrder:
                             mEntriesOut[out] = tile
                             mRanksOut[out] = rank
                             rK[i] = rK[i] + 1
-                            if cutlass.const_expr(self.publish):
-                                # the entry and its rank precede the prefix length
-                                st_release_s32(elem_ptr(mProgress, (row0 + n,)), rK[i])
                             atom_or_shared_b32(st.bits.data_ptr() + (e >> 5),
                                                Int32(1) << (e & 31))
                             atom_add_shared_s32(st.misc.data_ptr(), Int32(-1))
@@ -296,4 +311,27 @@ class BsaDetScheduleOrder:
                     if more != 0:
                         go_s = Int32(1)
             t += 1
+            if cutlass.const_expr(self.publish):
+                if any0 != 0:
+                    # the round's entries and ranks (all threads', before the last sub-round's
+                    # barrier) precede the prefix lengths: one cumulative fence, a barrier,
+                    # then relaxed stores
+                    if tid == 0:
+                        fence_acq_rel_gpu()
+                    cute.arch.barrier()
+                    for i in cutlass.range_constexpr(rpt):
+                        if rK[i] != rK0[i]:
+                            st_relaxed_s32(elem_ptr(mProgress, (row0 + tid + i * nt,)), rK[i])
+            if any0 == 0:
+                # no row was active, so none finished and none can start before the earliest
+                # start of a pending row: the rounds up to it are skipped (they would change
+                # nothing; rows whose start has passed wait for the window)
+                for i in cutlass.range_constexpr(rpt):
+                    if rK[i] < rDeg[i]:
+                        if rT0[i] >= t:
+                            atom_min_shared_s32(st.misc.data_ptr() + 4, rT0[i])
+                cute.arch.barrier()
+                t_next = Int32(sMisc[4])
+                if t_next != BIG:
+                    t = cutlass.max(t, t_next)
             left = Int32(sMisc[0])

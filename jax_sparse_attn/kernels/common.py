@@ -495,6 +495,15 @@ def st_release_s32(ptr, val, *, loc=None, ip=None):
 
 
 @dsl_user_op
+def st_relaxed_s32(ptr, val, *, loc=None, ip=None):
+    """``st.relaxed.gpu.global.b32``: store ``val`` at global ``ptr`` (coherent at GPU scope;
+    ordered after earlier writes only by a fence before it)."""
+    inline_asm(None, [ptr.toint(loc=loc, ip=ip).ir_value(loc=loc, ip=ip),
+                      cutlass.Int32(val).ir_value(loc=loc, ip=ip)],
+               "st.relaxed.gpu.global.b32 [$0], $1;", "l,r", True, loc, ip)
+
+
+@dsl_user_op
 def ld_relaxed_s32(ptr, *, loc=None, ip=None):
     """``ld.relaxed.gpu.global.b32``: load the int32 at global ``ptr`` (coherent at GPU
     scope, no ordering of later accesses: follow it with :func:`fence_acq_rel_gpu`)."""
