@@ -158,14 +158,16 @@ _parse_hstu_bwd_ws = _parse_option_list(HSTU_BWD_WS_FLAGS,
 #: ``stages=N`` (at most N Q / dO stages, 2..4)
 BSA_BWD_WS_FLAGS = ("ldwait", "lpt", "decouple", "detkv", "detfull", "detlaunch", "dqalias",
                     "dqearly", "lselate", "splitwait", "epi16", "epiregs", "dqalt", "detsched",
-                    "detschedfull", "relaxpoll", "detstream")
+                    "detschedfull", "relaxpoll", "detstream",
+                    "nodetstream")
 #: the flags among :data:`BSA_BWD_WS_FLAGS` that choose the deterministic dQ order (at most
 #: one of them)
 BSA_DET_ORDER_FLAGS = ("detkv", "detfull", "detlaunch", "detsched", "detschedfull")
 _BSA_BWD_WS_ALLOWED = ("comma list of " + ", ".join(BSA_BWD_WS_FLAGS)
                        + ", stages=N (most Q / dO shared-memory stages: 2..4), dqslots=N "
                        "(deterministic: fp32 accumulators per query tile, 1..4); at most one "
-                       "of " + ", ".join(BSA_DET_ORDER_FLAGS))
+                       "of " + ", ".join(BSA_DET_ORDER_FLAGS) + "; at most one of detstream, "
+                       "nodetstream")
 _parse_bsa_bwd_ws_opts = _parse_option_list(BSA_BWD_WS_FLAGS,
                                              {"stages": lambda n: 2 <= n <= 4,
                                               "dqslots": lambda n: 1 <= n <= 4},
@@ -175,13 +177,16 @@ _parse_bsa_bwd_ws_opts = _parse_option_list(BSA_BWD_WS_FLAGS,
 def _parse_bsa_bwd_ws(var, raw):
     """Parser of JAX_SPARSE_ATTN_BSA_BWD_WS: :data:`BSA_BWD_WS_FLAGS`, ``stages=N`` and
     ``dqslots=N``; at most one of the deterministic order flags
-    (:data:`BSA_DET_ORDER_FLAGS`)."""
+    (:data:`BSA_DET_ORDER_FLAGS`) and at most one of ``detstream`` / ``nodetstream``."""
     opts = _parse_bsa_bwd_ws_opts(var, raw)
     orders = [o for o in opts if o in BSA_DET_ORDER_FLAGS]
     if len(orders) > 1:
         raise ValueError(f"{var}={raw!r}: {' and '.join(map(repr, orders))} each choose the "
                          f"deterministic dQ order; give at most one; allowed: "
                          f"{_BSA_BWD_WS_ALLOWED}")
+    if "detstream" in opts and "nodetstream" in opts:
+        raise ValueError(f"{var}={raw!r}: 'detstream' and 'nodetstream' contradict each "
+                         f"other; give at most one; allowed: {_BSA_BWD_WS_ALLOWED}")
     return opts
 
 
@@ -432,11 +437,12 @@ SWITCHES = (
                "relaxpoll (deterministic: the query tile's semaphore is polled with relaxed "
                "loads and one fence after them, instead of acquire loads; slower on the "
                "H200), "
-               "detstream (deterministic in the schedule order, with pdl: the order kernel "
-               "and the backward are launched by one call, the backward as its programmatic "
+               "detstream (deterministic in the schedule order: the order kernel and the "
+               "backward are launched by one call, with pdl the backward as its programmatic "
                "dependent as soon as the order kernel starts, and each CTA reads its list "
                "entries and ranks as the order kernel publishes them, instead of after it "
-               "completes)"),
+               "completes; the default at blk 64 / D 128 with pdl), nodetstream (the order "
+               "kernel completes before the backward starts; the default elsewhere)"),
     _choice("bsa_pre_impl", "JAX_SPARSE_ATTN_BSA_PRE_IMPL", ("kernel", "delta", "xla"),
             "BSA backward preprocessing (delta = rowsum(dO*O), zeroed fp32 dQ workspace): "
             "kernel (one CuTe DSL launch computes delta and zeroes the workspace), delta (the "

@@ -157,7 +157,7 @@ _PTX_CONFIGS = {
                           "det_writer": True, "sq": 4096, "skv": 4096, "kmax": 40}),
     "det-sched-blk64": ("_bwd_text", (CONFIGS[1],), None,
                         {"deterministic": True, "impl": "auto", "det_writer": True,
-                         "sq": 4096, "skv": 4096, "kmax": 40}),
+                         "sq": 4096, "skv": 4096, "kmax": 40, "ws": "nodetstream"}),
     "split-blk128": ("_bwd_text", (CONFIGS[0],), None, {"ws": "splitwait"}),
     "split-blk64": ("_bwd_text", (CONFIGS[1],), None, {"ws": "splitwait"}),
     "lselate-blk128": ("_bwd_text", (CONFIGS[0],), None, {"ws": "lselate"}),
@@ -261,12 +261,15 @@ def test_bsa_bwd_ws_detstream_ptx(kept_ptx):
 
 
 def test_bsa_bwd_ws_detstream_lowers():
-    """``detstream`` lowers to one call with the backward's outputs, the semaphores, the
-    per-row published prefixes and the ordered entries and ranks (7 results); without it
-    the order kernel is its own call (2 results) before the backward (4)."""
+    """``detstream`` (the default here, blk 64 / D 128) lowers to one call with the
+    backward's outputs, the semaphores, the per-row published prefixes and the ordered
+    entries and ranks (7 results); with ``nodetstream`` the order kernel is its own call (2
+    results) before the backward (4)."""
     kw = dict(sq=4096, skv=4096, kmax=40, impl="auto", deterministic=True, det_writer=True)
     stream = _bwd_text(CONFIGS[1], ws="detstream", **kw)
-    plain = _bwd_text(CONFIGS[1], **kw)
+    plain = _bwd_text(CONFIGS[1], ws="nodetstream", **kw)
+    # the default at blk 64 / D 128 (pdl and the dQ writer warp on)
+    assert _bwd_text(CONFIGS[1], **kw) == stream
     n = 2 * 4 * 64  # B * H_kv * N_kv CSR rows: one published prefix each
 
     def calls(txt, results):

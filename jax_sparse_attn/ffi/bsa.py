@@ -452,7 +452,10 @@ def bwd_config(dtype, head_dim, block_size, has_block_sizes, switches,
                             det_slots=det_dq_slots(opts) if deterministic and tile
                             and bool(getattr(switches, "det_writer", False)) else 1,
                             det_relaxed_poll=bool(deterministic) and "relaxpoll" in opts,
-                            det_stream=bool(deterministic) and "detstream" in opts,
+                            det_stream=bool(deterministic) and det_stream_default(
+                                head_dim, block_size, opts,
+                                bool(getattr(switches, "pdl", False)),
+                                tile and bool(getattr(switches, "det_writer", False))),
                             dq_writer=not deterministic and tile
                             and getattr(switches, "dq_writer", "auto") != "off")
     if impl == "sm90":
@@ -528,6 +531,23 @@ def det_slots_of(cfg) -> int:
             and 2 * tile_elems <= _MAX_PARTIAL_ELEMS and det_order_config(cfg) is not None):
         return 2
     return 1
+
+
+def det_stream_default(head_dim: int, block_size: int, opts=(), pdl: bool = True,
+                       det_writer: bool = True) -> bool:
+    """Whether the deterministic backward streams the schedule order (``det_stream``; used
+    only where the schedule order runs): ``bsa_bwd_ws`` ``detstream`` / ``nodetstream``
+    force it; by default at blk 64 / D 128 with programmatic dependent launch and the dQ
+    writer warp, where the
+    backward (two CTAs per SM) shares the SMs with the order kernel and measured faster on
+    the H200; at blk 128 the order kernel's CTAs keep the backward's (one per SM, 231 KB of
+    shared memory) off their SMs while they run, which measured slower
+    (docs/performance.md)."""
+    if "nodetstream" in opts:
+        return False
+    if "detstream" in opts:
+        return True
+    return pdl and det_writer and block_size == 64 and head_dim == 128
 
 
 def _held_ctas(block_size: int) -> int:
