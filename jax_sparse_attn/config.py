@@ -159,7 +159,7 @@ _parse_hstu_bwd_ws = _parse_option_list(HSTU_BWD_WS_FLAGS,
 BSA_BWD_WS_FLAGS = ("ldwait", "lpt", "decouple", "detkv", "detfull", "detlaunch", "dqalias",
                     "dqearly", "lselate", "splitwait", "epi16", "epiregs", "dqalt", "detsched",
                     "detschedfull", "relaxpoll", "detstream",
-                    "nodetstream")
+                    "nodetstream", "detoverlap")
 #: the flags among :data:`BSA_BWD_WS_FLAGS` that choose the deterministic dQ order (at most
 #: one of them)
 BSA_DET_ORDER_FLAGS = ("detkv", "detfull", "detlaunch", "detsched", "detschedfull")
@@ -442,7 +442,10 @@ SWITCHES = (
                "dependent as soon as the order kernel starts, and each CTA reads its list "
                "entries and ranks as the order kernel publishes them, instead of after it "
                "completes; the default at blk 64 / D 128 with pdl), nodetstream (the order "
-               "kernel completes before the backward starts; the default elsewhere)"),
+               "kernel completes before the backward starts; the default elsewhere), "
+               "detoverlap (with detstream, without an lse cotangent: the preprocessing "
+               "launch (delta, the zeroed dQ workspace) joins that call between the order "
+               "kernel and the backward and runs alongside the order kernel)"),
     _choice("bsa_pre_impl", "JAX_SPARSE_ATTN_BSA_PRE_IMPL", ("kernel", "delta", "xla"),
             "BSA backward preprocessing (delta = rowsum(dO*O), zeroed fp32 dQ workspace): "
             "kernel (one CuTe DSL launch computes delta and zeroes the workspace), delta (the "

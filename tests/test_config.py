@@ -224,7 +224,7 @@ def test_bsa_bwd_ws_rejects(raw):
 
 @pytest.mark.parametrize("raw", ["dqslots=1", "dqslots=4", "detsched,dqslots=2",
                                  "detlaunch,stages=3,dqslots=2", "detstream", "nodetstream",
-                                 "detsched,detstream,dqslots=2"])
+                                 "detsched,detstream,dqslots=2", "detoverlap"])
 def test_bsa_bwd_ws_accepts(raw):
     assert config.from_env({"JAX_SPARSE_ATTN_BSA_BWD_WS": raw}).bsa_bwd_ws == tuple(raw.split(","))
 

@@ -441,6 +441,15 @@ DET_CASES = [
     dict(name="det-empty-blk64-d64-gqa-detsched-stream", blk=64, d=64, dtype="bfloat16",
          layout="bhsd", hq=8, hkv=2, sq=1000, skv=1001, mode="last-empty",
          ws="detsched,detstream"),
+    # detoverlap: the preprocessing launched in the same call, alongside the order kernel
+    dict(name="det-all-blk64-d128-k63-overlap", blk=64, d=128, dtype="float16", layout="bhsd",
+         hq=2, hkv=2, sq=4096, skv=4000, mode="all", ws="detoverlap"),
+    dict(name="det-empty-blk64-d64-gqa-overlap", blk=64, d=64, dtype="bfloat16",
+         layout="bshd", hq=8, hkv=2, sq=1000, skv=1001, mode="last-empty",
+         ws="detsched,detstream,detoverlap"),
+    dict(name="det-hot-blk128-d128-32k-overlap", blk=128, d=128, dtype="bfloat16",
+         layout="bshd", hq=2, hkv=2, sq=32768, skv=32768, mode="last",
+         ws="detstream,detoverlap"),
 ]
 
 

@@ -158,6 +158,9 @@ _PTX_CONFIGS = {
     "det-sched-blk64": ("_bwd_text", (CONFIGS[1],), None,
                         {"deterministic": True, "impl": "auto", "det_writer": True,
                          "sq": 4096, "skv": 4096, "kmax": 40, "ws": "nodetstream"}),
+    "det-overlap-blk64": ("_bwd_text", (CONFIGS[1],), None,
+                          {"deterministic": True, "ws": "detoverlap", "impl": "auto",
+                           "det_writer": True, "sq": 4096, "skv": 4096, "kmax": 40}),
     "split-blk128": ("_bwd_text", (CONFIGS[0],), None, {"ws": "splitwait"}),
     "split-blk64": ("_bwd_text", (CONFIGS[1],), None, {"ws": "splitwait"}),
     "lselate-blk128": ("_bwd_text", (CONFIGS[0],), None, {"ws": "lselate"}),
@@ -258,6 +261,27 @@ def test_bsa_bwd_ws_detstream_ptx(kept_ptx):
     assert plain.index("griddepcontrol.wait") < plain.index("ld.acquire.gpu.global.b32")
     assert "ld.relaxed.gpu.global.b32" not in plain
     assert "griddepcontrol.launch_dependents" not in plain
+
+
+def test_bsa_bwd_ws_detoverlap_ptx(kept_ptx):
+    """``detoverlap``: the call's module holds the order kernel, the preprocessing and the
+    backward. The preprocessing lets its dependent launch and does not wait (it runs
+    alongside the order kernel); the backward waits for it at its start, before its first
+    acquire poll of the order kernel's counters, and not again."""
+    t = _ws_ptx(kept_ptx, "det-overlap-blk64")
+    assert t.count(".entry ") == 3
+    pre = _kernel_text(t, "BsaPreprocess")
+    ws = _kernel_text(t, "BsaBwdSm90Ws")
+    order = _kernel_text(t, "BsaDetScheduleOrder")
+    assert "griddepcontrol.launch_dependents" in pre and "griddepcontrol.wait" not in pre
+    assert ws.count("griddepcontrol.wait") == 1
+    assert ws.index("griddepcontrol.wait") < ws.index("ld.acquire.gpu.global.b32")
+    assert order.index("griddepcontrol.wait") < order.index("griddepcontrol.launch_dependents")
+    txt = _bwd_text(CONFIGS[1], ws="detoverlap", sq=4096, skv=4096, kmax=40, impl="auto",
+                    deterministic=True, det_writer=True)
+    # the combined call (8 results: + delta) and the reordering, no preprocessing call
+    calls = re.findall(r"%\w+(?::(\d+))? = stablehlo\.custom_call @" + CALL_TARGET, txt)
+    assert sorted(calls) == ["", "8"], calls
 
 
 def test_bsa_bwd_ws_detstream_lowers():

@@ -174,6 +174,9 @@ class BsaBwdConfig:
     # call, the backward reading each entry once the order kernel has published it
     # ("detstream"; with pdl the two kernels run side by side)
     det_stream: bool = False
+    # det_stream: the preprocessing launch joins the call, between the order kernel and the
+    # backward, and runs alongside the order kernel ("detoverlap")
+    det_overlap: bool = False
     # "sm90" / "sm90ws": dQ added per consumer warp with bulk reductions into a workspace of
     # 64-row query tiles (B, H_q, ceil(S_q / 64), 64 D) fp32, reordered into dq by
     # kernels/dq_tiles.py (else a row-major (B, S_q, H_q, D) fp32 workspace)
@@ -456,6 +459,7 @@ def bwd_config(dtype, head_dim, block_size, has_block_sizes, switches,
                                 head_dim, block_size, opts,
                                 bool(getattr(switches, "pdl", False)),
                                 tile and bool(getattr(switches, "det_writer", False))),
+                            det_overlap=bool(deterministic) and "detoverlap" in opts,
                             dq_writer=not deterministic and tile
                             and getattr(switches, "dq_writer", "auto") != "off")
     if impl == "sm90":
@@ -1146,7 +1150,7 @@ def _dq_out(dq_acc, q, cfg, spec):
     return dq
 
 
-def _ws_kernel(cfg: BsaBwdConfig):
+def _ws_kernel(cfg: BsaBwdConfig, after_pre: bool = False):
     from ..kernels.bsa_bwd_sm90_ws import BsaBwdSm90Ws  # noqa: PLC0415
 
     return BsaBwdSm90Ws(_cutlass_dtype(cfg.dtype), cfg.head_dim, cfg.block_size,
@@ -1159,7 +1163,7 @@ def _ws_kernel(cfg: BsaBwdConfig):
                         split_wait=cfg.ws_split_wait, epi_pairs=cfg.ws_epi_pairs,
                         epi_smem=cfg.ws_epi_smem, dq_alt=cfg.ws_dq_alt,
                         dq_slots=cfg.det_slots, relaxed_poll=cfg.det_relaxed_poll,
-                        order_stream=cfg.det_stream)
+                        order_stream=cfg.det_stream, stream_after_pre=after_pre)
 
 
 def _bwd_det_entry(stream, q, k, v, do, lse, delta, offsets, entries, ranks, sizes, scale,
@@ -1185,6 +1189,37 @@ def _bwd_det_stream_entry(stream, q, k, v, do, lse, delta, offsets, entries, sta
         offsets, entries, starts, entries_out, ranks, stream, mProgress=progress)
     _ws_kernel(cfg)(q, k, v, do, lse, delta, offsets, entries_out, sizes, scale, dq_acc, dk,
                     dv, stream, mRank=ranks, mdQSem=dq_sem, mProgress=progress)
+
+
+def _bwd_det_overlap_entry(stream, q, k, v, do, out, lse, offsets, entries, starts, sizes,
+                           scale, dq_sem, progress, dq_acc, dk, dv, entries_out, ranks, delta,
+                           *, cfg: BsaBwdConfig, ocfg: BsaDetOrderConfig, pcfg: BsaPreConfig):
+    # _bwd_det_stream_entry with the preprocessing (delta, the zeroed dQ workspace) launched
+    # between the order kernel and the backward, as the order kernel's programmatic
+    # dependent without a wait of its own: it runs alongside the order kernel, and the
+    # backward waits for it at its start
+    from ..kernels.bsa_det_order import BsaDetScheduleOrder  # noqa: PLC0415
+    from ..kernels.bsa_pre import BsaPreprocess  # noqa: PLC0415
+
+    import cutlass.cute as cute  # noqa: PLC0415
+
+    BsaDetScheduleOrder(ocfg.n_kv, ocfg.n_tiles, ocfg.e_cap, ocfg.window, ocfg.subrounds,
+                        publish=True, pdl=cfg.pdl)(
+        offsets, entries, starts, entries_out, ranks, stream, mProgress=progress)
+    flat = cute.make_tensor(dq_acc.iterator, cute.make_layout((cute.size(dq_acc),)))
+    BsaPreprocess(_cutlass_dtype(pcfg.dtype), pcfg.head_dim, cfg.pdl, wait=False)(
+        out, do, delta, flat, stream)
+    _ws_kernel(cfg, after_pre=True)(q, k, v, do, lse, delta, offsets, entries_out, sizes,
+                                    scale, dq_acc, dk, dv, stream, mRank=ranks,
+                                    mdQSem=dq_sem, mProgress=progress)
+
+
+@functools.cache
+def _bwd_det_overlap_jit():
+    """The one ``cute.jit`` of ``_bwd_det_overlap_entry``."""
+    import cutlass.cute as cute  # noqa: PLC0415
+
+    return cute.jit(_bwd_det_overlap_entry)
 
 
 @functools.cache
@@ -1247,12 +1282,23 @@ def bsa_bwd(do, q, k, v, out, lse, q2k_block_index, q2k_block_nums, block_sizes,
         # the compile keys carry the dQ accumulators chosen for this call
         cfg = dataclasses.replace(cfg, bwd=dataclasses.replace(cfg.bwd,
                                                                det_slots=det_slots_of(cfg)))
+    ocfg = None
+    if cfg.bwd.deterministic:
+        ocfg = _det_order_or_warn(cfg)
+        if cfg.bwd.det_stream and ocfg is None:
+            # the schedule order does not run this call: nothing to stream
+            cfg = dataclasses.replace(cfg, bwd=dataclasses.replace(cfg.bwd, det_stream=False))
+        if (cfg.bwd.det_stream and cfg.bwd.det_overlap and dlse is None
+                and cfg.pre is not None and cfg.pre.zero_ws
+                and do.dtype == out.dtype == q.dtype):
+            return _bsa_bwd_det_stream(q, k, v, do, lse, None, None, q2k_block_index,
+                                       q2k_block_nums, block_sizes, cfg, spec, ocfg, out=out)
     delta, dq_acc = bsa_preprocess(do, out, cfg)
     if dlse is not None:
         delta = delta - dlse.astype(jnp.float32)
     if cfg.bwd.deterministic:
         return _bsa_bwd_deterministic(q, k, v, do, lse, delta, dq_acc, q2k_block_index,
-                                      q2k_block_nums, block_sizes, cfg, spec)
+                                      q2k_block_nums, block_sizes, cfg, spec, ocfg)
     offsets, entries = metadata.build_kq_csr(q2k_block_index, q2k_block_nums,
                                              num_kv_heads=cfg.num_heads_kv,
                                              num_kv_blocks=cfg.num_kv_blocks)
@@ -1283,16 +1329,12 @@ def bsa_bwd(do, q, k, v, out, lse, q2k_block_index, q2k_block_nums, block_sizes,
 
 
 def _bsa_bwd_deterministic(q, k, v, do, lse, delta, dq_acc, q2k_block_index, q2k_block_nums,
-                           block_sizes, cfg, spec):
+                           block_sizes, cfg, spec, ocfg):
     """:func:`bsa_bwd`'s kernel call in deterministic mode: the K->Q lists with each entry's
     rank in its query row, and one zeroed int32 semaphore per 64-row query tile and dQ
     accumulator (``cfg.bwd.det_slots``)."""
     from .._cute_call import call_builder  # noqa: PLC0415
 
-    ocfg = _det_order_or_warn(cfg)
-    if cfg.bwd.det_stream and ocfg is None:
-        # the schedule order does not run this call: nothing to stream
-        cfg = dataclasses.replace(cfg, bwd=dataclasses.replace(cfg.bwd, det_stream=False))
     if cfg.bwd.det_stream:
         return _bsa_bwd_det_stream(q, k, v, do, lse, delta, dq_acc, q2k_block_index,
                                    q2k_block_nums, block_sizes, cfg, spec, ocfg)
@@ -1339,11 +1381,13 @@ def _det_semaphores(cfg):
 
 
 def _bsa_bwd_det_stream(q, k, v, do, lse, delta, dq_acc, q2k_block_index, q2k_block_nums,
-                        block_sizes, cfg, spec, ocfg):
+                        block_sizes, cfg, spec, ocfg, out=None):
     """:func:`_bsa_bwd_deterministic` with ``det_stream``: one call launches the schedule-order
     kernel and the backward (``_bwd_det_stream_entry``); the ordered entries, their ranks
     and the per-row published prefixes are outputs of that call that nothing reads after
-    it."""
+    it. With ``out`` (``det_overlap``; ``delta`` and ``dq_acc`` None) the call also launches
+    the preprocessing between the two (``_bwd_det_overlap_entry``), and delta is one more
+    output."""
     from .._cute_call import call_builder  # noqa: PLC0415
 
     offsets, entries = metadata.build_kq_csr(
@@ -1355,6 +1399,11 @@ def _bsa_bwd_det_stream(q, k, v, do, lse, delta, dq_acc, q2k_block_index, q2k_bl
     sem0 = _det_semaphores(cfg)
     progress0 = jnp.zeros((offsets.shape[0] - 1,), jnp.int32)
     n_in = 13 + (block_sizes is not None)  # flattened inputs (block_sizes may be None)
+    if out is not None:
+        dq_acc, dk, dv = _bsa_bwd_det_overlap_call(q, k, v, do, out, lse, offsets, entries,
+                                                   starts, block_sizes, cfg, spec, ocfg, sem0,
+                                                   progress0)
+        return _dq_out(dq_acc, q, cfg, spec), dk, dv
     sds = jax.ShapeDtypeStruct(entries.shape, jnp.int32)
     call = call_builder(cfg.cute_call)(
         _bwd_det_stream_jit(),
@@ -1379,3 +1428,40 @@ def _bsa_bwd_det_stream(q, k, v, do, lse, delta, dq_acc, q2k_block_index, q2k_bl
     dq_acc, dk, dv, *_ = call(q, k, v, do, lse, delta, offsets, entries, starts, block_sizes,
                               _scale_array(cfg.softmax_scale), dq_acc, sem0, progress0)
     return _dq_out(dq_acc, q, cfg, spec), dk, dv
+
+
+def _bsa_bwd_det_overlap_call(q, k, v, do, out, lse, offsets, entries, starts, block_sizes, cfg,
+                              spec, ocfg, sem0, progress0):
+    """The ``det_overlap`` call of :func:`_bsa_bwd_det_stream`: ``(dq_acc, dk, dv)``."""
+    from .._cute_call import call_builder  # noqa: PLC0415
+
+    ws_spec = None if cfg.bwd.dq_tile else spec  # the query-tile workspace is row-major
+    ws_shape = dq_tile_shape(cfg) if cfg.bwd.dq_tile else out.shape[:-1] + (cfg.head_dim,)
+    sds = jax.ShapeDtypeStruct(entries.shape, jnp.int32)
+    n_in = 12 + (block_sizes is not None)  # flattened inputs (block_sizes may be None)
+    call = call_builder(cfg.cute_call)(
+        _bwd_det_overlap_jit(),
+        output_shape_dtype=(
+            jax.ShapeDtypeStruct(sem0.shape, jnp.int32),
+            jax.ShapeDtypeStruct(progress0.shape, jnp.int32),
+            jax.ShapeDtypeStruct(ws_shape, jnp.float32),
+            jax.ShapeDtypeStruct(k.shape, k.dtype),
+            jax.ShapeDtypeStruct(v.shape, v.dtype),
+            sds, sds,
+            jax.ShapeDtypeStruct((cfg.batch, cfg.num_heads_q, cfg.seqlen_q), jnp.float32),
+        ),
+        input_spec=(spec, spec, spec, spec, spec, None, None, None, None, None, None, None,
+                    None),
+        output_spec=(None, None, ws_spec, spec, spec, None, None, None),
+        input_output_aliases={11: 0, 12: 1},
+        compile_key=("bsa_bwd_det_overlap", cfg.bwd, ocfg, cfg.pre),
+        cfg=cfg.bwd,
+        ocfg=ocfg,
+        pcfg=cfg.pre,
+        static_last_inputs=(0, 1, 2, 3, 4),
+        static_last_outputs=(2, 3, 4),
+    )
+    _, _, dq_acc, dk, dv, *_ = call(q, k, v, do, out, lse, offsets, entries, starts,
+                                    block_sizes, _scale_array(cfg.softmax_scale), sem0,
+                                    progress0)
+    return dq_acc, dk, dv

@@ -186,8 +186,11 @@ class BsaBwdSm90Ws:
                  dq_late: bool = False, dq_writer: bool = False, lse_early: bool = False,
                  split_wait: bool = False, epi_pairs: bool = False, epi_smem: bool = False,
                  dq_alt: bool = False, dq_slots: int = 1, relaxed_poll: bool = False,
-                 order_stream: bool = False):
+                 order_stream: bool = False, stream_after_pre: bool = False):
         self.pdl = pdl
+        # order_stream with the preprocessing launched between the order kernel and this
+        # kernel: this one waits for the preprocessing (its previous grid) at its start
+        self.stream_after_pre = stream_after_pre and order_stream
         # deterministic: the entries and ranks are produced while this kernel runs (by
         # kernels/bsa_det_order.py launched just before it, see _entry_ready)
         self.order_stream = order_stream and deterministic
@@ -542,7 +545,7 @@ class BsaBwdSm90Ws:
         n_q_blocks = (seqlen_q + bn - 1) // bn
         n_kv_blocks = (seqlen_k + bn - 1) // bn
         row_id = (batch * num_heads_kv + head_kv) * n_kv_blocks + n_block
-        if cutlass.const_expr(self.pdl and not self.order_stream):
+        if cutlass.const_expr(self.pdl and (self.stream_after_pre or not self.order_stream)):
             # programmatic dependent launch: no global memory access before the previous
             # grid has completed and flushed its writes
             cute.arch.griddepcontrol_wait()
@@ -933,7 +936,7 @@ class BsaBwdSm90Ws:
                                 offset_rows(mdK[batch, None, head_kv, None], n0),
                                 offset_rows(mdV[batch, None, head_kv, None], n0), kv_left,
                                 None, self.dtype, self.epi_pairs)
-        if cutlass.const_expr(self.pdl and self.order_stream):
+        if cutlass.const_expr(self.pdl and self.order_stream and not self.stream_after_pre):
             # the order kernel (the previous grid) completes before this grid does, so the
             # next grid's wait for this one covers it too
             cute.arch.griddepcontrol_wait()

@@ -28,9 +28,13 @@ VEC = 8  # 16-bit elements per thread (128 bits)
 
 
 class BsaPreprocess:
-    def __init__(self, dtype, head_dim: int, pdl: bool = False):
+    def __init__(self, dtype, head_dim: int, pdl: bool = False, wait: bool = True):
         self.dtype = dtype
         self.pdl = pdl
+        # pdl without the wait: launched right after a grid that waited for everything
+        # before it and then let this one launch (the deterministic backward's order kernel,
+        # ffi.bsa._bwd_det_overlap_entry), so nothing this grid reads is still being written
+        self.wait = wait
         self.tpr = head_dim // VEC  # threads per row
         self.num_threads = 128
         self.rows_per_cta = self.num_threads // self.tpr
@@ -52,7 +56,8 @@ class BsaPreprocess:
             # programmatic dependent launch: later kernels may launch at once (they wait for
             # this grid before reading delta); this one waits for its predecessor
             cute.arch.griddepcontrol_launch_dependents()
-            cute.arch.griddepcontrol_wait()
+            if cutlass.const_expr(self.wait):
+                cute.arch.griddepcontrol_wait()
         n_b, n_s, n_h = mO.shape[0], mO.shape[1], mO.shape[2]
         total = n_b * n_s * n_h
         row = bidx * self.rows_per_cta + tidx // self.tpr
