@@ -76,14 +76,16 @@ def _calls(cfg, ws="", **kw):
     """CuTe DSL calls of the backward: preprocessing, dK/dV/dQ kernel, where the kernel
     adds dQ into the query-tile workspace the dq reordering and, in deterministic mode with
     the schedule order (by default where the query heads are the KV heads; these shapes
-    fit the order kernel), the order kernel."""
+    fit the order kernel), the order kernel, a call of its own unless streamed."""
     from jax_sparse_attn.config import Switches
     from jax_sparse_attn.ffi import bsa
 
     key = bsa.bwd_config(jnp.bfloat16, cfg["d"], cfg["blk"], False,
                          Switches(bsa_bwd_impl=kw.pop("impl", "sm90ws"), bsa_bwd_ws=ws), **kw)
     order = key.det_window > 0 and (not key.det_sched_auto or cfg["hq"] == cfg["hkv"])
-    return 2 + key.dq_tile + order
+    # streamed (detstream, the default at blk 64 / D 128), the order kernel is launched by
+    # the backward's call
+    return 2 + key.dq_tile + (order and not key.det_stream)
 
 
 def test_bsa_bwd_ws_ablation_lowers():

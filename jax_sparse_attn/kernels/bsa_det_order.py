@@ -40,6 +40,8 @@ from .common import elem_ptr, fence_acq_rel_gpu, inline_asm, st_relaxed_s32
 BIG = 0x7FFFFFFF
 #: most threads per CTA
 MAX_THREADS = 1024
+#: entries a proposal scan checks at once
+SCAN = 4
 
 
 @dsl_user_op
@@ -258,15 +260,29 @@ class BsaDetScheduleOrder:
                         if p < deg:
                             go = Int32(1)
                         while go != 0:
-                            e = base + p
-                            skip = (Int32(sBits[e >> 5]) >> (e & 31)) & 1
-                            if Int32(sRound[Int32(sEdge[e])]) == t:
-                                skip = Int32(1)
+                            # SCAN entries p .. p + SCAN - 1 at once: their loads are
+                            # independent (an entry past the row's end reads the row's last
+                            # one and counts as taken), then the first free one
+                            bit, rnd = [], []
+                            for j in cutlass.range_constexpr(SCAN):
+                                e = base + cutlass.min(p + j, deg - 1)
+                                bit.append((Int32(sBits[e >> 5]) >> (e & 31)) & 1)
+                                rnd.append(Int32(sRound[Int32(sEdge[e])]))
+                            first = Int32(SCAN)
+                            for j in cutlass.range_constexpr(SCAN - 1, -1, -1):
+                                if bit[j] == 0:
+                                    if rnd[j] != t:
+                                        if p + j < deg:
+                                            first = Int32(j)
                             go = Int32(0)
-                            if skip != 0:
-                                p += 1
+                            if first < SCAN:
+                                p += first
+                            else:
+                                p += SCAN
                                 if p < deg:
                                     go = Int32(1)
+                                else:
+                                    p = deg
                         rPtr[i] = p
                         if p < deg:
                             rCand[i] = p
