@@ -158,8 +158,8 @@ _parse_hstu_bwd_ws = _parse_option_list(HSTU_BWD_WS_FLAGS,
 #: ``stages=N`` (at most N Q / dO stages, 2..4)
 BSA_BWD_WS_FLAGS = ("ldwait", "lpt", "decouple", "detkv", "detfull", "detlaunch", "dqalias",
                     "dqearly", "lselate", "splitwait", "epi16", "epiregs", "dqalt", "detsched",
-                    "detschedfull", "relaxpoll", "detstream",
-                    "nodetstream", "detoverlap")
+                    "detschedfull", "relaxpoll", "detstream", "nodetstream",
+                    "detoverlap")
 #: the flags among :data:`BSA_BWD_WS_FLAGS` that choose the deterministic dQ order (at most
 #: one of them)
 BSA_DET_ORDER_FLAGS = ("detkv", "detfull", "detlaunch", "detsched", "detschedfull")
@@ -441,11 +441,13 @@ SWITCHES = (
                "backward are launched by one call, with pdl the backward as its programmatic "
                "dependent as soon as the order kernel starts, and each CTA reads its list "
                "entries and ranks as the order kernel publishes them, instead of after it "
-               "completes; the default at blk 64 / D 128 with pdl), nodetstream (the order "
-               "kernel completes before the backward starts; the default elsewhere), "
-               "detoverlap (with detstream, without an lse cotangent: the preprocessing "
-               "launch (delta, the zeroed dQ workspace) joins that call between the order "
-               "kernel and the backward and runs alongside the order kernel)"),
+               "completes), nodetstream (the order kernel completes before the backward "
+               "starts; the default), "
+               "detoverlap (with detstream, without an lse cotangent, with the "
+               "preprocessing kernel that zeroes the workspace and one dtype for q, do and "
+               "out; ignored otherwise: the preprocessing launch (delta, the zeroed dQ "
+               "workspace) joins that call between the order kernel and the backward; "
+               "measured no faster)"),
     _choice("bsa_pre_impl", "JAX_SPARSE_ATTN_BSA_PRE_IMPL", ("kernel", "delta", "xla"),
             "BSA backward preprocessing (delta = rowsum(dO*O), zeroed fp32 dQ workspace): "
             "kernel (one CuTe DSL launch computes delta and zeroes the workspace), delta (the "

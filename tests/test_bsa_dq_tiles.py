@@ -233,20 +233,23 @@ def test_det_slots_keep_32_bit_offsets():
 
 
 @pytest.mark.parametrize("d,blk,env,want", [
-    (128, 64, {}, True), (64, 64, {}, False), (128, 128, {}, False),
+    (128, 64, {}, False), (64, 64, {}, False), (128, 128, {}, False),
     (128, 64, {"JAX_SPARSE_ATTN_BSA_BWD_WS": "nodetstream"}, False),
     (128, 128, {"JAX_SPARSE_ATTN_BSA_BWD_WS": "detstream"}, True),
     (64, 64, {"JAX_SPARSE_ATTN_BSA_BWD_WS": "detsched,detstream"}, True),
-    (128, 64, {"JAX_SPARSE_ATTN_PDL": "0"}, False),
-    (128, 64, {"JAX_SPARSE_ATTN_DET_WRITER": "0"}, False),
+    (128, 64, {"JAX_SPARSE_ATTN_BSA_BWD_WS": "detoverlap"}, False),
+    (128, 64, {"JAX_SPARSE_ATTN_DET_WRITER": "0", "JAX_SPARSE_ATTN_BSA_BWD_WS": "detstream"},
+     True),
     (128, 64, {"JAX_SPARSE_ATTN_PDL": "0", "JAX_SPARSE_ATTN_BSA_BWD_WS": "detstream"}, True)])
 def test_det_stream_default(d, blk, env, want):
-    """The deterministic backward streams the schedule order by default at blk 64 / D 128
-    with programmatic dependent launch and the dQ writer warp; ``detstream`` /
-    ``nodetstream`` force it either way; the non-deterministic backward never does."""
+    """The deterministic backward streams the schedule order with ``detstream`` only (not by
+    default, not with ``nodetstream``), whatever the shape, ``pdl`` or the dQ writer warp;
+    ``detoverlap`` alone does not; the non-deterministic backward never does."""
     from jax_sparse_attn.config import from_env
 
     pytest.importorskip("cutlass")
     sw = from_env(env)
-    assert bsa.bwd_config(jnp.bfloat16, d, blk, False, sw, deterministic=True).det_stream is want
+    det = bsa.bwd_config(jnp.bfloat16, d, blk, False, sw, deterministic=True)
+    assert det.det_stream is want
+    assert det.det_overlap is False
     assert bsa.bwd_config(jnp.bfloat16, d, blk, False, sw).det_stream is False

@@ -260,7 +260,8 @@ import sys
 sys.path.insert(0, {tests!r})
 import test_lowering_bsa_bwd_ws as tb
 for i in (0, 1):
-    txt = tb._bwd_text(tb.CONFIGS[i], ws="detsched", deterministic=True, det_writer=True)
+    txt = tb._bwd_text(tb.CONFIGS[i], ws="detsched,nodetstream", deterministic=True,
+                       det_writer=True)
     print("calls", txt.count(tb.CALL_TARGET))
 """
 
@@ -294,6 +295,17 @@ def test_sched_order_lowers(tmp_path):
 # ------------------------------------------------- the order kernel's phases, emulated on CPU
 
 
+#: entries a proposal scan of the order kernel checks at once (kernels/bsa_det_order.SCAN)
+SCAN_WIDTH = 4
+
+
+def test_scan_width_is_the_kernels():
+    pytest.importorskip("cutlass")
+    from jax_sparse_attn.kernels import bsa_det_order
+
+    assert bsa_det_order.SCAN == SCAN_WIDTH
+
+
 def _kernel_emulation(off, ent, starts, *, n_kv, n_tiles, e_cap, window, subrounds=4,
                       max_threads=1024, seed=0):
     """``kernels/bsa_det_order.py`` statement by statement in Python: one generator per
@@ -304,6 +316,7 @@ def _kernel_emulation(off, ent, starts, *, n_kv, n_tiles, e_cap, window, subroun
     ranks_out)`` (slots not written: -7) and the global slots written per chain."""
     rng = np.random.default_rng(seed)
     big, nt = 0x7FFFFFFF, min(max_threads, -(-n_kv // 32) * 32)
+    scan = SCAN_WIDTH
     rpt, n_words = -(-n_kv // nt), -(-e_cap // 32)
     n_rows = len(off) - 1
     out_e = np.full(len(ent), -7, np.int64)
@@ -348,7 +361,7 @@ def _kernel_emulation(off, ent, starts, *, n_kv, n_tiles, e_cap, window, subroun
                 yield acc(tid, "w", "edge", j, v)
                 sm["edge"][j] = v
             if tid == 0:
-                for j, v in enumerate((n_e, 0, 0, 0)):
+                for j, v in enumerate((n_e, 0, 0, 0, big)):
                     yield acc(tid, "w", "misc", j, v)
                     sm["misc"][j] = v
             yield "bar"
@@ -370,6 +383,9 @@ def _kernel_emulation(off, ent, starts, *, n_kv, n_tiles, e_cap, window, subroun
                 yield "bar"
                 yield acc(tid, "r", "misc", 1)
                 fin = sm["misc"][1]
+                if tid == 0:
+                    yield acc(tid, "w", "misc", 4, big)
+                    sm["misc"][4] = big
                 for i in range(rpt):
                     n = tid + i * nt
                     act = 0
@@ -388,7 +404,7 @@ def _kernel_emulation(off, ent, starts, *, n_kv, n_tiles, e_cap, window, subroun
                             p += 1
                         rFirst[i] = p
                     rPtr[i] = p
-                s, go_s = 0, True
+                s, go_s, any0 = 0, True, 1
                 while go_s:
                     key = (big - sc) << 32
                     for i in range(rpt):
@@ -396,16 +412,23 @@ def _kernel_emulation(off, ent, starts, *, n_kv, n_tiles, e_cap, window, subroun
                         if rAct[i]:
                             p, deg, base = rPtr[i], rDeg[i], rOff[i]
                             while p < deg:
-                                e = base + p
-                                yield acc(tid, "r", "bits", e >> 5)
-                                skip = (sm["bits"][e >> 5] >> (e & 31)) & 1
-                                yield acc(tid, "r", "edge", e)
-                                yield acc(tid, "r", "round", sm["edge"][e])
-                                if sm["round"][sm["edge"][e]] == t:
-                                    skip = 1
-                                if not skip:
+                                # SCAN entries at once (past the row's end: its last entry,
+                                # counted as taken), then the first free one
+                                first = scan
+                                for j in range(scan):
+                                    e = base + min(p + j, deg - 1)
+                                    yield acc(tid, "r", "bits", e >> 5)
+                                    bit = (sm["bits"][e >> 5] >> (e & 31)) & 1
+                                    yield acc(tid, "r", "edge", e)
+                                    yield acc(tid, "r", "round", sm["edge"][e])
+                                    free = (not bit and sm["round"][sm["edge"][e]] != t
+                                            and p + j < deg)
+                                    if free and first == scan:
+                                        first = j
+                                if first < scan:
+                                    p += first
                                     break
-                                p += 1
+                                p = min(p + scan, deg)
                             rPtr[i] = p
                             if p < deg:
                                 rCand[i] = p
@@ -418,6 +441,8 @@ def _kernel_emulation(off, ent, starts, *, n_kv, n_tiles, e_cap, window, subroun
                     yield "bar"
                     yield acc(tid, "r", "misc", 2 + (sc & 1))
                     more = sm["misc"][2 + (sc & 1)]
+                    if s == 0:
+                        any0 = more
                     for i in range(rpt):
                         if rCand[i] >= 0:
                             n = tid + i * nt
@@ -455,6 +480,16 @@ def _kernel_emulation(off, ent, starts, *, n_kv, n_tiles, e_cap, window, subroun
                     go_s = s < subrounds and more != 0
                     assert sc < big  # the keys stay ordered
                 t += 1
+                if not any0:
+                    # no row was active: on to the earliest start of a pending row
+                    for i in range(rpt):
+                        if rK[i] < rDeg[i] and rT0[i] >= t:
+                            yield acc(tid, "a", "misc", 4)
+                            sm["misc"][4] = min(sm["misc"][4], rT0[i])
+                    yield "bar"
+                    yield acc(tid, "r", "misc", 4)
+                    if sm["misc"][4] != big:
+                        t = max(t, sm["misc"][4])
                 yield acc(tid, "r", "misc", 0)
                 left = sm["misc"][0]
 
@@ -532,6 +567,27 @@ def test_kernel_emulation_matches_reference(case):
         assert (ke[end:] == -7).all() and (kr[end:] == -7).all()
         for c, slots in enumerate(written):
             assert sorted(slots) == list(range(off[c * n_kv], off[(c + 1) * n_kv]))
+
+
+def test_kernel_emulation_skips_idle_rounds():
+    """Starts with gaps (rounds in which no row is active, which the kernel skips to the
+    earliest start of a pending row) and rows held back by the window meanwhile: the
+    emulated kernel still gives the reference's entries and ranks bit for bit."""
+    rng = np.random.default_rng(3)
+    b, h_q, h_kv, n_q, n_kv, k_max = 1, 2, 2, 6, 12, 3
+    idx, nums = _random_lists(rng, b, h_q, h_kv, n_q, n_kv, k_max, True)
+    off, ent = _csr(idx, nums, h_kv, n_kv)
+    n_rows = len(off) - 1
+    for window, gaps in ((12, (0, 0, 9, 9, 30)), (2, (0, 7, 7, 40, 41)), (1, (5, 60))):
+        starts = np.sort(rng.choice(gaps, n_rows)).astype(np.int64)
+        e2, r2 = metadata.kq_schedule_order_reference(off, ent, starts, num_kv_blocks=n_kv,
+                                                      window=window)
+        ke, kr, _ = _kernel_emulation(off, ent, starts, n_kv=n_kv, n_tiles=n_q,
+                                      e_cap=n_q * k_max, window=window, max_threads=4,
+                                      seed=window)
+        end = int(off[-1])
+        np.testing.assert_array_equal(ke[:end], e2)
+        np.testing.assert_array_equal(kr[:end], r2)
 
 
 def test_kernel_emulation_clamps_stay_in_bounds():

@@ -443,7 +443,7 @@ DET_CASES = [
          ws="detsched,detstream"),
     # detoverlap: the preprocessing launched in the same call, alongside the order kernel
     dict(name="det-all-blk64-d128-k63-overlap", blk=64, d=128, dtype="float16", layout="bhsd",
-         hq=2, hkv=2, sq=4096, skv=4000, mode="all", ws="detoverlap"),
+         hq=2, hkv=2, sq=4096, skv=4000, mode="all", ws="detstream,detoverlap"),
     dict(name="det-empty-blk64-d64-gqa-overlap", blk=64, d=64, dtype="bfloat16",
          layout="bshd", hq=8, hkv=2, sq=1000, skv=1001, mode="last-empty",
          ws="detsched,detstream,detoverlap"),
@@ -488,6 +488,24 @@ def test_bsa_bwd_deterministic(c, monkeypatch):
         for name, a, b in zip(("dq", "dk", "dv"), runs[0], r):
             assert np.array_equal(a.view(np.uint16), b.view(np.uint16)), \
                 f"{name} differs between runs with deterministic=True"
+
+    if "detstream" in c.get("ws", ""):
+        # streamed or not, the same order and additions: bitwise the same gradients
+        plain = [o for o in sw["switches"].bsa_bwd_ws if o not in ("detstream", "detoverlap")]
+        sw2 = dict(switches=dataclasses.replace(sw["switches"],
+                                                bsa_bwd_ws=tuple(plain) + ("nodetstream",)))
+
+        @jax.jit
+        def plain_grads(q, k, v, do):
+            _, vjp = jax.vjp(lambda q, k, v: jsa.block_sparse_attention(
+                q, k, v, idx, None, sizes, nums, allow_empty_block_nums=True,
+                backend="kernel", deterministic=True, **kw, **sw2), q, k, v)
+            return vjp(do)
+
+        ref_run = [np.asarray(g) for g in jax.block_until_ready(plain_grads(q, kp, vp, do))]
+        for name, a, b in zip(("dq", "dk", "dv"), runs[0], ref_run):
+            assert np.array_equal(a.view(np.uint16), b.view(np.uint16)), \
+                f"{name}: detstream differs from nodetstream"
 
     def ref_grads(q, k, v, do, **extra):
         _, vjp = jax.vjp(lambda q, k, v: reference.block_sparse_attention_ref(

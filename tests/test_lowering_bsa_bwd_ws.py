@@ -161,7 +161,7 @@ _PTX_CONFIGS = {
                         {"deterministic": True, "impl": "auto", "det_writer": True,
                          "sq": 4096, "skv": 4096, "kmax": 40, "ws": "nodetstream"}),
     "det-overlap-blk64": ("_bwd_text", (CONFIGS[1],), None,
-                          {"deterministic": True, "ws": "detoverlap", "impl": "auto",
+                          {"deterministic": True, "ws": "detstream,detoverlap", "impl": "auto",
                            "det_writer": True, "sq": 4096, "skv": 4096, "kmax": 40}),
     "split-blk128": ("_bwd_text", (CONFIGS[0],), None, {"ws": "splitwait"}),
     "split-blk64": ("_bwd_text", (CONFIGS[1],), None, {"ws": "splitwait"}),
@@ -241,8 +241,8 @@ def _kernel_text(ptx: str, marker: str) -> str:
 
 def test_bsa_bwd_ws_detstream_ptx(kept_ptx):
     """``detstream``: one module holds the schedule-order kernel and the backward. The order
-    kernel waits for the previous grid, then lets its dependent launch, and publishes the
-    prefixes of a round's rows after one GPU-scope fence; the backward does not wait for the order kernel
+    kernel waits for the previous grid, then lets its dependent launch, and warp 0 publishes
+    the prefixes of a round's rows after a GPU-scope fence of its own; the backward does not wait for the order kernel
     before it starts: its only grid-dependency wait comes after its acquire polls (at its
     end), and it reads the entries and ranks with L1-bypassing relaxed loads. Without
     ``detstream`` (the same call) the backward waits first, the order kernel is a module
@@ -251,7 +251,7 @@ def test_bsa_bwd_ws_detstream_ptx(kept_ptx):
     order = _kernel_text(t, "BsaDetScheduleOrder")
     ws = _kernel_text(t, "BsaBwdSm90Ws")
     assert order.index("griddepcontrol.wait") < order.index("griddepcontrol.launch_dependents")
-    # one fence per round (thread 0, cumulative over the CTA barrier), then the stores
+    # per round, warp 0's lanes fence (after the round's barrier), then store the counters
     assert order.count("fence.acq_rel.gpu") == 1
     assert order.index("fence.acq_rel.gpu") < order.index("st.relaxed.gpu.global.b32")
     assert ws.count("griddepcontrol.wait") == 1
@@ -279,7 +279,7 @@ def test_bsa_bwd_ws_detoverlap_ptx(kept_ptx):
     assert ws.count("griddepcontrol.wait") == 1
     assert ws.index("griddepcontrol.wait") < ws.index("ld.acquire.gpu.global.b32")
     assert order.index("griddepcontrol.wait") < order.index("griddepcontrol.launch_dependents")
-    txt = _bwd_text(CONFIGS[1], ws="detoverlap", sq=4096, skv=4096, kmax=40, impl="auto",
+    txt = _bwd_text(CONFIGS[1], ws="detstream,detoverlap", sq=4096, skv=4096, kmax=40, impl="auto",
                     deterministic=True, det_writer=True)
     # the combined call (8 results: + delta) and the reordering, no preprocessing call
     calls = re.findall(r"%\w+(?::(\d+))? = stablehlo\.custom_call @" + CALL_TARGET, txt)
@@ -287,15 +287,15 @@ def test_bsa_bwd_ws_detoverlap_ptx(kept_ptx):
 
 
 def test_bsa_bwd_ws_detstream_lowers():
-    """``detstream`` (the default here, blk 64 / D 128) lowers to one call with the
+    """``detstream`` lowers to one call with the
     backward's outputs, the semaphores, the per-row published prefixes and the ordered
     entries and ranks (7 results); with ``nodetstream`` the order kernel is its own call (2
-    results) before the backward (4)."""
+    results) before the backward (4), as by default."""
     kw = dict(sq=4096, skv=4096, kmax=40, impl="auto", deterministic=True, det_writer=True)
     stream = _bwd_text(CONFIGS[1], ws="detstream", **kw)
     plain = _bwd_text(CONFIGS[1], ws="nodetstream", **kw)
-    # the default at blk 64 / D 128 (pdl and the dQ writer warp on)
-    assert _bwd_text(CONFIGS[1], **kw) == stream
+    # not streamed by default
+    assert _bwd_text(CONFIGS[1], **kw) == plain
     n = 2 * 4 * 64  # B * H_kv * N_kv CSR rows: one published prefix each
 
     def calls(txt, results):

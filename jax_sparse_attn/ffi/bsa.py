@@ -48,7 +48,10 @@ Backward structure (all launches on XLA's stream, all buffers XLA-owned):
    (:func:`_bsa_bwd_deterministic`, sm90ws only) orders them: each K->Q entry carries the
    rank of its KV block in its query row, and zeroed int32 semaphores per 64-row query
    tile (one per fp32 accumulator of the tile, :func:`det_slots_of`) let the contributions
-   in, in rank order.
+   in, in rank order. In the schedule order the ranks come from the order kernel
+   (:func:`det_schedule_order`), launched before the backward, or with ``bsa_bwd_ws``
+   ``detstream`` in the backward's own call (:func:`_bsa_bwd_det_stream`; ``detoverlap``:
+   the preprocessing too), the backward reading each entry as it is published.
 4. ``dq = dq_accum.astype(q.dtype)`` (XLA).
 """
 
@@ -455,11 +458,9 @@ def bwd_config(dtype, head_dim, block_size, has_block_sizes, switches,
                             det_slots=det_dq_slots(opts) if deterministic and tile
                             and bool(getattr(switches, "det_writer", False)) else 1,
                             det_relaxed_poll=bool(deterministic) and "relaxpoll" in opts,
-                            det_stream=bool(deterministic) and det_stream_default(
-                                head_dim, block_size, opts,
-                                bool(getattr(switches, "pdl", False)),
-                                tile and bool(getattr(switches, "det_writer", False))),
-                            det_overlap=bool(deterministic) and "detoverlap" in opts,
+                            det_stream=bool(deterministic) and det_stream_default(opts),
+                            det_overlap=bool(deterministic) and det_stream_default(opts)
+                            and "detoverlap" in opts,
                             dq_writer=not deterministic and tile
                             and getattr(switches, "dq_writer", "auto") != "off")
     if impl == "sm90":
@@ -537,21 +538,14 @@ def det_slots_of(cfg) -> int:
     return 1
 
 
-def det_stream_default(head_dim: int, block_size: int, opts=(), pdl: bool = True,
-                       det_writer: bool = True) -> bool:
+def det_stream_default(opts=()) -> bool:
     """Whether the deterministic backward streams the schedule order (``det_stream``; used
-    only where the schedule order runs): ``bsa_bwd_ws`` ``detstream`` / ``nodetstream``
-    force it; by default at blk 64 / D 128 with programmatic dependent launch and the dQ
-    writer warp, where the
-    backward (two CTAs per SM) shares the SMs with the order kernel and measured faster on
-    the H200; at blk 128 the order kernel's CTAs keep the backward's (one per SM, 231 KB of
-    shared memory) off their SMs while they run, which measured slower
-    (docs/performance.md)."""
-    if "nodetstream" in opts:
-        return False
-    if "detstream" in opts:
-        return True
-    return pdl and det_writer and block_size == 64 and head_dim == 128
+    only where the schedule order runs): with ``bsa_bwd_ws`` ``detstream``, not by default
+    or with ``nodetstream``. (Measured 1–2 % faster at blk 64 / D 128 and slower at blk
+    128 on the H200 with an earlier publication of the prefix lengths; the present one, a
+    release by each storing lane of warp 0 of the order kernel, is not measured yet:
+    docs/performance.md.)"""
+    return "detstream" in opts and "nodetstream" not in opts
 
 
 def _held_ctas(block_size: int) -> int:
@@ -649,7 +643,7 @@ def _det_order_or_warn(cfg) -> BsaDetOrderConfig | None:
             f"(batch, KV head), up to {cfg.k_max} entries each; the order kernel takes at most "
             f"{DET_ORDER_MAX_ROWS} KV blocks and {DET_ORDER_SMEM // 1024} KiB of shared "
             f"memory); the deterministic backward uses the launch-group order (detlaunch)",
-            stacklevel=3)
+            stacklevel=2)
     return ocfg
 
 
@@ -1332,7 +1326,8 @@ def _bsa_bwd_deterministic(q, k, v, do, lse, delta, dq_acc, q2k_block_index, q2k
                            block_sizes, cfg, spec, ocfg):
     """:func:`bsa_bwd`'s kernel call in deterministic mode: the K->Q lists with each entry's
     rank in its query row, and one zeroed int32 semaphore per 64-row query tile and dQ
-    accumulator (``cfg.bwd.det_slots``)."""
+    accumulator (``cfg.bwd.det_slots``); ``ocfg``: the schedule-order kernel's configuration
+    (None: the launch-group order). With ``cfg.bwd.det_stream``: :func:`_bsa_bwd_det_stream`."""
     from .._cute_call import call_builder  # noqa: PLC0415
 
     if cfg.bwd.det_stream:
@@ -1438,7 +1433,6 @@ def _bsa_bwd_det_overlap_call(q, k, v, do, out, lse, offsets, entries, starts, b
     ws_spec = None if cfg.bwd.dq_tile else spec  # the query-tile workspace is row-major
     ws_shape = dq_tile_shape(cfg) if cfg.bwd.dq_tile else out.shape[:-1] + (cfg.head_dim,)
     sds = jax.ShapeDtypeStruct(entries.shape, jnp.int32)
-    n_in = 12 + (block_sizes is not None)  # flattened inputs (block_sizes may be None)
     call = call_builder(cfg.cute_call)(
         _bwd_det_overlap_jit(),
         output_shape_dtype=(

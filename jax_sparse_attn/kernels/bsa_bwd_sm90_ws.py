@@ -104,6 +104,17 @@ KV block). ``dq_writer`` (not deterministic, with ``dq_tile``): warp 1 is the sa
 without the semaphore and the ranks, so no consumer warp waits for the reads of its own bulk
 copies. Not implemented here (the public layer runs
 ``bsa_bwd_sm90`` for them): ``pack_gqa``, ``causal``.
+
+``order_stream`` (deterministic; ``mProgress``, int32, one counter per CSR row): the entries
+and ranks are written by ``kernels/bsa_det_order.py`` (``publish``) while this kernel runs,
+launched right before it in the same call. The producer warp and warp 1 read an entry only
+once the row's counter (acquire loads, polled again only when the entries read so far are
+used up) exceeds its index, and read entries and ranks with ``ld.relaxed.gpu`` (past L1);
+the consumers read an entry after the wait for its first Q / dO stage, which the producer
+loaded after the entry was published. With ``pdl`` the kernel does not wait for the order
+kernel at its start (that one has waited for every earlier grid before letting this one
+launch) but at its end; with ``stream_after_pre`` (the preprocessing launched in between)
+it waits for the preprocessing at its start.
 """
 
 from __future__ import annotations
@@ -188,12 +199,12 @@ class BsaBwdSm90Ws:
                  dq_alt: bool = False, dq_slots: int = 1, relaxed_poll: bool = False,
                  order_stream: bool = False, stream_after_pre: bool = False):
         self.pdl = pdl
-        # order_stream with the preprocessing launched between the order kernel and this
-        # kernel: this one waits for the preprocessing (its previous grid) at its start
-        self.stream_after_pre = stream_after_pre and order_stream
         # deterministic: the entries and ranks are produced while this kernel runs (by
         # kernels/bsa_det_order.py launched just before it, see _entry_ready)
         self.order_stream = order_stream and deterministic
+        # order_stream with the preprocessing launched between the order kernel and this
+        # kernel: this one waits for the preprocessing (its previous grid) at its start
+        self.stream_after_pre = stream_after_pre and self.order_stream
         # deterministic: the semaphore polled with relaxed loads and one acquire fence
         self.relaxed_poll = relaxed_poll
         # dK / dV stored as packed pairs of adjacent columns (4-byte stores)

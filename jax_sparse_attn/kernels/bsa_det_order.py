@@ -22,7 +22,19 @@ One CTA per chain, one thread per row (``rows_per_thread`` rows each when a chai
 rows than a CTA has threads). Shared memory holds the chain's entries, per tile the round of
 its last taking, its rank counter and the proposals, per entry a coloured bit, per row the
 round it finished in; per row a register holds the length of its coloured prefix, where
-the row's scans start. Two CTA barriers per sub-round and one per round.
+the row's scans start. A proposal scan checks ``SCAN`` entries at once (their loads are
+independent). Two CTA barriers per sub-round and one per round; a round in which no row is
+active (nothing can change before the earliest start of a pending row) adds one and jumps
+to that start, the round the numpy definition would reach next with an active row.
+
+``publish`` (the backward's ``detstream``, ``ffi.bsa._bwd_det_stream_entry``): the backward
+runs alongside and reads each CSR row's entries once they are coloured. Each row's thread
+keeps its coloured prefix length in shared memory; after a round with active rows every lane
+of warp 0 executes ``fence.acq_rel.gpu`` (after the round's last barrier, so it orders every
+thread's entries, ranks and prefix lengths before it) and then stores the changed prefix
+lengths of its rows to ``mProgress`` with relaxed GPU-scope stores: a release by the storing
+lane, which the backward's acquire load of the counter synchronizes with. With ``pdl`` the
+kernel waits for the previous grid first and then lets its dependent launch.
 """
 
 from __future__ import annotations
@@ -77,8 +89,10 @@ def atom_add_shared_s32(sptr, val, *, loc=None, ip=None):
 
 
 def smem_bytes(n_kv: int, n_tiles: int, e_cap: int) -> int:
-    """Shared memory of one CTA (before alignment padding)."""
-    return 4 * n_tiles * 2 + 8 * n_tiles + 4 * e_cap + 4 * (-(-e_cap // 32)) + 4 * n_kv + 32
+    """Shared memory of one CTA (before alignment padding), the ``publish`` mode's two
+    per-row arrays included."""
+    return (4 * n_tiles * 2 + 8 * n_tiles + 4 * e_cap + 4 * (-(-e_cap // 32)) + 4 * n_kv + 32
+            + 8 * n_kv)
 
 
 class BsaDetScheduleOrder:
@@ -98,10 +112,10 @@ class BsaDetScheduleOrder:
         self.num_threads = min(MAX_THREADS, -(-n_kv // 32) * 32)
         self.rpt = -(-n_kv // self.num_threads)
         self.n_words = -(-e_cap // 32)
-        # publish: each row's coloured prefix length published (release) to ``mProgress``
-        # after every taking, for a backward that runs alongside; pdl: launched as a
-        # programmatic dependent, it waits for the previous grid and then lets its own
-        # dependent (that backward) launch
+        # publish: after each round with active rows, warp 0 publishes each changed row's
+        # coloured prefix length to ``mProgress`` (its lanes fence, then store), for a
+        # backward that runs alongside; pdl: it waits for the previous grid and then lets
+        # its own dependent (that backward) launch
         self.publish = publish
         self.pdl = pdl and publish
 
@@ -117,6 +131,12 @@ class BsaDetScheduleOrder:
             bits: cute.struct.Align[cute.struct.MemRange[Int32, self.n_words], 16]
             row_fin: cute.struct.Align[cute.struct.MemRange[Int32, self.n_kv], 16]
             misc: cute.struct.Align[cute.struct.MemRange[Int32, 8], 16]
+            # publish: per row the coloured prefix length (written by the row's thread) and
+            # the last published one (warp 0's)
+            row_k: cute.struct.Align[cute.struct.MemRange[
+                Int32, self.n_kv if self.publish else 1], 16]
+            row_pub: cute.struct.Align[cute.struct.MemRange[
+                Int32, self.n_kv if self.publish else 1], 16]
 
         n_chains = (cute.size(mOffsets.shape[0]) - 1) // self.n_kv
         self.kernel(mOffsets, mEntries, mStarts, mEntriesOut, mRanksOut, mProgress,
@@ -143,6 +163,8 @@ class BsaDetScheduleOrder:
         sBits = st.bits.get_tensor(cute.make_layout(self.n_words))
         sFin = st.row_fin.get_tensor(cute.make_layout(n_kv))
         sMisc = st.misc.get_tensor(cute.make_layout(8))
+        sRowK = st.row_k.get_tensor(cute.make_layout(self.n_kv if self.publish else 1))
+        sRowPub = st.row_pub.get_tensor(cute.make_layout(self.n_kv if self.publish else 1))
 
         row0 = chain * n_kv
         e0 = Int32(mOffsets[row0])
@@ -156,7 +178,6 @@ class BsaDetScheduleOrder:
         rPtr = cute.make_rmem_tensor((rpt,), Int32)   # scan position in this round
         rFirst = cute.make_rmem_tensor((rpt,), Int32)  # entries before it are all coloured
         rCand = cute.make_rmem_tensor((rpt,), Int32)  # proposed entry (-1: none)
-        rK0 = cute.make_rmem_tensor((rpt,), Int32)    # rK at the start of the round
         for i in cutlass.range_constexpr(rpt):
             n = tid + i * nt
             rOff[i] = Int32(0)
@@ -175,6 +196,9 @@ class BsaDetScheduleOrder:
                 if b == a:
                     fin0 = Int32(-1)
                 sFin[n] = fin0
+                if cutlass.const_expr(self.publish):
+                    sRowK[n] = Int32(0)
+                    sRowPub[n] = Int32(0)
             rK[i] = Int32(0)
             rFirst[i] = Int32(0)
         for j in cutlass.range(tid, n_tiles, nt, unroll=1):
@@ -245,8 +269,6 @@ class BsaDetScheduleOrder:
             s = Int32(0)
             go_s = Int32(1)
             any0 = Int32(1)  # some row proposed in the first sub-round (some row was active)
-            for i in cutlass.range_constexpr(rpt):
-                rK0[i] = rK[i]
             while go_s != 0:
                 key = Int64(BIG - sc) << 32
                 # proposals: each active row's first uncoloured entry whose tile is free
@@ -308,6 +330,8 @@ class BsaDetScheduleOrder:
                             mEntriesOut[out] = tile
                             mRanksOut[out] = rank
                             rK[i] = rK[i] + 1
+                            if cutlass.const_expr(self.publish):
+                                sRowK[n] = rK[i]
                             atom_or_shared_b32(st.bits.data_ptr() + (e >> 5),
                                                Int32(1) << (e & 31))
                             atom_add_shared_s32(st.misc.data_ptr(), Int32(-1))
@@ -329,15 +353,16 @@ class BsaDetScheduleOrder:
             t += 1
             if cutlass.const_expr(self.publish):
                 if any0 != 0:
-                    # the round's entries and ranks (all threads', before the last sub-round's
-                    # barrier) precede the prefix lengths: one cumulative fence, a barrier,
-                    # then relaxed stores
-                    if tid == 0:
+                    if tid < 32:
+                        # the round's entries, ranks and prefix lengths (every thread's, before
+                        # the last sub-round's barrier) precede each lane's fence, and the
+                        # fence precedes the lane's stores: a release by each storing lane
                         fence_acq_rel_gpu()
-                    cute.arch.barrier()
-                    for i in cutlass.range_constexpr(rpt):
-                        if rK[i] != rK0[i]:
-                            st_relaxed_s32(elem_ptr(mProgress, (row0 + tid + i * nt,)), rK[i])
+                        for n in cutlass.range(tid, n_kv, 32, unroll=1):
+                            k = Int32(sRowK[n])
+                            if k != Int32(sRowPub[n]):
+                                sRowPub[n] = k
+                                st_relaxed_s32(elem_ptr(mProgress, (row0 + n,)), k)
             if any0 == 0:
                 # no row was active, so none finished and none can start before the earliest
                 # start of a pending row: the rounds up to it are skipped (they would change
