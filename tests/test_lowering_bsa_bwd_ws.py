@@ -36,8 +36,9 @@ def _ids(c):
 
 
 def _bwd_text(cfg, ws="", b=2, sq=1000, skv=1025, kmax=5, impl="sm90ws", deterministic=False,
-              dq="tile", det_writer=False):
-    """The lowered text of the public backward on the ``impl`` kernel for ``cfg``."""
+              dq="tile", det_writer=False, dlse=False):
+    """The lowered text of the public backward on the ``impl`` kernel for ``cfg`` (``dlse``:
+    with an lse cotangent)."""
     import jax_sparse_attn as jsa
     from jax_sparse_attn.config import Switches
 
@@ -60,7 +61,9 @@ def _bwd_text(cfg, ws="", b=2, sq=1000, skv=1025, kmax=5, impl="sm90ws", determi
               deterministic=deterministic)
 
     def bwd(do, q, k, v, o, lse, i, n, s):
-        return jsa.block_sparse_attention_backward(do, q, k, v, o, lse, i, None, s, n, **kw)
+        extra = {"dlse": lse * 0.5} if dlse else {}
+        return jsa.block_sparse_attention_backward(do, q, k, v, o, lse, i, None, s, n, **kw,
+                                                   **extra)
 
     return jax.jit(bwd).trace(q, q, k, k, q, lse, idx, nums, sizes).lower(
         lowering_platforms=("cuda",)).as_text()
@@ -284,6 +287,28 @@ def test_bsa_bwd_ws_detoverlap_ptx(kept_ptx):
     # the combined call (8 results: + delta) and the reordering, no preprocessing call
     calls = re.findall(r"%\w+(?::(\d+))? = stablehlo\.custom_call @" + CALL_TARGET, txt)
     assert sorted(calls) == ["", "8"], calls
+
+
+def _result_counts(txt):
+    """The result counts of the CuTe DSL calls of a lowered module ("" for one result)."""
+    return sorted(re.findall(r"%\w+(?::(\d+))? = stablehlo\.custom_call @" + CALL_TARGET, txt))
+
+
+def test_bsa_bwd_ws_detstream_fallbacks_lower():
+    """Where ``detstream`` / ``detoverlap`` cannot apply the call lowers without them: with
+    an lse cotangent (``dlse``) the preprocessing stays its own call (delta minus dlse is
+    XLA's) before the streamed call; with GQA under the default order (launch groups, no
+    order kernel) nothing is streamed; without ``block_sizes`` the streamed call takes one
+    input less."""
+    kw = dict(sq=4096, skv=4096, kmax=40, impl="auto", deterministic=True, det_writer=True)
+    # preprocessing (2), streamed backward (7), reordering (1)
+    assert _result_counts(_bwd_text(CONFIGS[1], ws="detstream,detoverlap", dlse=True,
+                                    **kw)) == ["", "2", "7"]
+    gqa = dict(CONFIGS[1], hq=4, hkv=2)
+    assert _result_counts(_bwd_text(gqa, ws="detstream,detoverlap", **kw)) == ["", "2", "4"]
+    nosizes = dict(CONFIGS[1], sizes=False)
+    assert _result_counts(_bwd_text(nosizes, ws="detstream", **kw)) == ["", "2", "7"]
+    assert _result_counts(_bwd_text(nosizes, ws="detstream,detoverlap", **kw)) == ["", "8"]
 
 
 def test_bsa_bwd_ws_detstream_lowers():
