@@ -1258,6 +1258,12 @@ def _bwd_jit():
     return cute.jit(_bwd_entry)
 
 
+def _grad_shapes(dq_acc_shape, k, v):
+    """The backward kernel's first three outputs: the fp32 dQ workspace, dk and dv."""
+    return (jax.ShapeDtypeStruct(dq_acc_shape, jnp.float32),
+            jax.ShapeDtypeStruct(k.shape, k.dtype), jax.ShapeDtypeStruct(v.shape, v.dtype))
+
+
 def bsa_bwd(do, q, k, v, out, lse, q2k_block_index, q2k_block_nums, block_sizes, cfg, *,
             dlse=None):
     """Block-sparse attention backward on the CuTe DSL kernels for the op config ``cfg``
@@ -1305,9 +1311,7 @@ def bsa_bwd(do, q, k, v, out, lse, q2k_block_index, q2k_block_nums, block_sizes,
     call = call_builder(cfg.cute_call)(
         _bwd_jit(),
         output_shape_dtype=(
-            jax.ShapeDtypeStruct(dq_acc.shape, jnp.float32),
-            jax.ShapeDtypeStruct(k.shape, k.dtype),
-            jax.ShapeDtypeStruct(v.shape, v.dtype),
+            *_grad_shapes(dq_acc.shape, k, v),
         ),
         input_spec=(spec, spec, spec, spec, None, None, None, None, None, None, ws_spec),
         output_spec=(ws_spec, spec, spec),
@@ -1349,9 +1353,7 @@ def _bsa_bwd_deterministic(q, k, v, do, lse, delta, dq_acc, q2k_block_index, q2k
     call = call_builder(cfg.cute_call)(
         _bwd_det_jit(),
         output_shape_dtype=(
-            jax.ShapeDtypeStruct(dq_acc.shape, jnp.float32),
-            jax.ShapeDtypeStruct(k.shape, k.dtype),
-            jax.ShapeDtypeStruct(v.shape, v.dtype),
+            *_grad_shapes(dq_acc.shape, k, v),
             jax.ShapeDtypeStruct(sem0.shape, jnp.int32),
         ),
         input_spec=(spec, spec, spec, spec, None, None, None, None, None, None, None, ws_spec,
@@ -1403,9 +1405,7 @@ def _bsa_bwd_det_stream(q, k, v, do, lse, delta, dq_acc, q2k_block_index, q2k_bl
     call = call_builder(cfg.cute_call)(
         _bwd_det_stream_jit(),
         output_shape_dtype=(
-            jax.ShapeDtypeStruct(dq_acc.shape, jnp.float32),
-            jax.ShapeDtypeStruct(k.shape, k.dtype),
-            jax.ShapeDtypeStruct(v.shape, v.dtype),
+            *_grad_shapes(dq_acc.shape, k, v),
             jax.ShapeDtypeStruct(sem0.shape, jnp.int32),
             jax.ShapeDtypeStruct(progress0.shape, jnp.int32),
             sds, sds,
@@ -1438,9 +1438,7 @@ def _bsa_bwd_det_overlap_call(q, k, v, do, out, lse, offsets, entries, starts, b
         output_shape_dtype=(
             jax.ShapeDtypeStruct(sem0.shape, jnp.int32),
             jax.ShapeDtypeStruct(progress0.shape, jnp.int32),
-            jax.ShapeDtypeStruct(ws_shape, jnp.float32),
-            jax.ShapeDtypeStruct(k.shape, k.dtype),
-            jax.ShapeDtypeStruct(v.shape, v.dtype),
+            *_grad_shapes(ws_shape, k, v),
             sds, sds,
             jax.ShapeDtypeStruct((cfg.batch, cfg.num_heads_q, cfg.seqlen_q), jnp.float32),
         ),
