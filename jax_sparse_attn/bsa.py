@@ -334,7 +334,7 @@ _RAISES_DOC = """
       NotImplementedError: ``backend="kernel"`` where the kernel cannot run (also
         ``causal=True`` where the mma.sync kernels would run: D in {32, 256}, the portable
         kernel family or the ``sm80`` switches; ``pack_gqa=True`` there too, or with
-        ``causal=True`` or ``kv_splits > 1``; a ``kv_splits`` whose fp32 partials would
+        ``kv_splits > 1``; a ``kv_splits`` whose fp32 partials would
         pass 2^31 elements; ``deterministic=True`` where the warp-specialized backward
         does not run).
 """

@@ -18,7 +18,8 @@ the diagonal of the last row of every query block that lists them); the referenc
 the clean tensors. Outputs are poisoned by a preceding all-NaN run.
 
 ``impl``: ``auto`` (the defaults: sm90ws forward, sm90 backward) or ``sm90ws`` (the forward
-switch named; the same kernels).
+switch named; the same kernels). ``pack``: ``pack_gqa=True``, metadata per (KV head, packed
+block); the mask applies to each packed row's position (row // r).
 
 Run: ``python -m pytest -m gpu tests/test_gpu_bsa_causal.py`` (``CAUSAL_TEST_SHARD=i/n``
 runs every n-th case from i, for parallel processes).
@@ -61,6 +62,7 @@ class CausalCase:
     poison: bool = True
     impl: str = "auto"
     b: int = 2
+    pack: bool = False  # pack_gqa=True: metadata per (KV head, packed block of blk rows)
 
 
 CASES = [
@@ -85,6 +87,15 @@ CASES = [
                sizes=True, counts="empty"),
     CausalCase("fp16-blk128-d64-sm90wsfwd-sq-lt-skv", d=64, dtype="float16", sq=200, skv=900,
                impl="sm90ws", counts="fixed", kmax=4),
+    # pack_gqa: packed row p is position p // r of query head g r + p % r; the mask uses the
+    # position (r 2 / 4 / 8, both block sizes and head dims, S_q vs S_kv both ways)
+    CausalCase("pack8-bf16-blk128-d128-square", hq=16, hkv=2, sq=500, skv=500, pack=True),
+    CausalCase("pack4-fp16-blk64-d64-sq-lt-skv-future", blk=64, d=64, dtype="float16",
+               layout="bshd", hq=8, hkv=2, sq=300, skv=1000, pack=True, pattern="future"),
+    CausalCase("pack2-bf16-blk64-d128-sq-gt-skv-empty-sizes", blk=64, hq=4, hkv=2, sq=700,
+               skv=333, pack=True, counts="empty", sizes=True, kmax=5),
+    CausalCase("pack4-fp16-blk128-d64-sizes-fixed", d=64, dtype="float16", layout="bshd",
+               hq=4, hkv=1, sq=777, skv=1000, pack=True, counts="fixed", sizes=True),
 ]
 
 
@@ -100,19 +111,24 @@ def causal_inputs(c, seed=0):
     rng = np.random.default_rng(seed)
     b, hq, hkv, sq, skv, d, blk = c.b, c.hq, c.hkv, c.sq, c.skv, c.d, c.blk
     g = hq // hkv
-    nq, nkv = -(-sq // blk), -(-skv // blk)
+    # metadata rows: query heads, or KV heads over S_q r packed rows (position = row // r)
+    r = g if c.pack else 1
+    hm, sm = (hkv, sq * r) if c.pack else (hq, sq)
+    nq, nkv = -(-sm // blk), -(-skv // blk)
     off = skv - sq
     kmax = c.kmax
-    idx = np.zeros((b, hq, nq, kmax), np.int32)
-    nums = np.zeros((b, hq, nq), np.int32)
+    idx = np.zeros((b, hm, nq, kmax), np.int32)
+    nums = np.zeros((b, hm, nq), np.int32)
     for bi in range(b):
-        for h in range(hq):
+        for h in range(hm):
             for m in range(nq):
-                last = min((m + 1) * blk, sq) - 1 + off  # last key the block's last row sees
+                # last key the block's last row sees
+                last = (min((m + 1) * blk, sm) - 1) // r + off
                 n_hi = min(last // blk, nkv - 1) if last >= 0 else -1
                 past = list(range(0, n_hi + 1))
                 future = list(range(max(n_hi + 1, 0), nkv))
-                first = (m * blk + off) // blk if m * blk + off >= 0 else -1
+                pos0 = (m * blk) // r  # the block's first position
+                first = (pos0 + off) // blk if pos0 + off >= 0 else -1
                 # the crossing blocks: those holding the diagonal of the block's rows
                 cross = [n for n in past if n >= first]
                 rest = [n for n in past if n < first]
@@ -137,7 +153,7 @@ def causal_inputs(c, seed=0):
         # unlisted blocks (any position, causal masks what it must)
         kfix = int(nums.max())
         for bi in range(b):
-            for h in range(hq):
+            for h in range(hm):
                 for m in range(nq):
                     have = list(idx[bi, h, m, : nums[bi, h, m]])
                     extra = [n for n in rng.permutation(nkv) if n not in have]
@@ -157,16 +173,16 @@ def causal_inputs(c, seed=0):
     seen = np.zeros((b, hkv, skv), bool)
     jj = np.arange(kmax_used)
     for bi in range(b):
-        for h in range(hq):
+        for h in range(hm):
             for m in range(nq):
-                last = min((m + 1) * blk, sq) - 1 + off
+                last = (min((m + 1) * blk, sm) - 1) // r + off
                 for n in idx[bi, h, m, jj < nums[bi, h, m]]:
                     lo = n * blk
                     hi = min(lo + blk, skv, last + 1)
                     if sizes is not None:
                         hi = min(hi, lo + sizes[bi, n])
                     if hi > lo:
-                        seen[bi, h // g, lo:hi] = True
+                        seen[bi, h if c.pack else h // g, lo:hi] = True
     dt = jnp.dtype(c.dtype)
 
     def t(s, h):
@@ -179,7 +195,7 @@ def causal_inputs(c, seed=0):
         for x, val in ((kp, np.nan), (vp, np.inf)):
             xs = x if c.layout == "bhsd" else np.swapaxes(x, 1, 2)  # a view (B, H, S, D)
             xs[~seen] = val
-    garbage = rng.choice(np.array([-7, 10**6, nkv, -1], np.int32), size=(b, hq, nq, kmax_used))
+    garbage = rng.choice(np.array([-7, 10**6, nkv, -1], np.int32), size=(b, hm, nq, kmax_used))
     idx = np.where(jj[None, None, None, :] < nums[..., None], idx[..., :kmax_used], garbage)
     cast = lambda x: jnp.asarray(x).astype(dt)  # noqa: E731
     meta = dict(q2k_block_index=jnp.asarray(idx.astype(np.int32)),
@@ -191,6 +207,8 @@ def causal_inputs(c, seed=0):
         meta["allow_empty_block_nums"] = True
     kw = dict(layout=c.layout, sparse_block_size=blk, softmax_scale=float(0.7 / np.sqrt(d)),
               causal=True)
+    if c.pack:
+        kw["pack_gqa"] = True
     return dict(clean=tuple(cast(x) for x in (q, k, v, do)), kp=cast(kp), vp=cast(vp),
                 meta=meta, kw=kw, nums=nums, seen=seen)
 

@@ -4,7 +4,7 @@ Each configuration lowers ``jax.grad`` of a loss through the public op (forward,
 preprocessing kernel and the dK/dV/dQ kernel: three CuTe DSL calls) with packed metadata
 ``(B, H_kv, ceil(S_q r / blk), K_max)``; between them: r in {2, 4, 8}, blk 64 / 128, D 64 /
 128, both dtypes and layouts, with and without ``block_sizes``, on the sm90ws forward (the
-default ``auto`` and the switch named). The packed forward's Q load is one 5-D TMA box
+default ``auto`` and the switch named), with and without ``causal``. The packed forward's Q load is one 5-D TMA box
 (D, r heads, positions, KV head, batch) on the sm90ws kernel; the PTX test checks it. The
 pack_gqa=False kernels are unchanged (PTX sha256 of the sm90ws forward: tests/ws_ptx_sha256.txt
 via tests/test_lowering_hstu.py; all BSA SM90 kernels: docs/bsa.md).
@@ -35,6 +35,11 @@ PACK_CONFIGS = [
          kv_splits="auto", sq=16),
     dict(d=128, blk=64, r=2, dtype="bfloat16", layout="bshd", sizes=True, fwd="sm90ws"),
     dict(d=64, blk=128, r=2, dtype="float16", layout="bhsd", sizes=True, fwd="sm90ws"),
+    # pack_gqa with the causal mask (S_q != S_kv: bottom-right aligned)
+    dict(d=128, blk=128, r=8, dtype="bfloat16", layout="bshd", sizes=True, fwd="auto",
+         causal=True),
+    dict(d=64, blk=64, r=4, dtype="float16", layout="bhsd", sizes=False, fwd="auto",
+         causal=True),
 ]
 
 
@@ -45,7 +50,8 @@ def _sm90_env(monkeypatch):
 
 
 def _ids(c):
-    return (f"{c['fwd']}-{'splitsauto-' if 'kv_splits' in c else ''}d{c['d']}-blk{c['blk']}-r{c['r']}-{c['dtype']}-{c['layout']}-"
+    return (f"{c['fwd']}-{'splitsauto-' if 'kv_splits' in c else ''}"
+            f"{'causal-' if c.get('causal') else ''}d{c['d']}-blk{c['blk']}-r{c['r']}-{c['dtype']}-{c['layout']}-"
             f"{'sizes' if c['sizes'] else 'nosizes'}")
 
 
@@ -67,7 +73,8 @@ def _loss_and_args(c, b=2, hkv=2, skv=1025, kmax=5):
             jax.ShapeDtypeStruct((b, hkv, nkv), jnp.int32) if c["sizes"] else None)
     kw = dict(layout=c["layout"], sparse_block_size=blk, softmax_scale=0.3, backend="kernel",
               switches=Switches(bsa_fwd_impl=c["fwd"]), pack_gqa=True,
-              allow_empty_block_nums=True, kv_splits=c.get("kv_splits", 1))
+              allow_empty_block_nums=True, kv_splits=c.get("kv_splits", 1),
+              causal=c.get("causal", False))
 
     def loss(q, k, v, i, n, s):
         out = jsa.block_sparse_attention(q, k, v, i, q2k_block_nums=n, block_sizes=s, **kw)
@@ -87,8 +94,8 @@ def test_bsa_pack_gqa_fwd_bwd_lower(c):
 
 
 def test_bsa_pack_gqa_declined_by_the_mma_sync_kernels():
-    """backend="kernel" with a pass on an mma.sync kernel, or with causal: a
-    NotImplementedError naming the reason."""
+    """backend="kernel" with a pass on an mma.sync kernel: a NotImplementedError naming the
+    reason."""
     import jax_sparse_attn as jsa
     from jax_sparse_attn.config import Switches
 
@@ -101,12 +108,8 @@ def test_bsa_pack_gqa_declined_by_the_mma_sync_kernels():
             jax.eval_shape(lambda q, k, v, i, n: jsa.block_sparse_attention(
                 q, k, v, i, q2k_block_nums=n, sparse_block_size=128, layout="bshd",
                 backend="kernel", switches=sw, pack_gqa=True), q, k, v, i, n)
-    # together with causal (each alone runs on the sm90 kernels)
-    with pytest.raises(NotImplementedError, match="pack_gqa=True together with causal=True"):
-        jax.eval_shape(lambda q, k, v, i, n: jsa.block_sparse_attention(
-            q, k, v, i, q2k_block_nums=n, sparse_block_size=128, layout="bshd",
-            backend="kernel", pack_gqa=True, causal=True), q, k, v, i, n)
-
+    """backend="kernel" with a pass on an mma.sync kernel: a NotImplementedError naming the
+    reason."""
 
 _PTX_SCRIPT = """
 import sys

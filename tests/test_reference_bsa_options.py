@@ -343,10 +343,10 @@ def fake_kernel_platform(monkeypatch):
 # causal=True and pack_gqa=True run on the sm90 kernels; where the mma.sync kernels would run
 # they are declined (tests/test_lowering_bsa.py::test_causal_declined_where_sm80_kernels_run,
 # test_pack_gqa_runs_on_the_sm90_kernels_only below); kv_splits: every forward splits
-# (tests/test_lowering_bsa_splits.py). pack_gqa together with causal or kv_splits > 1 is
+# (tests/test_lowering_bsa_splits.py); pack_gqa together with causal runs on the sm90
+# kernels (tests/test_lowering_bsa_pack_gqa.py). pack_gqa together with kv_splits > 1 is
 # declined.
-@pytest.mark.parametrize("extra,msg", [(dict(kv_splits=2), "kv_splits=2"),
-                                       (dict(causal=True), "causal=True")])
+@pytest.mark.parametrize("extra,msg", [(dict(kv_splits=2), "kv_splits=2")])
 def test_kernel_backend_declines_pack_gqa_with(fake_kernel_platform, extra, msg):
     (q, k, v), idx, nums = _args(pack=True)
     q, k, v = (x.astype(jnp.bfloat16) for x in (q, k, v))
@@ -369,6 +369,7 @@ def test_pack_gqa_runs_on_the_sm90_kernels_only():
     kw = dict(head_dim=128, sparse_block_size=128, group=8)
     assert why(**kw, switches=Switches()) is None
     assert why(**kw, switches=Switches(bsa_fwd_impl="sm90ws")) is None
+    assert why(**kw, switches=Switches(), causal=True) is None
     assert why(head_dim=64, sparse_block_size=64, group=4,
                switches=Switches(bsa_fwd_impl="sm90ws")) is None
     msg = why(**kw, switches=Switches(bsa_fwd_impl="sm80"))

@@ -711,12 +711,9 @@ def pack_gqa_unsupported_reason(*, head_dim, sparse_block_size, group, passes=("
                                 switches=None, causal=False, kv_splits=1) -> str | None:
     """``None`` when the kernels that the ``passes`` of a call would run implement
     ``pack_gqa`` with ``group`` (``r = H_q / H_kv``) query heads per KV head, else why not:
-    the sm90ws forward and the sm90 backward pack groups of a size dividing 64, without
-    ``causal`` and with one key split (``kv_splits`` 1 or ``"auto"``, which then runs one
+    the sm90ws forward and the sm90 backward pack groups of a size dividing 64 (``causal``
+    included) with one key split (``kv_splits`` 1 or ``"auto"``, which then runs one
     split); the mma.sync (sm80) kernels do not pack."""
-    if causal:
-        return ("pack_gqa=True together with causal=True is not implemented by the "
-                "block-sparse kernels (each option alone is)")
     if kv_splits not in (1, "auto") and "fwd" in passes:
         return (f"pack_gqa=True together with kv_splits={kv_splits!r} is not implemented by "
                 f"the block-sparse kernels (the packed forward runs one split: kv_splits=1 or "

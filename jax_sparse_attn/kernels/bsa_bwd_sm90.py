@@ -49,7 +49,7 @@ them, so NaN there never reaches dQ through ``0 * K``); a step whose 64
 queries see none of the tile's keys is skipped like an empty one; a step crossing the
 diagonal selects 0 into P and dS (``mask.CausalMaskKeyMajor``), a step below it is unmasked.
 Rows with ``lse = -inf`` (no visible key) have every pair masked, so they add nothing and get
-``dq = 0``.
+``dq = 0``. With ``pack_gqa`` the rule applies to each packed row's position (row // r).
 """
 
 from __future__ import annotations
@@ -93,8 +93,6 @@ class BsaBwdSm90:
         # positions x r query heads) and Q, dO, lse, delta, dQ rows are addressed through the
         # packed mapping (kernels/pack_gqa.py); dK/dV sum over the whole group by construction
         self.pack = pack_gqa
-        if pack_gqa > 1 and causal:
-            raise NotImplementedError("pack_gqa with causal is not implemented by this kernel")
         self.causal = causal
         self.hd = head_dim
         self.blk = block_size
@@ -232,7 +230,13 @@ class BsaBwdSm90:
             ent = mEntries[e_begin + e]
             h_in_group = ent // n_q_blocks
             m = ent - h_in_group * n_q_blocks
-            rows = cutlass.min((m + 1) * self.blk, seqlen_q) + seqlen_k - seqlen_q - n0
+            if cutlass.const_expr(self.pack > 1):
+                # packed rows (seqlen_q = S_q r): the last row's position is its index // r
+                r = self.pack
+                rows = ((cutlass.min((m + 1) * self.blk, seqlen_q) - 1) // r + 1 + seqlen_k
+                        - seqlen_q // r - n0)
+            else:
+                rows = cutlass.min((m + 1) * self.blk, seqlen_q) + seqlen_k - seqlen_q - n0
             if cutlass.const_expr(self.has_sizes):
                 rows = cutlass.min(rows, mSizes[batch, head_kv * group + h_in_group, n_block]
                                    - tile_off)
@@ -351,7 +355,16 @@ class BsaBwdSm90:
             if cutlass.const_expr(self.has_sizes):
                 limit = cutlass.min(limit, mSizes[batch, head, n_block] - tile_off)
             qlo0 = None
-            if cutlass.const_expr(self.causal):
+            if cutlass.const_expr(self.causal and self.pack > 1):
+                # ---- causal, packed rows (seqlen_q = S_q r, q0 a multiple of 64, so of r):
+                # column c is position q0 / r + c // r; key row kr is visible from the
+                # columns with c // r >= qlo0 + kr
+                r = self.pack
+                off = seqlen_k - seqlen_q // r
+                limit = cutlass.min(limit, (cutlass.min(q0 + TILE, seqlen_q) - 1) // r + 1
+                                    + off - n_tile * TILE)
+                qlo0 = n_tile * TILE - off - q0 // r
+            elif cutlass.const_expr(self.causal):
                 # ---- causal: keys of the tile that some query of the step sees (none:
                 # the step is skipped); key row r is visible from query columns >= qlo0 + r
                 off = seqlen_k - seqlen_q
@@ -406,7 +419,7 @@ class BsaBwdSm90:
                                                    fastmath=True)
                                 dP_mn[r, c] = p * (dP_mn[r, c] - dlt[c])
                                 S_mn[r, c] = p
-                        CausalMaskKeyMajor(tScS_mn).apply(S_mn, dP_mn, limit, qlo0)
+                        CausalMaskKeyMajor(tScS_mn).apply(S_mn, dP_mn, limit, qlo0, self.pack)
                     else:
                         self._p_ds_key_limit(S_mn, dP_mn, tScS_mn, lse2, dlt, limit,
                                              scale_log2, n_rows, n_cols)

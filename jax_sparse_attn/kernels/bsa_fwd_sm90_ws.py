@@ -24,7 +24,8 @@ block-sparse variation points:
   sees (``BlockList`` ``key_end``; the V rows past it are zero-filled), and a block that
   crosses the diagonal of a warpgroup's rows gets the per-row causal limit
   (``KeyLimitMask.apply_causal``); blocks at or below it need no mask, a block entirely above
-  it is fully masked with zero V (it costs its GEMMs and contributes nothing).
+  it is fully masked with zero V (it costs its GEMMs and contributes nothing). With
+  ``pack_gqa`` a packed row's causal limit is that of its position (row // r).
   With ``overlap`` the PV GEMM of block ``j - 1`` runs while block ``j``'s softmax is
   computed; the O accumulator is rescaled after that GEMM completes.
 * Epilogue: ``O / l`` in 16 bit through swizzled shared memory to row-predicated 128-bit
@@ -161,9 +162,9 @@ class BsaFwdSm90Ws(AttnFwdSm90Ws):
             raise NotImplementedError(
                 f"bsa_fwd_sm90_ws packs GQA groups of a size dividing 64, got {pack_gqa}")
         self.pack = pack_gqa
-        if pack_gqa > 1 and (causal or kv_splits > 1):
+        if pack_gqa > 1 and kv_splits > 1:
             raise NotImplementedError(
-                "pack_gqa with causal or kv_splits > 1 is not implemented by this kernel")
+                "pack_gqa with kv_splits > 1 is not implemented by this kernel")
 
     @staticmethod
     def can_implement(dtype, head_dim: int, block_size: int) -> bool:
@@ -215,7 +216,15 @@ class BsaFwdSm90Ws(AttnFwdSm90Ws):
             head = head - split * n_heads
         batch = slot // n_q_blocks
         m_block = slot - batch * n_q_blocks
-        if cutlass.const_expr(self.causal):
+        if cutlass.const_expr(self.causal and self.pack > 1):
+            # ---- causal, packed rows (``seqlen_q`` = S_q r): the last row's position is
+            # (last packed row) // r
+            r = self.pack
+            key_end = ((cutlass.min((m_block + 1) * self.bm, seqlen_q) - 1) // r + 1
+                       + seqlen_k - seqlen_q // r)
+            blist = BlockList.create(mIdx, mNums, mSizes, batch, head, m_block, seqlen_k,
+                                     self.bn, self.has_sizes, key_end)
+        elif cutlass.const_expr(self.causal):
             # ---- causal: one past the last key the query block's last row sees
             key_end = cutlass.min((m_block + 1) * self.bm, seqlen_q) + seqlen_k - seqlen_q
             blist = BlockList.create(mIdx, mNums, mSizes, batch, head, m_block, seqlen_k,
@@ -376,7 +385,13 @@ class BsaFwdSm90Ws(AttnFwdSm90Ws):
         QK GEMM is waited on); causal: with the tile's ``row_lim0`` (``mask.KeyLimitMask``)."""
         if self.causal:
             n = work.kv.kv_tile(it)
-            row_lim0 = tile.mw0 + work.kv.seqlen_k - tile.seqlen_q + 1 - n * self.bn
+            if self.pack > 1:
+                # packed rows: tile.mw0 (a multiple of 64, so of r) is position mw0 / r and
+                # tile.seqlen_q is S_q r
+                row_lim0 = (tile.mw0 // self.pack + work.kv.seqlen_k
+                            - tile.seqlen_q // self.pack + 1 - n * self.bn)
+            else:
+                row_lim0 = tile.mw0 + work.kv.seqlen_k - tile.seqlen_q + 1 - n * self.bn
             return work.kv.valid_keys(n), row_lim0
         return work.kv.valid_keys(work.kv.kv_tile(it))
 
@@ -409,7 +424,7 @@ class BsaFwdSm90Ws(AttnFwdSm90Ws):
             # partial blocks are masked
             key_lim, row_lim0 = limit
             if cutlass.min(key_lim, row_lim0) < self.bn:
-                mask.apply_causal(acc_mn, key_lim, row_lim0)
+                mask.apply_causal(acc_mn, key_lim, row_lim0, self.pack)
         else:
             if limit < self.bn:
                 mask.apply(acc_mn, limit)

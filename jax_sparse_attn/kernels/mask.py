@@ -21,12 +21,17 @@ only blocks with ``limit < bn`` need it. ``apply_causal`` adds the block-sparse 
 (bottom-right aligned, key ``j`` visible from query ``i`` iff ``j <= i + S_kv - S_q``) as a
 per-row key limit: row ``r`` of the tile keeps the columns ``c < min(limit, row_lim0 + r)``
 with ``row_lim0 = i0 + S_kv - S_q + 1 - n0`` (``i0``, ``n0``: the tile's first query row and
-first key); only tiles with ``min(limit, row_lim0) < bn`` need it.
+first key); only tiles with ``min(limit, row_lim0) < bn`` need it. With packed GQA rows
+(``rows_per_pos = r``: ``r`` consecutive rows are the ``r`` query heads of one position) the
+limit grows by one every ``r`` rows, ``row_lim0 + r_tile // r``, ``i0`` being the position of
+the tile's first row.
 
 ``CausalMaskKeyMajor`` is that causal mask on the block-sparse backward's transposed tiles
 (rows = keys, columns = queries): key row ``r`` is visible from the query columns
 ``c >= qlo0 + r`` (``qlo0 = n0 - (S_kv - S_q) - q0``) and only below the key limit; it selects
-0 into the P and dS tiles elsewhere.
+0 into the P and dS tiles elsewhere. With packed GQA columns (``cols_per_pos = r``) column
+``c`` is position ``q0 / r + c // r`` and the rule reads ``c // r >= qlo0 + r_key`` with
+``qlo0 = n0 - (S_kv - S_q) - q0 / r``.
 
 ``HstuMaskKeyMajor`` is the HSTU mask of the KV-major backward's transposed score tiles
 (rows = keys ``j``, columns = queries ``i``; same visibility rule as ``HstuMask``): it
@@ -126,11 +131,16 @@ class KeyLimitMask:
                 acc_mn[r, c] = acc_mn[r, c] if keep else -Float32.inf
 
     @cute.jit
-    def apply_causal(self, acc_mn, limit, row_lim0):
-        """Row ``r`` keeps the key columns ``c < min(limit, row_lim0 + r)`` (``r``, ``c``:
-        the tile coordinates of ``tScS``); the others become ``-inf``."""
+    def apply_causal(self, acc_mn, limit, row_lim0, rows_per_pos: cutlass.Constexpr = 1):
+        """Row ``r`` keeps the key columns ``c < min(limit, row_lim0 + r // rows_per_pos)``
+        (``r``, ``c``: the tile coordinates of ``tScS``; ``rows_per_pos``: consecutive rows of
+        one query position, the packed GQA group size, 1 otherwise); the others become
+        ``-inf``."""
         for r in cutlass.range_constexpr(cute.size(self.tScS, mode=[0])):
-            lim = cutlass.min(limit, row_lim0 + self.tScS[r, 0][0])
+            if cutlass.const_expr(rows_per_pos > 1):
+                lim = cutlass.min(limit, row_lim0 + self.tScS[r, 0][0] // rows_per_pos)
+            else:
+                lim = cutlass.min(limit, row_lim0 + self.tScS[r, 0][0])
             for c in cutlass.range_constexpr(cute.size(self.tScS, mode=[1])):
                 acc_mn[r, c] = acc_mn[r, c] if self.tScS[0, c][1] < lim else -Float32.inf
 
@@ -140,14 +150,19 @@ class CausalMaskKeyMajor:
     tScS: object  # (keys, queries) identity coordinates of this thread's score values
 
     @cute.jit
-    def apply(self, p_mn, ds_mn, limit, qlo0):
-        """Keep ``(r, c)`` iff ``r < limit`` and ``c >= qlo0 + r``; select 0 elsewhere."""
+    def apply(self, p_mn, ds_mn, limit, qlo0, cols_per_pos: cutlass.Constexpr = 1):
+        """Keep ``(r, c)`` iff ``r < limit`` and ``c // cols_per_pos >= qlo0 + r``
+        (``cols_per_pos``: consecutive query columns of one position, the packed GQA group
+        size, 1 otherwise); select 0 elsewhere."""
         for r in cutlass.range_constexpr(cute.size(self.tScS, mode=[0])):
             kr = self.tScS[r, 0][0]
             key_ok = kr < limit
             lo = qlo0 + kr
             for c in cutlass.range_constexpr(cute.size(self.tScS, mode=[1])):
-                ok = key_ok & (self.tScS[0, c][1] >= lo)
+                if cutlass.const_expr(cols_per_pos > 1):
+                    ok = key_ok & (self.tScS[0, c][1] // cols_per_pos >= lo)
+                else:
+                    ok = key_ok & (self.tScS[0, c][1] >= lo)
                 p_mn[r, c] = p_mn[r, c] if ok else p_mn.element_type(0.0)
                 ds_mn[r, c] = ds_mn[r, c] if ok else ds_mn.element_type(0.0)
 
