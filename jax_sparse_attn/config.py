@@ -159,7 +159,7 @@ _parse_hstu_bwd_ws = _parse_option_list(HSTU_BWD_WS_FLAGS,
 BSA_BWD_WS_FLAGS = ("ldwait", "lpt", "decouple", "detkv", "detfull", "detlaunch", "dqalias",
                     "dqearly", "lselate", "splitwait", "epi16", "epiregs", "dqalt", "detsched",
                     "detschedfull", "relaxpoll", "detstream", "nodetstream",
-                    "detoverlap")
+                    "detoverlap", "detzero")
 #: the flags among :data:`BSA_BWD_WS_FLAGS` that choose the deterministic dQ order (at most
 #: one of them)
 BSA_DET_ORDER_FLAGS = ("detkv", "detfull", "detlaunch", "detsched", "detschedfull")
@@ -434,6 +434,11 @@ SWITCHES = (
                "waits only for rank r - N, and the reordering kernel sums the N in order; "
                "N times the workspace; by default 2 at blk 64 in the default schedule order "
                "with K_max >= 32, else 1), "
+               "detzero (deterministic with the dQ writer warp: the fp32 dQ workspace is "
+               "zeroed by the preprocessing launch and every contribution is a bulk "
+               "reduce-add; by default the first contribution to each accumulator tile (rank "
+               "< dqslots) is a bulk store, so the workspace is not zeroed, and the "
+               "reordering kernel writes zeros for tiles whose semaphore is still 0), "
                "relaxpoll (deterministic: the query tile's semaphore is polled with relaxed "
                "loads and one fence after them, instead of acquire loads; slower on the "
                "H200), "

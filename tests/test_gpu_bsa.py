@@ -372,6 +372,27 @@ def test_bsa_sm90ws_backward(c):
             switches=BWDWS, **kw), q, k, v)
         return vjp(do)
 
+    if c.get("cmp_zero"):
+        # the first contribution to each dQ tile stored (det_store, the default) or added to
+        # the zeroed workspace (detzero): 0 + x == x, so the same values
+        from jax_sparse_attn.config import from_env
+
+        env = sw.get("switches", from_env())
+        sw3 = dict(switches=dataclasses.replace(
+            env, bsa_bwd_ws=tuple(env.bsa_bwd_ws) + ("detzero",)))
+
+        @jax.jit
+        def zero_grads(q, k, v, do):
+            _, vjp = jax.vjp(lambda q, k, v: jsa.block_sparse_attention(
+                q, k, v, idx, None, sizes, nums, allow_empty_block_nums=True,
+                backend="kernel", deterministic=True, **kw, **sw3), q, k, v)
+            return vjp(do)
+
+        zrun = [np.asarray(g) for g in jax.block_until_ready(zero_grads(q, kp, vp, do))]
+        for name, a, b in zip(("dq", "dk", "dv"), runs[0], zrun):
+            assert np.array_equal(a.astype(np.float32), b.astype(np.float32)), \
+                f"{name}: the stored first contributions differ from detzero"
+
     def ref_grads(q, k, v, do, **extra):
         _, vjp = jax.vjp(lambda q, k, v: reference.block_sparse_attention_ref(
             q, k, v, idx_n, nums_n, sizes_n, **kw, **extra)[0], q, k, v)
@@ -412,7 +433,7 @@ DET_CASES = [
          hq=8, hkv=1, sq=513, skv=700, mode="all"),
     # one query head per KV head at blk 128: the default runs the schedule order
     dict(name="det-all-blk128-d128-mha", blk=128, d=128, dtype="bfloat16", layout="bshd",
-         hq=2, hkv=2, sq=2000, skv=1900, mode="all"),
+         hq=2, hkv=2, sq=2000, skv=1900, mode="all", cmp_zero=True),
     # empty rows, block_sizes, GQA 4:1; K->Q lists and ranks built by the sort construction
     dict(name="det-empty-blk64-d64-sortcsr", blk=64, d=64, dtype="bfloat16", layout="bshd",
          hq=8, hkv=2, sq=1000, skv=1001, mode="last-empty", sort_csr=True),
@@ -424,11 +445,14 @@ DET_CASES = [
          hq=2, hkv=2, sq=2000, skv=1900, mode="all", ws="dqslots=3"),
     # the default at blk 64 with query rows of at least 32 entries: two dQ accumulators
     dict(name="det-all-blk64-d128-k63-default", blk=64, d=128, dtype="bfloat16", layout="bhsd",
-         hq=2, hkv=2, sq=4096, skv=4000, mode="all"),
+         hq=2, hkv=2, sq=4096, skv=4000, mode="all", cmp_zero=True),
     dict(name="det-all-blk64-d128-relaxpoll", blk=64, d=128, dtype="float16", layout="bshd",
          hq=2, hkv=2, sq=3000, skv=2900, mode="all", ws="relaxpoll"),
     dict(name="det-empty-blk64-d64-gqa-slots4", blk=64, d=64, dtype="bfloat16", layout="bhsd",
-         hq=8, hkv=2, sq=1000, skv=1001, mode="last-empty", ws="dqslots=4"),
+         hq=8, hkv=2, sq=1000, skv=1001, mode="last-empty", ws="dqslots=4", cmp_zero=True),
+    # the zeroed workspace, every contribution a bulk reduce-add (bsa_bwd_ws detzero)
+    dict(name="det-empty-blk128-d128-gqa-detzero", blk=128, d=128, dtype="float16",
+         layout="bshd", hq=4, hkv=2, sq=1000, skv=1001, mode="last-empty", ws="detzero"),
     # detstream: the order kernel and the backward side by side, the backward reading each
     # list entry once it is published (blk 64 with two accumulators, blk 128 with one long
     # list, GQA and empty rows in the schedule order of detsched)
@@ -491,9 +515,11 @@ def test_bsa_bwd_deterministic(c, monkeypatch):
 
     if "detstream" in c.get("ws", ""):
         # streamed or not, the same order and additions: bitwise the same gradients
+        # (the streamed call zeroes the workspace and adds every contribution: compared with
+        # the unstreamed call under detzero, the same computation)
         plain = [o for o in sw["switches"].bsa_bwd_ws if o not in ("detstream", "detoverlap")]
-        sw2 = dict(switches=dataclasses.replace(sw["switches"],
-                                                bsa_bwd_ws=tuple(plain) + ("nodetstream",)))
+        sw2 = dict(switches=dataclasses.replace(
+            sw["switches"], bsa_bwd_ws=tuple(plain) + ("nodetstream", "detzero")))
 
         @jax.jit
         def plain_grads(q, k, v, do):
@@ -506,6 +532,27 @@ def test_bsa_bwd_deterministic(c, monkeypatch):
         for name, a, b in zip(("dq", "dk", "dv"), runs[0], ref_run):
             assert np.array_equal(a.view(np.uint16), b.view(np.uint16)), \
                 f"{name}: detstream differs from nodetstream"
+
+    if c.get("cmp_zero"):
+        # the first contribution to each dQ tile stored (det_store, the default) or added to
+        # the zeroed workspace (detzero): 0 + x == x, so the same values
+        from jax_sparse_attn.config import from_env
+
+        env = sw.get("switches", from_env())
+        sw3 = dict(switches=dataclasses.replace(
+            env, bsa_bwd_ws=tuple(env.bsa_bwd_ws) + ("detzero",)))
+
+        @jax.jit
+        def zero_grads(q, k, v, do):
+            _, vjp = jax.vjp(lambda q, k, v: jsa.block_sparse_attention(
+                q, k, v, idx, None, sizes, nums, allow_empty_block_nums=True,
+                backend="kernel", deterministic=True, **kw, **sw3), q, k, v)
+            return vjp(do)
+
+        zrun = [np.asarray(g) for g in jax.block_until_ready(zero_grads(q, kp, vp, do))]
+        for name, a, b in zip(("dq", "dk", "dv"), runs[0], zrun):
+            assert np.array_equal(a.astype(np.float32), b.astype(np.float32)), \
+                f"{name}: the stored first contributions differ from detzero"
 
     def ref_grads(q, k, v, do, **extra):
         _, vjp = jax.vjp(lambda q, k, v: reference.block_sparse_attention_ref(

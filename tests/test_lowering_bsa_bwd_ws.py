@@ -305,7 +305,11 @@ def test_bsa_bwd_ws_detstream_fallbacks_lower():
     assert _result_counts(_bwd_text(CONFIGS[1], ws="detstream,detoverlap", dlse=True,
                                     **kw)) == ["", "2", "7"]
     gqa = dict(CONFIGS[1], hq=4, hkv=2)
-    assert _result_counts(_bwd_text(gqa, ws="detstream,detoverlap", **kw)) == ["", "2", "4"]
+    # not streamed: the preprocessing computes delta only (the first contribution to each
+    # dQ tile is stored, det_store), the backward (4), the reordering
+    assert _result_counts(_bwd_text(gqa, ws="detstream,detoverlap", **kw)) == ["", "", "4"]
+    assert _result_counts(_bwd_text(gqa, ws="detstream,detoverlap,detzero",
+                                    **kw)) == ["", "2", "4"]
     nosizes = dict(CONFIGS[1], sizes=False)
     assert _result_counts(_bwd_text(nosizes, ws="detstream", **kw)) == ["", "2", "7"]
     assert _result_counts(_bwd_text(nosizes, ws="detstream,detoverlap", **kw)) == ["", "8"]
@@ -329,8 +333,9 @@ def test_bsa_bwd_ws_detstream_lowers():
 
     assert calls(stream, 7) == 1 and calls(plain, 7) == 0
     assert f"tensor<{n}xi32>" in stream
-    # the order kernel's own call (entries, ranks) besides the preprocessing's (delta, dQ)
-    assert calls(plain, 2) == calls(stream, 2) + 1
+    # not streamed: the order kernel's own call (entries, ranks) and the preprocessing of
+    # delta only (det_store); streamed: the preprocessing of delta and the zeroed workspace
+    assert calls(plain, 2) == 1 and calls(stream, 2) == 1
     assert calls(plain, 4) == 1 and calls(stream, 4) == 0
 
 

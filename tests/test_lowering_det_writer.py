@@ -71,6 +71,16 @@ tb._bwd_text(tb.CONFIGS[0], deterministic=True, det_writer=True)
 tb._bwd_text(tb.CONFIGS[1], deterministic=True, det_writer=True)
 """
 
+# blk 64 with the zeroed workspace (every contribution a reduce-add); a process and dump
+# directory of its own (the kept PTX files are named by the call's argument types)
+_SCRIPT_ZERO = """
+import sys
+sys.path.insert(0, {root!r})
+sys.path.insert(0, {tests!r})
+import test_lowering_bsa_bwd_ws as tb
+tb._bwd_text(tb.CONFIGS[1], ws="detzero", deterministic=True, det_writer=True)
+"""
+
 
 @pytest.mark.lowering
 def test_det_writer_ptx(tmp_path):
@@ -80,7 +90,9 @@ def test_det_writer_ptx(tmp_path):
     buffer back once the bulk reads are done and publishes once the additions are complete.
     HSTU (D 128): 8 bulk reduce-adds of 4 KB. BSA blk 128:
     8 blocks for each of the two 64-row query tiles of a block; blk 64 / D 128 (slices in
-    the step's Q / dO stage): 8 blocks, and warp 1 releases the stage to the producer."""
+    the step's Q / dO stage): 8 blocks, and warp 1 releases the stage to the producer.
+    BSA ``det_store`` (the default): the same blocks also as bulk stores (a tile's first
+    contribution); ``detzero``: no bulk store."""
     tests = os.path.dirname(os.path.abspath(__file__))
     root = os.path.dirname(tests)
     env = {k: v for k, v in os.environ.items() if not k.startswith("JAX_SPARSE_ATTN_")}
@@ -90,6 +102,14 @@ def test_det_writer_ptx(tmp_path):
                        cwd=root, capture_output=True, text=True, timeout=900)
     assert r.returncode == 0, r.stderr[-3000:]
     texts = [p.read_text() for p in tmp_path.iterdir() if p.suffix == ".ptx"]
+    zdir = tmp_path / "zero"
+    zdir.mkdir()
+    r = subprocess.run([sys.executable, "-c", _SCRIPT_ZERO.format(root=root, tests=tests)],
+                       env=dict(env, CUTE_DSL_DUMP_DIR=str(zdir)), cwd=root,
+                       capture_output=True, text=True, timeout=900)
+    assert r.returncode == 0, r.stderr[-3000:]
+    zeroed = [t for t in (p.read_text() for p in zdir.iterdir() if p.suffix == ".ptx")
+              if "bsa_bwd_sm90_ws" in t]
     bulk = r"cp\.reduce\.async\.bulk\.global\.shared::cta\.bulk_group\.add\.f32"
     complete = r"cp\.async\.bulk\.wait_group\s+0;"
     read = r"cp\.async\.bulk\.wait_group\.read\s+0;"
@@ -110,6 +130,9 @@ def test_det_writer_ptx(tmp_path):
     assert not re.search(r"bar\.(sync|arrive)\s+3, 288;", h)
     assert "ld.acquire.gpu.global.b32" in h and "fence.acq_rel.gpu" in h
 
+    store = r"cp\.async\.bulk\.global\.shared::cta\.bulk_group\s"
+    assert len(zeroed) == 1 and re.search(bar("sync", 2, 160), zeroed[0])
+    assert len(re.findall(bulk, zeroed[0])) == 8 and not re.search(store, zeroed[0])
     ws = [t for t in texts if "bsa_bwd_sm90_ws" in t]
     assert len(ws) == 2, [p.name for p in tmp_path.iterdir()]
     by_threads = {n: [t for t in ws if re.search(bar("sync", 2, n), t)] for n in (288, 160)}
@@ -119,6 +142,7 @@ def test_det_writer_ptx(tmp_path):
     for n, want, tiles in ((288, 16, 2), (160, 8, 1)):
         t = by_threads[n][0]
         assert len(re.findall(bulk, t)) == want, n
+        assert len(re.findall(store, t)) == want, n
         assert len(re.findall(read, t)) == tiles, n
         assert len(re.findall(complete, t)) == tiles + 1, n
         for kind, bid in (("arrive", 2), ("sync", 5), ("arrive", 5)):

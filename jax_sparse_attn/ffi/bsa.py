@@ -211,6 +211,9 @@ class BsaBwdConfig:
     # "sm90ws", not deterministic, with dq_tile: warp 1 issues every step's bulk reductions
     # of the staged dQ (Switches.dq_writer)
     dq_writer: bool = False
+    # deterministic with det_writer: the first contribution to each accumulator tile is a
+    # bulk store, so the workspace is not zeroed (off: "detzero")
+    det_store: bool = False
 
 
 def fwd_smem_bytes(head_dim, block_size) -> int:
@@ -458,6 +461,9 @@ def bwd_config(dtype, head_dim, block_size, has_block_sizes, switches,
                             det_slots=det_dq_slots(opts) if deterministic and tile
                             and bool(getattr(switches, "det_writer", False)) else 1,
                             det_relaxed_poll=bool(deterministic) and "relaxpoll" in opts,
+                            det_store=bool(deterministic) and tile
+                            and bool(getattr(switches, "det_writer", False))
+                            and "detzero" not in opts,
                             det_stream=bool(deterministic) and det_stream_default(opts),
                             det_overlap=bool(deterministic) and det_stream_default(opts)
                             and "detoverlap" in opts,
@@ -1008,12 +1014,12 @@ def _pre_jit(with_dq: bool = True):
     return cute.jit(_pre_entry if with_dq else _pre_delta_entry)
 
 
-def bsa_preprocess(do, out, cfg):
+def bsa_preprocess(do, out, cfg, with_ws: bool = True):
     """``delta = rowsum(dO * O)`` (fp32 ``(B, H_q, S_q)``) and a zeroed fp32 dQ workspace:
     q's shape and layout, or with ``cfg.bwd.dq_tile`` the query-tile workspace
     :func:`dq_tile_shape`. One CuTe DSL launch (``kernels/bsa_pre.py``) computes delta and,
     with ``cfg.pre.zero_ws``, zeroes the workspace (else XLA zeroes it) when ``cfg.pre`` is
-    set; else both are XLA's."""
+    set; else both are XLA's. ``with_ws=False``: delta only (the workspace is None)."""
     from .._cute_call import call_builder  # noqa: PLC0415
 
     tile = cfg.bwd is not None and cfg.bwd.dq_tile
@@ -1022,9 +1028,11 @@ def bsa_preprocess(do, out, cfg):
         delta = jnp.sum(do.astype(jnp.float32) * out.astype(jnp.float32), axis=-1)
         if cfg.layout == "bshd":
             delta = jnp.swapaxes(delta, 1, 2)
-        return delta, jnp.zeros(ws_shape, jnp.float32)
+        return delta, jnp.zeros(ws_shape, jnp.float32) if with_ws else None
     spec = _specs(cfg.layout)
     delta_sds = jax.ShapeDtypeStruct((cfg.batch, cfg.num_heads_q, cfg.seqlen_q), jnp.float32)
+    if not with_ws:
+        cfg = dataclasses.replace(cfg, pre=dataclasses.replace(cfg.pre, zero_ws=False))
     if not cfg.pre.zero_ws:
         call = call_builder(cfg.cute_call)(
             _pre_jit(False),
@@ -1036,7 +1044,7 @@ def bsa_preprocess(do, out, cfg):
             static_last_inputs=(0, 1),
         )
         (delta,) = call(out, do.astype(out.dtype))
-        return delta, jnp.zeros(ws_shape, jnp.float32)
+        return delta, jnp.zeros(ws_shape, jnp.float32) if with_ws else None
     # the workspace leaves the launch flat (zeroed by 16-byte stores) and is reshaped here
     call = call_builder(cfg.cute_call)(
         _pre_jit(),
@@ -1090,12 +1098,21 @@ def _dq_tiles_entry(stream, ws, dq, *, cfg: BsaDqTilesConfig):
                    cfg.slots)(ws, dq, stream)
 
 
+def _dq_tiles_sem_entry(stream, ws, sem, dq, *, cfg: BsaDqTilesConfig):
+    # the workspace of the deterministic backward with det_store (not zeroed) and its
+    # semaphores, int32 (B, H_q, N_t slots)
+    from ..kernels.dq_tiles import BsaDqFromTiles  # noqa: PLC0415
+
+    BsaDqFromTiles(_cutlass_dtype(cfg.dtype), cfg.head_dim, cfg.block_cols, cfg.pdl,
+                   cfg.slots)(ws, dq, stream, mSem=sem)
+
+
 @functools.cache
-def _dq_tiles_jit():
-    """The one ``cute.jit`` of ``_dq_tiles_entry``."""
+def _dq_tiles_jit(with_sem: bool = False):
+    """The one ``cute.jit`` of ``_dq_tiles_entry`` (``with_sem``: ``_dq_tiles_sem_entry``)."""
     import cutlass.cute as cute  # noqa: PLC0415
 
-    return cute.jit(_dq_tiles_entry)
+    return cute.jit(_dq_tiles_sem_entry if with_sem else _dq_tiles_entry)
 
 
 def dq_from_tiles(ws, seqlen_q, head_dim, block_cols, slots=1):
@@ -1119,9 +1136,11 @@ def dq_from_tiles(ws, seqlen_q, head_dim, block_cols, slots=1):
     return x.reshape(b, nt * 64, h, head_dim)[:, :seqlen_q]
 
 
-def _dq_out(dq_acc, q, cfg, spec):
+def _dq_out(dq_acc, q, cfg, spec, dq_sem=None):
     """dq in q's dtype and layout from the backward's fp32 workspace: the reordering kernel
-    for the query-tile workspace, else XLA's cast."""
+    for the query-tile workspace, else XLA's cast. ``dq_sem``: the deterministic backward's
+    semaphores of a workspace that was not zeroed (``det_store``: accumulator tiles whose
+    semaphore is 0 count as zeros)."""
     from .._cute_call import call_builder  # noqa: PLC0415
 
     if not cfg.bwd.dq_tile:
@@ -1129,15 +1148,15 @@ def _dq_out(dq_acc, q, cfg, spec):
     key = BsaDqTilesConfig(cfg.bwd.dtype, cfg.head_dim, dq_block_cols(cfg.bwd), cfg.bwd.pdl,
                            det_slots_of(cfg))
     call = call_builder(cfg.cute_call)(
-        _dq_tiles_jit(),
+        _dq_tiles_jit(dq_sem is not None),
         output_shape_dtype=(jax.ShapeDtypeStruct(q.shape, q.dtype),),
-        input_spec=(None,),
+        input_spec=(None,) * (1 if dq_sem is None else 2),
         output_spec=(spec,),
-        compile_key=("bsa_dq_tiles", key),
+        compile_key=("bsa_dq_tiles", key, dq_sem is not None),
         cfg=key,
         static_last_outputs=(0,),
     )
-    (dq,) = call(dq_acc)
+    (dq,) = call(dq_acc) if dq_sem is None else call(dq_acc, dq_sem)
     return dq
 
 
@@ -1154,7 +1173,8 @@ def _ws_kernel(cfg: BsaBwdConfig, after_pre: bool = False):
                         split_wait=cfg.ws_split_wait, epi_pairs=cfg.ws_epi_pairs,
                         epi_smem=cfg.ws_epi_smem, dq_alt=cfg.ws_dq_alt,
                         dq_slots=cfg.det_slots, relaxed_poll=cfg.det_relaxed_poll,
-                        order_stream=cfg.det_stream, stream_after_pre=after_pre)
+                        order_stream=cfg.det_stream, stream_after_pre=after_pre,
+                        det_store=cfg.det_store)
 
 
 def _bwd_det_entry(stream, q, k, v, do, lse, delta, offsets, entries, ranks, sizes, scale,
@@ -1164,6 +1184,23 @@ def _bwd_det_entry(stream, q, k, v, do, lse, delta, offsets, entries, ranks, siz
     # to outputs 0 and 3 (zero-initialised by XLA)
     _ws_kernel(cfg)(q, k, v, do, lse, delta, offsets, entries, sizes, scale, dq_acc, dk, dv,
                     stream, mRank=ranks, mdQSem=dq_sem)
+
+
+def _bwd_det_store_entry(stream, q, k, v, do, lse, delta, offsets, entries, ranks, sizes,
+                         scale, dq_sem, dq_acc, dk, dv, *, cfg: BsaBwdConfig):
+    # deterministic with det_store: the semaphores are aliased to output 3 (zero-initialised
+    # by XLA); the workspace is a plain output, written (first contributions stored) by the
+    # kernel where it has contributions
+    _ws_kernel(cfg)(q, k, v, do, lse, delta, offsets, entries, sizes, scale, dq_acc, dk, dv,
+                    stream, mRank=ranks, mdQSem=dq_sem)
+
+
+@functools.cache
+def _bwd_det_store_jit():
+    """The one ``cute.jit`` of ``_bwd_det_store_entry``."""
+    import cutlass.cute as cute  # noqa: PLC0415
+
+    return cute.jit(_bwd_det_store_entry)
 
 
 def _bwd_det_stream_entry(stream, q, k, v, do, lse, delta, offsets, entries, starts, sizes,
@@ -1285,12 +1322,15 @@ def bsa_bwd(do, q, k, v, out, lse, q2k_block_index, q2k_block_nums, block_sizes,
         if cfg.bwd.det_stream and ocfg is None:
             # the schedule order does not run this call: nothing to stream
             cfg = dataclasses.replace(cfg, bwd=dataclasses.replace(cfg.bwd, det_stream=False))
+        if cfg.bwd.det_stream and cfg.bwd.det_store:
+            # the streamed calls take the zeroed workspace
+            cfg = dataclasses.replace(cfg, bwd=dataclasses.replace(cfg.bwd, det_store=False))
         if (cfg.bwd.det_stream and cfg.bwd.det_overlap and dlse is None
                 and cfg.pre is not None and cfg.pre.zero_ws
                 and do.dtype == out.dtype == q.dtype):
             return _bsa_bwd_det_stream(q, k, v, do, lse, None, None, q2k_block_index,
                                        q2k_block_nums, block_sizes, cfg, spec, ocfg, out=out)
-    delta, dq_acc = bsa_preprocess(do, out, cfg)
+    delta, dq_acc = bsa_preprocess(do, out, cfg, with_ws=not cfg.bwd.det_store)
     if dlse is not None:
         delta = delta - dlse.astype(jnp.float32)
     if cfg.bwd.deterministic:
@@ -1346,6 +1386,27 @@ def _bsa_bwd_deterministic(q, k, v, do, lse, delta, dq_acc, q2k_block_index, q2k
             num_kv_blocks=cfg.num_kv_blocks, with_ranks=True, rank_group=cfg.bwd.det_group)
     ws_spec = None if cfg.bwd.dq_tile else spec  # the query-tile workspace is row-major
     sem0 = _det_semaphores(cfg)
+    if cfg.bwd.det_store:
+        # the workspace is an output of the call (not zeroed): the first contribution to
+        # each accumulator tile stores it
+        call = call_builder(cfg.cute_call)(
+            _bwd_det_store_jit(),
+            output_shape_dtype=(
+                *_grad_shapes(dq_tile_shape(cfg), k, v),
+                jax.ShapeDtypeStruct(sem0.shape, jnp.int32),
+            ),
+            input_spec=(spec, spec, spec, spec, None, None, None, None, None, None, None,
+                        None),
+            output_spec=(None, spec, spec, None),
+            input_output_aliases={11: 3},
+            compile_key=("bsa_bwd_det_store", cfg.bwd),
+            cfg=cfg.bwd,
+            static_last_inputs=(0, 1, 2, 3),
+            static_last_outputs=(0, 1, 2),
+        )
+        dq_acc, dk, dv, dq_sem = call(q, k, v, do, lse, delta, offsets, entries, ranks,
+                                      block_sizes, _scale_array(cfg.softmax_scale), sem0)
+        return _dq_out(dq_acc, q, cfg, spec, dq_sem), dk, dv
     n_in = 12 + (block_sizes is not None)  # flattened inputs (block_sizes may be None)
     call = call_builder(cfg.cute_call)(
         _bwd_det_jit(),

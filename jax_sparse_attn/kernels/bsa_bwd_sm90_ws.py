@@ -90,7 +90,10 @@ slices, arrive on named barrier 2 and go on with the next step; warp 1 waits for
 semaphore, syncs on barrier 2, adds the staged tile (one bulk reduce-add per block), hands
 the buffer back once the additions have read it (named barrier 5, on which the consumers
 sync before they stage the next step; with ``dq_alias`` it also releases the step's Q / dO
-stage to the producer), and publishes once they are complete. With ``dq_slots = P > 1`` each
+stage to the producer), and publishes once they are complete. With ``det_store`` the
+first contribution to an accumulator tile (turn 0) is a bulk store instead of a reduce-add,
+so the workspace is not zeroed; a tile nobody wrote keeps its semaphore at 0, and the
+reordering kernel writes zeros for it. With ``dq_slots = P > 1`` each
 query tile has ``P`` accumulator tiles in the workspace (``(B, H_q, N_t P, 64 D)``, tile ``t``
 slot ``p`` at ``t P + p``) and ``P`` semaphores (``mdQSem`` ``(B, H_q, N_t P)``): the
 contribution of rank ``r`` is added to slot ``r % P`` once the slot's semaphore reaches
@@ -197,7 +200,8 @@ class BsaBwdSm90Ws:
                  dq_late: bool = False, dq_writer: bool = False, lse_early: bool = False,
                  split_wait: bool = False, epi_pairs: bool = False, epi_smem: bool = False,
                  dq_alt: bool = False, dq_slots: int = 1, relaxed_poll: bool = False,
-                 order_stream: bool = False, stream_after_pre: bool = False):
+                 order_stream: bool = False, stream_after_pre: bool = False,
+                 det_store: bool = False):
         self.pdl = pdl
         # deterministic: the entries and ranks are produced while this kernel runs (by
         # kernels/bsa_det_order.py launched just before it, see _entry_ready)
@@ -271,6 +275,10 @@ class BsaBwdSm90Ws:
             raise NotImplementedError(
                 f"bsa_bwd_sm90_ws: dq_slots={dq_slots} needs the deterministic dQ writer warp")
         self.dq_slots = dq_slots
+        # det_writer: the first contribution to each accumulator tile (turn 0, i.e. rank <
+        # dq_slots) is a bulk store, so the workspace needs no zeroing (a tile nobody wrote
+        # keeps its semaphore at 0; the reordering kernel writes zeros for it)
+        self.det_store = det_store and self.det_writer
         # the ordered dQ additions need the grid's launch order (lower KV blocks first)
         self.lpt = lpt and not deterministic
         # blk 128: each consumer warpgroup adds the dQ of its own 64 keys (no barrier between
@@ -448,6 +456,16 @@ class BsaBwdSm90Ws:
         return v
 
     @cute.jit
+    def _bulk_tile(self, gtile, sdQ, sdQ2, n_cg: cutlass.Constexpr, store: cutlass.Constexpr):
+        """One lane of the writer warp: the staged dQ tile to the workspace tile at
+        ``gtile``, one bulk reduce-add (``store``: bulk store) per block of every consumer
+        warp's slice (the caller commits the bulk group)."""
+        for wi in cutlass.range_constexpr(4 * self.num_wg):
+            # consumer warp wi: rows 16 (wi % 4) .., warpgroup wi // 4's columns
+            bulk_add_warp_slice(gtile, sdQ, wi % 4, (wi // 4) * n_cg, n_cg, 4, self.dq_w,
+                                sbase2=sdQ2, half=2 * self.d // self.dq_w, store=store)
+
+    @cute.jit
     def _dq_order_warp(self, mEntries, mRank, mdQSem, e_begin, n_ent, n_q_blocks, seqlen_q,
                        head_kv, group, batch, mdQacc=None, st=None, pipe_q=None,
                        mProgress=None, row_id=None):
@@ -508,12 +526,14 @@ class BsaBwdSm90Ws:
                             sdQ, sdQ2 = kvb.stage_as_f32(st, pipe_q.stage(c), bm, d)
                         if lane == 0:
                             gtile = elem_ptr(mdQacc, (batch, head, t_ws, 0))
-                            for wi in cutlass.range_constexpr(4 * nwg):
-                                # consumer warp wi: rows 16 (wi % 4) .., warpgroup wi // 4's
-                                # columns
-                                bulk_add_warp_slice(gtile, sdQ, wi % 4, (wi // 4) * n_cg, n_cg,
-                                                    4, self.dq_w, sbase2=sdQ2,
-                                                    half=2 * d // self.dq_w)
+                            if cutlass.const_expr(self.det_store):
+                                if turn == 0:
+                                    # the accumulator tile's first contribution: stores
+                                    self._bulk_tile(gtile, sdQ, sdQ2, n_cg, True)
+                                else:
+                                    self._bulk_tile(gtile, sdQ, sdQ2, n_cg, False)
+                            else:
+                                self._bulk_tile(gtile, sdQ, sdQ2, n_cg, False)
                             cute.arch.cp_async_bulk_commit_group()
                             cute.arch.cp_async_bulk_wait_group(0, read=True)
                         cute.arch.sync_warp()

@@ -151,7 +151,10 @@ class BsaDqFromTiles:
     the block-sparse backward's workspace ``(B, H_q, ceil(S_q / 64) slots, 64 D)`` fp32 of
     64-row query tiles in ``w``-column blocks, ``slots`` consecutive accumulator tiles per
     query tile (summed in slot order): one CTA of ``32 * tile_blocks(64, D, w)`` threads per
-    (query tile, head, batch) writes the tile's rows below ``S_q``."""
+    (query tile, head, batch) writes the tile's rows below ``S_q``. With ``mSem`` (int32
+    ``(B, H_q, ceil(S_q / 64) slots)``, the deterministic backward's semaphores, which count
+    the contributions to each accumulator tile; a workspace that was not zeroed) an
+    accumulator tile whose semaphore is 0 holds no data and counts as zeros."""
 
     BM = 64
 
@@ -170,21 +173,21 @@ class BsaDqFromTiles:
         self.num_threads = 32 * tile_blocks(self.BM, head_dim, block_cols)
 
     @cute.jit
-    def __call__(self, mWs, mdQ, stream):
+    def __call__(self, mWs, mdQ, stream, mSem=None):
         n_elems = self.BM * smem_row_stride(self.d)
 
         @cute.struct
         class Smem:
             tile: cute.struct.Align[cute.struct.MemRange[self.dtype, n_elems], 128]
 
-        self.kernel(mWs, mdQ, Smem).launch(
+        self.kernel(mWs, mdQ, mSem, Smem).launch(
             grid=(cute.size(mWs.shape[2]) // self.slots, cute.size(mWs.shape[1]),
                   cute.size(mWs.shape[0])),
             block=[self.num_threads, 1, 1], smem=Smem.size_in_bytes(), stream=stream,
             use_pdl=self.pdl)
 
     @cute.kernel
-    def kernel(self, mWs, mdQ, Smem: cutlass.Constexpr):
+    def kernel(self, mWs, mdQ, mSem, Smem: cutlass.Constexpr):
         tidx, _, _ = cute.arch.thread_idx()
         t, head, batch = cute.arch.block_idx()
         if cutlass.const_expr(self.pdl):
@@ -193,10 +196,18 @@ class BsaDqFromTiles:
         st = cutlass.memory.SmemAllocator().allocate(Smem)
         sbase = st.tile.data_ptr()
         v = tile_load(elem_ptr(mWs, (batch, head, t * self.slots, 0)), tidx, self.w)
-        if cutlass.const_expr(self.slots > 1):
-            # all slots' loads first, then the sum in slot order
-            vs = [tile_load(elem_ptr(mWs, (batch, head, t * self.slots + p, 0)), tidx, self.w)
-                  for p in range(1, self.slots)]
+        # all slots' loads first, then the sum in slot order
+        vs = [tile_load(elem_ptr(mWs, (batch, head, t * self.slots + p, 0)), tidx, self.w)
+              for p in range(1, self.slots)]
+        if cutlass.const_expr(mSem is not None):
+            # a workspace that was not zeroed: an accumulator tile without contributions
+            # (semaphore 0) holds garbage and counts as zeros
+            if Int32(mSem[batch, head, t * self.slots]) == 0:
+                v.fill(0.0)
+            for p in cutlass.range_constexpr(1, self.slots):
+                if Int32(mSem[batch, head, t * self.slots + p]) > 0:
+                    v.store(v.load() + vs[p - 1].load())
+        else:
             for vp in vs:
                 v.store(v.load() + vp.load())
         tile_to_smem(v, sbase, tidx, self.BM, self.d, self.w, self.dtype)
