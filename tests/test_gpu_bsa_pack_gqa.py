@@ -20,7 +20,8 @@ so rows are empty, or have fewer listed blocks than splits (empty splits: zeros 
 partials); each case checks that its split count resolves above 1
 (``"auto"``: over the packed rows ``B H_kv N_qp``). ``test_bsa_pack_gqa_splits_equal_unpacked``
 compares the packed split forward with the unpacked one (same listing, same ``kv_splits``)
-and with the packed one-split forward. Only those:
+and with the packed one-split forward; ``test_bsa_pack_gqa_splits_all_rows_empty`` runs every
+split of every item empty (K/V all NaN). Only those:
 ``python -m pytest -m gpu tests/test_gpu_bsa_pack_gqa.py -k split``.
 
 Run on the H200: ``python -m pytest -m gpu tests/test_gpu_bsa_pack_gqa.py`` (shard with
@@ -348,3 +349,38 @@ def test_bsa_pack_gqa_splits_equal_unpacked(r, blk, d, sq, skv, n_listed, kv_spl
     assert empty.any()
     assert np.all(np.asarray(out_p, np.float32)[empty] == 0)
     assert np.all(np.isneginf(np.asarray(lse_p)[empty]))
+
+
+def test_bsa_pack_gqa_splits_all_rows_empty():
+    """Every packed row empty, K/V all NaN, pack_gqa with kv_splits 3 (every split of every
+    item empty): out 0, lse -inf, grads 0, no NaN, after a poisoned run (the packed split
+    forward, the combine kernel and the backward on empty lists)."""
+    import jax_sparse_attn as jsa
+    from jax_sparse_attn.config import Switches
+
+    if SHARD and not SHARD.startswith("0/"):
+        pytest.skip("BSA_PACK_SHARD: runs in shard 0")
+    rng = np.random.default_rng(13)
+    for blk, r, d, impl in ((128, 8, 128, "auto"), (64, 2, 64, "sm90ws")):
+        b, hkv, sq, skv, kmax = 2, 2, 40, 700, 4
+        nqp = -(-sq * r // blk)
+        q, do = (jnp.asarray(rng.standard_normal((b, hkv * r, sq, d)), jnp.bfloat16)
+                 for _ in range(2))
+        kv = jnp.full((b, hkv, skv, d), jnp.nan, jnp.bfloat16)
+        idx = jnp.asarray(rng.integers(-3, 99, (b, hkv, nqp, kmax)), jnp.int32)  # inactive
+        nums = jnp.zeros((b, hkv, nqp), jnp.int32)
+        kw = dict(q2k_block_nums=nums, sparse_block_size=blk, allow_empty_block_nums=True,
+                  backend=BACKEND, kv_splits=3, pack_gqa=True,
+                  switches=Switches(bsa_fwd_impl=impl))
+
+        @jax.jit
+        def f(q, k, v, do):
+            out, lse = jsa.block_sparse_attention_forward(q, k, v, idx, **kw)
+            _, vjp = jax.vjp(lambda q, k, v: jsa.block_sparse_attention(q, k, v, idx, **kw),
+                             q, k, v)
+            return (out, lse) + vjp(do)
+
+        jax.block_until_ready(f(q * jnp.nan, kv, kv, do))  # poisoned buffers
+        out, lse, dq, dk, dv = (np.asarray(x, np.float32) for x in f(q, kv, kv, do))
+        assert np.all(out == 0) and np.all(np.isneginf(lse)), blk
+        assert np.all(dq == 0) and np.all(dk == 0) and np.all(dv == 0), blk
