@@ -282,8 +282,9 @@ _META_ARG_LINES = """
         active prefix cut into ``kv_splits`` contiguous chunks of ``ceil(n / kv_splits)``
         entries, per-chunk fp32 softmax partials merged by ``lse = log sum exp(lse_s)``
         (empty chunks contribute nothing). ``"auto"``: ``floor(num_SMs / (B H_q N_q))``
-        (``B H_kv N_qp`` metadata rows with ``pack_gqa``) clamped to ``[1, min(K_max, 256)]`` (132 SMs where no GPU is visible), resolved at
-        trace time. The backward does not split. Kernels: every forward splits (fp32
+        (``B H_kv N_qp`` metadata rows with ``pack_gqa``) clamped to ``[1, min(K_max,
+        256)]`` (132 SMs where no GPU is visible), resolved at trace time. The backward
+        does not split. Kernels: every forward splits (fp32
         partials + a combine kernel, ``docs/bsa.md``).
       pack_gqa: bool (default False): metadata over packed query rows ``p = s r + g``
         (position ``s`` of query head ``h_kv r + g``, ``r = H_q / H_kv`` must divide

@@ -175,7 +175,8 @@ class BsaFwdSm90Ws(AttnFwdSm90Ws):
         self.pack = pack_gqa
         if pack_gqa > 1 and causal:
             raise NotImplementedError(
-                "pack_gqa with causal is not implemented by this kernel")
+                f"pack_gqa={pack_gqa} with causal=True is not implemented by this kernel "
+                f"(each alone is)")
 
     @staticmethod
     def can_implement(dtype, head_dim: int, block_size: int) -> bool:
@@ -217,9 +218,9 @@ class BsaFwdSm90Ws(AttnFwdSm90Ws):
     @cute.jit
     def _work(self, sched, t, n_q_blocks, mIdx, mNums, mSizes, seqlen_k, seqlen_q=None,
               n_heads=None):
-        """(batch, query head, query block, its BlockList) of work item ``t`` (``seqlen_q``:
-        causal only); split-KV: the split's part of the list (``BlockListSplit``) and the
-        split, last."""
+        """(batch, query head, query block, its BlockList) of work item ``t`` (packed: KV
+        head and packed block; ``seqlen_q``: causal only); split-KV: the split's part of the
+        list (``BlockListSplit``) and the split, last."""
         slot, head = sched.coords(t)
         split = None
         if cutlass.const_expr(self.kv_splits > 1):
@@ -431,7 +432,8 @@ class BsaFwdSm90Ws(AttnFwdSm90Ws):
     def _epilogue(self, acc_O, work, tile, thr_mma_pv, sO, wg, wtid, has_work):
         """``O / l`` -> 16 bit -> smem (swizzled) -> 128-bit stores of rows ``< S_q``; LSE
         (``lse = -inf`` and ``O = 0`` for a work item without listed blocks). Split-KV: the
-        split's fp32 partial ``O / l`` and LSE (``_epilogue_split``)."""
+        split's fp32 partial ``O / l`` and LSE (``_epilogue_split``; packed rows:
+        ``_epilogue_split_packed``)."""
         if cutlass.const_expr(self.kv_splits > 1):
             if cutlass.const_expr(self.pack > 1):
                 self._epilogue_split_packed(acc_O, work, tile, thr_mma_pv, wtid)
