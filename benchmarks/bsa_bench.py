@@ -23,7 +23,11 @@ saved out/lse; ``csr`` times only the K->Q CSR construction. Prints a table and 
 ``--pack-gqa`` times ``pack_gqa=True`` against unpacked GQA at the same density (bf16,
 H_q=32, H_kv=4, blk128, 12.5 % of the KV blocks per row, D=128; the same FLOPs
 ``4*B*H_q*S_q*D*(top_k*blk)`` for both, random lists drawn independently): "prefill" B=1,
-S_q=S_kv=16384, fwd and bwd; "decode" B=16, S_q=16 (S_q r = blk), S_kv=16384, fwd.
+S_q=S_kv=16384, fwd and bwd; "decode" B=16, S_q=16 (S_q r = blk), S_kv=16384, fwd;
+"decode-splits" the same decode packed with ``kv_splits=1`` vs ``"auto"`` (resolved over
+the ``B H_kv N_qp`` packed rows: 2 splits); "decode-longkv" B=1, S_q=16, S_kv=131072 (``--quick``:
+32768), blk128 top-64, packed with ``kv_splits=1`` vs ``"auto"`` (33 splits) and unpacked with
+``"auto"``, fwd (rows carry ``kv_splits`` and the resolved ``splits``).
 ``--splits`` times the split-KV decode rows instead (:data:`SPLIT_ROWS`: few query rows against
 a long KV list; ``kv_splits="auto"`` against ``kv_splits=1``), with the K/V bytes read per
 second (listed blocks of K and V once per query block and head: ``2 B H_q N_q top_k blk D``
@@ -224,16 +228,32 @@ def run(cases, b=1, h=16, s=16384, d=128, n_sets=3, seed=0, tag="", switches=Non
     return rows
 
 
+#: the variants of :func:`pack_gqa_rows`: (name, pack_gqa, kv_splits); the first is the
+#: baseline of the others' ``speedup``
+PACK_VARIANTS = (("unpacked", False, 1), ("pack_gqa", True, 1))
+#: packed decode with split-KV: one split against ``kv_splits="auto"`` (over the packed rows
+#: ``B H_kv N_qp``)
+PACK_SPLIT_VARIANTS = (("pack_gqa", True, 1), ("pack_gqa_splits_auto", True, "auto"))
+#: the long-KV packed decode: also the unpacked call with ``kv_splits="auto"`` (over its
+#: ``B H_q N_q`` rows)
+PACK_LONGKV_VARIANTS = PACK_SPLIT_VARIANTS + (("unpacked_splits_auto", False, "auto"),)
+
+
 def pack_gqa_rows(s=16384, h=32, h_kv=4, d=128, blk=128, density=0.125, n_sets=2, seed=0,
                   passes=("fwd", "bwd"), backend="kernel", b=1, s_q=None, tag="prefill",
-                  timing=None):
+                  timing=None, variants=PACK_VARIANTS):
     """``pack_gqa=True`` (metadata ``(B, H_kv, S_q r / blk, top_k)``) vs unpacked GQA
     (``(B, H_q, S_q / blk, top_k)``) at the same density (``top_k`` of the ``S / blk`` KV
     blocks per row, lists drawn independently; ``s_q``: query positions, default ``s``):
-    rows with ``variant`` "unpacked" / "pack_gqa" and, for the packed rows, ``speedup`` over
-    the unpacked row of the pass. Effective FLOPs are the same for both:
-    ``4 B H_q S_q D top_k blk`` (forward), 2.5x that (backward). ``timing``: keyword
-    arguments of ``_time``."""
+    one row per ``variants`` entry ``(name, pack_gqa, kv_splits)`` and pass, each but the
+    first variant's with ``speedup`` over the first variant's row of the pass (default
+    :data:`PACK_VARIANTS`: "unpacked" and "pack_gqa", one split each). Rows record the
+    ``kv_splits`` option and ``splits``, the count it resolves to (``ffi.bsa.
+    resolve_kv_splits`` over the call's metadata rows: ``B H_kv N_qp`` packed). Effective
+    FLOPs are the same for all: ``4 B H_q S_q D top_k blk`` (forward), 2.5x that
+    (backward). ``timing``: keyword arguments of ``_time``."""
+    from jax_sparse_attn.ffi import bsa as ffi_bsa  # noqa: PLC0415 (no GPU import needed)
+
     timing = timing or {}
     s_q = s if s_q is None else s_q
     r = h // h_kv
@@ -243,8 +263,11 @@ def pack_gqa_rows(s=16384, h=32, h_kv=4, d=128, blk=128, density=0.125, n_sets=2
     scale = 1.0 / np.sqrt(d)
     flops_fwd = 4.0 * b * h * s_q * d * (topk * blk)
     rows, ms_of = [], {}
-    for variant, pack in (("unpacked", False), ("pack_gqa", True)):
+    base = variants[0][0]
+    for variant, pack, ks in variants:
         hm, nq = (h_kv, -(-s_q * r // blk)) if pack else (h, -(-s_q // blk))
+        resolved = ffi_bsa.resolve_kv_splits(ks, num_rows=b * hm * nq, k_max=topk,
+                                             impl="sm90ws")
         sets = []
         for i in range(n_sets):
             kq, kk, kv, ki, kd = jax.random.split(jax.random.fold_in(key, i), 5)
@@ -256,7 +279,7 @@ def pack_gqa_rows(s=16384, h=32, h_kv=4, d=128, blk=128, density=0.125, n_sets=2
             nums = jnp.full((b, hm, nq), topk, jnp.int32)
             sets.append((q, k, v, idx.astype(jnp.int32), nums, do))
         kw = dict(layout="bhsd", sparse_block_size=blk, softmax_scale=scale, backend=backend,
-                  pack_gqa=pack)
+                  pack_gqa=pack, kv_splits=ks)
 
         def fwd(q, k, v, idx, nums, do, kw=kw):
             return tuple(jsa.block_sparse_attention_forward(q, k, v, idx, None, None, nums, **kw))
@@ -275,15 +298,16 @@ def pack_gqa_rows(s=16384, h=32, h_kv=4, d=128, blk=128, density=0.125, n_sets=2
             ms_of[(variant, p)] = ms
             row = dict(case=tag, variant=variant, blk=blk, top_k=topk, pass_=p, ms=ms,
                        tflops=fl / (ms * 1e-3) / 1e12, B=b, H=h, H_kv=h_kv, S_q=s_q, S=s,
-                       D=d, dtype="bfloat16", backend=backend, density=topk / n_kv)
-            if pack:
-                row["speedup"] = ms_of[("unpacked", p)] / ms
+                       D=d, dtype="bfloat16", backend=backend, density=topk / n_kv,
+                       kv_splits=ks, splits=resolved)
+            if variant != base:
+                row["speedup"] = ms_of[(base, p)] / ms
             row.update(_LAST)
             rows.append(row)
-            sp = f"  {row['speedup']:.2f}x" if pack else ""
+            sp = f"  {row['speedup']:.2f}x" if variant != base else ""
             print(f"{tag:8s} {variant:9s} B{b} H{h}/{h_kv} blk{blk} top{topk}/{n_kv} "
-                  f"S_q{s_q} S{s} D{d} {p:4s} {ms:8.3f} ms {row['tflops']:7.1f} TFLOP/s{sp}"
-                  f"{_timing_note()}",
+                  f"S_q{s_q} S{s} D{d} splits {resolved:3d} {p:4s} {ms:8.3f} ms "
+                  f"{row['tflops']:7.1f} TFLOP/s{sp}{_timing_note()}",
                   flush=True)
     return rows
 
@@ -588,8 +612,17 @@ def main(argv=None):
                    # decode-like: S_q r = blk, one packed block per KV head vs r mostly empty
                    # 128-row tiles per query head
                    dict(b=16, s_q=16, passes=("fwd",), tag="decode"),
+                   # the packed decode with split-KV: 16 * 4 * 1 = 64 packed rows fill half
+                   # of 132 SMs with one split, "auto" = 2 splits (more input sets per call:
+                   # a call's forwards take microseconds)
+                   dict(b=16, s_q=16, passes=("fwd",), tag="decode-splits", n_sets=8,
+                        variants=PACK_SPLIT_VARIANTS),
+                   # long-KV decode, one sequence: S_kv 131072 (--quick: 32768), blk128
+                   # top-64: 4 packed rows, "auto" = 33 splits (unpacked 32 rows: 4)
+                   dict(b=1, s_q=16, passes=("fwd",), tag="decode-longkv", n_sets=8,
+                        s=s * 8, density=64 / (s * 8 // 128), variants=PACK_LONGKV_VARIANTS),
                    dict(passes=("bwd",))):
-            rows += pack_gqa_rows(s=s, **kw)
+            rows += pack_gqa_rows(**{"s": s, **kw})
             _write(args.out, rows)
     elif args.splits:
         sel = [int(r) for r in args.rows.split(",") if r] or None

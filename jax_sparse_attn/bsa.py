@@ -91,11 +91,11 @@ def _kernel_unsupported_reason(cfg, passes, switches, mod):
 
 def _kv_split_sizes(cfg):
     """The split-KV option and the static sizes that resolve it (``ffi.bsa.resolve_kv_splits``):
-    metadata rows ``B H N_q`` (KV heads with ``pack_gqa``), ``K_max`` and the elements of one
-    fp32 partial output; nothing for ``kv_splits=1`` (the ffi functions' defaults) and with
-    ``pack_gqa`` (the packed kernels run one split: ``"auto"`` chooses 1, other values are
-    declined by ``ffi.bsa.pack_gqa_unsupported_reason``)."""
-    if cfg.kv_splits == 1 or cfg.pack_gqa:
+    metadata rows ``B H_q N_q`` (with ``pack_gqa`` ``B H_kv N_qp``: ``cfg.num_q_blocks`` is
+    then ``N_qp``), ``K_max`` and the elements of one fp32 partial output ``B H_q S_q D_v``
+    (unpacked also with ``pack_gqa``); nothing for ``kv_splits=1`` (the ffi functions'
+    defaults)."""
+    if cfg.kv_splits == 1:
         return {}
     heads = cfg.num_heads_kv if cfg.pack_gqa else cfg.num_heads_q
     return dict(kv_splits=cfg.kv_splits, num_rows=cfg.batch * heads * cfg.num_q_blocks,
@@ -281,9 +281,10 @@ _META_ARG_LINES = """
       kv_splits: static int in ``[1, 256]`` or ``"auto"`` (default 1): split-KV, each row's
         active prefix cut into ``kv_splits`` contiguous chunks of ``ceil(n / kv_splits)``
         entries, per-chunk fp32 softmax partials merged by ``lse = log sum exp(lse_s)``
-        (empty chunks contribute nothing). ``"auto"``: ``floor(num_SMs / (B H N_q))``
-        clamped to ``[1, min(K_max, 256)]`` (132 SMs where no GPU is visible), resolved at
-        trace time. The backward does not split. Kernels: every forward splits (fp32
+        (empty chunks contribute nothing). ``"auto"``: ``floor(num_SMs / (B H_q N_q))``
+        (``B H_kv N_qp`` metadata rows with ``pack_gqa``) clamped to ``[1, min(K_max,
+        256)]`` (132 SMs where no GPU is visible), resolved at trace time. The backward
+        does not split. Kernels: every forward splits (fp32
         partials + a combine kernel, ``docs/bsa.md``).
       pack_gqa: bool (default False): metadata over packed query rows ``p = s r + g``
         (position ``s`` of query head ``h_kv r + g``, ``r = H_q / H_kv`` must divide
@@ -291,8 +292,8 @@ _META_ARG_LINES = """
         ``q2k_block_nums (B, H_kv, N_qp)``, ``block_sizes`` ranks 1-2 or
         ``(B, H_kv, N_kv)``, ``N_qp = ceil(S_q r / blk)``; ``lse`` stays ``(B, H_q, S_q)``.
         Semantics: cuDNN's packed GQA (FlashAttention's ``pack_gqa``). Reference backend,
-        and the SM90 kernels at D in {64, 128} for r dividing 64 (the mma.sync kernels
-        decline it).
+        and the SM90 kernels at D in {64, 128} for r dividing 64, with any ``kv_splits``
+        (the mma.sync kernels decline it; with ``causal=True`` the kernels decline it).
       causal: bool (default False): token-level causal mask inside the listed blocks,
         key ``j`` visible from query position ``i`` iff ``j <= i + S_kv - S_q``
         (bottom-right aligned). Kernels: the sm90 ones (D in {64, 128} on sm_90a); the
@@ -333,8 +334,8 @@ _RAISES_DOC = """
         causal not bools (backward: ``do``, ``o`` or ``lse`` of the wrong dtype).
       NotImplementedError: ``backend="kernel"`` where the kernel cannot run (also
         ``causal=True`` where the mma.sync kernels would run: D in {32, 256}, the portable
-        kernel family or the ``sm80`` switches; ``pack_gqa=True`` there too, or with
-        ``kv_splits > 1``; a ``kv_splits`` whose fp32 partials would
+        kernel family or the ``sm80`` switches; ``pack_gqa=True`` there too; a
+        ``kv_splits`` whose fp32 partials would
         pass 2^31 elements; ``deterministic=True`` where the warp-specialized backward
         does not run).
 """

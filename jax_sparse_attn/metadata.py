@@ -241,8 +241,8 @@ def num_sms() -> int:
 
 def auto_kv_splits(num_rows: int, k_max: int, sms: int | None = None) -> int:
     """``kv_splits="auto"``: the number of splits of each row's block list that makes the
-    ``num_rows`` metadata rows (``B * H * N_q``, packed rows with ``pack_gqa``) times the
-    splits fill one wave of ``sms`` SMs (default :func:`num_sms`):
+    ``num_rows`` metadata rows (``B * H_q * N_q``; ``B * H_kv * N_qp`` with ``pack_gqa``)
+    times the splits fill one wave of ``sms`` SMs (default :func:`num_sms`):
     ``floor(sms / num_rows)`` clamped to ``[1, min(k_max, 256)]`` (more splits than
     listed blocks would only add empty splits)."""
     sms = num_sms() if sms is None else int(sms)

@@ -502,6 +502,51 @@ def test_bsa_bench_pack_gqa_rows_tiny_cpu():
     assert f(by["prefill", "pack_gqa", "fwd"]) == pytest.approx(f(by["prefill", "unpacked", "fwd"]))
 
 
+def test_bsa_bench_pack_gqa_split_rows_tiny_cpu():
+    """The packed decode split rows on tiny shapes with the reference backend: one row per
+    variant (packed one split, packed "auto", unpacked "auto"), the split count resolved
+    over each call's metadata rows (packed ``B H_kv N_qp``), a speedup over the first
+    variant on the others."""
+    from benchmarks import bsa_bench
+    from jax_sparse_attn import metadata
+
+    rows = bsa_bench.pack_gqa_rows(s=1024, h=8, h_kv=2, d=32, blk=64, density=0.25, n_sets=1,
+                                   backend="reference", b=1, s_q=8, passes=("fwd",),
+                                   tag="decode-longkv", timing=dict(target_s=0.001, samples=1),
+                                   variants=bsa_bench.PACK_LONGKV_VARIANTS)
+    assert [(r["variant"], r["kv_splits"]) for r in rows] == [
+        ("pack_gqa", 1), ("pack_gqa_splits_auto", "auto"), ("unpacked_splits_auto", "auto")]
+    # top_k = 4 of 16 KV blocks; packed: 1 * 2 * ceil(8 * 4 / 64) = 2 rows, unpacked 1 * 8 * 1
+    assert [r["splits"] for r in rows] == [1, metadata.auto_kv_splits(2, 4),
+                                           metadata.auto_kv_splits(8, 4)] == [1, 4, 4]
+    for r in rows:
+        assert r["ms"] > 0 and r["tflops"] > 0 and r["top_k"] == 4
+        assert ("speedup" in r) == (r["variant"] != "pack_gqa")
+
+
+def test_bsa_bench_pack_gqa_main_rows(monkeypatch, tmp_path):
+    """``bsa_bench --pack-gqa`` runs the prefill forward, the decode row, the packed decode
+    with kv_splits 1 vs "auto" (B 16, S_q 16, S_kv 16384) and the long-KV packed decode
+    (B 1, S_q 16, S_kv 131072, blk128 top-64), then the prefill backward (the rows' inputs
+    are not built here: pack_gqa_rows is replaced by a recorder)."""
+    from benchmarks import bsa_bench
+
+    calls = []
+    monkeypatch.setattr(bsa_bench, "pack_gqa_rows", lambda **kw: calls.append(kw) or [])
+    bsa_bench.main(["--pack-gqa", "--out", str(tmp_path / "o.json")])
+    got = [(c.get("tag", "prefill"), c.get("passes"), c["s"], c.get("b", 1), c.get("s_q"),
+            c.get("variants", bsa_bench.PACK_VARIANTS)) for c in calls]
+    assert got == [
+        ("prefill", ("fwd",), 16384, 1, None, bsa_bench.PACK_VARIANTS),
+        ("decode", ("fwd",), 16384, 16, 16, bsa_bench.PACK_VARIANTS),
+        ("decode-splits", ("fwd",), 16384, 16, 16, bsa_bench.PACK_SPLIT_VARIANTS),
+        ("decode-longkv", ("fwd",), 131072, 1, 16, bsa_bench.PACK_LONGKV_VARIANTS),
+        ("prefill", ("bwd",), 16384, 1, None, bsa_bench.PACK_VARIANTS)]
+    longkv = calls[3]
+    assert round(longkv["density"] * (longkv["s"] // 128)) == 64  # top-64 of 1024 blocks
+    assert [v[1:] for v in bsa_bench.PACK_SPLIT_VARIANTS] == [(True, 1), (True, "auto")]
+
+
 def test_bsa_bench_causal_listing():
     """bsa_bench --causal: query block m lists exactly its diagonal block and the 15 before
     it (those >= 0), each once, in its active prefix."""

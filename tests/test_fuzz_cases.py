@@ -89,7 +89,7 @@ def test_bsa_cases_cover(default_cases):
 def test_static_configurations_are_few(default_cases):
     """Static options come from the profile lists: the HSTU ones add only the kv_splits
     option, the BSA ones only block_sizes' presence (fixed per profile) and, with
-    pack_gqa, the kv_splits option (1 or "auto": one split either way)."""
+    pack_gqa, the kv_splits option (1 or "auto")."""
     hstu = {static_key(c) for c in default_cases["hstu"]}
     bsa = {static_key(c)[:-1] for c in default_cases["bsa"]}
     assert len(hstu) <= len(HSTU_PROFILES) * len(set(HSTU_KV_SPLITS))

@@ -12,6 +12,18 @@ block no active row lists and past ``block_sizes``, and outputs poisoned by a pr
 all-NaN run. The kernels: the ``sm90ws`` forward (the default ``bsa_fwd_impl="auto"``, or
 named per case: ``impl``) and the ``sm90`` backward.
 
+Split-KV with packing (cases with ``kv_splits`` 2, 7 or ``"auto"``, mostly decode-like: one
+packed block per KV head against a long list): the packed forward's work items are (packed
+block, split, KV head), its per-split fp32 partials land in the unpacked ``(S, B, H_q, S_q,
+D)`` buffers and the combine kernel merges them. Their counts are random in ``[0, K_max]``,
+so rows are empty, or have fewer listed blocks than splits (empty splits: zeros and ``-inf``
+partials); each case checks that its split count resolves above 1
+(``"auto"``: over the packed rows ``B H_kv N_qp``). ``test_bsa_pack_gqa_splits_equal_unpacked``
+compares the packed split forward with the unpacked one (same listing, same ``kv_splits``)
+and with the packed one-split forward; ``test_bsa_pack_gqa_splits_all_rows_empty`` runs every
+split of every item empty (K/V all NaN). Only those:
+``python -m pytest -m gpu tests/test_gpu_bsa_pack_gqa.py -k split``.
+
 Run on the H200: ``python -m pytest -m gpu tests/test_gpu_bsa_pack_gqa.py`` (shard with
 ``BSA_PACK_SHARD=i/n``); ``scripts/gpu_p18.sh`` runs it with the benchmark rows.
 """
@@ -73,9 +85,34 @@ CASES = [
     # one position (a single partial packed block), one KV block
     PackCase("r8-blk128-d128-bf16-q1", 8, 128, sq=1, skv=65, kmax=1),
     PackCase("r2-blk64-d64-bf16-q1-sm90ws", 2, 64, d=64, sq=1, skv=300, kmax=3, impl="sm90ws"),
-    # decode-like (S_q r = blk) with kv_splits="auto": the packed kernels run one split
+    # decode-like (S_q r = blk) with kv_splits="auto": 4 * 2 * 1 packed rows, 8 splits
     PackCase("r8-blk128-d128-bf16-decode-splitsauto", 8, 128, sq=16, skv=4096, kmax=8,
              kv_splits="auto", b=4),
+    # ---- pack_gqa with kv_splits (packed block, split, KV head work items)
+    PackCase("r8-blk128-d128-bf16-decode-splits2", 8, 128, sq=16, skv=4096, kmax=8,
+             kv_splits=2, b=4),
+    # S_q r = 120 of 128 rows (partial packed block), 7 splits of <= 8 blocks: most rows
+    # have empty splits
+    PackCase("r8-blk128-d64-fp16-bshd-decode-splits7-sizes3", 8, 128, d=64, dtype="float16",
+             layout="bshd", sq=15, skv=3000, kmax=8, kv_splits=7, b=3, sizes_rank=3),
+    # "auto": 2 * 2 * 1 packed rows -> min(num_SMs // 4, 12) = 12 splits
+    PackCase("r2-blk64-d128-fp16-decode-splitsauto", 2, 64, dtype="float16", sq=13, skv=2049,
+             kmax=12, kv_splits="auto"),
+    # 7 clamps to K_max = 6
+    PackCase("r2-blk128-d64-bf16-bshd-decode-splits7-sizes1-sm90ws", 2, 128, d=64,
+             layout="bshd", sq=64, skv=1500, kmax=6, kv_splits=7, sizes_rank=1,
+             impl="sm90ws"),
+    # several packed blocks (the last partial), blk 64
+    PackCase("r8-blk64-d64-bf16-splits2-sizes2-sm90ws", 8, 64, d=64, sq=21, skv=1025, kmax=4,
+             kv_splits=2, sizes_rank=2, impl="sm90ws"),
+    # 2 * 4 * 1 packed rows -> 16 splits of <= 16 blocks
+    PackCase("r8-blk64-d128-fp16-bshd-decode-splitsauto-hkv4", 8, 64, dtype="float16",
+             layout="bshd", hkv=4, sq=8, skv=8192, kmax=16, kv_splits="auto"),
+    # prefill-like: 11 packed blocks per KV head
+    PackCase("r4-blk128-d128-bf16-splits7", 4, 128, sq=333, skv=2048, kmax=8, kv_splits=7),
+    # long-KV decode, one sequence: 1 * 2 * 1 packed rows -> 64 splits of <= 64 blocks
+    PackCase("r8-blk128-d128-bf16-longkv-splitsauto-b1", 8, 128, sq=16, skv=32768, kmax=64,
+             kv_splits="auto", b=1),
 ]
 
 
@@ -172,6 +209,17 @@ def _reference(x, compute_dtype):
     return f(q, k, v, do)
 
 
+def resolved_splits(c: PackCase):
+    """The split count the case's forward runs: ``kv_splits`` clamped to the listed blocks
+    ``K_max``, ``"auto"`` over the packed metadata rows ``B H_kv N_qp``
+    (``ffi.bsa.resolve_kv_splits``)."""
+    from jax_sparse_attn.ffi import bsa as ffi_bsa
+
+    nqp, nkv = -(-c.sq * c.r // c.blk), -(-c.skv // c.blk)
+    return ffi_bsa.resolve_kv_splits(c.kv_splits, num_rows=c.b * c.hkv * nqp,
+                                     k_max=min(c.kmax, nkv), impl="sm90ws")
+
+
 def _bhs(a, layout):
     a = np.asarray(jnp.asarray(a, jnp.float32))
     return a if layout == "bhsd" else np.swapaxes(a, 1, 2)
@@ -179,6 +227,8 @@ def _bhs(a, layout):
 
 @pytest.mark.parametrize("c", shard(CASES, SHARD), ids=lambda c: c.name)
 def test_bsa_pack_gqa_kernel_vs_reference(c):
+    if c.kv_splits != 1:
+        assert resolved_splits(c) > 1, "a split case that runs one split"
     x = pack_inputs(c)
     f = _kernel_fn(c, x["kw"])
     args = (x["q"], x["k"], x["v"], x["do"], x["idx"], x["nums"], x["sizes"])
@@ -240,3 +290,97 @@ def test_bsa_pack_gqa_equals_unpacked_listing():
     np.testing.assert_allclose(np.asarray(lse_p), np.asarray(lse_u), rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(np.asarray(out_p, np.float32), np.asarray(out_u, np.float32),
                                rtol=2e-2, atol=2e-2)
+
+
+# (r, blk, D, S_q, S_kv, listed blocks, kv_splits): decode-like, one packed block per KV head
+SPLIT_EQ = [
+    (8, 128, 128, 16, 8192, 24, 5),
+    (2, 64, 64, 32, 4096, 16, "auto"),
+    (4, 128, 64, 64, 6144, 12, 7),
+]
+
+
+@pytest.mark.parametrize("r,blk,d,sq,skv,n_listed,kv_splits", SPLIT_EQ,
+                         ids=[f"r{c[0]}-blk{c[1]}-d{c[2]}-splits{c[6]}" for c in SPLIT_EQ])
+def test_bsa_pack_gqa_splits_equal_unpacked(r, blk, d, sq, skv, n_listed, kv_splits):
+    """pack_gqa with kv_splits against (a) the unpacked forward with the same listing and the
+    same kv_splits (every head of a group lists what its packed block lists) and (b) the
+    packed forward with one split: they agree to rounding (same math; other row grouping,
+    other split merge). Counts vary per row (some rows with fewer blocks than splits, one
+    KV head's rows empty)."""
+    import jax_sparse_attn as jsa
+
+    if SHARD and not SHARD.startswith("0/"):
+        pytest.skip("BSA_PACK_SHARD: runs in shard 0")
+    hkv, b = 2, 2
+    rng = np.random.default_rng(7)
+    dt = jnp.bfloat16
+    q = jnp.asarray(rng.standard_normal((b, hkv * r, sq, d)), dt)
+    k = jnp.asarray(rng.standard_normal((b, hkv, skv, d)), dt)
+    v = jnp.asarray(rng.standard_normal((b, hkv, skv, d)), dt)
+    nkv, nq, nqp = -(-skv // blk), -(-sq // blk), -(-sq * r // blk)
+    # unpacked query block m of every head of KV head h lists sel[b, h, m, :cnt[b, h, m]]
+    sel = np.argsort(rng.random((b, hkv, nq, nkv)), axis=-1)[..., :n_listed].astype(np.int32)
+    cnt = rng.integers(0, n_listed + 1, size=(b, hkv, nq)).astype(np.int32)
+    cnt[0, 0] = 0
+    cnt[-1, -1] = n_listed
+    u_idx = np.repeat(sel, r, axis=1)
+    u_nums = np.repeat(cnt, r, axis=1)
+    # packed block mp of KV head h covers positions [mp blk / r, (mp + 1) blk / r): block m
+    m_of = np.arange(nqp) * blk // r // blk
+    p_idx, p_nums = sel[:, :, m_of], cnt[:, :, m_of]
+    kw = dict(sparse_block_size=blk, backend=BACKEND, allow_empty_block_nums=True)
+
+    def fwd(idx, nums, **o):
+        return jsa.block_sparse_attention_forward(q, k, v, jnp.asarray(idx),
+                                                  q2k_block_nums=jnp.asarray(nums), **kw, **o)
+
+    out_p, lse_p = fwd(p_idx, p_nums, pack_gqa=True, kv_splits=kv_splits)
+    for out_o, lse_o in (fwd(u_idx, u_nums, kv_splits=kv_splits),
+                         fwd(p_idx, p_nums, pack_gqa=True)):
+        lp, lo = np.asarray(lse_p), np.asarray(lse_o)
+        assert np.array_equal(np.isneginf(lp), np.isneginf(lo))
+        fin = np.isfinite(lo)
+        np.testing.assert_allclose(lp[fin], lo[fin], rtol=1e-4, atol=1e-4)
+        np.testing.assert_allclose(np.asarray(out_p, np.float32), np.asarray(out_o, np.float32),
+                                   rtol=2e-2, atol=2e-2)
+    empty = np.repeat(cnt == 0, r, axis=1)[..., None].repeat(blk, -1).reshape(b, hkv * r, -1)
+    empty = empty[..., :sq]
+    assert empty.any()
+    assert np.all(np.asarray(out_p, np.float32)[empty] == 0)
+    assert np.all(np.isneginf(np.asarray(lse_p)[empty]))
+
+
+def test_bsa_pack_gqa_splits_all_rows_empty():
+    """Every packed row empty, K/V all NaN, pack_gqa with kv_splits 3 (every split of every
+    item empty): out 0, lse -inf, grads 0, no NaN, after a poisoned run (the packed split
+    forward, the combine kernel and the backward on empty lists)."""
+    import jax_sparse_attn as jsa
+    from jax_sparse_attn.config import Switches
+
+    if SHARD and not SHARD.startswith("0/"):
+        pytest.skip("BSA_PACK_SHARD: runs in shard 0")
+    rng = np.random.default_rng(13)
+    for blk, r, d, impl in ((128, 8, 128, "auto"), (64, 2, 64, "sm90ws")):
+        b, hkv, sq, skv, kmax = 2, 2, 40, 700, 4
+        nqp = -(-sq * r // blk)
+        q, do = (jnp.asarray(rng.standard_normal((b, hkv * r, sq, d)), jnp.bfloat16)
+                 for _ in range(2))
+        kv = jnp.full((b, hkv, skv, d), jnp.nan, jnp.bfloat16)
+        idx = jnp.asarray(rng.integers(-3, 99, (b, hkv, nqp, kmax)), jnp.int32)  # inactive
+        nums = jnp.zeros((b, hkv, nqp), jnp.int32)
+        kw = dict(q2k_block_nums=nums, sparse_block_size=blk, allow_empty_block_nums=True,
+                  backend=BACKEND, kv_splits=3, pack_gqa=True,
+                  switches=Switches(bsa_fwd_impl=impl))
+
+        @jax.jit
+        def f(q, k, v, do):
+            out, lse = jsa.block_sparse_attention_forward(q, k, v, idx, **kw)
+            _, vjp = jax.vjp(lambda q, k, v: jsa.block_sparse_attention(q, k, v, idx, **kw),
+                             q, k, v)
+            return (out, lse) + vjp(do)
+
+        jax.block_until_ready(f(q * jnp.nan, kv, kv, do))  # poisoned buffers
+        out, lse, dq, dk, dv = (np.asarray(x, np.float32) for x in f(q, kv, kv, do))
+        assert np.all(out == 0) and np.all(np.isneginf(lse)), blk
+        assert np.all(dq == 0) and np.all(dk == 0) and np.all(dv == 0), blk

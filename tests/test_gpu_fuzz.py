@@ -95,7 +95,7 @@ HSTU_SPECIAL_LENS = (0, 1, 2, 3, 17, 63, 64, 65, 127, 128, 129, 191, 255, 256, 2
                      512, 513, 767, 1023, 1024, 1025, 1151, 1279, 1280, 1281, 1499)
 
 #: BSA static options. ``pack_gqa``: the group size r (0: off); ``kv_splits``: the forward's
-#: option (pack_gqa profiles draw 1 or "auto", which runs one split there).
+#: option (pack_gqa profiles draw 1 or "auto", which splits the packed rows).
 BSA_PROFILES = (
     dict(dtype="bfloat16", d=128, blk=128, layout="bhsd", sizes=True),
     dict(dtype="float16", d=64, blk=64, layout="bshd", sizes=False),

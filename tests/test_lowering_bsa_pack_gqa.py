@@ -1,13 +1,18 @@
 """CPU lowering (sm_90a) of the block-sparse kernels with ``pack_gqa=True``.
 
 Each configuration lowers ``jax.grad`` of a loss through the public op (forward, the
-preprocessing kernel and the dK/dV/dQ kernel: three CuTe DSL calls) with packed metadata
-``(B, H_kv, ceil(S_q r / blk), K_max)``; between them: r in {2, 4, 8}, blk 64 / 128, D 64 /
-128, both dtypes and layouts, with and without ``block_sizes``, on the sm90ws forward (the
-default ``auto`` and the switch named), with and without ``causal``. The packed forward's Q load is one 5-D TMA box
-(D, r heads, positions, KV head, batch) on the sm90ws kernel; the PTX test checks it. The
-pack_gqa=False kernels are unchanged (PTX sha256 of the sm90ws forward: tests/ws_ptx_sha256.txt
-via tests/test_lowering_hstu.py; all BSA SM90 kernels: docs/bsa.md).
+preprocessing kernel and the dK/dV/dQ kernel: three CuTe DSL calls; with more than one key
+split the combine kernel too: four) with packed metadata ``(B, H_kv, ceil(S_q r / blk),
+K_max)``; between them: r in {2, 4, 8}, blk 64 / 128, D 64 / 128, both dtypes and layouts,
+with and without ``block_sizes``, on the sm90ws forward (the default ``auto`` and the switch
+named), without and with ``kv_splits`` (2, 7 (clamped to K_max = 5), ``"auto"``, which counts
+the packed metadata rows ``B H_kv N_qp``: decode-like shapes split), with and without
+``causal``. The packed forward's Q
+load is one 5-D TMA box (D, r heads, positions, KV head, batch) on the sm90ws kernel; the PTX
+tests check it, and that the packed split forward stores fp32 partial rows from registers
+(no 16-bit smem-staged stores). The pack_gqa=False kernels are unchanged (PTX sha256 of the
+sm90ws forward: tests/ws_ptx_sha256.txt via tests/test_lowering_hstu.py; all BSA SM90
+kernels: docs/bsa.md).
 """
 
 from __future__ import annotations
@@ -27,19 +32,42 @@ pytest.importorskip("cutlass.jax")
 
 CALL_TARGET = "CuteDSLRT_NvJaxCutlassCall"
 
+# ``splits``: the split count the forward's compile key resolves (K_max = 5; "auto" =
+# min(132 // (B H_kv N_qp), K_max) with B = H_kv = 2)
 PACK_CONFIGS = [
     dict(d=128, blk=128, r=8, dtype="bfloat16", layout="bshd", sizes=True, fwd="auto"),
-    # kv_splits="auto" with pack_gqa and few packed rows (unpacked, "auto" would split them):
-    # one split (the packed kernels do not split; no combine kernel: still three calls)
-    dict(d=64, blk=64, r=4, dtype="float16", layout="bhsd", sizes=False, fwd="auto",
-         kv_splits="auto", sq=16),
     dict(d=128, blk=64, r=2, dtype="bfloat16", layout="bshd", sizes=True, fwd="sm90ws"),
     dict(d=64, blk=128, r=2, dtype="float16", layout="bhsd", sizes=True, fwd="sm90ws"),
+    # pack_gqa with kv_splits: work items (packed block, split, KV head), the fp32 partials
+    # in the unpacked (S, B, H_q, S_q, D) layout merged by the combine kernel.
+    # decode-like (S_q r <= blk: one packed block per KV head): "auto" splits 4 rows 5 ways
+    dict(d=64, blk=64, r=4, dtype="float16", layout="bhsd", sizes=False, fwd="auto",
+         kv_splits="auto", sq=16, splits=5),
+    dict(d=128, blk=128, r=8, dtype="bfloat16", layout="bshd", sizes=True, fwd="auto",
+         kv_splits="auto", sq=16, splits=5),
+    dict(d=128, blk=128, r=8, dtype="bfloat16", layout="bhsd", sizes=False, fwd="sm90ws",
+         kv_splits=2, sq=16, splits=2),
+    dict(d=64, blk=64, r=8, dtype="float16", layout="bshd", sizes=True, fwd="sm90ws",
+         kv_splits=7, sq=9, splits=5),
+    dict(d=128, blk=64, r=2, dtype="float16", layout="bhsd", sizes=True, fwd="auto",
+         kv_splits=7, splits=5),
+    dict(d=64, blk=128, r=4, dtype="bfloat16", layout="bshd", sizes=False, fwd="auto",
+         kv_splits=2, splits=2),
+    dict(d=128, blk=64, r=4, dtype="bfloat16", layout="bshd", sizes=False, fwd="sm90ws",
+         kv_splits="auto", sq=40, splits=5),
+    dict(d=64, blk=128, r=2, dtype="float16", layout="bhsd", sizes=True, fwd="sm90ws",
+         kv_splits=7, sq=16, splits=5),
+    # many packed rows (2 * 2 * 63 > 132): "auto" resolves to one split (kv_splits=1's key)
+    dict(d=128, blk=64, r=4, dtype="bfloat16", layout="bhsd", sizes=False, fwd="auto",
+         kv_splits="auto", splits=1),
     # pack_gqa with the causal mask (S_q != S_kv: bottom-right aligned)
     dict(d=128, blk=128, r=8, dtype="bfloat16", layout="bshd", sizes=True, fwd="auto",
          causal=True),
     dict(d=64, blk=64, r=4, dtype="float16", layout="bhsd", sizes=False, fwd="auto",
          causal=True),
+    # pack_gqa with causal and kv_splits together
+    dict(d=128, blk=128, r=8, dtype="bfloat16", layout="bhsd", sizes=True, fwd="auto",
+         causal=True, kv_splits=2, sq=16, splits=2),
 ]
 
 
@@ -50,8 +78,8 @@ def _sm90_env(monkeypatch):
 
 
 def _ids(c):
-    return (f"{c['fwd']}-{'splitsauto-' if 'kv_splits' in c else ''}"
-            f"{'causal-' if c.get('causal') else ''}d{c['d']}-blk{c['blk']}-r{c['r']}-{c['dtype']}-{c['layout']}-"
+    splits = f"splits{c['kv_splits']}-" if "kv_splits" in c else ""
+    return (f"{c['fwd']}-{splits}{'causal-' if c.get('causal') else ''}d{c['d']}-blk{c['blk']}-r{c['r']}-{c['dtype']}-{c['layout']}-"
             f"{'sizes' if c['sizes'] else 'nosizes'}")
 
 
@@ -83,13 +111,34 @@ def _loss_and_args(c, b=2, hkv=2, skv=1025, kmax=5):
     return loss, args
 
 
+def _fwd_key(c, args):
+    """The forward compile key (``ffi.bsa.BsaFwdConfig``) of configuration ``c``."""
+    import jax_sparse_attn as jsa
+    from jax_sparse_attn.config import Switches
+
+    q, k, v, i, n, s = args
+    # concrete metadata of those shapes (the value checks run on them): blocks 0 .. K_max - 1
+    i = jnp.broadcast_to(jnp.arange(i.shape[-1], dtype=jnp.int32), i.shape)
+    n = jnp.full(n.shape, i.shape[-1], jnp.int32)
+    s = None if s is None else jnp.full(s.shape, c["blk"], jnp.int32)
+    cfg = jsa.bsa._make_config(
+        q, k, v, i, None, s, n, sparse_block_size=c["blk"], softmax_scale=0.3,
+        layout=c["layout"], allow_empty_block_nums=True, backend="kernel",
+        switches=Switches(bsa_fwd_impl=c["fwd"]), op_name="block_sparse_attention",
+        kv_splits=c.get("kv_splits", 1), pack_gqa=True)[0]
+    return cfg.fwd
+
+
 @pytest.mark.parametrize("c", PACK_CONFIGS, ids=_ids)
 def test_bsa_pack_gqa_fwd_bwd_lower(c):
     loss, args = _loss_and_args(c)
+    key = _fwd_key(c, args)
+    splits = c.get("splits", 1)
+    assert (key.impl, key.pack_gqa, key.kv_splits) == ("sm90ws", c["r"], splits)
     txt = jax.jit(jax.grad(loss, argnums=(0, 1, 2))).trace(*args).lower(
         lowering_platforms=("cuda",)).as_text()
-    # forward, preprocessing, dK/dV/dQ
-    assert txt.count(CALL_TARGET) == 3
+    # forward (+ the combine kernel with more than one split), preprocessing, dK/dV/dQ
+    assert txt.count(CALL_TARGET) == (3 if splits == 1 else 4)
     assert "\\7FELF" in txt
 
 
@@ -108,8 +157,30 @@ def test_bsa_pack_gqa_declined_by_the_mma_sync_kernels():
             jax.eval_shape(lambda q, k, v, i, n: jsa.block_sparse_attention(
                 q, k, v, i, q2k_block_nums=n, sparse_block_size=128, layout="bshd",
                 backend="kernel", switches=sw, pack_gqa=True), q, k, v, i, n)
-    """backend="kernel" with a pass on an mma.sync kernel: a NotImplementedError naming the
-    reason."""
+    # with kv_splits too: the packed mma.sync forward is declined (the sm80 forward splits
+    # but does not pack)
+    with pytest.raises(NotImplementedError, match="pack_gqa=True is not implemented by "
+                                                  "the mma.sync .* forward"):
+        jax.eval_shape(lambda q, k, v, i, n: jsa.block_sparse_attention(
+            q, k, v, i, q2k_block_nums=n, sparse_block_size=128, layout="bshd",
+            backend="kernel", switches=Switches(bsa_fwd_impl="sm80"), pack_gqa=True,
+            kv_splits=2), q, k, v, i, n)
+
+
+def test_bsa_fwd_sm90ws_packs_with_kv_splits_and_causal():
+    """The kernel class itself: pack_gqa with kv_splits > 1, with causal, and with both."""
+    import cutlass
+
+    from jax_sparse_attn.kernels.bsa_fwd_sm90_ws import BsaFwdSm90Ws
+
+    for blk, d, r, ks, causal in ((128, 128, 8, 2, False), (64, 64, 4, 7, False),
+                                  (64, 128, 2, 3, True), (128, 64, 8, 1, True)):
+        k = BsaFwdSm90Ws(cutlass.BFloat16, d, blk, False, 132, pack_gqa=r, kv_splits=ks,
+                         causal=causal)
+        assert (k.pack, k.kv_splits, k.causal) == (r, ks, causal)
+    with pytest.raises(NotImplementedError, match="dividing 64"):
+        BsaFwdSm90Ws(cutlass.BFloat16, 128, 128, False, 132, pack_gqa=3)
+
 
 _PTX_SCRIPT = """
 import sys
@@ -122,10 +193,9 @@ jax.jit(loss).trace(*args).lower(lowering_platforms=("cuda",))  # the forward on
 """
 
 
-def test_bsa_pack_gqa_sm90ws_loads_q_with_one_5d_tma_box(tmp_path):
-    """The packed sm90ws forward (fresh process, PTX kept) loads its Q slices with 5-D TMA
-    boxes (D, r heads, positions, KV head, batch) and K/V with 4-D ones; the unpacked one
-    has no 5-D box."""
+def _packed_fwd_ptx(tmp_path, cfg):
+    """The PTX of the sm90ws forward of configuration ``cfg`` (lowered in a fresh process
+    with the PTX kept)."""
     import subprocess  # noqa: PLC0415
     import sys  # noqa: PLC0415
 
@@ -134,12 +204,46 @@ def test_bsa_pack_gqa_sm90ws_loads_q_with_one_5d_tma_box(tmp_path):
     dump.mkdir()
     env = dict(os.environ, CUTE_DSL_ARCH="sm_90a", JAX_SPARSE_ATTN_FORCE_KERNEL="1",
                CUTE_DSL_KEEP="ptx", CUTE_DSL_DUMP_DIR=str(dump), JAX_PLATFORMS="cpu")
-    script = _PTX_SCRIPT.format(root=os.path.dirname(tests), tests=tests, cfg=PACK_CONFIGS[0])
+    script = _PTX_SCRIPT.format(root=os.path.dirname(tests), tests=tests, cfg=cfg)
     r = subprocess.run([sys.executable, "-c", script], env=env, cwd=os.path.dirname(tests),
                        capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
     ws = [p.read_text() for p in dump.iterdir() if p.suffix == ".ptx"
           and "bsa_fwd_sm90_ws" in p.read_text()]
     assert len(ws) == 1
-    assert "cp.async.bulk.tensor.5d" in ws[0]
-    assert "cp.async.bulk.tensor.4d" in ws[0]
+    return ws[0]
+
+
+#: the packed decode-like split forward of the PTX test (the "auto" split of PACK_CONFIGS)
+PACK_SPLIT_PTX = dict(d=128, blk=128, r=8, dtype="bfloat16", layout="bshd", sizes=True,
+                      fwd="auto", kv_splits="auto", sq=16, splits=5)
+
+
+def test_bsa_pack_gqa_sm90ws_loads_q_with_one_5d_tma_box(tmp_path):
+    """The packed sm90ws forward (fresh process, PTX kept) loads its Q slices with 5-D TMA
+    boxes (D, r heads, positions, KV head, batch) and K/V with 4-D ones; the unpacked one
+    has no 5-D box. Without splits it stores O in 16 bit through shared memory with 128-bit
+    row stores."""
+    ptx = _packed_fwd_ptx(tmp_path, PACK_CONFIGS[0])
+    assert "cp.async.bulk.tensor.5d" in ptx
+    assert "cp.async.bulk.tensor.4d" in ptx
+    assert "st.global.v4.b32" in ptx and "st.global.v2.b32" not in ptx
+
+
+def test_bsa_pack_gqa_split_forward_is_its_own_kernel(tmp_path):
+    """pack_gqa with kv_splits > 1 compiles another forward than pack_gqa alone (its compile
+    key carries both): the same 5-D Q boxes, and the split epilogue stores each packed row's
+    fp32 partial from registers, two adjacent columns per store (D / 4 such stores per
+    thread: its two accumulator rows of D / 8 column pairs), with no 16-bit O staging in
+    shared memory and no 128-bit stores."""
+    assert PACK_SPLIT_PTX in PACK_CONFIGS
+    _, args = _loss_and_args(PACK_SPLIT_PTX)
+    key = _fwd_key(PACK_SPLIT_PTX, args)
+    alone = _fwd_key(dict(PACK_SPLIT_PTX, kv_splits=1), args)
+    assert (key.pack_gqa, key.kv_splits) == (8, 5) and (alone.pack_gqa, alone.kv_splits) == (8, 1)
+    assert key != alone and key == type(key)(**{**alone.__dict__, "kv_splits": 5})
+    ptx = _packed_fwd_ptx(tmp_path, PACK_SPLIT_PTX)
+    assert "cp.async.bulk.tensor.5d" in ptx
+    assert "cp.async.bulk.tensor.4d" in ptx
+    assert ptx.count("st.global.v2.b32") == PACK_SPLIT_PTX["d"] // 4
+    assert "st.global.v4" not in ptx and "st.shared.b16" not in ptx

@@ -8,7 +8,9 @@ API for ``kv_splits`` in {2, 7, 64, "auto"} at both block sizes on the default f
 and on the mma.sync forward (D 32 and 256); dtype, layout, head dim and ``block_sizes`` presence alternate. ``kv_splits=1``
 keeps the kernels of before (their PTX is pinned in ``tests/ws_ptx_sha256.txt``,
 ``tests/test_lowering_hstu.py::test_sm90ws_forwards_without_rab_keep_their_ptx``; the
-compile key is the same object, checked below).
+compile key is the same object, checked below). With ``pack_gqa`` the split count resolves
+over the packed metadata rows (checked below; the packed split kernels' lowering grid is in
+tests/test_lowering_bsa_pack_gqa.py).
 """
 
 from __future__ import annotations
@@ -144,6 +146,42 @@ def test_kv_splits_resolution_and_compile_key(kernel_env):
     # the backward entry point never splits: its compile keys ignore kv_splits
     bwd = _config(q, k, idx, 64, 128, op="block_sparse_attention_backward")
     assert bwd.fwd is None and bwd.bwd is not None
+
+
+def test_kv_splits_resolution_counts_packed_rows(kernel_env):
+    """With pack_gqa the split count resolves over the packed metadata rows ``B H_kv N_qp``
+    (``N_qp = ceil(S_q r / blk)``, ``cfg.num_q_blocks``), and the compile key carries r and
+    the split count together (the packed split forward, tests/test_lowering_bsa_pack_gqa.py).
+    The decode rows of benchmarks/bsa_bench.py --pack-gqa: B 16, H_q 32 / H_kv 4, S_q 16,
+    blk 128 is 16 * 4 * 1 = 64 packed rows (unpacked: 16 * 32 * 1 = 512), so "auto" splits
+    132 // 64 = 2 ways packed and not at all unpacked; B 1 with 64 listed blocks: 4 packed
+    rows, 33 splits."""
+    import jax_sparse_attn as jsa
+    from jax_sparse_attn.config import Switches
+
+    def cfg(b, hq, hkv, sq, skv, kmax, ks, pack, blk=128):
+        q = jax.ShapeDtypeStruct((b, hq, sq, 128), jnp.bfloat16)
+        k = jax.ShapeDtypeStruct((b, hkv, skv, 128), jnp.bfloat16)
+        rows = (hkv, -(-sq * (hq // hkv) // blk)) if pack else (hq, -(-sq // blk))
+        idx = _idx((b,) + rows + (kmax,))
+        return jsa.bsa._make_config(
+            q, k, k, idx, kmax, None, None, sparse_block_size=blk, softmax_scale=None,
+            layout="bhsd", allow_empty_block_nums=False, backend="kernel",
+            switches=Switches(), op_name="block_sparse_attention_forward", kv_splits=ks,
+            pack_gqa=pack)[0]
+
+    c = cfg(16, 32, 4, 16, 16384, 16, "auto", True)
+    assert (c.num_q_blocks, c.fwd.pack_gqa, c.fwd.kv_splits) == (1, 8, 2)
+    assert cfg(16, 32, 4, 16, 16384, 16, "auto", False).fwd.kv_splits == 1
+    c = cfg(1, 32, 4, 16, 131072, 64, "auto", True)
+    assert (c.fwd.pack_gqa, c.fwd.kv_splits) == (8, 33)
+    assert cfg(1, 32, 4, 16, 131072, 64, 1, True).fwd.kv_splits == 1
+    # an int: clamped to K_max as unpacked; N_qp over the packed rows (S_q r = 40 * 4 > 128)
+    c = cfg(2, 8, 2, 40, 1100, 5, 7, True, blk=64)
+    assert (c.num_q_blocks, c.fwd.pack_gqa, c.fwd.kv_splits) == (3, 4, 5)
+    # many packed rows: "auto" is one split, the key of kv_splits=1
+    assert (cfg(4, 16, 2, 4096, 2048, 8, "auto", True).fwd
+            == cfg(4, 16, 2, 4096, 2048, 8, 1, True).fwd)
 
 
 @pytest.mark.parametrize("d,impl,family", [(256, "auto", "auto"), (128, "sm80", "auto"),

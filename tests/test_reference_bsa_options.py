@@ -343,19 +343,35 @@ def fake_kernel_platform(monkeypatch):
 # causal=True and pack_gqa=True run on the sm90 kernels; where the mma.sync kernels would run
 # they are declined (tests/test_lowering_bsa.py::test_causal_declined_where_sm80_kernels_run,
 # test_pack_gqa_runs_on_the_sm90_kernels_only below); kv_splits: every forward splits
-# (tests/test_lowering_bsa_splits.py); pack_gqa together with causal runs on the sm90
-# kernels (tests/test_lowering_bsa_pack_gqa.py). pack_gqa together with kv_splits > 1 is
-# declined.
-@pytest.mark.parametrize("extra,msg", [(dict(kv_splits=2), "kv_splits=2")])
-def test_kernel_backend_declines_pack_gqa_with(fake_kernel_platform, extra, msg):
+# (tests/test_lowering_bsa_splits.py), pack_gqa included; pack_gqa together with causal runs
+# on the sm90 kernels too (tests/test_lowering_bsa_pack_gqa.py), with or without kv_splits.
+@pytest.mark.parametrize("extra", [dict(causal=True), dict(causal=True, kv_splits=2)],
+                         ids=["causal", "causal-splits2"])
+def test_kernel_backend_takes_pack_gqa_with_causal(fake_kernel_platform, extra):
     (q, k, v), idx, nums = _args(pack=True)
     q, k, v = (x.astype(jnp.bfloat16) for x in (q, k, v))
     kw = dict(q2k_block_nums=nums, sparse_block_size=64, pack_gqa=True, **extra)
-    with pytest.raises(NotImplementedError, match=f"pack_gqa=True together with {msg}"):
-        jsa.block_sparse_attention(q, k, v, idx, backend="kernel", **kw)
-    # backend="auto" runs the reference instead
-    choice = jsa.which_backend(jsa.block_sparse_attention, q, k, v, idx, **kw)
-    assert choice.backend == "reference" and "pack_gqa" in choice.reason
+    for backend in ("auto", "kernel"):
+        choice = jsa.which_backend(jsa.block_sparse_attention, q, k, v, idx, backend=backend,
+                                   **kw)
+        assert choice.backend == "kernel", choice.reason
+
+
+@pytest.mark.parametrize("kv_splits", [2, 7, "auto"])
+def test_kernel_backend_takes_pack_gqa_with_kv_splits(fake_kernel_platform, kv_splits):
+    """pack_gqa with any kv_splits passes the option checks (the packed sm90ws forward
+    splits); the real ffi module's check says so too."""
+    q, k, v, _, idx, nums, _ = make_case(Hq=4, Hkv=2, Sq=64, Skv=128, D=64, K=2, pack=True,
+                                         seed=1, allow_empty=False)
+    q, k, v = (jnp.asarray(x, jnp.bfloat16) for x in (q, k, v))
+    kw = dict(q2k_block_nums=nums, sparse_block_size=64, pack_gqa=True, kv_splits=kv_splits)
+    for backend in ("auto", "kernel"):
+        choice = jsa.which_backend(jsa.block_sparse_attention, q, k, v, idx, backend=backend,
+                                   **kw)
+        assert choice.backend == "kernel", choice.reason
+    for d, blk, r in ((128, 128, 8), (64, 64, 2)):
+        assert _ffi_bsa.pack_gqa_unsupported_reason(
+            head_dim=d, sparse_block_size=blk, group=r, kv_splits=kv_splits) is None
 
 
 def test_pack_gqa_runs_on_the_sm90_kernels_only():

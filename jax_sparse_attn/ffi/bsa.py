@@ -360,8 +360,9 @@ _MAX_PARTIAL_ELEMS = 2**31 - 1
 
 def resolve_kv_splits(kv_splits, *, num_rows, k_max, impl) -> int:
     """The number of key splits the forward ``impl`` runs for the ``kv_splits`` option (an
-    int >= 1 or ``"auto"``) and the call's static sizes: ``num_rows`` metadata rows (``B H
-    N_q``; packed rows with ``pack_gqa``) of ``k_max`` list entries.
+    int >= 1 or ``"auto"``) and the call's static sizes: ``num_rows`` metadata rows (``B H_q
+    N_q``; with ``pack_gqa`` ``B H_kv N_qp``, ``N_qp = ceil(S_q r / blk)``) of ``k_max`` list
+    entries.
 
     An int is clamped to ``k_max`` (more splits would only be empty; the chunks are the same,
     :func:`~jax_sparse_attn.metadata.kv_split_ids`). ``"auto"`` is
@@ -717,13 +718,11 @@ def pack_gqa_unsupported_reason(*, head_dim, sparse_block_size, group, passes=("
                                 switches=None, causal=False, kv_splits=1) -> str | None:
     """``None`` when the kernels that the ``passes`` of a call would run implement
     ``pack_gqa`` with ``group`` (``r = H_q / H_kv``) query heads per KV head, else why not:
-    the sm90ws forward and the sm90 backward pack groups of a size dividing 64 (``causal``
-    included) with one key split (``kv_splits`` 1 or ``"auto"``, which then runs one
-    split); the mma.sync (sm80) kernels do not pack."""
-    if kv_splits not in (1, "auto") and "fwd" in passes:
-        return (f"pack_gqa=True together with kv_splits={kv_splits!r} is not implemented by "
-                f"the block-sparse kernels (the packed forward runs one split: kv_splits=1 or "
-                f"'auto')")
+    the sm90ws forward and the sm90 backward pack groups of a size dividing 64, ``causal``
+    included; the mma.sync (sm80) kernels do not pack. Every ``kv_splits`` packs (the
+    packed forward splits its (packed block, KV head) rows;
+    :func:`kv_splits_unsupported_reason` checks the split count against the packed metadata
+    rows ``B H_kv N_qp``)."""
     if 64 % group:
         return (f"pack_gqa=True with r = H_q / H_kv = {group} is not implemented by the "
                 f"block-sparse kernels (they pack groups of a size dividing 64)")

@@ -51,6 +51,17 @@ its row's active list, ``c = ceil(n / S)`` (``block_info.BlockListSplit``). ``mO
 are then the fp32 partials ``(S, B, H_q, S_q, D)`` / ``(S, B, H_q, S_q)``: the split's output
 normalised by its own softmax denominator, stored from registers, and its natural-log LSE; a
 split without keys stores zeros and ``-inf``. ``bsa_combine`` merges them.
+
+Packed GQA (``pack_gqa = r > 1``, static; ``r = H_q / H_kv`` divides 64): a work item is a block of packed query rows of one KV head, packed row ``p`` of KV
+head ``g`` being position ``p // r`` of query head ``g r + p % r`` (``pack_gqa.packed_row``), so
+the ``r`` heads of a group share each K/V load. The metadata are indexed by (batch, KV head,
+packed block) ``(B, H_kv, ceil(S_q r / bm), K_max)``; Q is loaded with one 5-D TMA box per
+64-row slice (``pack_gqa.pack_rows_view``); each packed row ``< S_q r`` is stored to its own
+(position, query head) row of ``out`` / ``lse`` (``_store_o_packed``). With ``kv_splits > 1``
+the work items are (packed block, split, KV head) and split ``s`` visits chunk ``s`` of the
+packed row's list as above; ``_epilogue_split_packed`` stores each packed row's fp32 partial
+and LSE to the (position, query head) row of the unpacked partials ``(S, B, H_q, S_q, D)`` /
+``(S, B, H_q, S_q)``, so the combine kernel is the unpacked one.
 """
 
 from __future__ import annotations
@@ -162,9 +173,6 @@ class BsaFwdSm90Ws(AttnFwdSm90Ws):
             raise NotImplementedError(
                 f"bsa_fwd_sm90_ws packs GQA groups of a size dividing 64, got {pack_gqa}")
         self.pack = pack_gqa
-        if pack_gqa > 1 and kv_splits > 1:
-            raise NotImplementedError(
-                "pack_gqa with kv_splits > 1 is not implemented by this kernel")
 
     @staticmethod
     def can_implement(dtype, head_dim: int, block_size: int) -> bool:
@@ -206,9 +214,9 @@ class BsaFwdSm90Ws(AttnFwdSm90Ws):
     @cute.jit
     def _work(self, sched, t, n_q_blocks, mIdx, mNums, mSizes, seqlen_k, seqlen_q=None,
               n_heads=None):
-        """(batch, query head, query block, its BlockList) of work item ``t`` (``seqlen_q``:
-        causal only); split-KV: the split's part of the list (``BlockListSplit``) and the
-        split, last."""
+        """(batch, query head, query block, its BlockList) of work item ``t`` (packed: KV
+        head and packed block; ``seqlen_q``: causal only); split-KV: the split's part of the
+        list (``BlockListSplit``) and the split, last."""
         slot, head = sched.coords(t)
         split = None
         if cutlass.const_expr(self.kv_splits > 1):
@@ -434,9 +442,13 @@ class BsaFwdSm90Ws(AttnFwdSm90Ws):
     def _epilogue(self, acc_O, work, tile, thr_mma_pv, sO, wg, wtid, has_work):
         """``O / l`` -> 16 bit -> smem (swizzled) -> 128-bit stores of rows ``< S_q``; LSE
         (``lse = -inf`` and ``O = 0`` for a work item without listed blocks). Split-KV: the
-        split's fp32 partial ``O / l`` and LSE (``_epilogue_split``)."""
+        split's fp32 partial ``O / l`` and LSE (``_epilogue_split``; packed rows:
+        ``_epilogue_split_packed``)."""
         if cutlass.const_expr(self.kv_splits > 1):
-            self._epilogue_split(acc_O, work, tile, thr_mma_pv, wtid)
+            if cutlass.const_expr(self.pack > 1):
+                self._epilogue_split_packed(acc_O, work, tile, thr_mma_pv, wtid)
+            else:
+                self._epilogue_split(acc_O, work, tile, thr_mma_pv, wtid)
         else:
             self._epilogue_out(acc_O, work, tile, thr_mma_pv, sO, wg, wtid, has_work)
 
@@ -466,6 +478,34 @@ class BsaFwdSm90Ws(AttnFwdSm90Ws):
         for e in cutlass.range_constexpr(cute.size(acc_O)):
             if tPc[e][0] < lim:
                 tPg[e] = acc_O[e]
+
+    @cute.jit
+    def _epilogue_split_packed(self, acc_O, work, tile, thr_mma_pv, wtid):
+        """``_epilogue_split`` for packed rows: ``O / l`` of this warpgroup's packed rows
+        ``mw0 + i < S_q r`` in fp32 from registers, each into the row ``mO[split, b, h, s]``
+        of its (position ``s``, query head ``h``) (``pack_gqa.packed_row``; ``work.head`` is
+        the KV head), and its LSE into ``mLSE[split, b, h, s]`` (a split without keys: ``O =
+        0``, ``lse = -inf``). No shared memory, as unpacked."""
+        wgm, d = self.wg_m, self.d
+        mw0 = tile.mw0
+        lim = tile.seqlen_q - mw0
+        acc_O_mn = acc_mn_view_wg(acc_O)
+        tOcO_mn = acc_mn_view_wg(thr_mma_pv.partition_C(cute.make_identity_tensor((wgm, d))))
+        for r in cutlass.range_constexpr(cute.size(acc_O_mn, mode=[0])):
+            inv, lse = tile.smax.finalize(r)
+            row = tOcO_mn[r, 0][0]
+            if row < lim:
+                s, h = packed_row(mw0 + row, work.head, self.pack)
+                if wtid % 4 == 0:
+                    tile.mLSE[tile.split, work.batch, h, s] = lse
+                # a (wgm, d) view whose every row is global row (s, h): the accumulator's
+                # partition of it addresses this thread's columns of that row
+                gRow = cute.make_tensor(
+                    tile.mO[tile.split, work.batch, h, s, None].iterator,
+                    cute.make_layout((wgm, d), stride=(0, 1)))
+                tRow = acc_mn_view_wg(thr_mma_pv.partition_C(gRow))
+                for c in cutlass.range_constexpr(cute.size(acc_O_mn, mode=[1])):
+                    tRow[r, c] = acc_O_mn[r, c] * inv
 
     @cute.jit
     def _epilogue_out(self, acc_O, work, tile, thr_mma_pv, sO, wg, wtid, has_work):
