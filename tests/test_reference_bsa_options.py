@@ -348,8 +348,9 @@ def fake_kernel_platform(monkeypatch):
 @pytest.mark.parametrize("extra", [dict(causal=True), dict(causal=True, kv_splits=2)],
                          ids=["causal", "causal-splits2"])
 def test_kernel_backend_takes_pack_gqa_with_causal(fake_kernel_platform, extra):
-    (q, k, v), idx, nums = _args(pack=True)
-    q, k, v = (x.astype(jnp.bfloat16) for x in (q, k, v))
+    q, k, v, _, idx, nums, _ = make_case(Hq=4, Hkv=2, Sq=64, Skv=128, D=64, K=2, pack=True,
+                                         seed=2, allow_empty=False)
+    q, k, v = (jnp.asarray(x, jnp.bfloat16) for x in (q, k, v))
     kw = dict(q2k_block_nums=nums, sparse_block_size=64, pack_gqa=True, **extra)
     for backend in ("auto", "kernel"):
         choice = jsa.which_backend(jsa.block_sparse_attention, q, k, v, idx, backend=backend,

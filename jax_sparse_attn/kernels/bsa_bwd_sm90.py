@@ -232,9 +232,8 @@ class BsaBwdSm90:
             m = ent - h_in_group * n_q_blocks
             if cutlass.const_expr(self.pack > 1):
                 # packed rows (seqlen_q = S_q r): the last row's position is its index // r
-                r = self.pack
-                rows = ((cutlass.min((m + 1) * self.blk, seqlen_q) - 1) // r + 1 + seqlen_k
-                        - seqlen_q // r - n0)
+                rows = ((cutlass.min((m + 1) * self.blk, seqlen_q) - 1) // self.pack + 1
+                        + seqlen_k - seqlen_q // self.pack - n0)
             else:
                 rows = cutlass.min((m + 1) * self.blk, seqlen_q) + seqlen_k - seqlen_q - n0
             if cutlass.const_expr(self.has_sizes):
@@ -359,11 +358,10 @@ class BsaBwdSm90:
                 # ---- causal, packed rows (seqlen_q = S_q r, q0 a multiple of 64, so of r):
                 # column c is position q0 / r + c // r; key row kr is visible from the
                 # columns with c // r >= qlo0 + kr
-                r = self.pack
-                off = seqlen_k - seqlen_q // r
-                limit = cutlass.min(limit, (cutlass.min(q0 + TILE, seqlen_q) - 1) // r + 1
-                                    + off - n_tile * TILE)
-                qlo0 = n_tile * TILE - off - q0 // r
+                off = seqlen_k - seqlen_q // self.pack
+                limit = cutlass.min(limit, (cutlass.min(q0 + TILE, seqlen_q) - 1) // self.pack
+                                    + 1 + off - n_tile * TILE)
+                qlo0 = n_tile * TILE - off - q0 // self.pack
             elif cutlass.const_expr(self.causal):
                 # ---- causal: keys of the tile that some query of the step sees (none:
                 # the step is skipped); key row r is visible from query columns >= qlo0 + r

@@ -227,9 +227,8 @@ class BsaFwdSm90Ws(AttnFwdSm90Ws):
         if cutlass.const_expr(self.causal and self.pack > 1):
             # ---- causal, packed rows (``seqlen_q`` = S_q r): the last row's position is
             # (last packed row) // r
-            r = self.pack
-            key_end = ((cutlass.min((m_block + 1) * self.bm, seqlen_q) - 1) // r + 1
-                       + seqlen_k - seqlen_q // r)
+            key_end = ((cutlass.min((m_block + 1) * self.bm, seqlen_q) - 1) // self.pack + 1
+                       + seqlen_k - seqlen_q // self.pack)
             blist = BlockList.create(mIdx, mNums, mSizes, batch, head, m_block, seqlen_k,
                                      self.bn, self.has_sizes, key_end)
         elif cutlass.const_expr(self.causal):
