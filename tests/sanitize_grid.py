@@ -72,6 +72,32 @@ def bsa_cases(quick):
                     deterministic=True, sort_csr=sort_csr))
 
 
+def _bsa_option_cases(quick):
+    """pack_gqa (packed metadata rows), causal and kv_splits on the sm90 kernels, with the
+    garbage metadata of :func:`bsa_cases`."""
+    B, S, blk, kmax = 1, 512, 64, 3
+    n = S // blk
+    rng = np.random.default_rng(2)
+    opts = [(64, 4, True, 1), (128, 2, False, 3), (64, 8, True, 3), (128, 1, True, 2)]
+    for d, r, causal, splits in opts[:1] if quick else opts:
+        hkv = 2
+        rows = -(-S * r // blk)  # packed blocks (r = 1: unpacked query blocks)
+        # metadata rows per (batch, KV head) when packed; r = 1: H_q = H_kv
+        idx = rng.integers(0, n, (B, hkv, rows, kmax)).astype(np.int32)
+        idx[0, 0, 1, :] = [999, -5, 2]
+        idx[0, 1, 3, :] = [-1, 7, 1 << 30]
+        nums = np.full((B, hkv, rows), 2, np.int32)
+        nums[0, 0, 2] = 50
+        nums[0, 1, 5] = -7
+        nums[0, 1, 6] = 0
+        sizes = np.full((n,), blk, np.int32)
+        sizes[1], sizes[2], sizes[3] = -3, 1000, 17
+        yield (f"bsa options D={d} pack_gqa r={r} causal={causal} kv_splits={splits}",
+               dict(B=B, H=hkv * r, hkv=hkv, S=S, D=d, blk=blk, idx=idx, nums=nums,
+                    sizes=sizes, layout="bshd" if r % 4 else "bhsd", switches=Switches(),
+                    pack=r > 1, causal=causal, kv_splits=splits))
+
+
 def run_bsa(c):
     from jax_sparse_attn import metadata
 
@@ -92,7 +118,8 @@ def run_bsa(c):
                 q, k, v, idx, q2k_block_nums=nums, block_sizes=sizes,
                 sparse_block_size=c["blk"], layout=c["layout"], allow_empty_block_nums=True,
                 backend=BACKEND, switches=c["switches"],
-                deterministic=c.get("deterministic", False))
+                deterministic=c.get("deterministic", False), pack_gqa=c.get("pack", False),
+                causal=c.get("causal", False), kv_splits=c.get("kv_splits", 1))
             return jnp.sum(o.astype(jnp.float32)) + jnp.sum(jnp.where(jnp.isfinite(lse), lse, 0))
         return jax.value_and_grad(loss, argnums=(0, 1, 2))(q, k, v)
 
@@ -246,6 +273,7 @@ def main(argv=None):
     BACKEND = args.backend
     failed = 0
     cases = [(n, run_bsa, c) for n, c in bsa_cases(args.quick)]
+    cases += [(n, run_bsa, c) for n, c in _bsa_option_cases(args.quick)]
     cases += [(n, run_hstu, c) for n, c in hstu_cases(args.quick)]
     cases += [(n, run_hstu_paged, c) for n, c in paged_cases(args.quick)]
     cases = [c for c in cases if args.only in c[0]][shard_i::shard_n]
