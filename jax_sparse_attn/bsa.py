@@ -309,7 +309,7 @@ _META_ARG_LINES = """
         contributions come one after another along the launch schedule (one extra
         launch), or with GQA follows the launch order of the KV blocks; dk, dv and the
         forward are deterministic in both modes. Kernels: the warp-specialized Hopper
-        backward (D in {64, 128}, sm_90a, without pack_gqa / causal; its cost is in
+        backward (D in {64, 128}, sm_90a, without pack_gqa; its cost is in
         ``docs/bsa.md``);
         elsewhere ``backend="auto"`` runs the reference (deterministic) and
         ``backend="kernel"`` raises NotImplementedError.

@@ -374,7 +374,7 @@ SWITCHES = (
             "warpgroup per 64-key tile, cp.async; D in "
             "{64, 128}, other D use sm80), sm90ws (warp-specialized: TMA producer warp + one "
             "wgmma consumer warpgroup per 64 keys of a whole KV block; D in {64, 128}; "
-            "pack_gqa and causal calls run sm90), sm80 (mma.sync, every D)"),
+            "pack_gqa calls run sm90), sm80 (mma.sync, every D)"),
     _choice("bsa_bwd_dq", "JAX_SPARSE_ATTN_BSA_BWD_DQ", ("tile", "rows"),
             "dQ reduction of the Hopper BSA backwards (tuning / ablation; sm80 ignores it): "
             "tile (each consumer warp stores its dQ accumulator slice in register order to "

@@ -112,15 +112,15 @@ def test_config_carries_deterministic(monkeypatch, d, blk):
     assert _cfg(monkeypatch, True, d, blk, Switches(bsa_bwd_impl="sm90ws")).bwd == c1.bwd
 
 
-@pytest.mark.parametrize("case", ["d32", "d256", "sm80", "sm90", "pack_gqa", "causal"])
+@pytest.mark.parametrize("case", ["d32", "d256", "sm80", "sm90", "pack_gqa"])
 def test_where_the_deterministic_backward_does_not_run(monkeypatch, case):
-    """D in {32, 256}, the ``sm80`` / ``sm90`` backward switches, pack_gqa and causal:
+    """D in {32, 256}, the ``sm80`` / ``sm90`` backward switches and pack_gqa:
     ``backend="kernel"`` raises NotImplementedError naming the option, ``"auto"`` runs the
     reference (which is deterministic); the default mode is unaffected."""
     d = {"d32": 32, "d256": 256}.get(case, 128)
     sw = {"sm80": Switches(bsa_bwd_impl="sm80"),
           "sm90": Switches(bsa_bwd_impl="sm90")}.get(case)
-    kw = {"pack_gqa": {"pack_gqa": True}, "causal": {"causal": True}}.get(case, {})
+    kw = {"pack_gqa": {"pack_gqa": True}}.get(case, {})
     with pytest.raises(NotImplementedError, match="deterministic=True"):
         _cfg(monkeypatch, True, d, 64, sw, **kw)
     assert _cfg(monkeypatch, True, d, 64, sw, backend="auto", **kw).backend == "reference"

@@ -94,7 +94,7 @@ def test_dq_tile_choice():
     key = lambda d, blk, s=sw, **kw: bsa.bwd_config(jnp.bfloat16, d, blk, False, s, **kw)  # noqa: E731
     packed = key(128, 64, pack_gqa=2)
     assert packed.impl == "sm90" and not packed.dq_tile
-    assert key(128, 64, causal=True).impl == "sm90" and key(128, 64, causal=True).dq_tile
+    assert key(128, 64, causal=True).impl == "sm90ws" and key(128, 64, causal=True).dq_tile
     aliased = {(d, blk): key(d, blk).ws_dq_alias for d in (64, 128) for blk in (64, 128)}
     assert aliased == {(64, 64): False, (64, 128): False, (128, 64): True, (128, 128): False}
     for blk in (64, 128):

@@ -450,6 +450,11 @@ DET_CASES = [
          hq=2, hkv=2, sq=3000, skv=2900, mode="all", ws="relaxpoll"),
     dict(name="det-empty-blk64-d64-gqa-slots4", blk=64, d=64, dtype="bfloat16", layout="bhsd",
          hq=8, hkv=2, sq=1000, skv=1001, mode="last-empty", ws="dqslots=4", cmp_zero=True),
+    # the causal mask inside the listed blocks (the sm90ws backward's per-step select)
+    dict(name="det-all-blk128-d128-causal", blk=128, d=128, dtype="bfloat16", layout="bshd",
+         hq=2, hkv=2, sq=2000, skv=2100, mode="all", causal=True),
+    dict(name="det-all-blk64-d64-gqa-causal", blk=64, d=64, dtype="float16", layout="bhsd",
+         hq=4, hkv=2, sq=1000, skv=900, mode="all", causal=True),
     # the zeroed workspace, every contribution a bulk reduce-add (bsa_bwd_ws detzero)
     dict(name="det-empty-blk128-d128-gqa-detzero", blk=128, d=128, dtype="float16",
          layout="bshd", hq=4, hkv=2, sq=1000, skv=1001, mode="last-empty", ws="detzero"),
@@ -488,6 +493,8 @@ def test_bsa_bwd_deterministic(c, monkeypatch):
     (q, k, v), (kp, vp), idx, nums, sizes = _ws_inputs(c)
     idx_n, nums_n, sizes_n = normalize_bsa_metadata(idx, None, sizes, nums)
     kw = dict(layout=c["layout"], sparse_block_size=c["blk"], softmax_scale=0.6 / np.sqrt(c["d"]))
+    if c.get("causal"):
+        kw["causal"] = True
     do = jnp.asarray(np.random.default_rng(12).standard_normal(q.shape, np.float32)).astype(q.dtype)
     sw = {}
     if c.get("ws"):

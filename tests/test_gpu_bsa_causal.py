@@ -17,8 +17,9 @@ K/V row that no listed query row sees (unlisted blocks, past ``block_sizes``, ke
 the diagonal of the last row of every query block that lists them); the reference runs on
 the clean tensors. Outputs are poisoned by a preceding all-NaN run.
 
-``impl``: ``auto`` (the defaults: sm90ws forward, sm90 backward) or ``sm90ws`` (the forward
-switch named; the same kernels). ``pack``: ``pack_gqa=True``, metadata per (KV head, packed
+``impl``: ``auto`` (the defaults: sm90ws forward, sm90ws backward; sm90 backward under
+``pack_gqa``) or ``sm90ws`` (the forward switch named; the same kernels); ``bwd_impl``: the
+backward switch (``sm90``: the cp.async backward). ``pack``: ``pack_gqa=True``, metadata per (KV head, packed
 block); the mask applies to each packed row's position (row // r).
 
 Run: ``python -m pytest -m gpu tests/test_gpu_bsa_causal.py`` (``CAUSAL_TEST_SHARD=i/n``
@@ -63,6 +64,7 @@ class CausalCase:
     impl: str = "auto"
     b: int = 2
     pack: bool = False  # pack_gqa=True: metadata per (KV head, packed block of blk rows)
+    bwd_impl: str = "auto"  # the backward switch (auto: sm90ws; pack_gqa: sm90)
 
 
 CASES = [
@@ -96,13 +98,16 @@ CASES = [
                skv=333, pack=True, counts="empty", sizes=True, kmax=5),
     CausalCase("pack4-fp16-blk128-d64-sizes-fixed", d=64, dtype="float16", layout="bshd",
                hq=4, hkv=1, sq=777, skv=1000, pack=True, counts="fixed", sizes=True),
+    # the sm90 backward named (the default backward is sm90ws; pack_gqa runs sm90)
+    CausalCase("bf16-blk128-d128-sm90bwd-sq-lt-skv", sq=600, skv=1000, bwd_impl="sm90",
+               pattern="future", sizes=True),
+    CausalCase("fp16-blk64-d64-sm90bwd-gqa", blk=64, d=64, dtype="float16", layout="bshd",
+               hq=8, hkv=2, sq=900, skv=800, bwd_impl="sm90"),
 ]
 
 
 def _switches(c):
-    if c.impl == "auto":
-        return Switches()
-    return Switches(bsa_fwd_impl=c.impl)
+    return Switches(bsa_fwd_impl=c.impl, bsa_bwd_impl=c.bwd_impl)
 
 
 def causal_inputs(c, seed=0):

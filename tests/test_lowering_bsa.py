@@ -296,9 +296,10 @@ def test_bsa_sm90ws_ptx_is_warp_specialized(kept_ptx, cfg):
 
 
 # ----------------------------------------------------------------------------- causal
-# causal=True (a static flag of the sm90ws forward / sm90 backward keys): every (D, blk) pair on
-# the default kernels (sm90ws forward; sm90 backward), and two more forwards with block_sizes
-# at (128, 128) and (64, 64); dtype, layout and block_sizes presence alternate.
+# causal=True (a static flag of the sm90ws forward / sm90ws and sm90 backward keys): every
+# (D, blk) pair on the default kernels (sm90ws forward and backward), two more forwards with
+# block_sizes at (128, 128) and (64, 64), the sm90 backward at two pairs; dtype, layout and
+# block_sizes presence alternate.
 CAUSAL_CONFIGS = [
     dict(d=128, blk=128, dtype="bfloat16", layout="bhsd", sizes=False),
     dict(d=64, blk=128, dtype="float16", layout="bshd", sizes=True),
@@ -308,6 +309,8 @@ CAUSAL_CONFIGS = [
          fwd_only=True),
     dict(d=64, blk=64, dtype="bfloat16", layout="bhsd", sizes=True, fwd_impl="sm90ws",
          fwd_only=True),
+    dict(d=128, blk=64, dtype="bfloat16", layout="bshd", sizes=False, bwd_impl="sm90"),
+    dict(d=64, blk=128, dtype="float16", layout="bhsd", sizes=True, bwd_impl="sm90"),
 ]
 
 
@@ -320,7 +323,8 @@ def test_bsa_causal_lowers(cfg):
     from jax_sparse_attn.ffi import bsa as ffi_bsa
 
     q, k, idx, nums, sizes, lse = _shapes(cfg)
-    sw = Switches(bsa_fwd_impl=cfg.get("fwd_impl", "auto"))
+    sw = Switches(bsa_fwd_impl=cfg.get("fwd_impl", "auto"),
+                  bsa_bwd_impl=cfg.get("bwd_impl", "auto"))
     kw = dict(layout=cfg["layout"], sparse_block_size=cfg["blk"], softmax_scale=0.3,
               backend="kernel", switches=sw, causal=True)
     static = (jnp.dtype(cfg["dtype"]), cfg["d"], cfg["blk"], cfg["sizes"], sw)
@@ -328,7 +332,7 @@ def test_bsa_causal_lowers(cfg):
     want_fwd = cfg.get("fwd_impl") or "sm90ws"
     assert fkey.causal and fkey.impl == want_fwd
     bkey = ffi_bsa.bwd_config(*static, causal=True)
-    assert bkey.causal and bkey.impl == "sm90" and bkey.dq_tile
+    assert bkey.causal and bkey.impl == cfg.get("bwd_impl", "sm90ws") and bkey.dq_tile
 
     def fwd(q, k, v, i, n, s):
         return jsa.block_sparse_attention_forward(q, k, v, i, None, s, n, **kw)

@@ -36,7 +36,7 @@ def _ids(c):
 
 
 def _bwd_text(cfg, ws="", b=2, sq=1000, skv=1025, kmax=5, impl="sm90ws", deterministic=False,
-              dq="tile", det_writer=False, dlse=False):
+              dq="tile", det_writer=False, dlse=False, causal=False):
     """The lowered text of the public backward on the ``impl`` kernel for ``cfg`` (``dlse``:
     with an lse cotangent)."""
     import jax_sparse_attn as jsa
@@ -58,7 +58,7 @@ def _bwd_text(cfg, ws="", b=2, sq=1000, skv=1025, kmax=5, impl="sm90ws", determi
     kw = dict(layout=cfg["layout"], sparse_block_size=blk, softmax_scale=0.3, backend="kernel",
               switches=Switches(bsa_bwd_impl=impl, bsa_bwd_ws=ws, bsa_bwd_dq=dq,
                                 det_writer=det_writer),
-              deterministic=deterministic)
+              deterministic=deterministic, causal=causal)
 
     def bwd(do, q, k, v, o, lse, i, n, s):
         extra = {"dlse": lse * 0.5} if dlse else {}
@@ -118,6 +118,26 @@ def test_bsa_bwd_ws_deterministic_lowers(cfg):
     dQ writer warp (``det_writer``; without it: :func:`test_bsa_bwd_ws_deterministic_ptx`)."""
     txt = _bwd_text(cfg, impl="auto", deterministic=True, det_writer=True)
     assert txt.count(CALL_TARGET) == _calls(cfg, impl="auto", deterministic=True)
+
+
+@pytest.mark.parametrize("cfg", CONFIGS[:2], ids=_ids)
+def test_bsa_bwd_ws_causal_lowers(cfg):
+    """``causal=True`` runs the sm90ws backward (its key carries the flag), also with
+    ``deterministic=True`` (never streamed: ``detstream`` is ignored under causal)."""
+    from jax_sparse_attn.config import Switches
+    from jax_sparse_attn.ffi import bsa
+
+    key = bsa.bwd_config(jnp.bfloat16, cfg["d"], cfg["blk"], False, Switches(), causal=True)
+    assert key.impl == "sm90ws" and key.causal
+    txt = _bwd_text(cfg, impl="auto", causal=True)
+    assert txt.count(CALL_TARGET) == _calls(cfg, impl="auto", causal=True)
+    det = bsa.bwd_config(jnp.bfloat16, cfg["d"], cfg["blk"], False,
+                         Switches(bsa_bwd_ws="detstream"), causal=True, deterministic=True)
+    assert det.causal and det.deterministic and not det.det_stream
+    txt = _bwd_text(cfg, impl="auto", causal=True, deterministic=True, det_writer=True,
+                    ws="detstream")
+    assert txt.count(CALL_TARGET) == _calls(cfg, ws="detstream", impl="auto", causal=True,
+                                            deterministic=True)
 
 
 @pytest.mark.parametrize("cfg,slots", [(CONFIGS[1], 2), (CONFIGS[0], 3)],
@@ -423,8 +443,8 @@ def test_bsa_bwd_ws_smem_plan():
 
 def test_bsa_bwd_auto_choice():
     """``bsa_bwd_impl="auto"`` (the default): sm90ws for D in {64, 128} (with
-    ``bsa_bwd_dq="rows"``: sm90 at blk 64 with D = 128); pack_gqa and causal calls of sm90ws
-    run sm90; D in {32, 256}: sm80."""
+    ``bsa_bwd_dq="rows"``: sm90 at blk 64 with D = 128); pack_gqa calls of sm90ws run sm90
+    (causal ones run sm90ws); D in {32, 256}: sm80."""
     from jax_sparse_attn.config import Switches
     from jax_sparse_attn.ffi import bsa
 
@@ -442,7 +462,8 @@ def test_bsa_bwd_auto_choice():
     ws = Switches(bsa_bwd_impl="sm90ws")
     assert bsa.bwd_config(jnp.bfloat16, 128, 64, False, ws).impl == "sm90ws"
     assert bsa.bwd_config(jnp.bfloat16, 128, 128, False, ws, pack_gqa=2).impl == "sm90"
-    assert bsa.bwd_config(jnp.bfloat16, 128, 128, False, ws, causal=True).impl == "sm90"
+    assert bsa.bwd_config(jnp.bfloat16, 128, 128, False, ws, causal=True).impl == "sm90ws"
+    assert bsa.bwd_config(jnp.bfloat16, 128, 64, False, sw, causal=True).impl == "sm90ws"
     key = bsa.bwd_config(jnp.float16, 64, 128, True, Switches(bsa_bwd_impl="sm90ws",
                                                                bsa_bwd_ws="ldwait,stages=3"))
     assert (key.ws_ld_wait, key.ws_max_stages, key.ws_lpt) == (True, 3, False)

@@ -144,7 +144,7 @@ class BsaBwdConfig:
     q_stages: int = 2
     # pack_gqa: query heads per KV head r of the packed rows (1: not packed; sm90 only)
     pack_gqa: int = 1
-    # the token-level causal mask inside the listed blocks ("sm90" only)
+    # the token-level causal mask inside the listed blocks ("sm90", "sm90ws")
     causal: bool = False
     # "sm90ws" only: most Q / dO stages (the shared-memory plan takes the most that fit),
     # and whether the producer waits for each step's lse / delta copies (ablation)
@@ -425,8 +425,8 @@ def bwd_config(dtype, head_dim, block_size, has_block_sizes, switches,
     impl = _family_impl(bwd_impl_choice(want, head_dim, block_size, switches.bsa_bwd_dq),
                         head_dim, switches)
     arch = _platform.resolved_arch()
-    if impl == "sm90ws" and (pack_gqa > 1 or causal):
-        # the warp-specialized backward does not pack GQA groups or mask causally
+    if impl == "sm90ws" and pack_gqa > 1:
+        # the warp-specialized backward does not pack GQA groups
         impl = "sm90"
     if impl == "sm90ws":
         from ..kernels.bsa_bwd_sm90_ws import bwd_ws_dq_tile_fits  # noqa: PLC0415
@@ -465,9 +465,11 @@ def bwd_config(dtype, head_dim, block_size, has_block_sizes, switches,
                             det_store=bool(deterministic) and tile
                             and bool(getattr(switches, "det_writer", False))
                             and "detzero" not in opts,
-                            det_stream=bool(deterministic) and det_stream_default(opts),
+                            det_stream=bool(deterministic) and det_stream_default(opts)
+                            and not causal,
                             det_overlap=bool(deterministic) and det_stream_default(opts)
-                            and "detoverlap" in opts,
+                            and "detoverlap" in opts and not causal,
+                            causal=bool(causal),
                             dq_writer=not deterministic and tile
                             and getattr(switches, "dq_writer", "auto") != "off")
     if impl == "sm90":
@@ -694,13 +696,12 @@ def deterministic_unsupported_reason(head_dim, block_size, switches=None, pack_g
                                      causal=False) -> str | None:
     """``None`` when the deterministic backward (the sm90ws kernel with ordered dQ additions)
     runs a call, else why not: it needs D in {64, 128} on the Hopper kernel family, the
-    ``bsa_bwd_impl`` switch ``auto`` or ``sm90ws``, no ``pack_gqa`` and no ``causal``."""
+    ``bsa_bwd_impl`` switch ``auto`` or ``sm90ws``, no ``pack_gqa``."""
     from ..config import from_env  # noqa: PLC0415
 
     sw = from_env() if switches is None else switches
     where = ("deterministic=True runs the warp-specialized Hopper backward (sm90ws: head_dim "
-             "in {64, 128}, sm_90a, bsa_bwd_impl 'auto' or 'sm90ws', without pack_gqa and "
-             "causal)")
+             "in {64, 128}, sm_90a, bsa_bwd_impl 'auto' or 'sm90ws', without pack_gqa)")
     if head_dim not in _SM90_HEAD_DIMS:
         return f"{where}; got head_dim={head_dim}"
     if sw.bsa_bwd_impl not in ("auto", "sm90ws"):
@@ -709,8 +710,6 @@ def deterministic_unsupported_reason(head_dim, block_size, switches=None, pack_g
         return f"{where}; this call's kernel family is {_platform.kernel_family(sw)!r}"
     if pack_gqa > 1:
         return f"{where}; got pack_gqa=True"
-    if causal:
-        return f"{where}; got causal=True"
     return None
 
 
@@ -751,7 +750,8 @@ def pre_config(dtype, head_dim, switches) -> BsaPreConfig | None:
 def causal_unsupported_reason(head_dim, block_size, passes=("fwd", "bwd"),
                               switches=None) -> str | None:
     """``None`` when the kernels of ``passes`` implement ``causal=True``: the sm90 kernels
-    (forward ``sm90ws``, backward ``sm90``: D in {64, 128}, Hopper kernel family);
+    (forward ``sm90ws``, backward ``sm90ws`` or ``sm90``: D in {64, 128}, Hopper kernel
+    family);
     else why not, naming the option."""
     from ..config import from_env  # noqa: PLC0415
 
@@ -1173,7 +1173,7 @@ def _ws_kernel(cfg: BsaBwdConfig, after_pre: bool = False):
                         epi_smem=cfg.ws_epi_smem, dq_alt=cfg.ws_dq_alt,
                         dq_slots=cfg.det_slots, relaxed_poll=cfg.det_relaxed_poll,
                         order_stream=cfg.det_stream, stream_after_pre=after_pre,
-                        det_store=cfg.det_store)
+                        det_store=cfg.det_store, causal=cfg.causal)
 
 
 def _bwd_det_entry(stream, q, k, v, do, lse, delta, offsets, entries, ranks, sizes, scale,

@@ -105,8 +105,16 @@ over. The consumers then wait for a slow
 predecessor only when the writer is a whole step behind. ``decouple`` is off in this mode (each query tile gets one addition per
 KV block). ``dq_writer`` (not deterministic, with ``dq_tile``): warp 1 is the same writer
 without the semaphore and the ranks, so no consumer warp waits for the reads of its own bulk
-copies. Not implemented here (the public layer runs
-``bsa_bwd_sm90`` for them): ``pack_gqa``, ``causal``.
+copies. Not implemented here (the public layer runs ``bsa_bwd_sm90`` for it): ``pack_gqa``.
+
+``causal`` (static; not with ``order_stream``): the token-level causal mask inside the listed
+blocks (key ``j`` visible from query ``i`` iff ``j <= i + S_kv - S_q``). The producer warp
+first reduces over the CTA's entries the keys some query row of an entry sees (to the
+diagonal of its query block's last row, within that head's ``block_sizes``) and, where that
+is fewer than the block's rows, loads K / V row by row with the rows past it zero-filled
+(so NaN there never reaches ``dQ = dS K``); a step crossing the diagonal
+(``n0 - (S_kv - S_q) - q0 + bn - 1 > 0``) selects 0 into P^T and dS^T where key row ``r``
+is not visible from query column ``c`` (``c < qlo0 + r``); a step below it is unmasked.
 
 ``order_stream`` (deterministic; ``mProgress``, int32, one counter per CSR row): the entries
 and ranks are written by ``kernels/bsa_det_order.py`` (``publish``) while this kernel runs,
@@ -201,8 +209,14 @@ class BsaBwdSm90Ws:
                  split_wait: bool = False, epi_pairs: bool = False, epi_smem: bool = False,
                  dq_alt: bool = False, dq_slots: int = 1, relaxed_poll: bool = False,
                  order_stream: bool = False, stream_after_pre: bool = False,
-                 det_store: bool = False):
+                 det_store: bool = False, causal: bool = False):
         self.pdl = pdl
+        # the token-level causal mask inside the listed blocks (key j visible from query i
+        # iff j <= i + S_kv - S_q): per-step select of P^T / dS^T, K / V rows past the last
+        # key any entry's queries see zero-filled
+        self.causal = causal
+        if causal and order_stream:
+            raise NotImplementedError("bsa_bwd_sm90_ws: causal with order_stream")
         # deterministic: the entries and ranks are produced while this kernel runs (by
         # kernels/bsa_det_order.py launched just before it, see _entry_ready)
         self.order_stream = order_stream and deterministic
@@ -456,6 +470,43 @@ class BsaBwdSm90Ws:
         return v
 
     @cute.jit
+    def _causal_kv_rows(self, mEntries, mSizes, e_begin, n_ent, n_q_blocks, seqlen_q, seqlen_k,
+                        batch, head_kv, group, n_block, lane):
+        """One warp (causal): the rows of KV block ``n_block`` that some query row of its K->Q
+        entries sees, the largest over the entries (query block ``m`` of head ``h``) of
+        ``min((m + 1) bn, S_q) + S_kv - S_q - n0``, each capped by ``block_sizes[b, h, n]``
+        when given (a strided scan by the lanes, then warp shuffles; may be <= 0)."""
+        bn = self.bn
+        cap = Int32(-1)
+        for e in cutlass.range(lane, n_ent, 32, unroll=1):
+            ent = Int32(mEntries[e_begin + e])
+            h_in_group = ent // n_q_blocks
+            m = ent - h_in_group * n_q_blocks
+            rows = cutlass.min((m + 1) * bn, seqlen_q) + seqlen_k - seqlen_q - n_block * bn
+            if cutlass.const_expr(self.has_sizes):
+                rows = cutlass.min(rows, mSizes[batch, head_kv * group + h_in_group, n_block])
+            cap = cutlass.max(cap, rows)
+        for sh in cutlass.range_constexpr(5):
+            cap = cutlass.max(cap, cute.arch.shuffle_sync_bfly(cap, offset=16 >> sh))
+        return cap
+
+    @cute.jit
+    def _mask_p_ds(self, S_mn, dP_mn, tScS, limit, qlo0):
+        """Select 0 into P^T (and dS^T when ``dP_mn`` is given) for the keys (rows) at or past
+        ``limit`` and, with ``causal``, for the (key ``r``, query ``c``) pairs with
+        ``c < qlo0 + r`` (never multiply: those scores may be NaN)."""
+        for r in cutlass.range_constexpr(cute.size(tScS, mode=[0])):
+            kr = tScS[r, 0][0]
+            key_ok = kr < limit
+            for cc in cutlass.range_constexpr(cute.size(tScS, mode=[1])):
+                ok = key_ok
+                if cutlass.const_expr(self.causal):
+                    ok = key_ok & (tScS[0, cc][1] >= qlo0 + kr)
+                S_mn[r, cc] = S_mn[r, cc] if ok else Float32(0.0)
+                if cutlass.const_expr(dP_mn is not None):
+                    dP_mn[r, cc] = dP_mn[r, cc] if ok else Float32(0.0)
+
+    @cute.jit
     def _bulk_tile(self, gtile, sdQ, sdQ2, n_cg: cutlass.Constexpr, store: cutlass.Constexpr):
         """One lane of the writer warp: the staged dQ tile to the workspace tile at
         ``gtile``, one bulk reduce-add (``store``: bulk store) per block of every consumer
@@ -624,6 +675,11 @@ class BsaBwdSm90Ws:
                     # rows of the block that are keys for some query head of the group
                     kv_rows = bwd_kv_tile_rows(mSizes, batch, head_kv, group, n_block, 0,
                                                kv_left, self.has_sizes)
+                    if cutlass.const_expr(self.causal):
+                        # ... and that some query row of the block's entries sees
+                        kv_rows = cutlass.min(kv_rows, self._causal_kv_rows(
+                            mEntries, mSizes, e_begin, n_ent, n_q_blocks, seqlen_q, seqlen_k,
+                            batch, head_kv, group, n_block, lane))
                     if kv_rows >= cutlass.min(kv_left, bn):
                         kv_bytes = cute.size_in_bytes(self.dtype, cute.slice_(sK_layout, (None, None, 0)))
                         pipe_kv.producer_expect_tx(0, 2 * kv_bytes)
@@ -751,6 +807,14 @@ class BsaBwdSm90Ws:
                     if q0 < seqlen_q:
                         stg = pipe_q.stage(c)
                         buf = c % self.ds_bufs
+                        # whether the step needs the select: keys past the valid count, or
+                        # (causal) a key past some query's diagonal: key r is visible from
+                        # the query columns c >= qlo0 + r
+                        qlo0 = Int32(0)
+                        masked = limit < bn
+                        if cutlass.const_expr(self.causal):
+                            qlo0 = n0 - (seqlen_k - seqlen_q) - q0
+                            masked = (limit < bn) | (qlo0 + bn - 1 > 0)
                         acc_S = thr_s.make_fragment_C(s_shape)
                         acc_dP = thr_s.make_fragment_C(s_shape)
                         pipe_q.consumer_wait(c)
@@ -787,11 +851,8 @@ class BsaBwdSm90Ws:
                             # stage is still held, so this check of its full barrier passes at
                             # once, and its wait loop ends the basic block: ptxas keeps the
                             # wait below P^T instead of hoisting it above the exp2s
-                            if limit < bn:
-                                for r in cutlass.range_constexpr(n_rows):
-                                    key_ok = tScS[r, 0][0] < limit
-                                    for cc in cutlass.range_constexpr(n_cols):
-                                        S_mn[r, cc] = S_mn[r, cc] if key_ok else Float32(0.0)
+                            if masked:
+                                self._mask_p_ds(S_mn, None, tScS, limit, qlo0)
                             cute.make_tensor(tP.iterator, acc_S.layout).store(
                                 acc_S.load().to(self.dtype))
                             pipe_q.consumer_wait(c)
@@ -799,15 +860,20 @@ class BsaBwdSm90Ws:
                         for r in cutlass.range_constexpr(n_rows):
                             for cc in cutlass.range_constexpr(n_cols):
                                 dP_mn[r, cc] = (S_mn[r, cc] * softmax_scale) * (dP_mn[r, cc] - dlt[cc])
-                        if limit < bn:
-                            # keys past the block's valid count: select, never multiply (their
-                            # dP^T may be NaN)
-                            for r in cutlass.range_constexpr(n_rows):
-                                key_ok = tScS[r, 0][0] < limit
-                                for cc in cutlass.range_constexpr(n_cols):
-                                    if cutlass.const_expr(not self.split_wait):
-                                        S_mn[r, cc] = S_mn[r, cc] if key_ok else Float32(0.0)
-                                    dP_mn[r, cc] = dP_mn[r, cc] if key_ok else Float32(0.0)
+                        if masked:
+                            # keys past the block's valid count (causal: or past a query's
+                            # diagonal): select, never multiply (their dP^T may be NaN)
+                            if cutlass.const_expr(self.split_wait):
+                                for r in cutlass.range_constexpr(n_rows):
+                                    kr = tScS[r, 0][0]
+                                    key_ok = kr < limit
+                                    for cc in cutlass.range_constexpr(n_cols):
+                                        ok = key_ok
+                                        if cutlass.const_expr(self.causal):
+                                            ok = key_ok & (tScS[0, cc][1] >= qlo0 + kr)
+                                        dP_mn[r, cc] = dP_mn[r, cc] if ok else Float32(0.0)
+                            else:
+                                self._mask_p_ds(S_mn, dP_mn, tScS, limit, qlo0)
                         if cutlass.const_expr(not self.split_wait):
                             cute.make_tensor(tP.iterator, acc_S.layout).store(
                                 acc_S.load().to(self.dtype))
