@@ -550,9 +550,8 @@ def det_slots_of(cfg) -> int:
 def det_stream_default(opts=()) -> bool:
     """Whether the deterministic backward streams the schedule order (``det_stream``; used
     only where the schedule order runs): with ``bsa_bwd_ws`` ``detstream``, not by default
-    or with ``nodetstream``. (Measured 1–2 % faster at blk 64 / D 128 and slower at blk
-    128 on the H200 with an earlier publication of the prefix lengths; the present one, a
-    release by each storing lane of warp 0 of the order kernel, is not measured yet:
+    or with ``nodetstream``. (Measured 1–4 % slower than ``nodetstream`` on the H200 with
+    the present publication, a release by each storing lane of warp 0 of the order kernel:
     docs/performance.md.)"""
     return "detstream" in opts and "nodetstream" not in opts
 
