@@ -491,15 +491,25 @@ def bsa_inputs(c, seed=0):
 
 
 @functools.lru_cache(maxsize=None)
+def bsa_fwd_vjp(idx, **kw):
+    """A jitted ``f(q, k, v, do) -> (out, lse, dq, dk, dv)``: the public block-sparse forward
+    (out and lse) and the VJP of the op, both with the metadata ``idx`` and keywords ``kw``."""
+
+    def f(q, k, v, do):
+        out, lse = jsa.block_sparse_attention_forward(q, k, v, idx, **kw)
+        _, vjp = jax.vjp(lambda q, k, v: jsa.block_sparse_attention(q, k, v, idx, **kw), q, k, v)
+        return (out, lse) + vjp(do)
+
+    return jax.jit(f)
+
+
 def _bsa_public(backend, switches, static_items):
     static = dict(static_items)
 
     def f(q, k, v, do, idx, sizes, nums):
         kw = dict(static, backend=backend, switches=switches, block_sizes=sizes,
                   q2k_block_nums=nums)
-        out, lse = jsa.block_sparse_attention_forward(q, k, v, idx, **kw)
-        _, vjp = jax.vjp(lambda q, k, v: jsa.block_sparse_attention(q, k, v, idx, **kw), q, k, v)
-        return (out, lse) + vjp(do)
+        return bsa_fwd_vjp(idx, **kw)(q, k, v, do)
 
     return jax.jit(f)
 

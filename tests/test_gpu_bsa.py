@@ -372,27 +372,6 @@ def test_bsa_sm90ws_backward(c):
             switches=BWDWS, **kw), q, k, v)
         return vjp(do)
 
-    if c.get("cmp_zero"):
-        # the first contribution to each dQ tile stored (det_store, the default) or added to
-        # the zeroed workspace (detzero): 0 + x == x, so the same values
-        from jax_sparse_attn.config import from_env
-
-        env = sw.get("switches", from_env())
-        sw3 = dict(switches=dataclasses.replace(
-            env, bsa_bwd_ws=tuple(env.bsa_bwd_ws) + ("detzero",)))
-
-        @jax.jit
-        def zero_grads(q, k, v, do):
-            _, vjp = jax.vjp(lambda q, k, v: jsa.block_sparse_attention(
-                q, k, v, idx, None, sizes, nums, allow_empty_block_nums=True,
-                backend="kernel", deterministic=True, **kw, **sw3), q, k, v)
-            return vjp(do)
-
-        zrun = [np.asarray(g) for g in jax.block_until_ready(zero_grads(q, kp, vp, do))]
-        for name, a, b in zip(("dq", "dk", "dv"), runs[0], zrun):
-            assert np.array_equal(a.astype(np.float32), b.astype(np.float32)), \
-                f"{name}: the stored first contributions differ from detzero"
-
     def ref_grads(q, k, v, do, **extra):
         _, vjp = jax.vjp(lambda q, k, v: reference.block_sparse_attention_ref(
             q, k, v, idx_n, nums_n, sizes_n, **kw, **extra)[0], q, k, v)
@@ -496,22 +475,26 @@ def test_bsa_bwd_deterministic(c, monkeypatch):
     if c.get("causal"):
         kw["causal"] = True
     do = jnp.asarray(np.random.default_rng(12).standard_normal(q.shape, np.float32)).astype(q.dtype)
-    sw = {}
-    if c.get("ws"):
-        from jax_sparse_attn.config import from_env
+    from jax_sparse_attn.config import from_env
 
-        # the case's options join those of the environment (the variant test modules)
-        env = from_env()
-        sw = dict(switches=dataclasses.replace(
-            env, bsa_bwd_ws=tuple(env.bsa_bwd_ws) + tuple(c["ws"].split(","))))
+    env = from_env()
+    # the case's options join those of the environment (the variant test modules)
+    opts = tuple(env.bsa_bwd_ws) + (tuple(c["ws"].split(",")) if c.get("ws") else ())
 
-    @jax.jit
-    def kernel_grads(q, k, v, do):
-        _, vjp = jax.vjp(lambda q, k, v: jsa.block_sparse_attention(
-            q, k, v, idx, None, sizes, nums, allow_empty_block_nums=True, backend="kernel",
-            deterministic=True, **kw, **sw), q, k, v)
-        return vjp(do)
+    def det_grads(options):
+        """The jitted deterministic gradients (dq, dk, dv) under ``bsa_bwd_ws=options``."""
+        switches = dataclasses.replace(env, bsa_bwd_ws=tuple(options))
 
+        @jax.jit
+        def grads(q, k, v, do):
+            _, vjp = jax.vjp(lambda q, k, v: jsa.block_sparse_attention(
+                q, k, v, idx, None, sizes, nums, allow_empty_block_nums=True,
+                backend="kernel", deterministic=True, switches=switches, **kw), q, k, v)
+            return vjp(do)
+
+        return grads
+
+    kernel_grads = det_grads(opts)
     jax.block_until_ready(kernel_grads(q * jnp.nan, kp, vp, do * jnp.nan))
     runs = [[np.asarray(g) for g in jax.block_until_ready(kernel_grads(q, kp, vp, do))]
             for _ in range(5)]
@@ -524,18 +507,9 @@ def test_bsa_bwd_deterministic(c, monkeypatch):
         # streamed or not, the same order and additions: bitwise the same gradients
         # (the streamed call zeroes the workspace and adds every contribution: compared with
         # the unstreamed call under detzero, the same computation)
-        plain = [o for o in sw["switches"].bsa_bwd_ws if o not in ("detstream", "detoverlap")]
-        sw2 = dict(switches=dataclasses.replace(
-            sw["switches"], bsa_bwd_ws=tuple(plain) + ("nodetstream", "detzero")))
-
-        @jax.jit
-        def plain_grads(q, k, v, do):
-            _, vjp = jax.vjp(lambda q, k, v: jsa.block_sparse_attention(
-                q, k, v, idx, None, sizes, nums, allow_empty_block_nums=True,
-                backend="kernel", deterministic=True, **kw, **sw2), q, k, v)
-            return vjp(do)
-
-        ref_run = [np.asarray(g) for g in jax.block_until_ready(plain_grads(q, kp, vp, do))]
+        plain = [o for o in opts if o not in ("detstream", "detoverlap")]
+        ref_run = [np.asarray(g) for g in jax.block_until_ready(
+            det_grads(plain + ["nodetstream", "detzero"])(q, kp, vp, do))]
         for name, a, b in zip(("dq", "dk", "dv"), runs[0], ref_run):
             assert np.array_equal(a.view(np.uint16), b.view(np.uint16)), \
                 f"{name}: detstream differs from nodetstream"
@@ -543,20 +517,8 @@ def test_bsa_bwd_deterministic(c, monkeypatch):
     if c.get("cmp_zero"):
         # the first contribution to each dQ tile stored (det_store, the default) or added to
         # the zeroed workspace (detzero): 0 + x == x, so the same values
-        from jax_sparse_attn.config import from_env
-
-        env = sw.get("switches", from_env())
-        sw3 = dict(switches=dataclasses.replace(
-            env, bsa_bwd_ws=tuple(env.bsa_bwd_ws) + ("detzero",)))
-
-        @jax.jit
-        def zero_grads(q, k, v, do):
-            _, vjp = jax.vjp(lambda q, k, v: jsa.block_sparse_attention(
-                q, k, v, idx, None, sizes, nums, allow_empty_block_nums=True,
-                backend="kernel", deterministic=True, **kw, **sw3), q, k, v)
-            return vjp(do)
-
-        zrun = [np.asarray(g) for g in jax.block_until_ready(zero_grads(q, kp, vp, do))]
+        zrun = [np.asarray(g) for g in jax.block_until_ready(
+            det_grads(opts + ("detzero",))(q, kp, vp, do))]
         for name, a, b in zip(("dq", "dk", "dv"), runs[0], zrun):
             assert np.array_equal(a.astype(np.float32), b.astype(np.float32)), \
                 f"{name}: the stored first contributions differ from detzero"

@@ -37,7 +37,7 @@ import pytest
 jax = pytest.importorskip("jax")
 import jax.numpy as jnp  # noqa: E402
 
-from attention_base import _rows_bhs, check_rule, shard  # noqa: E402
+from attention_base import _rows_bhs, bsa_fwd_vjp, check_rule, shard  # noqa: E402
 from jax_sparse_attn.config import Switches  # noqa: E402
 
 pytestmark = pytest.mark.gpu
@@ -219,21 +219,10 @@ def causal_inputs(c, seed=0):
 
 
 def _kernel(c, x, q, k, v, do):
-    import jax_sparse_attn as jsa
-
     m = x["meta"]
     kw = dict(x["kw"], backend="kernel", switches=_switches(c),
               **{n: val for n, val in m.items() if n != "q2k_block_index"})
-    idx = m["q2k_block_index"]
-
-    @jax.jit
-    def f(q, k, v, do):
-        out, lse = jsa.block_sparse_attention_forward(q, k, v, idx, **kw)
-        _, vjp = jax.vjp(lambda q, k, v: jsa.block_sparse_attention(q, k, v, idx, **kw),
-                         q, k, v)
-        return (out, lse) + vjp(do)
-
-    return jax.block_until_ready(f(q, k, v, do))
+    return jax.block_until_ready(bsa_fwd_vjp(m["q2k_block_index"], **kw)(q, k, v, do))
 
 
 def _reference(x, compute_dtype):

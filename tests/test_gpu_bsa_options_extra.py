@@ -41,7 +41,7 @@ import jax.numpy as jnp  # noqa: E402
 import test_gpu_bsa_causal as gc  # noqa: E402
 import test_gpu_bsa_pack_gqa as gp  # noqa: E402
 import test_gpu_bsa_splits as gs  # noqa: E402
-from attention_base import shard  # noqa: E402
+from attention_base import bsa_fwd_vjp, shard  # noqa: E402
 from jax_sparse_attn.config import Switches  # noqa: E402
 
 pytestmark = pytest.mark.gpu
@@ -116,8 +116,6 @@ def test_bsa_options_extra(case, monkeypatch):
 def _check_all_rows_empty():
     """Every count 0, K/V all NaN, kv_splits=3 and causal: out 0, lse -inf, grads 0, no NaN
     (the split forward, the combine kernel and the backward on empty lists)."""
-    import jax_sparse_attn as jsa
-
     rng = np.random.default_rng(11)
     for blk, impl in ((128, "auto"), (64, "sm90ws")):
         b, hq, hkv, sq, skv, d, kmax = 2, 4, 2, 300, 700, 128, 4
@@ -129,13 +127,7 @@ def _check_all_rows_empty():
         nums = jnp.zeros((b, hq, nq), jnp.int32)
         kw = dict(q2k_block_nums=nums, sparse_block_size=blk, allow_empty_block_nums=True,
                   backend="kernel", kv_splits=3, causal=True, switches=Switches(bsa_fwd_impl=impl))
-
-        @jax.jit
-        def f(q, k, v, do):
-            out, lse = jsa.block_sparse_attention_forward(q, k, v, idx, **kw)
-            _, vjp = jax.vjp(lambda q, k, v: jsa.block_sparse_attention(q, k, v, idx, **kw),
-                             q, k, v)
-            return (out, lse) + vjp(do)
+        f = bsa_fwd_vjp(idx, **kw)
 
         jax.block_until_ready(f(q * jnp.nan, kv, kv, do))  # poisoned buffers
         out, lse, dq, dk, dv = (np.asarray(x, np.float32) for x in f(q, kv, kv, do))

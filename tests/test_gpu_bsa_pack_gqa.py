@@ -39,7 +39,7 @@ import pytest
 jax = pytest.importorskip("jax")
 import jax.numpy as jnp  # noqa: E402
 
-from attention_base import check_rule, shard  # noqa: E402
+from attention_base import bsa_fwd_vjp, check_rule, shard  # noqa: E402
 
 pytestmark = pytest.mark.gpu
 
@@ -355,7 +355,6 @@ def test_bsa_pack_gqa_splits_all_rows_empty():
     """Every packed row empty, K/V all NaN, pack_gqa with kv_splits 3 (every split of every
     item empty): out 0, lse -inf, grads 0, no NaN, after a poisoned run (the packed split
     forward, the combine kernel and the backward on empty lists)."""
-    import jax_sparse_attn as jsa
     from jax_sparse_attn.config import Switches
 
     if SHARD and not SHARD.startswith("0/"):
@@ -372,13 +371,7 @@ def test_bsa_pack_gqa_splits_all_rows_empty():
         kw = dict(q2k_block_nums=nums, sparse_block_size=blk, allow_empty_block_nums=True,
                   backend=BACKEND, kv_splits=3, pack_gqa=True,
                   switches=Switches(bsa_fwd_impl=impl))
-
-        @jax.jit
-        def f(q, k, v, do):
-            out, lse = jsa.block_sparse_attention_forward(q, k, v, idx, **kw)
-            _, vjp = jax.vjp(lambda q, k, v: jsa.block_sparse_attention(q, k, v, idx, **kw),
-                             q, k, v)
-            return (out, lse) + vjp(do)
+        f = bsa_fwd_vjp(idx, **kw)
 
         jax.block_until_ready(f(q * jnp.nan, kv, kv, do))  # poisoned buffers
         out, lse, dq, dk, dv = (np.asarray(x, np.float32) for x in f(q, kv, kv, do))

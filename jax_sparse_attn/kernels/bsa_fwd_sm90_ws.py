@@ -59,7 +59,7 @@ packed block) ``(B, H_kv, ceil(S_q r / bm), K_max)``; Q is loaded with one 5-D T
 64-row slice (``pack_gqa.pack_rows_view``); each packed row ``< S_q r`` is stored to its own
 (position, query head) row of ``out`` / ``lse`` (``_store_o_packed``). With ``kv_splits > 1``
 the work items are (packed block, split, KV head) and split ``s`` visits chunk ``s`` of the
-packed row's list as above; ``_epilogue_split_packed`` stores each packed row's fp32 partial
+packed row's list as above; ``_epilogue_split`` stores each packed row's fp32 partial
 and LSE to the (position, query head) row of the unpacked partials ``(S, B, H_q, S_q, D)`` /
 ``(S, B, H_q, S_q)``, so the combine kernel is the unpacked one.
 """
@@ -441,13 +441,9 @@ class BsaFwdSm90Ws(AttnFwdSm90Ws):
     def _epilogue(self, acc_O, work, tile, thr_mma_pv, sO, wg, wtid, has_work):
         """``O / l`` -> 16 bit -> smem (swizzled) -> 128-bit stores of rows ``< S_q``; LSE
         (``lse = -inf`` and ``O = 0`` for a work item without listed blocks). Split-KV: the
-        split's fp32 partial ``O / l`` and LSE (``_epilogue_split``; packed rows:
-        ``_epilogue_split_packed``)."""
+        split's fp32 partial ``O / l`` and LSE (``_epilogue_split``)."""
         if cutlass.const_expr(self.kv_splits > 1):
-            if cutlass.const_expr(self.pack > 1):
-                self._epilogue_split_packed(acc_O, work, tile, thr_mma_pv, wtid)
-            else:
-                self._epilogue_split(acc_O, work, tile, thr_mma_pv, wtid)
+            self._epilogue_split(acc_O, work, tile, thr_mma_pv, wtid)
         else:
             self._epilogue_out(acc_O, work, tile, thr_mma_pv, sO, wg, wtid, has_work)
 
@@ -455,56 +451,47 @@ class BsaFwdSm90Ws(AttnFwdSm90Ws):
     def _epilogue_split(self, acc_O, work, tile, thr_mma_pv, wtid):
         """Split-KV: ``O / l`` of this warpgroup's rows ``< S_q`` in fp32 from registers into
         ``mO[split, b, h]`` and their LSE into ``mLSE[split, b, h]`` (a split without keys:
-        ``O = 0`` from the zero-filled accumulator, ``lse = -inf``). No shared memory: an
-        item without KV tiles must not touch the Q buffer the producer may be refilling."""
+        ``O = 0`` from the zero-filled accumulator, ``lse = -inf``). Packed rows (``pack_gqa``;
+        ``work.head`` is the KV head, rows ``mw0 + i < S_q r``): each row into the row
+        ``mO[split, b, h, s]`` / ``mLSE[split, b, h, s]`` of its (position ``s``, query head
+        ``h``) (``pack_gqa.packed_row``). No shared memory: an item without KV tiles must
+        not touch the Q buffer the producer may be refilling."""
         wgm, d = self.wg_m, self.d
         mw0 = tile.mw0
         lim = tile.seqlen_q - mw0
         acc_O_mn = acc_mn_view_wg(acc_O)
         tOcO_mn = acc_mn_view_wg(thr_mma_pv.partition_C(cute.make_identity_tensor((wgm, d))))
-        mLSE_s = tile.mLSE[tile.split, work.batch, work.head, None]
+        if cutlass.const_expr(self.pack == 1):
+            mLSE_s = tile.mLSE[tile.split, work.batch, work.head, None]
         for r in cutlass.range_constexpr(cute.size(acc_O_mn, mode=[0])):
             inv, lse = tile.smax.finalize(r)
             row = tOcO_mn[r, 0][0]
             if row < lim:
-                if wtid % 4 == 0:
-                    mLSE_s[mw0 + row] = lse
-            acc_O_mn[r, None] = acc_O_mn[r, None].load() * inv
-        gP = cute.local_tile(tile.mO[tile.split, work.batch, work.head, None, None], (wgm, d),
-                             (mw0 // wgm, 0))
-        tPg = thr_mma_pv.partition_C(gP)
-        tPc = thr_mma_pv.partition_C(cute.make_identity_tensor((wgm, d)))
-        for e in cutlass.range_constexpr(cute.size(acc_O)):
-            if tPc[e][0] < lim:
-                tPg[e] = acc_O[e]
-
-    @cute.jit
-    def _epilogue_split_packed(self, acc_O, work, tile, thr_mma_pv, wtid):
-        """``_epilogue_split`` for packed rows: ``O / l`` of this warpgroup's packed rows
-        ``mw0 + i < S_q r`` in fp32 from registers, each into the row ``mO[split, b, h, s]``
-        of its (position ``s``, query head ``h``) (``pack_gqa.packed_row``; ``work.head`` is
-        the KV head), and its LSE into ``mLSE[split, b, h, s]`` (a split without keys: ``O =
-        0``, ``lse = -inf``). No shared memory, as unpacked."""
-        wgm, d = self.wg_m, self.d
-        mw0 = tile.mw0
-        lim = tile.seqlen_q - mw0
-        acc_O_mn = acc_mn_view_wg(acc_O)
-        tOcO_mn = acc_mn_view_wg(thr_mma_pv.partition_C(cute.make_identity_tensor((wgm, d))))
-        for r in cutlass.range_constexpr(cute.size(acc_O_mn, mode=[0])):
-            inv, lse = tile.smax.finalize(r)
-            row = tOcO_mn[r, 0][0]
-            if row < lim:
-                s, h = packed_row(mw0 + row, work.head, self.pack)
-                if wtid % 4 == 0:
-                    tile.mLSE[tile.split, work.batch, h, s] = lse
-                # a (wgm, d) view whose every row is global row (s, h): the accumulator's
-                # partition of it addresses this thread's columns of that row
-                gRow = cute.make_tensor(
-                    tile.mO[tile.split, work.batch, h, s, None].iterator,
-                    cute.make_layout((wgm, d), stride=(0, 1)))
-                tRow = acc_mn_view_wg(thr_mma_pv.partition_C(gRow))
-                for c in cutlass.range_constexpr(cute.size(acc_O_mn, mode=[1])):
-                    tRow[r, c] = acc_O_mn[r, c] * inv
+                if cutlass.const_expr(self.pack > 1):
+                    s, h = packed_row(mw0 + row, work.head, self.pack)
+                    if wtid % 4 == 0:
+                        tile.mLSE[tile.split, work.batch, h, s] = lse
+                    # a (wgm, d) view whose every row is global row (s, h): the
+                    # accumulator's partition of it addresses this thread's columns of it
+                    gRow = cute.make_tensor(
+                        tile.mO[tile.split, work.batch, h, s, None].iterator,
+                        cute.make_layout((wgm, d), stride=(0, 1)))
+                    tRow = acc_mn_view_wg(thr_mma_pv.partition_C(gRow))
+                    for c in cutlass.range_constexpr(cute.size(acc_O_mn, mode=[1])):
+                        tRow[r, c] = acc_O_mn[r, c] * inv
+                else:
+                    if wtid % 4 == 0:
+                        mLSE_s[mw0 + row] = lse
+            if cutlass.const_expr(self.pack == 1):
+                acc_O_mn[r, None] = acc_O_mn[r, None].load() * inv
+        if cutlass.const_expr(self.pack == 1):
+            gP = cute.local_tile(tile.mO[tile.split, work.batch, work.head, None, None],
+                                 (wgm, d), (mw0 // wgm, 0))
+            tPg = thr_mma_pv.partition_C(gP)
+            tPc = thr_mma_pv.partition_C(cute.make_identity_tensor((wgm, d)))
+            for e in cutlass.range_constexpr(cute.size(acc_O)):
+                if tPc[e][0] < lim:
+                    tPg[e] = acc_O[e]
 
     @cute.jit
     def _epilogue_out(self, acc_O, work, tile, thr_mma_pv, sO, wg, wtid, has_work):
