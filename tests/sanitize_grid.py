@@ -37,19 +37,25 @@ def _allowed(field):
     return next(s.allowed for s in SWITCHES if s.field == field)
 
 
-def bsa_cases(quick):
-    B, H, S, D, blk, kmax = 1, 2, 512, 64, 64, 3
-    n = S // blk
-    rng = np.random.default_rng(0)
-    idx = rng.integers(0, n, (B, H, n, kmax)).astype(np.int32)
+def _garbage_metadata(rng, B, H, rows, n, blk, kmax):
+    """Block lists ``(B, H, rows, kmax)`` over ``n`` KV blocks with ids past N_kv and
+    negative, counts above K_max and negative, and block sizes negative and above ``blk``."""
+    idx = rng.integers(0, n, (B, H, rows, kmax)).astype(np.int32)
     idx[0, 0, 1, :] = [999, -5, 2]
     idx[0, 1, 3, :] = [-1, 7, 1 << 30]
-    nums = np.full((B, H, n), 2, np.int32)
+    nums = np.full((B, H, rows), 2, np.int32)
     nums[0, 0, 2] = 50
     nums[0, 1, 5] = -7
     nums[0, 1, 6] = 0
     sizes = np.full((n,), blk, np.int32)
     sizes[1], sizes[2], sizes[3] = -3, 1000, 17
+    return idx, nums, sizes
+
+
+def bsa_cases(quick):
+    B, H, S, D, blk, kmax = 1, 2, 512, 64, 64, 3
+    n = S // blk
+    idx, nums, sizes = _garbage_metadata(np.random.default_rng(0), B, H, n, n, blk, kmax)
     impls = list(itertools.product(_allowed("bsa_fwd_impl"), _allowed("bsa_bwd_impl")))
     # (D, block sizes, layout, H_kv) per implementation pair; D = 32 runs the sm80 kernels
     shapes = [(64, True, "bhsd", 1), (64, False, "bshd", 2), (128, True, "bshd", 2),
@@ -83,15 +89,7 @@ def _bsa_option_cases(quick):
         hkv = 2
         rows = -(-S * r // blk)  # packed blocks (r = 1: unpacked query blocks)
         # metadata rows per (batch, KV head) when packed; r = 1: H_q = H_kv
-        idx = rng.integers(0, n, (B, hkv, rows, kmax)).astype(np.int32)
-        idx[0, 0, 1, :] = [999, -5, 2]
-        idx[0, 1, 3, :] = [-1, 7, 1 << 30]
-        nums = np.full((B, hkv, rows), 2, np.int32)
-        nums[0, 0, 2] = 50
-        nums[0, 1, 5] = -7
-        nums[0, 1, 6] = 0
-        sizes = np.full((n,), blk, np.int32)
-        sizes[1], sizes[2], sizes[3] = -3, 1000, 17
+        idx, nums, sizes = _garbage_metadata(rng, B, hkv, rows, n, blk, kmax)
         yield (f"bsa options D={d} pack_gqa r={r} causal={causal} kv_splits={splits}",
                dict(B=B, H=hkv * r, hkv=hkv, S=S, D=d, blk=blk, idx=idx, nums=nums,
                     sizes=sizes, layout="bshd" if r % 4 else "bhsd", switches=Switches(),
