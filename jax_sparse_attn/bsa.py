@@ -292,12 +292,13 @@ _META_ARG_LINES = """
         ``q2k_block_nums (B, H_kv, N_qp)``, ``block_sizes`` ranks 1-2 or
         ``(B, H_kv, N_kv)``, ``N_qp = ceil(S_q r / blk)``; ``lse`` stays ``(B, H_q, S_q)``.
         Semantics: cuDNN's packed GQA (FlashAttention's ``pack_gqa``). Reference backend,
-        and the SM90 kernels at D in {64, 128} for r dividing 64, with any ``kv_splits``
-        (the mma.sync kernels decline it; with ``causal=True`` the kernels decline it).
+        and the SM90 kernels at D in {64, 128} for r dividing 64, with any ``kv_splits`` and
+        with ``causal`` (the mma.sync kernels decline it).
       causal: bool (default False): token-level causal mask inside the listed blocks,
         key ``j`` visible from query position ``i`` iff ``j <= i + S_kv - S_q``
-        (bottom-right aligned). Kernels: the sm90 ones (D in {64, 128} on sm_90a); the
-        mma.sync (sm80 / portable) kernels raise NotImplementedError.
+        (bottom-right aligned). Kernels: the sm90 ones (D in {64, 128} on sm_90a; the
+        warp-specialized backward, the sm90 one under ``pack_gqa``); the mma.sync (sm80 /
+        portable) kernels raise NotImplementedError.
       deterministic: static bool (default False). With True the backward's gradients are
         bitwise reproducible run to run: the dq contributions of the KV blocks to each
         64-row query tile are added in a fixed order, each waiting for its turn on an

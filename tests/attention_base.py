@@ -490,7 +490,6 @@ def bsa_inputs(c, seed=0):
                         softmax_scale=float(0.7 / np.sqrt(d))))
 
 
-@functools.lru_cache(maxsize=None)
 def bsa_fwd_vjp(idx, **kw):
     """A jitted ``f(q, k, v, do) -> (out, lse, dq, dk, dv)``: the public block-sparse forward
     (out and lse) and the VJP of the op, both with the metadata ``idx`` and keywords ``kw``."""
@@ -503,6 +502,7 @@ def bsa_fwd_vjp(idx, **kw):
     return jax.jit(f)
 
 
+@functools.lru_cache(maxsize=None)
 def _bsa_public(backend, switches, static_items):
     static = dict(static_items)
 

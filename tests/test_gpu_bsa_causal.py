@@ -19,8 +19,8 @@ the clean tensors. Outputs are poisoned by a preceding all-NaN run.
 
 ``impl``: ``auto`` (the defaults: sm90ws forward, sm90ws backward; sm90 backward under
 ``pack_gqa``) or ``sm90ws`` (the forward switch named; the same kernels); ``bwd_impl``: the
-backward switch (``sm90``: the cp.async backward). ``pack``: ``pack_gqa=True``, metadata per (KV head, packed
-block); the mask applies to each packed row's position (row // r).
+backward switch (``sm90``: the cp.async backward). ``pack``: ``pack_gqa=True``, metadata per
+(KV head, packed block); the mask applies to each packed row's position (row // r).
 
 Run: ``python -m pytest -m gpu tests/test_gpu_bsa_causal.py`` (``CAUSAL_TEST_SHARD=i/n``
 runs every n-th case from i, for parallel processes).
@@ -65,6 +65,7 @@ class CausalCase:
     b: int = 2
     pack: bool = False  # pack_gqa=True: metadata per (KV head, packed block of blk rows)
     bwd_impl: str = "auto"  # the backward switch (auto: sm90ws; pack_gqa: sm90)
+    bwd_ws: str = ""  # bsa_bwd_ws options of the sm90ws backward (comma list)
 
 
 CASES = [
@@ -103,11 +104,18 @@ CASES = [
                pattern="future", sizes=True),
     CausalCase("fp16-blk64-d64-sm90bwd-gqa", blk=64, d=64, dtype="float16", layout="bshd",
                hq=8, hkv=2, sq=900, skv=800, bwd_impl="sm90"),
+    # sm90ws backward variants with the causal select (splitwait: P^T masked before the dP^T
+    # wait; decouple: each warpgroup adds its own keys' dQ)
+    CausalCase("bf16-blk128-d128-splitwait", sq=1000, skv=1100, bwd_ws="splitwait",
+               sizes=True),
+    CausalCase("fp16-blk128-d64-decouple", d=64, dtype="float16", layout="bshd", sq=900,
+               skv=800, bwd_ws="decouple", pattern="future"),
 ]
 
 
 def _switches(c):
-    return Switches(bsa_fwd_impl=c.impl, bsa_bwd_impl=c.bwd_impl)
+    return Switches(bsa_fwd_impl=c.impl, bsa_bwd_impl=c.bwd_impl,
+                    bsa_bwd_ws=tuple(o for o in c.bwd_ws.split(",") if o))
 
 
 def causal_inputs(c, seed=0):

@@ -140,6 +140,25 @@ def test_bsa_bwd_ws_causal_lowers(cfg):
                                             deterministic=True)
 
 
+@pytest.mark.parametrize("ws,cfg", [("splitwait", CONFIGS[0]), ("decouple", CONFIGS[2]),
+                                    ("dqalt", CONFIGS[0]), ("lpt,stages=2", CONFIGS[3])],
+                         ids=["splitwait-blk128", "decouple-blk128", "dqalt-blk128",
+                              "lpt-blk64"])
+def test_bsa_bwd_ws_causal_variants_lower(ws, cfg):
+    """The sm90ws backward's ablation variants compile with ``causal=True`` too (their keys
+    carry the flag); the row-major dQ workspace as well."""
+    from jax_sparse_attn.config import Switches
+    from jax_sparse_attn.ffi import bsa
+
+    key = bsa.bwd_config(jnp.bfloat16, cfg["d"], cfg["blk"], False,
+                         Switches(bsa_bwd_impl="sm90ws", bsa_bwd_ws=ws), causal=True)
+    assert key.impl == "sm90ws" and key.causal
+    txt = _bwd_text(cfg, ws=ws, causal=True)
+    assert txt.count(CALL_TARGET) == _calls(cfg, ws=ws, causal=True)
+    txt = _bwd_text(CONFIGS[0], dq="rows", causal=True)
+    assert txt.count(CALL_TARGET) == 2
+
+
 @pytest.mark.parametrize("cfg,slots", [(CONFIGS[1], 2), (CONFIGS[0], 3)],
                          ids=["blk64-slots2", "blk128-slots3"])
 def test_bsa_bwd_ws_dq_slots_lowers(cfg, slots):

@@ -79,7 +79,9 @@ def _sm90_env(monkeypatch):
 
 def _ids(c):
     splits = f"splits{c['kv_splits']}-" if "kv_splits" in c else ""
-    return (f"{c['fwd']}-{splits}{'causal-' if c.get('causal') else ''}d{c['d']}-blk{c['blk']}-r{c['r']}-{c['dtype']}-{c['layout']}-"
+    causal = "causal-" if c.get("causal") else ""
+    return (f"{c['fwd']}-{splits}{causal}d{c['d']}-blk{c['blk']}-r{c['r']}-{c['dtype']}-"
+            f"{c['layout']}-"
             f"{'sizes' if c['sizes'] else 'nosizes'}")
 
 
@@ -125,7 +127,7 @@ def _fwd_key(c, args):
         q, k, v, i, None, s, n, sparse_block_size=c["blk"], softmax_scale=0.3,
         layout=c["layout"], allow_empty_block_nums=True, backend="kernel",
         switches=Switches(bsa_fwd_impl=c["fwd"]), op_name="block_sparse_attention",
-        kv_splits=c.get("kv_splits", 1), pack_gqa=True)[0]
+        kv_splits=c.get("kv_splits", 1), pack_gqa=True, causal=c.get("causal", False))[0]
     return cfg.fwd
 
 
@@ -134,7 +136,8 @@ def test_bsa_pack_gqa_fwd_bwd_lower(c):
     loss, args = _loss_and_args(c)
     key = _fwd_key(c, args)
     splits = c.get("splits", 1)
-    assert (key.impl, key.pack_gqa, key.kv_splits) == ("sm90ws", c["r"], splits)
+    assert (key.impl, key.pack_gqa, key.kv_splits, key.causal) == (
+        "sm90ws", c["r"], splits, c.get("causal", False))
     txt = jax.jit(jax.grad(loss, argnums=(0, 1, 2))).trace(*args).lower(
         lowering_platforms=("cuda",)).as_text()
     # forward (+ the combine kernel with more than one split), preprocessing, dK/dV/dQ

@@ -695,7 +695,8 @@ def deterministic_unsupported_reason(head_dim, block_size, switches=None, pack_g
                                      causal=False) -> str | None:
     """``None`` when the deterministic backward (the sm90ws kernel with ordered dQ additions)
     runs a call, else why not: it needs D in {64, 128} on the Hopper kernel family, the
-    ``bsa_bwd_impl`` switch ``auto`` or ``sm90ws``, no ``pack_gqa``."""
+    ``bsa_bwd_impl`` switch ``auto`` or ``sm90ws``, no ``pack_gqa`` (``causal`` is accepted
+    and runs)."""
     from ..config import from_env  # noqa: PLC0415
 
     sw = from_env() if switches is None else switches
@@ -720,7 +721,8 @@ def pack_gqa_unsupported_reason(*, head_dim, sparse_block_size, group, passes=("
     included; the mma.sync (sm80) kernels do not pack. Every ``kv_splits`` packs (the
     packed forward splits its (packed block, KV head) rows;
     :func:`kv_splits_unsupported_reason` checks the split count against the packed metadata
-    rows ``B H_kv N_qp``)."""
+    rows ``B H_kv N_qp``); ``causal`` and ``kv_splits`` are accepted for the callers' sake
+    and change nothing."""
     if 64 % group:
         return (f"pack_gqa=True with r = H_q / H_kv = {group} is not implemented by the "
                 f"block-sparse kernels (they pack groups of a size dividing 64)")

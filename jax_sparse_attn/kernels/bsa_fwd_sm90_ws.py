@@ -52,17 +52,17 @@ are then the fp32 partials ``(S, B, H_q, S_q, D)`` / ``(S, B, H_q, S_q)``: the s
 normalised by its own softmax denominator, stored from registers, and its natural-log LSE; a
 split without keys stores zeros and ``-inf``. ``bsa_combine`` merges them.
 
-Packed GQA (``pack_gqa = r > 1``, static; ``r = H_q / H_kv`` divides 64): a work item is a block of packed query rows of one KV head, packed row ``p`` of KV
-head ``g`` being position ``p // r`` of query head ``g r + p % r`` (``pack_gqa.packed_row``), so
-the ``r`` heads of a group share each K/V load. The metadata are indexed by (batch, KV head,
-packed block) ``(B, H_kv, ceil(S_q r / bm), K_max)``; Q is loaded with one 5-D TMA box per
-64-row slice (``pack_gqa.pack_rows_view``); each packed row ``< S_q r`` is stored to its own
-(position, query head) row of ``out`` / ``lse`` (``_store_o_packed``). With ``kv_splits > 1``
-the work items are (packed block, split, KV head) and split ``s`` visits chunk ``s`` of the
-packed row's list as above; ``_epilogue_split`` stores each packed row's fp32 partial
-and LSE to the (position, query head) row of the unpacked partials ``(S, B, H_q, S_q, D)`` /
-``(S, B, H_q, S_q)``, so the combine kernel is the unpacked one.
-"""
+Packed GQA (``pack_gqa = r > 1``, static; ``r = H_q / H_kv`` divides 64): a work item is a
+block of packed query rows of one KV head, packed row ``p`` of KV head ``g`` being position
+``p // r`` of query head ``g r + p % r`` (``pack_gqa.packed_row``), so the ``r`` heads of a
+group share each K/V load. The metadata are indexed by (batch, KV head, packed block) ``(B,
+H_kv, ceil(S_q r / bm), K_max)``; Q is loaded with one 5-D TMA box per 64-row slice
+(``pack_gqa.pack_rows_view``); each packed row ``< S_q r`` is stored to its own (position,
+query head) row of ``out`` / ``lse`` (``_store_o_packed``). With ``kv_splits > 1`` the work
+items are (packed block, split, KV head) and split ``s`` visits chunk ``s`` of the packed
+row's list as above; ``_epilogue_split`` stores each packed row's fp32 partial and LSE to
+the (position, query head) row of the unpacked partials ``(S, B, H_q, S_q, D)`` / ``(S, B,
+H_q, S_q)``, so the combine kernel is the unpacked one."""
 
 from __future__ import annotations
 
