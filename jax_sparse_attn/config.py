@@ -159,7 +159,7 @@ _parse_hstu_bwd_ws = _parse_option_list(HSTU_BWD_WS_FLAGS,
 BSA_BWD_WS_FLAGS = ("ldwait", "lpt", "decouple", "detkv", "detfull", "detlaunch", "dqalias",
                     "dqearly", "lselate", "splitwait", "epi16", "epiregs", "dqalt", "detsched",
                     "detschedfull", "relaxpoll", "detstream", "nodetstream",
-                    "detoverlap", "detzero")
+                    "detoverlap", "detzero", "packws")
 #: the flags among :data:`BSA_BWD_WS_FLAGS` that choose the deterministic dQ order (at most
 #: one of them)
 BSA_DET_ORDER_FLAGS = ("detkv", "detfull", "detlaunch", "detsched", "detschedfull")
@@ -434,6 +434,10 @@ SWITCHES = (
                "waits only for rank r - N, and the reordering kernel sums the N in order; "
                "N times the workspace; by default 2 at blk 64 in the default schedule order "
                "with K_max >= 32, else 1), "
+               "packws (pack_gqa=True runs this backward instead of sm90: Q / dO of the packed "
+               "rows in 5-D TMA boxes, lse / delta per packed row, a dQ tile workspace of "
+               "packed rows; not with causal=True, deterministic=True, bsa_bwd_dq=rows or "
+               "decouple; not yet run on a GPU), "
                "detzero (deterministic with the dQ writer warp: the fp32 dQ workspace is "
                "zeroed by the preprocessing launch and every contribution is a bulk "
                "reduce-add; by default the first contribution to each accumulator tile (rank "

@@ -65,9 +65,19 @@ class PackCase:
     impl: str = "auto"  # bsa_fwd_impl
     b: int = 2
     kv_splits: object = 1
+    bwd_ws: str = ""  # bsa_bwd_ws ("packws": the warp-specialized backward packs)
 
 
 CASES = [
+    # bsa_bwd_ws=packws: the warp-specialized backward with packed rows (opt-in), each
+    # (blk, D) pair, block_sizes ranks, a partial last packed tile
+    PackCase("r2-blk64-d128-bf16-packws", 2, 64, sq=1001, bwd_ws="packws"),
+    PackCase("r8-blk128-d128-bf16-bshd-sizes3-packws", 8, 128, layout="bshd", sq=1002,
+             sizes_rank=3, bwd_ws="packws"),
+    PackCase("r4-blk64-d64-fp16-bshd-sizes1-packws", 4, 64, d=64, dtype="float16",
+             layout="bshd", sq=999, sizes_rank=1, bwd_ws="packws"),
+    PackCase("r2-blk128-d64-bf16-sizes2-packws", 2, 128, d=64, sq=77, skv=4096, kmax=8,
+             sizes_rank=2, bwd_ws="packws"),
     PackCase("r2-blk64-d128-bf16-bhsd", 2, 64, sq=1001),
     PackCase("r4-blk64-d64-fp16-bshd-sizes3", 4, 64, d=64, dtype="float16", layout="bshd",
              sq=999, sizes_rank=3),
@@ -175,7 +185,7 @@ def _kernel_fn(c: PackCase, kw):
     import jax_sparse_attn as jsa
     from jax_sparse_attn.config import Switches
 
-    sw = Switches(bsa_fwd_impl=c.impl)
+    sw = Switches(bsa_fwd_impl=c.impl, bsa_bwd_ws=tuple(o for o in c.bwd_ws.split(",") if o))
     opts = dict(kw, backend=BACKEND, switches=sw, pack_gqa=True, allow_empty_block_nums=True,
                 kv_splits=c.kv_splits)
 

@@ -425,8 +425,11 @@ def bwd_config(dtype, head_dim, block_size, has_block_sizes, switches,
     impl = _family_impl(bwd_impl_choice(want, head_dim, block_size, switches.bsa_bwd_dq),
                         head_dim, switches)
     arch = _platform.resolved_arch()
-    if impl == "sm90ws" and pack_gqa > 1:
-        # the warp-specialized backward does not pack GQA groups
+    if impl == "sm90ws" and pack_gqa > 1 and not (
+            "packws" in switches.bsa_bwd_ws and not causal and not deterministic
+            and switches.bsa_bwd_dq == "tile" and "decouple" not in switches.bsa_bwd_ws):
+        # the warp-specialized backward packs GQA groups only with bsa_bwd_ws packws
+        # (opt-in; not with causal, deterministic, the row-major dQ workspace or decouple)
         impl = "sm90"
     if impl == "sm90ws":
         from ..kernels.bsa_bwd_sm90_ws import bwd_ws_dq_tile_fits  # noqa: PLC0415
@@ -469,7 +472,7 @@ def bwd_config(dtype, head_dim, block_size, has_block_sizes, switches,
                             and not causal,
                             det_overlap=bool(deterministic) and det_stream_default(opts)
                             and "detoverlap" in opts and not causal,
-                            causal=bool(causal),
+                            causal=bool(causal), pack_gqa=pack_gqa,
                             dq_writer=not deterministic and tile
                             and getattr(switches, "dq_writer", "auto") != "off")
     if impl == "sm90":
@@ -1066,7 +1069,12 @@ def dq_tile_shape(cfg) -> tuple:
     """The query-tile dQ workspace of the Hopper backwards (``cfg.bwd.dq_tile``): fp32
     ``(B, H_q, ceil(S_q / 64) P, 64 D)``, each 64-row tile in the block order of
     ``kernels/dq_tiles.py``, ``P =`` :func:`det_slots_of` ``(cfg)`` consecutive
-    accumulators per query tile."""
+    accumulators per query tile; with ``pack_gqa`` (``r`` in the backward's key) the packed
+    rows of the KV heads, ``(B, H_kv, ceil(S_q r / 64), 64 D)``."""
+    r = cfg.bwd.pack_gqa if cfg.bwd is not None else 1
+    if r > 1:
+        # packed rows of the KV heads (the warp-specialized backward with pack_gqa)
+        return (cfg.batch, cfg.num_heads_kv, -(-cfg.seqlen_q * r // 64), 64 * cfg.head_dim)
     return (cfg.batch, cfg.num_heads_q, -(-cfg.seqlen_q // 64) * det_slots_of(cfg),
             64 * cfg.head_dim)
 
@@ -1089,13 +1097,14 @@ class BsaDqTilesConfig:
     block_cols: int
     pdl: bool = False  # programmatic dependent launch (the backward's)
     slots: int = 1  # accumulators per query tile, summed in order
+    pack: int = 1  # packed GQA rows (r; 1: not packed)
 
 
 def _dq_tiles_entry(stream, ws, dq, *, cfg: BsaDqTilesConfig):
     from ..kernels.dq_tiles import BsaDqFromTiles  # noqa: PLC0415
 
     BsaDqFromTiles(_cutlass_dtype(cfg.dtype), cfg.head_dim, cfg.block_cols, cfg.pdl,
-                   cfg.slots)(ws, dq, stream)
+                   cfg.slots, cfg.pack)(ws, dq, stream)
 
 
 def _dq_tiles_sem_entry(stream, ws, sem, dq, *, cfg: BsaDqTilesConfig):
@@ -1146,7 +1155,7 @@ def _dq_out(dq_acc, q, cfg, spec, dq_sem=None):
     if not cfg.bwd.dq_tile:
         return dq_acc.astype(q.dtype)
     key = BsaDqTilesConfig(cfg.bwd.dtype, cfg.head_dim, dq_block_cols(cfg.bwd), cfg.bwd.pdl,
-                           det_slots_of(cfg))
+                           det_slots_of(cfg), cfg.bwd.pack_gqa)
     call = call_builder(cfg.cute_call)(
         _dq_tiles_jit(dq_sem is not None),
         output_shape_dtype=(jax.ShapeDtypeStruct(q.shape, q.dtype),),
@@ -1174,7 +1183,7 @@ def _ws_kernel(cfg: BsaBwdConfig, after_pre: bool = False):
                         epi_smem=cfg.ws_epi_smem, dq_alt=cfg.ws_dq_alt,
                         dq_slots=cfg.det_slots, relaxed_poll=cfg.det_relaxed_poll,
                         order_stream=cfg.det_stream, stream_after_pre=after_pre,
-                        det_store=cfg.det_store, causal=cfg.causal)
+                        det_store=cfg.det_store, causal=cfg.causal, pack_gqa=cfg.pack_gqa)
 
 
 def _bwd_det_entry(stream, q, k, v, do, lse, delta, offsets, entries, ranks, sizes, scale,

@@ -145,6 +145,7 @@ from .common import (acc_layout_as_a, acc_mn_view_wg, elem_ptr, gmem_load_copy,
                      kv_major_bwd_operands, ld_acquire_s32, ld_relaxed_s32, st_release_s32,
                      tma_view, wait_at_least)
 from .dq_tiles import bulk_add_warp_slice, stage_warp_slice
+from .pack_gqa import pack_rows_view, packed_row
 from .pipeline import SmemPipeline
 from .seqlen_info import offset_rows
 
@@ -209,8 +210,17 @@ class BsaBwdSm90Ws:
                  split_wait: bool = False, epi_pairs: bool = False, epi_smem: bool = False,
                  dq_alt: bool = False, dq_slots: int = 1, relaxed_poll: bool = False,
                  order_stream: bool = False, stream_after_pre: bool = False,
-                 det_store: bool = False, causal: bool = False):
+                 det_store: bool = False, causal: bool = False, pack_gqa: int = 1):
         self.pdl = pdl
+        # pack_gqa: r = H_q / H_kv query heads per KV head (1: off). The K->Q entries are
+        # packed blocks (the group is 1), a step is 64 packed rows (64 / r positions x r query
+        # heads; pack_gqa.packed_row), Q / dO come in 5-D TMA boxes (pack_rows_view), lse /
+        # delta per packed row, and the dQ tile workspace is (B, H_kv, packed tiles, 64 D)
+        self.pack = pack_gqa
+        if pack_gqa > 1 and (64 % pack_gqa or causal or deterministic or not dq_tile):
+            raise NotImplementedError(
+                f"bsa_bwd_sm90_ws: pack_gqa={pack_gqa} needs r dividing 64, the dQ tile "
+                f"workspace, no causal and no deterministic")
         # the token-level causal mask inside the listed blocks (key j visible from query i
         # iff j <= i + S_kv - S_q): per-step select of P^T / dS^T, K / V rows past the last
         # key any entry's queries see zero-filled
@@ -330,6 +340,10 @@ class BsaBwdSm90Ws:
 
         # TMA views (S, D, H, B) with D contiguous; boxes of bm (Q, dO) / bn (K, V) rows
         tQ, tdO, tK, tV = tma_view(mQ, d), tma_view(mdO, d), tma_view(mK, d), tma_view(mV, d)
+        if cutlass.const_expr(self.pack > 1):
+            # packed rows ((r, S), D, H_kv, B): a box of bm packed rows is (D, r, bm / r)
+            tQ = pack_rows_view(tQ, self.pack, 0, 2)
+            tdO = pack_rows_view(tdO, self.pack, 0, 2)
         g2s = cpasync.CopyBulkTensorTileG2SOp()
         sQ_one = cute.slice_(sQ_layout, (None, None, 0))
         sK_one = cute.slice_(sK_layout, (None, None, 0))
@@ -390,7 +404,8 @@ class BsaBwdSm90Ws:
     @cute.jit
     def _load_lse_delta(self, mLSE, mDelta, batch, head, q0, seqlen_q, sLD, stage, lane):
         """One warp: the lse and delta of query rows ``[q0, q0 + bm)`` into ``sLD[:, 0 / 1,
-        stage]`` (cp.async, 4 bytes each; +inf / 0 past ``S_q``, so P^T = dS^T = 0 there)."""
+        stage]`` (cp.async, 4 bytes each; +inf / 0 past ``S_q``, so P^T = dS^T = 0 there).
+        ``pack_gqa``: packed rows of KV head ``head``, each from its (query head, position)."""
         atom = cute.make_copy_atom(cpasync.CopyG2SOp(), Float32, num_bits_per_copy=32)
         for j in cutlass.range_constexpr(self.bm // 32):
             r = lane + 32 * j
@@ -398,9 +413,12 @@ class BsaBwdSm90Ws:
             dl = cute.make_tensor(elem_ptr(sLD, (r, 0, stage)), cute.make_layout(1))
             dd = cute.make_tensor(elem_ptr(sLD, (r, 1, stage)), cute.make_layout(1))
             if q < seqlen_q:
-                cute.copy(atom, cute.make_tensor(elem_ptr(mLSE, (batch, head, q)),
+                h = head
+                if cutlass.const_expr(self.pack > 1):
+                    q, h = packed_row(q, head, self.pack)
+                cute.copy(atom, cute.make_tensor(elem_ptr(mLSE, (batch, h, q)),
                                                  cute.make_layout(1)), dl)
-                cute.copy(atom, cute.make_tensor(elem_ptr(mDelta, (batch, head, q)),
+                cute.copy(atom, cute.make_tensor(elem_ptr(mDelta, (batch, h, q)),
                                                  cute.make_layout(1)), dd)
             else:
                 dl[0] = Float32.inf
@@ -624,6 +642,10 @@ class BsaBwdSm90Ws:
         seqlen_k = mK.shape[1]
         num_heads_kv = mK.shape[2]
         group = mQ.shape[2] // num_heads_kv
+        if cutlass.const_expr(self.pack > 1):
+            # one KV head's S_q r packed rows; entries are packed block ids
+            seqlen_q = seqlen_q * self.pack
+            group = 1
         n_q_blocks = (seqlen_q + bn - 1) // bn
         n_kv_blocks = (seqlen_k + bn - 1) // bn
         row_id = (batch * num_heads_kv + head_kv) * n_kv_blocks + n_block

@@ -26,6 +26,7 @@ import cutlass.memory
 from cutlass import Float32, Int32
 
 from .common import bulk_copy_f32, bulk_reduce_add_f32, elem_ptr, st_shared_v4_f32
+from .pack_gqa import packed_row
 
 
 def tile_blocks(bm: int, d: int, w: int) -> int:
@@ -154,13 +155,17 @@ class BsaDqFromTiles:
     (query tile, head, batch) writes the tile's rows below ``S_q``. With ``mSem`` (int32
     ``(B, H_q, ceil(S_q / 64) slots)``, the deterministic backward's semaphores, which count
     the contributions to each accumulator tile; a workspace that was not zeroed) an
-    accumulator tile whose semaphore is 0 holds no data and counts as zeros."""
+    accumulator tile whose semaphore is 0 holds no data and counts as zeros. ``pack > 1``
+    (packed GQA, ``r = pack``): the workspace is ``(B, H_kv, ceil(S_q r / 64) slots, 64 D)``
+    of packed rows, and packed row ``p`` of KV head ``g`` goes to position ``p // r`` of query
+    head ``g r + p % r`` (``pack_gqa.packed_row``)."""
 
     BM = 64
 
     def __init__(self, dtype, head_dim: int, block_cols: int, pdl: bool = False,
-                 slots: int = 1):
+                 slots: int = 1, pack: int = 1):
         self.pdl = pdl
+        self.pack = pack
         if slots < 1:
             raise ValueError(f"dq tiles: slots={slots} must be >= 1")
         self.slots = slots
@@ -213,8 +218,33 @@ class BsaDqFromTiles:
         tile_to_smem(v, sbase, tidx, self.BM, self.d, self.w, self.dtype)
         cute.arch.barrier()
         row0 = t * self.BM
-        smem_rows_to_gmem(sbase, tidx, self.num_threads, mdQ[batch, None, head, None], row0,
-                          mdQ.shape[1] - row0, self.BM, self.d, self.dtype)
+        if cutlass.const_expr(self.pack > 1):
+            self._packed_rows_to_gmem(sbase, tidx, mdQ, batch, head, row0,
+                                      mdQ.shape[1] * self.pack - row0)
+        else:
+            smem_rows_to_gmem(sbase, tidx, self.num_threads, mdQ[batch, None, head, None],
+                              row0, mdQ.shape[1] - row0, self.BM, self.d, self.dtype)
+
+    @cute.jit
+    def _packed_rows_to_gmem(self, sbase, tidx, mdQ, batch, head_kv, row0, lim):
+        """:func:`smem_rows_to_gmem` for packed rows: shared-tile row ``i < lim`` (packed row
+        ``row0 + i`` of KV head ``head_kv``) to the dq row of its (position, query head)."""
+        dtype, d = self.dtype, self.d
+        per = 16 // (dtype.width // 8)  # elements per 16-byte piece
+        chunks = d // per
+        rs = smem_row_stride(d)
+        for it in cutlass.range_constexpr(self.BM * chunks // self.num_threads):
+            k = it * self.num_threads + tidx
+            row = k // chunks
+            piece = k % chunks
+            if row < lim:
+                s, h = packed_row(row0 + row, head_kv, self.pack)
+                s_ptr = cute.make_ptr(dtype, (sbase + row * rs + piece * per).toint(),
+                                      cute.AddressSpace.smem, assumed_align=16)
+                g_ptr = cute.make_ptr(dtype, elem_ptr(mdQ, (batch, s, h, piece * per)).toint(),
+                                      cute.AddressSpace.gmem, assumed_align=16)
+                cute.make_tensor(g_ptr, cute.make_layout(per)).store(
+                    cute.make_tensor(s_ptr, cute.make_layout(per)).load())
 
 
 __all__ = ["BsaDqFromTiles", "block_smem_ptr", "bulk_add_warp_slice", "smem_rows_to_gmem", "smem_row_stride",
