@@ -23,7 +23,8 @@ saved out/lse; ``csr`` times only the K->Q CSR construction. Prints a table and 
 ``--pack-gqa`` times ``pack_gqa=True`` against unpacked GQA at the same density (bf16,
 H_q=32, H_kv=4, blk128, 12.5 % of the KV blocks per row, D=128; the same FLOPs
 ``4*B*H_q*S_q*D*(top_k*blk)`` for both, random lists drawn independently): "prefill" B=1,
-S_q=S_kv=16384, fwd and bwd; "decode" B=16, S_q=16 (S_q r = blk), S_kv=16384, fwd;
+S_q=S_kv=16384, fwd and bwd (the bwd also packed with ``bsa_bwd_ws=packws``, the
+warp-specialized backward on packed rows); "decode" B=16, S_q=16 (S_q r = blk), S_kv=16384, fwd;
 "decode-splits" the same decode packed with ``kv_splits=1`` vs ``"auto"`` (resolved over
 the ``B H_kv N_qp`` packed rows: 2 splits); "decode-longkv" B=1, S_q=16, S_kv=131072 (``--quick``:
 32768), blk128 top-64, packed with ``kv_splits=1`` vs ``"auto"`` (33 splits) and unpacked with
@@ -44,6 +45,7 @@ work, so both rows have the same FLOP count and their TFLOP/s ratio is their tim
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import functools
 import json
 import os
@@ -237,6 +239,9 @@ PACK_SPLIT_VARIANTS = (("pack_gqa", True, 1), ("pack_gqa_splits_auto", True, "au
 #: the long-KV packed decode: also the unpacked call with ``kv_splits="auto"`` (over its
 #: ``B H_q N_q`` rows)
 PACK_LONGKV_VARIANTS = PACK_SPLIT_VARIANTS + (("unpacked_splits_auto", False, "auto"),)
+#: the prefill backward: also the packed call on the warp-specialized backward (a fourth
+#: element: the ``bsa_bwd_ws`` options of the call)
+PACK_BWD_VARIANTS = PACK_VARIANTS + (("pack_gqa_packws", True, 1, "packws"),)
 
 
 def pack_gqa_rows(s=16384, h=32, h_kv=4, d=128, blk=128, density=0.125, n_sets=2, seed=0,
@@ -245,7 +250,8 @@ def pack_gqa_rows(s=16384, h=32, h_kv=4, d=128, blk=128, density=0.125, n_sets=2
     """``pack_gqa=True`` (metadata ``(B, H_kv, S_q r / blk, top_k)``) vs unpacked GQA
     (``(B, H_q, S_q / blk, top_k)``) at the same density (``top_k`` of the ``S / blk`` KV
     blocks per row, lists drawn independently; ``s_q``: query positions, default ``s``):
-    one row per ``variants`` entry ``(name, pack_gqa, kv_splits)`` and pass, each but the
+    one row per ``variants`` entry ``(name, pack_gqa, kv_splits[, bsa_bwd_ws options])``
+    and pass, each but the
     first variant's with ``speedup`` over the first variant's row of the pass (default
     :data:`PACK_VARIANTS`: "unpacked" and "pack_gqa", one split each). Rows record the
     ``kv_splits`` option and ``splits``, the count it resolves to (``ffi.bsa.
@@ -264,7 +270,7 @@ def pack_gqa_rows(s=16384, h=32, h_kv=4, d=128, blk=128, density=0.125, n_sets=2
     flops_fwd = 4.0 * b * h * s_q * d * (topk * blk)
     rows, ms_of = [], {}
     base = variants[0][0]
-    for variant, pack, ks in variants:
+    for variant, pack, ks, *ws in variants:
         hm, nq = (h_kv, -(-s_q * r // blk)) if pack else (h, -(-s_q // blk))
         resolved = ffi_bsa.resolve_kv_splits(ks, num_rows=b * hm * nq, k_max=topk,
                                              impl="sm90ws")
@@ -280,6 +286,12 @@ def pack_gqa_rows(s=16384, h=32, h_kv=4, d=128, blk=128, density=0.125, n_sets=2
             sets.append((q, k, v, idx.astype(jnp.int32), nums, do))
         kw = dict(layout="bhsd", sparse_block_size=blk, softmax_scale=scale, backend=backend,
                   pack_gqa=pack, kv_splits=ks)
+        if ws:
+            from jax_sparse_attn.config import from_env  # noqa: PLC0415
+
+            env = from_env()
+            kw["switches"] = dataclasses.replace(
+                env, bsa_bwd_ws=tuple(env.bsa_bwd_ws) + tuple(ws[0].split(",")))
 
         def fwd(q, k, v, idx, nums, do, kw=kw):
             return tuple(jsa.block_sparse_attention_forward(q, k, v, idx, None, None, nums, **kw))
@@ -621,7 +633,7 @@ def main(argv=None):
                    # top-64: 4 packed rows, "auto" = 33 splits (unpacked 32 rows: 4)
                    dict(b=1, s_q=16, passes=("fwd",), tag="decode-longkv", n_sets=8,
                         s=s * 8, density=64 / (s * 8 // 128), variants=PACK_LONGKV_VARIANTS),
-                   dict(passes=("bwd",))):
+                   dict(passes=("bwd",), variants=PACK_BWD_VARIANTS)):
             rows += pack_gqa_rows(**{"s": s, **kw})
             _write(args.out, rows)
     elif args.splits:
