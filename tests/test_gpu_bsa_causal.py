@@ -99,6 +99,12 @@ CASES = [
                skv=333, pack=True, counts="empty", sizes=True, kmax=5),
     CausalCase("pack4-fp16-blk128-d64-sizes-fixed", d=64, dtype="float16", layout="bshd",
                hq=4, hkv=1, sq=777, skv=1000, pack=True, counts="fixed", sizes=True),
+    # the warp-specialized backward on packed rows (bsa_bwd_ws packws, opt-in)
+    CausalCase("pack8-bf16-blk128-d128-packws", hq=16, hkv=2, sq=500, skv=600, pack=True,
+               bwd_ws="packws"),
+    CausalCase("pack2-fp16-blk64-d64-sq-gt-skv-packws", blk=64, d=64, dtype="float16",
+               layout="bshd", hq=4, hkv=2, sq=700, skv=333, pack=True, counts="empty",
+               sizes=True, kmax=5, bwd_ws="packws"),
     # the sm90 backward named (the default backward is sm90ws; pack_gqa runs sm90)
     CausalCase("bf16-blk128-d128-sm90bwd-sq-lt-skv", sq=600, skv=1000, bwd_impl="sm90",
                pattern="future", sizes=True),

@@ -255,8 +255,8 @@ def test_bsa_pack_gqa_split_forward_is_its_own_kernel(tmp_path):
 @pytest.mark.parametrize("c", [PACK_CONFIGS[0], PACK_CONFIGS[2], PACK_CONFIGS[3]], ids=_ids)
 def test_bsa_pack_gqa_packws_lowers(c):
     """``bsa_bwd_ws=packws``: the warp-specialized backward with packed rows (its key carries
-    r; a dQ tile workspace of packed rows and the packed reordering); without the flag, or
-    with causal, pack_gqa runs the sm90 backward."""
+    r; a dQ tile workspace of packed rows and the packed reordering), also with causal;
+    without the flag pack_gqa runs the sm90 backward."""
     import jax_sparse_attn as jsa
     from jax_sparse_attn.config import Switches
     from jax_sparse_attn.ffi import bsa
@@ -266,8 +266,9 @@ def test_bsa_pack_gqa_packws_lowers(c):
     assert (key.impl, key.pack_gqa, key.dq_tile) == ("sm90ws", c["r"], True)
     assert bsa.bwd_config(jnp.bfloat16, c["d"], c["blk"], c["sizes"], Switches(),
                           pack_gqa=c["r"]).impl == "sm90"
-    assert bsa.bwd_config(jnp.bfloat16, c["d"], c["blk"], c["sizes"], sw, pack_gqa=c["r"],
-                          causal=True).impl == "sm90"
+    ckey = bsa.bwd_config(jnp.bfloat16, c["d"], c["blk"], c["sizes"], sw, pack_gqa=c["r"],
+                          causal=True)
+    assert (ckey.impl, ckey.causal, ckey.pack_gqa) == ("sm90ws", True, c["r"])
     _, args = _loss_and_args(c)
     kw = dict(layout=c["layout"], sparse_block_size=c["blk"], softmax_scale=0.3,
               backend="kernel", switches=sw, pack_gqa=True, allow_empty_block_nums=True)
@@ -284,4 +285,14 @@ def test_bsa_pack_gqa_packws_lowers(c):
         args[0].shape[1 if c["layout"] == "bshd" else 2])
     tiles = -(-sq * c["r"] // 64)
     assert f"tensor<{b}x{hkv}x{tiles}x{64 * c['d']}xf32>" in txt
+    # with the causal mask
+
+    def causal_loss(q, k, v, i, n, s):
+        out = jsa.block_sparse_attention(q, k, v, i, q2k_block_nums=n, block_sizes=s,
+                                         causal=True, **kw)
+        return jnp.sum(out.astype(jnp.float32))
+
+    txt = jax.jit(jax.grad(causal_loss, argnums=(0, 1, 2))).trace(*args).lower(
+        lowering_platforms=("cuda",)).as_text()
+    assert txt.count(CALL_TARGET) == 4 and "\\7FELF" in txt
 

@@ -426,10 +426,10 @@ def bwd_config(dtype, head_dim, block_size, has_block_sizes, switches,
                         head_dim, switches)
     arch = _platform.resolved_arch()
     if impl == "sm90ws" and pack_gqa > 1 and not (
-            "packws" in switches.bsa_bwd_ws and not causal and not deterministic
+            "packws" in switches.bsa_bwd_ws and not deterministic
             and switches.bsa_bwd_dq == "tile" and "decouple" not in switches.bsa_bwd_ws):
         # the warp-specialized backward packs GQA groups only with bsa_bwd_ws packws
-        # (opt-in; not with causal, deterministic, the row-major dQ workspace or decouple)
+        # (opt-in; not with deterministic, the row-major dQ workspace or decouple)
         impl = "sm90"
     if impl == "sm90ws":
         from ..kernels.bsa_bwd_sm90_ws import bwd_ws_dq_tile_fits  # noqa: PLC0415

@@ -105,7 +105,15 @@ over. The consumers then wait for a slow
 predecessor only when the writer is a whole step behind. ``decouple`` is off in this mode (each query tile gets one addition per
 KV block). ``dq_writer`` (not deterministic, with ``dq_tile``): warp 1 is the same writer
 without the semaphore and the ranks, so no consumer warp waits for the reads of its own bulk
-copies. Not implemented here (the public layer runs ``bsa_bwd_sm90`` for it): ``pack_gqa``.
+copies.
+
+``pack_gqa = r > 1`` (static; with ``dq_tile``, not deterministic): the K->Q entries are packed
+blocks (the group is 1) of the KV head's ``S_q r`` packed rows, packed row ``p`` being
+position ``p // r`` of query head ``g r + p % r`` (``pack_gqa.packed_row``). Q / dO of a step's
+64 packed rows come in one 5-D TMA box each (``pack_gqa.pack_rows_view``), lse / delta per
+packed row from its (query head, position), and dQ goes to a tile workspace of packed rows
+``(B, H_kv, ceil(S_q r / 64), 64 D)`` (``dq_tiles.BsaDqFromTiles`` with ``pack``); with
+``causal`` a packed row's limit is its position's.
 
 ``causal`` (static; not with ``order_stream``): the token-level causal mask inside the listed
 blocks (key ``j`` visible from query ``i`` iff ``j <= i + S_kv - S_q``). The producer warp
@@ -217,10 +225,10 @@ class BsaBwdSm90Ws:
         # heads; pack_gqa.packed_row), Q / dO come in 5-D TMA boxes (pack_rows_view), lse /
         # delta per packed row, and the dQ tile workspace is (B, H_kv, packed tiles, 64 D)
         self.pack = pack_gqa
-        if pack_gqa > 1 and (64 % pack_gqa or causal or deterministic or not dq_tile):
+        if pack_gqa > 1 and (64 % pack_gqa or deterministic or not dq_tile):
             raise NotImplementedError(
                 f"bsa_bwd_sm90_ws: pack_gqa={pack_gqa} needs r dividing 64, the dQ tile "
-                f"workspace, no causal and no deterministic")
+                f"workspace and no deterministic")
         # the token-level causal mask inside the listed blocks (key j visible from query i
         # iff j <= i + S_kv - S_q): per-step select of P^T / dS^T, K / V rows past the last
         # key any entry's queries see zero-filled
@@ -500,7 +508,13 @@ class BsaBwdSm90Ws:
             ent = Int32(mEntries[e_begin + e])
             h_in_group = ent // n_q_blocks
             m = ent - h_in_group * n_q_blocks
-            rows = cutlass.min((m + 1) * bn, seqlen_q) + seqlen_k - seqlen_q - n_block * bn
+            if cutlass.const_expr(self.pack > 1):
+                # packed rows (seqlen_q = S_q r): the last row's position is its index // r
+                rows = ((cutlass.min((m + 1) * bn, seqlen_q) - 1) // self.pack + 1 + seqlen_k
+                        - seqlen_q // self.pack - n_block * bn)
+            else:
+                rows = (cutlass.min((m + 1) * bn, seqlen_q) + seqlen_k - seqlen_q
+                        - n_block * bn)
             if cutlass.const_expr(self.has_sizes):
                 rows = cutlass.min(rows, mSizes[batch, head_kv * group + h_in_group, n_block])
             cap = cutlass.max(cap, rows)
@@ -512,13 +526,17 @@ class BsaBwdSm90Ws:
     def _mask_p_ds(self, S_mn, dP_mn, tScS, limit, qlo0):
         """Select 0 into P^T (and dS^T when ``dP_mn`` is given) for the keys (rows) at or past
         ``limit`` and, with ``causal``, for the (key ``r``, query ``c``) pairs with
-        ``c < qlo0 + r`` (never multiply: those scores may be NaN)."""
+        ``c < qlo0 + r`` (packed rows: ``c // r_pack < qlo0 + r``; never multiply: those
+        scores may be NaN)."""
         for r in cutlass.range_constexpr(cute.size(tScS, mode=[0])):
             kr = tScS[r, 0][0]
             key_ok = kr < limit
             for cc in cutlass.range_constexpr(cute.size(tScS, mode=[1])):
                 ok = key_ok
-                if cutlass.const_expr(self.causal):
+                if cutlass.const_expr(self.causal and self.pack > 1):
+                    # packed rows: query column c is position q0 / r + c // r
+                    ok = key_ok & (tScS[0, cc][1] // self.pack >= qlo0 + kr)
+                elif cutlass.const_expr(self.causal):
                     ok = key_ok & (tScS[0, cc][1] >= qlo0 + kr)
                 S_mn[r, cc] = S_mn[r, cc] if ok else Float32(0.0)
                 if cutlass.const_expr(dP_mn is not None):
@@ -835,7 +853,13 @@ class BsaBwdSm90Ws:
                         qlo0 = Int32(0)
                         masked = limit < bn
                         if cutlass.const_expr(self.causal):
-                            qlo0 = n0 - (seqlen_k - seqlen_q) - q0
+                            if cutlass.const_expr(self.pack > 1):
+                                # packed rows: column c is position q0 / r + c // r (q0 a
+                                # multiple of 64, so of r)
+                                qlo0 = (n0 - (seqlen_k - seqlen_q // self.pack)
+                                        - q0 // self.pack)
+                            else:
+                                qlo0 = n0 - (seqlen_k - seqlen_q) - q0
                             masked = (limit < bn) | (qlo0 + bn - 1 > 0)
                         acc_S = thr_s.make_fragment_C(s_shape)
                         acc_dP = thr_s.make_fragment_C(s_shape)
@@ -891,7 +915,10 @@ class BsaBwdSm90Ws:
                                     key_ok = kr < limit
                                     for cc in cutlass.range_constexpr(n_cols):
                                         ok = key_ok
-                                        if cutlass.const_expr(self.causal):
+                                        if cutlass.const_expr(self.causal and self.pack > 1):
+                                            ok = key_ok & (
+                                                tScS[0, cc][1] // self.pack >= qlo0 + kr)
+                                        elif cutlass.const_expr(self.causal):
                                             ok = key_ok & (tScS[0, cc][1] >= qlo0 + kr)
                                         dP_mn[r, cc] = dP_mn[r, cc] if ok else Float32(0.0)
                             else:
