@@ -23,8 +23,8 @@ saved out/lse; ``csr`` times only the K->Q CSR construction. Prints a table and 
 ``--pack-gqa`` times ``pack_gqa=True`` against unpacked GQA at the same density (bf16,
 H_q=32, H_kv=4, blk128, 12.5 % of the KV blocks per row, D=128; the same FLOPs
 ``4*B*H_q*S_q*D*(top_k*blk)`` for both, random lists drawn independently): "prefill" B=1,
-S_q=S_kv=16384, fwd and bwd (the bwd also packed with ``bsa_bwd_ws=packws``, the
-warp-specialized backward on packed rows); "decode" B=16, S_q=16 (S_q r = blk), S_kv=16384, fwd;
+S_q=S_kv=16384, fwd and bwd (the bwd also packed with ``bsa_bwd_ws=nopackws``, the
+sm90 backward); "prefill-blk64" the same at blk64 (top-32 of 256), fwd and bwd; "decode" B=16, S_q=16 (S_q r = blk), S_kv=16384, fwd;
 "decode-splits" the same decode packed with ``kv_splits=1`` vs ``"auto"`` (resolved over
 the ``B H_kv N_qp`` packed rows: 2 splits); "decode-longkv" B=1, S_q=16, S_kv=131072 (``--quick``:
 32768), blk128 top-64, packed with ``kv_splits=1`` vs ``"auto"`` (33 splits) and unpacked with
@@ -241,7 +241,7 @@ PACK_SPLIT_VARIANTS = (("pack_gqa", True, 1), ("pack_gqa_splits_auto", True, "au
 PACK_LONGKV_VARIANTS = PACK_SPLIT_VARIANTS + (("unpacked_splits_auto", False, "auto"),)
 #: the prefill backward: also the packed call on the warp-specialized backward (a fourth
 #: element: the ``bsa_bwd_ws`` options of the call)
-PACK_BWD_VARIANTS = PACK_VARIANTS + (("pack_gqa_packws", True, 1, "packws"),)
+PACK_BWD_VARIANTS = PACK_VARIANTS + (("pack_gqa_sm90", True, 1, "nopackws"),)
 
 
 def pack_gqa_rows(s=16384, h=32, h_kv=4, d=128, blk=128, density=0.125, n_sets=2, seed=0,
@@ -621,6 +621,9 @@ def main(argv=None):
         # forwards first, then the backward; the JSON is rewritten after each group of rows
         # (a time limit keeps what was measured)
         for kw in (dict(passes=("fwd",)),
+                   # blk64 (L2-bound unpacked: every 64-row block streams its own K / V),
+                   # where one K / V load serving r heads should pay
+                   dict(passes=("fwd", "bwd"), blk=64, tag="prefill-blk64"),
                    # decode-like: S_q r = blk, one packed block per KV head vs r mostly empty
                    # 128-row tiles per query head
                    dict(b=16, s_q=16, passes=("fwd",), tag="decode"),

@@ -297,7 +297,7 @@ _META_ARG_LINES = """
       causal: bool (default False): token-level causal mask inside the listed blocks,
         key ``j`` visible from query position ``i`` iff ``j <= i + S_kv - S_q``
         (bottom-right aligned). Kernels: the sm90 ones (D in {64, 128} on sm_90a; the
-        warp-specialized backward, the sm90 one under ``pack_gqa``); the mma.sync (sm80 /
+        warp-specialized backward, also under ``pack_gqa``); the mma.sync (sm80 /
         portable) kernels raise NotImplementedError.
       deterministic: static bool (default False). With True the backward's gradients are
         bitwise reproducible run to run: the dq contributions of the KV blocks to each

@@ -159,7 +159,7 @@ _parse_hstu_bwd_ws = _parse_option_list(HSTU_BWD_WS_FLAGS,
 BSA_BWD_WS_FLAGS = ("ldwait", "lpt", "decouple", "detkv", "detfull", "detlaunch", "dqalias",
                     "dqearly", "lselate", "splitwait", "epi16", "epiregs", "dqalt", "detsched",
                     "detschedfull", "relaxpoll", "detstream", "nodetstream",
-                    "detoverlap", "detzero", "packws")
+                    "detoverlap", "detzero", "packws", "nopackws")
 #: the flags among :data:`BSA_BWD_WS_FLAGS` that choose the deterministic dQ order (at most
 #: one of them)
 BSA_DET_ORDER_FLAGS = ("detkv", "detfull", "detlaunch", "detsched", "detschedfull")
@@ -167,7 +167,7 @@ _BSA_BWD_WS_ALLOWED = ("comma list of " + ", ".join(BSA_BWD_WS_FLAGS)
                        + ", stages=N (most Q / dO shared-memory stages: 2..4), dqslots=N "
                        "(deterministic: fp32 accumulators per query tile, 1..4); at most one "
                        "of " + ", ".join(BSA_DET_ORDER_FLAGS) + "; at most one of detstream, "
-                       "nodetstream")
+                       "nodetstream; at most one of packws, nopackws")
 _parse_bsa_bwd_ws_opts = _parse_option_list(BSA_BWD_WS_FLAGS,
                                              {"stages": lambda n: 2 <= n <= 4,
                                               "dqslots": lambda n: 1 <= n <= 4},
@@ -177,16 +177,18 @@ _parse_bsa_bwd_ws_opts = _parse_option_list(BSA_BWD_WS_FLAGS,
 def _parse_bsa_bwd_ws(var, raw):
     """Parser of JAX_SPARSE_ATTN_BSA_BWD_WS: :data:`BSA_BWD_WS_FLAGS`, ``stages=N`` and
     ``dqslots=N``; at most one of the deterministic order flags
-    (:data:`BSA_DET_ORDER_FLAGS`) and at most one of ``detstream`` / ``nodetstream``."""
+    (:data:`BSA_DET_ORDER_FLAGS`), at most one of ``detstream`` / ``nodetstream`` and at most
+    one of ``packws`` / ``nopackws``."""
     opts = _parse_bsa_bwd_ws_opts(var, raw)
     orders = [o for o in opts if o in BSA_DET_ORDER_FLAGS]
     if len(orders) > 1:
         raise ValueError(f"{var}={raw!r}: {' and '.join(map(repr, orders))} each choose the "
                          f"deterministic dQ order; give at most one; allowed: "
                          f"{_BSA_BWD_WS_ALLOWED}")
-    if "detstream" in opts and "nodetstream" in opts:
-        raise ValueError(f"{var}={raw!r}: 'detstream' and 'nodetstream' contradict each "
-                         f"other; give at most one; allowed: {_BSA_BWD_WS_ALLOWED}")
+    for on, off in (("detstream", "nodetstream"), ("packws", "nopackws")):
+        if on in opts and off in opts:
+            raise ValueError(f"{var}={raw!r}: {on!r} and {off!r} contradict each other; "
+                             f"give at most one; allowed: {_BSA_BWD_WS_ALLOWED}")
     return opts
 
 
@@ -434,10 +436,11 @@ SWITCHES = (
                "waits only for rank r - N, and the reordering kernel sums the N in order; "
                "N times the workspace; by default 2 at blk 64 in the default schedule order "
                "with K_max >= 32, else 1), "
-               "packws (pack_gqa=True runs this backward instead of sm90: Q / dO of the packed "
-               "rows in 5-D TMA boxes, lse / delta per packed row, a dQ tile workspace of "
-               "packed rows, causal=True included; not with deterministic=True, "
-               "bsa_bwd_dq=rows or decouple; not yet run on a GPU), "
+               "packws (the default: pack_gqa=True runs this backward, with Q / dO of the "
+               "packed rows in 5-D TMA boxes, lse / delta per packed row and a dQ tile "
+               "workspace of packed rows, causal=True included; with bsa_bwd_dq=rows or "
+               "decouple pack_gqa runs the sm90 backward), "
+               "nopackws (pack_gqa=True runs the sm90 backward; 1.5x slower on the H200), "
                "detzero (deterministic with the dQ writer warp: the fp32 dQ workspace is "
                "zeroed by the preprocessing launch and every contribution is a bulk "
                "reduce-add; by default the first contribution to each accumulator tile (rank "

@@ -500,9 +500,9 @@ def test_bsa_bench_pack_gqa_rows_tiny_cpu():
     by = {(r["case"], r["variant"], r["pass_"]): r for r in rows}
     f = lambda r: r["tflops"] * r["ms"]  # noqa: E731  (FLOPs up to a constant)
     assert f(by["prefill", "pack_gqa", "fwd"]) == pytest.approx(f(by["prefill", "unpacked", "fwd"]))
-    # the backward variants: also the packed call with bsa_bwd_ws packws (its switches)
+    # the backward variants: also the packed call with bsa_bwd_ws nopackws (its switches)
     rows = bsa_bench.pack_gqa_rows(**kw, passes=("bwd",), variants=bsa_bench.PACK_BWD_VARIANTS)
-    assert [r["variant"] for r in rows] == ["unpacked", "pack_gqa", "pack_gqa_packws"]
+    assert [r["variant"] for r in rows] == ["unpacked", "pack_gqa", "pack_gqa_sm90"]
     assert all(r["ms"] > 0 and r["tflops"] > 0 for r in rows) and "speedup" in rows[2]
 
 
@@ -532,7 +532,7 @@ def test_bsa_bench_pack_gqa_main_rows(monkeypatch, tmp_path):
     """``bsa_bench --pack-gqa`` runs the prefill forward, the decode row, the packed decode
     with kv_splits 1 vs "auto" (B 16, S_q 16, S_kv 16384) and the long-KV packed decode
     (B 1, S_q 16, S_kv 131072, blk128 top-64), then the prefill backward, packed also with
-    ``bsa_bwd_ws=packws`` (the rows' inputs
+    ``bsa_bwd_ws=nopackws`` (the rows' inputs
     are not built here: pack_gqa_rows is replaced by a recorder)."""
     from benchmarks import bsa_bench
 
@@ -543,11 +543,13 @@ def test_bsa_bench_pack_gqa_main_rows(monkeypatch, tmp_path):
             c.get("variants", bsa_bench.PACK_VARIANTS)) for c in calls]
     assert got == [
         ("prefill", ("fwd",), 16384, 1, None, bsa_bench.PACK_VARIANTS),
+        ("prefill-blk64", ("fwd", "bwd"), 16384, 1, None, bsa_bench.PACK_VARIANTS),
         ("decode", ("fwd",), 16384, 16, 16, bsa_bench.PACK_VARIANTS),
         ("decode-splits", ("fwd",), 16384, 16, 16, bsa_bench.PACK_SPLIT_VARIANTS),
         ("decode-longkv", ("fwd",), 131072, 1, 16, bsa_bench.PACK_LONGKV_VARIANTS),
         ("prefill", ("bwd",), 16384, 1, None, bsa_bench.PACK_BWD_VARIANTS)]
-    longkv = calls[3]
+    assert calls[1]["blk"] == 64
+    longkv = calls[4]
     assert round(longkv["density"] * (longkv["s"] // 128)) == 64  # top-64 of 1024 blocks
     assert [v[1:] for v in bsa_bench.PACK_SPLIT_VARIANTS] == [(True, 1), (True, "auto")]
 

@@ -83,7 +83,8 @@ def test_dq_block_cols_follow_the_kernels():
 
 def test_dq_tile_choice():
     """``bsa_bwd_dq="tile"`` (the default) except where the kernels do not implement it:
-    pack_gqa (sm90 adds packed rows) and ``decouple`` (blk 128); the sm90ws backward stages
+    ``decouple`` (blk 128) and pack_gqa on the sm90 backward (``nopackws``: it adds packed
+    rows; the sm90ws backward's tiles hold packed rows); the sm90ws backward stages
     the slices in the consumed Q / dO tiles at blk 64 / D 128 (two CTAs per SM: no room for
     a staging tile of its own) and with ``dqalias``; ``"rows"`` everywhere."""
     from jax_sparse_attn.config import Switches
@@ -93,6 +94,8 @@ def test_dq_tile_choice():
     assert sw.bsa_bwd_dq == "tile"
     key = lambda d, blk, s=sw, **kw: bsa.bwd_config(jnp.bfloat16, d, blk, False, s, **kw)  # noqa: E731
     packed = key(128, 64, pack_gqa=2)
+    assert packed.impl == "sm90ws" and packed.dq_tile and packed.pack_gqa == 2
+    packed = key(128, 64, Switches(bsa_bwd_ws="nopackws"), pack_gqa=2)
     assert packed.impl == "sm90" and not packed.dq_tile
     assert key(128, 64, causal=True).impl == "sm90ws" and key(128, 64, causal=True).dq_tile
     aliased = {(d, blk): key(d, blk).ws_dq_alias for d in (64, 128) for blk in (64, 128)}

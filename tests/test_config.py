@@ -212,7 +212,8 @@ def test_sm90ws_variants_reject(raw):
 
 @pytest.mark.parametrize("raw", ["dqslots=0", "dqslots=5", "dqslots=2,dqslots=3", "dqslots",
                                  "detsched,detlaunch", "detkv,detfull", "detsched,detschedfull",
-                                 "stages=1", "detstream,nodetstream"])
+                                 "stages=1", "detstream,nodetstream",
+                                 "packws,nopackws"])
 def test_bsa_bwd_ws_rejects(raw):
     """dqslots=N takes 1..4, once; at most one deterministic order flag (they each choose
     the order); the message names the variable and every allowed value."""
@@ -224,7 +225,8 @@ def test_bsa_bwd_ws_rejects(raw):
 
 @pytest.mark.parametrize("raw", ["dqslots=1", "dqslots=4", "detsched,dqslots=2",
                                  "detlaunch,stages=3,dqslots=2", "detstream", "nodetstream",
-                                 "detsched,detstream,dqslots=2", "detoverlap"])
+                                 "detsched,detstream,dqslots=2", "detoverlap",
+                                 "nopackws", "packws,lpt"])
 def test_bsa_bwd_ws_accepts(raw):
     assert config.from_env({"JAX_SPARSE_ATTN_BSA_BWD_WS": raw}).bsa_bwd_ws == tuple(raw.split(","))
 

@@ -9,7 +9,7 @@ Run on the H200: ``python -m pytest -m gpu tests/test_gpu_bsa.py`` (about 20 s p
 mostly CuTe DSL + reference compiles). Shard with ``BSA_TEST_SHARD=i/n`` to run several
 processes in parallel (CuTe compiles are serial inside one process). The non-grid tests
 run in one shard each, spread over the shards. The default kernels are the wgmma ones for
-D in {64, 128} (the sm90ws forward and backward; sm90 backward for pack_gqa and causal); ``BSA_TEST_IMPLS`` (a comma list) adds the grid with other switches:
+D in {64, 128} (the sm90ws forward and backward, pack_gqa and causal included); ``BSA_TEST_IMPLS`` (a comma list) adds the grid with other switches:
 ``sm80``: ``Switches(bsa_fwd_impl="sm80", bsa_bwd_impl="sm80", bsa_pre_impl="xla")`` (the
 mma.sync kernels at every D and the XLA preprocessing); ``sm90ws``:
 ``Switches(bsa_fwd_impl="sm90ws")`` (the warp-specialized forward named, as ``auto`` runs it); ``sm80_late_v``:

@@ -64,7 +64,7 @@ class CausalCase:
     impl: str = "auto"
     b: int = 2
     pack: bool = False  # pack_gqa=True: metadata per (KV head, packed block of blk rows)
-    bwd_impl: str = "auto"  # the backward switch (auto: sm90ws; pack_gqa: sm90)
+    bwd_impl: str = "auto"  # the backward switch (auto: sm90ws)
     bwd_ws: str = ""  # bsa_bwd_ws options of the sm90ws backward (comma list)
 
 
@@ -99,13 +99,13 @@ CASES = [
                skv=333, pack=True, counts="empty", sizes=True, kmax=5),
     CausalCase("pack4-fp16-blk128-d64-sizes-fixed", d=64, dtype="float16", layout="bshd",
                hq=4, hkv=1, sq=777, skv=1000, pack=True, counts="fixed", sizes=True),
-    # the warp-specialized backward on packed rows (bsa_bwd_ws packws, opt-in)
-    CausalCase("pack8-bf16-blk128-d128-packws", hq=16, hkv=2, sq=500, skv=600, pack=True,
-               bwd_ws="packws"),
-    CausalCase("pack2-fp16-blk64-d64-sq-gt-skv-packws", blk=64, d=64, dtype="float16",
+    # packed rows on the sm90 backward (bsa_bwd_ws nopackws; the default is sm90ws)
+    CausalCase("pack8-bf16-blk128-d128-sm90bwd", hq=16, hkv=2, sq=500, skv=600, pack=True,
+               bwd_ws="nopackws"),
+    CausalCase("pack2-fp16-blk64-d64-sq-gt-skv-sm90bwd", blk=64, d=64, dtype="float16",
                layout="bshd", hq=4, hkv=2, sq=700, skv=333, pack=True, counts="empty",
-               sizes=True, kmax=5, bwd_ws="packws"),
-    # the sm90 backward named (the default backward is sm90ws; pack_gqa runs sm90)
+               sizes=True, kmax=5, bwd_ws="nopackws"),
+    # the sm90 backward named (the default backward is sm90ws)
     CausalCase("bf16-blk128-d128-sm90bwd-sq-lt-skv", sq=600, skv=1000, bwd_impl="sm90",
                pattern="future", sizes=True),
     CausalCase("fp16-blk64-d64-sm90bwd-gqa", blk=64, d=64, dtype="float16", layout="bshd",

@@ -65,19 +65,19 @@ class PackCase:
     impl: str = "auto"  # bsa_fwd_impl
     b: int = 2
     kv_splits: object = 1
-    bwd_ws: str = ""  # bsa_bwd_ws ("packws": the warp-specialized backward packs)
+    bwd_ws: str = ""  # bsa_bwd_ws ("nopackws": the sm90 backward adds the packed rows)
 
 
 CASES = [
-    # bsa_bwd_ws=packws: the warp-specialized backward with packed rows (opt-in), each
-    # (blk, D) pair, block_sizes ranks, a partial last packed tile
-    PackCase("r2-blk64-d128-bf16-packws", 2, 64, sq=1001, bwd_ws="packws"),
-    PackCase("r8-blk128-d128-bf16-bshd-sizes3-packws", 8, 128, layout="bshd", sq=1002,
-             sizes_rank=3, bwd_ws="packws"),
-    PackCase("r4-blk64-d64-fp16-bshd-sizes1-packws", 4, 64, d=64, dtype="float16",
-             layout="bshd", sq=999, sizes_rank=1, bwd_ws="packws"),
-    PackCase("r2-blk128-d64-bf16-sizes2-packws", 2, 128, d=64, sq=77, skv=4096, kmax=8,
-             sizes_rank=2, bwd_ws="packws"),
+    # bsa_bwd_ws=nopackws: the sm90 backward (the default is the warp-specialized backward
+    # on packed rows), each (blk, D) pair, block_sizes ranks, a partial last packed tile
+    PackCase("r2-blk64-d128-bf16-sm90bwd", 2, 64, sq=1001, bwd_ws="nopackws"),
+    PackCase("r8-blk128-d128-bf16-bshd-sizes3-sm90bwd", 8, 128, layout="bshd", sq=1002,
+             sizes_rank=3, bwd_ws="nopackws"),
+    PackCase("r4-blk64-d64-fp16-bshd-sizes1-sm90bwd", 4, 64, d=64, dtype="float16",
+             layout="bshd", sq=999, sizes_rank=1, bwd_ws="nopackws"),
+    PackCase("r2-blk128-d64-bf16-sizes2-sm90bwd", 2, 128, d=64, sq=77, skv=4096, kmax=8,
+             sizes_rank=2, bwd_ws="nopackws"),
     PackCase("r2-blk64-d128-bf16-bhsd", 2, 64, sq=1001),
     PackCase("r4-blk64-d64-fp16-bshd-sizes3", 4, 64, d=64, dtype="float16", layout="bshd",
              sq=999, sizes_rank=3),
@@ -92,6 +92,9 @@ CASES = [
              impl="sm90ws", sizes_rank=3),
     # a group of 16 (4 positions per 64-row slice), one KV head
     PackCase("r16-blk128-d128-bf16-bshd-hkv1", 16, 128, layout="bshd", hkv=1, sq=333, b=3),
+    # a group of 64: one position per 64-row slice and per packed block at blk 64
+    PackCase("r64-blk64-d64-fp16-hkv1", 64, 64, d=64, dtype="float16", hkv=1, sq=50, skv=700,
+             kmax=5),
     # one position (a single partial packed block), one KV block
     PackCase("r8-blk128-d128-bf16-q1", 8, 128, sq=1, skv=65, kmax=1),
     PackCase("r2-blk64-d64-bf16-q1-sm90ws", 2, 64, d=64, sq=1, skv=300, kmax=3, impl="sm90ws"),

@@ -462,8 +462,9 @@ def test_bsa_bwd_ws_smem_plan():
 
 def test_bsa_bwd_auto_choice():
     """``bsa_bwd_impl="auto"`` (the default): sm90ws for D in {64, 128} (with
-    ``bsa_bwd_dq="rows"``: sm90 at blk 64 with D = 128); pack_gqa calls of sm90ws run sm90
-    (causal ones run sm90ws); D in {32, 256}: sm80."""
+    ``bsa_bwd_dq="rows"``: sm90 at blk 64 with D = 128); pack_gqa calls run sm90ws (sm90
+    with ``nopackws``, the row-major dQ workspace or ``decouple``),
+    causal ones too; D in {32, 256}: sm80."""
     from jax_sparse_attn.config import Switches
     from jax_sparse_attn.ffi import bsa
 
@@ -480,7 +481,10 @@ def test_bsa_bwd_auto_choice():
     assert bsa.bwd_config(jnp.bfloat16, 128, 128, False, rows).impl == "sm90ws"
     ws = Switches(bsa_bwd_impl="sm90ws")
     assert bsa.bwd_config(jnp.bfloat16, 128, 64, False, ws).impl == "sm90ws"
-    assert bsa.bwd_config(jnp.bfloat16, 128, 128, False, ws, pack_gqa=2).impl == "sm90"
+    assert bsa.bwd_config(jnp.bfloat16, 128, 128, False, ws, pack_gqa=2).impl == "sm90ws"
+    assert bsa.bwd_config(jnp.bfloat16, 128, 64, False, sw, pack_gqa=4).impl == "sm90ws"
+    for other in (Switches(bsa_bwd_ws="nopackws"), rows, Switches(bsa_bwd_ws="decouple")):
+        assert bsa.bwd_config(jnp.bfloat16, 128, 128, False, other, pack_gqa=2).impl == "sm90"
     assert bsa.bwd_config(jnp.bfloat16, 128, 128, False, ws, causal=True).impl == "sm90ws"
     assert bsa.bwd_config(jnp.bfloat16, 128, 64, False, sw, causal=True).impl == "sm90ws"
     key = bsa.bwd_config(jnp.float16, 64, 128, True, Switches(bsa_bwd_impl="sm90ws",

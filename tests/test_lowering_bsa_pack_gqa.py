@@ -140,8 +140,9 @@ def test_bsa_pack_gqa_fwd_bwd_lower(c):
         "sm90ws", c["r"], splits, c.get("causal", False))
     txt = jax.jit(jax.grad(loss, argnums=(0, 1, 2))).trace(*args).lower(
         lowering_platforms=("cuda",)).as_text()
-    # forward (+ the combine kernel with more than one split), preprocessing, dK/dV/dQ
-    assert txt.count(CALL_TARGET) == (3 if splits == 1 else 4)
+    # forward (+ the combine kernel with more than one split), preprocessing, dK/dV/dQ of
+    # the packed rows, the dQ reordering
+    assert txt.count(CALL_TARGET) == (4 if splits == 1 else 5)
     assert "\\7FELF" in txt
 
 
@@ -254,18 +255,20 @@ def test_bsa_pack_gqa_split_forward_is_its_own_kernel(tmp_path):
 
 @pytest.mark.parametrize("c", [PACK_CONFIGS[0], PACK_CONFIGS[2], PACK_CONFIGS[3]], ids=_ids)
 def test_bsa_pack_gqa_packws_lowers(c):
-    """``bsa_bwd_ws=packws``: the warp-specialized backward with packed rows (its key carries
-    r; a dQ tile workspace of packed rows and the packed reordering), also with causal;
-    without the flag pack_gqa runs the sm90 backward."""
+    """The warp-specialized backward with packed rows (the default; its key carries r; a dQ
+    tile workspace of packed rows and the packed reordering), also with causal; with
+    ``bsa_bwd_ws=nopackws`` pack_gqa runs the sm90 backward."""
     import jax_sparse_attn as jsa
     from jax_sparse_attn.config import Switches
     from jax_sparse_attn.ffi import bsa
 
-    sw = Switches(bsa_bwd_ws="packws")
+    sw = Switches()
     key = bsa.bwd_config(jnp.bfloat16, c["d"], c["blk"], c["sizes"], sw, pack_gqa=c["r"])
     assert (key.impl, key.pack_gqa, key.dq_tile) == ("sm90ws", c["r"], True)
-    assert bsa.bwd_config(jnp.bfloat16, c["d"], c["blk"], c["sizes"], Switches(),
-                          pack_gqa=c["r"]).impl == "sm90"
+    assert key == bsa.bwd_config(jnp.bfloat16, c["d"], c["blk"], c["sizes"],
+                                 Switches(bsa_bwd_ws="packws"), pack_gqa=c["r"])
+    assert bsa.bwd_config(jnp.bfloat16, c["d"], c["blk"], c["sizes"],
+                          Switches(bsa_bwd_ws="nopackws"), pack_gqa=c["r"]).impl == "sm90"
     ckey = bsa.bwd_config(jnp.bfloat16, c["d"], c["blk"], c["sizes"], sw, pack_gqa=c["r"],
                           causal=True)
     assert (ckey.impl, ckey.causal, ckey.pack_gqa) == ("sm90ws", True, c["r"])

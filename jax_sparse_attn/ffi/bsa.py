@@ -425,11 +425,12 @@ def bwd_config(dtype, head_dim, block_size, has_block_sizes, switches,
     impl = _family_impl(bwd_impl_choice(want, head_dim, block_size, switches.bsa_bwd_dq),
                         head_dim, switches)
     arch = _platform.resolved_arch()
-    if impl == "sm90ws" and pack_gqa > 1 and not (
-            "packws" in switches.bsa_bwd_ws and not deterministic
-            and switches.bsa_bwd_dq == "tile" and "decouple" not in switches.bsa_bwd_ws):
-        # the warp-specialized backward packs GQA groups only with bsa_bwd_ws packws
-        # (opt-in; not with deterministic, the row-major dQ workspace or decouple)
+    if impl == "sm90ws" and pack_gqa > 1 and (
+            "nopackws" in switches.bsa_bwd_ws
+            or switches.bsa_bwd_dq != "tile" or "decouple" in switches.bsa_bwd_ws):
+        # the warp-specialized backward packs GQA groups with the dQ tile workspace; with
+        # the row-major dQ workspace, decouple or nopackws, sm90 runs them (deterministic
+        # calls do not pack: deterministic_unsupported_reason)
         impl = "sm90"
     if impl == "sm90ws":
         from ..kernels.bsa_bwd_sm90_ws import bwd_ws_dq_tile_fits  # noqa: PLC0415
