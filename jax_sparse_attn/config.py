@@ -128,7 +128,7 @@ def _parse_ws(var, raw):
 #: the flags of the sm90ws BSA forward's tuning switch (JAX_SPARSE_ATTN_BSA_WS), plus
 #: ``stages=N`` (at most N K/V stages, 2..8)
 BSA_WS_FLAGS = ("nooverlap", "nopingpong", "q1", "headinner", "lazyrescale", "ctas2", "oalias",
-                "cross", "crossepi", "vlag", "splitwait", "nosplitwait")
+                "cross", "crossepi", "vlag", "splitwait", "nosplitwait", "qregs")
 _BSA_WS_ALLOWED = ("comma list of " + ", ".join(BSA_WS_FLAGS)
                    + ", stages=N (most K/V shared-memory stages: 2..8)")
 _parse_bsa_ws_opts = _parse_option_list(BSA_WS_FLAGS, "stages", lambda n: 2 <= n <= 8,
@@ -368,6 +368,8 @@ SWITCHES = (
            "waits for the PV GEMM, so that ptxas keeps that wait below the next block's "
            "softmax instead of hoisting it above; the default at blk 64 with D 128), "
            "nosplitwait (never), "
+           "qregs (each consumer warpgroup copies its Q slice into registers once per work "
+           "item; the S = Q K^T GEMMs then read only K from shared memory), "
            "stages=N "
            "(most K/V stages)"),
     _choice("bsa_bwd_impl", "JAX_SPARSE_ATTN_BSA_BWD_IMPL", ("auto", "sm90", "sm90ws", "sm80"),

@@ -20,7 +20,9 @@ run at sparse_block_size 64, D <= 128); ``bwdws``: ``Switches(bsa_bwd_impl="sm90
 warp-specialized backward named); ``bwdrows``: ``Switches(bsa_bwd_dq="rows")`` (the Hopper
 backwards with the row-major dQ workspace instead of the query-tile one); ``dqalt``:
 ``Switches(bsa_bwd_ws="dqalt")`` (blk 128: the consumer warpgroups take turns computing a
-step's whole dQ); ``nodefault`` leaves out the grid with the default switches.
+step's whole dQ); ``qregs``: ``Switches(bsa_fwd_ws="qregs")`` (the sm90ws forward with Q as
+the register operand of its S GEMMs); ``nodefault`` leaves out the grid with the default
+switches.
 ``test_bsa_preprocess_kernel`` checks the preprocessing kernel directly.
 ``test_bsa_sm90ws_forward`` adds the sm90ws forward's own cases (every KV block listed, the
 partial last block listed by every row, NaN in unlisted blocks and past block_sizes,
@@ -53,6 +55,7 @@ SM90WS = Switches(bsa_fwd_impl="sm90ws")
 BWDWS = Switches(bsa_bwd_impl="sm90ws")
 BWDROWS = Switches(bsa_bwd_dq="rows")
 DQALT = Switches(bsa_bwd_ws="dqalt")
+QREGS = Switches(bsa_fwd_ws=("qregs",))
 SM80_LATE_V = Switches(bsa_fwd_impl="sm80", bsa_fwd_late_v_wait=True)
 SM80_WR32 = Switches(bsa_fwd_impl="sm80", bsa_fwd_warp_rows="32")
 SM80_WR16 = Switches(bsa_fwd_impl="sm80", bsa_fwd_warp_rows="16")
@@ -76,6 +79,7 @@ class TestBSAKernelGrid(BSAKernelGrid):
         cases += [(c, BWDWS) for c in BSA_GRID if "bwdws" in extra]
         cases += [(c, BWDROWS) for c in BSA_GRID if "bwdrows" in extra]
         cases += [(c, DQALT) for c in BSA_GRID if "dqalt" in extra]
+        cases += [(c, QREGS) for c in BSA_GRID if "qregs" in extra]
         cases += [(c, SM80_LATE_V) for c in BSA_GRID if "sm80_late_v" in extra]
         cases += [(c, SM80_WR32) for c in BSA_GRID if "sm80_wr32" in extra]
         cases += [(c, SM80_WR16) for c in BSA_GRID if "sm80_wr16" in extra]

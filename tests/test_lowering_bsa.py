@@ -262,6 +262,9 @@ def test_bsa_sm90ws_config_and_fallback():
 
 # the PTX tests' configurations, lowered in one fresh process (tests/kept_ptx.py)
 _PTX_CONFIGS = {_ids(c): ("_ws_fwd_text", (c,), None, {}) for c in WS_CONFIGS[:2]}
+#: bsa_fwd_ws=qregs: Q as the register operand of the S GEMMs
+_QREGS = dict(WS_CONFIGS[1], dtype="bfloat16", ws="qregs")
+_PTX_CONFIGS["qregs-blk64"] = ("_ws_fwd_text", (_QREGS,), None, {})
 
 
 @pytest.fixture(scope="module")
@@ -389,6 +392,29 @@ def test_causal_declined_where_sm80_kernels_run(why, d, sw):
         jsa.block_sparse_attention(q, q, q, idx, 1, backend="kernel", **kw)
     choice = jsa.which_backend(jsa.block_sparse_attention, q, q, q, idx, 1, **kw)
     assert choice.backend == "reference" and "causal" in choice.reason
+
+
+def test_bsa_sm90ws_qregs_ptx(kept_ptx):
+    """``bsa_fwd_ws=qregs``: the S GEMMs (m64n64k16 at blk 64) take Q from registers, which
+    ``ldmatrix`` fills once per work item (8 x4 loads of the 64 x 128 slice); without the
+    flag they read both operands through shared-memory descriptors and there is no
+    ``ldmatrix``. The PV GEMM (m64n128k16) reads P from registers either way."""
+    import re
+
+    import kept_ptx as kp  # noqa: PLC0415
+
+    def s_gemm_a_operands(text):
+        # the A operand of each S GEMM: "{%r...}" registers or a "%rd" descriptor
+        return {m.group(1)[:2] for m in re.finditer(
+            r"wgmma\.mma_async\.sync\.aligned\.m64n64k16\.f32\.bf16\.bf16 \{[^}]*\}, (\S+)",
+            text)}
+
+    qregs = next(iter(kp.ptx_of(kept_ptx, "qregs-blk64").values()))
+    plain = next(iter(kp.ptx_of(kept_ptx, _ids(WS_CONFIGS[1])).values()))
+    assert s_gemm_a_operands(qregs) == {"{%"}
+    assert qregs.count("ldmatrix.sync.aligned") == 8
+    assert s_gemm_a_operands(plain.replace(".f16.f16", ".bf16.bf16")) == {"%r"}
+    assert "ldmatrix" not in plain
 
 
 @pytest.mark.parametrize("ws,d,blk,sizes", [("cross", 128, 128, False), ("crossepi", 64, 64, True),

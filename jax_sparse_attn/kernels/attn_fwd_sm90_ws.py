@@ -40,8 +40,8 @@ from cutlass.cute.nvgpu import OperandMajorMode, cpasync, warpgroup
 from cutlass.tensor_utils import LayoutEnum
 
 from . import hstu_common as hc
-from .common import (acc_layout_as_a, gmem_load_copy, gmem_store_copy, smem_layout_16b,
-                     transpose_view_staged)
+from .common import (acc_layout_as_a, gmem_load_copy, gmem_store_copy, ldmatrix_atoms,
+                     smem_layout_16b, transpose_view_staged)
 from .pipeline import SmemPipeline, WarpgroupTurns
 
 SMEM_LIMIT = 227 * 1024
@@ -68,6 +68,15 @@ def smem_plan(d: int, dv: int, bm: int, bn: int, limit: int, max_stages: int = 4
             if total <= limit:
                 return stages, qs, alias
     raise ValueError(f"no shared-memory plan for head_dim={d}, head_dim_v={dv}, block_n={bn}")
+
+
+class QRegs:
+    """With ``q_regs``: what a consumer thread copies its Q slice into registers with (the
+    ``ldmatrix`` slice ``s2r`` of the S MMA's A operand, its partition ``tQs`` of ``sQ``) and
+    makes the register operand of (``thr_mma``, ``sQ``)."""
+
+    def __init__(self, s2r, tQs, thr_mma, sQ):
+        self.s2r, self.tQs, self.thr_mma, self.sQ = s2r, tQs, thr_mma, sQ
 
 
 @dataclass(frozen=True)
@@ -103,11 +112,16 @@ class AttnFwdSm90Ws:
         wgm, bn, d, dv = self.wg_m, self.bn, self.d, self.dv
         qk_tiler = (wgm, bn, d)
         pv_tiler = (wgm, dv, bn)
+        # q_regs: Q is the register operand of S = Q K^T (loaded once per work item)
+        q_src = (warpgroup.OperandSource.RMEM if self._q_regs() else
+                 warpgroup.OperandSource.SMEM)
         mma_qk = sm90_utils.make_trivial_tiled_mma(
-            dt, dt, OperandMajorMode.K, OperandMajorMode.K, Float32, (1, 1, 1), (wgm, bn))
+            dt, dt, OperandMajorMode.K, OperandMajorMode.K, Float32, (1, 1, 1), (wgm, bn),
+            q_src)
         # the first K slice of S = Q K^T overwrites the accumulator (no zero fill)
         mma_qk0 = sm90_utils.make_trivial_tiled_mma(
-            dt, dt, OperandMajorMode.K, OperandMajorMode.K, Float32, (1, 1, 1), (wgm, bn))
+            dt, dt, OperandMajorMode.K, OperandMajorMode.K, Float32, (1, 1, 1), (wgm, bn),
+            q_src)
         mma_pv = sm90_utils.make_trivial_tiled_mma(
             dt, dt, OperandMajorMode.K, OperandMajorMode.MN, Float32, (1, 1, 1), (wgm, dv),
             warpgroup.OperandSource.RMEM)
@@ -382,11 +396,34 @@ class AttnFwdSm90Ws:
         mma_pv.set(warpgroup.Field.ACCUMULATE, True)
         thr_mma_qk = mma_qk.get_slice(wtid)
         thr_mma_pv = mma_pv.get_slice(wtid)
-        tSrQ = thr_mma_qk.make_fragment_A(thr_mma_qk.partition_A(sQ))
+        if cutlass.const_expr(self._q_regs()):
+            # Q slices are copied into a register operand per work item (_q_operand)
+            s2r = cute.make_tiled_copy_A(ldmatrix_atoms(self.dtype)[0], mma_qk).get_slice(wtid)
+            tSrQ = QRegs(s2r, s2r.partition_S(sQ), thr_mma_qk, sQ)
+        else:
+            tSrQ = thr_mma_qk.make_fragment_A(thr_mma_qk.partition_A(sQ))
         tSrK = thr_mma_qk.make_fragment_B(thr_mma_qk.partition_B(sK))
         tOrV = thr_mma_pv.make_fragment_B(thr_mma_pv.partition_B(sV))
         tSc = thr_mma_qk.partition_C(cute.make_identity_tensor((self.wg_m, self.bn)))
         return thr_mma_qk, thr_mma_pv, tSrQ, tSrK, tOrV, tSc
+
+    def _q_regs(self):
+        """Whether Q is the register operand of ``S = Q K^T`` (a kernel's ``q_regs``): the
+        consumer warpgroup copies its Q slice into registers once per work item
+        (``ldmatrix``) and its S GEMMs read only K from shared memory."""
+        return bool(getattr(self, "q_regs", False))
+
+    @cute.jit
+    def _q_operand(self, tSrQ, q_slice):
+        """The A operand of the work item's S GEMMs: Q slice ``q_slice`` of ``sQ`` (its
+        smem descriptors; with ``q_regs`` a register copy made here)."""
+        if cutlass.const_expr(self._q_regs()):
+            rQ = tSrQ.thr_mma.make_fragment_A(
+                tSrQ.thr_mma.partition_A(tSrQ.sQ[None, None, 0]))
+            cute.copy(tSrQ.s2r, tSrQ.tQs[None, None, None, q_slice], tSrQ.s2r.retile(rQ))
+            return rQ
+        else:
+            return tSrQ[None, None, None, q_slice]
 
     def _q_ready(self, tile, q_slice, wg, wtid):
         """Called by a consumer warpgroup once its Q slice ``q_slice`` of ``sQ`` has arrived,
@@ -417,7 +454,7 @@ class AttnFwdSm90Ws:
             self._q_ready(tile, self.num_wg * pipe_q.stage(c_q) + wg, wg, wtid)
             c_kv = self._mainloop(
                 mma_qk, mma_qk0, mma_pv, thr_mma_qk,
-                tSrQ[None, None, None, self.num_wg * pipe_q.stage(c_q) + wg], tSrK,
+                self._q_operand(tSrQ, self.num_wg * pipe_q.stage(c_q) + wg), tSrK,
                 tOrV, acc_O, pipe_k, pipe_v, c_kv, work, tile, rows, turns, wg)
             if cutlass.const_expr(not self.o_alias_q):
                 pipe_q.consumer_release(c_q)

@@ -119,7 +119,7 @@ class BsaFwdSm90Ws(AttnFwdSm90Ws):
                  causal: bool = False, kv_splits: int = 1, head_major: bool = True,
                  lazy_rescale: bool = False, three_ctas: bool = False,
                  o_alias_first: bool = False, cross_item: int = 0, v_lag: bool = False,
-                 split_wait: bool = False, pdl: bool = False):
+                 split_wait: bool = False, pdl: bool = False, q_regs: bool = False):
         self.pdl = pdl
         self.split_wait = split_wait
         if block_size not in (64, 128) or head_dim not in (64, 128):
@@ -153,6 +153,9 @@ class BsaFwdSm90Ws(AttnFwdSm90Ws):
         self.cross_item = (bool(cross_item) and overlap and self.q_stages >= 2
                            and not self.o_alias_q)
         self.cross_epi_first = self.cross_item and cross_item == 2
+        # Q as the register operand of S = Q K^T (AttnFwdSm90Ws._q_regs; not with chained
+        # items, whose next Q slice is read from shared memory)
+        self.q_regs = q_regs and not self.cross_item
         # the producer issues V tile j after K tile j + 1 (the PV GEMM lags the S GEMM)
         self.v_lag = v_lag
         self.kv_splits = kv_splits
