@@ -4,15 +4,7 @@
 # garbage metadata, then bsa_bench --pack-gqa (prefill blk128 and blk64, decode, backward
 # against nopackws).
 # Usage (device, after `source .devcache/setup.sh`): OUT=$OUT bash scripts/gpu_s32_b.sh [seconds]
-set -u
-O=${OUT:-./gpu_out}/b; mkdir -p $O
-export XLA_PYTHON_CLIENT_PREALLOCATE=false PYTHONUNBUFFERED=1
-export JAX_SPARSE_ATTN_GPU_TEST_TIMEOUT=150 JAX_SPARSE_ATTN_GPU_HANG_LOG=$O/hang.log
-BUDGET=${1:-540}
-start=$SECONDS
-t() { echo "[$((SECONDS - start))s] $*" | tee -a $O/timeline.txt; }
-left() { echo $((BUDGET - (SECONDS - start))); }
-PYT="python3 -m pytest -m gpu -q -rA -p no:cacheprovider"
+. "$(dirname "$0")/gpu_lib.sh" b "${1:-540}"
 timeout 200 $PYT tests/test_gpu_bsa_pack_gqa.py > $O/t_pack.txt 2>&1
 t "pack_gqa grid rc=$?: $(tail -1 $O/t_pack.txt)"
 timeout 100 $PYT tests/test_gpu_bsa_causal.py -k pack > $O/t_causal.txt 2>&1

@@ -4,15 +4,7 @@
 # det_store vs detzero value checks, the sm90ws backward case cut by a time limit; then the
 # packed prefill backward timed with and without packws.
 # Usage (device, after `source .devcache/setup.sh`): OUT=$OUT bash scripts/gpu_s32_next.sh [seconds]
-set -u
-O=${OUT:-./gpu_out}/next; mkdir -p $O
-export XLA_PYTHON_CLIENT_PREALLOCATE=false PYTHONUNBUFFERED=1
-export JAX_SPARSE_ATTN_GPU_TEST_TIMEOUT=150 JAX_SPARSE_ATTN_GPU_HANG_LOG=$O/hang.log
-BUDGET=${1:-540}
-start=$SECONDS
-t() { echo "[$((SECONDS - start))s] $*" | tee -a $O/timeline.txt; }
-left() { echo $((BUDGET - (SECONDS - start))); }
-PYT="python3 -m pytest -m gpu -q -rA -p no:cacheprovider"
+. "$(dirname "$0")/gpu_lib.sh" next "${1:-540}"
 timeout 150 $PYT tests/test_gpu_bsa_pack_gqa.py -k packws > $O/t_packws.txt 2>&1
 t "pack_gqa packws rc=$?: $(tail -1 $O/t_packws.txt)"
 timeout 120 $PYT tests/test_gpu_bsa_causal.py -k "packws or splitwait or decouple" > $O/t_causal.txt 2>&1
