@@ -239,8 +239,8 @@ PACK_SPLIT_VARIANTS = (("pack_gqa", True, 1), ("pack_gqa_splits_auto", True, "au
 #: the long-KV packed decode: also the unpacked call with ``kv_splits="auto"`` (over its
 #: ``B H_q N_q`` rows)
 PACK_LONGKV_VARIANTS = PACK_SPLIT_VARIANTS + (("unpacked_splits_auto", False, "auto"),)
-#: the prefill backward: also the packed call on the warp-specialized backward (a fourth
-#: element: the ``bsa_bwd_ws`` options of the call)
+#: the prefill backward: also the packed call on the ``sm90`` backward (``nopackws``; a
+#: fourth element: the ``bsa_bwd_ws`` options of the call)
 PACK_BWD_VARIANTS = PACK_VARIANTS + (("pack_gqa_sm90", True, 1, "nopackws"),)
 
 

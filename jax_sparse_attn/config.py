@@ -369,7 +369,8 @@ SWITCHES = (
            "softmax instead of hoisting it above; the default at blk 64 with D 128), "
            "nosplitwait (never), "
            "qregs (each consumer warpgroup copies its Q slice into registers once per work "
-           "item; the S = Q K^T GEMMs then read only K from shared memory), "
+           "item; the S = Q K^T GEMMs then read only K from shared memory; ignored with cross "
+           "and crossepi), "
            "stages=N "
            "(most K/V stages)"),
     _choice("bsa_bwd_impl", "JAX_SPARSE_ATTN_BSA_BWD_IMPL", ("auto", "sm90", "sm90ws", "sm80"),
@@ -378,15 +379,16 @@ SWITCHES = (
             "warpgroup per 64-key tile, cp.async; D in "
             "{64, 128}, other D use sm80), sm90ws (warp-specialized: TMA producer warp + one "
             "wgmma consumer warpgroup per 64 keys of a whole KV block; D in {64, 128}; "
-            "pack_gqa calls run sm90), sm80 (mma.sync, every D)"),
+            "pack_gqa calls too, on the packed rows; sm90 with bsa_bwd_ws nopackws or decouple "
+            "or bsa_bwd_dq rows), sm80 (mma.sync, every D)"),
     _choice("bsa_bwd_dq", "JAX_SPARSE_ATTN_BSA_BWD_DQ", ("tile", "rows"),
             "dQ reduction of the Hopper BSA backwards (tuning / ablation; sm80 ignores it): "
             "tile (each consumer warp stores its dQ accumulator slice in register order to "
             "shared memory and adds it with one cp.reduce.async.bulk per 64 (blk 128 / D 64: "
             "32) columns into a workspace of 64-row query tiles, which a second kernel "
             "reorders into dq; the sm90ws backward at blk 64 / D 128, where a staging tile "
-            "does not fit, stages in the step's consumed Q / dO tiles; pack_gqa calls use "
-            "rows), rows (a row-major fp32 "
+            "does not fit, stages in the step's consumed Q / dO tiles; its pack_gqa calls use "
+            "a tile workspace of packed rows, those of sm90 use rows), rows (a row-major fp32 "
             "workspace: sm90 one bulk reduce-add per row, sm90ws red.global.add.v2.f32)"),
     Switch("bsa_bwd_ws", "JAX_SPARSE_ATTN_BSA_BWD_WS", _BSA_BWD_WS_ALLOWED, _parse_bsa_bwd_ws,
            (), "sm90ws BSA backward variants (tuning / ablation; other backwards ignore "

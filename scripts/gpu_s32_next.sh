@@ -2,7 +2,9 @@
 # What session 31 built but could not run on the GPU: the packws backward (pack_gqa on the
 # warp-specialized kernel, with and without causal), causal with splitwait / decouple, the
 # det_store vs detzero value checks, the sm90ws backward case cut by a time limit; then the
-# packed prefill backward timed with and without packws.
+# packed prefill backward timed with and without packws. (Ran as session 32's call A, before
+# packws became the default: the cases it selects with -k packws are now the default ones,
+# and the four former packws cases are named *-sm90bwd with bsa_bwd_ws=nopackws.)
 # Usage (device, after `source .devcache/setup.sh`): OUT=$OUT bash scripts/gpu_s32_next.sh [seconds]
 . "$(dirname "$0")/gpu_lib.sh" next "${1:-540}"
 timeout 150 $PYT tests/test_gpu_bsa_pack_gqa.py -k packws > $O/t_packws.txt 2>&1

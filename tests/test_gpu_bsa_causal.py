@@ -17,8 +17,8 @@ K/V row that no listed query row sees (unlisted blocks, past ``block_sizes``, ke
 the diagonal of the last row of every query block that lists them); the reference runs on
 the clean tensors. Outputs are poisoned by a preceding all-NaN run.
 
-``impl``: ``auto`` (the defaults: sm90ws forward, sm90ws backward; sm90 backward under
-``pack_gqa``) or ``sm90ws`` (the forward switch named; the same kernels); ``bwd_impl``: the
+``impl``: ``auto`` (the defaults: sm90ws forward, sm90ws backward, also under ``pack_gqa``;
+``bwd_ws="nopackws"``: the sm90 backward for packed rows) or ``sm90ws`` (the forward switch named; the same kernels); ``bwd_impl``: the
 backward switch (``sm90``: the cp.async backward). ``pack``: ``pack_gqa=True``, metadata per
 (KV head, packed block); the mask applies to each packed row's position (row // r).
 

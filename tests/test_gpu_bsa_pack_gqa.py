@@ -10,7 +10,8 @@ S_kv not a multiple of blk, per-row counts with empty packed rows (out 0, lse -i
 their (position, head) rows), garbage past each row's active prefix, K/V NaN in every KV
 block no active row lists and past ``block_sizes``, and outputs poisoned by a preceding
 all-NaN run. The kernels: the ``sm90ws`` forward (the default ``bsa_fwd_impl="auto"``, or
-named per case: ``impl``) and the ``sm90`` backward.
+named per case: ``impl``) and the ``sm90ws`` backward on the packed rows (the ``sm90`` one in
+the ``nopackws`` cases, ``-sm90bwd``).
 
 Split-KV with packing (cases with ``kv_splits`` 2, 7 or ``"auto"``, mostly decode-like: one
 packed block per KV head against a long list): the packed forward's work items are (packed

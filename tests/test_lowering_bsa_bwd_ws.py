@@ -485,6 +485,10 @@ def test_bsa_bwd_auto_choice():
     assert bsa.bwd_config(jnp.bfloat16, 128, 64, False, sw, pack_gqa=4).impl == "sm90ws"
     for other in (Switches(bsa_bwd_ws="nopackws"), rows, Switches(bsa_bwd_ws="decouple")):
         assert bsa.bwd_config(jnp.bfloat16, 128, 128, False, other, pack_gqa=2).impl == "sm90"
+    # decouple applies at blk 128 only: at blk 64 packed calls keep sm90ws, as unpacked ones
+    dec64 = bsa.bwd_config(jnp.bfloat16, 128, 64, False, Switches(bsa_bwd_ws="decouple"),
+                           pack_gqa=2)
+    assert (dec64.impl, dec64.ws_decouple, dec64.pack_gqa) == ("sm90ws", False, 2)
     assert bsa.bwd_config(jnp.bfloat16, 128, 128, False, ws, causal=True).impl == "sm90ws"
     assert bsa.bwd_config(jnp.bfloat16, 128, 64, False, sw, causal=True).impl == "sm90ws"
     key = bsa.bwd_config(jnp.float16, 64, 128, True, Switches(bsa_bwd_impl="sm90ws",

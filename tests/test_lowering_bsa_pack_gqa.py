@@ -299,3 +299,34 @@ def test_bsa_pack_gqa_packws_lowers(c):
         lowering_platforms=("cuda",)).as_text()
     assert txt.count(CALL_TARGET) == 4 and "\\7FELF" in txt
 
+
+
+@pytest.mark.parametrize("sw", [dict(bsa_bwd_ws=("dqalt",)), dict(bsa_bwd_ws=("lpt",)),
+                                dict(dq_writer="off"), dict(bsa_bwd_ws=("dqalias", "epiregs"))],
+                         ids=["dqalt", "lpt", "nowriter", "dqalias-epiregs"])
+def test_bsa_pack_gqa_packed_backward_tuning_switches_lower(sw):
+    """The packed sm90ws backward with the backward's tuning switches (blk 128, r 8): each
+    reaches the packed key and lowers with the packed dQ tile workspace."""
+    import jax_sparse_attn as jsa
+    from jax_sparse_attn.config import Switches
+    from jax_sparse_attn.ffi import bsa
+
+    c = PACK_CONFIGS[0]
+    switches = Switches(**sw)
+    key = bsa.bwd_config(jnp.bfloat16, c["d"], c["blk"], c["sizes"], switches, pack_gqa=c["r"])
+    assert (key.impl, key.pack_gqa, key.dq_tile) == ("sm90ws", c["r"], True)
+    if "dqalt" in sw.get("bsa_bwd_ws", ()):
+        assert key.ws_dq_alt
+    _, args = _loss_and_args(c)
+    kw = dict(layout=c["layout"], sparse_block_size=c["blk"], softmax_scale=0.3,
+              backend="kernel", switches=switches, pack_gqa=True, allow_empty_block_nums=True)
+
+    def loss(q, k, v, i, n, s):
+        out = jsa.block_sparse_attention(q, k, v, i, q2k_block_nums=n, block_sizes=s, **kw)
+        return jnp.sum(out.astype(jnp.float32))
+
+    txt = jax.jit(jax.grad(loss, argnums=(0, 1, 2))).trace(*args).lower(
+        lowering_platforms=("cuda",)).as_text()
+    assert txt.count(CALL_TARGET) == 4 and "\\7FELF" in txt
+    b, hkv, sq = args[0].shape[0], args[1].shape[2], args[0].shape[1]  # bshd
+    assert f"tensor<{b}x{hkv}x{-(-sq * c['r'] // 64)}x{64 * c['d']}xf32>" in txt

@@ -376,7 +376,7 @@ def test_kernel_backend_takes_pack_gqa_with_kv_splits(fake_kernel_platform, kv_s
 
 
 def test_pack_gqa_runs_on_the_sm90_kernels_only():
-    """pack_gqa: the sm90ws forward and the sm90 backward pack; a pass that
+    """pack_gqa: the sm90ws forward and the sm90ws (or sm90) backward pack; a pass that
     would run an mma.sync (sm80 / portable) kernel declines with a reason naming it (then
     backend="auto" runs the reference); the kernels' compile keys carry r."""
     from jax_sparse_attn.config import Switches

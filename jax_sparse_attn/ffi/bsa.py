@@ -145,7 +145,7 @@ class BsaBwdConfig:
     vec_red: bool = True
     # sm80: Q/dO shared-memory stages (2: prefetch of the next step; 1 where 2 do not fit)
     q_stages: int = 2
-    # pack_gqa: query heads per KV head r of the packed rows (1: not packed; sm90 only)
+    # pack_gqa: query heads per KV head r of the packed rows (1: not packed; sm90ws and sm90)
     pack_gqa: int = 1
     # the token-level causal mask inside the listed blocks ("sm90", "sm90ws")
     causal: bool = False
@@ -285,7 +285,8 @@ def bsa_ws_options(opts) -> dict:
     work items chained, the next item's first ``S = Q K^T`` issued with this item's last PV
     GEMM; slower on the H200), ``v_lag`` (``vlag``: the producer issues V tile ``j`` after K
     tile ``j + 1``), ``q_regs`` (``qregs``: each consumer warpgroup copies its Q slice into
-    registers once per work item, and the S GEMMs read only K from shared memory),
+    registers once per work item, and the S GEMMs read only K from shared memory; not with
+    ``cross`` / ``crossepi``),
     ``split_wait`` (True with ``splitwait``, False with ``nosplitwait``, else
     None: the config's default, True at blk 64 with D 128; the consumer warpgroup re-checks
     the V tile's full barrier before it waits for the PV GEMM, which ends a basic block, so
@@ -328,7 +329,7 @@ def fwd_config(dtype, head_dim, block_size, has_block_sizes, switches, causal=Fa
                             ws_head_major=o["head_major"], ws_lazy_rescale=o["lazy_rescale"],
                             ws_three_ctas=o["three_ctas"] and (block_size, head_dim) == (64, 64),
                             ws_o_alias=o["o_alias"], ws_cross=o["cross"],
-                            ws_v_lag=o["v_lag"], ws_q_regs=o["q_regs"], ws_split_wait=(o["split_wait"] if o["split_wait"] is not None
+                            ws_v_lag=o["v_lag"], ws_q_regs=o["q_regs"] and not o["cross"], ws_split_wait=(o["split_wait"] if o["split_wait"] is not None
                                            else (block_size, head_dim) == (64, 128)),
                             num_sms=metadata.num_sms(), arch=arch, causal=causal,
                             pack_gqa=pack_gqa, pdl=bool(getattr(switches, "pdl", False)),
@@ -431,10 +432,10 @@ def bwd_config(dtype, head_dim, block_size, has_block_sizes, switches,
                         head_dim, switches)
     arch = _platform.resolved_arch()
     if impl == "sm90ws" and pack_gqa > 1 and (
-            "nopackws" in switches.bsa_bwd_ws
-            or switches.bsa_bwd_dq != "tile" or "decouple" in switches.bsa_bwd_ws):
+            "nopackws" in switches.bsa_bwd_ws or switches.bsa_bwd_dq != "tile"
+            or ("decouple" in switches.bsa_bwd_ws and block_size == 128)):
         # the warp-specialized backward packs GQA groups with the dQ tile workspace; with
-        # the row-major dQ workspace, decouple or nopackws, sm90 runs them (deterministic
+        # the row-major dQ workspace, decouple (blk 128) or nopackws, sm90 runs them (deterministic
         # calls do not pack: deterministic_unsupported_reason)
         impl = "sm90"
     if impl == "sm90ws":
@@ -726,7 +727,7 @@ def pack_gqa_unsupported_reason(*, head_dim, sparse_block_size, group, passes=("
                                 switches=None, causal=False, kv_splits=1) -> str | None:
     """``None`` when the kernels that the ``passes`` of a call would run implement
     ``pack_gqa`` with ``group`` (``r = H_q / H_kv``) query heads per KV head, else why not:
-    the sm90ws forward and the sm90 backward pack groups of a size dividing 64, ``causal``
+    the sm90ws forward and the sm90ws (or sm90) backward pack groups of a size dividing 64, ``causal``
     included; the mma.sync (sm80) kernels do not pack. Every ``kv_splits`` packs (the
     packed forward splits its (packed block, KV head) rows;
     :func:`kv_splits_unsupported_reason` checks the split count against the packed metadata
@@ -739,7 +740,7 @@ def pack_gqa_unsupported_reason(*, head_dim, sparse_block_size, group, passes=("
                       ("bwd", None if switches is None else switches.bsa_bwd_impl)):
         if pas not in passes:
             continue
-        want = want or ("auto" if pas == "fwd" else "sm90")
+        want = want or "auto"
         impl = _family_impl(want, head_dim, switches, sparse_block_size)
         if impl == "sm80":
             return (f"pack_gqa=True is not implemented by the mma.sync (sm80 / portable) "

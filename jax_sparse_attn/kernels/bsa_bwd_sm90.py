@@ -1,7 +1,8 @@
 """Block-sparse attention backward for Hopper (sm_90a): warpgroup MMA (wgmma) CuTe DSL kernel.
 
 The BSA backward for D in {64, 128} (switch ``bsa_bwd_impl="sm90"``; ``auto`` runs it for
-``pack_gqa`` calls (``causal`` included), and at blk 64 / D 128 with ``bsa_bwd_dq="rows"``;
+``pack_gqa`` calls (``causal`` included) with ``bsa_bwd_ws`` ``nopackws`` or ``decouple`` or
+``bsa_bwd_dq="rows"``, and at blk 64 / D 128 with ``bsa_bwd_dq="rows"``;
 ``"sm80"`` selects :mod:`bsa_bwd_sm80`, which also serves D in {32, 256}). Same contract, work
 split and semantics as :mod:`bsa_bwd_sm80`: one CTA = one warpgroup (2 CTAs per SM) per
 64-key tile, KV head and batch, walking the K->Q transposed CSR list of its KV block; the
