@@ -67,6 +67,7 @@ class PackCase:
     b: int = 2
     kv_splits: object = 1
     bwd_ws: str = ""  # bsa_bwd_ws ("nopackws": the sm90 backward adds the packed rows)
+    dq_writer: str = "auto"  # Switches.dq_writer ("off": the consumer warps add their dQ)
 
 
 CASES = [
@@ -93,6 +94,14 @@ CASES = [
              impl="sm90ws", sizes_rank=3),
     # a group of 16 (4 positions per 64-row slice), one KV head
     PackCase("r16-blk128-d128-bf16-bshd-hkv1", 16, 128, layout="bshd", hkv=1, sq=333, b=3),
+    # the packed sm90ws backward with its tuning switches: the warpgroups taking turns at dQ
+    # (blk 128), longest K->Q list first, no dQ writer warp, dQ staged in the Q / dO tiles
+    PackCase("r8-blk128-d128-bf16-dqalt", 8, 128, sq=700, bwd_ws="dqalt", sizes_rank=3),
+    PackCase("r4-blk64-d128-fp16-lpt", 4, 64, dtype="float16", sq=555, bwd_ws="lpt"),
+    PackCase("r2-blk128-d64-bf16-bshd-nowriter", 2, 128, d=64, layout="bshd", sq=901,
+             dq_writer="off"),
+    PackCase("r8-blk128-d128-fp16-dqalias-epiregs", 8, 128, dtype="float16", sq=333,
+             bwd_ws="dqalias,epiregs", sizes_rank=1),
     # a group of 64: one position per 64-row slice and per packed block at blk 64
     PackCase("r64-blk64-d64-fp16-hkv1", 64, 64, d=64, dtype="float16", hkv=1, sq=50, skv=700,
              kmax=5),
@@ -189,7 +198,8 @@ def _kernel_fn(c: PackCase, kw):
     import jax_sparse_attn as jsa
     from jax_sparse_attn.config import Switches
 
-    sw = Switches(bsa_fwd_impl=c.impl, bsa_bwd_ws=tuple(o for o in c.bwd_ws.split(",") if o))
+    sw = Switches(bsa_fwd_impl=c.impl, bsa_bwd_ws=tuple(o for o in c.bwd_ws.split(",") if o),
+                  dq_writer=c.dq_writer)
     opts = dict(kw, backend=BACKEND, switches=sw, pack_gqa=True, allow_empty_block_nums=True,
                 kv_splits=c.kv_splits)
 
