@@ -253,12 +253,34 @@ def test_bsa_pack_gqa_split_forward_is_its_own_kernel(tmp_path):
     assert "st.global.v4" not in ptx and "st.shared.b16" not in ptx
 
 
+def _packed_grad_lowers(c, switches, causal=False):
+    """``jax.grad`` of a packed call of configuration ``c`` with ``switches`` lowers to the
+    forward, the preprocessing (delta), the packed sm90ws backward and the dQ reordering,
+    with the packed dQ tile workspace ``(B, H_kv, ceil(S_q r / 64), 64 D)``."""
+    import jax_sparse_attn as jsa
+
+    _, args = _loss_and_args(c)
+    kw = dict(layout=c["layout"], sparse_block_size=c["blk"], softmax_scale=0.3,
+              backend="kernel", switches=switches, pack_gqa=True, allow_empty_block_nums=True,
+              causal=causal)
+
+    def loss(q, k, v, i, n, s):
+        out = jsa.block_sparse_attention(q, k, v, i, q2k_block_nums=n, block_sizes=s, **kw)
+        return jnp.sum(out.astype(jnp.float32))
+
+    txt = jax.jit(jax.grad(loss, argnums=(0, 1, 2))).trace(*args).lower(
+        lowering_platforms=("cuda",)).as_text()
+    assert txt.count(CALL_TARGET) == 4 and "\\7FELF" in txt
+    bshd = c["layout"] == "bshd"
+    b, hkv, sq = args[0].shape[0], args[1].shape[2 if bshd else 1], args[0].shape[1 if bshd else 2]
+    assert f"tensor<{b}x{hkv}x{-(-sq * c['r'] // 64)}x{64 * c['d']}xf32>" in txt
+
+
 @pytest.mark.parametrize("c", [PACK_CONFIGS[0], PACK_CONFIGS[2], PACK_CONFIGS[3]], ids=_ids)
 def test_bsa_pack_gqa_packws_lowers(c):
     """The warp-specialized backward with packed rows (the default; its key carries r; a dQ
     tile workspace of packed rows and the packed reordering), also with causal; with
     ``bsa_bwd_ws=nopackws`` pack_gqa runs the sm90 backward."""
-    import jax_sparse_attn as jsa
     from jax_sparse_attn.config import Switches
     from jax_sparse_attn.ffi import bsa
 
@@ -272,33 +294,8 @@ def test_bsa_pack_gqa_packws_lowers(c):
     ckey = bsa.bwd_config(jnp.bfloat16, c["d"], c["blk"], c["sizes"], sw, pack_gqa=c["r"],
                           causal=True)
     assert (ckey.impl, ckey.causal, ckey.pack_gqa) == ("sm90ws", True, c["r"])
-    _, args = _loss_and_args(c)
-    kw = dict(layout=c["layout"], sparse_block_size=c["blk"], softmax_scale=0.3,
-              backend="kernel", switches=sw, pack_gqa=True, allow_empty_block_nums=True)
-
-    def loss(q, k, v, i, n, s):
-        out = jsa.block_sparse_attention(q, k, v, i, q2k_block_nums=n, block_sizes=s, **kw)
-        return jnp.sum(out.astype(jnp.float32))
-
-    txt = jax.jit(jax.grad(loss, argnums=(0, 1, 2))).trace(*args).lower(
-        lowering_platforms=("cuda",)).as_text()
-    # forward, preprocessing (delta, the zeroed packed workspace), backward, reordering
-    assert txt.count(CALL_TARGET) == 4 and "\\7FELF" in txt
-    b, hkv, sq = args[0].shape[0], args[1].shape[2 if c["layout"] == "bshd" else 1], (
-        args[0].shape[1 if c["layout"] == "bshd" else 2])
-    tiles = -(-sq * c["r"] // 64)
-    assert f"tensor<{b}x{hkv}x{tiles}x{64 * c['d']}xf32>" in txt
-    # with the causal mask
-
-    def causal_loss(q, k, v, i, n, s):
-        out = jsa.block_sparse_attention(q, k, v, i, q2k_block_nums=n, block_sizes=s,
-                                         causal=True, **kw)
-        return jnp.sum(out.astype(jnp.float32))
-
-    txt = jax.jit(jax.grad(causal_loss, argnums=(0, 1, 2))).trace(*args).lower(
-        lowering_platforms=("cuda",)).as_text()
-    assert txt.count(CALL_TARGET) == 4 and "\\7FELF" in txt
-
+    _packed_grad_lowers(c, sw)
+    _packed_grad_lowers(c, sw, causal=True)
 
 
 @pytest.mark.parametrize("sw", [dict(bsa_bwd_ws=("dqalt",)), dict(bsa_bwd_ws=("lpt",)),
@@ -307,7 +304,6 @@ def test_bsa_pack_gqa_packws_lowers(c):
 def test_bsa_pack_gqa_packed_backward_tuning_switches_lower(sw):
     """The packed sm90ws backward with the backward's tuning switches (blk 128, r 8): each
     reaches the packed key and lowers with the packed dQ tile workspace."""
-    import jax_sparse_attn as jsa
     from jax_sparse_attn.config import Switches
     from jax_sparse_attn.ffi import bsa
 
@@ -317,16 +313,4 @@ def test_bsa_pack_gqa_packed_backward_tuning_switches_lower(sw):
     assert (key.impl, key.pack_gqa, key.dq_tile) == ("sm90ws", c["r"], True)
     if "dqalt" in sw.get("bsa_bwd_ws", ()):
         assert key.ws_dq_alt
-    _, args = _loss_and_args(c)
-    kw = dict(layout=c["layout"], sparse_block_size=c["blk"], softmax_scale=0.3,
-              backend="kernel", switches=switches, pack_gqa=True, allow_empty_block_nums=True)
-
-    def loss(q, k, v, i, n, s):
-        out = jsa.block_sparse_attention(q, k, v, i, q2k_block_nums=n, block_sizes=s, **kw)
-        return jnp.sum(out.astype(jnp.float32))
-
-    txt = jax.jit(jax.grad(loss, argnums=(0, 1, 2))).trace(*args).lower(
-        lowering_platforms=("cuda",)).as_text()
-    assert txt.count(CALL_TARGET) == 4 and "\\7FELF" in txt
-    b, hkv, sq = args[0].shape[0], args[1].shape[2], args[0].shape[1]  # bshd
-    assert f"tensor<{b}x{hkv}x{-(-sq * c['r'] // 64)}x{64 * c['d']}xf32>" in txt
+    _packed_grad_lowers(c, switches)
