@@ -579,10 +579,16 @@ class Switches:
         for sw in _switches_of(Switches):
             val = getattr(self, sw.field)
             if sw.parse in (_parse_ws, _parse_bsa_ws, _parse_bsa_bwd_ws,
-                            _parse_hstu_bwd_ws) and isinstance(val, str):
-                # "nopingpong,bn=64" -> tuple
-                val = sw.parse(f"Switches.{sw.field} (environment variable {sw.env})", val)
-                object.__setattr__(self, sw.field, val)
+                            _parse_hstu_bwd_ws):
+                where = f"Switches.{sw.field} (environment variable {sw.env})"
+                if isinstance(val, str):
+                    # "nopingpong,bn=64" -> tuple
+                    val = sw.parse(where, val)
+                    object.__setattr__(self, sw.field, val)
+                elif isinstance(val, tuple) and all(isinstance(o, str) for o in val):
+                    # a tuple of options: the parser's own message (unknown or
+                    # contradicting options) when it is not allowed
+                    sw.parse(where, _raw(val))
             if val is None and sw.default is None:
                 continue
             ok = isinstance(val, bool) if sw.parse is _parse_bool else not isinstance(val, bool)

@@ -221,6 +221,11 @@ def test_bsa_bwd_ws_rejects(raw):
         config.from_env({"JAX_SPARSE_ATTN_BSA_BWD_WS": raw})
     msg = str(e.value)
     assert all(f in msg for f in config.BSA_BWD_WS_FLAGS) and "dqslots=N" in msg
+    # the same message for the Switches field, given as a string or as a tuple of options
+    for val in (raw, tuple(raw.split(","))):
+        with pytest.raises(ValueError, match=r"Switches\.bsa_bwd_ws") as e:
+            config.Switches(bsa_bwd_ws=val)
+        assert str(e.value).split(": ", 1)[1] == msg.split(": ", 1)[1]
 
 
 @pytest.mark.parametrize("raw", ["dqslots=1", "dqslots=4", "detsched,dqslots=2",
