@@ -338,14 +338,48 @@ TABLE = [
 ]
 
 
-def table(variants, n_sets=2, seed=0, rows_sel=None, pass_="fwd"):
+# list-length sweep (B=1 H=16 S=16384 D=128 bf16, random top-k): the time of a call against
+# k separates a per-work-item cost from a per-listed-block cost (``sweep_fit``)
+SWEEP_K = {64: (1, 2, 4, 8, 16, 32, 64), 128: (1, 2, 4, 8, 16, 32, 64)}
+SWEEP_TABLE = [(f"blk{blk} top{k}", blk, k, 16384, 128, 16, 16)
+               for blk, ks in SWEEP_K.items() for k in ks]
+
+
+def sweep_fit(rows):
+    """Least-squares fit ``ms = a + b k`` per (block size, variant, pass) over the sweep rows:
+    ``b`` the time of one more listed block per query block (all work items), ``a`` what a
+    work item costs besides its blocks (plus the launch), ``a / b`` that cost in listed
+    blocks."""
+    import numpy as np  # noqa: PLC0415
+
+    fits = []
+    groups = {}
+    for r in rows:
+        groups.setdefault((r["blk"], r["variant"], r["pass_"]), []).append(r)
+    for (blk, var, pass_), rs in groups.items():
+        if len(rs) < 2:
+            continue
+        k = np.array([r["top_k"] for r in rs], float)
+        ms = np.array([r["ms"] for r in rs], float)
+        b, a = np.polyfit(k, ms, 1)
+        resid = float(np.max(np.abs(a + b * k - ms) / ms))
+        fits.append(dict(blk=blk, variant=var, pass_=pass_, a_ms=float(a), b_ms=float(b),
+                         item_cost_blocks=float(a / b), max_rel_resid=resid,
+                         ks=k.tolist()))
+        print(f"fit blk{blk} {pass_} {var or 'default':40s} a = {a * 1e3:8.1f} us, "
+              f"b = {b * 1e3:7.2f} us / block, a / b = {a / b:5.2f} blocks "
+              f"(max rel. residual {resid:.3f})", flush=True)
+    return fits
+
+
+def table(variants, n_sets=2, seed=0, rows_sel=None, pass_="fwd", rows_def=None):
     """Forward (``pass_="fwd"``) or backward (``"bwd"``: the whole backward from saved out /
     lse, FLOPs 2.5x the forward's) times of the TABLE rows under each variant (``'ENV=V,ENV=V'``
     strings of ``JAX_SPARSE_ATTN_*`` switch variables, validated by :func:`config.from_env`,
     ``+`` in a value standing for ``,``;
     the entry ``deterministic=1`` calls the ops with ``deterministic=True``)."""
     rows = []
-    for j, (label, blk, topk, s, d, h, h_kv) in enumerate(TABLE):
+    for j, (label, blk, topk, s, d, h, h_kv) in enumerate(rows_def or TABLE):
         if rows_sel is not None and j not in rows_sel:
             continue
         key = jax.random.fold_in(jax.random.PRNGKey(seed), blk * 1000 + topk)
@@ -592,6 +626,10 @@ def main(argv=None):
                     help="with --table: time the forward (default) or the whole backward")
     ap.add_argument("--rows", default="",
                     help="with --table: comma list of TABLE row numbers (default: all)")
+    ap.add_argument("--sweep-k", action="store_true",
+                    help="with --table: time the list-length sweep (SWEEP_TABLE: blk64 / blk128, "
+                         "top-k 1..64) instead of TABLE and fit ms = a + b k per variant "
+                         "(a / b: a work item's cost besides its blocks, in blocks)")
     ap.add_argument("--causal", action="store_true",
                     help="only the causal vs non-causal rows (blk128, diagonal + 15 past blocks)")
     ap.add_argument("--reference", action="store_true",
@@ -647,7 +685,12 @@ def main(argv=None):
         rows = causal_rows(s=s)
     elif args.table:
         sel = [int(r) for r in args.rows.split(",") if r] or None
-        rows = table(args.table.split(";"), rows_sel=sel, pass_=args.table_pass)
+        rows = table(args.table.split(";"), rows_sel=sel, pass_=args.table_pass,
+                     rows_def=SWEEP_TABLE if args.sweep_k else None)
+        if args.sweep_k:
+            _write(args.out, rows, fits=sweep_fit(rows))
+            print("wrote", args.out)
+            return
     elif not args.variants:
         cases = [(64, 32, ("fwd", "bwd", "csr")), (128, 16, ("fwd", "bwd"))]
         rows = run(cases, s=s, tag="default")
@@ -670,7 +713,7 @@ def main(argv=None):
     print("wrote", args.out)
 
 
-def _write(path, rows):
+def _write(path, rows, fits=None):
     meta = dict(device=str(jax.devices()[0]), jax=jax.__version__, timing=TIMING["mode"],
                 burst=dict(launches=BURST_LAUNCHES, pause_s=BURST_PAUSE_S,
                            samples=BURST_SAMPLES),
@@ -678,7 +721,8 @@ def _write(path, rows):
                       "sum(q2k_block_nums), every listed block in full); bwd = 2.5*fwd",
                 floors=dict(blk64_top32_fwd=310, blk64_top32_bwd=230, blk128_top16_fwd=340))
     with open(path, "w") as f:
-        json.dump(dict(meta=meta, rows=rows), f, indent=1)
+        json.dump(dict(meta=meta, rows=rows, **({"fits": fits} if fits is not None else {})), f,
+                  indent=1)
 
 
 if __name__ == "__main__":

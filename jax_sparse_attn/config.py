@@ -128,7 +128,7 @@ def _parse_ws(var, raw):
 #: the flags of the sm90ws BSA forward's tuning switch (JAX_SPARSE_ATTN_BSA_WS), plus
 #: ``stages=N`` (at most N K/V stages, 2..8)
 BSA_WS_FLAGS = ("nooverlap", "nopingpong", "q1", "headinner", "lazyrescale", "ctas2", "oalias",
-                "cross", "crossepi", "vlag", "splitwait", "nosplitwait", "qregs")
+                "cross", "crossepi", "vlag", "splitwait", "nosplitwait", "qregs", "mpre")
 _BSA_WS_ALLOWED = ("comma list of " + ", ".join(BSA_WS_FLAGS)
                    + ", stages=N (most K/V shared-memory stages: 2..8)")
 _parse_bsa_ws_opts = _parse_option_list(BSA_WS_FLAGS, "stages", lambda n: 2 <= n <= 8,
@@ -371,6 +371,9 @@ SWITCHES = (
            "qregs (each consumer warpgroup copies its Q slice into registers once per work "
            "item; the S = Q K^T GEMMs then read only K from shared memory; ignored with cross "
            "and crossepi), "
+           "mpre (the producer warp and the consumer warpgroups load the next work item's "
+           "listed-block count, the producer also its first list entry, while the current "
+           "item runs, instead of at the item's start), "
            "stages=N "
            "(most K/V stages)"),
     _choice("bsa_bwd_impl", "JAX_SPARSE_ATTN_BSA_BWD_IMPL", ("auto", "sm90", "sm90ws", "sm80"),

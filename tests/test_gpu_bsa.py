@@ -21,7 +21,8 @@ warp-specialized backward named); ``bwdrows``: ``Switches(bsa_bwd_dq="rows")`` (
 backwards with the row-major dQ workspace instead of the query-tile one); ``dqalt``:
 ``Switches(bsa_bwd_ws="dqalt")`` (blk 128: the consumer warpgroups take turns computing a
 step's whole dQ); ``qregs``: ``Switches(bsa_fwd_ws="qregs")`` (the sm90ws forward with Q as
-the register operand of its S GEMMs); ``nodefault`` leaves out the grid with the default
+the register operand of its S GEMMs); ``mpre``: ``Switches(bsa_fwd_ws="mpre")`` (the sm90ws
+forward loading the next work item's list metadata during the current one); ``nodefault`` leaves out the grid with the default
 switches.
 ``test_bsa_preprocess_kernel`` checks the preprocessing kernel directly.
 ``test_bsa_sm90ws_forward`` adds the sm90ws forward's own cases (every KV block listed, the
@@ -56,6 +57,7 @@ BWDWS = Switches(bsa_bwd_impl="sm90ws")
 BWDROWS = Switches(bsa_bwd_dq="rows")
 DQALT = Switches(bsa_bwd_ws="dqalt")
 QREGS = Switches(bsa_fwd_ws=("qregs",))
+MPRE = Switches(bsa_fwd_ws=("mpre",))
 SM80_LATE_V = Switches(bsa_fwd_impl="sm80", bsa_fwd_late_v_wait=True)
 SM80_WR32 = Switches(bsa_fwd_impl="sm80", bsa_fwd_warp_rows="32")
 SM80_WR16 = Switches(bsa_fwd_impl="sm80", bsa_fwd_warp_rows="16")
@@ -80,6 +82,7 @@ class TestBSAKernelGrid(BSAKernelGrid):
         cases += [(c, BWDROWS) for c in BSA_GRID if "bwdrows" in extra]
         cases += [(c, DQALT) for c in BSA_GRID if "dqalt" in extra]
         cases += [(c, QREGS) for c in BSA_GRID if "qregs" in extra]
+        cases += [(c, MPRE) for c in BSA_GRID if "mpre" in extra]
         cases += [(c, SM80_LATE_V) for c in BSA_GRID if "sm80_late_v" in extra]
         cases += [(c, SM80_WR32) for c in BSA_GRID if "sm80_wr32" in extra]
         cases += [(c, SM80_WR16) for c in BSA_GRID if "sm80_wr16" in extra]

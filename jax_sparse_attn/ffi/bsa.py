@@ -116,6 +116,9 @@ class BsaFwdConfig:
     # Q as the register operand of S = Q K^T, copied from shared memory once per work item
     # ("qregs")
     ws_q_regs: bool = False
+    # the next work item's list count (and, in the producer, first entry) loaded during the
+    # current item ("mpre")
+    ws_meta_prefetch: bool = False
     num_sms: int = 0
     arch: str = ""  # the target arch (CuTe DSL name) the key was chosen for
     # pack_gqa: query heads per KV head r of the packed rows (1: not packed; sm90ws only)
@@ -286,7 +289,8 @@ def bsa_ws_options(opts) -> dict:
     GEMM; slower on the H200), ``v_lag`` (``vlag``: the producer issues V tile ``j`` after K
     tile ``j + 1``), ``q_regs`` (``qregs``: each consumer warpgroup copies its Q slice into
     registers once per work item, and the S GEMMs read only K from shared memory; not with
-    ``cross`` / ``crossepi``),
+    ``cross`` / ``crossepi``), ``meta_prefetch`` (``mpre``: the next work item's list count,
+    and in the producer its first entry, loaded while the current item runs),
     ``split_wait`` (True with ``splitwait``, False with ``nosplitwait``, else
     None: the config's default, True at blk 64 with D 128; the consumer warpgroup re-checks
     the V tile's full barrier before it waits for the PV GEMM, which ends a basic block, so
@@ -297,7 +301,8 @@ def bsa_ws_options(opts) -> dict:
             "head_major": "headinner" not in opts, "lazy_rescale": "lazyrescale" in opts,
             "three_ctas": "ctas2" not in opts, "o_alias": "oalias" in opts,
             "cross": 2 if "crossepi" in opts else 1 if "cross" in opts else 0,
-            "v_lag": "vlag" in opts, "q_regs": "qregs" in opts, "split_wait": (True if "splitwait" in opts else False if "nosplitwait" in opts
+            "v_lag": "vlag" in opts, "q_regs": "qregs" in opts,
+            "meta_prefetch": "mpre" in opts, "split_wait": (True if "splitwait" in opts else False if "nosplitwait" in opts
                            else None)}
 
 
@@ -329,7 +334,8 @@ def fwd_config(dtype, head_dim, block_size, has_block_sizes, switches, causal=Fa
                             ws_head_major=o["head_major"], ws_lazy_rescale=o["lazy_rescale"],
                             ws_three_ctas=o["three_ctas"] and (block_size, head_dim) == (64, 64),
                             ws_o_alias=o["o_alias"], ws_cross=o["cross"],
-                            ws_v_lag=o["v_lag"], ws_q_regs=o["q_regs"] and not o["cross"], ws_split_wait=(o["split_wait"] if o["split_wait"] is not None
+                            ws_v_lag=o["v_lag"], ws_q_regs=o["q_regs"] and not o["cross"],
+                            ws_meta_prefetch=o["meta_prefetch"], ws_split_wait=(o["split_wait"] if o["split_wait"] is not None
                                            else (block_size, head_dim) == (64, 128)),
                             num_sms=metadata.num_sms(), arch=arch, causal=causal,
                             pack_gqa=pack_gqa, pdl=bool(getattr(switches, "pdl", False)),
@@ -847,7 +853,7 @@ def _fwd_entry(stream, q, k, v, idx, nums, sizes, scale, out, lse, *, cfg: BsaFw
                               lazy_rescale=cfg.ws_lazy_rescale,
                               three_ctas=cfg.ws_three_ctas, o_alias_first=cfg.ws_o_alias,
                               cross_item=cfg.ws_cross, v_lag=cfg.ws_v_lag,
-                              q_regs=cfg.ws_q_regs,
+                              q_regs=cfg.ws_q_regs, meta_prefetch=cfg.ws_meta_prefetch,
                               split_wait=cfg.ws_split_wait, pdl=cfg.pdl,
                               **kw)
     else:

@@ -239,9 +239,13 @@ class AttnFwdSm90Ws:
 
     @cute.jit
     def _produce(self, work, m_block, tma_q, tma_tQ, tma_k, tma_tK, tma_v, tma_tV, sQ, sK, sV,
-                 sV_rows, pipe_q, pipe_k, pipe_v, q_bytes, k_bytes, v_bytes, c_q, c_kv, lane):
+                 sV_rows, pipe_q, pipe_k, pipe_v, q_bytes, k_bytes, v_bytes, c_q, c_kv, lane,
+                 first_entry=None):
         """Producer warp, one work item: TMA of its ``num_wg`` Q slices, then of the K and V
-        tiles it visits (a partial V tile: the zero-filling copy ``_load_v_rows``)."""
+        tiles it visits (a partial V tile: the zero-filling copy ``_load_v_rows``).
+        ``first_entry`` (block-list kernels): the raw list entry of iteration 0, loaded
+        earlier; each iteration then loads the next iteration's entry before it waits for
+        free K / V stages."""
         wgm, bn, d, dv, nwg = self.wg_m, self.bn, self.d, self.dv, self.num_wg
         if work.n_count > 0:
             prefetch = None
@@ -289,6 +293,16 @@ class AttnFwdSm90Ws:
                     c_kv += 1
                 self._issue_v(work, n_prev, nk_prev, tma_v, tVg, tVs, sV_rows, pipe_v,
                               v_bytes, c_kv - 1, lane)
+            elif cutlass.const_expr(first_entry is not None):
+                cur = work.kv.clamp(first_entry)
+                last = work.n_count - 1
+                for it in cutlass.range(work.n_count, unroll=1):
+                    n = cur
+                    cur = work.kv_tile(cutlass.min(it + 1, last))
+                    nk = self._kv_coord(work, n)
+                    self._issue_kv(work, n, nk, tma_k, tKg, tKs, tma_v, tVg, tVs, sV_rows,
+                                   pipe_k, pipe_v, k_bytes, v_bytes, c_kv, lane)
+                    c_kv += 1
             else:
                 for it in cutlass.range(work.n_count, unroll=1):
                     n = work.kv_tile(it)

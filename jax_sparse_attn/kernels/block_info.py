@@ -107,13 +107,21 @@ class BlockList:
             lim = cutlass.min(lim, self.key_end - n * self.bn)
         return cutlass.max(lim, Int32(0))
 
+    def clamp(self, n):
+        """A raw ``q2k_block_index`` entry clamped as :meth:`kv_tile` clamps it."""
+        return cutlass.min(cutlass.max(Int32(n), Int32(0)), self.n_last)
+
     @staticmethod
     @cute.jit
     def create(mIdx, mNums, mSizes, batch, head, m_block, seqlen_k, bn: cutlass.Constexpr,
-               has_sizes: cutlass.Constexpr, key_end=None):
+               has_sizes: cutlass.Constexpr, key_end=None, nums=None):
+        """``nums``: the raw ``q2k_block_nums`` entry of the block when the caller has
+        loaded it already (else it is loaded here)."""
         n_kv = (seqlen_k + bn - 1) // bn
         k_max = Int32(mIdx.shape[3])
-        cnt = cutlass.min(cutlass.max(Int32(mNums[batch, head, m_block]), Int32(0)), k_max)
+        if cutlass.const_expr(nums is None):
+            nums = mNums[batch, head, m_block]
+        cnt = cutlass.min(cutlass.max(Int32(nums), Int32(0)), k_max)
         if n_kv <= 0:
             cnt = Int32(0)
         return BlockList(mIdx, mSizes, batch, head, m_block, n_kv - 1, seqlen_k, cnt, bn,

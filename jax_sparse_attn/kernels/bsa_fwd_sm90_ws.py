@@ -119,8 +119,12 @@ class BsaFwdSm90Ws(AttnFwdSm90Ws):
                  causal: bool = False, kv_splits: int = 1, head_major: bool = True,
                  lazy_rescale: bool = False, three_ctas: bool = False,
                  o_alias_first: bool = False, cross_item: int = 0, v_lag: bool = False,
-                 split_wait: bool = False, pdl: bool = False, q_regs: bool = False):
+                 split_wait: bool = False, pdl: bool = False, q_regs: bool = False,
+                 meta_prefetch: bool = False):
         self.pdl = pdl
+        # the producer and the consumers load the next work item's listed-block count (the
+        # producer also its first list entry) while the current item runs
+        self.meta_prefetch = meta_prefetch
         self.split_wait = split_wait
         if block_size not in (64, 128) or head_dim not in (64, 128):
             raise NotImplementedError(
@@ -216,10 +220,11 @@ class BsaFwdSm90Ws(AttnFwdSm90Ws):
 
     @cute.jit
     def _work(self, sched, t, n_q_blocks, mIdx, mNums, mSizes, seqlen_k, seqlen_q=None,
-              n_heads=None):
+              n_heads=None, nums=None):
         """(batch, query head, query block, its BlockList) of work item ``t`` (packed: KV
         head and packed block; ``seqlen_q``: causal only); split-KV: the split's part of the
-        list (``BlockListSplit``) and the split, last."""
+        list (``BlockListSplit``) and the split, last. ``nums``: the item's raw
+        ``q2k_block_nums`` entry, loaded earlier (``_item_meta``)."""
         slot, head = sched.coords(t)
         split = None
         if cutlass.const_expr(self.kv_splits > 1):
@@ -233,18 +238,34 @@ class BsaFwdSm90Ws(AttnFwdSm90Ws):
             key_end = ((cutlass.min((m_block + 1) * self.bm, seqlen_q) - 1) // self.pack + 1
                        + seqlen_k - seqlen_q // self.pack)
             blist = BlockList.create(mIdx, mNums, mSizes, batch, head, m_block, seqlen_k,
-                                     self.bn, self.has_sizes, key_end)
+                                     self.bn, self.has_sizes, key_end, nums)
         elif cutlass.const_expr(self.causal):
             # ---- causal: one past the last key the query block's last row sees
             key_end = cutlass.min((m_block + 1) * self.bm, seqlen_q) + seqlen_k - seqlen_q
             blist = BlockList.create(mIdx, mNums, mSizes, batch, head, m_block, seqlen_k,
-                                     self.bn, self.has_sizes, key_end)
+                                     self.bn, self.has_sizes, key_end, nums)
         else:
             blist = BlockList.create(mIdx, mNums, mSizes, batch, head, m_block, seqlen_k,
-                                     self.bn, self.has_sizes)
+                                     self.bn, self.has_sizes, None, nums)
         if cutlass.const_expr(self.kv_splits > 1):
             return batch, head, m_block, BlockListSplit.create(blist, split, self.kv_splits), split
         return batch, head, m_block, blist
+
+    @cute.jit
+    def _item_meta(self, sched, t, n_q_blocks, mIdx, mNums, n_heads):
+        """Work item ``min(t, last)``'s raw ``q2k_block_nums`` entry and first
+        ``q2k_block_index`` entry (its list position 0; 0 where ``K_max`` is 0), the loads
+        issued here and their values used an item later (``meta_prefetch``)."""
+        t = cutlass.min(t, sched.n_work - 1)
+        slot, head = sched.coords(t)
+        if cutlass.const_expr(self.kv_splits > 1):
+            head = head - (head // n_heads) * n_heads
+        batch = slot // n_q_blocks
+        m_block = slot - batch * n_q_blocks
+        first = Int32(0)
+        if Int32(mIdx.shape[3]) > 0:
+            first = Int32(mIdx[batch, head, m_block, 0])
+        return Int32(mNums[batch, head, m_block]), first
 
     @cute.kernel
     def kernel(self, tma_q, tma_tQ, tma_k, tma_tK, tma_v, tma_tV, mV, mIdx, mNums, mSizes,
@@ -289,17 +310,40 @@ class BsaFwdSm90Ws(AttnFwdSm90Ws):
             cute.arch.setmaxregister_decrease(self.regs_producer)
             if warp == 0:
                 lane, sV_rows, c_q, c_kv, t = self._producer_warp_start(sV, sched)
-                while sched.valid(t):
-                    batch, head, m_block, blist = self._work(sched, t, n_q_blocks, mIdx, mNums,
-                                                             mSizes, seqlen_k, seqlen_q,
-                                                             n_heads)[:4]
-                    head_kv = head // group
-                    work = WorkItem(blist, head, mV, batch=batch, head_kv=head_kv)
-                    c_q, c_kv = self._produce(
-                        work, m_block, tma_q, tma_tQ, tma_k, tma_tK, tma_v, tma_tV, sQ, sK, sV,
-                        sV_rows, pipe_q, pipe_k, pipe_v, q_bytes, k_bytes, v_bytes, c_q, c_kv,
-                        lane)
-                    t = sched.next(t)
+                if cutlass.const_expr(self.meta_prefetch):
+                    # the next item's count and first entry load while this item's K / V
+                    # loads go out
+                    nums, first = self._item_meta(sched, t, n_q_blocks, mIdx, mNums, n_heads)
+                    while sched.valid(t):
+                        t_next = sched.next(t)
+                        nums_next, first_next = self._item_meta(sched, t_next, n_q_blocks,
+                                                                mIdx, mNums, n_heads)
+                        batch, head, m_block, blist = self._work(
+                            sched, t, n_q_blocks, mIdx, mNums, mSizes, seqlen_k, seqlen_q,
+                            n_heads, nums)[:4]
+                        work = WorkItem(blist, head, mV, batch=batch, head_kv=head // group)
+                        first_entry = None
+                        if cutlass.const_expr(self.kv_splits == 1):
+                            first_entry = first
+                        c_q, c_kv = self._produce(
+                            work, m_block, tma_q, tma_tQ, tma_k, tma_tK, tma_v, tma_tV, sQ, sK,
+                            sV, sV_rows, pipe_q, pipe_k, pipe_v, q_bytes, k_bytes, v_bytes, c_q,
+                            c_kv, lane, first_entry)
+                        nums = nums_next
+                        first = first_next
+                        t = t_next
+                else:
+                    while sched.valid(t):
+                        batch, head, m_block, blist = self._work(
+                            sched, t, n_q_blocks, mIdx, mNums, mSizes, seqlen_k, seqlen_q,
+                            n_heads)[:4]
+                        head_kv = head // group
+                        work = WorkItem(blist, head, mV, batch=batch, head_kv=head_kv)
+                        c_q, c_kv = self._produce(
+                            work, m_block, tma_q, tma_tQ, tma_k, tma_tK, tma_v, tma_tV, sQ, sK,
+                            sV, sV_rows, pipe_q, pipe_k, pipe_v, q_bytes, k_bytes, v_bytes, c_q,
+                            c_kv, lane)
+                        t = sched.next(t)
         else:
             # ================================ consumers ===============================
             wg, wtid, turns = self._consumer_start(wg_idx, tidx)
@@ -324,6 +368,20 @@ class BsaFwdSm90Ws(AttnFwdSm90Ws):
                 self._consume_items(sched, sched.n_work, ctx, mma_qk, mma_qk0, mma_pv,
                                     thr_mma_qk, thr_mma_pv, tSrQ, tSrK, tOrV, pipe_q, pipe_k,
                                     pipe_v, sO, turns, wg, wtid)
+            elif cutlass.const_expr(self.meta_prefetch):
+                # the next item's count loads while this item runs
+                c_q, c_kv, t = self._loop_start(sched)
+                nums = self._item_meta(sched, t, n_q_blocks, mIdx, mNums, n_heads)[0]
+                while sched.valid(t):
+                    t_next = sched.next(t)
+                    nums_next = self._item_meta(sched, t_next, n_q_blocks, mIdx, mNums,
+                                                n_heads)[0]
+                    work, tile, _ = self._decode(t, ctx, 0, nums)
+                    c_kv, c_q = self._consume(
+                        work, tile, mma_qk, mma_qk0, mma_pv, thr_mma_qk, thr_mma_pv, tSrQ,
+                        tSrK, tOrV, pipe_q, pipe_k, pipe_v, c_q, c_kv, sO, turns, wg, wtid)
+                    nums = nums_next
+                    t = t_next
             else:
                 c_q, c_kv, t = self._loop_start(sched)
                 while sched.valid(t):
@@ -334,13 +392,14 @@ class BsaFwdSm90Ws(AttnFwdSm90Ws):
                     t = sched.next(t)
 
     @cute.jit
-    def _decode(self, t, ctx, which: cutlass.Constexpr):
-        """Chained items (``_consume_items``): item ``t``'s work, tile context (with softmax
-        state ``which``) and listed-block count."""
+    def _decode(self, t, ctx, which: cutlass.Constexpr, nums=None):
+        """Item ``t``'s work, tile context (with softmax state ``which``; chained items,
+        ``_consume_items``: 0 or 1) and listed-block count; ``nums``: its raw
+        ``q2k_block_nums`` entry, loaded earlier."""
         (sched, n_q_blocks, mIdx, mNums, mSizes, seqlen_k, seqlen_q, n_heads, mV, mask, smaxes,
          mO, mLSE, wg) = ctx
         item = self._work(sched, t, n_q_blocks, mIdx, mNums, mSizes, seqlen_k, seqlen_q,
-                          n_heads)
+                          n_heads, nums)
         batch, head, m_block, blist = item[:4]
         split = None
         if cutlass.const_expr(self.kv_splits > 1):
