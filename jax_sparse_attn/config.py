@@ -128,7 +128,7 @@ def _parse_ws(var, raw):
 #: the flags of the sm90ws BSA forward's tuning switch (JAX_SPARSE_ATTN_BSA_WS), plus
 #: ``stages=N`` (at most N K/V stages, 2..8)
 BSA_WS_FLAGS = ("nooverlap", "nopingpong", "q1", "headinner", "lazyrescale", "ctas2", "oalias",
-                "cross", "crossepi", "vlag", "splitwait", "nosplitwait", "qregs", "mpre")
+                "cross", "crossepi", "vlag", "splitwait", "nosplitwait", "qregs", "mpre", "qahead", "noepivec")
 _BSA_WS_ALLOWED = ("comma list of " + ", ".join(BSA_WS_FLAGS)
                    + ", stages=N (most K/V shared-memory stages: 2..8)")
 _parse_bsa_ws_opts = _parse_option_list(BSA_WS_FLAGS, "stages", lambda n: 2 <= n <= 8,
@@ -374,6 +374,12 @@ SWITCHES = (
            "mpre (the producer warp and the consumer warpgroups load the next work item's "
            "listed-block count, the producer also its first list entry, while the current "
            "item runs, instead of at the item's start), "
+           "qahead (the producer warp issues the next work item's Q load during the current "
+           "item, once the current item's first K/V stages are issued, instead of at the "
+           "next item's start; implies mpre; not with split-KV), "
+           "noepivec (the epilogue stages O through the element copies of the swizzled O "
+           "layout, 2-byte shared-memory stores and loads, instead of the default's packed "
+           "4-byte stores into a row-swizzled tile copied out in 16-byte pieces), "
            "stages=N "
            "(most K/V stages)"),
     _choice("bsa_bwd_impl", "JAX_SPARSE_ATTN_BSA_BWD_IMPL", ("auto", "sm90", "sm90ws", "sm80"),

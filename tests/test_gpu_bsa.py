@@ -22,7 +22,10 @@ backwards with the row-major dQ workspace instead of the query-tile one); ``dqal
 ``Switches(bsa_bwd_ws="dqalt")`` (blk 128: the consumer warpgroups take turns computing a
 step's whole dQ); ``qregs``: ``Switches(bsa_fwd_ws="qregs")`` (the sm90ws forward with Q as
 the register operand of its S GEMMs); ``mpre``: ``Switches(bsa_fwd_ws="mpre")`` (the sm90ws
-forward loading the next work item's list metadata during the current one); ``nodefault`` leaves out the grid with the default
+forward loading the next work item's list metadata during the current one); ``qahead``:
+``Switches(bsa_fwd_ws="qahead")`` (its producer issuing the next item's Q during the current
+item); ``noepivec``: ``Switches(bsa_fwd_ws="noepivec")`` (its epilogue staging O through the
+element copies of the swizzled layout instead of packed pair stores); ``nodefault`` leaves out the grid with the default
 switches.
 ``test_bsa_preprocess_kernel`` checks the preprocessing kernel directly.
 ``test_bsa_sm90ws_forward`` adds the sm90ws forward's own cases (every KV block listed, the
@@ -58,6 +61,8 @@ BWDROWS = Switches(bsa_bwd_dq="rows")
 DQALT = Switches(bsa_bwd_ws="dqalt")
 QREGS = Switches(bsa_fwd_ws=("qregs",))
 MPRE = Switches(bsa_fwd_ws=("mpre",))
+QAHEAD = Switches(bsa_fwd_ws=("qahead",))
+NOEPIVEC = Switches(bsa_fwd_ws=("noepivec",))
 SM80_LATE_V = Switches(bsa_fwd_impl="sm80", bsa_fwd_late_v_wait=True)
 SM80_WR32 = Switches(bsa_fwd_impl="sm80", bsa_fwd_warp_rows="32")
 SM80_WR16 = Switches(bsa_fwd_impl="sm80", bsa_fwd_warp_rows="16")
@@ -83,6 +88,8 @@ class TestBSAKernelGrid(BSAKernelGrid):
         cases += [(c, DQALT) for c in BSA_GRID if "dqalt" in extra]
         cases += [(c, QREGS) for c in BSA_GRID if "qregs" in extra]
         cases += [(c, MPRE) for c in BSA_GRID if "mpre" in extra]
+        cases += [(c, QAHEAD) for c in BSA_GRID if "qahead" in extra]
+        cases += [(c, NOEPIVEC) for c in BSA_GRID if "noepivec" in extra]
         cases += [(c, SM80_LATE_V) for c in BSA_GRID if "sm80_late_v" in extra]
         cases += [(c, SM80_WR32) for c in BSA_GRID if "sm80_wr32" in extra]
         cases += [(c, SM80_WR16) for c in BSA_GRID if "sm80_wr16" in extra]

@@ -265,6 +265,9 @@ _PTX_CONFIGS = {_ids(c): ("_ws_fwd_text", (c,), None, {}) for c in WS_CONFIGS[:2
 #: bsa_fwd_ws=qregs: Q as the register operand of the S GEMMs
 _QREGS = dict(WS_CONFIGS[1], dtype="bfloat16", ws="qregs")
 _PTX_CONFIGS["qregs-blk64"] = ("_ws_fwd_text", (_QREGS,), None, {})
+#: bsa_fwd_ws=noepivec: the epilogue's element copies through the swizzled O layout
+_NOEPIVEC = dict(WS_CONFIGS[1], ws="noepivec")
+_PTX_CONFIGS["noepivec-blk64"] = ("_ws_fwd_text", (_NOEPIVEC,), None, {})
 
 
 @pytest.fixture(scope="module")
@@ -415,6 +418,32 @@ def test_bsa_sm90ws_qregs_ptx(kept_ptx):
     assert qregs.count("ldmatrix.sync.aligned") == 8
     assert s_gemm_a_operands(plain.replace(".f16.f16", ".bf16.bf16")) == {"%r"}
     assert "ldmatrix" not in plain
+
+
+@pytest.mark.parametrize("cfg", [WS_CONFIGS[0], WS_CONFIGS[1]], ids=lambda c: _ids(c))
+def test_bsa_sm90ws_epilogue_ptx(kept_ptx, cfg):
+    """The default forward stages O (64 x D per consumer warpgroup, D 128: 64 values per
+    thread) with packed 4-byte shared stores (32 per thread) and copies it out with 16-byte
+    shared loads (8 per thread), no 2-byte shared accesses; ``bsa_fwd_ws=noepivec`` keeps the
+    element copies of the swizzled layout (64 2-byte stores and 64 2-byte loads)."""
+    import re
+
+    import kept_ptx as kp  # noqa: PLC0415
+
+    def shared_ops(text):
+        ops = {}
+        for m in re.finditer(r"\b(st|ld)\.shared\.([a-z0-9.]+)", text):
+            ops[m.group(0)] = ops.get(m.group(0), 0) + 1
+        return ops
+
+    default = shared_ops(next(iter(kp.ptx_of(kept_ptx, _ids(cfg)).values())))
+    assert default.get("st.shared.b32") == 32, default
+    assert default.get("ld.shared.v4.b32") == 8, default
+    assert not any(op.endswith(("b16", "u16")) for op in default), default
+    if cfg is WS_CONFIGS[1]:
+        old = shared_ops(next(iter(kp.ptx_of(kept_ptx, "noepivec-blk64").values())))
+        assert old.get("st.shared.b16") == 64 and old.get("ld.shared.b16") == 64, old
+        assert "st.shared.b32" not in old, old
 
 
 @pytest.mark.parametrize("ws,d,blk,sizes", [("cross", 128, 128, False), ("crossepi", 64, 64, True),

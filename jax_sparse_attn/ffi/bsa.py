@@ -119,6 +119,11 @@ class BsaFwdConfig:
     # the next work item's list count (and, in the producer, first entry) loaded during the
     # current item ("mpre")
     ws_meta_prefetch: bool = False
+    # the next work item's Q issued by the producer during the current item ("qahead")
+    ws_q_ahead: bool = False
+    # the epilogue's O staged with packed pair stores into a row-swizzled tile (off with
+    # "noepivec": the element copies of the swizzled layout)
+    ws_epi_vec: bool = True
     num_sms: int = 0
     arch: str = ""  # the target arch (CuTe DSL name) the key was chosen for
     # pack_gqa: query heads per KV head r of the packed rows (1: not packed; sm90ws only)
@@ -290,7 +295,10 @@ def bsa_ws_options(opts) -> dict:
     tile ``j + 1``), ``q_regs`` (``qregs``: each consumer warpgroup copies its Q slice into
     registers once per work item, and the S GEMMs read only K from shared memory; not with
     ``cross`` / ``crossepi``), ``meta_prefetch`` (``mpre``: the next work item's list count,
-    and in the producer its first entry, loaded while the current item runs),
+    and in the producer its first entry, loaded while the current item runs), ``q_ahead``
+    (``qahead``: the producer issues the next item's Q during the current item), ``epi_vec``
+    (default; ``noepivec`` off: O staged with packed pair stores into a row-swizzled tile,
+    copied out in 16-byte pieces),
     ``split_wait`` (True with ``splitwait``, False with ``nosplitwait``, else
     None: the config's default, True at blk 64 with D 128; the consumer warpgroup re-checks
     the V tile's full barrier before it waits for the PV GEMM, which ends a basic block, so
@@ -302,7 +310,8 @@ def bsa_ws_options(opts) -> dict:
             "three_ctas": "ctas2" not in opts, "o_alias": "oalias" in opts,
             "cross": 2 if "crossepi" in opts else 1 if "cross" in opts else 0,
             "v_lag": "vlag" in opts, "q_regs": "qregs" in opts,
-            "meta_prefetch": "mpre" in opts, "split_wait": (True if "splitwait" in opts else False if "nosplitwait" in opts
+            "meta_prefetch": "mpre" in opts, "q_ahead": "qahead" in opts,
+            "epi_vec": "noepivec" not in opts, "split_wait": (True if "splitwait" in opts else False if "nosplitwait" in opts
                            else None)}
 
 
@@ -335,7 +344,9 @@ def fwd_config(dtype, head_dim, block_size, has_block_sizes, switches, causal=Fa
                             ws_three_ctas=o["three_ctas"] and (block_size, head_dim) == (64, 64),
                             ws_o_alias=o["o_alias"], ws_cross=o["cross"],
                             ws_v_lag=o["v_lag"], ws_q_regs=o["q_regs"] and not o["cross"],
-                            ws_meta_prefetch=o["meta_prefetch"], ws_split_wait=(o["split_wait"] if o["split_wait"] is not None
+                            ws_meta_prefetch=o["meta_prefetch"], ws_q_ahead=o["q_ahead"],
+                            ws_epi_vec=o["epi_vec"],
+                            ws_split_wait=(o["split_wait"] if o["split_wait"] is not None
                                            else (block_size, head_dim) == (64, 128)),
                             num_sms=metadata.num_sms(), arch=arch, causal=causal,
                             pack_gqa=pack_gqa, pdl=bool(getattr(switches, "pdl", False)),
@@ -854,6 +865,7 @@ def _fwd_entry(stream, q, k, v, idx, nums, sizes, scale, out, lse, *, cfg: BsaFw
                               three_ctas=cfg.ws_three_ctas, o_alias_first=cfg.ws_o_alias,
                               cross_item=cfg.ws_cross, v_lag=cfg.ws_v_lag,
                               q_regs=cfg.ws_q_regs, meta_prefetch=cfg.ws_meta_prefetch,
+                              q_ahead=cfg.ws_q_ahead, epi_vec=cfg.ws_epi_vec,
                               split_wait=cfg.ws_split_wait, pdl=cfg.pdl,
                               **kw)
     else:

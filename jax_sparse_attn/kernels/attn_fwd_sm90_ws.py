@@ -41,6 +41,7 @@ from cutlass.tensor_utils import LayoutEnum
 
 from . import hstu_common as hc
 from .common import (acc_layout_as_a, gmem_load_copy, gmem_store_copy, ldmatrix_atoms,
+                     stage_acc_swz, swz_rows_to_gmem,
                      smem_layout_16b, transpose_view_staged)
 from .pipeline import SmemPipeline, WarpgroupTurns
 
@@ -240,12 +241,16 @@ class AttnFwdSm90Ws:
     @cute.jit
     def _produce(self, work, m_block, tma_q, tma_tQ, tma_k, tma_tK, tma_v, tma_tV, sQ, sK, sV,
                  sV_rows, pipe_q, pipe_k, pipe_v, q_bytes, k_bytes, v_bytes, c_q, c_kv, lane,
-                 first_entry=None):
+                 first_entry=None, q_mine=None, q_next=None):
         """Producer warp, one work item: TMA of its ``num_wg`` Q slices, then of the K and V
         tiles it visits (a partial V tile: the zero-filling copy ``_load_v_rows``).
         ``first_entry`` (block-list kernels): the raw list entry of iteration 0, loaded
         earlier; each iteration then loads the next iteration's entry before it waits for
-        free K / V stages."""
+        free K / V stages. Q issued ahead (with ``first_entry``): ``q_mine`` (Int32) 0 when
+        the previous item has already issued this item's Q; ``q_next = (work, m_block,
+        go)``: the next item's Q is issued after this item's K / V tile
+        ``min(stages, n) - 1`` when ``go`` is 1 (its buffer is then free, as the previous
+        item's last K / V tiles are)."""
         wgm, bn, d, dv, nwg = self.wg_m, self.bn, self.d, self.dv, self.num_wg
         if work.n_count > 0:
             prefetch = None
@@ -264,13 +269,13 @@ class AttnFwdSm90Ws:
             tVs, tVg = cpasync.tma_partition(
                 tma_v, 0, cute.make_layout(1), cute.group_modes(sV, 0, 2),
                 cute.group_modes(gV, 0, 2))
-            pipe_q.producer_acquire(c_q)
-            pipe_q.producer_expect_tx(c_q, q_bytes)
-            sq = pipe_q.stage(c_q)
-            for w in cutlass.range_constexpr(nwg):
-                cute.copy(tma_q, tQg[None, nwg * m_block + w], tQs[None, nwg * sq + w],
-                          tma_bar_ptr=pipe_q.full_ptr(c_q))
-            c_q += 1
+            if cutlass.const_expr(q_mine is None):
+                self._issue_q(tma_q, tQg, tQs, m_block, pipe_q, q_bytes, c_q)
+                c_q += 1
+            else:
+                if q_mine != 0:
+                    self._issue_q(tma_q, tQg, tQs, m_block, pipe_q, q_bytes, c_q)
+                    c_q += 1
             if cutlass.const_expr(self._kv_prefetch()):
                 c_kv = self._produce_kv_prefetched(
                     work, prefetch, tma_k, tKg, tKs, tma_v, tVg, tVs, sV_rows, pipe_k, pipe_v,
@@ -296,6 +301,7 @@ class AttnFwdSm90Ws:
             elif cutlass.const_expr(first_entry is not None):
                 cur = work.kv.clamp(first_entry)
                 last = work.n_count - 1
+                q_at = cutlass.min(Int32(self.stages), work.n_count) - 1
                 for it in cutlass.range(work.n_count, unroll=1):
                     n = cur
                     cur = work.kv_tile(cutlass.min(it + 1, last))
@@ -303,6 +309,17 @@ class AttnFwdSm90Ws:
                     self._issue_kv(work, n, nk, tma_k, tKg, tKs, tma_v, tVg, tVs, sV_rows,
                                    pipe_k, pipe_v, k_bytes, v_bytes, c_kv, lane)
                     c_kv += 1
+                    if cutlass.const_expr(q_next is not None):
+                        nwork, nm_block, go = q_next
+                        if it == q_at:
+                            if go != 0:
+                                gQn = cute.local_tile(self._q_tile(tma_tQ, nwork), (wgm, d),
+                                                      (None, 0))
+                                tQsn, tQgn = cpasync.tma_partition(
+                                    tma_q, 0, cute.make_layout(1), cute.group_modes(sQ, 0, 2),
+                                    cute.group_modes(gQn, 0, 2))
+                                self._issue_q(tma_q, tQgn, tQsn, nm_block, pipe_q, q_bytes, c_q)
+                                c_q += 1
             else:
                 for it in cutlass.range(work.n_count, unroll=1):
                     n = work.kv_tile(it)
@@ -311,6 +328,18 @@ class AttnFwdSm90Ws:
                                    pipe_k, pipe_v, k_bytes, v_bytes, c_kv, lane)
                     c_kv += 1
         return c_q, c_kv
+
+    @cute.jit
+    def _issue_q(self, tma_q, tQg, tQs, m_block, pipe_q, q_bytes, c_q):
+        """TMA of query tile ``m_block``'s ``num_wg`` Q slices into stage ``c_q`` of the Q
+        ring."""
+        nwg = self.num_wg
+        pipe_q.producer_acquire(c_q)
+        pipe_q.producer_expect_tx(c_q, q_bytes)
+        sq = pipe_q.stage(c_q)
+        for w in cutlass.range_constexpr(nwg):
+            cute.copy(tma_q, tQg[None, nwg * m_block + w], tQs[None, nwg * sq + w],
+                      tma_bar_ptr=pipe_q.full_ptr(c_q))
 
     @cute.jit
     def _produce_kv_prefetched(self, work, prefetch, tma_k, tKg, tKs, tma_v, tVg, tVs,
@@ -450,7 +479,18 @@ class AttnFwdSm90Ws:
         o_base = st.sQ.data_ptr() + wg * (self.wg_m * self.d)
         if cutlass.const_expr(not self.o_alias_q):
             o_base = st.sO.data_ptr() + wg * cute.cosize(sO_layout)
+        if cutlass.const_expr(self._epi_vec()):
+            # the epilogue addresses the buffer itself (common.stage_acc_swz): a plain
+            # row-major view of the same bytes
+            return cute.make_tensor(o_base, cute.make_layout((self.wg_m, self.dv),
+                                                             stride=(self.dv, 1)))
         return cute.make_tensor(cute.recast_ptr(o_base, sO_layout.inner), sO_layout.outer)
+
+    def _epi_vec(self):
+        """Whether the epilogue stages O with packed pair stores into a row-swizzled tile
+        and copies it out in 16-byte pieces (``common.stage_acc_swz``) rather than through
+        the swizzled ``sO`` layout's element copies."""
+        return getattr(self, "epi_vec", False)
 
     @cute.jit
     def _consume(self, work, tile, mma_qk, mma_qk0, mma_pv, thr_mma_qk, thr_mma_pv, tSrQ,
@@ -758,18 +798,25 @@ class AttnFwdSm90Ws:
         tOc = thr.partition_S(cute.make_identity_tensor((wgm, dv)))
         lim = seqlen_q - mw0
         if has_work:
-            rO = cute.make_fragment_like(acc_O, self.dtype)
-            if cutlass.const_expr(inv_scale is None):
-                rO.store(acc_O.load().to(self.dtype))
+            if cutlass.const_expr(self._epi_vec()):
+                stage_acc_swz(acc_O, thr_mma_pv.partition_C(cute.make_identity_tensor((wgm, dv))),
+                              sO.iterator, dv, self.dtype == cutlass.BFloat16, inv_scale)
+                cute.arch.barrier(barrier_id=bar_id, number_of_threads=128)
+                swz_rows_to_gmem(sO.iterator, wtid, 128, mO_rows, mw0, lim, wgm, dv,
+                                 self.dtype)
             else:
-                rO.store((acc_O.load() * inv_scale).to(self.dtype))
-            cute.autovec_copy(rO, thr_mma_pv.partition_C(sO))
-            cute.arch.barrier(barrier_id=bar_id, number_of_threads=128)
-            for r in cutlass.range_constexpr(cute.size(tOs.shape[1])):
-                if tOc[0, r, 0][0] < lim:
-                    rr = cute.make_fragment_like(tOs[None, r, None])
-                    cute.autovec_copy(tOs[None, r, None], rr)
-                    cute.copy(copy_o, rr, tOg[None, r, None])
+                rO = cute.make_fragment_like(acc_O, self.dtype)
+                if cutlass.const_expr(inv_scale is None):
+                    rO.store(acc_O.load().to(self.dtype))
+                else:
+                    rO.store((acc_O.load() * inv_scale).to(self.dtype))
+                cute.autovec_copy(rO, thr_mma_pv.partition_C(sO))
+                cute.arch.barrier(barrier_id=bar_id, number_of_threads=128)
+                for r in cutlass.range_constexpr(cute.size(tOs.shape[1])):
+                    if tOc[0, r, 0][0] < lim:
+                        rr = cute.make_fragment_like(tOs[None, r, None])
+                        cute.autovec_copy(tOs[None, r, None], rr)
+                        cute.copy(copy_o, rr, tOg[None, r, None])
             # every thread's smem reads are done before the buffer is written again
             cute.arch.barrier(barrier_id=bar_id, number_of_threads=128)
         else:

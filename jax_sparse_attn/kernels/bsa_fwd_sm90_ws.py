@@ -120,11 +120,17 @@ class BsaFwdSm90Ws(AttnFwdSm90Ws):
                  lazy_rescale: bool = False, three_ctas: bool = False,
                  o_alias_first: bool = False, cross_item: int = 0, v_lag: bool = False,
                  split_wait: bool = False, pdl: bool = False, q_regs: bool = False,
-                 meta_prefetch: bool = False):
+                 meta_prefetch: bool = False, q_ahead: bool = False, epi_vec: bool = False):
         self.pdl = pdl
+        # the epilogue's O staging as packed pair stores into a row-swizzled tile, copied
+        # out in 16-byte pieces (AttnFwdSm90Ws._epi_vec; not the packed-row epilogue)
+        self.epi_vec = epi_vec and pack_gqa == 1
         # the producer and the consumers load the next work item's listed-block count (the
         # producer also its first list entry) while the current item runs
-        self.meta_prefetch = meta_prefetch
+        self.meta_prefetch = meta_prefetch or q_ahead
+        # the producer issues the next work item's Q during the current item (after its
+        # first K / V stages) instead of at the next item's start (needs two Q buffers)
+        self.q_ahead = q_ahead and kv_splits == 1 and q_stages >= 2
         self.split_wait = split_wait
         if block_size not in (64, 128) or head_dim not in (64, 128):
             raise NotImplementedError(
@@ -314,6 +320,8 @@ class BsaFwdSm90Ws(AttnFwdSm90Ws):
                     # the next item's count and first entry load while this item's K / V
                     # loads go out
                     nums, first = self._item_meta(sched, t, n_q_blocks, mIdx, mNums, n_heads)
+                    # q_ahead: 1 while the current item's Q still has to be issued
+                    q_mine = Int32(1)
                     while sched.valid(t):
                         t_next = sched.next(t)
                         nums_next, first_next = self._item_meta(sched, t_next, n_q_blocks,
@@ -325,10 +333,30 @@ class BsaFwdSm90Ws(AttnFwdSm90Ws):
                         first_entry = None
                         if cutlass.const_expr(self.kv_splits == 1):
                             first_entry = first
-                        c_q, c_kv = self._produce(
-                            work, m_block, tma_q, tma_tQ, tma_k, tma_tK, tma_v, tma_tV, sQ, sK,
-                            sV, sV_rows, pipe_q, pipe_k, pipe_v, q_bytes, k_bytes, v_bytes, c_q,
-                            c_kv, lane, first_entry)
+                        if cutlass.const_expr(self.q_ahead):
+                            nbatch, nhead, nm_block, nblist = self._work(
+                                sched, cutlass.min(t_next, sched.n_work - 1), n_q_blocks, mIdx,
+                                mNums, mSizes, seqlen_k, seqlen_q, n_heads, nums_next)[:4]
+                            nwork = WorkItem(nblist, nhead, mV, batch=nbatch,
+                                             head_kv=nhead // group)
+                            # the next item's Q goes out during this one when both have
+                            # blocks (an item without blocks has no Q)
+                            go = Int32(0)
+                            if sched.valid(t_next):
+                                if nblist.n_count > 0:
+                                    if blist.n_count > 0:
+                                        go = Int32(1)
+                            c_q, c_kv = self._produce(
+                                work, m_block, tma_q, tma_tQ, tma_k, tma_tK, tma_v, tma_tV, sQ,
+                                sK, sV, sV_rows, pipe_q, pipe_k, pipe_v, q_bytes, k_bytes,
+                                v_bytes, c_q, c_kv, lane, first_entry, q_mine,
+                                (nwork, nm_block, go))
+                            q_mine = 1 - go
+                        else:
+                            c_q, c_kv = self._produce(
+                                work, m_block, tma_q, tma_tQ, tma_k, tma_tK, tma_v, tma_tV, sQ,
+                                sK, sV, sV_rows, pipe_q, pipe_k, pipe_v, q_bytes, k_bytes,
+                                v_bytes, c_q, c_kv, lane, first_entry)
                         nums = nums_next
                         first = first_next
                         t = t_next

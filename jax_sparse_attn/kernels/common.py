@@ -277,6 +277,55 @@ def elem_ptr(t, coord, *, loc=None, ip=None):
     return t.iterator + cute.crd2idx(coord, t.layout, loc=loc, ip=ip)
 
 
+@cute.jit
+def stage_acc_swz(acc, coords, sbase, d: cutlass.Constexpr, bf16: cutlass.Constexpr,
+                  scale=None):
+    """A thread's wgmma accumulator ``acc`` (fp32; ``coords``: the (row, column) of each
+    value, columns in adjacent pairs) into the row-major ``(rows, d)`` 16-bit shared tile at
+    ``sbase`` (``d`` a multiple of 64), each value times ``scale`` when given, as packed
+    4-byte pair stores. The tile's 16-byte chunks are XOR-swizzled by row (chunk ``c`` of
+    row ``r`` at chunk ``c ^ (r % 8)``), so the eight rows a warp writes per store land in
+    eight different chunks of their 128-byte window (no bank conflicts); read it back with
+    :func:`swz_rows_to_gmem`."""
+    for e2 in cutlass.range_constexpr(cute.size(acc) // 2):
+        row = coords[2 * e2][0]
+        col = coords[2 * e2][1]
+        off = row * d + ((((col >> 3) ^ (row & 7)) << 3) | (col & 7))
+        lo, hi = acc[2 * e2], acc[2 * e2 + 1]
+        if cutlass.const_expr(scale is not None):
+            lo, hi = lo * scale, hi * scale
+        st_shared_pair16(sbase + off, lo, hi, bf16)
+
+
+@cute.jit
+def swz_piece_ptr(sbase, row, piece, d: cutlass.Constexpr, dtype: cutlass.Constexpr):
+    """Shared pointer of 16-byte piece ``piece`` of row ``row`` of a tile written by
+    :func:`stage_acc_swz`."""
+    per = 16 // (dtype.width // 8)
+    off = row * d + ((piece ^ (row & 7)) * per)
+    return cute.make_ptr(dtype, (sbase + off).toint(), cute.AddressSpace.smem, assumed_align=16)
+
+
+@cute.jit
+def swz_rows_to_gmem(sbase, tidx, n_threads: cutlass.Constexpr, gRows, row0, lim,
+                     bm: cutlass.Constexpr, d: cutlass.Constexpr, dtype: cutlass.Constexpr):
+    """Rows ``r < lim`` of the ``(bm, d)`` tile of :func:`stage_acc_swz` at ``sbase`` to rows
+    ``row0 + r`` of the 2-D ``(rows, d)`` tensor ``gRows`` (D contiguous) in 16-byte pieces,
+    consecutive threads on consecutive pieces (``n_threads`` divides the tile's pieces)."""
+    per = 16 // (dtype.width // 8)
+    chunks = d // per
+    for it in cutlass.range_constexpr(bm * chunks // n_threads):
+        k = it * n_threads + tidx
+        row = k // chunks
+        piece = k % chunks
+        if row < lim:
+            g_ptr = cute.make_ptr(dtype, elem_ptr(gRows, (row0 + row, piece * per)).toint(),
+                                  cute.AddressSpace.gmem, assumed_align=16)
+            cute.make_tensor(g_ptr, cute.make_layout(per)).store(
+                cute.make_tensor(swz_piece_ptr(sbase, row, piece, d, dtype),
+                                 cute.make_layout(per)).load())
+
+
 def tma_view(m, d: int, d_first: bool = False):
     """``m`` of shape ``(..., rows, heads, D)`` (THD or BSHD; D contiguous, extent ``d``) as
     ``(rows, d, heads, ...)`` (tiles of rows: the K-major operands) or, with ``d_first``,
