@@ -100,7 +100,7 @@ def _parse_option_list(flags, key, key_ok, allowed):
 #: the fifth entry
 WS_FLAGS = ("nooverlap", "nopingpong", "q1", "silu16", "tanh16", "pagepf", "qalias",
             "cross", "crossepi", "vlag", "headouter", "roundrobin", "dynamic", "static", "qscale",
-            "noqscale", "wg3", "wg2", "plate", "splitwait")
+            "noqscale", "wg3", "wg2", "plate", "splitwait", "epivec")
 _WS_ALLOWED = ("comma list of " + ", ".join(WS_FLAGS)
                + ", bn=N (block_n: a multiple of 16 in 16..256), chunk=N (KiB of K / V per "
                "sequence chunk of the tile schedule: 0..1048576, 0 = off)")
@@ -272,6 +272,9 @@ SWITCHES = (
            "splitwait (each consumer warpgroup re-checks the V tile's full barrier before it "
            "waits for the PV GEMM, so that ptxas keeps that wait below the next score tile "
            "instead of hoisting it above; measured within 1 % on the H200), "
+           "epivec (the epilogue stages O with packed 4-byte shared stores into a "
+           "row-swizzled tile copied out in 16-byte pieces, as the block-sparse forward does "
+           "by default; not yet measured on the HSTU forward), "
            "bn=N (keys per tile; default 128, 64 at "
            "D = 256), chunk=N (with the "
            "dynamic deal: the tile schedule orders the query tiles by sequence chunks of "

@@ -983,6 +983,8 @@ _PTX_CONFIGS = {
     "fwd-256-3-float16": ("_fwd_text", (256, 256, 3, "float16"),
                           {"hstu_fwd_impl": "sm90ws"}, {}),
     "fwd-64-0-bfloat16": ("_fwd_text", (64, 64, 0, "bfloat16"), {"hstu_fwd_impl": "sm90ws"}, {}),
+    "fwd-128-0-bfloat16-epivec": ("_fwd_text", (128, 128, 0, "bfloat16"),
+                                  {"hstu_fwd_impl": "sm90ws", "hstu_fwd_ws": "epivec"}, {}),
     "fwd-64-0-bfloat16-noqscale": ("_fwd_text", (64, 64, 0, "bfloat16"),
                                    {"hstu_fwd_impl": "sm90ws", "hstu_fwd_ws": "noqscale"}, {}),
     "bwd-128-bfloat16-causal": ("_bwd_text", (128, "bfloat16", "causal"),
@@ -1040,6 +1042,29 @@ def _kept(kept_ptx, name):
     import kept_ptx as kp  # noqa: PLC0415
 
     return kp.ptx_of(kept_ptx, name)
+
+
+def test_hstu_sm90ws_epivec_ptx(kept_ptx):
+    """hstu_fwd_ws=epivec (opt-in; the block-sparse forward's default epilogue): the 64 x 128
+    O slice of each consumer thread goes to shared memory as 32 packed 4-byte stores and
+    comes back as 8 16-byte loads; the default HSTU epilogue's element copies are 64 2-byte
+    stores and 64 2-byte loads."""
+    import re
+
+    def shared_ops(name):
+        files = _kept(kept_ptx, name)
+        ptx = [t for t in files.values() if _SCHEDULE_KERNEL not in t]
+        assert len(ptx) == 1, list(files)
+        ops = {}
+        for m in re.finditer(r"\b(st|ld)\.shared\.([a-z0-9.]+)", ptx[0]):
+            ops[m.group(0)] = ops.get(m.group(0), 0) + 1
+        return ops
+
+    base, vec = shared_ops("fwd-128-0-bfloat16"), shared_ops("fwd-128-0-bfloat16-epivec")
+    assert base.get("st.shared.b16") == 64 and base.get("ld.shared.b16") == 64, base
+    assert not any(op.endswith(("b16", "u16")) for op in vec), vec
+    assert vec.get("st.shared.b32", 0) == base.get("st.shared.b32", 0) + 32, (base, vec)
+    assert vec.get("ld.shared.v4.b32", 0) == base.get("ld.shared.v4.b32", 0) + 8, (base, vec)
 
 
 def test_hstu_sm90ws_qscale_ptx_drops_the_per_score_multiply(kept_ptx):

@@ -137,6 +137,8 @@ class HstuFwdConfig(_HstuKey):
     ws_v_lag: bool = False
     # the V tile's full barrier re-checked before the wait of the PV GEMM ("splitwait")
     ws_split_wait: bool = False
+    # the epilogue's O staged with packed pair stores into a row-swizzled tile ("epivec")
+    ws_epi_vec: bool = False
     # persistent work items walk the schedule rows of one (split, head) after the other
     # ("headouter"; else the heads of a row are consecutive items)
     ws_head_outer: bool = False
@@ -463,7 +465,9 @@ def ws_options(opts) -> dict:
     faster on the H200), ``split_wait`` (``splitwait``: each consumer warpgroup re-checks the
     V tile's full barrier before it waits for the PV GEMM, which ends a basic block, so that
     ptxas keeps that wait below the next score tile instead of hoisting it above; measured
-    within 1 % on the H200), ``num_wg`` (consumer warpgroups: 3
+    within 1 % on the H200), ``epi_vec`` (``epivec``: the epilogue stages O with packed
+    4-byte shared stores into a row-swizzled tile and copies it out in 16-byte pieces, as
+    the block-sparse forward does by default; not yet measured), ``num_wg`` (consumer warpgroups: 3
     with ``wg3`` (192-row query tiles, at head dims up to 64; never with rab, paged K / V or
     ``cross``), 2 with ``wg2``, else None: the config's default), ``bn`` (block_n, 0: the kernel's default for
     the head dims), ``chunk`` (with the dynamic deal: KiB of K / V per sequence chunk of the
@@ -481,6 +485,7 @@ def ws_options(opts) -> dict:
             "snake": "roundrobin" not in opts, "dynamic": dynamic, "q_scale": True if "qscale" in opts else False if "noqscale" in opts else None,
             "num_wg": 3 if "wg3" in opts else 2 if "wg2" in opts else None,
             "p_late": "plate" in opts, "split_wait": "splitwait" in opts,
+            "epi_vec": "epivec" in opts,
             "bn": bn[0] if bn else 0,
             "chunk": (chunk[0] if chunk else SCHEDULE_CHUNK_KIB) if dynamic else 0}
 
@@ -553,7 +558,7 @@ def _ws_config(dtype, head_dim, head_dim_v, func_n, switches, rab, arch,
                          ws_q_stages=opts["q_stages"], ws_silu16=opts["silu16"],
                          ws_tanh16=opts["tanh16"], ws_q_alias=opts["q_alias"],
                          ws_cross=opts["cross"], ws_v_lag=opts["v_lag"],
-                         ws_split_wait=opts["split_wait"],
+                         ws_split_wait=opts["split_wait"], ws_epi_vec=opts["epi_vec"],
                          ws_head_outer=opts["head_outer"], ws_snake=opts["snake"],
                          ws_dynamic=opts["dynamic"], schedule_chunk_kib=opts["chunk"],
                          ws_q_scale=q_scale and not rab["has_rab"] and not opts["cross"],
@@ -768,7 +773,7 @@ def _ws_fwd_kernel(cfg, **extra):
                          head_outer=cfg.ws_head_outer, snake=cfg.ws_snake,
                          kv_splits=cfg.kv_splits, q_scale=cfg.ws_q_scale,
                          num_wg=cfg.ws_num_wg, p_late=cfg.ws_p_late,
-                         split_wait=cfg.ws_split_wait, **extra)
+                         split_wait=cfg.ws_split_wait, epi_vec=cfg.ws_epi_vec, **extra)
 
 
 @functools.lru_cache(maxsize=None)
@@ -828,7 +833,7 @@ def _fwd_paged_adapter():
                                head_outer=cfg.ws_head_outer, snake=cfg.ws_snake,
                                kv_splits=cfg.kv_splits, page_id_clamp=cfg.page_id_clamp,
                                page_prefetch=cfg.ws_page_prefetch,
-                               split_wait=cfg.ws_split_wait)
+                               split_wait=cfg.ws_split_wait, epi_vec=cfg.ws_epi_vec)
         kernel(q, paged_kv, paged_kv, cu_q, cu_k, tiles, func, scal, win, out, stream,
                mPageIds=page_ids, mPageIndptrs=page_indptrs)
 

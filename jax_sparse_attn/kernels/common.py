@@ -282,15 +282,17 @@ def stage_acc_swz(acc, coords, sbase, d: cutlass.Constexpr, bf16: cutlass.Conste
                   scale=None):
     """A thread's wgmma accumulator ``acc`` (fp32; ``coords``: the (row, column) of each
     value, columns in adjacent pairs) into the row-major ``(rows, d)`` 16-bit shared tile at
-    ``sbase`` (``d`` a multiple of 64), each value times ``scale`` when given, as packed
+    ``sbase`` (``d`` a multiple of 32), each value times ``scale`` when given, as packed
     4-byte pair stores. The tile's 16-byte chunks are XOR-swizzled by row (chunk ``c`` of
-    row ``r`` at chunk ``c ^ (r % 8)``), so the eight rows a warp writes per store land in
-    eight different chunks of their 128-byte window (no bank conflicts); read it back with
+    row ``r`` at chunk ``c ^ (r % m)``, ``m = min(d / 8, 8)``), so from ``d = 64`` on the
+    eight rows a warp writes per store land in eight different chunks of their 128-byte
+    window (no bank conflicts; two-way at ``d = 32``); read it back with
     :func:`swz_rows_to_gmem`."""
+    mask = min(d // 8, 8) - 1
     for e2 in cutlass.range_constexpr(cute.size(acc) // 2):
         row = coords[2 * e2][0]
         col = coords[2 * e2][1]
-        off = row * d + ((((col >> 3) ^ (row & 7)) << 3) | (col & 7))
+        off = row * d + ((((col >> 3) ^ (row & mask)) << 3) | (col & 7))
         lo, hi = acc[2 * e2], acc[2 * e2 + 1]
         if cutlass.const_expr(scale is not None):
             lo, hi = lo * scale, hi * scale
@@ -302,7 +304,7 @@ def swz_piece_ptr(sbase, row, piece, d: cutlass.Constexpr, dtype: cutlass.Conste
     """Shared pointer of 16-byte piece ``piece`` of row ``row`` of a tile written by
     :func:`stage_acc_swz`."""
     per = 16 // (dtype.width // 8)
-    off = row * d + ((piece ^ (row & 7)) * per)
+    off = row * d + ((piece ^ (row & (min(d // per, 8) - 1))) * per)
     return cute.make_ptr(dtype, (sbase + off).toint(), cute.AddressSpace.smem, assumed_align=16)
 
 

@@ -107,9 +107,12 @@ class HstuFwdSm90Ws(AttnFwdSm90Ws):
                  cross_item=0, v_lag: bool = False, pdl: bool = False,
                  head_outer: bool = False, snake: bool = True, dynamic: bool = False,
                  q_scale: bool = False, num_wg: int = 2, p_late: bool = False,
-                 split_wait: bool = False):
+                 split_wait: bool = False, epi_vec: bool = False):
         self.pdl = pdl
         self.split_wait = split_wait
+        # the epilogue's O staging as packed pair stores into a row-swizzled tile, copied
+        # out in 16-byte pieces (AttnFwdSm90Ws._epi_vec)
+        self.epi_vec = epi_vec
         self.dtype = dtype
         self.d = head_dim
         self.dv = head_dim_v
