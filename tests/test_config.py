@@ -163,7 +163,7 @@ def test_removed_sm90_bsa_forward_is_rejected():
     assert config.Switches(bsa_bwd_impl="sm90").bsa_bwd_impl == "sm90"
 
 
-@pytest.mark.parametrize("raw", ["nooverlap", "nopingpong", "q1", "silu16", "tanh16", "pagepf",
+@pytest.mark.parametrize("raw", ["nooverlap", "nopingpong", "q1", "epivec", "silu16", "tanh16", "pagepf",
                                  "qalias", "cross", "crossepi", "vlag", "headouter", "roundrobin", "dynamic",
                                  "bn=16",
                                  "bn=256",
@@ -196,6 +196,7 @@ def test_sm90ws_variants_parse(raw):
                                else None),
                    "num_wg": 3 if "wg3" in opts else 2 if "wg2" in opts else None,
                    "p_late": "plate" in opts, "split_wait": "splitwait" in opts,
+                   "epi_vec": "epivec" in opts,
                    "bn": bn[0] if bn else 0, "chunk": chunk}
 
 

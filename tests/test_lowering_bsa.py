@@ -447,15 +447,19 @@ def test_bsa_sm90ws_epilogue_ptx(kept_ptx, cfg):
 
 
 @pytest.mark.parametrize("ws,d,blk,sizes", [("cross", 128, 128, False), ("crossepi", 64, 64, True),
-                                           ("cross", 128, 64, True)])
+                                           ("cross", 128, 64, True), ("mpre", 64, 128, True),
+                                           ("qahead", 128, 64, False),
+                                           ("qahead,noepivec", 64, 64, True)])
 def test_bsa_fwd_chained_items_lower(ws, d, blk, sizes):
-    """The opt-in chained-items variants of the sm90ws forward (``cross``, ``crossepi``)."""
+    """The opt-in work-item variants of the sm90ws forward: chained items (``cross``,
+    ``crossepi``), the next item's metadata (``mpre``) and Q (``qahead``) loaded during the
+    current one, and the previous epilogue (``noepivec``)."""
     import jax_sparse_attn as jsa
     from jax_sparse_attn.config import Switches
 
     cfg = dict(d=d, blk=blk, dtype="bfloat16", layout="bshd", sizes=sizes)
     q, k, idx, nums, sizes_, _ = _shapes(cfg)
-    sw = Switches(bsa_fwd_ws=(ws,))
+    sw = Switches(bsa_fwd_ws=tuple(ws.split(",")))
 
     def fwd(q, k, v, i, n, s):
         return jsa.block_sparse_attention_forward(q, k, v, i, None, s, n, layout="bshd",
