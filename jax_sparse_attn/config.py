@@ -100,7 +100,7 @@ def _parse_option_list(flags, key, key_ok, allowed):
 #: the fifth entry
 WS_FLAGS = ("nooverlap", "nopingpong", "q1", "silu16", "tanh16", "pagepf", "qalias",
             "cross", "crossepi", "vlag", "headouter", "roundrobin", "dynamic", "static", "qscale",
-            "noqscale", "wg3", "wg2", "plate", "splitwait", "epivec")
+            "noqscale", "wg3", "wg2", "plate", "splitwait", "epivec", "noepivec")
 _WS_ALLOWED = ("comma list of " + ", ".join(WS_FLAGS)
                + ", bn=N (block_n: a multiple of 16 in 16..256), chunk=N (KiB of K / V per "
                "sequence chunk of the tile schedule: 0..1048576, 0 = off)")
@@ -112,7 +112,7 @@ _parse_ws_opts = _parse_option_list(WS_FLAGS, {"bn": lambda n: n % 16 == 0 and 1
 def _parse_ws(var, raw):
     """Parser of JAX_SPARSE_ATTN_HSTU_WS: :data:`WS_FLAGS`, ``bn=N`` and ``chunk=N``; the
     deal flags ``dynamic`` and ``static`` / ``roundrobin`` exclude each other, and so do
-    ``qscale`` and ``noqscale``, ``wg3`` and ``wg2``."""
+    ``qscale`` and ``noqscale``, ``wg3`` and ``wg2``, ``epivec`` and ``noepivec``."""
     opts = _parse_ws_opts(var, raw)
     if "dynamic" in opts and ("static" in opts or "roundrobin" in opts):
         raise ValueError(f"{var}={raw!r}: 'dynamic' cannot be combined with 'static' or "
@@ -122,6 +122,9 @@ def _parse_ws(var, raw):
                          f"allowed: {_WS_ALLOWED}")
     if "qscale" in opts and "noqscale" in opts:
         raise ValueError(f"{var}={raw!r}: 'qscale' and 'noqscale' exclude each other; "
+                         f"allowed: {_WS_ALLOWED}")
+    if "epivec" in opts and "noepivec" in opts:
+        raise ValueError(f"{var}={raw!r}: 'epivec' and 'noepivec' exclude each other; "
                          f"allowed: {_WS_ALLOWED}")
     return opts
 
@@ -272,9 +275,10 @@ SWITCHES = (
            "splitwait (each consumer warpgroup re-checks the V tile's full barrier before it "
            "waits for the PV GEMM, so that ptxas keeps that wait below the next score tile "
            "instead of hoisting it above; measured within 1 % on the H200), "
-           "epivec (the epilogue stages O with packed 4-byte shared stores into a "
-           "row-swizzled tile copied out in 16-byte pieces, as the block-sparse forward does "
-           "by default; not yet measured on the HSTU forward), "
+           "epivec (the default: the epilogue stages O with packed 4-byte shared stores "
+           "into a row-swizzled tile copied out in 16-byte pieces, as the block-sparse "
+           "forward does), noepivec (the epilogue stages O through the element copies of "
+           "the swizzled O layout, 2-byte shared-memory stores and loads), "
            "bn=N (keys per tile; default 128, 64 at "
            "D = 256), chunk=N (with the "
            "dynamic deal: the tile schedule orders the query tiles by sequence chunks of "

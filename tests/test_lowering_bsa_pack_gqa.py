@@ -227,11 +227,20 @@ def test_bsa_pack_gqa_sm90ws_loads_q_with_one_5d_tma_box(tmp_path):
     """The packed sm90ws forward (fresh process, PTX kept) loads its Q slices with 5-D TMA
     boxes (D, r heads, positions, KV head, batch) and K/V with 4-D ones; the unpacked one
     has no 5-D box. Without splits it stores O in 16 bit through shared memory with 128-bit
-    row stores."""
+    row stores: the tile staged with packed 4-byte shared stores (32 per consumer thread at
+    D 128) and read back with 16-byte shared loads (8 per thread), no 2-byte shared
+    accesses (the unpacked forward's epilogue)."""
+    import re  # noqa: PLC0415
+
     ptx = _packed_fwd_ptx(tmp_path, PACK_CONFIGS[0])
     assert "cp.async.bulk.tensor.5d" in ptx
     assert "cp.async.bulk.tensor.4d" in ptx
     assert "st.global.v4.b32" in ptx and "st.global.v2.b32" not in ptx
+    ops = {}
+    for m in re.finditer(r"\b(st|ld)\.shared\.([a-z0-9.]+)", ptx):
+        ops[m.group(0)] = ops.get(m.group(0), 0) + 1
+    assert ops.get("st.shared.b32") == 32 and ops.get("ld.shared.v4.b32") == 8, ops
+    assert not any(op.endswith(("b16", "u16")) for op in ops), ops
 
 
 def test_bsa_pack_gqa_split_forward_is_its_own_kernel(tmp_path):

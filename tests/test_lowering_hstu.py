@@ -983,8 +983,9 @@ _PTX_CONFIGS = {
     "fwd-256-3-float16": ("_fwd_text", (256, 256, 3, "float16"),
                           {"hstu_fwd_impl": "sm90ws"}, {}),
     "fwd-64-0-bfloat16": ("_fwd_text", (64, 64, 0, "bfloat16"), {"hstu_fwd_impl": "sm90ws"}, {}),
-    "fwd-128-0-bfloat16-epivec": ("_fwd_text", (128, 128, 0, "bfloat16"),
-                                  {"hstu_fwd_impl": "sm90ws", "hstu_fwd_ws": "epivec"}, {}),
+    "fwd-128-0-bfloat16-noepivec": ("_fwd_text", (128, 128, 0, "bfloat16"),
+                                    {"hstu_fwd_impl": "sm90ws", "hstu_fwd_ws": "noepivec"},
+                                    {}),
     "fwd-64-0-bfloat16-noqscale": ("_fwd_text", (64, 64, 0, "bfloat16"),
                                    {"hstu_fwd_impl": "sm90ws", "hstu_fwd_ws": "noqscale"}, {}),
     "bwd-128-bfloat16-causal": ("_bwd_text", (128, "bfloat16", "causal"),
@@ -1045,9 +1046,9 @@ def _kept(kept_ptx, name):
 
 
 def test_hstu_sm90ws_epivec_ptx(kept_ptx):
-    """hstu_fwd_ws=epivec (opt-in; the block-sparse forward's default epilogue): the 64 x 128
-    O slice of each consumer thread goes to shared memory as 32 packed 4-byte stores and
-    comes back as 8 16-byte loads; the default HSTU epilogue's element copies are 64 2-byte
+    """The default epilogue (``epivec``, as in the block-sparse forward): the 64 x 128 O
+    slice of each consumer thread goes to shared memory as 32 packed 4-byte stores and
+    comes back as 8 16-byte loads; ``hstu_fwd_ws=noepivec``'s element copies are 64 2-byte
     stores and 64 2-byte loads."""
     import re
 
@@ -1060,11 +1061,11 @@ def test_hstu_sm90ws_epivec_ptx(kept_ptx):
             ops[m.group(0)] = ops.get(m.group(0), 0) + 1
         return ops
 
-    base, vec = shared_ops("fwd-128-0-bfloat16"), shared_ops("fwd-128-0-bfloat16-epivec")
-    assert base.get("st.shared.b16") == 64 and base.get("ld.shared.b16") == 64, base
+    vec, old = shared_ops("fwd-128-0-bfloat16"), shared_ops("fwd-128-0-bfloat16-noepivec")
+    assert old.get("st.shared.b16") == 64 and old.get("ld.shared.b16") == 64, old
     assert not any(op.endswith(("b16", "u16")) for op in vec), vec
-    assert vec.get("st.shared.b32", 0) == base.get("st.shared.b32", 0) + 32, (base, vec)
-    assert vec.get("ld.shared.v4.b32", 0) == base.get("ld.shared.v4.b32", 0) + 8, (base, vec)
+    assert vec.get("st.shared.b32", 0) == old.get("st.shared.b32", 0) + 32, (old, vec)
+    assert vec.get("ld.shared.v4.b32", 0) == old.get("ld.shared.v4.b32", 0) + 8, (old, vec)
 
 
 def test_hstu_sm90ws_qscale_ptx_drops_the_per_score_multiply(kept_ptx):

@@ -137,8 +137,9 @@ class HstuFwdConfig(_HstuKey):
     ws_v_lag: bool = False
     # the V tile's full barrier re-checked before the wait of the PV GEMM ("splitwait")
     ws_split_wait: bool = False
-    # the epilogue's O staged with packed pair stores into a row-swizzled tile ("epivec")
-    ws_epi_vec: bool = False
+    # the epilogue's O staged with packed pair stores into a row-swizzled tile (default;
+    # "noepivec": the element copies of the swizzled layout)
+    ws_epi_vec: bool = True
     # persistent work items walk the schedule rows of one (split, head) after the other
     # ("headouter"; else the heads of a row are consecutive items)
     ws_head_outer: bool = False
@@ -465,9 +466,9 @@ def ws_options(opts) -> dict:
     faster on the H200), ``split_wait`` (``splitwait``: each consumer warpgroup re-checks the
     V tile's full barrier before it waits for the PV GEMM, which ends a basic block, so that
     ptxas keeps that wait below the next score tile instead of hoisting it above; measured
-    within 1 % on the H200), ``epi_vec`` (``epivec``: the epilogue stages O with packed
-    4-byte shared stores into a row-swizzled tile and copies it out in 16-byte pieces, as
-    the block-sparse forward does by default; not yet measured), ``num_wg`` (consumer warpgroups: 3
+    within 1 % on the H200), ``epi_vec`` (default; ``noepivec`` off: the epilogue stages O
+    with packed 4-byte shared stores into a row-swizzled tile and copies it out in 16-byte
+    pieces, as the block-sparse forward does; 3–12 % faster forward on the H200), ``num_wg`` (consumer warpgroups: 3
     with ``wg3`` (192-row query tiles, at head dims up to 64; never with rab, paged K / V or
     ``cross``), 2 with ``wg2``, else None: the config's default), ``bn`` (block_n, 0: the kernel's default for
     the head dims), ``chunk`` (with the dynamic deal: KiB of K / V per sequence chunk of the
@@ -485,7 +486,7 @@ def ws_options(opts) -> dict:
             "snake": "roundrobin" not in opts, "dynamic": dynamic, "q_scale": True if "qscale" in opts else False if "noqscale" in opts else None,
             "num_wg": 3 if "wg3" in opts else 2 if "wg2" in opts else None,
             "p_late": "plate" in opts, "split_wait": "splitwait" in opts,
-            "epi_vec": "epivec" in opts,
+            "epi_vec": "noepivec" not in opts,
             "bn": bn[0] if bn else 0,
             "chunk": (chunk[0] if chunk else SCHEDULE_CHUNK_KIB) if dynamic else 0}
 

@@ -74,7 +74,8 @@ from cutlass import Float32, Int32
 
 from .attn_fwd_sm90_ws import SMEM_LIMIT, AttnFwdSm90Ws, WorkItem, smem_plan
 from .block_info import BlockList, BlockListSplit
-from .common import acc_mn_view_wg, gmem_store_copy, tma_view
+from .common import (acc_mn_view_wg, elem_ptr, gmem_store_copy, stage_acc_swz, swz_piece_ptr,
+                     tma_view)
 from .mask import KeyLimitMask
 from .pack_gqa import pack_rows_view, packed_row, row_tile_view
 from .softmax import OnlineSoftmax
@@ -123,8 +124,8 @@ class BsaFwdSm90Ws(AttnFwdSm90Ws):
                  meta_prefetch: bool = False, q_ahead: bool = False, epi_vec: bool = False):
         self.pdl = pdl
         # the epilogue's O staging as packed pair stores into a row-swizzled tile, copied
-        # out in 16-byte pieces (AttnFwdSm90Ws._epi_vec; not the packed-row epilogue)
-        self.epi_vec = epi_vec and pack_gqa == 1
+        # out in 16-byte pieces (AttnFwdSm90Ws._epi_vec; packed rows: _store_o_packed)
+        self.epi_vec = epi_vec
         # the producer and the consumers load the next work item's listed-block count (the
         # producer also its first list entry) while the current item runs
         self.meta_prefetch = meta_prefetch or q_ahead
@@ -614,7 +615,9 @@ class BsaFwdSm90Ws(AttnFwdSm90Ws):
                         has_work):
         """``_store_o`` for packed rows: 16 bit -> smem -> 128-bit stores of this warpgroup's
         packed rows ``mw0 + i < n_rows`` (``S_q r``), each to its own (position, query head)
-        row of ``mO`` (B, S, H, D); an item without KV tiles stores zeros from registers."""
+        row of ``mO`` (B, S, H, D); an item without KV tiles stores zeros from registers.
+        With ``epi_vec`` the tile is staged by ``common.stage_acc_swz`` and read back in
+        16-byte pieces, consecutive threads on consecutive pieces of a row."""
         wgm, dv = self.wg_m, self.dv
         bar_id = 3 + wg
         copy_o = gmem_store_copy(self.dtype, 128, dv)
@@ -622,22 +625,54 @@ class BsaFwdSm90Ws(AttnFwdSm90Ws):
         tOs = thr.partition_S(sO)
         tOc = thr.partition_S(cute.make_identity_tensor((wgm, dv)))
         lim = n_rows - mw0
-        if has_work:
-            rO = cute.make_fragment_like(acc_O, self.dtype)
-            rO.store(acc_O.load().to(self.dtype))
-            cute.autovec_copy(rO, thr_mma_pv.partition_C(sO))
-            cute.arch.barrier(barrier_id=bar_id, number_of_threads=128)
-        for r in cutlass.range_constexpr(cute.size(tOs.shape[1])):
-            row = tOc[0, r, 0][0]
-            if row < lim:
-                s, h = packed_row(mw0 + row, work.head, self.pack)
-                tOg = thr.partition_D(row_tile_view(mO, work.batch, s, h, wgm, dv))
-                rr = cute.make_fragment_like(tOs[None, r, None])
-                if has_work:
-                    cute.autovec_copy(tOs[None, r, None], rr)
-                else:
-                    rr.fill(0)
-                cute.copy(copy_o, rr, tOg[None, r, None])
-        if has_work:
-            # every thread's smem reads are done before the buffer is written again
-            cute.arch.barrier(barrier_id=bar_id, number_of_threads=128)
+        if cutlass.const_expr(self._epi_vec()):
+            if has_work:
+                stage_acc_swz(acc_O, thr_mma_pv.partition_C(cute.make_identity_tensor((wgm, dv))),
+                              sO.iterator, dv, self.dtype == cutlass.BFloat16)
+                cute.arch.barrier(barrier_id=bar_id, number_of_threads=128)
+                per = 16 // (self.dtype.width // 8)
+                chunks = dv // per
+                for it in cutlass.range_constexpr(wgm * chunks // 128):
+                    k = it * 128 + wtid
+                    row = k // chunks
+                    piece = k % chunks
+                    if row < lim:
+                        s, h = packed_row(mw0 + row, work.head, self.pack)
+                        g_ptr = cute.make_ptr(
+                            self.dtype, elem_ptr(mO, (work.batch, s, h, piece * per)).toint(),
+                            cute.AddressSpace.gmem, assumed_align=16)
+                        cute.make_tensor(g_ptr, cute.make_layout(per)).store(
+                            cute.make_tensor(swz_piece_ptr(sO.iterator, row, piece, dv,
+                                                           self.dtype),
+                                             cute.make_layout(per)).load())
+                # every thread's smem reads are done before the buffer is written again
+                cute.arch.barrier(barrier_id=bar_id, number_of_threads=128)
+            else:
+                for r in cutlass.range_constexpr(cute.size(tOs.shape[1])):
+                    row = tOc[0, r, 0][0]
+                    if row < lim:
+                        s, h = packed_row(mw0 + row, work.head, self.pack)
+                        tOg = thr.partition_D(row_tile_view(mO, work.batch, s, h, wgm, dv))
+                        rr = cute.make_fragment_like(tOs[None, r, None])
+                        rr.fill(0)
+                        cute.copy(copy_o, rr, tOg[None, r, None])
+        else:
+            if has_work:
+                rO = cute.make_fragment_like(acc_O, self.dtype)
+                rO.store(acc_O.load().to(self.dtype))
+                cute.autovec_copy(rO, thr_mma_pv.partition_C(sO))
+                cute.arch.barrier(barrier_id=bar_id, number_of_threads=128)
+            for r in cutlass.range_constexpr(cute.size(tOs.shape[1])):
+                row = tOc[0, r, 0][0]
+                if row < lim:
+                    s, h = packed_row(mw0 + row, work.head, self.pack)
+                    tOg = thr.partition_D(row_tile_view(mO, work.batch, s, h, wgm, dv))
+                    rr = cute.make_fragment_like(tOs[None, r, None])
+                    if has_work:
+                        cute.autovec_copy(tOs[None, r, None], rr)
+                    else:
+                        rr.fill(0)
+                    cute.copy(copy_o, rr, tOg[None, r, None])
+            if has_work:
+                # every thread's smem reads are done before the buffer is written again
+                cute.arch.barrier(barrier_id=bar_id, number_of_threads=128)
