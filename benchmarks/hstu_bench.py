@@ -64,6 +64,7 @@ CASES = {
     "64x512-causal-d64": (64, 512, 4, 64, (-1, 0)),
     "4x8192-causal-d64": (4, 8192, 4, 64, (-1, 0)),
     "8x4096-causal-d256": (8, 4096, 4, 256, (-1, 0)),
+    "8x4096-causal-d32": (8, 4096, 4, 32, (-1, 0)),
     # MovieLens-1M sequence model shape (HSTU paper's ML-1M setup: L 200, one head, D 64)
     "movielens-128x200": (128, 200, 1, 64, (-1, 0)),
     # the canonical jagged batch (benchmarks._grids.canonical_jagged_lengths), H=4, D=128
