@@ -468,7 +468,7 @@ def ws_options(opts) -> dict:
     ptxas keeps that wait below the next score tile instead of hoisting it above; measured
     within 1 % on the H200), ``epi_vec`` (default; ``noepivec`` off: the epilogue stages O
     with packed 4-byte shared stores into a row-swizzled tile and copies it out in 16-byte
-    pieces, as the block-sparse forward does; 3–12 % faster forward on the H200), ``num_wg`` (consumer warpgroups: 3
+    pieces, as the block-sparse forward does; 4–20 % faster forward on the H200), ``num_wg`` (consumer warpgroups: 3
     with ``wg3`` (192-row query tiles, at head dims up to 64; never with rab, paged K / V or
     ``cross``), 2 with ``wg2``, else None: the config's default), ``bn`` (block_n, 0: the kernel's default for
     the head dims), ``chunk`` (with the dynamic deal: KiB of K / V per sequence chunk of the
