@@ -620,16 +620,18 @@ class BsaFwdSm90Ws(AttnFwdSm90Ws):
         16-byte pieces, consecutive threads on consecutive pieces of a row."""
         wgm, dv = self.wg_m, self.dv
         bar_id = 3 + wg
-        copy_o = gmem_store_copy(self.dtype, 128, dv)
-        thr = copy_o.get_slice(wtid)
-        tOs = thr.partition_S(sO)
-        tOc = thr.partition_S(cute.make_identity_tensor((wgm, dv)))
         lim = n_rows - mw0
-        if cutlass.const_expr(self._epi_vec()):
-            if has_work:
+        if has_work:
+            if cutlass.const_expr(self._epi_vec()):
                 stage_acc_swz(acc_O, thr_mma_pv.partition_C(cute.make_identity_tensor((wgm, dv))),
                               sO.iterator, dv, self.dtype == cutlass.BFloat16)
-                cute.arch.barrier(barrier_id=bar_id, number_of_threads=128)
+            else:
+                rO = cute.make_fragment_like(acc_O, self.dtype)
+                rO.store(acc_O.load().to(self.dtype))
+                cute.autovec_copy(rO, thr_mma_pv.partition_C(sO))
+            cute.arch.barrier(barrier_id=bar_id, number_of_threads=128)
+        if cutlass.const_expr(self._epi_vec()):
+            if has_work:
                 per = 16 // (self.dtype.width // 8)
                 chunks = dv // per
                 for it in cutlass.range_constexpr(wgm * chunks // 128):
@@ -645,34 +647,32 @@ class BsaFwdSm90Ws(AttnFwdSm90Ws):
                             cute.make_tensor(swz_piece_ptr(sO.iterator, row, piece, dv,
                                                            self.dtype),
                                              cute.make_layout(per)).load())
-                # every thread's smem reads are done before the buffer is written again
-                cute.arch.barrier(barrier_id=bar_id, number_of_threads=128)
             else:
-                for r in cutlass.range_constexpr(cute.size(tOs.shape[1])):
-                    row = tOc[0, r, 0][0]
-                    if row < lim:
-                        s, h = packed_row(mw0 + row, work.head, self.pack)
-                        tOg = thr.partition_D(row_tile_view(mO, work.batch, s, h, wgm, dv))
-                        rr = cute.make_fragment_like(tOs[None, r, None])
-                        rr.fill(0)
-                        cute.copy(copy_o, rr, tOg[None, r, None])
+                self._rows_packed(sO, mO, work, mw0, lim, wtid, False)
         else:
-            if has_work:
-                rO = cute.make_fragment_like(acc_O, self.dtype)
-                rO.store(acc_O.load().to(self.dtype))
-                cute.autovec_copy(rO, thr_mma_pv.partition_C(sO))
-                cute.arch.barrier(barrier_id=bar_id, number_of_threads=128)
-            for r in cutlass.range_constexpr(cute.size(tOs.shape[1])):
-                row = tOc[0, r, 0][0]
-                if row < lim:
-                    s, h = packed_row(mw0 + row, work.head, self.pack)
-                    tOg = thr.partition_D(row_tile_view(mO, work.batch, s, h, wgm, dv))
-                    rr = cute.make_fragment_like(tOs[None, r, None])
-                    if has_work:
-                        cute.autovec_copy(tOs[None, r, None], rr)
-                    else:
-                        rr.fill(0)
-                    cute.copy(copy_o, rr, tOg[None, r, None])
-            if has_work:
-                # every thread's smem reads are done before the buffer is written again
-                cute.arch.barrier(barrier_id=bar_id, number_of_threads=128)
+            self._rows_packed(sO, mO, work, mw0, lim, wtid, has_work)
+        if has_work:
+            # every thread's smem reads are done before the buffer is written again
+            cute.arch.barrier(barrier_id=bar_id, number_of_threads=128)
+
+    @cute.jit
+    def _rows_packed(self, sO, mO, work, mw0, lim, wtid, from_smem):
+        """This warpgroup's packed rows ``mw0 + i`` with ``i < lim`` to their (position, query
+        head) rows of ``mO`` in 128-bit stores: from the element-copy staging ``sO`` where
+        ``from_smem``, else zeros."""
+        wgm, dv = self.wg_m, self.dv
+        copy_o = gmem_store_copy(self.dtype, 128, dv)
+        thr = copy_o.get_slice(wtid)
+        tOs = thr.partition_S(sO)
+        tOc = thr.partition_S(cute.make_identity_tensor((wgm, dv)))
+        for r in cutlass.range_constexpr(cute.size(tOs.shape[1])):
+            row = tOc[0, r, 0][0]
+            if row < lim:
+                s, h = packed_row(mw0 + row, work.head, self.pack)
+                tOg = thr.partition_D(row_tile_view(mO, work.batch, s, h, wgm, dv))
+                rr = cute.make_fragment_like(tOs[None, r, None])
+                if from_smem:
+                    cute.autovec_copy(tOs[None, r, None], rr)
+                else:
+                    rr.fill(0)
+                cute.copy(copy_o, rr, tOg[None, r, None])
