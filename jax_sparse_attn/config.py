@@ -162,7 +162,7 @@ _parse_hstu_bwd_ws = _parse_option_list(HSTU_BWD_WS_FLAGS,
 BSA_BWD_WS_FLAGS = ("ldwait", "lpt", "decouple", "detkv", "detfull", "detlaunch", "dqalias",
                     "dqearly", "lselate", "splitwait", "epi16", "epiregs", "dqalt", "detsched",
                     "detschedfull", "relaxpoll", "detstream", "nodetstream",
-                    "detoverlap", "detzero", "packws", "nopackws")
+                    "detoverlap", "detzero", "packws", "nopackws", "dqclaim")
 #: the flags among :data:`BSA_BWD_WS_FLAGS` that choose the deterministic dQ order (at most
 #: one of them)
 BSA_DET_ORDER_FLAGS = ("detkv", "detfull", "detlaunch", "detsched", "detschedfull")
@@ -466,6 +466,11 @@ SWITCHES = (
                "reduce-add; by default the first contribution to each accumulator tile (rank "
                "< dqslots) is a bulk store, so the workspace is not zeroed, and the "
                "reordering kernel writes zeros for tiles whose semaphore is still 0), "
+               "dqclaim (not deterministic, with the dQ writer warp, unpacked rows: the "
+               "writer claims each query tile with an atomic add on a zeroed int32 flag per "
+               "tile; the first claimer stores its dQ, later ones add once that store is "
+               "complete, so the fp32 workspace is not zeroed; the reordering kernel writes "
+               "zeros for unclaimed tiles; opt-in, not yet measured), "
                "relaxpoll (deterministic: the query tile's semaphore is polled with relaxed "
                "loads and one fence after them, instead of acquire loads; slower on the "
                "H200), "

@@ -10,7 +10,9 @@ poisoned tails / unlisted blocks and partial blocks, as the default paths' tests
   and written in 16-byte row pieces), at every head dim, with key rows past the sequence /
   past S_kv not written;
 * the block-sparse blk 128 backward with ``bsa_bwd_ws=dqalt`` (the consumer warpgroups take
-  turns computing a step's whole dQ tile).
+  turns computing a step's whole dQ tile);
+* the block-sparse backward with ``bsa_bwd_ws=dqclaim`` (the first contribution to each
+  query tile claimed with an atomic and stored, no zeroed workspace).
 
 * the deterministic HSTU backward with ``hstu_bwd_ws=detzero`` (XLA zeroes the fp32
   workspace and every KV tile adds; by default the first KV tile in a query tile's order
@@ -121,6 +123,21 @@ def test_bsa_bwd_dqalt(c, monkeypatch):
     assert key.ws_dq_alt and key.dq_writer and not key.ws_dq_alias, key
     assert not fb.bwd_config(jnp.dtype(c["dtype"]), c["d"], c["blk"], False, sw,
                              deterministic=True).ws_dq_alt
+    monkeypatch.setattr(tb, "BWDWS", sw)
+    tb.test_bsa_sm90ws_backward(c)
+
+
+@pytest.mark.parametrize("c", tb.BWD_WS_CASES, ids=lambda c: c["name"])
+def test_bsa_bwd_dqclaim(c, monkeypatch):
+    """``bsa_bwd_ws=dqclaim``: the dQ writer warp claims each query tile with an atomic add;
+    the first claimer stores its dQ, the others add once that store is complete; the
+    workspace is not zeroed and tiles without a contribution (empty rows, rows past the
+    listed blocks) come out as zeros through the reordering kernel's flag check."""
+    from jax_sparse_attn.ffi import bsa as fb
+
+    sw = Switches(bsa_bwd_impl="sm90ws", bsa_bwd_ws="dqclaim")
+    key = fb.bwd_config(jnp.dtype(c["dtype"]), c["d"], c["blk"], False, sw)
+    assert key.dq_claim and key.dq_writer, key
     monkeypatch.setattr(tb, "BWDWS", sw)
     tb.test_bsa_sm90ws_backward(c)
 

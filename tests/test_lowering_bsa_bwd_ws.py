@@ -210,6 +210,7 @@ _PTX_CONFIGS = {
     "lselate-blk128": ("_bwd_text", (CONFIGS[0],), None, {"ws": "lselate"}),
     "epi16-blk128": ("_bwd_text", (CONFIGS[0],), None, {"ws": "epi16"}),
     "epiregs-blk128": ("_bwd_text", (CONFIGS[0],), None, {"ws": "epiregs"}),
+    "dqclaim-blk64": ("_bwd_text", (CONFIGS[1],), None, {"ws": "dqclaim"}),
 }
 
 
@@ -232,6 +233,44 @@ def _ws_ptx(kept_ptx, name):
     ws = [t for t in files.values() if "bsa_bwd_sm90_ws" in t]
     assert len(ws) == 1, list(files)
     return ws[0]
+
+
+@pytest.mark.parametrize("cfg,causal", [(CONFIGS[0], False), (CONFIGS[3], True)],
+                         ids=["blk128", "blk64-d64-causal"])
+def test_bsa_bwd_ws_dqclaim_lowers(cfg, causal):
+    """``bsa_bwd_ws=dqclaim`` (opt-in): with the dQ writer warp, not deterministic, unpacked;
+    the call is the same three launches (delta without the zeroing, the backward with the
+    per-tile flags, the reordering that reads them)."""
+    from jax_sparse_attn.config import Switches
+    from jax_sparse_attn.ffi import bsa
+
+    def key(**kw):
+        sw = kw.pop("sw", {})
+        return bsa.bwd_config(jnp.bfloat16, cfg["d"], cfg["blk"], False,
+                              Switches(bsa_bwd_impl="sm90ws", bsa_bwd_ws="dqclaim", **sw),
+                              **kw)
+
+    assert key(causal=causal).dq_claim and key(causal=causal).dq_writer
+    assert not key(deterministic=True).dq_claim
+    assert not key(sw={"dq_writer": "off"}).dq_claim
+    assert not key(pack_gqa=2).dq_claim
+    txt = _bwd_text(cfg, ws="dqclaim", causal=causal)
+    assert txt.count(CALL_TARGET) == 3 == _calls(cfg, ws="dqclaim", causal=causal)
+
+
+def test_bsa_bwd_ws_dqclaim_ptx(kept_ptx):
+    """``dqclaim``: the dQ writer claims each query tile with a relaxed atomic add, stores
+    (bulk copy) or reduce-adds the staged tile, waits with acquire loads and releases a
+    stored tile with a fenced atomic add; the default kernel has no atomic and no bulk
+    store of dQ."""
+    claim = _ws_ptx(kept_ptx, "dqclaim-blk64")
+    default = _ws_ptx(kept_ptx, _ids(CONFIGS[1]))
+    atom = "atom.relaxed.gpu.global.add.s32"
+    store = "cp.async.bulk.global.shared::cta.bulk_group"
+    add = "cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32"
+    assert claim.count(atom) == 2 and store in claim and add in claim, claim.count(atom)
+    assert "ld.acquire.gpu.global.b32" in claim and "fence.acq_rel.gpu" in claim
+    assert atom not in default and store not in default and add in default
 
 
 def test_bsa_bwd_ws_relaxpoll_ptx(kept_ptx):

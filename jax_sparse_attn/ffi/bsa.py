@@ -225,6 +225,10 @@ class BsaBwdConfig:
     # deterministic with det_writer: the first contribution to each accumulator tile is a
     # bulk store, so the workspace is not zeroed (off: "detzero")
     det_store: bool = False
+    # "sm90ws" with dq_writer, unpacked rows: the first contribution to each query tile is
+    # claimed with an atomic on a zeroed int32 flag per tile and stored, the others wait for
+    # that store and add, so the workspace is not zeroed ("dqclaim", opt-in)
+    dq_claim: bool = False
 
 
 def fwd_smem_bytes(head_dim, block_size) -> int:
@@ -498,7 +502,10 @@ def bwd_config(dtype, head_dim, block_size, has_block_sizes, switches,
                             and "detoverlap" in opts and not causal,
                             causal=bool(causal), pack_gqa=pack_gqa,
                             dq_writer=not deterministic and tile
-                            and getattr(switches, "dq_writer", "auto") != "off")
+                            and getattr(switches, "dq_writer", "auto") != "off",
+                            dq_claim="dqclaim" in opts and not deterministic and tile
+                            and getattr(switches, "dq_writer", "auto") != "off"
+                            and pack_gqa == 1)
     if impl == "sm90":
         return BsaBwdConfig(name, head_dim, block_size, has_block_sizes, impl, arch=arch,
                             pack_gqa=pack_gqa, causal=causal,
@@ -1209,7 +1216,8 @@ def _ws_kernel(cfg: BsaBwdConfig, after_pre: bool = False):
                         epi_smem=cfg.ws_epi_smem, dq_alt=cfg.ws_dq_alt,
                         dq_slots=cfg.det_slots, relaxed_poll=cfg.det_relaxed_poll,
                         order_stream=cfg.det_stream, stream_after_pre=after_pre,
-                        det_store=cfg.det_store, causal=cfg.causal, pack_gqa=cfg.pack_gqa)
+                        det_store=cfg.det_store, causal=cfg.causal, pack_gqa=cfg.pack_gqa,
+                        dq_claim=cfg.dq_claim)
 
 
 def _bwd_det_entry(stream, q, k, v, do, lse, delta, offsets, entries, ranks, sizes, scale,
@@ -1228,6 +1236,23 @@ def _bwd_det_store_entry(stream, q, k, v, do, lse, delta, offsets, entries, rank
     # kernel where it has contributions
     _ws_kernel(cfg)(q, k, v, do, lse, delta, offsets, entries, sizes, scale, dq_acc, dk, dv,
                     stream, mRank=ranks, mdQSem=dq_sem)
+
+
+def _bwd_claim_entry(stream, q, k, v, do, lse, delta, offsets, entries, sizes, scale, dq_sem,
+                     dq_acc, dk, dv, *, cfg: BsaBwdConfig):
+    # dq_claim: the per-tile flags are aliased to output 3 (zero-initialised by XLA); the
+    # workspace is a plain output, written where a tile has contributions (the first one
+    # stored)
+    _ws_kernel(cfg)(q, k, v, do, lse, delta, offsets, entries, sizes, scale, dq_acc, dk, dv,
+                    stream, mdQSem=dq_sem)
+
+
+@functools.cache
+def _bwd_claim_jit():
+    """The one ``cute.jit`` of ``_bwd_claim_entry``."""
+    import cutlass.cute as cute  # noqa: PLC0415
+
+    return cute.jit(_bwd_claim_entry)
 
 
 @functools.cache
@@ -1365,7 +1390,8 @@ def bsa_bwd(do, q, k, v, out, lse, q2k_block_index, q2k_block_nums, block_sizes,
                 and do.dtype == out.dtype == q.dtype):
             return _bsa_bwd_det_stream(q, k, v, do, lse, None, None, q2k_block_index,
                                        q2k_block_nums, block_sizes, cfg, spec, ocfg, out=out)
-    delta, dq_acc = bsa_preprocess(do, out, cfg, with_ws=not cfg.bwd.det_store)
+    delta, dq_acc = bsa_preprocess(do, out, cfg,
+                                   with_ws=not (cfg.bwd.det_store or cfg.bwd.dq_claim))
     if dlse is not None:
         delta = delta - dlse.astype(jnp.float32)
     if cfg.bwd.deterministic:
@@ -1378,6 +1404,25 @@ def bsa_bwd(do, q, k, v, out, lse, q2k_block_index, q2k_block_nums, block_sizes,
         # the sm90ws kernel reads its CTA order (longest K->Q list first) after the offsets
         offsets = jnp.concatenate([offsets, metadata.kq_lpt_order(offsets)])
     ws_spec = None if cfg.bwd.dq_tile else spec  # the query-tile workspace is row-major
+    if cfg.bwd.dq_claim:
+        sem0 = _det_semaphores(cfg)
+        call = call_builder(cfg.cute_call)(
+            _bwd_claim_jit(),
+            output_shape_dtype=(
+                *_grad_shapes(dq_tile_shape(cfg), k, v),
+                jax.ShapeDtypeStruct(sem0.shape, jnp.int32),
+            ),
+            input_spec=(spec, spec, spec, spec, None, None, None, None, None, None, None),
+            output_spec=(None, spec, spec, None),
+            input_output_aliases={10: 3},
+            compile_key=("bsa_bwd_claim", cfg.bwd),
+            cfg=cfg.bwd,
+            static_last_inputs=(0, 1, 2, 3),
+            static_last_outputs=(0, 1, 2),
+        )
+        dq_acc, dk, dv, dq_sem = call(q, k, v, do, lse, delta, offsets, entries, block_sizes,
+                                      _scale_array(cfg.softmax_scale), sem0)
+        return _dq_out(dq_acc, q, cfg, spec, dq_sem), dk, dv
     # flattened inputs: block_sizes may be None (absent, no buffer); dq_acc is the last
     n_in = 10 + (block_sizes is not None)
     call = call_builder(cfg.cute_call)(

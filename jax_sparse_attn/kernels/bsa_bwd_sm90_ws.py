@@ -149,9 +149,9 @@ from cutlass.cute.nvgpu import OperandMajorMode, cpasync, warpgroup
 
 from . import kv_major_bwd as kvb
 from .bsa_common import LOG2_E, bwd_kv_tile_rows
-from .common import (acc_layout_as_a, acc_mn_view_wg, elem_ptr, gmem_load_copy,
-                     kv_major_bwd_operands, ld_acquire_s32, ld_relaxed_s32, st_release_s32,
-                     tma_view, wait_at_least)
+from .common import (acc_layout_as_a, acc_mn_view_wg, atom_add_acq_rel_s32, atom_add_s32,
+                     elem_ptr, gmem_load_copy, kv_major_bwd_operands, ld_acquire_s32,
+                     ld_relaxed_s32, st_release_s32, tma_view, wait_at_least)
 from .dq_tiles import bulk_add_warp_slice, stage_warp_slice
 from .pack_gqa import pack_rows_view, packed_row
 from .pipeline import SmemPipeline
@@ -159,6 +159,9 @@ from .seqlen_info import offset_rows
 
 #: query rows per step (one wgmma N / M extent)
 TILE_M = 64
+#: ``dq_claim``: added to a query tile's flag once its first contribution (a bulk store) is
+#: complete; the flag also counts the claims (one per contribution), which stay below it
+CLAIM_STORED = 1 << 24
 #: shared memory per CTA: one CTA per SM at blk 128, two at blk 64 (228 KiB per SM less
 #: 1 KiB reserved per CTA)
 SMEM_LIMIT = {1: 227 * 1024, 2: 113 * 1024}
@@ -218,7 +221,8 @@ class BsaBwdSm90Ws:
                  split_wait: bool = False, epi_pairs: bool = False, epi_smem: bool = False,
                  dq_alt: bool = False, dq_slots: int = 1, relaxed_poll: bool = False,
                  order_stream: bool = False, stream_after_pre: bool = False,
-                 det_store: bool = False, causal: bool = False, pack_gqa: int = 1):
+                 det_store: bool = False, causal: bool = False, pack_gqa: int = 1,
+                 dq_claim: bool = False):
         self.pdl = pdl
         # pack_gqa: r = H_q / H_kv query heads per KV head (1: off). The K->Q entries are
         # packed blocks (the group is 1), a step is 64 packed rows (64 / r positions x r query
@@ -311,6 +315,12 @@ class BsaBwdSm90Ws:
         # dq_slots) is a bulk store, so the workspace needs no zeroing (a tile nobody wrote
         # keeps its semaphore at 0; the reordering kernel writes zeros for it)
         self.det_store = det_store and self.det_writer
+        # dq_writer (not deterministic): the first contribution to each query tile is
+        # claimed with an atomic add on the tile's int32 flag (``mdQSem``, zeroed) and
+        # stored; the others wait until the store is complete (flag >= CLAIM_STORED) and
+        # add. The workspace needs no zeroing; the reordering kernel writes zeros for a tile
+        # whose flag is 0. Unpacked rows only (the packed reordering reads no flags).
+        self.dq_claim = dq_claim and self.dq_writer and pack_gqa == 1
         # the ordered dQ additions need the grid's launch order (lower KV blocks first)
         self.lpt = lpt and not deterministic
         # blk 128: each consumer warpgroup adds the dQ of its own 64 keys (no barrier between
@@ -604,6 +614,17 @@ class BsaBwdSm90Ws:
                         if lane == 0:
                             wait_at_least(sem, turn, self.relaxed_poll)
                         cute.arch.sync_warp()
+                    first = Int32(0)
+                    if cutlass.const_expr(self.dq_claim):
+                        sem = elem_ptr(mdQSem, (batch, head, t_ws))
+                        if lane == 0:
+                            # the tile's first contribution stores; later ones wait for
+                            # that store to be complete, then add
+                            if atom_add_s32(sem, 1) == 0:
+                                first = Int32(1)
+                            else:
+                                wait_at_least(sem, CLAIM_STORED)
+                        cute.arch.sync_warp()
                     if cutlass.const_expr(self.writer):
                         # every consumer warp's slice of this step is staged and fenced
                         cute.arch.barrier(barrier_id=2, number_of_threads=n_sync)
@@ -616,6 +637,11 @@ class BsaBwdSm90Ws:
                             if cutlass.const_expr(self.det_store):
                                 if turn == 0:
                                     # the accumulator tile's first contribution: stores
+                                    self._bulk_tile(gtile, sdQ, sdQ2, n_cg, True)
+                                else:
+                                    self._bulk_tile(gtile, sdQ, sdQ2, n_cg, False)
+                            elif cutlass.const_expr(self.dq_claim):
+                                if first == 1:
                                     self._bulk_tile(gtile, sdQ, sdQ2, n_cg, True)
                                 else:
                                     self._bulk_tile(gtile, sdQ, sdQ2, n_cg, False)
@@ -637,6 +663,13 @@ class BsaBwdSm90Ws:
                                 # complete (not only read) before the publication
                                 cute.arch.cp_async_bulk_wait_group(0, read=False)
                                 st_release_s32(sem, turn + 1)
+                            cute.arch.sync_warp()
+                        if cutlass.const_expr(self.dq_claim):
+                            if lane == 0:
+                                if first == 1:
+                                    # the store complete (not only read), then released
+                                    cute.arch.cp_async_bulk_wait_group(0, read=False)
+                                    atom_add_acq_rel_s32(sem, CLAIM_STORED)
                             cute.arch.sync_warp()
                         c += 1
                     else:
