@@ -259,10 +259,10 @@ def test_bsa_bwd_ws_dqclaim_lowers(cfg, causal):
 
 
 def test_bsa_bwd_ws_dqclaim_ptx(kept_ptx):
-    """``dqclaim``: the dQ writer claims each query tile with a relaxed atomic add, stores
-    (bulk copy) or reduce-adds the staged tile, waits with acquire loads and releases a
-    stored tile with a fenced atomic add; the default kernel has no atomic and no bulk
-    store of dQ."""
+    """``dqclaim``: the dQ writer claims each staged query tile with a relaxed atomic add,
+    stores it (bulk copy) or, after acquire loads and an async-proxy fence, reduce-adds it,
+    and releases a stored tile with a fenced atomic add; the default kernel has no atomic,
+    no proxy fence and no bulk store of dQ."""
     claim = _ws_ptx(kept_ptx, "dqclaim-blk64")
     default = _ws_ptx(kept_ptx, _ids(CONFIGS[1]))
     atom = "atom.relaxed.gpu.global.add.s32"
@@ -270,7 +270,9 @@ def test_bsa_bwd_ws_dqclaim_ptx(kept_ptx):
     add = "cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32"
     assert claim.count(atom) == 2 and store in claim and add in claim, claim.count(atom)
     assert "ld.acquire.gpu.global.b32" in claim and "fence.acq_rel.gpu" in claim
+    assert "fence.proxy.async.global" in claim
     assert atom not in default and store not in default and add in default
+    assert "fence.proxy.async.global" not in default
 
 
 def test_bsa_bwd_ws_relaxpoll_ptx(kept_ptx):

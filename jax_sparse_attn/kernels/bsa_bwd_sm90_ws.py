@@ -617,14 +617,6 @@ class BsaBwdSm90Ws:
                     first = Int32(0)
                     if cutlass.const_expr(self.dq_claim):
                         sem = elem_ptr(mdQSem, (batch, head, t_ws))
-                        if lane == 0:
-                            # the tile's first contribution stores; later ones wait for
-                            # that store to be complete, then add
-                            if atom_add_s32(sem, 1) == 0:
-                                first = Int32(1)
-                            else:
-                                wait_at_least(sem, CLAIM_STORED)
-                        cute.arch.sync_warp()
                     if cutlass.const_expr(self.writer):
                         # every consumer warp's slice of this step is staged and fenced
                         cute.arch.barrier(barrier_id=2, number_of_threads=n_sync)
@@ -641,9 +633,16 @@ class BsaBwdSm90Ws:
                                 else:
                                     self._bulk_tile(gtile, sdQ, sdQ2, n_cg, False)
                             elif cutlass.const_expr(self.dq_claim):
-                                if first == 1:
+                                # claimed once the tile is staged: the first claimer stores;
+                                # later ones wait until that store is complete, then add
+                                if atom_add_s32(sem, 1) == 0:
+                                    first = Int32(1)
                                     self._bulk_tile(gtile, sdQ, sdQ2, n_cg, True)
                                 else:
+                                    wait_at_least(sem, CLAIM_STORED)
+                                    # the acquired store, before this thread's async-proxy
+                                    # additions to the same addresses
+                                    cute.arch.fence_proxy("async.global")
                                     self._bulk_tile(gtile, sdQ, sdQ2, n_cg, False)
                             else:
                                 self._bulk_tile(gtile, sdQ, sdQ2, n_cg, False)
