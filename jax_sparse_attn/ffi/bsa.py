@@ -1406,20 +1406,7 @@ def bsa_bwd(do, q, k, v, out, lse, q2k_block_index, q2k_block_nums, block_sizes,
     ws_spec = None if cfg.bwd.dq_tile else spec  # the query-tile workspace is row-major
     if cfg.bwd.dq_claim:
         sem0 = _det_semaphores(cfg)
-        call = call_builder(cfg.cute_call)(
-            _bwd_claim_jit(),
-            output_shape_dtype=(
-                *_grad_shapes(dq_tile_shape(cfg), k, v),
-                jax.ShapeDtypeStruct(sem0.shape, jnp.int32),
-            ),
-            input_spec=(spec, spec, spec, spec, None, None, None, None, None, None, None),
-            output_spec=(None, spec, spec, None),
-            input_output_aliases={10: 3},
-            compile_key=("bsa_bwd_claim", cfg.bwd),
-            cfg=cfg.bwd,
-            static_last_inputs=(0, 1, 2, 3),
-            static_last_outputs=(0, 1, 2),
-        )
+        call = _stored_ws_call(_bwd_claim_jit(), "bsa_bwd_claim", cfg, spec, k, v, sem0, 10)
         dq_acc, dk, dv, dq_sem = call(q, k, v, do, lse, delta, offsets, entries, block_sizes,
                                       _scale_array(cfg.softmax_scale), sem0)
         return _dq_out(dq_acc, q, cfg, spec, dq_sem), dk, dv
@@ -1469,21 +1456,8 @@ def _bsa_bwd_deterministic(q, k, v, do, lse, delta, dq_acc, q2k_block_index, q2k
     if cfg.bwd.det_store:
         # the workspace is an output of the call (not zeroed): the first contribution to
         # each accumulator tile stores it
-        call = call_builder(cfg.cute_call)(
-            _bwd_det_store_jit(),
-            output_shape_dtype=(
-                *_grad_shapes(dq_tile_shape(cfg), k, v),
-                jax.ShapeDtypeStruct(sem0.shape, jnp.int32),
-            ),
-            input_spec=(spec, spec, spec, spec, None, None, None, None, None, None, None,
-                        None),
-            output_spec=(None, spec, spec, None),
-            input_output_aliases={11: 3},
-            compile_key=("bsa_bwd_det_store", cfg.bwd),
-            cfg=cfg.bwd,
-            static_last_inputs=(0, 1, 2, 3),
-            static_last_outputs=(0, 1, 2),
-        )
+        call = _stored_ws_call(_bwd_det_store_jit(), "bsa_bwd_det_store", cfg, spec, k, v,
+                               sem0, 11)
         dq_acc, dk, dv, dq_sem = call(q, k, v, do, lse, delta, offsets, entries, ranks,
                                       block_sizes, _scale_array(cfg.softmax_scale), sem0)
         return _dq_out(dq_acc, q, cfg, spec, dq_sem), dk, dv
@@ -1506,6 +1480,29 @@ def _bsa_bwd_deterministic(q, k, v, do, lse, delta, dq_acc, q2k_block_index, q2k
     dq_acc, dk, dv, _ = call(q, k, v, do, lse, delta, offsets, entries, ranks, block_sizes,
                              _scale_array(cfg.softmax_scale), dq_acc, sem0)
     return _dq_out(dq_acc, q, cfg, spec), dk, dv
+
+
+def _stored_ws_call(jit_fn, name, cfg, spec, k, v, sem0, n_in):
+    """The backward's call where the fp32 dQ tile workspace is a plain output (each tile's
+    first contribution is stored: ``det_store`` / ``dq_claim``) and the int32 per-tile flags
+    ``sem0`` (zeroed) are the input after the ``n_in`` others (q, k, v, do first), aliased to
+    output 3; outputs (workspace, dk, dv, flags)."""
+    from .._cute_call import call_builder  # noqa: PLC0415
+
+    return call_builder(cfg.cute_call)(
+        jit_fn,
+        output_shape_dtype=(
+            *_grad_shapes(dq_tile_shape(cfg), k, v),
+            jax.ShapeDtypeStruct(sem0.shape, jnp.int32),
+        ),
+        input_spec=(spec,) * 4 + (None,) * (n_in - 4 + 1),
+        output_spec=(None, spec, spec, None),
+        input_output_aliases={n_in: 3},
+        compile_key=(name, cfg.bwd),
+        cfg=cfg.bwd,
+        static_last_inputs=(0, 1, 2, 3),
+        static_last_outputs=(0, 1, 2),
+    )
 
 
 def _det_semaphores(cfg):
