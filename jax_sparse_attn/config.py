@@ -131,7 +131,8 @@ def _parse_ws(var, raw):
 #: the flags of the sm90ws BSA forward's tuning switch (JAX_SPARSE_ATTN_BSA_WS), plus
 #: ``stages=N`` (at most N K/V stages, 2..8)
 BSA_WS_FLAGS = ("nooverlap", "nopingpong", "q1", "headinner", "lazyrescale", "ctas2", "oalias",
-                "cross", "crossepi", "vlag", "splitwait", "nosplitwait", "qregs", "mpre", "qahead", "noepivec")
+                "cross", "crossepi", "vlag", "splitwait", "nosplitwait", "qregs", "mpre", "qahead", "noepivec",
+                "streamk")
 _BSA_WS_ALLOWED = ("comma list of " + ", ".join(BSA_WS_FLAGS)
                    + ", stages=N (most K/V shared-memory stages: 2..8)")
 _parse_bsa_ws_opts = _parse_option_list(BSA_WS_FLAGS, "stages", lambda n: 2 <= n <= 8,
@@ -145,6 +146,10 @@ def _parse_bsa_ws(var, raw):
     if "splitwait" in opts and "nosplitwait" in opts:
         raise ValueError(f"{var}={raw!r}: 'splitwait' and 'nosplitwait' exclude each other; "
                          f"allowed: {_BSA_WS_ALLOWED}")
+    clash = [o for o in ("cross", "crossepi", "mpre", "qahead") if o in opts]
+    if "streamk" in opts and clash:
+        raise ValueError(f"{var}={raw!r}: 'streamk' cannot be combined with {clash[0]!r} "
+                         f"(cross, crossepi, mpre, qahead); allowed: {_BSA_WS_ALLOWED}")
     return opts
 
 #: the flags of the sm90 HSTU backward's tuning switch (JAX_SPARSE_ATTN_HSTU_BWD_WS)
@@ -387,6 +392,11 @@ SWITCHES = (
            "noepivec (the epilogue stages O through the element copies of the swizzled O "
            "layout, 2-byte shared-memory stores and loads, instead of the default's packed "
            "4-byte stores into a row-swizzled tile copied out in 16-byte pieces), "
+           "streamk (the work items past the last whole wave but one have their listed "
+           "blocks cut into equal contiguous ranges, one per CTA, when they all list the "
+           "same number of blocks; a work item split between two CTAs is finished by the "
+           "one holding its first blocks, which adds the other's fp32 partial output; not "
+           "with split-KV, pack_gqa, cross, crossepi, mpre or qahead; slower on the H200), "
            "stages=N "
            "(most K/V stages)"),
     _choice("bsa_bwd_impl", "JAX_SPARSE_ATTN_BSA_BWD_IMPL", ("auto", "sm90", "sm90ws", "sm80"),

@@ -313,18 +313,25 @@ def _ws_inputs(c, seed=3):
             None if sizes is None else jnp.asarray(sizes))
 
 
-def _ws_forward(q, k, v, idx, nums, sizes, **kw):
+def _ws_forward(q, k, v, idx, nums, sizes, switches=SM90WS, **kw):
     """The public forward on the kernel backend with the sm90ws forward."""
     import jax_sparse_attn as jsa
 
     f = jax.jit(lambda q, k, v: jsa.block_sparse_attention_forward(
         q, k, v, idx, None, sizes, nums, allow_empty_block_nums=True, backend="kernel",
-        switches=SM90WS, **kw))
+        switches=switches, **kw))
     return jax.block_until_ready(f(q, k, v))
 
 
 @pytest.mark.parametrize("c", shard(WS_CASES, SHARD), ids=lambda c: c["name"])
 def test_bsa_sm90ws_forward(c):
+    _check_ws_forward(c, SM90WS)
+
+
+def _check_ws_forward(c, switches):
+    """The sm90ws forward under ``switches`` against the fp32 reference (2x the error of the
+    16-bit reference), with poisoned outputs, NaN in unlisted keys and empty rows; returns
+    ``(out, lse)``."""
     from jax_sparse_attn import reference
     from jax_sparse_attn.metadata import normalize_bsa_metadata
 
@@ -332,8 +339,8 @@ def test_bsa_sm90ws_forward(c):
     idx_n, nums_n, sizes_n = normalize_bsa_metadata(idx, None, sizes, nums)
     kw = dict(layout=c["layout"], sparse_block_size=c["blk"], softmax_scale=0.6 / np.sqrt(c["d"]))
     # poisoned outputs: an all-NaN run first leaves NaN in buffers XLA is likely to reuse
-    _ws_forward(q * jnp.nan, kp, vp, idx, nums, sizes, **kw)
-    out, lse = _ws_forward(q, kp, vp, idx, nums, sizes, **kw)
+    _ws_forward(q * jnp.nan, kp, vp, idx, nums, sizes, switches, **kw)
+    out, lse = _ws_forward(q, kp, vp, idx, nums, sizes, switches, **kw)
     f32 = lambda x: x.astype(jnp.float32)  # noqa: E731
     out_r, lse_r = reference.block_sparse_attention_ref(f32(q), f32(k), f32(v), idx_n, nums_n,
                                                         sizes_n, **kw)
@@ -352,6 +359,39 @@ def test_bsa_sm90ws_forward(c):
         o_rows = _rows_bhs(np.asarray(out, np.float32), c["layout"])
         assert np.all(o_rows[empty] == 0) and np.all(np.isneginf(lse_g[empty]))
     print(c["name"], "; ".join(report))
+    return out, lse_g
+
+
+# Stream-K tail (bsa_fwd_ws=streamk): enough work items for the persistent grid (132 CTAs at
+# blk 128, 264 at blk 64 D 128, 396 at blk 64 D 64) to have a last whole wave and a partial
+# one, so the tail's lists are cut between CTAs (uniform counts) or go round robin (the
+# last-empty case: counts 0 and 4)
+SK_CASES = [
+    dict(name="sk-blk128-d128-last", blk=128, d=128, dtype="bfloat16", layout="bshd",
+         hq=8, hkv=2, sq=4096, skv=4001, mode="last"),
+    dict(name="sk-blk128-d128-all-partial-q", blk=128, d=128, dtype="float16", layout="bhsd",
+         hq=8, hkv=8, sq=4000, skv=4096, mode="all"),
+    dict(name="sk-blk64-d128-all", blk=64, d=128, dtype="float16", layout="bhsd",
+         hq=8, hkv=8, sq=4096, skv=1000, mode="all"),
+    dict(name="sk-blk64-d64-last", blk=64, d=64, dtype="bfloat16", layout="bhsd",
+         hq=8, hkv=4, sq=4096, skv=3000, mode="last"),
+    dict(name="sk-blk128-d64-empty", blk=128, d=64, dtype="bfloat16", layout="bshd",
+         hq=8, hkv=2, sq=4096, skv=4001, mode="last-empty"),
+]
+
+
+# BSA_TEST_SK: the bsa_fwd_ws flags of these tests (default "streamk"; e.g. "skearly")
+SK_FLAGS = tuple(os.environ.get("BSA_TEST_SK", "streamk").split(","))
+
+
+@pytest.mark.parametrize("c", shard(SK_CASES, SHARD), ids=lambda c: c["name"])
+def test_bsa_sm90ws_forward_streamk(c):
+    out, lse = _check_ws_forward(c, Switches(bsa_fwd_impl="sm90ws", bsa_fwd_ws=SK_FLAGS))
+    if c["mode"] != "last-empty":
+        # uniform counts: the split items add a partial in another order than the default
+        # kernel, so some fp32 lse differ in their last bits (the tail path ran)
+        _, lse_d = _check_ws_forward(c, SM90WS)
+        assert not np.array_equal(lse, lse_d), "streamk gave the default kernel's bits"
 
 
 # ----------------------------------------------------------------------------- sm90ws backward

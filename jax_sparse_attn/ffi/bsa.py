@@ -124,6 +124,9 @@ class BsaFwdConfig:
     # the epilogue's O staged with packed pair stores into a row-swizzled tile (off with
     # "noepivec": the element copies of the swizzled layout)
     ws_epi_vec: bool = True
+    # the items past the last whole wave but one split into equal ranges of listed blocks,
+    # one per CTA ("streamk"); the call then has the fp32 partial workspace and flags
+    ws_stream_k: bool = False
     num_sms: int = 0
     arch: str = ""  # the target arch (CuTe DSL name) the key was chosen for
     # pack_gqa: query heads per KV head r of the packed rows (1: not packed; sm90ws only)
@@ -302,7 +305,8 @@ def bsa_ws_options(opts) -> dict:
     and in the producer its first entry, loaded while the current item runs), ``q_ahead``
     (``qahead``: the producer issues the next item's Q during the current item), ``epi_vec``
     (default; ``noepivec`` off: O staged with packed pair stores into a row-swizzled tile,
-    copied out in 16-byte pieces),
+    copied out in 16-byte pieces), ``stream_k`` (``streamk``: the work items after the
+    last whole wave but one cut into equal ranges of listed blocks, one per CTA),
     ``split_wait`` (True with ``splitwait``, False with ``nosplitwait``, else
     None: the config's default, True at blk 64 with D 128; the consumer warpgroup re-checks
     the V tile's full barrier before it waits for the PV GEMM, which ends a basic block, so
@@ -315,7 +319,8 @@ def bsa_ws_options(opts) -> dict:
             "cross": 2 if "crossepi" in opts else 1 if "cross" in opts else 0,
             "v_lag": "vlag" in opts, "q_regs": "qregs" in opts,
             "meta_prefetch": "mpre" in opts, "q_ahead": "qahead" in opts,
-            "epi_vec": "noepivec" not in opts, "split_wait": (True if "splitwait" in opts else False if "nosplitwait" in opts
+            "epi_vec": "noepivec" not in opts, "stream_k": "streamk" in opts,
+            "split_wait": (True if "splitwait" in opts else False if "nosplitwait" in opts
                            else None)}
 
 
@@ -350,6 +355,7 @@ def fwd_config(dtype, head_dim, block_size, has_block_sizes, switches, causal=Fa
                             ws_v_lag=o["v_lag"], ws_q_regs=o["q_regs"] and not o["cross"],
                             ws_meta_prefetch=o["meta_prefetch"], ws_q_ahead=o["q_ahead"],
                             ws_epi_vec=o["epi_vec"],
+                            ws_stream_k=o["stream_k"] and splits == 1 and pack_gqa == 1,
                             ws_split_wait=(o["split_wait"] if o["split_wait"] is not None
                                            else (block_size, head_dim) == (64, 128)),
                             num_sms=metadata.num_sms(), arch=arch, causal=causal,
@@ -874,7 +880,7 @@ def _fwd_entry(stream, q, k, v, idx, nums, sizes, scale, out, lse, *, cfg: BsaFw
                               q_regs=cfg.ws_q_regs, meta_prefetch=cfg.ws_meta_prefetch,
                               q_ahead=cfg.ws_q_ahead, epi_vec=cfg.ws_epi_vec,
                               split_wait=cfg.ws_split_wait, pdl=cfg.pdl,
-                              **kw)
+                              stream_k=cfg.ws_stream_k, **kw)
     else:
         from ..kernels.bsa_fwd_sm80 import BsaFwdSm80  # noqa: PLC0415
 
@@ -889,6 +895,45 @@ def _fwd_jit():
     import cutlass.cute as cute  # noqa: PLC0415
 
     return cute.jit(_fwd_entry)
+
+
+def _fwd_sk_entry(stream, q, k, v, idx, nums, sizes, scale, flags, out, lse, ws, *,
+                  cfg: BsaFwdConfig):
+    # stream_k: the per-(CTA, warpgroup) flags are aliased to output 3 (zeroed by XLA); the
+    # partial workspace is a plain output, read only where a flag says it was written
+    _sk_kernel(cfg)(q, k, v, idx, nums, sizes, scale, out, lse, stream, mWs=ws, mFlags=flags)
+
+
+def _sk_kernel(cfg: BsaFwdConfig):
+    from ..kernels.bsa_fwd_sm90_ws import BsaFwdSm90Ws  # noqa: PLC0415
+
+    return BsaFwdSm90Ws(_cutlass_dtype(cfg.dtype), cfg.head_dim, cfg.block_size,
+                        cfg.has_block_sizes, cfg.num_sms, overlap=cfg.ws_overlap,
+                        pingpong=cfg.ws_pingpong, max_stages=cfg.ws_max_stages,
+                        q_stages=cfg.ws_q_stages, causal=cfg.causal, pack_gqa=cfg.pack_gqa,
+                        head_major=cfg.ws_head_major, lazy_rescale=cfg.ws_lazy_rescale,
+                        three_ctas=cfg.ws_three_ctas, o_alias_first=cfg.ws_o_alias,
+                        cross_item=cfg.ws_cross, v_lag=cfg.ws_v_lag, q_regs=cfg.ws_q_regs,
+                        meta_prefetch=cfg.ws_meta_prefetch, q_ahead=cfg.ws_q_ahead,
+                        epi_vec=cfg.ws_epi_vec, split_wait=cfg.ws_split_wait, pdl=cfg.pdl,
+                        stream_k=True)
+
+
+@functools.cache
+def _fwd_sk_jit():
+    """The one ``cute.jit`` of ``_fwd_sk_entry``."""
+    import cutlass.cute as cute  # noqa: PLC0415
+
+    return cute.jit(_fwd_sk_entry)
+
+
+def _sk_sizes(cfg: BsaFwdConfig):
+    """``(workspace fp32 values, flags)`` of the stream-K forward (``BsaFwdSm90Ws.sk_floats``
+    and one flag per CTA slot and consumer warpgroup), from the config alone."""
+    num_wg = cfg.block_size // 64
+    per_sm = 1 if num_wg == 2 else (3 if cfg.ws_three_ctas else 2)
+    slots = max(cfg.num_sms, 1) * per_sm
+    return slots * num_wg * 128 * (cfg.head_dim // 2 + 4), slots * num_wg
 
 
 def bsa_fwd(q, k, v, q2k_block_index, q2k_block_nums, block_sizes, cfg):
@@ -910,6 +955,28 @@ def bsa_fwd(q, k, v, q2k_block_index, q2k_block_nums, block_sizes, cfg):
         return _bsa_fwd_split(q, k, v, q2k_block_index, q2k_block_nums, block_sizes, cfg, spec)
     q2k_block_index, q2k_block_nums, block_sizes = _sanitize(
         q2k_block_index, q2k_block_nums, block_sizes, cfg)
+    if cfg.fwd.impl == "sm90ws" and cfg.fwd.ws_stream_k:
+        n_ws, n_flags = _sk_sizes(cfg.fwd)
+        flags = jnp.zeros((n_flags,), jnp.int32)
+        call = call_builder(cfg.cute_call)(
+            _fwd_sk_jit(),
+            output_shape_dtype=(
+                jax.ShapeDtypeStruct(q.shape[:-1] + (cfg.head_dim_v,), q.dtype),
+                jax.ShapeDtypeStruct((cfg.batch, cfg.num_heads_q, cfg.seqlen_q), jnp.float32),
+                jax.ShapeDtypeStruct((n_ws,), jnp.float32),
+                jax.ShapeDtypeStruct((n_flags,), jnp.int32),
+            ),
+            input_spec=(spec, spec, spec, None, None, None, None, None),
+            output_spec=(spec, None, None, None),
+            input_output_aliases={7: 3},
+            compile_key=("bsa_fwd_sk", cfg.fwd),
+            cfg=cfg.fwd,
+            static_last_inputs=(0, 1, 2),
+            static_last_outputs=(0,),
+        )
+        out, lse, _, _ = call(q, k, v, q2k_block_index, q2k_block_nums, block_sizes,
+                              _scale_array(cfg.softmax_scale), flags)
+        return out, lse
     call = call_builder(cfg.cute_call)(
         _fwd_jit(),
         output_shape_dtype=(

@@ -74,8 +74,8 @@ from cutlass import Float32, Int32
 
 from .attn_fwd_sm90_ws import SMEM_LIMIT, AttnFwdSm90Ws, WorkItem, smem_plan
 from .block_info import BlockList, BlockListSplit
-from .common import (acc_mn_view_wg, elem_ptr, gmem_store_copy, stage_acc_swz, swz_piece_ptr,
-                     tma_view)
+from .common import (acc_mn_view_wg, elem_ptr, gmem_store_copy, ld_relaxed_f32,
+                     st_release_s32, stage_acc_swz, swz_piece_ptr, tma_view, wait_at_least)
 from .mask import KeyLimitMask
 from .pack_gqa import pack_rows_view, packed_row, row_tile_view
 from .softmax import OnlineSoftmax
@@ -121,8 +121,17 @@ class BsaFwdSm90Ws(AttnFwdSm90Ws):
                  lazy_rescale: bool = False, three_ctas: bool = False,
                  o_alias_first: bool = False, cross_item: int = 0, v_lag: bool = False,
                  split_wait: bool = False, pdl: bool = False, q_regs: bool = False,
-                 meta_prefetch: bool = False, q_ahead: bool = False, epi_vec: bool = False):
+                 meta_prefetch: bool = False, q_ahead: bool = False, epi_vec: bool = False,
+                 stream_k: bool = False):
         self.pdl = pdl
+        # the last work items' blocks split evenly over the CTAs (``_sk_range``); partials
+        # of the split items go through ``mWs`` / ``mFlags``
+        if stream_k and (kv_splits != 1 or pack_gqa != 1 or cross_item or meta_prefetch
+                         or q_ahead):
+            raise NotImplementedError(
+                "bsa_fwd_sm90_ws: stream_k needs kv_splits=1, pack_gqa=1 and none of "
+                "cross_item, meta_prefetch, q_ahead")
+        self.stream_k = stream_k
         # the epilogue's O staging as packed pair stores into a row-swizzled tile, copied
         # out in 16-byte pieces (AttnFwdSm90Ws._epi_vec; packed rows: _store_o_packed)
         self.epi_vec = epi_vec
@@ -195,7 +204,18 @@ class BsaFwdSm90Ws(AttnFwdSm90Ws):
 
 
     @cute.jit
-    def __call__(self, mQ, mK, mV, mIdx, mNums, mSizes, mScale, mO, mLSE, stream):
+    def sk_slots(self) -> int:
+        """CTA slots of the persistent grid: the leading extent of the stream-K partials."""
+        return self.num_sms * self.ctas_per_sm
+
+    def sk_floats(self) -> int:
+        """fp32 values of the stream-K partial workspace ``mWs``: per CTA slot and consumer
+        warpgroup, each thread's O accumulator (``wg_m * D / 128`` values) and its two rows'
+        running max and sum."""
+        return self.sk_slots() * self.num_wg * 128 * (self.wg_m * self.dv // 128 + 4)
+
+    def __call__(self, mQ, mK, mV, mIdx, mNums, mSizes, mScale, mO, mLSE, stream, mWs=None,
+                 mFlags=None):
         d = self.d
         mma_qk, mma_qk0, mma_pv, sQ_layout, sK_layout, sV_layout, sO_layout = (
             self._mmas_and_layouts())
@@ -220,6 +240,7 @@ class BsaFwdSm90Ws(AttnFwdSm90Ws):
         self.kernel(
             tma_q, tma_tQ, tma_k, tma_tK, tma_v, tma_tV, mV, mIdx, mNums, mSizes, mScale, mO,
             mLSE, sQ_layout, sK_layout, sV_layout, sO_layout, mma_qk, mma_qk0, mma_pv, Smem,
+            mWs, mFlags,
         ).launch(grid=grid, block=[self.num_threads, 1, 1], smem=Smem.size_in_bytes(),
                  stream=stream, min_blocks_per_mp=self.ctas_per_sm, use_pdl=self.pdl,
                  # two CTAs per SM need the largest shared-memory carveout (percent)
@@ -277,7 +298,7 @@ class BsaFwdSm90Ws(AttnFwdSm90Ws):
     @cute.kernel
     def kernel(self, tma_q, tma_tQ, tma_k, tma_tK, tma_v, tma_tV, mV, mIdx, mNums, mSizes,
                mScale, mO, mLSE, sQ_layout, sK_layout, sV_layout, sO_layout, mma_qk, mma_qk0,
-               mma_pv, Smem: cutlass.Constexpr):
+               mma_pv, Smem: cutlass.Constexpr, mWs, mFlags):
         tidx, _, _ = cute.arch.thread_idx()
         warp = cute.arch.make_warp_uniform(cute.arch.warp_idx())
         wg_idx = warp // 4
@@ -362,7 +383,10 @@ class BsaFwdSm90Ws(AttnFwdSm90Ws):
                         first = first_next
                         t = t_next
                 else:
-                    while sched.valid(t):
+                    n_rr = sched.n_work
+                    if cutlass.const_expr(self.stream_k):
+                        n_rr = self._sk_split_point(sched)
+                    while t < n_rr:
                         batch, head, m_block, blist = self._work(
                             sched, t, n_q_blocks, mIdx, mNums, mSizes, seqlen_k, seqlen_q,
                             n_heads)[:4]
@@ -373,6 +397,23 @@ class BsaFwdSm90Ws(AttnFwdSm90Ws):
                             sV, sV_rows, pipe_q, pipe_k, pipe_v, q_bytes, k_bytes, v_bytes, c_q,
                             c_kv, lane)
                         t = sched.next(t)
+                    if cutlass.const_expr(self.stream_k):
+                        # the tail's pieces (after the round-robin items, so the metadata
+                        # loads of _sk_range overlap the consumers' last items)
+                        n_pieces, t0, t_step, lo0, hi_last = self._sk_range(
+                            sched, n_rr, n_q_blocks, mIdx, mNums, mSizes, seqlen_k, seqlen_q,
+                            n_heads)
+                        for p in cutlass.range(n_pieces, unroll=1):
+                            lo, hi = self._sk_bounds(p, n_pieces, lo0, hi_last)
+                            batch, head, m_block, blist = self._work(
+                                sched, t0 + p * t_step, n_q_blocks, mIdx, mNums, mSizes,
+                                seqlen_k, seqlen_q, n_heads)[:4]
+                            piece = BlockListSplit(blist, lo, cutlass.min(hi, blist.n_count) - lo)
+                            work = WorkItem(piece, head, mV, batch=batch, head_kv=head // group)
+                            c_q, c_kv = self._produce(
+                                work, m_block, tma_q, tma_tQ, tma_k, tma_tK, tma_v, tma_tV, sQ,
+                                sK, sV, sV_rows, pipe_q, pipe_k, pipe_v, q_bytes, k_bytes,
+                                v_bytes, c_q, c_kv, lane)
         else:
             # ================================ consumers ===============================
             wg, wtid, turns = self._consumer_start(wg_idx, tidx)
@@ -413,12 +454,28 @@ class BsaFwdSm90Ws(AttnFwdSm90Ws):
                     t = t_next
             else:
                 c_q, c_kv, t = self._loop_start(sched)
-                while sched.valid(t):
+                n_rr = sched.n_work
+                if cutlass.const_expr(self.stream_k):
+                    n_rr = self._sk_split_point(sched)
+                while t < n_rr:
                     work, tile, _ = self._decode(t, ctx, 0)
                     c_kv, c_q = self._consume(
                         work, tile, mma_qk, mma_qk0, mma_pv, thr_mma_qk, thr_mma_pv, tSrQ,
                         tSrK, tOrV, pipe_q, pipe_k, pipe_v, c_q, c_kv, sO, turns, wg, wtid)
                     t = sched.next(t)
+                if cutlass.const_expr(self.stream_k):
+                    n_pieces, t0, t_step, lo0, hi_last = self._sk_range(
+                        sched, n_rr, n_q_blocks, mIdx, mNums, mSizes, seqlen_k, seqlen_q,
+                        n_heads, 4)
+                    for p in cutlass.range(n_pieces, unroll=1):
+                        lo, hi = self._sk_bounds(p, n_pieces, lo0, hi_last)
+                        work, tile, n_full = self._decode(t0 + p * t_step, ctx, 0)
+                        piece = BlockListSplit(work.kv, lo, cutlass.min(hi, n_full) - lo)
+                        c_kv, c_q = self._consume_piece(
+                            WorkItem(piece, work.head, mV, batch=work.batch), tile, n_full, lo,
+                            hi, mma_qk, mma_qk0, mma_pv, thr_mma_qk, thr_mma_pv, tSrQ, tSrK,
+                            tOrV, pipe_q, pipe_k, pipe_v, c_q, c_kv, sO, turns, wg, wtid, mWs,
+                            mFlags)
 
     @cute.jit
     def _decode(self, t, ctx, which: cutlass.Constexpr, nums=None):
@@ -436,6 +493,178 @@ class BsaFwdSm90Ws(AttnFwdSm90Ws):
         tile = _Tile(m_block * self.bm + wg * self.wg_m, mask, smaxes[which], seqlen_q, mO,
                      mLSE, split)
         return WorkItem(blist, head, mV, batch=batch), tile, blist.n_count
+
+    # ------------------------------------------------ stream-K tail (``stream_k``)
+    @cute.jit
+    def _sk_split_point(self, sched):
+        """Items ``[0, n)`` go round robin (CTA ``c``: ``c, c + G, ...``); the rest, the last
+        whole wave and the partial one after it, are the tail of ``_sk_range``. ``n`` is every
+        item when they fill whole waves or fewer than two."""
+        gdim, _, _ = cute.arch.grid_dim()
+        g = Int32(gdim)
+        n = sched.n_work
+        if n >= 2 * g:
+            if n % g != 0:
+                n = (n // g - 1) * g
+        return n
+
+    @cute.jit
+    def _sk_range(self, sched, n_dp, n_q_blocks, mIdx, mNums, mSizes, seqlen_k, seqlen_q,
+                  n_heads, unroll: cutlass.Constexpr = 1):
+        """This CTA's pieces of the tail items ``[n_dp, n_work)``: ``(n_pieces, t0, t_step,
+        lo0, hi_last)``, piece ``p`` being entries ``[lo, hi)`` of item ``t0 + p t_step``'s
+        list (``_sk_bounds``). When every tail item lists the same ``k >= 2`` blocks, the
+        tail's ``W = (n_work - n_dp) k`` blocks are cut into ``G`` contiguous ranges (CTA
+        ``c``: ``[c q + min(c, r), ...)`` with ``W = q G + r``), each at least ``k`` long
+        (the tail holds more than ``G`` items), so an item is split between two consecutive
+        CTAs at most. Otherwise the tail goes on round robin (whole items, as without
+        ``stream_k``). Each warp computes this on its own from ``q2k_block_nums``; ``unroll``
+        count loads in flight (the consumers, which wait for it; the producer warp, ahead of
+        them and short of registers, loads one at a time)."""
+        gdim, _, _ = cute.arch.grid_dim()
+        bidx, _, _ = cute.arch.block_idx()
+        g = Int32(gdim)
+        c = Int32(bidx)
+        n_work = sched.n_work
+        lane = cute.arch.lane_idx()
+        kmin = Int32(1 << 30)
+        kmax = Int32(-1)
+        # lane-strided over the tail
+        n_iter = cutlass.max((n_work - n_dp - lane + 31) // 32, Int32(0))
+        for it in cutlass.range(n_iter, unroll=unroll):
+            cnt = self._work(sched, n_dp + lane + it * 32, n_q_blocks, mIdx, mNums, mSizes,
+                             seqlen_k, seqlen_q, n_heads)[3].n_count
+            kmin = cutlass.min(kmin, cnt)
+            kmax = cutlass.max(kmax, cnt)
+        for sh in cutlass.range_constexpr(5):
+            kmin = cutlass.min(kmin, cute.arch.shuffle_sync_bfly(kmin, offset=16 >> sh))
+            kmax = cutlass.max(kmax, cute.arch.shuffle_sync_bfly(kmax, offset=16 >> sh))
+        # round robin: whole items c + n_dp, c + n_dp + G, ...
+        t0 = n_dp + c
+        t_step = g
+        n_pieces = cutlass.max((n_work - t0 + g - 1) // g, Int32(0))
+        lo0 = Int32(0)
+        hi_last = Int32(1 << 30)
+        if n_dp < n_work:
+            if kmin == kmax:
+                if kmin >= 2:
+                    if kmin <= (1 << 20):
+                        k = kmin
+                        w = (n_work - n_dp) * k
+                        q = w // g
+                        r = w - q * g
+                        s0 = c * q + cutlass.min(c, r)
+                        s1 = s0 + q
+                        if c < r:
+                            s1 = s1 + 1
+                        i0 = s0 // k
+                        i1 = (s1 - 1) // k
+                        t0 = n_dp + i0
+                        t_step = Int32(1)
+                        n_pieces = i1 - i0 + 1
+                        lo0 = s0 - i0 * k
+                        hi_last = s1 - i1 * k
+        return n_pieces, t0, t_step, lo0, hi_last
+
+    @cute.jit
+    def _sk_bounds(self, p, n_pieces, lo0, hi_last):
+        """List entries ``[lo, hi)`` of piece ``p`` (``hi`` past the count: the whole rest)."""
+        lo = Int32(0)
+        hi = Int32(1 << 30)
+        if p == 0:
+            lo = lo0
+        if p == n_pieces - 1:
+            hi = hi_last
+        return lo, hi
+
+    @cute.jit
+    def _consume_piece(self, work, tile, n_full, lo, hi, mma_qk, mma_qk0, mma_pv, thr_mma_qk,
+                       thr_mma_pv, tSrQ, tSrK, tOrV, pipe_q, pipe_k, pipe_v, c_q, c_kv, sO,
+                       turns, wg, wtid, mWs, mFlags):
+        """``_consume`` of entries ``[lo, min(hi, n_full))`` of an item's list: a piece that
+        does not start the list (``lo > 0``) leaves its unnormalized O and softmax state in
+        this CTA's slot of ``mWs`` and raises its flag; one that starts it but ends early
+        (``hi < n_full``) adds the next CTA's partial (``_sk_take``) before the epilogue."""
+        acc_O = cute.make_rmem_tensor(thr_mma_pv.partition_shape_C((self.wg_m, self.dv)),
+                                      Float32)
+        acc_O.fill(0.0)
+        self._work_start(tile)
+        if work.n_count > 0:
+            rows = self._work_rows(work, tile)
+            pipe_q.consumer_wait(c_q)
+            self._q_ready(tile, self.num_wg * pipe_q.stage(c_q) + wg, wg, wtid)
+            c_kv = self._mainloop(
+                mma_qk, mma_qk0, mma_pv, thr_mma_qk,
+                self._q_operand(tSrQ, self.num_wg * pipe_q.stage(c_q) + wg), tSrK,
+                tOrV, acc_O, pipe_k, pipe_v, c_kv, work, tile, rows, turns, wg)
+            if cutlass.const_expr(not self.o_alias_q):
+                pipe_q.consumer_release(c_q)
+        bidx, _, _ = cute.arch.block_idx()
+        slot = Int32(bidx)
+        if lo > 0:
+            self._sk_put(acc_O, tile.smax, mWs, mFlags, slot, wg, wtid)
+        else:
+            if hi < n_full:
+                self._sk_take(acc_O, tile.smax, mWs, mFlags, slot + 1, wg, wtid)
+            self._epilogue(acc_O, work, tile, thr_mma_pv, sO, wg, wtid, n_full > 0)
+        if work.n_count > 0:
+            if cutlass.const_expr(self.o_alias_q):
+                # generic accesses of the aliased Q buffer before the next TMA write
+                cute.arch.fence_proxy("async.shared", space="cta")
+                pipe_q.consumer_release(c_q)
+            c_q += 1
+        return c_kv, c_q
+
+    def _sk_base(self, slot, wg, wtid):
+        """This thread's first value in ``mWs`` for CTA slot ``slot``: values ``j`` of a thread
+        are 128 apart (coalesced per warp)."""
+        per = self.wg_m * self.dv // 128 + 4
+        return (slot * self.num_wg + wg) * (per * 128) + wtid
+
+    @cute.jit
+    def _sk_put(self, acc_O, smax, mWs, mFlags, slot, wg, wtid):
+        """The warpgroup's partial (unnormalized O, per-row running max and lane-partial sum)
+        into its slot, then its flag raised with a release after a warpgroup barrier."""
+        base = self._sk_base(slot, wg, wtid)
+        n_acc = cute.size(acc_O)
+        n_rows = cute.size(smax.row_max)
+        for j in cutlass.range_constexpr(n_acc):
+            mWs[base + j * 128] = acc_O[j]
+        for r in cutlass.range_constexpr(n_rows):
+            mWs[base + (n_acc + r) * 128] = smax.row_max[r]
+            mWs[base + (n_acc + n_rows + r) * 128] = smax.row_sum[r]
+        cute.arch.barrier(barrier_id=self._wg_bar(wg), number_of_threads=128)
+        if wtid == 0:
+            st_release_s32(elem_ptr(mFlags, (slot * self.num_wg + wg,)), Int32(1))
+
+    @cute.jit
+    def _sk_take(self, acc_O, smax, mWs, mFlags, slot, wg, wtid):
+        """Wait for slot ``slot``'s flag, then merge its partial into this warpgroup's O and
+        softmax state (both to the larger running max; a row without keys in either stays
+        empty)."""
+        if wtid == 0:
+            wait_at_least(elem_ptr(mFlags, (slot * self.num_wg + wg,)), Int32(1))
+        cute.arch.barrier(barrier_id=self._wg_bar(wg), number_of_threads=128)
+        base = self._sk_base(slot, wg, wtid)
+        n_acc = cute.size(acc_O)
+        n_rows = cute.size(smax.row_max)
+        part = cute.make_fragment_like(acc_O)
+        for j in cutlass.range_constexpr(n_acc):
+            part[j] = ld_relaxed_f32(elem_ptr(mWs, (base + j * 128,)))
+        acc_mn = acc_mn_view_wg(acc_O)
+        part_mn = acc_mn_view_wg(part)
+        sl2 = smax.scale_log2
+        for r in cutlass.range_constexpr(n_rows):
+            m2 = ld_relaxed_f32(elem_ptr(mWs, (base + (n_acc + r) * 128,)))
+            l2 = ld_relaxed_f32(elem_ptr(mWs, (base + (n_acc + n_rows + r) * 128,)))
+            m1 = smax.row_max[r]
+            m = cute.arch.fmax(m1, m2)
+            m_safe = 0.0 if m == -Float32.inf else m
+            c1 = cute.math.exp2(m1 * sl2 - m_safe * sl2, fastmath=True)
+            c2 = cute.math.exp2(m2 * sl2 - m_safe * sl2, fastmath=True)
+            smax.row_max[r] = m
+            smax.row_sum[r] = smax.row_sum[r] * c1 + l2 * c2
+            acc_mn[r, None] = acc_mn[r, None].load() * c1 + part_mn[r, None].load() * c2
 
     @cute.jit
     def _handoff(self, tile, next_tile):

@@ -564,6 +564,16 @@ def ld_relaxed_s32(ptr, *, loc=None, ip=None):
 
 
 @dsl_user_op
+def ld_relaxed_f32(ptr, *, loc=None, ip=None):
+    """``ld.relaxed.gpu.global.f32``: load the fp32 at global ``ptr`` coherently at GPU scope
+    (not from a stale L1 line; data another CTA published with a release that this thread
+    or a CTA barrier after an acquire ordered before)."""
+    return cutlass.Float32(
+        inline_asm(T.f32(), [ptr.toint(loc=loc, ip=ip).ir_value(loc=loc, ip=ip)],
+                   "ld.relaxed.gpu.global.f32 $0, [$1];", "=f,l", True, loc, ip))
+
+
+@dsl_user_op
 def fence_acq_rel_gpu(*, loc=None, ip=None):
     """``fence.acq_rel.gpu``."""
     inline_asm(None, [], "fence.acq_rel.gpu;", "", True, loc, ip)
