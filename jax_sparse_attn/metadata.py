@@ -337,6 +337,9 @@ def build_kq_csr(q2k_block_index, q2k_block_nums, *, num_kv_heads: int, num_kv_b
     active = ((j[None, None, None, :] < q2k_block_nums[..., None]) & (q2k_block_index >= 0)
               & (q2k_block_index < num_kv_blocks))
     if b * h_q * n_q * num_kv_blocks <= _DENSE_CSR_MAX_ELEMS:
+        if not with_ranks:
+            return _kq_csr_dense_rows(q2k_block_index, active, group, num_kv_heads,
+                                      num_kv_blocks)
         return _kq_csr_dense(q2k_block_index, active, group, num_kv_heads, num_kv_blocks,
                              with_ranks, rank_group)
     n_rows = b * num_kv_heads * num_kv_blocks
@@ -504,6 +507,32 @@ def _ranks_along_last(keys):
         o = jnp.argsort(kk, axis=-1, stable=True)
         order = o if order is None else jnp.take_along_axis(order, o, axis=-1)
     return jnp.argsort(order, axis=-1, stable=True).astype(jnp.int32)
+
+
+def _kq_csr_dense_rows(q2k_block_index, active, group, num_kv_heads, num_kv_blocks):
+    """:func:`build_kq_csr`'s ``(offsets, entries)`` through a bitmap scattered directly in
+    the CSR rows' order: row ``(b, g, n)``, column ``h_in_group * n_q + m`` (no transpose);
+    inactive slots go to one extra row that is dropped. Each row's running count gives its
+    entries' places and, at its end, the row's length."""
+    b, h_q, n_q, k_max = q2k_block_index.shape
+    n_rows = b * num_kv_heads * num_kv_blocks
+    width = group * n_q
+    n_slots = b * h_q * n_q * k_max
+    bi = jnp.arange(b, dtype=jnp.int32)[:, None, None, None]
+    hi = jnp.arange(h_q, dtype=jnp.int32)[None, :, None, None]
+    mi = jnp.arange(n_q, dtype=jnp.int32)[None, None, :, None]
+    row = jnp.where(active, (bi * num_kv_heads + hi // group) * num_kv_blocks + q2k_block_index,
+                    n_rows)
+    col = jnp.broadcast_to((hi % group) * n_q + mi, q2k_block_index.shape)
+    sel = jnp.zeros((n_rows + 1, width), jnp.int32).at[row, col].set(1)[:n_rows]
+    cum = jnp.cumsum(sel, axis=-1, dtype=jnp.int32)
+    counts = cum[:, -1] if width else jnp.zeros((n_rows,), jnp.int32)
+    offsets = jnp.concatenate([jnp.zeros((1,), jnp.int32), jnp.cumsum(counts, dtype=jnp.int32)])
+    pos = jnp.where(sel > 0, offsets[:-1, None] + cum - 1, n_slots)
+    vals = jnp.broadcast_to(jnp.arange(width, dtype=jnp.int32), sel.shape)
+    entries = jnp.zeros((n_slots,), jnp.int32).at[pos.reshape(-1)].set(vals.reshape(-1),
+                                                                       mode="drop")
+    return offsets, entries
 
 
 def _kq_csr_dense(q2k_block_index, active, group, num_kv_heads, num_kv_blocks, with_ranks,

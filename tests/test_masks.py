@@ -224,6 +224,39 @@ def test_transpose_block_index():
         assert np.all(k2q[b, h, indptr[b, h, -1]:] == -1)
 
 
+@pytest.mark.parametrize("shape", [(2, 4, 2, 7, 9, 5), (1, 8, 1, 3, 4, 6), (2, 2, 2, 1, 1, 3),
+                                   (1, 4, 4, 5, 0, 2), (1, 2, 1, 0, 3, 2)],
+                         ids=["gqa2", "gqa8", "one-block", "no-kv-blocks", "no-q-blocks"])
+def test_build_kq_csr_dense_constructions(shape):
+    """The K->Q lists of ``metadata.build_kq_csr`` (dense bitmap in the CSR rows' order, the
+    backward's construction) equal a numpy oracle and the transposed-bitmap construction of
+    the deterministic path: per (batch, KV head, KV block) the ascending ``h_in_group * N_q +
+    m`` that list it, repeated ids once, inactive and out-of-range slots skipped, unused
+    entry slots 0."""
+    from jax_sparse_attn import metadata
+
+    b, hq, hkv, nq, nkv, k = shape
+    rng = np.random.default_rng(sum(shape))
+    idx = rng.integers(-2, nkv + 2, size=(b, hq, nq, k)).astype(np.int32)  # repeats, garbage
+    nums = rng.integers(-1, k + 2, size=(b, hq, nq)).astype(np.int32)
+    active = (np.arange(k) < nums[..., None]) & (idx >= 0) & (idx < nkv)
+    g = hq // hkv
+    off, ent = [0], []
+    for bb, gg, n in np.ndindex(b, hkv, nkv):
+        row = sorted({hh * nq + m for hh in range(g) for m in range(nq)
+                      if np.any(active[bb, gg * g + hh, m] & (idx[bb, gg * g + hh, m] == n))})
+        ent += row
+        off.append(off[-1] + len(row))
+    got = metadata.build_kq_csr(jnp.asarray(idx), jnp.asarray(nums), num_kv_heads=hkv,
+                                num_kv_blocks=nkv)
+    old = metadata._kq_csr_dense(jnp.asarray(idx), jnp.asarray(active), g, hkv, nkv, False)
+    for o, e in (got, old):
+        o, e = np.asarray(o), np.asarray(e)
+        np.testing.assert_array_equal(o, off)
+        np.testing.assert_array_equal(e[: off[-1]], ent)
+        assert e.shape == (b * hq * nq * k,) and np.all(e[off[-1]:] == 0)
+
+
 def test_topk_block_index_bad_args():
     q = jnp.zeros((1, 2, 200, 8))
     with pytest.raises(ValueError, match=r"top_k must be >= 1, got 0"):
