@@ -509,6 +509,11 @@ def _ranks_along_last(keys):
     return jnp.argsort(order, axis=-1, stable=True).astype(jnp.int32)
 
 
+def _offsets_of(counts):
+    """CSR offsets ``(R + 1,)`` int32 of the row lengths ``counts`` ``(R,)``."""
+    return jnp.concatenate([jnp.zeros((1,), jnp.int32), jnp.cumsum(counts, dtype=jnp.int32)])
+
+
 def _kq_csr_dense_rows(q2k_block_index, active, group, num_kv_heads, num_kv_blocks):
     """:func:`build_kq_csr`'s ``(offsets, entries)`` through a bitmap scattered directly in
     the CSR rows' order: row ``(b, g, n)``, column ``h_in_group * n_q + m`` (no transpose);
@@ -527,7 +532,7 @@ def _kq_csr_dense_rows(q2k_block_index, active, group, num_kv_heads, num_kv_bloc
     sel = jnp.zeros((n_rows + 1, width), jnp.int32).at[row, col].set(1)[:n_rows]
     cum = jnp.cumsum(sel, axis=-1, dtype=jnp.int32)
     counts = cum[:, -1] if width else jnp.zeros((n_rows,), jnp.int32)
-    offsets = jnp.concatenate([jnp.zeros((1,), jnp.int32), jnp.cumsum(counts, dtype=jnp.int32)])
+    offsets = _offsets_of(counts)
     pos = jnp.where(sel > 0, offsets[:-1, None] + cum - 1, n_slots)
     vals = jnp.broadcast_to(jnp.arange(width, dtype=jnp.int32), sel.shape)
     entries = jnp.zeros((n_slots,), jnp.int32).at[pos.reshape(-1)].set(vals.reshape(-1),
