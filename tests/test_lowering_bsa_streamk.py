@@ -31,18 +31,14 @@ LOWER = [(128, 128, "bfloat16", "bhsd", False), (64, 64, "float16", "bshd", True
          (64, 128, "bfloat16", "bshd", False)]
 
 
-def _fwd_text(blk, d, dtype, layout, sizes, ws="streamk", b=2, h=4, sq=1000, skv=1025, kmax=5):
-    """The lowered text of the public forward on the sm90ws kernel with ``bsa_fwd_ws=ws``."""
+def _fwd_text(blk, d, dtype, layout, sizes, ws="streamk"):
+    """The lowered text of the public forward on the sm90ws kernel with ``bsa_fwd_ws=ws``
+    (the shapes of ``test_lowering_bsa_splits._args``, two batches of four heads)."""
     import jax_sparse_attn as jsa
     from jax_sparse_attn.config import Switches
+    from test_lowering_bsa_splits import _args
 
-    shp = (lambda s: (b, s, h, d)) if layout == "bshd" else (lambda s: (b, h, s, d))
-    q = jax.ShapeDtypeStruct(shp(sq), jnp.dtype(dtype))
-    k = jax.ShapeDtypeStruct(shp(skv), jnp.dtype(dtype))
-    nq, nkv = -(-sq // blk), -(-skv // blk)
-    idx = jax.ShapeDtypeStruct((b, h, nq, kmax), jnp.int32)
-    nums = jax.ShapeDtypeStruct((b, h, nq), jnp.int32)
-    bs = jax.ShapeDtypeStruct((b, h, nkv), jnp.int32) if sizes else None
+    q, k, idx, nums, bs = _args(blk, d, dtype, layout, sizes, b=2, h=4, sq=1000, skv=1025)
     sw = Switches(bsa_fwd_impl="sm90ws", bsa_fwd_ws=tuple(filter(None, ws.split(","))))
 
     def f(q, k, v, i, n, s):

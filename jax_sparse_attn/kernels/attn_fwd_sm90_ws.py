@@ -494,10 +494,12 @@ class AttnFwdSm90Ws:
 
     @cute.jit
     def _consume(self, work, tile, mma_qk, mma_qk0, mma_pv, thr_mma_qk, thr_mma_pv, tSrQ,
-                 tSrK, tOrV, pipe_q, pipe_k, pipe_v, c_q, c_kv, sO, turns, wg, wtid):
+                 tSrK, tOrV, pipe_q, pipe_k, pipe_v, c_q, c_kv, sO, turns, wg, wtid,
+                 piece=None):
         """Consumer warpgroup, one work item: mainloop over its KV tiles, then the epilogue
         (also for an item without KV tiles); returns the pipeline counters ``(c_kv, c_q)``
-        (in the order the item updates them)."""
+        (in the order the item updates them). ``piece``: the item is part of a split one,
+        finished by ``_finish_piece(..., piece)`` instead of the epilogue."""
         acc_O = cute.make_rmem_tensor(thr_mma_pv.partition_shape_C((self.wg_m, self.dv)),
                                       Float32)
         acc_O.fill(0.0)
@@ -512,7 +514,10 @@ class AttnFwdSm90Ws:
                 tOrV, acc_O, pipe_k, pipe_v, c_kv, work, tile, rows, turns, wg)
             if cutlass.const_expr(not self.o_alias_q):
                 pipe_q.consumer_release(c_q)
-        self._epilogue(acc_O, work, tile, thr_mma_pv, sO, wg, wtid, work.n_count > 0)
+        if cutlass.const_expr(piece is None):
+            self._epilogue(acc_O, work, tile, thr_mma_pv, sO, wg, wtid, work.n_count > 0)
+        else:
+            self._finish_piece(acc_O, work, tile, thr_mma_pv, sO, wg, wtid, piece)
         if work.n_count > 0:
             if cutlass.const_expr(self.o_alias_q):
                 # generic accesses of the aliased Q buffer before the next TMA write

@@ -471,11 +471,11 @@ class BsaFwdSm90Ws(AttnFwdSm90Ws):
                         lo, hi = self._sk_bounds(p, n_pieces, lo0, hi_last)
                         work, tile, n_full = self._decode(t0 + p * t_step, ctx, 0)
                         piece = BlockListSplit(work.kv, lo, cutlass.min(hi, n_full) - lo)
-                        c_kv, c_q = self._consume_piece(
-                            WorkItem(piece, work.head, mV, batch=work.batch), tile, n_full, lo,
-                            hi, mma_qk, mma_qk0, mma_pv, thr_mma_qk, thr_mma_pv, tSrQ, tSrK,
-                            tOrV, pipe_q, pipe_k, pipe_v, c_q, c_kv, sO, turns, wg, wtid, mWs,
-                            mFlags)
+                        c_kv, c_q = self._consume(
+                            WorkItem(piece, work.head, mV, batch=work.batch), tile, mma_qk,
+                            mma_qk0, mma_pv, thr_mma_qk, thr_mma_pv, tSrQ, tSrK, tOrV, pipe_q,
+                            pipe_k, pipe_v, c_q, c_kv, sO, turns, wg, wtid,
+                            (n_full, lo, hi, mWs, mFlags))
 
     @cute.jit
     def _decode(self, t, ctx, which: cutlass.Constexpr, nums=None):
@@ -578,27 +578,13 @@ class BsaFwdSm90Ws(AttnFwdSm90Ws):
         return lo, hi
 
     @cute.jit
-    def _consume_piece(self, work, tile, n_full, lo, hi, mma_qk, mma_qk0, mma_pv, thr_mma_qk,
-                       thr_mma_pv, tSrQ, tSrK, tOrV, pipe_q, pipe_k, pipe_v, c_q, c_kv, sO,
-                       turns, wg, wtid, mWs, mFlags):
-        """``_consume`` of entries ``[lo, min(hi, n_full))`` of an item's list: a piece that
-        does not start the list (``lo > 0``) leaves its unnormalized O and softmax state in
-        this CTA's slot of ``mWs`` and raises its flag; one that starts it but ends early
-        (``hi < n_full``) adds the next CTA's partial (``_sk_take``) before the epilogue."""
-        acc_O = cute.make_rmem_tensor(thr_mma_pv.partition_shape_C((self.wg_m, self.dv)),
-                                      Float32)
-        acc_O.fill(0.0)
-        self._work_start(tile)
-        if work.n_count > 0:
-            rows = self._work_rows(work, tile)
-            pipe_q.consumer_wait(c_q)
-            self._q_ready(tile, self.num_wg * pipe_q.stage(c_q) + wg, wg, wtid)
-            c_kv = self._mainloop(
-                mma_qk, mma_qk0, mma_pv, thr_mma_qk,
-                self._q_operand(tSrQ, self.num_wg * pipe_q.stage(c_q) + wg), tSrK,
-                tOrV, acc_O, pipe_k, pipe_v, c_kv, work, tile, rows, turns, wg)
-            if cutlass.const_expr(not self.o_alias_q):
-                pipe_q.consumer_release(c_q)
+    def _finish_piece(self, acc_O, work, tile, thr_mma_pv, sO, wg, wtid, piece):
+        """The end of ``_consume`` for entries ``[lo, min(hi, n_full))`` of an item's list
+        (``piece = (n_full, lo, hi, mWs, mFlags)``): a piece that does not start the list
+        (``lo > 0``) leaves its unnormalized O and softmax state in this CTA's slot of
+        ``mWs`` and raises its flag; one that starts it but ends early (``hi < n_full``) adds
+        the next CTA's partial (``_sk_take``) before the epilogue."""
+        n_full, lo, hi, mWs, mFlags = piece
         bidx, _, _ = cute.arch.block_idx()
         slot = Int32(bidx)
         if lo > 0:
@@ -607,13 +593,6 @@ class BsaFwdSm90Ws(AttnFwdSm90Ws):
             if hi < n_full:
                 self._sk_take(acc_O, tile.smax, mWs, mFlags, slot + 1, wg, wtid)
             self._epilogue(acc_O, work, tile, thr_mma_pv, sO, wg, wtid, n_full > 0)
-        if work.n_count > 0:
-            if cutlass.const_expr(self.o_alias_q):
-                # generic accesses of the aliased Q buffer before the next TMA write
-                cute.arch.fence_proxy("async.shared", space="cta")
-                pipe_q.consumer_release(c_q)
-            c_q += 1
-        return c_kv, c_q
 
     def _sk_base(self, slot, wg, wtid):
         """This thread's first value in ``mWs`` for CTA slot ``slot``: values ``j`` of a thread
