@@ -380,7 +380,7 @@ SK_CASES = [
 ]
 
 
-# BSA_TEST_SK: the bsa_fwd_ws flags of these tests (default "streamk"; e.g. "skearly")
+# BSA_TEST_SK: the bsa_fwd_ws flags of these tests (default "streamk"; e.g. "streamk,oalias")
 SK_FLAGS = tuple(os.environ.get("BSA_TEST_SK", "streamk").split(","))
 
 

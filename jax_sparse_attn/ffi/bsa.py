@@ -865,28 +865,35 @@ def _specs(layout: str):
 
 
 def _fwd_entry(stream, q, k, v, idx, nums, sizes, scale, out, lse, *, cfg: BsaFwdConfig):
-    args = (_cutlass_dtype(cfg.dtype), cfg.head_dim, cfg.block_size, cfg.has_block_sizes)
-    kw = {} if cfg.kv_splits == 1 else {"kv_splits": cfg.kv_splits}
     if cfg.impl == "sm90ws":
-        from ..kernels.bsa_fwd_sm90_ws import BsaFwdSm90Ws  # noqa: PLC0415
-
-        kernel = BsaFwdSm90Ws(*args, cfg.num_sms, overlap=cfg.ws_overlap,
-                              pingpong=cfg.ws_pingpong, max_stages=cfg.ws_max_stages,
-                              q_stages=cfg.ws_q_stages, causal=cfg.causal,
-                              pack_gqa=cfg.pack_gqa, head_major=cfg.ws_head_major,
-                              lazy_rescale=cfg.ws_lazy_rescale,
-                              three_ctas=cfg.ws_three_ctas, o_alias_first=cfg.ws_o_alias,
-                              cross_item=cfg.ws_cross, v_lag=cfg.ws_v_lag,
-                              q_regs=cfg.ws_q_regs, meta_prefetch=cfg.ws_meta_prefetch,
-                              q_ahead=cfg.ws_q_ahead, epi_vec=cfg.ws_epi_vec,
-                              split_wait=cfg.ws_split_wait, pdl=cfg.pdl,
-                              stream_k=cfg.ws_stream_k, **kw)
+        kernel = _ws_fwd_kernel(cfg, stream_k=False)
     else:
         from ..kernels.bsa_fwd_sm80 import BsaFwdSm80  # noqa: PLC0415
 
-        kernel = BsaFwdSm80(*args, q_in_regs=cfg.q_in_regs, min_blocks=cfg.min_blocks,
-                            late_v_wait=cfg.late_v_wait, warp_rows=cfg.warp_rows, **kw)
+        kw = {} if cfg.kv_splits == 1 else {"kv_splits": cfg.kv_splits}
+        kernel = BsaFwdSm80(_cutlass_dtype(cfg.dtype), cfg.head_dim, cfg.block_size,
+                            cfg.has_block_sizes, q_in_regs=cfg.q_in_regs,
+                            min_blocks=cfg.min_blocks, late_v_wait=cfg.late_v_wait,
+                            warp_rows=cfg.warp_rows, **kw)
     kernel(q, k, v, idx, nums, sizes, scale, out, lse, stream)
+
+
+def _ws_fwd_kernel(cfg: BsaFwdConfig, stream_k: bool):
+    """The sm90ws forward of ``cfg`` (``stream_k``: the variant whose call passes the
+    partial workspace and flags, ``_fwd_sk_entry``)."""
+    from ..kernels.bsa_fwd_sm90_ws import BsaFwdSm90Ws  # noqa: PLC0415
+
+    kw = {} if cfg.kv_splits == 1 else {"kv_splits": cfg.kv_splits}
+    return BsaFwdSm90Ws(_cutlass_dtype(cfg.dtype), cfg.head_dim, cfg.block_size,
+                        cfg.has_block_sizes, cfg.num_sms, overlap=cfg.ws_overlap,
+                        pingpong=cfg.ws_pingpong, max_stages=cfg.ws_max_stages,
+                        q_stages=cfg.ws_q_stages, causal=cfg.causal, pack_gqa=cfg.pack_gqa,
+                        head_major=cfg.ws_head_major, lazy_rescale=cfg.ws_lazy_rescale,
+                        three_ctas=cfg.ws_three_ctas, o_alias_first=cfg.ws_o_alias,
+                        cross_item=cfg.ws_cross, v_lag=cfg.ws_v_lag, q_regs=cfg.ws_q_regs,
+                        meta_prefetch=cfg.ws_meta_prefetch, q_ahead=cfg.ws_q_ahead,
+                        epi_vec=cfg.ws_epi_vec, split_wait=cfg.ws_split_wait, pdl=cfg.pdl,
+                        stream_k=stream_k, **kw)
 
 
 @functools.cache
@@ -901,22 +908,8 @@ def _fwd_sk_entry(stream, q, k, v, idx, nums, sizes, scale, flags, out, lse, ws,
                   cfg: BsaFwdConfig):
     # stream_k: the per-(CTA, warpgroup) flags are aliased to output 3 (zeroed by XLA); the
     # partial workspace is a plain output, read only where a flag says it was written
-    _sk_kernel(cfg)(q, k, v, idx, nums, sizes, scale, out, lse, stream, mWs=ws, mFlags=flags)
-
-
-def _sk_kernel(cfg: BsaFwdConfig):
-    from ..kernels.bsa_fwd_sm90_ws import BsaFwdSm90Ws  # noqa: PLC0415
-
-    return BsaFwdSm90Ws(_cutlass_dtype(cfg.dtype), cfg.head_dim, cfg.block_size,
-                        cfg.has_block_sizes, cfg.num_sms, overlap=cfg.ws_overlap,
-                        pingpong=cfg.ws_pingpong, max_stages=cfg.ws_max_stages,
-                        q_stages=cfg.ws_q_stages, causal=cfg.causal, pack_gqa=cfg.pack_gqa,
-                        head_major=cfg.ws_head_major, lazy_rescale=cfg.ws_lazy_rescale,
-                        three_ctas=cfg.ws_three_ctas, o_alias_first=cfg.ws_o_alias,
-                        cross_item=cfg.ws_cross, v_lag=cfg.ws_v_lag, q_regs=cfg.ws_q_regs,
-                        meta_prefetch=cfg.ws_meta_prefetch, q_ahead=cfg.ws_q_ahead,
-                        epi_vec=cfg.ws_epi_vec, split_wait=cfg.ws_split_wait, pdl=cfg.pdl,
-                        stream_k=True)
+    _ws_fwd_kernel(cfg, stream_k=True)(q, k, v, idx, nums, sizes, scale, out, lse, stream,
+                                       mWs=ws, mFlags=flags)
 
 
 @functools.cache

@@ -202,8 +202,6 @@ class BsaFwdSm90Ws(AttnFwdSm90Ws):
         return (dtype in (cutlass.Float16, cutlass.BFloat16) and head_dim in (64, 128)
                 and block_size in (64, 128))
 
-
-    @cute.jit
     def sk_slots(self) -> int:
         """CTA slots of the persistent grid: the leading extent of the stream-K partials."""
         return self.num_sms * self.ctas_per_sm
@@ -214,6 +212,7 @@ class BsaFwdSm90Ws(AttnFwdSm90Ws):
         running max and sum."""
         return self.sk_slots() * self.num_wg * 128 * (self.wg_m * self.dv // 128 + 4)
 
+    @cute.jit
     def __call__(self, mQ, mK, mV, mIdx, mNums, mSizes, mScale, mO, mLSE, stream, mWs=None,
                  mFlags=None):
         d = self.d
