@@ -132,7 +132,7 @@ def _parse_ws(var, raw):
 #: ``stages=N`` (at most N K/V stages, 2..8)
 BSA_WS_FLAGS = ("nooverlap", "nopingpong", "q1", "headinner", "lazyrescale", "ctas2", "oalias",
                 "cross", "crossepi", "vlag", "splitwait", "nosplitwait", "qregs", "mpre", "qahead", "noepivec",
-                "streamk")
+                "streamk", "tmao")
 _BSA_WS_ALLOWED = ("comma list of " + ", ".join(BSA_WS_FLAGS)
                    + ", stages=N (most K/V shared-memory stages: 2..8)")
 _parse_bsa_ws_opts = _parse_option_list(BSA_WS_FLAGS, "stages", lambda n: 2 <= n <= 8,
@@ -397,6 +397,9 @@ SWITCHES = (
            "same number of blocks; a work item split between two CTAs is finished by the "
            "one holding its first blocks, which adds the other's fp32 partial output; not "
            "with split-KV, pack_gqa, cross, crossepi, mpre or qahead; slower on the H200), "
+           "tmao (the epilogue stages O in the 128-byte-swizzled operand layout and one "
+           "thread per consumer warpgroup writes it with a TMA tensor store that the "
+           "warpgroup does not wait for; unpacked rows without split-KV or oalias), "
            "stages=N "
            "(most K/V stages)"),
     _choice("bsa_bwd_impl", "JAX_SPARSE_ATTN_BSA_BWD_IMPL", ("auto", "sm90", "sm90ws", "sm80"),

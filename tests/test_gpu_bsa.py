@@ -63,6 +63,7 @@ QREGS = Switches(bsa_fwd_ws=("qregs",))
 MPRE = Switches(bsa_fwd_ws=("mpre",))
 QAHEAD = Switches(bsa_fwd_ws=("qahead",))
 NOEPIVEC = Switches(bsa_fwd_ws=("noepivec",))
+TMAO = Switches(bsa_fwd_ws=("tmao",))
 SM80_LATE_V = Switches(bsa_fwd_impl="sm80", bsa_fwd_late_v_wait=True)
 SM80_WR32 = Switches(bsa_fwd_impl="sm80", bsa_fwd_warp_rows="32")
 SM80_WR16 = Switches(bsa_fwd_impl="sm80", bsa_fwd_warp_rows="16")
@@ -90,6 +91,7 @@ class TestBSAKernelGrid(BSAKernelGrid):
         cases += [(c, MPRE) for c in BSA_GRID if "mpre" in extra]
         cases += [(c, QAHEAD) for c in BSA_GRID if "qahead" in extra]
         cases += [(c, NOEPIVEC) for c in BSA_GRID if "noepivec" in extra]
+        cases += [(c, TMAO) for c in BSA_GRID if "tmao" in extra]
         cases += [(c, SM80_LATE_V) for c in BSA_GRID if "sm80_late_v" in extra]
         cases += [(c, SM80_WR32) for c in BSA_GRID if "sm80_wr32" in extra]
         cases += [(c, SM80_WR16) for c in BSA_GRID if "sm80_wr16" in extra]
@@ -326,6 +328,13 @@ def _ws_forward(q, k, v, idx, nums, sizes, switches=SM90WS, **kw):
 @pytest.mark.parametrize("c", shard(WS_CASES, SHARD), ids=lambda c: c["name"])
 def test_bsa_sm90ws_forward(c):
     _check_ws_forward(c, SM90WS)
+
+
+@pytest.mark.parametrize("c", shard(WS_CASES, SHARD), ids=lambda c: c["name"])
+def test_bsa_sm90ws_forward_tma_o(c):
+    """The sm90ws forward with O written by TMA tensor stores (``bsa_fwd_ws=tmao``): rows
+    past S_q dropped by the store, poisoned outputs, empty rows (zeros from registers)."""
+    _check_ws_forward(c, Switches(bsa_fwd_impl="sm90ws", bsa_fwd_ws=("tmao",)))
 
 
 def _check_ws_forward(c, switches):

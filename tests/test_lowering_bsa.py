@@ -268,6 +268,10 @@ _PTX_CONFIGS["qregs-blk64"] = ("_ws_fwd_text", (_QREGS,), None, {})
 #: bsa_fwd_ws=noepivec: the epilogue's element copies through the swizzled O layout
 _NOEPIVEC = dict(WS_CONFIGS[1], ws="noepivec")
 _PTX_CONFIGS["noepivec-blk64"] = ("_ws_fwd_text", (_NOEPIVEC,), None, {})
+#: bsa_fwd_ws=tmao: O written by TMA tensor stores
+_TMAO = {"tmao-blk128": dict(WS_CONFIGS[0], ws="tmao"),
+         "tmao-blk64-d64": dict(WS_CONFIGS[3], ws="tmao")}
+_PTX_CONFIGS.update({k: ("_ws_fwd_text", (c,), None, {}) for k, c in _TMAO.items()})
 
 
 @pytest.fixture(scope="module")
@@ -444,6 +448,28 @@ def test_bsa_sm90ws_epilogue_ptx(kept_ptx, cfg):
         old = shared_ops(next(iter(kp.ptx_of(kept_ptx, "noepivec-blk64").values())))
         assert old.get("st.shared.b16") == 64 and old.get("ld.shared.b16") == 64, old
         assert "st.shared.b32" not in old, old
+
+
+@pytest.mark.parametrize("name", list(_TMAO))
+def test_bsa_sm90ws_tma_o_ptx(kept_ptx, name):
+    """``bsa_fwd_ws=tmao``: each consumer warpgroup stages O with packed 4-byte shared
+    stores (D / 4 per thread) and no shared loads, then one thread writes the slice with
+    TMA tensor stores (one per 64 columns), commits them as a bulk group and, before the
+    next staging and at exit, waits for the group to have read shared memory; a
+    generic-to-async proxy fence orders the staging before the store."""
+    import re
+
+    import kept_ptx as kp  # noqa: PLC0415
+
+    cfg = _TMAO[name]
+    text = next(iter(kp.ptx_of(kept_ptx, name).values()))
+    stores = re.findall(r"cp\.async\.bulk\.tensor\.4d\.global\.shared::cta\S*", text)
+    assert len(stores) == cfg["d"] // 64, stores
+    assert text.count("cp.async.bulk.commit_group") == 1
+    assert text.count("cp.async.bulk.wait_group.read") == 2
+    assert "fence.proxy.async.shared::cta" in text
+    assert text.count("st.shared.b32") == cfg["d"] // 4
+    assert "ld.shared.v4" not in text
 
 
 @pytest.mark.parametrize("ws,d,blk,sizes", [("cross", 128, 128, False), ("crossepi", 64, 64, True),

@@ -127,6 +127,9 @@ class BsaFwdConfig:
     # the items past the last whole wave but one split into equal ranges of listed blocks,
     # one per CTA ("streamk"); the call then has the fp32 partial workspace and flags
     ws_stream_k: bool = False
+    # O written by a TMA tensor store from the epilogue's staging tile ("tmao"; unpacked
+    # rows without split-KV)
+    ws_tma_o: bool = False
     num_sms: int = 0
     arch: str = ""  # the target arch (CuTe DSL name) the key was chosen for
     # pack_gqa: query heads per KV head r of the packed rows (1: not packed; sm90ws only)
@@ -305,7 +308,9 @@ def bsa_ws_options(opts) -> dict:
     and in the producer its first entry, loaded while the current item runs), ``q_ahead``
     (``qahead``: the producer issues the next item's Q during the current item), ``epi_vec``
     (default; ``noepivec`` off: O staged with packed pair stores into a row-swizzled tile,
-    copied out in 16-byte pieces), ``stream_k`` (``streamk``: the work items after the
+    copied out in 16-byte pieces), ``tma_o`` (``tmao``: O staged in the 128-byte-swizzled
+    layout and written by one TMA tensor store per 64-row slice, which the consumer
+    warpgroup does not wait for; unpacked rows without split-KV), ``stream_k`` (``streamk``: the work items after the
     last whole wave but one cut into equal ranges of listed blocks, one per CTA),
     ``split_wait`` (True with ``splitwait``, False with ``nosplitwait``, else
     None: the config's default, True at blk 64 with D 128; the consumer warpgroup re-checks
@@ -320,6 +325,7 @@ def bsa_ws_options(opts) -> dict:
             "v_lag": "vlag" in opts, "q_regs": "qregs" in opts,
             "meta_prefetch": "mpre" in opts, "q_ahead": "qahead" in opts,
             "epi_vec": "noepivec" not in opts, "stream_k": "streamk" in opts,
+            "tma_o": "tmao" in opts,
             "split_wait": (True if "splitwait" in opts else False if "nosplitwait" in opts
                            else None)}
 
@@ -356,6 +362,8 @@ def fwd_config(dtype, head_dim, block_size, has_block_sizes, switches, causal=Fa
                             ws_meta_prefetch=o["meta_prefetch"], ws_q_ahead=o["q_ahead"],
                             ws_epi_vec=o["epi_vec"],
                             ws_stream_k=o["stream_k"] and splits == 1 and pack_gqa == 1,
+                            ws_tma_o=o["tma_o"] and splits == 1 and pack_gqa == 1
+                            and not o["o_alias"],
                             ws_split_wait=(o["split_wait"] if o["split_wait"] is not None
                                            else (block_size, head_dim) == (64, 128)),
                             num_sms=metadata.num_sms(), arch=arch, causal=causal,
@@ -893,7 +901,7 @@ def _ws_fwd_kernel(cfg: BsaFwdConfig, stream_k: bool):
                         cross_item=cfg.ws_cross, v_lag=cfg.ws_v_lag, q_regs=cfg.ws_q_regs,
                         meta_prefetch=cfg.ws_meta_prefetch, q_ahead=cfg.ws_q_ahead,
                         epi_vec=cfg.ws_epi_vec, split_wait=cfg.ws_split_wait, pdl=cfg.pdl,
-                        stream_k=stream_k, **kw)
+                        stream_k=stream_k, tma_o=cfg.ws_tma_o, **kw)
 
 
 @functools.cache

@@ -41,8 +41,8 @@ from cutlass.tensor_utils import LayoutEnum
 
 from . import hstu_common as hc
 from .common import (acc_layout_as_a, gmem_load_copy, gmem_store_copy, ldmatrix_atoms,
-                     stage_acc_swz, swz_rows_to_gmem,
-                     smem_layout_16b, transpose_view_staged)
+                     smem_layout_16b, stage_acc_sw128, stage_acc_swz, swz_rows_to_gmem,
+                     transpose_view_staged)
 from .pipeline import SmemPipeline, WarpgroupTurns
 
 SMEM_LIMIT = 227 * 1024
@@ -133,6 +133,9 @@ class AttnFwdSm90Ws:
         sV_layout = sm90_utils.make_smem_layout_b(LayoutEnum.COL_MAJOR, pv_tiler, dt,
                                                   self.stages)
         sO_layout = smem_layout_16b(wgm, dv)
+        if cutlass.const_expr(self._tma_o()):
+            # O leaves by TMA: the 128-byte-swizzled K-major layout of one 64-row slice
+            sO_layout = sm90_utils.make_smem_layout_a(LayoutEnum.ROW_MAJOR, (wgm, bn, dv), dt, 1)
         return mma_qk, mma_qk0, mma_pv, sQ_layout, sK_layout, sV_layout, sO_layout
 
     def _tma_atoms(self, tQ, tK, tV, sQ_layout, sK_layout, sV_layout):
@@ -479,12 +482,17 @@ class AttnFwdSm90Ws:
         o_base = st.sQ.data_ptr() + wg * (self.wg_m * self.d)
         if cutlass.const_expr(not self.o_alias_q):
             o_base = st.sO.data_ptr() + wg * cute.cosize(sO_layout)
-        if cutlass.const_expr(self._epi_vec()):
+        if cutlass.const_expr(self._epi_vec() and not self._tma_o()):
             # the epilogue addresses the buffer itself (common.stage_acc_swz): a plain
             # row-major view of the same bytes
             return cute.make_tensor(o_base, cute.make_layout((self.wg_m, self.dv),
                                                              stride=(self.dv, 1)))
         return cute.make_tensor(cute.recast_ptr(o_base, sO_layout.inner), sO_layout.outer)
+
+    def _tma_o(self):
+        """Whether the epilogue stages O in the 128-byte-swizzled layout of ``sO`` and one
+        thread of the warpgroup writes it with a TMA tensor store (``_store_o_tma``)."""
+        return getattr(self, "tma_o", False)
 
     def _epi_vec(self):
         """Whether the epilogue stages O with packed pair stores into a row-swizzled tile
@@ -783,6 +791,48 @@ class AttnFwdSm90Ws:
             self._p_into(rP, rP2)
 
     # ------------------------------------------------------------------ epilogue
+    @cute.jit
+    def _store_o_tma(self, acc_O, inv_scale, thr_mma_pv, sO, tma_o, gO, m64, wg, wtid):
+        """``O`` (times ``inv_scale`` unless None) -> 16 bit -> this warpgroup's ``sO`` (the
+        128-byte-swizzled layout, ``common.stage_acc_sw128``) -> one TMA tensor store of the
+        64-row slice ``m64`` of ``gO`` ((64, Dv, slices) tiles of the TMA view), issued by
+        thread 0 of the warpgroup; TMA drops the rows past the tensor's end. The store
+        reads ``sO`` asynchronously: the next call first waits (thread 0) for that read,
+        and ``_tma_o_drain`` waits for the last one before the CTA exits."""
+        wgm, dv = self.wg_m, self.dv
+        bar_id = self._wg_bar(wg)
+        if wtid == 0:
+            cute.arch.cp_async_bulk_wait_group(0, read=True)
+        cute.arch.barrier(barrier_id=bar_id, number_of_threads=128)
+        stage_acc_sw128(acc_O, thr_mma_pv.partition_C(cute.make_identity_tensor((wgm, dv))),
+                        self._plain_o(sO).iterator, wgm, dv,
+                        self.dtype == cutlass.BFloat16, inv_scale)
+        # the generic-proxy writes of sO before the TMA (async proxy) reads it
+        cute.arch.fence_proxy("async.shared", space="cta")
+        cute.arch.barrier(barrier_id=bar_id, number_of_threads=128)
+        if wtid == 0:
+            tOs, tOg = cpasync.tma_partition(tma_o, 0, cute.make_layout(1),
+                                             cute.group_modes(sO, 0, 2),
+                                             cute.group_modes(gO, 0, 2))
+            cute.copy(tma_o, tOs[None, 0], tOg[None, m64])
+            cute.arch.cp_async_bulk_commit_group()
+
+    def _plain_o(self, sO):
+        """The bytes of the TMA-staged ``sO`` as a plain row-major (64, Dv) tensor (the
+        staging code applies the swizzle itself; the zero stores use only its shape)."""
+        ptr = cute.make_ptr(self.dtype, sO.iterator.toint(), cute.AddressSpace.smem,
+                            assumed_align=1024)
+        return cute.make_tensor(ptr, cute.make_layout((self.wg_m, self.dv),
+                                                      stride=(self.dv, 1)))
+
+    @cute.jit
+    def _tma_o_drain(self, wtid):
+        """With ``_tma_o``: thread 0 of a consumer warpgroup waits until its last O store has
+        read shared memory (before the CTA exits)."""
+        if cutlass.const_expr(self._tma_o()):
+            if wtid == 0:
+                cute.arch.cp_async_bulk_wait_group(0, read=True)
+
     @cute.jit
     def _store_o(self, acc_O, inv_scale, thr_mma_pv, sO, mO_rows, mw0, seqlen_q, wg, wtid,
                  has_work):

@@ -71,6 +71,7 @@ from dataclasses import dataclass
 import cutlass
 import cutlass.cute as cute
 from cutlass import Float32, Int32
+from cutlass.cute.nvgpu import cpasync
 
 from .attn_fwd_sm90_ws import SMEM_LIMIT, AttnFwdSm90Ws, WorkItem, smem_plan
 from .block_info import BlockList, BlockListSplit
@@ -111,6 +112,8 @@ class _Tile:
     mO: object
     mLSE: object
     split: object = None  # split-KV: this item's split
+    tma_o: object = None  # the O store's TMA atom (``tma_o``)
+    tma_tO: object = None  # and its coordinate view (S, D, H, B)
 
 
 class BsaFwdSm90Ws(AttnFwdSm90Ws):
@@ -122,7 +125,7 @@ class BsaFwdSm90Ws(AttnFwdSm90Ws):
                  o_alias_first: bool = False, cross_item: int = 0, v_lag: bool = False,
                  split_wait: bool = False, pdl: bool = False, q_regs: bool = False,
                  meta_prefetch: bool = False, q_ahead: bool = False, epi_vec: bool = False,
-                 stream_k: bool = False):
+                 stream_k: bool = False, tma_o: bool = False):
         self.pdl = pdl
         # the last work items' blocks split evenly over the CTAs (``_sk_range``); partials
         # of the split items go through ``mWs`` / ``mFlags``
@@ -166,6 +169,9 @@ class BsaFwdSm90Ws(AttnFwdSm90Ws):
         self.stages, self.q_stages, self.o_alias_q = bsa_ws_smem_plan(
             head_dim, self.bm, block_size, limit, max_stages, q_stages, o_alias_first)
         self.num_sms = num_sms
+        # O written by a TMA tensor store from its own staging buffer (AttnFwdSm90Ws._tma_o;
+        # unpacked rows of one (batch, head) in the 16-bit output)
+        self.tma_o = tma_o and pack_gqa == 1 and kv_splits == 1 and not self.o_alias_q
         # chained work items (``AttnFwdSm90Ws._consume_items``): needs the overlapped
         # mainloop and the next item's Q in its own buffer
         # (``cross_item``: 0 off, 1 on, 2 on with the last PV GEMM issued before the next
@@ -230,6 +236,11 @@ class BsaFwdSm90Ws(AttnFwdSm90Ws):
             H_q = mK.shape[2]
         tma_q, tma_tQ, tma_k, tma_tK, tma_v, tma_tV = self._tma_atoms(
             tQ, tK, tV, sQ_layout, sK_layout, sV_layout)
+        tma_o = tma_tO = None
+        if cutlass.const_expr(self.tma_o):
+            tma_o, tma_tO = cpasync.make_tiled_tma_atom(
+                cpasync.CopyBulkTensorTileS2GOp(), tma_view(mO, d),
+                cute.slice_(sO_layout, (None, None, 0)), (self.wg_m, d))
         Smem = self._smem_struct(sQ_layout, sK_layout, sV_layout, sO_layout)
         n_q_blocks = (S_q + self.bm - 1) // self.bm
         n_work = B * n_q_blocks * H_q
@@ -239,7 +250,7 @@ class BsaFwdSm90Ws(AttnFwdSm90Ws):
         self.kernel(
             tma_q, tma_tQ, tma_k, tma_tK, tma_v, tma_tV, mV, mIdx, mNums, mSizes, mScale, mO,
             mLSE, sQ_layout, sK_layout, sV_layout, sO_layout, mma_qk, mma_qk0, mma_pv, Smem,
-            mWs, mFlags,
+            mWs, mFlags, tma_o, tma_tO,
         ).launch(grid=grid, block=[self.num_threads, 1, 1], smem=Smem.size_in_bytes(),
                  stream=stream, min_blocks_per_mp=self.ctas_per_sm, use_pdl=self.pdl,
                  # two CTAs per SM need the largest shared-memory carveout (percent)
@@ -297,7 +308,7 @@ class BsaFwdSm90Ws(AttnFwdSm90Ws):
     @cute.kernel
     def kernel(self, tma_q, tma_tQ, tma_k, tma_tK, tma_v, tma_tV, mV, mIdx, mNums, mSizes,
                mScale, mO, mLSE, sQ_layout, sK_layout, sV_layout, sO_layout, mma_qk, mma_qk0,
-               mma_pv, Smem: cutlass.Constexpr, mWs, mFlags):
+               mma_pv, Smem: cutlass.Constexpr, mWs, mFlags, tma_o, tma_tO):
         tidx, _, _ = cute.arch.thread_idx()
         warp = cute.arch.make_warp_uniform(cute.arch.warp_idx())
         wg_idx = warp // 4
@@ -432,7 +443,7 @@ class BsaFwdSm90Ws(AttnFwdSm90Ws):
                 smaxes = (smax, OnlineSoftmax.create(cute.size(tScS, mode=[0]), softmax_scale,
                                                      self.rescale_threshold))
             ctx = (sched, n_q_blocks, mIdx, mNums, mSizes, seqlen_k, seqlen_q, n_heads, mV,
-                   mask, smaxes, mO, mLSE, wg)
+                   mask, smaxes, mO, mLSE, wg, tma_o, tma_tO)
             if cutlass.const_expr(self.cross_item):
                 self._consume_items(sched, sched.n_work, ctx, mma_qk, mma_qk0, mma_pv,
                                     thr_mma_qk, thr_mma_pv, tSrQ, tSrK, tOrV, pipe_q, pipe_k,
@@ -475,6 +486,8 @@ class BsaFwdSm90Ws(AttnFwdSm90Ws):
                             mma_qk0, mma_pv, thr_mma_qk, thr_mma_pv, tSrQ, tSrK, tOrV, pipe_q,
                             pipe_k, pipe_v, c_q, c_kv, sO, turns, wg, wtid,
                             (n_full, lo, hi, mWs, mFlags))
+            # the last O store has read shared memory before the CTA exits
+            self._tma_o_drain(wtid)
 
     @cute.jit
     def _decode(self, t, ctx, which: cutlass.Constexpr, nums=None):
@@ -482,7 +495,7 @@ class BsaFwdSm90Ws(AttnFwdSm90Ws):
         ``_consume_items``: 0 or 1) and listed-block count; ``nums``: its raw
         ``q2k_block_nums`` entry, loaded earlier."""
         (sched, n_q_blocks, mIdx, mNums, mSizes, seqlen_k, seqlen_q, n_heads, mV, mask, smaxes,
-         mO, mLSE, wg) = ctx
+         mO, mLSE, wg, tma_o, tma_tO) = ctx
         item = self._work(sched, t, n_q_blocks, mIdx, mNums, mSizes, seqlen_k, seqlen_q,
                           n_heads, nums)
         batch, head, m_block, blist = item[:4]
@@ -490,7 +503,7 @@ class BsaFwdSm90Ws(AttnFwdSm90Ws):
         if cutlass.const_expr(self.kv_splits > 1):
             split = item[4]
         tile = _Tile(m_block * self.bm + wg * self.wg_m, mask, smaxes[which], seqlen_q, mO,
-                     mLSE, split)
+                     mLSE, split, tma_o, tma_tO)
         return WorkItem(blist, head, mV, batch=batch), tile, blist.n_count
 
     # ------------------------------------------------ stream-K tail (``stream_k``)
@@ -812,6 +825,16 @@ class BsaFwdSm90Ws(AttnFwdSm90Ws):
         if cutlass.const_expr(self.pack > 1):
             self._store_o_packed(acc_O, thr_mma_pv, sO, tile.mO, work, mw0, tile.seqlen_q, wg,
                                  wtid, has_work)
+        elif cutlass.const_expr(self.tma_o):
+            if has_work:
+                gO = cute.local_tile(tile.tma_tO[None, None, work.head, work.batch], (wgm, d),
+                                     (None, 0))
+                self._store_o_tma(acc_O, None, thr_mma_pv, sO, tile.tma_o, gO, mw0 // wgm, wg,
+                                  wtid)
+            else:
+                self._store_o(acc_O, None, thr_mma_pv, self._plain_o(sO),
+                              tile.mO[work.batch, None, work.head, None], mw0, tile.seqlen_q,
+                              wg, wtid, False)
         else:
             self._store_o(acc_O, None, thr_mma_pv, sO,
                           tile.mO[work.batch, None, work.head, None], mw0, tile.seqlen_q, wg,

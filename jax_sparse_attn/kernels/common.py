@@ -300,6 +300,28 @@ def stage_acc_swz(acc, coords, sbase, d: cutlass.Constexpr, bf16: cutlass.Conste
 
 
 @cute.jit
+def stage_acc_sw128(acc, coords, sbase, rows: cutlass.Constexpr, d: cutlass.Constexpr,
+                    bf16: cutlass.Constexpr, scale=None):
+    """A thread's wgmma accumulator ``acc`` (fp32; ``coords``: the (row, column) of each
+    value, columns in adjacent pairs) into the 16-bit ``(rows, d)`` shared tile at ``sbase``
+    in the layout of a K-major wgmma operand with the 128-byte swizzle (``d`` a multiple of
+    64): 64-column panels one after the other, each row-major with 128-byte rows whose
+    16-byte chunk ``c`` is stored at chunk ``c ^ (row % 8)`` -- the layout a TMA tensor store
+    with the 128-byte swizzle reads (boxes of ``(rows, 64)``). Each value times ``scale``
+    when given, as packed 4-byte pair stores; the eight rows a warp writes per store land in
+    eight different chunks (no bank conflicts)."""
+    for e2 in cutlass.range_constexpr(cute.size(acc) // 2):
+        row = coords[2 * e2][0]
+        col = coords[2 * e2][1]
+        off = ((col >> 6) * (rows * 64) + row * 64
+               + (((((col >> 3) & 7) ^ (row & 7)) << 3) | (col & 7)))
+        lo, hi = acc[2 * e2], acc[2 * e2 + 1]
+        if cutlass.const_expr(scale is not None):
+            lo, hi = lo * scale, hi * scale
+        st_shared_pair16(sbase + off, lo, hi, bf16)
+
+
+@cute.jit
 def swz_piece_ptr(sbase, row, piece, d: cutlass.Constexpr, dtype: cutlass.Constexpr):
     """Shared pointer of 16-byte piece ``piece`` of row ``row`` of a tile written by
     :func:`stage_acc_swz`."""
