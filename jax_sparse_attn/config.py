@@ -132,7 +132,7 @@ def _parse_ws(var, raw):
 #: ``stages=N`` (at most N K/V stages, 2..8)
 BSA_WS_FLAGS = ("nooverlap", "nopingpong", "q1", "headinner", "lazyrescale", "ctas2", "oalias",
                 "cross", "crossepi", "vlag", "splitwait", "nosplitwait", "qregs", "mpre", "qahead", "noepivec",
-                "streamk", "tmao")
+                "streamk", "tmao", "notmao")
 _BSA_WS_ALLOWED = ("comma list of " + ", ".join(BSA_WS_FLAGS)
                    + ", stages=N (most K/V shared-memory stages: 2..8)")
 _parse_bsa_ws_opts = _parse_option_list(BSA_WS_FLAGS, "stages", lambda n: 2 <= n <= 8,
@@ -143,9 +143,10 @@ def _parse_bsa_ws(var, raw):
     """Parser of JAX_SPARSE_ATTN_BSA_WS: :data:`BSA_WS_FLAGS` and ``stages=N``;
     ``splitwait`` and ``nosplitwait`` exclude each other."""
     opts = _parse_bsa_ws_opts(var, raw)
-    if "splitwait" in opts and "nosplitwait" in opts:
-        raise ValueError(f"{var}={raw!r}: 'splitwait' and 'nosplitwait' exclude each other; "
-                         f"allowed: {_BSA_WS_ALLOWED}")
+    for a in ("splitwait", "tmao"):
+        if a in opts and "no" + a in opts:
+            raise ValueError(f"{var}={raw!r}: {a!r} and {'no' + a!r} exclude each other; "
+                             f"allowed: {_BSA_WS_ALLOWED}")
     clash = [o for o in ("cross", "crossepi", "mpre", "qahead") if o in opts]
     if "streamk" in opts and clash:
         raise ValueError(f"{var}={raw!r}: 'streamk' cannot be combined with {clash[0]!r} "
@@ -397,9 +398,11 @@ SWITCHES = (
            "same number of blocks; a work item split between two CTAs is finished by the "
            "one holding its first blocks, which adds the other's fp32 partial output; not "
            "with split-KV, pack_gqa, cross, crossepi, mpre or qahead; slower on the H200), "
-           "tmao (the epilogue stages O in the 128-byte-swizzled operand layout and one "
-           "thread per consumer warpgroup writes it with a TMA tensor store that the "
-           "warpgroup does not wait for; unpacked rows without split-KV or oalias), "
+           "tmao (the default: the epilogue stages O in the 128-byte-swizzled operand "
+           "layout and one thread per consumer warpgroup writes it with TMA tensor stores "
+           "that the warpgroup does not wait for; unpacked rows without split-KV or oalias), "
+           "notmao (the consumer warpgroup copies the staged O out itself in 16-byte "
+           "pieces; also implied by noepivec), "
            "stages=N "
            "(most K/V stages)"),
     _choice("bsa_bwd_impl", "JAX_SPARSE_ATTN_BSA_BWD_IMPL", ("auto", "sm90", "sm90ws", "sm80"),

@@ -25,8 +25,10 @@ the register operand of its S GEMMs); ``mpre``: ``Switches(bsa_fwd_ws="mpre")`` 
 forward loading the next work item's list metadata during the current one); ``qahead``:
 ``Switches(bsa_fwd_ws="qahead")`` (its producer issuing the next item's Q during the current
 item); ``noepivec``: ``Switches(bsa_fwd_ws="noepivec")`` (its epilogue staging O through the
-element copies of the swizzled layout instead of packed pair stores); ``nodefault`` leaves out the grid with the default
-switches.
+element copies of the swizzled layout instead of packed pair stores); ``notmao``:
+``Switches(bsa_fwd_ws="notmao")`` (its consumer warpgroups copying the staged O out
+themselves instead of TMA tensor stores); ``nodefault`` leaves out the grid with the
+default switches.
 ``test_bsa_preprocess_kernel`` checks the preprocessing kernel directly.
 ``test_bsa_sm90ws_forward`` adds the sm90ws forward's own cases (every KV block listed, the
 partial last block listed by every row, NaN in unlisted blocks and past block_sizes,
@@ -63,7 +65,7 @@ QREGS = Switches(bsa_fwd_ws=("qregs",))
 MPRE = Switches(bsa_fwd_ws=("mpre",))
 QAHEAD = Switches(bsa_fwd_ws=("qahead",))
 NOEPIVEC = Switches(bsa_fwd_ws=("noepivec",))
-TMAO = Switches(bsa_fwd_ws=("tmao",))
+NOTMAO = Switches(bsa_fwd_ws=("notmao",))
 SM80_LATE_V = Switches(bsa_fwd_impl="sm80", bsa_fwd_late_v_wait=True)
 SM80_WR32 = Switches(bsa_fwd_impl="sm80", bsa_fwd_warp_rows="32")
 SM80_WR16 = Switches(bsa_fwd_impl="sm80", bsa_fwd_warp_rows="16")
@@ -91,7 +93,7 @@ class TestBSAKernelGrid(BSAKernelGrid):
         cases += [(c, MPRE) for c in BSA_GRID if "mpre" in extra]
         cases += [(c, QAHEAD) for c in BSA_GRID if "qahead" in extra]
         cases += [(c, NOEPIVEC) for c in BSA_GRID if "noepivec" in extra]
-        cases += [(c, TMAO) for c in BSA_GRID if "tmao" in extra]
+        cases += [(c, NOTMAO) for c in BSA_GRID if "notmao" in extra]
         cases += [(c, SM80_LATE_V) for c in BSA_GRID if "sm80_late_v" in extra]
         cases += [(c, SM80_WR32) for c in BSA_GRID if "sm80_wr32" in extra]
         cases += [(c, SM80_WR16) for c in BSA_GRID if "sm80_wr16" in extra]
@@ -331,10 +333,10 @@ def test_bsa_sm90ws_forward(c):
 
 
 @pytest.mark.parametrize("c", shard(WS_CASES, SHARD), ids=lambda c: c["name"])
-def test_bsa_sm90ws_forward_tma_o(c):
-    """The sm90ws forward with O written by TMA tensor stores (``bsa_fwd_ws=tmao``): rows
-    past S_q dropped by the store, poisoned outputs, empty rows (zeros from registers)."""
-    _check_ws_forward(c, Switches(bsa_fwd_impl="sm90ws", bsa_fwd_ws=("tmao",)))
+def test_bsa_sm90ws_forward_notmao(c):
+    """The sm90ws forward with O copied out by the consumer warpgroup (``bsa_fwd_ws=notmao``;
+    by default TMA tensor stores write it): the cases of ``test_bsa_sm90ws_forward``."""
+    _check_ws_forward(c, Switches(bsa_fwd_impl="sm90ws", bsa_fwd_ws=("notmao",)))
 
 
 def _check_ws_forward(c, switches):

@@ -268,10 +268,13 @@ _PTX_CONFIGS["qregs-blk64"] = ("_ws_fwd_text", (_QREGS,), None, {})
 #: bsa_fwd_ws=noepivec: the epilogue's element copies through the swizzled O layout
 _NOEPIVEC = dict(WS_CONFIGS[1], ws="noepivec")
 _PTX_CONFIGS["noepivec-blk64"] = ("_ws_fwd_text", (_NOEPIVEC,), None, {})
-#: bsa_fwd_ws=tmao: O written by TMA tensor stores
-_TMAO = {"tmao-blk128": dict(WS_CONFIGS[0], ws="tmao"),
-         "tmao-blk64-d64": dict(WS_CONFIGS[3], ws="tmao")}
+#: the default's O written by TMA tensor stores (bsa_fwd_ws=notmao: copied out by the
+#: consumer warpgroup)
+_TMAO = {"tmao-blk128": WS_CONFIGS[0], "tmao-blk64-d64": WS_CONFIGS[3]}
 _PTX_CONFIGS.update({k: ("_ws_fwd_text", (c,), None, {}) for k, c in _TMAO.items()})
+_NOTMAO = {_ids(c): dict(c, ws="notmao") for c in WS_CONFIGS[:2]}
+_PTX_CONFIGS.update({"notmao-" + k: ("_ws_fwd_text", (c,), None, {})
+                     for k, c in _NOTMAO.items()})
 
 
 @pytest.fixture(scope="module")
@@ -426,10 +429,10 @@ def test_bsa_sm90ws_qregs_ptx(kept_ptx):
 
 @pytest.mark.parametrize("cfg", [WS_CONFIGS[0], WS_CONFIGS[1]], ids=lambda c: _ids(c))
 def test_bsa_sm90ws_epilogue_ptx(kept_ptx, cfg):
-    """The default forward stages O (64 x D per consumer warpgroup, D 128: 64 values per
-    thread) with packed 4-byte shared stores (32 per thread) and copies it out with 16-byte
-    shared loads (8 per thread), no 2-byte shared accesses; ``bsa_fwd_ws=noepivec`` keeps the
-    element copies of the swizzled layout (64 2-byte stores and 64 2-byte loads)."""
+    """With ``bsa_fwd_ws=notmao`` the forward stages O (64 x D per consumer warpgroup, D 128:
+    64 values per thread) with packed 4-byte shared stores (32 per thread) and copies it out
+    with 16-byte shared loads (8 per thread), no 2-byte shared accesses; ``noepivec`` keeps
+    the element copies of the swizzled layout (64 2-byte stores and 64 2-byte loads)."""
     import re
 
     import kept_ptx as kp  # noqa: PLC0415
@@ -440,7 +443,7 @@ def test_bsa_sm90ws_epilogue_ptx(kept_ptx, cfg):
             ops[m.group(0)] = ops.get(m.group(0), 0) + 1
         return ops
 
-    default = shared_ops(next(iter(kp.ptx_of(kept_ptx, _ids(cfg)).values())))
+    default = shared_ops(next(iter(kp.ptx_of(kept_ptx, "notmao-" + _ids(cfg)).values())))
     assert default.get("st.shared.b32") == 32, default
     assert default.get("ld.shared.v4.b32") == 8, default
     assert not any(op.endswith(("b16", "u16")) for op in default), default
@@ -452,8 +455,9 @@ def test_bsa_sm90ws_epilogue_ptx(kept_ptx, cfg):
 
 @pytest.mark.parametrize("name", list(_TMAO))
 def test_bsa_sm90ws_tma_o_ptx(kept_ptx, name):
-    """``bsa_fwd_ws=tmao``: each consumer warpgroup stages O with packed 4-byte shared
-    stores (D / 4 per thread) and no shared loads, then one thread writes the slice with
+    """The default forward (``bsa_fwd_ws=tmao``): each consumer warpgroup stages O with
+    packed 4-byte shared stores (D / 4 per thread) and no shared loads, then one thread
+    writes the slice with
     TMA tensor stores (one per 64 columns), commits them as a bulk group and, before the
     next staging and at exit, waits for the group to have read shared memory; a
     generic-to-async proxy fence orders the staging before the store."""

@@ -127,9 +127,9 @@ class BsaFwdConfig:
     # the items past the last whole wave but one split into equal ranges of listed blocks,
     # one per CTA ("streamk"); the call then has the fp32 partial workspace and flags
     ws_stream_k: bool = False
-    # O written by a TMA tensor store from the epilogue's staging tile ("tmao"; unpacked
-    # rows without split-KV)
-    ws_tma_o: bool = False
+    # O written by TMA tensor stores from the epilogue's staging tile (unpacked rows without
+    # split-KV; off with "notmao")
+    ws_tma_o: bool = True
     num_sms: int = 0
     arch: str = ""  # the target arch (CuTe DSL name) the key was chosen for
     # pack_gqa: query heads per KV head r of the packed rows (1: not packed; sm90ws only)
@@ -308,9 +308,9 @@ def bsa_ws_options(opts) -> dict:
     and in the producer its first entry, loaded while the current item runs), ``q_ahead``
     (``qahead``: the producer issues the next item's Q during the current item), ``epi_vec``
     (default; ``noepivec`` off: O staged with packed pair stores into a row-swizzled tile,
-    copied out in 16-byte pieces), ``tma_o`` (``tmao``: O staged in the 128-byte-swizzled
-    layout and written by one TMA tensor store per 64-row slice, which the consumer
-    warpgroup does not wait for; unpacked rows without split-KV), ``stream_k`` (``streamk``: the work items after the
+    copied out in 16-byte pieces), ``tma_o`` (default; ``notmao`` off: O staged in the
+    128-byte-swizzled layout and written by TMA tensor stores, which the consumer warpgroup
+    does not wait for; unpacked rows without split-KV or ``oalias``), ``stream_k`` (``streamk``: the work items after the
     last whole wave but one cut into equal ranges of listed blocks, one per CTA),
     ``split_wait`` (True with ``splitwait``, False with ``nosplitwait``, else
     None: the config's default, True at blk 64 with D 128; the consumer warpgroup re-checks
@@ -325,7 +325,7 @@ def bsa_ws_options(opts) -> dict:
             "v_lag": "vlag" in opts, "q_regs": "qregs" in opts,
             "meta_prefetch": "mpre" in opts, "q_ahead": "qahead" in opts,
             "epi_vec": "noepivec" not in opts, "stream_k": "streamk" in opts,
-            "tma_o": "tmao" in opts,
+            "tma_o": "notmao" not in opts and "noepivec" not in opts,
             "split_wait": (True if "splitwait" in opts else False if "nosplitwait" in opts
                            else None)}
 
