@@ -100,7 +100,7 @@ def _parse_option_list(flags, key, key_ok, allowed):
 #: the fifth entry
 WS_FLAGS = ("nooverlap", "nopingpong", "q1", "silu16", "tanh16", "pagepf", "qalias",
             "cross", "crossepi", "vlag", "headouter", "roundrobin", "dynamic", "static", "qscale",
-            "noqscale", "wg3", "wg2", "plate", "splitwait", "epivec", "noepivec")
+            "noqscale", "wg3", "wg2", "plate", "splitwait", "epivec", "noepivec", "tmao")
 _WS_ALLOWED = ("comma list of " + ", ".join(WS_FLAGS)
                + ", bn=N (block_n: a multiple of 16 in 16..256), chunk=N (KiB of K / V per "
                "sequence chunk of the tile schedule: 0..1048576, 0 = off)")
@@ -285,6 +285,11 @@ SWITCHES = (
            "into a row-swizzled tile copied out in 16-byte pieces, as the block-sparse "
            "forward does), noepivec (the epilogue stages O through the element copies of "
            "the swizzled O layout, 2-byte shared-memory stores and loads), "
+           "tmao (query tiles that end inside their sequence stage O in the 128-byte-swizzled "
+           "operand layout and one thread per consumer warpgroup writes it with TMA tensor "
+           "stores that the warpgroup does not wait for; a sequence's last, partial tile "
+           "keeps the pair-store copy; not with split-KV, qalias or noepivec, and Dv a "
+           "multiple of 64), "
            "bn=N (keys per tile; default 128, 64 at "
            "D = 256), chunk=N (with the "
            "dynamic deal: the tile schedule orders the query tiles by sequence chunks of "

@@ -140,6 +140,8 @@ class HstuFwdConfig(_HstuKey):
     # the epilogue's O staged with packed pair stores into a row-swizzled tile (default;
     # "noepivec": the element copies of the swizzled layout)
     ws_epi_vec: bool = True
+    # query tiles inside their sequence write O by TMA tensor stores ("tmao")
+    ws_tma_o: bool = False
     # persistent work items walk the schedule rows of one (split, head) after the other
     # ("headouter"; else the heads of a row are consecutive items)
     ws_head_outer: bool = False
@@ -468,7 +470,9 @@ def ws_options(opts) -> dict:
     ptxas keeps that wait below the next score tile instead of hoisting it above; measured
     within 1 % on the H200), ``epi_vec`` (default; ``noepivec`` off: the epilogue stages O
     with packed 4-byte shared stores into a row-swizzled tile and copies it out in 16-byte
-    pieces, as the block-sparse forward does; 4–20 % faster forward on the H200), ``num_wg`` (consumer warpgroups: 3
+    pieces, as the block-sparse forward does; 4–20 % faster forward on the H200), ``tma_o``
+    (``tmao``, not with ``noepivec``: query tiles that end inside their sequence are written
+    by TMA tensor stores the warpgroup does not wait for), ``num_wg`` (consumer warpgroups: 3
     with ``wg3`` (192-row query tiles, at head dims up to 64; never with rab, paged K / V or
     ``cross``), 2 with ``wg2``, else None: the config's default), ``bn`` (block_n, 0: the kernel's default for
     the head dims), ``chunk`` (with the dynamic deal: KiB of K / V per sequence chunk of the
@@ -487,6 +491,7 @@ def ws_options(opts) -> dict:
             "num_wg": 3 if "wg3" in opts else 2 if "wg2" in opts else None,
             "p_late": "plate" in opts, "split_wait": "splitwait" in opts,
             "epi_vec": "noepivec" not in opts,
+            "tma_o": "tmao" in opts and "noepivec" not in opts,
             "bn": bn[0] if bn else 0,
             "chunk": (chunk[0] if chunk else SCHEDULE_CHUNK_KIB) if dynamic else 0}
 
@@ -560,7 +565,7 @@ def _ws_config(dtype, head_dim, head_dim_v, func_n, switches, rab, arch,
                          ws_tanh16=opts["tanh16"], ws_q_alias=opts["q_alias"],
                          ws_cross=opts["cross"], ws_v_lag=opts["v_lag"],
                          ws_split_wait=opts["split_wait"], ws_epi_vec=opts["epi_vec"],
-                         ws_head_outer=opts["head_outer"], ws_snake=opts["snake"],
+                         ws_tma_o=opts["tma_o"], ws_head_outer=opts["head_outer"], ws_snake=opts["snake"],
                          ws_dynamic=opts["dynamic"], schedule_chunk_kib=opts["chunk"],
                          ws_q_scale=q_scale and not rab["has_rab"] and not opts["cross"],
                          ws_num_wg=num_wg,
@@ -774,7 +779,8 @@ def _ws_fwd_kernel(cfg, **extra):
                          head_outer=cfg.ws_head_outer, snake=cfg.ws_snake,
                          kv_splits=cfg.kv_splits, q_scale=cfg.ws_q_scale,
                          num_wg=cfg.ws_num_wg, p_late=cfg.ws_p_late,
-                         split_wait=cfg.ws_split_wait, epi_vec=cfg.ws_epi_vec, **extra)
+                         split_wait=cfg.ws_split_wait, epi_vec=cfg.ws_epi_vec,
+                         tma_o=cfg.ws_tma_o, **extra)
 
 
 @functools.lru_cache(maxsize=None)
@@ -834,7 +840,8 @@ def _fwd_paged_adapter():
                                head_outer=cfg.ws_head_outer, snake=cfg.ws_snake,
                                kv_splits=cfg.kv_splits, page_id_clamp=cfg.page_id_clamp,
                                page_prefetch=cfg.ws_page_prefetch,
-                               split_wait=cfg.ws_split_wait, epi_vec=cfg.ws_epi_vec)
+                               split_wait=cfg.ws_split_wait, epi_vec=cfg.ws_epi_vec,
+                               tma_o=cfg.ws_tma_o)
         kernel(q, paged_kv, paged_kv, cu_q, cu_k, tiles, func, scal, win, out, stream,
                mPageIds=page_ids, mPageIndptrs=page_indptrs)
 

@@ -801,9 +801,7 @@ class AttnFwdSm90Ws:
         and ``_tma_o_drain`` waits for the last one before the CTA exits."""
         wgm, dv = self.wg_m, self.dv
         bar_id = self._wg_bar(wg)
-        if wtid == 0:
-            cute.arch.cp_async_bulk_wait_group(0, read=True)
-        cute.arch.barrier(barrier_id=bar_id, number_of_threads=128)
+        self._tma_o_wait(wg, wtid)
         stage_acc_sw128(acc_O, thr_mma_pv.partition_C(cute.make_identity_tensor((wgm, dv))),
                         self._plain_o(sO).iterator, wgm, dv,
                         self.dtype == cutlass.BFloat16, inv_scale)
@@ -816,6 +814,14 @@ class AttnFwdSm90Ws:
                                              cute.group_modes(gO, 0, 2))
             cute.copy(tma_o, tOs[None, 0], tOg[None, m64])
             cute.arch.cp_async_bulk_commit_group()
+
+    @cute.jit
+    def _tma_o_wait(self, wg, wtid):
+        """Before this warpgroup writes its O staging tile: thread 0 waits until its last TMA
+        store has read the tile, then the warpgroup meets at its named barrier."""
+        if wtid == 0:
+            cute.arch.cp_async_bulk_wait_group(0, read=True)
+        cute.arch.barrier(barrier_id=self._wg_bar(wg), number_of_threads=128)
 
     def _plain_o(self, sO):
         """The bytes of the TMA-staged ``sO`` as a plain row-major (64, Dv) tensor (the

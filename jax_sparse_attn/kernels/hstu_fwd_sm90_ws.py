@@ -55,6 +55,7 @@ from dataclasses import dataclass
 import cutlass
 import cutlass.cute as cute
 from cutlass import Float32, Int32
+from cutlass.cute.nvgpu import cpasync
 
 from . import hstu_common as hc
 from .attn_fwd_sm90_ws import SMEM_LIMIT, AttnFwdSm90Ws, WorkItem, smem_plan
@@ -97,6 +98,8 @@ class _Tile:
     mO: object
     split: object = None  # split-KV: this item's key split
     q_base: object = None  # q_scale: the shared-memory pointer of sQ
+    tma_o: object = None  # the O store's TMA atom (``tma_o``)
+    tma_tO: object = None  # and its coordinate view (T, Dv, H)
 
 
 class HstuFwdSm90Ws(AttnFwdSm90Ws):
@@ -107,7 +110,7 @@ class HstuFwdSm90Ws(AttnFwdSm90Ws):
                  cross_item=0, v_lag: bool = False, pdl: bool = False,
                  head_outer: bool = False, snake: bool = True, dynamic: bool = False,
                  q_scale: bool = False, num_wg: int = 2, p_late: bool = False,
-                 split_wait: bool = False, epi_vec: bool = False):
+                 split_wait: bool = False, epi_vec: bool = False, tma_o: bool = False):
         self.pdl = pdl
         self.split_wait = split_wait
         # the epilogue's O staging as packed pair stores into a row-swizzled tile, copied
@@ -159,6 +162,12 @@ class HstuFwdSm90Ws(AttnFwdSm90Ws):
         self.cross_item = (bool(cross_item) and overlap and self.q_stages >= 2
                            and not self.o_alias_q)
         self.cross_epi_first = self.cross_item and cross_item == 2
+        # query tiles that end inside their sequence write O by TMA tensor stores
+        # (AttnFwdSm90Ws._store_o_tma), the last tile of a sequence through the pair-store
+        # copy; not with split-KV (fp32 partials from registers), O staged in the Q buffer,
+        # the element-copy epilogue or Dv not a multiple of 64 (the 128-byte swizzle)
+        self.tma_o = (tma_o and kv_splits == 1 and not self.o_alias_q and epi_vec
+                      and head_dim_v % 64 == 0)
         # the producer issues V tile j after K tile j + 1 (the PV GEMM lags the S GEMM)
         self.v_lag = v_lag
         # work item t = (schedule row t % rows, split-major head t // rows): the CTAs running
@@ -212,12 +221,17 @@ class HstuFwdSm90Ws(AttnFwdSm90Ws):
         tma_q, tma_tQ, tma_k, tma_tK, tma_v, tma_tV = self._tma_atoms(
             tQ, tK, tV, sQ_layout, sK_layout, sV_layout)
         Smem = self._smem_struct(sQ_layout, sK_layout, sV_layout, sO_layout)
+        tma_o = tma_tO = None
+        if cutlass.const_expr(self.tma_o):
+            tma_o, tma_tO = cpasync.make_tiled_tma_atom(
+                cpasync.CopyBulkTensorTileS2GOp(), tma_view(mO, dv),
+                cute.slice_(sO_layout, (None, None, 0)), (self.wg_m, dv))
         n_work = mTile.shape[0] * H * self.kv_splits
         grid = StaticLptScheduler.grid(n_work, self.num_sms)
         self.kernel(
             tma_q, tma_tQ, tma_k, tma_tK, tma_v, tma_tV, mV, mCuQ, mCuK, mTile, mFunc, mScal,
             mWin, mO, mRab, mPageIds, mPageIndptrs, mCounter, H_kv, sQ_layout, sK_layout,
-            sV_layout, sO_layout, mma_qk, mma_qk0, mma_pv, Smem,
+            sV_layout, sO_layout, mma_qk, mma_qk0, mma_pv, Smem, tma_o, tma_tO,
         ).launch(grid=grid, block=[self.num_threads, 1, 1], smem=Smem.size_in_bytes(),
                  stream=stream, min_blocks_per_mp=1, use_pdl=self.pdl)
 
@@ -225,7 +239,7 @@ class HstuFwdSm90Ws(AttnFwdSm90Ws):
     def kernel(self, tma_q, tma_tQ, tma_k, tma_tK, tma_v, tma_tV, mV, mCuQ, mCuK, mTile,
                mFunc, mScal, mWin, mO, mRab, mPageIds, mPageIndptrs, mCounter, n_heads_kv,
                sQ_layout, sK_layout, sV_layout, sO_layout, mma_qk, mma_qk0, mma_pv,
-               Smem: cutlass.Constexpr):
+               Smem: cutlass.Constexpr, tma_o, tma_tO):
         tidx, _, _ = cute.arch.thread_idx()
         warp = cute.arch.make_warp_uniform(cute.arch.warp_idx())
         wg_idx = warp // 4
@@ -300,7 +314,8 @@ class HstuFwdSm90Ws(AttnFwdSm90Ws):
             turns.start(wg)
             if cutlass.const_expr(self.cross_item):
                 ctx = (sched, n_heads, mTile, mCuQ, mCuK, left, right, mV, group, mPageIds,
-                       mPageIndptrs, mask, tSc, alpha_half, inv_scale, mFunc, mRab, mO, wg)
+                       mPageIndptrs, mask, tSc, alpha_half, inv_scale, mFunc, mRab, mO, wg,
+                       tma_o, tma_tO)
                 self._consume_items(sched, sched.n_work, ctx, mma_qk, mma_qk0, mma_pv,
                                     thr_mma_qk, thr_mma_pv, tSrQ, tSrK, tOrV, pipe_q, pipe_k,
                                     pipe_v, sO, turns, wg, wtid)
@@ -321,7 +336,8 @@ class HstuFwdSm90Ws(AttnFwdSm90Ws):
                         mw1 = cutlass.min(mw0 + wgm, work.seq.seqlen_q)
                         tile = _Tile(batch, mw0, mw1, mask, tSc, left, right, alpha_half,
                                      inv_scale, mFunc, mRab, mO, split,
-                                     st.sQ.data_ptr() if self.q_scale else None)
+                                     st.sQ.data_ptr() if self.q_scale else None, tma_o,
+                                     tma_tO)
                         c_kv, c_q = self._consume(
                             work, tile, mma_qk, mma_qk0, mma_pv, thr_mma_qk,
                             thr_mma_pv, tSrQ, tSrK, tOrV, pipe_q, pipe_k, pipe_v, c_q, c_kv,
@@ -331,6 +347,8 @@ class HstuFwdSm90Ws(AttnFwdSm90Ws):
                         c_t += 1
                     else:
                         t = sched.next(t)
+            # the last O store has read shared memory before the CTA exits
+            self._tma_o_drain(wtid)
 
     @cute.jit
     def _fetch_item(self, mCounter, lane):
@@ -370,7 +388,7 @@ class HstuFwdSm90Ws(AttnFwdSm90Ws):
         count (-1 for a schedule row without a tile: ``mTile[slot, 0] < 0``, decoded as
         sequence 0 so that nothing reads out of bounds). No per-row state (``which``)."""
         (sched, n_heads, mTile, mCuQ, mCuK, left, right, mV, group, mPageIds, mPageIndptrs,
-         mask, tSc, alpha_half, inv_scale, mFunc, mRab, mO, wg) = ctx
+         mask, tSc, alpha_half, inv_scale, mFunc, mRab, mO, wg, tma_o, tma_tO) = ctx
         slot, head, split = self._coords(sched, t, n_heads)
         batch = Int32(mTile[slot, 0])
         b = cutlass.max(batch, Int32(0))
@@ -379,7 +397,7 @@ class HstuFwdSm90Ws(AttnFwdSm90Ws):
         mw0 = m0 + wg * self.wg_m
         mw1 = cutlass.min(mw0 + self.wg_m, work.seq.seqlen_q)
         tile = _Tile(b, mw0, mw1, mask, tSc, left, right, alpha_half, inv_scale, mFunc, mRab,
-                     mO, split)
+                     mO, split, None, tma_o, tma_tO)
         n = work.n_count
         if batch < 0:
             n = Int32(-1)
@@ -542,6 +560,25 @@ class HstuFwdSm90Ws(AttnFwdSm90Ws):
             for e in cutlass.range_constexpr(cute.size(acc_O)):
                 if tPc[e][0] < lim:
                     tPg[e] = acc_O[e] * tile.inv_scale
+        elif cutlass.const_expr(self.tma_o):
+            mO_b = offset_rows(tile.mO[None, work.head, None], work.seq.q_start)
+            if has_work:
+                if tile.mw0 + self.wg_m <= work.seq.seqlen_q:
+                    # a whole 64-row slice inside the sequence: TMA tensor stores
+                    gO = cute.local_tile(
+                        offset_rows(tile.tma_tO[None, None, work.head], work.seq.q_start),
+                        (self.wg_m, self.dv), (None, 0))
+                    self._store_o_tma(acc_O, tile.inv_scale, thr_mma_pv, sO, tile.tma_o, gO,
+                                      tile.mw0 // self.wg_m, wg, wtid)
+                else:
+                    # the sequence's last, partial slice: a box would write the next
+                    # sequence's rows; the pair-store copy, row-predicated
+                    self._tma_o_wait(wg, wtid)
+                    self._store_o(acc_O, tile.inv_scale, thr_mma_pv, self._plain_o(sO), mO_b,
+                                  tile.mw0, work.seq.seqlen_q, wg, wtid, True)
+            else:
+                self._store_o(acc_O, tile.inv_scale, thr_mma_pv, self._plain_o(sO), mO_b,
+                              tile.mw0, work.seq.seqlen_q, wg, wtid, False)
         else:
             mO_b = offset_rows(tile.mO[None, work.head, None], work.seq.q_start)
             self._store_o(acc_O, tile.inv_scale, thr_mma_pv, sO, mO_b, tile.mw0,
