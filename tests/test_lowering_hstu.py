@@ -986,6 +986,8 @@ _PTX_CONFIGS = {
     "fwd-128-0-bfloat16-noepivec": ("_fwd_text", (128, 128, 0, "bfloat16"),
                                     {"hstu_fwd_impl": "sm90ws", "hstu_fwd_ws": "noepivec"},
                                     {}),
+    "fwd-128-0-bfloat16-tmao": ("_fwd_text", (128, 128, 0, "bfloat16"),
+                                {"hstu_fwd_impl": "sm90ws", "hstu_fwd_ws": "tmao"}, {}),
     "fwd-64-0-bfloat16-noqscale": ("_fwd_text", (64, 64, 0, "bfloat16"),
                                    {"hstu_fwd_impl": "sm90ws", "hstu_fwd_ws": "noqscale"}, {}),
     "bwd-128-bfloat16-causal": ("_bwd_text", (128, "bfloat16", "causal"),
@@ -1066,6 +1068,31 @@ def test_hstu_sm90ws_epivec_ptx(kept_ptx):
     assert not any(op.endswith(("b16", "u16")) for op in vec), vec
     assert vec.get("st.shared.b32", 0) == old.get("st.shared.b32", 0) + 32, (old, vec)
     assert vec.get("ld.shared.v4.b32", 0) == old.get("ld.shared.v4.b32", 0) + 8, (old, vec)
+
+
+def test_hstu_sm90ws_tma_o_ptx(kept_ptx):
+    """``hstu_fwd_ws=tmao``: a query tile that ends inside its sequence stages O in the
+    128-byte-swizzled layout and one thread writes it with TMA tensor stores (two 64-column
+    boxes at D 128) as one bulk group, waited for (read) before the next staging, before the
+    pair-store copy of a sequence's last tile and at exit (three waits); the copy keeps its 8
+    16-byte loads, and the staging one set of 32 packed 4-byte stores more than the default."""
+    import re
+
+    def ptx(name):
+        files = _kept(kept_ptx, name)
+        texts = [t for t in files.values() if _SCHEDULE_KERNEL not in t]
+        assert len(texts) == 1, list(files)
+        return texts[0]
+
+    tma, vec = ptx("fwd-128-0-bfloat16-tmao"), ptx("fwd-128-0-bfloat16")
+    stores = re.findall(r"cp\.async\.bulk\.tensor\.3d\.global\.shared::cta\S*", tma)
+    assert len(stores) == 2, stores
+    assert tma.count("cp.async.bulk.commit_group") == 1
+    assert tma.count("cp.async.bulk.wait_group.read") == 3
+    assert "fence.proxy.async.shared::cta" in tma
+    assert tma.count("ld.shared.v4.b32") == vec.count("ld.shared.v4.b32")
+    assert tma.count("st.shared.b32") == vec.count("st.shared.b32") + 32
+    assert "cp.async.bulk.tensor.3d.global.shared" not in vec
 
 
 def test_hstu_sm90ws_qscale_ptx_drops_the_per_score_multiply(kept_ptx):
