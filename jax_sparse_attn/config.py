@@ -112,7 +112,8 @@ _parse_ws_opts = _parse_option_list(WS_FLAGS, {"bn": lambda n: n % 16 == 0 and 1
 def _parse_ws(var, raw):
     """Parser of JAX_SPARSE_ATTN_HSTU_WS: :data:`WS_FLAGS`, ``bn=N`` and ``chunk=N``; the
     deal flags ``dynamic`` and ``static`` / ``roundrobin`` exclude each other, and so do
-    ``qscale`` and ``noqscale``, ``wg3`` and ``wg2``, ``epivec`` and ``noepivec``."""
+    ``qscale`` and ``noqscale``, ``wg3`` and ``wg2``, ``epivec`` and ``noepivec``, ``tmao``
+    and ``noepivec``."""
     opts = _parse_ws_opts(var, raw)
     if "dynamic" in opts and ("static" in opts or "roundrobin" in opts):
         raise ValueError(f"{var}={raw!r}: 'dynamic' cannot be combined with 'static' or "
@@ -123,9 +124,10 @@ def _parse_ws(var, raw):
     if "qscale" in opts and "noqscale" in opts:
         raise ValueError(f"{var}={raw!r}: 'qscale' and 'noqscale' exclude each other; "
                          f"allowed: {_WS_ALLOWED}")
-    if "epivec" in opts and "noepivec" in opts:
-        raise ValueError(f"{var}={raw!r}: 'epivec' and 'noepivec' exclude each other; "
-                         f"allowed: {_WS_ALLOWED}")
+    for a in ("epivec", "tmao"):
+        if a in opts and "noepivec" in opts:
+            raise ValueError(f"{var}={raw!r}: {a!r} and 'noepivec' exclude each other; "
+                             f"allowed: {_WS_ALLOWED}")
     return opts
 
 #: the flags of the sm90ws BSA forward's tuning switch (JAX_SPARSE_ATTN_BSA_WS), plus
@@ -134,18 +136,21 @@ BSA_WS_FLAGS = ("nooverlap", "nopingpong", "q1", "headinner", "lazyrescale", "ct
                 "cross", "crossepi", "vlag", "splitwait", "nosplitwait", "qregs", "mpre", "qahead", "noepivec",
                 "streamk", "tmao", "notmao")
 _BSA_WS_ALLOWED = ("comma list of " + ", ".join(BSA_WS_FLAGS)
-                   + ", stages=N (most K/V shared-memory stages: 2..8)")
+                   + ", stages=N (most K/V shared-memory stages: 2..8); at most one of "
+                   "splitwait, nosplitwait; tmao excludes notmao and noepivec")
 _parse_bsa_ws_opts = _parse_option_list(BSA_WS_FLAGS, "stages", lambda n: 2 <= n <= 8,
                                         _BSA_WS_ALLOWED)
 
 
 def _parse_bsa_ws(var, raw):
     """Parser of JAX_SPARSE_ATTN_BSA_WS: :data:`BSA_WS_FLAGS` and ``stages=N``;
-    ``splitwait`` and ``nosplitwait`` exclude each other."""
+    ``splitwait`` and ``nosplitwait`` exclude each other, and so does ``tmao`` with
+    ``notmao`` and with ``noepivec``; ``streamk`` excludes the chained-item and prefetch
+    flags."""
     opts = _parse_bsa_ws_opts(var, raw)
-    for a in ("splitwait", "tmao"):
-        if a in opts and "no" + a in opts:
-            raise ValueError(f"{var}={raw!r}: {a!r} and {'no' + a!r} exclude each other; "
+    for a, b in (("splitwait", "nosplitwait"), ("tmao", "notmao"), ("tmao", "noepivec")):
+        if a in opts and b in opts:
+            raise ValueError(f"{var}={raw!r}: {a!r} and {b!r} exclude each other; "
                              f"allowed: {_BSA_WS_ALLOWED}")
     clash = [o for o in ("cross", "crossepi", "mpre", "qahead") if o in opts]
     if "streamk" in opts and clash:
@@ -288,8 +293,8 @@ SWITCHES = (
            "tmao (query tiles that end inside their sequence stage O in the 128-byte-swizzled "
            "operand layout and one thread per consumer warpgroup writes it with TMA tensor "
            "stores that the warpgroup does not wait for; a sequence's last, partial tile "
-           "keeps the pair-store copy; not with split-KV, qalias or noepivec, and Dv a "
-           "multiple of 64), "
+           "keeps the pair-store copy; not with split-KV or qalias, excludes noepivec; Dv "
+           "a multiple of 64), "
            "bn=N (keys per tile; default 128, 64 at "
            "D = 256), chunk=N (with the "
            "dynamic deal: the tile schedule orders the query tiles by sequence chunks of "
@@ -405,7 +410,8 @@ SWITCHES = (
            "with split-KV, pack_gqa, cross, crossepi, mpre or qahead; slower on the H200), "
            "tmao (the default: the epilogue stages O in the 128-byte-swizzled operand "
            "layout and one thread per consumer warpgroup writes it with TMA tensor stores "
-           "that the warpgroup does not wait for; unpacked rows without split-KV or oalias), "
+           "that the warpgroup does not wait for; unpacked rows without split-KV or oalias; "
+           "excludes notmao and noepivec), "
            "notmao (the consumer warpgroup copies the staged O out itself in 16-byte "
            "pieces; also implied by noepivec), "
            "stages=N "

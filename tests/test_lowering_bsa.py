@@ -255,9 +255,17 @@ def test_bsa_sm90ws_config_and_fallback():
     assert key.num_sms > 0
     with pytest.raises(ValueError, match="JAX_SPARSE_ATTN_BSA_FWD_IMPL"):
         from_env({"JAX_SPARSE_ATTN_BSA_FWD_IMPL": "sm91"})
-    for bad in ("bn=64", "stages=1", "q1,q1"):
+    for bad in ("bn=64", "stages=1", "q1,q1", "tmao,notmao", "tmao,noepivec"):
         with pytest.raises(ValueError, match="JAX_SPARSE_ATTN_BSA_WS"):
             from_env({"JAX_SPARSE_ATTN_BSA_WS": bad})
+    # O by TMA stores: the default for unpacked rows without split-KV; off with notmao,
+    # noepivec (its element copies) or oalias (O staged in the Q buffer), and for packed rows
+    tma = {ws: bsa.fwd_config(jnp.bfloat16, 128, 128, False,
+                              Switches(bsa_fwd_impl="sm90ws", bsa_fwd_ws=ws)).ws_tma_o
+           for ws in ("", "tmao", "notmao", "noepivec", "oalias")}
+    assert tma == {"": True, "tmao": True, "notmao": False, "noepivec": False, "oalias": False}
+    assert not bsa.fwd_config(jnp.bfloat16, 128, 128, False, Switches(bsa_fwd_impl="sm90ws"),
+                              pack_gqa=2).ws_tma_o
 
 
 # the PTX tests' configurations, lowered in one fresh process (tests/kept_ptx.py)
@@ -469,6 +477,12 @@ def test_bsa_sm90ws_tma_o_ptx(kept_ptx, name):
     text = next(iter(kp.ptx_of(kept_ptx, name).values()))
     stores = re.findall(r"cp\.async\.bulk\.tensor\.4d\.global\.shared::cta\S*", text)
     assert len(stores) == cfg["d"] // 64, stores
+    # the staging's proxy fence, then the warpgroup's barrier, then the stores
+    first = text.index("cp.async.bulk.tensor.4d.global.shared::cta")
+    fence = text.rindex("fence.proxy.async.shared::cta", 0, first)
+    assert re.search(r"\bbar\.sync\b|\bbarrier\.sync\b", text[fence:first]), \
+        "no barrier between the staging fence and the TMA store"
+    assert "st.shared.b32" not in text[fence:first]
     assert text.count("cp.async.bulk.commit_group") == 1
     assert text.count("cp.async.bulk.wait_group.read") == 2
     assert "fence.proxy.async.shared::cta" in text

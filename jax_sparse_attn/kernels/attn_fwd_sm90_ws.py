@@ -19,7 +19,8 @@ the variation points (FA4's ``flash_attn/cute`` structure):
   reading the previous P has completed), ``_pv_done`` (after the PV GEMM of the previous tile completed),
   ``_work_start`` / ``_work_rows`` (per work item, before the mainloop);
 * the epilogue ``_epilogue`` (``_store_o``: 16 bit -> swizzled smem -> row-predicated 128-bit
-  stores).
+  stores; ``_store_o_tma``: 16 bit -> the 128-byte-swizzled operand layout in smem -> TMA
+  tensor stores the warpgroup does not wait for, where a kernel sets ``tma_o``).
 
 Attributes a kernel class sets: ``dtype``, ``d``, ``dv``, ``wg_m`` (64), ``bn``, ``num_wg``
 (consumer warpgroups), ``stages``, ``q_stages``, ``o_alias_q``, ``overlap``, ``pingpong``,
@@ -491,7 +492,7 @@ class AttnFwdSm90Ws:
 
     def _tma_o(self):
         """Whether the epilogue stages O in the 128-byte-swizzled layout of ``sO`` and one
-        thread of the warpgroup writes it with a TMA tensor store (``_store_o_tma``)."""
+        thread of the warpgroup writes it with TMA tensor stores (``_store_o_tma``)."""
         return getattr(self, "tma_o", False)
 
     def _epi_vec(self):
@@ -794,9 +795,9 @@ class AttnFwdSm90Ws:
     @cute.jit
     def _store_o_tma(self, acc_O, inv_scale, thr_mma_pv, sO, tma_o, gO, m64, wg, wtid):
         """``O`` (times ``inv_scale`` unless None) -> 16 bit -> this warpgroup's ``sO`` (the
-        128-byte-swizzled layout, ``common.stage_acc_sw128``) -> one TMA tensor store of the
-        64-row slice ``m64`` of ``gO`` ((64, Dv, slices) tiles of the TMA view), issued by
-        thread 0 of the warpgroup; TMA drops the rows past the tensor's end. The store
+        128-byte-swizzled layout, ``common.stage_acc_sw128``) -> TMA tensor stores (one box
+        per 64 columns) of the 64-row slice ``m64`` of ``gO`` ((64, Dv, slices) tiles of the
+        TMA view), issued by thread 0 of the warpgroup as one bulk group; TMA drops the rows past the tensor's end. The store
         reads ``sO`` asynchronously: the next call first waits (thread 0) for that read,
         and ``_tma_o_drain`` waits for the last one before the CTA exits."""
         wgm, dv = self.wg_m, self.dv

@@ -28,9 +28,12 @@ block-sparse variation points:
   ``pack_gqa`` a packed row's causal limit is that of its position (row // r).
   With ``overlap`` the PV GEMM of block ``j - 1`` runs while block ``j``'s softmax is
   computed; the O accumulator is rescaled after that GEMM completes.
-* Epilogue: ``O / l`` in 16 bit through swizzled shared memory to row-predicated 128-bit
-  global stores, ``lse = scale m + ln l``; a row with no visible key gets ``O = 0`` and
-  ``lse = -inf``; rows past ``S_q`` are never written.
+* Epilogue: ``O / l`` in 16 bit into the warpgroup's shared-memory tile in the
+  128-byte-swizzled operand layout, written by TMA tensor stores that the warpgroup does not
+  wait for (``tma_o``, the default; packed GQA rows, split-KV partials and ``tma_o=False``:
+  row-predicated 128-bit stores from swizzled shared memory or registers);
+  ``lse = scale m + ln l``; a row with no visible key gets ``O = 0`` and ``lse = -inf``;
+  rows past ``S_q`` are never written (TMA clips the box at the tensor's end).
 
 CTA shapes: ``sparse_block_size = 128``: 384 threads (producer warpgroup + two consumer
 warpgroups of 64 query rows, sharing each K/V load, ping-pong), one CTA per SM.
@@ -750,8 +753,9 @@ class BsaFwdSm90Ws(AttnFwdSm90Ws):
 
     @cute.jit
     def _epilogue(self, acc_O, work, tile, thr_mma_pv, sO, wg, wtid, has_work):
-        """``O / l`` -> 16 bit -> smem (swizzled) -> 128-bit stores of rows ``< S_q``; LSE
-        (``lse = -inf`` and ``O = 0`` for a work item without listed blocks). Split-KV: the
+        """``O / l`` -> 16 bit -> smem (swizzled) -> TMA tensor stores (``tma_o``) or 128-bit
+        stores of rows ``< S_q``; LSE (``lse = -inf`` and ``O = 0``, from registers, for a
+        work item without listed blocks). Split-KV: the
         split's fp32 partial ``O / l`` and LSE (``_epilogue_split``)."""
         if cutlass.const_expr(self.kv_splits > 1):
             self._epilogue_split(acc_O, work, tile, thr_mma_pv, wtid)
