@@ -1047,6 +1047,14 @@ def _kept(kept_ptx, name):
     return kp.ptx_of(kept_ptx, name)
 
 
+def _fwd_ptx(kept_ptx, name):
+    """The PTX of the forward kernel kept for ``name`` (the tile-schedule kernel left out)."""
+    files = _kept(kept_ptx, name)
+    texts = [t for t in files.values() if _SCHEDULE_KERNEL not in t]
+    assert len(texts) == 1, list(files)
+    return texts[0]
+
+
 def test_hstu_sm90ws_epivec_ptx(kept_ptx):
     """The default epilogue (``epivec``, as in the block-sparse forward): the 64 x 128 O
     slice of each consumer thread goes to shared memory as 32 packed 4-byte stores and
@@ -1055,11 +1063,8 @@ def test_hstu_sm90ws_epivec_ptx(kept_ptx):
     import re
 
     def shared_ops(name):
-        files = _kept(kept_ptx, name)
-        ptx = [t for t in files.values() if _SCHEDULE_KERNEL not in t]
-        assert len(ptx) == 1, list(files)
         ops = {}
-        for m in re.finditer(r"\b(st|ld)\.shared\.([a-z0-9.]+)", ptx[0]):
+        for m in re.finditer(r"\b(st|ld)\.shared\.([a-z0-9.]+)", _fwd_ptx(kept_ptx, name)):
             ops[m.group(0)] = ops.get(m.group(0), 0) + 1
         return ops
 
@@ -1078,13 +1083,8 @@ def test_hstu_sm90ws_tma_o_ptx(kept_ptx):
     16-byte loads, and the staging one set of 32 packed 4-byte stores more than the default."""
     import re
 
-    def ptx(name):
-        files = _kept(kept_ptx, name)
-        texts = [t for t in files.values() if _SCHEDULE_KERNEL not in t]
-        assert len(texts) == 1, list(files)
-        return texts[0]
-
-    tma, vec = ptx("fwd-128-0-bfloat16-tmao"), ptx("fwd-128-0-bfloat16")
+    tma = _fwd_ptx(kept_ptx, "fwd-128-0-bfloat16-tmao")
+    vec = _fwd_ptx(kept_ptx, "fwd-128-0-bfloat16")
     stores = re.findall(r"cp\.async\.bulk\.tensor\.3d\.global\.shared::cta\S*", tma)
     assert len(stores) == 2, stores
     assert tma.count("cp.async.bulk.commit_group") == 1
@@ -1100,13 +1100,8 @@ def test_hstu_sm90ws_qscale_ptx_drops_the_per_score_multiply(kept_ptx):
     scale their Q slice once per item (two fp32 multiplies per 32-bit word of the 64 x 64
     slice, a fence for the async proxy and one more named barrier), and the score tiles lose
     their multiply by alpha / 2 (one per tanh)."""
-    def fwd(name):
-        files = _kept(kept_ptx, name)
-        ptx = [t for t in files.values() if _SCHEDULE_KERNEL not in t]
-        assert len(ptx) == 1, list(files)
-        return ptx[0]
-
-    base, qs = fwd("fwd-64-0-bfloat16-noqscale"), fwd("fwd-64-0-bfloat16")
+    base = _fwd_ptx(kept_ptx, "fwd-64-0-bfloat16-noqscale")
+    qs = _fwd_ptx(kept_ptx, "fwd-64-0-bfloat16")
     count = lambda t, needle: t.count(needle)  # noqa: E731
     tanh = count(base, "tanh.approx.f32")
     assert tanh > 0 and count(qs, "tanh.approx.f32") == tanh
@@ -1123,10 +1118,7 @@ def test_hstu_sm90ws_ptx_is_warp_specialized(kept_ptx, head_dim, func_n, dtype):
     between the producer and the consumer warpgroups."""
     import re  # noqa: PLC0415
 
-    files = _kept(kept_ptx, f"fwd-{head_dim}-{func_n}-{dtype}")
-    ptx = [t for t in files.values() if _SCHEDULE_KERNEL not in t]  # the tile-schedule kernel
-    assert len(ptx) == 1, list(files)
-    text = ptx[0]
+    text = _fwd_ptx(kept_ptx, f"fwd-{head_dim}-{func_n}-{dtype}")
     for needle in ("cp.async.bulk.tensor", "wgmma.mma_async", "setmaxnreg.dec",
                    "setmaxnreg.inc", "mbarrier.try_wait"):
         assert needle in text, f"{needle} missing from the sm90ws PTX"
@@ -1134,7 +1126,8 @@ def test_hstu_sm90ws_ptx_is_warp_specialized(kept_ptx, head_dim, func_n, dtype):
     # the previous grid; the schedule kernel lets it launch at once and waits itself
     assert len(re.findall(r"griddepcontrol\.wait;", text)) == 1
     assert "griddepcontrol.launch_dependents" not in text
-    sched = [t for t in files.values() if _SCHEDULE_KERNEL in t]
+    sched = [t for t in _kept(kept_ptx, f"fwd-{head_dim}-{func_n}-{dtype}").values()
+             if _SCHEDULE_KERNEL in t]
     # (a func mask takes the XLA schedule)
     assert len(sched) == (0 if func_n else 1)
     assert all("griddepcontrol.launch_dependents;" in t and "griddepcontrol.wait;" in t
