@@ -134,10 +134,10 @@ def _parse_ws(var, raw):
 #: ``stages=N`` (at most N K/V stages, 2..8)
 BSA_WS_FLAGS = ("nooverlap", "nopingpong", "q1", "headinner", "lazyrescale", "ctas2", "oalias",
                 "cross", "crossepi", "vlag", "splitwait", "nosplitwait", "qregs", "mpre", "qahead", "noepivec",
-                "streamk", "tmao", "notmao")
+                "streamk", "tmao", "notmao", "tmaopack")
 _BSA_WS_ALLOWED = ("comma list of " + ", ".join(BSA_WS_FLAGS)
                    + ", stages=N (most K/V shared-memory stages: 2..8); at most one of "
-                   "splitwait, nosplitwait; tmao excludes notmao and noepivec")
+                   "splitwait, nosplitwait; tmao and tmaopack exclude notmao and noepivec")
 _parse_bsa_ws_opts = _parse_option_list(BSA_WS_FLAGS, "stages", lambda n: 2 <= n <= 8,
                                         _BSA_WS_ALLOWED)
 
@@ -148,7 +148,8 @@ def _parse_bsa_ws(var, raw):
     ``notmao`` and with ``noepivec``; ``streamk`` excludes the chained-item and prefetch
     flags."""
     opts = _parse_bsa_ws_opts(var, raw)
-    for a, b in (("splitwait", "nosplitwait"), ("tmao", "notmao"), ("tmao", "noepivec")):
+    for a, b in (("splitwait", "nosplitwait"), ("tmao", "notmao"), ("tmao", "noepivec"),
+                 ("tmaopack", "notmao"), ("tmaopack", "noepivec")):
         if a in opts and b in opts:
             raise ValueError(f"{var}={raw!r}: {a!r} and {b!r} exclude each other; "
                              f"allowed: {_BSA_WS_ALLOWED}")
@@ -414,6 +415,8 @@ SWITCHES = (
            "excludes notmao and noepivec), "
            "notmao (the consumer warpgroup copies the staged O out itself in 16-byte "
            "pieces; also implied by noepivec), "
+           "tmaopack (with pack_gqa the packed rows are written by TMA tensor stores too, "
+           "boxes of (D, r, 64 / r) as the packed Q loads; not yet run on a GPU), "
            "stages=N "
            "(most K/V stages)"),
     _choice("bsa_bwd_impl", "JAX_SPARSE_ATTN_BSA_BWD_IMPL", ("auto", "sm90", "sm90ws", "sm80"),

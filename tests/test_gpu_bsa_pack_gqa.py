@@ -48,6 +48,9 @@ SHARD = os.environ.get("BSA_PACK_SHARD", "")
 # the backend under test; "reference" checks the test itself on a CPU (with the gpu marker
 # deselected: python -m pytest -m "gpu or not gpu" ... does not skip; see scripts/gpu_p18.sh)
 BACKEND = os.environ.get("BSA_PACK_TEST_BACKEND", "kernel")
+# BSA_PACK_TEST_FWD_WS: the sm90ws forward's switch for these cases (a comma list, e.g.
+# "tmaopack": the packed rows written by TMA tensor stores)
+FWD_WS = tuple(o for o in os.environ.get("BSA_PACK_TEST_FWD_WS", "").split(",") if o)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -199,7 +202,7 @@ def _kernel_fn(c: PackCase, kw):
     from jax_sparse_attn.config import Switches
 
     sw = Switches(bsa_fwd_impl=c.impl, bsa_bwd_ws=tuple(o for o in c.bwd_ws.split(",") if o),
-                  dq_writer=c.dq_writer)
+                  dq_writer=c.dq_writer, bsa_fwd_ws=FWD_WS)
     opts = dict(kw, backend=BACKEND, switches=sw, pack_gqa=True, allow_empty_block_nums=True,
                 kv_splits=c.kv_splits)
 

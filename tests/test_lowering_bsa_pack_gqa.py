@@ -102,7 +102,8 @@ def _loss_and_args(c, b=2, hkv=2, skv=1025, kmax=5):
             jax.ShapeDtypeStruct((b, hkv, nqp), jnp.int32),
             jax.ShapeDtypeStruct((b, hkv, nkv), jnp.int32) if c["sizes"] else None)
     kw = dict(layout=c["layout"], sparse_block_size=blk, softmax_scale=0.3, backend="kernel",
-              switches=Switches(bsa_fwd_impl=c["fwd"]), pack_gqa=True,
+              switches=Switches(bsa_fwd_impl=c["fwd"], bsa_fwd_ws=c.get("ws", "")),
+              pack_gqa=True,
               allow_empty_block_nums=True, kv_splits=c.get("kv_splits", 1),
               causal=c.get("causal", False))
 
@@ -126,7 +127,8 @@ def _fwd_key(c, args):
     cfg = jsa.bsa._make_config(
         q, k, v, i, None, s, n, sparse_block_size=c["blk"], softmax_scale=0.3,
         layout=c["layout"], allow_empty_block_nums=True, backend="kernel",
-        switches=Switches(bsa_fwd_impl=c["fwd"]), op_name="block_sparse_attention",
+        switches=Switches(bsa_fwd_impl=c["fwd"], bsa_fwd_ws=c.get("ws", "")),
+        op_name="block_sparse_attention",
         kv_splits=c.get("kv_splits", 1), pack_gqa=True, causal=c.get("causal", False))[0]
     return cfg.fwd
 
@@ -241,6 +243,33 @@ def test_bsa_pack_gqa_sm90ws_loads_q_with_one_5d_tma_box(tmp_path):
         ops[m.group(0)] = ops.get(m.group(0), 0) + 1
     assert ops.get("st.shared.b32") == 32 and ops.get("ld.shared.v4.b32") == 8, ops
     assert not any(op.endswith(("b16", "u16")) for op in ops), ops
+
+
+@pytest.mark.parametrize("c", [dict(PACK_CONFIGS[0], ws="tmaopack"),
+                               dict(PACK_CONFIGS[1], ws="tmaopack", causal=True)],
+                         ids=lambda c: _ids(c))
+def test_bsa_pack_gqa_tma_o_packed_ptx(tmp_path, c):
+    """``bsa_fwd_ws=tmaopack`` (opt-in): the packed forward writes O with 5-D TMA tensor
+    stores of the packed view (the boxes of its Q loads: D / 64 per 64-row slice), staged
+    with packed 4-byte shared stores and no shared loads (128-bit global stores only for the
+    zeros of items without listed blocks); the packed forward without it keeps the copy (the
+    test above). Its compile key differs from the default's only in ``ws_tma_o`` and
+    ``ws_tma_o_packed``."""
+    import re  # noqa: PLC0415
+
+    _, args = _loss_and_args(c)
+    key, plain = _fwd_key(c, args), _fwd_key(dict(c, ws=""), args)
+    assert (key.ws_tma_o, key.ws_tma_o_packed) == (True, True)
+    assert (plain.ws_tma_o, plain.ws_tma_o_packed) == (False, False)
+    assert key == type(key)(**{**plain.__dict__, "ws_tma_o": True, "ws_tma_o_packed": True})
+    ptx = _packed_fwd_ptx(tmp_path, c)
+    stores = re.findall(r"cp\.async\.bulk\.tensor\.5d\.global\.shared::cta", ptx)
+    assert len(stores) == c["d"] // 64, stores
+    assert ptx.count("cp.async.bulk.wait_group.read") == 2
+    assert "ld.shared.v4" not in ptx
+    # 128-bit global stores only for the zeros of work items without listed blocks
+    assert ptx.count("st.global.v4") == c["d"] // 16
+    assert ptx.count("st.shared.b32") == c["d"] // 4
 
 
 def test_bsa_pack_gqa_split_forward_is_its_own_kernel(tmp_path):

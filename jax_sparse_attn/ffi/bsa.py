@@ -130,6 +130,8 @@ class BsaFwdConfig:
     # O written by TMA tensor stores from the epilogue's staging tile (unpacked rows without
     # split-KV; off with "notmao")
     ws_tma_o: bool = True
+    # packed GQA rows by TMA stores too ("tmaopack", opt-in)
+    ws_tma_o_packed: bool = False
     num_sms: int = 0
     arch: str = ""  # the target arch (CuTe DSL name) the key was chosen for
     # pack_gqa: query heads per KV head r of the packed rows (1: not packed; sm90ws only)
@@ -310,7 +312,8 @@ def bsa_ws_options(opts) -> dict:
     (default; ``noepivec`` off: O staged with packed pair stores into a row-swizzled tile,
     copied out in 16-byte pieces), ``tma_o`` (default; ``notmao`` off: O staged in the
     128-byte-swizzled layout and written by TMA tensor stores, which the consumer warpgroup
-    does not wait for; unpacked rows without split-KV or ``oalias``), ``stream_k`` (``streamk``: the work items after the
+    does not wait for; unpacked rows without split-KV or ``oalias``), ``tma_o_packed``
+    (``tmaopack``: packed GQA rows by TMA stores too, boxes of the packed view), ``stream_k`` (``streamk``: the work items after the
     last whole wave but one cut into equal ranges of listed blocks, one per CTA),
     ``split_wait`` (True with ``splitwait``, False with ``nosplitwait``, else
     None: the config's default, True at blk 64 with D 128; the consumer warpgroup re-checks
@@ -326,6 +329,7 @@ def bsa_ws_options(opts) -> dict:
             "meta_prefetch": "mpre" in opts, "q_ahead": "qahead" in opts,
             "epi_vec": "noepivec" not in opts, "stream_k": "streamk" in opts,
             "tma_o": "notmao" not in opts and "noepivec" not in opts,
+            "tma_o_packed": "tmaopack" in opts,
             "split_wait": (True if "splitwait" in opts else False if "nosplitwait" in opts
                            else None)}
 
@@ -362,8 +366,10 @@ def fwd_config(dtype, head_dim, block_size, has_block_sizes, switches, causal=Fa
                             ws_meta_prefetch=o["meta_prefetch"], ws_q_ahead=o["q_ahead"],
                             ws_epi_vec=o["epi_vec"],
                             ws_stream_k=o["stream_k"] and splits == 1 and pack_gqa == 1,
-                            ws_tma_o=o["tma_o"] and splits == 1 and pack_gqa == 1
-                            and not o["o_alias"],
+                            ws_tma_o=o["tma_o"] and splits == 1 and not o["o_alias"]
+                            and (pack_gqa == 1 or o["tma_o_packed"]),
+                            ws_tma_o_packed=o["tma_o"] and o["tma_o_packed"] and pack_gqa > 1
+                            and splits == 1 and not o["o_alias"],
                             ws_split_wait=(o["split_wait"] if o["split_wait"] is not None
                                            else (block_size, head_dim) == (64, 128)),
                             num_sms=metadata.num_sms(), arch=arch, causal=causal,
@@ -901,7 +907,8 @@ def _ws_fwd_kernel(cfg: BsaFwdConfig, stream_k: bool):
                         cross_item=cfg.ws_cross, v_lag=cfg.ws_v_lag, q_regs=cfg.ws_q_regs,
                         meta_prefetch=cfg.ws_meta_prefetch, q_ahead=cfg.ws_q_ahead,
                         epi_vec=cfg.ws_epi_vec, split_wait=cfg.ws_split_wait, pdl=cfg.pdl,
-                        stream_k=stream_k, tma_o=cfg.ws_tma_o, **kw)
+                        stream_k=stream_k, tma_o=cfg.ws_tma_o,
+                        tma_o_packed=cfg.ws_tma_o_packed, **kw)
 
 
 @functools.cache

@@ -128,7 +128,7 @@ class BsaFwdSm90Ws(AttnFwdSm90Ws):
                  o_alias_first: bool = False, cross_item: int = 0, v_lag: bool = False,
                  split_wait: bool = False, pdl: bool = False, q_regs: bool = False,
                  meta_prefetch: bool = False, q_ahead: bool = False, epi_vec: bool = False,
-                 stream_k: bool = False, tma_o: bool = False):
+                 stream_k: bool = False, tma_o: bool = False, tma_o_packed: bool = False):
         self.pdl = pdl
         # the last work items' blocks split evenly over the CTAs (``_sk_range``); partials
         # of the split items go through ``mWs`` / ``mFlags``
@@ -172,9 +172,11 @@ class BsaFwdSm90Ws(AttnFwdSm90Ws):
         self.stages, self.q_stages, self.o_alias_q = bsa_ws_smem_plan(
             head_dim, self.bm, block_size, limit, max_stages, q_stages, o_alias_first)
         self.num_sms = num_sms
-        # O written by a TMA tensor store from its own staging buffer (AttnFwdSm90Ws._tma_o;
-        # unpacked rows of one (batch, head) in the 16-bit output)
-        self.tma_o = tma_o and pack_gqa == 1 and kv_splits == 1 and not self.o_alias_q
+        # O written by TMA tensor stores from its own staging buffer (AttnFwdSm90Ws._tma_o;
+        # the 16-bit output; packed rows only with ``tma_o_packed``: the boxes of the packed
+        # Q view, (D, r, 64 / r))
+        self.tma_o = (tma_o and kv_splits == 1 and not self.o_alias_q
+                      and (pack_gqa == 1 or tma_o_packed))
         # chained work items (``AttnFwdSm90Ws._consume_items``): needs the overlapped
         # mainloop and the next item's Q in its own buffer
         # (``cross_item``: 0 off, 1 on, 2 on with the last PV GEMM issued before the next
@@ -241,9 +243,12 @@ class BsaFwdSm90Ws(AttnFwdSm90Ws):
             tQ, tK, tV, sQ_layout, sK_layout, sV_layout)
         tma_o = tma_tO = None
         if cutlass.const_expr(self.tma_o):
+            tO = tma_view(mO, d)
+            if cutlass.const_expr(self.pack > 1):
+                tO = pack_rows_view(tO, self.pack, 0, 2)
             tma_o, tma_tO = cpasync.make_tiled_tma_atom(
-                cpasync.CopyBulkTensorTileS2GOp(), tma_view(mO, d),
-                cute.slice_(sO_layout, (None, None, 0)), (self.wg_m, d))
+                cpasync.CopyBulkTensorTileS2GOp(), tO, cute.slice_(sO_layout, (None, None, 0)),
+                (self.wg_m, d))
         Smem = self._smem_struct(sQ_layout, sK_layout, sV_layout, sO_layout)
         n_q_blocks = (S_q + self.bm - 1) // self.bm
         n_work = B * n_q_blocks * H_q
@@ -826,19 +831,23 @@ class BsaFwdSm90Ws(AttnFwdSm90Ws):
                     else:
                         tile.mLSE[work.batch, work.head, mw0 + row] = lse
             acc_O_mn[r, None] = acc_O_mn[r, None].load() * inv
-        if cutlass.const_expr(self.pack > 1):
-            self._store_o_packed(acc_O, thr_mma_pv, sO, tile.mO, work, mw0, tile.seqlen_q, wg,
-                                 wtid, has_work)
-        elif cutlass.const_expr(self.tma_o):
+        if cutlass.const_expr(self.tma_o):
             if has_work:
+                # packed rows: work.head is the KV head and the view's rows the packed rows
                 gO = cute.local_tile(tile.tma_tO[None, None, work.head, work.batch], (wgm, d),
                                      (None, 0))
                 self._store_o_tma(acc_O, None, thr_mma_pv, sO, tile.tma_o, gO, mw0 // wgm, wg,
                                   wtid)
+            elif cutlass.const_expr(self.pack > 1):
+                self._store_o_packed(acc_O, thr_mma_pv, self._plain_o(sO), tile.mO, work, mw0,
+                                     tile.seqlen_q, wg, wtid, False)
             else:
                 self._store_o(acc_O, None, thr_mma_pv, self._plain_o(sO),
                               tile.mO[work.batch, None, work.head, None], mw0, tile.seqlen_q,
                               wg, wtid, False)
+        elif cutlass.const_expr(self.pack > 1):
+            self._store_o_packed(acc_O, thr_mma_pv, sO, tile.mO, work, mw0, tile.seqlen_q, wg,
+                                 wtid, has_work)
         else:
             self._store_o(acc_O, None, thr_mma_pv, sO,
                           tile.mO[work.batch, None, work.head, None], mw0, tile.seqlen_q, wg,
