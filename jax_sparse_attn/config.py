@@ -100,7 +100,8 @@ def _parse_option_list(flags, key, key_ok, allowed):
 #: the fifth entry
 WS_FLAGS = ("nooverlap", "nopingpong", "q1", "silu16", "tanh16", "pagepf", "qalias",
             "cross", "crossepi", "vlag", "headouter", "roundrobin", "dynamic", "static", "qscale",
-            "noqscale", "wg3", "wg2", "plate", "splitwait", "epivec", "noepivec", "tmao")
+            "noqscale", "wg3", "wg2", "plate", "splitwait", "epivec", "noepivec", "tmao",
+            "notmao")
 _WS_ALLOWED = ("comma list of " + ", ".join(WS_FLAGS)
                + ", bn=N (block_n: a multiple of 16 in 16..256), chunk=N (KiB of K / V per "
                "sequence chunk of the tile schedule: 0..1048576, 0 = off)")
@@ -113,7 +114,7 @@ def _parse_ws(var, raw):
     """Parser of JAX_SPARSE_ATTN_HSTU_WS: :data:`WS_FLAGS`, ``bn=N`` and ``chunk=N``; the
     deal flags ``dynamic`` and ``static`` / ``roundrobin`` exclude each other, and so do
     ``qscale`` and ``noqscale``, ``wg3`` and ``wg2``, ``epivec`` and ``noepivec``, ``tmao``
-    and ``noepivec``."""
+    and ``noepivec``, ``tmao`` and ``notmao``."""
     opts = _parse_ws_opts(var, raw)
     if "dynamic" in opts and ("static" in opts or "roundrobin" in opts):
         raise ValueError(f"{var}={raw!r}: 'dynamic' cannot be combined with 'static' or "
@@ -124,9 +125,9 @@ def _parse_ws(var, raw):
     if "qscale" in opts and "noqscale" in opts:
         raise ValueError(f"{var}={raw!r}: 'qscale' and 'noqscale' exclude each other; "
                          f"allowed: {_WS_ALLOWED}")
-    for a in ("epivec", "tmao"):
-        if a in opts and "noepivec" in opts:
-            raise ValueError(f"{var}={raw!r}: {a!r} and 'noepivec' exclude each other; "
+    for a, b in (("epivec", "noepivec"), ("tmao", "noepivec"), ("tmao", "notmao")):
+        if a in opts and b in opts:
+            raise ValueError(f"{var}={raw!r}: {a!r} and {b!r} exclude each other; "
                              f"allowed: {_WS_ALLOWED}")
     return opts
 
@@ -134,10 +135,11 @@ def _parse_ws(var, raw):
 #: ``stages=N`` (at most N K/V stages, 2..8)
 BSA_WS_FLAGS = ("nooverlap", "nopingpong", "q1", "headinner", "lazyrescale", "ctas2", "oalias",
                 "cross", "crossepi", "vlag", "splitwait", "nosplitwait", "qregs", "mpre", "qahead", "noepivec",
-                "streamk", "tmao", "notmao", "tmaopack")
+                "streamk", "tmao", "notmao", "tmaopack", "notmaopack")
 _BSA_WS_ALLOWED = ("comma list of " + ", ".join(BSA_WS_FLAGS)
                    + ", stages=N (most K/V shared-memory stages: 2..8); at most one of "
-                   "splitwait, nosplitwait; tmao and tmaopack exclude notmao and noepivec")
+                   "splitwait, nosplitwait; tmao and tmaopack exclude notmao and noepivec, "
+                   "tmaopack excludes notmaopack")
 _parse_bsa_ws_opts = _parse_option_list(BSA_WS_FLAGS, "stages", lambda n: 2 <= n <= 8,
                                         _BSA_WS_ALLOWED)
 
@@ -149,7 +151,8 @@ def _parse_bsa_ws(var, raw):
     flags."""
     opts = _parse_bsa_ws_opts(var, raw)
     for a, b in (("splitwait", "nosplitwait"), ("tmao", "notmao"), ("tmao", "noepivec"),
-                 ("tmaopack", "notmao"), ("tmaopack", "noepivec")):
+                 ("tmaopack", "notmao"), ("tmaopack", "noepivec"),
+                 ("tmaopack", "notmaopack")):
         if a in opts and b in opts:
             raise ValueError(f"{var}={raw!r}: {a!r} and {b!r} exclude each other; "
                              f"allowed: {_BSA_WS_ALLOWED}")
@@ -291,11 +294,13 @@ SWITCHES = (
            "into a row-swizzled tile copied out in 16-byte pieces, as the block-sparse "
            "forward does), noepivec (the epilogue stages O through the element copies of "
            "the swizzled O layout, 2-byte shared-memory stores and loads), "
-           "tmao (query tiles that end inside their sequence stage O in the 128-byte-swizzled "
-           "operand layout and one thread per consumer warpgroup writes it with TMA tensor "
-           "stores that the warpgroup does not wait for; a sequence's last, partial tile "
-           "keeps the pair-store copy; not with split-KV or qalias, excludes noepivec; Dv "
-           "a multiple of 64), "
+           "tmao (the default: query tiles that end inside their sequence stage O in the "
+           "128-byte-swizzled operand layout and one thread per consumer warpgroup writes it "
+           "with TMA tensor stores that the warpgroup does not wait for; a sequence's last, "
+           "partial tile keeps the pair-store copy; not with split-KV or qalias; Dv a "
+           "multiple of 64; excludes notmao and noepivec), "
+           "notmao (every query tile copies its staged O out in 16-byte pieces; also implied "
+           "by noepivec), "
            "bn=N (keys per tile; default 128, 64 at "
            "D = 256), chunk=N (with the "
            "dynamic deal: the tile schedule orders the query tiles by sequence chunks of "
@@ -415,8 +420,10 @@ SWITCHES = (
            "excludes notmao and noepivec), "
            "notmao (the consumer warpgroup copies the staged O out itself in 16-byte "
            "pieces; also implied by noepivec), "
-           "tmaopack (with pack_gqa the packed rows are written by TMA tensor stores too, "
-           "boxes of (D, r, 64 / r) as the packed Q loads; not yet run on a GPU), "
+           "tmaopack (the default: with pack_gqa the packed rows are written by TMA tensor "
+           "stores too, boxes of (D, r, 64 / r) as the packed Q loads), "
+           "notmaopack (packed rows copied out by the consumer warpgroup as with notmao; "
+           "unpacked rows keep the TMA stores), "
            "stages=N "
            "(most K/V stages)"),
     _choice("bsa_bwd_impl", "JAX_SPARSE_ATTN_BSA_BWD_IMPL", ("auto", "sm90", "sm90ws", "sm80"),

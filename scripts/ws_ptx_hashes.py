@@ -102,6 +102,9 @@ HSTU += [("float16", 256, 256, 0, "bn=32"), ("bfloat16", 64, 64, 0, "noqscale"),
          ("float16", 128, 128, 0, "plate"), ("bfloat16", 64, 64, 0, "wg3"),
          ("bfloat16", 128, 128, 0, "splitwait"), ("bfloat16", 128, 128, 0, "noepivec"),
          ("float16", 64, 64, 0, "noepivec")]
+HSTU += [("bfloat16", 128, 128, 0, "notmao"), ("bfloat16", 64, 64, 0, "notmao"),
+         ("float16", 128, 128, 0, "notmao"), ("bfloat16", 128, 128, 3, "notmao"),
+         ("bfloat16", 64, 128, 0, "notmao")]
 BSA = [(128, 128, "bfloat16", "bshd", False, ""), (128, 64, "float16", "bhsd", True, ""),
        (64, 128, "float16", "bhsd", True, ""), (64, 64, "bfloat16", "bshd", False, ""),
        (128, 128, "bfloat16", "bhsd", True, "nooverlap,nopingpong"),

@@ -173,7 +173,7 @@ def test_removed_sm90_bsa_forward_is_rejected():
                                  "qscale,static,bn=64", "noqscale", "noqscale,q1", "wg3",
                                  "wg3,static,noqscale,bn=64", "wg2", "plate,wg2",
                                  "splitwait", "splitwait,wg3", "noepivec", "noepivec,wg3",
-                                 "tmao", "tmao,wg3,static"])
+                                 "tmao", "tmao,wg3,static", "notmao", "notmao,wg3"])
 def test_sm90ws_variants_parse(raw):
     """Every option of hstu_fwd_ws is accepted alone and combined; the string form of a
     Switches field is the environment's; ffi.hstu.ws_options reads them."""
@@ -198,7 +198,7 @@ def test_sm90ws_variants_parse(raw):
                    "num_wg": 3 if "wg3" in opts else 2 if "wg2" in opts else None,
                    "p_late": "plate" in opts, "split_wait": "splitwait" in opts,
                    "epi_vec": "noepivec" not in opts,
-                   "tma_o": "tmao" in opts and "noepivec" not in opts,
+                   "tma_o": "notmao" not in opts and "noepivec" not in opts,
                    "bn": bn[0] if bn else 0, "chunk": chunk}
 
 
@@ -207,7 +207,7 @@ def test_sm90ws_variants_parse(raw):
                                  "chunk=-1", "chunk=1048577", "chunk=2,chunk=4", "chunk=1k",
                                  "dynamic,static", "roundrobin,dynamic",
                                  "qscale,noqscale", "wg2,wg3", "epivec,noepivec",
-                                 "tmao,noepivec"])
+                                 "tmao,noepivec", "tmao,notmao"])
 def test_sm90ws_variants_reject(raw):
     with pytest.raises(ValueError, match="JAX_SPARSE_ATTN_HSTU_WS") as e:
         config.from_env({"JAX_SPARSE_ATTN_HSTU_WS": raw})

@@ -255,17 +255,21 @@ def test_bsa_sm90ws_config_and_fallback():
     assert key.num_sms > 0
     with pytest.raises(ValueError, match="JAX_SPARSE_ATTN_BSA_FWD_IMPL"):
         from_env({"JAX_SPARSE_ATTN_BSA_FWD_IMPL": "sm91"})
-    for bad in ("bn=64", "stages=1", "q1,q1", "tmao,notmao", "tmao,noepivec"):
+    for bad in ("bn=64", "stages=1", "q1,q1", "tmao,notmao", "tmao,noepivec",
+                "tmaopack,notmaopack"):
         with pytest.raises(ValueError, match="JAX_SPARSE_ATTN_BSA_WS"):
             from_env({"JAX_SPARSE_ATTN_BSA_WS": bad})
-    # O by TMA stores: the default for unpacked rows without split-KV; off with notmao,
-    # noepivec (its element copies) or oalias (O staged in the Q buffer), and for packed rows
-    tma = {ws: bsa.fwd_config(jnp.bfloat16, 128, 128, False,
-                              Switches(bsa_fwd_impl="sm90ws", bsa_fwd_ws=ws)).ws_tma_o
-           for ws in ("", "tmao", "notmao", "noepivec", "oalias")}
-    assert tma == {"": True, "tmao": True, "notmao": False, "noepivec": False, "oalias": False}
-    assert not bsa.fwd_config(jnp.bfloat16, 128, 128, False, Switches(bsa_fwd_impl="sm90ws"),
-                              pack_gqa=2).ws_tma_o
+    # O by TMA stores: the default without split-KV; off with notmao, noepivec (its element
+    # copies) or oalias (O staged in the Q buffer), and for packed rows with notmaopack
+    for pack in (1, 2):
+        tma = {ws: bsa.fwd_config(jnp.bfloat16, 128, 128, False,
+                                  Switches(bsa_fwd_impl="sm90ws", bsa_fwd_ws=ws),
+                                  pack_gqa=pack)
+               for ws in ("", "tmao", "notmao", "noepivec", "oalias", "notmaopack")}
+        got = {ws: (k.ws_tma_o, k.ws_tma_o_packed) for ws, k in tma.items()}
+        on, off = (True, pack > 1), (False, False)
+        assert got == {"": on, "tmao": on, "notmao": off, "noepivec": off, "oalias": off,
+                       "notmaopack": on if pack == 1 else off}, (pack, got)
 
 
 # the PTX tests' configurations, lowered in one fresh process (tests/kept_ptx.py)

@@ -228,13 +228,13 @@ PACK_SPLIT_PTX = dict(d=128, blk=128, r=8, dtype="bfloat16", layout="bshd", size
 def test_bsa_pack_gqa_sm90ws_loads_q_with_one_5d_tma_box(tmp_path):
     """The packed sm90ws forward (fresh process, PTX kept) loads its Q slices with 5-D TMA
     boxes (D, r heads, positions, KV head, batch) and K/V with 4-D ones; the unpacked one
-    has no 5-D box. Without splits it stores O in 16 bit through shared memory with 128-bit
-    row stores: the tile staged with packed 4-byte shared stores (32 per consumer thread at
-    D 128) and read back with 16-byte shared loads (8 per thread), no 2-byte shared
-    accesses (the unpacked forward's epilogue)."""
+    has no 5-D box. Without splits and with ``bsa_fwd_ws=notmaopack`` it stores O in 16 bit
+    through shared memory with 128-bit row stores: the tile staged with packed 4-byte shared
+    stores (32 per consumer thread at D 128) and read back with 16-byte shared loads (8 per
+    thread), no 2-byte shared accesses."""
     import re  # noqa: PLC0415
 
-    ptx = _packed_fwd_ptx(tmp_path, PACK_CONFIGS[0])
+    ptx = _packed_fwd_ptx(tmp_path, dict(PACK_CONFIGS[0], ws="notmaopack"))
     assert "cp.async.bulk.tensor.5d" in ptx
     assert "cp.async.bulk.tensor.4d" in ptx
     assert "st.global.v4.b32" in ptx and "st.global.v2.b32" not in ptx
@@ -245,20 +245,19 @@ def test_bsa_pack_gqa_sm90ws_loads_q_with_one_5d_tma_box(tmp_path):
     assert not any(op.endswith(("b16", "u16")) for op in ops), ops
 
 
-@pytest.mark.parametrize("c", [dict(PACK_CONFIGS[0], ws="tmaopack"),
-                               dict(PACK_CONFIGS[1], ws="tmaopack", causal=True)],
+@pytest.mark.parametrize("c", [PACK_CONFIGS[0], dict(PACK_CONFIGS[1], causal=True)],
                          ids=lambda c: _ids(c))
 def test_bsa_pack_gqa_tma_o_packed_ptx(tmp_path, c):
-    """``bsa_fwd_ws=tmaopack`` (opt-in): the packed forward writes O with 5-D TMA tensor
-    stores of the packed view (the boxes of its Q loads: D / 64 per 64-row slice), staged
-    with packed 4-byte shared stores and no shared loads (128-bit global stores only for the
-    zeros of items without listed blocks); the packed forward without it keeps the copy (the
-    test above). Its compile key differs from the default's only in ``ws_tma_o`` and
-    ``ws_tma_o_packed``."""
+    """The packed forward (default; ``bsa_fwd_ws=tmaopack`` names it) writes O with 5-D TMA
+    tensor stores of the packed view (the boxes of its Q loads: D / 64 per 64-row slice),
+    staged with packed 4-byte shared stores and no shared loads (128-bit global stores only
+    for the zeros of items without listed blocks); ``notmaopack`` keeps the copy (the test
+    above). The two compile keys differ only in ``ws_tma_o`` and ``ws_tma_o_packed``."""
     import re  # noqa: PLC0415
 
     _, args = _loss_and_args(c)
-    key, plain = _fwd_key(c, args), _fwd_key(dict(c, ws=""), args)
+    key, plain = _fwd_key(c, args), _fwd_key(dict(c, ws="notmaopack"), args)
+    assert key == _fwd_key(dict(c, ws="tmaopack"), args)
     assert (key.ws_tma_o, key.ws_tma_o_packed) == (True, True)
     assert (plain.ws_tma_o, plain.ws_tma_o_packed) == (False, False)
     assert key == type(key)(**{**plain.__dict__, "ws_tma_o": True, "ws_tma_o_packed": True})

@@ -986,8 +986,8 @@ _PTX_CONFIGS = {
     "fwd-128-0-bfloat16-noepivec": ("_fwd_text", (128, 128, 0, "bfloat16"),
                                     {"hstu_fwd_impl": "sm90ws", "hstu_fwd_ws": "noepivec"},
                                     {}),
-    "fwd-128-0-bfloat16-tmao": ("_fwd_text", (128, 128, 0, "bfloat16"),
-                                {"hstu_fwd_impl": "sm90ws", "hstu_fwd_ws": "tmao"}, {}),
+    "fwd-128-0-bfloat16-notmao": ("_fwd_text", (128, 128, 0, "bfloat16"),
+                                  {"hstu_fwd_impl": "sm90ws", "hstu_fwd_ws": "notmao"}, {}),
     "fwd-64-0-bfloat16-noqscale": ("_fwd_text", (64, 64, 0, "bfloat16"),
                                    {"hstu_fwd_impl": "sm90ws", "hstu_fwd_ws": "noqscale"}, {}),
     "bwd-128-bfloat16-causal": ("_bwd_text", (128, "bfloat16", "causal"),
@@ -1068,7 +1068,7 @@ def test_hstu_sm90ws_epivec_ptx(kept_ptx):
             ops[m.group(0)] = ops.get(m.group(0), 0) + 1
         return ops
 
-    vec, old = shared_ops("fwd-128-0-bfloat16"), shared_ops("fwd-128-0-bfloat16-noepivec")
+    vec, old = shared_ops("fwd-128-0-bfloat16-notmao"), shared_ops("fwd-128-0-bfloat16-noepivec")
     assert old.get("st.shared.b16") == 64 and old.get("ld.shared.b16") == 64, old
     assert not any(op.endswith(("b16", "u16")) for op in vec), vec
     assert vec.get("st.shared.b32", 0) == old.get("st.shared.b32", 0) + 32, (old, vec)
@@ -1076,15 +1076,16 @@ def test_hstu_sm90ws_epivec_ptx(kept_ptx):
 
 
 def test_hstu_sm90ws_tma_o_ptx(kept_ptx):
-    """``hstu_fwd_ws=tmao``: a query tile that ends inside its sequence stages O in the
-    128-byte-swizzled layout and one thread writes it with TMA tensor stores (two 64-column
-    boxes at D 128) as one bulk group, waited for (read) before the next staging, before the
-    pair-store copy of a sequence's last tile and at exit (three waits); the copy keeps its 8
-    16-byte loads, and the staging one set of 32 packed 4-byte stores more than the default."""
+    """The default (``hstu_fwd_ws=tmao``): a query tile that ends inside its sequence stages O
+    in the 128-byte-swizzled layout and one thread writes it with TMA tensor stores (two
+    64-column boxes at D 128) as one bulk group, waited for (read) before the next staging,
+    before the pair-store copy of a sequence's last tile and at exit (three waits); the copy
+    keeps its 8 16-byte loads, and the staging has one set of 32 packed 4-byte stores more
+    than ``hstu_fwd_ws=notmao``, which has no TMA store."""
     import re
 
-    tma = _fwd_ptx(kept_ptx, "fwd-128-0-bfloat16-tmao")
-    vec = _fwd_ptx(kept_ptx, "fwd-128-0-bfloat16")
+    tma = _fwd_ptx(kept_ptx, "fwd-128-0-bfloat16")
+    vec = _fwd_ptx(kept_ptx, "fwd-128-0-bfloat16-notmao")
     stores = re.findall(r"cp\.async\.bulk\.tensor\.3d\.global\.shared::cta\S*", tma)
     assert len(stores) == 2, stores
     assert tma.count("cp.async.bulk.commit_group") == 1

@@ -130,8 +130,8 @@ class BsaFwdConfig:
     # O written by TMA tensor stores from the epilogue's staging tile (unpacked rows without
     # split-KV; off with "notmao")
     ws_tma_o: bool = True
-    # packed GQA rows by TMA stores too ("tmaopack", opt-in)
-    ws_tma_o_packed: bool = False
+    # packed GQA rows by TMA stores too (off with "notmaopack" or "notmao")
+    ws_tma_o_packed: bool = True
     num_sms: int = 0
     arch: str = ""  # the target arch (CuTe DSL name) the key was chosen for
     # pack_gqa: query heads per KV head r of the packed rows (1: not packed; sm90ws only)
@@ -313,7 +313,8 @@ def bsa_ws_options(opts) -> dict:
     copied out in 16-byte pieces), ``tma_o`` (default; ``notmao`` off: O staged in the
     128-byte-swizzled layout and written by TMA tensor stores, which the consumer warpgroup
     does not wait for; unpacked rows without split-KV or ``oalias``), ``tma_o_packed``
-    (``tmaopack``: packed GQA rows by TMA stores too, boxes of the packed view), ``stream_k`` (``streamk``: the work items after the
+    (default; ``notmaopack`` off: packed GQA rows by TMA stores too, boxes of the packed
+    view), ``stream_k`` (``streamk``: the work items after the
     last whole wave but one cut into equal ranges of listed blocks, one per CTA),
     ``split_wait`` (True with ``splitwait``, False with ``nosplitwait``, else
     None: the config's default, True at blk 64 with D 128; the consumer warpgroup re-checks
@@ -329,7 +330,7 @@ def bsa_ws_options(opts) -> dict:
             "meta_prefetch": "mpre" in opts, "q_ahead": "qahead" in opts,
             "epi_vec": "noepivec" not in opts, "stream_k": "streamk" in opts,
             "tma_o": "notmao" not in opts and "noepivec" not in opts,
-            "tma_o_packed": "tmaopack" in opts,
+            "tma_o_packed": "notmaopack" not in opts,
             "split_wait": (True if "splitwait" in opts else False if "nosplitwait" in opts
                            else None)}
 

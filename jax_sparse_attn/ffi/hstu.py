@@ -140,8 +140,8 @@ class HstuFwdConfig(_HstuKey):
     # the epilogue's O staged with packed pair stores into a row-swizzled tile (default;
     # "noepivec": the element copies of the swizzled layout)
     ws_epi_vec: bool = True
-    # query tiles inside their sequence write O by TMA tensor stores ("tmao")
-    ws_tma_o: bool = False
+    # query tiles inside their sequence write O by TMA tensor stores (off with "notmao")
+    ws_tma_o: bool = True
     # persistent work items walk the schedule rows of one (split, head) after the other
     # ("headouter"; else the heads of a row are consecutive items)
     ws_head_outer: bool = False
@@ -471,8 +471,8 @@ def ws_options(opts) -> dict:
     within 1 % on the H200), ``epi_vec`` (default; ``noepivec`` off: the epilogue stages O
     with packed 4-byte shared stores into a row-swizzled tile and copies it out in 16-byte
     pieces, as the block-sparse forward does; 4–20 % faster forward on the H200), ``tma_o``
-    (``tmao``, not with ``noepivec``: query tiles that end inside their sequence are written
-    by TMA tensor stores the warpgroup does not wait for), ``num_wg`` (consumer warpgroups: 3
+    (default; ``notmao`` or ``noepivec`` off: query tiles that end inside their sequence are
+    written by TMA tensor stores the warpgroup does not wait for), ``num_wg`` (consumer warpgroups: 3
     with ``wg3`` (192-row query tiles, at head dims up to 64; never with rab, paged K / V or
     ``cross``), 2 with ``wg2``, else None: the config's default), ``bn`` (block_n, 0: the kernel's default for
     the head dims), ``chunk`` (with the dynamic deal: KiB of K / V per sequence chunk of the
@@ -491,7 +491,7 @@ def ws_options(opts) -> dict:
             "num_wg": 3 if "wg3" in opts else 2 if "wg2" in opts else None,
             "p_late": "plate" in opts, "split_wait": "splitwait" in opts,
             "epi_vec": "noepivec" not in opts,
-            "tma_o": "tmao" in opts and "noepivec" not in opts,
+            "tma_o": "notmao" not in opts and "noepivec" not in opts,
             "bn": bn[0] if bn else 0,
             "chunk": (chunk[0] if chunk else SCHEDULE_CHUNK_KIB) if dynamic else 0}
 
