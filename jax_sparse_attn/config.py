@@ -146,9 +146,9 @@ _parse_bsa_ws_opts = _parse_option_list(BSA_WS_FLAGS, "stages", lambda n: 2 <= n
 
 def _parse_bsa_ws(var, raw):
     """Parser of JAX_SPARSE_ATTN_BSA_WS: :data:`BSA_WS_FLAGS` and ``stages=N``;
-    ``splitwait`` and ``nosplitwait`` exclude each other, and so does ``tmao`` with
-    ``notmao`` and with ``noepivec``; ``streamk`` excludes the chained-item and prefetch
-    flags."""
+    ``splitwait`` and ``nosplitwait`` exclude each other, and so do ``tmao`` and
+    ``tmaopack`` with ``notmao`` and with ``noepivec``, and ``tmaopack`` with
+    ``notmaopack``; ``streamk`` excludes the chained-item and prefetch flags."""
     opts = _parse_bsa_ws_opts(var, raw)
     for a, b in (("splitwait", "nosplitwait"), ("tmao", "notmao"), ("tmao", "noepivec"),
                  ("tmaopack", "notmao"), ("tmaopack", "noepivec"),
@@ -416,12 +416,12 @@ SWITCHES = (
            "with split-KV, pack_gqa, cross, crossepi, mpre or qahead; slower on the H200), "
            "tmao (the default: the epilogue stages O in the 128-byte-swizzled operand "
            "layout and one thread per consumer warpgroup writes it with TMA tensor stores "
-           "that the warpgroup does not wait for; unpacked rows without split-KV or oalias; "
-           "excludes notmao and noepivec), "
+           "that the warpgroup does not wait for; not with split-KV or oalias; packed rows "
+           "as tmaopack says; excludes notmao and noepivec), "
            "notmao (the consumer warpgroup copies the staged O out itself in 16-byte "
-           "pieces; also implied by noepivec), "
+           "pieces, packed rows too; also implied by noepivec), "
            "tmaopack (the default: with pack_gqa the packed rows are written by TMA tensor "
-           "stores too, boxes of (D, r, 64 / r) as the packed Q loads), "
+           "stores too, boxes of (D, r, 64 / r) as the packed Q loads; excludes notmaopack), "
            "notmaopack (packed rows copied out by the consumer warpgroup as with notmao; "
            "unpacked rows keep the TMA stores), "
            "stages=N "

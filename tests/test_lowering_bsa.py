@@ -256,7 +256,8 @@ def test_bsa_sm90ws_config_and_fallback():
     with pytest.raises(ValueError, match="JAX_SPARSE_ATTN_BSA_FWD_IMPL"):
         from_env({"JAX_SPARSE_ATTN_BSA_FWD_IMPL": "sm91"})
     for bad in ("bn=64", "stages=1", "q1,q1", "tmao,notmao", "tmao,noepivec",
-                "tmaopack,notmaopack"):
+                "tmaopack,notmaopack", "tmaopack,notmao", "notmao,tmaopack",
+                "tmaopack,noepivec"):
         with pytest.raises(ValueError, match="JAX_SPARSE_ATTN_BSA_WS"):
             from_env({"JAX_SPARSE_ATTN_BSA_WS": bad})
     # O by TMA stores: the default without split-KV; off with notmao, noepivec (its element

@@ -127,8 +127,8 @@ class BsaFwdConfig:
     # the items past the last whole wave but one split into equal ranges of listed blocks,
     # one per CTA ("streamk"); the call then has the fp32 partial workspace and flags
     ws_stream_k: bool = False
-    # O written by TMA tensor stores from the epilogue's staging tile (unpacked rows without
-    # split-KV; off with "notmao")
+    # O written by TMA tensor stores from the epilogue's staging tile (without split-KV or
+    # "oalias"; packed rows only with ws_tma_o_packed; off with "notmao")
     ws_tma_o: bool = True
     # packed GQA rows by TMA stores too (off with "notmaopack" or "notmao")
     ws_tma_o_packed: bool = True
@@ -312,7 +312,8 @@ def bsa_ws_options(opts) -> dict:
     (default; ``noepivec`` off: O staged with packed pair stores into a row-swizzled tile,
     copied out in 16-byte pieces), ``tma_o`` (default; ``notmao`` off: O staged in the
     128-byte-swizzled layout and written by TMA tensor stores, which the consumer warpgroup
-    does not wait for; unpacked rows without split-KV or ``oalias``), ``tma_o_packed``
+    does not wait for; without split-KV or ``oalias``, packed rows only with
+    ``tma_o_packed``), ``tma_o_packed``
     (default; ``notmaopack`` off: packed GQA rows by TMA stores too, boxes of the packed
     view), ``stream_k`` (``streamk``: the work items after the
     last whole wave but one cut into equal ranges of listed blocks, one per CTA),
