@@ -49,7 +49,7 @@ SHARD = os.environ.get("BSA_PACK_SHARD", "")
 # deselected: python -m pytest -m "gpu or not gpu" ... does not skip; see scripts/gpu_p18.sh)
 BACKEND = os.environ.get("BSA_PACK_TEST_BACKEND", "kernel")
 # BSA_PACK_TEST_FWD_WS: the sm90ws forward's switch for these cases (a comma list, e.g.
-# "tmaopack": the packed rows written by TMA tensor stores)
+# "notmaopack": the packed rows copied out instead of the default TMA tensor stores)
 FWD_WS = tuple(o for o in os.environ.get("BSA_PACK_TEST_FWD_WS", "").split(",") if o)
 
 
