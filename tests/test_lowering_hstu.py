@@ -191,6 +191,34 @@ WS_LOWER += [("bn=80", 256, 0, "float16"), ("crossepi", 64, 3, "float16"),
              ("wg3,noqscale", 64, 3, "float16"), ("wg3,static,q1", 32, 0, "bfloat16")]
 
 
+def test_hstu_sm90ws_tma_o_key_only_where_the_kernel_stores_by_tma():
+    """The O stores by TMA (the default; ``notmao`` off) are in the compile key only where
+    the kernel takes them: not with split keys, where O is staged in the Q buffer (D 256,
+    ``qalias``), at a D_v that is not a multiple of 64 or with ``noepivec``; there the
+    default and ``notmao`` give one key (one compile)."""
+    import dataclasses  # noqa: PLC0415
+
+    from jax_sparse_attn.config import Switches  # noqa: PLC0415
+    from jax_sparse_attn.ffi import hstu as fh  # noqa: PLC0415
+
+    sw, off = Switches(), Switches(hstu_fwd_ws="notmao")
+    for d, dv, kw, want in ((128, 128, {}, True), (64, 64, {}, True), (64, 128, {}, True),
+                            (64, 64, {"max_seqlen_q": 8192}, True),
+                            (128, 128, {"has_rab": True, "rab_dtype": "float32"}, True),
+                            (128, 128, {"paged": True}, True), (256, 256, {}, False),
+                            (128, 128, {"kv_splits": 4}, False), (96, 96, {}, False),
+                            (32, 32, {}, False)):
+        key = fh.fwd_config("bfloat16", d, dv, 0, sw, **kw)
+        assert key.ws_tma_o is want, (d, dv, kw)
+        plain = fh.fwd_config("bfloat16", d, dv, 0, off, **kw)
+        assert not plain.ws_tma_o
+        assert (key == plain) is (not want), (d, dv, kw)
+        assert dataclasses.replace(key, ws_tma_o=False) == plain
+    assert not fh.fwd_config("bfloat16", 128, 128, 0, Switches(hstu_fwd_ws="qalias")).ws_tma_o
+    assert not fh.fwd_config("bfloat16", 128, 128, 0,
+                             Switches(hstu_fwd_ws="noepivec")).ws_tma_o
+
+
 def test_hstu_sm90ws_three_consumer_warpgroups_key():
     """hstu_fwd_ws=wg3: 192-row query tiles and 16 warps in the compile key at head dims up
     to 64; above, with rab or paged K / V the key is the two-warpgroup one. Without wg2 /

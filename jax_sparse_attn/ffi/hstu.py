@@ -420,17 +420,17 @@ def fwd_config(dtype, head_dim, head_dim_v, func_n, switches, *, has_rab=False,
             raise NotImplementedError(reason)
         # the paged forward deals statically in the schedule's longest-first order and
         # multiplies each score by alpha / 2 (no qscale)
-        return dataclasses.replace(
+        return _ws_tma_o_applied(dataclasses.replace(
             _ws_config(dtype, head_dim, head_dim_v, 0, switches, rab, arch), paged=True,
             ws_dynamic=False, schedule_chunk_kib=0, ws_q_scale=False, ws_num_wg=2,
             block_m=128, num_warps=12,
             kv_splits=int(kv_splits), page_id_clamp=switches.hstu_schedule == "kernel",
-            ws_page_prefetch=ws_options(switches.hstu_fwd_ws)["page_prefetch"])
+            ws_page_prefetch=ws_options(switches.hstu_fwd_ws)["page_prefetch"]))
     if impl == "sm90ws":
-        return dataclasses.replace(
+        return _ws_tma_o_applied(dataclasses.replace(
             _ws_config(dtype, head_dim, head_dim_v, func_n, switches, rab, arch,
                        max_seqlen_q if int(kv_splits) == 1 else 0),
-            kv_splits=int(kv_splits))
+            kv_splits=int(kv_splits)))
     bm, bn, w = _sm80_tile("forward", head_dim, head_dim_v, switches, arch)
     return HstuFwdConfig(_cutlass_dtype_name(dtype), head_dim, head_dim_v, bm, bn, w,
                          func_n > 0, max(func_n, 1), impl, **rab, arch=arch)
@@ -573,6 +573,24 @@ def _ws_config(dtype, head_dim, head_dim_v, func_n, switches, rab, arch,
                                      and not opts["silu16"]),
                          num_sms=metadata.num_sms(), **rab, arch=arch,
                          pdl=bool(getattr(switches, "pdl", False)))
+
+
+def _ws_tma_o_applied(cfg):
+    """``cfg`` with ``ws_tma_o`` only where the kernel writes O by TMA stores (as
+    ``HstuFwdSm90Ws`` decides: no split-KV, O not staged in the Q buffer, ``D_v`` a multiple
+    of 64, the pair-store epilogue), so that a switch that changes nothing in the kernel
+    gives the same compile key."""
+    if not cfg.ws_tma_o:
+        return cfg
+    try:
+        from ..kernels.attn_fwd_sm90_ws import SMEM_LIMIT, smem_plan  # noqa: PLC0415
+    except ImportError:  # no CuTe DSL: no kernel to compile either
+        return cfg
+    o_alias_q = smem_plan(cfg.head_dim, cfg.head_dim_v, 64 * cfg.ws_num_wg, cfg.block_n,
+                          SMEM_LIMIT, 4, cfg.ws_q_stages, alias_first=cfg.ws_q_alias)[2]
+    on = (cfg.kv_splits == 1 and not o_alias_q and cfg.ws_epi_vec
+          and cfg.head_dim_v % 64 == 0)
+    return cfg if on else dataclasses.replace(cfg, ws_tma_o=False)
 
 
 #: head dims (D = D_v) of the sm90 backward; other head dims, D != D_v and rab run sm80

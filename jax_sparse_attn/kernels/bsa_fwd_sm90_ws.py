@@ -30,8 +30,10 @@ block-sparse variation points:
   computed; the O accumulator is rescaled after that GEMM completes.
 * Epilogue: ``O / l`` in 16 bit into the warpgroup's shared-memory tile in the
   128-byte-swizzled operand layout, written by TMA tensor stores that the warpgroup does not
-  wait for (``tma_o``, the default; packed GQA rows, split-KV partials and ``tma_o=False``:
-  row-predicated 128-bit stores from swizzled shared memory or registers);
+  wait for (``tma_o``, the default; packed GQA rows with ``tma_o_packed``, also the default:
+  5-D boxes of the packed view, each packed row to its own (position, query head) row;
+  split-KV partials: fp32 stores from registers; ``tma_o=False`` or packed rows without
+  ``tma_o_packed``: row-predicated 128-bit stores from swizzled shared memory);
   ``lse = scale m + ln l``; a row with no visible key gets ``O = 0`` and ``lse = -inf``;
   rows past ``S_q`` are never written (TMA clips the box at the tensor's end).
 

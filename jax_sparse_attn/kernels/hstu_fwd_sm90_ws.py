@@ -30,9 +30,13 @@ item of every round):
 * ``q_scale=True``: each consumer warpgroup multiplies its Q slice by ``alpha / 2`` in shared
   memory once per work item, so ``S`` is ``h`` and no score is multiplied (not with rab).
 * epilogue: ``O / scaling_seqlen`` in 16 bit -> swizzled shared memory (a per-warpgroup
-  buffer, or the warpgroup's half of the Q buffer where shared memory is short) -> 128-bit
-  row-predicated global stores (rows ``< L_q`` only; a TMA store box would overwrite the next
-  sequence's rows).
+  buffer, or the warpgroup's half of the Q buffer where shared memory is short). With
+  ``tma_o`` (the default where it applies: no split-KV, O not staged in the Q buffer, ``Dv``
+  a multiple of 64) a 64-row slice that ends inside its sequence is staged in the
+  128-byte-swizzled operand layout and written by TMA tensor stores at its sequence's row
+  offset, which the warpgroup does not wait for; every other slice (a sequence's last,
+  partial one: a TMA store box would overwrite the next sequence's rows) goes out by 128-bit
+  row-predicated global stores of the rows ``< L_q``.
 
 With a relative attention bias (``has_rab``; ``mRab (B, H_rab, N_k, N_k)``, fp32 or 16-bit,
 ``rab_per_head`` when ``H_rab = H``), each consumer thread loads the bias elements of its
