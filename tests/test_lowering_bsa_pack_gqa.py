@@ -273,7 +273,7 @@ def test_bsa_pack_gqa_tma_o_packed_ptx(tmp_path, c):
 
 def test_bsa_pack_gqa_split_forward_is_its_own_kernel(tmp_path):
     """pack_gqa with kv_splits > 1 compiles another forward than pack_gqa alone (its compile
-    key carries both): the same 5-D Q boxes, and the split epilogue stores each packed row's
+    key carries both, and no TMA stores of O): the same 5-D Q boxes, and the split epilogue stores each packed row's
     fp32 partial from registers, two adjacent columns per store (D / 4 such stores per
     thread: its two accumulator rows of D / 8 column pairs), with no 16-bit O staging in
     shared memory and no 128-bit stores."""
@@ -282,7 +282,9 @@ def test_bsa_pack_gqa_split_forward_is_its_own_kernel(tmp_path):
     key = _fwd_key(PACK_SPLIT_PTX, args)
     alone = _fwd_key(dict(PACK_SPLIT_PTX, kv_splits=1), args)
     assert (key.pack_gqa, key.kv_splits) == (8, 5) and (alone.pack_gqa, alone.kv_splits) == (8, 1)
-    assert key != alone and key == type(key)(**{**alone.__dict__, "kv_splits": 5})
+    # (split partials are fp32 rows from registers: no TMA stores of O)
+    assert key != alone and key == type(key)(**{**alone.__dict__, "kv_splits": 5,
+                                                "ws_tma_o": False, "ws_tma_o_packed": False})
     ptx = _packed_fwd_ptx(tmp_path, PACK_SPLIT_PTX)
     assert "cp.async.bulk.tensor.5d" in ptx
     assert "cp.async.bulk.tensor.4d" in ptx
