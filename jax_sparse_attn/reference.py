@@ -198,8 +198,9 @@ def _hstu_attention_ref_impl(
         if func is not None:
             valid = valid & func_interval_mask(f2d[:, jnp.clip(q0 + i, 0, L_f - 1)], j)
         # SiLU's limit at -inf is 0 (x * sigmoid(x) would give -inf * 0 = NaN); masked
-        # scores are selected away (never multiplied by zero), also in the gradient.
-        keep = valid[None] & (s > -jnp.inf)
+        # scores are selected away (never multiplied by zero), also in the gradient. A NaN
+        # score of a visible key stays NaN (silu(NaN)), as in the kernels.
+        keep = valid[None] & ~jnp.isneginf(s)
         act = jnp.where(keep, jax.nn.silu(jnp.where(keep, s, zero)), zero)
         o = jnp.einsum("hqk,khd->qhd", act, vt, preferred_element_type=cdt)
         return o * jnp.asarray(inv_scale, cdt)

@@ -134,7 +134,7 @@ def _check_rank(name, x, rank, layout_desc):
 
 
 def _check_float(name, x):
-    dt = jnp.dtype(x.dtype)
+    dt = canonical_dtype(x)
     if dt not in FLOAT_DTYPES:
         raise TypeError(f"{name} dtype must be {_DTYPE_NAMES}, got {dt}")
     return dt
@@ -234,8 +234,8 @@ def check_hstu_args(q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q, max_se
                 f"H_kv dividing H={H} (H_kv = H, or fewer KV heads: GQA/MQA), got {pshape}"
             )
         H_kv = pshape[3]
-        if jnp.dtype(paged_kv.dtype) != dt:
-            raise TypeError(f"paged_kv dtype {jnp.dtype(paged_kv.dtype)} must equal q's dtype {dt}")
+        if canonical_dtype(paged_kv) != dt:
+            raise TypeError(f"paged_kv dtype {canonical_dtype(paged_kv)} must equal q's dtype {dt}")
         _check_rank("page_ids", page_ids, 1, "(P,)")
         _check_int("page_ids", page_ids)
         _check_rank("page_indptrs", page_indptrs, 1, "(B+1,)")
@@ -253,9 +253,9 @@ def check_hstu_args(q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q, max_se
             raise ValueError(f"v must have shape (T_k={T_k}, H_kv={H_k}, D_v >= 1), got {(T_v, H_v, D_v)}")
         H_kv = H_k
         for name, x in (("k", k), ("v", v)):
-            if jnp.dtype(x.dtype) != dt:
+            if canonical_dtype(x) != dt:
                 raise TypeError(
-                    f"q, k and v must have one dtype; q is {dt} but {name} is {jnp.dtype(x.dtype)}"
+                    f"q, k and v must have one dtype; q is {dt} but {name} is {canonical_dtype(x)}"
                 )
     (bq,) = _check_rank("cu_seqlens_q", cu_seqlens_q, 1, "(B+1,)")
     (bk,) = _check_rank("cu_seqlens_k", cu_seqlens_k, 1, "(B+1,)")
@@ -486,8 +486,8 @@ def check_bsa_args(q, k, v, q2k_block_index, block_sparse_num=None, block_sizes=
     vs = _check_rank("v", v, 4, desc)
     dt = _check_float("q", q)
     for name, x in (("k", k), ("v", v)):
-        if jnp.dtype(x.dtype) != dt:
-            raise TypeError(f"q, k and v must have one dtype; q is {dt} but {name} is {jnp.dtype(x.dtype)}")
+        if canonical_dtype(x) != dt:
+            raise TypeError(f"q, k and v must have one dtype; q is {dt} but {name} is {canonical_dtype(x)}")
 
     def bhsd(s):
         return s if layout == "bhsd" else (s[0], s[2], s[1], s[3])
@@ -505,10 +505,9 @@ def check_bsa_args(q, k, v, q2k_block_index, block_sparse_num=None, block_sizes=
         raise ValueError(f"v must have the same heads and length as k ({Hkv}, {Skv}), got ({Hv}, {Sv})")
     if Hkv < 1 or Hq % Hkv != 0:
         raise ValueError(f"the number of query heads {Hq} must be a multiple of the KV heads {Hkv} (GQA)")
-    if isinstance(sparse_block_size, bool) or not isinstance(sparse_block_size, numbers.Integral) \
-            or int(sparse_block_size) not in SPARSE_BLOCK_SIZES:
-        raise ValueError(f"sparse_block_size must be one of {SPARSE_BLOCK_SIZES}, got {sparse_block_size!r}")
-    blk = int(sparse_block_size)
+    blk = _static_int("sparse_block_size", sparse_block_size)
+    if blk not in SPARSE_BLOCK_SIZES:
+        raise ValueError(f"sparse_block_size must be one of {SPARSE_BLOCK_SIZES}, got {blk!r}")
     kv_splits = check_kv_splits(kv_splits, MAX_KV_SPLITS)
     pack_gqa = _check_bool("pack_gqa", pack_gqa)
     causal = _check_bool("causal", causal)
@@ -541,8 +540,7 @@ def check_bsa_args(q, k, v, q2k_block_index, block_sparse_num=None, block_sizes=
     K_max = ishape[3]
     if K_max < 1:
         raise ValueError("q2k_block_index must have K_max >= 1 entries per row, got K_max=0")
-    if not isinstance(allow_empty_block_nums, bool):
-        raise TypeError(f"allow_empty_block_nums must be a bool, got {allow_empty_block_nums!r}")
+    allow_empty_block_nums = _check_bool("allow_empty_block_nums", allow_empty_block_nums)
     if (block_sparse_num is None) == (q2k_block_nums is None):
         raise ValueError(
             "pass exactly one of block_sparse_num (a fixed count) and q2k_block_nums "

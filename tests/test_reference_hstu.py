@@ -416,3 +416,25 @@ def test_hstu_rab_validation_errors():
         jsa.hstu_attention(*(jnp.asarray(x, jnp.float32) for x in (q, k, v)), jnp.asarray(cu_q),
                            jnp.asarray(cu_k), rab=jnp.zeros((2, 1, mk, mk)), max_seqlen_q=mq,
                            max_seqlen_k=mk, backend="reference")
+
+
+def test_nan_in_a_visible_key_or_query_propagates():
+    """A NaN in data a row does see reaches that row (NaN is not taken for a masked score):
+    causal, two sequences; NaN in the first key of sequence 0 (seen by all its rows) makes
+    all of sequence 0 NaN, and its dk row NaN; a NaN query row makes that row alone NaN.
+    Sequence 1 stays finite, and so do the other rows of the query case."""
+    q, k, v, cu_q, cu_k, mq, mk = make_case([5, 4], seed=3, dtype=np.float32)
+
+    def run(q, k, v):
+        return jsa.hstu_attention(q, k, v, cu_q, cu_k, max_seqlen_q=mq, max_seqlen_k=mk,
+                                  window_size=(-1, 0), alpha=0.5, backend="reference")
+
+    kn = np.where(np.arange(k.shape[0])[:, None, None] == 0, np.nan, k)
+    out = np.asarray(run(q, kn, v))
+    assert np.isnan(out[:5]).all() and np.isfinite(out[5:]).all()
+    dk = jax.grad(lambda k_: jnp.sum(run(q, k_, v)[:5]))(jnp.asarray(kn))
+    assert np.isnan(np.asarray(dk)[0]).all()
+    qn = np.where(np.arange(q.shape[0])[:, None, None] == 2, np.nan, q)
+    out = np.asarray(run(qn, k, v))
+    assert np.isnan(out[2]).all()
+    assert np.isfinite(np.delete(out, 2, axis=0)).all()

@@ -176,3 +176,51 @@ def test_bsa_backward_requires_forward_results():
         with pytest.raises(ValueError, match=f"{name} is required"):
             jsa.block_sparse_attention_backward(do, q, q, q, o, l_, idx, 1, None,
                                                 sparse_block_size=64)
+
+
+def test_numpy_float64_inputs_under_grad_without_x64():
+    """NumPy float64 q / k / v are float32 arrays to JAX when x64 is off: under jax.grad
+    (q a float32 tracer, k and v still NumPy float64) both ops run and match the eager
+    float32 call, instead of reporting a dtype mismatch."""
+    assert not jax.config.jax_enable_x64
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((6, 2, 8))
+    cu = np.array([0, 6], np.int32)
+
+    def hstu(q):
+        return jsa.hstu_attention(q, x, x, cu, cu, max_seqlen_q=6, max_seqlen_k=6,
+                                  backend="reference").sum()
+
+    g = jax.grad(hstu)(x)
+    assert g.dtype == jnp.float32 and np.isfinite(np.asarray(g)).all()
+    np.testing.assert_allclose(g, jax.grad(hstu)(x.astype(np.float32)), rtol=1e-6, atol=1e-6)
+    y = rng.standard_normal((1, 2, 64, 8))
+    idx = np.zeros((1, 2, 1, 1), np.int32)
+
+    def bsa(q):
+        return jsa.block_sparse_attention(q, y, y, idx, 1, sparse_block_size=64,
+                                          backend="reference").sum()
+
+    g = jax.grad(bsa)(y)
+    assert g.dtype == jnp.float32 and np.isfinite(np.asarray(g)).all()
+
+
+def test_bsa_static_options_take_numpy_and_0d_values():
+    """allow_empty_block_nums takes a NumPy bool like the other bool options;
+    sparse_block_size a concrete 0-d integer array; a non-integer sparse_block_size is a
+    TypeError, an integer outside (64, 128) a ValueError."""
+    q = jnp.zeros((1, 2, 64, 8), jnp.float32)
+    idx = jnp.zeros((1, 2, 1, 1), jnp.int32)
+    nums = jnp.zeros((1, 2, 1), jnp.int32)
+    out = jsa.block_sparse_attention(q, q, q, idx, None, None, nums, sparse_block_size=64,
+                                     allow_empty_block_nums=np.bool_(True), backend="reference")
+    assert np.all(np.asarray(out) == 0)
+    out = jsa.block_sparse_attention(q, q, q, idx, 1, sparse_block_size=jnp.int32(64),
+                                     backend="reference")
+    assert out.shape == q.shape
+    for bad in ("64", 64.0, True):
+        with pytest.raises(TypeError, match="sparse_block_size must be a static Python int"):
+            jsa.block_sparse_attention(q, q, q, idx, 1, sparse_block_size=bad,
+                                       backend="reference")
+    with pytest.raises(ValueError, match=r"sparse_block_size must be one of \(64, 128\), got 96"):
+        jsa.block_sparse_attention(q, q, q, idx, 1, sparse_block_size=96, backend="reference")
