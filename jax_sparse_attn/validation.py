@@ -257,8 +257,10 @@ def check_hstu_args(q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q, max_se
                 raise TypeError(
                     f"q, k and v must have one dtype; q is {dt} but {name} is {canonical_dtype(x)}"
                 )
-    (bq,) = _check_rank("cu_seqlens_q", cu_seqlens_q, 1, "(B+1,)")
-    (bk,) = _check_rank("cu_seqlens_k", cu_seqlens_k, 1, "(B+1,)")
+    cu_desc = ("(B+1,) (or, for cu_seqlens_q and cu_seqlens_k together, the per-shard "
+               "(num_shards, B_local+1) of jax_sparse_attn.sharding)")
+    (bq,) = _check_rank("cu_seqlens_q", cu_seqlens_q, 1, cu_desc)
+    (bk,) = _check_rank("cu_seqlens_k", cu_seqlens_k, 1, cu_desc)
     _check_int("cu_seqlens_q", cu_seqlens_q)
     _check_int("cu_seqlens_k", cu_seqlens_k)
     if bq < 1:
