@@ -597,8 +597,16 @@ class BSAReferenceGrid(BSAGrid):
         return (case.dtype, "float32", case.dtype, case.dtype, case.dtype)
 
     def truth(self, case, x):
-        idx, nums, _ = _bsa_normalized(x)
-        sizes = x["meta"]["block_sizes"]
+        # the metadata as the user passes them, read by the oracle itself (not through the
+        # package's normalize_bsa_metadata, which the op under test also uses): a fixed
+        # block_sparse_num is that many blocks in every row
+        m = x["meta"]
+        idx = np.asarray(m["q2k_block_index"])
+        if m.get("block_sparse_num") is not None:
+            nums = np.full(idx.shape[:3], m["block_sparse_num"], np.int32)
+        else:
+            nums = np.asarray(m["q2k_block_nums"])
+        sizes = m["block_sizes"]
         n_kv = -(-case.skv // case.blk)
         sizes = broadcast_sizes(None if sizes is None else np.asarray(sizes), case.b, case.hq,
                                 n_kv)

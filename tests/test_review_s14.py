@@ -124,11 +124,21 @@ def test_hstu_scalars_beyond_float32(name, value):
 @pytest.mark.parametrize("name,value", [("alpha", 1e30), ("scaling_seqlen", 1e-30),
                                         ("scaling_seqlen", 1e30)])
 def test_hstu_scalars_large_but_float32_ok(name, value):
-    """Values inside float32's range are still accepted (finite result)."""
+    """Values inside float32's range are still accepted (finite result, equal to the
+    float64 oracle)."""
     q, k, v, cu_q, cu_k = _hstu_inputs()
     q = q * 1e-10 if name == "alpha" else q
     out = hstu_attention(q, k, v, cu_q, cu_k, max_seqlen_q=8, max_seqlen_k=10, **{name: value})
     assert out.shape == (12, 2, 8)
+    out = np.asarray(out, np.float64)
+    assert np.isfinite(out).all()
+    opts = dict(alpha=1.0, scaling=8.0)  # the defaults: alpha 1, scaling_seqlen = max_seqlen_q
+    opts["scaling" if name == "scaling_seqlen" else name] = value
+    with np.errstate(over="ignore"):  # exp(-s) of a huge score: SiLU's limit, not an error
+        want = _hstu_oracle(*(x.astype(np.float64) for x in (q, k, v)), cu_q, cu_k, (-1, 0),
+                            opts["alpha"], opts["scaling"])
+    assert np.abs(want).max() > 0
+    np.testing.assert_allclose(out, want, rtol=1e-4, atol=1e-6 * np.abs(want).max())
 
 
 @pytest.mark.parametrize("scale", [1e39, -1e300])
