@@ -109,3 +109,20 @@ class BSABackwardResult(_DictAccess, _BSABackward):
     """``dq_tensor``, ``dk_tensor``, ``dv_tensor`` in the input layout and dtypes."""
 
     __slots__ = ()
+
+
+def _register_export_serialization():
+    """Register the result types with ``jax.export`` so that an exported function returning
+    one can be serialized (``Exported.serialize``); older JAX without the hook: no-op."""
+    try:
+        from jax import export  # noqa: PLC0415
+
+        register = export.register_namedtuple_serialization
+    except (ImportError, AttributeError):
+        return
+    for cls in (HSTUForwardResult, HSTUBackwardResult, HSTUBackwardRabResult,
+                BSAForwardResult, BSABackwardResult):
+        register(cls, serialized_name=f"jax_sparse_attn.{cls.__name__}")
+
+
+_register_export_serialization()

@@ -106,10 +106,12 @@ def _kv_split_sizes(cfg):
 def _make_config(q, k, v, q2k_block_index, block_sparse_num, block_sizes, q2k_block_nums, *,
                  sparse_block_size, softmax_scale, layout, allow_empty_block_nums, backend,
                  switches, op_name, debug_checks=False, kv_splits=1, pack_gqa=False,
-                 causal=False, deterministic=False):
+                 causal=False, deterministic=False, extra_checks=None):
     """Validate the arguments and build the call's one static config (backend chosen,
     kernel compile keys decided); returns it with the metadata in normalised form
-    (:func:`~jax_sparse_attn.metadata.normalize_bsa_metadata`)."""
+    (:func:`~jax_sparse_attn.metadata.normalize_bsa_metadata`). ``extra_checks(cfg)``: the
+    caller's checks of its other arguments, run before the backend is chosen (so that
+    ``which_backend`` raises their errors too)."""
     _backend.check_backend(backend)
     switches = _backend.check_switches(switches)
     check_debug_checks(debug_checks)
@@ -127,6 +129,8 @@ def _make_config(q, k, v, q2k_block_index, block_sparse_num, block_sizes, q2k_bl
         run_time_value_checks(
             lambda i, s, n: _bsa_value_checks(i, s, n, allow_empty_block_nums, cfg),
             q2k_block_index, block_sizes, q2k_block_nums)
+    if extra_checks is not None:
+        extra_checks(cfg)
     passes = _passes(op_name)
     mod = _backend.select(backend, op_name, "bsa",
                           partial(_kernel_unsupported_reason, cfg, passes, switches),
@@ -417,38 +421,46 @@ def block_sparse_attention_backward(do, q, k, v, o, lse, q2k_block_index, block_
                                     allow_empty_block_nums=False, backend="auto",
                                     switches=None, dlse=None, debug_checks=False, kv_splits=1,
                                     pack_gqa=False, causal=False, deterministic=False):
+    lse_dtype = jnp.promote_types(canonical_dtype(q), jnp.float32)
+
+    def check_cotangents(cfg):
+        qs = tuple(q.shape)
+        out_shape = qs[:-1] + (cfg.head_dim_v,)
+        for name, x in (("do", do), ("o", o), ("lse", lse)):
+            if x is None:
+                raise ValueError(f"{name} is required (got None): the backward takes the "
+                                 f"forward's out and lse (block_sparse_attention_forward) and "
+                                 f"the cotangent do")
+        for name, x in (("do", do), ("o", o)):
+            if tuple(getattr(x, "shape", ())) != out_shape:
+                raise ValueError(f"{name} must have the output's shape {out_shape}, "
+                                 f"got {tuple(getattr(x, 'shape', ()))}")
+            if canonical_dtype(x) != canonical_dtype(q):
+                raise TypeError(f"{name} dtype {canonical_dtype(x)} must equal q's dtype "
+                                f"{canonical_dtype(q)}")
+        lse_shape = (cfg.batch, cfg.num_heads_q, cfg.seqlen_q)
+        if tuple(getattr(lse, "shape", ())) != lse_shape:
+            raise ValueError(f"lse must have shape (B, H_q, S_q) = {lse_shape}, "
+                             f"got {tuple(getattr(lse, 'shape', ()))}")
+        if canonical_dtype(lse) != lse_dtype:
+            raise TypeError(f"lse must be {lse_dtype} (the lse_tensor of "
+                            f"block_sparse_attention_forward for {canonical_dtype(q)} inputs), "
+                            f"got {canonical_dtype(lse)}")
+        if dlse is not None:
+            if tuple(getattr(dlse, "shape", ())) != lse_shape:
+                raise ValueError(f"dlse must have lse's shape (B, H_q, S_q) = {lse_shape}, "
+                                 f"got {tuple(getattr(dlse, 'shape', ()))}")
+            if not jnp.issubdtype(canonical_dtype(dlse), jnp.floating):
+                raise TypeError(f"dlse must be a floating array, got {canonical_dtype(dlse)}")
+
     cfg, idx, nums, sizes = _make_config(
         q, k, v, q2k_block_index, block_sparse_num, block_sizes, q2k_block_nums,
         sparse_block_size=sparse_block_size, softmax_scale=softmax_scale, layout=layout,
         allow_empty_block_nums=allow_empty_block_nums, backend=backend, switches=switches,
         debug_checks=debug_checks, kv_splits=kv_splits, pack_gqa=pack_gqa, causal=causal,
-        deterministic=deterministic, op_name="block_sparse_attention_backward")
-    qs = tuple(q.shape)
-    out_shape = qs[:-1] + (cfg.head_dim_v,)
-    for name, x in (("do", do), ("o", o), ("lse", lse)):
-        if x is None:
-            raise ValueError(f"{name} is required (got None): the backward takes the forward's "
-                             f"out and lse (block_sparse_attention_forward) and the cotangent do")
-    for name, x in (("do", do), ("o", o)):
-        if tuple(getattr(x, "shape", ())) != out_shape:
-            raise ValueError(f"{name} must have the output's shape {out_shape}, "
-                             f"got {tuple(getattr(x, 'shape', ()))}")
-        if canonical_dtype(x) != canonical_dtype(q):
-            raise TypeError(f"{name} dtype {canonical_dtype(x)} must equal q's dtype {canonical_dtype(q)}")
-    lse_shape = (cfg.batch, cfg.num_heads_q, cfg.seqlen_q)
-    if tuple(getattr(lse, "shape", ())) != lse_shape:
-        raise ValueError(f"lse must have shape (B, H_q, S_q) = {lse_shape}, "
-                         f"got {tuple(getattr(lse, 'shape', ()))}")
-    lse_dtype = jnp.promote_types(canonical_dtype(q), jnp.float32)
-    if canonical_dtype(lse) != lse_dtype:
-        raise TypeError(f"lse must be {lse_dtype} (the lse_tensor of block_sparse_attention_forward "
-                        f"for {canonical_dtype(q)} inputs), got {canonical_dtype(lse)}")
+        deterministic=deterministic, op_name="block_sparse_attention_backward",
+        extra_checks=check_cotangents)
     if dlse is not None:
-        if tuple(getattr(dlse, "shape", ())) != lse_shape:
-            raise ValueError(f"dlse must have lse's shape (B, H_q, S_q) = {lse_shape}, "
-                             f"got {tuple(getattr(dlse, 'shape', ()))}")
-        if not jnp.issubdtype(canonical_dtype(dlse), jnp.floating):
-            raise TypeError(f"dlse must be a floating array, got {canonical_dtype(dlse)}")
         dlse = jnp.asarray(dlse).astype(lse_dtype)
     dq, dk, dv = _bwd_jit(cfg, do, q, k, v, o, lse, idx, nums, sizes, dlse)
     return BSABackwardResult(dq_tensor=dq, dk_tensor=dk, dv_tensor=dv)

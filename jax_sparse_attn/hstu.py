@@ -99,9 +99,11 @@ def _kernel_unsupported_reason(cfg, passes, switches, mod):
 def _make_config(q, k, v, cu_seqlens_q, cu_seqlens_k, func, paged_kv, page_ids, page_indptrs,
                  *, max_seqlen_q, max_seqlen_k, scaling_seqlen, window_size, alpha, backend,
                  switches, op_name, debug_checks=False, rab=None,
-                 deterministic=False, kv_splits="auto") -> HSTUConfig:
+                 deterministic=False, kv_splits="auto", extra_checks=None) -> HSTUConfig:
     """Validate the arguments and build the call's one static config (backend chosen,
-    head-dim padding and kernel compile keys decided)."""
+    head-dim padding and kernel compile keys decided). ``extra_checks(cfg)``: the caller's
+    checks of its other arguments, run before the backend is chosen (so that
+    ``which_backend`` raises their errors too)."""
     _backend.check_backend(backend)
     switches = _backend.check_switches(switches)
     check_debug_checks(debug_checks)
@@ -123,6 +125,8 @@ def _make_config(q, k, v, cu_seqlens_q, cu_seqlens_k, func, paged_kv, page_ids, 
             _hstu_value_checks(shapes[0], shapes[1], cu_q, cu_k, f, shapes[2], ids, ptrs, cfg)
 
         run_time_value_checks(check, cu_seqlens_q, cu_seqlens_k, func, page_ids, page_indptrs)
+    if extra_checks is not None:
+        extra_checks(cfg)
     passes = _passes(cfg, op_name)
     mod = _backend.select(backend, op_name, "hstu",
                           partial(_kernel_unsupported_reason, cfg, passes, switches),
@@ -435,9 +439,10 @@ def validate_per_shard(q, k, v, cu_q, cu_k, func, rab, opts):
                                  local(v, v.shape[0] // ns), cq[s], ck[s],
                                  func=None if fn is None else fn[s][None], rab=rb, **kw)
         except ValueError as e:
-            raise ValueError(f"shard {s} of the per-shard cu_seqlens (row {s}, tokens "
-                             f"[{s * (q.shape[0] // ns)}, {(s + 1) * (q.shape[0] // ns)})): "
-                             f"{e}") from None
+            tq, tk = q.shape[0] // ns, k.shape[0] // ns
+            raise ValueError(f"shard {s} of the per-shard cu_seqlens (row {s}; q tokens "
+                             f"[{s * tq}, {(s + 1) * tq}), k tokens [{s * tk}, "
+                             f"{(s + 1) * tk})): {e}") from None
 
 
 def _per_shard(q, k, v, cu_q, cu_k, func, paged_kv, rab, opts):
@@ -544,18 +549,21 @@ def hstu_attention_backward(do, q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seql
                  scaling_seqlen=scaling_seqlen, window_size=window_size, alpha=alpha,
                  backend=backend, switches=switches, debug_checks=debug_checks,
                  deterministic=deterministic))
+    def check_do(cfg):
+        want = (q.shape[0], q.shape[1], cfg.head_dim_v)
+        if tuple(getattr(do, "shape", ())) != want:
+            raise ValueError(f"do must have the output's shape (T_q, H, D_v) = {want}, "
+                             f"got {tuple(getattr(do, 'shape', ()))}")
+        qdt, dodt = canonical_dtype(q), canonical_dtype(do)
+        if dodt != qdt:
+            raise TypeError(f"do dtype {dodt} must equal q's dtype {qdt}")
+
     cfg = _make_config(q, k, v, cu_seqlens_q, cu_seqlens_k, func, None, None, None,
                        max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k,
                        scaling_seqlen=scaling_seqlen, window_size=window_size, alpha=alpha,
                        backend=backend, switches=switches, op_name="hstu_attention_backward",
-                       debug_checks=debug_checks, rab=rab, deterministic=deterministic)
-    want = (q.shape[0], q.shape[1], cfg.head_dim_v)
-    if tuple(getattr(do, "shape", ())) != want:
-        raise ValueError(f"do must have the output's shape (T_q, H, D_v) = {want}, "
-                         f"got {tuple(getattr(do, 'shape', ()))}")
-    qdt, dodt = canonical_dtype(q), canonical_dtype(do)
-    if dodt != qdt:
-        raise TypeError(f"do dtype {dodt} must equal q's dtype {qdt}")
+                       debug_checks=debug_checks, rab=rab, deterministic=deterministic,
+                       extra_checks=check_do)
     grads = _bwd_jit(cfg, do, q, k, v, _i32(cu_seqlens_q), _i32(cu_seqlens_k), _i32(func), rab)
     if rab is None:
         return HSTUBackwardResult(dq_tensor=grads[0], dk_tensor=grads[1], dv_tensor=grads[2])

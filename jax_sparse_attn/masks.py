@@ -27,8 +27,8 @@ import numpy as np
 from jax import lax
 
 from .metadata import build_kq_csr
-from .validation import (HSTU_FUNC_PAD, SPARSE_BLOCK_SIZES, _check_int, _check_rank, _static_int,
-                         is_concrete)
+from .validation import (HSTU_FUNC_PAD, SPARSE_BLOCK_SIZES, _check_bool, _check_int, _check_rank,
+                         _static_int, is_concrete)
 
 __all__ = [
     "hstu_target_func",
@@ -59,11 +59,13 @@ def hstu_target_func(cu_seqlens, total_len: int, *, num_targets=None, contextual
       keys when ``L_h - c + 1 <= w``, and itself.
 
     With ``w`` unbounded a history query sees ``[0, i]`` and a target ``[0, L_h)`` and
-    itself. This is the mask of generative-recommenders' reference
-    (``_get_valid_attn_mask``, causal): the ``c`` contextual positions share one position
-    id, ``0``, and the history ones follow (``i - c + 1``), so a query is as far from every
-    contextual key as from position ``c - 1``; every target shares the id after the
-    history's.
+    itself. Where the contextual prefix fits the history (``c <= L_h``) this is the mask of
+    generative-recommenders' reference (``_get_valid_attn_mask``, causal): the ``c``
+    contextual positions share one position id, ``0``, and the history ones follow
+    (``i - c + 1``), so a query is as far from every contextual key as from position
+    ``c - 1``; every target shares the id after the history's. With ``c > L_h`` (a
+    contextual prefix reaching into the targets) the rules above clip it to the history,
+    ``min(c, L_h)``, where that reference's position ids differ.
 
     Use with ``hstu_attention(..., cu_seqlens_q=cu, cu_seqlens_k=cu,
     window_size=(-1, -1), func=func)``.
@@ -296,19 +298,25 @@ def topk_block_index(q, k, top_k: int, *, sparse_block_size: int = 128, layout: 
 
     Returns:
       ``(q2k_block_index int32 (B, H_q, N_q, K_max), q2k_block_nums int32 (B, H_q, N_q))``,
-      indices of the active prefix sorted by descending score; with ``pack_gqa``
+      indices of the active prefix sorted by descending score (a NaN score, from NaN in a
+      block's queries or keys, ranks below every finite one; ties: the lower block first);
+      with ``pack_gqa``
       ``(B, H_kv, N_qp, K_max)`` and ``(B, H_kv, N_qp)``, ``N_qp = ceil(S_q r / blk)``.
 
     Raises:
       ValueError: ``top_k < 1``, ``sparse_block_size`` not in {64, 128}, a layout other
         than "bhsd"/"bshd", ``H_q`` not a multiple of ``H_kv``, or (``pack_gqa``) the group
         size ``r = H_q / H_kv`` not dividing ``sparse_block_size``.
-      TypeError: ``q`` or ``k`` not floating-point.
+      TypeError: ``q`` or ``k`` not floating-point, ``causal`` / ``pack_gqa`` not bools,
+        ``top_k`` / ``sparse_block_size`` not static ints.
     """
     if layout not in ("bhsd", "bshd"):
         raise ValueError(f"layout must be 'bhsd' or 'bshd', got {layout!r}")
-    if isinstance(sparse_block_size, bool) or sparse_block_size not in SPARSE_BLOCK_SIZES:
-        raise ValueError(f"sparse_block_size must be one of {SPARSE_BLOCK_SIZES}, got {sparse_block_size!r}")
+    blk = _static_int("sparse_block_size", sparse_block_size)
+    if blk not in SPARSE_BLOCK_SIZES:
+        raise ValueError(f"sparse_block_size must be one of {SPARSE_BLOCK_SIZES}, got {blk!r}")
+    causal = _check_bool("causal", causal)
+    pack_gqa = _check_bool("pack_gqa", pack_gqa)
     top_k = _static_int("top_k", top_k)
     if top_k < 1:
         raise ValueError(f"top_k must be >= 1, got {top_k}")
@@ -322,7 +330,6 @@ def topk_block_index(q, k, top_k: int, *, sparse_block_size: int = 128, layout: 
     if layout == "bshd":
         q = jnp.swapaxes(q, 1, 2)
         k = jnp.swapaxes(k, 1, 2)
-    blk = int(sparse_block_size)
     B, Hq, Sq, D = q.shape
     Bk, Hkv, Skv, Dk = k.shape
     if Bk != B or Dk != D:
@@ -345,6 +352,9 @@ def topk_block_index(q, k, top_k: int, *, sparse_block_size: int = 128, layout: 
         qm = _block_means(q, blk)
         km = jnp.repeat(_block_means(k, blk), r, axis=1)
     scores = jnp.einsum("bhmd,bhnd->bhmn", qm, km)
+    # a NaN score (NaN in a block's queries or keys) ranks below every finite score and
+    # above the excluded blocks (lax.top_k would rank it first)
+    scores = jnp.where(jnp.isnan(scores), jnp.finfo(scores.dtype).min, scores)
     n_q, n_kv = qm.shape[2], km.shape[2]
     kk = max(1, min(int(top_k), n_kv))
     allowed = jnp.ones((n_q, n_kv), bool)

@@ -124,7 +124,7 @@ def assign_to_shards(lengths, num_shards: int, tokens_per_shard: int | None = No
 
 
 def hstu_attention_sharded(q, k, v, cu_seqlens_q, cu_seqlens_k, *, mesh, token_axis=None,
-                           head_axis=None, func=None, **kwargs):
+                           head_axis=None, func=None, rab=None, **kwargs):
     """:func:`jax_sparse_attn.hstu_attention` run shard-locally with ``jax.shard_map``.
 
     Args:
@@ -141,12 +141,19 @@ def hstu_attention_sharded(q, k, v, cu_seqlens_q, cu_seqlens_k, *, mesh, token_a
         ``L_local >= T_q / num_shards + 256`` (row ``s`` is shard ``s``'s func), or the
         ``(1, N, L_f)`` func of :func:`~jax_sparse_attn.hstu_attention` when tokens are
         not sharded.
+      rab: optional relative attention bias ``(num_shards * B_local, H_rab, max_seqlen_k,
+        max_seqlen_k)`` as for :func:`~jax_sparse_attn.hstu_attention` with per-shard
+        ``cu_seqlens`` (shard ``s`` owns sequences ``[s * B_local, (s + 1) * B_local)``);
+        split over ``token_axis`` by sequence and, with ``H_rab = H``, over ``head_axis``
+        (``H_rab = 1``: every head shard reads the one bias).
       **kwargs: the static options of :func:`~jax_sparse_attn.hstu_attention`
         (``max_seqlen_q``, ``max_seqlen_k``, ``window_size``, ``alpha``, ``backend``...).
     Returns:
       ``out (T_q, H, D_v)`` sharded over ``(token_axis, head_axis)``.
     Raises:
-      ValueError: an axis not in the mesh, ``T``/``H`` not divisible by the axis sizes,
+      ValueError: an axis not in the mesh, ``T`` / ``H`` / ``H_kv`` not divisible by the axis
+        sizes (each head shard keeps whole GQA groups, so MQA, ``H_kv = 1``, is not
+        head-sharded), ``rab`` of another shape than above,
         ``cu_seqlens`` rows not equal to the token-axis size; plus the errors of
         :func:`~jax_sparse_attn.hstu_attention` (paged KV is not supported here).
     """
@@ -165,17 +172,29 @@ def hstu_attention_sharded(q, k, v, cu_seqlens_q, cu_seqlens_k, *, mesh, token_a
     _check_div("H_kv", k.shape[1], nh, head_axis)  # GQA: each shard keeps whole groups
     if func is not None and func.shape[0] != ns:
         raise ValueError(f"func must have shape (num_shards={ns}, N, L_local), got {func.shape}")
+    rab_heads = None
+    if rab is not None:
+        b_all = ns * (cu_q.shape[1] - 1)
+        if getattr(rab, "ndim", 0) != 4 or rab.shape[0] != b_all or rab.shape[1] not in (
+                1, q.shape[1]):
+            raise ValueError(
+                f"rab must have shape (num_shards * B_local = {b_all}, H_rab, max_seqlen_k, "
+                f"max_seqlen_k) with H_rab in (1, H={q.shape[1]}), got "
+                f"{getattr(rab, 'shape', None)}")
+        # a per-head bias is split with the heads; one bias for all heads is replicated
+        rab_heads = head_axis if rab.shape[1] == q.shape[1] and q.shape[1] > 1 else None
     # concrete metadata are checked here: inside shard_map they are tracers
-    _hstu.validate_per_shard(q, k, v, cu_q, cu_k, func, None, kwargs)
+    _hstu.validate_per_shard(q, k, v, cu_q, cu_k, func, rab, kwargs)
     tok = P(token_axis, head_axis, None)
     meta = P(token_axis, None)
 
-    def local(q, k, v, cu_q, cu_k, func):
-        return _hstu.hstu_attention(q, k, v, cu_q[0], cu_k[0], func=func, **kwargs)
+    def local(q, k, v, cu_q, cu_k, func, rab):
+        return _hstu.hstu_attention(q, k, v, cu_q[0], cu_k[0], func=func, rab=rab, **kwargs)
 
-    in_specs = (tok, tok, tok, meta, meta, None if func is None else P(token_axis, None, None))
+    in_specs = (tok, tok, tok, meta, meta, None if func is None else P(token_axis, None, None),
+                None if rab is None else P(token_axis, rab_heads, None, None))
     fn = jax.shard_map(local, mesh=mesh, in_specs=in_specs, out_specs=tok, check_vma=False)
-    return fn(q, k, v, cu_q, cu_k, func)
+    return fn(q, k, v, cu_q, cu_k, func, rab)
 
 
 def block_sparse_attention_sharded(q, k, v, q2k_block_index, block_sparse_num=None,

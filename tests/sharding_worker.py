@@ -105,6 +105,38 @@ def main(argv=None):
     _check("hstu_head_sharded", single_h, sharded_h, (qh, kh, vh, cu1, wh),
            (hs, hs, hs, rep, hs), out)
 
+    # ---- HSTU with a relative attention bias: per head over token shards (sequence s of
+    # the per-shard batch is rab row s), per head over head shards, one bias for all heads
+    kr = jax.random.split(jax.random.PRNGKey(2), 3)
+    rab_tok = jax.random.normal(kr[0], (n * 3, 2 * n, 90, 90), jnp.float32)
+
+    def single_r(q, k, v, cu, w, rab):
+        return jnp.sum(jsa.hstu_attention(q, k, v, cu, cu, rab=rab, **opts).astype(jnp.float32)
+                       * w)
+
+    def sharded_tok_r(q, k, v, cu, w, rab):
+        o = hstu_attention_sharded(q, k, v, cu, cu, mesh=mesh, token_axis="data", rab=rab,
+                                   **opts)
+        return jnp.sum(o.astype(jnp.float32) * w)
+
+    _check("hstu_token_sharded_rab", single_r, sharded_tok_r, (q, k, v, cu, w, rab_tok),
+           (tok,) * 6, out)
+    for name, h_rab, spec in (("hstu_head_sharded_rab", 2 * n, P(None, "data")),
+                              ("hstu_head_sharded_rab1", 1, P())):
+        rab_h = jax.random.normal(kr[1], (3, h_rab, 90, 90), jnp.float32)
+
+        def single_hr(q, k, v, cu, w, rab):
+            return jnp.sum(jsa.hstu_attention(q, k, v, cu[0], cu[0], rab=rab, **opts)
+                           .astype(jnp.float32) * w)
+
+        def sharded_hr(q, k, v, cu, w, rab):
+            o = hstu_attention_sharded(q, k, v, cu, cu, mesh=mesh, head_axis="data", rab=rab,
+                                       **opts)
+            return jnp.sum(o.astype(jnp.float32) * w)
+
+        _check(name, single_hr, sharded_hr, (qh, kh, vh, cu1, wh, rab_h),
+               (hs, hs, hs, rep, hs, NamedSharding(mesh, spec)), out)
+
     # ---- BSA, batch- and head-sharded
     b, hq, hkv, s, blk = 2 * n, 2 * n, n, 512, 64
     ks = jax.random.split(jax.random.PRNGKey(1), 4)

@@ -71,6 +71,34 @@ def test_which_backend_reports_reference_and_reason_on_cpu(monkeypatch):
         jsa.which_backend(lambda: None)
 
 
+def test_which_backend_of_the_backwards_checks_the_cotangents(monkeypatch):
+    """which_backend of the ``_backward`` ops raises the call's errors for do / o / lse /
+    dlse too (they are checked before the backend is chosen), and answers for good ones."""
+    monkeypatch.delenv("JAX_SPARSE_ATTN_FORCE_KERNEL", raising=False)
+    args, kw = _hstu_args()
+    q = args[0]
+    c = jsa.which_backend(jsa.hstu_attention_backward, q, *args, **kw)
+    assert (c.op, c.backend) == ("hstu_attention_backward", "reference")
+    with pytest.raises(ValueError, match="do must have the output's shape"):
+        jsa.which_backend(jsa.hstu_attention_backward, q[:1], *args, **kw)
+    with pytest.raises(TypeError, match="do dtype"):
+        jsa.which_backend(jsa.hstu_attention_backward, q.astype(jnp.float16), *args, **kw)
+    bq = jnp.zeros((1, 2, 128, 64), jnp.bfloat16)
+    idx = jnp.zeros((1, 2, 1, 1), jnp.int32)
+    lse = jnp.zeros((1, 2, 128), jnp.float32)
+    c = jsa.which_backend(jsa.block_sparse_attention_backward, bq, bq, bq, bq, bq, lse, idx, 1)
+    assert (c.op, c.backend) == ("block_sparse_attention_backward", "reference")
+    with pytest.raises(ValueError, match="do must have the output's shape"):
+        jsa.which_backend(jsa.block_sparse_attention_backward, bq[:, :1], bq, bq, bq, bq, lse,
+                          idx, 1)
+    with pytest.raises(TypeError, match="lse must be float32"):
+        jsa.which_backend(jsa.block_sparse_attention_backward, bq, bq, bq, bq, bq,
+                          lse.astype(jnp.bfloat16), idx, 1)
+    with pytest.raises(ValueError, match="dlse must have lse's shape"):
+        jsa.which_backend(jsa.block_sparse_attention_backward, bq, bq, bq, bq, bq, lse, idx, 1,
+                          dlse=lse[:, :1])
+
+
 def test_which_backend_kernel_when_forced_and_reason_for_unsupported_dtype(monkeypatch):
     pytest.importorskip("cutlass.jax")
     monkeypatch.setenv("JAX_SPARSE_ATTN_FORCE_KERNEL", "1")

@@ -265,6 +265,36 @@ def test_topk_block_index_bad_args():
         masks.topk_block_index(q, q, 2, sparse_block_size=96)
     with pytest.raises(ValueError, match=r"H_q=3 must be a multiple of H_kv=2"):
         masks.topk_block_index(jnp.zeros((1, 3, 200, 8)), q, 2)
+    for bad in ("64", 64.0):
+        with pytest.raises(TypeError, match="sparse_block_size must be a static Python int"):
+            masks.topk_block_index(q, q, 2, sparse_block_size=bad)
+    for name in ("causal", "pack_gqa"):
+        with pytest.raises(TypeError, match=f"{name} must be a bool"):
+            masks.topk_block_index(q, q, 2, sparse_block_size=64, **{name: "false"})
+
+
+def test_topk_block_index_nan_scores_rank_last_and_keep_the_diagonal():
+    """A NaN in a key block makes its score NaN: it ranks below every finite score (after the
+    finite blocks, before nothing that is excluded), and with ``causal`` the diagonal block
+    is still listed first."""
+    rng = np.random.default_rng(5)
+    q = rng.standard_normal((1, 1, 256, 8)).astype(np.float32)
+    k = rng.standard_normal((1, 1, 256, 8)).astype(np.float32)
+    k[0, 0, 70] = np.nan  # key block 1 of 4 (blk 64)
+    idx, nums = masks.topk_block_index(q, k, 4, sparse_block_size=64)
+    idx = np.asarray(idx)
+    assert (np.asarray(nums) == 4).all()
+    assert (idx[0, 0, :, 3] == 1).all() and all(sorted(r) == [0, 1, 2, 3] for r in idx[0, 0])
+    idx, nums = masks.topk_block_index(q, k, 1, sparse_block_size=64, causal=True)
+    np.testing.assert_array_equal(np.asarray(idx)[0, 0, :, 0], [0, 1, 2, 3])
+    idx, nums = masks.topk_block_index(q, k, 4, sparse_block_size=64, causal=True)
+    idx, nums = np.asarray(idx)[0, 0], np.asarray(nums)[0, 0]
+    np.testing.assert_array_equal(nums, [1, 2, 3, 4])
+    for m in range(4):
+        row = list(idx[m, :nums[m]])
+        assert row[0] == m and sorted(row) == list(range(m + 1))
+        if m > 1:
+            assert row[-1] == 1  # the NaN block after the finite ones
 
 
 def test_topk_block_index_causal_more_q_than_kv_blocks():

@@ -36,6 +36,8 @@ def worker_result():
 
 
 @pytest.mark.parametrize("case", ["hstu_token_sharded", "hstu_head_sharded",
+                                  "hstu_token_sharded_rab", "hstu_head_sharded_rab",
+                                  "hstu_head_sharded_rab1",
                                   "bsa_batch_sharded", "bsa_head_sharded"])
 def test_sharded_equals_single_device_without_gathers(worker_result, case):
     assert worker_result["devices"] == 2

@@ -277,6 +277,37 @@ def test_export_round_trip_reference():
     _close(back.call(*args), jax.jit(f)(*args), 1e-5)
 
 
+def test_export_serializes_the_result_types():
+    """A function returning the ``*_forward`` / ``*_backward`` result types (named tuples)
+    exports, serializes and deserializes; the call gives the same named results."""
+    from jax import export  # noqa: PLC0415
+
+    q, k, v = _qkv(11)
+    bq, bk, bv, idx, nums = _bsa_inputs(12)
+    ml = int(np.max(np.diff(np.asarray(CU[0]))))
+
+    def f(q, k, v, cu, bq, bk, bv, idx, nums):
+        ho = jsa.hstu_attention_forward(q, k, v, cu, cu, max_seqlen_q=ml, max_seqlen_k=ml,
+                                        backend="reference")
+        hb = jsa.hstu_attention_backward(ho.o_tensor, q, k, v, cu, cu, max_seqlen_q=ml,
+                                         max_seqlen_k=ml, backend="reference")
+        bo = jsa.block_sparse_attention_forward(bq, bk, bv, idx, None, None, nums,
+                                                sparse_block_size=64, backend="reference")
+        bb = jsa.block_sparse_attention_backward(bo.o_tensor, bq, bk, bv, bo.o_tensor,
+                                                 bo.lse_tensor, idx, None, None, nums,
+                                                 sparse_block_size=64, backend="reference")
+        return ho, hb, bo, bb
+
+    args = (q[0], k[0], v[0], CU[0], bq[0], bk[0], bv[0], idx[0], nums[0])
+    exp = export.export(jax.jit(f), disabled_checks=jsa.export_safety_checks())(*args)
+    back = export.deserialize(exp.serialize())
+    got, want = back.call(*args), jax.jit(f)(*args)
+    assert [type(x).__name__ for x in got] == ["HSTUForwardResult", "HSTUBackwardResult",
+                                               "BSAForwardResult", "BSABackwardResult"]
+    assert np.asarray(got[2]["lse_tensor"]).shape == np.asarray(want[2].lse_tensor).shape
+    _close(got, want, 1e-5)
+
+
 def test_export_symbolic_token_count_reference():
     """A symbolic total token count exports on the reference backend (batch B static)."""
     from jax import export  # noqa: PLC0415
