@@ -123,13 +123,26 @@ def assign_to_shards(lengths, num_shards: int, tokens_per_shard: int | None = No
     return order, [[lengths[i] for i in o] for o in order]
 
 
+def _placed(mesh, specs, args):
+    """``args`` resharded to ``specs`` where ``mesh`` has explicit axes (the default of
+    ``jax.make_mesh``), whose ``shard_map`` takes inputs only with the shardings of its
+    ``in_specs``; with automatic axes ``shard_map`` reshards them itself."""
+    explicit = getattr(jax.sharding.AxisType, "Explicit", None)
+    if explicit is None or explicit not in tuple(getattr(mesh, "axis_types", ())):
+        return args
+    return tuple(a if a is None or spec is None
+                 else jax.sharding.reshard(a, jax.sharding.NamedSharding(mesh, spec))
+                 for a, spec in zip(args, specs))
+
+
 def hstu_attention_sharded(q, k, v, cu_seqlens_q, cu_seqlens_k, *, mesh, token_axis=None,
                            head_axis=None, func=None, rab=None, **kwargs):
     """:func:`jax_sparse_attn.hstu_attention` run shard-locally with ``jax.shard_map``.
 
     Args:
       q, k, v: global ``(T_q, H, D)``, ``(T_k, H, D)``, ``(T_k, H, D_v)`` arrays (any
-        sharding; under ``jax.jit`` they are resharded to the specs below if needed).
+        sharding: they are resharded to the specs below if needed, also on a mesh with
+        explicit axes, ``jax.make_mesh``'s default).
       cu_seqlens_q, cu_seqlens_k: int32 ``(num_shards, B_local + 1)`` shard-local
         offsets (see the module doc; :func:`shard_cu_seqlens`); ``num_shards`` is the
         size of ``token_axis`` (``(B+1,)`` is accepted when ``token_axis`` is None).
@@ -194,7 +207,7 @@ def hstu_attention_sharded(q, k, v, cu_seqlens_q, cu_seqlens_k, *, mesh, token_a
     in_specs = (tok, tok, tok, meta, meta, None if func is None else P(token_axis, None, None),
                 None if rab is None else P(token_axis, rab_heads, None, None))
     fn = jax.shard_map(local, mesh=mesh, in_specs=in_specs, out_specs=tok, check_vma=False)
-    return fn(q, k, v, cu_q, cu_k, func, rab)
+    return fn(*_placed(mesh, in_specs, (q, k, v, cu_q, cu_k, func, rab)))
 
 
 def block_sparse_attention_sharded(q, k, v, q2k_block_index, block_sparse_num=None,
@@ -247,7 +260,8 @@ def block_sparse_attention_sharded(q, k, v, q2k_block_index, block_sparse_num=No
             return o, lse
         return _bsa.block_sparse_attention(q, k, v, idx, **opts)
 
-    fn = jax.shard_map(local, mesh=mesh,
-                       in_specs=(x_spec, x_spec, x_spec, idx_spec, sizes_spec, nums_spec),
+    in_specs = (x_spec, x_spec, x_spec, idx_spec, sizes_spec, nums_spec)
+    fn = jax.shard_map(local, mesh=mesh, in_specs=in_specs,
                        out_specs=(x_spec, lse_spec) if return_lse else x_spec, check_vma=False)
-    return fn(q, k, v, q2k_block_index, block_sizes, q2k_block_nums)
+    return fn(*_placed(mesh, in_specs,
+                       (q, k, v, q2k_block_index, block_sizes, q2k_block_nums)))

@@ -160,6 +160,20 @@ def main(argv=None):
         xs = NamedSharding(mesh, P("data") if "batch_axis" in spec else P(None, "data"))
         _check(axis_name, bsingle, bsharded, (bq, bk, bv, bw), (xs,) * 4, out)
 
+    # ---- a mesh of jax.make_mesh (explicit axes by default): inputs placed anywhere, eager
+    # and under jit, both helpers equal the single-device calls
+    emesh = jax.make_mesh((n,), ("data",))
+    want_h = jsa.hstu_attention(q, k, v, cu, cu, **opts)
+    want_b = jsa.block_sparse_attention(bq, bk, bv, idx, **bopts)
+    diffs = []
+    for wrap in (lambda f: f, jax.jit):
+        diffs.append(_diff(wrap(lambda q, k, v: hstu_attention_sharded(
+            q, k, v, cu, cu, mesh=emesh, token_axis="data", **opts))(q, k, v), want_h))
+        diffs.append(_diff(wrap(lambda q, k, v: block_sparse_attention_sharded(
+            q, k, v, idx, mesh=emesh, batch_axis="data", **bopts))(bq, bk, bv), want_b))
+    out["explicit_mesh"] = {"max_abs_diff": max(diffs),
+                            "axis_types": [str(t) for t in emesh.axis_types]}
+
     # ---- the data-parallel training example
     sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "examples"))
     import hstu_dp_train  # noqa: PLC0415

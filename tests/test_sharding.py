@@ -51,6 +51,14 @@ def test_sharded_equals_single_device_without_gathers(worker_result, case):
     assert "data" in r["grad_sharding"]
 
 
+def test_helpers_take_a_mesh_with_explicit_axes(worker_result):
+    """jax.make_mesh's default (explicit axes): both helpers reshard unplaced inputs and
+    equal the single-device calls, eager and under jit."""
+    r = worker_result["explicit_mesh"]
+    assert "Explicit" in r["axis_types"][0], r
+    assert r["max_abs_diff"] < 1e-5, r
+
+
 def test_data_parallel_training_example_runs(worker_result):
     losses = worker_result["train"]["losses"]
     assert len(losses) == 2 and all(np.isfinite(losses))
