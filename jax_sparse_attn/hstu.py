@@ -308,7 +308,8 @@ _ARG_LINES = """
         finite in float32); default ``max_seqlen_q`` (1 when ``max_seqlen_q`` is 0).
       window_size: ``(left, right)`` Python ints >= -1 (-1 = unbounded), relative to the
         bottom-right aligned query position; default ``(-1, 0)`` (causal). A side
-        ``>= max_seqlen_q + max_seqlen_k`` reaches every key and means the same as -1.
+        ``>= max_seqlen_q + max_seqlen_k`` (or ``>= 2**31 - 1``) reaches every key and
+        means the same as -1.
       alpha: Python number scaling ``q . k`` (finite in float32); default 1.0.
       func: optional int32 ``(1, N, L_f)``, N odd, ``L_f >= T_q + 256``: arbitrary
         interval mask (see module doc; :mod:`jax_sparse_attn.masks` builds common

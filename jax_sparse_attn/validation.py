@@ -202,10 +202,14 @@ def _check_window(window_size):
 def _unbounded_window(window, max_seqlen_q, max_seqlen_k):
     """A window side ``>= max_seqlen_q + max_seqlen_k`` reaches every key of every sequence
     (key positions ``j`` lie in ``[0, max_seqlen_k)``, query positions ``p`` in
-    ``(-max_seqlen_q, max_seqlen_k)``), so it is the unbounded side ``-1``. Normalising it
-    keeps the mask exact and ``p +- w`` within int32 (``(-1, 2**31 - 1)`` would otherwise
-    wrap around and mask every key)."""
-    reach = max_seqlen_q + max_seqlen_k
+    ``(-max_seqlen_q, max_seqlen_k)``), so it is the unbounded side ``-1``; so is a side of
+    ``2**31 - 1`` or more (at least ``max_seqlen_k - 1`` to the left and ``max_seqlen_q -
+    1`` to the right, which already reach every key). Normalising it keeps the mask exact
+    and ``p +- w`` within int32 (``(-1, 2**31 - 1)`` would otherwise wrap around and mask
+    every key). With both bounds 0 (no query rows) the window is kept as given."""
+    reach = min(max_seqlen_q + max_seqlen_k, INT32_MAX)
+    if reach == 0:
+        return tuple(window)
     return tuple(-1 if w >= reach else w for w in window)
 
 

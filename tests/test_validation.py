@@ -224,3 +224,25 @@ def test_bsa_static_options_take_numpy_and_0d_values():
                                        backend="reference")
     with pytest.raises(ValueError, match=r"sparse_block_size must be one of \(64, 128\), got 96"):
         jsa.block_sparse_attention(q, q, q, idx, 1, sparse_block_size=96, backend="reference")
+
+
+def test_window_sides_past_int32_and_empty_bounds():
+    """A window side of 2**31 or more reaches every key whatever the bounds, so it is the
+    unbounded -1 (it used to stay and overflow int32 in the schedule and the mask); with
+    max_seqlen_q = max_seqlen_k = 0 (no query rows) the window is kept, so a paged call with
+    the default causal window is accepted."""
+    from jax_sparse_attn.validation import _unbounded_window  # noqa: PLC0415
+
+    m = 2**31 - 1
+    assert _unbounded_window((2**31, 0), m, m) == (-1, 0)
+    assert _unbounded_window((2**31 - 2, 2**40), m, m) == (2**31 - 2, -1)
+    assert _unbounded_window((5, 3), 4, 4) == (5, 3)
+    assert _unbounded_window((8, 0), 4, 4) == (-1, 0)
+    assert _unbounded_window((-1, 0), 0, 0) == (-1, 0)
+    q = jnp.zeros((0, 4, 128), jnp.bfloat16)
+    kv = jnp.zeros((1, 2, 128, 2, 128), jnp.bfloat16)
+    cu = jnp.zeros((4,), jnp.int32)
+    out = jsa.hstu_attention(q, None, None, cu, cu, paged_kv=kv, page_ids=jnp.zeros((0,), jnp.int32),
+                             page_indptrs=cu, max_seqlen_q=0, max_seqlen_k=0,
+                             backend="reference")
+    assert out.shape == (0, 4, 128)
