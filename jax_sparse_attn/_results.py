@@ -122,7 +122,10 @@ def _register_export_serialization():
         return
     for cls in (HSTUForwardResult, HSTUBackwardResult, HSTUBackwardRabResult,
                 BSAForwardResult, BSABackwardResult):
-        register(cls, serialized_name=f"jax_sparse_attn.{cls.__name__}")
+        try:
+            register(cls, serialized_name=f"jax_sparse_attn.{cls.__name__}")
+        except ValueError:  # already registered (a reloaded module)
+            pass
 
 
 _register_export_serialization()

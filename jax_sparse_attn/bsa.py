@@ -335,6 +335,7 @@ _RAISES_DOC = """
         :func:`~jax_sparse_attn.validate_bsa_metadata`.
       TypeError: deterministic not a bool, mixed or unsupported dtypes, non-integer metadata, a non-bool
         allow_empty_block_nums, block_sparse_num/softmax_scale not static Python numbers,
+        sparse_block_size not a static int,
         ``switches`` not a ``Switches``, kv_splits not an int or "auto", pack_gqa /
         causal not bools (backward: ``do``, ``o`` or ``lse`` of the wrong dtype).
       NotImplementedError: ``backend="kernel"`` where the kernel cannot run (also
@@ -415,15 +416,19 @@ block_sparse_attention_forward.__doc__ = (
 )
 
 
+def _lse_dtype(cfg):
+    """lse's dtype for the call's inputs: float32 (float64 for float64 inputs)."""
+    return jnp.promote_types(jnp.dtype(cfg.dtype), jnp.float32)
+
+
 def block_sparse_attention_backward(do, q, k, v, o, lse, q2k_block_index, block_sparse_num=None,
                                     block_sizes=None, q2k_block_nums=None, *,
                                     sparse_block_size=128, softmax_scale=None, layout="bhsd",
                                     allow_empty_block_nums=False, backend="auto",
                                     switches=None, dlse=None, debug_checks=False, kv_splits=1,
                                     pack_gqa=False, causal=False, deterministic=False):
-    lse_dtype = jnp.promote_types(canonical_dtype(q), jnp.float32)
-
     def check_cotangents(cfg):
+        lse_dtype = _lse_dtype(cfg)
         qs = tuple(q.shape)
         out_shape = qs[:-1] + (cfg.head_dim_v,)
         for name, x in (("do", do), ("o", o), ("lse", lse)):
@@ -461,7 +466,7 @@ def block_sparse_attention_backward(do, q, k, v, o, lse, q2k_block_index, block_
         deterministic=deterministic, op_name="block_sparse_attention_backward",
         extra_checks=check_cotangents)
     if dlse is not None:
-        dlse = jnp.asarray(dlse).astype(lse_dtype)
+        dlse = jnp.asarray(dlse).astype(_lse_dtype(cfg))
     dq, dk, dv = _bwd_jit(cfg, do, q, k, v, o, lse, idx, nums, sizes, dlse)
     return BSABackwardResult(dq_tensor=dq, dk_tensor=dk, dv_tensor=dv)
 

@@ -308,8 +308,8 @@ _ARG_LINES = """
         finite in float32); default ``max_seqlen_q`` (1 when ``max_seqlen_q`` is 0).
       window_size: ``(left, right)`` Python ints >= -1 (-1 = unbounded), relative to the
         bottom-right aligned query position; default ``(-1, 0)`` (causal). A side
-        ``>= max_seqlen_q + max_seqlen_k`` (or ``>= 2**31 - 1``) reaches every key and
-        means the same as -1.
+        ``>= max_seqlen_q + max_seqlen_k`` (when that is > 0) or ``>= 2**31 - 1`` reaches
+        every key and means the same as -1.
       alpha: Python number scaling ``q . k`` (finite in float32); default 1.0.
       func: optional int32 ``(1, N, L_f)``, N odd, ``L_f >= T_q + 256``: arbitrary
         interval mask (see module doc; :mod:`jax_sparse_attn.masks` builds common
@@ -550,6 +550,7 @@ def hstu_attention_backward(do, q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seql
                  scaling_seqlen=scaling_seqlen, window_size=window_size, alpha=alpha,
                  backend=backend, switches=switches, debug_checks=debug_checks,
                  deterministic=deterministic))
+
     def check_do(cfg):
         want = (q.shape[0], q.shape[1], cfg.head_dim_v)
         if tuple(getattr(do, "shape", ())) != want:

@@ -124,15 +124,23 @@ def assign_to_shards(lengths, num_shards: int, tokens_per_shard: int | None = No
 
 
 def _placed(mesh, specs, args):
-    """``args`` resharded to ``specs`` where ``mesh`` has explicit axes (the default of
-    ``jax.make_mesh``), whose ``shard_map`` takes inputs only with the shardings of its
-    ``in_specs``; with automatic axes ``shard_map`` reshards them itself."""
-    explicit = getattr(jax.sharding.AxisType, "Explicit", None)
-    if explicit is None or explicit not in tuple(getattr(mesh, "axis_types", ())):
+    """``args`` resharded over the explicit axes of ``mesh`` (the default of
+    ``jax.make_mesh``) to what ``specs`` name of them: ``shard_map`` takes inputs only with
+    those shardings on explicit axes, and reshards over automatic axes itself."""
+    explicit_type = getattr(jax.sharding.AxisType, "Explicit", None)
+    types = dict(zip(mesh.axis_names, getattr(mesh, "axis_types", ())))
+    explicit = {n for n, t in types.items() if explicit_type is not None and t == explicit_type}
+    if not explicit:
         return args
-    return tuple(a if a is None or spec is None
-                 else jax.sharding.reshard(a, jax.sharding.NamedSharding(mesh, spec))
-                 for a, spec in zip(args, specs))
+
+    def keep(entry):
+        names = entry if isinstance(entry, tuple) else (entry,)
+        kept = tuple(n for n in names if n in explicit)
+        return kept[0] if len(kept) == 1 else (kept or None)
+
+    return tuple(a if a is None or spec is None else jax.sharding.reshard(
+        a, jax.sharding.NamedSharding(mesh, P(*(keep(e) for e in spec))))
+        for a, spec in zip(args, specs))
 
 
 def hstu_attention_sharded(q, k, v, cu_seqlens_q, cu_seqlens_k, *, mesh, token_axis=None,
@@ -141,8 +149,8 @@ def hstu_attention_sharded(q, k, v, cu_seqlens_q, cu_seqlens_k, *, mesh, token_a
 
     Args:
       q, k, v: global ``(T_q, H, D)``, ``(T_k, H, D)``, ``(T_k, H, D_v)`` arrays (any
-        sharding: they are resharded to the specs below if needed, also on a mesh with
-        explicit axes, ``jax.make_mesh``'s default).
+        sharding: they are resharded to the specs below if needed, on explicit mesh axes,
+        ``jax.make_mesh``'s default, as on automatic ones).
       cu_seqlens_q, cu_seqlens_k: int32 ``(num_shards, B_local + 1)`` shard-local
         offsets (see the module doc; :func:`shard_cu_seqlens`); ``num_shards`` is the
         size of ``token_axis`` (``(B+1,)`` is accepted when ``token_axis`` is None).

@@ -136,7 +136,7 @@ def _check_rank(name, x, rank, layout_desc):
 def _check_float(name, x):
     dt = canonical_dtype(x)
     if dt not in FLOAT_DTYPES:
-        raise TypeError(f"{name} dtype must be {_DTYPE_NAMES}, got {dt}")
+        raise TypeError(f"{name} dtype must be {_DTYPE_NAMES}, got {jnp.dtype(x.dtype)}")
     return dt
 
 
@@ -205,11 +205,10 @@ def _unbounded_window(window, max_seqlen_q, max_seqlen_k):
     ``(-max_seqlen_q, max_seqlen_k)``), so it is the unbounded side ``-1``; so is a side of
     ``2**31 - 1`` or more (at least ``max_seqlen_k - 1`` to the left and ``max_seqlen_q -
     1`` to the right, which already reach every key). Normalising it keeps the mask exact
-    and ``p +- w`` within int32 (``(-1, 2**31 - 1)`` would otherwise wrap around and mask
-    every key). With both bounds 0 (no query rows) the window is kept as given."""
-    reach = min(max_seqlen_q + max_seqlen_k, INT32_MAX)
-    if reach == 0:
-        return tuple(window)
+    and the side an int32 (``(-1, 2**31 - 1)`` would otherwise wrap around in ``p + w``
+    and mask every key). With both bounds 0 (no query rows) only sides of ``2**31 - 1`` or
+    more are normalised (a causal window stays causal)."""
+    reach = min(max_seqlen_q + max_seqlen_k, INT32_MAX) or INT32_MAX
     return tuple(-1 if w >= reach else w for w in window)
 
 

@@ -171,6 +171,14 @@ def main(argv=None):
             q, k, v, cu, cu, mesh=emesh, token_axis="data", **opts))(q, k, v), want_h))
         diffs.append(_diff(wrap(lambda q, k, v: block_sparse_attention_sharded(
             q, k, v, idx, mesh=emesh, batch_axis="data", **bopts))(bq, bk, bv), want_b))
+    # a mesh mixing an explicit and an automatic axis, both named by the helpers
+    mmesh = jax.make_mesh((n, 1), ("data", "h"), axis_types=(jax.sharding.AxisType.Explicit,
+                                                             jax.sharding.AxisType.Auto))
+    diffs.append(_diff(jax.jit(lambda q, k, v: block_sparse_attention_sharded(
+        q, k, v, idx, mesh=mmesh, batch_axis="data", head_axis="h", **bopts))(bq, bk, bv),
+        want_b))
+    diffs.append(_diff(hstu_attention_sharded(q, k, v, cu, cu, mesh=mmesh, token_axis="data",
+                                              head_axis="h", **opts), want_h))
     out["explicit_mesh"] = {"max_abs_diff": max(diffs),
                             "axis_types": [str(t) for t in emesh.axis_types]}
 

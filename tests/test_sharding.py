@@ -53,7 +53,8 @@ def test_sharded_equals_single_device_without_gathers(worker_result, case):
 
 def test_helpers_take_a_mesh_with_explicit_axes(worker_result):
     """jax.make_mesh's default (explicit axes): both helpers reshard unplaced inputs and
-    equal the single-device calls, eager and under jit."""
+    equal the single-device calls, eager and under jit; also on a mesh mixing an explicit
+    and an automatic axis."""
     r = worker_result["explicit_mesh"]
     assert "Explicit" in r["axis_types"][0], r
     assert r["max_abs_diff"] < 1e-5, r

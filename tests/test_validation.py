@@ -227,10 +227,9 @@ def test_bsa_static_options_take_numpy_and_0d_values():
 
 
 def test_window_sides_past_int32_and_empty_bounds():
-    """A window side of 2**31 or more reaches every key whatever the bounds, so it is the
-    unbounded -1 (it used to stay and overflow int32 in the schedule and the mask); with
-    max_seqlen_q = max_seqlen_k = 0 (no query rows) the window is kept, so a paged call with
-    the default causal window is accepted."""
+    """A window side of 2**31 - 1 or more reaches every key whatever the bounds, so it is
+    the unbounded -1 (an int32 side); with max_seqlen_q = max_seqlen_k = 0 (no query rows)
+    smaller sides are kept, so a paged call with the default causal window is accepted."""
     from jax_sparse_attn.validation import _unbounded_window  # noqa: PLC0415
 
     m = 2**31 - 1
@@ -239,6 +238,12 @@ def test_window_sides_past_int32_and_empty_bounds():
     assert _unbounded_window((5, 3), 4, 4) == (5, 3)
     assert _unbounded_window((8, 0), 4, 4) == (-1, 0)
     assert _unbounded_window((-1, 0), 0, 0) == (-1, 0)
+    assert _unbounded_window((2**31, 7), 0, 0) == (-1, 7)
+    with pytest.raises(TypeError, match="q dtype must be .* got int64"):
+        jsa.hstu_attention(np.zeros((4, 1, 8), np.int64), np.zeros((4, 1, 8), np.int64),
+                           np.zeros((4, 1, 8), np.int64), np.array([0, 4], np.int32),
+                           np.array([0, 4], np.int32), max_seqlen_q=4, max_seqlen_k=4,
+                           backend="reference")
     q = jnp.zeros((0, 4, 128), jnp.bfloat16)
     kv = jnp.zeros((1, 2, 128, 2, 128), jnp.bfloat16)
     cu = jnp.zeros((4,), jnp.int32)
