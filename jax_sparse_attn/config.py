@@ -135,7 +135,7 @@ def _parse_ws(var, raw):
 #: ``stages=N`` (at most N K/V stages, 2..8)
 BSA_WS_FLAGS = ("nooverlap", "nopingpong", "q1", "headinner", "lazyrescale", "ctas2", "oalias",
                 "cross", "crossepi", "vlag", "splitwait", "nosplitwait", "qregs", "mpre", "qahead", "noepivec",
-                "streamk", "tmao", "notmao", "tmaopack", "notmaopack")
+                "streamk", "tmao", "notmao", "tmaopack", "notmaopack", "ctas3k1", "selfload")
 _BSA_WS_ALLOWED = ("comma list of " + ", ".join(BSA_WS_FLAGS)
                    + ", stages=N (most K/V shared-memory stages: 2..8); at most one of "
                    "splitwait, nosplitwait; tmao and tmaopack exclude notmao and noepivec, "
@@ -388,7 +388,12 @@ SWITCHES = (
            "(work items query block major, heads fastest, instead of KV head major), "
            "lazyrescale (the online softmax keeps a row's max and skips the O rescale until "
            "the max grows by more than 2^8; slower on the H200), ctas2 (blk 64 D 64: two CTAs "
-           "per SM instead of three), oalias (O staged in a single Q buffer, for more K/V "
+           "per SM instead of three), ctas3k1 (blk 64 D 128: three CTAs per SM, each with "
+           "one K buffer, two V buffers and O staged in its single Q buffer, 64 KiB, "
+           "instead of two CTAs with double-buffered Q and two K/V stages), selfload (ctas3k1 "
+           "without the producer warp: the consumer warpgroup's first warp issues the TMA "
+           "loads as the warpgroup frees the stages, 128 threads per CTA; not with split-KV "
+           "or pack_gqa, nooverlap, streamk, cross, crossepi, mpre, qahead), oalias (O staged in a single Q buffer, for more K/V "
            "stages), cross (a CTA's consecutive work items chained: the next item's first "
            "S = QK^T issued with this item's last PV GEMM, the epilogue after the next "
            "item's first score tile; slower on the H200), crossepi (chained, the epilogue "

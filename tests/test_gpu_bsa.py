@@ -27,7 +27,9 @@ forward loading the next work item's list metadata during the current one); ``qa
 item); ``noepivec``: ``Switches(bsa_fwd_ws="noepivec")`` (its epilogue staging O through the
 element copies of the swizzled layout instead of packed pair stores); ``notmao``:
 ``Switches(bsa_fwd_ws="notmao")`` (its consumer warpgroups copying the staged O out
-themselves instead of TMA tensor stores); ``nodefault`` leaves out the grid with the
+themselves instead of TMA tensor stores); ``ctas3k1``: ``Switches(bsa_fwd_ws="ctas3k1")``
+(three CTAs per SM at blk 64 / D 128); ``selfload``: ``Switches(bsa_fwd_ws="selfload")``
+(the same without the producer warp); ``nodefault`` leaves out the grid with the
 default switches.
 ``test_bsa_preprocess_kernel`` checks the preprocessing kernel directly.
 ``test_bsa_sm90ws_forward`` adds the sm90ws forward's own cases (every KV block listed, the
@@ -66,6 +68,8 @@ MPRE = Switches(bsa_fwd_ws=("mpre",))
 QAHEAD = Switches(bsa_fwd_ws=("qahead",))
 NOEPIVEC = Switches(bsa_fwd_ws=("noepivec",))
 NOTMAO = Switches(bsa_fwd_ws=("notmao",))
+CTAS3K1 = Switches(bsa_fwd_ws=("ctas3k1",))
+SELFLOAD = Switches(bsa_fwd_ws=("selfload",))
 SM80_LATE_V = Switches(bsa_fwd_impl="sm80", bsa_fwd_late_v_wait=True)
 SM80_WR32 = Switches(bsa_fwd_impl="sm80", bsa_fwd_warp_rows="32")
 SM80_WR16 = Switches(bsa_fwd_impl="sm80", bsa_fwd_warp_rows="16")
@@ -94,6 +98,8 @@ class TestBSAKernelGrid(BSAKernelGrid):
         cases += [(c, QAHEAD) for c in BSA_GRID if "qahead" in extra]
         cases += [(c, NOEPIVEC) for c in BSA_GRID if "noepivec" in extra]
         cases += [(c, NOTMAO) for c in BSA_GRID if "notmao" in extra]
+        cases += [(c, CTAS3K1) for c in BSA_GRID if "ctas3k1" in extra]
+        cases += [(c, SELFLOAD) for c in BSA_GRID if "selfload" in extra]
         cases += [(c, SM80_LATE_V) for c in BSA_GRID if "sm80_late_v" in extra]
         cases += [(c, SM80_WR32) for c in BSA_GRID if "sm80_wr32" in extra]
         cases += [(c, SM80_WR16) for c in BSA_GRID if "sm80_wr16" in extra]
@@ -371,6 +377,28 @@ def _check_ws_forward(c, switches):
         assert np.all(o_rows[empty] == 0) and np.all(np.isneginf(lse_g[empty]))
     print(c["name"], "; ".join(report))
     return out, lse_g
+
+
+# Three CTAs per SM at blk 64 / D 128 with one K buffer (bsa_fwd_ws=ctas3k1): the blk 64
+# D 128 cases above, one with several waves of work items (396 CTAs), fp16 with empty rows
+K1_CASES = [c for c in WS_CASES if (c["blk"], c["d"]) == (64, 128)] + [
+    dict(name="k1-blk64-d128-waves", blk=64, d=128, dtype="float16", layout="bshd",
+         hq=16, hkv=4, sq=4096, skv=4001, mode="last"),
+    dict(name="k1-blk64-d128-empty", blk=64, d=128, dtype="float16", layout="bhsd",
+         hq=8, hkv=8, sq=4000, skv=4096, mode="last-empty"),
+    dict(name="k1-blk64-d128-all", blk=64, d=128, dtype="bfloat16", layout="bhsd",
+         hq=4, hkv=2, sq=1000, skv=1100, mode="all"),
+]
+# BSA_TEST_K1: the bsa_fwd_ws flags of these tests (default "ctas3k1")
+K1_FLAGS = tuple(os.environ.get("BSA_TEST_K1", "ctas3k1").split(","))
+
+
+@pytest.mark.parametrize("c", shard(K1_CASES, SHARD), ids=lambda c: c["name"])
+def test_bsa_sm90ws_forward_ctas3k1(c):
+    """The sm90ws forward with three CTAs per SM at blk 64 / D 128 (``bsa_fwd_ws=ctas3k1``:
+    one K buffer, two V buffers, O staged in the Q buffer, a one-warp producer): against the
+    fp32 reference with poisoned outputs, NaN in unlisted keys and empty rows."""
+    _check_ws_forward(c, Switches(bsa_fwd_impl="sm90ws", bsa_fwd_ws=K1_FLAGS))
 
 
 # Stream-K tail (bsa_fwd_ws=streamk): enough work items for the persistent grid (132 CTAs at

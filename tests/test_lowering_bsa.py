@@ -12,6 +12,7 @@ each static option is exercised.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import os
 
@@ -518,3 +519,31 @@ def test_bsa_fwd_chained_items_lower(ws, d, blk, sizes):
     txt = jax.jit(fwd).trace(q, k, k, idx, nums, sizes_).lower(
         lowering_platforms=("cuda",)).as_text()
     assert txt.count(CALL_TARGET) == 1 and "\\7FELF" in txt
+
+
+@pytest.mark.parametrize("heads,launch_zeroes", [(3, True), (17, False)])
+def test_bsa_preprocess_zeroes_large_workspace_by_xla(heads, launch_zeroes):
+    """The preprocessing launch zeroes the fp32 dQ workspace only while it has at most
+    ``_MAX_ZERO_ELEMS`` elements (its flat extent and vector indices are int32 in the kernel):
+    17 heads of 2**20 rows at D 128 (2.28e9 elements) get XLA's zeros, 3 heads the launch's
+    (its flat workspace is one of the custom call's results)."""
+    from jax_sparse_attn.config import Switches
+    from jax_sparse_attn.ffi import bsa as ffi_bsa
+    from jax_sparse_attn.validation import check_bsa_args
+
+    s, d = 2**20, 128
+    o = jax.ShapeDtypeStruct((1, heads, s, d), jnp.bfloat16)
+    idx = jax.ShapeDtypeStruct((1, heads, s // 64, 1), jnp.int32)
+    sw = Switches()
+
+    def pre(do, o, idx):
+        cfg = check_bsa_args(o, o, o, idx, 1, layout="bhsd", sparse_block_size=64)
+        cfg = dataclasses.replace(cfg, backend="kernel", pre=ffi_bsa.pre_config("bfloat16", d, sw),
+                                  bwd=ffi_bsa.bwd_config("bfloat16", d, 64, False, sw))
+        return ffi_bsa.bsa_preprocess(do, o, cfg)
+
+    txt = jax.jit(pre).trace(o, o, idx).lower(lowering_platforms=("cuda",)).as_text()
+    n = heads * s * d
+    assert (n <= ffi_bsa._MAX_ZERO_ELEMS) == launch_zeroes
+    assert txt.count(CALL_TARGET) == 1
+    assert (f"tensor<{n}xf32>" in txt) == launch_zeroes

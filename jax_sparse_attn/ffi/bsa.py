@@ -132,6 +132,11 @@ class BsaFwdConfig:
     ws_tma_o: bool = True
     # packed GQA rows by TMA stores too (off with "notmaopack" or "notmao")
     ws_tma_o_packed: bool = True
+    # blk 64 D 128: three CTAs per SM with one K buffer, two V buffers and O staged in the
+    # single Q buffer ("ctas3k1"; ws_three_ctas is then set too)
+    ws_k_single: bool = False
+    # with ws_k_single: no producer warp, the consumer warpgroup issues its loads ("selfload")
+    ws_self_load: bool = False
     num_sms: int = 0
     arch: str = ""  # the target arch (CuTe DSL name) the key was chosen for
     # pack_gqa: query heads per KV head r of the packed rows (1: not packed; sm90ws only)
@@ -300,7 +305,11 @@ def bsa_ws_options(opts) -> dict:
     L2; ``headinner``: query block major, heads fastest), ``lazy_rescale`` (``lazyrescale``: O
     rescaled only when a row max grows by more than 2^8; default: at every block),
     ``three_ctas`` (three CTAs per SM at blk 64 and D 64, faster on the H200 than two;
-    ``ctas2``: two), ``o_alias`` (``oalias``: O staged in a single Q buffer for the most K/V
+    ``ctas2``: two), ``k_single`` (``ctas3k1``: three CTAs per SM at blk 64 and D 128 too,
+    with one K buffer, two V buffers and O staged in the single Q buffer), ``self_load``
+    (``selfload``: that without the producer warp, the consumer warpgroup issuing its own
+    loads; where it applies: no split-KV, ``pack_gqa``, ``streamk``, ``cross``, ``mpre``,
+    ``qahead``, with the overlapped mainloop), ``o_alias`` (``oalias``: O staged in a single Q buffer for the most K/V
     stages), ``cross`` (1 with ``cross``, 2 with ``crossepi``, else 0: a CTA's consecutive
     work items chained, the next item's first ``S = Q K^T`` issued with this item's last PV
     GEMM; slower on the H200), ``v_lag`` (``vlag``: the producer issues V tile ``j`` after K
@@ -326,6 +335,8 @@ def bsa_ws_options(opts) -> dict:
             "q_stages": 1 if "q1" in opts else 2, "max_stages": st[0] if st else 4,
             "head_major": "headinner" not in opts, "lazy_rescale": "lazyrescale" in opts,
             "three_ctas": "ctas2" not in opts, "o_alias": "oalias" in opts,
+            "k_single": "ctas3k1" in opts or "selfload" in opts,
+            "self_load": "selfload" in opts,
             "cross": 2 if "crossepi" in opts else 1 if "cross" in opts else 0,
             "v_lag": "vlag" in opts, "q_regs": "qregs" in opts,
             "meta_prefetch": "mpre" in opts, "q_ahead": "qahead" in opts,
@@ -358,20 +369,28 @@ def fwd_config(dtype, head_dim, block_size, has_block_sizes, switches, causal=Fa
     if impl == "sm90ws":
         o = bsa_ws_options(switches.bsa_fwd_ws)
         kw = {} if splits == 1 else {"kv_splits": splits}
+        k1 = o["k_single"] and (block_size, head_dim) == (64, 128)
+        if k1:
+            kw["ws_k_single"] = True
+            if (o["self_load"] and o["overlap"] and splits == 1 and pack_gqa == 1
+                    and not (o["stream_k"] or o["cross"] or o["meta_prefetch"]
+                             or o["q_ahead"])):
+                kw["ws_self_load"] = True
         return BsaFwdConfig(name, head_dim, block_size, has_block_sizes, impl,
                             ws_overlap=o["overlap"], ws_pingpong=o["pingpong"],
                             ws_q_stages=o["q_stages"], ws_max_stages=o["max_stages"],
                             ws_head_major=o["head_major"], ws_lazy_rescale=o["lazy_rescale"],
-                            ws_three_ctas=o["three_ctas"] and (block_size, head_dim) == (64, 64),
+                            ws_three_ctas=(o["three_ctas"] and (block_size, head_dim) == (64, 64)
+                                           or k1),
                             ws_o_alias=o["o_alias"], ws_cross=o["cross"],
                             ws_v_lag=o["v_lag"], ws_q_regs=o["q_regs"] and not o["cross"],
                             ws_meta_prefetch=o["meta_prefetch"], ws_q_ahead=o["q_ahead"],
                             ws_epi_vec=o["epi_vec"],
                             ws_stream_k=o["stream_k"] and splits == 1 and pack_gqa == 1,
                             ws_tma_o=o["tma_o"] and splits == 1 and not o["o_alias"]
-                            and (pack_gqa == 1 or o["tma_o_packed"]),
+                            and not k1 and (pack_gqa == 1 or o["tma_o_packed"]),
                             ws_tma_o_packed=o["tma_o"] and o["tma_o_packed"] and pack_gqa > 1
-                            and splits == 1 and not o["o_alias"],
+                            and splits == 1 and not o["o_alias"] and not k1,
                             ws_split_wait=(o["split_wait"] if o["split_wait"] is not None
                                            else (block_size, head_dim) == (64, 128)),
                             num_sms=metadata.num_sms(), arch=arch, causal=causal,
@@ -910,7 +929,8 @@ def _ws_fwd_kernel(cfg: BsaFwdConfig, stream_k: bool):
                         meta_prefetch=cfg.ws_meta_prefetch, q_ahead=cfg.ws_q_ahead,
                         epi_vec=cfg.ws_epi_vec, split_wait=cfg.ws_split_wait, pdl=cfg.pdl,
                         stream_k=stream_k, tma_o=cfg.ws_tma_o,
-                        tma_o_packed=cfg.ws_tma_o_packed, **kw)
+                        tma_o_packed=cfg.ws_tma_o_packed, k_single=cfg.ws_k_single,
+                        self_load=cfg.ws_self_load, **kw)
 
 
 @functools.cache
@@ -1127,12 +1147,24 @@ def _pre_jit(with_dq: bool = True):
     return cute.jit(_pre_entry if with_dq else _pre_delta_entry)
 
 
+#: most fp32 elements of the dQ workspace that the preprocessing launch zeroes (a flat
+#: tensor: its extent is an int32 in the kernel, and so are its 16-byte-vector indices)
+_MAX_ZERO_ELEMS = 2**31 - 2**24
+
+
+def _zero_fits(ws_shape) -> bool:
+    """Whether a kernel launch may zero the fp32 dQ workspace of ``ws_shape`` (concrete and
+    at most ``_MAX_ZERO_ELEMS`` elements)."""
+    n = math.prod(ws_shape)
+    return isinstance(n, int) and n <= _MAX_ZERO_ELEMS
+
+
 def bsa_preprocess(do, out, cfg, with_ws: bool = True):
     """``delta = rowsum(dO * O)`` (fp32 ``(B, H_q, S_q)``) and a zeroed fp32 dQ workspace:
     q's shape and layout, or with ``cfg.bwd.dq_tile`` the query-tile workspace
     :func:`dq_tile_shape`. One CuTe DSL launch (``kernels/bsa_pre.py``) computes delta and,
-    with ``cfg.pre.zero_ws``, zeroes the workspace (else XLA zeroes it) when ``cfg.pre`` is
-    set; else both are XLA's. ``with_ws=False``: delta only (the workspace is None)."""
+    with ``cfg.pre.zero_ws``, zeroes the workspace (else XLA zeroes it, as it does a workspace of
+    more than ``_MAX_ZERO_ELEMS`` elements) when ``cfg.pre`` is set; else both are XLA's. ``with_ws=False``: delta only (the workspace is None)."""
     from .._cute_call import call_builder  # noqa: PLC0415
 
     tile = cfg.bwd is not None and cfg.bwd.dq_tile
@@ -1144,7 +1176,9 @@ def bsa_preprocess(do, out, cfg, with_ws: bool = True):
         return delta, jnp.zeros(ws_shape, jnp.float32) if with_ws else None
     spec = _specs(cfg.layout)
     delta_sds = jax.ShapeDtypeStruct((cfg.batch, cfg.num_heads_q, cfg.seqlen_q), jnp.float32)
-    if not with_ws:
+    if not with_ws or not _zero_fits(ws_shape):
+        # the launch zeroes a flat workspace of fewer than 2**31 elements (an int32 extent
+        # and 32-bit indices); a larger or symbolic one is zeroed by XLA
         cfg = dataclasses.replace(cfg, pre=dataclasses.replace(cfg.pre, zero_ws=False))
     if not cfg.pre.zero_ws:
         call = call_builder(cfg.cute_call)(
@@ -1464,6 +1498,8 @@ def bsa_bwd(do, q, k, v, out, lse, q2k_block_index, q2k_block_nums, block_sizes,
             cfg = dataclasses.replace(cfg, bwd=dataclasses.replace(cfg.bwd, det_store=False))
         if (cfg.bwd.det_stream and cfg.bwd.det_overlap and dlse is None
                 and cfg.pre is not None and cfg.pre.zero_ws
+                and _zero_fits(dq_tile_shape(cfg) if cfg.bwd.dq_tile
+                               else out.shape[:-1] + (cfg.head_dim,))
                 and do.dtype == out.dtype == q.dtype):
             return _bsa_bwd_det_stream(q, k, v, do, lse, None, None, q2k_block_index,
                                        q2k_block_nums, block_sizes, cfg, spec, ocfg, out=out)

@@ -23,7 +23,8 @@ the variation points (FA4's ``flash_attn/cute`` structure):
   tensor stores the warpgroup does not wait for, where a kernel sets ``tma_o``).
 
 Attributes a kernel class sets: ``dtype``, ``d``, ``dv``, ``wg_m`` (64), ``bn``, ``num_wg``
-(consumer warpgroups), ``stages``, ``q_stages``, ``o_alias_q``, ``overlap``, ``pingpong``,
+(consumer warpgroups), ``stages`` (and ``k_stages`` where the K ring has fewer),
+``q_stages``, ``o_alias_q``, ``overlap``, ``pingpong``,
 ``v_lag`` (the producer issues V tile ``j`` after K tile ``j + 1``), ``cross_item`` and
 ``cross_epi_first`` (chained work items, ``_consume_items``).
 """
@@ -104,6 +105,34 @@ class WorkItem:
         return self.kv.kv_tile(it)
 
 
+@dataclass(frozen=True)
+class SelfLoader:
+    """A consumer warpgroup's own loads of one work item (kernels without a producer warp,
+    ``self_load``): warp ``0`` of the warpgroup (``is_loader``) issues the TMA of the item's
+    Q and of its K / V tiles into the rings as the warpgroup frees their stages."""
+
+    work: object  # the item (with head_kv)
+    m_block: object
+    is_loader: object  # Boolean: this thread's warp issues the loads
+    tma_q: object
+    tQg: object
+    tQs: object
+    tma_k: object
+    tKg: object
+    tKs: object
+    tma_v: object
+    tVg: object
+    tVs: object
+    sV_rows: object
+    pipe_q: object
+    pipe_k: object
+    pipe_v: object
+    q_bytes: object
+    k_bytes: object
+    v_bytes: object
+    lane: object
+
+
 class AttnFwdSm90Ws:
     # ------------------------------------------------------------------ host-side setup
     def _mmas_and_layouts(self):
@@ -130,7 +159,7 @@ class AttnFwdSm90Ws:
         sQ_layout = sm90_utils.make_smem_layout_a(LayoutEnum.ROW_MAJOR, qk_tiler, dt,
                                                   self.num_wg * self.q_stages)
         sK_layout = sm90_utils.make_smem_layout_b(LayoutEnum.ROW_MAJOR, qk_tiler, dt,
-                                                  self.stages)
+                                                  self._k_stages())
         sV_layout = sm90_utils.make_smem_layout_b(LayoutEnum.COL_MAJOR, pv_tiler, dt,
                                                   self.stages)
         sO_layout = smem_layout_16b(wgm, dv)
@@ -138,6 +167,11 @@ class AttnFwdSm90Ws:
             # O leaves by TMA: the 128-byte-swizzled K-major layout of one 64-row slice
             sO_layout = sm90_utils.make_smem_layout_a(LayoutEnum.ROW_MAJOR, (wgm, bn, dv), dt, 1)
         return mma_qk, mma_qk0, mma_pv, sQ_layout, sK_layout, sV_layout, sO_layout
+
+    def _k_stages(self):
+        """Stages of the K ring (``k_stages`` where a kernel sets one, else ``stages``, the
+        V ring's): both rings advance on the same running count of KV tiles."""
+        return getattr(self, "k_stages", self.stages)
 
     def _tma_atoms(self, tQ, tK, tV, sQ_layout, sK_layout, sV_layout):
         """TMA load atoms and coordinate tensors of the views ``tQ``, ``tK`` (rows, D, ...)
@@ -156,8 +190,9 @@ class AttnFwdSm90Ws:
         """Shared memory: the pipelines' mbarriers, Q, K, V and (unless O aliases Q) one O
         buffer per consumer warpgroup."""
         dt = self.dtype
-        n_mbar = SmemPipeline.num_barriers(self.q_stages) + 2 * SmemPipeline.num_barriers(
-            self.stages)
+        n_mbar = (SmemPipeline.num_barriers(self.q_stages)
+                  + SmemPipeline.num_barriers(self._k_stages())
+                  + SmemPipeline.num_barriers(self.stages))
         o_elems = 0 if cutlass.const_expr(self.o_alias_q) else cute.cosize(sO_layout) * self.num_wg
         n_ring = getattr(self, "item_ring", 0)
         if n_ring:
@@ -195,8 +230,8 @@ class AttnFwdSm90Ws:
         mbar = st.mbar.data_ptr()
         nq = 2 * self.q_stages
         pipe_q = SmemPipeline(mbar, self.q_stages, 4 * self.num_wg)
-        pipe_k = SmemPipeline(mbar + nq, self.stages, 4 * self.num_wg)
-        pipe_v = SmemPipeline(mbar + nq + 2 * self.stages, self.stages, 4 * self.num_wg)
+        pipe_k = SmemPipeline(mbar + nq, self._k_stages(), 4 * self.num_wg)
+        pipe_v = SmemPipeline(mbar + nq + 2 * self._k_stages(), self.stages, 4 * self.num_wg)
         if warp == 0:
             pipe_q.init()
             pipe_k.init()
@@ -234,6 +269,10 @@ class AttnFwdSm90Ws:
     def _consumer_start(self, wg_idx, tidx):
         """A consumer warpgroup takes its register budget; returns its index, the thread's
         index in it and the ping-pong turns."""
+        if cutlass.const_expr(getattr(self, "warp_producer", False)):
+            # the consumer warpgroups come first and the producer is one warp after them
+            # (no register moves)
+            return wg_idx, tidx % 128, WarpgroupTurns(self.pingpong, count=self.num_wg)
         cute.arch.setmaxregister_increase(self.regs_consumer)
         return wg_idx - 1, tidx % 128, WarpgroupTurns(self.pingpong, count=self.num_wg)
 
@@ -332,6 +371,51 @@ class AttnFwdSm90Ws:
                                    pipe_k, pipe_v, k_bytes, v_bytes, c_kv, lane)
                     c_kv += 1
         return c_q, c_kv
+
+    def _self_loader(self, work, m_block, is_loader, tma_q, tma_tQ, tma_k, tma_tK, tma_v,
+                     tma_tV, sQ, sK, sV, sV_rows, pipe_q, pipe_k, pipe_v, q_bytes, k_bytes,
+                     v_bytes, lane):
+        """The ``SelfLoader`` of work item ``work`` (query block ``m_block``): the TMA
+        partitions of its Q, K and V views."""
+        wgm, bn, d, dv = self.wg_m, self.bn, self.d, self.dv
+        gQ = cute.local_tile(self._q_tile(tma_tQ, work), (wgm, d), (None, 0))
+        tQs, tQg = cpasync.tma_partition(tma_q, 0, cute.make_layout(1),
+                                         cute.group_modes(sQ, 0, 2), cute.group_modes(gQ, 0, 2))
+        gK = cute.local_tile(self._k_tile(tma_tK, work), (bn, d), (None, 0))
+        tKs, tKg = cpasync.tma_partition(tma_k, 0, cute.make_layout(1),
+                                         cute.group_modes(sK, 0, 2), cute.group_modes(gK, 0, 2))
+        gV = cute.local_tile(self._v_tile(tma_tV, work), (dv, bn), (0, None))
+        tVs, tVg = cpasync.tma_partition(tma_v, 0, cute.make_layout(1),
+                                         cute.group_modes(sV, 0, 2), cute.group_modes(gV, 0, 2))
+        return SelfLoader(work, m_block, is_loader, tma_q, tQg, tQs, tma_k, tKg, tKs, tma_v,
+                          tVg, tVs, sV_rows, pipe_q, pipe_k, pipe_v, q_bytes, k_bytes, v_bytes,
+                          lane)
+
+    @cute.jit
+    def _self_load_item(self, ld, c_q, c_kv):
+        """The loader warp: the item's Q, K tile 0 and V tiles 0 and 1 (the V ring's two
+        stages; the item has at least one tile)."""
+        if ld.is_loader:
+            self._issue_q(ld.tma_q, ld.tQg, ld.tQs, ld.m_block, ld.pipe_q, ld.q_bytes, c_q)
+            n0 = ld.work.kv_tile(0)
+            self._self_load_k(ld, n0, c_kv)
+            self._self_load_v(ld, n0, c_kv)
+            if ld.work.n_count > 1:
+                self._self_load_v(ld, ld.work.kv_tile(1), c_kv + 1)
+
+    @cute.jit
+    def _self_load_k(self, ld, n, c):
+        """The loader warp: K tile ``n`` into slot ``c`` of the K ring."""
+        if ld.is_loader:
+            self._issue_k(n, self._kv_coord(ld.work, n), ld.tma_k, ld.tKg, ld.tKs, ld.pipe_k,
+                          ld.k_bytes, c)
+
+    @cute.jit
+    def _self_load_v(self, ld, n, c):
+        """The loader warp: V tile ``n`` into slot ``c`` of the V ring."""
+        if ld.is_loader:
+            self._issue_v(ld.work, n, self._kv_coord(ld.work, n), ld.tma_v, ld.tVg, ld.tVs,
+                          ld.sV_rows, ld.pipe_v, ld.v_bytes, c, ld.lane)
 
     @cute.jit
     def _issue_q(self, tma_q, tQg, tQs, m_block, pipe_q, q_bytes, c_q):
@@ -504,23 +588,26 @@ class AttnFwdSm90Ws:
     @cute.jit
     def _consume(self, work, tile, mma_qk, mma_qk0, mma_pv, thr_mma_qk, thr_mma_pv, tSrQ,
                  tSrK, tOrV, pipe_q, pipe_k, pipe_v, c_q, c_kv, sO, turns, wg, wtid,
-                 piece=None):
+                 piece=None, loader=None):
         """Consumer warpgroup, one work item: mainloop over its KV tiles, then the epilogue
         (also for an item without KV tiles); returns the pipeline counters ``(c_kv, c_q)``
         (in the order the item updates them). ``piece``: the item is part of a split one,
-        finished by ``_finish_piece(..., piece)`` instead of the epilogue."""
+        finished by ``_finish_piece(..., piece)`` instead of the epilogue. ``loader``: the
+        warpgroup issues the item's loads itself (``SelfLoader``)."""
         acc_O = cute.make_rmem_tensor(thr_mma_pv.partition_shape_C((self.wg_m, self.dv)),
                                       Float32)
         acc_O.fill(0.0)
         self._work_start(tile)
         if work.n_count > 0:
             rows = self._work_rows(work, tile)
+            if cutlass.const_expr(loader is not None):
+                self._self_load_item(loader, c_q, c_kv)
             pipe_q.consumer_wait(c_q)
             self._q_ready(tile, self.num_wg * pipe_q.stage(c_q) + wg, wg, wtid)
             c_kv = self._mainloop(
                 mma_qk, mma_qk0, mma_pv, thr_mma_qk,
                 self._q_operand(tSrQ, self.num_wg * pipe_q.stage(c_q) + wg), tSrK,
-                tOrV, acc_O, pipe_k, pipe_v, c_kv, work, tile, rows, turns, wg)
+                tOrV, acc_O, pipe_k, pipe_v, c_kv, work, tile, rows, turns, wg, loader)
             if cutlass.const_expr(not self.o_alias_q):
                 pipe_q.consumer_release(c_q)
         if cutlass.const_expr(piece is None):
@@ -700,7 +787,7 @@ class AttnFwdSm90Ws:
 
     @cute.jit
     def _mainloop(self, mma_qk, mma_qk0, mma_pv, thr_mma_qk, tSrQ, tSrK, tOrV, acc_O, pipe_k,
-                  pipe_v, c_kv, work, tile, rows, turns, wg):
+                  pipe_v, c_kv, work, tile, rows, turns, wg, loader=None):
         wgm, bn = self.wg_m, self.bn
         s_shape = thr_mma_qk.partition_shape_C((wgm, bn))
         a_vals = mma_pv.tv_layout_A.shape[1]
@@ -713,11 +800,15 @@ class AttnFwdSm90Ws:
             turns.pass_turn(wg)
             warpgroup.wait_group(0)
             pipe_k.consumer_release(c_kv)
+            if cutlass.const_expr(loader is not None):
+                # the K ring's one stage is free: K tile 1
+                if work.n_count > 1:
+                    self._self_load_k(loader, work.kv_tile(1), c_kv + 1)
             rP = self._p_final(self._tile_p(acc_S, work, tile, rows, state, pre, 0))
             tOrP = cute.make_tensor(rP.iterator, acc_layout_as_a(rP.layout, a_vals))
             self._overlap_steps(mma_qk, mma_qk0, mma_pv, tSrQ, tSrK, tOrV, tOrP, rP, acc_O,
                                 pipe_k, pipe_v, c_kv, work, tile, rows, state, turns, wg,
-                                s_shape)
+                                s_shape, loader)
             c_last = c_kv + work.n_count - 1
             self._issue_pv(mma_pv, tOrP, tOrV, pipe_v, c_last, acc_O, turns, wg, True)
             turns.pass_turn(wg)
@@ -762,13 +853,23 @@ class AttnFwdSm90Ws:
 
     @cute.jit
     def _overlap_steps(self, mma_qk, mma_qk0, mma_pv, tSrQ, tSrK, tOrV, tOrP, rP, acc_O, pipe_k,
-                       pipe_v, c_kv, work, tile, rows, state, turns, wg, s_shape):
+                       pipe_v, c_kv, work, tile, rows, state, turns, wg, s_shape,
+                       loader=None):
         """Iterations ``1 .. n_count - 1`` of the overlapped mainloop: issue ``S_j = Q K_j^T``
         and ``O += P_{j-1} V_{j-1}`` in one turn, wait for ``S_j`` only, compute ``P_j`` while
         the PV GEMM runs, then wait for it and bring O to tile ``j``'s state (``_pv_done``).
         ``rP`` holds ``P_{j-1}`` on entry (``tOrP`` is its A-operand view) and ``P_{n-1}`` on
-        exit; K / V tile ``j`` is pipeline slot ``c_kv + j``."""
+        exit; K / V tile ``j`` is pipeline slot ``c_kv + j``. ``loader``: step ``j`` issues
+        K tile ``j + 1`` once K tile ``j`` is released and V tile ``j + 1`` once V tile
+        ``j - 1`` is (one K stage, two V stages); the tile's list entry is read a step
+        ahead."""
+        if cutlass.const_expr(loader is not None):
+            last = work.n_count - 1
+            n_next = work.kv_tile(cutlass.min(Int32(2), last))
         for it in cutlass.range(1, work.n_count, unroll=1):
+            if cutlass.const_expr(loader is not None):
+                n_load = n_next
+                n_next = work.kv_tile(cutlass.min(it + 2, last))
             c_new = c_kv + it
             acc_S2 = cute.make_rmem_tensor(s_shape, Float32)
             pre2 = self._tile_pre(work, tile, rows, it)
@@ -777,6 +878,9 @@ class AttnFwdSm90Ws:
             turns.pass_turn(wg)
             warpgroup.wait_group(1)
             pipe_k.consumer_release(c_new)
+            if cutlass.const_expr(loader is not None):
+                if it < last:
+                    self._self_load_k(loader, n_load, c_new + 1)
             rP2 = self._tile_p(acc_S2, work, tile, rows, state, pre2, it)
             if cutlass.const_expr(self.split_wait):
                 # V tile j - 1 is still held (released below), so this check of its full
@@ -788,6 +892,9 @@ class AttnFwdSm90Ws:
             warpgroup.wait_group(0)
             self._keep_p(rP)
             pipe_v.consumer_release(c_new - 1)
+            if cutlass.const_expr(loader is not None):
+                if it < last:
+                    self._self_load_v(loader, n_load, c_new + 1)
             self._pv_done(acc_O, state)
             self._p_into(rP, rP2)
 

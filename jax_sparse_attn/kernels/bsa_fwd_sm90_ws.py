@@ -41,7 +41,8 @@ CTA shapes: ``sparse_block_size = 128``: 384 threads (producer warpgroup + two c
 warpgroups of 64 query rows, sharing each K/V load, ping-pong), one CTA per SM.
 ``sparse_block_size = 64``: 256 threads (producer warpgroup + one consumer warpgroup owning a
 64-row query block), two CTAs per SM, or three with ``three_ctas`` (75 KiB of shared memory
-and 136 consumer registers each; the caller sets it at D = 64). Work items (query block, query head, batch) are walked
+and 136 consumer registers each; the caller sets it at D = 64, and at D = 128 with
+``k_single``: one K buffer, two V buffers and O staged in the single Q buffer, 64 KiB). Work items (query block, query head, batch) are walked
 by a persistent scheduler: ``head_major`` (default) ``tile_scheduler.HeadMajorScheduler``
 (batch, KV head, query block, query head of the group fastest: the CTAs running at one time
 share one KV head's K/V in L2, and the heads of a GQA group read the same K/V blocks
@@ -79,6 +80,7 @@ from cutlass import Float32, Int32
 from cutlass.cute.nvgpu import cpasync
 
 from .attn_fwd_sm90_ws import SMEM_LIMIT, AttnFwdSm90Ws, WorkItem, smem_plan
+from .common import transpose_view_staged
 from .block_info import BlockList, BlockListSplit
 from .common import (acc_mn_view_wg, elem_ptr, gmem_store_copy, ld_relaxed_f32,
                      st_release_s32, stage_acc_swz, swz_piece_ptr, tma_view, wait_at_least)
@@ -130,8 +132,16 @@ class BsaFwdSm90Ws(AttnFwdSm90Ws):
                  o_alias_first: bool = False, cross_item: int = 0, v_lag: bool = False,
                  split_wait: bool = False, pdl: bool = False, q_regs: bool = False,
                  meta_prefetch: bool = False, q_ahead: bool = False, epi_vec: bool = False,
-                 stream_k: bool = False, tma_o: bool = False, tma_o_packed: bool = False):
+                 stream_k: bool = False, tma_o: bool = False, tma_o_packed: bool = False,
+                 k_single: bool = False, self_load: bool = False):
         self.pdl = pdl
+        # no producer warp: the consumer warpgroup's warp 0 issues the loads (k_single only)
+        if self_load and not (k_single and overlap and kv_splits == 1 and pack_gqa == 1
+                              and not (stream_k or cross_item or meta_prefetch or q_ahead)):
+            raise NotImplementedError(
+                "bsa_fwd_sm90_ws: self_load needs k_single and overlap, without kv_splits, "
+                "pack_gqa, stream_k, cross_item, meta_prefetch or q_ahead")
+        self.self_load = self_load
         # the last work items' blocks split evenly over the CTAs (``_sk_range``); partials
         # of the split items go through ``mWs`` / ``mFlags``
         if stream_k and (kv_splits != 1 or pack_gqa != 1 or cross_item or meta_prefetch
@@ -171,8 +181,21 @@ class BsaFwdSm90Ws(AttnFwdSm90Ws):
                 raise NotImplementedError("three CTAs per SM need sparse_block_size=64")
             self.ctas_per_sm = 3
         limit = {1: SMEM_LIMIT, 2: SMEM_LIMIT_2CTA, 3: SMEM_LIMIT_3CTA}[self.ctas_per_sm]
-        self.stages, self.q_stages, self.o_alias_q = bsa_ws_smem_plan(
-            head_dim, self.bm, block_size, limit, max_stages, q_stages, o_alias_first)
+        if k_single:
+            # one K buffer and two V buffers (K tile j + 1 loads once the S GEMM of tile j
+            # has completed), one Q buffer that O is staged in: 64 KiB at D = 128, so that
+            # three CTAs share an SM
+            if self.ctas_per_sm != 3:
+                raise NotImplementedError("bsa_fwd_sm90_ws: k_single needs three_ctas")
+            need = (self.bm * head_dim + 3 * block_size * head_dim) * 2 + 1024
+            if need > limit:
+                raise NotImplementedError(
+                    f"bsa_fwd_sm90_ws: k_single does not fit at head_dim={head_dim}")
+            self.stages, self.k_stages, self.q_stages, self.o_alias_q = 2, 1, 1, True
+        else:
+            self.stages, self.q_stages, self.o_alias_q = bsa_ws_smem_plan(
+                head_dim, self.bm, block_size, limit, max_stages, q_stages, o_alias_first)
+            self.k_stages = self.stages
         self.num_sms = num_sms
         # O written by TMA tensor stores from its own staging buffer (AttnFwdSm90Ws._tma_o;
         # the 16-bit output; packed rows only with ``tma_o_packed``: the boxes of the packed
@@ -196,6 +219,11 @@ class BsaFwdSm90Ws(AttnFwdSm90Ws):
         # lazy_rescale: rows keep a stale max up to 2^8 below the true one (softmax.py)
         self.rescale_threshold = 8.0 if lazy_rescale else None
         self.num_threads = 128 * (1 + self.num_wg)
+        # k_single: the producer is one warp (warp 4) after the consumer warpgroup, 160
+        # threads at 136 registers each (65536 / 480), no setmaxnreg
+        self.warp_producer = k_single
+        if k_single:
+            self.num_threads = 128 * self.num_wg + (0 if self_load else 32)
         # register budget per CTA: 65536 / ctas_per_sm = 128 * (producer + num_wg * consumer)
         self.regs_producer = 24
         self.regs_consumer = 240 if self.num_wg == 2 else 232
@@ -353,10 +381,12 @@ class BsaFwdSm90Ws(AttnFwdSm90Ws):
             self._smem_and_pipes(Smem, sQ_layout, sK_layout, sV_layout, tma_q, tma_k, tma_v,
                                  warp))
 
-        if wg_idx == 0:
+        prod_wg = 1 if self.warp_producer else 0
+        if wg_idx == prod_wg:
             # ================================ producer ================================
-            cute.arch.setmaxregister_decrease(self.regs_producer)
-            if warp == 0:
+            if cutlass.const_expr(not self.warp_producer):
+                cute.arch.setmaxregister_decrease(self.regs_producer)
+            if warp == 4 * prod_wg:
                 lane, sV_rows, c_q, c_kv, t = self._producer_warp_start(sV, sched)
                 if cutlass.const_expr(self.meta_prefetch):
                     # the next item's count and first entry load while this item's K / V
@@ -477,11 +507,32 @@ class BsaFwdSm90Ws(AttnFwdSm90Ws):
                 n_rr = sched.n_work
                 if cutlass.const_expr(self.stream_k):
                     n_rr = self._sk_split_point(sched)
+                if cutlass.const_expr(self.self_load):
+                    # this warpgroup issues its own loads (warp 0)
+                    sV_rows = transpose_view_staged(sV)
+                    lane = cute.arch.lane_idx()
+                    is_loader = warp == 0
                 while t < n_rr:
-                    work, tile, _ = self._decode(t, ctx, 0)
-                    c_kv, c_q = self._consume(
-                        work, tile, mma_qk, mma_qk0, mma_pv, thr_mma_qk, thr_mma_pv, tSrQ,
-                        tSrK, tOrV, pipe_q, pipe_k, pipe_v, c_q, c_kv, sO, turns, wg, wtid)
+                    if cutlass.const_expr(self.self_load):
+                        batch, head, m_block, blist = self._work(
+                            sched, t, n_q_blocks, mIdx, mNums, mSizes, seqlen_k, seqlen_q,
+                            n_heads)[:4]
+                        work = WorkItem(blist, head, mV, batch=batch, head_kv=head // group)
+                        tile = _Tile(m_block * self.bm, mask, smax, seqlen_q, mO, mLSE, None,
+                                     tma_o, tma_tO)
+                        ld = self._self_loader(work, m_block, is_loader, tma_q, tma_tQ, tma_k,
+                                               tma_tK, tma_v, tma_tV, sQ, sK, sV, sV_rows,
+                                               pipe_q, pipe_k, pipe_v, q_bytes, k_bytes,
+                                               v_bytes, lane)
+                        c_kv, c_q = self._consume(
+                            work, tile, mma_qk, mma_qk0, mma_pv, thr_mma_qk, thr_mma_pv, tSrQ,
+                            tSrK, tOrV, pipe_q, pipe_k, pipe_v, c_q, c_kv, sO, turns, wg, wtid,
+                            loader=ld)
+                    else:
+                        work, tile, _ = self._decode(t, ctx, 0)
+                        c_kv, c_q = self._consume(
+                            work, tile, mma_qk, mma_qk0, mma_pv, thr_mma_qk, thr_mma_pv, tSrQ,
+                            tSrK, tOrV, pipe_q, pipe_k, pipe_v, c_q, c_kv, sO, turns, wg, wtid)
                     t = sched.next(t)
                 if cutlass.const_expr(self.stream_k):
                     n_pieces, t0, t_step, lo0, hi_last = self._sk_range(
