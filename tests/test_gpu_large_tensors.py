@@ -13,17 +13,30 @@ just that part:
 * HSTU (THD varlen layout): the sequences are independent, so the selected sequences are
   sliced out by ``cu_seqlens`` (q, k, v, the cotangent and, with rab, the bias rows) and
   packed into a small batch for the reference. Selected: the first sequence, the
-  sequence(s) holding element offsets ``2**31 - 1`` and ``2**31`` (of q, or of rab in the
-  rab tests) and the last six sequences (odd lengths and a zero-length one);
+  sequence(s) holding element offsets ``2**31 - 1`` and ``2**31`` (of q, of rab in the rab
+  tests, of the fp32 partial outputs in the split-KV test) and the last six sequences (odd
+  lengths and a zero-length one);
+* HSTU paged KV (forward only): the selected sequences (the first, those owning the cache
+  pages around element offset ``2**31`` and the highest page, those holding q offsets
+  around it, the last six) are checked against the reference on their K/V gathered from
+  their pages into contiguous arrays;
 * BSA: the heads are independent, so the reference runs on one KV head's group of query
-  heads (q, do, out, lse and the block lists of those query heads; k, v of the KV head):
-  the first and the last group. In ``bhsd`` the last head starts at element ``2**31``
-  exactly (17 heads of ``2**27`` elements); in ``bshd`` the last query blocks of every
-  head lie past it.
+  heads (q, do, out, lse and the block lists of those query heads, with ``pack_gqa`` the
+  KV head's packed block lists; k, v of the KV head): the first and the last group. In
+  ``bhsd`` the last head starts at element ``2**31`` exactly (17 heads of ``2**27``
+  elements; 33 of ``2**26``); in ``bshd`` the last query (key) blocks of every head lie
+  past it.
+
+Options covered: HSTU ``deterministic=True``, a local ``window_size``, split-KV with fp32
+partial outputs of more than ``2**31`` elements, paged KV (prefill with the XLA schedule,
+decode with ``kv_splits`` 4, GQA and the schedule kernel); BSA ``deterministic=True`` (the
+schedule-order kernel and the launch-group order), ``pack_gqa``, split-KV decode against
+K/V of more than ``2**31`` elements. With ``deterministic=True`` the backward runs twice
+and the gradients must be bitwise equal (whole-tensor fingerprints and the checked parts).
 
 On the whole tensors (cheap device reductions): no NaN in any output, rows past
 ``cu_seqlens[-1]`` exactly 0 (HSTU; the input rows there are NaN-poisoned) and a finite
-lse everywhere (BSA: every row lists four blocks). Before each kernel call the allocator
+lse everywhere (BSA: every row lists blocks). Before each kernel call the allocator
 is handed NaN-filled buffers of the outputs' sizes (then freed), so that elements a kernel
 leaves unwritten (e.g. a store that wrapped to a lower address) likely read as NaN. A
 failure message names the worst element's global index and element offset (past
@@ -33,7 +46,7 @@ Inputs are generated on the device (``jax.random`` in chunks written into a dona
 buffer: no host-to-device copy of the big tensors, no second copy). Every test needs at
 least ``LARGE_TEST_MIN_FREE_GB`` (default 100) GB of free device memory in this process's
 allocator (``memory_stats``: ``bytes_limit - bytes_in_use``; JAX preallocates 75% of the
-H200 by default, about 104 GiB) and skips otherwise; their peaks are about 25 to 46 GB
+H200 by default, about 104 GiB) and skips otherwise; their peaks are about 8 to 47 GB
 (docstrings). A test's device arrays are freed before its result is reported (an
 exception inside it is turned into text, so pytest's saved traceback holds no tens of GB
 into the next test).
@@ -57,7 +70,9 @@ marked ``slow`` as well as ``gpu``. The kernel implementations are those of the
 ``JAX_SPARSE_ATTN_HSTU_BWD_IMPL=sm80`` or ``JAX_SPARSE_ATTN_BSA_FWD_IMPL=sm80`` runs the
 same checks on the other kernels. ``test_large_plan_*`` (not ``gpu``) run the same code on
 tiny sizes on the reference backend (CPU, a few seconds): they check the slicing, packing
-and comparison logic, with a small stand-in for ``2**31``.
+and comparison logic, with a small stand-in for ``2**31``; ``test_large_plan_kernel_configs``
+(CuTe DSL needed, no GPU) checks that the device cases' sizes take the kernel paths they
+are meant to (and the documented 32-bit refusals).
 """
 
 from __future__ import annotations
@@ -235,12 +250,38 @@ def _offset_note(offset, boundary):
     return f"element offset {offset} ({'past' if offset >= boundary else 'below'} {boundary})"
 
 
-def _timed(report, what, fn):
+def _timed(report, what, fn, note="first call: compiles included"):
     t0 = time.perf_counter()
     out = fn()
     jax.block_until_ready(out)
-    report.append(f"{what}: {time.perf_counter() - t0:.2f} s (first call: compiles included)")
+    report.append(f"{what}: {time.perf_counter() - t0:.2f} s" + (f" ({note})" if note else ""))
     return out
+
+
+@jax.jit
+def _fingerprint(x):
+    """Bitwise fingerprint of ``x``: the sums (mod 2**32) of its elements' bit patterns and
+    of their squares (integer sums: the same whatever the reduction order)."""
+    u = {1: jnp.uint8, 2: jnp.uint16, 4: jnp.uint32}[jnp.dtype(x.dtype).itemsize]
+    b = lax.bitcast_convert_type(x, u).astype(jnp.uint32)
+    return jnp.stack([jnp.sum(b, dtype=jnp.uint32), jnp.sum(b * b, dtype=jnp.uint32)])
+
+
+def _compare_rerun(names, first, second, report, failures):
+    """deterministic=True: the fingerprints ``first`` / ``second`` (``{name: (fingerprint
+    of the whole tensor, its checked slices)}``) of two runs must be bitwise equal."""
+    for name in names:
+        (fa, sa), (fb, sb) = first[name], second[name]
+        same_fp = bool(np.array_equal(np.asarray(fa), np.asarray(fb)))
+        same_sl = all(bool(jnp.array_equal(a, b)) for a, b in zip(sa, sb))
+        yes = {True: "yes", False: "NO"}
+        report.append(f"  {name}: rerun bitwise equal: whole-tensor fingerprint "
+                      f"{yes[same_fp]}, checked slices {yes[same_sl]}"
+                      + ("" if same_fp and same_sl else "  <-- FAIL"))
+        if not (same_fp and same_sl):
+            failures.append(f"deterministic=True: {name} differs between two runs "
+                            f"(whole-tensor fingerprint {np.asarray(fa)} vs {np.asarray(fb)}, "
+                            f"checked slices equal: {same_sl})")
 
 
 # ----------------------------------------------------------------------------- HSTU
@@ -252,7 +293,10 @@ class HSTUPlan:
     one ``second_len`` long (so that a sequence straddles the boundary row), the last ones
     ``tail_lens``; ``pad_rows`` NaN-poisoned rows after the last sequence; ``h_rab``: rab
     ``(n_seq, h_rab, seqlen, seqlen)`` (0: none); ``boundary``: the element offset the
-    checked sequences must reach past (``2**31``; small in the CPU plans)."""
+    checked sequences must reach past (``2**31``; small in the CPU plans); ``window``: the
+    ``window_size``; ``deterministic``: the backward's option (then run twice, the
+    gradients compared bit for bit); ``kv_splits``: the forward's option (an int > 1: the
+    fp32 partial outputs ``(kv_splits, T, H, D)`` are the large tensor)."""
 
     h: int = 4
     d: int = 128
@@ -265,6 +309,13 @@ class HSTUPlan:
     bwd: bool = True
     boundary: int = BOUNDARY
     seed: int = 0
+    window: tuple = (-1, 0)
+    deterministic: bool = False
+    kv_splits: object = "auto"
+
+    def splits(self):
+        """The forward's key splits when ``kv_splits`` names them (an int), else 1."""
+        return self.kv_splits if isinstance(self.kv_splits, int) else 1
 
     def lengths(self):
         lens = np.full(self.n_seq, self.seqlen, np.int64)
@@ -275,13 +326,18 @@ class HSTUPlan:
 
     def selection(self, cu):
         """The checked sequences: the first, those holding element offsets ``boundary - 1``
-        and ``boundary`` of q (and of rab), the last ``len(tail_lens)``."""
+        and ``boundary`` of q (of rab; of the split-KV partial outputs ``(S, T, H, D)``), the
+        last ``len(tail_lens)``."""
         hd = self.h * self.d
         n = int(cu[-1])
+        t = n + self.pad_rows
         picks = {0} | set(range(self.n_seq - len(self.tail_lens), self.n_seq))
         for e in (self.boundary - 1, self.boundary):
             if e // hd < n:
                 picks.add(int(np.searchsorted(cu, e // hd, side="right")) - 1)
+            split, row = divmod(e // hd, t)
+            if 0 < split < self.splits() and row < n:
+                picks.add(int(np.searchsorted(cu, row, side="right")) - 1)
             if self.h_rab:
                 b = e // (self.h_rab * self.seqlen ** 2)
                 if b < self.n_seq:
@@ -305,15 +361,23 @@ def run_hstu(plan: HSTUPlan, backend: str):
     # the checked part must reach past the boundary, the tensors must exceed it
     reach = max(int(cu_np[s + 1]) * hd for s in sel)
     rab_elems = plan.n_seq * plan.h_rab * L * L
+    n_split = plan.splits()
+    part_elems = n_split * t * hd if n_split > 1 else 0
     if plan.h_rab:
         assert rab_elems > plan.boundary and (max(sel) + 1) * plan.h_rab * L * L > plan.boundary
+    elif part_elems:  # the last split's rows of the checked sequences reach past it
+        assert part_elems > plan.boundary and (n_split - 1) * t * hd + reach > plan.boundary
     else:
         assert t * hd > plan.boundary and reach > plan.boundary, (t * hd, reach)
     report.append(f"HSTU {backend}: T={t} (sum of lengths {n}), H={h}, D={d}, {plan.n_seq} "
                   f"sequences (max {L}), q/k/v {t * hd} elements ({t * hd / plan.boundary:.3f} "
-                  f"x boundary {plan.boundary})"
+                  f"x boundary {plan.boundary}), window_size={plan.window}"
+                  + (", deterministic backward" if plan.deterministic else "")
                   + (f", rab ({plan.n_seq}, {plan.h_rab}, {L}, {L}) = {rab_elems} elements "
-                     f"({rab_elems / plan.boundary:.3f} x boundary)" if plan.h_rab else ""))
+                     f"({rab_elems / plan.boundary:.3f} x boundary)" if plan.h_rab else "")
+                  + (f", kv_splits={n_split}: fp32 partial outputs ({n_split}, {t}, {h}, {d}) "
+                     f"= {part_elems} elements ({part_elems / plan.boundary:.3f} x boundary)"
+                     if part_elems else ""))
     report.append("checked sequences: " + ", ".join(
         f"{s} (len {lens[s]}, rows {cu_np[s]}..{cu_np[s + 1]}, elements up to "
         f"{cu_np[s + 1] * hd})" for s in sel))
@@ -323,8 +387,8 @@ def run_hstu(plan: HSTUPlan, backend: str):
     q, k, v, do = (_nan_rows(_randn(kk, (t, h, d)), jnp.int32(n), rows=plan.pad_rows)
                    if plan.pad_rows else _randn(kk, (t, h, d)) for kk in keys[:4])
     rab = _randn(keys[4], (plan.n_seq, plan.h_rab, L, L)) if plan.h_rab else None
-    kw = dict(max_seqlen_q=L, max_seqlen_k=L, scaling_seqlen=float(L), window_size=(-1, 0),
-              alpha=float(1.0 / np.sqrt(d)))
+    kw = dict(max_seqlen_q=L, max_seqlen_k=L, scaling_seqlen=float(L),
+              window_size=tuple(plan.window), alpha=float(1.0 / np.sqrt(d)))
     rows = jnp.asarray(rows_np)
     b_sel = jnp.asarray(np.asarray(sel, np.int32))
     cu_sel = jnp.asarray(np.concatenate([[0], np.cumsum(sel_lens)]).astype(np.int32))
@@ -357,9 +421,9 @@ def run_hstu(plan: HSTUPlan, backend: str):
         return xs + [None if rab_s is None else rab_s.astype(dtype)]
 
     # ---- forward
-    _poison(((t, h, d), BF16))
+    _poison(((t, h, d), BF16), *([((n_split, t, h, d), jnp.float32)] if part_elems else []))
     out = _timed(report, "forward", lambda: jsa.hstu_attention(
-        q, k, v, cu, cu, backend=backend, rab=rab, **kw))
+        q, k, v, cu, cu, backend=backend, rab=rab, kv_splits=plan.kv_splits, **kw))
     if bool(_any_nan(out)):
         failures.append("forward: NaN in the full output")
     if plan.pad_rows and bool(_any_nonzero(out[n:])):
@@ -379,22 +443,46 @@ def run_hstu(plan: HSTUPlan, backend: str):
         return report, failures
 
     # ---- backward (gradients of sum(out * do))
-    _poison(((t, h, d), BF16), ((t, h, d), BF16), ((t, h, d), BF16), ((t, h, d), jnp.float32))
-    if rab is not None:
-        _poison((rab.shape, rab.dtype), (rab.shape, jnp.float32))
-    grads = _timed(report, "backward", lambda: tuple(jsa.hstu_attention_backward(
-        do, q, k, v, cu, cu, backend=backend, rab=rab, **kw)))
-    del q, k, v, do
+    def poison_bwd():
+        # dq, dk, dv and the fp32 dq workspace (the sm90 backward's query-tile workspace
+        # (T // 64 + B + 1, H, 64 D): at least (T, H, D); not zeroed with deterministic=True)
+        _poison(((t, h, d), BF16), ((t, h, d), BF16), ((t, h, d), BF16),
+                ((t // 64 + plan.n_seq + 1, h, 64 * d), jnp.float32))
+        if rab is not None:
+            _poison((rab.shape, rab.dtype), (rab.shape, jnp.float32))
+
+    def backward():
+        return tuple(jsa.hstu_attention_backward(do, q, k, v, cu, cu, backend=backend, rab=rab,
+                                                 deterministic=plan.deterministic, **kw))
+
+    def taken(grads):
+        got = [take(g) for g in grads[:3]]
+        if rab is not None:
+            got.append(jnp.take(grads[3], b_sel, axis=0))
+        return got
+
+    poison_bwd()
+    grads = _timed(report, "backward", backward)
     names = ("dq", "dk", "dv", "drab")[:len(grads)]
     for name, g in zip(names, grads):
         if bool(_any_nan(g)):
             failures.append(f"backward: NaN in the full {name}")
         if name != "drab" and plan.pad_rows and bool(_any_nonzero(g[n:])):
             failures.append(f"backward: {name} rows past cu_seqlens[-1] are not zero")
-    got = [take(g) for g in grads[:3]]
-    if rab is not None:
-        got.append(jnp.take(grads[3], b_sel, axis=0))
-    del grads
+    got = taken(grads)
+    if plan.deterministic:  # a second run (after the first's gradients are freed): bitwise
+        first = {nm: (_fingerprint(g), (x,)) for nm, g, x in zip(names, grads, got)}
+        del grads
+        poison_bwd()
+        grads = _timed(report, "backward again", backward, note="")
+        second = {nm: (_fingerprint(g), (x,)) for nm, g, x in zip(names, grads, taken(grads))}
+        del grads
+        report.append("deterministic: the second backward vs the first:")
+        _compare_rerun(names, first, second, report, failures)
+        del first, second
+    else:
+        del grads
+    del q, k, v, do
     refs = {}
     for name, cdt in (("truth", None), ("base", BF16)):
         qq, kk, vv, dd, rr = ref_in(jnp.float32 if cdt is None else BF16)
@@ -447,14 +535,295 @@ def test_large_hstu_rab(which):
     _finish(*_isolated(run_hstu, HSTU_RAB_LARGE[which], "kernel"))
 
 
+#: case 1 with deterministic=True (the backward run twice) / with a local window
+HSTU_DET_LARGE = dataclasses.replace(HSTU_LARGE, deterministic=True)
+HSTU_WINDOW_LARGE = dataclasses.replace(HSTU_LARGE, window=(300, 40))
+#: split-KV forward: 1100 sequences (T = 1_123_769 rows, q/k/v/out 5.75e8 elements each),
+#: kv_splits = 4: fp32 partial outputs (4, T, 4, 128) of 2.30e9 elements
+HSTU_SPLIT_LARGE = HSTUPlan(n_seq=1100, kv_splits=4, bwd=False)
+
+
+@_gpu_large
+def test_large_hstu_deterministic():
+    """The HSTU forward and backward of test_large_hstu_fwd_bwd (q, k, v, dout, out, dq, dk,
+    dv of 2.31e9 elements) with deterministic=True: the sm90 backward orders each query
+    tile's dq additions by per-(query tile slot, head) semaphores and, with the default
+    det_writer, stores the first contribution into a workspace that is not zeroed (fp32
+    (T // 64 + B + 1, H, 64 D) = 2.45e9 elements, NaN-poisoned beforehand). Checks as
+    test_large_hstu_fwd_bwd, and a second backward gives bitwise the same dq, dk, dv
+    (whole-tensor fingerprints and the checked sequences). Proves the deterministic
+    backward's semaphore, workspace and dq addressing is 64-bit safe. About 46 GB of device
+    memory; tens of seconds (two backward runs, one compile)."""
+    _finish(*_isolated(run_hstu, HSTU_DET_LARGE, "kernel"))
+
+
+@_gpu_large
+def test_large_hstu_window():
+    """The HSTU forward and backward of test_large_hstu_fwd_bwd with a local window,
+    window_size = (300, 40) (keys p - 300 .. p + 40 of query position p: the tile schedules
+    skip the KV tiles outside the band, the masks cut both edges): the first sequence, the
+    one straddling element offset 2**31 and the last six match the reference; no NaN; rows
+    past cu_seqlens[-1] zero. About 46 GB of device memory; tens of seconds."""
+    _finish(*_isolated(run_hstu, HSTU_WINDOW_LARGE, "kernel"))
+
+
+@_gpu_large
+def test_large_hstu_split_kv():
+    """The HSTU split-KV forward (sm90ws, kv_splits = 4: each query tile's KV tiles split
+    over 4 work items whose fp32 partial outputs (4, T, H, D) are summed by XLA) with
+    partials of 2.30e9 elements (q, k, v, out 5.75e8 each; 1100 causal sequences of up to
+    1024 tokens): the first sequence, the one whose rows hold partial element offsets
+    2**31 - 1 and 2**31 (in the last split) and the last six match the reference; no NaN;
+    rows past cu_seqlens[-1] zero. Unlike the block-sparse forward (_MAX_PARTIAL_ELEMS),
+    the HSTU forward does not bound the partials' size: this proves their addressing is
+    64-bit safe. About 15 GB of device memory; tens of seconds."""
+    _finish(*_isolated(run_hstu, HSTU_SPLIT_LARGE, "kernel"))
+
+
+# ----------------------------------------------------------------------------- HSTU paged KV
+
+
+#: tokens per page of the paged KV cache (``paged_kv.shape[2]``)
+PAGE = 128
+
+
+@functools.partial(jax.jit, donate_argnums=(0,))
+def _nan_page_rows(kv, pages, used):
+    """``kv (num_pages, 2, PAGE, H_kv, D)`` with rows ``used[i]..`` of page ``pages[i]`` (K
+    and V) set to NaN, in place (distinct pages)."""
+    blk = jnp.take(kv, pages, axis=0)
+    tail = jnp.arange(kv.shape[2])[None, :] >= used[:, None]
+    blk = jnp.where(tail[:, None, :, None, None], jnp.asarray(jnp.nan, kv.dtype), blk)
+    return kv.at[pages].set(blk, unique_indices=True)
+
+
+@dataclasses.dataclass(frozen=True)
+class PagedPlan:
+    """Sizes of a paged-KV HSTU inference case (causal, forward only): ``n_seq`` sequences of
+    ``seqlen_k`` keys (the second ``second_len``, the last ones ``tail_k``) in a cache
+    ``(num_pages, 2, 128, h_kv, d)``; each sequence's pages lie at random places (one random
+    permutation of the cache), followed in ``page_ids`` by one extra id of a spare page;
+    ``spare_pages`` pages no sequence uses and the rows past each sequence's keys in its last
+    page are NaN. Queries: ``q_len`` per sequence (0: ``L_q = L_k``, prefill; else
+    ``min(q_len, L_k)``), the last ones ``tail_q``; ``pad_rows`` NaN q rows after them.
+    ``kv_splits``: the forward's option; ``boundary``: as in :class:`HSTUPlan`."""
+
+    h: int = 4
+    h_kv: int = 4
+    d: int = 128
+    n_seq: int = 4400
+    seqlen_k: int = 1024
+    second_len: int = 777
+    tail_k: tuple = (1023, 0, 513, 1, 1024, 999)
+    q_len: int = 0
+    tail_q: tuple = (1023, 0, 300, 1, 64, 999)
+    spare_pages: int = 64
+    pad_rows: int = 200
+    kv_splits: object = "auto"
+    boundary: int = BOUNDARY
+    seed: int = 0
+
+    @property
+    def page_elems(self):
+        return 2 * PAGE * self.h_kv * self.d
+
+    def lengths(self):
+        """``(lens_q, lens_k)``, int64 ``(n_seq,)`` each, ``lens_q <= lens_k``."""
+        lens_k = np.full(self.n_seq, self.seqlen_k, np.int64)
+        lens_k[1] = self.second_len
+        lens_k[self.n_seq - len(self.tail_k):] = self.tail_k
+        lens_q = lens_k.copy() if self.q_len == 0 else np.minimum(lens_k, self.q_len)
+        lens_q[self.n_seq - len(self.tail_q):] = self.tail_q
+        assert (lens_q <= lens_k).all() and lens_k.max() <= self.seqlen_k
+        return lens_q, lens_k
+
+    def page_table(self):
+        """``(page_ids, page_indptrs, need, num_pages, owner, spare)``: sequence b's
+        ``need[b] = ceil(L_k / 128)`` pages are ``page_ids[page_indptrs[b]:][:need[b]]``,
+        then one spare page id; ``owner[p]``: the sequence of page p (-1: spare)."""
+        _, lens_k = self.lengths()
+        need = -(-lens_k // PAGE)
+        used = int(need.sum())
+        num_pages = used + self.spare_pages
+        perm = np.random.default_rng(self.seed).permutation(num_pages)
+        spare = perm[used:]
+        owner = np.full(num_pages, -1, np.int64)
+        ids, ptr, at = [], [0], 0
+        for b in range(self.n_seq):
+            mine = perm[at:at + need[b]]
+            at += need[b]
+            owner[mine] = b
+            ids.append(mine)
+            ids.append(spare[b % len(spare):][:1])
+            ptr.append(ptr[-1] + need[b] + 1)
+        return (np.concatenate(ids).astype(np.int32), np.asarray(ptr, np.int32), need,
+                num_pages, owner, spare)
+
+    def selection(self, cu_q, owner):
+        """The checked sequences: the first, those holding q element offsets ``boundary - 1``
+        and ``boundary``, those owning the pages that hold cache element offsets
+        ``boundary - 1`` and ``boundary``, the owner of the highest used page, the last
+        ``max(len(tail_k), len(tail_q))``."""
+        hd = self.h * self.d
+        n = int(cu_q[-1])
+        tail = max(len(self.tail_k), len(self.tail_q))
+        picks = {0} | set(range(self.n_seq - tail, self.n_seq))
+        for e in (self.boundary - 1, self.boundary):
+            if e // hd < n:
+                picks.add(int(np.searchsorted(cu_q, e // hd, side="right")) - 1)
+            p = e // self.page_elems
+            if p < owner.shape[0] and owner[p] >= 0:
+                picks.add(int(owner[p]))
+        picks.add(int(owner[np.flatnonzero(owner >= 0).max()]))
+        return sorted(picks)
+
+
+def run_hstu_paged(plan: PagedPlan, backend: str):
+    """The paged-KV HSTU forward on ``backend`` for ``plan``, checked on the selected
+    sequences against the reference on their K/V gathered from the pages into contiguous
+    (T_k, H_kv, D) arrays. Returns ``(report lines, failures)``."""
+    report, failures = [], []
+    lens_q, lens_k = plan.lengths()
+    cu_q_np = np.concatenate([[0], np.cumsum(lens_q)]).astype(np.int64)
+    cu_k_np = np.concatenate([[0], np.cumsum(lens_k)]).astype(np.int64)
+    n = int(cu_q_np[-1])
+    t = n + plan.pad_rows
+    h, hkv, d = plan.h, plan.h_kv, plan.d
+    hd, pe = h * d, plan.page_elems
+    ids_np, ptr_np, need, num_pages, owner, spare = plan.page_table()
+    sel = plan.selection(cu_q_np, owner)
+    cache_elems = num_pages * pe
+    assert cache_elems > plan.boundary, (cache_elems, plan.boundary)
+    pages_of = {b: ids_np[ptr_np[b]:ptr_np[b] + need[b]] for b in sel}
+    # the checked sequences read pages past the boundary (and one of them q/out rows past it
+    # when q is large)
+    assert max(int(p.max()) + 1 for p in pages_of.values() if p.size) * pe > plan.boundary
+    if t * hd > plan.boundary:
+        assert max(int(cu_q_np[b + 1]) for b in sel) * hd > plan.boundary
+    report.append(f"HSTU paged {backend}: {plan.n_seq} sequences, L_k up to {lens_k.max()}, "
+                  f"L_q up to {lens_q.max()} (T_q={t}: q/out {t * hd} elements, "
+                  f"{t * hd / plan.boundary:.3f} x boundary {plan.boundary}), H={h}, "
+                  f"H_kv={hkv}, D={d}; cache ({num_pages}, 2, {PAGE}, {hkv}, {d}) = "
+                  f"{cache_elems} elements ({cache_elems / plan.boundary:.3f} x boundary; "
+                  f"pages from {plan.boundary // pe} on lie past it), {len(spare)} spare "
+                  f"(NaN) pages, kv_splits={plan.kv_splits!r}")
+    report.append("checked sequences: " + ", ".join(
+        f"{b} (L_q {lens_q[b]}, L_k {lens_k[b]}, {need[b]} pages"
+        + (f" {int(pages_of[b].min())}..{int(pages_of[b].max())}, cache elements up to "
+           f"{(int(pages_of[b].max()) + 1) * pe}" if need[b] else "") + ")" for b in sel))
+
+    keys = jax.random.split(jax.random.PRNGKey(plan.seed), 2)
+    q = _randn(keys[0], (t, h, d))
+    if plan.pad_rows:
+        q = _nan_rows(q, jnp.int32(n), rows=plan.pad_rows)
+    kv = _randn(keys[1], (num_pages, 2, PAGE, hkv, d))
+    # NaN: the spare pages, the rows past each sequence's keys in its last page
+    part = [(int(ids_np[ptr_np[b] + need[b] - 1]), int(lens_k[b] - (need[b] - 1) * PAGE))
+            for b in range(plan.n_seq) if need[b] and lens_k[b] % PAGE]
+    poison_pages = np.asarray([p for p, _ in part] + [int(p) for p in spare], np.int32)
+    poison_used = np.asarray([u for _, u in part] + [0] * len(spare), np.int32)
+    kv = _nan_page_rows(kv, jnp.asarray(poison_pages), jnp.asarray(poison_used))
+    ids, ptr = jnp.asarray(ids_np), jnp.asarray(ptr_np)
+    cu_q = jnp.asarray(cu_q_np.astype(np.int32))
+    cu_k = jnp.asarray(cu_k_np.astype(np.int32))
+    max_q, max_k = max(int(lens_q.max()), 1), max(int(lens_k.max()), 1)
+    kw = dict(max_seqlen_q=max_q, max_seqlen_k=max_k, scaling_seqlen=float(max_k),
+              window_size=(-1, 0), alpha=float(1.0 / np.sqrt(d)))
+
+    # ---- forward
+    n_split = plan.kv_splits if isinstance(plan.kv_splits, int) else 1
+    _poison(((t, h, d), BF16), *([((n_split, t, h, d), jnp.float32)] if n_split > 1 else []))
+    out = _timed(report, "paged forward", lambda: jsa.hstu_attention(
+        q, None, None, cu_q, cu_k, paged_kv=kv, page_ids=ids, page_indptrs=ptr,
+        backend=backend, kv_splits=plan.kv_splits, **kw))
+    if bool(_any_nan(out)):
+        failures.append("forward: NaN in the full output")
+    if plan.pad_rows and bool(_any_nonzero(out[n:])):
+        failures.append("forward: output rows past cu_seqlens_q[-1] are not zero")
+    rows_np = np.concatenate([np.arange(cu_q_np[b], cu_q_np[b + 1])
+                              for b in sel]).astype(np.int32)
+    rows = jnp.asarray(rows_np)
+    out_s = jnp.take(out, rows, axis=0)
+    del out
+
+    # ---- reference on the selected sequences, K/V gathered from their pages
+    pages_cat = np.concatenate([pages_of[b] for b in sel]).astype(np.int32)
+    base = np.concatenate([[0], np.cumsum([need[b] for b in sel])])
+    rows_k = np.concatenate([base[i] * PAGE + np.arange(lens_k[b]) for i, b in enumerate(sel)])
+    kv_s = jnp.take(kv, jnp.asarray(pages_cat), axis=0)  # (pages, 2, PAGE, H_kv, D)
+    k_s = jnp.take(kv_s[:, 0].reshape(-1, hkv, d), jnp.asarray(rows_k.astype(np.int32)), axis=0)
+    v_s = jnp.take(kv_s[:, 1].reshape(-1, hkv, d), jnp.asarray(rows_k.astype(np.int32)), axis=0)
+    q_s = jnp.take(q, rows, axis=0)
+    del kv_s
+    cu_q_s = jnp.asarray(np.concatenate([[0], np.cumsum(lens_q[sel])]).astype(np.int32))
+    cu_k_s = jnp.asarray(np.concatenate([[0], np.cumsum(lens_k[sel])]).astype(np.int32))
+    results = {}
+    for name, cdt in (("truth", None), ("base", BF16)):
+        dt = jnp.float32 if cdt is None else BF16
+        results[name] = reference.hstu_attention_ref(
+            q_s.astype(dt), k_s.astype(dt), v_s.astype(dt), cu_q_s, cu_k_s, None,
+            compute_dtype=cdt, **kw)
+
+    def loc(i):
+        r_, hh, dd = (int(x) for x in np.unravel_index(i, out_s.shape))
+        g = int(rows_np[r_])
+        b = int(np.searchsorted(cu_q_np, g, side="right")) - 1
+        return (f"row {g} (sequence {b}, local row {g - cu_q_np[b]}, its pages up to "
+                f"{int(pages_of[b].max())}), head {hh}, dim {dd}: q/out "
+                + _offset_note((g * h + hh) * d + dd, plan.boundary))
+
+    report.append("forward checks (selected sequences vs the reference on their gathered K/V):")
+    _check("out", out_s, results["truth"], results["base"], 2.0, 2e-3, loc, report, failures)
+    return report, failures
+
+
+#: case 5: paged-KV inference. prefill: 4400 sequences (L_q = L_k up to 1024), q/out of
+#: 2.30e9 elements and a cache of 35245 pages x 2 x 128 x 4 x 128 = 4.62e9 elements;
+#: decode-splits4: 44 sequences of up to 114688 keys (L_q <= 128), H = 8 over H_kv = 2
+#: (GQA), a cache of 37120 pages x 65536 = 2.43e9 elements, kv_splits = 4 (the schedule
+#: kernel builds the metadata, the forward kernel clamps the page ids)
+HSTU_PAGED_LARGE = {
+    "prefill": PagedPlan(),
+    "decode-splits4": PagedPlan(h=8, h_kv=2, n_seq=44, seqlen_k=114688, second_len=100001,
+                                tail_k=(114687, 0, 70000, 1, 114688, 99999), q_len=128,
+                                tail_q=(128, 0, 77, 1, 128, 5), kv_splits=4),
+}
+
+
+@_gpu_large
+@pytest.mark.parametrize("which", list(HSTU_PAGED_LARGE))
+def test_large_hstu_paged(which):
+    """HSTU paged-KV inference (causal forward; the sm90ws forward reads K / V by TMA from
+    the pages in place) with a cache of more than 2**31 elements (each sequence's pages
+    scattered over it by a random permutation, an extra spare-page id after each sequence's
+    pages, spare pages and the rows past each sequence's keys NaN): the outputs of the first
+    sequence, of those owning the pages around cache element offset 2**31 and the highest
+    page, and of the last six (odd lengths, a zero-length one) match the reference on those
+    sequences' K / V gathered from their pages into contiguous arrays; no NaN anywhere; q
+    rows past cu_seqlens_q[-1] (NaN) give zeros. prefill (L_q = L_k, 4400 sequences: the
+    XLA tile schedule, XLA clips the page ids): q / out of 2.30e9 elements too; about 19 GB
+    of device memory (cache 9.2 GB, q and out 4.6 GB each; 28 GB should XLA copy the cache
+    for the NaN scatter). decode-splits4 (44 sequences of up to 114688 keys, up to 128
+    queries, H = 8 over H_kv = 2, kv_splits = 4: the schedule kernel and the kernel's
+    page-id clamp): about 8 GB (cache 4.9 GB, the reference's temporaries). Proves the page
+    offsets (page id x page stride) and the q / out addressing of the paged forward are
+    64-bit safe; tens of seconds."""
+    _finish(*_isolated(run_hstu_paged, HSTU_PAGED_LARGE[which], "kernel"))
+
+
 # ----------------------------------------------------------------------------- BSA
 
 
 @dataclasses.dataclass(frozen=True)
 class BSAPlan:
-    """Sizes of a BSA case: ``B = 1``, ``hq`` query / ``hkv`` KV heads of ``s`` tokens,
-    D = ``d``, ``k_listed`` random distinct blocks per query block (the diagonal one among
-    them, in random order); the checked KV heads' groups: ``check_kv_heads``."""
+    """Sizes of a BSA case: ``B = 1``, ``hq`` query / ``hkv`` KV heads, ``s`` keys (and
+    queries, unless ``s_q`` says otherwise), D = ``d``, ``k_listed`` random distinct blocks
+    per query block (the "anchor" block among them, in random order: the diagonal one; with
+    ``pack_gqa`` the KV block of the packed block's positions; with fewer query blocks than
+    KV blocks, decode, the last KV blocks); the checked KV heads' groups:
+    ``check_kv_heads``. Options of the op: ``pack_gqa`` (metadata over the packed rows of
+    each KV head), ``kv_splits`` (forward), ``deterministic`` (backward; then run twice, the
+    gradients compared bit for bit)."""
 
     hq: int = 17
     hkv: int = 17
@@ -467,15 +836,35 @@ class BSAPlan:
     check_kv_heads: tuple = (0, -1)
     boundary: int = BOUNDARY
     seed: int = 0
+    s_q: int = 0
+    pack_gqa: bool = False
+    kv_splits: object = 1
+    deterministic: bool = False
+
+    @property
+    def sq(self):
+        """Query positions (``s_q``, else ``s``)."""
+        return self.s_q or self.s
+
+    def meta_dims(self):
+        """``(heads, N_q, N_kv, r)`` of the metadata: ``(H_q, ceil(S_q / blk), ...)``, with
+        ``pack_gqa`` ``(H_kv, ceil(S_q r / blk), ...)``; ``r`` query heads per KV head of
+        the packed rows (1 unpacked)."""
+        r = self.hq // self.hkv if self.pack_gqa else 1
+        heads = self.hkv if self.pack_gqa else self.hq
+        return heads, -(-self.sq * r // self.blk), -(-self.s // self.blk), r
 
     def block_lists(self):
-        """int32 ``(1, hq, N, k_listed)``: block m lists m and ``k_listed - 1`` other
-        distinct random blocks, shuffled."""
+        """int32 ``(1, heads, N_q, k_listed)`` (:meth:`meta_dims`): block m lists its anchor
+        (m; ``m // r`` packed, whose positions ``m blk / r ..`` lie in that KV block; the
+        last KV blocks when ``N_q < N_kv``) and ``k_listed - 1`` other distinct random
+        blocks, shuffled."""
         rng = np.random.default_rng(self.seed)
-        n = -(-self.s // self.blk)
+        heads, n_q, n, r = self.meta_dims()
         assert 1 <= self.k_listed <= n
-        rows = self.hq * n
-        m = np.tile(np.arange(n), self.hq)
+        rows = heads * n_q
+        m = np.arange(n_q) // r if n_q == n * r else (n - 1 - np.arange(n_q)) % n
+        m = np.tile(m, heads)
         r = rng.integers(1, n, size=(rows, self.k_listed - 1)) if n > 1 else \
             np.zeros((rows, 0), np.int64)
         while True:  # redraw the rows with a repeated offset
@@ -487,7 +876,13 @@ class BSAPlan:
         lst = np.concatenate([m[:, None], (m[:, None] + r) % n], axis=1)
         order = np.argsort(rng.random(lst.shape), axis=1)
         lst = np.take_along_axis(lst, order, axis=1)
-        return lst.reshape(1, self.hq, n, self.k_listed).astype(np.int32)
+        return lst.reshape(1, heads, n_q, self.k_listed).astype(np.int32)
+
+    def kv_offset(self, head, row):
+        """Element offset of ``k[0, head, row, 0]`` (bhsd) / ``k[0, row, head, 0]``."""
+        if self.layout == "bhsd":
+            return (head * self.s + row) * self.d
+        return (row * self.hkv + head) * self.d
 
 
 def run_bsa(plan: BSAPlan, backend: str):
@@ -495,18 +890,23 @@ def run_bsa(plan: BSAPlan, backend: str):
     ``plan.check_kv_heads`` against the reference on those heads alone. Returns
     ``(report lines, failures)``."""
     report, failures = [], []
-    hq, hkv, s, d, blk, kl = plan.hq, plan.hkv, plan.s, plan.d, plan.blk, plan.k_listed
+    hq, hkv, s, sq, d, blk, kl = (plan.hq, plan.hkv, plan.s, plan.sq, plan.d, plan.blk,
+                                  plan.k_listed)
     r = hq // hkv
     bhsd = plan.layout == "bhsd"
-    n = -(-s // blk)
-    q_shape = (1, hq, s, d) if bhsd else (1, s, hq, d)
+    _, n, n_kv, _ = plan.meta_dims()
+    q_shape = (1, hq, sq, d) if bhsd else (1, sq, hq, d)
     kv_shape = (1, hkv, s, d) if bhsd else (1, s, hkv, d)
-    q_elems = math.prod(q_shape)
-    assert q_elems > plan.boundary, (q_elems, plan.boundary)
-    report.append(f"BSA {backend} {plan.layout}: B=1, H_q={hq}, H_kv={hkv}, S={s}, D={d}, "
-                  f"blk={blk} (N={n}), {kl} listed blocks per query block; q {q_elems} "
-                  f"elements ({q_elems / plan.boundary:.3f} x boundary {plan.boundary}), "
-                  f"k/v {math.prod(kv_shape)}")
+    q_elems, kv_elems = math.prod(q_shape), math.prod(kv_shape)
+    assert max(q_elems, kv_elems) > plan.boundary, (q_elems, kv_elems, plan.boundary)
+    report.append(f"BSA {backend} {plan.layout}: B=1, H_q={hq}, H_kv={hkv}, S_q={sq}, "
+                  f"S_kv={s}, D={d}, blk={blk} (N_q={n}{' packed' if plan.pack_gqa else ''}, "
+                  f"N_kv={n_kv}), {kl} listed blocks per query block; q {q_elems} elements "
+                  f"({q_elems / plan.boundary:.3f} x boundary {plan.boundary}), k/v {kv_elems} "
+                  f"({kv_elems / plan.boundary:.3f} x)"
+                  + "".join(f", {o}={getattr(plan, o)!r}" for o in
+                            ("pack_gqa", "kv_splits", "deterministic")
+                            if getattr(plan, o) != BSAPlan.__dataclass_fields__[o].default))
     idx_np = plan.block_lists()
     idx = jnp.asarray(idx_np)
     keys = jax.random.split(jax.random.PRNGKey(plan.seed), 4)
@@ -514,17 +914,24 @@ def run_bsa(plan: BSAPlan, backend: str):
     k, v = _randn(keys[1], kv_shape), _randn(keys[2], kv_shape)
     scale = float(1.0 / np.sqrt(d))
     kw = dict(block_sparse_num=kl, sparse_block_size=blk, softmax_scale=scale,
-              layout=plan.layout, backend=backend)
-    ref_kw = dict(sparse_block_size=blk, softmax_scale=scale, layout=plan.layout)
+              layout=plan.layout, backend=backend, pack_gqa=plan.pack_gqa)
+    ref_kw = dict(sparse_block_size=blk, softmax_scale=scale, layout=plan.layout,
+                  pack_gqa=plan.pack_gqa)
     groups = sorted({g % hkv for g in plan.check_kv_heads})
     hax = 1 if bhsd else 2  # head axis of q/k/v/out/grads
 
     def heads(x, lo, hi, axis=hax):
         return lax.slice_in_dim(x, lo, hi, axis=axis)
 
+    def meta(x, g):
+        """The metadata rows of KV head g's group."""
+        return x[:, g:g + 1] if plan.pack_gqa else x[:, g * r:(g + 1) * r]
+
     def locate(shape, h0, n_heads, kind):
-        """kind "q": (1, heads, S, D) / (1, S, heads, D) slices of q-like tensors; "kv": of
-        k-like; "lse": (1, heads, S)."""
+        """kind "q": (1, heads, S_q, D) / (1, S_q, heads, D) slices of q-like tensors; "kv":
+        of k-like; "lse": (1, heads, S_q)."""
+        rows_total = sq if kind == "q" else s
+
         def loc(i):
             idx_ = [int(x) for x in np.unravel_index(i, shape)]
             if kind == "lse":
@@ -535,34 +942,71 @@ def run_bsa(plan: BSAPlan, backend: str):
             else:
                 _, row, hh, dd = idx_
             hg = h0 + hh
-            off = ((hg * s + row) * d + dd) if bhsd else ((row * n_heads + hg) * d + dd)
+            off = (((hg * rows_total + row) * d + dd) if bhsd
+                   else ((row * n_heads + hg) * d + dd))
             return (f"{'q' if kind == 'q' else 'kv'} head {hg}, row {row} (block {row // blk}), "
                     f"dim {dd}: " + _offset_note(off, plan.boundary))
         return loc
 
     for g in groups:
         h0 = g * r
+        listed = np.unique(meta(idx_np, g))
+        k_reach = plan.kv_offset(g, min(int(listed.max()) * blk + blk, s) - 1) + d
         report.append(f"checked: KV head {g}, query heads {h0}..{h0 + r - 1}: q elements "
-                      + (f"{h0 * s * d}..{(h0 + r) * s * d}" if bhsd else
-                         f"up to {((s - 1) * hq + h0 + r) * d} (rows interleaved)"))
+                      + (f"{h0 * sq * d}..{(h0 + r) * sq * d}" if bhsd else
+                         f"up to {((sq - 1) * hq + h0 + r) * d} (rows interleaved)")
+                      + f"; its listed K/V blocks {listed.min()}..{listed.max()} read k/v "
+                      f"elements up to {k_reach} "
+                      f"({'past' if k_reach > plan.boundary else 'below'} the boundary)")
 
     # ---- forward
     out_shape = q_shape
-    _poison((out_shape, BF16), ((1, hq, s), jnp.float32))
+    n_split = plan.kv_splits if isinstance(plan.kv_splits, int) else 1
+    _poison((out_shape, BF16), ((1, hq, sq), jnp.float32),
+            *([((n_split, 1, hq, sq, d), jnp.float32)] if n_split > 1 else []))
     out, lse = _timed(report, "forward", lambda: tuple(jsa.block_sparse_attention_forward(
-        q, k, v, idx, **kw)))
+        q, k, v, idx, kv_splits=plan.kv_splits, **kw)))
     if bool(_any_nan(out)):
         failures.append("forward: NaN in the full output")
     if not bool(jnp.isfinite(lse).all()):
         failures.append("forward: lse not finite everywhere (every row lists blocks)")
     grads = None
     if plan.bwd:
-        _poison((q_shape, BF16), (kv_shape, BF16), (kv_shape, BF16), (q_shape, jnp.float32))
-        grads = _timed(report, "backward", lambda: tuple(jsa.block_sparse_attention_backward(
-            do, q, k, v, out, lse, idx, **kw)))
+        def poison_bwd():
+            # dq, dk, dv, the fp32 dQ workspace (with deterministic=True not zeroed)
+            _poison((q_shape, BF16), (kv_shape, BF16), (kv_shape, BF16), (q_shape, jnp.float32))
+
+        def backward():
+            return tuple(jsa.block_sparse_attention_backward(
+                do, q, k, v, out, lse, idx, deterministic=plan.deterministic, **kw))
+
+        poison_bwd()
+        grads = _timed(report, "backward", backward)
         for name, x in zip(("dq", "dk", "dv"), grads):
             if bool(_any_nan(x)):
                 failures.append(f"backward: NaN in the full {name}")
+        def checked(gr):
+            """{group: (dq, dk, dv) of the group}"""
+            return {g: (heads(gr[0], g * r, (g + 1) * r), heads(gr[1], g, g + 1),
+                        heads(gr[2], g, g + 1)) for g in groups}
+
+        def prints(gr, parts):
+            return {name: (_fingerprint(x), tuple(parts[g][i] for g in groups))
+                    for i, (name, x) in enumerate(zip(("dq", "dk", "dv"), gr))}
+
+        got = checked(grads)
+        if plan.deterministic:  # a second run (after the first's gradients are freed): bitwise
+            first = prints(grads, got)
+            del grads
+            poison_bwd()
+            grads = _timed(report, "backward again", backward, note="")
+            second = prints(grads, checked(grads))
+            del grads
+            report.append("deterministic: the second backward vs the first:")
+            _compare_rerun(("dq", "dk", "dv"), first, second, report, failures)
+            del first, second
+        else:
+            del grads
 
     # ---- checks per group, against the reference on the group alone
     for g in groups:
@@ -570,7 +1014,7 @@ def run_bsa(plan: BSAPlan, backend: str):
         qs, dos, outs = (heads(x, h0, h1) for x in (q, do, out))
         ks, vs = heads(k, g, g + 1), heads(v, g, g + 1)
         lses = heads(lse, h0, h1, axis=1)
-        idx_s = idx[:, h0:h1]
+        idx_s = meta(idx, g)
         nums = jnp.full(idx_s.shape[:3], kl, jnp.int32)
         refs = {}
         for name, cdt in (("truth", None), ("base", BF16)):
@@ -590,11 +1034,10 @@ def run_bsa(plan: BSAPlan, backend: str):
         _check("lse", lses, t_[1], b_[1], 2.0, 1e-4, locate(lses.shape, h0, hq, "lse"), report,
                failures)
         if plan.bwd:
-            got = (heads(grads[0], h0, h1), heads(grads[1], g, g + 1), heads(grads[2], g, g + 1))
             for i, (name, kind, nh, hb) in enumerate((("dq", "q", hq, h0), ("dk", "kv", hkv, g),
                                                       ("dv", "kv", hkv, g))):
-                _check(name, got[i], t_[2 + i], b_[2 + i], 5.0, 5e-3,
-                       locate(got[i].shape, hb, nh, kind), report, failures)
+                _check(name, got[g][i], t_[2 + i], b_[2 + i], 5.0, 5e-3,
+                       locate(got[g][i].shape, hb, nh, kind), report, failures)
     return report, failures
 
 
@@ -635,6 +1078,70 @@ def test_large_bsa_gqa():
     _finish(*_isolated(run_bsa, BSA_GQA_LARGE, "kernel"))
 
 
+#: case 6: deterministic=True at blk 128, bhsd. sched: 33 heads x 2**19 tokens (N = 4096
+#: KV blocks: the schedule-order kernel fits, DET_ORDER_MAX_ROWS and its shared memory;
+#: head 32 starts at element 2**31); launch: the 17 x 2**20 problem of case 3 (N = 8192:
+#: the order kernel's shared memory does not fit, the launch-group order runs)
+BSA_DET_LARGE = {
+    "sched": BSAPlan(hq=33, hkv=33, s=1 << 19, deterministic=True),
+    "launch": BSAPlan(deterministic=True),
+}
+#: case 7: pack_gqa, 32 query heads / 8 KV heads (r = 4), S = 589824, bshd, blk 128: q,
+#: do, out, dq 2.42e9 elements, the packed metadata (1, 8, 18432, 4)
+BSA_PACK_LARGE = BSAPlan(hq=32, hkv=8, s=589824, layout="bshd", pack_gqa=True)
+#: case 8: split-KV decode: one query block (S_q = 128) of 17 heads against K / V of 17 x
+#: 2**20 x 128 = 2.28e9 elements, 32 listed blocks per row (the last KV block among them)
+BSA_SPLIT_LARGE = {
+    "bhsd-splits4": BSAPlan(s_q=128, k_listed=32, kv_splits=4, bwd=False),
+    "bshd-auto": BSAPlan(s_q=128, k_listed=32, kv_splits="auto", layout="bshd", bwd=False),
+}
+
+
+@_gpu_large
+@pytest.mark.parametrize("which", list(BSA_DET_LARGE))
+def test_large_bsa_deterministic(which):
+    """Block-sparse attention forward and backward with deterministic=True (the sm90ws
+    backward with ordered dQ additions: a rank per K->Q entry, int32 semaphores per 64-row
+    query tile, the dQ writer warp storing each tile's first contribution into a workspace
+    that is not zeroed; fp32 (1, H, N_q 2, 64 D) of 2.2e9 / 2.3e9 elements, NaN-poisoned
+    beforehand), blk 128, bhsd, bf16, 4 listed blocks per query block. sched: 33 heads x
+    2**19 x 128 (2.21e9 elements per tensor; the schedule-order kernel computes the ranks);
+    launch: 17 x 2**20 x 128 (2.28e9; N_kv = 8192 is too many for the order kernel's shared
+    memory: the launch-group order, metadata.build_kq_csr's ranks). out, lse, dq, dk, dv of
+    the first and the last head (which starts at element 2**31) match the reference on that
+    head; no NaN; lse finite; a second backward gives bitwise the same dq, dk, dv
+    (whole-tensor fingerprints and the checked heads). About 46 GB of device memory; tens
+    of seconds (two backward runs)."""
+    _finish(*_isolated(run_bsa, BSA_DET_LARGE[which], "kernel"))
+
+
+@_gpu_large
+def test_large_bsa_pack_gqa():
+    """Block-sparse attention with pack_gqa=True (32 query heads over 8 KV heads, r = 4,
+    metadata over the packed rows p = s r + g of each KV head, N_qp = 18432), S = 589824,
+    D = 128, blk 128, bshd, bf16: q, do, out, dq of 2.42e9 elements (the packed dQ
+    workspace (1, 8, 36864, 8192) fp32 likewise; k, v 6.0e8); out, lse, dq, dk, dv of KV
+    heads 0 and 7 with their query-head groups (the last query rows of every head lie past
+    element offset 2**31) match the reference (pack_gqa=True) on that group alone; no NaN;
+    lse finite. Proves the packed forward's and backward's row (p // r, h_kv r + p % r)
+    addressing is 64-bit safe. About 34 GB of device memory; tens of seconds."""
+    _finish(*_isolated(run_bsa, BSA_PACK_LARGE, "kernel"))
+
+
+@_gpu_large
+@pytest.mark.parametrize("which", list(BSA_SPLIT_LARGE))
+def test_large_bsa_split_kv_decode(which):
+    """Block-sparse split-KV decode forward: one query block (S_q = 128) per head, 17 heads,
+    against K / V of 17 x 2**20 x 128 = 2.28e9 elements, 32 listed blocks per row (the last
+    KV block and 31 random ones), kv_splits = 4 (bhsd) / "auto" (bshd: floor(132 SMs / 17
+    rows) = 7 splits on the H200): the fp32 partials (S, 1, 17, 128, 128) stay far below
+    _MAX_PARTIAL_ELEMS; out and lse of the first and the last head match the reference (no
+    split) on that head (bhsd: the last head's K / V start at element 2**31; bshd: the last
+    KV block of every head lies past it); no NaN; lse finite. Proves the split forward's K /
+    V reads are 64-bit safe. About 10 GB of device memory; seconds plus compiles."""
+    _finish(*_isolated(run_bsa, BSA_SPLIT_LARGE[which], "kernel"))
+
+
 # ----------------------------------------------------------------------------- CPU plans
 # The same code on tiny sizes and the reference backend (the "kernel" output is then the
 # reference on the whole problem): checks the selection, slicing, packing and comparison,
@@ -646,6 +1153,35 @@ TINY_RAB = dataclasses.replace(TINY_HSTU, h_rab=1, boundary=769)
 TINY_BSA = BSAPlan(hq=3, hkv=3, s=200, d=16, blk=64, k_listed=3, layout="bshd",
                    boundary=7001)
 TINY_GQA = BSAPlan(hq=4, hkv=2, s=256, d=16, blk=64, k_listed=2, boundary=12001)
+TINY_HSTU_OPTS = {
+    "deterministic": dataclasses.replace(TINY_HSTU, deterministic=True),
+    "window": dataclasses.replace(TINY_HSTU, window=(5, 2)),
+    # T = 176 rows x 32: partials (3, 176, 2, 16); boundary in split 2, row 61
+    "split": dataclasses.replace(TINY_HSTU, kv_splits=3, bwd=False, boundary=13241),
+}
+TINY_PAGED = {
+    # q (3037, 2, 16) and a cache of 38 pages x 8192 elements straddle 60001
+    "prefill": PagedPlan(h=2, h_kv=2, d=16, n_seq=14, seqlen_k=300, second_len=211,
+                         tail_k=(299, 0, 129, 1, 300, 257), tail_q=(299, 0, 100, 1, 64, 257),
+                         spare_pages=3, pad_rows=5, boundary=60001),
+    # GQA 4 / 2, a cache of 46 pages x 8192 elements straddles 200003 (q below it)
+    "decode": PagedPlan(h=4, h_kv=2, d=16, n_seq=10, seqlen_k=700, second_len=401,
+                        tail_k=(699, 0, 300, 1, 700, 555), q_len=16,
+                        tail_q=(16, 0, 7, 1, 16, 5), spare_pages=3, pad_rows=5, kv_splits=3,
+                        boundary=200003),
+}
+TINY_BSA_OPTS = {
+    # bhsd: the last head starts at the boundary
+    "deterministic": BSAPlan(hq=3, hkv=3, s=256, d=16, blk=64, k_listed=2, deterministic=True,
+                             boundary=8192),
+    "pack_gqa": BSAPlan(hq=4, hkv=2, s=256, d=16, blk=64, k_listed=2, layout="bshd",
+                        pack_gqa=True, boundary=12001),
+    # decode: K / V of 3 x 1024 x 16 (the last head's from the boundary on) / 3 x 1000 x 16
+    "split-bhsd": BSAPlan(hq=3, hkv=3, s=1024, s_q=64, d=16, blk=64, k_listed=6, kv_splits=3,
+                          bwd=False, boundary=32768),
+    "split-bshd": BSAPlan(hq=3, hkv=3, s=1000, s_q=64, d=16, blk=64, k_listed=6,
+                          kv_splits="auto", layout="bshd", bwd=False, boundary=40001),
+}
 
 
 def _plan_ok(result, err):
@@ -680,6 +1216,63 @@ def test_large_plan_bsa_cpu():
     _plan_ok(*_isolated(run_bsa, TINY_GQA, "reference"))
 
 
+@pytest.mark.parametrize("which", list(TINY_HSTU_OPTS))
+def test_large_plan_hstu_options_cpu(which):
+    """The HSTU checks with the options of the new device cases on tiny plans (reference
+    backend): deterministic (the backward run twice and compared), a local window, split-KV
+    (the sequence whose rows hold the boundary in the last split is selected)."""
+    plan = TINY_HSTU_OPTS[which]
+    cu = np.concatenate([[0], np.cumsum(plan.lengths())])
+    sel = plan.selection(cu)
+    if which == "split":
+        split, row = divmod(plan.boundary // (plan.h * plan.d), int(cu[-1]) + plan.pad_rows)
+        assert split == plan.splits() - 1 and int(np.searchsorted(cu, row, "right")) - 1 in sel
+    report = _plan_ok(*_isolated(run_hstu, plan, "reference"))
+    if which == "deterministic":
+        assert sum("rerun bitwise equal" in line for line in report) == 3, report
+    assert any(("dv:" if plan.bwd else "out:") in line for line in report)
+
+
+@pytest.mark.parametrize("which", list(TINY_PAGED))
+def test_large_plan_hstu_paged_cpu(which):
+    """The paged-KV checks on tiny plans (reference backend, which reads the pages
+    through the page table; the check's reference reads K / V gathered from them): the
+    page table gives each sequence its pages and one spare page, the selection holds the
+    owners of the pages around the boundary and of the highest page, the checks pass."""
+    plan = TINY_PAGED[which]
+    ids, ptr, need, num_pages, owner, spare = plan.page_table()
+    lens_q, lens_k = plan.lengths()
+    assert (np.diff(ptr) == need + 1).all() and (need == -(-lens_k // PAGE)).all()
+    own = np.concatenate([ids[ptr[b]:ptr[b] + need[b]] for b in range(plan.n_seq)])
+    assert np.array_equal(np.sort(np.concatenate([own, spare])), np.arange(num_pages))
+    assert set(ids[ptr[1:] - 1]) <= set(spare.tolist())
+    sel = plan.selection(np.concatenate([[0], np.cumsum(lens_q)]), owner)
+    pb = plan.boundary // plan.page_elems
+    assert owner[pb] < 0 or owner[pb] in sel
+    assert owner[np.flatnonzero(owner >= 0).max()] in sel
+    report = _plan_ok(*_isolated(run_hstu_paged, plan, "reference"))
+    assert any("out:" in line for line in report)
+
+
+@pytest.mark.parametrize("which", list(TINY_BSA_OPTS))
+def test_large_plan_bsa_options_cpu(which):
+    """The BSA checks with the options of the new device cases on tiny plans (reference
+    backend): deterministic (the backward run twice and compared), pack_gqa (packed
+    metadata sliced per KV head; anchors m // r), split-KV decode (anchors at the last KV
+    blocks)."""
+    plan = TINY_BSA_OPTS[which]
+    lst = plan.block_lists()
+    heads, n_q, n_kv, r = plan.meta_dims()
+    assert lst.shape == (1, heads, n_q, plan.k_listed)
+    srt = np.sort(lst, axis=-1)
+    assert (srt[..., 1:] != srt[..., :-1]).all() and lst.min() >= 0 and lst.max() < n_kv
+    anchor = (np.arange(n_q) // r if n_q == n_kv * r else (n_kv - 1 - np.arange(n_q)) % n_kv)
+    assert (lst == anchor[None, None, :, None]).any(-1).all()
+    report = _plan_ok(*_isolated(run_bsa, plan, "reference"))
+    if plan.deterministic:
+        assert sum("rerun bitwise equal" in line for line in report) == 3, report
+
+
 def test_large_plan_sizes():
     """The device plans: every tensor they call large exceeds 2**31 elements, the checked
     parts reach past it, the block lists stay small, int32 metadata fits."""
@@ -706,3 +1299,156 @@ def test_large_plan_sizes():
         # build_kq_csr: the argsort path (memory linear in the entries)
         assert p.hq * n * n > 1 << 22 and p.hq * n * p.k_listed < 1 << 24
         assert p.hq % p.hkv == 0 and r >= 1
+    # the options' cases
+    for p in (HSTU_DET_LARGE, HSTU_WINDOW_LARGE):
+        assert p.lengths().tolist() == HSTU_LARGE.lengths().tolist() and p.bwd
+    assert all(0 < w < p.seqlen for w in HSTU_WINDOW_LARGE.window)
+    p = HSTU_SPLIT_LARGE
+    cu = np.concatenate([[0], np.cumsum(p.lengths())])
+    t, hd = int(cu[-1]) + p.pad_rows, p.h * p.d
+    assert t * hd < BOUNDARY < p.splits() * t * hd and 1 < p.splits() <= 16
+    split, row = divmod(BOUNDARY // hd, t)
+    assert split == p.splits() - 1 and row < cu[-1]
+    assert int(np.searchsorted(cu, row, side="right")) - 1 in p.selection(cu)
+    for name, p in HSTU_PAGED_LARGE.items():
+        lens_q, lens_k = p.lengths()
+        ids, ptr, need, num_pages, owner, spare = p.page_table()
+        assert num_pages * p.page_elems > BOUNDARY and num_pages < 2**31
+        cu_q = np.concatenate([[0], np.cumsum(lens_q)])
+        sel = p.selection(cu_q, owner)
+        assert owner[BOUNDARY // p.page_elems] in sel and 0 in sel and p.n_seq - 1 in sel
+        assert np.concatenate([[0], np.cumsum(lens_k)])[-1] < 2**31 and p.h % p.h_kv == 0
+        q_elems = (int(cu_q[-1]) + p.pad_rows) * p.h * p.d
+        assert (q_elems > BOUNDARY) == (name == "prefill")
+        if name == "prefill":
+            assert any(cu_q[s] * p.h * p.d < BOUNDARY < cu_q[s + 1] * p.h * p.d for s in sel)
+        assert min(lens_k[-6:]) == 0 and (lens_q <= lens_k).all()
+    from jax_sparse_attn import metadata
+    from jax_sparse_attn.ffi import bsa as ffi_bsa
+
+    for p in list(BSA_DET_LARGE.values()) + [BSA_PACK_LARGE]:
+        heads, n_q, n_kv, r = p.meta_dims()
+        assert p.hq * p.sq * p.d > BOUNDARY
+        if p.layout == "bhsd":
+            assert (p.hq - 1) * p.s * p.d >= BOUNDARY
+        assert heads * n_q * n_kv > 1 << 22 and heads * n_q * p.k_listed < 1 << 24
+        assert 64 % r == 0 and p.blk == 128
+    assert [-(-p.s // p.blk) for p in BSA_DET_LARGE.values()] == [
+        4096, ffi_bsa.DET_ORDER_MAX_ROWS]
+    for p in BSA_SPLIT_LARGE.values():
+        heads, n_q, n_kv, r = p.meta_dims()
+        assert p.hkv * p.s * p.d > BOUNDARY and p.hq * p.sq * p.d < BOUNDARY and n_q == 1
+        splits = (p.kv_splits if isinstance(p.kv_splits, int)
+                  else metadata.auto_kv_splits(heads * n_q, p.k_listed, sms=132))
+        assert splits > 1 and splits * p.hq * p.sq * p.d <= ffi_bsa._MAX_PARTIAL_ELEMS
+        assert p.kv_offset(p.hkv - 1, p.s - 1) + p.d > BOUNDARY
+        if p.layout == "bhsd":
+            assert p.kv_offset(p.hkv - 1, 0) >= BOUNDARY
+        else:
+            assert p.kv_offset(0, (n_kv - 1) * p.blk) >= BOUNDARY
+
+
+@pytest.fixture
+def force_kernel(monkeypatch):
+    """The kernel path's configuration without a GPU (``JAX_SPARSE_ATTN_FORCE_KERNEL``,
+    sm_90a): needs CuTe DSL's JAX extension."""
+    pytest.importorskip("cutlass.jax")
+    monkeypatch.setenv("CUTE_DSL_ARCH", os.environ.get("CUTE_DSL_ARCH", "sm_90a"))
+    monkeypatch.setenv("JAX_SPARSE_ATTN_FORCE_KERNEL", "1")
+
+
+def _bsa_cfg(p, op="block_sparse_attention", switches=None, **over):
+    from jax_sparse_attn import bsa
+
+    S = jax.ShapeDtypeStruct
+    bhsd = p.layout == "bhsd"
+    q = S((1, p.hq, p.sq, p.d) if bhsd else (1, p.sq, p.hq, p.d), BF16)
+    kv = S((1, p.hkv, p.s, p.d) if bhsd else (1, p.s, p.hkv, p.d), BF16)
+    opts = dict(kv_splits=p.kv_splits, pack_gqa=p.pack_gqa, deterministic=p.deterministic)
+    opts.update(over)
+    cfg, *_ = bsa._make_config(q, kv, kv, p.block_lists(), p.k_listed, None, None,
+                               sparse_block_size=p.blk, softmax_scale=None, layout=p.layout,
+                               allow_empty_block_nums=False, backend="kernel",
+                               switches=switches, op_name=op, **opts)
+    return cfg
+
+
+def test_large_plan_kernel_configs(force_kernel):
+    """The device cases take the kernel paths they are meant to (the kernel configuration
+    of the public layer, built without a GPU on sm_90a, 132 SMs): BSA deterministic sched /
+    launch (the schedule-order kernel fits / not, one dQ accumulator per tile, the dQ
+    workspace not zeroed), pack_gqa on the warp-specialized kernels, the split-KV decode's
+    split counts (accepted: partials under _MAX_PARTIAL_ELEMS); HSTU deterministic (sm90,
+    det_store), split-KV 4 with partials past 2**31 (accepted: no bound), paged (XLA / kernel
+    schedule). And the documented 32-bit refusals: BSA kv_splits whose partials pass 2**31
+    elements and a deterministic dqslots=2 workspace that two accumulators per tile take
+    past 2**31 - 1 elements raise NotImplementedError naming the option."""
+    from jax_sparse_attn import hstu, metadata
+    from jax_sparse_attn.config import Switches
+    from jax_sparse_attn.ffi import bsa as ffi_bsa
+    from jax_sparse_attn.ffi import hstu as ffi_hstu
+    from jax_sparse_attn.kernels.hstu_schedule import MAX_SEQS
+
+    for which, p in BSA_DET_LARGE.items():
+        cfg = _bsa_cfg(p)
+        assert cfg.bwd.impl == "sm90ws" and cfg.bwd.deterministic and cfg.bwd.det_store
+        assert (ffi_bsa.det_order_config(cfg) is not None) == (which == "sched"), which
+        assert ffi_bsa.det_slots_of(cfg) == 1
+        assert math.prod(ffi_bsa.dq_tile_shape(cfg)) > ffi_bsa._MAX_ZERO_ELEMS
+        assert cfg.fwd.kv_splits == 1
+    cfg = _bsa_cfg(BSA_PACK_LARGE)
+    assert cfg.fwd.pack_gqa == cfg.bwd.pack_gqa == 4
+    assert cfg.bwd.impl == cfg.fwd.impl == "sm90ws"
+    for p in BSA_SPLIT_LARGE.values():
+        cfg = _bsa_cfg(p, op="block_sparse_attention_forward")
+        want = (p.kv_splits if isinstance(p.kv_splits, int)
+                else metadata.auto_kv_splits(p.hq, p.k_listed))
+        assert cfg.fwd.kv_splits == want > 1 and cfg.fwd.impl == "sm90ws"
+    # the documented refusals: split partials past 2**31 elements, dqslots=2 at 2.3e9
+    with pytest.raises(NotImplementedError, match=r"kv_splits=2.*exceed 2\^31 elements"):
+        _bsa_cfg(BSA_LARGE["bhsd-blk128"], op="block_sparse_attention_forward", kv_splits=2)
+    # (9 heads x 2**20 x 128: one accumulator per tile fits 2**31 - 1 elements, two do not)
+    cfg = _bsa_cfg(BSAPlan(hq=9, hkv=9, deterministic=True),
+                   switches=Switches(bsa_bwd_ws=("dqslots=2",)))
+    with pytest.raises(NotImplementedError, match=r"dqslots=2.*32-bit offsets"):
+        ffi_bsa.det_slots_of(cfg)
+
+    def hstu_cfg(p, paged=False, op="hstu_attention", **over):
+        S = jax.ShapeDtypeStruct
+        if paged:
+            lens_q, lens_k = p.lengths()
+            ids, ptr, need, num_pages, owner, spare = p.page_table()
+            t = int(lens_q.sum()) + p.pad_rows
+            args = (S((t, p.h, p.d), BF16), None, None,
+                    np.concatenate([[0], np.cumsum(lens_q)]).astype(np.int32),
+                    np.concatenate([[0], np.cumsum(lens_k)]).astype(np.int32), None,
+                    S((num_pages, 2, PAGE, p.h_kv, p.d), BF16), ids, ptr)
+            kw = dict(max_seqlen_q=int(lens_q.max()), max_seqlen_k=int(lens_k.max()),
+                      window_size=(-1, 0))
+        else:
+            lens = p.lengths()
+            t = int(lens.sum()) + p.pad_rows
+            x = S((t, p.h, p.d), BF16)
+            cu = np.concatenate([[0], np.cumsum(lens)]).astype(np.int32)
+            args = (x, x, x, cu, cu, None, None, None, None)
+            kw = dict(max_seqlen_q=p.seqlen, max_seqlen_k=p.seqlen, window_size=p.window,
+                      deterministic=p.deterministic)
+        kw.update(over)
+        return hstu._make_config(*args, scaling_seqlen=None, alpha=1.0, backend="kernel",
+                                 switches=None, op_name=op, kv_splits=p.kv_splits, **kw)
+
+    cfg = hstu_cfg(HSTU_DET_LARGE)
+    assert cfg.bwd.impl == "sm90" and cfg.bwd.deterministic and cfg.bwd.det_store
+    assert hstu_cfg(HSTU_WINDOW_LARGE).window_size == (300, 40)
+    cfg = hstu_cfg(HSTU_SPLIT_LARGE, op="hstu_attention_forward")
+    assert cfg.kv_splits == cfg.fwd.kv_splits == 4 and cfg.fwd.impl == "sm90ws"
+    for name, p in HSTU_PAGED_LARGE.items():
+        cfg = hstu_cfg(p, paged=True)
+        assert cfg.fwd.paged and cfg.bwd is None
+        assert cfg.fwd.kv_splits == (4 if name == "decode-splits4" else 1)
+        assert (p.n_seq + 2 <= MAX_SEQS) == (name != "prefill")
+        if name != "prefill":  # the schedule kernel runs, the forward clamps the page ids
+            t = int(p.lengths()[0].sum()) + p.pad_rows
+            assert ffi_hstu._schedule_kernel_fits(cfg, None, p.n_seq,
+                                                  t // cfg.fwd.block_m + p.n_seq + 1)
+            assert cfg.fwd.page_id_clamp
