@@ -327,9 +327,11 @@ def build_kq_csr(q2k_block_index, q2k_block_nums, *, num_kv_heads: int, num_kv_b
 
     Active ids outside ``[0, num_kv_blocks)`` are skipped. Two constructions with
     identical results for unique active ids per row: for up to ``2**22`` (query block, KV
-    block) pairs a dense bitmap (one scatter, a row-wise prefix sum, one scatter; about
-    16 bytes of temporaries per pair), beyond that a stable argsort of the entries by KV
-    block (memory linear in the number of entries).
+    block) pairs a dense bitmap (one scatter, packed into 32-bit words whose popcounts give
+    the row lengths and each listed slot's place, one scatter of the listed slots; about a
+    byte of temporaries per pair; with ``with_ranks`` the unpacked bitmap, about 16 bytes per
+    pair), beyond that a stable argsort of the entries by KV block (memory linear in the
+    number of entries).
     """
     b, h_q, n_q, k_max = q2k_block_index.shape
     group = h_q // num_kv_heads
@@ -338,8 +340,8 @@ def build_kq_csr(q2k_block_index, q2k_block_nums, *, num_kv_heads: int, num_kv_b
               & (q2k_block_index < num_kv_blocks))
     if b * h_q * n_q * num_kv_blocks <= _DENSE_CSR_MAX_ELEMS:
         if not with_ranks:
-            return _kq_csr_dense_rows(q2k_block_index, active, group, num_kv_heads,
-                                      num_kv_blocks)
+            return _kq_csr_packed_rows(q2k_block_index, active, group, num_kv_heads,
+                                       num_kv_blocks)
         return _kq_csr_dense(q2k_block_index, active, group, num_kv_heads, num_kv_blocks,
                              with_ranks, rank_group)
     n_rows = b * num_kv_heads * num_kv_blocks
@@ -518,7 +520,8 @@ def _kq_csr_dense_rows(q2k_block_index, active, group, num_kv_heads, num_kv_bloc
     """:func:`build_kq_csr`'s ``(offsets, entries)`` through a bitmap scattered directly in
     the CSR rows' order: row ``(b, g, n)``, column ``h_in_group * n_q + m`` (no transpose);
     inactive slots go to one extra row that is dropped. Each row's running count gives its
-    entries' places and, at its end, the row's length."""
+    entries' places and, at its end, the row's length. (``_kq_csr_packed_rows`` builds the
+    same lists; this one is kept for ``scripts/kq_csr_ab.py``.)"""
     b, h_q, n_q, k_max = q2k_block_index.shape
     n_rows = b * num_kv_heads * num_kv_blocks
     width = group * n_q
@@ -536,6 +539,43 @@ def _kq_csr_dense_rows(q2k_block_index, active, group, num_kv_heads, num_kv_bloc
     pos = jnp.where(sel > 0, offsets[:-1, None] + cum - 1, n_slots)
     vals = jnp.broadcast_to(jnp.arange(width, dtype=jnp.int32), sel.shape)
     entries = jnp.zeros((n_slots,), jnp.int32).at[pos.reshape(-1)].set(vals.reshape(-1),
+                                                                       mode="drop")
+    return offsets, entries
+
+
+def _kq_csr_packed_rows(q2k_block_index, active, group, num_kv_heads, num_kv_blocks):
+    """:func:`build_kq_csr`'s ``(offsets, entries)`` through a bitmap in the CSR rows' order
+    (row ``(b, g, n)``, column ``h_in_group * n_q + m``; inactive slots go to one extra row
+    that is dropped) packed into 32-bit words: a row's length is the popcount of its words,
+    and each listed slot's place in its row is the popcount of the row's bits below its
+    column, computed for the listed slots only (no running count over the whole bitmap)."""
+    b, h_q, n_q, k_max = q2k_block_index.shape
+    n_rows = b * num_kv_heads * num_kv_blocks
+    width = group * n_q
+    n_words = -(-width // 32)
+    n_slots = b * h_q * n_q * k_max
+    bi = jnp.arange(b, dtype=jnp.int32)[:, None, None, None]
+    hi = jnp.arange(h_q, dtype=jnp.int32)[None, :, None, None]
+    mi = jnp.arange(n_q, dtype=jnp.int32)[None, None, :, None]
+    row = jnp.where(active, (bi * num_kv_heads + hi // group) * num_kv_blocks + q2k_block_index,
+                    n_rows)
+    col = jnp.broadcast_to((hi % group) * n_q + mi, q2k_block_index.shape)
+    # a repeated (row, column) sets its bit once
+    bits = jnp.zeros((n_rows + 1, n_words * 32), jnp.uint8).at[row, col].set(1)
+    words = jnp.sum(bits.reshape(n_rows + 1, n_words, 32).astype(jnp.uint32)
+                    << jnp.arange(32, dtype=jnp.uint32), axis=-1, dtype=jnp.uint32)
+    pop = jax.lax.population_count(words).astype(jnp.int32)  # (R + 1, words)
+    counts = jnp.sum(pop[:n_rows], axis=-1, dtype=jnp.int32)
+    offsets = _offsets_of(counts)
+    # each slot's place: its row's start, the set bits of the words before its word and of
+    # its word below its bit
+    before = jnp.cumsum(pop, axis=-1, dtype=jnp.int32) - pop
+    w = col // 32
+    below = (jnp.uint32(1) << (col % 32).astype(jnp.uint32)) - jnp.uint32(1)
+    rank = before[row, w] + jax.lax.population_count(words[row, w] & below).astype(jnp.int32)
+    start = jnp.concatenate([offsets[:-1], jnp.full((1,), n_slots, jnp.int32)])
+    pos = jnp.where(active, start[row] + rank, n_slots)
+    entries = jnp.zeros((n_slots,), jnp.int32).at[pos.reshape(-1)].set(col.reshape(-1),
                                                                        mode="drop")
     return offsets, entries
 

@@ -1,5 +1,7 @@
 """Constructions of the block-sparse backward's K->Q lists against each other, interleaved
-in one process (two rounds): ``rows`` (the current one: a bitmap in the CSR rows' order,
+in one process (two rounds): ``packed`` (the current one: the bitmap packed into 32-bit
+words, each listed slot placed by popcounts, ``metadata._kq_csr_packed_rows``), ``rows`` (a
+bitmap in the CSR rows' order with a running count over each row,
 ``metadata._kq_csr_dense_rows``), ``transposed`` (the earlier transposed bitmap,
 ``metadata._kq_csr_dense``), ``rows-offsets2`` (``rows`` with the offsets' running sum over
 the R CSR rows taken in two levels, chunks of 32 then the chunk totals: XLA lowers a running
@@ -7,7 +9,7 @@ sum to a reduce-window whose work grows with the square of its length, and one f
 blk-64 benchmark's lists, 4096 rows, takes 6 us). Per-kernel trace of the backward alone
 (``scripts/gpu_trace.py`` cases) and the sustained ``bsa_bench`` backward rows.
 
-    python scripts/kq_csr_ab.py --out kq_ab.json [--variants rows,transposed,rows-offsets2]
+    python scripts/kq_csr_ab.py --out kq_ab.json [--variants packed,rows,transposed,rows-offsets2]
 """
 import argparse
 import json
@@ -26,6 +28,7 @@ from jax_sparse_attn import metadata  # noqa: E402
 import gpu_trace  # noqa: E402
 
 _ROWS_NEW = metadata._kq_csr_dense_rows
+_PACKED = metadata._kq_csr_packed_rows
 _OFFSETS = metadata._offsets_of
 
 
@@ -48,11 +51,12 @@ def _offsets_two_level(counts, c=32):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default="kq_ab.json")
-    ap.add_argument("--variants", default="rows,transposed")
+    ap.add_argument("--variants", default="packed,rows")
     ap.add_argument("--check", action="store_true",
                     help="only check that the variants build equal lists (CPU is enough)")
     a = ap.parse_args()
-    impls = {"rows": (_ROWS_NEW, _OFFSETS), "transposed": (_rows_transposed, _OFFSETS),
+    impls = {"packed": (_PACKED, _OFFSETS), "rows": (_ROWS_NEW, _OFFSETS),
+             "transposed": (_rows_transposed, _OFFSETS),
              "rows-offsets2": (_ROWS_NEW, _offsets_two_level)}
     names = a.variants.split(",")
     if a.check:
@@ -60,7 +64,7 @@ def main():
         nums = jax.random.randint(jax.random.PRNGKey(1), (2, 4, 300), 0, 8)
         got = []
         for name in names:
-            metadata._kq_csr_dense_rows, metadata._offsets_of = impls[name]
+            metadata._kq_csr_packed_rows, metadata._offsets_of = impls[name]
             got.append(metadata.build_kq_csr(idx, nums, num_kv_heads=2, num_kv_blocks=301))
         for name, (o, e) in zip(names, got):
             assert bool((o == got[0][0]).all()) and bool((e == got[0][1]).all()), name
@@ -69,7 +73,7 @@ def main():
     res = []
     for rnd in (1, 2):
         for name in names:
-            metadata._kq_csr_dense_rows, metadata._offsets_of = impls[name]
+            metadata._kq_csr_packed_rows, metadata._offsets_of = impls[name]
             jax.clear_caches()
             print(f"## round {rnd}: {name}", flush=True)
             for case in ("bsa_bwd_blk64", "bsa_bwd_blk128"):

@@ -228,9 +228,11 @@ def test_transpose_block_index():
                                    (1, 4, 4, 5, 0, 2), (1, 2, 1, 0, 3, 2)],
                          ids=["gqa2", "gqa8", "one-block", "no-kv-blocks", "no-q-blocks"])
 def test_build_kq_csr_dense_constructions(shape):
-    """The K->Q lists of ``metadata.build_kq_csr`` (dense bitmap in the CSR rows' order, the
-    backward's construction) equal a numpy oracle and the transposed-bitmap construction of
-    the deterministic path: per (batch, KV head, KV block) the ascending ``h_in_group * N_q +
+    """The K->Q lists of ``metadata.build_kq_csr`` (a bitmap in the CSR rows' order packed
+    into words, slots placed by popcounts: the backward's construction) equal a numpy oracle,
+    the same bitmap with a running count per row (``_kq_csr_dense_rows``, kept for
+    ``scripts/kq_csr_ab.py``) and the transposed-bitmap construction of the deterministic
+    path: per (batch, KV head, KV block) the ascending ``h_in_group * N_q +
     m`` that list it, repeated ids once, inactive and out-of-range slots skipped, unused
     entry slots 0."""
     from jax_sparse_attn import metadata
@@ -250,7 +252,8 @@ def test_build_kq_csr_dense_constructions(shape):
     got = metadata.build_kq_csr(jnp.asarray(idx), jnp.asarray(nums), num_kv_heads=hkv,
                                 num_kv_blocks=nkv)
     old = metadata._kq_csr_dense(jnp.asarray(idx), jnp.asarray(active), g, hkv, nkv, False)
-    for o, e in (got, old):
+    rows = metadata._kq_csr_dense_rows(jnp.asarray(idx), jnp.asarray(active), g, hkv, nkv)
+    for o, e in (got, old, rows):
         o, e = np.asarray(o), np.asarray(e)
         np.testing.assert_array_equal(o, off)
         np.testing.assert_array_equal(e[: off[-1]], ent)
