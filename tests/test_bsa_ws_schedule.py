@@ -1,7 +1,8 @@
 """The sm90ws block-sparse forward's work order, CTAs per SM and shared-memory plan (CPU, no
 kernel compile): ``tile_scheduler.HeadMajorScheduler`` decodes every work item exactly once
-in KV-head-major order, the compile key picks three CTAs per SM only at blk 64 / D 64, the
-ablation flags reach the key, and the shared-memory plans fit their per-CTA limits."""
+in KV-head-major order, the compile key picks three CTAs per SM by default only at blk 64 /
+D 64 (at D 128 with the opt-in ``ctas3k1`` / ``selfload``), the ablation flags reach the
+key, and the shared-memory plans fit their per-CTA limits."""
 
 from __future__ import annotations
 
@@ -80,6 +81,73 @@ def test_compile_key_options():
         assert bsa.fwd_config(dt, d, 64, False, Switches()).impl == "sm80"
         assert bsa.fwd_config(dt, d, 128, False, Switches(bsa_fwd_impl="sm90ws")).impl == "sm80"
     assert bsa.fwd_config(dt, 128, 64, False, Switches(bsa_fwd_impl="sm80")).impl == "sm80"
+
+
+def test_three_ctas_k1_keys():
+    """``ctas3k1`` / ``selfload`` reach the key only at blk 64 / D 128 (elsewhere the key is
+    the default's); ``selfload`` runs as ``ctas3k1`` (with the producer warp) where the
+    consumer warpgroup cannot issue its own loads; ``qahead`` is ``mpre`` wherever O is
+    staged in the single Q buffer (``oalias``, ``ctas3k1``), which holds the current item
+    until its epilogue."""
+    dt = jnp.bfloat16
+    splits = {"kv_splits": 3, "num_rows": 8, "k_max": 16}
+    for d, blk in ((64, 64), (64, 128), (128, 128)):
+        for kw in ({}, {"pack_gqa": 4}, splits):
+            base = bsa.fwd_config(dt, d, blk, False, Switches(), **kw)
+            for flag in ("ctas3k1", "selfload"):
+                assert bsa.fwd_config(dt, d, blk, False, Switches(bsa_fwd_ws=(flag,)),
+                                      **kw) == base, (d, blk, kw, flag)
+    base = bsa.fwd_config(dt, 128, 64, False, Switches())
+    assert not (base.ws_k_single or base.ws_self_load or base.ws_three_ctas)
+    assert base.ws_tma_o
+    k1 = bsa.fwd_config(dt, 128, 64, False, Switches(bsa_fwd_ws=("ctas3k1",)))
+    sl = bsa.fwd_config(dt, 128, 64, False, Switches(bsa_fwd_ws=("selfload",)))
+    assert (k1.ws_k_single, k1.ws_self_load, k1.ws_three_ctas, k1.ws_tma_o) == (
+        True, False, True, False)
+    assert (sl.ws_k_single, sl.ws_self_load, sl.ws_three_ctas, sl.ws_tma_o) == (
+        True, True, True, False)
+    for more, kw in [(("nooverlap",), {}), (("streamk",), {}), (("cross",), {}),
+                     (("crossepi",), {}), (("mpre",), {}), (("qahead",), {}),
+                     ((), {"pack_gqa": 4}), ((), splits)]:
+        k = bsa.fwd_config(dt, 128, 64, False, Switches(bsa_fwd_ws=("selfload",) + more), **kw)
+        assert k.ws_k_single and not k.ws_self_load, (more, kw)
+        assert k == bsa.fwd_config(dt, 128, 64, False,
+                                   Switches(bsa_fwd_ws=("ctas3k1",) + more), **kw)
+    # qahead: a second Q buffer or none of it (the kernel would wait for the current item's
+    # Q buffer before issuing the rest of its K / V tiles)
+    qa = bsa.fwd_config(dt, 128, 64, False, Switches(bsa_fwd_ws=("qahead",)))
+    assert (qa.ws_q_ahead, qa.ws_meta_prefetch) == (True, False)
+    for more in (("ctas3k1",), ("oalias",)):
+        for d, blk in ((128, 64), (64, 64), (128, 128)):
+            k = bsa.fwd_config(dt, d, blk, False, Switches(bsa_fwd_ws=("qahead",) + more))
+            single_q = more == ("oalias",) or (d, blk) == (128, 64)
+            assert (k.ws_q_ahead, k.ws_meta_prefetch) == (not single_q, single_q), (more, d)
+
+
+def test_three_ctas_k1_kernel_shape():
+    """``k_single``: three CTAs per SM at blk 64 / D 128 with one Q buffer (O staged in it),
+    one K stage and two V stages within the three-CTA shared-memory limit, a one-warp
+    producer (160 threads) or with ``self_load`` none (128); the combinations the kernel
+    does not implement raise NotImplementedError."""
+    import cutlass  # noqa: PLC0415
+
+    from jax_sparse_attn.kernels.bsa_fwd_sm90_ws import BsaFwdSm90Ws  # noqa: PLC0415
+
+    bf16 = cutlass.BFloat16
+    k = BsaFwdSm90Ws(bf16, 128, 64, False, 132, three_ctas=True, k_single=True)
+    assert (k.ctas_per_sm, k.q_stages, k.k_stages, k.stages, k.o_alias_q) == (3, 1, 1, 2, True)
+    assert (k.num_threads, k.warp_producer, k.self_load, k.tma_o) == (160, True, False, False)
+    assert (64 * 128 + 3 * 64 * 128) * 2 + 1024 <= SMEM_LIMIT_3CTA
+    s = BsaFwdSm90Ws(bf16, 128, 64, False, 132, three_ctas=True, k_single=True,
+                     self_load=True)
+    assert (s.num_threads, s.self_load, s.k_stages) == (128, True, 1)
+    with pytest.raises(NotImplementedError, match="k_single needs three_ctas"):
+        BsaFwdSm90Ws(bf16, 128, 64, False, 132, k_single=True)
+    for kw in ({}, {"k_single": True, "pack_gqa": 4}, {"k_single": True, "kv_splits": 2},
+               {"k_single": True, "overlap": False}, {"k_single": True, "stream_k": True},
+               {"k_single": True, "q_ahead": True}):
+        with pytest.raises(NotImplementedError, match="self_load needs"):
+            BsaFwdSm90Ws(bf16, 128, 64, False, 132, three_ctas=True, self_load=True, **kw)
 
 
 def _bytes(d, bm, bn, plan):

@@ -305,11 +305,12 @@ def bsa_ws_options(opts) -> dict:
     L2; ``headinner``: query block major, heads fastest), ``lazy_rescale`` (``lazyrescale``: O
     rescaled only when a row max grows by more than 2^8; default: at every block),
     ``three_ctas`` (three CTAs per SM at blk 64 and D 64, faster on the H200 than two;
-    ``ctas2``: two), ``k_single`` (``ctas3k1``: three CTAs per SM at blk 64 and D 128 too,
-    with one K buffer, two V buffers and O staged in the single Q buffer), ``self_load``
-    (``selfload``: that without the producer warp, the consumer warpgroup issuing its own
-    loads; where it applies: no split-KV, ``pack_gqa``, ``streamk``, ``cross``, ``mpre``,
-    ``qahead``, with the overlapped mainloop), ``o_alias`` (``oalias``: O staged in a single Q buffer for the most K/V
+    ``ctas2``: two), ``k_single`` (``ctas3k1``, also set by ``selfload``: three CTAs per SM
+    at blk 64 and D 128 too, with one K buffer, two V buffers and O staged in the single Q
+    buffer; ignored at other blk / D), ``self_load`` (``selfload``: that without the producer
+    warp, the consumer warpgroup issuing its own loads; with split-KV, ``pack_gqa``,
+    ``streamk``, ``cross``, ``crossepi``, ``mpre``, ``qahead`` or ``nooverlap`` it runs as
+    ``ctas3k1``), ``o_alias`` (``oalias``: O staged in a single Q buffer for the most K/V
     stages), ``cross`` (1 with ``cross``, 2 with ``crossepi``, else 0: a CTA's consecutive
     work items chained, the next item's first ``S = Q K^T`` issued with this item's last PV
     GEMM; slower on the H200), ``v_lag`` (``vlag``: the producer issues V tile ``j`` after K
@@ -317,7 +318,9 @@ def bsa_ws_options(opts) -> dict:
     registers once per work item, and the S GEMMs read only K from shared memory; not with
     ``cross`` / ``crossepi``), ``meta_prefetch`` (``mpre``: the next work item's list count,
     and in the producer its first entry, loaded while the current item runs), ``q_ahead``
-    (``qahead``: the producer issues the next item's Q during the current item), ``epi_vec``
+    (``qahead``: the producer issues the next item's Q during the current item; where O is
+    staged in the single Q buffer, ``oalias`` and ``ctas3k1``, :func:`fwd_config` runs it as
+    ``mpre``), ``epi_vec``
     (default; ``noepivec`` off: O staged with packed pair stores into a row-swizzled tile,
     copied out in 16-byte pieces), ``tma_o`` (default; ``notmao`` off: O staged in the
     128-byte-swizzled layout and written by TMA tensor stores, which the consumer warpgroup
@@ -376,6 +379,10 @@ def fwd_config(dtype, head_dim, block_size, has_block_sizes, switches, causal=Fa
                     and not (o["stream_k"] or o["cross"] or o["meta_prefetch"]
                              or o["q_ahead"])):
                 kw["ws_self_load"] = True
+        # the next item's Q issued ahead needs a second Q buffer: with O staged in the single
+        # one (oalias, ctas3k1 / selfload) the producer would wait for the current item's
+        # epilogue before issuing its remaining K / V tiles, so qahead is mpre there
+        q_ahead = o["q_ahead"] and not (k1 or o["o_alias"])
         return BsaFwdConfig(name, head_dim, block_size, has_block_sizes, impl,
                             ws_overlap=o["overlap"], ws_pingpong=o["pingpong"],
                             ws_q_stages=o["q_stages"], ws_max_stages=o["max_stages"],
@@ -384,7 +391,8 @@ def fwd_config(dtype, head_dim, block_size, has_block_sizes, switches, causal=Fa
                                            or k1),
                             ws_o_alias=o["o_alias"], ws_cross=o["cross"],
                             ws_v_lag=o["v_lag"], ws_q_regs=o["q_regs"] and not o["cross"],
-                            ws_meta_prefetch=o["meta_prefetch"], ws_q_ahead=o["q_ahead"],
+                            ws_meta_prefetch=o["meta_prefetch"] or o["q_ahead"] and not q_ahead,
+                            ws_q_ahead=q_ahead,
                             ws_epi_vec=o["epi_vec"],
                             ws_stream_k=o["stream_k"] and splits == 1 and pack_gqa == 1,
                             ws_tma_o=o["tma_o"] and splits == 1 and not o["o_alias"]
@@ -1163,8 +1171,9 @@ def bsa_preprocess(do, out, cfg, with_ws: bool = True):
     """``delta = rowsum(dO * O)`` (fp32 ``(B, H_q, S_q)``) and a zeroed fp32 dQ workspace:
     q's shape and layout, or with ``cfg.bwd.dq_tile`` the query-tile workspace
     :func:`dq_tile_shape`. One CuTe DSL launch (``kernels/bsa_pre.py``) computes delta and,
-    with ``cfg.pre.zero_ws``, zeroes the workspace (else XLA zeroes it, as it does a workspace of
-    more than ``_MAX_ZERO_ELEMS`` elements) when ``cfg.pre`` is set; else both are XLA's. ``with_ws=False``: delta only (the workspace is None)."""
+    with ``cfg.pre.zero_ws``, zeroes the workspace (else XLA zeroes it, as it does a workspace
+    of more than ``_MAX_ZERO_ELEMS`` elements) when ``cfg.pre`` is set; else both are XLA's.
+    ``with_ws=False``: delta only (the workspace is None)."""
     from .._cute_call import call_builder  # noqa: PLC0415
 
     tile = cfg.bwd is not None and cfg.bwd.dq_tile
@@ -1177,8 +1186,8 @@ def bsa_preprocess(do, out, cfg, with_ws: bool = True):
     spec = _specs(cfg.layout)
     delta_sds = jax.ShapeDtypeStruct((cfg.batch, cfg.num_heads_q, cfg.seqlen_q), jnp.float32)
     if not with_ws or not _zero_fits(ws_shape):
-        # the launch zeroes a flat workspace of fewer than 2**31 elements (an int32 extent
-        # and 32-bit indices); a larger or symbolic one is zeroed by XLA
+        # the launch zeroes a flat workspace of at most _MAX_ZERO_ELEMS elements (an int32
+        # extent and 32-bit indices); a larger or symbolic one is zeroed by XLA
         cfg = dataclasses.replace(cfg, pre=dataclasses.replace(cfg.pre, zero_ws=False))
     if not cfg.pre.zero_ws:
         call = call_builder(cfg.cute_call)(
