@@ -35,7 +35,9 @@ default switches.
 ``test_bsa_sm90ws_forward`` adds the sm90ws forward's own cases (every KV block listed, the
 partial last block listed by every row, NaN in unlisted blocks and past block_sizes,
 outputs poisoned by a preceding all-NaN run); ``tests/gpu_bsa_ws.sh`` runs them, the grid on
-sm90ws and the benchmark in one device call.
+sm90ws and the benchmark in one device call. ``test_bsa_sm90ws_forward_ctas3k1`` runs the
+blk 64 / D 128 ones and three more under ``bsa_fwd_ws`` flags ``BSA_TEST_K1`` (a comma
+list, default ``ctas3k1``; e.g. ``selfload`` or ``ctas3k1,nooverlap``).
 """
 
 from __future__ import annotations

@@ -41,9 +41,12 @@ CTA shapes: ``sparse_block_size = 128``: 384 threads (producer warpgroup + two c
 warpgroups of 64 query rows, sharing each K/V load, ping-pong), one CTA per SM.
 ``sparse_block_size = 64``: 256 threads (producer warpgroup + one consumer warpgroup owning a
 64-row query block), two CTAs per SM, or three with ``three_ctas`` (75 KiB of shared memory
-and 136 consumer registers each; the caller sets it at D = 64, and at D = 128 with
-``k_single``: one K buffer, two V buffers and O staged in the single Q buffer, 64 KiB). Work items (query block, query head, batch) are walked
-by a persistent scheduler: ``head_major`` (default) ``tile_scheduler.HeadMajorScheduler``
+and 136 consumer registers each; the caller sets it at D = 64). ``k_single`` (with
+``three_ctas``, D = 128): three CTAs per SM of 64 KiB of buffers each (one Q buffer that O
+is staged in, one K buffer, two V buffers) and a one-warp producer after the consumer
+warpgroup (160 threads, no ``setmaxnreg``); with ``self_load`` no producer (128 threads:
+warp 0 of the consumer warpgroup issues the TMA loads, ``attn_fwd_sm90_ws.SelfLoader``).
+Work items (query block, query head, batch) are walked by a persistent scheduler: ``head_major`` (default) ``tile_scheduler.HeadMajorScheduler``
 (batch, KV head, query block, query head of the group fastest: the CTAs running at one time
 share one KV head's K/V in L2, and the heads of a GQA group read the same K/V blocks
 together), else ``StaticLptScheduler`` (query block, then head fastest: the CTAs running at
@@ -219,8 +222,9 @@ class BsaFwdSm90Ws(AttnFwdSm90Ws):
         # lazy_rescale: rows keep a stale max up to 2^8 below the true one (softmax.py)
         self.rescale_threshold = 8.0 if lazy_rescale else None
         self.num_threads = 128 * (1 + self.num_wg)
-        # k_single: the producer is one warp (warp 4) after the consumer warpgroup, 160
-        # threads at 136 registers each (65536 / 480), no setmaxnreg
+        # k_single: the producer is one warp (warp 4) after the consumer warpgroup (160
+        # threads; 128 with self_load, which has none), no setmaxnreg: ptxas bounds the
+        # registers by the launch's three CTAs per SM (min_blocks_per_mp)
         self.warp_producer = k_single
         if k_single:
             self.num_threads = 128 * self.num_wg + (0 if self_load else 32)
