@@ -6,7 +6,6 @@
 # Usage (device, after `source .devcache/setup.sh`): [K=expr] OUT=$OUT bash scripts/gpu_s38_c.sh [seconds]
 . "$(dirname "$0")/gpu_lib.sh" c38${K:+_$K} "${1:-540}"
 export JAX_SPARSE_ATTN_GPU_TEST_TIMEOUT=300 XLA_PYTHON_CLIENT_PREALLOCATE=true
-python3 -c "import torch; print('torch cudnn', torch.backends.cudnn.version())" 2>&1 | tail -1
 python3 -c "import cudnn; print('cudnn fe', cudnn.__version__)" 2>&1 | tail -1
 ids=$(python3 -m pytest -m gpu -q --collect-only tests/test_gpu_large_tensors.py ${K:+-k "$K"} \
   2>/dev/null | grep ::)
