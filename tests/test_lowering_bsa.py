@@ -547,3 +547,45 @@ def test_bsa_preprocess_zeroes_large_workspace_by_xla(heads, launch_zeroes):
     assert (n <= ffi_bsa._MAX_ZERO_ELEMS) == launch_zeroes
     assert txt.count(CALL_TARGET) == 1
     assert (f"tensor<{n}xf32>" in txt) == launch_zeroes
+
+
+@pytest.mark.parametrize("heads,s,overlap", [(4, 4096, True), (33, 2**19, False)])
+def test_bsa_det_overlap_needs_a_workspace_the_launch_zeroes(monkeypatch, heads, s, overlap):
+    """deterministic with ``detstream,detoverlap``: the preprocessing joins the backward's
+    call only while its launch may zero the dQ workspace (``_zero_fits``); 33 heads of
+    2**19 rows at D 128 (2.27e9 elements) take the separate preprocessing (XLA zeroes the
+    workspace) and the streamed backward without it."""
+    import jax_sparse_attn as jsa
+    from jax_sparse_attn.config import Switches
+    from jax_sparse_attn.ffi import bsa as ffi_bsa
+
+    seen = []
+    stream, pre = ffi_bsa._bsa_bwd_det_stream, ffi_bsa.bsa_preprocess
+
+    def spy_stream(*a, **kw):
+        seen.append(("stream", kw.get("out") is not None))
+        return stream(*a, **kw)
+
+    def spy_pre(do, out, cfg, with_ws=True):
+        seen.append(("pre", with_ws))
+        return pre(do, out, cfg, with_ws)
+
+    monkeypatch.setattr(ffi_bsa, "_bsa_bwd_det_stream", spy_stream)
+    monkeypatch.setattr(ffi_bsa, "bsa_preprocess", spy_pre)
+    d, blk = 128, 128
+    q = jax.ShapeDtypeStruct((1, heads, s, d), jnp.bfloat16)
+    idx = jax.ShapeDtypeStruct((1, heads, s // blk, 4), jnp.int32)
+    lse = jax.ShapeDtypeStruct((1, heads, s), jnp.float32)
+    sw = Switches(bsa_bwd_ws=("detstream", "detoverlap"))
+
+    def bwd(do, q, k, v, out, lse, idx):
+        return jsa.block_sparse_attention_backward(
+            do, q, k, v, out, lse, idx, block_sparse_num=4, sparse_block_size=blk,
+            softmax_scale=0.1, layout="bhsd", backend="kernel", deterministic=True,
+            switches=sw)
+
+    txt = jax.jit(bwd).trace(q, q, q, q, q, lse, idx).lower(
+        lowering_platforms=("cuda",)).as_text()
+    assert (heads * s * d <= ffi_bsa._MAX_ZERO_ELEMS) == overlap
+    assert seen == ([("stream", True)] if overlap else [("pre", True), ("stream", False)])
+    assert "\\7FELF" in txt
