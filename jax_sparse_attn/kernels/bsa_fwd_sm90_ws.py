@@ -199,6 +199,8 @@ class BsaFwdSm90Ws(AttnFwdSm90Ws):
             self.stages, self.q_stages, self.o_alias_q = bsa_ws_smem_plan(
                 head_dim, self.bm, block_size, limit, max_stages, q_stages, o_alias_first)
             self.k_stages = self.stages
+        # the next item's Q goes to the other Q buffer: none where the plan has one
+        self.q_ahead = self.q_ahead and self.q_stages >= 2
         self.num_sms = num_sms
         # O written by TMA tensor stores from its own staging buffer (AttnFwdSm90Ws._tma_o;
         # the 16-bit output; packed rows only with ``tma_o_packed``: the boxes of the packed
