@@ -516,22 +516,29 @@ def _offsets_of(counts):
     return jnp.concatenate([jnp.zeros((1,), jnp.int32), jnp.cumsum(counts, dtype=jnp.int32)])
 
 
-def _kq_csr_dense_rows(q2k_block_index, active, group, num_kv_heads, num_kv_blocks):
-    """:func:`build_kq_csr`'s ``(offsets, entries)`` through a bitmap scattered directly in
-    the CSR rows' order: row ``(b, g, n)``, column ``h_in_group * n_q + m`` (no transpose);
-    inactive slots go to one extra row that is dropped. Each row's running count gives its
-    entries' places and, at its end, the row's length. (``_kq_csr_packed_rows`` builds the
-    same lists; this one is kept for ``scripts/kq_csr_ab.py``.)"""
+def _kq_rows_cols(q2k_block_index, active, group, num_kv_heads, num_kv_blocks):
+    """Each list slot's CSR row ``(b, g, n)`` (``R`` = ``n_rows`` for an inactive slot) and
+    column ``h_in_group * n_q + m``: ``(n_rows, width, n_slots, row, col)``, ``row`` / ``col``
+    int32 of ``q2k_block_index``'s shape."""
     b, h_q, n_q, k_max = q2k_block_index.shape
     n_rows = b * num_kv_heads * num_kv_blocks
-    width = group * n_q
-    n_slots = b * h_q * n_q * k_max
     bi = jnp.arange(b, dtype=jnp.int32)[:, None, None, None]
     hi = jnp.arange(h_q, dtype=jnp.int32)[None, :, None, None]
     mi = jnp.arange(n_q, dtype=jnp.int32)[None, None, :, None]
     row = jnp.where(active, (bi * num_kv_heads + hi // group) * num_kv_blocks + q2k_block_index,
                     n_rows)
     col = jnp.broadcast_to((hi % group) * n_q + mi, q2k_block_index.shape)
+    return n_rows, group * n_q, b * h_q * n_q * k_max, row, col
+
+
+def _kq_csr_dense_rows(q2k_block_index, active, group, num_kv_heads, num_kv_blocks):
+    """:func:`build_kq_csr`'s ``(offsets, entries)`` through a bitmap scattered directly in
+    the CSR rows' order: row ``(b, g, n)``, column ``h_in_group * n_q + m`` (no transpose);
+    inactive slots go to one extra row that is dropped. Each row's running count gives its
+    entries' places and, at its end, the row's length. (``_kq_csr_packed_rows`` builds the
+    same lists; this one is kept for ``scripts/kq_csr_ab.py``.)"""
+    n_rows, width, n_slots, row, col = _kq_rows_cols(q2k_block_index, active, group,
+                                                     num_kv_heads, num_kv_blocks)
     sel = jnp.zeros((n_rows + 1, width), jnp.int32).at[row, col].set(1)[:n_rows]
     cum = jnp.cumsum(sel, axis=-1, dtype=jnp.int32)
     counts = cum[:, -1] if width else jnp.zeros((n_rows,), jnp.int32)
@@ -549,17 +556,9 @@ def _kq_csr_packed_rows(q2k_block_index, active, group, num_kv_heads, num_kv_blo
     that is dropped) packed into 32-bit words: a row's length is the popcount of its words,
     and each listed slot's place in its row is the popcount of the row's bits below its
     column, computed for the listed slots only (no running count over the whole bitmap)."""
-    b, h_q, n_q, k_max = q2k_block_index.shape
-    n_rows = b * num_kv_heads * num_kv_blocks
-    width = group * n_q
+    n_rows, width, n_slots, row, col = _kq_rows_cols(q2k_block_index, active, group,
+                                                     num_kv_heads, num_kv_blocks)
     n_words = -(-width // 32)
-    n_slots = b * h_q * n_q * k_max
-    bi = jnp.arange(b, dtype=jnp.int32)[:, None, None, None]
-    hi = jnp.arange(h_q, dtype=jnp.int32)[None, :, None, None]
-    mi = jnp.arange(n_q, dtype=jnp.int32)[None, None, :, None]
-    row = jnp.where(active, (bi * num_kv_heads + hi // group) * num_kv_blocks + q2k_block_index,
-                    n_rows)
-    col = jnp.broadcast_to((hi % group) * n_q + mi, q2k_block_index.shape)
     # a repeated (row, column) sets its bit once
     bits = jnp.zeros((n_rows + 1, n_words * 32), jnp.uint8).at[row, col].set(1)
     words = jnp.sum(bits.reshape(n_rows + 1, n_words, 32).astype(jnp.uint32)
