@@ -12,11 +12,17 @@ T=$((BUDGET - 250))
 for fl in oalias,qahead ctas3k1,qahead selfload,qahead; do
   BSA_TEST_K1=$fl timeout $T $PYT tests/test_gpu_bsa.py -k ctas3k1 > $O/t_${fl//,/_}.txt 2>&1 &
 done
+# the packed-GQA cases at blk 64 / D 128 (split-KV decode included) under ctas3k1 / selfload
+for fl in ctas3k1 selfload; do
+  BSA_PACK_TEST_FWD_WS=$fl timeout $T $PYT tests/test_gpu_bsa_pack_gqa.py -k "blk64-d128" \
+    > $O/p_$fl.txt 2>&1 &
+done
 wait
+for fl in ctas3k1 selfload; do t "pack $fl: $(tail -1 $O/p_$fl.txt)"; done
 for fl in oalias,qahead ctas3k1,qahead selfload,qahead; do
   t "$fl: $(tail -1 $O/t_${fl//,/_}.txt)"
 done
-grep -h "^FAILED\|^E  \|Timeout" $O/t_*.txt | head -20
+grep -h "^FAILED\|^E  \|Timeout" $O/t_*.txt $O/p_*.txt | head -20
 timeout 80 python3 -m benchmarks.bsa_bench --table "" --table-pass fwd --out $O/fwd.json \
   > $O/fwd.txt 2>&1
 t "fwd table rc=$?"; grep -v "^wrote" $O/fwd.txt | tail -10
