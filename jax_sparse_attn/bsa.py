@@ -326,7 +326,7 @@ _RAISES_DOC = """
     Raises:
       ValueError: bad ranks/shapes (also zero head dims), layout not in {"bhsd",
         "bshd"}, sparse_block_size not in {64, 128}, kv_splits outside [1, 256] and not
-        "auto", pack_gqa with H_q / H_kv not dividing sparse_block_size, K_max = 0,
+        "auto", pack_gqa with H_q = 0 or H_q / H_kv not dividing sparse_block_size, K_max = 0,
         both or neither of
         block_sparse_num/q2k_block_nums, block_sparse_num outside [1, K_max], a
         softmax_scale that is not finite in float32, backend not in {"auto", "kernel", "reference"}, a

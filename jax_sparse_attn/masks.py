@@ -305,8 +305,8 @@ def topk_block_index(q, k, top_k: int, *, sparse_block_size: int = 128, layout: 
 
     Raises:
       ValueError: ``top_k < 1``, ``sparse_block_size`` not in {64, 128}, a layout other
-        than "bhsd"/"bshd", ``H_q`` not a multiple of ``H_kv``, or (``pack_gqa``) the group
-        size ``r = H_q / H_kv`` not dividing ``sparse_block_size``.
+        than "bhsd"/"bshd", ``H_q`` not a multiple of ``H_kv``, or (``pack_gqa``) ``H_q = 0``
+        or the group size ``r = H_q / H_kv`` not dividing ``sparse_block_size``.
       TypeError: ``q`` or ``k`` not floating-point, ``causal`` / ``pack_gqa`` not bools,
         ``top_k`` / ``sparse_block_size`` not static ints.
     """
@@ -342,6 +342,9 @@ def topk_block_index(q, k, top_k: int, *, sparse_block_size: int = 128, layout: 
                          f"S_kv={Skv}")
     r = Hq // Hkv
     if pack_gqa:
+        if r < 1:
+            raise ValueError(f"pack_gqa=True needs H_q >= 1 query heads (a GQA group of r = "
+                             f"H_q / H_kv >= 1 rows to pack), got H_q={Hq}")
         if blk % r:
             raise ValueError(f"pack_gqa=True needs the GQA group size r = H_q / H_kv = {r} to "
                              f"divide sparse_block_size={blk}")

@@ -517,6 +517,9 @@ def check_bsa_args(q, k, v, q2k_block_index, block_sparse_num=None, block_sizes=
     pack_gqa = _check_bool("pack_gqa", pack_gqa)
     causal = _check_bool("causal", causal)
     r = Hq // Hkv
+    if pack_gqa and r < 1:
+        raise ValueError(f"pack_gqa=True needs H_q >= 1 query heads (a GQA group of r = H_q / "
+                         f"H_kv >= 1 rows to pack), got H_q={Hq}")
     if pack_gqa and blk % r:
         raise ValueError(f"pack_gqa=True needs the GQA group size r = H_q / H_kv = {Hq} / {Hkv} "
                          f"= {r} to divide sparse_block_size={blk}")

@@ -322,6 +322,23 @@ def test_pack_gqa_and_causal_validated():
         jsa.block_sparse_attention(q, k, v, idx, q2k_block_nums=nums, pack_gqa=True, **kw)
 
 
+def test_pack_gqa_without_query_heads_is_a_value_error():
+    """H_q = 0 query heads give no GQA group (r = 0) to pack: a ValueError naming pack_gqa
+    (unpacked, H_q = 0 is an empty call)."""
+    q = jnp.zeros((1, 0, 128, 16))
+    k = jnp.zeros((1, 1, 128, 16))
+    idx = jnp.zeros((1, 1, 0, 1), jnp.int32)
+    with pytest.raises(ValueError, match=r"pack_gqa=True needs H_q >= 1 query heads"):
+        jsa.block_sparse_attention(q, k, k, idx, 1, sparse_block_size=64, pack_gqa=True)
+    with pytest.raises(ValueError, match=r"pack_gqa=True needs H_q >= 1 query heads"):
+        jsa.validate_bsa_metadata(q, k, k, idx, 1, sparse_block_size=64, pack_gqa=True)
+    with pytest.raises(ValueError, match=r"pack_gqa=True needs H_q >= 1 query heads"):
+        masks.topk_block_index(q, k, 1, sparse_block_size=64, pack_gqa=True)
+    out = jsa.block_sparse_attention(q, k, k, jnp.zeros((1, 0, 2, 1), jnp.int32), 1,
+                                     sparse_block_size=64)
+    assert out.shape == (1, 0, 128, 16)
+
+
 @pytest.fixture
 def fake_kernel_platform(monkeypatch):
     """A kernel platform whose bsa module accepts every call (the option checks run
