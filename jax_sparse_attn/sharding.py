@@ -36,7 +36,7 @@ from jax.sharding import PartitionSpec as P
 
 from . import bsa as _bsa
 from . import hstu as _hstu
-from .validation import is_concrete, validate_bsa_metadata
+from .validation import as_array_arg, is_concrete, validate_bsa_metadata
 
 #: the options of block_sparse_attention that validate_bsa_metadata takes
 _BSA_VALUE_OPTS = ("sparse_block_size", "allow_empty_block_nums", "softmax_scale", "pack_gqa",
@@ -242,6 +242,7 @@ def block_sparse_attention_sharded(q, k, v, q2k_block_index, block_sparse_num=No
     """
     nb, nh = _axis_size(mesh, batch_axis), _axis_size(mesh, head_axis)
     h_axis = 1 if layout == "bhsd" else 2
+    block_sizes = as_array_arg(block_sizes)  # a Python list, as the op takes it
     _check_div("B", q.shape[0], nb, batch_axis)
     _check_div("H_q", q.shape[h_axis], nh, head_axis)
     _check_div("H_kv", k.shape[h_axis], nh, head_axis)

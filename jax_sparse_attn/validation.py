@@ -616,6 +616,7 @@ def validate_bsa_metadata(q, k, v, q2k_block_index, block_sparse_num=None, block
     Raises:
       ValueError naming the first offending position.
     """
+    block_sizes = as_array_arg(block_sizes)  # a Python list, as the op takes it
     opts = check_bsa_args(q, k, v, q2k_block_index, block_sparse_num, block_sizes,
                           q2k_block_nums, sparse_block_size=sparse_block_size,
                           softmax_scale=softmax_scale, layout=layout,

@@ -164,6 +164,24 @@ def test_bsa_bad_block_sizes():
         validate_bsa_metadata(q, k, v, idx, block_sparse_num=1, sparse_block_size=64, block_sizes=bs)
 
 
+def test_bsa_block_sizes_as_a_list_like_the_op():
+    """validate_bsa_metadata and block_sparse_attention_sharded take block_sizes as a Python
+    list, as the op does (converted to int32), and check its values."""
+    from jax_sparse_attn.sharding import block_sparse_attention_sharded
+
+    q, k, v = (jnp.zeros(s.shape, s.dtype) for s in bsa_shapes())
+    idx = np.zeros((1, 2, 3, 1), np.int32)
+    kw = dict(block_sparse_num=1, sparse_block_size=64)
+    validate_bsa_metadata(q, k, v, idx, block_sizes=[64, 1, 64, 8], **kw)
+    with pytest.raises(ValueError, match=r"block_sizes\[\(2,\)\]=0 is outside"):
+        validate_bsa_metadata(q, k, v, idx, block_sizes=[1, 64, 0, 3], **kw)
+    mesh = jax.make_mesh((1,), ("b",))
+    out = block_sparse_attention_sharded(q, k, v, jnp.asarray(idx), block_sizes=[64, 1, 64, 8],
+                                         mesh=mesh, batch_axis="b", **kw)
+    ref = jsa.block_sparse_attention(q, k, v, jnp.asarray(idx), block_sizes=[64, 1, 64, 8], **kw)
+    np.testing.assert_array_equal(np.asarray(out, np.float32), np.asarray(ref, np.float32))
+
+
 def test_bsa_backward_requires_forward_results():
     """block_sparse_attention_backward without o / lse / do: a ValueError naming the missing
     argument (not a shape mismatch against ())."""
