@@ -114,7 +114,7 @@ def _make_config(q, k, v, q2k_block_index, block_sparse_num, block_sizes, q2k_bl
     ``which_backend`` raises their errors too)."""
     _backend.check_backend(backend)
     switches = _backend.check_switches(switches)
-    check_debug_checks(debug_checks)
+    debug_checks = check_debug_checks(debug_checks)
     block_sizes = as_array_arg(block_sizes)
     cfg = check_bsa_args(q, k, v, q2k_block_index, block_sparse_num, block_sizes,
                          q2k_block_nums, sparse_block_size=sparse_block_size,

@@ -106,7 +106,7 @@ def _make_config(q, k, v, cu_seqlens_q, cu_seqlens_k, func, paged_kv, page_ids, 
     ``which_backend`` raises their errors too)."""
     _backend.check_backend(backend)
     switches = _backend.check_switches(switches)
-    check_debug_checks(debug_checks)
+    debug_checks = check_debug_checks(debug_checks)
     deterministic = check_deterministic(deterministic)
     kv_splits = check_kv_splits(kv_splits)
     cfg = check_hstu_args(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q=max_seqlen_q,

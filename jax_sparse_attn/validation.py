@@ -64,9 +64,11 @@ def canonical_dtype(x):
 
 
 def check_debug_checks(debug_checks) -> bool:
-    if not isinstance(debug_checks, bool):
-        raise TypeError(f"debug_checks must be a bool, got {type(debug_checks).__name__}")
-    return debug_checks
+    """The static ``debug_checks`` option: a Python (or NumPy) bool, else TypeError."""
+    if not isinstance(debug_checks, (bool, np.bool_)):
+        raise TypeError(f"debug_checks must be a bool, got {debug_checks!r} "
+                        f"({type(debug_checks).__name__})")
+    return bool(debug_checks)
 
 
 def check_deterministic(deterministic) -> bool:

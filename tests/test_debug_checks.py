@@ -107,3 +107,15 @@ def test_bsa_forward_valid_traced_metadata_pass():
 def test_debug_checks_must_be_bool():
     with pytest.raises(TypeError, match="debug_checks must be a bool"):
         _hstu(jnp.asarray([0, 40], jnp.int32), debug_checks="yes")
+
+
+def test_debug_checks_takes_a_numpy_bool_like_the_other_flags():
+    """np.bool_ is accepted (as for causal, pack_gqa, deterministic); a rejected value is
+    named by its repr, not by a type name that reads as 'bool'."""
+    cu = jnp.asarray([0, 20, 40], jnp.int32)
+    want = _hstu(cu)
+    np.testing.assert_array_equal(np.asarray(_hstu(cu, debug_checks=np.True_)), np.asarray(want))
+    q, idx = _bsa_inputs()
+    block_sparse_attention(q, q, q, idx, 3, sparse_block_size=64, debug_checks=np.False_)
+    with pytest.raises(TypeError, match=r"debug_checks must be a bool, got 1 \(int\)"):
+        _hstu(cu, debug_checks=1)
