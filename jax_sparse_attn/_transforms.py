@@ -124,7 +124,7 @@ def hstu_fwd(cfg, impl):
         out = f(*args)
         return out.reshape((n, t_q) + tuple(out.shape[1:])), True
 
-    return f
+    return _with_jvp(f, functools.partial(impl, cfg))
 
 
 @functools.lru_cache(maxsize=None)
@@ -152,7 +152,7 @@ def hstu_bwd(cfg, impl):
             out = out + (_unfold_rab(grads[3], n),)
         return out, (True,) * len(out)
 
-    return f
+    return _with_jvp(f, lambda *args: tuple(impl(cfg, *args)))
 
 
 @functools.lru_cache(maxsize=None)
@@ -188,6 +188,18 @@ def hstu_fwd_paged(cfg, impl):
     return f
 
 
+def _with_jvp(f, fun):
+    """The custom_vmap function ``f`` with the JVP of ``fun`` (the same function without the
+    custom_vmap wrapper). JAX's JVP of a custom_vmap call cannot be linearized, so reverse
+    mode could not differentiate through ``f`` (a second ``jax.grad``: the forward and the
+    backward of the ops run inside the first one's backward); with ``fun``'s JVP the
+    reference backend's pure-jnp implementations differentiate as written, and a kernel
+    call stops at JAX's NotImplementedError for its primitive."""
+    g = jax.custom_jvp(f)
+    g.defjvp(lambda primals, tangents: jax.jvp(fun, primals, tangents))
+    return g
+
+
 def _bsa_cfg(cfg, n):
     return dataclasses.replace(cfg, batch=cfg.batch * n)
 
@@ -208,7 +220,7 @@ def bsa_fwd(cfg, impl):
         split = lambda x: x.reshape((n, cfg.batch) + tuple(x.shape[1:]))  # noqa: E731
         return (split(out), split(lse)), (True, True)
 
-    return f
+    return _with_jvp(f, lambda *args: tuple(impl(cfg, *args)))
 
 
 @functools.lru_cache(maxsize=None)
@@ -228,4 +240,4 @@ def bsa_bwd(cfg, impl):
         split = lambda x: x.reshape((n, cfg.batch) + tuple(x.shape[1:]))  # noqa: E731
         return tuple(split(g) for g in grads), (True, True, True)
 
-    return f
+    return _with_jvp(f, lambda *args: tuple(impl(cfg, *args)))

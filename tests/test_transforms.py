@@ -256,6 +256,52 @@ def test_remat_matches_plain_grad():
            jax.grad(lb, argnums=(0, 1, 2))(bq, bk, bv), 1e-5)
 
 
+def _dense_hstu(q, k, v, cu, maxq, alpha):
+    """Causal HSTU per sequence with plain jnp ops (no custom_vjp)."""
+    outs = []
+    for b in range(cu.shape[0] - 1):
+        s0, s1 = int(cu[b]), int(cu[b + 1])
+        s = alpha * jnp.einsum("qhd,khd->hqk", q[s0:s1], k[s0:s1])
+        keep = jnp.tril(jnp.ones((s1 - s0, s1 - s0), bool))
+        outs.append(jnp.einsum("hqk,khd->qhd", jnp.where(keep, jax.nn.silu(s), 0.0),
+                               v[s0:s1]) / maxq)
+    return jnp.concatenate(outs)
+
+
+def _grad_of_grad(f, args, w):
+    """Reverse over reverse: the gradient of a function of the first gradients."""
+    loss = lambda *a: (jnp.sin(f(*a)) * w).sum()  # noqa: E731
+    inner = lambda *a: jax.grad(loss, argnums=(0, 1, 2))(*a)  # noqa: E731
+    outer = lambda *a: sum((jnp.cos(g) * w[..., :g.shape[-1]]).sum() for g in inner(*a))  # noqa: E731
+    return jax.grad(outer, argnums=(0, 1, 2))(*args)
+
+
+def test_second_order_differentiation_on_the_reference_backend():
+    """A second jax.grad (and jax.hessian) runs through the reference backend's forward and
+    backward and equals that of the same attention written with plain jnp ops."""
+    q, k, v = (x[0] for x in _qkv(7))
+    cu = jnp.array([0, 15, 33], jnp.int32)
+    w = jax.random.normal(jax.random.PRNGKey(8), q.shape)
+    hstu = lambda q, k, v: jsa.hstu_attention(q, k, v, cu, cu, max_seqlen_q=18,  # noqa: E731
+                                              max_seqlen_k=18, alpha=0.5)
+    dense = lambda q, k, v: jnp.concatenate(  # noqa: E731
+        [_dense_hstu(q, k, v, cu, 18, 0.5), jnp.zeros((T - 33, H, D))])
+    _close(_grad_of_grad(hstu, (q, k, v), w), _grad_of_grad(dense, (q, k, v), w), 1e-4)
+
+    qb, kb, vb = (jnp.swapaxes(x[:, :, :1], 1, 2)[..., :8] for x in _qkv(9, n=1, t=128))
+    idx = jnp.broadcast_to(jnp.array([1, 0], jnp.int32), (1, 1, 2, 2))
+    bsa = lambda q, k, v: jsa.block_sparse_attention(q, k, v, idx, 2, sparse_block_size=64,  # noqa: E731
+                                                     softmax_scale=0.3)
+    dense_bsa = lambda q, k, v: jnp.einsum(  # noqa: E731
+        "bhqk,bhkd->bhqd", jax.nn.softmax(0.3 * jnp.einsum("bhqd,bhkd->bhqk", q, k)), v)
+    wb = jax.random.normal(jax.random.PRNGKey(10), qb.shape)
+    _close(_grad_of_grad(bsa, (qb, kb, vb), wb), _grad_of_grad(dense_bsa, (qb, kb, vb), wb),
+           1e-4)
+    hess = jax.hessian(lambda x: bsa(qb.at[0, 0, 3, 1].set(x), kb, vb).sum())(0.5)
+    want = jax.hessian(lambda x: dense_bsa(qb.at[0, 0, 3, 1].set(x), kb, vb).sum())(0.5)
+    _close(hess, want, 1e-4)
+
+
 def test_export_round_trip_reference():
     """jax.export of a function calling both ops (forward and grad), serialized and
     deserialized, gives the same results (reference backend on CPU)."""
