@@ -287,7 +287,8 @@ _META_ARG_LINES = """
         entries, per-chunk fp32 softmax partials merged by ``lse = log sum exp(lse_s)``
         (empty chunks contribute nothing). ``"auto"``: ``floor(num_SMs / (B H_q N_q))``
         (``B H_kv N_qp`` metadata rows with ``pack_gqa``) clamped to ``[1, min(K_max,
-        256)]`` (132 SMs where no GPU is visible), resolved at trace time. The backward
+        256)]`` (132 SMs where no GPU is visible), resolved at trace time (1 for a
+        symbolic batch of ``jax.export``). The backward
         does not split. Kernels: every forward splits (fp32
         partials + a combine kernel, ``docs/bsa.md``).
       pack_gqa: bool (default False): metadata over packed query rows ``p = s r + g``

@@ -19,6 +19,7 @@ Tiny XLA computations on int32 metadata, shared by the ffi adapters, the referen
 from __future__ import annotations
 
 import functools
+import numbers
 
 import jax
 import jax.numpy as jnp
@@ -244,7 +245,10 @@ def auto_kv_splits(num_rows: int, k_max: int, sms: int | None = None) -> int:
     ``num_rows`` metadata rows (``B * H_q * N_q``; ``B * H_kv * N_qp`` with ``pack_gqa``)
     times the splits fill one wave of ``sms`` SMs (default :func:`num_sms`):
     ``floor(sms / num_rows)`` clamped to ``[1, min(k_max, 256)]`` (more splits than
-    listed blocks would only add empty splits)."""
+    listed blocks would only add empty splits). A symbolic ``num_rows`` (``jax.export`` with
+    a symbolic batch) gives 1: the rows are not known when the split count is fixed."""
+    if not isinstance(num_rows, numbers.Integral):
+        return 1
     sms = num_sms() if sms is None else int(sms)
     return max(1, min(sms // max(int(num_rows), 1), int(k_max), 256))
 

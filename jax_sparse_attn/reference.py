@@ -31,6 +31,7 @@ metadata entries are clipped so that gathers never read out of bounds.
 from __future__ import annotations
 
 import math
+import numbers
 
 import jax
 import jax.numpy as jnp
@@ -66,6 +67,10 @@ def _compute_dtype(in_dtype, compute_dtype):
 
 
 def _map_batch(n_items: int, elems_per_item: int) -> int:
+    """Items per ``lax.map`` step; 1 when ``n_items`` is symbolic (``jax.export`` shape
+    polymorphism), whose chunking into larger steps would need its value."""
+    if not isinstance(n_items, numbers.Integral):
+        return 1
     budget = _CHUNK_ELEMS_CPU if jax.default_backend() == "cpu" else _CHUNK_ELEMS_ACCEL
     return max(1, min(n_items, budget // max(1, elems_per_item)))
 

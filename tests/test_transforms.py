@@ -368,6 +368,26 @@ def test_export_symbolic_token_count_reference():
                _hstu(qq[0, :n], kk[0, :n], vv[0, :n], jnp.minimum(CU[0], n)))
 
 
+@pytest.mark.parametrize("opts", [{}, {"kv_splits": "auto"}, {"causal": True, "kv_splits": 3},
+                                  {"pack_gqa": True}])
+def test_export_bsa_symbolic_batch_reference(opts):
+    """A symbolic batch B exports on the reference backend, forward and backward
+    (kv_splits="auto" then runs one split: the rows are not known at trace time)."""
+    from jax import export  # noqa: PLC0415
+
+    (b,) = export.symbolic_shape("b")
+    rows = (b, 1, 4, 2) if opts.get("pack_gqa") else (b, 2, 2, 2)
+    f = jax.jit(jax.value_and_grad(lambda q, k, i: jsa.block_sparse_attention(
+        q, k, k, i, 2, sparse_block_size=64, **opts).sum()))
+    exp = export.export(f)(jax.ShapeDtypeStruct((b, 2, 128, 8), jnp.float32),
+                           jax.ShapeDtypeStruct((b, 1, 128, 8), jnp.float32),
+                           jax.ShapeDtypeStruct(rows, jnp.int32))
+    for n in (1, 3):
+        q, k = (jax.random.normal(jax.random.PRNGKey(s), (n, h, 128, 8)) for s, h in ((n, 2), (9, 1)))
+        idx = jnp.zeros((n,) + rows[1:], jnp.int32).at[..., 1].set(1)
+        _close(exp.call(q, k, idx), f(q, k, idx), 1e-5)
+
+
 def test_export_safety_checks_name_the_cute_targets():
     checks = jsa.export_safety_checks()
     assert isinstance(checks, tuple)
