@@ -600,6 +600,12 @@ def _block_sparse_attention_bwd_ref_impl(
         ds = jnp.where(ok, p * (dp - di[:, None]), jnp.zeros((), cdt))
         dq = jnp.einsum("qk,kd->qd", ds, kt, preferred_element_type=cdt) * scale
         dk_c = jnp.einsum("qk,qd->kd", ds, qt, preferred_element_type=cdt) * scale
+        # key rows that are no keys of this item (inactive list entries, an item with no
+        # listed block, partial-block tails) get exactly zero: their zero dS / P columns
+        # would still meet a NaN / Inf query or dO row of the item in 0 * NaN
+        zero = jnp.zeros((), cdt)
+        dk_c = jnp.where(kval[:, None], dk_c, zero)
+        dv_c = jnp.where(kval[:, None], dv_c, zero)
         return dq, dk_c.reshape(K_max, blk, D), dv_c.reshape(K_max, blk, Dv), idc
 
     # Scan over chunks of (b, h, m) items; each chunk is vectorised and scatter-adds its

@@ -165,6 +165,33 @@ def test_bsa_unused_index_entries_and_empty_rows_are_not_read(backend):
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
+def test_bsa_nan_query_and_cotangent_of_empty_rows_stay_out_of_dk_dv(backend):
+    """S = 128, blk 64, K_max = 2: query block 0 lists block 1 (its unused second entry names
+    block 0), query block 1 lists nothing (count 0) and holds NaN in q and in the output
+    cotangent. Its rows have no key, so dK / dV equal those of finite rows there and dQ of
+    the empty rows is 0; block 0, listed by no row, gets zero gradients."""
+    dt = _dtype(backend)
+    rng = np.random.default_rng(5)
+    q, k, v, do = (jnp.asarray(rng.standard_normal((1, 1, 128, 32)), dt) for _ in range(4))
+    idx = jnp.array([[[[1, 0], [0, 1]]]], jnp.int32)
+    nums = jnp.array([[[1, 0]]], jnp.int32)
+
+    def grads(q, do):
+        out, vjp = jax.vjp(lambda q, k, v: block_sparse_attention(
+            q, k, v, idx, q2k_block_nums=nums, sparse_block_size=64,
+            allow_empty_block_nums=True, backend=backend), q, k, v)
+        return [np.asarray(x, np.float32) for x in (out,) + vjp(do)]
+
+    clean = grads(q, do)
+    bad = grads(q.at[0, 0, 64:].set(jnp.nan), do.at[0, 0, 70].set(jnp.nan))
+    for got, want in zip(bad, clean):
+        assert np.all(np.isfinite(got))
+        np.testing.assert_array_equal(got, want)
+    assert np.all(bad[1][0, 0, 64:] == 0)  # dq of the empty rows
+    assert np.all(bad[2][0, 0, :64] == 0) and np.all(bad[3][0, 0, :64] == 0)  # block 0
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
 def test_bsa_partial_block_tail_not_read(backend):
     """S = 64, block_sizes = [40], v[40:] = NaN (and k[40:] = NaN): out, lse and the
     gradients are finite and equal attention over the first 40 keys."""
