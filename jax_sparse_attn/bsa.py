@@ -437,6 +437,10 @@ def block_sparse_attention_backward(do, q, k, v, o, lse, q2k_block_index, block_
                 raise ValueError(f"{name} is required (got None): the backward takes the "
                                  f"forward's out and lse (block_sparse_attention_forward) and "
                                  f"the cotangent do")
+        for name, x in (("do", do), ("o", o), ("lse", lse), ("dlse", dlse)):
+            if x is not None and not hasattr(x, "shape"):
+                raise TypeError(f"{name} must be an array (jax.Array or numpy.ndarray), got "
+                                f"{type(x).__name__}")
         for name, x in (("do", do), ("o", o)):
             if tuple(getattr(x, "shape", ())) != out_shape:
                 raise ValueError(f"{name} must have the output's shape {out_shape}, "

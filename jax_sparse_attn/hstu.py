@@ -553,6 +553,9 @@ def hstu_attention_backward(do, q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seql
 
     def check_do(cfg):
         want = (q.shape[0], q.shape[1], cfg.head_dim_v)
+        if not hasattr(do, "shape"):
+            raise TypeError(f"do must be an array (jax.Array or numpy.ndarray) of the output's "
+                            f"shape (T_q, H, D_v) = {want}, got {type(do).__name__}")
         if tuple(getattr(do, "shape", ())) != want:
             raise ValueError(f"do must have the output's shape (T_q, H, D_v) = {want}, "
                              f"got {tuple(getattr(do, 'shape', ()))}")

@@ -183,6 +183,8 @@ def test_hstu_backward_api_errors():
             jsa.hstu_attention_backward, jnp.ones((12, 2, 7)), q, k, v, cu, cu, **kw)
     _raises(TypeError, r"do dtype", jsa.hstu_attention_backward, jnp.ones((12, 2, 8), jnp.bfloat16),
             q, k, v, cu, cu, **kw)
+    _raises(TypeError, r"do must be an array .* got list", jsa.hstu_attention_backward,
+            np.ones((12, 2, 8)).tolist(), q, k, v, cu, cu, **kw)
 
 
 # ----------------------------------------------------------------------------- errors: BSA
@@ -229,6 +231,9 @@ def test_bsa_backward_api_errors():
     _raises(ValueError, r"lse must have shape \(B, H_q, S_q\) = \(1, 2, 100\)", g, o, q, k, v, o, lse[0], idx, **kw)
     _raises(TypeError, r"lse must be float32 .* got bfloat16", g, o, q, k, v, o, lse.astype(jnp.bfloat16), idx, **kw)
     _raises(TypeError, r"lse must be float32 .* got int32", g, o, q, k, v, o, lse.astype(jnp.int32), idx, **kw)
+    _raises(TypeError, r"do must be an array \(jax.Array or numpy.ndarray\), got list", g,
+            o.tolist(), q, k, v, o, lse, idx, **kw)
+    _raises(TypeError, r"lse must be an array .* got float", g, o, q, k, v, o, 1.0, idx, **kw)
 
 
 # ----------------------------------------------------------------------------- backend selection
