@@ -279,7 +279,8 @@ _META_ARG_LINES = """
         default None reads the environment, see :func:`hstu_attention`).
       debug_checks: bool, default False: also check traced metadata values (inside
         ``jax.jit``, or batched by ``jax.vmap`` even in an eager call) on the host at run time; bad values raise
-        ``jax.errors.JaxRuntimeError`` with the eager validator's message (see
+        ``jax.errors.JaxRuntimeError`` with the eager validator's message under
+        ``jax.jit`` (in an eager ``jax.vmap``, the validator's ``ValueError`` itself; see
         :func:`hstu_attention`). Without it, bad traced metadata give unspecified values
         (never an out-of-bounds access).
       kv_splits: static int in ``[1, 256]`` or ``"auto"`` (default 1): split-KV, each row's

@@ -358,8 +358,9 @@ _BACKEND_ARG_LINES = """
         batched by ``jax.vmap``, even in an eager call),
         on the host at run time (``jax.debug.callback``, a device-to-host copy per call):
         bad values then raise ``jax.errors.JaxRuntimeError`` carrying the eager
-        validator's message. Without it, bad traced metadata give unspecified values
-        (never an out-of-bounds access).
+        validator's message under ``jax.jit`` (in an eager ``jax.vmap`` the callback runs
+        at once and raises the validator's ``ValueError`` itself). Without it, bad traced
+        metadata give unspecified values (never an out-of-bounds access).
       deterministic: static bool, default False. With True the backward's gradients
         (dq, dk, dv and drab) are bitwise reproducible run to run on the kernel backend:
         the dq contributions of the KV tiles of a query tile are added in a fixed order
@@ -376,12 +377,17 @@ _RAISES_DOC = """
     Raises:
       ValueError: bad shapes/ranks (also zero heads or head dims), options (e.g. func with a window, odd-N violation,
         scaling_seqlen <= 0, alpha or 1 / scaling_seqlen not finite in float32,
-        max_seqlen_* > 2**31 - 1, backend not in {"auto", "kernel", "reference"}, a switch
+        max_seqlen_* outside [0, 2**31 - 1], window_size not a pair of ints >= -1,
+        kv_splits outside [1, 16] and not "auto", backend not in
+        {"auto", "kernel", "reference"}, a switch
         environment variable outside its allowed values) or, when the
         metadata are concrete arrays, bad values
         (see :func:`~jax_sparse_attn.validate_hstu_inputs`).
       TypeError: wrong dtypes (mixed q/k/v dtypes, non-integer cu_seqlens), traced
-        static options or ``switches`` not a ``Switches``.
+        static options, static options of the wrong type (max_seqlen_* or a window_size
+        side not an int, alpha / scaling_seqlen not a real number, kv_splits not an int
+        or "auto", debug_checks / deterministic not bools) or ``switches`` not a
+        ``Switches``.
       NotImplementedError: ``backend="kernel"`` where the kernel cannot run, or
         differentiating a paged-KV call.
 """

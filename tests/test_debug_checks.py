@@ -119,3 +119,26 @@ def test_debug_checks_takes_a_numpy_bool_like_the_other_flags():
     block_sparse_attention(q, q, q, idx, 3, sparse_block_size=64, debug_checks=np.False_)
     with pytest.raises(TypeError, match=r"debug_checks must be a bool, got 1 \(int\)"):
         _hstu(cu, debug_checks=1)
+
+
+def test_eager_vmap_bad_metadata_raise_the_validator_value_error():
+    """Batched by an eager jax.vmap (no jit), the run-time check runs at once: the
+    validator's ValueError itself, with the eager message (the documented behaviour)."""
+    good = jnp.asarray([0, 20, 20, 40], jnp.int32)
+    bad = jnp.asarray([0, 30, 20, 40], jnp.int32)
+    msg = _eager_message(_hstu, bad)
+    with pytest.raises(ValueError, match=re.escape(msg)):
+        jax.block_until_ready(jax.vmap(lambda c: _hstu(c, debug_checks=True))(
+            jnp.stack([good, bad])))
+    q, idx = _bsa_inputs()
+    bad_idx = np.array(idx)
+    bad_idx[0, 1, 3, 0] = 9
+
+    def f(i, debug_checks=False):
+        return block_sparse_attention(q, q, q, i, 2, sparse_block_size=64,
+                                      backend="reference", debug_checks=debug_checks)
+
+    msg = _eager_message(f, jnp.asarray(bad_idx))
+    with pytest.raises(ValueError, match=re.escape(msg)):
+        jax.block_until_ready(jax.vmap(lambda i: f(i, True))(
+            jnp.stack([idx, jnp.asarray(bad_idx)])))
