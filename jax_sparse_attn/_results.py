@@ -87,7 +87,8 @@ class HSTUForwardResult(_DictAccess, _HSTUForward):
 
 
 class HSTUBackwardResult(_DictAccess, _HSTUBackward):
-    """``dq_tensor (T_q, H, D)``, ``dk_tensor (T_k, H, D)``, ``dv_tensor (T_k, H, D_v)``."""
+    """``dq_tensor (T_q, H, D)``, ``dk_tensor (T_k, H_kv, D)``, ``dv_tensor (T_k, H_kv, D_v)``
+    in the input dtype."""
 
     __slots__ = ()
 
@@ -100,7 +101,8 @@ class HSTUBackwardRabResult(_DictAccess, _HSTUBackwardRab):
 
 
 class BSAForwardResult(_DictAccess, _BSAForward):
-    """``o_tensor`` in the input layout and q's dtype; ``lse_tensor (B, H_q, S_q)`` fp32."""
+    """``o_tensor`` in the input layout and q's dtype; ``lse_tensor (B, H_q, S_q)`` float32
+    (float64 for float64 inputs), ``-inf`` for rows without keys."""
 
     __slots__ = ()
 

@@ -148,7 +148,7 @@ def hstu_attention_sharded(q, k, v, cu_seqlens_q, cu_seqlens_k, *, mesh, token_a
     """:func:`jax_sparse_attn.hstu_attention` run shard-locally with ``jax.shard_map``.
 
     Args:
-      q, k, v: global ``(T_q, H, D)``, ``(T_k, H, D)``, ``(T_k, H, D_v)`` arrays (any
+      q, k, v: global ``(T_q, H, D)``, ``(T_k, H_kv, D)``, ``(T_k, H_kv, D_v)`` arrays (any
         sharding: they are resharded to the specs below if needed, on explicit mesh axes,
         ``jax.make_mesh``'s default, as on automatic ones).
       cu_seqlens_q, cu_seqlens_k: int32 ``(num_shards, B_local + 1)`` shard-local
@@ -230,10 +230,12 @@ def block_sparse_attention_sharded(q, k, v, q2k_block_index, block_sparse_num=No
         as for :func:`~jax_sparse_attn.block_sparse_attention` (global shapes).
       mesh: a ``jax.sharding.Mesh``; batch_axis / head_axis: mesh axis names (or None)
         sharding B and the heads (``H_q`` and ``H_kv`` must both be divisible).
-      return_lse: also return the float32 ``lse (B, H_q, S_q)`` (as
-        :func:`~jax_sparse_attn.block_sparse_attention_forward`; not differentiable).
-      **kwargs: the other static options (``sparse_block_size``, ``softmax_scale``,
-        ``allow_empty_block_nums``, ``backend``, ``switches``).
+      return_lse: also return ``lse (B, H_q, S_q)``, float32 (float64 for float64
+        inputs), as :func:`~jax_sparse_attn.block_sparse_attention_forward` does; both
+        outputs are then differentiable in q, k, v (cotangents for ``out`` and ``lse``).
+      **kwargs: the other static options of the op (``sparse_block_size``,
+        ``softmax_scale``, ``allow_empty_block_nums``, ``backend``, ``switches``,
+        ``debug_checks``, ``kv_splits``, ``pack_gqa``, ``causal``, ``deterministic``).
     Returns:
       ``out`` (and ``lse``) sharded like q.
     Raises:

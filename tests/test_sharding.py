@@ -97,3 +97,33 @@ def test_per_shard_cu_seqlens_equal_per_shard_calls():
         jsa.hstu_attention(q, k, v, cu, cu[:1], **opts)
     with pytest.raises(ValueError, match="must have rank 1"):  # one 2-D, one 1-D
         jsa.hstu_attention(q, k, v, cu, cu[0], **opts)
+
+
+def test_bsa_sharded_return_lse_is_differentiable():
+    """return_lse: (out, lse) as block_sparse_attention_forward, differentiable in q, k, v
+    with cotangents for both (as documented); a one-device mesh, in process."""
+    from jax_sparse_attn.sharding import block_sparse_attention_sharded  # noqa: PLC0415
+
+    mesh = jax.sharding.Mesh(np.array(jax.devices()[:1]), ("data",))
+    ks = jax.random.split(jax.random.PRNGKey(1), 3)
+    q, k, v = (jax.random.normal(x, (2, 2, 256, 16)) for x in ks)
+    idx = jnp.asarray(np.tile(np.array([[1], [0]], np.int32), (2, 2, 1, 1)))
+    opts = dict(block_sparse_num=1, backend="reference")
+    w = jnp.arange(256, dtype=jnp.float32) / 256
+
+    def loss(fn):
+        def f(q, k, v):
+            o, lse = fn(q, k, v)
+            return jnp.sum(o * o) + jnp.sum(lse * w)
+        return f
+
+    sharded = loss(lambda q, k, v: block_sparse_attention_sharded(
+        q, k, v, idx, mesh=mesh, batch_axis="data", return_lse=True, **opts))
+    single = loss(lambda q, k, v: tuple(jsa.block_sparse_attention_forward(q, k, v, idx, **opts)))
+    o, lse = block_sparse_attention_sharded(q, k, v, idx, mesh=mesh, batch_axis="data",
+                                            return_lse=True, **opts)
+    assert lse.shape == (2, 2, 256) and lse.dtype == jnp.float32
+    got = jax.grad(sharded, argnums=(0, 1, 2))(q, k, v)
+    want = jax.grad(single, argnums=(0, 1, 2))(q, k, v)
+    for g, h in zip(got, want):
+        np.testing.assert_allclose(np.asarray(g), np.asarray(h), rtol=1e-5, atol=1e-5)
