@@ -96,6 +96,18 @@ def is_concrete(*xs) -> bool:
     return not any(_is_tracer(x) for x in xs if x is not None)
 
 
+def _require_concrete(fn_name, **arrays):
+    """TypeError naming the first traced array: the eager validators read values on the
+    host, which a tracer (inside ``jax.jit`` / ``jax.vmap``) does not have."""
+    for name, x in arrays.items():
+        if x is not None and _is_tracer(x):
+            raise TypeError(f"{fn_name} checks metadata values eagerly and needs concrete "
+                            f"arrays, but {name} is traced (inside jax.jit, jax.vmap or "
+                            f"another transformation): call it outside the transformation, "
+                            f"or pass debug_checks=True to the op to check traced metadata "
+                            f"at run time")
+
+
 def _shape(name, x):
     if x is None:
         raise ValueError(f"{name} is required (got None)")
@@ -410,7 +422,8 @@ def validate_hstu_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q, m
 
     Raises:
       ValueError naming the first offending position; TypeError/ValueError from the
-      trace-time checks.
+      trace-time checks; TypeError for traced metadata (inside ``jax.jit`` /
+      ``jax.vmap``: use the op's ``debug_checks=True`` there).
     """
     cu_seqlens_q, cu_seqlens_k, page_ids, page_indptrs = (
         as_array_arg(x) for x in (cu_seqlens_q, cu_seqlens_k, page_ids, page_indptrs))
@@ -418,6 +431,9 @@ def validate_hstu_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q, m
                            max_seqlen_k=max_seqlen_k, scaling_seqlen=scaling_seqlen,
                            window_size=window_size, alpha=alpha, func=func, paged_kv=paged_kv,
                            page_ids=page_ids, page_indptrs=page_indptrs, rab=rab)
+    _require_concrete("validate_hstu_inputs", cu_seqlens_q=cu_seqlens_q,
+                      cu_seqlens_k=cu_seqlens_k, func=func, page_ids=page_ids,
+                      page_indptrs=page_indptrs)
     _hstu_value_checks(q, k, cu_seqlens_q, cu_seqlens_k, func, paged_kv, page_ids, page_indptrs,
                        opts)
 
@@ -616,7 +632,9 @@ def validate_bsa_metadata(q, k, v, q2k_block_index, block_sparse_num=None, block
       ``N_q`` (see :func:`~jax_sparse_attn.block_sparse_attention`).
 
     Raises:
-      ValueError naming the first offending position.
+      ValueError naming the first offending position (and the op's argument errors);
+      TypeError for traced metadata (inside ``jax.jit`` / ``jax.vmap``: use the op's
+      ``debug_checks=True`` there).
     """
     block_sizes = as_array_arg(block_sizes)  # a Python list, as the op takes it
     opts = check_bsa_args(q, k, v, q2k_block_index, block_sparse_num, block_sizes,
@@ -624,6 +642,8 @@ def validate_bsa_metadata(q, k, v, q2k_block_index, block_sparse_num=None, block
                           softmax_scale=softmax_scale, layout=layout,
                           allow_empty_block_nums=allow_empty_block_nums, pack_gqa=pack_gqa,
                           kv_splits=kv_splits, causal=causal)
+    _require_concrete("validate_bsa_metadata", q2k_block_index=q2k_block_index,
+                      block_sizes=block_sizes, q2k_block_nums=q2k_block_nums)
     _bsa_value_checks(q2k_block_index, block_sizes, q2k_block_nums, allow_empty_block_nums, opts)
 
 

@@ -269,3 +269,17 @@ def test_window_sides_past_int32_and_empty_bounds():
                              page_indptrs=cu, max_seqlen_q=0, max_seqlen_k=0,
                              backend="reference")
     assert out.shape == (0, 4, 128)
+
+
+def test_validators_reject_traced_metadata_with_a_pointer_to_debug_checks():
+    """The validators read values on the host: traced metadata (inside jax.jit) raise a
+    TypeError naming the array and pointing to the op's debug_checks=True."""
+    q, k, v, cu, _ = hstu_args()
+    with pytest.raises(TypeError, match="cu_seqlens_q is traced.*debug_checks=True"):
+        jax.jit(lambda c: validate_hstu_inputs(q, k, v, c, cu, max_seqlen_q=7,
+                                               max_seqlen_k=7))(cu)
+    qb = jax.ShapeDtypeStruct((1, 2, 256, 8), jnp.bfloat16)
+    idx = jnp.zeros((1, 2, 2, 1), jnp.int32)
+    with pytest.raises(TypeError, match="q2k_block_index is traced.*debug_checks=True"):
+        jax.jit(lambda i: validate_bsa_metadata(qb, qb, qb, i, 1))(idx)
+    validate_bsa_metadata(qb, qb, qb, idx, 1)  # concrete: checked
