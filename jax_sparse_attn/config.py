@@ -135,7 +135,8 @@ def _parse_ws(var, raw):
 #: ``stages=N`` (at most N K/V stages, 2..8)
 BSA_WS_FLAGS = ("nooverlap", "nopingpong", "q1", "headinner", "lazyrescale", "ctas2", "oalias",
                 "cross", "crossepi", "vlag", "splitwait", "nosplitwait", "qregs", "mpre", "qahead", "noepivec",
-                "streamk", "tmao", "notmao", "tmaopack", "notmaopack", "ctas3k1", "selfload")
+                "streamk", "tmao", "notmao", "tmaopack", "notmaopack", "ctas3k1", "selfload",
+                "pairwg")
 _BSA_WS_ALLOWED = ("comma list of " + ", ".join(BSA_WS_FLAGS)
                    + ", stages=N (most K/V shared-memory stages: 2..8); at most one of "
                    "splitwait, nosplitwait; tmao and tmaopack exclude notmao and noepivec, "
@@ -433,6 +434,12 @@ SWITCHES = (
            "stores too, boxes of (D, r, 64 / r) as the packed Q loads; excludes notmaopack), "
            "notmaopack (packed rows copied out by the consumer warpgroup as with notmao; "
            "unpacked rows keep the TMA stores), "
+           "pairwg (blk 64: one CTA per SM of two consumer warpgroups, each with work items "
+           "of its own (its own 64-row query block, block list, Q / K / V rings and producer "
+           "warp), taking turns at their GEMMs (ping-pong; in lockstep-free order with "
+           "nopingpong), instead of two CTAs of one consumer warpgroup; not with split-KV, "
+           "pack_gqa, ctas3k1, selfload, streamk, cross, crossepi, mpre, qahead or oalias, "
+           "where it is ignored), "
            "stages=N "
            "(most K/V stages)"),
     _choice("bsa_bwd_impl", "JAX_SPARSE_ATTN_BSA_BWD_IMPL", ("auto", "sm90", "sm90ws", "sm80"),

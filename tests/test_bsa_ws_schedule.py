@@ -197,3 +197,60 @@ def test_chained_items_need_two_q_buffers(kw, chained):
     k = BsaFwdSm90Ws(cutlass.BFloat16, 128, 128, False, 132, **kw)
     assert k.cross_item == chained
     assert k.cross_epi_first == (chained and kw.get("cross_item") == 2)
+
+
+def test_pair_wg_keys():
+    """``pairwg`` reaches the key at blk 64 (D 64 and 128; at D 64 instead of the three CTAs
+    per SM) without split-KV, ``pack_gqa`` and the options that change the item walk or the Q
+    buffers; elsewhere the key is the one without it."""
+    dt = jnp.bfloat16
+    pair = Switches(bsa_fwd_ws=("pairwg",))
+    for d in (64, 128):
+        k = bsa.fwd_config(dt, d, 64, True, pair)
+        assert k.ws_pair_wg and not (k.ws_three_ctas or k.ws_k_single), d
+        assert bsa.fwd_config(dt, d, 64, True, pair, causal=True).ws_pair_wg
+        assert not bsa.fwd_config(dt, d, 64, True, Switches()).ws_pair_wg
+        assert bsa.fwd_config(dt, d, 128, False, pair) == bsa.fwd_config(dt, d, 128, False,
+                                                                          Switches())
+    splits = {"kv_splits": 3, "num_rows": 8, "k_max": 16}
+    for kw in ({"pack_gqa": 4}, splits):
+        assert bsa.fwd_config(dt, 128, 64, False, pair, **kw) == bsa.fwd_config(
+            dt, 128, 64, False, Switches(), **kw), kw
+    for more in ("ctas3k1", "selfload", "streamk", "cross", "crossepi", "mpre", "qahead",
+                 "oalias"):
+        k = bsa.fwd_config(dt, 128, 64, False, Switches(bsa_fwd_ws=("pairwg", more)))
+        assert not k.ws_pair_wg, more
+        assert k == bsa.fwd_config(dt, 128, 64, False, Switches(bsa_fwd_ws=(more,))), more
+    for more in ("nopingpong", "nooverlap", "q1", "notmao", "qregs", "vlag", "stages=3"):
+        assert bsa.fwd_config(dt, 128, 64, False,
+                              Switches(bsa_fwd_ws=("pairwg", more))).ws_pair_wg, more
+
+
+@pytest.mark.parametrize("d,stages", [(128, 2), (64, 4)])
+def test_pair_wg_kernel_shape(d, stages):
+    """``pair_items``: one CTA per SM of 384 threads (producer warpgroup, two consumer
+    warpgroups of 64-row work items), each warpgroup's ring set planned as one of two CTAs
+    per SM would be, the two sets, their mbarriers and the turn flags within the SM's shared
+    memory; the combinations the kernel does not implement raise NotImplementedError."""
+    import cutlass  # noqa: PLC0415
+
+    from jax_sparse_attn.kernels.bsa_fwd_sm90_ws import BsaFwdSm90Ws  # noqa: PLC0415
+
+    bf16 = cutlass.BFloat16
+    k = BsaFwdSm90Ws(bf16, d, 64, False, 132, pair_items=True)
+    assert (k.num_wg, k.bm, k.ctas_per_sm, k.num_threads) == (2, 64, 1, 384)
+    assert (k.stages, k.q_stages, k.o_alias_q, k.pingpong) == (stages, 2, False, True)
+    assert (k.regs_producer, k.regs_consumer) == (24, 240)
+    assert (k._rings(), k._q_slices()) == (2, 1)
+    # two rings of buffers (Q, K, V, O), the mbarriers and the turn flags (1 KiB each,
+    # rounded up) within one CTA's limit
+    per_ring = 2 * 64 * d * 2 + stages * 64 * 2 * d * 2 + 64 * d * 2
+    assert 2 * per_ring + 2 * 1024 <= SMEM_LIMIT
+    assert not BsaFwdSm90Ws(bf16, d, 64, False, 132, pair_items=True, pingpong=False).pingpong
+    for kw in ({"three_ctas": True}, {"kv_splits": 2}, {"pack_gqa": 2}, {"stream_k": True},
+               {"cross_item": 1}, {"meta_prefetch": True}, {"q_ahead": True},
+               {"o_alias_first": True}):
+        with pytest.raises(NotImplementedError, match="pair_items needs"):
+            BsaFwdSm90Ws(bf16, d, 64, False, 132, pair_items=True, **kw)
+    with pytest.raises(NotImplementedError, match="pair_items needs"):
+        BsaFwdSm90Ws(bf16, d, 128, False, 132, pair_items=True)

@@ -29,15 +29,19 @@ element copies of the swizzled layout instead of packed pair stores); ``notmao``
 ``Switches(bsa_fwd_ws="notmao")`` (its consumer warpgroups copying the staged O out
 themselves instead of TMA tensor stores); ``ctas3k1``: ``Switches(bsa_fwd_ws="ctas3k1")``
 (three CTAs per SM at blk 64 / D 128); ``selfload``: ``Switches(bsa_fwd_ws="selfload")``
-(the same without the producer warp); ``nodefault`` leaves out the grid with the
-default switches.
+(the same without the producer warp); ``pairwg``: ``Switches(bsa_fwd_ws="pairwg")`` (blk 64:
+two consumer warpgroups per CTA with work items of their own); ``nodefault`` leaves out the
+grid with the default switches.
 ``test_bsa_preprocess_kernel`` checks the preprocessing kernel directly.
 ``test_bsa_sm90ws_forward`` adds the sm90ws forward's own cases (every KV block listed, the
 partial last block listed by every row, NaN in unlisted blocks and past block_sizes,
 outputs poisoned by a preceding all-NaN run); ``tests/gpu_bsa_ws.sh`` runs them, the grid on
 sm90ws and the benchmark in one device call. ``test_bsa_sm90ws_forward_ctas3k1`` runs the
 blk 64 / D 128 ones and three more under ``bsa_fwd_ws`` flags ``BSA_TEST_K1`` (a comma
-list, default ``ctas3k1``; e.g. ``selfload`` or ``ctas3k1,nooverlap``).
+list, default ``ctas3k1``; e.g. ``selfload`` or ``ctas3k1,nooverlap``);
+``test_bsa_sm90ws_forward_pairwg`` the blk 64 ones and four more (rows of varied lengths,
+a CTA whose second warpgroup has no item, every block listed) under ``BSA_TEST_PAIR``
+(default ``pairwg``; e.g. ``pairwg,nopingpong``).
 """
 
 from __future__ import annotations
@@ -72,6 +76,7 @@ NOEPIVEC = Switches(bsa_fwd_ws=("noepivec",))
 NOTMAO = Switches(bsa_fwd_ws=("notmao",))
 CTAS3K1 = Switches(bsa_fwd_ws=("ctas3k1",))
 SELFLOAD = Switches(bsa_fwd_ws=("selfload",))
+PAIRWG = Switches(bsa_fwd_ws=("pairwg",))
 SM80_LATE_V = Switches(bsa_fwd_impl="sm80", bsa_fwd_late_v_wait=True)
 SM80_WR32 = Switches(bsa_fwd_impl="sm80", bsa_fwd_warp_rows="32")
 SM80_WR16 = Switches(bsa_fwd_impl="sm80", bsa_fwd_warp_rows="16")
@@ -102,6 +107,7 @@ class TestBSAKernelGrid(BSAKernelGrid):
         cases += [(c, NOTMAO) for c in BSA_GRID if "notmao" in extra]
         cases += [(c, CTAS3K1) for c in BSA_GRID if "ctas3k1" in extra]
         cases += [(c, SELFLOAD) for c in BSA_GRID if "selfload" in extra]
+        cases += [(c, PAIRWG) for c in BSA_GRID if "pairwg" in extra]
         cases += [(c, SM80_LATE_V) for c in BSA_GRID if "sm80_late_v" in extra]
         cases += [(c, SM80_WR32) for c in BSA_GRID if "sm80_wr32" in extra]
         cases += [(c, SM80_WR16) for c in BSA_GRID if "sm80_wr16" in extra]
@@ -271,7 +277,8 @@ WS_CASES = [
 def _ws_inputs(c, seed=3):
     """(q, k, v) clean, (k, v) poisoned, idx, nums, sizes (B, N_kv) or None."""
     rng = np.random.default_rng(seed)
-    b, hq, hkv, sq, skv, d, blk = 2, c["hq"], c["hkv"], c["sq"], c["skv"], c["d"], c["blk"]
+    b, hq, hkv, sq, skv, d, blk = (c.get("b", 2), c["hq"], c["hkv"], c["sq"], c["skv"], c["d"],
+                                   c["blk"])
     nq, nkv = -(-sq // blk), -(-skv // blk)
     dt = jnp.dtype(c["dtype"])
 
@@ -297,6 +304,10 @@ def _ws_inputs(c, seed=3):
         nums = np.full((b, hq, nq), kmax, np.int32)
         if c["mode"] == "last-empty":
             nums[:, :, ::3] = 0
+        elif c["mode"] == "varied":
+            # 0 .. kmax listed blocks per row (the active prefix), so rows take different
+            # numbers of steps
+            nums = rng.integers(0, kmax + 1, size=(b, hq, nq)).astype(np.int32)
         sizes = rng.integers(1, blk + 1, size=(b, nkv)).astype(np.int32)
         sizes[:, 0] = blk
     # poison: NaN in every KV block no row lists, and in rows past block_sizes
@@ -372,7 +383,7 @@ def _check_ws_forward(c, switches):
     assert np.array_equal(np.isneginf(lse_g), np.isneginf(lse_r)), "lse -inf pattern differs"
     fin = np.isfinite(lse_r)
     check_rule("lse", lse_g[fin], lse_r[fin], lse_b[fin], 2, 1e-4, report)
-    if c["mode"] == "last-empty":
+    if c["mode"] in ("last-empty", "varied"):
         empty = np.repeat(np.asarray(nums_n) == 0, c["blk"], axis=-1)[..., : c["sq"]]
         assert empty.any()
         o_rows = _rows_bhs(np.asarray(out, np.float32), c["layout"])
@@ -401,6 +412,33 @@ def test_bsa_sm90ws_forward_ctas3k1(c):
     one K buffer, two V buffers, O staged in the Q buffer, a one-warp producer): against the
     fp32 reference with poisoned outputs, NaN in unlisted keys and empty rows."""
     _check_ws_forward(c, Switches(bsa_fwd_impl="sm90ws", bsa_fwd_ws=K1_FLAGS))
+
+
+# Two consumer warpgroups per CTA at blk 64, each with work items of its own
+# (bsa_fwd_ws=pairwg): the blk 64 cases above, rows of 0 .. 4 blocks over several waves of
+# items, and 5 work items (3 CTAs: the last CTA's second warpgroup has none)
+PAIR_CASES = [c for c in WS_CASES if c["blk"] == 64] + [
+    dict(name="pair-blk64-d128-varied-waves", blk=64, d=128, dtype="float16", layout="bshd",
+         hq=8, hkv=2, sq=4096, skv=4001, mode="varied"),
+    dict(name="pair-blk64-d64-varied", blk=64, d=64, dtype="bfloat16", layout="bhsd",
+         hq=4, hkv=4, sq=2000, skv=2100, mode="varied"),
+    dict(name="pair-blk64-d128-five-items", blk=64, d=128, dtype="bfloat16", layout="bhsd",
+         b=1, hq=1, hkv=1, sq=300, skv=1000, mode="last"),
+    dict(name="pair-blk64-d128-all", blk=64, d=128, dtype="bfloat16", layout="bshd",
+         hq=4, hkv=2, sq=1000, skv=1100, mode="all"),
+]
+# BSA_TEST_PAIR: the bsa_fwd_ws flags of these tests (default "pairwg"; e.g.
+# "pairwg,nopingpong")
+PAIR_FLAGS = tuple(os.environ.get("BSA_TEST_PAIR", "pairwg").split(","))
+
+
+@pytest.mark.parametrize("c", shard(PAIR_CASES, SHARD), ids=lambda c: c["name"])
+def test_bsa_sm90ws_forward_pairwg(c):
+    """The sm90ws forward with two consumer warpgroups per CTA at blk 64, each running work
+    items of its own and taking turns at their GEMMs (``bsa_fwd_ws=pairwg``): against the
+    fp32 reference with poisoned outputs, NaN in unlisted keys, empty rows and warpgroups
+    whose turn counts differ (a warpgroup without items included)."""
+    _check_ws_forward(c, Switches(bsa_fwd_impl="sm90ws", bsa_fwd_ws=PAIR_FLAGS))
 
 
 # Stream-K tail (bsa_fwd_ws=streamk): enough work items for the persistent grid (132 CTAs at

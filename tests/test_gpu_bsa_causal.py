@@ -66,6 +66,7 @@ class CausalCase:
     pack: bool = False  # pack_gqa=True: metadata per (KV head, packed block of blk rows)
     bwd_impl: str = "auto"  # the backward switch (auto: sm90ws)
     bwd_ws: str = ""  # bsa_bwd_ws options of the sm90ws backward (comma list)
+    fwd_ws: str = ""  # bsa_fwd_ws options of the sm90ws forward (comma list)
 
 
 CASES = [
@@ -116,12 +117,19 @@ CASES = [
                sizes=True),
     CausalCase("fp16-blk128-d64-decouple", d=64, dtype="float16", layout="bshd", sq=900,
                skv=800, bwd_ws="decouple", pattern="future"),
+    # the forward's pairwg (blk 64: two consumer warpgroups with items of their own)
+    CausalCase("bf16-blk64-d128-pairwg-sizes-empty", blk=64, sq=1000, skv=1000, sizes=True,
+               counts="empty", fwd_ws="pairwg"),
+    CausalCase("fp16-blk64-d64-pairwg-future-gqa", blk=64, d=64, dtype="float16",
+               layout="bshd", hq=8, hkv=2, sq=700, skv=650, pattern="future",
+               fwd_ws="pairwg"),
 ]
 
 
 def _switches(c):
     return Switches(bsa_fwd_impl=c.impl, bsa_bwd_impl=c.bwd_impl,
-                    bsa_bwd_ws=tuple(o for o in c.bwd_ws.split(",") if o))
+                    bsa_bwd_ws=tuple(o for o in c.bwd_ws.split(",") if o),
+                    bsa_fwd_ws=tuple(o for o in c.fwd_ws.split(",") if o))
 
 
 def causal_inputs(c, seed=0):

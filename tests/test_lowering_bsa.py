@@ -289,6 +289,9 @@ _PTX_CONFIGS.update({k: ("_ws_fwd_text", (c,), None, {}) for k, c in _TMAO.items
 _NOTMAO = {_ids(c): dict(c, ws="notmao") for c in WS_CONFIGS[:2]}
 _PTX_CONFIGS.update({"notmao-" + k: ("_ws_fwd_text", (c,), None, {})
                      for k, c in _NOTMAO.items()})
+#: bsa_fwd_ws=pairwg: blk 64, one CTA per SM of two consumer warpgroups with items of their own
+_PAIRWG = dict(d=128, blk=64, dtype="bfloat16", layout="bshd", sizes=True, ws="pairwg")
+_PTX_CONFIGS["pairwg-blk64"] = ("_ws_fwd_text", (_PAIRWG,), None, {})
 
 
 @pytest.fixture(scope="module")
@@ -494,6 +497,68 @@ def test_bsa_sm90ws_tma_o_ptx(kept_ptx, name):
     assert "fence.proxy.async.shared::cta" in text
     assert text.count("st.shared.b32") == cfg["d"] // 4
     assert "ld.shared.v4" not in text
+
+
+def test_bsa_sm90ws_pairwg_ptx(kept_ptx, tmp_path):
+    """``bsa_fwd_ws=pairwg`` (blk 64): one CTA per SM of 384 threads, a producer warpgroup
+    whose two warps load for one consumer warpgroup each, the consumers at 240 registers;
+    the warpgroups take turns through named barriers 1 and 2 (``bar.sync`` on their own,
+    ``bar.arrive`` on the other's, 256 threads) and read the turn flags from shared memory;
+    ptxas assembles it without spills and without serializing a wgmma."""
+    import re
+    import shutil
+    import subprocess
+
+    import kept_ptx as kp  # noqa: PLC0415
+
+    files = kp.ptx_of(kept_ptx, "pairwg-blk64")
+    assert len(files) == 1, list(files)
+    name, text = next(iter(files.items()))
+    assert "bsa_fwd_sm90_ws" in text
+    assert ".minnctapersm 1" in text
+    assert re.search(r"setmaxnreg\.inc\.sync\.aligned\.u32\s+240;", text)
+    assert re.search(r"setmaxnreg\.dec\.sync\.aligned\.u32\s+24;", text)
+    assert "bar.arrive 1, 256;" in text  # warpgroup 0 holds the first turn
+    assert len(re.findall(r"bar\.arrive %r\d+, 256;", text)) >= 3
+    assert len(re.findall(r"bar\.sync \t%r\d+, 256;", text)) >= 2
+    assert "ld.shared.b32" in text and "st.shared.b32" in text
+    assert "cp.async.bulk.tensor" in text and "wgmma.mma_async" in text
+    if shutil.which("ptxas") is None:
+        return
+    a = subprocess.run(["ptxas", "-arch=sm_90a", "-v", str(kept_ptx / "pairwg-blk64" / name),
+                        "-o", str(tmp_path / "k.cubin")], capture_output=True, text=True,
+                       timeout=600)
+    out = a.stdout + a.stderr
+    assert a.returncode == 0, out[-3000:]
+    assert "C7513" not in out and "C7512" not in out, out[-3000:]
+    spills = [int(x) for x in re.findall(r"(\d+) bytes spill stores", out)]
+    assert spills and max(spills) == 0, out[-3000:]
+
+
+@pytest.mark.parametrize("ws,d,sizes,causal", [("pairwg", 64, True, False),
+                                               ("pairwg,nopingpong", 128, False, False),
+                                               ("pairwg", 128, True, True),
+                                               ("pairwg,nooverlap,notmao", 64, False, True)])
+def test_bsa_fwd_pairwg_lowers(ws, d, sizes, causal):
+    """``bsa_fwd_ws=pairwg`` at blk 64 lowers with and without ping-pong, overlap, TMA stores of
+    O, ``block_sizes`` and ``causal``."""
+    import jax_sparse_attn as jsa
+    from jax_sparse_attn.config import Switches
+    from jax_sparse_attn.ffi import bsa as ffi_bsa
+
+    cfg = dict(d=d, blk=64, dtype="float16", layout="bhsd", sizes=sizes)
+    q, k, idx, nums, sizes_, _ = _shapes(cfg)
+    sw = Switches(bsa_fwd_ws=tuple(ws.split(",")))
+    assert ffi_bsa.fwd_config(jnp.float16, d, 64, sizes, sw, causal=causal).ws_pair_wg
+
+    def fwd(q, k, v, i, n, s):
+        return jsa.block_sparse_attention_forward(q, k, v, i, None, s, n, layout="bhsd",
+                                                  sparse_block_size=64, softmax_scale=0.3,
+                                                  backend="kernel", switches=sw, causal=causal)
+
+    txt = jax.jit(fwd).trace(q, k, k, idx, nums, sizes_).lower(
+        lowering_platforms=("cuda",)).as_text()
+    assert txt.count(CALL_TARGET) == 1 and "\\7FELF" in txt
 
 
 @pytest.mark.parametrize("ws,d,blk,sizes", [("cross", 128, 128, False), ("crossepi", 64, 64, True),

@@ -137,6 +137,9 @@ class BsaFwdConfig:
     ws_k_single: bool = False
     # with ws_k_single: no producer warp, the consumer warpgroup issues its loads ("selfload")
     ws_self_load: bool = False
+    # blk 64: two consumer warpgroups per CTA with work items of their own, taking turns at
+    # their GEMMs ("pairwg")
+    ws_pair_wg: bool = False
     num_sms: int = 0
     arch: str = ""  # the target arch (CuTe DSL name) the key was chosen for
     # pack_gqa: query heads per KV head r of the packed rows (1: not packed; sm90ws only)
@@ -332,7 +335,10 @@ def bsa_ws_options(opts) -> dict:
     ``split_wait`` (True with ``splitwait``, False with ``nosplitwait``, else
     None: the config's default, True at blk 64 with D 128; the consumer warpgroup re-checks
     the V tile's full barrier before it waits for the PV GEMM, which ends a basic block, so
-    that ptxas keeps that wait below the next block's softmax)."""
+    that ptxas keeps that wait below the next block's softmax), ``pair_wg`` (``pairwg``: at
+    blk 64 one CTA per SM whose two consumer warpgroups each run work items of their own,
+    taking turns at their GEMMs; :func:`fwd_config` drops it where the kernel does not
+    implement it)."""
     st = [int(o[7:]) for o in opts if o.startswith("stages=")]
     return {"overlap": "nooverlap" not in opts, "pingpong": "nopingpong" not in opts,
             "q_stages": 1 if "q1" in opts else 2, "max_stages": st[0] if st else 4,
@@ -347,7 +353,8 @@ def bsa_ws_options(opts) -> dict:
             "tma_o": "notmao" not in opts and "noepivec" not in opts,
             "tma_o_packed": "notmaopack" not in opts,
             "split_wait": (True if "splitwait" in opts else False if "nosplitwait" in opts
-                           else None)}
+                           else None),
+            "pair_wg": "pairwg" in opts}
 
 
 def _family_impl(want: str, head_dim: int, switches, block_size: int | None = None) -> str:
@@ -383,12 +390,19 @@ def fwd_config(dtype, head_dim, block_size, has_block_sizes, switches, causal=Fa
         # one (oalias, ctas3k1 / selfload) the producer would wait for the current item's
         # epilogue before issuing its remaining K / V tiles, so qahead is mpre there
         q_ahead = o["q_ahead"] and not (k1 or o["o_alias"])
+        # pairwg: blk 64, one item stream per consumer warpgroup, without the options that
+        # change the item walk or the Q buffers
+        pair = (o["pair_wg"] and block_size == 64 and splits == 1 and pack_gqa == 1
+                and not (k1 or o["stream_k"] or o["cross"] or o["meta_prefetch"]
+                         or o["q_ahead"] or o["o_alias"]))
+        if pair:
+            kw["ws_pair_wg"] = True
         return BsaFwdConfig(name, head_dim, block_size, has_block_sizes, impl,
                             ws_overlap=o["overlap"], ws_pingpong=o["pingpong"],
                             ws_q_stages=o["q_stages"], ws_max_stages=o["max_stages"],
                             ws_head_major=o["head_major"], ws_lazy_rescale=o["lazy_rescale"],
                             ws_three_ctas=(o["three_ctas"] and (block_size, head_dim) == (64, 64)
-                                           or k1),
+                                           and not pair or k1),
                             ws_o_alias=o["o_alias"], ws_cross=o["cross"],
                             ws_v_lag=o["v_lag"], ws_q_regs=o["q_regs"] and not o["cross"],
                             ws_meta_prefetch=o["meta_prefetch"] or o["q_ahead"] and not q_ahead,
@@ -938,7 +952,7 @@ def _ws_fwd_kernel(cfg: BsaFwdConfig, stream_k: bool):
                         epi_vec=cfg.ws_epi_vec, split_wait=cfg.ws_split_wait, pdl=cfg.pdl,
                         stream_k=stream_k, tma_o=cfg.ws_tma_o,
                         tma_o_packed=cfg.ws_tma_o_packed, k_single=cfg.ws_k_single,
-                        self_load=cfg.ws_self_load, **kw)
+                        self_load=cfg.ws_self_load, pair_items=cfg.ws_pair_wg, **kw)
 
 
 @functools.cache

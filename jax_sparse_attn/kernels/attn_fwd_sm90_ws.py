@@ -45,8 +45,8 @@ from cutlass.tensor_utils import LayoutEnum
 
 from . import hstu_common as hc
 from .common import (acc_layout_as_a, gmem_load_copy, gmem_store_copy, ldmatrix_atoms,
-                     smem_layout_16b, stage_acc_sw128, stage_acc_swz, swz_rows_to_gmem,
-                     transpose_view_staged)
+                     smem_layout_16b, st_shared_s32, stage_acc_sw128, stage_acc_swz,
+                     swz_rows_to_gmem, transpose_view_staged)
 from .pipeline import SmemPipeline, WarpgroupTurns
 
 SMEM_LIMIT = 227 * 1024
@@ -161,9 +161,9 @@ class AttnFwdSm90Ws:
         sQ_layout = sm90_utils.make_smem_layout_a(LayoutEnum.ROW_MAJOR, qk_tiler, dt,
                                                   self.num_wg * self.q_stages)
         sK_layout = sm90_utils.make_smem_layout_b(LayoutEnum.ROW_MAJOR, qk_tiler, dt,
-                                                  self._k_stages())
+                                                  self._k_stages() * self._rings())
         sV_layout = sm90_utils.make_smem_layout_b(LayoutEnum.COL_MAJOR, pv_tiler, dt,
-                                                  self.stages)
+                                                  self.stages * self._rings())
         sO_layout = smem_layout_16b(wgm, dv)
         if cutlass.const_expr(self._tma_o()):
             # O leaves by TMA: the 128-byte-swizzled K-major layout of one 64-row slice
@@ -174,6 +174,35 @@ class AttnFwdSm90Ws:
         """Stages of the K ring (``k_stages`` where a kernel sets one, else ``stages``, the
         V ring's): both rings advance on the same running count of KV tiles."""
         return getattr(self, "k_stages", self.stages)
+
+    def _pair(self):
+        """Whether each of the two consumer warpgroups runs work items of its own
+        (``pair_items``): its own 64-row query tile and KV tiles, through its own Q / K / V
+        rings fed by its own producer warp (warp ``wg`` of the producer warpgroup), the
+        warpgroups taking turns at their GEMMs (``pipeline.PairTurns``)."""
+        return bool(getattr(self, "pair_items", False))
+
+    def _rings(self):
+        """Sets of Q / K / V rings: one per consumer warpgroup with ``pair_items``, else one
+        shared by the consumer warpgroups."""
+        return 2 if self._pair() else 1
+
+    def _q_slices(self):
+        """64-row Q slices of one work item (one per consumer warpgroup sharing it)."""
+        return 1 if self._pair() else self.num_wg
+
+    def _q_slice(self, s, wg):
+        """Index in ``sQ`` of warpgroup ``wg``'s Q slice in Q buffer ``s`` (a Q pipeline's
+        ``stage``, which with ``pair_items`` already selects the warpgroup's own buffers)."""
+        if cutlass.const_expr(self._pair()):
+            return s
+        return self.num_wg * s + wg
+
+    def _wg_row0(self, wg):
+        """First row of warpgroup ``wg``'s 64 rows in its work item's query tile."""
+        if cutlass.const_expr(self._pair()):
+            return 0
+        return wg * self.wg_m
 
     def _tma_atoms(self, tQ, tK, tV, sQ_layout, sK_layout, sV_layout):
         """TMA load atoms and coordinate tensors of the views ``tQ``, ``tK`` (rows, D, ...)
@@ -192,11 +221,22 @@ class AttnFwdSm90Ws:
         """Shared memory: the pipelines' mbarriers, Q, K, V and (unless O aliases Q) one O
         buffer per consumer warpgroup."""
         dt = self.dtype
-        n_mbar = (SmemPipeline.num_barriers(self.q_stages)
-                  + SmemPipeline.num_barriers(self._k_stages())
-                  + SmemPipeline.num_barriers(self.stages))
+        n_mbar = self._rings() * self._mbar_per_ring()
         o_elems = 0 if cutlass.const_expr(self.o_alias_q) else cute.cosize(sO_layout) * self.num_wg
         n_ring = getattr(self, "item_ring", 0)
+        if cutlass.const_expr(self._pair()):
+            # the warpgroups' turn flags (``pipeline.PairTurns``): done[2], one slot per
+            # consumer thread
+            @cute.struct
+            class SmemPair:
+                mbar: cute.struct.MemRange[cutlass.Int64, n_mbar]
+                turn: cute.struct.MemRange[Int32, 2 + 128 * self.num_wg]
+                sQ: cute.struct.Align[cute.struct.MemRange[dt, cute.cosize(sQ_layout)], 1024]
+                sK: cute.struct.Align[cute.struct.MemRange[dt, cute.cosize(sK_layout)], 1024]
+                sV: cute.struct.Align[cute.struct.MemRange[dt, cute.cosize(sV_layout)], 1024]
+                sO: cute.struct.Align[cute.struct.MemRange[dt, o_elems], 1024]
+
+            return SmemPair
         if n_ring:
             # a kernel's item ring (dynamic deal): 2 mbarriers and one 8-byte slot per stage
             @cute.struct
@@ -221,23 +261,54 @@ class AttnFwdSm90Ws:
         return Smem
 
     # ------------------------------------------------------------------ kernel pieces
+    def _mbar_per_ring(self):
+        """mbarriers of one set of Q / K / V rings."""
+        return (SmemPipeline.num_barriers(self.q_stages)
+                + SmemPipeline.num_barriers(self._k_stages())
+                + SmemPipeline.num_barriers(self.stages))
+
+    def _ring_pipes(self, mbar, ring=None):
+        """The Q, K, V pipelines of ring set ``ring`` (None: the one set, shared by the
+        consumer warpgroups; with ``pair_items`` each set has one consumer warpgroup and
+        the buffers from ``ring`` times a set's stages)."""
+        nq = 2 * self.q_stages
+        nk = 2 * self._k_stages()
+        if cutlass.const_expr(ring is None):
+            pipe_q = SmemPipeline(mbar, self.q_stages, 4 * self.num_wg)
+            pipe_k = SmemPipeline(mbar + nq, self._k_stages(), 4 * self.num_wg)
+            pipe_v = SmemPipeline(mbar + nq + nk, self.stages, 4 * self.num_wg)
+            return pipe_q, pipe_k, pipe_v
+        base = mbar + ring * self._mbar_per_ring()
+        return (SmemPipeline(base, self.q_stages, 4, ring * self.q_stages),
+                SmemPipeline(base + nq, self._k_stages(), 4, ring * self._k_stages()),
+                SmemPipeline(base + nq + nk, self.stages, 4, ring * self.stages))
+
     @cute.jit
     def _smem_and_pipes(self, Smem, sQ_layout, sK_layout, sV_layout, tma_q, tma_k, tma_v,
-                        warp):
+                        warp, ring=None):
         """Allocate shared memory, initialise the Q / K / V pipelines (warp 0; then a CTA
         barrier) and return ``(storage, pipe_q, pipe_k, pipe_v, sQ, sK, sV, q_bytes,
-        k_bytes, v_bytes)``."""
+        k_bytes, v_bytes)``. ``ring`` (with ``pair_items``): the ring set of the calling
+        thread's warpgroup (consumers) or warp (producer)."""
         smem = cutlass.memory.SmemAllocator()
         st = smem.allocate(Smem)
         mbar = st.mbar.data_ptr()
-        nq = 2 * self.q_stages
-        pipe_q = SmemPipeline(mbar, self.q_stages, 4 * self.num_wg)
-        pipe_k = SmemPipeline(mbar + nq, self._k_stages(), 4 * self.num_wg)
-        pipe_v = SmemPipeline(mbar + nq + 2 * self._k_stages(), self.stages, 4 * self.num_wg)
+        pipe_q, pipe_k, pipe_v = self._ring_pipes(mbar, ring)
         if warp == 0:
-            pipe_q.init()
-            pipe_k.init()
-            pipe_v.init()
+            if cutlass.const_expr(self._pair()):
+                for r in cutlass.range_constexpr(self._rings()):
+                    rq, rk, rv = self._ring_pipes(mbar, r)
+                    rq.init()
+                    rk.init()
+                    rv.init()
+                # the warpgroups' turn flags start cleared
+                with cute.arch.elect_one():
+                    st_shared_s32(st.turn.data_ptr(), 0)
+                    st_shared_s32(st.turn.data_ptr() + 1, 0)
+            else:
+                pipe_q.init()
+                pipe_k.init()
+                pipe_v.init()
             cpasync.prefetch_descriptor(tma_q)
             cpasync.prefetch_descriptor(tma_k)
             cpasync.prefetch_descriptor(tma_v)
@@ -252,7 +323,7 @@ class AttnFwdSm90Ws:
         sK = st.sK.get_tensor(sK_layout.outer, swizzle=sK_layout.inner)  # (BN, D, S)
         sV = st.sV.get_tensor(sV_layout.outer, swizzle=sV_layout.inner)  # (Dv, BN, S)
         q_bytes = (cute.size_in_bytes(self.dtype, cute.slice_(sQ_layout, (None, None, 0)))
-                   * self.num_wg)
+                   * self._q_slices())
         k_bytes = cute.size_in_bytes(self.dtype, cute.slice_(sK_layout, (None, None, 0)))
         v_bytes = cute.size_in_bytes(self.dtype, cute.slice_(sV_layout, (None, None, 0)))
         return st, pipe_q, pipe_k, pipe_v, sQ, sK, sV, q_bytes, k_bytes, v_bytes
@@ -421,9 +492,9 @@ class AttnFwdSm90Ws:
 
     @cute.jit
     def _issue_q(self, tma_q, tQg, tQs, m_block, pipe_q, q_bytes, c_q):
-        """TMA of query tile ``m_block``'s ``num_wg`` Q slices into stage ``c_q`` of the Q
-        ring."""
-        nwg = self.num_wg
+        """TMA of query tile ``m_block``'s Q slices (``num_wg``; with ``pair_items`` one)
+        into stage ``c_q`` of the Q ring."""
+        nwg = self._q_slices()
         pipe_q.producer_acquire(c_q)
         pipe_q.producer_expect_tx(c_q, q_bytes)
         sq = pipe_q.stage(c_q)
@@ -605,10 +676,10 @@ class AttnFwdSm90Ws:
             if cutlass.const_expr(loader is not None):
                 self._self_load_item(loader, c_q, c_kv)
             pipe_q.consumer_wait(c_q)
-            self._q_ready(tile, self.num_wg * pipe_q.stage(c_q) + wg, wg, wtid)
+            self._q_ready(tile, self._q_slice(pipe_q.stage(c_q), wg), wg, wtid)
             c_kv = self._mainloop(
                 mma_qk, mma_qk0, mma_pv, thr_mma_qk,
-                self._q_operand(tSrQ, self.num_wg * pipe_q.stage(c_q) + wg), tSrK,
+                self._q_operand(tSrQ, self._q_slice(pipe_q.stage(c_q), wg)), tSrK,
                 tOrV, acc_O, pipe_k, pipe_v, c_kv, work, tile, rows, turns, wg, loader)
             if cutlass.const_expr(not self.o_alias_q):
                 pipe_q.consumer_release(c_q)

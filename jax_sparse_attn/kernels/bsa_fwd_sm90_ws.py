@@ -90,7 +90,8 @@ from .common import (acc_mn_view_wg, elem_ptr, gmem_store_copy, ld_relaxed_f32,
 from .mask import KeyLimitMask
 from .pack_gqa import pack_rows_view, packed_row, row_tile_view
 from .softmax import OnlineSoftmax
-from .tile_scheduler import HeadMajorScheduler, StaticLptScheduler
+from .pipeline import PairTurns
+from .tile_scheduler import HeadMajorScheduler, StaticLptScheduler, WayScheduler
 
 # two CTAs per SM: 228 KiB of shared memory per SM less 1 KiB reserved per CTA
 SMEM_LIMIT_2CTA = 113 * 1024
@@ -136,8 +137,20 @@ class BsaFwdSm90Ws(AttnFwdSm90Ws):
                  split_wait: bool = False, pdl: bool = False, q_regs: bool = False,
                  meta_prefetch: bool = False, q_ahead: bool = False, epi_vec: bool = False,
                  stream_k: bool = False, tma_o: bool = False, tma_o_packed: bool = False,
-                 k_single: bool = False, self_load: bool = False):
+                 k_single: bool = False, self_load: bool = False, pair_items: bool = False):
         self.pdl = pdl
+        # blk 64: two consumer warpgroups per CTA, each with work items of its own (its own
+        # 64-row query block and block list, Q / K / V rings and producer warp), taking
+        # turns at their GEMMs (AttnFwdSm90Ws._pair)
+        if pair_items and not (block_size == 64 and kv_splits == 1 and pack_gqa == 1
+                               and not (three_ctas or k_single or self_load or stream_k
+                                        or cross_item or meta_prefetch or q_ahead
+                                        or o_alias_first)):
+            raise NotImplementedError(
+                "bsa_fwd_sm90_ws: pair_items needs sparse_block_size=64, kv_splits=1 and "
+                "pack_gqa=1, without three_ctas, k_single, self_load, stream_k, cross_item, "
+                "meta_prefetch, q_ahead or o_alias_first")
+        self.pair_items = pair_items
         # no producer warp: the consumer warpgroup's warp 0 issues the loads (k_single only)
         if self_load and not (k_single and overlap and kv_splits == 1 and pack_gqa == 1
                               and not (stream_k or cross_item or meta_prefetch or q_ahead)):
@@ -172,8 +185,9 @@ class BsaFwdSm90Ws(AttnFwdSm90Ws):
         self.dv = head_dim
         self.bn = block_size
         self.wg_m = 64
-        self.num_wg = block_size // 64
-        self.bm = 64 * self.num_wg
+        self.num_wg = 2 if pair_items else block_size // 64
+        # rows of a work item's query tile
+        self.bm = 64 if pair_items else 64 * self.num_wg
         self.has_sizes = has_block_sizes
         self.causal = causal
         self.overlap = overlap
@@ -184,6 +198,10 @@ class BsaFwdSm90Ws(AttnFwdSm90Ws):
                 raise NotImplementedError("three CTAs per SM need sparse_block_size=64")
             self.ctas_per_sm = 3
         limit = {1: SMEM_LIMIT, 2: SMEM_LIMIT_2CTA, 3: SMEM_LIMIT_3CTA}[self.ctas_per_sm]
+        if pair_items:
+            # each warpgroup's ring set gets what one of two CTAs per SM would (the turn
+            # flags take the second KiB of the mbarrier block)
+            limit = SMEM_LIMIT_2CTA
         if k_single:
             # one K buffer and two V buffers (K tile j + 1 loads once the S GEMM of tile j
             # has completed), one Q buffer that O is staged in: 64 KiB at D = 128, so that
@@ -199,6 +217,10 @@ class BsaFwdSm90Ws(AttnFwdSm90Ws):
             self.stages, self.q_stages, self.o_alias_q = bsa_ws_smem_plan(
                 head_dim, self.bm, block_size, limit, max_stages, q_stages, o_alias_first)
             self.k_stages = self.stages
+            if pair_items and self.o_alias_q:
+                raise NotImplementedError(
+                    f"bsa_fwd_sm90_ws: pair_items has no shared-memory plan at "
+                    f"head_dim={head_dim} with q_stages={q_stages}")
         # the next item's Q goes to the other Q buffer: none where the plan has one
         self.q_ahead = self.q_ahead and self.q_stages >= 2
         self.num_sms = num_sms
@@ -290,7 +312,11 @@ class BsaFwdSm90Ws(AttnFwdSm90Ws):
         n_work = B * n_q_blocks * H_q
         if cutlass.const_expr(self.kv_splits > 1):
             n_work = n_work * self.kv_splits
-        grid = StaticLptScheduler.grid(n_work, self.num_sms * self.ctas_per_sm)
+        n_cta_work = n_work
+        if cutlass.const_expr(self.pair_items):
+            # two items at a time per CTA (one per consumer warpgroup)
+            n_cta_work = (n_work + 1) // 2
+        grid = StaticLptScheduler.grid(n_cta_work, self.num_sms * self.ctas_per_sm)
         self.kernel(
             tma_q, tma_tQ, tma_k, tma_tK, tma_v, tma_tV, mV, mIdx, mNums, mSizes, mScale, mO,
             mLSE, sQ_layout, sK_layout, sV_layout, sO_layout, mma_qk, mma_qk0, mma_pv, Smem,
@@ -383,16 +409,27 @@ class BsaFwdSm90Ws(AttnFwdSm90Ws):
                                        group, n_q_blocks, n_heads // group)
         else:
             sched = StaticLptScheduler(n_hs, n_batch * n_q_blocks * n_hs)
+        ring = None
+        if cutlass.const_expr(self.pair_items):
+            # producer warp w (w < 2) and consumer warpgroup w share ring set w and walk item
+            # stream w of the CTA
+            ring = wg_idx - 1
+            if wg_idx == 0:
+                ring = warp
+            sched = WayScheduler(sched, ring, 2)
         st, pipe_q, pipe_k, pipe_v, sQ, sK, sV, q_bytes, k_bytes, v_bytes = (
             self._smem_and_pipes(Smem, sQ_layout, sK_layout, sV_layout, tma_q, tma_k, tma_v,
-                                 warp))
+                                 warp, ring))
 
         prod_wg = 1 if self.warp_producer else 0
+        loads = warp == 4 * prod_wg
+        if cutlass.const_expr(self.pair_items):
+            loads = warp < 2
         if wg_idx == prod_wg:
             # ================================ producer ================================
             if cutlass.const_expr(not self.warp_producer):
                 cute.arch.setmaxregister_decrease(self.regs_producer)
-            if warp == 4 * prod_wg:
+            if loads:
                 lane, sV_rows, c_q, c_kv, t = self._producer_warp_start(sV, sched)
                 if cutlass.const_expr(self.meta_prefetch):
                     # the next item's count and first entry load while this item's K / V
@@ -473,6 +510,9 @@ class BsaFwdSm90Ws(AttnFwdSm90Ws):
         else:
             # ================================ consumers ===============================
             wg, wtid, turns = self._consumer_start(wg_idx, tidx)
+            if cutlass.const_expr(self.pair_items):
+                turns = PairTurns(self.pingpong, st.turn.data_ptr(),
+                                  st.turn.data_ptr() + 2 + (tidx - 128), wtid)
             softmax_scale = Float32(mScale[0])
             thr_mma_qk, thr_mma_pv, tSrQ, tSrK, tOrV, tSc = self._consumer_fragments(
                 mma_qk, mma_qk0, mma_pv, sQ, sK, sV, wtid)
@@ -553,6 +593,9 @@ class BsaFwdSm90Ws(AttnFwdSm90Ws):
                             mma_qk0, mma_pv, thr_mma_qk, thr_mma_pv, tSrQ, tSrK, tOrV, pipe_q,
                             pipe_k, pipe_v, c_q, c_kv, sO, turns, wg, wtid,
                             (n_full, lo, hi, mWs, mFlags))
+            if cutlass.const_expr(self.pair_items):
+                # the other warpgroup may still take turns
+                turns.finish(wg)
             # the last O store has read shared memory before the CTA exits
             self._tma_o_drain(wtid)
 
@@ -569,7 +612,7 @@ class BsaFwdSm90Ws(AttnFwdSm90Ws):
         split = None
         if cutlass.const_expr(self.kv_splits > 1):
             split = item[4]
-        tile = _Tile(m_block * self.bm + wg * self.wg_m, mask, smaxes[which], seqlen_q, mO,
+        tile = _Tile(m_block * self.bm + self._wg_row0(wg), mask, smaxes[which], seqlen_q, mO,
                      mLSE, split, tma_o, tma_tO)
         return WorkItem(blist, head, mV, batch=batch), tile, blist.n_count
 

@@ -21,6 +21,10 @@ empty barriers, which a freshly initialised mbarrier reports as complete.
 (ping-pong; cyclic with three) through one named barrier of 256 threads per warpgroup:
 ``wait(wg)`` = ``bar.sync`` on the warpgroup's own barrier, ``pass_turn(wg)`` = ``bar.arrive``
 on the next one's; warpgroup 0 holds the first turn (``start``).
+
+``PairTurns``: the turns of two consumer warpgroups that work on different work items (so
+they take different numbers of turns): a warpgroup that has finished its items hands the
+turn over once more and marks itself done, and the other one then stops taking turns.
 """
 
 from __future__ import annotations
@@ -30,12 +34,17 @@ from dataclasses import dataclass
 import cutlass
 import cutlass.cute as cute
 
+from .common import ld_shared_s32, st_shared_s32
+
 
 @dataclass(frozen=True)
 class SmemPipeline:
     full: object  # pointer to `stages` full mbarriers, followed by `stages` empty ones
     stages: int
     consumer_warps: int
+    # first buffer of this pipeline's stages where several pipelines share one buffer array
+    # (``stage`` adds it; the barriers are this pipeline's own); None: 0
+    offset: object = None
 
     @property
     def empty(self):
@@ -52,32 +61,39 @@ class SmemPipeline:
                 cute.arch.mbarrier_init(self.full + s, 1)
                 cute.arch.mbarrier_init(self.empty + s, self.consumer_warps)
 
-    def stage(self, c):
+    def slot(self, c):
+        """The barrier pair of buffer ``c`` (``c % stages``)."""
         return c % self.stages
+
+    def stage(self, c):
+        """The buffer of running count ``c`` in the (shared) buffer array."""
+        if self.offset is None:
+            return self.slot(c)
+        return self.offset + self.slot(c)
 
     def phase(self, c):
         return (c // self.stages) & 1
 
     def full_ptr(self, c):
-        return self.full + self.stage(c)
+        return self.full + self.slot(c)
 
     def producer_acquire(self, c):
-        cute.arch.mbarrier_wait(self.empty + self.stage(c), self.phase(c) ^ 1)
+        cute.arch.mbarrier_wait(self.empty + self.slot(c), self.phase(c) ^ 1)
 
     def producer_expect_tx(self, c, nbytes: int):
         with cute.arch.elect_one():
-            cute.arch.mbarrier_arrive_and_expect_tx(self.full + self.stage(c), nbytes)
+            cute.arch.mbarrier_arrive_and_expect_tx(self.full + self.slot(c), nbytes)
 
     def producer_arrive(self, c):
         with cute.arch.elect_one():
-            cute.arch.mbarrier_arrive(self.full + self.stage(c))
+            cute.arch.mbarrier_arrive(self.full + self.slot(c))
 
     def consumer_wait(self, c):
-        cute.arch.mbarrier_wait(self.full + self.stage(c), self.phase(c))
+        cute.arch.mbarrier_wait(self.full + self.slot(c), self.phase(c))
 
     def consumer_release(self, c):
         with cute.arch.elect_one():
-            cute.arch.mbarrier_arrive(self.empty + self.stage(c))
+            cute.arch.mbarrier_arrive(self.empty + self.slot(c))
 
 
 @dataclass(frozen=True)
@@ -117,4 +133,66 @@ class WarpgroupTurns:
                                          number_of_threads=self.num_threads)
 
 
-__all__ = ["SmemPipeline", "WarpgroupTurns"]
+@dataclass(frozen=True)
+class PairTurns:
+    """Turn order of two consumer warpgroups with work items of their own (ping-pong over
+    different items, so over different numbers of turns), through named barriers
+    ``bar_base + wg`` of 256 threads as :class:`WarpgroupTurns`.
+
+    One warpgroup holds the turn at a time (between its ``bar.sync`` and its ``bar.arrive``
+    on the other's barrier), and the shared-memory flags change only while the writer holds
+    it, so whoever holds the turn reads them stable. ``done`` (two int32, zeroed before
+    the CTA barrier that publishes the mbarriers): warpgroup ``wg`` sets ``done[wg]`` in
+    :meth:`finish`, after its last item, once it holds the turn again, and hands the turn
+    over a last time unless the other is done as well. ``mine``: this thread's int32 slot,
+    1 while the other warpgroup takes turns; a warpgroup clears it when, holding the turn,
+    it finds the other done, and from then on neither waits nor passes."""
+
+    enabled: bool
+    done: object  # shared-memory int32 pointer: done[0], done[1]
+    mine: object  # this thread's shared-memory int32 slot
+    wtid: object  # the thread's index in its warpgroup
+    bar_base: int = 1
+    num_threads: int = 256
+
+    @cute.jit
+    def start(self, wg):
+        if cutlass.const_expr(self.enabled):
+            st_shared_s32(self.mine, 1)
+            if wg == 0:
+                cute.arch.barrier_arrive(barrier_id=self.bar_base,
+                                         number_of_threads=self.num_threads)
+
+    @cute.jit
+    def wait(self, wg):
+        if cutlass.const_expr(self.enabled):
+            if ld_shared_s32(self.mine) != 0:
+                cute.arch.barrier(barrier_id=self.bar_base + wg,
+                                  number_of_threads=self.num_threads)
+                if ld_shared_s32(self.done + (1 - wg)) != 0:
+                    st_shared_s32(self.mine, 0)
+
+    @cute.jit
+    def pass_turn(self, wg):
+        if cutlass.const_expr(self.enabled):
+            if ld_shared_s32(self.mine) != 0:
+                cute.arch.barrier_arrive(barrier_id=self.bar_base + 1 - wg,
+                                         number_of_threads=self.num_threads)
+
+    @cute.jit
+    def finish(self, wg):
+        """After the warpgroup's last work item: take the turn, mark this warpgroup done and
+        hand the turn over unless the other warpgroup is done too (which then waits for no
+        turn any more)."""
+        if cutlass.const_expr(self.enabled):
+            if ld_shared_s32(self.mine) != 0:
+                cute.arch.barrier(barrier_id=self.bar_base + wg,
+                                  number_of_threads=self.num_threads)
+                if self.wtid == 0:
+                    st_shared_s32(self.done + wg, 1)
+                if ld_shared_s32(self.done + (1 - wg)) == 0:
+                    cute.arch.barrier_arrive(barrier_id=self.bar_base + 1 - wg,
+                                             number_of_threads=self.num_threads)
+
+
+__all__ = ["PairTurns", "SmemPipeline", "WarpgroupTurns"]

@@ -21,6 +21,11 @@ block, inner) with ``inner`` = (split, query head of the KV head's group) fastes
 running at one time then cover consecutive query blocks of one or two KV heads, so the K/V
 blocks their lists name are read from L2 rather than HBM (the block-sparse forward's K/V of
 all heads exceed the L2 cache at long sequences).
+
+``WayScheduler``: one of ``ways`` item streams of each CTA of another scheduler's walk (CTA
+``c``'s stream ``w`` takes items ``c ways + w, c ways + w + G ways, ...``), for CTAs whose
+consumer warpgroups each run work items of their own: the ``G`` CTAs then walk the items
+as ``G ways`` CTAs of one warpgroup would.
 """
 
 from __future__ import annotations
@@ -118,3 +123,31 @@ class HeadMajorScheduler(StaticLptScheduler):
         split = inner // self.group
         head = kv_head * self.group + (inner - split * self.group)
         return batch * self.n_blocks + block, split * (self.n_kv_heads * self.group) + head
+
+
+@dataclass(frozen=True)
+class WayScheduler:
+    """Stream ``way`` of ``ways`` of each CTA over the items of ``base`` (whose ``coords``,
+    ``valid`` and ``n_work`` it keeps)."""
+
+    base: object
+    way: object
+    ways: int
+
+    @property
+    def n_work(self):
+        return self.base.n_work
+
+    def first(self):
+        bidx, _, _ = cute.arch.block_idx()
+        return Int32(bidx) * self.ways + self.way
+
+    def next(self, t):
+        gdim, _, _ = cute.arch.grid_dim()
+        return t + Int32(gdim) * self.ways
+
+    def valid(self, t):
+        return self.base.valid(t)
+
+    def coords(self, t):
+        return self.base.coords(t)
