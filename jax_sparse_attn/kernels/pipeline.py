@@ -146,7 +146,8 @@ class PairTurns:
     :meth:`finish`, after its last item, once it holds the turn again, and hands the turn
     over a last time unless the other is done as well. ``mine``: this thread's int32 slot,
     1 while the other warpgroup takes turns; a warpgroup clears it when, holding the turn,
-    it finds the other done, and from then on neither waits nor passes."""
+    it finds the other done, and from then on neither waits nor passes. (Every interleaving
+    of up to four turns each is checked on a model in ``tests/test_pair_turns_model.py``.)"""
 
     enabled: bool
     done: object  # shared-memory int32 pointer: done[0], done[1]
