@@ -2,7 +2,8 @@
 # Prepared in session 40 (no device that session; not run yet) for the next device call:
 # (1) in parallel, each process under its own time limit: the opt-in forward variant
 # bsa_fwd_ws=pairwg (blk 64: one CTA per SM of two consumer warpgroups with work items of
-# their own, turns at their GEMMs) on its own cases with and without ping-pong, its causal
+# their own, turns at their GEMMs) on its own cases with and without ping-pong and with
+# nooverlap + q1 + vlag and qregs + stages=8, its causal
 # cases, the blk 64 cases of the BSA grid under it, and the kernel cases of
 # tests/test_robustness.py (left over from session 39's plan, scripts/gpu_s40_next.sh);
 # (2) alone, only if the pairwg cases passed without a hang: the blk 64 forward rows (12.5 %,
@@ -14,13 +15,17 @@ T=$((BUDGET - 260))
 BSA_TEST_PAIR=pairwg timeout $T $PYT tests/test_gpu_bsa.py -k pairwg > $O/t_pair.txt 2>&1 &
 BSA_TEST_PAIR=pairwg,nopingpong timeout $T $PYT tests/test_gpu_bsa.py -k pairwg \
   > $O/t_pair_nopp.txt 2>&1 &
+BSA_TEST_PAIR=pairwg,nooverlap,q1,vlag timeout $T $PYT tests/test_gpu_bsa.py -k pairwg \
+  > $O/t_pair_flags1.txt 2>&1 &
+BSA_TEST_PAIR=pairwg,qregs,stages=8 timeout $T $PYT tests/test_gpu_bsa.py -k pairwg \
+  > $O/t_pair_flags2.txt 2>&1 &
 timeout $T $PYT tests/test_gpu_bsa_causal.py -k pairwg > $O/t_pair_causal.txt 2>&1 &
 ids=$(BSA_TEST_IMPLS=nodefault,pairwg python3 -m pytest -m gpu --collect-only -q \
   tests/test_gpu_bsa.py -k TestBSAKernelGrid 2>/dev/null | grep -- '-64-' | grep -v 'd32\|d256')
 BSA_TEST_IMPLS=nodefault,pairwg timeout $T $PYT $ids > $O/t_pair_grid.txt 2>&1 &
 timeout $T $PYT tests/test_robustness.py > $O/t_robust.txt 2>&1 &
 wait
-for f in pair pair_nopp pair_causal pair_grid robust; do t "$f: $(tail -1 $O/t_$f.txt)"; done
+for f in pair pair_nopp pair_flags1 pair_flags2 pair_causal pair_grid robust; do t "$f: $(tail -1 $O/t_$f.txt)"; done
 grep -h "^FAILED\|^E  \|Timeout\|timed out" $O/t_*.txt | head -20
 if grep -q " passed" $O/t_pair.txt && ! grep -qi "failed\|error\|timeout" $O/t_pair.txt; then
   timeout $(( $(left) - 10 )) python3 -m benchmarks.bsa_bench --table-pass fwd --rows 0,1,2,5,6 \

@@ -308,6 +308,10 @@ def _ws_inputs(c, seed=3):
             # 0 .. kmax listed blocks per row (the active prefix), so rows take different
             # numbers of steps
             nums = rng.integers(0, kmax + 1, size=(b, hq, nq)).astype(np.int32)
+        elif c["mode"] in ("even-empty", "odd-empty"):
+            # the even (odd) query blocks list nothing: with one query head per KV head and
+            # an even N_q, every CTA's first (second) warpgroup of pairwg gets only these
+            nums[:, :, (0 if c["mode"] == "even-empty" else 1)::2] = 0
         sizes = rng.integers(1, blk + 1, size=(b, nkv)).astype(np.int32)
         sizes[:, 0] = blk
     # poison: NaN in every KV block no row lists, and in rows past block_sizes
@@ -383,7 +387,7 @@ def _check_ws_forward(c, switches):
     assert np.array_equal(np.isneginf(lse_g), np.isneginf(lse_r)), "lse -inf pattern differs"
     fin = np.isfinite(lse_r)
     check_rule("lse", lse_g[fin], lse_r[fin], lse_b[fin], 2, 1e-4, report)
-    if c["mode"] in ("last-empty", "varied"):
+    if c["mode"] in ("last-empty", "varied", "even-empty", "odd-empty"):
         empty = np.repeat(np.asarray(nums_n) == 0, c["blk"], axis=-1)[..., : c["sq"]]
         assert empty.any()
         o_rows = _rows_bhs(np.asarray(out, np.float32), c["layout"])
@@ -416,7 +420,9 @@ def test_bsa_sm90ws_forward_ctas3k1(c):
 
 # Two consumer warpgroups per CTA at blk 64, each with work items of its own
 # (bsa_fwd_ws=pairwg): the blk 64 cases above, rows of 0 .. 4 blocks over several waves of
-# items, and 5 work items (3 CTAs: the last CTA's second warpgroup has none)
+# items, 5 work items (3 CTAs: the last CTA's second warpgroup has none), every block listed,
+# one warpgroup of every CTA with only empty rows (either one), an odd number of items over
+# several waves
 PAIR_CASES = [c for c in WS_CASES if c["blk"] == 64] + [
     dict(name="pair-blk64-d128-varied-waves", blk=64, d=128, dtype="float16", layout="bshd",
          hq=8, hkv=2, sq=4096, skv=4001, mode="varied"),
@@ -426,6 +432,14 @@ PAIR_CASES = [c for c in WS_CASES if c["blk"] == 64] + [
          b=1, hq=1, hkv=1, sq=300, skv=1000, mode="last"),
     dict(name="pair-blk64-d128-all", blk=64, d=128, dtype="bfloat16", layout="bshd",
          hq=4, hkv=2, sq=1000, skv=1100, mode="all"),
+    # one warpgroup of every CTA without a turn (N_q even, MHA), either one
+    dict(name="pair-blk64-d128-wg0-empty", blk=64, d=128, dtype="bfloat16", layout="bhsd",
+         hq=4, hkv=4, sq=4096, skv=3000, mode="even-empty"),
+    dict(name="pair-blk64-d64-wg1-empty", blk=64, d=64, dtype="float16", layout="bshd",
+         hq=4, hkv=4, sq=4096, skv=3000, mode="odd-empty"),
+    # an odd number of items (3 x 181) over several waves
+    dict(name="pair-blk64-d128-odd-items-waves", blk=64, d=128, dtype="float16",
+         layout="bshd", b=1, hq=3, hkv=1, sq=11550, skv=2000, mode="varied"),
 ]
 # BSA_TEST_PAIR: the bsa_fwd_ws flags of these tests (default "pairwg"; e.g.
 # "pairwg,nopingpong")

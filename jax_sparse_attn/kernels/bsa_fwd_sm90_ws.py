@@ -412,10 +412,10 @@ class BsaFwdSm90Ws(AttnFwdSm90Ws):
         ring = None
         if cutlass.const_expr(self.pair_items):
             # producer warp w (w < 2) and consumer warpgroup w share ring set w and walk item
-            # stream w of the CTA
+            # stream w of the CTA (warps 2 and 3 load nothing)
             ring = wg_idx - 1
             if wg_idx == 0:
-                ring = warp
+                ring = warp % 2
             sched = WayScheduler(sched, ring, 2)
         st, pipe_q, pipe_k, pipe_v, sQ, sK, sV, q_bytes, k_bytes, v_bytes = (
             self._smem_and_pipes(Smem, sQ_layout, sK_layout, sV_layout, tma_q, tma_k, tma_v,

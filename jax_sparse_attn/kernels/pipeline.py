@@ -147,7 +147,12 @@ class PairTurns:
     over a last time unless the other is done as well. ``mine``: this thread's int32 slot,
     1 while the other warpgroup takes turns; a warpgroup clears it when, holding the turn,
     it finds the other done, and from then on neither waits nor passes. (Every interleaving
-    of up to four turns each is checked on a model in ``tests/test_pair_turns_model.py``.)"""
+    of up to four turns each is checked on a model in ``tests/test_pair_turns_model.py``.)
+
+    The protocol needs every :meth:`wait` followed by exactly one :meth:`pass_turn` of the
+    same warpgroup (a code path that waits without passing, or passes without waiting,
+    leaves an arrival pending or a warpgroup waiting for ever), and :meth:`finish` once,
+    after the warpgroup's last turn."""
 
     enabled: bool
     done: object  # shared-memory int32 pointer: done[0], done[1]
