@@ -269,7 +269,9 @@ _META_ARG_LINES = """
       q2k_block_nums: int32 ``(B, H_q, N_q)`` per-row active-prefix lengths in
         ``[1, K_max]`` (``[0, K_max]`` with ``allow_empty_block_nums=True``). Default None.
       sparse_block_size: 64 or 128 (default 128 on every backend).
-      softmax_scale: Python number, finite in float32; default ``1 / sqrt(D)``.
+      softmax_scale: Python number, finite in float32; default ``1 / sqrt(D)``. The scaled
+        scores ``softmax_scale * q.k`` are computed in float32: a score that overflows it
+        (``|softmax_scale * q.k|`` beyond about 2e38) makes its row NaN, as in any softmax.
       layout: ``"bhsd"`` (default) or ``"bshd"``; outputs follow it.
       allow_empty_block_nums: allow counts of 0 (empty rows: out 0, lse -inf); default
         False.
