@@ -120,10 +120,16 @@ def _shape(name, x):
 
 def as_array_arg(x):
     """A Python list/tuple of numbers (e.g. ``cu_seqlens=[0, 5, 9]``) as a NumPy array
-    (int32 for integers); anything else unchanged."""
+    (int32 for integers whose values fit int32; wider integers keep their int64 values, so
+    that the value checks see and reject them, as for a NumPy int64 array); anything else
+    unchanged."""
     if isinstance(x, (list, tuple)):
         a = np.asarray(x)
-        return a.astype(np.int32) if a.dtype.kind in "iu" else a
+        if a.dtype.kind in "iu":
+            info = np.iinfo(np.int32)
+            if a.size == 0 or (a.min() >= info.min and a.max() <= info.max):
+                return a.astype(np.int32)
+        return a
     return x
 
 

@@ -67,6 +67,27 @@ def test_python_list_cu_seqlens_and_block_sizes_are_converted():
     np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
 
 
+def test_python_list_metadata_outside_int32_are_rejected_not_wrapped():
+    """A Python list entry outside int32 (2**32 + 10 wraps to 10 in int32) is checked with
+    its own value, as the same entry in a NumPy int64 array is: ValueError naming it."""
+    from jax_sparse_attn import validate_bsa_metadata, validate_hstu_inputs
+
+    big = 2**32 + 10
+    with pytest.raises(ValueError, match=rf"cu_seqlens_q\[-1\]={big} exceeds"):
+        hstu_attention(qh, qh, qh, [0, 4, big], [0, 4, 10], **HKW)
+    with pytest.raises(ValueError, match=rf"cu_seqlens_k\[-1\]={big} exceeds"):
+        validate_hstu_inputs(qh, qh, qh, [0, 4, 10], (0, 4, big), max_seqlen_q=6,
+                             max_seqlen_k=6)
+    pages = jnp.zeros((2, 2, 128, 1, 8), jnp.float32)
+    with pytest.raises(ValueError, match=rf"page_ids\[0\]={2**32} is outside"):
+        hstu_attention(qh, None, None, [0, 4, 10], [0, 4, 10], paged_kv=pages,
+                       page_ids=[2**32, 1], page_indptrs=[0, 1, 2], **HKW)
+    with pytest.raises(ValueError, match=rf"block_sizes\[\(0,\)\]={2**32 + 100} is outside"):
+        block_sparse_attention(q4, q4, q4, idx, 1, [2**32 + 100], backend="reference")
+    with pytest.raises(ValueError, match=r"block_sizes\[\(0,\)\]=-4294967196 is outside"):
+        validate_bsa_metadata(q4, q4, q4, idx, 1, [100 - 2**32])
+
+
 def test_layout_mismatch_names_layout():
     with pytest.raises(ValueError, match=r"layout='bshd'.*pass layout='bhsd'"):
         block_sparse_attention(q4, q4, q4, idx, 1, layout="bshd", backend="reference")
