@@ -505,6 +505,13 @@ def main(argv=None) -> int:
     ap.add_argument("--save-dtype", default="float16", choices=("float16", "float32"),
                     help="storage dtype of --save-qkv (float16: ~7 MB for 512 tokens)")
     args = ap.parse_args(argv)
+    if args.backend == "kernel":
+        import jax_sparse_attn as jsa
+
+        status = jsa.kernel_status()
+        if status.backend != "kernel":
+            ap.error(f"--backend kernel needs the CuTe DSL kernels, which cannot run here "
+                     f"({status.reason}); use --backend auto or --backend reference")
 
     densities = [float(d) for d in args.densities.split(",") if d]
     layers = None if args.layers == "all" else [int(x) for x in args.layers.split(",")]

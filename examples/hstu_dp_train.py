@@ -127,6 +127,13 @@ def main(argv=None):
                     help="also run on one device and report the weak-scaling efficiency")
     ap.add_argument("--out", default=None, help="write the results as JSON")
     args = ap.parse_args(argv)
+    if args.backend == "kernel":
+        from jax_sparse_attn import kernel_status  # noqa: PLC0415
+
+        status = kernel_status()
+        if status.backend != "kernel":
+            ap.error(f"--backend kernel needs the CuTe DSL kernels, which cannot run here "
+                     f"({status.reason}); use --backend auto or --backend reference")
     devs = jax.devices()
     res = {"all": run(devs, steps=args.steps, tokens_per_device=args.tokens_per_device,
                       backend=args.backend)}

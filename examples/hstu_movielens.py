@@ -438,6 +438,17 @@ def resolved_backend(backend: str) -> str:
     return "reference" if kernel_platform_unavailable_reason() else "kernel"
 
 
+def require_kernels(option: str, remedy: str) -> None:
+    """Exit with a message (not a traceback from inside the training step) when ``option``
+    needs the CuTe DSL kernels and they cannot run on this machine."""
+    from jax_sparse_attn import kernel_status
+
+    status = kernel_status()
+    if status.backend != "kernel":
+        raise SystemExit(f"{option} needs the CuTe DSL kernels, which cannot run here "
+                         f"({status.reason}); {remedy}")
+
+
 def print_table(metrics: dict[str, float], label: str, std: dict | None = None) -> None:
     print(f"\n{'model (ML-1M, full ranking)':<34} {'HR@10':>7} {'NDCG@10':>8}")
     for name, (hr, ndcg) in PAPER_TABLE.items():
@@ -728,6 +739,11 @@ def main(argv=None) -> dict[str, Any]:
               f"timestamps {'kept' if seqs.timestamps is not None else 'missing'}")
         return {}
 
+    if args.backend == "kernel":
+        require_kernels("--backend kernel", "use --backend auto (the pure-JAX reference where "
+                        "the kernels cannot run) or --backend reference")
+    if args.compare_backends:
+        require_kernels("--compare-backends", "run without it")
     preset, cfg = build_config(args)
     t0 = time.perf_counter()
     seqs = mldata.load_sequences(args.data_cache)

@@ -1,4 +1,5 @@
-"""CPU smoke tests of the benchmark harness (benchmarks/) and of examples/bsa_real_attention.py.
+"""CPU smoke tests of the benchmark harness (benchmarks/), of examples/bsa_real_attention.py
+and of the --backend kernel check of examples/hstu_dp_train.py.
 
 The harness runs here on tiny shapes with the reference backend and an XLA dense anchor
 (wall-clock timing); the kernel backend must report itself unsupported, not crash.
@@ -9,6 +10,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import subprocess
 import sys
 
 import numpy as np
@@ -601,3 +603,20 @@ def test_bsa_bench_rejects_unknown_timing():
 
     with pytest.raises(SystemExit):
         bsa_bench.main(["--timing", "fast"])
+
+
+@pytest.mark.parametrize("script", ["bsa_real_attention.py", "hstu_dp_train.py"])
+def test_example_backend_kernel_without_kernels_is_a_usage_error(script):
+    """``--backend kernel`` where the kernels cannot run (a CPU): a usage error naming the
+    reason before any work, not a traceback from inside the op."""
+    import jax_sparse_attn
+
+    status = jax_sparse_attn.kernel_status()
+    if status.backend == "kernel":
+        pytest.skip("the kernels can run here")
+    r = subprocess.run([sys.executable, os.path.join(ROOT, "examples", script), "--backend",
+                        "kernel"], capture_output=True, text=True, timeout=300,
+                       env=dict(os.environ, PYTHONPATH=ROOT))
+    assert r.returncode == 2, r.stderr[-2000:]
+    assert "error: --backend kernel needs the CuTe DSL kernels" in r.stderr
+    assert status.reason in r.stderr and "Traceback" not in r.stderr

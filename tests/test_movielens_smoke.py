@@ -303,3 +303,19 @@ def test_train_and_eval_steps_lower_to_the_kernel_for_sm90(monkeypatch):
     text = ev.trace(params, eb, np.ones(4, np.int32)).lower(
         lowering_platforms=("cuda",)).as_text()
     assert text.count("stablehlo.custom_call @CuteDSLRT") >= 1
+
+
+@pytest.mark.parametrize("argv,option", [(["--smoke", "--backend", "kernel"], "--backend kernel"),
+                                         (["--smoke", "--compare-backends"], "--compare-backends")])
+def test_kernel_options_without_kernels_exit_with_a_message(argv, option):
+    """Where the kernels cannot run (a CPU), the options that need them stop before any data
+    is loaded with a message naming the option and the reason, not a traceback."""
+    import jax_sparse_attn
+
+    status = jax_sparse_attn.kernel_status()
+    if status.backend == "kernel":
+        pytest.skip("the kernels can run here")
+    with pytest.raises(SystemExit) as e:
+        hm.main(argv)
+    msg = str(e.value.code)
+    assert msg.startswith(f"{option} needs the CuTe DSL kernels") and status.reason in msg
