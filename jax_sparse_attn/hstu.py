@@ -43,6 +43,7 @@ from ._results import HSTUBackwardRabResult, HSTUBackwardResult, HSTUForwardResu
 from .config import HSTUConfig
 from .validation import (
     _hstu_value_checks,
+    _shape,
     as_array_arg,
     canonical_dtype,
     check_debug_checks,
@@ -481,10 +482,14 @@ def _per_shard_shapes(q, k, v, cu_q, cu_k, func, rab):
         raise ValueError("per-shard cu_seqlens_q and cu_seqlens_k must have shapes "
                          f"(num_shards, B_local + 1) with the same num_shards, got {shapes}")
     ns = shapes[0][0]
+    if ns < 1:
+        raise ValueError(f"per-shard cu_seqlens_q and cu_seqlens_k (num_shards, B_local + 1) "
+                         f"need num_shards >= 1 rows, got shape {shapes[0]}")
     for name, x in (("q", q), ("k", k), ("v", v)):
-        if getattr(x, "ndim", 0) != 3 or ns == 0 or x.shape[0] % ns:
+        shape = _shape(name, x)
+        if len(shape) != 3 or shape[0] % ns:
             raise ValueError(f"{name} must be (T, H, D) with T divisible by num_shards={ns} "
-                             f"(per-shard cu_seqlens), got shape {getattr(x, 'shape', None)}")
+                             f"(per-shard cu_seqlens), got shape {shape}")
     if func is not None and (getattr(func, "ndim", 0) != 3 or func.shape[0] != ns):
         raise ValueError(f"with per-shard cu_seqlens, func must be (num_shards={ns}, N, L_local), "
                          f"got shape {getattr(func, 'shape', None)}")
@@ -587,9 +592,12 @@ def _per_shard_backward(do, q, k, v, cu_q, cu_k, func, rab, opts):
     B_local + 1)`` (the contract of :func:`_per_shard`): a vmap over the shards."""
     _per_shard_shapes(q, k, v, cu_q, cu_k, func, rab)
     ns = cu_q.shape[0]
-    if getattr(do, "ndim", 0) != 3 or do.shape[0] != q.shape[0]:
+    if not hasattr(do, "shape"):
+        raise TypeError(f"do must be an array (jax.Array or numpy.ndarray) of the output's "
+                        f"shape (T_q, H, D_v), got {type(do).__name__}")
+    if do.ndim != 3 or do.shape[0] != q.shape[0]:
         raise ValueError(f"do must have the output's shape (T_q, H, D_v) with T_q = "
-                         f"{q.shape[0]}, got {tuple(getattr(do, 'shape', ()))}")
+                         f"{q.shape[0]}, got {tuple(do.shape)}")
     validate_per_shard(q, k, v, cu_q, cu_k, func, rab, opts)
     split = lambda x: x.reshape((ns, x.shape[0] // ns) + tuple(x.shape[1:]))  # noqa: E731
 

@@ -387,6 +387,27 @@ def test_per_shard_cu_seqlens_value_checks(case, op):
             hstu_attention_backward(do, q, k, v, cu, cu, **opts)
 
 
+def test_per_shard_argument_errors_match_the_one_dimensional_call():
+    """With per-shard cu_seqlens a non-array q or do gave ValueError "... got shape None"
+    (TypeError "must be an array" with 1-D cu_seqlens), k=None "T divisible by num_shards,
+    got shape None", and zero shards "T divisible by num_shards=0". Each now gets the
+    1-D call's error type and a message naming what is wrong."""
+    from jax_sparse_attn import hstu_attention_backward
+
+    q, k, v, do = _per_shard_inputs()
+    cu = jnp.array([[0, 3, 8], [0, 8, 8]], jnp.int32)
+    opts = dict(max_seqlen_q=8, max_seqlen_k=8)
+    with pytest.raises(TypeError, match=r"q must be an array with \.shape and \.dtype"):
+        hstu_attention(np.asarray(q).tolist(), k, v, cu, cu, **opts)
+    with pytest.raises(ValueError, match=r"k is required \(got None\)"):
+        hstu_attention(q, None, v, cu, cu, **opts)
+    with pytest.raises(TypeError, match=r"do must be an array"):
+        hstu_attention_backward(None, q, k, v, cu, cu, **opts)
+    none = jnp.zeros((0, 3), jnp.int32)
+    with pytest.raises(ValueError, match=r"num_shards >= 1 rows, got shape \(0, 3\)"):
+        hstu_attention(q, k, v, none, none, **opts)
+
+
 @pytest.mark.parametrize("with_rab", [False, True])
 def test_per_shard_backward_matches_vjp(with_rab):
     """The hstu_attention_backward docstring (shared argument lines) says cu_seqlens "may
