@@ -286,6 +286,13 @@ def check_hstu_args(q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q, max_se
     (bk,) = _check_rank("cu_seqlens_k", cu_seqlens_k, 1, cu_desc)
     _check_int("cu_seqlens_q", cu_seqlens_q)
     _check_int("cu_seqlens_k", cu_seqlens_k)
+    for name, n in (("cu_seqlens_q", bq), ("cu_seqlens_k", bk)):
+        if not isinstance(n, numbers.Integral):  # a symbolic dimension of jax.export
+            raise ValueError(
+                f"{name} must have a static length B+1 (the number of sequences is a "
+                f"compile-time constant; only the token count T may be symbolic), got the "
+                f"symbolic {n}: export with a fixed B and pad unused sequences with zero "
+                f"length (repeat the last offset)")
     if bq < 1:
         raise ValueError("cu_seqlens_q must have B+1 >= 1 entries, got 0")
     if bk != bq:

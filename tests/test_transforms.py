@@ -368,6 +368,28 @@ def test_export_symbolic_token_count_reference():
                _hstu(qq[0, :n], kk[0, :n], vv[0, :n], jnp.minimum(CU[0], n)))
 
 
+@pytest.mark.parametrize("op", ["forward", "grad", "backward"])
+def test_export_symbolic_number_of_sequences_names_the_argument(op):
+    """The number of HSTU sequences is static (docs/design.md, jax.export): a symbolic
+    cu_seqlens length raised JAX's InconclusiveDimensionOperation from inside the
+    reference. It must be a ValueError naming the argument and what to do instead."""
+    from jax import export  # noqa: PLC0415
+
+    (b1,) = export.symbolic_shape("b1")
+    cu = jax.ShapeDtypeStruct((b1,), jnp.int32)
+    q = jax.ShapeDtypeStruct((40, H, D), jnp.float32)
+    opts = dict(max_seqlen_q=16, max_seqlen_k=16)
+    if op == "forward":
+        f = lambda q, cu: jsa.hstu_attention(q, q, q, cu, cu, **opts)  # noqa: E731
+    elif op == "grad":
+        f = jax.grad(lambda q, cu: jsa.hstu_attention(q, q, q, cu, cu, **opts).sum())
+    else:
+        f = lambda q, cu: jsa.hstu_attention_backward(q, q, q, q, cu, cu, **opts)  # noqa: E731
+    with pytest.raises(ValueError, match=r"cu_seqlens_q must have a static length B\+1.*"
+                                         r"symbolic b1"):
+        export.export(jax.jit(f))(q, cu)
+
+
 @pytest.mark.parametrize("opts", [{}, {"kv_splits": "auto"}, {"causal": True, "kv_splits": 3},
                                   {"pack_gqa": True}])
 def test_export_bsa_symbolic_batch_reference(opts):
