@@ -305,8 +305,9 @@ _ARG_LINES = """
       max_seqlen_q: static Python int >= every query length (compile-time bound),
         at most ``2**31 - 1``.
       max_seqlen_k: static Python int >= every key length, at most ``2**31 - 1``.
-      scaling_seqlen: positive Python number dividing the output (``1 / scaling_seqlen``
-        finite in float32); default ``max_seqlen_q`` (1 when ``max_seqlen_q`` is 0).
+      scaling_seqlen: positive Python number dividing the output (it and
+        ``1 / scaling_seqlen`` finite in float32: about 2.9e-39 to 3.4e38); default
+        ``max_seqlen_q`` (1 when ``max_seqlen_q`` is 0).
       window_size: ``(left, right)`` Python ints >= -1 (-1 = unbounded), relative to the
         bottom-right aligned query position; default ``(-1, 0)`` (causal). A side
         ``>= max_seqlen_q + max_seqlen_k`` (when that is > 0) or ``>= 2**31 - 1`` reaches
@@ -377,7 +378,7 @@ _ARGS_DOC = "\n    Args:" + _ARG_LINES + _PAGED_ARG_LINES + _BACKEND_ARG_LINES
 _RAISES_DOC = """
     Raises:
       ValueError: bad shapes/ranks (also zero heads or head dims), options (e.g. func with a window, odd-N violation,
-        scaling_seqlen <= 0, alpha or 1 / scaling_seqlen not finite in float32,
+        scaling_seqlen <= 0, alpha, scaling_seqlen or 1 / scaling_seqlen not finite in float32,
         max_seqlen_* outside [0, 2**31 - 1], window_size not a pair of ints >= -1,
         kv_splits outside [1, 16] and not "auto", backend not in
         {"auto", "kernel", "reference"}, a switch
