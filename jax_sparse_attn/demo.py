@@ -1,7 +1,7 @@
 """Short runnable demo of both ops: ``python -m jax_sparse_attn.demo``.
 
 Runs HSTU attention on a packed batch of variable-length sequences and block-sparse
-attention with top-k KV blocks, each forward + backward under ``jax.jit``, on whatever
+attention with top-k KV blocks (chosen block-causally), each forward + backward under ``jax.jit``, on whatever
 backend ``backend="auto"`` selects here (printed with the reason), and checks them
 against the pure-JAX reference: the printed error is the relative L2 error
 ``|out - ref| / |ref|`` of the op's output against the float32 reference computed on the
@@ -80,7 +80,9 @@ def demo_bsa(key, dtype, backend):
     ref, _ = reference.block_sparse_attention_ref(q, k, v, index, nums, sparse_block_size=blk)
     print(jsa.which_backend(jsa.block_sparse_attention, q, k, v, index, q2k_block_nums=nums,
                             sparse_block_size=blk, backend=backend))
-    print(f"BSA   causal top-{top_k} of {-(-S // blk)} blocks, B={B}, H_q={Hq}, H_kv={Hkv}, S={S}, "
+    # the blocks are picked causally (none past a query block's diagonal block); inside the
+    # diagonal block every key is attended (the op's causal=False)
+    print(f"BSA   block-causal top-{top_k} of {-(-S // blk)} blocks, B={B}, H_q={Hq}, H_kv={Hkv}, S={S}, "
           f"D={D}, {jnp.dtype(dtype).name}: out {out.shape}, lse {lse.shape}, loss {float(val):.4f}, "
           f"rel. L2 err of out vs fp32 reference {_rel_err(out, ref):.2e}, "
           f"fwd+bwd (incl. compile) {dt:.2f} s")

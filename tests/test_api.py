@@ -435,6 +435,7 @@ def test_readme_python_blocks_and_demo_run(capsys):
     text = capsys.readouterr().out
     assert text.count("rel. L2 err of out vs fp32 reference 0.00e+00") == 2, text
     assert text.count(": reference (backend='reference' was requested)") == 2, text
+    assert "BSA   block-causal top-3 of 8 blocks" in text, text
 
 
 def test_readme_setup_commands_are_one_liners_and_ci_runs_the_test_one():
