@@ -24,6 +24,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from ._backend import check_backend, check_switches
 from .config import BSAConfig, HSTUConfig
 
 __all__ = [
@@ -417,8 +418,13 @@ def _check_cu(name, cu, total, max_seqlen, max_name):
 
 def validate_hstu_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q, max_seqlen_k,
                          scaling_seqlen=None, window_size=(-1, 0), alpha=1.0, func=None,
-                         paged_kv=None, page_ids=None, page_indptrs=None, rab=None):
+                         paged_kv=None, page_ids=None, page_indptrs=None, rab=None,
+                         backend="auto", switches=None, debug_checks=False, deterministic=False,
+                         kv_splits="auto"):
     """Check the shapes *and values* of HSTU inputs eagerly (same arguments as the op).
+
+    ``backend``, ``switches``, ``debug_checks``, ``deterministic`` and ``kv_splits`` are
+    checked like the op's and do not change the checks of the inputs.
 
     Value checks: ``cu_seqlens_*[0] == 0``, non-decreasing, last entry <= T;
     ``max_seqlen_*`` >= every sequence length; ``func`` endpoints in
@@ -438,6 +444,11 @@ def validate_hstu_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q, m
       trace-time checks; TypeError for traced metadata (inside ``jax.jit`` /
       ``jax.vmap``: use the op's ``debug_checks=True`` there).
     """
+    check_backend(backend)
+    check_switches(switches)
+    check_debug_checks(debug_checks)
+    check_deterministic(deterministic)
+    check_kv_splits(kv_splits)
     cu_seqlens_q, cu_seqlens_k, page_ids, page_indptrs = (
         as_array_arg(x) for x in (cu_seqlens_q, cu_seqlens_k, page_ids, page_indptrs))
     opts = check_hstu_args(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q=max_seqlen_q,

@@ -24,6 +24,25 @@ def test_hstu_valid_inputs_pass():
     validate_hstu_inputs(q, k, v, cu, cu, max_seqlen_q=7, max_seqlen_k=7, window_size=(-1, -1), func=func)
 
 
+def test_hstu_validator_takes_every_keyword_option_of_the_op():
+    """validate_hstu_inputs says "same arguments as the op", but the op's backend,
+    switches, debug_checks, deterministic and kv_splits raised TypeError (unexpected
+    keyword), so validating with the op's own **options failed. They are accepted and
+    checked like the op checks them."""
+    q, k, v, cu, _ = hstu_args()
+    opts = dict(max_seqlen_q=7, max_seqlen_k=7, backend="reference", switches=None,
+                debug_checks=True, deterministic=True, kv_splits=4)
+    validate_hstu_inputs(q, k, v, cu, cu, **opts)
+    jsa.hstu_attention(q, k, v, cu, cu, **opts)
+    for name, bad, exc in [("backend", "cuda", ValueError), ("switches", {}, TypeError),
+                           ("debug_checks", 1, TypeError), ("deterministic", "yes", TypeError),
+                           ("kv_splits", 0, ValueError)]:
+        with pytest.raises(exc, match=name):
+            validate_hstu_inputs(q, k, v, cu, cu, **dict(opts, **{name: bad}))
+        with pytest.raises(exc, match=name):
+            jsa.hstu_attention(q, k, v, cu, cu, **dict(opts, **{name: bad}))
+
+
 @pytest.mark.parametrize("cu,match", [
     ((1, 3, 3, 10), r"cu_seqlens_q\[0\] must be 0"),
     ((0, 5, 3, 10), r"non-decreasing: cu_seqlens_q\[2\]=3 < cu_seqlens_q\[1\]=5"),
