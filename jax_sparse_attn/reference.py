@@ -39,7 +39,7 @@ from jax import lax
 
 from .masks import func_interval_mask
 from .metadata import auto_kv_splits, kv_split_ids, normalize_bsa_metadata
-from .validation import HSTU_PAGE_SIZE, MAX_KV_SPLITS, check_kv_splits
+from .validation import HSTU_PAGE_SIZE, MAX_KV_SPLITS, _unbounded_window, check_kv_splits
 
 __all__ = [
     "hstu_attention_ref",
@@ -138,7 +138,9 @@ def _hstu_attention_ref_impl(
     max_seqlen_k = int(max_seqlen_k)
     if scaling_seqlen is None:
         scaling_seqlen = max_seqlen_q
-    left, right = (int(w) for w in window_size)
+    # a side reaching every key is the unbounded -1 (keeps p + right within int32)
+    left, right = _unbounded_window(tuple(int(w) for w in window_size), max_seqlen_q,
+                                    max_seqlen_k)
 
     n_keys_avail = (paged_kv.shape[0] * page_ids.shape[0]) if paged else k.shape[0]
     if T_q == 0 or B <= 0 or max_seqlen_q <= 0 or max_seqlen_k <= 0 or n_keys_avail == 0:

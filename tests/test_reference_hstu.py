@@ -438,3 +438,26 @@ def test_nan_in_a_visible_key_or_query_propagates():
     out = np.asarray(run(qn, k, v))
     assert np.isnan(out[2]).all()
     assert np.isfinite(np.delete(out, 2, axis=0)).all()
+
+
+@pytest.mark.parametrize("window_size", [(-1, 2**31 - 1), (2**31 - 1, 0), (2**40, 2**31),
+                                         (3, 10**12)])
+def test_reference_entry_points_take_windows_past_int32(window_size):
+    """reference.hstu_attention_ref / hstu_attention_bwd_ref (public: the any-backend path
+    and the oracle) compared p + right in int32: a right side of 2**31 - 1 wrapped around
+    and masked every key (all-zero output), and a side past int32 raised OverflowError. A
+    side that reaches every key means -1 there too, as in hstu_attention."""
+    q, k, v, cu_q, cu_k, mq, mk = make_case([5, 0, 7], [6, 2, 9], seed=3, dtype=np.float32)
+    unbounded = tuple(-1 if w >= 2**31 - 1 else w for w in window_size)
+    kw = dict(max_seqlen_q=mq, max_seqlen_k=mk)
+    want = reference.hstu_attention_ref(q, k, v, cu_q, cu_k, window_size=unbounded, **kw)
+    assert np.abs(np.asarray(want)).max() > 0
+    got = reference.hstu_attention_ref(q, k, v, cu_q, cu_k, window_size=window_size, **kw)
+    np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
+    np.testing.assert_array_equal(np.asarray(got), np.asarray(jsa.hstu_attention(
+        q, k, v, cu_q, cu_k, window_size=window_size, backend="reference", **kw)))
+    do = np.ones_like(q)
+    want = reference.hstu_attention_bwd_ref(do, q, k, v, cu_q, cu_k, window_size=unbounded, **kw)
+    got = reference.hstu_attention_bwd_ref(do, q, k, v, cu_q, cu_k, window_size=window_size, **kw)
+    for g, w in zip(got, want):
+        np.testing.assert_array_equal(np.asarray(g), np.asarray(w))
