@@ -552,16 +552,22 @@ hstu_attention_forward.__doc__ = (
 
 def hstu_attention_backward(do, q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q,
                             max_seqlen_k, scaling_seqlen=None, window_size=(-1, 0), alpha=1.0,
-                            func=None, backend="auto", switches=None, debug_checks=False,
-                            rab=None, deterministic=False):
+                            func=None, paged_kv=None, page_ids=None, page_indptrs=None,
+                            backend="auto", switches=None, debug_checks=False,
+                            rab=None, deterministic=False, kv_splits="auto"):
+    if paged_kv is not None:
+        raise NotImplementedError(_PAGED_GRAD_MSG)
     cu_seqlens_q, cu_seqlens_k = as_array_arg(cu_seqlens_q), as_array_arg(cu_seqlens_k)
+    page_ids, page_indptrs = as_array_arg(page_ids), as_array_arg(page_indptrs)
     if getattr(cu_seqlens_q, "ndim", 1) == 2 and getattr(cu_seqlens_k, "ndim", 1) == 2:
+        if page_ids is not None or page_indptrs is not None:
+            raise ValueError("page_ids/page_indptrs are only valid together with paged_kv")
         return _per_shard_backward(
             do, q, k, v, cu_seqlens_q, cu_seqlens_k, func, rab,
             dict(max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k,
                  scaling_seqlen=scaling_seqlen, window_size=window_size, alpha=alpha,
                  backend=backend, switches=switches, debug_checks=debug_checks,
-                 deterministic=deterministic))
+                 deterministic=deterministic, kv_splits=kv_splits))
 
     def check_do(cfg):
         want = (q.shape[0], q.shape[1], cfg.head_dim_v)
@@ -575,12 +581,12 @@ def hstu_attention_backward(do, q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seql
         if dodt != qdt:
             raise TypeError(f"do dtype {dodt} must equal q's dtype {qdt}")
 
-    cfg = _make_config(q, k, v, cu_seqlens_q, cu_seqlens_k, func, None, None, None,
+    cfg = _make_config(q, k, v, cu_seqlens_q, cu_seqlens_k, func, None, page_ids, page_indptrs,
                        max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k,
                        scaling_seqlen=scaling_seqlen, window_size=window_size, alpha=alpha,
                        backend=backend, switches=switches, op_name="hstu_attention_backward",
                        debug_checks=debug_checks, rab=rab, deterministic=deterministic,
-                       extra_checks=check_do)
+                       kv_splits=kv_splits, extra_checks=check_do)
     grads = _bwd_jit(cfg, do, q, k, v, _i32(cu_seqlens_q), _i32(cu_seqlens_k), _i32(func), rab)
     if rab is None:
         return HSTUBackwardResult(dq_tensor=grads[0], dk_tensor=grads[1], dv_tensor=grads[2])
@@ -627,6 +633,12 @@ hstu_attention_backward.__doc__ = (
     Args:
       do: ``(T_q, H, D_v)`` output cotangent in q's dtype."""
     + _ARG_LINES
+    + """
+      paged_kv, page_ids, page_indptrs, kv_splits: the forward's options, accepted so
+        that its options can be passed unchanged: a ``paged_kv`` raises
+        ``NotImplementedError`` (paged KV is forward-only), ``page_ids`` /
+        ``page_indptrs`` without it ``ValueError``; ``kv_splits`` is checked as in the
+        forward and does not change the backward (it splits the forward only)."""
     + _BACKEND_ARG_LINES
     + """
     Returns:

@@ -187,6 +187,28 @@ def test_hstu_backward_api_errors():
             np.ones((12, 2, 8)).tolist(), q, k, v, cu, cu, **kw)
 
 
+def test_hstu_backward_takes_the_forward_options():
+    """docs/hstu.md: hstu_attention_backward(do, ..., *, <same options>). kv_splits and the
+    paged-KV options of the forward raised TypeError (unexpected keyword), so the backward
+    could not be called with the forward's options. kv_splits is accepted and checked (it
+    only splits the forward); a paged_kv is refused as differentiating a paged call is."""
+    q, k, v, cu, kw = _hstu()
+    do = jnp.ones_like(q)
+    opts = dict(kw, kv_splits=4, paged_kv=None, page_ids=None, page_indptrs=None)
+    got = jsa.hstu_attention_backward(do, q, k, v, cu, cu, **opts)
+    want = jsa.hstu_attention_backward(do, q, k, v, cu, cu, **kw)
+    for g, w in zip(got, want):
+        np.testing.assert_array_equal(np.asarray(g), np.asarray(w))
+    _raises(ValueError, r"kv_splits must be in \[1, 16\]", jsa.hstu_attention_backward,
+            do, q, k, v, cu, cu, **dict(opts, kv_splits=0))
+    pq, cu_q, cu_k, pkw = _paged_case()
+    _raises(NotImplementedError, r"paged_kv is forward-only", jsa.hstu_attention_backward,
+            jnp.ones_like(pq), pq, None, None, cu_q, cu_k, **pkw)
+    _raises(ValueError, r"page_ids/page_indptrs are only valid together with paged_kv",
+            jsa.hstu_attention_backward, do, q, k, v, cu, cu,
+            **dict(kw, page_ids=pkw["page_ids"]))
+
+
 # ----------------------------------------------------------------------------- errors: BSA
 
 
