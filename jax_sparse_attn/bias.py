@@ -126,8 +126,13 @@ def time_bucket(dt, num_buckets: int = 128):
     """``clamp(floor(ln(max(|dt|, 1)) / 0.301), 0, num_buckets)`` as int32.
 
     ``dt`` is an integer (or float) array of time gaps in the timestamps' unit (seconds for
-    MovieLens). The logarithm is evaluated in float32.
+    MovieLens). The logarithm is evaluated in float32. ``num_buckets`` is a static Python
+    int ``>= 0`` (the largest bucket; a table has ``num_buckets + 1`` entries).
+
+    Raises:
+      ValueError: ``num_buckets < 0``.  TypeError: ``num_buckets`` is not a static int.
     """
+    num_buckets = _static_int("num_buckets", num_buckets, 0)
     # float32 before abs: |INT32_MIN| does not exist as an int32 (it would stay negative)
     a = jnp.maximum(jnp.abs(jnp.asarray(dt).astype(jnp.float32)), 1.0)
     b = jnp.floor(jnp.log(a) / TIME_BUCKET_DIVISOR)

@@ -54,6 +54,17 @@ def test_time_bucket_formula():
     assert np.asarray(bias.time_bucket(jnp.asarray([10**9]), 5))[0] == 5  # clamp
 
 
+def test_time_bucket_rejects_a_negative_or_non_int_num_buckets():
+    """num_buckets=-1 returned bucket -1 for every gap (an index before the table) and a
+    float one float-valued buckets; they are a ValueError / TypeError naming num_buckets."""
+    dts = jnp.asarray([0, 5, 10**6], jnp.int32)
+    assert np.asarray(bias.time_bucket(dts, 0)).tolist() == [0, 0, 0]
+    with pytest.raises(ValueError, match=r"num_buckets must be >= 0, got -1"):
+        bias.time_bucket(dts, -1)
+    with pytest.raises(TypeError, match=r"num_buckets must be a static Python int"):
+        bias.time_bucket(dts, 2.5)
+
+
 def test_time_and_relative_bias_match_loops():
     rng = np.random.default_rng(1)
     B, N = 3, 6
