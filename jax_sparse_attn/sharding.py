@@ -36,7 +36,7 @@ from jax.sharding import PartitionSpec as P
 
 from . import bsa as _bsa
 from . import hstu as _hstu
-from .validation import as_array_arg, is_concrete, validate_bsa_metadata
+from .validation import _shape, as_array_arg, is_concrete, validate_bsa_metadata
 
 #: the options of block_sparse_attention that validate_bsa_metadata takes
 _BSA_VALUE_OPTS = ("sparse_block_size", "allow_empty_block_nums", "softmax_scale", "pack_gqa",
@@ -60,6 +60,12 @@ def _axis_size(mesh, axis):
             raise ValueError(f"mesh axis {a!r} is not one of the mesh's axes {tuple(mesh.shape)}")
         size *= mesh.shape[a]
     return size
+
+
+def _check_mesh(mesh):
+    if not isinstance(mesh, (jax.sharding.Mesh, jax.sharding.AbstractMesh)):
+        raise TypeError(f"mesh must be a jax.sharding.Mesh (e.g. jax.make_mesh(...)), got "
+                        f"{type(mesh).__name__}")
 
 
 def _check_div(name, n, k, axis):
@@ -180,6 +186,10 @@ def hstu_attention_sharded(q, k, v, cu_seqlens_q, cu_seqlens_k, *, mesh, token_a
     """
     if kwargs.get("paged_kv") is not None:
         raise ValueError("hstu_attention_sharded does not support paged_kv")
+    _check_mesh(mesh)
+    for name, x in (("q", q), ("k", k), ("v", v), ("func", func), ("rab", rab)):
+        if x is not None or name in ("q", "k", "v"):
+            _shape(name, x)  # ValueError for a None array, TypeError for a non-array
     ns, nh = _axis_size(mesh, token_axis), _axis_size(mesh, head_axis)
     cu_q, cu_k = (c if c.ndim == 2 else c[None] for c in (jax.numpy.asarray(cu_seqlens_q),
                                                           jax.numpy.asarray(cu_seqlens_k)))
@@ -242,6 +252,7 @@ def block_sparse_attention_sharded(q, k, v, q2k_block_index, block_sparse_num=No
       ValueError: an axis not in the mesh or B / H_q / H_kv not divisible by its size,
         plus the errors of :func:`~jax_sparse_attn.block_sparse_attention`.
     """
+    _check_mesh(mesh)
     nb, nh = _axis_size(mesh, batch_axis), _axis_size(mesh, head_axis)
     h_axis = 1 if layout == "bhsd" else 2
     block_sizes = as_array_arg(block_sizes)  # a Python list, as the op takes it

@@ -127,3 +127,34 @@ def test_bsa_sharded_return_lse_is_differentiable():
     want = jax.grad(single, argnums=(0, 1, 2))(q, k, v)
     for g, h in zip(got, want):
         np.testing.assert_allclose(np.asarray(g), np.asarray(h), rtol=1e-5, atol=1e-5)
+
+
+def test_hstu_sharded_argument_errors_name_the_argument():
+    """hstu_attention_sharded read .shape of its arguments before any check: k=None, a list
+    q or func, or mesh=None crashed with AttributeError ('NoneType' object has no attribute
+    'shape'). They are the op's ValueError / TypeError naming the argument."""
+    from jax.sharding import Mesh
+
+    from jax_sparse_attn.sharding import hstu_attention_sharded
+
+    mesh = Mesh(np.array(jax.devices()[:1]), ("x",))
+    q = jnp.ones((8, 2, 4), jnp.float32)
+    cu = np.array([[0, 3, 8]], np.int32)
+    kw = dict(mesh=mesh, token_axis="x", max_seqlen_q=5, max_seqlen_k=5)
+    with pytest.raises(ValueError, match=r"k is required \(got None\)"):
+        hstu_attention_sharded(q, None, None, cu, cu, **kw)
+    with pytest.raises(TypeError, match=r"q must be an array with \.shape and \.dtype"):
+        hstu_attention_sharded(np.ones((8, 2, 4)).tolist(), q, q, cu, cu, **kw)
+    with pytest.raises(TypeError, match=r"func must be an array with \.shape and \.dtype"):
+        hstu_attention_sharded(q, q, q, cu, cu, func=[[0]], window_size=(-1, -1), **kw)
+    with pytest.raises(TypeError, match=r"rab must be an array with \.shape and \.dtype"):
+        hstu_attention_sharded(q, q, q, cu, cu, rab=[1.0], **kw)
+    with pytest.raises(TypeError, match=r"mesh must be a jax\.sharding\.Mesh"):
+        hstu_attention_sharded(q, q, q, cu, cu, **dict(kw, mesh=None))
+    x = jnp.ones((1, 1, 128, 8), jnp.float32)
+    with pytest.raises(TypeError, match=r"mesh must be a jax\.sharding\.Mesh"):
+        jsa.sharding.block_sparse_attention_sharded(x, x, x, jnp.zeros((1, 1, 1, 1), jnp.int32),
+                                                    1, mesh=None, batch_axis="x")
+    out = hstu_attention_sharded(q, q, q, cu, cu, **kw)
+    np.testing.assert_allclose(out, jsa.hstu_attention(q, q, q, cu, cu, max_seqlen_q=5,
+                                                       max_seqlen_k=5), rtol=1e-6)
