@@ -61,12 +61,21 @@ import jax_sparse_attn as jsa
 from jax_sparse_attn import config, metadata
 
 
-def _inputs(key, b, h, s, d, blk, topk, dtype, h_kv=None):
+def _inputs(key, b, h, s, d, blk, topk, dtype, h_kv=None, lists="random"):
+    """Random q, k, v, dO and top-k block lists: ``lists="random"`` draws each query block's
+    list on its own; ``"paired"`` gives query blocks ``2i`` and ``2i + 1`` the same list (the
+    same K/V blocks read by neighbouring work items, as in local or clustered patterns)."""
     n = -(-s // blk)
     kq, kk, kv, ki, kd = jax.random.split(key, 5)
     q, do = (jax.random.normal(x, (b, h, s, d), jnp.float32).astype(dtype) for x in (kq, kd))
     k, v = (jax.random.normal(x, (b, h_kv or h, s, d), jnp.float32).astype(dtype) for x in (kk, kv))
-    idx = jnp.argsort(jax.random.uniform(ki, (b, h, n, n)), axis=-1)[..., :topk].astype(jnp.int32)
+    if lists == "paired":
+        one = jnp.argsort(jax.random.uniform(ki, (b, h, -(-n // 2), n)), axis=-1)[..., :topk]
+        idx = jnp.repeat(one, 2, axis=2)[:, :, :n].astype(jnp.int32)
+    elif lists == "random":
+        idx = jnp.argsort(jax.random.uniform(ki, (b, h, n, n)), axis=-1)[..., :topk].astype(jnp.int32)
+    else:
+        raise ValueError(f"lists must be 'random' or 'paired', got {lists!r}")
     nums = jnp.full((b, h, n), topk, jnp.int32)
     return q, k, v, idx, nums, do
 
@@ -372,20 +381,26 @@ def sweep_fit(rows):
     return fits
 
 
-def table(variants, n_sets=2, seed=0, rows_sel=None, pass_="fwd", rows_def=None):
+def table(variants, n_sets=2, seed=0, rows_sel=None, pass_="fwd", rows_def=None,
+          lists="random"):
     """Forward (``pass_="fwd"``) or backward (``"bwd"``: the whole backward from saved out /
     lse, FLOPs 2.5x the forward's) times of the TABLE rows under each variant (``'ENV=V,ENV=V'``
     strings of ``JAX_SPARSE_ATTN_*`` switch variables, validated by :func:`config.from_env`,
     ``+`` in a value standing for ``,``;
-    the entry ``deterministic=1`` calls the ops with ``deterministic=True``)."""
+    the entry ``deterministic=1`` calls the ops with ``deterministic=True``); ``lists``: the
+    block lists of :func:`_inputs` (``"paired"``: neighbouring query blocks share theirs; the
+    rows' labels then end in ``paired``)."""
     rows = []
     for j, (label, blk, topk, s, d, h, h_kv) in enumerate(rows_def or TABLE):
         if rows_sel is not None and j not in rows_sel:
             continue
         key = jax.random.fold_in(jax.random.PRNGKey(seed), blk * 1000 + topk)
-        sets = [_inputs(jax.random.fold_in(key, i), 1, h, s, d, blk, topk, jnp.bfloat16, h_kv)
+        sets = [_inputs(jax.random.fold_in(key, i), 1, h, s, d, blk, topk, jnp.bfloat16, h_kv,
+                        lists)
                 for i in range(n_sets)]
         flops = 4.0 * h * s * d * (topk * blk) * (2.5 if pass_ == "bwd" else 1.0)
+        if lists != "random":
+            label = f"{label} {lists}"
         for var in variants:
             # '+' inside a value stands for ',' (several options of one switch)
             env = {k_: v_.replace("+", ",") for k_, v_ in
@@ -626,6 +641,9 @@ def main(argv=None):
                     help="with --table: time the forward (default) or the whole backward")
     ap.add_argument("--rows", default="",
                     help="with --table: comma list of TABLE row numbers (default: all)")
+    ap.add_argument("--lists", default="random", choices=("random", "paired"),
+                    help="with --table: random top-k lists per query block (default), or "
+                         "paired: query blocks 2i and 2i + 1 share one list")
     ap.add_argument("--sweep-k", action="store_true",
                     help="with --table: time the list-length sweep (SWEEP_TABLE: blk64 / blk128, "
                          "top-k 1..64) instead of TABLE and fit ms = a + b k per variant "
@@ -686,7 +704,7 @@ def main(argv=None):
     elif args.table:
         sel = [int(r) for r in args.rows.split(",") if r] or None
         rows = table(args.table.split(";"), rows_sel=sel, pass_=args.table_pass,
-                     rows_def=SWEEP_TABLE if args.sweep_k else None)
+                     rows_def=SWEEP_TABLE if args.sweep_k else None, lists=args.lists)
         if args.sweep_k:
             _write(args.out, rows, fits=sweep_fit(rows))
             print("wrote", args.out)

@@ -620,3 +620,28 @@ def test_example_backend_kernel_without_kernels_is_a_usage_error(script):
     assert r.returncode == 2, r.stderr[-2000:]
     assert "error: --backend kernel needs the CuTe DSL kernels" in r.stderr
     assert status.reason in r.stderr and "Traceback" not in r.stderr
+
+
+def test_bsa_bench_paired_lists():
+    """``bsa_bench --lists paired``: query blocks ``2i`` and ``2i + 1`` list the same KV
+    blocks (an odd block count keeps its last block's own), each list distinct and in
+    range; ``random`` draws a list per block; anything else is a ValueError."""
+    import jax  # noqa: PLC0415
+    import jax.numpy as jnp  # noqa: PLC0415
+    import numpy as np  # noqa: PLC0415
+
+    from benchmarks import bsa_bench
+
+    key = jax.random.PRNGKey(3)
+    for s, n in ((64 * 9, 9), (64 * 8, 8)):
+        idx = np.asarray(bsa_bench._inputs(key, 1, 2, s, 16, 64, 3, jnp.bfloat16,
+                                           lists="paired")[3])
+        assert idx.shape == (1, 2, n, 3)
+        assert np.array_equal(idx[:, :, 0:n - 1:2], idx[:, :, 1::2])
+        assert not np.array_equal(idx[:, :, 0], idx[:, :, 2])
+        for row in idx.reshape(-1, 3):
+            assert len(set(row.tolist())) == 3 and row.min() >= 0 and row.max() < n
+        rnd = np.asarray(bsa_bench._inputs(key, 1, 2, s, 16, 64, 3, jnp.bfloat16)[3])
+        assert not np.array_equal(rnd[:, :, 0:n - 1:2], rnd[:, :, 1::2])
+    with pytest.raises(ValueError, match="lists must be"):
+        bsa_bench._inputs(key, 1, 2, 128, 16, 64, 1, jnp.bfloat16, lists="bad")
