@@ -126,6 +126,12 @@ def _make_config(q, k, v, cu_seqlens_q, cu_seqlens_k, func, paged_kv, page_ids, 
             _hstu_value_checks(shapes[0], shapes[1], cu_q, cu_k, f, shapes[2], ids, ptrs, cfg)
 
         run_time_value_checks(check, cu_seqlens_q, cu_seqlens_k, func, page_ids, page_indptrs)
+    elif is_concrete(cu_seqlens_q, cu_seqlens_k):
+        # concrete cu_seqlens beside a traced func or page table: check what is concrete
+        pages_concrete = is_concrete(page_ids, page_indptrs)
+        _hstu_value_checks(q, k, cu_seqlens_q, cu_seqlens_k,
+                           func if is_concrete(func) else None, paged_kv,
+                           page_ids, page_indptrs, cfg, check_pages=pages_concrete)
     if extra_checks is not None:
         extra_checks(cfg)
     passes = _passes(cfg, op_name)
@@ -430,12 +436,12 @@ def validate_per_shard(q, k, v, cu_q, cu_k, func, rab, opts):
     ``T / num_shards``, when the metadata are concrete (under ``jax.vmap`` /
     ``jax.shard_map`` they are tracers, so the per-shard calls cannot check them
     themselves). Raises the validator's ValueError prefixed with the shard; no-op for
-    traced metadata."""
-    if not is_concrete(cu_q, cu_k, func):
+    traced cu_seqlens (a traced func beside concrete ones is left unchecked)."""
+    if not is_concrete(cu_q, cu_k):
         return
     ns = int(cu_q.shape[0])
     cq, ck = np.asarray(cu_q), np.asarray(cu_k)
-    fn = None if func is None else np.asarray(func)
+    fn = None if func is None or not is_concrete(func) else np.asarray(func)  # traced: unchecked
 
     def local(x, rows):
         return None if x is None else jax.ShapeDtypeStruct((rows,) + tuple(x.shape[1:]), x.dtype)

@@ -463,9 +463,11 @@ def validate_hstu_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q, m
 
 
 def _hstu_value_checks(q, k, cu_seqlens_q, cu_seqlens_k, func, paged_kv, page_ids, page_indptrs,
-                       opts):
+                       opts, check_pages=True):
     """The value checks of :func:`validate_hstu_inputs`, given the config ``opts`` that
-    :func:`check_hstu_args` returned for the same arguments (the public op reuses it)."""
+    :func:`check_hstu_args` returned for the same arguments (the public op reuses it).
+    ``func=None`` skips the func checks and ``check_pages=False`` the page-table checks
+    (the op passes them so when those arrays are traced and the cu_seqlens concrete)."""
     T_q = q.shape[0]
     T_k = None if paged_kv is not None else k.shape[0]
     cu_q, lens_q = _check_cu("cu_seqlens_q", cu_seqlens_q, T_q, opts.max_seqlen_q, "max_seqlen_q")
@@ -487,7 +489,7 @@ def _hstu_value_checks(q, k, cu_seqlens_q, cu_seqlens_k, func, paged_kv, page_id
             raise ValueError(
                 f"func[0, {t}, {r}]={int(f[t, r])} is outside [0, max_seqlen_k={opts.max_seqlen_k}]"
             )
-    if paged_kv is not None:
+    if paged_kv is not None and check_pages:
         ptr, d = _check_offsets("page_indptrs", page_indptrs)
         ids = _host(page_ids)
         n_pages = paged_kv.shape[0]

@@ -302,3 +302,34 @@ def test_validators_reject_traced_metadata_with_a_pointer_to_debug_checks():
     with pytest.raises(TypeError, match="q2k_block_index is traced.*debug_checks=True"):
         jax.jit(lambda i: validate_bsa_metadata(qb, qb, qb, i, 1))(idx)
     validate_bsa_metadata(qb, qb, qb, idx, 1)  # concrete: checked
+
+
+def test_concrete_cu_seqlens_are_checked_when_func_or_the_page_table_is_traced():
+    """debug_checks doc: the metadata values "are always checked eagerly when they are
+    concrete". With concrete cu_seqlens but a traced func (jax.jit over func only) or a
+    traced page table, no check ran: a too small max_seqlen passed silently (unspecified
+    output). The concrete cu_seqlens are checked; the traced arrays are not."""
+    q, k, v, cu, _ = hstu_args()
+    opts = dict(max_seqlen_q=6, max_seqlen_k=7, window_size=(-1, -1))
+    func = jnp.full((1, 3, 10 + 256), 99, jnp.int32)  # out of range, but traced: unchecked
+    f = jax.jit(lambda fn, **o: jsa.hstu_attention(q, k, v, cu, cu, func=fn, **o),
+                static_argnames=tuple(opts))
+    with pytest.raises(ValueError, match=r"max_seqlen_q=6 is smaller than sequence 2's length 7"):
+        f(func, **opts)
+    assert f(func, **dict(opts, max_seqlen_q=7)).shape == q.shape
+    cu2 = jnp.asarray([[0, 3, 5], [0, 5, 5]], jnp.int32)  # per-shard: 2 shards of 5 tokens
+    f2 = jax.jit(lambda fn, **o: jsa.hstu_attention(q, k, v, cu2, cu2, func=fn, **o),
+                 static_argnames=tuple(opts))
+    with pytest.raises(ValueError, match=r"shard 1 .*max_seqlen_q=4 is smaller"):
+        f2(jnp.zeros((2, 3, 5 + 256), jnp.int32), **dict(opts, max_seqlen_q=4))
+    pages = jnp.zeros((2, 2, 128, 2, 4), jnp.bfloat16)
+    ptr = jnp.asarray([0, 1, 1, 2], jnp.int32)
+
+    def paged(ids, max_seqlen_k):
+        return jsa.hstu_attention(q, None, None, cu, cu, paged_kv=pages, page_ids=ids,
+                                  page_indptrs=ptr, max_seqlen_q=7, max_seqlen_k=max_seqlen_k)
+
+    g = jax.jit(paged, static_argnames="max_seqlen_k")
+    with pytest.raises(ValueError, match=r"max_seqlen_k=5 is smaller than sequence 2's length 7"):
+        g(jnp.asarray([0, 9], jnp.int32), 5)
+    assert g(jnp.asarray([0, 9], jnp.int32), 7).shape == q.shape
