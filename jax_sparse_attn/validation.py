@@ -123,8 +123,12 @@ def as_array_arg(x):
     """A Python list/tuple of numbers (e.g. ``cu_seqlens=[0, 5, 9]``) as a NumPy array
     (int32 for integers whose values fit int32; wider integers keep their int64 values, so
     that the value checks see and reject them, as for a NumPy int64 array); anything else
-    unchanged."""
+    unchanged. A list holding traced values (inside ``jax.jit``) is a traced array, int32
+    for integers."""
     if isinstance(x, (list, tuple)):
+        if any(_is_tracer(e) for e in jax.tree_util.tree_leaves(x)):
+            a = jnp.asarray(x)
+            return a.astype(jnp.int32) if jnp.issubdtype(a.dtype, jnp.integer) else a
         a = np.asarray(x)
         if a.dtype.kind in "iu":
             info = np.iinfo(np.int32)

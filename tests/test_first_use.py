@@ -88,6 +88,14 @@ def test_python_list_metadata_outside_int32_are_rejected_not_wrapped():
         validate_bsa_metadata(q4, q4, q4, idx, 1, [100 - 2**32])
 
 
+def test_python_list_metadata_with_traced_entries_work_under_jit():
+    """cu_seqlens=[0, n, 10] with a traced n (inside jax.jit) raised
+    TracerArrayConversionError from the list conversion: such a list is a traced array."""
+    f = jax.jit(lambda n: hstu_attention(qh, qh, qh, [0, n, 10], (0, n, 10), **HKW))
+    np.testing.assert_array_equal(np.asarray(f(4)),
+                                  np.asarray(hstu_attention(qh, qh, qh, cu, cu, **HKW)))
+
+
 def test_layout_mismatch_names_layout():
     with pytest.raises(ValueError, match=r"layout='bshd'.*pass layout='bhsd'"):
         block_sparse_attention(q4, q4, q4, idx, 1, layout="bshd", backend="reference")
