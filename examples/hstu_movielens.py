@@ -811,7 +811,10 @@ def main(argv=None) -> dict[str, Any]:
                   f"{result['valid_selected_test_std']['hr@10']:.4f}")
     ep = result["epoch_seconds_mean_excl_first"]
     cold = result["first_step_seconds_incl_compile"]
-    print(f"{label}: epoch time (mean, excl. epoch 1): {ep if ep is None else round(ep, 3)} s "
+    # a run of one epoch has no epoch without compilation: its time is epoch 1's
+    which = ("mean, excl. epoch 1" if all(len(r["epoch_seconds"]) > 1 for r in runs)
+             else "epoch 1 incl. compile where a run did one epoch")
+    print(f"{label}: epoch time ({which}): {ep if ep is None else round(ep, 3)} s "
           f"({nb} steps); cold first step incl. compile: "
           f"{'n/a' if cold is None else f'{cold:.1f} s'}")
     if args.out:
