@@ -40,6 +40,7 @@ import functools
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from .validation import _static_int
 
@@ -68,8 +69,26 @@ def _table(w, name):
     return w if w.ndim == 2 else w[None]  # (H_rab, n)
 
 
+def _check_int32_range(x, name):
+    """Without x64 JAX wraps int64 values into int32: concrete integer timestamps outside
+    int32 would give wrapped gaps (wrong buckets for gaps of 2**31 units or more), so they
+    are refused."""
+    if jax.config.jax_enable_x64 or isinstance(x, jax.Array):
+        return
+    a = np.asarray(x)
+    if a.dtype.kind in "iu" and a.size:
+        info = np.iinfo(np.int32)
+        if a.min() < info.min or a.max() > info.max:
+            raise ValueError(
+                f"{name} holds values outside int32 ([{int(a.min())}, {int(a.max())}]), which "
+                f"JAX (without jax_enable_x64) would wrap into int32, changing the time gaps: "
+                f"pass them in a coarser unit (e.g. seconds: milliseconds // 1000) or enable "
+                f"jax_enable_x64")
+
+
 def _timestamps(x, name, batch=None):
     """A ``(B, N)`` timestamp array (``ValueError`` naming ``name`` otherwise)."""
+    _check_int32_range(x, name)
     x = jnp.asarray(x)
     if x.ndim != 2 or (batch is not None and x.shape[0] != batch):
         want = "(B, N)" if batch is None else f"(B={batch}, N)"
@@ -154,7 +173,8 @@ def next_timestamps(timestamps, lengths=None):
       ``(B, N)`` with timestamps' dtype.
 
     Raises:
-      ValueError: ``timestamps`` is not ``(B, N)`` or ``lengths`` is not ``(B,)``.
+      ValueError: ``timestamps`` is not ``(B, N)`` or ``lengths`` is not ``(B,)``, or
+        (without x64) concrete timestamps outside int32.
     """
     ts = _timestamps(timestamps, "timestamps")
     nxt = jnp.concatenate([ts[:, 1:], ts[:, -1:]], axis=1)
@@ -174,7 +194,9 @@ def time_bias(w_ts, timestamps, query_timestamps=None):
 
     Args:
       w_ts: ``(num_buckets + 1,)`` or ``(H_rab, num_buckets + 1)`` float table.
-      timestamps: ``(B, N)`` integer key timestamps (padded per sequence).
+      timestamps: ``(B, N)`` integer key timestamps (padded per sequence). Without
+        ``jax_enable_x64`` JAX holds integers in int32: pass a unit whose values fit it
+        (seconds, not milliseconds); concrete values outside int32 raise ValueError.
       query_timestamps: ``(B, N)`` integer timestamp of each query row; default
         :func:`next_timestamps` ``(timestamps)`` (the paper's "next item" rule).
 
@@ -185,12 +207,14 @@ def time_bias(w_ts, timestamps, query_timestamps=None):
 
     Raises:
       ValueError: ``w_ts`` is not 1-D or 2-D or is empty, ``timestamps`` is not
-        ``(B, N)``, or ``query_timestamps`` has another shape.
+        ``(B, N)``, or ``query_timestamps`` has another shape; (without x64) concrete
+        timestamps outside int32.
       TypeError: ``w_ts`` is not a floating-point table.
     """
     w = _table(w_ts, "w_ts")
     ts = _timestamps(timestamps, "timestamps")
-    tq = next_timestamps(ts) if query_timestamps is None else jnp.asarray(query_timestamps)
+    tq = (next_timestamps(ts) if query_timestamps is None
+          else _timestamps(query_timestamps, "query_timestamps"))
     if tq.shape != ts.shape:
         raise ValueError(f"query_timestamps must have timestamps' shape {ts.shape}, got {tq.shape}")
     bucket = time_bucket(tq[:, :, None] - ts[:, None, :], w.shape[-1] - 1)  # (B, N, N)

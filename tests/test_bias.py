@@ -298,3 +298,23 @@ def test_bias_gradients_on_gpu_match_gather_formulation():
         w_pos, w_ts) for f in (bias.relative_bias, _gather_relative_bias)]
     for new, old in zip(*grads):
         np.testing.assert_allclose(np.asarray(new), np.asarray(old), rtol=1e-4, atol=2e-2)
+
+
+def test_int64_timestamps_past_int32_are_refused_not_wrapped():
+    """Millisecond timestamps (~1.6e12) as a NumPy int64 array were silently wrapped to
+    int32 (JAX's default without x64), so every gap of 2**31 ms (~25 days) or more got a
+    wrong bucket (a 50-day gap: bucket 56 instead of 73). They are a ValueError naming the
+    argument; timestamps that fit int32 (seconds) are unchanged."""
+    if jax.config.jax_enable_x64:
+        pytest.skip("with x64 int64 timestamps are exact")
+    day_ms = 86_400_000
+    ts_ms = np.array([[1_600_000_000_000, 1_600_000_000_000 + 50 * day_ms]], np.int64)
+    w = jnp.arange(129, dtype=jnp.float32)
+    for fn in (lambda: bias.time_bias(w, ts_ms),
+               lambda: bias.relative_bias(jnp.zeros(3), w, ts_ms),
+               lambda: bias.next_timestamps(ts_ms),
+               lambda: bias.time_bias(w, ts_ms // 1000, query_timestamps=ts_ms)):
+        with pytest.raises(ValueError, match=r"timestamps.* outside int32.*seconds"):
+            fn()
+    got = np.asarray(bias.time_bias(w, ts_ms // 1000))  # seconds: exact
+    assert got[0, 0, 0, 0] == _bucket(50 * 86_400, 128)
