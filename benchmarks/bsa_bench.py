@@ -700,6 +700,9 @@ def main(argv=None):
         settings = tuple(x if x == "auto" else int(x) for x in args.split_settings.split(","))
         rows = splits(rows_sel=sel, settings=settings, trace=args.trace)
     elif args.causal:
+        status = jsa.kernel_status()
+        if status.backend != "kernel":
+            ap.error(f"--causal times the kernels, which cannot run here ({status.reason})")
         rows = causal_rows(s=s)
     elif args.table:
         sel = [int(r) for r in args.rows.split(",") if r] or None

@@ -645,3 +645,17 @@ def test_bsa_bench_paired_lists():
         assert not np.array_equal(rnd[:, :, 0:n - 1:2], rnd[:, :, 1::2])
     with pytest.raises(ValueError, match="lists must be"):
         bsa_bench._inputs(key, 1, 2, 128, 16, 64, 1, jnp.bfloat16, lists="bad")
+
+
+def test_bsa_bench_causal_without_kernels_is_a_usage_error(capsys):
+    """``bsa_bench --causal`` where the kernels cannot run stops with a usage error that
+    gives the reason (not a traceback from inside the op)."""
+    import jax_sparse_attn as jsa  # noqa: PLC0415
+    from benchmarks import bsa_bench
+
+    if jsa.kernel_status().backend == "kernel":
+        pytest.skip("the kernels run here")
+    with pytest.raises(SystemExit) as e:
+        bsa_bench.main(["--causal"])
+    assert e.value.code == 2
+    assert "cannot run here" in capsys.readouterr().err
