@@ -82,6 +82,15 @@ def _step(s, w, prog, early_read):
         arr[b] += 1
         return "over-arrival" if arr[b] > 1 else None
 
+    def take_turn():
+        """The bar.sync on this warpgroup's barrier: "blocked" while no arrival is pending,
+        else the turn is held (an error if the other holds it too)."""
+        if arr[w] == 0:
+            return "blocked"
+        arr[w] -= 1
+        hold[w] = 1
+        return "both hold the turn" if hold[o] else None
+
     if op == "start":
         mine[w] = 1
         if w == 0:
@@ -98,12 +107,9 @@ def _step(s, w, prog, early_read):
             else:
                 nxt_pc, nxt_sub = pc, 1
         else:  # sub 1: the bar.sync, then the read of the other's flag
-            if arr[w] == 0:
-                return None
-            arr[w] -= 1
-            hold[w] = 1
-            if hold[o]:
-                return "both hold the turn"
+            err = take_turn()
+            if err:
+                return None if err == "blocked" else err
             if done[o]:
                 mine[w] = 0
     elif op == "gemm":
@@ -126,12 +132,9 @@ def _step(s, w, prog, early_read):
             else:
                 nxt_pc, nxt_sub = pc, 1
         else:
-            if arr[w] == 0:
-                return None
-            arr[w] -= 1
-            hold[w] = 1
-            if hold[o]:
-                return "both hold the turn"
+            err = take_turn()
+            if err:
+                return None if err == "blocked" else err
             done[w] = 1
             if not done[o]:
                 err = arrive(o)

@@ -165,9 +165,8 @@ class PairTurns:
     def start(self, wg):
         if cutlass.const_expr(self.enabled):
             st_shared_s32(self.mine, 1)
-            if wg == 0:
-                cute.arch.barrier_arrive(barrier_id=self.bar_base,
-                                         number_of_threads=self.num_threads)
+            # warpgroup 0 holds the first turn, as in WarpgroupTurns
+            WarpgroupTurns(True, self.bar_base, self.num_threads).start(wg)
 
     @cute.jit
     def wait(self, wg):
