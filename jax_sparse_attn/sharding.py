@@ -40,7 +40,8 @@ from .validation import _shape, as_array_arg, is_concrete, validate_bsa_metadata
 
 #: the options of block_sparse_attention that validate_bsa_metadata takes
 _BSA_VALUE_OPTS = ("sparse_block_size", "allow_empty_block_nums", "softmax_scale", "pack_gqa",
-                   "kv_splits", "causal")
+                   "kv_splits", "causal", "backend", "switches", "debug_checks",
+                   "deterministic")
 
 __all__ = [
     "hstu_attention_sharded",

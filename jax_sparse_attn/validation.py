@@ -643,12 +643,14 @@ def check_bsa_args(q, k, v, q2k_block_index, block_sparse_num=None, block_sizes=
 def validate_bsa_metadata(q, k, v, q2k_block_index, block_sparse_num=None, block_sizes=None,
                           q2k_block_nums=None, *, sparse_block_size=128, layout="bhsd",
                           allow_empty_block_nums=False, softmax_scale=None, pack_gqa=False,
-                          kv_splits=1, causal=False):
+                          kv_splits=1, causal=False, backend="auto", switches=None,
+                          debug_checks=False, deterministic=False):
     """Check the shapes *and values* of block-sparse attention metadata eagerly.
 
     Takes the same arguments as :func:`~jax_sparse_attn.block_sparse_attention` (``q``,
-    ``k``, ``v`` may be :class:`jax.ShapeDtypeStruct`; ``kv_splits`` and ``causal`` are
-    checked like the op's and do not change the metadata contract). Value checks: counts in
+    ``k``, ``v`` may be :class:`jax.ShapeDtypeStruct`; ``kv_splits``, ``causal``,
+    ``backend``, ``switches``, ``debug_checks`` and ``deterministic`` are checked like the
+    op's and do not change the metadata contract). Value checks: counts in
     ``[1, K_max]`` (``[0, K_max]`` with ``allow_empty_block_nums``); indices of the active
     prefix in ``[0, N_kv)`` and unique within their row (entries past the prefix are
     ignored); ``block_sizes`` in ``[1, sparse_block_size]``.
@@ -666,6 +668,10 @@ def validate_bsa_metadata(q, k, v, q2k_block_index, block_sparse_num=None, block
       TypeError for traced metadata (inside ``jax.jit`` / ``jax.vmap``: use the op's
       ``debug_checks=True`` there).
     """
+    check_backend(backend)
+    check_switches(switches)
+    check_debug_checks(debug_checks)
+    check_deterministic(deterministic)
     block_sizes = as_array_arg(block_sizes)  # a Python list, as the op takes it
     opts = check_bsa_args(q, k, v, q2k_block_index, block_sparse_num, block_sizes,
                           q2k_block_nums, sparse_block_size=sparse_block_size,

@@ -333,3 +333,24 @@ def test_concrete_cu_seqlens_are_checked_when_func_or_the_page_table_is_traced()
     with pytest.raises(ValueError, match=r"max_seqlen_k=5 is smaller than sequence 2's length 7"):
         g(jnp.asarray([0, 9], jnp.int32), 5)
     assert g(jnp.asarray([0, 9], jnp.int32), 7).shape == q.shape
+
+
+def test_bsa_validator_takes_every_keyword_option_of_the_op():
+    """validate_bsa_metadata says it "takes the same arguments as block_sparse_attention",
+    but the op's backend, switches, debug_checks and deterministic raised TypeError
+    (unexpected keyword), so validating with the op's own **options failed. They are
+    accepted and checked like the op checks them."""
+    q = jnp.zeros((1, 2, 130, 8), jnp.float32)
+    idx = jnp.zeros((1, 2, 2, 1), jnp.int32)
+    opts = dict(sparse_block_size=128, layout="bhsd", allow_empty_block_nums=False,
+                softmax_scale=0.5, pack_gqa=False, kv_splits=2, causal=False,
+                backend="reference", switches=None, debug_checks=True, deterministic=True)
+    validate_bsa_metadata(q, q, q, idx, 1, **opts)
+    jsa.block_sparse_attention(q, q, q, idx, 1, **opts)
+    jsa.block_sparse_attention_forward(q, q, q, idx, 1, **opts)
+    for name, bad, exc in [("backend", "cuda", ValueError), ("switches", {}, TypeError),
+                           ("debug_checks", 1, TypeError), ("deterministic", "yes", TypeError)]:
+        with pytest.raises(exc, match=name):
+            validate_bsa_metadata(q, q, q, idx, 1, **dict(opts, **{name: bad}))
+        with pytest.raises(exc, match=name):
+            jsa.block_sparse_attention(q, q, q, idx, 1, **dict(opts, **{name: bad}))
