@@ -122,10 +122,10 @@ def _make_config(q, k, v, q2k_block_index, block_sparse_num, block_sizes, q2k_bl
                          allow_empty_block_nums=allow_empty_block_nums, kv_splits=kv_splits,
                          pack_gqa=pack_gqa, causal=causal)
     cfg = dataclasses.replace(cfg, deterministic=check_deterministic(deterministic))
-    if is_concrete(q2k_block_index, block_sizes, q2k_block_nums):
-        _bsa_value_checks(q2k_block_index, block_sizes, q2k_block_nums, allow_empty_block_nums,
-                          cfg)
-    elif debug_checks:
+    # the concrete metadata are checked eagerly (also beside traced ones, e.g. jax.jit over
+    # block_sizes only); debug_checks stages the checks of all of them when some are traced
+    _bsa_value_checks(q2k_block_index, block_sizes, q2k_block_nums, allow_empty_block_nums, cfg)
+    if debug_checks and not is_concrete(q2k_block_index, block_sizes, q2k_block_nums):
         run_time_value_checks(
             lambda i, s, n: _bsa_value_checks(i, s, n, allow_empty_block_nums, cfg),
             q2k_block_index, block_sizes, q2k_block_nums)

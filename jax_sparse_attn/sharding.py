@@ -36,12 +36,15 @@ from jax.sharding import PartitionSpec as P
 
 from . import bsa as _bsa
 from . import hstu as _hstu
-from .validation import _shape, as_array_arg, is_concrete, validate_bsa_metadata
+from .validation import _bsa_eager_checks, _shape, as_array_arg, is_concrete, validate_bsa_metadata
 
 #: the options of block_sparse_attention that validate_bsa_metadata takes
 _BSA_VALUE_OPTS = ("sparse_block_size", "allow_empty_block_nums", "softmax_scale", "pack_gqa",
                    "kv_splits", "causal", "backend", "switches", "debug_checks",
                    "deterministic")
+#: those of them that the trace-time checks (validation.check_bsa_args) take
+_BSA_ARG_OPTS = ("sparse_block_size", "allow_empty_block_nums", "softmax_scale", "pack_gqa",
+                 "kv_splits", "causal")
 
 __all__ = [
     "hstu_attention_sharded",
@@ -260,11 +263,16 @@ def block_sparse_attention_sharded(q, k, v, q2k_block_index, block_sparse_num=No
     _check_div("B", q.shape[0], nb, batch_axis)
     _check_div("H_q", q.shape[h_axis], nh, head_axis)
     _check_div("H_kv", k.shape[h_axis], nh, head_axis)
+    # the eager value checks of the op on the global metadata (inside shard_map they are
+    # tracers): the concrete ones, also beside traced ones
+    opts = {n: kwargs[n] for n in _BSA_VALUE_OPTS if n in kwargs}
     if is_concrete(q2k_block_index, block_sizes, q2k_block_nums):
-        # the eager value checks of the op (inside shard_map the metadata are tracers)
         validate_bsa_metadata(q, k, v, q2k_block_index, block_sparse_num, block_sizes,
-                              q2k_block_nums, layout=layout,
-                              **{n: kwargs[n] for n in _BSA_VALUE_OPTS if n in kwargs})
+                              q2k_block_nums, layout=layout, **opts)
+    else:
+        _bsa_eager_checks(q, k, v, q2k_block_index, block_sparse_num, block_sizes,
+                          q2k_block_nums, layout=layout,
+                          **{n: x for n, x in opts.items() if n in _BSA_ARG_OPTS})
     x_spec = (P(batch_axis, head_axis, None, None) if layout == "bhsd"
               else P(batch_axis, None, head_axis, None))
     idx_spec = P(batch_axis, head_axis, None, None)

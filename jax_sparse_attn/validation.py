@@ -672,26 +672,44 @@ def validate_bsa_metadata(q, k, v, q2k_block_index, block_sparse_num=None, block
     check_switches(switches)
     check_debug_checks(debug_checks)
     check_deterministic(deterministic)
+    _bsa_eager_checks(q, k, v, q2k_block_index, block_sparse_num, block_sizes, q2k_block_nums,
+                      sparse_block_size=sparse_block_size, softmax_scale=softmax_scale,
+                      layout=layout, allow_empty_block_nums=allow_empty_block_nums,
+                      pack_gqa=pack_gqa, kv_splits=kv_splits, causal=causal,
+                      fn_name="validate_bsa_metadata")
+
+
+def _bsa_eager_checks(q, k, v, q2k_block_index, block_sparse_num, block_sizes, q2k_block_nums,
+                      *, allow_empty_block_nums=False, fn_name=None, **options):
+    """:func:`check_bsa_args` and the value checks of the metadata. With ``fn_name`` traced
+    metadata raise the TypeError of :func:`validate_bsa_metadata`; with None they are
+    skipped and the concrete ones checked (as the op does)."""
     block_sizes = as_array_arg(block_sizes)  # a Python list, as the op takes it
     opts = check_bsa_args(q, k, v, q2k_block_index, block_sparse_num, block_sizes,
-                          q2k_block_nums, sparse_block_size=sparse_block_size,
-                          softmax_scale=softmax_scale, layout=layout,
-                          allow_empty_block_nums=allow_empty_block_nums, pack_gqa=pack_gqa,
-                          kv_splits=kv_splits, causal=causal)
-    _require_concrete("validate_bsa_metadata", q2k_block_index=q2k_block_index,
-                      block_sizes=block_sizes, q2k_block_nums=q2k_block_nums)
+                          q2k_block_nums, allow_empty_block_nums=allow_empty_block_nums,
+                          **options)
+    if fn_name is not None:
+        _require_concrete(fn_name, q2k_block_index=q2k_block_index, block_sizes=block_sizes,
+                          q2k_block_nums=q2k_block_nums)
     _bsa_value_checks(q2k_block_index, block_sizes, q2k_block_nums, allow_empty_block_nums, opts)
 
 
 def _bsa_value_checks(q2k_block_index, block_sizes, q2k_block_nums, allow_empty_block_nums, opts):
     """The value checks of :func:`validate_bsa_metadata`, given the config ``opts`` that
-    :func:`check_bsa_args` returned for the same arguments (the public op reuses it)."""
+    :func:`check_bsa_args` returned for the same arguments (the public op reuses it).
+    Traced arrays among the metadata are skipped and the concrete ones checked (the op
+    passes them so when only some metadata are traced): ``block_sizes`` on its own;
+    ``q2k_block_nums`` on its own; ``q2k_block_index`` when its active prefixes are known
+    (``block_sparse_num``, or concrete ``q2k_block_nums``)."""
     B, Nq, Nkv, K_max = opts.batch, opts.num_q_blocks, opts.num_kv_blocks, opts.k_max
     Hq = opts.num_heads_kv if opts.pack_gqa else opts.num_heads_q  # metadata rows
     blk = opts.sparse_block_size
-    idx = _host(q2k_block_index)
     if q2k_block_nums is None:
-        nums = np.full((B, Hq, Nq), opts.block_sparse_num, np.int64)
+        # (with a traced index not built: the shape may hold a symbolic batch of jax.export)
+        nums = (np.full((B, Hq, Nq), opts.block_sparse_num, np.int64)
+                if is_concrete(q2k_block_index) else None)
+    elif not is_concrete(q2k_block_nums):
+        nums = None  # traced: the active prefixes, hence the index checks, are unknown
     else:
         nums = _host(q2k_block_nums)
         lo = 0 if allow_empty_block_nums else 1
@@ -699,6 +717,18 @@ def _bsa_value_checks(q2k_block_index, block_sizes, q2k_block_nums, allow_empty_
         if pos is not None:
             hint = "" if allow_empty_block_nums else " (0 needs allow_empty_block_nums=True)"
             raise ValueError(f"q2k_block_nums[{pos}]={int(nums[pos])} is outside [{lo}, K_max={K_max}]{hint}")
+    if nums is not None and is_concrete(q2k_block_index):
+        _bsa_index_checks(_host(q2k_block_index), nums, Nkv, K_max)
+    if block_sizes is not None and is_concrete(block_sizes):
+        bs = _host(block_sizes)
+        pos = _first((bs < 1) | (bs > blk))
+        if pos is not None:
+            raise ValueError(f"block_sizes[{pos}]={int(bs[pos])} is outside [1, sparse_block_size={blk}]")
+
+
+def _bsa_index_checks(idx, nums, Nkv, K_max):
+    """Active entries of ``q2k_block_index`` (host copy ``idx``, counts ``nums``) in
+    ``[0, N_kv)`` and unique within their row."""
     active = np.arange(K_max) < nums[..., None]
     pos = _first(active & ((idx < 0) | (idx >= Nkv)))
     if pos is not None:
@@ -717,8 +747,3 @@ def _bsa_value_checks(q2k_block_index, block_sizes, q2k_block_nums, allow_empty_
                 f"q2k_block_index[{pos}]={int(idx[pos])} repeats a block already listed in the "
                 f"active prefix of row ({b}, {h}, {m}); active indices must be unique"
             )
-    if block_sizes is not None:
-        bs = _host(block_sizes)
-        pos = _first((bs < 1) | (bs > blk))
-        if pos is not None:
-            raise ValueError(f"block_sizes[{pos}]={int(bs[pos])} is outside [1, sparse_block_size={blk}]")

@@ -354,3 +354,45 @@ def test_bsa_validator_takes_every_keyword_option_of_the_op():
             validate_bsa_metadata(q, q, q, idx, 1, **dict(opts, **{name: bad}))
         with pytest.raises(exc, match=name):
             jsa.block_sparse_attention(q, q, q, idx, 1, **dict(opts, **{name: bad}))
+
+
+def test_bsa_concrete_metadata_are_checked_when_other_metadata_are_traced():
+    """The op's docs: the metadata "are checked eagerly when concrete". With some metadata
+    traced (jax.jit over block_sizes only, or over q2k_block_index only) no check ran: a
+    bad concrete q2k_block_index, q2k_block_nums or block_sizes passed silently
+    (unspecified output). The concrete ones are checked; q2k_block_index is checked where
+    its active prefixes are known (block_sparse_num or concrete q2k_block_nums)."""
+    q = jnp.zeros((1, 2, 256, 8), jnp.float32)
+    good_idx = jnp.zeros((1, 2, 2, 2), jnp.int32).at[..., 1].set(1)
+    bad_idx = good_idx.at[0, 1, 1, 0].set(5)  # N_kv = 2
+    sizes = jnp.full((2,), 128, jnp.int32)
+    nums = jnp.full((1, 2, 2), 2, jnp.int32)
+    kw = dict(backend="reference")
+
+    def by_sizes(idx, bsn=None, nums_=None):
+        return jax.jit(lambda s: jsa.block_sparse_attention(q, q, q, idx, bsn, s, nums_, **kw))
+
+    with pytest.raises(ValueError, match=r"q2k_block_index\[\(0, 1, 1, 0\)\]=5 is outside"):
+        by_sizes(bad_idx, 2)(sizes)
+    with pytest.raises(ValueError, match=r"q2k_block_index\[\(0, 1, 1, 0\)\]=5 is outside"):
+        by_sizes(bad_idx, None, nums)(sizes)
+    with pytest.raises(ValueError, match=r"q2k_block_nums\[\(0, 0, 1\)\]=3 is outside"):
+        by_sizes(good_idx, None, nums.at[0, 0, 1].set(3))(sizes)
+    assert by_sizes(good_idx, 2)(sizes).shape == q.shape
+    bad_sizes = sizes.at[1].set(129)
+    with pytest.raises(ValueError, match=r"block_sizes\[\(1,\)\]=129 is outside"):
+        jax.jit(lambda i: jsa.block_sparse_attention(q, q, q, i, 2, bad_sizes, **kw))(good_idx)
+    # traced counts beside a concrete index: the counts are left to debug_checks
+    with pytest.raises(jax.errors.JaxRuntimeError, match=r"q2k_block_nums.*=3 is outside"):
+        jax.block_until_ready(jax.jit(lambda n: jsa.block_sparse_attention(
+            q, q, q, good_idx, q2k_block_nums=n, debug_checks=True, **kw))(
+                nums.at[0, 0, 1].set(3)))
+    # the sharded helper checks its concrete global metadata likewise
+    from jax.sharding import Mesh  # noqa: PLC0415
+
+    from jax_sparse_attn.sharding import block_sparse_attention_sharded  # noqa: PLC0415
+
+    mesh = Mesh(np.array(jax.devices()[:1]), ("data",))
+    with pytest.raises(ValueError, match=r"q2k_block_index\[\(0, 1, 1, 0\)\]=5 is outside"):
+        jax.jit(lambda s: block_sparse_attention_sharded(
+            q, q, q, bad_idx, 2, s, mesh=mesh, batch_axis="data", **kw))(sizes)
