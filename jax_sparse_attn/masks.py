@@ -43,6 +43,21 @@ __all__ = [
 # ----------------------------------------------------------------------------- HSTU
 
 
+def _check_int32_values(name, x):
+    """Concrete integer values outside int32 raise ValueError: ``jnp.asarray`` (without
+    x64) and the int32 ``func`` would wrap them (``2**32 + 5`` becoming ``5``). Traced
+    values (inside ``jax.jit``) are int32 already."""
+    if any(isinstance(e, jax.core.Tracer) for e in jax.tree_util.tree_leaves(x)):
+        return
+    a = np.asarray(x)
+    if a.dtype.kind in "iu" and a.size:
+        info = np.iinfo(np.int32)
+        lo, hi = int(a.min()), int(a.max())
+        if lo < info.min or hi > info.max:
+            raise ValueError(f"{name} must hold int32 values (token counts and offsets are "
+                             f"int32), got values in [{lo}, {hi}]")
+
+
 def hstu_target_func(cu_seqlens, total_len: int, *, num_targets=None, contextual_seq_len: int = 0,
                      max_attn_len: int | None = None, func_len: int | None = None):
     """Interval mask ``func`` for self-attention over packed sequences with targets.
@@ -83,8 +98,9 @@ def hstu_target_func(cu_seqlens, total_len: int, *, num_targets=None, contextual
       outside every sequence see nothing.
 
     Raises:
-      ValueError: ``cu_seqlens`` not ``(B+1,)``, or (concrete values) not starting at 0,
-        decreasing or ending past ``total_len``; ``num_targets`` not ``(B,)``, a negative
+      ValueError: ``cu_seqlens`` not ``(B+1,)``, or (concrete values) outside int32, not
+        starting at 0, decreasing or ending past ``total_len``; ``num_targets`` not ``(B,)``
+        or (concrete values) outside int32, a negative
         ``total_len`` / ``contextual_seq_len`` / ``max_attn_len``, ``func_len`` below
         ``total_len + 256``.
       TypeError: non-integer ``cu_seqlens`` / ``num_targets``, or a static size that is
@@ -101,6 +117,7 @@ def hstu_target_func(cu_seqlens, total_len: int, *, num_targets=None, contextual
     if w is not None and w < 0:
         raise ValueError(f"max_attn_len must be >= 0 or None, got {max_attn_len}")
     w = w or None  # 0 = unbounded
+    _check_int32_values("cu_seqlens", cu_seqlens)
     cu_seqlens = jnp.asarray(cu_seqlens)
     (n_cu,) = _check_rank("cu_seqlens", cu_seqlens, 1, "(B+1,)")
     _check_int("cu_seqlens", cu_seqlens)
@@ -115,6 +132,7 @@ def hstu_target_func(cu_seqlens, total_len: int, *, num_targets=None, contextual
             raise ValueError(f"cu_seqlens[-1]={int(cu_np[-1])} exceeds total_len={T} (the "
                              f"packed length, q.shape[0])")
     if num_targets is not None:
+        _check_int32_values("num_targets", num_targets)
         num_targets = jnp.asarray(num_targets)
         _check_rank("num_targets", num_targets, 1, f"(B,) = ({n_cu - 1},)")
         _check_int("num_targets", num_targets)

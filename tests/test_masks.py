@@ -128,6 +128,24 @@ def test_hstu_target_func_bad_args():
         masks.hstu_target_func(cu, 3, contextual_seq_len=-1)
 
 
+def test_hstu_target_func_refuses_cu_seqlens_outside_int32_instead_of_wrapping():
+    """NumPy int64 cu_seqlens went through jnp.asarray, which (without x64) wraps them into
+    int32 before the function's own checks: [0, 3, 2**32 + 5] became [0, 3, 5] and passed
+    with total_len=10 (a mask of other sequences, silently). Values outside int32 (also as
+    a list, and num_targets) raise a ValueError naming the argument; int64 values inside
+    int32 are unchanged."""
+    big = 2**32 + 5
+    for cu in (np.array([0, 3, big], np.int64), [0, 3, big], np.array([0, 3, 2**31], np.int64)):
+        with pytest.raises(ValueError, match=r"cu_seqlens must hold int32 values.*\[0, "):
+            masks.hstu_target_func(cu, 10)
+    cu = np.array([0, 3, 5], np.int64)
+    with pytest.raises(ValueError, match=r"num_targets must hold int32 values"):
+        masks.hstu_target_func(cu, 10, num_targets=np.array([1, big], np.int64))
+    want = masks.hstu_target_func(jnp.asarray(cu, jnp.int32), 10, num_targets=[1, 2])
+    got = masks.hstu_target_func(cu, 10, num_targets=np.array([1, 2], np.int64))
+    np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
+
+
 def test_block_mask_to_index_roundtrip():
     rng = np.random.default_rng(1)
     mask = rng.random((2, 3, 4, 6)) < 0.4
