@@ -36,7 +36,8 @@ from jax.sharding import PartitionSpec as P
 
 from . import bsa as _bsa
 from . import hstu as _hstu
-from .validation import _bsa_eager_checks, _shape, as_array_arg, is_concrete, validate_bsa_metadata
+from .validation import (_bsa_eager_checks, _shape, _static_int, as_array_arg, is_concrete,
+                         validate_bsa_metadata)
 
 #: the options of block_sparse_attention that validate_bsa_metadata takes
 _BSA_VALUE_OPTS = ("sparse_block_size", "allow_empty_block_nums", "softmax_scale", "pack_gqa",
@@ -77,6 +78,20 @@ def _check_div(name, n, k, axis):
         raise ValueError(f"{name} = {n} must be divisible by the size {k} of mesh axis {axis!r}")
 
 
+def _int_lengths(name, lengths) -> np.ndarray:
+    """``lengths`` (a sequence of ints) as int64; a non-integer entry (``3.5``, also an
+    integral float or a bool, as for ``cu_seqlens``) is a TypeError naming ``name``."""
+    try:
+        a = np.asarray(list(lengths))
+    except TypeError:
+        raise TypeError(f"{name} must be a sequence of int sequence lengths, got "
+                        f"{type(lengths).__name__}") from None
+    if a.size and a.dtype.kind not in "iu":
+        raise TypeError(f"{name} must hold int sequence lengths (like cu_seqlens, an integer "
+                        f"array), got {a.reshape(-1)[:8].tolist()} (dtype {a.dtype})")
+    return a.astype(np.int64).reshape(-1)
+
+
 def shard_cu_seqlens(lengths_per_shard, tokens_per_shard=None) -> np.ndarray:
     """The per-shard ``cu_seqlens`` ``(num_shards, B_local + 1)`` int32 (NumPy) of
     sequence lengths assigned to shards.
@@ -85,19 +100,24 @@ def shard_cu_seqlens(lengths_per_shard, tokens_per_shard=None) -> np.ndarray:
       lengths_per_shard: one sequence of non-negative ints per shard (the lengths of the
         sequences packed, in order, into that shard's token slice). Shards with fewer
         sequences are padded with zero-length sequences (``B_local`` = the largest count).
-      tokens_per_shard: the token budget ``T_local`` of every shard; default the largest
-        shard total. Raises ValueError when a shard's lengths sum past it.
+      tokens_per_shard: the token budget ``T_local`` of every shard (an int); default the
+        largest shard total. Raises ValueError when a shard's lengths sum past it.
     Returns:
       int32 ``(num_shards, B_local + 1)``, each row starting at 0 and non-decreasing.
+    Raises:
+      TypeError: a length or ``tokens_per_shard`` that is not an int (``3.5``, ``3.0``).
+      ValueError: no shard, a negative length, a shard past ``tokens_per_shard`` or a
+        budget past int32.
     """
-    rows = [np.asarray(list(r), np.int64).reshape(-1) for r in lengths_per_shard]
+    rows = [_int_lengths(f"lengths_per_shard[{s}]", r) for s, r in enumerate(lengths_per_shard)]
     if not rows:
         raise ValueError("lengths_per_shard must name at least one shard")
     for s, r in enumerate(rows):
         if r.size and r.min() < 0:
             raise ValueError(f"lengths_per_shard[{s}] has a negative length")
     totals = [int(r.sum()) for r in rows]
-    budget = max(totals) if tokens_per_shard is None else int(tokens_per_shard)
+    budget = (max(totals) if tokens_per_shard is None
+              else _static_int("tokens_per_shard", tokens_per_shard, 0))
     for s, t in enumerate(totals):
         if t > budget:
             raise ValueError(f"shard {s} holds {t} tokens, more than tokens_per_shard={budget}")
@@ -117,10 +137,12 @@ def assign_to_shards(lengths, num_shards: int, tokens_per_shard: int | None = No
     tokens (greedy LPT). Returns ``(order, lengths_per_shard)``: ``order[s]`` lists the
     indices of the sequences of shard ``s`` (pack their tokens in this order), and
     ``lengths_per_shard`` is ready for :func:`shard_cu_seqlens`. ValueError when a
-    budget ``tokens_per_shard`` cannot hold a sequence."""
-    lengths = [int(x) for x in lengths]
-    if num_shards < 1:
-        raise ValueError(f"num_shards must be >= 1, got {num_shards}")
+    budget ``tokens_per_shard`` cannot hold a sequence; TypeError for a length,
+    ``num_shards`` or ``tokens_per_shard`` that is not an int."""
+    lengths = [int(x) for x in _int_lengths("lengths", lengths)]
+    num_shards = _static_int("num_shards", num_shards, 1)
+    if tokens_per_shard is not None:
+        tokens_per_shard = _static_int("tokens_per_shard", tokens_per_shard, 0)
     load = [0] * num_shards
     order = [[] for _ in range(num_shards)]
     for i in sorted(range(len(lengths)), key=lambda i: -lengths[i]):

@@ -80,6 +80,24 @@ def test_shard_cu_seqlens_and_assign():
         assign_to_shards([11], 2, tokens_per_shard=10)
 
 
+def test_shard_cu_seqlens_refuses_non_integer_lengths_instead_of_truncating():
+    """shard_cu_seqlens cast the lengths with np.asarray(..., np.int64), so 3.5 became 3
+    without a word (a cu_seqlens other than the caller's packing); assign_to_shards did
+    likewise with int(). A non-integer length (also an integral float or a bool: the ops
+    take cu_seqlens as integer arrays only) or budget is a TypeError naming the argument."""
+    for bad in ([[3.5, 2]], [[3.0]], [[True]], [[2], [1.5]]):
+        with pytest.raises(TypeError, match=r"lengths_per_shard\[\d\] must hold int sequence"):
+            shard_cu_seqlens(bad)
+    with pytest.raises(TypeError, match="tokens_per_shard must be .*int"):
+        shard_cu_seqlens([[3]], 10.5)
+    with pytest.raises(TypeError, match="lengths must hold int sequence"):
+        assign_to_shards([5, 1.5], 2)
+    with pytest.raises(TypeError, match="tokens_per_shard must be .*int"):
+        assign_to_shards([5, 1], 2, tokens_per_shard=9.5)
+    np.testing.assert_array_equal(shard_cu_seqlens([np.array([3, 5], np.int64)], np.int64(9)),
+                                  [[0, 3, 8]])
+
+
 def test_per_shard_cu_seqlens_equal_per_shard_calls():
     """hstu_attention with (num_shards, B_local+1) cu_seqlens = one call per token slice."""
     cu = jnp.asarray(shard_cu_seqlens([[3, 9], [12, 0, 4]], 20))
