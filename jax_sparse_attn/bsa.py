@@ -39,6 +39,7 @@ from .validation import (
     check_debug_checks,
     check_deterministic,
     is_concrete,
+    require_values,
     run_time_value_checks,
 )
 
@@ -122,6 +123,8 @@ def _make_config(q, k, v, q2k_block_index, block_sparse_num, block_sizes, q2k_bl
                          allow_empty_block_nums=allow_empty_block_nums, kv_splits=kv_splits,
                          pack_gqa=pack_gqa, causal=causal)
     cfg = dataclasses.replace(cfg, deterministic=check_deterministic(deterministic))
+    require_values(q2k_block_index=q2k_block_index, block_sizes=block_sizes,
+                   q2k_block_nums=q2k_block_nums)
     # the concrete metadata are checked eagerly (also beside traced ones, e.g. jax.jit over
     # block_sizes only); debug_checks stages the checks of all of them when some are traced
     _bsa_value_checks(q2k_block_index, block_sizes, q2k_block_nums, allow_empty_block_nums, cfg)
@@ -341,7 +344,8 @@ _RAISES_DOC = """
         allow_empty_block_nums, block_sparse_num/softmax_scale not static Python numbers,
         sparse_block_size not a static int,
         ``switches`` not a ``Switches``, kv_splits not an int or "auto", pack_gqa /
-        causal not bools (backward: ``do``, ``o`` or ``lse`` of the wrong dtype).
+        causal not bools, metadata arrays given as a ``jax.ShapeDtypeStruct`` (an array is
+        needed; backward: ``do``, ``o`` or ``lse`` of the wrong dtype).
       NotImplementedError: ``backend="kernel"`` where the kernel cannot run (also
         ``causal=True`` where the mma.sync kernels would run: D in {32, 256}, the portable
         kernel family or the ``sm80`` switches; ``pack_gqa=True`` there too; a

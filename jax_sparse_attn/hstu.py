@@ -51,6 +51,7 @@ from .validation import (
     check_hstu_args,
     check_kv_splits,
     is_concrete,
+    require_values,
     run_time_value_checks,
     validate_hstu_inputs,
 )
@@ -115,6 +116,8 @@ def _make_config(q, k, v, cu_seqlens_q, cu_seqlens_k, func, paged_kv, page_ids, 
                           window_size=window_size, alpha=alpha, func=func, paged_kv=paged_kv,
                           page_ids=page_ids, page_indptrs=page_indptrs, rab=rab)
     cfg = dataclasses.replace(cfg, deterministic=deterministic)
+    require_values(cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k, func=func,
+                   page_ids=page_ids, page_indptrs=page_indptrs)
     if is_concrete(cu_seqlens_q, cu_seqlens_k, func, page_ids, page_indptrs):
         _hstu_value_checks(q, k, cu_seqlens_q, cu_seqlens_k, func, paged_kv, page_ids,
                            page_indptrs, cfg)
@@ -394,8 +397,9 @@ _RAISES_DOC = """
       TypeError: wrong dtypes (mixed q/k/v dtypes, non-integer cu_seqlens), traced
         static options, static options of the wrong type (max_seqlen_* or a window_size
         side not an int, alpha / scaling_seqlen not a real number, kv_splits not an int
-        or "auto", debug_checks / deterministic not bools) or ``switches`` not a
-        ``Switches``.
+        or "auto", debug_checks / deterministic not bools), ``switches`` not a
+        ``Switches``, or metadata (``cu_seqlens_*``, ``func``, ``page_ids``,
+        ``page_indptrs``) given as a ``jax.ShapeDtypeStruct`` (an array is needed).
       NotImplementedError: ``backend="kernel"`` where the kernel cannot run, or
         differentiating a paged-KV call.
 """
@@ -437,6 +441,7 @@ def validate_per_shard(q, k, v, cu_q, cu_k, func, rab, opts):
     ``jax.shard_map`` they are tracers, so the per-shard calls cannot check them
     themselves). Raises the validator's ValueError prefixed with the shard; no-op for
     traced cu_seqlens (a traced func beside concrete ones is left unchecked)."""
+    require_values(cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, func=func)
     if not is_concrete(cu_q, cu_k):
         return
     ns = int(cu_q.shape[0])

@@ -109,6 +109,20 @@ def _require_concrete(fn_name, **arrays):
                             f"at run time")
 
 
+def require_values(**arrays):
+    """TypeError naming the first metadata argument given as a :class:`jax.ShapeDtypeStruct`:
+    the value checks and the op read the metadata values, which a shape and dtype do not
+    carry (``q``, ``k``, ``v`` of the validators may be ShapeDtypeStructs; metadata may
+    not)."""
+    for name, x in arrays.items():
+        if isinstance(x, jax.ShapeDtypeStruct):
+            raise TypeError(
+                f"{name} must be an array with values (jax.Array or numpy.ndarray), got a "
+                f"jax.ShapeDtypeStruct {tuple(x.shape)} {jnp.dtype(x.dtype)} (shape and dtype "
+                f"only): its values are read; pass the array itself, or trace the call (e.g. "
+                f"jax.eval_shape) to work from shapes")
+
+
 def _shape(name, x):
     if x is None:
         raise ValueError(f"{name} is required (got None)")
@@ -446,7 +460,8 @@ def validate_hstu_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q, m
     Raises:
       ValueError naming the first offending position; TypeError/ValueError from the
       trace-time checks; TypeError for traced metadata (inside ``jax.jit`` /
-      ``jax.vmap``: use the op's ``debug_checks=True`` there).
+      ``jax.vmap``: use the op's ``debug_checks=True`` there) and for metadata given as a
+      ``jax.ShapeDtypeStruct``.
     """
     check_backend(backend)
     check_switches(switches)
@@ -459,6 +474,8 @@ def validate_hstu_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q, m
                            max_seqlen_k=max_seqlen_k, scaling_seqlen=scaling_seqlen,
                            window_size=window_size, alpha=alpha, func=func, paged_kv=paged_kv,
                            page_ids=page_ids, page_indptrs=page_indptrs, rab=rab)
+    require_values(cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k, func=func,
+                   page_ids=page_ids, page_indptrs=page_indptrs)
     _require_concrete("validate_hstu_inputs", cu_seqlens_q=cu_seqlens_q,
                       cu_seqlens_k=cu_seqlens_k, func=func, page_ids=page_ids,
                       page_indptrs=page_indptrs)
@@ -666,7 +683,7 @@ def validate_bsa_metadata(q, k, v, q2k_block_index, block_sparse_num=None, block
     Raises:
       ValueError naming the first offending position (and the op's argument errors);
       TypeError for traced metadata (inside ``jax.jit`` / ``jax.vmap``: use the op's
-      ``debug_checks=True`` there).
+      ``debug_checks=True`` there) and for metadata given as a ``jax.ShapeDtypeStruct``.
     """
     check_backend(backend)
     check_switches(switches)
@@ -688,6 +705,8 @@ def _bsa_eager_checks(q, k, v, q2k_block_index, block_sparse_num, block_sizes, q
     opts = check_bsa_args(q, k, v, q2k_block_index, block_sparse_num, block_sizes,
                           q2k_block_nums, allow_empty_block_nums=allow_empty_block_nums,
                           **options)
+    require_values(q2k_block_index=q2k_block_index, block_sizes=block_sizes,
+                   q2k_block_nums=q2k_block_nums)
     if fn_name is not None:
         _require_concrete(fn_name, q2k_block_index=q2k_block_index, block_sizes=block_sizes,
                           q2k_block_nums=q2k_block_nums)

@@ -396,3 +396,37 @@ def test_bsa_concrete_metadata_are_checked_when_other_metadata_are_traced():
     with pytest.raises(ValueError, match=r"q2k_block_index\[\(0, 1, 1, 0\)\]=5 is outside"):
         jax.jit(lambda s: block_sparse_attention_sharded(
             q, q, q, bad_idx, 2, s, mesh=mesh, batch_axis="data", **kw))(sizes)
+
+
+def test_shape_dtype_struct_metadata_raise_a_type_error_naming_the_argument():
+    """Metadata given as jax.ShapeDtypeStruct (which the validators take for q, k, v) gave
+    int()'s TypeError about a 'ShapeDtypeStruct' from inside the value checks. The ops and
+    the validators raise a TypeError naming the argument and saying an array is needed."""
+    S = jax.ShapeDtypeStruct
+    q, k, v, cu, _ = hstu_args()
+    opts = dict(max_seqlen_q=7, max_seqlen_k=7)
+    sds = S((4,), jnp.int32)
+    msg = r"must be an array with values .* got a jax.ShapeDtypeStruct"
+    for fn in (jsa.hstu_attention, validate_hstu_inputs):
+        with pytest.raises(TypeError, match="cu_seqlens_q " + msg):
+            fn(q, k, v, sds, cu, **opts)
+        with pytest.raises(TypeError, match="cu_seqlens_k " + msg):
+            fn(q, k, v, cu, sds, **opts)
+        with pytest.raises(TypeError, match="func " + msg):
+            fn(q, k, v, cu, cu, func=S((1, 3, 10 + 256), jnp.int32), window_size=(-1, -1),
+               **opts)
+        pages = jnp.zeros((2, 2, 128, 2, 4), jnp.bfloat16)
+        with pytest.raises(TypeError, match="page_ids " + msg):
+            fn(q, None, None, cu, cu, paged_kv=pages, page_ids=S((2,), jnp.int32),
+               page_indptrs=jnp.asarray([0, 1, 1, 2], jnp.int32), **opts)
+    with pytest.raises(TypeError, match="cu_seqlens_q " + msg):  # per-shard (num_shards, B+1)
+        jsa.hstu_attention(q, k, v, S((2, 3), jnp.int32), S((2, 3), jnp.int32), **opts)
+    qb = jnp.zeros((1, 2, 130, 8), jnp.float32)
+    idx = jnp.zeros((1, 2, 2, 1), jnp.int32)
+    for fn in (jsa.block_sparse_attention, validate_bsa_metadata):
+        with pytest.raises(TypeError, match="q2k_block_index " + msg):
+            fn(qb, qb, qb, S(idx.shape, jnp.int32), 1)
+        with pytest.raises(TypeError, match="block_sizes " + msg):
+            fn(qb, qb, qb, idx, 1, S((2,), jnp.int32))
+        with pytest.raises(TypeError, match="q2k_block_nums " + msg):
+            fn(qb, qb, qb, idx, q2k_block_nums=S((1, 2, 2), jnp.int32))
