@@ -7,6 +7,11 @@ Each result is a :class:`typing.NamedTuple` (hence a JAX pytree, returnable from
     out = res["o_tensor"]          # dict access
     (out,) = res                   # tuple unpacking
     dict(res)                      # {"o_tensor": out}
+    "o_tensor" in res              # True: membership tests entry names, as for a dict
+
+Membership takes a field name only: ``x in res`` with anything but a string is a
+``TypeError`` (a tuple's ``in`` would compare ``x`` with the arrays, whose truth value is
+ambiguous).
 """
 
 from __future__ import annotations
@@ -47,9 +52,15 @@ class _DictAccess:
         return tuple(zip(self._fields, self))  # type: ignore[attr-defined,call-overload]
 
     def __contains__(self, key: Any) -> bool:
+        """``"name" in res``: whether ``name`` is an entry (like ``res.keys()``). Other keys
+        are a TypeError: comparing them with the entries (a tuple's ``in``) would take
+        the truth value of array comparisons."""
         if isinstance(key, str):
             return key in self._fields  # type: ignore[attr-defined]
-        return tuple.__contains__(self, key)  # type: ignore[arg-type]
+        raise TypeError(
+            f"'in' tests the entry names of {type(self).__name__} ({', '.join(self._fields)}), "  # type: ignore[attr-defined]
+            f"so the key must be a str, got {type(key).__name__}; to find an array among the "
+            f"entries compare them yourself, e.g. any(x is e for e in res.values())")
 
 
 class _HSTUForward(NamedTuple):

@@ -77,6 +77,25 @@ def test_result_containers():
     np.testing.assert_allclose(np.asarray(jr["o_tensor"]), np.asarray(out), rtol=1e-6)
 
 
+def test_result_membership_tests_entry_names_and_refuses_other_keys():
+    """`x in res` fell back to the tuple's element comparison for a non-string key, which
+    on the arrays hit JAX's ambiguous-truth error (or, for one-element arrays, compared
+    values). Membership tests entry names, as `res["name"]` / keys() do; other keys are a
+    TypeError saying so."""
+    from jax_sparse_attn._results import BSAForwardResult, HSTUBackwardResult  # noqa: PLC0415
+
+    r = BSAForwardResult(o_tensor=jnp.zeros((2, 3)), lse_tensor=jnp.ones((2,)))
+    assert "o_tensor" in r and "lse_tensor" in r and "dq_tensor" not in r
+    g = HSTUBackwardResult(*(jnp.zeros(1) for _ in range(3)))
+    assert "dv_tensor" in g and "o_tensor" not in g
+    for res, key in ((r, jnp.zeros((2, 3))), (r, r.o_tensor), (g, jnp.zeros(1)), (g, 0),
+                     (r, None)):
+        with pytest.raises(TypeError, match=r"'in' tests the entry names of .*must be a str"):
+            key in res  # noqa: B015
+    jr = jax.jit(lambda x: BSAForwardResult(x, x[:, 0]))(jnp.ones((2, 3)))
+    assert "lse_tensor" in jr
+
+
 def test_integer_inputs_get_float0_cotangents():
     q, k, v, cu, kw = _hstu()
     _, vjp = jax.vjp(lambda q_, cu_: jsa.hstu_attention(q_, k, v, cu_, cu, **kw), q, cu)
