@@ -121,20 +121,24 @@ def _make_config(q, k, v, cu_seqlens_q, cu_seqlens_k, func, paged_kv, page_ids, 
     if is_concrete(cu_seqlens_q, cu_seqlens_k, func, page_ids, page_indptrs):
         _hstu_value_checks(q, k, cu_seqlens_q, cu_seqlens_k, func, paged_kv, page_ids,
                            page_indptrs, cfg)
-    elif debug_checks:
-        shapes = tuple(None if x is None else jax.ShapeDtypeStruct(x.shape, x.dtype)
-                       for x in (q, k, paged_kv))
+    else:
+        if is_concrete(cu_seqlens_q, cu_seqlens_k):
+            # concrete cu_seqlens beside a traced func or page table: check what is concrete
+            # eagerly (also with debug_checks, which stages the checks of all of them below)
+            pages_concrete = is_concrete(page_ids, page_indptrs)
+            _hstu_value_checks(q, k, cu_seqlens_q, cu_seqlens_k,
+                               func if is_concrete(func) else None, paged_kv,
+                               page_ids, page_indptrs, cfg, check_pages=pages_concrete)
+        if debug_checks:
+            shapes = tuple(None if x is None else jax.ShapeDtypeStruct(x.shape, x.dtype)
+                           for x in (q, k, paged_kv))
 
-        def check(cu_q, cu_k, f, ids, ptrs):
-            _hstu_value_checks(shapes[0], shapes[1], cu_q, cu_k, f, shapes[2], ids, ptrs, cfg)
+            def check(cu_q, cu_k, f, ids, ptrs):
+                _hstu_value_checks(shapes[0], shapes[1], cu_q, cu_k, f, shapes[2], ids, ptrs,
+                                   cfg)
 
-        run_time_value_checks(check, cu_seqlens_q, cu_seqlens_k, func, page_ids, page_indptrs)
-    elif is_concrete(cu_seqlens_q, cu_seqlens_k):
-        # concrete cu_seqlens beside a traced func or page table: check what is concrete
-        pages_concrete = is_concrete(page_ids, page_indptrs)
-        _hstu_value_checks(q, k, cu_seqlens_q, cu_seqlens_k,
-                           func if is_concrete(func) else None, paged_kv,
-                           page_ids, page_indptrs, cfg, check_pages=pages_concrete)
+            run_time_value_checks(check, cu_seqlens_q, cu_seqlens_k, func, page_ids,
+                                  page_indptrs)
     if extra_checks is not None:
         extra_checks(cfg)
     passes = _passes(cfg, op_name)

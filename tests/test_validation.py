@@ -430,3 +430,21 @@ def test_shape_dtype_struct_metadata_raise_a_type_error_naming_the_argument():
             fn(qb, qb, qb, idx, 1, S((2,), jnp.int32))
         with pytest.raises(TypeError, match="q2k_block_nums " + msg):
             fn(qb, qb, qb, idx, q2k_block_nums=S((1, 2, 2), jnp.int32))
+
+
+def test_concrete_cu_seqlens_are_checked_eagerly_also_with_debug_checks():
+    """debug_checks doc: the metadata values "are always checked eagerly when they are
+    concrete; with debug_checks=True they are also checked when traced". With concrete
+    cu_seqlens beside a traced func and debug_checks=True, the cu_seqlens were only checked
+    in the run-time callback (a JaxRuntimeError when run, not the eager ValueError). They
+    are checked eagerly; the traced func is still checked at run time."""
+    q, k, v, cu, _ = hstu_args()
+    opts = dict(max_seqlen_q=6, max_seqlen_k=7, window_size=(-1, -1), debug_checks=True,
+                backend="reference")
+    f = jax.jit(lambda fn, **o: jsa.hstu_attention(q, k, v, cu, cu, func=fn, **o),
+                static_argnames=tuple(opts))
+    with pytest.raises(ValueError, match=r"max_seqlen_q=6 is smaller than sequence 2's length 7"):
+        f(jnp.zeros((1, 3, 10 + 256), jnp.int32), **opts)  # at trace time
+    with pytest.raises(jax.errors.JaxRuntimeError, match=r"func\[0, 0, 0\]=99 is outside"):
+        jax.block_until_ready(f(jnp.full((1, 3, 10 + 256), 99, jnp.int32),
+                                **dict(opts, max_seqlen_q=7)))
