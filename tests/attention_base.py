@@ -104,6 +104,21 @@ def check_rule(name, got, truth, base, factor, rel_atol, report):
         f"{name}: err {err:.3e} > {factor} x base {berr:.3e} + atol {atol:.3e}")
 
 
+def check_unreached(names, gots, truth_rows):
+    """Rows (every axis but the last) where ``truth_rows`` is exactly 0: rows no key reaches
+    (query rows: out / dq) or that reach no query (key rows: dk / dv). They must be exactly 0
+    in every array of ``gots`` (a tolerance would let a small contribution of masked or
+    unlisted data, or an unwritten output row, pass); NaN there fails too."""
+    zero = np.all(np.asarray(truth_rows, np.float64) == 0, axis=-1)
+    for name, got in zip(names, gots):
+        g = _f32(got)
+        assert g.shape[:-1] == zero.shape, (name, g.shape, zero.shape)
+        bad = zero & np.any(g != 0, axis=-1)
+        assert not bad.any(), (
+            f"{name}: {int(bad.sum())} of {int(zero.sum())} rows with no visible key / query "
+            f"are not exactly 0 (first at {tuple(np.argwhere(bad)[0])})")
+
+
 # ----------------------------------------------------------------------------- HSTU
 
 
@@ -308,9 +323,15 @@ class HSTUGrid:
         check_rule("out", got[0], truth[0], base[0], 2.0, 2e-3, report)
         tail = _f32(got[0])[int(x["cu_q"][-1]):]
         assert not np.any(tail), "out rows past cu_seqlens_q[-1] are not zero"
+        # query rows with no visible key (and rows past every sequence): out = 0 exactly
+        check_unreached(("out",), got[:1], truth[0])
         if bwd:
             for i, name in enumerate(("dq", "dk", "dv"), start=1):
                 check_rule(name, got[i], truth[i], base[i], 5.0, 5e-3, report)
+            # ... and dq = 0; key rows no query sees (dv = 0 in the truth: also those past
+            # cu_seqlens_k[-1]): dk = dv = 0 exactly
+            check_unreached(("dq",), got[1:2], truth[0])
+            check_unreached(("dk", "dv"), got[2:4], truth[3])
         print(case.id, " | ".join(report))
         return x, got
 
@@ -576,6 +597,10 @@ class BSAGrid:
         check_rule("lse", lse_g[fin], lse_t[fin], base_lse, 2.0, 1e-4, report)
         for i, name in enumerate(("dq", "dk", "dv"), start=2):
             check_rule(name, got[i], truth[i], base[i], 5.0, 5e-3, report)
+        # rows no listed key reaches (out = 0 in the truth): out = dq = 0 exactly; keys no
+        # row lists (or past block_sizes; dv = 0 in the truth): dk = dv = 0 exactly
+        check_unreached(("out", "dq"), (got[0], got[2]), truth[0])
+        check_unreached(("dk", "dv"), (got[3], got[4]), truth[4])
         if case.counts == "empty":
             empty = np.repeat(x["nums"] == 0, case.blk, axis=-1)[..., : case.sq]  # (B, H, S)
             assert empty.any()
