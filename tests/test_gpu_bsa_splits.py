@@ -31,7 +31,7 @@ import pytest
 jax = pytest.importorskip("jax")
 import jax.numpy as jnp  # noqa: E402
 
-from attention_base import _f32, _rows_bhs, check_rule, shard  # noqa: E402
+from attention_base import _f32, _rows_bhs, check_rule, check_unreached, shard  # noqa: E402
 from jax_sparse_attn.config import Switches  # noqa: E402
 
 pytestmark = pytest.mark.gpu
@@ -196,6 +196,8 @@ def _check_case(c, ks):
     assert np.all(_rows_bhs(_f32(got[0]), layout)[empty] == 0)
     assert np.all(np.isneginf(lse_g[empty]))
     assert np.all(_rows_bhs(_f32(got[2]), layout)[empty] == 0)
+    # keys no row lists (NaN in kp / vp) or past block_sizes: dk = dv = 0 exactly
+    check_unreached(("dk", "dv"), (got[3], got[4]), truth[4])
     print(c[0], f"kv_splits={ks}", " | ".join(report))
 
 
@@ -317,4 +319,10 @@ def test_bsa_split_kv_with_causal(c):
     check_rule("lse", lse_g[fin], lse_t[fin], _f32(base[1])[fin], 2.0, 1e-4, report)
     for i, name in enumerate(("dq", "dk", "dv"), start=2):
         check_rule(name, got[i], truth[i], base[i], 5.0, 5e-3, report)
+    # rows whose listed keys are all in the future or that list nothing: out = dq = 0
+    # exactly (lse = -inf: the pattern check above); keys no row sees (unlisted, past
+    # block_sizes, NaN in kp / vp, or listed but in every row's future): dk = dv = 0 exactly
+    assert np.isneginf(lse_t).any(), "the case should have rows without visible keys"
+    check_unreached(("out", "dq"), (got[0], got[2]), truth[0])
+    check_unreached(("dk", "dv"), (got[3], got[4]), truth[4])
     print(c[0], "causal kv_splits=3", " | ".join(report))
