@@ -91,26 +91,25 @@ def _only_in_shard(j):
 
 
 class TestBSAKernelGrid(BSAKernelGrid):
+    #: ``BSA_TEST_IMPLS`` names and the switches each adds the grid with
+    IMPLS = {"sm80": SM80, "sm90ws": SM90WS, "bwdws": BWDWS, "bwdrows": BWDROWS,
+             "dqalt": DQALT, "qregs": QREGS, "mpre": MPRE, "qahead": QAHEAD,
+             "noepivec": NOEPIVEC, "notmao": NOTMAO, "ctas3k1": CTAS3K1, "selfload": SELFLOAD,
+             "pairwg": PAIRWG, "sm80_late_v": SM80_LATE_V, "sm80_wr32": SM80_WR32,
+             "sm80_wr16": SM80_WR16}
+
     @classmethod
     def grid(cls):
-        extra = os.environ.get("BSA_TEST_IMPLS", "").split(",")
+        extra = [x for x in os.environ.get("BSA_TEST_IMPLS", "").split(",") if x]
+        # a name the grid does not know would otherwise be dropped silently (with
+        # "nodefault": an empty grid, every test skipped, the run green)
+        unknown = [x for x in extra if x != "nodefault" and x not in cls.IMPLS]
+        if unknown:
+            raise ValueError(f"BSA_TEST_IMPLS: unknown {unknown}; known: nodefault, "
+                             f"{', '.join(cls.IMPLS)}")
         cases = [] if "nodefault" in extra else [(c, Switches()) for c in BSA_GRID]
-        cases += [(c, SM80) for c in BSA_GRID if "sm80" in extra]
-        cases += [(c, SM90WS) for c in BSA_GRID if "sm90ws" in extra]
-        cases += [(c, BWDWS) for c in BSA_GRID if "bwdws" in extra]
-        cases += [(c, BWDROWS) for c in BSA_GRID if "bwdrows" in extra]
-        cases += [(c, DQALT) for c in BSA_GRID if "dqalt" in extra]
-        cases += [(c, QREGS) for c in BSA_GRID if "qregs" in extra]
-        cases += [(c, MPRE) for c in BSA_GRID if "mpre" in extra]
-        cases += [(c, QAHEAD) for c in BSA_GRID if "qahead" in extra]
-        cases += [(c, NOEPIVEC) for c in BSA_GRID if "noepivec" in extra]
-        cases += [(c, NOTMAO) for c in BSA_GRID if "notmao" in extra]
-        cases += [(c, CTAS3K1) for c in BSA_GRID if "ctas3k1" in extra]
-        cases += [(c, SELFLOAD) for c in BSA_GRID if "selfload" in extra]
-        cases += [(c, PAIRWG) for c in BSA_GRID if "pairwg" in extra]
-        cases += [(c, SM80_LATE_V) for c in BSA_GRID if "sm80_late_v" in extra]
-        cases += [(c, SM80_WR32) for c in BSA_GRID if "sm80_wr32" in extra]
-        cases += [(c, SM80_WR16) for c in BSA_GRID if "sm80_wr16" in extra]
+        for name, sw in cls.IMPLS.items():
+            cases += [(c, sw) for c in BSA_GRID if name in extra]
         return shard(cases, SHARD)
 
 
