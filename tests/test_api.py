@@ -376,7 +376,11 @@ def test_kernel_path_pads_head_dims(force_platform):
     assert (cfg.window_size, cfg.alpha, cfg.scaling_seqlen) == ((2, 1), 0.3, 5.0)
     ref = jsa.hstu_attention(q, k, v, cu, cu, backend="reference", **kw)
     assert out.shape == (12, 2, 20)
-    np.testing.assert_allclose(np.asarray(out, np.float32), np.asarray(ref, np.float32), rtol=2e-2, atol=2e-2)
+    # the fake kernel computes with the reference on the same inputs: the plumbing (padding,
+    # slicing, options) must hand back exactly the reference's values (a 2e-2 tolerance
+    # let a percent-level error of the kernel path through)
+    np.testing.assert_array_equal(np.asarray(out, np.float32), np.asarray(ref, np.float32))
+    assert np.abs(np.asarray(out, np.float32)).max() > 0.1
 
     def loss(backend):
         return lambda q_, k_, v_: jnp.sum(jsa.hstu_attention(q_, k_, v_, cu, cu, backend=backend, **kw)
@@ -387,7 +391,8 @@ def test_kernel_path_pads_head_dims(force_platform):
     assert any(c[0] == "bwd" and c[1] == (12, 2, 20) and c[2] == (12, 2, 50) for c in calls)
     for a, b in zip(gk, gr):
         assert a.shape == b.shape and a.dtype == b.dtype
-        np.testing.assert_allclose(np.asarray(a, np.float32), np.asarray(b, np.float32), rtol=5e-2, atol=5e-2)
+        np.testing.assert_array_equal(np.asarray(a, np.float32), np.asarray(b, np.float32))
+        assert np.abs(np.asarray(a, np.float32)).max() > 0.1
     # the explicit backward API on the kernel path slices too
     dq, dk, dv = jsa.hstu_attention_backward(jnp.ones_like(out), q, k, v, cu, cu, backend="kernel", **kw)
     assert dq.shape == q.shape and dk.shape == k.shape and dv.shape == v.shape
@@ -459,6 +464,12 @@ def test_kernel_path_bsa_metadata_normalised(force_platform):
         q_, k, v, idx, block_sparse_num=2, block_sizes=jnp.asarray([64, 7], jnp.int32),
         sparse_block_size=64, backend="kernel").astype(jnp.float32)))(q)
     assert g.shape == q.shape and ("bwd", (2, 2, 2), (2, 2, 2)) in calls
+    # the fake backward is the reference's: the kernel path's dq is exactly the reference's
+    g_ref = jax.grad(lambda q_: jnp.sum(jsa.block_sparse_attention(
+        q_, k, v, idx, block_sparse_num=2, block_sizes=jnp.asarray([64, 7], jnp.int32),
+        sparse_block_size=64, backend="reference").astype(jnp.float32)))(q)
+    np.testing.assert_array_equal(np.asarray(g, np.float32), np.asarray(g_ref, np.float32))
+    assert np.abs(np.asarray(g, np.float32)).max() > 0
 
 
 def test_readme_python_blocks_and_demo_run(capsys):
