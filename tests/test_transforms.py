@@ -49,7 +49,10 @@ def _loop(f, in_axes, *args):
 
 
 def _close(a, b, tol=1e-5):
-    for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)):
+    la, lb = jax.tree.leaves(a), jax.tree.leaves(b)
+    # zip would stop at the shorter list: a missing (or an extra) output must fail
+    assert len(la) == len(lb) and la, (len(la), len(lb))
+    for x, y in zip(la, lb):
         assert x.shape == y.shape
         assert np.all(np.isfinite(np.asarray(x)))
         np.testing.assert_allclose(np.asarray(x), np.asarray(y), rtol=tol, atol=tol)

@@ -30,6 +30,9 @@ H, D, BLK = 2, 32, 64
 
 def _close(a, b, tol):
     a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
+    # a - b broadcasts: a result of the wrong shape (e.g. a missing or extra vmapped axis)
+    # would otherwise be compared element by element with the broadcast copy
+    assert a.shape == b.shape, (a.shape, b.shape)
     err = np.max(np.abs(a - b)) if a.size else 0.0
     assert err <= tol * max(1.0, np.max(np.abs(b)) if b.size else 1.0), err
 
