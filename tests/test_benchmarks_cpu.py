@@ -129,7 +129,14 @@ def test_bwd_pass_computes_the_gradient():
     assert float(jnp.max(jnp.abs(want_out.astype(jnp.float32)))) > 0
     for a, c in zip(got, want):
         assert float(jnp.max(jnp.abs(c.astype(jnp.float32)))) > 0
-        np.testing.assert_allclose(np.asarray(a, np.float32), np.asarray(c, np.float32), rtol=2e-2, atol=2e-2)
+        # the same computation (jax.vjp of the reference op): equal values; a 2e-2 tolerance
+        # (4 % of these gradients' size) let a cheaper approximation pass
+        np.testing.assert_array_equal(np.asarray(a, np.float32), np.asarray(c, np.float32))
+    # the timed 'fwdbwd' function too (its inputs were checked above, its values were not)
+    out2, got2 = jax.jit(fn2)(*sets2[1])
+    np.testing.assert_array_equal(np.asarray(out2, np.float32), np.asarray(want_out, np.float32))
+    for a, c in zip(got2, want, strict=True):
+        np.testing.assert_array_equal(np.asarray(a, np.float32), np.asarray(c, np.float32))
 
 
 def _check_doc(path, op):
