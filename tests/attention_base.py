@@ -100,6 +100,10 @@ def check_rule(name, got, truth, base, factor, rel_atol, report):
         berr = _maxabs(_f32(base) - truth)
     atol = rel_atol * max(_maxabs(truth), 1e-3)
     report.append(f"{name}: err={err:.2e} base={berr:.2e}")
+    # an Inf in the output is err = inf, and an overflowed baseline berr = inf: inf <= inf
+    # would pass; neither is a result the rule can accept
+    assert np.isfinite(err), f"{name}: non-finite output or truth (err {err})"
+    assert np.isfinite(berr), f"{name}: non-finite input-dtype baseline: no bound"
     assert err <= factor * berr + atol, (
         f"{name}: err {err:.3e} > {factor} x base {berr:.3e} + atol {atol:.3e}")
 
