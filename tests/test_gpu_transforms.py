@@ -103,7 +103,10 @@ def test_bsa_vmap_kernel_matches_loop_and_reference():
     lo = [jax.jit(fwd("kernel"))(q[i], k[i], v[i], idx[i], nums[i]) for i in range(n)]
     ro, rlse = jax.vmap(fwd("reference"))(*(x.astype(jnp.float32) for x in (q, k, v)), idx, nums)
     assert _err(o, jnp.stack([x[0] for x in lo])) <= 1e-2 * _scale(ro)
-    assert _err(o, ro) <= 2e-2 * _scale(ro) and _err(lse, rlse) <= 2e-2 * _scale(rlse)
+    assert _err(o, ro) <= 2e-2 * _scale(ro)
+    # lse is float32 from the same (bf16) inputs: 2e-2 of max|lse| (~0.13 here, a 14 %
+    # error of the softmax normaliser) could not fail on a real lse bug
+    assert _err(lse, rlse) <= 2e-3 * _scale(rlse)
 
     def loss(backend):
         return lambda q, k, v, i, m, w: jnp.sum(
