@@ -39,8 +39,16 @@ def _collectives(compiled_text):
 
 
 def _diff(a, b):
-    return max(float(jnp.max(jnp.abs(jnp.asarray(x, jnp.float32) - jnp.asarray(y, jnp.float32))))
-               for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)))
+    """Max abs difference over the leaves; NaN counts as inf (Python's max() skips a NaN
+    that is not its first argument, so a NaN gradient after a finite loss gave 0)."""
+    la, lb = jax.tree.leaves(a), jax.tree.leaves(b)
+    assert len(la) == len(lb) and la, (len(la), len(lb))
+    diffs = []
+    for x, y in zip(la, lb):
+        assert x.shape == y.shape, (x.shape, y.shape)
+        d = float(jnp.max(jnp.abs(jnp.asarray(x, jnp.float32) - jnp.asarray(y, jnp.float32))))
+        diffs.append(float("inf") if np.isnan(d) else d)
+    return max(diffs)
 
 
 def _check(name, f_single, f_sharded, args, shardings, out):
