@@ -160,8 +160,11 @@ args = [jnp.asarray(data[f'a{i}'].view(jnp.bfloat16) if str(data[f't{i}']) == 'b
                    else data[f'a{i}']) for i in range(int(data['n']))]
 outs = jax.tree.leaves(exp.call(*args))
 want = [data[f'o{i}'] for i in range(len(outs))]
-err = max(float(np.max(np.abs(np.asarray(o, np.float32) - np.asarray(w, np.float32)))) for o, w in zip(outs, want))
-print('ERR', err)
+assert len(outs) == int(data['n_out']), (len(outs), int(data['n_out']))
+# one error per output, NaN as inf (max() over the outputs dropped a NaN after a finite one)
+errs = [float(np.max(np.abs(np.asarray(o, np.float32) - np.asarray(w, np.float32))))
+        for o, w in zip(outs, want)]
+print('ERR', ' '.join(repr(float('inf') if np.isnan(e) else e) for e in errs))
 """
 
 
@@ -189,13 +192,19 @@ def test_export_round_trip_fresh_process(tmp_path):
              **{f"a{i}": (np.asarray(a).view(np.uint16) if a.dtype == BF else np.asarray(a))
                 for i, a in enumerate(args)},
              **{f"t{i}": str(a.dtype) for i, a in enumerate(args)},
-             **{f"o{i}": np.asarray(o, np.float32) for i, o in enumerate(outs)})
+             **{f"o{i}": np.asarray(o, np.float32) for i, o in enumerate(outs)},
+             n_out=len(outs))
     proc = subprocess.run([sys.executable, "-c", _EXPORT_CHILD, str(tmp_path / "d.npz"),
                            str(tmp_path / "f.bin")], capture_output=True, text=True, timeout=600,
                           env=_child_env())
     assert proc.returncode == 0, proc.stderr[-3000:]
-    err = float([x for x in proc.stdout.splitlines() if x.startswith("ERR")][-1].split()[1])
-    assert err <= 0.05 * max(_scale(o) for o in outs), err  # dq accumulates with atomics
+    errs = [float(x) for x in
+            [ln for ln in proc.stdout.splitlines() if ln.startswith("ERR")][-1].split()[1:]]
+    assert len(errs) == len(outs), (errs, len(outs))
+    # each output against its own size (dq accumulates with atomics): the largest output is
+    # the summed loss (~1e2), whose 5 % bounded every gradient of size ~1 before
+    for i, (err, o) in enumerate(zip(errs, outs)):
+        assert err <= 0.05 * _scale(o), (i, err, _scale(o))
 
 
 _CACHE_CHILD = r"""
