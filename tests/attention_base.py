@@ -216,8 +216,10 @@ def hstu_func(cu_q, cu_k, n, t, rng):
     return f
 
 
-def hstu_inputs(case, profile, seed=0):
-    """Inputs of one case on the profile's canvas: arrays and the op's keyword options."""
+def hstu_inputs(case, profile, seed=0, poison_tail=False):
+    """Inputs of one case on the profile's canvas: arrays and the op's keyword options.
+    ``poison_tail``: q / do rows past ``cu_seqlens_q[-1]`` and k / v rows past
+    ``cu_seqlens_k[-1]`` are NaN (they belong to no sequence and must contribute nothing)."""
     t, slots, lens = HSTU_PROFILES[profile]
     lens_q, lens_k = lens[case.lens]
     lens_k = lens_q if lens_k is None else lens_k
@@ -230,6 +232,11 @@ def hstu_inputs(case, profile, seed=0):
 
     q, k, v, do = rand(case.d), rand(case.d), rand(dv), rand(dv)
     cu_q, cu_k = _cu(lens_q, slots), _cu(lens_k, slots)
+    if poison_tail:
+        tq = (np.arange(t) >= cu_q[-1])[:, None, None]
+        tk = (np.arange(t) >= cu_k[-1])[:, None, None]
+        q, do = (jnp.where(tq, jnp.nan, x).astype(dt) for x in (q, do))
+        k, v = (jnp.where(tk, jnp.nan, x).astype(dt) for x in (k, v))
     func = hstu_func(cu_q, cu_k, case.func_n, t, rng) if case.func_n else None
     max_q, max_k = max(max(lens_q), 1), max(max(lens_k), 1)
     kw = dict(max_seqlen_q=max_q, max_seqlen_k=max_k,
@@ -315,7 +322,9 @@ class HSTUGrid:
         return _hstu_ref(case.dtype, kw_items)(*args)
 
     def run_case(self, case, switches, seed=0, bwd=True):
-        x = hstu_inputs(case, self.profile, seed)
+        # NaN in every row past the sequences: it must reach no output (the truth reads
+        # the same arrays; rows with no contribution are checked to be exactly 0 below)
+        x = hstu_inputs(case, self.profile, seed, poison_tail=True)
         kw_items = tuple(sorted(x["kw"].items()))
         args = (x["q"], x["k"], x["v"], x["do"], x["cu_q"], x["cu_k"], x["func"])
         got = _call_or_skip(
