@@ -464,9 +464,11 @@ BSA_GRID = [
 ]
 
 
-def bsa_inputs(c, seed=0):
+def bsa_inputs(c, seed=0, poison_unseen=False):
     """q, k, v, do in the case's layout and dtype and the metadata in the public forms
-    (garbage past the active prefix; ``block_sizes`` of the case's rank)."""
+    (garbage past the active prefix; ``block_sizes`` of the case's rank). ``poison_unseen``:
+    k rows no query row attends (blocks no row of the KV head's group lists, keys past the
+    block sizes) are NaN, those v rows +Inf (they must contribute nothing)."""
     rng = np.random.default_rng(seed)
     b, hq, hkv, sq, skv, d, blk = c.b, c.hq, c.hkv, c.sq, c.skv, c.d, c.blk
     nq, nkv = -(-sq // blk), -(-skv // blk)
@@ -513,6 +515,24 @@ def bsa_inputs(c, seed=0):
         sizes = rng.integers(1, blk + 1, size=shape).astype(np.int32)
         sizes[..., 0] = blk  # at least one full block
         sizes = jnp.asarray(sizes)
+    if poison_unseen:
+        # per (batch, KV head, block): the largest size any listing row of the group uses
+        full = np.full((b, hq, nkv), blk) if sizes is None else np.broadcast_to(
+            np.asarray(sizes).reshape((1, 1, nkv) if c.sizes_rank == 1 else
+                                      (b, 1, nkv) if c.sizes_rank == 2 else (b, hq, nkv)),
+            (b, hq, nkv))
+        reach = np.zeros((b, hkv, nkv), np.int64)
+        for bi in range(b):
+            for h in range(hq):
+                listed = np.unique(idx[bi, h][j[0, 0] < nums[bi, h][:, None]])
+                hk = h // (hq // hkv)
+                reach[bi, hk, listed] = np.maximum(reach[bi, hk, listed], full[bi, h, listed])
+        pos = np.arange(skv)
+        seen = (pos % blk)[None, None] < reach[..., pos // blk]  # (B, H_kv, S_kv)
+        if c.layout == "bshd":
+            seen = np.swapaxes(seen, 1, 2)
+        k = jnp.where(seen[..., None], k, jnp.nan).astype(dt)
+        v = jnp.where(seen[..., None], v, jnp.inf).astype(dt)
     meta = dict(q2k_block_index=jnp.asarray(idx), block_sizes=sizes)
     if c.counts == "fixed":
         meta["block_sparse_num"] = kmax
@@ -590,7 +610,9 @@ class BSAGrid:
             x["q"], x["k"], x["v"], x["do"], idx, nums, sizes)
 
     def run_case(self, case, switches, seed=0):
-        x = bsa_inputs(case, seed)
+        # NaN / Inf in every K / V row no query row attends: the truth reads the same
+        # arrays; out / dq / dk / dv rows with no contribution are checked to be exactly 0
+        x = bsa_inputs(case, seed, poison_unseen=True)
         m = x["meta"]
         static = dict(x["kw"], block_sparse_num=m.get("block_sparse_num"),
                       allow_empty_block_nums=m.get("allow_empty_block_nums", False))
