@@ -19,7 +19,8 @@ during each.
 ``--variants 'JAX_SPARSE_ATTN_KERNEL_FAMILY=portable:blk64fwd,blk64bwd;:blk64fwd,blk64bwd'``
 times the portable kernels beside the default (Hopper) ones.
 ``bwd`` times the kernel backward alone (delta, CSR build, dK/dV/dQ kernel, dq cast) from
-saved out/lse; ``csr`` times only the K->Q CSR construction. Prints a table and writes JSON.
+saved out/lse; ``csr`` times only the K->Q CSR construction (the one-launch kernel with
+``JAX_SPARSE_ATTN_BSA_KQ_IMPL=kernel``). Prints a table and writes JSON.
 ``--pack-gqa`` times ``pack_gqa=True`` against unpacked GQA at the same density (bf16,
 H_q=32, H_kv=4, blk128, 12.5 % of the KV blocks per row, D=128; the same FLOPs
 ``4*B*H_q*S_q*D*(top_k*blk)`` for both, random lists drawn independently): "prefill" B=1,
@@ -216,7 +217,13 @@ def run(cases, b=1, h=16, s=16384, d=128, n_sets=3, seed=0, tag="", switches=Non
                                                              None, nums, **kw))
 
         def csr(q, k, v, idx, nums, do):
-            return metadata.build_kq_csr(idx, nums, num_kv_heads=h, num_kv_blocks=-(-s // blk))
+            # the lists the backward builds: XLA's, or the one-launch kernel's with the
+            # switch bsa_kq_impl="kernel"
+            from jax_sparse_attn.ffi import bsa as fb  # noqa: PLC0415
+
+            kern = switches is not None and switches.bsa_kq_impl == "kernel"
+            return fb.kq_lists(idx, nums, num_kv_heads=h, num_kv_blocks=-(-s // blk),
+                               kernel=kern and backend == "kernel")
 
         for p in passes:
             if p == "fwd":

@@ -543,6 +543,11 @@ SWITCHES = (
             "BSA backward preprocessing (delta = rowsum(dO*O), zeroed fp32 dQ workspace): "
             "kernel (one CuTe DSL launch computes delta and zeroes the workspace), delta (the "
             "launch computes delta, an XLA memset zeroes the workspace) or xla (XLA fusions)"),
+    _choice("bsa_kq_impl", "JAX_SPARSE_ATTN_BSA_KQ_IMPL", ("xla", "kernel"),
+            "K->Q block lists of the Hopper BSA backwards (default mode): xla (XLA fusions, "
+            "metadata.build_kq_csr) or kernel (one CuTe DSL launch, one thread-block cluster: "
+            "kernels/bsa_kq_lists.py; where its shared memory does not hold a (batch, KV "
+            "head)'s bitmap or the row lengths, the XLA lists; opt-in, not yet measured)"),
     Switch("bsa_fwd_q_in_regs", "JAX_SPARSE_ATTN_BSA_FWD_Q_IN_REGS", _TRUE + _FALSE,
            _parse_bool, True, "BSA sm80 forward keeps Q fragments in registers for D <= 128"),
     Switch("bsa_fwd_min_blocks", "JAX_SPARSE_ATTN_BSA_FWD_MIN_BLOCKS", "integer >= 0",
@@ -637,6 +642,7 @@ class Switches:
     bsa_bwd_ws: tuple = _DEFAULT["bsa_bwd_ws"]
     hstu_bwd_ws: tuple = _DEFAULT["hstu_bwd_ws"]
     bsa_pre_impl: str = _DEFAULT["bsa_pre_impl"]
+    bsa_kq_impl: str = _DEFAULT["bsa_kq_impl"]
     bsa_fwd_q_in_regs: bool = _DEFAULT["bsa_fwd_q_in_regs"]
     bsa_fwd_min_blocks: int = _DEFAULT["bsa_fwd_min_blocks"]
     bsa_fwd_late_v_wait: bool = _DEFAULT["bsa_fwd_late_v_wait"]
@@ -828,6 +834,8 @@ class BSAConfig:
     fwd: object = None  # ffi.bsa.BsaFwdConfig
     bwd: object = None  # ffi.bsa.BsaBwdConfig
     pre: object = None  # ffi.bsa.BsaPreConfig, or None for the XLA preprocessing
+    # the backward's K->Q lists by the one-launch kernel (Switches.bsa_kq_impl="kernel")
+    kq_kernel: bool = False
     cute_call: str = "shared"  # kernel backend: Switches.cute_call (how kernel calls compile)
     kernel_arch: str = ""  # kernel backend: target arch and kernel family, as in HSTUConfig
     kernel_family: str = ""

@@ -845,6 +845,81 @@ def pre_config(dtype, head_dim, switches) -> BsaPreConfig | None:
                         zero_ws=switches.bsa_pre_impl == "kernel")
 
 
+@dataclasses.dataclass(frozen=True)
+class BsaKqConfig:
+    """Compile key of the K->Q list kernel (``kernels/bsa_kq_lists.py``): ``n_chains``
+    (batch x KV heads), ``group`` (query heads per KV head), ``n_q`` / ``n_kv`` (query / KV
+    blocks), ``k_max`` (list slots per query block)."""
+
+    n_chains: int
+    group: int
+    n_q: int
+    n_kv: int
+    k_max: int
+
+
+def kq_config(idx_shape, num_kv_heads: int, num_kv_blocks: int) -> BsaKqConfig | None:
+    """The K->Q list kernel's compile key for ``q2k_block_index`` of shape ``idx_shape``
+    ``(B, H_q, N_q, K_max)``, or None where the kernel does not take the call (symbolic or
+    empty sizes, or a (batch, KV head)'s bitmap or the row lengths beyond its shared
+    memory): the lists are then :func:`metadata.build_kq_csr`'s."""
+    from ..kernels.bsa_kq_lists import fits  # noqa: PLC0415
+
+    b, h_q, n_q, k_max = idx_shape
+    dims = (b, h_q, n_q, k_max, num_kv_heads, num_kv_blocks)
+    if not all(isinstance(x, int) and x >= 1 for x in dims) or h_q % num_kv_heads:
+        return None
+    group = h_q // num_kv_heads
+    if not fits(num_kv_blocks, group, n_q, b * num_kv_heads * num_kv_blocks):
+        return None
+    return BsaKqConfig(b * num_kv_heads, group, n_q, num_kv_blocks, k_max)
+
+
+def _kq_entry(stream, idx, nums, offsets, entries, words, counts, *, cfg: BsaKqConfig):
+    from ..kernels.bsa_kq_lists import BsaKqLists  # noqa: PLC0415
+
+    BsaKqLists(cfg.n_chains, cfg.group, cfg.n_q, cfg.n_kv, cfg.k_max)(
+        idx, nums, offsets, entries, words, counts, stream)
+
+
+@functools.cache
+def _kq_jit():
+    """The one ``cute.jit`` of ``_kq_entry`` (cutlass_call caches on its identity)."""
+    import cutlass.cute as cute  # noqa: PLC0415
+
+    return cute.jit(_kq_entry)
+
+
+def kq_lists(q2k_block_index, q2k_block_nums, *, num_kv_heads: int, num_kv_blocks: int,
+             kernel: bool = True, cute_call_mode: str = "shared"):
+    """The backward's K->Q lists ``(offsets, entries)``, equal to
+    :func:`metadata.build_kq_csr`'s for ids unique in each row's active prefix (its bitmap
+    construction): with ``kernel`` and where :func:`kq_config` takes the call, one launch of
+    ``kernels/bsa_kq_lists.py``; else ``build_kq_csr``."""
+    from .._cute_call import call_builder  # noqa: PLC0415
+
+    kcfg = kq_config(q2k_block_index.shape, num_kv_heads, num_kv_blocks) if kernel else None
+    if kcfg is None:
+        return metadata.build_kq_csr(q2k_block_index, q2k_block_nums,
+                                     num_kv_heads=num_kv_heads, num_kv_blocks=num_kv_blocks)
+    n_rows = kcfg.n_chains * kcfg.n_kv
+    n_words = -(-kcfg.group * kcfg.n_q // 32)
+    n_slots = q2k_block_index.size
+    i32 = jnp.int32
+    call = call_builder(cute_call_mode)(
+        _kq_jit(),
+        output_shape_dtype=(jax.ShapeDtypeStruct((n_rows + 1,), i32),
+                            jax.ShapeDtypeStruct((n_slots,), i32),
+                            jax.ShapeDtypeStruct((n_rows * n_words,), i32),
+                            jax.ShapeDtypeStruct((n_rows,), i32)),
+        compile_key=("bsa_kq_lists", kcfg),
+        cfg=kcfg,
+    )
+    offsets, entries, _, _ = call(q2k_block_index.astype(i32).reshape(-1),
+                                  q2k_block_nums.astype(i32).reshape(-1))
+    return offsets, entries
+
+
 def causal_unsupported_reason(head_dim, block_size, passes=("fwd", "bwd"),
                               switches=None) -> str | None:
     """``None`` when the kernels of ``passes`` implement ``causal=True``: the sm90 kernels
@@ -1533,9 +1608,10 @@ def bsa_bwd(do, q, k, v, out, lse, q2k_block_index, q2k_block_nums, block_sizes,
     if cfg.bwd.deterministic:
         return _bsa_bwd_deterministic(q, k, v, do, lse, delta, dq_acc, q2k_block_index,
                                       q2k_block_nums, block_sizes, cfg, spec, ocfg)
-    offsets, entries = metadata.build_kq_csr(q2k_block_index, q2k_block_nums,
-                                             num_kv_heads=cfg.num_heads_kv,
-                                             num_kv_blocks=cfg.num_kv_blocks)
+    offsets, entries = kq_lists(q2k_block_index, q2k_block_nums,
+                                num_kv_heads=cfg.num_heads_kv, num_kv_blocks=cfg.num_kv_blocks,
+                                kernel=cfg.kq_kernel and cfg.bwd.impl in ("sm90", "sm90ws"),
+                                cute_call_mode=cfg.cute_call)
     if cfg.bwd.impl == "sm90ws" and cfg.bwd.ws_lpt:
         # the sm90ws kernel reads its CTA order (longest K->Q list first) after the offsets
         offsets = jnp.concatenate([offsets, metadata.kq_lpt_order(offsets)])

@@ -1,0 +1,202 @@
+"""K->Q block lists of the block-sparse backward in one launch (CuTe DSL, no jax imports).
+
+The backward's CTAs each own one KV block and walk the query blocks that list it: the
+K->Q lists in CSR form, ``offsets`` (``R + 1`` int32, ``R = B H_kv N_kv`` rows, row
+``r = (b H_kv + g) N_kv + n``) and ``entries`` (``B H_q N_q K_max`` slots, row ``r``'s
+entries ``entries[offsets[r]:offsets[r + 1]]``, each ``h_in_group N_q + m``, increasing).
+``metadata.build_kq_csr`` defines them (its bitmap construction: an id repeated in a row's
+active prefix is listed once; ids outside ``[0, N_kv)`` and slots at or past the row's
+count are skipped; counts are clamped to ``[0, K_max]``); this kernel computes the same
+arrays, with the slots past ``offsets[R]`` zero as there.
+
+One thread-block cluster of ``CLUSTER`` CTAs, so that the whole grid can synchronize
+without a zeroed flag in global memory:
+
+1. Chains (one per batch and KV head: ``G N_q`` query rows, ``G`` the group size) go to the
+   CTAs round-robin. A CTA clears a shared-memory bitmap of the chain (word ``w`` of KV
+   block ``n`` at ``w N_kv + n``, bit ``col % 32`` of word ``col / 32`` for the query row
+   ``col = h_in_group N_q + m``), sets one bit per active slot with ``atom.shared.or``, then
+   one thread per KV block takes the popcount of its words (the row's length) and stores the
+   words and the length to the scratch outputs ``words`` / ``counts``.
+2. ``fence.acq_rel.gpu`` and the cluster barrier (arrive with release, wait with acquire
+   semantics): every CTA then sees every chain's words and lengths.
+3. Each CTA scans all ``R`` lengths (a block-wide exclusive scan in shared memory), CTA
+   ``k`` stores the offsets of rows ``k T + t, k T + t + CLUSTER T, ...``, and one thread
+   per row (rows over the whole cluster's threads) writes its row's entries from its
+   words, each bit's place the popcount of the bits before it. The slots from
+   ``offsets[R]`` to the end are zeroed by the cluster's threads in a strided loop.
+
+Reads and writes stay in bounds for any metadata: a slot is only read within the arrays'
+static extents, an id is used only inside ``[0, N_kv)``, and a row has at most ``G N_q``
+entries, so ``offsets[R] <= G N_q R / N_kv... <= B H_q N_q K_max`` never exceeds the
+entries (each active slot sets at most one bit). Plain loads and stores, shared-memory
+atomics and one cluster barrier: sm_90+.
+"""
+
+from __future__ import annotations
+
+import cutlass
+import cutlass.cute as cute
+from cutlass import Int32
+
+from .bsa_det_order import atom_or_shared_b32
+from .common import fence_acq_rel_gpu
+
+#: CTAs of the one cluster (the portable cluster size)
+CLUSTER = 8
+#: threads per CTA
+NUM_THREADS = 1024
+#: most bitmap words of one chain in shared memory (``N_kv ceil(G N_q / 32)``) and most CSR
+#: rows ``R``: 96 KiB each, so one CTA needs at most about 192 KiB
+MAX_WORDS = 24 * 1024
+MAX_ROWS = 24 * 1024 - 1
+
+
+def smem_bytes(n_kv: int, n_words: int, n_rows: int) -> int:
+    """Shared memory of one CTA (before alignment padding)."""
+    return 4 * n_kv * n_words + 4 * (n_rows + 1) + 4 * 32 + 64
+
+
+def fits(n_kv: int, group: int, n_q: int, n_rows: int) -> bool:
+    """Whether the kernel takes a call with these sizes (else ``metadata.build_kq_csr``)."""
+    n_words = -(-group * n_q // 32)
+    return n_kv >= 1 and n_q >= 1 and n_kv * n_words <= MAX_WORDS and 1 <= n_rows <= MAX_ROWS
+
+
+def _trailing_zeros(x):
+    """Index of the lowest set bit of the nonzero int32 ``x``."""
+    return cute.arch.popc((x & (Int32(0) - x)) - 1)
+
+
+class BsaKqLists:
+    """``(idx, nums) -> (offsets, entries, words, counts)``: ``idx`` the flat int32
+    ``q2k_block_index`` (``B H_q N_q K_max``), ``nums`` the flat int32 ``q2k_block_nums``
+    (``B H_q N_q``); ``offsets`` ``(R + 1,)`` and ``entries`` ``(B H_q N_q K_max,)`` the K->Q
+    lists (module docstring); ``words`` ``(R W,)`` and ``counts`` ``(R,)`` scratch (the
+    bitmap and row lengths, read back by the cluster)."""
+
+    def __init__(self, n_chains: int, group: int, n_q: int, n_kv: int, k_max: int):
+        if min(n_chains, group, n_q, n_kv, k_max) < 1:
+            raise ValueError(f"bsa_kq_lists: n_chains={n_chains}, group={group}, n_q={n_q}, "
+                             f"n_kv={n_kv}, k_max={k_max} must be >= 1")
+        self.n_chains, self.group, self.n_q, self.n_kv, self.k_max = (n_chains, group, n_q,
+                                                                      n_kv, k_max)
+        self.width = group * n_q                    # query rows of a chain
+        self.n_words = -(-self.width // 32)         # bitmap words per KV block
+        self.n_rows = n_chains * n_kv               # CSR rows
+        self.n_slots = n_chains * self.width * k_max
+        if not fits(n_kv, group, n_q, self.n_rows):
+            raise ValueError(f"bsa_kq_lists: {n_kv} KV blocks x {self.n_words} words and "
+                             f"{self.n_rows} rows exceed the kernel's shared memory")
+        self.rpt = -(-self.n_rows // NUM_THREADS)    # scan rows per thread
+
+    @cute.jit
+    def __call__(self, mIdx, mNums, mOffsets, mEntries, mWords, mCounts, stream):
+        @cute.struct
+        class Smem:
+            bits: cute.struct.Align[cute.struct.MemRange[Int32, self.n_kv * self.n_words], 16]
+            offs: cute.struct.Align[cute.struct.MemRange[Int32, self.n_rows + 1], 16]
+            warp_sums: cute.struct.Align[cute.struct.MemRange[Int32, 32], 16]
+
+        self.kernel(mIdx, mNums, mOffsets, mEntries, mWords, mCounts, Smem).launch(
+            grid=(CLUSTER, 1, 1), block=[NUM_THREADS, 1, 1], cluster=(CLUSTER, 1, 1),
+            smem=Smem.size_in_bytes(), stream=stream)
+
+    @cute.kernel
+    def kernel(self, mIdx, mNums, mOffsets, mEntries, mWords, mCounts, Smem: cutlass.Constexpr):
+        tid, _, _ = cute.arch.thread_idx()
+        cta = cute.arch.block_idx_in_cluster()
+        lane = tid % 32
+        warp = tid // 32
+        n_kv, nw, width, k_max = self.n_kv, self.n_words, self.width, self.k_max
+        n_rows, nt = self.n_rows, NUM_THREADS
+        st = cutlass.memory.SmemAllocator().allocate(Smem)
+        sBits = st.bits.get_tensor(cute.make_layout(n_kv * nw))
+        sOffs = st.offs.get_tensor(cute.make_layout(n_rows + 1))
+        sWarp = st.warp_sums.get_tensor(cute.make_layout(32))
+
+        # 1. each chain's bitmap, row lengths and words
+        for c in cutlass.range(cta, self.n_chains, CLUSTER, unroll=1):
+            for i in cutlass.range(tid, n_kv * nw, nt, unroll=1):
+                sBits[i] = Int32(0)
+            cute.arch.barrier()
+            slot0 = c * (width * k_max)
+            row0 = c * width
+            for s in cutlass.range(tid, width * k_max, nt, unroll=2):
+                col = s // k_max
+                j = s - col * k_max
+                cnt = cutlass.max(cutlass.min(Int32(mNums[row0 + col]), k_max), 0)
+                kv = Int32(mIdx[slot0 + s])
+                if j < cnt:
+                    if kv >= 0:
+                        if kv < n_kv:
+                            atom_or_shared_b32(st.bits.data_ptr() + ((col >> 5) * n_kv + kv),
+                                               Int32(1) << (col & 31))
+            cute.arch.barrier()
+            for n in cutlass.range(tid, n_kv, nt, unroll=1):
+                length = Int32(0)
+                for w in cutlass.range(nw, unroll=1):
+                    x = Int32(sBits[w * n_kv + n])
+                    length += cute.arch.popc(x)
+                    mWords[(c * nw + w) * n_kv + n] = x
+                mCounts[c * n_kv + n] = length
+            cute.arch.barrier()
+
+        # 2. every chain's words and lengths visible to every CTA of the cluster
+        fence_acq_rel_gpu()
+        cute.arch.cluster_arrive()
+        cute.arch.cluster_wait()
+
+        # 3a. exclusive scan of the R lengths: thread t holds rows t*rpt .. t*rpt + rpt - 1
+        for r in cutlass.range(tid, n_rows, nt, unroll=1):
+            sOffs[r] = Int32(mCounts[r])
+        cute.arch.barrier()
+        r0 = tid * self.rpt
+        mine = Int32(0)
+        for i in cutlass.range(self.rpt, unroll=1):
+            if r0 + i < n_rows:
+                mine += Int32(sOffs[r0 + i])
+        incl = mine
+        for k in cutlass.range_constexpr(5):
+            up = cute.arch.shuffle_sync_up(incl, offset=1 << k)
+            if lane >= (1 << k):
+                incl += up
+        if lane == 31:
+            sWarp[warp] = incl
+        cute.arch.barrier()
+        if warp == 0:
+            v = Int32(sWarp[lane])
+            vi = v
+            for k in cutlass.range_constexpr(5):
+                up = cute.arch.shuffle_sync_up(vi, offset=1 << k)
+                if lane >= (1 << k):
+                    vi += up
+            sWarp[lane] = vi - v  # exclusive prefix of the warps' sums
+        cute.arch.barrier()
+        run = Int32(sWarp[warp]) + incl - mine
+        for i in cutlass.range(self.rpt, unroll=1):
+            if r0 + i < n_rows:
+                x = Int32(sOffs[r0 + i])
+                sOffs[r0 + i] = run
+                run += x
+        if tid == nt - 1:
+            sOffs[n_rows] = run  # the last thread's inclusive prefix: every row's length
+        cute.arch.barrier()
+
+        # 3b. offsets, entries and the zeroed tail, over the cluster's threads
+        g = cta * nt + tid
+        for r in cutlass.range(g, n_rows + 1, CLUSTER * nt, unroll=1):
+            mOffsets[r] = Int32(sOffs[r])
+        for r in cutlass.range(g, n_rows, CLUSTER * nt, unroll=1):
+            c = r // n_kv
+            n = r - c * n_kv
+            pos = Int32(sOffs[r])
+            for w in cutlass.range(nw, unroll=1):
+                x = Int32(mWords[(c * nw + w) * n_kv + n])
+                while x != 0:
+                    mEntries[pos] = w * 32 + _trailing_zeros(x)
+                    pos += 1
+                    x = x & (x - 1)
+        total = Int32(sOffs[n_rows])
+        for i in cutlass.range(total + g, self.n_slots, CLUSTER * nt, unroll=1):
+            mEntries[i] = Int32(0)

@@ -1,0 +1,137 @@
+"""GPU: the one-launch K->Q list kernel of the block-sparse backward
+(``kernels/bsa_kq_lists.py``, switch ``bsa_kq_impl="kernel"``) against
+``metadata.build_kq_csr`` (offsets and every entry slot equal, bit for bit; the slots past
+the lists zero in both), over chain counts below, at and above the cluster's eight CTAs,
+GQA groups, rows longer than a bitmap word and more rows than the cluster has threads,
+ragged and empty rows, every block listed, and garbage metadata (ids outside
+``[0, N_kv)``, counts outside ``[0, K_max]``, repeated ids, NaN-free but arbitrary
+values past the counts); then the backward with the kernel's lists against the one with
+XLA's (dK / dV bitwise equal: each KV block's CTA walks the same list).
+
+Run on the H200: ``python -m pytest -m gpu tests/test_gpu_kq_lists.py``; the whole
+block-sparse grid with the kernel's lists: ``BSA_TEST_IMPLS=nodefault,kqkernel python -m
+pytest -m gpu tests/test_gpu_bsa.py``.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+jax = pytest.importorskip("jax")
+import jax.numpy as jnp  # noqa: E402
+
+from jax_sparse_attn import metadata  # noqa: E402
+
+pytestmark = pytest.mark.gpu
+
+#: name, b, h_q, h_kv, n_q, n_kv, k_max, metadata kind
+CASES = [
+    ("blk64-bench-like", 1, 16, 16, 256, 256, 32, "fixed"),
+    ("one-chain-all-listed", 1, 1, 1, 64, 64, 64, "fixed"),
+    ("gqa8-ragged", 2, 16, 2, 64, 100, 20, "ragged"),
+    ("many-chains-empty-rows", 3, 12, 12, 17, 33, 5, "empty"),
+    ("more-rows-than-threads", 2, 16, 16, 64, 300, 12, "ragged"),
+    ("wide-rows-gqa8", 1, 16, 2, 200, 60, 6, "ragged"),
+    ("garbage", 2, 6, 3, 23, 19, 8, "garbage"),
+    ("repeated-ids", 2, 4, 2, 30, 12, 10, "repeated"),
+    ("s32768-blk64", 1, 16, 16, 512, 512, 64, "fixed"),
+    ("single-query-block", 1, 4, 1, 1, 7, 7, "ragged"),
+]
+
+
+def _metadata(case, seed):
+    name, b, h_q, h_kv, n_q, n_kv, k_max, kind = case
+    rng = np.random.default_rng(seed)
+    k_used = min(k_max, n_kv)
+    idx = np.argsort(rng.random((b, h_q, n_q, n_kv)), axis=-1)[..., :k_used]
+    if k_used < k_max:
+        idx = np.concatenate([idx, rng.integers(0, n_kv, (b, h_q, n_q, k_max - k_used))], -1)
+    nums = np.full((b, h_q, n_q), k_used)
+    if kind in ("ragged", "empty", "garbage", "repeated"):
+        nums = rng.integers(0, k_used + 1, (b, h_q, n_q))
+    if kind == "empty":
+        nums[:, :, ::3] = 0
+    # values past each row's count are garbage: they must be skipped
+    j = np.arange(k_max)
+    past = j[None, None, None, :] >= nums[..., None]
+    idx = np.where(past, rng.integers(-5, n_kv + 5, idx.shape), idx)
+    if kind == "garbage":
+        idx = np.where(rng.random(idx.shape) < 0.2, rng.integers(-9, 2 * n_kv, idx.shape), idx)
+        nums = rng.integers(-3, k_max + 4, (b, h_q, n_q))
+    if kind == "repeated":
+        idx[..., 1::2] = idx[..., 0::2][..., : idx[..., 1::2].shape[-1]]
+    return jnp.asarray(idx, jnp.int32), jnp.asarray(nums, jnp.int32)
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
+def test_kq_lists_kernel_matches_build_kq_csr(case):
+    from jax_sparse_attn.ffi import bsa as fb
+
+    _, b, h_q, h_kv, n_q, n_kv, k_max, _ = case
+    assert fb.kq_config((b, h_q, n_q, k_max), h_kv, n_kv) is not None, "not a kernel case"
+    assert b * h_q * n_q * n_kv <= metadata._DENSE_CSR_MAX_ELEMS  # XLA's bitmap lists
+    for seed in (0, 1):
+        idx, nums = _metadata(case, seed)
+        # the XLA lists, and the kernel's on the raw and on the clamped metadata (the
+        # backward passes sanitize_bsa_metadata's)
+        want = jax.jit(lambda i, n: metadata.build_kq_csr(
+            i, n, num_kv_heads=h_kv, num_kv_blocks=n_kv))(idx, nums)
+        got = jax.jit(lambda i, n: fb.kq_lists(i, n, num_kv_heads=h_kv,
+                                               num_kv_blocks=n_kv))(idx, nums)
+        si, sn, _ = metadata.sanitize_bsa_metadata(idx, nums, None, num_kv_blocks=n_kv,
+                                                   block_size=64)
+        want_s = jax.jit(lambda i, n: metadata.build_kq_csr(
+            i, n, num_kv_heads=h_kv, num_kv_blocks=n_kv))(si, sn)
+        got_s = jax.jit(lambda i, n: fb.kq_lists(i, n, num_kv_heads=h_kv,
+                                                 num_kv_blocks=n_kv))(si, sn)
+        for g, w in ((got, want), (got_s, want_s)):
+            off_g, ent_g = (np.asarray(x) for x in g)
+            off_w, ent_w = (np.asarray(x) for x in w)
+            assert off_g.shape == off_w.shape and ent_g.shape == ent_w.shape
+            np.testing.assert_array_equal(off_g, off_w)
+            np.testing.assert_array_equal(ent_g, ent_w)
+        if case[-1] == "fixed":
+            assert int(np.asarray(want[0])[-1]) == b * h_q * n_q * k_max  # every slot listed
+        # the kernel over outputs that already hold garbage (a second call reuses buffers)
+        again = jax.jit(lambda i, n: fb.kq_lists(i, n, num_kv_heads=h_kv,
+                                                 num_kv_blocks=n_kv))(idx, nums)
+        for a, w in zip(again, want):
+            np.testing.assert_array_equal(np.asarray(a), np.asarray(w))
+
+
+@pytest.mark.parametrize("blk,h_q,h_kv", [(128, 8, 8), (64, 8, 2)])
+def test_backward_with_kernel_lists(blk, h_q, h_kv):
+    """The public backward with ``bsa_kq_impl="kernel"`` against the default (XLA lists):
+    dK and dV bitwise equal (the same lists, walked in the same order), dQ within fp32
+    reordering of its additions."""
+    import jax_sparse_attn as jsa
+    from jax_sparse_attn.config import Switches
+
+    b, s, d = 1, 2048, 128
+    n = s // blk
+    rng = np.random.default_rng(blk)
+    idx = jnp.asarray(np.argsort(rng.random((b, h_q, n, n)), -1)[..., : n // 4], jnp.int32)
+    nums = jnp.asarray(rng.integers(0, n // 4 + 1, (b, h_q, n)), jnp.int32)
+    ks = jax.random.split(jax.random.PRNGKey(blk), 4)
+    q = jax.random.normal(ks[0], (b, h_q, s, d), jnp.bfloat16)
+    k = jax.random.normal(ks[1], (b, h_kv, s, d), jnp.bfloat16)
+    v = jax.random.normal(ks[2], (b, h_kv, s, d), jnp.bfloat16)
+    do = jax.random.normal(ks[3], (b, h_q, s, d), jnp.bfloat16)
+    kw = dict(layout="bhsd", sparse_block_size=blk, softmax_scale=d ** -0.5, backend="kernel",
+              allow_empty_block_nums=True)
+    out, lse = jax.jit(lambda q, k, v: jsa.block_sparse_attention_forward(
+        q, k, v, idx, None, None, nums, **kw))(q, k, v)
+    res = {}
+    for kq in ("xla", "kernel"):
+        f = jax.jit(lambda do, q, k, v, o, l, kq=kq: jsa.block_sparse_attention_backward(
+            do, q, k, v, o, l, idx, None, None, nums, **kw,
+            switches=Switches(bsa_kq_impl=kq)))
+        res[kq] = [np.asarray(x, np.float32) for x in f(do, q, k, v, out, lse)]
+    for name, x, y in zip(("dq", "dk", "dv"), res["xla"], res["kernel"]):
+        assert np.isfinite(y).all(), name
+        if name == "dq":
+            np.testing.assert_allclose(y, x, rtol=2e-2, atol=2e-2 * np.abs(x).max())
+        else:
+            np.testing.assert_array_equal(y, x)
+    assert np.abs(res["kernel"][1]).max() > 0
