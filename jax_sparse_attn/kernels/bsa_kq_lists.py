@@ -26,11 +26,10 @@ without a zeroed flag in global memory:
    words, each bit's place the popcount of the bits before it. The slots from
    ``offsets[R]`` to the end are zeroed by the cluster's threads in a strided loop.
 
-Reads and writes stay in bounds for any metadata: a slot is only read within the arrays'
-static extents, an id is used only inside ``[0, N_kv)``, and a row has at most ``G N_q``
-entries, so ``offsets[R] <= G N_q R / N_kv... <= B H_q N_q K_max`` never exceeds the
-entries (each active slot sets at most one bit). Plain loads and stores, shared-memory
-atomics and one cluster barrier: sm_90+.
+Reads and writes stay in bounds for any metadata: slots are read only within the arrays'
+extents, an id is used only inside ``[0, N_kv)``, and each active slot sets at most one
+bit, so ``offsets[R]``, the number of set bits, is at most the ``B H_q N_q K_max`` entry
+slots. Plain loads and stores, shared-memory atomics and one cluster barrier: sm_90+.
 """
 
 from __future__ import annotations
