@@ -42,6 +42,11 @@ def test_kq_config_takes_and_refuses():
     assert bsa.kq_config((64, 32, 8, 4), 32, 16) is None        # 64 * 32 * 16 rows
     assert not kq.fits(16, 1, 8, 64 * 32 * 16)
     assert kq.fits(16, 1, 8, kq.MAX_ROWS) and not kq.fits(16, 1, 8, kq.MAX_ROWS + 1)
+    # more list slots than int32 indexing allows (a slot index past the last plus the
+    # cluster's threads stays below 2**31)
+    assert bsa.kq_config((1, 1, 1, kq.MAX_SLOTS + 1), 1, 1) is None
+    assert bsa.kq_config((1, 1, 1, kq.MAX_SLOTS), 1, 1) is not None
+    assert kq.MAX_SLOTS + 2 * kq.CLUSTER * kq.NUM_THREADS < 2 ** 31
 
 
 def test_kq_lists_falls_back_to_build_kq_csr():

@@ -863,8 +863,9 @@ class BsaKqConfig:
 def kq_config(idx_shape, num_kv_heads: int, num_kv_blocks: int) -> BsaKqConfig | None:
     """The K->Q list kernel's compile key for ``q2k_block_index`` of shape ``idx_shape``
     ``(B, H_q, N_q, K_max)``, or None where the kernel does not take the call (symbolic or
-    empty sizes, or a (batch, KV head)'s bitmap or the row lengths beyond its shared
-    memory): the lists are then :func:`metadata.build_kq_csr`'s."""
+    empty sizes, a (batch, KV head)'s bitmap or the row lengths beyond its shared memory, or
+    more than ``MAX_SLOTS`` list slots, past its int32 indexing): the lists are then
+    :func:`metadata.build_kq_csr`'s."""
     from ..kernels.bsa_kq_lists import fits  # noqa: PLC0415
 
     b, h_q, n_q, k_max = idx_shape
@@ -872,7 +873,8 @@ def kq_config(idx_shape, num_kv_heads: int, num_kv_blocks: int) -> BsaKqConfig |
     if not all(isinstance(x, int) and x >= 1 for x in dims) or h_q % num_kv_heads:
         return None
     group = h_q // num_kv_heads
-    if not fits(num_kv_blocks, group, n_q, b * num_kv_heads * num_kv_blocks):
+    if not fits(num_kv_blocks, group, n_q, b * num_kv_heads * num_kv_blocks,
+                b * h_q * n_q * k_max):
         return None
     return BsaKqConfig(b * num_kv_heads, group, n_q, num_kv_blocks, k_max)
 

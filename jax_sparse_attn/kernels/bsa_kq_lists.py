@@ -29,7 +29,7 @@ without a zeroed flag in global memory:
 Reads and writes stay in bounds for any metadata: slots are read only within the arrays'
 extents, an id is used only inside ``[0, N_kv)``, and each active slot sets at most one
 bit, so ``offsets[R]``, the number of set bits, is at most the ``B H_q N_q K_max`` entry
-slots. Plain loads and stores, shared-memory atomics and one cluster barrier: sm_90+.
+slots (at most ``MAX_SLOTS``, so that int32 indices and loop counters do not wrap). Plain loads and stores, shared-memory atomics and one cluster barrier: sm_90+.
 """
 
 from __future__ import annotations
@@ -49,6 +49,9 @@ NUM_THREADS = 1024
 #: rows ``R``: 96 KiB each, so one CTA needs at most about 192 KiB
 MAX_WORDS = 24 * 1024
 MAX_ROWS = 24 * 1024 - 1
+#: most list slots ``B H_q N_q K_max``: every slot index, and the loop counters that pass the
+#: last slot by up to ``CLUSTER NUM_THREADS``, stay below 2**31 (int32 index arithmetic)
+MAX_SLOTS = 1 << 30
 
 
 def smem_bytes(n_kv: int, n_words: int, n_rows: int) -> int:
@@ -56,10 +59,11 @@ def smem_bytes(n_kv: int, n_words: int, n_rows: int) -> int:
     return 4 * n_kv * n_words + 4 * (n_rows + 1) + 4 * 32 + 64
 
 
-def fits(n_kv: int, group: int, n_q: int, n_rows: int) -> bool:
+def fits(n_kv: int, group: int, n_q: int, n_rows: int, n_slots: int = 1) -> bool:
     """Whether the kernel takes a call with these sizes (else ``metadata.build_kq_csr``)."""
     n_words = -(-group * n_q // 32)
-    return n_kv >= 1 and n_q >= 1 and n_kv * n_words <= MAX_WORDS and 1 <= n_rows <= MAX_ROWS
+    return (n_kv >= 1 and n_q >= 1 and n_kv * n_words <= MAX_WORDS and 1 <= n_rows <= MAX_ROWS
+            and 1 <= n_slots <= MAX_SLOTS)
 
 
 def _trailing_zeros(x):
@@ -84,9 +88,10 @@ class BsaKqLists:
         self.n_words = -(-self.width // 32)         # bitmap words per KV block
         self.n_rows = n_chains * n_kv               # CSR rows
         self.n_slots = n_chains * self.width * k_max
-        if not fits(n_kv, group, n_q, self.n_rows):
-            raise ValueError(f"bsa_kq_lists: {n_kv} KV blocks x {self.n_words} words and "
-                             f"{self.n_rows} rows exceed the kernel's shared memory")
+        if not fits(n_kv, group, n_q, self.n_rows, self.n_slots):
+            raise ValueError(f"bsa_kq_lists: {n_kv} KV blocks x {self.n_words} words, "
+                             f"{self.n_rows} rows and {self.n_slots} slots exceed the "
+                             f"kernel's shared memory or int32 indexing")
         self.rpt = -(-self.n_rows // NUM_THREADS)    # scan rows per thread
 
     @cute.jit
