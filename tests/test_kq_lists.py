@@ -51,8 +51,9 @@ def test_kq_config_takes_and_refuses():
 
 def test_kq_lists_falls_back_to_build_kq_csr():
     """Without the kernel (``kernel=False``), or with it for a call it does not take (a
-    chain's bitmap past its shared memory), the lists are ``metadata.build_kq_csr``'s, bit
-    for bit (this runs on the CPU: no kernel is launched)."""
+    chain's bitmap past its shared memory), the lists are ``metadata.build_kq_csr``'s of the
+    clamped metadata (``sanitize_bsa_metadata``), bit for bit (this runs on the CPU: no
+    kernel is launched)."""
     import numpy as np
 
     from jax_sparse_attn import metadata
@@ -63,7 +64,12 @@ def test_kq_lists_falls_back_to_build_kq_csr():
                                     ((1, 8, 4096, 1), 1, 200, True)]:
         idx = jnp.asarray(rng.integers(-2, nkv + 2, shape), jnp.int32)
         nums = jnp.asarray(rng.integers(-1, shape[-1] + 2, shape[:-1]), jnp.int32)
-        want = metadata.build_kq_csr(idx, nums, num_kv_heads=hkv, num_kv_blocks=nkv)
+        si, sn, _ = metadata.sanitize_bsa_metadata(idx, nums, None, num_kv_blocks=nkv,
+                                                   block_size=64)
+        want = metadata.build_kq_csr(si, sn, num_kv_heads=hkv, num_kv_blocks=nkv)
+        # out-of-range ids are clipped, not skipped: the lists differ from the raw ones
+        raw = metadata.build_kq_csr(idx, nums, num_kv_heads=hkv, num_kv_blocks=nkv)
+        assert int(raw[0][-1]) < int(want[0][-1])
         got = jax.jit(lambda i, n, hkv=hkv, nkv=nkv, kernel=kernel: bsa.kq_lists(
             i, n, num_kv_heads=hkv, num_kv_blocks=nkv, kernel=kernel))(idx, nums)
         assert int(want[0][-1]) > 0

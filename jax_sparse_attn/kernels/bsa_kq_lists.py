@@ -4,10 +4,11 @@ The backward's CTAs each own one KV block and walk the query blocks that list it
 K->Q lists in CSR form, ``offsets`` (``R + 1`` int32, ``R = B H_kv N_kv`` rows, row
 ``r = (b H_kv + g) N_kv + n``) and ``entries`` (``B H_q N_q K_max`` slots, row ``r``'s
 entries ``entries[offsets[r]:offsets[r + 1]]``, each ``h_in_group N_q + m``, increasing).
-``metadata.build_kq_csr`` defines them (its bitmap construction: an id repeated in a row's
-active prefix is listed once; ids outside ``[0, N_kv)`` and slots at or past the row's
-count are skipped; counts are clamped to ``[0, K_max]``); this kernel computes the same
-arrays, with the slots past ``offsets[R]`` zero as there.
+This kernel computes ``metadata.build_kq_csr`` of the metadata as
+``metadata.sanitize_bsa_metadata`` clamps them (ids clipped to ``[0, N_kv)``, counts to
+``[0, K_max]``; the slots past a row's count are skipped; an id repeated in a row's active
+prefix is listed once, as by ``build_kq_csr``'s bitmap construction), with the slots past
+``offsets[R]`` zero as there.
 
 One thread-block cluster of ``CLUSTER`` CTAs, so that the whole grid can synchronize
 without a zeroed flag in global memory:
@@ -15,21 +16,26 @@ without a zeroed flag in global memory:
 1. Chains (one per batch and KV head: ``G N_q`` query rows, ``G`` the group size) go to the
    CTAs round-robin. A CTA clears a shared-memory bitmap of the chain (word ``w`` of KV
    block ``n`` at ``w N_kv + n``, bit ``col % 32`` of word ``col / 32`` for the query row
-   ``col = h_in_group N_q + m``), sets one bit per active slot with ``atom.shared.or``, then
-   one thread per KV block takes the popcount of its words (the row's length) and stores the
-   words and the length to the scratch outputs ``words`` / ``counts``.
+   ``col = h_in_group N_q + m``) and sets one bit per active slot with ``atom.shared.or``
+   (each thread loads ``SLOTS`` slots at once, then sets their bits); then one thread per
+   KV block takes the popcount of its words (the row's length) and stores the words and the
+   length to the scratch outputs ``words`` / ``counts``.
 2. ``fence.acq_rel.gpu`` and the cluster barrier (arrive with release, wait with acquire
    semantics): every CTA then sees every chain's words and lengths.
-3. Each CTA scans all ``R`` lengths (a block-wide exclusive scan in shared memory), CTA
-   ``k`` stores the offsets of rows ``k T + t, k T + t + CLUSTER T, ...``, and one thread
-   per row (rows over the whole cluster's threads) writes its row's entries from its
-   words, each bit's place the popcount of the bits before it. The slots from
-   ``offsets[R]`` to the end are zeroed by the cluster's threads in a strided loop.
+3. Each CTA scans all ``R`` lengths (a block-wide exclusive scan in shared memory) and CTA
+   ``k`` stores the offsets of rows ``k T + t, k T + t + CLUSTER T, ...``. One warp per row
+   (over the cluster's warps, ``ROWS`` rows at a time) writes the row's entries: each lane
+   takes one word of a 32-word chunk, and its bits go to the row's start plus the set bits
+   of the row's words before it (a warp scan of the popcounts), so the lanes of one store
+   write neighbouring places of one row. The slots from ``offsets[R]`` to the end are
+   zeroed by the cluster's threads in a strided loop.
 
 Reads and writes stay in bounds for any metadata: slots are read only within the arrays'
-extents, an id is used only inside ``[0, N_kv)``, and each active slot sets at most one
-bit, so ``offsets[R]``, the number of set bits, is at most the ``B H_q N_q K_max`` entry
-slots (at most ``MAX_SLOTS``, so that int32 indices and loop counters do not wrap). Plain loads and stores, shared-memory atomics and one cluster barrier: sm_90+.
+extents, an id is clipped into ``[0, N_kv)`` before it addresses the bitmap, and each
+active slot sets at most one bit, so ``offsets[R]``, the number of set bits, is at most the
+``B H_q N_q K_max`` entry slots (at most ``MAX_SLOTS``, so that int32 indices and
+loop counters do not wrap). Plain loads and stores, shared-memory atomics and one
+cluster barrier: sm_90+.
 """
 
 from __future__ import annotations
@@ -52,6 +58,10 @@ MAX_ROWS = 24 * 1024 - 1
 #: most list slots ``B H_q N_q K_max``: every slot index, and the loop counters that pass the
 #: last slot by up to ``CLUSTER NUM_THREADS``, stay below 2**31 (int32 index arithmetic)
 MAX_SLOTS = 1 << 30
+#: list slots a thread loads at once in the bitmap pass
+SLOTS = 8
+#: rows a warp takes at once in the entries pass
+ROWS = 4
 
 
 def smem_bytes(n_kv: int, n_words: int, n_rows: int) -> int:
@@ -93,6 +103,7 @@ class BsaKqLists:
                              f"{self.n_rows} rows and {self.n_slots} slots exceed the "
                              f"kernel's shared memory or int32 indexing")
         self.rpt = -(-self.n_rows // NUM_THREADS)    # scan rows per thread
+        self.chunks = -(-self.n_words // 32)         # 32-word chunks of a row
 
     @cute.jit
     def __call__(self, mIdx, mNums, mOffsets, mEntries, mWords, mCounts, stream):
@@ -126,16 +137,31 @@ class BsaKqLists:
             cute.arch.barrier()
             slot0 = c * (width * k_max)
             row0 = c * width
-            for s in cutlass.range(tid, width * k_max, nt, unroll=2):
-                col = s // k_max
-                j = s - col * k_max
-                cnt = cutlass.max(cutlass.min(Int32(mNums[row0 + col]), k_max), 0)
-                kv = Int32(mIdx[slot0 + s])
-                if j < cnt:
-                    if kv >= 0:
-                        if kv < n_kv:
-                            atom_or_shared_b32(st.bits.data_ptr() + ((col >> 5) * n_kv + kv),
-                                               Int32(1) << (col & 31))
+            n_slots_c = width * k_max
+            # SLOTS slots per thread at a time: their loads are issued together, before
+            # the atomics (an asm statement, which the loads are not moved across)
+            for s0 in cutlass.range(tid, n_slots_c, nt * SLOTS, unroll=1):
+                rKv = cute.make_rmem_tensor((SLOTS,), Int32)
+                rCol = cute.make_rmem_tensor((SLOTS,), Int32)
+                for v in cutlass.range_constexpr(SLOTS):
+                    s = s0 + v * nt
+                    sc = cutlass.min(s, n_slots_c - 1)  # in bounds; s past the end is dropped
+                    col = sc // k_max
+                    j = sc - col * k_max
+                    cnt = cutlass.max(cutlass.min(Int32(mNums[row0 + col]), k_max), 0)
+                    kv = Int32(mIdx[slot0 + sc])
+                    keep = Int32(-1)
+                    if s < n_slots_c:
+                        if j < cnt:
+                            # ids clipped to [0, N_kv), as sanitize_bsa_metadata does
+                            keep = cutlass.max(cutlass.min(kv, n_kv - 1), 0)
+                    rKv[v] = keep
+                    rCol[v] = col
+                for v in cutlass.range_constexpr(SLOTS):
+                    if rKv[v] >= 0:
+                        col = rCol[v]
+                        atom_or_shared_b32(st.bits.data_ptr() + ((col >> 5) * n_kv + rKv[v]),
+                                           Int32(1) << (col & 31))
             cute.arch.barrier()
             for n in cutlass.range(tid, n_kv, nt, unroll=1):
                 length = Int32(0)
@@ -191,16 +217,43 @@ class BsaKqLists:
         g = cta * nt + tid
         for r in cutlass.range(g, n_rows + 1, CLUSTER * nt, unroll=1):
             mOffsets[r] = Int32(sOffs[r])
-        for r in cutlass.range(g, n_rows, CLUSTER * nt, unroll=1):
-            c = r // n_kv
-            n = r - c * n_kv
-            pos = Int32(sOffs[r])
-            for w in cutlass.range(nw, unroll=1):
-                x = Int32(mWords[(c * nw + w) * n_kv + n])
-                while x != 0:
-                    mEntries[pos] = w * 32 + _trailing_zeros(x)
-                    pos += 1
-                    x = x & (x - 1)
+        # entries: one warp per row (ROWS rows at a time, their word loads issued
+        # together), each lane one word of a 32-word chunk; a lane's bits go to its row's
+        # start plus the set bits of the row's words before it (a warp scan), so the lanes
+        # of a store write neighbouring places of one row
+        nwarps = nt // 32
+        step = CLUSTER * nwarps
+        rRun = cute.make_rmem_tensor((ROWS,), Int32)
+        rBase = cute.make_rmem_tensor((ROWS,), Int32)
+        for rb in cutlass.range(cta * nwarps + warp, n_rows, step * ROWS, unroll=1):
+            for u in cutlass.range_constexpr(ROWS):
+                rc = cutlass.min(rb + u * step, n_rows - 1)
+                c = rc // n_kv
+                rRun[u] = Int32(sOffs[rc])
+                rBase[u] = c * nw * n_kv + (rc - c * n_kv)  # word 0 of the row in mWords
+            for ch in cutlass.range(self.chunks, unroll=1):
+                w = ch * 32 + lane
+                rX = cute.make_rmem_tensor((ROWS,), Int32)
+                for u in cutlass.range_constexpr(ROWS):
+                    x = Int32(0)
+                    if rb + u * step < n_rows:
+                        if w < nw:
+                            x = Int32(mWords[rBase[u] + w * n_kv])
+                    rX[u] = x
+                for u in cutlass.range_constexpr(ROWS):
+                    x = rX[u]
+                    p = cute.arch.popc(x)
+                    incl = p
+                    for k in cutlass.range_constexpr(5):
+                        up = cute.arch.shuffle_sync_up(incl, offset=1 << k)
+                        if lane >= (1 << k):
+                            incl += up
+                    pos = rRun[u] + incl - p
+                    while x != 0:
+                        mEntries[pos] = w * 32 + _trailing_zeros(x)
+                        pos += 1
+                        x = x & (x - 1)
+                    rRun[u] = rRun[u] + cute.arch.shuffle_sync(incl, 31)
         total = Int32(sOffs[n_rows])
         for i in cutlass.range(total + g, self.n_slots, CLUSTER * nt, unroll=1):
             mEntries[i] = Int32(0)
