@@ -178,7 +178,7 @@ _parse_hstu_bwd_ws = _parse_option_list(HSTU_BWD_WS_FLAGS,
 BSA_BWD_WS_FLAGS = ("ldwait", "lpt", "decouple", "detkv", "detfull", "detlaunch", "dqalias",
                     "dqearly", "lselate", "splitwait", "epi16", "epiregs", "dqalt", "detsched",
                     "detschedfull", "relaxpoll", "detstream", "nodetstream",
-                    "detoverlap", "detzero", "packws", "nopackws", "dqclaim")
+                    "detoverlap", "detzero", "packws", "nopackws", "dqclaim", "zerolag")
 #: the flags among :data:`BSA_BWD_WS_FLAGS` that choose the deterministic dQ order (at most
 #: one of them)
 BSA_DET_ORDER_FLAGS = ("detkv", "detfull", "detlaunch", "detsched", "detschedfull")
@@ -524,6 +524,12 @@ SWITCHES = (
                "tile; the first claimer stores its dQ, later ones add once that store is "
                "complete, so the fp32 workspace is not zeroed; the reordering kernel writes "
                "zeros for unclaimed tiles; opt-in, not yet measured), "
+               "zerolag (not deterministic, with the dQ writer warp, unpacked rows, not with "
+               "lpt or dqclaim: the preprocessing launch zeroes the fp32 dQ workspace of the "
+               "first two (batch, KV head) pairs only, and the writer warp of each CTA zeroes "
+               "a slice of the workspace of the pair two after its own before its first "
+               "addition, counted on a zeroed int32 per pair that the writers of that pair "
+               "wait for; opt-in, not yet measured), "
                "relaxpoll (deterministic: the query tile's semaphore is polled with relaxed "
                "loads and one fence after them, instead of acquire loads; slower on the "
                "H200), "

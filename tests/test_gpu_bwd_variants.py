@@ -142,6 +142,31 @@ def test_bsa_bwd_dqclaim(c, monkeypatch):
     tb.test_bsa_sm90ws_backward(c)
 
 
+# zerolag: the sm90ws cases, plus more (batch, KV head) pairs than the lag (the writer warps
+# zero the workspace of all but the first two) with a pair's KV blocks over two waves
+ZEROLAG_CASES = tb.BWD_WS_CASES + [
+    dict(name="zerolag-9pairs-blk64-d128-2waves", blk=64, d=128, dtype="bfloat16",
+         layout="bhsd", b=3, hq=6, hkv=3, sq=300, skv=12800, mode="last"),
+    dict(name="zerolag-16pairs-blk128-d64-empty", blk=128, d=64, dtype="float16",
+         layout="bshd", b=1, hq=16, hkv=16, sq=1000, skv=2048, mode="last-empty"),
+]
+
+
+@pytest.mark.parametrize("c", ZEROLAG_CASES, ids=lambda c: c["name"])
+def test_bsa_bwd_zerolag(c, monkeypatch):
+    """``bsa_bwd_ws=zerolag``: the preprocessing zeroes the first two (batch, KV head) pairs'
+    dQ workspace and the writer warps of pair ``p``'s CTAs the workspace of pair ``p + 2``,
+    each pair's writers waiting for that count; the all-NaN run before the checked one
+    leaves NaN in the workspace buffer, so a tile left unzeroed makes dq NaN."""
+    from jax_sparse_attn.ffi import bsa as fb
+
+    sw = Switches(bsa_bwd_impl="sm90ws", bsa_bwd_ws="zerolag")
+    key = fb.bwd_config(jnp.dtype(c["dtype"]), c["d"], c["blk"], False, sw)
+    assert key.zero_lag == fb.ZERO_LAG and key.dq_writer, key
+    monkeypatch.setattr(tb, "BWDWS", sw)
+    tb.test_bsa_sm90ws_backward(c)
+
+
 # the deterministic cases on the sm90 backward (no rab)
 DETZERO_CASES = [c for c in th.DET_CASES if c[2] in (64, 128, 256) and c[5] in ("", "func")]
 

@@ -211,6 +211,7 @@ _PTX_CONFIGS = {
     "epi16-blk128": ("_bwd_text", (CONFIGS[0],), None, {"ws": "epi16"}),
     "epiregs-blk128": ("_bwd_text", (CONFIGS[0],), None, {"ws": "epiregs"}),
     "dqclaim-blk64": ("_bwd_text", (CONFIGS[1],), None, {"ws": "dqclaim"}),
+    "zerolag-blk64": ("_bwd_text", (CONFIGS[1],), None, {"ws": "zerolag"}),
 }
 
 
@@ -273,6 +274,47 @@ def test_bsa_bwd_ws_dqclaim_ptx(kept_ptx):
     assert "fence.proxy.async.global" in claim
     assert atom not in default and store not in default and add in default
     assert "fence.proxy.async.global" not in default
+
+
+@pytest.mark.parametrize("cfg", [CONFIGS[0], CONFIGS[3]], ids=["blk128", "blk64-d64"])
+def test_bsa_bwd_ws_zerolag_lowers(cfg):
+    """``bsa_bwd_ws=zerolag`` (opt-in): with the dQ writer warp, not deterministic, unpacked,
+    not with lpt or dqclaim; the call is the same three launches (the preprocessing zeroing
+    the first pairs' workspace, the backward, the reordering)."""
+    from jax_sparse_attn.config import Switches
+    from jax_sparse_attn.ffi import bsa
+
+    def key(ws="zerolag", sw=None, **kw):
+        return bsa.bwd_config(jnp.bfloat16, cfg["d"], cfg["blk"], False,
+                              Switches(bsa_bwd_impl="sm90ws", bsa_bwd_ws=ws, **(sw or {})),
+                              **kw)
+
+    assert key().zero_lag == bsa.ZERO_LAG and key().dq_writer
+    assert key(causal=True).zero_lag == bsa.ZERO_LAG
+    assert key("").zero_lag == 0
+    assert key(deterministic=True).zero_lag == 0
+    assert key(pack_gqa=2).zero_lag == 0
+    assert key("zerolag,lpt").zero_lag == 0
+    assert key("zerolag,dqclaim").zero_lag == 0 and key("zerolag,dqclaim").dq_claim
+    assert key(sw={"dq_writer": "off"}).zero_lag == 0
+    assert key(sw={"bsa_bwd_dq": "rows"}).zero_lag == 0
+    txt = _bwd_text(cfg, ws="zerolag")
+    assert txt.count(CALL_TARGET) == 3 == _calls(cfg, ws="zerolag")
+
+
+def test_bsa_bwd_ws_zerolag_ptx(kept_ptx):
+    """``zerolag``: warp 1 zeroes its share of a later pair's workspace, fences and counts it
+    with one fenced atomic add, and waits with acquire loads for its own pair's count, then
+    fences the generic proxy against its bulk reduce-adds; the default kernel has none of
+    these."""
+    zl = _ws_ptx(kept_ptx, "zerolag-blk64")
+    default = _ws_ptx(kept_ptx, _ids(CONFIGS[1]))
+    atom = "atom.relaxed.gpu.global.add.s32"
+    assert zl.count(atom) == 1 and "ld.acquire.gpu.global.b32" in zl
+    assert "fence.proxy.async.global" in zl and "fence.acq_rel.gpu" in zl
+    assert zl.index("fence.acq_rel.gpu") < zl.index(atom)
+    for s in (atom, "ld.acquire.gpu", "fence.proxy.async.global", "fence.acq_rel.gpu"):
+        assert s not in default, s
 
 
 def test_bsa_bwd_ws_relaxpoll_ptx(kept_ptx):

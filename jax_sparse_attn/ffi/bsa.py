@@ -247,6 +247,11 @@ class BsaBwdConfig:
     # claimed with an atomic on a zeroed int32 flag per tile and stored, the others wait for
     # that store and add, so the workspace is not zeroed ("dqclaim", opt-in)
     dq_claim: bool = False
+    # "sm90ws" with dq_writer, unpacked rows, not lpt / dq_claim: the workspace of (batch,
+    # KV head) pair c + zero_lag is zeroed by the writer warps of pair c's CTAs, one slice
+    # each, counted on a zeroed int32 per pair; the preprocessing launch zeroes the first
+    # zero_lag pairs' ("zerolag", opt-in; 0: off)
+    zero_lag: int = 0
 
 
 def fwd_smem_bytes(head_dim, block_size) -> int:
@@ -284,12 +289,14 @@ def smem_unsupported_reason(head_dim, block_size, passes=("fwd", "bwd"), switche
 class BsaPreConfig:
     """Compile key of the backward preprocessing kernel (``pdl``: programmatic dependent
     launch, Hopper family only; ``zero_ws``: the launch also zeroes the fp32 dQ workspace,
-    else XLA does)."""
+    else XLA does; ``zero_elems`` > 0: only its first ``zero_elems`` elements, the
+    backward's writer warps zero the rest (``zero_lag``))."""
 
     dtype: str
     head_dim: int
     pdl: bool = False
     zero_ws: bool = True
+    zero_elems: int = 0
 
 
 def _impl(want: str, head_dim: int, block_size: int | None = None) -> str:
@@ -570,7 +577,11 @@ def bwd_config(dtype, head_dim, block_size, has_block_sizes, switches,
                             and getattr(switches, "dq_writer", "auto") != "off",
                             dq_claim="dqclaim" in opts and not deterministic and tile
                             and getattr(switches, "dq_writer", "auto") != "off"
-                            and pack_gqa == 1)
+                            and pack_gqa == 1,
+                            zero_lag=ZERO_LAG if "zerolag" in opts and not deterministic
+                            and tile and getattr(switches, "dq_writer", "auto") != "off"
+                            and pack_gqa == 1 and "lpt" not in opts
+                            and "dqclaim" not in opts else 0)
     if impl == "sm90":
         return BsaBwdConfig(name, head_dim, block_size, has_block_sizes, impl, arch=arch,
                             pack_gqa=pack_gqa, causal=causal,
@@ -1233,8 +1244,8 @@ def _scale_array(softmax_scale):
 def _pre_entry(stream, out, do, delta, dq_acc, *, cfg: BsaPreConfig):
     from ..kernels.bsa_pre import BsaPreprocess  # noqa: PLC0415
 
-    BsaPreprocess(_cutlass_dtype(cfg.dtype), cfg.head_dim, cfg.pdl)(out, do, delta, dq_acc,
-                                                                    stream)
+    BsaPreprocess(_cutlass_dtype(cfg.dtype), cfg.head_dim, cfg.pdl,
+                  zero_elems=cfg.zero_elems)(out, do, delta, dq_acc, stream)
 
 
 def _pre_delta_entry(stream, out, do, delta, *, cfg: BsaPreConfig):
@@ -1252,6 +1263,10 @@ def _pre_jit(with_dq: bool = True):
     return cute.jit(_pre_entry if with_dq else _pre_delta_entry)
 
 
+#: ``bsa_bwd_ws=zerolag``: the (batch, KV head) pairs between a CTA's own and the one whose
+#: dQ workspace it zeroes (the preprocessing launch zeroes the first ones)
+ZERO_LAG = 2
+
 #: most fp32 elements of the dQ workspace that the preprocessing launch zeroes (a flat
 #: tensor: its extent is an int32 in the kernel, and so are its 16-byte-vector indices)
 _MAX_ZERO_ELEMS = 2**31 - 2**24
@@ -1264,13 +1279,15 @@ def _zero_fits(ws_shape) -> bool:
     return isinstance(n, int) and n <= _MAX_ZERO_ELEMS
 
 
-def bsa_preprocess(do, out, cfg, with_ws: bool = True):
+def bsa_preprocess(do, out, cfg, with_ws: bool = True, zero_elems: int = 0):
     """``delta = rowsum(dO * O)`` (fp32 ``(B, H_q, S_q)``) and a zeroed fp32 dQ workspace:
     q's shape and layout, or with ``cfg.bwd.dq_tile`` the query-tile workspace
     :func:`dq_tile_shape`. One CuTe DSL launch (``kernels/bsa_pre.py``) computes delta and,
     with ``cfg.pre.zero_ws``, zeroes the workspace (else XLA zeroes it, as it does a workspace
     of more than ``_MAX_ZERO_ELEMS`` elements) when ``cfg.pre`` is set; else both are XLA's.
-    ``with_ws=False``: delta only (the workspace is None)."""
+    ``with_ws=False``: delta only (the workspace is None). ``zero_elems`` > 0: the launch
+    zeroes only the workspace's first ``zero_elems`` elements (``cfg.bwd.zero_lag``: the
+    backward zeroes the rest); XLA's zeroing zeroes it all."""
     from .._cute_call import call_builder  # noqa: PLC0415
 
     tile = cfg.bwd is not None and cfg.bwd.dq_tile
@@ -1298,6 +1315,8 @@ def bsa_preprocess(do, out, cfg, with_ws: bool = True):
         )
         (delta,) = call(out, do.astype(out.dtype))
         return delta, jnp.zeros(ws_shape, jnp.float32) if with_ws else None
+    if zero_elems:
+        cfg = dataclasses.replace(cfg, pre=dataclasses.replace(cfg.pre, zero_elems=zero_elems))
     # the workspace leaves the launch flat (zeroed by 16-byte stores) and is reshaped here
     call = call_builder(cfg.cute_call)(
         _pre_jit(),
@@ -1434,7 +1453,7 @@ def _ws_kernel(cfg: BsaBwdConfig, after_pre: bool = False):
                         dq_slots=cfg.det_slots, relaxed_poll=cfg.det_relaxed_poll,
                         order_stream=cfg.det_stream, stream_after_pre=after_pre,
                         det_store=cfg.det_store, causal=cfg.causal, pack_gqa=cfg.pack_gqa,
-                        dq_claim=cfg.dq_claim)
+                        dq_claim=cfg.dq_claim, zero_lag=cfg.zero_lag)
 
 
 def _bwd_det_entry(stream, q, k, v, do, lse, delta, offsets, entries, ranks, sizes, scale,
@@ -1611,8 +1630,16 @@ def bsa_bwd(do, q, k, v, out, lse, q2k_block_index, q2k_block_nums, block_sizes,
                 and do.dtype == out.dtype == q.dtype):
             return _bsa_bwd_det_stream(q, k, v, do, lse, None, None, q2k_block_index,
                                        q2k_block_nums, block_sizes, cfg, spec, ocfg, out=out)
+    zero_elems = 0
+    if cfg.bwd.zero_lag:
+        # the preprocessing zeroes the first zero_lag (batch, KV head) pairs' workspace, the
+        # backward's writer warps the others'
+        ws = dq_tile_shape(cfg)
+        pair_elems = cfg.num_heads_q // cfg.num_heads_kv * ws[2] * ws[3]
+        zero_elems = min(cfg.bwd.zero_lag, cfg.batch * cfg.num_heads_kv) * pair_elems
     delta, dq_acc = bsa_preprocess(do, out, cfg,
-                                   with_ws=not (cfg.bwd.det_store or cfg.bwd.dq_claim))
+                                   with_ws=not (cfg.bwd.det_store or cfg.bwd.dq_claim),
+                                   zero_elems=zero_elems)
     if dlse is not None:
         delta = delta - dlse.astype(jnp.float32)
     if cfg.bwd.deterministic:
@@ -1632,6 +1659,10 @@ def bsa_bwd(do, q, k, v, out, lse, q2k_block_index, q2k_block_nums, block_sizes,
         dq_acc, dk, dv, dq_sem = call(q, k, v, do, lse, delta, offsets, entries, block_sizes,
                                       _scale_array(cfg.softmax_scale), sem0)
         return _dq_out(dq_acc, q, cfg, spec, dq_sem), dk, dv
+    if cfg.bwd.zero_lag:
+        dq_acc, dk, dv = _bsa_bwd_zero_lag(q, k, v, do, lse, delta, offsets, entries,
+                                           block_sizes, dq_acc, cfg, spec)
+        return _dq_out(dq_acc, q, cfg, spec), dk, dv
     # flattened inputs: block_sizes may be None (absent, no buffer); dq_acc is the last
     n_in = 10 + (block_sizes is not None)
     call = call_builder(cfg.cute_call)(
@@ -1725,6 +1756,50 @@ def _stored_ws_call(jit_fn, name, cfg, spec, k, v, sem0, n_in):
         static_last_inputs=(0, 1, 2, 3),
         static_last_outputs=(0, 1, 2),
     )
+
+
+def _bwd_zero_lag_entry(stream, q, k, v, do, lse, delta, offsets, entries, sizes, scale, count,
+                        dq_acc, dk, dv, *, cfg: BsaBwdConfig):
+    # zero_lag: the per-(batch, KV head) counters (zeroed by XLA) are aliased to output 3
+    # and the partly zeroed workspace to output 0
+    _ws_kernel(cfg)(q, k, v, do, lse, delta, offsets, entries, sizes, scale, dq_acc, dk, dv,
+                    stream, mdQSem=count)
+
+
+@functools.cache
+def _bwd_zero_lag_jit():
+    """The one ``cute.jit`` of ``_bwd_zero_lag_entry``."""
+    import cutlass.cute as cute  # noqa: PLC0415
+
+    return cute.jit(_bwd_zero_lag_entry)
+
+
+def _bsa_bwd_zero_lag(q, k, v, do, lse, delta, offsets, entries, block_sizes, dq_acc, cfg,
+                      spec):
+    """The default backward's call with ``cfg.bwd.zero_lag``: the workspace (zeroed by the
+    preprocessing for the first ``zero_lag`` (batch, KV head) pairs only) and one zeroed
+    int32 counter per pair, both aliased to outputs; returns ``(dq_acc, dk, dv)``."""
+    from .._cute_call import call_builder  # noqa: PLC0415
+
+    count = jnp.zeros((cfg.batch * cfg.num_heads_kv,), jnp.int32)
+    # positional inputs 10 and 11 (the counters, the workspace) are aliased to outputs 3 and
+    # 0; flattened, block_sizes may be None (absent, no buffer) and the workspace is the last
+    n_in = 11 + (block_sizes is not None)
+    call = call_builder(cfg.cute_call)(
+        _bwd_zero_lag_jit(),
+        output_shape_dtype=(*_grad_shapes(dq_acc.shape, k, v),
+                            jax.ShapeDtypeStruct(count.shape, jnp.int32)),
+        input_spec=(spec,) * 4 + (None,) * 8,
+        output_spec=(None, spec, spec, None),
+        input_output_aliases={11: 0, 10: 3},
+        compile_key=("bsa_bwd_zero_lag", cfg.bwd),
+        cfg=cfg.bwd,
+        static_last_inputs=(0, 1, 2, 3, n_in - 1),
+        static_last_outputs=(0, 1, 2),
+    )
+    dq_acc, dk, dv, _ = call(q, k, v, do, lse, delta, offsets, entries, block_sizes,
+                             _scale_array(cfg.softmax_scale), count, dq_acc)
+    return dq_acc, dk, dv
 
 
 def _det_semaphores(cfg):

@@ -107,6 +107,20 @@ KV block). ``dq_writer`` (not deterministic, with ``dq_tile``): warp 1 is the sa
 without the semaphore and the ranks, so no consumer warp waits for the reads of its own bulk
 copies.
 
+``zero_lag = L > 0`` (static; with ``dq_writer``, unpacked rows, not with ``lpt`` or
+``dq_claim``): the fp32 workspace is zeroed just ahead of its use instead of all at once
+before the launch. The CTAs of the ``(batch, KV head)`` pair ``c = b H_kv + g`` (the grid's
+``N_kv`` KV blocks of it, launched after those of every pair before it) each zero one
+``N_kv``-th of the workspace of pair ``c + L`` (its ``G`` query heads' tiles, contiguous):
+warp 1, before its first addition, with 16-byte stores, then each lane ``fence.acq_rel.gpu``
+and lane 0 adds 1 to pair ``c + L``'s int32 counter (``mdQSem``, ``(B H_kv,)``, zeroed by
+XLA) with a fenced atomic. Before its first addition, warp 1 of a CTA of pair ``c >= L``
+waits (acquire loads) until its pair's counter is ``N_kv`` and fences the generic proxy
+against the async proxy of its bulk reduce-adds; the first ``L`` pairs' workspace is zeroed
+by the preprocessing launch. The wait is for CTAs launched at least ``L N_kv`` positions
+before it, which by then have started (they are ahead in the launch order and none waits for
+a later one), so it cannot deadlock.
+
 ``pack_gqa = r > 1`` (static; with ``dq_tile``, not deterministic): the K->Q entries are packed
 blocks (the group is 1) of the KV head's ``S_q r`` packed rows, packed row ``p`` being
 position ``p // r`` of query head ``g r + p % r`` (``pack_gqa.packed_row``). Q / dO of a step's
@@ -150,8 +164,8 @@ from cutlass.cute.nvgpu import OperandMajorMode, cpasync, warpgroup
 from . import kv_major_bwd as kvb
 from .bsa_common import LOG2_E, bwd_kv_tile_rows
 from .common import (acc_layout_as_a, acc_mn_view_wg, atom_add_acq_rel_s32, atom_add_s32,
-                     elem_ptr, gmem_load_copy, kv_major_bwd_operands, ld_acquire_s32,
-                     ld_relaxed_s32, st_release_s32, tma_view, wait_at_least)
+                     elem_ptr, fence_acq_rel_gpu, gmem_load_copy, kv_major_bwd_operands,
+                     ld_acquire_s32, ld_relaxed_s32, st_release_s32, tma_view, wait_at_least)
 from .dq_tiles import bulk_add_warp_slice, stage_warp_slice
 from .pack_gqa import pack_rows_view, packed_row
 from .pipeline import SmemPipeline
@@ -222,7 +236,7 @@ class BsaBwdSm90Ws:
                  dq_alt: bool = False, dq_slots: int = 1, relaxed_poll: bool = False,
                  order_stream: bool = False, stream_after_pre: bool = False,
                  det_store: bool = False, causal: bool = False, pack_gqa: int = 1,
-                 dq_claim: bool = False):
+                 dq_claim: bool = False, zero_lag: int = 0):
         self.pdl = pdl
         # pack_gqa: r = H_q / H_kv query heads per KV head (1: off). The K->Q entries are
         # packed blocks (the group is 1), a step is 64 packed rows (64 / r positions x r query
@@ -323,6 +337,10 @@ class BsaBwdSm90Ws:
         self.dq_claim = dq_claim and self.dq_writer and pack_gqa == 1
         # the ordered dQ additions need the grid's launch order (lower KV blocks first)
         self.lpt = lpt and not deterministic
+        # the workspace of the (batch, KV head) pair c + zero_lag zeroed by pair c's writer
+        # warps (the launch order: not with lpt)
+        self.zero_lag = (zero_lag if self.dq_writer and pack_gqa == 1 and not self.lpt
+                         and not self.dq_claim else 0)
         # blk 128: each consumer warpgroup adds the dQ of its own 64 keys (no barrier between
         # the warpgroups; twice the dQ reductions)
         self.decouple = decouple and self.num_wg == 2 and not deterministic
@@ -561,6 +579,52 @@ class BsaBwdSm90Ws:
             # consumer warp wi: rows 16 (wi % 4) .., warpgroup wi // 4's columns
             bulk_add_warp_slice(gtile, sdQ, wi % 4, (wi // 4) * n_cg, n_cg, 4, self.dq_w,
                                 sbase2=sdQ2, half=2 * self.d // self.dq_w, store=store)
+
+    @cute.jit
+    def _zero_ahead(self, mdQacc, mCount, batch, head_kv, num_heads_kv, group, n_block,
+                    n_kv_blocks):
+        """``zero_lag``: warp 1 zeroes this CTA's share of the workspace of the pair
+        ``zero_lag`` after its own, then counts it on that pair's counter."""
+        lane = cute.arch.lane_idx()
+        target = batch * num_heads_kv + head_kv + self.zero_lag
+        if target < mdQacc.shape[0] * num_heads_kv:
+            tb = target // num_heads_kv
+            tg = target - tb * num_heads_kv
+            # the pair's G query heads' tiles: contiguous, a multiple of 4 elements (64 D
+            # per tile)
+            n_vec = (group * mdQacc.shape[2] * mdQacc.shape[3]) // 4
+            per = (n_vec + n_kv_blocks - 1) // n_kv_blocks
+            v0 = n_block * per
+            v1 = cutlass.min(v0 + per, n_vec)
+            base = elem_ptr(mdQacc, (tb, tg * group, 0, 0)).toint()
+            zero = cute.make_rmem_tensor(4, Float32)
+            zero.fill(0.0)
+            for i in cutlass.range(v0 + lane, v1, 32, unroll=4):
+                g = cute.make_ptr(Float32, base + cutlass.Int64(i) * 16,
+                                  cute.AddressSpace.gmem, assumed_align=16)
+                cute.make_tensor(g, cute.make_layout(4)).store(zero.load())
+            # each lane's stores, then (fenced, cumulative over the warp's synchronized
+            # lanes) the count
+            fence_acq_rel_gpu()
+            cute.arch.sync_warp()
+            if lane == 0:
+                atom_add_acq_rel_s32(elem_ptr(mCount, (target,)), 1)
+            cute.arch.sync_warp()
+
+    @cute.jit
+    def _zeroed_wait(self, mCount, batch, head_kv, num_heads_kv, n_kv_blocks):
+        """``zero_lag``: warp 1 waits until every CTA of the pair ``zero_lag`` before its own
+        has zeroed its share of this pair's workspace (the first pairs: zeroed before the
+        launch), then orders those stores before its bulk reduce-adds."""
+        lane = cute.arch.lane_idx()
+        pair = batch * num_heads_kv + head_kv
+        if pair >= self.zero_lag:
+            if lane == 0:
+                wait_at_least(elem_ptr(mCount, (pair,)), n_kv_blocks)
+                # the acquired generic-proxy stores, before this thread's async-proxy
+                # additions to the same addresses
+                cute.arch.fence_proxy("async.global")
+            cute.arch.sync_warp()
 
     @cute.jit
     def _dq_order_warp(self, mEntries, mRank, mdQSem, e_begin, n_ent, n_q_blocks, seqlen_q,
@@ -820,6 +884,10 @@ class BsaBwdSm90Ws:
                                 c += 1
             if cutlass.const_expr(self.deterministic or self.dq_writer):
                 if warp == 1:
+                    if cutlass.const_expr(self.zero_lag > 0):
+                        self._zero_ahead(mdQacc, mdQSem, batch, head_kv, num_heads_kv, group,
+                                         n_block, n_kv_blocks)
+                        self._zeroed_wait(mdQSem, batch, head_kv, num_heads_kv, n_kv_blocks)
                     self._dq_order_warp(mEntries, mRank, mdQSem, e_begin, n_ent, n_q_blocks,
                                         seqlen_q, head_kv, group, batch, mdQacc, st, pipe_q,
                                         mProgress, row_id)

@@ -5,7 +5,8 @@ One launch computes, for every query row (b, s, h),
     delta[b, h, s] = sum_d dO[b, s, h, d] * O[b, s, h, d]        (fp32)
 
 and zero-fills the fp32 dQ workspace that the backward kernels then add into (so no
-separate memset is needed; without ``mdQacc``, delta only). The workspace is passed flat
+separate memset is needed; without ``mdQacc``, delta only; with ``zero_elems``, only the
+workspace's first ``zero_elems`` elements, the backward zeroing the rest itself). The workspace is passed flat
 (1-D, any length divisible by 4, 16-byte aligned): the row-major accumulator and the
 query-tile workspace are zeroed alike, by 16-byte stores in a grid-stride loop over the
 delta launch's threads. Tensors O and dO are the logical ``(B, S, H, D)`` views of either
@@ -28,8 +29,11 @@ VEC = 8  # 16-bit elements per thread (128 bits)
 
 
 class BsaPreprocess:
-    def __init__(self, dtype, head_dim: int, pdl: bool = False, wait: bool = True):
+    def __init__(self, dtype, head_dim: int, pdl: bool = False, wait: bool = True,
+                 zero_elems: int = 0):
         self.dtype = dtype
+        # > 0: only the workspace's first zero_elems elements (a multiple of 4) are zeroed
+        self.zero_elems = zero_elems
         self.pdl = pdl
         # pdl without the wait: launched right after a grid that waited for everything
         # before it and then let this one launch (the deterministic backward's order kernel,
@@ -94,6 +98,8 @@ class BsaPreprocess:
         zero = cute.make_rmem_tensor(4, Float32)
         zero.fill(0.0)
         n_vec = Int32(mZero.shape[0]) // 4
+        if cutlass.const_expr(self.zero_elems > 0):
+            n_vec = cutlass.min(n_vec, self.zero_elems // 4)
         for i in cutlass.range(cta * self.num_threads + tid, n_vec,
                                Int32(n_cta) * self.num_threads, unroll=2):
             g = cute.make_ptr(Float32, elem_ptr(mZero, (i * 4,)).toint(),
