@@ -1633,10 +1633,13 @@ def bsa_bwd(do, q, k, v, out, lse, q2k_block_index, q2k_block_nums, block_sizes,
     zero_elems = 0
     if cfg.bwd.zero_lag:
         # the preprocessing zeroes the first zero_lag (batch, KV head) pairs' workspace, the
-        # backward's writer warps the others'
+        # backward's writer warps the others' (whose int32 element counts a pair's must fit)
         ws = dq_tile_shape(cfg)
         pair_elems = cfg.num_heads_q // cfg.num_heads_kv * ws[2] * ws[3]
-        zero_elems = min(cfg.bwd.zero_lag, cfg.batch * cfg.num_heads_kv) * pair_elems
+        if pair_elems < 2**31:
+            zero_elems = min(cfg.bwd.zero_lag, cfg.batch * cfg.num_heads_kv) * pair_elems
+        else:
+            cfg = dataclasses.replace(cfg, bwd=dataclasses.replace(cfg.bwd, zero_lag=0))
     delta, dq_acc = bsa_preprocess(do, out, cfg,
                                    with_ws=not (cfg.bwd.det_store or cfg.bwd.dq_claim),
                                    zero_elems=zero_elems)
