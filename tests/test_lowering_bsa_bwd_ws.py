@@ -313,6 +313,7 @@ def test_bsa_bwd_ws_zerolag_ptx(kept_ptx):
     assert zl.count(atom) == 1 and "ld.acquire.gpu.global.b32" in zl
     assert "fence.proxy.async.global" in zl and "fence.acq_rel.gpu" in zl
     assert zl.index("fence.acq_rel.gpu") < zl.index(atom)
+    assert zl.count("fence.proxy.async.global") == 2
     for s in (atom, "ld.acquire.gpu", "fence.proxy.async.global", "fence.acq_rel.gpu"):
         assert s not in default, s
 

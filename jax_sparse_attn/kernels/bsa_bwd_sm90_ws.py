@@ -112,8 +112,8 @@ copies.
 before the launch. The CTAs of the ``(batch, KV head)`` pair ``c = b H_kv + g`` (the grid's
 ``N_kv`` KV blocks of it, launched after those of every pair before it) each zero one
 ``N_kv``-th of the workspace of pair ``c + L`` (its ``G`` query heads' tiles, contiguous):
-warp 1, before its first addition, with 16-byte stores, then each lane ``fence.acq_rel.gpu``
-and lane 0 adds 1 to pair ``c + L``'s int32 counter (``mdQSem``, ``(B H_kv,)``, zeroed by
+warp 1, before its first addition, with 16-byte stores, then each lane ``fence.proxy.async``
+and ``fence.acq_rel.gpu`` and lane 0 adds 1 to pair ``c + L``'s int32 counter (``mdQSem``, ``(B H_kv,)``, zeroed by
 XLA) with a fenced atomic. Before its first addition, warp 1 of a CTA of pair ``c >= L``
 waits (acquire loads) until its pair's counter is ``N_kv`` and fences the generic proxy
 against the async proxy of its bulk reduce-adds; the first ``L`` pairs' workspace is zeroed
@@ -603,8 +603,9 @@ class BsaBwdSm90Ws:
                 g = cute.make_ptr(Float32, base + cutlass.Int64(i) * 16,
                                   cute.AddressSpace.gmem, assumed_align=16)
                 cute.make_tensor(g, cute.make_layout(4)).store(zero.load())
-            # each lane's stores, then (fenced, cumulative over the warp's synchronized
-            # lanes) the count
+            # each lane's stores (ordered for the async proxy of the later bulk additions as
+            # well), then (fenced, cumulative over the warp's synchronized lanes) the count
+            cute.arch.fence_proxy("async.global")
             fence_acq_rel_gpu()
             cute.arch.sync_warp()
             if lane == 0:
