@@ -178,7 +178,8 @@ _parse_hstu_bwd_ws = _parse_option_list(HSTU_BWD_WS_FLAGS,
 BSA_BWD_WS_FLAGS = ("ldwait", "lpt", "decouple", "detkv", "detfull", "detlaunch", "dqalias",
                     "dqearly", "lselate", "splitwait", "epi16", "epiregs", "dqalt", "detsched",
                     "detschedfull", "relaxpoll", "detstream", "nodetstream",
-                    "detoverlap", "detzero", "packws", "nopackws", "dqclaim", "zerolag")
+                    "detoverlap", "detzero", "packws", "nopackws", "dqclaim", "zerolag",
+                    "tailconv")
 #: the flags among :data:`BSA_BWD_WS_FLAGS` that choose the deterministic dQ order (at most
 #: one of them)
 BSA_DET_ORDER_FLAGS = ("detkv", "detfull", "detlaunch", "detsched", "detschedfull")
@@ -530,6 +531,12 @@ SWITCHES = (
                "a slice of the workspace of the pair two after its own before its first "
                "addition, counted on a zeroed int32 per pair that the writers of that pair "
                "wait for; opt-in, not yet measured), "
+               "tailconv (not deterministic, with the dQ writer warp, unpacked rows: every CTA "
+               "lets the dq reordering launch once it has started, and counts its pair's "
+               "completed dQ additions on a zeroed int32 per (batch, KV head) pair; the "
+               "reordering's CTAs wait for their pair's count instead of the whole backward, "
+               "so they run on the SMs the backward's last wave leaves free; opt-in, not yet "
+               "measured), "
                "relaxpoll (deterministic: the query tile's semaphore is polled with relaxed "
                "loads and one fence after them, instead of acquire loads; slower on the "
                "H200), "

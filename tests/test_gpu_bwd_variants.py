@@ -167,6 +167,22 @@ def test_bsa_bwd_zerolag(c, monkeypatch):
     tb.test_bsa_sm90ws_backward(c)
 
 
+@pytest.mark.parametrize("ws", ["tailconv", "zerolag,tailconv"])
+@pytest.mark.parametrize("c", ZEROLAG_CASES, ids=lambda c: c["name"])
+def test_bsa_bwd_tailconv(c, ws, monkeypatch):
+    """``bsa_bwd_ws=tailconv`` (with and without zerolag): the dq reordering starts once the
+    backward's last CTA has started, each of its CTAs waiting for its (batch, KV head)
+    pair's count of completed backward CTAs; dq (allocated by the backward's call, NaN left
+    in reused buffers by the all-NaN run first) must come out complete."""
+    from jax_sparse_attn.ffi import bsa as fb
+
+    sw = Switches(bsa_bwd_impl="sm90ws", bsa_bwd_ws=ws)
+    key = fb.bwd_config(jnp.dtype(c["dtype"]), c["d"], c["blk"], False, sw)
+    assert key.tail_conv and key.dq_writer, key
+    monkeypatch.setattr(tb, "BWDWS", sw)
+    tb.test_bsa_sm90ws_backward(c)
+
+
 # the deterministic cases on the sm90 backward (no rab)
 DETZERO_CASES = [c for c in th.DET_CASES if c[2] in (64, 128, 256) and c[5] in ("", "func")]
 

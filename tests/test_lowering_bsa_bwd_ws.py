@@ -212,6 +212,7 @@ _PTX_CONFIGS = {
     "epiregs-blk128": ("_bwd_text", (CONFIGS[0],), None, {"ws": "epiregs"}),
     "dqclaim-blk64": ("_bwd_text", (CONFIGS[1],), None, {"ws": "dqclaim"}),
     "zerolag-blk64": ("_bwd_text", (CONFIGS[1],), None, {"ws": "zerolag"}),
+    "tailconv-blk64": ("_bwd_text", (CONFIGS[1],), None, {"ws": "tailconv"}),
 }
 
 
@@ -316,6 +317,64 @@ def test_bsa_bwd_ws_zerolag_ptx(kept_ptx):
     assert zl.count("fence.proxy.async.global") == 2
     for s in (atom, "ld.acquire.gpu", "fence.proxy.async.global", "fence.acq_rel.gpu"):
         assert s not in default, s
+
+
+@pytest.mark.parametrize("cfg", [CONFIGS[0], CONFIGS[3]], ids=["blk128", "blk64-d64"])
+def test_bsa_bwd_ws_tailconv_lowers(cfg):
+    """``bsa_bwd_ws=tailconv`` (opt-in): with the dQ writer warp, not deterministic, unpacked,
+    not with dqclaim; alone and with zerolag the call is the same three launches (the
+    preprocessing, the backward, which also allocates dq, and the reordering that writes it
+    as the backward's pairs complete)."""
+    from jax_sparse_attn.config import Switches
+    from jax_sparse_attn.ffi import bsa
+
+    def key(ws="tailconv", sw=None, **kw):
+        return bsa.bwd_config(jnp.bfloat16, cfg["d"], cfg["blk"], False,
+                              Switches(bsa_bwd_impl="sm90ws", bsa_bwd_ws=ws, **(sw or {})),
+                              **kw)
+
+    assert key().tail_conv and key().dq_writer and key().zero_lag == 0
+    assert key("tailconv,lpt").tail_conv and key(causal=True).tail_conv
+    both = key("zerolag,tailconv")
+    assert both.tail_conv and both.zero_lag == bsa.ZERO_LAG
+    assert not key("").tail_conv
+    assert not key(deterministic=True).tail_conv
+    assert not key(pack_gqa=2).tail_conv
+    assert not key("tailconv,dqclaim").tail_conv
+    assert not key(sw={"dq_writer": "off"}).tail_conv
+    assert not key(sw={"bsa_bwd_dq": "rows"}).tail_conv
+    for ws in ("tailconv", "zerolag,tailconv"):
+        txt = _bwd_text(cfg, ws=ws)
+        assert txt.count(CALL_TARGET) == 3 == _calls(cfg, ws=ws), ws
+
+
+def test_bsa_bwd_ws_tailconv_ptx(kept_ptx):
+    """``tailconv``: every CTA lets the next grid launch; warp 1 waits for its bulk additions
+    to complete, fences the async proxy and counts the CTA with a fenced atomic; the
+    reordering kernel waits for its pair's count with acquire loads instead of for the
+    backward's grid at its start, and waits for that grid at its end. The default backward
+    lets no grid launch early and counts nothing."""
+    import kept_ptx as kp  # noqa: PLC0415
+
+    tc = _ws_ptx(kept_ptx, "tailconv-blk64")
+    default = _ws_ptx(kept_ptx, _ids(CONFIGS[1]))
+    atom = "atom.relaxed.gpu.global.add.s32"
+    assert tc.count("griddepcontrol.launch_dependents") == 1 and tc.count(atom) == 1
+    # the count: after a wait for complete bulk groups and an async-proxy fence
+    before = tc[:tc.index(atom)]
+    wait = [m.end() for m in re.finditer(r"cp\.async\.bulk\.wait_group\s+0;", before)]
+    assert wait and "fence.proxy.async.global" in before[wait[-1]:]
+    assert "fence.acq_rel.gpu" in before[wait[-1]:]
+    assert "griddepcontrol.launch_dependents" not in default and atom not in default
+    conv = [t for t in kp.ptx_of(kept_ptx, "tailconv-blk64").values() if "BsaDqFromTiles" in t]
+    conv_default = [t for t in kp.ptx_of(kept_ptx, _ids(CONFIGS[1])).values()
+                    if "BsaDqFromTiles" in t]
+    assert len(conv) == 1 == len(conv_default)
+    c = conv[0]
+    assert "ld.acquire.gpu.global.b32" in c and "fence.proxy.async.global" in c
+    assert c.count("griddepcontrol.wait") == 1
+    assert c.index("ld.acquire.gpu.global.b32") < c.index("griddepcontrol.wait")
+    assert "ld.acquire" not in conv_default[0]
 
 
 def test_bsa_bwd_ws_relaxpoll_ptx(kept_ptx):

@@ -252,6 +252,10 @@ class BsaBwdConfig:
     # each, counted on a zeroed int32 per pair; the preprocessing launch zeroes the first
     # zero_lag pairs' ("zerolag", opt-in; 0: off)
     zero_lag: int = 0
+    # "sm90ws" with dq_writer, unpacked rows: every CTA lets the dq reordering launch when it
+    # starts and counts its pair's completed dQ additions; the reordering's CTAs wait for
+    # their pair's count ("tailconv", opt-in)
+    tail_conv: bool = False
 
 
 def fwd_smem_bytes(head_dim, block_size) -> int:
@@ -581,7 +585,10 @@ def bwd_config(dtype, head_dim, block_size, has_block_sizes, switches,
                             zero_lag=ZERO_LAG if "zerolag" in opts and not deterministic
                             and tile and getattr(switches, "dq_writer", "auto") != "off"
                             and pack_gqa == 1 and "lpt" not in opts
-                            and "dqclaim" not in opts else 0)
+                            and "dqclaim" not in opts else 0,
+                            tail_conv="tailconv" in opts and not deterministic and tile
+                            and getattr(switches, "dq_writer", "auto") != "off"
+                            and pack_gqa == 1 and "dqclaim" not in opts)
     if impl == "sm90":
         return BsaBwdConfig(name, head_dim, block_size, has_block_sizes, impl, arch=arch,
                             pack_gqa=pack_gqa, causal=causal,
@@ -1367,6 +1374,9 @@ class BsaDqTilesConfig:
     pdl: bool = False  # programmatic dependent launch (the backward's)
     slots: int = 1  # accumulators per query tile, summed in order
     pack: int = 1  # packed GQA rows (r; 1: not packed)
+    # > 0: each CTA waits until its (batch, KV head) pair's count of completed backward CTAs
+    # reaches this (the backward's KV blocks per pair) instead of for the backward's grid
+    wait_count: int = 0
 
 
 def _dq_tiles_entry(stream, ws, dq, *, cfg: BsaDqTilesConfig):
@@ -1383,6 +1393,23 @@ def _dq_tiles_sem_entry(stream, ws, sem, dq, *, cfg: BsaDqTilesConfig):
 
     BsaDqFromTiles(_cutlass_dtype(cfg.dtype), cfg.head_dim, cfg.block_cols, cfg.pdl,
                    cfg.slots)(ws, dq, stream, mSem=sem)
+
+
+def _dq_tiles_wait_entry(stream, ws, count, dq, *, cfg: BsaDqTilesConfig):
+    # tail_conv: the backward's per-pair counters (int32 (2 B H_kv,), the second half the
+    # completed CTAs) and dq, allocated by the backward's call, aliased to the output
+    from ..kernels.dq_tiles import BsaDqFromTiles  # noqa: PLC0415
+
+    BsaDqFromTiles(_cutlass_dtype(cfg.dtype), cfg.head_dim, cfg.block_cols, cfg.pdl,
+                   cfg.slots, wait_count=cfg.wait_count)(ws, dq, stream, mDone=count)
+
+
+@functools.cache
+def _dq_tiles_wait_jit():
+    """The one ``cute.jit`` of ``_dq_tiles_wait_entry``."""
+    import cutlass.cute as cute  # noqa: PLC0415
+
+    return cute.jit(_dq_tiles_wait_entry)
 
 
 @functools.cache
@@ -1453,7 +1480,8 @@ def _ws_kernel(cfg: BsaBwdConfig, after_pre: bool = False):
                         dq_slots=cfg.det_slots, relaxed_poll=cfg.det_relaxed_poll,
                         order_stream=cfg.det_stream, stream_after_pre=after_pre,
                         det_store=cfg.det_store, causal=cfg.causal, pack_gqa=cfg.pack_gqa,
-                        dq_claim=cfg.dq_claim, zero_lag=cfg.zero_lag)
+                        dq_claim=cfg.dq_claim, zero_lag=cfg.zero_lag,
+                        tail_conv=cfg.tail_conv)
 
 
 def _bwd_det_entry(stream, q, k, v, do, lse, delta, offsets, entries, ranks, sizes, scale,
@@ -1662,10 +1690,9 @@ def bsa_bwd(do, q, k, v, out, lse, q2k_block_index, q2k_block_nums, block_sizes,
         dq_acc, dk, dv, dq_sem = call(q, k, v, do, lse, delta, offsets, entries, block_sizes,
                                       _scale_array(cfg.softmax_scale), sem0)
         return _dq_out(dq_acc, q, cfg, spec, dq_sem), dk, dv
-    if cfg.bwd.zero_lag:
-        dq_acc, dk, dv = _bsa_bwd_zero_lag(q, k, v, do, lse, delta, offsets, entries,
-                                           block_sizes, dq_acc, cfg, spec)
-        return _dq_out(dq_acc, q, cfg, spec), dk, dv
+    if cfg.bwd.zero_lag or cfg.bwd.tail_conv:
+        return _bsa_bwd_counted(q, k, v, do, lse, delta, offsets, entries, block_sizes, dq_acc,
+                                cfg, spec)
     # flattened inputs: block_sizes may be None (absent, no buffer); dq_acc is the last
     n_in = 10 + (block_sizes is not None)
     call = call_builder(cfg.cute_call)(
@@ -1761,48 +1788,79 @@ def _stored_ws_call(jit_fn, name, cfg, spec, k, v, sem0, n_in):
     )
 
 
-def _bwd_zero_lag_entry(stream, q, k, v, do, lse, delta, offsets, entries, sizes, scale, count,
-                        dq_acc, dk, dv, *, cfg: BsaBwdConfig):
-    # zero_lag: the per-(batch, KV head) counters (zeroed by XLA) are aliased to output 3
-    # and the partly zeroed workspace to output 0
+def _bwd_counted_entry(stream, q, k, v, do, lse, delta, offsets, entries, sizes, scale, count,
+                       dq_acc, dk, dv, *, cfg: BsaBwdConfig):
+    # zero_lag / tail_conv: the per-(batch, KV head) counters (zeroed by XLA) are aliased to
+    # output 3 and the workspace to output 0
+    _ws_kernel(cfg)(q, k, v, do, lse, delta, offsets, entries, sizes, scale, dq_acc, dk, dv,
+                    stream, mdQSem=count)
+
+
+def _bwd_counted_dq_entry(stream, q, k, v, do, lse, delta, offsets, entries, sizes, scale,
+                          count, dq_acc, dk, dv, dq, *, cfg: BsaBwdConfig):
+    # tail_conv: dq (output 4) is allocated by this call and written by the reordering
+    # launch that overlaps the backward's last wave; the backward does not touch it
+    del dq
     _ws_kernel(cfg)(q, k, v, do, lse, delta, offsets, entries, sizes, scale, dq_acc, dk, dv,
                     stream, mdQSem=count)
 
 
 @functools.cache
-def _bwd_zero_lag_jit():
-    """The one ``cute.jit`` of ``_bwd_zero_lag_entry``."""
+def _bwd_counted_jit(with_dq: bool = False):
+    """The one ``cute.jit`` of ``_bwd_counted_entry`` (``with_dq``: ``_bwd_counted_dq_entry``)."""
     import cutlass.cute as cute  # noqa: PLC0415
 
-    return cute.jit(_bwd_zero_lag_entry)
+    return cute.jit(_bwd_counted_dq_entry if with_dq else _bwd_counted_entry)
 
 
-def _bsa_bwd_zero_lag(q, k, v, do, lse, delta, offsets, entries, block_sizes, dq_acc, cfg,
-                      spec):
-    """The default backward's call with ``cfg.bwd.zero_lag``: the workspace (zeroed by the
-    preprocessing for the first ``zero_lag`` (batch, KV head) pairs only) and one zeroed
-    int32 counter per pair, both aliased to outputs; returns ``(dq_acc, dk, dv)``."""
+def _bsa_bwd_counted(q, k, v, do, lse, delta, offsets, entries, block_sizes, dq_acc, cfg,
+                     spec):
+    """The default backward's call with ``cfg.bwd.zero_lag`` and / or ``tail_conv``: the
+    workspace (with ``zero_lag`` zeroed by the preprocessing for the first pairs only) and
+    ``2 B H_kv`` zeroed int32 counters (per (batch, KV head) pair: the zeroed shares, then
+    the completed CTAs) aliased to outputs; with ``tail_conv`` the call also allocates dq,
+    which the reordering launch then writes while the backward's last wave runs. Returns
+    ``(dq, dk, dv)``."""
     from .._cute_call import call_builder  # noqa: PLC0415
 
-    count = jnp.zeros((cfg.batch * cfg.num_heads_kv,), jnp.int32)
+    count = jnp.zeros((2 * cfg.batch * cfg.num_heads_kv,), jnp.int32)
+    tail = cfg.bwd.tail_conv
     # positional inputs 10 and 11 (the counters, the workspace) are aliased to outputs 3 and
     # 0; flattened, block_sizes may be None (absent, no buffer) and the workspace is the last
     n_in = 11 + (block_sizes is not None)
     call = call_builder(cfg.cute_call)(
-        _bwd_zero_lag_jit(),
+        _bwd_counted_jit(tail),
         output_shape_dtype=(*_grad_shapes(dq_acc.shape, k, v),
-                            jax.ShapeDtypeStruct(count.shape, jnp.int32)),
+                            jax.ShapeDtypeStruct(count.shape, jnp.int32),
+                            *((jax.ShapeDtypeStruct(q.shape, q.dtype),) if tail else ())),
         input_spec=(spec,) * 4 + (None,) * 8,
-        output_spec=(None, spec, spec, None),
+        output_spec=(None, spec, spec, None) + ((spec,) if tail else ()),
         input_output_aliases={11: 0, 10: 3},
-        compile_key=("bsa_bwd_zero_lag", cfg.bwd),
+        compile_key=("bsa_bwd_counted", cfg.bwd),
         cfg=cfg.bwd,
         static_last_inputs=(0, 1, 2, 3, n_in - 1),
-        static_last_outputs=(0, 1, 2),
+        static_last_outputs=(0, 1, 2) + ((4,) if tail else ()),
     )
-    dq_acc, dk, dv, _ = call(q, k, v, do, lse, delta, offsets, entries, block_sizes,
-                             _scale_array(cfg.softmax_scale), count, dq_acc)
-    return dq_acc, dk, dv
+    outs = call(q, k, v, do, lse, delta, offsets, entries, block_sizes,
+                _scale_array(cfg.softmax_scale), count, dq_acc)
+    dq_acc, dk, dv, count = outs[:4]
+    if not tail:
+        return _dq_out(dq_acc, q, cfg, spec), dk, dv
+    key = BsaDqTilesConfig(cfg.bwd.dtype, cfg.head_dim, dq_block_cols(cfg.bwd), True,
+                           det_slots_of(cfg), 1, wait_count=cfg.num_kv_blocks)
+    conv = call_builder(cfg.cute_call)(
+        _dq_tiles_wait_jit(),
+        output_shape_dtype=(jax.ShapeDtypeStruct(q.shape, q.dtype),),
+        input_spec=(None, None, spec),
+        output_spec=(spec,),
+        input_output_aliases={2: 0},
+        compile_key=("bsa_dq_tiles_wait", key),
+        cfg=key,
+        static_last_inputs=(2,),
+        static_last_outputs=(0,),
+    )
+    (dq,) = conv(dq_acc, count, outs[4])
+    return dq, dk, dv
 
 
 def _det_semaphores(cfg):

@@ -121,6 +121,15 @@ by the preprocessing launch. The wait is for CTAs launched at least ``L N_kv`` p
 before it, which by then have started (they are ahead in the launch order and none waits for
 a later one), so it cannot deadlock.
 
+``tail_conv`` (static; with ``dq_writer``, unpacked rows, not with ``dq_claim``): every CTA
+executes ``griddepcontrol.launch_dependents`` as it starts, so the dq reordering launched
+next (``dq_tiles.BsaDqFromTiles`` with ``wait_count``) may start once the last CTA of this
+grid has started, on the SMs the last wave leaves free; warp 1, after its last bulk
+reduce-add has completed (``cp.async.bulk.wait_group 0``), fences the async proxy and adds
+1 to its pair's completed-CTA counter (``mdQSem[P + pair]``, ``P = B H_kv`` pairs) with a
+fenced atomic. The reordering's CTA of a query tile waits for its pair's count to reach
+``N_kv`` (so it reads only complete tiles) and for this grid at its end.
+
 ``pack_gqa = r > 1`` (static; with ``dq_tile``, not deterministic): the K->Q entries are packed
 blocks (the group is 1) of the KV head's ``S_q r`` packed rows, packed row ``p`` being
 position ``p // r`` of query head ``g r + p % r`` (``pack_gqa.packed_row``). Q / dO of a step's
@@ -236,7 +245,7 @@ class BsaBwdSm90Ws:
                  dq_alt: bool = False, dq_slots: int = 1, relaxed_poll: bool = False,
                  order_stream: bool = False, stream_after_pre: bool = False,
                  det_store: bool = False, causal: bool = False, pack_gqa: int = 1,
-                 dq_claim: bool = False, zero_lag: int = 0):
+                 dq_claim: bool = False, zero_lag: int = 0, tail_conv: bool = False):
         self.pdl = pdl
         # pack_gqa: r = H_q / H_kv query heads per KV head (1: off). The K->Q entries are
         # packed blocks (the group is 1), a step is 64 packed rows (64 / r positions x r query
@@ -341,6 +350,9 @@ class BsaBwdSm90Ws:
         # warps (the launch order: not with lpt)
         self.zero_lag = (zero_lag if self.dq_writer and pack_gqa == 1 and not self.lpt
                          and not self.dq_claim else 0)
+        # every CTA lets the dq reordering launch when it starts, and its writer warp counts
+        # the CTA's completed dQ additions on its pair's counter (mdQSem[P + pair])
+        self.tail_conv = tail_conv and self.dq_writer and pack_gqa == 1 and not self.dq_claim
         # blk 128: each consumer warpgroup adds the dQ of its own 64 keys (no barrier between
         # the warpgroups; twice the dQ reductions)
         self.decouple = decouple and self.num_wg == 2 and not deterministic
@@ -613,6 +625,20 @@ class BsaBwdSm90Ws:
             cute.arch.sync_warp()
 
     @cute.jit
+    def _count_done(self, mCount, batch, head_kv, num_heads_kv, n_batch):
+        """``tail_conv``: once this CTA's bulk dQ additions are complete (not only read),
+        warp 1 counts the CTA on its pair's completed-CTA counter (``mCount[P + pair]``,
+        ``P`` pairs) after an async-proxy fence and with a fenced atomic."""
+        lane = cute.arch.lane_idx()
+        if lane == 0:
+            cute.arch.cp_async_bulk_wait_group(0, read=False)
+            cute.arch.fence_proxy("async.global")
+            n_pairs = n_batch * num_heads_kv
+            atom_add_acq_rel_s32(elem_ptr(mCount, (n_pairs + batch * num_heads_kv + head_kv,)),
+                                 1)
+        cute.arch.sync_warp()
+
+    @cute.jit
     def _zeroed_wait(self, mCount, batch, head_kv, num_heads_kv, n_kv_blocks):
         """``zero_lag``: warp 1 waits until every CTA of the pair ``zero_lag`` before its own
         has zeroed its share of this pair's workspace (the first pairs: zeroed before the
@@ -768,6 +794,11 @@ class BsaBwdSm90Ws:
             # programmatic dependent launch: no global memory access before the previous
             # grid has completed and flushed its writes
             cute.arch.griddepcontrol_wait()
+        if cutlass.const_expr(self.tail_conv):
+            # the dq reordering (the next grid) may launch once every CTA of this grid has
+            # started: its CTAs take the SMs the last wave leaves free, each waiting for its
+            # pair's count (and for this grid at its end)
+            cute.arch.griddepcontrol_launch_dependents()
         if cutlass.const_expr(self.lpt):
             # CTA `row_id` (in launch order) takes the row_id-th longest K->Q list: the order
             # follows the R + 1 offsets
@@ -892,6 +923,8 @@ class BsaBwdSm90Ws:
                     self._dq_order_warp(mEntries, mRank, mdQSem, e_begin, n_ent, n_q_blocks,
                                         seqlen_q, head_kv, group, batch, mdQacc, st, pipe_q,
                                         mProgress, row_id)
+                    if cutlass.const_expr(self.tail_conv):
+                        self._count_done(mdQSem, batch, head_kv, num_heads_kv, mK.shape[0])
         else:
             # ================================ consumers ===============================
             cute.arch.setmaxregister_increase(self.regs_consumer)

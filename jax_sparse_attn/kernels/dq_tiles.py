@@ -25,7 +25,8 @@ import cutlass.cute as cute
 import cutlass.memory
 from cutlass import Float32, Int32
 
-from .common import bulk_copy_f32, bulk_reduce_add_f32, elem_ptr, st_shared_v4_f32
+from .common import (bulk_copy_f32, bulk_reduce_add_f32, elem_ptr, st_shared_v4_f32,
+                     wait_at_least)
 from .pack_gqa import packed_row
 
 
@@ -163,8 +164,12 @@ class BsaDqFromTiles:
     BM = 64
 
     def __init__(self, dtype, head_dim: int, block_cols: int, pdl: bool = False,
-                 slots: int = 1, pack: int = 1):
+                 slots: int = 1, pack: int = 1, wait_count: int = 0):
         self.pdl = pdl
+        # > 0 (with pdl, unpacked): each CTA waits until its (batch, KV head) pair's count of
+        # completed backward CTAs (mDone[P + pair], P pairs) reaches wait_count, instead of
+        # for the backward's grid at its start; it waits for that grid at its end
+        self.wait_count = wait_count if pdl and pack == 1 else 0
         self.pack = pack
         if slots < 1:
             raise ValueError(f"dq tiles: slots={slots} must be >= 1")
@@ -178,24 +183,34 @@ class BsaDqFromTiles:
         self.num_threads = 32 * tile_blocks(self.BM, head_dim, block_cols)
 
     @cute.jit
-    def __call__(self, mWs, mdQ, stream, mSem=None):
+    def __call__(self, mWs, mdQ, stream, mSem=None, mDone=None):
         n_elems = self.BM * smem_row_stride(self.d)
 
         @cute.struct
         class Smem:
             tile: cute.struct.Align[cute.struct.MemRange[self.dtype, n_elems], 128]
 
-        self.kernel(mWs, mdQ, mSem, Smem).launch(
+        self.kernel(mWs, mdQ, mSem, mDone, Smem).launch(
             grid=(cute.size(mWs.shape[2]) // self.slots, cute.size(mWs.shape[1]),
                   cute.size(mWs.shape[0])),
             block=[self.num_threads, 1, 1], smem=Smem.size_in_bytes(), stream=stream,
             use_pdl=self.pdl)
 
     @cute.kernel
-    def kernel(self, mWs, mdQ, mSem, Smem: cutlass.Constexpr):
+    def kernel(self, mWs, mdQ, mSem, mDone, Smem: cutlass.Constexpr):
         tidx, _, _ = cute.arch.thread_idx()
         t, head, batch = cute.arch.block_idx()
-        if cutlass.const_expr(self.pdl):
+        if cutlass.const_expr(self.wait_count > 0):
+            # this tile's (batch, KV head) pair: every backward CTA of it has completed its
+            # dQ additions (acquire loads; the generic loads below after an async-proxy fence)
+            if tidx == 0:
+                n_pairs = mDone.shape[0] // 2
+                heads_kv = n_pairs // mWs.shape[0]
+                pair = batch * heads_kv + head // (mWs.shape[1] // heads_kv)
+                wait_at_least(elem_ptr(mDone, (n_pairs + pair,)), self.wait_count)
+                cute.arch.fence_proxy("async.global")
+            cute.arch.barrier()
+        elif cutlass.const_expr(self.pdl):
             # programmatic dependent launch: wait for the backward's grid
             cute.arch.griddepcontrol_wait()
         st = cutlass.memory.SmemAllocator().allocate(Smem)
@@ -224,6 +239,10 @@ class BsaDqFromTiles:
         else:
             smem_rows_to_gmem(sbase, tidx, self.num_threads, mdQ[batch, None, head, None],
                               row0, mdQ.shape[1] - row0, self.BM, self.d, self.dtype)
+        if cutlass.const_expr(self.wait_count > 0):
+            # complete only after the backward grid, as if launched after it: what follows
+            # this launch in the stream may read everything the backward wrote
+            cute.arch.griddepcontrol_wait()
 
     @cute.jit
     def _packed_rows_to_gmem(self, sbase, tidx, mdQ, batch, head_kv, row0, lim):
