@@ -631,9 +631,9 @@ def test_bsa_det_overlap_needs_a_workspace_the_launch_zeroes(monkeypatch, heads,
         seen.append(("stream", kw.get("out") is not None))
         return stream(*a, **kw)
 
-    def spy_pre(do, out, cfg, with_ws=True):
+    def spy_pre(do, out, cfg, with_ws=True, **kw):
         seen.append(("pre", with_ws))
-        return pre(do, out, cfg, with_ws)
+        return pre(do, out, cfg, with_ws, **kw)
 
     monkeypatch.setattr(ffi_bsa, "_bsa_bwd_det_stream", spy_stream)
     monkeypatch.setattr(ffi_bsa, "bsa_preprocess", spy_pre)
