@@ -374,6 +374,9 @@ def test_bsa_bwd_ws_tailconv_ptx(kept_ptx):
     assert "ld.acquire.gpu.global.b32" in c and "fence.proxy.async.global" in c
     assert c.count("griddepcontrol.wait") == 1
     assert c.index("ld.acquire.gpu.global.b32") < c.index("griddepcontrol.wait")
+    # only the grid's last CTA waits for the backward's grid (the others exit after their
+    # tile instead of holding their SM until the backward ends)
+    assert "%nctaid.z" in c[c.index("st.global"):c.index("griddepcontrol.wait")]
     assert "ld.acquire" not in conv_default[0]
 
 

@@ -128,7 +128,7 @@ grid has started, on the SMs the last wave leaves free; warp 1, after its last b
 reduce-add has completed (``cp.async.bulk.wait_group 0``), fences the async proxy and adds
 1 to its pair's completed-CTA counter (``mdQSem[P + pair]``, ``P = B H_kv`` pairs) with a
 fenced atomic. The reordering's CTA of a query tile waits for its pair's count to reach
-``N_kv`` (so it reads only complete tiles) and for this grid at its end.
+``N_kv`` (so it reads only complete tiles); its last CTA waits for this grid at its end.
 
 ``pack_gqa = r > 1`` (static; with ``dq_tile``, not deterministic): the K->Q entries are packed
 blocks (the group is 1) of the KV head's ``S_q r`` packed rows, packed row ``p`` being
@@ -797,7 +797,7 @@ class BsaBwdSm90Ws:
         if cutlass.const_expr(self.tail_conv):
             # the dq reordering (the next grid) may launch once every CTA of this grid has
             # started: its CTAs take the SMs the last wave leaves free, each waiting for its
-            # pair's count (and for this grid at its end)
+            # pair's count (its last CTA also for this grid, at its end)
             cute.arch.griddepcontrol_launch_dependents()
         if cutlass.const_expr(self.lpt):
             # CTA `row_id` (in launch order) takes the row_id-th longest K->Q list: the order

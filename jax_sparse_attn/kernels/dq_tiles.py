@@ -168,7 +168,8 @@ class BsaDqFromTiles:
         self.pdl = pdl
         # > 0 (with pdl, unpacked): each CTA waits until its (batch, KV head) pair's count of
         # completed backward CTAs (mDone[P + pair], P pairs) reaches wait_count, instead of
-        # for the backward's grid at its start; it waits for that grid at its end
+        # for the backward's grid at its start; the grid's last CTA waits for that grid at
+        # its end
         self.wait_count = wait_count if pdl and pack == 1 else 0
         self.pack = pack
         if slots < 1:
@@ -241,8 +242,14 @@ class BsaDqFromTiles:
                               row0, mdQ.shape[1] - row0, self.BM, self.d, self.dtype)
         if cutlass.const_expr(self.wait_count > 0):
             # complete only after the backward grid, as if launched after it: what follows
-            # this launch in the stream may read everything the backward wrote
-            cute.arch.griddepcontrol_wait()
+            # this launch in the stream may read everything the backward wrote. One CTA (the
+            # last in launch order) waits: griddepcontrol.wait blocks until that whole grid
+            # has completed, so a wait in every CTA would keep each CTA on its SM after its
+            # tile until the backward's end, and only as many tiles as fit on the free SMs
+            # at once could convert while the backward's last wave runs
+            n_t, n_h, n_b = cute.arch.grid_dim()
+            if t + n_t * (head + n_h * batch) == n_t * n_h * n_b - 1:
+                cute.arch.griddepcontrol_wait()
 
     @cute.jit
     def _packed_rows_to_gmem(self, sbase, tidx, mdQ, batch, head_kv, row0, lim):
