@@ -343,6 +343,8 @@ def test_bsa_bwd_ws_tailconv_lowers(cfg):
     assert not key("tailconv,dqclaim").tail_conv
     assert not key(sw={"dq_writer": "off"}).tail_conv
     assert not key(sw={"bsa_bwd_dq": "rows"}).tail_conv
+    # the reordering is launched with PDL: off with the pdl switch
+    assert not key(sw={"pdl": False}).tail_conv
     for ws in ("tailconv", "zerolag,tailconv"):
         txt = _bwd_text(cfg, ws=ws)
         assert txt.count(CALL_TARGET) == 3 == _calls(cfg, ws=ws), ws

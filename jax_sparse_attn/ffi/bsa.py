@@ -252,9 +252,9 @@ class BsaBwdConfig:
     # each, counted on a zeroed int32 per pair; the preprocessing launch zeroes the first
     # zero_lag pairs' ("zerolag", opt-in; 0: off)
     zero_lag: int = 0
-    # "sm90ws" with dq_writer, unpacked rows: every CTA lets the dq reordering launch when it
-    # starts and counts its pair's completed dQ additions; the reordering's CTAs wait for
-    # their pair's count ("tailconv", opt-in)
+    # "sm90ws" with dq_writer, unpacked rows, pdl: every CTA lets the dq reordering launch
+    # when it starts and counts its pair's completed dQ additions; the reordering's CTAs
+    # (launched with PDL) wait for their pair's count ("tailconv", opt-in)
     tail_conv: bool = False
 
 
@@ -588,7 +588,8 @@ def bwd_config(dtype, head_dim, block_size, has_block_sizes, switches,
                             and "dqclaim" not in opts else 0,
                             tail_conv="tailconv" in opts and not deterministic and tile
                             and getattr(switches, "dq_writer", "auto") != "off"
-                            and pack_gqa == 1 and "dqclaim" not in opts)
+                            and pack_gqa == 1 and "dqclaim" not in opts
+                            and bool(getattr(switches, "pdl", False)))
     if impl == "sm90":
         return BsaBwdConfig(name, head_dim, block_size, has_block_sizes, impl, arch=arch,
                             pack_gqa=pack_gqa, causal=causal,
