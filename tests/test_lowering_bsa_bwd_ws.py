@@ -353,9 +353,9 @@ def test_bsa_bwd_ws_tailconv_lowers(cfg):
 def test_bsa_bwd_ws_tailconv_ptx(kept_ptx):
     """``tailconv``: every CTA lets the next grid launch; warp 1 waits for its bulk additions
     to complete, fences the async proxy and counts the CTA with a fenced atomic; the
-    reordering kernel waits for its pair's count with acquire loads instead of for the
-    backward's grid at its start, and waits for that grid at its end. The default backward
-    lets no grid launch early and counts nothing."""
+    reordering kernel waits for its pair's count (relaxed polls, a sleep between them, one
+    fence) instead of for the backward's grid at its start, and its last CTA waits for that
+    grid at its end. The default backward lets no grid launch early and counts nothing."""
     import kept_ptx as kp  # noqa: PLC0415
 
     tc = _ws_ptx(kept_ptx, "tailconv-blk64")
@@ -373,13 +373,15 @@ def test_bsa_bwd_ws_tailconv_ptx(kept_ptx):
                     if "BsaDqFromTiles" in t]
     assert len(conv) == 1 == len(conv_default)
     c = conv[0]
-    assert "ld.acquire.gpu.global.b32" in c and "fence.proxy.async.global" in c
+    # relaxed polls with a sleep between them, one fence after the last
+    assert "ld.relaxed.gpu.global.b32" in c and "nanosleep.u32" in c
+    assert "fence.acq_rel.gpu" in c and "fence.proxy.async.global" in c
     assert c.count("griddepcontrol.wait") == 1
-    assert c.index("ld.acquire.gpu.global.b32") < c.index("griddepcontrol.wait")
+    assert c.index("ld.relaxed.gpu.global.b32") < c.index("griddepcontrol.wait")
     # only the grid's last CTA waits for the backward's grid (the others exit after their
     # tile instead of holding their SM until the backward ends)
     assert "%nctaid.z" in c[c.index("st.global"):c.index("griddepcontrol.wait")]
-    assert "ld.acquire" not in conv_default[0]
+    assert "ld.relaxed" not in conv_default[0] and "nanosleep" not in conv_default[0]
 
 
 def test_bsa_bwd_ws_relaxpoll_ptx(kept_ptx):

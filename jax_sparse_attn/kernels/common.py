@@ -601,15 +601,25 @@ def fence_acq_rel_gpu(*, loc=None, ip=None):
     inline_asm(None, [], "fence.acq_rel.gpu;", "", True, loc, ip)
 
 
+@dsl_user_op
+def nanosleep(ns: int, *, loc=None, ip=None):
+    """``nanosleep.u32 ns`` (a hint: the warp sleeps up to about ``ns`` nanoseconds)."""
+    inline_asm(None, [], f"nanosleep.u32 {int(ns)};", "", True, loc, ip)
+
+
 @cute.jit
-def wait_at_least(ptr, target, relaxed: cutlass.Constexpr = False):
+def wait_at_least(ptr, target, relaxed: cutlass.Constexpr = False,
+                  sleep_ns: cutlass.Constexpr = 0):
     """Spin (one thread) until the int32 at ``ptr`` is >= ``target``: acquire loads, or
     (``relaxed``) relaxed loads and one ``fence.acq_rel.gpu`` after the last one (with the
     publisher's fence and relaxed store, the same synchronization; the polls then need no
-    L1 invalidation each)."""
+    L1 invalidation each). ``sleep_ns`` > 0 (with ``relaxed``): a ``nanosleep`` before each
+    poll after the first, for a wait that may be long and shares the SM with other work."""
     if cutlass.const_expr(relaxed):
         v = ld_relaxed_s32(ptr)
         while v < target:
+            if cutlass.const_expr(sleep_ns > 0):
+                nanosleep(sleep_ns)
             v = ld_relaxed_s32(ptr)
         fence_acq_rel_gpu()
     else:

@@ -29,6 +29,9 @@ from .common import (bulk_copy_f32, bulk_reduce_add_f32, elem_ptr, st_shared_v4_
                      wait_at_least)
 from .pack_gqa import packed_row
 
+#: ``wait_count``: nanoseconds a waiting CTA sleeps between two polls of its pair's count
+POLL_SLEEP_NS = 500
+
 
 def tile_blocks(bm: int, d: int, w: int) -> int:
     """Blocks (= reading warps) of one ``bm x d`` tile of ``w``-column blocks."""
@@ -203,12 +206,15 @@ class BsaDqFromTiles:
         t, head, batch = cute.arch.block_idx()
         if cutlass.const_expr(self.wait_count > 0):
             # this tile's (batch, KV head) pair: every backward CTA of it has completed its
-            # dQ additions (acquire loads; the generic loads below after an async-proxy fence)
+            # dQ additions (relaxed polls with a sleep between them, which neither invalidate
+            # L1 nor take issue slots from a backward CTA on the same SM, then one fence; the
+            # generic loads below after an async-proxy fence)
             if tidx == 0:
                 n_pairs = mDone.shape[0] // 2
                 heads_kv = n_pairs // mWs.shape[0]
                 pair = batch * heads_kv + head // (mWs.shape[1] // heads_kv)
-                wait_at_least(elem_ptr(mDone, (n_pairs + pair,)), self.wait_count)
+                wait_at_least(elem_ptr(mDone, (n_pairs + pair,)), self.wait_count,
+                              relaxed=True, sleep_ns=POLL_SLEEP_NS)
                 cute.arch.fence_proxy("async.global")
             cute.arch.barrier()
         elif cutlass.const_expr(self.pdl):
