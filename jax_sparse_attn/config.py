@@ -552,10 +552,12 @@ SWITCHES = (
                "out; ignored otherwise: the preprocessing launch (delta, the zeroed dQ "
                "workspace) joins that call between the order kernel and the backward; "
                "measured no faster)"),
-    _choice("bsa_pre_impl", "JAX_SPARSE_ATTN_BSA_PRE_IMPL", ("kernel", "delta", "xla"),
+    _choice("bsa_pre_impl", "JAX_SPARSE_ATTN_BSA_PRE_IMPL", ("kernel", "kernel4", "delta", "xla"),
             "BSA backward preprocessing (delta = rowsum(dO*O), zeroed fp32 dQ workspace): "
-            "kernel (one CuTe DSL launch computes delta and zeroes the workspace), delta (the "
-            "launch computes delta, an XLA memset zeroes the workspace) or xla (XLA fusions)"),
+            "kernel (one CuTe DSL launch computes delta and zeroes the workspace), kernel4 (that "
+            "launch with each thread's loads of four rows issued together, a quarter of the "
+            "CTAs; opt-in, not yet measured), delta (the launch computes delta, an XLA memset "
+            "zeroes the workspace) or xla (XLA fusions)"),
     _choice("bsa_kq_impl", "JAX_SPARSE_ATTN_BSA_KQ_IMPL", ("xla", "kernel"),
             "K->Q block lists of the Hopper BSA backwards (default mode): xla (XLA fusions, "
             "metadata.build_kq_csr) or kernel (one CuTe DSL launch, one thread-block cluster: "

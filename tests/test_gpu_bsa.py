@@ -207,14 +207,17 @@ def test_fresh_inputs_same_shape_not_stale():
 PRE_CASES = [(d, layout, dtype, ws, pre) for d, layout, dtype, ws, pre in (
     (32, "bshd", "float16", "rows", "kernel"), (64, "bhsd", "bfloat16", "tile", "kernel"),
     (128, "bshd", "bfloat16", "tile", "kernel"), (128, "bhsd", "float16", "rows", "kernel"),
-    (128, "bhsd", "bfloat16", "tile", "delta"), (256, "bhsd", "float16", "rows", "kernel"))]
+    (128, "bhsd", "bfloat16", "tile", "delta"), (256, "bhsd", "float16", "rows", "kernel"),
+    # four rows' loads per thread at once (a quarter of the CTAs; the tail CTA partly empty)
+    (128, "bhsd", "bfloat16", "tile", "kernel4"), (64, "bshd", "float16", "rows", "kernel4"),
+    (32, "bhsd", "bfloat16", "tile", "kernel4"))]
 
 
 @pytest.mark.parametrize("d,layout,dtype,ws,pre", shard(PRE_CASES, SHARD))
 def test_bsa_preprocess_kernel(d, layout, dtype, ws, pre):
     """kernels/bsa_pre.py: delta = rowsum(dO * O) in fp32 and an all-zero dQ workspace (the
     row-major accumulator, or the query-tile workspace of the sm90ws backward; zeroed by the
-    launch, or with ``bsa_pre_impl="delta"`` by XLA).
+    launch, or with ``bsa_pre_impl="delta"`` by XLA; ``"kernel4"``: four rows per thread).
 
     B*S*H = 2*1023*3 rows is not a multiple of the rows per CTA (tail CTA), odd S (the tile
     workspace has 1024 rows per (b, h)). The allocator is first handed a NaN-filled buffer

@@ -36,7 +36,7 @@ def _ids(c):
 
 
 def _bwd_text(cfg, ws="", b=2, sq=1000, skv=1025, kmax=5, impl="sm90ws", deterministic=False,
-              dq="tile", det_writer=False, dlse=False, causal=False):
+              dq="tile", det_writer=False, dlse=False, causal=False, pre="kernel"):
     """The lowered text of the public backward on the ``impl`` kernel for ``cfg`` (``dlse``:
     with an lse cotangent)."""
     import jax_sparse_attn as jsa
@@ -57,7 +57,7 @@ def _bwd_text(cfg, ws="", b=2, sq=1000, skv=1025, kmax=5, impl="sm90ws", determi
     lse = jax.ShapeDtypeStruct((b, cfg["hq"], sq), jnp.float32)
     kw = dict(layout=cfg["layout"], sparse_block_size=blk, softmax_scale=0.3, backend="kernel",
               switches=Switches(bsa_bwd_impl=impl, bsa_bwd_ws=ws, bsa_bwd_dq=dq,
-                                det_writer=det_writer),
+                                det_writer=det_writer, bsa_pre_impl=pre),
               deterministic=deterministic, causal=causal)
 
     def bwd(do, q, k, v, o, lse, i, n, s):
@@ -213,6 +213,7 @@ _PTX_CONFIGS = {
     "dqclaim-blk64": ("_bwd_text", (CONFIGS[1],), None, {"ws": "dqclaim"}),
     "zerolag-blk64": ("_bwd_text", (CONFIGS[1],), None, {"ws": "zerolag"}),
     "tailconv-blk64": ("_bwd_text", (CONFIGS[1],), None, {"ws": "tailconv"}),
+    "pre4-blk64": ("_bwd_text", (CONFIGS[1],), None, {"pre": "kernel4"}),
 }
 
 
@@ -382,6 +383,21 @@ def test_bsa_bwd_ws_tailconv_ptx(kept_ptx):
     # tile instead of holding their SM until the backward ends)
     assert "%nctaid.z" in c[c.index("st.global"):c.index("griddepcontrol.wait")]
     assert "ld.relaxed" not in conv_default[0] and "nanosleep" not in conv_default[0]
+
+
+def test_bsa_pre_kernel4_ptx(kept_ptx):
+    """``bsa_pre_impl="kernel4"``: the preprocessing thread issues the 16-byte loads of O and
+    dO of its four rows (8) before its first product; the default kernel has one row's two."""
+    import kept_ptx as kp  # noqa: PLC0415
+
+    def pre(name):
+        files = [t for t in kp.ptx_of(kept_ptx, name).values() if "BsaPreprocess" in t]
+        assert len(files) == 1
+        return files[0]
+
+    four, one = pre("pre4-blk64"), pre(_ids(CONFIGS[1]))
+    assert four[:four.index("fma.rn.f32")].count("ld.global.v4") == 8
+    assert one.count("ld.global.v4") == 2
 
 
 def test_bsa_bwd_ws_relaxpoll_ptx(kept_ptx):

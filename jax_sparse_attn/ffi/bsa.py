@@ -294,13 +294,15 @@ class BsaPreConfig:
     """Compile key of the backward preprocessing kernel (``pdl``: programmatic dependent
     launch, Hopper family only; ``zero_ws``: the launch also zeroes the fp32 dQ workspace,
     else XLA does; ``zero_elems`` > 0: only its first ``zero_elems`` elements, the
-    backward's writer warps zero the rest (``zero_lag``))."""
+    backward's writer warps zero the rest (``zero_lag``); ``rows_per_thread``: rows whose
+    loads each thread issues at once)."""
 
     dtype: str
     head_dim: int
     pdl: bool = False
     zero_ws: bool = True
     zero_elems: int = 0
+    rows_per_thread: int = 1  # rows whose loads each thread issues together ("kernel4": 4)
 
 
 def _impl(want: str, head_dim: int, block_size: int | None = None) -> str:
@@ -859,11 +861,12 @@ def pack_gqa_unsupported_reason(*, head_dim, sparse_block_size, group, passes=("
 
 def pre_config(dtype, head_dim, switches) -> BsaPreConfig | None:
     """The preprocessing kernel's compile key, or None for the XLA preprocessing."""
-    if switches.bsa_pre_impl not in ("kernel", "delta"):
+    if switches.bsa_pre_impl not in ("kernel", "kernel4", "delta"):
         return None
     pdl = bool(getattr(switches, "pdl", False)) and _platform.kernel_family(switches) == "sm90"
     return BsaPreConfig(jnp.dtype(dtype).name, head_dim, pdl,
-                        zero_ws=switches.bsa_pre_impl == "kernel")
+                        zero_ws=switches.bsa_pre_impl != "delta",
+                        rows_per_thread=4 if switches.bsa_pre_impl == "kernel4" else 1)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -1253,13 +1256,15 @@ def _pre_entry(stream, out, do, delta, dq_acc, *, cfg: BsaPreConfig):
     from ..kernels.bsa_pre import BsaPreprocess  # noqa: PLC0415
 
     BsaPreprocess(_cutlass_dtype(cfg.dtype), cfg.head_dim, cfg.pdl,
-                  zero_elems=cfg.zero_elems)(out, do, delta, dq_acc, stream)
+                  zero_elems=cfg.zero_elems, rows_per_thread=cfg.rows_per_thread)(
+        out, do, delta, dq_acc, stream)
 
 
 def _pre_delta_entry(stream, out, do, delta, *, cfg: BsaPreConfig):
     from ..kernels.bsa_pre import BsaPreprocess  # noqa: PLC0415
 
-    BsaPreprocess(_cutlass_dtype(cfg.dtype), cfg.head_dim, cfg.pdl)(out, do, delta, None, stream)
+    BsaPreprocess(_cutlass_dtype(cfg.dtype), cfg.head_dim, cfg.pdl,
+                  rows_per_thread=cfg.rows_per_thread)(out, do, delta, None, stream)
 
 
 @functools.cache
