@@ -9,9 +9,10 @@
 # (1) in parallel: the list kernel against metadata.build_kq_csr (tests/test_gpu_kq_lists.py),
 # the D 64 / 128 cases of the block-sparse grid with its lists (BSA_TEST_IMPLS kqkernel), and
 # the zerolag and tailconv backward cases (NaN left in reused buffers by an all-NaN run);
-# (2) per-kernel traces of the backward alone at blk64 12.5 % / 25 % and blk128: default,
-# the list kernel, zerolag, tailconv, all three (each only where its tests passed);
-# (3) the backward rows 0, 2, 3, 4 of the table (sustained), the variants interleaved.
+# (2) per-kernel traces of the backward alone at blk64 25 % and blk128: default, each
+# change alone and all of them (each only where its tests passed);
+# (3) the backward rows 0, 2, 3, 4 of the table (sustained): default / the last variant
+# traced (all of them where every test passed) / default.
 # Usage (device, after `source .devcache/setup.sh`): OUT=$OUT bash scripts/gpu_s41_bwd.sh [seconds]
 . "$(dirname "$0")/gpu_lib.sh" bwd41 "${1:-560}"
 export JAX_SPARSE_ATTN_GPU_TEST_TIMEOUT=120
@@ -37,12 +38,13 @@ if ok pre; then V+=("JAX_SPARSE_ATTN_BSA_PRE_IMPL=kernel4"); N+=(pre4); fi
 if ok kq && ok kq_grid && ok zl && ok tc && ok pre; then
   V+=("$KQ,$WS=zerolag+tailconv,JAX_SPARSE_ATTN_BSA_PRE_IMPL=kernel4"); N+=(all); fi
 for i in "${!V[@]}"; do
-  env $(echo "${V[$i]}" | tr ',' ' ' | tr '+' ',') timeout 60 python3 scripts/gpu_trace.py --iters 20 --case bsa_bwd_blk64 \
-    --case bsa_bwd_blk64_25 --case bsa_bwd_blk128 --out $O/trace_${N[$i]}.json \
+  env $(echo "${V[$i]}" | tr ',' ' ' | tr '+' ',') timeout 50 python3 scripts/gpu_trace.py \
+    --iters 10 --case bsa_bwd_blk64_25 --case bsa_bwd_blk128 --out $O/trace_${N[$i]}.json \
     > $O/trace_${N[$i]}.txt 2>&1
   t "trace ${N[$i]} rc=$?"; grep "^==\|us  x1" $O/trace_${N[$i]}.txt | head -24
 done
-TAB=$(IFS=';'; echo "${V[*]};")
+# the table rows: default / the last variant (all of them, or the last that passed) / default
+TAB=";${V[${#V[@]}-1]};"
 timeout $(( $(left) - 10 )) python3 -m benchmarks.bsa_bench --table-pass bwd --rows 0,2,3,4 \
   --table "$TAB" --out $O/bwd.json > $O/bwd.txt 2>&1
 t "bwd rows rc=$?"; grep -v "^wrote" $O/bwd.txt | tail -24
