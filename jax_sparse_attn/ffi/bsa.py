@@ -917,19 +917,23 @@ def _kq_jit():
 
 
 def kq_lists(q2k_block_index, q2k_block_nums, *, num_kv_heads: int, num_kv_blocks: int,
-             kernel: bool = True, cute_call_mode: str = "shared"):
+             kernel: bool = True, cute_call_mode: str = "shared", sanitized: bool = False):
     """The backward's K->Q lists ``(offsets, entries)`` of the metadata as
     :func:`metadata.sanitize_bsa_metadata` clamps them (ids to ``[0, N_kv)``, counts to
     ``[0, K_max]``): :func:`metadata.build_kq_csr` of the clamped metadata (an id repeated
     in a row's active prefix listed once, as by its bitmap construction). With ``kernel``
     and where :func:`kq_config` takes the call, one launch of ``kernels/bsa_kq_lists.py``
-    (it clamps as it reads); else the clamp and ``build_kq_csr`` in XLA."""
+    (it clamps as it reads); else the clamp and ``build_kq_csr`` in XLA (``sanitized``: the
+    metadata are clamped already, only ``build_kq_csr``)."""
     from .._cute_call import call_builder  # noqa: PLC0415
 
     kcfg = kq_config(q2k_block_index.shape, num_kv_heads, num_kv_blocks) if kernel else None
     if kcfg is None:
-        idx, nums, _ = metadata.sanitize_bsa_metadata(
-            q2k_block_index, q2k_block_nums, None, num_kv_blocks=num_kv_blocks, block_size=1)
+        idx, nums = q2k_block_index, q2k_block_nums
+        if not sanitized:
+            idx, nums, _ = metadata.sanitize_bsa_metadata(idx, nums, None,
+                                                          num_kv_blocks=num_kv_blocks,
+                                                          block_size=1)
         return metadata.build_kq_csr(idx, nums, num_kv_heads=num_kv_heads,
                                      num_kv_blocks=num_kv_blocks)
     n_rows = kcfg.n_chains * kcfg.n_kv
@@ -1640,7 +1644,7 @@ def bsa_bwd(do, q, k, v, out, lse, q2k_block_index, q2k_block_nums, block_sizes,
         # no query row or no key: zero gradients, nothing to launch (see bsa_fwd)
         return jnp.zeros_like(q), jnp.zeros_like(k), jnp.zeros_like(v)
     spec = _specs(cfg.layout)
-    # the K->Q lists clamp the metadata as _sanitize does (the kernel as it reads them)
+    # the list kernel clamps the metadata as _sanitize does, as it reads them
     raw_idx, raw_nums = q2k_block_index, q2k_block_nums
     q2k_block_index, q2k_block_nums, block_sizes = _sanitize(
         q2k_block_index, q2k_block_nums, block_sizes, cfg)
@@ -1682,10 +1686,15 @@ def bsa_bwd(do, q, k, v, out, lse, q2k_block_index, q2k_block_nums, block_sizes,
     if cfg.bwd.deterministic:
         return _bsa_bwd_deterministic(q, k, v, do, lse, delta, dq_acc, q2k_block_index,
                                       q2k_block_nums, block_sizes, cfg, spec, ocfg)
-    offsets, entries = kq_lists(raw_idx, raw_nums,
+    # the kernel's lists read the raw metadata (it clamps them itself), XLA's the clamped ones
+    kq_kernel = (cfg.kq_kernel and cfg.bwd.impl in ("sm90", "sm90ws")
+                 and kq_config(q2k_block_index.shape, cfg.num_heads_kv,
+                               cfg.num_kv_blocks) is not None)
+    offsets, entries = kq_lists(*((raw_idx, raw_nums) if kq_kernel
+                                  else (q2k_block_index, q2k_block_nums)),
                                 num_kv_heads=cfg.num_heads_kv, num_kv_blocks=cfg.num_kv_blocks,
-                                kernel=cfg.kq_kernel and cfg.bwd.impl in ("sm90", "sm90ws"),
-                                cute_call_mode=cfg.cute_call)
+                                kernel=kq_kernel, cute_call_mode=cfg.cute_call,
+                                sanitized=not kq_kernel)
     if cfg.bwd.impl == "sm90ws" and cfg.bwd.ws_lpt:
         # the sm90ws kernel reads its CTA order (longest K->Q list first) after the offsets
         offsets = jnp.concatenate([offsets, metadata.kq_lpt_order(offsets)])
