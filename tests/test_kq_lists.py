@@ -165,3 +165,40 @@ def test_kq_lists_in_the_backward(monkeypatch):
     port = [_bwd_text(kq, kernel_family="portable").count(CALL_TARGET)
             for kq in ("xla", "kernel")]
     assert port[0] == port[1] >= 1, port
+
+
+@pytest.mark.lowering
+def test_backward_with_every_outside_opt_in_lowers(monkeypatch):
+    """The list kernel, ``zerolag``, ``tailconv`` and the four-row preprocessing together
+    (blk 64, D 128, GQA 4:1, ``block_sizes``): the backward is four launches (preprocessing,
+    lists, backward, reordering), and ``jax.grad`` through the public op adds the forward."""
+    import jax_sparse_attn as jsa
+    from jax_sparse_attn.config import Switches
+
+    monkeypatch.setenv("JAX_SPARSE_ATTN_FORCE_KERNEL", "1")
+    sw = Switches(bsa_kq_impl="kernel", bsa_bwd_ws="zerolag,tailconv", bsa_pre_impl="kernel4")
+    b, hq, hkv, s, d, blk, kmax = 3, 8, 2, 1000, 128, 64, 5
+    n = -(-s // blk)
+    q = jax.ShapeDtypeStruct((b, hq, s, d), jnp.bfloat16)
+    k = jax.ShapeDtypeStruct((b, hkv, s, d), jnp.bfloat16)
+    idx = jax.ShapeDtypeStruct((b, hq, n, kmax), jnp.int32)
+    nums = jax.ShapeDtypeStruct((b, hq, n), jnp.int32)
+    sizes = jax.ShapeDtypeStruct((b, hq, n), jnp.int32)
+    lse = jax.ShapeDtypeStruct((b, hq, s), jnp.float32)
+    kw = dict(layout="bhsd", sparse_block_size=blk, softmax_scale=0.3, backend="kernel",
+              switches=sw)
+
+    def bwd(do, q, k, v, o, lse, i, n_, sz):
+        return jsa.block_sparse_attention_backward(do, q, k, v, o, lse, i, None, sz, n_, **kw)
+
+    txt = jax.jit(bwd).trace(q, q, k, k, q, lse, idx, nums, sizes).lower(
+        lowering_platforms=("cuda",)).as_text()
+    assert txt.count(CALL_TARGET) == 4
+
+    def loss(q, k, v, i, n_, sz):
+        return jsa.block_sparse_attention(q, k, v, i, None, sz, n_, **kw).astype(
+            jnp.float32).sum()
+
+    txt = jax.jit(jax.grad(loss, argnums=(0, 1, 2))).trace(q, k, k, idx, nums, sizes).lower(
+        lowering_platforms=("cuda",)).as_text()
+    assert txt.count(CALL_TARGET) == 5
