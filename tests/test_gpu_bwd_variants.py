@@ -167,13 +167,15 @@ def test_bsa_bwd_zerolag(c, monkeypatch):
     tb.test_bsa_sm90ws_backward(c)
 
 
-@pytest.mark.parametrize("ws", ["tailconv", "zerolag,tailconv"])
+@pytest.mark.parametrize("ws", ["tailconv", "zerolag,tailconv", "tailconv,lpt"])
 @pytest.mark.parametrize("c", ZEROLAG_CASES, ids=lambda c: c["name"])
 def test_bsa_bwd_tailconv(c, ws, monkeypatch):
-    """``bsa_bwd_ws=tailconv`` (with and without zerolag): the dq reordering starts once the
-    backward's last CTA has started, each of its CTAs waiting for its (batch, KV head)
-    pair's count of completed backward CTAs; dq (allocated by the backward's call, NaN left
-    in reused buffers by the all-NaN run first) must come out complete."""
+    """``bsa_bwd_ws=tailconv`` (alone, with zerolag, and with lpt, whose CTAs take the KV
+    blocks longest list first across pairs, so each CTA counts the pair it was remapped to):
+    the dq reordering starts once the backward's last CTA has started, each of its CTAs
+    waiting for its (batch, KV head) pair's count of completed backward CTAs; dq (allocated
+    by the backward's call, NaN left in reused buffers by the all-NaN run first) must come
+    out complete."""
     from jax_sparse_attn.ffi import bsa as fb
 
     sw = Switches(bsa_bwd_impl="sm90ws", bsa_bwd_ws=ws)
