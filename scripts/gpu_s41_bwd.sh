@@ -22,7 +22,8 @@ ids=$(BSA_TEST_IMPLS=nodefault,kqkernel python3 -m pytest -m gpu --collect-only 
   tests/test_gpu_bsa.py -k TestBSAKernelGrid 2>/dev/null | grep -v 'd32\|d256' | grep '::')
 BSA_TEST_IMPLS=nodefault,kqkernel timeout $T $PYT $ids > $O/t_kq_grid.txt 2>&1 &
 timeout $T $PYT tests/test_gpu_bwd_variants.py -k "zerolag and not tailconv" > $O/t_zl.txt 2>&1 &
-timeout $T $PYT tests/test_gpu_bwd_variants.py -k tailconv > $O/t_tc.txt 2>&1 &
+timeout $T $PYT tests/test_gpu_bwd_variants.py -k "tailconv and (9pairs or 16pairs or gqa8)" \
+  > $O/t_tc.txt 2>&1 &
 timeout $T $PYT tests/test_gpu_bsa.py -k preprocess > $O/t_pre.txt 2>&1 &
 wait
 for f in kq kq_grid zl tc pre; do t "$f: $(tail -1 $O/t_$f.txt)"; done
