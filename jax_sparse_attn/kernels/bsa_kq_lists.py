@@ -76,11 +76,6 @@ def fits(n_kv: int, group: int, n_q: int, n_rows: int, n_slots: int = 1) -> bool
             and 1 <= n_slots <= MAX_SLOTS)
 
 
-def _trailing_zeros(x):
-    """Index of the lowest set bit of the nonzero int32 ``x``."""
-    return cute.arch.popc((x & (Int32(0) - x)) - 1)
-
-
 class BsaKqLists:
     """``(idx, nums) -> (offsets, entries, words, counts)``: ``idx`` the flat int32
     ``q2k_block_index`` (``B H_q N_q K_max``), ``nums`` the flat int32 ``q2k_block_nums``
@@ -218,13 +213,13 @@ class BsaKqLists:
         for r in cutlass.range(g, n_rows + 1, CLUSTER * nt, unroll=1):
             mOffsets[r] = Int32(sOffs[r])
         # entries: one warp per row (ROWS rows at a time, their word loads issued
-        # together), each lane one word of a 32-word chunk; a lane's bits go to its row's
-        # start plus the set bits of the row's words before it (a warp scan), so the lanes
-        # of a store write neighbouring places of one row
+        # together: each lane one word of a 32-word chunk), then word by word, each lane
+        # one bit, so the lanes of a store write neighbouring places of one row
         nwarps = nt // 32
         step = CLUSTER * nwarps
         rRun = cute.make_rmem_tensor((ROWS,), Int32)
         rBase = cute.make_rmem_tensor((ROWS,), Int32)
+        below = (Int32(1) << lane) - 1  # this lane's bits below its own
         for rb in cutlass.range(cta * nwarps + warp, n_rows, step * ROWS, unroll=1):
             for u in cutlass.range_constexpr(ROWS):
                 rc = cutlass.min(rb + u * step, n_rows - 1)
@@ -241,19 +236,17 @@ class BsaKqLists:
                             x = Int32(mWords[rBase[u] + w * n_kv])
                     rX[u] = x
                 for u in cutlass.range_constexpr(ROWS):
-                    x = rX[u]
-                    p = cute.arch.popc(x)
-                    incl = p
-                    for k in cutlass.range_constexpr(5):
-                        up = cute.arch.shuffle_sync_up(incl, offset=1 << k)
-                        if lane >= (1 << k):
-                            incl += up
-                    pos = rRun[u] + incl - p
-                    while x != 0:
-                        mEntries[pos] = w * 32 + _trailing_zeros(x)
-                        pos += 1
-                        x = x & (x - 1)
-                    rRun[u] = rRun[u] + cute.arch.shuffle_sync(incl, 31)
+                    # the chunk's words one at a time, broadcast from the lane holding it:
+                    # lane l writes the entry of the word's bit l, at the row's running
+                    # count plus the word's set bits below bit l (neighbouring places)
+                    xl = rX[u]
+                    run = rRun[u]
+                    for i in cutlass.range(cutlass.min(nw - ch * 32, 32), unroll=1):
+                        x = cute.arch.shuffle_sync(xl, i)
+                        if ((x >> lane) & 1) != 0:
+                            mEntries[run + cute.arch.popc(x & below)] = (ch * 32 + i) * 32 + lane
+                        run += cute.arch.popc(x)
+                    rRun[u] = run
         total = Int32(sOffs[n_rows])
         for i in cutlass.range(total + g, self.n_slots, CLUSTER * nt, unroll=1):
             mEntries[i] = Int32(0)
