@@ -2,8 +2,9 @@
 # Session 41's last device call: (1) in parallel, the pairwg forward's GPU cases (with and
 # without turns), its causal cases, the K->Q list kernel's comparison (its third version:
 # word-by-word entries), the preprocessing cases (kernel4 included) and the robustness
-# kernel cases; (2) per-kernel traces of the backward alone (blk64 25 %, blk128) with the
-# list kernel and with kernel4; (3) only if pairwg's cases passed: the blk64 forward rows
+# kernel cases; then tailconv's cases (its reordering now launched by the backward's call);
+# (2) per-kernel traces of the backward alone (blk64 25 %, blk128) with the list kernel,
+# kernel4 and tailconv; (3) only if pairwg's cases passed: the blk64 forward rows
 # 12.5 % and 25 %, default / pairwg / default.
 # Usage (device, after `source .devcache/setup.sh`): OUT=$OUT bash scripts/gpu_s41_final.sh [seconds]
 . "$(dirname "$0")/gpu_lib.sh" final41 "${1:-540}"
@@ -20,9 +21,13 @@ wait
 for f in pair pair_nopp pair_causal kq pre robust; do t "$f: $(tail -1 $O/t_$f.txt)"; done
 grep -h "^FAILED\|^E  \|Timeout\|timed out" $O/t_*.txt | head -20
 ok() { grep -q " passed" $O/t_$1.txt && ! grep -qi "failed\|error\|timeout" $O/t_$1.txt; }
-for v in kq pre4; do
+timeout 120 $PYT tests/test_gpu_bwd_variants.py -k "tailconv and (9pairs or gqa8)" \
+  > $O/t_tc.txt 2>&1
+t "tc: $(tail -1 $O/t_tc.txt)"
+for v in kq pre4 tc; do
   case $v in kq) ok kq || continue; E="JAX_SPARSE_ATTN_BSA_KQ_IMPL=kernel";;
-             pre4) ok pre || continue; E="JAX_SPARSE_ATTN_BSA_PRE_IMPL=kernel4";; esac
+             pre4) ok pre || continue; E="JAX_SPARSE_ATTN_BSA_PRE_IMPL=kernel4";;
+             tc) ok tc || continue; E="JAX_SPARSE_ATTN_BSA_BWD_WS=tailconv";; esac
   env $E timeout 50 python3 scripts/gpu_trace.py --iters 10 --case bsa_bwd_blk64_25 \
     --case bsa_bwd_blk128 --out $O/trace_$v.json > $O/trace_$v.txt 2>&1
   t "trace $v rc=$?"; grep "^==\|us  x1" $O/trace_$v.txt | head -14

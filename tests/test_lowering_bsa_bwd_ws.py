@@ -88,7 +88,8 @@ def _calls(cfg, ws="", **kw):
     order = key.det_window > 0 and (not key.det_sched_auto or cfg["hq"] == cfg["hkv"])
     # streamed (detstream, the default at blk 64 / D 128), the order kernel is launched by
     # the backward's call
-    return 2 + key.dq_tile + (order and not key.det_stream)
+    # (tail_conv: the reordering is launched by the backward's call)
+    return 2 + (key.dq_tile and not key.tail_conv) + (order and not key.det_stream)
 
 
 def test_bsa_bwd_ws_ablation_lowers():
@@ -323,9 +324,9 @@ def test_bsa_bwd_ws_zerolag_ptx(kept_ptx):
 @pytest.mark.parametrize("cfg", [CONFIGS[0], CONFIGS[3]], ids=["blk128", "blk64-d64"])
 def test_bsa_bwd_ws_tailconv_lowers(cfg):
     """``bsa_bwd_ws=tailconv`` (opt-in): with the dQ writer warp, not deterministic, unpacked,
-    not with dqclaim; alone and with zerolag the call is the same three launches (the
-    preprocessing, the backward, which also allocates dq, and the reordering that writes it
-    as the backward's pairs complete)."""
+    not with dqclaim; alone and with zerolag the call is two launches (the preprocessing, and
+    one call that launches the backward and then the reordering that writes dq as the
+    backward's pairs complete)."""
     from jax_sparse_attn.config import Switches
     from jax_sparse_attn.ffi import bsa
 
@@ -348,7 +349,7 @@ def test_bsa_bwd_ws_tailconv_lowers(cfg):
     assert not key(sw={"pdl": False}).tail_conv
     for ws in ("tailconv", "zerolag,tailconv"):
         txt = _bwd_text(cfg, ws=ws)
-        assert txt.count(CALL_TARGET) == 3 == _calls(cfg, ws=ws), ws
+        assert txt.count(CALL_TARGET) == 2 == _calls(cfg, ws=ws), ws
 
 
 def test_bsa_bwd_ws_tailconv_ptx(kept_ptx):
@@ -369,9 +370,13 @@ def test_bsa_bwd_ws_tailconv_ptx(kept_ptx):
     assert wait and "fence.proxy.async.global" in before[wait[-1]:]
     assert "fence.acq_rel.gpu" in before[wait[-1]:]
     assert "griddepcontrol.launch_dependents" not in default and atom not in default
-    conv = [t for t in kp.ptx_of(kept_ptx, "tailconv-blk64").values() if "BsaDqFromTiles" in t]
-    conv_default = [t for t in kp.ptx_of(kept_ptx, _ids(CONFIGS[1])).values()
-                    if "BsaDqFromTiles" in t]
+    def reorder_entries(name):
+        # the reordering kernel's entry (with tailconv it shares the backward's module)
+        return [e for t in kp.ptx_of(kept_ptx, name).values()
+                for e in t.split(".entry ")[1:] if e.startswith("kernel_cutlass_kernel_jax_"
+                                                                 "sparse_attnkernelsdq_tiles")]
+
+    conv, conv_default = reorder_entries("tailconv-blk64"), reorder_entries(_ids(CONFIGS[1]))
     assert len(conv) == 1 == len(conv_default)
     c = conv[0]
     # relaxed polls with a sleep between them, one fence after the last

@@ -1384,9 +1384,6 @@ class BsaDqTilesConfig:
     pdl: bool = False  # programmatic dependent launch (the backward's)
     slots: int = 1  # accumulators per query tile, summed in order
     pack: int = 1  # packed GQA rows (r; 1: not packed)
-    # > 0: each CTA waits until its (batch, KV head) pair's count of completed backward CTAs
-    # reaches this (the backward's KV blocks per pair) instead of for the backward's grid
-    wait_count: int = 0
 
 
 def _dq_tiles_entry(stream, ws, dq, *, cfg: BsaDqTilesConfig):
@@ -1403,23 +1400,6 @@ def _dq_tiles_sem_entry(stream, ws, sem, dq, *, cfg: BsaDqTilesConfig):
 
     BsaDqFromTiles(_cutlass_dtype(cfg.dtype), cfg.head_dim, cfg.block_cols, cfg.pdl,
                    cfg.slots)(ws, dq, stream, mSem=sem)
-
-
-def _dq_tiles_wait_entry(stream, ws, count, dq, *, cfg: BsaDqTilesConfig):
-    # tail_conv: the backward's per-pair counters (int32 (2 B H_kv,), the second half the
-    # completed CTAs) and dq, allocated by the backward's call, aliased to the output
-    from ..kernels.dq_tiles import BsaDqFromTiles  # noqa: PLC0415
-
-    BsaDqFromTiles(_cutlass_dtype(cfg.dtype), cfg.head_dim, cfg.block_cols, cfg.pdl,
-                   cfg.slots, wait_count=cfg.wait_count)(ws, dq, stream, mDone=count)
-
-
-@functools.cache
-def _dq_tiles_wait_jit():
-    """The one ``cute.jit`` of ``_dq_tiles_wait_entry``."""
-    import cutlass.cute as cute  # noqa: PLC0415
-
-    return cute.jit(_dq_tiles_wait_entry)
 
 
 @functools.cache
@@ -1813,11 +1793,18 @@ def _bwd_counted_entry(stream, q, k, v, do, lse, delta, offsets, entries, sizes,
 
 def _bwd_counted_dq_entry(stream, q, k, v, do, lse, delta, offsets, entries, sizes, scale,
                           count, dq_acc, dk, dv, dq, *, cfg: BsaBwdConfig):
-    # tail_conv: dq (output 4) is allocated by this call and written by the reordering
-    # launch that overlaps the backward's last wave; the backward does not touch it
-    del dq
+    # tail_conv: the backward, then from the same call the dq reordering as its programmatic
+    # dependent (a separate custom call's does not start early under XLA): the reordering's
+    # CTAs start once every backward CTA has, each waiting for its pair's count of completed
+    # backward CTAs (the backward's KV blocks per pair)
+    from ..kernels.dq_tiles import BsaDqFromTiles  # noqa: PLC0415
+
     _ws_kernel(cfg)(q, k, v, do, lse, delta, offsets, entries, sizes, scale, dq_acc, dk, dv,
                     stream, mdQSem=count)
+    n_kv = (k.shape[1] + cfg.block_size - 1) // cfg.block_size
+    BsaDqFromTiles(_cutlass_dtype(cfg.dtype), cfg.head_dim, dq_block_cols(cfg), True,
+                   cfg.det_slots, wait_pairs=True)(dq_acc, dq, stream, mDone=count,
+                                                   n_wait=n_kv)
 
 
 @functools.cache
@@ -1833,8 +1820,8 @@ def _bsa_bwd_counted(q, k, v, do, lse, delta, offsets, entries, block_sizes, dq_
     """The default backward's call with ``cfg.bwd.zero_lag`` and / or ``tail_conv``: the
     workspace (with ``zero_lag`` zeroed by the preprocessing for the first pairs only) and
     ``2 B H_kv`` zeroed int32 counters (per (batch, KV head) pair: the zeroed shares, then
-    the completed CTAs) aliased to outputs; with ``tail_conv`` the call also allocates dq,
-    which the reordering launch then writes while the backward's last wave runs. Returns
+    the completed CTAs) aliased to outputs; with ``tail_conv`` the call also launches the
+    dq reordering (its output dq), which runs while the backward's last wave does. Returns
     ``(dq, dk, dv)``."""
     from .._cute_call import call_builder  # noqa: PLC0415
 
@@ -1858,24 +1845,10 @@ def _bsa_bwd_counted(q, k, v, do, lse, delta, offsets, entries, block_sizes, dq_
     )
     outs = call(q, k, v, do, lse, delta, offsets, entries, block_sizes,
                 _scale_array(cfg.softmax_scale), count, dq_acc)
-    dq_acc, dk, dv, count = outs[:4]
+    dq_acc, dk, dv = outs[:3]
     if not tail:
         return _dq_out(dq_acc, q, cfg, spec), dk, dv
-    key = BsaDqTilesConfig(cfg.bwd.dtype, cfg.head_dim, dq_block_cols(cfg.bwd), True,
-                           det_slots_of(cfg), 1, wait_count=cfg.num_kv_blocks)
-    conv = call_builder(cfg.cute_call)(
-        _dq_tiles_wait_jit(),
-        output_shape_dtype=(jax.ShapeDtypeStruct(q.shape, q.dtype),),
-        input_spec=(None, None, spec),
-        output_spec=(spec,),
-        input_output_aliases={2: 0},
-        compile_key=("bsa_dq_tiles_wait", key),
-        cfg=key,
-        static_last_inputs=(2,),
-        static_last_outputs=(0,),
-    )
-    (dq,) = conv(dq_acc, count, outs[4])
-    return dq, dk, dv
+    return outs[4], dk, dv
 
 
 def _det_semaphores(cfg):

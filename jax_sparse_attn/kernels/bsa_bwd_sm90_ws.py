@@ -122,9 +122,10 @@ before it, which by then have started (they are ahead in the launch order and no
 a later one), so it cannot deadlock.
 
 ``tail_conv`` (static; with ``dq_writer``, unpacked rows, not with ``dq_claim``): every CTA
-executes ``griddepcontrol.launch_dependents`` as it starts, so the dq reordering launched
-next (``dq_tiles.BsaDqFromTiles`` with ``wait_count``) may start once the last CTA of this
-grid has started, on the SMs the last wave leaves free; warp 1, after its last bulk
+executes ``griddepcontrol.launch_dependents`` as it starts, so the dq reordering that the
+same call launches next (``dq_tiles.BsaDqFromTiles`` with ``wait_pairs``) may start once the
+last CTA of this grid has started, on the SMs the last wave leaves free; warp 1, after its
+last bulk
 reduce-add has completed (``cp.async.bulk.wait_group 0``), fences the async proxy and adds
 1 to its pair's completed-CTA counter (``mdQSem[P + pair]``, ``P = B H_kv`` pairs) with a
 fenced atomic. The reordering's CTA of a query tile waits for its pair's count to reach

@@ -29,7 +29,7 @@ from .common import (bulk_copy_f32, bulk_reduce_add_f32, elem_ptr, st_shared_v4_
                      wait_at_least)
 from .pack_gqa import packed_row
 
-#: ``wait_count``: nanoseconds a waiting CTA sleeps between two polls of its pair's count
+#: ``wait_pairs``: nanoseconds a waiting CTA sleeps between two polls of its pair's count
 POLL_SLEEP_NS = 500
 
 
@@ -167,13 +167,13 @@ class BsaDqFromTiles:
     BM = 64
 
     def __init__(self, dtype, head_dim: int, block_cols: int, pdl: bool = False,
-                 slots: int = 1, pack: int = 1, wait_count: int = 0):
+                 slots: int = 1, pack: int = 1, wait_pairs: bool = False):
         self.pdl = pdl
-        # > 0 (with pdl, unpacked): each CTA waits until its (batch, KV head) pair's count of
-        # completed backward CTAs (mDone[P + pair], P pairs) reaches wait_count, instead of
-        # for the backward's grid at its start; the grid's last CTA waits for that grid at
-        # its end
-        self.wait_count = wait_count if pdl and pack == 1 else 0
+        # with pdl, unpacked: each CTA waits until its (batch, KV head) pair's count of
+        # completed backward CTAs (mDone[P + pair], P pairs) reaches the runtime n_wait (the
+        # backward's KV blocks per pair), instead of for the backward's grid at its start;
+        # the grid's last CTA waits for that grid at its end
+        self.wait_pairs = wait_pairs and pdl and pack == 1
         self.pack = pack
         if slots < 1:
             raise ValueError(f"dq tiles: slots={slots} must be >= 1")
@@ -187,24 +187,24 @@ class BsaDqFromTiles:
         self.num_threads = 32 * tile_blocks(self.BM, head_dim, block_cols)
 
     @cute.jit
-    def __call__(self, mWs, mdQ, stream, mSem=None, mDone=None):
+    def __call__(self, mWs, mdQ, stream, mSem=None, mDone=None, n_wait=None):
         n_elems = self.BM * smem_row_stride(self.d)
 
         @cute.struct
         class Smem:
             tile: cute.struct.Align[cute.struct.MemRange[self.dtype, n_elems], 128]
 
-        self.kernel(mWs, mdQ, mSem, mDone, Smem).launch(
+        self.kernel(mWs, mdQ, mSem, mDone, n_wait, Smem).launch(
             grid=(cute.size(mWs.shape[2]) // self.slots, cute.size(mWs.shape[1]),
                   cute.size(mWs.shape[0])),
             block=[self.num_threads, 1, 1], smem=Smem.size_in_bytes(), stream=stream,
             use_pdl=self.pdl)
 
     @cute.kernel
-    def kernel(self, mWs, mdQ, mSem, mDone, Smem: cutlass.Constexpr):
+    def kernel(self, mWs, mdQ, mSem, mDone, n_wait, Smem: cutlass.Constexpr):
         tidx, _, _ = cute.arch.thread_idx()
         t, head, batch = cute.arch.block_idx()
-        if cutlass.const_expr(self.wait_count > 0):
+        if cutlass.const_expr(self.wait_pairs):
             # this tile's (batch, KV head) pair: every backward CTA of it has completed its
             # dQ additions (relaxed polls with a sleep between them, which neither invalidate
             # L1 nor take issue slots from a backward CTA on the same SM, then one fence; the
@@ -213,7 +213,7 @@ class BsaDqFromTiles:
                 n_pairs = mDone.shape[0] // 2
                 heads_kv = n_pairs // mWs.shape[0]
                 pair = batch * heads_kv + head // (mWs.shape[1] // heads_kv)
-                wait_at_least(elem_ptr(mDone, (n_pairs + pair,)), self.wait_count,
+                wait_at_least(elem_ptr(mDone, (n_pairs + pair,)), Int32(n_wait),
                               relaxed=True, sleep_ns=POLL_SLEEP_NS)
                 cute.arch.fence_proxy("async.global")
             cute.arch.barrier()
@@ -246,7 +246,7 @@ class BsaDqFromTiles:
         else:
             smem_rows_to_gmem(sbase, tidx, self.num_threads, mdQ[batch, None, head, None],
                               row0, mdQ.shape[1] - row0, self.BM, self.d, self.dtype)
-        if cutlass.const_expr(self.wait_count > 0):
+        if cutlass.const_expr(self.wait_pairs):
             # complete only after the backward grid, as if launched after it: what follows
             # this launch in the stream may read everything the backward wrote. One CTA (the
             # last in launch order) waits: griddepcontrol.wait blocks until that whole grid
