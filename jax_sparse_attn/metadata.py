@@ -376,13 +376,20 @@ def build_kq_csr(q2k_block_index, q2k_block_nums, *, num_kv_heads: int, num_kv_b
     return offsets, entries, ranks
 
 
-def kq_lpt_order(offsets):
+def kq_lpt_order(offsets, chain=None):
     """The K->Q CSR rows (KV blocks) longest list first: int32 ``(R,)`` for the ``R + 1``
     ``offsets`` of :func:`build_kq_csr`, ties in row order (a stable sort). A backward
     that walks its CTAs in this order starts the longest lists first and ends with the
-    shortest (longest-processing-time-first scheduling)."""
+    shortest (longest-processing-time-first scheduling). With ``chain`` (an int, the rows
+    of one (batch, KV head): its KV blocks) the rows stay grouped by chain, chains in order,
+    and are sorted longest first within each chain, so the CTAs running at one time read
+    the Q / dO of few heads."""
     counts = offsets[1:] - offsets[:-1]
-    return jnp.argsort(-counts, stable=True).astype(jnp.int32)
+    if chain is None:
+        return jnp.argsort(-counts, stable=True).astype(jnp.int32)
+    rows = jnp.arange(counts.shape[0], dtype=counts.dtype)
+    # keys, least significant first: the row (ties), the length (longest first), the chain
+    return jnp.lexsort((rows, -counts, rows // chain)).astype(jnp.int32)
 
 
 def kq_schedule_starts(offsets, *, num_kv_blocks: int, held: int):

@@ -45,7 +45,7 @@ def test_from_env_reads_every_switch():
            "JAX_SPARSE_ATTN_HSTU_BWD_ORDER": "seq", "JAX_SPARSE_ATTN_HSTU_BWD_WS": "splitwait",
            "JAX_SPARSE_ATTN_BSA_FWD_IMPL": "sm80",
            "JAX_SPARSE_ATTN_BSA_BWD_IMPL": "sm80", "JAX_SPARSE_ATTN_BSA_PRE_IMPL": "xla",
-           "JAX_SPARSE_ATTN_BSA_KQ_IMPL": "kernel",
+           "JAX_SPARSE_ATTN_BSA_KQ_IMPL": "xla",
            "JAX_SPARSE_ATTN_BSA_FWD_Q_IN_REGS": "0", "JAX_SPARSE_ATTN_BSA_FWD_MIN_BLOCKS": "2",
            "JAX_SPARSE_ATTN_BSA_FWD_LATE_V_WAIT": "1", "JAX_SPARSE_ATTN_BSA_FWD_WARP_ROWS": "32",
            "JAX_SPARSE_ATTN_BSA_BWD_MIN_BLOCKS": "1", "JAX_SPARSE_ATTN_FORCE_KERNEL": "true",
@@ -60,7 +60,7 @@ def test_from_env_reads_every_switch():
         hstu_bwd_tile=(64, 64, 8), hstu_bwd_impl="sm90", hstu_bwd_dq="bulk",
         hstu_bwd_order="seq", hstu_bwd_ws=("splitwait",), hstu_schedule="xla", bsa_fwd_impl="sm80", bsa_fwd_ws=("q1", "stages=3"), bsa_bwd_impl="sm80",
         bsa_bwd_ws=("ldwait", "stages=2"), bsa_bwd_dq="rows",
-        bsa_pre_impl="xla", bsa_kq_impl="kernel", bsa_fwd_q_in_regs=False, bsa_fwd_min_blocks=2, bsa_bwd_min_blocks=1,
+        bsa_pre_impl="xla", bsa_kq_impl="xla", bsa_fwd_q_in_regs=False, bsa_fwd_min_blocks=2, bsa_bwd_min_blocks=1,
         bsa_fwd_late_v_wait=True, bsa_fwd_warp_rows="32", cute_call="per_shape", kernel_family="portable", smem_limit_kb=99,
         pdl=False, det_writer=True, dq_writer="off")
     assert config.force_kernel(env) and not config.force_kernel({})

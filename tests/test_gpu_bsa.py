@@ -77,7 +77,9 @@ NOTMAO = Switches(bsa_fwd_ws=("notmao",))
 CTAS3K1 = Switches(bsa_fwd_ws=("ctas3k1",))
 SELFLOAD = Switches(bsa_fwd_ws=("selfload",))
 PAIRWG = Switches(bsa_fwd_ws=("pairwg",))
-KQKERNEL = Switches(bsa_kq_impl="kernel")
+KQXLA = Switches(bsa_kq_impl="xla")
+NOTAILCONV = Switches(bsa_bwd_ws=("notailconv",))
+HLPT = Switches(bsa_bwd_ws=("hlpt",))
 SM80_LATE_V = Switches(bsa_fwd_impl="sm80", bsa_fwd_late_v_wait=True)
 SM80_WR32 = Switches(bsa_fwd_impl="sm80", bsa_fwd_warp_rows="32")
 SM80_WR16 = Switches(bsa_fwd_impl="sm80", bsa_fwd_warp_rows="16")
@@ -96,7 +98,7 @@ class TestBSAKernelGrid(BSAKernelGrid):
     IMPLS = {"sm80": SM80, "sm90ws": SM90WS, "bwdws": BWDWS, "bwdrows": BWDROWS,
              "dqalt": DQALT, "qregs": QREGS, "mpre": MPRE, "qahead": QAHEAD,
              "noepivec": NOEPIVEC, "notmao": NOTMAO, "ctas3k1": CTAS3K1, "selfload": SELFLOAD,
-             "pairwg": PAIRWG, "kqkernel": KQKERNEL, "sm80_late_v": SM80_LATE_V, "sm80_wr32": SM80_WR32,
+             "pairwg": PAIRWG, "kqxla": KQXLA, "notailconv": NOTAILCONV, "hlpt": HLPT, "sm80_late_v": SM80_LATE_V, "sm80_wr32": SM80_WR32,
              "sm80_wr16": SM80_WR16}
 
     @classmethod

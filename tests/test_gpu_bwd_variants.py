@@ -167,20 +167,26 @@ def test_bsa_bwd_zerolag(c, monkeypatch):
     tb.test_bsa_sm90ws_backward(c)
 
 
-@pytest.mark.parametrize("ws", ["tailconv", "zerolag,tailconv", "tailconv,lpt"])
+@pytest.mark.parametrize("ws", ["tailconv", "zerolag,tailconv", "tailconv,lpt", "hlpt",
+                                "notailconv", "notailconv,hlpt"])
 @pytest.mark.parametrize("c", ZEROLAG_CASES, ids=lambda c: c["name"])
 def test_bsa_bwd_tailconv(c, ws, monkeypatch):
-    """``bsa_bwd_ws=tailconv`` (alone, with zerolag, and with lpt, whose CTAs take the KV
-    blocks longest list first across pairs, so each CTA counts the pair it was remapped to):
+    """``tailconv`` (the default; alone, with zerolag, with lpt, whose CTAs take the KV
+    blocks longest list first across pairs, so each CTA counts the pair it was remapped to,
+    and with hlpt, longest first within each pair; ``notailconv`` the reordering after the
+    backward, also with hlpt):
     the dq reordering starts once the backward's last CTA has started, each of its CTAs
     waiting for its (batch, KV head) pair's count of completed backward CTAs; dq (allocated
     by the backward's call, NaN left in reused buffers by the all-NaN run first) must come
     out complete."""
     from jax_sparse_attn.ffi import bsa as fb
 
-    sw = Switches(bsa_bwd_impl="sm90ws", bsa_bwd_ws=ws)
+    sw = Switches(bsa_bwd_impl="sm90ws", bsa_bwd_ws=tuple(ws.split(",")))
     key = fb.bwd_config(jnp.dtype(c["dtype"]), c["d"], c["blk"], False, sw)
-    assert key.tail_conv and key.dq_writer, key
+    opts = set(ws.split(","))
+    assert key.tail_conv == ("notailconv" not in opts) and key.dq_writer, key
+    assert key.ws_lpt == bool({"lpt", "hlpt"} & opts), key
+    assert key.ws_lpt_chain == ("hlpt" in opts), key
     monkeypatch.setattr(tb, "BWDWS", sw)
     tb.test_bsa_sm90ws_backward(c)
 

@@ -1,5 +1,5 @@
 """GPU: the one-launch K->Q list kernel of the block-sparse backward
-(``kernels/bsa_kq_lists.py``, switch ``bsa_kq_impl="kernel"``) against
+(``kernels/bsa_kq_lists.py``, switch ``bsa_kq_impl="kernel"``, the default) against
 ``metadata.build_kq_csr`` of the metadata clamped by ``sanitize_bsa_metadata`` (offsets
 and every entry slot equal, bit for bit; the slots past the lists zero in both), over chain counts below, at and above the cluster's eight CTAs,
 GQA groups, rows longer than a bitmap word and more rows than the cluster has threads,
@@ -9,8 +9,7 @@ arbitrary values past the counts); then the backward with the kernel's lists aga
 XLA's (dK / dV bitwise equal: each KV block's CTA walks the same list).
 
 Run on the H200: ``python -m pytest -m gpu tests/test_gpu_kq_lists.py``; the whole
-block-sparse grid with the kernel's lists: ``BSA_TEST_IMPLS=nodefault,kqkernel python -m
-pytest -m gpu tests/test_gpu_bsa.py``.
+block-sparse grid runs the kernel's lists by default, XLA's with ``BSA_TEST_IMPLS=kqxla``.
 """
 
 from __future__ import annotations
@@ -93,7 +92,7 @@ def test_kq_lists_kernel_matches_build_kq_csr(case):
 
 @pytest.mark.parametrize("blk,h_q,h_kv", [(128, 8, 8), (64, 8, 2)])
 def test_backward_with_kernel_lists(blk, h_q, h_kv):
-    """The public backward with ``bsa_kq_impl="kernel"`` against the default (XLA lists):
+    """The public backward with ``bsa_kq_impl="kernel"`` (the default) against XLA's lists:
     dK and dV bitwise equal (the same lists, walked in the same order), dQ within fp32
     reordering of its additions."""
     import jax_sparse_attn as jsa

@@ -73,12 +73,18 @@ def _shapes(cfg, b=2, hq=4, hkv=2, sq=1000, skv=1025, kmax=5):
 
 
 def _dq_tiles(d, blk, switches=None, **kw):
-    """1 when the backward of (d, blk) adds dQ into the query-tile workspace (its reordering
-    kernel is one more CuTe DSL call), else 0."""
+    """The backward's CuTe DSL calls besides the preprocessing and the dK/dV/dQ kernel: the
+    dq reordering where the backward adds dQ into the query-tile workspace (unless the
+    backward's call launches it: ``tail_conv``), and the K->Q lists of the Hopper backwards
+    in the default mode (``bsa_kq_impl="kernel"``, the default; these shapes fit it)."""
     from jax_sparse_attn.config import Switches
     from jax_sparse_attn.ffi import bsa
 
-    return int(bsa.bwd_config(jnp.bfloat16, d, blk, False, switches or Switches(), **kw).dq_tile)
+    sw = switches or Switches()
+    key = bsa.bwd_config(jnp.bfloat16, d, blk, False, sw, **kw)
+    lists = (sw.bsa_kq_impl == "kernel" and key.impl in ("sm90", "sm90ws")
+             and not key.deterministic)
+    return int(key.dq_tile and not key.tail_conv) + int(lists)
 
 
 def _ids(cfg):
@@ -115,7 +121,7 @@ def test_bsa_fwd_bwd_lower_to_cutedsl_call(cfg):
     assert "\\7FELF" in txt  # the compiled kernel object is embedded
     txt = jax.jit(bwd).trace(q, q, k, k, q, lse, idx, nums, sizes).lower(
         lowering_platforms=("cuda",)).as_text()
-    # the preprocessing kernel is a second CuTe DSL call, the dq reordering a third
+    # the preprocessing kernel is a second CuTe DSL call; the dq reordering and the lists
     assert txt.count(CALL_TARGET) == ((2 if cfg.get("pre_impl", "kernel") == "kernel" else 1)
                                       + _dq_tiles(cfg["d"], cfg["blk"], _switches(cfg)))
     assert "\\7FELF" in txt
@@ -153,8 +159,8 @@ def test_public_api_uses_kernel_path_when_forced():
 
     txt = jax.jit(jax.grad(loss, argnums=(0, 1, 2))).trace(q, k, k, idx, nums, sizes).lower(
         lowering_platforms=("cuda",)).as_text()
-    # forward + backward kernels + the preprocessing kernel (the default) + the dq
-    # reordering of the query-tile workspace
+    # forward + backward kernels (the backward launching the dq reordering of the
+    # query-tile workspace) + the preprocessing kernel (the default) + the K->Q lists
     assert _dq_tiles(64, 64) == 1
     assert txt.count(CALL_TARGET) == 4
 
@@ -377,8 +383,10 @@ def test_bsa_causal_lowers(cfg):
 
     txt = jax.jit(bwd).trace(q, q, k, k, q, lse, idx, nums, sizes).lower(
         lowering_platforms=("cuda",)).as_text()
-    # preprocessing, dK/dV/dQ kernel, dq reordering
-    assert txt.count(CALL_TARGET) == 3 and "\\7FELF" in txt
+    # preprocessing, dK/dV/dQ kernel, the lists and the dq reordering (a call of its own
+    # after the sm90 backward, launched by the sm90ws backward's call)
+    assert txt.count(CALL_TARGET) == 2 + _dq_tiles(cfg["d"], cfg["blk"], sw, causal=True)
+    assert "\\7FELF" in txt
 
 
 def test_causal_config_keys_default_unchanged():

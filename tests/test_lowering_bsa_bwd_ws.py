@@ -76,8 +76,10 @@ def _sm90_env(monkeypatch):
 
 
 def _calls(cfg, ws="", **kw):
-    """CuTe DSL calls of the backward: preprocessing, dK/dV/dQ kernel, where the kernel
-    adds dQ into the query-tile workspace the dq reordering and, in deterministic mode with
+    """CuTe DSL calls of the backward: preprocessing, dK/dV/dQ kernel, in the default mode
+    the K->Q lists (``bsa_kq_impl="kernel"``, the default; these shapes fit it), where the
+    kernel adds dQ into the query-tile workspace the dq reordering (launched by the
+    backward's own call with ``tailconv``, the default) and, in deterministic mode with
     the schedule order (by default where the query heads are the KV heads; these shapes
     fit the order kernel), the order kernel, a call of its own unless streamed."""
     from jax_sparse_attn.config import Switches
@@ -89,27 +91,34 @@ def _calls(cfg, ws="", **kw):
     # streamed (detstream, the default at blk 64 / D 128), the order kernel is launched by
     # the backward's call
     # (tail_conv: the reordering is launched by the backward's call)
-    return 2 + (key.dq_tile and not key.tail_conv) + (order and not key.det_stream)
+    return (2 + (key.dq_tile and not key.tail_conv) + (order and not key.det_stream)
+            + (not key.deterministic))
 
 
 def test_bsa_bwd_ws_ablation_lowers():
     """The ablation variants (``ldwait``, two Q / dO stages, ``lpt``, ``decouple``) compile
     too."""
+    # lists, preprocessing and the backward, which launches the reordering (tailconv)
     txt = _bwd_text(CONFIGS[0], ws="ldwait,stages=2")
     assert txt.count(CALL_TARGET) == 3
-    # opt-in: CTAs in longest-list-first order (the order follows the CSR offsets)
-    txt = _bwd_text(CONFIGS[1], ws="lpt")
-    assert txt.count(CALL_TARGET) == 3
+    # opt-in: CTAs in longest-list-first order (the order follows the CSR offsets), over
+    # all pairs or within each (hlpt)
+    for ws in ("lpt", "hlpt"):
+        txt = _bwd_text(CONFIGS[1], ws=ws)
+        assert txt.count(CALL_TARGET) == 3
+    # the reordering after the backward, a call of its own
+    txt = _bwd_text(CONFIGS[1], ws="notailconv")
+    assert txt.count(CALL_TARGET) == 4 == _calls(CONFIGS[1], ws="notailconv")
     # the dQ slices staged in the consumed Q / dO tiles (blk 64 / D 128 does so by default)
     txt = _bwd_text(CONFIGS[0], ws="dqalias")
     assert txt.count(CALL_TARGET) == 3
     # the row-major dQ workspace (vector reductions, no reordering kernel)
     txt = _bwd_text(CONFIGS[3], dq="rows")
-    assert txt.count(CALL_TARGET) == 2
+    assert txt.count(CALL_TARGET) == 3
     # opt-in at blk 128: each consumer warpgroup reduces the dQ of its own keys (red, no
     # query-tile workspace)
     txt = _bwd_text(CONFIGS[2], ws="decouple")
-    assert txt.count(CALL_TARGET) == 2
+    assert txt.count(CALL_TARGET) == 3
 
 
 @pytest.mark.parametrize("cfg", CONFIGS, ids=_ids)
@@ -157,7 +166,7 @@ def test_bsa_bwd_ws_causal_variants_lower(ws, cfg):
     txt = _bwd_text(cfg, ws=ws, causal=True)
     assert txt.count(CALL_TARGET) == _calls(cfg, ws=ws, causal=True)
     txt = _bwd_text(CONFIGS[0], dq="rows", causal=True)
-    assert txt.count(CALL_TARGET) == 2
+    assert txt.count(CALL_TARGET) == 3
 
 
 @pytest.mark.parametrize("cfg,slots", [(CONFIGS[1], 2), (CONFIGS[0], 3)],
@@ -214,6 +223,7 @@ _PTX_CONFIGS = {
     "dqclaim-blk64": ("_bwd_text", (CONFIGS[1],), None, {"ws": "dqclaim"}),
     "zerolag-blk64": ("_bwd_text", (CONFIGS[1],), None, {"ws": "zerolag"}),
     "tailconv-blk64": ("_bwd_text", (CONFIGS[1],), None, {"ws": "tailconv"}),
+    "notailconv-blk64": ("_bwd_text", (CONFIGS[1],), None, {"ws": "notailconv"}),
     "pre4-blk64": ("_bwd_text", (CONFIGS[1],), None, {"pre": "kernel4"}),
 }
 
@@ -243,8 +253,8 @@ def _ws_ptx(kept_ptx, name):
                          ids=["blk128", "blk64-d64-causal"])
 def test_bsa_bwd_ws_dqclaim_lowers(cfg, causal):
     """``bsa_bwd_ws=dqclaim`` (opt-in): with the dQ writer warp, not deterministic, unpacked;
-    the call is the same three launches (delta without the zeroing, the backward with the
-    per-tile flags, the reordering that reads them)."""
+    the call is four launches (the lists, delta without the zeroing, the backward with the
+    per-tile flags, the reordering that reads them: not with tailconv)."""
     from jax_sparse_attn.config import Switches
     from jax_sparse_attn.ffi import bsa
 
@@ -259,16 +269,16 @@ def test_bsa_bwd_ws_dqclaim_lowers(cfg, causal):
     assert not key(sw={"dq_writer": "off"}).dq_claim
     assert not key(pack_gqa=2).dq_claim
     txt = _bwd_text(cfg, ws="dqclaim", causal=causal)
-    assert txt.count(CALL_TARGET) == 3 == _calls(cfg, ws="dqclaim", causal=causal)
+    assert txt.count(CALL_TARGET) == 4 == _calls(cfg, ws="dqclaim", causal=causal)
 
 
 def test_bsa_bwd_ws_dqclaim_ptx(kept_ptx):
     """``dqclaim``: the dQ writer claims each staged query tile with a relaxed atomic add,
     stores it (bulk copy) or, after acquire loads and an async-proxy fence, reduce-adds it,
-    and releases a stored tile with a fenced atomic add; the default kernel has no atomic,
-    no proxy fence and no bulk store of dQ."""
+    and releases a stored tile with a fenced atomic add; the kernel without them (and
+    without tailconv's count) has no atomic, no proxy fence and no bulk store of dQ."""
     claim = _ws_ptx(kept_ptx, "dqclaim-blk64")
-    default = _ws_ptx(kept_ptx, _ids(CONFIGS[1]))
+    default = _ws_ptx(kept_ptx, "notailconv-blk64")
     atom = "atom.relaxed.gpu.global.add.s32"
     store = "cp.async.bulk.global.shared::cta.bulk_group"
     add = "cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32"
@@ -282,8 +292,8 @@ def test_bsa_bwd_ws_dqclaim_ptx(kept_ptx):
 @pytest.mark.parametrize("cfg", [CONFIGS[0], CONFIGS[3]], ids=["blk128", "blk64-d64"])
 def test_bsa_bwd_ws_zerolag_lowers(cfg):
     """``bsa_bwd_ws=zerolag`` (opt-in): with the dQ writer warp, not deterministic, unpacked,
-    not with lpt or dqclaim; the call is the same three launches (the preprocessing zeroing
-    the first pairs' workspace, the backward, the reordering)."""
+    not with lpt or dqclaim; the call is three launches (the lists, the preprocessing zeroing
+    the first pairs' workspace, the backward launching the reordering)."""
     from jax_sparse_attn.config import Switches
     from jax_sparse_attn.ffi import bsa
 
@@ -308,25 +318,26 @@ def test_bsa_bwd_ws_zerolag_lowers(cfg):
 def test_bsa_bwd_ws_zerolag_ptx(kept_ptx):
     """``zerolag``: warp 1 zeroes its share of a later pair's workspace, fences and counts it
     with one fenced atomic add, and waits with acquire loads for its own pair's count, then
-    fences the generic proxy against its bulk reduce-adds; the default kernel has none of
-    these."""
-    zl = _ws_ptx(kept_ptx, "zerolag-blk64")
-    default = _ws_ptx(kept_ptx, _ids(CONFIGS[1]))
+    fences the generic proxy against its bulk reduce-adds; the kernel without them (and
+    without tailconv's count) has none of these."""
+    zl = _kernel_text(_ws_ptx(kept_ptx, "zerolag-blk64"), "BsaBwdSm90Ws")
+    default = _ws_ptx(kept_ptx, "notailconv-blk64")
     atom = "atom.relaxed.gpu.global.add.s32"
-    assert zl.count(atom) == 1 and "ld.acquire.gpu.global.b32" in zl
+    # zerolag's count and tailconv's (the default)
+    assert zl.count(atom) == 2 and "ld.acquire.gpu.global.b32" in zl
     assert "fence.proxy.async.global" in zl and "fence.acq_rel.gpu" in zl
     assert zl.index("fence.acq_rel.gpu") < zl.index(atom)
-    assert zl.count("fence.proxy.async.global") == 2
+    assert zl.count("fence.proxy.async.global") == 3
     for s in (atom, "ld.acquire.gpu", "fence.proxy.async.global", "fence.acq_rel.gpu"):
         assert s not in default, s
 
 
 @pytest.mark.parametrize("cfg", [CONFIGS[0], CONFIGS[3]], ids=["blk128", "blk64-d64"])
 def test_bsa_bwd_ws_tailconv_lowers(cfg):
-    """``bsa_bwd_ws=tailconv`` (opt-in): with the dQ writer warp, not deterministic, unpacked,
-    not with dqclaim; alone and with zerolag the call is two launches (the preprocessing, and
-    one call that launches the backward and then the reordering that writes dq as the
-    backward's pairs complete)."""
+    """``tailconv`` (the default; ``notailconv`` turns it off): with the dQ writer warp, not
+    deterministic, unpacked, not with dqclaim; alone and with zerolag the call is three
+    launches (the lists, the preprocessing, and one call that launches the backward and
+    then the reordering that writes dq as the backward's pairs complete)."""
     from jax_sparse_attn.config import Switches
     from jax_sparse_attn.ffi import bsa
 
@@ -339,7 +350,8 @@ def test_bsa_bwd_ws_tailconv_lowers(cfg):
     assert key("tailconv,lpt").tail_conv and key(causal=True).tail_conv
     both = key("zerolag,tailconv")
     assert both.tail_conv and both.zero_lag == bsa.ZERO_LAG
-    assert not key("").tail_conv
+    assert key("").tail_conv and key("hlpt").tail_conv
+    assert not key("notailconv").tail_conv
     assert not key(deterministic=True).tail_conv
     assert not key(pack_gqa=2).tail_conv
     assert not key("tailconv,dqclaim").tail_conv
@@ -349,7 +361,7 @@ def test_bsa_bwd_ws_tailconv_lowers(cfg):
     assert not key(sw={"pdl": False}).tail_conv
     for ws in ("tailconv", "zerolag,tailconv"):
         txt = _bwd_text(cfg, ws=ws)
-        assert txt.count(CALL_TARGET) == 2 == _calls(cfg, ws=ws), ws
+        assert txt.count(CALL_TARGET) == 3 == _calls(cfg, ws=ws), ws
 
 
 def test_bsa_bwd_ws_tailconv_ptx(kept_ptx):
@@ -357,11 +369,13 @@ def test_bsa_bwd_ws_tailconv_ptx(kept_ptx):
     to complete, fences the async proxy and counts the CTA with a fenced atomic; the
     reordering kernel waits for its pair's count (relaxed polls, a sleep between them, one
     fence) instead of for the backward's grid at its start, and its last CTA waits for that
-    grid at its end. The default backward lets no grid launch early and counts nothing."""
+    grid at its end; it is the default's kernel. With ``notailconv`` the backward lets no
+    grid launch early and counts nothing."""
     import kept_ptx as kp  # noqa: PLC0415
 
     tc = _ws_ptx(kept_ptx, "tailconv-blk64")
-    default = _ws_ptx(kept_ptx, _ids(CONFIGS[1]))
+    assert tc == _ws_ptx(kept_ptx, _ids(CONFIGS[1]))
+    default = _ws_ptx(kept_ptx, "notailconv-blk64")
     atom = "atom.relaxed.gpu.global.add.s32"
     assert tc.count("griddepcontrol.launch_dependents") == 1 and tc.count(atom) == 1
     # the count: after a wait for complete bulk groups and an async-proxy fence
@@ -376,7 +390,7 @@ def test_bsa_bwd_ws_tailconv_ptx(kept_ptx):
                 for e in t.split(".entry ")[1:] if e.startswith("kernel_cutlass_kernel_jax_"
                                                                  "sparse_attnkernelsdq_tiles")]
 
-    conv, conv_default = reorder_entries("tailconv-blk64"), reorder_entries(_ids(CONFIGS[1]))
+    conv, conv_default = reorder_entries("tailconv-blk64"), reorder_entries("notailconv-blk64")
     assert len(conv) == 1 == len(conv_default)
     c = conv[0]
     # relaxed polls with a sleep between them, one fence after the last
@@ -421,8 +435,8 @@ def test_bsa_bwd_ws_deterministic_ptx(kept_ptx):
     GPU-scope fence and hands each query tile between warp 1 and the consumers with
     named-barrier arrivals; its dQ bulk reduce-adds (query-tile workspace; at blk 64 / D 128
     staged in the consumed Q / dO tiles) are waited for before the hand-back, or, with the
-    row-major workspace, vector reductions; the non-deterministic kernel has none of the
-    acquire / release operations."""
+    row-major workspace, vector reductions; the non-deterministic kernel (without tailconv's
+    count) has none of the acquire / release operations."""
     sync = ("ld.acquire.gpu.global.b32", "fence.acq_rel.gpu", "st.relaxed.gpu.global.b32",
             "bar.arrive")
     tile = ("cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32", "st.shared.v4.f32")
@@ -437,7 +451,7 @@ def test_bsa_bwd_ws_deterministic_ptx(kept_ptx):
     rows = _ws_ptx(kept_ptx, "det-rows")
     for needle in sync + (red,):
         assert needle in rows, f"{needle} missing from the deterministic sm90ws PTX (rows)"
-    default = _ws_ptx(kept_ptx, _ids(CONFIGS[1]))
+    default = _ws_ptx(kept_ptx, "notailconv-blk64")
     for needle in ("ld.acquire.gpu", "fence.acq_rel.gpu"):
         assert needle not in default
 
@@ -598,8 +612,9 @@ def test_bsa_bwd_ws_ptx_is_warp_specialized(kept_ptx, cfg):
     tile = ("cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32", "st.shared.v4.f32")
     red = "red.relaxed.gpu.global.add.v2.f32"
     assert all(n in text for n in tile) and red not in text
-    # programmatic dependent launch (the default Switches.pdl): one wait for the previous grid
-    assert text.count("griddepcontrol.wait;") == 1
+    # programmatic dependent launch (the default Switches.pdl): the backward waits once for
+    # the previous grid (its module also holds the dq reordering it launches: tailconv)
+    assert _kernel_text(text, "BsaBwdSm90Ws").count("griddepcontrol.wait;") == 1
 
 
 @pytest.mark.parametrize("cfg", CONFIGS, ids=_ids)
@@ -610,7 +625,7 @@ def test_bsa_bwd_ws_lowers(request, cfg):
         txt = kp.lowered_text_of(request.getfixturevalue("kept_ptx"), _ids(cfg))
     else:
         txt = _bwd_text(cfg)
-    # the preprocessing kernel, the dK/dV/dQ kernel and the dq reordering
+    # the lists, the preprocessing kernel, and the dK/dV/dQ kernel with the dq reordering
     assert txt.count(CALL_TARGET) == _calls(cfg) == 3
     assert "\\7FELF" in txt
 
@@ -690,3 +705,32 @@ def test_kq_lpt_order():
     got = [(-counts[r], r) for r in order]
     assert got == sorted(got)
     assert counts.sum() == int(np.sum(nums))
+    # per chain (one (batch, KV head): n_kv rows): the chains in order, longest first
+    # within each, ties in row order
+    chained = np.asarray(metadata.kq_lpt_order(offsets, chain=n_kv))
+    assert chained.dtype == np.int32
+    want = sorted(range(b * h_kv * n_kv), key=lambda r: (r // n_kv, -counts[r], r))
+    assert chained.tolist() == want
+    assert chained.tolist() != order.tolist()
+
+
+def test_bsa_bwd_ws_hlpt_key():
+    """``hlpt``: the lpt kernel (its CTAs read their row from the order after the offsets)
+    with the per-chain order; it excludes lpt and zerolag, keeps tailconv, and the
+    deterministic backward ignores it."""
+    from jax_sparse_attn import config
+    from jax_sparse_attn.config import Switches
+    from jax_sparse_attn.ffi import bsa
+
+    def key(ws, **kw):
+        return bsa.bwd_config(jnp.bfloat16, 128, 128, False,
+                              Switches(bsa_bwd_impl="sm90ws", bsa_bwd_ws=ws), **kw)
+
+    k = key("hlpt")
+    assert k.ws_lpt and k.ws_lpt_chain and k.tail_conv
+    assert key("lpt").ws_lpt and not key("lpt").ws_lpt_chain
+    assert key("hlpt,zerolag").zero_lag == 0
+    d = key("hlpt", deterministic=True)
+    assert not d.ws_lpt and not d.ws_lpt_chain
+    with pytest.raises(ValueError, match="'lpt' and 'hlpt' contradict"):
+        config.from_env({"JAX_SPARSE_ATTN_BSA_BWD_WS": "lpt,hlpt"})

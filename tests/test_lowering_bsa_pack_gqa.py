@@ -142,9 +142,9 @@ def test_bsa_pack_gqa_fwd_bwd_lower(c):
         "sm90ws", c["r"], splits, c.get("causal", False))
     txt = jax.jit(jax.grad(loss, argnums=(0, 1, 2))).trace(*args).lower(
         lowering_platforms=("cuda",)).as_text()
-    # forward (+ the combine kernel with more than one split), preprocessing, dK/dV/dQ of
-    # the packed rows, the dQ reordering
-    assert txt.count(CALL_TARGET) == (4 if splits == 1 else 5)
+    # forward (+ the combine kernel with more than one split), the K->Q lists,
+    # preprocessing, dK/dV/dQ of the packed rows, the dQ reordering
+    assert txt.count(CALL_TARGET) == (5 if splits == 1 else 6)
     assert "\\7FELF" in txt
 
 
@@ -309,7 +309,8 @@ def _packed_grad_lowers(c, switches, causal=False):
 
     txt = jax.jit(jax.grad(loss, argnums=(0, 1, 2))).trace(*args).lower(
         lowering_platforms=("cuda",)).as_text()
-    assert txt.count(CALL_TARGET) == 4 and "\\7FELF" in txt
+    # forward, the K->Q lists, preprocessing, the packed backward, the dq reordering
+    assert txt.count(CALL_TARGET) == 5 and "\\7FELF" in txt
     bshd = c["layout"] == "bshd"
     b, hkv, sq = args[0].shape[0], args[1].shape[2 if bshd else 1], args[0].shape[1 if bshd else 2]
     assert f"tensor<{b}x{hkv}x{-(-sq * c['r'] // 64)}x{64 * c['d']}xf32>" in txt

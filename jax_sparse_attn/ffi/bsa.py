@@ -179,8 +179,10 @@ class BsaBwdConfig:
     # and whether the producer waits for each step's lse / delta copies (ablation)
     ws_max_stages: int = 4
     ws_ld_wait: bool = False
-    # "sm90ws" only: CTAs walk the KV blocks longest K->Q list first (else in grid order)
+    # "sm90ws" only: CTAs walk the KV blocks longest K->Q list first (else in grid order);
+    # with ws_lpt_chain longest first within each (batch, KV head), the chains in order
     ws_lpt: bool = False
+    ws_lpt_chain: bool = False
     # "sm90ws" only, blk 128: each consumer warpgroup adds the dQ of its own keys
     ws_decouple: bool = False
     # bitwise reproducible dQ: the additions to each query tile in ascending KV block order
@@ -254,7 +256,7 @@ class BsaBwdConfig:
     zero_lag: int = 0
     # "sm90ws" with dq_writer, unpacked rows, pdl: every CTA lets the dq reordering launch
     # when it starts and counts its pair's completed dQ additions; the reordering's CTAs
-    # (launched with PDL) wait for their pair's count ("tailconv", opt-in)
+    # (launched with PDL) wait for their pair's count (the default; off: "notailconv")
     tail_conv: bool = False
 
 
@@ -547,7 +549,9 @@ def bwd_config(dtype, head_dim, block_size, has_block_sizes, switches,
         alias = tile and ("dqalias" in opts or not bwd_ws_dq_tile_fits(head_dim, block_size))
         return BsaBwdConfig(name, head_dim, block_size, has_block_sizes, impl, arch=arch,
                             ws_max_stages=st[0] if st else 4, ws_ld_wait="ldwait" in opts,
-                            ws_lpt="lpt" in opts and not deterministic,
+                            ws_lpt=bool({"lpt", "hlpt"} & set(opts)) and not deterministic,
+                            ws_lpt_chain="hlpt" in opts and "lpt" not in opts
+                            and not deterministic,
                             ws_decouple=decouple,
                             deterministic=bool(deterministic),
                             det_group=det_launch_group(block_size, opts) if deterministic else 0,
@@ -586,9 +590,9 @@ def bwd_config(dtype, head_dim, block_size, has_block_sizes, switches,
                             and pack_gqa == 1,
                             zero_lag=ZERO_LAG if "zerolag" in opts and not deterministic
                             and tile and getattr(switches, "dq_writer", "auto") != "off"
-                            and pack_gqa == 1 and "lpt" not in opts
+                            and pack_gqa == 1 and not {"lpt", "hlpt"} & set(opts)
                             and "dqclaim" not in opts else 0,
-                            tail_conv="tailconv" in opts and not deterministic and tile
+                            tail_conv="notailconv" not in opts and not deterministic and tile
                             and getattr(switches, "dq_writer", "auto") != "off"
                             and pack_gqa == 1 and "dqclaim" not in opts
                             and bool(getattr(switches, "pdl", False)))
@@ -1677,7 +1681,9 @@ def bsa_bwd(do, q, k, v, out, lse, q2k_block_index, q2k_block_nums, block_sizes,
                                 sanitized=not kq_kernel)
     if cfg.bwd.impl == "sm90ws" and cfg.bwd.ws_lpt:
         # the sm90ws kernel reads its CTA order (longest K->Q list first) after the offsets
-        offsets = jnp.concatenate([offsets, metadata.kq_lpt_order(offsets)])
+        order = metadata.kq_lpt_order(offsets, chain=cfg.num_kv_blocks if cfg.bwd.ws_lpt_chain
+                                      else None)
+        offsets = jnp.concatenate([offsets, order])
     ws_spec = None if cfg.bwd.dq_tile else spec  # the query-tile workspace is row-major
     if cfg.bwd.dq_claim:
         sem0 = _det_semaphores(cfg)
