@@ -167,14 +167,14 @@ def test_bsa_bwd_zerolag(c, monkeypatch):
     tb.test_bsa_sm90ws_backward(c)
 
 
-@pytest.mark.parametrize("ws", ["tailconv", "zerolag,tailconv", "tailconv,lpt", "hlpt",
-                                "notailconv", "notailconv,hlpt"])
+@pytest.mark.parametrize("ws", ["tailconv", "zerolag,tailconv", "tailconv,lpt", "nolpt",
+                                "notailconv", "notailconv,nolpt"])
 @pytest.mark.parametrize("c", ZEROLAG_CASES, ids=lambda c: c["name"])
 def test_bsa_bwd_tailconv(c, ws, monkeypatch):
     """``tailconv`` (the default; alone, with zerolag, with lpt, whose CTAs take the KV
     blocks longest list first across pairs, so each CTA counts the pair it was remapped to,
-    and with hlpt, longest first within each pair; ``notailconv`` the reordering after the
-    backward, also with hlpt):
+    with hlpt, longest first within each pair (the default order), and in grid order
+    (``nolpt``); ``notailconv`` the reordering after the backward, also in grid order):
     the dq reordering starts once the backward's last CTA has started, each of its CTAs
     waiting for its (batch, KV head) pair's count of completed backward CTAs; dq (allocated
     by the backward's call, NaN left in reused buffers by the all-NaN run first) must come
@@ -185,8 +185,8 @@ def test_bsa_bwd_tailconv(c, ws, monkeypatch):
     key = fb.bwd_config(jnp.dtype(c["dtype"]), c["d"], c["blk"], False, sw)
     opts = set(ws.split(","))
     assert key.tail_conv == ("notailconv" not in opts) and key.dq_writer, key
-    assert key.ws_lpt == bool({"lpt", "hlpt"} & opts), key
-    assert key.ws_lpt_chain == ("hlpt" in opts), key
+    assert key.ws_lpt == ("nolpt" not in opts), key
+    assert key.ws_lpt_chain == (not {"lpt", "nolpt"} & opts), key
     monkeypatch.setattr(tb, "BWDWS", sw)
     tb.test_bsa_sm90ws_backward(c)
 

@@ -101,9 +101,9 @@ def test_bsa_bwd_ws_ablation_lowers():
     # lists, preprocessing and the backward, which launches the reordering (tailconv)
     txt = _bwd_text(CONFIGS[0], ws="ldwait,stages=2")
     assert txt.count(CALL_TARGET) == 3
-    # opt-in: CTAs in longest-list-first order (the order follows the CSR offsets), over
-    # all pairs or within each (hlpt)
-    for ws in ("lpt", "hlpt"):
+    # CTAs in longest-list-first order (the order follows the CSR offsets), over all pairs
+    # (lpt) or within each (hlpt, the default), or in grid order (nolpt)
+    for ws in ("lpt", "hlpt", "nolpt"):
         txt = _bwd_text(CONFIGS[1], ws=ws)
         assert txt.count(CALL_TARGET) == 3
     # the reordering after the backward, a call of its own
@@ -679,7 +679,10 @@ def test_bsa_bwd_auto_choice():
     assert bsa.bwd_config(jnp.bfloat16, 128, 64, False, sw, causal=True).impl == "sm90ws"
     key = bsa.bwd_config(jnp.float16, 64, 128, True, Switches(bsa_bwd_impl="sm90ws",
                                                                bsa_bwd_ws="ldwait,stages=3"))
-    assert (key.ws_ld_wait, key.ws_max_stages, key.ws_lpt) == (True, 3, False)
+    assert (key.ws_ld_wait, key.ws_max_stages, key.ws_lpt, key.ws_lpt_chain) == (True, 3, True,
+                                                                                   True)
+    key = bsa.bwd_config(jnp.float16, 64, 128, True, Switches(bsa_bwd_ws="nolpt"))
+    assert not key.ws_lpt and not key.ws_lpt_chain
     assert bsa.bwd_config(jnp.float16, 64, 128, True, Switches(bsa_bwd_ws="lpt")).ws_lpt
     assert bsa.bwd_config(jnp.float16, 128, 128, False,
                           Switches(bsa_bwd_ws="decouple")).ws_decouple
@@ -715,9 +718,9 @@ def test_kq_lpt_order():
 
 
 def test_bsa_bwd_ws_hlpt_key():
-    """``hlpt``: the lpt kernel (its CTAs read their row from the order after the offsets)
-    with the per-chain order; it excludes lpt and zerolag, keeps tailconv, and the
-    deterministic backward ignores it."""
+    """``hlpt`` (the default): the lpt kernel (its CTAs read their row from the order after
+    the offsets) with the per-chain order; it excludes lpt and nolpt, keeps tailconv and
+    zerolag (each pair's CTAs stay together), and the deterministic backward ignores it."""
     from jax_sparse_attn import config
     from jax_sparse_attn.config import Switches
     from jax_sparse_attn.ffi import bsa
@@ -727,10 +730,12 @@ def test_bsa_bwd_ws_hlpt_key():
                               Switches(bsa_bwd_impl="sm90ws", bsa_bwd_ws=ws), **kw)
 
     k = key("hlpt")
-    assert k.ws_lpt and k.ws_lpt_chain and k.tail_conv
+    assert k.ws_lpt and k.ws_lpt_chain and k.tail_conv and k == key("")
     assert key("lpt").ws_lpt and not key("lpt").ws_lpt_chain
-    assert key("hlpt,zerolag").zero_lag == 0
+    assert not key("nolpt").ws_lpt and not key("nolpt").ws_lpt_chain
+    assert key("hlpt,zerolag").zero_lag == bsa.ZERO_LAG
     d = key("hlpt", deterministic=True)
     assert not d.ws_lpt and not d.ws_lpt_chain
-    with pytest.raises(ValueError, match="'lpt' and 'hlpt' contradict"):
-        config.from_env({"JAX_SPARSE_ATTN_BSA_BWD_WS": "lpt,hlpt"})
+    for a, b in (("lpt", "hlpt"), ("lpt", "nolpt"), ("hlpt", "nolpt")):
+        with pytest.raises(ValueError, match=f"'{a}' and '{b}' contradict"):
+            config.from_env({"JAX_SPARSE_ATTN_BSA_BWD_WS": f"{a},{b}"})

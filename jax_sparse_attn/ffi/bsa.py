@@ -181,6 +181,7 @@ class BsaBwdConfig:
     ws_ld_wait: bool = False
     # "sm90ws" only: CTAs walk the KV blocks longest K->Q list first (else in grid order);
     # with ws_lpt_chain longest first within each (batch, KV head), the chains in order
+    # (the default mode's default: "hlpt"; "lpt" over all chains, "nolpt" grid order)
     ws_lpt: bool = False
     ws_lpt_chain: bool = False
     # "sm90ws" only, blk 128: each consumer warpgroup adds the dQ of its own keys
@@ -549,8 +550,8 @@ def bwd_config(dtype, head_dim, block_size, has_block_sizes, switches,
         alias = tile and ("dqalias" in opts or not bwd_ws_dq_tile_fits(head_dim, block_size))
         return BsaBwdConfig(name, head_dim, block_size, has_block_sizes, impl, arch=arch,
                             ws_max_stages=st[0] if st else 4, ws_ld_wait="ldwait" in opts,
-                            ws_lpt=bool({"lpt", "hlpt"} & set(opts)) and not deterministic,
-                            ws_lpt_chain="hlpt" in opts and "lpt" not in opts
+                            ws_lpt="nolpt" not in opts and not deterministic,
+                            ws_lpt_chain=not {"lpt", "nolpt"} & set(opts)
                             and not deterministic,
                             ws_decouple=decouple,
                             deterministic=bool(deterministic),
@@ -590,7 +591,7 @@ def bwd_config(dtype, head_dim, block_size, has_block_sizes, switches,
                             and pack_gqa == 1,
                             zero_lag=ZERO_LAG if "zerolag" in opts and not deterministic
                             and tile and getattr(switches, "dq_writer", "auto") != "off"
-                            and pack_gqa == 1 and not {"lpt", "hlpt"} & set(opts)
+                            and pack_gqa == 1 and "lpt" not in opts
                             and "dqclaim" not in opts else 0,
                             tail_conv="notailconv" not in opts and not deterministic and tile
                             and getattr(switches, "dq_writer", "auto") != "off"
@@ -1475,7 +1476,7 @@ def _ws_kernel(cfg: BsaBwdConfig, after_pre: bool = False):
                         order_stream=cfg.det_stream, stream_after_pre=after_pre,
                         det_store=cfg.det_store, causal=cfg.causal, pack_gqa=cfg.pack_gqa,
                         dq_claim=cfg.dq_claim, zero_lag=cfg.zero_lag,
-                        tail_conv=cfg.tail_conv)
+                        tail_conv=cfg.tail_conv, lpt_chain=cfg.ws_lpt_chain)
 
 
 def _bwd_det_entry(stream, q, k, v, do, lse, delta, offsets, entries, ranks, sizes, scale,

@@ -53,11 +53,14 @@ CTA per SM; blk 64: 256 threads, two CTAs per SM):
   ``red.global.add.v2.f32`` while the dK GEMM runs.
 * epilogue: dK, dV straight from registers to the key rows ``< S_kv``.
 
-CTAs run in grid order (KV block fastest, then KV head, batch): the CTAs running at one time
-work on one or two KV heads, whose Q / dO / lse / delta stay in L2. Opt-in ``lpt`` (measured
-slower on the H200, docs/bsa.md): the ``offsets`` input is followed by a permutation of the
-K->Q rows, longest list first (``metadata.kq_lpt_order``), and CTA ``i`` (in launch order)
-takes row ``order[i]``.
+Without ``lpt`` the CTAs run in grid order (KV block fastest, then KV head, batch): the CTAs
+running at one time work on one or two KV heads, whose Q / dO / lse / delta stay in L2.
+With ``lpt`` the ``offsets`` input is followed by a permutation of the K->Q rows
+(``metadata.kq_lpt_order``) and CTA ``i`` (in launch order) takes row ``order[i]``: the
+host's default order sorts each (batch, KV head)'s rows longest list first and keeps the
+pairs in grid order (``lpt_chain``), so the last CTAs of each pair are its shortest; the
+order over all rows (longest first across pairs) is measured slower on the H200
+(docs/bsa.md).
 
 ``softmax_scale`` is folded into dS^T before its 16-bit conversion, so neither dK nor dQ
 needs a final scale. dK / dV are bitwise deterministic (one CTA sums its list in list order);
@@ -107,8 +110,8 @@ KV block). ``dq_writer`` (not deterministic, with ``dq_tile``): warp 1 is the sa
 without the semaphore and the ranks, so no consumer warp waits for the reads of its own bulk
 copies.
 
-``zero_lag = L > 0`` (static; with ``dq_writer``, unpacked rows, not with ``lpt`` or
-``dq_claim``): the fp32 workspace is zeroed just ahead of its use instead of all at once
+``zero_lag = L > 0`` (static; with ``dq_writer``, unpacked rows, not with ``dq_claim`` or
+an ``lpt`` order over all pairs): the fp32 workspace is zeroed just ahead of its use instead of all at once
 before the launch. The CTAs of the ``(batch, KV head)`` pair ``c = b H_kv + g`` (the grid's
 ``N_kv`` KV blocks of it, launched after those of every pair before it) each zero one
 ``N_kv``-th of the workspace of pair ``c + L`` (its ``G`` query heads' tiles, contiguous):
@@ -246,7 +249,8 @@ class BsaBwdSm90Ws:
                  dq_alt: bool = False, dq_slots: int = 1, relaxed_poll: bool = False,
                  order_stream: bool = False, stream_after_pre: bool = False,
                  det_store: bool = False, causal: bool = False, pack_gqa: int = 1,
-                 dq_claim: bool = False, zero_lag: int = 0, tail_conv: bool = False):
+                 dq_claim: bool = False, zero_lag: int = 0, tail_conv: bool = False,
+                 lpt_chain: bool = False):
         self.pdl = pdl
         # pack_gqa: r = H_q / H_kv query heads per KV head (1: off). The K->Q entries are
         # packed blocks (the group is 1), a step is 64 packed rows (64 / r positions x r query
@@ -348,9 +352,10 @@ class BsaBwdSm90Ws:
         # the ordered dQ additions need the grid's launch order (lower KV blocks first)
         self.lpt = lpt and not deterministic
         # the workspace of the (batch, KV head) pair c + zero_lag zeroed by pair c's writer
-        # warps (the launch order: not with lpt)
-        self.zero_lag = (zero_lag if self.dq_writer and pack_gqa == 1 and not self.lpt
-                         and not self.dq_claim else 0)
+        # warps (the launch order: pairs one after the other, so not with an lpt order
+        # over all pairs; lpt_chain's order keeps each pair's CTAs together)
+        self.zero_lag = (zero_lag if self.dq_writer and pack_gqa == 1
+                         and (lpt_chain or not self.lpt) and not self.dq_claim else 0)
         # every CTA lets the dq reordering launch when it starts, and its writer warp counts
         # the CTA's completed dQ additions on its pair's counter (mdQSem[P + pair])
         self.tail_conv = tail_conv and self.dq_writer and pack_gqa == 1 and not self.dq_claim
