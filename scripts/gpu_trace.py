@@ -97,6 +97,7 @@ CASES = {
     "bsa_bwd_blk64_25": lambda: _bsa(64, 64, bwd="only"),
     "bsa_bwd_blk128": lambda: _bsa(128, 16, bwd="only"),
     "bsa_bwd_s32768": lambda: _bsa(128, 32, s=32768, bwd="only"),
+    "bsa_bwd_gqa_blk64": lambda: _bsa(64, 32, bwd="only", h_kv=4),
     # deterministic=True (the dQ order from the environment: JAX_SPARSE_ATTN_BSA_BWD_WS)
     "bsa_bwd_det_blk64": lambda: _bsa(64, 32, bwd="only", deterministic=True),
     "bsa_bwd_det_blk128": lambda: _bsa(128, 16, bwd="only", deterministic=True),

@@ -1,0 +1,12 @@
+#!/usr/bin/env bash
+# Session 42's last device call: per-kernel traces of the block-sparse backward alone
+# (blk128 12.5 %, GQA 16:4 blk64) with the default order (hlpt: its XLA sort of the K->Q
+# rows included) and with nolpt.
+# Usage (device, after `source .devcache/setup.sh`): OUT=$OUT bash scripts/gpu_s42_d.sh [seconds]
+. "$(dirname "$0")/gpu_lib.sh" s42d "${1:-120}"
+for v in default nolpt; do
+  case $v in default) E="X=1";; nolpt) E="JAX_SPARSE_ATTN_BSA_BWD_WS=nolpt";; esac
+  env $E timeout 55 python3 scripts/gpu_trace.py --iters 10 --case bsa_bwd_blk128 \
+    --case bsa_bwd_gqa_blk64 --out $O/trace_$v.json > $O/trace_$v.txt 2>&1
+  t "trace $v rc=$?"; grep "^==\|us  x1" $O/trace_$v.txt | head -24
+done
