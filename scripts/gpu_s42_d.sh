@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Session 42's last device call: per-kernel traces of the block-sparse backward alone
+# Prepared in session 42 for the next device call (not run yet): per-kernel traces of the block-sparse backward alone
 # (blk128 12.5 %, GQA 16:4 blk64) with the default order (hlpt: its XLA sort of the K->Q
 # rows included) and with nolpt.
 # Usage (device, after `source .devcache/setup.sh`): OUT=$OUT bash scripts/gpu_s42_d.sh [seconds]
