@@ -13,3 +13,14 @@ start=$SECONDS
 t() { echo "[$((SECONDS - start))s] $*" | tee -a "$O/timeline.txt"; }
 left() { echo $((BUDGET - (SECONDS - start))); }
 PYT="python3 -m pytest -m gpu -q -rA -p no:cacheprovider"
+# bsa_grid_bg T: in the background, the block-sparse grid in three shards (t_grid0..2.txt) and
+# the sm90ws backward cases with the public-API checks (t_ws.txt), each under timeout T
+bsa_grid_bg() {
+  local i
+  for i in 0 1 2; do
+    BSA_TEST_SHARD=$i/3 timeout "$1" $PYT tests/test_gpu_bsa.py -k TestBSAKernelGrid \
+      > "$O/t_grid$i.txt" 2>&1 &
+  done
+  timeout "$1" $PYT tests/test_gpu_bsa.py -k "sm90ws_backward or grad_through or \
+    fresh_inputs or block_causal_equals" > "$O/t_ws.txt" 2>&1 &
+}

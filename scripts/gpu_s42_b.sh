@@ -9,12 +9,7 @@
 . "$(dirname "$0")/gpu_lib.sh" s42b "${1:-540}"
 export JAX_SPARSE_ATTN_GPU_TEST_TIMEOUT=150
 T=${TT:-240}
-for i in 0 1 2; do
-  BSA_TEST_SHARD=$i/3 timeout $T $PYT tests/test_gpu_bsa.py -k TestBSAKernelGrid \
-    > $O/t_grid$i.txt 2>&1 &
-done
-timeout $T $PYT tests/test_gpu_bsa.py -k "sm90ws_backward or grad_through or fresh_inputs \
-  or block_causal_equals" > $O/t_ws.txt 2>&1 &
+bsa_grid_bg $T
 timeout $T $PYT tests/test_gpu_bsa_causal.py > $O/t_causal.txt 2>&1 &
 timeout $T $PYT tests/test_gpu_bsa_pack_gqa.py > $O/t_pack.txt 2>&1 &
 timeout $T $PYT tests/test_gpu_bsa_options_extra.py > $O/t_opts.txt 2>&1 &

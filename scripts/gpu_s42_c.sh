@@ -13,12 +13,7 @@ shard() {  # FILE N I: every N-th collected test of FILE from the I-th
   python3 -m pytest -m gpu --collect-only -q -p no:cacheprovider "$1" 2>/dev/null \
     | grep "::" | awk -v n="$2" -v i="$3" 'NR % n == i'
 }
-for i in 0 1 2; do
-  BSA_TEST_SHARD=$i/3 timeout $T $PYT tests/test_gpu_bsa.py -k TestBSAKernelGrid \
-    > $O/t_grid$i.txt 2>&1 &
-done
-timeout $T $PYT tests/test_gpu_bsa.py -k "sm90ws_backward or grad_through or fresh_inputs \
-  or block_causal_equals" > $O/t_ws.txt 2>&1 &
+bsa_grid_bg $T
 for i in 0 1; do
   timeout $T $PYT $(shard tests/test_gpu_bsa_causal.py 2 $i) > $O/t_causal$i.txt 2>&1 &
 done
