@@ -387,9 +387,14 @@ def kq_lpt_order(offsets, chain=None):
     counts = offsets[1:] - offsets[:-1]
     if chain is None:
         return jnp.argsort(-counts, stable=True).astype(jnp.int32)
-    rows = jnp.arange(counts.shape[0], dtype=counts.dtype)
-    # keys, least significant first: the row (ties), the length (longest first), the chain
-    return jnp.lexsort((rows, -counts, rows // chain)).astype(jnp.int32)
+    n_rows = counts.shape[0]
+    if not isinstance(chain, int) or chain < 1 or n_rows % chain:
+        raise ValueError(f"kq_lpt_order: chain must be a positive int dividing the "
+                         f"{n_rows} rows; got {chain!r}")
+    # one stable sort per chain (ties in row order), then each chain's first row added
+    local = jnp.argsort(-counts.reshape(n_rows // chain, chain), axis=-1, stable=True)
+    base = jnp.arange(0, n_rows, chain, dtype=local.dtype)[:, None]
+    return (local + base).reshape(-1).astype(jnp.int32)
 
 
 def kq_schedule_starts(offsets, *, num_kv_blocks: int, held: int):

@@ -17,7 +17,10 @@ the mma.sync forward with ``bsa_fwd_late_v_wait=True``; ``sm80_wr32``: with
 ``bsa_fwd_warp_rows="32"`` (at every block size: slow where it spills, still exact);
 ``sm80_wr16``: with ``bsa_fwd_warp_rows="16"`` (the rows the ``auto`` default does not
 run at sparse_block_size 64, D <= 128); ``bwdws``: ``Switches(bsa_bwd_impl="sm90ws")`` (the
-warp-specialized backward named); ``bwdrows``: ``Switches(bsa_bwd_dq="rows")`` (the Hopper
+warp-specialized backward named); ``kqxla``: the backward's K->Q lists by XLA instead of the
+list kernel; ``notailconv``: the dq reordering a call of its own after the backward;
+``nolpt``: the backward's CTAs in grid order instead of longest list first per (batch, KV
+head); ``bwdrows``: ``Switches(bsa_bwd_dq="rows")`` (the Hopper
 backwards with the row-major dQ workspace instead of the query-tile one); ``dqalt``:
 ``Switches(bsa_bwd_ws="dqalt")`` (blk 128: the consumer warpgroups take turns computing a
 step's whole dQ); ``qregs``: ``Switches(bsa_fwd_ws="qregs")`` (the sm90ws forward with Q as
@@ -79,7 +82,7 @@ SELFLOAD = Switches(bsa_fwd_ws=("selfload",))
 PAIRWG = Switches(bsa_fwd_ws=("pairwg",))
 KQXLA = Switches(bsa_kq_impl="xla")
 NOTAILCONV = Switches(bsa_bwd_ws=("notailconv",))
-HLPT = Switches(bsa_bwd_ws=("hlpt",))
+NOLPT = Switches(bsa_bwd_ws=("nolpt",))
 SM80_LATE_V = Switches(bsa_fwd_impl="sm80", bsa_fwd_late_v_wait=True)
 SM80_WR32 = Switches(bsa_fwd_impl="sm80", bsa_fwd_warp_rows="32")
 SM80_WR16 = Switches(bsa_fwd_impl="sm80", bsa_fwd_warp_rows="16")
@@ -98,7 +101,7 @@ class TestBSAKernelGrid(BSAKernelGrid):
     IMPLS = {"sm80": SM80, "sm90ws": SM90WS, "bwdws": BWDWS, "bwdrows": BWDROWS,
              "dqalt": DQALT, "qregs": QREGS, "mpre": MPRE, "qahead": QAHEAD,
              "noepivec": NOEPIVEC, "notmao": NOTMAO, "ctas3k1": CTAS3K1, "selfload": SELFLOAD,
-             "pairwg": PAIRWG, "kqxla": KQXLA, "notailconv": NOTAILCONV, "hlpt": HLPT, "sm80_late_v": SM80_LATE_V, "sm80_wr32": SM80_WR32,
+             "pairwg": PAIRWG, "kqxla": KQXLA, "notailconv": NOTAILCONV, "nolpt": NOLPT, "sm80_late_v": SM80_LATE_V, "sm80_wr32": SM80_WR32,
              "sm80_wr16": SM80_WR16}
 
     @classmethod

@@ -167,8 +167,8 @@ def test_bsa_bwd_zerolag(c, monkeypatch):
     tb.test_bsa_sm90ws_backward(c)
 
 
-@pytest.mark.parametrize("ws", ["tailconv", "zerolag,tailconv", "tailconv,lpt", "nolpt",
-                                "notailconv", "notailconv,nolpt"])
+@pytest.mark.parametrize("ws", ["tailconv", "zerolag,tailconv", "zerolag,nolpt",
+                                "tailconv,lpt", "nolpt", "notailconv", "notailconv,nolpt"])
 @pytest.mark.parametrize("c", ZEROLAG_CASES, ids=lambda c: c["name"])
 def test_bsa_bwd_tailconv(c, ws, monkeypatch):
     """``tailconv`` (the default; alone, with zerolag, with lpt, whose CTAs take the KV

@@ -72,7 +72,7 @@ def _shapes(cfg, b=2, hq=4, hkv=2, sq=1000, skv=1025, kmax=5):
     return q, k, idx, nums, sizes, lse
 
 
-def _dq_tiles(d, blk, switches=None, **kw):
+def _bwd_extra_calls(d, blk, switches=None, **kw):
     """The backward's CuTe DSL calls besides the preprocessing and the dK/dV/dQ kernel: the
     dq reordering where the backward adds dQ into the query-tile workspace (unless the
     backward's call launches it: ``tail_conv``), and the K->Q lists of the Hopper backwards
@@ -123,7 +123,7 @@ def test_bsa_fwd_bwd_lower_to_cutedsl_call(cfg):
         lowering_platforms=("cuda",)).as_text()
     # the preprocessing kernel is a second CuTe DSL call; the dq reordering and the lists
     assert txt.count(CALL_TARGET) == ((2 if cfg.get("pre_impl", "kernel") == "kernel" else 1)
-                                      + _dq_tiles(cfg["d"], cfg["blk"], _switches(cfg)))
+                                      + _bwd_extra_calls(cfg["d"], cfg["blk"], _switches(cfg)))
     assert "\\7FELF" in txt
 
 
@@ -161,7 +161,12 @@ def test_public_api_uses_kernel_path_when_forced():
         lowering_platforms=("cuda",)).as_text()
     # forward + backward kernels (the backward launching the dq reordering of the
     # query-tile workspace) + the preprocessing kernel (the default) + the K->Q lists
-    assert _dq_tiles(64, 64) == 1
+    from jax_sparse_attn.config import Switches
+    from jax_sparse_attn.ffi import bsa as ffi_bsa
+
+    key = ffi_bsa.bwd_config(jnp.bfloat16, 64, 64, False, Switches())
+    assert key.dq_tile and key.tail_conv
+    assert _bwd_extra_calls(64, 64) == 1
     assert txt.count(CALL_TARGET) == 4
 
 
@@ -385,7 +390,7 @@ def test_bsa_causal_lowers(cfg):
         lowering_platforms=("cuda",)).as_text()
     # preprocessing, dK/dV/dQ kernel, the lists and the dq reordering (a call of its own
     # after the sm90 backward, launched by the sm90ws backward's call)
-    assert txt.count(CALL_TARGET) == 2 + _dq_tiles(cfg["d"], cfg["blk"], sw, causal=True)
+    assert txt.count(CALL_TARGET) == 2 + _bwd_extra_calls(cfg["d"], cfg["blk"], sw, causal=True)
     assert "\\7FELF" in txt
 
 

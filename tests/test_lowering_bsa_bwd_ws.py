@@ -101,11 +101,16 @@ def test_bsa_bwd_ws_ablation_lowers():
     # lists, preprocessing and the backward, which launches the reordering (tailconv)
     txt = _bwd_text(CONFIGS[0], ws="ldwait,stages=2")
     assert txt.count(CALL_TARGET) == 3
-    # CTAs in longest-list-first order (the order follows the CSR offsets), over all pairs
-    # (lpt) or within each (hlpt, the default), or in grid order (nolpt)
+    # CTAs in longest-list-first order (the order follows the CSR offsets: R + 1 offsets
+    # then R rows, R = B H_kv N_kv = 2 * 4 * 17), over all pairs (lpt) or within each (hlpt,
+    # the default), or in grid order (nolpt: the offsets alone)
+    texts = {}
     for ws in ("lpt", "hlpt", "nolpt"):
-        txt = _bwd_text(CONFIGS[1], ws=ws)
+        texts[ws] = txt = _bwd_text(CONFIGS[1], ws=ws)
         assert txt.count(CALL_TARGET) == 3
+        assert ("tensor<273xi32>" in txt) == (ws != "nolpt"), ws
+    assert texts["lpt"] != texts["hlpt"]
+    assert texts["hlpt"] == _bwd_text(CONFIGS[1])
     # the reordering after the backward, a call of its own
     txt = _bwd_text(CONFIGS[1], ws="notailconv")
     assert txt.count(CALL_TARGET) == 4 == _calls(CONFIGS[1], ws="notailconv")
@@ -715,6 +720,9 @@ def test_kq_lpt_order():
     want = sorted(range(b * h_kv * n_kv), key=lambda r: (r // n_kv, -counts[r], r))
     assert chained.tolist() == want
     assert chained.tolist() != order.tolist()
+    for bad in (n_kv + 1, 0, 2.0):
+        with pytest.raises(ValueError, match="chain must be a positive int dividing"):
+            metadata.kq_lpt_order(offsets, chain=bad)
 
 
 def test_bsa_bwd_ws_hlpt_key():
