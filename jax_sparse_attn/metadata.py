@@ -388,9 +388,11 @@ def kq_lpt_order(offsets, chain=None):
     if chain is None:
         return jnp.argsort(-counts, stable=True).astype(jnp.int32)
     n_rows = counts.shape[0]
-    if not isinstance(chain, int) or chain < 1 or n_rows % chain:
+    ok = isinstance(chain, numbers.Integral) and not isinstance(chain, bool)
+    if not ok or chain < 1 or n_rows % chain:
         raise ValueError(f"kq_lpt_order: chain must be a positive int dividing the "
                          f"{n_rows} rows; got {chain!r}")
+    chain = int(chain)
     # one stable sort per chain (ties in row order), then each chain's first row added
     local = jnp.argsort(-counts.reshape(n_rows // chain, chain), axis=-1, stable=True)
     base = jnp.arange(0, n_rows, chain, dtype=local.dtype)[:, None]
