@@ -179,19 +179,21 @@ BSA_BWD_WS_FLAGS = ("ldwait", "lpt", "decouple", "detkv", "detfull", "detlaunch"
                     "dqearly", "lselate", "splitwait", "epi16", "epiregs", "dqalt", "detsched",
                     "detschedfull", "relaxpoll", "detstream", "nodetstream",
                     "detoverlap", "detzero", "packws", "nopackws", "dqclaim", "zerolag",
-                    "tailconv", "notailconv", "hlpt", "nolpt")
+                    "tailconv", "notailconv", "hlpt", "nolpt", "persist")
 #: the flags among :data:`BSA_BWD_WS_FLAGS` that choose the deterministic dQ order (at most
 #: one of them)
 BSA_DET_ORDER_FLAGS = ("detkv", "detfull", "detlaunch", "detsched", "detschedfull")
 _BSA_BWD_WS_ALLOWED = ("comma list of " + ", ".join(BSA_BWD_WS_FLAGS)
                        + ", stages=N (most Q / dO shared-memory stages: 2..4), dqslots=N "
-                       "(deterministic: fp32 accumulators per query tile, 1..4); at most one "
+                       "(deterministic: fp32 accumulators per query tile, 1..4), persistkv=N "
+                       "(persist: Q / dO stages issued before an item's K / V, 0..3); at most one "
                        "of " + ", ".join(BSA_DET_ORDER_FLAGS) + "; at most one of detstream, "
                        "nodetstream; at most one of packws, nopackws; at most one of tailconv, "
                        "notailconv; at most one of lpt, hlpt, nolpt")
 _parse_bsa_bwd_ws_opts = _parse_option_list(BSA_BWD_WS_FLAGS,
                                              {"stages": lambda n: 2 <= n <= 4,
-                                              "dqslots": lambda n: 1 <= n <= 4},
+                                              "dqslots": lambda n: 1 <= n <= 4,
+                                              "persistkv": lambda n: 0 <= n <= 3},
                                              None, _BSA_BWD_WS_ALLOWED)
 
 
@@ -545,6 +547,13 @@ SWITCHES = (
                "pair's count instead of the whole backward, so they run on the SMs the "
                "backward's last wave leaves free; 1.5 % faster at blk 128 on the H200), "
                "notailconv (the reordering launched after the backward has completed), "
+               "persist (opt-in, blk 128 with tailconv, not causal, zerolag, dqalt or "
+               "decouple: a persistent grid of one CTA per SM takes the KV blocks as work "
+               "items from an atomic counter, in the hlpt / lpt order, loading an item's "
+               "first Q / dO stages and then its K / V while the previous item ends, and "
+               "stages dK / dV in the K / V and dS tiles), persistkv=N (with persist: the "
+               "Q / dO stages of an item issued before its K / V, 0..3; default: the most "
+               "Q / dO stages less one), "
                "relaxpoll (deterministic: the query tile's semaphore is polled with relaxed "
                "loads and one fence after them, instead of acquire loads; slower on the "
                "H200), "

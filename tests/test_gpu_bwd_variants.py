@@ -191,6 +191,36 @@ def test_bsa_bwd_tailconv(c, ws, monkeypatch):
     tb.test_bsa_sm90ws_backward(c)
 
 
+# the blk 128 cases of the warp-specialized backward for its persistent grid, plus more KV
+# blocks (376 work items of varied list lengths, empty lists among them) than the H200 has SMs
+PERSIST_CASES = [c for c in ZEROLAG_CASES if c["blk"] == 128] + [
+    dict(name="persist-376items-blk128-d128-varied", blk=128, d=128, dtype="bfloat16",
+         layout="bshd", b=2, hq=8, hkv=4, sq=4096, skv=6000, mode="varied"),
+]
+
+
+@pytest.mark.parametrize("ws", ["persist", "persist,epiregs", "persist,persistkv=0",
+                                "persist,nolpt", "persist,lpt"])
+@pytest.mark.parametrize("c", PERSIST_CASES, ids=lambda c: c["name"])
+def test_bsa_bwd_persist(c, ws, monkeypatch):
+    """``persist`` (opt-in, blk 128): one CTA per SM takes the KV blocks as work items from an
+    atomic counter (in the hlpt order, lpt's or grid order), loads an item's first Q / dO
+    stages and then its K / V while the previous item ends, and stages dK / dV in the K / V
+    and dS tiles (``epiregs``: stores them from registers and frees K / V before); an empty
+    item writes zero dK / dV. Gradients against the reference, poisoned buffers first."""
+    from jax_sparse_attn import metadata
+    from jax_sparse_attn.ffi import bsa as fb
+
+    if ws != "persist" and c["name"] not in ("persist-376items-blk128-d128-varied",
+                                             "zerolag-16pairs-blk128-d64-empty"):
+        pytest.skip("the variants run on the two cases with more items than CTAs")
+    sw = Switches(bsa_bwd_impl="sm90ws", bsa_bwd_ws=tuple(ws.split(",")))
+    key = fb.bwd_config(jnp.dtype(c["dtype"]), c["d"], c["blk"], False, sw)
+    assert key.ws_persist == metadata.num_sms() and key.tail_conv, key
+    monkeypatch.setattr(tb, "BWDWS", sw)
+    tb.test_bsa_sm90ws_backward(c)
+
+
 # the deterministic cases on the sm90 backward (no rab)
 DETZERO_CASES = [c for c in th.DET_CASES if c[2] in (64, 128, 256) and c[5] in ("", "func")]
 

@@ -230,6 +230,8 @@ _PTX_CONFIGS = {
     "tailconv-blk64": ("_bwd_text", (CONFIGS[1],), None, {"ws": "tailconv"}),
     "notailconv-blk64": ("_bwd_text", (CONFIGS[1],), None, {"ws": "notailconv"}),
     "pre4-blk64": ("_bwd_text", (CONFIGS[1],), None, {"pre": "kernel4"}),
+    "persist-blk128": ("_bwd_text", (CONFIGS[0],), None, {"ws": "persist"}),
+    "persist-epiregs-blk128": ("_bwd_text", (CONFIGS[0],), None, {"ws": "persist,epiregs"}),
 }
 
 
@@ -747,3 +749,62 @@ def test_bsa_bwd_ws_hlpt_key():
     for a, b in (("lpt", "hlpt"), ("lpt", "nolpt"), ("hlpt", "nolpt")):
         with pytest.raises(ValueError, match=f"'{a}' and '{b}' contradict"):
             config.from_env({"JAX_SPARSE_ATTN_BSA_BWD_WS": f"{a},{b}"})
+
+
+@pytest.mark.parametrize("cfg", [CONFIGS[0], CONFIGS[2]], ids=["d128", "d64"])
+def test_bsa_bwd_ws_persist_lowers(cfg):
+    """``persist`` (opt-in): at blk 128 with tailconv, not causal, zerolag, dqalt, dqalias or
+    decouple, the backward's grid is one CTA per SM (``metadata.num_sms``) and its counters
+    gain the work-item counter (``2 B H_kv + 1`` int32); ``persistkv=N`` sets the stages
+    issued before an item's K / V. The call is the default's three launches."""
+    from jax_sparse_attn import metadata
+    from jax_sparse_attn.config import Switches
+    from jax_sparse_attn.ffi import bsa
+
+    def key(ws="persist", blk=128, sw=None, **kw):
+        return bsa.bwd_config(jnp.bfloat16, cfg["d"], blk, False,
+                              Switches(bsa_bwd_impl="sm90ws", bsa_bwd_ws=ws, **(sw or {})),
+                              **kw)
+
+    on = key()
+    assert on.ws_persist == metadata.num_sms() > 0 and on.ws_persist_kv_at == -1 and on.tail_conv
+    assert key("persist,persistkv=0").ws_persist_kv_at == 0
+    assert key("persist,nolpt").ws_persist and not key("persist,nolpt").ws_lpt
+    assert key("").ws_persist == 0
+    for off in (key(blk=64), key("persist,notailconv"), key("persist,zerolag"),
+                key("persist,dqalt"), key("persist,dqalias"), key(causal=True),
+                key(deterministic=True), key(pack_gqa=2), key(sw={"pdl": False})):
+        assert off.ws_persist == 0, off
+    txt = _bwd_text(cfg, ws="persist")
+    assert txt.count(CALL_TARGET) == 3 == _calls(cfg, ws="persist")
+    pairs = 2 * cfg["hkv"]  # b = 2
+    assert f"tensor<{2 * pairs + 1}xi32>" in txt and f"tensor<{2 * pairs}xi32>" not in txt
+
+
+def test_bsa_bwd_persist_option_parses():
+    """``persistkv=N`` takes 0..3; other values and unknown flags name what is allowed."""
+    from jax_sparse_attn.config import Switches
+
+    assert Switches(bsa_bwd_ws="persist,persistkv=3").bsa_bwd_ws == ("persist", "persistkv=3")
+    for bad in ("persistkv=4", "persistkv=-1", "persistent"):
+        with pytest.raises(ValueError, match="persistkv=N"):
+            Switches(bsa_bwd_ws=bad)
+
+
+def test_bsa_bwd_ws_persist_ptx(kept_ptx):
+    """``persist``: the producer deals the work items with one more relaxed atomic add (the
+    item counter, next to tailconv's count), the item ring adds four mbarriers, and the
+    dK / dV epilogue stages in the K / V and dS tiles; without persist the blk 128 kernel
+    has tailconv's atomic only. The register-store epilogue (``epiregs``) stores dK / dV
+    from registers in both."""
+    persist = _ws_ptx(kept_ptx, "persist-blk128")
+    default = _ws_ptx(kept_ptx, _ids(CONFIGS[0]))
+    atom = "atom.relaxed.gpu.global.add.s32"
+    assert persist.count(atom) == 2 and default.count(atom) == 1
+    assert persist.count("mbarrier.init") == default.count("mbarrier.init") + 4
+    for s in ("cp.async.bulk.tensor", "wgmma.mma_async", "setmaxnreg", "griddepcontrol"):
+        assert s in persist, s
+    # the shared-memory epilogue: 16-byte global row pieces; epiregs: 4-byte pair stores
+    assert "st.global.v4" in persist
+    regs = _ws_ptx(kept_ptx, "persist-epiregs-blk128")
+    assert regs.count(atom) == 2 and "st.global.b32" in regs and "st.global.b32" not in persist

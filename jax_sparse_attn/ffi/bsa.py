@@ -259,6 +259,13 @@ class BsaBwdConfig:
     # when it starts and counts its pair's completed dQ additions; the reordering's CTAs
     # (launched with PDL) wait for their pair's count (the default; off: "notailconv")
     tail_conv: bool = False
+    # "sm90ws" blk 128 with tail_conv, not causal / zero_lag / dq_alt / decouple: a
+    # persistent grid of this many CTAs (the SM count) dealing the K->Q rows as work items
+    # ("persist", opt-in; 0: one CTA per row)
+    ws_persist: int = 0
+    # ws_persist: the Q / dO stages of an item issued before its K / V ("persistkv=N";
+    # -1: the kernel's q_stages - 1)
+    ws_persist_kv_at: int = -1
 
 
 def fwd_smem_bytes(head_dim, block_size) -> int:
@@ -541,62 +548,9 @@ def bwd_config(dtype, head_dim, block_size, has_block_sizes, switches,
         # calls do not pack: deterministic_unsupported_reason)
         impl = "sm90"
     if impl == "sm90ws":
-        from ..kernels.bsa_bwd_sm90_ws import bwd_ws_dq_tile_fits  # noqa: PLC0415
-
-        opts = switches.bsa_bwd_ws
-        st = [int(o[7:]) for o in opts if o.startswith("stages=")]
-        decouple = "decouple" in opts and block_size == 128 and not deterministic
-        tile = switches.bsa_bwd_dq == "tile" and not decouple
-        alias = tile and ("dqalias" in opts or not bwd_ws_dq_tile_fits(head_dim, block_size))
-        return BsaBwdConfig(name, head_dim, block_size, has_block_sizes, impl, arch=arch,
-                            ws_max_stages=st[0] if st else 4, ws_ld_wait="ldwait" in opts,
-                            ws_lpt="nolpt" not in opts and not deterministic,
-                            ws_lpt_chain=not {"lpt", "nolpt"} & set(opts)
-                            and not deterministic,
-                            ws_decouple=decouple,
-                            deterministic=bool(deterministic),
-                            det_group=det_launch_group(block_size, opts) if deterministic else 0,
-                            det_window=det_schedule_window(block_size, opts) if deterministic
-                            else 0,
-                            det_sched_auto=bool(deterministic) and not _det_order_opts(opts),
-                            held_ctas=_held_ctas(block_size) if deterministic else 0,
-                            dq_tile=tile,
-                            ws_dq_alias=alias,
-                            ws_dq_late=alias and "dqearly" not in opts,
-                            ws_lse_early="lselate" not in opts,
-                            ws_split_wait="splitwait" in opts,
-                            ws_epi_pairs="epi16" not in opts,
-                            ws_epi_smem=not {"epiregs", "epi16"} & set(opts),
-                            ws_dq_alt="dqalt" in opts and block_size == 128 and tile
-                            and not alias and not deterministic and not decouple
-                            and getattr(switches, "dq_writer", "auto") != "off",
-                            pdl=bool(getattr(switches, "pdl", False)),
-                            det_writer=bool(deterministic) and tile
-                            and bool(getattr(switches, "det_writer", False)),
-                            det_slots=det_dq_slots(opts) if deterministic and tile
-                            and bool(getattr(switches, "det_writer", False)) else 1,
-                            det_relaxed_poll=bool(deterministic) and "relaxpoll" in opts,
-                            det_store=bool(deterministic) and tile
-                            and bool(getattr(switches, "det_writer", False))
-                            and "detzero" not in opts,
-                            det_stream=bool(deterministic) and det_stream_default(opts)
-                            and not causal,
-                            det_overlap=bool(deterministic) and det_stream_default(opts)
-                            and "detoverlap" in opts and not causal,
-                            causal=bool(causal), pack_gqa=pack_gqa,
-                            dq_writer=not deterministic and tile
-                            and getattr(switches, "dq_writer", "auto") != "off",
-                            dq_claim="dqclaim" in opts and not deterministic and tile
-                            and getattr(switches, "dq_writer", "auto") != "off"
-                            and pack_gqa == 1,
-                            zero_lag=ZERO_LAG if "zerolag" in opts and not deterministic
-                            and tile and getattr(switches, "dq_writer", "auto") != "off"
-                            and pack_gqa == 1 and "lpt" not in opts
-                            and "dqclaim" not in opts else 0,
-                            tail_conv="notailconv" not in opts and not deterministic and tile
-                            and getattr(switches, "dq_writer", "auto") != "off"
-                            and pack_gqa == 1 and "dqclaim" not in opts
-                            and bool(getattr(switches, "pdl", False)))
+        return _persist_config(_ws_config(name, head_dim, block_size, has_block_sizes, impl,
+                                          arch, switches, deterministic, causal, pack_gqa),
+                               switches.bsa_bwd_ws)
     if impl == "sm90":
         return BsaBwdConfig(name, head_dim, block_size, has_block_sizes, impl, arch=arch,
                             pack_gqa=pack_gqa, causal=causal,
@@ -614,6 +568,80 @@ def bwd_config(dtype, head_dim, block_size, has_block_sizes, switches,
                                                           switches))
     return BsaBwdConfig(name, head_dim, block_size, has_block_sizes, impl, min_blocks, arch=arch,
                         vec_red=_platform.vec_red(switches, arch), q_stages=q_stages)
+
+
+
+def _ws_config(name, head_dim, block_size, has_block_sizes, impl, arch, switches,
+               deterministic, causal, pack_gqa) -> BsaBwdConfig:
+    """The ``sm90ws`` backward's configuration (:func:`bwd_config`)."""
+    from ..kernels.bsa_bwd_sm90_ws import bwd_ws_dq_tile_fits  # noqa: PLC0415
+
+    opts = switches.bsa_bwd_ws
+    st = [int(o[7:]) for o in opts if o.startswith("stages=")]
+    decouple = "decouple" in opts and block_size == 128 and not deterministic
+    tile = switches.bsa_bwd_dq == "tile" and not decouple
+    alias = tile and ("dqalias" in opts or not bwd_ws_dq_tile_fits(head_dim, block_size))
+    return BsaBwdConfig(name, head_dim, block_size, has_block_sizes, impl, arch=arch,
+                        ws_max_stages=st[0] if st else 4, ws_ld_wait="ldwait" in opts,
+                        ws_lpt="nolpt" not in opts and not deterministic,
+                        ws_lpt_chain=not {"lpt", "nolpt"} & set(opts)
+                        and not deterministic,
+                        ws_decouple=decouple,
+                        deterministic=bool(deterministic),
+                        det_group=det_launch_group(block_size, opts) if deterministic else 0,
+                        det_window=det_schedule_window(block_size, opts) if deterministic
+                        else 0,
+                        det_sched_auto=bool(deterministic) and not _det_order_opts(opts),
+                        held_ctas=_held_ctas(block_size) if deterministic else 0,
+                        dq_tile=tile,
+                        ws_dq_alias=alias,
+                        ws_dq_late=alias and "dqearly" not in opts,
+                        ws_lse_early="lselate" not in opts,
+                        ws_split_wait="splitwait" in opts,
+                        ws_epi_pairs="epi16" not in opts,
+                        ws_epi_smem=not {"epiregs", "epi16"} & set(opts),
+                        ws_dq_alt="dqalt" in opts and block_size == 128 and tile
+                        and not alias and not deterministic and not decouple
+                        and getattr(switches, "dq_writer", "auto") != "off",
+                        pdl=bool(getattr(switches, "pdl", False)),
+                        det_writer=bool(deterministic) and tile
+                        and bool(getattr(switches, "det_writer", False)),
+                        det_slots=det_dq_slots(opts) if deterministic and tile
+                        and bool(getattr(switches, "det_writer", False)) else 1,
+                        det_relaxed_poll=bool(deterministic) and "relaxpoll" in opts,
+                        det_store=bool(deterministic) and tile
+                        and bool(getattr(switches, "det_writer", False))
+                        and "detzero" not in opts,
+                        det_stream=bool(deterministic) and det_stream_default(opts)
+                        and not causal,
+                        det_overlap=bool(deterministic) and det_stream_default(opts)
+                        and "detoverlap" in opts and not causal,
+                        causal=bool(causal), pack_gqa=pack_gqa,
+                        dq_writer=not deterministic and tile
+                        and getattr(switches, "dq_writer", "auto") != "off",
+                        dq_claim="dqclaim" in opts and not deterministic and tile
+                        and getattr(switches, "dq_writer", "auto") != "off"
+                        and pack_gqa == 1,
+                        zero_lag=ZERO_LAG if "zerolag" in opts and not deterministic
+                        and tile and getattr(switches, "dq_writer", "auto") != "off"
+                        and pack_gqa == 1 and "lpt" not in opts
+                        and "dqclaim" not in opts else 0,
+                        tail_conv="notailconv" not in opts and not deterministic and tile
+                        and getattr(switches, "dq_writer", "auto") != "off"
+                        and pack_gqa == 1 and "dqclaim" not in opts
+                        and bool(getattr(switches, "pdl", False)))
+
+
+def _persist_config(cfg: BsaBwdConfig, opts) -> BsaBwdConfig:
+    """``cfg`` with the persistent grid where ``bsa_bwd_ws`` asks for it (``persist``,
+    ``persistkv=N``) and the kernel has it: blk 128 with ``tail_conv``, not causal,
+    ``zero_lag``, ``dq_alt``, ``dq_alias`` or ``decouple``."""
+    if ("persist" not in opts or cfg.block_size != 128 or not cfg.tail_conv or cfg.causal
+            or cfg.zero_lag or cfg.ws_dq_alt or cfg.ws_dq_alias or cfg.ws_decouple):
+        return cfg
+    kv_at = [int(o[10:]) for o in opts if o.startswith("persistkv=")]
+    return dataclasses.replace(cfg, ws_persist=metadata.num_sms(),
+                               ws_persist_kv_at=kv_at[0] if kv_at else -1)
 
 
 def det_launch_group(block_size: int, opts=()) -> int:
@@ -1476,7 +1504,8 @@ def _ws_kernel(cfg: BsaBwdConfig, after_pre: bool = False):
                         order_stream=cfg.det_stream, stream_after_pre=after_pre,
                         det_store=cfg.det_store, causal=cfg.causal, pack_gqa=cfg.pack_gqa,
                         dq_claim=cfg.dq_claim, zero_lag=cfg.zero_lag,
-                        tail_conv=cfg.tail_conv, lpt_chain=cfg.ws_lpt_chain)
+                        tail_conv=cfg.tail_conv, lpt_chain=cfg.ws_lpt_chain,
+                        persist=cfg.ws_persist, persist_kv_at=cfg.ws_persist_kv_at)
 
 
 def _bwd_det_entry(stream, q, k, v, do, lse, delta, offsets, entries, ranks, sizes, scale,
@@ -1832,7 +1861,9 @@ def _bsa_bwd_counted(q, k, v, do, lse, delta, offsets, entries, block_sizes, dq_
     ``(dq, dk, dv)``."""
     from .._cute_call import call_builder  # noqa: PLC0415
 
-    count = jnp.zeros((2 * cfg.batch * cfg.num_heads_kv,), jnp.int32)
+    # ws_persist: one more counter (the persistent grid's work items)
+    count = jnp.zeros((2 * cfg.batch * cfg.num_heads_kv + (cfg.bwd.ws_persist > 0),),
+                      jnp.int32)
     tail = cfg.bwd.tail_conv
     # positional inputs 10 and 11 (the counters, the workspace) are aliased to outputs 3 and
     # 0; flattened, block_sizes may be None (absent, no buffer) and the workspace is the last

@@ -181,7 +181,7 @@ from .common import (acc_layout_as_a, acc_mn_view_wg, atom_add_acq_rel_s32, atom
                      ld_acquire_s32, ld_relaxed_s32, st_release_s32, tma_view, wait_at_least)
 from .dq_tiles import bulk_add_warp_slice, stage_warp_slice
 from .pack_gqa import pack_rows_view, packed_row
-from .pipeline import SmemPipeline
+from .pipeline import SmemPipeline, fetch_item, publish_item, take_item
 from .seqlen_info import offset_rows
 
 #: query rows per step (one wgmma N / M extent)
@@ -250,7 +250,7 @@ class BsaBwdSm90Ws:
                  order_stream: bool = False, stream_after_pre: bool = False,
                  det_store: bool = False, causal: bool = False, pack_gqa: int = 1,
                  dq_claim: bool = False, zero_lag: int = 0, tail_conv: bool = False,
-                 lpt_chain: bool = False):
+                 lpt_chain: bool = False, persist: int = 0, persist_kv_at: int = -1):
         self.pdl = pdl
         # pack_gqa: r = H_q / H_kv query heads per KV head (1: off). The K->Q entries are
         # packed blocks (the group is 1), a step is 64 packed rows (64 / r positions x r query
@@ -368,7 +368,20 @@ class BsaBwdSm90Ws:
         # parity) and goes on. Barriers 2 and 5 then count the computing warpgroup and warp 1.
         self.dq_alt = (dq_alt and self.num_wg == 2 and self.dq_writer and not self.dq_alias
                        and not self.decouple)
-        self.regs_producer = 24
+        # a persistent grid of ``persist`` CTAs (blk 128: one per SM) walking the K->Q rows
+        # as work items, dealt dynamically (in the lpt order when given); with the dQ
+        # writer's tail_conv (its zeroed counters hold the item counter), not causal, not
+        # with dq_alt / decouple / zero_lag
+        self.persist = (persist if self.num_wg == 2 and self.tail_conv and not self.dq_alias
+                        and not self.dq_alt and not self.decouple and not self.zero_lag
+                        and not causal else 0)
+        # persistent: an item's K / V are loaded once its first ``persist_kv_at`` Q / dO
+        # stages are issued (-1: ``q_stages - 1``; the previous item frees K / V last)
+        self.persist_kv_at = (self.q_stages - 1 if persist_kv_at < 0
+                              else min(persist_kv_at, self.q_stages - 1))
+        # persistent: the producer warp's item walk needs more than 24 registers; 32 x 128 +
+        # 240 x 256 is the SM's 65536
+        self.regs_producer = 32 if self.persist else 24
         # 65536 registers per SM: 384 threads x 168 at launch (blk 128), 2 x 256 x 128 (blk 64)
         self.regs_consumer = 240 if self.num_wg == 2 else 232
 
@@ -407,6 +420,10 @@ class BsaBwdSm90Ws:
         tma_v, tma_tV = cpasync.make_tiled_tma_atom(g2s, tV, sK_one, (bn, d))
 
         n_mbar = SmemPipeline.num_barriers(self.q_stages) + SmemPipeline.num_barriers(1)
+        if cutlass.const_expr(self.persist):
+            # the work-item ring: two stages' barriers and two 8-byte slots
+            n_mbar += SmemPipeline.num_barriers(2) + 2
+        ds_size = cute.cosize(sdS_layout)
 
         @cute.struct
         class Smem:
@@ -414,13 +431,20 @@ class BsaBwdSm90Ws:
             sLD: cute.struct.Align[cute.struct.MemRange[Float32, 2 * bm * self.q_stages], 128]
             sK: cute.struct.Align[cute.struct.MemRange[dt, cute.cosize(sK_layout)], 1024]
             sV: cute.struct.Align[cute.struct.MemRange[dt, cute.cosize(sK_layout)], 1024]
+            # persistent: the dS tiles follow K / V (the epilogue stages dK / dV there)
+            sdSp: cute.struct.Align[cute.struct.MemRange[dt, ds_size if self.persist else 0],
+                                    1024]
             sQ: cute.struct.Align[cute.struct.MemRange[dt, cute.cosize(sQ_layout)], 1024]
             sdO: cute.struct.Align[cute.struct.MemRange[dt, cute.cosize(sQ_layout)], 1024]
-            sdS: cute.struct.Align[cute.struct.MemRange[dt, cute.cosize(sdS_layout)], 1024]
+            sdS: cute.struct.Align[cute.struct.MemRange[dt, 0 if self.persist else ds_size],
+                                   1024]
             sdQ: cute.struct.Align[cute.struct.MemRange[
                 Float32, bm * d if self.dq_tile and not self.dq_alias else 0], 128]
 
-        if cutlass.const_expr(self.epi_smem):
+        if cutlass.const_expr(self.epi_smem and self.persist):
+            # the epilogue's two (bn, D + 8) tiles take the K / V tiles and the dS tiles
+            kvb.check_epi_smem_fit("bsa_bwd_sm90_ws", bn, d, sK_layout, sdS_layout)
+        elif cutlass.const_expr(self.epi_smem):
             # the epilogue's two (bn, D + 8) tiles take the Q / dO stages and the dS tiles
             kvb.check_epi_smem_fit("bsa_bwd_sm90_ws", bn, d, sQ_layout, sdS_layout)
         if cutlass.const_expr(Smem.size_in_bytes() > SMEM_LIMIT[self.ctas_per_sm]):
@@ -429,6 +453,8 @@ class BsaBwdSm90Ws:
                 f"plan's {SMEM_LIMIT[self.ctas_per_sm]} (head_dim={d}, sparse_block_size={bn})")
         n_kv_blocks = (mK.shape[1] + bn - 1) // bn
         grid = (n_kv_blocks, cute.size(mK.shape[2]), cute.size(mK.shape[0]))
+        if cutlass.const_expr(self.persist):
+            grid = (self.persist, 1, 1)
         self.kernel(
             tma_q, tma_tQ, tma_do, tma_tdO, tma_k, tma_tK, tma_v, tma_tV,
             mQ, mK, mV, mLSE, mDelta, mOffsets, mEntries, mSizes, mScale, mdQacc, mdK, mdV,
@@ -775,6 +801,417 @@ class BsaBwdSm90Ws:
                             st_release_s32(sem, rank + 1)
                         cute.arch.sync_warp()
 
+    @cute.jit
+    def _load_kv(self, kvctx, n_block, head_kv, batch, kv_rows, kv_left, lane, j):
+        """Producer warp: K and V of KV block ``n_block`` into their tiles, completing the
+        K / V pipeline's full barrier of item ``j`` (rows ``< kv_rows`` only, by cp.async,
+        where ``kv_rows`` is short of the block; persistent: once the previous item's
+        consumers have released the tiles)."""
+        tma_k, tma_tK, tma_v, tma_tV, sK, sV, sK_layout, pipe_kv, mK, mV = kvctx
+        bn, d = self.bn, self.d
+        if cutlass.const_expr(self.persist):
+            pipe_kv.producer_acquire(j)
+        if kv_rows >= cutlass.min(kv_left, bn):
+            kv_bytes = cute.size_in_bytes(self.dtype, cute.slice_(sK_layout, (None, None, 0)))
+            pipe_kv.producer_expect_tx(j, 2 * kv_bytes)
+            gK = cute.local_tile(tma_tK[None, None, head_kv, batch], (bn, d), (None, 0))
+            tKs, tKg = cpasync.tma_partition(
+                tma_k, 0, cute.make_layout(1), cute.group_modes(sK, 0, 2),
+                cute.group_modes(gK, 0, 2))
+            cute.copy(tma_k, tKg[None, n_block], tKs[None, 0],
+                      tma_bar_ptr=pipe_kv.full_ptr(j))
+            gV = cute.local_tile(tma_tV[None, None, head_kv, batch], (bn, d), (None, 0))
+            tVs, tVg = cpasync.tma_partition(
+                tma_v, 0, cute.make_layout(1), cute.group_modes(sV, 0, 2),
+                cute.group_modes(gV, 0, 2))
+            cute.copy(tma_v, tVg[None, n_block], tVs[None, 0],
+                      tma_bar_ptr=pipe_kv.full_ptr(j))
+        else:
+            self._load_rows(mK, batch, head_kv, n_block, kv_rows,
+                            sK[None, None, 0], lane)
+            self._load_rows(mV, batch, head_kv, n_block, kv_rows,
+                            sV[None, None, 0], lane)
+            self._fence_rows()
+            pipe_kv.producer_arrive(j)
+
+    @cute.jit
+    def _produce(self, pctx, kvctx, n_block, head_kv, batch, row_id, e_begin, n_ent, kv_left,
+                 j, c):
+        """Producer warp 0, one KV block (work item ``j``): its K / V, then the lse, delta,
+        Q and dO of every step of its K->Q list into the Q / dO ring from running count
+        ``c``; returns the count after the item. Persistent: K / V are loaded after the
+        item's first ``persist_kv_at`` stages, and an empty item only passes the K / V
+        pipeline's barriers, so every item takes one turn of it."""
+        (tma_q, tma_tQ, tma_do, tma_tdO, sQ, sdO, sQ_layout, sLD, pipe_q, pipe_kv, mLSE, mDelta,
+         mEntries, mSizes, mProgress, seqlen_q, seqlen_k, group, n_q_blocks) = pctx
+        bm, bn, d = self.bm, self.bn, self.d
+        if n_ent > 0:
+            lane = cute.arch.lane_idx()
+            # rows of the block that are keys for some query head of the group
+            kv_rows = bwd_kv_tile_rows(mSizes, batch, head_kv, group, n_block, 0,
+                                       kv_left, self.has_sizes)
+            if cutlass.const_expr(self.causal):
+                # ... and that some query row of the block's entries sees
+                kv_rows = cutlass.min(kv_rows, self._causal_kv_rows(
+                    mEntries, mSizes, e_begin, n_ent, n_q_blocks, seqlen_q, seqlen_k,
+                    batch, head_kv, group, n_block, lane))
+            if cutlass.const_expr(not self.persist):
+                self._load_kv(kvctx, n_block, head_kv, batch, kv_rows, kv_left, lane, 0)
+            q_bytes = cute.size_in_bytes(self.dtype, cute.slice_(sQ_layout, (None, None, 0)))
+            c0 = c
+            avail = Int32(0)
+            for e in cutlass.range(n_ent, unroll=1):
+                ent = Int32(0)
+                if cutlass.const_expr(self.order_stream):
+                    avail = self._entry_ready(mProgress, row_id, e, avail)
+                    ent = ld_relaxed_s32(mEntries.iterator + (e_begin + e))
+                else:
+                    ent = Int32(mEntries[e_begin + e])
+                h_in_group = ent // n_q_blocks
+                m_block = ent - h_in_group * n_q_blocks
+                head = head_kv * group + h_in_group
+                gQ = cute.local_tile(tma_tQ[None, None, head, batch], (bm, d), (None, 0))
+                tQs, tQg = cpasync.tma_partition(
+                    tma_q, 0, cute.make_layout(1), cute.group_modes(sQ, 0, 2),
+                    cute.group_modes(gQ, 0, 2))
+                gdO = cute.local_tile(tma_tdO[None, None, head, batch], (bm, d), (None, 0))
+                tdOs, tdOg = cpasync.tma_partition(
+                    tma_do, 0, cute.make_layout(1), cute.group_modes(sdO, 0, 2),
+                    cute.group_modes(gdO, 0, 2))
+                for s in cutlass.range_constexpr(self.sub):
+                    q0 = m_block * bn + s * bm
+                    if q0 < seqlen_q:
+                        if cutlass.const_expr(self.persist):
+                            # the item's K / V once its first stages are issued (the
+                            # previous item's epilogue frees the K / V tiles last)
+                            if c - c0 == self.persist_kv_at:
+                                self._load_kv(kvctx, n_block, head_kv, batch, kv_rows,
+                                              kv_left, lane, j)
+                        pipe_q.producer_acquire(c)
+                        stg = pipe_q.stage(c)
+                        self._load_lse_delta(mLSE, mDelta, batch, head, q0, seqlen_q,
+                                             sLD, stg, lane)
+                        if cutlass.const_expr(self.ld_wait):
+                            cute.arch.cp_async_commit_group()
+                            cute.arch.cp_async_wait_group(0)
+                        else:
+                            # the stage's phase also waits for these copies
+                            cp_async_mbarrier_arrive(pipe_q.full_ptr(c))
+                        # every lane's copies (and +inf / 0 stores) precede the arrival
+                        cute.arch.sync_warp()
+                        pipe_q.producer_expect_tx(c, 2 * q_bytes)
+                        q_tile = m_block * self.sub + s
+                        cute.copy(tma_q, tQg[None, q_tile], tQs[None, stg],
+                                  tma_bar_ptr=pipe_q.full_ptr(c))
+                        cute.copy(tma_do, tdOg[None, q_tile], tdOs[None, stg],
+                                  tma_bar_ptr=pipe_q.full_ptr(c))
+                        c += 1
+            if cutlass.const_expr(self.persist):
+                if c - c0 <= self.persist_kv_at:
+                    self._load_kv(kvctx, n_block, head_kv, batch, kv_rows, kv_left, lane, j)
+        else:
+            if cutlass.const_expr(self.persist):
+                pipe_kv.producer_acquire(j)
+                pipe_kv.producer_arrive(j)
+        return c
+
+    @cute.jit
+    def _consume_steps(self, cctx, n_block, head_kv, batch, row_id, e_begin, n_ent, n0, kv_left,
+                       j, c):
+        """Consumer warpgroups, one KV block (work item ``j``): every step of its K->Q list
+        from running count ``c`` of the Q / dO ring (dK, dV accumulate in ``acc_dK`` /
+        ``acc_dV``); returns the count after the item."""
+        (mEntries, mSizes, mProgress, mdQacc, mma_s, mma_kv, mma_dq, thr_s, thr_dq, tSrK, tSrV,
+         tSrQ, tSrdO, tVrdO, tKrQ, tQrdS, tQrK, acc_dK, acc_dV, tScS, n_rows, n_cols, tdQc,
+         r2s_dS, tdSsdS, a_vals, s_shape, softmax_scale, scale_log2, sLD, st, pipe_q, pipe_kv,
+         wg, warp, seqlen_q, seqlen_k, group, n_q_blocks) = cctx
+        bm, bn, d, nwg = self.bm, self.bn, self.d, self.num_wg
+        # the list entries are loaded one entry ahead (register carried), so the global
+        # load of entry e + 1 runs under entry e's steps
+        ent_nxt = Int32(0)
+        if n_ent > 0:
+            if cutlass.const_expr(not self.order_stream):
+                ent_nxt = Int32(mEntries[e_begin])
+            if cutlass.const_expr(not self.persist):
+                pipe_kv.consumer_wait(0)
+        if cutlass.const_expr(self.persist):
+            # every item takes a turn of the K / V pipeline (an empty one too)
+            pipe_kv.consumer_wait(j)
+        for e in cutlass.range(n_ent, unroll=1):
+            ent = ent_nxt
+            if cutlass.const_expr(self.order_stream):
+                # the producer loaded this entry's first stage once the entry was
+                # published: after that stage's wait (repeated below, a no-op) the entry
+                # is visible here (read past L1)
+                pipe_q.consumer_wait(c)
+                ent = ld_relaxed_s32(mEntries.iterator + (e_begin + e))
+            else:
+                ent_nxt = Int32(mEntries[e_begin + cutlass.min(e + 1, n_ent - 1)])
+            h_in_group = ent // n_q_blocks
+            m_block = ent - h_in_group * n_q_blocks
+            head = head_kv * group + h_in_group
+            # keys of the block for this query head
+            limit = kv_left
+            if cutlass.const_expr(self.has_sizes):
+                limit = cutlass.min(limit, mSizes[batch, head, n_block])
+            for s in cutlass.range_constexpr(self.sub):
+                q0 = m_block * bn + s * bm
+                if q0 < seqlen_q:
+                    stg = pipe_q.stage(c)
+                    buf = c % self.ds_bufs
+                    # whether the step needs the select: keys past the valid count, or
+                    # (causal) a key past some query's diagonal: key r is visible from
+                    # the query columns c >= qlo0 + r
+                    qlo0 = Int32(0)
+                    masked = limit < bn
+                    if cutlass.const_expr(self.causal):
+                        if cutlass.const_expr(self.pack > 1):
+                            # packed rows: column c is position q0 / r + c // r (q0 a
+                            # multiple of 64, so of r)
+                            qlo0 = (n0 - (seqlen_k - seqlen_q // self.pack)
+                                    - q0 // self.pack)
+                        else:
+                            qlo0 = n0 - (seqlen_k - seqlen_q) - q0
+                        masked = (limit < bn) | (qlo0 + bn - 1 > 0)
+                    acc_S = thr_s.make_fragment_C(s_shape)
+                    acc_dP = thr_s.make_fragment_C(s_shape)
+                    pipe_q.consumer_wait(c)
+                    # per-query (column) lse, read before the GEMMs are issued and
+                    # brought to the log2 domain after the S^T GEMM's wait
+                    lse2 = cute.make_rmem_tensor(n_cols, Float32)
+                    if cutlass.const_expr(self.lse_early):
+                        for cc in cutlass.range_constexpr(n_cols):
+                            lse2[cc] = sLD[tScS[0, cc][1], 0, stg]
+                    mma_s = kvb.issue_s_dp(mma_s, acc_S, acc_dP, tSrK, tSrV, tSrQ, tSrdO,
+                                           stg)
+                    if cutlass.const_expr(not self.lse_early):
+                        # read under the GEMMs
+                        for cc in cutlass.range_constexpr(n_cols):
+                            lse2[cc] = sLD[tScS[0, cc][1], 0, stg] * LOG2_E
+                    S_mn = acc_mn_view_wg(acc_S)
+                    dP_mn = acc_mn_view_wg(acc_dP)
+                    warpgroup.wait_group(1)
+                    if cutlass.const_expr(self.lse_early):
+                        for cc in cutlass.range_constexpr(n_cols):
+                            lse2[cc] = lse2[cc] * LOG2_E
+                    # P^T while the dP^T GEMM runs
+                    for r in cutlass.range_constexpr(n_rows):
+                        for cc in cutlass.range_constexpr(n_cols):
+                            S_mn[r, cc] = cute.math.exp2(S_mn[r, cc] * scale_log2 - lse2[cc],
+                                                         fastmath=True)
+                    dlt = cute.make_rmem_tensor(n_cols, Float32)
+                    for cc in cutlass.range_constexpr(n_cols):
+                        dlt[cc] = sLD[tScS[0, cc][1], 1, stg]
+                    tP = cute.make_rmem_tensor(acc_layout_as_a(acc_S.layout, a_vals),
+                                               self.dtype)
+                    if cutlass.const_expr(self.split_wait):
+                        # P^T masked and converted before the dP^T wait; the step's Q / dO
+                        # stage is still held, so this check of its full barrier passes at
+                        # once, and its wait loop ends the basic block: ptxas keeps the
+                        # wait below P^T instead of hoisting it above the exp2s
+                        if masked:
+                            self._mask_p_ds(S_mn, None, tScS, limit, qlo0)
+                        cute.make_tensor(tP.iterator, acc_S.layout).store(
+                            acc_S.load().to(self.dtype))
+                        pipe_q.consumer_wait(c)
+                    warpgroup.wait_group(0)
+                    for r in cutlass.range_constexpr(n_rows):
+                        for cc in cutlass.range_constexpr(n_cols):
+                            dP_mn[r, cc] = (S_mn[r, cc] * softmax_scale) * (dP_mn[r, cc] - dlt[cc])
+                    if masked:
+                        # keys past the block's valid count (causal: or past a query's
+                        # diagonal): select, never multiply (their dP^T may be NaN)
+                        if cutlass.const_expr(self.split_wait):
+                            for r in cutlass.range_constexpr(n_rows):
+                                kr = tScS[r, 0][0]
+                                key_ok = kr < limit
+                                for cc in cutlass.range_constexpr(n_cols):
+                                    ok = key_ok
+                                    if cutlass.const_expr(self.causal and self.pack > 1):
+                                        ok = key_ok & (
+                                            tScS[0, cc][1] // self.pack >= qlo0 + kr)
+                                    elif cutlass.const_expr(self.causal):
+                                        ok = key_ok & (tScS[0, cc][1] >= qlo0 + kr)
+                                    dP_mn[r, cc] = dP_mn[r, cc] if ok else Float32(0.0)
+                        else:
+                            self._mask_p_ds(S_mn, dP_mn, tScS, limit, qlo0)
+                    if cutlass.const_expr(not self.split_wait):
+                        cute.make_tensor(tP.iterator, acc_S.layout).store(
+                            acc_S.load().to(self.dtype))
+                    tdS = cute.make_rmem_tensor(acc_layout_as_a(acc_dP.layout, a_vals),
+                                                self.dtype)
+                    tdS_acc = cute.make_tensor(tdS.iterator, acc_dP.layout)
+                    tdS_acc.store(acc_dP.load().to(self.dtype))
+                    # dS^T -> smem buffer `buf` (stmatrix: rows of 8 consecutive queries)
+                    cute.copy(r2s_dS, r2s_dS.retile(tdS_acc), tdSsdS[None, None, None, buf])
+
+                    # dV += P^T dO (registers x smem) while the dS^T halves are published
+                    kvb.issue_dv(mma_kv, acc_dV, tP, tVrdO, stg)
+                    # every warp's dS^T rows are in smem (generic -> async proxy)
+                    cute.arch.fence_proxy("async.shared", space="cta")
+                    if cutlass.const_expr(self.dq_alt):
+                        mma_dq = self._alt_step(mma_kv, mma_dq, acc_dK, tdS, tKrQ, tP,
+                                                tQrdS, tQrK, thr_dq, st, stg, buf, c, wg,
+                                                warp)
+                    else:
+                        if cutlass.const_expr(self.decouple):
+                            cute.arch.barrier(barrier_id=1 + wg, number_of_threads=128)
+                        else:
+                            cute.arch.barrier(barrier_id=1, number_of_threads=128 * nwg)
+                        # dQ = dS K, then dK += dS^T Q (its own group: the dQ reductions below
+                        # are issued while it runs)
+                        acc_dQ = thr_dq.make_fragment_C(thr_dq.partition_shape_C((bm, d)))
+                        if cutlass.const_expr(self.decouple):
+                            kb = cute.size(tQrdS, mode=[2]) // 2  # k16 blocks per warpgroup
+                            if wg == 0:
+                                mma_dq = kvb.issue_dq_dk(mma_dq, mma_kv, acc_dQ, acc_dK, tQrdS,
+                                                         tQrK, tdS, tKrQ, buf, stg, (0, kb))
+                            else:
+                                mma_dq = kvb.issue_dq_dk(mma_dq, mma_kv, acc_dQ, acc_dK, tQrdS,
+                                                         tQrK, tdS, tKrQ, buf, stg,
+                                                         (kb, 2 * kb))
+                        elif cutlass.const_expr(self.dq_late):
+                            kvb.issue_dk(mma_kv, acc_dK, tdS, tKrQ, stg)
+                            warpgroup.wait_group(0)
+                            kvb.keep_regs(tP, tdS)
+                            mma_dq = kvb.issue_dq(mma_dq, acc_dQ, tQrdS, tQrK, buf)
+                        else:
+                            mma_dq = kvb.issue_dq_dk(mma_dq, mma_kv, acc_dQ, acc_dK, tQrdS,
+                                                     tQrK, tdS, tKrQ, buf, stg)
+                        warpgroup.wait_group(1)
+
+                        if cutlass.const_expr(self.dq_tile):
+                            # the warp's slice (rows 16 rg .., the warpgroup's columns) in
+                            # register order to the staging tile, then one bulk reduction
+                            # per block into query tile q0 / 64 (rows past S_q: zeros)
+                            t_lane = cute.arch.lane_idx()
+                            t_rg = (warp - 4) % 4
+                            t_cols = d // nwg
+                            t_cg0 = wg * (t_cols // self.dq_w)
+                            t_half = 2 * d // self.dq_w  # blocks per staging buffer (alias)
+                            sdQ = None
+                            sdQ2 = None
+                            if cutlass.const_expr(self.dq_alias):
+                                # stage this step's slices in its Q and dO tiles once every
+                                # consumer warp's GEMMs have read them
+                                warpgroup.wait_group(0)
+                                cute.arch.barrier(barrier_id=4, number_of_threads=128 * nwg)
+                                sdQ, sdQ2 = kvb.stage_as_f32(st, stg, bm, d)
+                            else:
+                                sdQ = st.sdQ.data_ptr()
+                                if cutlass.const_expr(not self.writer):
+                                    # the previous step's bulk reads of this warp's blocks
+                                    # are done
+                                    if t_lane == 0:
+                                        cute.arch.cp_async_bulk_wait_group(0, read=True)
+                                    cute.arch.sync_warp()
+                            if cutlass.const_expr(self.writer):
+                                # the writer warp is done with the previous step's staged
+                                # tile (its buffer, or its Q / dO stage)
+                                if c > 0:
+                                    cute.arch.barrier(barrier_id=5,
+                                                      number_of_threads=128 * nwg + 32)
+                            stage_warp_slice(acc_dQ, sdQ, t_lane, t_rg, t_cg0, 4, self.dq_w,
+                                             sbase2=sdQ2, half=t_half)
+                            cute.arch.fence_proxy("async.shared", space="cta")
+                            cute.arch.sync_warp()
+                            if cutlass.const_expr(self.writer):
+                                # the writer warp waits for its turn and adds the tile
+                                cute.arch.barrier_arrive(barrier_id=2,
+                                                         number_of_threads=128 * nwg + 32)
+                            elif cutlass.const_expr(self.deterministic):
+                                # warp 1: the lower KV blocks' additions to this tile are done
+                                cute.arch.barrier(barrier_id=2,
+                                                  number_of_threads=128 * nwg + 32)
+                            if cutlass.const_expr(not self.writer):
+                                if t_lane == 0:
+                                    bulk_add_warp_slice(
+                                        elem_ptr(mdQacc, (batch, head, m_block * self.sub + s,
+                                                          0)),
+                                        sdQ, t_rg, t_cg0, t_cols // self.dq_w, 4, self.dq_w,
+                                        sbase2=sdQ2, half=t_half)
+                                    cute.arch.cp_async_bulk_commit_group()
+                                    if cutlass.const_expr(self.deterministic):
+                                        # the addition is complete before warp 1 publishes
+                                        cute.arch.cp_async_bulk_wait_group(0, read=False)
+                                    elif cutlass.const_expr(self.dq_alias):
+                                        # the stage is released after the bulk reads of it
+                                        cute.arch.cp_async_bulk_wait_group(0, read=True)
+                                if cutlass.const_expr(self.deterministic or self.dq_alias):
+                                    cute.arch.sync_warp()
+                                if cutlass.const_expr(self.deterministic):
+                                    cute.arch.barrier_arrive(barrier_id=3,
+                                                             number_of_threads=128 * nwg + 32)
+                        else:
+                            # dQ rows < S_q -> fp32 workspace (values 2k, 2k + 1: adjacent
+                            # columns)
+                            gdQ = cute.local_tile(mdQacc[batch, None, head, None], (bm, d),
+                                                  (m_block * self.sub + s, 0))
+                            tdQg = thr_dq.partition_C(gdQ)
+                            if cutlass.const_expr(self.deterministic):
+                                # warp 1: the lower KV blocks' additions to this tile are done
+                                cute.arch.barrier(barrier_id=2, number_of_threads=128 * nwg + 32)
+                            kvb.red_add_rows(acc_dQ, tdQg, tdQc, seqlen_q - q0)
+                            if cutlass.const_expr(self.deterministic):
+                                cute.arch.barrier_arrive(barrier_id=3,
+                                                         number_of_threads=128 * nwg + 32)
+                        warpgroup.wait_group(0)
+                        if cutlass.const_expr(not self.dq_late):
+                            # (dq_late: kept once the dV / dK GEMMs completed, before dQ)
+                            kvb.keep_regs(tP, tdS)
+                    if cutlass.const_expr(not (self.writer and self.dq_alias)):
+                        # (the writer with dq_alias: the writer warp releases the stage
+                        # that holds the staged dQ slices)
+                        pipe_q.consumer_release(c)
+                    c += 1
+        return c
+
+    @cute.jit
+    def _epilogue(self, ectx, n0, kv_left, batch, head_kv, j):
+        """Consumer warpgroups: dK (softmax_scale already in dS^T) and dV to the key rows ``<
+        S_kv`` of the block at ``n0``. Persistent: the K / V tiles go back to the producer
+        (item ``j``) once no warp reads them any more."""
+        acc_dK, acc_dV, thr_kv, ctid, mdK, mdV, st, pipe_kv = ectx
+        bn, d, nwg = self.bn, self.d, self.num_wg
+        if cutlass.const_expr(self.epi_smem):
+            # every consumer warpgroup's last GEMMs (dK read the Q stage, dQ the dS tile)
+            # and dQ bulk reads are done: the Q / dO stages and the dS tiles (contiguous)
+            # take the two (bn, D + 8) staging tiles; persistent: the K / V tiles and the dS
+            # tiles (contiguous), since the Q / dO ring holds the next item's first stages
+            cute.arch.barrier(barrier_id=7, number_of_threads=128 * nwg)
+            s_epi = st.sQ.data_ptr()
+            if cutlass.const_expr(self.persist):
+                s_epi = st.sK.data_ptr()
+            kvb.store_dk_dv_smem(acc_dK, acc_dV, thr_kv, bn, d, s_epi,
+                                 s_epi + bn * (d + 8), ctid,
+                                 offset_rows(mdK[batch, None, head_kv, None], n0),
+                                 offset_rows(mdV[batch, None, head_kv, None], n0), kv_left,
+                                 None, self.dtype)
+            if cutlass.const_expr(self.persist):
+                # this warp's generic accesses of the tiles precede the next item's TMA
+                # writes into them
+                cute.arch.fence_proxy("async.shared", space="cta")
+                cute.arch.sync_warp()
+                pipe_kv.consumer_release(j)
+        else:
+            if cutlass.const_expr(self.persist):
+                # this warp's last GEMMs have read K / V
+                pipe_kv.consumer_release(j)
+            kvb.store_dk_dv(acc_dK, acc_dV, thr_kv, bn, d,
+                            offset_rows(mdK[batch, None, head_kv, None], n0),
+                            offset_rows(mdV[batch, None, head_kv, None], n0), kv_left,
+                            None, self.dtype, self.epi_pairs)
+
+    @cute.jit
+    def _row_info(self, mOffsets, row_id, n_kv_blocks, num_heads_kv):
+        """Persistent: ``(n_block, head_kv, batch, e_begin, n_ent)`` of K->Q row ``row_id``."""
+        n_block = row_id % n_kv_blocks
+        head_kv = (row_id // n_kv_blocks) % num_heads_kv
+        batch = row_id // (n_kv_blocks * num_heads_kv)
+        e_begin = Int32(mOffsets[row_id])
+        n_ent = Int32(mOffsets[row_id + 1]) - e_begin
+        return n_block, head_kv, batch, e_begin, n_ent
+
     @cute.kernel
     def kernel(self, tma_q, tma_tQ, tma_do, tma_tdO, tma_k, tma_tK, tma_v, tma_tV,
                mQ, mK, mV, mLSE, mDelta, mOffsets, mEntries, mSizes, mScale, mdQacc, mdK, mdV,
@@ -796,6 +1233,7 @@ class BsaBwdSm90Ws:
         n_q_blocks = (seqlen_q + bn - 1) // bn
         n_kv_blocks = (seqlen_k + bn - 1) // bn
         row_id = (batch * num_heads_kv + head_kv) * n_kv_blocks + n_block
+        n_csr_rows = mK.shape[0] * num_heads_kv * n_kv_blocks
         if cutlass.const_expr(self.pdl and (self.stream_after_pre or not self.order_stream)):
             # programmatic dependent launch: no global memory access before the previous
             # grid has completed and flushed its writes
@@ -805,16 +1243,18 @@ class BsaBwdSm90Ws:
             # started: its CTAs take the SMs the last wave leaves free, each waiting for its
             # pair's count (its last CTA also for this grid, at its end)
             cute.arch.griddepcontrol_launch_dependents()
-        if cutlass.const_expr(self.lpt):
-            # CTA `row_id` (in launch order) takes the row_id-th longest K->Q list: the order
-            # follows the R + 1 offsets
-            n_csr_rows = mK.shape[0] * num_heads_kv * n_kv_blocks
-            row_id = Int32(mOffsets[n_csr_rows + 1 + row_id])
-            n_block = row_id % n_kv_blocks
-            head_kv = (row_id // n_kv_blocks) % num_heads_kv
-            batch = row_id // (n_kv_blocks * num_heads_kv)
-        e_begin = Int32(mOffsets[row_id])
-        n_ent = Int32(mOffsets[row_id + 1]) - e_begin
+        e_begin = Int32(0)
+        n_ent = Int32(0)
+        if cutlass.const_expr(not self.persist):
+            if cutlass.const_expr(self.lpt):
+                # CTA `row_id` (in launch order) takes the row_id-th longest K->Q list: the
+                # order follows the R + 1 offsets
+                row_id = Int32(mOffsets[n_csr_rows + 1 + row_id])
+                n_block = row_id % n_kv_blocks
+                head_kv = (row_id // n_kv_blocks) % num_heads_kv
+                batch = row_id // (n_kv_blocks * num_heads_kv)
+            e_begin = Int32(mOffsets[row_id])
+            n_ent = Int32(mOffsets[row_id + 1]) - e_begin
         n0 = n_block * bn
         kv_left = seqlen_k - n0
 
@@ -823,9 +1263,19 @@ class BsaBwdSm90Ws:
         mbar = st.mbar.data_ptr()
         pipe_q = SmemPipeline(mbar, self.q_stages, 4 * nwg)
         pipe_kv = SmemPipeline(mbar + SmemPipeline.num_barriers(self.q_stages), 1, 4 * nwg)
+        pipe_it = None
+        slots = None
+        if cutlass.const_expr(self.persist):
+            # the work items: a ring of two, read by the consumer warps and the writer warp;
+            # its int32 slots (8 bytes each) follow its barriers
+            it0 = mbar + SmemPipeline.num_barriers(self.q_stages) + SmemPipeline.num_barriers(1)
+            pipe_it = SmemPipeline(it0, 2, 4 * nwg + 1)
+            slots = it0 + SmemPipeline.num_barriers(2)
         if warp == 0:
             pipe_q.init()
             pipe_kv.init()
+            if cutlass.const_expr(self.persist):
+                pipe_it.init()
             cpasync.prefetch_descriptor(tma_q)
             cpasync.prefetch_descriptor(tma_do)
             cpasync.prefetch_descriptor(tma_k)
@@ -834,93 +1284,65 @@ class BsaBwdSm90Ws:
         cute.arch.barrier()
 
         # (bn, D, 1), (bm, D, stages), (bm, bn, bufs); MN-major aliases (D, bn, 1), (D, bm, stages)
+        sdS_field = None
+        if cutlass.const_expr(self.persist):
+            # the dS tiles right after K / V (the persistent epilogue's staging room)
+            sdS_field = st.sdSp
         sK, sV, sQ, sdO, sdS, sK_mn, sQ_mn, sdO_mn = kvb.smem_views(
-            st, sK_layout, sK_mn_layout, sQ_layout, sQ_mn_layout, sdS_layout)
+            st, sK_layout, sK_mn_layout, sQ_layout, sQ_mn_layout, sdS_layout, sdS_field)
         # per-stage lse (natural log) and delta of the step's bm query rows: (row, kind, stage)
         sLD = st.sLD.get_tensor(cute.make_layout((bm, 2, self.q_stages),
                                                  stride=(1, bm, 2 * bm)))
+        kvctx = (tma_k, tma_tK, tma_v, tma_tV, sK, sV, sK_layout, pipe_kv, mK, mV)
 
         if wg_idx == 0:
             # ================================ producer ================================
             cute.arch.setmaxregister_decrease(self.regs_producer)
             if warp == 0:
-                if n_ent > 0:
+                pctx = (tma_q, tma_tQ, tma_do, tma_tdO, sQ, sdO, sQ_layout, sLD, pipe_q, pipe_kv,
+                        mLSE, mDelta, mEntries, mSizes, mProgress, seqlen_q, seqlen_k, group,
+                        n_q_blocks)
+                if cutlass.const_expr(self.persist):
+                    # work items in order (lpt: the order's), dealt dynamically: item
+                    # block_idx.x first, then one atomic add per item on the counter after
+                    # the pairs' (mdQSem[2 P]); -1 ends the walk
                     lane = cute.arch.lane_idx()
-                    # rows of the block that are keys for some query head of the group
-                    kv_rows = bwd_kv_tile_rows(mSizes, batch, head_kv, group, n_block, 0,
-                                               kv_left, self.has_sizes)
-                    if cutlass.const_expr(self.causal):
-                        # ... and that some query row of the block's entries sees
-                        kv_rows = cutlass.min(kv_rows, self._causal_kv_rows(
-                            mEntries, mSizes, e_begin, n_ent, n_q_blocks, seqlen_q, seqlen_k,
-                            batch, head_kv, group, n_block, lane))
-                    if kv_rows >= cutlass.min(kv_left, bn):
-                        kv_bytes = cute.size_in_bytes(self.dtype, cute.slice_(sK_layout, (None, None, 0)))
-                        pipe_kv.producer_expect_tx(0, 2 * kv_bytes)
-                        gK = cute.local_tile(tma_tK[None, None, head_kv, batch], (bn, d), (None, 0))
-                        tKs, tKg = cpasync.tma_partition(
-                            tma_k, 0, cute.make_layout(1), cute.group_modes(sK, 0, 2),
-                            cute.group_modes(gK, 0, 2))
-                        cute.copy(tma_k, tKg[None, n_block], tKs[None, 0],
-                                  tma_bar_ptr=pipe_kv.full_ptr(0))
-                        gV = cute.local_tile(tma_tV[None, None, head_kv, batch], (bn, d), (None, 0))
-                        tVs, tVg = cpasync.tma_partition(
-                            tma_v, 0, cute.make_layout(1), cute.group_modes(sV, 0, 2),
-                            cute.group_modes(gV, 0, 2))
-                        cute.copy(tma_v, tVg[None, n_block], tVs[None, 0],
-                                  tma_bar_ptr=pipe_kv.full_ptr(0))
-                    else:
-                        self._load_rows(mK, batch, head_kv, n_block, kv_rows,
-                                        sK[None, None, 0], lane)
-                        self._load_rows(mV, batch, head_kv, n_block, kv_rows,
-                                        sV[None, None, 0], lane)
-                        self._fence_rows()
-                        pipe_kv.producer_arrive(0)
-
-                    q_bytes = cute.size_in_bytes(self.dtype, cute.slice_(sQ_layout, (None, None, 0)))
+                    counter = elem_ptr(mdQSem, (2 * mK.shape[0] * num_heads_kv,))
+                    bid, _, _ = cute.arch.block_idx()
+                    item = Int32(bid)
+                    j = Int32(0)
                     c = Int32(0)
-                    avail = Int32(0)
-                    for e in cutlass.range(n_ent, unroll=1):
-                        ent = Int32(0)
-                        if cutlass.const_expr(self.order_stream):
-                            avail = self._entry_ready(mProgress, row_id, e, avail)
-                            ent = ld_relaxed_s32(mEntries.iterator + (e_begin + e))
-                        else:
-                            ent = Int32(mEntries[e_begin + e])
-                        h_in_group = ent // n_q_blocks
-                        m_block = ent - h_in_group * n_q_blocks
-                        head = head_kv * group + h_in_group
-                        gQ = cute.local_tile(tma_tQ[None, None, head, batch], (bm, d), (None, 0))
-                        tQs, tQg = cpasync.tma_partition(
-                            tma_q, 0, cute.make_layout(1), cute.group_modes(sQ, 0, 2),
-                            cute.group_modes(gQ, 0, 2))
-                        gdO = cute.local_tile(tma_tdO[None, None, head, batch], (bm, d), (None, 0))
-                        tdOs, tdOg = cpasync.tma_partition(
-                            tma_do, 0, cute.make_layout(1), cute.group_modes(sdO, 0, 2),
-                            cute.group_modes(gdO, 0, 2))
-                        for s in cutlass.range_constexpr(self.sub):
-                            q0 = m_block * bn + s * bm
-                            if q0 < seqlen_q:
-                                pipe_q.producer_acquire(c)
-                                stg = pipe_q.stage(c)
-                                self._load_lse_delta(mLSE, mDelta, batch, head, q0, seqlen_q,
-                                                     sLD, stg, lane)
-                                if cutlass.const_expr(self.ld_wait):
-                                    cute.arch.cp_async_commit_group()
-                                    cute.arch.cp_async_wait_group(0)
-                                else:
-                                    # the stage's phase also waits for these copies
-                                    cp_async_mbarrier_arrive(pipe_q.full_ptr(c))
-                                # every lane's copies (and +inf / 0 stores) precede the arrival
-                                cute.arch.sync_warp()
-                                pipe_q.producer_expect_tx(c, 2 * q_bytes)
-                                q_tile = m_block * self.sub + s
-                                cute.copy(tma_q, tQg[None, q_tile], tQs[None, stg],
-                                          tma_bar_ptr=pipe_q.full_ptr(c))
-                                cute.copy(tma_do, tdOg[None, q_tile], tdOs[None, stg],
-                                          tma_bar_ptr=pipe_q.full_ptr(c))
-                                c += 1
-            if cutlass.const_expr(self.deterministic or self.dq_writer):
+                    while item < n_csr_rows:
+                        row_id = item
+                        if cutlass.const_expr(self.lpt):
+                            row_id = Int32(mOffsets[n_csr_rows + 1 + item])
+                        n_block, head_kv, batch, e_begin, n_ent = self._row_info(
+                            mOffsets, row_id, n_kv_blocks, num_heads_kv)
+                        publish_item(pipe_it, slots, j, row_id)
+                        c = self._produce(pctx, kvctx, n_block, head_kv, batch, row_id,
+                                          e_begin, n_ent, seqlen_k - n_block * bn, j, c)
+                        # taken once this item's loads are issued, so the CTAs that finish
+                        # first take the next items
+                        item = fetch_item(counter, lane)
+                        j += 1
+                    publish_item(pipe_it, slots, j, Int32(-1))
+                else:
+                    self._produce(pctx, kvctx, n_block, head_kv, batch, row_id, e_begin, n_ent,
+                                  kv_left, 0, Int32(0))
+            if cutlass.const_expr(self.persist):
+                if warp == 1:
+                    j = Int32(0)
+                    row_id = take_item(pipe_it, slots, j)
+                    while row_id >= 0:
+                        n_block, head_kv, batch, e_begin, n_ent = self._row_info(
+                            mOffsets, row_id, n_kv_blocks, num_heads_kv)
+                        self._dq_order_warp(mEntries, mRank, mdQSem, e_begin, n_ent, n_q_blocks,
+                                            seqlen_q, head_kv, group, batch, mdQacc, st, pipe_q,
+                                            mProgress, row_id)
+                        self._count_done(mdQSem, batch, head_kv, num_heads_kv, mK.shape[0])
+                        j += 1
+                        row_id = take_item(pipe_it, slots, j)
+            elif cutlass.const_expr(self.deterministic or self.dq_writer):
                 if warp == 1:
                     if cutlass.const_expr(self.zero_lag > 0):
                         self._zero_ahead(mdQacc, mdQSem, batch, head_kv, num_heads_kv, group,
@@ -956,242 +1378,30 @@ class BsaBwdSm90Ws:
                                                ctid)
             a_vals = mma_kv.tv_layout_A.shape[1]
             s_shape = thr_s.partition_shape_C((bn, bm))
-
-            # the list entries are loaded one entry ahead (register carried), so the global
-            # load of entry e + 1 runs under entry e's steps
-            ent_nxt = Int32(0)
-            if n_ent > 0:
-                if cutlass.const_expr(not self.order_stream):
-                    ent_nxt = Int32(mEntries[e_begin])
-                pipe_kv.consumer_wait(0)
+            cctx = (mEntries, mSizes, mProgress, mdQacc, mma_s, mma_kv, mma_dq, thr_s, thr_dq,
+                    tSrK, tSrV, tSrQ, tSrdO, tVrdO, tKrQ, tQrdS, tQrK, acc_dK, acc_dV, tScS,
+                    n_rows, n_cols, tdQc, r2s_dS, tdSsdS, a_vals, s_shape, softmax_scale,
+                    scale_log2, sLD, st, pipe_q, pipe_kv, wg, warp, seqlen_q, seqlen_k, group,
+                    n_q_blocks)
+            ectx = (acc_dK, acc_dV, thr_kv, ctid, mdK, mdV, st, pipe_kv)
             c = Int32(0)
-            for e in cutlass.range(n_ent, unroll=1):
-                ent = ent_nxt
-                if cutlass.const_expr(self.order_stream):
-                    # the producer loaded this entry's first stage once the entry was
-                    # published: after that stage's wait (repeated below, a no-op) the entry
-                    # is visible here (read past L1)
-                    pipe_q.consumer_wait(c)
-                    ent = ld_relaxed_s32(mEntries.iterator + (e_begin + e))
-                else:
-                    ent_nxt = Int32(mEntries[e_begin + cutlass.min(e + 1, n_ent - 1)])
-                h_in_group = ent // n_q_blocks
-                m_block = ent - h_in_group * n_q_blocks
-                head = head_kv * group + h_in_group
-                # keys of the block for this query head
-                limit = kv_left
-                if cutlass.const_expr(self.has_sizes):
-                    limit = cutlass.min(limit, mSizes[batch, head, n_block])
-                for s in cutlass.range_constexpr(self.sub):
-                    q0 = m_block * bn + s * bm
-                    if q0 < seqlen_q:
-                        stg = pipe_q.stage(c)
-                        buf = c % self.ds_bufs
-                        # whether the step needs the select: keys past the valid count, or
-                        # (causal) a key past some query's diagonal: key r is visible from
-                        # the query columns c >= qlo0 + r
-                        qlo0 = Int32(0)
-                        masked = limit < bn
-                        if cutlass.const_expr(self.causal):
-                            if cutlass.const_expr(self.pack > 1):
-                                # packed rows: column c is position q0 / r + c // r (q0 a
-                                # multiple of 64, so of r)
-                                qlo0 = (n0 - (seqlen_k - seqlen_q // self.pack)
-                                        - q0 // self.pack)
-                            else:
-                                qlo0 = n0 - (seqlen_k - seqlen_q) - q0
-                            masked = (limit < bn) | (qlo0 + bn - 1 > 0)
-                        acc_S = thr_s.make_fragment_C(s_shape)
-                        acc_dP = thr_s.make_fragment_C(s_shape)
-                        pipe_q.consumer_wait(c)
-                        # per-query (column) lse, read before the GEMMs are issued and
-                        # brought to the log2 domain after the S^T GEMM's wait
-                        lse2 = cute.make_rmem_tensor(n_cols, Float32)
-                        if cutlass.const_expr(self.lse_early):
-                            for cc in cutlass.range_constexpr(n_cols):
-                                lse2[cc] = sLD[tScS[0, cc][1], 0, stg]
-                        mma_s = kvb.issue_s_dp(mma_s, acc_S, acc_dP, tSrK, tSrV, tSrQ, tSrdO,
-                                               stg)
-                        if cutlass.const_expr(not self.lse_early):
-                            # read under the GEMMs
-                            for cc in cutlass.range_constexpr(n_cols):
-                                lse2[cc] = sLD[tScS[0, cc][1], 0, stg] * LOG2_E
-                        S_mn = acc_mn_view_wg(acc_S)
-                        dP_mn = acc_mn_view_wg(acc_dP)
-                        warpgroup.wait_group(1)
-                        if cutlass.const_expr(self.lse_early):
-                            for cc in cutlass.range_constexpr(n_cols):
-                                lse2[cc] = lse2[cc] * LOG2_E
-                        # P^T while the dP^T GEMM runs
-                        for r in cutlass.range_constexpr(n_rows):
-                            for cc in cutlass.range_constexpr(n_cols):
-                                S_mn[r, cc] = cute.math.exp2(S_mn[r, cc] * scale_log2 - lse2[cc],
-                                                             fastmath=True)
-                        dlt = cute.make_rmem_tensor(n_cols, Float32)
-                        for cc in cutlass.range_constexpr(n_cols):
-                            dlt[cc] = sLD[tScS[0, cc][1], 1, stg]
-                        tP = cute.make_rmem_tensor(acc_layout_as_a(acc_S.layout, a_vals),
-                                                   self.dtype)
-                        if cutlass.const_expr(self.split_wait):
-                            # P^T masked and converted before the dP^T wait; the step's Q / dO
-                            # stage is still held, so this check of its full barrier passes at
-                            # once, and its wait loop ends the basic block: ptxas keeps the
-                            # wait below P^T instead of hoisting it above the exp2s
-                            if masked:
-                                self._mask_p_ds(S_mn, None, tScS, limit, qlo0)
-                            cute.make_tensor(tP.iterator, acc_S.layout).store(
-                                acc_S.load().to(self.dtype))
-                            pipe_q.consumer_wait(c)
-                        warpgroup.wait_group(0)
-                        for r in cutlass.range_constexpr(n_rows):
-                            for cc in cutlass.range_constexpr(n_cols):
-                                dP_mn[r, cc] = (S_mn[r, cc] * softmax_scale) * (dP_mn[r, cc] - dlt[cc])
-                        if masked:
-                            # keys past the block's valid count (causal: or past a query's
-                            # diagonal): select, never multiply (their dP^T may be NaN)
-                            if cutlass.const_expr(self.split_wait):
-                                for r in cutlass.range_constexpr(n_rows):
-                                    kr = tScS[r, 0][0]
-                                    key_ok = kr < limit
-                                    for cc in cutlass.range_constexpr(n_cols):
-                                        ok = key_ok
-                                        if cutlass.const_expr(self.causal and self.pack > 1):
-                                            ok = key_ok & (
-                                                tScS[0, cc][1] // self.pack >= qlo0 + kr)
-                                        elif cutlass.const_expr(self.causal):
-                                            ok = key_ok & (tScS[0, cc][1] >= qlo0 + kr)
-                                        dP_mn[r, cc] = dP_mn[r, cc] if ok else Float32(0.0)
-                            else:
-                                self._mask_p_ds(S_mn, dP_mn, tScS, limit, qlo0)
-                        if cutlass.const_expr(not self.split_wait):
-                            cute.make_tensor(tP.iterator, acc_S.layout).store(
-                                acc_S.load().to(self.dtype))
-                        tdS = cute.make_rmem_tensor(acc_layout_as_a(acc_dP.layout, a_vals),
-                                                    self.dtype)
-                        tdS_acc = cute.make_tensor(tdS.iterator, acc_dP.layout)
-                        tdS_acc.store(acc_dP.load().to(self.dtype))
-                        # dS^T -> smem buffer `buf` (stmatrix: rows of 8 consecutive queries)
-                        cute.copy(r2s_dS, r2s_dS.retile(tdS_acc), tdSsdS[None, None, None, buf])
-
-                        # dV += P^T dO (registers x smem) while the dS^T halves are published
-                        kvb.issue_dv(mma_kv, acc_dV, tP, tVrdO, stg)
-                        # every warp's dS^T rows are in smem (generic -> async proxy)
-                        cute.arch.fence_proxy("async.shared", space="cta")
-                        if cutlass.const_expr(self.dq_alt):
-                            mma_dq = self._alt_step(mma_kv, mma_dq, acc_dK, tdS, tKrQ, tP,
-                                                    tQrdS, tQrK, thr_dq, st, stg, buf, c, wg,
-                                                    warp)
-                        else:
-                            if cutlass.const_expr(self.decouple):
-                                cute.arch.barrier(barrier_id=1 + wg, number_of_threads=128)
-                            else:
-                                cute.arch.barrier(barrier_id=1, number_of_threads=128 * nwg)
-                            # dQ = dS K, then dK += dS^T Q (its own group: the dQ reductions below
-                            # are issued while it runs)
-                            acc_dQ = thr_dq.make_fragment_C(thr_dq.partition_shape_C((bm, d)))
-                            if cutlass.const_expr(self.decouple):
-                                kb = cute.size(tQrdS, mode=[2]) // 2  # k16 blocks per warpgroup
-                                if wg == 0:
-                                    mma_dq = kvb.issue_dq_dk(mma_dq, mma_kv, acc_dQ, acc_dK, tQrdS,
-                                                             tQrK, tdS, tKrQ, buf, stg, (0, kb))
-                                else:
-                                    mma_dq = kvb.issue_dq_dk(mma_dq, mma_kv, acc_dQ, acc_dK, tQrdS,
-                                                             tQrK, tdS, tKrQ, buf, stg,
-                                                             (kb, 2 * kb))
-                            elif cutlass.const_expr(self.dq_late):
-                                kvb.issue_dk(mma_kv, acc_dK, tdS, tKrQ, stg)
-                                warpgroup.wait_group(0)
-                                kvb.keep_regs(tP, tdS)
-                                mma_dq = kvb.issue_dq(mma_dq, acc_dQ, tQrdS, tQrK, buf)
-                            else:
-                                mma_dq = kvb.issue_dq_dk(mma_dq, mma_kv, acc_dQ, acc_dK, tQrdS,
-                                                         tQrK, tdS, tKrQ, buf, stg)
-                            warpgroup.wait_group(1)
-
-                            if cutlass.const_expr(self.dq_tile):
-                                # the warp's slice (rows 16 rg .., the warpgroup's columns) in
-                                # register order to the staging tile, then one bulk reduction
-                                # per block into query tile q0 / 64 (rows past S_q: zeros)
-                                t_lane = cute.arch.lane_idx()
-                                t_rg = (warp - 4) % 4
-                                t_cols = d // nwg
-                                t_cg0 = wg * (t_cols // self.dq_w)
-                                t_half = 2 * d // self.dq_w  # blocks per staging buffer (alias)
-                                sdQ = None
-                                sdQ2 = None
-                                if cutlass.const_expr(self.dq_alias):
-                                    # stage this step's slices in its Q and dO tiles once every
-                                    # consumer warp's GEMMs have read them
-                                    warpgroup.wait_group(0)
-                                    cute.arch.barrier(barrier_id=4, number_of_threads=128 * nwg)
-                                    sdQ, sdQ2 = kvb.stage_as_f32(st, stg, bm, d)
-                                else:
-                                    sdQ = st.sdQ.data_ptr()
-                                    if cutlass.const_expr(not self.writer):
-                                        # the previous step's bulk reads of this warp's blocks
-                                        # are done
-                                        if t_lane == 0:
-                                            cute.arch.cp_async_bulk_wait_group(0, read=True)
-                                        cute.arch.sync_warp()
-                                if cutlass.const_expr(self.writer):
-                                    # the writer warp is done with the previous step's staged
-                                    # tile (its buffer, or its Q / dO stage)
-                                    if c > 0:
-                                        cute.arch.barrier(barrier_id=5,
-                                                          number_of_threads=128 * nwg + 32)
-                                stage_warp_slice(acc_dQ, sdQ, t_lane, t_rg, t_cg0, 4, self.dq_w,
-                                                 sbase2=sdQ2, half=t_half)
-                                cute.arch.fence_proxy("async.shared", space="cta")
-                                cute.arch.sync_warp()
-                                if cutlass.const_expr(self.writer):
-                                    # the writer warp waits for its turn and adds the tile
-                                    cute.arch.barrier_arrive(barrier_id=2,
-                                                             number_of_threads=128 * nwg + 32)
-                                elif cutlass.const_expr(self.deterministic):
-                                    # warp 1: the lower KV blocks' additions to this tile are done
-                                    cute.arch.barrier(barrier_id=2,
-                                                      number_of_threads=128 * nwg + 32)
-                                if cutlass.const_expr(not self.writer):
-                                    if t_lane == 0:
-                                        bulk_add_warp_slice(
-                                            elem_ptr(mdQacc, (batch, head, m_block * self.sub + s,
-                                                              0)),
-                                            sdQ, t_rg, t_cg0, t_cols // self.dq_w, 4, self.dq_w,
-                                            sbase2=sdQ2, half=t_half)
-                                        cute.arch.cp_async_bulk_commit_group()
-                                        if cutlass.const_expr(self.deterministic):
-                                            # the addition is complete before warp 1 publishes
-                                            cute.arch.cp_async_bulk_wait_group(0, read=False)
-                                        elif cutlass.const_expr(self.dq_alias):
-                                            # the stage is released after the bulk reads of it
-                                            cute.arch.cp_async_bulk_wait_group(0, read=True)
-                                    if cutlass.const_expr(self.deterministic or self.dq_alias):
-                                        cute.arch.sync_warp()
-                                    if cutlass.const_expr(self.deterministic):
-                                        cute.arch.barrier_arrive(barrier_id=3,
-                                                                 number_of_threads=128 * nwg + 32)
-                            else:
-                                # dQ rows < S_q -> fp32 workspace (values 2k, 2k + 1: adjacent
-                                # columns)
-                                gdQ = cute.local_tile(mdQacc[batch, None, head, None], (bm, d),
-                                                      (m_block * self.sub + s, 0))
-                                tdQg = thr_dq.partition_C(gdQ)
-                                if cutlass.const_expr(self.deterministic):
-                                    # warp 1: the lower KV blocks' additions to this tile are done
-                                    cute.arch.barrier(barrier_id=2, number_of_threads=128 * nwg + 32)
-                                kvb.red_add_rows(acc_dQ, tdQg, tdQc, seqlen_q - q0)
-                                if cutlass.const_expr(self.deterministic):
-                                    cute.arch.barrier_arrive(barrier_id=3,
-                                                             number_of_threads=128 * nwg + 32)
-                            warpgroup.wait_group(0)
-                            if cutlass.const_expr(not self.dq_late):
-                                # (dq_late: kept once the dV / dK GEMMs completed, before dQ)
-                                kvb.keep_regs(tP, tdS)
-                        if cutlass.const_expr(not (self.writer and self.dq_alias)):
-                            # (the writer with dq_alias: the writer warp releases the stage
-                            # that holds the staged dQ slices)
-                            pipe_q.consumer_release(c)
-                        c += 1
+            if cutlass.const_expr(self.persist):
+                j = Int32(0)
+                row_id = take_item(pipe_it, slots, j)
+                while row_id >= 0:
+                    n_block, head_kv, batch, e_begin, n_ent = self._row_info(
+                        mOffsets, row_id, n_kv_blocks, num_heads_kv)
+                    n0 = n_block * bn
+                    acc_dK.fill(0.0)
+                    acc_dV.fill(0.0)
+                    c = self._consume_steps(cctx, n_block, head_kv, batch, row_id, e_begin,
+                                            n_ent, n0, seqlen_k - n0, j, c)
+                    self._epilogue(ectx, n0, seqlen_k - n0, batch, head_kv, j)
+                    j += 1
+                    row_id = take_item(pipe_it, slots, j)
+            else:
+                c = self._consume_steps(cctx, n_block, head_kv, batch, row_id, e_begin, n_ent,
+                                        n0, kv_left, 0, c)
 
             if cutlass.const_expr(self.dq_alt):
                 # the writer warp's last hand-back, to the warpgroup that computed the last
@@ -1205,23 +1415,8 @@ class BsaBwdSm90Ws:
                     cute.arch.barrier(barrier_id=5, number_of_threads=128 * nwg + 32)
             if cutlass.const_expr(self.dq_tile):
                 cute.arch.cp_async_bulk_wait_group(0, read=False)  # smem outlives the reads
-            # ---- epilogue: dK (softmax_scale already in dS^T), dV -> key rows < S_kv ----
-            if cutlass.const_expr(self.epi_smem):
-                # every consumer warpgroup's last GEMMs (dK read the Q stage, dQ the dS tile)
-                # and dQ bulk reads are done: the Q / dO stages and the dS tiles (contiguous)
-                # take the two (bn, D + 8) staging tiles
-                cute.arch.barrier(barrier_id=7, number_of_threads=128 * nwg)
-                s_epi = st.sQ.data_ptr()
-                kvb.store_dk_dv_smem(acc_dK, acc_dV, thr_kv, bn, d, s_epi,
-                                     s_epi + bn * (d + 8), ctid,
-                                     offset_rows(mdK[batch, None, head_kv, None], n0),
-                                     offset_rows(mdV[batch, None, head_kv, None], n0), kv_left,
-                                     None, self.dtype)
-            else:
-                kvb.store_dk_dv(acc_dK, acc_dV, thr_kv, bn, d,
-                                offset_rows(mdK[batch, None, head_kv, None], n0),
-                                offset_rows(mdV[batch, None, head_kv, None], n0), kv_left,
-                                None, self.dtype, self.epi_pairs)
+            if cutlass.const_expr(not self.persist):
+                self._epilogue(ectx, n0, kv_left, batch, head_kv, 0)
         if cutlass.const_expr(self.pdl and self.order_stream and not self.stream_after_pre):
             # the order kernel (the previous grid) completes before this grid does, so the
             # next grid's wait for this one covers it too

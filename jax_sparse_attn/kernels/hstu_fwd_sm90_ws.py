@@ -64,9 +64,9 @@ from cutlass.cute.nvgpu import cpasync
 from . import hstu_common as hc
 from .attn_fwd_sm90_ws import SMEM_LIMIT, AttnFwdSm90Ws, WorkItem, smem_plan
 from .block_info import BlockInfo
-from .common import acc_mn_view_wg, atom_add_s32, ld_shared_s32, st_shared_s32, tma_view
-from .pipeline import SmemPipeline
+from .common import acc_mn_view_wg, tma_view
 from .mask import HstuMask
+from .pipeline import SmemPipeline, fetch_item, publish_item, take_item
 from .seqlen_info import SeqlenInfo, offset_rows
 from .tile_scheduler import HeadOuterScheduler, SnakeLptScheduler, StaticLptScheduler
 
@@ -356,31 +356,18 @@ class HstuFwdSm90Ws(AttnFwdSm90Ws):
 
     @cute.jit
     def _fetch_item(self, mCounter, lane):
-        """Dynamic deal, producer warp: the next work item (lane 0's atomic add on the
-        counter, broadcast to the warp; items below the grid size are the CTAs' first)."""
-        v = Int32(0)
-        if lane == 0:
-            v = atom_add_s32(mCounter.iterator, 1)
-        gdim, _, _ = cute.arch.grid_dim()
-        return cute.arch.shuffle_sync(v, 0) + Int32(gdim)
+        """Dynamic deal, producer warp: the next work item (``pipeline.fetch_item``)."""
+        return fetch_item(mCounter.iterator, lane)
 
     @cute.jit
     def _publish_item(self, pipe_t, slots, c_t, t):
-        """Dynamic deal, producer warp: item ``t`` into ring slot ``c_t`` (once the
-        consumers freed it); the full barrier's arrival publishes the store."""
-        pipe_t.producer_acquire(c_t)
-        with cute.arch.elect_one():
-            st_shared_s32(slots + pipe_t.stage(c_t), t)
-            cute.arch.mbarrier_arrive(pipe_t.full_ptr(c_t))
+        """Dynamic deal, producer warp: item ``t`` into ring slot ``c_t``."""
+        publish_item(pipe_t, slots, c_t, t)
 
     @cute.jit
     def _take_item(self, pipe_t, slots, c_t):
         """Dynamic deal, consumer warps: the item of ring slot ``c_t``."""
-        pipe_t.consumer_wait(c_t)
-        t = cute.arch.make_warp_uniform(ld_shared_s32(slots + pipe_t.stage(c_t)))
-        cute.arch.sync_warp()
-        pipe_t.consumer_release(c_t)
-        return t
+        return take_item(pipe_t, slots, c_t)
 
     def _early_pre(self):
         """The bias fragment (rab) takes a register per accumulator element: load it late."""

@@ -59,16 +59,20 @@ def ds_kmajor_layout(dtype, bn: int, bm: int, d: int, ds_stages: int):
     return sm90_utils.make_smem_layout_a(LayoutEnum.ROW_MAJOR, (bn, d, bm), dtype, ds_stages)
 
 
-def smem_views(st, sK_layout, sK_mn_layout, sQ_layout, sQ_mn_layout, sdS_layout):
+def smem_views(st, sK_layout, sK_mn_layout, sQ_layout, sQ_mn_layout, sdS_layout,
+               sdS_field=None):
     """``(sK, sV, sQ, sdO, sdS, sK_mn, sQ_mn, sdO_mn)`` of a shared-memory struct ``st`` with
     fields ``sK``, ``sV``, ``sQ``, ``sdO``, ``sdS`` (``*_mn``: MN-major views of the same
     bytes; for 16-bit types the 128-byte-swizzled K-major tile of a row-major ``(rows, D)``
-    block is bit-identical to the MN-major tile of its transpose)."""
+    block is bit-identical to the MN-major tile of its transpose). ``sdS_field``: the dS
+    tiles' field where it is not ``st.sdS``."""
+    if sdS_field is None:
+        sdS_field = st.sdS
     return (st.sK.get_tensor(sK_layout.outer, swizzle=sK_layout.inner),
             st.sV.get_tensor(sK_layout.outer, swizzle=sK_layout.inner),
             st.sQ.get_tensor(sQ_layout.outer, swizzle=sQ_layout.inner),
             st.sdO.get_tensor(sQ_layout.outer, swizzle=sQ_layout.inner),
-            st.sdS.get_tensor(sdS_layout.outer, swizzle=sdS_layout.inner),
+            sdS_field.get_tensor(sdS_layout.outer, swizzle=sdS_layout.inner),
             st.sK.get_tensor(sK_mn_layout.outer, swizzle=sK_mn_layout.inner),
             st.sQ.get_tensor(sQ_mn_layout.outer, swizzle=sQ_mn_layout.inner),
             st.sdO.get_tensor(sQ_mn_layout.outer, swizzle=sQ_mn_layout.inner))
@@ -243,9 +247,10 @@ def store_dk_dv(acc_dK, acc_dV, thr_kv, bn: cutlass.Constexpr, d: cutlass.Conste
 
 
 def check_epi_smem_fit(kernel: str, bn: int, d: int, sQ_layout, sdS_layout):
-    """Trace time: :func:`store_dk_dv_smem`'s two ``(bn, d + 8)`` tiles must fit the Q / dO
-    stages and the dS tiles, which lie back to back in the kernel's shared storage (sizes
-    multiples of its 1024-byte alignment); raises NotImplementedError naming ``kernel``."""
+    """Trace time: :func:`store_dk_dv_smem`'s two ``(bn, d + 8)`` tiles must fit two tile
+    arrays of ``sQ_layout`` (the Q / dO stages, or K / V) and the dS tiles, which lie back to
+    back in the kernel's shared storage (sizes multiples of its 1024-byte alignment); raises
+    NotImplementedError naming ``kernel``."""
     room = 2 * cute.cosize(sQ_layout) + cute.cosize(sdS_layout)
     if 2 * bn * (d + 8) > room or cute.cosize(sQ_layout) * 2 % 1024 != 0:
         raise NotImplementedError(

@@ -34,7 +34,7 @@ from dataclasses import dataclass
 import cutlass
 import cutlass.cute as cute
 
-from .common import ld_shared_s32, st_shared_s32
+from .common import atom_add_s32, ld_shared_s32, st_shared_s32
 
 
 @dataclass(frozen=True)
@@ -200,4 +200,39 @@ class PairTurns:
                                              number_of_threads=self.num_threads)
 
 
-__all__ = ["PairTurns", "SmemPipeline", "WarpgroupTurns"]
+@cute.jit
+def fetch_item(counter_ptr, lane):
+    """Dynamic deal of a persistent grid, producer warp: its CTA's next work item (lane 0's
+    atomic add on the zeroed int32 at global ``counter_ptr``, broadcast to the warp, plus
+    the grid size: the items below it are the CTAs' first, ``block_idx.x``)."""
+    v = cutlass.Int32(0)
+    if lane == 0:
+        v = atom_add_s32(counter_ptr, 1)
+    gdim, _, _ = cute.arch.grid_dim()
+    return cute.arch.shuffle_sync(v, 0) + cutlass.Int32(gdim)
+
+
+@cute.jit
+def publish_item(pipe_t: SmemPipeline, slots, c_t, t):
+    """Item ring, producer warp: item ``t`` into ring slot ``c_t`` (an int32 per 8-byte slot
+    at shared ``slots``) once its readers freed it; the full barrier's arrival (release)
+    publishes the store."""
+    pipe_t.producer_acquire(c_t)
+    with cute.arch.elect_one():
+        st_shared_s32(slots + pipe_t.stage(c_t), t)
+        cute.arch.mbarrier_arrive(pipe_t.full_ptr(c_t))
+
+
+@cute.jit
+def take_item(pipe_t: SmemPipeline, slots, c_t):
+    """Item ring, a reading warp: the item of ring slot ``c_t`` (each reading warp arrives
+    on the slot's empty barrier once its lanes have read it)."""
+    pipe_t.consumer_wait(c_t)
+    t = cute.arch.make_warp_uniform(ld_shared_s32(slots + pipe_t.stage(c_t)))
+    cute.arch.sync_warp()
+    pipe_t.consumer_release(c_t)
+    return t
+
+
+__all__ = ["PairTurns", "SmemPipeline", "WarpgroupTurns", "fetch_item", "publish_item",
+           "take_item"]
