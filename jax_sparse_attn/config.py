@@ -179,7 +179,8 @@ BSA_BWD_WS_FLAGS = ("ldwait", "lpt", "decouple", "detkv", "detfull", "detlaunch"
                     "dqearly", "lselate", "splitwait", "epi16", "epiregs", "dqalt", "detsched",
                     "detschedfull", "relaxpoll", "detstream", "nodetstream",
                     "detoverlap", "detzero", "packws", "nopackws", "dqclaim", "zerolag",
-                    "tailconv", "notailconv", "hlpt", "nolpt", "persist")
+                    "tailconv", "notailconv", "hlpt", "nolpt", "persist",
+                    "nokvpf")
 #: the flags among :data:`BSA_BWD_WS_FLAGS` that choose the deterministic dQ order (at most
 #: one of them)
 BSA_DET_ORDER_FLAGS = ("detkv", "detfull", "detlaunch", "detsched", "detschedfull")
@@ -553,7 +554,8 @@ SWITCHES = (
                "first Q / dO stages and then its K / V while the previous item ends, and "
                "stages dK / dV in the K / V and dS tiles), persistkv=N (with persist: the "
                "Q / dO stages of an item issued before its K / V, 0..3; default: the most "
-               "Q / dO stages less one), "
+               "Q / dO stages less one), nokvpf (with persist: no L2 prefetch of the next "
+               "item's K / V), "
                "relaxpoll (deterministic: the query tile's semaphore is polled with relaxed "
                "loads and one fence after them, instead of acquire loads; slower on the "
                "H200), "

@@ -3,7 +3,7 @@
 # (bsa_bwd_ws=persist, opt-in). (1) In parallel: its GPU cases and variants, the cases
 # prepared in session 42 (tailconv / zerolag with nolpt, the sm90ws backward cases);
 # (2) per-kernel traces of the backward alone at blk128 12.5 % and S 32768 (default,
-# persist, persist with the register epilogue, persistkv=0); (3) the sustained blk128 and
+# persist, without its L2 prefetch, with the register epilogue, persistkv=0); (3) the sustained blk128 and
 # S 32768 backward rows with the same variants.
 # Usage (device, after `source .devcache/setup.sh`): OUT=$OUT bash scripts/gpu_s43_a.sh [seconds]
 . "$(dirname "$0")/gpu_lib.sh" s43a "${1:-540}"
@@ -18,10 +18,11 @@ timeout $T $PYT tests/test_gpu_bsa.py -k sm90ws_backward > $O/t_ws.txt 2>&1 &
 wait
 for f in p1 p2 tc ws; do t "$f: $(tail -1 $O/t_$f.txt)"; done
 grep -h "^FAILED\|^ERROR\|Timeout\|timed out" $O/t_*.txt | head -20
-for v in default persist persist_epiregs persistkv0; do
+for v in default persist persist_nokvpf persist_epiregs persistkv0; do
   case $v in
     default) E="X=1";;
     persist) E="JAX_SPARSE_ATTN_BSA_BWD_WS=persist";;
+    persist_nokvpf) E="JAX_SPARSE_ATTN_BSA_BWD_WS=persist,nokvpf";;
     persist_epiregs) E="JAX_SPARSE_ATTN_BSA_BWD_WS=persist,epiregs";;
     persistkv0) E="JAX_SPARSE_ATTN_BSA_BWD_WS=persist,persistkv=0";;
   esac

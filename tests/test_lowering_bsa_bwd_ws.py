@@ -793,8 +793,9 @@ def test_bsa_bwd_persist_option_parses():
 
 def test_bsa_bwd_ws_persist_ptx(kept_ptx):
     """``persist``: the producer deals the work items with one more relaxed atomic add (the
-    item counter, next to tailconv's count), the item ring adds four mbarriers, and the
-    dK / dV epilogue stages in the K / V and dS tiles; without persist the blk 128 kernel
+    item counter, next to tailconv's count), the item ring adds four mbarriers, the next
+    item's K / V are prefetched to L2, and the dK / dV epilogue stages in the K / V and dS
+    tiles; without persist the blk 128 kernel
     has tailconv's atomic only. The register-store epilogue (``epiregs``) stores dK / dV
     from registers in both."""
     persist = _ws_ptx(kept_ptx, "persist-blk128")
@@ -804,6 +805,9 @@ def test_bsa_bwd_ws_persist_ptx(kept_ptx):
     assert persist.count("mbarrier.init") == default.count("mbarrier.init") + 4
     for s in ("cp.async.bulk.tensor", "wgmma.mma_async", "setmaxnreg", "griddepcontrol"):
         assert s in persist, s
+    # the next item's K / V prefetched to L2 (two boxes each)
+    assert persist.count("cp.async.bulk.prefetch.tensor") == 4
+    assert "cp.async.bulk.prefetch.tensor" not in default
     # the shared-memory epilogue: 16-byte global row pieces; epiregs: 4-byte pair stores
     assert "st.global.v4" in persist
     regs = _ws_ptx(kept_ptx, "persist-epiregs-blk128")

@@ -266,6 +266,9 @@ class BsaBwdConfig:
     # ws_persist: the Q / dO stages of an item issued before its K / V ("persistkv=N";
     # -1: the kernel's q_stages - 1)
     ws_persist_kv_at: int = -1
+    # ws_persist: the next item's K / V prefetched to L2 when the item is taken (off:
+    # "nokvpf")
+    ws_persist_kv_l2: bool = True
 
 
 def fwd_smem_bytes(head_dim, block_size) -> int:
@@ -641,7 +644,8 @@ def _persist_config(cfg: BsaBwdConfig, opts) -> BsaBwdConfig:
         return cfg
     kv_at = [int(o[10:]) for o in opts if o.startswith("persistkv=")]
     return dataclasses.replace(cfg, ws_persist=metadata.num_sms(),
-                               ws_persist_kv_at=kv_at[0] if kv_at else -1)
+                               ws_persist_kv_at=kv_at[0] if kv_at else -1,
+                               ws_persist_kv_l2="nokvpf" not in opts)
 
 
 def det_launch_group(block_size: int, opts=()) -> int:
@@ -1505,7 +1509,8 @@ def _ws_kernel(cfg: BsaBwdConfig, after_pre: bool = False):
                         det_store=cfg.det_store, causal=cfg.causal, pack_gqa=cfg.pack_gqa,
                         dq_claim=cfg.dq_claim, zero_lag=cfg.zero_lag,
                         tail_conv=cfg.tail_conv, lpt_chain=cfg.ws_lpt_chain,
-                        persist=cfg.ws_persist, persist_kv_at=cfg.ws_persist_kv_at)
+                        persist=cfg.ws_persist, persist_kv_at=cfg.ws_persist_kv_at,
+                        persist_kv_l2=cfg.ws_persist_kv_l2)
 
 
 def _bwd_det_entry(stream, q, k, v, do, lse, delta, offsets, entries, ranks, sizes, scale,

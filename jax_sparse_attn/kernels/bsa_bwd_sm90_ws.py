@@ -250,7 +250,8 @@ class BsaBwdSm90Ws:
                  order_stream: bool = False, stream_after_pre: bool = False,
                  det_store: bool = False, causal: bool = False, pack_gqa: int = 1,
                  dq_claim: bool = False, zero_lag: int = 0, tail_conv: bool = False,
-                 lpt_chain: bool = False, persist: int = 0, persist_kv_at: int = -1):
+                 lpt_chain: bool = False, persist: int = 0, persist_kv_at: int = -1,
+                 persist_kv_l2: bool = True):
         self.pdl = pdl
         # pack_gqa: r = H_q / H_kv query heads per KV head (1: off). The K->Q entries are
         # packed blocks (the group is 1), a step is 64 packed rows (64 / r positions x r query
@@ -382,6 +383,8 @@ class BsaBwdSm90Ws:
         # persistent: the producer warp's item walk needs more than 24 registers; 32 x 128 +
         # 240 x 256 is the SM's 65536
         self.regs_producer = 32 if self.persist else 24
+        # persistent: the next item's K / V prefetched to L2 once the item is taken
+        self.persist_kv_l2 = persist_kv_l2 and bool(self.persist)
         # 65536 registers per SM: 384 threads x 168 at launch (blk 128), 2 x 256 x 128 (blk 64)
         self.regs_consumer = 240 if self.num_wg == 2 else 232
 
@@ -833,6 +836,22 @@ class BsaBwdSm90Ws:
                             sV[None, None, 0], lane)
             self._fence_rows()
             pipe_kv.producer_arrive(j)
+
+    @cute.jit
+    def _prefetch_kv(self, kvctx, n_block, head_kv, batch):
+        """Producer warp (persistent): K and V of KV block ``n_block`` into L2 (TMA
+        prefetches of the two boxes)."""
+        tma_k, tma_tK, tma_v, tma_tV, sK, sV, sK_layout, pipe_kv, mK, mV = kvctx
+        bn, d = self.bn, self.d
+        gK = cute.local_tile(tma_tK[None, None, head_kv, batch], (bn, d), (None, 0))
+        _, tKg = cpasync.tma_partition(tma_k, 0, cute.make_layout(1),
+                                       cute.group_modes(sK, 0, 2), cute.group_modes(gK, 0, 2))
+        gV = cute.local_tile(tma_tV[None, None, head_kv, batch], (bn, d), (None, 0))
+        _, tVg = cpasync.tma_partition(tma_v, 0, cute.make_layout(1),
+                                       cute.group_modes(sV, 0, 2), cute.group_modes(gV, 0, 2))
+        with cute.arch.elect_one():
+            cute.prefetch(tma_k, tKg[None, n_block])
+            cute.prefetch(tma_v, tVg[None, n_block])
 
     @cute.jit
     def _produce(self, pctx, kvctx, n_block, head_kv, batch, row_id, e_begin, n_ent, kv_left,
@@ -1324,6 +1343,16 @@ class BsaBwdSm90Ws:
                         # taken once this item's loads are issued, so the CTAs that finish
                         # first take the next items
                         item = fetch_item(counter, lane)
+                        if cutlass.const_expr(self.persist_kv_l2):
+                            # the next item's K / V towards L2 while this one ends (its K / V
+                            # load waits for this item's epilogue)
+                            if item < n_csr_rows:
+                                nrow = item
+                                if cutlass.const_expr(self.lpt):
+                                    nrow = Int32(mOffsets[n_csr_rows + 1 + item])
+                                self._prefetch_kv(kvctx, nrow % n_kv_blocks,
+                                                  (nrow // n_kv_blocks) % num_heads_kv,
+                                                  nrow // (n_kv_blocks * num_heads_kv))
                         j += 1
                     publish_item(pipe_it, slots, j, Int32(-1))
                 else:
