@@ -10,7 +10,7 @@ differs: one CTA per (KV block of ``blk`` keys, KV head, batch), the whole block
 CTA = one producer warpgroup + ``blk / 64`` consumer warpgroups (blk 128: 384 threads, one
 CTA per SM; blk 64: 256 threads, two CTAs per SM):
 
-* producer (``setmaxnreg`` down to 24 registers), warp 0: TMA of the block's K and V once
+* producer (``setmaxnreg`` down to 24 registers; persistent: 40), warp 0: TMA of the block's K and V once
   (rows past ``S_kv`` are zero-filled by the hardware; a block that ``block_sizes`` cuts for
   every query head of the GQA group is copied row by row with cp.async, its other rows
   zero-filled, so no NaN / Inf garbage reaches ``dQ = dS K``), then, for every 64-row query
@@ -161,6 +161,22 @@ loaded after the entry was published. With ``pdl`` the kernel does not wait for 
 kernel at its start (that one has waited for every earlier grid before letting this one
 launch) but at its end; with ``stream_after_pre`` (the preprocessing launched in between)
 it waits for the preprocessing at its start.
+
+``persist = G`` (static; blk 128 with ``tail_conv``, not causal, ``zero_lag``, ``dq_alt``,
+``dq_alias`` or ``decouple``): a grid of ``G`` CTAs (one per SM) walks the K->Q rows as work
+items. The producer warp takes item ``block_idx.x`` first, then one per atomic add on the
+int32 ``mdQSem[2 P]`` (zeroed; ``P`` pairs) once an item's loads are issued (with ``lpt``
+item ``i`` is row ``order[i]``), and publishes each row through a two-slot mbarrier ring
+that the consumer warps and warp 1 read (-1 ends the walk). Per item it issues the first
+``persist_kv_at`` Q / dO stages (at most ``q_stages - 1``), then acquires the single-stage
+K / V pipeline (count = the item's index; an empty item only acquires and arrives) and
+loads K / V, then the rest; with ``persist_kv_l2`` it prefetches the next item's K / V to
+L2 when it takes it. The Q / dO ring's count, the dS buffers' and warp 1's hand-backs run
+on across items; warp 1 counts each item on its pair (``tail_conv``). The consumers zero
+dK / dV per item and, after its steps, stage them in the K / V tiles and the dS tiles
+(``sdSp``, right after V in this mode; the Q / dO ring holds the next item's stages), then
+release K / V; with register stores (``epi_smem`` off) they release K / V first. Registers:
+producer 40, consumers 232 (the CTA's 384 x 168).
 """
 
 from __future__ import annotations
@@ -380,13 +396,14 @@ class BsaBwdSm90Ws:
         # stages are issued (-1: ``q_stages - 1``; the previous item frees K / V last)
         self.persist_kv_at = (self.q_stages - 1 if persist_kv_at < 0
                               else min(persist_kv_at, self.q_stages - 1))
-        # persistent: the producer warp's item walk needs more than 24 registers; 32 x 128 +
-        # 240 x 256 is the SM's 65536
-        self.regs_producer = 32 if self.persist else 24
+        # setmaxnreg moves registers within the CTA's launch allocation (384 x 168 = 64512 at
+        # blk 128): 24 x 128 + 240 x 256, or persistent (whose producer warp walks the items
+        # and spills at 24) 40 x 128 + 232 x 256
+        self.regs_producer = 40 if self.persist else 24
         # persistent: the next item's K / V prefetched to L2 once the item is taken
         self.persist_kv_l2 = persist_kv_l2 and bool(self.persist)
         # 65536 registers per SM: 384 threads x 168 at launch (blk 128), 2 x 256 x 128 (blk 64)
-        self.regs_consumer = 240 if self.num_wg == 2 else 232
+        self.regs_consumer = 240 if self.num_wg == 2 and not self.persist else 232
 
     @cute.jit
     def __call__(self, mQ, mK, mV, mdO, mLSE, mDelta, mOffsets, mEntries, mSizes, mScale,
