@@ -834,16 +834,10 @@ class BsaBwdSm90Ws:
         if kv_rows >= cutlass.min(kv_left, bn):
             kv_bytes = cute.size_in_bytes(self.dtype, cute.slice_(sK_layout, (None, None, 0)))
             pipe_kv.producer_expect_tx(j, 2 * kv_bytes)
-            gK = cute.local_tile(tma_tK[None, None, head_kv, batch], (bn, d), (None, 0))
-            tKs, tKg = cpasync.tma_partition(
-                tma_k, 0, cute.make_layout(1), cute.group_modes(sK, 0, 2),
-                cute.group_modes(gK, 0, 2))
+            tKs, tKg = self._kv_boxes(tma_k, tma_tK, sK, head_kv, batch)
             cute.copy(tma_k, tKg[None, n_block], tKs[None, 0],
                       tma_bar_ptr=pipe_kv.full_ptr(j))
-            gV = cute.local_tile(tma_tV[None, None, head_kv, batch], (bn, d), (None, 0))
-            tVs, tVg = cpasync.tma_partition(
-                tma_v, 0, cute.make_layout(1), cute.group_modes(sV, 0, 2),
-                cute.group_modes(gV, 0, 2))
+            tVs, tVg = self._kv_boxes(tma_v, tma_tV, sV, head_kv, batch)
             cute.copy(tma_v, tVg[None, n_block], tVs[None, 0],
                       tma_bar_ptr=pipe_kv.full_ptr(j))
         else:
@@ -855,17 +849,20 @@ class BsaBwdSm90Ws:
             pipe_kv.producer_arrive(j)
 
     @cute.jit
+    def _kv_boxes(self, tma, tma_t, sX, head_kv, batch):
+        """``(smem, gmem)`` TMA partitions of the K or V tile ``sX`` and of the ``(bn, D)``
+        blocks of ``head_kv``, ``batch`` (indexed by the KV block)."""
+        gX = cute.local_tile(tma_t[None, None, head_kv, batch], (self.bn, self.d), (None, 0))
+        return cpasync.tma_partition(tma, 0, cute.make_layout(1), cute.group_modes(sX, 0, 2),
+                                     cute.group_modes(gX, 0, 2))
+
+    @cute.jit
     def _prefetch_kv(self, kvctx, n_block, head_kv, batch):
         """Producer warp (persistent): K and V of KV block ``n_block`` into L2 (TMA
         prefetches of the two boxes)."""
         tma_k, tma_tK, tma_v, tma_tV, sK, sV, sK_layout, pipe_kv, mK, mV = kvctx
-        bn, d = self.bn, self.d
-        gK = cute.local_tile(tma_tK[None, None, head_kv, batch], (bn, d), (None, 0))
-        _, tKg = cpasync.tma_partition(tma_k, 0, cute.make_layout(1),
-                                       cute.group_modes(sK, 0, 2), cute.group_modes(gK, 0, 2))
-        gV = cute.local_tile(tma_tV[None, None, head_kv, batch], (bn, d), (None, 0))
-        _, tVg = cpasync.tma_partition(tma_v, 0, cute.make_layout(1),
-                                       cute.group_modes(sV, 0, 2), cute.group_modes(gV, 0, 2))
+        _, tKg = self._kv_boxes(tma_k, tma_tK, sK, head_kv, batch)
+        _, tVg = self._kv_boxes(tma_v, tma_tV, sV, head_kv, batch)
         with cute.arch.elect_one():
             cute.prefetch(tma_k, tKg[None, n_block])
             cute.prefetch(tma_v, tVg[None, n_block])
