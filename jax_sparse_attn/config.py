@@ -180,21 +180,24 @@ BSA_BWD_WS_FLAGS = ("ldwait", "lpt", "decouple", "detkv", "detfull", "detlaunch"
                     "detschedfull", "relaxpoll", "detstream", "nodetstream",
                     "detoverlap", "detzero", "packws", "nopackws", "dqclaim", "zerolag",
                     "tailconv", "notailconv", "hlpt", "nolpt", "persist",
-                    "nokvpf")
+                    "nokvpf", "ordfast")
 #: the flags among :data:`BSA_BWD_WS_FLAGS` that choose the deterministic dQ order (at most
 #: one of them)
 BSA_DET_ORDER_FLAGS = ("detkv", "detfull", "detlaunch", "detsched", "detschedfull")
 _BSA_BWD_WS_ALLOWED = ("comma list of " + ", ".join(BSA_BWD_WS_FLAGS)
                        + ", stages=N (most Q / dO shared-memory stages: 2..4), dqslots=N "
                        "(deterministic: fp32 accumulators per query tile, 1..4), persistkv=N "
-                       "(persist: Q / dO stages issued before an item's K / V, 0..3); at most one "
+                       "(persist: Q / dO stages issued before an item's K / V, 0..3), ordscan=N "
+                       "(deterministic schedule order: entries a proposal scan checks at once, "
+                       "1..16); at most one "
                        "of " + ", ".join(BSA_DET_ORDER_FLAGS) + "; at most one of detstream, "
                        "nodetstream; at most one of packws, nopackws; at most one of tailconv, "
                        "notailconv; at most one of lpt, hlpt, nolpt")
 _parse_bsa_bwd_ws_opts = _parse_option_list(BSA_BWD_WS_FLAGS,
                                              {"stages": lambda n: 2 <= n <= 4,
                                               "dqslots": lambda n: 1 <= n <= 4,
-                                              "persistkv": lambda n: 0 <= n <= 3},
+                                              "persistkv": lambda n: 0 <= n <= 3,
+                                              "ordscan": lambda n: 1 <= n <= 16},
                                              None, _BSA_BWD_WS_ALLOWED)
 
 
@@ -557,6 +560,12 @@ SWITCHES = (
                "Q / dO stages of an item issued before its K / V, 0..3; default: the most "
                "Q / dO stages less one), nokvpf (with persist: no L2 prefetch of the next "
                "item's K / V), "
+               "ordfast (deterministic in the schedule order: the order kernel computes the "
+               "same order with fewer serialized shared-memory operations per sub-round: "
+               "barrier reductions for its flags, one counter update per warp, 32-bit "
+               "proposal keys, coloured prefixes skipped a bit word at a time; opt-in until "
+               "measured), ordscan=N (the entries each proposal scan of the order kernel "
+               "checks at once, 1..16, default 4; the same order), "
                "relaxpoll (deterministic: the query tile's semaphore is polled with relaxed "
                "loads and one fence after them, instead of acquire loads; slower on the "
                "H200), "

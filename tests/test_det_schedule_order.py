@@ -292,6 +292,52 @@ def test_sched_order_lowers(tmp_path):
         assert ".local" not in p
 
 
+_LOWER_ORDER = """
+import dataclasses
+import jax, jax.numpy as jnp
+from jax_sparse_attn.ffi import bsa as fb
+ocfg = fb.BsaDetOrderConfig(256, 256, 256 * 32, 132, scan={scan}, fast={fast})
+f = jax.jit(lambda o, e: fb.det_schedule_order(o, e, ocfg, 264))
+f.trace(jax.ShapeDtypeStruct((16 * 256 + 1,), jnp.int32),
+        jax.ShapeDtypeStruct((16 * 256 * 32,), jnp.int32)).lower(lowering_platforms=("cuda",))
+print("lowered")
+"""
+
+
+@pytest.mark.lowering
+@pytest.mark.parametrize("fast,scan", [(True, 4), (True, 8), (False, 16)])
+def test_order_kernel_variants_lower(tmp_path, fast, scan):
+    """The order kernel's ``fast`` / ``scan`` builds (``bsa_bwd_ws`` ``ordfast``,
+    ``ordscan=N``) lower for sm_90a without local memory; ``fast`` has the barrier's OR
+    reduction, the warp ballot and its popcount, 32-bit atomic minima for the proposals (no
+    64-bit ones) and the bit reverse and leading-zero count of its prefix skip; a wider
+    scan issues more independent tile-round loads per step."""
+    import glob
+    import subprocess
+    import sys
+
+    env = dict(os.environ, CUTE_DSL_ARCH="sm_90a", JAX_SPARSE_ATTN_FORCE_KERNEL="1",
+               CUTE_DSL_KEEP="ptx", CUTE_DSL_DUMP_DIR=str(tmp_path), JAX_PLATFORMS="cpu",
+               JAX_SPARSE_ATTN_CACHE_DIR=str(tmp_path / "cache"))
+    r = subprocess.run([sys.executable, "-c", _LOWER_ORDER.format(fast=fast, scan=scan)],
+                       env=env, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0 and "lowered" in r.stdout, r.stderr[-3000:]
+    ptx = [open(f).read() for f in glob.glob(str(tmp_path / "*.ptx"))]
+    order = [p for p in ptx if "BsaDetScheduleOrder" in p]
+    assert len(order) == 1, "no PTX of the order kernel"
+    p = order[0]
+    assert ".local" not in p and "atom.shared.or.b32" in p
+    fast_ops = ("bar.red.or.pred", "vote.sync.ballot", "popc.b32", "brev.b32", "clz.b32")
+    if fast:
+        assert all(op in p for op in fast_ops), [op for op in fast_ops if op not in p]
+        assert "atom.shared.min.u64" not in p and "atom.shared.min.s32" in p
+    else:
+        assert not any(op in p for op in fast_ops) and "atom.shared.min.u64" in p
+    # the scan's three shared loads per entry checked at once (its coloured bit word, its
+    # tile, the tile's round), beside about a dozen others
+    assert p.count("ld.shared.b32") >= 3 * scan + 8, p.count("ld.shared.b32")
+
+
 # ------------------------------------------------- the order kernel's phases, emulated on CPU
 
 
@@ -307,16 +353,22 @@ def test_scan_width_is_the_kernels():
 
 
 def _kernel_emulation(off, ent, starts, *, n_kv, n_tiles, e_cap, window, subrounds=4,
-                      max_threads=1024, seed=0):
+                      max_threads=1024, seed=0, fast=False, scan=SCAN_WIDTH):
     """``kernels/bsa_det_order.py`` statement by statement in Python: one generator per
     thread that yields before each shared-memory access, a scheduler that steps the threads
-    in a random interleaving up to each ``cute.arch.barrier()``, and a race check per
-    barrier interval (two threads on one address with at least one plain write, other than
-    equal-valued plain stores, or a plain read next to an atomic). Returns ``(entries_out,
-    ranks_out)`` (slots not written: -7) and the global slots written per chain."""
+    in a random interleaving up to each ``cute.arch.barrier()`` (and each warp collective),
+    and a race check per barrier interval (two threads on one address with at least one
+    plain write, other than equal-valued plain stores, or a plain read next to an atomic).
+    ``fast`` / ``scan``: the kernel's options of those names (``fast``: the barrier's OR
+    reduction, a warp ballot's count, 32-bit keys where they fit, the prefix skipped by
+    words). Returns ``(entries_out, ranks_out)`` (slots not written: -7) and the global
+    slots written per chain."""
     rng = np.random.default_rng(seed)
     big, nt = 0x7FFFFFFF, min(max_threads, -(-n_kv // 32) * 32)
-    scan = SCAN_WIDTH
+    warp = min(32, nt)
+    row_bits = max(1, (n_kv - 1).bit_length())
+    kbig = (1 << (31 - row_bits)) - 1
+    key32 = fast and subrounds * e_cap + n_kv + 2 < kbig
     rpt, n_words = -(-n_kv // nt), -(-e_cap // 32)
     n_rows = len(off) - 1
     out_e = np.full(len(ent), -7, np.int64)
@@ -350,7 +402,8 @@ def _kernel_emulation(off, ent, starts, *, n_kv, n_tiles, e_cap, window, subroun
                     yield acc(tid, "w", "fin", n, -1 if b == a else big)
                     sm["fin"][n] = -1 if b == a else big
             for j in range(tid, n_tiles, nt):
-                for arr, v in (("round", -1), ("cnt", 0), ("prop", (1 << 63) - 1)):
+                no_prop = big if key32 else (1 << 63) - 1
+                for arr, v in (("round", -1), ("cnt", 0), ("prop", no_prop)):
                     yield acc(tid, "w", arr, j, v)
                     sm[arr][j] = v
             for j in range(tid, n_words, nt):
@@ -399,6 +452,18 @@ def _kernel_emulation(off, ent, starts, *, n_kv, n_tiles, e_cap, window, subroun
                         while p < rDeg[i]:
                             e = rOff[i] + p
                             yield acc(tid, "r", "bits", e >> 5)
+                            if fast:
+                                # the word's trailing ones from bit e % 32 (as int32, the
+                                # arithmetic shift's sign bits clamped at the word's end)
+                                w = sm["bits"][e >> 5] & 0xFFFFFFFF
+                                w = (w - (1 << 32) if w >> 31 else w) >> (e & 31)
+                                inv = ~w & 0xFFFFFFFF
+                                ones = (inv & -inv).bit_length() - 1 if inv else 32
+                                ones = min(ones, 32 - (e & 31))
+                                p = min(p + ones, rDeg[i])
+                                if ones < 32 - (e & 31):
+                                    break
+                                continue
                             if not (sm["bits"][e >> 5] >> (e & 31)) & 1:
                                 break
                             p += 1
@@ -406,7 +471,8 @@ def _kernel_emulation(off, ent, starts, *, n_kv, n_tiles, e_cap, window, subroun
                     rPtr[i] = p
                 s, go_s, any0 = 0, True, 1
                 while go_s:
-                    key = (big - sc) << 32
+                    key = ((kbig - sc) << row_bits) if key32 else (big - sc) << 32
+                    proposed = 0
                     for i in range(rpt):
                         rCand[i] = -1
                         if rAct[i]:
@@ -436,14 +502,22 @@ def _kernel_emulation(off, ent, starts, *, n_kv, n_tiles, e_cap, window, subroun
                                 tile = sm["edge"][base + p]
                                 yield acc(tid, "a", "prop", tile)
                                 sm["prop"][tile] = min(sm["prop"][tile], key | (tid + i * nt))
-                                yield acc(tid, "w", "misc", 2 + (sc & 1), 1)
-                                sm["misc"][2 + (sc & 1)] = 1
-                    yield "bar"
-                    yield acc(tid, "r", "misc", 2 + (sc & 1))
-                    more = sm["misc"][2 + (sc & 1)]
+                                if fast:
+                                    proposed = 1
+                                else:
+                                    yield acc(tid, "w", "misc", 2 + (sc & 1), 1)
+                                    sm["misc"][2 + (sc & 1)] = 1
+                    if fast:
+                        more = yield ("bar", proposed)  # bar.red.or.pred
+                    else:
+                        yield "bar"
+                        yield acc(tid, "r", "misc", 2 + (sc & 1))
+                        more = sm["misc"][2 + (sc & 1)]
                     if s == 0:
                         any0 = more
+                    won = 0
                     for i in range(rpt):
+                        took = 0
                         if rCand[i] >= 0:
                             n = tid + i * nt
                             e = rOff[i] + rCand[i]
@@ -463,15 +537,24 @@ def _kernel_emulation(off, ent, starts, *, n_kv, n_tiles, e_cap, window, subroun
                                 rK[i] += 1
                                 yield acc(tid, "a", "bits", e >> 5)
                                 sm["bits"][e >> 5] |= 1 << (e & 31)
-                                yield acc(tid, "a", "misc", 0)
-                                sm["misc"][0] -= 1
+                                if fast:
+                                    took = 1
+                                else:
+                                    yield acc(tid, "a", "misc", 0)
+                                    sm["misc"][0] -= 1
                                 rAct[i] = 0
                                 if rK[i] == rDeg[i]:
                                     yield acc(tid, "w", "fin", n, t)
                                     sm["fin"][n] = t
                             else:
                                 rPtr[i] = rCand[i] + 1
-                    if tid == 0:
+                        if fast:
+                            won += yield ("warp", took)  # popc of the warp's ballot
+                    if fast:
+                        if tid % warp == 0 and won:
+                            yield acc(tid, "a", "misc", 0)
+                            sm["misc"][0] -= won
+                    elif tid == 0:
                         yield acc(tid, "w", "misc", 2 + ((sc + 1) & 1), 0)
                         sm["misc"][2 + ((sc + 1) & 1)] = 0
                     yield "bar"
@@ -511,21 +594,41 @@ def _kernel_emulation(off, ent, starts, *, n_kv, n_tiles, e_cap, window, subroun
         threads = {tid: thread(tid) for tid in range(nt)}
         running = set(threads)
         intervals = 0
+        reply = dict.fromkeys(threads)  # what each thread's next step receives
         while running:
-            at_bar, done = set(), set()
+            at_bar, done, at_warp = {}, set(), {}
             live = sorted(running)
             while live:
                 tid = live[rng.integers(len(live))]
                 try:
-                    if next(threads[tid]) == "bar":
-                        at_bar.add(tid)
-                        live.remove(tid)
+                    ev = threads[tid].send(reply[tid])
                 except StopIteration:
                     done.add(tid)
                     live.remove(tid)
+                    continue
+                reply[tid] = None
+                if ev == "bar" or (isinstance(ev, tuple) and ev[0] == "bar"):
+                    at_bar[tid] = ev[1] if isinstance(ev, tuple) else 0
+                    live.remove(tid)
+                elif isinstance(ev, tuple) and ev[0] == "warp":
+                    # a warp collective: every lane of the warp takes part, none at a barrier
+                    w = tid // warp
+                    at_warp.setdefault(w, {})[tid] = ev[1]
+                    live.remove(tid)
+                    lanes = [x for x in range(w * warp, min((w + 1) * warp, nt))]
+                    if len(at_warp[w]) == len(lanes):
+                        total = sum(1 for x in lanes if at_warp[w][x])
+                        for x in lanes:
+                            reply[x] = total
+                            live.append(x)
+                        del at_warp[w]
+            assert not at_warp, "a warp collective without every lane"
             assert not (at_bar and done), "threads leave at different barriers"
             check_races()
-            running = at_bar
+            red = int(any(at_bar.values()))
+            for tid in at_bar:
+                reply[tid] = red
+            running = set(at_bar)
             intervals += 1
             assert intervals < 100000, "no termination"
         written.append(slots)
@@ -541,14 +644,22 @@ EMU_CASES = [  # b, h_q, h_kv, n_q, n_kv, k_max, held, window, ragged, max_threa
     (2, 2, 1, 4, 13, 13, 5, 13, True, 4),      # every block listed, window = n_kv
     (1, 1, 1, 12, 6, 6, 2, 1, False, 4),       # window 1, long rows
     (1, 2, 2, 3, 40, 2, 40, 40, True, 16),     # many empty rows
+    (1, 2, 2, 8, 70, 6, 50, 30, True, 1024),   # three warps of 32 threads
 ]
 
+#: the order kernel's (fast, scan) builds: the default, ``ordfast``, ``ordfast,ordscan=8``,
+#: ``ordscan=3``
+EMU_VARIANTS = [(False, SCAN_WIDTH), (True, SCAN_WIDTH), (True, 8), (False, 3)]
 
+
+@pytest.mark.parametrize("variant", EMU_VARIANTS, ids=lambda v: f"fast{int(v[0])}-scan{v[1]}")
 @pytest.mark.parametrize("case", EMU_CASES)
-def test_kernel_emulation_matches_reference(case):
+def test_kernel_emulation_matches_reference(case, variant):
     """The order kernel's statements, run with random thread interleavings between its
     barriers, give the reference's entries and ranks bit for bit, with no data race, every
-    slot of the active range written once and none outside it."""
+    slot of the active range written once and none outside it; with each of its static
+    variants."""
+    fast, scan = variant
     b, h_q, h_kv, n_q, n_kv, k_max, held, window, ragged, max_threads = case
     rng = np.random.default_rng(11 + sum(case[:6]))
     idx, nums = _random_lists(rng, b, h_q, h_kv, n_q, n_kv, k_max, ragged)
@@ -561,7 +672,8 @@ def test_kernel_emulation_matches_reference(case):
     for seed in range(3):
         ke, kr, written = _kernel_emulation(off, ent, starts, n_kv=n_kv, n_tiles=n_tiles,
                                             e_cap=e_cap, window=window,
-                                            max_threads=max_threads, seed=seed)
+                                            max_threads=max_threads, seed=seed, fast=fast,
+                                            scan=scan)
         np.testing.assert_array_equal(ke[:end], e2)
         np.testing.assert_array_equal(kr[:end], r2)
         assert (ke[end:] == -7).all() and (kr[end:] == -7).all()
@@ -569,7 +681,8 @@ def test_kernel_emulation_matches_reference(case):
             assert sorted(slots) == list(range(off[c * n_kv], off[(c + 1) * n_kv]))
 
 
-def test_kernel_emulation_skips_idle_rounds():
+@pytest.mark.parametrize("fast", [False, True])
+def test_kernel_emulation_skips_idle_rounds(fast):
     """Starts with gaps (rounds in which no row is active, which the kernel skips to the
     earliest start of a pending row) and rows held back by the window meanwhile: the
     emulated kernel still gives the reference's entries and ranks bit for bit."""
@@ -584,13 +697,14 @@ def test_kernel_emulation_skips_idle_rounds():
                                                       window=window)
         ke, kr, _ = _kernel_emulation(off, ent, starts, n_kv=n_kv, n_tiles=n_q,
                                       e_cap=n_q * k_max, window=window, max_threads=4,
-                                      seed=window)
+                                      seed=window, fast=fast)
         end = int(off[-1])
         np.testing.assert_array_equal(ke[:end], e2)
         np.testing.assert_array_equal(kr[:end], r2)
 
 
-def test_kernel_emulation_clamps_stay_in_bounds():
+@pytest.mark.parametrize("fast", [False, True])
+def test_kernel_emulation_clamps_stay_in_bounds(fast):
     """Chains past ``e_cap`` and tiles out of range: the kernel still terminates, touches
     shared memory only in bounds (the emulation asserts it) and writes each slot of its
     chain's first ``e_cap`` at most once, none outside. (Offsets that decrease, which
@@ -605,7 +719,8 @@ def test_kernel_emulation_clamps_stay_in_bounds():
         starts = rng.integers(0, 4, 2 * n_kv)
         e_cap = int(rng.integers(1, 30))
         _, _, written = _kernel_emulation(off, ent, starts, n_kv=n_kv, n_tiles=n_tiles,
-                                          e_cap=e_cap, window=3, max_threads=4, seed=trial)
+                                          e_cap=e_cap, window=3, max_threads=4, seed=trial,
+                                          fast=fast)
         for c, slots in enumerate(written):
             lo, hi = off[c * n_kv], off[(c + 1) * n_kv]
             assert sorted(slots) == list(range(lo, min(hi, lo + e_cap)))

@@ -194,6 +194,11 @@ class BsaBwdConfig:
     # deterministic with the schedule order (det_schedule_window; 0: det_group's order):
     # the window of metadata.kq_schedule_order_reference, CTAs the GPU holds (held_ctas)
     det_window: int = 0
+    # the schedule-order kernel: its fewer serialized shared-memory operations per
+    # sub-round ("ordfast") and the entries a proposal scan checks at once ("ordscan=N");
+    # the same order either way
+    det_order_fast: bool = False
+    det_order_scan: int = 4
     held_ctas: int = 0
     # the window is the default's (no bsa_bwd_ws order option): the schedule order runs
     # only where the measurements favour it (one query head per KV head) and fits, and
@@ -595,6 +600,8 @@ def _ws_config(name, head_dim, block_size, has_block_sizes, impl, arch, switches
                         det_window=det_schedule_window(block_size, opts) if deterministic
                         else 0,
                         det_sched_auto=bool(deterministic) and not _det_order_opts(opts),
+                        det_order_fast=bool(deterministic) and "ordfast" in opts,
+                        det_order_scan=det_order_scan(opts) if deterministic else 4,
                         held_ctas=_held_ctas(block_size) if deterministic else 0,
                         dq_tile=tile,
                         ws_dq_alias=alias,
@@ -750,17 +757,27 @@ def det_schedule_window(block_size: int, opts=()) -> int:
     return metadata.num_sms()
 
 
+def det_order_scan(opts) -> int:
+    """Entries a proposal scan of the schedule-order kernel checks at once: the
+    ``bsa_bwd_ws`` option ``ordscan=N``, else 4."""
+    n = [int(o[8:]) for o in opts if o.startswith("ordscan=")]
+    return n[0] if n else 4
+
+
 @dataclasses.dataclass(frozen=True)
 class BsaDetOrderConfig:
     """Compile key of the schedule-order kernel (``kernels/bsa_det_order.py``): rows per
     chain (KV blocks), query tiles per chain (``group * N_q``), most entries per chain, the
-    window and the sub-rounds per round."""
+    window, the sub-rounds per round, the entries a proposal scan checks at once and the
+    ``fast`` variant (the same order with fewer serialized shared-memory operations)."""
 
     n_kv: int
     n_tiles: int
     e_cap: int
     window: int
     subrounds: int = 4
+    scan: int = 4
+    fast: bool = False
 
 
 #: shared memory the schedule-order kernel may use (one CTA per SM)
@@ -783,7 +800,9 @@ def det_order_config(cfg) -> BsaDetOrderConfig | None:
     e_cap = n_tiles * cfg.k_max
     if n_kv > DET_ORDER_MAX_ROWS or smem_bytes(n_kv, n_tiles, e_cap) + 1024 > DET_ORDER_SMEM:
         return None
-    return BsaDetOrderConfig(n_kv, n_tiles, e_cap, cfg.bwd.det_window)
+    return BsaDetOrderConfig(n_kv, n_tiles, e_cap, cfg.bwd.det_window,
+                             scan=getattr(cfg.bwd, "det_order_scan", 4),
+                             fast=bool(getattr(cfg.bwd, "det_order_fast", False)))
 
 
 def _det_order_or_warn(cfg) -> BsaDetOrderConfig | None:
@@ -816,7 +835,8 @@ def _det_order_entry(stream, offsets, entries, starts, entries_out, ranks_out, *
                      cfg: BsaDetOrderConfig):
     from ..kernels.bsa_det_order import BsaDetScheduleOrder  # noqa: PLC0415
 
-    BsaDetScheduleOrder(cfg.n_kv, cfg.n_tiles, cfg.e_cap, cfg.window, cfg.subrounds)(
+    BsaDetScheduleOrder(cfg.n_kv, cfg.n_tiles, cfg.e_cap, cfg.window, cfg.subrounds,
+                        scan=cfg.scan, fast=cfg.fast)(
         offsets, entries, starts, entries_out, ranks_out, stream)
 
 
@@ -1566,7 +1586,7 @@ def _bwd_det_stream_entry(stream, q, k, v, do, lse, delta, offsets, entries, sta
     from ..kernels.bsa_det_order import BsaDetScheduleOrder  # noqa: PLC0415
 
     BsaDetScheduleOrder(ocfg.n_kv, ocfg.n_tiles, ocfg.e_cap, ocfg.window, ocfg.subrounds,
-                        publish=True, pdl=cfg.pdl)(
+                        publish=True, pdl=cfg.pdl, scan=ocfg.scan, fast=ocfg.fast)(
         offsets, entries, starts, entries_out, ranks, stream, mProgress=progress)
     _ws_kernel(cfg)(q, k, v, do, lse, delta, offsets, entries_out, sizes, scale, dq_acc, dk,
                     dv, stream, mRank=ranks, mdQSem=dq_sem, mProgress=progress)
@@ -1585,7 +1605,7 @@ def _bwd_det_overlap_entry(stream, q, k, v, do, out, lse, offsets, entries, star
     import cutlass.cute as cute  # noqa: PLC0415
 
     BsaDetScheduleOrder(ocfg.n_kv, ocfg.n_tiles, ocfg.e_cap, ocfg.window, ocfg.subrounds,
-                        publish=True, pdl=cfg.pdl)(
+                        publish=True, pdl=cfg.pdl, scan=ocfg.scan, fast=ocfg.fast)(
         offsets, entries, starts, entries_out, ranks, stream, mProgress=progress)
     flat = cute.make_tensor(dq_acc.iterator, cute.make_layout((cute.size(dq_acc),)))
     BsaPreprocess(_cutlass_dtype(pcfg.dtype), pcfg.head_dim, cfg.pdl, wait=False)(

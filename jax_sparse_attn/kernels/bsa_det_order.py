@@ -35,6 +35,16 @@ thread's entries, ranks and prefix lengths before it) and then stores the change
 lengths of its rows to ``mProgress`` with relaxed GPU-scope stores: a release by the storing
 lane, which the backward's acquire load of the counter synchronizes with. With ``pdl`` the
 kernel waits for the previous grid first and then lets its dependent launch.
+
+``fast`` (the backward's ``bsa_bwd_ws`` option ``ordfast``) computes the same order with fewer
+serialized shared-memory operations per sub-round: the "some row proposed" flag is the
+reduction of the proposal barrier itself (``bar.red.or.pred``) instead of a flag every
+proposer stores; the count of entries left is decremented once per warp (a ballot of its
+winners, lane 0's ``atom.add``) instead of once per winner on one address; the proposal keys
+are 32 bits, ``(KBIG - sub-round) << row_bits | row``, where the kernel's sub-rounds fit
+(``atom.shared.min.s32``; else the 64-bit keys); an active row skips its coloured prefix a
+bit word at a time (the trailing ones of the word, by ``brev`` and ``clz``). ``scan`` sets
+how many entries a proposal scan checks at once (default :data:`SCAN`).
 """
 
 from __future__ import annotations
@@ -73,6 +83,17 @@ def atom_min_shared_s32(sptr, val, *, loc=None, ip=None):
 
 
 @dsl_user_op
+def barrier_or(pred, *, loc=None, ip=None):
+    """``bar.red.or.pred`` on barrier 0 over every thread of the CTA: a CTA barrier (with the
+    memory ordering of ``bar.sync``) that returns 1 to every thread when ``pred`` (int32) is
+    nonzero in any thread, else 0."""
+    return Int32(inline_asm(
+        T.i32(), [Int32(pred).ir_value(loc=loc, ip=ip)],
+        "{\n.reg .pred p, q;\nsetp.ne.s32 p, $1, 0;\nbar.red.or.pred q, 0, p;\n"
+        "selp.s32 $0, 1, 0, q;\n}", "=r,r", True, loc, ip))
+
+
+@dsl_user_op
 def atom_or_shared_b32(sptr, val, *, loc=None, ip=None):
     """``atom.shared.or.b32 [sptr], val`` (the old value is dropped)."""
     inline_asm(T.i32(), [sptr.toint(loc=loc, ip=ip).ir_value(loc=loc, ip=ip),
@@ -103,10 +124,20 @@ class BsaDetScheduleOrder:
     ``starts`` int32 ``(R,)``, ``R`` a multiple of ``n_kv``."""
 
     def __init__(self, n_kv: int, n_tiles: int, e_cap: int, window: int, subrounds: int = 4,
-                 publish: bool = False, pdl: bool = False):
-        if min(n_kv, n_tiles, e_cap, window, subrounds) < 1:
+                 publish: bool = False, pdl: bool = False, scan: int = SCAN,
+                 fast: bool = False):
+        if min(n_kv, n_tiles, e_cap, window, subrounds, scan) < 1:
             raise ValueError(f"bsa_det_order: n_kv={n_kv}, n_tiles={n_tiles}, e_cap={e_cap}, "
-                             f"window={window}, subrounds={subrounds} must be >= 1")
+                             f"window={window}, subrounds={subrounds}, scan={scan} must be "
+                             f">= 1")
+        self.scan, self.fast = scan, fast
+        # fast: 32-bit proposal keys where every sub-round's key stays positive and ordered.
+        # Each round with an active row colours an entry (at sub-round 0 no tile is taken
+        # yet), and each round without one is followed by a jump to a later pending start,
+        # so a chain runs at most subrounds * e_cap + n_kv + 1 sub-rounds.
+        self.row_bits = max(1, (n_kv - 1).bit_length())
+        self.kbig = (1 << (31 - self.row_bits)) - 1 if self.row_bits < 31 else 0
+        self.key32 = fast and subrounds * e_cap + n_kv + 2 < self.kbig
         self.n_kv, self.n_tiles, self.e_cap = n_kv, n_tiles, e_cap
         self.window, self.subrounds = window, subrounds
         self.num_threads = min(MAX_THREADS, -(-n_kv // 32) * 32)
@@ -126,7 +157,8 @@ class BsaDetScheduleOrder:
         class Smem:
             tile_round: cute.struct.Align[cute.struct.MemRange[Int32, self.n_tiles], 16]
             tile_cnt: cute.struct.Align[cute.struct.MemRange[Int32, self.n_tiles], 16]
-            tile_prop: cute.struct.Align[cute.struct.MemRange[Int64, self.n_tiles], 16]
+            tile_prop: cute.struct.Align[cute.struct.MemRange[
+                Int32 if self.key32 else Int64, self.n_tiles], 16]
             edge: cute.struct.Align[cute.struct.MemRange[Int32, self.e_cap], 16]
             bits: cute.struct.Align[cute.struct.MemRange[Int32, self.n_words], 16]
             row_fin: cute.struct.Align[cute.struct.MemRange[Int32, self.n_kv], 16]
@@ -204,7 +236,10 @@ class BsaDetScheduleOrder:
         for j in cutlass.range(tid, n_tiles, nt, unroll=1):
             sRound[j] = Int32(-1)
             sCnt[j] = Int32(0)
-            sProp[j] = Int64(0x7FFFFFFFFFFFFFFF)  # no proposal
+            if cutlass.const_expr(self.key32):
+                sProp[j] = Int32(0x7FFFFFFF)  # no proposal
+            else:
+                sProp[j] = Int64(0x7FFFFFFFFFFFFFFF)
         for j in cutlass.range(tid, self.n_words, nt, unroll=1):
             sBits[j] = Int32(0)
         for j in cutlass.range(tid, n_e, nt, unroll=1):
@@ -260,17 +295,33 @@ class BsaDetScheduleOrder:
                     while go != 0:
                         e = rOff[i] + p
                         go = Int32(0)
-                        if ((Int32(sBits[e >> 5]) >> (e & 31)) & 1) != 0:
-                            p += 1
-                            if p < rDeg[i]:
-                                go = Int32(1)
+                        if cutlass.const_expr(self.fast):
+                            # the word's coloured bits from entry e on: its trailing ones
+                            # (the arithmetic shift may add ones past the word: clamped)
+                            sh = e & 31
+                            w = Int32(sBits[e >> 5]) >> sh
+                            ones = cutlass.min(
+                                Int32(cute.arch.clz(cute.arch.brev(Int32(~w)))), 32 - sh)
+                            p = cutlass.min(p + ones, rDeg[i])
+                            if ones == 32 - sh:
+                                if p < rDeg[i]:
+                                    go = Int32(1)
+                        else:
+                            if ((Int32(sBits[e >> 5]) >> (e & 31)) & 1) != 0:
+                                p += 1
+                                if p < rDeg[i]:
+                                    go = Int32(1)
                     rFirst[i] = p
                 rPtr[i] = p
             s = Int32(0)
             go_s = Int32(1)
             any0 = Int32(1)  # some row proposed in the first sub-round (some row was active)
             while go_s != 0:
-                key = Int64(BIG - sc) << 32
+                if cutlass.const_expr(self.key32):
+                    key = Int32(self.kbig - sc) << self.row_bits
+                else:
+                    key = Int64(BIG - sc) << 32
+                proposed = Int32(0)
                 # proposals: each active row's first uncoloured entry whose tile is free
                 for i in cutlass.range_constexpr(rpt):
                     rCand[i] = Int32(-1)
@@ -286,21 +337,21 @@ class BsaDetScheduleOrder:
                             # independent (an entry past the row's end reads the row's last
                             # one and counts as taken), then the first free one
                             bit, rnd = [], []
-                            for j in cutlass.range_constexpr(SCAN):
+                            for j in cutlass.range_constexpr(self.scan):
                                 e = base + cutlass.min(p + j, deg - 1)
                                 bit.append((Int32(sBits[e >> 5]) >> (e & 31)) & 1)
                                 rnd.append(Int32(sRound[Int32(sEdge[e])]))
-                            first = Int32(SCAN)
-                            for j in cutlass.range_constexpr(SCAN - 1, -1, -1):
+                            first = Int32(self.scan)
+                            for j in cutlass.range_constexpr(self.scan - 1, -1, -1):
                                 if bit[j] == 0:
                                     if rnd[j] != t:
                                         if p + j < deg:
                                             first = Int32(j)
                             go = Int32(0)
-                            if first < SCAN:
+                            if first < self.scan:
                                 p += first
                             else:
-                                p += SCAN
+                                p += self.scan
                                 if p < deg:
                                     go = Int32(1)
                                 else:
@@ -309,20 +360,37 @@ class BsaDetScheduleOrder:
                         if p < deg:
                             rCand[i] = p
                             tile = Int32(sEdge[base + p])
-                            atom_min_shared_u64(st.tile_prop.data_ptr() + tile,
-                                                key | Int64(tid + i * nt))
-                            sMisc[2 + (sc & 1)] = Int32(1)
-                cute.arch.barrier()
-                more = Int32(sMisc[2 + (sc & 1)])
+                            if cutlass.const_expr(self.key32):
+                                atom_min_shared_s32(st.tile_prop.data_ptr() + tile,
+                                                    key | Int32(tid + i * nt))
+                            else:
+                                atom_min_shared_u64(st.tile_prop.data_ptr() + tile,
+                                                    key | Int64(tid + i * nt))
+                            if cutlass.const_expr(self.fast):
+                                proposed = Int32(1)
+                            else:
+                                sMisc[2 + (sc & 1)] = Int32(1)
+                if cutlass.const_expr(self.fast):
+                    more = barrier_or(proposed)
+                else:
+                    cute.arch.barrier()
+                    more = Int32(sMisc[2 + (sc & 1)])
                 if s == 0:
                     any0 = more
                 # the lowest proposer of each tile takes it
+                won = Int32(0)  # fast: entries this warp coloured
                 for i in cutlass.range_constexpr(rpt):
+                    took = Int32(0)
                     if rCand[i] >= 0:
                         n = tid + i * nt
                         e = rOff[i] + rCand[i]
                         tile = Int32(sEdge[e])
-                        if Int64(sProp[tile]) == (key | Int64(n)):
+                        mine = False
+                        if cutlass.const_expr(self.key32):
+                            mine = Int32(sProp[tile]) == (key | Int32(n))
+                        else:
+                            mine = Int64(sProp[tile]) == (key | Int64(n))
+                        if mine:
                             rank = Int32(sCnt[tile])
                             sCnt[tile] = rank + 1
                             sRound[tile] = t
@@ -334,15 +402,26 @@ class BsaDetScheduleOrder:
                                 sRowK[n] = rK[i]
                             atom_or_shared_b32(st.bits.data_ptr() + (e >> 5),
                                                Int32(1) << (e & 31))
-                            atom_add_shared_s32(st.misc.data_ptr(), Int32(-1))
+                            if cutlass.const_expr(self.fast):
+                                took = Int32(1)
+                            else:
+                                atom_add_shared_s32(st.misc.data_ptr(), Int32(-1))
                             rAct[i] = Int32(0)
                             if rK[i] == rDeg[i]:
                                 sFin[n] = t
                         else:
                             rPtr[i] = rCand[i] + 1
-                if tid == 0:
-                    # the flag of the next sub-round (read last one sub-round ago)
-                    sMisc[2 + ((sc + 1) & 1)] = Int32(0)
+                    if cutlass.const_expr(self.fast):
+                        # every lane of the warp, converged after the row's branch
+                        won += cute.arch.popc(cute.arch.vote_ballot_sync(took != 0))
+                if cutlass.const_expr(self.fast):
+                    if tid % 32 == 0:
+                        if won != 0:
+                            atom_add_shared_s32(st.misc.data_ptr(), -won)
+                else:
+                    if tid == 0:
+                        # the flag of the next sub-round (read last one sub-round ago)
+                        sMisc[2 + ((sc + 1) & 1)] = Int32(0)
                 cute.arch.barrier()
                 s += 1
                 sc += 1
