@@ -235,6 +235,18 @@ def test_sched_window_and_config():
 
     ocfg = fb.det_order_config(C)
     assert ocfg == fb.BsaDetOrderConfig(256, 256, 256 * 32, held[64] // 2)
+    # ordfast / ordscan=N reach the order kernel's compile key (and only with deterministic)
+    C.bwd = fb.bwd_config(jnp.bfloat16, 128, 64, False,
+                          jc.Switches(bsa_bwd_ws="detsched,ordfast,ordscan=8"),
+                          deterministic=True)
+    assert fb.det_order_config(C) == fb.BsaDetOrderConfig(256, 256, 256 * 32, held[64] // 2,
+                                                          scan=8, fast=True, held=held[64])
+    plain = fb.bwd_config(jnp.bfloat16, 128, 64, False,
+                          jc.Switches(bsa_bwd_ws="ordfast,ordscan=8"))
+    assert not plain.det_order_fast and plain.det_order_scan == 4
+    for bad in ("ordscan=0", "ordscan=17", "ordscan"):
+        with pytest.raises(ValueError, match="ordscan=N"):
+            jc.Switches(bsa_bwd_ws=bad)
     C.num_heads_q, C.num_q_blocks, C.k_max = 64, 2048, 256  # GQA 4, 131k tokens: too big
     assert fb.det_order_config(C) is None
     C.num_heads_q, C.num_q_blocks, C.num_kv_blocks, C.k_max = 16, 8, 10000, 8
@@ -259,18 +271,19 @@ _LOWER = """
 import sys
 sys.path.insert(0, {tests!r})
 import test_lowering_bsa_bwd_ws as tb
-for i in (0, 1):
-    txt = tb._bwd_text(tb.CONFIGS[i], ws="detsched,nodetstream", deterministic=True,
-                       det_writer=True)
-    print("calls", txt.count(tb.CALL_TARGET))
+for ws in ("detsched,nodetstream", "detsched,nodetstream,ordfast"):
+    for i in (0, 1):
+        txt = tb._bwd_text(tb.CONFIGS[i], ws=ws, deterministic=True, det_writer=True)
+        print("calls", txt.count(tb.CALL_TARGET))
 """
 
 
 @pytest.mark.lowering
 def test_sched_order_lowers(tmp_path):
     """The deterministic backward with ``detsched`` lowers for sm_90a with the order kernel
-    as a fourth call (preprocessing, order, backward, dq reordering); the order kernel's PTX
-    has the shared-memory 64-bit atomic minimum of the proposals and no local memory. (A
+    as a fourth call (preprocessing, order, backward, dq reordering), with ``ordfast`` also
+    the K->Q lists kernel; the order kernel's PTX has the shared-memory 64-bit atomic
+    minimum of the proposals (``ordfast``: the barrier reduction) and no local memory. (A
     fresh process: CuTe DSL reads its PTX dump settings at import.)"""
     import glob
     import subprocess
@@ -283,20 +296,21 @@ def test_sched_order_lowers(tmp_path):
     r = subprocess.run([sys.executable, "-c", _LOWER.format(tests=here)], env=env,
                        capture_output=True, text=True, timeout=900, cwd=os.path.dirname(here))
     assert r.returncode == 0, r.stderr[-3000:]
-    assert r.stdout.split().count("4") == 2, r.stdout
+    # four calls; with ordfast five: the K->Q lists kernel replaces XLA's lists
+    assert r.stdout.split() == ["calls", "4"] * 2 + ["calls", "5"] * 2, r.stdout
     ptx = [open(f).read() for f in glob.glob(str(tmp_path / "*.ptx"))]
     order = [p for p in ptx if "BsaDetScheduleOrder" in p]
     assert order, "no PTX of the order kernel"  # (both configs dump to one file name)
     for p in order:
-        assert "atom.shared.min.u64" in p and "atom.shared.or.b32" in p
-        assert ".local" not in p
+        assert "atom.shared.min.u64" in p or "bar.red.or.pred" in p
+        assert "atom.shared.or.b32" in p and ".local" not in p
 
 
 _LOWER_ORDER = """
 import dataclasses
 import jax, jax.numpy as jnp
 from jax_sparse_attn.ffi import bsa as fb
-ocfg = fb.BsaDetOrderConfig(256, 256, 256 * 32, 132, scan={scan}, fast={fast})
+ocfg = fb.BsaDetOrderConfig(256, 256, 256 * 32, 132, scan={scan}, fast={fast}, held={held})
 f = jax.jit(lambda o, e: fb.det_schedule_order(o, e, ocfg, 264))
 f.trace(jax.ShapeDtypeStruct((16 * 256 + 1,), jnp.int32),
         jax.ShapeDtypeStruct((16 * 256 * 32,), jnp.int32)).lower(lowering_platforms=("cuda",))
@@ -305,10 +319,11 @@ print("lowered")
 
 
 @pytest.mark.lowering
-@pytest.mark.parametrize("fast,scan", [(True, 4), (True, 8), (False, 16)])
-def test_order_kernel_variants_lower(tmp_path, fast, scan):
-    """The order kernel's ``fast`` / ``scan`` builds (``bsa_bwd_ws`` ``ordfast``,
-    ``ordscan=N``) lower for sm_90a without local memory; ``fast`` has the barrier's OR
+@pytest.mark.parametrize("fast,scan,held", [(True, 4, 264), (True, 8, 0), (False, 16, 0)])
+def test_order_kernel_variants_lower(tmp_path, fast, scan, held):
+    """The order kernel's ``fast`` / ``scan`` / ``held`` builds (``bsa_bwd_ws`` ``ordfast``,
+    ``ordscan=N``; ``held``: the starts computed in the kernel, a call without the starts
+    input) lower for sm_90a without local memory; ``fast`` has the barrier's OR
     reduction, the warp ballot and its popcount, 32-bit atomic minima for the proposals (no
     64-bit ones) and the bit reverse and leading-zero count of its prefix skip; a wider
     scan issues more independent tile-round loads per step."""
@@ -319,7 +334,8 @@ def test_order_kernel_variants_lower(tmp_path, fast, scan):
     env = dict(os.environ, CUTE_DSL_ARCH="sm_90a", JAX_SPARSE_ATTN_FORCE_KERNEL="1",
                CUTE_DSL_KEEP="ptx", CUTE_DSL_DUMP_DIR=str(tmp_path), JAX_PLATFORMS="cpu",
                JAX_SPARSE_ATTN_CACHE_DIR=str(tmp_path / "cache"))
-    r = subprocess.run([sys.executable, "-c", _LOWER_ORDER.format(fast=fast, scan=scan)],
+    r = subprocess.run([sys.executable, "-c",
+                        _LOWER_ORDER.format(fast=fast, scan=scan, held=held)],
                        env=env, capture_output=True, text=True, timeout=600)
     assert r.returncode == 0 and "lowered" in r.stdout, r.stderr[-3000:]
     ptx = [open(f).read() for f in glob.glob(str(tmp_path / "*.ptx"))]
@@ -353,15 +369,16 @@ def test_scan_width_is_the_kernels():
 
 
 def _kernel_emulation(off, ent, starts, *, n_kv, n_tiles, e_cap, window, subrounds=4,
-                      max_threads=1024, seed=0, fast=False, scan=SCAN_WIDTH):
+                      max_threads=1024, seed=0, fast=False, scan=SCAN_WIDTH, held=0):
     """``kernels/bsa_det_order.py`` statement by statement in Python: one generator per
     thread that yields before each shared-memory access, a scheduler that steps the threads
     in a random interleaving up to each ``cute.arch.barrier()`` (and each warp collective),
     and a race check per barrier interval (two threads on one address with at least one
     plain write, other than equal-valued plain stores, or a plain read next to an atomic).
-    ``fast`` / ``scan``: the kernel's options of those names (``fast``: the barrier's OR
-    reduction, a warp ballot's count, 32-bit keys where they fit, the prefix skipped by
-    words). Returns ``(entries_out, ranks_out)`` (slots not written: -7) and the global
+    ``fast`` / ``scan`` / ``held``: the kernel's options of those names (``fast``: the
+    barrier's OR reduction, a warp ballot's count, 32-bit keys where they fit, the prefix
+    skipped by words; ``held`` > 0: the starts computed from ``off``, ``starts`` unused,
+    with C's truncating divisions). Returns ``(entries_out, ranks_out)`` (slots not written: -7) and the global
     slots written per chain."""
     rng = np.random.default_rng(seed)
     big, nt = 0x7FFFFFFF, min(max_threads, -(-n_kv // 32) * 32)
@@ -385,6 +402,13 @@ def _kernel_emulation(off, ent, starts, *, n_kv, n_tiles, e_cap, window, subroun
             assert 0 <= i < len(sm[arr]), (arr, i)  # shared-memory bounds
             log.append((tid, kind, arr, i, val))
 
+        def start_of(r):  # the kernel's _start (truncating divisions, as in C)
+            def div(a, b):
+                return int(a / b) if a * b >= 0 else -int(-a / b)
+            mean2 = div(2 * (int(off[n_rows]) - int(off[0])), n_rows)
+            st = div(max(int(off[r]) - int(off[0]) - div((held - 1) * mean2, 4), 0), held)
+            return 0 if r < held else st
+
         def thread(tid):
             row0 = chain * n_kv
             e0 = int(off[row0])
@@ -398,7 +422,9 @@ def _kernel_emulation(off, ent, starts, *, n_kv, n_tiles, e_cap, window, subroun
                     b = int(off[row0 + n + 1]) - e0
                     a = max(min(a, n_e), 0)
                     b = max(min(b, n_e), a)
-                    rOff[i], rDeg[i], rT0[i] = a, b - a, int(starts[row0 + n])
+                    rOff[i], rDeg[i] = a, b - a
+                    rT0[i] = (start_of(row0 + n) - start_of(row0) if held > 0
+                              else int(starts[row0 + n]))
                     yield acc(tid, "w", "fin", n, -1 if b == a else big)
                     sm["fin"][n] = -1 if b == a else big
             for j in range(tid, n_tiles, nt):
@@ -647,19 +673,22 @@ EMU_CASES = [  # b, h_q, h_kv, n_q, n_kv, k_max, held, window, ragged, max_threa
     (1, 2, 2, 8, 70, 6, 50, 30, True, 1024),   # three warps of 32 threads
 ]
 
-#: the order kernel's (fast, scan) builds: the default, ``ordfast``, ``ordfast,ordscan=8``,
-#: ``ordscan=3``
-EMU_VARIANTS = [(False, SCAN_WIDTH), (True, SCAN_WIDTH), (True, 8), (False, 3)]
+#: the order kernel's (fast, scan, starts computed in the kernel) builds: the default,
+#: ``ordfast`` (which computes the starts), ``ordfast,ordscan=8``, ``ordscan=3``, and the
+#: starts alone
+EMU_VARIANTS = [(False, SCAN_WIDTH, False), (True, SCAN_WIDTH, True), (True, 8, True),
+                (False, 3, False), (False, SCAN_WIDTH, True)]
 
 
-@pytest.mark.parametrize("variant", EMU_VARIANTS, ids=lambda v: f"fast{int(v[0])}-scan{v[1]}")
+@pytest.mark.parametrize("variant", EMU_VARIANTS,
+                         ids=lambda v: f"fast{int(v[0])}-scan{v[1]}-starts{int(v[2])}")
 @pytest.mark.parametrize("case", EMU_CASES)
 def test_kernel_emulation_matches_reference(case, variant):
     """The order kernel's statements, run with random thread interleavings between its
     barriers, give the reference's entries and ranks bit for bit, with no data race, every
     slot of the active range written once and none outside it; with each of its static
     variants."""
-    fast, scan = variant
+    fast, scan, own_starts = variant
     b, h_q, h_kv, n_q, n_kv, k_max, held, window, ragged, max_threads = case
     rng = np.random.default_rng(11 + sum(case[:6]))
     idx, nums = _random_lists(rng, b, h_q, h_kv, n_q, n_kv, k_max, ragged)
@@ -673,7 +702,7 @@ def test_kernel_emulation_matches_reference(case, variant):
         ke, kr, written = _kernel_emulation(off, ent, starts, n_kv=n_kv, n_tiles=n_tiles,
                                             e_cap=e_cap, window=window,
                                             max_threads=max_threads, seed=seed, fast=fast,
-                                            scan=scan)
+                                            scan=scan, held=held if own_starts else 0)
         np.testing.assert_array_equal(ke[:end], e2)
         np.testing.assert_array_equal(kr[:end], r2)
         assert (ke[end:] == -7).all() and (kr[end:] == -7).all()

@@ -32,8 +32,15 @@ ORDER_CASES = [  # name, b, h_q, h_kv, n_q, n_kv, k_max, held, window, ragged
 ]
 
 
+#: the order kernel's (fast, scan) builds: the default, then ``ordfast`` / ``ordscan=N``
+ORDER_VARIANTS = [(False, 4), (True, 4), (True, 8), (True, 16), (False, 8)]
+
+
+@pytest.mark.parametrize("variant", ORDER_VARIANTS, ids=lambda v: f"fast{int(v[0])}-scan{v[1]}")
 @pytest.mark.parametrize("case", ORDER_CASES, ids=[c[0] for c in ORDER_CASES])
-def test_order_kernel_matches_reference(case):
+def test_order_kernel_matches_reference(case, variant):
+    import dataclasses
+
     from jax_sparse_attn.ffi import bsa as fb
 
     _, b, h_q, h_kv, n_q, n_kv, k_max, held, window, ragged = case
@@ -46,6 +53,7 @@ def test_order_kernel_matches_reference(case):
     # the configuration the backward would build (det_order_config), with this window
     ocfg = fb.det_order_config(_order_cfg_fields(h_q, h_kv, n_q, n_kv, k_max, window))
     assert ocfg is not None, "the case does not fit the order kernel"
+    ocfg = dataclasses.replace(ocfg, fast=variant[0], scan=variant[1])
 
     @jax.jit
     def order(idx, nums):
@@ -74,7 +82,7 @@ def _order_cfg_fields(h_q, h_kv, n_q, n_kv, k_max, window):
                                  bwd=types.SimpleNamespace(det_window=window))
 
 
-@pytest.mark.parametrize("ws", ["detsched", "detschedfull"])
+@pytest.mark.parametrize("ws", ["detsched", "detschedfull", "detsched,ordfast,ordscan=8"])
 @pytest.mark.parametrize("c", tb.DET_CASES, ids=lambda c: c["name"])
 def test_bsa_bwd_det_sched(c, ws, monkeypatch):
     from jax_sparse_attn.ffi import bsa as fb

@@ -769,7 +769,9 @@ class BsaDetOrderConfig:
     """Compile key of the schedule-order kernel (``kernels/bsa_det_order.py``): rows per
     chain (KV blocks), query tiles per chain (``group * N_q``), most entries per chain, the
     window, the sub-rounds per round, the entries a proposal scan checks at once and the
-    ``fast`` variant (the same order with fewer serialized shared-memory operations)."""
+    ``fast`` variant (the same order with fewer serialized shared-memory operations), and
+    ``held`` > 0: the kernel computes the rows' estimated starts itself
+    (:func:`metadata.kq_schedule_starts` for ``held`` CTA slots) instead of reading them."""
 
     n_kv: int
     n_tiles: int
@@ -778,6 +780,7 @@ class BsaDetOrderConfig:
     subrounds: int = 4
     scan: int = 4
     fast: bool = False
+    held: int = 0
 
 
 #: shared memory the schedule-order kernel may use (one CTA per SM)
@@ -800,9 +803,10 @@ def det_order_config(cfg) -> BsaDetOrderConfig | None:
     e_cap = n_tiles * cfg.k_max
     if n_kv > DET_ORDER_MAX_ROWS or smem_bytes(n_kv, n_tiles, e_cap) + 1024 > DET_ORDER_SMEM:
         return None
+    fast = bool(getattr(cfg.bwd, "det_order_fast", False))
     return BsaDetOrderConfig(n_kv, n_tiles, e_cap, cfg.bwd.det_window,
-                             scan=getattr(cfg.bwd, "det_order_scan", 4),
-                             fast=bool(getattr(cfg.bwd, "det_order_fast", False)))
+                             scan=getattr(cfg.bwd, "det_order_scan", 4), fast=fast,
+                             held=cfg.bwd.held_ctas if fast else 0)
 
 
 def _det_order_or_warn(cfg) -> BsaDetOrderConfig | None:
@@ -836,8 +840,26 @@ def _det_order_entry(stream, offsets, entries, starts, entries_out, ranks_out, *
     from ..kernels.bsa_det_order import BsaDetScheduleOrder  # noqa: PLC0415
 
     BsaDetScheduleOrder(cfg.n_kv, cfg.n_tiles, cfg.e_cap, cfg.window, cfg.subrounds,
-                        scan=cfg.scan, fast=cfg.fast)(
+                        scan=cfg.scan, fast=cfg.fast, held=cfg.held)(
         offsets, entries, starts, entries_out, ranks_out, stream)
+
+
+def _det_order_held_entry(stream, offsets, entries, entries_out, ranks_out, *,
+                          cfg: BsaDetOrderConfig):
+    # cfg.held > 0: the kernel computes the rows' starts from the offsets
+    from ..kernels.bsa_det_order import BsaDetScheduleOrder  # noqa: PLC0415
+
+    BsaDetScheduleOrder(cfg.n_kv, cfg.n_tiles, cfg.e_cap, cfg.window, cfg.subrounds,
+                        scan=cfg.scan, fast=cfg.fast, held=cfg.held)(
+        offsets, entries, None, entries_out, ranks_out, stream)
+
+
+@functools.cache
+def _det_order_held_jit():
+    """The one ``cute.jit`` of ``_det_order_held_entry``."""
+    import cutlass.cute as cute  # noqa: PLC0415
+
+    return cute.jit(_det_order_held_entry)
 
 
 @functools.cache
@@ -857,8 +879,17 @@ def det_schedule_order(offsets, entries, ocfg: BsaDetOrderConfig, held: int,
     ``offsets[-1]`` are left unwritten."""
     from .._cute_call import call_builder  # noqa: PLC0415
 
-    starts = metadata.kq_schedule_starts(offsets, num_kv_blocks=ocfg.n_kv, held=held)
     sds = jax.ShapeDtypeStruct(entries.shape, jnp.int32)
+    if ocfg.held > 0:
+        # the kernel computes the starts (ocfg.held, not ``held``, is what it uses)
+        call = call_builder(cute_call_mode)(
+            _det_order_held_jit(),
+            output_shape_dtype=(sds, sds),
+            compile_key=("bsa_det_order_held", ocfg),
+            cfg=ocfg,
+        )
+        return call(offsets, entries)
+    starts = metadata.kq_schedule_starts(offsets, num_kv_blocks=ocfg.n_kv, held=held)
     call = call_builder(cute_call_mode)(
         _det_order_jit(),
         output_shape_dtype=(sds, sds),
@@ -1586,7 +1617,8 @@ def _bwd_det_stream_entry(stream, q, k, v, do, lse, delta, offsets, entries, sta
     from ..kernels.bsa_det_order import BsaDetScheduleOrder  # noqa: PLC0415
 
     BsaDetScheduleOrder(ocfg.n_kv, ocfg.n_tiles, ocfg.e_cap, ocfg.window, ocfg.subrounds,
-                        publish=True, pdl=cfg.pdl, scan=ocfg.scan, fast=ocfg.fast)(
+                        publish=True, pdl=cfg.pdl, scan=ocfg.scan, fast=ocfg.fast,
+                        held=ocfg.held)(
         offsets, entries, starts, entries_out, ranks, stream, mProgress=progress)
     _ws_kernel(cfg)(q, k, v, do, lse, delta, offsets, entries_out, sizes, scale, dq_acc, dk,
                     dv, stream, mRank=ranks, mdQSem=dq_sem, mProgress=progress)
@@ -1605,7 +1637,8 @@ def _bwd_det_overlap_entry(stream, q, k, v, do, out, lse, offsets, entries, star
     import cutlass.cute as cute  # noqa: PLC0415
 
     BsaDetScheduleOrder(ocfg.n_kv, ocfg.n_tiles, ocfg.e_cap, ocfg.window, ocfg.subrounds,
-                        publish=True, pdl=cfg.pdl, scan=ocfg.scan, fast=ocfg.fast)(
+                        publish=True, pdl=cfg.pdl, scan=ocfg.scan, fast=ocfg.fast,
+                        held=ocfg.held)(
         offsets, entries, starts, entries_out, ranks, stream, mProgress=progress)
     flat = cute.make_tensor(dq_acc.iterator, cute.make_layout((cute.size(dq_acc),)))
     BsaPreprocess(_cutlass_dtype(pcfg.dtype), pcfg.head_dim, cfg.pdl, wait=False)(
@@ -1781,9 +1814,17 @@ def _bsa_bwd_deterministic(q, k, v, do, lse, delta, dq_acc, q2k_block_index, q2k
         return _bsa_bwd_det_stream(q, k, v, do, lse, delta, dq_acc, q2k_block_index,
                                    q2k_block_nums, block_sizes, cfg, spec, ocfg)
     if ocfg is not None:
-        offsets, entries = metadata.build_kq_csr(
-            q2k_block_index, q2k_block_nums, num_kv_heads=cfg.num_heads_kv,
-            num_kv_blocks=cfg.num_kv_blocks)
+        if ocfg.fast:
+            # the lists kernel where it takes the call, as in the default mode (the lists
+            # of build_kq_csr's bitmap construction: an id repeated in a row listed once)
+            offsets, entries = kq_lists(
+                q2k_block_index, q2k_block_nums, num_kv_heads=cfg.num_heads_kv,
+                num_kv_blocks=cfg.num_kv_blocks, kernel=cfg.kq_kernel,
+                cute_call_mode=cfg.cute_call, sanitized=True)
+        else:
+            offsets, entries = metadata.build_kq_csr(
+                q2k_block_index, q2k_block_nums, num_kv_heads=cfg.num_heads_kv,
+                num_kv_blocks=cfg.num_kv_blocks)
         entries, ranks = det_schedule_order(offsets, entries, ocfg, cfg.bwd.held_ctas,
                                             cfg.cute_call)
     else:

@@ -44,7 +44,9 @@ winners, lane 0's ``atom.add``) instead of once per winner on one address; the p
 are 32 bits, ``(KBIG - sub-round) << row_bits | row``, where the kernel's sub-rounds fit
 (``atom.shared.min.s32``; else the 64-bit keys); an active row skips its coloured prefix a
 bit word at a time (the trailing ones of the word, by ``brev`` and ``clz``). ``scan`` sets
-how many entries a proposal scan checks at once (default :data:`SCAN`).
+how many entries a proposal scan checks at once (default :data:`SCAN`). ``held`` > 0: each
+row's estimated start (``metadata.kq_schedule_starts`` for ``held`` CTA slots) is computed
+from the offsets here instead of read from ``mStarts``.
 """
 
 from __future__ import annotations
@@ -125,12 +127,15 @@ class BsaDetScheduleOrder:
 
     def __init__(self, n_kv: int, n_tiles: int, e_cap: int, window: int, subrounds: int = 4,
                  publish: bool = False, pdl: bool = False, scan: int = SCAN,
-                 fast: bool = False):
+                 fast: bool = False, held: int = 0):
         if min(n_kv, n_tiles, e_cap, window, subrounds, scan) < 1:
             raise ValueError(f"bsa_det_order: n_kv={n_kv}, n_tiles={n_tiles}, e_cap={e_cap}, "
                              f"window={window}, subrounds={subrounds}, scan={scan} must be "
                              f">= 1")
         self.scan, self.fast = scan, fast
+        # held > 0: each row's estimated start is computed here from the offsets (for
+        # held CTA slots; mStarts is not read), else read from mStarts
+        self.held = max(int(held), 0)
         # fast: 32-bit proposal keys where every sub-round's key stays positive and ordered.
         # Each round with an active row colours an entry (at sub-round 0 no tile is taken
         # yet), and each round without one is followed by a jump to a later pending start,
@@ -149,6 +154,21 @@ class BsaDetScheduleOrder:
         # its own dependent (that backward) launch
         self.publish = publish
         self.pdl = pdl and publish
+
+    @cute.jit
+    def _start(self, mOffsets, row, n_rows):
+        """``metadata.kq_schedule_starts`` of CSR row ``row`` before the chain's start is
+        subtracted: ``max(P - (held - 1) L2 / 4, 0) / held`` (``P`` the entries before the
+        row, ``L2`` twice the mean row length, rounded down; every term is non-negative, so
+        the truncating divisions round down as the definition's do), 0 for the first
+        ``held`` rows."""
+        o0 = Int32(mOffsets[0])
+        mean2 = (2 * (Int32(mOffsets[n_rows]) - o0)) // n_rows
+        st = cutlass.max(Int32(mOffsets[row]) - o0 - ((self.held - 1) * mean2) // 4,
+                         0) // self.held
+        if row < self.held:
+            st = Int32(0)
+        return st
 
     @cute.jit
     def __call__(self, mOffsets, mEntries, mStarts, mEntriesOut, mRanksOut, stream,
@@ -199,6 +219,11 @@ class BsaDetScheduleOrder:
         sRowPub = st.row_pub.get_tensor(cute.make_layout(self.n_kv if self.publish else 1))
 
         row0 = chain * n_kv
+        n_rows = cute.size(mOffsets.shape[0]) - 1
+        start0 = Int32(0)
+        if cutlass.const_expr(self.held > 0):
+            # the chain's earliest start is its first row's (starts grow with the row)
+            start0 = self._start(mOffsets, row0, n_rows)
         e0 = Int32(mOffsets[row0])
         n_e = cutlass.min(Int32(mOffsets[row0 + n_kv]) - e0, self.e_cap)
         # per-thread rows: chain row tid + i * nt
@@ -223,7 +248,10 @@ class BsaDetScheduleOrder:
                 b = cutlass.max(cutlass.min(b, n_e), a)
                 rOff[i] = a
                 rDeg[i] = b - a
-                rT0[i] = Int32(mStarts[row0 + n])
+                if cutlass.const_expr(self.held > 0):
+                    rT0[i] = self._start(mOffsets, row0 + n, n_rows) - start0
+                else:
+                    rT0[i] = Int32(mStarts[row0 + n])
                 fin0 = Int32(BIG)
                 if b == a:
                     fin0 = Int32(-1)
