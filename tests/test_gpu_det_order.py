@@ -32,11 +32,14 @@ ORDER_CASES = [  # name, b, h_q, h_kv, n_q, n_kv, k_max, held, window, ragged
 ]
 
 
-#: the order kernel's (fast, scan) builds: the default, then ``ordfast`` / ``ordscan=N``
-ORDER_VARIANTS = [(False, 4), (True, 4), (True, 8), (True, 16), (False, 8)]
+#: the order kernel's (fast, scan, starts computed in the kernel) builds: the default, then
+#: ``ordfast`` (which computes the starts) / ``ordscan=N``
+ORDER_VARIANTS = [(False, 4, False), (True, 4, True), (True, 8, True), (True, 16, True),
+                  (False, 8, False), (True, 4, False)]
 
 
-@pytest.mark.parametrize("variant", ORDER_VARIANTS, ids=lambda v: f"fast{int(v[0])}-scan{v[1]}")
+@pytest.mark.parametrize("variant", ORDER_VARIANTS,
+                         ids=lambda v: f"fast{int(v[0])}-scan{v[1]}-starts{int(v[2])}")
 @pytest.mark.parametrize("case", ORDER_CASES, ids=[c[0] for c in ORDER_CASES])
 def test_order_kernel_matches_reference(case, variant):
     import dataclasses
@@ -53,7 +56,8 @@ def test_order_kernel_matches_reference(case, variant):
     # the configuration the backward would build (det_order_config), with this window
     ocfg = fb.det_order_config(_order_cfg_fields(h_q, h_kv, n_q, n_kv, k_max, window))
     assert ocfg is not None, "the case does not fit the order kernel"
-    ocfg = dataclasses.replace(ocfg, fast=variant[0], scan=variant[1])
+    ocfg = dataclasses.replace(ocfg, fast=variant[0], scan=variant[1],
+                               held=held if variant[2] else 0)
 
     @jax.jit
     def order(idx, nums):
