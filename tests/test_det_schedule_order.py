@@ -415,6 +415,7 @@ def _kernel_emulation(off, ent, starts, *, n_kv, n_tiles, e_cap, window, subroun
             n_e = min(int(off[row0 + n_kv]) - e0, e_cap)
             rOff, rDeg, rT0, rK = [0] * rpt, [0] * rpt, [0] * rpt, [0] * rpt
             rAct, rPtr, rCand, rFirst = [0] * rpt, [0] * rpt, [0] * rpt, [0] * rpt
+            rTile = [0] * rpt
             for i in range(rpt):
                 n = tid + i * nt
                 if n < n_kv:
@@ -525,7 +526,7 @@ def _kernel_emulation(off, ent, starts, *, n_kv, n_tiles, e_cap, window, subroun
                             if p < deg:
                                 rCand[i] = p
                                 yield acc(tid, "r", "edge", base + p)
-                                tile = sm["edge"][base + p]
+                                tile = rTile[i] = sm["edge"][base + p]
                                 yield acc(tid, "a", "prop", tile)
                                 sm["prop"][tile] = min(sm["prop"][tile], key | (tid + i * nt))
                                 if fast:
@@ -547,8 +548,11 @@ def _kernel_emulation(off, ent, starts, *, n_kv, n_tiles, e_cap, window, subroun
                         if rCand[i] >= 0:
                             n = tid + i * nt
                             e = rOff[i] + rCand[i]
-                            yield acc(tid, "r", "edge", e)
-                            tile = sm["edge"][e]
+                            if fast:  # the proposal's tile, kept in a register
+                                tile = rTile[i]
+                            else:
+                                yield acc(tid, "r", "edge", e)
+                                tile = sm["edge"][e]
                             yield acc(tid, "r", "prop", tile)
                             if sm["prop"][tile] == (key | n):
                                 yield acc(tid, "r", "cnt", tile)

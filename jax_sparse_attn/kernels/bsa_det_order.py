@@ -235,6 +235,7 @@ class BsaDetScheduleOrder:
         rPtr = cute.make_rmem_tensor((rpt,), Int32)   # scan position in this round
         rFirst = cute.make_rmem_tensor((rpt,), Int32)  # entries before it are all coloured
         rCand = cute.make_rmem_tensor((rpt,), Int32)  # proposed entry (-1: none)
+        rTile = cute.make_rmem_tensor((rpt,), Int32)  # fast: its tile
         for i in cutlass.range_constexpr(rpt):
             n = tid + i * nt
             rOff[i] = Int32(0)
@@ -388,6 +389,8 @@ class BsaDetScheduleOrder:
                         if p < deg:
                             rCand[i] = p
                             tile = Int32(sEdge[base + p])
+                            if cutlass.const_expr(self.fast):
+                                rTile[i] = tile
                             if cutlass.const_expr(self.key32):
                                 atom_min_shared_s32(st.tile_prop.data_ptr() + tile,
                                                     key | Int32(tid + i * nt))
@@ -412,7 +415,11 @@ class BsaDetScheduleOrder:
                     if rCand[i] >= 0:
                         n = tid + i * nt
                         e = rOff[i] + rCand[i]
-                        tile = Int32(sEdge[e])
+                        tile = Int32(0)
+                        if cutlass.const_expr(self.fast):
+                            tile = rTile[i]
+                        else:
+                            tile = Int32(sEdge[e])
                         mine = False
                         if cutlass.const_expr(self.key32):
                             mine = Int32(sProp[tile]) == (key | Int32(n))
