@@ -4,7 +4,7 @@
 # numpy definition (tests/test_gpu_det_order.py: 6 builds x 5 cases) and the deterministic
 # cases in the schedule order with ordfast; (2) if they passed, per-kernel traces of the
 # deterministic blk64 / blk128 backward (default, ordfast, ordfast with ordscan=8, ordscan=8
-# alone); (3) the sustained and burst blk64 12.5 % and blk128 rows: default mode, then
+# alone, ordfast streamed into the backward with detstream); (3) the sustained and burst blk64 12.5 % and blk128 rows: default mode, then
 # deterministic default / ordfast / ordfast,ordscan=8, default mode again.
 # Usage (device, after `source .devcache/setup.sh`): OUT=$OUT bash scripts/gpu_s44_a.sh [seconds]
 . "$(dirname "$0")/gpu_lib.sh" s44a "${1:-540}"
@@ -17,7 +17,7 @@ for f in order det; do t "$f: $(tail -1 $O/t_$f.txt)"; done
 grep -h "^FAILED\|^ERROR\|Timeout\|timed out" $O/t_*.txt | head -20
 VARS="default"
 if grep -q "passed" $O/t_order.txt && ! grep -qi "failed\|error\|timeout\|timed out" $O/t_order.txt $O/t_det.txt; then
-  VARS="default ordfast ordfast_scan8 scan8"
+  VARS="default ordfast ordfast_scan8 scan8 ordfast_stream"
 fi
 t "trace variants: $VARS"
 for v in $VARS; do
@@ -26,6 +26,7 @@ for v in $VARS; do
     ordfast) E="JAX_SPARSE_ATTN_BSA_BWD_WS=ordfast";;
     ordfast_scan8) E="JAX_SPARSE_ATTN_BSA_BWD_WS=ordfast,ordscan=8";;
     scan8) E="JAX_SPARSE_ATTN_BSA_BWD_WS=ordscan=8";;
+    ordfast_stream) E="JAX_SPARSE_ATTN_BSA_BWD_WS=ordfast,detstream";;
   esac
   env $E timeout 60 python3 scripts/gpu_trace.py --iters 10 --case bsa_bwd_det_blk64 \
     --case bsa_bwd_det_blk128 --out $O/trace_$v.json > $O/trace_$v.txt 2>&1
