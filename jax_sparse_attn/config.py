@@ -180,7 +180,7 @@ BSA_BWD_WS_FLAGS = ("ldwait", "lpt", "decouple", "detkv", "detfull", "detlaunch"
                     "detschedfull", "relaxpoll", "detstream", "nodetstream",
                     "detoverlap", "detzero", "packws", "nopackws", "dqclaim", "zerolag",
                     "tailconv", "notailconv", "hlpt", "nolpt", "persist",
-                    "nokvpf", "ordfast")
+                    "nokvpf", "ordfast", "detfixed")
 #: the flags among :data:`BSA_BWD_WS_FLAGS` that choose the deterministic dQ order (at most
 #: one of them)
 BSA_DET_ORDER_FLAGS = ("detkv", "detfull", "detlaunch", "detsched", "detschedfull")
@@ -560,6 +560,13 @@ SWITCHES = (
                "Q / dO stages of an item issued before its K / V, 0..3; default: the most "
                "Q / dO stages less one), nokvpf (with persist: no L2 prefetch of the next "
                "item's K / V), "
+               "detfixed (deterministic=True without ordering the dQ additions: the "
+               "default mode's kernels (with the dQ writer warp, tailconv, unpacked rows; "
+               "else the ordered deterministic backward) with each dQ contribution "
+               "converted to int32 fixed point by a power-of-two multiplier per query block, "
+               "from a bound on its values, and added with int32 bulk reductions, whose "
+               "sum does not depend on their order; rows whose values leave the bound or "
+               "are not finite give NaN; opt-in until measured), "
                "ordfast (deterministic in the schedule order: the same order from fewer "
                "launches and fewer serialized shared-memory operations: the K->Q lists "
                "kernel instead of XLA's lists, the rows' estimated starts computed in the "

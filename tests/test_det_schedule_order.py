@@ -386,6 +386,7 @@ def _kernel_emulation(off, ent, starts, *, n_kv, n_tiles, e_cap, window, subroun
     row_bits = max(1, (n_kv - 1).bit_length())
     kbig = (1 << (31 - row_bits)) - 1
     key32 = fast and subrounds * e_cap + n_kv + 2 < kbig
+    keep_tile = fast and -(-n_kv // nt) <= 4
     rpt, n_words = -(-n_kv // nt), -(-e_cap // 32)
     n_rows = len(off) - 1
     out_e = np.full(len(ent), -7, np.int64)
@@ -526,7 +527,7 @@ def _kernel_emulation(off, ent, starts, *, n_kv, n_tiles, e_cap, window, subroun
                             if p < deg:
                                 rCand[i] = p
                                 yield acc(tid, "r", "edge", base + p)
-                                tile = rTile[i] = sm["edge"][base + p]
+                                tile = rTile[i] = sm["edge"][base + p]  # (keep_tile)
                                 yield acc(tid, "a", "prop", tile)
                                 sm["prop"][tile] = min(sm["prop"][tile], key | (tid + i * nt))
                                 if fast:
@@ -548,7 +549,7 @@ def _kernel_emulation(off, ent, starts, *, n_kv, n_tiles, e_cap, window, subroun
                         if rCand[i] >= 0:
                             n = tid + i * nt
                             e = rOff[i] + rCand[i]
-                            if fast:  # the proposal's tile, kept in a register
+                            if keep_tile:  # the proposal's tile, kept in a register
                                 tile = rTile[i]
                             else:
                                 yield acc(tid, "r", "edge", e)
@@ -591,7 +592,7 @@ def _kernel_emulation(off, ent, starts, *, n_kv, n_tiles, e_cap, window, subroun
                     s += 1
                     sc += 1
                     go_s = s < subrounds and more != 0
-                    assert sc < big  # the keys stay ordered
+                    assert sc < big and (not key32 or sc <= kbig)  # the keys stay ordered
                 t += 1
                 if not any0:
                     # no row was active: on to the earliest start of a pending row
@@ -675,6 +676,7 @@ EMU_CASES = [  # b, h_q, h_kv, n_q, n_kv, k_max, held, window, ragged, max_threa
     (1, 1, 1, 12, 6, 6, 2, 1, False, 4),       # window 1, long rows
     (1, 2, 2, 3, 40, 2, 40, 40, True, 16),     # many empty rows
     (1, 2, 2, 8, 70, 6, 50, 30, True, 1024),   # three warps of 32 threads
+    (1, 2, 2, 6, 23, 4, 8, 6, True, 4),        # six rows per thread (fast: tile reloaded)
 ]
 
 #: the order kernel's (fast, scan, starts computed in the kernel) builds: the default,

@@ -274,6 +274,10 @@ class BsaBwdConfig:
     # ws_persist: the next item's K / V prefetched to L2 when the item is taken (off:
     # "nokvpf")
     ws_persist_kv_l2: bool = True
+    # deterministic=True as 32-bit fixed-point dQ ("detfixed"): the default mode's kernels
+    # (tail_conv) with each contribution converted to int32 by a per-query-block multiplier
+    # and added with int32 bulk reductions, whose sum does not depend on their order
+    dq_fixed: bool = False
 
 
 def fwd_smem_bytes(head_dim, block_size) -> int:
@@ -556,6 +560,15 @@ def bwd_config(dtype, head_dim, block_size, has_block_sizes, switches,
         # calls do not pack: deterministic_unsupported_reason)
         impl = "sm90"
     if impl == "sm90ws":
+        if deterministic and "detfixed" in switches.bsa_bwd_ws:
+            # the default mode's configuration with fixed-point dQ, where it has the dQ
+            # writer's tile workspace and the dq reordering in the same call (tail_conv)
+            cfg = _persist_config(_ws_config(name, head_dim, block_size, has_block_sizes,
+                                             impl, arch, switches, False, causal, pack_gqa),
+                                  switches.bsa_bwd_ws)
+            if (cfg.tail_conv and cfg.dq_writer and not cfg.ws_dq_alt and not cfg.dq_claim
+                    and not cfg.ws_decouple and cfg.pack_gqa == 1):
+                return dataclasses.replace(cfg, dq_fixed=True)
         return _persist_config(_ws_config(name, head_dim, block_size, has_block_sizes, impl,
                                           arch, switches, deterministic, causal, pack_gqa),
                                switches.bsa_bwd_ws)
@@ -881,7 +894,10 @@ def det_schedule_order(offsets, entries, ocfg: BsaDetOrderConfig, held: int,
 
     sds = jax.ShapeDtypeStruct(entries.shape, jnp.int32)
     if ocfg.held > 0:
-        # the kernel computes the starts (ocfg.held, not ``held``, is what it uses)
+        if held != ocfg.held:
+            raise ValueError(f"det_schedule_order: held={held} differs from the order "
+                             f"kernel's held={ocfg.held}")
+        # the kernel computes the starts
         call = call_builder(cute_call_mode)(
             _det_order_held_jit(),
             output_shape_dtype=(sds, sds),
@@ -1561,7 +1577,7 @@ def _ws_kernel(cfg: BsaBwdConfig, after_pre: bool = False):
                         dq_claim=cfg.dq_claim, zero_lag=cfg.zero_lag,
                         tail_conv=cfg.tail_conv, lpt_chain=cfg.ws_lpt_chain,
                         persist=cfg.ws_persist, persist_kv_at=cfg.ws_persist_kv_at,
-                        persist_kv_l2=cfg.ws_persist_kv_l2)
+                        persist_kv_l2=cfg.ws_persist_kv_l2, dq_fixed=cfg.dq_fixed)
 
 
 def _bwd_det_entry(stream, q, k, v, do, lse, delta, offsets, entries, ranks, sizes, scale,
@@ -1781,7 +1797,7 @@ def bsa_bwd(do, q, k, v, out, lse, q2k_block_index, q2k_block_nums, block_sizes,
         return _dq_out(dq_acc, q, cfg, spec, dq_sem), dk, dv
     if cfg.bwd.zero_lag or cfg.bwd.tail_conv:
         return _bsa_bwd_counted(q, k, v, do, lse, delta, offsets, entries, block_sizes, dq_acc,
-                                cfg, spec)
+                                cfg, spec, q2k=(q2k_block_index, q2k_block_nums))
     # flattened inputs: block_sizes may be None (absent, no buffer); dq_acc is the last
     n_in = 10 + (block_sizes is not None)
     call = call_builder(cfg.cute_call)(
@@ -1893,6 +1909,103 @@ def _bwd_counted_entry(stream, q, k, v, do, lse, delta, offsets, entries, sizes,
                     stream, mdQSem=count)
 
 
+def _bwd_fixed_entry(stream, q, k, v, do, lse, delta, offsets, entries, sizes, scale, mult,
+                     count, flags, dq_acc, dk, dv, dq, *, cfg: BsaBwdConfig):
+    # dq_fixed (with tail_conv): _bwd_counted_dq_entry with the per-tile multipliers (fp32
+    # (B, H_q, N_t, 2): multiplier, inverse) and the per-tile row flags (int32 (B, H_q, N_t,
+    # 2), zeroed by XLA and aliased to output 4) for both kernels
+    from ..kernels.dq_tiles import BsaDqFromTiles  # noqa: PLC0415
+
+    _ws_kernel(cfg)(q, k, v, do, lse, delta, offsets, entries, sizes, scale, dq_acc, dk, dv,
+                    stream, mdQSem=count, mdQMult=mult, mdQFlags=flags)
+    n_kv = (k.shape[1] + cfg.block_size - 1) // cfg.block_size
+    BsaDqFromTiles(_cutlass_dtype(cfg.dtype), cfg.head_dim, dq_block_cols(cfg), True, 1,
+                   wait_pairs=True, fixed=True)(dq_acc, dq, stream, mDone=count, n_wait=n_kv,
+                                                mMult=mult, mFlags=flags)
+
+
+@functools.cache
+def _bwd_fixed_jit():
+    """The one ``cute.jit`` of ``_bwd_fixed_entry``."""
+    import cutlass.cute as cute  # noqa: PLC0415
+
+    return cute.jit(_bwd_fixed_entry)
+
+
+def dq_fixed_multipliers(k, v, do, delta, q2k_block_index, q2k_block_nums, block_sizes, cfg,
+                         n_tiles: int):
+    """Per 64-row query tile the fixed-point multiplier of ``dq_fixed`` and its inverse:
+    float32 ``(B, H_q, n_tiles, 2)``, powers of two ``2^s`` and ``2^-s``.
+
+    Every contribution of a KV block to dQ row ``i`` of query head ``h``, and every sum of
+    such contributions, is bounded elementwise by ``softmax_scale * Kmax * (D * dOmax * Vmax
+    + |delta|max)`` (``dS = softmax_scale * P (dP - delta)`` with ``0 <= P``, the row's P
+    summing to at most 1 with the forward's lse, ``|dP| <= D * dOmax * Vmax``), with the
+    maxima of the absolute finite values over the query block's rows (dO, delta) and over
+    the valid keys (below the sequence end and the block's ``block_sizes`` entry) of the
+    KV blocks it lists (K, V). ``s = 30 - e`` with ``2^(e - 1)`` above that bound (one bit of
+    margin for the 16-bit rounding of dS and the float32 arithmetic), clamped to
+    ``[-120, 120]``: every contribution times ``2^s`` and every partial sum stay within
+    ``+-2^30``, so int32 additions neither saturate nor wrap. A tile ``t`` takes its query
+    block's (``t // (sparse_block_size / 64)``). Non-finite values do not enter the bound;
+    where they reach a contribution the kernel flags its row (NaN in dq)."""
+    f32 = jnp.float32
+    blk, d, n_kv = cfg.sparse_block_size, cfg.head_dim, cfg.num_kv_blocks
+    b, h_q = cfg.batch, cfg.num_heads_q
+    h_kv = cfg.num_heads_kv
+    group = h_q // h_kv
+
+    def rows_absmax(x):
+        # (B, H, S): max over D of the finite |x| (0 where none)
+        x = x if cfg.layout == "bhsd" else jnp.swapaxes(x, 1, 2)
+        a = jnp.abs(x.astype(f32))
+        return jnp.max(jnp.where(jnp.isfinite(a), a, 0.0), axis=-1)
+
+    def block_prefix_max(r, n_blocks):
+        # (B, H, S) -> (B, H, n_blocks, blk): running max over each block's rows
+        r = jnp.pad(r, ((0, 0), (0, 0), (0, n_blocks * blk - r.shape[-1])))
+        return jax.lax.cummax(r.reshape(r.shape[0], r.shape[1], n_blocks, blk), axis=3)
+
+    heads_kv = jnp.arange(h_q) // group
+    if block_sizes is not None:
+        cnt = jnp.clip(jnp.broadcast_to(block_sizes, (b, h_q, n_kv)), 0, blk).astype(jnp.int32)
+    else:
+        cnt = jnp.full((b, h_q, n_kv), blk, jnp.int32)
+
+    def keys_max(x):
+        # (B, H_q, N_kv): over the first cnt keys of each block (the padding rows are 0)
+        pm = block_prefix_max(rows_absmax(x), n_kv)[:, heads_kv]
+        at = jnp.take_along_axis(pm, jnp.maximum(cnt - 1, 0)[..., None], axis=3)[..., 0]
+        return jnp.where(cnt > 0, at, 0.0)
+
+    j = jnp.arange(q2k_block_index.shape[-1])
+    active = ((j < q2k_block_nums[..., None]) & (q2k_block_index >= 0)
+              & (q2k_block_index < n_kv))
+    ids = jnp.clip(q2k_block_index, 0, n_kv - 1).astype(jnp.int32)
+
+    def listed_max(per_block):
+        got = jnp.take_along_axis(per_block, ids.reshape(b, h_q, -1), axis=2)
+        return jnp.max(jnp.where(active, got.reshape(ids.shape), 0.0), axis=-1)
+
+    kmax, vmax = listed_max(keys_max(k)), listed_max(keys_max(v))  # (B, H_q, N_q)
+    n_q = q2k_block_index.shape[2]
+    do_max = block_prefix_max(rows_absmax(do), n_q)[..., -1]
+    dl = jnp.abs(delta.astype(f32))
+    dl = jnp.where(jnp.isfinite(dl), dl, 0.0)
+    dl_max = jnp.max(jnp.pad(dl, ((0, 0), (0, 0), (0, n_q * blk - dl.shape[-1])))
+                     .reshape(b, h_q, n_q, blk), axis=-1)
+    # log2 of the bound, each term's logarithm apart (no float32 overflow): log2(a + c) <=
+    # max(log2 a, log2 c) + 1
+    lg = jnp.log2
+    la = lg(f32(d)) + lg(do_max) + lg(vmax)
+    lb = lg(kmax) + jnp.maximum(la, lg(dl_max)) + 1.0 + lg(f32(abs(cfg.softmax_scale)))
+    e = jnp.ceil(lb) + 1.0
+    s_exp = jnp.clip(30.0 - jnp.where(jnp.isnan(e), -200.0, e), -120.0, 120.0)
+    m = jnp.minimum(jnp.arange(n_tiles) // (blk // 64), n_q - 1)
+    s_exp = s_exp[:, :, m]
+    return jnp.stack([jnp.exp2(s_exp), jnp.exp2(-s_exp)], axis=-1).astype(f32)
+
+
 def _bwd_counted_dq_entry(stream, q, k, v, do, lse, delta, offsets, entries, sizes, scale,
                           count, dq_acc, dk, dv, dq, *, cfg: BsaBwdConfig):
     # tail_conv: the backward, then from the same call the dq reordering as its programmatic
@@ -1918,14 +2031,19 @@ def _bwd_counted_jit(with_dq: bool = False):
 
 
 def _bsa_bwd_counted(q, k, v, do, lse, delta, offsets, entries, block_sizes, dq_acc, cfg,
-                     spec):
+                     spec, q2k=None):
     """The default backward's call with ``cfg.bwd.zero_lag`` and / or ``tail_conv``: the
     workspace (with ``zero_lag`` zeroed by the preprocessing for the first pairs only) and
     ``2 B H_kv`` zeroed int32 counters (per (batch, KV head) pair: the zeroed shares, then
     the completed CTAs) aliased to outputs; with ``tail_conv`` the call also launches the
-    dq reordering (its output dq), which runs while the backward's last wave does. Returns
-    ``(dq, dk, dv)``."""
+    dq reordering (its output dq), which runs while the backward's last wave does. With
+    ``cfg.bwd.dq_fixed`` (and tail_conv) :func:`_bsa_bwd_fixed` (``q2k``: the sanitized
+    ``(q2k_block_index, q2k_block_nums)``). Returns ``(dq, dk, dv)``."""
     from .._cute_call import call_builder  # noqa: PLC0415
+
+    if cfg.bwd.dq_fixed and cfg.bwd.tail_conv:
+        return _bsa_bwd_fixed(q, k, v, do, lse, delta, offsets, entries, block_sizes, dq_acc,
+                              cfg, spec, *q2k)
 
     # ws_persist: one more counter (the persistent grid's work items)
     count = jnp.zeros((2 * cfg.batch * cfg.num_heads_kv + (cfg.bwd.ws_persist > 0),),
@@ -1955,6 +2073,43 @@ def _bsa_bwd_counted(q, k, v, do, lse, delta, offsets, entries, block_sizes, dq_
     return outs[4], dk, dv
 
 
+def _bsa_bwd_fixed(q, k, v, do, lse, delta, offsets, entries, block_sizes, dq_acc, cfg, spec,
+                   q2k_block_index, q2k_block_nums):
+    """The backward's call with fixed-point dQ (``cfg.bwd.dq_fixed``, with ``tail_conv``):
+    :func:`_bsa_bwd_counted`'s, plus the per-tile multipliers
+    (:func:`dq_fixed_multipliers`) and zeroed int32 row flags (two words per 64-row tile)
+    aliased to an output. Returns ``(dq, dk, dv)``."""
+    from .._cute_call import call_builder  # noqa: PLC0415
+
+    count = jnp.zeros((2 * cfg.batch * cfg.num_heads_kv + (cfg.bwd.ws_persist > 0),),
+                      jnp.int32)
+    n_t = dq_acc.shape[2]
+    mult = dq_fixed_multipliers(k, v, do, delta, q2k_block_index, q2k_block_nums,
+                                block_sizes, cfg, n_t)
+    flags = jnp.zeros((cfg.batch, cfg.num_heads_q, n_t, 2), jnp.int32)
+    # positional inputs: ..., scale (9), mult (10), count (11), flags (12), workspace (13);
+    # count, flags and the workspace aliased to outputs 3, 4 and 0; flattened, block_sizes
+    # may be None (absent, no buffer) and the workspace is the last
+    n_in = 13 + (block_sizes is not None)
+    call = call_builder(cfg.cute_call)(
+        _bwd_fixed_jit(),
+        output_shape_dtype=(*_grad_shapes(dq_acc.shape, k, v),
+                            jax.ShapeDtypeStruct(count.shape, jnp.int32),
+                            jax.ShapeDtypeStruct(flags.shape, jnp.int32),
+                            jax.ShapeDtypeStruct(q.shape, q.dtype)),
+        input_spec=(spec,) * 4 + (None,) * 10,
+        output_spec=(None, spec, spec, None, None, spec),
+        input_output_aliases={13: 0, 11: 3, 12: 4},
+        compile_key=("bsa_bwd_fixed", cfg.bwd),
+        cfg=cfg.bwd,
+        static_last_inputs=(0, 1, 2, 3, n_in - 1),
+        static_last_outputs=(0, 1, 2, 5),
+    )
+    outs = call(q, k, v, do, lse, delta, offsets, entries, block_sizes,
+                _scale_array(cfg.softmax_scale), mult, count, flags, dq_acc)
+    return outs[5], outs[1], outs[2]
+
+
 def _det_semaphores(cfg):
     """One zeroed int32 semaphore per 64-row query tile and dQ accumulator."""
     return jnp.zeros((cfg.batch, cfg.num_heads_q,
@@ -1972,11 +2127,20 @@ def _bsa_bwd_det_stream(q, k, v, do, lse, delta, dq_acc, q2k_block_index, q2k_bl
     output."""
     from .._cute_call import call_builder  # noqa: PLC0415
 
-    offsets, entries = metadata.build_kq_csr(
-        q2k_block_index, q2k_block_nums, num_kv_heads=cfg.num_heads_kv,
-        num_kv_blocks=cfg.num_kv_blocks)
-    starts = metadata.kq_schedule_starts(offsets, num_kv_blocks=ocfg.n_kv,
-                                         held=cfg.bwd.held_ctas)
+    if ocfg.fast:
+        # as in _bsa_bwd_deterministic: the lists kernel; the order kernel computes the
+        # starts (ocfg.held) and does not read its starts input (given the offsets)
+        offsets, entries = kq_lists(
+            q2k_block_index, q2k_block_nums, num_kv_heads=cfg.num_heads_kv,
+            num_kv_blocks=cfg.num_kv_blocks, kernel=cfg.kq_kernel,
+            cute_call_mode=cfg.cute_call, sanitized=True)
+    else:
+        offsets, entries = metadata.build_kq_csr(
+            q2k_block_index, q2k_block_nums, num_kv_heads=cfg.num_heads_kv,
+            num_kv_blocks=cfg.num_kv_blocks)
+    starts = (offsets if ocfg.held > 0 else
+              metadata.kq_schedule_starts(offsets, num_kv_blocks=ocfg.n_kv,
+                                          held=cfg.bwd.held_ctas))
     ws_spec = None if cfg.bwd.dq_tile else spec  # the query-tile workspace is row-major
     sem0 = _det_semaphores(cfg)
     progress0 = jnp.zeros((offsets.shape[0] - 1,), jnp.int32)

@@ -195,7 +195,7 @@ from .bsa_common import LOG2_E, bwd_kv_tile_rows
 from .common import (acc_layout_as_a, acc_mn_view_wg, atom_add_acq_rel_s32, atom_add_s32,
                      elem_ptr, fence_acq_rel_gpu, gmem_load_copy, kv_major_bwd_operands,
                      ld_acquire_s32, ld_relaxed_s32, st_release_s32, tma_view, wait_at_least)
-from .dq_tiles import bulk_add_warp_slice, stage_warp_slice
+from .dq_tiles import bulk_add_warp_slice, fixed_point_slice, stage_warp_slice
 from .pack_gqa import pack_rows_view, packed_row
 from .pipeline import SmemPipeline, fetch_item, publish_item, take_item
 from .seqlen_info import offset_rows
@@ -267,7 +267,7 @@ class BsaBwdSm90Ws:
                  det_store: bool = False, causal: bool = False, pack_gqa: int = 1,
                  dq_claim: bool = False, zero_lag: int = 0, tail_conv: bool = False,
                  lpt_chain: bool = False, persist: int = 0, persist_kv_at: int = -1,
-                 persist_kv_l2: bool = True):
+                 persist_kv_l2: bool = True, dq_fixed: bool = False):
         self.pdl = pdl
         # pack_gqa: r = H_q / H_kv query heads per KV head (1: off). The K->Q entries are
         # packed blocks (the group is 1), a step is 64 packed rows (64 / r positions x r query
@@ -346,6 +346,13 @@ class BsaBwdSm90Ws:
         self.dq_writer = dq_writer and not deterministic and self.dq_tile
         # warp 1 adds the staged dQ tiles (either mode)
         self.writer = self.det_writer or self.dq_writer
+        # with the dQ writer (not deterministic, not dq_alt / dq_claim): each step's dQ
+        # converted by the consumers to int32 fixed point (times the query tile's multiplier
+        # mdQMult[b, h, t, 0], rows out of the bound flagged in mdQFlags) and added with
+        # int32 bulk reductions, whose sum does not depend on their order: a bitwise
+        # reproducible dQ without ordering the additions
+        self.dq_fixed = (dq_fixed and self.dq_writer and not dq_alt and not dq_claim
+                         and not decouple and pack_gqa == 1)
         # deterministic with the writer: each query tile has ``dq_slots`` fp32 accumulators
         # (workspace tiles ``t * dq_slots + p``); the contribution of rank ``r`` goes to slot
         # ``r % dq_slots`` and waits for rank ``r - dq_slots`` only (the tile's semaphore of
@@ -407,7 +414,8 @@ class BsaBwdSm90Ws:
 
     @cute.jit
     def __call__(self, mQ, mK, mV, mdO, mLSE, mDelta, mOffsets, mEntries, mSizes, mScale,
-                 mdQacc, mdK, mdV, stream, mRank=None, mdQSem=None, mProgress=None):
+                 mdQacc, mdK, mdV, stream, mRank=None, mdQSem=None, mProgress=None,
+                 mdQMult=None, mdQFlags=None):
         dt = self.dtype
         bm, bn, d, nwg = self.bm, self.bn, self.d, self.num_wg
         Kmaj = OperandMajorMode.K
@@ -478,8 +486,8 @@ class BsaBwdSm90Ws:
         self.kernel(
             tma_q, tma_tQ, tma_do, tma_tdO, tma_k, tma_tK, tma_v, tma_tV,
             mQ, mK, mV, mLSE, mDelta, mOffsets, mEntries, mSizes, mScale, mdQacc, mdK, mdV,
-            mRank, mdQSem, mProgress, sK_layout, sK_mn_layout, sQ_layout, sQ_mn_layout,
-            sdS_layout, mma_s, mma_kv, mma_dq, Smem,
+            mRank, mdQSem, mProgress, mdQMult, mdQFlags, sK_layout, sK_mn_layout, sQ_layout,
+            sQ_mn_layout, sdS_layout, mma_s, mma_kv, mma_dq, Smem,
         ).launch(grid=grid, block=[self.num_threads, 1, 1], smem=Smem.size_in_bytes(),
                  stream=stream, min_blocks_per_mp=self.ctas_per_sm, use_pdl=self.pdl,
                  preferred_smem_carveout=100 if self.ctas_per_sm > 1 else None)
@@ -642,7 +650,8 @@ class BsaBwdSm90Ws:
         for wi in cutlass.range_constexpr(4 * self.num_wg):
             # consumer warp wi: rows 16 (wi % 4) .., warpgroup wi // 4's columns
             bulk_add_warp_slice(gtile, sdQ, wi % 4, (wi // 4) * n_cg, n_cg, 4, self.dq_w,
-                                sbase2=sdQ2, half=2 * self.d // self.dq_w, store=store)
+                                sbase2=sdQ2, half=2 * self.d // self.dq_w, store=store,
+                                s32=self.dq_fixed)
 
     @cute.jit
     def _zero_ahead(self, mdQacc, mCount, batch, head_kv, num_heads_kv, group, n_block,
@@ -957,7 +966,7 @@ class BsaBwdSm90Ws:
         (mEntries, mSizes, mProgress, mdQacc, mma_s, mma_kv, mma_dq, thr_s, thr_dq, tSrK, tSrV,
          tSrQ, tSrdO, tVrdO, tKrQ, tQrdS, tQrK, acc_dK, acc_dV, tScS, n_rows, n_cols, tdQc,
          r2s_dS, tdSsdS, a_vals, s_shape, softmax_scale, scale_log2, sLD, st, pipe_q, pipe_kv,
-         wg, warp, seqlen_q, seqlen_k, group, n_q_blocks) = cctx
+         wg, warp, seqlen_q, seqlen_k, group, n_q_blocks, mdQMult, mdQFlags) = cctx
         bm, bn, d, nwg = self.bm, self.bn, self.d, self.num_wg
         # the list entries are loaded one entry ahead (register carried), so the global
         # load of entry e + 1 runs under entry e's steps
@@ -1008,6 +1017,10 @@ class BsaBwdSm90Ws:
                         masked = (limit < bn) | (qlo0 + bn - 1 > 0)
                     acc_S = thr_s.make_fragment_C(s_shape)
                     acc_dP = thr_s.make_fragment_C(s_shape)
+                    fx_mult = Float32(0.0)
+                    if cutlass.const_expr(self.dq_fixed):
+                        # the query tile's multiplier, loaded here and used at the staging
+                        fx_mult = Float32(mdQMult[batch, head, m_block * self.sub + s, 0])
                     pipe_q.consumer_wait(c)
                     # per-query (column) lse, read before the GEMMs are issued and
                     # brought to the log2 domain after the S^T GEMM's wait
@@ -1144,6 +1157,11 @@ class BsaBwdSm90Ws:
                                 if c > 0:
                                     cute.arch.barrier(barrier_id=5,
                                                       number_of_threads=128 * nwg + 32)
+                            if cutlass.const_expr(self.dq_fixed):
+                                fixed_point_slice(
+                                    acc_dQ, fx_mult, t_lane, t_rg,
+                                    elem_ptr(mdQFlags, (batch, head, m_block * self.sub + s,
+                                                        0)))
                             stage_warp_slice(acc_dQ, sdQ, t_lane, t_rg, t_cg0, 4, self.dq_w,
                                              sbase2=sdQ2, half=t_half)
                             cute.arch.fence_proxy("async.shared", space="cta")
@@ -1248,8 +1266,8 @@ class BsaBwdSm90Ws:
     @cute.kernel
     def kernel(self, tma_q, tma_tQ, tma_do, tma_tdO, tma_k, tma_tK, tma_v, tma_tV,
                mQ, mK, mV, mLSE, mDelta, mOffsets, mEntries, mSizes, mScale, mdQacc, mdK, mdV,
-               mRank, mdQSem, mProgress, sK_layout, sK_mn_layout, sQ_layout, sQ_mn_layout,
-               sdS_layout, mma_s, mma_kv, mma_dq, Smem: cutlass.Constexpr):
+               mRank, mdQSem, mProgress, mdQMult, mdQFlags, sK_layout, sK_mn_layout, sQ_layout,
+               sQ_mn_layout, sdS_layout, mma_s, mma_kv, mma_dq, Smem: cutlass.Constexpr):
         tidx, _, _ = cute.arch.thread_idx()
         n_block, head_kv, batch = cute.arch.block_idx()
         warp = cute.arch.make_warp_uniform(cute.arch.warp_idx())
@@ -1425,7 +1443,7 @@ class BsaBwdSm90Ws:
                     tSrK, tSrV, tSrQ, tSrdO, tVrdO, tKrQ, tQrdS, tQrK, acc_dK, acc_dV, tScS,
                     n_rows, n_cols, tdQc, r2s_dS, tdSsdS, a_vals, s_shape, softmax_scale,
                     scale_log2, sLD, st, pipe_q, pipe_kv, wg, warp, seqlen_q, seqlen_k, group,
-                    n_q_blocks)
+                    n_q_blocks, mdQMult, mdQFlags)
             ectx = (acc_dK, acc_dV, thr_kv, ctid, mdK, mdV, st, pipe_kv)
             c = Int32(0)
             if cutlass.const_expr(self.persist):

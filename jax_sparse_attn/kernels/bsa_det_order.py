@@ -143,6 +143,9 @@ class BsaDetScheduleOrder:
         self.row_bits = max(1, (n_kv - 1).bit_length())
         self.kbig = (1 << (31 - self.row_bits)) - 1 if self.row_bits < 31 else 0
         self.key32 = fast and subrounds * e_cap + n_kv + 2 < self.kbig
+        # fast: the proposal's tile kept in a register for the take phase (up to 4 rows
+        # per thread: beyond, the registers of a 1024-thread CTA spill)
+        self.keep_tile = fast and -(-n_kv // min(MAX_THREADS, -(-n_kv // 32) * 32)) <= 4
         self.n_kv, self.n_tiles, self.e_cap = n_kv, n_tiles, e_cap
         self.window, self.subrounds = window, subrounds
         self.num_threads = min(MAX_THREADS, -(-n_kv // 32) * 32)
@@ -389,7 +392,7 @@ class BsaDetScheduleOrder:
                         if p < deg:
                             rCand[i] = p
                             tile = Int32(sEdge[base + p])
-                            if cutlass.const_expr(self.fast):
+                            if cutlass.const_expr(self.keep_tile):
                                 rTile[i] = tile
                             if cutlass.const_expr(self.key32):
                                 atom_min_shared_s32(st.tile_prop.data_ptr() + tile,
@@ -416,7 +419,7 @@ class BsaDetScheduleOrder:
                         n = tid + i * nt
                         e = rOff[i] + rCand[i]
                         tile = Int32(0)
-                        if cutlass.const_expr(self.fast):
+                        if cutlass.const_expr(self.keep_tile):
                             tile = rTile[i]
                         else:
                             tile = Int32(sEdge[e])

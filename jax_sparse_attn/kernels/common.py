@@ -448,6 +448,46 @@ def bulk_reduce_add_f32(gptr, sptr, nbytes: int, *, loc=None, ip=None):
 
 
 @dsl_user_op
+def bulk_reduce_add_s32(gptr, sptr, nbytes: int, *, loc=None, ip=None):
+    """``cp.reduce.async.bulk.global.shared::cta.bulk_group.add.s32``: the int32 counterpart
+    of :func:`bulk_reduce_add_f32` (integer additions: the sum does not depend on their
+    order)."""
+    _bulk_shared_to_global("cp.reduce.async.bulk.global.shared::cta.bulk_group.add.s32",
+                           gptr, sptr, nbytes, loc, ip)
+
+
+@dsl_user_op
+def fixed_bits_f32(x, mult, *, loc=None, ip=None):
+    """``round(x * mult)`` as int32 (``cvt.rni.sat.s32.f32``: to nearest even, saturated, NaN
+    to 0), returned as a Float32 holding those 32 bits (for the fp32 staging paths)."""
+    return cutlass.Float32(inline_asm(
+        T.f32(), [cutlass.Float32(x).ir_value(loc=loc, ip=ip),
+                  cutlass.Float32(mult).ir_value(loc=loc, ip=ip)],
+        "{\n.reg .f32 y;\n.reg .s32 i;\nmul.rn.f32 y, $1, $2;\n"
+        "cvt.rni.sat.s32.f32 i, y;\nmov.b32 $0, i;\n}", "=f,f,f", False, loc, ip))
+
+
+@dsl_user_op
+def f32_of_fixed_bits(x, inv, *, loc=None, ip=None):
+    """The inverse of :func:`fixed_bits_f32`: the int32 held in the bits of Float32 ``x``,
+    converted to float32 and times ``inv`` (a power of two: exact up to the conversion's
+    rounding)."""
+    return cutlass.Float32(inline_asm(
+        T.f32(), [cutlass.Float32(x).ir_value(loc=loc, ip=ip),
+                  cutlass.Float32(inv).ir_value(loc=loc, ip=ip)],
+        "{\n.reg .s32 i;\n.reg .f32 y;\nmov.b32 i, $1;\ncvt.rn.f32.s32 y, i;\n"
+        "mul.rn.f32 $0, y, $2;\n}", "=f,f,f", False, loc, ip))
+
+
+@dsl_user_op
+def red_or_b32(ptr, val, *, loc=None, ip=None):
+    """``red.relaxed.gpu.global.or.b32 [ptr], val``."""
+    inline_asm(None, [ptr.toint(loc=loc, ip=ip).ir_value(loc=loc, ip=ip),
+                      cutlass.Int32(val).ir_value(loc=loc, ip=ip)],
+               "red.relaxed.gpu.global.or.b32 [$0], $1;", "l,r", True, loc, ip)
+
+
+@dsl_user_op
 def bulk_copy_f32(gptr, sptr, nbytes: int, *, loc=None, ip=None):
     """``cp.async.bulk.global.shared::cta.bulk_group``: store ``nbytes`` (a multiple of 16)
     from shared memory ``sptr`` to global ``gptr`` (both 16-byte aligned), asynchronously,

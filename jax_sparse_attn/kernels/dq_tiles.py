@@ -25,8 +25,14 @@ import cutlass.cute as cute
 import cutlass.memory
 from cutlass import Float32, Int32
 
-from .common import (bulk_copy_f32, bulk_reduce_add_f32, elem_ptr, st_shared_v4_f32,
+from .common import (bulk_copy_f32, bulk_reduce_add_f32, bulk_reduce_add_s32, elem_ptr,
+                     f32_of_fixed_bits, fixed_bits_f32, red_or_b32, st_shared_v4_f32,
                      wait_at_least)
+
+#: fixed-point dQ (``dq_fixed``): a contribution's values times its tile's multiplier stay
+#: within +-FIXED_LIMIT (the bound of ``ffi.bsa.dq_fixed_multipliers``); a value outside
+#: (or not finite) marks its row
+FIXED_LIMIT = float(2**30)
 from .pack_gqa import packed_row
 
 #: ``wait_pairs``: nanoseconds a waiting CTA sleeps between two polls of its pair's count
@@ -74,18 +80,48 @@ def stage_warp_slice(acc, sbase, lane, rg, cg0, n_rg: cutlass.Constexpr,
 
 
 @cute.jit
+def fixed_point_slice(acc, mult, lane, rg, flags_ptr):
+    """Fixed-point dQ: a warp's slice of a wgmma accumulator (``acc``, rows ``16 rg ..`` as
+    in :func:`stage_warp_slice`) in place to ``round(x * mult)`` int32 bits (held in the
+    Float32 registers, for :func:`stage_warp_slice` and an ``s32`` bulk reduction). A row
+    with a value whose product is outside ``+-FIXED_LIMIT`` or not finite (which the
+    multiplier's bound excludes for finite inputs) sets its bit in the two int32 flag words
+    at gmem ``flags_ptr`` (rows 0..31, 32..63), so that the row's dq becomes NaN."""
+    bad = [Int32(0), Int32(0)]  # rows 16 rg + lane // 4 and that + 8
+    for k4 in cutlass.range_constexpr(cute.size(acc) // 4):
+        for i in cutlass.range_constexpr(4):
+            k = 4 * k4 + i
+            y = acc[k] * mult
+            ok = Int32(0)
+            if y <= FIXED_LIMIT:
+                if y >= -FIXED_LIMIT:
+                    ok = Int32(1)
+            if ok == 0:
+                bad[i // 2] = Int32(1)
+            acc[k] = fixed_bits_f32(acc[k], mult)
+    for h in cutlass.range_constexpr(2):
+        if bad[h] != 0:
+            r = 16 * rg + 8 * h + lane // 4
+            red_or_b32(flags_ptr + r // 32, Int32(1) << (r % 32))
+
+
+@cute.jit
 def bulk_add_warp_slice(gtile_ptr, sbase, rg, cg0, n_cg: cutlass.Constexpr,
                         n_rg: cutlass.Constexpr, w: cutlass.Constexpr, sbase2=None,
-                        half: cutlass.Constexpr = 0, store: cutlass.Constexpr = False):
+                        half: cutlass.Constexpr = 0, store: cutlass.Constexpr = False,
+                        s32: cutlass.Constexpr = False):
     """One bulk reduce-add per block of the warp's slice (blocks ``(cg0 + i) n_rg + rg``,
     ``i < n_cg``) from the staged tile (:func:`block_smem_ptr`) to the same blocks of the
     fp32 tile at gmem ``gtile_ptr`` (one lane issues them; the caller commits the bulk
-    group); ``store``: bulk stores instead (the tile's first contribution)."""
+    group); ``store``: bulk stores instead (the tile's first contribution); ``s32``: int32
+    reduce-adds of fixed-point tiles (:func:`fixed_point_slice`)."""
     for i in cutlass.range_constexpr(n_cg):
         blk = (cg0 + i) * n_rg + rg
         src = block_smem_ptr(blk, sbase, sbase2, half, w)
         if cutlass.const_expr(store):
             bulk_copy_f32(gtile_ptr + blk * (16 * w), src, 64 * w)
+        elif cutlass.const_expr(s32):
+            bulk_reduce_add_s32(gtile_ptr + blk * (16 * w), src, 64 * w)
         else:
             bulk_reduce_add_f32(gtile_ptr + blk * (16 * w), src, 64 * w)
 
@@ -167,8 +203,13 @@ class BsaDqFromTiles:
     BM = 64
 
     def __init__(self, dtype, head_dim: int, block_cols: int, pdl: bool = False,
-                 slots: int = 1, pack: int = 1, wait_pairs: bool = False):
+                 slots: int = 1, pack: int = 1, wait_pairs: bool = False,
+                 fixed: bool = False):
         self.pdl = pdl
+        # the workspace holds fixed-point int32 sums (dq_fixed): each tile's are converted
+        # with its inverse multiplier (mMult[b, h, t, 1]); rows flagged in mFlags[b, h, t, :]
+        # (a contribution out of the bound or not finite) become NaN
+        self.fixed = fixed and slots == 1 and pack == 1
         # with pdl, unpacked: each CTA waits until its (batch, KV head) pair's count of
         # completed backward CTAs (mDone[P + pair], P pairs) reaches the runtime n_wait (the
         # backward's KV blocks per pair), instead of for the backward's grid at its start;
@@ -187,21 +228,22 @@ class BsaDqFromTiles:
         self.num_threads = 32 * tile_blocks(self.BM, head_dim, block_cols)
 
     @cute.jit
-    def __call__(self, mWs, mdQ, stream, mSem=None, mDone=None, n_wait=None):
+    def __call__(self, mWs, mdQ, stream, mSem=None, mDone=None, n_wait=None, mMult=None,
+                 mFlags=None):
         n_elems = self.BM * smem_row_stride(self.d)
 
         @cute.struct
         class Smem:
             tile: cute.struct.Align[cute.struct.MemRange[self.dtype, n_elems], 128]
 
-        self.kernel(mWs, mdQ, mSem, mDone, n_wait, Smem).launch(
+        self.kernel(mWs, mdQ, mSem, mDone, n_wait, mMult, mFlags, Smem).launch(
             grid=(cute.size(mWs.shape[2]) // self.slots, cute.size(mWs.shape[1]),
                   cute.size(mWs.shape[0])),
             block=[self.num_threads, 1, 1], smem=Smem.size_in_bytes(), stream=stream,
             use_pdl=self.pdl)
 
     @cute.kernel
-    def kernel(self, mWs, mdQ, mSem, mDone, n_wait, Smem: cutlass.Constexpr):
+    def kernel(self, mWs, mdQ, mSem, mDone, n_wait, mMult, mFlags, Smem: cutlass.Constexpr):
         tidx, _, _ = cute.arch.thread_idx()
         t, head, batch = cute.arch.block_idx()
         if cutlass.const_expr(self.wait_pairs):
@@ -237,6 +279,8 @@ class BsaDqFromTiles:
         else:
             for vp in vs:
                 v.store(v.load() + vp.load())
+        if cutlass.const_expr(self.fixed):
+            self._from_fixed(v, mMult, mFlags, batch, head, t, tidx)
         tile_to_smem(v, sbase, tidx, self.BM, self.d, self.w, self.dtype)
         cute.arch.barrier()
         row0 = t * self.BM
@@ -256,6 +300,27 @@ class BsaDqFromTiles:
             n_t, n_h, n_b = cute.arch.grid_dim()
             if t + n_t * (head + n_h * batch) == n_t * n_h * n_b - 1:
                 cute.arch.griddepcontrol_wait()
+
+    @cute.jit
+    def _from_fixed(self, v, mMult, mFlags, batch, head, t, tidx):
+        """``fixed``: this thread's values of tile ``t`` (int32 bits from :func:`tile_load`,
+        rows ``r`` and ``r + 8`` as in :func:`tile_to_smem`) to float32 times the tile's
+        inverse multiplier; a row flagged by a contribution becomes NaN."""
+        inv = Float32(mMult[batch, head, t, 1])
+        n_rg = self.BM // 16
+        c = tidx // 32
+        lane = tidx % 32
+        r = (c % n_rg) * 16 + lane // 4
+        nan = Float32(float("nan"))
+        for h in cutlass.range_constexpr(2):
+            row = r + 8 * h
+            flag = (Int32(mFlags[batch, head, t, row // 32]) >> (row % 32)) & 1
+            for j in cutlass.range_constexpr(self.w // 8):
+                for e in cutlass.range_constexpr(2):
+                    x = f32_of_fixed_bits(v[2 * h + e, j], inv)
+                    if flag != 0:
+                        x = nan
+                    v[2 * h + e, j] = x
 
     @cute.jit
     def _packed_rows_to_gmem(self, sbase, tidx, mdQ, batch, head_kv, row0, lim):
@@ -279,5 +344,6 @@ class BsaDqFromTiles:
                     cute.make_tensor(s_ptr, cute.make_layout(per)).load())
 
 
-__all__ = ["BsaDqFromTiles", "block_smem_ptr", "bulk_add_warp_slice", "smem_rows_to_gmem", "smem_row_stride",
-           "stage_warp_slice", "tile_blocks", "tile_load", "tile_to_smem"]
+__all__ = ["FIXED_LIMIT", "BsaDqFromTiles", "block_smem_ptr", "bulk_add_warp_slice",
+           "fixed_point_slice", "smem_rows_to_gmem", "smem_row_stride", "stage_warp_slice",
+           "tile_blocks", "tile_load", "tile_to_smem"]
