@@ -2002,8 +2002,10 @@ def dq_fixed_multipliers(k, v, do, delta, q2k_block_index, q2k_block_nums, block
     e = jnp.ceil(lb) + 1.0
     s_exp = jnp.clip(30.0 - jnp.where(jnp.isnan(e), -200.0, e), -120.0, 120.0)
     m = jnp.minimum(jnp.arange(n_tiles) // (blk // 64), n_q - 1)
-    s_exp = s_exp[:, :, m]
-    return jnp.stack([jnp.exp2(s_exp), jnp.exp2(-s_exp)], axis=-1).astype(f32)
+    s_exp = s_exp[:, :, m].astype(jnp.int32)
+    one = jnp.ones(s_exp.shape, f32)
+    # ldexp: exact powers of two (exp2 is an approximation on some backends)
+    return jnp.stack([jnp.ldexp(one, s_exp), jnp.ldexp(one, -s_exp)], axis=-1)
 
 
 def _bwd_counted_dq_entry(stream, q, k, v, do, lse, delta, offsets, entries, sizes, scale,

@@ -1,0 +1,260 @@
+"""Fixed-point dQ of the deterministic block-sparse backward (``bsa_bwd_ws`` ``detfixed``):
+the per-query-block multipliers (``ffi.bsa.dq_fixed_multipliers``) against the dQ
+contributions they must bound, computed in float64 from their definition; the integer
+pipeline's result against the float sum; the configuration and the lowering (sm_90a).
+The GPU cases are in ``tests/test_gpu_det_order.py``."""
+
+from __future__ import annotations
+
+import types
+
+import numpy as np
+import pytest
+
+jax = pytest.importorskip("jax")
+import jax.numpy as jnp  # noqa: E402
+
+LIMIT = 2**30  # kernels/dq_tiles.FIXED_LIMIT
+
+
+def _cfg(b, h_q, h_kv, s_q, s_kv, d, blk, scale, layout="bhsd"):
+    return types.SimpleNamespace(batch=b, num_heads_q=h_q, num_heads_kv=h_kv, head_dim=d,
+                                 sparse_block_size=blk, num_kv_blocks=-(-s_kv // blk),
+                                 softmax_scale=scale, layout=layout, seqlen_q=s_q)
+
+
+def _case(rng, b=2, h_q=4, h_kv=2, s_q=150, s_kv=200, d=32, blk=64, k_max=3, scale=0.2,
+          sizes=True, mag=1.0):
+    n_q, n_kv = -(-s_q // blk), -(-s_kv // blk)
+    q = rng.standard_normal((b, h_q, s_q, d)) * mag
+    k = rng.standard_normal((b, h_kv, s_kv, d)) * mag
+    v = rng.standard_normal((b, h_kv, s_kv, d))
+    do = rng.standard_normal((b, h_q, s_q, d))
+    idx = np.argsort(rng.random((b, h_q, n_q, n_kv)), -1)[..., :k_max].astype(np.int32)
+    nums = rng.integers(0, k_max + 1, (b, h_q, n_q)).astype(np.int32)
+    bs = rng.integers(1, blk + 1, (b, h_q, n_kv)).astype(np.int32) if sizes else None
+    return q, k, v, do, idx, nums, bs, n_q, n_kv
+
+
+def _contributions(q, k, v, do, idx, nums, bs, blk, scale, dlse=None):
+    """Per (b, h, query block m, list slot) the float64 dQ contribution of that KV block to
+    the block's rows (``(..., blk, d)``; rows past S_q zero), with the forward's lse and
+    delta = rowsum(dO * O) - dlse over the listed, valid keys."""
+    b, h_q, s_q, d = q.shape
+    h_kv, s_kv = k.shape[1], k.shape[2]
+    group = h_q // h_kv
+    n_q = idx.shape[2]
+    out = np.zeros(idx.shape + (blk, d))
+    delta_all = np.zeros((b, h_q, s_q))
+    for bi in range(b):
+        for h in range(h_q):
+            g = h // group
+            for m in range(n_q):
+                rows = np.arange(m * blk, min((m + 1) * blk, s_q))
+                keys = []
+                for slot in range(nums[bi, h, m]):
+                    n = idx[bi, h, m, slot]
+                    cnt = blk if bs is None else bs[bi, h, n]
+                    kk = np.arange(n * blk, min(n * blk + cnt, s_kv))
+                    keys.append(kk)
+                if not keys:
+                    continue
+                allk = np.concatenate(keys)
+                s = q[bi, h, rows] @ k[bi, g, allk].T * scale
+                lse = np.log(np.exp(s - s.max(1, keepdims=True)).sum(1)) + s.max(1)
+                p = np.exp(s - lse[:, None])
+                o = p @ v[bi, g, allk]
+                delta = (do[bi, h, rows] * o).sum(1)
+                if dlse is not None:
+                    delta = delta - dlse[bi, h, rows]
+                delta_all[bi, h, rows] = delta
+                col = 0
+                for slot, kk in enumerate(keys):
+                    pp = p[:, col:col + len(kk)]
+                    dp = do[bi, h, rows] @ v[bi, g, kk].T
+                    ds = scale * pp * (dp - delta[:, None])
+                    out[bi, h, m, slot, :len(rows)] = ds @ k[bi, g, kk]
+                    col += len(kk)
+    return out, delta_all
+
+
+def _mult(k, v, do, delta, idx, nums, bs, cfg, n_tiles):
+    from jax_sparse_attn.ffi import bsa as fb
+
+    f = lambda x: jnp.asarray(x, jnp.float32)  # noqa: E731
+    return np.asarray(fb.dq_fixed_multipliers(
+        f(k), f(v), f(do), f(delta), jnp.asarray(idx), jnp.asarray(nums),
+        None if bs is None else jnp.asarray(bs), cfg, n_tiles))
+
+
+@pytest.mark.parametrize("blk,sizes,mag,dlse", [(64, True, 1.0, False), (128, False, 1.0, True),
+                                                (64, False, 30.0, False),
+                                                (64, True, 1e-3, True)])
+def test_multipliers_bound_every_contribution(blk, sizes, mag, dlse):
+    """Every KV block's dQ contribution and every partial sum of them, times its tile's
+    multiplier, stays within the int32 limit of the kernel (2^30, itself half of int32's
+    range), and the multiplier leaves at least 2^12 steps for the largest contribution
+    (the precision of the fixed point); powers of two, inverse exact."""
+    rng = np.random.default_rng(blk + int(mag * 10) + dlse)
+    s_q, s_kv = (300, 400) if blk == 128 else (150, 200)
+    q, k, v, do, idx, nums, bs, n_q, _ = _case(rng, blk=blk, s_q=s_q, s_kv=s_kv, sizes=sizes,
+                                               mag=mag)
+    dl = rng.standard_normal((q.shape[0], q.shape[1], s_q)) if dlse else None
+    contrib, delta = _contributions(q, k, v, do, idx, nums, bs, blk, 0.2, dl)
+    cfg = _cfg(2, 4, 2, s_q, s_kv, 32, blk, 0.2)
+    n_t = -(-s_q // 64)
+    mult = _mult(k, v, do, delta, idx, nums, bs, cfg, n_t)
+    assert mult.shape == (2, 4, n_t, 2)
+    np.testing.assert_array_equal(mult[..., 0] * mult[..., 1], 1.0)
+    assert (np.log2(mult[..., 0]) == np.round(np.log2(mult[..., 0]))).all()
+    sub = blk // 64
+    worst = np.inf
+    for m in range(n_q):
+        for s in range(sub):
+            t = m * sub + s
+            if t >= n_t:
+                continue
+            c = contrib[:, :, m, :, 64 * s:64 * (s + 1)] * mult[:, :, t, 0][:, :, None, None,
+                                                                          None]
+            part = np.abs(np.cumsum(c, axis=2)).max() if c.size else 0.0
+            assert np.abs(c).max() <= LIMIT and part <= LIMIT
+            top = np.abs(c).max(axis=(2, 3, 4))
+            if (top > 0).any():
+                worst = min(worst, top[top > 0].min())
+    if mag == 1.0:
+        # unit-scale inputs: the largest contribution of every tile that has one keeps
+        # >= 2^14 steps (with large logits the softmax saturates and dQ cancels: tiny
+        # contributions next to the bound's terms, which set the bf16 error anyway)
+        assert worst >= 2**14, np.log2(worst)
+
+
+@pytest.mark.parametrize("d,a", [(32, 1.0), (128, 3.0), (64, 1e-3)])
+def test_multipliers_hold_the_worst_case(d, a):
+    """Inputs that reach the bound's order: one query row, two listed one-key blocks with
+    opposite V and K, constant dO, so P is 1/2 on each, ``|dP| = D * dOmax * Vmax`` and the
+    two contributions add to half the bound's terms. Their sum times the multiplier is in
+    ``(2^27, 2^28]``: one bit of margin below the bound, two below the kernel's flag
+    limit (2^30) and three below int32's range."""
+    blk = 64
+    q = np.zeros((1, 1, 1, d))
+    k = np.zeros((1, 1, 2 * blk, d))
+    v = np.zeros((1, 1, 2 * blk, d))
+    k[0, 0, 0], k[0, 0, blk] = 0.5, -0.5
+    v[0, 0, 0], v[0, 0, blk] = 2.0 * a, -2.0 * a
+    do = np.full((1, 1, 1, d), 1.5)
+    idx = np.array([[[[0, 1]]]], np.int32)
+    nums = np.array([[[2]]], np.int32)
+    bs = np.ones((1, 1, 2), np.int32)
+    contrib, delta = _contributions(q, k, v, do, idx, nums, bs, blk, 0.25)
+    mult = _mult(k, v, do, delta, idx, nums, bs, _cfg(1, 1, 1, 1, 2 * blk, d, blk, 0.25), 1)
+    total = np.abs(contrib[0, 0, 0].sum(axis=0)).max() * mult[0, 0, 0, 0]
+    assert 2**27 < total <= 2**28, np.log2(total)
+
+
+def test_multipliers_ignore_unlisted_and_masked_keys():
+    """NaN / Inf and huge finite values in KV blocks no query block lists, in keys past
+    ``block_sizes`` and in dO rows past S_q do not change the multipliers."""
+    rng = np.random.default_rng(7)
+    q, k, v, do, idx, nums, bs, n_q, n_kv = _case(rng, sizes=True)
+    _, delta = _contributions(q, k, v, do, idx, nums, bs, 64, 0.2)
+    cfg = _cfg(2, 4, 2, 150, 200, 32, 64, 0.2)
+    want = _mult(k, v, do, delta, idx, nums, bs, cfg, 3)
+    listed = np.zeros((2, 2, n_kv), bool)
+    for bi, h, m, slot in np.ndindex(idx.shape):
+        if slot < nums[bi, h, m]:
+            listed[bi, h // 2, idx[bi, h, m, slot]] = True
+    k2, v2 = k.copy(), v.copy()
+    for bi, g, n in np.ndindex(listed.shape):
+        lo = n * 64
+        if not listed[bi, g, n]:
+            k2[bi, g, lo:lo + 64] = rng.choice([np.nan, np.inf, 1e30], k2[bi, g, lo:lo + 64].shape)
+            v2[bi, g, lo:lo + 64] = 1e30
+        else:
+            # keys past every head's block size for this block
+            cut = bs[bi, 2 * g:2 * g + 2, n].max()
+            k2[bi, g, lo + cut:lo + 64] = 1e30
+            v2[bi, g, lo + cut:lo + 64] = np.nan
+    np.testing.assert_array_equal(_mult(k2, v2, do, delta, idx, nums, bs, cfg, 3), want)
+
+
+def test_fixed_point_sum_matches_the_float_sum():
+    """The kernel's arithmetic in numpy: each contribution rounded to int32 after the
+    multiplier, the int32 sum in any order, times the inverse: within 2^-11 of the largest
+    contribution of the float64 sum, and bitwise the same in every order."""
+    rng = np.random.default_rng(3)
+    q, k, v, do, idx, nums, bs, n_q, _ = _case(rng, sizes=False)
+    contrib, delta = _contributions(q, k, v, do, idx, nums, bs, 64, 0.2)
+    mult = _mult(k, v, do, delta, idx, nums, bs, _cfg(2, 4, 2, 150, 200, 32, 64, 0.2), 3)
+    c32 = contrib.astype(np.float32)
+    m = mult[:, :, :n_q, 0][:, :, :, None, None, None].astype(np.float32)
+    ints = np.rint(c32 * m).astype(np.int64)
+    assert np.abs(ints).max() < 2**30
+    fwd = ints.sum(axis=3).astype(np.int32)
+    rev = ints[:, :, :, ::-1].sum(axis=3).astype(np.int32)
+    np.testing.assert_array_equal(fwd, rev)
+    got = fwd.astype(np.float32) * mult[:, :, :n_q, 1][:, :, :, None, None]
+    want = contrib.sum(axis=3)
+    scale = np.abs(contrib).max(axis=(3, 4, 5), keepdims=True)[..., 0] + 1e-30
+    assert (np.abs(got - want) <= scale * 2.0**-11).all()
+
+
+def test_detfixed_config():
+    """``detfixed`` with deterministic=True gives the default mode's configuration with
+    fixed-point dQ (not deterministic in the ordered sense: no order, no semaphores);
+    without the dq reordering in the backward's call (``notailconv``) or without
+    deterministic it changes nothing."""
+    from jax_sparse_attn import config as jc
+    from jax_sparse_attn.ffi import bsa as fb
+
+    for blk in (64, 128):
+        sw = jc.Switches(bsa_bwd_ws="detfixed", pdl=True)
+        key = fb.bwd_config(jnp.bfloat16, 128, blk, False, sw, deterministic=True)
+        base = fb.bwd_config(jnp.bfloat16, 128, blk, False, sw)
+        assert key.dq_fixed and not key.deterministic and key.tail_conv
+        assert key == fb.dataclasses.replace(base, dq_fixed=True)
+        assert not base.dq_fixed
+        off = fb.bwd_config(jnp.bfloat16, 128, blk, False,
+                            jc.Switches(bsa_bwd_ws="detfixed,notailconv", pdl=True),
+                            deterministic=True)
+        assert off.deterministic and not off.dq_fixed
+
+
+_LOWER = """
+import sys
+sys.path.insert(0, {tests!r})
+import test_lowering_bsa_bwd_ws as tb
+for i in range(len(tb.CONFIGS)):
+    txt = tb._bwd_text(tb.CONFIGS[i], ws="detfixed", deterministic=True, det_writer=True)
+    print("calls", txt.count(tb.CALL_TARGET))
+"""
+
+
+@pytest.mark.lowering
+def test_detfixed_lowers(tmp_path):
+    """The deterministic backward with ``detfixed`` lowers for sm_90a at every (D, blk) of
+    the kernel as three calls (preprocessing, K->Q lists, the backward with the dq
+    reordering); the backward's PTX converts to int32 with rounding and saturation, adds
+    with int32 bulk reductions (no fp32 ones) and flags rows with a global OR; the
+    reordering converts back. (A fresh process: CuTe DSL reads its PTX dump settings at
+    import.)"""
+    import glob
+    import os
+    import subprocess
+    import sys
+
+    here = os.path.dirname(os.path.abspath(__file__))
+    env = dict(os.environ, CUTE_DSL_ARCH="sm_90a", JAX_SPARSE_ATTN_FORCE_KERNEL="1",
+               CUTE_DSL_KEEP="ptx", CUTE_DSL_DUMP_DIR=str(tmp_path), JAX_PLATFORMS="cpu",
+               JAX_SPARSE_ATTN_CACHE_DIR=str(tmp_path / "cache"))
+    r = subprocess.run([sys.executable, "-c", _LOWER.format(tests=here)], env=env,
+                       capture_output=True, text=True, timeout=1200, cwd=os.path.dirname(here))
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert r.stdout.split() == ["calls", "3"] * 4, r.stdout
+    ptx = [open(f).read() for f in glob.glob(str(tmp_path / "*.ptx"))]
+    bwd = [p for p in ptx if "BsaBwdSm90Ws" in p]
+    assert bwd, "no PTX of the backward"
+    for p in bwd:
+        assert "bulk_group.add.s32" in p and "bulk_group.add.f32" not in p
+        assert "cvt.rni.sat.s32.f32" in p and "red.relaxed.gpu.global.or.b32" in p
+        assert "BsaDqFromTiles" in p and "cvt.rn.f32.s32" in p
+        assert ".local" not in p
