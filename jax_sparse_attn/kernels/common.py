@@ -457,14 +457,13 @@ def bulk_reduce_add_s32(gptr, sptr, nbytes: int, *, loc=None, ip=None):
 
 
 @dsl_user_op
-def fixed_bits_f32(x, mult, *, loc=None, ip=None):
-    """``round(x * mult)`` as int32 (``cvt.rni.sat.s32.f32``: to nearest even, saturated, NaN
-    to 0), returned as a Float32 holding those 32 bits (for the fp32 staging paths)."""
+def fixed_bits_f32(y, *, loc=None, ip=None):
+    """``round(y)`` as int32 (``cvt.rni.sat.s32.f32``: to nearest even, saturated, NaN to
+    0), returned as a Float32 holding those 32 bits (for the fp32 staging paths)."""
     return cutlass.Float32(inline_asm(
-        T.f32(), [cutlass.Float32(x).ir_value(loc=loc, ip=ip),
-                  cutlass.Float32(mult).ir_value(loc=loc, ip=ip)],
-        "{\n.reg .f32 y;\n.reg .s32 i;\nmul.rn.f32 y, $1, $2;\n"
-        "cvt.rni.sat.s32.f32 i, y;\nmov.b32 $0, i;\n}", "=f,f,f", False, loc, ip))
+        T.f32(), [cutlass.Float32(y).ir_value(loc=loc, ip=ip)],
+        "{\n.reg .s32 i;\ncvt.rni.sat.s32.f32 i, $1;\nmov.b32 $0, i;\n}", "=f,f", False,
+        loc, ip))
 
 
 @dsl_user_op

@@ -98,7 +98,7 @@ def fixed_point_slice(acc, mult, lane, rg, flags_ptr):
                     ok = Int32(1)
             if ok == 0:
                 bad[i // 2] = Int32(1)
-            acc[k] = fixed_bits_f32(acc[k], mult)
+            acc[k] = fixed_bits_f32(y)
     for h in cutlass.range_constexpr(2):
         if bad[h] != 0:
             r = 16 * rg + 8 * h + lane // 4
