@@ -563,7 +563,7 @@ SWITCHES = (
                "detfixed (deterministic=True without ordering the dQ additions: the "
                "default mode's kernels (with the dQ writer warp, tailconv, unpacked rows; "
                "else the ordered deterministic backward) with each dQ contribution "
-               "converted to int32 fixed point by a power-of-two multiplier per query block, "
+               "converted to int32 fixed point by a power-of-two multiplier per query row, "
                "from a bound on its values, and added with int32 bulk reductions, whose "
                "sum does not depend on their order; rows whose values leave the bound or "
                "are not finite give NaN; opt-in until measured), "

@@ -1911,13 +1911,17 @@ def _bwd_counted_entry(stream, q, k, v, do, lse, delta, offsets, entries, sizes,
 
 def _bwd_fixed_entry(stream, q, k, v, do, lse, delta, offsets, entries, sizes, scale, mult,
                      count, flags, dq_acc, dk, dv, dq, *, cfg: BsaBwdConfig):
-    # dq_fixed (with tail_conv): _bwd_counted_dq_entry with the per-tile multipliers (fp32
-    # (B, H_q, N_t, 2): multiplier, inverse) and the per-tile row flags (int32 (B, H_q, N_t,
-    # 2), zeroed by XLA and aliased to output 4) for both kernels
+    # dq_fixed (with tail_conv): _bwd_counted_dq_entry with the per-row multipliers (fp32
+    # (B, H_q, N_t, 64, 2): multiplier, inverse) and the per-tile row flags (int32 (B, H_q,
+    # N_t, 2), zeroed by XLA and aliased to output 4) for both kernels
     from ..kernels.dq_tiles import BsaDqFromTiles  # noqa: PLC0415
 
-    _ws_kernel(cfg)(q, k, v, do, lse, delta, offsets, entries, sizes, scale, dq_acc, dk, dv,
-                    stream, mdQSem=count, mdQMult=mult, mdQFlags=flags)
+    kernel = _ws_kernel(cfg)
+    if not kernel.dq_fixed:
+        raise NotImplementedError("bsa_bwd detfixed: the kernel configuration has no "
+                                  "fixed-point dQ path")
+    kernel(q, k, v, do, lse, delta, offsets, entries, sizes, scale, dq_acc, dk, dv,
+           stream, mdQSem=count, mdQMult=mult, mdQFlags=flags)
     n_kv = (k.shape[1] + cfg.block_size - 1) // cfg.block_size
     BsaDqFromTiles(_cutlass_dtype(cfg.dtype), cfg.head_dim, dq_block_cols(cfg), True, 1,
                    wait_pairs=True, fixed=True)(dq_acc, dq, stream, mDone=count, n_wait=n_kv,
@@ -1934,37 +1938,32 @@ def _bwd_fixed_jit():
 
 def dq_fixed_multipliers(k, v, do, delta, q2k_block_index, q2k_block_nums, block_sizes, cfg,
                          n_tiles: int):
-    """Per 64-row query tile the fixed-point multiplier of ``dq_fixed`` and its inverse:
-    float32 ``(B, H_q, n_tiles, 2)``, powers of two ``2^s`` and ``2^-s``.
+    """Per query row the fixed-point multiplier of ``dq_fixed`` and its inverse: float32
+    ``(B, H_q, n_tiles, 64, 2)`` (64-row tiles, rows past S_q included), exact powers of two
+    ``2^s`` and ``2^-s``.
 
     Every contribution of a KV block to dQ row ``i`` of query head ``h``, and every sum of
-    such contributions, is bounded elementwise by ``softmax_scale * Kmax * (D * dOmax * Vmax
-    + |delta|max)`` (``dS = softmax_scale * P (dP - delta)`` with ``0 <= P``, the row's P
-    summing to at most 1 with the forward's lse, ``|dP| <= D * dOmax * Vmax``), with the
-    maxima of the absolute finite values over the query block's rows (dO, delta) and over
-    the valid keys (below the sequence end and the block's ``block_sizes`` entry) of the
-    KV blocks it lists (K, V). ``s = 30 - e`` with ``2^(e - 1)`` above that bound (one bit of
-    margin for the 16-bit rounding of dS and the float32 arithmetic), clamped to
-    ``[-120, 120]``: every contribution times ``2^s`` and every partial sum stay within
-    ``+-2^30``, so int32 additions neither saturate nor wrap. A tile ``t`` takes its query
-    block's (``t // (sparse_block_size / 64)``). Non-finite values do not enter the bound;
+    such contributions, is bounded elementwise by ``softmax_scale * Kmax * (D * dOmax_i *
+    Vmax + |delta_i|)`` (``dS = softmax_scale * P (dP - delta)`` with ``0 <= P``, the row's P
+    summing to at most 1 with the forward's lse, ``|dP_ij| <= D * dOmax_i * Vmax``), with
+    ``dOmax_i`` the row's largest finite ``|dO|`` and ``Kmax`` / ``Vmax`` the largest finite
+    ``|K|`` / ``|V|`` over the valid keys (below the sequence end and the block's
+    ``block_sizes`` entry) of the KV blocks the row's query block lists. ``s = 29 - e`` with
+    ``2^(e - 1)`` above that bound (one bit of margin for the 16-bit rounding of dS and the
+    float32 arithmetic), clamped to ``[-120, 120]``: every contribution times ``2^s`` stays
+    within ``2^28``, which leaves the int32 sum room for P's of up to 8 in sum (an lse
+    that is not the forward's) before it wraps. Non-finite values do not enter the bound;
     where they reach a contribution the kernel flags its row (NaN in dq)."""
     f32 = jnp.float32
     blk, d, n_kv = cfg.sparse_block_size, cfg.head_dim, cfg.num_kv_blocks
     b, h_q = cfg.batch, cfg.num_heads_q
-    h_kv = cfg.num_heads_kv
-    group = h_q // h_kv
+    group = h_q // cfg.num_heads_kv
 
     def rows_absmax(x):
         # (B, H, S): max over D of the finite |x| (0 where none)
         x = x if cfg.layout == "bhsd" else jnp.swapaxes(x, 1, 2)
         a = jnp.abs(x.astype(f32))
         return jnp.max(jnp.where(jnp.isfinite(a), a, 0.0), axis=-1)
-
-    def block_prefix_max(r, n_blocks):
-        # (B, H, S) -> (B, H, n_blocks, blk): running max over each block's rows
-        r = jnp.pad(r, ((0, 0), (0, 0), (0, n_blocks * blk - r.shape[-1])))
-        return jax.lax.cummax(r.reshape(r.shape[0], r.shape[1], n_blocks, blk), axis=3)
 
     heads_kv = jnp.arange(h_q) // group
     if block_sizes is not None:
@@ -1974,7 +1973,9 @@ def dq_fixed_multipliers(k, v, do, delta, q2k_block_index, q2k_block_nums, block
 
     def keys_max(x):
         # (B, H_q, N_kv): over the first cnt keys of each block (the padding rows are 0)
-        pm = block_prefix_max(rows_absmax(x), n_kv)[:, heads_kv]
+        r = rows_absmax(x)
+        r = jnp.pad(r, ((0, 0), (0, 0), (0, n_kv * blk - r.shape[-1])))
+        pm = jax.lax.cummax(r.reshape(r.shape[0], r.shape[1], n_kv, blk), axis=3)[:, heads_kv]
         at = jnp.take_along_axis(pm, jnp.maximum(cnt - 1, 0)[..., None], axis=3)[..., 0]
         return jnp.where(cnt > 0, at, 0.0)
 
@@ -1987,25 +1988,29 @@ def dq_fixed_multipliers(k, v, do, delta, q2k_block_index, q2k_block_nums, block
         got = jnp.take_along_axis(per_block, ids.reshape(b, h_q, -1), axis=2)
         return jnp.max(jnp.where(active, got.reshape(ids.shape), 0.0), axis=-1)
 
-    kmax, vmax = listed_max(keys_max(k)), listed_max(keys_max(v))  # (B, H_q, N_q)
     n_q = q2k_block_index.shape[2]
-    do_max = block_prefix_max(rows_absmax(do), n_q)[..., -1]
+    rows = n_tiles * 64
+    blk_of_row = jnp.minimum(jnp.arange(rows) // blk, n_q - 1)
+    kmax = listed_max(keys_max(k))[:, :, blk_of_row]  # (B, H_q, rows)
+    vmax = listed_max(keys_max(v))[:, :, blk_of_row]
+    s_q = delta.shape[-1]
+    do_max = jnp.pad(rows_absmax(do), ((0, 0), (0, 0), (0, rows - s_q)))
     dl = jnp.abs(delta.astype(f32))
-    dl = jnp.where(jnp.isfinite(dl), dl, 0.0)
-    dl_max = jnp.max(jnp.pad(dl, ((0, 0), (0, 0), (0, n_q * blk - dl.shape[-1])))
-                     .reshape(b, h_q, n_q, blk), axis=-1)
+    dl = jnp.pad(jnp.where(jnp.isfinite(dl), dl, 0.0), ((0, 0), (0, 0), (0, rows - s_q)))
     # log2 of the bound, each term's logarithm apart (no float32 overflow): log2(a + c) <=
-    # max(log2 a, log2 c) + 1
+    # max(log2 a, log2 c) + 1; log2(0) = -inf gives the largest exponent
     lg = jnp.log2
     la = lg(f32(d)) + lg(do_max) + lg(vmax)
-    lb = lg(kmax) + jnp.maximum(la, lg(dl_max)) + 1.0 + lg(f32(abs(cfg.softmax_scale)))
+    lb = lg(kmax) + jnp.maximum(la, lg(dl)) + 1.0 + lg(f32(abs(cfg.softmax_scale)))
     e = jnp.ceil(lb) + 1.0
-    s_exp = jnp.clip(30.0 - jnp.where(jnp.isnan(e), -200.0, e), -120.0, 120.0)
-    m = jnp.minimum(jnp.arange(n_tiles) // (blk // 64), n_q - 1)
-    s_exp = s_exp[:, :, m].astype(jnp.int32)
-    one = jnp.ones(s_exp.shape, f32)
-    # ldexp: exact powers of two (exp2 is an approximation on some backends)
-    return jnp.stack([jnp.ldexp(one, s_exp), jnp.ldexp(one, -s_exp)], axis=-1)
+    s_exp = jnp.clip(29.0 - jnp.where(jnp.isnan(e), 200.0, e), -120.0, 120.0).astype(jnp.int32)
+
+    def pow2(x):
+        # exact: the float32 with biased exponent x + 127 and a zero mantissa
+        return jax.lax.bitcast_convert_type((x + 127) << 23, f32)
+
+    out = jnp.stack([pow2(s_exp), pow2(-s_exp)], axis=-1)
+    return out.reshape(b, h_q, n_tiles, 64, 2)
 
 
 def _bwd_counted_dq_entry(stream, q, k, v, do, lse, delta, offsets, entries, sizes, scale,

@@ -353,6 +353,9 @@ class BsaBwdSm90Ws:
         # reproducible dQ without ordering the additions
         self.dq_fixed = (dq_fixed and self.dq_writer and not dq_alt and not dq_claim
                          and not decouple and pack_gqa == 1)
+        # per-row values of a Q / dO stage in shared memory: lse, delta (and with dq_fixed
+        # the row's multiplier, loaded by the producer with them)
+        self.ld_kinds = 3 if self.dq_fixed else 2
         # deterministic with the writer: each query tile has ``dq_slots`` fp32 accumulators
         # (workspace tiles ``t * dq_slots + p``); the contribution of rank ``r`` goes to slot
         # ``r % dq_slots`` and waits for rank ``r - dq_slots`` only (the tile's semaphore of
@@ -456,7 +459,9 @@ class BsaBwdSm90Ws:
         @cute.struct
         class Smem:
             mbar: cute.struct.MemRange[cutlass.Int64, n_mbar]
-            sLD: cute.struct.Align[cute.struct.MemRange[Float32, 2 * bm * self.q_stages], 128]
+            # per stage and row: lse, delta (dq_fixed: and the row's dQ multiplier)
+            sLD: cute.struct.Align[cute.struct.MemRange[
+                Float32, self.ld_kinds * bm * self.q_stages], 128]
             sK: cute.struct.Align[cute.struct.MemRange[dt, cute.cosize(sK_layout)], 1024]
             sV: cute.struct.Align[cute.struct.MemRange[dt, cute.cosize(sK_layout)], 1024]
             # persistent: the dS tiles follow K / V (the epilogue stages dK / dV there)
@@ -510,13 +515,20 @@ class BsaBwdSm90Ws:
                 ts[None, r, None].fill(0)
 
     @cute.jit
-    def _load_lse_delta(self, mLSE, mDelta, batch, head, q0, seqlen_q, sLD, stage, lane):
+    def _load_lse_delta(self, mLSE, mDelta, batch, head, q0, seqlen_q, sLD, stage, lane,
+                        mdQMult=None, tile=None):
         """One warp: the lse and delta of query rows ``[q0, q0 + bm)`` into ``sLD[:, 0 / 1,
         stage]`` (cp.async, 4 bytes each; +inf / 0 past ``S_q``, so P^T = dS^T = 0 there).
-        ``pack_gqa``: packed rows of KV head ``head``, each from its (query head, position)."""
+        ``pack_gqa``: packed rows of KV head ``head``, each from its (query head, position).
+        ``dq_fixed``: also the rows' dQ multipliers (query tile ``tile``) into ``sLD[:, 2,
+        stage]`` (the array covers the rows past ``S_q``)."""
         atom = cute.make_copy_atom(cpasync.CopyG2SOp(), Float32, num_bits_per_copy=32)
         for j in cutlass.range_constexpr(self.bm // 32):
             r = lane + 32 * j
+            if cutlass.const_expr(self.dq_fixed):
+                cute.copy(atom, cute.make_tensor(elem_ptr(mdQMult, (batch, head, tile, r, 0)),
+                                                 cute.make_layout(1)),
+                          cute.make_tensor(elem_ptr(sLD, (r, 2, stage)), cute.make_layout(1)))
             q = q0 + r
             dl = cute.make_tensor(elem_ptr(sLD, (r, 0, stage)), cute.make_layout(1))
             dd = cute.make_tensor(elem_ptr(sLD, (r, 1, stage)), cute.make_layout(1))
@@ -885,7 +897,7 @@ class BsaBwdSm90Ws:
         item's first ``persist_kv_at`` stages, and an empty item only passes the K / V
         pipeline's barriers, so every item takes one turn of it."""
         (tma_q, tma_tQ, tma_do, tma_tdO, sQ, sdO, sQ_layout, sLD, pipe_q, pipe_kv, mLSE, mDelta,
-         mEntries, mSizes, mProgress, seqlen_q, seqlen_k, group, n_q_blocks) = pctx
+         mEntries, mSizes, mProgress, seqlen_q, seqlen_k, group, n_q_blocks, mdQMult) = pctx
         bm, bn, d = self.bm, self.bn, self.d
         if n_ent > 0:
             lane = cute.arch.lane_idx()
@@ -932,7 +944,7 @@ class BsaBwdSm90Ws:
                         pipe_q.producer_acquire(c)
                         stg = pipe_q.stage(c)
                         self._load_lse_delta(mLSE, mDelta, batch, head, q0, seqlen_q,
-                                             sLD, stg, lane)
+                                             sLD, stg, lane, mdQMult, m_block * self.sub + s)
                         if cutlass.const_expr(self.ld_wait):
                             cute.arch.cp_async_commit_group()
                             cute.arch.cp_async_wait_group(0)
@@ -1017,10 +1029,6 @@ class BsaBwdSm90Ws:
                         masked = (limit < bn) | (qlo0 + bn - 1 > 0)
                     acc_S = thr_s.make_fragment_C(s_shape)
                     acc_dP = thr_s.make_fragment_C(s_shape)
-                    fx_mult = Float32(0.0)
-                    if cutlass.const_expr(self.dq_fixed):
-                        # the query tile's multiplier, loaded here and used at the staging
-                        fx_mult = Float32(mdQMult[batch, head, m_block * self.sub + s, 0])
                     pipe_q.consumer_wait(c)
                     # per-query (column) lse, read before the GEMMs are issued and
                     # brought to the log2 domain after the S^T GEMM's wait
@@ -1158,6 +1166,10 @@ class BsaBwdSm90Ws:
                                     cute.arch.barrier(barrier_id=5,
                                                       number_of_threads=128 * nwg + 32)
                             if cutlass.const_expr(self.dq_fixed):
+                                # the multipliers of this thread's two rows (16 rg + lane // 4
+                                # and 8 below), loaded with the stage's lse / delta
+                                fx_r = 16 * t_rg + t_lane // 4
+                                fx_mult = [sLD[fx_r + 8 * h, 2, stg] for h in range(2)]
                                 fixed_point_slice(
                                     acc_dQ, fx_mult, t_lane, t_rg,
                                     elem_ptr(mdQFlags, (batch, head, m_block * self.sub + s,
@@ -1342,8 +1354,8 @@ class BsaBwdSm90Ws:
         sK, sV, sQ, sdO, sdS, sK_mn, sQ_mn, sdO_mn = kvb.smem_views(
             st, sK_layout, sK_mn_layout, sQ_layout, sQ_mn_layout, sdS_layout, sdS_field)
         # per-stage lse (natural log) and delta of the step's bm query rows: (row, kind, stage)
-        sLD = st.sLD.get_tensor(cute.make_layout((bm, 2, self.q_stages),
-                                                 stride=(1, bm, 2 * bm)))
+        sLD = st.sLD.get_tensor(cute.make_layout((bm, self.ld_kinds, self.q_stages),
+                                                 stride=(1, bm, self.ld_kinds * bm)))
         kvctx = (tma_k, tma_tK, tma_v, tma_tV, sK, sV, sK_layout, pipe_kv, mK, mV)
 
         if wg_idx == 0:
@@ -1352,7 +1364,7 @@ class BsaBwdSm90Ws:
             if warp == 0:
                 pctx = (tma_q, tma_tQ, tma_do, tma_tdO, sQ, sdO, sQ_layout, sLD, pipe_q, pipe_kv,
                         mLSE, mDelta, mEntries, mSizes, mProgress, seqlen_q, seqlen_k, group,
-                        n_q_blocks)
+                        n_q_blocks, mdQMult)
                 if cutlass.const_expr(self.persist):
                     # work items in order (lpt: the order's), dealt dynamically: item
                     # block_idx.x first, then one atomic add per item on the counter after

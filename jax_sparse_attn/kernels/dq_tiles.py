@@ -82,7 +82,8 @@ def stage_warp_slice(acc, sbase, lane, rg, cg0, n_rg: cutlass.Constexpr,
 @cute.jit
 def fixed_point_slice(acc, mult, lane, rg, flags_ptr):
     """Fixed-point dQ: a warp's slice of a wgmma accumulator (``acc``, rows ``16 rg ..`` as
-    in :func:`stage_warp_slice`) in place to ``round(x * mult)`` int32 bits (held in the
+    in :func:`stage_warp_slice`) in place to ``round(x * m)`` int32 bits, ``m = mult[h]``
+    for the thread's row ``16 rg + 8 h + lane // 4`` (held in the
     Float32 registers, for :func:`stage_warp_slice` and an ``s32`` bulk reduction). A row
     with a value whose product is outside ``+-FIXED_LIMIT`` or not finite (which the
     multiplier's bound excludes for finite inputs) sets its bit in the two int32 flag words
@@ -91,7 +92,7 @@ def fixed_point_slice(acc, mult, lane, rg, flags_ptr):
     for k4 in cutlass.range_constexpr(cute.size(acc) // 4):
         for i in cutlass.range_constexpr(4):
             k = 4 * k4 + i
-            y = acc[k] * mult
+            y = acc[k] * mult[i // 2]
             ok = Int32(0)
             if y <= FIXED_LIMIT:
                 if y >= -FIXED_LIMIT:
@@ -206,8 +207,9 @@ class BsaDqFromTiles:
                  slots: int = 1, pack: int = 1, wait_pairs: bool = False,
                  fixed: bool = False):
         self.pdl = pdl
-        # the workspace holds fixed-point int32 sums (dq_fixed): each tile's are converted
-        # with its inverse multiplier (mMult[b, h, t, 1]); rows flagged in mFlags[b, h, t, :]
+        # the workspace holds fixed-point int32 sums (dq_fixed): each row's are converted
+        # with its inverse multiplier (mMult[b, h, t, row, 1]); rows flagged in mFlags[b, h,
+        # t, :]
         # (a contribution out of the bound or not finite) become NaN
         self.fixed = fixed and slots == 1 and pack == 1
         # with pdl, unpacked: each CTA waits until its (batch, KV head) pair's count of
@@ -304,9 +306,8 @@ class BsaDqFromTiles:
     @cute.jit
     def _from_fixed(self, v, mMult, mFlags, batch, head, t, tidx):
         """``fixed``: this thread's values of tile ``t`` (int32 bits from :func:`tile_load`,
-        rows ``r`` and ``r + 8`` as in :func:`tile_to_smem`) to float32 times the tile's
+        rows ``r`` and ``r + 8`` as in :func:`tile_to_smem`) to float32 times the row's
         inverse multiplier; a row flagged by a contribution becomes NaN."""
-        inv = Float32(mMult[batch, head, t, 1])
         n_rg = self.BM // 16
         c = tidx // 32
         lane = tidx % 32
@@ -314,6 +315,7 @@ class BsaDqFromTiles:
         nan = Float32(float("nan"))
         for h in cutlass.range_constexpr(2):
             row = r + 8 * h
+            inv = Float32(mMult[batch, head, t, row, 1])
             flag = (Int32(mFlags[batch, head, t, row // 32]) >> (row % 32)) & 1
             for j in cutlass.range_constexpr(self.w // 8):
                 for e in cutlass.range_constexpr(2):
