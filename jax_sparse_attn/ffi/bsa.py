@@ -275,7 +275,7 @@ class BsaBwdConfig:
     # "nokvpf")
     ws_persist_kv_l2: bool = True
     # deterministic=True as 32-bit fixed-point dQ ("detfixed"): the default mode's kernels
-    # (tail_conv) with each contribution converted to int32 by a per-query-block multiplier
+    # (tail_conv) with each contribution converted to int32 by a per-query-row multiplier
     # and added with int32 bulk reductions, whose sum does not depend on their order
     dq_fixed: bool = False
 

@@ -347,8 +347,8 @@ class BsaBwdSm90Ws:
         # warp 1 adds the staged dQ tiles (either mode)
         self.writer = self.det_writer or self.dq_writer
         # with the dQ writer (not deterministic, not dq_alt / dq_claim): each step's dQ
-        # converted by the consumers to int32 fixed point (times the query tile's multiplier
-        # mdQMult[b, h, t, 0], rows out of the bound flagged in mdQFlags) and added with
+        # converted by the consumers to int32 fixed point (times its row's multiplier
+        # mdQMult[b, h, t, row, 0], rows out of the bound flagged in mdQFlags) and added with
         # int32 bulk reductions, whose sum does not depend on their order: a bitwise
         # reproducible dQ without ordering the additions
         self.dq_fixed = (dq_fixed and self.dq_writer and not dq_alt and not dq_claim

@@ -29,9 +29,9 @@ from .common import (bulk_copy_f32, bulk_reduce_add_f32, bulk_reduce_add_s32, el
                      f32_of_fixed_bits, fixed_bits_f32, red_or_b32, st_shared_v4_f32,
                      wait_at_least)
 
-#: fixed-point dQ (``dq_fixed``): a contribution's values times its tile's multiplier stay
-#: within +-FIXED_LIMIT (the bound of ``ffi.bsa.dq_fixed_multipliers``); a value outside
-#: (or not finite) marks its row
+#: fixed-point dQ (``dq_fixed``): a contribution's values times their rows' multipliers stay
+#: within 2^28 (the bound of ``ffi.bsa.dq_fixed_multipliers``); a value beyond
+#: +-FIXED_LIMIT (or not finite) marks its row
 FIXED_LIMIT = float(2**30)
 from .pack_gqa import packed_row
 
