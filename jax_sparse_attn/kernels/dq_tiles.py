@@ -28,12 +28,12 @@ from cutlass import Float32, Int32
 from .common import (bulk_copy_f32, bulk_reduce_add_f32, bulk_reduce_add_s32, elem_ptr,
                      f32_of_fixed_bits, fixed_bits_f32, red_or_b32, st_shared_v4_f32,
                      wait_at_least)
+from .pack_gqa import packed_row
 
 #: fixed-point dQ (``dq_fixed``): a contribution's values times their rows' multipliers stay
 #: within 2^28 (the bound of ``ffi.bsa.dq_fixed_multipliers``); a value beyond
 #: +-FIXED_LIMIT (or not finite) marks its row
 FIXED_LIMIT = float(2**30)
-from .pack_gqa import packed_row
 
 #: ``wait_pairs``: nanoseconds a waiting CTA sleeps between two polls of its pair's count
 POLL_SLEEP_NS = 500
