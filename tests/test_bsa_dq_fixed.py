@@ -227,14 +227,11 @@ def test_detfixed_config():
         assert off.deterministic and not off.dq_fixed
 
 
-_LOWER = """
-import sys
-sys.path.insert(0, {tests!r})
-import test_lowering_bsa_bwd_ws as tb
-for i in range(len(tb.CONFIGS)):
-    txt = tb._bwd_text(tb.CONFIGS[i], ws="detfixed", deterministic=True, det_writer=True)
-    print("calls", txt.count(tb.CALL_TARGET))
-"""
+# the lowering configurations of the PTX test (tests/kept_ptx.py): name -> (function of
+# tests/test_lowering_bsa_bwd_ws.py, its positional arguments, Switches fields, keywords)
+_PTX_CONFIGS = {f"detfixed-{i}": ("_bwd_text", (i,), None,
+                                  {"ws": "detfixed", "deterministic": True, "det_writer": True})
+                for i in range(4)}
 
 
 @pytest.mark.lowering
@@ -243,25 +240,18 @@ def test_detfixed_lowers(tmp_path):
     the kernel as three calls (preprocessing, K->Q lists, the backward with the dq
     reordering); the backward's PTX converts to int32 with rounding and saturation, adds
     with int32 bulk reductions (no fp32 ones) and flags rows with a global OR; the
-    reordering converts back. (A fresh process: CuTe DSL reads its PTX dump settings at
-    import.)"""
-    import glob
-    import os
-    import subprocess
-    import sys
+    reordering converts back."""
+    import kept_ptx as kp
+    import test_lowering_bsa_bwd_ws as tl
 
-    here = os.path.dirname(os.path.abspath(__file__))
-    env = dict(os.environ, CUTE_DSL_ARCH="sm_90a", JAX_SPARSE_ATTN_FORCE_KERNEL="1",
-               CUTE_DSL_KEEP="ptx", CUTE_DSL_DUMP_DIR=str(tmp_path), JAX_PLATFORMS="cpu",
-               JAX_SPARSE_ATTN_CACHE_DIR=str(tmp_path / "cache"))
-    r = subprocess.run([sys.executable, "-c", _LOWER.format(tests=here)], env=env,
-                       capture_output=True, text=True, timeout=1200, cwd=os.path.dirname(here))
-    assert r.returncode == 0, r.stderr[-3000:]
-    assert r.stdout.split() == ["calls", "3"] * 4, r.stdout
-    ptx = [open(f).read() for f in glob.glob(str(tmp_path / "*.ptx"))]
-    bwd = [p for p in ptx if "BsaBwdSm90Ws" in p]
-    assert bwd, "no PTX of the backward"
-    for p in bwd:
+    configs = {name: (fn, (tl.CONFIGS[i],), sw, kw)
+               for name, (fn, (i,), sw, kw) in _PTX_CONFIGS.items()}
+    out = kp.keep_ptx(tmp_path, "test_lowering_bsa_bwd_ws", configs)
+    for name in configs:
+        assert kp.lowered_text_of(out, name).count(tl.CALL_TARGET) == 3, name
+        bwd = [p for p in kp.ptx_of(out, name).values() if "BsaBwdSm90Ws" in p]
+        assert len(bwd) == 1, name
+        p = bwd[0]
         assert "bulk_group.add.s32" in p and "bulk_group.add.f32" not in p
         assert "cvt.rni.sat.s32.f32" in p and "red.relaxed.gpu.global.or.b32" in p
         assert "BsaDqFromTiles" in p and "cvt.rn.f32.s32" in p

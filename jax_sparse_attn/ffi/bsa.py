@@ -1818,6 +1818,20 @@ def bsa_bwd(do, q, k, v, out, lse, q2k_block_index, q2k_block_nums, block_sizes,
     return _dq_out(dq_acc, q, cfg, spec), dk, dv
 
 
+def _det_order_lists(q2k_block_index, q2k_block_nums, cfg, ocfg):
+    """The K->Q lists ``(offsets, entries)`` that the schedule-order kernel ``ocfg`` orders
+    (sanitized metadata): with ``ocfg.fast`` from the lists kernel where it takes the call,
+    as in the default mode (the lists of build_kq_csr's bitmap construction: an id
+    repeated in a row listed once), else build_kq_csr's."""
+    if ocfg.fast:
+        return kq_lists(q2k_block_index, q2k_block_nums, num_kv_heads=cfg.num_heads_kv,
+                        num_kv_blocks=cfg.num_kv_blocks, kernel=cfg.kq_kernel,
+                        cute_call_mode=cfg.cute_call, sanitized=True)
+    return metadata.build_kq_csr(q2k_block_index, q2k_block_nums,
+                                 num_kv_heads=cfg.num_heads_kv,
+                                 num_kv_blocks=cfg.num_kv_blocks)
+
+
 def _bsa_bwd_deterministic(q, k, v, do, lse, delta, dq_acc, q2k_block_index, q2k_block_nums,
                            block_sizes, cfg, spec, ocfg):
     """:func:`bsa_bwd`'s kernel call in deterministic mode: the K->Q lists with each entry's
@@ -1830,17 +1844,7 @@ def _bsa_bwd_deterministic(q, k, v, do, lse, delta, dq_acc, q2k_block_index, q2k
         return _bsa_bwd_det_stream(q, k, v, do, lse, delta, dq_acc, q2k_block_index,
                                    q2k_block_nums, block_sizes, cfg, spec, ocfg)
     if ocfg is not None:
-        if ocfg.fast:
-            # the lists kernel where it takes the call, as in the default mode (the lists
-            # of build_kq_csr's bitmap construction: an id repeated in a row listed once)
-            offsets, entries = kq_lists(
-                q2k_block_index, q2k_block_nums, num_kv_heads=cfg.num_heads_kv,
-                num_kv_blocks=cfg.num_kv_blocks, kernel=cfg.kq_kernel,
-                cute_call_mode=cfg.cute_call, sanitized=True)
-        else:
-            offsets, entries = metadata.build_kq_csr(
-                q2k_block_index, q2k_block_nums, num_kv_heads=cfg.num_heads_kv,
-                num_kv_blocks=cfg.num_kv_blocks)
+        offsets, entries = _det_order_lists(q2k_block_index, q2k_block_nums, cfg, ocfg)
         entries, ranks = det_schedule_order(offsets, entries, ocfg, cfg.bwd.held_ctas,
                                             cfg.cute_call)
     else:
@@ -2134,17 +2138,9 @@ def _bsa_bwd_det_stream(q, k, v, do, lse, delta, dq_acc, q2k_block_index, q2k_bl
     output."""
     from .._cute_call import call_builder  # noqa: PLC0415
 
-    if ocfg.fast:
-        # as in _bsa_bwd_deterministic: the lists kernel; the order kernel computes the
-        # starts (ocfg.held) and does not read its starts input (given the offsets)
-        offsets, entries = kq_lists(
-            q2k_block_index, q2k_block_nums, num_kv_heads=cfg.num_heads_kv,
-            num_kv_blocks=cfg.num_kv_blocks, kernel=cfg.kq_kernel,
-            cute_call_mode=cfg.cute_call, sanitized=True)
-    else:
-        offsets, entries = metadata.build_kq_csr(
-            q2k_block_index, q2k_block_nums, num_kv_heads=cfg.num_heads_kv,
-            num_kv_blocks=cfg.num_kv_blocks)
+    offsets, entries = _det_order_lists(q2k_block_index, q2k_block_nums, cfg, ocfg)
+    # with ocfg.held the order kernel computes the starts and does not read its starts
+    # input (given the offsets)
     starts = (offsets if ocfg.held > 0 else
               metadata.kq_schedule_starts(offsets, num_kv_blocks=ocfg.n_kv,
                                           held=cfg.bwd.held_ctas))
