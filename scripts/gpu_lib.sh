@@ -24,3 +24,13 @@ bsa_grid_bg() {
   timeout "$1" $PYT tests/test_gpu_bsa.py -k "sm90ws_backward or grad_through or \
     fresh_inputs or block_causal_equals" > "$O/t_ws.txt" 2>&1 &
 }
+# trace_variant NAME ENV CASE...: per-kernel traces (scripts/gpu_trace.py, 10 calls) of the
+# CASEs with the environment assignment ENV ("X=1" for none), to $O/trace_NAME.{json,txt}
+trace_variant() {
+  local name=$1 e=$2 c args=()
+  shift 2
+  for c in "$@"; do args+=(--case "$c"); done
+  env "$e" timeout 60 python3 scripts/gpu_trace.py --iters 10 "${args[@]}" \
+    --out "$O/trace_$name.json" > "$O/trace_$name.txt" 2>&1
+  t "trace $name rc=$?"
+}

@@ -31,9 +31,8 @@ for v in $VARS; do
     ordfast_stream) E="$W=ordfast,detstream";;
     detfixed) E="$W=detfixed";;
   esac
-  env $E timeout 60 python3 scripts/gpu_trace.py --iters 10 --case bsa_bwd_det_blk64 \
-    --case bsa_bwd_det_blk128 --out $O/trace_$v.json > $O/trace_$v.txt 2>&1
-  t "trace $v rc=$?"; grep "==\|Order\|BsaBwd\|DqFrom" $O/trace_$v.txt | cut -c1-150 | head -10
+  trace_variant $v "$E" bsa_bwd_det_blk64 bsa_bwd_det_blk128
+  grep "==\|Order\|BsaBwd\|DqFrom" $O/trace_$v.txt | cut -c1-150 | head -10
 done
 V=";deterministic=1;"
 case "$VARS" in *ordfast*) V="${V}deterministic=1,$W=ordfast;";; esac
