@@ -5,7 +5,8 @@
 # kernel's builds against their numpy definition, the deterministic cases with ordfast, the
 # deterministic grid with detfixed and its comparison with the default mode / NaN row;
 # (2) per-kernel traces of the deterministic blk64 / blk128 backward for the variants that
-# passed; (3) the sustained and burst blk64 12.5 % and blk128 rows: default mode,
+# passed, and compute-sanitizer memcheck of detfixed's garbage-metadata cases; (3) the
+# sustained and burst blk64 12.5 % and blk128 rows: default mode,
 # deterministic default / ordfast / detfixed, default mode again.
 # Usage (device, after `source .devcache/setup.sh`): OUT=$OUT bash scripts/gpu_s44_a.sh [seconds]
 . "$(dirname "$0")/gpu_lib.sh" s44a "${1:-540}"
@@ -34,6 +35,13 @@ for v in $VARS; do
   trace_variant $v "$E" bsa_bwd_det_blk64 bsa_bwd_det_blk128
   grep "==\|Order\|BsaBwd\|DqFrom" $O/trace_$v.txt | cut -c1-150 | head -10
 done
+if ok fixed; then
+  # out-of-bounds check of the new per-row multipliers / row flags (garbage metadata)
+  XLA_FLAGS=--xla_gpu_autotune_level=0 timeout 150 compute-sanitizer --tool memcheck \
+    --report-api-errors no python3 tests/sanitize_grid.py --only "deterministic detfixed" \
+    > $O/sanitize_fixed.txt 2>&1
+  t "sanitizer detfixed rc=$?: $(grep -c 'ok ' $O/sanitize_fixed.txt) ok, $(grep 'ERROR SUMMARY' $O/sanitize_fixed.txt | tail -1)"
+fi
 V=";deterministic=1;"
 case "$VARS" in *ordfast*) V="${V}deterministic=1,$W=ordfast;";; esac
 case "$VARS" in *detfixed*) V="${V}deterministic=1,$W=detfixed;";; esac

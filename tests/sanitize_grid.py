@@ -76,6 +76,14 @@ def bsa_cases(quick):
                dict(B=B, H=H, hkv=hkv, S=S, D=d, blk=blk, idx=idx, nums=nums,
                     sizes=sizes if use_sizes else None, layout=layout, switches=Switches(),
                     deterministic=True, sort_csr=sort_csr))
+    # deterministic=True with fixed-point dQ (bsa_bwd_ws detfixed: per-row multipliers and
+    # row flags beside the default mode's kernels) and with the order path's ordfast
+    for (d, use_sizes, layout, hkv), ws in itertools.product(
+            shapes[:1] if quick else shapes[:3], ("detfixed", "ordfast")):
+        yield (f"bsa deterministic {ws} D={d} sizes={use_sizes} {layout} H_kv={hkv}",
+               dict(B=B, H=H, hkv=hkv, S=S, D=d, blk=blk, idx=idx, nums=nums,
+                    sizes=sizes if use_sizes else None, layout=layout,
+                    switches=Switches(bsa_bwd_ws=ws), deterministic=True))
 
 
 def _bsa_option_cases(quick):
