@@ -321,8 +321,12 @@ _META_ARG_LINES = """
         workspace, so which dq bits a call reproduces depends on its static shapes);
         the order is computed on the GPU from the block lists, so that a tile's
         contributions come one after another along the launch schedule (one extra
-        launch), or with GQA follows the launch order of the KV blocks; dk, dv and the
-        forward are deterministic in both modes. Kernels: the warp-specialized Hopper
+        launch), or with GQA follows the launch order of the KV blocks. With the
+        ``bsa_bwd_ws`` switch ``detfixed`` (opt-in) the additions are not ordered: each
+        contribution is converted to int32 fixed point with a power-of-two scale per query
+        row taken from a bound on its values, and int32 sums do not depend on the order;
+        a row whose values are not finite gets NaN. dk, dv and the forward are
+        deterministic in both modes. Kernels: the warp-specialized Hopper
         backward (D in {64, 128}, sm_90a, without pack_gqa; its cost is in
         ``docs/bsa.md``);
         elsewhere ``backend="auto"`` runs the reference (deterministic) and
