@@ -256,3 +256,18 @@ def test_detfixed_lowers(tmp_path):
         assert "cvt.rni.sat.s32.f32" in p and "red.relaxed.gpu.global.or.b32" in p
         assert "BsaDqFromTiles" in p and "cvt.rn.f32.s32" in p
         assert ".local" not in p
+
+
+def test_multipliers_do_not_depend_on_the_layout():
+    """bshd tensors give the multipliers of the same bhsd ones."""
+    from jax_sparse_attn.ffi import bsa as fb
+
+    rng = np.random.default_rng(0)
+    q, k, v, do, idx, nums, bs, n_q, n_kv = _case(rng)
+    delta = rng.standard_normal((2, 4, 150))
+    want = _mult(k, v, do, delta, idx, nums, bs, _cfg(2, 4, 2, 150, 200, 32, 64, 0.2), 3)
+    f = lambda x: jnp.asarray(np.swapaxes(x, 1, 2), jnp.float32)  # noqa: E731
+    got = fb.dq_fixed_multipliers(f(k), f(v), f(do), jnp.asarray(delta, jnp.float32),
+                                  jnp.asarray(idx), jnp.asarray(nums), jnp.asarray(bs),
+                                  _cfg(2, 4, 2, 150, 200, 32, 64, 0.2, layout="bshd"), 3)
+    np.testing.assert_array_equal(np.asarray(got), want)
