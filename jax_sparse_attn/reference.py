@@ -397,7 +397,8 @@ def _split_partials(s, vt, sp, n_splits: int, cdt):
     o_t = jnp.einsum("qtk,tkd->qtd", e, vt.reshape(K, -1, vt.shape[-1]),
                      preferred_element_type=cdt)
     o_s = jnp.einsum("qtd,ts->sqd", o_t, onehot)
-    nonempty = ls > 0
+    # empty: no key (exactly 0); NaN (NaN in the row's scores) stays NaN
+    nonempty = ls != 0
     ls_safe = jnp.where(nonempty, ls, jnp.ones((), cdt))
     return (o_s / ls_safe[..., None],
             jnp.where(nonempty, mxs.T + jnp.log(ls_safe), neg))
@@ -408,12 +409,13 @@ def combine_kv_splits(o_parts, lse_parts):
     normalised per split and ``lse_parts (S, ...)`` (natural log) give ``lse = log sum_s
     exp(lse_s)`` and ``o = sum_s exp(lse_s - lse) o_s``. Splits with ``lse_s = -inf`` (no
     key) contribute nothing; if every split is empty, ``o = 0`` and ``lse = -inf`` (no
-    NaN)."""
+    NaN). A NaN ``lse_s`` (NaN in its scores) makes ``o`` and ``lse`` NaN."""
     mx = jnp.max(lse_parts, axis=0)
     mx = jnp.where(jnp.isfinite(mx), mx, jnp.zeros((), mx.dtype))
     w = jnp.exp(lse_parts - mx)
     tot = jnp.sum(w, axis=0)
-    nonempty = tot > 0
+    # empty: every weight exactly 0 (a NaN total is not empty: it stays NaN)
+    nonempty = tot != 0
     tot_safe = jnp.where(nonempty, tot, jnp.ones((), tot.dtype))
     o = jnp.sum(w[..., None] * o_parts, axis=0) / tot_safe[..., None]
     return o, jnp.where(nonempty, mx + jnp.log(tot_safe), -jnp.inf)
@@ -503,7 +505,9 @@ def _block_sparse_attention_ref_impl(
         mx = jnp.where(jnp.isfinite(mx), mx, jnp.zeros((), cdt))
         e = jnp.exp(s - mx[:, None])
         lsum = jnp.sum(e, axis=-1)
-        nonempty = lsum > 0
+        # empty: no allowed key (every term exactly 0); NaN in the row's scores keeps NaN
+        # in lse as in o, rather than reading as an empty row
+        nonempty = lsum != 0
         lsum_safe = jnp.where(nonempty, lsum, jnp.ones((), cdt))
         o = jnp.einsum("qk,kd->qd", e, vt, preferred_element_type=cdt) / lsum_safe[:, None]
         lse = jnp.where(nonempty, mx + jnp.log(lsum_safe), -jnp.inf)
@@ -592,7 +596,9 @@ def _block_sparse_attention_bwd_ref_impl(
         lt = lseb[b, h, m]
         kt, vt = _listed_kv(kb, vb, b, h // g, idc, kval, cdt)
         s = jnp.einsum("qd,kd->qk", qt * scale, kt, preferred_element_type=cdt)
-        row_ok = qrow_ok & jnp.isfinite(lt)
+        # empty rows (lse = -inf) contribute nothing; a NaN lse (NaN in the row's scores)
+        # propagates into the gradients like the NaN it stands for
+        row_ok = qrow_ok & (lt != -jnp.inf)
         lt_safe = jnp.where(row_ok, lt, 0).astype(cdt)
         ok = row_ok[:, None] & allowed
         p = jnp.where(ok, jnp.exp(jnp.where(ok, s - lt_safe[:, None], 0)), jnp.zeros((), cdt))

@@ -366,3 +366,32 @@ def test_bsa_chunked_evaluation_matches(monkeypatch):
 class TestBSAGrid(BSAReferenceGrid):
     """The shared grid (tests/attention_base.py) on the reference backend vs the float64
     oracle."""
+
+
+@pytest.mark.parametrize("kv_splits", [1, 2])
+def test_nan_in_listed_key_propagates(kv_splits):
+    """NaN in a listed key: the rows that see it get NaN in out and lse (not the empty-row
+    lse of -inf), and the gradients of q, k and v are NaN (not zeros); a row of another
+    query block without a listed block keeps lse = -inf and out = 0."""
+    import jax_sparse_attn as jsa
+    from jax_sparse_attn import reference
+
+    q = k = v = jnp.ones((1, 1, 128, 8), jnp.float32)
+    k = k.at[0, 0, 3, 0].set(jnp.nan)
+    idx = jnp.array([[[[0, 1], [1, 0]]]], jnp.int32)
+    nums = jnp.array([[2, 0]], jnp.int32)[:, None]
+    kw = dict(sparse_block_size=64, allow_empty_block_nums=True, kv_splits=kv_splits)
+    o, lse = jsa.block_sparse_attention_forward(q, k, v, idx, None, None, nums, **kw)
+    assert np.isnan(np.asarray(o[0, 0, :64])).all() and np.isnan(np.asarray(lse[0, 0, :64])).all()
+    assert (np.asarray(o[0, 0, 64:]) == 0).all()
+    assert (np.asarray(lse[0, 0, 64:]) == -np.inf).all()
+    grads = jax.grad(lambda q, k, v: jsa.block_sparse_attention(
+        q, k, v, idx, None, None, nums, **kw).sum(), (0, 1, 2))(q, k, v)
+    for name, g in zip(("dq", "dk", "dv"), grads):
+        assert np.isnan(np.asarray(g)).any(), name
+    # merging partials: a NaN split makes the merge NaN; empty splits still give -inf
+    o2, l2 = reference.combine_kv_splits(jnp.zeros((2, 3, 4)),
+                                         jnp.array([[0.0, -jnp.inf, jnp.nan],
+                                                    [1.0, -jnp.inf, 0.0]]))
+    assert np.isfinite(np.asarray(l2[0])) and np.asarray(l2[1]) == -np.inf
+    assert np.isnan(np.asarray(l2[2])) and np.isnan(np.asarray(o2[2])).all()
