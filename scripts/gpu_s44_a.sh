@@ -22,7 +22,7 @@ for f in order det fixed fixed2; do t "$f: $(tail -1 $O/t_$f.txt)"; done
 grep -h "^FAILED\|^ERROR\|Timeout\|timed out" $O/t_*.txt | head -20
 ok() { grep -q "passed" $O/t_$1.txt && ! grep -qi "failed\|error\|timeout\|timed out" $O/t_$1.txt; }
 VARS="default"
-# (ordfast with ordscan=8 or detstream: a later call)
+# (ordfast with ordscan=8 or detstream: scripts/gpu_s44_b.sh)
 if ok order && ok det; then VARS="$VARS ordfast"; fi
 if ok fixed && ok fixed2; then VARS="$VARS detfixed"; fi
 t "trace variants: $VARS"
@@ -31,8 +31,6 @@ for v in $VARS; do
   case $v in
     default) E="X=1";;
     ordfast) E="$W=ordfast";;
-    ordfast_scan8) E="$W=ordfast,ordscan=8";;
-    ordfast_stream) E="$W=ordfast,detstream";;
     detfixed) E="$W=detfixed";;
   esac
   trace_variant $v "$E" bsa_bwd_det_blk64 bsa_bwd_det_blk128
@@ -41,7 +39,7 @@ done
 V=";deterministic=1;"
 case "$VARS" in *ordfast*) V="${V}deterministic=1,$W=ordfast;";; esac
 case "$VARS" in *detfixed*) V="${V}deterministic=1,$W=detfixed;";; esac
-timeout $(( $(left) - 130 )) python3 -m benchmarks.bsa_bench --table-pass bwd --rows 0,2 \
+timeout $(( $(left) - 130 )) python3 -m benchmarks.bsa_bench --table-pass bwd --rows 0,3 \
   --timing both --table "$V" --out $O/bwd_det.json > $O/bwd_det.txt 2>&1
 t "det rows rc=$?"; grep -v "^wrote" $O/bwd_det.txt | tail -14
 if ok fixed && [ "$(left)" -gt 60 ]; then
