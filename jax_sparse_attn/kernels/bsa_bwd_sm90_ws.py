@@ -134,6 +134,16 @@ reduce-add has completed (``cp.async.bulk.wait_group 0``), fences the async prox
 fenced atomic. The reordering's CTA of a query tile waits for its pair's count to reach
 ``N_kv`` (so it reads only complete tiles); its last CTA waits for this grid at its end.
 
+``dq_fixed`` (static; with ``dq_writer``, not ``dq_alt``, ``dq_claim``, ``decouple`` or
+``pack_gqa``): the deterministic backward without an order. The producer loads each row's
+power-of-two multiplier (``mdQMult[b, h, t, row, 0]``, from a bound on the row's
+contributions) with its lse and delta; the consumers convert the step's dQ accumulators to
+``round(x * m)`` int32 (held in the fp32 registers) before they stage them, and set a row's
+bit in ``mdQFlags[b, h, t, :]`` where a value is not finite or beyond ``2^30``; the writer
+warp adds the staged tile with int32 bulk reductions. Integer sums do not depend on the
+order of their terms, so dq (reordered and converted back by ``dq_tiles.BsaDqFromTiles``
+with ``fixed``) is bitwise reproducible with the default mode's launch and CTA order.
+
 ``pack_gqa = r > 1`` (static; with ``dq_tile``, not deterministic): the K->Q entries are packed
 blocks (the group is 1) of the KV head's ``S_q r`` packed rows, packed row ``p`` being
 position ``p // r`` of query head ``g r + p % r`` (``pack_gqa.packed_row``). Q / dO of a step's
