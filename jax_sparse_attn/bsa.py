@@ -275,8 +275,10 @@ _META_ARG_LINES = """
         ``[1, K_max]`` (``[0, K_max]`` with ``allow_empty_block_nums=True``). Default None.
       sparse_block_size: 64 or 128 (default 128 on every backend).
       softmax_scale: Python number, finite in float32; default ``1 / sqrt(D)``. The scaled
-        scores ``softmax_scale * q.k`` are computed in float32: a score that overflows it
-        (``|softmax_scale * q.k|`` beyond about 2e38) makes its row NaN, as in any softmax.
+        scores ``softmax_scale * q.k`` are computed in float32, as in any softmax kernel: a
+        score that overflows to ``+inf`` (beyond about 3.4e38) makes its row's out NaN and
+        its lse not finite; a row whose every score overflows to ``-inf`` reads as a row
+        with no keys (out 0, lse ``-inf``).
       layout: ``"bhsd"`` (default) or ``"bshd"``; outputs follow it.
       allow_empty_block_nums: allow counts of 0 (empty rows: out 0, lse -inf); default
         False.

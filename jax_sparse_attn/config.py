@@ -136,11 +136,11 @@ def _parse_ws(var, raw):
 BSA_WS_FLAGS = ("nooverlap", "nopingpong", "q1", "headinner", "lazyrescale", "ctas2", "oalias",
                 "cross", "crossepi", "vlag", "splitwait", "nosplitwait", "qregs", "mpre", "qahead", "noepivec",
                 "streamk", "tmao", "notmao", "tmaopack", "notmaopack", "ctas3k1", "selfload",
-                "pairwg")
+                "pairwg", "l2hint", "l2normal")
 _BSA_WS_ALLOWED = ("comma list of " + ", ".join(BSA_WS_FLAGS)
                    + ", stages=N (most K/V shared-memory stages: 2..8); at most one of "
                    "splitwait, nosplitwait; tmao and tmaopack exclude notmao and noepivec, "
-                   "tmaopack excludes notmaopack")
+                   "tmaopack excludes notmaopack, l2hint excludes l2normal")
 _parse_bsa_ws_opts = _parse_option_list(BSA_WS_FLAGS, "stages", lambda n: 2 <= n <= 8,
                                         _BSA_WS_ALLOWED)
 
@@ -148,12 +148,12 @@ _parse_bsa_ws_opts = _parse_option_list(BSA_WS_FLAGS, "stages", lambda n: 2 <= n
 def _parse_bsa_ws(var, raw):
     """Parser of JAX_SPARSE_ATTN_BSA_WS: :data:`BSA_WS_FLAGS` and ``stages=N``;
     ``splitwait`` and ``nosplitwait`` exclude each other, and so do ``tmao`` and
-    ``tmaopack`` with ``notmao`` and with ``noepivec``, and ``tmaopack`` with
-    ``notmaopack``; ``streamk`` excludes the chained-item and prefetch flags."""
+    ``tmaopack`` with ``notmao`` and with ``noepivec``, ``tmaopack`` with
+    ``notmaopack``, and ``l2hint`` with ``l2normal``; ``streamk`` excludes the chained-item and prefetch flags."""
     opts = _parse_bsa_ws_opts(var, raw)
     for a, b in (("splitwait", "nosplitwait"), ("tmao", "notmao"), ("tmao", "noepivec"),
                  ("tmaopack", "notmao"), ("tmaopack", "noepivec"),
-                 ("tmaopack", "notmaopack")):
+                 ("tmaopack", "notmaopack"), ("l2hint", "l2normal")):
         if a in opts and b in opts:
             raise ValueError(f"{var}={raw!r}: {a!r} and {b!r} exclude each other; "
                              f"allowed: {_BSA_WS_ALLOWED}")
@@ -180,7 +180,7 @@ BSA_BWD_WS_FLAGS = ("ldwait", "lpt", "decouple", "detkv", "detfull", "detlaunch"
                     "detschedfull", "relaxpoll", "detstream", "nodetstream",
                     "detoverlap", "detzero", "packws", "nopackws", "dqclaim", "zerolag",
                     "tailconv", "notailconv", "hlpt", "nolpt", "persist",
-                    "nokvpf", "ordfast", "detfixed")
+                    "nokvpf", "ordfast", "detfixed", "l2hint", "l2normal")
 #: the flags among :data:`BSA_BWD_WS_FLAGS` that choose the deterministic dQ order (at most
 #: one of them)
 BSA_DET_ORDER_FLAGS = ("detkv", "detfull", "detlaunch", "detsched", "detschedfull")
@@ -205,7 +205,8 @@ def _parse_bsa_bwd_ws(var, raw):
     """Parser of JAX_SPARSE_ATTN_BSA_BWD_WS: :data:`BSA_BWD_WS_FLAGS`, ``stages=N`` and
     ``dqslots=N``; at most one of the deterministic order flags
     (:data:`BSA_DET_ORDER_FLAGS`), at most one of ``detstream`` / ``nodetstream`` and at most
-    one of ``packws`` / ``nopackws``."""
+    one of ``packws`` / ``nopackws``, ``l2hint`` / ``l2normal`` and the other pairs of
+    contradicting flags."""
     opts = _parse_bsa_bwd_ws_opts(var, raw)
     orders = [o for o in opts if o in BSA_DET_ORDER_FLAGS]
     if len(orders) > 1:
@@ -214,7 +215,7 @@ def _parse_bsa_bwd_ws(var, raw):
                          f"{_BSA_BWD_WS_ALLOWED}")
     for on, off in (("detstream", "nodetstream"), ("packws", "nopackws"),
                     ("tailconv", "notailconv"), ("lpt", "hlpt"), ("lpt", "nolpt"),
-                    ("hlpt", "nolpt")):
+                    ("hlpt", "nolpt"), ("l2hint", "l2normal")):
         if on in opts and off in opts:
             raise ValueError(f"{var}={raw!r}: {on!r} and {off!r} contradict each other; "
                              f"give at most one; allowed: {_BSA_BWD_WS_ALLOWED}")
@@ -450,6 +451,10 @@ SWITCHES = (
            "nopingpong), instead of two CTAs of one consumer warpgroup; not with split-KV, "
            "pack_gqa, ctas3k1, selfload, streamk, cross, crossepi, mpre, qahead or oalias, "
            "where it is ignored), "
+           "l2hint (L2 eviction priorities on the TMA copies: Q loads and O stores "
+           "evict_first, K / V loads evict_last, which other query blocks of the head read "
+           "again), l2normal (evict_normal policies on every TMA copy; the default passes "
+           "the copies' default policy operand), "
            "stages=N "
            "(most K/V stages)"),
     _choice("bsa_bwd_impl", "JAX_SPARSE_ATTN_BSA_BWD_IMPL", ("auto", "sm90", "sm90ws", "sm80"),
@@ -567,6 +572,11 @@ SWITCHES = (
                "from a bound on its values, and added with int32 bulk reductions, whose "
                "sum does not depend on their order; rows whose values leave the bound or "
                "are not finite give NaN; opt-in until measured), "
+               "l2hint (L2 eviction priorities: the K / V loads evict_first, the Q / dO "
+               "loads and the dQ writer warp's bulk reduce-adds evict_last, since the other "
+               "KV blocks listing a query block read it again; opt-in until measured), "
+               "l2normal (evict_normal policies on those copies; the default passes the "
+               "copies' default policy operand), "
                "ordfast (deterministic in the schedule order: the same order from fewer "
                "launches and fewer serialized shared-memory operations: the K->Q lists "
                "kernel instead of XLA's lists, the rows' estimated starts computed in the "

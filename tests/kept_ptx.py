@@ -26,6 +26,7 @@ from __future__ import annotations
 import json
 import os
 import pathlib
+import re
 import subprocess
 import sys
 
@@ -140,3 +141,21 @@ def ptx_of(out, name):
 def lowered_text_of(out, name):
     """The string the configuration's function returned (the lowered module's text)."""
     return (_config_dir(out, name) / "lowered.txt").read_text()
+
+
+def tma_copy_policies(text):
+    """The TMA tensor copies of a PTX text as ``(kind, policy)``: ``kind`` "load" or
+    "store", ``policy`` the ``createpolicy`` priority of the copy's cache-policy operand
+    (``"evict_first"`` ...), or ``"0"`` for the constant the DSL passes by default
+    (registers are looked up within each ``.entry``)."""
+    out = []
+    for entry in text.split(".entry ")[1:]:
+        made = {m.group(2): m.group(1) for m in re.finditer(
+            r"createpolicy\.fractional\.L2::(evict_\w+)\.b64\s+(%rd\d+)", entry)}
+        made.update({m.group(1): m.group(2) for m in re.finditer(
+            r"mov\.b64\s+(%rd\d+),\s*(0);", entry)})
+        for m in re.finditer(r"cp\.async\.bulk\.tensor\.\d+d\.(\S+?)\.(\S*?)"
+                             r"L2::cache_hint[^;]*?,\s*(%rd\d+);", entry):
+            kind = "store" if m.group(1).startswith("global") else "load"
+            out.append((kind, made.get(m.group(3))))
+    return out

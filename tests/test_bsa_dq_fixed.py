@@ -1,8 +1,8 @@
 """Fixed-point dQ of the deterministic block-sparse backward (``bsa_bwd_ws`` ``detfixed``):
-the per-query-block multipliers (``ffi.bsa.dq_fixed_multipliers``) against the dQ
+the per-query-row multipliers (``ffi.bsa.dq_fixed_multipliers``) against the dQ
 contributions they must bound, computed in float64 from their definition; the integer
 pipeline's result against the float sum; the configuration and the lowering (sm_90a).
-The GPU cases are in ``tests/test_gpu_det_order.py``."""
+The GPU cases are in ``tests/test_gpu_dq_fixed.py``."""
 
 from __future__ import annotations
 

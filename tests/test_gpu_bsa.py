@@ -33,8 +33,9 @@ element copies of the swizzled layout instead of packed pair stores); ``notmao``
 themselves instead of TMA tensor stores); ``ctas3k1``: ``Switches(bsa_fwd_ws="ctas3k1")``
 (three CTAs per SM at blk 64 / D 128); ``selfload``: ``Switches(bsa_fwd_ws="selfload")``
 (the same without the producer warp); ``pairwg``: ``Switches(bsa_fwd_ws="pairwg")`` (blk 64:
-two consumer warpgroups per CTA with work items of their own); ``nodefault`` leaves out the
-grid with the default switches.
+two consumer warpgroups per CTA with work items of their own); ``l2hint`` / ``l2normal``:
+``bsa_fwd_ws`` and ``bsa_bwd_ws`` with L2 eviction priorities per tensor / ``evict_normal``
+on the TMA copies; ``nodefault`` leaves out the grid with the default switches.
 ``test_bsa_preprocess_kernel`` checks the preprocessing kernel directly.
 ``test_bsa_sm90ws_forward`` adds the sm90ws forward's own cases (every KV block listed, the
 partial last block listed by every row, NaN in unlisted blocks and past block_sizes,
@@ -80,6 +81,9 @@ NOTMAO = Switches(bsa_fwd_ws=("notmao",))
 CTAS3K1 = Switches(bsa_fwd_ws=("ctas3k1",))
 SELFLOAD = Switches(bsa_fwd_ws=("selfload",))
 PAIRWG = Switches(bsa_fwd_ws=("pairwg",))
+#: L2 policies on the forward's and the backward's TMA copies (and the dQ bulk reductions)
+L2HINT = Switches(bsa_fwd_ws=("l2hint",), bsa_bwd_ws=("l2hint",))
+L2NORMAL = Switches(bsa_fwd_ws=("l2normal",), bsa_bwd_ws=("l2normal",))
 KQXLA = Switches(bsa_kq_impl="xla")
 NOTAILCONV = Switches(bsa_bwd_ws=("notailconv",))
 NOLPT = Switches(bsa_bwd_ws=("nolpt",))
@@ -101,7 +105,7 @@ class TestBSAKernelGrid(BSAKernelGrid):
     IMPLS = {"sm80": SM80, "sm90ws": SM90WS, "bwdws": BWDWS, "bwdrows": BWDROWS,
              "dqalt": DQALT, "qregs": QREGS, "mpre": MPRE, "qahead": QAHEAD,
              "noepivec": NOEPIVEC, "notmao": NOTMAO, "ctas3k1": CTAS3K1, "selfload": SELFLOAD,
-             "pairwg": PAIRWG, "kqxla": KQXLA, "notailconv": NOTAILCONV, "nolpt": NOLPT, "sm80_late_v": SM80_LATE_V, "sm80_wr32": SM80_WR32,
+             "pairwg": PAIRWG, "l2hint": L2HINT, "l2normal": L2NORMAL, "kqxla": KQXLA, "notailconv": NOTAILCONV, "nolpt": NOLPT, "sm80_late_v": SM80_LATE_V, "sm80_wr32": SM80_WR32,
              "sm80_wr16": SM80_WR16}
 
     @classmethod

@@ -285,6 +285,25 @@ def test_bsa_sm90ws_config_and_fallback():
                        "notmaopack": on if pack == 1 else off}, (pack, got)
 
 
+def test_bsa_l2hint_config():
+    """``l2hint`` / ``l2normal`` reach the forward's and the backward's compile keys (1 / 2,
+    0 without), at both block sizes; together they are rejected."""
+    from jax_sparse_attn.config import Switches, from_env
+    from jax_sparse_attn.ffi import bsa
+
+    for blk in (64, 128):
+        fwd = {ws: bsa.fwd_config(jnp.bfloat16, 128, blk, False,
+                                  Switches(bsa_fwd_impl="sm90ws", bsa_fwd_ws=ws)).ws_l2_hint
+               for ws in ("", "l2hint", "l2normal")}
+        bwd = {ws: bsa.bwd_config(jnp.bfloat16, 128, blk, False,
+                                  Switches(bsa_bwd_impl="sm90ws", bsa_bwd_ws=ws)).ws_l2_hint
+               for ws in ("", "l2hint", "l2normal")}
+        assert fwd == bwd == {"": 0, "l2hint": 1, "l2normal": 2}
+    for var in ("JAX_SPARSE_ATTN_BSA_WS", "JAX_SPARSE_ATTN_BSA_BWD_WS"):
+        with pytest.raises(ValueError, match="l2hint"):
+            from_env({var: "l2hint,l2normal"})
+
+
 # the PTX tests' configurations, lowered in one fresh process (tests/kept_ptx.py)
 _PTX_CONFIGS = {_ids(c): ("_ws_fwd_text", (c,), None, {}) for c in WS_CONFIGS[:2]}
 #: bsa_fwd_ws=qregs: Q as the register operand of the S GEMMs
@@ -303,6 +322,9 @@ _PTX_CONFIGS.update({"notmao-" + k: ("_ws_fwd_text", (c,), None, {})
 #: bsa_fwd_ws=pairwg: blk 64, one CTA per SM of two consumer warpgroups with items of their own
 _PAIRWG = dict(d=128, blk=64, dtype="bfloat16", layout="bshd", sizes=True, ws="pairwg")
 _PTX_CONFIGS["pairwg-blk64"] = ("_ws_fwd_text", (_PAIRWG,), None, {})
+#: bsa_fwd_ws=l2hint / l2normal: L2 policies on the TMA copies
+_L2HINT = {f"{m}-{_ids(c)}": dict(c, ws=m) for c in WS_CONFIGS[:2] for m in ("l2hint", "l2normal")}
+_PTX_CONFIGS.update({k: ("_ws_fwd_text", (c,), None, {}) for k, c in _L2HINT.items()})
 
 
 @pytest.fixture(scope="module")
@@ -510,6 +532,32 @@ def test_bsa_sm90ws_tma_o_ptx(kept_ptx, name):
     assert "fence.proxy.async.shared::cta" in text
     assert text.count("st.shared.b32") == cfg["d"] // 4
     assert "ld.shared.v4" not in text
+
+
+@pytest.mark.parametrize("cfg", [WS_CONFIGS[0], WS_CONFIGS[1]], ids=lambda c: _ids(c))
+def test_bsa_sm90ws_l2hint_ptx(kept_ptx, cfg):
+    """``bsa_fwd_ws=l2hint``: the TMA loads of K / V carry an ``evict_last`` L2 policy
+    (``createpolicy``), those of Q and the O tensor stores an ``evict_first`` one;
+    ``l2normal``: ``evict_normal`` on every copy. The default passes the DSL's constant 0
+    as every copy's policy operand. All three have the same copies."""
+    import kept_ptx as kp  # noqa: PLC0415
+
+    def copies(name):
+        text = next(iter(kp.ptx_of(kept_ptx, name).values()))
+        assert text.count("cp.async.bulk.tensor.") == len(kp.tma_copy_policies(text))
+        return kp.tma_copy_policies(text)
+
+    default = copies(_ids(cfg))
+    hint = copies("l2hint-" + _ids(cfg))
+    normal = copies("l2normal-" + _ids(cfg))
+    assert default and {p for _, p in default} == {"0"}
+    kinds = [k for k, _ in default]
+    assert [k for k, _ in hint] == kinds == [k for k, _ in normal]
+    assert {p for k, p in hint if k == "store"} == {"evict_first"}
+    loads = [p for k, p in hint if k == "load"]
+    # Q evict_first, K / V evict_last
+    assert set(loads) == {"evict_first", "evict_last"}
+    assert {p for _, p in normal} == {"evict_normal"}
 
 
 def test_bsa_sm90ws_pairwg_ptx(kept_ptx, tmp_path):

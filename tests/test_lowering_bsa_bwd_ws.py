@@ -232,6 +232,10 @@ _PTX_CONFIGS = {
     "pre4-blk64": ("_bwd_text", (CONFIGS[1],), None, {"pre": "kernel4"}),
     "persist-blk128": ("_bwd_text", (CONFIGS[0],), None, {"ws": "persist"}),
     "persist-epiregs-blk128": ("_bwd_text", (CONFIGS[0],), None, {"ws": "persist,epiregs"}),
+    "l2hint-blk64": ("_bwd_text", (CONFIGS[1],), None, {"ws": "l2hint"}),
+    "l2hint-blk128": ("_bwd_text", (CONFIGS[0],), None, {"ws": "l2hint"}),
+    "l2normal-blk64": ("_bwd_text", (CONFIGS[1],), None, {"ws": "l2normal"}),
+    "l2normal-blk128": ("_bwd_text", (CONFIGS[0],), None, {"ws": "l2normal"}),
 }
 
 
@@ -409,6 +413,40 @@ def test_bsa_bwd_ws_tailconv_ptx(kept_ptx):
     # tile instead of holding their SM until the backward ends)
     assert "%nctaid.z" in c[c.index("st.global"):c.index("griddepcontrol.wait")]
     assert "ld.relaxed" not in conv_default[0] and "nanosleep" not in conv_default[0]
+
+
+@pytest.mark.parametrize("cfg,tag", [(CONFIGS[1], "blk64"), (CONFIGS[0], "blk128")],
+                         ids=["blk64", "blk128"])
+def test_bsa_bwd_ws_l2hint_ptx(kept_ptx, cfg, tag):
+    """``bsa_bwd_ws=l2hint``: the K / V tensor loads carry an ``evict_first`` L2 policy
+    (``createpolicy``), the Q / dO loads an ``evict_last`` one, and the writer warp's dQ
+    bulk reduce-adds (``.L2::cache_hint``) an ``evict_last`` one; ``l2normal``:
+    ``evict_normal`` on all of them. The default passes the DSL's constant 0 as the loads'
+    policy and reduces without one. The copies and reductions are the same in all three."""
+    import kept_ptx as kp  # noqa: PLC0415
+
+    text = {m: _ws_ptx(kept_ptx, f"{m}-{tag}" if m else _ids(cfg))
+            for m in ("", "l2hint", "l2normal")}
+    pol = {m: kp.tma_copy_policies(t) for m, t in text.items()}
+    for m, t in text.items():
+        assert t.count("cp.async.bulk.tensor.") == len(pol[m]) > 0, m
+        assert {k for k, _ in pol[m]} == {"load"}, m
+    assert {p for _, p in pol[""]} == {"0"}
+    assert {p for _, p in pol["l2normal"]} == {"evict_normal"}
+    assert len(pol["l2hint"]) == len(pol[""]) == len(pol["l2normal"])
+    assert sorted({p for _, p in pol["l2hint"]}) == ["evict_first", "evict_last"]
+    red = "cp.reduce.async.bulk.global.shared::cta.bulk_group"
+    n = text[""].count(red + ".add.f32")
+    assert n > 0 and ".L2::cache_hint" not in text[""].split(red, 1)[1][:40]
+    for m in ("l2hint", "l2normal"):
+        assert text[m].count(red + ".L2::cache_hint.add.f32") == n
+        assert text[m].count(red + ".add.f32") == 0
+    # the reductions' policy operand: evict_last with l2hint
+    regs = re.findall(re.escape(red) + r"\.L2::cache_hint\.add\.f32[^;]*,\s*(%rd\d+);",
+                      text["l2hint"])
+    made = dict((r, p) for p, r in re.findall(
+        r"createpolicy\.fractional\.L2::(evict_\w+)\.b64\s+(%rd\d+)", text["l2hint"]))
+    assert regs and {made.get(r) for r in regs} == {"evict_last"}, (regs, made)
 
 
 def test_bsa_pre_kernel4_ptx(kept_ptx):

@@ -142,6 +142,10 @@ class BsaFwdConfig:
     # blk 64: two consumer warpgroups per CTA with work items of their own, taking turns at
     # their GEMMs ("pairwg")
     ws_pair_wg: bool = False
+    # the L2 policies of the TMA copies (kernels.common.L2_HINT_*): 1 ("l2hint") Q loads and
+    # O stores evict_first, K / V loads evict_last; 2 ("l2normal") evict_normal everywhere;
+    # 0 the copies' default operand
+    ws_l2_hint: int = 0
     num_sms: int = 0
     arch: str = ""  # the target arch (CuTe DSL name) the key was chosen for
     # pack_gqa: query heads per KV head r of the packed rows (1: not packed; sm90ws only)
@@ -278,6 +282,11 @@ class BsaBwdConfig:
     # (tail_conv) with each contribution converted to int32 by a per-query-row multiplier
     # and added with int32 bulk reductions, whose sum does not depend on their order
     dq_fixed: bool = False
+    # "sm90ws": the L2 policies (kernels.common.L2_HINT_*): 1 ("l2hint") K / V loads
+    # evict_first (read by this CTA only), Q / dO loads and the dQ bulk reductions
+    # evict_last (read and added to by the other KV blocks listing the query block); 2
+    # ("l2normal") evict_normal on all of them; 0 the default operands
+    ws_l2_hint: int = 0
 
 
 def fwd_smem_bytes(head_dim, block_size) -> int:
@@ -325,6 +334,13 @@ class BsaPreConfig:
     zero_ws: bool = True
     zero_elems: int = 0
     rows_per_thread: int = 1  # rows whose loads each thread issues together ("kernel4": 4)
+
+
+def l2_hint_mode(opts) -> int:
+    """The L2 policy mode (``kernels.common.L2_HINT_*``) of a tuning switch's options:
+    ``l2hint`` 1 (an eviction priority per tensor), ``l2normal`` 2 (``evict_normal``
+    everywhere), else 0 (the TMA copies' default operand)."""
+    return 1 if "l2hint" in opts else 2 if "l2normal" in opts else 0
 
 
 def _impl(want: str, head_dim: int, block_size: int | None = None) -> str:
@@ -375,7 +391,9 @@ def bsa_ws_options(opts) -> dict:
     that ptxas keeps that wait below the next block's softmax), ``pair_wg`` (``pairwg``: at
     blk 64 one CTA per SM whose two consumer warpgroups each run work items of their own,
     taking turns at their GEMMs; :func:`fwd_config` drops it where the kernel does not
-    implement it)."""
+    implement it), ``l2_hint`` (:func:`l2_hint_mode`: ``l2hint`` L2 eviction priorities on
+    the TMA copies, Q loads and O stores ``evict_first``, K / V loads ``evict_last``;
+    ``l2normal`` ``evict_normal`` on every copy)."""
     st = [int(o[7:]) for o in opts if o.startswith("stages=")]
     return {"overlap": "nooverlap" not in opts, "pingpong": "nopingpong" not in opts,
             "q_stages": 1 if "q1" in opts else 2, "max_stages": st[0] if st else 4,
@@ -391,7 +409,7 @@ def bsa_ws_options(opts) -> dict:
             "tma_o_packed": "notmaopack" not in opts,
             "split_wait": (True if "splitwait" in opts else False if "nosplitwait" in opts
                            else None),
-            "pair_wg": "pairwg" in opts}
+            "pair_wg": "pairwg" in opts, "l2_hint": l2_hint_mode(opts)}
 
 
 def _family_impl(want: str, head_dim: int, switches, block_size: int | None = None) -> str:
@@ -434,6 +452,8 @@ def fwd_config(dtype, head_dim, block_size, has_block_sizes, switches, causal=Fa
                          or o["q_ahead"] or o["o_alias"]))
         if pair:
             kw["ws_pair_wg"] = True
+        if o["l2_hint"]:
+            kw["ws_l2_hint"] = o["l2_hint"]
         return BsaFwdConfig(name, head_dim, block_size, has_block_sizes, impl,
                             ws_overlap=o["overlap"], ws_pingpong=o["pingpong"],
                             ws_q_stages=o["q_stages"], ws_max_stages=o["max_stages"],
@@ -621,6 +641,7 @@ def _ws_config(name, head_dim, block_size, has_block_sizes, impl, arch, switches
                         ws_dq_late=alias and "dqearly" not in opts,
                         ws_lse_early="lselate" not in opts,
                         ws_split_wait="splitwait" in opts,
+                        ws_l2_hint=l2_hint_mode(opts),
                         ws_epi_pairs="epi16" not in opts,
                         ws_epi_smem=not {"epiregs", "epi16"} & set(opts),
                         ws_dq_alt="dqalt" in opts and block_size == 128 and tile
@@ -1165,7 +1186,8 @@ def _ws_fwd_kernel(cfg: BsaFwdConfig, stream_k: bool):
                         epi_vec=cfg.ws_epi_vec, split_wait=cfg.ws_split_wait, pdl=cfg.pdl,
                         stream_k=stream_k, tma_o=cfg.ws_tma_o,
                         tma_o_packed=cfg.ws_tma_o_packed, k_single=cfg.ws_k_single,
-                        self_load=cfg.ws_self_load, pair_items=cfg.ws_pair_wg, **kw)
+                        self_load=cfg.ws_self_load, pair_items=cfg.ws_pair_wg,
+                        l2_hint=cfg.ws_l2_hint, **kw)
 
 
 @functools.cache
@@ -1577,7 +1599,8 @@ def _ws_kernel(cfg: BsaBwdConfig, after_pre: bool = False):
                         dq_claim=cfg.dq_claim, zero_lag=cfg.zero_lag,
                         tail_conv=cfg.tail_conv, lpt_chain=cfg.ws_lpt_chain,
                         persist=cfg.ws_persist, persist_kv_at=cfg.ws_persist_kv_at,
-                        persist_kv_l2=cfg.ws_persist_kv_l2, dq_fixed=cfg.dq_fixed)
+                        persist_kv_l2=cfg.ws_persist_kv_l2, dq_fixed=cfg.dq_fixed,
+                        l2_hint=cfg.ws_l2_hint)
 
 
 def _bwd_det_entry(stream, q, k, v, do, lse, delta, offsets, entries, ranks, sizes, scale,

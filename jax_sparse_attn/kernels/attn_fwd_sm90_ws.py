@@ -44,9 +44,10 @@ from cutlass.cute.nvgpu import OperandMajorMode, cpasync, warpgroup
 from cutlass.tensor_utils import LayoutEnum
 
 from . import hstu_common as hc
-from .common import (acc_layout_as_a, gmem_load_copy, gmem_store_copy, ldmatrix_atoms,
-                     smem_layout_16b, st_shared_s32, stage_acc_sw128, stage_acc_swz,
-                     swz_rows_to_gmem, transpose_view_staged)
+from .common import (L2_EVICT_FIRST, L2_EVICT_LAST, acc_layout_as_a, gmem_load_copy,
+                     gmem_store_copy, l2_copy_kw, ldmatrix_atoms, smem_layout_16b,
+                     st_shared_s32, stage_acc_sw128, stage_acc_swz, swz_rows_to_gmem,
+                     transpose_view_staged)
 from .pipeline import SmemPipeline, WarpgroupTurns
 
 SMEM_LIMIT = 227 * 1024
@@ -500,7 +501,7 @@ class AttnFwdSm90Ws:
         sq = pipe_q.stage(c_q)
         for w in cutlass.range_constexpr(nwg):
             cute.copy(tma_q, tQg[None, nwg * m_block + w], tQs[None, nwg * sq + w],
-                      tma_bar_ptr=pipe_q.full_ptr(c_q))
+                      tma_bar_ptr=pipe_q.full_ptr(c_q), **self._l2(L2_EVICT_FIRST))
 
     @cute.jit
     def _produce_kv_prefetched(self, work, prefetch, tma_k, tKg, tKs, tma_v, tVg, tVs,
@@ -536,7 +537,7 @@ class AttnFwdSm90Ws:
         pipe_k.producer_acquire(c)
         pipe_k.producer_expect_tx(c, k_bytes)
         cute.copy(tma_k, tKg[None, nk], tKs[None, pipe_k.stage(c)],
-                  tma_bar_ptr=pipe_k.full_ptr(c))
+                  tma_bar_ptr=pipe_k.full_ptr(c), **self._l2(L2_EVICT_LAST))
 
     @cute.jit
     def _issue_v(self, work, n, nk, tma_v, tVg, tVs, sV_rows, pipe_v, v_bytes, c, lane):
@@ -547,7 +548,8 @@ class AttnFwdSm90Ws:
         limit, tma_ok = self._v_limit(work, n)
         if tma_ok:
             pipe_v.producer_expect_tx(c, v_bytes)
-            cute.copy(tma_v, tVg[None, nk], tVs[None, s], tma_bar_ptr=pipe_v.full_ptr(c))
+            cute.copy(tma_v, tVg[None, nk], tVs[None, s], tma_bar_ptr=pipe_v.full_ptr(c),
+                      **self._l2(L2_EVICT_LAST))
         else:
             self._load_v_rows(work, n, limit, sV_rows, s, lane)
             pipe_v.producer_arrive(c)
@@ -610,6 +612,13 @@ class AttnFwdSm90Ws:
         tOrV = thr_mma_pv.make_fragment_B(thr_mma_pv.partition_B(sV))
         tSc = thr_mma_qk.partition_C(cute.make_identity_tensor((self.wg_m, self.bn)))
         return thr_mma_qk, thr_mma_pv, tSrQ, tSrK, tOrV, tSc
+
+    def _l2(self, priority):
+        """The ``cache_policy`` keyword of a TMA copy under the kernel's ``l2_hint``
+        (:func:`.common.l2_copy_kw`): with ``L2_HINT_SPLIT`` the policy of ``priority`` (Q
+        and O ``evict_first``, read or written once; K and V ``evict_last``, read again by
+        the other query tiles of their head)."""
+        return l2_copy_kw(getattr(self, "l2_hint", 0), priority)
 
     def _q_regs(self):
         """Whether Q is the register operand of ``S = Q K^T`` (a kernel's ``q_regs``): the
@@ -993,7 +1002,7 @@ class AttnFwdSm90Ws:
             tOs, tOg = cpasync.tma_partition(tma_o, 0, cute.make_layout(1),
                                              cute.group_modes(sO, 0, 2),
                                              cute.group_modes(gO, 0, 2))
-            cute.copy(tma_o, tOs[None, 0], tOg[None, m64])
+            cute.copy(tma_o, tOs[None, 0], tOg[None, m64], **self._l2(L2_EVICT_FIRST))
             cute.arch.cp_async_bulk_commit_group()
 
     @cute.jit

@@ -202,8 +202,10 @@ from cutlass.cute.nvgpu import OperandMajorMode, cpasync, warpgroup
 
 from . import kv_major_bwd as kvb
 from .bsa_common import LOG2_E, bwd_kv_tile_rows
-from .common import (acc_layout_as_a, acc_mn_view_wg, atom_add_acq_rel_s32, atom_add_s32,
-                     elem_ptr, fence_acq_rel_gpu, gmem_load_copy, kv_major_bwd_operands,
+from .common import (L2_EVICT_FIRST, L2_EVICT_LAST, L2_EVICT_NORMAL, L2_HINT_NORMAL,
+                     acc_layout_as_a, acc_mn_view_wg,
+                     atom_add_acq_rel_s32, atom_add_s32, elem_ptr, fence_acq_rel_gpu,
+                     gmem_load_copy, kv_major_bwd_operands, l2_copy_kw, l2_policy,
                      ld_acquire_s32, ld_relaxed_s32, st_release_s32, tma_view, wait_at_least)
 from .dq_tiles import bulk_add_warp_slice, fixed_point_slice, stage_warp_slice
 from .pack_gqa import pack_rows_view, packed_row
@@ -277,8 +279,11 @@ class BsaBwdSm90Ws:
                  det_store: bool = False, causal: bool = False, pack_gqa: int = 1,
                  dq_claim: bool = False, zero_lag: int = 0, tail_conv: bool = False,
                  lpt_chain: bool = False, persist: int = 0, persist_kv_at: int = -1,
-                 persist_kv_l2: bool = True, dq_fixed: bool = False):
+                 persist_kv_l2: bool = True, dq_fixed: bool = False, l2_hint: int = 0):
         self.pdl = pdl
+        # the L2 policies (_l2; common.L2_HINT_*): with L2_HINT_SPLIT K / V evict_first, Q /
+        # dO and the writer warp's dQ bulk reductions evict_last
+        self.l2_hint = l2_hint
         # pack_gqa: r = H_q / H_kv query heads per KV head (1: off). The K->Q entries are
         # packed blocks (the group is 1), a step is 64 packed rows (64 / r positions x r query
         # heads; pack_gqa.packed_row), Q / dO come in 5-D TMA boxes (pack_rows_view), lse /
@@ -664,6 +669,18 @@ class BsaBwdSm90Ws:
                 if cutlass.const_expr(dP_mn is not None):
                     dP_mn[r, cc] = dP_mn[r, cc] if ok else Float32(0.0)
 
+    def _l2(self, priority):
+        """The ``cache_policy`` keyword of a TMA load under ``l2_hint``
+        (:func:`.common.l2_copy_kw`)."""
+        return l2_copy_kw(self.l2_hint, priority)
+
+    def _l2_reduce_policy(self, store):
+        """The L2 policy of the writer warp's fp32 dQ bulk reduce-adds under ``l2_hint``
+        (None: the plain instruction; bulk stores and int32 reductions keep it)."""
+        if not self.l2_hint or store or self.dq_fixed:
+            return None
+        return l2_policy(L2_EVICT_NORMAL if self.l2_hint == L2_HINT_NORMAL else L2_EVICT_LAST)
+
     @cute.jit
     def _bulk_tile(self, gtile, sdQ, sdQ2, n_cg: cutlass.Constexpr, store: cutlass.Constexpr):
         """One lane of the writer warp: the staged dQ tile to the workspace tile at
@@ -673,7 +690,8 @@ class BsaBwdSm90Ws:
             # consumer warp wi: rows 16 (wi % 4) .., warpgroup wi // 4's columns
             bulk_add_warp_slice(gtile, sdQ, wi % 4, (wi // 4) * n_cg, n_cg, 4, self.dq_w,
                                 sbase2=sdQ2, half=2 * self.d // self.dq_w, store=store,
-                                s32=self.dq_fixed)
+                                s32=self.dq_fixed,
+                                policy=self._l2_reduce_policy(store))
 
     @cute.jit
     def _zero_ahead(self, mdQacc, mCount, batch, head_kv, num_heads_kv, group, n_block,
@@ -867,10 +885,10 @@ class BsaBwdSm90Ws:
             pipe_kv.producer_expect_tx(j, 2 * kv_bytes)
             tKs, tKg = self._kv_boxes(tma_k, tma_tK, sK, head_kv, batch)
             cute.copy(tma_k, tKg[None, n_block], tKs[None, 0],
-                      tma_bar_ptr=pipe_kv.full_ptr(j))
+                      tma_bar_ptr=pipe_kv.full_ptr(j), **self._l2(L2_EVICT_FIRST))
             tVs, tVg = self._kv_boxes(tma_v, tma_tV, sV, head_kv, batch)
             cute.copy(tma_v, tVg[None, n_block], tVs[None, 0],
-                      tma_bar_ptr=pipe_kv.full_ptr(j))
+                      tma_bar_ptr=pipe_kv.full_ptr(j), **self._l2(L2_EVICT_FIRST))
         else:
             self._load_rows(mK, batch, head_kv, n_block, kv_rows,
                             sK[None, None, 0], lane)
@@ -966,9 +984,9 @@ class BsaBwdSm90Ws:
                         pipe_q.producer_expect_tx(c, 2 * q_bytes)
                         q_tile = m_block * self.sub + s
                         cute.copy(tma_q, tQg[None, q_tile], tQs[None, stg],
-                                  tma_bar_ptr=pipe_q.full_ptr(c))
+                                  tma_bar_ptr=pipe_q.full_ptr(c), **self._l2(L2_EVICT_LAST))
                         cute.copy(tma_do, tdOg[None, q_tile], tdOs[None, stg],
-                                  tma_bar_ptr=pipe_q.full_ptr(c))
+                                  tma_bar_ptr=pipe_q.full_ptr(c), **self._l2(L2_EVICT_LAST))
                         c += 1
             if cutlass.const_expr(self.persist):
                 if c - c0 <= self.persist_kv_at:

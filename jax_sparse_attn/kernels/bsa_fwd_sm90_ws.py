@@ -137,8 +137,11 @@ class BsaFwdSm90Ws(AttnFwdSm90Ws):
                  split_wait: bool = False, pdl: bool = False, q_regs: bool = False,
                  meta_prefetch: bool = False, q_ahead: bool = False, epi_vec: bool = False,
                  stream_k: bool = False, tma_o: bool = False, tma_o_packed: bool = False,
-                 k_single: bool = False, self_load: bool = False, pair_items: bool = False):
+                 k_single: bool = False, self_load: bool = False, pair_items: bool = False,
+                 l2_hint: int = 0):
         self.pdl = pdl
+        # the L2 policies of the TMA copies (AttnFwdSm90Ws._l2; common.L2_HINT_*)
+        self.l2_hint = l2_hint
         # blk 64: two consumer warpgroups per CTA, each with work items of its own (its own
         # 64-row query block and block list, Q / K / V rings and producer warp), taking
         # turns at their GEMMs (AttnFwdSm90Ws._pair)

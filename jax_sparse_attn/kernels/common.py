@@ -32,6 +32,9 @@
   of the block-sparse backward (``bsa_bwd_sm90``); ``st_shared_v4_f32(sptr, a, b, c, d)``:
   one 16-byte shared-memory store of four fp32 (the dQ staging of the query-tile
   workspaces, ``dq_tiles``).
+* ``l2_policy(priority)``: an L2 eviction policy for TMA copies and bulk operations;
+  ``l2_copy_kw(enabled, priority)``: a TMA copy's keyword for one;
+  ``bulk_reduce_add_f32_hint``: the fp32 bulk reduce-add with one.
 * ``red_add_2xf32(ptr, a, b)``: ``ptr[0] += a; ptr[1] += b`` as two scalar
   ``red.global.add.f32`` (every arch from sm_70; the portable form of the 8-byte vector
   ``red.global.add.v2.f32``, which needs sm_90 or later).
@@ -445,6 +448,57 @@ def bulk_reduce_add_f32(gptr, sptr, nbytes: int, *, loc=None, ip=None):
     aligned), asynchronously, in this thread's bulk group."""
     _bulk_shared_to_global("cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32",
                            gptr, sptr, nbytes, loc, ip)
+
+
+#: the L2 eviction priorities of :func:`l2_policy` (``createpolicy.fractional`` with
+#: fraction 1.0)
+L2_EVICT_FIRST = "evict_first"
+L2_EVICT_LAST = "evict_last"
+L2_EVICT_NORMAL = "evict_normal"
+
+
+@dsl_user_op
+def l2_policy(priority: str, *, loc=None, ip=None):
+    """An L2 cache policy (``createpolicy.fractional.L2::<priority>.b64``, fraction 1.0) for
+    the ``cache_policy`` of a TMA copy or the policy operand of the ``L2::cache_hint`` bulk
+    operations: ``"evict_first"`` for data read or written once, ``"evict_last"`` for data
+    that other CTAs read again, ``"evict_normal"`` (PTX ISA, "createpolicy")."""
+    if priority not in (L2_EVICT_FIRST, L2_EVICT_LAST, L2_EVICT_NORMAL):
+        raise ValueError(f"priority must be {L2_EVICT_FIRST!r}, {L2_EVICT_LAST!r} or "
+                         f"{L2_EVICT_NORMAL!r}, got {priority!r}")
+    return cutlass.Int64(inline_asm(
+        T.i64(), [], f"createpolicy.fractional.L2::{priority}.b64 $0, 1.0;", "=l", False,
+        loc, ip))
+
+
+#: the L2 policy modes of the kernels' ``l2_hint``: none (the TMA copies' default operand),
+#: a priority per tensor, ``evict_normal`` everywhere
+L2_HINT_OFF, L2_HINT_SPLIT, L2_HINT_NORMAL = 0, 1, 2
+
+
+def l2_copy_kw(mode: int, priority: str) -> dict:
+    """The keyword arguments of a TMA ``cute.copy`` under the L2 policy ``mode``:
+    :data:`L2_HINT_SPLIT` the policy of ``priority`` (:func:`l2_policy`),
+    :data:`L2_HINT_NORMAL` ``evict_normal``, :data:`L2_HINT_OFF` none (the copy's default
+    operand)."""
+    if mode == L2_HINT_SPLIT:
+        return {"cache_policy": l2_policy(priority)}
+    if mode == L2_HINT_NORMAL:
+        return {"cache_policy": l2_policy(L2_EVICT_NORMAL)}
+    return {}
+
+
+@dsl_user_op
+def bulk_reduce_add_f32_hint(gptr, sptr, nbytes: int, policy, *, loc=None, ip=None):
+    """:func:`bulk_reduce_add_f32` with an L2 cache policy (:func:`l2_policy`):
+    ``cp.reduce.async.bulk.global.shared::cta.bulk_group.L2::cache_hint.add.f32``."""
+    inline_asm(
+        None,
+        [gptr.toint(loc=loc, ip=ip).ir_value(loc=loc, ip=ip),
+         sptr.toint(loc=loc, ip=ip).ir_value(loc=loc, ip=ip),
+         cutlass.Int64(policy).ir_value(loc=loc, ip=ip)],
+        "cp.reduce.async.bulk.global.shared::cta.bulk_group.L2::cache_hint.add.f32 "
+        f"[$0], [$1], {nbytes}, $2;", "l,r,l", True, loc, ip)
 
 
 @dsl_user_op

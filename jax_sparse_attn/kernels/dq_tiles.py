@@ -25,7 +25,8 @@ import cutlass.cute as cute
 import cutlass.memory
 from cutlass import Float32, Int32
 
-from .common import (bulk_copy_f32, bulk_reduce_add_f32, bulk_reduce_add_s32, elem_ptr,
+from .common import (bulk_copy_f32, bulk_reduce_add_f32, bulk_reduce_add_f32_hint,
+                     bulk_reduce_add_s32, elem_ptr,
                      f32_of_fixed_bits, fixed_bits_f32, red_or_b32, st_shared_v4_f32,
                      wait_at_least)
 from .pack_gqa import packed_row
@@ -110,12 +111,13 @@ def fixed_point_slice(acc, mult, lane, rg, flags_ptr):
 def bulk_add_warp_slice(gtile_ptr, sbase, rg, cg0, n_cg: cutlass.Constexpr,
                         n_rg: cutlass.Constexpr, w: cutlass.Constexpr, sbase2=None,
                         half: cutlass.Constexpr = 0, store: cutlass.Constexpr = False,
-                        s32: cutlass.Constexpr = False):
+                        s32: cutlass.Constexpr = False, policy=None):
     """One bulk reduce-add per block of the warp's slice (blocks ``(cg0 + i) n_rg + rg``,
     ``i < n_cg``) from the staged tile (:func:`block_smem_ptr`) to the same blocks of the
     fp32 tile at gmem ``gtile_ptr`` (one lane issues them; the caller commits the bulk
     group); ``store``: bulk stores instead (the tile's first contribution); ``s32``: int32
-    reduce-adds of fixed-point tiles (:func:`fixed_point_slice`)."""
+    reduce-adds of fixed-point tiles (:func:`fixed_point_slice`); ``policy``: an L2 cache
+    policy (:func:`.common.l2_policy`) for the fp32 reduce-adds."""
     for i in cutlass.range_constexpr(n_cg):
         blk = (cg0 + i) * n_rg + rg
         src = block_smem_ptr(blk, sbase, sbase2, half, w)
@@ -123,6 +125,8 @@ def bulk_add_warp_slice(gtile_ptr, sbase, rg, cg0, n_cg: cutlass.Constexpr,
             bulk_copy_f32(gtile_ptr + blk * (16 * w), src, 64 * w)
         elif cutlass.const_expr(s32):
             bulk_reduce_add_s32(gtile_ptr + blk * (16 * w), src, 64 * w)
+        elif cutlass.const_expr(policy is not None):
+            bulk_reduce_add_f32_hint(gtile_ptr + blk * (16 * w), src, 64 * w, policy)
         else:
             bulk_reduce_add_f32(gtile_ptr + blk * (16 * w), src, 64 * w)
 

@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# Session 45's device call (prepared without a device): the L2 eviction policies of the TMA
+# copies, `l2hint` (forward: Q loads and O stores evict_first, K / V loads evict_last;
+# backward: K / V evict_first, Q / dO loads and the dQ bulk reduce-adds evict_last) and
+# `l2normal` (evict_normal everywhere; the default passes the DSL's constant 0 as the copies'
+# policy operand). (1) In parallel: the BSA grid with l2hint (three shards) and with
+# l2normal (one shard of three); (2) if they passed: the forward rows (blk64 12.5 / 5 / 25 %,
+# blk128 12.5 %, S 32768) and the backward rows (blk64 12.5 %, blk128 12.5 %, S 32768),
+# default / l2hint / l2normal / default, sustained and burst.
+# Usage (device, after `source .devcache/setup.sh`): OUT=$OUT bash scripts/gpu_s45_a.sh [seconds]
+. "$(dirname "$0")/gpu_lib.sh" s45a "${1:-560}"
+T=${TT:-240}
+export JAX_SPARSE_ATTN_GPU_TEST_TIMEOUT=120
+for i in 0 1 2; do
+  BSA_TEST_IMPLS=nodefault,l2hint BSA_TEST_SHARD=$i/3 timeout $T $PYT tests/test_gpu_bsa.py \
+    -k TestBSAKernelGrid > $O/t_hint$i.txt 2>&1 &
+done
+BSA_TEST_IMPLS=nodefault,l2normal BSA_TEST_SHARD=0/3 timeout $T $PYT tests/test_gpu_bsa.py \
+  -k TestBSAKernelGrid > $O/t_normal.txt 2>&1 &
+wait
+for f in hint0 hint1 hint2 normal; do t "$f: $(tail -1 $O/t_$f.txt)"; done
+grep -h "^FAILED\|^ERROR\|Timeout\|timed out" $O/t_*.txt | head -20
+ok() { grep -q "passed" $O/t_$1.txt && ! grep -qi "failed\|error\|timeout\|timed out" $O/t_$1.txt; }
+F=JAX_SPARSE_ATTN_BSA_WS B=JAX_SPARSE_ATTN_BSA_BWD_WS
+VF=";" VB=";"
+if ok hint0 && ok hint1 && ok hint2; then VF="$VF$F=l2hint;"; VB="$VB$B=l2hint;"; fi
+if ok normal; then VF="$VF$F=l2normal;"; VB="$VB$B=l2normal;"; fi
+t "variants: fwd '$VF' bwd '$VB'"
+if [ "$VF" != ";" ]; then
+  timeout $(( $(left) / 2 )) python3 -m benchmarks.bsa_bench --table-pass fwd --rows 0,1,2,3,4 \
+    --timing both --table "$VF" --out $O/fwd.json > $O/fwd.txt 2>&1
+  t "fwd rows rc=$?"; grep -v "^wrote" $O/fwd.txt | tail -24
+  timeout $(( $(left) - 10 )) python3 -m benchmarks.bsa_bench --table-pass bwd --rows 0,3,4 \
+    --timing both --table "$VB" --out $O/bwd.json > $O/bwd.txt 2>&1
+  t "bwd rows rc=$?"; grep -v "^wrote" $O/bwd.txt | tail -16
+fi
