@@ -1970,27 +1970,36 @@ def dq_fixed_multipliers(k, v, do, delta, q2k_block_index, q2k_block_nums, block
     ``2^s`` and ``2^-s``.
 
     Every contribution of a KV block to dQ row ``i`` of query head ``h``, and every sum of
-    such contributions, is bounded elementwise by ``softmax_scale * Kmax * (D * dOmax_i *
-    Vmax + |delta_i|)`` (``dS = softmax_scale * P (dP - delta)`` with ``0 <= P``, the row's P
-    summing to at most 1 with the forward's lse, ``|dP_ij| <= D * dOmax_i * Vmax``), with
-    ``dOmax_i`` the row's largest finite ``|dO|`` and ``Kmax`` / ``Vmax`` the largest finite
-    ``|K|`` / ``|V|`` over the valid keys (below the sequence end and the block's
+    such contributions, is bounded elementwise by ``softmax_scale * Kmax * (|dO_i| * Vnorm
+    + |delta_i|)`` (``dS = softmax_scale * P (dP - delta)`` with ``0 <= P``, the row's P
+    summing to at most 1 with the forward's lse, ``|dP_ij| = |dO_i . V_j| <= |dO_i| |V_j|``
+    by Cauchy-Schwarz), with ``|dO_i|`` the Euclidean norm of the row's finite dO values,
+    ``Vnorm`` the largest Euclidean norm of a key's finite V values and ``Kmax`` the largest
+    finite ``|K|``, both over the valid keys (below the sequence end and the block's
     ``block_sizes`` entry) of the KV blocks the row's query block lists. ``s = 29 - e`` with
     ``2^(e - 1)`` above that bound (one bit of margin for the 16-bit rounding of dS and the
     float32 arithmetic), clamped to ``[-120, 120]``: every contribution times ``2^s`` stays
     within ``2^28``, which leaves the int32 sum room for P's of up to 8 in sum (an lse
     that is not the forward's) before it wraps. Non-finite values do not enter the bound;
-    where they reach a contribution the kernel flags its row (NaN in dq)."""
+    where they reach a contribution the kernel flags its row (NaN in dq). Everything is
+    computed in the log2 domain, so no norm overflows float32."""
     f32 = jnp.float32
-    blk, d, n_kv = cfg.sparse_block_size, cfg.head_dim, cfg.num_kv_blocks
+    blk, n_kv = cfg.sparse_block_size, cfg.num_kv_blocks
     b, h_q = cfg.batch, cfg.num_heads_q
     group = h_q // cfg.num_heads_kv
+    lg = jnp.log2
 
-    def rows_absmax(x):
-        # (B, H, S): max over D of the finite |x| (0 where none)
+    def rows_log2(x, norm):
+        # (B, H, S): log2 of the largest finite |x| over D, or (norm) of the Euclidean norm
+        # of the finite values, scaled by that largest one; -inf where none
         x = x if cfg.layout == "bhsd" else jnp.swapaxes(x, 1, 2)
         a = jnp.abs(x.astype(f32))
-        return jnp.max(jnp.where(jnp.isfinite(a), a, 0.0), axis=-1)
+        a = jnp.where(jnp.isfinite(a), a, 0.0)
+        m = jnp.max(a, axis=-1)
+        if not norm:
+            return lg(m)
+        r = jnp.sum(jnp.square(a / jnp.where(m > 0, m, 1.0)[..., None]), axis=-1)
+        return lg(m) + 0.5 * lg(jnp.maximum(r, 1.0))
 
     heads_kv = jnp.arange(h_q) // group
     if block_sizes is not None:
@@ -1998,13 +2007,15 @@ def dq_fixed_multipliers(k, v, do, delta, q2k_block_index, q2k_block_nums, block
     else:
         cnt = jnp.full((b, h_q, n_kv), blk, jnp.int32)
 
-    def keys_max(x):
-        # (B, H_q, N_kv): over the first cnt keys of each block (the padding rows are 0)
-        r = rows_absmax(x)
-        r = jnp.pad(r, ((0, 0), (0, 0), (0, n_kv * blk - r.shape[-1])))
-        pm = jax.lax.cummax(r.reshape(r.shape[0], r.shape[1], n_kv, blk), axis=3)[:, heads_kv]
-        at = jnp.take_along_axis(pm, jnp.maximum(cnt - 1, 0)[..., None], axis=3)[..., 0]
-        return jnp.where(cnt > 0, at, 0.0)
+    def keys_max(r):
+        # (B, H_q, N_kv): the largest of the per-key values r (B, H_kv, S) over the first cnt
+        # keys of each block (-inf where none)
+        r = jnp.pad(r, ((0, 0), (0, 0), (0, n_kv * blk - r.shape[-1])),
+                    constant_values=-jnp.inf)
+        pm = jax.lax.cummax(r.reshape(r.shape[0], r.shape[1], n_kv, blk), axis=3)
+        at = jnp.take_along_axis(pm[:, heads_kv], jnp.maximum(cnt - 1, 0)[..., None],
+                                 axis=3)[..., 0]
+        return jnp.where(cnt > 0, at, -jnp.inf)
 
     j = jnp.arange(q2k_block_index.shape[-1])
     active = ((j < q2k_block_nums[..., None]) & (q2k_block_index >= 0)
@@ -2013,22 +2024,21 @@ def dq_fixed_multipliers(k, v, do, delta, q2k_block_index, q2k_block_nums, block
 
     def listed_max(per_block):
         got = jnp.take_along_axis(per_block, ids.reshape(b, h_q, -1), axis=2)
-        return jnp.max(jnp.where(active, got.reshape(ids.shape), 0.0), axis=-1)
+        return jnp.max(jnp.where(active, got.reshape(ids.shape), -jnp.inf), axis=-1)
 
     n_q = q2k_block_index.shape[2]
     rows = n_tiles * 64
     blk_of_row = jnp.minimum(jnp.arange(rows) // blk, n_q - 1)
-    kmax = listed_max(keys_max(k))[:, :, blk_of_row]  # (B, H_q, rows)
-    vmax = listed_max(keys_max(v))[:, :, blk_of_row]
+    lk = listed_max(keys_max(rows_log2(k, False)))[:, :, blk_of_row]  # (B, H_q, rows)
+    lv = listed_max(keys_max(rows_log2(v, True)))[:, :, blk_of_row]
     s_q = delta.shape[-1]
-    do_max = jnp.pad(rows_absmax(do), ((0, 0), (0, 0), (0, rows - s_q)))
+    ldo = jnp.pad(rows_log2(do, True), ((0, 0), (0, 0), (0, rows - s_q)),
+                  constant_values=-jnp.inf)
     dl = jnp.abs(delta.astype(f32))
     dl = jnp.pad(jnp.where(jnp.isfinite(dl), dl, 0.0), ((0, 0), (0, 0), (0, rows - s_q)))
-    # log2 of the bound, each term's logarithm apart (no float32 overflow): log2(a + c) <=
-    # max(log2 a, log2 c) + 1; log2(0) = -inf gives the largest exponent
-    lg = jnp.log2
-    la = lg(f32(d)) + lg(do_max) + lg(vmax)
-    lb = lg(kmax) + jnp.maximum(la, lg(dl)) + 1.0 + lg(f32(abs(cfg.softmax_scale)))
+    # log2 of the bound, each term's logarithm apart: log2(a + c) <= max(log2 a, log2 c) + 1;
+    # log2(0) = -inf gives the largest exponent
+    lb = lk + jnp.maximum(ldo + lv, lg(dl)) + 1.0 + lg(f32(abs(cfg.softmax_scale)))
     e = jnp.ceil(lb) + 1.0
     s_exp = jnp.clip(29.0 - jnp.where(jnp.isnan(e), 200.0, e), -120.0, 120.0).astype(jnp.int32)
 
