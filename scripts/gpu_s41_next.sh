@@ -5,7 +5,7 @@
 # their own, turns at their GEMMs) on its own cases with and without ping-pong and with
 # nooverlap + q1 + vlag and qregs + stages=8, its causal
 # cases, the blk 64 cases of the BSA grid under it, and the kernel cases of
-# tests/test_robustness.py (left over from session 39's plan, scripts/gpu_s40_next.sh);
+# tests/test_robustness.py (left over from session 39's plan, scripts/sessions/gpu_s40_next.sh);
 # (2) alone, only if the pairwg cases passed without a hang: the blk 64 forward rows (12.5 %,
 # 5 %, 25 %, GQA 16:4, D 64), default / pairwg / pairwg + nopingpong / default (sustained);
 # (3) the blk 64 12.5 % and 25 % rows with neighbouring query blocks sharing their lists

@@ -23,7 +23,7 @@ Inputs hold NaN (and Inf) in every K/V row no query row sees. New here:
   B = 0) on every path: out 0, lse -inf, zero gradients, no launch error.
 
 Run on the H200 (7 processes, about 2 cases each, within 120 s):
-``T=120 OUT=$OUT bash scripts/gpu_r1.sh`` (logs in ``$OUT/r1_logs.tgz``), or by hand
+``T=120 OUT=$OUT bash scripts/sessions/gpu_r1.sh`` (logs in ``$OUT/r1_logs.tgz``), or by hand
 ``seq 0 6 | XLA_PYTHON_CLIENT_PREALLOCATE=false xargs -P 7 -I{} env EXTRA_SHARD={}/7
 timeout 115 python3 -m pytest -m gpu -q -rA tests/test_gpu_bsa_options_extra.py``.
 """

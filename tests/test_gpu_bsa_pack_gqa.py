@@ -26,7 +26,7 @@ split of every item empty (K/V all NaN). Only those:
 ``python -m pytest -m gpu tests/test_gpu_bsa_pack_gqa.py -k split``.
 
 Run on the H200: ``python -m pytest -m gpu tests/test_gpu_bsa_pack_gqa.py`` (shard with
-``BSA_PACK_SHARD=i/n``); ``scripts/gpu_p18.sh`` runs it with the benchmark rows.
+``BSA_PACK_SHARD=i/n``); ``scripts/sessions/gpu_p18.sh`` runs it with the benchmark rows.
 """
 
 from __future__ import annotations
@@ -46,7 +46,7 @@ pytestmark = pytest.mark.gpu
 
 SHARD = os.environ.get("BSA_PACK_SHARD", "")
 # the backend under test; "reference" checks the test itself on a CPU (with the gpu marker
-# deselected: python -m pytest -m "gpu or not gpu" ... does not skip; see scripts/gpu_p18.sh)
+# deselected: python -m pytest -m "gpu or not gpu" ... does not skip; see scripts/sessions/gpu_p18.sh)
 BACKEND = os.environ.get("BSA_PACK_TEST_BACKEND", "kernel")
 # BSA_PACK_TEST_FWD_WS: the sm90ws forward's switch for these cases (a comma list, e.g.
 # "notmaopack": the packed rows copied out instead of the default TMA tensor stores)

@@ -17,7 +17,7 @@ the buffers; an unwritten partial, LSE or output would show). Cases cover the sm
 and the mma.sync forward (D 256; D 128 with ``bsa_fwd_impl="sm80"``).
 
 Run on the H200: ``python -m pytest -m gpu tests/test_gpu_bsa_splits.py`` (shard with
-``BSA_TEST_SHARD=i/n``); ``scripts/gpu_s18.sh`` runs it with the benchmark rows.
+``BSA_TEST_SHARD=i/n``); ``scripts/sessions/gpu_s18.sh`` runs it with the benchmark rows.
 """
 
 from __future__ import annotations
