@@ -452,8 +452,9 @@ SWITCHES = (
            "pack_gqa, ctas3k1, selfload, streamk, cross, crossepi, mpre, qahead or oalias, "
            "where it is ignored), "
            "l2hint (L2 eviction priorities on the TMA copies: Q loads and O stores "
-           "evict_first, K / V loads evict_last, which other query blocks of the head read "
-           "again), l2normal (evict_normal policies on every TMA copy; the default passes "
+           "evict_first (Q evict_last with split-KV or streamk, where several work items "
+           "read a query block), K / V loads evict_last, which other query blocks of the head "
+           "read again), l2normal (evict_normal policies on every TMA copy; the default passes "
            "the copies' default policy operand), "
            "stages=N "
            "(most K/V stages)"),

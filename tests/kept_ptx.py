@@ -144,18 +144,25 @@ def lowered_text_of(out, name):
 
 
 def tma_copy_policies(text):
-    """The TMA tensor copies of a PTX text as ``(kind, policy)``: ``kind`` "load" or
+    """The TMA tensor copies of a PTX text as ``(kind, policy, param)``: ``kind`` "load" or
     "store", ``policy`` the ``createpolicy`` priority of the copy's cache-policy operand
-    (``"evict_first"`` ...), or ``"0"`` for the constant the DSL passes by default
-    (registers are looked up within each ``.entry``)."""
+    (``"evict_first"`` ...) or ``"0"`` for the constant the DSL passes by default, ``param``
+    the index of the kernel parameter its tensor map comes from (``cvta.param`` of a
+    ``mov`` of ``..._param_N``; None if not found). Registers are looked up within each
+    ``.entry``."""
     out = []
     for entry in text.split(".entry ")[1:]:
         made = {m.group(2): m.group(1) for m in re.finditer(
             r"createpolicy\.fractional\.L2::(evict_\w+)\.b64\s+(%rd\d+)", entry)}
         made.update({m.group(1): m.group(2) for m in re.finditer(
             r"mov\.b64\s+(%rd\d+),\s*(0);", entry)})
+        params = {m.group(1): int(m.group(2)) for m in re.finditer(
+            r"mov\.b64\s+(%rd\d+),\s*\w+_param_(\d+);", entry)}
+        maps = {m.group(1): params.get(m.group(2)) for m in re.finditer(
+            r"cvta\.param\.u64\s+(%rd\d+),\s*(%rd\d+);", entry)}
         for m in re.finditer(r"cp\.async\.bulk\.tensor\.\d+d\.(\S+?)\.(\S*?)"
-                             r"L2::cache_hint[^;]*?,\s*(%rd\d+);", entry):
+                             r"L2::cache_hint([^;]*?),\s*(%rd\d+);", entry):
             kind = "store" if m.group(1).startswith("global") else "load"
-            out.append((kind, made.get(m.group(3))))
+            tmap = re.search(r"\[(%rd\d+),\s*\{", m.group(3))
+            out.append((kind, made.get(m.group(4)), maps.get(tmap.group(1)) if tmap else None))
     return out

@@ -240,7 +240,8 @@ def _ws_fwd_text(cfg):
 
     q, k, idx, nums, sizes, _ = _shapes(cfg)
     kw = dict(layout=cfg["layout"], sparse_block_size=cfg["blk"], softmax_scale=0.3,
-              backend="kernel", switches=Switches(bsa_fwd_impl="sm90ws", bsa_fwd_ws=cfg["ws"]))
+              backend="kernel", switches=Switches(bsa_fwd_impl="sm90ws", bsa_fwd_ws=cfg["ws"]),
+              kv_splits=cfg.get("splits", 1))
     return jax.jit(lambda q, k, v, i, n, s: jsa.block_sparse_attention_forward(
         q, k, v, i, None, s, n, **kw)).trace(q, k, k, idx, nums, sizes).lower(
         lowering_platforms=("cuda",)).as_text()
@@ -324,6 +325,7 @@ _PAIRWG = dict(d=128, blk=64, dtype="bfloat16", layout="bshd", sizes=True, ws="p
 _PTX_CONFIGS["pairwg-blk64"] = ("_ws_fwd_text", (_PAIRWG,), None, {})
 #: bsa_fwd_ws=l2hint / l2normal: L2 policies on the TMA copies
 _L2HINT = {f"{m}-{_ids(c)}": dict(c, ws=m) for c in WS_CONFIGS[:2] for m in ("l2hint", "l2normal")}
+_L2HINT["l2hint-split2"] = dict(WS_CONFIGS[1], ws="l2hint", splits=2)
 _PTX_CONFIGS.update({k: ("_ws_fwd_text", (c,), None, {}) for k, c in _L2HINT.items()})
 
 
@@ -536,28 +538,36 @@ def test_bsa_sm90ws_tma_o_ptx(kept_ptx, name):
 
 @pytest.mark.parametrize("cfg", [WS_CONFIGS[0], WS_CONFIGS[1]], ids=lambda c: _ids(c))
 def test_bsa_sm90ws_l2hint_ptx(kept_ptx, cfg):
-    """``bsa_fwd_ws=l2hint``: the TMA loads of K / V carry an ``evict_last`` L2 policy
-    (``createpolicy``), those of Q and the O tensor stores an ``evict_first`` one;
-    ``l2normal``: ``evict_normal`` on every copy. The default passes the DSL's constant 0
-    as every copy's policy operand. All three have the same copies."""
+    """``bsa_fwd_ws=l2hint``: each TMA copy's policy by the kernel parameter its tensor map
+    comes from (Q 0, K 2, V 4): K / V loads ``evict_last`` (``createpolicy``), Q loads and
+    the O tensor stores ``evict_first``; with split-KV the Q loads ``evict_last`` (one work
+    item per split reads the query tile). ``l2normal``: ``evict_normal`` on every copy. The
+    default passes the DSL's constant 0 as every copy's policy operand. All have the same
+    copies."""
     import kept_ptx as kp  # noqa: PLC0415
 
     def copies(name):
         text = next(iter(kp.ptx_of(kept_ptx, name).values()))
-        assert text.count("cp.async.bulk.tensor.") == len(kp.tma_copy_policies(text))
-        return kp.tma_copy_policies(text)
+        got = kp.tma_copy_policies(text)
+        assert text.count("cp.async.bulk.tensor.") == len(got)
+        assert all(p is not None for k, _, p in got if k == "load"), got
+        return got
 
     default = copies(_ids(cfg))
     hint = copies("l2hint-" + _ids(cfg))
     normal = copies("l2normal-" + _ids(cfg))
-    assert default and {p for _, p in default} == {"0"}
-    kinds = [k for k, _ in default]
-    assert [k for k, _ in hint] == kinds == [k for k, _ in normal]
-    assert {p for k, p in hint if k == "store"} == {"evict_first"}
-    loads = [p for k, p in hint if k == "load"]
-    # Q evict_first, K / V evict_last
-    assert set(loads) == {"evict_first", "evict_last"}
-    assert {p for _, p in normal} == {"evict_normal"}
+    assert default and {p for _, p, _ in default} == {"0"}
+    kinds = [(k, t) for k, _, t in default]
+    assert [(k, t) for k, _, t in hint] == kinds == [(k, t) for k, _, t in normal]
+    want = {0: "evict_first", 2: "evict_last", 4: "evict_last"}
+    assert {t for k, _, t in hint if k == "load"} == set(want)
+    for k, p, t in hint:
+        assert p == (want[t] if k == "load" else "evict_first"), (k, p, t)
+    assert {p for _, p, _ in normal} == {"evict_normal"}
+    if cfg is WS_CONFIGS[1]:
+        split = copies("l2hint-split2")
+        assert {(t, p) for k, p, t in split if k == "load"} == {
+            (0, "evict_last"), (2, "evict_last"), (4, "evict_last")}
 
 
 def test_bsa_sm90ws_pairwg_ptx(kept_ptx, tmp_path):

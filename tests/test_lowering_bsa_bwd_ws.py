@@ -418,8 +418,9 @@ def test_bsa_bwd_ws_tailconv_ptx(kept_ptx):
 @pytest.mark.parametrize("cfg,tag", [(CONFIGS[1], "blk64"), (CONFIGS[0], "blk128")],
                          ids=["blk64", "blk128"])
 def test_bsa_bwd_ws_l2hint_ptx(kept_ptx, cfg, tag):
-    """``bsa_bwd_ws=l2hint``: the K / V tensor loads carry an ``evict_first`` L2 policy
-    (``createpolicy``), the Q / dO loads an ``evict_last`` one, and the writer warp's dQ
+    """``bsa_bwd_ws=l2hint``: by the kernel parameter of each load's tensor map, the K / V
+    tensor loads carry an ``evict_first`` L2 policy (``createpolicy``), the Q / dO loads an
+    ``evict_last`` one, and the writer warp's dQ
     bulk reduce-adds (``.L2::cache_hint``) an ``evict_last`` one; ``l2normal``:
     ``evict_normal`` on all of them. The default passes the DSL's constant 0 as the loads'
     policy and reduces without one. The copies and reductions are the same in all three."""
@@ -430,11 +431,16 @@ def test_bsa_bwd_ws_l2hint_ptx(kept_ptx, cfg, tag):
     pol = {m: kp.tma_copy_policies(t) for m, t in text.items()}
     for m, t in text.items():
         assert t.count("cp.async.bulk.tensor.") == len(pol[m]) > 0, m
-        assert {k for k, _ in pol[m]} == {"load"}, m
-    assert {p for _, p in pol[""]} == {"0"}
-    assert {p for _, p in pol["l2normal"]} == {"evict_normal"}
-    assert len(pol["l2hint"]) == len(pol[""]) == len(pol["l2normal"])
-    assert sorted({p for _, p in pol["l2hint"]}) == ["evict_first", "evict_last"]
+        assert {k for k, _, _ in pol[m]} == {"load"}, m
+    assert {p for _, p, _ in pol[""]} == {"0"}
+    assert {p for _, p, _ in pol["l2normal"]} == {"evict_normal"}
+    assert ([t for _, _, t in pol["l2hint"]] == [t for _, _, t in pol[""]]
+            == [t for _, _, t in pol["l2normal"]])
+    # by the kernel parameter of the tensor map: Q 0 and dO 2 evict_last, K 4 and V 6
+    # evict_first
+    want = {0: "evict_last", 2: "evict_last", 4: "evict_first", 6: "evict_first"}
+    assert {t for _, _, t in pol["l2hint"]} == set(want)
+    assert all(p == want[t] for _, p, t in pol["l2hint"]), pol["l2hint"]
     red = "cp.reduce.async.bulk.global.shared::cta.bulk_group"
     n = text[""].count(red + ".add.f32")
     assert n > 0 and ".L2::cache_hint" not in text[""].split(red, 1)[1][:40]

@@ -142,9 +142,10 @@ class BsaFwdConfig:
     # blk 64: two consumer warpgroups per CTA with work items of their own, taking turns at
     # their GEMMs ("pairwg")
     ws_pair_wg: bool = False
-    # the L2 policies of the TMA copies (kernels.common.L2_HINT_*): 1 ("l2hint") Q loads and
-    # O stores evict_first, K / V loads evict_last; 2 ("l2normal") evict_normal everywhere;
-    # 0 the copies' default operand
+    # the L2 policies of the TMA copies (kernels.common.L2_HINT_*): 1 ("l2hint") Q loads
+    # (evict_last with split-KV or stream-K, whose items share a query tile) and O stores
+    # evict_first, K / V loads evict_last; 2 ("l2normal") evict_normal everywhere; 0 the
+    # copies' default operand
     ws_l2_hint: int = 0
     num_sms: int = 0
     arch: str = ""  # the target arch (CuTe DSL name) the key was chosen for
@@ -392,7 +393,8 @@ def bsa_ws_options(opts) -> dict:
     blk 64 one CTA per SM whose two consumer warpgroups each run work items of their own,
     taking turns at their GEMMs; :func:`fwd_config` drops it where the kernel does not
     implement it), ``l2_hint`` (:func:`l2_hint_mode`: ``l2hint`` L2 eviction priorities on
-    the TMA copies, Q loads and O stores ``evict_first``, K / V loads ``evict_last``;
+    the TMA copies, Q loads and O stores ``evict_first`` (Q ``evict_last`` with split-KV or
+    ``streamk``, where several work items read a query tile), K / V loads ``evict_last``;
     ``l2normal`` ``evict_normal`` on every copy)."""
     st = [int(o[7:]) for o in opts if o.startswith("stages=")]
     return {"overlap": "nooverlap" not in opts, "pingpong": "nopingpong" not in opts,

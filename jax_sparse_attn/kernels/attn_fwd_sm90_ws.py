@@ -501,7 +501,7 @@ class AttnFwdSm90Ws:
         sq = pipe_q.stage(c_q)
         for w in cutlass.range_constexpr(nwg):
             cute.copy(tma_q, tQg[None, nwg * m_block + w], tQs[None, nwg * sq + w],
-                      tma_bar_ptr=pipe_q.full_ptr(c_q), **self._l2(L2_EVICT_FIRST))
+                      tma_bar_ptr=pipe_q.full_ptr(c_q), **self._l2(self._q_priority()))
 
     @cute.jit
     def _produce_kv_prefetched(self, work, prefetch, tma_k, tKg, tKs, tma_v, tVg, tVs,
@@ -615,10 +615,18 @@ class AttnFwdSm90Ws:
 
     def _l2(self, priority):
         """The ``cache_policy`` keyword of a TMA copy under the kernel's ``l2_hint``
-        (:func:`.common.l2_copy_kw`): with ``L2_HINT_SPLIT`` the policy of ``priority`` (Q
-        and O ``evict_first``, read or written once; K and V ``evict_last``, read again by
-        the other query tiles of their head)."""
+        (:func:`.common.l2_copy_kw`): with ``L2_HINT_SPLIT`` the policy of ``priority`` (O
+        ``evict_first``, written once; K and V ``evict_last``, read again by the other
+        query tiles of their head; Q as :meth:`_q_priority` says)."""
         return l2_copy_kw(getattr(self, "l2_hint", 0), priority)
+
+    def _q_priority(self):
+        """The L2 priority of the Q loads: ``evict_first`` where one work item reads each
+        query tile; ``evict_last`` where several do (split-KV: one item per split; a
+        stream-K tail: the CTAs that share an item)."""
+        if getattr(self, "kv_splits", 1) > 1 or getattr(self, "stream_k", False):
+            return L2_EVICT_LAST
+        return L2_EVICT_FIRST
 
     def _q_regs(self):
         """Whether Q is the register operand of ``S = Q K^T`` (a kernel's ``q_regs``): the

@@ -10,8 +10,8 @@
 # 5 %, 25 %, GQA 16:4, D 64), default / pairwg / pairwg + nopingpong / default (sustained);
 # (3) the blk 64 12.5 % and 25 % rows with neighbouring query blocks sharing their lists
 # (bsa_bench --lists paired), default (and pairwg if it passed).
-# Usage (device, after `source .devcache/setup.sh`): OUT=$OUT bash scripts/gpu_s41_next.sh [seconds]
-. "$(dirname "$0")/gpu_lib.sh" next41 "${1:-560}"
+# Usage (device, after `source .devcache/setup.sh`): OUT=$OUT bash scripts/sessions/gpu_s41_next.sh [seconds]
+. "$(dirname "$0")/../gpu_lib.sh" next41 "${1:-560}"
 export JAX_SPARSE_ATTN_GPU_TEST_TIMEOUT=120
 T=$((BUDGET - 260))
 BSA_TEST_PAIR=pairwg timeout $T $PYT tests/test_gpu_bsa.py -k pairwg > $O/t_pair.txt 2>&1 &
