@@ -6,7 +6,9 @@
 # policy operand). (1) In parallel: the BSA grid with l2hint (three shards) and with
 # l2normal (one shard of three); (2) if they passed: the forward rows (blk64 12.5 / 5 / 25 %,
 # blk128 12.5 %, S 32768) and the backward rows (blk64 12.5 %, blk128 12.5 %, S 32768),
-# default / l2hint / l2normal / default, sustained and burst.
+# default / l2hint / l2normal / default, sustained and burst; (3) with the time left, Nsight
+# Compute's memory sections of one blk64 12.5 % forward launch, default and l2hint (L2 hit
+# rate, L2 and DRAM throughput: where the policies act).
 # Usage (device, after `source .devcache/setup.sh`): OUT=$OUT bash scripts/gpu_s45_a.sh [seconds]
 . "$(dirname "$0")/gpu_lib.sh" s45a "${1:-560}"
 T=${TT:-240}
@@ -33,4 +35,20 @@ if [ "$VF" != ";" ]; then
   timeout $(( $(left) - 10 )) python3 -m benchmarks.bsa_bench --table-pass bwd --rows 0,3,4 \
     --timing both --table "$VB" --out $O/bwd.json > $O/bwd.txt 2>&1
   t "bwd rows rc=$?"; grep -v "^wrote" $O/bwd.txt | tail -16
+fi
+NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
+if [ -n "$NCU" ] && [ "$VF" != ";" ]; then
+  for v in default l2hint; do
+    [ "$(left)" -gt 70 ] || break
+    # the table's variant sets the switch (bsa_bench builds each variant's switches from it)
+    V="$F="; [ $v = l2hint ] && V="$F=l2hint"
+    timeout -k 5 60 "$NCU" --section SpeedOfLight --section MemoryWorkloadAnalysis \
+      --clock-control none --kernel-name "regex:BsaFwdSm90Ws" --launch-skip 2 --launch-count 1 \
+      -f -o "$O/ncu_fwd64_$v" python3 -m benchmarks.bsa_bench --table "$V" --rows 0 \
+      --out "$O/ncu_run_$v.json" > "$O/ncu_run_$v.log" 2>&1
+    t "ncu $v rc=$?"
+    "$NCU" --import "$O/ncu_fwd64_$v.ncu-rep" --page details > "$O/ncu_fwd64_$v.txt" 2>&1
+    grep -E "Duration|L2 Cache Throughput|L2 Hit Rate|DRAM Throughput|Memory Throughput|SM Frequency" \
+      "$O/ncu_fwd64_$v.txt" | head -8
+  done
 fi
