@@ -35,6 +35,13 @@ a long KV list; ``kv_splits="auto"`` against ``kv_splits=1``), with the K/V byte
 second (listed blocks of K and V once per query block and head: ``2 B H_q N_q top_k blk D``
 16-bit values) and the speed-up over one split.
 
+``--dense``: cuDNN's dense attention instead (``jax.nn.dot_product_attention(...,
+implementation="cudnn")``, bf16, D=128, forward and backward: :data:`DENSE_ROWS`), the
+anchors of the project's comparisons, to read how a timing method moves them: with
+``--timing both`` each row is timed sustained and in bursts, as the kernel rows. Forward and
+forward + backward (``jax.vjp``) are timed; the backward row is their difference. FLOPs:
+``4*B*H*S_q*S_kv*D`` forward (half of that causal), backward 2.5x.
+
 ``--causal``: the causal rows instead (blk128, S=16384 (``--quick``: 4096), H=16, D=128, bf16):
 every query block lists its diagonal block and the 15 blocks before it (fewer near the start;
 ``q2k_block_nums``), timed with ``causal=True`` and with the same listing non-causal, forward
@@ -442,6 +449,68 @@ def table(variants, n_sets=2, seed=0, rows_sel=None, pass_="fwd", rows_def=None,
     return rows
 
 
+#: cuDNN dense attention rows of ``--dense``: (label, B, H, S, causal); bf16, D=128
+DENSE_ROWS = [
+    ("cudnn dense causal B8 L4096 H4", 8, 4, 4096, True),
+    ("cudnn dense B1 L16384 H16", 1, 16, 16384, False),
+]
+
+
+def dense_rows(n_sets=2, seed=0, d=128):
+    """Time :data:`DENSE_ROWS` forward and forward + backward (``jax.vjp`` of the forward,
+    from the cotangent) with :func:`_time` in the current ``TIMING`` mode; the backward row
+    is their difference (in each timing mode that ran)."""
+    rows = []
+    key = jax.random.PRNGKey(seed)
+    for label, b, h, s, causal in DENSE_ROWS:
+        sets = []
+        for _ in range(n_sets):
+            key, *ks = jax.random.split(key, 5)
+            sets.append(tuple(jax.random.normal(k_, (b, s, h, d), jnp.bfloat16) for k_ in ks))
+        flops = 4.0 * b * h * s * s * d * (0.5 if causal else 1.0)
+
+        def fwd(q, k, v, do, causal=causal):
+            return jax.nn.dot_product_attention(q, k, v, is_causal=causal,
+                                                implementation="cudnn")
+
+        def fwdbwd(q, k, v, do, causal=causal):
+            out, vjp = jax.vjp(lambda q, k, v: jax.nn.dot_product_attention(
+                q, k, v, is_causal=causal, implementation="cudnn"), q, k, v)
+            return out, vjp(do)
+
+        got = {}
+        for pass_, fn, mult in (("fwd", fwd, 1.0), ("fwdbwd", fwdbwd, 3.5)):
+            try:
+                ms = _time(fn, sets)
+            except Exception as e:  # noqa: BLE001  (report and go on)
+                print(f"{label:32s} {pass_} FAILED {type(e).__name__}: {str(e)[:300]}",
+                      flush=True)
+                continue
+            got[pass_] = dict(_LAST)
+            row = dict(case=label, pass_=pass_, B=b, H=h, S=s, D=d, causal=causal, ms=ms,
+                       tflops=flops * mult / (ms * 1e-3) / 1e12)
+            row.update(_LAST)
+            rows.append(row)
+            print(f"{label:32s} {pass_:6s} {ms:8.3f} ms {row['tflops']:7.1f} TFLOP/s"
+                  f"{_timing_note()}", flush=True)
+        if len(got) == 2:
+            row = dict(case=label, pass_="bwd", B=b, H=h, S=s, D=d, causal=causal,
+                       derived="fwdbwd - fwd")
+            for m in ("sustained", "burst"):
+                k_ = f"ms_{m}"
+                if k_ in got["fwd"] and k_ in got["fwdbwd"]:
+                    ms = got["fwdbwd"][k_] - got["fwd"][k_]
+                    row[k_] = ms
+                    row[f"tflops_{m}"] = flops * 2.5 / (ms * 1e-3) / 1e12
+            row["ms"] = row.get("ms_sustained", row.get("ms_burst"))
+            row["tflops"] = row.get("tflops_sustained", row.get("tflops_burst"))
+            rows.append(row)
+            print(f"{label:32s} bwd    {row['ms']:8.3f} ms {row['tflops']:7.1f} TFLOP/s "
+                  f"(fwdbwd - fwd; burst {row.get('tflops_burst', float('nan')):.1f})",
+                  flush=True)
+    return rows
+
+
 # split-KV decode rows (bf16, B=1, D=128, random top-k lists of S_kv / blk blocks):
 # (label, blk, top_k, S_q, S_kv, H_q, H_kv); each row is timed with every SPLIT_SETTINGS value
 SPLIT_ROWS = [
@@ -657,6 +726,9 @@ def main(argv=None):
                          "(a / b: a work item's cost besides its blocks, in blocks)")
     ap.add_argument("--causal", action="store_true",
                     help="only the causal vs non-causal rows (blk128, diagonal + 15 past blocks)")
+    ap.add_argument("--dense", action="store_true",
+                    help="only cuDNN's dense attention rows (DENSE_ROWS), the comparisons' "
+                         "anchors, in the --timing mode")
     ap.add_argument("--reference", action="store_true",
                     help="add blk64 top-32 fwd/bwd rows of the pure-JAX reference backend "
                          "(backend='reference', what backend='auto' runs without the kernels)")
@@ -706,6 +778,10 @@ def main(argv=None):
         sel = [int(r) for r in args.rows.split(",") if r] or None
         settings = tuple(x if x == "auto" else int(x) for x in args.split_settings.split(","))
         rows = splits(rows_sel=sel, settings=settings, trace=args.trace)
+    elif args.dense:
+        if jax.devices()[0].platform != "gpu":
+            ap.error("--dense times cuDNN, which needs an NVIDIA GPU")
+        rows = dense_rows()
     elif args.causal:
         status = jsa.kernel_status()
         if status.backend != "kernel":

@@ -6,9 +6,10 @@
 # policy operand). (1) In parallel: the BSA grid with l2hint (three shards) and with
 # l2normal (one shard of three); (2) if they passed: the forward rows (blk64 12.5 / 5 / 25 %,
 # blk128 12.5 %, S 32768) and the backward rows (blk64 12.5 %, blk128 12.5 %, S 32768),
-# default / l2hint / l2normal / default, sustained and burst; (3) with the time left, Nsight
-# Compute's memory sections of one blk64 12.5 % forward launch, default and l2hint (L2 hit
-# rate, L2 and DRAM throughput: where the policies act).
+# default / l2hint / l2normal / default, sustained and burst, after cuDNN's dense attention
+# timed both ways (how the timing method moves the comparisons' anchors); (3) with the time
+# left, Nsight Compute's memory sections of one blk64 12.5 % forward launch, default and
+# l2hint (L2 hit rate, L2 and DRAM throughput: where the policies act).
 # Usage (device, after `source .devcache/setup.sh`): OUT=$OUT bash scripts/gpu_s45_a.sh [seconds]
 . "$(dirname "$0")/gpu_lib.sh" s45a "${1:-560}"
 T=${TT:-240}
@@ -23,6 +24,11 @@ wait
 for f in hint0 hint1 hint2 normal; do t "$f: $(tail -1 $O/t_$f.txt)"; done
 grep -h "^FAILED\|^ERROR\|Timeout\|timed out" $O/t_*.txt | head -20
 ok() { grep -q "passed" $O/t_$1.txt && ! grep -qi "failed\|error\|timeout\|timed out" $O/t_$1.txt; }
+# the anchors' timing: cuDNN dense attention (the kernel notes' B8 L4096 H4 causal: fwd 535 /
+# bwd 454 TFLOP/s, method not recorded) sustained and in bursts, as our rows are timed
+timeout 100 python3 -m benchmarks.bsa_bench --dense --timing both --out $O/dense.json \
+  > $O/dense.txt 2>&1
+t "dense rc=$?"; grep -v "^wrote" $O/dense.txt | tail -8
 F=JAX_SPARSE_ATTN_BSA_WS B=JAX_SPARSE_ATTN_BSA_BWD_WS
 VF=";" VB=";"
 if ok hint0 && ok hint1 && ok hint2; then VF="$VF$F=l2hint;"; VB="$VB$B=l2hint;"; fi
