@@ -666,3 +666,26 @@ def test_bsa_bench_causal_without_kernels_is_a_usage_error(capsys):
         bsa_bench.main(["--causal"])
     assert e.value.code == 2
     assert "cannot run here" in capsys.readouterr().err
+
+
+def test_bsa_bench_dense_rows_derive_the_backward(monkeypatch):
+    """``bsa_bench --dense``: forward and forward + backward rows in both timing modes, and
+    a backward row that is their difference in each mode (cuDNN swapped for XLA here)."""
+    import jax
+
+    import benchmarks.bsa_bench as bb
+
+    orig = jax.nn.dot_product_attention
+    monkeypatch.setattr(jax.nn, "dot_product_attention",
+                        lambda *a, implementation=None, **k: orig(*a, implementation="xla", **k))
+    monkeypatch.setattr(bb, "DENSE_ROWS", [("tiny causal", 1, 2, 64, True)])
+    monkeypatch.setattr(bb, "BURST_PAUSE_S", 0.0)
+    monkeypatch.setitem(bb.TIMING, "mode", "both")
+    rows = bb.dense_rows(n_sets=1)
+    assert [r["pass_"] for r in rows] == ["fwd", "fwdbwd", "bwd"]
+    fwd, both, bwd = rows
+    for m in ("sustained", "burst"):
+        assert bwd[f"ms_{m}"] == pytest.approx(both[f"ms_{m}"] - fwd[f"ms_{m}"])
+        flops = 4.0 * 1 * 2 * 64 * 64 * 128 * 0.5 * 2.5
+        assert bwd[f"tflops_{m}"] == pytest.approx(flops / (bwd[f"ms_{m}"] * 1e-3) / 1e12)
+    assert bwd["ms"] == bwd["ms_sustained"]
