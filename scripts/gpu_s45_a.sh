@@ -24,6 +24,9 @@ wait
 for f in hint0 hint1 hint2 normal; do t "$f: $(tail -1 $O/t_$f.txt)"; done
 grep -h "^FAILED\|^ERROR\|Timeout\|timed out" $O/t_*.txt | head -20
 ok() { grep -q "passed" $O/t_$1.txt && ! grep -qi "failed\|error\|timeout\|timed out" $O/t_$1.txt; }
+# is cuDNN's frontend (its block-sparse attention) importable here? (for a later call)
+python3 -c "import cudnn; print('cudnn frontend', cudnn.__version__, cudnn.backend_version())" \
+  > $O/cudnn_fe.txt 2>&1; t "cudnn frontend: $(tail -1 $O/cudnn_fe.txt | cut -c1-120)"
 # the anchors' timing: cuDNN dense attention (the kernel notes' B8 L4096 H4 causal: fwd 535 /
 # bwd 454 TFLOP/s, method not recorded) sustained and in bursts, as our rows are timed
 timeout 100 python3 -m benchmarks.bsa_bench --dense --timing both --out $O/dense.json \
