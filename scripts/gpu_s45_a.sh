@@ -4,7 +4,7 @@
 # backward: K / V evict_first, Q / dO loads and the dQ bulk reduce-adds evict_last) and
 # `l2normal` (evict_normal everywhere; the default passes the DSL's constant 0 as the copies'
 # policy operand). (1) In parallel: the BSA grid with l2hint (three shards) and with
-# l2normal (one shard of three); (2) if they passed: the forward rows (blk64 12.5 / 5 / 25 %,
+# l2normal (one shard of three), four deterministic cases with l2hint; (2) if they passed: the forward rows (blk64 12.5 / 5 / 25 %,
 # blk128 12.5 %, S 32768) and the backward rows (blk64 12.5 %, blk128 12.5 %, S 32768),
 # default / l2hint / l2normal / default, sustained and burst, after cuDNN's dense attention
 # timed both ways (how the timing method moves the comparisons' anchors); (3) with the time
@@ -20,8 +20,12 @@ for i in 0 1 2; do
 done
 BSA_TEST_IMPLS=nodefault,l2normal BSA_TEST_SHARD=0/3 timeout $T $PYT tests/test_gpu_bsa.py \
   -k TestBSAKernelGrid > $O/t_normal.txt 2>&1 &
+# the deterministic cases (dQ writer warp in order; five runs bitwise) with l2hint
+JAX_SPARSE_ATTN_BSA_BWD_WS=l2hint timeout $T $PYT tests/test_gpu_bsa.py -k "bwd_deterministic \
+  and (det-all-blk64-d128] or det-all-blk128-d128-mha or slots2 or gqa-detzero)" \
+  > $O/t_det.txt 2>&1 &
 wait
-for f in hint0 hint1 hint2 normal; do t "$f: $(tail -1 $O/t_$f.txt)"; done
+for f in hint0 hint1 hint2 normal det; do t "$f: $(tail -1 $O/t_$f.txt)"; done
 grep -h "^FAILED\|^ERROR\|Timeout\|timed out" $O/t_*.txt | head -20
 ok() { grep -q "passed" $O/t_$1.txt && ! grep -qi "failed\|error\|timeout\|timed out" $O/t_$1.txt; }
 # is cuDNN's frontend (its block-sparse attention) importable here? (for a later call)

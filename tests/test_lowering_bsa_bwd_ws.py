@@ -236,6 +236,9 @@ _PTX_CONFIGS = {
     "l2hint-blk128": ("_bwd_text", (CONFIGS[0],), None, {"ws": "l2hint"}),
     "l2normal-blk64": ("_bwd_text", (CONFIGS[1],), None, {"ws": "l2normal"}),
     "l2normal-blk128": ("_bwd_text", (CONFIGS[0],), None, {"ws": "l2normal"}),
+    "l2hint-det-blk64": ("_bwd_text", (CONFIGS[1],), None,
+                         {"deterministic": True, "impl": "auto", "det_writer": True,
+                          "sq": 4096, "skv": 4096, "kmax": 40, "ws": "nodetstream,l2hint"}),
 }
 
 
@@ -453,6 +456,24 @@ def test_bsa_bwd_ws_l2hint_ptx(kept_ptx, cfg, tag):
     made = dict((r, p) for p, r in re.findall(
         r"createpolicy\.fractional\.L2::(evict_\w+)\.b64\s+(%rd\d+)", text["l2hint"]))
     assert regs and {made.get(r) for r in regs} == {"evict_last"}, (regs, made)
+
+
+def test_bsa_bwd_ws_l2hint_deterministic_ptx(kept_ptx):
+    """``l2hint`` with ``deterministic=True`` (the dQ writer warp adds each query tile in its
+    turn): the same load policies, and every fp32 bulk reduce-add of the writer carries the
+    ``evict_last`` policy; the bulk stores of a tile's first contribution keep theirs."""
+    import kept_ptx as kp  # noqa: PLC0415
+
+    det, hint = _ws_ptx(kept_ptx, "det-sched-blk64"), _ws_ptx(kept_ptx, "l2hint-det-blk64")
+    want = {0: "evict_last", 2: "evict_last", 4: "evict_first", 6: "evict_first"}
+    pol = kp.tma_copy_policies(hint)
+    assert pol and all(p == want[t] for _, p, t in pol), pol
+    red = "cp.reduce.async.bulk.global.shared::cta.bulk_group"
+    n = det.count(red + ".add.f32")
+    assert n > 0 and hint.count(red + ".L2::cache_hint.add.f32") == n
+    assert hint.count(red + ".add.f32") == 0
+    assert hint.count("cp.async.bulk.global.shared::cta.bulk_group") == det.count(
+        "cp.async.bulk.global.shared::cta.bulk_group")
 
 
 def test_bsa_pre_kernel4_ptx(kept_ptx):
