@@ -637,8 +637,10 @@ def test_bsa_bwd_deterministic(c, monkeypatch):
     from jax_sparse_attn.config import from_env
 
     env = from_env()
-    # the case's options join those of the environment (the variant test modules)
-    opts = tuple(env.bsa_bwd_ws) + (tuple(c["ws"].split(",")) if c.get("ws") else ())
+    # the case's options join those of the environment (the variant test modules); an option
+    # both name is given once (the switch rejects repeated options)
+    opts = tuple(dict.fromkeys(tuple(env.bsa_bwd_ws)
+                               + (tuple(c["ws"].split(",")) if c.get("ws") else ())))
 
     def det_grads(options):
         """The jitted deterministic gradients (dq, dk, dv) under ``bsa_bwd_ws=options``."""
