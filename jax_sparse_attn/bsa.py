@@ -315,20 +315,19 @@ _META_ARG_LINES = """
         warp-specialized backward, also under ``pack_gqa``); the mma.sync (sm80 /
         portable) kernels raise NotImplementedError.
       deterministic: static bool (default False). With True the backward's gradients are
-        bitwise reproducible run to run: the dq contributions of the KV blocks to each
-        64-row query tile are added in a fixed order, each waiting for its turn on an
-        int32 counter of the tile (FlashAttention-2/3's deterministic backward technique;
-        at sparse_block_size 64 with K_max >= 32 and one query head per KV head the tile
-        has two fp32 accumulators, each with its counter, and twice the fp32 dq
-        workspace, so which dq bits a call reproduces depends on its static shapes);
-        the order is computed on the GPU from the block lists, so that a tile's
-        contributions come one after another along the launch schedule (one extra
-        launch), or with GQA follows the launch order of the KV blocks. With the
-        ``bsa_bwd_ws`` switch ``detfixed`` (opt-in) the additions are not ordered: each
-        contribution is converted to int32 fixed point with a power-of-two scale per query
-        row taken from a bound on its values, and int32 sums do not depend on the order;
-        a row whose values are not finite gets NaN. dk, dv and the forward are
-        deterministic in both modes. Kernels: the warp-specialized Hopper
+        bitwise reproducible run to run. At sparse_block_size 64 the dq contributions of the
+        KV blocks are not ordered: each is converted to int32 fixed point with a
+        power-of-two scale per query row taken from a bound on its values, and int32 sums
+        do not depend on the order of the additions. At sparse_block_size 128 (or at 64
+        with the ``bsa_bwd_ws`` switch ``detorder``) the contributions to each 64-row query
+        tile are added in a fixed order, each waiting for its turn on an int32 counter of
+        the tile (FlashAttention-2/3's deterministic backward technique); the order is
+        computed on the GPU from the block lists along the launch schedule (one extra
+        launch), or with GQA follows the launch order of the KV blocks; with ``detorder``
+        at sparse_block_size 64, K_max >= 32 and one query head per KV head a tile has two
+        fp32 accumulators, so which dq bits a call reproduces depends on its static shapes.
+        In the fixed-point mode a dq row with a value that is not finite is NaN in every
+        column. dk, dv and the forward are deterministic in both modes. Kernels: the warp-specialized Hopper
         backward (D in {64, 128}, sm_90a, without pack_gqa; its cost is in
         ``docs/bsa.md``);
         elsewhere ``backend="auto"`` runs the reference (deterministic) and

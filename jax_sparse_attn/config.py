@@ -180,7 +180,7 @@ BSA_BWD_WS_FLAGS = ("ldwait", "lpt", "decouple", "detkv", "detfull", "detlaunch"
                     "detschedfull", "relaxpoll", "detstream", "nodetstream",
                     "detoverlap", "detzero", "packws", "nopackws", "dqclaim", "zerolag",
                     "tailconv", "notailconv", "hlpt", "nolpt", "persist",
-                    "nokvpf", "ordfast", "detfixed", "l2hint", "l2normal")
+                    "nokvpf", "ordfast", "detfixed", "detorder", "l2hint", "l2normal")
 #: the flags among :data:`BSA_BWD_WS_FLAGS` that choose the deterministic dQ order (at most
 #: one of them)
 BSA_DET_ORDER_FLAGS = ("detkv", "detfull", "detlaunch", "detsched", "detschedfull")
@@ -566,13 +566,19 @@ SWITCHES = (
                "Q / dO stages of an item issued before its K / V, 0..3; default: the most "
                "Q / dO stages less one), nokvpf (with persist: no L2 prefetch of the next "
                "item's K / V), "
-               "detfixed (deterministic=True without ordering the dQ additions: the "
+               "detfixed (deterministic=True without ordering the dQ additions, the default "
+               "at sparse_block_size 64 unless an option of the ordered path is given: the "
                "default mode's kernels (with the dQ writer warp, tailconv, unpacked rows; "
                "else the ordered deterministic backward) with each dQ contribution "
                "converted to int32 fixed point by a power-of-two multiplier per query row, "
                "from a bound on its values, and added with int32 bulk reductions, whose "
                "sum does not depend on their order; rows whose values leave the bound or "
-               "are not finite give NaN; opt-in until measured), "
+               "are not finite give NaN; this option asks for it at blk 128 too, where the "
+               "schedule order measured faster), "
+               "detorder (deterministic=True with ordered dQ additions at blk 64 too; so "
+               "does any option of the ordered path: detkv, detfull, detlaunch, detsched, "
+               "detschedfull, relaxpoll, detstream, nodetstream, detoverlap, detzero, "
+               "ordfast, dqslots=N, ordscan=N), "
                "l2hint (L2 eviction priorities: the K / V loads evict_first, the Q / dO "
                "loads and the dQ writer warp's bulk reduce-adds evict_last, since the other "
                "KV blocks listing a query block read it again; opt-in until measured), "

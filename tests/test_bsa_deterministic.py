@@ -100,16 +100,24 @@ def test_config_carries_deterministic(monkeypatch, d, blk):
     ``bsa_bwd_dq="rows"``), with the ``lpt`` and ``decouple`` variants off."""
     c0, c1 = _cfg(monkeypatch, False, d, blk), _cfg(monkeypatch, True, d, blk)
     assert not c0.deterministic and c1.deterministic
-    assert not c0.bwd.deterministic and c1.bwd.deterministic and c0.bwd != c1.bwd
+    # blk 64: the fixed-point dQ by default (the default mode's kernels with int32 dQ), the
+    # ordered additions with detorder; blk 128: the ordered additions
+    assert not c0.bwd.deterministic and c0.bwd != c1.bwd
+    assert (c1.bwd.dq_fixed, c1.bwd.deterministic) == ((True, False) if blk == 64
+                                                       else (False, True))
+    if blk == 64:
+        c1 = _cfg(monkeypatch, True, d, blk, Switches(bsa_bwd_ws="detorder"))
+        assert c1.bwd.deterministic and not c1.bwd.dq_fixed
     assert c0.fwd == c1.fwd and hash(c0) != hash(c1)
     assert c1.bwd.impl == "sm90ws"
     assert c0.bwd.impl == "sm90ws"
     rows = _cfg(monkeypatch, False, d, blk, Switches(bsa_bwd_dq="rows")).bwd
     assert rows.impl == ("sm90" if (d, blk) == (128, 64) else "sm90ws")
-    sw = Switches(bsa_bwd_ws="lpt,decouple")
+    sw = Switches(bsa_bwd_ws="lpt,decouple,detorder")
     key = _cfg(monkeypatch, True, d, blk, sw).bwd
     assert key.deterministic and not key.ws_lpt and not key.ws_decouple
-    assert _cfg(monkeypatch, True, d, blk, Switches(bsa_bwd_impl="sm90ws")).bwd == c1.bwd
+    extra = {"bsa_bwd_ws": "detorder"} if blk == 64 else {}
+    assert _cfg(monkeypatch, True, d, blk, Switches(bsa_bwd_impl="sm90ws", **extra)).bwd == c1.bwd
 
 
 @pytest.mark.parametrize("case", ["d32", "d256", "sm80", "sm90", "pack_gqa"])

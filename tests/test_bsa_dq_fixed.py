@@ -314,3 +314,29 @@ def test_multipliers_do_not_depend_on_the_layout():
                                   jnp.asarray(idx), jnp.asarray(nums), jnp.asarray(bs),
                                   _cfg(2, 4, 2, 150, 200, 32, 64, 0.2, layout="bshd"), 3)
     np.testing.assert_array_equal(np.asarray(got), want)
+
+
+def test_detfixed_is_the_blk64_default():
+    """``deterministic=True`` takes the fixed-point dQ by default at blk 64 (not at blk 128,
+    where ``detfixed`` asks for it); ``detorder`` and every option of the ordered path take
+    the ordered additions; where the fixed point does not apply (``zerolag``, ``persist``,
+    ``dqclaim``) the ordered path runs."""
+    from jax_sparse_attn.config import Switches
+    from jax_sparse_attn.ffi import bsa as fb
+
+    def key(blk, ws=(), d=128):
+        return fb.bwd_config(jnp.bfloat16, d, blk, False, Switches(bsa_bwd_ws=tuple(ws)),
+                             deterministic=True)
+
+    for d in (64, 128):
+        assert key(64, d=d).dq_fixed and not key(64, d=d).deterministic
+        assert key(128, d=d).deterministic and not key(128, d=d).dq_fixed
+        assert key(128, ("detfixed",), d).dq_fixed
+    for ws in (("detorder",), ("detsched",), ("detkv",), ("relaxpoll",), ("detstream",),
+               ("nodetstream",), ("detzero",), ("ordfast",), ("dqslots=2",), ("ordscan=8",),
+               ("zerolag",), ("dqclaim",)):
+        k = key(64, ws)
+        assert k.deterministic and not k.dq_fixed, ws
+    assert not key(128, ("detfixed", "persist")).dq_fixed
+    # options of the default mode keep the fixed point
+    assert key(64, ("l2hint",)).dq_fixed and key(64, ("hlpt",)).dq_fixed

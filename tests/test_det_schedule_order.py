@@ -219,7 +219,8 @@ def test_sched_window_and_config():
         for ws, want in (("", auto[blk]), ("detsched", held[blk] // 2),
                          ("detschedfull", held[blk]), ("detlaunch", 0), ("detkv", 0),
                          ("detfull", 0), ("lselate", auto[blk])):
-            sw = jc.Switches(bsa_bwd_ws=ws)
+            # detorder: the ordered additions (blk 64 runs the fixed-point dQ by default)
+            sw = jc.Switches(bsa_bwd_ws=",".join(filter(None, (ws, "detorder"))))
             key = fb.bwd_config(jnp.bfloat16, 128, blk, False, sw, deterministic=True)
             assert key.det_window == want and key.held_ctas == held[blk], (blk, ws, key)
             assert key.det_sched_auto == (ws in ("", "lselate")), (blk, ws, key)
@@ -810,10 +811,11 @@ def test_sched_fallback_warns():
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         assert fb._det_order_or_warn(cfg("detsched", 256, 256, 32)) is not None
-        # the default: the schedule order where it fits and the heads are the KV heads,
-        # silently the launch-group order elsewhere
-        assert fb._det_order_or_warn(cfg("", 256, 256, 32)).window == metadata.num_sms()
-        assert fb._det_order_or_warn(cfg("", 256, 256, 32, 16, 4)) is None
-        assert fb._det_order_or_warn(cfg("", 2048, 2048, 256, 16, 16)) is None
+        # the ordered path's default (detorder: blk 64 runs the fixed-point dQ by default):
+        # the schedule order where it fits and the heads are the KV heads, silently the
+        # launch-group order elsewhere
+        assert fb._det_order_or_warn(cfg("detorder", 256, 256, 32)).window == metadata.num_sms()
+        assert fb._det_order_or_warn(cfg("detorder", 256, 256, 32, 16, 4)) is None
+        assert fb._det_order_or_warn(cfg("detorder", 2048, 2048, 256, 16, 16)) is None
         assert fb._det_order_or_warn(cfg("detlaunch", 256, 256, 32)) is None
         assert fb._det_order_or_warn(cfg("detsched", 256, 256, 32, 16, 4)) is not None

@@ -38,10 +38,12 @@ def _ids(c):
 def _bwd_text(cfg, ws="", b=2, sq=1000, skv=1025, kmax=5, impl="sm90ws", deterministic=False,
               dq="tile", det_writer=False, dlse=False, causal=False, pre="kernel"):
     """The lowered text of the public backward on the ``impl`` kernel for ``cfg`` (``dlse``:
-    with an lse cotangent)."""
+    with an lse cotangent). ``deterministic``: the ordered dQ additions (``detorder`` joins
+    ``ws``) unless ``ws`` names ``detfixed``."""
     import jax_sparse_attn as jsa
     from jax_sparse_attn.config import Switches
 
+    ws = _ordered(ws, deterministic)
     d, blk = cfg["d"], cfg["blk"]
     dt = jnp.dtype(cfg["dtype"])
     nq, nkv = -(-sq // blk), -(-skv // blk)
@@ -75,6 +77,14 @@ def _sm90_env(monkeypatch):
     monkeypatch.setenv("JAX_SPARSE_ATTN_FORCE_KERNEL", "1")
 
 
+def _ordered(ws, deterministic):
+    """``ws`` with ``detorder`` where a deterministic call does not ask for ``detfixed``:
+    these tests check the ordered additions, which blk 64 runs only when asked for."""
+    if not deterministic or "detfixed" in ws.split(",") or "detorder" in ws.split(","):
+        return ws
+    return ",".join(filter(None, (ws, "detorder")))
+
+
 def _calls(cfg, ws="", **kw):
     """CuTe DSL calls of the backward: preprocessing, dK/dV/dQ kernel, in the default mode
     the K->Q lists (``bsa_kq_impl="kernel"``, the default; these shapes fit it), where the
@@ -85,6 +95,7 @@ def _calls(cfg, ws="", **kw):
     from jax_sparse_attn.config import Switches
     from jax_sparse_attn.ffi import bsa
 
+    ws = _ordered(ws, kw.get("deterministic", False))
     key = bsa.bwd_config(jnp.bfloat16, cfg["d"], cfg["blk"], False,
                          Switches(bsa_bwd_impl=kw.pop("impl", "sm90ws"), bsa_bwd_ws=ws), **kw)
     order = key.det_window > 0 and (not key.det_sched_auto or cfg["hq"] == cfg["hkv"])
@@ -366,7 +377,11 @@ def test_bsa_bwd_ws_tailconv_lowers(cfg):
     assert both.tail_conv and both.zero_lag == bsa.ZERO_LAG
     assert key("").tail_conv and key("hlpt").tail_conv
     assert not key("notailconv").tail_conv
-    assert not key(deterministic=True).tail_conv
+    # the ordered deterministic additions have none; the fixed-point dQ (blk 64's
+    # deterministic default) runs the default mode's kernels, tail_conv included
+    assert not key("tailconv,detorder", deterministic=True).tail_conv
+    fixed = key(deterministic=True)
+    assert fixed.tail_conv == fixed.dq_fixed == (cfg["blk"] == 64)
     assert not key(pack_gqa=2).tail_conv
     assert not key("tailconv,dqclaim").tail_conv
     assert not key(sw={"dq_writer": "off"}).tail_conv

@@ -46,11 +46,14 @@ def test_det_writer_switch_and_keys():
     red = Switches(det_writer=True, hstu_bwd_dq="red")
     assert not fh.bwd_config("bfloat16", 128, 128, 0, red, deterministic=True).det_writer
 
+    # the ordered additions (detorder: blk 64 runs the fixed-point dQ by default)
+    on_order = Switches(det_writer=True, bsa_bwd_ws=("detorder",))
+    off_order = Switches(det_writer=False, bsa_bwd_ws=("detorder",))
     for d in (64, 128):
         for blk in (64, 128):
-            det = fb.bwd_config(jnp.bfloat16, d, blk, False, on, deterministic=True)
+            det = fb.bwd_config(jnp.bfloat16, d, blk, False, on_order, deterministic=True)
             assert det.det_writer and det.dq_tile and det.impl == "sm90ws", (d, blk)
-            assert det != fb.bwd_config(jnp.bfloat16, d, blk, False, off,
+            assert det != fb.bwd_config(jnp.bfloat16, d, blk, False, off_order,
                                         deterministic=True)
             assert not fb.bwd_config(jnp.bfloat16, d, blk, False, on).det_writer
     rows = Switches(det_writer=True, bsa_bwd_dq="rows")
@@ -68,7 +71,7 @@ th._bwd_text(128, "bfloat16", "causal", Switches(hstu_bwd_dq="tile", det_writer=
              deterministic=True)
 # blk 128, D 128: staging tile; blk 64, D 128: staged in the step's Q / dO stage
 tb._bwd_text(tb.CONFIGS[0], deterministic=True, det_writer=True)
-tb._bwd_text(tb.CONFIGS[1], deterministic=True, det_writer=True)
+tb._bwd_text(tb.CONFIGS[1], ws="detorder", deterministic=True, det_writer=True)
 """
 
 # blk 64 with the zeroed workspace (every contribution a reduce-add); a process and dump
@@ -78,7 +81,7 @@ import sys
 sys.path.insert(0, {root!r})
 sys.path.insert(0, {tests!r})
 import test_lowering_bsa_bwd_ws as tb
-tb._bwd_text(tb.CONFIGS[1], ws="detzero", deterministic=True, det_writer=True)
+tb._bwd_text(tb.CONFIGS[1], ws="detzero,detorder", deterministic=True, det_writer=True)
 """
 
 

@@ -582,14 +582,15 @@ def bwd_config(dtype, head_dim, block_size, has_block_sizes, switches,
         # calls do not pack: deterministic_unsupported_reason)
         impl = "sm90"
     if impl == "sm90ws":
-        if deterministic and "detfixed" in switches.bsa_bwd_ws:
+        if deterministic and det_fixed_wanted(block_size, switches.bsa_bwd_ws):
             # the default mode's configuration with fixed-point dQ, where it has the dQ
             # writer's tile workspace and the dq reordering in the same call (tail_conv)
             cfg = _persist_config(_ws_config(name, head_dim, block_size, has_block_sizes,
                                              impl, arch, switches, False, causal, pack_gqa),
                                   switches.bsa_bwd_ws)
             if (cfg.tail_conv and cfg.dq_writer and not cfg.ws_dq_alt and not cfg.dq_claim
-                    and not cfg.ws_decouple and cfg.pack_gqa == 1):
+                    and not cfg.ws_decouple and cfg.pack_gqa == 1 and not cfg.zero_lag
+                    and not cfg.ws_persist):
                 return dataclasses.replace(cfg, dq_fixed=True)
         return _persist_config(_ws_config(name, head_dim, block_size, has_block_sizes, impl,
                                           arch, switches, deterministic, causal, pack_gqa),
@@ -764,6 +765,26 @@ def _held_ctas(block_size: int) -> int:
 
 #: the ``bsa_bwd_ws`` options that choose the deterministic backward's dQ order
 DET_ORDER_OPTS = BSA_DET_ORDER_FLAGS
+
+#: ``bsa_bwd_ws`` options of the ordered deterministic backward (with ``dqslots=N`` and
+#: ``ordscan=N``): any of them asks for it instead of the fixed-point dQ
+DET_ORDERED_OPTS = DET_ORDER_OPTS + ("detorder", "relaxpoll", "detstream", "nodetstream",
+                                     "detoverlap", "detzero", "ordfast")
+
+
+def det_fixed_wanted(block_size: int, opts=()) -> bool:
+    """Whether ``deterministic=True`` asks for the fixed-point dQ (``dq_fixed``) rather than
+    ordered dQ additions: with ``bsa_bwd_ws`` ``detfixed`` at every block size; by default
+    at blk 64, where it measured 0.87–0.93x the default mode on an H100 against 0.52–0.71x
+    for the schedule order (docs/performance.md); not where an option of the ordered path
+    is given (:data:`DET_ORDERED_OPTS`, ``dqslots=N``, ``ordscan=N``), nor at blk 128,
+    where the schedule order measured faster (0.88x against 0.85x). Where the fixed point
+    does not apply, :func:`bwd_config` keeps the ordered path."""
+    if "detfixed" in opts:
+        return True
+    if any(o in DET_ORDERED_OPTS or o.startswith(("dqslots=", "ordscan=")) for o in opts):
+        return False
+    return block_size == 64
 
 
 def _det_order_opts(opts) -> tuple:
