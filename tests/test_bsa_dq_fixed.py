@@ -330,6 +330,8 @@ def test_detfixed_is_the_blk64_default():
 
     for d in (64, 128):
         assert key(64, d=d).dq_fixed and not key(64, d=d).deterministic
+        # the same compile key as with detfixed named (what the GPU tests ran)
+        assert key(64, d=d) == key(64, ("detfixed",), d)
         assert key(128, d=d).deterministic and not key(128, d=d).dq_fixed
         assert key(128, ("detfixed",), d).dq_fixed
     for ws in (("detorder",), ("detsched",), ("detkv",), ("relaxpoll",), ("detstream",),
