@@ -339,7 +339,7 @@ _ARGS_DOC = "\n    Args:" + _ARG_LINES + _META_ARG_LINES
 _RAISES_DOC = """
     Raises:
       ValueError: bad ranks/shapes (also zero head dims), layout not in {"bhsd",
-        "bshd"}, sparse_block_size not in {64, 128}, kv_splits outside [1, 256] and not
+        "bshd"}, sparse_block_size not in {64, 128}, kv_splits outside [1, 256] or a string other than
         "auto", pack_gqa with H_q = 0 or H_q / H_kv not dividing sparse_block_size, K_max = 0,
         both or neither of
         block_sparse_num/q2k_block_nums, block_sparse_num outside [1, K_max], a
@@ -350,7 +350,7 @@ _RAISES_DOC = """
       TypeError: deterministic not a bool, mixed or unsupported dtypes, non-integer metadata, a non-bool
         allow_empty_block_nums, block_sparse_num/softmax_scale not static Python numbers,
         sparse_block_size not a static int,
-        ``switches`` not a ``Switches``, kv_splits not an int or "auto", pack_gqa /
+        ``switches`` not a ``Switches``, kv_splits neither an int nor a string, pack_gqa /
         causal not bools, metadata arrays given as a ``jax.ShapeDtypeStruct`` (an array is
         needed; backward: ``do``, ``o`` or ``lse`` of the wrong dtype).
       NotImplementedError: ``backend="kernel"`` where the kernel cannot run (also

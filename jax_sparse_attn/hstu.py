@@ -393,15 +393,15 @@ _RAISES_DOC = """
       ValueError: bad shapes/ranks (also zero heads or head dims), options (e.g. func with a window, odd-N violation,
         scaling_seqlen <= 0, alpha, scaling_seqlen or 1 / scaling_seqlen not finite in float32,
         max_seqlen_* outside [0, 2**31 - 1], window_size not a pair of ints >= -1,
-        kv_splits outside [1, 16] and not "auto", backend not in
+        kv_splits outside [1, 16] or a string other than "auto", backend not in
         {"auto", "kernel", "reference"}, a switch
         environment variable outside its allowed values) or, when the
         metadata are concrete arrays, bad values
         (see :func:`~jax_sparse_attn.validate_hstu_inputs`).
       TypeError: wrong dtypes (mixed q/k/v dtypes, non-integer cu_seqlens), traced
         static options, static options of the wrong type (max_seqlen_* or a window_size
-        side not an int, alpha / scaling_seqlen not a real number, kv_splits not an int
-        or "auto", debug_checks / deterministic not bools), ``switches`` not a
+        side not an int, alpha / scaling_seqlen not a real number, kv_splits neither an int
+        nor a string, debug_checks / deterministic not bools), ``switches`` not a
         ``Switches``, or metadata (``cu_seqlens_*``, ``func``, ``page_ids``,
         ``page_indptrs``) given as a ``jax.ShapeDtypeStruct`` (an array is needed).
       NotImplementedError: ``backend="kernel"`` where the kernel cannot run, or
