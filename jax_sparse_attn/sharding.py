@@ -186,7 +186,10 @@ def hstu_attention_sharded(q, k, v, cu_seqlens_q, cu_seqlens_k, *, mesh, token_a
       cu_seqlens_q, cu_seqlens_k: int32 ``(num_shards, B_local + 1)`` shard-local
         offsets (see the module doc; :func:`shard_cu_seqlens`); ``num_shards`` is the
         size of ``token_axis`` (``(B+1,)`` is accepted when ``token_axis`` is None).
-      mesh: a ``jax.sharding.Mesh``.
+      mesh: a ``jax.sharding.Mesh``. With explicit axes (``jax.make_mesh``'s
+        default), take gradients inside ``with jax.set_mesh(mesh):``: JAX needs the
+        mesh context to transpose explicitly sharded values (outside it, ``jax.grad``
+        raises JAX's own ``ValueError`` asking for a mesh context).
       token_axis: mesh axis name (or tuple of names) sharding the tokens by whole
         sequences; None keeps tokens replicated.
       head_axis: mesh axis name sharding the heads; None keeps heads replicated.
@@ -264,8 +267,11 @@ def block_sparse_attention_sharded(q, k, v, q2k_block_index, block_sparse_num=No
     Args:
       q, k, v, q2k_block_index, block_sparse_num, block_sizes, q2k_block_nums, layout:
         as for :func:`~jax_sparse_attn.block_sparse_attention` (global shapes).
-      mesh: a ``jax.sharding.Mesh``; batch_axis / head_axis: mesh axis names (or None)
-        sharding B and the heads (``H_q`` and ``H_kv`` must both be divisible).
+      mesh: a ``jax.sharding.Mesh``. With explicit axes (``jax.make_mesh``'s
+        default), take gradients inside ``with jax.set_mesh(mesh):``: JAX needs the
+        mesh context to transpose explicitly sharded values (outside it, ``jax.grad``
+        raises JAX's own ``ValueError`` asking for a mesh context).
+      batch_axis / head_axis: mesh axis names (or None) sharding B and the heads (``H_q`` and ``H_kv`` must both be divisible).
       return_lse: also return ``lse (B, H_q, S_q)``, float32 (float64 for float64
         inputs), as :func:`~jax_sparse_attn.block_sparse_attention_forward` does; both
         outputs are then differentiable in q, k, v (cotangents for ``out`` and ``lse``).
