@@ -271,7 +271,8 @@ def block_sparse_attention_sharded(q, k, v, q2k_block_index, block_sparse_num=No
         default), take gradients inside ``with jax.set_mesh(mesh):``: JAX needs the
         mesh context to transpose explicitly sharded values (outside it, ``jax.grad``
         raises JAX's own ``ValueError`` asking for a mesh context).
-      batch_axis / head_axis: mesh axis names (or None) sharding B and the heads (``H_q`` and ``H_kv`` must both be divisible).
+      batch_axis / head_axis: mesh axis names (or None) sharding B and the heads
+        (``H_q`` and ``H_kv`` must both be divisible).
       return_lse: also return ``lse (B, H_q, S_q)``, float32 (float64 for float64
         inputs), as :func:`~jax_sparse_attn.block_sparse_attention_forward` does; both
         outputs are then differentiable in q, k, v (cotangents for ``out`` and ``lse``).
