@@ -34,3 +34,14 @@ trace_variant() {
     --out "$O/trace_$name.json" > "$O/trace_$name.txt" 2>&1
   t "trace $name rc=$?"
 }
+# det_tests_bg T: in the background, the deterministic cases of the block-sparse grid on the
+# default switches in three processes (t_64a.txt: blk 64 D 128, t_64b.txt: blk 64 other D,
+# t_128.txt: blk 128), each under timeout T
+det_tests_bg() {
+  timeout "$1" $PYT tests/test_gpu_bsa.py -k "bwd_deterministic and blk64 and d128" \
+    > "$O/t_64a.txt" 2>&1 &
+  timeout "$1" $PYT tests/test_gpu_bsa.py -k "bwd_deterministic and blk64 and not d128" \
+    > "$O/t_64b.txt" 2>&1 &
+  timeout "$1" $PYT tests/test_gpu_bsa.py -k "bwd_deterministic and blk128" \
+    > "$O/t_128.txt" 2>&1 &
+}

@@ -6,11 +6,7 @@
 . "$(dirname "$0")/gpu_lib.sh" s45e "${1:-300}"
 T=$((BUDGET - 10))
 export JAX_SPARSE_ATTN_GPU_TEST_TIMEOUT=150
-timeout $T $PYT tests/test_gpu_bsa.py -k "bwd_deterministic and blk64 and d128" \
-  > $O/t_64a.txt 2>&1 &
-timeout $T $PYT tests/test_gpu_bsa.py -k "bwd_deterministic and blk64 and not d128" \
-  > $O/t_64b.txt 2>&1 &
-timeout $T $PYT tests/test_gpu_bsa.py -k "bwd_deterministic and blk128" > $O/t_128.txt 2>&1 &
+det_tests_bg $T
 wait
 for f in 64a 64b 128; do t "$f: $(tail -1 $O/t_$f.txt)"; done
 grep -h "^FAILED\|^ERROR\|Timeout\|timed out" $O/t_*.txt | head -20

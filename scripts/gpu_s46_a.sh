@@ -11,11 +11,7 @@
 T=${TT:-200}
 export JAX_SPARSE_ATTN_GPU_TEST_TIMEOUT=120
 nvidia-smi --query-gpu=name,clocks.max.sm,power.limit --format=csv > $O/gpu.txt 2>&1
-timeout $T $PYT tests/test_gpu_bsa.py -k "bwd_deterministic and blk64 and d128" \
-  > $O/t_64a.txt 2>&1 &
-timeout $T $PYT tests/test_gpu_bsa.py -k "bwd_deterministic and blk64 and not d128" \
-  > $O/t_64b.txt 2>&1 &
-timeout $T $PYT tests/test_gpu_bsa.py -k "bwd_deterministic and blk128" > $O/t_128.txt 2>&1 &
+det_tests_bg $T
 for i in 0 1 2; do
   BSA_TEST_IMPLS=nodefault,l2hint BSA_TEST_SHARD=$i/3 timeout $T $PYT tests/test_gpu_bsa.py \
     -k TestBSAKernelGrid > $O/t_hint$i.txt 2>&1 &
