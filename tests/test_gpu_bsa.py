@@ -581,7 +581,8 @@ DET_CASES = [
          hq=2, hkv=2, sq=1500, skv=1400, mode="all", ws="dqslots=2"),
     dict(name="det-all-blk128-d128-slots3", blk=128, d=128, dtype="float16", layout="bhsd",
          hq=2, hkv=2, sq=2000, skv=1900, mode="all", ws="dqslots=3"),
-    # the default at blk 64 with query rows of at least 32 entries: two dQ accumulators
+    # the default at blk 64 with query rows of at least 32 entries: the fixed-point dQ, and
+    # (cmp_zero) the ordered path with two dQ accumulators, det_store against detzero
     dict(name="det-all-blk64-d128-k63-default", blk=64, d=128, dtype="bfloat16", layout="bhsd",
          hq=2, hkv=2, sq=4096, skv=4000, mode="all", cmp_zero=True),
     dict(name="det-all-blk64-d128-relaxpoll", blk=64, d=128, dtype="float16", layout="bshd",
@@ -676,11 +677,20 @@ def test_bsa_bwd_deterministic(c, monkeypatch):
                 f"{name}: detstream differs from nodetstream"
 
     if c.get("cmp_zero"):
-        # the first contribution to each dQ tile stored (det_store, the default) or added to
-        # the zeroed workspace (detzero): 0 + x == x, so the same values
+        # on the ordered path, the first contribution to each dQ tile stored (det_store, its
+        # default) or added to the zeroed workspace (detzero): 0 + x == x, so the same values.
+        # Where the run above took the fixed-point dQ (the blk 64 default), which stores
+        # nothing first, the ordered path is run here for the comparison (detorder).
+        from jax_sparse_attn.ffi.bsa import det_fixed_wanted
+
+        first = runs[0]
+        if det_fixed_wanted(c["blk"], opts):
+            opts = opts + ("detorder",)
+            first = [np.asarray(g) for g in jax.block_until_ready(det_grads(opts)(q, kp, vp, do))]
         zrun = [np.asarray(g) for g in jax.block_until_ready(
             det_grads(opts + ("detzero",))(q, kp, vp, do))]
-        for name, a, b in zip(("dq", "dk", "dv"), runs[0], zrun):
+        assert not det_fixed_wanted(c["blk"], opts + ("detzero",))
+        for name, a, b in zip(("dq", "dk", "dv"), first, zrun):
             assert np.array_equal(a.astype(np.float32), b.astype(np.float32)), \
                 f"{name}: the stored first contributions differ from detzero"
 
