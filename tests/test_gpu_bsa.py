@@ -679,17 +679,18 @@ def test_bsa_bwd_deterministic(c, monkeypatch):
     if c.get("cmp_zero"):
         # on the ordered path, the first contribution to each dQ tile stored (det_store, its
         # default) or added to the zeroed workspace (detzero): 0 + x == x, so the same values.
-        # Where the run above took the fixed-point dQ (the blk 64 default), which stores
-        # nothing first, the ordered path is run here for the comparison (detorder).
+        # Where the run above took the fixed-point dQ (the blk 64 default, or detfixed named),
+        # which stores nothing first, the ordered path is run here for the comparison.
         from jax_sparse_attn.ffi.bsa import det_fixed_wanted
 
-        first = runs[0]
-        if det_fixed_wanted(c["blk"], opts):
-            opts = opts + ("detorder",)
-            first = [np.asarray(g) for g in jax.block_until_ready(det_grads(opts)(q, kp, vp, do))]
+        ordered = tuple(o for o in opts if o != "detfixed")
+        if det_fixed_wanted(c["blk"], ordered):
+            ordered += ("detorder",)
+        first = runs[0] if ordered == opts else [
+            np.asarray(g) for g in jax.block_until_ready(det_grads(ordered)(q, kp, vp, do))]
+        assert not det_fixed_wanted(c["blk"], ordered + ("detzero",))
         zrun = [np.asarray(g) for g in jax.block_until_ready(
-            det_grads(opts + ("detzero",))(q, kp, vp, do))]
-        assert not det_fixed_wanted(c["blk"], opts + ("detzero",))
+            det_grads(ordered + ("detzero",))(q, kp, vp, do))]
         for name, a, b in zip(("dq", "dk", "dv"), first, zrun):
             assert np.array_equal(a.astype(np.float32), b.astype(np.float32)), \
                 f"{name}: the stored first contributions differ from detzero"
