@@ -165,7 +165,7 @@ def _parse_bsa_ws(var, raw):
 
 #: the flags of the sm90 HSTU backward's tuning switch (JAX_SPARSE_ATTN_HSTU_BWD_WS)
 HSTU_BWD_WS_FLAGS = ("splitwait", "epi16", "detzero", "dqclaim", "xlazero", "wgskip",
-                     "revheads", "epiregs")
+                     "revheads", "epiregs", "thrfrags")
 _HSTU_BWD_WS_ALLOWED = ("comma list of " + ", ".join(HSTU_BWD_WS_FLAGS)
                         + ", convert=N (query rows: 1..65536), chunk=N (KiB: 0..1048576)")
 _parse_hstu_bwd_ws = _parse_option_list(HSTU_BWD_WS_FLAGS,
@@ -180,7 +180,8 @@ BSA_BWD_WS_FLAGS = ("ldwait", "lpt", "decouple", "detkv", "detfull", "detlaunch"
                     "detschedfull", "relaxpoll", "detstream", "nodetstream",
                     "detoverlap", "detzero", "packws", "nopackws", "dqclaim", "zerolag",
                     "tailconv", "notailconv", "hlpt", "nolpt", "persist",
-                    "nokvpf", "ordfast", "detfixed", "detorder", "l2hint", "l2normal")
+                    "nokvpf", "ordfast", "detfixed", "detorder", "l2hint", "l2normal",
+                    "thrfrags")
 #: the flags among :data:`BSA_BWD_WS_FLAGS` that choose the deterministic dQ order (at most
 #: one of them)
 BSA_DET_ORDER_FLAGS = ("detkv", "detfull", "detlaunch", "detsched", "detschedfull")
@@ -385,7 +386,10 @@ SWITCHES = (
            "backward walked last first), epiregs (D <= 128: dK and dV stored straight from "
            "registers as packed 4-byte pairs; by default they are staged in shared memory "
            "and written in coalesced 16-byte row pieces, 3-13 % faster on the H200, most "
-           "at short sequences)"),
+           "at short sequences), thrfrags (the consumers' shared-memory GEMM operands "
+           "partitioned per thread as before, so every wgmma descriptor is computed in "
+           "ordinary registers and moved to a uniform register before its GEMM; by default "
+           "they are partitioned with the warpgroup's first thread, a warp-uniform value)"),
     Switch("hstu_bwd_tile", "JAX_SPARSE_ATTN_HSTU_BWD_TILE", _TILE, _parse_tile, None,
            "HSTU sm80 backward tile override (tuning; with sm90, the default, it is an error "
            "except for calls that sm90 routes to sm80: set hstu_bwd_impl=sm80 as well)"),
@@ -584,6 +588,11 @@ SWITCHES = (
                "KV blocks listing a query block read it again; opt-in until measured), "
                "l2normal (evict_normal policies on those copies; the default passes the "
                "copies' default policy operand), "
+               "thrfrags (the consumers' shared-memory GEMM operands partitioned per thread "
+               "as before, so every wgmma descriptor is computed in ordinary registers and "
+               "moved to a uniform register before its GEMM; by default they are "
+               "partitioned with the warpgroup's first thread, a warp-uniform value, and "
+               "the descriptors stay in uniform registers), "
                "ordfast (deterministic in the schedule order: the same order from fewer "
                "launches and fewer serialized shared-memory operations: the K->Q lists "
                "kernel instead of XLA's lists, the rows' estimated starts computed in the "

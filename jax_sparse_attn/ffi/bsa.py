@@ -288,6 +288,9 @@ class BsaBwdConfig:
     # evict_last (read and added to by the other KV blocks listing the query block); 2
     # ("l2normal") evict_normal on all of them; 0 the default operands
     ws_l2_hint: int = 0
+    # "sm90ws": the consumers' shared-memory wgmma operands partitioned with their
+    # warpgroup's first thread (uniform descriptors; off: "thrfrags", per-thread)
+    ws_uniform_frags: bool = True
 
 
 def fwd_smem_bytes(head_dim, block_size) -> int:
@@ -645,6 +648,7 @@ def _ws_config(name, head_dim, block_size, has_block_sizes, impl, arch, switches
                         ws_lse_early="lselate" not in opts,
                         ws_split_wait="splitwait" in opts,
                         ws_l2_hint=l2_hint_mode(opts),
+                        ws_uniform_frags="thrfrags" not in opts,
                         ws_epi_pairs="epi16" not in opts,
                         ws_epi_smem=not {"epiregs", "epi16"} & set(opts),
                         ws_dq_alt="dqalt" in opts and block_size == 128 and tile
@@ -1623,7 +1627,7 @@ def _ws_kernel(cfg: BsaBwdConfig, after_pre: bool = False):
                         tail_conv=cfg.tail_conv, lpt_chain=cfg.ws_lpt_chain,
                         persist=cfg.ws_persist, persist_kv_at=cfg.ws_persist_kv_at,
                         persist_kv_l2=cfg.ws_persist_kv_l2, dq_fixed=cfg.dq_fixed,
-                        l2_hint=cfg.ws_l2_hint)
+                        l2_hint=cfg.ws_l2_hint, uniform_frags=cfg.ws_uniform_frags)
 
 
 def _bwd_det_entry(stream, q, k, v, do, lse, delta, offsets, entries, ranks, sizes, scale,

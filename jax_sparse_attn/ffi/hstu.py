@@ -258,6 +258,9 @@ class HstuBwdConfig(_HstuKey):
     # sm90 at D <= 128: dK / dV staged in shared memory (packed pairs) and written in
     # coalesced 16-byte row pieces (off with hstu_bwd_ws "epiregs" or "epi16")
     epi_smem: bool = False
+    # sm90: the consumers' shared-memory wgmma operands partitioned with their warpgroup's
+    # first thread (uniform descriptors; off: hstu_bwd_ws "thrfrags")
+    uniform_frags: bool = True
 
 
 def fwd_smem_bytes(head_dim, head_dim_v, bm, bn) -> int:
@@ -757,7 +760,9 @@ def _bwd_config(dtype, head_dim, head_dim_v, func_n, switches, *, has_rab=False,
                                  dq_rev_heads=dq == "tile" and "revheads" in getattr(
                                      switches, "hstu_bwd_ws", ()),
                                  epi_smem=head_dim <= 128 and not {"epiregs", "epi16"} & set(
-                                     getattr(switches, "hstu_bwd_ws", ())))
+                                     getattr(switches, "hstu_bwd_ws", ())),
+                                 uniform_frags="thrfrags" not in getattr(
+                                     switches, "hstu_bwd_ws", ()))
         return dataclasses.replace(
             _bwd_config(dtype, head_dim, head_dim_v, func_n,
                        dataclasses.replace(switches, hstu_bwd_impl="sm80"), has_rab=has_rab,
@@ -943,7 +948,8 @@ def _sm90_bwd_kernel(cfg):
                          dq_writer=cfg.dq_writer, split_wait=cfg.split_wait,
                          epi_pairs=cfg.epi_pairs, det_store=cfg.det_store,
                          dq_claim=cfg.dq_claim, convert_rows=cfg.dq_convert_rows,
-                         wg_skip=cfg.wg_skip, epi_smem=cfg.epi_smem)
+                         wg_skip=cfg.wg_skip, epi_smem=cfg.epi_smem,
+                         uniform_frags=cfg.uniform_frags)
     if (kernel.bm, kernel.bn) != (cfg.block_m, cfg.block_n):
         raise ValueError(f"hstu_bwd_sm90 tiles {(kernel.bm, kernel.bn)} differ from the "
                          f"compile key's {(cfg.block_m, cfg.block_n)}")

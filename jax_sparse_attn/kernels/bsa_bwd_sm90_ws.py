@@ -279,8 +279,13 @@ class BsaBwdSm90Ws:
                  det_store: bool = False, causal: bool = False, pack_gqa: int = 1,
                  dq_claim: bool = False, zero_lag: int = 0, tail_conv: bool = False,
                  lpt_chain: bool = False, persist: int = 0, persist_kv_at: int = -1,
-                 persist_kv_l2: bool = True, dq_fixed: bool = False, l2_hint: int = 0):
+                 persist_kv_l2: bool = True, dq_fixed: bool = False, l2_hint: int = 0,
+                 uniform_frags: bool = True):
         self.pdl = pdl
+        # the consumers' shared-memory GEMM operands partitioned with a warp-uniform thread
+        # index (their warpgroup's first thread), so that the wgmma descriptors are uniform
+        # registers (kernels.common.kv_major_bwd_operands)
+        self.uniform_frags = uniform_frags
         # the L2 policies (_l2; common.L2_HINT_*): with L2_HINT_SPLIT K / V evict_first, Q /
         # dO and the writer warp's dQ bulk reductions evict_last
         self.l2_hint = l2_hint
@@ -1463,7 +1468,8 @@ class BsaBwdSm90Ws:
 
             ((thr_s, thr_kv, thr_dq), (tSrK, tSrV, tSrQ, tSrdO, tVrdO, tKrQ, tQrdS, tQrK),
              (acc_dK, acc_dV)) = kv_major_bwd_operands(
-                mma_s, mma_kv, mma_dq, ctid, sK, sV, sQ, sdO, sQ_mn, sdO_mn, sdS, sK_mn, (bn, d))
+                mma_s, mma_kv, mma_dq, ctid, sK, sV, sQ, sdO, sQ_mn, sdO_mn, sdS, sK_mn, (bn, d),
+                uniform_frags=self.uniform_frags)
             mma_kv.set(warpgroup.Field.ACCUMULATE, True)  # dV, dK accumulate
             tScS = acc_mn_view_wg(thr_s.partition_C(cute.make_identity_tensor((bn, bm))))
             n_rows = cute.size(tScS, mode=[0])  # keys of this thread
@@ -1471,8 +1477,9 @@ class BsaBwdSm90Ws:
             if cutlass.const_expr(self.decouple or self.dq_alt):
                 # one warpgroup's dQ tile (all of D; decouple: over its own 64 keys)
                 thr_dq = mma_dq.get_slice(ctid % 128)
-                tQrdS = thr_dq.make_fragment_A(thr_dq.partition_A(sdS))
-                tQrK = thr_dq.make_fragment_B(thr_dq.partition_B(sK_mn))
+                f_dq = mma_dq.get_slice(0) if cutlass.const_expr(self.uniform_frags) else thr_dq
+                tQrdS = f_dq.make_fragment_A(f_dq.partition_A(sdS))
+                tQrK = f_dq.make_fragment_B(f_dq.partition_B(sK_mn))
             wg = ctid // 128
             tdQc = thr_dq.partition_C(cute.make_identity_tensor((bm, d)))
             r2s_dS, tdSsdS = kvb.ds_store_copy(mma_s, sdS, bn, bm, self.ds_bufs, self.dtype,

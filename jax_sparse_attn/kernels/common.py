@@ -367,7 +367,7 @@ def tma_view(m, d: int, d_first: bool = False):
 
 
 def kv_major_bwd_operands(mma_s, mma_kv, mma_dq, tidx, sK, sV, sQ, sdO, sQ_mn, sdO_mn, sdS,
-                          sK_mn, kv_shape):
+                          sK_mn, kv_shape, uniform_frags: bool = False):
     """Per-thread wgmma operands of a KV-major backward (one CTA per KV tile), three groups:
     the slices ``(thr_s, thr_kv, thr_dq)`` of thread ``tidx``; the smem fragments
     ``(tSrK, tSrV, tSrQ, tSrdO)`` of ``S^T = K Q^T`` and ``dP^T = V dO^T``, ``(tVrdO, tKrQ)``
@@ -377,14 +377,22 @@ def kv_major_bwd_operands(mma_s, mma_kv, mma_dq, tidx, sK, sV, sQ, sdO, sQ_mn, s
     thr_s = mma_s.get_slice(tidx)
     thr_kv = mma_kv.get_slice(tidx)
     thr_dq = mma_dq.get_slice(tidx)
-    frags = (thr_s.make_fragment_A(thr_s.partition_A(sK)),
-             thr_s.make_fragment_A(thr_s.partition_A(sV)),
-             thr_s.make_fragment_B(thr_s.partition_B(sQ)),
-             thr_s.make_fragment_B(thr_s.partition_B(sdO)),
-             thr_kv.make_fragment_B(thr_kv.partition_B(sdO_mn)),
-             thr_kv.make_fragment_B(thr_kv.partition_B(sQ_mn)),
-             thr_dq.make_fragment_A(thr_dq.partition_A(sdS)),
-             thr_dq.make_fragment_B(thr_dq.partition_B(sK_mn)))
+    # the shared-memory operands of a warpgroup MMA are the same for its 128 threads:
+    # ``uniform_frags`` partitions them with the warpgroup's first thread, a warp-uniform
+    # value, so that their descriptors are uniform-datapath arithmetic (else every
+    # descriptor is computed per thread and moved to a uniform register before its GEMM)
+    fs, fkv, fdq = thr_s, thr_kv, thr_dq
+    if uniform_frags:
+        wg0 = cute.arch.make_warp_uniform(tidx // 128) * 128
+        fs, fkv, fdq = mma_s.get_slice(wg0), mma_kv.get_slice(wg0), mma_dq.get_slice(wg0)
+    frags = (fs.make_fragment_A(fs.partition_A(sK)),
+             fs.make_fragment_A(fs.partition_A(sV)),
+             fs.make_fragment_B(fs.partition_B(sQ)),
+             fs.make_fragment_B(fs.partition_B(sdO)),
+             fkv.make_fragment_B(fkv.partition_B(sdO_mn)),
+             fkv.make_fragment_B(fkv.partition_B(sQ_mn)),
+             fdq.make_fragment_A(fdq.partition_A(sdS)),
+             fdq.make_fragment_B(fdq.partition_B(sK_mn)))
     acc_dK = thr_kv.make_fragment_C(thr_kv.partition_shape_C(kv_shape))
     acc_dV = thr_kv.make_fragment_C(thr_kv.partition_shape_C(kv_shape))
     acc_dK.fill(0.0)

@@ -163,8 +163,11 @@ class HstuBwdSm90:
                  dq_vec4=False, head_major=False, dq_tile=False, pdl=False,
                  det_writer=False, dq_writer=False, split_wait=False, epi_pairs=False,
                  det_store=False, dq_claim=False, convert_rows=0, wg_skip=False,
-                 epi_smem=False):
+                 epi_smem=False, uniform_frags=True):
         self.pdl = pdl
+        # the consumers' shared-memory GEMM operands partitioned with a warp-uniform thread
+        # index (kernels.common.kv_major_bwd_operands)
+        self.uniform_frags = uniform_frags
         if head_dim not in SM90_BWD_HEAD_DIMS:
             raise NotImplementedError(
                 f"hstu_bwd_sm90: head_dim={head_dim} is not one of {SM90_BWD_HEAD_DIMS}")
@@ -990,7 +993,7 @@ class HstuBwdSm90:
                 ((thr_s, thr_kv, thr_dq), (tSrK, tSrV, tSrQ, tSrdO, tVrdO, tKrQ, tQrdS, tQrK),
                  (acc_dK, acc_dV)) = kv_major_bwd_operands(
                     mma_s, mma_kv, mma_dq, ctid, sK, sV, sQ, sdO, sQ_mn, sdO_mn, sdS, sK_mn,
-                    (bn, d))
+                    (bn, d), uniform_frags=self.uniform_frags)
                 mma_kv.set(warpgroup.Field.ACCUMULATE, True)  # dV, dK accumulate
                 tScS = acc_mn_view_wg(thr_s.partition_C(cute.make_identity_tensor((bn, bm))))
                 mask = HstuMaskKeyMajor(self.has_func, self.func_n if self.has_func else 1,
