@@ -247,6 +247,7 @@ _PTX_CONFIGS = {
     "l2hint-blk128": ("_bwd_text", (CONFIGS[0],), None, {"ws": "l2hint"}),
     "l2normal-blk64": ("_bwd_text", (CONFIGS[1],), None, {"ws": "l2normal"}),
     "l2normal-blk128": ("_bwd_text", (CONFIGS[0],), None, {"ws": "l2normal"}),
+    "thrfrags-blk128": ("_bwd_text", (CONFIGS[0],), None, {"ws": "thrfrags"}),
     "l2hint-det-blk64": ("_bwd_text", (CONFIGS[1],), None,
                          {"deterministic": True, "impl": "auto", "det_writer": True,
                           "sq": 4096, "skv": 4096, "kmax": 40, "ws": "nodetstream,l2hint"}),
@@ -489,6 +490,24 @@ def test_bsa_bwd_ws_l2hint_deterministic_ptx(kept_ptx):
     assert hint.count(red + ".add.f32") == 0
     assert hint.count("cp.async.bulk.global.shared::cta.bulk_group") == det.count(
         "cp.async.bulk.global.shared::cta.bulk_group")
+
+
+def test_bsa_bwd_ws_uniform_frags(kept_ptx):
+    """By default the consumers' shared-memory wgmma operands are partitioned with the
+    warpgroup's first thread, made warp-uniform (one more ``shfl.sync.idx`` than with
+    ``bsa_bwd_ws=thrfrags``, the per-thread partition); the GEMMs are the same."""
+    from jax_sparse_attn.config import Switches
+    from jax_sparse_attn.ffi import bsa
+
+    def key(ws):
+        return bsa.bwd_config(jnp.bfloat16, 128, 128, False,
+                              Switches(bsa_bwd_impl="sm90ws", bsa_bwd_ws=ws))
+
+    assert key(()).ws_uniform_frags and not key(("thrfrags",)).ws_uniform_frags
+    uni, thr = _ws_ptx(kept_ptx, _ids(CONFIGS[0])), _ws_ptx(kept_ptx, "thrfrags-blk128")
+    assert uni.count("shfl.sync.idx") == thr.count("shfl.sync.idx") + 1
+    for op in ("wgmma.mma_async", "cp.async.bulk.tensor", "setmaxnreg"):
+        assert uni.count(op) == thr.count(op) > 0, op
 
 
 def test_bsa_pre_kernel4_ptx(kept_ptx):

@@ -977,6 +977,23 @@ def test_hstu_bwd_sm90_epi_smem_key_and_lowering():
         assert _attention_calls(txt) == 1 and "\\7FELF" in txt
 
 
+def test_hstu_bwd_sm90_uniform_frags_key_and_lowering():
+    """The sm90 backward partitions the consumers' shared-memory wgmma operands with the
+    warpgroup's first thread by default (uniform descriptors); hstu_bwd_ws "thrfrags" keeps
+    the per-thread partition. Both lower at D = 128 (two consumer warpgroups of 64 keys)."""
+    from jax_sparse_attn.config import Switches  # noqa: PLC0415
+    from jax_sparse_attn.ffi import hstu as fh  # noqa: PLC0415
+
+    for d in (64, 128, 256):
+        assert fh.bwd_config("bfloat16", d, d, 0, Switches()).uniform_frags
+        assert not fh.bwd_config("bfloat16", d, d, 0,
+                                 Switches(hstu_bwd_ws=("thrfrags",))).uniform_frags
+    pytest.importorskip("cutlass")
+    for s in (Switches(), Switches(hstu_bwd_ws=("thrfrags",))):
+        txt = _bwd_text(128, "bfloat16", "window", s)
+        assert _attention_calls(txt) == 1 and "\\7FELF" in txt
+
+
 def test_hstu_bwd_sm90_dq_tile_key_and_lowering():
     """hstu_bwd_dq="tile": the key carries dq_tile at D = 64 / 128 / 256, also in the
     deterministic mode; the kernel lowers and its PTX adds each warp's dQ slice with one 4 KB
