@@ -181,7 +181,7 @@ BSA_BWD_WS_FLAGS = ("ldwait", "lpt", "decouple", "detkv", "detfull", "detlaunch"
                     "detoverlap", "detzero", "packws", "nopackws", "dqclaim", "zerolag",
                     "tailconv", "notailconv", "hlpt", "nolpt", "persist",
                     "nokvpf", "ordfast", "detfixed", "detorder", "l2hint", "l2normal",
-                    "thrfrags")
+                    "thrfrags", "wghand")
 #: the flags among :data:`BSA_BWD_WS_FLAGS` that choose the deterministic dQ order (at most
 #: one of them)
 BSA_DET_ORDER_FLAGS = ("detkv", "detfull", "detlaunch", "detsched", "detschedfull")
@@ -593,6 +593,12 @@ SWITCHES = (
                "moved to a uniform register before its GEMM; by default they are "
                "partitioned with the warpgroup's first thread, a warp-uniform value, and "
                "the descriptors stay in uniform registers), "
+               "wghand (blk 128, not deterministic, with the dQ writer warp and the staging "
+               "tile, not dqalt / dqclaim: the writer warp takes each consumer warpgroup's "
+               "staged half of the step's dQ on its own and hands it back once its bulk "
+               "reductions have read it, so a warpgroup never waits at a barrier for the "
+               "other one's dQ; by default one barrier pair over both warpgroups per step; "
+               "opt-in until measured), "
                "ordfast (deterministic in the schedule order: the same order from fewer "
                "launches and fewer serialized shared-memory operations: the K->Q lists "
                "kernel instead of XLA's lists, the rows' estimated starts computed in the "

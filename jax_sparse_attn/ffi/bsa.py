@@ -291,6 +291,10 @@ class BsaBwdConfig:
     # "sm90ws": the consumers' shared-memory wgmma operands partitioned with their
     # warpgroup's first thread (uniform descriptors; off: "thrfrags", per-thread)
     ws_uniform_frags: bool = True
+    # "sm90ws" blk 128 with the dQ writer warp and the staging tile, not deterministic: the
+    # writer hands each consumer warpgroup its half of the staging tile on its own
+    # ("wghand", opt-in)
+    ws_wg_hand: bool = False
 
 
 def fwd_smem_bytes(head_dim, block_size) -> int:
@@ -649,6 +653,10 @@ def _ws_config(name, head_dim, block_size, has_block_sizes, impl, arch, switches
                         ws_split_wait="splitwait" in opts,
                         ws_l2_hint=l2_hint_mode(opts),
                         ws_uniform_frags="thrfrags" not in opts,
+                        ws_wg_hand="wghand" in opts and block_size == 128 and tile
+                        and not alias and not deterministic and not decouple
+                        and "dqalt" not in opts and "dqclaim" not in opts
+                        and getattr(switches, "dq_writer", "auto") != "off",
                         ws_epi_pairs="epi16" not in opts,
                         ws_epi_smem=not {"epiregs", "epi16"} & set(opts),
                         ws_dq_alt="dqalt" in opts and block_size == 128 and tile
@@ -1627,7 +1635,8 @@ def _ws_kernel(cfg: BsaBwdConfig, after_pre: bool = False):
                         tail_conv=cfg.tail_conv, lpt_chain=cfg.ws_lpt_chain,
                         persist=cfg.ws_persist, persist_kv_at=cfg.ws_persist_kv_at,
                         persist_kv_l2=cfg.ws_persist_kv_l2, dq_fixed=cfg.dq_fixed,
-                        l2_hint=cfg.ws_l2_hint, uniform_frags=cfg.ws_uniform_frags)
+                        l2_hint=cfg.ws_l2_hint, uniform_frags=cfg.ws_uniform_frags,
+                        wg_hand=cfg.ws_wg_hand)
 
 
 def _bwd_det_entry(stream, q, k, v, do, lse, delta, offsets, entries, ranks, sizes, scale,

@@ -280,7 +280,7 @@ class BsaBwdSm90Ws:
                  dq_claim: bool = False, zero_lag: int = 0, tail_conv: bool = False,
                  lpt_chain: bool = False, persist: int = 0, persist_kv_at: int = -1,
                  persist_kv_l2: bool = True, dq_fixed: bool = False, l2_hint: int = 0,
-                 uniform_frags: bool = True):
+                 uniform_frags: bool = True, wg_hand: bool = False):
         self.pdl = pdl
         # the consumers' shared-memory GEMM operands partitioned with a warp-uniform thread
         # index (their warpgroup's first thread), so that the wgmma descriptors are uniform
@@ -415,6 +415,13 @@ class BsaBwdSm90Ws:
         # parity) and goes on. Barriers 2 and 5 then count the computing warpgroup and warp 1.
         self.dq_alt = (dq_alt and self.num_wg == 2 and self.dq_writer and not self.dq_alias
                        and not self.decouple)
+        # blk 128 with the dQ writer (not deterministic) and the staging tile: the writer
+        # takes each consumer warpgroup's staged half on its own (barriers 2 / 11: staged,
+        # 5 / 10: handed back, 128 + 32 threads each) instead of the whole tile (barriers 2
+        # and 5 over both warpgroups), so a warpgroup waits only for the writer's reads of
+        # its own half, never for the other warpgroup
+        self.wg_hand = (wg_hand and self.num_wg == 2 and self.dq_writer and not self.dq_alias
+                        and not self.dq_alt and not self.dq_claim and not self.decouple)
         # a persistent grid of ``persist`` CTAs (blk 128: one per SM) walking the K->Q rows
         # as work items, dealt dynamically (in the lpt order when given); with the dQ
         # writer's tail_conv (its zeroed counters hold the item counter), not causal, not
@@ -687,6 +694,33 @@ class BsaBwdSm90Ws:
         return l2_policy(L2_EVICT_NORMAL if self.l2_hint == L2_HINT_NORMAL else L2_EVICT_LAST)
 
     @cute.jit
+    def _wg_bar(self, wg, id0: cutlass.Constexpr, id1: cutlass.Constexpr,
+                arrive: cutlass.Constexpr):
+        """``wg_hand``: consumer warpgroup ``wg``'s named barrier with the writer warp (id
+        ``id0`` for warpgroup 0, ``id1`` for warpgroup 1; 128 + 32 threads): sync, or
+        ``arrive`` only."""
+        if wg == 0:
+            if cutlass.const_expr(arrive):
+                cute.arch.barrier_arrive(barrier_id=id0, number_of_threads=160)
+            else:
+                cute.arch.barrier(barrier_id=id0, number_of_threads=160)
+        else:
+            if cutlass.const_expr(arrive):
+                cute.arch.barrier_arrive(barrier_id=id1, number_of_threads=160)
+            else:
+                cute.arch.barrier(barrier_id=id1, number_of_threads=160)
+
+    @cute.jit
+    def _bulk_half(self, gtile, sdQ, n_cg: cutlass.Constexpr, w: cutlass.Constexpr):
+        """One lane of the writer warp (``wg_hand``): the staged slices of consumer warpgroup
+        ``w`` (its four warps' blocks) added to the workspace tile at ``gtile``, one bulk
+        reduce-add per block, committed as one bulk group."""
+        for wi in cutlass.range_constexpr(4):
+            bulk_add_warp_slice(gtile, sdQ, wi, w * n_cg, n_cg, 4, self.dq_w,
+                                s32=self.dq_fixed, policy=self._l2_reduce_policy(False))
+        cute.arch.cp_async_bulk_commit_group()
+
+    @cute.jit
     def _bulk_tile(self, gtile, sdQ, sdQ2, n_cg: cutlass.Constexpr, store: cutlass.Constexpr):
         """One lane of the writer warp: the staged dQ tile to the workspace tile at
         ``gtile``, one bulk reduce-add (``store``: bulk store) per block of every consumer
@@ -814,7 +848,22 @@ class BsaBwdSm90Ws:
                     first = Int32(0)
                     if cutlass.const_expr(self.dq_claim):
                         sem = elem_ptr(mdQSem, (batch, head, t_ws))
-                    if cutlass.const_expr(self.writer):
+                    if cutlass.const_expr(self.wg_hand):
+                        # each warpgroup's half: staged and fenced (barrier 2 / 11), added,
+                        # handed back once the additions have read it (barrier 5 / 10)
+                        gtile = elem_ptr(mdQacc, (batch, head, t_ws, 0))
+                        sdQ = st.sdQ.data_ptr()
+                        for w in cutlass.range_constexpr(2):
+                            cute.arch.barrier(barrier_id=2 if w == 0 else 11,
+                                              number_of_threads=160)
+                            if lane == 0:
+                                self._bulk_half(gtile, sdQ, n_cg, w)
+                                cute.arch.cp_async_bulk_wait_group(0, read=True)
+                            cute.arch.sync_warp()
+                            cute.arch.barrier_arrive(barrier_id=5 if w == 0 else 10,
+                                                     number_of_threads=160)
+                        c += 1
+                    elif cutlass.const_expr(self.writer):
                         # every consumer warp's slice of this step is staged and fenced
                         cute.arch.barrier(barrier_id=2, number_of_threads=n_sync)
                         sdQ = st.sdQ.data_ptr()
@@ -1192,7 +1241,12 @@ class BsaBwdSm90Ws:
                                     if t_lane == 0:
                                         cute.arch.cp_async_bulk_wait_group(0, read=True)
                                     cute.arch.sync_warp()
-                            if cutlass.const_expr(self.writer):
+                            if cutlass.const_expr(self.wg_hand):
+                                # the writer warp is done with this warpgroup's half of the
+                                # previous step's staged tile
+                                if c > 0:
+                                    self._wg_bar(wg, 5, 10, False)
+                            elif cutlass.const_expr(self.writer):
                                 # the writer warp is done with the previous step's staged
                                 # tile (its buffer, or its Q / dO stage)
                                 if c > 0:
@@ -1211,7 +1265,10 @@ class BsaBwdSm90Ws:
                                              sbase2=sdQ2, half=t_half)
                             cute.arch.fence_proxy("async.shared", space="cta")
                             cute.arch.sync_warp()
-                            if cutlass.const_expr(self.writer):
+                            if cutlass.const_expr(self.wg_hand):
+                                # this warpgroup's half is staged: the writer adds it
+                                self._wg_bar(wg, 2, 11, True)
+                            elif cutlass.const_expr(self.writer):
                                 # the writer warp waits for its turn and adds the tile
                                 cute.arch.barrier_arrive(barrier_id=2,
                                                          number_of_threads=128 * nwg + 32)
@@ -1517,6 +1574,10 @@ class BsaBwdSm90Ws:
                 # previous hand-back: it would take that one's place)
                 if c > 0 and c % 2 != wg:
                     cute.arch.barrier(barrier_id=5, number_of_threads=128 + 32)
+            elif cutlass.const_expr(self.wg_hand):
+                # the writer warp's last hand-back of this warpgroup's half
+                if c > 0:
+                    self._wg_bar(wg, 5, 10, False)
             elif cutlass.const_expr(self.writer):
                 # the writer warp's last hand-back (one per step)
                 if c > 0:
