@@ -181,7 +181,7 @@ BSA_BWD_WS_FLAGS = ("ldwait", "lpt", "decouple", "detkv", "detfull", "detlaunch"
                     "detoverlap", "detzero", "packws", "nopackws", "dqclaim", "zerolag",
                     "tailconv", "notailconv", "hlpt", "nolpt", "persist",
                     "nokvpf", "ordfast", "detfixed", "detorder", "l2hint", "l2normal",
-                    "thrfrags", "wghand")
+                    "thrfrags", "wghand", "nowghand", "ldscale")
 #: the flags among :data:`BSA_BWD_WS_FLAGS` that choose the deterministic dQ order (at most
 #: one of them)
 BSA_DET_ORDER_FLAGS = ("detkv", "detfull", "detlaunch", "detsched", "detschedfull")
@@ -193,7 +193,7 @@ _BSA_BWD_WS_ALLOWED = ("comma list of " + ", ".join(BSA_BWD_WS_FLAGS)
                        "1..16); at most one "
                        "of " + ", ".join(BSA_DET_ORDER_FLAGS) + "; at most one of detstream, "
                        "nodetstream; at most one of packws, nopackws; at most one of tailconv, "
-                       "notailconv; at most one of lpt, hlpt, nolpt")
+                       "notailconv; at most one of wghand, nowghand; at most one of lpt, hlpt, nolpt")
 _parse_bsa_bwd_ws_opts = _parse_option_list(BSA_BWD_WS_FLAGS,
                                              {"stages": lambda n: 2 <= n <= 4,
                                               "dqslots": lambda n: 1 <= n <= 4,
@@ -216,7 +216,8 @@ def _parse_bsa_bwd_ws(var, raw):
                          f"{_BSA_BWD_WS_ALLOWED}")
     for on, off in (("detstream", "nodetstream"), ("packws", "nopackws"),
                     ("tailconv", "notailconv"), ("lpt", "hlpt"), ("lpt", "nolpt"),
-                    ("hlpt", "nolpt"), ("l2hint", "l2normal")):
+                    ("hlpt", "nolpt"), ("l2hint", "l2normal"),
+                    ("wghand", "nowghand")):
         if on in opts and off in opts:
             raise ValueError(f"{var}={raw!r}: {on!r} and {off!r} contradict each other; "
                              f"give at most one; allowed: {_BSA_BWD_WS_ALLOWED}")
@@ -593,12 +594,15 @@ SWITCHES = (
                "moved to a uniform register before its GEMM; by default they are "
                "partitioned with the warpgroup's first thread, a warp-uniform value, and "
                "the descriptors stay in uniform registers), "
-               "wghand (blk 128, not deterministic, with the dQ writer warp and the staging "
-               "tile, not dqalt / dqclaim: the writer warp takes each consumer warpgroup's "
-               "staged half of the step's dQ on its own and hands it back once its bulk "
-               "reductions have read it, so a warpgroup never waits at a barrier for the "
-               "other one's dQ; by default one barrier pair over both warpgroups per step; "
-               "opt-in until measured), "
+               "wghand (the default where it applies: blk 128, not deterministic, with the dQ "
+               "writer warp and the staging tile, not dqalt / dqclaim: the writer warp takes "
+               "each consumer warpgroup's staged half of the step's dQ on its own and hands "
+               "it back once its bulk reductions have read it, so a warpgroup never waits at "
+               "a barrier for the other one's dQ; 0.5-2 % faster on the H100), "
+               "nowghand (one barrier pair over both warpgroups per step for the staged dQ), "
+               "ldscale (not deterministic: XLA scales the kernel's lse by log2 e and delta "
+               "by softmax_scale before the call, so each score's P^T takes one FFMA and its "
+               "dS^T one FFMA and one FMUL; opt-in until measured), "
                "ordfast (deterministic in the schedule order: the same order from fewer "
                "launches and fewer serialized shared-memory operations: the K->Q lists "
                "kernel instead of XLA's lists, the rows' estimated starts computed in the "

@@ -87,6 +87,8 @@ L2NORMAL = Switches(bsa_fwd_ws=("l2normal",), bsa_bwd_ws=("l2normal",))
 KQXLA = Switches(bsa_kq_impl="xla")
 NOTAILCONV = Switches(bsa_bwd_ws=("notailconv",))
 NOLPT = Switches(bsa_bwd_ws=("nolpt",))
+LDSCALE = Switches(bsa_bwd_ws=("ldscale",))
+NOWGHAND = Switches(bsa_bwd_ws=("nowghand",))
 SM80_LATE_V = Switches(bsa_fwd_impl="sm80", bsa_fwd_late_v_wait=True)
 SM80_WR32 = Switches(bsa_fwd_impl="sm80", bsa_fwd_warp_rows="32")
 SM80_WR16 = Switches(bsa_fwd_impl="sm80", bsa_fwd_warp_rows="16")
@@ -105,7 +107,8 @@ class TestBSAKernelGrid(BSAKernelGrid):
     IMPLS = {"sm80": SM80, "sm90ws": SM90WS, "bwdws": BWDWS, "bwdrows": BWDROWS,
              "dqalt": DQALT, "qregs": QREGS, "mpre": MPRE, "qahead": QAHEAD,
              "noepivec": NOEPIVEC, "notmao": NOTMAO, "ctas3k1": CTAS3K1, "selfload": SELFLOAD,
-             "pairwg": PAIRWG, "l2hint": L2HINT, "l2normal": L2NORMAL, "kqxla": KQXLA, "notailconv": NOTAILCONV, "nolpt": NOLPT, "sm80_late_v": SM80_LATE_V, "sm80_wr32": SM80_WR32,
+             "pairwg": PAIRWG, "l2hint": L2HINT, "l2normal": L2NORMAL, "kqxla": KQXLA, "notailconv": NOTAILCONV, "nolpt": NOLPT,
+             "ldscale": LDSCALE, "nowghand": NOWGHAND, "sm80_late_v": SM80_LATE_V, "sm80_wr32": SM80_WR32,
              "sm80_wr16": SM80_WR16}
 
     @classmethod

@@ -221,21 +221,22 @@ def test_bsa_bwd_persist(c, ws, monkeypatch):
     tb.test_bsa_sm90ws_backward(c)
 
 
-@pytest.mark.parametrize("ws", ["wghand", "wghand,persist", "wghand,zerolag"])
+@pytest.mark.parametrize("ws", ["wghand", "wghand,persist", "wghand,zerolag", "nowghand"])
 @pytest.mark.parametrize("c", PERSIST_CASES, ids=lambda c: c["name"])
 def test_bsa_bwd_wghand(c, ws, monkeypatch):
-    """``wghand`` (opt-in, blk 128): the dQ writer warp takes each consumer warpgroup's half
-    of the staged dQ on its own (its own named barriers) and hands it back once read; alone,
-    with the persistent grid and with zerolag. Gradients against the reference, poisoned
-    buffers first."""
+    """``wghand`` (the default at blk 128 with the dQ writer warp): the writer warp takes each
+    consumer warpgroup's half of the staged dQ on its own (its own named barriers) and hands
+    it back once read; alone, with the persistent grid and with zerolag; ``nowghand`` (one
+    barrier pair over both warpgroups). Gradients against the reference, poisoned buffers
+    first."""
     from jax_sparse_attn.ffi import bsa as fb
 
-    if ws != "wghand" and c["name"] not in ("persist-376items-blk128-d128-varied",
-                                            "zerolag-16pairs-blk128-d64-empty"):
+    if ws not in ("wghand", "nowghand") and c["name"] not in (
+            "persist-376items-blk128-d128-varied", "zerolag-16pairs-blk128-d64-empty"):
         pytest.skip("the variants run on the two cases with more items than CTAs")
     sw = Switches(bsa_bwd_impl="sm90ws", bsa_bwd_ws=tuple(ws.split(",")))
     key = fb.bwd_config(jnp.dtype(c["dtype"]), c["d"], c["blk"], False, sw)
-    assert key.ws_wg_hand and key.dq_writer, key
+    assert key.ws_wg_hand == ("nowghand" not in ws) and key.dq_writer, key
     monkeypatch.setattr(tb, "BWDWS", sw)
     tb.test_bsa_sm90ws_backward(c)
 

@@ -248,8 +248,7 @@ _PTX_CONFIGS = {
     "l2normal-blk64": ("_bwd_text", (CONFIGS[1],), None, {"ws": "l2normal"}),
     "l2normal-blk128": ("_bwd_text", (CONFIGS[0],), None, {"ws": "l2normal"}),
     "thrfrags-blk128": ("_bwd_text", (CONFIGS[0],), None, {"ws": "thrfrags"}),
-    "wghand-blk128": ("_bwd_text", (CONFIGS[0],), None, {"ws": "wghand"}),
-    "wghand-persist-blk128": ("_bwd_text", (CONFIGS[0],), None, {"ws": "wghand,persist"}),
+    "nowghand-blk128": ("_bwd_text", (CONFIGS[0],), None, {"ws": "nowghand"}),
     "l2hint-det-blk64": ("_bwd_text", (CONFIGS[1],), None,
                          {"deterministic": True, "impl": "auto", "det_writer": True,
                           "sq": 4096, "skv": 4096, "kmax": 40, "ws": "nodetstream,l2hint"}),
@@ -513,12 +512,12 @@ def test_bsa_bwd_ws_uniform_frags(kept_ptx):
 
 
 def test_bsa_bwd_ws_wghand(kept_ptx):
-    """``bsa_bwd_ws=wghand`` (opt-in; blk 128 with the dQ writer warp and the staging tile):
-    the key, off at blk 64, with deterministic=True (ordered), dqalt, dqclaim or without the
-    writer; with the fixed-point deterministic dQ it stays (that runs the writer path). The
-    PTX: each warpgroup meets the writer on its own barriers, 2 / 11 (staged) and 5 / 10
-    (handed back) of 160 threads; the default has the 288-thread pair 2 / 5; the same bulk
-    reduce-adds and GEMMs; the persistent grid lowers with it."""
+    """``bsa_bwd_ws=wghand`` (the default at blk 128 with the dQ writer warp and the staging
+    tile): the key, off with nowghand, at blk 64, with deterministic=True (ordered), dqalt,
+    dqclaim or without the writer; with the fixed-point deterministic dQ it stays (that runs
+    the writer path). The PTX: each warpgroup meets the writer on its own barriers, 2 / 11
+    (staged) and 5 / 10 (handed back) of 160 threads; nowghand has the 288-thread pair
+    2 / 5; the same bulk reduce-adds and GEMMs; the persistent grid lowers with it."""
     from jax_sparse_attn.config import Switches
     from jax_sparse_attn.ffi import bsa
 
@@ -527,14 +526,16 @@ def test_bsa_bwd_ws_wghand(kept_ptx):
         return bsa.bwd_config(jnp.bfloat16, 128, blk, False,
                               Switches(bsa_bwd_impl="sm90ws", bsa_bwd_ws=ws, **sw), **kw)
 
-    assert key(("wghand",)).ws_wg_hand and not key(()).ws_wg_hand
-    assert not key(("wghand",), blk=64).ws_wg_hand
-    assert not key(("wghand", "detorder"), deterministic=True).ws_wg_hand
-    assert key(("wghand", "detfixed"), deterministic=True).ws_wg_hand
-    assert not key(("wghand", "dqalt")).ws_wg_hand
-    assert not key(("wghand", "dqclaim")).ws_wg_hand
-    assert not key(("wghand",), sw={"dq_writer": "off"}).ws_wg_hand
-    base, hand = _ws_ptx(kept_ptx, _ids(CONFIGS[0])), _ws_ptx(kept_ptx, "wghand-blk128")
+    assert key(()).ws_wg_hand and key(("wghand",)).ws_wg_hand
+    assert not key(("nowghand",)).ws_wg_hand
+    assert not key((), blk=64).ws_wg_hand
+    assert not key(("detorder",), deterministic=True).ws_wg_hand
+    assert key(("detfixed",), deterministic=True).ws_wg_hand
+    assert not key(("dqalt",)).ws_wg_hand
+    assert not key(("dqclaim",)).ws_wg_hand
+    assert not key((), sw={"dq_writer": "off"}).ws_wg_hand
+    assert key(("persist",)).ws_wg_hand
+    hand, base = _ws_ptx(kept_ptx, _ids(CONFIGS[0])), _ws_ptx(kept_ptx, "nowghand-blk128")
     for b in (2, 5):
         assert re.search(rf"bar\.(sync|arrive)\s+{b}, 288;", base), b
         assert not re.search(rf"bar\.(sync|arrive)\s+{b}, 288;", hand), b
@@ -545,7 +546,7 @@ def test_bsa_bwd_ws_wghand(kept_ptx):
     red = "cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32"
     for op in (red, "wgmma.mma_async", "cp.async.bulk.tensor"):
         assert hand.count(op) == base.count(op) > 0, op
-    assert "bar.sync" in _ws_ptx(kept_ptx, "wghand-persist-blk128")
+    assert re.search(r"bar\.sync\s+11, 160;", _ws_ptx(kept_ptx, "persist-blk128"))
 
 
 def test_bsa_pre_kernel4_ptx(kept_ptx):

@@ -293,8 +293,11 @@ class BsaBwdConfig:
     ws_uniform_frags: bool = True
     # "sm90ws" blk 128 with the dQ writer warp and the staging tile, not deterministic: the
     # writer hands each consumer warpgroup its half of the staging tile on its own
-    # ("wghand", opt-in)
+    # (off: "nowghand", one barrier pair over both warpgroups)
     ws_wg_hand: bool = False
+    # "sm90ws", not deterministic: the kernel takes lse log2 e and delta softmax_scale
+    # ("ldscale"), scaled by XLA before the call
+    ws_ld_scaled: bool = False
 
 
 def fwd_smem_bytes(head_dim, block_size) -> int:
@@ -653,10 +656,11 @@ def _ws_config(name, head_dim, block_size, has_block_sizes, impl, arch, switches
                         ws_split_wait="splitwait" in opts,
                         ws_l2_hint=l2_hint_mode(opts),
                         ws_uniform_frags="thrfrags" not in opts,
-                        ws_wg_hand="wghand" in opts and block_size == 128 and tile
+                        ws_wg_hand="nowghand" not in opts and block_size == 128 and tile
                         and not alias and not deterministic and not decouple
                         and "dqalt" not in opts and "dqclaim" not in opts
                         and getattr(switches, "dq_writer", "auto") != "off",
+                        ws_ld_scaled="ldscale" in opts and not deterministic,
                         ws_epi_pairs="epi16" not in opts,
                         ws_epi_smem=not {"epiregs", "epi16"} & set(opts),
                         ws_dq_alt="dqalt" in opts and block_size == 128 and tile
@@ -1636,7 +1640,7 @@ def _ws_kernel(cfg: BsaBwdConfig, after_pre: bool = False):
                         persist=cfg.ws_persist, persist_kv_at=cfg.ws_persist_kv_at,
                         persist_kv_l2=cfg.ws_persist_kv_l2, dq_fixed=cfg.dq_fixed,
                         l2_hint=cfg.ws_l2_hint, uniform_frags=cfg.ws_uniform_frags,
-                        wg_hand=cfg.ws_wg_hand)
+                        wg_hand=cfg.ws_wg_hand, ld_scaled=cfg.ws_ld_scaled)
 
 
 def _bwd_det_entry(stream, q, k, v, do, lse, delta, offsets, entries, ranks, sizes, scale,
@@ -1830,6 +1834,10 @@ def bsa_bwd(do, q, k, v, out, lse, q2k_block_index, q2k_block_nums, block_sizes,
                                    zero_elems=zero_elems)
     if dlse is not None:
         delta = delta - dlse.astype(jnp.float32)
+    if cfg.bwd.impl == "sm90ws" and cfg.bwd.ws_ld_scaled:
+        # the kernel's P^T and dS^T take lse in the log2 domain and delta times the scale
+        delta = delta * jnp.float32(cfg.softmax_scale)
+        lse = lse * jnp.float32(math.log2(math.e))
     if cfg.bwd.deterministic:
         return _bsa_bwd_deterministic(q, k, v, do, lse, delta, dq_acc, q2k_block_index,
                                       q2k_block_nums, block_sizes, cfg, spec, ocfg)

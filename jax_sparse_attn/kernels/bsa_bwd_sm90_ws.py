@@ -280,8 +280,12 @@ class BsaBwdSm90Ws:
                  dq_claim: bool = False, zero_lag: int = 0, tail_conv: bool = False,
                  lpt_chain: bool = False, persist: int = 0, persist_kv_at: int = -1,
                  persist_kv_l2: bool = True, dq_fixed: bool = False, l2_hint: int = 0,
-                 uniform_frags: bool = True, wg_hand: bool = False):
+                 uniform_frags: bool = True, wg_hand: bool = False, ld_scaled: bool = False):
         self.pdl = pdl
+        # the lse input is in the log2 domain (lse log2 e) and delta is scaled by
+        # softmax_scale, so a step's P^T takes one FFMA per score and its dS^T one FFMA and
+        # one FMUL: P^T (dP^T softmax_scale - delta softmax_scale)
+        self.ld_scaled = ld_scaled
         # the consumers' shared-memory GEMM operands partitioned with a warp-uniform thread
         # index (their warpgroup's first thread), so that the wgmma descriptors are uniform
         # registers (kernels.common.kv_major_bwd_operands)
@@ -1123,11 +1127,13 @@ class BsaBwdSm90Ws:
                     if cutlass.const_expr(not self.lse_early):
                         # read under the GEMMs
                         for cc in cutlass.range_constexpr(n_cols):
-                            lse2[cc] = sLD[tScS[0, cc][1], 0, stg] * LOG2_E
+                            lse2[cc] = sLD[tScS[0, cc][1], 0, stg]
+                            if cutlass.const_expr(not self.ld_scaled):
+                                lse2[cc] = lse2[cc] * LOG2_E
                     S_mn = acc_mn_view_wg(acc_S)
                     dP_mn = acc_mn_view_wg(acc_dP)
                     warpgroup.wait_group(1)
-                    if cutlass.const_expr(self.lse_early):
+                    if cutlass.const_expr(self.lse_early and not self.ld_scaled):
                         for cc in cutlass.range_constexpr(n_cols):
                             lse2[cc] = lse2[cc] * LOG2_E
                     # P^T while the dP^T GEMM runs
@@ -1153,7 +1159,12 @@ class BsaBwdSm90Ws:
                     warpgroup.wait_group(0)
                     for r in cutlass.range_constexpr(n_rows):
                         for cc in cutlass.range_constexpr(n_cols):
-                            dP_mn[r, cc] = (S_mn[r, cc] * softmax_scale) * (dP_mn[r, cc] - dlt[cc])
+                            if cutlass.const_expr(self.ld_scaled):
+                                dP_mn[r, cc] = S_mn[r, cc] * (dP_mn[r, cc] * softmax_scale
+                                                              - dlt[cc])
+                            else:
+                                dP_mn[r, cc] = ((S_mn[r, cc] * softmax_scale)
+                                                * (dP_mn[r, cc] - dlt[cc]))
                     if masked:
                         # keys past the block's valid count (causal: or past a query's
                         # diagonal): select, never multiply (their dP^T may be NaN)
