@@ -249,6 +249,7 @@ _PTX_CONFIGS = {
     "l2normal-blk128": ("_bwd_text", (CONFIGS[0],), None, {"ws": "l2normal"}),
     "thrfrags-blk128": ("_bwd_text", (CONFIGS[0],), None, {"ws": "thrfrags"}),
     "nowghand-blk128": ("_bwd_text", (CONFIGS[0],), None, {"ws": "nowghand"}),
+    "ldscale-blk128": ("_bwd_text", (CONFIGS[0],), None, {"ws": "ldscale"}),
     "l2hint-det-blk64": ("_bwd_text", (CONFIGS[1],), None,
                          {"deterministic": True, "impl": "auto", "det_writer": True,
                           "sq": 4096, "skv": 4096, "kmax": 40, "ws": "nodetstream,l2hint"}),
@@ -518,7 +519,7 @@ def test_bsa_bwd_ws_wghand(kept_ptx):
     the writer path). The PTX: each warpgroup meets the writer on its own barriers, 2 / 11
     (staged) and 5 / 10 (handed back) of 160 threads; nowghand has the 288-thread pair
     2 / 5; the same bulk reduce-adds and GEMMs; the persistent grid lowers with it."""
-    from jax_sparse_attn.config import Switches
+    from jax_sparse_attn.config import Switches, from_env
     from jax_sparse_attn.ffi import bsa
 
     def key(ws, blk=128, **kw):
@@ -535,6 +536,8 @@ def test_bsa_bwd_ws_wghand(kept_ptx):
     assert not key(("dqclaim",)).ws_wg_hand
     assert not key((), sw={"dq_writer": "off"}).ws_wg_hand
     assert key(("persist",)).ws_wg_hand
+    with pytest.raises(ValueError, match="'wghand' and 'nowghand' contradict"):
+        from_env({"JAX_SPARSE_ATTN_BSA_BWD_WS": "wghand,nowghand"})
     hand, base = _ws_ptx(kept_ptx, _ids(CONFIGS[0])), _ws_ptx(kept_ptx, "nowghand-blk128")
     for b in (2, 5):
         assert re.search(rf"bar\.(sync|arrive)\s+{b}, 288;", base), b
@@ -547,6 +550,27 @@ def test_bsa_bwd_ws_wghand(kept_ptx):
     for op in (red, "wgmma.mma_async", "cp.async.bulk.tensor"):
         assert hand.count(op) == base.count(op) > 0, op
     assert re.search(r"bar\.sync\s+11, 160;", _ws_ptx(kept_ptx, "persist-blk128"))
+
+
+def test_bsa_bwd_ws_ldscale(kept_ptx):
+    """``bsa_bwd_ws=ldscale`` (opt-in): the key, off with deterministic=True; the kernel
+    takes lse in the log2 domain and delta times softmax_scale, so its PTX has none of the
+    per-column ``lse log2 e`` products (fewer ``mul.f32``, the same subtractions, GEMMs and
+    copies)."""
+    from jax_sparse_attn.config import Switches
+    from jax_sparse_attn.ffi import bsa
+
+    def key(ws, **kw):
+        return bsa.bwd_config(jnp.bfloat16, 128, 128, False,
+                              Switches(bsa_bwd_impl="sm90ws", bsa_bwd_ws=ws), **kw)
+
+    assert key(("ldscale",)).ws_ld_scaled and not key(()).ws_ld_scaled
+    assert not key(("ldscale",), deterministic=True).ws_ld_scaled
+    base, scaled = _ws_ptx(kept_ptx, _ids(CONFIGS[0])), _ws_ptx(kept_ptx, "ldscale-blk128")
+    assert scaled.count("mul.f32") < base.count("mul.f32")
+    assert scaled.count("sub.f32") == base.count("sub.f32") > 0
+    for op in ("wgmma.mma_async", "cp.async.bulk.tensor", "ex2.approx"):
+        assert scaled.count(op) == base.count(op) > 0, op
 
 
 def test_bsa_pre_kernel4_ptx(kept_ptx):
