@@ -165,7 +165,7 @@ def _parse_bsa_ws(var, raw):
 
 #: the flags of the sm90 HSTU backward's tuning switch (JAX_SPARSE_ATTN_HSTU_BWD_WS)
 HSTU_BWD_WS_FLAGS = ("splitwait", "epi16", "detzero", "dqclaim", "xlazero", "wgskip",
-                     "revheads", "epiregs", "thrfrags")
+                     "revheads", "epiregs", "thrfrags", "wghand")
 _HSTU_BWD_WS_ALLOWED = ("comma list of " + ", ".join(HSTU_BWD_WS_FLAGS)
                         + ", convert=N (query rows: 1..65536), chunk=N (KiB: 0..1048576)")
 _parse_hstu_bwd_ws = _parse_option_list(HSTU_BWD_WS_FLAGS,
@@ -390,7 +390,12 @@ SWITCHES = (
            "at short sequences), thrfrags (the consumers' shared-memory GEMM operands "
            "partitioned per thread as before, so every wgmma descriptor is computed in "
            "ordinary registers and moved to a uniform register before its GEMM; by default "
-           "they are partitioned with the warpgroup's first thread, a warp-uniform value)"),
+           "they are partitioned with the warpgroup's first thread, a warp-uniform value), "
+           "wghand (with the dQ writer warp (dq_writer on; at D = 256 it is the default) and "
+           "the dQ tile workspace at D <= 128, not dqclaim: the writer takes each consumer "
+           "warpgroup's half of the staged dQ tile on its own and hands it back once its "
+           "bulk reductions have read it, so a warpgroup never waits at a barrier for the "
+           "other one's dQ; opt-in until measured)"),
     Switch("hstu_bwd_tile", "JAX_SPARSE_ATTN_HSTU_BWD_TILE", _TILE, _parse_tile, None,
            "HSTU sm80 backward tile override (tuning; with sm90, the default, it is an error "
            "except for calls that sm90 routes to sm80: set hstu_bwd_impl=sm80 as well)"),

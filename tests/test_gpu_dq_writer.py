@@ -74,6 +74,32 @@ def test_hstu_gqa_dq_writer(name, lens, d, ratio, window, _writer_switches):
     th._gqa_case(lens, d, ratio, window, seed=41 + ratio, poison=True, lens_k=lens_k)
 
 
+WGHAND_BATCHES = [c for c in th.BWD_BATCHES if c[2] <= 128]
+
+
+@pytest.mark.parametrize("name,lens,d,window,dtype", WGHAND_BATCHES,
+                         ids=[c[0] for c in WGHAND_BATCHES])
+@pytest.mark.parametrize("poison", [False, True], ids=["clean", "poisoned"])
+def test_hstu_bwd_wghand(name, lens, d, window, dtype, poison, _writer_switches):
+    """hstu_bwd_ws "wghand" with the writer (D <= 128): warp 1 takes each consumer
+    warpgroup's half of the staged dQ tile on that warpgroup's own barriers."""
+    from jax_sparse_attn.ffi import hstu as fh
+
+    key = fh.bwd_config(dtype, d, d, 0, Switches(hstu_bwd_dq="tile", dq_writer="on",
+                                                 hstu_bwd_ws=("wghand",)))
+    assert key.impl == "sm90" and key.dq_writer and key.wg_hand, key
+    th._bwd_case(lens, d, window, seed=10, poison=poison, impl="sm90", dtype=dtype, dq="tile",
+                 ws=("wghand",))
+
+
+@pytest.mark.parametrize("seed", [31, 32])
+def test_hstu_bwd_wghand_long(seed, _writer_switches):
+    """wghand on longer causal sequences (many query tiles per KV tile) and with wgskip."""
+    lens = [1500, 0, 1023, 4097, 17]
+    th._bwd_case(lens, 128, (-1, 0), seed=seed, poison=True, impl="sm90", dtype="bfloat16",
+                 dq="tile", ws=("wghand",) + (("wgskip",) if seed == 32 else ()))
+
+
 @pytest.mark.parametrize("c", tb.BWD_WS_CASES, ids=lambda c: c["name"])
 def test_bsa_bwd_no_dq_writer(c, monkeypatch):
     """dq_writer="off": each consumer warp adds its own slice (tests/test_gpu_bsa.py runs the

@@ -1050,6 +1050,14 @@ _PTX_CONFIGS = {
                                        {"hstu_bwd_ws": "wgskip"}, {}),
     "bwd-128-bfloat16-causal-epiregs": ("_bwd_text", (128, "bfloat16", "causal"),
                                         {"hstu_bwd_ws": "epiregs"}, {}),
+    "bwd-128-bfloat16-causal-writer": ("_bwd_text", (128, "bfloat16", "causal"),
+                                       {"hstu_bwd_dq": "tile", "dq_writer": "on"}, {}),
+    "bwd-128-bfloat16-causal-wghand": ("_bwd_text", (128, "bfloat16", "causal"),
+                                       {"hstu_bwd_dq": "tile", "dq_writer": "on",
+                                        "hstu_bwd_ws": "wghand"}, {}),
+    "bwd-64-bfloat16-window-wghand": ("_bwd_text", (64, "bfloat16", "window"),
+                                      {"hstu_bwd_dq": "tile", "dq_writer": "on",
+                                       "hstu_bwd_ws": "wghand"}, {}),
 }
 
 
@@ -1287,3 +1295,38 @@ def test_hstu_bwd_sm90_epi_smem_ptx(kept_ptx):
     assert regs.count("st.global.b32") == 64 and base.count("st.global.b32") == 0
     assert base.count("st.shared.b32") == regs.count("st.shared.b32") + 64
     assert base.count("st.global.v4") == regs.count("st.global.v4") + 16
+
+
+def test_hstu_bwd_sm90_wghand_key_and_ptx(kept_ptx):
+    """hstu_bwd_ws "wghand" (with the dQ writer warp and the tile workspace, D <= 128, not
+    dqclaim): the key; warp 1 meets each consumer warpgroup on its own barriers, 2 / 11
+    (staged) and 5 / 10 (handed back) of 128 + 32 threads, where the writer alone has the
+    288-thread pair 2 / 5; the same eight 4 KB bulk reduce-adds and GEMMs. D = 64 (128-row
+    query tiles, the warpgroups split the rows) lowers with it too."""
+    from jax_sparse_attn.config import Switches  # noqa: PLC0415
+    from jax_sparse_attn.ffi import hstu as fh  # noqa: PLC0415
+
+    def key(d=128, deterministic=False, **sw):
+        return fh.bwd_config("bfloat16", d, d, 0, Switches(**sw), deterministic=deterministic)
+
+    on = dict(hstu_bwd_dq="tile", dq_writer="on")
+    assert key(**on, hstu_bwd_ws=("wghand",)).wg_hand
+    assert key(64, **on, hstu_bwd_ws=("wghand",)).wg_hand
+    assert not key(**on).wg_hand
+    assert not key(hstu_bwd_dq="tile", hstu_bwd_ws=("wghand",), dq_writer="off").wg_hand
+    assert not key(256, **on, hstu_bwd_ws=("wghand",)).wg_hand
+    assert not key(**on, hstu_bwd_ws=("wghand", "dqclaim")).wg_hand
+    assert not key(**on, hstu_bwd_ws=("wghand",), deterministic=True).wg_hand
+    base = _bwd_ptx(kept_ptx, "bwd-128-bfloat16-causal-writer")
+    hand = _bwd_ptx(kept_ptx, "bwd-128-bfloat16-causal-wghand")
+    for b in (2, 5):
+        assert re.search(rf"bar\.(sync|arrive)\s+{b}, 288;", base), b
+        assert not re.search(rf"bar\.(sync|arrive)\s+{b}, 288;", hand), b
+    for b in (2, 5, 10, 11):
+        assert re.search(rf"bar\.sync\s+{b}, 160;", hand), b
+        assert re.search(rf"bar\.arrive\s+{b}, 160;", hand), b
+        assert not re.search(rf"bar\.(sync|arrive)\s+{b}, 160;", base), b
+    red = "cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32"
+    assert hand.count(red) == base.count(red) == 8
+    assert hand.count("wgmma.mma_async") == base.count("wgmma.mma_async") > 0
+    assert re.search(r"bar\.sync\s+11, 160;", _bwd_ptx(kept_ptx, "bwd-64-bfloat16-window-wghand"))

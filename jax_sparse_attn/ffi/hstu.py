@@ -261,6 +261,10 @@ class HstuBwdConfig(_HstuKey):
     # sm90: the consumers' shared-memory wgmma operands partitioned with their warpgroup's
     # first thread (uniform descriptors; off: hstu_bwd_ws "thrfrags")
     uniform_frags: bool = True
+    # sm90 with the dQ writer warp and the staging tile (D <= 128, not dq_claim): the writer
+    # takes each consumer warpgroup's half of the staged tile on its own barriers
+    # (hstu_bwd_ws "wghand")
+    wg_hand: bool = False
 
 
 def fwd_smem_bytes(head_dim, head_dim_v, bm, bn) -> int:
@@ -713,6 +717,9 @@ def bwd_config(dtype, head_dim, head_dim_v, func_n, switches, *, has_rab=False,
         claim = "dqclaim" in getattr(switches, "hstu_bwd_ws", ())
         if claim or writer == "on" or (writer == "auto" and head_dim > 128):
             key = dataclasses.replace(key, dq_writer=True, dq_claim=claim)
+            if (head_dim <= 128 and not claim
+                    and "wghand" in getattr(switches, "hstu_bwd_ws", ())):
+                key = dataclasses.replace(key, wg_hand=True)
         conv = [int(o[8:]) for o in getattr(switches, "hstu_bwd_ws", ())
                 if o.startswith("convert=")]
         if conv and head_dim <= 128:
@@ -949,7 +956,7 @@ def _sm90_bwd_kernel(cfg):
                          epi_pairs=cfg.epi_pairs, det_store=cfg.det_store,
                          dq_claim=cfg.dq_claim, convert_rows=cfg.dq_convert_rows,
                          wg_skip=cfg.wg_skip, epi_smem=cfg.epi_smem,
-                         uniform_frags=cfg.uniform_frags)
+                         uniform_frags=cfg.uniform_frags, wg_hand=cfg.wg_hand)
     if (kernel.bm, kernel.bn) != (cfg.block_m, cfg.block_n):
         raise ValueError(f"hstu_bwd_sm90 tiles {(kernel.bm, kernel.bn)} differ from the "
                          f"compile key's {(cfg.block_m, cfg.block_n)}")

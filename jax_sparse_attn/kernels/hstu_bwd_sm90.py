@@ -163,7 +163,7 @@ class HstuBwdSm90:
                  dq_vec4=False, head_major=False, dq_tile=False, pdl=False,
                  det_writer=False, dq_writer=False, split_wait=False, epi_pairs=False,
                  det_store=False, dq_claim=False, convert_rows=0, wg_skip=False,
-                 epi_smem=False, uniform_frags=True):
+                 epi_smem=False, uniform_frags=True, wg_hand=False):
         self.pdl = pdl
         # the consumers' shared-memory GEMM operands partitioned with a warp-uniform thread
         # index (kernels.common.kv_major_bwd_operands)
@@ -253,6 +253,11 @@ class HstuBwdSm90:
         # conflict-free pairs into two (bn, D + 8) tiles, then coalesced 16-byte row pieces
         # (kv_major_bwd.store_dk_dv_smem); D <= 128 (the warpgroups own key halves)
         self.epi_smem = epi_smem and not self.split_d
+        # dq_writer with the staging tile (not dq_claim): warp 1 takes each consumer
+        # warpgroup's half of the staged tile (its four 4 KB chunks) on that warpgroup's own
+        # named barriers (staged: 2 / 11, handed back: 5 / 10, 128 + 32 threads), so a
+        # warpgroup never waits for the other one's dQ at the staging barriers
+        self.wg_hand = wg_hand and self.dq_writer and self.dq_tile and not self.dq_claim
         self.num_threads = 384
         self.regs_producer = 24
         self.regs_consumer = 240
@@ -594,7 +599,12 @@ class HstuBwdSm90:
             t_chunk = warp - 4
             t_sbase = st.sdQ.data_ptr() + t_chunk * 1024
             t_sptr = t_sbase + t_lane * 4
-            if cutlass.const_expr(self.writer):
+            if cutlass.const_expr(self.wg_hand):
+                # warp 1 is done with this warpgroup's half of the
+                # previous tile's staged dQ
+                if c > 0:
+                    self._wg_bar((warp - 4) // 4, 5, 10, False)
+            elif cutlass.const_expr(self.writer):
                 # warp 1 is done with the previous tile's staged dQ
                 if c > 0:
                     cute.arch.barrier(barrier_id=5, number_of_threads=288)
@@ -610,7 +620,10 @@ class HstuBwdSm90:
                                     acc_dQ[4 * k4 + 3])
             cute.arch.fence_proxy("async.shared", space="cta")
             cute.arch.sync_warp()
-            if cutlass.const_expr(self.writer):
+            if cutlass.const_expr(self.wg_hand):
+                # this warpgroup's half is staged: warp 1 adds it
+                self._wg_bar((warp - 4) // 4, 2, 11, True)
+            elif cutlass.const_expr(self.writer):
                 # warp 1 waits for its turn and adds the staged tile
                 cute.arch.barrier_arrive(barrier_id=2, number_of_threads=288)
             elif cutlass.const_expr(self.deterministic):
@@ -693,6 +706,22 @@ class HstuBwdSm90:
         cute.arch.cp_async_wait_group(0)
         cute.arch.fence_proxy("async.shared", space="cta")
         cute.arch.sync_warp()
+
+    @cute.jit
+    def _wg_bar(self, wg, id0: cutlass.Constexpr, id1: cutlass.Constexpr,
+                arrive: cutlass.Constexpr):
+        """``wg_hand``: consumer warpgroup ``wg``'s named barrier with warp 1 (id ``id0`` for
+        warpgroup 0, ``id1`` for warpgroup 1; 128 + 32 threads): sync, or ``arrive`` only."""
+        if wg == 0:
+            if cutlass.const_expr(arrive):
+                cute.arch.barrier_arrive(barrier_id=id0, number_of_threads=160)
+            else:
+                cute.arch.barrier(barrier_id=id0, number_of_threads=160)
+        else:
+            if cutlass.const_expr(arrive):
+                cute.arch.barrier_arrive(barrier_id=id1, number_of_threads=160)
+            else:
+                cute.arch.barrier(barrier_id=id1, number_of_threads=160)
 
     @cute.jit
     def _dq_tile_out(self, st, pipe_q, c, gtile, store: cutlass.Constexpr):
@@ -810,7 +839,25 @@ class HstuBwdSm90:
                                         # async-proxy additions to the same addresses
                                         cute.arch.fence_proxy("async.global")
                         cute.arch.sync_warp()
-                    if cutlass.const_expr(self.writer):
+                    if cutlass.const_expr(self.wg_hand):
+                        # each warpgroup's half: staged and fenced (barrier 2 / 11), added,
+                        # handed back once the additions have read it (barrier 5 / 10)
+                        gtile = elem_ptr(mdQacc, (qt0 + m_block, head, 0))
+                        sdQ = st.sdQ.data_ptr()
+                        for w in cutlass.range_constexpr(2):
+                            cute.arch.barrier(barrier_id=2 if w == 0 else 11,
+                                              number_of_threads=160)
+                            if lane == 0:
+                                for chunk in cutlass.range_constexpr(4 * w, 4 * w + 4):
+                                    bulk_reduce_add_f32(gtile + chunk * 1024,
+                                                        sdQ + chunk * 1024, 4096)
+                                cute.arch.cp_async_bulk_commit_group()
+                                cute.arch.cp_async_bulk_wait_group(0, read=True)
+                            cute.arch.sync_warp()
+                            cute.arch.barrier_arrive(barrier_id=5 if w == 0 else 10,
+                                                     number_of_threads=160)
+                        c += 1
+                    elif cutlass.const_expr(self.writer):
                         # every consumer warp's slice of the step is staged and fenced
                         cute.arch.barrier(barrier_id=2, number_of_threads=288)
                         if lane == 0:
@@ -1062,7 +1109,11 @@ class HstuBwdSm90:
                                                            mma_s, mma_dq)
                             c += 1
 
-                if cutlass.const_expr(self.writer):
+                if cutlass.const_expr(self.wg_hand):
+                    # warp 1's last hand-back of this warpgroup's half
+                    if c > 0:
+                        self._wg_bar(ctid // 128, 5, 10, False)
+                elif cutlass.const_expr(self.writer):
                     # warp 1's last hand-back of the staging tile (one per tile)
                     if c > 0:
                         cute.arch.barrier(barrier_id=5, number_of_threads=288)
