@@ -100,6 +100,21 @@ def test_hstu_bwd_wghand_long(seed, _writer_switches):
                  dq="tile", ws=("wghand",) + (("wgskip",) if seed == 32 else ()))
 
 
+WGHAND_GQA = [c for c in th.GQA_CASES if c[2] <= 128]
+
+
+@pytest.mark.parametrize("name,lens,d,ratio,window", WGHAND_GQA, ids=[c[0] for c in WGHAND_GQA])
+def test_hstu_gqa_wghand(name, lens, d, ratio, window, _writer_switches, monkeypatch):
+    """wghand with GQA (the writer walks the query heads of the group); the cases take the
+    switches from the environment."""
+    from jax_sparse_attn.ffi import hstu as fh
+
+    monkeypatch.setenv("JAX_SPARSE_ATTN_HSTU_BWD_WS", "wghand")
+    assert fh.bwd_config("bfloat16", d, d, 0, from_env()).wg_hand
+    lens_k = [300, 900, 64, 1000] if name.endswith("lq-lt-lk") else None
+    th._gqa_case(lens, d, ratio, window, seed=51 + ratio, poison=True, lens_k=lens_k)
+
+
 @pytest.mark.parametrize("c", tb.BWD_WS_CASES, ids=lambda c: c["name"])
 def test_bsa_bwd_no_dq_writer(c, monkeypatch):
     """dq_writer="off": each consumer warp adds its own slice (tests/test_gpu_bsa.py runs the

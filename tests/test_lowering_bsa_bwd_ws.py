@@ -566,6 +566,13 @@ def test_bsa_bwd_ws_ldscale(kept_ptx):
 
     assert key(("ldscale",)).ws_ld_scaled and not key(()).ws_ld_scaled
     assert not key(("ldscale",), deterministic=True).ws_ld_scaled
+    # the fixed-point deterministic dQ (blk 64 by default, detfixed at blk 128) runs the
+    # default mode's kernel: its multipliers take the unscaled delta
+    for opts, blk in ((("ldscale",), 64), (("ldscale", "detfixed"), 128)):
+        k = bsa.bwd_config(jnp.bfloat16, 128, blk, False,
+                           Switches(bsa_bwd_impl="sm90ws", bsa_bwd_ws=opts),
+                           deterministic=True)
+        assert k.dq_fixed and not k.ws_ld_scaled, k
     base, scaled = _ws_ptx(kept_ptx, _ids(CONFIGS[0])), _ws_ptx(kept_ptx, "ldscale-blk128")
     assert scaled.count("mul.f32") < base.count("mul.f32")
     assert scaled.count("sub.f32") == base.count("sub.f32") > 0

@@ -601,7 +601,8 @@ def bwd_config(dtype, head_dim, block_size, has_block_sizes, switches,
             if (cfg.tail_conv and cfg.dq_writer and not cfg.ws_dq_alt and not cfg.dq_claim
                     and not cfg.ws_decouple and cfg.pack_gqa == 1 and not cfg.zero_lag
                     and not cfg.ws_persist):
-                return dataclasses.replace(cfg, dq_fixed=True)
+                # (ldscale stays off: the fixed-point multipliers take the unscaled delta)
+                return dataclasses.replace(cfg, dq_fixed=True, ws_ld_scaled=False)
         return _persist_config(_ws_config(name, head_dim, block_size, has_block_sizes, impl,
                                           arch, switches, deterministic, causal, pack_gqa),
                                switches.bsa_bwd_ws)
