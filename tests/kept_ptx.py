@@ -166,3 +166,17 @@ def tma_copy_policies(text):
             tmap = re.search(r"\[(%rd\d+),\s*\{", m.group(3))
             out.append((kind, made.get(m.group(4)), maps.get(tmap.group(1)) if tmap else None))
     return out
+
+
+def assert_wg_hand_barriers(hand, base):
+    """The dQ writer's per-warpgroup hand-back in the PTX ``hand``: named barriers 2 / 11
+    (staged) and 5 / 10 (handed back) synced and arrived on with 128 + 32 threads, none of
+    them in ``base``, whose writer meets both warpgroups on the 288-thread pair 2 / 5 that
+    ``hand`` does not have."""
+    for b in (2, 5):
+        assert re.search(rf"bar\.(sync|arrive)\s+{b}, 288;", base), b
+        assert not re.search(rf"bar\.(sync|arrive)\s+{b}, 288;", hand), b
+    for b in (2, 5, 10, 11):
+        assert re.search(rf"bar\.sync\s+{b}, 160;", hand), b
+        assert re.search(rf"bar\.arrive\s+{b}, 160;", hand), b
+        assert not re.search(rf"bar\.(sync|arrive)\s+{b}, 160;", base), b

@@ -698,23 +698,6 @@ class BsaBwdSm90Ws:
         return l2_policy(L2_EVICT_NORMAL if self.l2_hint == L2_HINT_NORMAL else L2_EVICT_LAST)
 
     @cute.jit
-    def _wg_bar(self, wg, id0: cutlass.Constexpr, id1: cutlass.Constexpr,
-                arrive: cutlass.Constexpr):
-        """``wg_hand``: consumer warpgroup ``wg``'s named barrier with the writer warp (id
-        ``id0`` for warpgroup 0, ``id1`` for warpgroup 1; 128 + 32 threads): sync, or
-        ``arrive`` only."""
-        if wg == 0:
-            if cutlass.const_expr(arrive):
-                cute.arch.barrier_arrive(barrier_id=id0, number_of_threads=160)
-            else:
-                cute.arch.barrier(barrier_id=id0, number_of_threads=160)
-        else:
-            if cutlass.const_expr(arrive):
-                cute.arch.barrier_arrive(barrier_id=id1, number_of_threads=160)
-            else:
-                cute.arch.barrier(barrier_id=id1, number_of_threads=160)
-
-    @cute.jit
     def _bulk_half(self, gtile, sdQ, n_cg: cutlass.Constexpr, w: cutlass.Constexpr):
         """One lane of the writer warp (``wg_hand``): the staged slices of consumer warpgroup
         ``w`` (its four warps' blocks) added to the workspace tile at ``gtile``, one bulk
@@ -1256,7 +1239,7 @@ class BsaBwdSm90Ws:
                                 # the writer warp is done with this warpgroup's half of the
                                 # previous step's staged tile
                                 if c > 0:
-                                    self._wg_bar(wg, 5, 10, False)
+                                    kvb.wg_bar(wg, 5, 10, False)
                             elif cutlass.const_expr(self.writer):
                                 # the writer warp is done with the previous step's staged
                                 # tile (its buffer, or its Q / dO stage)
@@ -1278,7 +1261,7 @@ class BsaBwdSm90Ws:
                             cute.arch.sync_warp()
                             if cutlass.const_expr(self.wg_hand):
                                 # this warpgroup's half is staged: the writer adds it
-                                self._wg_bar(wg, 2, 11, True)
+                                kvb.wg_bar(wg, 2, 11, True)
                             elif cutlass.const_expr(self.writer):
                                 # the writer warp waits for its turn and adds the tile
                                 cute.arch.barrier_arrive(barrier_id=2,
@@ -1588,7 +1571,7 @@ class BsaBwdSm90Ws:
             elif cutlass.const_expr(self.wg_hand):
                 # the writer warp's last hand-back of this warpgroup's half
                 if c > 0:
-                    self._wg_bar(wg, 5, 10, False)
+                    kvb.wg_bar(wg, 5, 10, False)
             elif cutlass.const_expr(self.writer):
                 # the writer warp's last hand-back (one per step)
                 if c > 0:

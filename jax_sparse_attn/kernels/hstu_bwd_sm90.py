@@ -603,7 +603,7 @@ class HstuBwdSm90:
                 # warp 1 is done with this warpgroup's half of the
                 # previous tile's staged dQ
                 if c > 0:
-                    self._wg_bar((warp - 4) // 4, 5, 10, False)
+                    kvb.wg_bar((warp - 4) // 4, 5, 10, False)
             elif cutlass.const_expr(self.writer):
                 # warp 1 is done with the previous tile's staged dQ
                 if c > 0:
@@ -622,7 +622,7 @@ class HstuBwdSm90:
             cute.arch.sync_warp()
             if cutlass.const_expr(self.wg_hand):
                 # this warpgroup's half is staged: warp 1 adds it
-                self._wg_bar((warp - 4) // 4, 2, 11, True)
+                kvb.wg_bar((warp - 4) // 4, 2, 11, True)
             elif cutlass.const_expr(self.writer):
                 # warp 1 waits for its turn and adds the staged tile
                 cute.arch.barrier_arrive(barrier_id=2, number_of_threads=288)
@@ -706,22 +706,6 @@ class HstuBwdSm90:
         cute.arch.cp_async_wait_group(0)
         cute.arch.fence_proxy("async.shared", space="cta")
         cute.arch.sync_warp()
-
-    @cute.jit
-    def _wg_bar(self, wg, id0: cutlass.Constexpr, id1: cutlass.Constexpr,
-                arrive: cutlass.Constexpr):
-        """``wg_hand``: consumer warpgroup ``wg``'s named barrier with warp 1 (id ``id0`` for
-        warpgroup 0, ``id1`` for warpgroup 1; 128 + 32 threads): sync, or ``arrive`` only."""
-        if wg == 0:
-            if cutlass.const_expr(arrive):
-                cute.arch.barrier_arrive(barrier_id=id0, number_of_threads=160)
-            else:
-                cute.arch.barrier(barrier_id=id0, number_of_threads=160)
-        else:
-            if cutlass.const_expr(arrive):
-                cute.arch.barrier_arrive(barrier_id=id1, number_of_threads=160)
-            else:
-                cute.arch.barrier(barrier_id=id1, number_of_threads=160)
 
     @cute.jit
     def _dq_tile_out(self, st, pipe_q, c, gtile, store: cutlass.Constexpr):
@@ -1112,7 +1096,7 @@ class HstuBwdSm90:
                 if cutlass.const_expr(self.wg_hand):
                     # warp 1's last hand-back of this warpgroup's half
                     if c > 0:
-                        self._wg_bar(ctid // 128, 5, 10, False)
+                        kvb.wg_bar(ctid // 128, 5, 10, False)
                 elif cutlass.const_expr(self.writer):
                     # warp 1's last hand-back of the staging tile (one per tile)
                     if c > 0:

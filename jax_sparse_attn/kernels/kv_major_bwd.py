@@ -21,6 +21,8 @@ how the loads are issued and how dQ is reduced; this module holds what is the sa
   have completed;
 * ``stage_as_f32``: the fp32 views of a consumed Q / dO stage in which the dQ slices are
   staged (``dq_alias``);
+* ``wg_bar``: a consumer warpgroup's own named barrier with the dQ writer warp (the
+  per-warpgroup hand-back of the staged dQ, ``wg_hand``);
 * ``store_dk_dv``: the epilogue's row-predicated dK / dV stores from registers (HSTU; the
   block-sparse kernel indexes its 4-mode outputs directly).
 """
@@ -188,6 +190,22 @@ def red_add_rows_v4(acc_dQ, tdQg, tdQc, lim):
         addr = (elem_ptr(tdQg, 4 * g + 2).toint() - 8) if odd else elem_ptr(tdQg, 4 * g).toint()
         if row < lim:
             hc.red_add_v4_f32_at(addr, x0, x1, x2, x3)
+
+
+@cute.jit
+def wg_bar(wg, id0: cutlass.Constexpr, id1: cutlass.Constexpr, arrive: cutlass.Constexpr):
+    """Consumer warpgroup ``wg``'s named barrier with the dQ writer warp (id ``id0`` for
+    warpgroup 0, ``id1`` for warpgroup 1; 128 + 32 threads): sync, or ``arrive`` only."""
+    if wg == 0:
+        if cutlass.const_expr(arrive):
+            cute.arch.barrier_arrive(barrier_id=id0, number_of_threads=160)
+        else:
+            cute.arch.barrier(barrier_id=id0, number_of_threads=160)
+    else:
+        if cutlass.const_expr(arrive):
+            cute.arch.barrier_arrive(barrier_id=id1, number_of_threads=160)
+        else:
+            cute.arch.barrier(barrier_id=id1, number_of_threads=160)
 
 
 def stage_as_f32(st, stage, bm: int, d: int):
