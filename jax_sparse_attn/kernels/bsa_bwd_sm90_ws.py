@@ -698,16 +698,6 @@ class BsaBwdSm90Ws:
         return l2_policy(L2_EVICT_NORMAL if self.l2_hint == L2_HINT_NORMAL else L2_EVICT_LAST)
 
     @cute.jit
-    def _bulk_half(self, gtile, sdQ, n_cg: cutlass.Constexpr, w: cutlass.Constexpr):
-        """One lane of the writer warp (``wg_hand``): the staged slices of consumer warpgroup
-        ``w`` (its four warps' blocks) added to the workspace tile at ``gtile``, one bulk
-        reduce-add per block, committed as one bulk group."""
-        for wi in cutlass.range_constexpr(4):
-            bulk_add_warp_slice(gtile, sdQ, wi, w * n_cg, n_cg, 4, self.dq_w,
-                                s32=self.dq_fixed, policy=self._l2_reduce_policy(False))
-        cute.arch.cp_async_bulk_commit_group()
-
-    @cute.jit
     def _bulk_tile(self, gtile, sdQ, sdQ2, n_cg: cutlass.Constexpr, store: cutlass.Constexpr):
         """One lane of the writer warp: the staged dQ tile to the workspace tile at
         ``gtile``, one bulk reduce-add (``store``: bulk store) per block of every consumer
@@ -840,15 +830,15 @@ class BsaBwdSm90Ws:
                         # handed back once the additions have read it (barrier 5 / 10)
                         gtile = elem_ptr(mdQacc, (batch, head, t_ws, 0))
                         sdQ = st.sdQ.data_ptr()
-                        for w in cutlass.range_constexpr(2):
-                            cute.arch.barrier(barrier_id=2 if w == 0 else 11,
-                                              number_of_threads=160)
-                            if lane == 0:
-                                self._bulk_half(gtile, sdQ, n_cg, w)
-                                cute.arch.cp_async_bulk_wait_group(0, read=True)
-                            cute.arch.sync_warp()
-                            cute.arch.barrier_arrive(barrier_id=5 if w == 0 else 10,
-                                                     number_of_threads=160)
+
+                        def add_half(w, gtile=gtile, sdQ=sdQ, n_cg=n_cg):
+                            # warpgroup w's four consumer warps' blocks
+                            for wi in range(4):
+                                bulk_add_warp_slice(gtile, sdQ, wi, w * n_cg, n_cg, 4,
+                                                    self.dq_w, s32=self.dq_fixed,
+                                                    policy=self._l2_reduce_policy(False))
+
+                        kvb.writer_take_halves(lane, add_half)
                         c += 1
                     elif cutlass.const_expr(self.writer):
                         # every consumer warp's slice of this step is staged and fenced

@@ -828,18 +828,14 @@ class HstuBwdSm90:
                         # handed back once the additions have read it (barrier 5 / 10)
                         gtile = elem_ptr(mdQacc, (qt0 + m_block, head, 0))
                         sdQ = st.sdQ.data_ptr()
-                        for w in cutlass.range_constexpr(2):
-                            cute.arch.barrier(barrier_id=2 if w == 0 else 11,
-                                              number_of_threads=160)
-                            if lane == 0:
-                                for chunk in cutlass.range_constexpr(4 * w, 4 * w + 4):
-                                    bulk_reduce_add_f32(gtile + chunk * 1024,
-                                                        sdQ + chunk * 1024, 4096)
-                                cute.arch.cp_async_bulk_commit_group()
-                                cute.arch.cp_async_bulk_wait_group(0, read=True)
-                            cute.arch.sync_warp()
-                            cute.arch.barrier_arrive(barrier_id=5 if w == 0 else 10,
-                                                     number_of_threads=160)
+
+                        def add_half(w, gtile=gtile, sdQ=sdQ):
+                            # warpgroup w's four consumer warps' 4 KB chunks
+                            for chunk in range(4 * w, 4 * w + 4):
+                                bulk_reduce_add_f32(gtile + chunk * 1024, sdQ + chunk * 1024,
+                                                    4096)
+
+                        kvb.writer_take_halves(lane, add_half)
                         c += 1
                     elif cutlass.const_expr(self.writer):
                         # every consumer warp's slice of the step is staged and fenced

@@ -21,8 +21,8 @@ how the loads are issued and how dQ is reduced; this module holds what is the sa
   have completed;
 * ``stage_as_f32``: the fp32 views of a consumed Q / dO stage in which the dQ slices are
   staged (``dq_alias``);
-* ``wg_bar``: a consumer warpgroup's own named barrier with the dQ writer warp (the
-  per-warpgroup hand-back of the staged dQ, ``wg_hand``);
+* ``wg_bar`` / ``writer_take_halves``: the per-warpgroup hand-back of the staged dQ between
+  the consumer warpgroups and the dQ writer warp (``wg_hand``);
 * ``store_dk_dv``: the epilogue's row-predicated dK / dV stores from registers (HSTU; the
   block-sparse kernel indexes its 4-mode outputs directly).
 """
@@ -206,6 +206,23 @@ def wg_bar(wg, id0: cutlass.Constexpr, id1: cutlass.Constexpr, arrive: cutlass.C
             cute.arch.barrier_arrive(barrier_id=id1, number_of_threads=160)
         else:
             cute.arch.barrier(barrier_id=id1, number_of_threads=160)
+
+
+@cute.jit
+def writer_take_halves(lane, add_half: cutlass.Constexpr):
+    """The dQ writer warp's part of one step of the per-warpgroup hand-back (``wg_bar``):
+    for warpgroup ``w`` = 0, 1 it syncs on the warpgroup's staged barrier (2 / 11), lets
+    lane 0 issue the bulk additions of the warpgroup's half (``add_half(w)``, a Python
+    function traced inline), commit them and wait until they have read the staging tile,
+    and arrives on the warpgroup's hand-back barrier (5 / 10)."""
+    for w in cutlass.range_constexpr(2):
+        cute.arch.barrier(barrier_id=2 if w == 0 else 11, number_of_threads=160)
+        if lane == 0:
+            add_half(w)
+            cute.arch.cp_async_bulk_commit_group()
+            cute.arch.cp_async_bulk_wait_group(0, read=True)
+        cute.arch.sync_warp()
+        cute.arch.barrier_arrive(barrier_id=5 if w == 0 else 10, number_of_threads=160)
 
 
 def stage_as_f32(st, stage, bm: int, d: int):
