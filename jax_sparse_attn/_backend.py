@@ -177,6 +177,13 @@ def kernel_status() -> BackendChoice:
             _, reason = load_ffi(op)
             if reason is not None:
                 break
+    if (reason is None and _platform.force_kernel()
+            and _platform._device_unavailable_reason() is not None):
+        return BackendChoice("kernels", "kernel", "JAX_SPARSE_ATTN_FORCE_KERNEL=1: the ops take "
+                             "the kernel path so that it can be lowered for "
+                             "lowering_platforms=('cuda',) on this machine; calls cannot run "
+                             "here (no NVIDIA GPU is the default JAX device): "
+                             f"{_family_text(config.from_env())}")
     if reason is None:
         return BackendChoice("kernels", "kernel", "the CuTe DSL kernels can run on this device "
                              "(backend='auto' uses them for the calls they support): "

@@ -241,6 +241,18 @@ def _lowering(ctx, *args, **params):
 
 
 mlir.register_lowering(_cute_call_p, _lowering, platform="cuda")
+
+
+def _no_gpu_lowering(ctx, *args, **params):
+    raise NotImplementedError(
+        "jax_sparse_attn: a CuTe DSL kernel call is being compiled for a CPU device; the "
+        "kernels run on NVIDIA GPUs only. JAX_SPARSE_ATTN_FORCE_KERNEL=1 (or "
+        "backend='kernel' with it) only lets a machine without a GPU lower the kernel path "
+        "for lowering_platforms=('cuda',); unset it (or use backend='reference') to run "
+        "the ops here")
+
+
+mlir.register_lowering(_cute_call_p, _no_gpu_lowering, platform="cpu")
 _dispatch.simple_impl(_cute_call_p)  # eager binds run through a jitted call
 # as for cutlass_call: the compile may look at the device (target architecture)
 _dispatch.prim_requires_devices_during_lowering.add(_cute_call_p)

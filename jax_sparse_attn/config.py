@@ -715,9 +715,12 @@ class Switches:
 
     ``None`` tiles / min-block counts mean the kernel's default for the call's head dims.
     Build with :func:`from_env` or directly, e.g. ``Switches(hstu_fwd_impl="sm80")``;
-    field values are validated like the environment variables. ``hstu_fwd_ws`` is a tuple
-    of option names, e.g. ``("nopingpong", "bn=64")`` (a comma-separated string is turned
-    into that tuple).
+    field values are validated like the environment variables. Each field takes its Python
+    value (a bool, an int, a tuple such as ``hstu_fwd_tile=(64, 64, 4)`` or a tuple of
+    option names such as ``hstu_fwd_ws=("nopingpong", "bn=64")``) or the environment
+    variable's text for it (``"true"``, ``"64,64,4"``, ``"nopingpong,bn=64"``), which is
+    parsed into that value; a list is taken as a tuple. Raises ``ValueError`` for a value
+    the switch does not allow.
     """
 
     hstu_fwd_impl: str = _DEFAULT["hstu_fwd_impl"]
@@ -751,9 +754,16 @@ class Switches:
     def __post_init__(self):
         for sw in _switches_of(Switches):
             val = getattr(self, sw.field)
+            where = f"Switches.{sw.field} (environment variable {sw.env})"
+            if isinstance(val, list):
+                val = tuple(val)
+                object.__setattr__(self, sw.field, val)
+            if isinstance(val, str) and not isinstance(sw.default, str):
+                # the environment variable's text ("true", "64,64,4") -> its value
+                val = sw.parse(where, val)
+                object.__setattr__(self, sw.field, val)
             if sw.parse in (_parse_ws, _parse_bsa_ws, _parse_bsa_bwd_ws,
                             _parse_hstu_bwd_ws):
-                where = f"Switches.{sw.field} (environment variable {sw.env})"
                 if isinstance(val, str):
                     # "nopingpong,bn=64" -> tuple
                     val = sw.parse(where, val)
@@ -770,8 +780,8 @@ class Switches:
             except ValueError:
                 ok = False
             if not ok:
-                raise ValueError(f"Switches.{sw.field} (environment variable {sw.env}) = "
-                                 f"{val!r} is not allowed; allowed: {_allowed_text(sw)}")
+                raise ValueError(f"{where} = {val!r} is not allowed; allowed: "
+                                 f"{_allowed_text(sw)}{_python_type_hint(sw)}")
 
 
 def _raw(val) -> str:
@@ -780,6 +790,17 @@ def _raw(val) -> str:
     if isinstance(val, tuple):
         return ",".join(map(str, val))
     return str(val)
+
+
+def _python_type_hint(sw) -> str:
+    """How :class:`Switches` takes the value of ``sw`` besides the environment text."""
+    if sw.parse is _parse_bool:
+        return " (a Python bool, or that text)"
+    if isinstance(sw.default, tuple) or sw.parse is _parse_tile:
+        return " (a tuple, or that text)"
+    if isinstance(sw.default, int) or sw.default is None:
+        return " (a Python value, or that text)"
+    return ""
 
 
 def _allowed_text(sw) -> str:

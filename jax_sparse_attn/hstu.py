@@ -316,7 +316,10 @@ _ARG_LINES = """
         packing tokens ``[s*T/num_shards, (s+1)*T/num_shards)`` (``func`` then
         ``(num_shards, N, L_local)``; see :mod:`jax_sparse_attn.sharding`).
       max_seqlen_q: static Python int >= every query length (compile-time bound),
-        at most ``2**31 - 1``.
+        at most ``2**31 - 1``. Keep it tight: the reference backend (CPU, and any call the
+        kernels do not take) pads every sequence to ``max_seqlen_q`` x ``max_seqlen_k``, so
+        its work grows with ``B * max_seqlen_q * max_seqlen_k`` whatever the real lengths;
+        the kernels' work follows the real lengths.
       max_seqlen_k: static Python int >= every key length, at most ``2**31 - 1``.
       scaling_seqlen: positive Python number dividing the output (it and
         ``1 / scaling_seqlen`` finite in float32: about 2.9e-39 to 3.4e38); default

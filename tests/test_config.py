@@ -73,7 +73,7 @@ def test_from_env_reads_every_switch():
                                          ("hstu_schedule", "gpu"),
                                          ("cute_call", "per-shape"),
                                          ("hstu_fwd_ws", ("bn=70",)), ("hstu_fwd_ws", "q1,q1"),
-                                         ("hstu_fwd_ws", ["q1"]), ("bsa_pre_impl", None),
+                                         ("hstu_fwd_ws", ["q1", "q1"]), ("bsa_pre_impl", None),
                                          ("hstu_fwd_tile", (1, 2)), ("bsa_fwd_q_in_regs", 1),
                                          ("bsa_bwd_min_blocks", -2), ("bsa_fwd_min_blocks", True),
                                          ("bsa_fwd_impl", "sm90pp"), ("bsa_fwd_ws", "bn=64"),
@@ -81,11 +81,34 @@ def test_from_env_reads_every_switch():
                                          ("bsa_bwd_ws", "stages=5"), ("bsa_bwd_ws", "q1"),
                                          ("bsa_bwd_dq", "red"),
                                          ("kernel_family", "sm80"), ("smem_limit_kb", 228),
-                                         ("smem_limit_kb", "99"), ("smem_limit_kb", True)])
+                                         ("smem_limit_kb", "228"), ("smem_limit_kb", True),
+                                         ("bsa_fwd_q_in_regs", "maybe"),
+                                         ("hstu_fwd_tile", "64,64")])
 def test_switches_fields_are_validated(field, value):
     env = next(sw.env for sw in config.SWITCHES if sw.field == field)
     with pytest.raises(ValueError, match=re.escape(env)):
         config.Switches(**{field: value})
+
+
+@pytest.mark.parametrize("field,value,want", [
+    ("bsa_fwd_q_in_regs", "true", True), ("pdl", "0", False),
+    ("hstu_fwd_tile", "64,64,4", (64, 64, 4)), ("hstu_fwd_tile", [64, 64, 4], (64, 64, 4)),
+    ("hstu_fwd_ws", ["q1"], ("q1",)), ("bsa_bwd_ws", "nowghand", ("nowghand",)),
+    ("smem_limit_kb", "99", 99), ("bsa_bwd_min_blocks", "2", 2)])
+def test_switches_fields_take_the_environment_text(field, value, want):
+    """A field takes its Python value or the environment variable's text for it (parsed
+    into that value); a list is taken as a tuple, so the Switches stay hashable."""
+    sw = config.Switches(**{field: value})
+    assert getattr(sw, field) == want and type(getattr(sw, field)) is type(want)
+    hash(sw)
+
+
+def test_switches_type_error_message_names_the_python_type():
+    """A value of the wrong Python type: the message says what the field takes."""
+    with pytest.raises(ValueError, match=r"a Python bool, or that text"):
+        config.Switches(bsa_fwd_q_in_regs=3)
+    with pytest.raises(ValueError, match=r"a tuple, or that text"):
+        config.Switches(hstu_fwd_tile=(64, 64))
 
 
 @pytest.mark.parametrize("raw,want", [("", None), ("splitwait", True), ("nosplitwait", False),

@@ -134,3 +134,21 @@ def test_no_warning_on_cpu(monkeypatch):
     with warnings.catch_warnings():
         warnings.simplefilter("error", jsa.KernelUnavailableWarning)
         jsa.hstu_attention(*args, **kw)
+
+
+def test_forced_kernel_on_cpu_says_it_cannot_run(monkeypatch):
+    """JAX_SPARSE_ATTN_FORCE_KERNEL=1 without a GPU: kernel_status says the kernel path is
+    for lowering only, and a call that reaches a kernel fails with a NotImplementedError
+    naming the variable, not JAX's missing-translation-rule message."""
+    if _platform._device_unavailable_reason() is None:
+        pytest.skip("a GPU is the default device here")
+    pytest.importorskip("cutlass")
+    monkeypatch.setenv("JAX_SPARSE_ATTN_FORCE_KERNEL", "1")
+    monkeypatch.setenv("CUTE_DSL_ARCH", "sm_90a")
+    status = jsa.kernel_status()
+    assert status.backend == "kernel" and "calls cannot run here" in status.reason
+    x = jnp.ones((64, 2, 64), jnp.bfloat16)
+    cu = jnp.array([0, 64], jnp.int32)
+    with pytest.raises(NotImplementedError, match="JAX_SPARSE_ATTN_FORCE_KERNEL=1") as e:
+        jsa.hstu_attention(x, x, x, cu, cu, max_seqlen_q=64, max_seqlen_k=64)
+    assert "MLIR translation rule" not in str(e.value)
