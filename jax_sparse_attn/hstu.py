@@ -32,6 +32,7 @@ heads when ``H_rab = 1`` and is zero where masked or outside the sequences.
 from __future__ import annotations
 
 import dataclasses
+import warnings
 from functools import partial
 
 import jax
@@ -206,9 +207,35 @@ def _rab_kw(rab):
     return {} if rab is None else {"rab": rab}
 
 
+#: padded score elements below which the reference's cost is never worth a warning
+_LOOSE_BOUND_MIN_WORK = 1 << 26
+
+
+def _warn_loose_bounds(cfg, q, k, cu_q):
+    """A UserWarning (at trace time) when the reference backend's padded work,
+    ``B * max_seqlen_q * max_seqlen_k`` score elements, is over 8x an upper bound of the real
+    work (``min(T_q max_seqlen_k, max_seqlen_q T_k, T_q T_k)``) and over 2**26: the bounds
+    are much looser than the packed lengths allow."""
+    b = cu_q.shape[-1] - 1
+    if cu_q.ndim == 2:
+        b *= cu_q.shape[0]
+    t_q, t_k = q.shape[0], k.shape[0]
+    mq, mk = cfg.max_seqlen_q, cfg.max_seqlen_k
+    padded = b * mq * mk
+    real = min(t_q * mk, mq * t_k, t_q * t_k)
+    if padded > _LOOSE_BOUND_MIN_WORK and padded > 8 * real:
+        warnings.warn(
+            f"hstu_attention (reference backend): max_seqlen_q={mq}, max_seqlen_k={mk} pad "
+            f"each of the {b} sequences to {mq} x {mk} scores ({padded:.3g} in all), over "
+            f"{padded // max(real, 1)}x what {t_q} packed queries and {t_k} keys can need; "
+            f"the reference's cost follows the bounds, so pass tighter max_seqlen_q / "
+            f"max_seqlen_k", UserWarning, stacklevel=2)
+
+
 def _fwd_backend(cfg, q, k, v, cu_q, cu_k, func, rab=None):
     if cfg.backend == "kernel":
         return _ffi().hstu_fwd(q, k, v, cu_q, cu_k, func, cfg, **_rab_kw(rab))
+    _warn_loose_bounds(cfg, q, k, cu_q)
     return reference.hstu_attention_ref(q, k, v, cu_q, cu_k, func, **_ref_options(cfg),
                                         **_rab_kw(rab))
 
@@ -217,6 +244,7 @@ def _bwd_backend(cfg, do, q, k, v, cu_q, cu_k, func, rab=None):
     """``(dq, dk, dv)``, or ``(dq, dk, dv, drab)`` with ``rab``."""
     if cfg.backend == "kernel":
         return _ffi().hstu_bwd(do, q, k, v, cu_q, cu_k, func, cfg, **_rab_kw(rab))
+    _warn_loose_bounds(cfg, q, k, cu_q)
     return reference.hstu_attention_bwd_ref(do, q, k, v, cu_q, cu_k, func, **_ref_options(cfg),
                                             **_rab_kw(rab))
 

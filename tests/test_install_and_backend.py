@@ -152,3 +152,24 @@ def test_forced_kernel_on_cpu_says_it_cannot_run(monkeypatch):
     with pytest.raises(NotImplementedError, match="JAX_SPARSE_ATTN_FORCE_KERNEL=1") as e:
         jsa.hstu_attention(x, x, x, cu, cu, max_seqlen_q=64, max_seqlen_k=64)
     assert "MLIR translation rule" not in str(e.value)
+
+
+def test_reference_warns_about_loose_max_seqlen():
+    """The reference backend pads every sequence to max_seqlen_q x max_seqlen_k: bounds far
+    looser than the packed lengths allow (over 8x the work they can need, and over 2**26
+    scores) give a UserWarning at trace time naming both bounds; tight bounds do not."""
+    import jax  # noqa: PLC0415
+
+    b, n = 50, 100
+    x = jnp.zeros((b * n, 2, 32), jnp.float32)
+    cu = jnp.arange(0, b * n + 1, n, dtype=jnp.int32)
+
+    def lower(m):
+        jax.jit(lambda x: jsa.hstu_attention(x, x, x, cu, cu, max_seqlen_q=m, max_seqlen_k=m,
+                                             scaling_seqlen=100)).lower(x)
+
+    with pytest.warns(UserWarning, match=r"max_seqlen_q=5000, max_seqlen_k=5000.*tighter"):
+        lower(5000)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        lower(n)
