@@ -220,6 +220,8 @@ def _warn_loose_bounds(cfg, q, k, cu_q):
     if cu_q.ndim == 2:
         b *= cu_q.shape[0]
     t_q, t_k = q.shape[0], k.shape[0]
+    if not all(isinstance(n, int) for n in (b, t_q, t_k)):
+        return  # symbolic shapes (jax.export): nothing to compare
     mq, mk = cfg.max_seqlen_q, cfg.max_seqlen_k
     padded = b * mq * mk
     real = min(t_q * mk, mq * t_k, t_q * t_k)
