@@ -241,6 +241,22 @@ def test_bsa_bwd_wghand(c, ws, monkeypatch):
     tb.test_bsa_sm90ws_backward(c)
 
 
+@pytest.mark.parametrize("c", ZEROLAG_CASES, ids=lambda c: c["name"])
+def test_bsa_bwd_ldscale(c, monkeypatch):
+    """``ldscale`` (opt-in): XLA scales lse by log2 e and delta by softmax_scale before the
+    kernel, which then takes one FFMA per score for P^T and one FFMA and one FMUL for dS^T.
+    The sm90ws backward cases (blk 64 and 128, GQA, empty rows, NaN past the valid keys)
+    against the reference, poisoned buffers first (lse cotangents: tests/test_gpu_fuzz.py
+    with JAX_SPARSE_ATTN_BSA_BWD_WS=ldscale)."""
+    from jax_sparse_attn.ffi import bsa as fb
+
+    sw = Switches(bsa_bwd_impl="sm90ws", bsa_bwd_ws=("ldscale",))
+    key = fb.bwd_config(jnp.dtype(c["dtype"]), c["d"], c["blk"], False, sw)
+    assert key.ws_ld_scaled, key
+    monkeypatch.setattr(tb, "BWDWS", sw)
+    tb.test_bsa_sm90ws_backward(c)
+
+
 # the deterministic cases on the sm90 backward (no rab)
 DETZERO_CASES = [c for c in th.DET_CASES if c[2] in (64, 128, 256) and c[5] in ("", "func")]
 
