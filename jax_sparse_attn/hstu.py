@@ -207,15 +207,16 @@ def _rab_kw(rab):
     return {} if rab is None else {"rab": rab}
 
 
-#: padded score elements below which the reference's cost is never worth a warning
+#: score elements per head below which the reference's cost is never worth a warning
 _LOOSE_BOUND_MIN_WORK = 1 << 26
 
 
 def _warn_loose_bounds(cfg, q, k, cu_q):
-    """A UserWarning (at trace time) when the reference backend's padded work,
-    ``B * max_seqlen_q * max_seqlen_k`` score elements, is over 8x an upper bound of the real
-    work (``min(T_q max_seqlen_k, max_seqlen_q T_k, T_q T_k)``) and over 2**26: the bounds
-    are much looser than the packed lengths allow."""
+    """A UserWarning (at trace time) when the reference backend's work per head (the
+    score elements of :func:`reference.hstu_ref_tiles`: its query tiles times
+    ``min(max_seqlen_k, T_k)`` key slots) is over 8x an upper bound of the real work
+    (``min(T_q max_seqlen_k, max_seqlen_q T_k, T_q T_k)``) and over 2**26: the bounds are
+    much looser than the packed lengths allow."""
     b = cu_q.shape[-1] - 1
     if cu_q.ndim == 2:
         b *= cu_q.shape[0]
@@ -223,15 +224,21 @@ def _warn_loose_bounds(cfg, q, k, cu_q):
     if not all(isinstance(n, int) for n in (b, t_q, t_k)):
         return  # symbolic shapes (jax.export): nothing to compare
     mq, mk = cfg.max_seqlen_q, cfg.max_seqlen_k
-    padded = b * mq * mk
+    if cu_q.ndim == 2:  # per shard: each shard's reference call sees its own slice
+        t_q_s, t_k_s, b_s = t_q // cu_q.shape[0], t_k // cu_q.shape[0], cu_q.shape[-1] - 1
+        tile, n_keys, items = reference.hstu_ref_tiles(b_s, t_q_s, t_k_s, mq, mk)
+        items *= cu_q.shape[0]
+    else:
+        tile, n_keys, items = reference.hstu_ref_tiles(b, t_q, t_k, mq, mk)
+    work = items * tile * n_keys
     real = min(t_q * mk, mq * t_k, t_q * t_k)
-    if padded > _LOOSE_BOUND_MIN_WORK and padded > 8 * real:
+    if work > _LOOSE_BOUND_MIN_WORK and work > 8 * real:
         warnings.warn(
-            f"hstu_attention (reference backend): max_seqlen_q={mq}, max_seqlen_k={mk} pad "
-            f"each of the {b} sequences to {mq} x {mk} scores ({padded:.3g} in all), over "
-            f"{padded // max(real, 1)}x what {t_q} packed queries and {t_k} keys can need; "
-            f"the reference's cost follows the bounds, so pass tighter max_seqlen_q / "
-            f"max_seqlen_k", UserWarning, stacklevel=2)
+            f"hstu_attention (reference backend): max_seqlen_q={mq}, max_seqlen_k={mk} make "
+            f"the reference evaluate {items} query tiles of {tile} rows x {n_keys} keys "
+            f"({work:.3g} scores per head), over {work // max(real, 1)}x what {t_q} packed "
+            f"queries and {t_k} keys can need; the reference's cost follows the bounds, so "
+            f"pass tighter max_seqlen_q / max_seqlen_k", UserWarning, stacklevel=2)
 
 
 def _fwd_backend(cfg, q, k, v, cu_q, cu_k, func, rab=None):
@@ -346,10 +353,11 @@ _ARG_LINES = """
         packing tokens ``[s*T/num_shards, (s+1)*T/num_shards)`` (``func`` then
         ``(num_shards, N, L_local)``; see :mod:`jax_sparse_attn.sharding`).
       max_seqlen_q: static Python int >= every query length (compile-time bound),
-        at most ``2**31 - 1``. Keep it tight: the reference backend (CPU, and any call the
-        kernels do not take) pads every sequence to ``max_seqlen_q`` x ``max_seqlen_k``, so
-        its work grows with ``B * max_seqlen_q * max_seqlen_k`` whatever the real lengths;
-        the kernels' work follows the real lengths.
+        at most ``2**31 - 1``. Keep both bounds tight: the reference backend (CPU, and any
+        call the kernels do not take) evaluates each sequence's query tiles (up to 128 rows,
+        about ``T_q / 128 + B`` tiles) against ``min(max_seqlen_k, T_k)`` key slots, so its
+        work grows with ``(T_q + 128 B) * min(max_seqlen_k, T_k)``; the kernels' work
+        follows the real lengths.
       max_seqlen_k: static Python int >= every key length, at most ``2**31 - 1``.
       scaling_seqlen: positive Python number dividing the output (it and
         ``1 / scaling_seqlen`` finite in float32: about 2.9e-39 to 3.4e38); default

@@ -17,12 +17,14 @@ computation (the "2x fwd / 5x bwd" rule).
 
 Memory
 ------
-Nothing of size ``(B, H, L, L)`` is materialised at once: HSTU is evaluated per
-(sequence, query tile of at most 128 rows) over a padded per-sequence view of
-``max_seqlen_k`` keys; BSA per (batch, head, query block) over the gathered listed key
-blocks only. The per-item bodies run under ``lax.map`` (vectorised in chunks bounded
-to about 2**22 score elements) and are rematerialised (``jax.checkpoint``) under
-differentiation, so ``jax.vjp`` of the forward keeps memory bounded as well.
+Nothing of size ``(B, H, L, L)`` is materialised at once: HSTU is evaluated per query
+tile of at most 128 rows of one sequence, only the tiles the sequences' lengths need (about
+``T_q / 128 + B`` of them, :func:`hstu_ref_tiles`), each against a padded view of
+``min(max_seqlen_k, T_k)`` keys of its sequence; BSA per (batch, head, query block) over
+the gathered listed key blocks only. The per-item bodies run under ``lax.map`` (vectorised
+in chunks bounded to about 2**22 score elements) and are rematerialised
+(``jax.checkpoint``) under differentiation, so ``jax.vjp`` of the forward keeps memory
+bounded as well.
 
 No value validation happens here (see :mod:`jax_sparse_attn.validation`); out-of-range
 metadata entries are clipped so that gathers never read out of bounds.
@@ -76,6 +78,31 @@ def _map_batch(n_items: int, elems_per_item: int) -> int:
 
 
 # ----------------------------------------------------------------------------- HSTU
+
+
+def hstu_ref_tiles(n_seqs, t_q, t_k, max_seqlen_q: int, max_seqlen_k: int, q_tile: int = 128):
+    """The static tiling of the HSTU reference: ``(tile, n_keys, n_items)``.
+
+    Each work item is one tile of ``tile`` query rows of one sequence against ``n_keys``
+    key slots of that sequence, so the reference evaluates ``n_items * tile * n_keys``
+    scores per head. ``tile = min(q_tile, max_seqlen_q, T_q)``; ``n_keys = min(max_seqlen_k,
+    T_k)`` (no sequence of valid ``cu_seqlens_k`` holds more keys than the packed tensor;
+    ``t_k=None``, as for a paged cache, keeps ``max_seqlen_k``); ``n_items = min(B
+    ceil(max_seqlen_q / tile), ceil(T_q / tile) + B)``, which covers every tile that valid
+    ``cu_seqlens_q`` can need (a sequence of ``L`` rows needs ``ceil(L / tile)``). With
+    symbolic sizes (``jax.export``) the bounds that need their values are not applied.
+    """
+    concrete = all(isinstance(n, numbers.Integral) for n in (n_seqs, t_q))
+    tile = max(1, min(int(q_tile), int(max_seqlen_q)))
+    if concrete:
+        tile = max(1, min(tile, int(t_q)))
+    n_keys = int(max_seqlen_k)
+    if isinstance(t_k, numbers.Integral):
+        n_keys = max(1, min(n_keys, int(t_k)))
+    n_items = n_seqs * -(-int(max_seqlen_q) // tile)
+    if concrete:
+        n_items = min(n_items, -(-int(t_q) // tile) + int(n_seqs))
+    return tile, n_keys, n_items
 
 
 def _hstu_attention_ref_impl(
@@ -146,12 +173,18 @@ def _hstu_attention_ref_impl(
     if T_q == 0 or B <= 0 or max_seqlen_q <= 0 or max_seqlen_k <= 0 or n_keys_avail == 0:
         return jnp.zeros((T_q, H, D_v), out_dtype)
 
-    tile = max(1, min(int(q_tile), max_seqlen_q))
+    tile, n_keys, n_items = hstu_ref_tiles(B, T_q, None if paged else k.shape[0],
+                                           max_seqlen_q, max_seqlen_k, q_tile)
     n_t = -(-max_seqlen_q // tile)
     cu_q = jnp.asarray(cu_seqlens_q).astype(jnp.int32)
     cu_k = jnp.asarray(cu_seqlens_k).astype(jnp.int32)
     inv_scale = 1.0 / scaling_seqlen
-    j = jnp.arange(max_seqlen_k, dtype=jnp.int32)
+    j = jnp.arange(n_keys, dtype=jnp.int32)
+    # Work items: the query tiles the sequences' lengths need, sequence by sequence
+    # (sequence b owns items [first[b], first[b + 1])); items past first[B] are idle.
+    lens_q = jnp.clip(cu_q[1:] - cu_q[:-1], 0, max_seqlen_q)
+    first = jnp.concatenate([jnp.zeros((1,), jnp.int32),
+                             jnp.cumsum((lens_q + tile - 1) // tile).astype(jnp.int32)])
 
     if func is not None:
         L_f = func.shape[2]
@@ -168,9 +201,9 @@ def _hstu_attention_ref_impl(
         rows = jnp.clip(k0 + j, 0, k.shape[0] - 1)
         return k[rows], v[rows]
 
-    def one_tile(bt):
-        b = bt // n_t
-        t = bt % n_t
+    def one_tile(item):
+        b = jnp.clip(jnp.searchsorted(first, item, side="right").astype(jnp.int32) - 1, 0, B - 1)
+        t = jnp.clip(item - first[b], 0, n_t - 1)
         q0 = cu_q[b]
         L_q = cu_q[b + 1] - q0
         L_k = cu_k[b + 1] - cu_k[b]
@@ -179,7 +212,7 @@ def _hstu_attention_ref_impl(
         # Rows past the sequence (the next sequence's data, unused page slots, padding)
         # are selected away before any arithmetic, so their values (NaN/Inf included)
         # never reach this sequence's result or gradients.
-        row_in = i < L_q
+        row_in = (i < L_q) & (item < first[B])
         key_in = j < L_k
         qt = q[jnp.clip(q0 + i, 0, T_q - 1)].astype(cdt)  # (tile, H, D)
         qt = jnp.where(row_in[:, None, None], qt, zero)
@@ -196,7 +229,7 @@ def _hstu_attention_ref_impl(
         if rab is not None:
             # (H_rab, tile, max_seqlen_k) rows p of sequence b's bias; 0 where p < 0
             rows = jnp.clip(p[:, 0], 0, max_seqlen_k - 1)
-            bias = rab[jnp.clip(b, 0, rab.shape[0] - 1)][:, rows, :].astype(cdt)
+            bias = rab[jnp.clip(b, 0, rab.shape[0] - 1)][:, rows, :n_keys].astype(cdt)
             s = s + jnp.where((p >= 0)[None], bias, jnp.zeros((), cdt))
         if left >= 0:
             valid = valid & (j[None, :] >= p - left)
@@ -212,20 +245,20 @@ def _hstu_attention_ref_impl(
         o = jnp.einsum("hqk,khd->qhd", act, vt, preferred_element_type=cdt)
         return o * jnp.asarray(inv_scale, cdt)
 
-    n_items = B * n_t
     outs = lax.map(
         jax.checkpoint(one_tile),
         jnp.arange(n_items, dtype=jnp.int32),
-        batch_size=_map_batch(n_items, H * tile * max_seqlen_k),
-    )  # (B * n_t, tile, H, D_v)
-    padded = outs.reshape(B, n_t * tile, H, D_v)
+        batch_size=_map_batch(n_items, H * tile * n_keys),
+    )  # (n_items, tile, H, D_v)
 
     r = jnp.arange(T_q, dtype=jnp.int32)
     b_r = jnp.searchsorted(cu_q, r, side="right").astype(jnp.int32) - 1
     b_c = jnp.clip(b_r, 0, B - 1)
     i_r = r - cu_q[b_c]
-    row_ok = (b_r >= 0) & (b_r < B) & (i_r >= 0) & (i_r < max_seqlen_q)
-    out = padded[b_c, jnp.clip(i_r, 0, n_t * tile - 1)]
+    item_r = first[b_c] + jnp.clip(i_r, 0, None) // tile
+    row_ok = ((b_r >= 0) & (b_r < B) & (i_r >= 0) & (i_r < max_seqlen_q)
+              & (item_r < n_items))
+    out = outs[jnp.clip(item_r, 0, n_items - 1), jnp.clip(i_r, 0, None) % tile]
     out = jnp.where(row_ok[:, None, None], out, jnp.zeros((), cdt))
     return out.astype(out_dtype)
 

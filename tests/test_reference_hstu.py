@@ -298,11 +298,78 @@ def test_hstu_chunked_evaluation_matches(monkeypatch):
         ga = reference.hstu_attention_bwd_ref(jnp.asarray(cot), *args, **kw)
         monkeypatch.setattr(reference, "_CHUNK_ELEMS_CPU", 2 * 2 * 16 * 40)
         monkeypatch.setattr(reference, "_CHUNK_ELEMS_ACCEL", 2 * 2 * 16 * 40)
-        b = reference._hstu_attention_ref_impl(*args, q_tile=16, **kw)  # 9 items, 2 per chunk
+        b = reference._hstu_attention_ref_impl(*args, q_tile=16, **kw)  # 8 items (6 used), 2 per chunk
         gb = reference._hstu_attention_bwd_ref_impl(jnp.asarray(cot), *args, **kw)
     np.testing.assert_allclose(np.asarray(b), np.asarray(a), rtol=1e-13, atol=1e-15)
     for x, y in zip(gb, ga):
         np.testing.assert_allclose(np.asarray(x), np.asarray(y), rtol=1e-12, atol=1e-14)
+
+
+@pytest.mark.parametrize("q_tile", [1, 5, 16, 128])
+@pytest.mark.parametrize("window_size", [(-1, 0), (-1, -1), (3, 2)])
+def test_hstu_loose_bounds_follow_real_lengths(q_tile, window_size):
+    """Bounds far looser than the lengths (and many zero-length sequences): the reference
+    evaluates only the query tiles the lengths need, against min(max_seqlen_k, T_k) key
+    slots, and gives the oracle's output and the tight bounds' gradients."""
+    lengths_q, lengths_k = [0, 1, 0, 37, 2, 0, 0, 17, 0, 33], [3, 1, 0, 37, 9, 0, 4, 20, 0, 33]
+    q, k, v, cu_q, cu_k, mq, mk = make_case(lengths_q, lengths_k, H=2, D=4, seed=q_tile)
+    cot = np.random.default_rng(2).standard_normal(q.shape)
+    kw = dict(window_size=window_size, alpha=0.8, scaling_seqlen=11.0)
+    tile, n_keys, n_items = reference.hstu_ref_tiles(len(lengths_q), q.shape[0], k.shape[0],
+                                                     5000, 70000, q_tile)
+    assert (tile, n_keys) == (min(q_tile, q.shape[0]), k.shape[0])
+    assert n_items == -(-q.shape[0] // tile) + len(lengths_q)
+    assert sum(-(-n // tile) for n in lengths_q) <= n_items
+    with x64():
+        args = [jnp.asarray(x) for x in (q, k, v, cu_q, cu_k)]
+        loose = reference.hstu_attention_ref(*args, max_seqlen_q=5000, max_seqlen_k=70000,
+                                             q_tile=q_tile, **kw)
+        g_loose = reference.hstu_attention_bwd_ref(jnp.asarray(cot), *args, max_seqlen_q=5000,
+                                                   max_seqlen_k=70000, **kw)
+        g_tight = reference.hstu_attention_bwd_ref(jnp.asarray(cot), *args, max_seqlen_q=mq,
+                                                   max_seqlen_k=mk, **kw)
+    want = hstu_oracle(q, k, v, cu_q, cu_k, max_seqlen_q=mq, **kw)
+    np.testing.assert_allclose(np.asarray(loose), want, rtol=1e-10, atol=1e-12)
+    assert np.abs(want).max() > 0
+    for a, b in zip(g_loose, g_tight):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-10, atol=1e-12)
+        assert np.abs(np.asarray(b)).max() > 0
+
+
+def test_hstu_reference_tiles_bounds():
+    """The reference's static tiling: tiny sequences under huge bounds cost a few tiles of
+    their own size; tight bounds keep one tile column per sequence; no packed rows (T_q = 0
+    is returned early by the reference) and symbolic sizes keep the bound-only tiling."""
+    assert reference.hstu_ref_tiles(2, 7, 9, 300000, 300000) == (7, 9, 3)
+    assert reference.hstu_ref_tiles(128, 128 * 150, 128 * 150, 200, 200) == (128, 200, 256)
+    assert reference.hstu_ref_tiles(4, 1000, None, 300, 512) == (128, 512, 12)
+    b = jax.export.symbolic_shape("b")[0]
+    assert reference.hstu_ref_tiles(b, 100, 100, 300, 512)[1:] == (100, b * 3)
+
+
+def test_hstu_two_tiny_sequences_under_huge_bounds():
+    """Two sequences of a few tokens with bounds of 300000 (a loose bound a notebook might
+    pass): the public reference path (jit, forward and gradient) gives the tight bounds'
+    results without padding to the bounds."""
+    q, k, v, cu_q, cu_k, mq, mk = make_case([3, 4], [5, 2], H=2, D=8, seed=4, dtype=np.float32)
+    args = [jnp.asarray(x) for x in (q, k, v, cu_q, cu_k)]
+
+    def run(m):
+        def loss(q_, k_, v_):
+            o = jsa.hstu_attention(q_, k_, v_, args[3], args[4], max_seqlen_q=m, max_seqlen_k=m,
+                                   scaling_seqlen=4.0, backend="reference")
+            return jnp.sum(o * o), o
+        (_, o), g = jax.jit(jax.value_and_grad(loss, argnums=(0, 1, 2), has_aux=True))(*args[:3])
+        return o, g
+
+    o_big, g_big = run(300000)
+    o_small, g_small = run(max(mq, mk))
+    np.testing.assert_allclose(np.asarray(o_big), np.asarray(o_small), rtol=1e-6, atol=1e-7)
+    for a, b in zip(g_big, g_small):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-6, atol=1e-7)
+    np.testing.assert_allclose(
+        np.asarray(o_small), hstu_oracle(q, k, v, cu_q, cu_k, max_seqlen_q=mq, scaling_seqlen=4.0),
+        rtol=1e-5, atol=1e-6)
 
 
 class TestHSTUGrid(HSTUReferenceGrid):
