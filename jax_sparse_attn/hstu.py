@@ -237,8 +237,10 @@ def _warn_loose_bounds(cfg, q, k, cu_q):
             f"hstu_attention (reference backend): max_seqlen_q={mq}, max_seqlen_k={mk} make "
             f"the reference evaluate {items} query tiles of {tile} rows x {n_keys} keys "
             f"({work:.3g} scores per head), over {work // max(real, 1)}x what {t_q} packed "
-            f"queries and {t_k} keys can need; the reference's cost follows the bounds, so "
-            f"pass tighter max_seqlen_q / max_seqlen_k", UserWarning, stacklevel=2)
+            f"queries and {t_k} keys can need: the reference gives each sequence whole tiles "
+            f"and each tile min(max_seqlen_k, T_k) key slots. If the bounds are looser than "
+            f"the real lengths, pass tighter max_seqlen_q / max_seqlen_k; the GPU kernels' "
+            f"work follows the real lengths", UserWarning, stacklevel=2)
 
 
 def _fwd_backend(cfg, q, k, v, cu_q, cu_k, func, rab=None):
@@ -355,9 +357,10 @@ _ARG_LINES = """
       max_seqlen_q: static Python int >= every query length (compile-time bound),
         at most ``2**31 - 1``. Keep both bounds tight: the reference backend (CPU, and any
         call the kernels do not take) evaluates each sequence's query tiles (up to 128 rows,
-        about ``T_q / 128 + B`` tiles) against ``min(max_seqlen_k, T_k)`` key slots, so its
-        work grows with ``(T_q + 128 B) * min(max_seqlen_k, T_k)``; the kernels' work
-        follows the real lengths.
+        about ``T_q / tile + B`` tiles) against ``min(max_seqlen_k, T_k)`` key slots
+        (``max_seqlen_k`` with a paged cache), so its work grows with about
+        ``(T_q + tile B) * min(max_seqlen_k, T_k)``; the kernels' work follows the real
+        lengths.
       max_seqlen_k: static Python int >= every key length, at most ``2**31 - 1``.
       scaling_seqlen: positive Python number dividing the output (it and
         ``1 / scaling_seqlen`` finite in float32: about 2.9e-39 to 3.4e38); default

@@ -19,12 +19,12 @@ Memory
 ------
 Nothing of size ``(B, H, L, L)`` is materialised at once: HSTU is evaluated per query
 tile of at most 128 rows of one sequence, only the tiles the sequences' lengths need (about
-``T_q / 128 + B`` of them, :func:`hstu_ref_tiles`), each against a padded view of
-``min(max_seqlen_k, T_k)`` keys of its sequence; BSA per (batch, head, query block) over
-the gathered listed key blocks only. The per-item bodies run under ``lax.map`` (vectorised
-in chunks bounded to about 2**22 score elements) and are rematerialised
-(``jax.checkpoint``) under differentiation, so ``jax.vjp`` of the forward keeps memory
-bounded as well.
+``T_q / tile + B`` of them, :func:`hstu_ref_tiles`), each against a padded view of
+``min(max_seqlen_k, T_k)`` keys of its sequence (``max_seqlen_k`` with a paged cache); BSA
+per (batch, head, query block) over the gathered listed key blocks only. The per-item
+bodies run under ``lax.map`` (vectorised in chunks bounded to about 2**22 score elements)
+and are rematerialised (``jax.checkpoint``) under differentiation, so ``jax.vjp`` of the
+forward keeps memory bounded as well.
 
 No value validation happens here (see :mod:`jax_sparse_attn.validation`); out-of-range
 metadata entries are clipped so that gathers never read out of bounds.
@@ -85,23 +85,33 @@ def hstu_ref_tiles(n_seqs, t_q, t_k, max_seqlen_q: int, max_seqlen_k: int, q_til
 
     Each work item is one tile of ``tile`` query rows of one sequence against ``n_keys``
     key slots of that sequence, so the reference evaluates ``n_items * tile * n_keys``
-    scores per head. ``tile = min(q_tile, max_seqlen_q, T_q)``; ``n_keys = min(max_seqlen_k,
-    T_k)`` (no sequence of valid ``cu_seqlens_k`` holds more keys than the packed tensor;
-    ``t_k=None``, as for a paged cache, keeps ``max_seqlen_k``); ``n_items = min(B
-    ceil(max_seqlen_q / tile), ceil(T_q / tile) + B)``, which covers every tile that valid
-    ``cu_seqlens_q`` can need (a sequence of ``L`` rows needs ``ceil(L / tile)``). With
-    symbolic sizes (``jax.export``) the bounds that need their values are not applied.
+    scores per head.
+
+    * ``tile = min(q_tile, max_seqlen_q, max(16, m))``, ``m`` the packed rows per sequence
+      that can be non-empty (``ceil(T_q / min(B, T_q))``) rounded up to a power of two:
+      many short sequences get short tiles.
+    * ``n_keys = min(max_seqlen_k, T_k)``: no sequence of valid ``cu_seqlens_k`` holds more
+      keys than the packed tensor (``t_k=None``, a paged cache, keeps ``max_seqlen_k``).
+    * ``n_items = min(B ceil(max_seqlen_q / tile), ceil(T_q / tile) + min(B, T_q))``, which
+      covers every tile that valid ``cu_seqlens_q`` can need (a sequence of ``L >= 1`` rows
+      needs ``ceil(L / tile)``, and at most ``min(B, T_q)`` sequences are non-empty).
+
+    The tiling follows the packed sizes, so one sequence's result can differ in the last
+    bits between calls whose ``T_q``, ``T_k`` or ``B`` differ (padding, batch folding under
+    ``vmap``). With symbolic sizes (``jax.export``) the bounds that need their values are
+    not applied.
     """
     concrete = all(isinstance(n, numbers.Integral) for n in (n_seqs, t_q))
     tile = max(1, min(int(q_tile), int(max_seqlen_q)))
-    if concrete:
-        tile = max(1, min(tile, int(t_q)))
+    if concrete and t_q > 0 and n_seqs > 0:
+        per_seq = -(-int(t_q) // min(int(n_seqs), int(t_q)))
+        tile = min(tile, max(16, 1 << (per_seq - 1).bit_length()))
     n_keys = int(max_seqlen_k)
     if isinstance(t_k, numbers.Integral):
         n_keys = max(1, min(n_keys, int(t_k)))
     n_items = n_seqs * -(-int(max_seqlen_q) // tile)
     if concrete:
-        n_items = min(n_items, -(-int(t_q) // tile) + int(n_seqs))
+        n_items = min(n_items, -(-int(t_q) // tile) + min(int(n_seqs), int(t_q)))
     return tile, n_keys, n_items
 
 
@@ -227,7 +237,7 @@ def _hstu_attention_ref_impl(
         valid = row_in[:, None] & key_in[None, :]
         p = (i + L_k - L_q)[:, None]
         if rab is not None:
-            # (H_rab, tile, max_seqlen_k) rows p of sequence b's bias; 0 where p < 0
+            # (H_rab, tile, n_keys) rows p of sequence b's bias; 0 where p < 0
             rows = jnp.clip(p[:, 0], 0, max_seqlen_k - 1)
             bias = rab[jnp.clip(b, 0, rab.shape[0] - 1)][:, rows, :n_keys].astype(cdt)
             s = s + jnp.where((p >= 0)[None], bias, jnp.zeros((), cdt))

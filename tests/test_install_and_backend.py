@@ -155,22 +155,22 @@ def test_forced_kernel_on_cpu_says_it_cannot_run(monkeypatch):
 
 
 def test_reference_warns_about_loose_max_seqlen():
-    """The reference backend evaluates one query tile of up to 128 rows per 128 rows of each
-    sequence against min(max_seqlen_k, T_k) keys: bounds far looser than the packed lengths
-    allow (over 8x the work they can need, and over 2**26 scores per head; here 1000
-    sequences of 10 tokens under bounds of 2000) give a UserWarning at trace time naming
-    both bounds; tight bounds do not."""
+    """The reference backend evaluates whole query tiles of each sequence against
+    min(max_seqlen_k, T_k) key slots: a max_seqlen_k far looser than the packed lengths
+    allow (over 8x the work they can need, and over 2**26 scores per head; here 5000
+    sequences of 10 tokens under max_seqlen_k=2000) gives a UserWarning at trace time
+    naming both bounds; tight bounds do not."""
     import jax  # noqa: PLC0415
 
-    b, n = 1000, 10
+    b, n = 5000, 10
     x = jnp.zeros((b * n, 2, 32), jnp.float32)
     cu = jnp.arange(0, b * n + 1, n, dtype=jnp.int32)
 
-    def lower(m):
-        jax.jit(lambda x: jsa.hstu_attention(x, x, x, cu, cu, max_seqlen_q=m, max_seqlen_k=m,
+    def lower(mk):
+        jax.jit(lambda x: jsa.hstu_attention(x, x, x, cu, cu, max_seqlen_q=n, max_seqlen_k=mk,
                                              scaling_seqlen=100)).lower(x)
 
-    with pytest.warns(UserWarning, match=r"max_seqlen_q=2000, max_seqlen_k=2000.*tighter"):
+    with pytest.warns(UserWarning, match=r"max_seqlen_q=10, max_seqlen_k=2000.*tighter"):
         lower(2000)
     with warnings.catch_warnings():
         warnings.simplefilter("error")

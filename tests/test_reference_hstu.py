@@ -296,9 +296,15 @@ def test_hstu_chunked_evaluation_matches(monkeypatch):
         args = [jnp.asarray(x) for x in (q, k, v, cu_q, cu_k)]
         a = reference.hstu_attention_ref(*args, **kw)
         ga = reference.hstu_attention_bwd_ref(jnp.asarray(cot), *args, **kw)
-        monkeypatch.setattr(reference, "_CHUNK_ELEMS_CPU", 2 * 2 * 16 * 40)
-        monkeypatch.setattr(reference, "_CHUNK_ELEMS_ACCEL", 2 * 2 * 16 * 40)
-        b = reference._hstu_attention_ref_impl(*args, q_tile=16, **kw)  # 8 items (6 used), 2 per chunk
+        # forward (q_tile 16): 8 items (6 used) of 2 x 16 x 40 scores, 5 per chunk
+        assert reference.hstu_ref_tiles(3, 72, 72, mq, mk, 16) == (16, 40, 8)
+        monkeypatch.setattr(reference, "_CHUNK_ELEMS_CPU", 5 * 2 * 16 * 40)
+        monkeypatch.setattr(reference, "_CHUNK_ELEMS_ACCEL", 5 * 2 * 16 * 40)
+        b = reference._hstu_attention_ref_impl(*args, q_tile=16, **kw)
+        # backward (default tiles of 32 rows): 6 items of 2 x 32 x 40 scores, 4 per chunk
+        assert reference.hstu_ref_tiles(3, 72, 72, mq, mk) == (32, 40, 6)
+        monkeypatch.setattr(reference, "_CHUNK_ELEMS_CPU", 4 * 2 * 32 * 40)
+        monkeypatch.setattr(reference, "_CHUNK_ELEMS_ACCEL", 4 * 2 * 32 * 40)
         gb = reference._hstu_attention_bwd_ref_impl(jnp.asarray(cot), *args, **kw)
     np.testing.assert_allclose(np.asarray(b), np.asarray(a), rtol=1e-13, atol=1e-15)
     for x, y in zip(gb, ga):
@@ -317,7 +323,8 @@ def test_hstu_loose_bounds_follow_real_lengths(q_tile, window_size):
     kw = dict(window_size=window_size, alpha=0.8, scaling_seqlen=11.0)
     tile, n_keys, n_items = reference.hstu_ref_tiles(len(lengths_q), q.shape[0], k.shape[0],
                                                      5000, 70000, q_tile)
-    assert (tile, n_keys) == (min(q_tile, q.shape[0]), k.shape[0])
+    # 90 rows over 10 sequences: 9 per sequence, tiles of at most 16 rows
+    assert (tile, n_keys) == (min(q_tile, 16), k.shape[0])
     assert n_items == -(-q.shape[0] // tile) + len(lengths_q)
     assert sum(-(-n // tile) for n in lengths_q) <= n_items
     with x64():
@@ -337,14 +344,33 @@ def test_hstu_loose_bounds_follow_real_lengths(q_tile, window_size):
 
 
 def test_hstu_reference_tiles_bounds():
-    """The reference's static tiling: tiny sequences under huge bounds cost a few tiles of
-    their own size; tight bounds keep one tile column per sequence; no packed rows (T_q = 0
-    is returned early by the reference) and symbolic sizes keep the bound-only tiling."""
-    assert reference.hstu_ref_tiles(2, 7, 9, 300000, 300000) == (7, 9, 3)
+    """The reference's static tiling: tiny sequences under huge bounds cost a few short
+    tiles against T_k keys; tight bounds keep one tile column per sequence; many short
+    sequences get short tiles and only as many items as can be non-empty; a paged cache
+    (no T_k) keeps max_seqlen_k keys; symbolic sizes keep the bound-only tiling."""
+    assert reference.hstu_ref_tiles(2, 7, 9, 300000, 300000) == (16, 9, 3)
     assert reference.hstu_ref_tiles(128, 128 * 150, 128 * 150, 200, 200) == (128, 200, 256)
     assert reference.hstu_ref_tiles(4, 1000, None, 300, 512) == (128, 512, 12)
+    # 5000 sequences of one token and one of 1000: 16-row tiles, 375 + 5001 items
+    assert reference.hstu_ref_tiles(5001, 6000, 6000, 1000, 1000) == (16, 1000, 5376)
+    # 4096 sequences (most empty) packing 512 tokens: at most 512 can be non-empty
+    assert reference.hstu_ref_tiles(4096, 512, 512, 64, 64) == (16, 64, 544)
+    assert reference.hstu_ref_tiles(3, 0, 0, 8, 8) == (8, 1, 0)
     b = jax.export.symbolic_shape("b")[0]
     assert reference.hstu_ref_tiles(b, 100, 100, 300, 512)[1:] == (100, b * 3)
+
+
+@pytest.mark.parametrize("window_size", [(-1, 0), (-1, -1)])
+def test_hstu_many_short_sequences_and_one_long(window_size):
+    """Short tiles (200 one-token sequences and empty ones beside one of 300 tokens: tiles
+    of 16 rows, the long sequence spread over 19 of them) give the oracle's output."""
+    lengths = [1] * 100 + [0] * 20 + [300] + [1] * 100 + [0, 2]
+    q, k, v, cu_q, cu_k, mq, mk = make_case(lengths, H=1, D=4, seed=31)
+    assert reference.hstu_ref_tiles(len(lengths), q.shape[0], k.shape[0], mq, mk)[0] == 16
+    out = run_ref(q, k, v, cu_q, cu_k, mq, mk, window_size=window_size, alpha=0.6)
+    want = hstu_oracle(q, k, v, cu_q, cu_k, max_seqlen_q=mq, window_size=window_size, alpha=0.6)
+    np.testing.assert_allclose(out, want, rtol=1e-10, atol=1e-12)
+    assert np.abs(want[:100]).max() > 0
 
 
 def test_hstu_two_tiny_sequences_under_huge_bounds():
