@@ -181,7 +181,7 @@ BSA_BWD_WS_FLAGS = ("ldwait", "lpt", "decouple", "detkv", "detfull", "detlaunch"
                     "detoverlap", "detzero", "packws", "nopackws", "dqclaim", "zerolag",
                     "tailconv", "notailconv", "hlpt", "nolpt", "persist",
                     "nokvpf", "ordfast", "detfixed", "detorder", "l2hint", "l2normal",
-                    "thrfrags", "wghand", "nowghand", "ldscale")
+                    "thrfrags", "wghand", "nowghand", "ldscale", "dvwait")
 #: the flags among :data:`BSA_BWD_WS_FLAGS` that choose the deterministic dQ order (at most
 #: one of them)
 BSA_DET_ORDER_FLAGS = ("detkv", "detfull", "detlaunch", "detsched", "detschedfull")
@@ -608,6 +608,10 @@ SWITCHES = (
                "ldscale (not with deterministic=True: XLA scales the kernel's lse by log2 e "
                "and delta by softmax_scale before the call, so each score's P^T takes one "
                "FFMA and its dS^T one FFMA and one FMUL; opt-in: level on the H100), "
+               "dvwait (each step issues dQ, waits for the dV GEMM, then issues dK, instead of "
+               "issuing dQ and dK back to back, so the dK issue rather than the wait for dQ "
+               "meets the tensor pipe's backlog; where dQ and dK are issued together: not "
+               "dqalias, decouple or dqalt; opt-in, not yet measured), "
                "ordfast (deterministic in the schedule order: the same order from fewer "
                "launches and fewer serialized shared-memory operations: the K->Q lists "
                "kernel instead of XLA's lists, the rows' estimated starts computed in the "

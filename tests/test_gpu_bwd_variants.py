@@ -257,6 +257,22 @@ def test_bsa_bwd_ldscale(c, monkeypatch):
     tb.test_bsa_sm90ws_backward(c)
 
 
+@pytest.mark.parametrize("c", ZEROLAG_CASES, ids=lambda c: c["name"])
+def test_bsa_bwd_dvwait(c, monkeypatch):
+    """``dvwait`` (opt-in): each step issues dQ, waits for the dV GEMM, then issues dK. The
+    sm90ws backward cases where it applies (not the dQ alias of blk 64 / D 128) against the
+    reference, poisoned buffers first."""
+    from jax_sparse_attn.ffi import bsa as fb
+
+    sw = Switches(bsa_bwd_impl="sm90ws", bsa_bwd_ws=("dvwait",))
+    key = fb.bwd_config(jnp.dtype(c["dtype"]), c["d"], c["blk"], False, sw)
+    if not key.ws_dv_wait:
+        assert key.ws_dq_alias, key
+        pytest.skip("the dQ alias (blk 64, D 128) issues dK before dQ")
+    monkeypatch.setattr(tb, "BWDWS", sw)
+    tb.test_bsa_sm90ws_backward(c)
+
+
 # the deterministic cases on the sm90 backward (no rab)
 DETZERO_CASES = [c for c in th.DET_CASES if c[2] in (64, 128, 256) and c[5] in ("", "func")]
 

@@ -250,6 +250,7 @@ _PTX_CONFIGS = {
     "thrfrags-blk128": ("_bwd_text", (CONFIGS[0],), None, {"ws": "thrfrags"}),
     "nowghand-blk128": ("_bwd_text", (CONFIGS[0],), None, {"ws": "nowghand"}),
     "ldscale-blk128": ("_bwd_text", (CONFIGS[0],), None, {"ws": "ldscale"}),
+    "dvwait-blk128": ("_bwd_text", (CONFIGS[0],), None, {"ws": "dvwait"}),
     "l2hint-det-blk64": ("_bwd_text", (CONFIGS[1],), None,
                          {"deterministic": True, "impl": "auto", "det_writer": True,
                           "sq": 4096, "skv": 4096, "kmax": 40, "ws": "nodetstream,l2hint"}),
@@ -574,6 +575,32 @@ def test_bsa_bwd_ws_ldscale(kept_ptx):
     assert scaled.count("sub.f32") == base.count("sub.f32") > 0
     for op in ("wgmma.mma_async", "cp.async.bulk.tensor", "ex2.approx"):
         assert scaled.count(op) == base.count(op) > 0, op
+
+
+def test_bsa_bwd_ws_dvwait(kept_ptx):
+    """``bsa_bwd_ws=dvwait`` (opt-in): the key only where dQ and dK are issued together (not
+    with the dQ alias of blk 64 / D 128, decouple or dqalt); the kernel waits once more per
+    step (one more ``wgmma.wait_group 1``: after the dQ issue, before dK) with the same GEMMs,
+    copies and reductions."""
+    from jax_sparse_attn.config import Switches
+    from jax_sparse_attn.ffi import bsa
+
+    def key(ws, d=128, blk=128, **kw):
+        return bsa.bwd_config(jnp.bfloat16, d, blk, False,
+                              Switches(bsa_bwd_impl="sm90ws", bsa_bwd_ws=ws), **kw)
+
+    assert key(("dvwait",)).ws_dv_wait and not key(()).ws_dv_wait
+    assert key(("dvwait",), d=64, blk=64).ws_dv_wait
+    assert key(("dvwait",), deterministic=True).ws_dv_wait
+    for ws, blk in ((("dvwait",), 64), (("dvwait", "decouple"), 128),
+                    (("dvwait", "dqalt"), 128)):
+        assert not key(ws, blk=blk).ws_dv_wait, ws
+    base, dvw = _ws_ptx(kept_ptx, _ids(CONFIGS[0])), _ws_ptx(kept_ptx, "dvwait-blk128")
+    wait1 = re.compile(r"wgmma\.wait_group\.sync\.aligned\s+1;")
+    assert len(wait1.findall(dvw)) > len(wait1.findall(base)) > 0
+    red = "cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32"
+    for op in ("wgmma.mma_async", "cp.async.bulk.tensor", red, "ex2.approx"):
+        assert dvw.count(op) == base.count(op) > 0, op
 
 
 def test_bsa_pre_kernel4_ptx(kept_ptx):

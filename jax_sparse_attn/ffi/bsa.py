@@ -298,6 +298,9 @@ class BsaBwdConfig:
     # "sm90ws", not deterministic: the kernel takes lse log2 e and delta softmax_scale
     # ("ldscale"), scaled by XLA before the call
     ws_ld_scaled: bool = False
+    # "sm90ws" where dQ and dK are issued together (not dqalias, decouple or dqalt): each
+    # step waits for the dV GEMM between the dQ and dK issues ("dvwait")
+    ws_dv_wait: bool = False
 
 
 def fwd_smem_bytes(head_dim, block_size) -> int:
@@ -662,6 +665,10 @@ def _ws_config(name, head_dim, block_size, has_block_sizes, impl, arch, switches
                         and "dqalt" not in opts and "dqclaim" not in opts
                         and getattr(switches, "dq_writer", "auto") != "off",
                         ws_ld_scaled="ldscale" in opts and not deterministic,
+                        ws_dv_wait="dvwait" in opts and not alias and not decouple
+                        and not ("dqalt" in opts and block_size == 128 and tile
+                                 and not deterministic
+                                 and getattr(switches, "dq_writer", "auto") != "off"),
                         ws_epi_pairs="epi16" not in opts,
                         ws_epi_smem=not {"epiregs", "epi16"} & set(opts),
                         ws_dq_alt="dqalt" in opts and block_size == 128 and tile
@@ -1641,7 +1648,8 @@ def _ws_kernel(cfg: BsaBwdConfig, after_pre: bool = False):
                         persist=cfg.ws_persist, persist_kv_at=cfg.ws_persist_kv_at,
                         persist_kv_l2=cfg.ws_persist_kv_l2, dq_fixed=cfg.dq_fixed,
                         l2_hint=cfg.ws_l2_hint, uniform_frags=cfg.ws_uniform_frags,
-                        wg_hand=cfg.ws_wg_hand, ld_scaled=cfg.ws_ld_scaled)
+                        wg_hand=cfg.ws_wg_hand, ld_scaled=cfg.ws_ld_scaled,
+                        dv_wait=cfg.ws_dv_wait)
 
 
 def _bwd_det_entry(stream, q, k, v, do, lse, delta, offsets, entries, ranks, sizes, scale,

@@ -44,6 +44,8 @@ CTA per SM; blk 64: 256 threads, two CTAs per SM):
   is issued alone and dQ = dS K only once the dV / dK GEMMs have completed, so the dQ
   accumulator is not live next to P^T, dS^T and the in-flight dV / dK GEMMs (at blk 64 /
   D 128 the dQ-first order does not fit the registers: ptxas serializes the wgmma).
+  With ``dv_wait`` (``bsa_bwd_ws=dvwait``) the dQ-first order waits for the dV GEMM between
+  the dQ and dK issues.
   ``kernels/dq_tiles.py`` reorders the workspace into dq. With ``dq_alt`` (blk 128, the dQ
   writer warp and the staging tile) the warpgroups take turns instead: at step ``c``
   warpgroup ``c % 2`` waits for both dS^T halves, computes the whole ``64 x D`` dQ tile over
@@ -280,8 +282,12 @@ class BsaBwdSm90Ws:
                  dq_claim: bool = False, zero_lag: int = 0, tail_conv: bool = False,
                  lpt_chain: bool = False, persist: int = 0, persist_kv_at: int = -1,
                  persist_kv_l2: bool = True, dq_fixed: bool = False, l2_hint: int = 0,
-                 uniform_frags: bool = True, wg_hand: bool = False, ld_scaled: bool = False):
+                 uniform_frags: bool = True, wg_hand: bool = False, ld_scaled: bool = False,
+                 dv_wait: bool = False):
         self.pdl = pdl
+        # where dQ and dK are issued together: the dK GEMM is issued once the dV GEMM has
+        # completed (dQ issued, wait, dK issued) instead of right after dQ
+        self.dv_wait = dv_wait
         # the lse input is in the log2 domain (lse log2 e) and delta is scaled by
         # softmax_scale, so a step's P^T takes one FFMA per score and its dS^T one FFMA and
         # one FMUL: P^T (dP^T softmax_scale - delta softmax_scale)
@@ -1195,6 +1201,11 @@ class BsaBwdSm90Ws:
                             warpgroup.wait_group(0)
                             kvb.keep_regs(tP, tdS)
                             mma_dq = kvb.issue_dq(mma_dq, acc_dQ, tQrdS, tQrK, buf)
+                        elif cutlass.const_expr(self.dv_wait):
+                            mma_dq = kvb.issue_dq(mma_dq, acc_dQ, tQrdS, tQrK, buf)
+                            # in flight: dV, dQ; dK once dV has completed
+                            warpgroup.wait_group(1)
+                            kvb.issue_dk(mma_kv, acc_dK, tdS, tKrQ, stg)
                         else:
                             mma_dq = kvb.issue_dq_dk(mma_dq, mma_kv, acc_dQ, acc_dK, tQrdS,
                                                      tQrK, tdS, tKrQ, buf, stg)
