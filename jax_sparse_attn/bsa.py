@@ -313,7 +313,13 @@ _META_ARG_LINES = """
         key ``j`` visible from query position ``i`` iff ``j <= i + S_kv - S_q``
         (bottom-right aligned). Kernels: the sm90 ones (D in {64, 128} on sm_90a; the
         warp-specialized backward, also under ``pack_gqa``); the mma.sync (sm80 /
-        portable) kernels raise NotImplementedError.
+        portable) kernels raise NotImplementedError. Keys past the diagonal are data of
+        the later rows, not padding: a NaN / Inf in such a key's ``k`` stays out of the
+        earlier rows, but one in its ``v`` reaches the earlier rows of a query block that
+        lists its block through their zero weight (``0 * NaN = NaN`` in ``P V``, as in
+        causal softmax kernels; likewise a NaN ``q`` of a row that sees no key of a listed
+        block reaches that block's ``dk``). Keys of unlisted blocks, past ``S_kv`` or past
+        ``block_sizes`` never reach a result (``docs/bsa.md``).
       deterministic: static bool (default False). With True the backward's gradients are
         bitwise reproducible run to run. At sparse_block_size 64 the dq contributions of the
         KV blocks are not ordered: each is converted to int32 fixed point with a

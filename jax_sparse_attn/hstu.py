@@ -336,6 +336,15 @@ _hstu_paged_jit = jax.jit(_hstu_paged, static_argnums=(0,))
 _SEMANTICS_DOC = """
     Semantics: the HSTU paper (Zhai et al. 2024, arXiv 2402.17152) and Meta's
     generative-recommenders kernels; see the module docstring and ``docs/hstu.md``.
+
+    Non-finite values: rows outside every sequence (past ``cu_seqlens[-1]``, unused page
+    slots) never reach a result, whatever they hold. Inside a sequence NaN / Inf are data:
+    a masked pair's weight is selected to 0 before SiLU, but the weighted sum over ``v``
+    still multiplies that 0 by ``v_j`` (``0 * NaN = NaN``, as in FlashAttention-style
+    kernels), so a NaN / Inf ``v_j`` can reach rows of the same sequence that do not see
+    key ``j`` (on the kernels only rows whose key tiles hold ``j``); in the backward the
+    same holds for ``k_j``, and for a row's ``q`` and ``do`` towards ``dk`` / ``dv``
+    (``docs/hstu.md``).
 """
 
 _ARG_LINES = """
