@@ -181,7 +181,7 @@ BSA_BWD_WS_FLAGS = ("ldwait", "lpt", "decouple", "detkv", "detfull", "detlaunch"
                     "detoverlap", "detzero", "packws", "nopackws", "dqclaim", "zerolag",
                     "tailconv", "notailconv", "hlpt", "nolpt", "persist",
                     "nokvpf", "ordfast", "detfixed", "detorder", "l2hint", "l2normal",
-                    "thrfrags", "wghand", "nowghand", "ldscale", "dvwait")
+                    "thrfrags", "wghand", "nowghand", "ldscale", "dvwait", "dklag")
 #: the flags among :data:`BSA_BWD_WS_FLAGS` that choose the deterministic dQ order (at most
 #: one of them)
 BSA_DET_ORDER_FLAGS = ("detkv", "detfull", "detlaunch", "detsched", "detschedfull")
@@ -612,6 +612,13 @@ SWITCHES = (
                "issuing dQ and dK back to back, so the dK issue rather than the wait for dQ "
                "meets the tensor pipe's backlog; where dQ and dK are issued together: not "
                "dqalias, decouple or dqalt; opt-in, not yet measured), "
+               "dklag (blk 128, not deterministic, dqalias, decouple, dqalt, dvwait or "
+               "persist: a "
+               "step's dK GEMM is issued in the next step of its KV block, right after that "
+               "step's S^T / dP^T GEMMs, so the tensor pipe runs it while the consumers "
+               "compute P^T and dS^T; the step's dS^T stays in registers of its own and its "
+               "Q / dO stage is released once that GEMM has completed; opt-in, not yet "
+               "measured), "
                "ordfast (deterministic in the schedule order: the same order from fewer "
                "launches and fewer serialized shared-memory operations: the K->Q lists "
                "kernel instead of XLA's lists, the rows' estimated starts computed in the "

@@ -13,6 +13,8 @@ poisoned tails / unlisted blocks and partial blocks, as the default paths' tests
   turns computing a step's whole dQ tile);
 * the block-sparse backward with ``bsa_bwd_ws=dqclaim`` (the first contribution to each
   query tile claimed with an atomic and stored, no zeroed workspace).
+* the block-sparse blk 128 backward with ``bsa_bwd_ws=dklag`` (a step's dK GEMM issued in
+  the next step, after its S^T / dP^T GEMMs), on the sm90ws cases and the causal cases.
 
 * the deterministic HSTU backward with ``hstu_bwd_ws=detzero`` (XLA zeroes the fp32
   workspace and every KV tile adds; by default the first KV tile in a query tile's order
@@ -37,6 +39,8 @@ Run on the H200: ``python -m pytest -m gpu tests/test_gpu_bwd_variants.py``.
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 
@@ -44,6 +48,7 @@ jax = pytest.importorskip("jax")
 import jax.numpy as jnp  # noqa: E402
 
 import test_gpu_bsa as tb  # noqa: E402
+import test_gpu_bsa_causal as tc  # noqa: E402
 import test_gpu_hstu as th  # noqa: E402
 from jax_sparse_attn.config import Switches  # noqa: E402
 
@@ -271,6 +276,34 @@ def test_bsa_bwd_dvwait(c, monkeypatch):
         pytest.skip("the dQ alias (blk 64, D 128) issues dK before dQ")
     monkeypatch.setattr(tb, "BWDWS", sw)
     tb.test_bsa_sm90ws_backward(c)
+
+
+# the sm90ws backward cases at blk 128, where dklag applies
+DKLAG_CASES = [c for c in ZEROLAG_CASES if c["blk"] == 128]
+
+
+@pytest.mark.parametrize("c", DKLAG_CASES, ids=lambda c: c["name"])
+def test_bsa_bwd_dklag(c, monkeypatch):
+    """``dklag`` (opt-in, blk 128): each step issues the previous step's dK GEMM after its
+    own S^T / dP^T GEMMs, and the block's last dK after its last step. The sm90ws backward
+    cases at blk 128 (every block listed, the partial last block with NaN past block_sizes
+    and in unlisted blocks, GQA, empty rows) against the reference, poisoned buffers first."""
+    from jax_sparse_attn.ffi import bsa as fb
+
+    sw = Switches(bsa_bwd_impl="sm90ws", bsa_bwd_ws=("dklag",))
+    key = fb.bwd_config(jnp.dtype(c["dtype"]), c["d"], c["blk"], False, sw)
+    assert key.ws_dk_lag, key
+    monkeypatch.setattr(tb, "BWDWS", sw)
+    tb.test_bsa_sm90ws_backward(c)
+
+
+@pytest.mark.parametrize("c", [c for c in tc.CASES if c.blk == 128
+                               and c.bwd_impl in ("auto", "sm90ws") and not c.bwd_ws], ids=lambda c: c.name)
+def test_bsa_bwd_dklag_causal(c):
+    """``dklag`` with ``causal`` (masked steps, steps past the diagonal, rows without keys,
+    packed GQA rows): the causal blk 128 cases of ``test_gpu_bsa_causal`` with the switch."""
+    c = dataclasses.replace(c, bwd_ws="dklag")
+    tc.test_bsa_causal_kernel_vs_reference(c)
 
 
 # the deterministic cases on the sm90 backward (no rab)

@@ -251,6 +251,7 @@ _PTX_CONFIGS = {
     "nowghand-blk128": ("_bwd_text", (CONFIGS[0],), None, {"ws": "nowghand"}),
     "ldscale-blk128": ("_bwd_text", (CONFIGS[0],), None, {"ws": "ldscale"}),
     "dvwait-blk128": ("_bwd_text", (CONFIGS[0],), None, {"ws": "dvwait"}),
+    "dklag-blk128": ("_bwd_text", (CONFIGS[0],), None, {"ws": "dklag"}),
     "l2hint-det-blk64": ("_bwd_text", (CONFIGS[1],), None,
                          {"deterministic": True, "impl": "auto", "det_writer": True,
                           "sq": 4096, "skv": 4096, "kmax": 40, "ws": "nodetstream,l2hint"}),
@@ -601,6 +602,38 @@ def test_bsa_bwd_ws_dvwait(kept_ptx):
     red = "cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32"
     for op in ("wgmma.mma_async", "cp.async.bulk.tensor", red, "ex2.approx"):
         assert dvw.count(op) == base.count(op) > 0, op
+
+
+def test_bsa_bwd_ws_dklag(kept_ptx):
+    """``bsa_bwd_ws=dklag`` (opt-in): the key only at blk 128 on the default dQ path (not
+    deterministic, dqalias, decouple, dqalt, dvwait or persist). In the kernel each step issues the
+    previous step's dK GEMM as a third group after its S^T / dP^T GEMMs (a group in every
+    step, so the S^T wait becomes ``wgmma.wait_group 2``), and the block's last dK GEMM once
+    more after its last step: one more dK GEMM (4 wgmma, the 64 query rows of a step in k16
+    blocks) and one more group than the default's two unrolled steps, the same copies and
+    reductions."""
+    from jax_sparse_attn.config import Switches
+    from jax_sparse_attn.ffi import bsa
+
+    def key(ws, d=128, blk=128, **kw):
+        return bsa.bwd_config(jnp.bfloat16, d, blk, False,
+                              Switches(bsa_bwd_impl="sm90ws", bsa_bwd_ws=ws), **kw)
+
+    assert key(("dklag",)).ws_dk_lag and not key(()).ws_dk_lag
+    assert key(("dklag",), d=64).ws_dk_lag
+    assert not key(("dklag",), deterministic=True).ws_dk_lag
+    for ws, blk in ((("dklag",), 64), (("dklag", "decouple"), 128), (("dklag", "dqalt"), 128),
+                    (("dklag", "dvwait"), 128), (("dklag", "dqalias"), 128),
+                    (("dklag", "persist"), 128)):
+        assert not key(ws, blk=blk).ws_dk_lag, ws
+    base, lag = _ws_ptx(kept_ptx, _ids(CONFIGS[0])), _ws_ptx(kept_ptx, "dklag-blk128")
+    wait2 = re.compile(r"wgmma\.wait_group\.sync\.aligned\s+2;")
+    assert len(wait2.findall(lag)) == 2 and not wait2.findall(base)
+    assert lag.count("wgmma.mma_async") == base.count("wgmma.mma_async") + 4
+    assert lag.count("wgmma.commit_group") == base.count("wgmma.commit_group") + 1
+    red = "cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32"
+    for op in ("cp.async.bulk.tensor", red, "ex2.approx", "stmatrix"):
+        assert lag.count(op) == base.count(op) > 0, op
 
 
 def test_bsa_pre_kernel4_ptx(kept_ptx):

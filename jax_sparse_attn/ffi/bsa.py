@@ -301,6 +301,10 @@ class BsaBwdConfig:
     # "sm90ws" where dQ and dK are issued together (not dqalias, decouple or dqalt): each
     # step waits for the dV GEMM between the dQ and dK issues ("dvwait")
     ws_dv_wait: bool = False
+    # "sm90ws" blk 128 on the default dQ path (not deterministic, dqalias, decouple, dqalt,
+    # dvwait or persist): a step's dK GEMM is issued in the next step after its S^T / dP^T
+    # GEMMs ("dklag")
+    ws_dk_lag: bool = False
 
 
 def fwd_smem_bytes(head_dim, block_size) -> int:
@@ -604,8 +608,10 @@ def bwd_config(dtype, head_dim, block_size, has_block_sizes, switches,
             if (cfg.tail_conv and cfg.dq_writer and not cfg.ws_dq_alt and not cfg.dq_claim
                     and not cfg.ws_decouple and cfg.pack_gqa == 1 and not cfg.zero_lag
                     and not cfg.ws_persist):
-                # (ldscale stays off: the fixed-point multipliers take the unscaled delta)
-                return dataclasses.replace(cfg, dq_fixed=True, ws_ld_scaled=False)
+                # (ldscale stays off: the fixed-point multipliers take the unscaled delta;
+                # dklag is not a deterministic option)
+                return dataclasses.replace(cfg, dq_fixed=True, ws_ld_scaled=False,
+                                           ws_dk_lag=False)
         return _persist_config(_ws_config(name, head_dim, block_size, has_block_sizes, impl,
                                           arch, switches, deterministic, causal, pack_gqa),
                                switches.bsa_bwd_ws)
@@ -669,6 +675,9 @@ def _ws_config(name, head_dim, block_size, has_block_sizes, impl, arch, switches
                         and not ("dqalt" in opts and block_size == 128 and tile
                                  and not deterministic
                                  and getattr(switches, "dq_writer", "auto") != "off"),
+                        ws_dk_lag="dklag" in opts and block_size == 128 and not alias
+                        and not decouple and not deterministic and "dvwait" not in opts
+                        and "dqalt" not in opts and "persist" not in opts,
                         ws_epi_pairs="epi16" not in opts,
                         ws_epi_smem=not {"epiregs", "epi16"} & set(opts),
                         ws_dq_alt="dqalt" in opts and block_size == 128 and tile
@@ -1649,7 +1658,7 @@ def _ws_kernel(cfg: BsaBwdConfig, after_pre: bool = False):
                         persist_kv_l2=cfg.ws_persist_kv_l2, dq_fixed=cfg.dq_fixed,
                         l2_hint=cfg.ws_l2_hint, uniform_frags=cfg.ws_uniform_frags,
                         wg_hand=cfg.ws_wg_hand, ld_scaled=cfg.ws_ld_scaled,
-                        dv_wait=cfg.ws_dv_wait)
+                        dv_wait=cfg.ws_dv_wait, dk_lag=cfg.ws_dk_lag)
 
 
 def _bwd_det_entry(stream, q, k, v, do, lse, delta, offsets, entries, ranks, sizes, scale,

@@ -45,7 +45,11 @@ CTA per SM; blk 64: 256 threads, two CTAs per SM):
   accumulator is not live next to P^T, dS^T and the in-flight dV / dK GEMMs (at blk 64 /
   D 128 the dQ-first order does not fit the registers: ptxas serializes the wgmma).
   With ``dv_wait`` (``bsa_bwd_ws=dvwait``) the dQ-first order waits for the dV GEMM between
-  the dQ and dK issues.
+  the dQ and dK issues. With ``dk_lag`` (``bsa_bwd_ws=dklag``, blk 128) a step's dK GEMM is
+  issued in the next step of the same KV block, right after that step's S^T / dP^T GEMMs:
+  the tensor pipe runs it while the consumers compute P^T and dS^T. The step's dS^T
+  fragment is kept in registers of its own and its Q / dO stage is released once that dK
+  GEMM has completed; the last step's dK is issued after the block's last step.
   ``kernels/dq_tiles.py`` reorders the workspace into dq. With ``dq_alt`` (blk 128, the dQ
   writer warp and the staging tile) the warpgroups take turns instead: at step ``c``
   warpgroup ``c % 2`` waits for both dS^T halves, computes the whole ``64 x D`` dQ tile over
@@ -283,8 +287,11 @@ class BsaBwdSm90Ws:
                  lpt_chain: bool = False, persist: int = 0, persist_kv_at: int = -1,
                  persist_kv_l2: bool = True, dq_fixed: bool = False, l2_hint: int = 0,
                  uniform_frags: bool = True, wg_hand: bool = False, ld_scaled: bool = False,
-                 dv_wait: bool = False):
+                 dv_wait: bool = False, dk_lag: bool = False):
         self.pdl = pdl
+        # a step's dK GEMM is issued in the next step, after its S^T / dP^T GEMMs (module
+        # doc); the caller sets it only at blk 128 on the default dQ path
+        self.dk_lag = dk_lag
         # where dQ and dK are issued together: the dK GEMM is issued once the dV GEMM has
         # completed (dQ issued, wait, dK issued) instead of right after dQ
         self.dv_wait = dv_wait
@@ -1056,6 +1063,13 @@ class BsaBwdSm90Ws:
         if cutlass.const_expr(self.persist):
             # every item takes a turn of the K / V pipeline (an empty one too)
             pipe_kv.consumer_wait(j)
+        # dk_lag: the previous step's dS^T fragment, its ring count and whether there is one
+        lag_dS = None
+        lag_c = Int32(0)
+        lag_on = Int32(0)
+        if cutlass.const_expr(self.dk_lag):
+            lag_dS = cute.make_rmem_tensor(
+                acc_layout_as_a(thr_s.make_fragment_C(s_shape).layout, a_vals), self.dtype)
         for e in cutlass.range(n_ent, unroll=1):
             ent = ent_nxt
             if cutlass.const_expr(self.order_stream):
@@ -1103,6 +1117,13 @@ class BsaBwdSm90Ws:
                             lse2[cc] = sLD[tScS[0, cc][1], 0, stg]
                     mma_s = kvb.issue_s_dp(mma_s, acc_S, acc_dP, tSrK, tSrV, tSrQ, tSrdO,
                                            stg)
+                    if cutlass.const_expr(self.dk_lag):
+                        # the previous step's dK GEMM (a group in every step, empty after
+                        # the block's first)
+                        warpgroup.fence()
+                        if lag_on != 0:
+                            kvb.issue_dk_ops(mma_kv, acc_dK, lag_dS, tKrQ, pipe_q.stage(lag_c))
+                        warpgroup.commit_group()
                     if cutlass.const_expr(not self.lse_early):
                         # read under the GEMMs
                         for cc in cutlass.range_constexpr(n_cols):
@@ -1111,7 +1132,7 @@ class BsaBwdSm90Ws:
                                 lse2[cc] = lse2[cc] * LOG2_E
                     S_mn = acc_mn_view_wg(acc_S)
                     dP_mn = acc_mn_view_wg(acc_dP)
-                    warpgroup.wait_group(1)
+                    warpgroup.wait_group(2 if self.dk_lag else 1)
                     if cutlass.const_expr(self.lse_early and not self.ld_scaled):
                         for cc in cutlass.range_constexpr(n_cols):
                             lse2[cc] = lse2[cc] * LOG2_E
@@ -1135,7 +1156,7 @@ class BsaBwdSm90Ws:
                         cute.make_tensor(tP.iterator, acc_S.layout).store(
                             acc_S.load().to(self.dtype))
                         pipe_q.consumer_wait(c)
-                    warpgroup.wait_group(0)
+                    warpgroup.wait_group(1 if self.dk_lag else 0)
                     for r in cutlass.range_constexpr(n_rows):
                         for cc in cutlass.range_constexpr(n_cols):
                             if cutlass.const_expr(self.ld_scaled):
@@ -1206,10 +1227,24 @@ class BsaBwdSm90Ws:
                             # in flight: dV, dQ; dK once dV has completed
                             warpgroup.wait_group(1)
                             kvb.issue_dk(mma_kv, acc_dK, tdS, tKrQ, stg)
+                        elif cutlass.const_expr(self.dk_lag):
+                            mma_dq = kvb.issue_dq(mma_dq, acc_dQ, tQrdS, tQrK, buf)
                         else:
                             mma_dq = kvb.issue_dq_dk(mma_dq, mma_kv, acc_dQ, acc_dK, tQrdS,
                                                      tQrK, tdS, tKrQ, buf, stg)
-                        warpgroup.wait_group(1)
+                        if cutlass.const_expr(self.dk_lag):
+                            # the previous step's dK, this step's dV and dQ have completed:
+                            # its Q / dO stage goes back to the producer, this step's dS^T
+                            # waits for the next step
+                            warpgroup.wait_group(0)
+                            kvb.keep_regs(lag_dS)
+                            if lag_on != 0:
+                                pipe_q.consumer_release(lag_c)
+                            lag_dS.store(tdS.load())
+                            lag_c = c
+                            lag_on = Int32(1)
+                        else:
+                            warpgroup.wait_group(1)
 
                         if cutlass.const_expr(self.dq_tile):
                             # the warp's slice (rows 16 rg .., the warpgroup's columns) in
@@ -1307,11 +1342,21 @@ class BsaBwdSm90Ws:
                         if cutlass.const_expr(not self.dq_late):
                             # (dq_late: kept once the dV / dK GEMMs completed, before dQ)
                             kvb.keep_regs(tP, tdS)
-                    if cutlass.const_expr(not (self.writer and self.dq_alias)):
+                    if cutlass.const_expr(not (self.writer and self.dq_alias)
+                                          and not self.dk_lag):
                         # (the writer with dq_alias: the writer warp releases the stage
-                        # that holds the staged dQ slices)
+                        # that holds the staged dQ slices; dk_lag: the next step releases it)
                         pipe_q.consumer_release(c)
                     c += 1
+        if cutlass.const_expr(self.dk_lag):
+            # the block's last dK GEMM, then its stage
+            if lag_on != 0:
+                warpgroup.fence()
+                kvb.issue_dk_ops(mma_kv, acc_dK, lag_dS, tKrQ, pipe_q.stage(lag_c))
+                warpgroup.commit_group()
+                warpgroup.wait_group(0)
+                kvb.keep_regs(lag_dS)
+                pipe_q.consumer_release(lag_c)
         return c
 
     @cute.jit

@@ -138,9 +138,14 @@ def issue_dq_dk(mma_dq, mma_kv, acc_dQ, acc_dK, tQrdS, tQrK, tdS, tKrQ, buf, sta
 def issue_dk(mma_kv, acc_dK, tdS, tKrQ, stage):
     """``dK += dS^T Q`` (dS^T from registers, Q of stage ``stage``): one wgmma group."""
     warpgroup.fence()
+    issue_dk_ops(mma_kv, acc_dK, tdS, tKrQ, stage)
+    warpgroup.commit_group()
+
+
+def issue_dk_ops(mma_kv, acc_dK, tdS, tKrQ, stage):
+    """The wgmma of ``dK += dS^T Q`` without the fence and the group commit (the caller's)."""
     for k in range(cute.size(tdS, mode=[2])):
         cute.gemm(mma_kv, acc_dK, tdS[None, None, k], tKrQ[None, None, k, stage], acc_dK)
-    warpgroup.commit_group()
 
 
 def issue_dq(mma_dq, acc_dQ, tQrdS, tQrK, buf):
@@ -233,14 +238,13 @@ def stage_as_f32(st, stage, bm: int, d: int):
             cute.recast_ptr(st.sdO.data_ptr() + stage * (bm * d), dtype=cutlass.Float32))
 
 
-def keep_regs(tP, tdS):
-    """P^T and dS^T registers stay allocated until the GEMMs reading them have completed."""
-    tP32 = cute.recast_tensor(tP, cutlass.Uint32)
-    for e in range(cute.size(tP32)):
-        tP32[e] = hc.keep_u32(tP32[e])
-    tdS32 = cute.recast_tensor(tdS, cutlass.Uint32)
-    for e in range(cute.size(tdS32)):
-        tdS32[e] = hc.keep_u32(tdS32[e])
+def keep_regs(*frags):
+    """Register operands (P^T, dS^T) stay allocated until the GEMMs reading them have
+    completed."""
+    for t in frags:
+        t32 = cute.recast_tensor(t, cutlass.Uint32)
+        for e in range(cute.size(t32)):
+            t32[e] = hc.keep_u32(t32[e])
 
 
 @cute.jit
@@ -327,5 +331,6 @@ def store_dk_dv_smem(acc_dK, acc_dV, thr_kv, bn: cutlass.Constexpr, d: cutlass.C
     smem_rows_to_gmem(sV_st + r0 * rs, ctid % 128, 128, mdV_b, r0, kv_left - r0, 64, d, dtype)
 
 
-__all__ = ["check_epi_smem_fit", "ds_kmajor_layout", "ds_store_copy", "issue_dq_dk", "issue_dv", "issue_s_dp", "keep_regs", "layouts",
+__all__ = ["check_epi_smem_fit", "ds_kmajor_layout", "ds_store_copy", "issue_dk", "issue_dk_ops",
+           "issue_dq", "issue_dq_dk", "issue_dv", "issue_s_dp", "keep_regs", "layouts",
            "red_add_rows", "red_add_rows_v4", "smem_views", "store_dk_dv", "store_dk_dv_smem"]
