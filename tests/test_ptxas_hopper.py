@@ -59,6 +59,8 @@ _PTX_CONFIGS = {
                           {"dtype": "float16", "max_seqlen": 4096}),
     # blk 64 / D 128, the default backward (dQ issued after the dV / dK GEMMs)
     "bsa-bwd-blk64": ("_bsa_bwd_text", (1,), None, {"ws": "", "deterministic": False}),
+    # blk 128 / D 128 with the previous step's dK GEMM issued after the S^T / dP^T GEMMs
+    "bsa-bwd-blk128-dklag": ("_bsa_bwd_text", (0,), None, {"ws": "dklag"}),
 }
 
 
@@ -137,6 +139,20 @@ def test_bsa_bwd_dq_late_ptxas_no_serialized_wgmma(kept_ptx, tmp_path):
     GEMMs, and ptxas assembles the kernel without serializing the wgmma for lack of
     registers (C7512) and without spills."""
     path, _ = _kernel_ptx(kept_ptx, "bsa-bwd-blk64", "BsaBwdSm90Ws")
+    out = _ptxas(path, tmp_path)
+    assert "C7512" not in out and "C7513" not in out, out[-3000:]
+    spills = [int(x) for x in re.findall(r"(\d+) bytes spill stores", out)]
+    assert spills and max(spills) == 0, out[-3000:]
+
+
+@pytest.mark.skipif(shutil.which("ptxas") is None, reason="ptxas is not installed")
+def test_bsa_bwd_dklag_ptxas_no_serialized_wgmma(kept_ptx, tmp_path):
+    """blk 128 / D 128 with ``bsa_bwd_ws=dklag``: the previous step's dS^T fragment (16 more
+    registers) is live next to the S^T / dP^T accumulators and read by the dK GEMM in flight
+    under the step's score work; ptxas assembles it without serializing the wgmma (C7512,
+    C7513) and without spills."""
+    path, text = _kernel_ptx(kept_ptx, "bsa-bwd-blk128-dklag", "BsaBwdSm90Ws")
+    assert re.search(r"wgmma\.wait_group\.sync\.aligned\s+2;", text)
     out = _ptxas(path, tmp_path)
     assert "C7512" not in out and "C7513" not in out, out[-3000:]
     spills = [int(x) for x in re.findall(r"(\d+) bytes spill stores", out)]

@@ -290,7 +290,11 @@ class BsaBwdSm90Ws:
                  dv_wait: bool = False, dk_lag: bool = False):
         self.pdl = pdl
         # a step's dK GEMM is issued in the next step, after its S^T / dP^T GEMMs (module
-        # doc); the caller sets it only at blk 128 on the default dQ path
+        # doc): blk 128 on the default dQ path only
+        if dk_lag and (block_size != 128 or deterministic or dq_alias or dq_alt or decouple
+                       or dv_wait or persist):
+            raise ValueError("dk_lag needs blk 128 and the default dQ path (not deterministic, "
+                             "dq_alias, dq_alt, decouple, dv_wait or persist)")
         self.dk_lag = dk_lag
         # where dQ and dK are issued together: the dK GEMM is issued once the dV GEMM has
         # completed (dQ issued, wait, dK issued) instead of right after dQ
@@ -1118,12 +1122,15 @@ class BsaBwdSm90Ws:
                     mma_s = kvb.issue_s_dp(mma_s, acc_S, acc_dP, tSrK, tSrV, tSrQ, tSrdO,
                                            stg)
                     if cutlass.const_expr(self.dk_lag):
-                        # the previous step's dK GEMM (a group in every step, empty after
-                        # the block's first)
-                        warpgroup.fence()
+                        # the previous step's dK GEMM: a third group in every step, empty in
+                        # the block's first (each branch commits its own, so that ptxas
+                        # closes the dK group at its last wgmma)
                         if lag_on != 0:
+                            warpgroup.fence()
                             kvb.issue_dk_ops(mma_kv, acc_dK, lag_dS, tKrQ, pipe_q.stage(lag_c))
-                        warpgroup.commit_group()
+                            warpgroup.commit_group()
+                        else:
+                            warpgroup.commit_group()
                     if cutlass.const_expr(not self.lse_early):
                         # read under the GEMMs
                         for cc in cutlass.range_constexpr(n_cols):
@@ -1338,8 +1345,10 @@ class BsaBwdSm90Ws:
                             if cutlass.const_expr(self.deterministic):
                                 cute.arch.barrier_arrive(barrier_id=3,
                                                          number_of_threads=128 * nwg + 32)
-                        warpgroup.wait_group(0)
-                        if cutlass.const_expr(not self.dq_late):
+                        if cutlass.const_expr(not self.dk_lag):
+                            # (dk_lag: every GEMM of the step has completed above)
+                            warpgroup.wait_group(0)
+                        if cutlass.const_expr(not self.dq_late and not self.dk_lag):
                             # (dq_late: kept once the dV / dK GEMMs completed, before dQ)
                             kvb.keep_regs(tP, tdS)
                     if cutlass.const_expr(not (self.writer and self.dq_alias)
