@@ -168,6 +168,20 @@ def tma_copy_policies(text):
     return out
 
 
+def assert_wgmma_groups_in_block(text):
+    """Every ``wgmma.commit_group`` of the PTX ``text`` that follows a ``wgmma.mma_async``
+    (since the previous commit) is in the basic block of the last of them (no branch label
+    between): ptxas closes a wgmma group at the last wgmma of its basic block, so a commit
+    past a label becomes an extra empty group and every ``wgmma.wait_group N`` after it
+    waits for one group more than the kernel means. Returns the number of commits."""
+    segs = re.split(r"wgmma\.commit_group", text)[:-1]
+    for seg in segs:
+        tail = seg.rsplit("wgmma.mma_async", 1)
+        if len(tail) == 2:
+            assert not re.search(r"^\$L__BB\w+:", tail[1], re.M), tail[1][-400:]
+    return len(segs)
+
+
 def assert_wg_hand_barriers(hand, base):
     """The dQ writer's per-warpgroup hand-back in the PTX ``hand``: named barriers 2 / 11
     (staged) and 5 / 10 (handed back) synced and arrived on with 128 + 32 threads, none of

@@ -725,3 +725,16 @@ def test_bsa_det_overlap_needs_a_workspace_the_launch_zeroes(monkeypatch, heads,
     assert (heads * s * d <= ffi_bsa._MAX_ZERO_ELEMS) == overlap
     assert seen == ([("stream", True)] if overlap else [("pre", True), ("stream", False)])
     assert "\\7FELF" in txt
+
+
+def test_bsa_sm90ws_fwd_wgmma_groups_in_block(kept_ptx):
+    """Every kept sm90ws forward kernel commits each wgmma group in the basic block of its
+    last wgmma (``kept_ptx.assert_wgmma_groups_in_block``), so its waits count the groups it
+    means."""
+    import kept_ptx as kp  # noqa: PLC0415
+
+    n = 0
+    for name in _PTX_CONFIGS:
+        texts = [t for t in kp.ptx_of(kept_ptx, name).values() if "wgmma.mma_async" in t]
+        n += bool(texts) and all(kp.assert_wgmma_groups_in_block(t) > 0 for t in texts)
+    assert n == len(_PTX_CONFIGS), n

@@ -633,14 +633,11 @@ def test_bsa_bwd_ws_dklag(kept_ptx):
     assert lag.count("wgmma.mma_async") == base.count("wgmma.mma_async") + 4
     # per unrolled step a commit in each branch of the previous-dK issue, and the flush's
     assert lag.count("wgmma.commit_group") == base.count("wgmma.commit_group") + 3
-    # every group is committed in the basic block of its last wgmma (a branch label between
-    # them makes ptxas close the group at that wgmma and add an empty group at the commit,
-    # and the step's wait_group counts then cover one group more than intended)
+    # every group is committed in the basic block of its last wgmma
+    import kept_ptx as kp  # noqa: PLC0415
+
     for text in (base, lag):
-        for seg in re.split(r"wgmma\.commit_group", text)[:-1]:
-            tail = seg.rsplit("wgmma.mma_async", 1)
-            if len(tail) == 2:
-                assert not re.search(r"^\$L__BB\w+:", tail[1], re.M), tail[1][-400:]
+        assert kp.assert_wgmma_groups_in_block(text) > 0
     red = "cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32"
     for op in ("cp.async.bulk.tensor", red, "ex2.approx", "stmatrix"):
         assert lag.count(op) == base.count(op) > 0, op
@@ -1047,3 +1044,16 @@ def test_bsa_bwd_ws_persist_ptx(kept_ptx):
     assert "st.global.v4" in persist
     regs = _ws_ptx(kept_ptx, "persist-epiregs-blk128")
     assert regs.count(atom) == 2 and "st.global.b32" in regs and "st.global.b32" not in persist
+
+
+def test_bsa_bwd_ws_wgmma_groups_in_block(kept_ptx):
+    """Every kept sm90ws backward kernel commits each wgmma group in the basic block of its
+    last wgmma (``kept_ptx.assert_wgmma_groups_in_block``), so its waits count the groups it
+    means."""
+    import kept_ptx as kp  # noqa: PLC0415
+
+    n = 0
+    for name in _PTX_CONFIGS:
+        texts = [t for t in kp.ptx_of(kept_ptx, name).values() if "BsaBwdSm90Ws" in t]
+        n += bool(texts) and all(kp.assert_wgmma_groups_in_block(t) > 0 for t in texts)
+    assert n >= len(_PTX_CONFIGS) // 2, n

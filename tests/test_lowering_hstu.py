@@ -1326,3 +1326,16 @@ def test_hstu_bwd_sm90_wghand_key_and_ptx(kept_ptx):
     assert hand.count(red) == base.count(red) == 8
     assert hand.count("wgmma.mma_async") == base.count("wgmma.mma_async") > 0
     assert re.search(r"bar\.sync\s+11, 160;", _bwd_ptx(kept_ptx, "bwd-64-bfloat16-window-wghand"))
+
+
+def test_hstu_wgmma_groups_in_block(kept_ptx):
+    """Every kept Hopper HSTU kernel (forward and backward) commits each wgmma group in the
+    basic block of its last wgmma (``kept_ptx.assert_wgmma_groups_in_block``), so its waits
+    count the groups it means."""
+    import kept_ptx as kp  # noqa: PLC0415
+
+    n = 0
+    for name in _PTX_CONFIGS:
+        texts = [t for t in kp.ptx_of(kept_ptx, name).values() if "wgmma.mma_async" in t]
+        n += bool(texts) and all(kp.assert_wgmma_groups_in_block(t) > 0 for t in texts)
+    assert n >= len(_PTX_CONFIGS) // 2, n
