@@ -182,6 +182,16 @@ def assert_wgmma_groups_in_block(text):
     return len(segs)
 
 
+def configs_with_groups_in_block(out, names, needle="wgmma.mma_async"):
+    """:func:`assert_wgmma_groups_in_block` on every kept PTX file of the configurations
+    ``names`` that holds ``needle``; returns how many configurations had such a file."""
+    n = 0
+    for name in names:
+        texts = [t for t in ptx_of(out, name).values() if needle in t]
+        n += bool(texts) and all(assert_wgmma_groups_in_block(t) > 0 for t in texts)
+    return n
+
+
 def assert_wg_hand_barriers(hand, base):
     """The dQ writer's per-warpgroup hand-back in the PTX ``hand``: named barriers 2 / 11
     (staged) and 5 / 10 (handed back) synced and arrived on with 128 + 32 threads, none of

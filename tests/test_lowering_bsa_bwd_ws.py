@@ -1052,8 +1052,5 @@ def test_bsa_bwd_ws_wgmma_groups_in_block(kept_ptx):
     means."""
     import kept_ptx as kp  # noqa: PLC0415
 
-    n = 0
-    for name in _PTX_CONFIGS:
-        texts = [t for t in kp.ptx_of(kept_ptx, name).values() if "BsaBwdSm90Ws" in t]
-        n += bool(texts) and all(kp.assert_wgmma_groups_in_block(t) > 0 for t in texts)
+    n = kp.configs_with_groups_in_block(kept_ptx, _PTX_CONFIGS, "BsaBwdSm90Ws")
     assert n >= len(_PTX_CONFIGS) // 2, n
