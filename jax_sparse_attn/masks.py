@@ -353,8 +353,8 @@ def topk_block_index(q, k, top_k: int, *, sparse_block_size: int = 128, layout: 
     if Bk != B or Dk != D:
         raise ValueError(f"k must have q's batch size {B} and head dim {D} (layout={layout!r} "
                          f"{desc}), got batch {Bk} and head dim {Dk}")
-    if Hq < 1 or Hkv < 1:
-        raise ValueError(f"q and k need at least one head each, got H_q={Hq} and H_kv={Hkv}")
+    if Hkv < 1:
+        raise ValueError(f"k needs at least one KV head (H_kv >= 1), got H_kv={Hkv} (H_q={Hq})")
     if Hq % Hkv:
         raise ValueError(f"H_q={Hq} must be a multiple of H_kv={Hkv}")
     if Skv < 1:

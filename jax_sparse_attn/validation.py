@@ -573,8 +573,9 @@ def check_bsa_args(q, k, v, q2k_block_index, block_sparse_num=None, block_sizes=
         raise ValueError(f"head dims must be >= 1, got D={D} (q, k) and D_v={Dv} (v)")
     if (Hv, Sv) != (Hkv, Skv):
         raise ValueError(f"v must have the same heads and length as k ({Hkv}, {Skv}), got ({Hv}, {Sv})")
-    if Hq < 1 or Hkv < 1:
-        raise ValueError(f"q and k need at least one head each, got H_q={Hq} and H_kv={Hkv}")
+    if Hkv < 1:
+        raise ValueError(f"k and v need at least one KV head (H_kv >= 1), got H_kv={Hkv} "
+                         f"(H_q={Hq})")
     if Hq % Hkv != 0:
         raise ValueError(f"the number of query heads {Hq} must be a multiple of the KV heads {Hkv} (GQA)")
     blk = _static_int("sparse_block_size", sparse_block_size)

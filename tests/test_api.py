@@ -243,10 +243,10 @@ def test_bsa_bad_inputs():
     _raises(TypeError, r"one dtype; q is float32 but v is float16", f, q, k, v.astype(jnp.float16), idx, **kw)
     _raises(ValueError, r"multiple of the KV heads", f, q[:, :1].repeat(3, 1), k.repeat(2, 1),
             v.repeat(2, 1), idx, **kw)
-    _raises(ValueError, r"at least one head each, got H_q=0 and H_kv=0", f, q[:, :0], k[:, :0],
-            v[:, :0], idx[:, :0], **kw)
-    _raises(ValueError, r"at least one head each, got H_q=2 and H_kv=0", f, q, k[:, :0], v[:, :0],
-            idx, **kw)
+    _raises(ValueError, r"at least one KV head \(H_kv >= 1\), got H_kv=0 \(H_q=0\)", f, q[:, :0],
+            k[:, :0], v[:, :0], idx[:, :0], **kw)
+    _raises(ValueError, r"at least one KV head \(H_kv >= 1\), got H_kv=0 \(H_q=2\)", f, q,
+            k[:, :0], v[:, :0], idx, **kw)
     _raises(ValueError, r"exactly one of block_sparse_num", f, q, k, v, idx, sparse_block_size=64)
     _raises(ValueError, r"exactly one of block_sparse_num", f, q, k, v, idx, block_sparse_num=1,
             q2k_block_nums=jnp.ones((1, 2, 2), jnp.int32), sparse_block_size=64)

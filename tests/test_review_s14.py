@@ -258,10 +258,10 @@ def _mask_cases():
                           lambda: masks.topk_block_index(q, q[..., :8], 2)),
         "topk_batch": (ValueError, "k must have q's batch size 1",
                        lambda: masks.topk_block_index(q, jnp.concatenate([q, q]), 2)),
-        "topk_no_kv_heads": (ValueError, "need at least one head each, got H_q=2 and H_kv=0",
+        "topk_no_kv_heads": (ValueError, r"at least one KV head \(H_kv >= 1\), got H_kv=0 \(H_q=2\)",
                              lambda: masks.topk_block_index(q, q[:, :0], 2)),
-        "topk_no_q_heads": (ValueError, "need at least one head each, got H_q=0 and H_kv=0",
-                            lambda: masks.topk_block_index(q[:, :0], q[:, :0], 2)),
+        "topk_no_heads": (ValueError, r"at least one KV head \(H_kv >= 1\), got H_kv=0 \(H_q=0\)",
+                          lambda: masks.topk_block_index(q[:, :0], q[:, :0], 2)),
         "topk_no_keys": (ValueError, "S_kv >= 1",
                          lambda: masks.topk_block_index(q, q[:, :, :0], 2)),
         # transpose_block_index
