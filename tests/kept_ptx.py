@@ -124,6 +124,31 @@ def keep_ptx(out, module, configs, *, env=None, first=None, timeout=1800):
     return out
 
 
+def keep_ptx_shared(tmp_path_factory, key, module, configs, **kw):
+    """:func:`keep_ptx` once per test session for ``key`` (the calling test file), shared by
+    the pytest-xdist workers: the first worker to get here lowers into a directory under the
+    workers' common temporary root while holding a file lock, the others wait for the lock
+    and read the same directory (a failed attempt leaves no ``done`` marker, so the next one
+    lowers again)."""
+    import fcntl  # noqa: PLC0415
+    import shutil  # noqa: PLC0415
+
+    base = tmp_path_factory.getbasetemp()
+    root = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+    out = root / f"kept_ptx_{key}"
+    with open(root / f"kept_ptx_{key}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            if (out / "done").exists():
+                return out
+            shutil.rmtree(out, ignore_errors=True)
+            keep_ptx(out, module, configs, **kw)
+            (out / "done").write_text("")
+            return out
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+
 def _config_dir(out, name):
     d = pathlib.Path(out) / name
     err = d / "error.txt"

@@ -125,7 +125,8 @@ def kept_ptx(tmp_path_factory):
     """The PTX kept while lowering :data:`_PTX_CONFIGS` in one fresh process."""
     import kept_ptx as kp  # noqa: PLC0415
 
-    return kp.keep_ptx(tmp_path_factory.mktemp("kept_ptx"), "test_kq_lists", _PTX_CONFIGS)
+    return kp.keep_ptx_shared(tmp_path_factory, "test_kq_lists", "test_kq_lists",
+                              _PTX_CONFIGS)
 
 
 def _kq_ptx(kept_ptx, name):

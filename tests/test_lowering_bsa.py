@@ -334,8 +334,8 @@ def kept_ptx(tmp_path_factory):
     import kept_ptx as kp  # noqa: PLC0415
 
     env = dict(JAX_SPARSE_ATTN_BSA_FWD_IMPL="sm90ws", JAX_SPARSE_ATTN_BSA_WS="")
-    return kp.keep_ptx(tmp_path_factory.mktemp("kept_ptx"), "test_lowering_bsa", _PTX_CONFIGS,
-                       env=env)
+    return kp.keep_ptx_shared(tmp_path_factory, "test_lowering_bsa", "test_lowering_bsa",
+                              _PTX_CONFIGS, env=env)
 
 
 @pytest.mark.parametrize("cfg", [WS_CONFIGS[0], WS_CONFIGS[1]], ids=lambda c: _ids(c))

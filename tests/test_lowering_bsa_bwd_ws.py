@@ -264,8 +264,8 @@ def kept_ptx(tmp_path_factory):
     in one fresh process (tests/kept_ptx.py)."""
     import kept_ptx as kp  # noqa: PLC0415
 
-    return kp.keep_ptx(tmp_path_factory.mktemp("kept_ptx"), "test_lowering_bsa_bwd_ws",
-                       _PTX_CONFIGS)
+    return kp.keep_ptx_shared(tmp_path_factory, "test_lowering_bsa_bwd_ws",
+                              "test_lowering_bsa_bwd_ws", _PTX_CONFIGS)
 
 
 def _ws_ptx(kept_ptx, name):

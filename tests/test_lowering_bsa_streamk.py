@@ -60,8 +60,8 @@ _PTX_CONFIGS = {
 def kept_ptx(tmp_path_factory):
     import kept_ptx as kp  # noqa: PLC0415
 
-    return kp.keep_ptx(tmp_path_factory.mktemp("kept_ptx"), "test_lowering_bsa_streamk",
-                       _PTX_CONFIGS)
+    return kp.keep_ptx_shared(tmp_path_factory, "test_lowering_bsa_streamk",
+                              "test_lowering_bsa_streamk", _PTX_CONFIGS)
 
 
 def _fwd_ptx(kept_ptx, name):

@@ -1089,8 +1089,8 @@ def kept_ptx(tmp_path_factory):
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     first = ((os.path.join(root, "scripts", "ws_ptx_hashes.py"), ["quick"])
              if _ws_hashes_apply() else None)
-    return kp.keep_ptx(tmp_path_factory.mktemp("kept_ptx"), "test_lowering_hstu", _PTX_CONFIGS,
-                       first=first)
+    return kp.keep_ptx_shared(tmp_path_factory, "test_lowering_hstu", "test_lowering_hstu",
+                              _PTX_CONFIGS, first=first)
 
 
 def _kept(kept_ptx, name):

@@ -113,7 +113,8 @@ def kept_ptx(tmp_path_factory):
     """The directory of the PTX and lowered text kept while lowering :data:`_PTX_CONFIGS`."""
     import kept_ptx as kp  # noqa: PLC0415
 
-    return kp.keep_ptx(tmp_path_factory.mktemp("kept_ptx"), "test_lowering_hstu", _PTX_CONFIGS)
+    return kp.keep_ptx_shared(tmp_path_factory, "test_lowering_hstu_bwd_d256",
+                              "test_lowering_hstu", _PTX_CONFIGS)
 
 
 @pytest.mark.lowering

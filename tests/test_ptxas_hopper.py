@@ -69,7 +69,8 @@ def kept_ptx(tmp_path_factory):
     """The directory of the PTX kept while lowering :data:`_PTX_CONFIGS`."""
     import kept_ptx as kp  # noqa: PLC0415
 
-    return kp.keep_ptx(tmp_path_factory.mktemp("kept_ptx"), "test_ptxas_hopper", _PTX_CONFIGS)
+    return kp.keep_ptx_shared(tmp_path_factory, "test_ptxas_hopper", "test_ptxas_hopper",
+                              _PTX_CONFIGS)
 
 
 def _kernel_ptx(kept_ptx, name, kernel):
