@@ -426,7 +426,7 @@ def _check_cu(name, cu, total, max_seqlen, max_name):
     if total is not None and cu[-1] > total:
         raise ValueError(f"{name}[-1]={cu[-1]} exceeds the number of tokens {total}")
     if lens.size and lens.max() > max_seqlen:
-        b = int(np.argmax(lens))
+        b = int(np.flatnonzero(lens > max_seqlen)[0])
         raise ValueError(
             f"{max_name}={max_seqlen} is smaller than sequence {b}'s length {int(lens[b])} "
             f"(from {name})"

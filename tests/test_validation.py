@@ -66,6 +66,10 @@ def test_hstu_bad_cu_seqlens_k_and_max_seqlen():
         validate_hstu_inputs(q, k, v, cu, cu, max_seqlen_q=6, max_seqlen_k=7)
     with pytest.raises(ValueError, match=r"max_seqlen_k=5 is smaller than sequence 2's length 7"):
         validate_hstu_inputs(q, k, v, cu, cu, max_seqlen_q=7, max_seqlen_k=5)
+    # the first sequence over the bound is named, not the longest
+    q, k, v, cu, _ = hstu_args(cu=(0, 4, 10))
+    with pytest.raises(ValueError, match=r"max_seqlen_q=3 is smaller than sequence 0's length 4"):
+        validate_hstu_inputs(q, k, v, cu, cu, max_seqlen_q=3, max_seqlen_k=6)
 
 
 def test_hstu_bad_func_endpoints():
