@@ -1,9 +1,12 @@
-"""cutlass_call adapters for the HSTU CuTe DSL kernels (see docs/design.md).
+"""JAX call adapters for the HSTU CuTe DSL kernels (see docs/design.md).
 
 ``hstu_fwd`` / ``hstu_bwd`` take ``jax.Array``s and the op's
 :class:`~jax_sparse_attn.config.HSTUConfig`, return ``jax.Array``s, are traceable under
 ``jax.jit``, contain no ``custom_vjp`` and do no value validation (the public layer in
-``jax_sparse_attn/hstu.py`` does). Every kernel launch goes onto XLA's stream through
+``jax_sparse_attn/hstu.py`` does). Every kernel launch goes onto XLA's stream through the
+call builder of the ``cute_call`` switch (:func:`jax_sparse_attn._cute_call.call_builder`):
+by default ``jax_sparse_attn._cute_call.cute_call`` (one CuTe DSL compile per compile key
+for every shape, the same FFI call target as ``cutlass_call``), with ``"per_shape"`` plain
 ``cutlass.jax.cutlass_call``; XLA owns all outputs and workspaces.
 
 Runtime values (never compile keys): ``cu_seqlens_*``, the tile schedules derived from
@@ -32,9 +35,10 @@ warps (64 x 64 at D = 256). docs/hstu.md has the sm90ws design and its measureme
 Schedules (built in :mod:`jax_sparse_attn.metadata`): the forward's schedule rows are its query
 tiles ordered longest-work-first (argsort of the visible key count); the persistent sm90ws grid
 walks (row, head) items in that order; the sm80 backward grid is ``(H, S)`` over KV tiles in
-canonical order, the sm90 backward's ``(S, H)`` (``hstu_bwd_order="hlpt"``, the default) or
+canonical order, the sm90 backward's ``(S, H)`` (``hstu_bwd_order="hlpt"``) or
 ``(H, S)`` (``lpt``) over KV tiles ordered longest work first, or ``(S, H)`` in canonical
-order (``seq``). A pseudo-sequence appended to ``cu_seqlens`` covers rows past
+order (``seq``); the default ``"auto"`` is ``lpt`` for ``deterministic=True`` at D <= 64,
+else ``hlpt``. A pseudo-sequence appended to ``cu_seqlens`` covers rows past
 ``cu_seqlens[-1]`` so the kernels write zeros there.
 
 Relative attention bias (``rab (B, H_rab, N_k, N_k)``, q's dtype or fp32): a presence flag
