@@ -165,7 +165,7 @@ def _parse_bsa_ws(var, raw):
 
 #: the flags of the sm90 HSTU backward's tuning switch (JAX_SPARSE_ATTN_HSTU_BWD_WS)
 HSTU_BWD_WS_FLAGS = ("splitwait", "epi16", "detzero", "dqclaim", "xlazero", "wgskip",
-                     "revheads", "epiregs", "thrfrags", "wghand")
+                     "revheads", "epiregs", "thrfrags", "wghand", "rab")
 _HSTU_BWD_WS_ALLOWED = ("comma list of " + ", ".join(HSTU_BWD_WS_FLAGS)
                         + ", convert=N (query rows: 1..65536), chunk=N (KiB: 0..1048576)")
 _parse_hstu_bwd_ws = _parse_option_list(HSTU_BWD_WS_FLAGS,
@@ -334,8 +334,8 @@ SWITCHES = (
             "paged KV: XLA clips the page ids)"),
     _choice("hstu_bwd_impl", "JAX_SPARSE_ATTN_HSTU_BWD_IMPL", ("sm90", "sm80"),
             "HSTU backward kernel: sm90 (warp-specialized TMA producer warp + two wgmma "
-            "consumer warpgroups; D = D_v in {64, 128, 256} without rab, other calls run sm80 "
-            "and "
+            "consumer warpgroups; D = D_v in {64, 128, 256} without rab, with rab only where "
+            "hstu_bwd_ws has 'rab' (D = D_v in {64, 128}); other calls run sm80 and "
             "the compile key records it), sm80 (mma.sync, cp.async; every head dim, with rab)"),
     _choice("hstu_bwd_dq", "JAX_SPARSE_ATTN_HSTU_BWD_DQ",
             ("tile", "red", "bulk", "red4"),
@@ -395,7 +395,13 @@ SWITCHES = (
            "the dQ tile workspace at D <= 128, not dqclaim: the writer takes each consumer "
            "warpgroup's half of the staged dQ tile on its own and hands it back once its "
            "bulk reductions have read it, so a warpgroup never waits at a barrier for the "
-           "other one's dQ; opt-in: level with the default on the H100)"),
+           "other one's dQ; opt-in: level with the default on the H100), rab (calls with a "
+           "relative attention bias run the sm90 backward at D = D_v in {64, 128}, else "
+           "they run sm80: each consumer thread loads its bias elements in the accumulator "
+           "layout after issuing the score GEMMs and writes d rab as sm80 does (direct stores "
+           "with H_rab = H or deterministic=True, fp32 red.add into the shared workspace with "
+           "H_rab = 1); with rab the dq workspace is zeroed, so detzero is implied and "
+           "dqclaim / convert=N are ignored; opt-in, not yet measured on a GPU)"),
     Switch("hstu_bwd_tile", "JAX_SPARSE_ATTN_HSTU_BWD_TILE", _TILE, _parse_tile, None,
            "HSTU sm80 backward tile override (tuning; with sm90, the default, it is an error "
            "except for calls that sm90 routes to sm80: set hstu_bwd_impl=sm80 as well)"),

@@ -608,10 +608,19 @@ def _ws_tma_o_applied(cfg):
 SM90_BWD_HEAD_DIMS = (64, 128, 256)
 
 
-def bwd_sm90_unsupported_reason(head_dim, head_dim_v, has_rab) -> str | None:
-    """``None`` if the sm90 backward takes this static configuration, else why it runs sm80."""
-    if has_rab:
-        return "the sm90 backward has no relative attention bias"
+#: head dims (D = D_v) of the sm90 backward with a relative attention bias (hstu_bwd_ws "rab")
+SM90_BWD_RAB_HEAD_DIMS = (64, 128)
+
+
+def bwd_sm90_unsupported_reason(head_dim, head_dim_v, has_rab, rab_sm90=False) -> str | None:
+    """``None`` if the sm90 backward takes this static configuration, else why it runs sm80.
+    ``rab_sm90``: the hstu_bwd_ws flag "rab" (calls with rab may run the sm90 backward)."""
+    if has_rab and not rab_sm90:
+        return ("the sm90 backward takes a relative attention bias only with the hstu_bwd_ws "
+                "flag 'rab' (JAX_SPARSE_ATTN_HSTU_BWD_WS)")
+    if has_rab and not (head_dim == head_dim_v and head_dim in SM90_BWD_RAB_HEAD_DIMS):
+        return (f"the sm90 backward with a relative attention bias takes head_dim = head_dim_v "
+                f"in {SM90_BWD_RAB_HEAD_DIMS}, got {head_dim}, {head_dim_v} (padded)")
     if head_dim != head_dim_v or head_dim not in SM90_BWD_HEAD_DIMS:
         return (f"the sm90 backward takes head_dim = head_dim_v in {SM90_BWD_HEAD_DIMS}, got "
                 f"{head_dim}, {head_dim_v} (padded)")
@@ -683,7 +692,8 @@ def gqa_unsupported_reason(head_dim, head_dim_v, has_rab, switches, paged=False)
     if getattr(switches, "hstu_bwd_impl", "sm80") != "sm90":
         return ("grouped KV heads (H_kv < H) need the sm90 backward; hstu_bwd_impl="
                 f"{switches.hstu_bwd_impl!r} (JAX_SPARSE_ATTN_HSTU_BWD_IMPL) has none")
-    reason = bwd_sm90_unsupported_reason(head_dim, head_dim_v, has_rab)
+    reason = bwd_sm90_unsupported_reason(head_dim, head_dim_v, has_rab,
+                                         "rab" in getattr(switches, "hstu_bwd_ws", ()))
     if reason is not None:
         return (f"grouped KV heads (H_kv < H) need the sm90 backward, which does not take "
                 f"this call: {reason}")
@@ -718,6 +728,7 @@ def bwd_config(dtype, head_dim, head_dim_v, func_n, switches, *, has_rab=False,
                 det_store="detzero" not in getattr(switches, "hstu_bwd_ws", ()))
     elif key.impl == "sm90" and key.dq_tile:
         writer = getattr(switches, "dq_writer", "auto")
+        # (with rab the workspace is zeroed: no claims, see below)
         claim = "dqclaim" in getattr(switches, "hstu_bwd_ws", ())
         if claim or writer == "on" or (writer == "auto" and head_dim > 128):
             key = dataclasses.replace(key, dq_writer=True, dq_claim=claim)
@@ -728,6 +739,11 @@ def bwd_config(dtype, head_dim, head_dim_v, func_n, switches, *, has_rab=False,
                 if o.startswith("convert=")]
         if conv and head_dim <= 128:
             key = dataclasses.replace(key, dq_convert_rows=conv[0])
+    if key.impl == "sm90" and key.has_rab:
+        # with rab the fp32 dq workspace is zeroed (by XLA or the schedule launch) and
+        # reordered by the dq tile kernel: no first-contribution stores, claims or in-kernel
+        # conversion
+        key = dataclasses.replace(key, det_store=False, dq_claim=False, dq_convert_rows=0)
     return key
 
 
@@ -742,7 +758,8 @@ def _bwd_config(dtype, head_dim, head_dim_v, func_n, switches, *, has_rab=False,
                        rab_per_head=rab_per_head, rab_dtype=rab_dtype),
             replaced_impl="sm90")
     if impl == "sm90":
-        if bwd_sm90_unsupported_reason(head_dim, head_dim_v, has_rab) is None:
+        if bwd_sm90_unsupported_reason(head_dim, head_dim_v, has_rab,
+                                       "rab" in getattr(switches, "hstu_bwd_ws", ())) is None:
             if switches.hstu_bwd_tile is not None:
                 raise ValueError(
                     f"JAX_SPARSE_ATTN_HSTU_BWD_TILE / Switches.hstu_bwd_tile="
@@ -773,7 +790,9 @@ def _bwd_config(dtype, head_dim, head_dim_v, func_n, switches, *, has_rab=False,
                                  epi_smem=head_dim <= 128 and not {"epiregs", "epi16"} & set(
                                      getattr(switches, "hstu_bwd_ws", ())),
                                  uniform_frags="thrfrags" not in getattr(
-                                     switches, "hstu_bwd_ws", ()))
+                                     switches, "hstu_bwd_ws", ()),
+                                 has_rab=bool(has_rab), rab_per_head=bool(rab_per_head),
+                                 rab_dtype=rab_dtype if has_rab else "")
         return dataclasses.replace(
             _bwd_config(dtype, head_dim, head_dim_v, func_n,
                        dataclasses.replace(switches, hstu_bwd_impl="sm80"), has_rab=has_rab,
@@ -916,11 +935,16 @@ def _bwd_rab_adapter():
                             func, scal, win, dq_acc, rab, drab, dk, dv,
                             *, cfg: cutlass.Constexpr):
         # dq_acc and drab are aliased to outputs 2 and 3 (initialised by XLA)
-        HstuBwdSm80(_dt(cfg.dtype), cfg.head_dim, cfg.head_dim_v, cfg.block_m, cfg.block_n,
-                    cfg.num_warps, cfg.has_func, cfg.func_n, has_rab=True,
-                    rab_per_head=cfg.rab_per_head, vec_red=cfg.vec_red)(
-            do, q, k, v, cu_q, cu_k, kv_tiles, q_tile_start, q_tiles, func, scal, win,
-            dq_acc, dk, dv, stream, rab, drab)
+        if cutlass.const_expr(cfg.impl == "sm90"):
+            _sm90_bwd_kernel(cfg)(do, q, k, v, cu_q, cu_k, kv_tiles, q_tile_start, q_tiles,
+                                  func, scal, win, dq_acc, dk, dv, stream, mRab=rab,
+                                  mdRab=drab)
+        else:
+            HstuBwdSm80(_dt(cfg.dtype), cfg.head_dim, cfg.head_dim_v, cfg.block_m,
+                        cfg.block_n, cfg.num_warps, cfg.has_func, cfg.func_n, has_rab=True,
+                        rab_per_head=cfg.rab_per_head, vec_red=cfg.vec_red)(
+                do, q, k, v, cu_q, cu_k, kv_tiles, q_tile_start, q_tiles, func, scal, win,
+                dq_acc, dk, dv, stream, rab, drab)
 
     return hstu_bwd_rab_launch
 
@@ -938,11 +962,17 @@ def _bwd_rab_det_adapter():
                                 *, cfg: cutlass.Constexpr):
         # deterministic: dq_acc, drab (per head) and the dq semaphores are aliased to
         # outputs 2, 3 and 4 (zero-initialised by XLA)
-        HstuBwdSm80(_dt(cfg.dtype), cfg.head_dim, cfg.head_dim_v, cfg.block_m, cfg.block_n,
-                    cfg.num_warps, cfg.has_func, cfg.func_n, has_rab=True,
-                    rab_per_head=cfg.rab_per_head, deterministic=True, vec_red=cfg.vec_red)(
-            do, q, k, v, cu_q, cu_k, kv_tiles, q_tile_start, q_tiles, func, scal, win,
-            dq_acc, dk, dv, stream, rab, drab, dq_sem)
+        if cutlass.const_expr(cfg.impl == "sm90"):
+            _sm90_bwd_kernel(cfg)(do, q, k, v, cu_q, cu_k, kv_tiles, q_tile_start, q_tiles,
+                                  func, scal, win, dq_acc, dk, dv, stream, mdQSem=dq_sem,
+                                  mRab=rab, mdRab=drab)
+        else:
+            HstuBwdSm80(_dt(cfg.dtype), cfg.head_dim, cfg.head_dim_v, cfg.block_m,
+                        cfg.block_n, cfg.num_warps, cfg.has_func, cfg.func_n, has_rab=True,
+                        rab_per_head=cfg.rab_per_head, deterministic=True,
+                        vec_red=cfg.vec_red)(
+                do, q, k, v, cu_q, cu_k, kv_tiles, q_tile_start, q_tiles, func, scal, win,
+                dq_acc, dk, dv, stream, rab, drab, dq_sem)
 
     return hstu_bwd_rab_det_launch
 
@@ -960,7 +990,8 @@ def _sm90_bwd_kernel(cfg):
                          epi_pairs=cfg.epi_pairs, det_store=cfg.det_store,
                          dq_claim=cfg.dq_claim, convert_rows=cfg.dq_convert_rows,
                          wg_skip=cfg.wg_skip, epi_smem=cfg.epi_smem,
-                         uniform_frags=cfg.uniform_frags, wg_hand=cfg.wg_hand)
+                         uniform_frags=cfg.uniform_frags, wg_hand=cfg.wg_hand,
+                         has_rab=cfg.has_rab, rab_per_head=cfg.rab_per_head)
     if (kernel.bm, kernel.bn) != (cfg.block_m, cfg.block_n):
         raise ValueError(f"hstu_bwd_sm90 tiles {(kernel.bm, kernel.bn)} differ from the "
                          f"compile key's {(cfg.block_m, cfg.block_n)}")
@@ -1567,6 +1598,8 @@ def hstu_bwd(do, q, k, v, cu_seqlens_q, cu_seqlens_k, func, cfg, rab=None, _drab
         dk, dv_out, dq_acc, drab = _bwd_rab_call(
             cfg, key, (do_p, q_p, k_p, v_p, cu_q, cu_k, kv_tiles, q_start, q_tiles, func_arr, scal,
                   win, dq_acc0), k, v, rab, _drab_init, sem0)
+        if key.dq_tile:  # the sm90 backward's query-tile workspace (bwd_config: zeroed)
+            dq_acc = _dq_tiles_call(cfg, key, dq_acc, cu_q, q_start, t_q, h, d, q.dtype)
         return dq_acc[..., :hd].astype(q.dtype), dk[..., :hd], dv_out[..., :hdv], drab
     out_sds = (
         jax.ShapeDtypeStruct(k_p.shape, k.dtype),
@@ -1626,17 +1659,22 @@ def hstu_bwd(do, q, k, v, cu_seqlens_q, cu_seqlens_k, func, cfg, rab=None, _drab
             rev_heads=key.dq_rev_heads, static_last_inputs=(0,), static_last_outputs=(0,))
         dq_acc = call(dq_acc, cu_q, q_start, sem)
     elif key.dq_tile:
-        # dq in q's dtype, reordered by kernels/hstu_dq_tiles.py (dq_from_tiles: the
-        # same in jnp)
-        call = _cutlass_call(cfg)(
-            _dq_tiles_adapter(), output_shape_dtype=jax.ShapeDtypeStruct((t_q, h, d), q.dtype),
-            compile_key=("hstu_dq_tiles", key.dtype, key.block_m, d, key.pdl,
-                         key.dq_rev_heads), dtype=key.dtype,
-            block_m=key.block_m, head_dim=d, pdl=key.pdl, rev_heads=key.dq_rev_heads,
-            static_last_inputs=(0,), static_last_outputs=(0,))
-        dq_acc = call(dq_acc, cu_q, q_start)
+        dq_acc = _dq_tiles_call(cfg, key, dq_acc, cu_q, q_start, t_q, h, d, q.dtype)
     grads = (dq_acc[..., :hd].astype(q.dtype), dk[..., :hd], dv_out[..., :hdv])
     return grads if rab is None else grads + (jnp.zeros_like(rab),)  # rab without elements
+
+
+def _dq_tiles_call(cfg, key, dq_acc, cu_q, q_start, t_q, h, d, dtype):
+    """dq ``(T_q, H, D)`` in ``dtype`` from the sm90 backward's query-tile workspace
+    (``dq_tile``), reordered by kernels/hstu_dq_tiles.py (:func:`dq_from_tiles`: the same in
+    jnp)."""
+    call = _cutlass_call(cfg)(
+        _dq_tiles_adapter(), output_shape_dtype=jax.ShapeDtypeStruct((t_q, h, d), dtype),
+        compile_key=("hstu_dq_tiles", key.dtype, key.block_m, d, key.pdl,
+                     key.dq_rev_heads), dtype=key.dtype,
+        block_m=key.block_m, head_dim=d, pdl=key.pdl, rev_heads=key.dq_rev_heads,
+        static_last_inputs=(0,), static_last_outputs=(0,))
+    return call(dq_acc, cu_q, q_start)
 
 
 def _bwd_convert_call(cfg, key, args, sem0, out_sds, q, t_q, h, d, cu_q, cu_k, q_start, hd,

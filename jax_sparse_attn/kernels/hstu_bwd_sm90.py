@@ -163,7 +163,8 @@ class HstuBwdSm90:
                  dq_vec4=False, head_major=False, dq_tile=False, pdl=False,
                  det_writer=False, dq_writer=False, split_wait=False, epi_pairs=False,
                  det_store=False, dq_claim=False, convert_rows=0, wg_skip=False,
-                 epi_smem=False, uniform_frags=True, wg_hand=False):
+                 epi_smem=False, uniform_frags=True, wg_hand=False, has_rab=False,
+                 rab_per_head=False):
         self.pdl = pdl
         # the consumers' shared-memory GEMM operands partitioned with a warp-uniform thread
         # index (kernels.common.kv_major_bwd_operands)
@@ -258,13 +259,23 @@ class HstuBwdSm90:
         # named barriers (staged: 2 / 11, handed back: 5 / 10, 128 + 32 threads), so a
         # warpgroup never waits for the other one's dQ at the staging barriers
         self.wg_hand = wg_hand and self.dq_writer and self.dq_tile and not self.dq_claim
+        # relative attention bias (D <= 128): rab (B, H_rab, N_k, N_k) read per thread in the
+        # accumulator layout, d rab written from g = dS^T / alpha (see _scores)
+        self.has_rab = has_rab
+        self.rab_per_head = rab_per_head
+        # d rab with one writer per element: per-head rab, or (deterministic) the per-head
+        # fp32 workspace; else fp32 red.add into the shared (B, 1, N_k, N_k_pad) workspace
+        self.drab_per_head = rab_per_head or deterministic
+        if has_rab and self.split_d:
+            raise NotImplementedError("hstu_bwd_sm90: rab at head_dim > 128")
         self.num_threads = 384
         self.regs_producer = 24
         self.regs_consumer = 240
 
     @cute.jit
     def __call__(self, mdO, mQ, mK, mV, mCuQ, mCuK, mKVTile, mQStart, mQTiles, mFunc, mScal,
-                 mWin, mdQacc, mdK, mdV, stream, mdQSem=None, mdQout=None, mCnt=None):
+                 mWin, mdQacc, mdK, mdV, stream, mdQSem=None, mdQout=None, mCnt=None,
+                 mRab=None, mdRab=None):
         dt = self.dtype
         bm, bn, d = self.bm, self.bn, self.d
         Kmaj = OperandMajorMode.K
@@ -330,8 +341,8 @@ class HstuBwdSm90:
         self.kernel(
             tma_q, tma_tQ, tma_do, tma_tdO, tma_k, tma_tK, tma_v, tma_tV,
             mQ, mdO, mK, mV, mCuQ, mCuK, mKVTile, mQStart, mQTiles, mFunc, mScal, mWin,
-            mdQacc, mdK, mdV, mdQSem, mdQout, mCnt, sK_layout, sK_mn_layout, sQ_layout,
-            sQ_mn_layout, sdS_layout, sdS_k_layout, mma_s, mma_kv, mma_dq, Smem,
+            mdQacc, mdK, mdV, mdQSem, mdQout, mCnt, mRab, mdRab, sK_layout, sK_mn_layout,
+            sQ_layout, sQ_mn_layout, sdS_layout, sdS_k_layout, mma_s, mma_kv, mma_dq, Smem,
         ).launch(grid=grid, block=[self.num_threads, 1, 1], smem=Smem.size_in_bytes(),
                  stream=stream, min_blocks_per_mp=1, use_pdl=self.pdl)
 
@@ -376,13 +387,31 @@ class HstuBwdSm90:
         return p, sg + sg * a
 
     @cute.jit
+    def _silu_grad_h(self, h, half_g):
+        """``(P, G)`` of :meth:`_silu_grad` from ``h`` itself (with rab: ``h = (alpha s +
+        rab) / 2``), ``G = 2 half_g * SiLU'(2 h)`` (``half_g = 1 / (2 scaling_seqlen)``: g,
+        alpha left out)."""
+        hval = hc.finite_below(h, H_LOWEST)
+        tv = hc.tanh_approx(hval)
+        p = hval + hval * tv
+        a = hval - hval * tv
+        sg = half_g + half_g * tv
+        return p, sg + sg * a
+
+    @cute.jit
     def _scores(self, mma_s, acc_S, acc_dP, tSrK, tSrV, tSrQ, tSrdO, s, c, tP, tP_acc, tdS_acc,
                 alpha_half, half_ds, ds_scale, full, mask, n0, m0, seq, left, right, mFunc,
-                pipe_q):
+                pipe_q, rab=None):
         """One step's score tiles: issues ``S^T`` and ``dP^T`` (Q / dO stage ``s``), computes
         P^T (into ``tP``) and dS^T (``acc_dP``, then ``tdS_acc`` in the input dtype), masked
-        where the tile is not ``full``. Returns ``mma_s`` (rebound by the caller)."""
+        where the tile is not ``full``. With rab (``rab``: :meth:`_rab_view`) the bias
+        loads are issued after the GEMMs, ``h = (alpha S^T + rab^T) / 2``, and ``g = M dP^T
+        SiLU'(2 h) / scaling_seqlen`` (masked: 0) goes to d rab before ``dS^T = alpha g``.
+        Returns ``mma_s`` (rebound by the caller)."""
         mma_s = kvb.issue_s_dp(mma_s, acc_S, acc_dP, tSrK, tSrV, tSrQ, tSrdO, s)
+        rB = None
+        if cutlass.const_expr(self.has_rab):
+            rB = self._rab_load(rab, n0)
         if cutlass.const_expr(self.overlap_sdp):
             # S^T is done; the dP^T GEMM runs while P^T (16 bit) and the factor
             # dS^T / dP^T (fp32, in acc_S's registers) are computed
@@ -391,8 +420,14 @@ class HstuBwdSm90:
                 pp = cute.make_rmem_tensor((2,), Float32)
                 for u in cutlass.range_constexpr(2):
                     e = 2 * e2 + u
-                    pp[u], acc_S[e] = self._silu_grad(acc_S[e], alpha_half,
-                                                      half_ds)
+                    if cutlass.const_expr(self.has_rab):
+                        # (with rab the factor is g / dP^T: alpha comes after d rab)
+                        pp[u], acc_S[e] = self._silu_grad_h(
+                            self._biased_h(acc_S[e], alpha_half, rB, rab, n0, e),
+                            rab.half_g)
+                    else:
+                        pp[u], acc_S[e] = self._silu_grad(acc_S[e], alpha_half,
+                                                          half_ds)
                 # values 2k, 2k + 1 (adjacent columns) are adjacent registers:
                 # one packed conversion
                 off = cute.crd2idx(2 * e2, acc_S.layout)
@@ -412,19 +447,91 @@ class HstuBwdSm90:
             # this form of SiLU' leaves ptxas without spills here)
             warpgroup.wait_group(0)
             for e in cutlass.range_constexpr(cute.size(acc_S)):
-                hval = hc.finite_below(acc_S[e] * alpha_half)  # SiLU(-inf)=0
+                if cutlass.const_expr(self.has_rab):
+                    hval = hc.finite_below(self._biased_h(acc_S[e], alpha_half, rB, rab, n0,
+                                                          e))
+                else:
+                    hval = hc.finite_below(acc_S[e] * alpha_half)  # SiLU(-inf)=0
                 tv = hc.tanh_approx(hval)
                 p = hval + hval * tv
                 sig = 0.5 + 0.5 * tv
                 acc_S[e] = p
-                acc_dP[e] = acc_dP[e] * ds_scale * (sig + p * (1.0 - sig))
+                if cutlass.const_expr(self.has_rab):
+                    # g (alpha comes after d rab)
+                    acc_dP[e] = acc_dP[e] * (rab.half_g * 2.0) * (sig + p * (1.0 - sig))
+                else:
+                    acc_dP[e] = acc_dP[e] * ds_scale * (sig + p * (1.0 - sig))
             tP_acc.store(acc_S.load().to(self.dtype))
         if full == 0:
             # select, never multiply: masked pairs give P^T = dS^T = 0
             mask.apply(acc_mn_view_wg(tP_acc), acc_mn_view_wg(acc_dP), n0, m0,
                        seq, left, right, mFunc)
+        if cutlass.const_expr(self.has_rab):
+            self._store_drab(acc_dP, rab, n0)
+            for e in cutlass.range_constexpr(cute.size(acc_dP)):
+                acc_dP[e] = acc_dP[e] * rab.alpha
         tdS_acc.store(acc_dP.load().to(self.dtype))
         return mma_s
+
+    # ------------------------------------------------------------- relative attention bias
+    @cute.jit
+    def _rab_view(self, rctx, head, row_off):
+        """The bias of one step: ``rab[b, head % H_rab]`` and d rab's ``[b, head]`` (per head)
+        or ``[b, 0]`` views; query ``m0 + i`` reads bias row ``p = row_off + i``
+        (``row_off = m0 + L_k - L_q``); the walk's values of ``rctx`` (``tSc``: this thread's
+        (key, query) tile coordinates, ``lim``, ``n_k``, ``half_g``, ``alpha``)."""
+        h = head if cutlass.const_expr(self.rab_per_head) else 0
+        hd = head if cutlass.const_expr(self.drab_per_head) else 0
+        return _StepCtx(rab=rctx.mRab[rctx.b, h, None, None],
+                        drab=rctx.mdRab[rctx.b, hd, None, None], row_off=row_off,
+                        lim=rctx.lim, n_k=rctx.n_k, tSc=rctx.tSc, half_g=rctx.half_g,
+                        alpha=rctx.alpha)
+
+    @cute.jit
+    def _rab_load(self, rab, n0):
+        """Issue the global loads of this thread's bias elements of the step (rab's dtype, one
+        register fragment in the accumulator layout). Adjacent accumulator values are
+        adjacent queries, i.e. bias rows ``N_k`` apart: one scalar load each. Addresses are
+        clamped into ``rab[b, h]``; :meth:`_biased_h` drops what lies outside."""
+        n_k = rab.n_k
+        rB = cute.make_rmem_tensor(rab.tSc.shape, rab.rab.element_type)
+        for e in cutlass.range_constexpr(cute.size(rB)):
+            p = cutlass.max(cutlass.min(rab.row_off + rab.tSc[e][1], n_k - 1), 0)
+            j = cutlass.min(n0 + rab.tSc[e][0], n_k - 1)
+            rB[e] = rab.rab[p, j]
+        return rB
+
+    @cute.jit
+    def _rab_ok(self, rab, n0, e):
+        """Whether accumulator value ``e`` (key ``n0 + key``, bias row ``p``) has a bias:
+        ``0 <= p < lim`` and ``key < lim``."""
+        p = rab.row_off + rab.tSc[e][1]
+        return (p >= 0) & (p < rab.lim) & (n0 + rab.tSc[e][0] < rab.lim)
+
+    @cute.jit
+    def _biased_h(self, s, alpha_half, rB, rab, n0, e):
+        """``h = (alpha s + rab) / 2`` of accumulator value ``e`` (a select: the bias is 0
+        where :meth:`_rab_ok` is false, whatever the clamped load read)."""
+        bias = rB[e].to(Float32) * Float32(0.5)
+        return s * alpha_half + (bias if self._rab_ok(rab, n0, e) else Float32(0.0))
+
+    @cute.jit
+    def _store_drab(self, g, rab, n0):
+        """d rab of this thread's values ``g`` (masked ones 0) at the elements that have a
+        bias: direct stores (one writer per element: ``drab_per_head``), else fp32
+        ``red.add`` (the heads of ``H_rab = 1`` add into one workspace)."""
+        mdRab = rab.drab
+        tSc = rab.tSc
+        row_off = rab.row_off
+        lim = rab.lim
+        for e in cutlass.range_constexpr(cute.size(g)):
+            p = row_off + tSc[e][1]
+            j = n0 + tSc[e][0]
+            if (p >= 0) & (p < lim) & (j < lim):
+                if cutlass.const_expr(self.drab_per_head):
+                    mdRab[p, j] = g[e].to(mdRab.element_type)
+                else:
+                    hc.red_add_f32(elem_ptr(mdRab, (p, j)), g[e])
 
     @cute.jit
     def _step(self, skip: cutlass.Constexpr, ctx, c, m_block, full, head, mma_s, mma_dq):
@@ -504,11 +611,14 @@ class HstuBwdSm90:
             acc_dP.fill(0.0)
             tdS_acc.store(acc_dP.load().to(self.dtype))
         else:
+            rab = None
+            if cutlass.const_expr(self.has_rab):
+                rab = self._rab_view(ctx.rab, head, m0 + seq.off)
             mma_s = self._scores(mma_s, acc_S, acc_dP, tSrK, tSrV, tSrQ,
                                  tSrdO, s, c, tP, tP_acc, tdS_acc,
                                  alpha_half, half_ds, ds_scale, full,
                                  mask, n0, m0, seq, left, right, mFunc,
-                                 pipe_q)
+                                 pipe_q, rab)
 
         # dS^T -> smem buffer `buf` (stmatrix: rows of 8 consecutive queries)
         cute.copy(r2s_dS, r2s_dS.retile(tdS_acc), tdSsdS[None, None, None, buf])
@@ -900,8 +1010,8 @@ class HstuBwdSm90:
     @cute.kernel
     def kernel(self, tma_q, tma_tQ, tma_do, tma_tdO, tma_k, tma_tK, tma_v, tma_tV,
                mQ, mdO, mK, mV, mCuQ, mCuK, mKVTile, mQStart, mQTiles, mFunc, mScal, mWin,
-               mdQacc, mdK, mdV, mdQSem, mdQout, mCnt, sK_layout, sK_mn_layout, sQ_layout,
-               sQ_mn_layout, sdS_layout, sdS_k_layout, mma_s, mma_kv, mma_dq,
+               mdQacc, mdK, mdV, mdQSem, mdQout, mCnt, mRab, mdRab, sK_layout, sK_mn_layout,
+               sQ_layout, sQ_mn_layout, sdS_layout, sdS_k_layout, mma_s, mma_kv, mma_dq,
                Smem: cutlass.Constexpr):
         tidx, _, _ = cute.arch.thread_idx()
         head_kv, slot, _ = cute.arch.block_idx()
@@ -1065,7 +1175,17 @@ class HstuBwdSm90:
                                tKrQ=tKrQ, tKrdS=tKrdS, tPsP=tPsP, tQrK=tQrK, tQrdS=tQrdS,
                                tSrK=tSrK, tSrQ=tSrQ, tSrV=tSrV, tSrdO=tSrdO, tVrP=tVrP,
                                tVrdO=tVrdO, tdQc=tdQc, tdQs=tdQs, tdSsdS=tdSsdS, thr_dq=thr_dq,
-                               thr_s=thr_s, warp=warp)
+                               thr_s=thr_s, warp=warp, rab=None)
+                if cutlass.const_expr(self.has_rab):
+                    # the bias of sequence `batch` (clamped into rab's batch extent), keys and
+                    # bias rows below lim = min(L_k, N_k), this thread's (key, query)
+                    # coordinates, g's factor inv_scale / 2 and alpha
+                    ctx.rab = _StepCtx(
+                        mRab=mRab, mdRab=mdRab, n_k=mRab.shape[3],
+                        lim=cutlass.min(seq.seqlen_k, mRab.shape[3]),
+                        b=cutlass.min(batch, mRab.shape[0] - 1),
+                        tSc=thr_s.partition_C(cute.make_identity_tensor((bn, bm))),
+                        half_g=inv_scale * 0.5, alpha=alpha_half * 2.0)
                 pipe_kv.consumer_wait(0)
                 c = Int32(0)
                 for g in cutlass.range(group, unroll=1):
