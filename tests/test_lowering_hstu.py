@@ -423,6 +423,49 @@ def test_hstu_rab_lowers(direction, impl, dtype, head_dim, mask, h_rab, rab_dt):
     assert _attention_calls(txt) == 1 and "\\7FELF" in txt
 
 
+# the sm90 backward with rab (hstu_bwd_ws "rab", opt-in): D 64 (128 x 128 tiles) and 128
+# (64 x 128), H_rab = 1 (fp32 workspace + red.add) and H_rab = H (direct stores), rab in
+# q's dtype and in float32, causal / local window / func masks, deterministic=True (per-head
+# drab workspace, ordered dq additions); an odd max_seqlen_k (201)
+RAB_SM90_BWD_LOWER = [
+    (128, "bfloat16", "causal", 2, "f32", False),
+    (128, "float16", "func", 1, "q", False),
+    (64, "bfloat16", "window", 1, "f32", False),
+    (64, "float16", "causal", 2, "q", False),
+    (128, "bfloat16", "window", 1, "f32", True),
+    (64, "bfloat16", "func", 2, "q", True),
+]
+
+
+@pytest.mark.parametrize("head_dim,dtype,mask,h_rab,rab_dt,det", RAB_SM90_BWD_LOWER,
+                         ids=["-".join(map(str, c[:5])) + ("-det" if c[5] else "")
+                              for c in RAB_SM90_BWD_LOWER])
+def test_hstu_rab_bwd_sm90_lowers(head_dim, dtype, mask, h_rab, rab_dt, det):
+    """With hstu_bwd_ws "rab" the backward with rab lowers to the sm90 kernel (and the dq
+    tile reordering kernel), not the sm80 one."""
+    import jax_sparse_attn as jsa  # noqa: PLC0415
+    from jax_sparse_attn.config import Switches  # noqa: PLC0415
+
+    dt = jnp.dtype(dtype)
+    mk = 201
+    q = jax.ShapeDtypeStruct((T, 2, head_dim), dt)
+    cu = jax.ShapeDtypeStruct((B + 1,), jnp.int32)
+    rab = jax.ShapeDtypeStruct((B, h_rab, mk, mk), dt if rab_dt == "q" else jnp.float32)
+    func = jax.ShapeDtypeStruct((1, 3, T + 256), jnp.int32) if mask == "func" else None
+
+    def loss(q, k, v, cu, func, rab):
+        out = jsa.hstu_attention(q, k, v, cu, cu, max_seqlen_q=mk, max_seqlen_k=mk,
+                                 window_size=_BWD_WINDOWS[mask], alpha=0.3, func=func,
+                                 backend="kernel", rab=rab, deterministic=det,
+                                 switches=Switches(hstu_bwd_ws="rab"))
+        return jnp.sum(out.astype(jnp.float32))
+
+    txt = _lower(jax.grad(loss, argnums=(0, 1, 2, 5)), q, q, q, cu, func, rab)
+    assert _attention_calls(txt) == 1 and "\\7FELF" in txt
+    assert "HstuBwdSm90" in txt and "HstuBwdSm80" not in txt
+    assert _DQ_TILES_KERNEL in txt
+
+
 def test_hstu_rab_keeps_the_selected_forward():
     """Both forwards have the bias: with rab the compile key keeps the selected forward
     (sm90ws by default, with its tiles and variants; sm80 with its tiles); the rab presence,

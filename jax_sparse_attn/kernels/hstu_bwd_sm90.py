@@ -411,6 +411,7 @@ class HstuBwdSm90:
         mma_s = kvb.issue_s_dp(mma_s, acc_S, acc_dP, tSrK, tSrV, tSrQ, tSrdO, s)
         rB = None
         if cutlass.const_expr(self.has_rab):
+            rab = self._rab_view(rab.ctx, rab.head, rab.batch, seq, m0, rab.thr_s, alpha_half)
             rB = self._rab_load(rab, n0)
         if cutlass.const_expr(self.overlap_sdp):
             # S^T is done; the dP^T GEMM runs while P^T (16 bit) and the factor
@@ -475,17 +476,21 @@ class HstuBwdSm90:
 
     # ------------------------------------------------------------- relative attention bias
     @cute.jit
-    def _rab_view(self, rctx, head, row_off):
+    def _rab_view(self, rctx, head, batch, seq, m0, thr_s, alpha_half):
         """The bias of one step: ``rab[b, head % H_rab]`` and d rab's ``[b, head]`` (per head)
-        or ``[b, 0]`` views; query ``m0 + i`` reads bias row ``p = row_off + i``
-        (``row_off = m0 + L_k - L_q``); the walk's values of ``rctx`` (``tSc``: this thread's
-        (key, query) tile coordinates, ``lim``, ``n_k``, ``half_g``, ``alpha``)."""
+        or ``[b, 0]`` views (``b``: ``batch`` clamped into rab's batch extent); query ``m0 +
+        i`` reads bias row ``p = row_off + i`` (``row_off = m0 + L_k - L_q``), keys and bias
+        rows below ``lim = min(L_k, N_k)`` have a bias; ``tSc``: this thread's (key, query)
+        tile coordinates; ``half_g`` (``rctx``) and ``alpha``."""
+        mRab = rctx.mRab
+        n_k = mRab.shape[3]
+        b = cutlass.min(batch, mRab.shape[0] - 1)
         h = head if cutlass.const_expr(self.rab_per_head) else 0
         hd = head if cutlass.const_expr(self.drab_per_head) else 0
-        return _StepCtx(rab=rctx.mRab[rctx.b, h, None, None],
-                        drab=rctx.mdRab[rctx.b, hd, None, None], row_off=row_off,
-                        lim=rctx.lim, n_k=rctx.n_k, tSc=rctx.tSc, half_g=rctx.half_g,
-                        alpha=rctx.alpha)
+        return _StepCtx(rab=mRab[b, h, None, None], drab=rctx.mdRab[b, hd, None, None],
+                        row_off=m0 + seq.off, lim=cutlass.min(seq.seqlen_k, n_k), n_k=n_k,
+                        tSc=thr_s.partition_C(cute.make_identity_tensor((self.bn, self.bm))),
+                        half_g=rctx.half_g, alpha=alpha_half * 2.0)
 
     @cute.jit
     def _rab_load(self, rab, n0):
@@ -613,7 +618,8 @@ class HstuBwdSm90:
         else:
             rab = None
             if cutlass.const_expr(self.has_rab):
-                rab = self._rab_view(ctx.rab, head, m0 + seq.off)
+                rab = _StepCtx(ctx=ctx.rab, head=head, batch=batch, thr_s=thr_s,
+                               bn=self.bn)
             mma_s = self._scores(mma_s, acc_S, acc_dP, tSrK, tSrV, tSrQ,
                                  tSrdO, s, c, tP, tP_acc, tdS_acc,
                                  alpha_half, half_ds, ds_scale, full,
@@ -1177,15 +1183,9 @@ class HstuBwdSm90:
                                tVrdO=tVrdO, tdQc=tdQc, tdQs=tdQs, tdSsdS=tdSsdS, thr_dq=thr_dq,
                                thr_s=thr_s, warp=warp, rab=None)
                 if cutlass.const_expr(self.has_rab):
-                    # the bias of sequence `batch` (clamped into rab's batch extent), keys and
-                    # bias rows below lim = min(L_k, N_k), this thread's (key, query)
-                    # coordinates, g's factor inv_scale / 2 and alpha
-                    ctx.rab = _StepCtx(
-                        mRab=mRab, mdRab=mdRab, n_k=mRab.shape[3],
-                        lim=cutlass.min(seq.seqlen_k, mRab.shape[3]),
-                        b=cutlass.min(batch, mRab.shape[0] - 1),
-                        tSc=thr_s.partition_C(cute.make_identity_tensor((bn, bm))),
-                        half_g=inv_scale * 0.5, alpha=alpha_half * 2.0)
+                    # rab, d rab and g's factor inv_scale / 2 (the step's views are formed
+                    # where they are used, so that no more values stay live over the walk)
+                    ctx.rab = _StepCtx(mRab=mRab, mdRab=mdRab, half_g=inv_scale * 0.5)
                 pipe_kv.consumer_wait(0)
                 c = Int32(0)
                 for g in cutlass.range(group, unroll=1):
