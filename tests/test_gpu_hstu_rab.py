@@ -9,7 +9,11 @@ drab must be exactly 0 outside each sequence's rows ``p in [L_k - L_q, L_k)`` an
 ``j < L_k``; a poisoned-buffer test checks that the kernel writes exactly that region.
 
 The forward is the default ``sm90ws`` kernel except where a case selects another
-(``test_hstu_rab_forward_impls``: sm80, sm90ws variants, both N_k parities).
+(``test_hstu_rab_forward_impls``: sm80, sm90ws variants, both N_k parities). The backward
+is the sm80 kernel (the default for calls with rab); the ``*_sm90`` tests run the grid's
+D = D_v in {64, 128} cases, the poisoned-buffer check, rab holding NaN / inf where the mask
+hides it, and deterministic=True on the sm90 backward instead (the opt-in hstu_bwd_ws flag
+``rab``).
 
 Run on the H200: ``python -m pytest -m gpu tests/test_gpu_hstu_rab.py``
 (``HSTU_TEST_SHARD=i/n`` shards it like test_gpu_hstu.py; tests/gpu_grids.sh (PARTS=rab) runs it
@@ -110,9 +114,12 @@ def _rab(seed, n_k, h_rab, dtype):
 
 
 @functools.lru_cache(maxsize=None)
-def _jitted(kind, max_q, max_k, scaling, window, alpha, compute, fwd_impl=None):
+def _jitted(kind, max_q, max_k, scaling, window, alpha, compute, fwd_impl=None, bwd_ws="",
+            det=False):
     """jit-compiled callables (one per static configuration; jit also keeps the eager value
-    checks away from the random func endpoints, which may exceed max_seqlen_k)."""
+    checks away from the random func endpoints, which may exceed max_seqlen_k). ``bwd_ws``:
+    the hstu_bwd_ws switch of the kernel backwards ("rab": the sm90 backward); ``det``: their
+    deterministic flag."""
     import jax_sparse_attn as jsa
     from jax_sparse_attn import hstu as hstu_mod
     from jax_sparse_attn import reference
@@ -128,13 +135,15 @@ def _jitted(kind, max_q, max_k, scaling, window, alpha, compute, fwd_impl=None):
     if kind == "kfwd":
         return jax.jit(lambda q, k, v, cq, ck, f, r: jsa.hstu_attention(
             q, k, v, cq, ck, func=f, rab=r, backend="kernel", switches=sw, **kw))
+    bsw = Switches(hstu_bwd_ws=bwd_ws) if bwd_ws else None
     if kind == "kbwd":
         return jax.jit(lambda do, q, k, v, cq, ck, f, r: tuple(jsa.hstu_attention_backward(
-            do, q, k, v, cq, ck, func=f, rab=r, backend="kernel", **kw)))
+            do, q, k, v, cq, ck, func=f, rab=r, backend="kernel", switches=bsw,
+            deterministic=det, **kw)))
     if kind == "kbwd_init":  # the ffi backward with a poisoned initial drab buffer
         def bwd_init(do, q, k, v, cq, ck, f, r, init):
             cfg = hstu_mod._make_config(q, k, v, cq, ck, f, None, None, None, backend="kernel",
-                                        switches=None, op_name="test", rab=r, **kw)
+                                        switches=bsw, op_name="test", rab=r, **kw)
             return fh.hstu_bwd(do, q, k, v, cq, ck, f, cfg, rab=r, _drab_init=init)
 
         return jax.jit(bwd_init)
@@ -155,7 +164,8 @@ def _region(lens_q, lens_k, n_k):
 
 
 def _run_rab_case(d, dtype, lens_q, lens_k, window, *, h_rab, rab_dtype, func_n=0, alpha=None,
-                  scaling=None, seed=0, bwd=True, fwd_impl=None, dv=None):
+                  scaling=None, seed=0, bwd=True, fwd_impl=None, dv=None, bwd_ws="",
+                  det=False, rab_fn=None):
     dtype = jnp.dtype(dtype)
     dv = dv or d
     rng, q, k, v, do, cq, ck = _inputs(seed, d, dv, dtype, lens_q, lens_k)
@@ -164,6 +174,8 @@ def _run_rab_case(d, dtype, lens_q, lens_k, window, *, h_rab, rab_dtype, func_n=
     scaling = float(scaling if scaling is not None else max_q)
     func = _func(np.asarray(cq), np.asarray(ck), func_n, rng) if func_n else None
     rab = _rab(seed, max_k, h_rab, dtype if rab_dtype == "q" else jnp.float32)
+    if rab_fn is not None:
+        rab = rab_fn(rab)
     args = (max_q, max_k, scaling, tuple(window), alpha)
     report, fails = [], []
     out = _jitted("kfwd", *args, None, fwd_impl)(q, k, v, cq, ck, func, rab)
@@ -176,7 +188,7 @@ def _run_rab_case(d, dtype, lens_q, lens_k, window, *, h_rab, rab_dtype, func_n=
     if tail.size and np.abs(tail).max() != 0:
         fails.append("out rows past cu_seqlens_q[-1] are not zero")
     if bwd:
-        g = _jitted("kbwd", *args, None)(do, q, k, v, cq, ck, func, rab)
+        g = _jitted("kbwd", *args, None, None, bwd_ws, det)(do, q, k, v, cq, ck, func, rab)
         g32 = _jitted("rbwd", *args, "f32")(do, q, k, v, cq, ck, func, rab)
         glo = _jitted("rbwd", *args, dtype.name)(do, q, k, v, cq, ck, func, rab)
         assert len(g) == 4 and g[3].shape == rab.shape and g[3].dtype == rab.dtype
@@ -237,6 +249,96 @@ def test_hstu_rab_kernel_vs_reference(case):
                   alpha=case.get("alpha"), scaling=case.get("scaling"), dv=case.get("dv"))
 
 
+# the grid's cases that the sm90 backward takes with hstu_bwd_ws "rab" (D = D_v in {64, 128})
+RAB_GRID_SM90 = [c for c in RAB_GRID if c["d"] in (64, 128) and not c.get("dv")]
+
+
+@pytest.mark.parametrize("case", _shard(RAB_GRID_SM90), ids=_id)
+def test_hstu_rab_kernel_vs_reference_sm90(case):
+    """:func:`test_hstu_rab_kernel_vs_reference` with the backward on the sm90 kernel
+    (hstu_bwd_ws "rab")."""
+    lens_q, lens_k = case.get("lens", (LENS_RAB, LENS_RAB))
+    _run_rab_case(case["d"], case["dtype"], lens_q, lens_k, case["window"],
+                  h_rab=case["h_rab"], rab_dtype=case["rab_dtype"], func_n=case.get("func_n", 0),
+                  alpha=case.get("alpha"), scaling=case.get("scaling"), bwd_ws="rab")
+
+
+# deterministic=True on the sm90 backward with rab: per-head drab workspace (H_rab = 1) or
+# direct stores, ordered dq additions
+DET_SM90 = [dict(d=128, dtype="bfloat16", window=(-1, 0), h_rab=1, rab_dtype="f32"),
+            dict(d=64, dtype="float16", window=(63, 17), h_rab=H, rab_dtype="q"),
+            dict(d=128, dtype="bfloat16", window=(-1, -1), func_n=3, h_rab=1, rab_dtype="q",
+                 lens=LENS_Q_LT_K)]
+
+
+@pytest.mark.parametrize("case", _shard(DET_SM90), ids=_id)
+def test_hstu_rab_deterministic_sm90(case):
+    """deterministic=True on the sm90 backward with rab: within the tolerance of the
+    reference, and dq, dk, dv, drab bitwise equal over 3 runs."""
+    lens_q, lens_k = case.get("lens", (LENS_RAB, LENS_RAB))
+    q, k, v, do, cq, ck, func, rab, args = _run_rab_case(
+        case["d"], case["dtype"], lens_q, lens_k, case["window"], h_rab=case["h_rab"],
+        rab_dtype=case["rab_dtype"], func_n=case.get("func_n", 0), bwd_ws="rab", det=True,
+        seed=3)
+    fn = _jitted("kbwd", *args, None, None, "rab", True)
+    runs = [[np.asarray(x) for x in fn(do, q, k, v, cq, ck, func, rab)] for _ in range(3)]
+    for r in runs[1:]:
+        for nm, a, b in zip(("dq", "dk", "dv", "drab"), r, runs[0]):
+            assert np.array_equal(a, b, equal_nan=True), f"{nm} differs between runs"
+
+
+@pytest.mark.parametrize("bwd_ws", ["", "rab"], ids=["sm80bwd", "sm90bwd"])
+@pytest.mark.parametrize("h_rab", [1, H])
+@pytest.mark.parametrize("d,window", [(128, (-1, 0)), (64, (31, 7))])
+def test_hstu_rab_nan_where_masked(d, window, h_rab, bwd_ws):
+    """rab holding NaN / inf at entries the mask hides: they contribute nothing (out, dq, dk,
+    dv as with a finite bias there, drab exactly 0 there). The references take the bias
+    with those entries zeroed."""
+    lens = [1, 17, 0, 113, 128, 300, 0, 257]
+    max_k = max(lens)
+    left, right = window
+    p = np.arange(max_k)[:, None]
+    j = np.arange(max_k)[None, :]
+    # rows p = i + L_k - L_q (L_q = L_k: p = i); hidden: keys past the window's edges
+    hidden = (j > p + right) if right >= 0 else np.zeros((max_k, max_k), bool)
+    if left >= 0:
+        hidden = hidden | (j < p - left)
+    poison = np.where((p + j) % 2 == 0, np.nan, np.inf).astype(np.float32)
+
+    def bad(r):
+        return jnp.where(jnp.asarray(hidden), jnp.asarray(poison).astype(r.dtype), r)
+
+    def clean(r):
+        return jnp.where(jnp.asarray(hidden), jnp.zeros((), r.dtype), r)
+
+    dtype = jnp.bfloat16
+    rng, q, k, v, do, cq, ck = _inputs(4, d, d, dtype, lens, lens)
+    r0 = _rab(4, max_k, h_rab, jnp.float32)
+    args = (max_k, max_k, float(max_k), tuple(window), float(2.0 / np.sqrt(d)))
+    g = _jitted("kbwd", *args, None, None, bwd_ws)(do, q, k, v, cq, ck, None, bad(r0))
+    gc = _jitted("kbwd", *args, None, None, bwd_ws)(do, q, k, v, cq, ck, None, clean(r0))
+    g32 = _jitted("rbwd", *args, "f32")(do, q, k, v, cq, ck, None, clean(r0))
+    glo = _jitted("rbwd", *args, "bfloat16")(do, q, k, v, cq, ck, None, clean(r0))
+    out = _jitted("kfwd", *args, None)(q, k, v, cq, ck, None, bad(r0))
+    outc = _jitted("kfwd", *args, None)(q, k, v, cq, ck, None, clean(r0))
+    assert np.array_equal(np.asarray(out, np.float32), np.asarray(outc, np.float32))
+    report, fails = [], []
+    for nm, a, ac, b, c in zip(("dq", "dk", "dv", "drab"), g, gc, g32, glo):
+        a32 = np.asarray(jnp.asarray(a, jnp.float32))
+        assert np.isfinite(a32).all(), f"{nm} not finite"
+        # dk, dv and per-head drab: the same values bitwise (dq and drab with H_rab = 1:
+        # fp32 additions in any order)
+        if nm in ("dk", "dv") or (nm == "drab" and h_rab == H):
+            assert np.array_equal(a32, np.asarray(jnp.asarray(ac, jnp.float32))), nm
+        ok, msg = _check(nm, a, b, c, 5.0, report)
+        if not ok:
+            fails.append(msg)
+    drab = np.asarray(g[3], np.float32)
+    assert (drab[:, :, hidden] == 0).all(), "drab not 0 where the mask hides the entry"
+    print(" | ".join(report))
+    assert not fails, "; ".join(fails)
+
+
 # forward only, per implementation: sm80 explicitly; sm90ws (the default) with odd (1023:
 # one load per bias element) and even (300: one load per pair of adjacent columns) N_k, and
 # its variants (no intra-warpgroup overlap, 16-bit score function, block_n 64, one Q stage)
@@ -281,17 +383,29 @@ def test_hstu_drab_poisoned_buffer(h_rab):
     """The drab buffer starts poisoned: the kernel writes (per head: stores; H_rab = 1:
     fp32 adds) exactly inside each sequence's rows p in [L_k - L_q, L_k) and keys j < L_k,
     and nothing outside (the poison survives there, padding columns included)."""
+    _poisoned_buffer(h_rab, "")
+
+
+@pytest.mark.skipif(not _first_shard(), reason="runs in shard 0")
+@pytest.mark.parametrize("h_rab", [1, H])
+@pytest.mark.parametrize("d", [64, 128])
+def test_hstu_drab_poisoned_buffer_sm90(h_rab, d):
+    """:func:`test_hstu_drab_poisoned_buffer` on the sm90 backward (hstu_bwd_ws "rab")."""
+    _poisoned_buffer(h_rab, "rab", d)
+
+
+def _poisoned_buffer(h_rab, bwd_ws, d=64):
     lens_q, lens_k = LENS_Q_LT_K
-    d = 64
     q, k, v, do, cq, ck, func, rab, args = _run_rab_case(
-        d, "bfloat16", lens_q, lens_k, (-1, -1), h_rab=h_rab, rab_dtype="f32", seed=9)
+        d, "bfloat16", lens_q, lens_k, (-1, -1), h_rab=h_rab, rab_dtype="f32", seed=9,
+        bwd_ws=bwd_ws)
     n_k = rab.shape[-1]
     g32 = _jitted("rbwd", *args, "f32")(do, q, k, v, cq, ck, func, rab)[3]
     g32 = np.asarray(g32, np.float32)
     region = np.broadcast_to(_region(lens_q, lens_k, n_k), rab.shape)
     if h_rab == H:
         init = jnp.full(rab.shape, jnp.nan, jnp.float32)
-        got = np.asarray(_jitted("kbwd_init", *args, None)(do, q, k, v, cq, ck, func, rab,
+        got = np.asarray(_jitted("kbwd_init", *args, None, None, bwd_ws)(do, q, k, v, cq, ck, func, rab,
                                                            init)[3], np.float32)
         assert np.isnan(got[~region]).all(), "drab written outside the sequences"
         inside = got[region]
@@ -299,7 +413,7 @@ def test_hstu_drab_poisoned_buffer(h_rab):
         poison = 7.0
         pad = n_k + n_k % 2
         init = jnp.full((B_SLOTS, 1, n_k, pad), poison, jnp.float32)
-        got = np.asarray(_jitted("kbwd_init", *args, None)(do, q, k, v, cq, ck, func, rab,
+        got = np.asarray(_jitted("kbwd_init", *args, None, None, bwd_ws)(do, q, k, v, cq, ck, func, rab,
                                                            init)[3], np.float32)
         assert got.shape == (B_SLOTS, 1, n_k, pad)
         assert (got[..., n_k:] == poison).all(), "padding columns written"
