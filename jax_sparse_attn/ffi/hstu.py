@@ -48,7 +48,10 @@ kernels without bias (PTX sha256-identical). Both forwards (``RAB_FWD_IMPLS``: `
 ``sm80``) add the bias to their score tiles, so the selected forward runs with rab too.
 Backward: ``drab`` is written directly (rab's dtype, zero-initialised output) when
 ``H_rab == H``, else added over heads into an fp32 workspace ``(B, 1, N_k, N_k_pad)``
-(``N_k_pad`` even for the 8-byte vector reductions) that XLA slices and casts.
+(``N_k_pad`` even for the 8-byte vector reductions) that XLA slices and casts. The backward
+with rab runs sm80, or with the ``hstu_bwd_ws`` flag ``rab`` the sm90 kernel at D = D_v in
+``SM90_BWD_RAB_HEAD_DIMS`` (same drab buffers; its dq tile workspace is zeroed and
+reordered as without rab).
 
 Determinism: the forward and dk/dv are deterministic (each output element is written by
 exactly one CTA with a fixed summation order). By default dq is accumulated in an fp32
@@ -194,7 +197,8 @@ class HstuBwdConfig(_HstuKey):
     rab_per_head: bool = False
     rab_dtype: str = ""
     # "sm80" (mma.sync, every configuration) or "sm90" (warp-specialized wgmma; D = D_v in
-    # SM90_BWD_HEAD_DIMS, no rab)
+    # SM90_BWD_HEAD_DIMS, with rab only with the hstu_bwd_ws flag "rab" and D = D_v in
+    # SM90_BWD_RAB_HEAD_DIMS)
     impl: str = "sm80"
     # the hstu_bwd_impl switch value when the configuration replaced it by sm80 (else "")
     replaced_impl: str = ""

@@ -5,8 +5,8 @@ Same contract, schedule and semantics as ``hstu_bwd_sm80`` (read its docstring):
 query tiles that can see its keys (``block_info.QTileRange``), dQ added into an XLA-owned
 fp32 workspace: per warp with one bulk reduce-add into a query-tile workspace (``dq_tile``,
 reordered into dq by ``hstu_dq_tiles``) or with ``red.global.add.v2.f32`` into a ``(T, H,
-D)`` one. No relative attention bias; head dims
-``D = D_v`` in {64, 128, 256} (the public layer routes other configurations to sm80).
+D)`` one. Head dims ``D = D_v`` in {64, 128, 256} (the public layer routes other
+configurations to sm80); a relative attention bias at D <= 128 (``has_rab``, below).
 
 CTA = 3 warpgroups (384 threads):
 
@@ -49,6 +49,17 @@ CTA = 3 warpgroups (384 threads):
   threads) and added with two bulk reduce-adds of 16 x 64.
 * epilogue: dK and dV / scaling_seqlen converted in registers and stored to key rows
   ``< L_k``.
+
+Relative attention bias (``has_rab``, D <= 128; ``mRab (B, H_rab, N_k, N_k)`` fp32 or 16-bit,
+``rab_per_head`` when ``H_rab = H``; ``mdRab`` as ``hstu_bwd_sm80`` takes it): after issuing
+the S^T and dP^T GEMMs each consumer thread loads the bias elements of its accumulator
+fragment, one scalar load each (adjacent values are adjacent queries, bias rows ``N_k``
+apart; addresses clamped into ``rab[b, h % H_rab]``), and the score pass forms ``h = (alpha
+S^T + rab^T) / 2`` (0 bias where the bias row ``p = i + L_k - L_q`` or the key lies outside
+``[0, min(L_k, N_k))``) and ``g = dP^T SiLU'(2 h) / scaling_seqlen``; after the mask (a
+select) ``g`` is d rab (``_store_drab``: direct stores with ``drab_per_head``, else scalar
+``red.global.add.f32`` into the shared fp32 workspace) and ``dS^T = alpha g``. Without
+``has_rab`` none of this is traced.
 
 The host launches the KV tiles longest work first (``metadata.hstu_bwd_schedule`` with the
 window). With ``head_major`` the grid is (KV tile slots, heads): the CTAs of one head launch
@@ -157,7 +168,8 @@ class _StepCtx:
 
 
 class HstuBwdSm90:
-    """``__call__`` takes the arguments of ``HstuBwdSm80.__call__`` (without rab)."""
+    """``__call__`` takes the arguments of ``HstuBwdSm80.__call__``; rab and d rab as the
+    keywords ``mRab``, ``mdRab`` (``has_rab``)."""
 
     def __init__(self, dtype, head_dim, has_func, func_n, dq_bulk=False, deterministic=False,
                  dq_vec4=False, head_major=False, dq_tile=False, pdl=False,
