@@ -630,8 +630,7 @@ class HstuBwdSm90:
         else:
             rab = None
             if cutlass.const_expr(self.has_rab):
-                rab = _StepCtx(ctx=ctx.rab, head=head, batch=batch, thr_s=thr_s,
-                               bn=self.bn)
+                rab = _StepCtx(ctx=ctx.rab, head=head, batch=batch, thr_s=thr_s)
             mma_s = self._scores(mma_s, acc_S, acc_dP, tSrK, tSrV, tSrQ,
                                  tSrdO, s, c, tP, tP_acc, tdS_acc,
                                  alpha_half, half_ds, ds_scale, full,
@@ -1195,8 +1194,7 @@ class HstuBwdSm90:
                                tVrdO=tVrdO, tdQc=tdQc, tdQs=tdQs, tdSsdS=tdSsdS, thr_dq=thr_dq,
                                thr_s=thr_s, warp=warp, rab=None)
                 if cutlass.const_expr(self.has_rab):
-                    # rab, d rab and g's factor inv_scale / 2 (the step's views are formed
-                    # where they are used, so that no more values stay live over the walk)
+                    # rab, d rab and g's factor inv_scale / 2 (each step's views: _rab_view)
                     ctx.rab = _StepCtx(mRab=mRab, mdRab=mdRab, half_g=inv_scale * 0.5)
                 pipe_kv.consumer_wait(0)
                 c = Int32(0)
