@@ -411,7 +411,7 @@ def _poisoned_buffer(h_rab, bwd_ws, d=64):
         inside = got[region]
     else:
         poison = 7.0
-        pad = n_k + n_k % 2
+        pad = n_k + (-n_k) % 4
         init = jnp.full((B_SLOTS, 1, n_k, pad), poison, jnp.float32)
         got = np.asarray(_jitted("kbwd_init", *args, None, None, bwd_ws)(do, q, k, v, cq, ck, func, rab,
                                                            init)[3], np.float32)

@@ -48,7 +48,7 @@ kernels without bias (PTX sha256-identical). Both forwards (``RAB_FWD_IMPLS``: `
 ``sm80``) add the bias to their score tiles, so the selected forward runs with rab too.
 Backward: ``drab`` is written directly (rab's dtype, zero-initialised output) when
 ``H_rab == H``, else added over heads into an fp32 workspace ``(B, 1, N_k, N_k_pad)``
-(``N_k_pad`` even for the 8-byte vector reductions) that XLA slices and casts. The backward
+(``N_k_pad`` a multiple of 4: 16-byte aligned rows for the vector reductions) that XLA slices and casts. The backward
 with rab runs sm80, or with the ``hstu_bwd_ws`` flag ``rab`` the sm90 kernel at D = D_v in
 ``SM90_BWD_RAB_HEAD_DIMS`` (same drab buffers; its dq tile workspace is zeroed and
 reordered as without rab).
@@ -1760,8 +1760,9 @@ def _bwd_rab_call(cfg, key, args, k, v, rab, drab_init, sem0=None):
         drab0 = jnp.zeros(rab.shape, rab.dtype)
     elif shared_det:  # one writer per element of a per-head fp32 workspace; XLA sums heads
         drab0 = jnp.zeros((b, args[1].shape[1], n_k, n_k), jnp.float32)
-    else:  # heads add into an fp32 workspace with even rows (8-byte vector reductions)
-        drab0 = jnp.zeros((b, 1, n_k, n_k + n_k % 2), jnp.float32)
+    else:  # heads add into an fp32 workspace, rows padded to a multiple of 4 (16-byte
+        # aligned: the vector reductions of both kernels)
+        drab0 = jnp.zeros((b, 1, n_k, n_k + (-n_k) % 4), jnp.float32)
     if drab_init is not None:
         drab0 = drab_init.astype(drab0.dtype).reshape(drab0.shape)
     k_p, v_p, dq_acc0 = args[2], args[3], args[12]

@@ -31,7 +31,7 @@ per thread from gmem (``hc.rab_load_tile``, 0 outside ``p, j in [0, min(L_k, N_k
 ``(b, h, p, j)`` comes from exactly one (KV tile, head) CTA, so with ``H_rab = H``
 (``rab_per_head``) ``mdRab`` (rab's dtype, zero-initialised by XLA) gets direct stores
 (deterministic); with ``H_rab = 1`` the heads' CTAs add into an fp32 workspace
-``(B, 1, N_k, N_k_pad)`` (``N_k_pad`` even) with ``red.global.add.v2.f32`` (column pairs
+``(B, 1, N_k, N_k_pad)`` (``N_k_pad`` a multiple of 4) with ``red.global.add.v2.f32`` (column pairs
 2t, 2t+1 of the accumulator; not bitwise deterministic), cast by XLA afterwards.
 
 Deterministic mode (``deterministic``, with ``mdQSem``: int32 ``(query tile slots, H)``

@@ -541,14 +541,69 @@ class HstuBwdSm90:
         tSc = rab.tSc
         row_off = rab.row_off
         lim = rab.lim
-        for e in cutlass.range_constexpr(cute.size(g)):
-            p = row_off + tSc[e][1]
-            j = n0 + tSc[e][0]
-            if (p >= 0) & (p < lim) & (j < lim):
-                if cutlass.const_expr(self.drab_per_head):
+        if cutlass.const_expr(self.drab_per_head):
+            for e in cutlass.range_constexpr(cute.size(g)):
+                p = row_off + tSc[e][1]
+                j = n0 + tSc[e][0]
+                if (p >= 0) & (p < lim) & (j < lim):
                     mdRab[p, j] = g[e].to(mdRab.element_type)
-                else:
-                    hc.red_add_f32(elem_ptr(mdRab, (p, j)), g[e])
+        else:
+            self._red_drab_v4(g, mdRab, tSc, row_off, lim, n0)
+
+    @cute.jit
+    def _red_drab_v4(self, g, mdRab, tSc, row_off, lim, n0):
+        """``d rab += g`` into the shared fp32 workspace (``H_rab = 1``; rows of ``N_k_pad``, a
+        multiple of 4, 16-byte aligned) with one 16-byte ``red.add`` per four values.
+
+        In the wgmma accumulator layout lane ``l`` of a warp holds key rows ``l / 4`` and
+        ``l / 4 + 8`` and query columns ``2 (l % 4) + 8 i + {0, 1}``, so the lanes ``l``, ``l ^
+        4``, ``l ^ 8``, ``l ^ 12`` (``q = (l / 4) % 4``) hold four consecutive keys of the same
+        columns. For each group of four columns (values ``8 t + 2 r + {0, 1, 4, 5}``) the four
+        lanes transpose their 4 x 4 block with two butterfly rounds (lane distances 8, then 4;
+        two shuffles each): lane ``q`` then holds the four keys of column ``q``, contiguous in
+        d rab's row ``p``. Values without a bias (``p`` or the key outside ``[0, lim)``) are
+        zeroed before the exchange, so the four-key add is exact where a key of the four lies
+        past ``lim`` (it adds 0 inside the padded row); the add is skipped where ``p`` is
+        outside ``[0, lim)`` or the first key is at ``lim`` or later."""
+        q = (cute.arch.lane_idx() >> 2) & 3
+        odd1 = (q & 2) != 0
+        odd0 = (q & 1) != 0
+        for r in cutlass.range_constexpr(2):
+            for t in cutlass.range_constexpr(cute.size(g) // 8):
+                es = (8 * t + 2 * r, 8 * t + 2 * r + 1, 8 * t + 2 * r + 4, 8 * t + 2 * r + 5)
+                a = cute.make_rmem_tensor((4,), Float32)
+                for k in cutlass.range_constexpr(4):
+                    e = es[k]
+                    p = row_off + tSc[e][1]
+                    ok = (p >= 0) & (p < lim) & (n0 + tSc[e][0] < lim)
+                    a[k] = g[e] if ok else Float32(0.0)
+                # lanes q, q ^ 2 swap their off-diagonal 2 x 2 blocks
+                for lo, hi in ((0, 2), (1, 3)):
+                    x = cute.arch.shuffle_sync_bfly(a[lo] if odd1 else a[hi], offset=8)
+                    if odd1:
+                        a[lo] = x
+                    else:
+                        a[hi] = x
+                # lanes q, q ^ 1 swap the off-diagonal values of each 2 x 2 block
+                for lo, hi in ((0, 1), (2, 3)):
+                    x = cute.arch.shuffle_sync_bfly(a[lo] if odd0 else a[hi], offset=4)
+                    if odd0:
+                        a[lo] = x
+                    else:
+                        a[hi] = x
+                # this lane's column es[q] and the first of its four keys
+                col = tSc[es[0]][1]
+                if q == 1:
+                    col = tSc[es[1]][1]
+                if q == 2:
+                    col = tSc[es[2]][1]
+                if q == 3:
+                    col = tSc[es[3]][1]
+                p = row_off + col
+                j0 = n0 + tSc[es[0]][0] - q
+                if (p >= 0) & (p < lim) & (j0 < lim):
+                    hc.red_add_v4_f32_at(elem_ptr(mdRab, (p, j0)).toint(), a[0], a[1], a[2],
+                                         a[3])
 
     @cute.jit
     def _step(self, skip: cutlass.Constexpr, ctx, c, m_block, full, head, mma_s, mma_dq):
