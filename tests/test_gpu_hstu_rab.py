@@ -13,7 +13,7 @@ The forward is the default ``sm90ws`` kernel except where a case selects another
 is the sm80 kernel (the default for calls with rab); the ``*_sm90`` tests run the grid's
 D = D_v in {64, 128} cases, the poisoned-buffer check, rab holding NaN / inf where the mask
 hides it, and deterministic=True on the sm90 backward instead (the opt-in hstu_bwd_ws flag
-``rab``).
+``rab``); ``HSTU_TEST_RAB_ORDER=lpt`` runs those with that ``hstu_bwd_order``.
 
 Run on the H200: ``python -m pytest -m gpu tests/test_gpu_hstu_rab.py``
 (``HSTU_TEST_SHARD=i/n`` shards it like test_gpu_hstu.py; tests/gpu_grids.sh (PARTS=rab) runs it
@@ -135,7 +135,10 @@ def _jitted(kind, max_q, max_k, scaling, window, alpha, compute, fwd_impl=None, 
     if kind == "kfwd":
         return jax.jit(lambda q, k, v, cq, ck, f, r: jsa.hstu_attention(
             q, k, v, cq, ck, func=f, rab=r, backend="kernel", switches=sw, **kw))
-    bsw = Switches(hstu_bwd_ws=bwd_ws) if bwd_ws else None
+    # HSTU_TEST_RAB_ORDER: the hstu_bwd_order of the cases with a bwd_ws (e.g. "lpt")
+    bsw = (Switches(hstu_bwd_ws=bwd_ws,
+                    hstu_bwd_order=os.environ.get("HSTU_TEST_RAB_ORDER", "auto"))
+           if bwd_ws else None)
     if kind == "kbwd":
         return jax.jit(lambda do, q, k, v, cq, ck, f, r: tuple(jsa.hstu_attention_backward(
             do, q, k, v, cq, ck, func=f, rab=r, backend="kernel", switches=bsw,
