@@ -577,20 +577,16 @@ class HstuBwdSm90:
                     p = row_off + tSc[e][1]
                     ok = (p >= 0) & (p < lim) & (n0 + tSc[e][0] < lim)
                     a[k] = g[e] if ok else Float32(0.0)
-                # lanes q, q ^ 2 swap their off-diagonal 2 x 2 blocks
-                for lo, hi in ((0, 2), (1, 3)):
-                    x = cute.arch.shuffle_sync_bfly(a[lo] if odd1 else a[hi], offset=8)
-                    if odd1:
-                        a[lo] = x
-                    else:
-                        a[hi] = x
-                # lanes q, q ^ 1 swap the off-diagonal values of each 2 x 2 block
-                for lo, hi in ((0, 1), (2, 3)):
-                    x = cute.arch.shuffle_sync_bfly(a[lo] if odd0 else a[hi], offset=4)
-                    if odd0:
-                        a[lo] = x
-                    else:
-                        a[hi] = x
+                # lanes q, q ^ 2 (lane distance 8) swap their off-diagonal 2 x 2 blocks, then
+                # lanes q, q ^ 1 (distance 4) the off-diagonal values of each 2 x 2 block
+                for pairs, dist, odd in ((((0, 2), (1, 3)), 8, odd1),
+                                         (((0, 1), (2, 3)), 4, odd0)):
+                    for lo, hi in pairs:
+                        x = cute.arch.shuffle_sync_bfly(a[lo] if odd else a[hi], offset=dist)
+                        if odd:
+                            a[lo] = x
+                        else:
+                            a[hi] = x
                 # this lane's column es[q] and the first of its four keys
                 col = tSc[es[0]][1]
                 if q == 1:
