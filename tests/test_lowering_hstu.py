@@ -466,6 +466,32 @@ def test_hstu_rab_bwd_sm90_lowers(head_dim, dtype, mask, h_rab, rab_dt, det):
     assert _DQ_TILES_KERNEL in txt
 
 
+
+@pytest.mark.parametrize("empty", ["max_seqlen_k_0", "batch_0"])
+def test_hstu_rab_bwd_sm90_empty_rab_lowers(empty):
+    """With hstu_bwd_ws "rab", a bias without elements (max_seqlen_k = 0, or no sequence)
+    takes the backward launch without the bias, whose sm90 kernel then has no bias either
+    (the compile key still records it)."""
+    import jax_sparse_attn as jsa  # noqa: PLC0415
+    from jax_sparse_attn.config import Switches  # noqa: PLC0415
+
+    q = jax.ShapeDtypeStruct((T, 2, 128), jnp.bfloat16)
+    if empty == "max_seqlen_k_0":
+        cu, mk = jax.ShapeDtypeStruct((B + 1,), jnp.int32), 0
+        rab = jax.ShapeDtypeStruct((B, 1, 0, 0), jnp.float32)
+    else:
+        cu, mk = jax.ShapeDtypeStruct((1,), jnp.int32), 64
+        rab = jax.ShapeDtypeStruct((0, 1, mk, mk), jnp.float32)
+
+    def loss(q, k, v, cu, rab):
+        out = jsa.hstu_attention(q, k, v, cu, cu, max_seqlen_q=64, max_seqlen_k=mk,
+                                 window_size=(-1, 0), alpha=0.3, backend="kernel", rab=rab,
+                                 switches=Switches(hstu_bwd_ws="rab"))
+        return jnp.sum(out.astype(jnp.float32))
+
+    txt = _lower(jax.grad(loss, argnums=(0, 1, 2, 4)), q, q, q, cu, rab)
+    assert "HstuBwdSm90" in txt and "HstuBwdSm80" not in txt
+
 def test_hstu_rab_keeps_the_selected_forward():
     """Both forwards have the bias: with rab the compile key keeps the selected forward
     (sm90ws by default, with its tiles and variants; sm80 with its tiles); the rab presence,

@@ -940,9 +940,9 @@ def _bwd_rab_adapter():
                             *, cfg: cutlass.Constexpr):
         # dq_acc and drab are aliased to outputs 2 and 3 (initialised by XLA)
         if cutlass.const_expr(cfg.impl == "sm90"):
-            _sm90_bwd_kernel(cfg)(do, q, k, v, cu_q, cu_k, kv_tiles, q_tile_start, q_tiles,
-                                  func, scal, win, dq_acc, dk, dv, stream, mRab=rab,
-                                  mdRab=drab)
+            _sm90_bwd_kernel(cfg, rab=True)(do, q, k, v, cu_q, cu_k, kv_tiles, q_tile_start,
+                                            q_tiles, func, scal, win, dq_acc, dk, dv, stream,
+                                            mRab=rab, mdRab=drab)
         else:
             HstuBwdSm80(_dt(cfg.dtype), cfg.head_dim, cfg.head_dim_v, cfg.block_m,
                         cfg.block_n, cfg.num_warps, cfg.has_func, cfg.func_n, has_rab=True,
@@ -967,9 +967,9 @@ def _bwd_rab_det_adapter():
         # deterministic: dq_acc, drab (per head) and the dq semaphores are aliased to
         # outputs 2, 3 and 4 (zero-initialised by XLA)
         if cutlass.const_expr(cfg.impl == "sm90"):
-            _sm90_bwd_kernel(cfg)(do, q, k, v, cu_q, cu_k, kv_tiles, q_tile_start, q_tiles,
-                                  func, scal, win, dq_acc, dk, dv, stream, mdQSem=dq_sem,
-                                  mRab=rab, mdRab=drab)
+            _sm90_bwd_kernel(cfg, rab=True)(do, q, k, v, cu_q, cu_k, kv_tiles, q_tile_start,
+                                            q_tiles, func, scal, win, dq_acc, dk, dv, stream,
+                                            mdQSem=dq_sem, mRab=rab, mdRab=drab)
         else:
             HstuBwdSm80(_dt(cfg.dtype), cfg.head_dim, cfg.head_dim_v, cfg.block_m,
                         cfg.block_n, cfg.num_warps, cfg.has_func, cfg.func_n, has_rab=True,
@@ -981,9 +981,11 @@ def _bwd_rab_det_adapter():
     return hstu_bwd_rab_det_launch
 
 
-def _sm90_bwd_kernel(cfg):
+def _sm90_bwd_kernel(cfg, rab=False):
     """The ``hstu_bwd_sm90`` kernel object of the backward compile key ``cfg`` (called while
-    an adapter traces); its tiles must be the key's, for which the schedule was built."""
+    an adapter traces); its tiles must be the key's, for which the schedule was built.
+    ``rab``: the launch passes the bias (a key with ``has_rab`` whose bias has no elements
+    runs the launch without it, so the kernel then has none either)."""
     from ..kernels.hstu_bwd_sm90 import HstuBwdSm90  # noqa: PLC0415
 
     kernel = HstuBwdSm90(_dt(cfg.dtype), cfg.head_dim, cfg.has_func, cfg.func_n,
@@ -995,7 +997,7 @@ def _sm90_bwd_kernel(cfg):
                          dq_claim=cfg.dq_claim, convert_rows=cfg.dq_convert_rows,
                          wg_skip=cfg.wg_skip, epi_smem=cfg.epi_smem,
                          uniform_frags=cfg.uniform_frags, wg_hand=cfg.wg_hand,
-                         has_rab=cfg.has_rab, rab_per_head=cfg.rab_per_head)
+                         has_rab=rab and cfg.has_rab, rab_per_head=cfg.rab_per_head)
     if (kernel.bm, kernel.bn) != (cfg.block_m, cfg.block_n):
         raise ValueError(f"hstu_bwd_sm90 tiles {(kernel.bm, kernel.bn)} differ from the "
                          f"compile key's {(cfg.block_m, cfg.block_n)}")

@@ -57,8 +57,9 @@ fragment, one scalar load each (adjacent values are adjacent queries, bias rows 
 apart; addresses clamped into ``rab[b, h % H_rab]``), and the score pass forms ``h = (alpha
 S^T + rab^T) / 2`` (0 bias where the bias row ``p = i + L_k - L_q`` or the key lies outside
 ``[0, min(L_k, N_k))``) and ``g = dP^T SiLU'(2 h) / scaling_seqlen``; after the mask (a
-select) ``g`` is d rab (``_store_drab``: direct stores with ``drab_per_head``, else scalar
-``red.global.add.f32`` into the shared fp32 workspace) and ``dS^T = alpha g``. Without
+select) ``g`` is d rab (``_store_drab``: direct stores with ``drab_per_head``, else 16-byte
+``red.global.add.v4.f32`` into the shared fp32 workspace after a shuffle transpose,
+``_red_drab_v4``) and ``dS^T = alpha g``. Without
 ``has_rab`` none of this is traced.
 
 The host launches the KV tiles longest work first (``metadata.hstu_bwd_schedule`` with the

@@ -21,8 +21,7 @@ BSA kernels) and re-exported here.
   (so ``SiLU(2h) = h + h tanh(h)`` gives its limit 0 instead of ``-inf * 0 = NaN``), NaN
   stays NaN.
 * ``elem_ptr(t, i)``: pointer to element ``i`` of tensor ``t`` (for ``red``/atomics).
-* ``red_add_f32(ptr, a)``: one fp32 reduction into global memory;
-  ``red_add_v2_f32(ptr, a, b)``: vectorized fp32 reduction into global memory (sm_90+);
+* ``red_add_v2_f32(ptr, a, b)``: vectorized fp32 reduction into global memory (sm_90+);
   ``red_add_v4_f32_at(addr, a, b, c, d)``: the 16-byte one;
   ``red_add_pair(ptr, a, b, vec)``: the 8-byte one when ``vec``, else two scalar reductions
   (:func:`.common.red_add_2xf32`, sm_8x).
@@ -99,13 +98,6 @@ def red_add_v2_f32(ptr, a, b, *, loc=None, ip=None):
     inline_asm(None, [ptr.toint(loc=loc, ip=ip).ir_value(loc=loc, ip=ip), _f32(a, loc, ip),
                       _f32(b, loc, ip)],
                "red.relaxed.gpu.global.add.v2.f32 [$0], {$1, $2};", "l,f,f", True, loc, ip)
-
-
-@dsl_user_op
-def red_add_f32(ptr, a, *, loc=None, ip=None):
-    """``red.global.add.f32 [ptr], a`` (4-byte aligned ``ptr``)."""
-    inline_asm(None, [ptr.toint(loc=loc, ip=ip).ir_value(loc=loc, ip=ip), _f32(a, loc, ip)],
-               "red.relaxed.gpu.global.add.f32 [$0], $1;", "l,f", True, loc, ip)
 
 
 @dsl_user_op
