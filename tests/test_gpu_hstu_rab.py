@@ -228,6 +228,9 @@ RAB_GRID += [
     # max_seqlen_k even (300) and H_rab = 1 (workspace rows not padded)
     dict(d=64, dtype="bfloat16", window=(-1, 0), h_rab=1, rab_dtype="f32",
          lens=([300, 5, 0, 64], [300, 5, 0, 64])),
+    # D 64, H_rab = 1, max_seqlen_k 301 (workspace rows padded to 304), no mask
+    dict(d=64, dtype="float16", window=(-1, -1), h_rab=1, rab_dtype="q",
+         lens=([301, 7, 0, 33], [301, 7, 0, 33])),
 ]
 
 
