@@ -165,7 +165,7 @@ def _parse_bsa_ws(var, raw):
 
 #: the flags of the sm90 HSTU backward's tuning switch (JAX_SPARSE_ATTN_HSTU_BWD_WS)
 HSTU_BWD_WS_FLAGS = ("splitwait", "epi16", "detzero", "dqclaim", "xlazero", "wgskip",
-                     "revheads", "epiregs", "thrfrags", "wghand", "rab")
+                     "revheads", "epiregs", "thrfrags", "wghand", "rabsm80")
 _HSTU_BWD_WS_ALLOWED = ("comma list of " + ", ".join(HSTU_BWD_WS_FLAGS)
                         + ", convert=N (query rows: 1..65536), chunk=N (KiB: 0..1048576)")
 _parse_hstu_bwd_ws = _parse_option_list(HSTU_BWD_WS_FLAGS,
@@ -334,8 +334,8 @@ SWITCHES = (
             "paged KV: XLA clips the page ids)"),
     _choice("hstu_bwd_impl", "JAX_SPARSE_ATTN_HSTU_BWD_IMPL", ("sm90", "sm80"),
             "HSTU backward kernel: sm90 (warp-specialized TMA producer warp + two wgmma "
-            "consumer warpgroups; D = D_v in {64, 128, 256} without rab, with rab only where "
-            "hstu_bwd_ws has 'rab' (D = D_v in {64, 128}); other calls run sm80 and "
+            "consumer warpgroups; D = D_v in {64, 128, 256} without rab, D = D_v in {64, 128} "
+            "with rab unless hstu_bwd_ws has 'rabsm80'; other calls run sm80 and "
             "the compile key records it), sm80 (mma.sync, cp.async; every head dim, with rab)"),
     _choice("hstu_bwd_dq", "JAX_SPARSE_ATTN_HSTU_BWD_DQ",
             ("tile", "red", "bulk", "red4"),
@@ -349,7 +349,8 @@ SWITCHES = (
             "else red), red4 (red.global.add.v4.f32: lane pairs swap halves with shuffles)"),
     _choice("hstu_bwd_order", "JAX_SPARSE_ATTN_HSTU_BWD_ORDER", ("auto", "hlpt", "lpt", "seq"),
             "launch order of the sm90 HSTU backward's KV tiles (tuning / ablation): auto "
-            "(lpt for deterministic=True at D <= 64, else hlpt), hlpt "
+            "(lpt for deterministic=True at D <= 64 and for a relative attention bias shared "
+            "by the heads (H_rab = 1) without deterministic=True, else hlpt), hlpt "
             "(longest work first within each head, one head after the other: concurrent CTAs "
             "share one head's Q, dO and dQ in L2), lpt (longest work first over all sequences, "
             "a tile's heads consecutive), seq "
@@ -395,15 +396,15 @@ SWITCHES = (
            "the dQ tile workspace at D <= 128, not dqclaim: the writer takes each consumer "
            "warpgroup's half of the staged dQ tile on its own and hands it back once its "
            "bulk reductions have read it, so a warpgroup never waits at a barrier for the "
-           "other one's dQ; opt-in: level with the default on the H100), rab (calls with a "
-           "relative attention bias run the sm90 backward at D = D_v in {64, 128}, else "
-           "they run sm80: each consumer thread loads its bias elements in the accumulator "
-           "layout after issuing the score GEMMs and writes d rab as sm80 does (direct stores "
-           "with H_rab = H or deterministic=True, fp32 red.add into the shared workspace with "
-           "H_rab = 1); with rab the dq workspace is zeroed, so detzero is implied and "
-           "dqclaim / convert=N are ignored; opt-in: its GPU tests pass on an H100, where it "
-           "runs the H_rab = 1 float32-rab backward at 1.26-1.27x sm80's speed (D 128, "
-           "causal); H_rab = H and D 64 not timed yet)"),
+           "other one's dQ; opt-in: level with the default on the H100), rabsm80 (calls with a "
+           "relative attention bias run the sm80 backward; by default they run the sm90 "
+           "backward at D = D_v in {64, 128} (else sm80): each consumer thread loads its bias "
+           "elements in the accumulator layout after issuing the score GEMMs and writes d rab "
+           "as sm80 does (direct stores with H_rab = H or deterministic=True, fp32 red.add "
+           "into the shared workspace with H_rab = 1); with rab the dq workspace is zeroed, so "
+           "detzero is implied and dqclaim / convert=N are ignored; on an H100 the sm90 "
+           "backward with rab is 1.07-1.58x sm80's speed at D 128 and H_rab = H at D 64, and "
+           "level with it at D 64 with H_rab = 1)"),
     Switch("hstu_bwd_tile", "JAX_SPARSE_ATTN_HSTU_BWD_TILE", _TILE, _parse_tile, None,
            "HSTU sm80 backward tile override (tuning; with sm90, the default, it is an error "
            "except for calls that sm90 routes to sm80: set hstu_bwd_impl=sm80 as well)"),

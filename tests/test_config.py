@@ -313,18 +313,21 @@ def test_pdl_switch_reaches_the_hopper_compile_keys():
         config.from_env({"JAX_SPARSE_ATTN_PDL": "maybe"})
 
 
-def test_hstu_bwd_ws_rab_routes_rab_calls_to_sm90():
-    """hstu_bwd_ws "rab" (opt-in): backward calls with a relative attention bias run the sm90
-    kernel at D = D_v in {64, 128} (the compile key keeps rab's presence, H_rab == H and
-    dtype; the dq workspace is zeroed: no det_store, dq_claim or in-kernel conversion);
-    without the flag, and at other head dims, they run sm80 (the key records the replaced
-    sm90); keys without rab do not change with the flag."""
+def test_hstu_bwd_rab_calls_run_sm90_unless_rabsm80():
+    """Backward calls with a relative attention bias run the sm90 kernel at D = D_v in
+    {64, 128} (the compile key keeps rab's presence, H_rab == H and dtype; the dq workspace
+    is zeroed: no det_store, dq_claim or in-kernel conversion); with the hstu_bwd_ws flag
+    "rabsm80", and at other head dims, they run sm80 (the key records the replaced sm90);
+    keys without rab do not change with the flag. The launch order "auto" is lpt for a bias
+    shared by the heads without deterministic=True."""
     from jax_sparse_attn.ffi import hstu as fh  # noqa: PLC0415
 
-    on = config.from_env({"JAX_SPARSE_ATTN_HSTU_BWD_WS": "rab"})
-    assert on.hstu_bwd_ws == ("rab",) == config.Switches(hstu_bwd_ws="rab").hstu_bwd_ws
-    off = config.Switches()
-    assert "rab" not in off.hstu_bwd_ws
+    off = config.from_env({"JAX_SPARSE_ATTN_HSTU_BWD_WS": "rabsm80"})
+    assert off.hstu_bwd_ws == ("rabsm80",) == config.Switches(hstu_bwd_ws="rabsm80").hstu_bwd_ws
+    on = config.Switches()
+    assert "rabsm80" not in on.hstu_bwd_ws
+    with pytest.raises(ValueError, match="JAX_SPARSE_ATTN_HSTU_BWD_WS.*rabsm80"):
+        config.from_env({"JAX_SPARSE_ATTN_HSTU_BWD_WS": "rab"})
     for d in (64, 128):
         for per_head, rdt in ((True, "bfloat16"), (False, "float32")):
             key = fh.bwd_config("bfloat16", d, d, 0, on, has_rab=True, rab_per_head=per_head,
@@ -332,28 +335,34 @@ def test_hstu_bwd_ws_rab_routes_rab_calls_to_sm90():
             assert (key.impl, key.replaced_impl) == ("sm90", ""), d
             assert (key.has_rab, key.rab_per_head, key.rab_dtype) == (True, per_head, rdt)
             assert key.dq_tile and not key.dq_claim and not key.dq_convert_rows
+            assert key.bwd_order == ("hlpt" if per_head else "lpt"), (d, per_head)
             base = fh.bwd_config("bfloat16", d, d, 0, off, has_rab=True,
                                  rab_per_head=per_head, rab_dtype=rdt)
             assert (base.impl, base.replaced_impl) == ("sm80", "sm90"), d
             assert base.has_rab and base.rab_per_head == per_head
-            assert fh.bwd_sm90_unsupported_reason(d, d, True) is not None
-            assert fh.bwd_sm90_unsupported_reason(d, d, True, True) is None
+            assert fh.bwd_sm90_unsupported_reason(d, d, True) is None
+            assert "rabsm80" in fh.bwd_sm90_unsupported_reason(d, d, True, True)
+            # an explicit order stays
+            pinned = fh.bwd_config("bfloat16", d, d, 0, config.Switches(hstu_bwd_order="hlpt"),
+                                   has_rab=True, rab_per_head=per_head, rab_dtype=rdt)
+            assert pinned.bwd_order == "hlpt"
         # without rab the flag changes nothing
         assert fh.bwd_config("float16", d, d, 3, on) == fh.bwd_config("float16", d, d, 3, off)
         det = fh.bwd_config("bfloat16", d, d, 0, on, has_rab=True, rab_dtype="float32",
                             deterministic=True)
         assert det.impl == "sm90" and det.deterministic and not det.det_store
+        assert det.bwd_order == ("lpt" if d == 64 else "hlpt")
         assert fh.bwd_config("bfloat16", d, d, 0, on, deterministic=True).det_store
-    # the flag's variants that leave the workspace unzeroed or convert in-kernel are dropped
-    sw = config.Switches(hstu_bwd_ws="rab,dqclaim,convert=512")
+    # the variants that leave the workspace unzeroed or convert in-kernel are dropped
+    sw = config.Switches(hstu_bwd_ws="dqclaim,convert=512")
     key = fh.bwd_config("bfloat16", 128, 128, 0, sw, has_rab=True, rab_dtype="float32")
     assert key.impl == "sm90" and not key.dq_claim and key.dq_convert_rows == 0
-    # D = 256, D != D_v and D = 32 keep running sm80 with rab
+    # D = 256, D != D_v and D = 32 run sm80 with rab
     for d, dv in ((256, 256), (64, 128), (32, 32)):
         key = fh.bwd_config("bfloat16", d, dv, 0, on, has_rab=True, rab_dtype="float32")
         assert (key.impl, key.replaced_impl) == ("sm80", "sm90"), (d, dv)
-        assert fh.bwd_sm90_unsupported_reason(d, dv, True, True) is not None
-    # hstu_bwd_impl="sm80" wins over the flag
-    key = fh.bwd_config("bfloat16", 128, 128, 0, config.Switches(
-        hstu_bwd_impl="sm80", hstu_bwd_ws="rab"), has_rab=True, rab_dtype="float32")
+        assert fh.bwd_sm90_unsupported_reason(d, dv, True) is not None
+    # hstu_bwd_impl="sm80" runs sm80 without recording a replacement
+    key = fh.bwd_config("bfloat16", 128, 128, 0, config.Switches(hstu_bwd_impl="sm80"),
+                        has_rab=True, rab_dtype="float32")
     assert (key.impl, key.replaced_impl) == ("sm80", "")

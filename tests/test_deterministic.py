@@ -83,10 +83,14 @@ def test_config_carries_deterministic(monkeypatch):
     bulk = Switches(hstu_bwd_dq="bulk")
     assert cfg(False, bulk).bwd.dq_bulk and not cfg(True, bulk).bwd.dq_bulk
     # configurations routed to the sm80 backward keep the flag
-    for d, rab in ((32, False), (128, True)):
+    for d, rab in ((32, False), (256, True)):
         key = fh.bwd_config("bfloat16", d, d, 0, Switches(), has_rab=rab,
                             rab_dtype="float32" if rab else "", deterministic=True)
         assert key.impl == "sm80" and key.deterministic, (d, rab)
+    # with rab at D = 128 the sm90 backward (per-head drab workspace)
+    k128 = fh.bwd_config("bfloat16", 128, 128, 0, Switches(), has_rab=True,
+                         rab_dtype="float32", deterministic=True)
+    assert k128.impl == "sm90" and k128.deterministic
     # D = 256 runs the sm90 backward (64 x 64 tiles) in both modes
     k256 = fh.bwd_config("bfloat16", 256, 256, 0, Switches(), deterministic=True)
     assert (k256.impl, k256.block_n, k256.deterministic) == ("sm90", 64, True)

@@ -150,7 +150,7 @@ class TestHSTUForwardImpls(HSTUKernelGrid):
 class TestHSTUBackwardImpls(HSTUKernelGrid):
     """HSTU_TEST_BWD: the grid and the tile-shape extras with each selected backward
     implementation (the forward is the default one); configurations a backward does not take
-    (e.g. sm90: D != D_v, D = 32, rab) run the sm80 backward it routes them to."""
+    (e.g. sm90: D != D_v, D = 32, rab at D = 256) run the sm80 backward it routes them to."""
 
     @classmethod
     def grid(cls):
@@ -737,8 +737,9 @@ def test_hstu_split_kv_kernel(layout, lq, kv_splits):
 # ---- deterministic=True: bitwise reproducible backward -----------------------------------
 # (name, lens, D, window, dtype, mask extra): the canonical jagged batch on the sm90 backward
 # (D = 128, causal; D = 256), a window whose work grows with the KV tile (launch order kept
-# ascending per sequence), a func mask, and configurations that run the sm80 backward
-# (D = 32, relative attention bias with H_rab = 1: drab summed over heads in a fixed order)
+# ascending per sequence), a func mask, a relative attention bias with H_rab = 1 (drab summed
+# over heads in a fixed order), and configurations that run the sm80 backward (D = 32, and
+# D = 256 with a bias)
 DET_CASES = [
     ("canonical-jagged-d128-causal", "canonical", 128, (-1, 0), "bfloat16", ""),
     ("jagged-d64-window-64-inf", [700, 0, 1500, 129, 64, 1000], 64, (64, -1), "float16", ""),
@@ -746,7 +747,8 @@ DET_CASES = [
     ("jagged-d128-func-targets", [900, 1, 1200, 0, 333], 128, (-1, -1), "bfloat16", "func"),
     ("canonical-jagged-d256-causal", "canonical", 256, (-1, 0), "bfloat16", ""),
     ("jagged-d32-local-sm80", [700, 0, 1500, 129], 32, (100, 20), "float16", ""),
-    ("jagged-d128-rab1-sm80", [300, 0, 257, 64], 128, (-1, 0), "bfloat16", "rab1"),
+    ("jagged-d128-rab1", [300, 0, 257, 64], 128, (-1, 0), "bfloat16", "rab1"),
+    ("jagged-d256-rab1-sm80", [300, 0, 257, 64], 256, (-1, 0), "bfloat16", "rab1"),
 ]
 
 

@@ -10,10 +10,11 @@ drab must be exactly 0 outside each sequence's rows ``p in [L_k - L_q, L_k)`` an
 
 The forward is the default ``sm90ws`` kernel except where a case selects another
 (``test_hstu_rab_forward_impls``: sm80, sm90ws variants, both N_k parities). The backward
-is the sm80 kernel (the default for calls with rab); the ``*_sm90`` tests run the grid's
-D = D_v in {64, 128} cases, the poisoned-buffer check, rab holding NaN / inf where the mask
-hides it, and deterministic=True on the sm90 backward instead (the opt-in hstu_bwd_ws flag
-``rab``); ``HSTU_TEST_RAB_ORDER=lpt`` runs those with that ``hstu_bwd_order``.
+is the default's: the sm90 kernel at D = D_v in {64, 128}, sm80 at other head dims; the
+``*_sm80`` tests run the grid's D = D_v in {64, 128} cases and the poisoned-buffer check on
+the sm80 backward (the hstu_bwd_ws flag ``rabsm80``), ``test_hstu_rab_nan_where_masked``
+both; ``HSTU_TEST_RAB_ORDER=lpt`` (or ``hlpt``, ``seq``) runs every case with that
+``hstu_bwd_order``.
 
 Run on the H200: ``python -m pytest -m gpu tests/test_gpu_hstu_rab.py``
 (``HSTU_TEST_SHARD=i/n`` shards it like test_gpu_hstu.py; tests/gpu_grids.sh (PARTS=rab) runs it
@@ -118,8 +119,8 @@ def _jitted(kind, max_q, max_k, scaling, window, alpha, compute, fwd_impl=None, 
             det=False):
     """jit-compiled callables (one per static configuration; jit also keeps the eager value
     checks away from the random func endpoints, which may exceed max_seqlen_k). ``bwd_ws``:
-    the hstu_bwd_ws switch of the kernel backwards ("rab": the sm90 backward); ``det``: their
-    deterministic flag."""
+    the hstu_bwd_ws switch of the kernel backwards ("rabsm80": the sm80 backward at every
+    head dim); ``det``: their deterministic flag."""
     import jax_sparse_attn as jsa
     from jax_sparse_attn import hstu as hstu_mod
     from jax_sparse_attn import reference
@@ -135,10 +136,10 @@ def _jitted(kind, max_q, max_k, scaling, window, alpha, compute, fwd_impl=None, 
     if kind == "kfwd":
         return jax.jit(lambda q, k, v, cq, ck, f, r: jsa.hstu_attention(
             q, k, v, cq, ck, func=f, rab=r, backend="kernel", switches=sw, **kw))
-    # HSTU_TEST_RAB_ORDER: the hstu_bwd_order of the cases with a bwd_ws (e.g. "lpt")
-    bsw = (Switches(hstu_bwd_ws=bwd_ws,
-                    hstu_bwd_order=os.environ.get("HSTU_TEST_RAB_ORDER", "auto"))
-           if bwd_ws else None)
+    # HSTU_TEST_RAB_ORDER: the hstu_bwd_order of the kernel backwards (e.g. "lpt")
+    order = os.environ.get("HSTU_TEST_RAB_ORDER", "")
+    bsw = (Switches(hstu_bwd_ws=bwd_ws, hstu_bwd_order=order or "auto")
+           if bwd_ws or order else None)
     if kind == "kbwd":
         return jax.jit(lambda do, q, k, v, cq, ck, f, r: tuple(jsa.hstu_attention_backward(
             do, q, k, v, cq, ck, func=f, rab=r, backend="kernel", switches=bsw,
@@ -168,10 +169,12 @@ def _region(lens_q, lens_k, n_k):
 
 def _run_rab_case(d, dtype, lens_q, lens_k, window, *, h_rab, rab_dtype, func_n=0, alpha=None,
                   scaling=None, seed=0, bwd=True, fwd_impl=None, dv=None, bwd_ws="",
-                  det=False, rab_fn=None):
+                  det=False, rab_fn=None, h_kv=None):
     dtype = jnp.dtype(dtype)
     dv = dv or d
     rng, q, k, v, do, cq, ck = _inputs(seed, d, dv, dtype, lens_q, lens_k)
+    if h_kv:  # grouped KV heads: query head h reads KV head h // (H / h_kv)
+        k, v = k[:, :h_kv], v[:, :h_kv]
     max_q, max_k = max(max(lens_q), 1), max(max(lens_k), 1)
     alpha = float(alpha if alpha is not None else 2.0 / np.sqrt(d))
     scaling = float(scaling if scaling is not None else max_q)
@@ -255,18 +258,39 @@ def test_hstu_rab_kernel_vs_reference(case):
                   alpha=case.get("alpha"), scaling=case.get("scaling"), dv=case.get("dv"))
 
 
-# the grid's cases that the sm90 backward takes with hstu_bwd_ws "rab" (D = D_v in {64, 128})
+# the grid's cases that the sm90 backward takes (D = D_v in {64, 128}), which the default
+# runs there
 RAB_GRID_SM90 = [c for c in RAB_GRID if c["d"] in (64, 128) and not c.get("dv")]
 
 
 @pytest.mark.parametrize("case", _shard(RAB_GRID_SM90), ids=_id)
-def test_hstu_rab_kernel_vs_reference_sm90(case):
-    """:func:`test_hstu_rab_kernel_vs_reference` with the backward on the sm90 kernel
-    (hstu_bwd_ws "rab")."""
+def test_hstu_rab_kernel_vs_reference_sm80(case):
+    """:func:`test_hstu_rab_kernel_vs_reference` with the backward on the sm80 kernel
+    (hstu_bwd_ws "rabsm80") where the default runs sm90."""
     lens_q, lens_k = case.get("lens", (LENS_RAB, LENS_RAB))
     _run_rab_case(case["d"], case["dtype"], lens_q, lens_k, case["window"],
                   h_rab=case["h_rab"], rab_dtype=case["rab_dtype"], func_n=case.get("func_n", 0),
-                  alpha=case.get("alpha"), scaling=case.get("scaling"), bwd_ws="rab")
+                  alpha=case.get("alpha"), scaling=case.get("scaling"), bwd_ws="rabsm80")
+
+
+# grouped KV heads (H_kv < H) with rab: the sm90ws forward and the sm90 backward (query head h
+# reads KV head h // (H / H_kv) and bias head h % H_rab; dK / dV sum the group)
+GQA_RAB = [dict(d=128, dtype="bfloat16", window=(-1, 0), h_rab=1, rab_dtype="f32", h_kv=1),
+           dict(d=64, dtype="float16", window=(63, 17), h_rab=H, rab_dtype="q", h_kv=1),
+           dict(d=128, dtype="bfloat16", window=(-1, -1), func_n=3, h_rab=H, rab_dtype="f32",
+                h_kv=1, lens=LENS_Q_LT_K),
+           dict(d=64, dtype="bfloat16", window=(-1, -1), h_rab=1, rab_dtype="q", h_kv=1,
+                lens=([301, 7, 0, 33], [301, 7, 0, 33]))]
+
+
+@pytest.mark.parametrize("case", _shard(GQA_RAB), ids=lambda c: _id(c) + f"-hkv{c['h_kv']}")
+def test_hstu_rab_gqa(case):
+    """Grouped KV heads with rab: out, dq, dk, dv, drab against the reference (which repeats
+    the KV heads)."""
+    lens_q, lens_k = case.get("lens", (LENS_RAB, LENS_RAB))
+    _run_rab_case(case["d"], case["dtype"], lens_q, lens_k, case["window"],
+                  h_rab=case["h_rab"], rab_dtype=case["rab_dtype"], func_n=case.get("func_n", 0),
+                  h_kv=case["h_kv"], seed=6)
 
 
 # deterministic=True on the sm90 backward with rab: per-head drab workspace (H_rab = 1) or
@@ -284,16 +308,15 @@ def test_hstu_rab_deterministic_sm90(case):
     lens_q, lens_k = case.get("lens", (LENS_RAB, LENS_RAB))
     q, k, v, do, cq, ck, func, rab, args = _run_rab_case(
         case["d"], case["dtype"], lens_q, lens_k, case["window"], h_rab=case["h_rab"],
-        rab_dtype=case["rab_dtype"], func_n=case.get("func_n", 0), bwd_ws="rab", det=True,
-        seed=3)
-    fn = _jitted("kbwd", *args, None, None, "rab", True)
+        rab_dtype=case["rab_dtype"], func_n=case.get("func_n", 0), det=True, seed=3)
+    fn = _jitted("kbwd", *args, None, None, "", True)
     runs = [[np.asarray(x) for x in fn(do, q, k, v, cq, ck, func, rab)] for _ in range(3)]
     for r in runs[1:]:
         for nm, a, b in zip(("dq", "dk", "dv", "drab"), r, runs[0]):
             assert np.array_equal(a, b, equal_nan=True), f"{nm} differs between runs"
 
 
-@pytest.mark.parametrize("bwd_ws", ["", "rab"], ids=["sm80bwd", "sm90bwd"])
+@pytest.mark.parametrize("bwd_ws", ["rabsm80", ""], ids=["sm80bwd", "sm90bwd"])
 @pytest.mark.parametrize("h_rab", [1, H])
 @pytest.mark.parametrize("d,window", [(128, (-1, 0)), (64, (31, 7))])
 def test_hstu_rab_nan_where_masked(d, window, h_rab, bwd_ws):
@@ -385,19 +408,20 @@ def test_hstu_rab_forward_impls(impl, case):
 
 @pytest.mark.skipif(not _first_shard(), reason="runs in shard 0")
 @pytest.mark.parametrize("h_rab", [1, H])
-def test_hstu_drab_poisoned_buffer(h_rab):
-    """The drab buffer starts poisoned: the kernel writes (per head: stores; H_rab = 1:
-    fp32 adds) exactly inside each sequence's rows p in [L_k - L_q, L_k) and keys j < L_k,
-    and nothing outside (the poison survives there, padding columns included)."""
-    _poisoned_buffer(h_rab, "")
+def test_hstu_drab_poisoned_buffer_sm80(h_rab):
+    """The drab buffer starts poisoned: the kernel (the sm80 backward, hstu_bwd_ws
+    "rabsm80") writes (per head: stores; H_rab = 1: fp32 adds) exactly inside each
+    sequence's rows p in [L_k - L_q, L_k) and keys j < L_k, and nothing outside (the poison
+    survives there, padding columns included)."""
+    _poisoned_buffer(h_rab, "rabsm80")
 
 
 @pytest.mark.skipif(not _first_shard(), reason="runs in shard 0")
 @pytest.mark.parametrize("h_rab", [1, H])
 @pytest.mark.parametrize("d", [64, 128])
 def test_hstu_drab_poisoned_buffer_sm90(h_rab, d):
-    """:func:`test_hstu_drab_poisoned_buffer` on the sm90 backward (hstu_bwd_ws "rab")."""
-    _poisoned_buffer(h_rab, "rab", d)
+    """:func:`test_hstu_drab_poisoned_buffer_sm80` on the sm90 backward (the default)."""
+    _poisoned_buffer(h_rab, "", d)
 
 
 def _poisoned_buffer(h_rab, bwd_ws, d=64):

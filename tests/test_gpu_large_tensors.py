@@ -530,9 +530,8 @@ def test_large_hstu_rab(which):
     elements): out, dq, dk, dv and drab of the first sequence, of the sequences whose rab
     blocks straddle element offset 2**31 and of the last six (past it) match the reference
     on those sequences; no NaN anywhere. Proves the rab reads of both forwards' score tiles
-    and the backward's drab writes are 64-bit safe (the rab backward runs the sm80 kernel:
-    the sm90 one takes no rab). About 25 (hrab4) / 40 (hrab1) GB of device memory; tens
-    of seconds."""
+    and the backward's drab writes are 64-bit safe (D = 128: the sm90 backward, the default
+    with rab there). About 25 (hrab4) / 40 (hrab1) GB of device memory; tens of seconds."""
     _finish(*_isolated(run_hstu, HSTU_RAB_LARGE[which], "kernel"))
 
 

@@ -194,8 +194,9 @@ def test_paged_and_validate_accept_python_lists():
 
 
 def test_gqa_kernel_routing_names_the_option():
-    """GQA needs the sm90ws forward and the sm90 backward; the portable sm80 kernels decline
-    it with a reason naming the switch (backend='kernel' raises it, 'auto' falls back)."""
+    """GQA needs the sm90ws forward and the sm90 backward (with rab: at D = D_v in {64, 128});
+    the portable sm80 kernels decline it with a reason naming the switch (backend='kernel'
+    raises it, 'auto' falls back)."""
     from jax_sparse_attn.ffi import hstu as ffi_hstu
 
     sw = jsa_config.Switches()
@@ -206,7 +207,11 @@ def test_gqa_kernel_routing_names_the_option():
     reason = ffi_hstu.gqa_unsupported_reason(128, 128, False,
                                              jsa_config.Switches(hstu_bwd_impl="sm80"))
     assert reason and "hstu_bwd_impl" in reason
-    assert "relative attention bias" in ffi_hstu.gqa_unsupported_reason(128, 128, True, sw)
+    # with a relative attention bias: the sm90 backward takes it at D = D_v in {64, 128}
+    assert ffi_hstu.gqa_unsupported_reason(128, 128, True, sw) is None
+    assert "relative attention bias" in ffi_hstu.gqa_unsupported_reason(256, 256, True, sw)
+    assert "rabsm80" in ffi_hstu.gqa_unsupported_reason(
+        64, 64, True, jsa_config.Switches(hstu_bwd_ws="rabsm80"))
     assert ffi_hstu.gqa_unsupported_reason(256, 256, False, sw) is None  # sm90 at D = 256
     reason = ffi_hstu.gqa_unsupported_reason(32, 32, False, sw)
     assert reason and "32" in reason and "(64, 128, 256)" in reason

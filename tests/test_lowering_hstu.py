@@ -423,7 +423,7 @@ def test_hstu_rab_lowers(direction, impl, dtype, head_dim, mask, h_rab, rab_dt):
     assert _attention_calls(txt) == 1 and "\\7FELF" in txt
 
 
-# the sm90 backward with rab (hstu_bwd_ws "rab", opt-in): D 64 (128 x 128 tiles) and 128
+# the sm90 backward with rab (the default at D = D_v in {64, 128}): D 64 (128 x 128 tiles) and 128
 # (64 x 128), H_rab = 1 (fp32 workspace + red.add) and H_rab = H (direct stores), rab in
 # q's dtype and in float32, causal / local window / func masks, deterministic=True (per-head
 # drab workspace, ordered dq additions); an odd max_seqlen_k (201)
@@ -441,8 +441,8 @@ RAB_SM90_BWD_LOWER = [
                          ids=["-".join(map(str, c[:5])) + ("-det" if c[5] else "")
                               for c in RAB_SM90_BWD_LOWER])
 def test_hstu_rab_bwd_sm90_lowers(head_dim, dtype, mask, h_rab, rab_dt, det):
-    """With hstu_bwd_ws "rab" the backward with rab lowers to the sm90 kernel (and the dq
-    tile reordering kernel), not the sm80 one."""
+    """The backward with rab lowers to the sm90 kernel (and the dq tile reordering kernel),
+    not the sm80 one; with the hstu_bwd_ws flag "rabsm80" to the sm80 one."""
     import jax_sparse_attn as jsa  # noqa: PLC0415
     from jax_sparse_attn.config import Switches  # noqa: PLC0415
 
@@ -457,19 +457,24 @@ def test_hstu_rab_bwd_sm90_lowers(head_dim, dtype, mask, h_rab, rab_dt, det):
         out = jsa.hstu_attention(q, k, v, cu, cu, max_seqlen_q=mk, max_seqlen_k=mk,
                                  window_size=_BWD_WINDOWS[mask], alpha=0.3, func=func,
                                  backend="kernel", rab=rab, deterministic=det,
-                                 switches=Switches(hstu_bwd_ws="rab"))
+                                 switches=sw)
         return jnp.sum(out.astype(jnp.float32))
 
+    sw = Switches()
     txt = _lower(jax.grad(loss, argnums=(0, 1, 2, 5)), q, q, q, cu, func, rab)
     assert _attention_calls(txt) == 1 and "\\7FELF" in txt
     assert "HstuBwdSm90" in txt and "HstuBwdSm80" not in txt
     assert _DQ_TILES_KERNEL in txt
+    if head_dim == 128 and not det:  # the same call with the flag: sm80
+        sw = Switches(hstu_bwd_ws="rabsm80")
+        txt = _lower(jax.grad(loss, argnums=(0, 1, 2, 5)), q, q, q, cu, func, rab)
+        assert "HstuBwdSm80" in txt and "HstuBwdSm90" not in txt
 
 
 
 @pytest.mark.parametrize("empty", ["max_seqlen_k_0", "batch_0"])
 def test_hstu_rab_bwd_sm90_empty_rab_lowers(empty):
-    """With hstu_bwd_ws "rab", a bias without elements (max_seqlen_k = 0, or no sequence)
+    """A bias without elements (max_seqlen_k = 0, or no sequence)
     takes the backward launch without the bias, whose sm90 kernel then has no bias either
     (the compile key still records it)."""
     import jax_sparse_attn as jsa  # noqa: PLC0415
@@ -486,7 +491,7 @@ def test_hstu_rab_bwd_sm90_empty_rab_lowers(empty):
     def loss(q, k, v, cu, rab):
         out = jsa.hstu_attention(q, k, v, cu, cu, max_seqlen_q=64, max_seqlen_k=mk,
                                  window_size=(-1, 0), alpha=0.3, backend="kernel", rab=rab,
-                                 switches=Switches(hstu_bwd_ws="rab"))
+                                 switches=Switches())
         return jnp.sum(out.astype(jnp.float32))
 
     txt = _lower(jax.grad(loss, argnums=(0, 1, 2, 4)), q, q, q, cu, rab)
@@ -596,8 +601,8 @@ def test_hstu_bwd_sm90_lowers_lq_ne_lk():
 
 def test_hstu_bwd_sm90_config_routes_to_sm80():
     """hstu_bwd_impl="sm90" puts the sm90 kernel in the compile key for D = D_v in
-    {64, 128, 256} without rab; D = 32, D != D_v and rab run sm80 (the key records the
-    replaced switch value); the sm80 tile override with sm90 is a ValueError naming the
+    {64, 128, 256} without rab and D = D_v in {64, 128} with rab; D = 32, D != D_v and rab
+    at D = 256 run sm80 (the key records the replaced switch value); the sm80 tile override with sm90 is a ValueError naming the
     switch."""
     from jax_sparse_attn.config import Switches  # noqa: PLC0415
     from jax_sparse_attn.ffi import hstu as fh  # noqa: PLC0415
@@ -612,7 +617,7 @@ def test_hstu_bwd_sm90_config_routes_to_sm80():
                                                            hstu_bwd_dq="bulk"))
     # D = 256: 64 x 64 tiles; bulk (rows staged in shared memory) becomes red there
     assert (k256.impl, k256.block_m, k256.block_n, k256.dq_bulk) == ("sm90", 64, 64, False)
-    for d, dv, rab in ((32, 32, False), (128, 256, False), (64, 128, False), (128, 128, True)):
+    for d, dv, rab in ((32, 32, False), (128, 256, False), (64, 128, False), (256, 256, True)):
         key = fh.bwd_config("bfloat16", d, dv, 0, sw, has_rab=rab,
                             rab_dtype="bfloat16" if rab else "")
         assert (key.impl, key.replaced_impl) == ("sm80", "sm90"), (d, dv, rab)
@@ -628,15 +633,18 @@ def test_hstu_bwd_sm90_config_routes_to_sm80():
 
 
 # ---------------------------------------------------------- inference: GQA/MQA, paged KV
-GQA_LOWER = [("fwd", "bfloat16", 128, 4, "causal"), ("fwd", "float16", 64, 8, "func"),
-             ("bwd", "bfloat16", 128, 2, "causal"), ("bwd", "float16", 64, 8, "window")]
+GQA_LOWER = [("fwd", "bfloat16", 128, 4, "causal", 0), ("fwd", "float16", 64, 8, "func", 0),
+             ("bwd", "bfloat16", 128, 2, "causal", 0), ("bwd", "float16", 64, 8, "window", 0),
+             ("bwd", "bfloat16", 128, 4, "causal", 1), ("bwd", "float16", 64, 8, "func", 8)]
 
 
-@pytest.mark.parametrize("direction,dtype,head_dim,ratio,mask", GQA_LOWER,
-                         ids=["-".join(map(str, c)) for c in GQA_LOWER])
-def test_hstu_gqa_lowers(direction, dtype, head_dim, ratio, mask):
+@pytest.mark.parametrize("direction,dtype,head_dim,ratio,mask,h_rab", GQA_LOWER,
+                         ids=["-".join(map(str, c[:5])) + (f"-rab{c[5]}" if c[5] else "")
+                              for c in GQA_LOWER])
+def test_hstu_gqa_lowers(direction, dtype, head_dim, ratio, mask, h_rab):
     """Grouped KV heads (8 query heads, 8 / ratio KV heads; ratio 8 = MQA): the sm90ws forward
-    and the sm90 backward (one custom call each)."""
+    and the sm90 backward (one custom call each), also with a relative attention bias of
+    ``h_rab`` heads (fp32)."""
     import jax_sparse_attn as jsa  # noqa: PLC0415
 
     dt = jnp.dtype(dtype)
@@ -644,16 +652,19 @@ def test_hstu_gqa_lowers(direction, dtype, head_dim, ratio, mask):
     k = jax.ShapeDtypeStruct((T, 8 // ratio, head_dim), dt)
     cu = jax.ShapeDtypeStruct((B + 1,), jnp.int32)
     func = jax.ShapeDtypeStruct((1, 3, T + 256), jnp.int32) if mask == "func" else None
+    rab = jax.ShapeDtypeStruct((B, h_rab, 200, 200), jnp.float32) if h_rab else None
 
-    def fwd(q, k, v, cu, func):
+    def fwd(q, k, v, cu, func, rab):
         return jsa.hstu_attention(q, k, v, cu, cu, max_seqlen_q=200, max_seqlen_k=200,
-                                  window_size=_BWD_WINDOWS[mask], func=func, backend="kernel")
+                                  window_size=_BWD_WINDOWS[mask], func=func, rab=rab,
+                                  backend="kernel")
 
     if direction == "fwd":
-        txt = _lower(fwd, q, k, k, cu, func)
+        txt = _lower(fwd, q, k, k, cu, func, rab)
     else:
         txt = _lower(jax.grad(lambda *a: jnp.sum(fwd(*a).astype(jnp.float32)),
-                              argnums=(0, 1, 2)), q, k, k, cu, func)
+                              argnums=(0, 1, 2)), q, k, k, cu, func, rab)
+        assert "HstuBwdSm90" in txt and "HstuBwdSm80" not in txt
     assert _attention_calls(txt) == 1 and "\\7FELF" in txt
 
 
@@ -960,7 +971,8 @@ def test_hstu_bwd_sm90_order_and_dq_variants():
 
 def test_hstu_bwd_sm90_auto_order_and_chunks():
     """hstu_bwd_order="auto" resolves to lpt for the deterministic backward at D <= 64 and
-    to hlpt elsewhere (an explicit order stays); hstu_bwd_ws "chunk=N" sets the hlpt
+    (tests/test_config.py) for a bias shared by the heads, to hlpt elsewhere (an explicit
+    order stays); hstu_bwd_ws "chunk=N" sets the hlpt
     schedule's chunk size (KiB; ignored by lpt / seq), and the chunked schedule launch takes
     the query rows per chunk as its seventh parameter."""
     from jax_sparse_attn.config import Switches, from_env  # noqa: PLC0415

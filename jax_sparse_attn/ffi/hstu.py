@@ -37,8 +37,8 @@ tiles ordered longest-work-first (argsort of the visible key count); the persist
 walks (row, head) items in that order; the sm80 backward grid is ``(H, S)`` over KV tiles in
 canonical order, the sm90 backward's ``(S, H)`` (``hstu_bwd_order="hlpt"``) or
 ``(H, S)`` (``lpt``) over KV tiles ordered longest work first, or ``(S, H)`` in canonical
-order (``seq``); the default ``"auto"`` is ``lpt`` for ``deterministic=True`` at D <= 64,
-else ``hlpt``. A pseudo-sequence appended to ``cu_seqlens`` covers rows past
+order (``seq``); the default ``"auto"`` is ``lpt`` for ``deterministic=True`` at D <= 64
+and for a bias shared by the heads (``H_rab = 1``) without ``deterministic``, else ``hlpt``. A pseudo-sequence appended to ``cu_seqlens`` covers rows past
 ``cu_seqlens[-1]`` so the kernels write zeros there.
 
 Relative attention bias (``rab (B, H_rab, N_k, N_k)``, q's dtype or fp32): a presence flag
@@ -49,9 +49,9 @@ kernels without bias (PTX sha256-identical). Both forwards (``RAB_FWD_IMPLS``: `
 Backward: ``drab`` is written directly (rab's dtype, zero-initialised output) when
 ``H_rab == H``, else added over heads into an fp32 workspace ``(B, 1, N_k, N_k_pad)``
 (``N_k_pad`` a multiple of 4: 16-byte aligned rows for the vector reductions) that XLA slices and casts. The backward
-with rab runs sm80, or with the ``hstu_bwd_ws`` flag ``rab`` the sm90 kernel at D = D_v in
-``SM90_BWD_RAB_HEAD_DIMS`` (same drab buffers; its dq tile workspace is zeroed and
-reordered as without rab).
+with rab runs the sm90 kernel at D = D_v in ``SM90_BWD_RAB_HEAD_DIMS`` (same drab buffers;
+its dq tile workspace is zeroed and reordered as without rab), else, or with the
+``hstu_bwd_ws`` flag ``rabsm80``, sm80.
 
 Determinism: the forward and dk/dv are deterministic (each output element is written by
 exactly one CTA with a fixed summation order). By default dq is accumulated in an fp32
@@ -197,8 +197,8 @@ class HstuBwdConfig(_HstuKey):
     rab_per_head: bool = False
     rab_dtype: str = ""
     # "sm80" (mma.sync, every configuration) or "sm90" (warp-specialized wgmma; D = D_v in
-    # SM90_BWD_HEAD_DIMS, with rab only with the hstu_bwd_ws flag "rab" and D = D_v in
-    # SM90_BWD_RAB_HEAD_DIMS)
+    # SM90_BWD_HEAD_DIMS, with rab D = D_v in SM90_BWD_RAB_HEAD_DIMS unless the hstu_bwd_ws
+    # flag "rabsm80" is set)
     impl: str = "sm80"
     # the hstu_bwd_impl switch value when the configuration replaced it by sm80 (else "")
     replaced_impl: str = ""
@@ -612,16 +612,16 @@ def _ws_tma_o_applied(cfg):
 SM90_BWD_HEAD_DIMS = (64, 128, 256)
 
 
-#: head dims (D = D_v) of the sm90 backward with a relative attention bias (hstu_bwd_ws "rab")
+#: head dims (D = D_v) of the sm90 backward with a relative attention bias
 SM90_BWD_RAB_HEAD_DIMS = (64, 128)
 
 
-def bwd_sm90_unsupported_reason(head_dim, head_dim_v, has_rab, rab_sm90=False) -> str | None:
+def bwd_sm90_unsupported_reason(head_dim, head_dim_v, has_rab, rab_sm80=False) -> str | None:
     """``None`` if the sm90 backward takes this static configuration, else why it runs sm80.
-    ``rab_sm90``: the hstu_bwd_ws flag "rab" (calls with rab may run the sm90 backward)."""
-    if has_rab and not rab_sm90:
-        return ("the sm90 backward takes a relative attention bias only with the hstu_bwd_ws "
-                "flag 'rab' (JAX_SPARSE_ATTN_HSTU_BWD_WS)")
+    ``rab_sm80``: the hstu_bwd_ws flag "rabsm80" (calls with rab run the sm80 backward)."""
+    if has_rab and rab_sm80:
+        return ("the hstu_bwd_ws flag 'rabsm80' (JAX_SPARSE_ATTN_HSTU_BWD_WS) runs calls with "
+                "a relative attention bias on the sm80 backward")
     if has_rab and not (head_dim == head_dim_v and head_dim in SM90_BWD_RAB_HEAD_DIMS):
         return (f"the sm90 backward with a relative attention bias takes head_dim = head_dim_v "
                 f"in {SM90_BWD_RAB_HEAD_DIMS}, got {head_dim}, {head_dim_v} (padded)")
@@ -697,7 +697,7 @@ def gqa_unsupported_reason(head_dim, head_dim_v, has_rab, switches, paged=False)
         return ("grouped KV heads (H_kv < H) need the sm90 backward; hstu_bwd_impl="
                 f"{switches.hstu_bwd_impl!r} (JAX_SPARSE_ATTN_HSTU_BWD_IMPL) has none")
     reason = bwd_sm90_unsupported_reason(head_dim, head_dim_v, has_rab,
-                                         "rab" in getattr(switches, "hstu_bwd_ws", ()))
+                                         "rabsm80" in getattr(switches, "hstu_bwd_ws", ()))
     if reason is not None:
         return (f"grouped KV heads (H_kv < H) need the sm90 backward, which does not take "
                 f"this call: {reason}")
@@ -715,9 +715,14 @@ def bwd_config(dtype, head_dim, head_dim_v, func_n, switches, *, has_rab=False,
                       rab_per_head=rab_per_head, rab_dtype=rab_dtype)
     if key.impl == "sm90" and key.bwd_order == "auto":
         # deterministic at D <= 64: the resident CTAs of an hlpt order hold long runs of
-        # consecutive KV tiles of one sequence whose ordered dq additions wait on each other
+        # consecutive KV tiles of one sequence whose ordered dq additions wait on each other.
+        # A bias shared by the heads (H_rab = 1, not deterministic): lpt runs a KV tile's heads
+        # together, so their bias reads and d rab reductions meet the same rows in L2 (hlpt
+        # streams the whole bias and d rab workspace once per head)
+        shared_rab = key.has_rab and not key.rab_per_head and not deterministic
         key = dataclasses.replace(
-            key, bwd_order="lpt" if deterministic and head_dim <= 64 else "hlpt")
+            key, bwd_order="lpt" if (deterministic and head_dim <= 64) or shared_rab
+            else "hlpt")
     if key.impl == "sm90" and key.bwd_order == "hlpt":
         chunk = [int(o[6:]) for o in getattr(switches, "hstu_bwd_ws", ())
                  if o.startswith("chunk=")]
@@ -763,7 +768,7 @@ def _bwd_config(dtype, head_dim, head_dim_v, func_n, switches, *, has_rab=False,
             replaced_impl="sm90")
     if impl == "sm90":
         if bwd_sm90_unsupported_reason(head_dim, head_dim_v, has_rab,
-                                       "rab" in getattr(switches, "hstu_bwd_ws", ())) is None:
+                                       "rabsm80" in getattr(switches, "hstu_bwd_ws", ())) is None:
             if switches.hstu_bwd_tile is not None:
                 raise ValueError(
                     f"JAX_SPARSE_ATTN_HSTU_BWD_TILE / Switches.hstu_bwd_tile="
