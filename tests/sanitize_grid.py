@@ -188,6 +188,14 @@ def hstu_cases(quick):
         yield (f"hstu gqa H=4 H_kv={2 - i % 2} cu={name} D=128 window={window}",
                dict(T=T, H=4, H_kv=2 - i % 2, D=128, cu=np.asarray(cu, np.int32),
                     window=window, switches=Switches()))
+    # grouped KV heads with rab (sm90 backward with the bias): H_rab = 1 and H_rab = H
+    for i, ((name, cu), window) in enumerate(zip(cus.items(), windows)):
+        if quick and i:
+            break
+        yield (f"hstu gqa+rab H=4 H_kv=1 H_rab={1 + 3 * (i % 2)} cu={name} D=64 "
+               f"window={window}",
+               dict(T=T, H=4, H_kv=1, D=64, cu=np.asarray(cu, np.int32), window=window,
+                    switches=Switches(), rab_heads=1 + 3 * (i % 2)))
 
 
 def paged_cases(quick):

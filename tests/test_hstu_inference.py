@@ -73,6 +73,34 @@ def test_gqa_equals_repeated_kv_heads():
         np.testing.assert_allclose(np.asarray(g[i]), summed, rtol=1e-12, atol=1e-13)
 
 
+@pytest.mark.parametrize("h_rab", [1, 6])
+def test_gqa_with_rab_equals_repeated_kv_heads(h_rab):
+    """GQA with a relative attention bias = the MHA call with each KV head repeated: query
+    head h takes bias head h % H_rab in both; dk/dv are the group sums, d rab the same."""
+    q, k, v, do, cu_q, cu_k = gqa_case([9, 0, 4], [12, 2, 4], H=6, H_kv=2, seed=4)
+    rab = np.random.default_rng(5).standard_normal((3, h_rab, 12, 12))
+    opts = dict(max_seqlen_q=9, max_seqlen_k=12, window_size=(-1, 0), backend="reference")
+    with x64():
+        cu = (jnp.asarray(cu_q), jnp.asarray(cu_k))
+
+        def f(q_, k_, v_, r_):
+            return jsa.hstu_attention(q_, k_, v_, *cu, rab=r_, **opts)
+
+        args = [jnp.asarray(x) for x in (q, k, v, rab)]
+        out, vjp = jax.vjp(f, *args)
+        kr, vr = np.repeat(k, 3, axis=1), np.repeat(v, 3, axis=1)
+        out_r, vjp_r = jax.vjp(f, *(jnp.asarray(x) for x in (q, kr, vr, rab)))
+        g, g_r = vjp(jnp.asarray(do)), vjp_r(jnp.asarray(do))
+    assert np.abs(np.asarray(g[3])).max() > 0
+    np.testing.assert_allclose(np.asarray(out), np.asarray(out_r), rtol=1e-12, atol=1e-13)
+    for i in (0, 3):
+        np.testing.assert_allclose(np.asarray(g[i]), np.asarray(g_r[i]), rtol=1e-12,
+                                   atol=1e-13)
+    for i in (1, 2):
+        summed = np.asarray(g_r[i]).reshape(g_r[i].shape[0], 2, 3, -1).sum(2)
+        np.testing.assert_allclose(np.asarray(g[i]), summed, rtol=1e-12, atol=1e-13)
+
+
 def paged_case(lengths_q, lengths_k, *, H, H_kv, D=8, spare_pages=3, seed=0):
     """A paged cache with the sequences' pages in shuffled order, NaN in every slot past a
     sequence's keys (its last page's tail and the unused pages)."""
