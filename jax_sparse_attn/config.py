@@ -350,7 +350,7 @@ SWITCHES = (
     _choice("hstu_bwd_order", "JAX_SPARSE_ATTN_HSTU_BWD_ORDER", ("auto", "hlpt", "lpt", "seq"),
             "launch order of the sm90 HSTU backward's KV tiles (tuning / ablation): auto "
             "(lpt for deterministic=True at D <= 64 and for a relative attention bias shared "
-            "by the heads (H_rab = 1) without deterministic=True, else hlpt), hlpt "
+            "by the heads (H_rab = 1 < H) without deterministic=True, else hlpt), hlpt "
             "(longest work first within each head, one head after the other: concurrent CTAs "
             "share one head's Q, dO and dQ in L2), lpt (longest work first over all sequences, "
             "a tile's heads consecutive), seq "
@@ -401,10 +401,10 @@ SWITCHES = (
            "backward at D = D_v in {64, 128} (else sm80): each consumer thread loads its bias "
            "elements in the accumulator layout after issuing the score GEMMs and writes d rab "
            "as sm80 does (direct stores with H_rab = H or deterministic=True, fp32 red.add "
-           "into the shared workspace with H_rab = 1); with rab the dq workspace is zeroed, so "
-           "detzero is implied and dqclaim / convert=N are ignored; on an H100 the sm90 "
-           "backward with rab is 1.07-1.58x sm80's speed at D 128 and H_rab = H at D 64, and "
-           "level with it at D 64 with H_rab = 1)"),
+           "into the shared workspace with H_rab = 1 < H); with rab the dq workspace is zeroed, "
+           "so detzero is implied and dqclaim / convert=N are ignored; on an H100 the sm90 "
+           "backward with rab is 1.23-1.59x sm80's speed at D 128, 1.07x at D 64 with "
+           "H_rab = H and level with it at D 64 with H_rab = 1)"),
     Switch("hstu_bwd_tile", "JAX_SPARSE_ATTN_HSTU_BWD_TILE", _TILE, _parse_tile, None,
            "HSTU sm80 backward tile override (tuning; with sm90, the default, it is an error "
            "except for calls that sm90 routes to sm80: set hstu_bwd_impl=sm80 as well)"),

@@ -3,7 +3,8 @@
 # PARTS selects what runs (default: all):
 #   hstu       HSTU default grid (HSTU_SHARDS processes) + the sm90ws batches (2 processes)
 #   hstu_bwd90 the HSTU grid + packed batches with hstu_bwd_impl=sm90 (BWD_SHARDS processes)
-#   hstu_bwd80 the same with hstu_bwd_impl=sm80 (rab backwards run sm80 in every case: part rab)
+#   hstu_bwd80 the same with hstu_bwd_impl=sm80 (rab: part rab, sm90 by default, its *_sm80
+#              cases with hstu_bwd_ws=rabsm80)
 #   hstu_det   deterministic=True: bitwise 5-run tests + the HSTU grid on both backwards
 #              (1 + DET_SHARDS processes; not in the default PARTS)
 #   bsa        BSA grid (BSA_SHARDS processes)
@@ -55,7 +56,7 @@ for arch in 90 80; do
   fi
 done
 if has hstu_det; then
-  # deterministic=True: the 5-run bitwise tests (6 cases, one process) + the HSTU grid with
+  # deterministic=True: the 5-run bitwise tests (8 cases, one process) + the HSTU grid with
   # deterministic=True on both backwards (DET_SHARDS processes)
   run hstu_det_tests $PYT "tests/test_gpu_hstu.py::test_hstu_bwd_deterministic" &
   n=${DET_SHARDS:-3}

@@ -150,7 +150,7 @@ class TestHSTUForwardImpls(HSTUKernelGrid):
 class TestHSTUBackwardImpls(HSTUKernelGrid):
     """HSTU_TEST_BWD: the grid and the tile-shape extras with each selected backward
     implementation (the forward is the default one); configurations a backward does not take
-    (e.g. sm90: D != D_v, D = 32, rab at D = 256) run the sm80 backward it routes them to."""
+    (e.g. sm90: D != D_v, D = 32) run the sm80 backward it routes them to."""
 
     @classmethod
     def grid(cls):

@@ -77,13 +77,13 @@ def _func(cu_q, cu_k, n, rng):
     return jnp.asarray(f)
 
 
-def _inputs(seed, d, dv, dtype, lens_q, lens_k):
+def _inputs(seed, d, dv, dtype, lens_q, lens_k, heads=H):
     rng = np.random.default_rng(seed)
     ks = jax.random.split(jax.random.PRNGKey(seed), 4)
-    q = jax.random.normal(ks[0], (T_CANVAS, H, d), jnp.float32).astype(dtype)
-    k = jax.random.normal(ks[1], (T_CANVAS, H, d), jnp.float32).astype(dtype)
-    v = jax.random.normal(ks[2], (T_CANVAS, H, dv), jnp.float32).astype(dtype)
-    do = jax.random.normal(ks[3], (T_CANVAS, H, dv), jnp.float32).astype(dtype)
+    q = jax.random.normal(ks[0], (T_CANVAS, heads, d), jnp.float32).astype(dtype)
+    k = jax.random.normal(ks[1], (T_CANVAS, heads, d), jnp.float32).astype(dtype)
+    v = jax.random.normal(ks[2], (T_CANVAS, heads, dv), jnp.float32).astype(dtype)
+    do = jax.random.normal(ks[3], (T_CANVAS, heads, dv), jnp.float32).astype(dtype)
     return rng, q, k, v, do, jnp.asarray(_cu(lens_q)), jnp.asarray(_cu(lens_k))
 
 
@@ -169,10 +169,10 @@ def _region(lens_q, lens_k, n_k):
 
 def _run_rab_case(d, dtype, lens_q, lens_k, window, *, h_rab, rab_dtype, func_n=0, alpha=None,
                   scaling=None, seed=0, bwd=True, fwd_impl=None, dv=None, bwd_ws="",
-                  det=False, rab_fn=None, h_kv=None):
+                  det=False, rab_fn=None, h_kv=None, heads=H):
     dtype = jnp.dtype(dtype)
     dv = dv or d
-    rng, q, k, v, do, cq, ck = _inputs(seed, d, dv, dtype, lens_q, lens_k)
+    rng, q, k, v, do, cq, ck = _inputs(seed, d, dv, dtype, lens_q, lens_k, heads)
     if h_kv:  # grouped KV heads: query head h reads KV head h // (H / h_kv)
         k, v = k[:, :h_kv], v[:, :h_kv]
     max_q, max_k = max(max(lens_q), 1), max(max(lens_k), 1)
@@ -274,8 +274,13 @@ def test_hstu_rab_kernel_vs_reference_sm80(case):
 
 
 # grouped KV heads (H_kv < H) with rab: the sm90ws forward and the sm90 backward (query head h
-# reads KV head h // (H / H_kv) and bias head h % H_rab; dK / dV sum the group)
-GQA_RAB = [dict(d=128, dtype="bfloat16", window=(-1, 0), h_rab=1, rab_dtype="f32", h_kv=1),
+# reads KV head h // (H / H_kv) and bias head h % H_rab; dK / dV sum the group); four query
+# heads over two KV heads, so that a query head's index within its group differs from it
+GQA_RAB = [dict(d=128, dtype="bfloat16", window=(-1, 0), h_rab=4, rab_dtype="f32", h_kv=2,
+                heads=4),
+           dict(d=64, dtype="bfloat16", window=(31, 7), h_rab=1, rab_dtype="q", h_kv=2,
+                heads=4, lens=LENS_Q_LT_K),
+dict(d=128, dtype="bfloat16", window=(-1, 0), h_rab=1, rab_dtype="f32", h_kv=1),
            dict(d=64, dtype="float16", window=(63, 17), h_rab=H, rab_dtype="q", h_kv=1),
            dict(d=128, dtype="bfloat16", window=(-1, -1), func_n=3, h_rab=H, rab_dtype="f32",
                 h_kv=1, lens=LENS_Q_LT_K),
@@ -283,14 +288,15 @@ GQA_RAB = [dict(d=128, dtype="bfloat16", window=(-1, 0), h_rab=1, rab_dtype="f32
                 lens=([301, 7, 0, 33], [301, 7, 0, 33]))]
 
 
-@pytest.mark.parametrize("case", _shard(GQA_RAB), ids=lambda c: _id(c) + f"-hkv{c['h_kv']}")
+@pytest.mark.parametrize("case", _shard(GQA_RAB),
+                         ids=lambda c: _id(c) + f"-h{c.get('heads', H)}kv{c['h_kv']}")
 def test_hstu_rab_gqa(case):
     """Grouped KV heads with rab: out, dq, dk, dv, drab against the reference (which repeats
     the KV heads)."""
     lens_q, lens_k = case.get("lens", (LENS_RAB, LENS_RAB))
     _run_rab_case(case["d"], case["dtype"], lens_q, lens_k, case["window"],
                   h_rab=case["h_rab"], rab_dtype=case["rab_dtype"], func_n=case.get("func_n", 0),
-                  h_kv=case["h_kv"], seed=6)
+                  h_kv=case["h_kv"], heads=case.get("heads", H), seed=6)
 
 
 # deterministic=True on the sm90 backward with rab: per-head drab workspace (H_rab = 1) or

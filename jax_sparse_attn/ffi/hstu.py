@@ -38,7 +38,8 @@ walks (row, head) items in that order; the sm80 backward grid is ``(H, S)`` over
 canonical order, the sm90 backward's ``(S, H)`` (``hstu_bwd_order="hlpt"``) or
 ``(H, S)`` (``lpt``) over KV tiles ordered longest work first, or ``(S, H)`` in canonical
 order (``seq``); the default ``"auto"`` is ``lpt`` for ``deterministic=True`` at D <= 64
-and for a bias shared by the heads (``H_rab = 1``) without ``deterministic``, else ``hlpt``. A pseudo-sequence appended to ``cu_seqlens`` covers rows past
+and for a bias shared by the heads (``H_rab = 1 < H``) without ``deterministic``, else
+``hlpt``. A pseudo-sequence appended to ``cu_seqlens`` covers rows past
 ``cu_seqlens[-1]`` so the kernels write zeros there.
 
 Relative attention bias (``rab (B, H_rab, N_k, N_k)``, q's dtype or fp32): a presence flag
@@ -608,7 +609,8 @@ def _ws_tma_o_applied(cfg):
     return cfg if on else dataclasses.replace(cfg, ws_tma_o=False)
 
 
-#: head dims (D = D_v) of the sm90 backward; other head dims, D != D_v and rab run sm80
+#: head dims (D = D_v) of the sm90 backward; other head dims, D != D_v and rab at other head
+#: dims than SM90_BWD_RAB_HEAD_DIMS (or with the hstu_bwd_ws flag "rabsm80") run sm80
 SM90_BWD_HEAD_DIMS = (64, 128, 256)
 
 
@@ -716,7 +718,7 @@ def bwd_config(dtype, head_dim, head_dim_v, func_n, switches, *, has_rab=False,
     if key.impl == "sm90" and key.bwd_order == "auto":
         # deterministic at D <= 64: the resident CTAs of an hlpt order hold long runs of
         # consecutive KV tiles of one sequence whose ordered dq additions wait on each other.
-        # A bias shared by the heads (H_rab = 1, not deterministic): lpt runs a KV tile's heads
+        # A bias shared by the heads (H_rab = 1 < H, not deterministic): lpt runs a KV tile's heads
         # together, so their bias reads and d rab reductions meet the same rows in L2 (hlpt
         # streams the whole bias and d rab workspace once per head)
         shared_rab = key.has_rab and not key.rab_per_head and not deterministic
