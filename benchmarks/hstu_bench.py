@@ -281,6 +281,8 @@ def main():
     ap.add_argument("--rab", default="", choices=["", "f32:1", "f32:h", "q:1", "q:h"],
                     help="also run each case with a relative attention bias: DTYPE:H_RAB, "
                          "DTYPE f32 or q (q's dtype), H_RAB 1 or h (one per head)")
+    ap.add_argument("--rab-only", action="store_true",
+                    help="with --rab: only the runs with the bias (e.g. under a profiler)")
     ap.add_argument("--tiles", action="append", default=[],
                     help="extra variant 'fwd=bm,bn,warps;bwd=bm,bn,warps;impl=sm90' (sweep; "
                          "impl=sm90ws (default) / sm80 select the forward; "
@@ -319,6 +321,8 @@ def main():
                     help="also run every case with deterministic=True (bitwise reproducible "
                          "backward) and print the backward time ratio")
     a = ap.parse_args()
+    if a.rab_only and not a.rab:
+        ap.error("--rab-only needs --rab")
     if a.inference:
         names = sorted(INFERENCE) if "all" in a.inference else a.inference
         print(f"device: {jax.devices()[0]}")
@@ -370,7 +374,7 @@ def main():
                 print(f"{c:22s} [reference]: failed: {type(e).__name__}: {str(e)[:300]}",
                       flush=True)
         for sw in (variants if not (a.variant or a.reference) or a.bwd_impl else []):
-            for rab in ("", a.rab) if a.rab else ("",):
+            for rab in ((a.rab,) if a.rab_only else ("", a.rab)) if a.rab else ("",):
                 rows = []
                 for det in (False, True) if a.deterministic else (False,):
                     try:

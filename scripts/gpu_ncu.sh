@@ -2,7 +2,8 @@
 # Nsight Compute profiles of the default SM90 kernels (one launch each, full section set, GPU
 # clocks left as they are): the HSTU sm90ws forward and sm90 backward at B8 L4096 and B32 L1024
 # (D128, causal), the backward also at D256 (bwd_d256) and on the canonical jagged batch
-# (bwd_jagged), and the BSA sm90ws forward at blk128 12.5 % (S=16384). PROFILES selects a
+# (bwd_jagged) and with a relative attention bias (bwd_rab1: float32, H_rab = 1; bwd_rabh: one
+# bias per head, q's dtype), and the BSA sm90ws forward at blk128 12.5 % (S=16384). PROFILES selects a
 # subset (names below). Reports (.ncu-rep) and text details go to $OUT/ncu.
 # Usage (repo root, after `source .devcache/setup.sh`): OUT=$OUT bash scripts/gpu_ncu.sh
 set -u
@@ -27,6 +28,10 @@ want bwd_8x4096 && prof bwd_8x4096 HstuBwdSm90 --case 8x4096-causal --bwd-only
 want bwd_32x1024 && prof bwd_32x1024 HstuBwdSm90 --case 32x1024-causal --bwd-only
 want bwd_d256 && prof bwd_d256 HstuBwdSm90 --case 8x4096-causal-d256 --bwd-only
 want bwd_jagged && prof bwd_jagged HstuBwdSm90 --case jagged32-causal --bwd-only
+# the backward with a float32 bias shared by the heads (H_rab = 1 < H; order lpt) and with
+# one bias per head (order hlpt): where the bias's time goes
+want bwd_rab1 && prof bwd_rab1 HstuBwdSm90 --case 8x4096-causal --bwd-only --rab f32:1 --rab-only
+want bwd_rabh && prof bwd_rabh HstuBwdSm90 --case 8x4096-causal --bwd-only --rab q:h --rab-only
 if want bsa_blk128; then
   timeout -k 5 "${NCU_T:-150}" "$NCU" --set full --clock-control none --kernel-name "regex:BsaFwdSm90Ws" \
     --launch-skip 2 --launch-count 1 -f -o "$out/bsa_blk128" \
