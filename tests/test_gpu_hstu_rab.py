@@ -116,11 +116,11 @@ def _rab(seed, n_k, h_rab, dtype):
 
 @functools.lru_cache(maxsize=None)
 def _jitted(kind, max_q, max_k, scaling, window, alpha, compute, fwd_impl=None, bwd_ws="",
-            det=False):
+            det=False, kv_splits=1):
     """jit-compiled callables (one per static configuration; jit also keeps the eager value
     checks away from the random func endpoints, which may exceed max_seqlen_k). ``bwd_ws``:
     the hstu_bwd_ws switch of the kernel backwards ("rabsm80": the sm80 backward at every
-    head dim); ``det``: their deterministic flag."""
+    head dim); ``det``: their deterministic flag; ``kv_splits``: the kernel forward's."""
     import jax_sparse_attn as jsa
     from jax_sparse_attn import hstu as hstu_mod
     from jax_sparse_attn import reference
@@ -135,7 +135,8 @@ def _jitted(kind, max_q, max_k, scaling, window, alpha, compute, fwd_impl=None, 
         sw = Switches(hstu_fwd_impl=impl, hstu_fwd_ws=ws.replace("+", ","))
     if kind == "kfwd":
         return jax.jit(lambda q, k, v, cq, ck, f, r: jsa.hstu_attention(
-            q, k, v, cq, ck, func=f, rab=r, backend="kernel", switches=sw, **kw))
+            q, k, v, cq, ck, func=f, rab=r, backend="kernel", switches=sw,
+            kv_splits=kv_splits, **kw))
     # HSTU_TEST_RAB_ORDER: the hstu_bwd_order of the kernel backwards (e.g. "lpt")
     order = os.environ.get("HSTU_TEST_RAB_ORDER", "")
     bsw = (Switches(hstu_bwd_ws=bwd_ws, hstu_bwd_order=order or "auto")
@@ -169,7 +170,7 @@ def _region(lens_q, lens_k, n_k):
 
 def _run_rab_case(d, dtype, lens_q, lens_k, window, *, h_rab, rab_dtype, func_n=0, alpha=None,
                   scaling=None, seed=0, bwd=True, fwd_impl=None, dv=None, bwd_ws="",
-                  det=False, rab_fn=None, h_kv=None, heads=H):
+                  det=False, rab_fn=None, h_kv=None, heads=H, kv_splits=1):
     dtype = jnp.dtype(dtype)
     dv = dv or d
     rng, q, k, v, do, cq, ck = _inputs(seed, d, dv, dtype, lens_q, lens_k, heads)
@@ -184,7 +185,8 @@ def _run_rab_case(d, dtype, lens_q, lens_k, window, *, h_rab, rab_dtype, func_n=
         rab = rab_fn(rab)
     args = (max_q, max_k, scaling, tuple(window), alpha)
     report, fails = [], []
-    out = _jitted("kfwd", *args, None, fwd_impl)(q, k, v, cq, ck, func, rab)
+    out = _jitted("kfwd", *args, None, fwd_impl, kv_splits=kv_splits)(q, k, v, cq, ck, func,
+                                                                        rab)
     r32 = _jitted("rfwd", *args, "f32")(q, k, v, cq, ck, func, rab)
     rlo = _jitted("rfwd", *args, dtype.name)(q, k, v, cq, ck, func, rab)
     ok, msg = _check("out", out, r32, rlo, 2.0, report)
@@ -280,6 +282,9 @@ GQA_RAB = [dict(d=128, dtype="bfloat16", window=(-1, 0), h_rab=4, rab_dtype="f32
                 heads=4),
            dict(d=64, dtype="bfloat16", window=(31, 7), h_rab=1, rab_dtype="q", h_kv=2,
                 heads=4, lens=LENS_Q_LT_K),
+           # the split-KV forward (three key splits, fp32 partials summed in order)
+           dict(d=128, dtype="bfloat16", window=(-1, 0), h_rab=1, rab_dtype="f32", h_kv=2,
+                heads=4, kv_splits=3),
 dict(d=128, dtype="bfloat16", window=(-1, 0), h_rab=1, rab_dtype="f32", h_kv=1),
            dict(d=64, dtype="float16", window=(63, 17), h_rab=H, rab_dtype="q", h_kv=1),
            dict(d=128, dtype="bfloat16", window=(-1, -1), func_n=3, h_rab=H, rab_dtype="f32",
@@ -289,14 +294,16 @@ dict(d=128, dtype="bfloat16", window=(-1, 0), h_rab=1, rab_dtype="f32", h_kv=1),
 
 
 @pytest.mark.parametrize("case", _shard(GQA_RAB),
-                         ids=lambda c: _id(c) + f"-h{c.get('heads', H)}kv{c['h_kv']}")
+                         ids=lambda c: _id(c) + f"-h{c.get('heads', H)}kv{c['h_kv']}"
+                         + (f"-split{c['kv_splits']}" if c.get("kv_splits") else ""))
 def test_hstu_rab_gqa(case):
     """Grouped KV heads with rab: out, dq, dk, dv, drab against the reference (which repeats
     the KV heads)."""
     lens_q, lens_k = case.get("lens", (LENS_RAB, LENS_RAB))
     _run_rab_case(case["d"], case["dtype"], lens_q, lens_k, case["window"],
                   h_rab=case["h_rab"], rab_dtype=case["rab_dtype"], func_n=case.get("func_n", 0),
-                  h_kv=case["h_kv"], heads=case.get("heads", H), seed=6)
+                  h_kv=case["h_kv"], heads=case.get("heads", H),
+                  kv_splits=case.get("kv_splits", 1), seed=6)
 
 
 # deterministic=True on the sm90 backward with rab: per-head drab workspace (H_rab = 1) or

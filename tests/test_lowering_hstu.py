@@ -856,8 +856,8 @@ def test_hstu_split_kv_lowers(dtype, head_dim, mask, rab):
 
     dt = jnp.dtype(dtype)
     q = jax.ShapeDtypeStruct((T, 4, head_dim), dt)
-    # GQA (2 KV heads) except with rab (the GQA backward has none)
-    k = jax.ShapeDtypeStruct((T, 4 if rab else 2, head_dim), dt)
+    # GQA (2 KV heads)
+    k = jax.ShapeDtypeStruct((T, 2, head_dim), dt)
     cu = jax.ShapeDtypeStruct((B + 1,), jnp.int32)
     func = jax.ShapeDtypeStruct((1, 3, T + 256), jnp.int32) if mask == "func" else None
     r = jax.ShapeDtypeStruct((B, 1, 200, 200), jnp.float32) if rab else None
