@@ -351,20 +351,23 @@ def main():
         for var in a.variant:
             env = {k: v.replace("+", ",") for k, v in
                    (kv.partition("=")[::2] for kv in filter(None, var.split(",")))}
-            rows = []
-            for det in (False, True) if a.deterministic else (False,):
-                try:
-                    rows.append(run_case(c, jnp.dtype(a.dtype), a.iters, not a.no_bwd,
-                                         from_env(env), do_fwd=not a.bwd_only,
-                                         variant=var or "default", deterministic=det))
-                except Exception as e:  # noqa: BLE001 - report, go on with the other rows
-                    print(f"{c:22s} [{var}] deterministic={det}: failed: "
-                          f"{type(e).__name__}: {str(e)[:300]}", flush=True)
-            if len(rows) == 2 and "bwd_ms" in rows[0]:
-                ratio = rows[0]["bwd_ms"] / rows[1]["bwd_ms"]
-                rows[1]["bwd_speed_vs_default"] = ratio
-                print(f"{'':30s} deterministic bwd speed = {ratio:.3f} x default", flush=True)
-            results.extend(rows)
+            for rab in ((a.rab,) if a.rab_only else ("", a.rab)) if a.rab else ("",):
+                rows = []
+                for det in (False, True) if a.deterministic else (False,):
+                    try:
+                        rows.append(run_case(c, jnp.dtype(a.dtype), a.iters, not a.no_bwd,
+                                             from_env(env), do_fwd=not a.bwd_only,
+                                             variant=var or "default", rab=rab,
+                                             deterministic=det))
+                    except Exception as e:  # noqa: BLE001 - report, go on with the other rows
+                        print(f"{c:22s} [{var}] rab={rab} deterministic={det}: failed: "
+                              f"{type(e).__name__}: {str(e)[:300]}", flush=True)
+                if len(rows) == 2 and "bwd_ms" in rows[0]:
+                    ratio = rows[0]["bwd_ms"] / rows[1]["bwd_ms"]
+                    rows[1]["bwd_speed_vs_default"] = ratio
+                    print(f"{'':30s} deterministic bwd speed = {ratio:.3f} x default",
+                          flush=True)
+                results.extend(rows)
         if a.reference:
             try:
                 results.append(run_case(c, jnp.dtype(a.dtype), max(2, a.iters // 10),

@@ -165,7 +165,8 @@ def _parse_bsa_ws(var, raw):
 
 #: the flags of the sm90 HSTU backward's tuning switch (JAX_SPARSE_ATTN_HSTU_BWD_WS)
 HSTU_BWD_WS_FLAGS = ("splitwait", "epi16", "detzero", "dqclaim", "xlazero", "wgskip",
-                     "revheads", "epiregs", "thrfrags", "wghand", "rabsm80")
+                     "revheads", "epiregs", "thrfrags", "wghand", "rabsm80", "norabfast",
+                     "norabpf", "drabpf", "nodrabs")
 _HSTU_BWD_WS_ALLOWED = ("comma list of " + ", ".join(HSTU_BWD_WS_FLAGS)
                         + ", convert=N (query rows: 1..65536), chunk=N (KiB: 0..1048576)")
 _parse_hstu_bwd_ws = _parse_option_list(HSTU_BWD_WS_FLAGS,
@@ -404,7 +405,17 @@ SWITCHES = (
            "into the shared workspace with H_rab = 1 < H); with rab the dq workspace is zeroed, "
            "so detzero is implied and dqclaim / convert=N are ignored; on an H100 the sm90 "
            "backward with rab is 1.23-1.59x sm80's speed at D 128, 1.07x at D 64 with "
-           "H_rab = H and level with it at D 64 with H_rab = 1)"),
+           "H_rab = H and level with it at D 64 with H_rab = 1; since then the two defaults "
+           "below made the sm90 backward with rab 1.2-1.4x faster at D 128), norabfast (by "
+           "default, with rab at D 128, a step whose query rows and keys all have a bias loads "
+           "it through the thread's partition of the tile and writes d rab without clamps or "
+           "range selects; norabfast clamps and checks every value, as before), norabpf (by "
+           "default, with rab, the producer warp prefetches each step's bias rows into L2 when "
+           "it loads the step's Q / dO; norabpf: no prefetches), drabpf (opt-in: the same "
+           "prefetches for the rows of the shared fp32 d rab workspace, H_rab = 1 < H), "
+           "nodrabs (by default, with H_rab = 1 < H, the steps of the fast path add d rab with "
+           "one scalar red.add per value; nodrabs: 16-byte adds after a lane transpose, as "
+           "before)"),
     Switch("hstu_bwd_tile", "JAX_SPARSE_ATTN_HSTU_BWD_TILE", _TILE, _parse_tile, None,
            "HSTU sm80 backward tile override (tuning; with sm90, the default, it is an error "
            "except for calls that sm90 routes to sm80: set hstu_bwd_impl=sm80 as well)"),

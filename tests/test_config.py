@@ -366,3 +366,33 @@ def test_hstu_bwd_rab_calls_run_sm90_unless_rabsm80():
     key = fh.bwd_config("bfloat16", 128, 128, 0, config.Switches(hstu_bwd_impl="sm80"),
                         has_rab=True, rab_dtype="float32")
     assert (key.impl, key.replaced_impl) == ("sm80", "")
+
+
+def test_hstu_bwd_rab_fast_path_flags():
+    """The sm90 backward with rab takes the fast path of steps inside the bias, the producer's
+    L2 prefetches of the bias rows and (H_rab = 1) scalar d rab adds by default; the
+    hstu_bwd_ws flags norabfast / norabpf / nodrabs turn them off, drabpf adds prefetches of
+    the shared d rab workspace. Keys without rab (and the sm80 keys) do not change with them."""
+    from jax_sparse_attn.ffi import hstu as fh  # noqa: PLC0415
+
+    flags = ("rab_fast", "rab_prefetch", "drab_prefetch", "drab_scalar")
+    off = config.Switches(hstu_bwd_ws="norabfast,norabpf,nodrabs,drabpf")
+    assert config.from_env({"JAX_SPARSE_ATTN_HSTU_BWD_WS": "norabfast,norabpf,nodrabs,drabpf"}
+                           ).hstu_bwd_ws == off.hstu_bwd_ws
+    for old in ("rabfast", "rabpf", "drabs"):
+        with pytest.raises(ValueError, match="JAX_SPARSE_ATTN_HSTU_BWD_WS"):
+            config.from_env({"JAX_SPARSE_ATTN_HSTU_BWD_WS": old})
+    for d in (64, 128):
+        for per_head, rdt in ((True, "bfloat16"), (False, "float32")):
+            kw = dict(has_rab=True, rab_per_head=per_head, rab_dtype=rdt)
+            key = fh.bwd_config("bfloat16", d, d, 0, config.Switches(), **kw)
+            assert tuple(getattr(key, f) for f in flags) == (True, True, False, True)
+            key = fh.bwd_config("bfloat16", d, d, 0, off, **kw)
+            assert tuple(getattr(key, f) for f in flags) == (False, False, True, False)
+        assert fh.bwd_config("bfloat16", d, d, 0, off) == fh.bwd_config(
+            "bfloat16", d, d, 0, config.Switches())
+        plain = fh.bwd_config("bfloat16", d, d, 0, config.Switches())
+        assert not any(getattr(plain, f) for f in flags)
+    sm80 = fh.bwd_config("bfloat16", 128, 128, 0, config.Switches(hstu_bwd_ws="rabsm80"),
+                         has_rab=True, rab_dtype="float32")
+    assert sm80.impl == "sm80" and not any(getattr(sm80, f) for f in flags)

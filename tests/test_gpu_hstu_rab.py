@@ -139,6 +139,10 @@ def _jitted(kind, max_q, max_k, scaling, window, alpha, compute, fwd_impl=None, 
             kv_splits=kv_splits, **kw))
     # HSTU_TEST_RAB_ORDER: the hstu_bwd_order of the kernel backwards (e.g. "lpt")
     order = os.environ.get("HSTU_TEST_RAB_ORDER", "")
+    # HSTU_TEST_RAB_WS: hstu_bwd_ws flags added to the sm90 backwards' (e.g. "rabfast")
+    extra = os.environ.get("HSTU_TEST_RAB_WS", "")
+    if extra and "rabsm80" not in bwd_ws:
+        bwd_ws = ",".join(filter(None, [bwd_ws, extra]))
     bsw = (Switches(hstu_bwd_ws=bwd_ws, hstu_bwd_order=order or "auto")
            if bwd_ws or order else None)
     if kind == "kbwd":

@@ -569,6 +569,25 @@ def _bwd_text(head_dim, dtype, mask, switches, head_dim_v=None, lq=None, determi
     return _lower(jax.grad(loss, argnums=(0, 1, 2)), q, k, v, cu, cu, func)
 
 
+def _rab_bwd_text(head_dim, h_rab, rab_dtype, switches):
+    """The lowered text of jax.grad through the public op with a relative attention bias
+    (bf16, causal, max_seqlen 201; d rab too)."""
+    import jax_sparse_attn as jsa  # noqa: PLC0415
+
+    mk = 201
+    q = jax.ShapeDtypeStruct((T, 2, head_dim), jnp.bfloat16)
+    cu = jax.ShapeDtypeStruct((B + 1,), jnp.int32)
+    rab = jax.ShapeDtypeStruct((B, h_rab, mk, mk), jnp.dtype(rab_dtype))
+
+    def loss(q, k, v, cu, rab):
+        out = jsa.hstu_attention(q, k, v, cu, cu, max_seqlen_q=mk, max_seqlen_k=mk,
+                                 window_size=(-1, 0), alpha=0.3, backend="kernel", rab=rab,
+                                 switches=switches)
+        return jnp.sum(out.astype(jnp.float32))
+
+    return _lower(jax.grad(loss, argnums=(0, 1, 2, 4)), q, q, q, cu, rab)
+
+
 @pytest.mark.parametrize("head_dim,dtype,mask", BWD_SM90_LOWER,
                          ids=["-".join(map(str, c)) for c in BWD_SM90_LOWER])
 def test_hstu_bwd_sm90_lowers(head_dim, dtype, mask):
@@ -1139,6 +1158,11 @@ _PTX_CONFIGS = {
     "bwd-64-bfloat16-window-wghand": ("_bwd_text", (64, "bfloat16", "window"),
                                       {"hstu_bwd_dq": "tile", "dq_writer": "on",
                                        "hstu_bwd_ws": "wghand"}, {}),
+    "bwd-128-rab1-float32": ("_rab_bwd_text", (128, 1, "float32"), {}, {}),
+    "bwd-128-rab1-float32-slow": ("_rab_bwd_text", (128, 1, "float32"),
+                                  {"hstu_bwd_ws": "norabfast,norabpf,nodrabs"}, {}),
+    "bwd-128-rabh-bfloat16": ("_rab_bwd_text", (128, 2, "bfloat16"), {}, {}),
+    "bwd-64-rab1-float32": ("_rab_bwd_text", (64, 1, "float32"), {}, {}),
 }
 
 
@@ -1417,3 +1441,39 @@ def test_hstu_wgmma_groups_in_block(kept_ptx):
 
     n = kp.configs_with_groups_in_block(kept_ptx, _PTX_CONFIGS)
     assert n >= len(_PTX_CONFIGS) // 2, n
+
+
+def _rab_bwd_ptx(kept_ptx, name):
+    """The PTX of the sm90 backward kernel with rab kept for ``name``."""
+    texts = [t for t in _kept(kept_ptx, name).values() if "HstuBwdSm90" in t]
+    assert len(texts) == 1, name
+    return texts[0]
+
+
+def test_hstu_rab_bwd_sm90_fast_path_ptx(kept_ptx):
+    """The sm90 backward with rab at D 128: by default the producer warp issues L2 prefetches
+    of the bias rows (rows of 512 bytes at fp32: five addresses per row, 64 rows over 32
+    lanes: ten per step), steps inside the bias load it with 32 more unclamped loads per
+    thread and (H_rab = 1) add d rab with scalar red.add next to the 16-byte adds of the other
+    steps; hstu_bwd_ws "norabfast,norabpf,nodrabs" gives the kernel without any of them. At
+    D 64 (128-query tiles) the fast path is off and the prefetches stay (20 per step)."""
+    fast = _rab_bwd_ptx(kept_ptx, "bwd-128-rab1-float32")
+    slow = _rab_bwd_ptx(kept_ptx, "bwd-128-rab1-float32-slow")
+    per_head = _rab_bwd_ptx(kept_ptx, "bwd-128-rabh-bfloat16")
+    d64 = _rab_bwd_ptx(kept_ptx, "bwd-64-rab1-float32")
+
+    def count(pattern, text):
+        return len(re.findall(pattern, text))
+
+    assert count(r"prefetch\.global\.L2 ", fast) == 10
+    assert count(r"prefetch\.global\.L2 ", per_head) == 6  # 256-byte rows: three per row
+    assert count(r"prefetch\.global\.L2 ", d64) == 20
+    assert count(r"prefetch\.global\.L2 ", slow) == 0
+    scalar = r"red\.relaxed\.gpu\.global\.add\.f32 "
+    vec4 = r"red\.relaxed\.gpu\.global\.add\.v4\.f32 "
+    assert count(scalar, fast) == 32 and count(vec4, fast) == count(vec4, slow) > 0
+    assert count(scalar, slow) == 0 and count(scalar, per_head) == 0
+    assert count(scalar, d64) == 0
+    assert count(r"ld\.global\.b32", fast) == count(r"ld\.global\.b32", slow) + 32
+    assert count(r"ld\.global\.b16", per_head) == 64
+

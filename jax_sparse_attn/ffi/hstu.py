@@ -274,6 +274,18 @@ class HstuBwdConfig(_HstuKey):
     # takes each consumer warpgroup's half of the staged tile on its own barriers
     # (hstu_bwd_ws "wghand")
     wg_hand: bool = False
+    # sm90 with rab: steps whose tile lies inside the bias load it and write d rab without
+    # clamps or range selects (64-query tiles, D = 128; off: hstu_bwd_ws "norabfast")
+    rab_fast: bool = False
+    # sm90 with rab: the producer warp prefetches each step's bias rows into L2 when it loads
+    # the step's Q / dO (off: hstu_bwd_ws "norabpf"); drab_prefetch: the same for the shared
+    # fp32 d rab workspace with H_rab = 1 (hstu_bwd_ws "drabpf", opt-in)
+    rab_prefetch: bool = False
+    drab_prefetch: bool = False
+    # sm90 with rab_fast and H_rab = 1 < H: steps inside the bias add d rab with one scalar
+    # red.add per value instead of the 16-byte adds after a lane transpose (off: hstu_bwd_ws
+    # "nodrabs")
+    drab_scalar: bool = False
 
 
 def fwd_smem_bytes(head_dim, head_dim_v, bm, bn) -> int:
@@ -783,6 +795,7 @@ def _bwd_config(dtype, head_dim, head_dim_v, func_n, switches, *, has_rab=False,
                       ((128 if head_dim <= 64 else 64), 128))
             dq = getattr(switches, "hstu_bwd_dq", "red")
             dq_bulk = dq == "bulk" and head_dim <= 128
+            ws = getattr(switches, "hstu_bwd_ws", ())
             return HstuBwdConfig(_cutlass_dtype_name(dtype), head_dim, head_dim_v, bm, bn, 12,
                                  func_n > 0, max(func_n, 1), impl="sm90", dq_bulk=dq_bulk,
                                  dq_vec4=dq == "red4",
@@ -803,7 +816,11 @@ def _bwd_config(dtype, head_dim, head_dim_v, func_n, switches, *, has_rab=False,
                                  uniform_frags="thrfrags" not in getattr(
                                      switches, "hstu_bwd_ws", ()),
                                  has_rab=bool(has_rab), rab_per_head=bool(rab_per_head),
-                                 rab_dtype=rab_dtype if has_rab else "")
+                                 rab_dtype=rab_dtype if has_rab else "",
+                                 rab_fast=bool(has_rab) and "norabfast" not in ws,
+                                 rab_prefetch=bool(has_rab) and "norabpf" not in ws,
+                                 drab_prefetch=bool(has_rab) and "drabpf" in ws,
+                                 drab_scalar=bool(has_rab) and "nodrabs" not in ws)
         return dataclasses.replace(
             _bwd_config(dtype, head_dim, head_dim_v, func_n,
                        dataclasses.replace(switches, hstu_bwd_impl="sm80"), has_rab=has_rab,
@@ -1004,7 +1021,9 @@ def _sm90_bwd_kernel(cfg, rab=False):
                          dq_claim=cfg.dq_claim, convert_rows=cfg.dq_convert_rows,
                          wg_skip=cfg.wg_skip, epi_smem=cfg.epi_smem,
                          uniform_frags=cfg.uniform_frags, wg_hand=cfg.wg_hand,
-                         has_rab=rab and cfg.has_rab, rab_per_head=cfg.rab_per_head)
+                         has_rab=rab and cfg.has_rab, rab_per_head=cfg.rab_per_head,
+                         rab_fast=cfg.rab_fast, rab_prefetch=cfg.rab_prefetch,
+                         drab_prefetch=cfg.drab_prefetch, drab_scalar=cfg.drab_scalar)
     if (kernel.bm, kernel.bn) != (cfg.block_m, cfg.block_n):
         raise ValueError(f"hstu_bwd_sm90 tiles {(kernel.bm, kernel.bn)} differ from the "
                          f"compile key's {(cfg.block_m, cfg.block_n)}")

@@ -59,7 +59,14 @@ S^T + rab^T) / 2`` (0 bias where the bias row ``p = i + L_k - L_q`` or the key l
 ``[0, min(L_k, N_k))``) and ``g = dP^T SiLU'(2 h) / scaling_seqlen``; after the mask (a
 select) ``g`` is d rab (``_store_drab``: direct stores with ``drab_per_head``, else 16-byte
 ``red.global.add.v4.f32`` into the shared fp32 workspace after a shuffle transpose,
-``_red_drab_v4``) and ``dS^T = alpha g``. Without
+``_red_drab_v4``) and ``dS^T = alpha g``. With ``rab_fast`` (64-query tiles) a step whose
+bias rows and keys all lie below ``min(L_k, N_k)`` (``_rab_inside``, a uniform branch) loads
+and stores through the thread's partition of the tile (``_rab_tile``: one base address, then
+constant offsets) without clamps or selects, and with ``drab_scalar`` adds d rab with one
+scalar ``red.add`` per value; other steps take the clamped path, which zeroes the values
+without a bias right after their loads. With ``rab_prefetch`` producer warp 0 issues
+``prefetch.global.L2`` for a step's bias rows when it loads that step's Q / dO
+(``_rab_prefetch``; ``drab_prefetch``: the shared workspace's rows too). Without
 ``has_rab`` none of this is traced.
 
 The host launches the KV tiles longest work first (``metadata.hstu_bwd_schedule`` with the
@@ -177,7 +184,8 @@ class HstuBwdSm90:
                  det_writer=False, dq_writer=False, split_wait=False, epi_pairs=False,
                  det_store=False, dq_claim=False, convert_rows=0, wg_skip=False,
                  epi_smem=False, uniform_frags=True, wg_hand=False, has_rab=False,
-                 rab_per_head=False):
+                 rab_per_head=False, rab_fast=False, rab_prefetch=False,
+                 drab_prefetch=False, drab_scalar=False):
         self.pdl = pdl
         # the consumers' shared-memory GEMM operands partitioned with a warp-uniform thread
         # index (kernels.common.kv_major_bwd_operands)
@@ -281,6 +289,19 @@ class HstuBwdSm90:
         self.drab_per_head = rab_per_head or deterministic
         if has_rab and self.split_d:
             raise NotImplementedError("hstu_bwd_sm90: rab at head_dim > 128")
+        # rab_fast: a step whose tile lies inside the sequence's bias (every query row and key
+        # below lim, see _rab_view) loads its bias and writes d rab without clamps or range
+        # selects, through the thread's partition of the tile; other steps as before
+        # (64-query tiles only: with 128 the fast path's 64 loads per thread make ptxas spill)
+        self.rab_fast = rab_fast and has_rab and self.bm == 64
+        # rab_prefetch: producer warp 0 issues L2 prefetches of a step's bias rows when it
+        # loads the step's Q / dO (about one step ahead of the consumers' loads);
+        # drab_prefetch: the same for the rows of the shared fp32 d rab workspace (H_rab = 1)
+        self.rab_prefetch = rab_prefetch and has_rab
+        self.drab_prefetch = drab_prefetch and has_rab and not self.drab_per_head
+        # drab_scalar (with rab_fast, shared workspace): a step inside the bias adds each
+        # value with its own red.add (no lane transpose)
+        self.drab_scalar = drab_scalar and self.rab_fast and not self.drab_per_head
         self.num_threads = 384
         self.regs_producer = 24
         self.regs_consumer = 240
@@ -502,6 +523,7 @@ class HstuBwdSm90:
         hd = head if cutlass.const_expr(self.drab_per_head) else 0
         return _StepCtx(rab=mRab[b, h, None, None], drab=rctx.mdRab[b, hd, None, None],
                         row_off=m0 + seq.off, lim=cutlass.min(seq.seqlen_k, n_k), n_k=n_k,
+                        thr_s=thr_s,
                         tSc=thr_s.partition_C(cute.make_identity_tensor((self.bn, self.bm))),
                         half_g=rctx.half_g, alpha=alpha_half * 2.0)
 
@@ -513,11 +535,77 @@ class HstuBwdSm90:
         clamped into ``rab[b, h]``; :meth:`_biased_h` drops what lies outside."""
         n_k = rab.n_k
         rB = cute.make_rmem_tensor(rab.tSc.shape, rab.rab.element_type)
-        for e in cutlass.range_constexpr(cute.size(rB)):
-            p = cutlass.max(cutlass.min(rab.row_off + rab.tSc[e][1], n_k - 1), 0)
-            j = cutlass.min(n0 + rab.tSc[e][0], n_k - 1)
-            rB[e] = rab.rab[p, j]
+        if cutlass.const_expr(self.rab_fast):
+            if self._rab_inside(rab, n0):
+                tSg = self._rab_tile(rab.rab, rab, n0)
+                for e in cutlass.range_constexpr(cute.size(rB)):
+                    rB[e] = tSg[e]
+            else:
+                # clamped loads; values without a bias zeroed here, so _biased_h adds rB as is
+                for e in cutlass.range_constexpr(cute.size(rB)):
+                    p = cutlass.max(cutlass.min(rab.row_off + rab.tSc[e][1], n_k - 1), 0)
+                    j = cutlass.min(n0 + rab.tSc[e][0], n_k - 1)
+                    rB[e] = rab.rab[p, j]
+                for e in cutlass.range_constexpr(cute.size(rB)):
+                    if not self._rab_ok(rab, n0, e):
+                        rB[e] = rB.element_type(0.0)
+        else:
+            for e in cutlass.range_constexpr(cute.size(rB)):
+                p = cutlass.max(cutlass.min(rab.row_off + rab.tSc[e][1], n_k - 1), 0)
+                j = cutlass.min(n0 + rab.tSc[e][0], n_k - 1)
+                rB[e] = rab.rab[p, j]
         return rB
+
+    @cute.jit
+    def _rab_inside(self, rab, n0):
+        """Whether every (query row, key) of the step's tile has a bias: bias rows
+        ``row_off .. row_off + bm - 1`` and keys ``n0 .. n0 + bn - 1`` all in ``[0, lim)``."""
+        return ((rab.row_off >= 0) & (rab.row_off + self.bm <= rab.lim)
+                & (n0 + self.bn <= rab.lim))
+
+    @cute.jit
+    def _rab_tile(self, mX, rab, n0):
+        """This thread's accumulator-layout partition of the step's (keys, queries) tile of
+        the (bias rows, keys) matrix ``mX`` (rab or d rab of one head): element ``(key,
+        query)`` at ``mX[row_off + query, n0 + key]``. Only for steps inside the bias."""
+        base = elem_ptr(mX, (rab.row_off, n0))
+        tile = cute.make_tensor(base, cute.make_layout(
+            (self.bn, self.bm), stride=(1, mX.layout.stride[0])))
+        return rab.thr_s.partition_C(tile)
+
+    @cute.jit
+    def _rab_prefetch(self, mRab, mdRab, batch, head, seq, m0, n0, lane):
+        """L2 prefetches (producer warp) of the bias rows of the step at query ``m0`` (rows
+        ``m0 + L_k - L_q ..`` below ``lim``, keys ``n0 .. n0 + bn - 1`` clamped below
+        ``lim``; rab_prefetch) and of the same rows of the shared d rab workspace
+        (drab_prefetch)."""
+        n_k = mRab.shape[3]
+        b = cutlass.min(batch, mRab.shape[0] - 1)
+        lim = cutlass.min(seq.seqlen_k, n_k)
+        row_off = m0 + seq.off
+        j_hi = cutlass.min(n0 + self.bn, lim) - 1
+        if cutlass.const_expr(self.rab_prefetch):
+            h = head if cutlass.const_expr(self.rab_per_head) else 0
+            self._prefetch_rows(mRab[b, h, None, None], row_off, lim, n0, j_hi, lane,
+                                mRab.element_type.width // 8)
+        if cutlass.const_expr(self.drab_prefetch):
+            self._prefetch_rows(mdRab[b, 0, None, None], row_off, lim, n0, j_hi, lane, 4)
+
+    @cute.jit
+    def _prefetch_rows(self, mX, row_off, lim, n0, j_hi, lane, es: cutlass.Constexpr):
+        """Prefetch rows ``row_off .. row_off + bm - 1`` (those in ``[0, lim)``) of ``mX``
+        (elements of ``es`` bytes), keys ``n0 .. j_hi``: per row one address every 128 bytes
+        plus one more (a row need not start on a line), the lanes of the warp taking the
+        (row, line) pairs in turn."""
+        step = 128 // es
+        per = self.bn // step + 1
+        for k in cutlass.range_constexpr((self.bm * per + 31) // 32):
+            idx = k * 32 + lane
+            i = idx // per
+            p = row_off + i
+            if (p >= 0) & (p < lim) & (i < self.bm):
+                j = cutlass.min(n0 + (idx - i * per) * step, j_hi)
+                hc.prefetch_l2(elem_ptr(mX, (p, j)).toint())
 
     @cute.jit
     def _rab_ok(self, rab, n0, e):
@@ -531,6 +619,9 @@ class HstuBwdSm90:
         """``h = (alpha s + rab) / 2`` of accumulator value ``e`` (a select: the bias is 0
         where :meth:`_rab_ok` is false, whatever the clamped load read)."""
         bias = rB[e].to(Float32) * Float32(0.5)
+        if cutlass.const_expr(self.rab_fast):
+            # (_rab_load zeroed the values without a bias)
+            return s * alpha_half + bias
         return s * alpha_half + (bias if self._rab_ok(rab, n0, e) else Float32(0.0))
 
     @cute.jit
@@ -543,16 +634,39 @@ class HstuBwdSm90:
         row_off = rab.row_off
         lim = rab.lim
         if cutlass.const_expr(self.drab_per_head):
-            for e in cutlass.range_constexpr(cute.size(g)):
-                p = row_off + tSc[e][1]
-                j = n0 + tSc[e][0]
-                if (p >= 0) & (p < lim) & (j < lim):
-                    mdRab[p, j] = g[e].to(mdRab.element_type)
+            if cutlass.const_expr(self.rab_fast):
+                if self._rab_inside(rab, n0):
+                    tSd = self._rab_tile(mdRab, rab, n0)
+                    for e in cutlass.range_constexpr(cute.size(g)):
+                        tSd[e] = g[e].to(mdRab.element_type)
+                else:
+                    self._store_drab_checked(g, mdRab, tSc, row_off, lim, n0)
+            else:
+                self._store_drab_checked(g, mdRab, tSc, row_off, lim, n0)
+        elif cutlass.const_expr(self.rab_fast):
+            if self._rab_inside(rab, n0):
+                if cutlass.const_expr(self.drab_scalar):
+                    tSd = self._rab_tile(mdRab, rab, n0)
+                    for e in cutlass.range_constexpr(cute.size(g)):
+                        hc.red_add_f32(elem_ptr(tSd, e), g[e])
+                else:
+                    self._red_drab_v4(g, mdRab, tSc, row_off, lim, n0, True)
+            else:
+                self._red_drab_v4(g, mdRab, tSc, row_off, lim, n0, False)
         else:
-            self._red_drab_v4(g, mdRab, tSc, row_off, lim, n0)
+            self._red_drab_v4(g, mdRab, tSc, row_off, lim, n0, False)
 
     @cute.jit
-    def _red_drab_v4(self, g, mdRab, tSc, row_off, lim, n0):
+    def _store_drab_checked(self, g, mdRab, tSc, row_off, lim, n0):
+        """d rab stores of the values that have a bias (one writer per element)."""
+        for e in cutlass.range_constexpr(cute.size(g)):
+            p = row_off + tSc[e][1]
+            j = n0 + tSc[e][0]
+            if (p >= 0) & (p < lim) & (j < lim):
+                mdRab[p, j] = g[e].to(mdRab.element_type)
+
+    @cute.jit
+    def _red_drab_v4(self, g, mdRab, tSc, row_off, lim, n0, inside: cutlass.Constexpr):
         """``d rab += g`` into the shared fp32 workspace (``H_rab = 1``; rows of ``N_k_pad``, a
         multiple of 4, 16-byte aligned) with one 16-byte ``red.add`` per four values.
 
@@ -565,7 +679,8 @@ class HstuBwdSm90:
         d rab's row ``p``. Values without a bias (``p`` or the key outside ``[0, lim)``) are
         zeroed before the exchange, so the four-key add is exact where a key of the four lies
         past ``lim`` (it adds 0 inside the padded row); the add is skipped where ``p`` is
-        outside ``[0, lim)`` or the first key is at ``lim`` or later."""
+        outside ``[0, lim)`` or the first key is at ``lim`` or later. ``inside``: the step's
+        tile lies inside the bias (:meth:`_rab_inside`), so no value is zeroed or skipped."""
         q = (cute.arch.lane_idx() >> 2) & 3
         odd1 = (q & 2) != 0
         odd0 = (q & 1) != 0
@@ -575,9 +690,12 @@ class HstuBwdSm90:
                 a = cute.make_rmem_tensor((4,), Float32)
                 for k in cutlass.range_constexpr(4):
                     e = es[k]
-                    p = row_off + tSc[e][1]
-                    ok = (p >= 0) & (p < lim) & (n0 + tSc[e][0] < lim)
-                    a[k] = g[e] if ok else Float32(0.0)
+                    if cutlass.const_expr(inside):
+                        a[k] = g[e]
+                    else:
+                        p = row_off + tSc[e][1]
+                        ok = (p >= 0) & (p < lim) & (n0 + tSc[e][0] < lim)
+                        a[k] = g[e] if ok else Float32(0.0)
                 # lanes q, q ^ 2 (lane distance 8) swap their off-diagonal 2 x 2 blocks, then
                 # lanes q, q ^ 1 (distance 4) the off-diagonal values of each 2 x 2 block
                 for pairs, dist, odd in ((((0, 2), (1, 3)), 8, odd1),
@@ -589,18 +707,25 @@ class HstuBwdSm90:
                         else:
                             a[hi] = x
                 # this lane's column es[q] and the first of its four keys
-                col = tSc[es[0]][1]
-                if q == 1:
-                    col = tSc[es[1]][1]
-                if q == 2:
-                    col = tSc[es[2]][1]
-                if q == 3:
-                    col = tSc[es[3]][1]
-                p = row_off + col
-                j0 = n0 + tSc[es[0]][0] - q
-                if (p >= 0) & (p < lim) & (j0 < lim):
+                if cutlass.const_expr(inside):
+                    # (values e, e + 1, e + 4, e + 5: columns c, c + 1, c + 8, c + 9)
+                    p = row_off + tSc[es[0]][1] + (q & 1) + ((q >> 1) << 3)
+                    j0 = n0 + tSc[es[0]][0] - q
                     hc.red_add_v4_f32_at(elem_ptr(mdRab, (p, j0)).toint(), a[0], a[1], a[2],
                                          a[3])
+                else:
+                    col = tSc[es[0]][1]
+                    if q == 1:
+                        col = tSc[es[1]][1]
+                    if q == 2:
+                        col = tSc[es[2]][1]
+                    if q == 3:
+                        col = tSc[es[3]][1]
+                    p = row_off + col
+                    j0 = n0 + tSc[es[0]][0] - q
+                    if (p >= 0) & (p < lim) & (j0 < lim):
+                        hc.red_add_v4_f32_at(elem_ptr(mdRab, (p, j0)).toint(), a[0], a[1],
+                                             a[2], a[3])
 
     @cute.jit
     def _step(self, skip: cutlass.Constexpr, ctx, c, m_block, full, head, mma_s, mma_dq):
@@ -1174,6 +1299,9 @@ class HstuBwdSm90:
                                                     sdO[None, None, s], lane)
                                     self._fence_rows()
                                     pipe_q.producer_arrive(c)
+                                if cutlass.const_expr(self.rab_prefetch or self.drab_prefetch):
+                                    self._rab_prefetch(mRab, mdRab, batch, head, seq,
+                                                       m_block * bm, n0, lane)
                                 c += 1
             if cutlass.const_expr(self.deterministic or self.dq_writer):
                 if warp == 1:

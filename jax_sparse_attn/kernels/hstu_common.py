@@ -101,6 +101,21 @@ def red_add_v2_f32(ptr, a, b, *, loc=None, ip=None):
 
 
 @dsl_user_op
+def red_add_f32(ptr, a, *, loc=None, ip=None):
+    """``red.global.add.f32 [ptr], a`` (4-byte aligned ``ptr``)."""
+    inline_asm(None, [ptr.toint(loc=loc, ip=ip).ir_value(loc=loc, ip=ip), _f32(a, loc, ip)],
+               "red.relaxed.gpu.global.add.f32 [$0], $1;", "l,f", True, loc, ip)
+
+
+@dsl_user_op
+def prefetch_l2(addr, *, loc=None, ip=None):
+    """``prefetch.global.L2 [addr]``: bring the 128-byte line holding global address ``addr``
+    (an integer) into the L2 cache; no register result, so the issuing thread never waits."""
+    inline_asm(None, [cutlass.Int64(addr).ir_value(loc=loc, ip=ip)], "prefetch.global.L2 [$0];",
+               "l", True, loc, ip)
+
+
+@dsl_user_op
 def red_add_v4_f32_at(addr, a, b, c, d, *, loc=None, ip=None):
     """``red.global.add.v4.f32 [addr], {a, b, c, d}`` (sm_90; ``addr``: a 16-byte aligned
     global address as an integer)."""
