@@ -166,7 +166,7 @@ def _parse_bsa_ws(var, raw):
 #: the flags of the sm90 HSTU backward's tuning switch (JAX_SPARSE_ATTN_HSTU_BWD_WS)
 HSTU_BWD_WS_FLAGS = ("splitwait", "epi16", "detzero", "dqclaim", "xlazero", "wgskip",
                      "revheads", "epiregs", "thrfrags", "wghand", "rabsm80", "norabfast",
-                     "norabpf", "drabpf", "nodrabs")
+                     "norabpf", "drabpf", "nodrabs", "rabpf2", "rabfast64")
 _HSTU_BWD_WS_ALLOWED = ("comma list of " + ", ".join(HSTU_BWD_WS_FLAGS)
                         + ", convert=N (query rows: 1..65536), chunk=N (KiB: 0..1048576)")
 _parse_hstu_bwd_ws = _parse_option_list(HSTU_BWD_WS_FLAGS,
@@ -415,7 +415,9 @@ SWITCHES = (
            "prefetches for the rows of the shared fp32 d rab workspace, H_rab = 1 < H), "
            "nodrabs (by default, with H_rab = 1 < H, the steps of the fast path add d rab with "
            "one scalar red.add per value; nodrabs: 16-byte adds after a lane transpose, as "
-           "before)"),
+           "before), rabpf2 (opt-in: each step's bias prefetches issued one step earlier), "
+           "rabfast64 (opt-in: the fast path at D 64 too, where its 64 loads per thread make "
+           "ptxas spill)"),
     Switch("hstu_bwd_tile", "JAX_SPARSE_ATTN_HSTU_BWD_TILE", _TILE, _parse_tile, None,
            "HSTU sm80 backward tile override (tuning; with sm90, the default, it is an error "
            "except for calls that sm90 routes to sm80: set hstu_bwd_impl=sm80 as well)"),

@@ -396,3 +396,9 @@ def test_hstu_bwd_rab_fast_path_flags():
     sm80 = fh.bwd_config("bfloat16", 128, 128, 0, config.Switches(hstu_bwd_ws="rabsm80"),
                          has_rab=True, rab_dtype="float32")
     assert sm80.impl == "sm80" and not any(getattr(sm80, f) for f in flags)
+    # the measured opt-ins: prefetches one step earlier, the fast path at D 64
+    sw = config.Switches(hstu_bwd_ws="rabpf2,rabfast64")
+    key = fh.bwd_config("bfloat16", 64, 64, 0, sw, has_rab=True, rab_dtype="float32")
+    assert key.rab_pf_ahead and key.rab_fast_wide
+    plain = fh.bwd_config("bfloat16", 64, 64, 0, sw)
+    assert not plain.rab_pf_ahead and not plain.rab_fast_wide

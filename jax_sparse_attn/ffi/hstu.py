@@ -286,6 +286,11 @@ class HstuBwdConfig(_HstuKey):
     # red.add per value instead of the 16-byte adds after a lane transpose (off: hstu_bwd_ws
     # "nodrabs")
     drab_scalar: bool = False
+    # sm90 with rab prefetches: each step's prefetches issued one step earlier (hstu_bwd_ws
+    # "rabpf2"); rab_fast_wide: the fast path at D 64 (128-query tiles) too (hstu_bwd_ws
+    # "rabfast64")
+    rab_pf_ahead: bool = False
+    rab_fast_wide: bool = False
 
 
 def fwd_smem_bytes(head_dim, head_dim_v, bm, bn) -> int:
@@ -820,7 +825,9 @@ def _bwd_config(dtype, head_dim, head_dim_v, func_n, switches, *, has_rab=False,
                                  rab_fast=bool(has_rab) and "norabfast" not in ws,
                                  rab_prefetch=bool(has_rab) and "norabpf" not in ws,
                                  drab_prefetch=bool(has_rab) and "drabpf" in ws,
-                                 drab_scalar=bool(has_rab) and "nodrabs" not in ws)
+                                 drab_scalar=bool(has_rab) and "nodrabs" not in ws,
+                                 rab_pf_ahead=bool(has_rab) and "rabpf2" in ws,
+                                 rab_fast_wide=bool(has_rab) and "rabfast64" in ws)
         return dataclasses.replace(
             _bwd_config(dtype, head_dim, head_dim_v, func_n,
                        dataclasses.replace(switches, hstu_bwd_impl="sm80"), has_rab=has_rab,
@@ -1023,7 +1030,8 @@ def _sm90_bwd_kernel(cfg, rab=False):
                          uniform_frags=cfg.uniform_frags, wg_hand=cfg.wg_hand,
                          has_rab=rab and cfg.has_rab, rab_per_head=cfg.rab_per_head,
                          rab_fast=cfg.rab_fast, rab_prefetch=cfg.rab_prefetch,
-                         drab_prefetch=cfg.drab_prefetch, drab_scalar=cfg.drab_scalar)
+                         drab_prefetch=cfg.drab_prefetch, drab_scalar=cfg.drab_scalar,
+                         rab_pf_ahead=cfg.rab_pf_ahead, rab_fast_wide=cfg.rab_fast_wide)
     if (kernel.bm, kernel.bn) != (cfg.block_m, cfg.block_n):
         raise ValueError(f"hstu_bwd_sm90 tiles {(kernel.bm, kernel.bn)} differ from the "
                          f"compile key's {(cfg.block_m, cfg.block_n)}")

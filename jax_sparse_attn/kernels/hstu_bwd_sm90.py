@@ -66,7 +66,8 @@ constant offsets) without clamps or selects, and with ``drab_scalar`` adds d rab
 scalar ``red.add`` per value; other steps take the clamped path, which zeroes the values
 without a bias right after their loads. With ``rab_prefetch`` producer warp 0 issues
 ``prefetch.global.L2`` for a step's bias rows when it loads that step's Q / dO
-(``_rab_prefetch``; ``drab_prefetch``: the shared workspace's rows too). Without
+(``_rab_prefetch``; ``drab_prefetch``: the shared workspace's rows too; ``rab_pf_ahead``:
+one step earlier). Without
 ``has_rab`` none of this is traced.
 
 The host launches the KV tiles longest work first (``metadata.hstu_bwd_schedule`` with the
@@ -185,7 +186,8 @@ class HstuBwdSm90:
                  det_store=False, dq_claim=False, convert_rows=0, wg_skip=False,
                  epi_smem=False, uniform_frags=True, wg_hand=False, has_rab=False,
                  rab_per_head=False, rab_fast=False, rab_prefetch=False,
-                 drab_prefetch=False, drab_scalar=False):
+                 drab_prefetch=False, drab_scalar=False, rab_pf_ahead=False,
+                 rab_fast_wide=False):
         self.pdl = pdl
         # the consumers' shared-memory GEMM operands partitioned with a warp-uniform thread
         # index (kernels.common.kv_major_bwd_operands)
@@ -292,13 +294,17 @@ class HstuBwdSm90:
         # rab_fast: a step whose tile lies inside the sequence's bias (every query row and key
         # below lim, see _rab_view) loads its bias and writes d rab without clamps or range
         # selects, through the thread's partition of the tile; other steps as before
-        # (64-query tiles only: with 128 the fast path's 64 loads per thread make ptxas spill)
-        self.rab_fast = rab_fast and has_rab and self.bm == 64
+        # (64-query tiles only: with 128 the fast path's 64 loads per thread make ptxas spill;
+        # rab_fast_wide: 128-query tiles too)
+        self.rab_fast = rab_fast and has_rab and (self.bm == 64 or rab_fast_wide)
         # rab_prefetch: producer warp 0 issues L2 prefetches of a step's bias rows when it
         # loads the step's Q / dO (about one step ahead of the consumers' loads);
         # drab_prefetch: the same for the rows of the shared fp32 d rab workspace (H_rab = 1)
         self.rab_prefetch = rab_prefetch and has_rab
         self.drab_prefetch = drab_prefetch and has_rab and not self.drab_per_head
+        # rab_pf_ahead: the prefetches of a step issued one step earlier (after the previous
+        # step's Q / dO loads)
+        self.rab_pf_ahead = rab_pf_ahead and (self.rab_prefetch or self.drab_prefetch)
         # drab_scalar (with rab_fast, shared workspace): a step inside the bias adds each
         # value with its own red.add (no lane transpose)
         self.drab_scalar = drab_scalar and self.rab_fast and not self.drab_per_head
@@ -1282,6 +1288,10 @@ class HstuBwdSm90:
                         for it in cutlass.range(qr.m_count, unroll=1):
                             m_block = qr.m_block(it, self.deterministic)
                             active, full = qr.tile_state(mQTiles, m_block, left, right)
+                            if cutlass.const_expr(self.rab_pf_ahead):
+                                if it == 0:
+                                    self._rab_prefetch(mRab, mdRab, batch, head, seq,
+                                                       m_block * bm, n0, lane)
                             if active != 0:
                                 pipe_q.producer_acquire(c)
                                 s = pipe_q.stage(c)
@@ -1299,10 +1309,17 @@ class HstuBwdSm90:
                                                     sdO[None, None, s], lane)
                                     self._fence_rows()
                                     pipe_q.producer_arrive(c)
-                                if cutlass.const_expr(self.rab_prefetch or self.drab_prefetch):
+                                if cutlass.const_expr((self.rab_prefetch or self.drab_prefetch)
+                                                      and not self.rab_pf_ahead):
                                     self._rab_prefetch(mRab, mdRab, batch, head, seq,
                                                        m_block * bm, n0, lane)
                                 c += 1
+                            if cutlass.const_expr(self.rab_pf_ahead):
+                                # the next step's rows (this step's: one step earlier)
+                                if it + 1 < qr.m_count:
+                                    self._rab_prefetch(
+                                        mRab, mdRab, batch, head, seq,
+                                        qr.m_block(it + 1, self.deterministic) * bm, n0, lane)
             if cutlass.const_expr(self.deterministic or self.dq_writer):
                 if warp == 1:
                     if batch >= 0:
