@@ -181,6 +181,18 @@ def hstu_cases(quick):
         yield (f"hstu rab fwd={impl} H_rab={rab_heads} cu={name} D=64 window={window}",
                dict(T=T, H=H, D=64, cu=np.asarray(cu, np.int32), window=window,
                     switches=Switches(hstu_fwd_impl=impl), rab_heads=rab_heads))
+    # the same at D 128, where the sm90 backward's steps inside the bias take the unclamped
+    # path: the garbage lengths, then valid lengths with L_q > L_k and L_q < L_k
+    cus128 = [(n, cu, cu) for n, cu in cus.items()]
+    cus128.append(("q_gt_k_and_q_lt_k", [0, 190, 260, 400], [0, 120, 300, 400]))
+    for i, (name, cu, cu_k) in enumerate(cus128):
+        if quick and i:
+            break
+        rab_heads = 1 if i % 2 == 0 else H
+        yield (f"hstu rab128 H_rab={rab_heads} cu={name} D=128 window={windows[i % 5]}",
+               dict(T=T, H=H, D=128, cu=np.asarray(cu, np.int32),
+                    cu_k=np.asarray(cu_k, np.int32), window=windows[i % 5],
+                    switches=Switches(), rab_heads=rab_heads))
     # grouped KV heads (H = 4 query heads over H_kv = 2 / 1): sm90ws forward + sm90 backward
     for i, ((name, cu), window) in enumerate(zip(cus.items(), windows)):
         if quick and i:
@@ -252,20 +264,21 @@ def run_hstu(c):
     k, v = (jnp.asarray(rng.standard_normal((c["T"], c.get("H_kv", c["H"]), c["D"])) * 0.3,
                         jnp.bfloat16) for _ in range(2))
     cu = jnp.asarray(c["cu"])
+    cu_k = jnp.asarray(c.get("cu_k", c["cu"]))
     rh = c.get("rab_heads", 0)
     rab = (jnp.asarray(rng.standard_normal((len(c["cu"]) - 1, rh, 200, 200)) * 0.3,
                        jnp.bfloat16) if rh else None)
 
     @jax.jit
-    def f(q, k, v, cu, rab):
+    def f(q, k, v, cu, cu_k, rab):
         def loss(q, k, v, rab):
-            o = hstu_attention(q, k, v, cu, cu, max_seqlen_q=200, max_seqlen_k=200,
+            o = hstu_attention(q, k, v, cu, cu_k, max_seqlen_q=200, max_seqlen_k=200,
                                window_size=c["window"], backend=BACKEND,
                                switches=c["switches"], rab=rab)
             return jnp.sum(o.astype(jnp.float32))
         return jax.value_and_grad(loss, argnums=(0, 1, 2, 3) if rh else (0, 1, 2))(q, k, v, rab)
 
-    val, grads = jax.block_until_ready(f(q, k, v, cu, rab))
+    val, grads = jax.block_until_ready(f(q, k, v, cu, cu_k, rab))
     return [val, *grads]
 
 

@@ -40,6 +40,9 @@ H = 2
 FUNC_PAD = 256
 LENS_RAB = [1, 17, 0, 113, 128, 1023, 0, 300]  # max_seqlen_k = 1023 (odd)
 LENS_Q_LT_K = ([1, 10, 0, 100, 500, 64, 0, 200], [5, 17, 3, 113, 600, 128, 0, 300])
+# more queries than keys (bias rows p = i + L_k - L_q start below 0); 700 / 640 give D 128
+# tiles inside the bias (the backward's fast path) and tiles that cross row 0
+LENS_Q_GT_K = ([700, 190, 5, 0, 300, 64], [640, 120, 17, 0, 200, 64])
 
 
 def _shard(cases):
@@ -139,7 +142,7 @@ def _jitted(kind, max_q, max_k, scaling, window, alpha, compute, fwd_impl=None, 
             kv_splits=kv_splits, **kw))
     # HSTU_TEST_RAB_ORDER: the hstu_bwd_order of the kernel backwards (e.g. "lpt")
     order = os.environ.get("HSTU_TEST_RAB_ORDER", "")
-    # HSTU_TEST_RAB_WS: hstu_bwd_ws flags added to the sm90 backwards' (e.g. "rabfast")
+    # HSTU_TEST_RAB_WS: hstu_bwd_ws flags added to the sm90 backwards' (e.g. "norabfast")
     extra = os.environ.get("HSTU_TEST_RAB_WS", "")
     if extra and "rabsm80" not in bwd_ws:
         bwd_ws = ",".join(filter(None, [bwd_ws, extra]))
@@ -237,6 +240,10 @@ RAB_GRID += [
     # max_seqlen_k even (300) and H_rab = 1 (workspace rows not padded)
     dict(d=64, dtype="bfloat16", window=(-1, 0), h_rab=1, rab_dtype="f32",
          lens=([300, 5, 0, 64], [300, 5, 0, 64])),
+    # L_q > L_k at D 128: the fast path of steps inside the bias next to steps that cross
+    # bias row 0, both d rab modes
+    dict(d=128, dtype="bfloat16", window=(-1, 0), h_rab=1, rab_dtype="f32", lens=LENS_Q_GT_K),
+    dict(d=128, dtype="float16", window=(-1, -1), h_rab=H, rab_dtype="q", lens=LENS_Q_GT_K),
     # D 64, H_rab = 1, max_seqlen_k 301 (workspace rows padded to 304), no mask
     dict(d=64, dtype="float16", window=(-1, -1), h_rab=1, rab_dtype="q",
          lens=([301, 7, 0, 33], [301, 7, 0, 33])),

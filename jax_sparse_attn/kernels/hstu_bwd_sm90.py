@@ -538,7 +538,9 @@ class HstuBwdSm90:
         """Issue the global loads of this thread's bias elements of the step (rab's dtype, one
         register fragment in the accumulator layout). Adjacent accumulator values are
         adjacent queries, i.e. bias rows ``N_k`` apart: one scalar load each. Addresses are
-        clamped into ``rab[b, h]``; :meth:`_biased_h` drops what lies outside."""
+        clamped into ``rab[b, h]``; :meth:`_biased_h` drops what lies outside (with
+        ``rab_fast``: steps inside the bias load without clamps, other steps zero what lies
+        outside here)."""
         n_k = rab.n_k
         rB = cute.make_rmem_tensor(rab.tSc.shape, rab.rab.element_type)
         if cutlass.const_expr(self.rab_fast):
@@ -623,7 +625,8 @@ class HstuBwdSm90:
     @cute.jit
     def _biased_h(self, s, alpha_half, rB, rab, n0, e):
         """``h = (alpha s + rab) / 2`` of accumulator value ``e`` (a select: the bias is 0
-        where :meth:`_rab_ok` is false, whatever the clamped load read)."""
+        where :meth:`_rab_ok` is false, whatever the clamped load read; with ``rab_fast``
+        :meth:`_rab_load` has zeroed those values already, so no select)."""
         bias = rB[e].to(Float32) * Float32(0.5)
         if cutlass.const_expr(self.rab_fast):
             # (_rab_load zeroed the values without a bias)
