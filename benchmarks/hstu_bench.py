@@ -196,6 +196,30 @@ def _paged_cache(k, v, b, l_k, h_kv, d, seed=0):
     return kv, ids, ptr
 
 
+def _case_rows(a, case, switches, tag, **kw):
+    """The rows of ``case`` with ``switches``: without and with ``--rab`` (only with it under
+    ``--rab-only``), each also with ``deterministic=True`` under ``--deterministic`` (the
+    backward time ratio added to the deterministic row); a row that raises is reported
+    (``tag`` names the variant) and left out."""
+    out = []
+    for rab in ((a.rab,) if a.rab_only else ("", a.rab)) if a.rab else ("",):
+        rows = []
+        for det in (False, True) if a.deterministic else (False,):
+            try:
+                rows.append(run_case(case, jnp.dtype(a.dtype), a.iters, not a.no_bwd,
+                                     switches, do_fwd=not a.bwd_only, rab=rab,
+                                     deterministic=det, **kw))
+            except Exception as e:  # noqa: BLE001 - report, go on with the other rows
+                print(f"{case:22s} {tag} rab={rab} deterministic={det}: failed: "
+                      f"{type(e).__name__}: {str(e)[:300]}", flush=True)
+        if len(rows) == 2 and "bwd_ms" in rows[0]:
+            ratio = rows[0]["bwd_ms"] / rows[1]["bwd_ms"]
+            rows[1]["bwd_speed_vs_default"] = ratio
+            print(f"{'':30s} deterministic bwd speed = {ratio:.3f} x default", flush=True)
+        out.extend(rows)
+    return out
+
+
 def run_inference(name, dtype, iters, switches=None, schedule_ab=False, paged_variants=(),
                   contiguous_variants=()):
     """One inference row: the forward with contiguous K/V and with the paged cache; ms,
@@ -351,23 +375,8 @@ def main():
         for var in a.variant:
             env = {k: v.replace("+", ",") for k, v in
                    (kv.partition("=")[::2] for kv in filter(None, var.split(",")))}
-            for rab in ((a.rab,) if a.rab_only else ("", a.rab)) if a.rab else ("",):
-                rows = []
-                for det in (False, True) if a.deterministic else (False,):
-                    try:
-                        rows.append(run_case(c, jnp.dtype(a.dtype), a.iters, not a.no_bwd,
-                                             from_env(env), do_fwd=not a.bwd_only,
-                                             variant=var or "default", rab=rab,
-                                             deterministic=det))
-                    except Exception as e:  # noqa: BLE001 - report, go on with the other rows
-                        print(f"{c:22s} [{var}] rab={rab} deterministic={det}: failed: "
-                              f"{type(e).__name__}: {str(e)[:300]}", flush=True)
-                if len(rows) == 2 and "bwd_ms" in rows[0]:
-                    ratio = rows[0]["bwd_ms"] / rows[1]["bwd_ms"]
-                    rows[1]["bwd_speed_vs_default"] = ratio
-                    print(f"{'':30s} deterministic bwd speed = {ratio:.3f} x default",
-                          flush=True)
-                results.extend(rows)
+            results.extend(_case_rows(a, c, from_env(env), f"[{var}]",
+                                      variant=var or "default"))
         if a.reference:
             try:
                 results.append(run_case(c, jnp.dtype(a.dtype), max(2, a.iters // 10),
@@ -377,20 +386,7 @@ def main():
                 print(f"{c:22s} [reference]: failed: {type(e).__name__}: {str(e)[:300]}",
                       flush=True)
         for sw in (variants if not (a.variant or a.reference) or a.bwd_impl else []):
-            for rab in ((a.rab,) if a.rab_only else ("", a.rab)) if a.rab else ("",):
-                rows = []
-                for det in (False, True) if a.deterministic else (False,):
-                    try:
-                        rows.append(run_case(c, jnp.dtype(a.dtype), a.iters, not a.no_bwd, sw,
-                                             do_fwd=not a.bwd_only, rab=rab, deterministic=det))
-                    except Exception as e:  # noqa: BLE001 - report, go on with the other rows
-                        print(f"{c:22s} {sw} rab={rab} deterministic={det}: failed: "
-                              f"{type(e).__name__}: {str(e)[:300]}", flush=True)
-                if len(rows) == 2 and "bwd_ms" in rows[0]:
-                    ratio = rows[0]["bwd_ms"] / rows[1]["bwd_ms"]
-                    rows[1]["bwd_speed_vs_default"] = ratio
-                    print(f"{'':30s} deterministic bwd speed = {ratio:.3f} x default", flush=True)
-                results.extend(rows)
+            results.extend(_case_rows(a, c, sw, str(sw)))
     for variant in a.tiles:
         env = dict(kv.split("=", 1) for kv in variant.split(";") if kv)
         print(f"-- tiles {variant}")
