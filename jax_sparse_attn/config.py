@@ -101,7 +101,7 @@ def _parse_option_list(flags, key, key_ok, allowed):
 WS_FLAGS = ("nooverlap", "nopingpong", "q1", "silu16", "tanh16", "pagepf", "qalias",
             "cross", "crossepi", "vlag", "headouter", "roundrobin", "dynamic", "static", "qscale",
             "noqscale", "wg3", "wg2", "plate", "splitwait", "epivec", "noepivec", "tmao",
-            "notmao")
+            "notmao", "rabpf")
 _WS_ALLOWED = ("comma list of " + ", ".join(WS_FLAGS)
                + ", bn=N (block_n: a multiple of 16 in 16..256), chunk=N (KiB of K / V per "
                "sequence chunk of the tile schedule: 0..1048576, 0 = off)")
@@ -316,6 +316,9 @@ SWITCHES = (
            "multiple of 64; excludes notmao and noepivec), "
            "notmao (every query tile copies its staged O out in 16-byte pieces; also implied "
            "by noepivec), "
+           "rabpf (with a relative attention bias: the producer warp prefetches each KV "
+           "tile's bias rows into L2 after that tile's K / V loads; contiguous K / V, not "
+           "with vlag or cross), "
            "bn=N (keys per tile; default 128, 64 at "
            "D = 256), chunk=N (with the "
            "dynamic deal: the tile schedule orders the query tiles by sequence chunks of "

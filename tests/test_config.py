@@ -197,7 +197,8 @@ def test_removed_sm90_bsa_forward_is_rejected():
                                  "qscale,static,bn=64", "noqscale", "noqscale,q1", "wg3",
                                  "wg3,static,noqscale,bn=64", "wg2", "plate,wg2",
                                  "splitwait", "splitwait,wg3", "noepivec", "noepivec,wg3",
-                                 "tmao", "tmao,wg3,static", "notmao", "notmao,wg3"])
+                                 "tmao", "tmao,wg3,static", "notmao", "notmao,wg3",
+                                 "rabpf", "rabpf,vlag"])
 def test_sm90ws_variants_parse(raw):
     """Every option of hstu_fwd_ws is accepted alone and combined; the string form of a
     Switches field is the environment's; ffi.hstu.ws_options reads them."""
@@ -223,6 +224,7 @@ def test_sm90ws_variants_parse(raw):
                    "p_late": "plate" in opts, "split_wait": "splitwait" in opts,
                    "epi_vec": "noepivec" not in opts,
                    "tma_o": "notmao" not in opts and "noepivec" not in opts,
+                   "rab_prefetch": "rabpf" in opts,
                    "bn": bn[0] if bn else 0, "chunk": chunk}
 
 

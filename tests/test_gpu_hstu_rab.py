@@ -136,6 +136,9 @@ def _jitted(kind, max_q, max_k, scaling, window, alpha, compute, fwd_impl=None, 
     if fwd_impl:  # "sm80", "sm90ws" or "sm90ws:<hstu_fwd_ws options joined by +>"
         impl, _, ws = fwd_impl.partition(":")
         sw = Switches(hstu_fwd_impl=impl, hstu_fwd_ws=ws.replace("+", ","))
+    elif os.environ.get("HSTU_TEST_RAB_FWD_WS"):
+        # HSTU_TEST_RAB_FWD_WS: hstu_fwd_ws flags of the default forwards (e.g. "rabpf")
+        sw = Switches(hstu_fwd_ws=os.environ["HSTU_TEST_RAB_FWD_WS"])
     if kind == "kfwd":
         return jax.jit(lambda q, k, v, cq, ck, f, r: jsa.hstu_attention(
             q, k, v, cq, ck, func=f, rab=r, backend="kernel", switches=sw,

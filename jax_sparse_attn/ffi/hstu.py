@@ -168,6 +168,9 @@ class HstuFwdConfig(_HstuKey):
     ws_num_wg: int = 2
     # fp16: P converted after the wait of the previous PV GEMM ("plate"; no C7513)
     ws_p_late: bool = False
+    # with rab: the producer warp prefetches each KV tile's bias rows into L2 after its
+    # K / V loads ("rabpf"; contiguous K / V, not with "vlag" or "cross")
+    ws_rab_prefetch: bool = False
     num_sms: int = 0
     # relative attention bias: presence, H_rab == H, rab's dtype name ("" without rab)
     has_rab: bool = False
@@ -505,7 +508,9 @@ def ws_options(opts) -> dict:
     with packed 4-byte shared stores into a row-swizzled tile and copies it out in 16-byte
     pieces, as the block-sparse forward does; 4–20 % faster forward on the H200), ``tma_o``
     (default; ``notmao`` or ``noepivec`` off: query tiles that end inside their sequence are
-    written by TMA tensor stores the warpgroup does not wait for), ``num_wg`` (consumer warpgroups: 3
+    written by TMA tensor stores the warpgroup does not wait for), ``rab_prefetch``
+    (``rabpf``: with rab the producer warp prefetches each KV tile's bias rows into L2 after
+    that tile's K / V loads), ``num_wg`` (consumer warpgroups: 3
     with ``wg3`` (192-row query tiles, at head dims up to 64; never with rab, paged K / V or
     ``cross``), 2 with ``wg2``, else None: the config's default), ``bn`` (block_n, 0: the kernel's default for
     the head dims), ``chunk`` (with the dynamic deal: KiB of K / V per sequence chunk of the
@@ -525,6 +530,7 @@ def ws_options(opts) -> dict:
             "p_late": "plate" in opts, "split_wait": "splitwait" in opts,
             "epi_vec": "noepivec" not in opts,
             "tma_o": "notmao" not in opts and "noepivec" not in opts,
+            "rab_prefetch": "rabpf" in opts,
             "bn": bn[0] if bn else 0,
             "chunk": (chunk[0] if chunk else SCHEDULE_CHUNK_KIB) if dynamic else 0}
 
@@ -601,6 +607,8 @@ def _ws_config(dtype, head_dim, head_dim_v, func_n, switches, rab, arch,
                          ws_tma_o=opts["tma_o"], ws_head_outer=opts["head_outer"], ws_snake=opts["snake"],
                          ws_dynamic=opts["dynamic"], schedule_chunk_kib=opts["chunk"],
                          ws_q_scale=q_scale and not rab["has_rab"] and not opts["cross"],
+                         ws_rab_prefetch=(opts["rab_prefetch"] and rab["has_rab"]
+                                          and not opts["v_lag"] and not opts["cross"]),
                          ws_num_wg=num_wg,
                          ws_p_late=(opts["p_late"] and _cutlass_dtype_name(dtype) == "float16"
                                      and not opts["silu16"]),
@@ -868,7 +876,7 @@ def _ws_fwd_kernel(cfg, **extra):
                          kv_splits=cfg.kv_splits, q_scale=cfg.ws_q_scale,
                          num_wg=cfg.ws_num_wg, p_late=cfg.ws_p_late,
                          split_wait=cfg.ws_split_wait, epi_vec=cfg.ws_epi_vec,
-                         tma_o=cfg.ws_tma_o, **extra)
+                         tma_o=cfg.ws_tma_o, rab_prefetch=cfg.ws_rab_prefetch, **extra)
 
 
 @functools.lru_cache(maxsize=None)

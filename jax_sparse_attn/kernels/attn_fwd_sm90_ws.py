@@ -358,7 +358,7 @@ class AttnFwdSm90Ws:
     @cute.jit
     def _produce(self, work, m_block, tma_q, tma_tQ, tma_k, tma_tK, tma_v, tma_tV, sQ, sK, sV,
                  sV_rows, pipe_q, pipe_k, pipe_v, q_bytes, k_bytes, v_bytes, c_q, c_kv, lane,
-                 first_entry=None, q_mine=None, q_next=None):
+                 first_entry=None, q_mine=None, q_next=None, kv_extra=None):
         """Producer warp, one work item: TMA of its ``num_wg`` Q slices, then of the K and V
         tiles it visits (a partial V tile: the zero-filling copy ``_load_v_rows``).
         ``first_entry`` (block-list kernels): the raw list entry of iteration 0, loaded
@@ -367,7 +367,8 @@ class AttnFwdSm90Ws:
         the previous item has already issued this item's Q; ``q_next = (work, m_block,
         go)``: the next item's Q is issued after this item's K / V tile
         ``min(stages, n) - 1`` when ``go`` is 1 (its buffer is then free, as the previous
-        item's last K / V tiles are)."""
+        item's last K / V tiles are). ``kv_extra`` (the range walk only): the kernel's
+        ``_kv_extra_issue`` runs with it after each K / V tile's loads."""
         wgm, bn, d, dv, nwg = self.wg_m, self.bn, self.d, self.dv, self.num_wg
         if work.n_count > 0:
             prefetch = None
@@ -443,6 +444,8 @@ class AttnFwdSm90Ws:
                     nk = self._kv_coord(work, n)  # the tile's index in the K / V TMA views
                     self._issue_kv(work, n, nk, tma_k, tKg, tKs, tma_v, tVg, tVs, sV_rows,
                                    pipe_k, pipe_v, k_bytes, v_bytes, c_kv, lane)
+                    if cutlass.const_expr(kv_extra is not None):
+                        self._kv_extra_issue(kv_extra, work, m_block, n, lane)
                     c_kv += 1
         return c_q, c_kv
 

@@ -64,7 +64,7 @@ from cutlass.cute.nvgpu import cpasync
 from . import hstu_common as hc
 from .attn_fwd_sm90_ws import SMEM_LIMIT, AttnFwdSm90Ws, WorkItem, smem_plan
 from .block_info import BlockInfo
-from .common import acc_mn_view_wg, tma_view
+from .common import acc_mn_view_wg, elem_ptr, tma_view
 from .mask import HstuMask
 from .pipeline import SmemPipeline, fetch_item, publish_item, take_item
 from .seqlen_info import SeqlenInfo, offset_rows
@@ -114,8 +114,14 @@ class HstuFwdSm90Ws(AttnFwdSm90Ws):
                  cross_item=0, v_lag: bool = False, pdl: bool = False,
                  head_outer: bool = False, snake: bool = True, dynamic: bool = False,
                  q_scale: bool = False, num_wg: int = 2, p_late: bool = False,
-                 split_wait: bool = False, epi_vec: bool = False, tma_o: bool = False):
+                 split_wait: bool = False, epi_vec: bool = False, tma_o: bool = False,
+                 rab_prefetch: bool = False):
         self.pdl = pdl
+        # rab_prefetch: the producer warp issues L2 prefetches of the bias rows of each KV
+        # tile right after that tile's K / V loads (the default producer loop: not with
+        # paged K / V, v_lag or chained items)
+        self.rab_prefetch = (rab_prefetch and has_rab and not paged and not v_lag
+                             and not cross_item)
         self.split_wait = split_wait
         # the epilogue's O staging as packed pair stores into a row-swizzled tile, copied
         # out in 16-byte pieces (AttnFwdSm90Ws._epi_vec)
@@ -291,10 +297,13 @@ class HstuFwdSm90Ws(AttnFwdSm90Ws):
                         work, m_block, m0 = self._work(mTile, slot, head, batch, mCuQ, mCuK,
                                                        left, right, mV, group,
                                                        mPageIds, mPageIndptrs, split)
+                        kv_extra = None
+                        if cutlass.const_expr(self.rab_prefetch):
+                            kv_extra = self._rab_pf_view(mRab, batch, head, work.seq, m0)
                         c_q, c_kv = self._produce(
                             work, m_block, tma_q, tma_tQ, tma_k, tma_tK,
                             tma_v, tma_tV, sQ, sK, sV, sV_rows, pipe_q, pipe_k, pipe_v,
-                            q_bytes, k_bytes, v_bytes, c_q, c_kv, lane)
+                            q_bytes, k_bytes, v_bytes, c_q, c_kv, lane, kv_extra=kv_extra)
                     if cutlass.const_expr(self.dynamic):
                         # claimed once this item's loads are issued (the consumers are then
                         # within the K / V stages of its end), so the CTAs that finish first
@@ -682,6 +691,34 @@ class HstuFwdSm90Ws(AttnFwdSm90Ws):
         h = head if cutlass.const_expr(self.rab_per_head) else 0
         base = mRab[b, h, None, None].iterator.toint()
         return base, n_k, mw0 + seq.off, cutlass.min(seq.seqlen_k, n_k), mRab.element_type
+
+    @cute.jit
+    def _rab_pf_view(self, mRab, batch, head, seq, m0):
+        """What the producer's bias prefetches of one work item need: ``(rab[b, h % H_rab]
+        (rows, keys), first bias row m0 + L_k - L_q, lim = min(L_k, N_k))``."""
+        n_k = mRab.shape[3]
+        b = cutlass.min(batch, mRab.shape[0] - 1)
+        h = head if cutlass.const_expr(self.rab_per_head) else 0
+        return mRab[b, h, None, None], m0 + seq.off, cutlass.min(seq.seqlen_k, n_k)
+
+    @cute.jit
+    def _kv_extra_issue(self, kv_extra, work, m_block, n, lane):
+        """After KV tile ``n``'s loads: L2 prefetches of its bias (rows of the work item's
+        ``bm`` queries below ``lim``, keys ``n bn ..`` clamped below ``lim``): lane ``l``
+        takes rows ``l, l + 32, ..``, per row one address every 128 bytes plus one (a row
+        need not start on a line)."""
+        mX, row_off, lim = kv_extra
+        es = mX.element_type.width // 8
+        step = 128 // es
+        per = (self.bn * es + 127) // 128 + 1
+        n0 = n * self.bn
+        j_hi = cutlass.min(n0 + self.bn, lim) - 1
+        for r in cutlass.range_constexpr(self.bm // 32):
+            p = row_off + r * 32 + lane
+            if (p >= 0) & (p < lim) & (n0 < lim):
+                for u in cutlass.range_constexpr(per):
+                    j = cutlass.min(n0 + u * step, j_hi)
+                    hc.prefetch_l2(elem_ptr(mX, (p, j)).toint())
 
     @cute.jit
     def _rab_load(self, rab, n, tSc):
