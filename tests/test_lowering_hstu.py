@@ -569,6 +569,24 @@ def _bwd_text(head_dim, dtype, mask, switches, head_dim_v=None, lq=None, determi
     return _lower(jax.grad(loss, argnums=(0, 1, 2)), q, k, v, cu, cu, func)
 
 
+def _rab_fwd_text(head_dim, h_rab, rab_dtype, switches):
+    """The lowered text of the forward with a relative attention bias (bf16, causal,
+    max_seqlen 201)."""
+    import jax_sparse_attn as jsa  # noqa: PLC0415
+
+    mk = 201
+    q = jax.ShapeDtypeStruct((T, 2, head_dim), jnp.bfloat16)
+    cu = jax.ShapeDtypeStruct((B + 1,), jnp.int32)
+    rab = jax.ShapeDtypeStruct((B, h_rab, mk, mk), jnp.dtype(rab_dtype))
+
+    def fwd(q, k, v, cu, rab):
+        return jsa.hstu_attention(q, k, v, cu, cu, max_seqlen_q=mk, max_seqlen_k=mk,
+                                  window_size=(-1, 0), alpha=0.3, backend="kernel", rab=rab,
+                                  switches=switches)
+
+    return _lower(fwd, q, q, q, cu, rab)
+
+
 def _rab_bwd_text(head_dim, h_rab, rab_dtype, switches):
     """The lowered text of jax.grad through the public op with a relative attention bias
     (bf16, causal, max_seqlen 201; d rab too)."""
@@ -1163,6 +1181,9 @@ _PTX_CONFIGS = {
                                   {"hstu_bwd_ws": "norabfast,norabpf,nodrabs"}, {}),
     "bwd-128-rabh-bfloat16": ("_rab_bwd_text", (128, 2, "bfloat16"), {}, {}),
     "bwd-64-rab1-float32": ("_rab_bwd_text", (64, 1, "float32"), {}, {}),
+    "fwd-128-rab1-float32": ("_rab_fwd_text", (128, 1, "float32"), {}, {}),
+    "fwd-128-rab1-float32-rabpf": ("_rab_fwd_text", (128, 1, "float32"),
+                                   {"hstu_fwd_ws": "rabpf"}, {}),
 }
 
 
@@ -1476,4 +1497,14 @@ def test_hstu_rab_bwd_sm90_fast_path_ptx(kept_ptx):
     assert count(scalar, d64) == 0
     assert count(r"ld\.global\.b32", fast) == count(r"ld\.global\.b32", slow) + 32
     assert count(r"ld\.global\.b16", per_head) == 64
+
+
+def test_hstu_rab_fwd_prefetch_ptx(kept_ptx):
+    """hstu_fwd_ws "rabpf": the sm90ws forward's producer prefetches each KV tile's bias rows
+    (128 query rows over 32 lanes, five addresses per 512-byte fp32 row: 20 per lane); the
+    default forward with rab has none."""
+    base = _fwd_ptx(kept_ptx, "fwd-128-rab1-float32")
+    pf = _fwd_ptx(kept_ptx, "fwd-128-rab1-float32-rabpf")
+    assert len(re.findall(r"prefetch\.global\.L2 ", pf)) == 20
+    assert "prefetch.global.L2" not in base
 
