@@ -182,7 +182,7 @@ BSA_BWD_WS_FLAGS = ("ldwait", "lpt", "decouple", "detkv", "detfull", "detlaunch"
                     "detoverlap", "detzero", "packws", "nopackws", "dqclaim", "zerolag",
                     "tailconv", "notailconv", "hlpt", "nolpt", "persist",
                     "nokvpf", "ordfast", "detfixed", "detorder", "l2hint", "l2normal",
-                    "thrfrags", "wghand", "nowghand", "ldscale", "dvwait", "dklag")
+                    "thrfrags", "wghand", "nowghand", "ldscale", "dvwait", "dklag", "sahead")
 #: the flags among :data:`BSA_BWD_WS_FLAGS` that choose the deterministic dQ order (at most
 #: one of them)
 BSA_DET_ORDER_FLAGS = ("detkv", "detfull", "detlaunch", "detsched", "detschedfull")
@@ -645,6 +645,11 @@ SWITCHES = (
                "compute P^T and dS^T; the step's dS^T stays in registers of its own and its "
                "Q / dO stage is released once that GEMM has completed; opt-in: 4 % slower on "
                "the H100), "
+               "sahead (blk 128 where dklag applies, not with dklag or splitwait: the first "
+               "64-row step of a list entry ends without waiting for its dK GEMM; the second "
+               "step issues its S^T / dP^T GEMMs behind it and releases the first step's "
+               "Q / dO stage after its S^T wait; opt-in: 0.4-1.4 % "
+               "slower on the H100), "
                "ordfast (deterministic in the schedule order: the same order from fewer "
                "launches and fewer serialized shared-memory operations: the K->Q lists "
                "kernel instead of XLA's lists, the rows' estimated starts computed in the "

@@ -14,7 +14,9 @@ poisoned tails / unlisted blocks and partial blocks, as the default paths' tests
 * the block-sparse backward with ``bsa_bwd_ws=dqclaim`` (the first contribution to each
   query tile claimed with an atomic and stored, no zeroed workspace).
 * the block-sparse blk 128 backward with ``bsa_bwd_ws=dklag`` (a step's dK GEMM issued in
-  the next step, after its S^T / dP^T GEMMs), on the sm90ws cases and the causal cases.
+  the next step, after its S^T / dP^T GEMMs), on the sm90ws cases and the causal cases;
+  likewise with ``bsa_bwd_ws=sahead`` (the second 64-row step of a list entry issues its
+  S^T / dP^T GEMMs while the first step's dK GEMM may still run).
 
 * the deterministic HSTU backward with ``hstu_bwd_ws=detzero`` (XLA zeroes the fp32
   workspace and every KV tile adds; by default the first KV tile in a query tile's order
@@ -303,6 +305,31 @@ def test_bsa_bwd_dklag_causal(c):
     """``dklag`` with ``causal`` (masked steps, steps past the diagonal, rows without keys,
     packed GQA rows): the causal blk 128 cases of ``test_gpu_bsa_causal`` with the switch."""
     c = dataclasses.replace(c, bwd_ws="dklag")
+    tc.test_bsa_causal_kernel_vs_reference(c)
+
+
+@pytest.mark.parametrize("c", DKLAG_CASES, ids=lambda c: c["name"])
+def test_bsa_bwd_sahead(c, monkeypatch):
+    """``sahead`` (opt-in, blk 128): the first 64-row step of a list entry ends with its dK
+    GEMM in flight; the second step's S^T / dP^T GEMMs go behind it and its S^T wait
+    releases the first step's stage. The sm90ws backward cases at blk 128 (every block
+    listed, the partial last block with NaN past block_sizes and in unlisted blocks, GQA,
+    empty rows, S_q ending in a block's first 64 rows) against the reference, poisoned
+    buffers first."""
+    from jax_sparse_attn.ffi import bsa as fb
+
+    sw = Switches(bsa_bwd_impl="sm90ws", bsa_bwd_ws=("sahead",))
+    key = fb.bwd_config(jnp.dtype(c["dtype"]), c["d"], c["blk"], False, sw)
+    assert key.ws_s_ahead, key
+    monkeypatch.setattr(tb, "BWDWS", sw)
+    tb.test_bsa_sm90ws_backward(c)
+
+
+@pytest.mark.parametrize("c", [c for c in tc.CASES if c.blk == 128
+                               and c.bwd_impl in ("auto", "sm90ws") and not c.bwd_ws], ids=lambda c: c.name)
+def test_bsa_bwd_sahead_causal(c):
+    """``sahead`` with ``causal``: the causal blk 128 cases of ``test_gpu_bsa_causal``."""
+    c = dataclasses.replace(c, bwd_ws="sahead")
     tc.test_bsa_causal_kernel_vs_reference(c)
 
 

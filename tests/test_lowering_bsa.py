@@ -601,7 +601,7 @@ def test_bsa_sm90ws_pairwg_ptx(kept_ptx, tmp_path):
                        timeout=600)
     out = a.stdout + a.stderr
     assert a.returncode == 0, out[-3000:]
-    assert "C7513" not in out and "C7512" not in out, out[-3000:]
+    assert "serialized" not in out, out[-3000:]  # C7512-C7515
     spills = [int(x) for x in re.findall(r"(\d+) bytes spill stores", out)]
     assert spills and max(spills) == 0, out[-3000:]
 

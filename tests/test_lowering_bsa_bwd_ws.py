@@ -252,6 +252,7 @@ _PTX_CONFIGS = {
     "ldscale-blk128": ("_bwd_text", (CONFIGS[0],), None, {"ws": "ldscale"}),
     "dvwait-blk128": ("_bwd_text", (CONFIGS[0],), None, {"ws": "dvwait"}),
     "dklag-blk128": ("_bwd_text", (CONFIGS[0],), None, {"ws": "dklag"}),
+    "sahead-blk128": ("_bwd_text", (CONFIGS[0],), None, {"ws": "sahead"}),
     "l2hint-det-blk64": ("_bwd_text", (CONFIGS[1],), None,
                          {"deterministic": True, "impl": "auto", "det_writer": True,
                           "sq": 4096, "skv": 4096, "kmax": 40, "ws": "nodetstream,l2hint"}),
@@ -641,6 +642,41 @@ def test_bsa_bwd_ws_dklag(kept_ptx):
     red = "cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32"
     for op in ("cp.async.bulk.tensor", red, "ex2.approx", "stmatrix"):
         assert lag.count(op) == base.count(op) > 0, op
+
+
+def test_bsa_bwd_ws_sahead(kept_ptx):
+    """``bsa_bwd_ws=sahead`` (opt-in): the key only at blk 128 on the default dQ path (not
+    deterministic, dqalias, decouple, dqalt, dvwait, persist, dklag or splitwait). In the
+    kernel the first 64-row step of a list entry ends without waiting for its dK GEMM and
+    without releasing its Q / dO stage; the second step releases it after its S^T wait, and
+    where the second step is skipped the stage is released after it: one more stage release
+    (``mbarrier.arrive``) than the default, the same GEMMs, commits, waits, copies and
+    reductions, every group committed in the basic block of its last wgmma."""
+    from jax_sparse_attn.config import Switches
+    from jax_sparse_attn.ffi import bsa
+
+    def key(ws, d=128, blk=128, **kw):
+        return bsa.bwd_config(jnp.bfloat16, d, blk, False,
+                              Switches(bsa_bwd_impl="sm90ws", bsa_bwd_ws=ws), **kw)
+
+    assert key(("sahead",)).ws_s_ahead and not key(()).ws_s_ahead
+    assert key(("sahead",), d=64).ws_s_ahead
+    assert not key(("sahead",), deterministic=True).ws_s_ahead
+    for ws, blk in ((("sahead",), 64), (("sahead", "decouple"), 128),
+                    (("sahead", "dqalt"), 128), (("sahead", "dvwait"), 128),
+                    (("sahead", "dqalias"), 128), (("sahead", "persist"), 128),
+                    (("sahead", "dklag"), 128), (("sahead", "splitwait"), 128)):
+        assert not key(ws, blk=blk).ws_s_ahead, ws
+    base, ahead = _ws_ptx(kept_ptx, _ids(CONFIGS[0])), _ws_ptx(kept_ptx, "sahead-blk128")
+    assert ahead.count("mbarrier.arrive") == base.count("mbarrier.arrive") + 1
+    for op in ("wgmma.mma_async", "wgmma.commit_group", "wgmma.wait_group",
+               "cp.async.bulk.tensor",
+               "cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32", "ex2.approx",
+               "stmatrix"):
+        assert ahead.count(op) == base.count(op) > 0, op
+    import kept_ptx as kp  # noqa: PLC0415
+
+    assert kp.assert_wgmma_groups_in_block(ahead) > 0
 
 
 def test_bsa_pre_kernel4_ptx(kept_ptx):

@@ -305,6 +305,10 @@ class BsaBwdConfig:
     # dvwait or persist): a step's dK GEMM is issued in the next step after its S^T / dP^T
     # GEMMs ("dklag")
     ws_dk_lag: bool = False
+    # "sm90ws" blk 128 on the default dQ path (as ws_dk_lag, and not dklag or splitwait): the
+    # first 64-row step of a list entry ends without waiting for its dK GEMM, the second
+    # issues its S^T / dP^T GEMMs behind it ("sahead")
+    ws_s_ahead: bool = False
 
 
 def fwd_smem_bytes(head_dim, block_size) -> int:
@@ -611,7 +615,7 @@ def bwd_config(dtype, head_dim, block_size, has_block_sizes, switches,
                 # (ldscale stays off: the fixed-point multipliers take the unscaled delta;
                 # dklag is not a deterministic option)
                 return dataclasses.replace(cfg, dq_fixed=True, ws_ld_scaled=False,
-                                           ws_dk_lag=False)
+                                           ws_dk_lag=False, ws_s_ahead=False)
         return _persist_config(_ws_config(name, head_dim, block_size, has_block_sizes, impl,
                                           arch, switches, deterministic, causal, pack_gqa),
                                switches.bsa_bwd_ws)
@@ -678,6 +682,10 @@ def _ws_config(name, head_dim, block_size, has_block_sizes, impl, arch, switches
                         ws_dk_lag="dklag" in opts and block_size == 128 and not alias
                         and not decouple and not deterministic and "dvwait" not in opts
                         and "dqalt" not in opts and "persist" not in opts,
+                        ws_s_ahead="sahead" in opts and block_size == 128 and not alias
+                        and not decouple and not deterministic and "dvwait" not in opts
+                        and "dqalt" not in opts and "persist" not in opts
+                        and "dklag" not in opts and "splitwait" not in opts,
                         ws_epi_pairs="epi16" not in opts,
                         ws_epi_smem=not {"epiregs", "epi16"} & set(opts),
                         ws_dq_alt="dqalt" in opts and block_size == 128 and tile
@@ -1658,7 +1666,8 @@ def _ws_kernel(cfg: BsaBwdConfig, after_pre: bool = False):
                         persist_kv_l2=cfg.ws_persist_kv_l2, dq_fixed=cfg.dq_fixed,
                         l2_hint=cfg.ws_l2_hint, uniform_frags=cfg.ws_uniform_frags,
                         wg_hand=cfg.ws_wg_hand, ld_scaled=cfg.ws_ld_scaled,
-                        dv_wait=cfg.ws_dv_wait, dk_lag=cfg.ws_dk_lag)
+                        dv_wait=cfg.ws_dv_wait, dk_lag=cfg.ws_dk_lag,
+                        s_ahead=cfg.ws_s_ahead)
 
 
 def _bwd_det_entry(stream, q, k, v, do, lse, delta, offsets, entries, ranks, sizes, scale,

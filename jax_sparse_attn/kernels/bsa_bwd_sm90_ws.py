@@ -50,6 +50,12 @@ CTA per SM; blk 64: 256 threads, two CTAs per SM):
   the tensor pipe runs it while the consumers compute P^T and dS^T. The step's dS^T
   fragment is kept in registers of its own and its Q / dO stage is released once that dK
   GEMM has completed; the last step's dK is issued after the block's last step.
+  With ``s_ahead`` (``bsa_bwd_ws=sahead``, blk 128) the first 64-row step of a list entry
+  ends without waiting for its dK GEMM: the second step issues its S^T / dP^T GEMMs behind
+  it, its S^T wait covers that dK, and it then releases the first step's Q / dO stage. The
+  first step is static (the first 64 rows of a listed query block are always below
+  ``S_q``); where the second is skipped, the wait and the release follow the skipped step,
+  so no GEMM is in flight across the loop over the entries.
   ``kernels/dq_tiles.py`` reorders the workspace into dq. With ``dq_alt`` (blk 128, the dQ
   writer warp and the staging tile) the warpgroups take turns instead: at step ``c``
   warpgroup ``c % 2`` waits for both dS^T halves, computes the whole ``64 x D`` dQ tile over
@@ -287,8 +293,16 @@ class BsaBwdSm90Ws:
                  lpt_chain: bool = False, persist: int = 0, persist_kv_at: int = -1,
                  persist_kv_l2: bool = True, dq_fixed: bool = False, l2_hint: int = 0,
                  uniform_frags: bool = True, wg_hand: bool = False, ld_scaled: bool = False,
-                 dv_wait: bool = False, dk_lag: bool = False):
+                 dv_wait: bool = False, dk_lag: bool = False, s_ahead: bool = False):
         self.pdl = pdl
+        # the second 64-row step of a list entry issues its S^T / dP^T GEMMs while the first
+        # step's dK GEMM may still run (module doc): blk 128 on the default dQ path only
+        if s_ahead and (block_size != 128 or deterministic or dq_alias or dq_alt or decouple
+                        or dv_wait or persist or dk_lag or split_wait or dq_late):
+            raise ValueError("s_ahead needs blk 128 and the default dQ path (not "
+                             "deterministic, dq_alias, dq_alt, decouple, dv_wait, persist, "
+                             "dk_lag, split_wait or dq_late)")
+        self.s_ahead = s_ahead
         # a step's dK GEMM is issued in the next step, after its S^T / dP^T GEMMs (module
         # doc): blk 128 on the default dQ path only
         if dk_lag and (block_size != 128 or deterministic or dq_alias or dq_alt or decouple
@@ -1091,9 +1105,24 @@ class BsaBwdSm90Ws:
             limit = kv_left
             if cutlass.const_expr(self.has_sizes):
                 limit = cutlass.min(limit, mSizes[batch, head, n_block])
+            # s_ahead: the first step's dS^T, read by its dK GEMM until the second step's
+            # S^T wait
+            tdS0 = None
+            if cutlass.const_expr(self.s_ahead):
+                tdS0 = cute.make_rmem_tensor(
+                    acc_layout_as_a(thr_s.make_fragment_C(s_shape).layout, a_vals),
+                    self.dtype)
             for s in cutlass.range_constexpr(self.sub):
                 q0 = m_block * bn + s * bm
-                if q0 < seqlen_q:
+                # s_ahead: the first step's dK GEMM may be in flight at this step's start
+                early = self.s_ahead and s > 0
+                run = q0 < seqlen_q
+                if cutlass.const_expr(self.s_ahead and s == 0):
+                    # a static step: the first step's dK GEMM is in flight at its end, and
+                    # ptxas serializes every wgmma where a GEMM is in flight across the
+                    # end of a branch region that it was issued in
+                    run = True
+                if run:
                     stg = pipe_q.stage(c)
                     buf = c % self.ds_bufs
                     # whether the step needs the select: keys past the valid count, or
@@ -1140,6 +1169,11 @@ class BsaBwdSm90Ws:
                     S_mn = acc_mn_view_wg(acc_S)
                     dP_mn = acc_mn_view_wg(acc_dP)
                     warpgroup.wait_group(2 if self.dk_lag else 1)
+                    if cutlass.const_expr(early):
+                        # the wait covered the first step's dK GEMM: its dS^T registers and
+                        # its Q / dO stage are free
+                        kvb.keep_regs(tdS0)
+                        pipe_q.consumer_release(c - 1)
                     if cutlass.const_expr(self.lse_early and not self.ld_scaled):
                         for cc in cutlass.range_constexpr(n_cols):
                             lse2[cc] = lse2[cc] * LOG2_E
@@ -1192,10 +1226,16 @@ class BsaBwdSm90Ws:
                     if cutlass.const_expr(not self.split_wait):
                         cute.make_tensor(tP.iterator, acc_S.layout).store(
                             acc_S.load().to(self.dtype))
-                    tdS = cute.make_rmem_tensor(acc_layout_as_a(acc_dP.layout, a_vals),
-                                                self.dtype)
+                    tdS = tdS0
+                    if cutlass.const_expr(not (self.s_ahead and s == 0)):
+                        tdS = cute.make_rmem_tensor(acc_layout_as_a(acc_dP.layout, a_vals),
+                                                    self.dtype)
                     tdS_acc = cute.make_tensor(tdS.iterator, acc_dP.layout)
                     tdS_acc.store(acc_dP.load().to(self.dtype))
+                    if cutlass.const_expr(self.s_ahead and s == 0):
+                        # dS^T as values of their own (not recomputed from the accumulator
+                        # at the keep after the second step's S^T wait)
+                        kvb.keep_regs(tdS)
                     # dS^T -> smem buffer `buf` (stmatrix: rows of 8 consecutive queries)
                     cute.copy(r2s_dS, r2s_dS.retile(tdS_acc), tdSsdS[None, None, None, buf])
 
@@ -1345,18 +1385,33 @@ class BsaBwdSm90Ws:
                             if cutlass.const_expr(self.deterministic):
                                 cute.arch.barrier_arrive(barrier_id=3,
                                                          number_of_threads=128 * nwg + 32)
-                        if cutlass.const_expr(not self.dk_lag):
+                        ahead = self.s_ahead and s + 1 < self.sub
+                        if cutlass.const_expr(ahead):
+                            # dV has completed (the wait for dQ); dK may still run into the
+                            # second step
+                            kvb.keep_regs(tP)
+                        elif cutlass.const_expr(not self.dk_lag):
                             # (dk_lag: every GEMM of the step has completed above)
                             warpgroup.wait_group(0)
-                        if cutlass.const_expr(not self.dq_late and not self.dk_lag):
+                        if cutlass.const_expr(not self.dq_late and not self.dk_lag
+                                              and not ahead):
                             # (dq_late: kept once the dV / dK GEMMs completed, before dQ)
                             kvb.keep_regs(tP, tdS)
                     if cutlass.const_expr(not (self.writer and self.dq_alias)
-                                          and not self.dk_lag):
+                                          and not self.dk_lag
+                                          and not (self.s_ahead and s + 1 < self.sub)):
                         # (the writer with dq_alias: the writer warp releases the stage
                         # that holds the staged dQ slices; dk_lag: the next step releases it)
                         pipe_q.consumer_release(c)
                     c += 1
+                if cutlass.const_expr(early):
+                    # (after the second step a no-op) without a second step: the first
+                    # step's dK GEMM completes, then its stage goes back. The wait is outside
+                    # the branch, so that no path leaves the entry with a GEMM in flight
+                    warpgroup.wait_group(0)
+                    if q0 >= seqlen_q:
+                        kvb.keep_regs(tdS0)
+                        pipe_q.consumer_release(c - 1)
         if cutlass.const_expr(self.dk_lag):
             # the block's last dK GEMM, then its stage
             if lag_on != 0:
