@@ -189,7 +189,9 @@ BSA_DET_ORDER_FLAGS = ("detkv", "detfull", "detlaunch", "detsched", "detschedful
 _BSA_BWD_WS_ALLOWED = ("comma list of " + ", ".join(BSA_BWD_WS_FLAGS)
                        + ", stages=N (most Q / dO shared-memory stages: 2..4), dqslots=N "
                        "(deterministic: fp32 accumulators per query tile, 1..4), persistkv=N "
-                       "(persist: Q / dO stages issued before an item's K / V, 0..3), ordscan=N "
+                       "(persist: Q / dO stages issued before an item's K / V, 0..3), stamp=N "
+                       "(diagnostic, not with persist: each consumer warpgroup of CTAs 0..15 prints "
+                       "the SM clock at fixed points of its step N, 0..1048576), ordscan=N "
                        "(deterministic schedule order: entries a proposal scan checks at once, "
                        "1..16); at most one "
                        "of " + ", ".join(BSA_DET_ORDER_FLAGS) + "; at most one of detstream, "
@@ -199,7 +201,8 @@ _parse_bsa_bwd_ws_opts = _parse_option_list(BSA_BWD_WS_FLAGS,
                                              {"stages": lambda n: 2 <= n <= 4,
                                               "dqslots": lambda n: 1 <= n <= 4,
                                               "persistkv": lambda n: 0 <= n <= 3,
-                                              "ordscan": lambda n: 1 <= n <= 16},
+                                              "ordscan": lambda n: 1 <= n <= 16,
+                                              "stamp": lambda n: 0 <= n <= 1 << 20},
                                              None, _BSA_BWD_WS_ALLOWED)
 
 

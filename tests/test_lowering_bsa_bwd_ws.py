@@ -253,6 +253,7 @@ _PTX_CONFIGS = {
     "dvwait-blk128": ("_bwd_text", (CONFIGS[0],), None, {"ws": "dvwait"}),
     "dklag-blk128": ("_bwd_text", (CONFIGS[0],), None, {"ws": "dklag"}),
     "sahead-blk128": ("_bwd_text", (CONFIGS[0],), None, {"ws": "sahead"}),
+    "stamp-blk128": ("_bwd_text", (CONFIGS[0],), None, {"ws": "stamp=3"}),
     "l2hint-det-blk64": ("_bwd_text", (CONFIGS[1],), None,
                          {"deterministic": True, "impl": "auto", "det_writer": True,
                           "sq": 4096, "skv": 4096, "kmax": 40, "ws": "nodetstream,l2hint"}),
@@ -677,6 +678,29 @@ def test_bsa_bwd_ws_sahead(kept_ptx):
     import kept_ptx as kp  # noqa: PLC0415
 
     assert kp.assert_wgmma_groups_in_block(ahead) > 0
+
+
+def test_bsa_bwd_ws_stamps(kept_ptx):
+    """``bsa_bwd_ws=stamp=N`` (diagnostic): the key carries the step; the kernel reads the SM
+    clock at the 14 points of every step (two unrolled 64-row steps at blk 128) and writes
+    the kept step's readings over dK with ordinary stores, without a function call (a call
+    makes ptxas serialize every wgmma); the GEMMs and copies are the default's."""
+    from jax_sparse_attn.config import Switches
+    from jax_sparse_attn.ffi import bsa
+    from jax_sparse_attn.kernels.bsa_bwd_sm90_ws import STAMP_MARK
+
+    def key(ws):
+        return bsa.bwd_config(jnp.bfloat16, 128, 128, False,
+                              Switches(bsa_bwd_impl="sm90ws", bsa_bwd_ws=ws))
+
+    assert key(("stamp=3",)).ws_stamps == (3,) and key(()).ws_stamps == ()
+    base, st = _ws_ptx(kept_ptx, _ids(CONFIGS[0])), _ws_ptx(kept_ptx, "stamp-blk128")
+    clock = re.compile(r"mov\.u32\s+%r\d+,\s*%clock;")
+    assert len(clock.findall(st)) == 28 and not clock.findall(base)
+    assert "call" not in re.sub(r"//.*", "", st).split() and "vprintf" not in st
+    assert str(STAMP_MARK) in st or hex(STAMP_MARK) in st.lower()
+    for op in ("wgmma.mma_async", "wgmma.commit_group", "cp.async.bulk.tensor", "stmatrix"):
+        assert st.count(op) == base.count(op) > 0, op
 
 
 def test_bsa_pre_kernel4_ptx(kept_ptx):

@@ -309,6 +309,9 @@ class BsaBwdConfig:
     # first 64-row step of a list entry ends without waiting for its dK GEMM, the second
     # issues its S^T / dP^T GEMMs behind it ("sahead")
     ws_s_ahead: bool = False
+    # diagnostic ("stamp=N"): the consumer step of running count N prints the SM clock at
+    # fixed points of the step (after the block's epilogue)
+    ws_stamps: tuple = ()
 
 
 def fwd_smem_bytes(head_dim, block_size) -> int:
@@ -686,6 +689,7 @@ def _ws_config(name, head_dim, block_size, has_block_sizes, impl, arch, switches
                         and not decouple and not deterministic and "dvwait" not in opts
                         and "dqalt" not in opts and "persist" not in opts
                         and "dklag" not in opts and "splitwait" not in opts,
+                        ws_stamps=tuple(int(o[6:]) for o in opts if o.startswith("stamp=")),
                         ws_epi_pairs="epi16" not in opts,
                         ws_epi_smem=not {"epiregs", "epi16"} & set(opts),
                         ws_dq_alt="dqalt" in opts and block_size == 128 and tile
@@ -1667,7 +1671,7 @@ def _ws_kernel(cfg: BsaBwdConfig, after_pre: bool = False):
                         l2_hint=cfg.ws_l2_hint, uniform_frags=cfg.ws_uniform_frags,
                         wg_hand=cfg.ws_wg_hand, ld_scaled=cfg.ws_ld_scaled,
                         dv_wait=cfg.ws_dv_wait, dk_lag=cfg.ws_dk_lag,
-                        s_ahead=cfg.ws_s_ahead)
+                        s_ahead=cfg.ws_s_ahead, stamps=cfg.ws_stamps)
 
 
 def _bwd_det_entry(stream, q, k, v, do, lse, delta, offsets, entries, ranks, sizes, scale,

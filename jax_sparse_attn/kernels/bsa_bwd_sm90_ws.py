@@ -224,6 +224,9 @@ from .pack_gqa import pack_rows_view, packed_row
 from .pipeline import SmemPipeline, fetch_item, publish_item, take_item
 from .seqlen_info import offset_rows
 
+#: the last of the 16 int32 a ``stamps`` diagnostic writes over a dK row (``_write_stamps``)
+STAMP_MARK = 0x5A17C0DE
+
 #: query rows per step (one wgmma N / M extent)
 TILE_M = 64
 #: ``dq_claim``: added to a query tile's flag once its first contribution (a bulk store) is
@@ -293,8 +296,13 @@ class BsaBwdSm90Ws:
                  lpt_chain: bool = False, persist: int = 0, persist_kv_at: int = -1,
                  persist_kv_l2: bool = True, dq_fixed: bool = False, l2_hint: int = 0,
                  uniform_frags: bool = True, wg_hand: bool = False, ld_scaled: bool = False,
-                 dv_wait: bool = False, dk_lag: bool = False, s_ahead: bool = False):
+                 dv_wait: bool = False, dk_lag: bool = False, s_ahead: bool = False,
+                 stamps: tuple = ()):
         self.pdl = pdl
+        # diagnostic: the consumer steps whose running counts are listed print the SM clock at
+        # fixed points of the step (``_stamp``; thread 0 of each consumer warpgroup of CTAs
+        # 0..15)
+        self.stamps = tuple(stamps)
         # the second 64-row step of a list entry issues its S^T / dP^T GEMMs while the first
         # step's dK GEMM may still run (module doc): blk 128 on the default dQ path only
         if s_ahead and (block_size != 128 or deterministic or dq_alias or dq_alt or decouple
@@ -1060,8 +1068,42 @@ class BsaBwdSm90Ws:
         return c
 
     @cute.jit
+    def _stamp(self, tv, i: cutlass.Constexpr):
+        """Diagnostic (``stamps``): the SM clock at point ``i`` of the step."""
+        if cutlass.const_expr(len(self.stamps) > 0):
+            tv[i] = cute.arch.clock()
+
+    @cute.jit
+    def _keep_stamps(self, tv, tkeep, c):
+        """Diagnostic (``stamps``): step ``c``'s readings kept for the print after the item."""
+        if cutlass.const_expr(len(self.stamps) > 0):
+            if c == self.stamps[0]:
+                for i in cutlass.range_constexpr(14):
+                    tkeep[i] = tv[i]
+
+    @cute.jit
+    def _write_stamps(self, tv, wg, ctid, mdK, batch, n0, head_kv, kv_left):
+        """Diagnostic (``stamps``), after the epilogue: thread 0 of consumer warpgroup ``wg``
+        overwrites the first 32 values of dK row ``n0 + wg`` of its block with 16 int32: the
+        kept step's readings 1..13 less reading 0, reading 0, its warpgroup and the marker
+        ``STAMP_MARK`` (a function call such as ``printf`` in the kernel makes ptxas
+        serialize every wgmma, C7510). The call's gradients are not valid."""
+        if cutlass.const_expr(len(self.stamps) > 0):
+            # every consumer thread's epilogue stores are ordered before the overwrite
+            cute.arch.barrier(barrier_id=7, number_of_threads=128 * self.num_wg)
+            if (ctid % 128 == 0) & (tv[0] != 0) & (wg < kv_left):
+                row = cute.make_tensor(
+                    cute.recast_ptr(elem_ptr(mdK, (batch, n0 + wg, head_kv, 0)), dtype=Int32),
+                    cute.make_layout(16))
+                for i in cutlass.range_constexpr(1, 14):
+                    row[i - 1] = tv[i] - tv[0]
+                row[13] = tv[0]
+                row[14] = wg
+                row[15] = Int32(STAMP_MARK)
+
+    @cute.jit
     def _consume_steps(self, cctx, n_block, head_kv, batch, row_id, e_begin, n_ent, n0, kv_left,
-                       j, c):
+                       j, c, tkeep=None):
         """Consumer warpgroups, one KV block (work item ``j``): every step of its K->Q list
         from running count ``c`` of the Q / dO ring (dK, dV accumulate in ``acc_dK`` /
         ``acc_dV``); returns the count after the item."""
@@ -1088,6 +1130,10 @@ class BsaBwdSm90Ws:
         if cutlass.const_expr(self.dk_lag):
             lag_dS = cute.make_rmem_tensor(
                 acc_layout_as_a(thr_s.make_fragment_C(s_shape).layout, a_vals), self.dtype)
+        # stamps: the clock readings of the current step
+        tv = None
+        if cutlass.const_expr(len(self.stamps) > 0):
+            tv = cute.make_rmem_tensor(16, Int32)
         for e in cutlass.range(n_ent, unroll=1):
             ent = ent_nxt
             if cutlass.const_expr(self.order_stream):
@@ -1142,6 +1188,7 @@ class BsaBwdSm90Ws:
                     acc_S = thr_s.make_fragment_C(s_shape)
                     acc_dP = thr_s.make_fragment_C(s_shape)
                     pipe_q.consumer_wait(c)
+                    self._stamp(tv, 0)
                     # per-query (column) lse, read before the GEMMs are issued and
                     # brought to the log2 domain after the S^T GEMM's wait
                     lse2 = cute.make_rmem_tensor(n_cols, Float32)
@@ -1150,6 +1197,7 @@ class BsaBwdSm90Ws:
                             lse2[cc] = sLD[tScS[0, cc][1], 0, stg]
                     mma_s = kvb.issue_s_dp(mma_s, acc_S, acc_dP, tSrK, tSrV, tSrQ, tSrdO,
                                            stg)
+                    self._stamp(tv, 1)
                     if cutlass.const_expr(self.dk_lag):
                         # the previous step's dK GEMM: a third group in every step, empty in
                         # the block's first (each branch commits its own, so that ptxas
@@ -1169,6 +1217,7 @@ class BsaBwdSm90Ws:
                     S_mn = acc_mn_view_wg(acc_S)
                     dP_mn = acc_mn_view_wg(acc_dP)
                     warpgroup.wait_group(2 if self.dk_lag else 1)
+                    self._stamp(tv, 2)
                     if cutlass.const_expr(early):
                         # the wait covered the first step's dK GEMM: its dS^T registers and
                         # its Q / dO stage are free
@@ -1182,6 +1231,7 @@ class BsaBwdSm90Ws:
                         for cc in cutlass.range_constexpr(n_cols):
                             S_mn[r, cc] = cute.math.exp2(S_mn[r, cc] * scale_log2 - lse2[cc],
                                                          fastmath=True)
+                    self._stamp(tv, 3)
                     dlt = cute.make_rmem_tensor(n_cols, Float32)
                     for cc in cutlass.range_constexpr(n_cols):
                         dlt[cc] = sLD[tScS[0, cc][1], 1, stg]
@@ -1198,6 +1248,7 @@ class BsaBwdSm90Ws:
                             acc_S.load().to(self.dtype))
                         pipe_q.consumer_wait(c)
                     warpgroup.wait_group(1 if self.dk_lag else 0)
+                    self._stamp(tv, 4)
                     for r in cutlass.range_constexpr(n_rows):
                         for cc in cutlass.range_constexpr(n_cols):
                             if cutlass.const_expr(self.ld_scaled):
@@ -1238,11 +1289,13 @@ class BsaBwdSm90Ws:
                         kvb.keep_regs(tdS)
                     # dS^T -> smem buffer `buf` (stmatrix: rows of 8 consecutive queries)
                     cute.copy(r2s_dS, r2s_dS.retile(tdS_acc), tdSsdS[None, None, None, buf])
+                    self._stamp(tv, 5)
 
                     # dV += P^T dO (registers x smem) while the dS^T halves are published
                     kvb.issue_dv(mma_kv, acc_dV, tP, tVrdO, stg)
                     # every warp's dS^T rows are in smem (generic -> async proxy)
                     cute.arch.fence_proxy("async.shared", space="cta")
+                    self._stamp(tv, 6)
                     if cutlass.const_expr(self.dq_alt):
                         mma_dq = self._alt_step(mma_kv, mma_dq, acc_dK, tdS, tKrQ, tP,
                                                 tQrdS, tQrK, thr_dq, st, stg, buf, c, wg,
@@ -1252,6 +1305,7 @@ class BsaBwdSm90Ws:
                             cute.arch.barrier(barrier_id=1 + wg, number_of_threads=128)
                         else:
                             cute.arch.barrier(barrier_id=1, number_of_threads=128 * nwg)
+                        self._stamp(tv, 7)
                         # dQ = dS K, then dK += dS^T Q (its own group: the dQ reductions below
                         # are issued while it runs)
                         acc_dQ = thr_dq.make_fragment_C(thr_dq.partition_shape_C((bm, d)))
@@ -1279,6 +1333,7 @@ class BsaBwdSm90Ws:
                         else:
                             mma_dq = kvb.issue_dq_dk(mma_dq, mma_kv, acc_dQ, acc_dK, tQrdS,
                                                      tQrK, tdS, tKrQ, buf, stg)
+                        self._stamp(tv, 8)
                         if cutlass.const_expr(self.dk_lag):
                             # the previous step's dK, this step's dV and dQ have completed:
                             # its Q / dO stage goes back to the producer, this step's dS^T
@@ -1292,6 +1347,7 @@ class BsaBwdSm90Ws:
                             lag_on = Int32(1)
                         else:
                             warpgroup.wait_group(1)
+                        self._stamp(tv, 9)
 
                         if cutlass.const_expr(self.dq_tile):
                             # the warp's slice (rows 16 rg .., the warpgroup's columns) in
@@ -1323,6 +1379,7 @@ class BsaBwdSm90Ws:
                                 # previous step's staged tile
                                 if c > 0:
                                     kvb.wg_bar(wg, 5, 10, False)
+                                self._stamp(tv, 10)
                             elif cutlass.const_expr(self.writer):
                                 # the writer warp is done with the previous step's staged
                                 # tile (its buffer, or its Q / dO stage)
@@ -1345,6 +1402,7 @@ class BsaBwdSm90Ws:
                             if cutlass.const_expr(self.wg_hand):
                                 # this warpgroup's half is staged: the writer adds it
                                 kvb.wg_bar(wg, 2, 11, True)
+                                self._stamp(tv, 11)
                             elif cutlass.const_expr(self.writer):
                                 # the writer warp waits for its turn and adds the tile
                                 cute.arch.barrier_arrive(barrier_id=2,
@@ -1393,6 +1451,7 @@ class BsaBwdSm90Ws:
                         elif cutlass.const_expr(not self.dk_lag):
                             # (dk_lag: every GEMM of the step has completed above)
                             warpgroup.wait_group(0)
+                        self._stamp(tv, 12)
                         if cutlass.const_expr(not self.dq_late and not self.dk_lag
                                               and not ahead):
                             # (dq_late: kept once the dV / dK GEMMs completed, before dQ)
@@ -1403,6 +1462,8 @@ class BsaBwdSm90Ws:
                         # (the writer with dq_alias: the writer warp releases the stage
                         # that holds the staged dQ slices; dk_lag: the next step releases it)
                         pipe_q.consumer_release(c)
+                    self._stamp(tv, 13)
+                    self._keep_stamps(tv, tkeep, c)
                     c += 1
                 if cutlass.const_expr(early):
                     # (after the second step a no-op) without a second step: the first
@@ -1669,8 +1730,12 @@ class BsaBwdSm90Ws:
                     j += 1
                     row_id = take_item(pipe_it, slots, j)
             else:
+                tkeep = None
+                if cutlass.const_expr(len(self.stamps) > 0):
+                    tkeep = cute.make_rmem_tensor(16, Int32)
+                    tkeep[0] = Int32(0)
                 c = self._consume_steps(cctx, n_block, head_kv, batch, row_id, e_begin, n_ent,
-                                        n0, kv_left, 0, c)
+                                        n0, kv_left, 0, c, tkeep)
 
             if cutlass.const_expr(self.dq_alt):
                 # the writer warp's last hand-back, to the warpgroup that computed the last
@@ -1690,6 +1755,7 @@ class BsaBwdSm90Ws:
                 cute.arch.cp_async_bulk_wait_group(0, read=False)  # smem outlives the reads
             if cutlass.const_expr(not self.persist):
                 self._epilogue(ectx, n0, kv_left, batch, head_kv, 0)
+                self._write_stamps(tkeep, wg, ctid, mdK, batch, n0, head_kv, kv_left)
         if cutlass.const_expr(self.pdl and self.order_stream and not self.stream_after_pre):
             # the order kernel (the previous grid) completes before this grid does, so the
             # next grid's wait for this one covers it too
