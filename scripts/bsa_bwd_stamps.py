@@ -29,12 +29,23 @@ POINTS = ("S/dP issued", "S waited", "exp2 done", "dP waited", "dS stored", "dV 
           "dK waited", "stage released")
 
 
-def stamps_of(dk, mark):
-    """The readings in ``dk`` (B, H_kv, S, D) bf16: an ``(n, 16)`` int32 array, one row per
-    stamped (block, warpgroup): readings 1..13 less reading 0, reading 0, the warpgroup."""
+def stamps_of(dk, mark, blk):
+    """The readings in ``dk`` (B, H_kv, S, D) bf16: ``(steps, ctas)``, each an ``(n, 16)``
+    int32 array with the warpgroup appended. Step rows: readings 1..13 less reading 0,
+    reading 0, reading 0 less the previous step's end, (marker), warpgroup; CTA rows: the
+    consumer's start, the first step's start, the last step's end, the epilogue's end (clock
+    readings), the number of steps, ..., warpgroup."""
     bits = np.asarray(dk).view(np.uint16)[..., :32]
-    words = np.ascontiguousarray(bits).view(np.int32).reshape(-1, 16)
-    return words[words[:, 15] == mark][:, :15]
+    words = np.ascontiguousarray(bits).view(np.int32).reshape(-1, dk.shape[-2], 16)
+    pos = np.arange(dk.shape[-2]) % blk
+    out = []
+    for first in (0, 2):
+        sel = [(words[:, pos == first + wg], wg) for wg in (0, 1)]
+        rows = [np.concatenate([w, np.full((*w.shape[:-1], 1), wg, np.int32)], -1)
+                for w, wg in sel]
+        r = np.concatenate(rows, 1).reshape(-1, 17)
+        out.append(r[r[:, 15] == mark])
+    return out
 
 
 def main(argv=None):
@@ -65,32 +76,44 @@ def main(argv=None):
         x[0], *x[1:4], x[4], x[5], x[6], None, None, x[7], **kw)))
     for _ in range(3):  # the last call's readings (warm caches and clocks)
         dq, dk, dv = bwd(do, q, k, v, out, lse, idx, nums)
-    st = stamps_of(jax.device_get(dk), STAMP_MARK)
+    st, cta = stamps_of(jax.device_get(dk), STAMP_MARK, blk)
     if not len(st):
         raise SystemExit(f"no stamped step {a.step}: fewer steps per block?")
     res = dict(case=label, step=a.step, flags=list(flags), points=list(POINTS), wg={})
     print(f"{label}, step {a.step}, flags {','.join(flags)}: cycles from the step's start")
-    for wg in sorted(set(st[:, 14].tolist())):
-        rows = st[st[:, 14] == wg][:, :13]
-        med, p10, p90 = (np.percentile(rows, p, axis=0) for p in (50, 10, 90))
-        res["wg"][int(wg)] = dict(n=int(len(rows)), median=med.tolist(), p10=p10.tolist(),
-                                  p90=p90.tolist())
-        print(f"warpgroup {wg} ({len(rows)} CTAs)")
+    pct = (lambda x: (float(np.median(x)), float(np.percentile(x, 10)),
+                      float(np.percentile(x, 90))))
+    for wg in (0, 1):
+        rows = st[st[:, 16] == wg]
+        if not len(rows):
+            continue
+        med, p10, p90 = (np.percentile(rows[:, :13], p, axis=0) for p in (50, 10, 90))
+        gap = pct(rows[:, 14])
+        res["wg"][wg] = dict(n=int(len(rows)), median=med.tolist(), p10=p10.tolist(),
+                             p90=p90.tolist(), gap_before=gap)
+        print(f"warpgroup {wg} ({len(rows)} CTAs); from the previous step's end to this "
+              f"step's start: median {gap[0]:.0f}, p10 {gap[1]:.0f}, p90 {gap[2]:.0f}")
         prev = 0.0
         for name, m, lo, hi in zip(POINTS, med, p10, p90):
             print(f"  {name:18s} {m:7.0f}  (+{m - prev:6.0f})   p10 {lo:7.0f}  p90 {hi:7.0f}")
             prev = m
-    # the warpgroups' start skew within a CTA (rows n0 and n0 + 1 of one block)
-    if len(res["wg"]) == 2:
-        t0 = {}
-        for r in st:
-            t0.setdefault(int(r[14]), []).append(int(r[13]))
-        if len(t0[0]) == len(t0[1]):
-            skew = (np.array(t0[1], np.int64) - np.array(t0[0], np.int64)).astype(np.int32)
-            res["wg1_start_minus_wg0"] = dict(median=float(np.median(skew)),
-                                              p10=float(np.percentile(skew, 10)),
-                                              p90=float(np.percentile(skew, 90)))
-            print(f"warpgroup 1 start - warpgroup 0 start: {res['wg1_start_minus_wg0']}")
+    w0, w1 = st[st[:, 16] == 0], st[st[:, 16] == 1]
+    if len(w0) == len(w1) and len(w0):
+        skew = pct((w1[:, 13].astype(np.int64) - w0[:, 13]).astype(np.int32))
+        res["wg1_start_minus_wg0"] = skew
+        print(f"warpgroup 1 start - warpgroup 0 start: median {skew[0]:.0f}, p10 "
+              f"{skew[1]:.0f}, p90 {skew[2]:.0f}")
+    # per CTA (warpgroup 0): consumer start -> first step, the steps, last step -> epilogue end
+    c0 = cta[cta[:, 16] == 0]
+    if len(c0):
+        d = lambda i, j: (c0[:, j].astype(np.int64) - c0[:, i]).astype(np.int32)  # noqa: E731
+        steps = c0[:, 4]
+        res["cta"] = dict(start_to_first_step=pct(d(0, 1)), steps=pct(d(1, 2)),
+                          epilogue=pct(d(2, 3)), n_steps=pct(steps),
+                          cycles_per_step=pct(d(1, 2) / np.maximum(steps, 1)))
+        print("per CTA (warpgroup 0; median, p10, p90):")
+        for k_, v_ in res["cta"].items():
+            print(f"  {k_:20s} {v_[0]:9.0f} {v_[1]:9.0f} {v_[2]:9.0f}")
     if a.out:
         with open(a.out, "w") as f:
             json.dump(res, f, indent=1)

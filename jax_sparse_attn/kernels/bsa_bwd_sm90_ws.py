@@ -216,7 +216,8 @@ from . import kv_major_bwd as kvb
 from .bsa_common import LOG2_E, bwd_kv_tile_rows
 from .common import (L2_EVICT_FIRST, L2_EVICT_LAST, L2_EVICT_NORMAL, L2_HINT_NORMAL,
                      acc_layout_as_a, acc_mn_view_wg,
-                     atom_add_acq_rel_s32, atom_add_s32, elem_ptr, fence_acq_rel_gpu,
+                     atom_add_acq_rel_s32, atom_add_s32, clock_ordered, elem_ptr,
+                     fence_acq_rel_gpu,
                      gmem_load_copy, kv_major_bwd_operands, l2_copy_kw, l2_policy,
                      ld_acquire_s32, ld_relaxed_s32, st_release_s32, tma_view, wait_at_least)
 from .dq_tiles import bulk_add_warp_slice, fixed_point_slice, stage_warp_slice
@@ -1071,35 +1072,55 @@ class BsaBwdSm90Ws:
     def _stamp(self, tv, i: cutlass.Constexpr):
         """Diagnostic (``stamps``): the SM clock at point ``i`` of the step."""
         if cutlass.const_expr(len(self.stamps) > 0):
-            tv[i] = cute.arch.clock()
+            tv[i] = clock_ordered()
 
     @cute.jit
     def _keep_stamps(self, tv, tkeep, c):
-        """Diagnostic (``stamps``): step ``c``'s readings kept for the print after the item."""
+        """Diagnostic (``stamps``): step ``c``'s readings kept for ``_write_stamps`` (14, the
+        end of the step before it), and the first step's start (``tkeep[15]``)."""
         if cutlass.const_expr(len(self.stamps) > 0):
             if c == self.stamps[0]:
-                for i in cutlass.range_constexpr(14):
+                for i in cutlass.range_constexpr(15):
                     tkeep[i] = tv[i]
+            if c == 0:
+                tkeep[15] = tv[0]
 
     @cute.jit
-    def _write_stamps(self, tv, wg, ctid, mdK, batch, n0, head_kv, kv_left):
+    def _write_stamps(self, tv, tcta, wg, ctid, mdK, batch, n0, head_kv, kv_left, c):
         """Diagnostic (``stamps``), after the epilogue: thread 0 of consumer warpgroup ``wg``
-        overwrites the first 32 values of dK row ``n0 + wg`` of its block with 16 int32: the
-        kept step's readings 1..13 less reading 0, reading 0, its warpgroup and the marker
-        ``STAMP_MARK`` (a function call such as ``printf`` in the kernel makes ptxas
-        serialize every wgmma, C7510). The call's gradients are not valid."""
+        overwrites the first 32 values of dK rows ``n0 + wg`` and ``n0 + 2 + wg`` of its
+        block with 16 int32 each (a function call such as ``printf`` in the kernel makes
+        ptxas serialize every wgmma, C7510). Row ``n0 + wg``: the kept step's readings 1..13
+        less reading 0, reading 0, reading 0 less the previous step's end (0 for the first
+        step) and the marker ``STAMP_MARK``; row ``n0 + 2 + wg``: the consumer's start, the
+        first step's start, the end of the last step, the end of the epilogue (``tcta``,
+        clock readings), the number of steps, zeros, the marker. The call's gradients are
+        not valid."""
         if cutlass.const_expr(len(self.stamps) > 0):
             # every consumer thread's epilogue stores are ordered before the overwrite
             cute.arch.barrier(barrier_id=7, number_of_threads=128 * self.num_wg)
-            if (ctid % 128 == 0) & (tv[0] != 0) & (wg < kv_left):
+            if (ctid % 128 == 0) & (tv[0] != 0) & (wg + 2 < kv_left):
                 row = cute.make_tensor(
                     cute.recast_ptr(elem_ptr(mdK, (batch, n0 + wg, head_kv, 0)), dtype=Int32),
                     cute.make_layout(16))
                 for i in cutlass.range_constexpr(1, 14):
                     row[i - 1] = tv[i] - tv[0]
                 row[13] = tv[0]
-                row[14] = wg
+                row[14] = tv[0] - tv[14]
+                if self.stamps[0] == 0:
+                    row[14] = Int32(0)
                 row[15] = Int32(STAMP_MARK)
+                cta = cute.make_tensor(
+                    cute.recast_ptr(elem_ptr(mdK, (batch, n0 + 2 + wg, head_kv, 0)),
+                                    dtype=Int32), cute.make_layout(16))
+                cta[0] = tcta[0]
+                cta[1] = tv[15]
+                cta[2] = tcta[1]
+                cta[3] = tcta[2]
+                cta[4] = c
+                for i in cutlass.range_constexpr(5, 15):
+                    cta[i] = Int32(0)
+                cta[15] = Int32(STAMP_MARK)
 
     @cute.jit
     def _consume_steps(self, cctx, n_block, head_kv, batch, row_id, e_begin, n_ent, n0, kv_left,
@@ -1188,6 +1209,9 @@ class BsaBwdSm90Ws:
                     acc_S = thr_s.make_fragment_C(s_shape)
                     acc_dP = thr_s.make_fragment_C(s_shape)
                     pipe_q.consumer_wait(c)
+                    if cutlass.const_expr(len(self.stamps) > 0):
+                        # the end of the previous step
+                        tv[14] = tv[13]
                     self._stamp(tv, 0)
                     # per-query (column) lse, read before the GEMMs are issued and
                     # brought to the log2 domain after the S^T GEMM's wait
@@ -1731,11 +1755,16 @@ class BsaBwdSm90Ws:
                     row_id = take_item(pipe_it, slots, j)
             else:
                 tkeep = None
+                tcta = None
                 if cutlass.const_expr(len(self.stamps) > 0):
                     tkeep = cute.make_rmem_tensor(16, Int32)
                     tkeep[0] = Int32(0)
+                    tcta = cute.make_rmem_tensor(4, Int32)
+                    tcta[0] = clock_ordered()
                 c = self._consume_steps(cctx, n_block, head_kv, batch, row_id, e_begin, n_ent,
                                         n0, kv_left, 0, c, tkeep)
+                if cutlass.const_expr(len(self.stamps) > 0):
+                    tcta[1] = clock_ordered()
 
             if cutlass.const_expr(self.dq_alt):
                 # the writer warp's last hand-back, to the warpgroup that computed the last
@@ -1755,7 +1784,9 @@ class BsaBwdSm90Ws:
                 cute.arch.cp_async_bulk_wait_group(0, read=False)  # smem outlives the reads
             if cutlass.const_expr(not self.persist):
                 self._epilogue(ectx, n0, kv_left, batch, head_kv, 0)
-                self._write_stamps(tkeep, wg, ctid, mdK, batch, n0, head_kv, kv_left)
+                if cutlass.const_expr(len(self.stamps) > 0):
+                    tcta[2] = clock_ordered()
+                self._write_stamps(tkeep, tcta, wg, ctid, mdK, batch, n0, head_kv, kv_left, c)
         if cutlass.const_expr(self.pdl and self.order_stream and not self.stream_after_pre):
             # the order kernel (the previous grid) completes before this grid does, so the
             # next grid's wait for this one covers it too

@@ -440,6 +440,15 @@ def inline_asm(result_type, operands, asm: str, constraints: str, side_effects: 
     )
 
 
+@dsl_user_op
+def clock_ordered(*, loc=None, ip=None):
+    """The SM clock (``%clock``) as a side-effecting ``asm`` with a memory clobber: unlike
+    ``cute.arch.clock`` it is neither moved across memory operations and other side effects
+    nor recomputed where its value is used (diagnostics that time parts of a kernel)."""
+    return cutlass.Int32(inline_asm(T.i32(), [], "mov.u32 $0, %clock;", "=r,~{memory}", True,
+                                     loc, ip))
+
+
 def _bulk_shared_to_global(instr, gptr, sptr, nbytes, loc, ip):
     """``instr [gptr], [sptr], nbytes;``: a bulk operation from shared to global memory."""
     inline_asm(
