@@ -182,7 +182,8 @@ BSA_BWD_WS_FLAGS = ("ldwait", "lpt", "decouple", "detkv", "detfull", "detlaunch"
                     "detoverlap", "detzero", "packws", "nopackws", "dqclaim", "zerolag",
                     "tailconv", "notailconv", "hlpt", "nolpt", "persist",
                     "nokvpf", "ordfast", "detfixed", "detorder", "l2hint", "l2normal",
-                    "thrfrags", "wghand", "nowghand", "ldscale", "dvwait", "dklag", "sahead")
+                    "thrfrags", "wghand", "nowghand", "ldscale", "dvwait", "dklag", "sahead",
+                    "redv4")
 #: the flags among :data:`BSA_BWD_WS_FLAGS` that choose the deterministic dQ order (at most
 #: one of them)
 BSA_DET_ORDER_FLAGS = ("detkv", "detfull", "detlaunch", "detsched", "detschedfull")
@@ -648,6 +649,9 @@ SWITCHES = (
                "compute P^T and dS^T; the step's dS^T stays in registers of its own and its "
                "Q / dO stage is released once that GEMM has completed; opt-in: 4 % slower on "
                "the H100), "
+               "redv4 (with bsa_bwd_dq=rows: the dQ rows added with one "
+               "red.global.add.v4.f32 per 4 values, two lanes swapping a pair, instead of one "
+               ".v2 per 2), "
                "sahead (blk 128 where dklag applies, not with dklag or splitwait: the first "
                "64-row step of a list entry ends without waiting for its dK GEMM; the second "
                "step issues its S^T / dP^T GEMMs behind it and releases the first step's "

@@ -72,6 +72,7 @@ SM80 = Switches(bsa_fwd_impl="sm80", bsa_bwd_impl="sm80", bsa_pre_impl="xla")
 SM90WS = Switches(bsa_fwd_impl="sm90ws")
 BWDWS = Switches(bsa_bwd_impl="sm90ws")
 BWDROWS = Switches(bsa_bwd_dq="rows")
+BWDROWS4 = Switches(bsa_bwd_impl="sm90ws", bsa_bwd_dq="rows", bsa_bwd_ws=("redv4",))
 DQALT = Switches(bsa_bwd_ws="dqalt")
 QREGS = Switches(bsa_fwd_ws=("qregs",))
 MPRE = Switches(bsa_fwd_ws=("mpre",))
@@ -109,7 +110,7 @@ class TestBSAKernelGrid(BSAKernelGrid):
              "dqalt": DQALT, "qregs": QREGS, "mpre": MPRE, "qahead": QAHEAD,
              "noepivec": NOEPIVEC, "notmao": NOTMAO, "ctas3k1": CTAS3K1, "selfload": SELFLOAD,
              "pairwg": PAIRWG, "l2hint": L2HINT, "l2normal": L2NORMAL, "kqxla": KQXLA, "notailconv": NOTAILCONV, "nolpt": NOLPT,
-             "ldscale": LDSCALE, "nowghand": NOWGHAND, "sahead": SAHEAD, "sm80_late_v": SM80_LATE_V, "sm80_wr32": SM80_WR32,
+             "ldscale": LDSCALE, "nowghand": NOWGHAND, "sahead": SAHEAD, "bwdrows4": BWDROWS4, "sm80_late_v": SM80_LATE_V, "sm80_wr32": SM80_WR32,
              "sm80_wr16": SM80_WR16}
 
     @classmethod

@@ -254,6 +254,8 @@ _PTX_CONFIGS = {
     "dklag-blk128": ("_bwd_text", (CONFIGS[0],), None, {"ws": "dklag"}),
     "sahead-blk128": ("_bwd_text", (CONFIGS[0],), None, {"ws": "sahead"}),
     "stamp-blk128": ("_bwd_text", (CONFIGS[0],), None, {"ws": "stamp=3"}),
+    "rows-blk128": ("_bwd_text", (CONFIGS[0],), None, {"dq": "rows"}),
+    "redv4-rows-blk128": ("_bwd_text", (CONFIGS[0],), None, {"ws": "redv4", "dq": "rows"}),
     "l2hint-det-blk64": ("_bwd_text", (CONFIGS[1],), None,
                          {"deterministic": True, "impl": "auto", "det_writer": True,
                           "sq": 4096, "skv": 4096, "kmax": 40, "ws": "nodetstream,l2hint"}),
@@ -702,6 +704,26 @@ def test_bsa_bwd_ws_stamps(kept_ptx):
     assert str(STAMP_MARK) in st or hex(STAMP_MARK) in st.lower()
     for op in ("wgmma.mma_async", "wgmma.commit_group", "cp.async.bulk.tensor", "stmatrix"):
         assert st.count(op) == base.count(op) > 0, op
+
+
+def test_bsa_bwd_ws_redv4(kept_ptx):
+    """``bsa_bwd_ws=redv4`` with ``bsa_bwd_dq="rows"``: the dQ rows are added with half as
+    many reductions, ``red...add.v4.f32`` instead of ``.v2`` (16 per thread and step at blk
+    128 / D 128 become 8); with the default query-tile workspace the flag does nothing."""
+    from jax_sparse_attn.config import Switches
+    from jax_sparse_attn.ffi import bsa
+
+    def key(ws, dq):
+        return bsa.bwd_config(jnp.bfloat16, 128, 128, False,
+                              Switches(bsa_bwd_impl="sm90ws", bsa_bwd_ws=ws, bsa_bwd_dq=dq))
+
+    assert key(("redv4",), "rows").ws_red_v4 and not key(("redv4",), "tile").ws_red_v4
+    v2 = re.compile(r"red\.[a-z.]*global\.add\.v2\.f32")
+    v4 = re.compile(r"red\.[a-z.]*global\.add\.v4\.f32")
+    rows, red4 = _ws_ptx(kept_ptx, "rows-blk128"), _ws_ptx(kept_ptx, "redv4-rows-blk128")
+    assert len(v2.findall(rows)) == 32 and not v4.findall(rows)
+    assert len(v4.findall(red4)) == 16 and not v2.findall(red4)
+    assert rows.count("wgmma.mma_async") == red4.count("wgmma.mma_async") > 0
 
 
 def test_bsa_pre_kernel4_ptx(kept_ptx):

@@ -312,6 +312,9 @@ class BsaBwdConfig:
     # diagnostic ("stamp=N"): the consumer step of running count N prints the SM clock at
     # fixed points of the step (after the block's epilogue)
     ws_stamps: tuple = ()
+    # "sm90ws" with the row-major dQ workspace (bsa_bwd_dq="rows"): the dQ rows added with
+    # red.global.add.v4.f32 ("redv4")
+    ws_red_v4: bool = False
 
 
 def fwd_smem_bytes(head_dim, block_size) -> int:
@@ -690,6 +693,7 @@ def _ws_config(name, head_dim, block_size, has_block_sizes, impl, arch, switches
                         and "dqalt" not in opts and "persist" not in opts
                         and "dklag" not in opts and "splitwait" not in opts,
                         ws_stamps=tuple(int(o[6:]) for o in opts if o.startswith("stamp=")),
+                        ws_red_v4="redv4" in opts and not tile,
                         ws_epi_pairs="epi16" not in opts,
                         ws_epi_smem=not {"epiregs", "epi16"} & set(opts),
                         ws_dq_alt="dqalt" in opts and block_size == 128 and tile
@@ -1671,7 +1675,8 @@ def _ws_kernel(cfg: BsaBwdConfig, after_pre: bool = False):
                         l2_hint=cfg.ws_l2_hint, uniform_frags=cfg.ws_uniform_frags,
                         wg_hand=cfg.ws_wg_hand, ld_scaled=cfg.ws_ld_scaled,
                         dv_wait=cfg.ws_dv_wait, dk_lag=cfg.ws_dk_lag,
-                        s_ahead=cfg.ws_s_ahead, stamps=cfg.ws_stamps)
+                        s_ahead=cfg.ws_s_ahead, stamps=cfg.ws_stamps,
+                        red_v4=cfg.ws_red_v4)
 
 
 def _bwd_det_entry(stream, q, k, v, do, lse, delta, offsets, entries, ranks, sizes, scale,

@@ -298,8 +298,11 @@ class BsaBwdSm90Ws:
                  persist_kv_l2: bool = True, dq_fixed: bool = False, l2_hint: int = 0,
                  uniform_frags: bool = True, wg_hand: bool = False, ld_scaled: bool = False,
                  dv_wait: bool = False, dk_lag: bool = False, s_ahead: bool = False,
-                 stamps: tuple = ()):
+                 stamps: tuple = (), red_v4: bool = False):
         self.pdl = pdl
+        # without dq_tile: the dQ rows added with one red.global.add.v4.f32 per 4 values
+        # (two lanes swap a pair) instead of one .v2 per 2
+        self.red_v4 = red_v4
         # diagnostic: the consumer steps whose running counts are listed print the SM clock at
         # fixed points of the step (``_stamp``; thread 0 of each consumer warpgroup of CTAs
         # 0..15)
@@ -1463,7 +1466,10 @@ class BsaBwdSm90Ws:
                             if cutlass.const_expr(self.deterministic):
                                 # warp 1: the lower KV blocks' additions to this tile are done
                                 cute.arch.barrier(barrier_id=2, number_of_threads=128 * nwg + 32)
-                            kvb.red_add_rows(acc_dQ, tdQg, tdQc, seqlen_q - q0)
+                            if cutlass.const_expr(self.red_v4):
+                                kvb.red_add_rows_v4(acc_dQ, tdQg, tdQc, seqlen_q - q0)
+                            else:
+                                kvb.red_add_rows(acc_dQ, tdQg, tdQc, seqlen_q - q0)
                             if cutlass.const_expr(self.deterministic):
                                 cute.arch.barrier_arrive(barrier_id=3,
                                                          number_of_threads=128 * nwg + 32)
