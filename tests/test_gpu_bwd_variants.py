@@ -333,6 +333,18 @@ def test_bsa_bwd_sahead_causal(c):
     tc.test_bsa_causal_kernel_vs_reference(c)
 
 
+@pytest.mark.parametrize("c", ZEROLAG_CASES, ids=lambda c: c["name"])
+def test_bsa_bwd_nofdiv(c, monkeypatch):
+    """``nofdiv``: the consumers split each K->Q list entry into query head and block with an
+    integer division (the default uses a multiplier precomputed per CTA). The sm90ws
+    backward cases (GQA 8:1 and 2:1, where the entries span several query heads, every
+    block listed, partial blocks with NaN, empty rows) against the reference, poisoned
+    buffers first."""
+    sw = Switches(bsa_bwd_impl="sm90ws", bsa_bwd_ws=("nofdiv",))
+    monkeypatch.setattr(tb, "BWDWS", sw)
+    tb.test_bsa_sm90ws_backward(c)
+
+
 # the deterministic cases on the sm90 backward (no rab)
 DETZERO_CASES = [c for c in th.DET_CASES if c[2] in (64, 128, 256) and c[5] in ("", "func")]
 

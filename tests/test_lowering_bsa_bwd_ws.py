@@ -254,6 +254,7 @@ _PTX_CONFIGS = {
     "dklag-blk128": ("_bwd_text", (CONFIGS[0],), None, {"ws": "dklag"}),
     "sahead-blk128": ("_bwd_text", (CONFIGS[0],), None, {"ws": "sahead"}),
     "stamp-blk128": ("_bwd_text", (CONFIGS[0],), None, {"ws": "stamp=3"}),
+    "nofdiv-blk128": ("_bwd_text", (CONFIGS[0],), None, {"ws": "nofdiv"}),
     "rows-blk128": ("_bwd_text", (CONFIGS[0],), None, {"dq": "rows"}),
     "redv4-rows-blk128": ("_bwd_text", (CONFIGS[0],), None, {"ws": "redv4", "dq": "rows"}),
     "l2hint-det-blk64": ("_bwd_text", (CONFIGS[1],), None,
@@ -704,6 +705,25 @@ def test_bsa_bwd_ws_stamps(kept_ptx):
     assert str(STAMP_MARK) in st or hex(STAMP_MARK) in st.lower()
     for op in ("wgmma.mma_async", "wgmma.commit_group", "cp.async.bulk.tensor", "stmatrix"):
         assert st.count(op) == base.count(op) > 0, op
+
+
+def test_bsa_bwd_ws_fdiv(kept_ptx):
+    """The consumers split each K->Q list entry into query head and block with a multiplier
+    computed once per CTA (``cute.FastDivmodDivisorV2``: a ``mul.hi.u32`` per entry) by
+    default; ``nofdiv`` keeps the integer division (a ``rem.s32`` more)."""
+    from jax_sparse_attn.config import Switches
+    from jax_sparse_attn.ffi import bsa
+
+    def key(ws):
+        return bsa.bwd_config(jnp.bfloat16, 128, 128, False,
+                              Switches(bsa_bwd_impl="sm90ws", bsa_bwd_ws=ws))
+
+    assert key(()).ws_fast_div and not key(("nofdiv",)).ws_fast_div
+    base, slow = _ws_ptx(kept_ptx, _ids(CONFIGS[0])), _ws_ptx(kept_ptx, "nofdiv-blk128")
+    assert base.count("mul.hi.u32") == slow.count("mul.hi.u32") + 1
+    assert base.count("rem.s32") + 1 == slow.count("rem.s32")
+    for op in ("wgmma.mma_async", "cp.async.bulk.tensor", "stmatrix", "div.s32"):
+        assert base.count(op) == slow.count(op), op
 
 
 def test_bsa_bwd_ws_redv4(kept_ptx):

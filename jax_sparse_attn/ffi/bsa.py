@@ -315,6 +315,9 @@ class BsaBwdConfig:
     # "sm90ws" with the row-major dQ workspace (bsa_bwd_dq="rows"): the dQ rows added with
     # red.global.add.v4.f32 ("redv4")
     ws_red_v4: bool = False
+    # "sm90ws": the consumers split list entries with a precomputed multiplier (default;
+    # "nofdiv": an integer division)
+    ws_fast_div: bool = True
 
 
 def fwd_smem_bytes(head_dim, block_size) -> int:
@@ -694,6 +697,7 @@ def _ws_config(name, head_dim, block_size, has_block_sizes, impl, arch, switches
                         and "dklag" not in opts and "splitwait" not in opts,
                         ws_stamps=tuple(int(o[6:]) for o in opts if o.startswith("stamp=")),
                         ws_red_v4="redv4" in opts and not tile,
+                        ws_fast_div="nofdiv" not in opts,
                         ws_epi_pairs="epi16" not in opts,
                         ws_epi_smem=not {"epiregs", "epi16"} & set(opts),
                         ws_dq_alt="dqalt" in opts and block_size == 128 and tile
@@ -1676,7 +1680,7 @@ def _ws_kernel(cfg: BsaBwdConfig, after_pre: bool = False):
                         wg_hand=cfg.ws_wg_hand, ld_scaled=cfg.ws_ld_scaled,
                         dv_wait=cfg.ws_dv_wait, dk_lag=cfg.ws_dk_lag,
                         s_ahead=cfg.ws_s_ahead, stamps=cfg.ws_stamps,
-                        red_v4=cfg.ws_red_v4)
+                        red_v4=cfg.ws_red_v4, fast_div=cfg.ws_fast_div)
 
 
 def _bwd_det_entry(stream, q, k, v, do, lse, delta, offsets, entries, ranks, sizes, scale,

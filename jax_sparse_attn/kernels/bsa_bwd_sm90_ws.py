@@ -298,8 +298,11 @@ class BsaBwdSm90Ws:
                  persist_kv_l2: bool = True, dq_fixed: bool = False, l2_hint: int = 0,
                  uniform_frags: bool = True, wg_hand: bool = False, ld_scaled: bool = False,
                  dv_wait: bool = False, dk_lag: bool = False, s_ahead: bool = False,
-                 stamps: tuple = (), red_v4: bool = False):
+                 stamps: tuple = (), red_v4: bool = False, fast_div: bool = False):
         self.pdl = pdl
+        # the consumers split a list entry into query head and block with a precomputed
+        # multiplier (cute.FastDivmodDivisorV2) instead of an integer division
+        self.fast_div = fast_div
         # without dq_tile: the dQ rows added with one red.global.add.v4.f32 per 4 values
         # (two lanes swap a pair) instead of one .v2 per 2
         self.red_v4 = red_v4
@@ -1154,6 +1157,10 @@ class BsaBwdSm90Ws:
         if cutlass.const_expr(self.dk_lag):
             lag_dS = cute.make_rmem_tensor(
                 acc_layout_as_a(thr_s.make_fragment_C(s_shape).layout, a_vals), self.dtype)
+        # fast_div: the divisor of the entries' split into query head and block
+        q_div = None
+        if cutlass.const_expr(self.fast_div):
+            q_div = cute.fast_divmod_create_divisor_v2(n_q_blocks)
         # stamps: the clock readings of the current step
         tv = None
         if cutlass.const_expr(len(self.stamps) > 0):
@@ -1168,7 +1175,11 @@ class BsaBwdSm90Ws:
                 ent = ld_relaxed_s32(mEntries.iterator + (e_begin + e))
             else:
                 ent_nxt = Int32(mEntries[e_begin + cutlass.min(e + 1, n_ent - 1)])
-            h_in_group = ent // n_q_blocks
+            h_in_group = Int32(0)
+            if cutlass.const_expr(self.fast_div):
+                h_in_group = ent // q_div
+            else:
+                h_in_group = ent // n_q_blocks
             m_block = ent - h_in_group * n_q_blocks
             head = head_kv * group + h_in_group
             # keys of the block for this query head
