@@ -316,7 +316,7 @@ class BsaBwdConfig:
     # red.global.add.v4.f32 ("redv4")
     ws_red_v4: bool = False
     # "sm90ws": the consumers split list entries with a precomputed multiplier (default;
-    # "nofdiv": an integer division)
+    # "nofdiv": an integer division; so does "sahead", which spills with the multiplier)
     ws_fast_div: bool = True
 
 
@@ -697,7 +697,7 @@ def _ws_config(name, head_dim, block_size, has_block_sizes, impl, arch, switches
                         and "dklag" not in opts and "splitwait" not in opts,
                         ws_stamps=tuple(int(o[6:]) for o in opts if o.startswith("stamp=")),
                         ws_red_v4="redv4" in opts and not tile,
-                        ws_fast_div="nofdiv" not in opts,
+                        ws_fast_div="nofdiv" not in opts and "sahead" not in opts,
                         ws_epi_pairs="epi16" not in opts,
                         ws_epi_smem=not {"epiregs", "epi16"} & set(opts),
                         ws_dq_alt="dqalt" in opts and block_size == 128 and tile
