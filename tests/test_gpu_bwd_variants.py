@@ -284,52 +284,38 @@ def test_bsa_bwd_dvwait(c, monkeypatch):
 DKLAG_CASES = [c for c in ZEROLAG_CASES if c["blk"] == 128]
 
 
+#: the blk 128 step-order flags and the compile-key field each sets: ``dklag`` (each step
+#: issues the previous step's dK GEMM after its own S^T / dP^T GEMMs, the block's last dK
+#: after its last step), ``sahead`` (the first 64-row step of a list entry ends with its dK
+#: GEMM in flight; the second step's S^T / dP^T GEMMs go behind it and its S^T wait
+#: releases the first step's stage)
+STEP_ORDER_FLAGS = {"dklag": "ws_dk_lag", "sahead": "ws_s_ahead"}
+
+
+@pytest.mark.parametrize("flag", STEP_ORDER_FLAGS)
 @pytest.mark.parametrize("c", DKLAG_CASES, ids=lambda c: c["name"])
-def test_bsa_bwd_dklag(c, monkeypatch):
-    """``dklag`` (opt-in, blk 128): each step issues the previous step's dK GEMM after its
-    own S^T / dP^T GEMMs, and the block's last dK after its last step. The sm90ws backward
+def test_bsa_bwd_step_order(c, flag, monkeypatch):
+    """The opt-in step orders of :data:`STEP_ORDER_FLAGS` (blk 128) on the sm90ws backward
     cases at blk 128 (every block listed, the partial last block with NaN past block_sizes
-    and in unlisted blocks, GQA, empty rows) against the reference, poisoned buffers first."""
+    and in unlisted blocks, GQA, empty rows, S_q ending in a block's first 64 rows) against
+    the reference, poisoned buffers first."""
     from jax_sparse_attn.ffi import bsa as fb
 
-    sw = Switches(bsa_bwd_impl="sm90ws", bsa_bwd_ws=("dklag",))
+    sw = Switches(bsa_bwd_impl="sm90ws", bsa_bwd_ws=(flag,))
     key = fb.bwd_config(jnp.dtype(c["dtype"]), c["d"], c["blk"], False, sw)
-    assert key.ws_dk_lag, key
+    assert getattr(key, STEP_ORDER_FLAGS[flag]), key
     monkeypatch.setattr(tb, "BWDWS", sw)
     tb.test_bsa_sm90ws_backward(c)
 
 
+@pytest.mark.parametrize("flag", STEP_ORDER_FLAGS)
 @pytest.mark.parametrize("c", [c for c in tc.CASES if c.blk == 128
                                and c.bwd_impl in ("auto", "sm90ws") and not c.bwd_ws], ids=lambda c: c.name)
-def test_bsa_bwd_dklag_causal(c):
-    """``dklag`` with ``causal`` (masked steps, steps past the diagonal, rows without keys,
-    packed GQA rows): the causal blk 128 cases of ``test_gpu_bsa_causal`` with the switch."""
-    c = dataclasses.replace(c, bwd_ws="dklag")
-    tc.test_bsa_causal_kernel_vs_reference(c)
-
-
-@pytest.mark.parametrize("c", DKLAG_CASES, ids=lambda c: c["name"])
-def test_bsa_bwd_sahead(c, monkeypatch):
-    """``sahead`` (opt-in, blk 128): the first 64-row step of a list entry ends with its dK
-    GEMM in flight; the second step's S^T / dP^T GEMMs go behind it and its S^T wait
-    releases the first step's stage. The sm90ws backward cases at blk 128 (every block
-    listed, the partial last block with NaN past block_sizes and in unlisted blocks, GQA,
-    empty rows, S_q ending in a block's first 64 rows) against the reference, poisoned
-    buffers first."""
-    from jax_sparse_attn.ffi import bsa as fb
-
-    sw = Switches(bsa_bwd_impl="sm90ws", bsa_bwd_ws=("sahead",))
-    key = fb.bwd_config(jnp.dtype(c["dtype"]), c["d"], c["blk"], False, sw)
-    assert key.ws_s_ahead, key
-    monkeypatch.setattr(tb, "BWDWS", sw)
-    tb.test_bsa_sm90ws_backward(c)
-
-
-@pytest.mark.parametrize("c", [c for c in tc.CASES if c.blk == 128
-                               and c.bwd_impl in ("auto", "sm90ws") and not c.bwd_ws], ids=lambda c: c.name)
-def test_bsa_bwd_sahead_causal(c):
-    """``sahead`` with ``causal``: the causal blk 128 cases of ``test_gpu_bsa_causal``."""
-    c = dataclasses.replace(c, bwd_ws="sahead")
+def test_bsa_bwd_step_order_causal(c, flag):
+    """The step orders of :data:`STEP_ORDER_FLAGS` with ``causal`` (masked steps, steps past
+    the diagonal, rows without keys, packed GQA rows): the causal blk 128 cases of
+    ``test_gpu_bsa_causal`` with the switch."""
+    c = dataclasses.replace(c, bwd_ws=flag)
     tc.test_bsa_causal_kernel_vs_reference(c)
 
 
