@@ -34,7 +34,8 @@ def stamps_of(dk, mark, blk):
     int32 array with the warpgroup appended. Step rows: readings 1..13 less reading 0,
     reading 0, reading 0 less the previous step's end, (marker), warpgroup; CTA rows: the
     consumer's start, the first step's start, the last step's end, the epilogue's end (clock
-    readings), the number of steps, ..., warpgroup."""
+    readings), the number of steps, the stamped step's wait for its Q / dO stage, ...,
+    warpgroup."""
     bits = np.asarray(dk).view(np.uint16)[..., :32]
     words = np.ascontiguousarray(bits).view(np.int32).reshape(-1, dk.shape[-2], 16)
     pos = np.arange(dk.shape[-2]) % blk
@@ -97,6 +98,14 @@ def main(argv=None):
         for name, m, lo, hi in zip(POINTS, med, p10, p90):
             print(f"  {name:18s} {m:7.0f}  (+{m - prev:6.0f})   p10 {lo:7.0f}  p90 {hi:7.0f}")
             prev = m
+    # the part of the gap spent waiting for the step's Q / dO stage (CTA rows, word 5)
+    for wg in (0, 1):
+        rows = cta[cta[:, 16] == wg]
+        if len(rows):
+            wait = pct(rows[:, 5])
+            res["wg"].setdefault(wg, {})["stage_wait"] = wait
+            print(f"warpgroup {wg}: of the gap, waiting for the Q / dO stage: median "
+                  f"{wait[0]:.0f}, p10 {wait[1]:.0f}, p90 {wait[2]:.0f}")
     w0, w1 = st[st[:, 16] == 0], st[st[:, 16] == 1]
     if len(w0) == len(w1) and len(w0):
         skew = pct((w1[:, 13].astype(np.int64) - w0[:, 13]).astype(np.int32))

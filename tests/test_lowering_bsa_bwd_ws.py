@@ -685,7 +685,8 @@ def test_bsa_bwd_ws_sahead(kept_ptx):
 
 def test_bsa_bwd_ws_stamps(kept_ptx):
     """``bsa_bwd_ws=stamp=N`` (diagnostic): the key carries the step; the kernel reads the SM
-    clock at the 14 points of every step (two unrolled 64-row steps at blk 128) and writes
+    clock at the 14 points of every step and before its stage wait (two unrolled 64-row
+    steps at blk 128) and writes
     the kept step's readings over dK with ordinary stores, without a function call (a call
     makes ptxas serialize every wgmma); the GEMMs and copies are the default's."""
     from jax_sparse_attn.config import Switches
@@ -699,8 +700,8 @@ def test_bsa_bwd_ws_stamps(kept_ptx):
     assert key(("stamp=3",)).ws_stamps == (3,) and key(()).ws_stamps == ()
     base, st = _ws_ptx(kept_ptx, _ids(CONFIGS[0])), _ws_ptx(kept_ptx, "stamp-blk128")
     clock = re.compile(r"mov\.u32\s+%r\d+,\s*%clock;")
-    # 14 points in each of the two unrolled steps, 3 per CTA
-    assert len(clock.findall(st)) == 31 and not clock.findall(base)
+    # 15 points in each of the two unrolled steps, 3 per CTA
+    assert len(clock.findall(st)) == 33 and not clock.findall(base)
     assert "call" not in re.sub(r"//.*", "", st).split() and "vprintf" not in st
     assert str(STAMP_MARK) in st or hex(STAMP_MARK) in st.lower()
     for op in ("wgmma.mma_async", "wgmma.commit_group", "cp.async.bulk.tensor", "stmatrix"):

@@ -1083,11 +1083,13 @@ class BsaBwdSm90Ws:
     @cute.jit
     def _keep_stamps(self, tv, tkeep, c):
         """Diagnostic (``stamps``): step ``c``'s readings kept for ``_write_stamps`` (14, the
-        end of the step before it), and the first step's start (``tkeep[15]``)."""
+        end of the step before it), the first step's start (``tkeep[15]``) and step ``c``'s
+        reading before its stage wait (``tkeep[16]``)."""
         if cutlass.const_expr(len(self.stamps) > 0):
             if c == self.stamps[0]:
                 for i in cutlass.range_constexpr(15):
                     tkeep[i] = tv[i]
+                tkeep[16] = tv[16]
             if c == 0:
                 tkeep[15] = tv[0]
 
@@ -1100,7 +1102,8 @@ class BsaBwdSm90Ws:
         less reading 0, reading 0, reading 0 less the previous step's end (0 for the first
         step) and the marker ``STAMP_MARK``; row ``n0 + 2 + wg``: the consumer's start, the
         first step's start, the end of the last step, the end of the epilogue (``tcta``,
-        clock readings), the number of steps, zeros, the marker. The call's gradients are
+        clock readings), the number of steps, the kept step's wait for its Q / dO stage
+        (reading 0 less the reading before the wait), zeros, the marker. The call's gradients are
         not valid."""
         if cutlass.const_expr(len(self.stamps) > 0):
             # every consumer thread's epilogue stores are ordered before the overwrite
@@ -1124,7 +1127,8 @@ class BsaBwdSm90Ws:
                 cta[2] = tcta[1]
                 cta[3] = tcta[2]
                 cta[4] = c
-                for i in cutlass.range_constexpr(5, 15):
+                cta[5] = tv[0] - tv[16]
+                for i in cutlass.range_constexpr(6, 15):
                     cta[i] = Int32(0)
                 cta[15] = Int32(STAMP_MARK)
 
@@ -1164,7 +1168,7 @@ class BsaBwdSm90Ws:
         # stamps: the clock readings of the current step
         tv = None
         if cutlass.const_expr(len(self.stamps) > 0):
-            tv = cute.make_rmem_tensor(16, Int32)
+            tv = cute.make_rmem_tensor(17, Int32)
         for e in cutlass.range(n_ent, unroll=1):
             ent = ent_nxt
             if cutlass.const_expr(self.order_stream):
@@ -1222,6 +1226,8 @@ class BsaBwdSm90Ws:
                         masked = (limit < bn) | (qlo0 + bn - 1 > 0)
                     acc_S = thr_s.make_fragment_C(s_shape)
                     acc_dP = thr_s.make_fragment_C(s_shape)
+                    # stamps: before the wait for the step's Q / dO stage
+                    self._stamp(tv, 16)
                     pipe_q.consumer_wait(c)
                     if cutlass.const_expr(len(self.stamps) > 0):
                         # the end of the previous step
@@ -1774,7 +1780,7 @@ class BsaBwdSm90Ws:
                 tkeep = None
                 tcta = None
                 if cutlass.const_expr(len(self.stamps) > 0):
-                    tkeep = cute.make_rmem_tensor(16, Int32)
+                    tkeep = cute.make_rmem_tensor(17, Int32)
                     tkeep[0] = Int32(0)
                     tcta = cute.make_rmem_tensor(4, Int32)
                     tcta[0] = clock_ordered()
