@@ -183,7 +183,7 @@ BSA_BWD_WS_FLAGS = ("ldwait", "lpt", "decouple", "detkv", "detfull", "detlaunch"
                     "tailconv", "notailconv", "hlpt", "nolpt", "persist",
                     "nokvpf", "ordfast", "detfixed", "detorder", "l2hint", "l2normal",
                     "thrfrags", "wghand", "nowghand", "ldscale", "dvwait", "dklag", "sahead",
-                    "redv4", "fdiv", "nofdiv")
+                    "redv4", "fdiv", "nofdiv", "qprobe")
 #: the flags among :data:`BSA_BWD_WS_FLAGS` that choose the deterministic dQ order (at most
 #: one of them)
 BSA_DET_ORDER_FLAGS = ("detkv", "detfull", "detlaunch", "detsched", "detschedfull")
@@ -653,6 +653,10 @@ SWITCHES = (
                "and query block with a multiplier precomputed per CTA; 0.7 % faster at blk 128 "
                "S 32768 on the H100, level at S 16384; not with sahead, which then spills), "
                "nofdiv (an integer division per entry), "
+               "qprobe (blk 128 with the per-warpgroup dQ hand-back, not dklag or sahead: "
+               "after staging its dQ slice a consumer tests whether the next step's Q / dO "
+               "stage is full and computes its index, so that the next step starts without "
+               "the wait where the test passed; opt-in until measured), "
                "redv4 (with bsa_bwd_dq=rows: the dQ rows added with one "
                "red.global.add.v4.f32 per 4 values, two lanes swapping a pair, instead of one "
                ".v2 per 2), "

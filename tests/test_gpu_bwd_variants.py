@@ -288,8 +288,9 @@ DKLAG_CASES = [c for c in ZEROLAG_CASES if c["blk"] == 128]
 #: issues the previous step's dK GEMM after its own S^T / dP^T GEMMs, the block's last dK
 #: after its last step), ``sahead`` (the first 64-row step of a list entry ends with its dK
 #: GEMM in flight; the second step's S^T / dP^T GEMMs go behind it and its S^T wait
-#: releases the first step's stage)
-STEP_ORDER_FLAGS = {"dklag": "ws_dk_lag", "sahead": "ws_s_ahead"}
+#: releases the first step's stage), ``qprobe`` (each step tests the next step's Q / dO
+#: stage after staging its dQ slice, and the next step skips its wait where the test passed)
+STEP_ORDER_FLAGS = {"dklag": "ws_dk_lag", "sahead": "ws_s_ahead", "qprobe": "ws_q_probe"}
 
 
 @pytest.mark.parametrize("flag", STEP_ORDER_FLAGS)

@@ -255,6 +255,7 @@ _PTX_CONFIGS = {
     "sahead-blk128": ("_bwd_text", (CONFIGS[0],), None, {"ws": "sahead"}),
     "stamp-blk128": ("_bwd_text", (CONFIGS[0],), None, {"ws": "stamp=3"}),
     "nofdiv-blk128": ("_bwd_text", (CONFIGS[0],), None, {"ws": "nofdiv"}),
+    "qprobe-blk128": ("_bwd_text", (CONFIGS[0],), None, {"ws": "qprobe"}),
     "rows-blk128": ("_bwd_text", (CONFIGS[0],), None, {"dq": "rows"}),
     "redv4-rows-blk128": ("_bwd_text", (CONFIGS[0],), None, {"ws": "redv4", "dq": "rows"}),
     "l2hint-det-blk64": ("_bwd_text", (CONFIGS[1],), None,
@@ -725,6 +726,36 @@ def test_bsa_bwd_ws_fdiv(kept_ptx):
     assert base.count("rem.s32") + 1 == slow.count("rem.s32")
     for op in ("wgmma.mma_async", "cp.async.bulk.tensor", "stmatrix", "div.s32"):
         assert base.count(op) == slow.count(op), op
+
+
+def test_bsa_bwd_ws_qprobe(kept_ptx):
+    """``bsa_bwd_ws=qprobe`` (opt-in): only with the per-warpgroup dQ hand-back (blk 128, not
+    deterministic, dqalias, dqalt, nowghand) and not with dklag or sahead; each of the two
+    unrolled steps tests the next step's Q / dO stage once (``mbarrier.test_wait``, acquire),
+    with the GEMMs, copies and reductions of the default."""
+    from jax_sparse_attn.config import Switches
+    from jax_sparse_attn.ffi import bsa
+
+    def key(ws, blk=128, deterministic=False):
+        return bsa.bwd_config(jnp.bfloat16, 128, blk, False,
+                              Switches(bsa_bwd_impl="sm90ws", bsa_bwd_ws=ws),
+                              deterministic=deterministic)
+
+    assert key(("qprobe",)).ws_q_probe and not key(()).ws_q_probe
+    assert not key(("qprobe",), deterministic=True).ws_q_probe
+    for ws, blk in ((("qprobe",), 64), (("qprobe", "nowghand"), 128),
+                    (("qprobe", "dqalias"), 128), (("qprobe", "dqalt"), 128),
+                    (("qprobe", "dklag"), 128), (("qprobe", "sahead"), 128)):
+        assert not key(ws, blk).ws_q_probe, (ws, blk)
+    base, probe = _ws_ptx(kept_ptx, _ids(CONFIGS[0])), _ws_ptx(kept_ptx, "qprobe-blk128")
+    test = re.compile(r"mbarrier\.test_wait\.parity\.acquire\.cta\.shared::cta\.b64")
+    assert len(test.findall(probe)) == 2 and not test.findall(base)
+    for op in ("wgmma.mma_async", "wgmma.commit_group", "wgmma.wait_group",
+               "cp.async.bulk.tensor", "cp.reduce.async.bulk", "stmatrix", "bar.sync"):
+        assert probe.count(op) == base.count(op) > 0, op
+    import kept_ptx as kp  # noqa: PLC0415
+
+    assert kp.assert_wgmma_groups_in_block(probe) > 0
 
 
 def test_bsa_bwd_ws_redv4(kept_ptx):

@@ -62,6 +62,7 @@ _PTX_CONFIGS = {
     # blk 128 / D 128 with the previous step's dK GEMM issued after the S^T / dP^T GEMMs
     "bsa-bwd-blk128-dklag": ("_bsa_bwd_text", (0,), None, {"ws": "dklag"}),
     "bsa-bwd-blk128-sahead": ("_bsa_bwd_text", (0,), None, {"ws": "sahead"}),
+    "bsa-bwd-blk128-qprobe": ("_bsa_bwd_text", (0,), None, {"ws": "qprobe"}),
 }
 
 
@@ -157,6 +158,18 @@ def test_bsa_bwd_dklag_ptxas_no_serialized_wgmma(kept_ptx, tmp_path):
     assert re.search(r"wgmma\.wait_group\.sync\.aligned\s+2;", text)
     out = _ptxas(path, tmp_path)
     assert "serialized" not in out, out[-3000:]  # C7512-C7515
+    spills = [int(x) for x in re.findall(r"(\d+) bytes spill stores", out)]
+    assert spills and max(spills) == 0, out[-3000:]
+
+
+@pytest.mark.skipif(shutil.which("ptxas") is None, reason="ptxas is not installed")
+def test_bsa_bwd_qprobe_ptxas_no_serialized_wgmma(kept_ptx, tmp_path):
+    """blk 128 / D 128 with ``bsa_bwd_ws=qprobe``: the next step's stage test and index
+    between the dQ staging stores and their fence, and the step's wait behind a branch;
+    ptxas assembles it without serializing the wgmma and without spills."""
+    path, _ = _kernel_ptx(kept_ptx, "bsa-bwd-blk128-qprobe", "BsaBwdSm90Ws")
+    out = _ptxas(path, tmp_path)
+    assert "serialized" not in out, out[-3000:]  # C7510-C7515
     spills = [int(x) for x in re.findall(r"(\d+) bytes spill stores", out)]
     assert spills and max(spills) == 0, out[-3000:]
 

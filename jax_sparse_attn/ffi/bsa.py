@@ -318,6 +318,10 @@ class BsaBwdConfig:
     # "sm90ws": the consumers split list entries with a precomputed multiplier (default;
     # "nofdiv": an integer division; so does "sahead", which spills with the multiplier)
     ws_fast_div: bool = True
+    # "sm90ws" with ws_wg_hand (not ws_dk_lag or ws_s_ahead): a consumer tests the next
+    # step's Q / dO stage after staging its dQ slice, and the next step skips its wait where
+    # the test passed ("qprobe")
+    ws_q_probe: bool = False
 
 
 def fwd_smem_bytes(head_dim, block_size) -> int:
@@ -658,7 +662,7 @@ def _ws_config(name, head_dim, block_size, has_block_sizes, impl, arch, switches
     decouple = "decouple" in opts and block_size == 128 and not deterministic
     tile = switches.bsa_bwd_dq == "tile" and not decouple
     alias = tile and ("dqalias" in opts or not bwd_ws_dq_tile_fits(head_dim, block_size))
-    return BsaBwdConfig(name, head_dim, block_size, has_block_sizes, impl, arch=arch,
+    cfg = BsaBwdConfig(name, head_dim, block_size, has_block_sizes, impl, arch=arch,
                         ws_max_stages=st[0] if st else 4, ws_ld_wait="ldwait" in opts,
                         ws_lpt="nolpt" not in opts and not deterministic,
                         ws_lpt_chain=not {"lpt", "nolpt"} & set(opts)
@@ -730,6 +734,8 @@ def _ws_config(name, head_dim, block_size, has_block_sizes, impl, arch, switches
                         and getattr(switches, "dq_writer", "auto") != "off"
                         and pack_gqa == 1 and "dqclaim" not in opts
                         and bool(getattr(switches, "pdl", False)))
+    return dataclasses.replace(cfg, ws_q_probe="qprobe" in opts and cfg.ws_wg_hand
+                               and not cfg.ws_dk_lag and not cfg.ws_s_ahead)
 
 
 def _persist_config(cfg: BsaBwdConfig, opts) -> BsaBwdConfig:
@@ -1680,7 +1686,8 @@ def _ws_kernel(cfg: BsaBwdConfig, after_pre: bool = False):
                         wg_hand=cfg.ws_wg_hand, ld_scaled=cfg.ws_ld_scaled,
                         dv_wait=cfg.ws_dv_wait, dk_lag=cfg.ws_dk_lag,
                         s_ahead=cfg.ws_s_ahead, stamps=cfg.ws_stamps,
-                        red_v4=cfg.ws_red_v4, fast_div=cfg.ws_fast_div)
+                        red_v4=cfg.ws_red_v4, fast_div=cfg.ws_fast_div,
+                        q_probe=cfg.ws_q_probe)
 
 
 def _bwd_det_entry(stream, q, k, v, do, lse, delta, offsets, entries, ranks, sizes, scale,

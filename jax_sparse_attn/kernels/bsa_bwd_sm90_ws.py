@@ -298,8 +298,13 @@ class BsaBwdSm90Ws:
                  persist_kv_l2: bool = True, dq_fixed: bool = False, l2_hint: int = 0,
                  uniform_frags: bool = True, wg_hand: bool = False, ld_scaled: bool = False,
                  dv_wait: bool = False, dk_lag: bool = False, s_ahead: bool = False,
-                 stamps: tuple = (), red_v4: bool = False, fast_div: bool = False):
+                 stamps: tuple = (), red_v4: bool = False, fast_div: bool = False,
+                 q_probe: bool = False):
         self.pdl = pdl
+        # with wg_hand (not dk_lag / s_ahead): after staging its dQ slice a consumer tests
+        # whether the next step's Q / dO stage is full and computes that stage's index, so
+        # that the next step skips the wait (and the index) where the test passed
+        self.q_probe = q_probe
         # the consumers split a list entry into query head and block with a precomputed
         # multiplier (cute.FastDivmodDivisorV2) instead of an integer division
         self.fast_div = fast_div
@@ -1169,6 +1174,9 @@ class BsaBwdSm90Ws:
         tv = None
         if cutlass.const_expr(len(self.stamps) > 0):
             tv = cute.make_rmem_tensor(17, Int32)
+        # q_probe: whether stage ``c`` was found full by the previous step, and its index
+        q_ready = Int32(0)
+        q_stg = pipe_q.stage(c)
         for e in cutlass.range(n_ent, unroll=1):
             ent = ent_nxt
             if cutlass.const_expr(self.order_stream):
@@ -1208,7 +1216,7 @@ class BsaBwdSm90Ws:
                     # end of a branch region that it was issued in
                     run = True
                 if run:
-                    stg = pipe_q.stage(c)
+                    stg = q_stg if self.q_probe else pipe_q.stage(c)
                     buf = c % self.ds_bufs
                     # whether the step needs the select: keys past the valid count, or
                     # (causal) a key past some query's diagonal: key r is visible from
@@ -1228,7 +1236,11 @@ class BsaBwdSm90Ws:
                     acc_dP = thr_s.make_fragment_C(s_shape)
                     # stamps: before the wait for the step's Q / dO stage
                     self._stamp(tv, 16)
-                    pipe_q.consumer_wait(c)
+                    if cutlass.const_expr(self.q_probe):
+                        if q_ready == 0:
+                            pipe_q.consumer_wait(c)
+                    else:
+                        pipe_q.consumer_wait(c)
                     if cutlass.const_expr(len(self.stamps) > 0):
                         # the end of the previous step
                         tv[14] = tv[13]
@@ -1441,6 +1453,10 @@ class BsaBwdSm90Ws:
                                                         0)))
                             stage_warp_slice(acc_dQ, sdQ, t_lane, t_rg, t_cg0, 4, self.dq_w,
                                              sbase2=sdQ2, half=t_half)
+                            if cutlass.const_expr(self.q_probe):
+                                # the next step's stage, tested while the stores drain
+                                q_stg = pipe_q.stage(c + 1)
+                                q_ready = Int32(pipe_q.consumer_test(c + 1))
                             cute.arch.fence_proxy("async.shared", space="cta")
                             cute.arch.sync_warp()
                             if cutlass.const_expr(self.wg_hand):

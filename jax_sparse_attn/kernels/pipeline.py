@@ -91,6 +91,11 @@ class SmemPipeline:
     def consumer_wait(self, c):
         cute.arch.mbarrier_wait(self.full + self.slot(c), self.phase(c))
 
+    def consumer_test(self, c):
+        """Whether stage ``c`` is full, without waiting (``mbarrier.test_wait``: where it
+        returns True the stage's contents are visible as after ``consumer_wait``)."""
+        return cute.arch.mbarrier_test_wait(self.full + self.slot(c), self.phase(c))
+
     def consumer_release(self, c):
         with cute.arch.elect_one():
             cute.arch.mbarrier_arrive(self.empty + self.slot(c))
