@@ -183,7 +183,8 @@ BSA_BWD_WS_FLAGS = ("ldwait", "lpt", "decouple", "detkv", "detfull", "detlaunch"
                     "tailconv", "notailconv", "hlpt", "nolpt", "persist",
                     "nokvpf", "ordfast", "detfixed", "detorder", "l2hint", "l2normal",
                     "thrfrags", "wghand", "nowghand", "ldscale", "dvwait", "dklag", "sahead",
-                    "redv4", "fdiv", "nofdiv", "qprobe")
+                    "redv4", "fdiv", "nofdiv", "qprobe",
+                    "entahead")
 #: the flags among :data:`BSA_BWD_WS_FLAGS` that choose the deterministic dQ order (at most
 #: one of them)
 BSA_DET_ORDER_FLAGS = ("detkv", "detfull", "detlaunch", "detsched", "detschedfull")
@@ -657,6 +658,9 @@ SWITCHES = (
                "after staging its dQ slice a consumer tests whether the next step's Q / dO "
                "stage is full and computes its index, so that the next step starts without "
                "the wait where the test passed; opt-in until measured), "
+               "entahead (with qprobe, not nofdiv: the next K->Q list entry is split into "
+               "query head and block, and with block_sizes its key count read, at the first "
+               "step's stage test instead of at the entry's start; opt-in until measured), "
                "redv4 (with bsa_bwd_dq=rows: the dQ rows added with one "
                "red.global.add.v4.f32 per 4 values, two lanes swapping a pair, instead of one "
                ".v2 per 2), "

@@ -289,8 +289,10 @@ DKLAG_CASES = [c for c in ZEROLAG_CASES if c["blk"] == 128]
 #: after its last step), ``sahead`` (the first 64-row step of a list entry ends with its dK
 #: GEMM in flight; the second step's S^T / dP^T GEMMs go behind it and its S^T wait
 #: releases the first step's stage), ``qprobe`` (each step tests the next step's Q / dO
-#: stage after staging its dQ slice, and the next step skips its wait where the test passed)
-STEP_ORDER_FLAGS = {"dklag": "ws_dk_lag", "sahead": "ws_s_ahead", "qprobe": "ws_q_probe"}
+#: stage after staging its dQ slice, and the next step skips its wait where the test
+#: passed), ``qprobe,entahead`` (also the next list entry split at the first step's test)
+STEP_ORDER_FLAGS = {"dklag": "ws_dk_lag", "sahead": "ws_s_ahead", "qprobe": "ws_q_probe",
+                    "qprobe,entahead": "ws_ent_ahead"}
 
 
 @pytest.mark.parametrize("flag", STEP_ORDER_FLAGS)
@@ -302,7 +304,7 @@ def test_bsa_bwd_step_order(c, flag, monkeypatch):
     the reference, poisoned buffers first."""
     from jax_sparse_attn.ffi import bsa as fb
 
-    sw = Switches(bsa_bwd_impl="sm90ws", bsa_bwd_ws=(flag,))
+    sw = Switches(bsa_bwd_impl="sm90ws", bsa_bwd_ws=tuple(flag.split(",")))
     key = fb.bwd_config(jnp.dtype(c["dtype"]), c["d"], c["blk"], False, sw)
     assert getattr(key, STEP_ORDER_FLAGS[flag]), key
     monkeypatch.setattr(tb, "BWDWS", sw)

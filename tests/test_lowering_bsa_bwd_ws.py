@@ -256,6 +256,7 @@ _PTX_CONFIGS = {
     "stamp-blk128": ("_bwd_text", (CONFIGS[0],), None, {"ws": "stamp=3"}),
     "nofdiv-blk128": ("_bwd_text", (CONFIGS[0],), None, {"ws": "nofdiv"}),
     "qprobe-blk128": ("_bwd_text", (CONFIGS[0],), None, {"ws": "qprobe"}),
+    "entahead-blk128": ("_bwd_text", (CONFIGS[0],), None, {"ws": "qprobe,entahead"}),
     "rows-blk128": ("_bwd_text", (CONFIGS[0],), None, {"dq": "rows"}),
     "redv4-rows-blk128": ("_bwd_text", (CONFIGS[0],), None, {"ws": "redv4", "dq": "rows"}),
     "l2hint-det-blk64": ("_bwd_text", (CONFIGS[1],), None,
@@ -756,6 +757,30 @@ def test_bsa_bwd_ws_qprobe(kept_ptx):
     import kept_ptx as kp  # noqa: PLC0415
 
     assert kp.assert_wgmma_groups_in_block(probe) > 0
+
+
+def test_bsa_bwd_ws_entahead(kept_ptx):
+    """``bsa_bwd_ws=qprobe,entahead`` (opt-in): only with qprobe and the multiplier split
+    (not nofdiv); the next list entry is split at the first step's stage test (once before
+    the entry loop, and where the first step does not run) instead of at each entry's start:
+    three ``mul.hi.u32`` in place of one, with the same GEMMs, stage tests, copies and
+    reductions."""
+    from jax_sparse_attn.config import Switches
+    from jax_sparse_attn.ffi import bsa
+
+    def key(ws):
+        return bsa.bwd_config(jnp.bfloat16, 128, 128, False,
+                              Switches(bsa_bwd_impl="sm90ws", bsa_bwd_ws=ws))
+
+    assert key(("qprobe", "entahead")).ws_ent_ahead
+    for ws in (("entahead",), ("qprobe",), ("qprobe", "entahead", "nofdiv"),
+               ("qprobe", "entahead", "dklag")):
+        assert not key(ws).ws_ent_ahead, ws
+    probe, ahead = _ws_ptx(kept_ptx, "qprobe-blk128"), _ws_ptx(kept_ptx, "entahead-blk128")
+    assert ahead.count("mul.hi.u32") == probe.count("mul.hi.u32") + 3
+    for op in ("wgmma.mma_async", "wgmma.commit_group", "wgmma.wait_group", "mbarrier.test_wait",
+               "cp.async.bulk.tensor", "cp.reduce.async.bulk", "stmatrix", "bar.sync"):
+        assert ahead.count(op) == probe.count(op) > 0, op
 
 
 def test_bsa_bwd_ws_redv4(kept_ptx):

@@ -63,6 +63,7 @@ _PTX_CONFIGS = {
     "bsa-bwd-blk128-dklag": ("_bsa_bwd_text", (0,), None, {"ws": "dklag"}),
     "bsa-bwd-blk128-sahead": ("_bsa_bwd_text", (0,), None, {"ws": "sahead"}),
     "bsa-bwd-blk128-qprobe": ("_bsa_bwd_text", (0,), None, {"ws": "qprobe"}),
+    "bsa-bwd-blk128-entahead": ("_bsa_bwd_text", (0,), None, {"ws": "qprobe,entahead"}),
 }
 
 
@@ -163,11 +164,13 @@ def test_bsa_bwd_dklag_ptxas_no_serialized_wgmma(kept_ptx, tmp_path):
 
 
 @pytest.mark.skipif(shutil.which("ptxas") is None, reason="ptxas is not installed")
-def test_bsa_bwd_qprobe_ptxas_no_serialized_wgmma(kept_ptx, tmp_path):
-    """blk 128 / D 128 with ``bsa_bwd_ws=qprobe``: the next step's stage test and index
-    between the dQ staging stores and their fence, and the step's wait behind a branch;
-    ptxas assembles it without serializing the wgmma and without spills."""
-    path, _ = _kernel_ptx(kept_ptx, "bsa-bwd-blk128-qprobe", "BsaBwdSm90Ws")
+@pytest.mark.parametrize("name", ["bsa-bwd-blk128-qprobe", "bsa-bwd-blk128-entahead"])
+def test_bsa_bwd_qprobe_ptxas_no_serialized_wgmma(kept_ptx, tmp_path, name):
+    """blk 128 / D 128 with ``bsa_bwd_ws=qprobe`` (and ``entahead``): the next step's stage
+    test and index (and the next entry's split) between the dQ staging stores and their
+    fence, and the step's wait behind a branch; ptxas assembles it without serializing the
+    wgmma and without spills."""
+    path, _ = _kernel_ptx(kept_ptx, name, "BsaBwdSm90Ws")
     out = _ptxas(path, tmp_path)
     assert "serialized" not in out, out[-3000:]  # C7510-C7515
     spills = [int(x) for x in re.findall(r"(\d+) bytes spill stores", out)]

@@ -322,6 +322,9 @@ class BsaBwdConfig:
     # step's Q / dO stage after staging its dQ slice, and the next step skips its wait where
     # the test passed ("qprobe")
     ws_q_probe: bool = False
+    # with ws_q_probe and ws_fast_div: the next list entry is split at the first step's
+    # stage test ("entahead")
+    ws_ent_ahead: bool = False
 
 
 def fwd_smem_bytes(head_dim, block_size) -> int:
@@ -734,8 +737,9 @@ def _ws_config(name, head_dim, block_size, has_block_sizes, impl, arch, switches
                         and getattr(switches, "dq_writer", "auto") != "off"
                         and pack_gqa == 1 and "dqclaim" not in opts
                         and bool(getattr(switches, "pdl", False)))
-    return dataclasses.replace(cfg, ws_q_probe="qprobe" in opts and cfg.ws_wg_hand
-                               and not cfg.ws_dk_lag and not cfg.ws_s_ahead)
+    probe = "qprobe" in opts and cfg.ws_wg_hand and not cfg.ws_dk_lag and not cfg.ws_s_ahead
+    return dataclasses.replace(cfg, ws_q_probe=probe,
+                               ws_ent_ahead=probe and "entahead" in opts and cfg.ws_fast_div)
 
 
 def _persist_config(cfg: BsaBwdConfig, opts) -> BsaBwdConfig:
@@ -1687,7 +1691,7 @@ def _ws_kernel(cfg: BsaBwdConfig, after_pre: bool = False):
                         dv_wait=cfg.ws_dv_wait, dk_lag=cfg.ws_dk_lag,
                         s_ahead=cfg.ws_s_ahead, stamps=cfg.ws_stamps,
                         red_v4=cfg.ws_red_v4, fast_div=cfg.ws_fast_div,
-                        q_probe=cfg.ws_q_probe)
+                        q_probe=cfg.ws_q_probe, ent_ahead=cfg.ws_ent_ahead)
 
 
 def _bwd_det_entry(stream, q, k, v, do, lse, delta, offsets, entries, ranks, sizes, scale,

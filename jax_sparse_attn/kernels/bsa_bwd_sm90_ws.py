@@ -299,8 +299,12 @@ class BsaBwdSm90Ws:
                  uniform_frags: bool = True, wg_hand: bool = False, ld_scaled: bool = False,
                  dv_wait: bool = False, dk_lag: bool = False, s_ahead: bool = False,
                  stamps: tuple = (), red_v4: bool = False, fast_div: bool = False,
-                 q_probe: bool = False):
+                 q_probe: bool = False, ent_ahead: bool = False):
         self.pdl = pdl
+        # with q_probe and fast_div: the next list entry's query head, block (and with
+        # block_sizes its valid key count) are computed at the first step's stage test, so
+        # that the next entry starts without the split
+        self.ent_ahead = ent_ahead
         # with wg_hand (not dk_lag / s_ahead): after staging its dQ slice a consumer tests
         # whether the next step's Q / dO stage is full and computes that stage's index, so
         # that the next step skips the wait (and the index) where the test passed
@@ -1080,6 +1084,17 @@ class BsaBwdSm90Ws:
         return c
 
     @cute.jit
+    def _split_entry(self, ent, q_div, n_q_blocks, mSizes, batch, head_kv, group, n_block,
+                     kv_left):
+        """``ent_ahead``: list entry ``ent`` as (query head in the group, query block, the
+        block's valid keys for that head)."""
+        h = ent // q_div
+        lim = kv_left
+        if cutlass.const_expr(self.has_sizes):
+            lim = cutlass.min(lim, mSizes[batch, head_kv * group + h, n_block])
+        return h, ent - h * n_q_blocks, lim
+
+    @cute.jit
     def _stamp(self, tv, i: cutlass.Constexpr):
         """Diagnostic (``stamps``): the SM clock at point ``i`` of the step."""
         if cutlass.const_expr(len(self.stamps) > 0):
@@ -1177,6 +1192,13 @@ class BsaBwdSm90Ws:
         # q_probe: whether stage ``c`` was found full by the previous step, and its index
         q_ready = Int32(0)
         q_stg = pipe_q.stage(c)
+        # ent_ahead: the next entry's query head in the group, query block and key limit
+        h_nx = Int32(0)
+        m_nx = Int32(0)
+        lim_nx = kv_left
+        if cutlass.const_expr(self.ent_ahead):
+            h_nx, m_nx, lim_nx = self._split_entry(ent_nxt, q_div, n_q_blocks, mSizes, batch,
+                                                   head_kv, group, n_block, kv_left)
         for e in cutlass.range(n_ent, unroll=1):
             ent = ent_nxt
             if cutlass.const_expr(self.order_stream):
@@ -1188,16 +1210,21 @@ class BsaBwdSm90Ws:
             else:
                 ent_nxt = Int32(mEntries[e_begin + cutlass.min(e + 1, n_ent - 1)])
             h_in_group = Int32(0)
-            if cutlass.const_expr(self.fast_div):
-                h_in_group = ent // q_div
-            else:
-                h_in_group = ent // n_q_blocks
-            m_block = ent - h_in_group * n_q_blocks
-            head = head_kv * group + h_in_group
+            m_block = Int32(0)
             # keys of the block for this query head
             limit = kv_left
-            if cutlass.const_expr(self.has_sizes):
-                limit = cutlass.min(limit, mSizes[batch, head, n_block])
+            if cutlass.const_expr(self.ent_ahead):
+                h_in_group, m_block, limit = h_nx, m_nx, lim_nx
+            else:
+                if cutlass.const_expr(self.fast_div):
+                    h_in_group = ent // q_div
+                else:
+                    h_in_group = ent // n_q_blocks
+                m_block = ent - h_in_group * n_q_blocks
+                if cutlass.const_expr(self.has_sizes):
+                    limit = cutlass.min(limit, mSizes[batch, head_kv * group + h_in_group,
+                                                      n_block])
+            head = head_kv * group + h_in_group
             # s_ahead: the first step's dS^T, read by its dK GEMM until the second step's
             # S^T wait
             tdS0 = None
@@ -1457,6 +1484,11 @@ class BsaBwdSm90Ws:
                                 # the next step's stage, tested while the stores drain
                                 q_stg = pipe_q.stage(c + 1)
                                 q_ready = Int32(pipe_q.consumer_test(c + 1))
+                            if cutlass.const_expr(self.ent_ahead and s == 0):
+                                # the next entry (loaded at this entry's start)
+                                h_nx, m_nx, lim_nx = self._split_entry(
+                                    ent_nxt, q_div, n_q_blocks, mSizes, batch, head_kv,
+                                    group, n_block, kv_left)
                             cute.arch.fence_proxy("async.shared", space="cta")
                             cute.arch.sync_warp()
                             if cutlass.const_expr(self.wg_hand):
@@ -1528,6 +1560,12 @@ class BsaBwdSm90Ws:
                     self._stamp(tv, 13)
                     self._keep_stamps(tv, tkeep, c)
                     c += 1
+                if cutlass.const_expr(self.ent_ahead and s == 0):
+                    if q0 >= seqlen_q:
+                        # (a listed block's first rows are below S_q: not reached)
+                        h_nx, m_nx, lim_nx = self._split_entry(
+                            ent_nxt, q_div, n_q_blocks, mSizes, batch, head_kv, group,
+                            n_block, kv_left)
                 if cutlass.const_expr(early):
                     # (after the second step a no-op) without a second step: the first
                     # step's dK GEMM completes, then its stage goes back. The wait is outside
