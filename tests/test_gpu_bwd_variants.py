@@ -288,11 +288,8 @@ DKLAG_CASES = [c for c in ZEROLAG_CASES if c["blk"] == 128]
 #: issues the previous step's dK GEMM after its own S^T / dP^T GEMMs, the block's last dK
 #: after its last step), ``sahead`` (the first 64-row step of a list entry ends with its dK
 #: GEMM in flight; the second step's S^T / dP^T GEMMs go behind it and its S^T wait
-#: releases the first step's stage), ``qprobe`` (each step tests the next step's Q / dO
-#: stage after staging its dQ slice, and the next step skips its wait where the test
-#: passed), ``qprobe,entahead`` (also the next list entry split at the first step's test)
-STEP_ORDER_FLAGS = {"dklag": "ws_dk_lag", "sahead": "ws_s_ahead", "qprobe": "ws_q_probe",
-                    "qprobe,entahead": "ws_ent_ahead"}
+#: releases the first step's stage)
+STEP_ORDER_FLAGS = {"dklag": "ws_dk_lag", "sahead": "ws_s_ahead"}
 
 
 @pytest.mark.parametrize("flag", STEP_ORDER_FLAGS)
@@ -320,6 +317,31 @@ def test_bsa_bwd_step_order_causal(c, flag):
     ``test_gpu_bsa_causal`` with the switch."""
     c = dataclasses.replace(c, bwd_ws=flag)
     tc.test_bsa_causal_kernel_vs_reference(c)
+
+
+#: the step-start paths the blk 128 default replaces and the compile-key field each clears:
+#: ``noqprobe`` (every step waits for its Q / dO stage at its start; the default tests the
+#: next step's stage after staging its dQ slice), ``noentahead`` (each list entry split at
+#: its start; the default splits the next one at the first step's stage test)
+STEP_START_FLAGS = {"noqprobe": "ws_q_probe", "noentahead": "ws_ent_ahead"}
+
+
+@pytest.mark.parametrize("flag", STEP_START_FLAGS)
+@pytest.mark.parametrize("c", DKLAG_CASES, ids=lambda c: c["name"])
+def test_bsa_bwd_step_start(c, flag, monkeypatch):
+    """The step-start paths of :data:`STEP_START_FLAGS` on the sm90ws backward cases at
+    blk 128 (every block listed, the partial last block with NaN past block_sizes and in
+    unlisted blocks, GQA, empty rows, S_q ending in a block's first 64 rows) against the
+    reference, poisoned buffers first."""
+    from jax_sparse_attn.ffi import bsa as fb
+
+    sw = Switches(bsa_bwd_impl="sm90ws", bsa_bwd_ws=(flag,))
+    key = fb.bwd_config(jnp.dtype(c["dtype"]), c["d"], c["blk"], False, sw)
+    assert not getattr(key, STEP_START_FLAGS[flag]), key
+    assert fb.bwd_config(jnp.dtype(c["dtype"]), c["d"], c["blk"], False,
+                         Switches(bsa_bwd_impl="sm90ws")).ws_ent_ahead
+    monkeypatch.setattr(tb, "BWDWS", sw)
+    tb.test_bsa_sm90ws_backward(c)
 
 
 @pytest.mark.parametrize("c", ZEROLAG_CASES, ids=lambda c: c["name"])

@@ -255,8 +255,8 @@ _PTX_CONFIGS = {
     "sahead-blk128": ("_bwd_text", (CONFIGS[0],), None, {"ws": "sahead"}),
     "stamp-blk128": ("_bwd_text", (CONFIGS[0],), None, {"ws": "stamp=3"}),
     "nofdiv-blk128": ("_bwd_text", (CONFIGS[0],), None, {"ws": "nofdiv"}),
-    "qprobe-blk128": ("_bwd_text", (CONFIGS[0],), None, {"ws": "qprobe"}),
-    "entahead-blk128": ("_bwd_text", (CONFIGS[0],), None, {"ws": "qprobe,entahead"}),
+    "noqprobe-blk128": ("_bwd_text", (CONFIGS[0],), None, {"ws": "noqprobe"}),
+    "noentahead-blk128": ("_bwd_text", (CONFIGS[0],), None, {"ws": "noentahead"}),
     "rows-blk128": ("_bwd_text", (CONFIGS[0],), None, {"dq": "rows"}),
     "redv4-rows-blk128": ("_bwd_text", (CONFIGS[0],), None, {"ws": "redv4", "dq": "rows"}),
     "l2hint-det-blk64": ("_bwd_text", (CONFIGS[1],), None,
@@ -722,7 +722,8 @@ def test_bsa_bwd_ws_fdiv(kept_ptx):
                               Switches(bsa_bwd_impl="sm90ws", bsa_bwd_ws=ws))
 
     assert key(()).ws_fast_div and not key(("nofdiv",)).ws_fast_div
-    base, slow = _ws_ptx(kept_ptx, _ids(CONFIGS[0])), _ws_ptx(kept_ptx, "nofdiv-blk128")
+    # (nofdiv also splits each entry at its start: noentahead is the kernel to compare)
+    base, slow = _ws_ptx(kept_ptx, "noentahead-blk128"), _ws_ptx(kept_ptx, "nofdiv-blk128")
     assert base.count("mul.hi.u32") == slow.count("mul.hi.u32") + 1
     assert base.count("rem.s32") + 1 == slow.count("rem.s32")
     for op in ("wgmma.mma_async", "cp.async.bulk.tensor", "stmatrix", "div.s32"):
@@ -730,10 +731,11 @@ def test_bsa_bwd_ws_fdiv(kept_ptx):
 
 
 def test_bsa_bwd_ws_qprobe(kept_ptx):
-    """``bsa_bwd_ws=qprobe`` (opt-in): only with the per-warpgroup dQ hand-back (blk 128, not
-    deterministic, dqalias, dqalt, nowghand) and not with dklag or sahead; each of the two
-    unrolled steps tests the next step's Q / dO stage once (``mbarrier.test_wait``, acquire),
-    with the GEMMs, copies and reductions of the default."""
+    """By default at blk 128 with the per-warpgroup dQ hand-back (not deterministic, dqalias,
+    dqalt, nowghand, dklag or sahead) each of the two unrolled steps tests the next step's
+    Q / dO stage once (``mbarrier.test_wait``, acquire) and the next step skips its wait
+    where the test passed; ``noqprobe`` waits at every step's start. The GEMMs, copies and
+    reductions are the same."""
     from jax_sparse_attn.config import Switches
     from jax_sparse_attn.ffi import bsa
 
@@ -742,28 +744,29 @@ def test_bsa_bwd_ws_qprobe(kept_ptx):
                               Switches(bsa_bwd_impl="sm90ws", bsa_bwd_ws=ws),
                               deterministic=deterministic)
 
-    assert key(("qprobe",)).ws_q_probe and not key(()).ws_q_probe
-    assert not key(("qprobe",), deterministic=True).ws_q_probe
-    for ws, blk in ((("qprobe",), 64), (("qprobe", "nowghand"), 128),
-                    (("qprobe", "dqalias"), 128), (("qprobe", "dqalt"), 128),
-                    (("qprobe", "dklag"), 128), (("qprobe", "sahead"), 128)):
+    assert key(()).ws_q_probe and key(("qprobe",)).ws_q_probe
+    assert not key(("noqprobe",)).ws_q_probe
+    assert not key((), deterministic=True).ws_q_probe
+    for ws, blk in (((), 64), (("nowghand",), 128), (("dqalias",), 128), (("dqalt",), 128),
+                    (("dklag",), 128), (("sahead",), 128)):
         assert not key(ws, blk).ws_q_probe, (ws, blk)
-    base, probe = _ws_ptx(kept_ptx, _ids(CONFIGS[0])), _ws_ptx(kept_ptx, "qprobe-blk128")
+    probe, wait = _ws_ptx(kept_ptx, "noentahead-blk128"), _ws_ptx(kept_ptx, "noqprobe-blk128")
     test = re.compile(r"mbarrier\.test_wait\.parity\.acquire\.cta\.shared::cta\.b64")
-    assert len(test.findall(probe)) == 2 and not test.findall(base)
+    assert len(test.findall(probe)) == 2 and not test.findall(wait)
+    assert len(test.findall(_ws_ptx(kept_ptx, _ids(CONFIGS[0])))) == 2
     for op in ("wgmma.mma_async", "wgmma.commit_group", "wgmma.wait_group",
                "cp.async.bulk.tensor", "cp.reduce.async.bulk", "stmatrix", "bar.sync"):
-        assert probe.count(op) == base.count(op) > 0, op
+        assert probe.count(op) == wait.count(op) > 0, op
     import kept_ptx as kp  # noqa: PLC0415
 
     assert kp.assert_wgmma_groups_in_block(probe) > 0
 
 
 def test_bsa_bwd_ws_entahead(kept_ptx):
-    """``bsa_bwd_ws=qprobe,entahead`` (opt-in): only with qprobe and the multiplier split
-    (not nofdiv); the next list entry is split at the first step's stage test (once before
-    the entry loop, and where the first step does not run) instead of at each entry's start:
-    three ``mul.hi.u32`` in place of one, with the same GEMMs, stage tests, copies and
+    """With qprobe and the multiplier split (not nofdiv) the next list entry is split at the
+    first step's stage test by default (once before the entry loop, and where the first
+    step does not run) instead of at each entry's start (``noentahead``): three
+    ``mul.hi.u32`` in place of one, with the same GEMMs, stage tests, copies and
     reductions."""
     from jax_sparse_attn.config import Switches
     from jax_sparse_attn.ffi import bsa
@@ -772,15 +775,15 @@ def test_bsa_bwd_ws_entahead(kept_ptx):
         return bsa.bwd_config(jnp.bfloat16, 128, 128, False,
                               Switches(bsa_bwd_impl="sm90ws", bsa_bwd_ws=ws))
 
-    assert key(("qprobe", "entahead")).ws_ent_ahead
-    for ws in (("entahead",), ("qprobe",), ("qprobe", "entahead", "nofdiv"),
-               ("qprobe", "entahead", "dklag")):
+    assert key(()).ws_ent_ahead and key(("entahead",)).ws_ent_ahead
+    for ws in (("noentahead",), ("noqprobe",), ("nofdiv",), ("dklag",)):
         assert not key(ws).ws_ent_ahead, ws
-    probe, ahead = _ws_ptx(kept_ptx, "qprobe-blk128"), _ws_ptx(kept_ptx, "entahead-blk128")
-    assert ahead.count("mul.hi.u32") == probe.count("mul.hi.u32") + 3
+    ahead, at_start = _ws_ptx(kept_ptx, _ids(CONFIGS[0])), _ws_ptx(kept_ptx,
+                                                                   "noentahead-blk128")
+    assert ahead.count("mul.hi.u32") == at_start.count("mul.hi.u32") + 3
     for op in ("wgmma.mma_async", "wgmma.commit_group", "wgmma.wait_group", "mbarrier.test_wait",
                "cp.async.bulk.tensor", "cp.reduce.async.bulk", "stmatrix", "bar.sync"):
-        assert ahead.count(op) == probe.count(op) > 0, op
+        assert ahead.count(op) == at_start.count(op) > 0, op
 
 
 def test_bsa_bwd_ws_redv4(kept_ptx):

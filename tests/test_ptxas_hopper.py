@@ -62,8 +62,9 @@ _PTX_CONFIGS = {
     # blk 128 / D 128 with the previous step's dK GEMM issued after the S^T / dP^T GEMMs
     "bsa-bwd-blk128-dklag": ("_bsa_bwd_text", (0,), None, {"ws": "dklag"}),
     "bsa-bwd-blk128-sahead": ("_bsa_bwd_text", (0,), None, {"ws": "sahead"}),
-    "bsa-bwd-blk128-qprobe": ("_bsa_bwd_text", (0,), None, {"ws": "qprobe"}),
-    "bsa-bwd-blk128-entahead": ("_bsa_bwd_text", (0,), None, {"ws": "qprobe,entahead"}),
+    # blk 128 / D 128, the default (stage test and entry split ahead) and without them
+    "bsa-bwd-blk128": ("_bsa_bwd_text", (0,), None, {"ws": ""}),
+    "bsa-bwd-blk128-noqprobe": ("_bsa_bwd_text", (0,), None, {"ws": "noqprobe"}),
 }
 
 
@@ -164,12 +165,12 @@ def test_bsa_bwd_dklag_ptxas_no_serialized_wgmma(kept_ptx, tmp_path):
 
 
 @pytest.mark.skipif(shutil.which("ptxas") is None, reason="ptxas is not installed")
-@pytest.mark.parametrize("name", ["bsa-bwd-blk128-qprobe", "bsa-bwd-blk128-entahead"])
+@pytest.mark.parametrize("name", ["bsa-bwd-blk128", "bsa-bwd-blk128-noqprobe"])
 def test_bsa_bwd_qprobe_ptxas_no_serialized_wgmma(kept_ptx, tmp_path, name):
-    """blk 128 / D 128 with ``bsa_bwd_ws=qprobe`` (and ``entahead``): the next step's stage
-    test and index (and the next entry's split) between the dQ staging stores and their
-    fence, and the step's wait behind a branch; ptxas assembles it without serializing the
-    wgmma and without spills."""
+    """blk 128 / D 128 by default: the next step's stage test and index and the next
+    entry's split between the dQ staging stores and their fence, and the step's wait behind
+    a branch; ptxas assembles it without serializing the wgmma and without spills, as
+    without them (``noqprobe``)."""
     path, _ = _kernel_ptx(kept_ptx, name, "BsaBwdSm90Ws")
     out = _ptxas(path, tmp_path)
     assert "serialized" not in out, out[-3000:]  # C7510-C7515

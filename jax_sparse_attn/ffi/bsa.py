@@ -320,10 +320,10 @@ class BsaBwdConfig:
     ws_fast_div: bool = True
     # "sm90ws" with ws_wg_hand (not ws_dk_lag or ws_s_ahead): a consumer tests the next
     # step's Q / dO stage after staging its dQ slice, and the next step skips its wait where
-    # the test passed ("qprobe")
+    # the test passed (default there; "noqprobe" waits at every step's start)
     ws_q_probe: bool = False
     # with ws_q_probe and ws_fast_div: the next list entry is split at the first step's
-    # stage test ("entahead")
+    # stage test (default there; "noentahead" splits it at the entry's start)
     ws_ent_ahead: bool = False
 
 
@@ -737,9 +737,11 @@ def _ws_config(name, head_dim, block_size, has_block_sizes, impl, arch, switches
                         and getattr(switches, "dq_writer", "auto") != "off"
                         and pack_gqa == 1 and "dqclaim" not in opts
                         and bool(getattr(switches, "pdl", False)))
-    probe = "qprobe" in opts and cfg.ws_wg_hand and not cfg.ws_dk_lag and not cfg.ws_s_ahead
+    probe = ("noqprobe" not in opts and cfg.ws_wg_hand and not cfg.ws_dk_lag
+             and not cfg.ws_s_ahead)
     return dataclasses.replace(cfg, ws_q_probe=probe,
-                               ws_ent_ahead=probe and "entahead" in opts and cfg.ws_fast_div)
+                               ws_ent_ahead=probe and "noentahead" not in opts
+                               and cfg.ws_fast_div)
 
 
 def _persist_config(cfg: BsaBwdConfig, opts) -> BsaBwdConfig:
