@@ -195,7 +195,9 @@ _BSA_BWD_WS_ALLOWED = ("comma list of " + ", ".join(BSA_BWD_WS_FLAGS)
                        "(diagnostic, not with persist: each consumer warpgroup of CTAs 0..15 prints "
                        "the SM clock at fixed points of its step N, 0..1048576), ordscan=N "
                        "(deterministic schedule order: entries a proposal scan checks at once, "
-                       "1..16); at most one "
+                       "1..16), ex2emu=N (of every 8 score columns of a consumer thread, N "
+                       "take exp2 as a polynomial on the FMA pipes instead of the MUFU unit, "
+                       "0..8; relative error 1.02e-4); at most one "
                        "of " + ", ".join(BSA_DET_ORDER_FLAGS) + "; at most one of detstream, "
                        "nodetstream; at most one of packws, nopackws; at most one of tailconv, "
                        "notailconv; at most one of wghand, nowghand; at most one of lpt, hlpt, nolpt")
@@ -204,7 +206,8 @@ _parse_bsa_bwd_ws_opts = _parse_option_list(BSA_BWD_WS_FLAGS,
                                               "dqslots": lambda n: 1 <= n <= 4,
                                               "persistkv": lambda n: 0 <= n <= 3,
                                               "ordscan": lambda n: 1 <= n <= 16,
-                                              "stamp": lambda n: 0 <= n <= 1 << 20},
+                                              "stamp": lambda n: 0 <= n <= 1 << 20,
+                                              "ex2emu": lambda n: 0 <= n <= 8},
                                              None, _BSA_BWD_WS_ALLOWED)
 
 

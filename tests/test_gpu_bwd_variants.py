@@ -344,6 +344,22 @@ def test_bsa_bwd_step_start(c, flag, monkeypatch):
     tb.test_bsa_sm90ws_backward(c)
 
 
+@pytest.mark.parametrize("n", [3, 8])
+@pytest.mark.parametrize("c", ZEROLAG_CASES, ids=lambda c: c["name"])
+def test_bsa_bwd_ex2emu(c, n, monkeypatch):
+    """``ex2emu=N``: N of every 8 score columns take exp2 as the polynomial of
+    ``kernels.common.exp2_poly3`` (relative error 1.02e-4) instead of MUFU ``ex2``; the
+    sm90ws backward cases at blk 64 and 128 (rows past S_q, whose lse is +inf, NaN past
+    block_sizes and in unlisted blocks, every block listed, GQA, empty rows) against the
+    reference within the usual tolerance, poisoned buffers first."""
+    from jax_sparse_attn.ffi import bsa as fb
+
+    sw = Switches(bsa_bwd_impl="sm90ws", bsa_bwd_ws=(f"ex2emu={n}",))
+    assert fb.bwd_config(jnp.dtype(c["dtype"]), c["d"], c["blk"], False, sw).ws_ex2_emu == n
+    monkeypatch.setattr(tb, "BWDWS", sw)
+    tb.test_bsa_sm90ws_backward(c)
+
+
 @pytest.mark.parametrize("c", ZEROLAG_CASES, ids=lambda c: c["name"])
 def test_bsa_bwd_nofdiv(c, monkeypatch):
     """``nofdiv``: the consumers split each K->Q list entry into query head and block with an

@@ -16,6 +16,7 @@ pytestmark = pytest.mark.lowering
 
 jax = pytest.importorskip("jax")
 import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
 
 pytest.importorskip("cutlass.jax")
 
@@ -257,6 +258,7 @@ _PTX_CONFIGS = {
     "nofdiv-blk128": ("_bwd_text", (CONFIGS[0],), None, {"ws": "nofdiv"}),
     "noqprobe-blk128": ("_bwd_text", (CONFIGS[0],), None, {"ws": "noqprobe"}),
     "noentahead-blk128": ("_bwd_text", (CONFIGS[0],), None, {"ws": "noentahead"}),
+    "ex2emu3-blk128": ("_bwd_text", (CONFIGS[0],), None, {"ws": "ex2emu=3"}),
     "rows-blk128": ("_bwd_text", (CONFIGS[0],), None, {"dq": "rows"}),
     "redv4-rows-blk128": ("_bwd_text", (CONFIGS[0],), None, {"ws": "redv4", "dq": "rows"}),
     "l2hint-det-blk64": ("_bwd_text", (CONFIGS[1],), None,
@@ -784,6 +786,62 @@ def test_bsa_bwd_ws_entahead(kept_ptx):
     for op in ("wgmma.mma_async", "wgmma.commit_group", "wgmma.wait_group", "mbarrier.test_wait",
                "cp.async.bulk.tensor", "cp.reduce.async.bulk", "stmatrix", "bar.sync"):
         assert ahead.count(op) == at_start.count(op) > 0, op
+
+
+def test_bsa_bwd_ws_ex2emu(kept_ptx):
+    """``bsa_bwd_ws=ex2emu=N``: the key carries N (0..8, default 0); with N = 3 the first 3 of
+    every 8 score columns of a thread take exp2 as the polynomial (``max.NaN`` clamps, three
+    ``fma`` of the fraction, the exponent added as ``(j << 23) + bits(1.0)``): 6 of each
+    step's 16 columns x 2 rows, so 24 fewer ``ex2.approx`` over the two unrolled steps and
+    the same GEMMs."""
+    from jax_sparse_attn.config import Switches
+    from jax_sparse_attn.ffi import bsa
+
+    def key(ws):
+        return bsa.bwd_config(jnp.bfloat16, 128, 128, False,
+                              Switches(bsa_bwd_impl="sm90ws", bsa_bwd_ws=ws))
+
+    assert key(("ex2emu=3",)).ws_ex2_emu == 3 and key(()).ws_ex2_emu == 0
+    base, emu = _ws_ptx(kept_ptx, _ids(CONFIGS[0])), _ws_ptx(kept_ptx, "ex2emu3-blk128")
+    ex2 = re.compile(r"ex2\.approx(\.ftz)?\.f32")
+    assert len(ex2.findall(emu)) == len(ex2.findall(base)) - 24 > 0
+    assert emu.count("max.NaN.f32") == emu.count("min.NaN.f32") == 24
+    assert "mad.lo.s32 sb, tb, 8388608, 1065353216;" in emu
+    for op in ("wgmma.mma_async", "wgmma.commit_group", "cp.async.bulk.tensor",
+               "cp.reduce.async.bulk"):
+        assert emu.count(op) == base.count(op) > 0, op
+
+
+def test_exp2_poly3_constants():
+    """The polynomial of ``kernels.common.exp2_poly3``, evaluated in float32 as the PTX does
+    (numpy model of its steps): relative error at most 1.02e-4 on [-126.5, 127.5), 0 below,
+    +inf from 127.5 and for +inf, 0 for -inf, NaN for NaN, exact at integers."""
+    from jax_sparse_attn.kernels.common import _EXP2_C
+
+    c1, c2, c3 = np.array(_EXP2_C, np.uint32).view(np.float32)
+
+    def model(x):
+        x = np.asarray(x, np.float32)
+        xc = np.where(np.isnan(x), x, np.clip(x, np.float32(-127), np.float32(128)))
+        t = (xc + np.float32(12582912)).astype(np.float32)
+        j = (t - np.float32(12582912)).astype(np.float32)
+        f = (xc - j).astype(np.float32)
+        p = (f * c3 + c2).astype(np.float32)
+        p = (p * f + c1).astype(np.float32)
+        p = (p * f + np.float32(1)).astype(np.float32)
+        sb = ((t.view(np.uint32).astype(np.uint64) * 8388608 + 1065353216)
+              & 0xFFFFFFFF).astype(np.uint32)
+        return (p * sb.view(np.float32)).astype(np.float32)
+
+    x = np.linspace(-126.5, 127.49, 400_001, dtype=np.float32)
+    rel = np.abs(model(x) / np.exp2(x.astype(np.float64)) - 1)
+    assert rel.max() <= 1.02e-4, rel.max()
+    with np.errstate(invalid="ignore", over="ignore"):
+        edge = model([-np.inf, -1000.0, -126.6, 127.5, 1000.0, np.inf, np.nan])
+    assert edge[:3].tolist() == [0.0, 0.0, 0.0] and np.isposinf(edge[3:6]).all()
+    assert np.isnan(edge[6])
+    ints = np.arange(-126, 128, dtype=np.float32)
+    np.testing.assert_array_equal(model(ints), np.exp2(ints.astype(np.float64)).astype(np.float32))
 
 
 def test_bsa_bwd_ws_redv4(kept_ptx):

@@ -325,6 +325,9 @@ class BsaBwdConfig:
     # with ws_q_probe and ws_fast_div: the next list entry is split at the first step's
     # stage test (default there; "noentahead" splits it at the entry's start)
     ws_ent_ahead: bool = False
+    # "sm90ws": of every 8 score columns of a consumer thread, this many take exp2 as a
+    # polynomial on the FMA pipes instead of the MUFU unit ("ex2emu=N")
+    ws_ex2_emu: int = 0
 
 
 def fwd_smem_bytes(head_dim, block_size) -> int:
@@ -739,9 +742,10 @@ def _ws_config(name, head_dim, block_size, has_block_sizes, impl, arch, switches
                         and bool(getattr(switches, "pdl", False)))
     probe = ("noqprobe" not in opts and cfg.ws_wg_hand and not cfg.ws_dk_lag
              and not cfg.ws_s_ahead)
+    emu = [int(o[7:]) for o in opts if o.startswith("ex2emu=")]
     return dataclasses.replace(cfg, ws_q_probe=probe,
                                ws_ent_ahead=probe and "noentahead" not in opts
-                               and cfg.ws_fast_div)
+                               and cfg.ws_fast_div, ws_ex2_emu=emu[0] if emu else 0)
 
 
 def _persist_config(cfg: BsaBwdConfig, opts) -> BsaBwdConfig:
@@ -1693,7 +1697,8 @@ def _ws_kernel(cfg: BsaBwdConfig, after_pre: bool = False):
                         dv_wait=cfg.ws_dv_wait, dk_lag=cfg.ws_dk_lag,
                         s_ahead=cfg.ws_s_ahead, stamps=cfg.ws_stamps,
                         red_v4=cfg.ws_red_v4, fast_div=cfg.ws_fast_div,
-                        q_probe=cfg.ws_q_probe, ent_ahead=cfg.ws_ent_ahead)
+                        q_probe=cfg.ws_q_probe, ent_ahead=cfg.ws_ent_ahead,
+                        ex2_emu=cfg.ws_ex2_emu)
 
 
 def _bwd_det_entry(stream, q, k, v, do, lse, delta, offsets, entries, ranks, sizes, scale,

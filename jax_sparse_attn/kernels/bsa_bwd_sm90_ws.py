@@ -216,7 +216,7 @@ from . import kv_major_bwd as kvb
 from .bsa_common import LOG2_E, bwd_kv_tile_rows
 from .common import (L2_EVICT_FIRST, L2_EVICT_LAST, L2_EVICT_NORMAL, L2_HINT_NORMAL,
                      acc_layout_as_a, acc_mn_view_wg,
-                     atom_add_acq_rel_s32, atom_add_s32, clock_ordered, elem_ptr,
+                     atom_add_acq_rel_s32, atom_add_s32, clock_ordered, elem_ptr, exp2_poly3,
                      fence_acq_rel_gpu,
                      gmem_load_copy, kv_major_bwd_operands, l2_copy_kw, l2_policy,
                      ld_acquire_s32, ld_relaxed_s32, st_release_s32, tma_view, wait_at_least)
@@ -299,8 +299,11 @@ class BsaBwdSm90Ws:
                  uniform_frags: bool = True, wg_hand: bool = False, ld_scaled: bool = False,
                  dv_wait: bool = False, dk_lag: bool = False, s_ahead: bool = False,
                  stamps: tuple = (), red_v4: bool = False, fast_div: bool = False,
-                 q_probe: bool = False, ent_ahead: bool = False):
+                 q_probe: bool = False, ent_ahead: bool = False, ex2_emu: int = 0):
         self.pdl = pdl
+        # of every 8 score columns of a thread, the first ex2_emu take exp2 as a polynomial
+        # on the FMA pipes (``common.exp2_poly3``) instead of the MUFU unit
+        self.ex2_emu = ex2_emu
         # with q_probe and fast_div: the next list entry's query head, block (and with
         # block_sizes its valid key count) are computed at the first step's stage test, so
         # that the next entry starts without the split
@@ -1312,8 +1315,12 @@ class BsaBwdSm90Ws:
                     # P^T while the dP^T GEMM runs
                     for r in cutlass.range_constexpr(n_rows):
                         for cc in cutlass.range_constexpr(n_cols):
-                            S_mn[r, cc] = cute.math.exp2(S_mn[r, cc] * scale_log2 - lse2[cc],
-                                                         fastmath=True)
+                            if cutlass.const_expr(cc % 8 < self.ex2_emu):
+                                # off the MUFU unit, which both warpgroups' P^T share
+                                S_mn[r, cc] = exp2_poly3(S_mn[r, cc] * scale_log2 - lse2[cc])
+                            else:
+                                S_mn[r, cc] = cute.math.exp2(
+                                    S_mn[r, cc] * scale_log2 - lse2[cc], fastmath=True)
                     self._stamp(tv, 3)
                     dlt = cute.make_rmem_tensor(n_cols, Float32)
                     for cc in cutlass.range_constexpr(n_cols):
