@@ -184,7 +184,7 @@ BSA_BWD_WS_FLAGS = ("ldwait", "lpt", "decouple", "detkv", "detfull", "detlaunch"
                     "nokvpf", "ordfast", "detfixed", "detorder", "l2hint", "l2normal",
                     "thrfrags", "wghand", "nowghand", "ldscale", "dvwait", "dklag", "sahead",
                     "redv4", "fdiv", "nofdiv", "qprobe",
-                    "noqprobe", "entahead", "noentahead")
+                    "noqprobe", "entahead")
 #: the flags among :data:`BSA_BWD_WS_FLAGS` that choose the deterministic dQ order (at most
 #: one of them)
 BSA_DET_ORDER_FLAGS = ("detkv", "detfull", "detlaunch", "detsched", "detschedfull")
@@ -226,8 +226,7 @@ def _parse_bsa_bwd_ws(var, raw):
     for on, off in (("detstream", "nodetstream"), ("packws", "nopackws"),
                     ("tailconv", "notailconv"), ("lpt", "hlpt"), ("lpt", "nolpt"),
                     ("hlpt", "nolpt"), ("l2hint", "l2normal"),
-                    ("wghand", "nowghand"), ("fdiv", "nofdiv"), ("qprobe", "noqprobe"),
-                    ("entahead", "noentahead")):
+                    ("wghand", "nowghand"), ("fdiv", "nofdiv"), ("qprobe", "noqprobe")):
         if on in opts and off in opts:
             raise ValueError(f"{var}={raw!r}: {on!r} and {off!r} contradict each other; "
                              f"give at most one; allowed: {_BSA_BWD_WS_ALLOWED}")
@@ -659,15 +658,19 @@ SWITCHES = (
                "S 32768 on the H100, level at S 16384; not with sahead, which then spills), "
                "nofdiv (an integer division per entry), "
                "qprobe (the default at blk 128 with the per-warpgroup dQ hand-back, not "
-               "with dklag or sahead: after staging its dQ slice a consumer tests whether the "
+               "with dklag, sahead or persist: after staging its dQ slice a consumer tests whether the "
                "next step's Q / dO stage is full and computes its index, so that the next "
-               "step starts without the wait where the test passed; 1.1-1.2 % faster at "
+               "step starts without the wait where the test passed; 1.1-1.9 % faster at "
                "blk 128 on the H100), "
                "noqprobe (every step waits for its stage at its start), "
-               "entahead (the default with qprobe, not with nofdiv: the next K->Q list entry "
-               "is split into query head and block, and with block_sizes its key count read, "
-               "at the first step's stage test instead of at the entry's start), "
-               "noentahead (the entry is split at its start), "
+               "entahead (with qprobe, not with nofdiv: the next K->Q list entry is split into "
+               "query head and block, and with block_sizes its key count read, at the first "
+               "step's stage test instead of at the entry's start; opt-in: 1.5-2.4 % slower "
+               "than qprobe alone on the H100), "
+               "ex2emu=N (of every 8 score columns of a consumer thread, N take exp2 as a "
+               "degree-3 polynomial on the FMA pipes instead of the MUFU unit, relative "
+               "error 1.02e-4; opt-in: 1-3 % slower at blk 128 and 0.5 % at blk 64 on the "
+               "H100 for N = 2..4), "
                "redv4 (with bsa_bwd_dq=rows: the dQ rows added with one "
                "red.global.add.v4.f32 per 4 values, two lanes swapping a pair, instead of one "
                ".v2 per 2), "

@@ -288,8 +288,9 @@ DKLAG_CASES = [c for c in ZEROLAG_CASES if c["blk"] == 128]
 #: issues the previous step's dK GEMM after its own S^T / dP^T GEMMs, the block's last dK
 #: after its last step), ``sahead`` (the first 64-row step of a list entry ends with its dK
 #: GEMM in flight; the second step's S^T / dP^T GEMMs go behind it and its S^T wait
-#: releases the first step's stage)
-STEP_ORDER_FLAGS = {"dklag": "ws_dk_lag", "sahead": "ws_s_ahead"}
+#: releases the first step's stage), ``entahead`` (the next list entry split at the first
+#: step's stage test)
+STEP_ORDER_FLAGS = {"dklag": "ws_dk_lag", "sahead": "ws_s_ahead", "entahead": "ws_ent_ahead"}
 
 
 @pytest.mark.parametrize("flag", STEP_ORDER_FLAGS)
@@ -319,11 +320,10 @@ def test_bsa_bwd_step_order_causal(c, flag):
     tc.test_bsa_causal_kernel_vs_reference(c)
 
 
-#: the step-start paths the blk 128 default replaces and the compile-key field each clears:
+#: the step-start path the blk 128 default replaces and the compile-key field it clears:
 #: ``noqprobe`` (every step waits for its Q / dO stage at its start; the default tests the
-#: next step's stage after staging its dQ slice), ``noentahead`` (each list entry split at
-#: its start; the default splits the next one at the first step's stage test)
-STEP_START_FLAGS = {"noqprobe": "ws_q_probe", "noentahead": "ws_ent_ahead"}
+#: next step's stage after staging its dQ slice)
+STEP_START_FLAGS = {"noqprobe": "ws_q_probe"}
 
 
 @pytest.mark.parametrize("flag", STEP_START_FLAGS)
@@ -339,7 +339,7 @@ def test_bsa_bwd_step_start(c, flag, monkeypatch):
     key = fb.bwd_config(jnp.dtype(c["dtype"]), c["d"], c["blk"], False, sw)
     assert not getattr(key, STEP_START_FLAGS[flag]), key
     assert fb.bwd_config(jnp.dtype(c["dtype"]), c["d"], c["blk"], False,
-                         Switches(bsa_bwd_impl="sm90ws")).ws_ent_ahead
+                         Switches(bsa_bwd_impl="sm90ws")).ws_q_probe
     monkeypatch.setattr(tb, "BWDWS", sw)
     tb.test_bsa_sm90ws_backward(c)
 

@@ -257,7 +257,7 @@ _PTX_CONFIGS = {
     "stamp-blk128": ("_bwd_text", (CONFIGS[0],), None, {"ws": "stamp=3"}),
     "nofdiv-blk128": ("_bwd_text", (CONFIGS[0],), None, {"ws": "nofdiv"}),
     "noqprobe-blk128": ("_bwd_text", (CONFIGS[0],), None, {"ws": "noqprobe"}),
-    "noentahead-blk128": ("_bwd_text", (CONFIGS[0],), None, {"ws": "noentahead"}),
+    "entahead-blk128": ("_bwd_text", (CONFIGS[0],), None, {"ws": "entahead"}),
     "ex2emu3-blk128": ("_bwd_text", (CONFIGS[0],), None, {"ws": "ex2emu=3"}),
     "rows-blk128": ("_bwd_text", (CONFIGS[0],), None, {"dq": "rows"}),
     "redv4-rows-blk128": ("_bwd_text", (CONFIGS[0],), None, {"ws": "redv4", "dq": "rows"}),
@@ -724,8 +724,7 @@ def test_bsa_bwd_ws_fdiv(kept_ptx):
                               Switches(bsa_bwd_impl="sm90ws", bsa_bwd_ws=ws))
 
     assert key(()).ws_fast_div and not key(("nofdiv",)).ws_fast_div
-    # (nofdiv also splits each entry at its start: noentahead is the kernel to compare)
-    base, slow = _ws_ptx(kept_ptx, "noentahead-blk128"), _ws_ptx(kept_ptx, "nofdiv-blk128")
+    base, slow = _ws_ptx(kept_ptx, _ids(CONFIGS[0])), _ws_ptx(kept_ptx, "nofdiv-blk128")
     assert base.count("mul.hi.u32") == slow.count("mul.hi.u32") + 1
     assert base.count("rem.s32") + 1 == slow.count("rem.s32")
     for op in ("wgmma.mma_async", "cp.async.bulk.tensor", "stmatrix", "div.s32"):
@@ -750,12 +749,11 @@ def test_bsa_bwd_ws_qprobe(kept_ptx):
     assert not key(("noqprobe",)).ws_q_probe
     assert not key((), deterministic=True).ws_q_probe
     for ws, blk in (((), 64), (("nowghand",), 128), (("dqalias",), 128), (("dqalt",), 128),
-                    (("dklag",), 128), (("sahead",), 128)):
+                    (("dklag",), 128), (("sahead",), 128), (("persist",), 128)):
         assert not key(ws, blk).ws_q_probe, (ws, blk)
-    probe, wait = _ws_ptx(kept_ptx, "noentahead-blk128"), _ws_ptx(kept_ptx, "noqprobe-blk128")
+    probe, wait = _ws_ptx(kept_ptx, _ids(CONFIGS[0])), _ws_ptx(kept_ptx, "noqprobe-blk128")
     test = re.compile(r"mbarrier\.test_wait\.parity\.acquire\.cta\.shared::cta\.b64")
     assert len(test.findall(probe)) == 2 and not test.findall(wait)
-    assert len(test.findall(_ws_ptx(kept_ptx, _ids(CONFIGS[0])))) == 2
     for op in ("wgmma.mma_async", "wgmma.commit_group", "wgmma.wait_group",
                "cp.async.bulk.tensor", "cp.reduce.async.bulk", "stmatrix", "bar.sync"):
         assert probe.count(op) == wait.count(op) > 0, op
@@ -765,9 +763,9 @@ def test_bsa_bwd_ws_qprobe(kept_ptx):
 
 
 def test_bsa_bwd_ws_entahead(kept_ptx):
-    """With qprobe and the multiplier split (not nofdiv) the next list entry is split at the
-    first step's stage test by default (once before the entry loop, and where the first
-    step does not run) instead of at each entry's start (``noentahead``): three
+    """``bsa_bwd_ws=entahead`` (opt-in), with qprobe and the multiplier split (not nofdiv):
+    the next list entry is split at the first step's stage test (once before the entry loop,
+    and where the first step does not run) instead of at each entry's start: three
     ``mul.hi.u32`` in place of one, with the same GEMMs, stage tests, copies and
     reductions."""
     from jax_sparse_attn.config import Switches
@@ -777,11 +775,10 @@ def test_bsa_bwd_ws_entahead(kept_ptx):
         return bsa.bwd_config(jnp.bfloat16, 128, 128, False,
                               Switches(bsa_bwd_impl="sm90ws", bsa_bwd_ws=ws))
 
-    assert key(()).ws_ent_ahead and key(("entahead",)).ws_ent_ahead
-    for ws in (("noentahead",), ("noqprobe",), ("nofdiv",), ("dklag",)):
+    assert key(("entahead",)).ws_ent_ahead and not key(()).ws_ent_ahead
+    for ws in (("entahead", "noqprobe"), ("entahead", "nofdiv"), ("entahead", "dklag")):
         assert not key(ws).ws_ent_ahead, ws
-    ahead, at_start = _ws_ptx(kept_ptx, _ids(CONFIGS[0])), _ws_ptx(kept_ptx,
-                                                                   "noentahead-blk128")
+    ahead, at_start = _ws_ptx(kept_ptx, "entahead-blk128"), _ws_ptx(kept_ptx, _ids(CONFIGS[0]))
     assert ahead.count("mul.hi.u32") == at_start.count("mul.hi.u32") + 3
     for op in ("wgmma.mma_async", "wgmma.commit_group", "wgmma.wait_group", "mbarrier.test_wait",
                "cp.async.bulk.tensor", "cp.reduce.async.bulk", "stmatrix", "bar.sync"):

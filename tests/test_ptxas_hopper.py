@@ -62,7 +62,7 @@ _PTX_CONFIGS = {
     # blk 128 / D 128 with the previous step's dK GEMM issued after the S^T / dP^T GEMMs
     "bsa-bwd-blk128-dklag": ("_bsa_bwd_text", (0,), None, {"ws": "dklag"}),
     "bsa-bwd-blk128-sahead": ("_bsa_bwd_text", (0,), None, {"ws": "sahead"}),
-    # blk 128 / D 128, the default (stage test and entry split ahead) and without them
+    # blk 128 / D 128, the default (the next step's stage tested ahead) and without it
     "bsa-bwd-blk128": ("_bsa_bwd_text", (0,), None, {"ws": ""}),
     "bsa-bwd-blk128-noqprobe": ("_bsa_bwd_text", (0,), None, {"ws": "noqprobe"}),
 }

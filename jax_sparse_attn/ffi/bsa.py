@@ -318,12 +318,12 @@ class BsaBwdConfig:
     # "sm90ws": the consumers split list entries with a precomputed multiplier (default;
     # "nofdiv": an integer division; so does "sahead", which spills with the multiplier)
     ws_fast_div: bool = True
-    # "sm90ws" with ws_wg_hand (not ws_dk_lag or ws_s_ahead): a consumer tests the next
+    # "sm90ws" with ws_wg_hand (not ws_dk_lag, ws_s_ahead or persist): a consumer tests the next
     # step's Q / dO stage after staging its dQ slice, and the next step skips its wait where
     # the test passed (default there; "noqprobe" waits at every step's start)
     ws_q_probe: bool = False
     # with ws_q_probe and ws_fast_div: the next list entry is split at the first step's
-    # stage test (default there; "noentahead" splits it at the entry's start)
+    # stage test instead of at the entry's start ("entahead"; measured slower)
     ws_ent_ahead: bool = False
     # "sm90ws": of every 8 score columns of a consumer thread, this many take exp2 as a
     # polynomial on the FMA pipes instead of the MUFU unit ("ex2emu=N")
@@ -741,10 +741,10 @@ def _ws_config(name, head_dim, block_size, has_block_sizes, impl, arch, switches
                         and pack_gqa == 1 and "dqclaim" not in opts
                         and bool(getattr(switches, "pdl", False)))
     probe = ("noqprobe" not in opts and cfg.ws_wg_hand and not cfg.ws_dk_lag
-             and not cfg.ws_s_ahead)
+             and not cfg.ws_s_ahead and "persist" not in opts)
     emu = [int(o[7:]) for o in opts if o.startswith("ex2emu=")]
     return dataclasses.replace(cfg, ws_q_probe=probe,
-                               ws_ent_ahead=probe and "noentahead" not in opts
+                               ws_ent_ahead=probe and "entahead" in opts
                                and cfg.ws_fast_div, ws_ex2_emu=emu[0] if emu else 0)
 
 

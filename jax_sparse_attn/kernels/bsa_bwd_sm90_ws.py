@@ -305,8 +305,8 @@ class BsaBwdSm90Ws:
         # on the FMA pipes (``common.exp2_poly3``) instead of the MUFU unit
         self.ex2_emu = ex2_emu
         # with q_probe and fast_div: the next list entry's query head, block (and with
-        # block_sizes its valid key count) are computed at the first step's stage test, so
-        # that the next entry starts without the split
+        # block_sizes its valid key count) are computed at the first step's stage test
+        # instead of at the entry's start
         self.ent_ahead = ent_ahead
         # with wg_hand (not dk_lag / s_ahead): after staging its dQ slice a consumer tests
         # whether the next step's Q / dO stage is full and computes that stage's index, so
