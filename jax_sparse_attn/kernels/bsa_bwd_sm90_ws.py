@@ -56,6 +56,12 @@ CTA per SM; blk 64: 256 threads, two CTAs per SM):
   first step is static (the first 64 rows of a listed query block are always below
   ``S_q``); where the second is skipped, the wait and the release follow the skipped step,
   so no GEMM is in flight across the loop over the entries.
+  With ``q_probe`` (the blk 128 default with ``wg_hand``) a consumer, once it has issued its
+  dQ staging stores, computes the next step's stage index and tests that stage's full
+  barrier without waiting (``SmemPipeline.consumer_test``); the next step starts without
+  the wait where the test passed. ``ent_ahead`` (opt-in) splits the next list entry there
+  as well; ``ex2_emu`` (opt-in) takes part of P^T's exponentials as an FMA-pipe polynomial
+  (``common.exp2_poly3``).
   ``kernels/dq_tiles.py`` reorders the workspace into dq. With ``dq_alt`` (blk 128, the dQ
   writer warp and the staging tile) the warpgroups take turns instead: at step ``c``
   warpgroup ``c % 2`` waits for both dS^T halves, computes the whole ``64 x D`` dQ tile over
@@ -308,7 +314,8 @@ class BsaBwdSm90Ws:
         # block_sizes its valid key count) are computed at the first step's stage test
         # instead of at the entry's start
         self.ent_ahead = ent_ahead
-        # with wg_hand (not dk_lag / s_ahead): after staging its dQ slice a consumer tests
+        # with wg_hand (the configuration leaves it off with dk_lag, s_ahead and persist):
+        # after staging its dQ slice a consumer tests
         # whether the next step's Q / dO stage is full and computes that stage's index, so
         # that the next step skips the wait (and the index) where the test passed
         self.q_probe = q_probe
