@@ -166,7 +166,7 @@ def _parse_bsa_ws(var, raw):
 #: the flags of the sm90 HSTU backward's tuning switch (JAX_SPARSE_ATTN_HSTU_BWD_WS)
 HSTU_BWD_WS_FLAGS = ("splitwait", "epi16", "detzero", "dqclaim", "xlazero", "wgskip",
                      "revheads", "epiregs", "thrfrags", "wghand", "rabsm80", "norabfast",
-                     "norabpf", "drabpf", "nodrabs", "rabpf2", "rabfast64")
+                     "norabpf", "drabpf", "nodrabs", "rabpf2", "rabfast64", "qprobe")
 _HSTU_BWD_WS_ALLOWED = ("comma list of " + ", ".join(HSTU_BWD_WS_FLAGS)
                         + ", convert=N (query rows: 1..65536), chunk=N (KiB: 0..1048576)")
 _parse_hstu_bwd_ws = _parse_option_list(HSTU_BWD_WS_FLAGS,
@@ -408,7 +408,12 @@ SWITCHES = (
            "the dQ tile workspace at D <= 128, not dqclaim: the writer takes each consumer "
            "warpgroup's half of the staged dQ tile on its own and hands it back once its "
            "bulk reductions have read it, so a warpgroup never waits at a barrier for the "
-           "other one's dQ; opt-in: level with the default on the H100), rabsm80 (calls with a "
+           "other one's dQ; opt-in: level with the default on the H100), qprobe (not "
+           "deterministic, with the dQ tile workspace: after staging its dQ slice a consumer "
+           "tests whether the next step's Q / dO stage is full and computes its index, so "
+           "that the next step starts without the wait where the test passed, as the "
+           "block-sparse backward's default at blk 128; opt-in, not yet run on a GPU), "
+           "rabsm80 (calls with a "
            "relative attention bias run the sm80 backward; by default they run the sm90 "
            "backward at D = D_v in {64, 128} (else sm80): each consumer thread loads its bias "
            "elements in the accumulator layout after issuing the score GEMMs and writes d rab "

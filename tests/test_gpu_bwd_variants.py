@@ -73,6 +73,21 @@ def test_hstu_bwd_splitwait(name, lens, d, window, dtype, poison):
                  ws=("splitwait",))
 
 
+@pytest.mark.parametrize("name,lens,d,window,dtype", th.BWD_BATCHES,
+                         ids=[c[0] for c in th.BWD_BATCHES])
+@pytest.mark.parametrize("poison", [False, True], ids=["clean", "poisoned"])
+def test_hstu_bwd_qprobe(name, lens, d, window, dtype, poison):
+    """``hstu_bwd_ws=qprobe``: each step tests the next step's Q / dO stage after its dQ
+    staging stores and skips its wait where the test passed; the backward batches (every
+    head dim, masks, lengths) with the dQ tile workspace against the reference."""
+    from jax_sparse_attn.ffi import hstu as fh
+
+    assert fh.bwd_config(dtype, d, d, 0, Switches(hstu_bwd_impl="sm90", hstu_bwd_dq="tile",
+                                                  hstu_bwd_ws="qprobe")).q_probe
+    th._bwd_case(lens, d, window, seed=13, poison=poison, impl="sm90", dtype=dtype, dq="tile",
+                 ws=("qprobe",))
+
+
 SPLIT = Switches(bsa_bwd_impl="sm90ws", bsa_bwd_ws="splitwait")
 
 

@@ -1173,6 +1173,9 @@ _PTX_CONFIGS = {
     "bwd-128-bfloat16-causal-wghand": ("_bwd_text", (128, "bfloat16", "causal"),
                                        {"hstu_bwd_dq": "tile", "dq_writer": "on",
                                         "hstu_bwd_ws": "wghand"}, {}),
+    "bwd-128-bfloat16-causal-qprobe": ("_bwd_text", (128, "bfloat16", "causal"),
+                                       {"hstu_bwd_dq": "tile", "hstu_bwd_ws": "qprobe"},
+                                       {"deterministic": False}),
     "bwd-64-bfloat16-window-wghand": ("_bwd_text", (64, "bfloat16", "window"),
                                       {"hstu_bwd_dq": "tile", "dq_writer": "on",
                                        "hstu_bwd_ws": "wghand"}, {}),
@@ -1452,6 +1455,31 @@ def test_hstu_bwd_sm90_wghand_key_and_ptx(kept_ptx):
     assert hand.count(red) == base.count(red) == 8
     assert hand.count("wgmma.mma_async") == base.count("wgmma.mma_async") > 0
     assert re.search(r"bar\.sync\s+11, 160;", _bwd_ptx(kept_ptx, "bwd-64-bfloat16-window-wghand"))
+
+
+def test_hstu_bwd_sm90_qprobe_key_and_ptx(kept_ptx):
+    """hstu_bwd_ws "qprobe" (opt-in; the dQ tile workspace, not deterministic): the key; each
+    step tests the next step's Q / dO stage once (``mbarrier.test_wait``, acquire) after its
+    dQ staging stores and skips its wait where the test passed; the same GEMMs and bulk
+    reduce-adds as without it."""
+    from jax_sparse_attn.config import Switches  # noqa: PLC0415
+    from jax_sparse_attn.ffi import hstu as fh  # noqa: PLC0415
+
+    def key(d=128, deterministic=False, **sw):
+        return fh.bwd_config("bfloat16", d, d, 0, Switches(**sw), deterministic=deterministic)
+
+    assert key(hstu_bwd_dq="tile", hstu_bwd_ws=("qprobe",)).q_probe
+    assert key(256, hstu_bwd_dq="tile", hstu_bwd_ws=("qprobe",)).q_probe
+    assert not key(hstu_bwd_dq="tile").q_probe
+    assert not key(hstu_bwd_dq="red", hstu_bwd_ws=("qprobe",)).q_probe
+    assert not key(hstu_bwd_dq="tile", hstu_bwd_ws=("qprobe",), deterministic=True).q_probe
+    base = _bwd_ptx(kept_ptx, "bwd-128-bfloat16-causal-tile-default")
+    probe = _bwd_ptx(kept_ptx, "bwd-128-bfloat16-causal-qprobe")
+    test = re.compile(r"mbarrier\.test_wait\.parity\.acquire\.cta\.shared::cta\.b64")
+    assert len(test.findall(probe)) >= 1 and not test.findall(base)
+    red = "cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32"
+    for op in ("wgmma.mma_async", "wgmma.commit_group", red, "cp.async.bulk.tensor"):
+        assert probe.count(op) == base.count(op) > 0, op
 
 
 def test_hstu_wgmma_groups_in_block(kept_ptx):

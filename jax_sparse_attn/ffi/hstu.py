@@ -277,6 +277,10 @@ class HstuBwdConfig(_HstuKey):
     # takes each consumer warpgroup's half of the staged tile on its own barriers
     # (hstu_bwd_ws "wghand")
     wg_hand: bool = False
+    # sm90 with the dQ staging tile, not deterministic: after its staging stores a consumer
+    # tests the next step's Q / dO stage, and the next step skips its wait where the test
+    # passed (hstu_bwd_ws "qprobe", opt-in)
+    q_probe: bool = False
     # sm90 with rab: steps whose tile lies inside the bias load it and write d rab without
     # clamps or range selects (64-query tiles, D = 128; off: hstu_bwd_ws "norabfast")
     rab_fast: bool = False
@@ -771,6 +775,8 @@ def bwd_config(dtype, head_dim, head_dim_v, func_n, switches, *, has_rab=False,
             if (head_dim <= 128 and not claim
                     and "wghand" in getattr(switches, "hstu_bwd_ws", ())):
                 key = dataclasses.replace(key, wg_hand=True)
+        if "qprobe" in getattr(switches, "hstu_bwd_ws", ()):
+            key = dataclasses.replace(key, q_probe=True)
         conv = [int(o[8:]) for o in getattr(switches, "hstu_bwd_ws", ())
                 if o.startswith("convert=")]
         if conv and head_dim <= 128:
@@ -1039,7 +1045,8 @@ def _sm90_bwd_kernel(cfg, rab=False):
                          has_rab=rab and cfg.has_rab, rab_per_head=cfg.rab_per_head,
                          rab_fast=cfg.rab_fast, rab_prefetch=cfg.rab_prefetch,
                          drab_prefetch=cfg.drab_prefetch, drab_scalar=cfg.drab_scalar,
-                         rab_pf_ahead=cfg.rab_pf_ahead, rab_fast_wide=cfg.rab_fast_wide)
+                         rab_pf_ahead=cfg.rab_pf_ahead, rab_fast_wide=cfg.rab_fast_wide,
+                         q_probe=cfg.q_probe)
     if (kernel.bm, kernel.bn) != (cfg.block_m, cfg.block_n):
         raise ValueError(f"hstu_bwd_sm90 tiles {(kernel.bm, kernel.bn)} differ from the "
                          f"compile key's {(cfg.block_m, cfg.block_n)}")

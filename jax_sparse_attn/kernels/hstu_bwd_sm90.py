@@ -187,8 +187,12 @@ class HstuBwdSm90:
                  epi_smem=False, uniform_frags=True, wg_hand=False, has_rab=False,
                  rab_per_head=False, rab_fast=False, rab_prefetch=False,
                  drab_prefetch=False, drab_scalar=False, rab_pf_ahead=False,
-                 rab_fast_wide=False):
+                 rab_fast_wide=False, q_probe=False):
         self.pdl = pdl
+        # with the dQ staging tile: after its staging stores a consumer computes the next
+        # step's Q / dO stage index and tests that stage's full barrier without waiting
+        # (SmemPipeline.consumer_test); the next step skips its wait where the test passed
+        self.q_probe = q_probe and dq_tile
         # the consumers' shared-memory GEMM operands partitioned with a warp-uniform thread
         # index (kernels.common.kv_major_bwd_operands)
         self.uniform_frags = uniform_frags
@@ -737,15 +741,18 @@ class HstuBwdSm90:
                                              a[2], a[3])
 
     @cute.jit
-    def _step(self, skip: cutlass.Constexpr, ctx, c, m_block, full, head, mma_s, mma_dq):
+    def _step(self, skip: cutlass.Constexpr, ctx, c, m_block, full, head, mma_s, mma_dq,
+              q_ready, q_stg):
         """One query tile of a consumer warpgroup's walk (Q / dO stage of step ``c``): the
         score GEMMs and function, dV, dS^T to shared memory, dQ and dK, the dQ reduction, the
         stage's release. ``skip``: this warpgroup's keys are hidden from the whole tile (see
         :meth:`_wg_hidden`): no S^T, dP^T, dV or dK GEMM and no score function; zeros as its
         half of dS^T, its half of dQ = dS K as usual. Both variants end with no wgmma in
         flight, so the caller's branch between them leaves the full step's code as it is
-        without one. ``ctx``: the walk's loop-invariant values. Returns ``(mma_s, mma_dq)``
-        (rebound by the caller)."""
+        without one. ``ctx``: the walk's loop-invariant values. ``q_ready`` / ``q_stg``
+        (``q_probe``): whether the previous step found this step's stage full, and its
+        index. Returns ``(mma_s, mma_dq, q_ready, q_stg)`` (rebound by the caller), the last
+        two for the next step."""
         a_vals = ctx.a_vals
         acc_dK = ctx.acc_dK
         acc_dV = ctx.acc_dV
@@ -791,7 +798,7 @@ class HstuBwdSm90:
         thr_s = ctx.thr_s
         warp = ctx.warp
         m0 = m_block * bm
-        s = pipe_q.stage(c)
+        s = q_stg if self.q_probe else pipe_q.stage(c)
         buf = c % 2
         acc_S = thr_s.make_fragment_C(s_shape)
         acc_dP = thr_s.make_fragment_C(s_shape)
@@ -807,7 +814,11 @@ class HstuBwdSm90:
             tdS = cute.make_rmem_tensor(
                 acc_layout_as_a(acc_dP.layout, a_vals), self.dtype)
             tdS_acc = cute.make_tensor(tdS.iterator, acc_dP.layout)
-        pipe_q.consumer_wait(c)
+        if cutlass.const_expr(self.q_probe):
+            if q_ready == 0:
+                pipe_q.consumer_wait(c)
+        else:
+            pipe_q.consumer_wait(c)
         if cutlass.const_expr(skip):
             # this warpgroup's keys are hidden from the whole tile: its
             # half of dS^T is zero, dV and dK get nothing
@@ -931,6 +942,10 @@ class HstuBwdSm90:
                 hc.st_shared_v4_f32(t_sptr + 128 * k4, acc_dQ[4 * k4],
                                     acc_dQ[4 * k4 + 1], acc_dQ[4 * k4 + 2],
                                     acc_dQ[4 * k4 + 3])
+            if cutlass.const_expr(self.q_probe):
+                # the next step's stage, tested while the stores drain
+                q_stg = pipe_q.stage(c + 1)
+                q_ready = Int32(pipe_q.consumer_test(c + 1))
             cute.arch.fence_proxy("async.shared", space="cta")
             cute.arch.sync_warp()
             if cutlass.const_expr(self.wg_hand):
@@ -994,7 +1009,7 @@ class HstuBwdSm90:
             # (the writer with dq_alias: warp 1 releases the stage that
             # holds the staged dQ slices)
             pipe_q.consumer_release(c)
-        return mma_s, mma_dq
+        return mma_s, mma_dq, q_ready, q_stg
 
     @cute.jit
     def _wg_hidden(self, wg, n0, m0, seq, left, right):
@@ -1398,6 +1413,9 @@ class HstuBwdSm90:
                     ctx.rab = _StepCtx(mRab=mRab, mdRab=mdRab, half_g=inv_scale * 0.5)
                 pipe_kv.consumer_wait(0)
                 c = Int32(0)
+                # q_probe: whether stage c was found full by the previous step, and its index
+                q_ready = Int32(0)
+                q_stg = pipe_q.stage(c)
                 for g in cutlass.range(group, unroll=1):
                     # the query heads of this KV head, one after the other: dK / dV sum the
                     # group in a fixed order
@@ -1409,14 +1427,17 @@ class HstuBwdSm90:
                             if cutlass.const_expr(self.wg_skip):
                                 if self._wg_hidden(ctid // 128, n0, m_block * bm, seq, left,
                                                    right):
-                                    mma_s, mma_dq = self._step(True, ctx, c, m_block, full,
-                                                               head, mma_s, mma_dq)
+                                    mma_s, mma_dq, q_ready, q_stg = self._step(
+                                        True, ctx, c, m_block, full, head, mma_s, mma_dq,
+                                        q_ready, q_stg)
                                 else:
-                                    mma_s, mma_dq = self._step(False, ctx, c, m_block, full,
-                                                               head, mma_s, mma_dq)
+                                    mma_s, mma_dq, q_ready, q_stg = self._step(
+                                        False, ctx, c, m_block, full, head, mma_s, mma_dq,
+                                        q_ready, q_stg)
                             else:
-                                mma_s, mma_dq = self._step(False, ctx, c, m_block, full, head,
-                                                           mma_s, mma_dq)
+                                mma_s, mma_dq, q_ready, q_stg = self._step(
+                                    False, ctx, c, m_block, full, head, mma_s, mma_dq,
+                                    q_ready, q_stg)
                             c += 1
 
                 if cutlass.const_expr(self.wg_hand):
