@@ -775,7 +775,8 @@ def bwd_config(dtype, head_dim, head_dim_v, func_n, switches, *, has_rab=False,
             if (head_dim <= 128 and not claim
                     and "wghand" in getattr(switches, "hstu_bwd_ws", ())):
                 key = dataclasses.replace(key, wg_hand=True)
-        if "qprobe" in getattr(switches, "hstu_bwd_ws", ()):
+        if "qprobe" in getattr(switches, "hstu_bwd_ws", ()) and head_dim <= 128:
+            # (D 256 stages dQ in the step's Q / dO stage, not in the staging tile)
             key = dataclasses.replace(key, q_probe=True)
         conv = [int(o[8:]) for o in getattr(switches, "hstu_bwd_ws", ())
                 if o.startswith("convert=")]

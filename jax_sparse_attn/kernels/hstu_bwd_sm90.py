@@ -189,10 +189,6 @@ class HstuBwdSm90:
                  drab_prefetch=False, drab_scalar=False, rab_pf_ahead=False,
                  rab_fast_wide=False, q_probe=False):
         self.pdl = pdl
-        # with the dQ staging tile: after its staging stores a consumer computes the next
-        # step's Q / dO stage index and tests that stage's full barrier without waiting
-        # (SmemPipeline.consumer_test); the next step skips its wait where the test passed
-        self.q_probe = q_probe and dq_tile
         # the consumers' shared-memory GEMM operands partitioned with a warp-uniform thread
         # index (kernels.common.kv_major_bwd_operands)
         self.uniform_frags = uniform_frags
@@ -236,6 +232,11 @@ class HstuBwdSm90:
         # two blocks with bulk reduce-adds; the stage goes back to the producer once their
         # reads are done
         self.dq_alias = dq_tile and self.split_d and not self.dq_bulk
+        # with the dQ staging tile (not dq_alias): after its staging stores a consumer
+        # computes the next step's Q / dO stage index and tests that stage's full barrier
+        # without waiting (SmemPipeline.consumer_test); the next step skips its wait where
+        # the test passed
+        self.q_probe = q_probe and self.dq_tile
         self.deterministic = deterministic
         # deterministic with dq_tile: warp 1 issues the staged tile's bulk reductions itself
         # once the semaphore allows (the consumers stage and go on; _dq_order_warp)
