@@ -7,10 +7,19 @@ Q / dO stage once both warpgroups released the step that used it before). A name
 completes a generation when its arrivals reach the count given in the instruction; ``sync``
 arrives and waits for that generation, ``arrive`` does not wait. The search visits every
 reachable state and reports one where no participant can move before all are done
-(a deadlock: on the GPU, a hang). The protocols modelled: the default dQ writer (both
-warpgroups compute half of D per step) and ``dq_alt`` (warpgroup ``c % 2`` computes step
-``c``'s whole dQ); the version of ``dq_alt`` whose last hand-back went to the warpgroup of
-the next turn (it hung on the H200) must be found to deadlock.
+(a deadlock: on the GPU, a hang). The protocols modelled: the dQ writer with one hand-back
+for both warpgroups (both compute half of D per step), ``dq_alt`` (warpgroup ``c % 2``
+computes step ``c``'s whole dQ), the per-warpgroup hand-back ``wg_hand`` (the default) and
+``dq_lag`` (warpgroup 0 computes its half of step ``c``'s dQ in step ``c + 1``); the version of
+``dq_alt`` whose last hand-back went to the warpgroup of the next turn (it hung on the H200)
+must be found to deadlock.
+
+For ``wg_hand`` and ``dq_lag`` the model also follows the two dS^T buffers (step ``c`` in
+buffer ``c % 2``, one half per warpgroup): a dQ GEMM of step ``c`` must find both halves of
+its buffer holding step ``c``, and a warpgroup may overwrite its half only once both dQ
+GEMMs of the step held there have read it. Barrier operations may carry the step they are
+meant for; a generation whose arrivals name different steps is an error (two arrivals of
+one warpgroup completing a generation meant for both).
 
 Scope: blk 128 (two consumer warpgroups), not deterministic, with the dQ writer warp and its
 staging tile (no ``dq_alias``, no ``decouple``). Abstractions: a warpgroup is one
@@ -73,7 +82,7 @@ def find_deadlock(programs):
     participant's program counter and, while it waits in a ``sync``, the barrier generation
     it waits for; each barrier's arrivals, count and completed generations; the loaded and
     released steps."""
-    start = (tuple(0 for _ in programs), tuple(None for _ in programs), (), (), (), ())
+    start = (tuple(0 for _ in programs), tuple(None for _ in programs), (), (), (), (), (), ())
     seen = set()
     stack = [start]
     while stack:
@@ -81,9 +90,10 @@ def find_deadlock(programs):
         if state in seen:
             continue
         seen.add(state)
-        pcs, waits, arrivals, gens, loaded, released = state
+        pcs, waits, arrivals, gens, loaded, released, ds, reads = state
         arrivals, gens = dict(arrivals), dict(gens)
         loaded, released = set(loaded), dict(released)
+        ds, reads = dict(ds), dict(reads)
         moved = False
         for i, prog in enumerate(programs):
             pc, wait = pcs[i], waits[i]
@@ -91,21 +101,27 @@ def find_deadlock(programs):
                 bar, gen = wait
                 if gens.get(bar, 0) > gen:  # the generation completed: go on
                     succ = _with(pcs, i, pc + 1), _with(waits, i, None)
-                    stack.append((*succ, *_pack(arrivals, gens, loaded, released)))
+                    stack.append((*succ, *_pack(arrivals, gens, loaded, released, ds, reads)))
                     moved = True
                 continue
             if pc == len(prog):
                 continue
             op = prog[pc]
             a2, g2, l2, r2 = dict(arrivals), dict(gens), set(loaded), dict(released)
+            d2, rd2 = dict(ds), dict(reads)
             new_wait = None
             step = 1
             if op[0] in ("sync", "arrive"):
-                _, bar, count, threads = op
-                have, first_count = a2.get(bar, (0, count))
+                _, bar, count, threads, *tag = op
+                have, first_count, first_tag = a2.get(bar, (0, count, None))
                 if have and first_count != count:
                     return (f"barrier {bar}: count {count} where the generation has "
                             f"{first_count}, at {programs_str(pcs, programs)}")
+                if have and tag and first_tag is not None and tag[0] != first_tag:
+                    return (f"barrier {bar}: a generation of steps {first_tag} and {tag[0]} "
+                            f"at {programs_str(pcs, programs)}")
+                if not have:
+                    first_tag = tag[0] if tag else None
                 have += threads
                 if have > count:
                     return f"barrier {bar} over its count {count} at {programs_str(pcs, programs)}"
@@ -113,12 +129,28 @@ def find_deadlock(programs):
                 if have == count:
                     have = 0
                     g2[bar] = gen + 1
-                a2[bar] = (have, count)
+                a2[bar] = (have, count, first_tag)
                 if op[0] == "sync":
                     new_wait, step = (bar, gen), 0
             elif op[0] == "wait_load":
                 if op[1] not in l2:
                     continue
+            elif op[0] == "write":
+                # warpgroup `half` stores its dS^T half of step c into buffer c % 2
+                _, half, c = op
+                old = d2.get((c % 2, half))
+                if old is not None and rd2.get(old, 0) < 2:
+                    return (f"dS^T buffer {c % 2}: warpgroup {half} overwrites step {old} "
+                            f"before both dQ GEMMs read it, at {programs_str(pcs, programs)}")
+                d2[(c % 2, half)] = c
+            elif op[0] == "read":
+                # a dQ GEMM of step c reads both halves of buffer c % 2
+                _, c = op
+                held = (d2.get((c % 2, 0)), d2.get((c % 2, 1)))
+                if held != (c, c):
+                    return (f"dS^T buffer {c % 2}: a dQ GEMM of step {c} finds steps {held}, "
+                            f"at {programs_str(pcs, programs)}")
+                rd2[c] = rd2.get(c, 0) + 1
             elif op[0] == "release":
                 r2[op[1]] = r2.get(op[1], 0) + 1
             elif op[0] == "load":
@@ -127,12 +159,12 @@ def find_deadlock(programs):
                     continue
                 l2.add(c)
             succ = _with(pcs, i, pc + step), _with(waits, i, new_wait)
-            stack.append((*succ, *_pack(a2, g2, l2, r2)))
+            stack.append((*succ, *_pack(a2, g2, l2, r2, d2, rd2)))
             moved = True
         done = all(pcs[i] == len(p) and waits[i] is None for i, p in enumerate(programs))
         if not moved and not done:
             return f"no participant can move at {programs_str(pcs, programs)}"
-        left = {b: a for b, (a, _) in arrivals.items() if a}
+        left = {b: a for b, (a, _, _) in arrivals.items() if a}
         if done and left:
             return f"the run ends with arrivals left on barriers {left}"
     return None
@@ -142,9 +174,10 @@ def _with(t, i, v):
     return t[:i] + (v,) + t[i + 1:]
 
 
-def _pack(arrivals, gens, loaded, released):
+def _pack(arrivals, gens, loaded, released, ds=None, reads=None):
     return (tuple(sorted(arrivals.items())), tuple(sorted(gens.items())), tuple(sorted(loaded)),
-            tuple(sorted(released.items())))
+            tuple(sorted(released.items())), tuple(sorted((ds or {}).items())),
+            tuple(sorted((reads or {}).items())))
 
 
 def programs_str(pcs, programs):
@@ -196,3 +229,83 @@ def test_the_checker_finds_bad_counts():
     progs = [[("arrive", 3, 288, 32)], [("sync", 3, 160, 128)], [], []]
     why = find_deadlock(progs)  # either arrival may come first
     assert "count 160 where the generation has 288" in why or "count 288 where the generation has 160" in why
+
+
+def hand_program(w, n, lag, order_first=False):
+    """Consumer warpgroup ``w`` with the per-warpgroup hand-back (barriers 2 / 11 staged,
+    5 / 10 handed back, 160 threads): ``lag`` False is the default (both warpgroups sync on
+    barrier 1 after storing their dS^T halves and compute their dQ halves of the step);
+    ``lag`` True is ``dq_lag``: warpgroup 0 syncs barrier 6 (warpgroup 1's previous half
+    stored) before storing and arrives on barrier 1, warpgroup 1 syncs barrier 1 before
+    storing and arrives on barrier 6 (then its own barrier 9), warpgroup 0 computes and stages
+    step ``c - 1``'s half in step ``c`` and the last one after its last step.
+    ``order_first``: a broken ``dq_lag`` where warpgroup 1 stores before its barrier-1 sync."""
+    staged, back = (2, 5) if w == 0 else (11, 10)
+    ops = []
+    n_staged = 0
+    for c in range(n):
+        ops.append(("wait_load", c))
+        if not lag:
+            ops += [("write", w, c), ("sync", 1, 256, 128, c), ("read", c)]
+            mine = c
+        elif w == 0:
+            if c > 0:
+                ops.append(("sync", 6, 256, 128, c - 1))
+            ops += [("write", 0, c), ("arrive", 1, 256, 128, c)]
+            mine = c - 1
+            if c > 0:
+                ops.append(("read", c - 1))
+        else:
+            if order_first:
+                ops += [("write", 1, c), ("sync", 1, 256, 128, c)]
+            else:
+                ops += [("sync", 1, 256, 128, c), ("write", 1, c)]
+            ops += [("arrive", 6, 256, 128, c), ("sync", 9, 128, 128), ("read", c)]
+            mine = c
+        if mine >= 0:
+            if n_staged > 0:
+                ops.append(("sync", back, 160, 128))
+            ops.append(("arrive", staged, 160, 128))
+            n_staged += 1
+        ops.append(("release", c))
+    if lag and w == 0 and n > 0:
+        ops += [("sync", 6, 256, 128, n - 1), ("read", n - 1)]
+        if n_staged > 0:
+            ops.append(("sync", back, 160, 128))
+        ops.append(("arrive", staged, 160, 128))
+        n_staged += 1
+    if n_staged > 0:
+        ops.append(("sync", back, 160, 128))
+    ops.append(("sync", 7, 256, 128))
+    return ops
+
+
+def hand_writer_program(n, lag):
+    """The writer warp with the per-warpgroup hand-back: per step the two halves in turn
+    (``dq_lag``: warpgroup 1's first, as warpgroup 0 stages its half one step later)."""
+    ops = []
+    for _ in range(n):
+        for w in ((1, 0) if lag else (0, 1)):
+            staged, back = (2, 5) if w == 0 else (11, 10)
+            ops += [("sync", staged, 160, 32), ("arrive", back, 160, 32)]
+    return ops
+
+
+def _hand_programs(n, lag, stages=3, order_first=False):
+    return [hand_program(0, n, lag), hand_program(1, n, lag, order_first),
+            hand_writer_program(n, lag), producer_program(n, stages)]
+
+
+@pytest.mark.parametrize("stages", [2, 3])
+@pytest.mark.parametrize("n", range(6))
+@pytest.mark.parametrize("lag", [False, True], ids=["wg_hand", "dq_lag"])
+def test_hand_back_protocols_cannot_hang_or_race(n, lag, stages):
+    assert find_deadlock(_hand_programs(n, lag, stages)) is None
+
+
+def test_dq_lag_store_before_the_sync_is_a_race():
+    """Warpgroup 1 storing its dS^T half before it syncs with warpgroup 0's half of the step
+    can overwrite a half that warpgroup 0's late dQ GEMM has not read yet."""
+    why = find_deadlock(_hand_programs(3, True, order_first=True))
+    assert why is not None and "before both dQ GEMMs read it" in why
+

@@ -306,7 +306,8 @@ DKLAG_CASES = [c for c in ZEROLAG_CASES if c["blk"] == 128]
 #: GEMM in flight; the second step's S^T / dP^T GEMMs go behind it and its S^T wait
 #: releases the first step's stage), ``entahead`` (the next list entry split at the first
 #: step's stage test)
-STEP_ORDER_FLAGS = {"dklag": "ws_dk_lag", "sahead": "ws_s_ahead", "entahead": "ws_ent_ahead"}
+STEP_ORDER_FLAGS = {"dklag": "ws_dk_lag", "sahead": "ws_s_ahead", "entahead": "ws_ent_ahead",
+                    "dqlag": "ws_dq_lag"}
 
 
 @pytest.mark.parametrize("flag", STEP_ORDER_FLAGS)

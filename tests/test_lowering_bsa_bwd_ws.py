@@ -258,6 +258,7 @@ _PTX_CONFIGS = {
     "nofdiv-blk128": ("_bwd_text", (CONFIGS[0],), None, {"ws": "nofdiv"}),
     "noqprobe-blk128": ("_bwd_text", (CONFIGS[0],), None, {"ws": "noqprobe"}),
     "entahead-blk128": ("_bwd_text", (CONFIGS[0],), None, {"ws": "entahead"}),
+    "dqlag-blk128": ("_bwd_text", (CONFIGS[0],), None, {"ws": "dqlag"}),
     "ex2emu3-blk128": ("_bwd_text", (CONFIGS[0],), None, {"ws": "ex2emu=3"}),
     "rows-blk128": ("_bwd_text", (CONFIGS[0],), None, {"dq": "rows"}),
     "redv4-rows-blk128": ("_bwd_text", (CONFIGS[0],), None, {"ws": "redv4", "dq": "rows"}),
@@ -760,6 +761,40 @@ def test_bsa_bwd_ws_qprobe(kept_ptx):
     import kept_ptx as kp  # noqa: PLC0415
 
     assert kp.assert_wgmma_groups_in_block(probe) > 0
+
+
+def test_bsa_bwd_ws_dqlag(kept_ptx):
+    """``bsa_bwd_ws=dqlag`` (opt-in; blk 128 with the per-warpgroup dQ hand-back, not dklag,
+    sahead, dvwait or persist): warpgroup 0 computes its dQ half of a step in the next step
+    and once more after the last one (8 more wgmma, one more staging), barrier 1 is an
+    arrive / sync pair between the warpgroups, barrier 6 the other way, barrier 9 warpgroup
+    1's own; the same copies and TMA loads; each wgmma group committed in its block.
+    ``tests/test_barrier_protocols.py`` checks the protocol's barriers and dS^T buffers."""
+    from jax_sparse_attn.config import Switches
+    from jax_sparse_attn.ffi import bsa
+
+    def key(ws, blk=128, deterministic=False):
+        return bsa.bwd_config(jnp.bfloat16, 128, blk, False,
+                              Switches(bsa_bwd_impl="sm90ws", bsa_bwd_ws=ws),
+                              deterministic=deterministic)
+
+    assert key(("dqlag",)).ws_dq_lag and not key(()).ws_dq_lag
+    assert key(("dqlag",)).ws_q_probe
+    assert not key(("dqlag",), deterministic=True).ws_dq_lag
+    for ws, blk in ((("dqlag",), 64), (("dqlag", "nowghand"), 128), (("dqlag", "dklag"), 128),
+                    (("dqlag", "sahead"), 128), (("dqlag", "dvwait"), 128),
+                    (("dqlag", "persist"), 128), (("dqlag", "dqalt"), 128)):
+        assert not key(ws, blk).ws_dq_lag, (ws, blk)
+    lag, base = _ws_ptx(kept_ptx, "dqlag-blk128"), _ws_ptx(kept_ptx, _ids(CONFIGS[0]))
+    assert lag.count("wgmma.mma_async") == base.count("wgmma.mma_async") + 8
+    for op in ("cp.async.bulk.tensor", "cp.reduce.async.bulk", "stmatrix"):
+        assert lag.count(op) == base.count(op) > 0, op
+    assert re.findall(r"bar\.arrive\s+1, 256;", lag) and re.findall(r"bar\.arrive\s+6, 256;", lag)
+    assert not re.findall(r"bar\.arrive\s+[16], 256;", base)
+    assert len(re.findall(r"bar\.sync\s+9, 128;", lag)) > len(re.findall(r"bar\.sync\s+9, 128;", base))
+    import kept_ptx as kp  # noqa: PLC0415
+
+    assert kp.assert_wgmma_groups_in_block(lag) > 0
 
 
 def test_bsa_bwd_ws_entahead(kept_ptx):

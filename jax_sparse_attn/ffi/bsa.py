@@ -328,6 +328,10 @@ class BsaBwdConfig:
     # "sm90ws": of every 8 score columns of a consumer thread, this many take exp2 as a
     # polynomial on the FMA pipes instead of the MUFU unit ("ex2emu=N")
     ws_ex2_emu: int = 0
+    # "sm90ws" with ws_wg_hand (not ws_dk_lag, ws_s_ahead, ws_dv_wait or persist): warpgroup 0
+    # computes its half of a step's dQ one step late, so the two consumer warpgroups do not
+    # meet at a dS^T barrier every step ("dqlag")
+    ws_dq_lag: bool = False
 
 
 def fwd_smem_bytes(head_dim, block_size) -> int:
@@ -745,7 +749,10 @@ def _ws_config(name, head_dim, block_size, has_block_sizes, impl, arch, switches
     emu = [int(o[7:]) for o in opts if o.startswith("ex2emu=")]
     return dataclasses.replace(cfg, ws_q_probe=probe,
                                ws_ent_ahead=probe and "entahead" in opts
-                               and cfg.ws_fast_div, ws_ex2_emu=emu[0] if emu else 0)
+                               and cfg.ws_fast_div, ws_ex2_emu=emu[0] if emu else 0,
+                               ws_dq_lag="dqlag" in opts and cfg.ws_wg_hand
+                               and not cfg.ws_dk_lag and not cfg.ws_s_ahead
+                               and not cfg.ws_dv_wait and "persist" not in opts)
 
 
 def _persist_config(cfg: BsaBwdConfig, opts) -> BsaBwdConfig:
@@ -1698,7 +1705,7 @@ def _ws_kernel(cfg: BsaBwdConfig, after_pre: bool = False):
                         s_ahead=cfg.ws_s_ahead, stamps=cfg.ws_stamps,
                         red_v4=cfg.ws_red_v4, fast_div=cfg.ws_fast_div,
                         q_probe=cfg.ws_q_probe, ent_ahead=cfg.ws_ent_ahead,
-                        ex2_emu=cfg.ws_ex2_emu)
+                        ex2_emu=cfg.ws_ex2_emu, dq_lag=cfg.ws_dq_lag)
 
 
 def _bwd_det_entry(stream, q, k, v, do, lse, delta, offsets, entries, ranks, sizes, scale,

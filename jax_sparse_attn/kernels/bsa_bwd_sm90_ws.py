@@ -305,7 +305,8 @@ class BsaBwdSm90Ws:
                  uniform_frags: bool = True, wg_hand: bool = False, ld_scaled: bool = False,
                  dv_wait: bool = False, dk_lag: bool = False, s_ahead: bool = False,
                  stamps: tuple = (), red_v4: bool = False, fast_div: bool = False,
-                 q_probe: bool = False, ent_ahead: bool = False, ex2_emu: int = 0):
+                 q_probe: bool = False, ent_ahead: bool = False, ex2_emu: int = 0,
+                 dq_lag: bool = False):
         self.pdl = pdl
         # of every 8 score columns of a thread, the first ex2_emu take exp2 as a polynomial
         # on the FMA pipes (``common.exp2_poly3``) instead of the MUFU unit
@@ -506,6 +507,17 @@ class BsaBwdSm90Ws:
         # blk 128): 24 x 128 + 240 x 256, or persistent (whose producer warp walks the items
         # and spills at 24) 40 x 128 + 232 x 256
         self.regs_producer = 40 if self.persist else 24
+        # with wg_hand (not persist, dk_lag, s_ahead or dv_wait): warpgroup 0 computes its
+        # half of dQ one step late (step c's dQ half in step c + 1, the block's last after its
+        # last step), from the other dS^T buffer; warpgroup 1 computes its half in the step.
+        # Barrier 1 (warpgroup 0 arrives once its dS^T half of step c is stored, warpgroup 1
+        # syncs before storing its own) and barrier 6 (warpgroup 1 arrives once its half is
+        # stored, warpgroup 0 syncs before storing its next one) replace the dS^T barrier
+        # over both, and barrier 9 syncs warpgroup 1 alone before its dQ GEMM: neither
+        # warpgroup waits for the other's dS^T of the same step, so they can run up to a step
+        # apart
+        self.dq_lag = (dq_lag and self.wg_hand and not self.persist and not self.dk_lag
+                       and not self.s_ahead and not self.dv_wait and not self.dq_late)
         # persistent: the next item's K / V prefetched to L2 once the item is taken
         self.persist_kv_l2 = persist_kv_l2 and bool(self.persist)
         # 65536 registers per SM: 384 threads x 168 at launch (blk 128), 2 x 256 x 128 (blk 64)
@@ -903,7 +915,9 @@ class BsaBwdSm90Ws:
                                                     self.dq_w, s32=self.dq_fixed,
                                                     policy=self._l2_reduce_policy(False))
 
-                        kvb.writer_take_halves(lane, add_half)
+                        # (dq_lag: warpgroup 0 stages a step's half one step late)
+                        kvb.writer_take_halves(lane, add_half,
+                                               (1, 0) if self.dq_lag else (0, 1))
                         c += 1
                     elif cutlass.const_expr(self.writer):
                         # every consumer warp's slice of this step is staged and fenced
@@ -1384,6 +1398,16 @@ class BsaBwdSm90Ws:
                         # dS^T as values of their own (not recomputed from the accumulator
                         # at the keep after the second step's S^T wait)
                         kvb.keep_regs(tdS)
+                    if cutlass.const_expr(self.dq_lag):
+                        # buffer `buf` is free: warpgroup 0, once warpgroup 1 stored its
+                        # previous half (it read this buffer two steps back before that);
+                        # warpgroup 1, once warpgroup 0 stored this step's half (its late dQ
+                        # GEMM of two steps back, which read this buffer, completed before)
+                        if wg == 0:
+                            if c > 0:
+                                cute.arch.barrier(barrier_id=6, number_of_threads=256)
+                        else:
+                            cute.arch.barrier(barrier_id=1, number_of_threads=256)
                     # dS^T -> smem buffer `buf` (stmatrix: rows of 8 consecutive queries)
                     cute.copy(r2s_dS, r2s_dS.retile(tdS_acc), tdSsdS[None, None, None, buf])
                     self._stamp(tv, 5)
@@ -1400,6 +1424,14 @@ class BsaBwdSm90Ws:
                     else:
                         if cutlass.const_expr(self.decouple):
                             cute.arch.barrier(barrier_id=1 + wg, number_of_threads=128)
+                        elif cutlass.const_expr(self.dq_lag):
+                            # the other warpgroup may go on; warpgroup 1's own warps' halves
+                            # are in smem before its dQ GEMM reads them
+                            if wg == 0:
+                                cute.arch.barrier_arrive(barrier_id=1, number_of_threads=256)
+                            else:
+                                cute.arch.barrier_arrive(barrier_id=6, number_of_threads=256)
+                                cute.arch.barrier(barrier_id=9, number_of_threads=128)
                         else:
                             cute.arch.barrier(barrier_id=1, number_of_threads=128 * nwg)
                         self._stamp(tv, 7)
@@ -1427,6 +1459,12 @@ class BsaBwdSm90Ws:
                             kvb.issue_dk(mma_kv, acc_dK, tdS, tKrQ, stg)
                         elif cutlass.const_expr(self.dk_lag):
                             mma_dq = kvb.issue_dq(mma_dq, acc_dQ, tQrdS, tQrK, buf)
+                        elif cutlass.const_expr(self.dq_lag):
+                            # warpgroup 0: the previous step's dQ half (the other buffer; in
+                            # the block's first step a product of whatever that buffer holds,
+                            # never staged)
+                            mma_dq = kvb.issue_dq_dk(mma_dq, mma_kv, acc_dQ, acc_dK, tQrdS,
+                                                     tQrK, tdS, tKrQ, (c + 1 + wg) % 2, stg)
                         else:
                             mma_dq = kvb.issue_dq_dk(mma_dq, mma_kv, acc_dQ, acc_dK, tQrdS,
                                                      tQrK, tdS, tKrQ, buf, stg)
@@ -1471,7 +1509,12 @@ class BsaBwdSm90Ws:
                                     if t_lane == 0:
                                         cute.arch.cp_async_bulk_wait_group(0, read=True)
                                     cute.arch.sync_warp()
-                            if cutlass.const_expr(self.wg_hand):
+                            if cutlass.const_expr(self.dq_lag):
+                                # the writer warp is done with this warpgroup's half of the
+                                # previous staged tile (warpgroup 0 stages one step late)
+                                if c > 1 - wg:
+                                    kvb.wg_bar(wg, 5, 10, False)
+                            elif cutlass.const_expr(self.wg_hand):
                                 # the writer warp is done with this warpgroup's half of the
                                 # previous step's staged tile
                                 if c > 0:
@@ -1492,8 +1535,14 @@ class BsaBwdSm90Ws:
                                     acc_dQ, fx_mult, t_lane, t_rg,
                                     elem_ptr(mdQFlags, (batch, head, m_block * self.sub + s,
                                                         0)))
-                            stage_warp_slice(acc_dQ, sdQ, t_lane, t_rg, t_cg0, 4, self.dq_w,
-                                             sbase2=sdQ2, half=t_half)
+                            if cutlass.const_expr(self.dq_lag):
+                                # (warpgroup 0 stages nothing in the block's first step)
+                                if (wg == 1) | (c > 0):
+                                    stage_warp_slice(acc_dQ, sdQ, t_lane, t_rg, t_cg0, 4,
+                                                     self.dq_w, sbase2=sdQ2, half=t_half)
+                            else:
+                                stage_warp_slice(acc_dQ, sdQ, t_lane, t_rg, t_cg0, 4,
+                                                 self.dq_w, sbase2=sdQ2, half=t_half)
                             if cutlass.const_expr(self.q_probe):
                                 # the next step's stage, tested while the stores drain
                                 q_stg = pipe_q.stage(c + 1)
@@ -1505,7 +1554,10 @@ class BsaBwdSm90Ws:
                                     group, n_block, kv_left)
                             cute.arch.fence_proxy("async.shared", space="cta")
                             cute.arch.sync_warp()
-                            if cutlass.const_expr(self.wg_hand):
+                            if cutlass.const_expr(self.dq_lag):
+                                if (wg == 1) | (c > 0):
+                                    kvb.wg_bar(wg, 2, 11, True)
+                            elif cutlass.const_expr(self.wg_hand):
                                 # this warpgroup's half is staged: the writer adds it
                                 kvb.wg_bar(wg, 2, 11, True)
                                 self._stamp(tv, 11)
@@ -1588,6 +1640,24 @@ class BsaBwdSm90Ws:
                     if q0 >= seqlen_q:
                         kvb.keep_regs(tdS0)
                         pipe_q.consumer_release(c - 1)
+        if cutlass.const_expr(self.dq_lag):
+            if wg == 0:
+                if c > 0:
+                    # warpgroup 0's half of the last step's dQ, once warpgroup 1 stored its
+                    # dS^T half of that step
+                    cute.arch.barrier(barrier_id=6, number_of_threads=256)
+                    acc_dQ = thr_dq.make_fragment_C(thr_dq.partition_shape_C((bm, d)))
+                    mma_dq = kvb.issue_dq(mma_dq, acc_dQ, tQrdS, tQrK, (c + 1) % 2)
+                    warpgroup.wait_group(0)
+                    t_lane = cute.arch.lane_idx()
+                    t_rg = (warp - 4) % 4
+                    if c > 1:
+                        kvb.wg_bar(wg, 5, 10, False)
+                    stage_warp_slice(acc_dQ, st.sdQ.data_ptr(), t_lane, t_rg, 0, 4, self.dq_w,
+                                     sbase2=None, half=2 * d // self.dq_w)
+                    cute.arch.fence_proxy("async.shared", space="cta")
+                    cute.arch.sync_warp()
+                    kvb.wg_bar(wg, 2, 11, True)
         if cutlass.const_expr(self.dk_lag):
             # the block's last dK GEMM, then its stage
             if lag_on != 0:

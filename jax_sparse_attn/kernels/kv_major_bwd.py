@@ -214,13 +214,14 @@ def wg_bar(wg, id0: cutlass.Constexpr, id1: cutlass.Constexpr, arrive: cutlass.C
 
 
 @cute.jit
-def writer_take_halves(lane, add_half: cutlass.Constexpr):
+def writer_take_halves(lane, add_half: cutlass.Constexpr, order: cutlass.Constexpr = (0, 1)):
     """The dQ writer warp's part of one step of the per-warpgroup hand-back (``wg_bar``):
-    for warpgroup ``w`` = 0, 1 it syncs on the warpgroup's staged barrier (2 / 11), lets
-    lane 0 issue the bulk additions of the warpgroup's half (``add_half(w)``, a Python
+    for warpgroup ``w`` in ``order`` it syncs on the warpgroup's staged barrier (2 / 11),
+    lets lane 0 issue the bulk additions of the warpgroup's half (``add_half(w)``, a Python
     function traced inline), commit them and wait until they have read the staging tile,
     and arrives on the warpgroup's hand-back barrier (5 / 10)."""
-    for w in cutlass.range_constexpr(2):
+    for i in cutlass.range_constexpr(2):
+        w = order[i]
         cute.arch.barrier(barrier_id=2 if w == 0 else 11, number_of_threads=160)
         if lane == 0:
             add_half(w)
