@@ -1514,6 +1514,7 @@ class BsaBwdSm90Ws:
                                 # previous staged tile (warpgroup 0 stages one step late)
                                 if c > 1 - wg:
                                     kvb.wg_bar(wg, 5, 10, False)
+                                self._stamp(tv, 10)
                             elif cutlass.const_expr(self.wg_hand):
                                 # the writer warp is done with this warpgroup's half of the
                                 # previous step's staged tile
@@ -1557,6 +1558,7 @@ class BsaBwdSm90Ws:
                             if cutlass.const_expr(self.dq_lag):
                                 if (wg == 1) | (c > 0):
                                     kvb.wg_bar(wg, 2, 11, True)
+                                self._stamp(tv, 11)
                             elif cutlass.const_expr(self.wg_hand):
                                 # this warpgroup's half is staged: the writer adds it
                                 kvb.wg_bar(wg, 2, 11, True)
