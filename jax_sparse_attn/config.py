@@ -184,7 +184,7 @@ BSA_BWD_WS_FLAGS = ("ldwait", "lpt", "decouple", "detkv", "detfull", "detlaunch"
                     "nokvpf", "ordfast", "detfixed", "detorder", "l2hint", "l2normal",
                     "thrfrags", "wghand", "nowghand", "ldscale", "dvwait", "dklag", "sahead",
                     "redv4", "fdiv", "nofdiv", "qprobe",
-                    "noqprobe", "entahead", "dqlag")
+                    "noqprobe", "entahead", "dqlag", "nodqlag")
 #: the flags among :data:`BSA_BWD_WS_FLAGS` that choose the deterministic dQ order (at most
 #: one of them)
 BSA_DET_ORDER_FLAGS = ("detkv", "detfull", "detlaunch", "detsched", "detschedfull")
@@ -226,7 +226,8 @@ def _parse_bsa_bwd_ws(var, raw):
     for on, off in (("detstream", "nodetstream"), ("packws", "nopackws"),
                     ("tailconv", "notailconv"), ("lpt", "hlpt"), ("lpt", "nolpt"),
                     ("hlpt", "nolpt"), ("l2hint", "l2normal"),
-                    ("wghand", "nowghand"), ("fdiv", "nofdiv"), ("qprobe", "noqprobe")):
+                    ("wghand", "nowghand"), ("fdiv", "nofdiv"), ("qprobe", "noqprobe"),
+                    ("dqlag", "nodqlag")):
         if on in opts and off in opts:
             raise ValueError(f"{var}={raw!r}: {on!r} and {off!r} contradict each other; "
                              f"give at most one; allowed: {_BSA_BWD_WS_ALLOWED}")
@@ -673,10 +674,13 @@ SWITCHES = (
                "query head and block, and with block_sizes its key count read, at the first "
                "step's stage test instead of at the entry's start; opt-in: 1.5-2.4 % slower "
                "than qprobe alone on the H100), "
-               "dqlag (blk 128 with the per-warpgroup dQ hand-back, not with dklag, sahead, "
-               "dvwait or persist: consumer warpgroup 0 computes its half of a step's dQ in "
-               "the next step, from the other dS^T buffer, so the warpgroups do not meet at a "
-               "dS^T barrier every step and can run up to a step apart; opt-in), "
+               "dqlag (the default at blk 128 with the per-warpgroup dQ hand-back, not with "
+               "dklag, sahead, dvwait or persist: consumer warpgroup 0 computes its half of a "
+               "step's dQ in the next step, from the other dS^T buffer, so the warpgroups do "
+               "not meet at a dS^T barrier every step and run about a third of a step apart; "
+               "1.0-1.4 % faster at blk 128 on the H100), "
+               "nodqlag (both warpgroups compute their dQ halves in the step, after a dS^T "
+               "barrier over both), "
                "ex2emu=N (of every 8 score columns of a consumer thread, N take exp2 as a "
                "degree-3 polynomial on the FMA pipes instead of the MUFU unit, relative "
                "error 1.02e-4; opt-in: 1-3 % slower at blk 128 and 0.5 % at blk 64 on the "

@@ -306,8 +306,7 @@ DKLAG_CASES = [c for c in ZEROLAG_CASES if c["blk"] == 128]
 #: GEMM in flight; the second step's S^T / dP^T GEMMs go behind it and its S^T wait
 #: releases the first step's stage), ``entahead`` (the next list entry split at the first
 #: step's stage test)
-STEP_ORDER_FLAGS = {"dklag": "ws_dk_lag", "sahead": "ws_s_ahead", "entahead": "ws_ent_ahead",
-                    "dqlag": "ws_dq_lag"}
+STEP_ORDER_FLAGS = {"dklag": "ws_dk_lag", "sahead": "ws_s_ahead", "entahead": "ws_ent_ahead"}
 
 
 @pytest.mark.parametrize("flag", STEP_ORDER_FLAGS)
@@ -337,10 +336,12 @@ def test_bsa_bwd_step_order_causal(c, flag):
     tc.test_bsa_causal_kernel_vs_reference(c)
 
 
-#: the step-start path the blk 128 default replaces and the compile-key field it clears:
+#: the step paths the blk 128 default replaces and the compile-key field each clears:
 #: ``noqprobe`` (every step waits for its Q / dO stage at its start; the default tests the
-#: next step's stage after staging its dQ slice)
-STEP_START_FLAGS = {"noqprobe": "ws_q_probe"}
+#: next step's stage after staging its dQ slice), ``nodqlag`` (both warpgroups compute
+#: their dQ halves in the step after a dS^T barrier over both; by default warpgroup 0's
+#: is one step late)
+STEP_START_FLAGS = {"noqprobe": "ws_q_probe", "nodqlag": "ws_dq_lag"}
 
 
 @pytest.mark.parametrize("flag", STEP_START_FLAGS)
@@ -355,8 +356,8 @@ def test_bsa_bwd_step_start(c, flag, monkeypatch):
     sw = Switches(bsa_bwd_impl="sm90ws", bsa_bwd_ws=(flag,))
     key = fb.bwd_config(jnp.dtype(c["dtype"]), c["d"], c["blk"], False, sw)
     assert not getattr(key, STEP_START_FLAGS[flag]), key
-    assert fb.bwd_config(jnp.dtype(c["dtype"]), c["d"], c["blk"], False,
-                         Switches(bsa_bwd_impl="sm90ws")).ws_q_probe
+    assert getattr(fb.bwd_config(jnp.dtype(c["dtype"]), c["d"], c["blk"], False,
+                                 Switches(bsa_bwd_impl="sm90ws")), STEP_START_FLAGS[flag])
     monkeypatch.setattr(tb, "BWDWS", sw)
     tb.test_bsa_sm90ws_backward(c)
 

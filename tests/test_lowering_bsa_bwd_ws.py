@@ -258,7 +258,7 @@ _PTX_CONFIGS = {
     "nofdiv-blk128": ("_bwd_text", (CONFIGS[0],), None, {"ws": "nofdiv"}),
     "noqprobe-blk128": ("_bwd_text", (CONFIGS[0],), None, {"ws": "noqprobe"}),
     "entahead-blk128": ("_bwd_text", (CONFIGS[0],), None, {"ws": "entahead"}),
-    "dqlag-blk128": ("_bwd_text", (CONFIGS[0],), None, {"ws": "dqlag"}),
+    "nodqlag-blk128": ("_bwd_text", (CONFIGS[0],), None, {"ws": "nodqlag"}),
     "ex2emu3-blk128": ("_bwd_text", (CONFIGS[0],), None, {"ws": "ex2emu=3"}),
     "rows-blk128": ("_bwd_text", (CONFIGS[0],), None, {"dq": "rows"}),
     "redv4-rows-blk128": ("_bwd_text", (CONFIGS[0],), None, {"ws": "redv4", "dq": "rows"}),
@@ -550,7 +550,8 @@ def test_bsa_bwd_ws_wghand(kept_ptx):
     assert key(("persist",)).ws_wg_hand
     with pytest.raises(ValueError, match="'wghand' and 'nowghand' contradict"):
         from_env({"JAX_SPARSE_ATTN_BSA_BWD_WS": "wghand,nowghand"})
-    hand, base = _ws_ptx(kept_ptx, _ids(CONFIGS[0])), _ws_ptx(kept_ptx, "nowghand-blk128")
+    # (the default's dQ one step late in warpgroup 0 needs the hand-back: compared without it)
+    hand, base = _ws_ptx(kept_ptx, "nodqlag-blk128"), _ws_ptx(kept_ptx, "nowghand-blk128")
     import kept_ptx as kp  # noqa: PLC0415
 
     kp.assert_wg_hand_barriers(hand, base)
@@ -606,7 +607,8 @@ def test_bsa_bwd_ws_dvwait(kept_ptx):
     for ws, blk in ((("dvwait",), 64), (("dvwait", "decouple"), 128),
                     (("dvwait", "dqalt"), 128)):
         assert not key(ws, blk=blk).ws_dv_wait, ws
-    base, dvw = _ws_ptx(kept_ptx, _ids(CONFIGS[0])), _ws_ptx(kept_ptx, "dvwait-blk128")
+    # (dvwait leaves the default's late dQ of warpgroup 0 off: compared with nodqlag)
+    base, dvw = _ws_ptx(kept_ptx, "nodqlag-blk128"), _ws_ptx(kept_ptx, "dvwait-blk128")
     wait1 = re.compile(r"wgmma\.wait_group\.sync\.aligned\s+1;")
     assert len(wait1.findall(dvw)) > len(wait1.findall(base)) > 0
     red = "cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32"
@@ -637,7 +639,8 @@ def test_bsa_bwd_ws_dklag(kept_ptx):
                     (("dklag", "dvwait"), 128), (("dklag", "dqalias"), 128),
                     (("dklag", "persist"), 128)):
         assert not key(ws, blk=blk).ws_dk_lag, ws
-    base, lag = _ws_ptx(kept_ptx, _ids(CONFIGS[0])), _ws_ptx(kept_ptx, "dklag-blk128")
+    # (dklag leaves the default's late dQ of warpgroup 0 off: compared with nodqlag)
+    base, lag = _ws_ptx(kept_ptx, "nodqlag-blk128"), _ws_ptx(kept_ptx, "dklag-blk128")
     wait2 = re.compile(r"wgmma\.wait_group\.sync\.aligned\s+2;")
     assert len(wait2.findall(lag)) == 2 and not wait2.findall(base)
     assert lag.count("wgmma.mma_async") == base.count("wgmma.mma_async") + 4
@@ -676,7 +679,8 @@ def test_bsa_bwd_ws_sahead(kept_ptx):
                     (("sahead", "dqalias"), 128), (("sahead", "persist"), 128),
                     (("sahead", "dklag"), 128), (("sahead", "splitwait"), 128)):
         assert not key(ws, blk=blk).ws_s_ahead, ws
-    base, ahead = _ws_ptx(kept_ptx, _ids(CONFIGS[0])), _ws_ptx(kept_ptx, "sahead-blk128")
+    # (sahead leaves the default's late dQ of warpgroup 0 off: compared with nodqlag)
+    base, ahead = _ws_ptx(kept_ptx, "nodqlag-blk128"), _ws_ptx(kept_ptx, "sahead-blk128")
     assert ahead.count("mbarrier.arrive") == base.count("mbarrier.arrive") + 1
     for op in ("wgmma.mma_async", "wgmma.commit_group", "wgmma.wait_group",
                "cp.async.bulk.tensor",
@@ -764,9 +768,10 @@ def test_bsa_bwd_ws_qprobe(kept_ptx):
 
 
 def test_bsa_bwd_ws_dqlag(kept_ptx):
-    """``bsa_bwd_ws=dqlag`` (opt-in; blk 128 with the per-warpgroup dQ hand-back, not dklag,
-    sahead, dvwait or persist): warpgroup 0 computes its dQ half of a step in the next step
-    and once more after the last one (8 more wgmma, one more staging), barrier 1 is an
+    """``dqlag`` (the default at blk 128 with the per-warpgroup dQ hand-back, not dklag,
+    sahead, dvwait or persist; ``nodqlag`` the step-synchronous dQ): warpgroup 0 computes
+    its dQ half of a step in the next step and once more after the last one (8 more wgmma
+    than ``nodqlag``, one more staging), barrier 1 is an
     arrive / sync pair between the warpgroups, barrier 6 the other way, barrier 9 warpgroup
     1's own; the same copies and TMA loads; each wgmma group committed in its block.
     ``tests/test_barrier_protocols.py`` checks the protocol's barriers and dS^T buffers."""
@@ -778,14 +783,14 @@ def test_bsa_bwd_ws_dqlag(kept_ptx):
                               Switches(bsa_bwd_impl="sm90ws", bsa_bwd_ws=ws),
                               deterministic=deterministic)
 
-    assert key(("dqlag",)).ws_dq_lag and not key(()).ws_dq_lag
-    assert key(("dqlag",)).ws_q_probe
+    assert key(("dqlag",)).ws_dq_lag and key(()).ws_dq_lag and not key(("nodqlag",)).ws_dq_lag
+    assert key(()).ws_q_probe
     assert not key(("dqlag",), deterministic=True).ws_dq_lag
     for ws, blk in ((("dqlag",), 64), (("dqlag", "nowghand"), 128), (("dqlag", "dklag"), 128),
                     (("dqlag", "sahead"), 128), (("dqlag", "dvwait"), 128),
                     (("dqlag", "persist"), 128), (("dqlag", "dqalt"), 128)):
         assert not key(ws, blk).ws_dq_lag, (ws, blk)
-    lag, base = _ws_ptx(kept_ptx, "dqlag-blk128"), _ws_ptx(kept_ptx, _ids(CONFIGS[0]))
+    lag, base = _ws_ptx(kept_ptx, _ids(CONFIGS[0])), _ws_ptx(kept_ptx, "nodqlag-blk128")
     assert lag.count("wgmma.mma_async") == base.count("wgmma.mma_async") + 8
     for op in ("cp.async.bulk.tensor", "cp.reduce.async.bulk", "stmatrix"):
         assert lag.count(op) == base.count(op) > 0, op

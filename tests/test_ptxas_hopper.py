@@ -65,7 +65,7 @@ _PTX_CONFIGS = {
     # blk 128 / D 128, the default (the next step's stage tested ahead) and without it
     "bsa-bwd-blk128": ("_bsa_bwd_text", (0,), None, {"ws": ""}),
     "bsa-bwd-blk128-noqprobe": ("_bsa_bwd_text", (0,), None, {"ws": "noqprobe"}),
-    "bsa-bwd-blk128-dqlag": ("_bsa_bwd_text", (0,), None, {"ws": "dqlag"}),
+    "bsa-bwd-blk128-nodqlag": ("_bsa_bwd_text", (0,), None, {"ws": "nodqlag"}),
 }
 
 
@@ -167,13 +167,14 @@ def test_bsa_bwd_dklag_ptxas_no_serialized_wgmma(kept_ptx, tmp_path):
 
 @pytest.mark.skipif(shutil.which("ptxas") is None, reason="ptxas is not installed")
 @pytest.mark.parametrize("name", ["bsa-bwd-blk128", "bsa-bwd-blk128-noqprobe",
-                                  "bsa-bwd-blk128-dqlag"])
+                                  "bsa-bwd-blk128-nodqlag"])
 def test_bsa_bwd_qprobe_ptxas_no_serialized_wgmma(kept_ptx, tmp_path, name):
     """blk 128 / D 128 by default: the next step's stage test and index and the next
     entry's split between the dQ staging stores and their fence, and the step's wait behind
     a branch; ptxas assembles it without serializing the wgmma and without spills, as
-    without them (``noqprobe``) and with warpgroup 0's dQ one step late (``dqlag``: its
-    barriers and staging behind branches on the warpgroup, its last dQ GEMM in one)."""
+    without them (``noqprobe``); the default has warpgroup 0's dQ one step late (``dqlag``:
+    its barriers and staging behind branches on the warpgroup, its last dQ GEMM in one),
+    ``nodqlag`` both warpgroups' dQ in the step."""
     path, _ = _kernel_ptx(kept_ptx, name, "BsaBwdSm90Ws")
     out = _ptxas(path, tmp_path)
     assert "serialized" not in out, out[-3000:]  # C7510-C7515

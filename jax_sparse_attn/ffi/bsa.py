@@ -330,7 +330,7 @@ class BsaBwdConfig:
     ws_ex2_emu: int = 0
     # "sm90ws" with ws_wg_hand (not ws_dk_lag, ws_s_ahead, ws_dv_wait or persist): warpgroup 0
     # computes its half of a step's dQ one step late, so the two consumer warpgroups do not
-    # meet at a dS^T barrier every step ("dqlag")
+    # meet at a dS^T barrier every step (default there; "nodqlag": both halves in the step)
     ws_dq_lag: bool = False
 
 
@@ -750,7 +750,7 @@ def _ws_config(name, head_dim, block_size, has_block_sizes, impl, arch, switches
     return dataclasses.replace(cfg, ws_q_probe=probe,
                                ws_ent_ahead=probe and "entahead" in opts
                                and cfg.ws_fast_div, ws_ex2_emu=emu[0] if emu else 0,
-                               ws_dq_lag="dqlag" in opts and cfg.ws_wg_hand
+                               ws_dq_lag="nodqlag" not in opts and cfg.ws_wg_hand
                                and not cfg.ws_dk_lag and not cfg.ws_s_ahead
                                and not cfg.ws_dv_wait and "persist" not in opts)
 

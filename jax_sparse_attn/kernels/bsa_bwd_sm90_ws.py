@@ -62,6 +62,15 @@ CTA per SM; blk 64: 256 threads, two CTAs per SM):
   the wait where the test passed. ``ent_ahead`` (opt-in) splits the next list entry there
   as well; ``ex2_emu`` (opt-in) takes part of P^T's exponentials as an FMA-pipe polynomial
   (``common.exp2_poly3``).
+  With ``dq_lag`` (the blk 128 default with ``wg_hand``) warpgroup 0 computes its half of
+  step ``c``'s dQ in step ``c + 1`` (the block's last after its last step) from dS^T buffer
+  ``c % 2``, warpgroup 1 its half in the step: warpgroup 0 syncs barrier 6 (warpgroup 1's
+  half of step ``c - 1`` stored) before it stores its half of step ``c`` and arrives on
+  barrier 1; warpgroup 1 syncs barrier 1 before it stores its half, arrives on barrier 6 and
+  syncs its own barrier 9 before its dQ GEMM. The syncs before the stores also keep a buffer
+  until both dQ GEMMs of the step held there have read it
+  (``tests/test_barrier_protocols.py`` checks the protocol). The writer warp takes
+  warpgroup 1's half of a step before warpgroup 0's.
   ``kernels/dq_tiles.py`` reorders the workspace into dq. With ``dq_alt`` (blk 128, the dQ
   writer warp and the staging tile) the warpgroups take turns instead: at step ``c``
   warpgroup ``c % 2`` waits for both dS^T halves, computes the whole ``64 x D`` dQ tile over
