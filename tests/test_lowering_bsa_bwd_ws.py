@@ -786,6 +786,10 @@ def test_bsa_bwd_ws_dqlag(kept_ptx):
     assert key(("dqlag",)).ws_dq_lag and key(()).ws_dq_lag and not key(("nodqlag",)).ws_dq_lag
     assert key(()).ws_q_probe
     assert not key(("dqlag",), deterministic=True).ws_dq_lag
+    # fixed-point dQ (deterministic): the late half would need a handed-back stage's
+    # multipliers
+    assert key(("detfixed",), deterministic=True).ws_wg_hand
+    assert not key(("detfixed",), deterministic=True).ws_dq_lag
     for ws, blk in ((("dqlag",), 64), (("dqlag", "nowghand"), 128), (("dqlag", "dklag"), 128),
                     (("dqlag", "sahead"), 128), (("dqlag", "dvwait"), 128),
                     (("dqlag", "persist"), 128), (("dqlag", "dqalt"), 128)):

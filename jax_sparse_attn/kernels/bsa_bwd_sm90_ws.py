@@ -516,7 +516,8 @@ class BsaBwdSm90Ws:
         # blk 128): 24 x 128 + 240 x 256, or persistent (whose producer warp walks the items
         # and spills at 24) 40 x 128 + 232 x 256
         self.regs_producer = 40 if self.persist else 24
-        # with wg_hand (not persist, dk_lag, s_ahead or dv_wait): warpgroup 0 computes its
+        # with wg_hand (not persist, dk_lag, s_ahead, dv_wait or the fixed-point dQ, whose
+        # multipliers sit in the step's stage): warpgroup 0 computes its
         # half of dQ one step late (step c's dQ half in step c + 1, the block's last after its
         # last step), from the other dS^T buffer; warpgroup 1 computes its half in the step.
         # Barrier 1 (warpgroup 0 arrives once its dS^T half of step c is stored, warpgroup 1
@@ -526,7 +527,8 @@ class BsaBwdSm90Ws:
         # warpgroup waits for the other's dS^T of the same step, so they can run up to a step
         # apart
         self.dq_lag = (dq_lag and self.wg_hand and not self.persist and not self.dk_lag
-                       and not self.s_ahead and not self.dv_wait and not self.dq_late)
+                       and not self.s_ahead and not self.dv_wait and not self.dq_late
+                       and not self.dq_fixed)
         # persistent: the next item's K / V prefetched to L2 once the item is taken
         self.persist_kv_l2 = persist_kv_l2 and bool(self.persist)
         # 65536 registers per SM: 384 threads x 168 at launch (blk 128), 2 x 256 x 128 (blk 64)
