@@ -262,8 +262,14 @@ def test_detfixed_config():
         key = fb.bwd_config(jnp.bfloat16, 128, blk, False, sw, deterministic=True)
         base = fb.bwd_config(jnp.bfloat16, 128, blk, False, sw)
         assert key.dq_fixed and not key.deterministic and key.tail_conv
-        assert key == fb.dataclasses.replace(base, dq_fixed=True)
+        # (warpgroup 0's late dQ half, the default mode's default at blk 128, only where
+        # named: it keeps the previous step's multipliers in registers)
+        assert key == fb.dataclasses.replace(base, dq_fixed=True, ws_dq_lag=False)
         assert not base.dq_fixed
+        named = fb.bwd_config(jnp.bfloat16, 128, blk, False,
+                              jc.Switches(bsa_bwd_ws="detfixed,dqlag", pdl=True),
+                              deterministic=True)
+        assert named.dq_fixed and named.ws_dq_lag == (blk == 128)
         off = fb.bwd_config(jnp.bfloat16, 128, blk, False,
                             jc.Switches(bsa_bwd_ws="detfixed,notailconv", pdl=True),
                             deterministic=True)

@@ -36,6 +36,21 @@ def test_bsa_bwd_detfixed(c, monkeypatch):
     tb.test_bsa_bwd_deterministic(c, monkeypatch)
 
 
+@pytest.mark.parametrize("c", [c for c in tb.DET_CASES if c["blk"] == 128],
+                         ids=lambda c: c["name"])
+def test_bsa_bwd_detfixed_dqlag(c, monkeypatch):
+    """``detfixed,dqlag`` at blk 128: warpgroup 0 converts and stages its dQ half one step
+    late with the previous step's row multipliers and flag words kept in registers; the
+    deterministic cases (five runs bitwise equal, against the reference)."""
+    from jax_sparse_attn.ffi import bsa as fb
+
+    monkeypatch.setenv("JAX_SPARSE_ATTN_BSA_BWD_WS", "detfixed,dqlag")
+    key = fb.bwd_config(jnp.dtype(c["dtype"]), c["d"], c["blk"], False, from_env(),
+                        deterministic=True, causal=bool(c.get("causal")))
+    assert key.dq_fixed and key.ws_dq_lag == key.ws_wg_hand, key
+    tb.test_bsa_bwd_deterministic(c, monkeypatch)
+
+
 FIXED_CASES = [
     dict(name="fixed-blk64-d128", blk=64, d=128, dtype="bfloat16", layout="bhsd", hq=4, hkv=4,
          sq=1000, skv=999, mode="all"),

@@ -259,6 +259,10 @@ _PTX_CONFIGS = {
     "noqprobe-blk128": ("_bwd_text", (CONFIGS[0],), None, {"ws": "noqprobe"}),
     "entahead-blk128": ("_bwd_text", (CONFIGS[0],), None, {"ws": "entahead"}),
     "nodqlag-blk128": ("_bwd_text", (CONFIGS[0],), None, {"ws": "nodqlag"}),
+    "detfixed-blk128": ("_bwd_text", (CONFIGS[0],), None,
+                        {"ws": "detfixed", "deterministic": True}),
+    "detfixed-dqlag-blk128": ("_bwd_text", (CONFIGS[0],), None,
+                              {"ws": "detfixed,dqlag", "deterministic": True}),
     "ex2emu3-blk128": ("_bwd_text", (CONFIGS[0],), None, {"ws": "ex2emu=3"}),
     "rows-blk128": ("_bwd_text", (CONFIGS[0],), None, {"dq": "rows"}),
     "redv4-rows-blk128": ("_bwd_text", (CONFIGS[0],), None, {"ws": "redv4", "dq": "rows"}),
@@ -790,6 +794,7 @@ def test_bsa_bwd_ws_dqlag(kept_ptx):
     # multipliers
     assert key(("detfixed",), deterministic=True).ws_wg_hand
     assert not key(("detfixed",), deterministic=True).ws_dq_lag
+    assert key(("detfixed", "dqlag"), deterministic=True).ws_dq_lag
     for ws, blk in ((("dqlag",), 64), (("dqlag", "nowghand"), 128), (("dqlag", "dklag"), 128),
                     (("dqlag", "sahead"), 128), (("dqlag", "dvwait"), 128),
                     (("dqlag", "persist"), 128), (("dqlag", "dqalt"), 128)):
@@ -804,6 +809,15 @@ def test_bsa_bwd_ws_dqlag(kept_ptx):
     import kept_ptx as kp  # noqa: PLC0415
 
     assert kp.assert_wgmma_groups_in_block(lag) > 0
+    # detfixed with dqlag named: the late half converted too (one more slice of F2I), the
+    # same TMA loads and reductions as detfixed alone
+    fl, f0 = _ws_ptx(kept_ptx, "detfixed-dqlag-blk128"), _ws_ptx(kept_ptx, "detfixed-blk128")
+    cvt = re.compile(r"cvt\.rni(\.sat)?\.s32\.f32")
+    assert len(cvt.findall(fl)) > len(cvt.findall(f0)) > 0
+    assert fl.count("wgmma.mma_async") == f0.count("wgmma.mma_async") + 8
+    for op in ("cp.async.bulk.tensor", "cp.reduce.async.bulk"):
+        assert fl.count(op) == f0.count(op) > 0, op
+    assert kp.assert_wgmma_groups_in_block(fl) > 0
 
 
 def test_bsa_bwd_ws_entahead(kept_ptx):

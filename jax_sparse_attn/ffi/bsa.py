@@ -636,11 +636,12 @@ def bwd_config(dtype, head_dim, block_size, has_block_sizes, switches,
                     and not cfg.ws_decouple and cfg.pack_gqa == 1 and not cfg.zero_lag
                     and not cfg.ws_persist):
                 # (ldscale stays off: the fixed-point multipliers take the unscaled delta;
-                # dklag is not a deterministic option; dqlag neither: the late dQ half
-                # would need the multipliers of a stage already handed back)
+                # dklag is not a deterministic option; dqlag only where named: warpgroup 0
+                # then keeps the previous step's multipliers in registers)
                 return dataclasses.replace(cfg, dq_fixed=True, ws_ld_scaled=False,
                                            ws_dk_lag=False, ws_s_ahead=False,
-                                           ws_dq_lag=False)
+                                           ws_dq_lag=cfg.ws_dq_lag
+                                           and "dqlag" in switches.bsa_bwd_ws)
         return _persist_config(_ws_config(name, head_dim, block_size, has_block_sizes, impl,
                                           arch, switches, deterministic, causal, pack_gqa),
                                switches.bsa_bwd_ws)

@@ -516,8 +516,7 @@ class BsaBwdSm90Ws:
         # blk 128): 24 x 128 + 240 x 256, or persistent (whose producer warp walks the items
         # and spills at 24) 40 x 128 + 232 x 256
         self.regs_producer = 40 if self.persist else 24
-        # with wg_hand (not persist, dk_lag, s_ahead, dv_wait or the fixed-point dQ, whose
-        # multipliers sit in the step's stage): warpgroup 0 computes its
+        # with wg_hand (not persist, dk_lag, s_ahead or dv_wait): warpgroup 0 computes its
         # half of dQ one step late (step c's dQ half in step c + 1, the block's last after its
         # last step), from the other dS^T buffer; warpgroup 1 computes its half in the step.
         # Barrier 1 (warpgroup 0 arrives once its dS^T half of step c is stored, warpgroup 1
@@ -527,8 +526,7 @@ class BsaBwdSm90Ws:
         # warpgroup waits for the other's dS^T of the same step, so they can run up to a step
         # apart
         self.dq_lag = (dq_lag and self.wg_hand and not self.persist and not self.dk_lag
-                       and not self.s_ahead and not self.dv_wait and not self.dq_late
-                       and not self.dq_fixed)
+                       and not self.s_ahead and not self.dv_wait and not self.dq_late)
         # persistent: the next item's K / V prefetched to L2 once the item is taken
         self.persist_kv_l2 = persist_kv_l2 and bool(self.persist)
         # 65536 registers per SM: 384 threads x 168 at launch (blk 128), 2 x 256 x 128 (blk 64)
@@ -1234,6 +1232,12 @@ class BsaBwdSm90Ws:
         if cutlass.const_expr(self.ent_ahead):
             h_nx, m_nx, lim_nx = self._split_entry(ent_nxt, q_div, n_q_blocks, mSizes, batch,
                                                    head_kv, group, n_block, kv_left)
+        # dq_lag with the fixed-point dQ: the previous step's row multipliers, query tile and
+        # head (warpgroup 0 converts that step's dQ half in the next step)
+        lag_m0 = Float32(0.0)
+        lag_m1 = Float32(0.0)
+        lag_tile = Int32(0)
+        lag_head = Int32(0)
         for e in cutlass.range(n_ent, unroll=1):
             ent = ent_nxt
             if cutlass.const_expr(self.order_stream):
@@ -1538,7 +1542,29 @@ class BsaBwdSm90Ws:
                                 if c > 0:
                                     cute.arch.barrier(barrier_id=5,
                                                       number_of_threads=128 * nwg + 32)
-                            if cutlass.const_expr(self.dq_fixed):
+                            if cutlass.const_expr(self.dq_fixed and self.dq_lag):
+                                # warpgroup 0 converts the previous step's half: that step's
+                                # multipliers and flag words, kept in registers (its stage
+                                # is handed back); both keep this step's for the next
+                                fx_r = 16 * t_rg + t_lane // 4
+                                fx_m0 = sLD[fx_r, 2, stg]
+                                fx_m1 = sLD[fx_r + 8, 2, stg]
+                                fx_tile = m_block * self.sub + s
+                                fx_head = head
+                                if wg == 0:
+                                    fx_m0 = lag_m0
+                                    fx_m1 = lag_m1
+                                    fx_tile = lag_tile
+                                    fx_head = lag_head
+                                lag_m0 = sLD[fx_r, 2, stg]
+                                lag_m1 = sLD[fx_r + 8, 2, stg]
+                                lag_tile = m_block * self.sub + s
+                                lag_head = head
+                                if (wg == 1) | (c > 0):
+                                    fixed_point_slice(
+                                        acc_dQ, [fx_m0, fx_m1], t_lane, t_rg,
+                                        elem_ptr(mdQFlags, (batch, fx_head, fx_tile, 0)))
+                            elif cutlass.const_expr(self.dq_fixed):
                                 # the multipliers of this thread's two rows (16 rg + lane // 4
                                 # and 8 below), loaded with the stage's lse / delta
                                 fx_r = 16 * t_rg + t_lane // 4
@@ -1664,6 +1690,9 @@ class BsaBwdSm90Ws:
                     warpgroup.wait_group(0)
                     t_lane = cute.arch.lane_idx()
                     t_rg = (warp - 4) % 4
+                    if cutlass.const_expr(self.dq_fixed):
+                        fixed_point_slice(acc_dQ, [lag_m0, lag_m1], t_lane, t_rg,
+                                          elem_ptr(mdQFlags, (batch, lag_head, lag_tile, 0)))
                     if c > 1:
                         kvb.wg_bar(wg, 5, 10, False)
                     stage_warp_slice(acc_dQ, st.sdQ.data_ptr(), t_lane, t_rg, 0, 4, self.dq_w,
