@@ -1441,7 +1441,8 @@ class BsaBwdSm90Ws:
                             cute.arch.barrier(barrier_id=1 + wg, number_of_threads=128)
                         elif cutlass.const_expr(self.dq_lag):
                             # the other warpgroup may go on; warpgroup 1's own warps' halves
-                            # are in smem before its dQ GEMM reads them
+                            # are in smem before its dQ GEMM reads them (barrier 9: warpgroup
+                            # 1's own, as in the epilogue's kv_major_bwd.store_dk_dv_smem)
                             if wg == 0:
                                 cute.arch.barrier_arrive(barrier_id=1, number_of_threads=256)
                             else:
