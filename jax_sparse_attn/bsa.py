@@ -321,11 +321,12 @@ _META_ARG_LINES = """
         block reaches that block's ``dk``). Keys of unlisted blocks, past ``S_kv`` or past
         ``block_sizes`` never reach a result (``docs/bsa.md``).
       deterministic: static bool (default False). With True the backward's gradients are
-        bitwise reproducible run to run. At sparse_block_size 64 the dq contributions of the
-        KV blocks are not ordered: each is converted to int32 fixed point with a
-        power-of-two scale per query row taken from a bound on its values, and int32 sums
-        do not depend on the order of the additions. At sparse_block_size 128 (or at 64
-        with the ``bsa_bwd_ws`` switch ``detorder``) the contributions to each 64-row query
+        bitwise reproducible run to run. By default the dq contributions of the KV blocks
+        are not ordered: each is converted to int32 fixed point with a power-of-two scale
+        per query row taken from a bound on its values, and int32 sums do not depend on
+        the order of the additions. With the ``bsa_bwd_ws`` switch ``detorder`` (or where
+        the fixed point does not apply: ``pdl`` off, the ``dq_writer`` switch off,
+        ``bsa_bwd_ws`` ``notailconv``) the contributions to each 64-row query
         tile are added in a fixed order, each waiting for its turn on an int32 counter of
         the tile (FlashAttention-2/3's deterministic backward technique); the order is
         computed on the GPU from the block lists along the launch schedule (one extra

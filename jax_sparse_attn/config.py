@@ -184,7 +184,7 @@ BSA_BWD_WS_FLAGS = ("ldwait", "lpt", "decouple", "detkv", "detfull", "detlaunch"
                     "nokvpf", "ordfast", "detfixed", "detorder", "l2hint", "l2normal",
                     "thrfrags", "wghand", "nowghand", "ldscale", "dvwait", "dklag", "sahead",
                     "redv4", "fdiv", "nofdiv", "qprobe",
-                    "noqprobe", "entahead", "dqlag", "nodqlag")
+                    "noqprobe", "entahead", "dqlag", "nodqlag", "wguni")
 #: the flags among :data:`BSA_BWD_WS_FLAGS` that choose the deterministic dQ order (at most
 #: one of them)
 BSA_DET_ORDER_FLAGS = ("detkv", "detfull", "detlaunch", "detsched", "detschedfull")
@@ -536,7 +536,8 @@ SWITCHES = (
                "faster with GQA 16:4 on the H200, within +-1.5 % elsewhere), nolpt (CTAs take "
                "the KV blocks in grid order), decouple (blk 128: each consumer warpgroup adds the dQ of its own 64 "
                "keys, without the barrier between the warpgroups; slower on the H200), "
-               "deterministic=True orders the dQ additions to a query tile by default with "
+               "deterministic=True on the ordered path (detorder, below) orders the dQ "
+               "additions to a query tile by default with "
                "the schedule order (a greedy edge colouring of the K->Q lists along the "
                "estimated launch schedule, computed on the GPU, with a window of one CTA per "
                "SM: at blk 128 every CTA the GPU holds, so under an MPS limit or green "
@@ -617,15 +618,15 @@ SWITCHES = (
                "Q / dO stages less one), nokvpf (with persist: no L2 prefetch of the next "
                "item's K / V), "
                "detfixed (deterministic=True without ordering the dQ additions, the default "
-               "at sparse_block_size 64 unless an option of the ordered path is given: the "
+               "unless an option of the ordered path is given: the "
                "default mode's kernels (with the dQ writer warp, tailconv, unpacked rows; "
                "else the ordered deterministic backward) with each dQ contribution "
                "converted to int32 fixed point by a power-of-two multiplier per query row, "
                "from a bound on its values, and added with int32 bulk reductions, whose "
                "sum does not depend on their order; rows whose values leave the bound or "
-               "are not finite give NaN; this option asks for it at blk 128 too, where the "
-               "schedule order measured faster), "
-               "detorder (deterministic=True with ordered dQ additions at blk 64 too; so "
+               "are not finite give NaN; at blk 128 0.85-0.88x the default mode on the "
+               "H100 against 0.83-0.86x for the schedule order), "
+               "detorder (deterministic=True with ordered dQ additions; so "
                "does any option of the ordered path: detkv, detfull, detlaunch, detsched, "
                "detschedfull, relaxpoll, detstream, nodetstream, detoverlap, detzero, "
                "ordfast, dqslots=N, ordscan=N), "
@@ -678,11 +679,15 @@ SWITCHES = (
                "dklag, sahead, dvwait or persist: consumer warpgroup 0 computes its half of a "
                "step's dQ in the next step, from the other dS^T buffer, so the warpgroups do "
                "not meet at a dS^T barrier every step and run about a third of a step apart; "
-               "1.0-1.4 % faster at blk 128 on the H100; with deterministic=True and detfixed "
-               "only where named, warpgroup 0 then keeping the previous step's fixed-point "
-               "multipliers in registers; not yet run on a GPU there), "
+               "1.0-1.4 % faster at blk 128 on the H100; with deterministic=True (the "
+               "fixed-point dQ) too, warpgroup 0 then keeping the previous step's fixed-point "
+               "multipliers in registers), "
                "nodqlag (both warpgroups compute their dQ halves in the step, after a dS^T "
                "barrier over both), "
+               "wguni (opt-in: the consumers' warpgroup index taken from the warp index made "
+               "warp-uniform (make_warp_uniform) instead of the thread index, so that ptxas "
+               "keeps the values derived from it, such as dqlag's dS^T buffer index, in "
+               "uniform registers; the same arithmetic), "
                "ex2emu=N (of every 8 score columns of a consumer thread, N take exp2 as a "
                "degree-3 polynomial on the FMA pipes instead of the MUFU unit, relative "
                "error 1.02e-4; opt-in: 1-3 % slower at blk 128 and 0.5 % at blk 64 on the "

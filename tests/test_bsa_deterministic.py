@@ -100,14 +100,12 @@ def test_config_carries_deterministic(monkeypatch, d, blk):
     ``bsa_bwd_dq="rows"``), with the ``lpt`` and ``decouple`` variants off."""
     c0, c1 = _cfg(monkeypatch, False, d, blk), _cfg(monkeypatch, True, d, blk)
     assert not c0.deterministic and c1.deterministic
-    # blk 64: the fixed-point dQ by default (the default mode's kernels with int32 dQ), the
-    # ordered additions with detorder; blk 128: the ordered additions
+    # the fixed-point dQ by default (the default mode's kernels with int32 dQ), the ordered
+    # additions with detorder
     assert not c0.bwd.deterministic and c0.bwd != c1.bwd
-    assert (c1.bwd.dq_fixed, c1.bwd.deterministic) == ((True, False) if blk == 64
-                                                       else (False, True))
-    if blk == 64:
-        c1 = _cfg(monkeypatch, True, d, blk, Switches(bsa_bwd_ws="detorder"))
-        assert c1.bwd.deterministic and not c1.bwd.dq_fixed
+    assert (c1.bwd.dq_fixed, c1.bwd.deterministic) == (True, False)
+    c1 = _cfg(monkeypatch, True, d, blk, Switches(bsa_bwd_ws="detorder"))
+    assert c1.bwd.deterministic and not c1.bwd.dq_fixed
     assert c0.fwd == c1.fwd and hash(c0) != hash(c1)
     assert c1.bwd.impl == "sm90ws"
     assert c0.bwd.impl == "sm90ws"
@@ -116,8 +114,8 @@ def test_config_carries_deterministic(monkeypatch, d, blk):
     sw = Switches(bsa_bwd_ws="lpt,decouple,detorder")
     key = _cfg(monkeypatch, True, d, blk, sw).bwd
     assert key.deterministic and not key.ws_lpt and not key.ws_decouple
-    extra = {"bsa_bwd_ws": "detorder"} if blk == 64 else {}
-    assert _cfg(monkeypatch, True, d, blk, Switches(bsa_bwd_impl="sm90ws", **extra)).bwd == c1.bwd
+    assert _cfg(monkeypatch, True, d, blk, Switches(bsa_bwd_impl="sm90ws",
+                                                    bsa_bwd_ws="detorder")).bwd == c1.bwd
 
 
 @pytest.mark.parametrize("case", ["d32", "d256", "sm80", "sm90", "pack_gqa"])
@@ -206,7 +204,7 @@ def test_det_launch_group():
     key = fb.bwd_config(jnp.bfloat16, 128, 128, False, Switches(bsa_bwd_ws="detkv"),
                         deterministic=True)
     assert key.deterministic and key.det_group == 0
-    assert fb.bwd_config(jnp.bfloat16, 64, 128, False, Switches(),
+    assert fb.bwd_config(jnp.bfloat16, 64, 128, False, Switches(bsa_bwd_ws="detorder"),
                          deterministic=True).det_group == sms // 2
     assert fb.bwd_config(jnp.bfloat16, 64, 64, False, Switches(bsa_bwd_ws="detfull"),
                          deterministic=True).det_group == 2 * sms

@@ -262,14 +262,15 @@ def test_detfixed_config():
         key = fb.bwd_config(jnp.bfloat16, 128, blk, False, sw, deterministic=True)
         base = fb.bwd_config(jnp.bfloat16, 128, blk, False, sw)
         assert key.dq_fixed and not key.deterministic and key.tail_conv
-        # (warpgroup 0's late dQ half, the default mode's default at blk 128, only where
-        # named: it keeps the previous step's multipliers in registers)
-        assert key == fb.dataclasses.replace(base, dq_fixed=True, ws_dq_lag=False)
+        # (with warpgroup 0's late dQ half, the default mode's default at blk 128: it keeps
+        # the previous step's multipliers in registers)
+        assert key == fb.dataclasses.replace(base, dq_fixed=True)
+        assert key.ws_dq_lag == (blk == 128)
         assert not base.dq_fixed
-        named = fb.bwd_config(jnp.bfloat16, 128, blk, False,
-                              jc.Switches(bsa_bwd_ws="detfixed,dqlag", pdl=True),
-                              deterministic=True)
-        assert named.dq_fixed and named.ws_dq_lag == (blk == 128)
+        for ws, lag in (("detfixed,dqlag", blk == 128), ("detfixed,nodqlag", False)):
+            named = fb.bwd_config(jnp.bfloat16, 128, blk, False,
+                                  jc.Switches(bsa_bwd_ws=ws, pdl=True), deterministic=True)
+            assert named.dq_fixed and named.ws_dq_lag == lag, ws
         off = fb.bwd_config(jnp.bfloat16, 128, blk, False,
                             jc.Switches(bsa_bwd_ws="detfixed,notailconv", pdl=True),
                             deterministic=True)
@@ -322,11 +323,11 @@ def test_multipliers_do_not_depend_on_the_layout():
     np.testing.assert_array_equal(np.asarray(got), want)
 
 
-def test_detfixed_is_the_blk64_default():
-    """``deterministic=True`` takes the fixed-point dQ by default at blk 64 (not at blk 128,
-    where ``detfixed`` asks for it); ``detorder`` and every option of the ordered path take
-    the ordered additions; where the fixed point does not apply (``zerolag``, ``persist``,
-    ``dqclaim``) the ordered path runs."""
+def test_detfixed_is_the_default():
+    """``deterministic=True`` takes the fixed-point dQ by default at blk 64 and blk 128 (the
+    compile key of ``detfixed`` named); ``detorder`` and every option of the ordered path
+    take the ordered additions; where the fixed point does not apply (``zerolag``,
+    ``persist``, ``dqclaim``) the ordered path runs."""
     from jax_sparse_attn.config import Switches
     from jax_sparse_attn.ffi import bsa as fb
 
@@ -338,13 +339,15 @@ def test_detfixed_is_the_blk64_default():
         assert key(64, d=d).dq_fixed and not key(64, d=d).deterministic
         # the same compile key as with detfixed named (what the GPU tests ran)
         assert key(64, d=d) == key(64, ("detfixed",), d)
-        assert key(128, d=d).deterministic and not key(128, d=d).dq_fixed
-        assert key(128, ("detfixed",), d).dq_fixed
+        assert key(128, d=d).dq_fixed and not key(128, d=d).deterministic
+        assert key(128, d=d) == key(128, ("detfixed",), d)
+        assert key(128, d=d) == key(128, ("detfixed", "dqlag"), d)
     for ws in (("detorder",), ("detsched",), ("detkv",), ("relaxpoll",), ("detstream",),
                ("nodetstream",), ("detzero",), ("ordfast",), ("dqslots=2",), ("ordscan=8",),
                ("zerolag",), ("dqclaim",)):
-        k = key(64, ws)
-        assert k.deterministic and not k.dq_fixed, ws
+        for blk in (64, 128):
+            k = key(blk, ws)
+            assert k.deterministic and not k.dq_fixed, (ws, blk)
     assert not key(128, ("detfixed", "persist")).dq_fixed
     # options of the default mode keep the fixed point
     assert key(64, ("l2hint",)).dq_fixed and key(64, ("hlpt",)).dq_fixed

@@ -95,6 +95,7 @@ NOFDIV = Switches(bsa_bwd_ws=("nofdiv",))
 NOQPROBE = Switches(bsa_bwd_ws=("noqprobe",))
 ENTAHEAD = Switches(bsa_bwd_ws=("entahead",))
 NODQLAG = Switches(bsa_bwd_ws=("nodqlag",))
+WGUNI = Switches(bsa_bwd_ws=("wguni",))
 SM80_LATE_V = Switches(bsa_fwd_impl="sm80", bsa_fwd_late_v_wait=True)
 SM80_WR32 = Switches(bsa_fwd_impl="sm80", bsa_fwd_warp_rows="32")
 SM80_WR16 = Switches(bsa_fwd_impl="sm80", bsa_fwd_warp_rows="16")
@@ -114,7 +115,7 @@ class TestBSAKernelGrid(BSAKernelGrid):
              "dqalt": DQALT, "qregs": QREGS, "mpre": MPRE, "qahead": QAHEAD,
              "noepivec": NOEPIVEC, "notmao": NOTMAO, "ctas3k1": CTAS3K1, "selfload": SELFLOAD,
              "pairwg": PAIRWG, "l2hint": L2HINT, "l2normal": L2NORMAL, "kqxla": KQXLA, "notailconv": NOTAILCONV, "nolpt": NOLPT,
-             "ldscale": LDSCALE, "nowghand": NOWGHAND, "sahead": SAHEAD, "nofdiv": NOFDIV, "noqprobe": NOQPROBE, "entahead": ENTAHEAD, "nodqlag": NODQLAG, "bwdrows4": BWDROWS4, "sm80_late_v": SM80_LATE_V, "sm80_wr32": SM80_WR32,
+             "ldscale": LDSCALE, "nowghand": NOWGHAND, "sahead": SAHEAD, "nofdiv": NOFDIV, "noqprobe": NOQPROBE, "entahead": ENTAHEAD, "nodqlag": NODQLAG, "wguni": WGUNI, "bwdrows4": BWDROWS4, "sm80_late_v": SM80_LATE_V, "sm80_wr32": SM80_WR32,
              "sm80_wr16": SM80_WR16}
 
     @classmethod
@@ -564,8 +565,9 @@ def test_bsa_sm90ws_backward(c):
 
 
 # ----------------------------------------------------------------------------- deterministic
-# deterministic=True: the sm90ws backward with dQ additions in ascending KV block order. Each
-# case runs the gradient five times (bitwise equal) and checks it against the reference.
+# deterministic=True: the sm90ws backward with the fixed-point dQ by default, with ordered dQ
+# additions where a case names an option of the ordered path. Each case runs the gradient
+# five times (bitwise equal) and checks it against the reference.
 
 DET_CASES = [
     # the last KV block is chosen by every query block of a 32768-token sequence (one long
@@ -578,7 +580,8 @@ DET_CASES = [
          hq=4, hkv=4, sq=1000, skv=999, mode="all"),
     dict(name="det-all-blk128-d64-gqa8", blk=128, d=64, dtype="bfloat16", layout="bhsd",
          hq=8, hkv=1, sq=513, skv=700, mode="all"),
-    # one query head per KV head at blk 128: the default runs the schedule order
+    # one query head per KV head at blk 128: the fixed-point dQ by default, and (cmp_zero) the
+    # ordered path in the schedule order, det_store against detzero
     dict(name="det-all-blk128-d128-mha", blk=128, d=128, dtype="bfloat16", layout="bshd",
          hq=2, hkv=2, sq=2000, skv=1900, mode="all", cmp_zero=True),
     # empty rows, block_sizes, GQA 4:1; K->Q lists and ranks built by the sort construction
@@ -688,7 +691,7 @@ def test_bsa_bwd_deterministic(c, monkeypatch):
     if c.get("cmp_zero"):
         # on the ordered path, the first contribution to each dQ tile stored (det_store, its
         # default) or added to the zeroed workspace (detzero): 0 + x == x, so the same values.
-        # Where the run above took the fixed-point dQ (the blk 64 default, or detfixed named),
+        # Where the run above took the fixed-point dQ (the default, or detfixed named),
         # which stores nothing first, the ordered path is run here for the comparison.
         from jax_sparse_attn.ffi.bsa import det_fixed_wanted
 

@@ -80,7 +80,8 @@ def _sm90_env(monkeypatch):
 
 def _ordered(ws, deterministic):
     """``ws`` with ``detorder`` where a deterministic call does not ask for ``detfixed``:
-    these tests check the ordered additions, which blk 64 runs only when asked for."""
+    these tests check the ordered additions, which deterministic calls run only when asked
+    for."""
     if not deterministic or "detfixed" in ws.split(",") or "detorder" in ws.split(","):
         return ws
     return ",".join(filter(None, (ws, "detorder")))
@@ -260,10 +261,11 @@ _PTX_CONFIGS = {
     "entahead-blk128": ("_bwd_text", (CONFIGS[0],), None, {"ws": "entahead"}),
     "nodqlag-blk128": ("_bwd_text", (CONFIGS[0],), None, {"ws": "nodqlag"}),
     "detfixed-blk128": ("_bwd_text", (CONFIGS[0],), None,
-                        {"ws": "detfixed", "deterministic": True}),
+                        {"ws": "detfixed,nodqlag", "deterministic": True}),
     "detfixed-dqlag-blk128": ("_bwd_text", (CONFIGS[0],), None,
                               {"ws": "detfixed,dqlag", "deterministic": True}),
     "ex2emu3-blk128": ("_bwd_text", (CONFIGS[0],), None, {"ws": "ex2emu=3"}),
+    "wguni-blk128": ("_bwd_text", (CONFIGS[0],), None, {"ws": "wguni"}),
     "rows-blk128": ("_bwd_text", (CONFIGS[0],), None, {"dq": "rows"}),
     "redv4-rows-blk128": ("_bwd_text", (CONFIGS[0],), None, {"ws": "redv4", "dq": "rows"}),
     "l2hint-det-blk64": ("_bwd_text", (CONFIGS[1],), None,
@@ -396,11 +398,11 @@ def test_bsa_bwd_ws_tailconv_lowers(cfg):
     assert both.tail_conv and both.zero_lag == bsa.ZERO_LAG
     assert key("").tail_conv and key("hlpt").tail_conv
     assert not key("notailconv").tail_conv
-    # the ordered deterministic additions have none; the fixed-point dQ (blk 64's
-    # deterministic default) runs the default mode's kernels, tail_conv included
+    # the ordered deterministic additions have none; the fixed-point dQ (the deterministic
+    # default) runs the default mode's kernels, tail_conv included
     assert not key("tailconv,detorder", deterministic=True).tail_conv
     fixed = key(deterministic=True)
-    assert fixed.tail_conv == fixed.dq_fixed == (cfg["blk"] == 64)
+    assert fixed.tail_conv and fixed.dq_fixed
     assert not key(pack_gqa=2).tail_conv
     assert not key("tailconv,dqclaim").tail_conv
     assert not key(sw={"dq_writer": "off"}).tail_conv
@@ -741,8 +743,9 @@ def test_bsa_bwd_ws_fdiv(kept_ptx):
 
 
 def test_bsa_bwd_ws_qprobe(kept_ptx):
-    """By default at blk 128 with the per-warpgroup dQ hand-back (not deterministic, dqalias,
-    dqalt, nowghand, dklag or sahead) each of the two unrolled steps tests the next step's
+    """By default at blk 128 with the per-warpgroup dQ hand-back (not on the ordered
+    deterministic path, dqalias, dqalt, nowghand, dklag or sahead; the deterministic
+    fixed-point dQ has it) each of the two unrolled steps tests the next step's
     Q / dO stage once (``mbarrier.test_wait``, acquire) and the next step skips its wait
     where the test passed; ``noqprobe`` waits at every step's start. The GEMMs, copies and
     reductions are the same."""
@@ -756,7 +759,8 @@ def test_bsa_bwd_ws_qprobe(kept_ptx):
 
     assert key(()).ws_q_probe and key(("qprobe",)).ws_q_probe
     assert not key(("noqprobe",)).ws_q_probe
-    assert not key((), deterministic=True).ws_q_probe
+    assert not key(("detorder",), deterministic=True).ws_q_probe
+    assert key((), deterministic=True).ws_q_probe
     for ws, blk in (((), 64), (("nowghand",), 128), (("dqalias",), 128), (("dqalt",), 128),
                     (("dklag",), 128), (("sahead",), 128), (("persist",), 128)):
         assert not key(ws, blk).ws_q_probe, (ws, blk)
@@ -789,12 +793,12 @@ def test_bsa_bwd_ws_dqlag(kept_ptx):
 
     assert key(("dqlag",)).ws_dq_lag and key(()).ws_dq_lag and not key(("nodqlag",)).ws_dq_lag
     assert key(()).ws_q_probe
-    assert not key(("dqlag",), deterministic=True).ws_dq_lag
-    # fixed-point dQ (deterministic): the late half would need a handed-back stage's
-    # multipliers
-    assert key(("detfixed",), deterministic=True).ws_wg_hand
-    assert not key(("detfixed",), deterministic=True).ws_dq_lag
-    assert key(("detfixed", "dqlag"), deterministic=True).ws_dq_lag
+    assert not key(("dqlag", "detorder"), deterministic=True).ws_dq_lag
+    # fixed-point dQ (the deterministic default): warpgroup 0 keeps the previous step's
+    # multipliers in registers for its late half
+    assert key((), deterministic=True).ws_wg_hand and key((), deterministic=True).ws_dq_lag
+    assert key(("detfixed",), deterministic=True).ws_dq_lag
+    assert not key(("detfixed", "nodqlag"), deterministic=True).ws_dq_lag
     for ws, blk in ((("dqlag",), 64), (("dqlag", "nowghand"), 128), (("dqlag", "dklag"), 128),
                     (("dqlag", "sahead"), 128), (("dqlag", "dvwait"), 128),
                     (("dqlag", "persist"), 128), (("dqlag", "dqalt"), 128)):
@@ -809,8 +813,8 @@ def test_bsa_bwd_ws_dqlag(kept_ptx):
     import kept_ptx as kp  # noqa: PLC0415
 
     assert kp.assert_wgmma_groups_in_block(lag) > 0
-    # detfixed with dqlag named: the late half converted too (one more slice of F2I), the
-    # same TMA loads and reductions as detfixed alone
+    # detfixed with dqlag (its default at blk 128): the late half converted too (one more
+    # slice of F2I), the same TMA loads and reductions as detfixed with nodqlag
     fl, f0 = _ws_ptx(kept_ptx, "detfixed-dqlag-blk128"), _ws_ptx(kept_ptx, "detfixed-blk128")
     cvt = re.compile(r"cvt\.rni(\.sat)?\.s32\.f32")
     assert len(cvt.findall(fl)) > len(cvt.findall(f0)) > 0
@@ -818,6 +822,33 @@ def test_bsa_bwd_ws_dqlag(kept_ptx):
     for op in ("cp.async.bulk.tensor", "cp.reduce.async.bulk"):
         assert fl.count(op) == f0.count(op) > 0, op
     assert kp.assert_wgmma_groups_in_block(fl) > 0
+
+
+def test_bsa_bwd_ws_wguni(kept_ptx):
+    """``bsa_bwd_ws=wguni`` (opt-in): the key at both block sizes; the consumers' warpgroup
+    index comes from the warp-uniform warp index, so the kernel's text differs while its
+    GEMMs, copies, reductions and named barriers are the same, and no wgmma is serialized."""
+    from jax_sparse_attn.config import Switches
+    from jax_sparse_attn.ffi import bsa
+
+    for blk in (64, 128):
+        for det in (False, True):
+            def key(ws):
+                return bsa.bwd_config(jnp.bfloat16, 128, blk, False,
+                                      Switches(bsa_bwd_impl="sm90ws", bsa_bwd_ws=ws),
+                                      deterministic=det)
+
+            assert key(("wguni",)).ws_wg_uniform and not key(()).ws_wg_uniform
+            assert key(("wguni",)) == bsa.dataclasses.replace(key(()), ws_wg_uniform=True)
+    uni, base = _ws_ptx(kept_ptx, "wguni-blk128"), _ws_ptx(kept_ptx, _ids(CONFIGS[0]))
+    assert uni != base
+    for op in ("wgmma.mma_async", "wgmma.commit_group", "wgmma.wait_group",
+               "cp.async.bulk.tensor", "cp.reduce.async.bulk", "stmatrix", "bar.sync",
+               "bar.arrive", "mbarrier.try_wait", "ex2.approx"):
+        assert uni.count(op) == base.count(op) > 0, op
+    import kept_ptx as kp  # noqa: PLC0415
+
+    assert kp.assert_wgmma_groups_in_block(uni) > 0
 
 
 def test_bsa_bwd_ws_entahead(kept_ptx):

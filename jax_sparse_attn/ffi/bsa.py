@@ -332,6 +332,8 @@ class BsaBwdConfig:
     # computes its half of a step's dQ one step late, so the two consumer warpgroups do not
     # meet at a dS^T barrier every step (default there; "nodqlag": both halves in the step)
     ws_dq_lag: bool = False
+    # "sm90ws": the consumers' warpgroup index from the warp-uniform warp index ("wguni")
+    ws_wg_uniform: bool = False
 
 
 def fwd_smem_bytes(head_dim, block_size) -> int:
@@ -636,12 +638,10 @@ def bwd_config(dtype, head_dim, block_size, has_block_sizes, switches,
                     and not cfg.ws_decouple and cfg.pack_gqa == 1 and not cfg.zero_lag
                     and not cfg.ws_persist):
                 # (ldscale stays off: the fixed-point multipliers take the unscaled delta;
-                # dklag is not a deterministic option; dqlag only where named: warpgroup 0
-                # then keeps the previous step's multipliers in registers)
+                # dklag is not a deterministic option; with dqlag warpgroup 0 keeps the
+                # previous step's multipliers in registers)
                 return dataclasses.replace(cfg, dq_fixed=True, ws_ld_scaled=False,
-                                           ws_dk_lag=False, ws_s_ahead=False,
-                                           ws_dq_lag=cfg.ws_dq_lag
-                                           and "dqlag" in switches.bsa_bwd_ws)
+                                           ws_dk_lag=False, ws_s_ahead=False)
         return _persist_config(_ws_config(name, head_dim, block_size, has_block_sizes, impl,
                                           arch, switches, deterministic, causal, pack_gqa),
                                switches.bsa_bwd_ws)
@@ -755,7 +755,8 @@ def _ws_config(name, head_dim, block_size, has_block_sizes, impl, arch, switches
                                and cfg.ws_fast_div, ws_ex2_emu=emu[0] if emu else 0,
                                ws_dq_lag="nodqlag" not in opts and cfg.ws_wg_hand
                                and not cfg.ws_dk_lag and not cfg.ws_s_ahead
-                               and not cfg.ws_dv_wait and "persist" not in opts)
+                               and not cfg.ws_dv_wait and "persist" not in opts,
+                               ws_wg_uniform="wguni" in opts)
 
 
 def _persist_config(cfg: BsaBwdConfig, opts) -> BsaBwdConfig:
@@ -853,17 +854,18 @@ DET_ORDERED_OPTS = DET_ORDER_OPTS + ("detorder", "relaxpoll", "detstream", "node
 
 def det_fixed_wanted(block_size: int, opts=()) -> bool:
     """Whether ``deterministic=True`` asks for the fixed-point dQ (``dq_fixed``) rather than
-    ordered dQ additions: with ``bsa_bwd_ws`` ``detfixed`` at every block size; by default
-    at blk 64, where it measured 0.87–0.93x the default mode on an H100 against 0.52–0.71x
-    for the schedule order (docs/performance.md); not where an option of the ordered path
-    is given (:data:`DET_ORDERED_OPTS`, ``dqslots=N``, ``ordscan=N``), nor at blk 128,
-    where the schedule order measured faster (0.88x against 0.85x). Where the fixed point
-    does not apply, :func:`bwd_config` keeps the ordered path."""
+    ordered dQ additions: by default (and with ``bsa_bwd_ws`` ``detfixed``) at blk 64 and
+    blk 128. On an H100 it measured 0.87–0.93x the default mode at blk 64 against 0.52–0.71x
+    for the schedule order, and at blk 128 (with ``dqlag``) 0.85x at S 16384 and 0.88x at
+    S 32768 against 0.85x and 0.83x (docs/performance.md). Not where an option of the ordered
+    path is given (:data:`DET_ORDERED_OPTS`, ``dqslots=N``, ``ordscan=N``) without
+    ``detfixed``. Where the fixed point does not apply, :func:`bwd_config` keeps the
+    ordered path."""
     if "detfixed" in opts:
         return True
     if any(o in DET_ORDERED_OPTS or o.startswith(("dqslots=", "ordscan=")) for o in opts):
         return False
-    return block_size == 64
+    return block_size in (64, 128)
 
 
 def _det_order_opts(opts) -> tuple:
@@ -1708,7 +1710,8 @@ def _ws_kernel(cfg: BsaBwdConfig, after_pre: bool = False):
                         s_ahead=cfg.ws_s_ahead, stamps=cfg.ws_stamps,
                         red_v4=cfg.ws_red_v4, fast_div=cfg.ws_fast_div,
                         q_probe=cfg.ws_q_probe, ent_ahead=cfg.ws_ent_ahead,
-                        ex2_emu=cfg.ws_ex2_emu, dq_lag=cfg.ws_dq_lag)
+                        ex2_emu=cfg.ws_ex2_emu, dq_lag=cfg.ws_dq_lag,
+                        wg_uniform=cfg.ws_wg_uniform)
 
 
 def _bwd_det_entry(stream, q, k, v, do, lse, delta, offsets, entries, ranks, sizes, scale,

@@ -315,7 +315,7 @@ class BsaBwdSm90Ws:
                  dv_wait: bool = False, dk_lag: bool = False, s_ahead: bool = False,
                  stamps: tuple = (), red_v4: bool = False, fast_div: bool = False,
                  q_probe: bool = False, ent_ahead: bool = False, ex2_emu: int = 0,
-                 dq_lag: bool = False):
+                 dq_lag: bool = False, wg_uniform: bool = False):
         self.pdl = pdl
         # of every 8 score columns of a thread, the first ex2_emu take exp2 as a polynomial
         # on the FMA pipes (``common.exp2_poly3``) instead of the MUFU unit
@@ -527,6 +527,9 @@ class BsaBwdSm90Ws:
         # apart
         self.dq_lag = (dq_lag and self.wg_hand and not self.persist and not self.dk_lag
                        and not self.s_ahead and not self.dv_wait and not self.dq_late)
+        # the consumers' warpgroup index from the warp-uniform warp index (ptxas then keeps
+        # the values derived from it in uniform registers), else from the thread index
+        self.wg_uniform = wg_uniform
         # persistent: the next item's K / V prefetched to L2 once the item is taken
         self.persist_kv_l2 = persist_kv_l2 and bool(self.persist)
         # 65536 registers per SM: 384 threads x 168 at launch (blk 128), 2 x 256 x 128 (blk 64)
@@ -1931,6 +1934,8 @@ class BsaBwdSm90Ws:
                 tQrdS = f_dq.make_fragment_A(f_dq.partition_A(sdS))
                 tQrK = f_dq.make_fragment_B(f_dq.partition_B(sK_mn))
             wg = ctid // 128
+            if cutlass.const_expr(self.wg_uniform):
+                wg = wg_idx - 1
             tdQc = thr_dq.partition_C(cute.make_identity_tensor((bm, d)))
             r2s_dS, tdSsdS = kvb.ds_store_copy(mma_s, sdS, bn, bm, self.ds_bufs, self.dtype,
                                                ctid)
