@@ -184,7 +184,8 @@ BSA_BWD_WS_FLAGS = ("ldwait", "lpt", "decouple", "detkv", "detfull", "detlaunch"
                     "nokvpf", "ordfast", "detfixed", "detorder", "l2hint", "l2normal",
                     "thrfrags", "wghand", "nowghand", "ldscale", "dvwait", "dklag", "sahead",
                     "redv4", "fdiv", "nofdiv", "qprobe",
-                    "noqprobe", "entahead", "dqlag", "nodqlag", "wguni")
+                    "noqprobe", "entahead", "dqlag", "nodqlag", "wguni",
+                    "nowguni")
 #: the flags among :data:`BSA_BWD_WS_FLAGS` that choose the deterministic dQ order (at most
 #: one of them)
 BSA_DET_ORDER_FLAGS = ("detkv", "detfull", "detlaunch", "detsched", "detschedfull")
@@ -200,7 +201,8 @@ _BSA_BWD_WS_ALLOWED = ("comma list of " + ", ".join(BSA_BWD_WS_FLAGS)
                        "0..8; relative error 1.02e-4); at most one "
                        "of " + ", ".join(BSA_DET_ORDER_FLAGS) + "; at most one of detstream, "
                        "nodetstream; at most one of packws, nopackws; at most one of tailconv, "
-                       "notailconv; at most one of wghand, nowghand; at most one of lpt, hlpt, nolpt")
+                       "notailconv; at most one of wghand, nowghand; at most one of wguni, "
+                       "nowguni; at most one of lpt, hlpt, nolpt")
 _parse_bsa_bwd_ws_opts = _parse_option_list(BSA_BWD_WS_FLAGS,
                                              {"stages": lambda n: 2 <= n <= 4,
                                               "dqslots": lambda n: 1 <= n <= 4,
@@ -227,7 +229,7 @@ def _parse_bsa_bwd_ws(var, raw):
                     ("tailconv", "notailconv"), ("lpt", "hlpt"), ("lpt", "nolpt"),
                     ("hlpt", "nolpt"), ("l2hint", "l2normal"),
                     ("wghand", "nowghand"), ("fdiv", "nofdiv"), ("qprobe", "noqprobe"),
-                    ("dqlag", "nodqlag")):
+                    ("dqlag", "nodqlag"), ("wguni", "nowguni")):
         if on in opts and off in opts:
             raise ValueError(f"{var}={raw!r}: {on!r} and {off!r} contradict each other; "
                              f"give at most one; allowed: {_BSA_BWD_WS_ALLOWED}")
@@ -684,10 +686,13 @@ SWITCHES = (
                "multipliers in registers), "
                "nodqlag (both warpgroups compute their dQ halves in the step, after a dS^T "
                "barrier over both), "
-               "wguni (opt-in: the consumers' warpgroup index taken from the warp index made "
-               "warp-uniform (make_warp_uniform) instead of the thread index, so that ptxas "
-               "keeps the values derived from it, such as dqlag's dS^T buffer index, in "
-               "uniform registers; the same arithmetic), "
+               "wguni (the default: the consumers' warpgroup index taken from the warp index "
+               "made warp-uniform (make_warp_uniform) instead of the thread index, so that "
+               "ptxas keeps the values derived from it, such as dqlag's dS^T buffer index, in "
+               "uniform registers; the same arithmetic; 1.6-1.8 % faster at blk 128 on the "
+               "H100; with deterministic=True only where named, where it measured 2-3 % "
+               "faster but its GPU tests have not run yet), "
+               "nowguni (the warpgroup index from the thread index), "
                "ex2emu=N (of every 8 score columns of a consumer thread, N take exp2 as a "
                "degree-3 polynomial on the FMA pipes instead of the MUFU unit, relative "
                "error 1.02e-4; opt-in: 1-3 % slower at blk 128 and 0.5 % at blk 64 on the "

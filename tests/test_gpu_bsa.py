@@ -95,7 +95,7 @@ NOFDIV = Switches(bsa_bwd_ws=("nofdiv",))
 NOQPROBE = Switches(bsa_bwd_ws=("noqprobe",))
 ENTAHEAD = Switches(bsa_bwd_ws=("entahead",))
 NODQLAG = Switches(bsa_bwd_ws=("nodqlag",))
-WGUNI = Switches(bsa_bwd_ws=("wguni",))
+NOWGUNI = Switches(bsa_bwd_ws=("nowguni",))
 SM80_LATE_V = Switches(bsa_fwd_impl="sm80", bsa_fwd_late_v_wait=True)
 SM80_WR32 = Switches(bsa_fwd_impl="sm80", bsa_fwd_warp_rows="32")
 SM80_WR16 = Switches(bsa_fwd_impl="sm80", bsa_fwd_warp_rows="16")
@@ -115,7 +115,7 @@ class TestBSAKernelGrid(BSAKernelGrid):
              "dqalt": DQALT, "qregs": QREGS, "mpre": MPRE, "qahead": QAHEAD,
              "noepivec": NOEPIVEC, "notmao": NOTMAO, "ctas3k1": CTAS3K1, "selfload": SELFLOAD,
              "pairwg": PAIRWG, "l2hint": L2HINT, "l2normal": L2NORMAL, "kqxla": KQXLA, "notailconv": NOTAILCONV, "nolpt": NOLPT,
-             "ldscale": LDSCALE, "nowghand": NOWGHAND, "sahead": SAHEAD, "nofdiv": NOFDIV, "noqprobe": NOQPROBE, "entahead": ENTAHEAD, "nodqlag": NODQLAG, "wguni": WGUNI, "bwdrows4": BWDROWS4, "sm80_late_v": SM80_LATE_V, "sm80_wr32": SM80_WR32,
+             "ldscale": LDSCALE, "nowghand": NOWGHAND, "sahead": SAHEAD, "nofdiv": NOFDIV, "noqprobe": NOQPROBE, "entahead": ENTAHEAD, "nodqlag": NODQLAG, "nowguni": NOWGUNI, "bwdrows4": BWDROWS4, "sm80_late_v": SM80_LATE_V, "sm80_wr32": SM80_WR32,
              "sm80_wr16": SM80_WR16}
 
     @classmethod

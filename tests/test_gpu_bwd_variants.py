@@ -363,14 +363,14 @@ def test_bsa_bwd_step_start(c, flag, monkeypatch):
 
 
 @pytest.mark.parametrize("c", ZEROLAG_CASES, ids=lambda c: c["name"])
-def test_bsa_bwd_wguni(c, monkeypatch):
-    """``wguni``: the consumers' warpgroup index from the warp-uniform warp index; the sm90ws
-    backward cases at blk 64 and 128 (every block listed, NaN past block_sizes and in
+def test_bsa_bwd_nowguni(c, monkeypatch):
+    """``nowguni``: the consumers' warpgroup index from the thread index (the default takes
+    it from the warp-uniform warp index); the sm90ws backward cases at blk 64 and 128 (every block listed, NaN past block_sizes and in
     unlisted blocks, GQA, empty rows) against the reference, poisoned buffers first."""
     from jax_sparse_attn.ffi import bsa as fb
 
-    sw = Switches(bsa_bwd_impl="sm90ws", bsa_bwd_ws=("wguni",))
-    assert fb.bwd_config(jnp.dtype(c["dtype"]), c["d"], c["blk"], False, sw).ws_wg_uniform
+    sw = Switches(bsa_bwd_impl="sm90ws", bsa_bwd_ws=("nowguni",))
+    assert not fb.bwd_config(jnp.dtype(c["dtype"]), c["d"], c["blk"], False, sw).ws_wg_uniform
     monkeypatch.setattr(tb, "BWDWS", sw)
     tb.test_bsa_sm90ws_backward(c)
 

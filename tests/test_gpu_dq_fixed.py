@@ -51,6 +51,24 @@ def test_bsa_bwd_detfixed_dqlag(c, monkeypatch):
     tb.test_bsa_bwd_deterministic(c, monkeypatch)
 
 
+@pytest.mark.parametrize("c", tb.DET_CASES, ids=lambda c: c["name"])
+def test_bsa_bwd_deterministic_wguni(c, monkeypatch):
+    """``wguni`` named with deterministic=True (the default mode's default; in deterministic
+    mode only where named): the consumers' warpgroup index from the warp-uniform warp index,
+    on the fixed-point dQ and, where a case names an option of the ordered path, on the
+    ordered additions; the deterministic cases (five runs bitwise equal, against the
+    reference)."""
+    from jax_sparse_attn.ffi import bsa as fb
+
+    monkeypatch.setenv("JAX_SPARSE_ATTN_BSA_BWD_WS", "wguni")
+    ws = ("wguni",) + (tuple(c["ws"].split(",")) if c.get("ws") else ())
+    key = fb.bwd_config(jnp.dtype(c["dtype"]), c["d"], c["blk"], False,
+                        dataclasses.replace(from_env(), bsa_bwd_ws=ws), deterministic=True,
+                        causal=bool(c.get("causal")))
+    assert key.ws_wg_uniform, key
+    tb.test_bsa_bwd_deterministic(c, monkeypatch)
+
+
 FIXED_CASES = [
     dict(name="fixed-blk64-d128", blk=64, d=128, dtype="bfloat16", layout="bhsd", hq=4, hkv=4,
          sq=1000, skv=999, mode="all"),

@@ -823,7 +823,7 @@ class BSAPlan:
     KV blocks, decode, the last KV blocks); the checked KV heads' groups:
     ``check_kv_heads``. Options of the op: ``pack_gqa`` (metadata over the packed rows of
     each KV head), ``kv_splits`` (forward), ``deterministic`` (backward; then run twice, the
-    gradients compared bit for bit)."""
+    gradients compared bit for bit), ``bwd_ws`` (the ``bsa_bwd_ws`` switch)."""
 
     hq: int = 17
     hkv: int = 17
@@ -840,6 +840,7 @@ class BSAPlan:
     pack_gqa: bool = False
     kv_splits: object = 1
     deterministic: bool = False
+    bwd_ws: tuple = ()
 
     @property
     def sq(self):
@@ -905,7 +906,7 @@ def run_bsa(plan: BSAPlan, backend: str):
                   f"({q_elems / plan.boundary:.3f} x boundary {plan.boundary}), k/v {kv_elems} "
                   f"({kv_elems / plan.boundary:.3f} x)"
                   + "".join(f", {o}={getattr(plan, o)!r}" for o in
-                            ("pack_gqa", "kv_splits", "deterministic")
+                            ("pack_gqa", "kv_splits", "deterministic", "bwd_ws")
                             if getattr(plan, o) != BSAPlan.__dataclass_fields__[o].default))
     idx_np = plan.block_lists()
     idx = jnp.asarray(idx_np)
@@ -915,6 +916,10 @@ def run_bsa(plan: BSAPlan, backend: str):
     scale = float(1.0 / np.sqrt(d))
     kw = dict(block_sparse_num=kl, sparse_block_size=blk, softmax_scale=scale,
               layout=plan.layout, backend=backend, pack_gqa=plan.pack_gqa)
+    if plan.bwd_ws:
+        from jax_sparse_attn.config import Switches
+
+        kw["switches"] = Switches(bsa_bwd_ws=plan.bwd_ws)
     ref_kw = dict(sparse_block_size=blk, softmax_scale=scale, layout=plan.layout,
                   pack_gqa=plan.pack_gqa)
     groups = sorted({g % hkv for g in plan.check_kv_heads})
@@ -1078,13 +1083,16 @@ def test_large_bsa_gqa():
     _finish(*_isolated(run_bsa, BSA_GQA_LARGE, "kernel"))
 
 
-#: case 6: deterministic=True at blk 128, bhsd. sched: 33 heads x 2**19 tokens (N = 4096
-#: KV blocks: the schedule-order kernel fits, DET_ORDER_MAX_ROWS and its shared memory;
-#: head 32 starts at element 2**31); launch: the 17 x 2**20 problem of case 3 (N = 8192:
-#: the order kernel's shared memory does not fit, the launch-group order runs)
+#: case 6: deterministic=True at blk 128, bhsd. The ordered dQ additions (detorder): sched:
+#: 33 heads x 2**19 tokens (N = 4096 KV blocks: the schedule-order kernel fits,
+#: DET_ORDER_MAX_ROWS and its shared memory; head 32 starts at element 2**31); launch: the
+#: 17 x 2**20 problem of case 3 (N = 8192: the order kernel's shared memory does not fit, the
+#: launch-group order runs). fixed: that problem with the default, the fixed-point dQ (an
+#: int32 workspace of the same shape, row multipliers and flags)
 BSA_DET_LARGE = {
-    "sched": BSAPlan(hq=33, hkv=33, s=1 << 19, deterministic=True),
-    "launch": BSAPlan(deterministic=True),
+    "sched": BSAPlan(hq=33, hkv=33, s=1 << 19, deterministic=True, bwd_ws=("detorder",)),
+    "launch": BSAPlan(deterministic=True, bwd_ws=("detorder",)),
+    "fixed": BSAPlan(deterministic=True),
 }
 #: case 7: pack_gqa, 32 query heads / 8 KV heads (r = 4), S = 589824, bshd, blk 128: q,
 #: do, out, dq 2.42e9 elements, the packed metadata (1, 8, 18432, 4)
@@ -1100,14 +1108,17 @@ BSA_SPLIT_LARGE = {
 @_gpu_large
 @pytest.mark.parametrize("which", list(BSA_DET_LARGE))
 def test_large_bsa_deterministic(which):
-    """Block-sparse attention forward and backward with deterministic=True (the sm90ws
-    backward with ordered dQ additions: a rank per K->Q entry, int32 semaphores per 64-row
+    """Block-sparse attention forward and backward with deterministic=True, blk 128, bhsd,
+    bf16, 4 listed blocks per query block. sched and launch: the sm90ws backward with
+    ordered dQ additions (detorder: a rank per K->Q entry, int32 semaphores per 64-row
     query tile, the dQ writer warp storing each tile's first contribution into a workspace
     that is not zeroed; fp32 (1, H, N_q 2, 64 D) of 2.2e9 / 2.3e9 elements, NaN-poisoned
-    beforehand), blk 128, bhsd, bf16, 4 listed blocks per query block. sched: 33 heads x
-    2**19 x 128 (2.21e9 elements per tensor; the schedule-order kernel computes the ranks);
-    launch: 17 x 2**20 x 128 (2.28e9; N_kv = 8192 is too many for the order kernel's shared
-    memory: the launch-group order, metadata.build_kq_csr's ranks). out, lse, dq, dk, dv of
+    beforehand). sched: 33 heads x 2**19 x 128 (2.21e9 elements per tensor; the
+    schedule-order kernel computes the ranks); launch: 17 x 2**20 x 128 (2.28e9; N_kv = 8192
+    is too many for the order kernel's shared memory: the launch-group order,
+    metadata.build_kq_csr's ranks). fixed: 17 x 2**20 x 128 with the default fixed-point
+    dQ (int32 bulk reductions into a zeroed workspace of that shape, converted back by the
+    dq reordering). out, lse, dq, dk, dv of
     the first and the last head (which starts at element 2**31) match the reference on that
     head; no NaN; lse finite; a second backward gives bitwise the same dq, dk, dv
     (whole-tensor fingerprints and the checked heads). About 46 GB of device memory; tens
@@ -1334,7 +1345,7 @@ def test_large_plan_sizes():
         assert heads * n_q * n_kv > 1 << 22 and heads * n_q * p.k_listed < 1 << 24
         assert 64 % r == 0 and p.blk == 128
     assert [-(-p.s // p.blk) for p in BSA_DET_LARGE.values()] == [
-        4096, ffi_bsa.DET_ORDER_MAX_ROWS]
+        4096, ffi_bsa.DET_ORDER_MAX_ROWS, ffi_bsa.DET_ORDER_MAX_ROWS]
     for p in BSA_SPLIT_LARGE.values():
         heads, n_q, n_kv, r = p.meta_dims()
         assert p.hkv * p.s * p.d > BOUNDARY and p.hq * p.sq * p.d < BOUNDARY and n_q == 1
@@ -1359,6 +1370,10 @@ def force_kernel(monkeypatch):
 
 def _bsa_cfg(p, op="block_sparse_attention", switches=None, **over):
     from jax_sparse_attn import bsa
+    from jax_sparse_attn.config import Switches
+
+    if switches is None and p.bwd_ws:
+        switches = Switches(bsa_bwd_ws=p.bwd_ws)
 
     S = jax.ShapeDtypeStruct
     bhsd = p.layout == "bhsd"
@@ -1391,6 +1406,11 @@ def test_large_plan_kernel_configs(force_kernel):
 
     for which, p in BSA_DET_LARGE.items():
         cfg = _bsa_cfg(p)
+        if which == "fixed":
+            assert cfg.bwd.impl == "sm90ws" and cfg.bwd.dq_fixed and not cfg.bwd.deterministic
+            assert ffi_bsa.det_order_config(cfg) is None
+            assert math.prod(ffi_bsa.dq_tile_shape(cfg)) > ffi_bsa._MAX_ZERO_ELEMS
+            continue
         assert cfg.bwd.impl == "sm90ws" and cfg.bwd.deterministic and cfg.bwd.det_store
         assert (ffi_bsa.det_order_config(cfg) is not None) == (which == "sched"), which
         assert ffi_bsa.det_slots_of(cfg) == 1

@@ -265,7 +265,7 @@ _PTX_CONFIGS = {
     "detfixed-dqlag-blk128": ("_bwd_text", (CONFIGS[0],), None,
                               {"ws": "detfixed,dqlag", "deterministic": True}),
     "ex2emu3-blk128": ("_bwd_text", (CONFIGS[0],), None, {"ws": "ex2emu=3"}),
-    "wguni-blk128": ("_bwd_text", (CONFIGS[0],), None, {"ws": "wguni"}),
+    "nowguni-blk128": ("_bwd_text", (CONFIGS[0],), None, {"ws": "nowguni"}),
     "rows-blk128": ("_bwd_text", (CONFIGS[0],), None, {"dq": "rows"}),
     "redv4-rows-blk128": ("_bwd_text", (CONFIGS[0],), None, {"ws": "redv4", "dq": "rows"}),
     "l2hint-det-blk64": ("_bwd_text", (CONFIGS[1],), None,
@@ -825,10 +825,11 @@ def test_bsa_bwd_ws_dqlag(kept_ptx):
 
 
 def test_bsa_bwd_ws_wguni(kept_ptx):
-    """``bsa_bwd_ws=wguni`` (opt-in): the key at both block sizes; the consumers' warpgroup
-    index comes from the warp-uniform warp index, so the kernel's text differs while its
-    GEMMs, copies, reductions and named barriers are the same, and no wgmma is serialized."""
-    from jax_sparse_attn.config import Switches
+    """``bsa_bwd_ws=wguni`` (the default; ``nowguni`` the old index): the key at both block
+    sizes and in both modes; the consumers' warpgroup index comes from the warp-uniform warp
+    index, so the kernel's text differs from ``nowguni``'s while its GEMMs, copies,
+    reductions and named barriers are the same, and no wgmma is serialized."""
+    from jax_sparse_attn.config import Switches, from_env
     from jax_sparse_attn.ffi import bsa
 
     for blk in (64, 128):
@@ -838,9 +839,16 @@ def test_bsa_bwd_ws_wguni(kept_ptx):
                                       Switches(bsa_bwd_impl="sm90ws", bsa_bwd_ws=ws),
                                       deterministic=det)
 
-            assert key(("wguni",)).ws_wg_uniform and not key(()).ws_wg_uniform
+            # (deterministic: only where named, fixed point and ordered alike)
+            assert key(("wguni",)).ws_wg_uniform and key(()).ws_wg_uniform != det
+            assert key(("wguni", "detorder")).ws_wg_uniform
+            assert not key(("detorder",)).ws_wg_uniform or not det
+            assert not key(("nowguni",)).ws_wg_uniform
+            assert key(("nowguni",)) == bsa.dataclasses.replace(key(()), ws_wg_uniform=False)
             assert key(("wguni",)) == bsa.dataclasses.replace(key(()), ws_wg_uniform=True)
-    uni, base = _ws_ptx(kept_ptx, "wguni-blk128"), _ws_ptx(kept_ptx, _ids(CONFIGS[0]))
+    with pytest.raises(ValueError, match="'wguni' and 'nowguni' contradict"):
+        from_env({"JAX_SPARSE_ATTN_BSA_BWD_WS": "wguni,nowguni"})
+    uni, base = _ws_ptx(kept_ptx, _ids(CONFIGS[0])), _ws_ptx(kept_ptx, "nowguni-blk128")
     assert uni != base
     for op in ("wgmma.mma_async", "wgmma.commit_group", "wgmma.wait_group",
                "cp.async.bulk.tensor", "cp.reduce.async.bulk", "stmatrix", "bar.sync",
@@ -1269,7 +1277,8 @@ def test_kq_lpt_order():
 def test_bsa_bwd_ws_hlpt_key():
     """``hlpt`` (the default): the lpt kernel (its CTAs read their row from the order after
     the offsets) with the per-chain order; it excludes lpt and nolpt, keeps tailconv and
-    zerolag (each pair's CTAs stay together), and the deterministic backward ignores it."""
+    zerolag (each pair's CTAs stay together); the ordered deterministic backward ignores it,
+    the fixed-point one (the default mode's kernels) keeps it."""
     from jax_sparse_attn import config
     from jax_sparse_attn.config import Switches
     from jax_sparse_attn.ffi import bsa
@@ -1283,8 +1292,10 @@ def test_bsa_bwd_ws_hlpt_key():
     assert key("lpt").ws_lpt and not key("lpt").ws_lpt_chain
     assert not key("nolpt").ws_lpt and not key("nolpt").ws_lpt_chain
     assert key("hlpt,zerolag").zero_lag == bsa.ZERO_LAG
-    d = key("hlpt", deterministic=True)
+    d = key("hlpt,detorder", deterministic=True)
     assert not d.ws_lpt and not d.ws_lpt_chain
+    assert key("hlpt", deterministic=True) == key("", deterministic=True)
+    assert key("", deterministic=True).ws_lpt_chain
     for a, b in (("lpt", "hlpt"), ("lpt", "nolpt"), ("hlpt", "nolpt")):
         with pytest.raises(ValueError, match=f"'{a}' and '{b}' contradict"):
             config.from_env({"JAX_SPARSE_ATTN_BSA_BWD_WS": f"{a},{b}"})

@@ -332,7 +332,8 @@ class BsaBwdConfig:
     # computes its half of a step's dQ one step late, so the two consumer warpgroups do not
     # meet at a dS^T barrier every step (default there; "nodqlag": both halves in the step)
     ws_dq_lag: bool = False
-    # "sm90ws": the consumers' warpgroup index from the warp-uniform warp index ("wguni")
+    # "sm90ws": the consumers' warpgroup index from the warp-uniform warp index (default
+    # there, with deterministic=True only where named; "nowguni": from the thread index)
     ws_wg_uniform: bool = False
 
 
@@ -639,9 +640,12 @@ def bwd_config(dtype, head_dim, block_size, has_block_sizes, switches,
                     and not cfg.ws_persist):
                 # (ldscale stays off: the fixed-point multipliers take the unscaled delta;
                 # dklag is not a deterministic option; with dqlag warpgroup 0 keeps the
-                # previous step's multipliers in registers)
+                # previous step's multipliers in registers; the warp-uniform warpgroup index
+                # only where named in deterministic mode)
                 return dataclasses.replace(cfg, dq_fixed=True, ws_ld_scaled=False,
-                                           ws_dk_lag=False, ws_s_ahead=False)
+                                           ws_dk_lag=False, ws_s_ahead=False,
+                                           ws_wg_uniform=cfg.ws_wg_uniform
+                                           and "wguni" in switches.bsa_bwd_ws)
         return _persist_config(_ws_config(name, head_dim, block_size, has_block_sizes, impl,
                                           arch, switches, deterministic, causal, pack_gqa),
                                switches.bsa_bwd_ws)
@@ -756,7 +760,8 @@ def _ws_config(name, head_dim, block_size, has_block_sizes, impl, arch, switches
                                ws_dq_lag="nodqlag" not in opts and cfg.ws_wg_hand
                                and not cfg.ws_dk_lag and not cfg.ws_s_ahead
                                and not cfg.ws_dv_wait and "persist" not in opts,
-                               ws_wg_uniform="wguni" in opts)
+                               ws_wg_uniform="nowguni" not in opts
+                               and (not deterministic or "wguni" in opts))
 
 
 def _persist_config(cfg: BsaBwdConfig, opts) -> BsaBwdConfig:
