@@ -325,12 +325,13 @@ _META_ARG_LINES = """
         are not ordered: each is converted to int32 fixed point with a power-of-two scale
         per query row taken from a bound on its values, and int32 sums do not depend on
         the order of the additions. With the ``bsa_bwd_ws`` switch ``detorder`` (or where
-        the fixed point does not apply: ``pdl`` off, the ``dq_writer`` switch off,
-        ``bsa_bwd_ws`` ``notailconv``) the contributions to each 64-row query
-        tile are added in a fixed order, each waiting for its turn on an int32 counter of
-        the tile (FlashAttention-2/3's deterministic backward technique); the order is
-        computed on the GPU from the block lists along the launch schedule (one extra
-        launch), or with GQA follows the launch order of the KV blocks; with ``detorder``
+        the fixed point does not apply: the ``pdl`` or ``dq_writer`` switch off,
+        ``bsa_bwd_dq="rows"``, or the ``bsa_bwd_ws`` options ``notailconv``, ``dqalt``,
+        ``dqclaim``, ``decouple``, ``zerolag``, ``persist``) the contributions to each
+        64-row query tile are added in a fixed order, each waiting for its turn on an int32
+        counter of the tile (FlashAttention-2/3's deterministic backward technique); the
+        order is computed on the GPU from the block lists along the launch schedule (one
+        extra launch), or with GQA follows the launch order of the KV blocks; with ``detorder``
         at sparse_block_size 64, K_max >= 32 and one query head per KV head a tile has two
         fp32 accumulators, so which dq bits a call reproduces depends on its static shapes.
         In the fixed-point mode a dq row with a value that is not finite is NaN in every

@@ -67,8 +67,8 @@ def bsa_cases(quick):
                dict(B=B, H=H, hkv=hkv, S=S, D=d, blk=blk, idx=idx, nums=nums,
                     sizes=sizes if use_sizes else None, layout=layout,
                     switches=Switches(bsa_fwd_impl=fwd, bsa_bwd_impl=bwd)))
-    # deterministic=True (the sm90ws backward with ordered dQ additions; repeated ids in a
-    # row included), K->Q lists from both constructions
+    # deterministic=True (the sm90ws backward with the fixed-point dQ, the default; repeated
+    # ids in a row included), K->Q lists from both constructions
     for (d, use_sizes, layout, hkv), sort_csr in itertools.product(
             shapes[:1] if quick else shapes[:3], (False, True)):
         yield (f"bsa deterministic D={d} sizes={use_sizes} {layout} H_kv={hkv} "

@@ -156,8 +156,8 @@ def test_dq_slots_compile_keys():
             det = bsa.bwd_config(jnp.bfloat16, d, blk, False, sw, deterministic=True)
             assert det.det_slots == 3 and det.det_writer, (d, blk)
             assert bsa.bwd_config(jnp.bfloat16, d, blk, False, sw).det_slots == 1
-            # the ordered path's default (detorder; blk 64 runs the fixed-point dQ by
-            # default, one tile per query tile)
+            # the ordered path's default (detorder; the fixed-point dQ, the default, has one
+            # tile per query tile)
             assert bsa.bwd_config(jnp.bfloat16, d, blk, False,
                                   Switches(bsa_bwd_ws=("detorder",)),
                                   deterministic=True).det_slots == 0
@@ -179,14 +179,15 @@ def test_dq_slots_compile_keys():
 
 @pytest.mark.parametrize("blk,h_kv,k_max,ws,want", [
     (64, 16, 32, "detorder", 2), (64, 16, 64, "detorder", 2), (64, 16, 13, "detorder", 1),
-    (64, 16, 31, "detorder", 1), (64, 4, 32, "detorder", 1), (128, 16, 32, "", 1),
+    (64, 16, 31, "detorder", 1), (64, 4, 32, "detorder", 1), (128, 16, 32, "detorder", 1),
+    (128, 16, 32, "", 1),
     (64, 16, 32, "", 1), (64, 16, 32, "detlaunch", 1),
     (64, 16, 32, "detsched", 1), (64, 16, 13, "dqslots=3", 3), (128, 4, 16, "dqslots=2", 2)])
 def test_det_slots_default(blk, h_kv, k_max, ws, want):
     """The ordered deterministic backward's dQ accumulators per query tile: 2 at blk 64 in
     the schedule order (query heads = KV heads, no order option) where query rows list at
     least ``DET_SLOTS_MIN_K`` KV blocks, else 1; ``dqslots=N`` wherever it is given. The
-    fixed-point dQ (blk 64's default) has one tile per query tile."""
+    fixed-point dQ (the default) has one tile per query tile."""
     import dataclasses
 
     from jax_sparse_attn.config import from_env
@@ -232,7 +233,7 @@ def test_det_slots_keep_32_bit_offsets():
         return dataclasses.replace(cfg, bwd=bsa.bwd_config(jnp.bfloat16, 128, 64, False, sw,
                                                            deterministic=True))
 
-    # the ordered path (detorder; blk 64 runs the fixed-point dQ by default)
+    # the ordered path (detorder; the fixed-point dQ is the default)
     order = Switches(bsa_bwd_ws=("detorder",))
     assert bsa.det_slots_of(cfg_for(2, order)) == 2
     assert bsa.det_slots_of(cfg_for(4, order)) == 1
@@ -244,6 +245,7 @@ def test_det_slots_keep_32_bit_offsets():
 
 @pytest.mark.parametrize("d,blk,env,want", [
     (128, 64, {}, False), (64, 64, {}, False), (128, 128, {}, False),
+    (128, 128, {"JAX_SPARSE_ATTN_BSA_BWD_WS": "detorder"}, False),
     (128, 64, {"JAX_SPARSE_ATTN_BSA_BWD_WS": "nodetstream"}, False),
     (128, 128, {"JAX_SPARSE_ATTN_BSA_BWD_WS": "detstream"}, True),
     (64, 64, {"JAX_SPARSE_ATTN_BSA_BWD_WS": "detsched,detstream"}, True),

@@ -219,7 +219,7 @@ def test_sched_window_and_config():
         for ws, want in (("", auto[blk]), ("detsched", held[blk] // 2),
                          ("detschedfull", held[blk]), ("detlaunch", 0), ("detkv", 0),
                          ("detfull", 0), ("lselate", auto[blk])):
-            # detorder: the ordered additions (blk 64 runs the fixed-point dQ by default)
+            # detorder: the ordered additions (the fixed-point dQ is the default)
             sw = jc.Switches(bsa_bwd_ws=",".join(filter(None, (ws, "detorder"))))
             key = fb.bwd_config(jnp.bfloat16, 128, blk, False, sw, deterministic=True)
             assert key.det_window == want and key.held_ctas == held[blk], (blk, ws, key)
@@ -811,7 +811,7 @@ def test_sched_fallback_warns():
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         assert fb._det_order_or_warn(cfg("detsched", 256, 256, 32)) is not None
-        # the ordered path's default (detorder: blk 64 runs the fixed-point dQ by default):
+        # the ordered path's default (detorder: the fixed-point dQ is the default):
         # the schedule order where it fits and the heads are the KV heads, silently the
         # launch-group order elsewhere
         assert fb._det_order_or_warn(cfg("detorder", 256, 256, 32)).window == metadata.num_sms()

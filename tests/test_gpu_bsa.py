@@ -571,7 +571,7 @@ def test_bsa_sm90ws_backward(c):
 
 DET_CASES = [
     # the last KV block is chosen by every query block of a 32768-token sequence (one long
-    # K->Q list: 256 entries per query head)
+    # K->Q list: 256 entries per query head; the ordered path's case of it below)
     dict(name="det-hot-blk128-d128-32k", blk=128, d=128, dtype="bfloat16", layout="bshd",
          hq=4, hkv=2, sq=32768, skv=32768, mode="last"),
     # every KV block listed by every query block (the most contributions per query tile);
@@ -604,6 +604,15 @@ DET_CASES = [
     # the causal mask inside the listed blocks (the sm90ws backward's per-step select)
     dict(name="det-all-blk128-d128-causal", blk=128, d=128, dtype="bfloat16", layout="bshd",
          hq=2, hkv=2, sq=2000, skv=2100, mode="all", causal=True),
+    # the ordered additions (detorder) at blk 128 on the shapes above: the schedule order on
+    # one long K->Q list, the launch-group order with GQA 8:1, the causal mask
+    dict(name="det-hot-blk128-d128-32k-detorder", blk=128, d=128, dtype="bfloat16",
+         layout="bshd", hq=4, hkv=2, sq=32768, skv=32768, mode="last", ws="detorder"),
+    dict(name="det-all-blk128-d64-gqa8-detorder", blk=128, d=64, dtype="bfloat16",
+         layout="bhsd", hq=8, hkv=1, sq=513, skv=700, mode="all", ws="detorder"),
+    dict(name="det-all-blk128-d128-causal-detorder", blk=128, d=128, dtype="bfloat16",
+         layout="bshd", hq=2, hkv=2, sq=2000, skv=2100, mode="all", causal=True,
+         ws="detorder"),
     dict(name="det-all-blk64-d64-gqa-causal", blk=64, d=64, dtype="float16", layout="bhsd",
          hq=4, hkv=2, sq=1000, skv=900, mode="all", causal=True),
     # the zeroed workspace, every contribution a bulk reduce-add (bsa_bwd_ws detzero)

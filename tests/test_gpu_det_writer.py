@@ -10,6 +10,8 @@ Run on the H200: ``python -m pytest -m gpu tests/test_gpu_det_writer.py``.
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 jax = pytest.importorskip("jax")
@@ -45,9 +47,17 @@ def test_hstu_bwd_det_no_writer(name, lens, d, window, dtype, extra, _no_writer)
 
 @pytest.mark.parametrize("c", tb.DET_CASES, ids=lambda c: c["name"])
 def test_bsa_bwd_det_no_writer(c, monkeypatch, _no_writer):
+    """The ordered deterministic backward (``detorder``: the fixed-point dQ, the default,
+    always has the writer warp) without the dQ writer warp."""
     from jax_sparse_attn.ffi import bsa as fb
 
-    key = fb.bwd_config(jnp.dtype(c["dtype"]), c["d"], c["blk"], False, from_env(),
-                        deterministic=True)
-    assert key.impl == "sm90ws" and key.dq_tile and not key.det_writer, key
+    monkeypatch.setenv("JAX_SPARSE_ATTN_BSA_BWD_WS", "detorder")
+    ws = tuple(dict.fromkeys(("detorder",) + (tuple(c["ws"].split(",")) if c.get("ws")
+                                                else ())))
+    sw = from_env()
+    key = fb.bwd_config(jnp.dtype(c["dtype"]), c["d"], c["blk"], False,
+                        dataclasses.replace(sw, bsa_bwd_ws=ws), deterministic=True,
+                        causal=bool(c.get("causal")))
+    assert key.impl == "sm90ws" and key.dq_tile and key.deterministic, key
+    assert not key.det_writer, key
     tb.test_bsa_bwd_deterministic(c, monkeypatch)

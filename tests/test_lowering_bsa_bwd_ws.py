@@ -581,9 +581,9 @@ def test_bsa_bwd_ws_ldscale(kept_ptx):
 
     assert key(("ldscale",)).ws_ld_scaled and not key(()).ws_ld_scaled
     assert not key(("ldscale",), deterministic=True).ws_ld_scaled
-    # the fixed-point deterministic dQ (blk 64 by default, detfixed at blk 128) runs the
-    # default mode's kernel: its multipliers take the unscaled delta
-    for opts, blk in ((("ldscale",), 64), (("ldscale", "detfixed"), 128)):
+    # the fixed-point deterministic dQ (the default) runs the default mode's kernel: its
+    # multipliers take the unscaled delta
+    for opts, blk in ((("ldscale",), 64), (("ldscale",), 128), (("ldscale", "detfixed"), 128)):
         k = bsa.bwd_config(jnp.bfloat16, 128, blk, False,
                            Switches(bsa_bwd_impl="sm90ws", bsa_bwd_ws=opts),
                            deterministic=True)
@@ -846,6 +846,10 @@ def test_bsa_bwd_ws_wguni(kept_ptx):
             assert not key(("nowguni",)).ws_wg_uniform
             assert key(("nowguni",)) == bsa.dataclasses.replace(key(()), ws_wg_uniform=False)
             assert key(("wguni",)) == bsa.dataclasses.replace(key(()), ws_wg_uniform=True)
+    # (not with sahead: ptxas then spills more than the 8 bytes its ptxas test allows)
+    assert not bsa.bwd_config(jnp.bfloat16, 128, 128, False,
+                              Switches(bsa_bwd_impl="sm90ws", bsa_bwd_ws=("sahead", "wguni"))
+                              ).ws_wg_uniform
     with pytest.raises(ValueError, match="'wguni' and 'nowguni' contradict"):
         from_env({"JAX_SPARSE_ATTN_BSA_BWD_WS": "wguni,nowguni"})
     uni, base = _ws_ptx(kept_ptx, _ids(CONFIGS[0])), _ws_ptx(kept_ptx, "nowguni-blk128")

@@ -46,7 +46,7 @@ def test_det_writer_switch_and_keys():
     red = Switches(det_writer=True, hstu_bwd_dq="red")
     assert not fh.bwd_config("bfloat16", 128, 128, 0, red, deterministic=True).det_writer
 
-    # the ordered additions (detorder: blk 64 runs the fixed-point dQ by default)
+    # the ordered additions (detorder: the fixed-point dQ is the default)
     on_order = Switches(det_writer=True, bsa_bwd_ws=("detorder",))
     off_order = Switches(det_writer=False, bsa_bwd_ws=("detorder",))
     for d in (64, 128):

@@ -333,7 +333,8 @@ class BsaBwdConfig:
     # meet at a dS^T barrier every step (default there; "nodqlag": both halves in the step)
     ws_dq_lag: bool = False
     # "sm90ws": the consumers' warpgroup index from the warp-uniform warp index (default
-    # there, with deterministic=True only where named; "nowguni": from the thread index)
+    # there, with deterministic=True only where named, not with ws_s_ahead, where ptxas then
+    # spills; "nowguni": from the thread index)
     ws_wg_uniform: bool = False
 
 
@@ -609,8 +610,9 @@ def bwd_impl_choice(want: str, head_dim: int, block_size: int, dq: str = "tile")
 def bwd_config(dtype, head_dim, block_size, has_block_sizes, switches,
                pack_gqa: int = 1, causal=False, deterministic=False) -> BsaBwdConfig:
     """The dK/dV/dQ kernel's compile key (see :func:`fwd_config`). ``deterministic``: the
-    sm90ws backward with ordered dQ additions (``bsa_bwd_impl`` ``"auto"`` picks it at
-    every block size; :func:`deterministic_unsupported_reason` says where it cannot run)."""
+    sm90ws backward (``bsa_bwd_impl`` ``"auto"`` picks it at every block size;
+    :func:`deterministic_unsupported_reason` says where it cannot run), with the fixed-point
+    dQ (:func:`det_fixed_wanted`) where it applies, else with ordered dQ additions."""
     name = jnp.dtype(dtype).name
     want = switches.bsa_bwd_impl
     if deterministic:
@@ -631,10 +633,14 @@ def bwd_config(dtype, head_dim, block_size, has_block_sizes, switches,
     if impl == "sm90ws":
         if deterministic and det_fixed_wanted(block_size, switches.bsa_bwd_ws):
             # the default mode's configuration with fixed-point dQ, where it has the dQ
-            # writer's tile workspace and the dq reordering in the same call (tail_conv)
+            # writer's tile workspace and the dq reordering in the same call (tail_conv);
+            # built without the default mode's options that deterministic calls do not take
+            # (so that they do not turn off the step paths they exclude)
+            fixed_sw = dataclasses.replace(switches, bsa_bwd_ws=tuple(
+                o for o in switches.bsa_bwd_ws if o not in _NOT_FIXED_OPTS))
             cfg = _persist_config(_ws_config(name, head_dim, block_size, has_block_sizes,
-                                             impl, arch, switches, False, causal, pack_gqa),
-                                  switches.bsa_bwd_ws)
+                                             impl, arch, fixed_sw, False, causal, pack_gqa),
+                                  fixed_sw.bsa_bwd_ws)
             if (cfg.tail_conv and cfg.dq_writer and not cfg.ws_dq_alt and not cfg.dq_claim
                     and not cfg.ws_decouple and cfg.pack_gqa == 1 and not cfg.zero_lag
                     and not cfg.ws_persist):
@@ -760,7 +766,7 @@ def _ws_config(name, head_dim, block_size, has_block_sizes, impl, arch, switches
                                ws_dq_lag="nodqlag" not in opts and cfg.ws_wg_hand
                                and not cfg.ws_dk_lag and not cfg.ws_s_ahead
                                and not cfg.ws_dv_wait and "persist" not in opts,
-                               ws_wg_uniform="nowguni" not in opts
+                               ws_wg_uniform="nowguni" not in opts and not cfg.ws_s_ahead
                                and (not deterministic or "wguni" in opts))
 
 
@@ -855,6 +861,12 @@ DET_ORDER_OPTS = BSA_DET_ORDER_FLAGS
 #: ``ordscan=N``): any of them asks for it instead of the fixed-point dQ
 DET_ORDERED_OPTS = DET_ORDER_OPTS + ("detorder", "relaxpoll", "detstream", "nodetstream",
                                      "detoverlap", "detzero", "ordfast")
+
+
+#: default-mode ``bsa_bwd_ws`` options that the fixed-point deterministic dQ ignores: the
+#: multipliers take the unscaled delta (``ldscale``), and the dK GEMM of a step is not
+#: deferred (``dklag``, ``sahead``)
+_NOT_FIXED_OPTS = ("ldscale", "dklag", "sahead")
 
 
 def det_fixed_wanted(block_size: int, opts=()) -> bool:
@@ -1047,8 +1059,8 @@ def det_schedule_order(offsets, entries, ocfg: BsaDetOrderConfig, held: int,
 
 def deterministic_unsupported_reason(head_dim, block_size, switches=None, pack_gqa: int = 1,
                                      causal=False) -> str | None:
-    """``None`` when the deterministic backward (the sm90ws kernel with ordered dQ additions)
-    runs a call, else why not: it needs D in {64, 128} on the Hopper kernel family, the
+    """``None`` when the deterministic backward (the sm90ws kernel, with fixed-point dQ or
+    ordered dQ additions) runs a call, else why not: it needs D in {64, 128} on the Hopper kernel family, the
     ``bsa_bwd_impl`` switch ``auto`` or ``sm90ws``, no ``pack_gqa`` (``causal`` is accepted
     and runs)."""
     from ..config import from_env  # noqa: PLC0415
