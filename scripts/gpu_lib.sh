@@ -45,3 +45,22 @@ det_tests_bg() {
   timeout "$1" $PYT tests/test_gpu_bsa.py -k "bwd_deterministic and blk128" \
     > "$O/t_128.txt" 2>&1 &
 }
+# bench NAME SECS PASS ROWS TABLE: `benchmarks.bsa_bench --table-pass PASS --rows ROWS --timing
+# both --table TABLE` under timeout SECS, to $O/NAME.{json,txt}; prints its table
+bench() {
+  timeout "$2" python3 -m benchmarks.bsa_bench --table-pass "$3" --rows "$4" --timing both \
+    --table "$5" --out "$O/$1.json" > "$O/$1.txt" 2>&1
+  t "$1 rc=$?"; grep -v "^wrote" "$O/$1.txt"
+}
+# report_tests: the last line and the failures of every $O/t_*.txt
+report_tests() {
+  local f
+  for f in "$O"/t_*.txt; do
+    echo "== $f"; tail -n 1 "$f"; grep -E "^(FAILED|ERROR)" "$f" | head -5
+  done
+}
+# bg_test NAME FILE KEXPR: in the background, the GPU tests of FILE selected by KEXPR under
+# timeout $T, to $O/t_NAME.txt
+bg_test() {
+  timeout "$T" $PYT "$2" -k "$3" > "$O/t_$1.txt" 2>&1 &
+}
