@@ -395,6 +395,18 @@ def sweep_fit(rows):
     return fits
 
 
+def _check_variant_env(env, var):
+    """Raise ValueError for a name in a ``--table`` variant that is not one of the library's
+    environment variables (``JAX_SPARSE_ATTN_*``): a comma inside a switch's value splits it
+    into names of their own (``X=a,b`` makes ``b`` a name); ``+`` joins the options."""
+    bad = [k for k in env if not k.startswith("JAX_SPARSE_ATTN_")]
+    if bad:
+        raise ValueError(f"--table variant {var!r}: {', '.join(map(repr, bad))} is not a "
+                         "JAX_SPARSE_ATTN_* environment variable (or 'deterministic'); "
+                         "join several options of one switch with '+', e.g. "
+                         "JAX_SPARSE_ATTN_BSA_BWD_WS=detfixed+dqlag")
+
+
 def table(variants, n_sets=2, seed=0, rows_sel=None, pass_="fwd", rows_def=None,
           lists="random"):
     """Forward (``pass_="fwd"``) or backward (``"bwd"``: the whole backward from saved out /
@@ -420,6 +432,7 @@ def table(variants, n_sets=2, seed=0, rows_sel=None, pass_="fwd", rows_def=None,
             env = {k_: v_.replace("+", ",") for k_, v_ in
                    (kv.partition("=")[::2] for kv in filter(None, var.split(",")))}
             det = env.pop("deterministic", "0") == "1"
+            _check_variant_env(env, var)
             kw = dict(layout="bhsd", sparse_block_size=blk, softmax_scale=1.0 / np.sqrt(d),
                       backend="kernel", switches=config.from_env(env), deterministic=det)
 

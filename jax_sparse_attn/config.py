@@ -198,7 +198,10 @@ _BSA_BWD_WS_ALLOWED = ("comma list of " + ", ".join(BSA_BWD_WS_FLAGS)
                        "(deterministic schedule order: entries a proposal scan checks at once, "
                        "1..16), ex2emu=N (of every 8 score columns of a consumer thread, N "
                        "take exp2 as a polynomial on the FMA pipes instead of the MUFU unit, "
-                       "0..8; relative error 1.02e-4); at most one "
+                       "0..8; relative error 1.02e-4), fixemu=N (deterministic fixed-point "
+                       "dQ: of every 8 dQ values of a consumer thread, N converted to int32 "
+                       "by float additions instead of a conversion, 0..8; the same bits); at "
+                       "most one "
                        "of " + ", ".join(BSA_DET_ORDER_FLAGS) + "; at most one of detstream, "
                        "nodetstream; at most one of packws, nopackws; at most one of tailconv, "
                        "notailconv; at most one of wghand, nowghand; at most one of wguni, "
@@ -209,7 +212,8 @@ _parse_bsa_bwd_ws_opts = _parse_option_list(BSA_BWD_WS_FLAGS,
                                               "persistkv": lambda n: 0 <= n <= 3,
                                               "ordscan": lambda n: 1 <= n <= 16,
                                               "stamp": lambda n: 0 <= n <= 1 << 20,
-                                              "ex2emu": lambda n: 0 <= n <= 8},
+                                              "ex2emu": lambda n: 0 <= n <= 8,
+                                              "fixemu": lambda n: 0 <= n <= 8},
                                              None, _BSA_BWD_WS_ALLOWED)
 
 
@@ -629,8 +633,8 @@ SWITCHES = (
                "converted to int32 fixed point by a power-of-two multiplier per query row, "
                "from a bound on its values, and added with int32 bulk reductions, whose "
                "sum does not depend on their order; rows whose values leave the bound or "
-               "are not finite give NaN; at blk 128 0.85-0.88x the default mode on the "
-               "H100 against 0.83-0.86x for the schedule order), "
+               "are not finite give NaN; at blk 128 (with dqlag) 0.86-0.90x the default "
+               "mode on the H100, where the schedule order read 0.83-0.86x), "
                "detorder (deterministic=True with ordered dQ additions; so "
                "does any option of the ordered path: detkv, detfull, detlaunch, detsched, "
                "detschedfull, relaxpoll, detstream, nodetstream, detoverlap, detzero, "
@@ -698,6 +702,12 @@ SWITCHES = (
                "H100; with deterministic=True only where named, where it measured 2-3 % "
                "faster but its GPU tests have not run yet), "
                "nowguni (the warpgroup index from the thread index), "
+               "fixemu=N (with the fixed-point deterministic dQ; opt-in, not yet measured: of "
+               "every 8 dQ values of a consumer thread, N are converted to int32 by four "
+               "float additions, a shift-add and an add (t = y + 1.5 * 2^31, r = y - (t - "
+               "1.5 * 2^31), u = r + 1.5 * 2^23, 256 bits(t) + bits(u) less a constant) on the "
+               "FP32 and integer pipes instead of cvt.rni on the conversion unit, which also "
+               "runs the exponentials; bitwise the same values), "
                "ex2emu=N (of every 8 score columns of a consumer thread, N take exp2 as a "
                "degree-3 polynomial on the FMA pipes instead of the MUFU unit, relative "
                "error 1.02e-4; opt-in: 1-3 % slower at blk 128 and 0.5 % at blk 64 on the "

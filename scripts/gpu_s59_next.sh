@@ -12,7 +12,7 @@ timeout 160 python3 -m benchmarks.bsa_bench --table-pass bwd --rows 0,2,3,4,5,6 
   --table ";$W=nodqlag;" --out $O/bwd.json > $O/bwd.txt 2>&1
 t "bwd rc=$?"; grep -v "^wrote" $O/bwd.txt | tail -18
 timeout 150 python3 -m benchmarks.bsa_bench --table-pass bwd --rows 0,3,4 --timing both \
-  --table ";deterministic=1;deterministic=1,$W=detfixed;deterministic=1,$W=detfixed,dqlag;" \
+  --table ";deterministic=1;deterministic=1,$W=detfixed;deterministic=1,$W=detfixed+dqlag;" \
   --out $O/det.json > $O/det.txt 2>&1
 t "det rc=$?"; grep -v "^wrote" $O/det.txt | tail -12
 timeout 80 python3 -m benchmarks.bsa_bench --table-pass fwd --rows 0,1,2,3,4,5,6 --timing both \

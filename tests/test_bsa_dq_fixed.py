@@ -352,3 +352,43 @@ def test_detfixed_is_the_default():
     assert not key(128, ("detfixed", "persist")).dq_fixed
     # options of the default mode keep the fixed point
     assert key(64, ("l2hint",)).dq_fixed and key(64, ("hlpt",)).dq_fixed
+
+
+def _fadd_bits(y):
+    """The float32 model of ``kernels.common.fixed_bits_f32_fadd`` (numpy float32 arithmetic
+    rounds to nearest even, as ``add.rn.f32``): the int32 it leaves in the register."""
+    from jax_sparse_attn.kernels import common
+
+    hi = np.array(common.FIXED_MAGIC_HI, np.uint32).view(np.float32)
+    lo = np.array(common.FIXED_MAGIC_LO, np.uint32).view(np.float32)
+    y = np.asarray(y, np.float32)
+    t = y + hi
+    r = y - (t - hi)
+    u = r + lo
+    c = ((t.view(np.uint32).astype(np.uint64) << 8) + u.view(np.uint32)
+         - common.FIXED_MAGIC_BIAS) % (1 << 32)
+    return c.astype(np.uint32).view(np.int32)
+
+
+def test_fadd_conversion_is_round_to_nearest_even():
+    """``fixemu=N``'s conversion (``kernels.common.fixed_bits_f32_fadd``) gives the int32 of
+    ``cvt.rni`` (round to nearest, ties to even) for every ``|y| <= 2^30``: random values
+    over every binade of both signs, the ties ``k + 1/2`` and ``256 k + 128``, the edges
+    ``+-2^30``, ``+-2^23``, ``+-2^7``, zeros and subnormals. Beyond ``2^30`` (rows the kernel
+    flags) it differs, so the model can tell the two apart."""
+    pytest.importorskip("cutlass")
+    rng = np.random.default_rng(7)
+    mag = np.exp2(rng.uniform(-30, 30, 200_000)).astype(np.float32)
+    y = np.concatenate([
+        mag * rng.choice([-1, 1], mag.size).astype(np.float32),
+        np.arange(-4096, 4096, dtype=np.float32) + np.float32(0.5),
+        (np.arange(-2**12, 2**12, dtype=np.float32) * 256 + 128),
+        np.array([2**30, -2**30, 2**23, -2**23, 2**7, -2**7, 2**30 - 64, -(2**30 - 64), 0.0,
+                  -0.0, 1e-40, -1e-40, 0.49999997, -0.49999997, 1.5, -2.5], np.float32)])
+    y = y[np.abs(y) <= 2**30]
+    want = np.rint(y.astype(np.float64)).astype(np.int64)
+    got = _fadd_bits(y).astype(np.int64)
+    bad = np.flatnonzero(got != want)
+    assert bad.size == 0, [(float(y[i]), int(got[i]), int(want[i])) for i in bad[:5]]
+    # past the limit the result wraps (the kernel flags such rows), unlike cvt.rni.sat
+    assert _fadd_bits(np.float32(2**31))[()] != np.iinfo(np.int32).max

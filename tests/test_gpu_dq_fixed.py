@@ -110,6 +110,52 @@ def test_detfixed_against_the_default_mode(c):
     assert np.abs(a - b).max() <= 2.0**-7 * np.abs(b).max(), np.abs(a - b).max()
 
 
+FIXEMU_CASES = FIXED_CASES + [c for c in tb.DET_CASES if c["name"] in (
+    "det-hot-blk128-d128-32k", "det-all-blk128-d128-causal")]
+
+
+@pytest.mark.parametrize("n", [4, 8])
+@pytest.mark.parametrize("c", FIXEMU_CASES, ids=lambda c: c["name"])
+def test_detfixed_fixemu_bitwise(c, n):
+    """``fixemu=N``: N of every 8 dQ values converted to int32 by float additions instead of
+    ``cvt.rni`` give bitwise the gradients of the deterministic default (the same int32
+    values, so the same sums), at blk 64 and 128 (``dqlag``'s late half included), causal
+    too, with a NaN in one dO row (a row the kernel may flag: compared bit for bit too)."""
+    from jax_sparse_attn.ffi import bsa as fb
+
+    key = fb.bwd_config(jnp.dtype(c["dtype"]), c["d"], c["blk"], False,
+                        dataclasses.replace(from_env(), bsa_bwd_ws=(f"fixemu={n}",)),
+                        deterministic=True, causal=bool(c.get("causal")))
+    assert key.dq_fixed and key.ws_fix_emu == n, key
+    (q, k, v), (kp, vp), idx, nums, sizes = tb._ws_inputs(c)
+    do = np.random.default_rng(8).standard_normal(q.shape, np.float32)
+    do.reshape(-1, c["d"])[3, 1] = np.nan  # the row of the first query of head 0 or 3
+    do = jnp.asarray(do).astype(q.dtype)
+    ws = tuple(c["ws"].split(",")) if c.get("ws") else ()
+
+    def run(extra):
+        import jax_sparse_attn as jsa
+
+        kw = dict(layout=c["layout"], sparse_block_size=c["blk"],
+                  softmax_scale=0.6 / np.sqrt(c["d"]))
+        if c.get("causal"):
+            kw["causal"] = True
+        switches = dataclasses.replace(from_env(), bsa_bwd_ws=ws + extra)
+
+        @jax.jit
+        def grads(q, k, v, do):
+            _, vjp = jax.vjp(lambda q, k, v: jsa.block_sparse_attention(
+                q, k, v, idx, None, sizes, nums, allow_empty_block_nums=True,
+                backend="kernel", deterministic=True, switches=switches, **kw), q, k, v)
+            return vjp(do)
+
+        return [np.asarray(g) for g in jax.block_until_ready(grads(q, kp, vp, do))]
+
+    base, emu = run(()), run((f"fixemu={n}",))
+    for name, a, b in zip(("dq", "dk", "dv"), emu, base):
+        assert np.array_equal(a.view(np.uint16), b.view(np.uint16)), name
+
+
 def test_detfixed_nan_row():
     """A NaN in one valid dO row: that dq row is NaN in every column (its contributions are
     flagged), every other dq row is finite and matches the default mode's."""

@@ -264,6 +264,8 @@ _PTX_CONFIGS = {
                         {"ws": "detfixed,nodqlag", "deterministic": True}),
     "detfixed-dqlag-blk128": ("_bwd_text", (CONFIGS[0],), None,
                               {"ws": "detfixed,dqlag", "deterministic": True}),
+    "fixemu4-blk128": ("_bwd_text", (CONFIGS[0],), None,
+                       {"ws": "detfixed,fixemu=4", "deterministic": True}),
     "ex2emu3-blk128": ("_bwd_text", (CONFIGS[0],), None, {"ws": "ex2emu=3"}),
     "nowguni-blk128": ("_bwd_text", (CONFIGS[0],), None, {"ws": "nowguni"}),
     "rows-blk128": ("_bwd_text", (CONFIGS[0],), None, {"dq": "rows"}),
@@ -861,6 +863,32 @@ def test_bsa_bwd_ws_wguni(kept_ptx):
     import kept_ptx as kp  # noqa: PLC0415
 
     assert kp.assert_wgmma_groups_in_block(uni) > 0
+
+
+def test_bsa_bwd_ws_fixemu(kept_ptx):
+    """``bsa_bwd_ws=fixemu=N`` (opt-in): only with the fixed-point deterministic dQ; with
+    N = 4 half of the kernel's ``cvt.rni`` conversions become the float-addition form (its
+    magic addends in the PTX), with the same GEMMs, copies and reductions."""
+    from jax_sparse_attn.config import Switches
+    from jax_sparse_attn.ffi import bsa
+
+    def key(ws, blk=128, deterministic=True):
+        return bsa.bwd_config(jnp.bfloat16, 128, blk, False,
+                              Switches(bsa_bwd_impl="sm90ws", bsa_bwd_ws=ws),
+                              deterministic=deterministic)
+
+    for blk in (64, 128):
+        assert key(("fixemu=4",), blk).ws_fix_emu == 4 and key((), blk).ws_fix_emu == 0
+        assert key(("fixemu=4",), blk) == bsa.dataclasses.replace(key((), blk), ws_fix_emu=4)
+        assert key(("fixemu=4",), blk, False).ws_fix_emu == 0
+        assert key(("fixemu=4", "detorder"), blk).ws_fix_emu == 0
+    emu, base = _ws_ptx(kept_ptx, "fixemu4-blk128"), _ws_ptx(kept_ptx, "detfixed-dqlag-blk128")
+    cvt = re.compile(r"cvt\.rni\.sat\.s32\.f32")
+    assert 2 * len(cvt.findall(emu)) == len(cvt.findall(base)) > 0
+    assert "0f4F400000" in emu and "0f4F400000" not in base
+    for op in ("wgmma.mma_async", "cp.async.bulk.tensor", "cp.reduce.async.bulk",
+               "red.relaxed.gpu.global.or.b32"):
+        assert emu.count(op) == base.count(op) > 0, op
 
 
 def test_bsa_bwd_ws_entahead(kept_ptx):

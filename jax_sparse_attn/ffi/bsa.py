@@ -336,6 +336,9 @@ class BsaBwdConfig:
     # there, with deterministic=True only where named, not with ws_s_ahead, where ptxas then
     # spills; "nowguni": from the thread index)
     ws_wg_uniform: bool = False
+    # with dq_fixed: of every 8 dQ values of a thread, this many converted to fixed point by
+    # float additions instead of cvt ("fixemu=N")
+    ws_fix_emu: int = 0
 
 
 def fwd_smem_bytes(head_dim, block_size) -> int:
@@ -648,8 +651,10 @@ def bwd_config(dtype, head_dim, block_size, has_block_sizes, switches,
                 # dklag is not a deterministic option; with dqlag warpgroup 0 keeps the
                 # previous step's multipliers in registers; the warp-uniform warpgroup index
                 # only where named in deterministic mode)
+                fix = [int(o[7:]) for o in switches.bsa_bwd_ws if o.startswith("fixemu=")]
                 return dataclasses.replace(cfg, dq_fixed=True, ws_ld_scaled=False,
                                            ws_dk_lag=False, ws_s_ahead=False,
+                                           ws_fix_emu=fix[0] if fix else 0,
                                            ws_wg_uniform=cfg.ws_wg_uniform
                                            and "wguni" in switches.bsa_bwd_ws)
         return _persist_config(_ws_config(name, head_dim, block_size, has_block_sizes, impl,
@@ -873,10 +878,10 @@ def det_fixed_wanted(block_size: int, opts=()) -> bool:
     """Whether ``deterministic=True`` asks for the fixed-point dQ (``dq_fixed``) rather than
     ordered dQ additions: by default (and with ``bsa_bwd_ws`` ``detfixed``) at blk 64 and
     blk 128. On an H100 it measured 0.87–0.93x the default mode at blk 64 against 0.52–0.71x
-    for the schedule order, and at blk 128 (with ``dqlag``) 0.85x at S 16384 and 0.88x at
-    S 32768 against 0.85x and 0.83x (docs/performance.md). Not where an option of the ordered
-    path is given (:data:`DET_ORDERED_OPTS`, ``dqslots=N``, ``ordscan=N``) without
-    ``detfixed``. Where the fixed point does not apply, :func:`bwd_config` keeps the
+    for the schedule order, and at blk 128 (with ``dqlag``) 0.86x at S 16384 and 0.90x at
+    S 32768, where the schedule order read 0.86x and 0.83x (docs/performance.md). Not where an
+    option of the ordered path is given (:data:`DET_ORDERED_OPTS`, ``dqslots=N``,
+    ``ordscan=N``) without ``detfixed``. Where the fixed point does not apply, :func:`bwd_config` keeps the
     ordered path."""
     if "detfixed" in opts:
         return True
@@ -1728,7 +1733,7 @@ def _ws_kernel(cfg: BsaBwdConfig, after_pre: bool = False):
                         red_v4=cfg.ws_red_v4, fast_div=cfg.ws_fast_div,
                         q_probe=cfg.ws_q_probe, ent_ahead=cfg.ws_ent_ahead,
                         ex2_emu=cfg.ws_ex2_emu, dq_lag=cfg.ws_dq_lag,
-                        wg_uniform=cfg.ws_wg_uniform)
+                        wg_uniform=cfg.ws_wg_uniform, fix_emu=cfg.ws_fix_emu)
 
 
 def _bwd_det_entry(stream, q, k, v, do, lse, delta, offsets, entries, ranks, sizes, scale,

@@ -315,7 +315,7 @@ class BsaBwdSm90Ws:
                  dv_wait: bool = False, dk_lag: bool = False, s_ahead: bool = False,
                  stamps: tuple = (), red_v4: bool = False, fast_div: bool = False,
                  q_probe: bool = False, ent_ahead: bool = False, ex2_emu: int = 0,
-                 dq_lag: bool = False, wg_uniform: bool = False):
+                 dq_lag: bool = False, wg_uniform: bool = False, fix_emu: int = 0):
         self.pdl = pdl
         # of every 8 score columns of a thread, the first ex2_emu take exp2 as a polynomial
         # on the FMA pipes (``common.exp2_poly3``) instead of the MUFU unit
@@ -530,6 +530,10 @@ class BsaBwdSm90Ws:
         # the consumers' warpgroup index from the warp-uniform warp index (ptxas then keeps
         # the values derived from it in uniform registers), else from the thread index
         self.wg_uniform = wg_uniform
+        # with dq_fixed: of every 8 dQ values of a thread, the first fix_emu are converted to
+        # fixed point on the FP32 / integer pipes (common.fixed_bits_f32_fadd), the others by
+        # cvt.rni (the conversion unit, which also runs the exponentials)
+        self.fix_emu = fix_emu if dq_fixed else 0
         # persistent: the next item's K / V prefetched to L2 once the item is taken
         self.persist_kv_l2 = persist_kv_l2 and bool(self.persist)
         # 65536 registers per SM: 384 threads x 168 at launch (blk 128), 2 x 256 x 128 (blk 64)
@@ -1567,7 +1571,8 @@ class BsaBwdSm90Ws:
                                 if (wg == 1) | (c > 0):
                                     fixed_point_slice(
                                         acc_dQ, [fx_m0, fx_m1], t_lane, t_rg,
-                                        elem_ptr(mdQFlags, (batch, fx_head, fx_tile, 0)))
+                                        elem_ptr(mdQFlags, (batch, fx_head, fx_tile, 0)),
+                                        self.fix_emu)
                             elif cutlass.const_expr(self.dq_fixed):
                                 # the multipliers of this thread's two rows (16 rg + lane // 4
                                 # and 8 below), loaded with the stage's lse / delta
@@ -1576,7 +1581,7 @@ class BsaBwdSm90Ws:
                                 fixed_point_slice(
                                     acc_dQ, fx_mult, t_lane, t_rg,
                                     elem_ptr(mdQFlags, (batch, head, m_block * self.sub + s,
-                                                        0)))
+                                                        0)), self.fix_emu)
                             if cutlass.const_expr(self.dq_lag):
                                 # (warpgroup 0 stages nothing in the block's first step)
                                 if (wg == 1) | (c > 0):
@@ -1696,7 +1701,8 @@ class BsaBwdSm90Ws:
                     t_rg = (warp - 4) % 4
                     if cutlass.const_expr(self.dq_fixed):
                         fixed_point_slice(acc_dQ, [lag_m0, lag_m1], t_lane, t_rg,
-                                          elem_ptr(mdQFlags, (batch, lag_head, lag_tile, 0)))
+                                          elem_ptr(mdQFlags, (batch, lag_head, lag_tile, 0)),
+                                          self.fix_emu)
                     if c > 1:
                         kvb.wg_bar(wg, 5, 10, False)
                     stage_warp_slice(acc_dQ, st.sdQ.data_ptr(), t_lane, t_rg, 0, 4, self.dq_w,

@@ -567,6 +567,36 @@ def fixed_bits_f32(y, *, loc=None, ip=None):
         loc, ip))
 
 
+#: the magic addends of :func:`fixed_bits_f32_fadd`: 1.5 * 2^31 (a sum in [2^31, 2^32] has
+#: steps of 2^8) and 1.5 * 2^23 (steps of 1), and the constant their bit patterns leave in
+#: ``(bits(t) << 8) + bits(t2)``: ``(0x4F400000 << 8) + 0x4B400000`` modulo 2^32
+FIXED_MAGIC_HI = 0x4F400000
+FIXED_MAGIC_LO = 0x4B400000
+FIXED_MAGIC_BIAS = ((FIXED_MAGIC_HI << 8) + FIXED_MAGIC_LO) % (1 << 32)
+
+
+@dsl_user_op
+def fixed_bits_f32_fadd(y, *, loc=None, ip=None):
+    """:func:`fixed_bits_f32` on the FP32 and integer pipes (four ``add.rn.f32``, a shift-add
+    and an add) instead of a conversion: for ``|y| <= 2^30`` bitwise the same (round to
+    nearest even), elsewhere and for NaN a wrapped value instead of the saturated one.
+    ``t = y + 1.5 * 2^31`` rounds ``y`` to a multiple ``h`` of 2^8 (``t`` in [2^31, 2^32],
+    where the bit pattern counts steps of 2^8), ``r = y - (t - 1.5 * 2^31)`` is exact
+    (``|r| <= 2^7``), ``t2 = r + 1.5 * 2^23`` rounds it to an integer; the result is
+    ``256 (bits(t) - bits(1.5 * 2^31)) + bits(t2) - bits(1.5 * 2^23)``."""
+    return cutlass.Float32(inline_asm(
+        T.f32(), [cutlass.Float32(y).ir_value(loc=loc, ip=ip)],
+        "{\n.reg .f32 t, h, r, u;\n.reg .b32 a, b, c;\n"
+        f"add.rn.f32 t, $1, 0f{FIXED_MAGIC_HI:08X};\n"
+        f"sub.rn.f32 h, t, 0f{FIXED_MAGIC_HI:08X};\n"
+        "sub.rn.f32 r, $1, h;\n"
+        f"add.rn.f32 u, r, 0f{FIXED_MAGIC_LO:08X};\n"
+        "mov.b32 a, t;\nmov.b32 b, u;\n"
+        "shl.b32 a, a, 8;\nadd.u32 c, a, b;\n"
+        f"sub.u32 c, c, {FIXED_MAGIC_BIAS};\n"
+        "mov.b32 $0, c;\n}", "=f,f", False, loc, ip))
+
+
 @dsl_user_op
 def f32_of_fixed_bits(x, inv, *, loc=None, ip=None):
     """The inverse of :func:`fixed_bits_f32`: the int32 held in the bits of Float32 ``x``,

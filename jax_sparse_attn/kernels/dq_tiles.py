@@ -27,7 +27,8 @@ from cutlass import Float32, Int32
 
 from .common import (bulk_copy_f32, bulk_reduce_add_f32, bulk_reduce_add_f32_hint,
                      bulk_reduce_add_s32, elem_ptr,
-                     f32_of_fixed_bits, fixed_bits_f32, red_or_b32, st_shared_v4_f32,
+                     f32_of_fixed_bits, fixed_bits_f32, fixed_bits_f32_fadd, red_or_b32,
+                     st_shared_v4_f32,
                      wait_at_least)
 from .pack_gqa import packed_row
 
@@ -81,9 +82,11 @@ def stage_warp_slice(acc, sbase, lane, rg, cg0, n_rg: cutlass.Constexpr,
 
 
 @cute.jit
-def fixed_point_slice(acc, mult, lane, rg, flags_ptr):
+def fixed_point_slice(acc, mult, lane, rg, flags_ptr, emu: cutlass.Constexpr = 0):
     """Fixed-point dQ: a warp's slice of a wgmma accumulator (``acc``, rows ``16 rg ..`` as
-    in :func:`stage_warp_slice`) in place to ``round(x * m)`` int32 bits, ``m = mult[h]``
+    in :func:`stage_warp_slice`) in place to ``round(x * m)`` int32 bits (of every 8 values
+    the first ``emu`` by :func:`.common.fixed_bits_f32_fadd` on the FP32 / integer pipes, the
+    others by a conversion), ``m = mult[h]``
     for the thread's row ``16 rg + 8 h + lane // 4`` (held in the
     Float32 registers, for :func:`stage_warp_slice` and an ``s32`` bulk reduction). A row
     with a value whose product is outside ``+-FIXED_LIMIT`` or not finite (which the
@@ -100,7 +103,10 @@ def fixed_point_slice(acc, mult, lane, rg, flags_ptr):
                     ok = Int32(1)
             if ok == 0:
                 bad[i // 2] = Int32(1)
-            acc[k] = fixed_bits_f32(y)
+            if cutlass.const_expr(k % 8 < emu):
+                acc[k] = fixed_bits_f32_fadd(y)
+            else:
+                acc[k] = fixed_bits_f32(y)
     for h in cutlass.range_constexpr(2):
         if bad[h] != 0:
             r = 16 * rg + 8 * h + lane // 4
