@@ -82,6 +82,8 @@ def _grads(c, ws, deterministic, q, k, v, do, idx, nums, sizes):
 
     kw = dict(layout=c["layout"], sparse_block_size=c["blk"],
               softmax_scale=0.6 / np.sqrt(c["d"]))
+    if c.get("causal"):
+        kw["causal"] = True
     switches = dataclasses.replace(from_env(), bsa_bwd_ws=ws)
 
     @jax.jit
@@ -129,29 +131,11 @@ def test_detfixed_fixemu_bitwise(c, n):
     assert key.dq_fixed and key.ws_fix_emu == n, key
     (q, k, v), (kp, vp), idx, nums, sizes = tb._ws_inputs(c)
     do = np.random.default_rng(8).standard_normal(q.shape, np.float32)
-    do.reshape(-1, c["d"])[3, 1] = np.nan  # the row of the first query of head 0 or 3
+    do.reshape(-1, c["d"])[3, 1] = np.nan  # query 3 of head 0 (bhsd) or query 0 of head 3 (bshd)
     do = jnp.asarray(do).astype(q.dtype)
     ws = tuple(c["ws"].split(",")) if c.get("ws") else ()
-
-    def run(extra):
-        import jax_sparse_attn as jsa
-
-        kw = dict(layout=c["layout"], sparse_block_size=c["blk"],
-                  softmax_scale=0.6 / np.sqrt(c["d"]))
-        if c.get("causal"):
-            kw["causal"] = True
-        switches = dataclasses.replace(from_env(), bsa_bwd_ws=ws + extra)
-
-        @jax.jit
-        def grads(q, k, v, do):
-            _, vjp = jax.vjp(lambda q, k, v: jsa.block_sparse_attention(
-                q, k, v, idx, None, sizes, nums, allow_empty_block_nums=True,
-                backend="kernel", deterministic=True, switches=switches, **kw), q, k, v)
-            return vjp(do)
-
-        return [np.asarray(g) for g in jax.block_until_ready(grads(q, kp, vp, do))]
-
-    base, emu = run(()), run((f"fixemu={n}",))
+    base = _grads(c, ws, True, q, kp, vp, do, idx, nums, sizes)
+    emu = _grads(c, ws + (f"fixemu={n}",), True, q, kp, vp, do, idx, nums, sizes)
     for name, a, b in zip(("dq", "dk", "dv"), emu, base):
         assert np.array_equal(a.view(np.uint16), b.view(np.uint16)), name
 
