@@ -263,9 +263,10 @@ def test_detfixed_config():
         base = fb.bwd_config(jnp.bfloat16, 128, blk, False, sw)
         assert key.dq_fixed and not key.deterministic and key.tail_conv
         # (with warpgroup 0's late dQ half, the default mode's default at blk 128: it keeps
-        # the previous step's multipliers in registers; the warp-uniform warpgroup index
-        # only where named)
-        assert key == fb.dataclasses.replace(base, dq_fixed=True, ws_wg_uniform=False)
+        # the previous step's multipliers in registers; the warp-uniform warpgroup index as
+        # in the default mode)
+        assert key == fb.dataclasses.replace(base, dq_fixed=True)
+        assert key.ws_wg_uniform
         assert key.ws_dq_lag == (blk == 128)
         assert not base.dq_fixed
         for ws, lag in (("detfixed,dqlag", blk == 128), ("detfixed,nodqlag", False)):

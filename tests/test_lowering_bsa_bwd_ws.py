@@ -264,6 +264,10 @@ _PTX_CONFIGS = {
                         {"ws": "detfixed,nodqlag", "deterministic": True}),
     "detfixed-dqlag-blk128": ("_bwd_text", (CONFIGS[0],), None,
                               {"ws": "detfixed,dqlag", "deterministic": True}),
+    # the fixed point's per-row multipliers next to four Q / dO stages did not fit before the
+    # plan counted them (the dQ slices staged in the Q / dO tiles: three stages)
+    "detfixed-dqalias-blk128": ("_bwd_text", (CONFIGS[0],), None,
+                                {"ws": "detfixed,dqalias", "deterministic": True}),
     "fixemu4-blk128": ("_bwd_text", (CONFIGS[0],), None,
                        {"ws": "detfixed,fixemu=4", "deterministic": True}),
     "ex2emu3-blk128": ("_bwd_text", (CONFIGS[0],), None, {"ws": "ex2emu=3"}),
@@ -841,10 +845,12 @@ def test_bsa_bwd_ws_wguni(kept_ptx):
                                       Switches(bsa_bwd_impl="sm90ws", bsa_bwd_ws=ws),
                                       deterministic=det)
 
-            # (deterministic: only where named, fixed point and ordered alike)
-            assert key(("wguni",)).ws_wg_uniform and key(()).ws_wg_uniform != det
+            # (both modes, the fixed point and the ordered path alike)
+            assert key(("wguni",)).ws_wg_uniform and key(()).ws_wg_uniform
             assert key(("wguni", "detorder")).ws_wg_uniform
-            assert not key(("detorder",)).ws_wg_uniform or not det
+            assert key(("detorder",)).ws_wg_uniform
+            assert key(("detorder", "nowguni")) == bsa.dataclasses.replace(
+                key(("detorder",)), ws_wg_uniform=False)
             assert not key(("nowguni",)).ws_wg_uniform
             assert key(("nowguni",)) == bsa.dataclasses.replace(key(()), ws_wg_uniform=False)
             assert key(("wguni",)) == bsa.dataclasses.replace(key(()), ws_wg_uniform=True)
@@ -1230,6 +1236,20 @@ def test_bsa_bwd_ws_smem_plan():
         if st < 4:
             assert bwd_ws_smem_bytes(d, blk, st + 1) > limit
     assert bwd_ws_q_stages(128, 128, max_stages=2) == 2
+    # the fixed-point dQ keeps a third value per row (its multiplier) next to lse and delta:
+    # blk 128 / D 128 with the dQ slices staged in the Q / dO tiles then fits three stages, not
+    # four; with the staging tile it stays at three
+    assert bwd_ws_smem_bytes(128, 128, 4, ld_kinds=3) > SMEM_LIMIT[1]
+    assert bwd_ws_q_stages(128, 128, ld_kinds=3) == 3
+    assert bwd_ws_q_stages(128, 128, dq_tile=True, ld_kinds=3) == 3
+    assert bwd_ws_q_stages(128, 64, ld_kinds=3) == 2
+
+
+def test_bsa_bwd_ws_detfixed_dqalias(kept_ptx):
+    """The fixed-point deterministic dQ with ``dqalias`` at blk 128 / D 128 lowers (its
+    shared-memory plan counts the per-row multipliers) and converts dQ to fixed point."""
+    txt = _ws_ptx(kept_ptx, "detfixed-dqalias-blk128")
+    assert "cvt.rni.sat.s32.f32" in txt and "wgmma.mma_async" in txt
 
 
 def test_bsa_bwd_auto_choice():

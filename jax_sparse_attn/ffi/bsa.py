@@ -333,8 +333,7 @@ class BsaBwdConfig:
     # meet at a dS^T barrier every step (default there; "nodqlag": both halves in the step)
     ws_dq_lag: bool = False
     # "sm90ws": the consumers' warpgroup index from the warp-uniform warp index (default
-    # there, with deterministic=True only where named, not with ws_s_ahead, where ptxas then
-    # spills; "nowguni": from the thread index)
+    # there, not with ws_s_ahead, where ptxas then spills; "nowguni": from the thread index)
     ws_wg_uniform: bool = False
     # with dq_fixed: of every 8 dQ values of a thread, this many converted to fixed point by
     # float additions instead of cvt ("fixemu=N")
@@ -649,14 +648,11 @@ def bwd_config(dtype, head_dim, block_size, has_block_sizes, switches,
                     and not cfg.ws_persist):
                 # (ldscale stays off: the fixed-point multipliers take the unscaled delta;
                 # dklag is not a deterministic option; with dqlag warpgroup 0 keeps the
-                # previous step's multipliers in registers; the warp-uniform warpgroup index
-                # only where named in deterministic mode)
+                # previous step's multipliers in registers)
                 fix = [int(o[7:]) for o in switches.bsa_bwd_ws if o.startswith("fixemu=")]
                 return dataclasses.replace(cfg, dq_fixed=True, ws_ld_scaled=False,
                                            ws_dk_lag=False, ws_s_ahead=False,
-                                           ws_fix_emu=fix[0] if fix else 0,
-                                           ws_wg_uniform=cfg.ws_wg_uniform
-                                           and "wguni" in switches.bsa_bwd_ws)
+                                           ws_fix_emu=fix[0] if fix else 0)
         return _persist_config(_ws_config(name, head_dim, block_size, has_block_sizes, impl,
                                           arch, switches, deterministic, causal, pack_gqa),
                                switches.bsa_bwd_ws)
@@ -771,8 +767,7 @@ def _ws_config(name, head_dim, block_size, has_block_sizes, impl, arch, switches
                                ws_dq_lag="nodqlag" not in opts and cfg.ws_wg_hand
                                and not cfg.ws_dk_lag and not cfg.ws_s_ahead
                                and not cfg.ws_dv_wait and "persist" not in opts,
-                               ws_wg_uniform="nowguni" not in opts and not cfg.ws_s_ahead
-                               and (not deterministic or "wguni" in opts))
+                               ws_wg_uniform="nowguni" not in opts and not cfg.ws_s_ahead)
 
 
 def _persist_config(cfg: BsaBwdConfig, opts) -> BsaBwdConfig:
@@ -878,8 +873,9 @@ def det_fixed_wanted(block_size: int, opts=()) -> bool:
     """Whether ``deterministic=True`` asks for the fixed-point dQ (``dq_fixed``) rather than
     ordered dQ additions: by default (and with ``bsa_bwd_ws`` ``detfixed``) at blk 64 and
     blk 128. On an H100 it measured 0.87–0.93x the default mode at blk 64 against 0.52–0.71x
-    for the schedule order, and at blk 128 (with ``dqlag``) 0.86x at S 16384 and 0.90x at
-    S 32768, where the schedule order read 0.86x and 0.83x (docs/performance.md). Not where an
+    for the schedule order, and at blk 128 (with ``dqlag`` and ``wguni``) 0.87x at S 16384
+    and 0.91x at S 32768, where the schedule order read 0.86x and 0.83x before ``wguni``
+    (docs/performance.md). Not where an
     option of the ordered path is given (:data:`DET_ORDERED_OPTS`, ``dqslots=N``,
     ``ordscan=N``) without ``detfixed``. Where the fixed point does not apply, :func:`bwd_config` keeps the
     ordered path."""

@@ -254,23 +254,25 @@ SMEM_LIMIT = {1: 227 * 1024, 2: 113 * 1024}
 
 
 def bwd_ws_smem_bytes(head_dim: int, block_size: int, stages: int,
-                      dq_tile: bool = False) -> int:
-    """Shared memory of the kernel: K, V, ``stages`` x (Q, dO, lse, delta), the dS tiles
-    (two buffers at blk 128), with ``dq_tile`` the fp32 dQ staging tile, and 1 KiB for the
-    mbarriers and alignment."""
+                      dq_tile: bool = False, ld_kinds: int = 2) -> int:
+    """Shared memory of the kernel: K, V, ``stages`` x (Q, dO and ``ld_kinds`` fp32 values
+    per row: lse, delta and with the fixed-point dQ the row's multiplier), the dS tiles (two
+    buffers at blk 128) and with ``dq_tile`` the fp32 dQ staging tile. The mbarriers (at
+    most 128 bytes) and the per-row values come first, padded to the 1 KiB alignment of the
+    tiles."""
     ds_bufs = 2 if block_size == 128 else 1
-    return (2 * block_size * head_dim * 2 + stages * (2 * TILE_M * head_dim * 2 + 2 * TILE_M * 4)
-            + ds_bufs * TILE_M * block_size * 2 + 1024
-            + (TILE_M * head_dim * 4 if dq_tile else 0))
+    head = -(-(128 + stages * ld_kinds * TILE_M * 4) // 1024) * 1024
+    return (head + 2 * block_size * head_dim * 2 + stages * 2 * TILE_M * head_dim * 2
+            + ds_bufs * TILE_M * block_size * 2 + (TILE_M * head_dim * 4 if dq_tile else 0))
 
 
 def bwd_ws_q_stages(head_dim: int, block_size: int, max_stages: int = 4,
-                    dq_tile: bool = False) -> int | None:
+                    dq_tile: bool = False, ld_kinds: int = 2) -> int | None:
     """The most Q / dO stages (2..``max_stages``) whose shared memory fits the CTA's share
     (None: none fits)."""
     limit = SMEM_LIMIT[1 if block_size == 128 else 2]
     for st in range(max_stages, 1, -1):
-        if bwd_ws_smem_bytes(head_dim, block_size, st, dq_tile) <= limit:
+        if bwd_ws_smem_bytes(head_dim, block_size, st, dq_tile, ld_kinds) <= limit:
             return st
     return None
 
@@ -427,12 +429,6 @@ class BsaBwdSm90Ws:
         # accumulator is not live next to P^T, dS^T and the in-flight dV / dK: fewer
         # registers at the peak, so ptxas need not serialize the wgmma)
         self.dq_late = dq_late and self.dq_alias
-        self.q_stages = bwd_ws_q_stages(head_dim, block_size, max_stages,
-                                        self.dq_tile and not self.dq_alias)
-        if self.q_stages is None:
-            raise NotImplementedError(
-                f"bsa_bwd_sm90_ws: no shared-memory plan for head_dim={head_dim}, "
-                f"sparse_block_size={block_size}, dq_tile={dq_tile}")
         self.dq_w = bwd_ws_dq_block_cols(head_dim, block_size)
         self.ld_wait = ld_wait
         self.deterministic = deterministic
@@ -455,6 +451,12 @@ class BsaBwdSm90Ws:
         # per-row values of a Q / dO stage in shared memory: lse, delta (and with dq_fixed
         # the row's multiplier, loaded by the producer with them)
         self.ld_kinds = 3 if self.dq_fixed else 2
+        self.q_stages = bwd_ws_q_stages(head_dim, block_size, max_stages,
+                                        self.dq_tile and not self.dq_alias, self.ld_kinds)
+        if self.q_stages is None:
+            raise NotImplementedError(
+                f"bsa_bwd_sm90_ws: no shared-memory plan for head_dim={head_dim}, "
+                f"sparse_block_size={block_size}, dq_tile={dq_tile}")
         # deterministic with the writer: each query tile has ``dq_slots`` fp32 accumulators
         # (workspace tiles ``t * dq_slots + p``); the contribution of rank ``r`` goes to slot
         # ``r % dq_slots`` and waits for rank ``r - dq_slots`` only (the tile's semaphore of
