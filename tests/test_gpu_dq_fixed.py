@@ -52,20 +52,19 @@ def test_bsa_bwd_detfixed_dqlag(c, monkeypatch):
 
 
 @pytest.mark.parametrize("c", tb.DET_CASES, ids=lambda c: c["name"])
-def test_bsa_bwd_deterministic_wguni(c, monkeypatch):
-    """``wguni`` named with deterministic=True (the default mode's default; in deterministic
-    mode only where named): the consumers' warpgroup index from the warp-uniform warp index,
-    on the fixed-point dQ and, where a case names an option of the ordered path, on the
-    ordered additions; the deterministic cases (five runs bitwise equal, against the
-    reference)."""
+def test_bsa_bwd_deterministic_nowguni(c, monkeypatch):
+    """``nowguni`` with deterministic=True (the warp-uniform warpgroup index is the default
+    in both modes): the consumers' warpgroup index from the thread index, on the fixed-point
+    dQ and, where a case names an option of the ordered path, on the ordered additions; the
+    deterministic cases (five runs bitwise equal, against the reference)."""
     from jax_sparse_attn.ffi import bsa as fb
 
-    monkeypatch.setenv("JAX_SPARSE_ATTN_BSA_BWD_WS", "wguni")
-    ws = ("wguni",) + (tuple(c["ws"].split(",")) if c.get("ws") else ())
+    monkeypatch.setenv("JAX_SPARSE_ATTN_BSA_BWD_WS", "nowguni")
+    ws = ("nowguni",) + (tuple(c["ws"].split(",")) if c.get("ws") else ())
     key = fb.bwd_config(jnp.dtype(c["dtype"]), c["d"], c["blk"], False,
                         dataclasses.replace(from_env(), bsa_bwd_ws=ws), deterministic=True,
                         causal=bool(c.get("causal")))
-    assert key.ws_wg_uniform, key
+    assert not key.ws_wg_uniform, key
     tb.test_bsa_bwd_deterministic(c, monkeypatch)
 
 
