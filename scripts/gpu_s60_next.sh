@@ -15,6 +15,7 @@ bench det 150 bwd 3,4 ";deterministic=1;deterministic=1,$W=wguni;deterministic=1
 bench fwd 80 fwd 0,1,2,3,4,5,6 ";"
 T=$(( $(left) - 15 ))
 if [ "$T" -gt 60 ]; then
+  # (session 61 renamed deterministic_wguni to deterministic_nowguni: wguni is the default)
   bg_test wguni128 tests/test_gpu_dq_fixed.py "deterministic_wguni and blk128"
   bg_test wguni64 tests/test_gpu_dq_fixed.py "deterministic_wguni and blk64"
   bg_test alias128 tests/test_gpu_bsa_dqalias.py "deterministic and blk128"

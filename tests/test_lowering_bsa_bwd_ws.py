@@ -1243,6 +1243,16 @@ def test_bsa_bwd_ws_smem_plan():
     assert bwd_ws_q_stages(128, 128, ld_kinds=3) == 3
     assert bwd_ws_q_stages(128, 128, dq_tile=True, ld_kinds=3) == 3
     assert bwd_ws_q_stages(128, 64, ld_kinds=3) == 2
+    # the kernel object's plan (built on CPU, nothing compiled): the fixed point with dQ
+    # staged in the Q / dO tiles takes three stages, without the fixed point four
+    import cutlass  # noqa: PLC0415
+
+    from jax_sparse_attn.kernels.bsa_bwd_sm90_ws import BsaBwdSm90Ws  # noqa: PLC0415
+
+    for fixed, want in ((True, 3), (False, 4)):
+        kern = BsaBwdSm90Ws(cutlass.BFloat16, 128, 128, False, dq_tile=True, dq_alias=True,
+                            dq_writer=True, dq_fixed=fixed)
+        assert kern.dq_fixed == fixed and kern.q_stages == want, (fixed, kern.q_stages)
 
 
 def test_bsa_bwd_ws_detfixed_dqalias(kept_ptx):

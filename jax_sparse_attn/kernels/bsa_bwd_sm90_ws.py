@@ -258,8 +258,8 @@ def bwd_ws_smem_bytes(head_dim: int, block_size: int, stages: int,
     """Shared memory of the kernel: K, V, ``stages`` x (Q, dO and ``ld_kinds`` fp32 values
     per row: lse, delta and with the fixed-point dQ the row's multiplier), the dS tiles (two
     buffers at blk 128) and with ``dq_tile`` the fp32 dQ staging tile. The mbarriers (at
-    most 128 bytes) and the per-row values come first, padded to the 1 KiB alignment of the
-    tiles."""
+    most 128 bytes with at most four stages) and the per-row values come first, padded to the
+    1 KiB alignment of the tiles."""
     ds_bufs = 2 if block_size == 128 else 1
     head = -(-(128 + stages * ld_kinds * TILE_M * 4) // 1024) * 1024
     return (head + 2 * block_size * head_dim * 2 + stages * 2 * TILE_M * head_dim * 2
@@ -456,7 +456,8 @@ class BsaBwdSm90Ws:
         if self.q_stages is None:
             raise NotImplementedError(
                 f"bsa_bwd_sm90_ws: no shared-memory plan for head_dim={head_dim}, "
-                f"sparse_block_size={block_size}, dq_tile={dq_tile}")
+                f"sparse_block_size={block_size}, dq_tile={dq_tile}, "
+                f"dq_fixed={self.dq_fixed}")
         # deterministic with the writer: each query tile has ``dq_slots`` fp32 accumulators
         # (workspace tiles ``t * dq_slots + p``); the contribution of rank ``r`` goes to slot
         # ``r % dq_slots`` and waits for rank ``r - dq_slots`` only (the tile's semaphore of
