@@ -101,6 +101,7 @@ CASES = {
     # deterministic=True (the dQ order from the environment: JAX_SPARSE_ATTN_BSA_BWD_WS)
     "bsa_bwd_det_blk64": lambda: _bsa(64, 32, bwd="only", deterministic=True),
     "bsa_bwd_det_blk128": lambda: _bsa(128, 16, bwd="only", deterministic=True),
+    "bsa_bwd_det_s32768": lambda: _bsa(128, 32, s=32768, bwd="only", deterministic=True),
     "bsa_bwd_det_gqa_blk64": lambda: _bsa(64, 32, bwd="only", deterministic=True, h_kv=4),
 }
 _OURS = ("Hstu", "Bsa", "Attn", "cutlass")
