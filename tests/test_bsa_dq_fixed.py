@@ -393,3 +393,68 @@ def test_fadd_conversion_is_round_to_nearest_even():
     assert bad.size == 0, [(float(y[i]), int(got[i]), int(want[i])) for i in bad[:5]]
     # past the limit the result wraps (the kernel flags such rows), unlike cvt.rni.sat
     assert _fadd_bits(np.float32(2**31))[()] != np.iinfo(np.int32).max
+
+
+@pytest.mark.parametrize("two_pass", [False, True], ids=["one_pass", "mult2p"])
+def test_fixed_rows_log2_bounds_the_norm(two_pass):
+    """``fixed_rows_log2``: the Euclidean norm's log2 bound is an upper bound of the finite
+    values' norm (float64) and within half a bit plus the fallback's ``log2(sqrt(D))`` of it,
+    for unit rows, rows whose squares overflow or fall below float32's normal range, mixed
+    magnitudes and non-finite values; -inf for rows of zeros or only non-finite values; the
+    max form is the largest finite value's log2."""
+    from jax_sparse_attn.ffi import bsa as fb
+
+    rng = np.random.default_rng(3)
+    d = 128
+    rows = [rng.standard_normal(d),
+            rng.standard_normal(d) * 1e30,  # squares overflow float32
+            rng.standard_normal(d) * 1e-25,  # squares below the normal range
+            np.concatenate([[3e38], rng.standard_normal(d - 1)]),
+            np.concatenate([[1e-20], np.zeros(d - 1)]),
+            np.where(rng.random(d) < 0.1, np.inf, rng.standard_normal(d)),
+            np.where(rng.random(d) < 0.1, np.nan, rng.standard_normal(d) * 1e3),
+            np.zeros(d), np.full(d, np.nan)]
+    x = np.stack(rows).astype(np.float32)
+    fin = np.where(np.isfinite(x), np.abs(x).astype(np.float64), 0.0)
+    got = np.asarray(fb.fixed_rows_log2(jnp.asarray(x), True, two_pass), np.float64)
+    mx = np.asarray(fb.fixed_rows_log2(jnp.asarray(x), False, two_pass), np.float64)
+    norm = np.sqrt((fin ** 2).sum(-1))
+    for i in range(len(rows)):
+        if norm[i] == 0:
+            assert got[i] == -np.inf and mx[i] == -np.inf, i
+            continue
+        want = np.log2(norm[i])
+        # (float32 rounding of the log2: the multipliers keep a bit of margin for it)
+        assert np.isfinite(got[i]) and got[i] >= want - 2e-6 * max(1.0, abs(want)), (
+            i, got[i], want)
+        assert got[i] <= want + 0.5 * np.log2(d) + 0.5, (i, got[i], want)
+        assert abs(mx[i] - np.log2(fin[i].max())) < 1e-5, i
+    # ordinary rows: within float32 rounding of the exact norm
+    for i in (0, 5, 6):
+        assert abs(got[i] - np.log2(norm[i])) < 1e-5, i
+
+
+def test_mult2p_key():
+    """``bsa_bwd_ws=mult2p``: the fixed-point backward's key records the two-pass norms;
+    without the fixed point it changes nothing; the multipliers of both forms agree within
+    one power of two and are equal on ordinary inputs."""
+    from jax_sparse_attn.config import Switches
+    from jax_sparse_attn.ffi import bsa as fb
+
+    for blk in (64, 128):
+        base = fb.bwd_config(jnp.bfloat16, 128, blk, False, Switches(), deterministic=True)
+        two = fb.bwd_config(jnp.bfloat16, 128, blk, False, Switches(bsa_bwd_ws=("mult2p",)),
+                            deterministic=True)
+        assert base.dq_fixed and not base.fix_mult_two_pass
+        assert two == fb.dataclasses.replace(base, fix_mult_two_pass=True)
+        nd = fb.bwd_config(jnp.bfloat16, 128, blk, False, Switches(bsa_bwd_ws=("mult2p",)))
+        assert nd == fb.bwd_config(jnp.bfloat16, 128, blk, False, Switches())
+    rng = np.random.default_rng(5)
+    q, k, v, do, idx, nums, bs, n_q, n_kv = _case(rng)
+    delta = rng.standard_normal((2, 4, 150))
+    cfg = _cfg(2, 4, 2, 150, 200, 32, 64, 0.2)
+    one = _mult(k, v, do, delta, idx, nums, bs, cfg, 3)
+    cfg.bwd = types.SimpleNamespace(fix_mult_two_pass=True)
+    two = _mult(k, v, do, delta, idx, nums, bs, cfg, 3)
+    assert np.abs(np.log2(one[..., 0]) - np.log2(two[..., 0])).max() <= 1
+    assert (one == two).mean() > 0.99
