@@ -185,7 +185,7 @@ BSA_BWD_WS_FLAGS = ("ldwait", "lpt", "decouple", "detkv", "detfull", "detlaunch"
                     "thrfrags", "wghand", "nowghand", "ldscale", "dvwait", "dklag", "sahead",
                     "redv4", "fdiv", "nofdiv", "qprobe",
                     "noqprobe", "entahead", "dqlag", "nodqlag", "wguni",
-                    "nowguni", "mult2p")
+                    "nowguni", "mult1p")
 #: the flags among :data:`BSA_BWD_WS_FLAGS` that choose the deterministic dQ order (at most
 #: one of them)
 BSA_DET_ORDER_FLAGS = ("detkv", "detfull", "detlaunch", "detsched", "detschedfull")
@@ -709,10 +709,12 @@ SWITCHES = (
                "FP32 and integer pipes instead of cvt.rni on the conversion unit, which also "
                "runs the exponentials; bitwise the same values; slower on the H100: 0.8-2.1 % "
                "for N = 4, 3.5-5.2 % for N = 8), "
-               "mult2p (with the fixed-point deterministic dQ: the multipliers' bounds take "
-               "the Euclidean norms of the dO and V rows in two passes over them, the largest "
-               "value and then the sum of the squares scaled by it, instead of one pass with "
-               "both reductions side by side; not yet measured), "
+               "mult1p (with the fixed-point deterministic dQ; opt-in, not yet measured: the "
+               "multipliers' bounds take the Euclidean norms of the dO and V rows in one pass "
+               "over them, the largest value and the unscaled float32 sum of squares side by "
+               "side (where the sum overflows or is below 2^-100, sqrt(D) times the largest "
+               "value), instead of two passes, the largest value and then the sum of the "
+               "squares scaled by it), "
                "ex2emu=N (of every 8 score columns of a consumer thread, N take exp2 as a "
                "degree-3 polynomial on the FMA pipes instead of the MUFU unit, relative "
                "error 1.02e-4; opt-in: 1-3 % slower at blk 128 and 0.5 % at blk 64 on the "

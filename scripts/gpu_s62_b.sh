@@ -3,7 +3,7 @@
 # GPU tests on the current defaults: the block-sparse grid in three shards with the sm90ws
 # backward / public-API cases (one KV block listed by every query block of a 32768-token
 # sequence, GQA 8:1, every KV block listed, poisoned outputs), the deterministic cases (five
-# runs bitwise equal), the sm90ws forward cases, and on an H200 the 2.28e9-element
+# runs bitwise equal; and with `mult1p`), the sm90ws forward cases, and on an H200 the 2.28e9-element
 # deterministic case with the fixed-point dQ.
 # Usage (device, after `source .devcache/setup.sh`): OUT=$OUT bash scripts/gpu_s62_b.sh [seconds]
 . "$(dirname "$0")/gpu_lib.sh" s62_b "${1:-480}"
@@ -12,6 +12,7 @@ cat $O/gpu.txt
 T=$(( $(left) - 20 ))
 bsa_grid_bg $T
 det_tests_bg $T
+bg_test mult1p tests/test_gpu_dq_fixed.py "deterministic_mult1p"
 bg_test fwd tests/test_gpu_bsa.py "test_bsa_sm90ws_forward and not ctas3k1 and not pairwg and not streamk"
 wait; t "tests"
 report_tests

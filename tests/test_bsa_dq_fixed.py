@@ -395,8 +395,8 @@ def test_fadd_conversion_is_round_to_nearest_even():
     assert _fadd_bits(np.float32(2**31))[()] != np.iinfo(np.int32).max
 
 
-@pytest.mark.parametrize("two_pass", [False, True], ids=["one_pass", "mult2p"])
-def test_fixed_rows_log2_bounds_the_norm(two_pass):
+@pytest.mark.parametrize("one_pass", [False, True], ids=["two_pass", "mult1p"])
+def test_fixed_rows_log2_bounds_the_norm(one_pass):
     """``fixed_rows_log2``: the Euclidean norm's log2 bound is an upper bound of the finite
     values' norm (float64) and within half a bit plus the fallback's ``log2(sqrt(D))`` of it,
     for unit rows, rows whose squares overflow or fall below float32's normal range, mixed
@@ -416,8 +416,8 @@ def test_fixed_rows_log2_bounds_the_norm(two_pass):
             np.zeros(d), np.full(d, np.nan)]
     x = np.stack(rows).astype(np.float32)
     fin = np.where(np.isfinite(x), np.abs(x).astype(np.float64), 0.0)
-    got = np.asarray(fb.fixed_rows_log2(jnp.asarray(x), True, two_pass), np.float64)
-    mx = np.asarray(fb.fixed_rows_log2(jnp.asarray(x), False, two_pass), np.float64)
+    got = np.asarray(fb.fixed_rows_log2(jnp.asarray(x), True, one_pass), np.float64)
+    mx = np.asarray(fb.fixed_rows_log2(jnp.asarray(x), False, one_pass), np.float64)
     norm = np.sqrt((fin ** 2).sum(-1))
     for i in range(len(rows)):
         if norm[i] == 0:
@@ -434,8 +434,8 @@ def test_fixed_rows_log2_bounds_the_norm(two_pass):
         assert abs(got[i] - np.log2(norm[i])) < 1e-5, i
 
 
-def test_mult2p_key():
-    """``bsa_bwd_ws=mult2p``: the fixed-point backward's key records the two-pass norms;
+def test_mult1p_key():
+    """``bsa_bwd_ws=mult1p``: the fixed-point backward's key records the one-pass norms;
     without the fixed point it changes nothing; the multipliers of both forms agree within
     one power of two and are equal on ordinary inputs."""
     from jax_sparse_attn.config import Switches
@@ -443,18 +443,18 @@ def test_mult2p_key():
 
     for blk in (64, 128):
         base = fb.bwd_config(jnp.bfloat16, 128, blk, False, Switches(), deterministic=True)
-        two = fb.bwd_config(jnp.bfloat16, 128, blk, False, Switches(bsa_bwd_ws=("mult2p",)),
+        one = fb.bwd_config(jnp.bfloat16, 128, blk, False, Switches(bsa_bwd_ws=("mult1p",)),
                             deterministic=True)
-        assert base.dq_fixed and not base.fix_mult_two_pass
-        assert two == fb.dataclasses.replace(base, fix_mult_two_pass=True)
-        nd = fb.bwd_config(jnp.bfloat16, 128, blk, False, Switches(bsa_bwd_ws=("mult2p",)))
+        assert base.dq_fixed and not base.fix_mult_one_pass
+        assert one == fb.dataclasses.replace(base, fix_mult_one_pass=True)
+        nd = fb.bwd_config(jnp.bfloat16, 128, blk, False, Switches(bsa_bwd_ws=("mult1p",)))
         assert nd == fb.bwd_config(jnp.bfloat16, 128, blk, False, Switches())
     rng = np.random.default_rng(5)
     q, k, v, do, idx, nums, bs, n_q, n_kv = _case(rng)
     delta = rng.standard_normal((2, 4, 150))
     cfg = _cfg(2, 4, 2, 150, 200, 32, 64, 0.2)
-    one = _mult(k, v, do, delta, idx, nums, bs, cfg, 3)
-    cfg.bwd = types.SimpleNamespace(fix_mult_two_pass=True)
     two = _mult(k, v, do, delta, idx, nums, bs, cfg, 3)
+    cfg.bwd = types.SimpleNamespace(fix_mult_one_pass=True)
+    one = _mult(k, v, do, delta, idx, nums, bs, cfg, 3)
     assert np.abs(np.log2(one[..., 0]) - np.log2(two[..., 0])).max() <= 1
     assert (one == two).mean() > 0.99

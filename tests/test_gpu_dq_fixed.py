@@ -68,6 +68,22 @@ def test_bsa_bwd_deterministic_nowguni(c, monkeypatch):
     tb.test_bsa_bwd_deterministic(c, monkeypatch)
 
 
+@pytest.mark.parametrize("c", [c for c in tb.DET_CASES if not c.get("ws")],
+                         ids=lambda c: c["name"])
+def test_bsa_bwd_deterministic_mult1p(c, monkeypatch):
+    """``mult1p`` (the fixed-point multipliers' norms in one pass over dO and V): the
+    deterministic cases of the fixed point (five runs bitwise equal, against the
+    reference)."""
+    from jax_sparse_attn.ffi import bsa as fb
+
+    monkeypatch.setenv("JAX_SPARSE_ATTN_BSA_BWD_WS", "mult1p")
+    key = fb.bwd_config(jnp.dtype(c["dtype"]), c["d"], c["blk"], False,
+                        dataclasses.replace(from_env(), bsa_bwd_ws=("mult1p",)),
+                        deterministic=True, causal=bool(c.get("causal")))
+    assert key.dq_fixed and key.fix_mult_one_pass, key
+    tb.test_bsa_bwd_deterministic(c, monkeypatch)
+
+
 FIXED_CASES = [
     dict(name="fixed-blk64-d128", blk=64, d=128, dtype="bfloat16", layout="bhsd", hq=4, hkv=4,
          sq=1000, skv=999, mode="all"),

@@ -338,9 +338,9 @@ class BsaBwdConfig:
     # with dq_fixed: of every 8 dQ values of a thread, this many converted to fixed point by
     # float additions instead of cvt ("fixemu=N")
     ws_fix_emu: int = 0
-    # with dq_fixed: the multipliers' Euclidean norms of dO and V rows in two passes (the
-    # largest value, then the sum of squares scaled by it; "mult2p") instead of one
-    fix_mult_two_pass: bool = False
+    # with dq_fixed: the multipliers' Euclidean norms of dO and V rows in one pass (the
+    # largest value and the sum of squares side by side; "mult1p") instead of two
+    fix_mult_one_pass: bool = False
 
 
 def fwd_smem_bytes(head_dim, block_size) -> int:
@@ -656,7 +656,7 @@ def bwd_config(dtype, head_dim, block_size, has_block_sizes, switches,
                 return dataclasses.replace(cfg, dq_fixed=True, ws_ld_scaled=False,
                                            ws_dk_lag=False, ws_s_ahead=False,
                                            ws_fix_emu=fix[0] if fix else 0,
-                                           fix_mult_two_pass="mult2p" in switches.bsa_bwd_ws)
+                                           fix_mult_one_pass="mult1p" in switches.bsa_bwd_ws)
         return _persist_config(_ws_config(name, head_dim, block_size, has_block_sizes, impl,
                                           arch, switches, deterministic, causal, pack_gqa),
                                switches.bsa_bwd_ws)
@@ -2100,25 +2100,24 @@ def _bwd_fixed_jit():
     return cute.jit(_bwd_fixed_entry)
 
 
-def fixed_rows_log2(x, norm: bool, two_pass: bool = False):
+def fixed_rows_log2(x, norm: bool, one_pass: bool = False):
     """``(..., S)`` float32 from ``(..., S, D)``: log2 of the largest finite ``|x|`` over the
     last axis or (``norm``) an upper bound of the Euclidean norm of the finite values; -inf
     where none is nonzero.
 
-    The norm takes one pass over ``x``: the largest value and the float32 sum of squares
-    are sibling reductions. The sum's rounding (relative ``D * 2^-24``) lies within the
+    The norm takes two passes over ``x``: the largest value, then the sum of the squares
+    scaled by it. ``one_pass``: the largest value and the unscaled float32 sum of squares
+    as sibling reductions, one pass. The sum's rounding (relative ``D * 2^-24``) lies within the
     multipliers' one-bit margin, and so do the squares below float32's normal range (flushed
     to zero on the GPU: at most ``D * 2^-126`` in all) where the sum is at least 2^-100;
-    where it is smaller or overflows, ``sqrt(D)`` times the largest value bounds the norm.
-    ``two_pass``: the sum of the squares scaled by the largest value, a second pass over
-    ``x``."""
+    where it is smaller or overflows, ``sqrt(D)`` times the largest value bounds the norm."""
     lg = jnp.log2
     a = jnp.abs(x.astype(jnp.float32))
     a = jnp.where(jnp.isfinite(a), a, 0.0)
     m = jnp.max(a, axis=-1)
     if not norm:
         return lg(m)
-    if two_pass:
+    if not one_pass:
         r = jnp.sum(jnp.square(a / jnp.where(m > 0, m, 1.0)[..., None]), axis=-1)
         return lg(m) + 0.5 * lg(jnp.maximum(r, 1.0))
     d = a.shape[-1]
@@ -2148,19 +2147,18 @@ def dq_fixed_multipliers(k, v, do, delta, q2k_block_index, q2k_block_nums, block
     within ``2^28``, which leaves the int32 sum room for P's of up to 8 in sum (an lse
     that is not the forward's) before it wraps. Non-finite values do not enter the bound;
     where they reach a contribution the kernel flags its row (NaN in dq). The bound is
-    computed in the log2 domain, and a norm whose sum of squares overflows float32 is
-    bounded by the row's largest value (:func:`fixed_rows_log2`)."""
+    computed in the log2 domain, so no norm overflows float32 (:func:`fixed_rows_log2`)."""
     f32 = jnp.float32
     blk, n_kv = cfg.sparse_block_size, cfg.num_kv_blocks
     b, h_q = cfg.batch, cfg.num_heads_q
     group = h_q // cfg.num_heads_kv
     lg = jnp.log2
 
-    two_pass = bool(getattr(getattr(cfg, "bwd", None), "fix_mult_two_pass", False))
+    one_pass = bool(getattr(getattr(cfg, "bwd", None), "fix_mult_one_pass", False))
 
     def rows_log2(x, norm):
         x = x if cfg.layout == "bhsd" else jnp.swapaxes(x, 1, 2)
-        return fixed_rows_log2(x, norm, two_pass)
+        return fixed_rows_log2(x, norm, one_pass)
 
     heads_kv = jnp.arange(h_q) // group
     if block_sizes is not None:
