@@ -72,7 +72,10 @@ from jax_sparse_attn import config, metadata
 def _inputs(key, b, h, s, d, blk, topk, dtype, h_kv=None, lists="random"):
     """Random q, k, v, dO and top-k block lists: ``lists="random"`` draws each query block's
     list on its own; ``"paired"`` gives query blocks ``2i`` and ``2i + 1`` the same list (the
-    same K/V blocks read by neighbouring work items, as in local or clustered patterns)."""
+    same K/V blocks read by neighbouring work items, as in local or clustered patterns);
+    ``"hot"`` makes KV block 0 one of every query block's ``topk`` (the others drawn from the
+    rest): its K->Q list in the backward holds every query block of every query head of its
+    KV head, ``N_q`` times the mean length."""
     n = -(-s // blk)
     kq, kk, kv, ki, kd = jax.random.split(key, 5)
     q, do = (jax.random.normal(x, (b, h, s, d), jnp.float32).astype(dtype) for x in (kq, kd))
@@ -82,8 +85,12 @@ def _inputs(key, b, h, s, d, blk, topk, dtype, h_kv=None, lists="random"):
         idx = jnp.repeat(one, 2, axis=2)[:, :, :n].astype(jnp.int32)
     elif lists == "random":
         idx = jnp.argsort(jax.random.uniform(ki, (b, h, n, n)), axis=-1)[..., :topk].astype(jnp.int32)
+    elif lists == "hot":
+        rest = jnp.argsort(jax.random.uniform(ki, (b, h, n, n - 1)), axis=-1)[..., :topk - 1] + 1
+        idx = jnp.concatenate([jnp.zeros((b, h, n, 1), rest.dtype), rest],
+                              axis=-1).astype(jnp.int32)
     else:
-        raise ValueError(f"lists must be 'random' or 'paired', got {lists!r}")
+        raise ValueError(f"lists must be 'random', 'paired' or 'hot', got {lists!r}")
     nums = jnp.full((b, h, n), topk, jnp.int32)
     return q, k, v, idx, nums, do
 
@@ -358,6 +365,9 @@ TABLE = [
     ("GQA 16:4 blk64 top32", 64, 32, 16384, 128, 16, 4),
     ("D64 blk64 top32", 64, 32, 16384, 64, 16, 16),
     ("D64 blk128 top16", 128, 16, 16384, 64, 16, 16),
+    # few heads: with --lists hot the one long K->Q list per KV head outlasts the rest of the
+    # backward's work (256 entries against 32 on average, 2 KV heads on 132 SMs)
+    ("blk128 top32 S32768 H2", 128, 32, 32768, 128, 2, 2),
 ]
 
 
@@ -414,8 +424,8 @@ def table(variants, n_sets=2, seed=0, rows_sel=None, pass_="fwd", rows_def=None,
     strings of ``JAX_SPARSE_ATTN_*`` switch variables, validated by :func:`config.from_env`,
     ``+`` in a value standing for ``,``;
     the entry ``deterministic=1`` calls the ops with ``deterministic=True``); ``lists``: the
-    block lists of :func:`_inputs` (``"paired"``: neighbouring query blocks share theirs; the
-    rows' labels then end in ``paired``)."""
+    block lists of :func:`_inputs` (``"paired"``: neighbouring query blocks share theirs;
+    ``"hot"``: KV block 0 in every list; the rows' labels then end in the name)."""
     rows = []
     for j, (label, blk, topk, s, d, h, h_kv) in enumerate(rows_def or TABLE):
         if rows_sel is not None and j not in rows_sel:
@@ -730,9 +740,10 @@ def main(argv=None):
                     help="with --table: time the forward (default) or the whole backward")
     ap.add_argument("--rows", default="",
                     help="with --table: comma list of TABLE row numbers (default: all)")
-    ap.add_argument("--lists", default="random", choices=("random", "paired"),
-                    help="with --table: random top-k lists per query block (default), or "
-                         "paired: query blocks 2i and 2i + 1 share one list")
+    ap.add_argument("--lists", default="random", choices=("random", "paired", "hot"),
+                    help="with --table: random top-k lists per query block (default), "
+                         "paired: query blocks 2i and 2i + 1 share one list, or hot: KV block "
+                         "0 in every list (one long K->Q list per KV head)")
     ap.add_argument("--sweep-k", action="store_true",
                     help="with --table: time the list-length sweep (SWEEP_TABLE: blk64 / blk128, "
                          "top-k 1..64) instead of TABLE and fit ms = a + b k per variant "

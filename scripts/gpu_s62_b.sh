@@ -1,14 +1,21 @@
 #!/usr/bin/env bash
-# Session 62's second call (about 480 s; meant for an H200): the block-sparse backward issue's
+# Session 62's second call (about 560 s; meant for an H200): the backward with one long K->Q
+# list per KV head (`bsa_bench --lists hot`) against random lists; the block-sparse backward issue's
 # GPU tests on the current defaults: the block-sparse grid in three shards with the sm90ws
 # backward / public-API cases (one KV block listed by every query block of a 32768-token
 # sequence, GQA 8:1, every KV block listed, poisoned outputs), the deterministic cases (five
 # runs bitwise equal; and with `mult1p`), the sm90ws forward cases, and on an H200 the 2.28e9-element
 # deterministic case with the fixed-point dQ.
 # Usage (device, after `source .devcache/setup.sh`): OUT=$OUT bash scripts/gpu_s62_b.sh [seconds]
-. "$(dirname "$0")/gpu_lib.sh" s62_b "${1:-480}"
+. "$(dirname "$0")/gpu_lib.sh" s62_b "${1:-560}"
 nvidia-smi --query-gpu=name,clocks.max.sm,power.limit,memory.total --format=csv > $O/gpu.txt 2>&1
 cat $O/gpu.txt
+# one long K->Q list per KV head (KV block 0 in every list) against random lists: the
+# backward's tail without a split of long lists (S 32768 with 16 and with 2 heads)
+bench rnd8 50 bwd 8 ";"
+timeout 80 python3 -m benchmarks.bsa_bench --table-pass bwd --rows 4,8 --timing both \
+  --lists hot --table ";" --out $O/hot.json > $O/hot.txt 2>&1
+t "hot rc=$?"; grep -v "^wrote" $O/hot.txt
 T=$(( $(left) - 20 ))
 bsa_grid_bg $T
 det_tests_bg $T

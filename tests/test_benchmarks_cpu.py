@@ -654,6 +654,24 @@ def test_bsa_bench_paired_lists():
         bsa_bench._inputs(key, 1, 2, 128, 16, 64, 1, jnp.bfloat16, lists="bad")
 
 
+def test_bsa_bench_hot_lists():
+    """``bsa_bench --lists hot``: every query block lists KV block 0 and ``topk - 1``
+    distinct others, which differ between query blocks."""
+    import jax  # noqa: PLC0415
+    import jax.numpy as jnp  # noqa: PLC0415
+    import numpy as np  # noqa: PLC0415
+
+    from benchmarks import bsa_bench
+
+    idx = np.asarray(bsa_bench._inputs(jax.random.PRNGKey(4), 1, 2, 64 * 12, 16, 64, 4,
+                                       jnp.bfloat16, lists="hot")[3])
+    assert idx.shape == (1, 2, 12, 4)
+    assert (idx[..., 0] == 0).all() and (idx[..., 1:] > 0).all() and (idx < 12).all()
+    for row in idx.reshape(-1, 4):
+        assert len(set(row.tolist())) == 4
+    assert len({tuple(r) for r in idx.reshape(-1, 4).tolist()}) > 1
+
+
 def test_bsa_bench_causal_without_kernels_is_a_usage_error(capsys):
     """``bsa_bench --causal`` where the kernels cannot run stops with a usage error that
     gives the reason (not a traceback from inside the op)."""
