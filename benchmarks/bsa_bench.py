@@ -460,13 +460,13 @@ def table(variants, n_sets=2, seed=0, rows_sel=None, pass_="fwd", rows_def=None,
                 else:
                     ms = _time(fwd, sets)
             except Exception as e:  # noqa: BLE001  (one failing variant must not end the table)
-                print(f"{label:24s} {var:44s} FAILED {type(e).__name__}: {str(e)[:300]}", flush=True)
+                print(f"{label:28s} {var:44s} FAILED {type(e).__name__}: {str(e)[:300]}", flush=True)
                 continue
             row = dict(case=label, variant=var, blk=blk, top_k=topk, S=s, D=d, H=h, H_kv=h_kv,
                        pass_=pass_, ms=ms, tflops=flops / (ms * 1e-3) / 1e12)
             row.update(_LAST)
             rows.append(row)
-            print(f"{label:24s} {pass_} {var:44s} {ms:8.3f} ms {row['tflops']:7.1f} TFLOP/s"
+            print(f"{label:28s} {pass_} {var:44s} {ms:8.3f} ms {row['tflops']:7.1f} TFLOP/s"
                   f"{_timing_note()}",
                   flush=True)
     return rows

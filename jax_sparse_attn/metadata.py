@@ -408,40 +408,45 @@ def kq_bucket_items(offsets, *, num_kv_blocks: int, bucket_entries: int, max_ext
 
     ``offsets``: the ``R + 1`` offsets of :func:`build_kq_csr`, ``R = P * num_kv_blocks``
     rows in chains of ``num_kv_blocks`` (one chain per (batch, KV head) pair). A row of
-    ``L > bucket_entries`` entries becomes ``n = ceil(L / bucket_entries)`` buckets, bucket
-    ``b`` taking entries ``[L b / n, L (b + 1) / n)`` (rounded down) of the row; a row of at
-    most ``bucket_entries`` entries (an empty one too) stays one item. The ``n`` buckets of a
+    ``L > bucket_entries`` entries becomes ``n = ceil(L / bucket_entries)`` buckets of
+    ``L // n`` consecutive entries, the first ``L % n`` of them one more; a row of at most
+    ``bucket_entries`` entries (an empty one too) stays one item. A pair whose rows would
+    need more than ``max_extra`` extra items is not split at all (every row one item), so
+    no entry is ever dropped; callers take ``max_extra`` from the lists' static shape (a
+    pair's entries divided by ``bucket_entries`` always suffices). The ``n`` buckets of a
     split row write float32 dK / dV partials to consecutive workspace slots ``first_slot ..
-    first_slot + n - 1`` (numbered over all pairs, split rows in row order), so that the
-    last of them to finish can add the ``n`` partials in bucket order (bitwise the same
-    dK / dV whichever finishes last).
+    first_slot + n - 1`` in the pair's own range ``[2 p max_extra, 2 (p + 1) max_extra)``,
+    so that the last of them to finish can add the ``n`` partials in bucket order (bitwise
+    the same dK / dV whichever finishes last).
 
     Returns int32 ``(P, num_kv_blocks + max_extra, 6)``: per pair its items longest first
     (ties in row, then bucket order), then unused items; fields :data:`KQ_ITEM_FIELDS`:
     ``row`` (the CSR row, -1 for an unused item), ``begin`` (the first entry), ``count``
     (entries), ``slot`` (this bucket's workspace slot, -1 where the row is not split),
     ``first_slot`` (the row's first slot, -1 likewise) and ``buckets`` (``n``; 1 where not
-    split, 0 for an unused item). ``max_extra`` (static) bounds the buckets a pair gains:
-    at most its entries divided by ``bucket_entries``; a pair needing more keeps only its
-    first ``num_kv_blocks + max_extra`` items, so callers take it from the lists' static
-    shape. The slots used stay below ``2 P max_extra``.
+    split, 0 for an unused item).
 
-    Raises ValueError when ``num_kv_blocks`` or ``bucket_entries`` is below 1,
-    ``max_extra`` below 0 or ``R`` not a multiple of ``num_kv_blocks``."""
+    Raises ValueError when ``num_kv_blocks`` or ``bucket_entries`` is below 1 or above
+    2^31 - 1, ``max_extra`` below 0 or above that, or ``R`` not a multiple of
+    ``num_kv_blocks``."""
     n_rows = offsets.shape[0] - 1
     for name, val, low in (("num_kv_blocks", num_kv_blocks, 1),
                            ("bucket_entries", bucket_entries, 1), ("max_extra", max_extra, 0)):
-        if not isinstance(val, numbers.Integral) or isinstance(val, bool) or val < low:
-            raise ValueError(f"kq_bucket_items: {name} must be an int >= {low}; got {val!r}")
+        if (not isinstance(val, numbers.Integral) or isinstance(val, bool) or val < low
+                or val > 2**31 - 1):
+            raise ValueError(f"kq_bucket_items: {name} must be an int in [{low}, 2^31 - 1]; "
+                             f"got {val!r}")
     if n_rows % num_kv_blocks:
         raise ValueError(f"kq_bucket_items: the {n_rows} CSR rows must be a multiple of "
                          f"num_kv_blocks={num_kv_blocks}")
-    n_kv, n_items = int(num_kv_blocks), int(num_kv_blocks) + int(max_extra)
+    n_kv, n_items, extra = int(num_kv_blocks), int(num_kv_blocks) + int(max_extra), int(max_extra)
     n_pairs = n_rows // n_kv
     i32 = jnp.int32
     offsets = offsets.astype(i32)
     counts = (offsets[1:] - offsets[:-1]).reshape(n_pairs, n_kv)
     nb = jnp.where(counts > bucket_entries, -(-counts // bucket_entries), 1)
+    # a pair needing more extra items than the grid holds keeps every row whole
+    nb = jnp.where(jnp.sum(nb - 1, axis=1, keepdims=True) > extra, 1, nb)
     # the items of each pair in row order: item i is bucket i - start[r] of the row r whose
     # [start[r], start[r] + nb[r]) holds i
     ends = jnp.cumsum(nb, axis=1)
@@ -449,26 +454,28 @@ def kq_bucket_items(offsets, *, num_kv_blocks: int, bucket_entries: int, max_ext
     r_loc = jax.vmap(lambda e: jnp.searchsorted(e, item, side="right"))(ends).astype(i32)
     used = r_loc < n_kv
     r_loc = jnp.minimum(r_loc, n_kv - 1)
-    bucket = item[None, :] - (jnp.take_along_axis(ends, r_loc, axis=1)
-                              - jnp.take_along_axis(nb, r_loc, axis=1))
-    row = r_loc + (jnp.arange(n_pairs, dtype=i32) * n_kv)[:, None]
     n = jnp.take_along_axis(nb, r_loc, axis=1)
+    bucket = item[None, :] - (jnp.take_along_axis(ends, r_loc, axis=1) - n)
+    row = r_loc + (jnp.arange(n_pairs, dtype=i32) * n_kv)[:, None]
     length = jnp.take_along_axis(counts, r_loc, axis=1)
-    lo = offsets[row] + (length * bucket) // n
-    hi = offsets[row] + (length * (bucket + 1)) // n
-    # split rows' first slots: an exclusive prefix sum of their bucket counts over all rows
-    split = (nb > 1).reshape(-1)
-    sizes = jnp.where(split, nb.reshape(-1), 0)
-    first = (jnp.cumsum(sizes) - sizes).astype(i32)[row]
-    is_split = n > 1
+    # (no products beyond the row's length: int32 throughout)
+    q, rem = length // n, length % n
+    lo = offsets[row] + bucket * q + jnp.minimum(bucket, rem)
+    cnt = q + (bucket < rem).astype(i32)
+    # split rows' first slots: the pair's base plus an exclusive prefix sum of the bucket
+    # counts of its split rows
+    sizes = jnp.where(nb > 1, nb, 0)
+    first_loc = jnp.cumsum(sizes, axis=1) - sizes
+    first = (jnp.take_along_axis(first_loc, r_loc, axis=1)
+             + (jnp.arange(n_pairs, dtype=i32) * 2 * extra)[:, None])
+    split = used & (n > 1)
     fields = jnp.stack([
-        jnp.where(used, row, -1), jnp.where(used, lo, 0), jnp.where(used, hi - lo, 0),
-        jnp.where(used & is_split, first + bucket, -1), jnp.where(used & is_split, first, -1),
+        jnp.where(used, row, -1), jnp.where(used, lo, 0), jnp.where(used, cnt, 0),
+        jnp.where(split, first + bucket, -1), jnp.where(split, first, -1),
         jnp.where(used, n, 0)], axis=-1).astype(i32)
     # longest first within each pair (a stable sort: ties in row, then bucket order), unused
     # items last
-    key = jnp.where(used, -(hi - lo), 1)
-    order = jnp.argsort(key, axis=1, stable=True)
+    order = jnp.argsort(jnp.where(used, -cnt, 1), axis=1, stable=True)
     return jnp.take_along_axis(fields, order[..., None], axis=1)
 
 
@@ -481,24 +488,21 @@ def kq_bucket_items_reference(offsets, *, num_kv_blocks: int, bucket_entries: in
     n_kv, n_items = num_kv_blocks, num_kv_blocks + max_extra
     n_pairs = (offsets.shape[0] - 1) // n_kv
     out = np.zeros((n_pairs, n_items, 6), np.int32)
-    slot = 0
-    firsts = {}
-    for r in range(n_pairs * n_kv):
-        length = offsets[r + 1] - offsets[r]
-        if length > bucket_entries:
-            firsts[r] = slot
-            slot += -(-length // bucket_entries)
     for p in range(n_pairs):
-        items = []
-        for r in range(p * n_kv, (p + 1) * n_kv):
-            length = int(offsets[r + 1] - offsets[r])
-            n = -(-length // bucket_entries) if length > bucket_entries else 1
+        rows = range(p * n_kv, (p + 1) * n_kv)
+        lens = {r: int(offsets[r + 1] - offsets[r]) for r in rows}
+        nbs = {r: -(-lens[r] // bucket_entries) if lens[r] > bucket_entries else 1 for r in rows}
+        if sum(v - 1 for v in nbs.values()) > max_extra:
+            nbs = dict.fromkeys(rows, 1)
+        items, slot = [], 2 * p * max_extra
+        for r in rows:
+            n, length = nbs[r], lens[r]
+            q, rem = divmod(length, n)
             for b in range(n):
-                lo = offsets[r] + length * b // n
-                hi = offsets[r] + length * (b + 1) // n
-                s0 = firsts.get(r, -1)
-                items.append((r, lo, hi - lo, s0 + b if n > 1 else -1, s0, n))
-        items = items[:n_items]
+                lo = offsets[r] + b * q + min(b, rem)
+                items.append((r, lo, q + (b < rem), slot + b if n > 1 else -1,
+                              slot if n > 1 else -1, n))
+            slot += n if n > 1 else 0
         items.sort(key=lambda it: -it[2])  # stable
         items += [(-1, 0, 0, -1, -1, 0)] * (n_items - len(items))
         out[p] = np.asarray(items, np.int32)

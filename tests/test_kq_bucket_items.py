@@ -32,13 +32,17 @@ def test_items_cover_every_entry_once(seed):
     counts = rng.integers(0, 30, size=pairs * n_kv)
     counts[rng.random(counts.size) < 0.2] = 0
     counts[0] = 3 * n + 1  # one long row
-    extra = int(counts.reshape(pairs, n_kv).sum(1).max()) // n
+    # enough extra items for every pair, or (odd seeds) fewer: such a pair is not split
+    need = int(counts.reshape(pairs, n_kv).sum(1).max()) // n
+    extra = need if seed % 2 == 0 else int(rng.integers(0, need + 1))
     off, items = _items(counts, n_kv, n, extra)
     assert items.shape == (pairs, n_kv + extra, 6)
     row, begin, cnt, slot, first, nb = np.moveaxis(items, -1, 0)
     seen = np.zeros(off[-1], np.int32)
-    slots = []
     for p in range(pairs):
+        slots = []
+        pair_counts = counts[p * n_kv:(p + 1) * n_kv]
+        pair_split = (np.where(pair_counts > n, -(-pair_counts // n), 1) - 1).sum() <= extra
         used = row[p] >= 0
         # longest first, unused items last (zero entries, no slot)
         assert (np.diff(cnt[p][used]) <= 0).all()
@@ -51,36 +55,58 @@ def test_items_cover_every_entry_once(seed):
             length = off[r + 1] - off[r]
             assert off[r] <= begin[p, i] and begin[p, i] + cnt[p, i] <= off[r + 1]
             seen[begin[p, i]:begin[p, i] + cnt[p, i]] += 1
-            if length > n:
+            if length > n and pair_split:
                 assert nb[p, i] == -(-length // n) and cnt[p, i] <= n
+                assert length // nb[p, i] <= cnt[p, i] <= -(-length // nb[p, i])
                 assert first[p, i] <= slot[p, i] < first[p, i] + nb[p, i]
                 slots.append(slot[p, i])
             else:
                 assert nb[p, i] == 1 and cnt[p, i] == length and slot[p, i] == first[p, i] == -1
+        # the pair's slots: distinct, consecutive from the start of its own range
+        base = 2 * p * extra
+        assert sorted(slots) == list(range(base, base + len(slots)))
+        assert len(slots) <= 2 * extra
     np.testing.assert_array_equal(seen, 1)
-    # the slots of the split rows' buckets: distinct, consecutive from 0, below 2 P max_extra
-    assert sorted(slots) == list(range(len(slots))) and len(slots) <= 2 * pairs * max(extra, 1)
 
 
 def test_buckets_are_balanced_and_ordered():
-    """A row of 10 entries with buckets of at most 4: three buckets of 3, 3 and 4 entries in
-    row order, slots 0..2 (the first split row); a row of 5: two buckets of 2 and 3, slots
-    3..4; the empty row one item of no entries; items longest first, ties in row order."""
+    """A row of 10 entries with buckets of at most 4: three buckets of 4, 3 and 3 entries in
+    row order, slots 0..2 (the first split row); a row of 5: two buckets of 3 and 2, slots
+    3..4; the empty row one item of no entries; items longest first, ties in row order. With
+    one extra item fewer than the rows need, the pair is not split."""
     off, items = _items(np.array([2, 10, 0, 5]), 4, 4, 4)
     row, begin, cnt, slot, first, nb = np.moveaxis(items[0], -1, 0)
     assert row.tolist() == [1, 1, 1, 3, 0, 3, 2, -1]
     assert cnt.tolist() == [4, 3, 3, 3, 2, 2, 0, 0]
-    assert slot.tolist() == [2, 0, 1, 4, -1, 3, -1, -1]
+    assert slot.tolist() == [0, 1, 2, 3, -1, 4, -1, -1]
     one = {int(slot[i]): (int(begin[i]), int(cnt[i])) for i in range(8) if row[i] == 1}
-    assert one == {0: (2, 3), 1: (5, 3), 2: (8, 4)}
+    assert one == {0: (2, 4), 1: (6, 3), 2: (9, 3)}
     assert set(first[row == 1].tolist()) == {0} and set(first[row == 3].tolist()) == {3}
     assert (nb[row == 1] == 3).all() and (nb[row == 3] == 2).all() and nb[row == 0] == 1
+
+
+    _, whole = _items(np.array([2, 10, 0, 5]), 4, 4, 2)
+    assert whole[0, :, 0].tolist() == [1, 3, 0, 2, -1, -1]
+    assert (whole[0, :4, 5] == 1).all() and (whole[0, :, 3] == -1).all()
+
+
+def test_bucket_items_long_rows_and_many_pairs():
+    """A row of 70000 entries in buckets of 1 (products of its length and bucket index
+    would leave int32), and pairs after it keep their own slot ranges."""
+    counts = np.array([70000, 3, 5, 0, 9, 2])
+    off, items = _items(counts, 2, 1, 70010)
+    assert items.shape == (3, 70012, 6)
+    first = items[0][items[0, :, 0] == 0]
+    assert len(first) == 70000 and (first[:, 2] == 1).all()
+    assert sorted(first[:, 1].tolist()) == list(range(70000))
+    later = items[2][items[2, :, 3] >= 0, 3]
+    assert sorted(later.tolist()) == list(range(4 * 70010, 4 * 70010 + 11))
 
 
 def test_bucket_items_errors():
     off = jnp.asarray(_offsets([1, 2, 3, 4]))
     for kw in (dict(num_kv_blocks=0), dict(bucket_entries=0), dict(max_extra=-1),
-               dict(num_kv_blocks=3), dict(bucket_entries=2.0)):
+               dict(num_kv_blocks=3), dict(bucket_entries=2.0), dict(bucket_entries=2**31)):
         args = dict(num_kv_blocks=2, bucket_entries=2, max_extra=1) | kw
         with pytest.raises(ValueError, match="kq_bucket_items"):
             md.kq_bucket_items(off, **args)

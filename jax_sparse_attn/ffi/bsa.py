@@ -2100,13 +2100,18 @@ def _bwd_fixed_jit():
     return cute.jit(_bwd_fixed_entry)
 
 
+def _pow2_f32(k):
+    """``2^k`` as float32, exact, for int32 ``k`` in ``[-126, 127]`` (bits ``(k + 127) << 23``)."""
+    return jax.lax.bitcast_convert_type((k.astype(jnp.int32) + 127) << 23, jnp.float32)
+
+
 def fixed_rows_log2(x, norm: bool, one_pass: bool = False):
     """``(..., S)`` float32 from ``(..., S, D)``: log2 of the largest finite ``|x|`` over the
     last axis or (``norm``) an upper bound of the Euclidean norm of the finite values; -inf
     where none is nonzero.
 
-    The norm takes two passes over ``x``: the largest value, then the sum of the squares
-    scaled by it. ``one_pass``: the largest value and the unscaled float32 sum of squares
+    The norm takes two passes over ``x``: the largest value ``m``, then the sum of the
+    squares scaled by the power of two ``2^-e`` with ``m < 2^e <= 2 m``. ``one_pass``: the largest value and the unscaled float32 sum of squares
     as sibling reductions, one pass. The sum's rounding (relative ``D * 2^-24``) lies within the
     multipliers' one-bit margin, and so do the squares below float32's normal range (flushed
     to zero on the GPU: at most ``D * 2^-126`` in all) where the sum is at least 2^-100;
@@ -2118,8 +2123,14 @@ def fixed_rows_log2(x, norm: bool, one_pass: bool = False):
     if not norm:
         return lg(m)
     if not one_pass:
-        r = jnp.sum(jnp.square(a / jnp.where(m > 0, m, 1.0)[..., None]), axis=-1)
-        return lg(m) + 0.5 * lg(jnp.maximum(r, 1.0))
+        # scaled by 2^-e (m < 2^e <= 2 m) in two exact power-of-two factors of at least
+        # 2^-64 each: a division by m (a reciprocal below float32's normal range for m >=
+        # 2^126, flushed to zero) or one factor 2^-128 would lose the scale
+        _, e = jnp.frexp(jnp.where(m > 0, m, 1.0))
+        h = e // 2
+        sc = a * _pow2_f32(-h)[..., None] * _pow2_f32(h - e)[..., None]
+        r = jnp.sum(jnp.square(sc), axis=-1)
+        return jnp.where(m > 0, e.astype(jnp.float32) + 0.5 * lg(r), -jnp.inf)
     d = a.shape[-1]
     ss = jnp.sum(jnp.square(a), axis=-1)
     ok = jnp.isfinite(ss) & (ss >= jnp.float32(2.0**-100))
