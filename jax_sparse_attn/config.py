@@ -200,8 +200,9 @@ _BSA_BWD_WS_ALLOWED = ("comma list of " + ", ".join(BSA_BWD_WS_FLAGS)
                        "take exp2 as a polynomial on the FMA pipes instead of the MUFU unit, "
                        "0..8; relative error 1.02e-4), fixemu=N (deterministic fixed-point "
                        "dQ: of every 8 dQ values of a consumer thread, N converted to int32 "
-                       "by float additions instead of a conversion, 0..8; the same bits); at "
-                       "most one "
+                       "by float additions instead of a conversion, 0..8; the same bits), "
+                       "buckets=N (K->Q lists of more than N entries split across CTAs, "
+                       "1..65536); at most one "
                        "of " + ", ".join(BSA_DET_ORDER_FLAGS) + "; at most one of detstream, "
                        "nodetstream; at most one of packws, nopackws; at most one of tailconv, "
                        "notailconv; at most one of wghand, nowghand; at most one of wguni, "
@@ -213,7 +214,8 @@ _parse_bsa_bwd_ws_opts = _parse_option_list(BSA_BWD_WS_FLAGS,
                                               "ordscan": lambda n: 1 <= n <= 16,
                                               "stamp": lambda n: 0 <= n <= 1 << 20,
                                               "ex2emu": lambda n: 0 <= n <= 8,
-                                              "fixemu": lambda n: 0 <= n <= 8},
+                                              "fixemu": lambda n: 0 <= n <= 8,
+                                              "buckets": lambda n: 1 <= n <= 65536},
                                              None, _BSA_BWD_WS_ALLOWED)
 
 
@@ -709,6 +711,14 @@ SWITCHES = (
                "FP32 and integer pipes instead of cvt.rni on the conversion unit, which also "
                "runs the exponentials; bitwise the same values; slower on the H100: 0.8-2.1 % "
                "for N = 4, 3.5-5.2 % for N = 8), "
+               "buckets=N (opt-in, built, not yet run on a GPU; not with persist, zerolag, "
+               "pack_gqa or the ordered deterministic path: a K->Q list of more than N entries "
+               "is split into ceil(L / N) buckets of consecutive entries, each a CTA of its "
+               "own (metadata.kq_bucket_items), so a KV block that many query blocks list does "
+               "not run as one long CTA; each bucket stores its float32 dK / dV partial to a "
+               "workspace slot, and the bucket that completes the row's count sums the slots "
+               "in bucket order, so dK / dV stay bitwise reproducible; the items run longest "
+               "first within each (batch, KV head)), "
                "mult1p (with the fixed-point deterministic dQ; opt-in, not yet measured: the "
                "multipliers' bounds take the Euclidean norms of the dO and V rows in one pass "
                "over them, the largest value and the unscaled float32 sum of squares side by "

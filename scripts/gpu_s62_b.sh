@@ -1,32 +1,23 @@
 #!/usr/bin/env bash
-# Session 62's second call (about 560 s; meant for an H200): the backward with one long K->Q
-# list per KV head (`bsa_bench --lists hot`) against random lists; the block-sparse backward issue's
-# GPU tests on the current defaults: the block-sparse grid in three shards with the sm90ws
-# backward / public-API cases (one KV block listed by every query block of a 32768-token
-# sequence, GQA 8:1, every KV block listed, poisoned outputs), the deterministic cases (five
-# runs bitwise equal; and with `mult1p`), the sm90ws forward cases, and on an H200 the 2.28e9-element
-# deterministic case with the fixed-point dQ.
+# Session 62's second call (about 540 s): the backward with one long K->Q list per KV head
+# (`bsa_bench --lists hot`) and with random lists, each unsplit and split in buckets of 64 / 32
+# entries (`buckets=N`, opt-in, built in session 61), after the GPU tests of `buckets=N` and
+# of `mult1p` (the fixed-point multipliers' one-pass norms).
 # Usage (device, after `source .devcache/setup.sh`): OUT=$OUT bash scripts/gpu_s62_b.sh [seconds]
-. "$(dirname "$0")/gpu_lib.sh" s62_b "${1:-560}"
+. "$(dirname "$0")/gpu_lib.sh" s62_b "${1:-540}"
 nvidia-smi --query-gpu=name,clocks.max.sm,power.limit,memory.total --format=csv > $O/gpu.txt 2>&1
 cat $O/gpu.txt
-# one long K->Q list per KV head (KV block 0 in every list) against random lists: the
-# backward's tail without a split of long lists (S 32768 with 16 and with 2 heads)
-bench rnd8 50 bwd 8 ";"
-timeout 80 python3 -m benchmarks.bsa_bench --table-pass bwd --rows 4,8 --timing both \
-  --lists hot --table ";" --out $O/hot.json > $O/hot.txt 2>&1
-t "hot rc=$?"; grep -v "^wrote" $O/hot.txt
-T=$(( $(left) - 20 ))
-bsa_grid_bg $T
-det_tests_bg $T
+T=250
+bg_test buckets tests/test_gpu_bsa_buckets.py "buckets"
 bg_test mult1p tests/test_gpu_dq_fixed.py "deterministic_mult1p"
-bg_test fwd tests/test_gpu_bsa.py "test_bsa_sm90ws_forward and not ctas3k1 and not pairwg and not streamk"
 wait; t "tests"
 report_tests
-T=$(( $(left) - 10 ))
-if [ "$T" -gt 60 ] && grep -q H200 $O/gpu.txt; then
-  bg_test large tests/test_gpu_large_tensors.py "bsa_deterministic and fixed"
-  wait; t "large"; tail -n 3 $O/t_large.txt
-fi
+# one long K->Q list per KV head (KV block 0 in every list) against random lists: the
+# backward's tail without a split of long lists (S 32768 with 16 and with 2 heads)
+W=JAX_SPARSE_ATTN_BSA_BWD_WS
+bench rnd 90 bwd 4,8 ";$W=buckets=64;$W=buckets=32;"
+timeout 110 python3 -m benchmarks.bsa_bench --table-pass bwd --rows 4,8 --timing both \
+  --lists hot --table ";$W=buckets=64;$W=buckets=32;" --out $O/hot.json > $O/hot.txt 2>&1
+t "hot rc=$?"; grep -v "^wrote" $O/hot.txt
 t done
 cd $OUT && tar czf s62_b.tgz s62_b && rm -rf s62_b

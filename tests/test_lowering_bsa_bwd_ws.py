@@ -268,6 +268,12 @@ _PTX_CONFIGS = {
     # plan counted them (the dQ slices staged in the Q / dO tiles: three stages)
     "detfixed-dqalias-blk128": ("_bwd_text", (CONFIGS[0],), None,
                                 {"ws": "detfixed,dqalias", "deterministic": True}),
+    # long K->Q lists split in buckets of at most 4 entries (both block sizes, and with the
+    # fixed-point deterministic dQ)
+    "buckets-blk128": ("_bwd_text", (CONFIGS[0],), None, {"ws": "buckets=4"}),
+    "buckets-blk64": ("_bwd_text", (CONFIGS[1],), None, {"ws": "buckets=4"}),
+    "buckets-det-blk128": ("_bwd_text", (CONFIGS[0],), None,
+                           {"ws": "detfixed,buckets=4", "deterministic": True}),
     "fixemu4-blk128": ("_bwd_text", (CONFIGS[0],), None,
                        {"ws": "detfixed,fixemu=4", "deterministic": True}),
     "ex2emu3-blk128": ("_bwd_text", (CONFIGS[0],), None, {"ws": "ex2emu=3"}),
@@ -1434,3 +1440,59 @@ def test_bsa_bwd_ws_wgmma_groups_in_block(kept_ptx):
 
     n = kp.configs_with_groups_in_block(kept_ptx, _PTX_CONFIGS, "BsaBwdSm90Ws")
     assert n >= len(_PTX_CONFIGS) // 2, n
+
+
+def test_bsa_bwd_ws_buckets_key():
+    """``bsa_bwd_ws=buckets=N``: the key at both block sizes and in both modes (the
+    fixed-point dQ), without the CTA order of ``lpt`` (the items carry their own); not with
+    ``persist``, ``zerolag``, ``pack_gqa``, ``notailconv`` or the ordered deterministic path;
+    N in 1..65536."""
+    from jax_sparse_attn.config import Switches, from_env
+    from jax_sparse_attn.ffi import bsa as fb
+
+    def key(ws, det=False, blk=128, **kw):
+        return fb.bwd_config(jnp.bfloat16, 128, blk, False,
+                             Switches(bsa_bwd_impl="sm90ws", bsa_bwd_ws=ws), deterministic=det,
+                             **kw)
+
+    for blk in (64, 128):
+        for det in (False, True):
+            base, got = key((), det, blk), key(("buckets=8",), det, blk)
+            assert got == fb.dataclasses.replace(base, ws_buckets=8, ws_lpt=False,
+                                                 ws_lpt_chain=False), (blk, det)
+            assert got.tail_conv and got.dq_fixed == det
+    for ws in (("buckets=8", "persist"), ("buckets=8", "zerolag"), ("buckets=8", "notailconv"),
+               ("buckets=8", "detorder")):
+        assert key(ws, det="detorder" in ws).ws_buckets == 0, ws
+    assert key(("buckets=8",), pack_gqa=2).ws_buckets == 0
+    for bad in ("buckets=0", "buckets=65537"):
+        with pytest.raises(ValueError, match="buckets"):
+            from_env({"JAX_SPARSE_ATTN_BSA_BWD_WS": bad})
+
+
+@pytest.mark.parametrize("name", ["buckets-blk128", "buckets-blk64", "buckets-det-blk128"])
+def test_bsa_bwd_ws_buckets(kept_ptx, tmp_path, name):
+    """The bucket path lowers: the items read after the offsets, the partials stored, the
+    row counter's fenced atomic add and the bucket-order sum read with relaxed GPU-scope
+    loads (one per accumulator value and bucket); ptxas without spills or serialized
+    wgmma."""
+    import shutil
+    import subprocess
+
+    ptx = _ws_ptx(kept_ptx, name)
+    assert "atom.relaxed.gpu.global.add.s32" in ptx
+    # dK and dV: 64 values per thread at D 128 (blk 128: two consumer warpgroups of 64 keys)
+    assert ptx.count("ld.relaxed.gpu.global.f32") == 128
+    assert "wgmma.mma_async" in ptx and "cp.async.bulk.tensor" in ptx
+    if "det" in name:
+        assert "cvt.rni.sat.s32.f32" in ptx
+    if shutil.which("ptxas") is None:
+        pytest.skip("ptxas is not installed")
+    src = tmp_path / "k.ptx"
+    src.write_text(ptx)
+    a = subprocess.run(["ptxas", "-arch=sm_90a", "-v", str(src), "-o", str(tmp_path / "k.o")],
+                       capture_output=True, text=True, timeout=600)
+    out = a.stdout + a.stderr
+    assert a.returncode == 0, out[-2000:]
+    spills = [int(x) for x in re.findall(r"(\d+) bytes spill stores", out)]
+    assert "serialized" not in out and spills and max(spills) == 0, out[-2000:]

@@ -341,6 +341,10 @@ class BsaBwdConfig:
     # with dq_fixed: the multipliers' Euclidean norms of dO and V rows in one pass (the
     # largest value and the sum of squares side by side; "mult1p") instead of two
     fix_mult_one_pass: bool = False
+    # "sm90ws" with tail_conv, not persist, zero_lag, pack_gqa or the ordered deterministic
+    # path: K->Q lists of more than this many entries split across CTAs in buckets
+    # (metadata.kq_bucket_items; "buckets=N"; 0: one CTA per KV block)
+    ws_buckets: int = 0
 
 
 def fwd_smem_bytes(head_dim, block_size) -> int:
@@ -653,13 +657,14 @@ def bwd_config(dtype, head_dim, block_size, has_block_sizes, switches,
                 # dklag is not a deterministic option; with dqlag warpgroup 0 keeps the
                 # previous step's multipliers in registers)
                 fix = [int(o[7:]) for o in switches.bsa_bwd_ws if o.startswith("fixemu=")]
-                return dataclasses.replace(cfg, dq_fixed=True, ws_ld_scaled=False,
-                                           ws_dk_lag=False, ws_s_ahead=False,
-                                           ws_fix_emu=fix[0] if fix else 0,
-                                           fix_mult_one_pass="mult1p" in switches.bsa_bwd_ws)
-        return _persist_config(_ws_config(name, head_dim, block_size, has_block_sizes, impl,
-                                          arch, switches, deterministic, causal, pack_gqa),
-                               switches.bsa_bwd_ws)
+                return _buckets_config(dataclasses.replace(
+                    cfg, dq_fixed=True, ws_ld_scaled=False, ws_dk_lag=False, ws_s_ahead=False,
+                    ws_fix_emu=fix[0] if fix else 0,
+                    fix_mult_one_pass="mult1p" in switches.bsa_bwd_ws), switches.bsa_bwd_ws)
+        return _buckets_config(_persist_config(
+            _ws_config(name, head_dim, block_size, has_block_sizes, impl, arch, switches,
+                       deterministic, causal, pack_gqa), switches.bsa_bwd_ws),
+            switches.bsa_bwd_ws)
     if impl == "sm90":
         return BsaBwdConfig(name, head_dim, block_size, has_block_sizes, impl, arch=arch,
                             pack_gqa=pack_gqa, causal=causal,
@@ -772,6 +777,18 @@ def _ws_config(name, head_dim, block_size, has_block_sizes, impl, arch, switches
                                and not cfg.ws_dk_lag and not cfg.ws_s_ahead
                                and not cfg.ws_dv_wait and "persist" not in opts,
                                ws_wg_uniform="nowguni" not in opts and not cfg.ws_s_ahead)
+
+
+def _buckets_config(cfg: BsaBwdConfig, opts) -> BsaBwdConfig:
+    """``cfg`` with long K->Q lists split in buckets where ``bsa_bwd_ws`` asks for it
+    (``buckets=N``) and the kernel has it: with ``tail_conv``, not persistent, ``zero_lag``,
+    packed or on the ordered deterministic path (``ws_lpt`` off: the items carry their own
+    longest-first order)."""
+    n = [int(o[8:]) for o in opts if o.startswith("buckets=")]
+    if (not n or not cfg.tail_conv or cfg.ws_persist or cfg.zero_lag or cfg.pack_gqa != 1
+            or cfg.deterministic or cfg.ws_stamps):
+        return cfg
+    return dataclasses.replace(cfg, ws_buckets=n[0], ws_lpt=False, ws_lpt_chain=False)
 
 
 def _persist_config(cfg: BsaBwdConfig, opts) -> BsaBwdConfig:
@@ -1733,7 +1750,8 @@ def _ws_kernel(cfg: BsaBwdConfig, after_pre: bool = False):
                         red_v4=cfg.ws_red_v4, fast_div=cfg.ws_fast_div,
                         q_probe=cfg.ws_q_probe, ent_ahead=cfg.ws_ent_ahead,
                         ex2_emu=cfg.ws_ex2_emu, dq_lag=cfg.ws_dq_lag,
-                        wg_uniform=cfg.ws_wg_uniform, fix_emu=cfg.ws_fix_emu)
+                        wg_uniform=cfg.ws_wg_uniform, fix_emu=cfg.ws_fix_emu,
+                        buckets=cfg.ws_buckets > 0)
 
 
 def _bwd_det_entry(stream, q, k, v, do, lse, delta, offsets, entries, ranks, sizes, scale,
@@ -1948,6 +1966,12 @@ def bsa_bwd(do, q, k, v, out, lse, q2k_block_index, q2k_block_nums, block_sizes,
         order = metadata.kq_lpt_order(offsets, chain=cfg.num_kv_blocks if cfg.bwd.ws_lpt_chain
                                       else None)
         offsets = jnp.concatenate([offsets, order])
+    if cfg.bwd.impl == "sm90ws" and cfg.bwd.ws_buckets:
+        # the work items of the split lists, after the offsets (their own order)
+        items = metadata.kq_bucket_items(offsets, num_kv_blocks=cfg.num_kv_blocks,
+                                         bucket_entries=cfg.bwd.ws_buckets,
+                                         max_extra=_bucket_extra(cfg, q2k_block_index))
+        offsets = jnp.concatenate([offsets, items.reshape(-1)])
     ws_spec = None if cfg.bwd.dq_tile else spec  # the query-tile workspace is row-major
     if cfg.bwd.dq_claim:
         sem0 = _det_semaphores(cfg)
@@ -2090,6 +2114,59 @@ def _bwd_fixed_entry(stream, q, k, v, do, lse, delta, offsets, entries, sizes, s
     BsaDqFromTiles(_cutlass_dtype(cfg.dtype), cfg.head_dim, dq_block_cols(cfg), True, 1,
                    wait_pairs=True, fixed=True)(dq_acc, dq, stream, mDone=count, n_wait=n_kv,
                                                 mMult=mult, mFlags=flags)
+
+
+def _bucket_n_items(cfg, k, offsets) -> int:
+    """``buckets``: the work items per (batch, KV head) pair, from the offsets' length."""
+    n_pairs = k.shape[0] * k.shape[2]
+    n_kv = (k.shape[1] + cfg.block_size - 1) // cfg.block_size
+    return (offsets.shape[0] - n_pairs * n_kv - 1) // (6 * n_pairs)
+
+
+def _bwd_bucket_entry(stream, q, k, v, do, lse, delta, offsets, entries, sizes, scale,
+                      count, dq_acc, dk, dv, dq, part, *, cfg: BsaBwdConfig):
+    # buckets (with tail_conv): _bwd_counted_dq_entry with the work items after the offsets,
+    # the per-row counters after the pairs' ones and the fp32 dK / dV partials (a plain
+    # output, each slot written before it is read); the reordering waits for each pair's
+    # items
+    from ..kernels.dq_tiles import BsaDqFromTiles  # noqa: PLC0415
+
+    kernel = _ws_kernel(cfg)
+    if not kernel.buckets:
+        raise NotImplementedError("bsa_bwd buckets: the kernel configuration has no "
+                                  "bucket path")
+    n_items = _bucket_n_items(cfg, k, offsets)
+    kernel(q, k, v, do, lse, delta, offsets, entries, sizes, scale, dq_acc, dk, dv, stream,
+           mdQSem=count, mPart=part, n_items=n_items)
+    BsaDqFromTiles(_cutlass_dtype(cfg.dtype), cfg.head_dim, dq_block_cols(cfg), True,
+                   cfg.det_slots, wait_pairs=True)(dq_acc, dq, stream, mDone=count,
+                                                   n_wait=n_items)
+
+
+def _bwd_fixed_bucket_entry(stream, q, k, v, do, lse, delta, offsets, entries, sizes, scale,
+                            mult, count, flags, dq_acc, dk, dv, dq, part, *,
+                            cfg: BsaBwdConfig):
+    # buckets with the fixed-point dQ: _bwd_fixed_entry as _bwd_bucket_entry does
+    from ..kernels.dq_tiles import BsaDqFromTiles  # noqa: PLC0415
+
+    kernel = _ws_kernel(cfg)
+    if not kernel.dq_fixed or not kernel.buckets:
+        raise NotImplementedError("bsa_bwd detfixed buckets: the kernel configuration has no "
+                                  "fixed-point dQ or bucket path")
+    n_items = _bucket_n_items(cfg, k, offsets)
+    kernel(q, k, v, do, lse, delta, offsets, entries, sizes, scale, dq_acc, dk, dv, stream,
+           mdQSem=count, mdQMult=mult, mdQFlags=flags, mPart=part, n_items=n_items)
+    BsaDqFromTiles(_cutlass_dtype(cfg.dtype), cfg.head_dim, dq_block_cols(cfg), True, 1,
+                   wait_pairs=True, fixed=True)(dq_acc, dq, stream, mDone=count,
+                                                n_wait=n_items, mMult=mult, mFlags=flags)
+
+
+@functools.cache
+def _bwd_bucket_jit(fixed: bool):
+    """The one ``cute.jit`` of ``_bwd_bucket_entry`` (``fixed``: ``_bwd_fixed_bucket_entry``)."""
+    import cutlass.cute as cute  # noqa: PLC0415
+
+    return cute.jit(_bwd_fixed_bucket_entry if fixed else _bwd_bucket_entry)
 
 
 @functools.cache
@@ -2244,6 +2321,29 @@ def _bwd_counted_jit(with_dq: bool = False):
     return cute.jit(_bwd_counted_dq_entry if with_dq else _bwd_counted_entry)
 
 
+def _bucket_extra(cfg, q2k_block_index) -> int:
+    """``buckets``: the extra work items a (batch, KV head) pair may need, from the lists'
+    static shape: its entries (query heads of the group x query blocks x K_max) over the
+    bucket size."""
+    group = cfg.num_heads_q // cfg.num_heads_kv
+    n_q, k_max = q2k_block_index.shape[2], q2k_block_index.shape[3]
+    return group * n_q * k_max // cfg.bwd.ws_buckets
+
+
+def _bucket_buffers(cfg, offsets, count):
+    """``buckets``: ``(count, part, n_items)``: the counters with one zeroed int32 per K->Q
+    row after them, the fp32 partial workspace ``(2 P E or 1, 2 blk D)`` and the items per
+    pair (``E`` extra items per pair, from the offsets' length)."""
+    n_rows = cfg.batch * cfg.num_heads_kv * cfg.num_kv_blocks
+    n_pairs = cfg.batch * cfg.num_heads_kv
+    per_pair = (offsets.shape[0] - n_rows - 1) // (6 * n_pairs)
+    extra = per_pair - cfg.num_kv_blocks
+    count = jnp.concatenate([count, jnp.zeros((n_rows,), jnp.int32)])
+    part = jax.ShapeDtypeStruct((max(2 * n_pairs * extra, 1),
+                                 2 * cfg.sparse_block_size * cfg.head_dim), jnp.float32)
+    return count, part, per_pair
+
+
 def _bsa_bwd_counted(q, k, v, do, lse, delta, offsets, entries, block_sizes, dq_acc, cfg,
                      spec, q2k=None):
     """The default backward's call with ``cfg.bwd.zero_lag`` and / or ``tail_conv``: the
@@ -2263,16 +2363,21 @@ def _bsa_bwd_counted(q, k, v, do, lse, delta, offsets, entries, block_sizes, dq_
     count = jnp.zeros((2 * cfg.batch * cfg.num_heads_kv + (cfg.bwd.ws_persist > 0),),
                       jnp.int32)
     tail = cfg.bwd.tail_conv
+    part = ()
+    if cfg.bwd.ws_buckets:
+        count, part_shape, _ = _bucket_buffers(cfg, offsets, count)
+        part = (part_shape,)
     # positional inputs 10 and 11 (the counters, the workspace) are aliased to outputs 3 and
     # 0; flattened, block_sizes may be None (absent, no buffer) and the workspace is the last
     n_in = 11 + (block_sizes is not None)
     call = call_builder(cfg.cute_call)(
-        _bwd_counted_jit(tail),
+        _bwd_bucket_jit(False) if part else _bwd_counted_jit(tail),
         output_shape_dtype=(*_grad_shapes(dq_acc.shape, k, v),
                             jax.ShapeDtypeStruct(count.shape, jnp.int32),
-                            *((jax.ShapeDtypeStruct(q.shape, q.dtype),) if tail else ())),
+                            *((jax.ShapeDtypeStruct(q.shape, q.dtype),) if tail else ()),
+                            *part),
         input_spec=(spec,) * 4 + (None,) * 8,
-        output_spec=(None, spec, spec, None) + ((spec,) if tail else ()),
+        output_spec=(None, spec, spec, None) + ((spec,) if tail else ()) + (None,) * len(part),
         input_output_aliases={11: 0, 10: 3},
         compile_key=("bsa_bwd_counted", cfg.bwd),
         cfg=cfg.bwd,
@@ -2301,18 +2406,22 @@ def _bsa_bwd_fixed(q, k, v, do, lse, delta, offsets, entries, block_sizes, dq_ac
     mult = dq_fixed_multipliers(k, v, do, delta, q2k_block_index, q2k_block_nums,
                                 block_sizes, cfg, n_t)
     flags = jnp.zeros((cfg.batch, cfg.num_heads_q, n_t, 2), jnp.int32)
+    part = ()
+    if cfg.bwd.ws_buckets:
+        count, part_shape, _ = _bucket_buffers(cfg, offsets, count)
+        part = (part_shape,)
     # positional inputs: ..., scale (9), mult (10), count (11), flags (12), workspace (13);
     # count, flags and the workspace aliased to outputs 3, 4 and 0; flattened, block_sizes
     # may be None (absent, no buffer) and the workspace is the last
     n_in = 13 + (block_sizes is not None)
     call = call_builder(cfg.cute_call)(
-        _bwd_fixed_jit(),
+        _bwd_bucket_jit(True) if part else _bwd_fixed_jit(),
         output_shape_dtype=(*_grad_shapes(dq_acc.shape, k, v),
                             jax.ShapeDtypeStruct(count.shape, jnp.int32),
                             jax.ShapeDtypeStruct(flags.shape, jnp.int32),
-                            jax.ShapeDtypeStruct(q.shape, q.dtype)),
+                            jax.ShapeDtypeStruct(q.shape, q.dtype), *part),
         input_spec=(spec,) * 4 + (None,) * 10,
-        output_spec=(None, spec, spec, None, None, spec),
+        output_spec=(None, spec, spec, None, None, spec) + (None,) * len(part),
         input_output_aliases={13: 0, 11: 3, 12: 4},
         compile_key=("bsa_bwd_fixed", cfg.bwd),
         cfg=cfg.bwd,

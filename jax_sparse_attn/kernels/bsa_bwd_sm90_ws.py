@@ -234,7 +234,8 @@ from .common import (L2_EVICT_FIRST, L2_EVICT_LAST, L2_EVICT_NORMAL, L2_HINT_NOR
                      atom_add_acq_rel_s32, atom_add_s32, clock_ordered, elem_ptr, exp2_poly3,
                      fence_acq_rel_gpu,
                      gmem_load_copy, kv_major_bwd_operands, l2_copy_kw, l2_policy,
-                     ld_acquire_s32, ld_relaxed_s32, st_release_s32, tma_view, wait_at_least)
+                     ld_acquire_s32, ld_relaxed_f32, ld_relaxed_s32, ld_shared_s32,
+                     st_release_s32, st_shared_s32, tma_view, wait_at_least)
 from .dq_tiles import bulk_add_warp_slice, fixed_point_slice, stage_warp_slice
 from .pack_gqa import pack_rows_view, packed_row
 from .pipeline import SmemPipeline, fetch_item, publish_item, take_item
@@ -317,7 +318,8 @@ class BsaBwdSm90Ws:
                  dv_wait: bool = False, dk_lag: bool = False, s_ahead: bool = False,
                  stamps: tuple = (), red_v4: bool = False, fast_div: bool = False,
                  q_probe: bool = False, ent_ahead: bool = False, ex2_emu: int = 0,
-                 dq_lag: bool = False, wg_uniform: bool = False, fix_emu: int = 0):
+                 dq_lag: bool = False, wg_uniform: bool = False, fix_emu: int = 0,
+                 buckets: bool = False):
         self.pdl = pdl
         # of every 8 score columns of a thread, the first ex2_emu take exp2 as a polynomial
         # on the FMA pipes (``common.exp2_poly3``) instead of the MUFU unit
@@ -541,11 +543,20 @@ class BsaBwdSm90Ws:
         self.persist_kv_l2 = persist_kv_l2 and bool(self.persist)
         # 65536 registers per SM: 384 threads x 168 at launch (blk 128), 2 x 256 x 128 (blk 64)
         self.regs_consumer = 240 if self.num_wg == 2 and not self.persist else 232
+        # the CTAs take work items (metadata.kq_bucket_items, after the offsets) instead of
+        # KV blocks: a long K->Q list split in buckets, each bucket's dK / dV partial stored
+        # to its fp32 slot (mPart) and summed in bucket order by the bucket that completes
+        # its row's count (mdQSem[2 P + row], zeroed); not persistent, not on the ordered
+        # deterministic path, unpacked rows, without lpt (the items are in their own order)
+        self.buckets = (buckets and not self.persist and not deterministic and self.pack == 1
+                        and self.tail_conv and not self.stamps)
+        if self.buckets:
+            self.lpt = False
 
     @cute.jit
     def __call__(self, mQ, mK, mV, mdO, mLSE, mDelta, mOffsets, mEntries, mSizes, mScale,
                  mdQacc, mdK, mdV, stream, mRank=None, mdQSem=None, mProgress=None,
-                 mdQMult=None, mdQFlags=None):
+                 mdQMult=None, mdQFlags=None, mPart=None, n_items=None):
         dt = self.dtype
         bm, bn, d, nwg = self.bm, self.bn, self.d, self.num_wg
         Kmaj = OperandMajorMode.K
@@ -586,6 +597,10 @@ class BsaBwdSm90Ws:
         @cute.struct
         class Smem:
             mbar: cute.struct.MemRange[cutlass.Int64, n_mbar]
+            # buckets: the count a bucket's atomic add returned, for the whole CTA (with the
+            # at most 10 mbarriers of a grid that is not persistent, within the 128 bytes
+            # before the per-row values that bwd_ws_smem_bytes counts)
+            sFlag: cute.struct.MemRange[Int32, 4 if self.buckets else 0]
             # per stage and row: lse, delta (dq_fixed: and the row's dQ multiplier)
             sLD: cute.struct.Align[cute.struct.MemRange[
                 Float32, self.ld_kinds * bm * self.q_stages], 128]
@@ -615,11 +630,13 @@ class BsaBwdSm90Ws:
         grid = (n_kv_blocks, cute.size(mK.shape[2]), cute.size(mK.shape[0]))
         if cutlass.const_expr(self.persist):
             grid = (self.persist, 1, 1)
+        if cutlass.const_expr(self.buckets):
+            grid = (n_items, cute.size(mK.shape[2]), cute.size(mK.shape[0]))
         self.kernel(
             tma_q, tma_tQ, tma_do, tma_tdO, tma_k, tma_tK, tma_v, tma_tV,
             mQ, mK, mV, mLSE, mDelta, mOffsets, mEntries, mSizes, mScale, mdQacc, mdK, mdV,
-            mRank, mdQSem, mProgress, mdQMult, mdQFlags, sK_layout, sK_mn_layout, sQ_layout,
-            sQ_mn_layout, sdS_layout, mma_s, mma_kv, mma_dq, Smem,
+            mRank, mdQSem, mProgress, mdQMult, mdQFlags, mPart, sK_layout, sK_mn_layout,
+            sQ_layout, sQ_mn_layout, sdS_layout, mma_s, mma_kv, mma_dq, Smem,
         ).launch(grid=grid, block=[self.num_threads, 1, 1], smem=Smem.size_in_bytes(),
                  stream=stream, min_blocks_per_mp=self.ctas_per_sm, use_pdl=self.pdl,
                  preferred_smem_carveout=100 if self.ctas_per_sm > 1 else None)
@@ -1761,6 +1778,43 @@ class BsaBwdSm90Ws:
                             None, self.dtype, self.epi_pairs)
 
     @cute.jit
+    def _bucket_sum(self, acc_dK, acc_dV, mPart, mCount, st, ctid, row_id, used, slot, first,
+                    nb, n_pairs):
+        """``buckets``, consumer warps: whether this CTA stores the row's dK / dV. An unused
+        item stores nothing; an unsplit row's item its own accumulators. A bucket of a split
+        row stores its accumulators to its slot of ``mPart`` (fp32 ``(slots, 2 bn D)``,
+        value ``e`` of consumer thread ``t`` at ``e T + t``, dV after dK), and the bucket that
+        brings the row's counter (``mCount[2 P + row]``, zeroed) to ``nb`` sums the row's
+        ``nb`` slots in bucket order into its accumulators (whichever bucket that is, the
+        same additions in the same order) and stores them."""
+        nthr = 128 * self.num_wg
+        n_v = cute.size(acc_dK)
+        keep = Int32(used)
+        if used != 0:
+            if nb > 1:
+                for e in cutlass.range_constexpr(n_v):
+                    mPart[slot, e * nthr + ctid] = acc_dK[e]
+                    mPart[slot, (n_v + e) * nthr + ctid] = acc_dV[e]
+                fence_acq_rel_gpu()
+                cute.arch.barrier(barrier_id=7, number_of_threads=nthr)
+                if ctid == 0:
+                    done = atom_add_acq_rel_s32(elem_ptr(mCount, (2 * n_pairs + row_id,)), 1)
+                    st_shared_s32(st.sFlag.data_ptr(), done)
+                cute.arch.barrier(barrier_id=7, number_of_threads=nthr)
+                keep = Int32(ld_shared_s32(st.sFlag.data_ptr()) == nb - 1)
+                if keep != 0:
+                    fence_acq_rel_gpu()
+                    acc_dK.fill(0.0)
+                    acc_dV.fill(0.0)
+                    for b in cutlass.range(nb, unroll=1):
+                        for e in cutlass.range_constexpr(n_v):
+                            acc_dK[e] = acc_dK[e] + ld_relaxed_f32(
+                                elem_ptr(mPart, (first + b, e * nthr + ctid)))
+                            acc_dV[e] = acc_dV[e] + ld_relaxed_f32(
+                                elem_ptr(mPart, (first + b, (n_v + e) * nthr + ctid)))
+        return keep
+
+    @cute.jit
     def _row_info(self, mOffsets, row_id, n_kv_blocks, num_heads_kv):
         """Persistent: ``(n_block, head_kv, batch, e_begin, n_ent)`` of K->Q row ``row_id``."""
         n_block = row_id % n_kv_blocks
@@ -1773,8 +1827,9 @@ class BsaBwdSm90Ws:
     @cute.kernel
     def kernel(self, tma_q, tma_tQ, tma_do, tma_tdO, tma_k, tma_tK, tma_v, tma_tV,
                mQ, mK, mV, mLSE, mDelta, mOffsets, mEntries, mSizes, mScale, mdQacc, mdK, mdV,
-               mRank, mdQSem, mProgress, mdQMult, mdQFlags, sK_layout, sK_mn_layout, sQ_layout,
-               sQ_mn_layout, sdS_layout, mma_s, mma_kv, mma_dq, Smem: cutlass.Constexpr):
+               mRank, mdQSem, mProgress, mdQMult, mdQFlags, mPart, sK_layout, sK_mn_layout,
+               sQ_layout, sQ_mn_layout, sdS_layout, mma_s, mma_kv, mma_dq,
+               Smem: cutlass.Constexpr):
         tidx, _, _ = cute.arch.thread_idx()
         n_block, head_kv, batch = cute.arch.block_idx()
         warp = cute.arch.make_warp_uniform(cute.arch.warp_idx())
@@ -1803,7 +1858,27 @@ class BsaBwdSm90Ws:
             cute.arch.griddepcontrol_launch_dependents()
         e_begin = Int32(0)
         n_ent = Int32(0)
-        if cutlass.const_expr(not self.persist):
+        it_used = Int32(1)
+        it_slot = Int32(-1)
+        it_first = Int32(-1)
+        it_nb = Int32(1)
+        if cutlass.const_expr(self.buckets):
+            # work item n_block of the pair (6 int32 after the R + 1 offsets): its row (-1:
+            # unused: block 0's row with no entries, no dK / dV stores), entries, slots
+            n_items = cute.arch.grid_dim()[0]
+            base = n_csr_rows + 1 + ((batch * num_heads_kv + head_kv) * n_items + n_block) * 6
+            it_row = Int32(mOffsets[base])
+            e_begin = Int32(mOffsets[base + 1])
+            n_ent = Int32(mOffsets[base + 2])
+            it_slot = Int32(mOffsets[base + 3])
+            it_first = Int32(mOffsets[base + 4])
+            it_nb = Int32(mOffsets[base + 5])
+            it_used = Int32(it_row >= 0)
+            row_id = (batch * num_heads_kv + head_kv) * n_kv_blocks
+            if it_row >= 0:
+                row_id = it_row
+            n_block = row_id % n_kv_blocks
+        elif cutlass.const_expr(not self.persist):
             if cutlass.const_expr(self.lpt):
                 # CTA `row_id` (in launch order) takes the row_id-th longest K->Q list: the
                 # order follows the R + 1 offsets
@@ -2000,7 +2075,11 @@ class BsaBwdSm90Ws:
                     cute.arch.barrier(barrier_id=5, number_of_threads=128 * nwg + 32)
             if cutlass.const_expr(self.dq_tile):
                 cute.arch.cp_async_bulk_wait_group(0, read=False)  # smem outlives the reads
-            if cutlass.const_expr(not self.persist):
+            if cutlass.const_expr(self.buckets):
+                if self._bucket_sum(acc_dK, acc_dV, mPart, mdQSem, st, ctid, row_id, it_used,
+                                    it_slot, it_first, it_nb, mK.shape[0] * num_heads_kv) != 0:
+                    self._epilogue(ectx, n0, kv_left, batch, head_kv, 0)
+            elif cutlass.const_expr(not self.persist):
                 self._epilogue(ectx, n0, kv_left, batch, head_kv, 0)
                 if cutlass.const_expr(len(self.stamps) > 0):
                     tcta[2] = clock_ordered()

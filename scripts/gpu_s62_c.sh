@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# Session 62's third call (about 540 s; meant for an H200): the block-sparse backward issue's
+# GPU tests on the current defaults: the block-sparse grid in three shards with the sm90ws
+# backward / public-API cases (one KV block listed by every query block of a 32768-token
+# sequence, GQA 8:1, every KV block listed, poisoned outputs), the deterministic cases (five
+# runs bitwise equal), the sm90ws forward cases, and on an H200 the 2.28e9-element
+# deterministic case with the fixed-point dQ.
+# Usage (device, after `source .devcache/setup.sh`): OUT=$OUT bash scripts/gpu_s62_c.sh [seconds]
+. "$(dirname "$0")/gpu_lib.sh" s62_c "${1:-540}"
+nvidia-smi --query-gpu=name,clocks.max.sm,power.limit,memory.total --format=csv > $O/gpu.txt 2>&1
+cat $O/gpu.txt
+T=$(( $(left) - 20 ))
+bsa_grid_bg $T
+det_tests_bg $T
+bg_test fwd tests/test_gpu_bsa.py "test_bsa_sm90ws_forward and not ctas3k1 and not pairwg and not streamk"
+wait; t "tests"
+report_tests
+T=$(( $(left) - 10 ))
+if [ "$T" -gt 60 ] && grep -q H200 $O/gpu.txt; then
+  bg_test large tests/test_gpu_large_tensors.py "bsa_deterministic and fixed"
+  wait; t "large"; tail -n 3 $O/t_large.txt
+fi
+t done
+cd $OUT && tar czf s62_c.tgz s62_c && rm -rf s62_c
