@@ -2123,6 +2123,15 @@ def _bucket_n_items(cfg, k, offsets) -> int:
     return (offsets.shape[0] - n_pairs * n_kv - 1) // (6 * n_pairs)
 
 
+def _pair_counters(count, k):
+    """``buckets``: the first ``2 P`` counters of ``count`` (``P`` (batch, KV head) pairs; the
+    per-row counters follow), the view the dq reordering takes (it derives ``P`` from the
+    length)."""
+    import cutlass.cute as cute  # noqa: PLC0415
+
+    return cute.make_tensor(count.iterator, cute.make_layout((2 * k.shape[0] * k.shape[2],)))
+
+
 def _bwd_bucket_entry(stream, q, k, v, do, lse, delta, offsets, entries, sizes, scale,
                       count, dq_acc, dk, dv, dq, part, *, cfg: BsaBwdConfig):
     # buckets (with tail_conv): _bwd_counted_dq_entry with the work items after the offsets,
@@ -2139,7 +2148,8 @@ def _bwd_bucket_entry(stream, q, k, v, do, lse, delta, offsets, entries, sizes, 
     kernel(q, k, v, do, lse, delta, offsets, entries, sizes, scale, dq_acc, dk, dv, stream,
            mdQSem=count, mPart=part, n_items=n_items)
     BsaDqFromTiles(_cutlass_dtype(cfg.dtype), cfg.head_dim, dq_block_cols(cfg), True,
-                   cfg.det_slots, wait_pairs=True)(dq_acc, dq, stream, mDone=count,
+                   cfg.det_slots, wait_pairs=True)(dq_acc, dq, stream,
+                                                   mDone=_pair_counters(count, k),
                                                    n_wait=n_items)
 
 
@@ -2157,7 +2167,8 @@ def _bwd_fixed_bucket_entry(stream, q, k, v, do, lse, delta, offsets, entries, s
     kernel(q, k, v, do, lse, delta, offsets, entries, sizes, scale, dq_acc, dk, dv, stream,
            mdQSem=count, mdQMult=mult, mdQFlags=flags, mPart=part, n_items=n_items)
     BsaDqFromTiles(_cutlass_dtype(cfg.dtype), cfg.head_dim, dq_block_cols(cfg), True, 1,
-                   wait_pairs=True, fixed=True)(dq_acc, dq, stream, mDone=count,
+                   wait_pairs=True, fixed=True)(dq_acc, dq, stream,
+                                                mDone=_pair_counters(count, k),
                                                 n_wait=n_items, mMult=mult, mFlags=flags)
 
 
