@@ -64,3 +64,18 @@ report_tests() {
 bg_test() {
   timeout "$T" $PYT "$2" -k "$3" > "$O/t_$1.txt" 2>&1 &
 }
+# ws_fwd_tests_bg: in the background, the sm90ws block-sparse forward cases of
+# tests/test_gpu_bsa.py without the opt-in shapes (ctas3k1, pairwg, streamk), to $O/t_fwd.txt
+ws_fwd_tests_bg() {
+  bg_test fwd tests/test_gpu_bsa.py \
+    "test_bsa_sm90ws_forward and not ctas3k1 and not pairwg and not streamk"
+}
+# large_det_on_h200: with more than 60 s left and an H200 (gpu.txt), the 2.28e9-element
+# deterministic block-sparse case on the fixed-point dQ (it needs 100 GB free), to $O/t_large.txt
+large_det_on_h200() {
+  T=$(( $(left) - 10 ))
+  if [ "$T" -gt 60 ] && grep -q H200 "$O/gpu.txt"; then
+    bg_test large tests/test_gpu_large_tensors.py "bsa_deterministic and fixed"
+    wait; t "large"; tail -n 3 "$O/t_large.txt"
+  fi
+}

@@ -12,13 +12,9 @@ cat $O/gpu.txt
 T=$(( $(left) - 20 ))
 bsa_grid_bg $T
 det_tests_bg $T
-bg_test fwd tests/test_gpu_bsa.py "test_bsa_sm90ws_forward and not ctas3k1 and not pairwg and not streamk"
+ws_fwd_tests_bg
 wait; t "tests"
 report_tests
-T=$(( $(left) - 10 ))
-if [ "$T" -gt 60 ] && grep -q H200 $O/gpu.txt; then
-  bg_test large tests/test_gpu_large_tensors.py "bsa_deterministic and fixed"
-  wait; t "large"; tail -n 3 $O/t_large.txt
-fi
+large_det_on_h200
 t done
 cd $OUT && tar czf s62_c.tgz s62_c && rm -rf s62_c
