@@ -185,7 +185,7 @@ BSA_BWD_WS_FLAGS = ("ldwait", "lpt", "decouple", "detkv", "detfull", "detlaunch"
                     "thrfrags", "wghand", "nowghand", "ldscale", "dvwait", "dklag", "sahead",
                     "redv4", "fdiv", "nofdiv", "qprobe",
                     "noqprobe", "entahead", "dqlag", "nodqlag", "wguni",
-                    "nowguni", "mult1p")
+                    "nowguni", "mult1p", "nomult1p")
 #: the flags among :data:`BSA_BWD_WS_FLAGS` that choose the deterministic dQ order (at most
 #: one of them)
 BSA_DET_ORDER_FLAGS = ("detkv", "detfull", "detlaunch", "detsched", "detschedfull")
@@ -206,7 +206,8 @@ _BSA_BWD_WS_ALLOWED = ("comma list of " + ", ".join(BSA_BWD_WS_FLAGS)
                        "of " + ", ".join(BSA_DET_ORDER_FLAGS) + "; at most one of detstream, "
                        "nodetstream; at most one of packws, nopackws; at most one of tailconv, "
                        "notailconv; at most one of wghand, nowghand; at most one of wguni, "
-                       "nowguni; at most one of lpt, hlpt, nolpt")
+                       "nowguni; at most one of mult1p, nomult1p; at most one of lpt, hlpt, "
+                       "nolpt")
 _parse_bsa_bwd_ws_opts = _parse_option_list(BSA_BWD_WS_FLAGS,
                                              {"stages": lambda n: 2 <= n <= 4,
                                               "dqslots": lambda n: 1 <= n <= 4,
@@ -235,7 +236,8 @@ def _parse_bsa_bwd_ws(var, raw):
                     ("tailconv", "notailconv"), ("lpt", "hlpt"), ("lpt", "nolpt"),
                     ("hlpt", "nolpt"), ("l2hint", "l2normal"),
                     ("wghand", "nowghand"), ("fdiv", "nofdiv"), ("qprobe", "noqprobe"),
-                    ("dqlag", "nodqlag"), ("wguni", "nowguni")):
+                    ("dqlag", "nodqlag"), ("wguni", "nowguni"),
+                    ("mult1p", "nomult1p")):
         if on in opts and off in opts:
             raise ValueError(f"{var}={raw!r}: {on!r} and {off!r} contradict each other; "
                              f"give at most one; allowed: {_BSA_BWD_WS_ALLOWED}")
@@ -635,8 +637,8 @@ SWITCHES = (
                "converted to int32 fixed point by a power-of-two multiplier per query row, "
                "from a bound on its values, and added with int32 bulk reductions, whose "
                "sum does not depend on their order; rows whose values leave the bound or "
-               "are not finite give NaN; at blk 128 (with dqlag and wguni) 0.87-0.91x the "
-               "default mode on the H100, where the schedule order read 0.83-0.86x before "
+               "are not finite give NaN; at blk 128 (with dqlag, wguni and mult1p) 0.88-0.92x "
+               "the default mode on the H100, where the schedule order read 0.83-0.86x before "
                "wguni), "
                "detorder (deterministic=True with ordered dQ additions; so "
                "does any option of the ordered path: detkv, detfull, detlaunch, detsched, "
@@ -711,7 +713,7 @@ SWITCHES = (
                "FP32 and integer pipes instead of cvt.rni on the conversion unit, which also "
                "runs the exponentials; bitwise the same values; slower on the H100: 0.8-2.1 % "
                "for N = 4, 3.5-5.2 % for N = 8), "
-               "buckets=N (opt-in, built, not yet run on a GPU; not with persist, zerolag, "
+               "buckets=N (opt-in; not with persist, zerolag, "
                "pack_gqa, notailconv, stamp=N or the ordered deterministic path: a K->Q list of "
                "more than N entries "
                "is split into ceil(L / N) buckets of consecutive entries, each a CTA of its "
@@ -719,13 +721,17 @@ SWITCHES = (
                "not run as one long CTA; each bucket stores its float32 dK / dV partial to a "
                "workspace slot, and the bucket that completes the row's count sums the slots "
                "in bucket order, so dK / dV stay bitwise reproducible; the items run longest "
-               "first within each (batch, KV head)), "
-               "mult1p (with the fixed-point deterministic dQ; opt-in, not yet measured: the "
+               "first within each (batch, KV head); on the H100 at S 32768 blk 128 with KV "
+               "block 0 listed by every query block, N = 64 took 1.77x less time than one "
+               "CTA per KV block with 2 heads and 8 % less with 16, and 2-7 % more with "
+               "random lists), "
+               "mult1p (the default with the fixed-point deterministic dQ: the "
                "multipliers' bounds take the Euclidean norms of the dO and V rows in one pass "
                "over them, the largest value and the unscaled float32 sum of squares side by "
                "side (where the sum overflows or is below 2^-100, sqrt(D) times the largest "
                "value), instead of two passes, the largest value and then the sum of the "
-               "squares scaled by it), "
+               "squares scaled by it; 3-4 % faster deterministic backward on the H100), "
+               "nomult1p (the two passes), "
                "ex2emu=N (of every 8 score columns of a consumer thread, N take exp2 as a "
                "degree-3 polynomial on the FMA pipes instead of the MUFU unit, relative "
                "error 1.02e-4; opt-in: 1-3 % slower at blk 128 and 0.5 % at blk 64 on the "

@@ -437,9 +437,9 @@ def test_fixed_rows_log2_bounds_the_norm(one_pass, d):
 
 
 def test_mult1p_key():
-    """``bsa_bwd_ws=mult1p``: the fixed-point backward's key records the one-pass norms;
-    without the fixed point it changes nothing; the multipliers of both forms agree within
-    one power of two and are equal on ordinary inputs."""
+    """``mult1p`` is the fixed-point backward's default (``bsa_bwd_ws=nomult1p``: the
+    two-pass norms); without the fixed point neither flag changes anything; the multipliers
+    of both forms agree within one power of two and are equal on ordinary inputs."""
     from jax_sparse_attn.config import Switches
     from jax_sparse_attn.ffi import bsa as fb
 
@@ -447,10 +447,13 @@ def test_mult1p_key():
         base = fb.bwd_config(jnp.bfloat16, 128, blk, False, Switches(), deterministic=True)
         one = fb.bwd_config(jnp.bfloat16, 128, blk, False, Switches(bsa_bwd_ws=("mult1p",)),
                             deterministic=True)
-        assert base.dq_fixed and not base.fix_mult_one_pass
-        assert one == fb.dataclasses.replace(base, fix_mult_one_pass=True)
-        nd = fb.bwd_config(jnp.bfloat16, 128, blk, False, Switches(bsa_bwd_ws=("mult1p",)))
-        assert nd == fb.bwd_config(jnp.bfloat16, 128, blk, False, Switches())
+        two = fb.bwd_config(jnp.bfloat16, 128, blk, False,
+                            Switches(bsa_bwd_ws=("nomult1p",)), deterministic=True)
+        assert base.dq_fixed and base.fix_mult_one_pass and one == base
+        assert two == fb.dataclasses.replace(base, fix_mult_one_pass=False)
+        for flag in ("mult1p", "nomult1p"):
+            nd = fb.bwd_config(jnp.bfloat16, 128, blk, False, Switches(bsa_bwd_ws=(flag,)))
+            assert nd == fb.bwd_config(jnp.bfloat16, 128, blk, False, Switches())
     rng = np.random.default_rng(5)
     q, k, v, do, idx, nums, bs, n_q, n_kv = _case(rng)
     delta = rng.standard_normal((2, 4, 150))

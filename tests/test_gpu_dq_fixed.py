@@ -70,17 +70,18 @@ def test_bsa_bwd_deterministic_nowguni(c, monkeypatch):
 
 @pytest.mark.parametrize("c", [c for c in tb.DET_CASES if not c.get("ws")],
                          ids=lambda c: c["name"])
-def test_bsa_bwd_deterministic_mult1p(c, monkeypatch):
-    """``mult1p`` (the fixed-point multipliers' norms in one pass over dO and V): the
+def test_bsa_bwd_deterministic_nomult1p(c, monkeypatch):
+    """``nomult1p`` (the fixed-point multipliers' norms in two passes over dO and V, the
+    largest value and then the scaled sum of squares, instead of the default's one): the
     deterministic cases of the fixed point (five runs bitwise equal, against the
     reference)."""
     from jax_sparse_attn.ffi import bsa as fb
 
-    monkeypatch.setenv("JAX_SPARSE_ATTN_BSA_BWD_WS", "mult1p")
+    monkeypatch.setenv("JAX_SPARSE_ATTN_BSA_BWD_WS", "nomult1p")
     key = fb.bwd_config(jnp.dtype(c["dtype"]), c["d"], c["blk"], False,
-                        dataclasses.replace(from_env(), bsa_bwd_ws=("mult1p",)),
+                        dataclasses.replace(from_env(), bsa_bwd_ws=("nomult1p",)),
                         deterministic=True, causal=bool(c.get("causal")))
-    assert key.dq_fixed and key.fix_mult_one_pass, key
+    assert key.dq_fixed and not key.fix_mult_one_pass, key
     tb.test_bsa_bwd_deterministic(c, monkeypatch)
 
 

@@ -339,7 +339,8 @@ class BsaBwdConfig:
     # float additions instead of cvt ("fixemu=N")
     ws_fix_emu: int = 0
     # with dq_fixed: the multipliers' Euclidean norms of dO and V rows in one pass (the
-    # largest value and the sum of squares side by side; "mult1p") instead of two
+    # largest value and the sum of squares side by side; the default there, "nomult1p":
+    # two passes)
     fix_mult_one_pass: bool = False
     # "sm90ws" with tail_conv, not persist, zero_lag, pack_gqa or the ordered deterministic
     # path: K->Q lists of more than this many entries split across CTAs in buckets
@@ -660,7 +661,7 @@ def bwd_config(dtype, head_dim, block_size, has_block_sizes, switches,
                 return _buckets_config(dataclasses.replace(
                     cfg, dq_fixed=True, ws_ld_scaled=False, ws_dk_lag=False, ws_s_ahead=False,
                     ws_fix_emu=fix[0] if fix else 0,
-                    fix_mult_one_pass="mult1p" in switches.bsa_bwd_ws), switches.bsa_bwd_ws)
+                    fix_mult_one_pass="nomult1p" not in switches.bsa_bwd_ws), switches.bsa_bwd_ws)
         return _buckets_config(_persist_config(
             _ws_config(name, head_dim, block_size, has_block_sizes, impl, arch, switches,
                        deterministic, causal, pack_gqa), switches.bsa_bwd_ws),
@@ -894,9 +895,9 @@ def det_fixed_wanted(block_size: int, opts=()) -> bool:
     """Whether ``deterministic=True`` asks for the fixed-point dQ (``dq_fixed``) rather than
     ordered dQ additions: by default (and with ``bsa_bwd_ws`` ``detfixed``) at blk 64 and
     blk 128. On an H100 it measured 0.87–0.93x the default mode at blk 64 against 0.52–0.71x
-    for the schedule order, and at blk 128 (with ``dqlag`` and ``wguni``) 0.87x at S 16384
-    and 0.91x at S 32768, where the schedule order read 0.86x and 0.83x before ``wguni``
-    (docs/performance.md). Not where an
+    for the schedule order, and at blk 128 (with ``dqlag``, ``wguni`` and ``mult1p``) 0.88x
+    at S 16384 and 0.92x at S 32768, where the schedule order read 0.86x and 0.83x before
+    ``wguni`` (docs/performance.md). Not where an
     option of the ordered path is given (:data:`DET_ORDERED_OPTS`, ``dqslots=N``,
     ``ordscan=N``) without ``detfixed``. Where the fixed point does not apply, :func:`bwd_config` keeps the
     ordered path."""
