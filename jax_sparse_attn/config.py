@@ -202,7 +202,8 @@ _BSA_BWD_WS_ALLOWED = ("comma list of " + ", ".join(BSA_BWD_WS_FLAGS)
                        "dQ: of every 8 dQ values of a consumer thread, N converted to int32 "
                        "by float additions instead of a conversion, 0..8; the same bits), "
                        "buckets=N (K->Q lists of more than N entries split across CTAs, "
-                       "1..65536); at most one "
+                       "1..65536), bucketx=M (with buckets=N: at most M extra work items per "
+                       "(batch, KV head), 1..65536); at most one "
                        "of " + ", ".join(BSA_DET_ORDER_FLAGS) + "; at most one of detstream, "
                        "nodetstream; at most one of packws, nopackws; at most one of tailconv, "
                        "notailconv; at most one of wghand, nowghand; at most one of wguni, "
@@ -216,7 +217,8 @@ _parse_bsa_bwd_ws_opts = _parse_option_list(BSA_BWD_WS_FLAGS,
                                               "stamp": lambda n: 0 <= n <= 1 << 20,
                                               "ex2emu": lambda n: 0 <= n <= 8,
                                               "fixemu": lambda n: 0 <= n <= 8,
-                                              "buckets": lambda n: 1 <= n <= 65536},
+                                              "buckets": lambda n: 1 <= n <= 65536,
+                                              "bucketx": lambda n: 1 <= n <= 65536},
                                              None, _BSA_BWD_WS_ALLOWED)
 
 
@@ -725,6 +727,10 @@ SWITCHES = (
                "block 0 listed by every query block, N = 64 took 1.77x less time than one "
                "CTA per KV block with 2 heads and 8 % less with 16, and 2-7 % more with "
                "random lists), "
+               "bucketx=M (with buckets=N: a (batch, KV head) pair's grid holds at most M "
+               "extra work items instead of its entries over N, so fewer idle CTAs and a "
+               "smaller partial workspace (2 M slots of 2 blk D float32 per pair); a pair "
+               "whose long lists need more keeps every list whole), "
                "mult1p (the default with the fixed-point deterministic dQ: the "
                "multipliers' bounds take the Euclidean norms of the dO and V rows in one pass "
                "over them, the largest value and the unscaled float32 sum of squares side by "

@@ -53,11 +53,12 @@ def _hstu(b, l, d, bwd, jagged=False, h=4):
     return fn, (q, k, v, cu), flops
 
 
-def _bsa(blk, topk, s=16384, h=16, d=128, bwd=False, deterministic=False, h_kv=None):
+def _bsa(blk, topk, s=16384, h=16, d=128, bwd=False, deterministic=False, h_kv=None,
+         lists="random"):
     from benchmarks.bsa_bench import _inputs
 
     q, k, v, idx, nums = _inputs(jax.random.PRNGKey(1), 1, h, s, d, blk, topk, jnp.bfloat16,
-                                 h if h_kv is None else h_kv)[:5]
+                                 h if h_kv is None else h_kv, lists)[:5]
     kw = dict(layout="bhsd", sparse_block_size=blk, softmax_scale=1.0 / np.sqrt(d),
               backend=_BACKEND, deterministic=deterministic)
     flops = 4.0 * h * s * d * topk * blk
@@ -98,6 +99,9 @@ CASES = {
     "bsa_bwd_blk128": lambda: _bsa(128, 16, bwd="only"),
     "bsa_bwd_s32768": lambda: _bsa(128, 32, s=32768, bwd="only"),
     "bsa_bwd_gqa_blk64": lambda: _bsa(64, 32, bwd="only", h_kv=4),
+    # two heads (bsa_bench row 8), random lists and KV block 0 in every list ("hot")
+    "bsa_bwd_s32768_h2": lambda: _bsa(128, 32, s=32768, h=2, bwd="only"),
+    "bsa_bwd_s32768_h2_hot": lambda: _bsa(128, 32, s=32768, h=2, bwd="only", lists="hot"),
     # deterministic=True (the dQ order from the environment: JAX_SPARSE_ATTN_BSA_BWD_WS)
     "bsa_bwd_det_blk64": lambda: _bsa(64, 32, bwd="only", deterministic=True),
     "bsa_bwd_det_blk128": lambda: _bsa(128, 16, bwd="only", deterministic=True),

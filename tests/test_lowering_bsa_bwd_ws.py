@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import re
+import types
 
 import pytest
 
@@ -1465,9 +1466,20 @@ def test_bsa_bwd_ws_buckets_key():
                ("buckets=8", "detorder")):
         assert key(ws, det="detorder" in ws).ws_buckets == 0, ws
     assert key(("buckets=8",), pack_gqa=2).ws_buckets == 0
-    for bad in ("buckets=0", "buckets=65537"):
-        with pytest.raises(ValueError, match="buckets"):
+    for bad in ("buckets=0", "buckets=65537", "bucketx=0", "bucketx=65537"):
+        with pytest.raises(ValueError, match="bucket"):
             from_env({"JAX_SPARSE_ATTN_BSA_BWD_WS": bad})
+    # bucketx=M caps the extra items per (batch, KV head): 4 query heads per KV head x 256
+    # query blocks x K_max 32 entries over buckets of 64 = 512, at most M with the cap
+    capped = key(("buckets=64", "bucketx=16"))
+    assert capped == fb.dataclasses.replace(key(("buckets=64",)), ws_bucket_extra=16)
+    cfg = types.SimpleNamespace(num_heads_q=8, num_heads_kv=2, bwd=key(("buckets=64",)))
+    idx = jax.ShapeDtypeStruct((1, 8, 256, 32), jnp.int32)
+    assert fb._bucket_extra(cfg, idx) == 512
+    cfg.bwd = capped
+    assert fb._bucket_extra(cfg, idx) == 16
+    cfg.bwd = key(("buckets=64", "bucketx=4096"))
+    assert fb._bucket_extra(cfg, idx) == 512
 
 
 @pytest.mark.parametrize("name", ["buckets-blk128", "buckets-blk64", "buckets-det-blk128"])

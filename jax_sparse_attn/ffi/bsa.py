@@ -346,6 +346,9 @@ class BsaBwdConfig:
     # path: K->Q lists of more than this many entries split across CTAs in buckets
     # (metadata.kq_bucket_items; "buckets=N"; 0: one CTA per KV block)
     ws_buckets: int = 0
+    # with ws_buckets: at most this many extra work items per (batch, KV head) pair
+    # ("bucketx=M"; 0: as many as the pair's entries over the bucket size can need)
+    ws_bucket_extra: int = 0
 
 
 def fwd_smem_bytes(head_dim, block_size) -> int:
@@ -786,10 +789,12 @@ def _buckets_config(cfg: BsaBwdConfig, opts) -> BsaBwdConfig:
     packed or on the ordered deterministic path (``ws_lpt`` off: the items carry their own
     longest-first order)."""
     n = [int(o[8:]) for o in opts if o.startswith("buckets=")]
+    cap = [int(o[8:]) for o in opts if o.startswith("bucketx=")]
     if (not n or not cfg.tail_conv or cfg.ws_persist or cfg.zero_lag or cfg.pack_gqa != 1
             or cfg.deterministic or cfg.ws_stamps):
         return cfg
-    return dataclasses.replace(cfg, ws_buckets=n[0], ws_lpt=False, ws_lpt_chain=False)
+    return dataclasses.replace(cfg, ws_buckets=n[0], ws_bucket_extra=cap[0] if cap else 0,
+                               ws_lpt=False, ws_lpt_chain=False)
 
 
 def _persist_config(cfg: BsaBwdConfig, opts) -> BsaBwdConfig:
@@ -2336,10 +2341,11 @@ def _bwd_counted_jit(with_dq: bool = False):
 def _bucket_extra(cfg, q2k_block_index) -> int:
     """``buckets``: the extra work items a (batch, KV head) pair may need, from the lists'
     static shape: its entries (query heads of the group x query blocks x K_max) over the
-    bucket size."""
+    bucket size, at most ``ws_bucket_extra`` where that is set."""
     group = cfg.num_heads_q // cfg.num_heads_kv
     n_q, k_max = q2k_block_index.shape[2], q2k_block_index.shape[3]
-    return group * n_q * k_max // cfg.bwd.ws_buckets
+    extra = group * n_q * k_max // cfg.bwd.ws_buckets
+    return min(extra, cfg.bwd.ws_bucket_extra) if cfg.bwd.ws_bucket_extra else extra
 
 
 def _bucket_buffers(cfg, offsets, count):
