@@ -448,12 +448,18 @@ def kq_bucket_items(offsets, *, num_kv_blocks: int, bucket_entries: int, max_ext
     # a pair needing more extra items than the grid holds keeps every row whole
     nb = jnp.where(jnp.sum(nb - 1, axis=1, keepdims=True) > extra, 1, nb)
     # the items of each pair in row order: item i is bucket i - start[r] of the row r whose
-    # [start[r], start[r] + nb[r]) holds i
+    # [start[r], start[r] + nb[r]) holds i, r the number of rows after the first that start
+    # at or before i (every row has at least one item, so the starts are distinct; one
+    # scatter and a cumulative sum rather than a binary search, which XLA runs as a loop of
+    # small kernels); items from the pair's last end on are unused
     ends = jnp.cumsum(nb, axis=1)
     item = jnp.arange(n_items, dtype=i32)
-    r_loc = jax.vmap(lambda e: jnp.searchsorted(e, item, side="right"))(ends).astype(i32)
-    used = r_loc < n_kv
-    r_loc = jnp.minimum(r_loc, n_kv - 1)
+    starts = ends - nb
+    marks = jnp.zeros((n_pairs, n_items), i32).at[
+        jnp.arange(n_pairs)[:, None], starts].add(
+        (jnp.arange(n_kv) > 0).astype(i32)[None, :], mode="drop")
+    r_loc = jnp.cumsum(marks, axis=1).astype(i32)
+    used = item[None, :] < ends[:, -1:]
     n = jnp.take_along_axis(nb, r_loc, axis=1)
     bucket = item[None, :] - (jnp.take_along_axis(ends, r_loc, axis=1) - n)
     row = r_loc + (jnp.arange(n_pairs, dtype=i32) * n_kv)[:, None]
