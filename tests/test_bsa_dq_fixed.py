@@ -265,7 +265,7 @@ def test_detfixed_config():
         # (with warpgroup 0's late dQ half, the default mode's default at blk 128: it keeps
         # the previous step's multipliers in registers; the warp-uniform warpgroup index as
         # in the default mode)
-        assert key == fb.dataclasses.replace(base, dq_fixed=True)
+        assert key == fb.dataclasses.replace(base, dq_fixed=True, fix_mult_one_pass=True)
         assert key.ws_wg_uniform
         assert key.ws_dq_lag == (blk == 128)
         assert not base.dq_fixed
