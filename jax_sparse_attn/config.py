@@ -185,7 +185,7 @@ BSA_BWD_WS_FLAGS = ("ldwait", "lpt", "decouple", "detkv", "detfull", "detlaunch"
                     "thrfrags", "wghand", "nowghand", "ldscale", "dvwait", "dklag", "sahead",
                     "redv4", "fdiv", "nofdiv", "qprobe",
                     "noqprobe", "entahead", "dqlag", "nodqlag", "wguni",
-                    "nowguni", "mult1p", "nomult1p")
+                    "nowguni", "mult1p", "nomult1p", "autobuckets")
 #: the flags among :data:`BSA_BWD_WS_FLAGS` that choose the deterministic dQ order (at most
 #: one of them)
 BSA_DET_ORDER_FLAGS = ("detkv", "detfull", "detlaunch", "detsched", "detschedfull")
@@ -208,7 +208,7 @@ _BSA_BWD_WS_ALLOWED = ("comma list of " + ", ".join(BSA_BWD_WS_FLAGS)
                        "nodetstream; at most one of packws, nopackws; at most one of tailconv, "
                        "notailconv; at most one of wghand, nowghand; at most one of wguni, "
                        "nowguni; at most one of mult1p, nomult1p; at most one of lpt, hlpt, "
-                       "nolpt")
+                       "nolpt; at most one of autobuckets, buckets=N")
 _parse_bsa_bwd_ws_opts = _parse_option_list(BSA_BWD_WS_FLAGS,
                                              {"stages": lambda n: 2 <= n <= 4,
                                               "dqslots": lambda n: 1 <= n <= 4,
@@ -229,6 +229,9 @@ def _parse_bsa_bwd_ws(var, raw):
     one of ``packws`` / ``nopackws``, ``l2hint`` / ``l2normal`` and the other pairs of
     contradicting flags."""
     opts = _parse_bsa_bwd_ws_opts(var, raw)
+    if "autobuckets" in opts and any(o.startswith("buckets=") for o in opts):
+        raise ValueError(f"{var}={raw!r}: 'autobuckets' and 'buckets=N' each choose the bucket "
+                         f"size; give at most one; allowed: {_BSA_BWD_WS_ALLOWED}")
     orders = [o for o in opts if o in BSA_DET_ORDER_FLAGS]
     if len(orders) > 1:
         raise ValueError(f"{var}={raw!r}: {' and '.join(map(repr, orders))} each choose the "
@@ -727,8 +730,13 @@ SWITCHES = (
                "block 0 listed by every query block, N = 64 took 1.77x less time than one "
                "CTA per KV block with 2 heads and 8 % less with 16, and 2-7 % more with "
                "random lists), "
-               "bucketx=M (with buckets=N: a (batch, KV head) pair's grid holds at most M "
-               "extra work items instead of its entries over N, so fewer idle CTAs and a "
+               "autobuckets (buckets=N with N from the lists' static shape: twice the mean "
+               "K->Q list length bound, the group's query heads x query blocks x K_max over "
+               "the KV blocks, at least 64, and without bucketx=M at most the extra items of "
+               "four lists that hold every query block of the group; opt-in, not yet "
+               "measured), "
+               "bucketx=M (with buckets=N or autobuckets: a (batch, KV head) pair's grid "
+               "holds at most M extra work items instead of its entries over N, so fewer idle CTAs and a "
                "smaller partial workspace (2 M slots of 2 blk D float32 per pair); a pair "
                "whose long lists need more keeps every list whole), "
                "mult1p (the default with the fixed-point deterministic dQ: the "

@@ -1480,6 +1480,21 @@ def test_bsa_bwd_ws_buckets_key():
     assert fb._bucket_extra(cfg, idx) == 16
     cfg.bwd = key(("buckets=64", "bucketx=4096"))
     assert fb._bucket_extra(cfg, idx) == 512
+    # autobuckets: N twice the mean list length bound (4 x 256 x 32 entries over 128 KV
+    # blocks: 256, so N = 512), at most four full lists' extra items (4 x ceil(1024 / 512));
+    # with 32 KV blocks of a 4096-token sequence, 64 at least (mean 2 x 8 = 16)
+    auto = key(("autobuckets",))
+    assert auto == fb.dataclasses.replace(key(("buckets=64",)), ws_buckets=-1)
+    cfg = types.SimpleNamespace(num_heads_q=8, num_heads_kv=2, num_kv_blocks=128, bwd=auto)
+    assert fb._bucket_entries(cfg, idx) == 512 and fb._bucket_extra(cfg, idx) == 8
+    cfg.bwd = key(("autobuckets", "bucketx=3"))
+    assert fb._bucket_extra(cfg, idx) == 3
+    cfg.num_kv_blocks = 4096
+    assert fb._bucket_entries(cfg, idx) == 64
+    assert fb._bucket_entries(cfg, jax.ShapeDtypeStruct((1, 8, 64, 2), jnp.int32)) == 64
+    assert key(("autobuckets", "persist")).ws_buckets == 0
+    with pytest.raises(ValueError, match="autobuckets"):
+        from_env({"JAX_SPARSE_ATTN_BSA_BWD_WS": "autobuckets,buckets=8"})
 
 
 @pytest.mark.parametrize("name", ["buckets-blk128", "buckets-blk64", "buckets-det-blk128"])

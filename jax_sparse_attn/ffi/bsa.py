@@ -344,10 +344,12 @@ class BsaBwdConfig:
     fix_mult_one_pass: bool = False
     # "sm90ws" with tail_conv, not persist, zero_lag, pack_gqa or the ordered deterministic
     # path: K->Q lists of more than this many entries split across CTAs in buckets
-    # (metadata.kq_bucket_items; "buckets=N"; 0: one CTA per KV block)
+    # (metadata.kq_bucket_items; "buckets=N"; -1: N from the lists' static shape,
+    # "autobuckets"; 0: one CTA per KV block)
     ws_buckets: int = 0
     # with ws_buckets: at most this many extra work items per (batch, KV head) pair
-    # ("bucketx=M"; 0: as many as the pair's entries over the bucket size can need)
+    # ("bucketx=M"; 0: as many as the pair's entries over the bucket size can need, or
+    # with "autobuckets" as many as four lists of every query block of the group need)
     ws_bucket_extra: int = 0
 
 
@@ -790,6 +792,8 @@ def _buckets_config(cfg: BsaBwdConfig, opts) -> BsaBwdConfig:
     longest-first order)."""
     n = [int(o[8:]) for o in opts if o.startswith("buckets=")]
     cap = [int(o[8:]) for o in opts if o.startswith("bucketx=")]
+    if "autobuckets" in opts and not n:
+        n = [-1]
     if (not n or not cfg.tail_conv or cfg.ws_persist or cfg.zero_lag or cfg.pack_gqa != 1
             or cfg.deterministic or cfg.ws_stamps):
         return cfg
@@ -1757,7 +1761,7 @@ def _ws_kernel(cfg: BsaBwdConfig, after_pre: bool = False):
                         q_probe=cfg.ws_q_probe, ent_ahead=cfg.ws_ent_ahead,
                         ex2_emu=cfg.ws_ex2_emu, dq_lag=cfg.ws_dq_lag,
                         wg_uniform=cfg.ws_wg_uniform, fix_emu=cfg.ws_fix_emu,
-                        buckets=cfg.ws_buckets > 0)
+                        buckets=cfg.ws_buckets != 0)
 
 
 def _bwd_det_entry(stream, q, k, v, do, lse, delta, offsets, entries, ranks, sizes, scale,
@@ -1975,7 +1979,7 @@ def bsa_bwd(do, q, k, v, out, lse, q2k_block_index, q2k_block_nums, block_sizes,
     if cfg.bwd.impl == "sm90ws" and cfg.bwd.ws_buckets:
         # the work items of the split lists, after the offsets (their own order)
         items = metadata.kq_bucket_items(offsets, num_kv_blocks=cfg.num_kv_blocks,
-                                         bucket_entries=cfg.bwd.ws_buckets,
+                                         bucket_entries=_bucket_entries(cfg, q2k_block_index),
                                          max_extra=_bucket_extra(cfg, q2k_block_index))
         offsets = jnp.concatenate([offsets, items.reshape(-1)])
     ws_spec = None if cfg.bwd.dq_tile else spec  # the query-tile workspace is row-major
@@ -2338,14 +2342,30 @@ def _bwd_counted_jit(with_dq: bool = False):
     return cute.jit(_bwd_counted_dq_entry if with_dq else _bwd_counted_entry)
 
 
+def _bucket_entries(cfg, q2k_block_index) -> int:
+    """``buckets``: the most entries of a bucket: ``N`` of ``buckets=N``, or with
+    ``autobuckets`` twice a K->Q list's mean length bound (query heads of the group x query
+    blocks x ``K_max`` over the KV blocks, rounded up), at least 64."""
+    if cfg.bwd.ws_buckets > 0:
+        return cfg.bwd.ws_buckets
+    group = cfg.num_heads_q // cfg.num_heads_kv
+    n_q, k_max = q2k_block_index.shape[2], q2k_block_index.shape[3]
+    return max(64, 2 * -(-(group * n_q * k_max) // max(cfg.num_kv_blocks, 1)))
+
+
 def _bucket_extra(cfg, q2k_block_index) -> int:
     """``buckets``: the extra work items a (batch, KV head) pair may need, from the lists'
     static shape: its entries (query heads of the group x query blocks x K_max) over the
-    bucket size, at most ``ws_bucket_extra`` where that is set."""
+    bucket size; at most ``ws_bucket_extra`` where that is set, and with ``autobuckets``
+    (without it) at most what four lists holding every query block of the group need."""
     group = cfg.num_heads_q // cfg.num_heads_kv
     n_q, k_max = q2k_block_index.shape[2], q2k_block_index.shape[3]
-    extra = group * n_q * k_max // cfg.bwd.ws_buckets
-    return min(extra, cfg.bwd.ws_bucket_extra) if cfg.bwd.ws_bucket_extra else extra
+    n = _bucket_entries(cfg, q2k_block_index)
+    extra = group * n_q * k_max // n
+    cap = cfg.bwd.ws_bucket_extra
+    if not cap and cfg.bwd.ws_buckets < 0:
+        cap = 4 * -(-(group * n_q) // n)
+    return min(extra, cap) if cap else extra
 
 
 def _bucket_buffers(cfg, offsets, count):
