@@ -43,6 +43,16 @@ def test_bsa_bwd_buckets(c, monkeypatch):
     tb.test_bsa_sm90ws_backward(c)
 
 
+@pytest.mark.parametrize("c", [c for c in CASES if "last" in c["name"]], ids=lambda c: c["name"])
+def test_bsa_bwd_autobuckets(c, monkeypatch):
+    """``autobuckets`` (the bucket size from the lists' static shape): the cases whose last
+    KV block every query block lists (its K->Q list the longest) against the reference."""
+    sw = Switches(bsa_bwd_impl="sm90ws", bsa_bwd_ws=("autobuckets",))
+    assert _key(c, sw).ws_buckets == -1
+    monkeypatch.setattr(tb, "BWDWS", sw)
+    tb.test_bsa_sm90ws_backward(c)
+
+
 @pytest.mark.parametrize("c", [c for c in CASES if "all" in c["name"] or "gqa8" in c["name"]],
                          ids=lambda c: c["name"])
 def test_bsa_bwd_buckets_bitwise(c):
