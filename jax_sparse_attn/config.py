@@ -185,7 +185,7 @@ BSA_BWD_WS_FLAGS = ("ldwait", "lpt", "decouple", "detkv", "detfull", "detlaunch"
                     "thrfrags", "wghand", "nowghand", "ldscale", "dvwait", "dklag", "sahead",
                     "redv4", "fdiv", "nofdiv", "qprobe",
                     "noqprobe", "entahead", "dqlag", "nodqlag", "wguni",
-                    "nowguni", "mult1p", "nomult1p", "autobuckets")
+                    "nowguni", "mult1p", "nomult1p", "autobuckets", "nobuckets")
 #: the flags among :data:`BSA_BWD_WS_FLAGS` that choose the deterministic dQ order (at most
 #: one of them)
 BSA_DET_ORDER_FLAGS = ("detkv", "detfull", "detlaunch", "detsched", "detschedfull")
@@ -208,7 +208,7 @@ _BSA_BWD_WS_ALLOWED = ("comma list of " + ", ".join(BSA_BWD_WS_FLAGS)
                        "nodetstream; at most one of packws, nopackws; at most one of tailconv, "
                        "notailconv; at most one of wghand, nowghand; at most one of wguni, "
                        "nowguni; at most one of mult1p, nomult1p; at most one of lpt, hlpt, "
-                       "nolpt; at most one of autobuckets, buckets=N")
+                       "nolpt; at most one of autobuckets, nobuckets, buckets=N")
 _parse_bsa_bwd_ws_opts = _parse_option_list(BSA_BWD_WS_FLAGS,
                                              {"stages": lambda n: 2 <= n <= 4,
                                               "dqslots": lambda n: 1 <= n <= 4,
@@ -229,9 +229,10 @@ def _parse_bsa_bwd_ws(var, raw):
     one of ``packws`` / ``nopackws``, ``l2hint`` / ``l2normal`` and the other pairs of
     contradicting flags."""
     opts = _parse_bsa_bwd_ws_opts(var, raw)
-    if "autobuckets" in opts and any(o.startswith("buckets=") for o in opts):
-        raise ValueError(f"{var}={raw!r}: 'autobuckets' and 'buckets=N' each choose the bucket "
-                         f"size; give at most one; allowed: {_BSA_BWD_WS_ALLOWED}")
+    chosen = [o for o in opts if o in ("autobuckets", "nobuckets") or o.startswith("buckets=")]
+    if len(chosen) > 1:
+        raise ValueError(f"{var}={raw!r}: {' and '.join(map(repr, chosen))} each choose the "
+                         f"bucket split; give at most one; allowed: {_BSA_BWD_WS_ALLOWED}")
     orders = [o for o in opts if o in BSA_DET_ORDER_FLAGS]
     if len(orders) > 1:
         raise ValueError(f"{var}={raw!r}: {' and '.join(map(repr, orders))} each choose the "
@@ -546,10 +547,12 @@ SWITCHES = (
                "it issues the step's TMA loads, instead of the mbarrier tracking them), "
                "lpt (CTAs take the KV blocks longest K->Q list first over all (batch, KV "
                "head) pairs; slower on the H200: the CTAs running at one time then span every "
-               "head), hlpt (the default mode's default: CTAs take the KV blocks longest "
+               "head), hlpt (CTAs take the KV blocks longest "
                "K->Q list first within each (batch, KV head), the pairs in grid order; 6 % "
-               "faster with GQA 16:4 on the H200, within +-1.5 % elsewhere), nolpt (CTAs take "
-               "the KV blocks in grid order), decouple (blk 128: each consumer warpgroup adds the dQ of its own 64 "
+               "faster with GQA 16:4 on the H200, within +-1.5 % elsewhere; the bucket "
+               "split's work items keep this order), nolpt (CTAs take "
+               "the KV blocks in grid order); each of lpt, hlpt and nolpt means one CTA per "
+               "KV block (no bucket split), decouple (blk 128: each consumer warpgroup adds the dQ of its own 64 "
                "keys, without the barrier between the warpgroups; slower on the H200), "
                "deterministic=True on the ordered path (detorder, below) orders the dQ "
                "additions to a query tile by default with "
@@ -718,7 +721,7 @@ SWITCHES = (
                "FP32 and integer pipes instead of cvt.rni on the conversion unit, which also "
                "runs the exponentials; bitwise the same values; slower on the H100: 0.8-2.1 % "
                "for N = 4, 3.5-5.2 % for N = 8), "
-               "buckets=N (opt-in; not with persist, zerolag, "
+               "buckets=N (not with persist, zerolag, "
                "pack_gqa, notailconv, stamp=N or the ordered deterministic path: a K->Q list of "
                "more than N entries "
                "is split into ceil(L / N) buckets of consecutive entries, each a CTA of its "
@@ -728,13 +731,14 @@ SWITCHES = (
                "in bucket order, so dK / dV stay bitwise reproducible; the items run longest "
                "first within each (batch, KV head); on the H100 at S 32768 blk 128 with KV "
                "block 0 listed by every query block, N = 64 took 1.77x less time than one "
-               "CTA per KV block with 2 heads and 8 % less with 16, and 2-7 % more with "
-               "random lists), "
-               "autobuckets (buckets=N with N from the lists' static shape: twice the mean "
-               "K->Q list length bound, the group's query heads x query blocks x K_max over "
-               "the KV blocks, at least 64, and without bucketx=M at most the extra items of "
-               "four lists that hold every query block of the group; opt-in, not yet "
-               "measured), "
+               "CTA per KV block with 2 heads and 8 % less with 16), "
+               "autobuckets (the default where buckets=N applies: N from the lists' static "
+               "shape, twice the mean K->Q list length bound, the group's query heads x query "
+               "blocks x K_max over the KV blocks, at least 64, and without bucketx=M at most "
+               "the extra items of four lists that hold every query block of the group; on the "
+               "H100 with KV block 0 in every list 1.10-1.87x faster than one CTA per KV "
+               "block, with random lists 0.3-1.4 % slower: its work-item metadata), "
+               "nobuckets (one CTA per KV block, whatever the lists' lengths), "
                "bucketx=M (with buckets=N or autobuckets: a (batch, KV head) pair's grid "
                "holds at most M extra work items instead of its entries over N, so fewer idle CTAs and a "
                "smaller partial workspace (2 M slots of 2 blk D float32 per pair); a pair "

@@ -124,7 +124,9 @@ def test_bsa_bwd_ws_ablation_lowers():
         assert txt.count(CALL_TARGET) == 3
         assert ("tensor<273xi32>" in txt) == (ws != "nolpt"), ws
     assert texts["lpt"] != texts["hlpt"]
-    assert texts["hlpt"] == _bwd_text(CONFIGS[1])
+    assert texts["hlpt"] == _bwd_text(CONFIGS[1], ws="nobuckets")
+    # the default splits long lists: its work items (6 int32 each) follow the offsets
+    assert "tensor<273xi32>" not in _bwd_text(CONFIGS[1])
     # the reordering after the backward, a call of its own
     txt = _bwd_text(CONFIGS[1], ws="notailconv")
     assert txt.count(CALL_TARGET) == 4 == _calls(CONFIGS[1], ws="notailconv")
@@ -215,10 +217,12 @@ def test_bsa_bwd_ws_dq_slots_default_lowers(kmax, slots):
 
 
 # the PTX tests' configurations, lowered in one fresh process (tests/kept_ptx.py): name ->
-# (function of this module, its positional arguments, Switches fields, keyword arguments);
-# the default ones (CUTE_DSL_KEEP=ptx keeps the lowered text too) also serve
-# test_bsa_bwd_ws_lowers
-_PTX_CONFIGS = {
+# (function of this module, its positional arguments, Switches fields, keyword arguments).
+# They compare kernels of one CTA per KV block ("nobuckets" is added to each, below): the
+# named defaults are the default's kernel without the bucket split; the "buckets-*" entries
+# are the defaults themselves (long K->Q lists split, autobuckets) and, with the
+# CUTE_DSL_KEEP=ptx lowered text, serve test_bsa_bwd_ws_lowers
+_PTX_UNSPLIT = {
     **{_ids(c): ("_bwd_text", (c,), None, {}) for c in CONFIGS[:2]},
     "det-blk64": ("_bwd_text", (CONFIGS[1],), None, {"deterministic": True}),
     "det-blk128": ("_bwd_text", (CONFIGS[0],), None, {"deterministic": True}),
@@ -269,12 +273,6 @@ _PTX_CONFIGS = {
     # plan counted them (the dQ slices staged in the Q / dO tiles: three stages)
     "detfixed-dqalias-blk128": ("_bwd_text", (CONFIGS[0],), None,
                                 {"ws": "detfixed,dqalias", "deterministic": True}),
-    # long K->Q lists split in buckets of at most 4 entries (both block sizes, and with the
-    # fixed-point deterministic dQ)
-    "buckets-blk128": ("_bwd_text", (CONFIGS[0],), None, {"ws": "buckets=4"}),
-    "buckets-blk64": ("_bwd_text", (CONFIGS[1],), None, {"ws": "buckets=4"}),
-    "buckets-det-blk128": ("_bwd_text", (CONFIGS[0],), None,
-                           {"ws": "detfixed,buckets=4", "deterministic": True}),
     "fixemu4-blk128": ("_bwd_text", (CONFIGS[0],), None,
                        {"ws": "detfixed,fixemu=4", "deterministic": True}),
     "ex2emu3-blk128": ("_bwd_text", (CONFIGS[0],), None, {"ws": "ex2emu=3"}),
@@ -285,6 +283,18 @@ _PTX_CONFIGS = {
                          {"deterministic": True, "impl": "auto", "det_writer": True,
                           "sq": 4096, "skv": 4096, "kmax": 40, "ws": "nodetstream,l2hint"}),
 }
+_PTX_CONFIGS = {
+    **{name: (fn, args, fields, {**kw, "ws": ",".join(filter(None, ("nobuckets",
+                                                                     kw.get("ws", ""))))})
+       for name, (fn, args, fields, kw) in _PTX_UNSPLIT.items()},
+    # the defaults: long K->Q lists split in buckets (both block sizes, and with the
+    # fixed-point deterministic dQ)
+    "buckets-blk128": ("_bwd_text", (CONFIGS[0],), None, {}),
+    "buckets-blk64": ("_bwd_text", (CONFIGS[1],), None, {}),
+    "buckets-det-blk128": ("_bwd_text", (CONFIGS[0],), None,
+                           {"ws": "detfixed", "deterministic": True}),
+}
+_DEFAULT_PTX = {_ids(CONFIGS[0]): "buckets-blk128", _ids(CONFIGS[1]): "buckets-blk64"}
 
 
 @pytest.fixture(scope="module")
@@ -1218,10 +1228,10 @@ def test_bsa_bwd_ws_ptx_is_warp_specialized(kept_ptx, cfg):
 
 @pytest.mark.parametrize("cfg", CONFIGS, ids=_ids)
 def test_bsa_bwd_ws_lowers(request, cfg):
-    if _ids(cfg) in _PTX_CONFIGS:  # lowered (and its text kept) by the PTX tests' process
+    if _ids(cfg) in _DEFAULT_PTX:  # lowered (and its text kept) by the PTX tests' process
         import kept_ptx as kp  # noqa: PLC0415
 
-        txt = kp.lowered_text_of(request.getfixturevalue("kept_ptx"), _ids(cfg))
+        txt = kp.lowered_text_of(request.getfixturevalue("kept_ptx"), _DEFAULT_PTX[_ids(cfg)])
     else:
         txt = _bwd_text(cfg)
     # the lists, the preprocessing kernel, and the dK/dV/dQ kernel with the dq reordering
@@ -1302,8 +1312,9 @@ def test_bsa_bwd_auto_choice():
     assert bsa.bwd_config(jnp.bfloat16, 128, 64, False, sw, causal=True).impl == "sm90ws"
     key = bsa.bwd_config(jnp.float16, 64, 128, True, Switches(bsa_bwd_impl="sm90ws",
                                                                bsa_bwd_ws="ldwait,stages=3"))
-    assert (key.ws_ld_wait, key.ws_max_stages, key.ws_lpt, key.ws_lpt_chain) == (True, 3, True,
-                                                                                   True)
+    # (the default bucket split: its work items carry their own order, no CTA order)
+    assert (key.ws_ld_wait, key.ws_max_stages, key.ws_lpt, key.ws_buckets) == (True, 3, False,
+                                                                                -1)
     key = bsa.bwd_config(jnp.float16, 64, 128, True, Switches(bsa_bwd_ws="nolpt"))
     assert not key.ws_lpt and not key.ws_lpt_chain
     assert bsa.bwd_config(jnp.float16, 64, 128, True, Switches(bsa_bwd_ws="lpt")).ws_lpt
@@ -1357,14 +1368,15 @@ def test_bsa_bwd_ws_hlpt_key():
                               Switches(bsa_bwd_impl="sm90ws", bsa_bwd_ws=ws), **kw)
 
     k = key("hlpt")
-    assert k.ws_lpt and k.ws_lpt_chain and k.tail_conv and k == key("")
+    assert k.ws_lpt and k.ws_lpt_chain and k.tail_conv and k == key("nobuckets")
+    assert k.ws_buckets == 0 and key("").ws_buckets == -1
     assert key("lpt").ws_lpt and not key("lpt").ws_lpt_chain
     assert not key("nolpt").ws_lpt and not key("nolpt").ws_lpt_chain
     assert key("hlpt,zerolag").zero_lag == bsa.ZERO_LAG
     d = key("hlpt,detorder", deterministic=True)
     assert not d.ws_lpt and not d.ws_lpt_chain
-    assert key("hlpt", deterministic=True) == key("", deterministic=True)
-    assert key("", deterministic=True).ws_lpt_chain
+    assert key("hlpt", deterministic=True) == key("nobuckets", deterministic=True)
+    assert key("nobuckets", deterministic=True).ws_lpt_chain
     for a, b in (("lpt", "hlpt"), ("lpt", "nolpt"), ("hlpt", "nolpt")):
         with pytest.raises(ValueError, match=f"'{a}' and '{b}' contradict"):
             config.from_env({"JAX_SPARSE_ATTN_BSA_BWD_WS": f"{a},{b}"})
@@ -1493,13 +1505,21 @@ def test_bsa_bwd_ws_buckets_key():
     assert fb._bucket_entries(cfg, idx) == 64
     assert fb._bucket_entries(cfg, jax.ShapeDtypeStruct((1, 8, 64, 2), jnp.int32)) == 64
     assert key(("autobuckets", "persist")).ws_buckets == 0
-    with pytest.raises(ValueError, match="autobuckets"):
-        from_env({"JAX_SPARSE_ATTN_BSA_BWD_WS": "autobuckets,buckets=8"})
+    # autobuckets is the default; nobuckets and an explicit CTA order (lpt, hlpt, nolpt)
+    # keep one CTA per KV block
+    for det in (False, True):
+        assert key((), det) == key(("autobuckets",), det)
+        for ws in ("nobuckets", "lpt", "hlpt", "nolpt"):
+            assert key((ws,), det).ws_buckets == 0, (ws, det)
+    assert key(("nobuckets",)).ws_lpt_chain
+    for bad in ("autobuckets,buckets=8", "nobuckets,buckets=8", "autobuckets,nobuckets"):
+        with pytest.raises(ValueError, match="bucket split"):
+            from_env({"JAX_SPARSE_ATTN_BSA_BWD_WS": bad})
 
 
 @pytest.mark.parametrize("name", ["buckets-blk128", "buckets-blk64", "buckets-det-blk128"])
 def test_bsa_bwd_ws_buckets(kept_ptx, tmp_path, name):
-    """The bucket path lowers: the items read after the offsets, the partials stored, the
+    """The bucket path (the default) lowers: the items read after the offsets, the partials stored, the
     row counter's fenced atomic add and the bucket-order sum read with relaxed GPU-scope
     loads (one per accumulator value and bucket); ptxas without spills or serialized
     wgmma."""

@@ -186,7 +186,8 @@ class BsaBwdConfig:
     ws_ld_wait: bool = False
     # "sm90ws" only: CTAs walk the KV blocks longest K->Q list first (else in grid order);
     # with ws_lpt_chain longest first within each (batch, KV head), the chains in order
-    # (the default mode's default: "hlpt"; "lpt" over all chains, "nolpt" grid order)
+    # ("hlpt", the default where lists are not split in buckets; "lpt" over all chains,
+    # "nolpt" grid order)
     ws_lpt: bool = False
     ws_lpt_chain: bool = False
     # "sm90ws" only, blk 128: each consumer warpgroup adds the dQ of its own keys
@@ -344,8 +345,8 @@ class BsaBwdConfig:
     fix_mult_one_pass: bool = False
     # "sm90ws" with tail_conv, not persist, zero_lag, pack_gqa or the ordered deterministic
     # path: K->Q lists of more than this many entries split across CTAs in buckets
-    # (metadata.kq_bucket_items; "buckets=N"; -1: N from the lists' static shape,
-    # "autobuckets"; 0: one CTA per KV block)
+    # (metadata.kq_bucket_items; "buckets=N"; -1, the default there: N from the lists'
+    # static shape, "autobuckets"; 0: one CTA per KV block, "nobuckets")
     ws_buckets: int = 0
     # with ws_buckets: at most this many extra work items per (batch, KV head) pair
     # ("bucketx=M"; 0: as many as the pair's entries over the bucket size can need, or
@@ -786,13 +787,15 @@ def _ws_config(name, head_dim, block_size, has_block_sizes, impl, arch, switches
 
 
 def _buckets_config(cfg: BsaBwdConfig, opts) -> BsaBwdConfig:
-    """``cfg`` with long K->Q lists split in buckets where ``bsa_bwd_ws`` asks for it
-    (``buckets=N``) and the kernel has it: with ``tail_conv``, not persistent, ``zero_lag``,
-    packed or on the ordered deterministic path (``ws_lpt`` off: the items carry their own
-    longest-first order)."""
+    """``cfg`` with long K->Q lists split in buckets where the kernel has it: with
+    ``tail_conv``, not persistent, ``zero_lag``, packed or on the ordered deterministic path
+    (``ws_lpt`` off: the items carry their own longest-first order). The bucket size is N
+    of ``buckets=N``, else from the lists' static shape (``autobuckets``, the default); none
+    with ``nobuckets`` or an explicit CTA order of one CTA per KV block (``lpt``, ``hlpt``,
+    ``nolpt``)."""
     n = [int(o[8:]) for o in opts if o.startswith("buckets=")]
     cap = [int(o[8:]) for o in opts if o.startswith("bucketx=")]
-    if "autobuckets" in opts and not n:
+    if not n and "nobuckets" not in opts and not {"lpt", "hlpt", "nolpt"} & set(opts):
         n = [-1]
     if (not n or not cfg.tail_conv or cfg.ws_persist or cfg.zero_lag or cfg.pack_gqa != 1
             or cfg.deterministic or cfg.ws_stamps):
