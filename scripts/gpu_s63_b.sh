@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Session 63's second call (about 500 s): the block-sparse backward's GPU tests with the
+# Session 63's second call (about 400 to 500 s): the block-sparse backward's GPU tests with the
 # bucket split of long K->Q lists on by default (autobuckets): the block-sparse grid in three
 # shards with the sm90ws backward / public-API cases, the deterministic cases, the bucket
 # cases, the causal and fixed-point dQ files; then default vs nobuckets on random and hot
@@ -8,7 +8,7 @@
 . "$(dirname "$0")/gpu_lib.sh" s63_b "${1:-500}"
 nvidia-smi --query-gpu=name,clocks.max.sm,power.limit,memory.total --format=csv > $O/gpu.txt 2>&1
 cat $O/gpu.txt
-T=$(( $(left) - 130 ))
+T=$(( $(left) - 25 ))
 bsa_grid_bg $T
 det_tests_bg $T
 bg_test buckets tests/test_gpu_bsa_buckets.py ""

@@ -1458,8 +1458,8 @@ def test_bsa_bwd_ws_wgmma_groups_in_block(kept_ptx):
 def test_bsa_bwd_ws_buckets_key():
     """``bsa_bwd_ws=buckets=N``: the key at both block sizes and in both modes (the
     fixed-point dQ), without the CTA order of ``lpt`` (the items carry their own); not with
-    ``persist``, ``zerolag``, ``pack_gqa``, ``notailconv`` or the ordered deterministic path;
-    N in 1..65536."""
+    ``persist``, ``zerolag``, ``pack_gqa``, ``notailconv``, ``dklag``, ``sahead`` or the
+    ordered deterministic path; N in 1..65536."""
     from jax_sparse_attn.config import Switches, from_env
     from jax_sparse_attn.ffi import bsa as fb
 
@@ -1475,7 +1475,7 @@ def test_bsa_bwd_ws_buckets_key():
                                                  ws_lpt_chain=False), (blk, det)
             assert got.tail_conv and got.dq_fixed == det
     for ws in (("buckets=8", "persist"), ("buckets=8", "zerolag"), ("buckets=8", "notailconv"),
-               ("buckets=8", "detorder")):
+               ("buckets=8", "detorder"), ("buckets=8", "dklag"), ("sahead",)):
         assert key(ws, det="detorder" in ws).ws_buckets == 0, ws
     assert key(("buckets=8",), pack_gqa=2).ws_buckets == 0
     for bad in ("buckets=0", "buckets=65537", "bucketx=0", "bucketx=65537"):

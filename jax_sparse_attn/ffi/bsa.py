@@ -788,8 +788,9 @@ def _ws_config(name, head_dim, block_size, has_block_sizes, impl, arch, switches
 
 def _buckets_config(cfg: BsaBwdConfig, opts) -> BsaBwdConfig:
     """``cfg`` with long K->Q lists split in buckets where the kernel has it: with
-    ``tail_conv``, not persistent, ``zero_lag``, packed or on the ordered deterministic path
-    (``ws_lpt`` off: the items carry their own longest-first order). The bucket size is N
+    ``tail_conv``, not persistent, ``zero_lag``, packed, on the ordered deterministic path
+    or with the ablations ``dklag`` / ``sahead`` (whose registers then spill) (``ws_lpt``
+    off: the items carry their own longest-first order). The bucket size is N
     of ``buckets=N``, else from the lists' static shape (``autobuckets``, the default); none
     with ``nobuckets`` or an explicit CTA order of one CTA per KV block (``lpt``, ``hlpt``,
     ``nolpt``)."""
@@ -798,7 +799,7 @@ def _buckets_config(cfg: BsaBwdConfig, opts) -> BsaBwdConfig:
     if not n and "nobuckets" not in opts and not {"lpt", "hlpt", "nolpt"} & set(opts):
         n = [-1]
     if (not n or not cfg.tail_conv or cfg.ws_persist or cfg.zero_lag or cfg.pack_gqa != 1
-            or cfg.deterministic or cfg.ws_stamps):
+            or cfg.deterministic or cfg.ws_stamps or cfg.ws_dk_lag or cfg.ws_s_ahead):
         return cfg
     return dataclasses.replace(cfg, ws_buckets=n[0], ws_bucket_extra=cap[0] if cap else 0,
                                ws_lpt=False, ws_lpt_chain=False)
