@@ -13,6 +13,18 @@ start=$SECONDS
 t() { echo "[$((SECONDS - start))s] $*" | tee -a "$O/timeline.txt"; }
 left() { echo $((BUDGET - (SECONDS - start))); }
 PYT="python3 -m pytest -m gpu -q -rA -p no:cacheprovider"
+# gpu_info: the GPU's name, clocks, power limit and memory to $O/gpu.txt, and printed
+gpu_info() {
+  nvidia-smi --query-gpu=name,clocks.max.sm,power.limit,memory.total --format=csv \
+    > "$O/gpu.txt" 2>&1
+  cat "$O/gpu.txt"
+}
+# bsa_bwd_tests_bg T: in the background, the block-sparse grid with the sm90ws backward /
+# public-API cases (bsa_grid_bg) and the deterministic cases (det_tests_bg), under timeout T
+bsa_bwd_tests_bg() {
+  bsa_grid_bg "$1"
+  det_tests_bg "$1"
+}
 # bsa_grid_bg T: in the background, the block-sparse grid in three shards (t_grid0..2.txt) and
 # the sm90ws backward cases with the public-API checks (t_ws.txt), each under timeout T
 bsa_grid_bg() {

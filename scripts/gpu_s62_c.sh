@@ -7,11 +7,9 @@
 # deterministic case with the fixed-point dQ.
 # Usage (device, after `source .devcache/setup.sh`): OUT=$OUT bash scripts/gpu_s62_c.sh [seconds]
 . "$(dirname "$0")/gpu_lib.sh" s62_c "${1:-540}"
-nvidia-smi --query-gpu=name,clocks.max.sm,power.limit,memory.total --format=csv > $O/gpu.txt 2>&1
-cat $O/gpu.txt
+gpu_info
 T=$(( $(left) - 20 ))
-bsa_grid_bg $T
-det_tests_bg $T
+bsa_bwd_tests_bg $T
 ws_fwd_tests_bg
 wait; t "tests"
 report_tests

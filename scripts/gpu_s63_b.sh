@@ -6,11 +6,9 @@
 # lists.
 # Usage (device, after `source .devcache/setup.sh`): OUT=$OUT bash scripts/gpu_s63_b.sh [seconds]
 . "$(dirname "$0")/gpu_lib.sh" s63_b "${1:-500}"
-nvidia-smi --query-gpu=name,clocks.max.sm,power.limit,memory.total --format=csv > $O/gpu.txt 2>&1
-cat $O/gpu.txt
+gpu_info
 T=$(( $(left) - 25 ))
-bsa_grid_bg $T
-det_tests_bg $T
+bsa_bwd_tests_bg $T
 bg_test buckets tests/test_gpu_bsa_buckets.py ""
 bg_test causal tests/test_gpu_bsa_causal.py ""
 bg_test fixed tests/test_gpu_dq_fixed.py ""
