@@ -25,6 +25,21 @@ bsa_bwd_tests_bg() {
   bsa_grid_bg "$1"
   det_tests_bg "$1"
 }
+# bsa_floor_benches: the block-sparse floor rows on the current defaults: the backward
+# (with and without the bucket split), the deterministic ratio and the forward
+bsa_floor_benches() {
+  bench bwd 110 bwd 0,2,3,4,5,6 ";JAX_SPARSE_ATTN_BSA_BWD_WS=nobuckets"
+  bench det 70 bwd 0,3,4 ";deterministic=1"
+  bench fwd 75 fwd 0,1,2,3,4,5,6 ";"
+}
+# bsa_issue_tests T: the block-sparse issues' GPU tests (bsa_bwd_tests_bg, ws_fwd_tests_bg)
+# under timeout T, waited for and reported
+bsa_issue_tests() {
+  bsa_bwd_tests_bg "$1"
+  ws_fwd_tests_bg
+  wait; t "tests"
+  report_tests
+}
 # bsa_grid_bg T: in the background, the block-sparse grid in three shards (t_grid0..2.txt) and
 # the sm90ws backward cases with the public-API checks (t_ws.txt), each under timeout T
 bsa_grid_bg() {

@@ -9,10 +9,7 @@
 . "$(dirname "$0")/gpu_lib.sh" s62_c "${1:-540}"
 gpu_info
 T=$(( $(left) - 20 ))
-bsa_bwd_tests_bg $T
-ws_fwd_tests_bg
-wait; t "tests"
-report_tests
+bsa_issue_tests $T
 large_det_on_h200
 t done
 cd $OUT && tar czf s62_c.tgz s62_c && rm -rf s62_c

@@ -8,16 +8,10 @@
 # Usage (device, after `source .devcache/setup.sh`): OUT=$OUT bash scripts/gpu_s64_a.sh [seconds]
 . "$(dirname "$0")/gpu_lib.sh" s64_a "${1:-580}"
 gpu_info
-W=JAX_SPARSE_ATTN_BSA_BWD_WS
-bench bwd 110 bwd 0,2,3,4,5,6 ";$W=nobuckets"
-bench det 70 bwd 0,3,4 ";deterministic=1"
-bench fwd 75 fwd 0,1,2,3,4,5,6 ";"
+bsa_floor_benches
 T=$(( $(left) - 70 ))
 if [ "$T" -gt 150 ]; then
-  bsa_bwd_tests_bg $T
-  ws_fwd_tests_bg
-  wait; t "tests"
-  report_tests
+  bsa_issue_tests $T
 fi
 large_det_on_h200
 t done
