@@ -151,8 +151,9 @@ def _make_config(q, k, v, q2k_block_index, block_sparse_num, block_sizes, q2k_bl
                                                       **_det_kw(cfg))
                                        if "bwd" in passes else None),
                                   pre=mod.pre_config(cfg.dtype, cfg.head_dim, switches),
-                                  kq_kernel=(switches.bsa_kq_impl == "kernel" and
+                                  kq_kernel=(switches.bsa_kq_impl in ("kernel", "items") and
                                              _platform.kernel_family(switches) == "sm90"),
+                                  kq_items=switches.bsa_kq_impl == "items",
                                   kernel_arch=_platform.resolved_arch(),
                                   kernel_family=_platform.kernel_family(switches))
     idx, nums, sizes = metadata.normalize_bsa_metadata(

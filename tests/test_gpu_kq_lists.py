@@ -6,7 +6,11 @@ GQA groups, rows longer than a bitmap word and more rows than the cluster has th
 ragged and empty rows, every block listed, and garbage metadata (ids outside
 ``[0, N_kv)``, which are clipped into it, counts outside ``[0, K_max]``, repeated ids,
 arbitrary values past the counts); then the backward with the kernel's lists against the one with
-XLA's (dK / dV bitwise equal: each KV block's CTA walks the same list).
+XLA's (dK / dV bitwise equal: each KV block's CTA walks the same list). With
+``bsa_kq_impl="items"`` the same launch computes the bucket split's work items:
+``metadata.kq_bucket_items_reference`` of the lists bit for bit (rows split, chains kept
+whole past ``max_extra``, unused items), and the backward on them equals the one on XLA's
+items (dK / dV bitwise).
 
 Run on the H200: ``python -m pytest -m gpu tests/test_gpu_kq_lists.py``; the whole
 block-sparse grid runs the kernel's lists by default, XLA's with ``BSA_TEST_IMPLS=kqxla``.
@@ -125,3 +129,82 @@ def test_backward_with_kernel_lists(blk, h_q, h_kv):
         else:
             np.testing.assert_array_equal(y, x)
     assert np.abs(res["kernel"][1]).max() > 0
+
+
+#: case name, bucket_entries, max_extra
+ITEM_CASES = [("blk64-bench-like", 64, 12), ("one-chain-all-listed", 16, 20),
+              ("one-chain-all-listed", 16, 2), ("gqa8-ragged", 8, 40),
+              ("many-chains-empty-rows", 2, 30), ("more-rows-than-threads", 4, 200),
+              ("wide-rows-gqa8", 30, 0), ("garbage", 3, 25), ("s32768-blk64", 128, 24),
+              ("single-query-block", 1, 3)]
+
+
+@pytest.mark.parametrize("name,n_b,extra", ITEM_CASES,
+                         ids=[f"{c[0]}-n{c[1]}-x{c[2]}" for c in ITEM_CASES])
+def test_kq_items_kernel_matches_definition(name, n_b, extra):
+    """The list launch with the work items: the offsets and entries as without them, the
+    items ``kq_bucket_items_reference`` of the offsets, bit for bit (with the first
+    list entry of every query row set to KV block 0, so that row 0 of each chain is long)."""
+    from jax_sparse_attn.ffi import bsa as fb
+
+    case = next(c for c in CASES if c[0] == name)
+    _, b, h_q, h_kv, n_q, n_kv, k_max, _ = case
+    assert fb.kq_config((b, h_q, n_q, k_max), h_kv, n_kv, n_b, extra).bucket_entries == n_b
+    n_rows = b * h_kv * n_kv
+    f = jax.jit(lambda i, n: fb.kq_lists(i, n, num_kv_heads=h_kv, num_kv_blocks=n_kv,
+                                         bucket_entries=n_b, max_extra=extra,
+                                         kernel_items=True))
+    plain = jax.jit(lambda i, n: fb.kq_lists(i, n, num_kv_heads=h_kv, num_kv_blocks=n_kv))
+    for seed in (0, 1):
+        idx, nums = _metadata(case, seed)
+        idx = idx.at[..., 0].set(0)
+        off_p, ent_p = (np.asarray(x) for x in plain(idx, nums))
+        for _ in range(2):
+            off, ent = (np.asarray(x) for x in f(idx, nums))
+            np.testing.assert_array_equal(off[:n_rows + 1], off_p)
+            np.testing.assert_array_equal(ent, ent_p)
+            want = metadata.kq_bucket_items_reference(off_p, num_kv_blocks=n_kv,
+                                                      bucket_entries=n_b, max_extra=extra)
+            np.testing.assert_array_equal(off[n_rows + 1:].reshape(want.shape), want)
+
+
+@pytest.mark.parametrize("blk,h_q,h_kv,hot", [(128, 8, 8, False), (64, 8, 2, True),
+                                              (64, 16, 16, True)])
+def test_backward_with_kernel_items(blk, h_q, h_kv, hot):
+    """The public backward (bucket split, the default) with ``bsa_kq_impl="items"`` against
+    ``"kernel"`` (XLA's items): dK / dV bitwise equal, dQ within fp32 reordering; ``hot``:
+    KV block 0 in every list, so its K->Q list is split."""
+    import jax_sparse_attn as jsa
+    from jax_sparse_attn.config import Switches
+
+    b, s, d = 1, 4096, 128
+    n = s // blk
+    rng = np.random.default_rng(blk + h_kv)
+    idx = np.argsort(rng.random((b, h_q, n, n)), -1)[..., : n // 4]
+    if hot:
+        idx[..., 0] = 0
+        idx = np.sort(idx, -1)
+    idx = jnp.asarray(idx, jnp.int32)
+    nums = jnp.asarray(rng.integers(1, n // 4 + 1, (b, h_q, n)), jnp.int32)
+    ks = jax.random.split(jax.random.PRNGKey(blk), 4)
+    q = jax.random.normal(ks[0], (b, h_q, s, d), jnp.bfloat16)
+    k = jax.random.normal(ks[1], (b, h_kv, s, d), jnp.bfloat16)
+    v = jax.random.normal(ks[2], (b, h_kv, s, d), jnp.bfloat16)
+    do = jax.random.normal(ks[3], (b, h_q, s, d), jnp.bfloat16)
+    kw = dict(layout="bhsd", sparse_block_size=blk, softmax_scale=d ** -0.5, backend="kernel",
+              allow_empty_block_nums=True)
+    out, lse = jax.jit(lambda q, k, v: jsa.block_sparse_attention_forward(
+        q, k, v, idx, None, None, nums, **kw))(q, k, v)
+    res = {}
+    for kq in ("kernel", "items"):
+        f = jax.jit(lambda do, q, k, v, o, l, kq=kq: jsa.block_sparse_attention_backward(
+            do, q, k, v, o, l, idx, None, None, nums, **kw,
+            switches=Switches(bsa_kq_impl=kq)))
+        res[kq] = [np.asarray(x, np.float32) for x in f(do, q, k, v, out, lse)]
+    for name, x, y in zip(("dq", "dk", "dv"), res["kernel"], res["items"]):
+        assert np.isfinite(y).all(), name
+        if name == "dq":
+            np.testing.assert_allclose(y, x, rtol=2e-2, atol=2e-2 * np.abs(x).max())
+        else:
+            np.testing.assert_array_equal(y, x)
+    assert np.abs(res["items"][1]).max() > 0

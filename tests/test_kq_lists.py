@@ -77,12 +77,56 @@ def test_kq_lists_falls_back_to_build_kq_csr():
             np.testing.assert_array_equal(np.asarray(g), np.asarray(w))
 
 
-def _kq_text(b=2, hq=4, hkv=2, nq=40, nkv=50, kmax=7):
-    """The lowered text of the K->Q list kernel alone."""
+def test_kq_config_with_items():
+    """With ``bucket_entries`` the key carries it and ``max_extra``; a chain of more than
+    ``MAX_ITEMS`` work items gets no items key (the lists alone: the items in XLA)."""
+    from jax_sparse_attn.ffi import bsa
+    from jax_sparse_attn.kernels import bsa_kq_lists as kq
+
+    c = bsa.kq_config((1, 16, 256, 32), 16, 256, 64, 12)
+    assert c == bsa.BsaKqConfig(16, 1, 256, 256, 32, 64, 12) != bsa.kq_config(
+        (1, 16, 256, 32), 16, 256)
+    assert bsa.kq_config((1, 16, 256, 32), 16, 256, 0, 12).bucket_entries == 0
+    n_kv = 300
+    assert bsa.kq_config((1, 2, 64, 8), 2, n_kv, 64, kq.MAX_ITEMS - n_kv) is not None
+    assert bsa.kq_config((1, 2, 64, 8), 2, n_kv, 64, kq.MAX_ITEMS - n_kv + 1) is None
+    assert not kq.fits(n_kv, 1, 64, 2 * n_kv, 1, n_kv - 1)  # fewer items than rows
+    with pytest.raises(ValueError, match="bucket_entries"):
+        kq.BsaKqLists(1, 1, 4, 4, 2, -1, 0)
+
+
+def test_kq_lists_items_in_xla_match_the_definition():
+    """``kq_lists`` with ``bucket_entries`` and no kernel: the offsets followed by
+    ``metadata.kq_bucket_items`` (numpy definition), long rows split, on the CPU."""
+    import numpy as np
+
+    from jax_sparse_attn import metadata
+    from jax_sparse_attn.ffi import bsa
+
+    rng = np.random.default_rng(5)
+    b, hq, hkv, nq, nkv, kmax = 2, 4, 2, 30, 12, 8
+    idx = jnp.asarray(np.argsort(rng.random((b, hq, nq, nkv)), -1)[..., :kmax], jnp.int32)
+    idx = idx.at[..., 0].set(3)  # KV block 3 listed by every query block: split
+    nums = jnp.asarray(rng.integers(0, kmax + 1, (b, hq, nq)), jnp.int32)
+    n_rows = b * hkv * nkv
+    off, _ = bsa.kq_lists(idx, nums, num_kv_heads=hkv, num_kv_blocks=nkv, kernel=False,
+                          bucket_entries=16, max_extra=9)
+    off = np.asarray(off)
+    want = metadata.kq_bucket_items_reference(off[:n_rows + 1], num_kv_blocks=nkv,
+                                              bucket_entries=16, max_extra=9)
+    np.testing.assert_array_equal(off[n_rows + 1:].reshape(want.shape), want)
+    assert (want[..., 5] > 1).any()
+
+
+def _kq_text(b=2, hq=4, hkv=2, nq=40, nkv=50, kmax=7, bucket_entries=0, max_extra=0):
+    """The lowered text of the K->Q list kernel alone (with ``bucket_entries``, the launch
+    that computes the work items too)."""
     from jax_sparse_attn.ffi import bsa
 
     def f(idx, nums):
-        return bsa.kq_lists(idx, nums, num_kv_heads=hkv, num_kv_blocks=nkv)
+        return bsa.kq_lists(idx, nums, num_kv_heads=hkv, num_kv_blocks=nkv,
+                            bucket_entries=bucket_entries, max_extra=max_extra,
+                            kernel_items=bucket_entries > 0)
 
     return jax.jit(f).trace(jax.ShapeDtypeStruct((b, hq, nq, kmax), jnp.int32),
                             jax.ShapeDtypeStruct((b, hq, nq), jnp.int32)).lower(
@@ -117,6 +161,8 @@ _PTX_CONFIGS = {
     "kq": ("_kq_text", (), None, {}),
     "kq-gqa-many-rows": ("_kq_text", (), None, dict(b=3, hq=24, hkv=3, nq=70, nkv=900,
                                                     kmax=9)),
+    "kq-items": ("_kq_text", (), None, dict(b=3, hq=8, hkv=2, nq=70, nkv=90, kmax=9,
+                                            bucket_entries=64, max_extra=40)),
 }
 
 
@@ -152,6 +198,12 @@ def test_kq_lists_ptx(kept_ptx, name):
     assert t.count("barrier.cluster.arrive") == 1 == t.count("barrier.cluster.wait")
     assert "atom.shared.or.b32" in t and "popc.b32" in t and "shfl.sync.up.b32" in t
     assert not re.search(r"\b(atom|red)\.(\w+\.)*global", t)
+    if name == "kq-items":
+        # the items step: two more block-wide scans (each two barriers and the shuffles),
+        # after the lists' one
+        plain = _kq_ptx(kept_ptx, "kq")
+        assert t.count("shfl.sync.up.b32") == 3 * plain.count("shfl.sync.up.b32")
+        assert t.count("bar.sync") > plain.count("bar.sync")
 
 
 @pytest.mark.lowering
@@ -167,6 +219,20 @@ def test_kq_lists_in_the_backward(monkeypatch):
     port = [_bwd_text(kq, kernel_family="portable").count(CALL_TARGET)
             for kq in ("xla", "kernel")]
     assert port[0] == port[1] >= 1, port
+
+
+@pytest.mark.lowering
+def test_kq_items_in_the_backward(monkeypatch):
+    """``bsa_kq_impl="items"``: where the sm90ws backward splits long K->Q lists in buckets
+    (its default), the list launch computes the work items and XLA sorts nothing; the same
+    calls otherwise. Without the split (``nobuckets``) it is the ``kernel`` lowering."""
+    monkeypatch.setenv("JAX_SPARSE_ATTN_FORCE_KERNEL", "1")
+    for blk in (128, 64):
+        kern, items = _bwd_text("kernel", blk=blk), _bwd_text("items", blk=blk)
+        assert kern.count(CALL_TARGET) == items.count(CALL_TARGET) == 3
+        assert "stablehlo.sort" in kern and "stablehlo.sort" not in items
+    plain = [_bwd_text(kq, bsa_bwd_ws="nobuckets") for kq in ("kernel", "items")]
+    assert plain[0] == plain[1]
 
 
 @pytest.mark.lowering

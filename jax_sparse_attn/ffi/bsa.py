@@ -1155,21 +1155,27 @@ def pre_config(dtype, head_dim, switches) -> BsaPreConfig | None:
 class BsaKqConfig:
     """Compile key of the K->Q list kernel (``kernels/bsa_kq_lists.py``): ``n_chains``
     (batch x KV heads), ``group`` (query heads per KV head), ``n_q`` / ``n_kv`` (query / KV
-    blocks), ``k_max`` (list slots per query block)."""
+    blocks), ``k_max`` (list slots per query block); ``bucket_entries`` / ``max_extra``
+    (0 / 0: none): the work items of :func:`metadata.kq_bucket_items` computed too."""
 
     n_chains: int
     group: int
     n_q: int
     n_kv: int
     k_max: int
+    bucket_entries: int = 0
+    max_extra: int = 0
 
 
-def kq_config(idx_shape, num_kv_heads: int, num_kv_blocks: int) -> BsaKqConfig | None:
+def kq_config(idx_shape, num_kv_heads: int, num_kv_blocks: int, bucket_entries: int = 0,
+              max_extra: int = 0) -> BsaKqConfig | None:
     """The K->Q list kernel's compile key for ``q2k_block_index`` of shape ``idx_shape``
     ``(B, H_q, N_q, K_max)``, or None where the kernel does not take the call (symbolic or
     empty sizes, a (batch, KV head)'s bitmap or the row lengths beyond its shared memory, or
     more than ``MAX_SLOTS`` list slots, past its int32 indexing): the lists are then
-    :func:`metadata.build_kq_csr`'s."""
+    :func:`metadata.build_kq_csr`'s. ``bucket_entries`` > 0: the key of the launch that
+    also computes :func:`metadata.kq_bucket_items` with ``max_extra`` (None where a chain's
+    ``num_kv_blocks + max_extra`` items are more than ``MAX_ITEMS``)."""
     from ..kernels.bsa_kq_lists import fits  # noqa: PLC0415
 
     b, h_q, n_q, k_max = idx_shape
@@ -1177,17 +1183,19 @@ def kq_config(idx_shape, num_kv_heads: int, num_kv_blocks: int) -> BsaKqConfig |
     if not all(isinstance(x, int) and x >= 1 for x in dims) or h_q % num_kv_heads:
         return None
     group = h_q // num_kv_heads
+    n_items = num_kv_blocks + max_extra if bucket_entries > 0 else 0
     if not fits(num_kv_blocks, group, n_q, b * num_kv_heads * num_kv_blocks,
-                b * h_q * n_q * k_max):
+                b * h_q * n_q * k_max, n_items):
         return None
-    return BsaKqConfig(b * num_kv_heads, group, n_q, num_kv_blocks, k_max)
+    return BsaKqConfig(b * num_kv_heads, group, n_q, num_kv_blocks, k_max,
+                       bucket_entries if n_items else 0, max_extra if n_items else 0)
 
 
 def _kq_entry(stream, idx, nums, offsets, entries, words, counts, *, cfg: BsaKqConfig):
     from ..kernels.bsa_kq_lists import BsaKqLists  # noqa: PLC0415
 
-    BsaKqLists(cfg.n_chains, cfg.group, cfg.n_q, cfg.n_kv, cfg.k_max)(
-        idx, nums, offsets, entries, words, counts, stream)
+    BsaKqLists(cfg.n_chains, cfg.group, cfg.n_q, cfg.n_kv, cfg.k_max, cfg.bucket_entries,
+               cfg.max_extra)(idx, nums, offsets, entries, words, counts, stream)
 
 
 @functools.cache
@@ -1199,32 +1207,58 @@ def _kq_jit():
 
 
 def kq_lists(q2k_block_index, q2k_block_nums, *, num_kv_heads: int, num_kv_blocks: int,
-             kernel: bool = True, cute_call_mode: str = "shared", sanitized: bool = False):
+             kernel: bool = True, cute_call_mode: str = "shared", sanitized: bool = False,
+             bucket_entries: int = 0, max_extra: int = 0, kernel_items: bool = False):
     """The backward's K->Q lists ``(offsets, entries)`` of the metadata as
     :func:`metadata.sanitize_bsa_metadata` clamps them (ids to ``[0, N_kv)``, counts to
     ``[0, K_max]``): :func:`metadata.build_kq_csr` of the clamped metadata (an id repeated
     in a row's active prefix listed once, as by its bitmap construction). With ``kernel``
     and where :func:`kq_config` takes the call, one launch of ``kernels/bsa_kq_lists.py``
     (it clamps as it reads); else the clamp and ``build_kq_csr`` in XLA (``sanitized``: the
-    metadata are clamped already, only ``build_kq_csr``)."""
-    from .._cute_call import call_builder  # noqa: PLC0415
+    metadata are clamped already, only ``build_kq_csr``).
 
-    kcfg = kq_config(q2k_block_index.shape, num_kv_heads, num_kv_blocks) if kernel else None
+    ``bucket_entries`` > 0: ``offsets`` is followed by the flattened
+    :func:`metadata.kq_bucket_items` of the offsets with ``bucket_entries`` and
+    ``max_extra``, computed by the same launch with ``kernel_items`` where the kernel takes
+    the call with them, else in XLA."""
+    shape = q2k_block_index.shape
+    kcfg = None
+    if kernel and kernel_items and bucket_entries > 0:
+        kcfg = kq_config(shape, num_kv_heads, num_kv_blocks, bucket_entries, max_extra)
+    if kernel and kcfg is None:
+        kcfg = kq_config(shape, num_kv_heads, num_kv_blocks)
     if kcfg is None:
         idx, nums = q2k_block_index, q2k_block_nums
         if not sanitized:
             idx, nums, _ = metadata.sanitize_bsa_metadata(idx, nums, None,
                                                           num_kv_blocks=num_kv_blocks,
                                                           block_size=1)
-        return metadata.build_kq_csr(idx, nums, num_kv_heads=num_kv_heads,
-                                     num_kv_blocks=num_kv_blocks)
+        offsets, entries = metadata.build_kq_csr(idx, nums, num_kv_heads=num_kv_heads,
+                                                 num_kv_blocks=num_kv_blocks)
+    else:
+        offsets, entries = _kq_kernel_lists(q2k_block_index, q2k_block_nums, kcfg,
+                                            cute_call_mode)
+    if bucket_entries > 0 and not (kcfg is not None and kcfg.bucket_entries):
+        items = metadata.kq_bucket_items(offsets, num_kv_blocks=num_kv_blocks,
+                                         bucket_entries=bucket_entries, max_extra=max_extra)
+        offsets = jnp.concatenate([offsets, items.reshape(-1)])
+    return offsets, entries
+
+
+def _kq_kernel_lists(q2k_block_index, q2k_block_nums, kcfg: BsaKqConfig, cute_call_mode: str):
+    """``(offsets, entries)`` of one launch of the list kernel ``kcfg`` (``offsets``
+    followed by the work items where ``kcfg`` has them)."""
+    from .._cute_call import call_builder  # noqa: PLC0415
+
     n_rows = kcfg.n_chains * kcfg.n_kv
     n_words = -(-kcfg.group * kcfg.n_q // 32)
     n_slots = q2k_block_index.size
+    n_item_words = (kcfg.n_chains * (kcfg.n_kv + kcfg.max_extra) * 6
+                    if kcfg.bucket_entries else 0)
     i32 = jnp.int32
     call = call_builder(cute_call_mode)(
         _kq_jit(),
-        output_shape_dtype=(jax.ShapeDtypeStruct((n_rows + 1,), i32),
+        output_shape_dtype=(jax.ShapeDtypeStruct((n_rows + 1 + n_item_words,), i32),
                             jax.ShapeDtypeStruct((n_slots,), i32),
                             jax.ShapeDtypeStruct((n_rows * n_words,), i32),
                             jax.ShapeDtypeStruct((n_rows,), i32)),
@@ -1970,22 +2004,23 @@ def bsa_bwd(do, q, k, v, out, lse, q2k_block_index, q2k_block_nums, block_sizes,
     kq_kernel = (cfg.kq_kernel and cfg.bwd.impl in ("sm90", "sm90ws")
                  and kq_config(q2k_block_index.shape, cfg.num_heads_kv,
                                cfg.num_kv_blocks) is not None)
+    # with the bucket split, the work items of the split lists follow the offsets (their
+    # own order)
+    buckets = cfg.bwd.impl == "sm90ws" and cfg.bwd.ws_buckets
     offsets, entries = kq_lists(*((raw_idx, raw_nums) if kq_kernel
                                   else (q2k_block_index, q2k_block_nums)),
                                 num_kv_heads=cfg.num_heads_kv, num_kv_blocks=cfg.num_kv_blocks,
                                 kernel=kq_kernel, cute_call_mode=cfg.cute_call,
-                                sanitized=not kq_kernel)
+                                sanitized=not kq_kernel,
+                                bucket_entries=(_bucket_entries(cfg, q2k_block_index)
+                                                if buckets else 0),
+                                max_extra=_bucket_extra(cfg, q2k_block_index) if buckets else 0,
+                                kernel_items=cfg.kq_items)
     if cfg.bwd.impl == "sm90ws" and cfg.bwd.ws_lpt:
         # the sm90ws kernel reads its CTA order (longest K->Q list first) after the offsets
         order = metadata.kq_lpt_order(offsets, chain=cfg.num_kv_blocks if cfg.bwd.ws_lpt_chain
                                       else None)
         offsets = jnp.concatenate([offsets, order])
-    if cfg.bwd.impl == "sm90ws" and cfg.bwd.ws_buckets:
-        # the work items of the split lists, after the offsets (their own order)
-        items = metadata.kq_bucket_items(offsets, num_kv_blocks=cfg.num_kv_blocks,
-                                         bucket_entries=_bucket_entries(cfg, q2k_block_index),
-                                         max_extra=_bucket_extra(cfg, q2k_block_index))
-        offsets = jnp.concatenate([offsets, items.reshape(-1)])
     ws_spec = None if cfg.bwd.dq_tile else spec  # the query-tile workspace is row-major
     if cfg.bwd.dq_claim:
         sem0 = _det_semaphores(cfg)

@@ -30,6 +30,19 @@ without a zeroed flag in global memory:
    write neighbouring places of one row. The slots from ``offsets[R]`` to the end are
    zeroed by the cluster's threads in a strided loop.
 
+4. With ``bucket_entries`` (the work items of a backward that splits long K->Q lists across
+   CTAs in buckets, ``metadata.kq_bucket_items``, bit for bit): each CTA takes chains
+   round-robin again, from the offsets it holds in shared memory. Per chain, one thread
+   per row counts the row's buckets (``ceil(L / bucket_entries)`` for a row of ``L >
+   bucket_entries`` entries, else 1), two block-wide scans give each row's first item and,
+   over the split rows only, its first workspace slot; a chain whose rows need more than
+   ``max_extra`` extra items keeps every row whole. One thread per row then writes its
+   items' entry counts and rows to shared memory, and one thread per item finds the item's
+   place in the longest-first order (the items with more entries, plus those before it
+   with as many: a stable sort of at most ``MAX_ITEMS`` keys, one pass over them from
+   shared memory, read as broadcasts) and stores its six fields there, after the
+   ``R + 1`` offsets.
+
 Reads and writes stay in bounds for any metadata: slots are read only within the arrays'
 extents, an id is clipped into ``[0, N_kv)`` before it addresses the bitmap, and each
 active slot sets at most one bit, so ``offsets[R]``, the number of set bits, is at most the
@@ -62,18 +75,29 @@ MAX_SLOTS = 1 << 30
 SLOTS = 8
 #: rows a warp takes at once in the entries pass
 ROWS = 4
+#: most work items per chain with ``bucket_entries`` (the longest-first order compares every
+#: pair of a chain's items)
+MAX_ITEMS = 2048
+#: fields per work item (``metadata.KQ_ITEM_FIELDS``)
+ITEM_FIELDS = 6
 
 
-def smem_bytes(n_kv: int, n_words: int, n_rows: int) -> int:
-    """Shared memory of one CTA (before alignment padding)."""
-    return 4 * n_kv * n_words + 4 * (n_rows + 1) + 4 * 32 + 64
+def smem_bytes(n_kv: int, n_words: int, n_rows: int, n_items: int = 0) -> int:
+    """Shared memory of one CTA (before alignment padding); ``n_items``: work items per
+    chain with ``bucket_entries`` (0 without)."""
+    items = 4 * (2 * (n_kv + 1) + 2 * n_items) + 64 if n_items else 0
+    return 4 * n_kv * n_words + 4 * (n_rows + 1) + 4 * 32 + 64 + items
 
 
-def fits(n_kv: int, group: int, n_q: int, n_rows: int, n_slots: int = 1) -> bool:
-    """Whether the kernel takes a call with these sizes (else ``metadata.build_kq_csr``)."""
+def fits(n_kv: int, group: int, n_q: int, n_rows: int, n_slots: int = 1,
+         n_items: int = 0) -> bool:
+    """Whether the kernel takes a call with these sizes (else ``metadata.build_kq_csr``);
+    ``n_items``: work items per chain with ``bucket_entries`` (else
+    ``metadata.kq_bucket_items``), at most :data:`MAX_ITEMS`."""
     n_words = -(-group * n_q // 32)
     return (n_kv >= 1 and n_q >= 1 and n_kv * n_words <= MAX_WORDS and 1 <= n_rows <= MAX_ROWS
-            and 1 <= n_slots <= MAX_SLOTS)
+            and 1 <= n_slots <= MAX_SLOTS and n_items <= MAX_ITEMS
+            and (not n_items or n_items >= n_kv))
 
 
 class BsaKqLists:
@@ -81,33 +105,55 @@ class BsaKqLists:
     ``q2k_block_index`` (``B H_q N_q K_max``), ``nums`` the flat int32 ``q2k_block_nums``
     (``B H_q N_q``); ``offsets`` ``(R + 1,)`` and ``entries`` ``(B H_q N_q K_max,)`` the K->Q
     lists (module docstring); ``words`` ``(R W,)`` and ``counts`` ``(R,)`` scratch (the
-    bitmap and row lengths, read back by the cluster)."""
+    bitmap and row lengths, read back by the cluster).
 
-    def __init__(self, n_chains: int, group: int, n_q: int, n_kv: int, k_max: int):
-        if min(n_chains, group, n_q, n_kv, k_max) < 1:
+    ``bucket_entries`` > 0: ``offsets`` is ``(R + 1 + n_chains (n_kv + max_extra) 6,)``, the
+    offsets followed by ``metadata.kq_bucket_items`` of them with these ``bucket_entries``
+    and ``max_extra`` (module docstring, step 4)."""
+
+    def __init__(self, n_chains: int, group: int, n_q: int, n_kv: int, k_max: int,
+                 bucket_entries: int = 0, max_extra: int = 0):
+        if min(n_chains, group, n_q, n_kv, k_max) < 1 or min(bucket_entries, max_extra) < 0:
             raise ValueError(f"bsa_kq_lists: n_chains={n_chains}, group={group}, n_q={n_q}, "
-                             f"n_kv={n_kv}, k_max={k_max} must be >= 1")
+                             f"n_kv={n_kv}, k_max={k_max} must be >= 1, bucket_entries="
+                             f"{bucket_entries} and max_extra={max_extra} >= 0")
         self.n_chains, self.group, self.n_q, self.n_kv, self.k_max = (n_chains, group, n_q,
                                                                       n_kv, k_max)
         self.width = group * n_q                    # query rows of a chain
         self.n_words = -(-self.width // 32)         # bitmap words per KV block
         self.n_rows = n_chains * n_kv               # CSR rows
         self.n_slots = n_chains * self.width * k_max
-        if not fits(n_kv, group, n_q, self.n_rows, self.n_slots):
+        self.bucket_entries, self.max_extra = bucket_entries, max_extra
+        self.n_items = n_kv + max_extra if bucket_entries else 0   # work items per chain
+        if not fits(n_kv, group, n_q, self.n_rows, self.n_slots, self.n_items):
             raise ValueError(f"bsa_kq_lists: {n_kv} KV blocks x {self.n_words} words, "
-                             f"{self.n_rows} rows and {self.n_slots} slots exceed the "
-                             f"kernel's shared memory or int32 indexing")
+                             f"{self.n_rows} rows, {self.n_slots} slots and {self.n_items} "
+                             f"work items per chain exceed the kernel's shared memory or "
+                             f"int32 indexing")
         self.rpt = -(-self.n_rows // NUM_THREADS)    # scan rows per thread
         self.chunks = -(-self.n_words // 32)         # 32-word chunks of a row
 
     @cute.jit
     def __call__(self, mIdx, mNums, mOffsets, mEntries, mWords, mCounts, stream):
         @cute.struct
-        class Smem:
+        class SmemLists:
             bits: cute.struct.Align[cute.struct.MemRange[Int32, self.n_kv * self.n_words], 16]
             offs: cute.struct.Align[cute.struct.MemRange[Int32, self.n_rows + 1], 16]
             warp_sums: cute.struct.Align[cute.struct.MemRange[Int32, 32], 16]
 
+        # with the work items: per row of the chain its buckets, then its first item (nb)
+        # and its first workspace slot (first); per item its entry count (key) and row
+        @cute.struct
+        class SmemItems:
+            bits: cute.struct.Align[cute.struct.MemRange[Int32, self.n_kv * self.n_words], 16]
+            offs: cute.struct.Align[cute.struct.MemRange[Int32, self.n_rows + 1], 16]
+            warp_sums: cute.struct.Align[cute.struct.MemRange[Int32, 32], 16]
+            nb: cute.struct.Align[cute.struct.MemRange[Int32, self.n_kv + 1], 16]
+            first: cute.struct.Align[cute.struct.MemRange[Int32, self.n_kv + 1], 16]
+            key: cute.struct.Align[cute.struct.MemRange[Int32, max(self.n_items, 1)], 16]
+            row: cute.struct.Align[cute.struct.MemRange[Int32, max(self.n_items, 1)], 16]
+
+        Smem = SmemItems if self.n_items else SmemLists
         self.kernel(mIdx, mNums, mOffsets, mEntries, mWords, mCounts, Smem).launch(
             grid=(CLUSTER, 1, 1), block=[NUM_THREADS, 1, 1], cluster=(CLUSTER, 1, 1),
             smem=Smem.size_in_bytes(), stream=stream)
@@ -250,3 +296,138 @@ class BsaKqLists:
         total = Int32(sOffs[n_rows])
         for i in cutlass.range(total + g, self.n_slots, CLUSTER * nt, unroll=1):
             mEntries[i] = Int32(0)
+
+        # 4. the work items of the bucket split, from the offsets in shared memory
+        if cutlass.const_expr(self.n_items > 0):
+            self._items(st, sOffs, sWarp, mOffsets, tid, cta)
+
+    @cute.jit
+    def _scan(self, sArr, n: cutlass.Constexpr, sWarp, tid):
+        """``sArr[0:n]`` replaced by its exclusive prefix sums and ``sArr[n]`` set to their
+        total (every thread of the CTA; ends with a barrier)."""
+        nt = NUM_THREADS
+        lane = tid % 32
+        warp = tid // 32
+        rpt = -(-n // nt)
+        r0 = tid * rpt
+        mine = Int32(0)
+        for i in cutlass.range(rpt, unroll=1):
+            if r0 + i < n:
+                mine += Int32(sArr[r0 + i])
+        incl = mine
+        for k in cutlass.range_constexpr(5):
+            up = cute.arch.shuffle_sync_up(incl, offset=1 << k)
+            if lane >= (1 << k):
+                incl += up
+        if lane == 31:
+            sWarp[warp] = incl
+        cute.arch.barrier()
+        if warp == 0:
+            v = Int32(sWarp[lane])
+            vi = v
+            for k in cutlass.range_constexpr(5):
+                up = cute.arch.shuffle_sync_up(vi, offset=1 << k)
+                if lane >= (1 << k):
+                    vi += up
+            sWarp[lane] = vi - v
+        cute.arch.barrier()
+        run = Int32(sWarp[warp]) + incl - mine
+        for i in cutlass.range(rpt, unroll=1):
+            if r0 + i < n:
+                x = Int32(sArr[r0 + i])
+                sArr[r0 + i] = run
+                run += x
+        if tid == nt - 1:
+            sArr[n] = run
+        cute.arch.barrier()
+
+    @cute.jit
+    def _items(self, st, sOffs, sWarp, mOffsets, tid, cta):
+        """Step 4 (module docstring): ``metadata.kq_bucket_items`` of the offsets in
+        ``sOffs``, stored to ``mOffsets`` after its ``R + 1`` offsets."""
+        nt = NUM_THREADS
+        n_kv, n_items, n_b = self.n_kv, self.n_items, self.bucket_entries
+        extra = self.max_extra
+        sNb = st.nb.get_tensor(cute.make_layout(n_kv + 1))
+        sFirst = st.first.get_tensor(cute.make_layout(n_kv + 1))
+        sKey = st.key.get_tensor(cute.make_layout(n_items))
+        sRow = st.row.get_tensor(cute.make_layout(n_items))
+        out0 = self.n_rows + 1
+        for c in cutlass.range(cta, self.n_chains, CLUSTER, unroll=1):
+            base = c * n_kv
+            # buckets per row, and the split rows' bucket counts (0 for a row kept whole)
+            for n in cutlass.range(tid, n_kv, nt, unroll=1):
+                length = Int32(sOffs[base + n + 1]) - Int32(sOffs[base + n])
+                nb = Int32(1)
+                if length > n_b:
+                    nb = (length - 1) // n_b + 1
+                sNb[n] = nb
+                sFirst[n] = nb if nb > 1 else Int32(0)
+            cute.arch.barrier()
+            self._scan(sNb, n_kv, sWarp, tid)
+            self._scan(sFirst, n_kv, sWarp, tid)
+            # a chain needing more than max_extra extra items keeps every row whole
+            used = Int32(sNb[n_kv])
+            split = used - n_kv <= extra
+            if not split:
+                used = Int32(n_kv)
+            # each row's items: entry count and row
+            for n in cutlass.range(tid, n_kv, nt, unroll=1):
+                length = Int32(sOffs[base + n + 1]) - Int32(sOffs[base + n])
+                i0 = n
+                nb = Int32(1)
+                if split:
+                    i0 = Int32(sNb[n])
+                    nb = Int32(sNb[n + 1]) - i0
+                q = length // nb
+                rem = length - q * nb
+                for b in cutlass.range(nb, unroll=1):
+                    cnt = q
+                    if b < rem:
+                        cnt = q + 1
+                    sKey[i0 + b] = cnt
+                    sRow[i0 + b] = n
+            for i in cutlass.range(used + tid, n_items, nt, unroll=1):
+                sKey[i] = Int32(-1)  # unused: after every used item
+                sRow[i] = Int32(-1)
+            cute.arch.barrier()
+            # each item's place longest first (ties in item order) and its fields
+            for i in cutlass.range(tid, n_items, nt, unroll=1):
+                key = Int32(sKey[i])
+                # the items before this one with at least as many entries, those after it
+                # with more
+                rank = Int32(0)
+                for j in cutlass.range(i, unroll=4):
+                    if Int32(sKey[j]) >= key:
+                        rank += 1
+                for j in cutlass.range(i + 1, n_items, unroll=4):
+                    if Int32(sKey[j]) > key:
+                        rank += 1
+                n = Int32(sRow[i])
+                f_row, f_lo, f_cnt = Int32(-1), Int32(0), Int32(0)
+                f_slot, f_first, f_nb = Int32(-1), Int32(-1), Int32(0)
+                if n >= 0:
+                    i0 = n
+                    nb = Int32(1)
+                    if split:
+                        i0 = Int32(sNb[n])
+                        nb = Int32(sNb[n + 1]) - i0
+                    b = i - i0
+                    length = Int32(sOffs[base + n + 1]) - Int32(sOffs[base + n])
+                    q = length // nb
+                    rem = length - q * nb
+                    f_row = base + n
+                    f_lo = Int32(sOffs[base + n]) + b * q + cutlass.min(b, rem)
+                    f_cnt = key
+                    f_nb = nb
+                    if nb > 1:
+                        f_first = c * (2 * extra) + Int32(sFirst[n])
+                        f_slot = f_first + b
+                o = out0 + (c * n_items + rank) * ITEM_FIELDS
+                mOffsets[o] = f_row
+                mOffsets[o + 1] = f_lo
+                mOffsets[o + 2] = f_cnt
+                mOffsets[o + 3] = f_slot
+                mOffsets[o + 4] = f_first
+                mOffsets[o + 5] = f_nb
+            cute.arch.barrier()
