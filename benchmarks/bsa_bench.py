@@ -235,7 +235,7 @@ def run(cases, b=1, h=16, s=16384, d=128, n_sets=3, seed=0, tag="", switches=Non
             # switch bsa_kq_impl="kernel"
             from jax_sparse_attn.ffi import bsa as fb  # noqa: PLC0415
 
-            kern = switches is not None and switches.bsa_kq_impl == "kernel"
+            kern = switches is not None and switches.bsa_kq_impl in ("kernel", "items")
             return fb.kq_lists(idx, nums, num_kv_heads=h, num_kv_blocks=-(-s // blk),
                                kernel=kern and backend == "kernel")
 
