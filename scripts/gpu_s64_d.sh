@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# Session 64, one call for an H100 (about 450 s): the GPU tests of the K->Q list launch with
+# the bucket split's work items (`bsa_kq_impl=items`, opt-in) next to the block-sparse
+# backward's remaining GPU test files on the current default (those of gpu_s64_b.sh), then
+# the backward's random-list and hot-list rows with XLA's items (the default) and the
+# kernel's.
+# Usage (device, after `source .devcache/setup.sh`): OUT=$OUT bash scripts/gpu_s64_d.sh [seconds]
+. "$(dirname "$0")/gpu_lib.sh" s64_d "${1:-450}"
+gpu_info
+T=$(( $(left) - 190 ))
+bg_test kq tests/test_gpu_kq_lists.py ""
+bg_test fixed tests/test_gpu_dq_fixed.py ""
+bg_test packgqa tests/test_gpu_bsa_pack_gqa.py ""
+bg_test fuzz tests/test_gpu_fuzz.py "bsa"
+bg_test splits tests/test_gpu_bsa_splits.py ""
+bg_test extra tests/test_gpu_bsa_options_extra.py ""
+wait; t "tests"
+report_tests
+K=JAX_SPARSE_ATTN_BSA_KQ_IMPL
+bench rnd 100 bwd 0,2,4 ";$K=items;"
+timeout 60 python3 -m benchmarks.bsa_bench --table-pass bwd --rows 0,4,8 --timing both \
+  --lists hot --table ";$K=items" --out $O/hot.json > $O/hot.txt 2>&1
+t "hot rc=$?"; grep -v "^wrote" $O/hot.txt
+t done
+cd $OUT && tar czf s64_d.tgz s64_d && rm -rf s64_d
