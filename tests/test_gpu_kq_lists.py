@@ -40,6 +40,7 @@ CASES = [
     ("repeated-ids", 2, 4, 2, 30, 12, 10, "repeated"),
     ("s32768-blk64", 1, 16, 16, 512, 512, 64, "fixed"),
     ("single-query-block", 1, 4, 1, 1, 7, 7, "ragged"),
+    ("long-chain", 1, 2, 1, 16, 1100, 8, "ragged"),
 ]
 
 
@@ -136,7 +137,8 @@ ITEM_CASES = [("blk64-bench-like", 64, 12), ("one-chain-all-listed", 16, 192),
               ("one-chain-all-listed", 16, 2), ("gqa8-ragged", 64, 40), ("gqa8-ragged", 8, 40),
               ("many-chains-empty-rows", 2, 30), ("more-rows-than-threads", 4, 200),
               ("wide-rows-gqa8", 30, 0), ("garbage", 3, 25), ("s32768-blk64", 128, 24),
-              ("single-query-block", 1, 3)]
+              ("single-query-block", 1, 3), ("many-chains-empty-rows", 2, 4),
+              ("long-chain", 1, 900)]
 
 
 @pytest.mark.parametrize("name,n_b,extra", ITEM_CASES,
@@ -169,7 +171,7 @@ def test_kq_items_kernel_matches_definition(name, n_b, extra):
 
 
 @pytest.mark.parametrize("blk,h_q,h_kv,hot", [(128, 8, 8, False), (64, 8, 2, True),
-                                              (64, 16, 16, True)])
+                                              (64, 32, 16, True)])
 def test_backward_with_kernel_items(blk, h_q, h_kv, hot):
     """The public backward (bucket split, the default) with ``bsa_kq_impl="items"`` against
     ``"kernel"`` (XLA's items): dK / dV bitwise equal, dQ within fp32 reordering; ``hot``:

@@ -91,8 +91,14 @@ def test_kq_config_with_items():
     assert bsa.kq_config((1, 2, 64, 8), 2, n_kv, 64, kq.MAX_ITEMS - n_kv) is not None
     assert bsa.kq_config((1, 2, 64, 8), 2, n_kv, 64, kq.MAX_ITEMS - n_kv + 1) is None
     assert not kq.fits(n_kv, 1, 64, 2 * n_kv, 1, n_kv - 1)  # fewer items than rows
-    with pytest.raises(ValueError, match="bucket_entries"):
-        kq.BsaKqLists(1, 1, 4, 4, 2, -1, 0)
+    for n_b, extra in ((-1, 0), (2**31, 0), (4, -1)):
+        with pytest.raises(ValueError, match="bucket_entries"):
+            kq.BsaKqLists(1, 1, 4, 4, 2, n_b, extra)
+    # the largest bitmap, row count and item count together fit the shared memory
+    n_kv = kq.MAX_ITEMS
+    n_words = kq.MAX_WORDS // n_kv
+    assert kq.smem_bytes(n_kv, n_words, kq.MAX_ROWS, kq.MAX_ITEMS) <= kq.SMEM_LIMIT
+    assert kq.fits(n_kv, 1, 32 * n_words, kq.MAX_ROWS, 1, kq.MAX_ITEMS)
 
 
 def test_kq_lists_items_in_xla_match_the_definition():

@@ -65,7 +65,8 @@ CLUSTER = 8
 #: threads per CTA
 NUM_THREADS = 1024
 #: most bitmap words of one chain in shared memory (``N_kv ceil(G N_q / 32)``) and most CSR
-#: rows ``R``: 96 KiB each, so one CTA needs at most about 192 KiB
+#: rows ``R``: 96 KiB each, so one CTA needs at most about 192 KiB without the work items
+#: (with them :func:`fits` also checks the total against :data:`SMEM_LIMIT`)
 MAX_WORDS = 24 * 1024
 MAX_ROWS = 24 * 1024 - 1
 #: most list slots ``B H_q N_q K_max``: every slot index, and the loop counters that pass the
@@ -80,6 +81,8 @@ ROWS = 4
 MAX_ITEMS = 2048
 #: fields per work item (``metadata.KQ_ITEM_FIELDS``)
 ITEM_FIELDS = 6
+#: shared memory a CTA may use (sm_90's 227 KiB less 1 KiB for the arrays' alignment)
+SMEM_LIMIT = 226 * 1024
 
 
 def smem_bytes(n_kv: int, n_words: int, n_rows: int, n_items: int = 0) -> int:
@@ -97,7 +100,8 @@ def fits(n_kv: int, group: int, n_q: int, n_rows: int, n_slots: int = 1,
     n_words = -(-group * n_q // 32)
     return (n_kv >= 1 and n_q >= 1 and n_kv * n_words <= MAX_WORDS and 1 <= n_rows <= MAX_ROWS
             and 1 <= n_slots <= MAX_SLOTS and n_items <= MAX_ITEMS
-            and (not n_items or n_items >= n_kv))
+            and (not n_items or n_items >= n_kv)
+            and smem_bytes(n_kv, n_words, n_rows, n_items) <= SMEM_LIMIT)
 
 
 class BsaKqLists:
@@ -113,10 +117,11 @@ class BsaKqLists:
 
     def __init__(self, n_chains: int, group: int, n_q: int, n_kv: int, k_max: int,
                  bucket_entries: int = 0, max_extra: int = 0):
-        if min(n_chains, group, n_q, n_kv, k_max) < 1 or min(bucket_entries, max_extra) < 0:
+        if (min(n_chains, group, n_q, n_kv, k_max) < 1 or min(bucket_entries, max_extra) < 0
+                or max(bucket_entries, max_extra) > 2**31 - 1):
             raise ValueError(f"bsa_kq_lists: n_chains={n_chains}, group={group}, n_q={n_q}, "
                              f"n_kv={n_kv}, k_max={k_max} must be >= 1, bucket_entries="
-                             f"{bucket_entries} and max_extra={max_extra} >= 0")
+                             f"{bucket_entries} and max_extra={max_extra} in [0, 2^31 - 1]")
         self.n_chains, self.group, self.n_q, self.n_kv, self.k_max = (n_chains, group, n_q,
                                                                       n_kv, k_max)
         self.width = group * n_q                    # query rows of a chain
