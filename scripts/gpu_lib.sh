@@ -106,3 +106,13 @@ large_det_on_h200() {
     wait; t "large"; tail -n 3 "$O/t_large.txt"
   fi
 }
+# bsa_sweep_tests_bg: in the background under timeout $T, the block-sparse GPU test files that
+# the floor calls do not run: the fixed-point deterministic dQ, pack_gqa, the BSA fuzz cases,
+# split KV and the extra options (t_fixed, t_packgqa, t_fuzz, t_splits, t_extra)
+bsa_sweep_tests_bg() {
+  bg_test fixed tests/test_gpu_dq_fixed.py ""
+  bg_test packgqa tests/test_gpu_bsa_pack_gqa.py ""
+  bg_test fuzz tests/test_gpu_fuzz.py "bsa"
+  bg_test splits tests/test_gpu_bsa_splits.py ""
+  bg_test extra tests/test_gpu_bsa_options_extra.py ""
+}

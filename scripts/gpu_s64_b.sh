@@ -7,14 +7,10 @@
 . "$(dirname "$0")/gpu_lib.sh" s64_b "${1:-540}"
 gpu_info
 T=$(( $(left) - 20 ))
-bg_test fixed tests/test_gpu_dq_fixed.py ""
-bg_test packgqa tests/test_gpu_bsa_pack_gqa.py ""
-bg_test splits tests/test_gpu_bsa_splits.py ""
+bsa_sweep_tests_bg
 bg_test kq tests/test_gpu_kq_lists.py ""
 bg_test writer tests/test_gpu_dq_writer.py "bsa"
-bg_test extra tests/test_gpu_bsa_options_extra.py ""
 bg_test buckets tests/test_gpu_bsa_buckets.py ""
-bg_test fuzz tests/test_gpu_fuzz.py "bsa"
 wait; t "tests"
 report_tests
 t done

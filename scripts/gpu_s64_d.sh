@@ -9,11 +9,7 @@
 gpu_info
 T=$(( $(left) - 190 ))
 bg_test kq tests/test_gpu_kq_lists.py ""
-bg_test fixed tests/test_gpu_dq_fixed.py ""
-bg_test packgqa tests/test_gpu_bsa_pack_gqa.py ""
-bg_test fuzz tests/test_gpu_fuzz.py "bsa"
-bg_test splits tests/test_gpu_bsa_splits.py ""
-bg_test extra tests/test_gpu_bsa_options_extra.py ""
+bsa_sweep_tests_bg
 wait; t "tests"
 report_tests
 K=JAX_SPARSE_ATTN_BSA_KQ_IMPL

@@ -95,20 +95,16 @@ def test_kq_lists_kernel_matches_build_kq_csr(case):
             assert int(off_w[-1]) == b * h_q * n_q * k_max  # every slot listed
 
 
-@pytest.mark.parametrize("blk,h_q,h_kv", [(128, 8, 8), (64, 8, 2)])
-def test_backward_with_kernel_lists(blk, h_q, h_kv):
-    """The public backward with ``bsa_kq_impl="kernel"`` (the default) against XLA's lists:
-    dK and dV bitwise equal (the same lists, walked in the same order), dQ within fp32
-    reordering of its additions."""
+def _compare_backwards(blk, h_q, h_kv, s, idx, nums, impls):
+    """The public backward (B 1, D 128, bf16, ``S = s``) on fresh random inputs with
+    ``bsa_kq_impl`` ``impls[0]`` against ``impls[1]``: dK and dV bitwise equal (the same
+    lists and work items, walked in the same order), dQ within fp32 reordering of its
+    additions, everything finite and dK not all zero."""
     import jax_sparse_attn as jsa
     from jax_sparse_attn.config import Switches
 
-    b, s, d = 1, 2048, 128
-    n = s // blk
-    rng = np.random.default_rng(blk)
-    idx = jnp.asarray(np.argsort(rng.random((b, h_q, n, n)), -1)[..., : n // 4], jnp.int32)
-    nums = jnp.asarray(rng.integers(0, n // 4 + 1, (b, h_q, n)), jnp.int32)
-    ks = jax.random.split(jax.random.PRNGKey(blk), 4)
+    b, d = 1, 128
+    ks = jax.random.split(jax.random.PRNGKey(blk + h_kv), 4)
     q = jax.random.normal(ks[0], (b, h_q, s, d), jnp.bfloat16)
     k = jax.random.normal(ks[1], (b, h_kv, s, d), jnp.bfloat16)
     v = jax.random.normal(ks[2], (b, h_kv, s, d), jnp.bfloat16)
@@ -118,18 +114,30 @@ def test_backward_with_kernel_lists(blk, h_q, h_kv):
     out, lse = jax.jit(lambda q, k, v: jsa.block_sparse_attention_forward(
         q, k, v, idx, None, None, nums, **kw))(q, k, v)
     res = {}
-    for kq in ("xla", "kernel"):
+    for kq in impls:
         f = jax.jit(lambda do, q, k, v, o, l, kq=kq: jsa.block_sparse_attention_backward(
             do, q, k, v, o, l, idx, None, None, nums, **kw,
             switches=Switches(bsa_kq_impl=kq)))
         res[kq] = [np.asarray(x, np.float32) for x in f(do, q, k, v, out, lse)]
-    for name, x, y in zip(("dq", "dk", "dv"), res["xla"], res["kernel"]):
+    for name, x, y in zip(("dq", "dk", "dv"), res[impls[0]], res[impls[1]]):
         assert np.isfinite(y).all(), name
         if name == "dq":
             np.testing.assert_allclose(y, x, rtol=2e-2, atol=2e-2 * np.abs(x).max())
         else:
             np.testing.assert_array_equal(y, x)
-    assert np.abs(res["kernel"][1]).max() > 0
+    assert np.abs(res[impls[1]][1]).max() > 0
+
+
+@pytest.mark.parametrize("blk,h_q,h_kv", [(128, 8, 8), (64, 8, 2)])
+def test_backward_with_kernel_lists(blk, h_q, h_kv):
+    """The public backward with ``bsa_kq_impl="kernel"`` (the default) against XLA's lists
+    (:func:`_compare_backwards`)."""
+    s = 2048
+    n = s // blk
+    rng = np.random.default_rng(blk)
+    idx = jnp.asarray(np.argsort(rng.random((1, h_q, n, n)), -1)[..., : n // 4], jnp.int32)
+    nums = jnp.asarray(rng.integers(0, n // 4 + 1, (1, h_q, n)), jnp.int32)
+    _compare_backwards(blk, h_q, h_kv, s, idx, nums, ("xla", "kernel"))
 
 
 #: case name, bucket_entries, max_extra
@@ -174,39 +182,15 @@ def test_kq_items_kernel_matches_definition(name, n_b, extra):
                                               (64, 32, 16, True)])
 def test_backward_with_kernel_items(blk, h_q, h_kv, hot):
     """The public backward (bucket split, the default) with ``bsa_kq_impl="items"`` against
-    ``"kernel"`` (XLA's items): dK / dV bitwise equal, dQ within fp32 reordering; ``hot``:
-    KV block 0 in every list, so its K->Q list is split."""
-    import jax_sparse_attn as jsa
-    from jax_sparse_attn.config import Switches
-
-    b, s, d = 1, 4096, 128
+    ``"kernel"`` (XLA's items), :func:`_compare_backwards`; ``hot``: KV block 0 in every
+    list, so its K->Q list is split."""
+    s = 4096
     n = s // blk
     rng = np.random.default_rng(blk + h_kv)
-    idx = np.argsort(rng.random((b, h_q, n, n)), -1)[..., : n // 4]
+    idx = np.argsort(rng.random((1, h_q, n, n)), -1)[..., : n // 4]
     if hot:
         idx[..., 0] = 0
         idx = np.sort(idx, -1)
     idx = jnp.asarray(idx, jnp.int32)
-    nums = jnp.asarray(rng.integers(1, n // 4 + 1, (b, h_q, n)), jnp.int32)
-    ks = jax.random.split(jax.random.PRNGKey(blk), 4)
-    q = jax.random.normal(ks[0], (b, h_q, s, d), jnp.bfloat16)
-    k = jax.random.normal(ks[1], (b, h_kv, s, d), jnp.bfloat16)
-    v = jax.random.normal(ks[2], (b, h_kv, s, d), jnp.bfloat16)
-    do = jax.random.normal(ks[3], (b, h_q, s, d), jnp.bfloat16)
-    kw = dict(layout="bhsd", sparse_block_size=blk, softmax_scale=d ** -0.5, backend="kernel",
-              allow_empty_block_nums=True)
-    out, lse = jax.jit(lambda q, k, v: jsa.block_sparse_attention_forward(
-        q, k, v, idx, None, None, nums, **kw))(q, k, v)
-    res = {}
-    for kq in ("kernel", "items"):
-        f = jax.jit(lambda do, q, k, v, o, l, kq=kq: jsa.block_sparse_attention_backward(
-            do, q, k, v, o, l, idx, None, None, nums, **kw,
-            switches=Switches(bsa_kq_impl=kq)))
-        res[kq] = [np.asarray(x, np.float32) for x in f(do, q, k, v, out, lse)]
-    for name, x, y in zip(("dq", "dk", "dv"), res["kernel"], res["items"]):
-        assert np.isfinite(y).all(), name
-        if name == "dq":
-            np.testing.assert_allclose(y, x, rtol=2e-2, atol=2e-2 * np.abs(x).max())
-        else:
-            np.testing.assert_array_equal(y, x)
-    assert np.abs(res["items"][1]).max() > 0
+    nums = jnp.asarray(rng.integers(1, n // 4 + 1, (1, h_q, n)), jnp.int32)
+    _compare_backwards(blk, h_q, h_kv, s, idx, nums, ("kernel", "items"))

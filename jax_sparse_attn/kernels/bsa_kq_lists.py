@@ -135,7 +135,6 @@ class BsaKqLists:
                              f"{self.n_rows} rows, {self.n_slots} slots and {self.n_items} "
                              f"work items per chain exceed the kernel's shared memory or "
                              f"int32 indexing")
-        self.rpt = -(-self.n_rows // NUM_THREADS)    # scan rows per thread
         self.chunks = -(-self.n_words // 32)         # 32-word chunks of a row
 
     @cute.jit
@@ -223,41 +222,11 @@ class BsaKqLists:
         cute.arch.cluster_arrive()
         cute.arch.cluster_wait()
 
-        # 3a. exclusive scan of the R lengths: thread t holds rows t*rpt .. t*rpt + rpt - 1
+        # 3a. exclusive scan of the R lengths
         for r in cutlass.range(tid, n_rows, nt, unroll=1):
             sOffs[r] = Int32(mCounts[r])
         cute.arch.barrier()
-        r0 = tid * self.rpt
-        mine = Int32(0)
-        for i in cutlass.range(self.rpt, unroll=1):
-            if r0 + i < n_rows:
-                mine += Int32(sOffs[r0 + i])
-        incl = mine
-        for k in cutlass.range_constexpr(5):
-            up = cute.arch.shuffle_sync_up(incl, offset=1 << k)
-            if lane >= (1 << k):
-                incl += up
-        if lane == 31:
-            sWarp[warp] = incl
-        cute.arch.barrier()
-        if warp == 0:
-            v = Int32(sWarp[lane])
-            vi = v
-            for k in cutlass.range_constexpr(5):
-                up = cute.arch.shuffle_sync_up(vi, offset=1 << k)
-                if lane >= (1 << k):
-                    vi += up
-            sWarp[lane] = vi - v  # exclusive prefix of the warps' sums
-        cute.arch.barrier()
-        run = Int32(sWarp[warp]) + incl - mine
-        for i in cutlass.range(self.rpt, unroll=1):
-            if r0 + i < n_rows:
-                x = Int32(sOffs[r0 + i])
-                sOffs[r0 + i] = run
-                run += x
-        if tid == nt - 1:
-            sOffs[n_rows] = run  # the last thread's inclusive prefix: every row's length
-        cute.arch.barrier()
+        self._scan(sOffs, n_rows, sWarp, tid)
 
         # 3b. offsets, entries and the zeroed tail, over the cluster's threads
         g = cta * nt + tid
@@ -309,7 +278,10 @@ class BsaKqLists:
     @cute.jit
     def _scan(self, sArr, n: cutlass.Constexpr, sWarp, tid):
         """``sArr[0:n]`` replaced by its exclusive prefix sums and ``sArr[n]`` set to their
-        total (every thread of the CTA; ends with a barrier)."""
+        total (every thread of the CTA; ends with a barrier): thread ``t`` sums its
+        ``ceil(n / NUM_THREADS)`` consecutive values, warp shuffles and one warp over the
+        warps' sums give its exclusive prefix, and the last thread's running sum is the
+        total."""
         nt = NUM_THREADS
         lane = tid % 32
         warp = tid // 32
