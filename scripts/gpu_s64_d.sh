@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Session 64, one call for an H100 (about 450 s): the GPU tests of the K->Q list launch with
 # the bucket split's work items (`bsa_kq_impl=items`, opt-in) next to the block-sparse
-# backward's remaining GPU test files on the current default (those of gpu_s64_b.sh), then
+# backward's remaining GPU test files on the current default (bsa_sweep_tests_bg), then
 # the backward's random-list and hot-list rows with XLA's items (the default) and the
 # kernel's.
 # Usage (device, after `source .devcache/setup.sh`): OUT=$OUT bash scripts/gpu_s64_d.sh [seconds]
