@@ -72,11 +72,12 @@ det_tests_bg() {
   timeout "$1" $PYT tests/test_gpu_bsa.py -k "bwd_deterministic and blk128" \
     > "$O/t_128.txt" 2>&1 &
 }
-# bench NAME SECS PASS ROWS TABLE: `benchmarks.bsa_bench --table-pass PASS --rows ROWS --timing
-# both --table TABLE` under timeout SECS, to $O/NAME.{json,txt}; prints its table
+# bench NAME SECS PASS ROWS TABLE [LISTS]: `benchmarks.bsa_bench --table-pass PASS --rows ROWS
+# --timing both --table TABLE [--lists LISTS]` under timeout SECS, to $O/NAME.{json,txt};
+# prints its table
 bench() {
   timeout "$2" python3 -m benchmarks.bsa_bench --table-pass "$3" --rows "$4" --timing both \
-    --table "$5" --out "$O/$1.json" > "$O/$1.txt" 2>&1
+    --table "$5" ${6:+--lists "$6"} --out "$O/$1.json" > "$O/$1.txt" 2>&1
   t "$1 rc=$?"; grep -v "^wrote" "$O/$1.txt"
 }
 # report_tests: the last line and the failures of every $O/t_*.txt

@@ -12,8 +12,6 @@ wait; t "tests"
 report_tests
 K=JAX_SPARSE_ATTN_BSA_KQ_IMPL
 bench rnd 80 bwd 0,4 ";$K=items;"
-timeout 55 python3 -m benchmarks.bsa_bench --table-pass bwd --rows 0,8 --timing both \
-  --lists hot --table ";$K=items" --out $O/hot.json > $O/hot.txt 2>&1
-t "hot rc=$?"; grep -v "^wrote" $O/hot.txt
+bench hot 55 bwd 0,8 ";$K=items" hot
 t done
 cd $OUT && tar czf s64_c.tgz s64_c && rm -rf s64_c

@@ -14,8 +14,6 @@ wait; t "tests"
 report_tests
 K=JAX_SPARSE_ATTN_BSA_KQ_IMPL
 bench rnd 100 bwd 0,2,4 ";$K=items;"
-timeout 60 python3 -m benchmarks.bsa_bench --table-pass bwd --rows 0,4,8 --timing both \
-  --lists hot --table ";$K=items" --out $O/hot.json > $O/hot.txt 2>&1
-t "hot rc=$?"; grep -v "^wrote" $O/hot.txt
+bench hot 60 bwd 0,4,8 ";$K=items" hot
 t done
 cd $OUT && tar czf s64_d.tgz s64_d && rm -rf s64_d
