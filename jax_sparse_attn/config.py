@@ -792,13 +792,14 @@ SWITCHES = (
             "launch with each thread's loads of four rows issued together, a quarter of the "
             "CTAs; opt-in, slower on the H200), delta (the launch computes delta, an XLA memset "
             "zeroes the workspace) or xla (XLA fusions)"),
-    _choice("bsa_kq_impl", "JAX_SPARSE_ATTN_BSA_KQ_IMPL", ("kernel", "xla", "items"),
-            "K->Q block lists of the Hopper BSA backwards (default mode): kernel (one CuTe "
-            "DSL launch, one thread-block cluster: kernels/bsa_kq_lists.py; where its shared "
-            "memory does not hold a (batch, KV head)'s bitmap or the row lengths, the XLA "
-            "lists), xla (XLA fusions, metadata.build_kq_csr) or items (opt-in, kernel with "
-            "the work items of the sm90ws backward's bucket split computed by the same "
-            "launch instead of XLA fusions, where a (batch, KV head) has at most 2048 items)"),
+    _choice("bsa_kq_impl", "JAX_SPARSE_ATTN_BSA_KQ_IMPL", ("items", "kernel", "xla"),
+            "K->Q block lists of the Hopper BSA backwards (default mode): items (one CuTe "
+            "DSL launch, one thread-block cluster: kernels/bsa_kq_lists.py, which also "
+            "computes the work items of the sm90ws backward's bucket split where a (batch, "
+            "KV head) has at most 2048 items, else XLA fusions compute them; where its "
+            "shared memory does not hold a (batch, KV head)'s bitmap or the row lengths, "
+            "the XLA lists), kernel (that launch, the work items from XLA fusions) or xla "
+            "(XLA fusions, metadata.build_kq_csr)"),
     Switch("bsa_fwd_q_in_regs", "JAX_SPARSE_ATTN_BSA_FWD_Q_IN_REGS", _TRUE + _FALSE,
            _parse_bool, True, "BSA sm80 forward keeps Q fragments in registers for D <= 128"),
     Switch("bsa_fwd_min_blocks", "JAX_SPARSE_ATTN_BSA_FWD_MIN_BLOCKS", "integer >= 0",
@@ -1106,7 +1107,8 @@ class BSAConfig:
     fwd: object = None  # ffi.bsa.BsaFwdConfig
     bwd: object = None  # ffi.bsa.BsaBwdConfig
     pre: object = None  # ffi.bsa.BsaPreConfig, or None for the XLA preprocessing
-    # the backward's K->Q lists by the one-launch kernel (Switches.bsa_kq_impl="kernel")
+    # the backward's K->Q lists by the one-launch kernel (Switches.bsa_kq_impl "items" or
+    # "kernel")
     kq_kernel: bool = False
     # with kq_kernel: the bucket split's work items by the same launch (bsa_kq_impl="items")
     kq_items: bool = False

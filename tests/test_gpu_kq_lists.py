@@ -187,10 +187,12 @@ def test_backward_with_kernel_items(blk, h_q, h_kv, hot):
     s = 4096
     n = s // blk
     rng = np.random.default_rng(blk + h_kv)
-    idx = np.argsort(rng.random((1, h_q, n, n)), -1)[..., : n // 4]
     if hot:
-        idx[..., 0] = 0
-        idx = np.sort(idx, -1)
+        # Block 0 first, then distinct blocks drawn from 1..n-1 (active indices are unique).
+        rest = 1 + np.argsort(rng.random((1, h_q, n, n - 1)), -1)[..., : n // 4 - 1]
+        idx = np.concatenate([np.zeros((1, h_q, n, 1), rest.dtype), np.sort(rest, -1)], -1)
+    else:
+        idx = np.argsort(rng.random((1, h_q, n, n)), -1)[..., : n // 4]
     idx = jnp.asarray(idx, jnp.int32)
     nums = jnp.asarray(rng.integers(1, n // 4 + 1, (1, h_q, n)), jnp.int32)
     _compare_backwards(blk, h_q, h_kv, s, idx, nums, ("kernel", "items"))

@@ -214,7 +214,7 @@ def test_kq_lists_ptx(kept_ptx, name):
 
 @pytest.mark.lowering
 def test_kq_lists_in_the_backward(monkeypatch):
-    """With ``bsa_kq_impl="kernel"`` (the default) the Hopper backward's call has one CuTe
+    """With ``bsa_kq_impl="kernel"`` the Hopper backward's call has one CuTe
     DSL launch more (the lists) than with the XLA lists (preprocessing, the backward that
     launches the dq reordering), at blk 128 and blk 64; the portable kernels
     (``kernel_family="portable"``) keep the XLA lists."""
@@ -229,7 +229,8 @@ def test_kq_lists_in_the_backward(monkeypatch):
 
 @pytest.mark.lowering
 def test_kq_items_in_the_backward(monkeypatch):
-    """``bsa_kq_impl="items"``: where the sm90ws backward splits long K->Q lists in buckets
+    """``bsa_kq_impl="items"`` (the default): where the sm90ws backward splits long K->Q
+    lists in buckets
     (its default), the list launch computes the work items and XLA sorts nothing; the same
     calls otherwise. Without the split (``nobuckets``) it is the ``kernel`` lowering."""
     monkeypatch.setenv("JAX_SPARSE_ATTN_FORCE_KERNEL", "1")

@@ -76,13 +76,14 @@ def _bwd_extra_calls(d, blk, switches=None, **kw):
     """The backward's CuTe DSL calls besides the preprocessing and the dK/dV/dQ kernel: the
     dq reordering where the backward adds dQ into the query-tile workspace (unless the
     backward's call launches it: ``tail_conv``), and the K->Q lists of the Hopper backwards
-    in the default mode (``bsa_kq_impl="kernel"``, the default; these shapes fit it)."""
+    in the default mode (``bsa_kq_impl`` ``"items"``, the default, or ``"kernel"``; these
+    shapes fit it)."""
     from jax_sparse_attn.config import Switches
     from jax_sparse_attn.ffi import bsa
 
     sw = switches or Switches()
     key = bsa.bwd_config(jnp.bfloat16, d, blk, False, sw, **kw)
-    lists = (sw.bsa_kq_impl == "kernel" and key.impl in ("sm90", "sm90ws")
+    lists = (sw.bsa_kq_impl in ("items", "kernel") and key.impl in ("sm90", "sm90ws")
              and not key.deterministic)
     return int(key.dq_tile and not key.tail_conv) + int(lists)
 

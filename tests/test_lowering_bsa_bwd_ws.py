@@ -90,7 +90,7 @@ def _ordered(ws, deterministic):
 
 def _calls(cfg, ws="", **kw):
     """CuTe DSL calls of the backward: preprocessing, dK/dV/dQ kernel, in the default mode
-    the K->Q lists (``bsa_kq_impl="kernel"``, the default; these shapes fit it), where the
+    the K->Q lists (``bsa_kq_impl="items"``, the default; these shapes fit it), where the
     kernel adds dQ into the query-tile workspace the dq reordering (launched by the
     backward's own call with ``tailconv``, the default) and, in deterministic mode with
     the schedule order (by default where the query heads are the KV heads; these shapes

@@ -38,8 +38,9 @@ Backward structure (all launches on XLA's stream, all buffers XLA-owned):
    then updates the accumulator in place (``input_output_aliases``).
 2. The K->Q transposed block lists (CSR) built on the device from the forward metadata
    each call (:func:`jax_sparse_attn.metadata.build_kq_csr`, XLA fusions; with the switch
-   ``bsa_kq_impl="kernel"`` the Hopper backwards' lists come from one launch of
-   ``kernels/bsa_kq_lists.py``, :func:`kq_lists`).
+   ``bsa_kq_impl`` ``"items"`` (the default) or ``"kernel"`` the Hopper backwards' lists
+   come from one launch of ``kernels/bsa_kq_lists.py``, :func:`kq_lists`, which with
+   ``"items"`` also computes the sm90ws bucket split's work items).
 3. One dK/dV/dQ kernel: a CTA per (64-key tile, KV head, batch) walks the (query head in
    the GQA group, query block) entries that listed its KV block, keeps dK/dV in
    registers and adds each dQ tile to the fp32 accumulator (``sm90``: bulk
