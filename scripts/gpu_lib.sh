@@ -111,9 +111,14 @@ large_det_on_h200() {
 # the floor calls do not run: the fixed-point deterministic dQ, pack_gqa, the BSA fuzz cases,
 # split KV and the extra options (t_fixed, t_packgqa, t_fuzz, t_splits, t_extra)
 bsa_sweep_tests_bg() {
+  bsa_sweep_core_bg
+  bg_test extra tests/test_gpu_bsa_options_extra.py ""
+}
+# bsa_sweep_core_bg: bsa_sweep_tests_bg without the extra options (t_fixed, t_packgqa,
+# t_fuzz, t_splits)
+bsa_sweep_core_bg() {
   bg_test fixed tests/test_gpu_dq_fixed.py ""
   bg_test packgqa tests/test_gpu_bsa_pack_gqa.py ""
   bg_test fuzz tests/test_gpu_fuzz.py "bsa"
   bg_test splits tests/test_gpu_bsa_splits.py ""
-  bg_test extra tests/test_gpu_bsa_options_extra.py ""
 }

@@ -6,10 +6,7 @@
 . "$(dirname "$0")/gpu_lib.sh" s65_b "${1:-440}"
 gpu_info
 T=$(( $(left) - 25 ))
-bg_test packgqa tests/test_gpu_bsa_pack_gqa.py ""
-bg_test fuzz tests/test_gpu_fuzz.py "bsa"
-bg_test splits tests/test_gpu_bsa_splits.py ""
-bg_test fixed tests/test_gpu_dq_fixed.py ""
+bsa_sweep_core_bg
 wait; t "tests"
 report_tests
 t done
