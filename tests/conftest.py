@@ -46,6 +46,8 @@ def pytest_configure(config):
     config.addinivalue_line("markers", "gpu: needs an SM90 GPU and CuTe DSL (run on the H200)")
     config.addinivalue_line("markers", "lowering: compiles CuTe DSL kernels for sm_90a on CPU")
     config.addinivalue_line("markers", "slow: long-running")
+    config.addinivalue_line("markers", "ablation: compiles or checks only opt-in ablation / "
+                            "tuning variants of the switches (not run by default: -m ablation)")
 
 
 def pytest_collection_modifyitems(config, items):

@@ -320,6 +320,7 @@ print("lowered")
 
 
 @pytest.mark.lowering
+@pytest.mark.ablation
 @pytest.mark.parametrize("fast,scan,held", [(True, 4, 264), (True, 8, 0), (False, 16, 0)])
 def test_order_kernel_variants_lower(tmp_path, fast, scan, held):
     """The order kernel's ``fast`` / ``scan`` / ``held`` builds (``bsa_bwd_ws`` ``ordfast``,

@@ -243,6 +243,7 @@ def test_kq_items_in_the_backward(monkeypatch):
 
 
 @pytest.mark.lowering
+@pytest.mark.ablation
 def test_backward_with_every_outside_opt_in_lowers(monkeypatch):
     """The list kernel, ``zerolag``, ``tailconv`` and the four-row preprocessing together
     (blk 64, D 128, GQA 4:1, ``block_sizes``): the backward is three calls (preprocessing,

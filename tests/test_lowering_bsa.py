@@ -7,7 +7,10 @@ Every (head_dim, sparse_block_size) pair is compiled for the forward and the bac
 mma.sync configurations at D in {64, 128} selected with the public ``switches`` argument, and
 the XLA-fusion preprocessing alternative, between them covering
 both D, blk, dtypes, layouts and ``block_sizes`` presence); dtype, layout and ``block_sizes`` presence alternate across them so that each value of
-each static option is exercised.
+each static option is exercised. The tests of the opt-in ``bsa_fwd_ws`` variants (ablation and
+tuning flags the defaults do not compile) and of the deterministic ``detoverlap`` option are
+marked ``ablation`` (``pytest -m ablation``); their PTX is kept by a fixture of its own
+(:func:`kept_ptx_ablation`).
 """
 
 from __future__ import annotations
@@ -248,7 +251,9 @@ def _ws_fwd_text(cfg):
         lowering_platforms=("cuda",)).as_text()
 
 
-@pytest.mark.parametrize("cfg", WS_CONFIGS, ids=lambda c: f"{_ids(c)}-ws{c['ws'].replace(',', '+')}")
+@pytest.mark.parametrize("cfg", [pytest.param(c, marks=pytest.mark.ablation) if c["ws"] else c
+                                 for c in WS_CONFIGS],
+                         ids=lambda c: f"{_ids(c)}-ws{c['ws'].replace(',', '+')}")
 def test_bsa_sm90ws_forward_lowers(cfg):
     txt = _ws_fwd_text(cfg)
     assert txt.count(CALL_TARGET) == 1
@@ -308,35 +313,47 @@ def test_bsa_l2hint_config():
 
 # the PTX tests' configurations, lowered in one fresh process (tests/kept_ptx.py)
 _PTX_CONFIGS = {_ids(c): ("_ws_fwd_text", (c,), None, {}) for c in WS_CONFIGS[:2]}
-#: bsa_fwd_ws=qregs: Q as the register operand of the S GEMMs
-_QREGS = dict(WS_CONFIGS[1], dtype="bfloat16", ws="qregs")
-_PTX_CONFIGS["qregs-blk64"] = ("_ws_fwd_text", (_QREGS,), None, {})
-#: bsa_fwd_ws=noepivec: the epilogue's element copies through the swizzled O layout
-_NOEPIVEC = dict(WS_CONFIGS[1], ws="noepivec")
-_PTX_CONFIGS["noepivec-blk64"] = ("_ws_fwd_text", (_NOEPIVEC,), None, {})
 #: the default's O written by TMA tensor stores (bsa_fwd_ws=notmao: copied out by the
 #: consumer warpgroup)
 _TMAO = {"tmao-blk128": WS_CONFIGS[0], "tmao-blk64-d64": WS_CONFIGS[3]}
 _PTX_CONFIGS.update({k: ("_ws_fwd_text", (c,), None, {}) for k, c in _TMAO.items()})
+# the ablation tests' configurations (opt-in bsa_fwd_ws variants), kept by kept_ptx_ablation;
+# the defaults they compare with are read from kept_ptx
+_PTX_ABLATION = {}
+#: bsa_fwd_ws=qregs: Q as the register operand of the S GEMMs
+_QREGS = dict(WS_CONFIGS[1], dtype="bfloat16", ws="qregs")
+_PTX_ABLATION["qregs-blk64"] = ("_ws_fwd_text", (_QREGS,), None, {})
+#: bsa_fwd_ws=noepivec: the epilogue's element copies through the swizzled O layout
+_NOEPIVEC = dict(WS_CONFIGS[1], ws="noepivec")
+_PTX_ABLATION["noepivec-blk64"] = ("_ws_fwd_text", (_NOEPIVEC,), None, {})
 _NOTMAO = {_ids(c): dict(c, ws="notmao") for c in WS_CONFIGS[:2]}
-_PTX_CONFIGS.update({"notmao-" + k: ("_ws_fwd_text", (c,), None, {})
-                     for k, c in _NOTMAO.items()})
+_PTX_ABLATION.update({"notmao-" + k: ("_ws_fwd_text", (c,), None, {})
+                      for k, c in _NOTMAO.items()})
 #: bsa_fwd_ws=pairwg: blk 64, one CTA per SM of two consumer warpgroups with items of their own
 _PAIRWG = dict(d=128, blk=64, dtype="bfloat16", layout="bshd", sizes=True, ws="pairwg")
-_PTX_CONFIGS["pairwg-blk64"] = ("_ws_fwd_text", (_PAIRWG,), None, {})
+_PTX_ABLATION["pairwg-blk64"] = ("_ws_fwd_text", (_PAIRWG,), None, {})
 #: bsa_fwd_ws=l2hint / l2normal: L2 policies on the TMA copies
 _L2HINT = {f"{m}-{_ids(c)}": dict(c, ws=m) for c in WS_CONFIGS[:2] for m in ("l2hint", "l2normal")}
 _L2HINT["l2hint-split2"] = dict(WS_CONFIGS[1], ws="l2hint", splits=2)
-_PTX_CONFIGS.update({k: ("_ws_fwd_text", (c,), None, {}) for k, c in _L2HINT.items()})
+_PTX_ABLATION.update({k: ("_ws_fwd_text", (c,), None, {}) for k, c in _L2HINT.items()})
+_PTX_ENV = dict(JAX_SPARSE_ATTN_BSA_FWD_IMPL="sm90ws", JAX_SPARSE_ATTN_BSA_WS="")
 
 
 @pytest.fixture(scope="module")
 def kept_ptx(tmp_path_factory):
     import kept_ptx as kp  # noqa: PLC0415
 
-    env = dict(JAX_SPARSE_ATTN_BSA_FWD_IMPL="sm90ws", JAX_SPARSE_ATTN_BSA_WS="")
     return kp.keep_ptx_shared(tmp_path_factory, "test_lowering_bsa", "test_lowering_bsa",
-                              _PTX_CONFIGS, env=env)
+                              _PTX_CONFIGS, env=_PTX_ENV)
+
+
+@pytest.fixture(scope="module")
+def kept_ptx_ablation(tmp_path_factory):
+    """The PTX kept while lowering :data:`_PTX_ABLATION` (the ablation tier's variants)."""
+    import kept_ptx as kp  # noqa: PLC0415
+
+    return kp.keep_ptx_shared(tmp_path_factory, "test_lowering_bsa_ablation",
+                              "test_lowering_bsa", _PTX_ABLATION, env=_PTX_ENV)
 
 
 @pytest.mark.parametrize("cfg", [WS_CONFIGS[0], WS_CONFIGS[1]], ids=lambda c: _ids(c))
@@ -459,7 +476,8 @@ def test_causal_declined_where_sm80_kernels_run(why, d, sw):
     assert choice.backend == "reference" and "causal" in choice.reason
 
 
-def test_bsa_sm90ws_qregs_ptx(kept_ptx):
+@pytest.mark.ablation
+def test_bsa_sm90ws_qregs_ptx(kept_ptx, kept_ptx_ablation):
     """``bsa_fwd_ws=qregs``: the S GEMMs (m64n64k16 at blk 64) take Q from registers, which
     ``ldmatrix`` fills once per work item (8 x4 loads of the 64 x 128 slice); without the
     flag they read both operands through shared-memory descriptors and there is no
@@ -474,7 +492,7 @@ def test_bsa_sm90ws_qregs_ptx(kept_ptx):
             r"wgmma\.mma_async\.sync\.aligned\.m64n64k16\.f32\.bf16\.bf16 \{[^}]*\}, (\S+)",
             text)}
 
-    qregs = next(iter(kp.ptx_of(kept_ptx, "qregs-blk64").values()))
+    qregs = next(iter(kp.ptx_of(kept_ptx_ablation, "qregs-blk64").values()))
     plain = next(iter(kp.ptx_of(kept_ptx, _ids(WS_CONFIGS[1])).values()))
     assert s_gemm_a_operands(qregs) == {"{%"}
     assert qregs.count("ldmatrix.sync.aligned") == 8
@@ -482,8 +500,9 @@ def test_bsa_sm90ws_qregs_ptx(kept_ptx):
     assert "ldmatrix" not in plain
 
 
+@pytest.mark.ablation
 @pytest.mark.parametrize("cfg", [WS_CONFIGS[0], WS_CONFIGS[1]], ids=lambda c: _ids(c))
-def test_bsa_sm90ws_epilogue_ptx(kept_ptx, cfg):
+def test_bsa_sm90ws_epilogue_ptx(kept_ptx_ablation, cfg):
     """With ``bsa_fwd_ws=notmao`` the forward stages O (64 x D per consumer warpgroup, D 128:
     64 values per thread) with packed 4-byte shared stores (32 per thread) and copies it out
     with 16-byte shared loads (8 per thread), no 2-byte shared accesses; ``noepivec`` keeps
@@ -498,12 +517,13 @@ def test_bsa_sm90ws_epilogue_ptx(kept_ptx, cfg):
             ops[m.group(0)] = ops.get(m.group(0), 0) + 1
         return ops
 
-    default = shared_ops(next(iter(kp.ptx_of(kept_ptx, "notmao-" + _ids(cfg)).values())))
+    default = shared_ops(next(iter(kp.ptx_of(kept_ptx_ablation,
+                                             "notmao-" + _ids(cfg)).values())))
     assert default.get("st.shared.b32") == 32, default
     assert default.get("ld.shared.v4.b32") == 8, default
     assert not any(op.endswith(("b16", "u16")) for op in default), default
     if cfg is WS_CONFIGS[1]:
-        old = shared_ops(next(iter(kp.ptx_of(kept_ptx, "noepivec-blk64").values())))
+        old = shared_ops(next(iter(kp.ptx_of(kept_ptx_ablation, "noepivec-blk64").values())))
         assert old.get("st.shared.b16") == 64 and old.get("ld.shared.b16") == 64, old
         assert "st.shared.b32" not in old, old
 
@@ -537,8 +557,9 @@ def test_bsa_sm90ws_tma_o_ptx(kept_ptx, name):
     assert "ld.shared.v4" not in text
 
 
+@pytest.mark.ablation
 @pytest.mark.parametrize("cfg", [WS_CONFIGS[0], WS_CONFIGS[1]], ids=lambda c: _ids(c))
-def test_bsa_sm90ws_l2hint_ptx(kept_ptx, cfg):
+def test_bsa_sm90ws_l2hint_ptx(kept_ptx, kept_ptx_ablation, cfg):
     """``bsa_fwd_ws=l2hint``: each TMA copy's policy by the kernel parameter its tensor map
     comes from (Q 0, K 2, V 4): K / V loads ``evict_last`` (``createpolicy``), Q loads and
     the O tensor stores ``evict_first``; with split-KV the Q loads ``evict_last`` (one work
@@ -547,14 +568,14 @@ def test_bsa_sm90ws_l2hint_ptx(kept_ptx, cfg):
     copies."""
     import kept_ptx as kp  # noqa: PLC0415
 
-    def copies(name):
-        text = next(iter(kp.ptx_of(kept_ptx, name).values()))
+    def copies(name, kept=kept_ptx_ablation):
+        text = next(iter(kp.ptx_of(kept, name).values()))
         got = kp.tma_copy_policies(text)
         assert text.count("cp.async.bulk.tensor.") == len(got)
         assert all(p is not None for k, _, p in got if k == "load"), got
         return got
 
-    default = copies(_ids(cfg))
+    default = copies(_ids(cfg), kept_ptx)
     hint = copies("l2hint-" + _ids(cfg))
     normal = copies("l2normal-" + _ids(cfg))
     assert default and {p for _, p, _ in default} == {"0"}
@@ -571,7 +592,8 @@ def test_bsa_sm90ws_l2hint_ptx(kept_ptx, cfg):
             (0, "evict_last"), (2, "evict_last"), (4, "evict_last")}
 
 
-def test_bsa_sm90ws_pairwg_ptx(kept_ptx, tmp_path):
+@pytest.mark.ablation
+def test_bsa_sm90ws_pairwg_ptx(kept_ptx_ablation, tmp_path):
     """``bsa_fwd_ws=pairwg`` (blk 64): one CTA per SM of 384 threads, a producer warpgroup
     whose two warps load for one consumer warpgroup each, the consumers at 240 registers;
     the warpgroups take turns through named barriers 1 and 2 (``bar.sync`` on their own,
@@ -583,7 +605,7 @@ def test_bsa_sm90ws_pairwg_ptx(kept_ptx, tmp_path):
 
     import kept_ptx as kp  # noqa: PLC0415
 
-    files = kp.ptx_of(kept_ptx, "pairwg-blk64")
+    files = kp.ptx_of(kept_ptx_ablation, "pairwg-blk64")
     assert len(files) == 1, list(files)
     name, text = next(iter(files.items()))
     assert "bsa_fwd_sm90_ws" in text
@@ -597,7 +619,8 @@ def test_bsa_sm90ws_pairwg_ptx(kept_ptx, tmp_path):
     assert "cp.async.bulk.tensor" in text and "wgmma.mma_async" in text
     if shutil.which("ptxas") is None:
         return
-    a = subprocess.run(["ptxas", "-arch=sm_90a", "-v", str(kept_ptx / "pairwg-blk64" / name),
+    a = subprocess.run(["ptxas", "-arch=sm_90a", "-v",
+                        str(kept_ptx_ablation / "pairwg-blk64" / name),
                         "-o", str(tmp_path / "k.cubin")], capture_output=True, text=True,
                        timeout=600)
     out = a.stdout + a.stderr
@@ -607,6 +630,7 @@ def test_bsa_sm90ws_pairwg_ptx(kept_ptx, tmp_path):
     assert spills and max(spills) == 0, out[-3000:]
 
 
+@pytest.mark.ablation
 @pytest.mark.parametrize("ws,d,sizes,causal", [("pairwg", 64, True, False),
                                                ("pairwg,nopingpong", 128, False, False),
                                                ("pairwg", 128, True, True),
@@ -633,6 +657,7 @@ def test_bsa_fwd_pairwg_lowers(ws, d, sizes, causal):
     assert txt.count(CALL_TARGET) == 1 and "\\7FELF" in txt
 
 
+@pytest.mark.ablation
 @pytest.mark.parametrize("ws,d,blk,sizes", [("cross", 128, 128, False), ("crossepi", 64, 64, True),
                                            ("cross", 128, 64, True), ("mpre", 64, 128, True),
                                            ("qahead", 128, 64, False),
@@ -686,6 +711,7 @@ def test_bsa_preprocess_zeroes_large_workspace_by_xla(heads, launch_zeroes):
     assert (f"tensor<{n}xf32>" in txt) == launch_zeroes
 
 
+@pytest.mark.ablation
 @pytest.mark.parametrize("heads,s,overlap", [(4, 4096, True), (33, 2**19, False)])
 def test_bsa_det_overlap_needs_a_workspace_the_launch_zeroes(monkeypatch, heads, s, overlap):
     """deterministic with ``detstream,detoverlap``: the preprocessing joins the backward's
@@ -736,3 +762,12 @@ def test_bsa_sm90ws_fwd_wgmma_groups_in_block(kept_ptx):
 
     n = kp.configs_with_groups_in_block(kept_ptx, _PTX_CONFIGS)
     assert n == len(_PTX_CONFIGS), n
+
+
+@pytest.mark.ablation
+def test_bsa_sm90ws_fwd_ablation_wgmma_groups_in_block(kept_ptx_ablation):
+    """The same for the kept kernels of the opt-in variants (:data:`_PTX_ABLATION`)."""
+    import kept_ptx as kp  # noqa: PLC0415
+
+    n = kp.configs_with_groups_in_block(kept_ptx_ablation, _PTX_ABLATION)
+    assert n == len(_PTX_ABLATION), n

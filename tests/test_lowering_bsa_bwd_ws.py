@@ -1,6 +1,11 @@
 """CPU lowering of the warp-specialized block-sparse backward (``bsa_bwd_impl="sm90ws"``,
 ``kernels/bsa_bwd_sm90_ws.py``) for sm_90a, its PTX, its shared-memory plan and the
-``auto`` choice between the Hopper backwards (no GPU needed)."""
+``auto`` choice between the Hopper backwards (no GPU needed).
+
+The tests of the opt-in ``bsa_bwd_ws`` variants kept for measurement on the GPU (and of
+``bsa_pre_impl="kernel4"``, ``bsa_bwd_dq="rows"``, ``det_writer`` off and the ordered
+deterministic path's options) are marked ``ablation`` (``pytest -m ablation``); their PTX is
+kept by a fixture of its own (:func:`kept_ptx_ablation`)."""
 
 from __future__ import annotations
 
@@ -109,6 +114,7 @@ def _calls(cfg, ws="", **kw):
             + (not key.deterministic))
 
 
+@pytest.mark.ablation
 def test_bsa_bwd_ws_ablation_lowers():
     """The ablation variants (``ldwait``, two Q / dO stages, ``lpt``, ``decouple``) compile
     too."""
@@ -171,6 +177,7 @@ def test_bsa_bwd_ws_causal_lowers(cfg):
                                             deterministic=True)
 
 
+@pytest.mark.ablation
 @pytest.mark.parametrize("ws,cfg", [("splitwait", CONFIGS[0]), ("decouple", CONFIGS[2]),
                                     ("dqalt", CONFIGS[0]), ("lpt,stages=2", CONFIGS[3])],
                          ids=["splitwait-blk128", "decouple-blk128", "dqalt-blk128",
@@ -190,6 +197,7 @@ def test_bsa_bwd_ws_causal_variants_lower(ws, cfg):
     assert txt.count(CALL_TARGET) == 3
 
 
+@pytest.mark.ablation
 @pytest.mark.parametrize("cfg,slots", [(CONFIGS[1], 2), (CONFIGS[0], 3)],
                          ids=["blk64-slots2", "blk128-slots3"])
 def test_bsa_bwd_ws_dq_slots_lowers(cfg, slots):
@@ -221,9 +229,28 @@ def test_bsa_bwd_ws_dq_slots_default_lowers(kmax, slots):
 # They compare kernels of one CTA per KV block ("nobuckets" is added to each, below): the
 # named defaults are the default's kernel without the bucket split; the "buckets-*" entries
 # are the defaults themselves (long K->Q lists split, autobuckets) and, with the
-# CUTE_DSL_KEEP=ptx lowered text, serve test_bsa_bwd_ws_lowers
+# CUTE_DSL_KEEP=ptx lowered text, serve test_bsa_bwd_ws_lowers. The variants here are those
+# the default-tier tests compare the defaults with
 _PTX_UNSPLIT = {
     **{_ids(c): ("_bwd_text", (c,), None, {}) for c in CONFIGS[:2]},
+    "epi16-blk128": ("_bwd_text", (CONFIGS[0],), None, {"ws": "epi16"}),
+    "epiregs-blk128": ("_bwd_text", (CONFIGS[0],), None, {"ws": "epiregs"}),
+    "tailconv-blk64": ("_bwd_text", (CONFIGS[1],), None, {"ws": "tailconv"}),
+    "notailconv-blk64": ("_bwd_text", (CONFIGS[1],), None, {"ws": "notailconv"}),
+    "thrfrags-blk128": ("_bwd_text", (CONFIGS[0],), None, {"ws": "thrfrags"}),
+    "nowghand-blk128": ("_bwd_text", (CONFIGS[0],), None, {"ws": "nowghand"}),
+    "nofdiv-blk128": ("_bwd_text", (CONFIGS[0],), None, {"ws": "nofdiv"}),
+    "noqprobe-blk128": ("_bwd_text", (CONFIGS[0],), None, {"ws": "noqprobe"}),
+    "nodqlag-blk128": ("_bwd_text", (CONFIGS[0],), None, {"ws": "nodqlag"}),
+    "detfixed-blk128": ("_bwd_text", (CONFIGS[0],), None,
+                        {"ws": "detfixed,nodqlag", "deterministic": True}),
+    "detfixed-dqlag-blk128": ("_bwd_text", (CONFIGS[0],), None,
+                              {"ws": "detfixed,dqlag", "deterministic": True}),
+    "nowguni-blk128": ("_bwd_text", (CONFIGS[0],), None, {"ws": "nowguni"}),
+}
+# the configurations of the ablation tests (opt-in variants, kept by kept_ptx_ablation; the
+# defaults they compare with are read from kept_ptx)
+_PTX_ABLATION_UNSPLIT = {
     "det-blk64": ("_bwd_text", (CONFIGS[1],), None, {"deterministic": True}),
     "det-blk128": ("_bwd_text", (CONFIGS[0],), None, {"deterministic": True}),
     "det-rows": ("_bwd_text", (CONFIGS[1],), None, {"deterministic": True, "dq": "rows"}),
@@ -241,12 +268,8 @@ _PTX_UNSPLIT = {
     "split-blk128": ("_bwd_text", (CONFIGS[0],), None, {"ws": "splitwait"}),
     "split-blk64": ("_bwd_text", (CONFIGS[1],), None, {"ws": "splitwait"}),
     "lselate-blk128": ("_bwd_text", (CONFIGS[0],), None, {"ws": "lselate"}),
-    "epi16-blk128": ("_bwd_text", (CONFIGS[0],), None, {"ws": "epi16"}),
-    "epiregs-blk128": ("_bwd_text", (CONFIGS[0],), None, {"ws": "epiregs"}),
     "dqclaim-blk64": ("_bwd_text", (CONFIGS[1],), None, {"ws": "dqclaim"}),
     "zerolag-blk64": ("_bwd_text", (CONFIGS[1],), None, {"ws": "zerolag"}),
-    "tailconv-blk64": ("_bwd_text", (CONFIGS[1],), None, {"ws": "tailconv"}),
-    "notailconv-blk64": ("_bwd_text", (CONFIGS[1],), None, {"ws": "notailconv"}),
     "pre4-blk64": ("_bwd_text", (CONFIGS[1],), None, {"pre": "kernel4"}),
     "persist-blk128": ("_bwd_text", (CONFIGS[0],), None, {"ws": "persist"}),
     "persist-epiregs-blk128": ("_bwd_text", (CONFIGS[0],), None, {"ws": "persist,epiregs"}),
@@ -254,21 +277,12 @@ _PTX_UNSPLIT = {
     "l2hint-blk128": ("_bwd_text", (CONFIGS[0],), None, {"ws": "l2hint"}),
     "l2normal-blk64": ("_bwd_text", (CONFIGS[1],), None, {"ws": "l2normal"}),
     "l2normal-blk128": ("_bwd_text", (CONFIGS[0],), None, {"ws": "l2normal"}),
-    "thrfrags-blk128": ("_bwd_text", (CONFIGS[0],), None, {"ws": "thrfrags"}),
-    "nowghand-blk128": ("_bwd_text", (CONFIGS[0],), None, {"ws": "nowghand"}),
     "ldscale-blk128": ("_bwd_text", (CONFIGS[0],), None, {"ws": "ldscale"}),
     "dvwait-blk128": ("_bwd_text", (CONFIGS[0],), None, {"ws": "dvwait"}),
     "dklag-blk128": ("_bwd_text", (CONFIGS[0],), None, {"ws": "dklag"}),
     "sahead-blk128": ("_bwd_text", (CONFIGS[0],), None, {"ws": "sahead"}),
     "stamp-blk128": ("_bwd_text", (CONFIGS[0],), None, {"ws": "stamp=3"}),
-    "nofdiv-blk128": ("_bwd_text", (CONFIGS[0],), None, {"ws": "nofdiv"}),
-    "noqprobe-blk128": ("_bwd_text", (CONFIGS[0],), None, {"ws": "noqprobe"}),
     "entahead-blk128": ("_bwd_text", (CONFIGS[0],), None, {"ws": "entahead"}),
-    "nodqlag-blk128": ("_bwd_text", (CONFIGS[0],), None, {"ws": "nodqlag"}),
-    "detfixed-blk128": ("_bwd_text", (CONFIGS[0],), None,
-                        {"ws": "detfixed,nodqlag", "deterministic": True}),
-    "detfixed-dqlag-blk128": ("_bwd_text", (CONFIGS[0],), None,
-                              {"ws": "detfixed,dqlag", "deterministic": True}),
     # the fixed point's per-row multipliers next to four Q / dO stages did not fit before the
     # plan counted them (the dQ slices staged in the Q / dO tiles: three stages)
     "detfixed-dqalias-blk128": ("_bwd_text", (CONFIGS[0],), None,
@@ -276,17 +290,24 @@ _PTX_UNSPLIT = {
     "fixemu4-blk128": ("_bwd_text", (CONFIGS[0],), None,
                        {"ws": "detfixed,fixemu=4", "deterministic": True}),
     "ex2emu3-blk128": ("_bwd_text", (CONFIGS[0],), None, {"ws": "ex2emu=3"}),
-    "nowguni-blk128": ("_bwd_text", (CONFIGS[0],), None, {"ws": "nowguni"}),
     "rows-blk128": ("_bwd_text", (CONFIGS[0],), None, {"dq": "rows"}),
     "redv4-rows-blk128": ("_bwd_text", (CONFIGS[0],), None, {"ws": "redv4", "dq": "rows"}),
     "l2hint-det-blk64": ("_bwd_text", (CONFIGS[1],), None,
                          {"deterministic": True, "impl": "auto", "det_writer": True,
                           "sq": 4096, "skv": 4096, "kmax": 40, "ws": "nodetstream,l2hint"}),
 }
+
+
+def _nobuckets(configs):
+    """``configs`` with ``nobuckets`` added to each one's ``bsa_bwd_ws`` (one CTA per KV
+    block)."""
+    return {name: (fn, args, fields, {**kw, "ws": ",".join(filter(None, ("nobuckets",
+                                                                         kw.get("ws", ""))))})
+            for name, (fn, args, fields, kw) in configs.items()}
+
+
 _PTX_CONFIGS = {
-    **{name: (fn, args, fields, {**kw, "ws": ",".join(filter(None, ("nobuckets",
-                                                                     kw.get("ws", ""))))})
-       for name, (fn, args, fields, kw) in _PTX_UNSPLIT.items()},
+    **_nobuckets(_PTX_UNSPLIT),
     # the defaults: long K->Q lists split in buckets (both block sizes, and with the
     # fixed-point deterministic dQ)
     "buckets-blk128": ("_bwd_text", (CONFIGS[0],), None, {}),
@@ -294,6 +315,7 @@ _PTX_CONFIGS = {
     "buckets-det-blk128": ("_bwd_text", (CONFIGS[0],), None,
                            {"ws": "detfixed", "deterministic": True}),
 }
+_PTX_ABLATION = _nobuckets(_PTX_ABLATION_UNSPLIT)
 _DEFAULT_PTX = {_ids(CONFIGS[0]): "buckets-blk128", _ids(CONFIGS[1]): "buckets-blk64"}
 
 
@@ -307,9 +329,20 @@ def kept_ptx(tmp_path_factory):
                               "test_lowering_bsa_bwd_ws", _PTX_CONFIGS)
 
 
+@pytest.fixture(scope="module")
+def kept_ptx_ablation(tmp_path_factory):
+    """The directory of the PTX kept while lowering :data:`_PTX_ABLATION` (the ablation
+    tier's variants) in one fresh process."""
+    import kept_ptx as kp  # noqa: PLC0415
+
+    return kp.keep_ptx_shared(tmp_path_factory, "test_lowering_bsa_bwd_ws_ablation",
+                              "test_lowering_bsa_bwd_ws", _PTX_ABLATION)
+
+
 def _ws_ptx(kept_ptx, name):
     """The PTX of the sm90ws backward of the configuration ``name`` of :data:`_PTX_CONFIGS`
-    (kept with CUTE_DSL_KEEP=ptx in a fresh process)."""
+    or :data:`_PTX_ABLATION` (kept with CUTE_DSL_KEEP=ptx in a fresh process: ``kept_ptx``
+    is the directory of the fixture that kept it)."""
     import kept_ptx as kp  # noqa: PLC0415
 
     files = kp.ptx_of(kept_ptx, name)
@@ -318,6 +351,7 @@ def _ws_ptx(kept_ptx, name):
     return ws[0]
 
 
+@pytest.mark.ablation
 @pytest.mark.parametrize("cfg,causal", [(CONFIGS[0], False), (CONFIGS[3], True)],
                          ids=["blk128", "blk64-d64-causal"])
 def test_bsa_bwd_ws_dqclaim_lowers(cfg, causal):
@@ -341,12 +375,13 @@ def test_bsa_bwd_ws_dqclaim_lowers(cfg, causal):
     assert txt.count(CALL_TARGET) == 4 == _calls(cfg, ws="dqclaim", causal=causal)
 
 
-def test_bsa_bwd_ws_dqclaim_ptx(kept_ptx):
+@pytest.mark.ablation
+def test_bsa_bwd_ws_dqclaim_ptx(kept_ptx, kept_ptx_ablation):
     """``dqclaim``: the dQ writer claims each staged query tile with a relaxed atomic add,
     stores it (bulk copy) or, after acquire loads and an async-proxy fence, reduce-adds it,
     and releases a stored tile with a fenced atomic add; the kernel without them (and
     without tailconv's count) has no atomic, no proxy fence and no bulk store of dQ."""
-    claim = _ws_ptx(kept_ptx, "dqclaim-blk64")
+    claim = _ws_ptx(kept_ptx_ablation, "dqclaim-blk64")
     default = _ws_ptx(kept_ptx, "notailconv-blk64")
     atom = "atom.relaxed.gpu.global.add.s32"
     store = "cp.async.bulk.global.shared::cta.bulk_group"
@@ -358,6 +393,7 @@ def test_bsa_bwd_ws_dqclaim_ptx(kept_ptx):
     assert "fence.proxy.async.global" not in default
 
 
+@pytest.mark.ablation
 @pytest.mark.parametrize("cfg", [CONFIGS[0], CONFIGS[3]], ids=["blk128", "blk64-d64"])
 def test_bsa_bwd_ws_zerolag_lowers(cfg):
     """``bsa_bwd_ws=zerolag`` (opt-in): with the dQ writer warp, not deterministic, unpacked,
@@ -384,12 +420,13 @@ def test_bsa_bwd_ws_zerolag_lowers(cfg):
     assert txt.count(CALL_TARGET) == 3 == _calls(cfg, ws="zerolag")
 
 
-def test_bsa_bwd_ws_zerolag_ptx(kept_ptx):
+@pytest.mark.ablation
+def test_bsa_bwd_ws_zerolag_ptx(kept_ptx, kept_ptx_ablation):
     """``zerolag``: warp 1 zeroes its share of a later pair's workspace, fences and counts it
     with one fenced atomic add, and waits with acquire loads for its own pair's count, then
     fences the generic proxy against its bulk reduce-adds; the kernel without them (and
     without tailconv's count) has none of these."""
-    zl = _kernel_text(_ws_ptx(kept_ptx, "zerolag-blk64"), "BsaBwdSm90Ws")
+    zl = _kernel_text(_ws_ptx(kept_ptx_ablation, "zerolag-blk64"), "BsaBwdSm90Ws")
     default = _ws_ptx(kept_ptx, "notailconv-blk64")
     atom = "atom.relaxed.gpu.global.add.s32"
     # zerolag's count and tailconv's (the default)
@@ -477,9 +514,10 @@ def test_bsa_bwd_ws_tailconv_ptx(kept_ptx):
     assert "ld.relaxed" not in conv_default[0] and "nanosleep" not in conv_default[0]
 
 
+@pytest.mark.ablation
 @pytest.mark.parametrize("cfg,tag", [(CONFIGS[1], "blk64"), (CONFIGS[0], "blk128")],
                          ids=["blk64", "blk128"])
-def test_bsa_bwd_ws_l2hint_ptx(kept_ptx, cfg, tag):
+def test_bsa_bwd_ws_l2hint_ptx(kept_ptx, kept_ptx_ablation, cfg, tag):
     """``bsa_bwd_ws=l2hint``: by the kernel parameter of each load's tensor map, the K / V
     tensor loads carry an ``evict_first`` L2 policy (``createpolicy``), the Q / dO loads an
     ``evict_last`` one, and the writer warp's dQ
@@ -488,8 +526,8 @@ def test_bsa_bwd_ws_l2hint_ptx(kept_ptx, cfg, tag):
     policy and reduces without one. The copies and reductions are the same in all three."""
     import kept_ptx as kp  # noqa: PLC0415
 
-    text = {m: _ws_ptx(kept_ptx, f"{m}-{tag}" if m else _ids(cfg))
-            for m in ("", "l2hint", "l2normal")}
+    text = {m: _ws_ptx(kept_ptx_ablation, f"{m}-{tag}") for m in ("l2hint", "l2normal")}
+    text[""] = _ws_ptx(kept_ptx, _ids(cfg))
     pol = {m: kp.tma_copy_policies(t) for m, t in text.items()}
     for m, t in text.items():
         assert t.count("cp.async.bulk.tensor.") == len(pol[m]) > 0, m
@@ -517,13 +555,15 @@ def test_bsa_bwd_ws_l2hint_ptx(kept_ptx, cfg, tag):
     assert regs and {made.get(r) for r in regs} == {"evict_last"}, (regs, made)
 
 
-def test_bsa_bwd_ws_l2hint_deterministic_ptx(kept_ptx):
+@pytest.mark.ablation
+def test_bsa_bwd_ws_l2hint_deterministic_ptx(kept_ptx_ablation):
     """``l2hint`` with ``deterministic=True`` (the dQ writer warp adds each query tile in its
     turn): the same load policies, and every fp32 bulk reduce-add of the writer carries the
     ``evict_last`` policy; the bulk stores of a tile's first contribution keep theirs."""
     import kept_ptx as kp  # noqa: PLC0415
 
-    det, hint = _ws_ptx(kept_ptx, "det-sched-blk64"), _ws_ptx(kept_ptx, "l2hint-det-blk64")
+    det = _ws_ptx(kept_ptx_ablation, "det-sched-blk64")
+    hint = _ws_ptx(kept_ptx_ablation, "l2hint-det-blk64")
     want = {0: "evict_last", 2: "evict_last", 4: "evict_first", 6: "evict_first"}
     pol = kp.tma_copy_policies(hint)
     assert pol and all(p == want[t] for _, p, t in pol), pol
@@ -559,7 +599,7 @@ def test_bsa_bwd_ws_wghand(kept_ptx):
     dqclaim or without the writer; with the fixed-point deterministic dQ it stays (that runs
     the writer path). The PTX: each warpgroup meets the writer on its own barriers, 2 / 11
     (staged) and 5 / 10 (handed back) of 160 threads; nowghand has the 288-thread pair
-    2 / 5; the same bulk reduce-adds and GEMMs; the persistent grid lowers with it."""
+    2 / 5; the same bulk reduce-adds and GEMMs."""
     from jax_sparse_attn.config import Switches, from_env
     from jax_sparse_attn.ffi import bsa
 
@@ -587,10 +627,10 @@ def test_bsa_bwd_ws_wghand(kept_ptx):
     red = "cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32"
     for op in (red, "wgmma.mma_async", "cp.async.bulk.tensor"):
         assert hand.count(op) == base.count(op) > 0, op
-    assert re.search(r"bar\.sync\s+11, 160;", _ws_ptx(kept_ptx, "persist-blk128"))
 
 
-def test_bsa_bwd_ws_ldscale(kept_ptx):
+@pytest.mark.ablation
+def test_bsa_bwd_ws_ldscale(kept_ptx, kept_ptx_ablation):
     """``bsa_bwd_ws=ldscale`` (opt-in): the key, off with deterministic=True; the kernel
     takes lse in the log2 domain and delta times softmax_scale, so its PTX has none of the
     per-column ``lse log2 e`` products (fewer ``mul.f32``, the same subtractions, GEMMs and
@@ -611,14 +651,16 @@ def test_bsa_bwd_ws_ldscale(kept_ptx):
                            Switches(bsa_bwd_impl="sm90ws", bsa_bwd_ws=opts),
                            deterministic=True)
         assert k.dq_fixed and not k.ws_ld_scaled, k
-    base, scaled = _ws_ptx(kept_ptx, _ids(CONFIGS[0])), _ws_ptx(kept_ptx, "ldscale-blk128")
+    base = _ws_ptx(kept_ptx, _ids(CONFIGS[0]))
+    scaled = _ws_ptx(kept_ptx_ablation, "ldscale-blk128")
     assert scaled.count("mul.f32") < base.count("mul.f32")
     assert scaled.count("sub.f32") == base.count("sub.f32") > 0
     for op in ("wgmma.mma_async", "cp.async.bulk.tensor", "ex2.approx"):
         assert scaled.count(op) == base.count(op) > 0, op
 
 
-def test_bsa_bwd_ws_dvwait(kept_ptx):
+@pytest.mark.ablation
+def test_bsa_bwd_ws_dvwait(kept_ptx, kept_ptx_ablation):
     """``bsa_bwd_ws=dvwait`` (opt-in): the key only where dQ and dK are issued together (not
     with the dQ alias of blk 64 / D 128, decouple or dqalt); the kernel waits once more per
     step (one more ``wgmma.wait_group 1``: after the dQ issue, before dK) with the same GEMMs,
@@ -637,7 +679,7 @@ def test_bsa_bwd_ws_dvwait(kept_ptx):
                     (("dvwait", "dqalt"), 128)):
         assert not key(ws, blk=blk).ws_dv_wait, ws
     # (dvwait leaves the default's late dQ of warpgroup 0 off: compared with nodqlag)
-    base, dvw = _ws_ptx(kept_ptx, "nodqlag-blk128"), _ws_ptx(kept_ptx, "dvwait-blk128")
+    base, dvw = _ws_ptx(kept_ptx, "nodqlag-blk128"), _ws_ptx(kept_ptx_ablation, "dvwait-blk128")
     wait1 = re.compile(r"wgmma\.wait_group\.sync\.aligned\s+1;")
     assert len(wait1.findall(dvw)) > len(wait1.findall(base)) > 0
     red = "cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32"
@@ -645,7 +687,8 @@ def test_bsa_bwd_ws_dvwait(kept_ptx):
         assert dvw.count(op) == base.count(op) > 0, op
 
 
-def test_bsa_bwd_ws_dklag(kept_ptx):
+@pytest.mark.ablation
+def test_bsa_bwd_ws_dklag(kept_ptx, kept_ptx_ablation):
     """``bsa_bwd_ws=dklag`` (opt-in): the key only at blk 128 on the default dQ path (not
     deterministic, dqalias, decouple, dqalt, dvwait or persist). In the kernel each step issues
     the previous step's dK GEMM as a third group after its S^T / dP^T GEMMs (a group in every
@@ -669,7 +712,7 @@ def test_bsa_bwd_ws_dklag(kept_ptx):
                     (("dklag", "persist"), 128)):
         assert not key(ws, blk=blk).ws_dk_lag, ws
     # (dklag leaves the default's late dQ of warpgroup 0 off: compared with nodqlag)
-    base, lag = _ws_ptx(kept_ptx, "nodqlag-blk128"), _ws_ptx(kept_ptx, "dklag-blk128")
+    base, lag = _ws_ptx(kept_ptx, "nodqlag-blk128"), _ws_ptx(kept_ptx_ablation, "dklag-blk128")
     wait2 = re.compile(r"wgmma\.wait_group\.sync\.aligned\s+2;")
     assert len(wait2.findall(lag)) == 2 and not wait2.findall(base)
     assert lag.count("wgmma.mma_async") == base.count("wgmma.mma_async") + 4
@@ -685,7 +728,8 @@ def test_bsa_bwd_ws_dklag(kept_ptx):
         assert lag.count(op) == base.count(op) > 0, op
 
 
-def test_bsa_bwd_ws_sahead(kept_ptx):
+@pytest.mark.ablation
+def test_bsa_bwd_ws_sahead(kept_ptx, kept_ptx_ablation):
     """``bsa_bwd_ws=sahead`` (opt-in): the key only at blk 128 on the default dQ path (not
     deterministic, dqalias, decouple, dqalt, dvwait, persist, dklag or splitwait). In the
     kernel the first 64-row step of a list entry ends without waiting for its dK GEMM and
@@ -709,7 +753,8 @@ def test_bsa_bwd_ws_sahead(kept_ptx):
                     (("sahead", "dklag"), 128), (("sahead", "splitwait"), 128)):
         assert not key(ws, blk=blk).ws_s_ahead, ws
     # (sahead leaves the default's late dQ of warpgroup 0 off: compared with nodqlag)
-    base, ahead = _ws_ptx(kept_ptx, "nodqlag-blk128"), _ws_ptx(kept_ptx, "sahead-blk128")
+    base = _ws_ptx(kept_ptx, "nodqlag-blk128")
+    ahead = _ws_ptx(kept_ptx_ablation, "sahead-blk128")
     assert ahead.count("mbarrier.arrive") == base.count("mbarrier.arrive") + 1
     for op in ("wgmma.mma_async", "wgmma.commit_group", "wgmma.wait_group",
                "cp.async.bulk.tensor",
@@ -721,7 +766,8 @@ def test_bsa_bwd_ws_sahead(kept_ptx):
     assert kp.assert_wgmma_groups_in_block(ahead) > 0
 
 
-def test_bsa_bwd_ws_stamps(kept_ptx):
+@pytest.mark.ablation
+def test_bsa_bwd_ws_stamps(kept_ptx, kept_ptx_ablation):
     """``bsa_bwd_ws=stamp=N`` (diagnostic): the key carries the step; the kernel reads the SM
     clock at the 14 points of every step and before its stage wait (two unrolled 64-row
     steps at blk 128) and writes
@@ -736,7 +782,7 @@ def test_bsa_bwd_ws_stamps(kept_ptx):
                               Switches(bsa_bwd_impl="sm90ws", bsa_bwd_ws=ws))
 
     assert key(("stamp=3",)).ws_stamps == (3,) and key(()).ws_stamps == ()
-    base, st = _ws_ptx(kept_ptx, _ids(CONFIGS[0])), _ws_ptx(kept_ptx, "stamp-blk128")
+    base, st = _ws_ptx(kept_ptx, _ids(CONFIGS[0])), _ws_ptx(kept_ptx_ablation, "stamp-blk128")
     clock = re.compile(r"mov\.u32\s+%r\d+,\s*%clock;")
     # 15 points in each of the two unrolled steps, 3 per CTA
     assert len(clock.findall(st)) == 33 and not clock.findall(base)
@@ -888,7 +934,8 @@ def test_bsa_bwd_ws_wguni(kept_ptx):
     assert kp.assert_wgmma_groups_in_block(uni) > 0
 
 
-def test_bsa_bwd_ws_fixemu(kept_ptx):
+@pytest.mark.ablation
+def test_bsa_bwd_ws_fixemu(kept_ptx, kept_ptx_ablation):
     """``bsa_bwd_ws=fixemu=N`` (opt-in): only with the fixed-point deterministic dQ; with
     N = 4 half of the kernel's ``cvt.rni`` conversions become the float-addition form (its
     magic addends in the PTX), with the same GEMMs, copies and reductions."""
@@ -905,7 +952,8 @@ def test_bsa_bwd_ws_fixemu(kept_ptx):
         assert key(("fixemu=4",), blk) == bsa.dataclasses.replace(key((), blk), ws_fix_emu=4)
         assert key(("fixemu=4",), blk, False).ws_fix_emu == 0
         assert key(("fixemu=4", "detorder"), blk).ws_fix_emu == 0
-    emu, base = _ws_ptx(kept_ptx, "fixemu4-blk128"), _ws_ptx(kept_ptx, "detfixed-dqlag-blk128")
+    emu = _ws_ptx(kept_ptx_ablation, "fixemu4-blk128")
+    base = _ws_ptx(kept_ptx, "detfixed-dqlag-blk128")
     cvt = re.compile(r"cvt\.rni\.sat\.s32\.f32")
     assert 2 * len(cvt.findall(emu)) == len(cvt.findall(base)) > 0
     assert "0f4F400000" in emu and "0f4F400000" not in base
@@ -914,7 +962,8 @@ def test_bsa_bwd_ws_fixemu(kept_ptx):
         assert emu.count(op) == base.count(op) > 0, op
 
 
-def test_bsa_bwd_ws_entahead(kept_ptx):
+@pytest.mark.ablation
+def test_bsa_bwd_ws_entahead(kept_ptx, kept_ptx_ablation):
     """``bsa_bwd_ws=entahead`` (opt-in), with qprobe and the multiplier split (not nofdiv):
     the next list entry is split at the first step's stage test (once before the entry loop,
     and where the first step does not run) instead of at each entry's start: three
@@ -930,14 +979,16 @@ def test_bsa_bwd_ws_entahead(kept_ptx):
     assert key(("entahead",)).ws_ent_ahead and not key(()).ws_ent_ahead
     for ws in (("entahead", "noqprobe"), ("entahead", "nofdiv"), ("entahead", "dklag")):
         assert not key(ws).ws_ent_ahead, ws
-    ahead, at_start = _ws_ptx(kept_ptx, "entahead-blk128"), _ws_ptx(kept_ptx, _ids(CONFIGS[0]))
+    ahead = _ws_ptx(kept_ptx_ablation, "entahead-blk128")
+    at_start = _ws_ptx(kept_ptx, _ids(CONFIGS[0]))
     assert ahead.count("mul.hi.u32") == at_start.count("mul.hi.u32") + 3
     for op in ("wgmma.mma_async", "wgmma.commit_group", "wgmma.wait_group", "mbarrier.test_wait",
                "cp.async.bulk.tensor", "cp.reduce.async.bulk", "stmatrix", "bar.sync"):
         assert ahead.count(op) == at_start.count(op) > 0, op
 
 
-def test_bsa_bwd_ws_ex2emu(kept_ptx):
+@pytest.mark.ablation
+def test_bsa_bwd_ws_ex2emu(kept_ptx, kept_ptx_ablation):
     """``bsa_bwd_ws=ex2emu=N``: the key carries N (0..8, default 0); with N = 3 the first 3 of
     every 8 score columns of a thread take exp2 as the polynomial (``max.NaN`` clamps, three
     ``fma`` of the fraction, the exponent added as ``(j << 23) + bits(1.0)``): 6 of each
@@ -951,7 +1002,8 @@ def test_bsa_bwd_ws_ex2emu(kept_ptx):
                               Switches(bsa_bwd_impl="sm90ws", bsa_bwd_ws=ws))
 
     assert key(("ex2emu=3",)).ws_ex2_emu == 3 and key(()).ws_ex2_emu == 0
-    base, emu = _ws_ptx(kept_ptx, _ids(CONFIGS[0])), _ws_ptx(kept_ptx, "ex2emu3-blk128")
+    base = _ws_ptx(kept_ptx, _ids(CONFIGS[0]))
+    emu = _ws_ptx(kept_ptx_ablation, "ex2emu3-blk128")
     ex2 = re.compile(r"ex2\.approx(\.ftz)?\.f32")
     assert len(ex2.findall(emu)) == len(ex2.findall(base)) - 24 > 0
     assert emu.count("max.NaN.f32") == emu.count("min.NaN.f32") == 24
@@ -993,7 +1045,8 @@ def test_exp2_poly3_constants():
     np.testing.assert_array_equal(model(ints), np.exp2(ints.astype(np.float64)).astype(np.float32))
 
 
-def test_bsa_bwd_ws_redv4(kept_ptx):
+@pytest.mark.ablation
+def test_bsa_bwd_ws_redv4(kept_ptx_ablation):
     """``bsa_bwd_ws=redv4`` with ``bsa_bwd_dq="rows"``: the dQ rows are added with half as
     many reductions, ``red...add.v4.f32`` instead of ``.v2`` (16 per thread and step at blk
     128 / D 128 become 8); with the default query-tile workspace the flag does nothing."""
@@ -1007,38 +1060,42 @@ def test_bsa_bwd_ws_redv4(kept_ptx):
     assert key(("redv4",), "rows").ws_red_v4 and not key(("redv4",), "tile").ws_red_v4
     v2 = re.compile(r"red\.[a-z.]*global\.add\.v2\.f32")
     v4 = re.compile(r"red\.[a-z.]*global\.add\.v4\.f32")
-    rows, red4 = _ws_ptx(kept_ptx, "rows-blk128"), _ws_ptx(kept_ptx, "redv4-rows-blk128")
+    rows = _ws_ptx(kept_ptx_ablation, "rows-blk128")
+    red4 = _ws_ptx(kept_ptx_ablation, "redv4-rows-blk128")
     assert len(v2.findall(rows)) == 32 and not v4.findall(rows)
     assert len(v4.findall(red4)) == 16 and not v2.findall(red4)
     assert rows.count("wgmma.mma_async") == red4.count("wgmma.mma_async") > 0
 
 
-def test_bsa_pre_kernel4_ptx(kept_ptx):
+@pytest.mark.ablation
+def test_bsa_pre_kernel4_ptx(kept_ptx, kept_ptx_ablation):
     """``bsa_pre_impl="kernel4"``: the preprocessing thread issues the 16-byte loads of O and
     dO of its four rows (8) before its first product; the default kernel has one row's two."""
     import kept_ptx as kp  # noqa: PLC0415
 
-    def pre(name):
-        files = [t for t in kp.ptx_of(kept_ptx, name).values() if "BsaPreprocess" in t]
+    def pre(kept, name):
+        files = [t for t in kp.ptx_of(kept, name).values() if "BsaPreprocess" in t]
         assert len(files) == 1
         return files[0]
 
-    four, one = pre("pre4-blk64"), pre(_ids(CONFIGS[1]))
+    four, one = pre(kept_ptx_ablation, "pre4-blk64"), pre(kept_ptx, _ids(CONFIGS[1]))
     assert four[:four.index("fma.rn.f32")].count("ld.global.v4") == 8
     assert one.count("ld.global.v4") == 2
 
 
-def test_bsa_bwd_ws_relaxpoll_ptx(kept_ptx):
+@pytest.mark.ablation
+def test_bsa_bwd_ws_relaxpoll_ptx(kept_ptx_ablation):
     """``relaxpoll``: the semaphore is polled with relaxed GPU-scope loads and one
     ``fence.acq_rel.gpu`` follows the poll (no acquire loads); the publication keeps its
     fence."""
-    t = _ws_ptx(kept_ptx, "det-relaxpoll-blk64")
+    t = _ws_ptx(kept_ptx_ablation, "det-relaxpoll-blk64")
     assert "ld.relaxed.gpu.global.b32" in t and "ld.acquire.gpu" not in t
     assert len(re.findall(r"fence\.acq_rel\.gpu;", t)) >= 2
-    assert "ld.acquire.gpu.global.b32" in _ws_ptx(kept_ptx, "det-blk64")
+    assert "ld.acquire.gpu.global.b32" in _ws_ptx(kept_ptx_ablation, "det-blk64")
 
 
-def test_bsa_bwd_ws_deterministic_ptx(kept_ptx):
+@pytest.mark.ablation
+def test_bsa_bwd_ws_deterministic_ptx(kept_ptx, kept_ptx_ablation):
     """The deterministic kernel without the dQ writer warp (``det_writer`` off; with it:
     ``tests/test_lowering_det_writer.py``) waits with acquire loads, publishes after a
     GPU-scope fence and hands each query tile between warp 1 and the consumers with
@@ -1051,13 +1108,13 @@ def test_bsa_bwd_ws_deterministic_ptx(kept_ptx):
     tile = ("cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32", "st.shared.v4.f32")
     red = "red.relaxed.gpu.global.add.v2.f32"
     for name in ("blk64", "blk128"):
-        text = _ws_ptx(kept_ptx, f"det-{name}")
+        text = _ws_ptx(kept_ptx_ablation, f"det-{name}")
         for needle in sync + tile:
             assert needle in text, f"{needle} missing from the deterministic sm90ws PTX ({name})"
         assert red not in text
         # the completion wait (not only the read) before the hand-back
         assert re.search(r"cp\.async\.bulk\.wait_group\s+0;", text), name
-    rows = _ws_ptx(kept_ptx, "det-rows")
+    rows = _ws_ptx(kept_ptx_ablation, "det-rows")
     for needle in sync + (red,):
         assert needle in rows, f"{needle} missing from the deterministic sm90ws PTX (rows)"
     default = _ws_ptx(kept_ptx, "notailconv-blk64")
@@ -1075,7 +1132,8 @@ def _kernel_text(ptx: str, marker: str) -> str:
     return found[0]
 
 
-def test_bsa_bwd_ws_detstream_ptx(kept_ptx):
+@pytest.mark.ablation
+def test_bsa_bwd_ws_detstream_ptx(kept_ptx_ablation):
     """``detstream``: one module holds the schedule-order kernel and the backward. The order
     kernel waits for the previous grid, then lets its dependent launch, and warp 0 publishes
     the prefixes of a round's rows after a GPU-scope fence of its own; the backward does not wait for the order kernel
@@ -1083,7 +1141,7 @@ def test_bsa_bwd_ws_detstream_ptx(kept_ptx):
     end), and it reads the entries and ranks with L1-bypassing relaxed loads. Without
     ``detstream`` (the same call) the backward waits first, the order kernel is a module
     of its own and the backward reads the entries with plain loads."""
-    t = _ws_ptx(kept_ptx, "det-stream-blk64")
+    t = _ws_ptx(kept_ptx_ablation, "det-stream-blk64")
     order = _kernel_text(t, "BsaDetScheduleOrder")
     ws = _kernel_text(t, "BsaBwdSm90Ws")
     assert order.index("griddepcontrol.wait") < order.index("griddepcontrol.launch_dependents")
@@ -1094,19 +1152,20 @@ def test_bsa_bwd_ws_detstream_ptx(kept_ptx):
     assert ws.index("ld.acquire.gpu.global.b32") < ws.index("griddepcontrol.wait")
     # the producer's and the writer's entry, the writer's rank, the consumers' entry
     assert ws.count("ld.relaxed.gpu.global.b32") >= 4
-    plain = _ws_ptx(kept_ptx, "det-sched-blk64")
+    plain = _ws_ptx(kept_ptx_ablation, "det-sched-blk64")
     assert "BsaDetScheduleOrder" not in plain
     assert plain.index("griddepcontrol.wait") < plain.index("ld.acquire.gpu.global.b32")
     assert "ld.relaxed.gpu.global.b32" not in plain
     assert "griddepcontrol.launch_dependents" not in plain
 
 
-def test_bsa_bwd_ws_detoverlap_ptx(kept_ptx):
+@pytest.mark.ablation
+def test_bsa_bwd_ws_detoverlap_ptx(kept_ptx_ablation):
     """``detoverlap``: the call's module holds the order kernel, the preprocessing and the
     backward. The preprocessing lets its dependent launch and does not wait (it runs
     alongside the order kernel); the backward waits for it at its start, before its first
     acquire poll of the order kernel's counters, and not again."""
-    t = _ws_ptx(kept_ptx, "det-overlap-blk64")
+    t = _ws_ptx(kept_ptx_ablation, "det-overlap-blk64")
     assert t.count(".entry ") == 3
     pre = _kernel_text(t, "BsaPreprocess")
     ws = _kernel_text(t, "BsaBwdSm90Ws")
@@ -1127,6 +1186,7 @@ def _result_counts(txt):
     return sorted(re.findall(r"%\w+(?::(\d+))? = stablehlo\.custom_call @" + CALL_TARGET, txt))
 
 
+@pytest.mark.ablation
 def test_bsa_bwd_ws_detstream_fallbacks_lower():
     """Where ``detstream`` / ``detoverlap`` cannot apply the call lowers without them: with
     an lse cotangent (``dlse``) the preprocessing stays its own call (delta minus dlse is
@@ -1148,6 +1208,7 @@ def test_bsa_bwd_ws_detstream_fallbacks_lower():
     assert _result_counts(_bwd_text(nosizes, ws="detstream,detoverlap", **kw)) == ["", "8"]
 
 
+@pytest.mark.ablation
 def test_bsa_bwd_ws_detstream_lowers():
     """``detstream`` lowers to one call with the
     backward's outputs, the semaphores, the per-row published prefixes and the ordered
@@ -1172,20 +1233,21 @@ def test_bsa_bwd_ws_detstream_lowers():
     assert calls(plain, 4) == 1 and calls(stream, 4) == 0
 
 
+@pytest.mark.ablation
 @pytest.mark.parametrize("cfg", [CONFIGS[0], CONFIGS[1]], ids=_ids)
-def test_bsa_bwd_ws_splitwait_ptx(kept_ptx, cfg):
+def test_bsa_bwd_ws_splitwait_ptx(kept_ptx, kept_ptx_ablation, cfg):
     """``bsa_bwd_ws=splitwait`` re-checks the step's Q / dO full barrier before the dP^T wait:
     one more mbarrier try-wait per unrolled step (blk 128: two) than the default kernel, the
     same warpgroup MMAs and waits;
     ``lselate`` (the lse read while the GEMMs are issued) is a different kernel too."""
     name = "blk128" if cfg["blk"] == 128 else "blk64"
-    default, split = _ws_ptx(kept_ptx, _ids(cfg)), _ws_ptx(kept_ptx, f"split-{name}")
+    default, split = _ws_ptx(kept_ptx, _ids(cfg)), _ws_ptx(kept_ptx_ablation, f"split-{name}")
     steps = cfg["blk"] // 64
     assert split.count("mbarrier.try_wait") == default.count("mbarrier.try_wait") + steps
     for needle in ("wgmma.mma_async", "wgmma.wait_group.sync.aligned"):
         assert split.count(needle) == default.count(needle), needle
     if name == "blk128":
-        late = _ws_ptx(kept_ptx, "lselate-blk128")
+        late = _ws_ptx(kept_ptx_ablation, "lselate-blk128")
         assert late != default and late.count("wgmma.mma_async") == default.count(
             "wgmma.mma_async")
 
@@ -1272,10 +1334,11 @@ def test_bsa_bwd_ws_smem_plan():
         assert kern.dq_fixed == fixed and kern.q_stages == want, (fixed, kern.q_stages)
 
 
-def test_bsa_bwd_ws_detfixed_dqalias(kept_ptx):
+@pytest.mark.ablation
+def test_bsa_bwd_ws_detfixed_dqalias(kept_ptx_ablation):
     """The fixed-point deterministic dQ with ``dqalias`` at blk 128 / D 128 lowers (its
     shared-memory plan counts the per-row multipliers) and converts dQ to fixed point."""
-    txt = _ws_ptx(kept_ptx, "detfixed-dqalias-blk128")
+    txt = _ws_ptx(kept_ptx_ablation, "detfixed-dqalias-blk128")
     assert "cvt.rni.sat.s32.f32" in txt and "wgmma.mma_async" in txt
 
 
@@ -1382,6 +1445,7 @@ def test_bsa_bwd_ws_hlpt_key():
             config.from_env({"JAX_SPARSE_ATTN_BSA_BWD_WS": f"{a},{b}"})
 
 
+@pytest.mark.ablation
 @pytest.mark.parametrize("cfg", [CONFIGS[0], CONFIGS[2]], ids=["d128", "d64"])
 def test_bsa_bwd_ws_persist_lowers(cfg):
     """``persist`` (opt-in): at blk 128 with tailconv, not causal, zerolag, dqalt, dqalias or
@@ -1422,18 +1486,20 @@ def test_bsa_bwd_persist_option_parses():
             Switches(bsa_bwd_ws=bad)
 
 
-def test_bsa_bwd_ws_persist_ptx(kept_ptx):
+@pytest.mark.ablation
+def test_bsa_bwd_ws_persist_ptx(kept_ptx, kept_ptx_ablation):
     """``persist``: the producer deals the work items with one more relaxed atomic add (the
     item counter, next to tailconv's count), the item ring adds four mbarriers, the next
     item's K / V are prefetched to L2, and the dK / dV epilogue stages in the K / V and dS
     tiles; without persist the blk 128 kernel
-    has tailconv's atomic only. The register-store epilogue (``epiregs``) stores dK / dV
-    from registers in both."""
-    persist = _ws_ptx(kept_ptx, "persist-blk128")
+    has tailconv's atomic only; the per-warpgroup dQ hand-back (``wghand``, barrier 11) stays.
+    The register-store epilogue (``epiregs``) stores dK / dV from registers in both."""
+    persist = _ws_ptx(kept_ptx_ablation, "persist-blk128")
     default = _ws_ptx(kept_ptx, _ids(CONFIGS[0]))
     atom = "atom.relaxed.gpu.global.add.s32"
     assert persist.count(atom) == 2 and default.count(atom) == 1
     assert persist.count("mbarrier.init") == default.count("mbarrier.init") + 4
+    assert re.search(r"bar\.sync\s+11, 160;", persist)
     for s in ("cp.async.bulk.tensor", "wgmma.mma_async", "setmaxnreg", "griddepcontrol"):
         assert s in persist, s
     # the next item's K / V prefetched to L2 (two boxes each)
@@ -1441,7 +1507,7 @@ def test_bsa_bwd_ws_persist_ptx(kept_ptx):
     assert "cp.async.bulk.prefetch.tensor" not in default
     # the shared-memory epilogue: 16-byte global row pieces; epiregs: 4-byte pair stores
     assert "st.global.v4" in persist
-    regs = _ws_ptx(kept_ptx, "persist-epiregs-blk128")
+    regs = _ws_ptx(kept_ptx_ablation, "persist-epiregs-blk128")
     assert regs.count(atom) == 2 and "st.global.b32" in regs and "st.global.b32" not in persist
 
 
@@ -1453,6 +1519,15 @@ def test_bsa_bwd_ws_wgmma_groups_in_block(kept_ptx):
 
     n = kp.configs_with_groups_in_block(kept_ptx, _PTX_CONFIGS, "BsaBwdSm90Ws")
     assert n >= len(_PTX_CONFIGS) // 2, n
+
+
+@pytest.mark.ablation
+def test_bsa_bwd_ws_ablation_wgmma_groups_in_block(kept_ptx_ablation):
+    """The same for the kept kernels of the opt-in variants (:data:`_PTX_ABLATION`)."""
+    import kept_ptx as kp  # noqa: PLC0415
+
+    n = kp.configs_with_groups_in_block(kept_ptx_ablation, _PTX_ABLATION, "BsaBwdSm90Ws")
+    assert n >= len(_PTX_ABLATION) // 2, n
 
 
 def test_bsa_bwd_ws_buckets_key():

@@ -338,6 +338,7 @@ def test_bsa_pack_gqa_packws_lowers(c):
     _packed_grad_lowers(c, sw, causal=True)
 
 
+@pytest.mark.ablation
 @pytest.mark.parametrize("sw", [dict(bsa_bwd_ws=("dqalt",)), dict(bsa_bwd_ws=("lpt",)),
                                 dict(dq_writer="off"), dict(bsa_bwd_ws=("dqalias", "epiregs"))],
                          ids=["dqalt", "lpt", "nowriter", "dqalias-epiregs"])

@@ -8,7 +8,9 @@ of a split work item waits for the next CTA's flag with acquire loads and reads 
 with relaxed GPU-scope loads; the other CTA stores its partial and raises the flag after a
 GPU-scope fence. The default kernel has none of that (its PTX stays pinned in
 ``tests/ws_ptx_sha256.txt``). The GPU tests: ``tests/test_gpu_bsa.py::
-test_bsa_sm90ws_forward_streamk``.
+test_bsa_sm90ws_forward_streamk``. The lowering and PTX tests compile only this opt-in
+variant: they are marked ``ablation`` (``pytest -m ablation``); the compile key and switch
+tests run by default.
 """
 
 from __future__ import annotations
@@ -79,6 +81,7 @@ def kernel_env(monkeypatch):
 
 
 @pytest.mark.lowering
+@pytest.mark.ablation
 @pytest.mark.parametrize("blk,d,dtype,layout,sizes", LOWER,
                          ids=[f"blk{c[0]}-d{c[1]}-{c[2]}-{c[3]}-{'sizes' if c[4] else 'nosizes'}"
                               for c in LOWER])
@@ -89,6 +92,7 @@ def test_bsa_streamk_forward_lowers(kernel_env, blk, d, dtype, layout, sizes):
 
 
 @pytest.mark.lowering
+@pytest.mark.ablation
 def test_bsa_streamk_ptx(kept_ptx):
     """The partial exchange: acquire-load wait on a flag, relaxed fp32 loads of the partial
     (never served from a stale L1 line), a GPU-scope fence before the flag's relaxed store;

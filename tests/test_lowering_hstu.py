@@ -6,6 +6,11 @@ compile (MLIR -> PTX -> cubin) on a machine without a GPU. Every static configur
 the public API can select (dtype x padded head dim x mask kind x fwd/bwd) must lower and
 the lowered module must contain the CuTe DSL custom call, i.e. the kernel (not an XLA
 fallback) is what runs on the GPU.
+
+The tests of opt-in ablation and tuning variants of the switches (``hstu_fwd_ws``,
+``hstu_bwd_ws``, ``hstu_bwd_dq``, ``hstu_bwd_order``, ``dq_writer``, ``det_writer`` off)
+that the defaults do not compile are marked ``ablation`` (``pytest -m ablation``); their PTX
+is kept by a fixture of its own (:func:`kept_ptx_ablation`).
 """
 
 from __future__ import annotations
@@ -189,6 +194,9 @@ WS_LOWER += [("bn=80", 256, 0, "float16"), ("crossepi", 64, 3, "float16"),
              ("qscale", 256, 0, "bfloat16"), ("noqscale", 64, 0, "bfloat16"),
              ("noqscale,static", 32, 3, "float16"), ("wg3", 64, 0, "bfloat16"),
              ("wg3,noqscale", 64, 3, "float16"), ("wg3,static,q1", 32, 0, "bfloat16")]
+#: the variants of WS_LOWER whose kernel a default call compiles too (the dynamic deal, qscale
+#: at D 64 in bf16, three warpgroups from max_seqlen_q 2048 at D <= 64); the others are ablation
+_WS_DEFAULT_KERNELS = {("dynamic", 256), ("qscale", 64), ("wg3", 64)}
 
 
 def test_hstu_sm90ws_tma_o_key_only_where_the_kernel_stores_by_tma():
@@ -325,7 +333,9 @@ def test_hstu_sm90ws_dynamic_deal_passes_an_aliased_counter():
     assert fwd_operands[-1] == sched.group(1) + "#3", fwd_operands
 
 
-@pytest.mark.parametrize("ws,head_dim,func_n,dtype", WS_LOWER,
+@pytest.mark.parametrize("ws,head_dim,func_n,dtype",
+                         [c if c[:2] in _WS_DEFAULT_KERNELS
+                          else pytest.param(*c, marks=pytest.mark.ablation) for c in WS_LOWER],
                          ids=[c[0].replace("=", "") for c in WS_LOWER])
 def test_hstu_sm90ws_variants_lower(ws, head_dim, func_n, dtype):
     from jax_sparse_attn.config import Switches  # noqa: PLC0415
@@ -392,7 +402,9 @@ RAB_LOWER = [
 ]
 
 
-@pytest.mark.parametrize("direction,impl,dtype,head_dim,mask,h_rab,rab_dt", RAB_LOWER,
+@pytest.mark.parametrize("direction,impl,dtype,head_dim,mask,h_rab,rab_dt",
+                         [pytest.param(*c, marks=pytest.mark.ablation) if ":" in c[1] else c
+                          for c in RAB_LOWER],
                          ids=["-".join(map(str, c)) for c in RAB_LOWER])
 def test_hstu_rab_lowers(direction, impl, dtype, head_dim, mask, h_rab, rab_dt):
     import jax_sparse_attn as jsa  # noqa: PLC0415
@@ -615,6 +627,7 @@ def test_hstu_bwd_sm90_lowers(head_dim, dtype, mask):
     assert _attention_calls(txt) == 1 and "\\7FELF" in txt
 
 
+@pytest.mark.ablation
 def test_hstu_bwd_sm90_dq_bulk_lowers():
     """The sm90 backward with dQ staged in shared memory and added by bulk reduce-adds
     (hstu_bwd_dq="bulk") lowers; the compile key carries the choice."""
@@ -812,6 +825,7 @@ def test_hstu_paged_metadata_in_one_launch(kv_splits):
     assert not fh.fwd_config("bfloat16", 128, 128, 0, Switches()).page_id_clamp
 
 
+@pytest.mark.ablation
 def test_hstu_paged_page_prefetch_lowers():
     """``hstu_fwd_ws="pagepf"`` (the paged producer loads each KV tile's page id one tile
     ahead) compiles a paged forward of its own; contiguous calls ignore the option."""
@@ -838,6 +852,7 @@ def test_hstu_paged_page_prefetch_lowers():
     assert _attention_calls(txt) == 1 and _SCHEDULE_KERNEL in txt
 
 
+@pytest.mark.ablation
 def test_hstu_q_alias_plan_and_lowers():
     """``hstu_fwd_ws="qalias"``: O staged in one Q buffer, 3 K/V stages at D = 128 (2 by
     default); the contiguous and the paged forward lower with it."""
@@ -981,6 +996,7 @@ def test_hstu_bwd_deterministic_lowers(head_dim, dtype, mask, h_rab):
     assert _attention_calls(txt) == 1 and "\\7FELF" in txt
 
 
+@pytest.mark.ablation
 def test_hstu_bwd_sm90_order_and_dq_variants():
     """The sm90 backward's compile key carries the launch order (hstu_bwd_order: hlpt, the
     default, lpt, seq; head-major grid for hlpt / seq, the schedule sorted for hlpt / lpt)
@@ -1055,6 +1071,7 @@ def test_hstu_bwd_sm90_wg_skip_key():
         assert not fh.bwd_config("bfloat16", d, d, 0, sw).wg_skip
 
 
+@pytest.mark.ablation
 def test_hstu_bwd_sm90_rev_heads_key_and_lowering():
     """hstu_bwd_ws "revheads" (the dQ tile workspace only): the key carries dq_rev_heads in
     both modes, and the backward with its reordering kernel lowers."""
@@ -1157,17 +1174,27 @@ _PTX_CONFIGS = {
                                 {"hstu_bwd_impl": "sm90"}, {}),
     "bwd-256-bfloat16-causal": ("_bwd_text", (256, "bfloat16", "causal"),
                                 {"hstu_bwd_impl": "sm90"}, {}),
+    "bwd-128-bfloat16-causal-tile-default": ("_bwd_text", (128, "bfloat16", "causal"),
+                                             {"hstu_bwd_dq": "tile"},
+                                             {"deterministic": False}),
+    "bwd-128-bfloat16-causal-epiregs": ("_bwd_text", (128, "bfloat16", "causal"),
+                                        {"hstu_bwd_ws": "epiregs"}, {}),
+    "bwd-128-rab1-float32": ("_rab_bwd_text", (128, 1, "float32"), {}, {}),
+    "bwd-128-rab1-float32-slow": ("_rab_bwd_text", (128, 1, "float32"),
+                                  {"hstu_bwd_ws": "norabfast,norabpf,nodrabs"}, {}),
+    "bwd-128-rabh-bfloat16": ("_rab_bwd_text", (128, 2, "bfloat16"), {}, {}),
+    "bwd-64-rab1-float32": ("_rab_bwd_text", (64, 1, "float32"), {}, {}),
+    "fwd-128-rab1-float32": ("_rab_fwd_text", (128, 1, "float32"), {}, {}),
+}
+# the configurations of the ablation tests (opt-in variants), kept by kept_ptx_ablation; the
+# defaults they compare with are read from kept_ptx
+_PTX_ABLATION = {
     "bwd-128-bfloat16-causal-tile-deterministic": ("_bwd_text", (128, "bfloat16", "causal"),
                                                    {"hstu_bwd_dq": "tile",
                                                     "det_writer": False},
                                                    {"deterministic": True}),
-    "bwd-128-bfloat16-causal-tile-default": ("_bwd_text", (128, "bfloat16", "causal"),
-                                             {"hstu_bwd_dq": "tile"},
-                                             {"deterministic": False}),
     "bwd-128-bfloat16-causal-wgskip": ("_bwd_text", (128, "bfloat16", "causal"),
                                        {"hstu_bwd_ws": "wgskip"}, {}),
-    "bwd-128-bfloat16-causal-epiregs": ("_bwd_text", (128, "bfloat16", "causal"),
-                                        {"hstu_bwd_ws": "epiregs"}, {}),
     "bwd-128-bfloat16-causal-writer": ("_bwd_text", (128, "bfloat16", "causal"),
                                        {"hstu_bwd_dq": "tile", "dq_writer": "on"}, {}),
     "bwd-128-bfloat16-causal-wghand": ("_bwd_text", (128, "bfloat16", "causal"),
@@ -1179,12 +1206,6 @@ _PTX_CONFIGS = {
     "bwd-64-bfloat16-window-wghand": ("_bwd_text", (64, "bfloat16", "window"),
                                       {"hstu_bwd_dq": "tile", "dq_writer": "on",
                                        "hstu_bwd_ws": "wghand"}, {}),
-    "bwd-128-rab1-float32": ("_rab_bwd_text", (128, 1, "float32"), {}, {}),
-    "bwd-128-rab1-float32-slow": ("_rab_bwd_text", (128, 1, "float32"),
-                                  {"hstu_bwd_ws": "norabfast,norabpf,nodrabs"}, {}),
-    "bwd-128-rabh-bfloat16": ("_rab_bwd_text", (128, 2, "bfloat16"), {}, {}),
-    "bwd-64-rab1-float32": ("_rab_bwd_text", (64, 1, "float32"), {}, {}),
-    "fwd-128-rab1-float32": ("_rab_fwd_text", (128, 1, "float32"), {}, {}),
     "fwd-128-rab1-float32-rabpf": ("_rab_fwd_text", (128, 1, "float32"),
                                    {"hstu_fwd_ws": "rabpf"}, {}),
 }
@@ -1220,6 +1241,18 @@ def kept_ptx(tmp_path_factory):
              if _ws_hashes_apply() else None)
     return kp.keep_ptx_shared(tmp_path_factory, "test_lowering_hstu", "test_lowering_hstu",
                               _PTX_CONFIGS, first=first)
+
+
+@pytest.fixture(scope="module")
+def kept_ptx_ablation(tmp_path_factory):
+    """The directory of the PTX kept while lowering :data:`_PTX_ABLATION` (the ablation
+    tier's variants) in one fresh process."""
+    if not _have_cutedsl():
+        pytest.skip("CuTe DSL not importable")
+    import kept_ptx as kp  # noqa: PLC0415
+
+    return kp.keep_ptx_shared(tmp_path_factory, "test_lowering_hstu_ablation",
+                              "test_lowering_hstu", _PTX_ABLATION)
 
 
 def _kept(kept_ptx, name):
@@ -1346,8 +1379,9 @@ def test_hstu_bwd_sm90_ptx_is_warp_specialized(kept_ptx, head_dim, n_wgmma):
     assert all("griddepcontrol.wait;" in t for t in texts)
 
 
-@pytest.mark.parametrize("det", [True, False], ids=["deterministic", "default"])
-def test_hstu_bwd_sm90_deterministic_ptx(kept_ptx, det):
+@pytest.mark.parametrize("det", [pytest.param(True, marks=pytest.mark.ablation), False],
+                         ids=["deterministic", "default"])
+def test_hstu_bwd_sm90_deterministic_ptx(request, det):
     """deterministic=True without the dQ writer warp (det_writer=False; with it:
     tests/test_lowering_det_writer.py): the sm90 backward's PTX spins on acquire loads,
     publishes with a GPU-scope fence + store, hands over between the spin warp and the
@@ -1358,7 +1392,8 @@ def test_hstu_bwd_sm90_deterministic_ptx(kept_ptx, det):
     import re  # noqa: PLC0415
 
     mode = "deterministic" if det else "default"
-    files = _kept(kept_ptx, f"bwd-128-bfloat16-causal-tile-{mode}")
+    kept = request.getfixturevalue("kept_ptx_ablation" if det else "kept_ptx")
+    files = _kept(kept, f"bwd-128-bfloat16-causal-tile-{mode}")
     texts = list(files.values())
     # the tile-schedule kernel; the dq reordering kernel of the tile workspace (default mode)
     assert sum(_DQ_TILES_KERNEL in t for t in texts) == 1
@@ -1406,11 +1441,12 @@ def _bwd_ptx(kept_ptx, name):
     return ptx[0]
 
 
-def test_hstu_bwd_sm90_wg_skip_ptx(kept_ptx):
+@pytest.mark.ablation
+def test_hstu_bwd_sm90_wg_skip_ptx(kept_ptx, kept_ptx_ablation):
     """hstu_bwd_ws "wgskip": the backward's PTX has the skipped step's lone dQ GEMM besides
     the full step's (eight more wgmma: 40 instead of 32)."""
     base = _bwd_ptx(kept_ptx, "bwd-128-bfloat16-causal")
-    skip = _bwd_ptx(kept_ptx, "bwd-128-bfloat16-causal-wgskip")
+    skip = _bwd_ptx(kept_ptx_ablation, "bwd-128-bfloat16-causal-wgskip")
     assert base.count("wgmma.mma_async") == 32
     assert skip.count("wgmma.mma_async") == 40
 
@@ -1426,7 +1462,8 @@ def test_hstu_bwd_sm90_epi_smem_ptx(kept_ptx):
     assert base.count("st.global.v4") == regs.count("st.global.v4") + 16
 
 
-def test_hstu_bwd_sm90_wghand_key_and_ptx(kept_ptx):
+@pytest.mark.ablation
+def test_hstu_bwd_sm90_wghand_key_and_ptx(kept_ptx_ablation):
     """hstu_bwd_ws "wghand" (with the dQ writer warp and the tile workspace, D <= 128, not
     dqclaim): the key; warp 1 meets each consumer warpgroup on its own barriers, 2 / 11
     (staged) and 5 / 10 (handed back) of 128 + 32 threads, where the writer alone has the
@@ -1446,18 +1483,20 @@ def test_hstu_bwd_sm90_wghand_key_and_ptx(kept_ptx):
     assert not key(256, **on, hstu_bwd_ws=("wghand",)).wg_hand
     assert not key(**on, hstu_bwd_ws=("wghand", "dqclaim")).wg_hand
     assert not key(**on, hstu_bwd_ws=("wghand",), deterministic=True).wg_hand
-    base = _bwd_ptx(kept_ptx, "bwd-128-bfloat16-causal-writer")
-    hand = _bwd_ptx(kept_ptx, "bwd-128-bfloat16-causal-wghand")
+    base = _bwd_ptx(kept_ptx_ablation, "bwd-128-bfloat16-causal-writer")
+    hand = _bwd_ptx(kept_ptx_ablation, "bwd-128-bfloat16-causal-wghand")
     import kept_ptx as kp  # noqa: PLC0415
 
     kp.assert_wg_hand_barriers(hand, base)
     red = "cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32"
     assert hand.count(red) == base.count(red) == 8
     assert hand.count("wgmma.mma_async") == base.count("wgmma.mma_async") > 0
-    assert re.search(r"bar\.sync\s+11, 160;", _bwd_ptx(kept_ptx, "bwd-64-bfloat16-window-wghand"))
+    assert re.search(r"bar\.sync\s+11, 160;",
+                     _bwd_ptx(kept_ptx_ablation, "bwd-64-bfloat16-window-wghand"))
 
 
-def test_hstu_bwd_sm90_qprobe_key_and_ptx(kept_ptx):
+@pytest.mark.ablation
+def test_hstu_bwd_sm90_qprobe_key_and_ptx(kept_ptx, kept_ptx_ablation):
     """hstu_bwd_ws "qprobe" (opt-in; the dQ tile workspace, not deterministic): the key; each
     step tests the next step's Q / dO stage once (``mbarrier.test_wait``, acquire) after its
     dQ staging stores and skips its wait where the test passed; the same GEMMs and bulk
@@ -1475,7 +1514,7 @@ def test_hstu_bwd_sm90_qprobe_key_and_ptx(kept_ptx):
     assert not key(hstu_bwd_dq="red", hstu_bwd_ws=("qprobe",)).q_probe
     assert not key(hstu_bwd_dq="tile", hstu_bwd_ws=("qprobe",), deterministic=True).q_probe
     base = _bwd_ptx(kept_ptx, "bwd-128-bfloat16-causal-tile-default")
-    probe = _bwd_ptx(kept_ptx, "bwd-128-bfloat16-causal-qprobe")
+    probe = _bwd_ptx(kept_ptx_ablation, "bwd-128-bfloat16-causal-qprobe")
     test = re.compile(r"mbarrier\.test_wait\.parity\.acquire\.cta\.shared::cta\.b64")
     assert len(test.findall(probe)) >= 1 and not test.findall(base)
     red = "cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32"
@@ -1491,6 +1530,15 @@ def test_hstu_wgmma_groups_in_block(kept_ptx):
 
     n = kp.configs_with_groups_in_block(kept_ptx, _PTX_CONFIGS)
     assert n >= len(_PTX_CONFIGS) // 2, n
+
+
+@pytest.mark.ablation
+def test_hstu_ablation_wgmma_groups_in_block(kept_ptx_ablation):
+    """The same for the kept kernels of the opt-in variants (:data:`_PTX_ABLATION`)."""
+    import kept_ptx as kp  # noqa: PLC0415
+
+    n = kp.configs_with_groups_in_block(kept_ptx_ablation, _PTX_ABLATION)
+    assert n >= len(_PTX_ABLATION) // 2, n
 
 
 def _rab_bwd_ptx(kept_ptx, name):
@@ -1528,12 +1576,13 @@ def test_hstu_rab_bwd_sm90_fast_path_ptx(kept_ptx):
     assert count(r"ld\.global\.b16", per_head) == 64
 
 
-def test_hstu_rab_fwd_prefetch_ptx(kept_ptx):
+@pytest.mark.ablation
+def test_hstu_rab_fwd_prefetch_ptx(kept_ptx, kept_ptx_ablation):
     """hstu_fwd_ws "rabpf": the sm90ws forward's producer prefetches each KV tile's bias rows
     (128 query rows over 32 lanes, five addresses per 512-byte fp32 row: 20 per lane); the
     default forward with rab has none."""
     base = _fwd_ptx(kept_ptx, "fwd-128-rab1-float32")
-    pf = _fwd_ptx(kept_ptx, "fwd-128-rab1-float32-rabpf")
+    pf = _fwd_ptx(kept_ptx_ablation, "fwd-128-rab1-float32-rabpf")
     assert len(re.findall(r"prefetch\.global\.L2 ", pf)) == 20
     assert "prefetch.global.L2" not in base
 

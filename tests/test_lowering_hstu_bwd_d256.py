@@ -3,7 +3,9 @@ query-tile workspace, each consumer warp staging its slice in the step's consume
 tiles (``kernels/hstu_bwd_sm90.py``, ``dq_alias``), and ``kernels/hstu_dq_tiles.py`` reorders
 the 16-block tiles into dq. Compile keys, lowering for sm_90a and the PTX (no GPU needed);
 the GPU run is ``tests/test_gpu_hstu_bwd_d256.py``, the host statement of the workspace order
-``tests/test_hstu_dq_tiles.py``."""
+``tests/test_hstu_dq_tiles.py``. The PTX tests of the opt-in ``hstu_bwd_ws`` variants
+(``splitwait``, ``epiregs`` / ``epi16``, ``detzero``, ``dqclaim``, ``convert=N``) are marked
+``ablation`` (``pytest -m ablation``) and read the PTX of :func:`kept_ptx_ablation`."""
 
 from __future__ import annotations
 
@@ -62,28 +64,15 @@ def test_dq_tiles_kernel_shapes():
         HstuDqFromTiles(cutlass.BFloat16, 64, 96)
 
 
-# the PTX test's configurations (functions of tests/test_lowering_hstu.py), lowered in one
-# fresh process (tests/kept_ptx.py): the default mode with the window mask, the deterministic
-# one with the causal mask and the zeroed workspace (hstu_bwd_ws=detzero)
+# the PTX tests' configurations (functions of tests/test_lowering_hstu.py), lowered in one
+# fresh process (tests/kept_ptx.py): the default mode with the window mask at D = 256 and
+# D = 128, and the deterministic mode (first contributions stored, the default): D = 256
+# (blocks staged in the Q / dO stage) with the causal mask, D = 128 (the staging tile) with a
+# func mask, D = 64 with the window
 _PTX_CONFIGS = {
-    mode: ("_bwd_text", (256, "bfloat16", mask), {"hstu_bwd_dq": "tile", **ws},
-           {"deterministic": mode == "deterministic"})
-    for mode, mask, ws in (("default", "window", {}),
-                           ("deterministic", "causal", {"hstu_bwd_ws": "detzero"}))
-}
-# hstu_bwd_ws=splitwait at the head dims with 64-query tiles, and the D = 128 default
-_PTX_CONFIGS.update({
-    "split-d256": ("_bwd_text", (256, "bfloat16", "window"),
-                   {"hstu_bwd_dq": "tile", "hstu_bwd_ws": "splitwait"}, {}),
+    "default": ("_bwd_text", (256, "bfloat16", "window"), {"hstu_bwd_dq": "tile"},
+                {"deterministic": False}),
     "default-d128": ("_bwd_text", (128, "bfloat16", "window"), {"hstu_bwd_dq": "tile"}, {}),
-    "split-d128": ("_bwd_text", (128, "bfloat16", "window"),
-                   {"hstu_bwd_dq": "tile", "hstu_bwd_ws": "splitwait"}, {}),
-    "epi16-d128": ("_bwd_text", (128, "bfloat16", "window"),
-                   {"hstu_bwd_dq": "tile", "hstu_bwd_ws": "epi16"}, {}),
-    "epiregs-d128": ("_bwd_text", (128, "bfloat16", "window"),
-                     {"hstu_bwd_dq": "tile", "hstu_bwd_ws": "epiregs"}, {}),
-    # deterministic (first contributions stored, the default): D = 256 (blocks staged in the Q / dO stage) with the
-    # causal mask, D = 128 (the staging tile) with a func mask, D = 64 with the window
     "detstore-d256": ("_bwd_text", (256, "bfloat16", "causal"),
                       {"hstu_bwd_dq": "tile"},
                       {"deterministic": True}),
@@ -93,6 +82,22 @@ _PTX_CONFIGS.update({
     "detstore-d64": ("_bwd_text", (64, "float16", "window"),
                      {"hstu_bwd_dq": "tile"},
                      {"deterministic": True}),
+}
+# the ablation tests' configurations (opt-in hstu_bwd_ws variants), kept by kept_ptx_ablation:
+# the deterministic mode with the causal mask and the zeroed workspace (detzero), splitwait at
+# the head dims with 64-query tiles, the register epilogues, dqclaim, convert=N
+_PTX_ABLATION = {
+    "deterministic": ("_bwd_text", (256, "bfloat16", "causal"),
+                      {"hstu_bwd_dq": "tile", "hstu_bwd_ws": "detzero"},
+                      {"deterministic": True}),
+    "split-d256": ("_bwd_text", (256, "bfloat16", "window"),
+                   {"hstu_bwd_dq": "tile", "hstu_bwd_ws": "splitwait"}, {}),
+    "split-d128": ("_bwd_text", (128, "bfloat16", "window"),
+                   {"hstu_bwd_dq": "tile", "hstu_bwd_ws": "splitwait"}, {}),
+    "epi16-d128": ("_bwd_text", (128, "bfloat16", "window"),
+                   {"hstu_bwd_dq": "tile", "hstu_bwd_ws": "epi16"}, {}),
+    "epiregs-d128": ("_bwd_text", (128, "bfloat16", "window"),
+                     {"hstu_bwd_dq": "tile", "hstu_bwd_ws": "epiregs"}, {}),
     # dqclaim (not deterministic): D = 256 causal, D = 128 func, D = 64 window
     "dqclaim-d256": ("_bwd_text", (256, "bfloat16", "causal"),
                      {"hstu_bwd_dq": "tile", "hstu_bwd_ws": "dqclaim"}, {}),
@@ -105,7 +110,7 @@ _PTX_CONFIGS.update({
                      {"hstu_bwd_dq": "tile", "hstu_bwd_ws": "convert=1024"}, {}),
     "convert-claim-d64": ("_bwd_text", (64, "float16", "window"),
                           {"hstu_bwd_dq": "tile", "hstu_bwd_ws": "dqclaim,convert=512"}, {}),
-})
+}
 
 
 @pytest.fixture(scope="module")
@@ -117,59 +122,72 @@ def kept_ptx(tmp_path_factory):
                               "test_lowering_hstu", _PTX_CONFIGS)
 
 
+@pytest.fixture(scope="module")
+def kept_ptx_ablation(tmp_path_factory):
+    """The directory of the PTX and lowered text kept while lowering :data:`_PTX_ABLATION`."""
+    import kept_ptx as kp  # noqa: PLC0415
+
+    return kp.keep_ptx_shared(tmp_path_factory, "test_lowering_hstu_bwd_d256_ablation",
+                              "test_lowering_hstu", _PTX_ABLATION)
+
+
 @pytest.mark.lowering
+@pytest.mark.ablation
 @pytest.mark.parametrize("d", [128, 256])
-def test_bwd_splitwait_ptx(kept_ptx, d):
+def test_bwd_splitwait_ptx(kept_ptx, kept_ptx_ablation, d):
     """``hstu_bwd_ws=splitwait`` re-checks the step's Q / dO full barrier right before the
     dP^T wait: one more mbarrier try-wait in the backward than without it, the same
     warpgroup MMAs and waits."""
     import kept_ptx as kp  # noqa: PLC0415
 
-    def bwd(name):
-        b = [t for t in kp.ptx_of(kept_ptx, name).values() if "HstuBwdSm90" in t]
+    def bwd(kept, name):
+        b = [t for t in kp.ptx_of(kept, name).values() if "HstuBwdSm90" in t]
         assert len(b) == 1
         return b[0]
 
-    default = bwd("default" if d == 256 else "default-d128")
-    split = bwd(f"split-d{d}")
+    default = bwd(kept_ptx, "default" if d == 256 else "default-d128")
+    split = bwd(kept_ptx_ablation, f"split-d{d}")
     assert split.count("mbarrier.try_wait") == default.count("mbarrier.try_wait") + 1
     for needle in ("wgmma.mma_async", "wgmma.wait_group.sync.aligned"):
         assert split.count(needle) == default.count(needle), needle
 
 
 @pytest.mark.lowering
-def test_bwd_epi_pairs_ptx(kept_ptx):
+@pytest.mark.ablation
+def test_bwd_epi_pairs_ptx(kept_ptx, kept_ptx_ablation):
     """From registers (``hstu_bwd_ws=epiregs``) dK / dV go out as packed pairs: 4-byte
     global stores after a bf16x2 conversion, half as many as the one 2-byte store per value
     of ``epi16``; the default (through shared memory) has neither."""
     import kept_ptx as kp  # noqa: PLC0415
 
-    def bwd(name):
-        b = [t for t in kp.ptx_of(kept_ptx, name).values() if "HstuBwdSm90" in t]
+    def bwd(kept, name):
+        b = [t for t in kp.ptx_of(kept, name).values() if "HstuBwdSm90" in t]
         assert len(b) == 1
         return b[0]
 
-    pairs, epi16 = bwd("epiregs-d128"), bwd("epi16-d128")
+    pairs, epi16 = bwd(kept_ptx_ablation, "epiregs-d128"), bwd(kept_ptx_ablation, "epi16-d128")
     n16 = len(re.findall(r"st\.global\.b16", epi16))
     assert n16 > 0 and not re.findall(r"st\.global\.b16", pairs)
     assert len(re.findall(r"st\.global\.b32", pairs)) == n16 // 2
     assert "cvt.rn.bf16x2.f32" in pairs
-    assert not re.findall(r"st\.global\.b(16|32)", bwd("default-d128"))
+    assert not re.findall(r"st\.global\.b(16|32)", bwd(kept_ptx, "default-d128"))
 
 
 @pytest.mark.lowering
-@pytest.mark.parametrize("det", [False, True], ids=["default", "deterministic"])
-def test_d256_tile_ptx(kept_ptx, det):
+@pytest.mark.parametrize("det", [False, pytest.param(True, marks=pytest.mark.ablation)],
+                         ids=["default", "deterministic"])
+def test_d256_tile_ptx(request, det):
     """The D = 256 backward lowers with the schedule, the backward and the reordering kernel
     (512 threads); the consumer warps stage their dQ slices in the Q / dO stage after a
     barrier of the consumer warpgroups (bar 4) and hand them to the writer warp (bar 2), which
     adds them with two bulk reduce-adds per consumer warp (16, no red.global.add), waits for
     their reads, releases the stage and hands the slices back (bar 5); deterministic: it also
     waits for the previous KV tile's additions (acquire loads) and for the completion of its
-    own before it publishes."""
+    own before it publishes (with ``hstu_bwd_ws=detzero``, the zeroed workspace)."""
     import kept_ptx as kp  # noqa: PLC0415
 
     name = "deterministic" if det else "default"
+    kept_ptx = request.getfixturevalue("kept_ptx_ablation" if det else "kept_ptx")
     calls = kp.lowered_text_of(kept_ptx, name).count("CuteDSLRT_NvJaxCutlassCall")
     assert calls == 3, calls
     files = kp.ptx_of(kept_ptx, name)
@@ -216,15 +234,16 @@ def test_dqclaim_keys():
 
 
 @pytest.mark.lowering
+@pytest.mark.ablation
 @pytest.mark.parametrize("d", [64, 128, 256])
-def test_dqclaim_ptx(kept_ptx, d):
+def test_dqclaim_ptx(kept_ptx, kept_ptx_ablation, d):
     """With ``dqclaim`` the writer warp claims each query tile with an atomic add, waits with
     acquire loads, publishes after a GPU-scope fence, and has a bulk store path next to its
     bulk reduce-adds (the same blocks), with an async-proxy fence after the acquire; the
     reordering kernel zeroes the tiles nobody claimed."""
     import kept_ptx as kp  # noqa: PLC0415
 
-    files = kp.ptx_of(kept_ptx, f"dqclaim-d{d}")
+    files = kp.ptx_of(kept_ptx_ablation, f"dqclaim-d{d}")
     bwd = [t for t in files.values() if "HstuBwdSm90" in t]
     assert len(bwd) == 1
     text = bwd[0]
@@ -261,15 +280,16 @@ def test_convert_keys():
 
 
 @pytest.mark.lowering
+@pytest.mark.ablation
 @pytest.mark.parametrize("name,atoms", [("convert-d128", 1), ("convert-claim-d64", 2)])
-def test_convert_ptx(kept_ptx, name, atoms):
+def test_convert_ptx(kept_ptx_ablation, name, atoms):
     """With ``convert=N`` the consumers count the CTA as finished (one fenced atomic add; with
     ``dqclaim`` the writer's claims too) and the last one converts the workspace tiles
     through shared memory with the consumer-only named barrier 7; the writer warp (with
     ``dqclaim``) arrives on barrier 6 once its additions are complete."""
     import kept_ptx as kp  # noqa: PLC0415
 
-    files = kp.ptx_of(kept_ptx, name)
+    files = kp.ptx_of(kept_ptx_ablation, name)
     bwd = [t for t in files.values() if "HstuBwdSm90" in t]
     assert len(bwd) == 1
     text = bwd[0]

@@ -6,7 +6,9 @@ stage") and without register spills, by default, with the packed 16-bit score fu
 the previous P), with three consumer warpgroups and in fp16 with ``hstu_fwd_ws=plate`` (P
 converted to 16 bit after that wait; the default fp16 kernel converts it before and ptxas
 serializes every wgmma of it, which measured no slower on the H200). A serialized wgmma runs
-without the overlap the kernel is built for."""
+without the overlap the kernel is built for. The opt-in variants (``silu16``, ``plate``, the
+block-sparse backward's ``dklag``, ``sahead``, ``noqprobe``, ``nodqlag``) are checked in the
+``ablation`` tier (``pytest -m ablation``), from the PTX of :func:`kept_ptx_ablation`."""
 
 from __future__ import annotations
 
@@ -17,6 +19,12 @@ import subprocess
 import pytest
 
 pytestmark = pytest.mark.lowering
+
+
+def _ablation(value):
+    """A parameter of the ablation tier."""
+    return pytest.param(value, marks=pytest.mark.ablation)
+
 
 def _hstu_fwd_text(switches, d=64, dtype="bfloat16", max_seqlen=200):
     """The lowered text of the HSTU forward (default D = 64, bf16, max_seqlen 200: two
@@ -48,22 +56,26 @@ def _bsa_bwd_text(cfg_index, **kw):
 # (function of this module, its positional arguments, Switches fields, keyword arguments)
 _PTX_CONFIGS = {
     "hstu-fwd-default": ("_hstu_fwd_text", (), {}, {}),
-    "hstu-fwd-silu16": ("_hstu_fwd_text", (), {"hstu_fwd_ws": "silu16"}, {}),
     # three consumer warpgroups (the default at D <= 64 from max_seqlen_q 2048)
     "hstu-fwd-wg3": ("_hstu_fwd_text", (), {}, {"max_seqlen": 4096}),
+    # blk 64 / D 128, the default backward (dQ issued after the dV / dK GEMMs)
+    "bsa-bwd-blk64": ("_bsa_bwd_text", (1,), None, {"ws": "", "deterministic": False}),
+    # blk 128 / D 128, the default (the next step's stage tested ahead)
+    "bsa-bwd-blk128": ("_bsa_bwd_text", (0,), None, {"ws": ""}),
+}
+# the opt-in variants (the ablation tier), kept by kept_ptx_ablation
+_PTX_ABLATION = {
+    "hstu-fwd-silu16": ("_hstu_fwd_text", (), {"hstu_fwd_ws": "silu16"}, {}),
     # fp16 with P converted after the PV wait (hstu_fwd_ws=plate), at D = 128 and D = 64 with
     # three consumer warpgroups
     "hstu-fwd-fp16": ("_hstu_fwd_text", (), {"hstu_fwd_ws": "plate"},
                       {"d": 128, "dtype": "float16"}),
     "hstu-fwd-fp16-wg3": ("_hstu_fwd_text", (), {"hstu_fwd_ws": "plate,wg3"},
                           {"dtype": "float16", "max_seqlen": 4096}),
-    # blk 64 / D 128, the default backward (dQ issued after the dV / dK GEMMs)
-    "bsa-bwd-blk64": ("_bsa_bwd_text", (1,), None, {"ws": "", "deterministic": False}),
     # blk 128 / D 128 with the previous step's dK GEMM issued after the S^T / dP^T GEMMs
     "bsa-bwd-blk128-dklag": ("_bsa_bwd_text", (0,), None, {"ws": "dklag"}),
     "bsa-bwd-blk128-sahead": ("_bsa_bwd_text", (0,), None, {"ws": "sahead"}),
-    # blk 128 / D 128, the default (the next step's stage tested ahead) and without it
-    "bsa-bwd-blk128": ("_bsa_bwd_text", (0,), None, {"ws": ""}),
+    # blk 128 / D 128 without the default's stage test ahead and late dQ of warpgroup 0
     "bsa-bwd-blk128-noqprobe": ("_bsa_bwd_text", (0,), None, {"ws": "noqprobe"}),
     "bsa-bwd-blk128-nodqlag": ("_bsa_bwd_text", (0,), None, {"ws": "nodqlag"}),
 }
@@ -76,6 +88,20 @@ def kept_ptx(tmp_path_factory):
 
     return kp.keep_ptx_shared(tmp_path_factory, "test_ptxas_hopper", "test_ptxas_hopper",
                               _PTX_CONFIGS)
+
+
+@pytest.fixture(scope="module")
+def kept_ptx_ablation(tmp_path_factory):
+    """The directory of the PTX kept while lowering :data:`_PTX_ABLATION`."""
+    import kept_ptx as kp  # noqa: PLC0415
+
+    return kp.keep_ptx_shared(tmp_path_factory, "test_ptxas_hopper_ablation",
+                              "test_ptxas_hopper", _PTX_ABLATION)
+
+
+def _kept(request, name):
+    """The directory of the fixture that keeps the configuration ``name``."""
+    return request.getfixturevalue("kept_ptx_ablation" if name in _PTX_ABLATION else "kept_ptx")
 
 
 def _kernel_ptx(kept_ptx, name, kernel):
@@ -98,10 +124,12 @@ def _ptxas(ptx, tmp_path):
 
 
 @pytest.mark.skipif(shutil.which("ptxas") is None, reason="ptxas is not installed")
-@pytest.mark.parametrize("ws", ["", "silu16", "wg3", "fp16", "fp16-wg3"],
+@pytest.mark.parametrize("ws", ["", _ablation("silu16"), "wg3", _ablation("fp16"),
+                                _ablation("fp16-wg3")],
                          ids=["default", "silu16", "wg3", "fp16", "fp16-wg3"])
-def test_hstu_fwd_ws_ptxas_no_serialized_wgmma(kept_ptx, tmp_path, ws):
-    path, text = _kernel_ptx(kept_ptx, f"hstu-fwd-{ws or 'default'}", "HstuFwdSm90Ws")
+def test_hstu_fwd_ws_ptxas_no_serialized_wgmma(request, tmp_path, ws):
+    name = f"hstu-fwd-{ws or 'default'}"
+    path, text = _kernel_ptx(_kept(request, name), name, "HstuFwdSm90Ws")
     if "wg3" in ws:
         assert ".reqntid 512" in text
         assert re.search(r"setmaxnreg\.inc\.sync\.aligned\.u32\s+160;", text)
@@ -151,13 +179,14 @@ def test_bsa_bwd_dq_late_ptxas_no_serialized_wgmma(kept_ptx, tmp_path):
     assert spills and max(spills) == 0, out[-3000:]
 
 
+@pytest.mark.ablation
 @pytest.mark.skipif(shutil.which("ptxas") is None, reason="ptxas is not installed")
-def test_bsa_bwd_dklag_ptxas_no_serialized_wgmma(kept_ptx, tmp_path):
+def test_bsa_bwd_dklag_ptxas_no_serialized_wgmma(kept_ptx_ablation, tmp_path):
     """blk 128 / D 128 with ``bsa_bwd_ws=dklag``: the previous step's dS^T fragment (16 more
     registers) is live next to the S^T / dP^T accumulators and read by the dK GEMM in flight
     under the step's score work; ptxas assembles it without serializing the wgmma (C7512,
     C7513) and without spills."""
-    path, text = _kernel_ptx(kept_ptx, "bsa-bwd-blk128-dklag", "BsaBwdSm90Ws")
+    path, text = _kernel_ptx(kept_ptx_ablation, "bsa-bwd-blk128-dklag", "BsaBwdSm90Ws")
     assert re.search(r"wgmma\.wait_group\.sync\.aligned\s+2;", text)
     out = _ptxas(path, tmp_path)
     assert "serialized" not in out, out[-3000:]  # C7512-C7515
@@ -166,31 +195,32 @@ def test_bsa_bwd_dklag_ptxas_no_serialized_wgmma(kept_ptx, tmp_path):
 
 
 @pytest.mark.skipif(shutil.which("ptxas") is None, reason="ptxas is not installed")
-@pytest.mark.parametrize("name", ["bsa-bwd-blk128", "bsa-bwd-blk128-noqprobe",
-                                  "bsa-bwd-blk128-nodqlag"])
-def test_bsa_bwd_qprobe_ptxas_no_serialized_wgmma(kept_ptx, tmp_path, name):
+@pytest.mark.parametrize("name", ["bsa-bwd-blk128", _ablation("bsa-bwd-blk128-noqprobe"),
+                                  _ablation("bsa-bwd-blk128-nodqlag")])
+def test_bsa_bwd_qprobe_ptxas_no_serialized_wgmma(request, tmp_path, name):
     """blk 128 / D 128 by default: the next step's stage test and index and the next
     entry's split between the dQ staging stores and their fence, and the step's wait behind
     a branch; ptxas assembles it without serializing the wgmma and without spills, as
     without them (``noqprobe``); the default has warpgroup 0's dQ one step late (``dqlag``:
     its barriers and staging behind branches on the warpgroup, its last dQ GEMM in one),
     ``nodqlag`` both warpgroups' dQ in the step."""
-    path, _ = _kernel_ptx(kept_ptx, name, "BsaBwdSm90Ws")
+    path, _ = _kernel_ptx(_kept(request, name), name, "BsaBwdSm90Ws")
     out = _ptxas(path, tmp_path)
     assert "serialized" not in out, out[-3000:]  # C7510-C7515
     spills = [int(x) for x in re.findall(r"(\d+) bytes spill stores", out)]
     assert spills and max(spills) == 0, out[-3000:]
 
 
+@pytest.mark.ablation
 @pytest.mark.skipif(shutil.which("ptxas") is None, reason="ptxas is not installed")
-def test_bsa_bwd_sahead_ptxas_no_serialized_wgmma(kept_ptx, tmp_path):
+def test_bsa_bwd_sahead_ptxas_no_serialized_wgmma(kept_ptx_ablation, tmp_path):
     """blk 128 / D 128 with ``bsa_bwd_ws=sahead``: the first step of a list entry ends with
     its dK GEMM in flight and the second step's S^T / dP^T GEMMs go behind it. ptxas
     serializes every wgmma of a kernel when a GEMM is in flight where a branch region it was
     issued in ends (C7514 / C7515; the first step is therefore static); here it does not
     serialize (no "serialized" note) and spills at most one register (8 bytes of spill
     stores, read back outside the GEMMs)."""
-    path, _ = _kernel_ptx(kept_ptx, "bsa-bwd-blk128-sahead", "BsaBwdSm90Ws")
+    path, _ = _kernel_ptx(kept_ptx_ablation, "bsa-bwd-blk128-sahead", "BsaBwdSm90Ws")
     out = _ptxas(path, tmp_path)
     assert "serialized" not in out, out[-3000:]
     spills = [int(x) for x in re.findall(r"(\d+) bytes spill stores", out)]
