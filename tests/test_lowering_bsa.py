@@ -10,7 +10,8 @@ both D, blk, dtypes, layouts and ``block_sizes`` presence); dtype, layout and ``
 each static option is exercised. The tests of the opt-in ``bsa_fwd_ws`` variants (ablation and
 tuning flags the defaults do not compile) and of the deterministic ``detoverlap`` option are
 marked ``ablation`` (``pytest -m ablation``); their PTX is kept by a fixture of its own
-(:func:`kept_ptx_ablation`).
+(:func:`kept_ptx_ablation`). The checks of the defaults' own PTX that they compare with stay
+in default-run tests.
 """
 
 from __future__ import annotations
@@ -476,28 +477,38 @@ def test_causal_declined_where_sm80_kernels_run(why, d, sw):
     assert choice.backend == "reference" and "causal" in choice.reason
 
 
-@pytest.mark.ablation
-def test_bsa_sm90ws_qregs_ptx(kept_ptx, kept_ptx_ablation):
-    """``bsa_fwd_ws=qregs``: the S GEMMs (m64n64k16 at blk 64) take Q from registers, which
-    ``ldmatrix`` fills once per work item (8 x4 loads of the 64 x 128 slice); without the
-    flag they read both operands through shared-memory descriptors and there is no
-    ``ldmatrix``. The PV GEMM (m64n128k16) reads P from registers either way."""
+def _s_gemm_a_operands(text):
+    """The A operand of each S GEMM (m64n64k16, blk 64) of a bf16 forward's PTX: ``"{%"``
+    for registers, ``"%r"`` for a shared-memory descriptor."""
     import re
 
+    return {m.group(1)[:2] for m in re.finditer(
+        r"wgmma\.mma_async\.sync\.aligned\.m64n64k16\.f32\.bf16\.bf16 \{[^}]*\}, (\S+)",
+        text)}
+
+
+def test_bsa_sm90ws_s_gemm_operands_ptx(kept_ptx):
+    """By default (without ``bsa_fwd_ws=qregs``: :func:`test_bsa_sm90ws_qregs_ptx`) the S
+    GEMMs (m64n64k16 at blk 64) read both operands through shared-memory descriptors and the
+    forward has no ``ldmatrix``."""
     import kept_ptx as kp  # noqa: PLC0415
 
-    def s_gemm_a_operands(text):
-        # the A operand of each S GEMM: "{%r...}" registers or a "%rd" descriptor
-        return {m.group(1)[:2] for m in re.finditer(
-            r"wgmma\.mma_async\.sync\.aligned\.m64n64k16\.f32\.bf16\.bf16 \{[^}]*\}, (\S+)",
-            text)}
+    plain = next(iter(kp.ptx_of(kept_ptx, _ids(WS_CONFIGS[1])).values()))
+    assert _s_gemm_a_operands(plain.replace(".f16.f16", ".bf16.bf16")) == {"%r"}
+    assert "ldmatrix" not in plain
+
+
+@pytest.mark.ablation
+def test_bsa_sm90ws_qregs_ptx(kept_ptx_ablation):
+    """``bsa_fwd_ws=qregs``: the S GEMMs (m64n64k16 at blk 64) take Q from registers, which
+    ``ldmatrix`` fills once per work item (8 x4 loads of the 64 x 128 slice; the default's
+    operands: :func:`test_bsa_sm90ws_s_gemm_operands_ptx`). The PV GEMM (m64n128k16) reads P
+    from registers either way."""
+    import kept_ptx as kp  # noqa: PLC0415
 
     qregs = next(iter(kp.ptx_of(kept_ptx_ablation, "qregs-blk64").values()))
-    plain = next(iter(kp.ptx_of(kept_ptx, _ids(WS_CONFIGS[1])).values()))
-    assert s_gemm_a_operands(qregs) == {"{%"}
+    assert _s_gemm_a_operands(qregs) == {"{%"}
     assert qregs.count("ldmatrix.sync.aligned") == 8
-    assert s_gemm_a_operands(plain.replace(".f16.f16", ".bf16.bf16")) == {"%r"}
-    assert "ldmatrix" not in plain
 
 
 @pytest.mark.ablation
@@ -557,28 +568,39 @@ def test_bsa_sm90ws_tma_o_ptx(kept_ptx, name):
     assert "ld.shared.v4" not in text
 
 
+def _tma_copies(kept, name):
+    """The TMA copies of the forward kept for ``name`` as ``kept_ptx.tma_copy_policies``
+    gives them (every copy found, every load's policy operand known)."""
+    import kept_ptx as kp  # noqa: PLC0415
+
+    text = next(iter(kp.ptx_of(kept, name).values()))
+    got = kp.tma_copy_policies(text)
+    assert text.count("cp.async.bulk.tensor.") == len(got)
+    assert all(p is not None for k, _, p in got if k == "load"), got
+    return got
+
+
+@pytest.mark.parametrize("cfg", [WS_CONFIGS[0], WS_CONFIGS[1]], ids=lambda c: _ids(c))
+def test_bsa_sm90ws_default_l2_policy_ptx(kept_ptx, cfg):
+    """Without ``l2hint`` / ``l2normal`` (:func:`test_bsa_sm90ws_l2hint_ptx`) the forward
+    passes the DSL's constant 0 as every TMA copy's policy operand."""
+    default = _tma_copies(kept_ptx, _ids(cfg))
+    assert default and {p for _, p, _ in default} == {"0"}, default
+
+
 @pytest.mark.ablation
 @pytest.mark.parametrize("cfg", [WS_CONFIGS[0], WS_CONFIGS[1]], ids=lambda c: _ids(c))
 def test_bsa_sm90ws_l2hint_ptx(kept_ptx, kept_ptx_ablation, cfg):
     """``bsa_fwd_ws=l2hint``: each TMA copy's policy by the kernel parameter its tensor map
     comes from (Q 0, K 2, V 4): K / V loads ``evict_last`` (``createpolicy``), Q loads and
     the O tensor stores ``evict_first``; with split-KV the Q loads ``evict_last`` (one work
-    item per split reads the query tile). ``l2normal``: ``evict_normal`` on every copy. The
-    default passes the DSL's constant 0 as every copy's policy operand. All have the same
-    copies."""
-    import kept_ptx as kp  # noqa: PLC0415
-
-    def copies(name, kept=kept_ptx_ablation):
-        text = next(iter(kp.ptx_of(kept, name).values()))
-        got = kp.tma_copy_policies(text)
-        assert text.count("cp.async.bulk.tensor.") == len(got)
-        assert all(p is not None for k, _, p in got if k == "load"), got
-        return got
-
-    default = copies(_ids(cfg), kept_ptx)
-    hint = copies("l2hint-" + _ids(cfg))
-    normal = copies("l2normal-" + _ids(cfg))
-    assert default and {p for _, p, _ in default} == {"0"}
+    item per split reads the query tile). ``l2normal``: ``evict_normal`` on every copy. Both
+    have the default's copies (whose policy operand:
+    :func:`test_bsa_sm90ws_default_l2_policy_ptx`)."""
+    default = _tma_copies(kept_ptx, _ids(cfg))
+    hint = _tma_copies(kept_ptx_ablation, "l2hint-" + _ids(cfg))
+    normal = _tma_copies(kept_ptx_ablation, "l2normal-" + _ids(cfg))
+    assert default
     kinds = [(k, t) for k, _, t in default]
     assert [(k, t) for k, _, t in hint] == kinds == [(k, t) for k, _, t in normal]
     want = {0: "evict_first", 2: "evict_last", 4: "evict_last"}
@@ -587,7 +609,7 @@ def test_bsa_sm90ws_l2hint_ptx(kept_ptx, kept_ptx_ablation, cfg):
         assert p == (want[t] if k == "load" else "evict_first"), (k, p, t)
     assert {p for _, p, _ in normal} == {"evict_normal"}
     if cfg is WS_CONFIGS[1]:
-        split = copies("l2hint-split2")
+        split = _tma_copies(kept_ptx_ablation, "l2hint-split2")
         assert {(t, p) for k, p, t in split if k == "load"} == {
             (0, "evict_last"), (2, "evict_last"), (4, "evict_last")}
 

@@ -10,7 +10,8 @@ fallback) is what runs on the GPU.
 The tests of opt-in ablation and tuning variants of the switches (``hstu_fwd_ws``,
 ``hstu_bwd_ws``, ``hstu_bwd_dq``, ``hstu_bwd_order``, ``dq_writer``, ``det_writer`` off)
 that the defaults do not compile are marked ``ablation`` (``pytest -m ablation``); their PTX
-is kept by a fixture of its own (:func:`kept_ptx_ablation`).
+is kept by a fixture of its own (:func:`kept_ptx_ablation`). Their compile keys and the
+checks of the defaults' own PTX stay in default-run tests.
 """
 
 from __future__ import annotations
@@ -825,11 +826,10 @@ def test_hstu_paged_metadata_in_one_launch(kv_splits):
     assert not fh.fwd_config("bfloat16", 128, 128, 0, Switches()).page_id_clamp
 
 
-@pytest.mark.ablation
-def test_hstu_paged_page_prefetch_lowers():
-    """``hstu_fwd_ws="pagepf"`` (the paged producer loads each KV tile's page id one tile
-    ahead) compiles a paged forward of its own; contiguous calls ignore the option."""
-    import jax_sparse_attn as jsa  # noqa: PLC0415
+def test_hstu_paged_page_prefetch_key():
+    """``hstu_fwd_ws="pagepf"`` (opt-in): the paged forward's key has it, the default paged
+    key not; contiguous calls ignore the option (their key is the default's; the lowering:
+    :func:`test_hstu_paged_page_prefetch_lowers`)."""
     from jax_sparse_attn.config import Switches  # noqa: PLC0415
     from jax_sparse_attn.ffi import hstu as fh  # noqa: PLC0415
 
@@ -838,6 +838,17 @@ def test_hstu_paged_page_prefetch_lowers():
     assert not fh.fwd_config("bfloat16", 128, 128, 0, Switches(), paged=True).ws_page_prefetch
     assert fh.fwd_config("bfloat16", 128, 128, 0, sw) == fh.fwd_config(
         "bfloat16", 128, 128, 0, Switches())
+
+
+@pytest.mark.ablation
+def test_hstu_paged_page_prefetch_lowers():
+    """``hstu_fwd_ws="pagepf"`` (the paged producer loads each KV tile's page id one tile
+    ahead; the key: :func:`test_hstu_paged_page_prefetch_key`) compiles a paged forward of
+    its own."""
+    import jax_sparse_attn as jsa  # noqa: PLC0415
+    from jax_sparse_attn.config import Switches  # noqa: PLC0415
+
+    sw = Switches(hstu_fwd_ws="pagepf")
     q = jax.ShapeDtypeStruct((40, 4, 64), jnp.float16)
     kv = jax.ShapeDtypeStruct((20, 2, 128, 1, 64), jnp.float16)
     cu = jax.ShapeDtypeStruct((5,), jnp.int32)
@@ -852,11 +863,11 @@ def test_hstu_paged_page_prefetch_lowers():
     assert _attention_calls(txt) == 1 and _SCHEDULE_KERNEL in txt
 
 
-@pytest.mark.ablation
-def test_hstu_q_alias_plan_and_lowers():
-    """``hstu_fwd_ws="qalias"``: O staged in one Q buffer, 3 K/V stages at D = 128 (2 by
-    default); the contiguous and the paged forward lower with it."""
-    import jax_sparse_attn as jsa  # noqa: PLC0415
+def test_hstu_fwd_smem_plan_and_q_alias_key():
+    """The sm90ws forward's shared-memory plan at D = 128: by default 2 K/V stages, 2 Q
+    stages and O in a buffer of its own; with ``hstu_fwd_ws="qalias"`` (opt-in) 3 K/V stages
+    and one Q stage that O is staged in. The contiguous and the paged keys carry qalias, the
+    default keys not (the lowering: :func:`test_hstu_q_alias_lowers`)."""
     from jax_sparse_attn.config import Switches  # noqa: PLC0415
     from jax_sparse_attn.ffi import hstu as fh  # noqa: PLC0415
     from jax_sparse_attn.kernels.hstu_fwd_sm90_ws import ws_smem_plan  # noqa: PLC0415
@@ -866,6 +877,19 @@ def test_hstu_q_alias_plan_and_lowers():
     sw = Switches(hstu_fwd_ws="qalias")
     assert fh.fwd_config("bfloat16", 128, 128, 0, sw).ws_q_alias
     assert fh.fwd_config("bfloat16", 128, 128, 0, sw, paged=True).ws_q_alias
+    assert not fh.fwd_config("bfloat16", 128, 128, 0, Switches()).ws_q_alias
+    assert not fh.fwd_config("bfloat16", 128, 128, 0, Switches(), paged=True).ws_q_alias
+
+
+@pytest.mark.ablation
+def test_hstu_q_alias_lowers():
+    """``hstu_fwd_ws="qalias"`` (the plan and the key:
+    :func:`test_hstu_fwd_smem_plan_and_q_alias_key`): the contiguous and the paged forward
+    lower with it."""
+    import jax_sparse_attn as jsa  # noqa: PLC0415
+    from jax_sparse_attn.config import Switches  # noqa: PLC0415
+
+    sw = Switches(hstu_fwd_ws="qalias")
     q = jax.ShapeDtypeStruct((40, 4, 128), jnp.bfloat16)
     kv = jax.ShapeDtypeStruct((20, 2, 128, 2, 128), jnp.bfloat16)
     k = jax.ShapeDtypeStruct((300, 2, 128), jnp.bfloat16)
@@ -996,11 +1020,11 @@ def test_hstu_bwd_deterministic_lowers(head_dim, dtype, mask, h_rab):
     assert _attention_calls(txt) == 1 and "\\7FELF" in txt
 
 
-@pytest.mark.ablation
-def test_hstu_bwd_sm90_order_and_dq_variants():
-    """The sm90 backward's compile key carries the launch order (hstu_bwd_order: hlpt, the
-    default, lpt, seq; head-major grid for hlpt / seq, the schedule sorted for hlpt / lpt)
-    and the 16-byte dQ reduction (hstu_bwd_dq="red4"); the variants lower."""
+def test_hstu_bwd_sm90_order_and_dq_keys():
+    """The sm90 backward's compile key carries the launch order (hstu_bwd_order: auto, the
+    default, is hlpt here; lpt and seq keys of their own) and the 16-byte dQ reduction
+    (hstu_bwd_dq="red4", in both modes; not in the default key). The lowering:
+    :func:`test_hstu_bwd_sm90_order_and_dq_variants`."""
     from jax_sparse_attn.config import Switches  # noqa: PLC0415
     from jax_sparse_attn.ffi import hstu as fh  # noqa: PLC0415
 
@@ -1015,6 +1039,15 @@ def test_hstu_bwd_sm90_order_and_dq_variants():
     det = fh.bwd_config("bfloat16", 128, 128, 0, Switches(hstu_bwd_dq="red4"),
                         deterministic=True)
     assert det.deterministic and det.dq_vec4
+
+
+@pytest.mark.ablation
+def test_hstu_bwd_sm90_order_and_dq_variants():
+    """The sm90 backward's launch orders (hstu_bwd_order lpt, seq; head-major grid for
+    seq, the schedule sorted for lpt) and the 16-byte dQ reduction (hstu_bwd_dq="red4")
+    lower (their keys: :func:`test_hstu_bwd_sm90_order_and_dq_keys`)."""
+    from jax_sparse_attn.config import Switches  # noqa: PLC0415
+
     for d, mask, sw in ((128, "causal", Switches(hstu_bwd_order="lpt", hstu_bwd_dq="red4")),
                         (64, "func", Switches(hstu_bwd_order="seq")),
                         (256, "window", Switches(hstu_bwd_dq="red4"))):
@@ -1071,10 +1104,10 @@ def test_hstu_bwd_sm90_wg_skip_key():
         assert not fh.bwd_config("bfloat16", d, d, 0, sw).wg_skip
 
 
-@pytest.mark.ablation
-def test_hstu_bwd_sm90_rev_heads_key_and_lowering():
-    """hstu_bwd_ws "revheads" (the dQ tile workspace only): the key carries dq_rev_heads in
-    both modes, and the backward with its reordering kernel lowers."""
+def test_hstu_bwd_sm90_rev_heads_key():
+    """hstu_bwd_ws "revheads" (opt-in; the dQ tile workspace only): the key carries
+    dq_rev_heads in both modes, the default key not, nor with hstu_bwd_dq="red" (the
+    lowering: :func:`test_hstu_bwd_sm90_rev_heads_lowering`)."""
     from jax_sparse_attn.config import Switches  # noqa: PLC0415
     from jax_sparse_attn.ffi import hstu as fh  # noqa: PLC0415
 
@@ -1085,6 +1118,15 @@ def test_hstu_bwd_sm90_rev_heads_key_and_lowering():
         assert not fh.bwd_config("bfloat16", d, d, 0, Switches(hstu_bwd_ws=())).dq_rev_heads
     assert not fh.bwd_config("bfloat16", 128, 128, 0,
                              Switches(hstu_bwd_ws=("revheads",), hstu_bwd_dq="red")).dq_rev_heads
+
+
+@pytest.mark.ablation
+def test_hstu_bwd_sm90_rev_heads_lowering():
+    """hstu_bwd_ws "revheads" (the key: :func:`test_hstu_bwd_sm90_rev_heads_key`): the
+    backward with its reordering kernel lowers in both modes."""
+    from jax_sparse_attn.config import Switches  # noqa: PLC0415
+
+    sw = Switches(hstu_bwd_ws=("revheads",))
     pytest.importorskip("cutlass")
     for det in (False, True):
         txt = _bwd_text(128, "bfloat16", "causal", sw, deterministic=det)
@@ -1462,13 +1504,10 @@ def test_hstu_bwd_sm90_epi_smem_ptx(kept_ptx):
     assert base.count("st.global.v4") == regs.count("st.global.v4") + 16
 
 
-@pytest.mark.ablation
-def test_hstu_bwd_sm90_wghand_key_and_ptx(kept_ptx_ablation):
-    """hstu_bwd_ws "wghand" (with the dQ writer warp and the tile workspace, D <= 128, not
-    dqclaim): the key; warp 1 meets each consumer warpgroup on its own barriers, 2 / 11
-    (staged) and 5 / 10 (handed back) of 128 + 32 threads, where the writer alone has the
-    288-thread pair 2 / 5; the same eight 4 KB bulk reduce-adds and GEMMs. D = 64 (128-row
-    query tiles, the warpgroups split the rows) lowers with it too."""
+def test_hstu_bwd_sm90_wghand_key():
+    """hstu_bwd_ws "wghand" (opt-in): the key has it with the dQ writer warp and the tile
+    workspace at D <= 128, not at D = 256, with dqclaim, deterministic=True, without the
+    writer or without the option (the kernel: :func:`test_hstu_bwd_sm90_wghand_ptx`)."""
     from jax_sparse_attn.config import Switches  # noqa: PLC0415
     from jax_sparse_attn.ffi import hstu as fh  # noqa: PLC0415
 
@@ -1483,6 +1522,15 @@ def test_hstu_bwd_sm90_wghand_key_and_ptx(kept_ptx_ablation):
     assert not key(256, **on, hstu_bwd_ws=("wghand",)).wg_hand
     assert not key(**on, hstu_bwd_ws=("wghand", "dqclaim")).wg_hand
     assert not key(**on, hstu_bwd_ws=("wghand",), deterministic=True).wg_hand
+
+
+@pytest.mark.ablation
+def test_hstu_bwd_sm90_wghand_ptx(kept_ptx_ablation):
+    """hstu_bwd_ws "wghand" (the key: :func:`test_hstu_bwd_sm90_wghand_key`): warp 1 meets
+    each consumer warpgroup on its own barriers, 2 / 11 (staged) and 5 / 10 (handed back) of
+    128 + 32 threads, where the writer alone has the 288-thread pair 2 / 5; the same eight
+    4 KB bulk reduce-adds and GEMMs. D = 64 (128-row query tiles, the warpgroups split the
+    rows) lowers with it too."""
     base = _bwd_ptx(kept_ptx_ablation, "bwd-128-bfloat16-causal-writer")
     hand = _bwd_ptx(kept_ptx_ablation, "bwd-128-bfloat16-causal-wghand")
     import kept_ptx as kp  # noqa: PLC0415
@@ -1495,12 +1543,15 @@ def test_hstu_bwd_sm90_wghand_key_and_ptx(kept_ptx_ablation):
                      _bwd_ptx(kept_ptx_ablation, "bwd-64-bfloat16-window-wghand"))
 
 
-@pytest.mark.ablation
-def test_hstu_bwd_sm90_qprobe_key_and_ptx(kept_ptx, kept_ptx_ablation):
-    """hstu_bwd_ws "qprobe" (opt-in; the dQ tile workspace, not deterministic): the key; each
-    step tests the next step's Q / dO stage once (``mbarrier.test_wait``, acquire) after its
-    dQ staging stores and skips its wait where the test passed; the same GEMMs and bulk
-    reduce-adds as without it."""
+#: the stage test of hstu_bwd_ws "qprobe"
+_STAGE_TEST = re.compile(r"mbarrier\.test_wait\.parity\.acquire\.cta\.shared::cta\.b64")
+
+
+def test_hstu_bwd_sm90_qprobe_key_and_default_ptx(kept_ptx):
+    """hstu_bwd_ws "qprobe" (opt-in): the key has it with the dQ tile workspace at D <= 128,
+    not deterministic, the default key not; the default backward (D = 128, the tile
+    workspace) tests no Q / dO stage (the probing kernel:
+    :func:`test_hstu_bwd_sm90_qprobe_ptx`)."""
     from jax_sparse_attn.config import Switches  # noqa: PLC0415
     from jax_sparse_attn.ffi import hstu as fh  # noqa: PLC0415
 
@@ -1513,10 +1564,18 @@ def test_hstu_bwd_sm90_qprobe_key_and_ptx(kept_ptx, kept_ptx_ablation):
     assert not key(hstu_bwd_dq="tile").q_probe
     assert not key(hstu_bwd_dq="red", hstu_bwd_ws=("qprobe",)).q_probe
     assert not key(hstu_bwd_dq="tile", hstu_bwd_ws=("qprobe",), deterministic=True).q_probe
+    assert not _STAGE_TEST.findall(_bwd_ptx(kept_ptx, "bwd-128-bfloat16-causal-tile-default"))
+
+
+@pytest.mark.ablation
+def test_hstu_bwd_sm90_qprobe_ptx(kept_ptx, kept_ptx_ablation):
+    """hstu_bwd_ws "qprobe" (opt-in; the key:
+    :func:`test_hstu_bwd_sm90_qprobe_key_and_default_ptx`): each step tests the next step's
+    Q / dO stage once (``mbarrier.test_wait``, acquire) after its dQ staging stores and skips
+    its wait where the test passed; the same GEMMs and bulk reduce-adds as without it."""
     base = _bwd_ptx(kept_ptx, "bwd-128-bfloat16-causal-tile-default")
     probe = _bwd_ptx(kept_ptx_ablation, "bwd-128-bfloat16-causal-qprobe")
-    test = re.compile(r"mbarrier\.test_wait\.parity\.acquire\.cta\.shared::cta\.b64")
-    assert len(test.findall(probe)) >= 1 and not test.findall(base)
+    assert len(_STAGE_TEST.findall(probe)) >= 1
     red = "cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32"
     for op in ("wgmma.mma_async", "wgmma.commit_group", red, "cp.async.bulk.tensor"):
         assert probe.count(op) == base.count(op) > 0, op
@@ -1576,13 +1635,16 @@ def test_hstu_rab_bwd_sm90_fast_path_ptx(kept_ptx):
     assert count(r"ld\.global\.b16", per_head) == 64
 
 
+def test_hstu_rab_fwd_default_ptx_has_no_prefetch(kept_ptx):
+    """The default sm90ws forward with rab prefetches no bias rows into L2 (hstu_fwd_ws
+    "rabpf": :func:`test_hstu_rab_fwd_prefetch_ptx`)."""
+    assert "prefetch.global.L2" not in _fwd_ptx(kept_ptx, "fwd-128-rab1-float32")
+
+
 @pytest.mark.ablation
-def test_hstu_rab_fwd_prefetch_ptx(kept_ptx, kept_ptx_ablation):
+def test_hstu_rab_fwd_prefetch_ptx(kept_ptx_ablation):
     """hstu_fwd_ws "rabpf": the sm90ws forward's producer prefetches each KV tile's bias rows
-    (128 query rows over 32 lanes, five addresses per 512-byte fp32 row: 20 per lane); the
-    default forward with rab has none."""
-    base = _fwd_ptx(kept_ptx, "fwd-128-rab1-float32")
+    (128 query rows over 32 lanes, five addresses per 512-byte fp32 row: 20 per lane)."""
     pf = _fwd_ptx(kept_ptx_ablation, "fwd-128-rab1-float32-rabpf")
     assert len(re.findall(r"prefetch\.global\.L2 ", pf)) == 20
-    assert "prefetch.global.L2" not in base
 
