@@ -214,6 +214,69 @@ def test_d256_tile_ptx(request, det):
     assert re.search(r"\.reqntid 512, 1, 1", tiles[0])
 
 
+@pytest.mark.lowering
+def test_detstore_d256_sync_ptx(kept_ptx):
+    """The default deterministic D = 256 backward (first contributions stored,
+    ``detstore-d256`` of :data:`_PTX_CONFIGS`) keeps the synchronization of the ablation
+    ``test_d256_tile_ptx[deterministic]`` (``hstu_bwd_ws=detzero``): the same named barriers
+    (4 of the consumer warpgroups, the 288-thread pair 2 / 5 with the writer warp), the
+    acquire wait for the previous KV tile's additions and the wait counts (2, 1), and the
+    publish after the completion of its own additions. Its PTX differs from detzero's only
+    by the bulk store path next to the reduce-adds: 16 bulk stores and 16 bulk reduce-adds
+    (detzero: 16 reduce-adds, no stores) and the async-proxy fence after the acquire; the
+    equality of the two counts and the reordering kernel's zero select are
+    :func:`test_detstore_ptx`'s."""
+    import kept_ptx as kp  # noqa: PLC0415
+
+    name = "detstore-d256"
+    # schedule, backward and reordering kernel: nothing else is launched
+    calls = kp.lowered_text_of(kept_ptx, name).count("CuteDSLRT_NvJaxCutlassCall")
+    assert calls == 3, calls
+    files = kp.ptx_of(kept_ptx, name)
+    bwd = [t for t in files.values() if "HstuBwdSm90" in t]
+    tiles = [t for t in files.values() if "hstu_dq_tilesHstuDqFromTiles" in t]
+    assert len(bwd) == 1 and len(tiles) == 1, list(files)
+    b = bwd[0]
+    # two bulk reduce-adds per consumer warp (8 warps x 2 = 16) and as many bulk stores for
+    # a query tile's first contribution: the writer adds / stores every staged slice
+    adds = re.findall(r"cp\.reduce\.async\.bulk\.global\.shared::cta\.bulk_group\.add\.f32", b)
+    stores = re.findall(r"cp\.async\.bulk\.global\.shared::cta\.bulk_group \[", b)
+    assert (len(adds), len(stores)) == (16, 16), (len(adds), len(stores))
+    # no per-element atomics: dQ goes only through the writer's bulk operations
+    assert "red.relaxed.gpu.global.add" not in b and "red.global.add" not in b
+    # the consumer warpgroups meet (bar 4, 256 threads) before staging their slices in the
+    # Q / dO stage, so that no warp overwrites a tile another one still reads
+    assert re.search(r"bar\.sync\s+4, 256;", b)
+    # consumers hand the staged slices to the writer (bar 2) and the writer hands the stage
+    # back once the bulk operations have read it (bar 5): 256 consumer + 32 writer threads,
+    # both synced and arrived on; no third 288-thread barrier (3) of an earlier hand-off
+    for kind, bid in (("sync", 2), ("arrive", 2), ("sync", 5), ("arrive", 5)):
+        assert re.search(rf"bar\.{kind}\s+{bid}, 288;", b), (kind, bid)
+    assert not re.search(r"bar\.(sync|arrive)\s+3, 288;", b)
+    # one wait for the bulk reads before the stage goes back (bar 5), and two for the
+    # completion: the one before the writer publishes its tile, the one at its exit
+    complete = len(re.findall(r"cp\.async\.bulk\.wait_group\s+0;", b))
+    read = len(re.findall(r"cp\.async\.bulk\.wait_group\.read\s+0;", b))
+    assert (complete, read) == (2, 1), (complete, read)
+    # the writer waits (acquire loads of the tile's counter) for the previous KV tile's
+    # additions; only then the async-proxy fence, and only then the stage hand-off (bar 2)
+    # and the bulk stores / adds, which the fence orders after the acquire
+    acq = [m.start() for m in re.finditer(r"ld\.acquire\.gpu\.global\.b32", b)]
+    assert acq, "ld.acquire.gpu"
+    fence = b.find("fence.proxy.async.global")
+    hand = re.search(r"bar\.sync\s+2, 288;", b).start()
+    first_bulk = min(b.find(stores[0]), b.find(adds[0]))
+    assert max(acq) < fence < hand < first_bulk, (acq, fence, hand, first_bulk)
+    # the counter is published (fence.acq_rel + relaxed store, i.e. a release) only after
+    # its own bulk operations completed: the next KV tile's acquire then sees them in dQ
+    pub = re.search(r"fence\.acq_rel\.gpu;\s*st\.relaxed\.gpu\.global\.b32", b)
+    assert pub
+    bulk_before = re.findall(r"cp\.(?:reduce\.)?async\.bulk\.\S+", b[:pub.start()])
+    assert bulk_before[-1] == "cp.async.bulk.wait_group", bulk_before[-3:]
+    # the reordering kernel: 512 threads at D = 256
+    assert re.search(r"\.reqntid 512, 1, 1", tiles[0])
+
+
 def test_dqclaim_keys():
     """``hstu_bwd_ws=dqclaim`` turns the dQ writer warp on and reaches the compile key in the
     default (not deterministic) mode with the dQ tile workspace, at every head dim, whatever
