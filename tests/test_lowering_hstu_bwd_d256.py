@@ -173,6 +173,48 @@ def test_bwd_epi_pairs_ptx(kept_ptx, kept_ptx_ablation):
     assert not re.findall(r"st\.global\.b(16|32)", bwd(kept_ptx, "default-d128"))
 
 
+def _d256_kernels(kept_ptx, name):
+    """The PTX of the backward and of the reordering kernel of the D = 256 configuration
+    ``name``, whose call launches the schedule, the backward and the reordering (nothing
+    else)."""
+    import kept_ptx as kp  # noqa: PLC0415
+
+    calls = kp.lowered_text_of(kept_ptx, name).count("CuteDSLRT_NvJaxCutlassCall")
+    assert calls == 3, calls
+    files = kp.ptx_of(kept_ptx, name)
+    bwd = [t for t in files.values() if "HstuBwdSm90" in t]
+    tiles = [t for t in files.values() if "hstu_dq_tilesHstuDqFromTiles" in t]
+    assert len(bwd) == 1 and len(tiles) == 1, list(files)
+    # the reordering kernel: 512 threads at D = 256
+    assert re.search(r"\.reqntid 512, 1, 1", tiles[0])
+    return bwd[0]
+
+
+def _assert_writer_hand_off(b):
+    """The dQ writer warp's protocol in the D = 256 backward's PTX ``b``: two bulk
+    reduce-adds per consumer warp (8 warps x 2 = 16) and no per-element atomics; the
+    consumer warpgroups meet (bar 4, 256 threads) before staging their slices in the Q / dO
+    stage, so that no warp overwrites a tile another one still reads; they hand the slices
+    to the writer (bar 2) and the writer hands the stage back once its bulk operations have
+    read it (bar 5): 256 consumer + 32 writer threads, both synced and arrived on, and no
+    third 288-thread barrier (3). Returns the bulk reduce-adds' matches."""
+    adds = re.findall(r"cp\.reduce\.async\.bulk\.global\.shared::cta\.bulk_group\.add\.f32", b)
+    assert len(adds) == 16, len(adds)
+    assert "red.relaxed.gpu.global.add" not in b and "red.global.add" not in b
+    assert re.search(r"bar\.sync\s+4, 256;", b)
+    for kind, bid in (("sync", 2), ("arrive", 2), ("sync", 5), ("arrive", 5)):
+        assert re.search(rf"bar\.{kind}\s+{bid}, 288;", b), (kind, bid)
+    assert not re.search(r"bar\.(sync|arrive)\s+3, 288;", b)
+    return adds
+
+
+def _bulk_waits(b):
+    """The counts of ``cp.async.bulk.wait_group 0`` (completion) and of
+    ``cp.async.bulk.wait_group.read 0`` (reads) in the PTX ``b``."""
+    return (len(re.findall(r"cp\.async\.bulk\.wait_group\s+0;", b)),
+            len(re.findall(r"cp\.async\.bulk\.wait_group\.read\s+0;", b)))
+
+
 @pytest.mark.lowering
 @pytest.mark.parametrize("det", [False, pytest.param(True, marks=pytest.mark.ablation)],
                          ids=["default", "deterministic"])
@@ -184,34 +226,15 @@ def test_d256_tile_ptx(request, det):
     their reads, releases the stage and hands the slices back (bar 5); deterministic: it also
     waits for the previous KV tile's additions (acquire loads) and for the completion of its
     own before it publishes (with ``hstu_bwd_ws=detzero``, the zeroed workspace)."""
-    import kept_ptx as kp  # noqa: PLC0415
-
     name = "deterministic" if det else "default"
-    kept_ptx = request.getfixturevalue("kept_ptx_ablation" if det else "kept_ptx")
-    calls = kp.lowered_text_of(kept_ptx, name).count("CuteDSLRT_NvJaxCutlassCall")
-    assert calls == 3, calls
-    files = kp.ptx_of(kept_ptx, name)
-    texts = list(files.values())
-    bwd = [t for t in texts if "HstuBwdSm90" in t]
-    tiles = [t for t in texts if "hstu_dq_tilesHstuDqFromTiles" in t]
-    assert len(bwd) == 1 and len(tiles) == 1, list(files)
-    b = bwd[0]
-    assert len(re.findall(r"cp\.reduce\.async\.bulk\.global\.shared::cta\.bulk_group\.add\.f32",
-                          b)) == 16
-    assert "red.relaxed.gpu.global.add" not in b and "red.global.add" not in b
-    assert re.search(r"bar\.sync\s+4, 256;", b)
-    for kind, bid in (("sync", 2), ("arrive", 2), ("sync", 5), ("arrive", 5)):
-        assert re.search(rf"bar\.{kind}\s+{bid}, 288;", b), (kind, bid)
-    assert not re.search(r"bar\.(sync|arrive)\s+3, 288;", b)
-    complete = len(re.findall(r"cp\.async\.bulk\.wait_group\s+0;", b))
-    read = len(re.findall(r"cp\.async\.bulk\.wait_group\.read\s+0;", b))
+    b = _d256_kernels(request.getfixturevalue("kept_ptx_ablation" if det else "kept_ptx"), name)
+    _assert_writer_hand_off(b)
     if det:
-        assert (complete, read) == (2, 1)
+        assert _bulk_waits(b) == (2, 1)
         assert "ld.acquire.gpu" in b
     else:
-        assert (complete, read) == (1, 1)
+        assert _bulk_waits(b) == (1, 1)
         assert "ld.acquire.gpu" not in b
-    assert re.search(r"\.reqntid 512, 1, 1", tiles[0])
 
 
 @pytest.mark.lowering
@@ -226,38 +249,14 @@ def test_detstore_d256_sync_ptx(kept_ptx):
     (detzero: 16 reduce-adds, no stores) and the async-proxy fence after the acquire; the
     equality of the two counts and the reordering kernel's zero select are
     :func:`test_detstore_ptx`'s."""
-    import kept_ptx as kp  # noqa: PLC0415
-
-    name = "detstore-d256"
-    # schedule, backward and reordering kernel: nothing else is launched
-    calls = kp.lowered_text_of(kept_ptx, name).count("CuteDSLRT_NvJaxCutlassCall")
-    assert calls == 3, calls
-    files = kp.ptx_of(kept_ptx, name)
-    bwd = [t for t in files.values() if "HstuBwdSm90" in t]
-    tiles = [t for t in files.values() if "hstu_dq_tilesHstuDqFromTiles" in t]
-    assert len(bwd) == 1 and len(tiles) == 1, list(files)
-    b = bwd[0]
-    # two bulk reduce-adds per consumer warp (8 warps x 2 = 16) and as many bulk stores for
-    # a query tile's first contribution: the writer adds / stores every staged slice
-    adds = re.findall(r"cp\.reduce\.async\.bulk\.global\.shared::cta\.bulk_group\.add\.f32", b)
+    b = _d256_kernels(kept_ptx, "detstore-d256")
+    adds = _assert_writer_hand_off(b)
+    # as many bulk stores as reduce-adds: a query tile's first contribution is stored
     stores = re.findall(r"cp\.async\.bulk\.global\.shared::cta\.bulk_group \[", b)
-    assert (len(adds), len(stores)) == (16, 16), (len(adds), len(stores))
-    # no per-element atomics: dQ goes only through the writer's bulk operations
-    assert "red.relaxed.gpu.global.add" not in b and "red.global.add" not in b
-    # the consumer warpgroups meet (bar 4, 256 threads) before staging their slices in the
-    # Q / dO stage, so that no warp overwrites a tile another one still reads
-    assert re.search(r"bar\.sync\s+4, 256;", b)
-    # consumers hand the staged slices to the writer (bar 2) and the writer hands the stage
-    # back once the bulk operations have read it (bar 5): 256 consumer + 32 writer threads,
-    # both synced and arrived on; no third 288-thread barrier (3) of an earlier hand-off
-    for kind, bid in (("sync", 2), ("arrive", 2), ("sync", 5), ("arrive", 5)):
-        assert re.search(rf"bar\.{kind}\s+{bid}, 288;", b), (kind, bid)
-    assert not re.search(r"bar\.(sync|arrive)\s+3, 288;", b)
+    assert len(stores) == 16, len(stores)
     # one wait for the bulk reads before the stage goes back (bar 5), and two for the
     # completion: the one before the writer publishes its tile, the one at its exit
-    complete = len(re.findall(r"cp\.async\.bulk\.wait_group\s+0;", b))
-    read = len(re.findall(r"cp\.async\.bulk\.wait_group\.read\s+0;", b))
-    assert (complete, read) == (2, 1), (complete, read)
+    assert _bulk_waits(b) == (2, 1), _bulk_waits(b)
     # the writer waits (acquire loads of the tile's counter) for the previous KV tile's
     # additions; only then the async-proxy fence, and only then the stage hand-off (bar 2)
     # and the bulk stores / adds, which the fence orders after the acquire
@@ -273,8 +272,6 @@ def test_detstore_d256_sync_ptx(kept_ptx):
     assert pub
     bulk_before = re.findall(r"cp\.(?:reduce\.)?async\.bulk\.\S+", b[:pub.start()])
     assert bulk_before[-1] == "cp.async.bulk.wait_group", bulk_before[-3:]
-    # the reordering kernel: 512 threads at D = 256
-    assert re.search(r"\.reqntid 512, 1, 1", tiles[0])
 
 
 def test_dqclaim_keys():
