@@ -371,6 +371,56 @@ def test_export_symbolic_token_count_reference():
                _hstu(qq[0, :n], kk[0, :n], vv[0, :n], jnp.minimum(CU[0], n)))
 
 
+def test_export_symbolic_token_count_constant_cu_seqlens():
+    """cu_seqlens as a constant of the exported function (not an argument) beside a
+    symbolic token count: the trace-time check ``cu_seqlens[-1] <= T`` has no value of T
+    and is skipped (it raised JAX's InconclusiveDimensionOperation); the other checks of
+    the constant still run, and the export matches the jitted call."""
+    from jax import export  # noqa: PLC0415
+
+    (t,) = export.symbolic_shape("t")
+    q = jax.ShapeDtypeStruct((t, H, D), jnp.float32)
+    cu = CU[0]
+    f = jax.jit(lambda q, k, v: _hstu(q, k, v, cu))
+    exp = export.export(f)(q, q, q)
+    qq, kk, vv = _qkv(13)
+    for n in (40, 33):
+        _close(exp.call(qq[0, :n], kk[0, :n], vv[0, :n]), f(qq[0, :n], kk[0, :n], vv[0, :n]))
+    # a constant cu_seqlens that breaks a check needing no T still fails at trace time
+    bad = jnp.array([0, 5, 30, 20], jnp.int32)
+    with pytest.raises(ValueError, match=r"cu_seqlens_q must be non-decreasing"):
+        export.export(jax.jit(lambda q: _hstu(q, q, q, bad)))(q)
+
+
+@pytest.mark.parametrize("op", ["hstu", "bsa"])
+def test_export_symbolic_with_debug_checks_names_the_option(op):
+    """debug_checks=True stages a host callback, which jax.export cannot serialize: with a
+    symbolic dimension the op raises NotImplementedError naming debug_checks (it was a
+    RuntimeError std::bad_cast from JAX's callback lowering with a symbolic batch)."""
+    from jax import export  # noqa: PLC0415
+
+    if op == "hstu":
+        (t,) = export.symbolic_shape("t")
+        args = (jax.ShapeDtypeStruct((t, H, D), jnp.float32), CU[0])
+        f = lambda q, cu: jsa.hstu_attention(q, q, q, cu, cu, max_seqlen_q=MAXQ,  # noqa: E731
+                                             max_seqlen_k=MAXQ, debug_checks=True)
+    else:
+        (b,) = export.symbolic_shape("b")
+        idx = jnp.zeros((1, 1, 2, 1), jnp.int32)
+        args = (jax.ShapeDtypeStruct((b, 1, 128, 8), jnp.float32),)
+        f = lambda q: jsa.block_sparse_attention(  # noqa: E731
+            q, q, q, jnp.broadcast_to(idx, (q.shape[0], 1, 2, 1)), 1, sparse_block_size=64,
+            debug_checks=True)
+    with pytest.raises(NotImplementedError, match=r"debug_checks=True .* jax\.export cannot "
+                                                  r"serialize host callbacks; q has the "
+                                                  r"symbolic shape"):
+        export.export(jax.jit(f))(*args)
+    # the same function with debug_checks=False exports
+    if op == "hstu":
+        export.export(jax.jit(lambda q, cu: jsa.hstu_attention(
+            q, q, q, cu, cu, max_seqlen_q=MAXQ, max_seqlen_k=MAXQ)))(*args)
+
+
 @pytest.mark.parametrize("op", ["forward", "grad", "backward"])
 def test_export_symbolic_number_of_sequences_names_the_argument(op):
     """The number of HSTU sequences is static (docs/design.md, jax.export): a symbolic
