@@ -358,6 +358,9 @@ def study(cfg: BertConfig, params, ids: np.ndarray, *, densities, block_size: in
     S = int(ids.shape[0])
     if S > cfg.max_positions:
         raise ValueError(f"at most {cfg.max_positions} tokens, got {S}")
+    bad = [layer for layer in (layers or ()) if not 0 <= layer < cfg.layers]
+    if bad:
+        raise ValueError(f"--layers {bad} not in the model's 0..{cfg.layers - 1}")
     n_blocks = -(-S // block_size)
     layers = list(range(cfg.layers)) if layers is None else list(layers)
     last = cfg.layers - 1 if collect_qkv is not None else max(layers)
@@ -516,7 +519,11 @@ def main(argv=None) -> int:
                      f"({status.reason}); use --backend auto or --backend reference")
 
     densities = [float(d) for d in args.densities.split(",") if d]
+    if not densities or any(not 0.0 < d <= 1.0 for d in densities):
+        ap.error(f"--densities must be a comma list of fractions in (0, 1], got {args.densities!r}")
     layers = None if args.layers == "all" else [int(x) for x in args.layers.split(",")]
+    if args.tokens is not None and args.tokens < 2:
+        ap.error(f"--tokens must be at least 2 ([CLS] and [SEP]), got {args.tokens}")
     t0 = time.perf_counter()
     if args.qkv:
         meta, q, k, v = load_qkv(args.qkv)

@@ -127,6 +127,11 @@ def main(argv=None):
                     help="also run on one device and report the weak-scaling efficiency")
     ap.add_argument("--out", default=None, help="write the results as JSON")
     args = ap.parse_args(argv)
+    if args.steps < 1:
+        ap.error(f"--steps must be at least 1, got {args.steps}")
+    if args.tokens_per_device < 64:
+        ap.error(f"--tokens-per-device must be at least 64 (the longest sequence of the random "
+                 f"batches), got {args.tokens_per_device}")
     if args.backend == "kernel":
         from jax_sparse_attn import kernel_status  # noqa: PLC0415
 

@@ -43,7 +43,7 @@ __all__ = [
 # ----------------------------------------------------------------------------- HSTU
 
 
-def _check_int32_values(name, x):
+def _check_int32_values(name, x, why="token counts and offsets are int32"):
     """Concrete integer values outside int32 raise ValueError: ``jnp.asarray`` (without
     x64) and the int32 ``func`` would wrap them (``2**32 + 5`` becoming ``5``). Traced
     values (inside ``jax.jit``) are int32 already."""
@@ -54,8 +54,8 @@ def _check_int32_values(name, x):
         info = np.iinfo(np.int32)
         lo, hi = int(a.min()), int(a.max())
         if lo < info.min or hi > info.max:
-            raise ValueError(f"{name} must hold int32 values (token counts and offsets are "
-                             f"int32), got values in [{lo}, {hi}]")
+            raise ValueError(f"{name} must hold int32 values ({why}), got values in "
+                             f"[{lo}, {hi}]")
 
 
 def hstu_target_func(cu_seqlens, total_len: int, *, num_targets=None, contextual_seq_len: int = 0,
@@ -195,6 +195,12 @@ def func_interval_mask(endpoints, j):
     ``j`` int ``(L,)`` key positions. Returns bool ``(*rows, L)``. Intervals may be empty,
     overlap or come in any order.
     """
+    endpoints, j = jnp.asarray(endpoints), jnp.asarray(j)
+    if endpoints.ndim < 1 or endpoints.shape[0] % 2 != 1:
+        raise ValueError(f"endpoints must have an odd leading size N (F_0, then pairs "
+                         f"[F_1, F_2), ...), got shape {tuple(endpoints.shape)}")
+    if j.ndim != 1:
+        raise ValueError(f"j must be the 1-D key positions (L,), got shape {tuple(j.shape)}")
     inside = j < endpoints[0][..., None]
     if endpoints.shape[0] > 1:
         lo, hi = endpoints[1::2][..., None], endpoints[2::2][..., None]
@@ -209,10 +215,44 @@ def hstu_func_to_dense(func, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int, max_
     ``[0, F_0) U [F_1, F_2) U ...`` for global row ``cu_seqlens_q[b] + i``, intersected
     with the sequence's valid queries and keys. Meant for inspection and tests (it is
     dense by construction).
+
+    Args:
+      func: int ``(1, N, T_q)`` with N odd, as :func:`jax_sparse_attn.hstu_attention` takes.
+      cu_seqlens_q, cu_seqlens_k: int ``(B+1,)`` offsets.
+      max_seqlen_q, max_seqlen_k: static ints >= 0, at least every sequence's length (the
+        masks' extents).
+    Raises:
+      TypeError: a float ``func`` or ``cu_seqlens_*``, or non-int ``max_seqlen_*``.
+      ValueError: a wrong rank or shape, an even N, or (concrete offsets) a sequence
+        longer than ``max_seqlen_q`` / ``max_seqlen_k``.
     """
-    f = jnp.asarray(func)[0].astype(jnp.int32)
-    cu_q = jnp.asarray(cu_seqlens_q).astype(jnp.int32)
-    cu_k = jnp.asarray(cu_seqlens_k).astype(jnp.int32)
+    f = jnp.asarray(func)
+    _check_rank("func", f, 3, "(1, N, T_q) with N odd")
+    _check_int("func", f)
+    if f.shape[0] != 1 or f.shape[1] % 2 != 1:
+        raise ValueError(f"func must have shape (1, N, T_q) with N odd, got {tuple(f.shape)}")
+    f = f[0].astype(jnp.int32)
+    mq = _static_int("max_seqlen_q", max_seqlen_q, 0)
+    mk = _static_int("max_seqlen_k", max_seqlen_k, 0)
+    cus = []
+    for name, cu, m, mname in (("cu_seqlens_q", cu_seqlens_q, mq, "max_seqlen_q"),
+                               ("cu_seqlens_k", cu_seqlens_k, mk, "max_seqlen_k")):
+        cu = jnp.asarray(cu)
+        _check_rank(name, cu, 1, "(B+1,)")
+        _check_int(name, cu)
+        if is_concrete(cu) and cu.size > 1:
+            lens = np.diff(np.asarray(cu, np.int64))
+            long = np.flatnonzero(lens > m)
+            if long.size:
+                b = int(long[0])
+                raise ValueError(f"{mname}={m} is smaller than sequence {b}'s length "
+                                 f"{int(lens[b])} (from {name}); the mask would be cut")
+        cus.append(cu.astype(jnp.int32))
+    cu_q, cu_k = cus
+    if cu_k.shape != cu_q.shape:
+        raise ValueError(f"cu_seqlens_k must have the shape of cu_seqlens_q "
+                         f"{tuple(cu_q.shape)}, got {tuple(cu_k.shape)}")
+    max_seqlen_q, max_seqlen_k = mq, mk
     i = jnp.arange(max_seqlen_q, dtype=jnp.int32)
     j = jnp.arange(max_seqlen_k, dtype=jnp.int32)
     rows = jnp.clip(cu_q[:-1, None] + i[None, :], 0, f.shape[1] - 1)  # (B, Lq)
@@ -421,6 +461,10 @@ def transpose_block_index(q2k_block_index, q2k_block_nums, num_kv_blocks: int):
         raise ValueError(f"q2k_block_nums must have shape (B, H, N_q) = {(B, H, Nq)}, "
                          f"got {tuple(nums.shape)}")
     n_kv = _static_int("num_kv_blocks", num_kv_blocks, 0)
+    # the lists are built in int32: wider values would wrap into valid ids or counts
+    why = "block ids and counts are int32"
+    _check_int32_values("q2k_block_index", q2k_block_index, why)
+    _check_int32_values("q2k_block_nums", q2k_block_nums, why)
     idx, nums = idx.astype(jnp.int32), nums.astype(jnp.int32)
     # one list per (b, h): build_kq_csr with as many KV heads as query heads
     offsets, entries = build_kq_csr(idx, nums, num_kv_heads=H, num_kv_blocks=n_kv)

@@ -136,10 +136,13 @@ def assign_to_shards(lengths, num_shards: int, tokens_per_shard: int | None = No
     """Balance sequences over shards: longest first onto the shard with the fewest
     tokens (greedy LPT). Returns ``(order, lengths_per_shard)``: ``order[s]`` lists the
     indices of the sequences of shard ``s`` (pack their tokens in this order), and
-    ``lengths_per_shard`` is ready for :func:`shard_cu_seqlens`. ValueError when a
-    budget ``tokens_per_shard`` cannot hold a sequence; TypeError for a length,
+    ``lengths_per_shard`` is ready for :func:`shard_cu_seqlens`. ValueError for a
+    negative length or when a budget ``tokens_per_shard`` cannot hold a sequence; TypeError for a length,
     ``num_shards`` or ``tokens_per_shard`` that is not an int."""
     lengths = [int(x) for x in _int_lengths("lengths", lengths)]
+    neg = [i for i, x in enumerate(lengths) if x < 0]
+    if neg:
+        raise ValueError(f"lengths must be non-negative, got lengths[{neg[0]}]={lengths[neg[0]]}")
     num_shards = _static_int("num_shards", num_shards, 1)
     if tokens_per_shard is not None:
         tokens_per_shard = _static_int("tokens_per_shard", tokens_per_shard, 0)

@@ -489,7 +489,7 @@ def test_readme_python_blocks_and_demo_run(capsys):
 
     demo.main(["--backend", "reference"])
     text = capsys.readouterr().out
-    assert text.count("rel. L2 err of out vs fp32 reference 0.00e+00") == 2, text
+    assert text.count("rel. L2 err of out vs reference (fp32 accum.) 0.00e+00") == 2, text
     assert text.count(": reference (backend='reference' was requested)") == 2, text
     assert "BSA   block-causal top-3 of 8 blocks" in text, text
 

@@ -629,6 +629,34 @@ def test_example_backend_kernel_without_kernels_is_a_usage_error(script):
     assert status.reason in r.stderr and "Traceback" not in r.stderr
 
 
+@pytest.mark.parametrize("script,args,msg", [
+    ("bsa_real_attention.py", ["--tokens", "1"], "--tokens must be at least 2"),
+    ("bsa_real_attention.py", ["--densities", "0,0.5"], "--densities must be a comma list"),
+    ("bsa_real_attention.py", ["--densities", "1.5"], "--densities must be a comma list"),
+    ("hstu_dp_train.py", ["--steps", "0"], "--steps must be at least 1"),
+    ("hstu_dp_train.py", ["--tokens-per-device", "3"], "--tokens-per-device must be at least 64"),
+], ids=["tokens1", "density0", "density1.5", "steps0", "tokens3"])
+def test_example_bad_options_are_usage_errors(script, args, msg):
+    """Option values the examples cannot run (a text of fewer than two tokens, densities
+    outside (0, 1], no training step, a token budget no random sequence fits) are usage
+    errors naming the option, before any work (they were a misleading error, a silent
+    clamp, an IndexError, or a run that trained on nothing)."""
+    r = subprocess.run([sys.executable, os.path.join(ROOT, "examples", script)] + args,
+                       capture_output=True, text=True, timeout=300,
+                       env=dict(os.environ, PYTHONPATH=ROOT))
+    assert r.returncode == 2, r.stderr[-2000:]
+    assert f"error: {msg}" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_example_layers_outside_the_model(minilm):
+    """``--layers`` past the model's layers: a ValueError naming the option and the range
+    (it was a KeyError of a weight name)."""
+    ex = minilm[0]
+    with pytest.raises(ValueError, match=r"--layers \[7\] not in the model's 0..5"):
+        ex.main(["--tokens", "128", "--layers", "7", "--densities", "1.0", "--backend",
+                 "reference", "--weights-dir", ex.default_weights_dir()])
+
+
 def test_bsa_bench_paired_lists():
     """``bsa_bench --lists paired``: query blocks ``2i`` and ``2i + 1`` list the same KV
     blocks (an odd block count keeps its last block's own), each list distinct and in

@@ -343,6 +343,48 @@ def test_topk_block_index_causal_is_token_exact_packed_or_not():
     np.testing.assert_array_equal(np.asarray(i0)[0, 0, :, 0], [1, 2, 2])  # diagonal first
 
 
+def test_transpose_block_index_refuses_values_past_int32_instead_of_wrapping():
+    """int64 block ids or counts past int32 were cast to int32 and wrapped into valid
+    values (2**32 + 1 became block 1 / count 1): a ValueError naming the argument."""
+    nums = np.ones((1, 1, 1), np.int32)
+    with pytest.raises(ValueError, match=r"q2k_block_index must hold int32 values.*4294967297"):
+        masks.transpose_block_index(np.array([[[[2**32 + 1]]]], np.int64), nums, 3)
+    with pytest.raises(ValueError, match=r"q2k_block_nums must hold int32 values"):
+        masks.transpose_block_index(np.zeros((1, 1, 1, 1), np.int32),
+                                    np.array([[[2**32 + 1]]], np.int64), 3)
+    # in range, int64 is taken (and out-of-range ids within int32 are ignored, as documented)
+    ptr, ent = masks.transpose_block_index(np.array([[[[1], [7]]]], np.int64),
+                                           np.ones((1, 1, 2), np.int64), 3)
+    assert np.asarray(ptr).tolist() == [[[0, 0, 1, 1]]]
+    assert np.asarray(ent).tolist() == [[[0, -1]]]
+
+
+def test_func_helpers_reject_bad_inputs():
+    """func_interval_mask needs an odd number of endpoints (F_0, then pairs); an even one
+    dropped the unpaired endpoint. hstu_func_to_dense checks func's rank / dtype / N, the
+    offsets' rank and a max_seqlen shorter than a sequence (which cut the mask)."""
+    with pytest.raises(ValueError, match=r"endpoints must have an odd leading size N.*\(2, 3\)"):
+        masks.func_interval_mask(jnp.zeros((2, 3), jnp.int32), jnp.arange(4))
+    cu = jnp.array([0, 2, 5], jnp.int32)
+    with pytest.raises(ValueError, match=r"func must have rank 3"):
+        masks.hstu_func_to_dense(jnp.zeros((3, 5), jnp.int32), cu, cu, 3, 3)
+    with pytest.raises(TypeError, match=r"func must be an integer"):
+        masks.hstu_func_to_dense(jnp.zeros((1, 3, 5), jnp.float32), cu, cu, 3, 3)
+    with pytest.raises(ValueError, match=r"func must have shape \(1, N, T_q\) with N odd"):
+        masks.hstu_func_to_dense(jnp.zeros((1, 2, 5), jnp.int32), cu, cu, 3, 3)
+    with pytest.raises(ValueError, match=r"cu_seqlens_q must have rank 1"):
+        masks.hstu_func_to_dense(jnp.zeros((1, 3, 5), jnp.int32), cu[None], cu[None], 3, 3)
+    with pytest.raises(ValueError, match=r"max_seqlen_k=2 is smaller than sequence 1's "
+                                         r"length 3 \(from cu_seqlens_k\)"):
+        masks.hstu_func_to_dense(jnp.zeros((1, 3, 5), jnp.int32), cu, cu, 3, 2)
+    # every key of each sequence (F_0 past the lengths): the masks are the sequences' squares
+    dense = np.asarray(masks.hstu_func_to_dense(jnp.full((1, 1, 5), 9, jnp.int32), cu, cu, 3, 3))
+    want = np.zeros((2, 3, 3), bool)
+    want[0, :2, :2] = True
+    want[1] = True
+    np.testing.assert_array_equal(dense, want)
+
+
 def test_mask_builders_reject_bad_inputs():
     """Concrete cu_seqlens are checked by hstu_target_func (start at 0, non-decreasing, within
     total_len); block_mask_to_index takes rank-4 bool / integer masks; topk_block_index takes

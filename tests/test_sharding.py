@@ -78,6 +78,9 @@ def test_shard_cu_seqlens_and_assign():
     assert sorted(sum(p) for p in per) == [6, 8]  # LPT: 5+1 and 4+4
     with pytest.raises(ValueError, match="does not fit"):
         assign_to_shards([11], 2, tokens_per_shard=10)
+    # a negative length is refused where it is given, not later by shard_cu_seqlens
+    with pytest.raises(ValueError, match=r"lengths must be non-negative, got lengths\[1\]=-1"):
+        assign_to_shards([5, -1], 2)
 
 
 def test_shard_cu_seqlens_refuses_non_integer_lengths_instead_of_truncating():
