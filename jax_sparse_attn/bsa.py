@@ -132,8 +132,7 @@ def _make_config(q, k, v, q2k_block_index, block_sparse_num, block_sizes, q2k_bl
         run_time_value_checks(
             lambda i, s, n: _bsa_value_checks(i, s, n, allow_empty_block_nums, cfg),
             q2k_block_index, block_sizes, q2k_block_nums,
-            shaped=(("q", q), ("k", k), ("q2k_block_index", q2k_block_index),
-                    ("block_sizes", block_sizes), ("q2k_block_nums", q2k_block_nums)))
+            names=("q2k_block_index", "block_sizes", "q2k_block_nums"))
     if extra_checks is not None:
         extra_checks(cfg)
     passes = _passes(op_name)
@@ -295,7 +294,8 @@ _META_ARG_LINES = """
         ``jax.jit`` (in an eager ``jax.vmap``, the validator's ``ValueError`` itself; see
         :func:`hstu_attention`). Without it, bad traced metadata give unspecified values
         (never an out-of-bounds access). Not with ``jax.export``, which cannot serialize
-        the host callback (with a symbolic dimension: ``NotImplementedError``).
+        the host callback (exporting a call that checks traced metadata raises
+        ``NotImplementedError``).
       kv_splits: static int in ``[1, 256]`` or ``"auto"`` (default 1): split-KV, each row's
         active prefix cut into ``kv_splits`` contiguous chunks of ``ceil(n / kv_splits)``
         entries, per-chunk fp32 softmax partials merged by ``lse = log sum exp(lse_s)``

@@ -140,8 +140,8 @@ def _make_config(q, k, v, cu_seqlens_q, cu_seqlens_k, func, paged_kv, page_ids, 
 
             run_time_value_checks(check, cu_seqlens_q, cu_seqlens_k, func, page_ids,
                                   page_indptrs,
-                                  shaped=(("q", q), ("k", k), ("paged_kv", paged_kv),
-                                          ("func", func), ("page_ids", page_ids)))
+                                  names=("cu_seqlens_q", "cu_seqlens_k", "func", "page_ids",
+                                         "page_indptrs"))
     if extra_checks is not None:
         extra_checks(cfg)
     passes = _passes(cfg, op_name)
@@ -431,8 +431,8 @@ _BACKEND_ARG_LINES = """
         validator's message under ``jax.jit`` (in an eager ``jax.vmap`` the callback runs
         at once and raises the validator's ``ValueError`` itself). Without it, bad traced
         metadata give unspecified values (never an out-of-bounds access). ``jax.export``
-        cannot serialize the host callback: export with ``debug_checks=False`` (with a
-        symbolic dimension, ``debug_checks=True`` raises ``NotImplementedError``).
+        cannot serialize the host callback: export with ``debug_checks=False`` (exporting
+        a call that checks traced metadata raises ``NotImplementedError``).
       deterministic: static bool, default False. With True the backward's gradients
         (dq, dk, dv and drab) are bitwise reproducible run to run on the kernel backend:
         the dq contributions of the KV tiles of a query tile are added in a fixed order

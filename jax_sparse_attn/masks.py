@@ -27,8 +27,8 @@ import numpy as np
 from jax import lax
 
 from .metadata import build_kq_csr
-from .validation import (HSTU_FUNC_PAD, SPARSE_BLOCK_SIZES, _check_bool, _check_int, _check_rank,
-                         _static_int, is_concrete)
+from .validation import (HSTU_FUNC_PAD, SPARSE_BLOCK_SIZES, _check_bool, _check_int,
+                         _check_offsets, _check_rank, _static_int, is_concrete)
 
 __all__ = [
     "hstu_target_func",
@@ -49,6 +49,9 @@ def _check_int32_values(name, x, why="token counts and offsets are int32"):
     values (inside ``jax.jit``) are int32 already."""
     if any(isinstance(e, jax.core.Tracer) for e in jax.tree_util.tree_leaves(x)):
         return
+    dt = getattr(x, "dtype", None)
+    if dt is not None and np.can_cast(dt, np.int32):
+        return  # nothing to read back: every value of the dtype fits
     a = np.asarray(x)
     if a.dtype.kind in "iu" and a.size:
         info = np.iinfo(np.int32)
@@ -193,7 +196,8 @@ def func_interval_mask(endpoints, j):
 
     ``endpoints`` int ``(N, *rows)`` (N odd) holds ``F_0 .. F_{N-1}`` of each query row,
     ``j`` int ``(L,)`` key positions. Returns bool ``(*rows, L)``. Intervals may be empty,
-    overlap or come in any order.
+    overlap or come in any order. Raises ValueError for an even N or a ``j`` that is not
+    1-D.
     """
     endpoints, j = jnp.asarray(endpoints), jnp.asarray(j)
     if endpoints.ndim < 1 or endpoints.shape[0] % 2 != 1:
@@ -217,15 +221,20 @@ def hstu_func_to_dense(func, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int, max_
     dense by construction).
 
     Args:
-      func: int ``(1, N, T_q)`` with N odd, as :func:`jax_sparse_attn.hstu_attention` takes.
+      func: int ``(1, N, L_f)`` with N odd and ``L_f >= T_q``, as
+        :func:`jax_sparse_attn.hstu_attention` takes it.
       cu_seqlens_q, cu_seqlens_k: int ``(B+1,)`` offsets.
       max_seqlen_q, max_seqlen_k: static ints >= 0, at least every sequence's length (the
         masks' extents).
     Raises:
       TypeError: a float ``func`` or ``cu_seqlens_*``, or non-int ``max_seqlen_*``.
-      ValueError: a wrong rank or shape, an even N, or (concrete offsets) a sequence
-        longer than ``max_seqlen_q`` / ``max_seqlen_k``.
+      ValueError: a wrong rank or shape, an even N, and for concrete values: values
+        outside int32, offsets not starting at 0 or decreasing, or a sequence longer than
+        ``max_seqlen_q`` / ``max_seqlen_k``.
     """
+    for name, x in (("func", func), ("cu_seqlens_q", cu_seqlens_q),
+                    ("cu_seqlens_k", cu_seqlens_k)):
+        _check_int32_values(name, x)
     f = jnp.asarray(func)
     _check_rank("func", f, 3, "(1, N, T_q) with N odd")
     _check_int("func", f)
@@ -240,8 +249,10 @@ def hstu_func_to_dense(func, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int, max_
         cu = jnp.asarray(cu)
         _check_rank(name, cu, 1, "(B+1,)")
         _check_int(name, cu)
-        if is_concrete(cu) and cu.size > 1:
-            lens = np.diff(np.asarray(cu, np.int64))
+        if cu.shape[0] < 1:
+            raise ValueError(f"{name} must have B+1 >= 1 entries, got 0")
+        if is_concrete(cu):
+            _, lens = _check_offsets(name, cu)
             long = np.flatnonzero(lens > m)
             if long.size:
                 b = int(long[0])
@@ -450,8 +461,18 @@ def transpose_block_index(q2k_block_index, q2k_block_nums, num_kv_blocks: int):
       ``k2q_index`` int32 ``(B, H, N_q * K_max)``: for KV block n of head h, the query
       blocks that list it are ``k2q_index[b, h, k2q_indptr[b, h, n]:k2q_indptr[b, h, n+1]]``
       in ascending order. Entries past ``k2q_indptr[b, h, -1]`` are -1. Inactive and
-      out-of-range entries of the input are ignored.
+      out-of-range entries of the input are ignored; a block listed twice in one row is
+      listed once.
+
+    Raises:
+      TypeError: non-integer metadata or a non-int ``num_kv_blocks``.
+      ValueError: wrong ranks or shapes, a negative ``num_kv_blocks``, or concrete values
+        outside int32.
     """
+    # the lists are built in int32: wider values would wrap into valid ids or counts
+    why = "block ids and counts are int32"
+    _check_int32_values("q2k_block_index", q2k_block_index, why)
+    _check_int32_values("q2k_block_nums", q2k_block_nums, why)
     idx, nums = jnp.asarray(q2k_block_index), jnp.asarray(q2k_block_nums)
     B, H, Nq, K = _check_rank("q2k_block_index", idx, 4, "(B, H, N_q, K_max)")
     _check_int("q2k_block_index", idx)
@@ -461,10 +482,6 @@ def transpose_block_index(q2k_block_index, q2k_block_nums, num_kv_blocks: int):
         raise ValueError(f"q2k_block_nums must have shape (B, H, N_q) = {(B, H, Nq)}, "
                          f"got {tuple(nums.shape)}")
     n_kv = _static_int("num_kv_blocks", num_kv_blocks, 0)
-    # the lists are built in int32: wider values would wrap into valid ids or counts
-    why = "block ids and counts are int32"
-    _check_int32_values("q2k_block_index", q2k_block_index, why)
-    _check_int32_values("q2k_block_nums", q2k_block_nums, why)
     idx, nums = idx.astype(jnp.int32), nums.astype(jnp.int32)
     # one list per (b, h): build_kq_csr with as many KV heads as query heads
     offsets, entries = build_kq_csr(idx, nums, num_kv_heads=H, num_kv_blocks=n_kv)

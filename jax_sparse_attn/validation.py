@@ -80,24 +80,23 @@ def check_deterministic(deterministic) -> bool:
     return bool(deterministic)
 
 
-def run_time_value_checks(check, *arrays, shaped=()):
+def run_time_value_checks(check, *arrays, names):
     """Stage ``check(*arrays)`` (an eager value check raising ValueError) into the traced
     computation: a ``jax.debug.callback`` runs it on the host with the arrays' run-time
     values. Under ``jax.jit`` a failure surfaces when the computation runs, as a
     ``jax.errors.JaxRuntimeError`` whose message carries the validator's ValueError.
+    ``names`` names ``arrays`` (the op's arguments) for the errors.
 
-    Raises NotImplementedError when ``arrays`` or ``shaped`` (name -> array of the call,
-    e.g. ``q``) have a symbolic dimension: that is ``jax.export``, which cannot serialize
-    the host callback."""
-    named = list(shaped) + [(f"metadata argument {i}", x) for i, x in enumerate(arrays)]
-    for name, x in named:
+    Raises NotImplementedError when one of ``arrays`` has a symbolic dimension
+    (``jax.export``): the callback of a symbolic operand neither lowers nor serializes."""
+    for name, x in zip(names, arrays, strict=True):
         if x is None:
             continue
         dims = tuple(x.shape)
         if not all(isinstance(n, numbers.Integral) for n in dims):
             raise NotImplementedError(
                 f"debug_checks=True stages a host callback (jax.debug.callback) that checks "
-                f"the metadata values at run time, and jax.export cannot serialize host "
+                f"the traced metadata at run time, and jax.export cannot serialize host "
                 f"callbacks; {name} has the symbolic shape {dims}. Export with "
                 f"debug_checks=False and check the metadata before the call "
                 f"(jax_sparse_attn.validate_hstu_inputs / validate_bsa_metadata)")
@@ -437,10 +436,19 @@ def _check_offsets(name, x):
     return x, lens
 
 
+def _exceeds(value, extent):
+    """``value > extent`` for an int ``extent`` or a symbolic one of ``jax.export``; False
+    where the symbolic comparison is inconclusive (the extent's value is not known before
+    the call, as for traced metadata)."""
+    try:
+        return bool(value > extent)
+    except jax.errors.InconclusiveDimensionOperation:
+        return False
+
+
 def _check_cu(name, cu, total, max_seqlen, max_name):
     cu, lens = _check_offsets(name, cu)
-    # a symbolic token count (jax.export) has no value to compare with
-    if isinstance(total, numbers.Integral) and cu[-1] > total:
+    if total is not None and _exceeds(int(cu[-1]), total):
         raise ValueError(f"{name}[-1]={cu[-1]} exceeds the number of tokens {total}")
     if lens.size and lens.max() > max_seqlen:
         b = int(np.flatnonzero(lens > max_seqlen)[0])
@@ -542,8 +550,13 @@ def _hstu_value_checks(q, k, cu_seqlens_q, cu_seqlens_k, func, paged_kv, page_id
                 f"but page_indptrs gives it {int(d[b])}"
             )
         used = ids[: ptr[-1]]
-        # a symbolic page count (jax.export) bounds the ids only from below here
-        over = used >= n_pages if isinstance(n_pages, numbers.Integral) else False
+        if isinstance(n_pages, numbers.Integral):
+            over = used >= n_pages
+        elif used.size and _exceeds(int(used.max()) + 1, n_pages):
+            # a symbolic page count (jax.export) that its constraints bound
+            over = np.array([_exceeds(int(u) + 1, n_pages) for u in used], bool)
+        else:
+            over = False
         bad = _first((used < 0) | over)
         if bad is not None:
             (p,) = bad

@@ -352,6 +352,13 @@ def test_transpose_block_index_refuses_values_past_int32_instead_of_wrapping():
     with pytest.raises(ValueError, match=r"q2k_block_nums must hold int32 values"):
         masks.transpose_block_index(np.zeros((1, 1, 1, 1), np.int32),
                                     np.array([[[2**32 + 1]]], np.int64), 3)
+    # a Python list past int32 too (it overflowed in jnp.asarray)
+    with pytest.raises(ValueError, match=r"q2k_block_index must hold int32 values"):
+        masks.transpose_block_index([[[[2**32 + 1]]]], nums, 3)
+    # traced (jit) metadata are int32 already and not read
+    ptr, _ = jax.jit(lambda i, n: masks.transpose_block_index(i, n, 3))(
+        jnp.ones((1, 1, 1, 1), jnp.int32), jnp.ones((1, 1, 1), jnp.int32))
+    assert np.asarray(ptr).tolist() == [[[0, 0, 1, 1]]]
     # in range, int64 is taken (and out-of-range ids within int32 are ignored, as documented)
     ptr, ent = masks.transpose_block_index(np.array([[[[1], [7]]]], np.int64),
                                            np.ones((1, 1, 2), np.int64), 3)
@@ -377,6 +384,21 @@ def test_func_helpers_reject_bad_inputs():
     with pytest.raises(ValueError, match=r"max_seqlen_k=2 is smaller than sequence 1's "
                                          r"length 3 \(from cu_seqlens_k\)"):
         masks.hstu_func_to_dense(jnp.zeros((1, 3, 5), jnp.int32), cu, cu, 3, 2)
+    with pytest.raises(ValueError, match=r"cu_seqlens_q must be non-decreasing"):
+        masks.hstu_func_to_dense(jnp.zeros((1, 3, 5), jnp.int32), jnp.array([0, 5, 2]), cu, 5, 5)
+    with pytest.raises(ValueError, match=r"cu_seqlens_q must have B\+1 >= 1 entries"):
+        masks.hstu_func_to_dense(jnp.zeros((1, 3, 5), jnp.int32), jnp.zeros((0,), jnp.int32),
+                                 jnp.zeros((0,), jnp.int32), 3, 3)
+    # values past int32 (numpy int64 or Python ints) are refused, not wrapped
+    with pytest.raises(ValueError, match=r"cu_seqlens_q must hold int32 values"):
+        masks.hstu_func_to_dense(jnp.zeros((1, 3, 5), jnp.int32),
+                                 np.array([0, 2**32 + 2, 2**32 + 5]), cu, 3, 3)
+    with pytest.raises(ValueError, match=r"func must hold int32 values"):
+        masks.hstu_func_to_dense([[[2**32 + 1] * 5] * 3], cu, cu, 3, 3)
+    # traced offsets (jit) are not read
+    traced = jax.jit(lambda c: masks.hstu_func_to_dense(jnp.zeros((1, 3, 5), jnp.int32), c, c,
+                                                        3, 3))(cu)
+    assert traced.shape == (2, 3, 3)
     # every key of each sequence (F_0 past the lengths): the masks are the sequences' squares
     dense = np.asarray(masks.hstu_func_to_dense(jnp.full((1, 1, 5), 9, jnp.int32), cu, cu, 3, 3))
     want = np.zeros((2, 3, 3), bool)

@@ -392,33 +392,78 @@ def test_export_symbolic_token_count_constant_cu_seqlens():
         export.export(jax.jit(lambda q: _hstu(q, q, q, bad)))(q)
 
 
-@pytest.mark.parametrize("op", ["hstu", "bsa"])
-def test_export_symbolic_with_debug_checks_names_the_option(op):
-    """debug_checks=True stages a host callback, which jax.export cannot serialize: with a
-    symbolic dimension the op raises NotImplementedError naming debug_checks (it was a
-    RuntimeError std::bad_cast from JAX's callback lowering with a symbolic batch)."""
+def test_export_with_debug_checks_is_refused():
+    """debug_checks=True checks traced metadata with a host callback, which jax.export
+    cannot serialize. Block-sparse metadata with a symbolic batch: the op raises
+    NotImplementedError naming debug_checks (JAX's callback lowering crashed with
+    RuntimeError std::bad_cast). HSTU with a symbolic token count (the metadata's shapes
+    are static): JAX's own NotImplementedError on the callback; tracing alone
+    (jax.eval_shape) still works, and without debug_checks the function exports."""
     from jax import export  # noqa: PLC0415
 
-    if op == "hstu":
-        (t,) = export.symbolic_shape("t")
-        args = (jax.ShapeDtypeStruct((t, H, D), jnp.float32), CU[0])
-        f = lambda q, cu: jsa.hstu_attention(q, q, q, cu, cu, max_seqlen_q=MAXQ,  # noqa: E731
-                                             max_seqlen_k=MAXQ, debug_checks=True)
-    else:
-        (b,) = export.symbolic_shape("b")
-        idx = jnp.zeros((1, 1, 2, 1), jnp.int32)
-        args = (jax.ShapeDtypeStruct((b, 1, 128, 8), jnp.float32),)
-        f = lambda q: jsa.block_sparse_attention(  # noqa: E731
-            q, q, q, jnp.broadcast_to(idx, (q.shape[0], 1, 2, 1)), 1, sparse_block_size=64,
-            debug_checks=True)
+    (b,) = export.symbolic_shape("b")
+    idx = jnp.zeros((1, 1, 2, 1), jnp.int32)
+    f = lambda q: jsa.block_sparse_attention(  # noqa: E731
+        q, q, q, jnp.broadcast_to(idx, (q.shape[0], 1, 2, 1)), 1, sparse_block_size=64,
+        debug_checks=True)
     with pytest.raises(NotImplementedError, match=r"debug_checks=True .* jax\.export cannot "
-                                                  r"serialize host callbacks; q has the "
-                                                  r"symbolic shape"):
-        export.export(jax.jit(f))(*args)
-    # the same function with debug_checks=False exports
-    if op == "hstu":
-        export.export(jax.jit(lambda q, cu: jsa.hstu_attention(
-            q, q, q, cu, cu, max_seqlen_q=MAXQ, max_seqlen_k=MAXQ)))(*args)
+                                                  r"serialize host callbacks; "
+                                                  r"q2k_block_index has the symbolic shape"):
+        export.export(jax.jit(f))(jax.ShapeDtypeStruct((b, 1, 128, 8), jnp.float32))
+
+    (t,) = export.symbolic_shape("t")
+    args = (jax.ShapeDtypeStruct((t, H, D), jnp.float32), jax.ShapeDtypeStruct((4,), jnp.int32))
+
+    def g(debug):
+        return lambda q, cu: jsa.hstu_attention(q, q, q, cu, cu, max_seqlen_q=MAXQ,
+                                                max_seqlen_k=MAXQ, debug_checks=debug)
+
+    assert jax.eval_shape(g(True), *args).shape == args[0].shape
+    with pytest.raises(NotImplementedError, match=r"host_callback"):
+        export.export(jax.jit(g(True)))(*args)
+    export.export(jax.jit(g(False)))(*args)
+
+
+def test_export_constant_cu_seqlens_against_a_constrained_token_count():
+    """Where the symbolic token count's constraints decide ``cu_seqlens[-1] <= T``, the
+    check still runs at trace time (only an undecidable comparison is skipped)."""
+    from jax import export  # noqa: PLC0415
+
+    (t,) = export.symbolic_shape("t", constraints=["t <= 30"])
+    q = jax.ShapeDtypeStruct((t, H, D), jnp.float32)
+    cu = CU[0]  # a concrete constant (indexed outside the traced function)
+    with pytest.raises(ValueError, match=r"cu_seqlens_q\[-1\]=33 exceeds the number of tokens"):
+        export.export(jax.jit(lambda q: _hstu(q, q, q, cu)))(q)
+
+
+def test_export_constant_page_ids_against_a_symbolic_page_count():
+    """Paged KV with a symbolic page count and the page table as constants: ids are checked
+    against the count where its constraints decide it, else only from below; the export
+    matches the jitted call."""
+    from jax import export  # noqa: PLC0415
+
+    cu = jnp.asarray([0, 100, 180], jnp.int32)
+    ptrs = jnp.asarray([0, 1, 2], jnp.int32)
+    q = jax.ShapeDtypeStruct((180, H, D), jnp.float32)
+
+    def f(ids):
+        return lambda q, kv: jsa.hstu_attention(q, None, None, cu, cu, max_seqlen_q=100,
+                                                max_seqlen_k=100, paged_kv=kv, page_ids=ids,
+                                                page_indptrs=ptrs, backend="reference")
+
+    (p,) = export.symbolic_shape("p")
+    kv = jax.ShapeDtypeStruct((p, 2, 128, H, D), jnp.float32)
+    ids = jnp.asarray([3, 0], jnp.int32)
+    exp = export.export(jax.jit(f(ids)))(q, kv)
+    qq = jax.random.normal(jax.random.PRNGKey(0), (180, H, D))
+    kk = jax.random.normal(jax.random.PRNGKey(1), (4, 2, 128, H, D))
+    _close(exp.call(qq, kk), jax.jit(f(ids))(qq, kk))
+    with pytest.raises(ValueError, match=r"page_ids\[1\]=-1 is outside"):
+        export.export(jax.jit(f(jnp.asarray([3, -1], jnp.int32))))(q, kv)
+    (p2,) = export.symbolic_shape("p2", constraints=["p2 <= 3"])
+    kv2 = jax.ShapeDtypeStruct((p2, 2, 128, H, D), jnp.float32)
+    with pytest.raises(ValueError, match=r"page_ids\[0\]=3 is outside"):
+        export.export(jax.jit(f(ids)))(q, kv2)
 
 
 @pytest.mark.parametrize("op", ["forward", "grad", "backward"])
