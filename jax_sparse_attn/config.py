@@ -136,7 +136,7 @@ def _parse_ws(var, raw):
 BSA_WS_FLAGS = ("nooverlap", "nopingpong", "q1", "headinner", "lazyrescale", "ctas2", "oalias",
                 "cross", "crossepi", "vlag", "splitwait", "nosplitwait", "qregs", "mpre", "qahead", "noepivec",
                 "streamk", "tmao", "notmao", "tmaopack", "notmaopack", "ctas3k1", "selfload",
-                "pairwg", "l2hint", "l2normal")
+                "pairwg", "l2hint", "l2normal", "oinq")
 _BSA_WS_ALLOWED = ("comma list of " + ", ".join(BSA_WS_FLAGS)
                    + ", stages=N (most K/V shared-memory stages: 2..8); at most one of "
                    "splitwait, nosplitwait; tmao and tmaopack exclude notmao and noepivec, "
@@ -522,6 +522,12 @@ SWITCHES = (
            "read a query block), K / V loads evict_last, which other query blocks of the head "
            "read again), l2normal (evict_normal policies on every TMA copy; the default passes "
            "the copies' default policy operand), "
+           "oinq (the epilogue stages O for its TMA stores in the work item's own Q buffer "
+           "of the two, released at the CTA's next item once the store has read it, and "
+           "the O buffer's shared memory becomes further V stages: at blk 64 / D 128 two K "
+           "and three V stages; with the TMA O stores, without split-KV, pack_gqa, q1, "
+           "ctas3k1, selfload, pairwg, streamk, cross, crossepi or oalias, where it is "
+           "ignored), "
            "stages=N "
            "(most K/V stages)"),
     _choice("bsa_bwd_impl", "JAX_SPARSE_ATTN_BSA_BWD_IMPL", ("auto", "sm90", "sm90ws", "sm80"),

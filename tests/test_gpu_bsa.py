@@ -79,6 +79,7 @@ MPRE = Switches(bsa_fwd_ws=("mpre",))
 QAHEAD = Switches(bsa_fwd_ws=("qahead",))
 NOEPIVEC = Switches(bsa_fwd_ws=("noepivec",))
 NOTMAO = Switches(bsa_fwd_ws=("notmao",))
+OINQ = Switches(bsa_fwd_ws=("oinq",))
 CTAS3K1 = Switches(bsa_fwd_ws=("ctas3k1",))
 SELFLOAD = Switches(bsa_fwd_ws=("selfload",))
 PAIRWG = Switches(bsa_fwd_ws=("pairwg",))
@@ -114,7 +115,7 @@ class TestBSAKernelGrid(BSAKernelGrid):
     IMPLS = {"sm80": SM80, "sm90ws": SM90WS, "bwdws": BWDWS, "bwdrows": BWDROWS,
              "dqalt": DQALT, "qregs": QREGS, "mpre": MPRE, "qahead": QAHEAD,
              "noepivec": NOEPIVEC, "notmao": NOTMAO, "ctas3k1": CTAS3K1, "selfload": SELFLOAD,
-             "pairwg": PAIRWG, "l2hint": L2HINT, "l2normal": L2NORMAL, "kqxla": KQXLA, "notailconv": NOTAILCONV, "nolpt": NOLPT,
+             "pairwg": PAIRWG, "oinq": OINQ, "l2hint": L2HINT, "l2normal": L2NORMAL, "kqxla": KQXLA, "notailconv": NOTAILCONV, "nolpt": NOLPT,
              "ldscale": LDSCALE, "nowghand": NOWGHAND, "sahead": SAHEAD, "nofdiv": NOFDIV, "noqprobe": NOQPROBE, "entahead": ENTAHEAD, "nodqlag": NODQLAG, "nowguni": NOWGUNI, "bwdrows4": BWDROWS4, "sm80_late_v": SM80_LATE_V, "sm80_wr32": SM80_WR32,
              "sm80_wr16": SM80_WR16}
 
@@ -463,6 +464,32 @@ PAIR_CASES = [c for c in WS_CASES if c["blk"] == 64] + [
     dict(name="pair-blk64-d128-odd-items-waves", blk=64, d=128, dtype="float16",
          layout="bshd", b=1, hq=3, hkv=1, sq=11550, skv=2000, mode="varied"),
 ]
+# bsa_fwd_ws=oinq: O staged in the work item's own Q buffer, whose stage the next item
+# releases. Besides the ws cases, several items per CTA (b 2, 8 heads, S 8192: 2048 items at
+# blk 64, 1024 at blk 128), so that each Q buffer holds many items' O in turn, with rows of
+# 0 .. 4 blocks between them and every block listed
+OINQ_CASES = WS_CASES + [
+    dict(name="oinq-waves-blk64-d128-varied", blk=64, d=128, dtype="bfloat16", layout="bshd",
+         hq=8, hkv=2, sq=8192, skv=8000, mode="varied"),
+    dict(name="oinq-waves-blk64-d128-empty", blk=64, d=128, dtype="float16", layout="bhsd",
+         hq=8, hkv=8, sq=8192, skv=8192, mode="last-empty"),
+    dict(name="oinq-waves-blk128-d128-last", blk=128, d=128, dtype="bfloat16", layout="bhsd",
+         hq=8, hkv=4, sq=8192, skv=8001, mode="last"),
+    dict(name="oinq-waves-blk64-d64-varied", blk=64, d=64, dtype="bfloat16", layout="bshd",
+         hq=8, hkv=1, sq=8192, skv=8192, mode="varied"),
+    dict(name="oinq-all-blocks-blk64-d128", blk=64, d=128, dtype="bfloat16", layout="bshd",
+         hq=8, hkv=4, sq=2048, skv=1999, mode="all"),
+]
+
+
+@pytest.mark.parametrize("c", shard(OINQ_CASES, SHARD), ids=lambda c: c["name"])
+def test_bsa_sm90ws_forward_oinq(c):
+    """The sm90ws forward with O staged in the work item's own Q buffer and the freed
+    shared memory as a third V stage (``bsa_fwd_ws=oinq``): against the fp32 reference with
+    poisoned outputs, NaN in unlisted keys and empty rows, over many items per CTA."""
+    _check_ws_forward(c, Switches(bsa_fwd_impl="sm90ws", bsa_fwd_ws=("oinq",)))
+
+
 # BSA_TEST_PAIR: the bsa_fwd_ws flags of these tests (default "pairwg"; e.g.
 # "pairwg,nopingpong")
 PAIR_FLAGS = tuple(os.environ.get("BSA_TEST_PAIR", "pairwg").split(","))

@@ -107,6 +107,9 @@ class BsaFwdConfig:
     ws_three_ctas: bool = False
     # O staged in the single Q buffer first (more K/V stages)
     ws_o_alias: bool = False
+    # O staged in the work item's own Q buffer (two Q buffers), the O buffer's bytes as
+    # further V stages ("oinq"; with the TMA O stores, without split-KV or pack_gqa)
+    ws_o_in_q: bool = False
     # consecutive work items of a CTA chained (next item's first S = QK^T issued with this
     # item's last PV GEMM, the epilogue after it; 2: the epilogue during that S GEMM; 0: off,
     # the default: slower on the H200)
@@ -476,7 +479,8 @@ def bsa_ws_options(opts) -> dict:
             "tma_o_packed": "notmaopack" not in opts,
             "split_wait": (True if "splitwait" in opts else False if "nosplitwait" in opts
                            else None),
-            "pair_wg": "pairwg" in opts, "l2_hint": l2_hint_mode(opts)}
+            "pair_wg": "pairwg" in opts, "l2_hint": l2_hint_mode(opts),
+            "o_in_q": "oinq" in opts}
 
 
 def _family_impl(want: str, head_dim: int, switches, block_size: int | None = None) -> str:
@@ -521,6 +525,11 @@ def fwd_config(dtype, head_dim, block_size, has_block_sizes, switches, causal=Fa
             kw["ws_pair_wg"] = True
         if o["l2_hint"]:
             kw["ws_l2_hint"] = o["l2_hint"]
+        # oinq: O staged by the TMA stores in the item's own (second) Q buffer
+        if (o["o_in_q"] and o["tma_o"] and splits == 1 and pack_gqa == 1
+                and o["q_stages"] == 2
+                and not (k1 or pair or o["stream_k"] or o["cross"] or o["o_alias"])):
+            kw["ws_o_in_q"] = True
         return BsaFwdConfig(name, head_dim, block_size, has_block_sizes, impl,
                             ws_overlap=o["overlap"], ws_pingpong=o["pingpong"],
                             ws_q_stages=o["q_stages"], ws_max_stages=o["max_stages"],
@@ -1379,7 +1388,7 @@ def _ws_fwd_kernel(cfg: BsaFwdConfig, stream_k: bool):
                         stream_k=stream_k, tma_o=cfg.ws_tma_o,
                         tma_o_packed=cfg.ws_tma_o_packed, k_single=cfg.ws_k_single,
                         self_load=cfg.ws_self_load, pair_items=cfg.ws_pair_wg,
-                        l2_hint=cfg.ws_l2_hint, **kw)
+                        l2_hint=cfg.ws_l2_hint, o_in_q=cfg.ws_o_in_q, **kw)
 
 
 @functools.cache

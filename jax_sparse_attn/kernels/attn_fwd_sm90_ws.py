@@ -667,6 +667,21 @@ class AttnFwdSm90Ws:
                                                              stride=(self.dv, 1)))
         return cute.make_tensor(cute.recast_ptr(o_base, sO_layout.inner), sO_layout.outer)
 
+    def _o_in_q(self):
+        """Whether the epilogue stages O in the work item's own Q slice (two Q buffers),
+        whose stage ``_release_o_stage`` frees at the next item with work."""
+        return getattr(self, "o_in_q", False)
+
+    @cute.jit
+    def _release_o_stage(self, pipe_q, c, wtid):
+        """With ``_o_in_q``: release Q stage ``c`` once the TMA store of the O staged in it
+        has read it (thread 0 of the warpgroup issued that store; its warp arrives after
+        it has waited)."""
+        if wtid == 0:
+            cute.arch.cp_async_bulk_wait_group(0, read=True)
+        cute.arch.sync_warp()
+        pipe_q.consumer_release(c)
+
     def _tma_o(self):
         """Whether the epilogue stages O in the 128-byte-swizzled layout of ``sO`` and one
         thread of the warpgroup writes it with TMA tensor stores (``_store_o_tma``)."""
@@ -695,6 +710,9 @@ class AttnFwdSm90Ws:
             rows = self._work_rows(work, tile)
             if cutlass.const_expr(loader is not None):
                 self._self_load_item(loader, c_q, c_kv)
+            if cutlass.const_expr(self._o_in_q()):
+                if c_q > 0:
+                    self._release_o_stage(pipe_q, c_q - 1, wtid)
             pipe_q.consumer_wait(c_q)
             self._q_ready(tile, self._q_slice(pipe_q.stage(c_q), wg), wg, wtid)
             c_kv = self._mainloop(
@@ -703,12 +721,17 @@ class AttnFwdSm90Ws:
                 tOrV, acc_O, pipe_k, pipe_v, c_kv, work, tile, rows, turns, wg, loader)
             if cutlass.const_expr(not self.o_alias_q):
                 pipe_q.consumer_release(c_q)
+        if cutlass.const_expr(self._o_in_q()):
+            # O is staged in this item's Q slice (``sO``: the warpgroup's slice of Q
+            # buffer 0, whose layout each Q buffer repeats ``num_wg * wg_m * d`` elements on)
+            sO = cute.make_tensor(
+                sO.iterator + pipe_q.stage(c_q) * (self.num_wg * self.wg_m * self.d), sO.layout)
         if cutlass.const_expr(piece is None):
             self._epilogue(acc_O, work, tile, thr_mma_pv, sO, wg, wtid, work.n_count > 0)
         else:
             self._finish_piece(acc_O, work, tile, thr_mma_pv, sO, wg, wtid, piece)
         if work.n_count > 0:
-            if cutlass.const_expr(self.o_alias_q):
+            if cutlass.const_expr(self.o_alias_q and not self._o_in_q()):
                 # generic accesses of the aliased Q buffer before the next TMA write
                 cute.arch.fence_proxy("async.shared", space="cta")
                 pipe_q.consumer_release(c_q)

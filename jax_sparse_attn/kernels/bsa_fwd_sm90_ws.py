@@ -112,6 +112,21 @@ def bsa_ws_smem_plan(d: int, bm: int, bn: int, limit: int, max_stages: int = 4,
             f"no shared-memory plan for head_dim={d}, sparse_block_size={bn}") from None
 
 
+def bsa_ws_oinq_plan(d: int, bm: int, bn: int, limit: int, max_stages: int = 4):
+    """(V stages, K stages) within ``limit`` bytes where O is staged in the work item's own
+    Q buffer (two Q buffers, no O buffer): the most K/V pairs (at least 2), then what is
+    left as further V stages (the V ring is the one whose stage is held longest: a V tile
+    frees after its PV GEMM, which lags the S GEMM of the next tile)."""
+    tile = bn * d * 2
+    avail = limit - 1024 - 2 * bm * d * 2
+    pairs = min(max_stages, avail // (2 * tile))
+    if pairs < 2:
+        raise NotImplementedError(
+            f"bsa_fwd_sm90_ws: no shared-memory plan with O in the Q buffer at "
+            f"head_dim={d}, sparse_block_size={bn}")
+    return min(max_stages, pairs + (avail - pairs * 2 * tile) // tile), pairs
+
+
 @dataclass(frozen=True)
 class _Tile:
     """A consumer warpgroup's context for one work item (its 64 rows from ``mw0``)."""
@@ -138,8 +153,18 @@ class BsaFwdSm90Ws(AttnFwdSm90Ws):
                  meta_prefetch: bool = False, q_ahead: bool = False, epi_vec: bool = False,
                  stream_k: bool = False, tma_o: bool = False, tma_o_packed: bool = False,
                  k_single: bool = False, self_load: bool = False, pair_items: bool = False,
-                 l2_hint: int = 0):
+                 l2_hint: int = 0, o_in_q: bool = False):
         self.pdl = pdl
+        # the epilogue stages O (for its TMA stores) in the work item's own Q buffer, free
+        # once the item's S GEMMs are done; the Q stage is released at the CTA's next item
+        # with work, after the store has read it; the O buffer's bytes become V stages
+        if o_in_q and (q_stages < 2 or k_single or pair_items or stream_k or cross_item
+                       or o_alias_first or kv_splits != 1 or not tma_o or pack_gqa != 1):
+            raise NotImplementedError(
+                "bsa_fwd_sm90_ws: o_in_q needs q_stages=2, tma_o, kv_splits=1 and "
+                "pack_gqa=1, without k_single, pair_items, stream_k, cross_item or "
+                "o_alias_first")
+        self.o_in_q = o_in_q
         # the L2 policies of the TMA copies (AttnFwdSm90Ws._l2; common.L2_HINT_*)
         self.l2_hint = l2_hint
         # blk 64: two consumer warpgroups per CTA, each with work items of its own (its own
@@ -216,6 +241,10 @@ class BsaFwdSm90Ws(AttnFwdSm90Ws):
                 raise NotImplementedError(
                     f"bsa_fwd_sm90_ws: k_single does not fit at head_dim={head_dim}")
             self.stages, self.k_stages, self.q_stages, self.o_alias_q = 2, 1, 1, True
+        elif o_in_q:
+            self.stages, self.k_stages = bsa_ws_oinq_plan(head_dim, self.bm, block_size, limit,
+                                                          max_stages)
+            self.q_stages, self.o_alias_q = 2, True
         else:
             self.stages, self.q_stages, self.o_alias_q = bsa_ws_smem_plan(
                 head_dim, self.bm, block_size, limit, max_stages, q_stages, o_alias_first)
@@ -230,7 +259,7 @@ class BsaFwdSm90Ws(AttnFwdSm90Ws):
         # O written by TMA tensor stores from its own staging buffer (AttnFwdSm90Ws._tma_o;
         # the 16-bit output; packed rows only with ``tma_o_packed``: the boxes of the packed
         # Q view, (D, r, 64 / r))
-        self.tma_o = (tma_o and kv_splits == 1 and not self.o_alias_q
+        self.tma_o = (tma_o and kv_splits == 1 and (not self.o_alias_q or self.o_in_q)
                       and (pack_gqa == 1 or tma_o_packed))
         # chained work items (``AttnFwdSm90Ws._consume_items``): needs the overlapped
         # mainloop and the next item's Q in its own buffer
@@ -523,6 +552,7 @@ class BsaFwdSm90Ws(AttnFwdSm90Ws):
             mask = KeyLimitMask(tScS)
             smax = OnlineSoftmax.create(cute.size(tScS, mode=[0]), softmax_scale,
                                         self.rescale_threshold)
+            # o_in_q: the warpgroup's slice of Q buffer 0 (``_consume`` offsets it to the item's)
             sO = self._o_buffer(st, sO_layout, wg)
 
             turns.start(wg)
