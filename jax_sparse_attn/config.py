@@ -136,11 +136,12 @@ def _parse_ws(var, raw):
 BSA_WS_FLAGS = ("nooverlap", "nopingpong", "q1", "headinner", "lazyrescale", "ctas2", "oalias",
                 "cross", "crossepi", "vlag", "splitwait", "nosplitwait", "qregs", "mpre", "qahead", "noepivec",
                 "streamk", "tmao", "notmao", "tmaopack", "notmaopack", "ctas3k1", "selfload",
-                "pairwg", "l2hint", "l2normal", "oinq")
+                "pairwg", "l2hint", "l2normal", "oinq", "nooinq")
 _BSA_WS_ALLOWED = ("comma list of " + ", ".join(BSA_WS_FLAGS)
                    + ", stages=N (most K/V shared-memory stages: 2..8); at most one of "
                    "splitwait, nosplitwait; tmao and tmaopack exclude notmao and noepivec, "
-                   "tmaopack excludes notmaopack, l2hint excludes l2normal")
+                   "tmaopack excludes notmaopack, l2hint excludes l2normal, oinq excludes "
+                   "nooinq")
 _parse_bsa_ws_opts = _parse_option_list(BSA_WS_FLAGS, "stages", lambda n: 2 <= n <= 8,
                                         _BSA_WS_ALLOWED)
 
@@ -153,7 +154,7 @@ def _parse_bsa_ws(var, raw):
     opts = _parse_bsa_ws_opts(var, raw)
     for a, b in (("splitwait", "nosplitwait"), ("tmao", "notmao"), ("tmao", "noepivec"),
                  ("tmaopack", "notmao"), ("tmaopack", "noepivec"),
-                 ("tmaopack", "notmaopack"), ("l2hint", "l2normal")):
+                 ("tmaopack", "notmaopack"), ("l2hint", "l2normal"), ("oinq", "nooinq")):
         if a in opts and b in opts:
             raise ValueError(f"{var}={raw!r}: {a!r} and {b!r} exclude each other; "
                              f"allowed: {_BSA_WS_ALLOWED}")
@@ -522,12 +523,12 @@ SWITCHES = (
            "read a query block), K / V loads evict_last, which other query blocks of the head "
            "read again), l2normal (evict_normal policies on every TMA copy; the default passes "
            "the copies' default policy operand), "
-           "oinq (the epilogue stages O for its TMA stores in the work item's own Q buffer "
-           "of the two, released at the CTA's next item once the store has read it, and "
-           "the O buffer's shared memory becomes further V stages: at blk 64 / D 128 two K "
-           "and three V stages; with the TMA O stores, without split-KV, pack_gqa, q1, "
-           "ctas3k1, selfload, pairwg, streamk, cross, crossepi or oalias, where it is "
-           "ignored), "
+           "oinq (the default at D 128: the epilogue stages O for its TMA stores in the "
+           "work item's own Q buffer of the two, released at the CTA's next item once the "
+           "store has read it, and the O buffer's shared memory becomes further V stages: "
+           "two K and three V stages at D 128; with the TMA O stores, without split-KV, "
+           "pack_gqa, q1, ctas3k1, selfload, pairwg, streamk, cross, crossepi or oalias, "
+           "where it is ignored), nooinq (O in its own buffer, at D 128 two K / V stages), "
            "stages=N "
            "(most K/V stages)"),
     _choice("bsa_bwd_impl", "JAX_SPARSE_ATTN_BSA_BWD_IMPL", ("auto", "sm90", "sm90ws", "sm80"),

@@ -108,7 +108,8 @@ class BsaFwdConfig:
     # O staged in the single Q buffer first (more K/V stages)
     ws_o_alias: bool = False
     # O staged in the work item's own Q buffer (two Q buffers), the O buffer's bytes as
-    # further V stages ("oinq"; with the TMA O stores, without split-KV or pack_gqa)
+    # further V stages (the default at D 128, "oinq" / "nooinq" on / off; with the TMA O
+    # stores, without split-KV or pack_gqa)
     ws_o_in_q: bool = False
     # consecutive work items of a CTA chained (next item's first S = QK^T issued with this
     # item's last PV GEMM, the epilogue after it; 2: the epilogue during that S GEMM; 0: off,
@@ -480,7 +481,7 @@ def bsa_ws_options(opts) -> dict:
             "split_wait": (True if "splitwait" in opts else False if "nosplitwait" in opts
                            else None),
             "pair_wg": "pairwg" in opts, "l2_hint": l2_hint_mode(opts),
-            "o_in_q": "oinq" in opts}
+            "o_in_q": (True if "oinq" in opts else False if "nooinq" in opts else None)}
 
 
 def _family_impl(want: str, head_dim: int, switches, block_size: int | None = None) -> str:
@@ -525,8 +526,10 @@ def fwd_config(dtype, head_dim, block_size, has_block_sizes, switches, causal=Fa
             kw["ws_pair_wg"] = True
         if o["l2_hint"]:
             kw["ws_l2_hint"] = o["l2_hint"]
-        # oinq: O staged by the TMA stores in the item's own (second) Q buffer
-        if (o["o_in_q"] and o["tma_o"] and splits == 1 and pack_gqa == 1
+        # oinq (the default at D 128; nooinq off): O staged by the TMA stores in the item's
+        # own (second) Q buffer
+        o_in_q = o["o_in_q"] if o["o_in_q"] is not None else head_dim == 128
+        if (o_in_q and o["tma_o"] and splits == 1 and pack_gqa == 1
                 and o["q_stages"] == 2
                 and not (k1 or pair or o["stream_k"] or o["cross"] or o["o_alias"])):
             kw["ws_o_in_q"] = True
