@@ -114,7 +114,8 @@ BSA = [(128, 128, "bfloat16", "bshd", False, ""), (128, 64, "float16", "bhsd", T
        (128, 128, "bfloat16", "bshd", False, "noepivec"),
        (64, 128, "float16", "bhsd", True, "noepivec"),
        (128, 128, "bfloat16", "bshd", False, "notmao"), (128, 64, "float16", "bhsd", True, "notmao"),
-       (64, 128, "float16", "bhsd", True, "notmao"), (64, 64, "bfloat16", "bshd", False, "notmao")]
+       (64, 128, "float16", "bhsd", True, "notmao"), (64, 64, "bfloat16", "bshd", False, "notmao"),
+       (128, 128, "bfloat16", "bshd", False, "nooinq"), (128, 64, "float16", "bhsd", True, "nooinq")]
 RAB = [("bfloat16", 128, 128, 0, "", (1, "float32")), ("float16", 64, 64, 5, "", (2, "float16")),
        ("bfloat16", 256, 256, 0, "", (2, "bfloat16")), ("bfloat16", 32, 32, 3, "", (1, "float32")),
        ("bfloat16", 128, 128, 0, "silu16", (1, "bfloat16")),

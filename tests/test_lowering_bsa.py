@@ -312,6 +312,49 @@ def test_bsa_l2hint_config():
             from_env({var: "l2hint,l2normal"})
 
 
+def test_bsa_oinq_config_and_plan():
+    """``oinq`` (O staged in the work item's own Q buffer, the O buffer's shared memory as a
+    third V stage) is the forward's default at D 128 and off at D 64 unless asked for;
+    ``nooinq`` turns it off; it is dropped where the kernel has no second Q buffer or no TMA
+    O stores (q1, notmao, noepivec, oalias, ctas3k1, split-KV, pack_gqa) or another item
+    walk (pairwg, streamk, cross); ``oinq`` with ``nooinq`` is rejected. The plan: two Q
+    buffers, two K and three V stages at D 128 (blk 64: two CTAs of at most 113 KiB)."""
+    import cutlass  # noqa: PLC0415
+
+    from jax_sparse_attn.config import Switches, from_env
+    from jax_sparse_attn.ffi import bsa
+    from jax_sparse_attn.kernels.bsa_fwd_sm90_ws import (SMEM_LIMIT_2CTA, BsaFwdSm90Ws,
+                                                         bsa_ws_oinq_plan)
+
+    def on(d=128, blk=64, ws="", **kw):
+        return bsa.fwd_config(jnp.bfloat16, d, blk, False,
+                              Switches(bsa_fwd_impl="sm90ws", bsa_fwd_ws=ws), **kw).ws_o_in_q
+
+    assert on() and on(blk=128) and on(ws="oinq")
+    assert not on(d=64) and not on(d=64, blk=128) and on(d=64, ws="oinq")
+    for ws in ("nooinq", "q1", "notmao", "noepivec", "oalias", "ctas3k1", "selfload", "pairwg",
+               "streamk", "cross", "crossepi", "oinq,q1", "oinq,notmao"):
+        assert not on(ws=ws), ws
+    assert not on(kv_splits=2, num_rows=64, k_max=32)
+    assert not on(pack_gqa=4)
+    with pytest.raises(ValueError, match="oinq"):
+        from_env({"JAX_SPARSE_ATTN_BSA_WS": "oinq,nooinq"})
+    plans = {}
+    for blk in (64, 128):
+        for o_in_q in (False, True):
+            k = BsaFwdSm90Ws(cutlass.BFloat16, 128, blk, True, 132, tma_o=True, o_in_q=o_in_q)
+            plans[blk, o_in_q] = (k.q_stages, k.k_stages, k.stages, k.o_alias_q, k.tma_o)
+    assert plans == {(64, False): (2, 2, 2, False, True), (64, True): (2, 2, 3, True, True),
+                     (128, False): (2, 2, 2, False, True), (128, True): (2, 2, 3, True, True)}
+    # blk 64 / D 128: 2 Q + 2 K + 3 V tiles of 16 KiB and the mbarriers' KiB
+    assert 7 * 16 * 1024 + 1024 <= SMEM_LIMIT_2CTA
+    assert bsa_ws_oinq_plan(128, 64, 64, SMEM_LIMIT_2CTA) == (3, 2)
+    with pytest.raises(NotImplementedError, match="O in the Q buffer"):
+        bsa_ws_oinq_plan(128, 64, 64, 64 * 1024)
+    with pytest.raises(NotImplementedError, match="o_in_q needs"):
+        BsaFwdSm90Ws(cutlass.BFloat16, 128, 64, True, 132, tma_o=False, o_in_q=True)
+
+
 # the PTX tests' configurations, lowered in one fresh process (tests/kept_ptx.py)
 _PTX_CONFIGS = {_ids(c): ("_ws_fwd_text", (c,), None, {}) for c in WS_CONFIGS[:2]}
 #: the default's O written by TMA tensor stores (bsa_fwd_ws=notmao: copied out by the
@@ -545,8 +588,10 @@ def test_bsa_sm90ws_tma_o_ptx(kept_ptx, name):
     packed 4-byte shared stores (D / 4 per thread) and no shared loads, then one thread
     writes the slice with
     TMA tensor stores (one per 64 columns), commits them as a bulk group and, before the
-    next staging and at exit, waits for the group to have read shared memory; a
-    generic-to-async proxy fence orders the staging before the store."""
+    next staging and at exit, waits for the group to have read shared memory (at D 128,
+    where O is staged in the item's own Q buffer, ``oinq``, also before that Q buffer is
+    released at the next item); a generic-to-async proxy fence orders the staging before the
+    store."""
     import re
 
     import kept_ptx as kp  # noqa: PLC0415
@@ -562,7 +607,7 @@ def test_bsa_sm90ws_tma_o_ptx(kept_ptx, name):
         "no barrier between the staging fence and the TMA store"
     assert "st.shared.b32" not in text[fence:first]
     assert text.count("cp.async.bulk.commit_group") == 1
-    assert text.count("cp.async.bulk.wait_group.read") == 2
+    assert text.count("cp.async.bulk.wait_group.read") == (3 if cfg["d"] == 128 else 2)
     assert "fence.proxy.async.shared::cta" in text
     assert text.count("st.shared.b32") == cfg["d"] // 4
     assert "ld.shared.v4" not in text
