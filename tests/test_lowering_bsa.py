@@ -355,6 +355,29 @@ def test_bsa_oinq_config_and_plan():
         BsaFwdSm90Ws(cutlass.BFloat16, 128, 64, True, 132, tma_o=False, o_in_q=True)
 
 
+def test_bsa_qahead_with_vlag_runs_as_mpre():
+    """``qahead`` with ``vlag``: the vlag producer loop has no point at which it issues the
+    next item's Q, so the pair compiles as ``vlag`` with ``mpre`` (the next item's Q loaded at
+    its start, as without qahead); with ``qahead`` alone the key keeps it. (With both in the
+    key the consumers would wait forever for a Q load that the producer never issued.)"""
+    import cutlass  # noqa: PLC0415
+
+    from jax_sparse_attn.config import Switches
+    from jax_sparse_attn.ffi import bsa
+    from jax_sparse_attn.kernels.bsa_fwd_sm90_ws import BsaFwdSm90Ws
+
+    def key(ws):
+        c = bsa.fwd_config(jnp.bfloat16, 128, 64, False,
+                           Switches(bsa_fwd_impl="sm90ws", bsa_fwd_ws=ws))
+        return c.ws_v_lag, c.ws_q_ahead, c.ws_meta_prefetch
+
+    assert key("qahead") == (False, True, False)
+    assert key("vlag,qahead") == (True, False, True)
+    assert key("vlag,qahead,oinq") == (True, False, True)
+    k = BsaFwdSm90Ws(cutlass.BFloat16, 128, 64, True, 132, tma_o=True, v_lag=True, q_ahead=True)
+    assert not k.q_ahead and k.meta_prefetch
+
+
 # the PTX tests' configurations, lowered in one fresh process (tests/kept_ptx.py)
 _PTX_CONFIGS = {_ids(c): ("_ws_fwd_text", (c,), None, {}) for c in WS_CONFIGS[:2]}
 #: the default's O written by TMA tensor stores (bsa_fwd_ws=notmao: copied out by the

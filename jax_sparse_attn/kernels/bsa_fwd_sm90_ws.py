@@ -202,7 +202,8 @@ class BsaFwdSm90Ws(AttnFwdSm90Ws):
         self.meta_prefetch = meta_prefetch or q_ahead
         # the producer issues the next work item's Q during the current item (after its
         # first K / V stages) instead of at the next item's start (needs two Q buffers)
-        self.q_ahead = q_ahead and kv_splits == 1 and q_stages >= 2
+        # (not with v_lag: its producer loop issues no next-item Q, so it runs as mpre there)
+        self.q_ahead = q_ahead and kv_splits == 1 and q_stages >= 2 and not v_lag
         self.split_wait = split_wait
         if block_size not in (64, 128) or head_dim not in (64, 128):
             raise NotImplementedError(
