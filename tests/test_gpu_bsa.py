@@ -490,6 +490,15 @@ def test_bsa_sm90ws_forward_oinq(c):
     _check_ws_forward(c, Switches(bsa_fwd_impl="sm90ws", bsa_fwd_ws=("oinq",)))
 
 
+@pytest.mark.parametrize("c", [c for c in OINQ_CASES if c["name"] in (
+    "oinq-waves-blk64-d128-varied", "oinq-waves-blk128-d128-last")], ids=lambda c: c["name"])
+def test_bsa_sm90ws_forward_vlag_qahead(c):
+    """``bsa_fwd_ws=vlag,qahead`` (two opt-in producer orders, run as ``vlag`` with ``mpre``:
+    the vlag loop has no point to issue the next item's Q early) over several items per CTA:
+    completes, and matches the fp32 reference."""
+    _check_ws_forward(c, Switches(bsa_fwd_impl="sm90ws", bsa_fwd_ws=("vlag", "qahead")))
+
+
 # BSA_TEST_PAIR: the bsa_fwd_ws flags of these tests (default "pairwg"; e.g.
 # "pairwg,nopingpong")
 PAIR_FLAGS = tuple(os.environ.get("BSA_TEST_PAIR", "pairwg").split(","))
