@@ -336,6 +336,10 @@ def test_bsa_oinq_config_and_plan():
                "streamk", "cross", "crossepi", "oinq,q1", "oinq,notmao"):
         assert not on(ws=ws), ws
     assert not on(kv_splits=2, num_rows=64, k_max=32)
+    # cross needs the overlapped mainloop: with nooverlap it is off, and oinq stays on
+    c = bsa.fwd_config(jnp.bfloat16, 128, 64, False,
+                       Switches(bsa_fwd_impl="sm90ws", bsa_fwd_ws="nooverlap,cross"))
+    assert (c.ws_cross, c.ws_o_in_q) == (0, True)
     assert not on(pack_gqa=4)
     with pytest.raises(ValueError, match="oinq"):
         from_env({"JAX_SPARSE_ATTN_BSA_WS": "oinq,nooinq"})
@@ -374,6 +378,12 @@ def test_bsa_qahead_with_vlag_runs_as_mpre():
     assert key("qahead") == (False, True, False)
     assert key("vlag,qahead") == (True, False, True)
     assert key("vlag,qahead,oinq") == (True, False, True)
+    # q1 and split-KV: the kernel runs qahead as mpre there too, and the key says so
+    assert key("qahead,q1") == (False, False, True)
+    c = bsa.fwd_config(jnp.bfloat16, 128, 128, False,
+                       Switches(bsa_fwd_impl="sm90ws", bsa_fwd_ws="qahead"), kv_splits=2,
+                       num_rows=4, k_max=8)
+    assert (c.kv_splits, c.ws_q_ahead, c.ws_meta_prefetch) == (2, False, True)
     k = BsaFwdSm90Ws(cutlass.BFloat16, 128, 64, True, 132, tma_o=True, v_lag=True, q_ahead=True)
     assert not k.q_ahead and k.meta_prefetch
 

@@ -445,8 +445,8 @@ def bsa_ws_options(opts) -> dict:
     ``cross`` / ``crossepi``), ``meta_prefetch`` (``mpre``: the next work item's list count,
     and in the producer its first entry, loaded while the current item runs), ``q_ahead``
     (``qahead``: the producer issues the next item's Q during the current item; where O is
-    staged in the single Q buffer, ``oalias`` and ``ctas3k1``, and with ``vlag``, whose
-    producer loop has no point to issue it, :func:`fwd_config` runs it as
+    staged in the single Q buffer, ``oalias`` and ``ctas3k1``, with ``q1`` or split-KV, and
+    with ``vlag``, whose producer loop has no point to issue it, :func:`fwd_config` runs it as
     ``mpre``), ``epi_vec``
     (default; ``noepivec`` off: O staged with packed pair stores into a row-swizzled tile,
     copied out in 16-byte pieces), ``tma_o`` (default; ``notmao`` off: O staged in the
@@ -506,6 +506,9 @@ def fwd_config(dtype, head_dim, block_size, has_block_sizes, switches, causal=Fa
     splits = resolve_kv_splits(kv_splits, num_rows=num_rows, k_max=k_max, impl=impl)
     if impl == "sm90ws":
         o = bsa_ws_options(switches.bsa_fwd_ws)
+        # chained items need the overlapped mainloop: without it cross / crossepi are off
+        if not o["overlap"]:
+            o["cross"] = 0
         kw = {} if splits == 1 else {"kv_splits": splits}
         k1 = o["k_single"] and (block_size, head_dim) == (64, 128)
         if k1:
@@ -517,8 +520,10 @@ def fwd_config(dtype, head_dim, block_size, has_block_sizes, switches, causal=Fa
         # the next item's Q issued ahead needs a second Q buffer: with O staged in the single
         # one (oalias, ctas3k1 / selfload) the producer would wait for the current item's
         # epilogue before issuing its remaining K / V tiles, so qahead is mpre there
-        # (vlag's producer loop, K tile j + 1 before V tile j, has no such issue point either)
-        q_ahead = o["q_ahead"] and not (k1 or o["o_alias"] or o["v_lag"])
+        # (vlag's producer loop, K tile j + 1 before V tile j, has no such issue point either;
+        # q1 and split-KV have no second Q buffer / load Q per split)
+        q_ahead = (o["q_ahead"] and splits == 1 and o["q_stages"] >= 2
+                   and not (k1 or o["o_alias"] or o["v_lag"]))
         # pairwg: blk 64, one item stream per consumer warpgroup, without the options that
         # change the item walk or the Q buffers
         pair = (o["pair_wg"] and block_size == 64 and splits == 1 and pack_gqa == 1
