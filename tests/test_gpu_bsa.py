@@ -35,7 +35,9 @@ themselves instead of TMA tensor stores); ``ctas3k1``: ``Switches(bsa_fwd_ws="ct
 (the same without the producer warp); ``pairwg``: ``Switches(bsa_fwd_ws="pairwg")`` (blk 64:
 two consumer warpgroups per CTA with work items of their own); ``l2hint`` / ``l2normal``:
 ``bsa_fwd_ws`` and ``bsa_bwd_ws`` with L2 eviction priorities per tensor / ``evict_normal``
-on the TMA copies; ``nodefault`` leaves out the grid with the default switches.
+on the TMA copies; ``oearly`` / ``sumtree``: ``Switches(bsa_fwd_ws=...)`` with O rescaled
+under the next S GEMM / the row sums added pairwise; ``nodefault`` leaves out the grid with
+the default switches.
 ``test_bsa_preprocess_kernel`` checks the preprocessing kernel directly.
 ``test_bsa_sm90ws_forward`` adds the sm90ws forward's own cases (every KV block listed, the
 partial last block listed by every row, NaN in unlisted blocks and past block_sizes,
@@ -80,6 +82,8 @@ QAHEAD = Switches(bsa_fwd_ws=("qahead",))
 NOEPIVEC = Switches(bsa_fwd_ws=("noepivec",))
 NOTMAO = Switches(bsa_fwd_ws=("notmao",))
 OINQ = Switches(bsa_fwd_ws=("oinq",))
+OEARLY = Switches(bsa_fwd_ws=("oearly",))
+SUMTREE = Switches(bsa_fwd_ws=("sumtree",))
 CTAS3K1 = Switches(bsa_fwd_ws=("ctas3k1",))
 SELFLOAD = Switches(bsa_fwd_ws=("selfload",))
 PAIRWG = Switches(bsa_fwd_ws=("pairwg",))
@@ -115,7 +119,7 @@ class TestBSAKernelGrid(BSAKernelGrid):
     IMPLS = {"sm80": SM80, "sm90ws": SM90WS, "bwdws": BWDWS, "bwdrows": BWDROWS,
              "dqalt": DQALT, "qregs": QREGS, "mpre": MPRE, "qahead": QAHEAD,
              "noepivec": NOEPIVEC, "notmao": NOTMAO, "ctas3k1": CTAS3K1, "selfload": SELFLOAD,
-             "pairwg": PAIRWG, "oinq": OINQ, "l2hint": L2HINT, "l2normal": L2NORMAL, "kqxla": KQXLA, "notailconv": NOTAILCONV, "nolpt": NOLPT,
+             "pairwg": PAIRWG, "oinq": OINQ, "oearly": OEARLY, "sumtree": SUMTREE, "l2hint": L2HINT, "l2normal": L2NORMAL, "kqxla": KQXLA, "notailconv": NOTAILCONV, "nolpt": NOLPT,
              "ldscale": LDSCALE, "nowghand": NOWGHAND, "sahead": SAHEAD, "nofdiv": NOFDIV, "noqprobe": NOQPROBE, "entahead": ENTAHEAD, "nodqlag": NODQLAG, "nowguni": NOWGUNI, "bwdrows4": BWDROWS4, "sm80_late_v": SM80_LATE_V, "sm80_wr32": SM80_WR32,
              "sm80_wr16": SM80_WR16}
 
@@ -497,6 +501,20 @@ def test_bsa_sm90ws_forward_vlag_qahead(c):
     the vlag loop has no point to issue the next item's Q early) over several items per CTA:
     completes, and matches the fp32 reference."""
     _check_ws_forward(c, Switches(bsa_fwd_impl="sm90ws", bsa_fwd_ws=("vlag", "qahead")))
+
+
+# BSA_TEST_EARLY: the bsa_fwd_ws flags of test_bsa_sm90ws_forward_early (default
+# "oearly,sumtree"; e.g. "oearly,lazyrescale" or "oearly,nooinq")
+EARLY_FLAGS = tuple(os.environ.get("BSA_TEST_EARLY", "oearly,sumtree").split(","))
+
+
+@pytest.mark.parametrize("c", shard(OINQ_CASES, SHARD), ids=lambda c: c["name"])
+def test_bsa_sm90ws_forward_early(c):
+    """The sm90ws forward with O brought to the previous tile's running max under the next
+    S GEMM (``oearly``) and pairwise row sums (``sumtree``), or the flags of
+    ``BSA_TEST_EARLY``: against the fp32 reference with poisoned outputs, NaN in unlisted
+    keys, empty rows, one-block rows and every block listed, over many items per CTA."""
+    _check_ws_forward(c, Switches(bsa_fwd_impl="sm90ws", bsa_fwd_ws=EARLY_FLAGS))
 
 
 # BSA_TEST_PAIR: the bsa_fwd_ws flags of these tests (default "pairwg"; e.g.

@@ -236,6 +236,9 @@ WS_CONFIGS = [
     dict(d=64, blk=64, dtype="bfloat16", layout="bshd", sizes=False, ws=""),
     dict(d=128, blk=128, dtype="bfloat16", layout="bhsd", sizes=True, ws="nooverlap,nopingpong"),
     dict(d=128, blk=64, dtype="bfloat16", layout="bshd", sizes=False, ws="nooverlap"),
+    dict(d=128, blk=64, dtype="float16", layout="bhsd", sizes=True, ws="oearly,sumtree"),
+    dict(d=128, blk=128, dtype="bfloat16", layout="bshd", sizes=False, ws="oearly"),
+    dict(d=64, blk=64, dtype="bfloat16", layout="bhsd", sizes=True, ws="sumtree,lazyrescale"),
 ]
 
 
@@ -357,6 +360,33 @@ def test_bsa_oinq_config_and_plan():
         bsa_ws_oinq_plan(128, 64, 64, 64 * 1024)
     with pytest.raises(NotImplementedError, match="o_in_q needs"):
         BsaFwdSm90Ws(cutlass.BFloat16, 128, 64, True, 132, tma_o=False, o_in_q=True)
+
+
+def test_bsa_oearly_sumtree_keys():
+    """``oearly`` (O rescaled under the next S GEMM) reaches the forward's key with the
+    overlapped mainloop and is dropped with ``nooverlap`` and the chained items of ``cross``
+    / ``crossepi``; ``sumtree`` (pairwise row sums) reaches it everywhere; both are off by
+    default and reach the kernel object."""
+    import cutlass  # noqa: PLC0415
+
+    from jax_sparse_attn.config import Switches
+    from jax_sparse_attn.ffi import bsa
+    from jax_sparse_attn.kernels.bsa_fwd_sm90_ws import BsaFwdSm90Ws
+
+    def key(ws, d=128, blk=64):
+        c = bsa.fwd_config(jnp.bfloat16, d, blk, False,
+                           Switches(bsa_fwd_impl="sm90ws", bsa_fwd_ws=ws))
+        return c.ws_o_early, c.ws_tree_sum
+
+    assert key("") == (False, False)
+    assert key("oearly") == (True, False) and key("sumtree") == (False, True)
+    assert key("oearly,sumtree", d=64, blk=128) == (True, True)
+    for ws in ("oearly,nooverlap", "oearly,cross", "oearly,crossepi"):
+        assert key(ws)[0] is False, ws
+    k = BsaFwdSm90Ws(cutlass.BFloat16, 128, 64, True, 132, o_early=True, tree_sum=True)
+    assert (k.o_early, k.tree_sum, k._o_early()) == (True, True, True)
+    k = BsaFwdSm90Ws(cutlass.BFloat16, 128, 64, True, 132, overlap=False, o_early=True)
+    assert not k._o_early()
 
 
 def test_bsa_qahead_with_vlag_runs_as_mpre():

@@ -111,6 +111,12 @@ class BsaFwdConfig:
     # further V stages (the default at D 128, "oinq" / "nooinq" on / off; with the TMA O
     # stores, without split-KV or pack_gqa)
     ws_o_in_q: bool = False
+    # the overlapped mainloop rescales O for tile j - 1 after issuing S_j, under that GEMM,
+    # instead of after the PV GEMM of tile j - 2 has completed ("oearly"; not with chained
+    # items or nooverlap)
+    ws_o_early: bool = False
+    # the online softmax adds a thread's probabilities of a row pairwise ("sumtree")
+    ws_tree_sum: bool = False
     # consecutive work items of a CTA chained (next item's first S = QK^T issued with this
     # item's last PV GEMM, the epilogue after it; 2: the epilogue during that S GEMM; 0: off,
     # the default: slower on the H200)
@@ -465,7 +471,11 @@ def bsa_ws_options(opts) -> dict:
     implement it), ``l2_hint`` (:func:`l2_hint_mode`: ``l2hint`` L2 eviction priorities on
     the TMA copies, Q loads and O stores ``evict_first`` (Q ``evict_last`` with split-KV or
     ``streamk``, where several work items read a query tile), K / V loads ``evict_last``;
-    ``l2normal`` ``evict_normal`` on every copy)."""
+    ``l2normal`` ``evict_normal`` on every copy), ``o_early`` (``oearly``: the overlapped
+    mainloop rescales O for tile ``j - 1`` right after issuing ``S_j``, under that GEMM,
+    instead of after the PV GEMM of tile ``j - 2`` completes; not with ``cross`` /
+    ``crossepi`` or ``nooverlap``), ``tree_sum`` (``sumtree``: the online softmax adds a
+    thread's probabilities of a row pairwise instead of in one chain)."""
     st = [int(o[7:]) for o in opts if o.startswith("stages=")]
     return {"overlap": "nooverlap" not in opts, "pingpong": "nopingpong" not in opts,
             "q_stages": 1 if "q1" in opts else 2, "max_stages": st[0] if st else 4,
@@ -482,7 +492,8 @@ def bsa_ws_options(opts) -> dict:
             "split_wait": (True if "splitwait" in opts else False if "nosplitwait" in opts
                            else None),
             "pair_wg": "pairwg" in opts, "l2_hint": l2_hint_mode(opts),
-            "o_in_q": (True if "oinq" in opts else False if "nooinq" in opts else None)}
+            "o_in_q": (True if "oinq" in opts else False if "nooinq" in opts else None),
+            "o_early": "oearly" in opts, "tree_sum": "sumtree" in opts}
 
 
 def _family_impl(want: str, head_dim: int, switches, block_size: int | None = None) -> str:
@@ -536,6 +547,10 @@ def fwd_config(dtype, head_dim, block_size, has_block_sizes, switches, causal=Fa
         # oinq (the default at D 128; nooinq off): O staged by the TMA stores in the item's
         # own (second) Q buffer
         o_in_q = o["o_in_q"] if o["o_in_q"] is not None else head_dim == 128
+        if o["o_early"] and o["overlap"] and not o["cross"]:
+            kw["ws_o_early"] = True
+        if o["tree_sum"]:
+            kw["ws_tree_sum"] = True
         if (o_in_q and o["tma_o"] and splits == 1 and pack_gqa == 1
                 and o["q_stages"] == 2
                 and not (k1 or pair or o["stream_k"] or o["cross"] or o["o_alias"])):
@@ -1398,7 +1413,8 @@ def _ws_fwd_kernel(cfg: BsaFwdConfig, stream_k: bool):
                         stream_k=stream_k, tma_o=cfg.ws_tma_o,
                         tma_o_packed=cfg.ws_tma_o_packed, k_single=cfg.ws_k_single,
                         self_load=cfg.ws_self_load, pair_items=cfg.ws_pair_wg,
-                        l2_hint=cfg.ws_l2_hint, o_in_q=cfg.ws_o_in_q, **kw)
+                        l2_hint=cfg.ws_l2_hint, o_in_q=cfg.ws_o_in_q,
+                        o_early=cfg.ws_o_early, tree_sum=cfg.ws_tree_sum, **kw)
 
 
 @functools.cache

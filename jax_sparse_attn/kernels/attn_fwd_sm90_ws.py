@@ -926,6 +926,9 @@ class AttnFwdSm90Ws:
                                 pipe_k, pipe_v, c_kv, work, tile, rows, state, turns, wg,
                                 s_shape, loader)
             c_last = c_kv + work.n_count - 1
+            if cutlass.const_expr(self._o_early()):
+                # O (the sum over tiles 0 .. n - 2) to the last tile's running max
+                self._pv_done(acc_O, state)
             self._issue_pv(mma_pv, tOrP, tOrV, pipe_v, c_last, acc_O, turns, wg, True)
             turns.pass_turn(wg)
             warpgroup.wait_group(0)
@@ -946,6 +949,13 @@ class AttnFwdSm90Ws:
                 warpgroup.wait_group(0)
                 pipe_v.consumer_release(c)
         return c_kv + work.n_count
+
+    def _o_early(self):
+        """Whether the overlapped mainloop brings O to tile ``j - 1``'s running max (the
+        ``_pv_done`` of tile ``j - 1``) after issuing ``S_j``, under that GEMM, instead of
+        right after the PV GEMM of tile ``j - 2`` has completed (a kernel's ``o_early``;
+        the chained items of ``cross_item`` keep the late form)."""
+        return bool(getattr(self, "o_early", False)) and not getattr(self, "cross_item", 0)
 
     def _p_final(self, p):
         """The 16-bit P fragment of what ``_tile_p`` returned (``p`` itself; a kernel whose
@@ -990,6 +1000,11 @@ class AttnFwdSm90Ws:
             acc_S2 = cute.make_rmem_tensor(s_shape, Float32)
             pre2 = self._tile_pre(work, tile, rows, it)
             self._issue_qk(mma_qk, mma_qk0, tSrQ, tSrK, pipe_k, c_new, acc_S2, turns, wg)
+            if cutlass.const_expr(self._o_early()):
+                # O (the sum over tiles 0 .. j - 2, complete: its PV GEMM was waited on in
+                # step j - 1) to tile j - 1's running max while S_j runs; P_{j-1} V_{j-1}
+                # then adds to it
+                self._pv_done(acc_O, state)
             self._issue_pv(mma_pv, tOrP, tOrV, pipe_v, c_new - 1, acc_O, turns, wg, False)
             turns.pass_turn(wg)
             warpgroup.wait_group(1)
@@ -1011,7 +1026,8 @@ class AttnFwdSm90Ws:
             if cutlass.const_expr(loader is not None):
                 if it < last:
                     self._self_load_v(loader, n_load, c_new + 1)
-            self._pv_done(acc_O, state)
+            if cutlass.const_expr(not self._o_early()):
+                self._pv_done(acc_O, state)
             self._p_into(rP, rP2)
 
     # ------------------------------------------------------------------ epilogue

@@ -153,8 +153,14 @@ class BsaFwdSm90Ws(AttnFwdSm90Ws):
                  meta_prefetch: bool = False, q_ahead: bool = False, epi_vec: bool = False,
                  stream_k: bool = False, tma_o: bool = False, tma_o_packed: bool = False,
                  k_single: bool = False, self_load: bool = False, pair_items: bool = False,
-                 l2_hint: int = 0, o_in_q: bool = False):
+                 l2_hint: int = 0, o_in_q: bool = False, o_early: bool = False,
+                 tree_sum: bool = False):
         self.pdl = pdl
+        # the online softmax adds a thread's probabilities of a row pairwise (softmax.py)
+        self.tree_sum = tree_sum
+        # the overlapped mainloop rescales O for tile j - 1 under the S GEMM of tile j
+        # (AttnFwdSm90Ws._o_early)
+        self.o_early = o_early and overlap
         # the epilogue stages O (for its TMA stores) in the work item's own Q buffer, free
         # once the item's S GEMMs are done; the Q stage is released at the CTA's next item
         # with work, after the store has read it; the O buffer's bytes become V stages
@@ -552,7 +558,7 @@ class BsaFwdSm90Ws(AttnFwdSm90Ws):
             tScS = acc_mn_view_wg(tSc)
             mask = KeyLimitMask(tScS)
             smax = OnlineSoftmax.create(cute.size(tScS, mode=[0]), softmax_scale,
-                                        self.rescale_threshold)
+                                        self.rescale_threshold, self.tree_sum)
             # o_in_q: the warpgroup's slice of Q buffer 0 (``_consume`` offsets it to the item's)
             sO = self._o_buffer(st, sO_layout, wg)
 
@@ -561,7 +567,7 @@ class BsaFwdSm90Ws(AttnFwdSm90Ws):
             if cutlass.const_expr(self.cross_item):
                 # the next item's first score tile needs its own softmax state
                 smaxes = (smax, OnlineSoftmax.create(cute.size(tScS, mode=[0]), softmax_scale,
-                                                     self.rescale_threshold))
+                                                     self.rescale_threshold, self.tree_sum))
             ctx = (sched, n_q_blocks, mIdx, mNums, mSizes, seqlen_k, seqlen_q, n_heads, mV,
                    mask, smaxes, mO, mLSE, wg, tma_o, tma_tO)
             if cutlass.const_expr(self.cross_item):

@@ -16,6 +16,8 @@ running max ``m`` of the raw scores and the running (lane-partial) sum ``l`` of
   multiply for a warp none of whose rows moved (a warp vote). Probabilities are then at most
   ``2^threshold`` instead of 1 (exact in fp32 and 16-bit P); ``m`` and ``l`` stay consistent,
   so ``finalize`` is unchanged (the lazy rescaling of FlashAttention-4).
+* ``tree_sum`` (static): a thread's part of a row's sum of probabilities is added pairwise
+  (depth ``log2`` of its length) instead of in one chain.
 * ``finalize(r)``: ``(1 / l, lse)`` of row ``r`` with ``lse = scale m + ln l`` (natural log),
   and ``(0, -inf)`` for a row without any visible key (``l = 0``).
 """
@@ -31,6 +33,15 @@ from cutlass import Float32
 from .bsa_common import LOG2_E, quad_allreduce_max, quad_allreduce_sum
 
 
+def _pairwise_sum(vals):
+    """Sum of the trace-time list ``vals`` as a balanced tree of additions (plain Python,
+    unrolled while tracing)."""
+    if len(vals) == 1:
+        return vals[0]
+    half = len(vals) // 2
+    return _pairwise_sum(vals[:half]) + _pairwise_sum(vals[half:])
+
+
 @dataclass(frozen=True)
 class OnlineSoftmax:
     row_max: object
@@ -38,13 +49,14 @@ class OnlineSoftmax:
     softmax_scale: object
     scale_log2: object
     rescale_threshold: object = None
+    tree_sum: bool = False
 
     @staticmethod
-    def create(n_rows: int, softmax_scale, rescale_threshold=None):
+    def create(n_rows: int, softmax_scale, rescale_threshold=None, tree_sum=False):
         row_max = cute.make_rmem_tensor((n_rows,), Float32)
         row_sum = cute.make_rmem_tensor((n_rows,), Float32)
         return OnlineSoftmax(row_max, row_sum, softmax_scale, softmax_scale * LOG2_E,
-                             rescale_threshold)
+                             rescale_threshold, tree_sum)
 
     def reset(self):
         self.row_max.fill(-Float32.inf)
@@ -66,11 +78,18 @@ class OnlineSoftmax:
             m_scaled = m_safe * self.scale_log2
             p_row = cute.math.exp2(s_row * self.scale_log2 - m_scaled, fastmath=True)
             c = cute.math.exp2(m_prev * self.scale_log2 - m_scaled, fastmath=True)
-            self.row_sum[r] = self.row_sum[r] * c + p_row.reduce(cute.ReductionOp.ADD,
-                                                                 Float32.zero, 0)
+            if cutlass.const_expr(self.tree_sum):
+                # pairwise sum of the thread's part of the row: depth log2(n), not n
+                acc_S_mn[r, None] = p_row
+                psum = _pairwise_sum([acc_S_mn[r, j]
+                                      for j in range(cute.size(acc_S_mn, mode=[1]))])
+                self.row_sum[r] = self.row_sum[r] * c + psum
+            else:
+                self.row_sum[r] = self.row_sum[r] * c + p_row.reduce(cute.ReductionOp.ADD,
+                                                                     Float32.zero, 0)
+                acc_S_mn[r, None] = p_row
             self.row_max[r] = m_new
             corr[r] = c
-            acc_S_mn[r, None] = p_row
 
     @cute.jit
     def rescale(self, acc_O_mn, corr):
