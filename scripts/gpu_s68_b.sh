@@ -7,7 +7,7 @@
 . "$(dirname "$0")/gpu_lib.sh" s68_b "${1:-400}"
 gpu_info
 timeout 150 python3 -m benchmarks.bsa_bench --table-pass fwd --sweep-k --timing both \
-  --table ";" --out "$O/sweep.json" > "$O/sweep.txt" 2>&1
+  --table "deterministic=0" --out "$O/sweep.json" > "$O/sweep.txt" 2>&1
 t "sweep rc=$?"; grep -E "^fit" "$O/sweep.txt"
 if grep -q H200 "$O/gpu.txt" && [ "$(left)" -gt 300 ]; then
   OUT=$OUT bash "$(dirname "$0")/gpu_s67_c.sh" $(( $(left) - 10 ))
