@@ -91,6 +91,7 @@ CASES = {
     "hstu_bwd_8x4096_d256": lambda: _hstu(8, 4096, 256, True),
     "bsa_fwd_blk128": lambda: _bsa(128, 16),
     "bsa_fwd_blk64": lambda: _bsa(64, 32),
+    "bsa_fwd_blk64_5": lambda: _bsa(64, 13),
     "bsa_fwdbwd_blk64": lambda: _bsa(64, 32, bwd=True),
     "bsa_fwdbwd_blk128": lambda: _bsa(128, 16, bwd=True),
     "bsa_fwd_s32768": lambda: _bsa(128, 32, s=32768),
