@@ -136,7 +136,7 @@ def _parse_ws(var, raw):
 BSA_WS_FLAGS = ("nooverlap", "nopingpong", "q1", "headinner", "lazyrescale", "ctas2", "oalias",
                 "cross", "crossepi", "vlag", "splitwait", "nosplitwait", "qregs", "mpre", "qahead", "noepivec",
                 "streamk", "tmao", "notmao", "tmaopack", "notmaopack", "ctas3k1", "selfload",
-                "pairwg", "l2hint", "l2normal", "oinq", "nooinq", "oearly", "sumtree")
+                "pairwg", "l2hint", "l2normal", "oinq", "nooinq", "oearly", "sumtree", "xlaclamp")
 _BSA_WS_ALLOWED = ("comma list of " + ", ".join(BSA_WS_FLAGS)
                    + ", stages=N (most K/V shared-memory stages: 2..8); at most one of "
                    "splitwait, nosplitwait; tmao and tmaopack exclude notmao and noepivec, "
@@ -534,7 +534,9 @@ SWITCHES = (
            "right after issuing the next tile's S = QK^T, under that GEMM, instead of after "
            "the PV GEMM that precedes it has completed; ignored with nooverlap, cross and "
            "crossepi), sumtree (the online softmax adds a thread's probabilities of a row "
-           "pairwise, depth log2 of their number, instead of in one chain), "
+           "pairwise, depth log2 of their number, instead of in one chain), xlaclamp (XLA "
+           "clamps the block lists, counts and block sizes before the kernel, as for the "
+           "other forwards; by default the sm90ws kernel clamps every value it reads), "
            "stages=N "
            "(most K/V stages)"),
     _choice("bsa_bwd_impl", "JAX_SPARSE_ATTN_BSA_BWD_IMPL", ("auto", "sm90", "sm90ws", "sm80"),

@@ -782,3 +782,58 @@ def test_bsa_bwd_deterministic(c, monkeypatch):
     for name, g, t, b in zip(("dq", "dk", "dv"), runs[0], truth, base):
         check_rule(name, jnp.asarray(g), t, b, 5, 2e-3, report)
     print(c["name"], "; ".join(report))
+
+
+# Metadata outside the contract, without split-KV: the sm90ws forward clamps what it reads in
+# the kernel (no XLA clamp before it), xlaclamp and the mma.sync forward get the sanitised
+# metadata; GQA with pack_gqa (lists per KV head) and causal rows included
+GARBAGE_FWD = [
+    dict(impl="sm90ws", blk=64, d=128, ws="", hq=2, hkv=2),
+    dict(impl="sm90ws", blk=128, d=128, ws="", hq=2, hkv=2),
+    dict(impl="sm90ws", blk=64, d=64, ws="", hq=2, hkv=2),
+    dict(impl="sm90ws", blk=64, d=128, ws="nooinq", hq=2, hkv=2),
+    dict(impl="sm90ws", blk=128, d=128, ws="", hq=4, hkv=2, pack=True),
+    dict(impl="sm90ws", blk=64, d=128, ws="", hq=2, hkv=2, causal=True),
+    dict(impl="sm90ws", blk=64, d=128, ws="xlaclamp", hq=2, hkv=2),
+    dict(impl="sm80", blk=64, d=128, ws="", hq=2, hkv=2),
+]
+
+
+@pytest.mark.parametrize("c", shard(GARBAGE_FWD, SHARD),
+                         ids=lambda c: "-".join(f"{k}{v}" for k, v in c.items() if v != ""))
+def test_bsa_forward_garbage_metadata_is_clamped(c):
+    """Traced metadata (no eager checks) outside the contract: ids < 0 or >= N_kv inside the
+    active prefix, counts < 0 or > K_max, block_sizes < 1 or > blk, S_kv not a multiple of
+    the block. The forward (kv_splits=1) reads nothing out of bounds and gives exactly the
+    result of the metadata clamped as ``metadata.sanitize_bsa_metadata`` does, and no NaN;
+    the outputs are poisoned by a preceding all-NaN run."""
+    import jax_sparse_attn as jsa
+    from jax_sparse_attn.metadata import sanitize_bsa_metadata
+
+    rng = np.random.default_rng(11)
+    blk, d, kmax = c["blk"], c["d"], 6
+    b, sq, skv = 2, 1000, 1100
+    nq, nkv = -(-sq // blk), -(-skv // blk)
+    q = jnp.asarray(rng.standard_normal((b, c["hq"], sq, d), np.float32)).astype(jnp.bfloat16)
+    k, v = (jnp.asarray(rng.standard_normal((b, c["hkv"], skv, d), np.float32)).astype(
+        jnp.bfloat16) for _ in range(2))
+    # metadata rows: (B, H_q, N_q) or, with pack_gqa, (B, H_kv, N_qp) over packed rows
+    hm, nm = ((c["hkv"], -(-sq * (c["hq"] // c["hkv"]) // blk)) if c.get("pack")
+              else (c["hq"], nq))
+    idx = jnp.asarray(rng.integers(-3, nkv + 3, size=(b, hm, nm, kmax)), jnp.int32)
+    nums = jnp.asarray(rng.integers(-2, kmax + 3, size=(b, hm, nm)), jnp.int32)
+    sizes = jnp.asarray(rng.integers(-5, blk + 20, size=(b, hm, nkv)), jnp.int32)
+    kw = dict(sparse_block_size=blk, allow_empty_block_nums=True, backend="kernel",
+              causal=c.get("causal", False), pack_gqa=c.get("pack", False),
+              switches=Switches(bsa_fwd_impl=c["impl"], bsa_fwd_ws=c["ws"]))
+    f = jax.jit(lambda q, k, v, i, n, s: tuple(
+        jsa.block_sparse_attention_forward(q, k, v, i, None, s, n, **kw)))
+    nan = jnp.full_like(q, jnp.nan)
+    jax.block_until_ready(f(nan, nan[:, :c["hkv"], :1].repeat(skv, 2), k, idx, nums, sizes))
+    got = f(q, k, v, idx, nums, sizes)
+    want = f(q, k, v, *sanitize_bsa_metadata(idx, nums, sizes, num_kv_blocks=nkv,
+                                             block_size=blk))
+    for g, w in zip(got, want):
+        g, w = np.asarray(g, np.float32), np.asarray(w, np.float32)
+        assert not np.isnan(g).any()
+        np.testing.assert_array_equal(g, w)

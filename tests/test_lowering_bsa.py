@@ -389,6 +389,31 @@ def test_bsa_oearly_sumtree_keys():
     assert not k._o_early()
 
 
+def test_bsa_sm90ws_forward_metadata_clamped_in_kernel():
+    """The sm90ws forward reads the block lists, counts and block sizes as given and
+    clamps every value in the kernel (``block_info.BlockList``): its call has no XLA clamp
+    before the kernel; ``xlaclamp`` and the mma.sync forward keep the XLA clamps of ids,
+    counts and sizes (one max and one min each). ``tests/test_gpu_bsa.py::
+    test_bsa_forward_garbage_metadata_is_clamped`` checks the results on the GPU."""
+    from jax_sparse_attn.config import Switches
+
+    def ops(impl, ws):
+        import jax_sparse_attn as jsa  # noqa: PLC0415
+
+        cfg = dict(d=128, blk=64, dtype="bfloat16", layout="bhsd", sizes=True, ws=ws)
+        q, k, idx, nums, sizes, _ = _shapes(cfg)
+        kw = dict(layout="bhsd", sparse_block_size=64, softmax_scale=0.3, backend="kernel",
+                  switches=Switches(bsa_fwd_impl=impl, bsa_fwd_ws=ws))
+        txt = jax.jit(lambda q, k, v, i, n, s: jsa.block_sparse_attention_forward(
+            q, k, v, i, None, s, n, **kw)).trace(q, k, k, idx, nums, sizes).lower(
+            lowering_platforms=("cuda",)).as_text()
+        return txt.count("stablehlo.maximum"), txt.count("stablehlo.minimum")
+
+    assert ops("sm90ws", "") == (0, 0)
+    assert ops("sm90ws", "xlaclamp") == (3, 3)
+    assert ops("sm80", "") == (3, 3)
+
+
 def test_bsa_qahead_with_vlag_runs_as_mpre():
     """``qahead`` with ``vlag``: the vlag producer loop has no point at which it issues the
     next item's Q, so the pair compiles as ``vlag`` with ``mpre`` (the next item's Q loaded at

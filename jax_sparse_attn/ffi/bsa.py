@@ -117,6 +117,9 @@ class BsaFwdConfig:
     ws_o_early: bool = False
     # the online softmax adds a thread's probabilities of a row pairwise ("sumtree")
     ws_tree_sum: bool = False
+    # the metadata clamped by XLA before the kernel, as the other forwards need ("xlaclamp";
+    # the sm90ws kernel clamps every value it reads itself)
+    ws_xla_clamp: bool = False
     # consecutive work items of a CTA chained (next item's first S = QK^T issued with this
     # item's last PV GEMM, the epilogue after it; 2: the epilogue during that S GEMM; 0: off,
     # the default: slower on the H200)
@@ -475,7 +478,9 @@ def bsa_ws_options(opts) -> dict:
     mainloop rescales O for tile ``j - 1`` right after issuing ``S_j``, under that GEMM,
     instead of after the PV GEMM of tile ``j - 2`` completes; not with ``cross`` /
     ``crossepi`` or ``nooverlap``), ``tree_sum`` (``sumtree``: the online softmax adds a
-    thread's probabilities of a row pairwise instead of in one chain)."""
+    thread's probabilities of a row pairwise instead of in one chain), ``xla_clamp``
+    (``xlaclamp``: the metadata clamped by XLA before the kernel, as for the other forwards,
+    instead of by the kernel alone)."""
     st = [int(o[7:]) for o in opts if o.startswith("stages=")]
     return {"overlap": "nooverlap" not in opts, "pingpong": "nopingpong" not in opts,
             "q_stages": 1 if "q1" in opts else 2, "max_stages": st[0] if st else 4,
@@ -493,7 +498,8 @@ def bsa_ws_options(opts) -> dict:
                            else None),
             "pair_wg": "pairwg" in opts, "l2_hint": l2_hint_mode(opts),
             "o_in_q": (True if "oinq" in opts else False if "nooinq" in opts else None),
-            "o_early": "oearly" in opts, "tree_sum": "sumtree" in opts}
+            "o_early": "oearly" in opts, "tree_sum": "sumtree" in opts,
+            "xla_clamp": "xlaclamp" in opts}
 
 
 def _family_impl(want: str, head_dim: int, switches, block_size: int | None = None) -> str:
@@ -551,6 +557,8 @@ def fwd_config(dtype, head_dim, block_size, has_block_sizes, switches, causal=Fa
             kw["ws_o_early"] = True
         if o["tree_sum"]:
             kw["ws_tree_sum"] = True
+        if o["xla_clamp"]:
+            kw["ws_xla_clamp"] = True
         if (o_in_q and o["tma_o"] and splits == 1 and pack_gqa == 1
                 and o["q_stages"] == 2
                 and not (k1 or pair or o["stream_k"] or o["cross"] or o["o_alias"])):
@@ -1467,8 +1475,12 @@ def bsa_fwd(q, k, v, q2k_block_index, q2k_block_nums, block_sizes, cfg):
     spec = _specs(cfg.layout)
     if cfg.fwd.kv_splits > 1:
         return _bsa_fwd_split(q, k, v, q2k_block_index, q2k_block_nums, block_sizes, cfg, spec)
-    q2k_block_index, q2k_block_nums, block_sizes = _sanitize(
-        q2k_block_index, q2k_block_nums, block_sizes, cfg)
+    if cfg.fwd.impl != "sm90ws" or cfg.fwd.ws_stream_k or cfg.fwd.ws_xla_clamp:
+        # the sm90ws forward clamps counts, ids and sizes itself (block_info.BlockList:
+        # every list entry it reads, the count of every item, every block size); the
+        # others (and the stream-K tail's uniform-count check) read the metadata as given
+        q2k_block_index, q2k_block_nums, block_sizes = _sanitize(
+            q2k_block_index, q2k_block_nums, block_sizes, cfg)
     if cfg.fwd.impl == "sm90ws" and cfg.fwd.ws_stream_k:
         n_ws, n_flags = _sk_sizes(cfg.fwd)
         flags = jnp.zeros((n_flags,), jnp.int32)
