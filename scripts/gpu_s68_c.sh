@@ -17,3 +17,5 @@ trace_variant xla "JAX_SPARSE_ATTN_BSA_WS=xlaclamp" bsa_fwd_blk64_5 bsa_fwd_blk6
 grep -E "^==|us  x" "$O"/trace_*.txt | head -40
 bench fwd 150 fwd 1,0,2,5,6 ";JAX_SPARSE_ATTN_BSA_WS=xlaclamp"
 t done
+# the device tool returns a few files per call: one archive of the logs
+tar czf "$O/../s68_c.tgz" -C "$O" . && rm -rf "$O"
