@@ -544,6 +544,28 @@ def bsa_inputs(c, seed=0, poison_unseen=False):
                         softmax_scale=float(0.7 / np.sqrt(d))))
 
 
+def check_bsa_garbage_clamped(q, k, v, idx, nums, sizes, num_kv_blocks, poison=False, **kw):
+    """The public block-sparse forward (``kw``: its options) on metadata outside the
+    contract gives exactly the result of the same metadata clamped by
+    ``metadata.sanitize_bsa_metadata``, and no NaN; ``poison``: a preceding all-NaN run
+    fills the output buffers first."""
+    from jax_sparse_attn.metadata import sanitize_bsa_metadata  # noqa: PLC0415
+
+    f = jax.jit(lambda q, k, v, i, n, s: tuple(
+        jsa.block_sparse_attention_forward(q, k, v, i, None, s, n, **kw)))
+    if poison:
+        nan = jnp.full_like(q, jnp.nan)
+        kn = jnp.full_like(k, jnp.nan)
+        jax.block_until_ready(f(nan, kn, kn, idx, nums, sizes))
+    got = f(q, k, v, idx, nums, sizes)
+    want = f(q, k, v, *sanitize_bsa_metadata(idx, nums, sizes, num_kv_blocks=num_kv_blocks,
+                                             block_size=kw["sparse_block_size"]))
+    for g, w in zip(got, want):
+        g, w = np.asarray(g, np.float32), np.asarray(w, np.float32)
+        assert not np.isnan(g).any()
+        np.testing.assert_array_equal(g, w)
+
+
 def bsa_fwd_vjp(idx, **kw):
     """A jitted ``f(q, k, v, do) -> (out, lse, dq, dk, dv)``: the public block-sparse forward
     (out and lse) and the VJP of the op, both with the metadata ``idx`` and keywords ``kw``."""

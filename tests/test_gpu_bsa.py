@@ -63,7 +63,7 @@ jax = pytest.importorskip("jax")
 import jax.numpy as jnp  # noqa: E402
 
 from attention_base import (BSA_GRID, BSACase, BSAKernelGrid, _rows_bhs, bsa_inputs,  # noqa: E402
-                            check_rule, shard)
+                            check_bsa_garbage_clamped, check_rule, shard)
 from attention_base import generate as pytest_generate_tests  # noqa: E402, F401
 from jax_sparse_attn.config import Switches  # noqa: E402
 
@@ -807,9 +807,6 @@ def test_bsa_forward_garbage_metadata_is_clamped(c):
     the block. The forward (kv_splits=1) reads nothing out of bounds and gives exactly the
     result of the metadata clamped as ``metadata.sanitize_bsa_metadata`` does, and no NaN;
     the outputs are poisoned by a preceding all-NaN run."""
-    import jax_sparse_attn as jsa
-    from jax_sparse_attn.metadata import sanitize_bsa_metadata
-
     rng = np.random.default_rng(11)
     blk, d, kmax = c["blk"], c["d"], 6
     b, sq, skv = 2, 1000, 1100
@@ -823,17 +820,8 @@ def test_bsa_forward_garbage_metadata_is_clamped(c):
     idx = jnp.asarray(rng.integers(-3, nkv + 3, size=(b, hm, nm, kmax)), jnp.int32)
     nums = jnp.asarray(rng.integers(-2, kmax + 3, size=(b, hm, nm)), jnp.int32)
     sizes = jnp.asarray(rng.integers(-5, blk + 20, size=(b, hm, nkv)), jnp.int32)
-    kw = dict(sparse_block_size=blk, allow_empty_block_nums=True, backend="kernel",
-              causal=c.get("causal", False), pack_gqa=c.get("pack", False),
-              switches=Switches(bsa_fwd_impl=c["impl"], bsa_fwd_ws=c["ws"]))
-    f = jax.jit(lambda q, k, v, i, n, s: tuple(
-        jsa.block_sparse_attention_forward(q, k, v, i, None, s, n, **kw)))
-    nan = jnp.full_like(q, jnp.nan)
-    jax.block_until_ready(f(nan, nan[:, :c["hkv"], :1].repeat(skv, 2), k, idx, nums, sizes))
-    got = f(q, k, v, idx, nums, sizes)
-    want = f(q, k, v, *sanitize_bsa_metadata(idx, nums, sizes, num_kv_blocks=nkv,
-                                             block_size=blk))
-    for g, w in zip(got, want):
-        g, w = np.asarray(g, np.float32), np.asarray(w, np.float32)
-        assert not np.isnan(g).any()
-        np.testing.assert_array_equal(g, w)
+    check_bsa_garbage_clamped(
+        q, k, v, idx, nums, sizes, nkv, poison=True, sparse_block_size=blk,
+        allow_empty_block_nums=True, backend="kernel", causal=c.get("causal", False),
+        pack_gqa=c.get("pack", False),
+        switches=Switches(bsa_fwd_impl=c["impl"], bsa_fwd_ws=c["ws"]))

@@ -31,7 +31,8 @@ import pytest
 jax = pytest.importorskip("jax")
 import jax.numpy as jnp  # noqa: E402
 
-from attention_base import _f32, _rows_bhs, check_rule, check_unreached, shard  # noqa: E402
+from attention_base import (_f32, _rows_bhs, check_bsa_garbage_clamped, check_rule,  # noqa: E402
+                            check_unreached, shard)
 from jax_sparse_attn.config import Switches  # noqa: E402
 
 pytestmark = pytest.mark.gpu
@@ -240,9 +241,6 @@ def test_bsa_split_kv_garbage_metadata_is_clamped(impl, blk):
     nothing out of bounds and gives exactly the result of the metadata clamped as
     ``metadata.sanitize_bsa_metadata`` does (the sm90ws forward clamps in the kernel, the
     others get the sanitised metadata), and no NaN."""
-    import jax_sparse_attn as jsa
-    from jax_sparse_attn.metadata import sanitize_bsa_metadata
-
     j = GARBAGE.index((impl, blk))
     if SHARD and int(SHARD.split("/")[0]) != j % int(SHARD.split("/")[1]):
         pytest.skip("BSA_TEST_SHARD: runs in another shard")
@@ -254,17 +252,9 @@ def test_bsa_split_kv_garbage_metadata_is_clamped(impl, blk):
     idx = jnp.asarray(rng.integers(-3, nkv + 3, size=(b, h, nq, kmax)), jnp.int32)
     nums = jnp.asarray(rng.integers(-2, kmax + 3, size=(b, h, nq)), jnp.int32)
     sizes = jnp.asarray(rng.integers(-5, blk + 20, size=(b, h, nkv)), jnp.int32)
-    kw = dict(sparse_block_size=blk, allow_empty_block_nums=True, backend="kernel",
-              kv_splits=3, switches=Switches(bsa_fwd_impl=impl))
-    f = jax.jit(lambda q, k, v, i, n, s: tuple(
-        jsa.block_sparse_attention_forward(q, k, v, i, None, s, n, **kw)))
-    got = f(q, k, v, idx, nums, sizes)
-    want = f(q, k, v, *sanitize_bsa_metadata(idx, nums, sizes, num_kv_blocks=nkv,
-                                             block_size=blk))
-    for g, w in zip(got, want):
-        g, w = np.asarray(g, np.float32), np.asarray(w, np.float32)
-        assert not np.isnan(g).any()
-        np.testing.assert_array_equal(g, w)
+    check_bsa_garbage_clamped(q, k, v, idx, nums, sizes, nkv, sparse_block_size=blk,
+                              allow_empty_block_nums=True, backend="kernel", kv_splits=3,
+                              switches=Switches(bsa_fwd_impl=impl))
 
 
 CAUSAL_SHAPES = [SHAPES[0], SHAPES[1]]  # the default forward (sm90ws) at blk 128 and blk 64
