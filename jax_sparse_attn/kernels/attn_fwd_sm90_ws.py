@@ -26,7 +26,8 @@ Attributes a kernel class sets: ``dtype``, ``d``, ``dv``, ``wg_m`` (64), ``bn``,
 (consumer warpgroups), ``stages`` (and ``k_stages`` where the K ring has fewer),
 ``q_stages``, ``o_alias_q``, ``overlap``, ``pingpong``,
 ``v_lag`` (the producer issues V tile ``j`` after K tile ``j + 1``), ``cross_item`` and
-``cross_epi_first`` (chained work items, ``_consume_items``), optionally ``warp_producer``
+``cross_epi_first`` (chained work items, ``_consume_items``), optionally ``o_early`` (O
+rescaled for tile ``j - 1`` under the S GEMM of tile ``j``, ``_o_early``), ``warp_producer``
 (the producer is one warp after the consumer warpgroups and no registers move between
 them, ``_consumer_start``).
 """
