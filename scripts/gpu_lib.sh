@@ -87,6 +87,18 @@ report_tests() {
     echo "== $f"; tail -n 1 "$f"; grep -E "^(FAILED|ERROR)" "$f" | head -5
   done
 }
+# shard_tests NAME FILE KEXPR N SECS: the GPU tests of FILE selected by KEXPR in N shards at
+# once (BSA_TEST_SHARD), each under timeout SECS, to $O/t_NAME<i>.txt; waited for, reported;
+# returns non-zero if a shard failed, errored or timed out
+shard_tests() {
+  local i
+  for i in $(seq 0 $(( $4 - 1 ))); do
+    BSA_TEST_SHARD=$i/$4 timeout "$5" $PYT "$2" -k "$3" > "$O/t_$1$i.txt" 2>&1 &
+  done
+  wait; t "$1 tests"
+  report_tests
+  ! grep -qE "^(FAILED|ERROR)|Timeout|timeout" "$O"/t_"$1"*.txt
+}
 # bg_test NAME FILE KEXPR: in the background, the GPU tests of FILE selected by KEXPR under
 # timeout $T, to $O/t_NAME.txt
 bg_test() {

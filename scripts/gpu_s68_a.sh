@@ -6,17 +6,11 @@
 # Usage (device, after `source .devcache/setup.sh`): OUT=$OUT bash scripts/gpu_s68_a.sh [seconds]
 . "$(dirname "$0")/gpu_lib.sh" s68_a "${1:-560}"
 gpu_info
-for i in 0 1; do
-  BSA_TEST_SHARD=$i/2 timeout 200 $PYT tests/test_gpu_bsa.py -k "sm90ws_forward_early" \
-    > "$O/t_early$i.txt" 2>&1 &
-done
-wait; t "early tests"
-report_tests
-if grep -qE "^(FAILED|ERROR)|Timeout|timeout" "$O"/t_early*.txt; then
-  t "early tests not clean: no benchmark"
-else
+if shard_tests early tests/test_gpu_bsa.py "sm90ws_forward_early" 2 200; then
   bench fwd 200 fwd 0,1,2,3,5 \
     ";JAX_SPARSE_ATTN_BSA_WS=oearly;JAX_SPARSE_ATTN_BSA_WS=sumtree;JAX_SPARSE_ATTN_BSA_WS=oearly+sumtree"
+else
+  t "early tests not clean: no benchmark"
 fi
 T=$(( $(left) - 15 ))
 for i in 0 1 2; do
