@@ -136,14 +136,16 @@ def _parse_ws(var, raw):
 BSA_WS_FLAGS = ("nooverlap", "nopingpong", "q1", "headinner", "lazyrescale", "ctas2", "oalias",
                 "cross", "crossepi", "vlag", "splitwait", "nosplitwait", "qregs", "mpre", "qahead", "noepivec",
                 "streamk", "tmao", "notmao", "tmaopack", "notmaopack", "ctas3k1", "selfload",
-                "pairwg", "l2hint", "l2normal", "oinq", "nooinq", "oearly", "sumtree", "xlaclamp")
+                "pairwg", "l2hint", "l2normal", "oinq", "nooinq", "oearly", "sumtree", "xlaclamp", "half")
 _BSA_WS_ALLOWED = ("comma list of " + ", ".join(BSA_WS_FLAGS)
-                   + ", stages=N (most K/V shared-memory stages: 2..8); at most one of "
+                   + ", stages=N (most K/V shared-memory stages: 2..8), skipload=N (timing "
+                   "ablation, wrong results: 2..64); at most one of "
                    "splitwait, nosplitwait; tmao and tmaopack exclude notmao and noepivec, "
                    "tmaopack excludes notmaopack, l2hint excludes l2normal, oinq excludes "
                    "nooinq")
-_parse_bsa_ws_opts = _parse_option_list(BSA_WS_FLAGS, "stages", lambda n: 2 <= n <= 8,
-                                        _BSA_WS_ALLOWED)
+_parse_bsa_ws_opts = _parse_option_list(BSA_WS_FLAGS, {"stages": lambda n: 2 <= n <= 8,
+                                                       "skipload": lambda n: 2 <= n <= 64},
+                                        None, _BSA_WS_ALLOWED)
 
 
 def _parse_bsa_ws(var, raw):
@@ -537,6 +539,13 @@ SWITCHES = (
            "pairwise, depth log2 of their number, instead of in one chain), xlaclamp (XLA "
            "clamps the block lists, counts and block sizes before the kernel, as for the "
            "other forwards; by default the sm90ws kernel clamps every value it reads), "
+           "half (sparse_block_size 128: 64-row work items, one consumer warpgroup and one "
+           "CTA per SM, both halves of a query block reading its one list; ignored with "
+           "split-KV, pack_gqa, pairwg, streamk, cross, crossepi, ctas3k1, selfload), "
+           "skipload=N (a timing ablation whose results are wrong: the producer skips the "
+           "K and V loads of every N-th K/V tile it issues (2..64), the consumers read what "
+           "the stages held before; it measures how the kernel's time follows its L2 "
+           "traffic), "
            "stages=N "
            "(most K/V stages)"),
     _choice("bsa_bwd_impl", "JAX_SPARSE_ATTN_BSA_BWD_IMPL", ("auto", "sm90", "sm90ws", "sm80"),

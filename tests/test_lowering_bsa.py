@@ -239,6 +239,8 @@ WS_CONFIGS = [
     dict(d=128, blk=64, dtype="float16", layout="bhsd", sizes=True, ws="oearly,sumtree"),
     dict(d=128, blk=128, dtype="bfloat16", layout="bshd", sizes=False, ws="oearly"),
     dict(d=64, blk=64, dtype="bfloat16", layout="bhsd", sizes=True, ws="sumtree,lazyrescale"),
+    dict(d=128, blk=64, dtype="bfloat16", layout="bhsd", sizes=False, ws="skipload=8"),
+    dict(d=128, blk=128, dtype="bfloat16", layout="bhsd", sizes=True, ws="skipload=4"),
 ]
 
 

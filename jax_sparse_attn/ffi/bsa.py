@@ -120,6 +120,12 @@ class BsaFwdConfig:
     # the metadata clamped by XLA before the kernel, as the other forwards need ("xlaclamp";
     # the sm90ws kernel clamps every value it reads itself)
     ws_xla_clamp: bool = False
+    # timing ablation, wrong results: the producer skips the K / V loads of every N-th tile
+    # it issues ("skipload=N"; 0 off)
+    ws_skip_load: int = 0
+    # sparse_block_size 128 walked by 64-row work items, one consumer warpgroup and one CTA
+    # per SM ("half")
+    ws_half_items: bool = False
     # consecutive work items of a CTA chained (next item's first S = QK^T issued with this
     # item's last PV GEMM, the epilogue after it; 2: the epilogue during that S GEMM; 0: off,
     # the default: slower on the H200)
@@ -480,9 +486,13 @@ def bsa_ws_options(opts) -> dict:
     ``crossepi`` or ``nooverlap``), ``tree_sum`` (``sumtree``: the online softmax adds a
     thread's probabilities of a row pairwise instead of in one chain), ``xla_clamp``
     (``xlaclamp``: the metadata clamped by XLA before the kernel, as for the other forwards,
-    instead of by the kernel alone)."""
+    instead of by the kernel alone), ``skip_load`` (``skipload=N``, a timing ablation with
+    wrong results: the producer skips the K / V loads of every N-th tile it issues),
+    ``half`` (sparse_block_size 128 walked by 64-row work items)."""
     st = [int(o[7:]) for o in opts if o.startswith("stages=")]
-    return {"overlap": "nooverlap" not in opts, "pingpong": "nopingpong" not in opts,
+    sk = [int(o[9:]) for o in opts if o.startswith("skipload=")]
+    return {"skip_load": sk[0] if sk else 0, "half": "half" in opts,
+            "overlap": "nooverlap" not in opts, "pingpong": "nopingpong" not in opts,
             "q_stages": 1 if "q1" in opts else 2, "max_stages": st[0] if st else 4,
             "head_major": "headinner" not in opts, "lazy_rescale": "lazyrescale" in opts,
             "three_ctas": "ctas2" not in opts, "o_alias": "oalias" in opts,
@@ -559,6 +569,11 @@ def fwd_config(dtype, head_dim, block_size, has_block_sizes, switches, causal=Fa
             kw["ws_tree_sum"] = True
         if o["xla_clamp"]:
             kw["ws_xla_clamp"] = True
+        if o["skip_load"]:
+            kw["ws_skip_load"] = o["skip_load"]
+        if (o["half"] and block_size == 128 and splits == 1 and pack_gqa == 1
+                and not (pair or o["stream_k"] or o["cross"])):
+            kw["ws_half_items"] = True
         if (o_in_q and o["tma_o"] and splits == 1 and pack_gqa == 1
                 and o["q_stages"] == 2
                 and not (k1 or pair or o["stream_k"] or o["cross"] or o["o_alias"])):
@@ -1422,7 +1437,8 @@ def _ws_fwd_kernel(cfg: BsaFwdConfig, stream_k: bool):
                         tma_o_packed=cfg.ws_tma_o_packed, k_single=cfg.ws_k_single,
                         self_load=cfg.ws_self_load, pair_items=cfg.ws_pair_wg,
                         l2_hint=cfg.ws_l2_hint, o_in_q=cfg.ws_o_in_q,
-                        o_early=cfg.ws_o_early, tree_sum=cfg.ws_tree_sum, **kw)
+                        o_early=cfg.ws_o_early, tree_sum=cfg.ws_tree_sum,
+                        skip_load=cfg.ws_skip_load, half_items=cfg.ws_half_items, **kw)
 
 
 @functools.cache

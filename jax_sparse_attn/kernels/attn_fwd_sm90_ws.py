@@ -531,9 +531,23 @@ class AttnFwdSm90Ws:
                   pipe_v, k_bytes, v_bytes, c_kv, lane):
         """Load KV tile ``n`` (index ``nk`` in the K / V TMA views) into stage ``c_kv`` of the
         K and V rings: K by TMA; V by TMA, or row by row (``_load_v_rows``) where
-        ``_v_limit`` says a TMA box would read rows it must not."""
-        self._issue_k(n, nk, tma_k, tKg, tKs, pipe_k, k_bytes, c_kv)
-        self._issue_v(work, n, nk, tma_v, tVg, tVs, sV_rows, pipe_v, v_bytes, c_kv, lane)
+        ``_v_limit`` says a TMA box would read rows it must not. A kernel's ``skip_load``
+        (N > 0, a timing ablation) leaves the stages of every N-th tile as they were: the
+        full barriers get a plain arrive, the consumers read the stages' old contents."""
+        skip = getattr(self, "skip_load", 0)
+        if cutlass.const_expr(skip > 0):
+            if c_kv % skip == skip - 1:
+                pipe_k.producer_acquire(c_kv)
+                pipe_k.producer_arrive(c_kv)
+                pipe_v.producer_acquire(c_kv)
+                pipe_v.producer_arrive(c_kv)
+            else:
+                self._issue_k(n, nk, tma_k, tKg, tKs, pipe_k, k_bytes, c_kv)
+                self._issue_v(work, n, nk, tma_v, tVg, tVs, sV_rows, pipe_v, v_bytes, c_kv,
+                              lane)
+        else:
+            self._issue_k(n, nk, tma_k, tKg, tKs, pipe_k, k_bytes, c_kv)
+            self._issue_v(work, n, nk, tma_v, tVg, tVs, sV_rows, pipe_v, v_bytes, c_kv, lane)
 
     @cute.jit
     def _issue_k(self, n, nk, tma_k, tKg, tKs, pipe_k, k_bytes, c):

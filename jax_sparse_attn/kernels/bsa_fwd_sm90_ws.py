@@ -154,8 +154,23 @@ class BsaFwdSm90Ws(AttnFwdSm90Ws):
                  stream_k: bool = False, tma_o: bool = False, tma_o_packed: bool = False,
                  k_single: bool = False, self_load: bool = False, pair_items: bool = False,
                  l2_hint: int = 0, o_in_q: bool = False, o_early: bool = False,
-                 tree_sum: bool = False):
+                 tree_sum: bool = False, skip_load: int = 0, half_items: bool = False):
         self.pdl = pdl
+        # sparse_block_size 128 walked by 64-row work items (one consumer warpgroup, one
+        # CTA per SM, both halves of a query block reading its one block list): 64 x 128
+        # score tiles with the K / V traffic per row of 64-row query blocks
+        if half_items and not (block_size == 128 and kv_splits == 1 and pack_gqa == 1
+                               and not (pair_items or stream_k or three_ctas or k_single
+                                        or cross_item)):
+            raise NotImplementedError(
+                "bsa_fwd_sm90_ws: half_items needs sparse_block_size=128, kv_splits=1 and "
+                "pack_gqa=1, without pair_items, stream_k, three_ctas, k_single or cross_item")
+        self.half_items = half_items
+        # query tiles (work items) per block-list row
+        self.rows_per_list = 2 if half_items else 1
+        # timing ablation (wrong results): the producer skips the K / V loads of every
+        # skip_load-th tile it issues (AttnFwdSm90Ws._issue_kv); 0 off
+        self.skip_load = skip_load
         # the online softmax adds a thread's probabilities of a row pairwise (softmax.py)
         self.tree_sum = tree_sum
         # the overlapped mainloop rescales O for tile j - 1 under the S GEMM of tile j
@@ -220,14 +235,14 @@ class BsaFwdSm90Ws(AttnFwdSm90Ws):
         self.dv = head_dim
         self.bn = block_size
         self.wg_m = 64
-        self.num_wg = 2 if pair_items else block_size // 64
+        self.num_wg = 2 if pair_items else 1 if half_items else block_size // 64
         # rows of a work item's query tile
         self.bm = 64 if pair_items else 64 * self.num_wg
         self.has_sizes = has_block_sizes
         self.causal = causal
         self.overlap = overlap
         self.pingpong = pingpong and self.num_wg == 2
-        self.ctas_per_sm = 1 if self.num_wg == 2 else 2
+        self.ctas_per_sm = 1 if self.num_wg == 2 or half_items else 2
         if three_ctas:
             if self.num_wg != 1:
                 raise NotImplementedError("three CTAs per SM need sparse_block_size=64")
@@ -379,20 +394,21 @@ class BsaFwdSm90Ws(AttnFwdSm90Ws):
             head = head - split * n_heads
         batch = slot // n_q_blocks
         m_block = slot - batch * n_q_blocks
+        row = m_block // self.rows_per_list  # the item's block-list row
         if cutlass.const_expr(self.causal and self.pack > 1):
             # ---- causal, packed rows (``seqlen_q`` = S_q r): the last row's position is
             # (last packed row) // r
             key_end = ((cutlass.min((m_block + 1) * self.bm, seqlen_q) - 1) // self.pack + 1
                        + seqlen_k - seqlen_q // self.pack)
-            blist = BlockList.create(mIdx, mNums, mSizes, batch, head, m_block, seqlen_k,
+            blist = BlockList.create(mIdx, mNums, mSizes, batch, head, row, seqlen_k,
                                      self.bn, self.has_sizes, key_end, nums)
         elif cutlass.const_expr(self.causal):
             # ---- causal: one past the last key the query block's last row sees
             key_end = cutlass.min((m_block + 1) * self.bm, seqlen_q) + seqlen_k - seqlen_q
-            blist = BlockList.create(mIdx, mNums, mSizes, batch, head, m_block, seqlen_k,
+            blist = BlockList.create(mIdx, mNums, mSizes, batch, head, row, seqlen_k,
                                      self.bn, self.has_sizes, key_end, nums)
         else:
-            blist = BlockList.create(mIdx, mNums, mSizes, batch, head, m_block, seqlen_k,
+            blist = BlockList.create(mIdx, mNums, mSizes, batch, head, row, seqlen_k,
                                      self.bn, self.has_sizes, None, nums)
         if cutlass.const_expr(self.kv_splits > 1):
             return batch, head, m_block, BlockListSplit.create(blist, split, self.kv_splits), split
@@ -409,10 +425,11 @@ class BsaFwdSm90Ws(AttnFwdSm90Ws):
             head = head - (head // n_heads) * n_heads
         batch = slot // n_q_blocks
         m_block = slot - batch * n_q_blocks
+        row = m_block // self.rows_per_list
         first = Int32(0)
         if Int32(mIdx.shape[3]) > 0:
-            first = Int32(mIdx[batch, head, m_block, 0])
-        return Int32(mNums[batch, head, m_block]), first
+            first = Int32(mIdx[batch, head, row, 0])
+        return Int32(mNums[batch, head, row]), first
 
     @cute.kernel
     def kernel(self, tma_q, tma_tQ, tma_k, tma_tK, tma_v, tma_tV, mV, mIdx, mNums, mSizes,
