@@ -126,6 +126,8 @@ class BsaFwdConfig:
     # sparse_block_size 128 walked by 64-row work items, one consumer warpgroup and one CTA
     # per SM ("half")
     ws_half_items: bool = False
+    # S = Q K^T as two 64-column GEMMs at sparse_block_size 128 ("sn64", an ablation)
+    ws_s_n64: bool = False
     # consecutive work items of a CTA chained (next item's first S = QK^T issued with this
     # item's last PV GEMM, the epilogue after it; 2: the epilogue during that S GEMM; 0: off,
     # the default: slower on the H200)
@@ -488,10 +490,11 @@ def bsa_ws_options(opts) -> dict:
     (``xlaclamp``: the metadata clamped by XLA before the kernel, as for the other forwards,
     instead of by the kernel alone), ``skip_load`` (``skipload=N``, a timing ablation with
     wrong results: the producer skips the K / V loads of every N-th tile it issues),
-    ``half`` (sparse_block_size 128 walked by 64-row work items)."""
+    ``half`` (sparse_block_size 128 walked by 64-row work items), ``s_n64`` (``sn64``, an
+    ablation: at sparse_block_size 128 each S = Q K^T as two 64-column GEMMs)."""
     st = [int(o[7:]) for o in opts if o.startswith("stages=")]
     sk = [int(o[9:]) for o in opts if o.startswith("skipload=")]
-    return {"skip_load": sk[0] if sk else 0, "half": "half" in opts,
+    return {"skip_load": sk[0] if sk else 0, "half": "half" in opts, "s_n64": "sn64" in opts,
             "overlap": "nooverlap" not in opts, "pingpong": "nopingpong" not in opts,
             "q_stages": 1 if "q1" in opts else 2, "max_stages": st[0] if st else 4,
             "head_major": "headinner" not in opts, "lazy_rescale": "lazyrescale" in opts,
@@ -574,6 +577,8 @@ def fwd_config(dtype, head_dim, block_size, has_block_sizes, switches, causal=Fa
         if (o["half"] and block_size == 128 and splits == 1 and pack_gqa == 1
                 and not (pair or o["stream_k"] or o["cross"])):
             kw["ws_half_items"] = True
+        if o["s_n64"] and block_size == 128:
+            kw["ws_s_n64"] = True
         if (o_in_q and o["tma_o"] and splits == 1 and pack_gqa == 1
                 and o["q_stages"] == 2
                 and not (k1 or pair or o["stream_k"] or o["cross"] or o["o_alias"])):
@@ -1438,7 +1443,8 @@ def _ws_fwd_kernel(cfg: BsaFwdConfig, stream_k: bool):
                         self_load=cfg.ws_self_load, pair_items=cfg.ws_pair_wg,
                         l2_hint=cfg.ws_l2_hint, o_in_q=cfg.ws_o_in_q,
                         o_early=cfg.ws_o_early, tree_sum=cfg.ws_tree_sum,
-                        skip_load=cfg.ws_skip_load, half_items=cfg.ws_half_items, **kw)
+                        skip_load=cfg.ws_skip_load, half_items=cfg.ws_half_items,
+                        s_n64=cfg.ws_s_n64, **kw)
 
 
 @functools.cache

@@ -86,6 +86,16 @@ class QRegs:
         self.s2r, self.tQs, self.thr_mma, self.sQ = s2r, tQs, thr_mma, sQ
 
 
+class KHalves:
+    """With ``s_n64`` (an ablation at ``bn`` 128): ``S = Q K^T`` issued as two 64-column
+    GEMMs, one per row half of the K tile: their tiled MMAs (``mma``, ``mma0`` the
+    overwriting first slice), the two halves' B fragments and the layout of a half's
+    accumulator (the 64 x 128 accumulator's registers are the two halves' in turn)."""
+
+    def __init__(self, mma, mma0, halves, acc_layout):
+        self.mma, self.mma0, self.halves, self.acc_layout = mma, mma0, halves, acc_layout
+
+
 @dataclass(frozen=True)
 class WorkItem:
     """One work item (a Q tile of one (batch or sequence, head)): ``kv`` says which KV tiles
@@ -627,6 +637,21 @@ class AttnFwdSm90Ws:
         else:
             tSrQ = thr_mma_qk.make_fragment_A(thr_mma_qk.partition_A(sQ))
         tSrK = thr_mma_qk.make_fragment_B(thr_mma_qk.partition_B(sK))
+        if cutlass.const_expr(self._s_n64()):
+            mma64 = sm90_utils.make_trivial_tiled_mma(
+                self.dtype, self.dtype, OperandMajorMode.K, OperandMajorMode.K, Float32,
+                (1, 1, 1), (self.wg_m, 64), warpgroup.OperandSource.SMEM)
+            mma640 = sm90_utils.make_trivial_tiled_mma(
+                self.dtype, self.dtype, OperandMajorMode.K, OperandMajorMode.K, Float32,
+                (1, 1, 1), (self.wg_m, 64), warpgroup.OperandSource.SMEM)
+            mma64.set(warpgroup.Field.ACCUMULATE, True)
+            mma640.set(warpgroup.Field.ACCUMULATE, False)
+            thr64 = mma64.get_slice(wtid)
+            sKd = cute.flat_divide(sK, (64, self.d))  # (64, D, 2, 1, stages)
+            halves = [thr64.make_fragment_B(thr64.partition_B(sKd[None, None, h, 0, None]))
+                      for h in range(2)]
+            acc64 = cute.make_rmem_tensor(thr64.partition_shape_C((self.wg_m, 64)), Float32)
+            tSrK = KHalves(mma64, mma640, halves, acc64.layout)
         tOrV = thr_mma_pv.make_fragment_B(thr_mma_pv.partition_B(sV))
         tSc = thr_mma_qk.partition_C(cute.make_identity_tensor((self.wg_m, self.bn)))
         return thr_mma_qk, thr_mma_pv, tSrQ, tSrK, tOrV, tSc
@@ -886,9 +911,23 @@ class AttnFwdSm90Ws:
     # ------------------------------------------------------------------ mainloop
     @cute.jit
     def _qk(self, mma_qk, mma_qk0, tSrQ, tSrK, stage, acc_S):
-        for k in cutlass.range_constexpr(cute.size(tSrQ, mode=[2])):
-            cute.gemm(mma_qk0 if k == 0 else mma_qk, acc_S, tSrQ[None, None, k],
-                      tSrK[None, None, k, stage], acc_S)
+        if cutlass.const_expr(isinstance(tSrK, KHalves)):
+            n_half = cute.size(tSrK.acc_layout)
+            for h in cutlass.range_constexpr(2):
+                acc_h = cute.make_tensor(acc_S.iterator + h * n_half, tSrK.acc_layout)
+                for k in cutlass.range_constexpr(cute.size(tSrQ, mode=[2])):
+                    cute.gemm(tSrK.mma0 if k == 0 else tSrK.mma, acc_h, tSrQ[None, None, k],
+                              tSrK.halves[h][None, None, k, stage], acc_h)
+        else:
+            for k in cutlass.range_constexpr(cute.size(tSrQ, mode=[2])):
+                cute.gemm(mma_qk0 if k == 0 else mma_qk, acc_S, tSrQ[None, None, k],
+                          tSrK[None, None, k, stage], acc_S)
+
+    def _s_n64(self):
+        """Whether ``S = Q K^T`` runs as two 64-column GEMMs over the K tile's row halves (a
+        kernel's ``s_n64``, an ablation at ``bn`` 128 with Q in shared memory)."""
+        return (bool(getattr(self, "s_n64", False)) and self.bn == 128
+                and not self._q_regs())
 
     @cute.jit
     def _pv(self, mma_pv, tOrP, tOrV, stage, acc_O):

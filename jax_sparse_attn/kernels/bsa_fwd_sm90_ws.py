@@ -154,8 +154,12 @@ class BsaFwdSm90Ws(AttnFwdSm90Ws):
                  stream_k: bool = False, tma_o: bool = False, tma_o_packed: bool = False,
                  k_single: bool = False, self_load: bool = False, pair_items: bool = False,
                  l2_hint: int = 0, o_in_q: bool = False, o_early: bool = False,
-                 tree_sum: bool = False, skip_load: int = 0, half_items: bool = False):
+                 tree_sum: bool = False, skip_load: int = 0, half_items: bool = False,
+                 s_n64: bool = False):
         self.pdl = pdl
+        # an ablation at sparse_block_size 128: S = Q K^T as two 64-column GEMMs
+        # (AttnFwdSm90Ws._s_n64)
+        self.s_n64 = s_n64
         # sparse_block_size 128 walked by 64-row work items (one consumer warpgroup, one
         # CTA per SM, both halves of a query block reading its one block list): 64 x 128
         # score tiles with the K / V traffic per row of 64-row query blocks
