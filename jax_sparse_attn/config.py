@@ -136,7 +136,7 @@ def _parse_ws(var, raw):
 BSA_WS_FLAGS = ("nooverlap", "nopingpong", "q1", "headinner", "lazyrescale", "ctas2", "oalias",
                 "cross", "crossepi", "vlag", "splitwait", "nosplitwait", "qregs", "mpre", "qahead", "noepivec",
                 "streamk", "tmao", "notmao", "tmaopack", "notmaopack", "ctas3k1", "selfload",
-                "pairwg", "l2hint", "l2normal", "oinq", "nooinq", "oearly", "sumtree", "xlaclamp", "half", "sn64")
+                "pairwg", "l2hint", "l2normal", "oinq", "nooinq", "oearly", "sumtree", "xlaclamp", "half", "sn64", "nosm")
 _BSA_WS_ALLOWED = ("comma list of " + ", ".join(BSA_WS_FLAGS)
                    + ", stages=N (most K/V shared-memory stages: 2..8), skipload=N (timing "
                    "ablation, wrong results: 2..64); at most one of "
@@ -544,6 +544,9 @@ SWITCHES = (
            "split-KV, pack_gqa, pairwg, streamk, cross, crossepi, ctas3k1, selfload), "
            "sn64 (an ablation at sparse_block_size 128: each S = Q K^T as two 64-column "
            "GEMMs over the K tile's row halves; ignored with qregs), "
+           "nosm (a timing ablation whose results are wrong: the score tiles skip the "
+           "online-softmax step, P is the masked scores and O is never rescaled by a new "
+           "max), "
            "skipload=N (a timing ablation whose results are wrong: the producer skips the "
            "K and V loads of every N-th K/V tile it issues (2..64), the consumers read what "
            "the stages held before; it measures how the kernel's time follows its L2 "

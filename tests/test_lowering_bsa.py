@@ -243,6 +243,7 @@ WS_CONFIGS = [
     dict(d=128, blk=128, dtype="bfloat16", layout="bhsd", sizes=True, ws="skipload=4"),
     dict(d=128, blk=128, dtype="bfloat16", layout="bshd", sizes=False, ws="half"),
     dict(d=64, blk=128, dtype="float16", layout="bhsd", sizes=True, ws="sn64"),
+    dict(d=128, blk=64, dtype="bfloat16", layout="bhsd", sizes=False, ws="nosm"),
 ]
 
 

@@ -155,8 +155,11 @@ class BsaFwdSm90Ws(AttnFwdSm90Ws):
                  k_single: bool = False, self_load: bool = False, pair_items: bool = False,
                  l2_hint: int = 0, o_in_q: bool = False, o_early: bool = False,
                  tree_sum: bool = False, skip_load: int = 0, half_items: bool = False,
-                 s_n64: bool = False):
+                 s_n64: bool = False, no_softmax: bool = False):
         self.pdl = pdl
+        # a timing ablation (wrong results): the score tiles skip the online-softmax step
+        # (P = the masked scores, correction factors 1)
+        self.no_softmax = no_softmax
         # an ablation at sparse_block_size 128: S = Q K^T as two 64-column GEMMs
         # (AttnFwdSm90Ws._s_n64)
         self.s_n64 = s_n64
@@ -917,7 +920,10 @@ class BsaFwdSm90Ws(AttnFwdSm90Ws):
         else:
             if limit < self.bn:
                 mask.apply(acc_mn, limit)
-        smax.step(acc_mn, corr)
+        if cutlass.const_expr(self.no_softmax):
+            corr.fill(1.0)
+        else:
+            smax.step(acc_mn, corr)
 
     @cute.jit
     def _epilogue(self, acc_O, work, tile, thr_mma_pv, sO, wg, wtid, has_work):
