@@ -394,6 +394,39 @@ def test_bsa_oearly_sumtree_keys():
     assert not k._o_early()
 
 
+def test_bsa_ablation_flag_keys():
+    """The measurement flags of the sm90ws forward reach its key only where they apply:
+    ``skipload=N`` (2..64, a timing ablation) and ``nosm`` everywhere, ``half`` and ``sn64``
+    at sparse_block_size 128 only (``half`` not with split-KV or ``pack_gqa``); out-of-range
+    values are rejected with the switch's name; the kernel object takes ``half_items``
+    at blk 128 only (one consumer warpgroup, one CTA per SM, two query tiles per list row)."""
+    import cutlass  # noqa: PLC0415
+
+    from jax_sparse_attn.config import Switches, from_env
+    from jax_sparse_attn.ffi import bsa
+    from jax_sparse_attn.kernels.bsa_fwd_sm90_ws import BsaFwdSm90Ws
+
+    def key(ws, d=128, blk=64, **kw):
+        c = bsa.fwd_config(jnp.bfloat16, d, blk, False,
+                           Switches(bsa_fwd_impl="sm90ws", bsa_fwd_ws=ws), **kw)
+        return c.ws_skip_load, c.ws_no_softmax, c.ws_half_items, c.ws_s_n64
+
+    assert key("") == (0, False, False, False)
+    assert key("skipload=8,nosm") == (8, True, False, False)
+    assert key("half,sn64") == (0, False, False, False)  # blk 64: no effect
+    assert key("half,sn64", blk=128) == (0, False, True, True)
+    assert key("half", blk=128, pack_gqa=2) == (0, False, False, False)
+    for bad in ("skipload=1", "skipload=65", "skipload=x"):
+        with pytest.raises(ValueError, match="JAX_SPARSE_ATTN_BSA_WS"):
+            from_env({"JAX_SPARSE_ATTN_BSA_WS": bad})
+    k = BsaFwdSm90Ws(cutlass.BFloat16, 128, 128, False, 132, o_in_q=True, tma_o=True,
+                     half_items=True)
+    assert (k.num_wg, k.bm, k.ctas_per_sm, k.rows_per_list) == (1, 64, 1, 2)
+    assert (k.stages, k.k_stages) == (3, 3)
+    with pytest.raises(NotImplementedError, match="half_items"):
+        BsaFwdSm90Ws(cutlass.BFloat16, 128, 64, False, 132, half_items=True)
+
+
 def test_bsa_sm90ws_forward_metadata_clamped_in_kernel():
     """The sm90ws forward reads the block lists, counts and block sizes as given and
     clamps every value in the kernel (``block_info.BlockList``): its call has no XLA clamp
