@@ -99,6 +99,26 @@ shard_tests() {
   report_tests
   ! grep -qE "^(FAILED|ERROR)|Timeout|timeout" "$O"/t_"$1"*.txt
 }
+# flag_tests NAME EARLY_FLAGS IMPLS N: the sm90ws forward's GPU cases with the bsa_fwd_ws flags
+# EARLY_FLAGS (test_bsa_sm90ws_forward_early, BSA_TEST_EARLY, two shards, shard_tests) and the
+# block-sparse grid with BSA_TEST_IMPLS=IMPLS in N shards under timeout $(left) - 15, to
+# $O/t_NAME<i>.txt and $O/t_grid_NAME<i>.txt; waited for and reported; returns non-zero if the
+# first ones failed (the grid then does not run)
+flag_tests() {
+  local i T
+  BSA_TEST_EARLY=$2 shard_tests "$1" tests/test_gpu_bsa.py "sm90ws_forward_early" 2 150 || return 1
+  T=$(( $(left) - 15 ))
+  for i in $(seq 0 $(( $4 - 1 ))); do
+    BSA_TEST_IMPLS=$3 BSA_TEST_SHARD=$i/$4 timeout "$T" $PYT tests/test_gpu_bsa.py \
+      -k TestBSAKernelGrid > "$O/t_grid_$1$i.txt" 2>&1 &
+  done
+  wait; t "grid tests"
+  report_tests
+}
+# pack_out NAME: everything under $O into $OUT/NAME.tgz (one file comes back), $O removed
+pack_out() {
+  tar czf "$O/../$1.tgz" -C "$O" . && rm -rf "$O"
+}
 # bg_test NAME FILE KEXPR: in the background, the GPU tests of FILE selected by KEXPR under
 # timeout $T, to $O/t_NAME.txt
 bg_test() {

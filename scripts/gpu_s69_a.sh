@@ -18,4 +18,4 @@ fi
 T=$(( $(left) - 10 ))
 [ "$T" -gt 40 ] && bench rest "$T" fwd 0,1,2,4,5,6 "deterministic=0"
 t done
-tar czf "$O/../s69_a.tgz" -C "$O" . && rm -rf "$O"
+pack_out s69_a

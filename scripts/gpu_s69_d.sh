@@ -8,14 +8,6 @@
 gpu_info
 bench qregs 150 fwd 0,1,2,5 \
   ";JAX_SPARSE_ATTN_BSA_WS=qregs;JAX_SPARSE_ATTN_BSA_WS=nosm;JAX_SPARSE_ATTN_BSA_WS=qregs+nosm"
-T=$(( $(left) - 15 ))
-BSA_TEST_EARLY=qregs BSA_TEST_SHARD=0/1 timeout "$T" $PYT tests/test_gpu_bsa.py \
-  -k "sm90ws_forward_early" > "$O/t_early_qregs.txt" 2>&1 &
-for i in 0 1; do
-  BSA_TEST_IMPLS=qregs,nodefault BSA_TEST_SHARD=$i/2 timeout "$T" $PYT \
-    tests/test_gpu_bsa.py -k TestBSAKernelGrid > "$O/t_grid_qregs$i.txt" 2>&1 &
-done
-wait; t "tests"
-report_tests
+flag_tests qregs qregs qregs,nodefault 2
 t done
-tar czf "$O/../s69_d.tgz" -C "$O" . && rm -rf "$O"
+pack_out s69_d

@@ -11,4 +11,4 @@ if [ "$T" -gt 40 ] && grep -q H200 "$O/gpu.txt"; then
   wait; t "large"; report_tests
 fi
 t done
-tar czf "$O/../s69_e.tgz" -C "$O" . && rm -rf "$O"
+pack_out s69_e
