@@ -139,12 +139,14 @@ BSA_WS_FLAGS = ("nooverlap", "nopingpong", "q1", "headinner", "lazyrescale", "ct
                 "pairwg", "l2hint", "l2normal", "oinq", "nooinq", "oearly", "sumtree", "xlaclamp", "half", "sn64", "nosm")
 _BSA_WS_ALLOWED = ("comma list of " + ", ".join(BSA_WS_FLAGS)
                    + ", stages=N (most K/V shared-memory stages: 2..8), skipload=N (timing "
-                   "ablation, wrong results: 2..64); at most one of "
+                   "ablation, wrong results: 2..64), mix=N (PV K steps among the S GEMM's: "
+                   "1..8); at most one of "
                    "splitwait, nosplitwait; tmao and tmaopack exclude notmao and noepivec, "
                    "tmaopack excludes notmaopack, l2hint excludes l2normal, oinq excludes "
                    "nooinq")
 _parse_bsa_ws_opts = _parse_option_list(BSA_WS_FLAGS, {"stages": lambda n: 2 <= n <= 8,
-                                                       "skipload": lambda n: 2 <= n <= 64},
+                                                       "skipload": lambda n: 2 <= n <= 64,
+                                                       "mix": lambda n: 1 <= n <= 8},
                                         None, _BSA_WS_ALLOWED)
 
 
@@ -544,6 +546,11 @@ SWITCHES = (
            "split-KV, pack_gqa, pairwg, streamk, cross, crossepi, ctas3k1, selfload), "
            "sn64 (an ablation at sparse_block_size 128: each S = Q K^T as two 64-column "
            "GEMMs over the K tile's row halves; ignored with qregs), "
+           "mix=N (the overlapped mainloop issues the first N K steps of the previous "
+           "tile's PV GEMM between the K steps of the next S = QK^T, in its wgmma group, "
+           "the rest after it: the two GEMMs' instruction chains interleaved; 1..8, the PV "
+           "GEMM has sparse_block_size / 16; ignored with nooverlap, oearly, sn64 and "
+           "qregs), "
            "nosm (a timing ablation whose results are wrong: the score tiles skip the "
            "online-softmax step, P is the masked scores and O is never rescaled by a new "
            "max), "

@@ -244,6 +244,8 @@ WS_CONFIGS = [
     dict(d=128, blk=128, dtype="bfloat16", layout="bshd", sizes=False, ws="half"),
     dict(d=64, blk=128, dtype="float16", layout="bhsd", sizes=True, ws="sn64"),
     dict(d=128, blk=64, dtype="bfloat16", layout="bhsd", sizes=False, ws="nosm"),
+    dict(d=128, blk=64, dtype="bfloat16", layout="bshd", sizes=True, ws="mix=2"),
+    dict(d=64, blk=128, dtype="float16", layout="bhsd", sizes=False, ws="mix=8"),
 ]
 
 
@@ -396,7 +398,8 @@ def test_bsa_oearly_sumtree_keys():
 
 def test_bsa_ablation_flag_keys():
     """The measurement flags of the sm90ws forward reach its key only where they apply:
-    ``skipload=N`` (2..64, a timing ablation) and ``nosm`` everywhere, ``half`` and ``sn64``
+    ``skipload=N`` (2..64, a timing ablation) and ``nosm`` everywhere, ``mix=N`` (1..8)
+    with the overlapped mainloop and without ``oearly``, ``half`` and ``sn64``
     at sparse_block_size 128 only (``half`` not with split-KV or ``pack_gqa``); out-of-range
     values are rejected with the switch's name; the kernel object takes ``half_items``
     at blk 128 only (one consumer warpgroup, one CTA per SM, two query tiles per list row)."""
@@ -411,12 +414,17 @@ def test_bsa_ablation_flag_keys():
                            Switches(bsa_fwd_impl="sm90ws", bsa_fwd_ws=ws), **kw)
         return c.ws_skip_load, c.ws_no_softmax, c.ws_half_items, c.ws_s_n64
 
+    def mix(ws):
+        return bsa.fwd_config(jnp.bfloat16, 128, 64, False,
+                              Switches(bsa_fwd_impl="sm90ws", bsa_fwd_ws=ws)).ws_mix_pv
+
+    assert (mix(""), mix("mix=3"), mix("mix=3,oearly"), mix("mix=3,nooverlap")) == (0, 3, 0, 0)
     assert key("") == (0, False, False, False)
     assert key("skipload=8,nosm") == (8, True, False, False)
     assert key("half,sn64") == (0, False, False, False)  # blk 64: no effect
     assert key("half,sn64", blk=128) == (0, False, True, True)
     assert key("half", blk=128, pack_gqa=2) == (0, False, False, False)
-    for bad in ("skipload=1", "skipload=65", "skipload=x"):
+    for bad in ("skipload=1", "skipload=65", "skipload=x", "mix=0", "mix=9"):
         with pytest.raises(ValueError, match="JAX_SPARSE_ATTN_BSA_WS"):
             from_env({"JAX_SPARSE_ATTN_BSA_WS": bad})
     k = BsaFwdSm90Ws(cutlass.BFloat16, 128, 128, False, 132, o_in_q=True, tma_o=True,

@@ -130,6 +130,9 @@ class BsaFwdConfig:
     ws_s_n64: bool = False
     # timing ablation, wrong results: no online-softmax step on the score tiles ("nosm")
     ws_no_softmax: bool = False
+    # K steps of the PV GEMM interleaved with the next S GEMM's, in its wgmma group ("mix=N";
+    # 0 off)
+    ws_mix_pv: int = 0
     # consecutive work items of a CTA chained (next item's first S = QK^T issued with this
     # item's last PV GEMM, the epilogue after it; 2: the epilogue during that S GEMM; 0: off,
     # the default: slower on the H200)
@@ -495,10 +498,13 @@ def bsa_ws_options(opts) -> dict:
     ``half`` (sparse_block_size 128 walked by 64-row work items), ``s_n64`` (``sn64``, an
     ablation: at sparse_block_size 128 each S = Q K^T as two 64-column GEMMs),
     ``no_softmax`` (``nosm``, a timing ablation with wrong results: no online-softmax step,
-    P = the masked scores)."""
+    P = the masked scores), ``mix_pv`` (``mix=N``: the overlapped mainloop issues the first N
+    K steps of the previous tile's PV GEMM between the K steps of the next S GEMM, in its
+    wgmma group)."""
     st = [int(o[7:]) for o in opts if o.startswith("stages=")]
     sk = [int(o[9:]) for o in opts if o.startswith("skipload=")]
-    return {"skip_load": sk[0] if sk else 0, "half": "half" in opts, "s_n64": "sn64" in opts, "no_softmax": "nosm" in opts,
+    mx = [int(o[4:]) for o in opts if o.startswith("mix=")]
+    return {"skip_load": sk[0] if sk else 0, "half": "half" in opts, "s_n64": "sn64" in opts, "no_softmax": "nosm" in opts, "mix_pv": mx[0] if mx else 0,
             "overlap": "nooverlap" not in opts, "pingpong": "nopingpong" not in opts,
             "q_stages": 1 if "q1" in opts else 2, "max_stages": st[0] if st else 4,
             "head_major": "headinner" not in opts, "lazy_rescale": "lazyrescale" in opts,
@@ -585,6 +591,8 @@ def fwd_config(dtype, head_dim, block_size, has_block_sizes, switches, causal=Fa
             kw["ws_s_n64"] = True
         if o["no_softmax"]:
             kw["ws_no_softmax"] = True
+        if o["mix_pv"] and o["overlap"] and not o["o_early"]:
+            kw["ws_mix_pv"] = o["mix_pv"]
         if (o_in_q and o["tma_o"] and splits == 1 and pack_gqa == 1
                 and o["q_stages"] == 2
                 and not (k1 or pair or o["stream_k"] or o["cross"] or o["o_alias"])):
@@ -1450,7 +1458,8 @@ def _ws_fwd_kernel(cfg: BsaFwdConfig, stream_k: bool):
                         l2_hint=cfg.ws_l2_hint, o_in_q=cfg.ws_o_in_q,
                         o_early=cfg.ws_o_early, tree_sum=cfg.ws_tree_sum,
                         skip_load=cfg.ws_skip_load, half_items=cfg.ws_half_items,
-                        s_n64=cfg.ws_s_n64, no_softmax=cfg.ws_no_softmax, **kw)
+                        s_n64=cfg.ws_s_n64, no_softmax=cfg.ws_no_softmax,
+                        mix_pv=cfg.ws_mix_pv, **kw)
 
 
 @functools.cache

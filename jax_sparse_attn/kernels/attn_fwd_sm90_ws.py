@@ -1004,6 +1004,42 @@ class AttnFwdSm90Ws:
                 pipe_v.consumer_release(c)
         return c_kv + work.n_count
 
+    def _mix_pv(self):
+        """K steps of the PV GEMM of tile ``j - 1`` that the overlapped mainloop issues
+        between the K steps of ``S_j``, in its wgmma group (a kernel's ``mix_pv``; 0: the
+        two GEMMs one after the other, in two groups): ``_issue_mixed``."""
+        if self._o_early() or self._s_n64() or self._q_regs():
+            return 0
+        return int(getattr(self, "mix_pv", 0))
+
+    @cute.jit
+    def _issue_mixed(self, mma_qk, mma_qk0, mma_pv, tSrQ, tSrK, tOrP, tOrV, pipe_k, pipe_v,
+                     c, acc_S, acc_O, turns, wg):
+        """Wait for K tile ``c`` and V tile ``c - 1``, then (in this warpgroup's turn) issue
+        ``S_c = Q K_c^T`` with the first ``_mix_pv()`` K steps of ``O += P V_{c-1}`` between
+        its K steps as one wgmma group, and the PV GEMM's other K steps as a second group
+        (empty where all are in the first): ``wait_group(1)`` then waits for the first."""
+        n_mix = self._mix_pv()
+        pipe_k.consumer_wait(c)
+        pipe_v.consumer_wait(c - 1)
+        turns.wait(wg)
+        warpgroup.fence()
+        sk = pipe_k.stage(c)
+        sv = pipe_v.stage(c - 1)
+        n_qk = cute.size(tSrQ, mode=[2])
+        n_pv = cute.size(tOrP, mode=[2])
+        # PV K steps issued among the S GEMM's (one after each of its first n_in K steps)
+        n_in = min(n_mix, n_qk, n_pv)
+        for k in cutlass.range_constexpr(n_qk):
+            cute.gemm(mma_qk0 if k == 0 else mma_qk, acc_S, tSrQ[None, None, k],
+                      tSrK[None, None, k, sk], acc_S)
+            if cutlass.const_expr(k < n_in):
+                cute.gemm(mma_pv, acc_O, tOrP[None, None, k], tOrV[None, None, k, sv], acc_O)
+        warpgroup.commit_group()
+        for k in cutlass.range_constexpr(n_in, n_pv):
+            cute.gemm(mma_pv, acc_O, tOrP[None, None, k], tOrV[None, None, k, sv], acc_O)
+        warpgroup.commit_group()
+
     def _o_early(self):
         """Whether the overlapped mainloop brings O to tile ``j - 1``'s running max (the
         ``_pv_done`` of tile ``j - 1``) after issuing ``S_j``, under that GEMM, instead of
@@ -1053,13 +1089,17 @@ class AttnFwdSm90Ws:
             c_new = c_kv + it
             acc_S2 = cute.make_rmem_tensor(s_shape, Float32)
             pre2 = self._tile_pre(work, tile, rows, it)
-            self._issue_qk(mma_qk, mma_qk0, tSrQ, tSrK, pipe_k, c_new, acc_S2, turns, wg)
-            if cutlass.const_expr(self._o_early()):
-                # O (the sum over tiles 0 .. j - 2, complete: its PV GEMM was waited on in
-                # step j - 1) to tile j - 1's running max while S_j runs; P_{j-1} V_{j-1}
-                # then adds to it
-                self._pv_done(acc_O, state)
-            self._issue_pv(mma_pv, tOrP, tOrV, pipe_v, c_new - 1, acc_O, turns, wg, False)
+            if cutlass.const_expr(self._mix_pv() > 0):
+                self._issue_mixed(mma_qk, mma_qk0, mma_pv, tSrQ, tSrK, tOrP, tOrV, pipe_k,
+                                  pipe_v, c_new, acc_S2, acc_O, turns, wg)
+            else:
+                self._issue_qk(mma_qk, mma_qk0, tSrQ, tSrK, pipe_k, c_new, acc_S2, turns, wg)
+                if cutlass.const_expr(self._o_early()):
+                    # O (the sum over tiles 0 .. j - 2, complete: its PV GEMM was waited on
+                    # in step j - 1) to tile j - 1's running max while S_j runs; P_{j-1}
+                    # V_{j-1} then adds to it
+                    self._pv_done(acc_O, state)
+                self._issue_pv(mma_pv, tOrP, tOrV, pipe_v, c_new - 1, acc_O, turns, wg, False)
             turns.pass_turn(wg)
             warpgroup.wait_group(1)
             pipe_k.consumer_release(c_new)

@@ -155,8 +155,11 @@ class BsaFwdSm90Ws(AttnFwdSm90Ws):
                  k_single: bool = False, self_load: bool = False, pair_items: bool = False,
                  l2_hint: int = 0, o_in_q: bool = False, o_early: bool = False,
                  tree_sum: bool = False, skip_load: int = 0, half_items: bool = False,
-                 s_n64: bool = False, no_softmax: bool = False):
+                 s_n64: bool = False, no_softmax: bool = False, mix_pv: int = 0):
         self.pdl = pdl
+        # K steps of the PV GEMM issued between those of the next S GEMM, in its wgmma group
+        # (AttnFwdSm90Ws._issue_mixed; 0 off)
+        self.mix_pv = mix_pv
         # a timing ablation (wrong results): the score tiles skip the online-softmax step
         # (P = the masked scores, correction factors 1)
         self.no_softmax = no_softmax
