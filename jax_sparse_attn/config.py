@@ -132,7 +132,7 @@ def _parse_ws(var, raw):
     return opts
 
 #: the flags of the sm90ws BSA forward's tuning switch (JAX_SPARSE_ATTN_BSA_WS), plus
-#: ``stages=N`` (at most N K/V stages, 2..8)
+#: ``stages=N`` (at most N K/V stages, 2..8), ``skipload=N`` (2..64) and ``mix=N`` (1..8)
 BSA_WS_FLAGS = ("nooverlap", "nopingpong", "q1", "headinner", "lazyrescale", "ctas2", "oalias",
                 "cross", "crossepi", "vlag", "splitwait", "nosplitwait", "qregs", "mpre", "qahead", "noepivec",
                 "streamk", "tmao", "notmao", "tmaopack", "notmaopack", "ctas3k1", "selfload",
@@ -151,7 +151,8 @@ _parse_bsa_ws_opts = _parse_option_list(BSA_WS_FLAGS, {"stages": lambda n: 2 <= 
 
 
 def _parse_bsa_ws(var, raw):
-    """Parser of JAX_SPARSE_ATTN_BSA_WS: :data:`BSA_WS_FLAGS` and ``stages=N``;
+    """Parser of JAX_SPARSE_ATTN_BSA_WS: :data:`BSA_WS_FLAGS`, ``stages=N``, ``skipload=N``
+    and ``mix=N``;
     ``splitwait`` and ``nosplitwait`` exclude each other, and so do ``tmao`` and
     ``tmaopack`` with ``notmao`` and with ``noepivec``, ``tmaopack`` with
     ``notmaopack``, and ``l2hint`` with ``l2normal``; ``streamk`` excludes the chained-item and prefetch flags."""
@@ -543,21 +544,22 @@ SWITCHES = (
            "other forwards; by default the sm90ws kernel clamps every value it reads), "
            "half (sparse_block_size 128: 64-row work items, one consumer warpgroup and one "
            "CTA per SM, both halves of a query block reading its one list; ignored with "
-           "split-KV, pack_gqa, pairwg, streamk, cross, crossepi, ctas3k1, selfload), "
+           "split-KV, pack_gqa, pairwg, streamk, cross, crossepi, ctas3k1, selfload; with "
+           "causal the first half's diagonal V blocks load by the row copy, not TMA), "
            "sn64 (an ablation at sparse_block_size 128: each S = Q K^T as two 64-column "
            "GEMMs over the K tile's row halves; ignored with qregs), "
            "mix=N (the overlapped mainloop issues the first N K steps of the previous "
            "tile's PV GEMM between the K steps of the next S = QK^T, in its wgmma group, "
            "the rest after it: the two GEMMs' instruction chains interleaved; 1..8, the PV "
-           "GEMM has sparse_block_size / 16; ignored with nooverlap, oearly, sn64 and "
-           "qregs), "
+           "GEMM has sparse_block_size / 16 K steps and the S GEMM D / 16, at most the "
+           "smaller of the two interleave; ignored with nooverlap, oearly, sn64 and qregs), "
            "nosm (a timing ablation whose results are wrong: the score tiles skip the "
-           "online-softmax step, P is the masked scores and O is never rescaled by a new "
-           "max), "
+           "online-softmax step, P is the masked scores, O is still multiplied by "
+           "correction factors of 1), "
            "skipload=N (a timing ablation whose results are wrong: the producer skips the "
            "K and V loads of every N-th K/V tile it issues (2..64), the consumers read what "
            "the stages held before; it measures how the kernel's time follows its L2 "
-           "traffic), "
+           "traffic; ignored with vlag and selfload), "
            "stages=N "
            "(most K/V stages)"),
     _choice("bsa_bwd_impl", "JAX_SPARSE_ATTN_BSA_BWD_IMPL", ("auto", "sm90", "sm90ws", "sm80"),

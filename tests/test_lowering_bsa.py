@@ -421,6 +421,7 @@ def test_bsa_ablation_flag_keys():
     assert (mix(""), mix("mix=3"), mix("mix=3,oearly"), mix("mix=3,nooverlap")) == (0, 3, 0, 0)
     assert key("") == (0, False, False, False)
     assert key("skipload=8,nosm") == (8, True, False, False)
+    assert key("skipload=8,vlag")[0] == 0  # the vlag producer loop does not skip
     assert key("half,sn64") == (0, False, False, False)  # blk 64: no effect
     assert key("half,sn64", blk=128) == (0, False, True, True)
     assert key("half", blk=128, pack_gqa=2) == (0, False, False, False)

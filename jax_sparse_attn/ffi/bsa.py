@@ -582,7 +582,9 @@ def fwd_config(dtype, head_dim, block_size, has_block_sizes, switches, causal=Fa
             kw["ws_tree_sum"] = True
         if o["xla_clamp"]:
             kw["ws_xla_clamp"] = True
-        if o["skip_load"]:
+        # skipload applies where the producer issues K and V through _issue_kv (not the
+        # vlag loop or the self-loading consumer)
+        if o["skip_load"] and not (o["v_lag"] or o["self_load"]):
             kw["ws_skip_load"] = o["skip_load"]
         if (o["half"] and block_size == 128 and splits == 1 and pack_gqa == 1
                 and not (pair or o["stream_k"] or o["cross"])):

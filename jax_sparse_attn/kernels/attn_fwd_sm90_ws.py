@@ -29,7 +29,9 @@ Attributes a kernel class sets: ``dtype``, ``d``, ``dv``, ``wg_m`` (64), ``bn``,
 ``cross_epi_first`` (chained work items, ``_consume_items``), optionally ``o_early`` (O
 rescaled for tile ``j - 1`` under the S GEMM of tile ``j``, ``_o_early``), ``warp_producer``
 (the producer is one warp after the consumer warpgroups and no registers move between
-them, ``_consumer_start``).
+them, ``_consumer_start``), and the measurement options ``skip_load`` (N > 0: every N-th K / V
+tile's loads skipped, ``_issue_kv``; a timing ablation), ``s_n64`` (``_s_n64``) and ``mix_pv``
+(``_issue_mixed``).
 """
 
 # no ``from __future__ import annotations``: ``cute.struct`` reads its field annotations as
@@ -1016,8 +1018,8 @@ class AttnFwdSm90Ws:
     def _issue_mixed(self, mma_qk, mma_qk0, mma_pv, tSrQ, tSrK, tOrP, tOrV, pipe_k, pipe_v,
                      c, acc_S, acc_O, turns, wg):
         """Wait for K tile ``c`` and V tile ``c - 1``, then (in this warpgroup's turn) issue
-        ``S_c = Q K_c^T`` with the first ``_mix_pv()`` K steps of ``O += P V_{c-1}`` between
-        its K steps as one wgmma group, and the PV GEMM's other K steps as a second group
+        ``S_c = Q K_c^T`` with the first ``min(_mix_pv(), D / 16, bn / 16)`` K steps of
+        ``O += P V_{c-1}`` between its K steps (one after each) as one wgmma group, and the PV GEMM's other K steps as a second group
         (empty where all are in the first): ``wait_group(1)`` then waits for the first."""
         n_mix = self._mix_pv()
         pipe_k.consumer_wait(c)
@@ -1072,7 +1074,8 @@ class AttnFwdSm90Ws:
                        pipe_v, c_kv, work, tile, rows, state, turns, wg, s_shape,
                        loader=None):
         """Iterations ``1 .. n_count - 1`` of the overlapped mainloop: issue ``S_j = Q K_j^T``
-        and ``O += P_{j-1} V_{j-1}`` in one turn, wait for ``S_j`` only, compute ``P_j`` while
+        and ``O += P_{j-1} V_{j-1}`` in one turn, wait for ``S_j`` only (with ``mix_pv``:
+        for ``S_j`` and the PV GEMM's K steps issued among its own, ``_issue_mixed``), compute ``P_j`` while
         the PV GEMM runs, then wait for it and bring O to tile ``j``'s state (``_pv_done``).
         ``rP`` holds ``P_{j-1}`` on entry (``tOrP`` is its A-operand view) and ``P_{n-1}`` on
         exit; K / V tile ``j`` is pipeline slot ``c_kv + j``. ``loader``: step ``j`` issues

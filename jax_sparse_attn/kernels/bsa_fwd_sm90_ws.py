@@ -46,6 +46,9 @@ and 136 consumer registers each; the caller sets it at D = 64). ``k_single`` (wi
 is staged in, one K buffer, two V buffers) and a one-warp producer after the consumer
 warpgroup (160 threads, no ``setmaxnreg``); with ``self_load`` no producer (128 threads:
 warp 0 of the consumer warpgroup issues the TMA loads, ``attn_fwd_sm90_ws.SelfLoader``).
+``half_items`` (a measurement shape at ``sparse_block_size = 128``): 256 threads, one
+consumer warpgroup owning a 64-row half of a query block (both halves read the block's one
+list), one CTA per SM.
 Work items (query block, query head, batch) are walked by a persistent scheduler: ``head_major`` (default) ``tile_scheduler.HeadMajorScheduler``
 (batch, KV head, query block, query head of the group fastest: the CTAs running at one time
 share one KV head's K/V in L2, and the heads of a GQA group read the same K/V blocks
