@@ -735,3 +735,24 @@ def test_bsa_bench_dense_rows_derive_the_backward(monkeypatch):
         flops = 4.0 * 1 * 2 * 64 * 64 * 128 * 0.5 * 2.5
         assert bwd[f"tflops_{m}"] == pytest.approx(flops / (bwd[f"ms_{m}"] * 1e-3) / 1e12)
     assert bwd["ms"] == bwd["ms_sustained"]
+
+
+def test_bench_cycles_splits_time_into_cycles_and_clock():
+    """scripts/bench_cycles.py: cycles = sustained ms x median MHz, ratios against the
+    case's first row; a row without a clock reading gets None, not an error."""
+    import importlib.util
+    import pathlib
+
+    path = pathlib.Path(__file__).parent.parent / "scripts" / "bench_cycles.py"
+    spec = importlib.util.spec_from_file_location("bench_cycles", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    rows = [dict(case="a", variant="", ms_sustained=1.0, sm_mhz_median_sustained=1600.0),
+            dict(case="a", variant="x", ms_sustained=0.9, sm_mhz_median_sustained=1700.0),
+            dict(case="b", variant="", ms_sustained=2.0, sm_mhz_median_sustained=None)]
+    a0, a1, b0 = mod.rows_with_cycles(rows)
+    assert a0["kcycles"] == 1600.0 and a0["time_x"] == 1.0
+    assert abs(a1["kcycles"] - 1530.0) < 1e-9
+    assert abs(a1["time_x"] - 1 / 0.9) < 1e-12 and abs(a1["clock_x"] - 1700 / 1600) < 1e-12
+    assert abs(a1["cycles_x"] - 1600 / 1530) < 1e-12
+    assert b0["kcycles"] is None and b0["cycles_x"] is None
