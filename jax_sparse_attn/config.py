@@ -136,7 +136,7 @@ def _parse_ws(var, raw):
 BSA_WS_FLAGS = ("nooverlap", "nopingpong", "q1", "headinner", "lazyrescale", "ctas2", "oalias",
                 "cross", "crossepi", "vlag", "splitwait", "nosplitwait", "qregs", "mpre", "qahead", "noepivec",
                 "streamk", "tmao", "notmao", "tmaopack", "notmaopack", "ctas3k1", "selfload",
-                "pairwg", "l2hint", "l2normal", "oinq", "nooinq", "oearly", "sumtree", "xlaclamp", "half", "sn64", "nosm")
+                "pairwg", "l2hint", "l2normal", "oinq", "nooinq", "oearly", "sumtree", "xlaclamp", "half", "half2", "sn64", "nosm")
 _BSA_WS_ALLOWED = ("comma list of " + ", ".join(BSA_WS_FLAGS)
                    + ", stages=N (most K/V shared-memory stages: 2..8), skipload=N (timing "
                    "ablation, wrong results: 2..64), mix=N (PV K steps among the S GEMM's: "
@@ -546,6 +546,8 @@ SWITCHES = (
            "CTA per SM, both halves of a query block reading its one list; ignored with "
            "split-KV, pack_gqa, pairwg, streamk, cross, crossepi, ctas3k1, selfload; with "
            "causal the first half's diagonal V blocks load by the row copy, not TMA), "
+           "half2 (half with two CTAs per SM, each with one Q buffer that O is staged in, "
+           "one K and two V stages: the shared memory two 64 x 128 steps per SM have), "
            "sn64 (an ablation at sparse_block_size 128: each S = Q K^T as two 64-column "
            "GEMMs over the K tile's row halves; ignored with qregs), "
            "mix=N (the overlapped mainloop issues the first N K steps of the previous "

@@ -242,6 +242,7 @@ WS_CONFIGS = [
     dict(d=128, blk=64, dtype="bfloat16", layout="bhsd", sizes=False, ws="skipload=8"),
     dict(d=128, blk=128, dtype="bfloat16", layout="bhsd", sizes=True, ws="skipload=4"),
     dict(d=128, blk=128, dtype="bfloat16", layout="bshd", sizes=False, ws="half"),
+    dict(d=128, blk=128, dtype="bfloat16", layout="bhsd", sizes=True, ws="half2"),
     dict(d=64, blk=128, dtype="float16", layout="bhsd", sizes=True, ws="sn64"),
     dict(d=128, blk=64, dtype="bfloat16", layout="bhsd", sizes=False, ws="nosm"),
     dict(d=128, blk=64, dtype="bfloat16", layout="bshd", sizes=True, ws="mix=2"),
@@ -399,10 +400,12 @@ def test_bsa_oearly_sumtree_keys():
 def test_bsa_ablation_flag_keys():
     """The measurement flags of the sm90ws forward reach its key only where they apply:
     ``skipload=N`` (2..64, a timing ablation) and ``nosm`` everywhere, ``mix=N`` (1..8)
-    with the overlapped mainloop and without ``oearly``, ``half`` and ``sn64``
-    at sparse_block_size 128 only (``half`` not with split-KV or ``pack_gqa``); out-of-range
+    with the overlapped mainloop and without ``oearly``, ``half`` / ``half2`` and ``sn64``
+    at sparse_block_size 128 only (``half`` not with split-KV or ``pack_gqa``; ``half2``
+    without ``oinq``); out-of-range
     values are rejected with the switch's name; the kernel object takes ``half_items``
-    at blk 128 only (one consumer warpgroup, one CTA per SM, two query tiles per list row)."""
+    at blk 128 only (one consumer warpgroup, one CTA per SM, two query tiles per list row;
+    ``half_items=2``: two CTAs per SM with one Q, one K and two V buffers)."""
     import cutlass  # noqa: PLC0415
 
     from jax_sparse_attn.config import Switches, from_env
@@ -425,6 +428,10 @@ def test_bsa_ablation_flag_keys():
     assert key("half,sn64") == (0, False, False, False)  # blk 64: no effect
     assert key("half,sn64", blk=128) == (0, False, True, True)
     assert key("half", blk=128, pack_gqa=2) == (0, False, False, False)
+    assert key("half2", blk=128) == (0, False, 2, False)
+    c = bsa.fwd_config(jnp.bfloat16, 128, 128, False,
+                       Switches(bsa_fwd_impl="sm90ws", bsa_fwd_ws="half2"))
+    assert not c.ws_o_in_q  # half2 stages O in its one Q buffer
     for bad in ("skipload=1", "skipload=65", "skipload=x", "mix=0", "mix=9"):
         with pytest.raises(ValueError, match="JAX_SPARSE_ATTN_BSA_WS"):
             from_env({"JAX_SPARSE_ATTN_BSA_WS": bad})
@@ -434,6 +441,12 @@ def test_bsa_ablation_flag_keys():
     assert (k.stages, k.k_stages) == (3, 3)
     with pytest.raises(NotImplementedError, match="half_items"):
         BsaFwdSm90Ws(cutlass.BFloat16, 128, 64, False, 132, half_items=True)
+    k = BsaFwdSm90Ws(cutlass.BFloat16, 128, 128, False, 132, tma_o=True, half_items=2)
+    assert (k.num_wg, k.bm, k.ctas_per_sm, k.rows_per_list) == (1, 64, 2, 2)
+    assert (k.stages, k.k_stages, k.q_stages, k.o_alias_q) == (2, 1, 1, True)
+    with pytest.raises(NotImplementedError, match="half_items=2"):
+        BsaFwdSm90Ws(cutlass.BFloat16, 128, 128, False, 132, o_in_q=True, tma_o=True,
+                     half_items=2)
 
 
 def test_bsa_sm90ws_forward_metadata_clamped_in_kernel():

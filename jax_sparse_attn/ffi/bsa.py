@@ -123,9 +123,10 @@ class BsaFwdConfig:
     # timing ablation, wrong results: the producer skips the K / V loads of every N-th tile
     # it issues ("skipload=N"; 0 off)
     ws_skip_load: int = 0
-    # sparse_block_size 128 walked by 64-row work items, one consumer warpgroup and one CTA
-    # per SM ("half")
-    ws_half_items: bool = False
+    # sparse_block_size 128 walked by 64-row work items, one consumer warpgroup per CTA: 1
+    # one CTA per SM ("half"), 2 two CTAs per SM with one Q buffer that O is staged in, one
+    # K and two V stages ("half2"); 0 off
+    ws_half_items: int = 0
     # S = Q K^T as two 64-column GEMMs at sparse_block_size 128 ("sn64", an ablation)
     ws_s_n64: bool = False
     # timing ablation, wrong results: no online-softmax step on the score tiles ("nosm")
@@ -495,7 +496,9 @@ def bsa_ws_options(opts) -> dict:
     (``xlaclamp``: the metadata clamped by XLA before the kernel, as for the other forwards,
     instead of by the kernel alone), ``skip_load`` (``skipload=N``, a timing ablation with
     wrong results: the producer skips the K / V loads of every N-th tile it issues),
-    ``half`` (sparse_block_size 128 walked by 64-row work items), ``s_n64`` (``sn64``, an
+    ``half`` (sparse_block_size 128 walked by 64-row work items: 1 with ``half``, one CTA per
+    SM; 2 with ``half2``, two CTAs per SM, each with one Q buffer, one K and two V stages;
+    0 off), ``s_n64`` (``sn64``, an
     ablation: at sparse_block_size 128 each S = Q K^T as two 64-column GEMMs),
     ``no_softmax`` (``nosm``, a timing ablation with wrong results: no online-softmax step,
     P = the masked scores), ``mix_pv`` (``mix=N``: the overlapped mainloop issues the first N
@@ -504,7 +507,7 @@ def bsa_ws_options(opts) -> dict:
     st = [int(o[7:]) for o in opts if o.startswith("stages=")]
     sk = [int(o[9:]) for o in opts if o.startswith("skipload=")]
     mx = [int(o[4:]) for o in opts if o.startswith("mix=")]
-    return {"skip_load": sk[0] if sk else 0, "half": "half" in opts, "s_n64": "sn64" in opts, "no_softmax": "nosm" in opts, "mix_pv": mx[0] if mx else 0,
+    return {"skip_load": sk[0] if sk else 0, "half": 2 if "half2" in opts else 1 if "half" in opts else 0, "s_n64": "sn64" in opts, "no_softmax": "nosm" in opts, "mix_pv": mx[0] if mx else 0,
             "overlap": "nooverlap" not in opts, "pingpong": "nopingpong" not in opts,
             "q_stages": 1 if "q1" in opts else 2, "max_stages": st[0] if st else 4,
             "head_major": "headinner" not in opts, "lazy_rescale": "lazyrescale" in opts,
@@ -588,7 +591,7 @@ def fwd_config(dtype, head_dim, block_size, has_block_sizes, switches, causal=Fa
             kw["ws_skip_load"] = o["skip_load"]
         if (o["half"] and block_size == 128 and splits == 1 and pack_gqa == 1
                 and not (pair or o["stream_k"] or o["cross"])):
-            kw["ws_half_items"] = True
+            kw["ws_half_items"] = o["half"]
         if o["s_n64"] and block_size == 128:
             kw["ws_s_n64"] = True
         if o["no_softmax"]:
@@ -597,7 +600,8 @@ def fwd_config(dtype, head_dim, block_size, has_block_sizes, switches, causal=Fa
             kw["ws_mix_pv"] = o["mix_pv"]
         if (o_in_q and o["tma_o"] and splits == 1 and pack_gqa == 1
                 and o["q_stages"] == 2
-                and not (k1 or pair or o["stream_k"] or o["cross"] or o["o_alias"])):
+                and not (k1 or pair or o["stream_k"] or o["cross"] or o["o_alias"]
+                         or kw.get("ws_half_items") == 2)):
             kw["ws_o_in_q"] = True
         return BsaFwdConfig(name, head_dim, block_size, has_block_sizes, impl,
                             ws_overlap=o["overlap"], ws_pingpong=o["pingpong"],

@@ -48,7 +48,8 @@ warpgroup (160 threads, no ``setmaxnreg``); with ``self_load`` no producer (128 
 warp 0 of the consumer warpgroup issues the TMA loads, ``attn_fwd_sm90_ws.SelfLoader``).
 ``half_items`` (a measurement shape at ``sparse_block_size = 128``): 256 threads, one
 consumer warpgroup owning a 64-row half of a query block (both halves read the block's one
-list), one CTA per SM.
+list), one CTA per SM; ``half_items = 2``: two such CTAs per SM, each with one Q buffer that
+O is staged in, one K and two V stages (112 KiB of buffers at D = 128).
 Work items (query block, query head, batch) are walked by a persistent scheduler: ``head_major`` (default) ``tile_scheduler.HeadMajorScheduler``
 (batch, KV head, query block, query head of the group fastest: the CTAs running at one time
 share one KV head's K/V in L2, and the heads of a GQA group read the same K/V blocks
@@ -157,7 +158,7 @@ class BsaFwdSm90Ws(AttnFwdSm90Ws):
                  stream_k: bool = False, tma_o: bool = False, tma_o_packed: bool = False,
                  k_single: bool = False, self_load: bool = False, pair_items: bool = False,
                  l2_hint: int = 0, o_in_q: bool = False, o_early: bool = False,
-                 tree_sum: bool = False, skip_load: int = 0, half_items: bool = False,
+                 tree_sum: bool = False, skip_load: int = 0, half_items: int = 0,
                  s_n64: bool = False, no_softmax: bool = False, mix_pv: int = 0):
         self.pdl = pdl
         # K steps of the PV GEMM issued between those of the next S GEMM, in its wgmma group
@@ -178,6 +179,9 @@ class BsaFwdSm90Ws(AttnFwdSm90Ws):
             raise NotImplementedError(
                 "bsa_fwd_sm90_ws: half_items needs sparse_block_size=128, kv_splits=1 and "
                 "pack_gqa=1, without pair_items, stream_k, three_ctas, k_single or cross_item")
+        if half_items == 2 and (o_in_q or head_dim != 128):
+            raise NotImplementedError(
+                "bsa_fwd_sm90_ws: half_items=2 needs head_dim=128, without o_in_q")
         self.half_items = half_items
         # query tiles (work items) per block-list row
         self.rows_per_list = 2 if half_items else 1
@@ -255,7 +259,7 @@ class BsaFwdSm90Ws(AttnFwdSm90Ws):
         self.causal = causal
         self.overlap = overlap
         self.pingpong = pingpong and self.num_wg == 2
-        self.ctas_per_sm = 1 if self.num_wg == 2 or half_items else 2
+        self.ctas_per_sm = 1 if self.num_wg == 2 or half_items == 1 else 2
         if three_ctas:
             if self.num_wg != 1:
                 raise NotImplementedError("three CTAs per SM need sparse_block_size=64")
@@ -275,6 +279,10 @@ class BsaFwdSm90Ws(AttnFwdSm90Ws):
             if need > limit:
                 raise NotImplementedError(
                     f"bsa_fwd_sm90_ws: k_single does not fit at head_dim={head_dim}")
+            self.stages, self.k_stages, self.q_stages, self.o_alias_q = 2, 1, 1, True
+        elif half_items == 2:
+            # one Q buffer that O is staged in, one K and two V stages of 128 rows: 112 KiB
+            # and the mbarriers' KiB at D = 128
             self.stages, self.k_stages, self.q_stages, self.o_alias_q = 2, 1, 1, True
         elif o_in_q:
             self.stages, self.k_stages = bsa_ws_oinq_plan(head_dim, self.bm, block_size, limit,
