@@ -402,7 +402,7 @@ def test_bsa_ablation_flag_keys():
     ``skipload=N`` (2..64, a timing ablation) and ``nosm`` everywhere, ``mix=N`` (1..8)
     with the overlapped mainloop and without ``oearly``, ``half`` / ``half2`` and ``sn64``
     at sparse_block_size 128 only (``half`` not with split-KV or ``pack_gqa``; ``half2``
-    without ``oinq``); out-of-range
+    at D 128 only, without ``oinq``); out-of-range
     values are rejected with the switch's name; the kernel object takes ``half_items``
     at blk 128 only (one consumer warpgroup, one CTA per SM, two query tiles per list row;
     ``half_items=2``: two CTAs per SM with one Q, one K and two V buffers)."""
@@ -429,6 +429,7 @@ def test_bsa_ablation_flag_keys():
     assert key("half,sn64", blk=128) == (0, False, True, True)
     assert key("half", blk=128, pack_gqa=2) == (0, False, False, False)
     assert key("half2", blk=128) == (0, False, 2, False)
+    assert key("half2", d=64, blk=128) == (0, False, 0, False)  # D 128 only
     c = bsa.fwd_config(jnp.bfloat16, 128, 128, False,
                        Switches(bsa_fwd_impl="sm90ws", bsa_fwd_ws="half2"))
     assert not c.ws_o_in_q  # half2 stages O in its one Q buffer

@@ -497,8 +497,8 @@ def bsa_ws_options(opts) -> dict:
     instead of by the kernel alone), ``skip_load`` (``skipload=N``, a timing ablation with
     wrong results: the producer skips the K / V loads of every N-th tile it issues),
     ``half`` (sparse_block_size 128 walked by 64-row work items: 1 with ``half``, one CTA per
-    SM; 2 with ``half2``, two CTAs per SM, each with one Q buffer, one K and two V stages;
-    0 off), ``s_n64`` (``sn64``, an
+    SM; 2 with ``half2``, two CTAs per SM, each with one Q buffer, one K and two V stages,
+    at D 128 only; 0 off), ``s_n64`` (``sn64``, an
     ablation: at sparse_block_size 128 each S = Q K^T as two 64-column GEMMs),
     ``no_softmax`` (``nosm``, a timing ablation with wrong results: no online-softmax step,
     P = the masked scores), ``mix_pv`` (``mix=N``: the overlapped mainloop issues the first N
@@ -590,7 +590,9 @@ def fwd_config(dtype, head_dim, block_size, has_block_sizes, switches, causal=Fa
         if o["skip_load"] and not (o["v_lag"] or o["self_load"]):
             kw["ws_skip_load"] = o["skip_load"]
         if (o["half"] and block_size == 128 and splits == 1 and pack_gqa == 1
-                and not (pair or o["stream_k"] or o["cross"])):
+                and not (pair or o["stream_k"] or o["cross"])
+                and (o["half"] == 1 or head_dim == 128)):
+            # half2's shared-memory plan is for D 128
             kw["ws_half_items"] = o["half"]
         if o["s_n64"] and block_size == 128:
             kw["ws_s_n64"] = True
