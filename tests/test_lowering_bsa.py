@@ -243,6 +243,7 @@ WS_CONFIGS = [
     dict(d=128, blk=128, dtype="bfloat16", layout="bhsd", sizes=True, ws="skipload=4"),
     dict(d=128, blk=128, dtype="bfloat16", layout="bshd", sizes=False, ws="half"),
     dict(d=128, blk=128, dtype="bfloat16", layout="bhsd", sizes=True, ws="half2"),
+    dict(d=128, blk=64, dtype="bfloat16", layout="bshd", sizes=True, ws="kdeep,vlag"),
     dict(d=64, blk=128, dtype="float16", layout="bhsd", sizes=True, ws="sn64"),
     dict(d=128, blk=64, dtype="bfloat16", layout="bhsd", sizes=False, ws="nosm"),
     dict(d=128, blk=64, dtype="bfloat16", layout="bshd", sizes=True, ws="mix=2"),
@@ -433,6 +434,14 @@ def test_bsa_ablation_flag_keys():
     c = bsa.fwd_config(jnp.bfloat16, 128, 128, False,
                        Switches(bsa_fwd_impl="sm90ws", bsa_fwd_ws="half2"))
     assert not c.ws_o_in_q  # half2 stages O in its one Q buffer
+
+    def kdeep(ws, **kw):
+        return bsa.fwd_config(jnp.bfloat16, 128, 64, False,
+                              Switches(bsa_fwd_impl="sm90ws", bsa_fwd_ws=ws), **kw).ws_k_deep
+
+    # kdeep re-plans the oinq rings only
+    assert (kdeep(""), kdeep("kdeep,vlag"), kdeep("kdeep,nooinq"), kdeep("kdeep,q1")) == (
+        False, True, False, False)
     for bad in ("skipload=1", "skipload=65", "skipload=x", "mix=0", "mix=9"):
         with pytest.raises(ValueError, match="JAX_SPARSE_ATTN_BSA_WS"):
             from_env({"JAX_SPARSE_ATTN_BSA_WS": bad})
@@ -445,6 +454,11 @@ def test_bsa_ablation_flag_keys():
     k = BsaFwdSm90Ws(cutlass.BFloat16, 128, 128, False, 132, tma_o=True, half_items=2)
     assert (k.num_wg, k.bm, k.ctas_per_sm, k.rows_per_list) == (1, 64, 2, 2)
     assert (k.stages, k.k_stages, k.q_stages, k.o_alias_q) == (2, 1, 1, True)
+    for blk in (64, 128):
+        k0 = BsaFwdSm90Ws(cutlass.BFloat16, 128, blk, False, 132, o_in_q=True, tma_o=True)
+        k1 = BsaFwdSm90Ws(cutlass.BFloat16, 128, blk, False, 132, o_in_q=True, tma_o=True,
+                          k_deep=True)
+        assert (k0.k_stages, k0.stages) == (2, 3) and (k1.k_stages, k1.stages) == (3, 2)
     with pytest.raises(NotImplementedError, match="half_items=2"):
         BsaFwdSm90Ws(cutlass.BFloat16, 128, 128, False, 132, o_in_q=True, tma_o=True,
                      half_items=2)

@@ -129,6 +129,9 @@ class BsaFwdConfig:
     ws_half_items: int = 0
     # S = Q K^T as two 64-column GEMMs at sparse_block_size 128 ("sn64", an ablation)
     ws_s_n64: bool = False
+    # the deeper K ring: with O in the Q buffer the stage that the plan adds goes to K, not
+    # V ("kdeep"; the producer issues K ahead of V only with "vlag")
+    ws_k_deep: bool = False
     # timing ablation, wrong results: no online-softmax step on the score tiles ("nosm")
     ws_no_softmax: bool = False
     # K steps of the PV GEMM interleaved with the next S GEMM's, in its wgmma group ("mix=N";
@@ -503,11 +506,12 @@ def bsa_ws_options(opts) -> dict:
     ``no_softmax`` (``nosm``, a timing ablation with wrong results: no online-softmax step,
     P = the masked scores), ``mix_pv`` (``mix=N``: the overlapped mainloop issues the first N
     K steps of the previous tile's PV GEMM between the K steps of the next S GEMM, in its
-    wgmma group)."""
+    wgmma group), ``k_deep`` (``kdeep``: with O in the Q buffer the plan's extra stage goes
+    to the K ring instead of V; the producer issues K ahead of V only with ``vlag``)."""
     st = [int(o[7:]) for o in opts if o.startswith("stages=")]
     sk = [int(o[9:]) for o in opts if o.startswith("skipload=")]
     mx = [int(o[4:]) for o in opts if o.startswith("mix=")]
-    return {"skip_load": sk[0] if sk else 0, "half": 2 if "half2" in opts else 1 if "half" in opts else 0, "s_n64": "sn64" in opts, "no_softmax": "nosm" in opts, "mix_pv": mx[0] if mx else 0,
+    return {"skip_load": sk[0] if sk else 0, "half": 2 if "half2" in opts else 1 if "half" in opts else 0, "s_n64": "sn64" in opts, "no_softmax": "nosm" in opts, "mix_pv": mx[0] if mx else 0, "k_deep": "kdeep" in opts,
             "overlap": "nooverlap" not in opts, "pingpong": "nopingpong" not in opts,
             "q_stages": 1 if "q1" in opts else 2, "max_stages": st[0] if st else 4,
             "head_major": "headinner" not in opts, "lazy_rescale": "lazyrescale" in opts,
@@ -605,6 +609,8 @@ def fwd_config(dtype, head_dim, block_size, has_block_sizes, switches, causal=Fa
                 and not (k1 or pair or o["stream_k"] or o["cross"] or o["o_alias"]
                          or kw.get("ws_half_items") == 2)):
             kw["ws_o_in_q"] = True
+            if o["k_deep"]:
+                kw["ws_k_deep"] = True
         return BsaFwdConfig(name, head_dim, block_size, has_block_sizes, impl,
                             ws_overlap=o["overlap"], ws_pingpong=o["pingpong"],
                             ws_q_stages=o["q_stages"], ws_max_stages=o["max_stages"],
@@ -1467,7 +1473,7 @@ def _ws_fwd_kernel(cfg: BsaFwdConfig, stream_k: bool):
                         o_early=cfg.ws_o_early, tree_sum=cfg.ws_tree_sum,
                         skip_load=cfg.ws_skip_load, half_items=cfg.ws_half_items,
                         s_n64=cfg.ws_s_n64, no_softmax=cfg.ws_no_softmax,
-                        mix_pv=cfg.ws_mix_pv, **kw)
+                        mix_pv=cfg.ws_mix_pv, k_deep=cfg.ws_k_deep, **kw)
 
 
 @functools.cache

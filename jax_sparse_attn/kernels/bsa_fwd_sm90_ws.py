@@ -159,7 +159,8 @@ class BsaFwdSm90Ws(AttnFwdSm90Ws):
                  k_single: bool = False, self_load: bool = False, pair_items: bool = False,
                  l2_hint: int = 0, o_in_q: bool = False, o_early: bool = False,
                  tree_sum: bool = False, skip_load: int = 0, half_items: int = 0,
-                 s_n64: bool = False, no_softmax: bool = False, mix_pv: int = 0):
+                 s_n64: bool = False, no_softmax: bool = False, mix_pv: int = 0,
+                 k_deep: bool = False):
         self.pdl = pdl
         # K steps of the PV GEMM issued between those of the next S GEMM, in its wgmma group
         # (AttnFwdSm90Ws._issue_mixed; 0 off)
@@ -287,6 +288,10 @@ class BsaFwdSm90Ws(AttnFwdSm90Ws):
         elif o_in_q:
             self.stages, self.k_stages = bsa_ws_oinq_plan(head_dim, self.bm, block_size, limit,
                                                           max_stages)
+            if k_deep:
+                # the stages beyond the K / V pairs go to the K ring (K tiles load further
+                # ahead of their S GEMMs where the producer issues K ahead of V: v_lag)
+                self.stages, self.k_stages = self.k_stages, self.stages
             self.q_stages, self.o_alias_q = 2, True
         else:
             self.stages, self.q_stages, self.o_alias_q = bsa_ws_smem_plan(
