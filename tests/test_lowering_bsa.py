@@ -244,6 +244,8 @@ WS_CONFIGS = [
     dict(d=128, blk=128, dtype="bfloat16", layout="bshd", sizes=False, ws="half"),
     dict(d=128, blk=128, dtype="bfloat16", layout="bhsd", sizes=True, ws="half2"),
     dict(d=128, blk=64, dtype="bfloat16", layout="bshd", sizes=True, ws="kdeep,vlag"),
+    dict(d=128, blk=64, dtype="bfloat16", layout="bhsd", sizes=True, ws="pairstep"),
+    dict(d=128, blk=64, dtype="float16", layout="bshd", sizes=False, ws="pairstep4"),
     dict(d=64, blk=128, dtype="float16", layout="bhsd", sizes=True, ws="sn64"),
     dict(d=128, blk=64, dtype="bfloat16", layout="bhsd", sizes=False, ws="nosm"),
     dict(d=128, blk=64, dtype="bfloat16", layout="bshd", sizes=True, ws="mix=2"),
@@ -462,6 +464,29 @@ def test_bsa_ablation_flag_keys():
     with pytest.raises(NotImplementedError, match="half_items=2"):
         BsaFwdSm90Ws(cutlass.BFloat16, 128, 128, False, 132, o_in_q=True, tma_o=True,
                      half_items=2)
+
+    def step(ws, d=128, blk=64, **kw):
+        c = bsa.fwd_config(jnp.bfloat16, d, blk, False,
+                           Switches(bsa_fwd_impl="sm90ws", bsa_fwd_ws=ws), **kw)
+        return c.ws_pair_step, c.ws_o_in_q
+
+    # pairstep: blk 64 at D 128 with the oinq plan; pairstep4: its own plan (no oinq)
+    assert step("pairstep") == (1, True) and step("pairstep4") == (2, False)
+    assert step("pairstep", d=64)[0] == step("pairstep", blk=128)[0] == 0
+    assert step("pairstep", kv_splits=2, k_max=8)[0] == step("pairstep4", pack_gqa=2)[0] == 0
+    for other in ("nooinq", "q1", "nooverlap", "qregs", "mix=2", "oearly", "pairwg",
+                  "streamk", "cross", "ctas3k1"):
+        assert step("pairstep," + other)[0] == 0, other
+    assert step("pairstep,kdeep") == (1, True)  # kdeep's plan has two V stages: not taken
+    k = BsaFwdSm90Ws(cutlass.BFloat16, 128, 64, False, 132, tma_o=True, pair_step=2)
+    assert (k.stages, k.k_stages, k.q_stages, k.o_alias_q, k.ctas_per_sm) == (4, 2, 1, True, 2)
+    k = BsaFwdSm90Ws(cutlass.BFloat16, 128, 64, False, 132, o_in_q=True, tma_o=True,
+                     pair_step=1)
+    assert (k.stages, k.k_stages, k.q_stages, k.o_alias_q) == (3, 2, 2, True)
+    with pytest.raises(NotImplementedError, match="two K and three V"):
+        BsaFwdSm90Ws(cutlass.BFloat16, 128, 64, False, 132, pair_step=1)
+    with pytest.raises(NotImplementedError, match="pair_step needs"):
+        BsaFwdSm90Ws(cutlass.BFloat16, 128, 128, False, 132, pair_step=1)
 
 
 def test_bsa_sm90ws_forward_metadata_clamped_in_kernel():

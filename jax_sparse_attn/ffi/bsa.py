@@ -132,6 +132,10 @@ class BsaFwdConfig:
     # the deeper K ring: with O in the Q buffer the stage that the plan adds goes to K, not
     # V ("kdeep"; the producer issues K ahead of V only with "vlag")
     ws_k_deep: bool = False
+    # blk 64 (D 128) walked two listed blocks per step, 64 x 128 score tiles: 1 with O in
+    # the Q buffer (two K, three V stages; "pairstep"), 2 with one Q buffer that O is staged
+    # in, two K and four V stages ("pairstep4"); 0 off
+    ws_pair_step: int = 0
     # timing ablation, wrong results: no online-softmax step on the score tiles ("nosm")
     ws_no_softmax: bool = False
     # K steps of the PV GEMM interleaved with the next S GEMM's, in its wgmma group ("mix=N";
@@ -507,11 +511,15 @@ def bsa_ws_options(opts) -> dict:
     P = the masked scores), ``mix_pv`` (``mix=N``: the overlapped mainloop issues the first N
     K steps of the previous tile's PV GEMM between the K steps of the next S GEMM, in its
     wgmma group), ``k_deep`` (``kdeep``: with O in the Q buffer the plan's extra stage goes
-    to the K ring instead of V; the producer issues K ahead of V only with ``vlag``)."""
+    to the K ring instead of V; the producer issues K ahead of V only with ``vlag``),
+    ``pair_step`` (blk 64 at D 128 walked two listed blocks per step, 64 x 128 score tiles:
+    1 with ``pairstep`` (O in the Q buffer: two K and three V stages), 2 with ``pairstep4``
+    (one Q buffer that O is staged in, two K and four V stages); 0 off)."""
     st = [int(o[7:]) for o in opts if o.startswith("stages=")]
     sk = [int(o[9:]) for o in opts if o.startswith("skipload=")]
     mx = [int(o[4:]) for o in opts if o.startswith("mix=")]
     return {"skip_load": sk[0] if sk else 0, "half": 2 if "half2" in opts else 1 if "half" in opts else 0, "s_n64": "sn64" in opts, "no_softmax": "nosm" in opts, "mix_pv": mx[0] if mx else 0, "k_deep": "kdeep" in opts,
+            "pair_step": 2 if "pairstep4" in opts else 1 if "pairstep" in opts else 0,
             "overlap": "nooverlap" not in opts, "pingpong": "nopingpong" not in opts,
             "q_stages": 1 if "q1" in opts else 2, "max_stages": st[0] if st else 4,
             "head_major": "headinner" not in opts, "lazy_rescale": "lazyrescale" in opts,
@@ -604,13 +612,24 @@ def fwd_config(dtype, head_dim, block_size, has_block_sizes, switches, causal=Fa
             kw["ws_no_softmax"] = True
         if o["mix_pv"] and o["overlap"] and not o["o_early"]:
             kw["ws_mix_pv"] = o["mix_pv"]
+        # pairstep / pairstep4: blk 64 at D 128 with the overlapped mainloop, without
+        # split-KV, pack_gqa and the options that change the item walk, the S GEMM's operand
+        # or the GEMM order
+        step2 = (o["pair_step"] and (block_size, head_dim) == (64, 128) and o["overlap"]
+                 and splits == 1 and pack_gqa == 1 and not (k1 or pair or o["stream_k"] or o["cross"] or o["q_regs"]
+                          or o["mix_pv"] or o["o_early"]))
+        if step2 and o["pair_step"] == 2:
+            kw["ws_pair_step"] = 2
         if (o_in_q and o["tma_o"] and splits == 1 and pack_gqa == 1
                 and o["q_stages"] == 2
                 and not (k1 or pair or o["stream_k"] or o["cross"] or o["o_alias"]
-                         or kw.get("ws_half_items") == 2)):
+                         or kw.get("ws_half_items") == 2 or kw.get("ws_pair_step") == 2)):
             kw["ws_o_in_q"] = True
-            if o["k_deep"]:
+            if o["k_deep"] and not step2:
                 kw["ws_k_deep"] = True
+            if step2:
+                # two K and three V stages: the plan with O in the Q buffer
+                kw["ws_pair_step"] = 1
         return BsaFwdConfig(name, head_dim, block_size, has_block_sizes, impl,
                             ws_overlap=o["overlap"], ws_pingpong=o["pingpong"],
                             ws_q_stages=o["q_stages"], ws_max_stages=o["max_stages"],
@@ -1473,7 +1492,8 @@ def _ws_fwd_kernel(cfg: BsaFwdConfig, stream_k: bool):
                         o_early=cfg.ws_o_early, tree_sum=cfg.ws_tree_sum,
                         skip_load=cfg.ws_skip_load, half_items=cfg.ws_half_items,
                         s_n64=cfg.ws_s_n64, no_softmax=cfg.ws_no_softmax,
-                        mix_pv=cfg.ws_mix_pv, k_deep=cfg.ws_k_deep, **kw)
+                        mix_pv=cfg.ws_mix_pv, k_deep=cfg.ws_k_deep,
+                        pair_step=cfg.ws_pair_step, **kw)
 
 
 @functools.cache

@@ -84,12 +84,13 @@ from dataclasses import dataclass
 import cutlass
 import cutlass.cute as cute
 from cutlass import Float32, Int32
-from cutlass.cute.nvgpu import cpasync
+import cutlass.utils.hopper_helpers as sm90_utils
+from cutlass.cute.nvgpu import OperandMajorMode, cpasync, warpgroup
 
 from .attn_fwd_sm90_ws import SMEM_LIMIT, AttnFwdSm90Ws, WorkItem, smem_plan
 from .common import transpose_view_staged
 from .block_info import BlockList, BlockListSplit
-from .common import (acc_mn_view_wg, elem_ptr, gmem_store_copy, ld_relaxed_f32,
+from .common import (acc_layout_as_a, acc_mn_view_wg, elem_ptr, gmem_store_copy, ld_relaxed_f32,
                      st_release_s32, stage_acc_swz, swz_piece_ptr, tma_view, wait_at_least)
 from .mask import KeyLimitMask
 from .pack_gqa import pack_rows_view, packed_row, row_tile_view
@@ -160,8 +161,22 @@ class BsaFwdSm90Ws(AttnFwdSm90Ws):
                  l2_hint: int = 0, o_in_q: bool = False, o_early: bool = False,
                  tree_sum: bool = False, skip_load: int = 0, half_items: int = 0,
                  s_n64: bool = False, no_softmax: bool = False, mix_pv: int = 0,
-                 k_deep: bool = False):
+                 k_deep: bool = False, pair_step: int = 0):
         self.pdl = pdl
+        # blk 64 walked two listed blocks per step (``_pair_mainloop``): 1 with the
+        # shared-memory plan of the other options (it needs two K and three V stages), 2
+        # with one Q buffer that O is staged in, two K and four V stages
+        if pair_step and not (block_size == 64 and head_dim == 128 and overlap
+                              and not (pair_items or stream_k or three_ctas or k_single
+                                       or self_load or cross_item or q_regs or mix_pv
+                                       or o_early or half_items)):
+            raise NotImplementedError(
+                "bsa_fwd_sm90_ws: pair_step needs sparse_block_size=64, head_dim=128 and "
+                "overlap, without pair_items, stream_k, three_ctas, k_single, self_load, "
+                "cross_item, q_regs, mix_pv, o_early or half_items")
+        if pair_step == 2 and o_in_q:
+            raise NotImplementedError("bsa_fwd_sm90_ws: pair_step=2 stages O without o_in_q")
+        self.pair_step = pair_step
         # K steps of the PV GEMM issued between those of the next S GEMM, in its wgmma group
         # (AttnFwdSm90Ws._issue_mixed; 0 off)
         self.mix_pv = mix_pv
@@ -285,6 +300,10 @@ class BsaFwdSm90Ws(AttnFwdSm90Ws):
             # one Q buffer that O is staged in, one K and two V stages of 128 rows: 112 KiB
             # and the mbarriers' KiB at D = 128
             self.stages, self.k_stages, self.q_stages, self.o_alias_q = 2, 1, 1, True
+        elif pair_step == 2:
+            # one Q buffer that O is staged in, two K and four V stages of 64 rows (half2's
+            # 112 KiB)
+            self.stages, self.k_stages, self.q_stages, self.o_alias_q = 4, 2, 1, True
         elif o_in_q:
             self.stages, self.k_stages = bsa_ws_oinq_plan(head_dim, self.bm, block_size, limit,
                                                           max_stages)
@@ -301,6 +320,12 @@ class BsaFwdSm90Ws(AttnFwdSm90Ws):
                 raise NotImplementedError(
                     f"bsa_fwd_sm90_ws: pair_items has no shared-memory plan at "
                     f"head_dim={head_dim} with q_stages={q_stages}")
+        if pair_step and (self.k_stages < 2 or self.stages < 3):
+            # a step holds two K stages; the producer's V tile 2s must not wait for a stage
+            # that only the PV GEMM of step s frees (it issues K tile 2s + 1 after it)
+            raise NotImplementedError(
+                f"bsa_fwd_sm90_ws: pair_step needs two K and three V stages, the plan has "
+                f"{self.k_stages} and {self.stages}")
         # the next item's Q goes to the other Q buffer: none where the plan has one
         self.q_ahead = self.q_ahead and self.q_stages >= 2
         self.num_sms = num_sms
@@ -855,6 +880,160 @@ class BsaFwdSm90Ws(AttnFwdSm90Ws):
         """The next item's running max and sum become the current softmax state."""
         tile.smax.row_max.store(next_tile.smax.row_max.load())
         tile.smax.row_sum.store(next_tile.smax.row_sum.load())
+
+    # ------------------------------------------------- two listed blocks per step
+    def _mainloop(self, *args, **kw):
+        """The shared mainloop (``AttnFwdSm90Ws._mainloop``), or with ``pair_step`` the walk
+        of two listed blocks per step (``_pair_mainloop``, same arguments)."""
+        if self.pair_step:
+            return self._pair_mainloop(*args, **kw)
+        return AttnFwdSm90Ws._mainloop(self, *args, **kw)
+
+    def _pair_layouts(self):
+        """(the register shape of a 64 x 128 score tile, the layout of one 64-column half
+        of it): the tile's registers are its two halves' in turn, each half the
+        accumulator of one 64-column GEMM."""
+        wgm = self.wg_m
+        mma128 = sm90_utils.make_trivial_tiled_mma(
+            self.dtype, self.dtype, OperandMajorMode.K, OperandMajorMode.K, Float32, (1, 1, 1),
+            (wgm, 2 * self.bn), warpgroup.OperandSource.SMEM)
+        mma64 = sm90_utils.make_trivial_tiled_mma(
+            self.dtype, self.dtype, OperandMajorMode.K, OperandMajorMode.K, Float32, (1, 1, 1),
+            (wgm, self.bn), warpgroup.OperandSource.SMEM)
+        s_shape = mma128.get_slice(0).partition_shape_C((wgm, 2 * self.bn))
+        half = cute.make_layout(mma64.get_slice(0).partition_shape_C((wgm, self.bn)))
+        return s_shape, half
+
+    @cute.jit
+    def _pair_half(self, acc_S, half, h: cutlass.Constexpr):
+        """Half ``h`` (its 64 columns) of the 64 x 128 score tile ``acc_S``."""
+        return cute.make_tensor(acc_S.iterator + h * cute.size(half), half)
+
+    @cute.jit
+    def _pair_qk(self, mma_qk, mma_qk0, tSrQ, tSrK, pipe_k, c, c2, acc_S, half):
+        """Wait for K tiles ``c`` and ``c2``, then issue ``S = Q [K_c; K_c2]^T`` as two
+        64-column GEMMs in one group (``c2 = c`` where the step has one block: its second
+        half is then masked)."""
+        pipe_k.consumer_wait(c)
+        pipe_k.consumer_wait(c2)
+        warpgroup.fence()
+        for h in cutlass.range_constexpr(2):
+            acc_h = self._pair_half(acc_S, half, h)
+            stage = pipe_k.stage(c) if h == 0 else pipe_k.stage(c2)
+            for k in cutlass.range_constexpr(cute.size(tSrQ, mode=[2])):
+                cute.gemm(mma_qk0 if k == 0 else mma_qk, acc_h, tSrQ[None, None, k],
+                          tSrK[None, None, k, stage], acc_h)
+        warpgroup.commit_group()
+
+    @cute.jit
+    def _pair_pv(self, mma_pv, tOrP, tOrV, pipe_v, c, c2, acc_O):
+        """Wait for V tiles ``c`` and ``c2``, then issue ``O += P [V_c; V_c2]``: the first
+        half of P's K steps over V tile ``c``, the second over ``c2`` (``c2 = c`` where the
+        step has one block: that half of P is 0)."""
+        pipe_v.consumer_wait(c)
+        pipe_v.consumer_wait(c2)
+        warpgroup.fence()
+        n_k = cute.size(tOrP, mode=[2])
+        per = n_k // 2
+        for k in cutlass.range_constexpr(n_k):
+            stage = pipe_v.stage(c) if k < per else pipe_v.stage(c2)
+            cute.gemm(mma_pv, acc_O, tOrP[None, None, k], tOrV[None, None, k % per, stage],
+                      acc_O)
+        warpgroup.commit_group()
+
+    @cute.jit
+    def _pair_release(self, pipe, c, second):
+        """Release stage ``c`` of ``pipe`` and, where the step had a second block
+        (``second`` 1), stage ``c + 1``."""
+        pipe.consumer_release(c)
+        if second > 0:
+            pipe.consumer_release(c + 1)
+
+    @cute.jit
+    def _pair_pre(self, work, tile, rows, it0):
+        """The step from list entry ``it0``: (1 where it has a second block else 0, the two
+        blocks' ``_tile_pre`` values; an absent second block's valid count is 0)."""
+        second = cutlass.min(work.n_count - 1 - it0, Int32(1))
+        p0 = self._tile_pre(work, tile, rows, it0)
+        p1 = self._tile_pre(work, tile, rows, it0 + second)
+        if cutlass.const_expr(self.causal):
+            p1 = (p1[0] * second, p1[1])
+        else:
+            p1 = p1 * second
+        return second, p0, p1
+
+    @cute.jit
+    def _pair_p(self, acc_S, tile, state, pre, half):
+        """Each half's key mask, then the online-softmax step over the 128 columns -> the
+        16-bit P fragment."""
+        corr = state[0]
+        for h in cutlass.range_constexpr(2):
+            acc_mn = acc_mn_view_wg(self._pair_half(acc_S, half, h))
+            lim = pre[1 + h]
+            if cutlass.const_expr(self.causal):
+                key_lim, row_lim0 = lim
+                if cutlass.min(key_lim, row_lim0) < self.bn:
+                    tile.mask.apply_causal(acc_mn, key_lim, row_lim0, self.pack)
+            else:
+                if lim < self.bn:
+                    tile.mask.apply(acc_mn, lim)
+        if cutlass.const_expr(self.no_softmax):
+            corr.fill(1.0)
+        else:
+            tile.smax.step(acc_mn_view_wg(acc_S), corr)
+        rP = cute.make_fragment_like(acc_S, self.dtype)
+        rP.store(acc_S.load().to(self.dtype))
+        return rP
+
+    @cute.jit
+    def _pair_mainloop(self, mma_qk, mma_qk0, mma_pv, thr_mma_qk, tSrQ, tSrK, tOrV, acc_O,
+                       pipe_k, pipe_v, c_kv, work, tile, rows, turns, wg, loader=None):
+        """The overlapped mainloop over steps of two listed blocks (entries ``2 s`` and
+        ``2 s + 1``, K / V ring slots ``c_kv + 2 s`` and ``+ 1``; the producer loads one
+        block per slot as without ``pair_step``): step ``s`` issues ``S_s`` (64 x 128) and
+        the PV GEMM of step ``s - 1`` (128 K steps over its two V tiles), waits for
+        ``S_s``, computes ``P_s`` while the PV GEMM runs, then waits for it and rescales O.
+        An odd count's last step has one block: its second half reads the first block's
+        K / V tiles again, with every key of that half masked (P = 0 there)."""
+        s_shape, half = self._pair_layouts()
+        a_vals = mma_pv.tv_layout_A.shape[1]
+        state = self._tile_state(acc_O, tile)
+        n = work.n_count
+        steps = (n + 1) // 2
+        acc_S = cute.make_rmem_tensor(s_shape, Float32)
+        pre = self._pair_pre(work, tile, rows, Int32(0))
+        self._pair_qk(mma_qk, mma_qk0, tSrQ, tSrK, pipe_k, c_kv, c_kv + pre[0], acc_S, half)
+        warpgroup.wait_group(0)
+        self._pair_release(pipe_k, c_kv, pre[0])
+        rP = self._pair_p(acc_S, tile, state, pre, half)
+        tOrP = cute.make_tensor(rP.iterator, acc_layout_as_a(rP.layout, a_vals))
+        for s in cutlass.range(1, steps, unroll=1):
+            c_new = c_kv + 2 * s
+            acc_S2 = cute.make_rmem_tensor(s_shape, Float32)
+            pre2 = self._pair_pre(work, tile, rows, 2 * s)
+            self._pair_qk(mma_qk, mma_qk0, tSrQ, tSrK, pipe_k, c_new, c_new + pre2[0], acc_S2,
+                          half)
+            # step s - 1 had two blocks (only the last step may have one)
+            self._pair_pv(mma_pv, tOrP, tOrV, pipe_v, c_new - 2, c_new - 1, acc_O)
+            warpgroup.wait_group(1)
+            self._pair_release(pipe_k, c_new, pre2[0])
+            rP2 = self._pair_p(acc_S2, tile, state, pre2, half)
+            if cutlass.const_expr(self.split_wait):
+                # V tile c_new - 1 is still held, so this check passes at once; its wait
+                # loop ends the basic block and keeps ptxas's wgmma wait below the score tile
+                pipe_v.consumer_wait(c_new - 1)
+            warpgroup.wait_group(0)
+            self._keep_p(rP)
+            pipe_v.consumer_release(c_new - 2)
+            pipe_v.consumer_release(c_new - 1)
+            self._pv_done(acc_O, state)
+            self._p_into(rP, rP2)
+        c_last = c_kv + 2 * (steps - 1)
+        second = cutlass.min(n - 1 - 2 * (steps - 1), Int32(1))
+        self._pair_pv(mma_pv, tOrP, tOrV, pipe_v, c_last, c_last + second, acc_O)
+        warpgroup.wait_group(0)
+        self._pair_release(pipe_v, c_last, second)
+        return c_kv + n
 
     # ------------------------------------------------- variation points (AttnFwdSm90Ws)
     def _q_tile(self, tma_tQ, work):
