@@ -136,7 +136,7 @@ def _parse_ws(var, raw):
 BSA_WS_FLAGS = ("nooverlap", "nopingpong", "q1", "headinner", "lazyrescale", "ctas2", "oalias",
                 "cross", "crossepi", "vlag", "splitwait", "nosplitwait", "qregs", "mpre", "qahead", "noepivec",
                 "streamk", "tmao", "notmao", "tmaopack", "notmaopack", "ctas3k1", "selfload",
-                "pairwg", "l2hint", "l2normal", "oinq", "nooinq", "oearly", "sumtree", "xlaclamp", "half", "half2", "sn64", "nosm", "kdeep", "pairstep", "pairstep4")
+                "pairwg", "l2hint", "l2normal", "oinq", "nooinq", "oearly", "sumtree", "xlaclamp", "half", "half2", "sn64", "nosm", "kdeep", "pairstep", "pairstep4", "pairstepk3", "pairstepk4")
 _BSA_WS_ALLOWED = ("comma list of " + ", ".join(BSA_WS_FLAGS)
                    + ", stages=N (most K/V shared-memory stages: 2..8), skipload=N (timing "
                    "ablation, wrong results: 2..64), mix=N (PV K steps among the S GEMM's: "
@@ -550,12 +550,14 @@ SWITCHES = (
            "one K and two V stages: the shared memory two 64 x 128 steps per SM have; D 128 "
            "only, ignored elsewhere), "
            "pairstep (blk 64 at D 128: the consumer walks a query block's list two entries "
-           "per step, 64 x 128 score tiles over two 64-row K / V ring stages, an odd "
-           "list's last step with its second half masked; needs oinq's two K and three V "
-           "stages, ignored with nooverlap, split-KV, pack_gqa, qregs, mix=N, oearly, "
+           "per step, 64 x 128 score tiles over two 64-row K / V ring stages (the producer "
+           "issues a step's two K tiles, then its two V tiles), an odd "
+           "list's last step with its second half masked; the plan of oinq (two K and "
+           "three V stages; ignored without oinq), ignored with nooverlap, split-KV, pack_gqa, qregs, mix=N, oearly, "
            "pairwg, streamk, cross, crossepi, ctas3k1, selfload, and elsewhere), "
-           "pairstep4 (pairstep with one Q buffer that O is staged in, two K and four V "
-           "stages; its O stores are not TMA's), "
+           "pairstep4, pairstepk3, pairstepk4 (pairstep with one Q buffer that O is "
+           "staged in and two K and four V, three K and three V, four K and two V stages; "
+           "their O stores are not TMA's), "
            "kdeep (with oinq the shared-memory stage beyond the K / V pairs goes to the K "
            "ring instead of V: three K and two V stages at blk 64 / D 128; K loads further "
            "ahead with vlag, whose producer issues K tile j + 1 before V tile j), "

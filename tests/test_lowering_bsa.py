@@ -246,6 +246,7 @@ WS_CONFIGS = [
     dict(d=128, blk=64, dtype="bfloat16", layout="bshd", sizes=True, ws="kdeep,vlag"),
     dict(d=128, blk=64, dtype="bfloat16", layout="bhsd", sizes=True, ws="pairstep"),
     dict(d=128, blk=64, dtype="float16", layout="bshd", sizes=False, ws="pairstep4"),
+    dict(d=128, blk=64, dtype="bfloat16", layout="bhsd", sizes=True, ws="pairstepk3"),
     dict(d=64, blk=128, dtype="float16", layout="bhsd", sizes=True, ws="sn64"),
     dict(d=128, blk=64, dtype="bfloat16", layout="bhsd", sizes=False, ws="nosm"),
     dict(d=128, blk=64, dtype="bfloat16", layout="bshd", sizes=True, ws="mix=2"),
@@ -483,8 +484,12 @@ def test_bsa_ablation_flag_keys():
     k = BsaFwdSm90Ws(cutlass.BFloat16, 128, 64, False, 132, o_in_q=True, tma_o=True,
                      pair_step=1)
     assert (k.stages, k.k_stages, k.q_stages, k.o_alias_q) == (3, 2, 2, True)
-    with pytest.raises(NotImplementedError, match="two K and three V"):
-        BsaFwdSm90Ws(cutlass.BFloat16, 128, 64, False, 132, pair_step=1)
+    k = BsaFwdSm90Ws(cutlass.BFloat16, 128, 64, False, 132, pair_step=1)
+    assert (k.stages, k.k_stages, k.q_stages, k.o_alias_q) == (2, 2, 2, False)
+    for ws, ps, kst in (("pairstepk3", 3, 3), ("pairstepk4", 4, 4)):
+        assert step(ws) == (ps, False)
+        k = BsaFwdSm90Ws(cutlass.BFloat16, 128, 64, False, 132, tma_o=True, pair_step=ps)
+        assert (k.k_stages, k.stages, k.q_stages) == (kst, 6 - kst, 1)
     with pytest.raises(NotImplementedError, match="pair_step needs"):
         BsaFwdSm90Ws(cutlass.BFloat16, 128, 128, False, 132, pair_step=1)
 

@@ -133,8 +133,9 @@ class BsaFwdConfig:
     # V ("kdeep"; the producer issues K ahead of V only with "vlag")
     ws_k_deep: bool = False
     # blk 64 (D 128) walked two listed blocks per step, 64 x 128 score tiles: 1 with O in
-    # the Q buffer (two K, three V stages; "pairstep"), 2 with one Q buffer that O is staged
-    # in, two K and four V stages ("pairstep4"); 0 off
+    # the Q buffer (two K, three V stages; "pairstep"), 2 / 3 / 4 with one Q buffer that O is
+    # staged in and two K, four V / three K, three V / four K, two V stages ("pairstep4",
+    # "pairstepk3", "pairstepk4"); 0 off
     ws_pair_step: int = 0
     # timing ablation, wrong results: no online-softmax step on the score tiles ("nosm")
     ws_no_softmax: bool = False
@@ -513,13 +514,15 @@ def bsa_ws_options(opts) -> dict:
     wgmma group), ``k_deep`` (``kdeep``: with O in the Q buffer the plan's extra stage goes
     to the K ring instead of V; the producer issues K ahead of V only with ``vlag``),
     ``pair_step`` (blk 64 at D 128 walked two listed blocks per step, 64 x 128 score tiles:
-    1 with ``pairstep`` (O in the Q buffer: two K and three V stages), 2 with ``pairstep4``
-    (one Q buffer that O is staged in, two K and four V stages); 0 off)."""
+    1 with ``pairstep`` (O in the Q buffer: two K and three V stages), 2 / 3 / 4 with
+    ``pairstep4`` / ``pairstepk3`` / ``pairstepk4`` (one Q buffer that O is staged in and two
+    K, four V / three K, three V / four K, two V stages); 0 off)."""
     st = [int(o[7:]) for o in opts if o.startswith("stages=")]
     sk = [int(o[9:]) for o in opts if o.startswith("skipload=")]
     mx = [int(o[4:]) for o in opts if o.startswith("mix=")]
     return {"skip_load": sk[0] if sk else 0, "half": 2 if "half2" in opts else 1 if "half" in opts else 0, "s_n64": "sn64" in opts, "no_softmax": "nosm" in opts, "mix_pv": mx[0] if mx else 0, "k_deep": "kdeep" in opts,
-            "pair_step": 2 if "pairstep4" in opts else 1 if "pairstep" in opts else 0,
+            "pair_step": (4 if "pairstepk4" in opts else 3 if "pairstepk3" in opts
+                          else 2 if "pairstep4" in opts else 1 if "pairstep" in opts else 0),
             "overlap": "nooverlap" not in opts, "pingpong": "nopingpong" not in opts,
             "q_stages": 1 if "q1" in opts else 2, "max_stages": st[0] if st else 4,
             "head_major": "headinner" not in opts, "lazy_rescale": "lazyrescale" in opts,
@@ -618,16 +621,16 @@ def fwd_config(dtype, head_dim, block_size, has_block_sizes, switches, causal=Fa
         step2 = (o["pair_step"] and (block_size, head_dim) == (64, 128) and o["overlap"]
                  and splits == 1 and pack_gqa == 1 and not (k1 or pair or o["stream_k"] or o["cross"] or o["q_regs"]
                           or o["mix_pv"] or o["o_early"]))
-        if step2 and o["pair_step"] == 2:
-            kw["ws_pair_step"] = 2
+        if step2 and o["pair_step"] > 1:
+            kw["ws_pair_step"] = o["pair_step"]
         if (o_in_q and o["tma_o"] and splits == 1 and pack_gqa == 1
                 and o["q_stages"] == 2
                 and not (k1 or pair or o["stream_k"] or o["cross"] or o["o_alias"]
-                         or kw.get("ws_half_items") == 2 or kw.get("ws_pair_step") == 2)):
+                         or kw.get("ws_half_items") == 2 or kw.get("ws_pair_step", 0) > 1)):
             kw["ws_o_in_q"] = True
             if o["k_deep"] and not step2:
                 kw["ws_k_deep"] = True
-            if step2:
+            if step2 and o["pair_step"] == 1:
                 # two K and three V stages: the plan with O in the Q buffer
                 kw["ws_pair_step"] = 1
         return BsaFwdConfig(name, head_dim, block_size, has_block_sizes, impl,

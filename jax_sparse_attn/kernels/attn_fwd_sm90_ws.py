@@ -411,6 +411,27 @@ class AttnFwdSm90Ws:
                 c_kv = self._produce_kv_prefetched(
                     work, prefetch, tma_k, tKg, tKs, tma_v, tVg, tVs, sV_rows, pipe_k, pipe_v,
                     k_bytes, v_bytes, c_kv, lane)
+            elif cutlass.const_expr(getattr(self, "pair_step", 0)):
+                # steps of two KV tiles (a kernel's ``pair_step``): the two K tiles, then the
+                # two V tiles, so that a step's K tiles wait only for the S GEMM that frees
+                # their stages, not for the V stages a later PV GEMM frees
+                last = work.n_count - 1
+                for s in cutlass.range((work.n_count + 1) // 2, unroll=1):
+                    it = 2 * s
+                    second = cutlass.min(last - it, Int32(1))
+                    n0 = work.kv_tile(it)
+                    n1 = work.kv_tile(it + second)
+                    nk0 = self._kv_coord(work, n0)
+                    nk1 = self._kv_coord(work, n1)
+                    self._issue_k(n0, nk0, tma_k, tKg, tKs, pipe_k, k_bytes, c_kv)
+                    if second > 0:
+                        self._issue_k(n1, nk1, tma_k, tKg, tKs, pipe_k, k_bytes, c_kv + 1)
+                    self._issue_v(work, n0, nk0, tma_v, tVg, tVs, sV_rows, pipe_v, v_bytes,
+                                  c_kv, lane)
+                    if second > 0:
+                        self._issue_v(work, n1, nk1, tma_v, tVg, tVs, sV_rows, pipe_v,
+                                      v_bytes, c_kv + 1, lane)
+                    c_kv += 1 + second
             elif cutlass.const_expr(self.v_lag):
                 # V one tile behind K: K tile j goes out once its stage is free (its S GEMM
                 # j - stages has completed) without waiting for V tile j's stage, which

@@ -163,9 +163,10 @@ class BsaFwdSm90Ws(AttnFwdSm90Ws):
                  s_n64: bool = False, no_softmax: bool = False, mix_pv: int = 0,
                  k_deep: bool = False, pair_step: int = 0):
         self.pdl = pdl
-        # blk 64 walked two listed blocks per step (``_pair_mainloop``): 1 with the
-        # shared-memory plan of the other options (it needs two K and three V stages), 2
-        # with one Q buffer that O is staged in, two K and four V stages
+        # blk 64 walked two listed blocks per step (``_pair_mainloop``; the producer issues
+        # a step's two K tiles, then its two V tiles): 1 with the shared-memory plan of the
+        # other options (at least two K and two V stages), 2 / 3 / 4 with one Q buffer that
+        # O is staged in and two K, four V / three K, three V / four K, two V stages
         if pair_step and not (block_size == 64 and head_dim == 128 and overlap
                               and not (pair_items or stream_k or three_ctas or k_single
                                        or self_load or cross_item or q_regs or mix_pv
@@ -174,8 +175,9 @@ class BsaFwdSm90Ws(AttnFwdSm90Ws):
                 "bsa_fwd_sm90_ws: pair_step needs sparse_block_size=64, head_dim=128 and "
                 "overlap, without pair_items, stream_k, three_ctas, k_single, self_load, "
                 "cross_item, q_regs, mix_pv, o_early or half_items")
-        if pair_step == 2 and o_in_q:
-            raise NotImplementedError("bsa_fwd_sm90_ws: pair_step=2 stages O without o_in_q")
+        if pair_step > 1 and o_in_q:
+            raise NotImplementedError(
+                "bsa_fwd_sm90_ws: pair_step 2, 3 and 4 stage O without o_in_q")
         self.pair_step = pair_step
         # K steps of the PV GEMM issued between those of the next S GEMM, in its wgmma group
         # (AttnFwdSm90Ws._issue_mixed; 0 off)
@@ -300,10 +302,10 @@ class BsaFwdSm90Ws(AttnFwdSm90Ws):
             # one Q buffer that O is staged in, one K and two V stages of 128 rows: 112 KiB
             # and the mbarriers' KiB at D = 128
             self.stages, self.k_stages, self.q_stages, self.o_alias_q = 2, 1, 1, True
-        elif pair_step == 2:
-            # one Q buffer that O is staged in, two K and four V stages of 64 rows (half2's
-            # 112 KiB)
-            self.stages, self.k_stages, self.q_stages, self.o_alias_q = 4, 2, 1, True
+        elif pair_step > 1:
+            # one Q buffer that O is staged in, six K / V stages of 64 rows (half2's 112 KiB)
+            self.k_stages = pair_step
+            self.stages, self.q_stages, self.o_alias_q = 6 - pair_step, 1, True
         elif o_in_q:
             self.stages, self.k_stages = bsa_ws_oinq_plan(head_dim, self.bm, block_size, limit,
                                                           max_stages)
@@ -320,14 +322,14 @@ class BsaFwdSm90Ws(AttnFwdSm90Ws):
                 raise NotImplementedError(
                     f"bsa_fwd_sm90_ws: pair_items has no shared-memory plan at "
                     f"head_dim={head_dim} with q_stages={q_stages}")
-        if pair_step and (self.k_stages < 2 or self.stages < 3):
-            # a step holds two K stages; the producer's V tile 2s must not wait for a stage
-            # that only the PV GEMM of step s frees (it issues K tile 2s + 1 after it)
+        if pair_step and (self.k_stages < 2 or self.stages < 2):
+            # a step holds two K and two V stages
             raise NotImplementedError(
-                f"bsa_fwd_sm90_ws: pair_step needs two K and three V stages, the plan has "
+                f"bsa_fwd_sm90_ws: pair_step needs two K and two V stages, the plan has "
                 f"{self.k_stages} and {self.stages}")
         # the next item's Q goes to the other Q buffer: none where the plan has one
-        self.q_ahead = self.q_ahead and self.q_stages >= 2
+        # (not with pair_step, whose producer loop issues no next-item Q either)
+        self.q_ahead = self.q_ahead and self.q_stages >= 2 and not pair_step
         self.num_sms = num_sms
         # O written by TMA tensor stores from its own staging buffer (AttnFwdSm90Ws._tma_o;
         # the 16-bit output; packed rows only with ``tma_o_packed``: the boxes of the packed
@@ -990,7 +992,7 @@ class BsaFwdSm90Ws(AttnFwdSm90Ws):
                        pipe_k, pipe_v, c_kv, work, tile, rows, turns, wg, loader=None):
         """The overlapped mainloop over steps of two listed blocks (entries ``2 s`` and
         ``2 s + 1``, K / V ring slots ``c_kv + 2 s`` and ``+ 1``; the producer loads one
-        block per slot as without ``pair_step``): step ``s`` issues ``S_s`` (64 x 128) and
+        block per slot, a step's two K tiles before its two V tiles): step ``s`` issues ``S_s`` (64 x 128) and
         the PV GEMM of step ``s - 1`` (128 K steps over its two V tiles), waits for
         ``S_s``, computes ``P_s`` while the PV GEMM runs, then waits for it and rescales O.
         An odd count's last step has one block: its second half reads the first block's
