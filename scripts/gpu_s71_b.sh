@@ -3,7 +3,9 @@
 # V tiles, in four shared-memory plans (pairstep: O in the Q buffer, two K / three V stages;
 # pairstep4: one Q buffer, two K / four V; pairstepk3: three K / three V; pairstepk4: four K /
 # two V): early GPU cases of each, then timed against the default (blk 64 rows and GQA),
-# then the grid with BSA_TEST_IMPLS=pairstep,pairstepk3,nodefault as the budget allows.
+# Nsight Compute (full set, clocks as they are, one launch) of the fastest of them on the
+# blk 64 12.5 % row, then the grid with BSA_TEST_IMPLS=pairstep,pairstepk3,nodefault as the
+# budget allows.
 # Usage (device, after `source .devcache/setup.sh`): OUT=$OUT bash scripts/gpu_s71_b.sh [seconds]
 . "$(dirname "$0")/gpu_lib.sh" s71_b "${1:-300}"
 gpu_info
@@ -14,6 +16,27 @@ for v in pairstep pairstep4 pairstepk3 pairstepk4; do
 done
 wait; t "early tests"; report_tests
 bench pair 200 fwd 0,1,2,5 ";$W=pairstep;$W=pairstep4;$W=pairstepk3;$W=pairstepk4"
+NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
+prof() {  # name row table-variant
+  timeout -k 5 90 "$NCU" --set full --clock-control none --kernel-name "regex:BsaFwdSm90Ws" \
+    --launch-skip 2 --launch-count 1 -f -o "/tmp/$1" \
+    python3 -m benchmarks.bsa_bench --table "$3" --rows "$2" --out "/tmp/ncu_$1.json" \
+    > "$O/$1.run.log" 2>&1
+  t "prof $1 rc=$?"
+  "$NCU" --import "/tmp/$1.ncu-rep" --page details > "$O/$1.details.txt" 2>&1
+  "$NCU" --import "/tmp/$1.ncu-rep" --page source --csv --print-source sass 2>/dev/null \
+    | gzip > "$O/$1.csv.gz"
+  grep -E "Duration|SM Frequency|Elapsed Cycles|Compute \(SM\) Throughput|L2 Cache Throughput|Issue Slots Busy|No Eligible|Warp Cycles Per Issued" \
+    "$O/$1.details.txt" | head -10
+}
+# the fastest pair variant on row 0 (blk64 12.5 %)
+BEST=$(grep "^blk64 top32" "$O/pair.txt" | grep "BSA_WS=" \
+  | awk '{for (i = 1; i <= NF; i++) if ($i == "TFLOP/s") print $(i - 1), $5}' \
+  | sort -g | tail -1 | sed 's/.*BSA_WS=//')
+t "fastest pair variant: $BEST"
+if [ -n "$NCU" ] && [ -n "$BEST" ] && [ "$(left)" -gt 250 ]; then
+  prof "ps_$BEST" 0 "$W=$BEST"
+fi
 T=$(( $(left) - 15 ))
 if [ "$T" -gt 40 ]; then
   for i in 0 1 2; do
