@@ -247,6 +247,8 @@ WS_CONFIGS = [
     dict(d=128, blk=64, dtype="bfloat16", layout="bhsd", sizes=True, ws="pairstep"),
     dict(d=128, blk=64, dtype="float16", layout="bshd", sizes=False, ws="pairstep4"),
     dict(d=128, blk=64, dtype="bfloat16", layout="bhsd", sizes=True, ws="pairstepk3"),
+    dict(d=128, blk=64, dtype="bfloat16", layout="bshd", sizes=True, ws="pairstepk4,kvwarps"),
+    dict(d=64, blk=128, dtype="float16", layout="bhsd", sizes=False, ws="kvwarps"),
     dict(d=64, blk=128, dtype="float16", layout="bhsd", sizes=True, ws="sn64"),
     dict(d=128, blk=64, dtype="bfloat16", layout="bhsd", sizes=False, ws="nosm"),
     dict(d=128, blk=64, dtype="bfloat16", layout="bshd", sizes=True, ws="mix=2"),
@@ -490,6 +492,15 @@ def test_bsa_ablation_flag_keys():
         assert step(ws) == (ps, False)
         k = BsaFwdSm90Ws(cutlass.BFloat16, 128, 64, False, 132, tma_o=True, pair_step=ps)
         assert (k.k_stages, k.stages, k.q_stages) == (kst, 6 - kst, 1)
+    def kvw(ws):
+        return bsa.fwd_config(jnp.bfloat16, 128, 64, False,
+                              Switches(bsa_fwd_impl="sm90ws", bsa_fwd_ws=ws)).ws_kv_warps
+
+    assert (kvw(""), kvw("kvwarps"), kvw("kvwarps,pairstep4"), kvw("kvwarps,vlag"),
+            kvw("kvwarps,mpre"), kvw("kvwarps,pairwg"), kvw("kvwarps,skipload=4")) == (
+        False, True, True, False, False, False, False)
+    with pytest.raises(NotImplementedError, match="kv_warps"):
+        BsaFwdSm90Ws(cutlass.BFloat16, 128, 64, False, 132, kv_warps=True, v_lag=True)
     with pytest.raises(NotImplementedError, match="pair_step needs"):
         BsaFwdSm90Ws(cutlass.BFloat16, 128, 128, False, 132, pair_step=1)
 

@@ -137,6 +137,9 @@ class BsaFwdConfig:
     # staged in and two K, four V / three K, three V / four K, two V stages ("pairstep4",
     # "pairstepk3", "pairstepk4"); 0 off
     ws_pair_step: int = 0
+    # two producer warps, one issuing Q and K, the other V ("kvwarps"; the plain producer
+    # loop only: not with vlag, mpre, qahead, pairwg, ctas3k1, selfload, streamk, skipload)
+    ws_kv_warps: bool = False
     # timing ablation, wrong results: no online-softmax step on the score tiles ("nosm")
     ws_no_softmax: bool = False
     # K steps of the PV GEMM interleaved with the next S GEMM's, in its wgmma group ("mix=N";
@@ -516,11 +519,13 @@ def bsa_ws_options(opts) -> dict:
     ``pair_step`` (blk 64 at D 128 walked two listed blocks per step, 64 x 128 score tiles:
     1 with ``pairstep`` (O in the Q buffer: two K and three V stages), 2 / 3 / 4 with
     ``pairstep4`` / ``pairstepk3`` / ``pairstepk4`` (one Q buffer that O is staged in and two
-    K, four V / three K, three V / four K, two V stages); 0 off)."""
+    K, four V / three K, three V / four K, two V stages); 0 off), ``kv_warps``
+    (``kvwarps``: two producer warps, one issuing Q and the K tiles, the other the V tiles)."""
     st = [int(o[7:]) for o in opts if o.startswith("stages=")]
     sk = [int(o[9:]) for o in opts if o.startswith("skipload=")]
     mx = [int(o[4:]) for o in opts if o.startswith("mix=")]
     return {"skip_load": sk[0] if sk else 0, "half": 2 if "half2" in opts else 1 if "half" in opts else 0, "s_n64": "sn64" in opts, "no_softmax": "nosm" in opts, "mix_pv": mx[0] if mx else 0, "k_deep": "kdeep" in opts,
+            "kv_warps": "kvwarps" in opts,
             "pair_step": (4 if "pairstepk4" in opts else 3 if "pairstepk3" in opts
                           else 2 if "pairstep4" in opts else 1 if "pairstep" in opts else 0),
             "overlap": "nooverlap" not in opts, "pingpong": "nopingpong" not in opts,
@@ -623,6 +628,9 @@ def fwd_config(dtype, head_dim, block_size, has_block_sizes, switches, causal=Fa
                           or o["mix_pv"] or o["o_early"]))
         if step2 and o["pair_step"] > 1:
             kw["ws_pair_step"] = o["pair_step"]
+        if (o["kv_warps"] and not (k1 or pair or o["v_lag"] or o["meta_prefetch"]
+                                   or o["q_ahead"] or o["stream_k"] or kw.get("ws_skip_load"))):
+            kw["ws_kv_warps"] = True
         if (o_in_q and o["tma_o"] and splits == 1 and pack_gqa == 1
                 and o["q_stages"] == 2
                 and not (k1 or pair or o["stream_k"] or o["cross"] or o["o_alias"]
@@ -1496,7 +1504,7 @@ def _ws_fwd_kernel(cfg: BsaFwdConfig, stream_k: bool):
                         skip_load=cfg.ws_skip_load, half_items=cfg.ws_half_items,
                         s_n64=cfg.ws_s_n64, no_softmax=cfg.ws_no_softmax,
                         mix_pv=cfg.ws_mix_pv, k_deep=cfg.ws_k_deep,
-                        pair_step=cfg.ws_pair_step, **kw)
+                        pair_step=cfg.ws_pair_step, kv_warps=cfg.ws_kv_warps, **kw)
 
 
 @functools.cache

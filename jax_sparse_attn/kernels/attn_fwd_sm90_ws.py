@@ -371,7 +371,7 @@ class AttnFwdSm90Ws:
     @cute.jit
     def _produce(self, work, m_block, tma_q, tma_tQ, tma_k, tma_tK, tma_v, tma_tV, sQ, sK, sV,
                  sV_rows, pipe_q, pipe_k, pipe_v, q_bytes, k_bytes, v_bytes, c_q, c_kv, lane,
-                 first_entry=None, q_mine=None, q_next=None, kv_extra=None):
+                 first_entry=None, q_mine=None, q_next=None, kv_extra=None, role=None):
         """Producer warp, one work item: TMA of its ``num_wg`` Q slices, then of the K and V
         tiles it visits (a partial V tile: the zero-filling copy ``_load_v_rows``).
         ``first_entry`` (block-list kernels): the raw list entry of iteration 0, loaded
@@ -381,7 +381,9 @@ class AttnFwdSm90Ws:
         go)``: the next item's Q is issued after this item's K / V tile
         ``min(stages, n) - 1`` when ``go`` is 1 (its buffer is then free, as the previous
         item's last K / V tiles are). ``kv_extra`` (the range walk only): the kernel's
-        ``_kv_extra_issue`` runs with it after each K / V tile's loads."""
+        ``_kv_extra_issue`` runs with it after each K / V tile's loads. ``role`` (Int32;
+        None: both): 1 this warp issues Q and the K tiles only, 2 the V tiles only (two
+        producer warps, ``kv_warps``; the plain and the ``pair_step`` loops)."""
         wgm, bn, d, dv, nwg = self.wg_m, self.bn, self.d, self.dv, self.num_wg
         if work.n_count > 0:
             prefetch = None
@@ -400,7 +402,11 @@ class AttnFwdSm90Ws:
             tVs, tVg = cpasync.tma_partition(
                 tma_v, 0, cute.make_layout(1), cute.group_modes(sV, 0, 2),
                 cute.group_modes(gV, 0, 2))
-            if cutlass.const_expr(q_mine is None):
+            if cutlass.const_expr(role is not None):
+                if role != 2:
+                    self._issue_q(tma_q, tQg, tQs, m_block, pipe_q, q_bytes, c_q)
+                    c_q += 1
+            elif cutlass.const_expr(q_mine is None):
                 self._issue_q(tma_q, tQg, tQs, m_block, pipe_q, q_bytes, c_q)
                 c_q += 1
             else:
@@ -423,14 +429,16 @@ class AttnFwdSm90Ws:
                     n1 = work.kv_tile(it + second)
                     nk0 = self._kv_coord(work, n0)
                     nk1 = self._kv_coord(work, n1)
-                    self._issue_k(n0, nk0, tma_k, tKg, tKs, pipe_k, k_bytes, c_kv)
-                    if second > 0:
-                        self._issue_k(n1, nk1, tma_k, tKg, tKs, pipe_k, k_bytes, c_kv + 1)
-                    self._issue_v(work, n0, nk0, tma_v, tVg, tVs, sV_rows, pipe_v, v_bytes,
-                                  c_kv, lane)
-                    if second > 0:
-                        self._issue_v(work, n1, nk1, tma_v, tVg, tVs, sV_rows, pipe_v,
-                                      v_bytes, c_kv + 1, lane)
+                    if self._issues(role, 1):
+                        self._issue_k(n0, nk0, tma_k, tKg, tKs, pipe_k, k_bytes, c_kv)
+                        if second > 0:
+                            self._issue_k(n1, nk1, tma_k, tKg, tKs, pipe_k, k_bytes, c_kv + 1)
+                    if self._issues(role, 2):
+                        self._issue_v(work, n0, nk0, tma_v, tVg, tVs, sV_rows, pipe_v,
+                                      v_bytes, c_kv, lane)
+                        if second > 0:
+                            self._issue_v(work, n1, nk1, tma_v, tVg, tVs, sV_rows, pipe_v,
+                                          v_bytes, c_kv + 1, lane)
                     c_kv += 1 + second
             elif cutlass.const_expr(self.v_lag):
                 # V one tile behind K: K tile j goes out once its stage is free (its S GEMM
@@ -472,6 +480,16 @@ class AttnFwdSm90Ws:
                                     cute.group_modes(gQn, 0, 2))
                                 self._issue_q(tma_q, tQgn, tQsn, nm_block, pipe_q, q_bytes, c_q)
                                 c_q += 1
+            elif cutlass.const_expr(role is not None):
+                for it in cutlass.range(work.n_count, unroll=1):
+                    n = work.kv_tile(it)
+                    nk = self._kv_coord(work, n)
+                    if role == 1:
+                        self._issue_k(n, nk, tma_k, tKg, tKs, pipe_k, k_bytes, c_kv)
+                    else:
+                        self._issue_v(work, n, nk, tma_v, tVg, tVs, sV_rows, pipe_v, v_bytes,
+                                      c_kv, lane)
+                    c_kv += 1
             else:
                 for it in cutlass.range(work.n_count, unroll=1):
                     n = work.kv_tile(it)
@@ -482,6 +500,13 @@ class AttnFwdSm90Ws:
                         self._kv_extra_issue(kv_extra, work, m_block, n, lane)
                     c_kv += 1
         return c_q, c_kv
+
+    def _issues(self, role, which: int):
+        """Whether the producer warp of ``role`` (None: the one warp) issues the loads of
+        ``which`` (1: K, 2: V): True, or the Boolean ``role == which``."""
+        if role is None:
+            return True
+        return role == which
 
     def _self_loader(self, work, m_block, is_loader, tma_q, tma_tQ, tma_k, tma_tK, tma_v,
                      tma_tV, sQ, sK, sV, sV_rows, pipe_q, pipe_k, pipe_v, q_bytes, k_bytes,

@@ -161,8 +161,17 @@ class BsaFwdSm90Ws(AttnFwdSm90Ws):
                  l2_hint: int = 0, o_in_q: bool = False, o_early: bool = False,
                  tree_sum: bool = False, skip_load: int = 0, half_items: int = 0,
                  s_n64: bool = False, no_softmax: bool = False, mix_pv: int = 0,
-                 k_deep: bool = False, pair_step: int = 0):
+                 k_deep: bool = False, pair_step: int = 0, kv_warps: bool = False):
         self.pdl = pdl
+        # two producer warps: warp 0 issues Q and the K tiles, warp 1 the V tiles (a K load
+        # never waits behind a V stage)
+        if kv_warps and (pair_items or k_single or self_load or v_lag or meta_prefetch
+                         or q_ahead or stream_k or skip_load):
+            raise NotImplementedError(
+                "bsa_fwd_sm90_ws: kv_warps needs the producer warpgroup's plain loop: not "
+                "with pair_items, k_single, self_load, v_lag, meta_prefetch, q_ahead, "
+                "stream_k or skip_load")
+        self.kv_warps = kv_warps
         # blk 64 walked two listed blocks per step (``_pair_mainloop``; the producer issues
         # a step's two K tiles, then its two V tiles): 1 with the shared-memory plan of the
         # other options (at least two K and two V stages), 2 / 3 / 4 with one Q buffer that
@@ -532,7 +541,7 @@ class BsaFwdSm90Ws(AttnFwdSm90Ws):
 
         prod_wg = 1 if self.warp_producer else 0
         loads = warp == 4 * prod_wg
-        if cutlass.const_expr(self.pair_items):
+        if cutlass.const_expr(self.pair_items or self.kv_warps):
             loads = warp < 2
         if wg_idx == prod_wg:
             # ================================ producer ================================
@@ -594,10 +603,14 @@ class BsaFwdSm90Ws(AttnFwdSm90Ws):
                             n_heads)[:4]
                         head_kv = head // group
                         work = WorkItem(blist, head, mV, batch=batch, head_kv=head_kv)
+                        role = None
+                        if cutlass.const_expr(self.kv_warps):
+                            # warp 0: Q and K (role 1), warp 1: V (role 2)
+                            role = warp + 1
                         c_q, c_kv = self._produce(
                             work, m_block, tma_q, tma_tQ, tma_k, tma_tK, tma_v, tma_tV, sQ, sK,
                             sV, sV_rows, pipe_q, pipe_k, pipe_v, q_bytes, k_bytes, v_bytes, c_q,
-                            c_kv, lane)
+                            c_kv, lane, role=role)
                         t = sched.next(t)
                     if cutlass.const_expr(self.stream_k):
                         # the tail's pieces (after the round-robin items, so the metadata
