@@ -30,8 +30,9 @@ Attributes a kernel class sets: ``dtype``, ``d``, ``dv``, ``wg_m`` (64), ``bn``,
 rescaled for tile ``j - 1`` under the S GEMM of tile ``j``, ``_o_early``), ``warp_producer``
 (the producer is one warp after the consumer warpgroups and no registers move between
 them, ``_consumer_start``), and the measurement options ``skip_load`` (N > 0: every N-th K / V
-tile's loads skipped, ``_issue_kv``; a timing ablation), ``s_n64`` (``_s_n64``) and ``mix_pv``
-(``_issue_mixed``).
+tile's loads skipped, ``_issue_kv``; a timing ablation), ``s_n64`` (``_s_n64``), ``mix_pv``
+(``_issue_mixed``) and ``pair_step`` (the producer issues steps of two K tiles, then their
+two V tiles, for a kernel whose consumer takes two tiles per step).
 """
 
 # no ``from __future__ import annotations``: ``cute.struct`` reads its field annotations as

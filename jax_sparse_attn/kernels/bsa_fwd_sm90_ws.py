@@ -50,6 +50,11 @@ warp 0 of the consumer warpgroup issues the TMA loads, ``attn_fwd_sm90_ws.SelfLo
 consumer warpgroup owning a 64-row half of a query block (both halves read the block's one
 list), one CTA per SM; ``half_items = 2``: two such CTAs per SM, each with one Q buffer that
 O is staged in, one K and two V stages (112 KiB of buffers at D = 128).
+``pair_step`` (a measurement shape at ``sparse_block_size = 64``, D = 128): the consumer
+walks its list two entries per step (``_pair_mainloop``: 64 x 128 score tiles over two
+consecutive 64-row K / V ring stages), the producer issuing a step's two K tiles before its
+two V tiles. ``kv_warps``: two producer warps, warp 0 issuing Q and the K tiles, warp 1 the
+V tiles.
 Work items (query block, query head, batch) are walked by a persistent scheduler: ``head_major`` (default) ``tile_scheduler.HeadMajorScheduler``
 (batch, KV head, query block, query head of the group fastest: the CTAs running at one time
 share one KV head's K/V in L2, and the heads of a GQA group read the same K/V blocks
