@@ -99,6 +99,36 @@ shard_tests() {
   report_tests
   ! grep -qE "^(FAILED|ERROR)|Timeout|timeout" "$O"/t_"$1"*.txt
 }
+# NCU: the Nsight Compute binary (empty where none is installed). ncu_prof NAME ROW VARIANT:
+# Nsight Compute (full set, clocks left as they are, one launch after two) of the sm90ws
+# block-sparse forward on bsa_bench row ROW with the table variant VARIANT, to
+# $O/NAME.details.txt and the SASS source page with its stall samples $O/NAME.csv.gz (for
+# scripts/ncu_stalls.py); prints the headline metrics
+NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
+ncu_prof() {
+  timeout -k 5 90 "$NCU" --set full --clock-control none --kernel-name "regex:BsaFwdSm90Ws" \
+    --launch-skip 2 --launch-count 1 -f -o "/tmp/$1" \
+    python3 -m benchmarks.bsa_bench --table "$3" --rows "$2" --out "/tmp/ncu_$1.json" \
+    > "$O/$1.run.log" 2>&1
+  t "prof $1 rc=$?"
+  "$NCU" --import "/tmp/$1.ncu-rep" --page details > "$O/$1.details.txt" 2>&1
+  "$NCU" --import "/tmp/$1.ncu-rep" --page source --csv --print-source sass 2>/dev/null \
+    | gzip > "$O/$1.csv.gz"
+  grep -E "Duration|SM Frequency|Elapsed Cycles|Compute \(SM\) Throughput|L2 Cache Throughput|Issue Slots Busy|No Eligible|Warp Cycles Per Issued" \
+    "$O/$1.details.txt" | head -10
+}
+# grid_tests NAME IMPLS: the block-sparse grid with BSA_TEST_IMPLS=IMPLS in three shards under
+# timeout $(left) - 15, to $O/t_grid_NAME<i>.txt, waited for and reported; skipped when fewer
+# than 40 s would be left for it
+grid_tests() {
+  local i T=$(( $(left) - 15 ))
+  [ "$T" -gt 40 ] || return 0
+  for i in 0 1 2; do
+    BSA_TEST_IMPLS=$2 BSA_TEST_SHARD=$i/3 timeout "$T" $PYT tests/test_gpu_bsa.py \
+      -k TestBSAKernelGrid > "$O/t_grid_$1$i.txt" 2>&1 &
+  done
+  wait; t "grid tests"; report_tests
+}
 # flag_tests NAME EARLY_FLAGS IMPLS N: the sm90ws forward's GPU cases with the bsa_fwd_ws flags
 # EARLY_FLAGS (test_bsa_sm90ws_forward_early, BSA_TEST_EARLY, two shards, shard_tests) and the
 # block-sparse grid with BSA_TEST_IMPLS=IMPLS in N shards under timeout $(left) - 15, to

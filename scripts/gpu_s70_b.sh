@@ -10,25 +10,12 @@
 gpu_info
 W=JAX_SPARSE_ATTN_BSA_WS
 bench half 110 fwd 3,4 ";$W=half;$W=half2;$W=half2+nosm;$W=nosm"
-NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
-prof() {  # name row table-variant
-  timeout -k 5 90 "$NCU" --set full --clock-control none --kernel-name "regex:BsaFwdSm90Ws" \
-    --launch-skip 2 --launch-count 1 -f -o "/tmp/$1" \
-    python3 -m benchmarks.bsa_bench --table "$3" --rows "$2" --out "/tmp/ncu_$1.json" \
-    > "$O/$1.run.log" 2>&1
-  t "prof $1 rc=$?"
-  "$NCU" --import "/tmp/$1.ncu-rep" --page details > "$O/$1.details.txt" 2>&1
-  "$NCU" --import "/tmp/$1.ncu-rep" --page source --csv --print-source sass 2>/dev/null \
-    | gzip > "$O/$1.csv.gz"
-  grep -E "Duration|SM Frequency|Elapsed Cycles|Compute \(SM\) Throughput|L2 Cache Throughput|Issue Slots Busy|No Eligible|Warp Cycles Per Issued" \
-    "$O/$1.details.txt" | head -10
-}
 BSA_TEST_EARLY=half2 shard_tests half2 tests/test_gpu_bsa.py "sm90ws_forward_early" 2 150
 if [ -n "$NCU" ] && [ "$(left)" -gt 280 ]; then
-  prof nosm64 0 "$W=nosm"
+  ncu_prof nosm64 0 "$W=nosm"
 fi
 if [ -n "$NCU" ] && [ "$(left)" -gt 380 ]; then
-  prof def64 0 ";"
+  ncu_prof def64 0 ";"
 fi
 T=$(( $(left) - 15 ))
 for i in 0 1 2; do

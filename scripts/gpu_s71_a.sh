@@ -18,13 +18,6 @@ if grep -qE "^(FAILED|ERROR)|Timeout|timeout" "$O"/t_early_*.txt; then
 else
   bench pair 150 fwd 0,1,2,5 ";$W=pairstep;$W=pairstep4"
 fi
-T=$(( $(left) - 15 ))
-if [ "$T" -gt 40 ]; then
-  for i in 0 1 2; do
-    BSA_TEST_IMPLS=pairstep,pairstep4,nodefault BSA_TEST_SHARD=$i/3 timeout "$T" $PYT \
-      tests/test_gpu_bsa.py -k TestBSAKernelGrid > "$O/t_grid_ps$i.txt" 2>&1 &
-  done
-  wait; t "grid tests"; report_tests
-fi
+grid_tests ps pairstep,pairstep4,nodefault
 t done
 pack_out s71_a

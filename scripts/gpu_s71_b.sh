@@ -16,34 +16,14 @@ for v in pairstep pairstep4 pairstepk3 pairstepk4; do
 done
 wait; t "early tests"; report_tests
 bench pair 200 fwd 0,1,2,5 ";$W=pairstep;$W=pairstep4;$W=pairstepk3;$W=pairstepk4"
-NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
-prof() {  # name row table-variant
-  timeout -k 5 90 "$NCU" --set full --clock-control none --kernel-name "regex:BsaFwdSm90Ws" \
-    --launch-skip 2 --launch-count 1 -f -o "/tmp/$1" \
-    python3 -m benchmarks.bsa_bench --table "$3" --rows "$2" --out "/tmp/ncu_$1.json" \
-    > "$O/$1.run.log" 2>&1
-  t "prof $1 rc=$?"
-  "$NCU" --import "/tmp/$1.ncu-rep" --page details > "$O/$1.details.txt" 2>&1
-  "$NCU" --import "/tmp/$1.ncu-rep" --page source --csv --print-source sass 2>/dev/null \
-    | gzip > "$O/$1.csv.gz"
-  grep -E "Duration|SM Frequency|Elapsed Cycles|Compute \(SM\) Throughput|L2 Cache Throughput|Issue Slots Busy|No Eligible|Warp Cycles Per Issued" \
-    "$O/$1.details.txt" | head -10
-}
 # the fastest pair variant on row 0 (blk64 12.5 %)
 BEST=$(grep "^blk64 top32" "$O/pair.txt" | grep "BSA_WS=" \
   | awk '{for (i = 1; i <= NF; i++) if ($i == "TFLOP/s") print $(i - 1), $5}' \
   | sort -g | tail -1 | sed 's/.*BSA_WS=//')
 t "fastest pair variant: $BEST"
 if [ -n "$NCU" ] && [ -n "$BEST" ] && [ "$(left)" -gt 250 ]; then
-  prof "ps_$BEST" 0 "$W=$BEST"
+  ncu_prof "ps_$BEST" 0 "$W=$BEST"
 fi
-T=$(( $(left) - 15 ))
-if [ "$T" -gt 40 ]; then
-  for i in 0 1 2; do
-    BSA_TEST_IMPLS=pairstep,pairstepk3,nodefault BSA_TEST_SHARD=$i/3 timeout "$T" $PYT \
-      tests/test_gpu_bsa.py -k TestBSAKernelGrid > "$O/t_grid_ps$i.txt" 2>&1 &
-  done
-  wait; t "grid tests"; report_tests
-fi
+grid_tests ps pairstep,pairstepk3,nodefault
 t done
 pack_out s71_b

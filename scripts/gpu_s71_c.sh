@@ -14,13 +14,6 @@ for v in kvwarps pairstep4,kvwarps pairstepk3,kvwarps pairstepk4,kvwarps; do
 done
 wait; t "early tests"; report_tests
 bench kv 170 fwd 0,1,5 ";$W=kvwarps;$W=pairstep4;$W=pairstep4+kvwarps;$W=pairstepk3+kvwarps;$W=pairstepk4+kvwarps"
-T=$(( $(left) - 15 ))
-if [ "$T" -gt 40 ]; then
-  for i in 0 1 2; do
-    BSA_TEST_IMPLS=kvwarps,pairstepk4kv,nodefault BSA_TEST_SHARD=$i/3 timeout "$T" $PYT \
-      tests/test_gpu_bsa.py -k TestBSAKernelGrid > "$O/t_grid_kv$i.txt" 2>&1 &
-  done
-  wait; t "grid tests"; report_tests
-fi
+grid_tests kv kvwarps,pairstepk4kv,nodefault
 t done
 pack_out s71_c
