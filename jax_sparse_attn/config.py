@@ -136,7 +136,7 @@ def _parse_ws(var, raw):
 BSA_WS_FLAGS = ("nooverlap", "nopingpong", "q1", "headinner", "lazyrescale", "ctas2", "oalias",
                 "cross", "crossepi", "vlag", "splitwait", "nosplitwait", "qregs", "mpre", "qahead", "noepivec",
                 "streamk", "tmao", "notmao", "tmaopack", "notmaopack", "ctas3k1", "selfload",
-                "pairwg", "l2hint", "l2normal", "oinq", "nooinq", "oearly", "sumtree", "xlaclamp", "half", "half2", "sn64", "nosm", "kdeep", "pairstep", "pairstep4", "pairstepk3", "pairstepk4", "kvwarps")
+                "pairwg", "l2hint", "l2normal", "oinq", "nooinq", "oearly", "sumtree", "xlaclamp", "half", "half2", "sn64", "nosm", "kdeep", "pairstep", "pairstep4", "pairstepk3", "pairstepk4", "kvwarps", "pairbox")
 _BSA_WS_ALLOWED = ("comma list of " + ", ".join(BSA_WS_FLAGS)
                    + ", stages=N (most K/V shared-memory stages: 2..8), skipload=N (timing "
                    "ablation, wrong results: 2..64), mix=N (PV K steps among the S GEMM's: "
@@ -558,6 +558,11 @@ SWITCHES = (
            "pairstep4, pairstepk3, pairstepk4 (pairstep with one Q buffer that O is "
            "staged in and two K and four V, three K and three V, four K and two V stages; "
            "their O stores are not TMA's), "
+           "pairbox (blk 64 at D 128: a query block's list walked two entries per step "
+           "into K / V stages of 128 rows, each half loaded by its own 64-row TMA box under "
+           "one barrier, one 64 x 128 S GEMM per step; one Q buffer that O is staged in, one "
+           "K and two V stages; ignored with pairstep and where pairstep is, and with "
+           "kvwarps, vlag, mpre, qahead and skipload=N), "
            "kvwarps (two producer warps: one issues Q and the K tiles, the other the V "
            "tiles, so that no K load waits behind a V stage; ignored with vlag, mpre, "
            "qahead, pairwg, ctas3k1, selfload, streamk and skipload=N), "

@@ -249,6 +249,8 @@ WS_CONFIGS = [
     dict(d=128, blk=64, dtype="bfloat16", layout="bhsd", sizes=True, ws="pairstepk3"),
     dict(d=128, blk=64, dtype="bfloat16", layout="bshd", sizes=True, ws="pairstepk4,kvwarps"),
     dict(d=64, blk=128, dtype="float16", layout="bhsd", sizes=False, ws="kvwarps"),
+    dict(d=128, blk=64, dtype="bfloat16", layout="bshd", sizes=True, ws="pairbox"),
+    dict(d=128, blk=64, dtype="float16", layout="bhsd", sizes=False, ws="pairbox"),
     dict(d=64, blk=128, dtype="float16", layout="bhsd", sizes=True, ws="sn64"),
     dict(d=128, blk=64, dtype="bfloat16", layout="bhsd", sizes=False, ws="nosm"),
     dict(d=128, blk=64, dtype="bfloat16", layout="bshd", sizes=True, ws="mix=2"),
@@ -499,6 +501,20 @@ def test_bsa_ablation_flag_keys():
     assert (kvw(""), kvw("kvwarps"), kvw("kvwarps,pairstep4"), kvw("kvwarps,vlag"),
             kvw("kvwarps,mpre"), kvw("kvwarps,pairwg"), kvw("kvwarps,skipload=4")) == (
         False, True, True, False, False, False, False)
+    def box(ws, **kw):
+        c = bsa.fwd_config(jnp.bfloat16, 128, 64, False,
+                           Switches(bsa_fwd_impl="sm90ws", bsa_fwd_ws=ws), **kw)
+        return c.ws_pair_box, c.ws_o_in_q
+
+    assert box("pairbox") == (True, False) and box("") == (False, True)
+    for other in ("pairstep", "kvwarps", "vlag", "mpre", "nooverlap", "qregs"):
+        assert box("pairbox," + other)[0] is False, other
+    assert box("pairbox", kv_splits=2, k_max=8)[0] is False
+    k = BsaFwdSm90Ws(cutlass.BFloat16, 128, 64, False, 132, pair_box=True)
+    assert (k.bn, k.list_bn, k.stages, k.k_stages, k.q_stages, k.o_alias_q,
+            k.ctas_per_sm) == (128, 64, 2, 1, 1, True, 2)
+    with pytest.raises(NotImplementedError, match="pair_box"):
+        BsaFwdSm90Ws(cutlass.BFloat16, 128, 64, False, 132, pair_box=True, kv_warps=True)
     with pytest.raises(NotImplementedError, match="kv_warps"):
         BsaFwdSm90Ws(cutlass.BFloat16, 128, 64, False, 132, kv_warps=True, v_lag=True)
     with pytest.raises(NotImplementedError, match="pair_step needs"):

@@ -140,6 +140,10 @@ class BsaFwdConfig:
     # two producer warps, one issuing Q and K, the other V ("kvwarps"; the plain producer
     # loop only: not with vlag, mpre, qahead, pairwg, ctas3k1, selfload, streamk, skipload)
     ws_kv_warps: bool = False
+    # blk 64 (D 128) lists walked two entries per step into 128-row K / V stages, each
+    # stage's halves one 64-row TMA box each under one barrier, one S GEMM of 64 x 128
+    # ("pairbox"; one Q buffer, one K and two V stages)
+    ws_pair_box: bool = False
     # timing ablation, wrong results: no online-softmax step on the score tiles ("nosm")
     ws_no_softmax: bool = False
     # K steps of the PV GEMM interleaved with the next S GEMM's, in its wgmma group ("mix=N";
@@ -520,12 +524,15 @@ def bsa_ws_options(opts) -> dict:
     1 with ``pairstep`` (O in the Q buffer: two K and three V stages), 2 / 3 / 4 with
     ``pairstep4`` / ``pairstepk3`` / ``pairstepk4`` (one Q buffer that O is staged in and two
     K, four V / three K, three V / four K, two V stages); 0 off), ``kv_warps``
-    (``kvwarps``: two producer warps, one issuing Q and the K tiles, the other the V tiles)."""
+    (``kvwarps``: two producer warps, one issuing Q and the K tiles, the other the V tiles),
+    ``pair_box`` (``pairbox``: blk 64 at D 128 walked two listed blocks per step into
+    128-row K / V stages, a 64-row TMA box per half under one barrier; one Q buffer that O is
+    staged in, one K and two V stages)."""
     st = [int(o[7:]) for o in opts if o.startswith("stages=")]
     sk = [int(o[9:]) for o in opts if o.startswith("skipload=")]
     mx = [int(o[4:]) for o in opts if o.startswith("mix=")]
     return {"skip_load": sk[0] if sk else 0, "half": 2 if "half2" in opts else 1 if "half" in opts else 0, "s_n64": "sn64" in opts, "no_softmax": "nosm" in opts, "mix_pv": mx[0] if mx else 0, "k_deep": "kdeep" in opts,
-            "kv_warps": "kvwarps" in opts,
+            "kv_warps": "kvwarps" in opts, "pair_box": "pairbox" in opts,
             "pair_step": (4 if "pairstepk4" in opts else 3 if "pairstepk3" in opts
                           else 2 if "pairstep4" in opts else 1 if "pairstep" in opts else 0),
             "overlap": "nooverlap" not in opts, "pingpong": "nopingpong" not in opts,
@@ -628,13 +635,21 @@ def fwd_config(dtype, head_dim, block_size, has_block_sizes, switches, causal=Fa
                           or o["mix_pv"] or o["o_early"]))
         if step2 and o["pair_step"] > 1:
             kw["ws_pair_step"] = o["pair_step"]
+        box = (o["pair_box"] and not o["pair_step"] and (block_size, head_dim) == (64, 128)
+               and o["overlap"] and splits == 1 and pack_gqa == 1
+               and not (k1 or pair or o["stream_k"] or o["cross"] or o["q_regs"]
+                        or o["mix_pv"] or o["o_early"] or o["kv_warps"] or o["v_lag"]
+                        or o["meta_prefetch"] or o["q_ahead"] or o["skip_load"]
+                        or o["s_n64"]))
+        if box:
+            kw["ws_pair_box"] = True
         if (o["kv_warps"] and not (k1 or pair or o["v_lag"] or o["meta_prefetch"]
                                    or o["q_ahead"] or o["stream_k"] or kw.get("ws_skip_load"))):
             kw["ws_kv_warps"] = True
         if (o_in_q and o["tma_o"] and splits == 1 and pack_gqa == 1
                 and o["q_stages"] == 2
                 and not (k1 or pair or o["stream_k"] or o["cross"] or o["o_alias"]
-                         or kw.get("ws_half_items") == 2 or kw.get("ws_pair_step", 0) > 1)):
+                         or kw.get("ws_half_items") == 2 or kw.get("ws_pair_step", 0) > 1 or box)):
             kw["ws_o_in_q"] = True
             if o["k_deep"] and not step2:
                 kw["ws_k_deep"] = True
@@ -1504,7 +1519,8 @@ def _ws_fwd_kernel(cfg: BsaFwdConfig, stream_k: bool):
                         skip_load=cfg.ws_skip_load, half_items=cfg.ws_half_items,
                         s_n64=cfg.ws_s_n64, no_softmax=cfg.ws_no_softmax,
                         mix_pv=cfg.ws_mix_pv, k_deep=cfg.ws_k_deep,
-                        pair_step=cfg.ws_pair_step, kv_warps=cfg.ws_kv_warps, **kw)
+                        pair_step=cfg.ws_pair_step, kv_warps=cfg.ws_kv_warps,
+                        pair_box=cfg.ws_pair_box, **kw)
 
 
 @functools.cache

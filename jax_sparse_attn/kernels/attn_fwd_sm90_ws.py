@@ -385,7 +385,7 @@ class AttnFwdSm90Ws:
         ``_kv_extra_issue`` runs with it after each K / V tile's loads. ``role`` (Int32;
         None: both): 1 this warp issues Q and the K tiles only, 2 the V tiles only (two
         producer warps, ``kv_warps``; the plain and the ``pair_step`` loops)."""
-        wgm, bn, d, dv, nwg = self.wg_m, self.bn, self.d, self.dv, self.num_wg
+        wgm, d = self.wg_m, self.d
         if work.n_count > 0:
             prefetch = None
             if cutlass.const_expr(self._kv_prefetch()):
@@ -395,14 +395,8 @@ class AttnFwdSm90Ws:
             tQs, tQg = cpasync.tma_partition(
                 tma_q, 0, cute.make_layout(1), cute.group_modes(sQ, 0, 2),
                 cute.group_modes(gQ, 0, 2))
-            gK = cute.local_tile(self._k_tile(tma_tK, work), (bn, d), (None, 0))
-            tKs, tKg = cpasync.tma_partition(
-                tma_k, 0, cute.make_layout(1), cute.group_modes(sK, 0, 2),
-                cute.group_modes(gK, 0, 2))
-            gV = cute.local_tile(self._v_tile(tma_tV, work), (dv, bn), (0, None))
-            tVs, tVg = cpasync.tma_partition(
-                tma_v, 0, cute.make_layout(1), cute.group_modes(sV, 0, 2),
-                cute.group_modes(gV, 0, 2))
+            tKs, tKg, tVs, tVg = self._kv_partitions(work, tma_k, tma_tK, sK, tma_v, tma_tV,
+                                                     sV)
             if cutlass.const_expr(role is not None):
                 if role != 2:
                     self._issue_q(tma_q, tQg, tQs, m_block, pipe_q, q_bytes, c_q)
@@ -501,6 +495,22 @@ class AttnFwdSm90Ws:
                         self._kv_extra_issue(kv_extra, work, m_block, n, lane)
                     c_kv += 1
         return c_q, c_kv
+
+    @cute.jit
+    def _kv_partitions(self, work, tma_k, tma_tK, sK, tma_v, tma_tV, sV):
+        """The producer's TMA partitions ``(tKs, tKg, tVs, tVg)`` of the K / V stages and of
+        the work item's K / V views, one box per KV tile (a kernel whose stages take several
+        boxes returns them per part)."""
+        bn, d, dv = self.bn, self.d, self.dv
+        gK = cute.local_tile(self._k_tile(tma_tK, work), (bn, d), (None, 0))
+        tKs, tKg = cpasync.tma_partition(
+            tma_k, 0, cute.make_layout(1), cute.group_modes(sK, 0, 2),
+            cute.group_modes(gK, 0, 2))
+        gV = cute.local_tile(self._v_tile(tma_tV, work), (dv, bn), (0, None))
+        tVs, tVg = cpasync.tma_partition(
+            tma_v, 0, cute.make_layout(1), cute.group_modes(sV, 0, 2),
+            cute.group_modes(gV, 0, 2))
+        return tKs, tKg, tVs, tVg
 
     def _issues(self, role, which: int):
         """Whether the producer warp of ``role`` (None: the one warp) issues the loads of
@@ -658,7 +668,7 @@ class AttnFwdSm90Ws:
         thr = copy_v.get_slice(lane)
         tg = thr.partition_S(gV)
         ts = thr.partition_D(sV_rows[None, None, stage])
-        tc = thr.partition_S(cute.make_identity_tensor((self.bn, self.dv)))
+        tc = thr.partition_S(cute.make_identity_tensor((cute.size(gV, mode=[0]), self.dv)))
         for r in cutlass.range(cute.size(ts.shape[1]), unroll=1):
             if tc[0, r, 0][0] < limit:
                 cute.copy(copy_v, tg[None, r, None], ts[None, r, None])

@@ -170,6 +170,39 @@ class BlockListSplit:
 
 
 @dataclass(frozen=True)
+class BlockPairs:
+    """A ``BlockList`` walked two entries per step: step ``it`` holds entries ``2 it`` and
+    ``2 it + 1`` (an odd count's last step only the first). ``n_count`` is the number of
+    steps and ``kv_tile(it)`` the step itself (a K / V stage holds a step's two blocks);
+    :meth:`blocks` gives its blocks; other attributes are the base list's."""
+
+    base: object
+    n_count: object
+
+    def kv_tile(self, it):
+        return it
+
+    def blocks(self, it):
+        """``(first block, second block, 1 where the step has a second block else 0)`` of
+        step ``it`` (without one, the second block is the first)."""
+        second = cutlass.min(self.base.n_count - 1 - 2 * it, Int32(1))
+        return self.base.kv_tile(2 * it), self.base.kv_tile(2 * it + second), second
+
+    def valid_keys(self, n):
+        return self.base.valid_keys(n)
+
+    def __getattr__(self, name):
+        # only called for names the pairs do not define (never for their own fields)
+        if name in ("base", "n_count") or name.startswith("__"):
+            raise AttributeError(name)
+        return getattr(self.base, name)
+
+    @staticmethod
+    def create(base):
+        return BlockPairs(base, (base.n_count + 1) // 2)
+
+
+@dataclass(frozen=True)
 class QTileRange:
     m_min: object
     m_count: object

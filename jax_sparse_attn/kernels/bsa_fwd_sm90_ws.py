@@ -91,12 +91,13 @@ import cutlass.cute as cute
 from cutlass import Float32, Int32
 import cutlass.utils.hopper_helpers as sm90_utils
 from cutlass.cute.nvgpu import OperandMajorMode, cpasync, warpgroup
+from cutlass.tensor_utils import LayoutEnum
 
 from .attn_fwd_sm90_ws import SMEM_LIMIT, AttnFwdSm90Ws, WorkItem, smem_plan
 from .common import transpose_view_staged
-from .block_info import BlockList, BlockListSplit
-from .common import (acc_layout_as_a, acc_mn_view_wg, elem_ptr, gmem_store_copy, ld_relaxed_f32,
-                     st_release_s32, stage_acc_swz, swz_piece_ptr, tma_view, wait_at_least)
+from .block_info import BlockList, BlockListSplit, BlockPairs
+from .common import (L2_EVICT_LAST, acc_layout_as_a, acc_mn_view_wg, elem_ptr,
+                     gmem_store_copy, ld_relaxed_f32, st_release_s32, stage_acc_swz, swz_piece_ptr, tma_view, wait_at_least)
 from .mask import KeyLimitMask
 from .pack_gqa import pack_rows_view, packed_row, row_tile_view
 from .softmax import OnlineSoftmax
@@ -166,8 +167,27 @@ class BsaFwdSm90Ws(AttnFwdSm90Ws):
                  l2_hint: int = 0, o_in_q: bool = False, o_early: bool = False,
                  tree_sum: bool = False, skip_load: int = 0, half_items: int = 0,
                  s_n64: bool = False, no_softmax: bool = False, mix_pv: int = 0,
-                 k_deep: bool = False, pair_step: int = 0, kv_warps: bool = False):
+                 k_deep: bool = False, pair_step: int = 0, kv_warps: bool = False,
+                 pair_box: bool = False):
         self.pdl = pdl
+        # blk 64 lists walked two entries per step into K / V stages of 128 rows (each
+        # stage's halves loaded by one 64-row TMA box each, under one barrier), 64 x 128
+        # score tiles from one S GEMM: one Q buffer that O is staged in, one K and two V
+        # stages (half2's shared memory)
+        if pair_box and (pair_step or not (
+                block_size == 64 and head_dim == 128 and overlap and kv_splits == 1
+                and pack_gqa == 1 and not (pair_items or stream_k or three_ctas or k_single
+                                           or self_load or cross_item or q_regs or mix_pv
+                                           or o_early or half_items or o_in_q or s_n64
+                                           or kv_warps or v_lag or meta_prefetch or q_ahead
+                                           or skip_load))):
+            raise NotImplementedError(
+                "bsa_fwd_sm90_ws: pair_box needs sparse_block_size=64, head_dim=128, overlap, "
+                "kv_splits=1 and pack_gqa=1, without pair_step, pair_items, stream_k, "
+                "three_ctas, k_single, self_load, cross_item, q_regs, mix_pv, o_early, "
+                "half_items, o_in_q, s_n64, kv_warps, v_lag, meta_prefetch, q_ahead or "
+                "skip_load")
+        self.pair_box = pair_box
         # two producer warps: warp 0 issues Q and the K tiles, warp 1 the V tiles (a K load
         # never waits behind a V stage)
         if kv_warps and (pair_items or k_single or self_load or v_lag or meta_prefetch
@@ -282,7 +302,9 @@ class BsaFwdSm90Ws(AttnFwdSm90Ws):
         self.dtype = dtype
         self.d = head_dim
         self.dv = head_dim
-        self.bn = block_size
+        # rows of a block of the lists; of a K / V tile (a stage; two blocks with pair_box)
+        self.list_bn = block_size
+        self.bn = 2 * block_size if pair_box else block_size
         self.wg_m = 64
         self.num_wg = 2 if pair_items else 1 if half_items else block_size // 64
         # rows of a work item's query tile
@@ -315,6 +337,10 @@ class BsaFwdSm90Ws(AttnFwdSm90Ws):
         elif half_items == 2:
             # one Q buffer that O is staged in, one K and two V stages of 128 rows: 112 KiB
             # and the mbarriers' KiB at D = 128
+            self.stages, self.k_stages, self.q_stages, self.o_alias_q = 2, 1, 1, True
+        elif pair_box:
+            # one Q buffer that O is staged in, one K and two V stages of 128 rows (112 KiB
+            # and the mbarriers' KiB at D = 128)
             self.stages, self.k_stages, self.q_stages, self.o_alias_q = 2, 1, 1, True
         elif pair_step > 1:
             # one Q buffer that O is staged in, six K / V stages of 64 rows (half2's 112 KiB)
@@ -468,17 +494,19 @@ class BsaFwdSm90Ws(AttnFwdSm90Ws):
             key_end = ((cutlass.min((m_block + 1) * self.bm, seqlen_q) - 1) // self.pack + 1
                        + seqlen_k - seqlen_q // self.pack)
             blist = BlockList.create(mIdx, mNums, mSizes, batch, head, row, seqlen_k,
-                                     self.bn, self.has_sizes, key_end, nums)
+                                     self.list_bn, self.has_sizes, key_end, nums)
         elif cutlass.const_expr(self.causal):
             # ---- causal: one past the last key the query block's last row sees
             key_end = cutlass.min((m_block + 1) * self.bm, seqlen_q) + seqlen_k - seqlen_q
             blist = BlockList.create(mIdx, mNums, mSizes, batch, head, row, seqlen_k,
-                                     self.bn, self.has_sizes, key_end, nums)
+                                     self.list_bn, self.has_sizes, key_end, nums)
         else:
             blist = BlockList.create(mIdx, mNums, mSizes, batch, head, row, seqlen_k,
-                                     self.bn, self.has_sizes, None, nums)
+                                     self.list_bn, self.has_sizes, None, nums)
         if cutlass.const_expr(self.kv_splits > 1):
             return batch, head, m_block, BlockListSplit.create(blist, split, self.kv_splits), split
+        if cutlass.const_expr(self.pair_box):
+            blist = BlockPairs.create(blist)
         return batch, head, m_block, blist
 
     @cute.jit
@@ -644,6 +672,9 @@ class BsaFwdSm90Ws(AttnFwdSm90Ws):
             thr_mma_qk, thr_mma_pv, tSrQ, tSrK, tOrV, tSc = self._consumer_fragments(
                 mma_qk, mma_qk0, mma_pv, sQ, sK, sV, wtid)
             tScS = acc_mn_view_wg(tSc)
+            if cutlass.const_expr(self.pair_box):
+                # the key masks apply per 64-column half (_pair_p)
+                tScS = self._half_coords(wtid)
             mask = KeyLimitMask(tScS)
             smax = OnlineSoftmax.create(cute.size(tScS, mode=[0]), softmax_scale,
                                         self.rescale_threshold, self.tree_sum)
@@ -913,15 +944,15 @@ class BsaFwdSm90Ws(AttnFwdSm90Ws):
         """(the register shape of a 64 x 128 score tile, the layout of one 64-column half
         of it): the tile's registers are its two halves' in turn, each half the
         accumulator of one 64-column GEMM."""
-        wgm = self.wg_m
+        wgm, bn = self.wg_m, self.list_bn
         mma128 = sm90_utils.make_trivial_tiled_mma(
             self.dtype, self.dtype, OperandMajorMode.K, OperandMajorMode.K, Float32, (1, 1, 1),
-            (wgm, 2 * self.bn), warpgroup.OperandSource.SMEM)
+            (wgm, 2 * bn), warpgroup.OperandSource.SMEM)
         mma64 = sm90_utils.make_trivial_tiled_mma(
             self.dtype, self.dtype, OperandMajorMode.K, OperandMajorMode.K, Float32, (1, 1, 1),
-            (wgm, self.bn), warpgroup.OperandSource.SMEM)
-        s_shape = mma128.get_slice(0).partition_shape_C((wgm, 2 * self.bn))
-        half = cute.make_layout(mma64.get_slice(0).partition_shape_C((wgm, self.bn)))
+            (wgm, bn), warpgroup.OperandSource.SMEM)
+        s_shape = mma128.get_slice(0).partition_shape_C((wgm, 2 * bn))
+        half = cute.make_layout(mma64.get_slice(0).partition_shape_C((wgm, bn)))
         return s_shape, half
 
     @cute.jit
@@ -992,10 +1023,10 @@ class BsaFwdSm90Ws(AttnFwdSm90Ws):
             lim = pre[1 + h]
             if cutlass.const_expr(self.causal):
                 key_lim, row_lim0 = lim
-                if cutlass.min(key_lim, row_lim0) < self.bn:
+                if cutlass.min(key_lim, row_lim0) < self.list_bn:
                     tile.mask.apply_causal(acc_mn, key_lim, row_lim0, self.pack)
             else:
-                if lim < self.bn:
+                if lim < self.list_bn:
                     tile.mask.apply(acc_mn, lim)
         if cutlass.const_expr(self.no_softmax):
             corr.fill(1.0)
@@ -1055,6 +1086,106 @@ class BsaFwdSm90Ws(AttnFwdSm90Ws):
         self._pair_release(pipe_v, c_last, second)
         return c_kv + n
 
+    def _half_coords(self, wtid):
+        """``pair_box``: the (row, column) coordinates of a thread's values of one 64-column
+        half of the 64 x 128 score tile (those of a 64-column GEMM's accumulator; the
+        second half's registers hold the same coordinates 64 columns further)."""
+        mma64 = sm90_utils.make_trivial_tiled_mma(
+            self.dtype, self.dtype, OperandMajorMode.K, OperandMajorMode.K, Float32, (1, 1, 1),
+            (self.wg_m, self.list_bn), warpgroup.OperandSource.SMEM)
+        return acc_mn_view_wg(mma64.get_slice(wtid).partition_C(
+            cute.make_identity_tensor((self.wg_m, self.list_bn))))
+
+    def _tma_atoms(self, tQ, tK, tV, sQ_layout, sK_layout, sV_layout):
+        """``AttnFwdSm90Ws._tma_atoms``; with ``pair_box`` the K / V boxes are one 64-row
+        block (half a stage)."""
+        if not self.pair_box:
+            return AttnFwdSm90Ws._tma_atoms(self, tQ, tK, tV, sQ_layout, sK_layout, sV_layout)
+        wgm, d, dv, bn = self.wg_m, self.d, self.dv, self.list_bn
+        g2s = cpasync.CopyBulkTensorTileG2SOp()
+        k_half = sm90_utils.make_smem_layout_b(LayoutEnum.ROW_MAJOR, (wgm, bn, d), self.dtype, 1)
+        v_half = sm90_utils.make_smem_layout_b(LayoutEnum.COL_MAJOR, (wgm, dv, bn), self.dtype, 1)
+        tma_q, tma_tQ = cpasync.make_tiled_tma_atom(
+            g2s, tQ, cute.slice_(sQ_layout, (None, None, 0)), (wgm, d))
+        tma_k, tma_tK = cpasync.make_tiled_tma_atom(
+            g2s, tK, cute.slice_(k_half, (None, None, 0)), (bn, d))
+        tma_v, tma_tV = cpasync.make_tiled_tma_atom(
+            g2s, tV, cute.slice_(v_half, (None, None, 0)), (dv, bn))
+        return tma_q, tma_tQ, tma_k, tma_tK, tma_v, tma_tV
+
+    @cute.jit
+    def _kv_partitions(self, work, tma_k, tma_tK, sK, tma_v, tma_tV, sV):
+        """``AttnFwdSm90Ws._kv_partitions``; with ``pair_box`` per half of a stage: ``(tKs,
+        tKg, tVs, tVg)`` with ``tKs`` / ``tVs`` pairs (the stages' first and second 64-row
+        halves) and ``tKg`` / ``tVg`` over the 64-row blocks of the views."""
+        if cutlass.const_expr(not self.pair_box):
+            return AttnFwdSm90Ws._kv_partitions(self, work, tma_k, tma_tK, sK, tma_v, tma_tV,
+                                                sV)
+        bn, d, dv = self.list_bn, self.d, self.dv
+        gK = cute.local_tile(self._k_tile(tma_tK, work), (bn, d), (None, 0))
+        gV = cute.local_tile(self._v_tile(tma_tV, work), (dv, bn), (0, None))
+        sKd = cute.flat_divide(sK, (bn, d))  # (64, D, 2, 1, stages)
+        sVd = cute.flat_divide(sV, (dv, bn))  # (Dv, 64, 1, 2, stages)
+        tKs0, tKg = cpasync.tma_partition(
+            tma_k, 0, cute.make_layout(1), cute.group_modes(sKd[None, None, 0, 0, None], 0, 2),
+            cute.group_modes(gK, 0, 2))
+        tKs1 = cpasync.tma_partition(
+            tma_k, 0, cute.make_layout(1), cute.group_modes(sKd[None, None, 1, 0, None], 0, 2),
+            cute.group_modes(gK, 0, 2))[0]
+        tVs0, tVg = cpasync.tma_partition(
+            tma_v, 0, cute.make_layout(1), cute.group_modes(sVd[None, None, 0, 0, None], 0, 2),
+            cute.group_modes(gV, 0, 2))
+        tVs1 = cpasync.tma_partition(
+            tma_v, 0, cute.make_layout(1), cute.group_modes(sVd[None, None, 0, 1, None], 0, 2),
+            cute.group_modes(gV, 0, 2))[0]
+        return (tKs0, tKs1), tKg, (tVs0, tVs1), tVg
+
+    def _issue_kv(self, *args):
+        """``AttnFwdSm90Ws._issue_kv``, or with ``pair_box`` the loads of one step's two blocks
+        (``_issue_kv_box``, same arguments)."""
+        if self.pair_box:
+            return self._issue_kv_box(*args)
+        return AttnFwdSm90Ws._issue_kv(self, *args)
+
+    @cute.jit
+    def _issue_kv_box(self, work, step, nk, tma_k, tKg, tKs, tma_v, tVg, tVs, sV_rows, pipe_k,
+                      pipe_v, k_bytes, v_bytes, c, lane):
+        """Step ``step``'s two blocks into stage ``c`` of the K and V rings, the first into
+        the stages' first 64 rows and the second into the others, under one full barrier
+        per ring: K by TMA (a step without a second block leaves that half as it was: its
+        keys are masked); V by TMA, or, where ``_v_limit`` says a box would read rows it
+        must not (and for a step without a second block), the zero-filling row copy, done
+        before the barrier's arrival."""
+        n0, n1, second = work.kv.blocks(step)
+        s = pipe_k.stage(c)
+        pipe_k.producer_acquire(c)
+        pipe_k.producer_expect_tx(c, (k_bytes // 2) * (1 + second))
+        cute.copy(tma_k, tKg[None, n0], tKs[0][None, s], tma_bar_ptr=pipe_k.full_ptr(c),
+                  **self._l2(L2_EVICT_LAST))
+        if second > 0:
+            cute.copy(tma_k, tKg[None, n1], tKs[1][None, s], tma_bar_ptr=pipe_k.full_ptr(c),
+                      **self._l2(L2_EVICT_LAST))
+        sv = pipe_v.stage(c)
+        pipe_v.producer_acquire(c)
+        lim0, ok0 = self._v_limit(work, n0)
+        lim1, ok1 = self._v_limit(work, n1)
+        lim1 = lim1 * second
+        use0 = Int32(1) if ok0 else Int32(0)
+        use1 = Int32(1) if ok1 else Int32(0)
+        use1 = use1 * second
+        halves = cute.flat_divide(sV_rows, (self.list_bn, self.dv))  # (64, Dv, 2, 1, stages)
+        if use0 == 0:
+            self._load_v_rows(work, n0, lim0, halves[None, None, 0, 0, None], sv, lane)
+        if use1 == 0:
+            self._load_v_rows(work, n1, lim1, halves[None, None, 1, 0, None], sv, lane)
+        pipe_v.producer_expect_tx(c, (v_bytes // 2) * (use0 + use1))
+        if use0 > 0:
+            cute.copy(tma_v, tVg[None, n0], tVs[0][None, sv], tma_bar_ptr=pipe_v.full_ptr(c),
+                      **self._l2(L2_EVICT_LAST))
+        if use1 > 0:
+            cute.copy(tma_v, tVg[None, n1], tVs[1][None, sv], tma_bar_ptr=pipe_v.full_ptr(c),
+                      **self._l2(L2_EVICT_LAST))
+
     # ------------------------------------------------- variation points (AttnFwdSm90Ws)
     def _q_tile(self, tma_tQ, work):
         return tma_tQ[None, None, work.head, work.batch]
@@ -1069,13 +1200,14 @@ class BsaFwdSm90Ws(AttnFwdSm90Ws):
         """Valid keys of block ``n``; a box crossing S is zero-filled by TMA, so only
         block_sizes partial blocks inside S need the zero-filling copy."""
         limit = work.kv.valid_keys(n)
-        return limit, limit >= cutlass.min(Int32(self.bn), work.kv.seqlen_k - n * self.bn)
+        bn = self.list_bn
+        return limit, limit >= cutlass.min(Int32(bn), work.kv.seqlen_k - n * bn)
 
     @cute.jit
     def _load_v_rows(self, work, n, limit, sV_rows, stage, lane):
         """One warp: V rows [n bn, n bn + limit) by cp.async, zeros in the rest of the tile."""
-        gV = cute.local_tile(work.mV[work.batch, None, work.head_kv, None], (self.bn, self.d),
-                             (n, 0))
+        gV = cute.local_tile(work.mV[work.batch, None, work.head_kv, None],
+                             (self.list_bn, self.d), (n, 0))
         self._copy_v_rows(gV, limit, sV_rows, stage, lane)
 
     def _work_start(self, tile):
@@ -1092,23 +1224,37 @@ class BsaFwdSm90Ws(AttnFwdSm90Ws):
 
     def _tile_pre(self, work, tile, rows, it):
         """The valid key count of iteration ``it``'s block (metadata loads issued before the
-        QK GEMM is waited on); causal: with the tile's ``row_lim0`` (``mask.KeyLimitMask``)."""
+        QK GEMM is waited on); causal: with the tile's ``row_lim0`` (``mask.KeyLimitMask``).
+        ``pair_box``: ``(second, first block's, second block's)`` of step ``it`` (the second
+        block's count 0 where the step has none)."""
+        if self.pair_box:
+            n0, n1, second = work.kv.blocks(it)
+            p0 = self._block_pre(work, tile, n0)
+            p1 = self._block_pre(work, tile, n1)
+            if self.causal:
+                return second, p0, (p1[0] * second, p1[1])
+            return second, p0, p1 * second
+        return self._block_pre(work, tile, work.kv.kv_tile(it))
+
+    def _block_pre(self, work, tile, n):
+        """``_tile_pre`` of block ``n``."""
         if self.causal:
-            n = work.kv.kv_tile(it)
             if self.pack > 1:
                 # packed rows: tile.mw0 (a multiple of 64, so of r) is position mw0 / r and
                 # tile.seqlen_q is S_q r
                 row_lim0 = (tile.mw0 // self.pack + work.kv.seqlen_k
-                            - tile.seqlen_q // self.pack + 1 - n * self.bn)
+                            - tile.seqlen_q // self.pack + 1 - n * self.list_bn)
             else:
-                row_lim0 = tile.mw0 + work.kv.seqlen_k - tile.seqlen_q + 1 - n * self.bn
+                row_lim0 = tile.mw0 + work.kv.seqlen_k - tile.seqlen_q + 1 - n * self.list_bn
             return work.kv.valid_keys(n), row_lim0
-        return work.kv.valid_keys(work.kv.kv_tile(it))
+        return work.kv.valid_keys(n)
 
     @cute.jit
     def _tile_p(self, acc_S, work, tile, rows, state, pre, it):
         """Key mask and online-softmax step of a score tile -> the 16-bit P fragment;
         without ``overlap`` O is rescaled here (its PV GEMM has completed)."""
+        if cutlass.const_expr(self.pair_box):
+            return self._pair_p(acc_S, tile, state, pre, self._pair_layouts()[1])
         corr, acc_O_mn, _ = state
         self._score_tile(acc_S, pre, tile.mask, tile.smax, corr)
         if cutlass.const_expr(not self.overlap):
