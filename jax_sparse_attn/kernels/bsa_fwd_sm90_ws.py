@@ -1126,19 +1126,18 @@ class BsaFwdSm90Ws(AttnFwdSm90Ws):
         gV = cute.local_tile(self._v_tile(tma_tV, work), (dv, bn), (0, None))
         sKd = cute.flat_divide(sK, (bn, d))  # (64, D, 2, 1, stages)
         sVd = cute.flat_divide(sV, (dv, bn))  # (Dv, 64, 1, 2, stages)
-        tKs0, tKg = cpasync.tma_partition(
-            tma_k, 0, cute.make_layout(1), cute.group_modes(sKd[None, None, 0, 0, None], 0, 2),
-            cute.group_modes(gK, 0, 2))
-        tKs1 = cpasync.tma_partition(
-            tma_k, 0, cute.make_layout(1), cute.group_modes(sKd[None, None, 1, 0, None], 0, 2),
-            cute.group_modes(gK, 0, 2))[0]
-        tVs0, tVg = cpasync.tma_partition(
-            tma_v, 0, cute.make_layout(1), cute.group_modes(sVd[None, None, 0, 0, None], 0, 2),
-            cute.group_modes(gV, 0, 2))
-        tVs1 = cpasync.tma_partition(
-            tma_v, 0, cute.make_layout(1), cute.group_modes(sVd[None, None, 0, 1, None], 0, 2),
-            cute.group_modes(gV, 0, 2))[0]
+        tKs0, tKg = self._box_partition(tma_k, sKd[None, None, 0, 0, None], gK)
+        tKs1 = self._box_partition(tma_k, sKd[None, None, 1, 0, None], gK)[0]
+        tVs0, tVg = self._box_partition(tma_v, sVd[None, None, 0, 0, None], gV)
+        tVs1 = self._box_partition(tma_v, sVd[None, None, 0, 1, None], gV)[0]
         return (tKs0, tKs1), tKg, (tVs0, tVs1), tVg
+
+    @staticmethod
+    def _box_partition(atom, s_part, g):
+        """TMA partition ``(smem, gmem)`` of the (rows, cols, stages) shared-memory part
+        ``s_part`` and the tiled view ``g``, one box of ``atom`` per tile."""
+        return cpasync.tma_partition(atom, 0, cute.make_layout(1), cute.group_modes(s_part, 0, 2),
+                                     cute.group_modes(g, 0, 2))
 
     def _issue_kv(self, *args):
         """``AttnFwdSm90Ws._issue_kv``, or with ``pair_box`` the loads of one step's two blocks
