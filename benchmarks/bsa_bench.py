@@ -71,7 +71,8 @@ from jax_sparse_attn import config, metadata
 
 def _inputs(key, b, h, s, d, blk, topk, dtype, h_kv=None, lists="random"):
     """Random q, k, v, dO and top-k block lists: ``lists="random"`` draws each query block's
-    list on its own; ``"paired"`` gives query blocks ``2i`` and ``2i + 1`` the same list (the
+    list on its own (in random order); ``"sorted"`` the same lists in ascending block order;
+    ``"paired"`` gives query blocks ``2i`` and ``2i + 1`` the same list (the
     same K/V blocks read by neighbouring work items, as in local or clustered patterns);
     ``"hot"`` makes KV block 0 one of every query block's ``topk`` (the others drawn from the
     rest): its K->Q list in the backward holds every query block of every query head of its
@@ -83,14 +84,16 @@ def _inputs(key, b, h, s, d, blk, topk, dtype, h_kv=None, lists="random"):
     if lists == "paired":
         one = jnp.argsort(jax.random.uniform(ki, (b, h, -(-n // 2), n)), axis=-1)[..., :topk]
         idx = jnp.repeat(one, 2, axis=2)[:, :, :n].astype(jnp.int32)
-    elif lists == "random":
+    elif lists in ("random", "sorted"):
         idx = jnp.argsort(jax.random.uniform(ki, (b, h, n, n)), axis=-1)[..., :topk].astype(jnp.int32)
+        if lists == "sorted":
+            idx = jnp.sort(idx, axis=-1)
     elif lists == "hot":
         rest = jnp.argsort(jax.random.uniform(ki, (b, h, n, n - 1)), axis=-1)[..., :topk - 1] + 1
         idx = jnp.concatenate([jnp.zeros((b, h, n, 1), rest.dtype), rest],
                               axis=-1).astype(jnp.int32)
     else:
-        raise ValueError(f"lists must be 'random', 'paired' or 'hot', got {lists!r}")
+        raise ValueError(f"lists must be 'random', 'sorted', 'paired' or 'hot', got {lists!r}")
     nums = jnp.full((b, h, n), topk, jnp.int32)
     return q, k, v, idx, nums, do
 
@@ -740,8 +743,9 @@ def main(argv=None):
                     help="with --table: time the forward (default) or the whole backward")
     ap.add_argument("--rows", default="",
                     help="with --table: comma list of TABLE row numbers (default: all)")
-    ap.add_argument("--lists", default="random", choices=("random", "paired", "hot"),
+    ap.add_argument("--lists", default="random", choices=("random", "sorted", "paired", "hot"),
                     help="with --table: random top-k lists per query block (default), "
+                         "sorted: the same lists in ascending block order, "
                          "paired: query blocks 2i and 2i + 1 share one list, or hot: KV block "
                          "0 in every list (one long K->Q list per KV head)")
     ap.add_argument("--sweep-k", action="store_true",

@@ -682,6 +682,23 @@ def test_bsa_bench_paired_lists():
         bsa_bench._inputs(key, 1, 2, 128, 16, 64, 1, jnp.bfloat16, lists="bad")
 
 
+def test_bsa_bench_sorted_lists():
+    """``bsa_bench --lists sorted``: the ``random`` lists of the same key, each in ascending
+    block order (the random ones are not)."""
+    import jax  # noqa: PLC0415
+    import jax.numpy as jnp  # noqa: PLC0415
+    import numpy as np  # noqa: PLC0415
+
+    from benchmarks import bsa_bench
+
+    key = jax.random.PRNGKey(5)
+    rnd = np.asarray(bsa_bench._inputs(key, 1, 2, 64 * 16, 16, 64, 6, jnp.bfloat16)[3])
+    srt = np.asarray(bsa_bench._inputs(key, 1, 2, 64 * 16, 16, 64, 6, jnp.bfloat16,
+                                       lists="sorted")[3])
+    assert np.array_equal(np.sort(rnd, axis=-1), srt)
+    assert (np.diff(srt, axis=-1) > 0).all() and not (np.diff(rnd, axis=-1) > 0).all()
+
+
 def test_bsa_bench_hot_lists():
     """``bsa_bench --lists hot``: every query block lists KV block 0 and ``topk - 1``
     distinct others, which differ between query blocks."""
