@@ -29,6 +29,7 @@ pytestmark = pytest.mark.lowering
 
 jax = pytest.importorskip("jax")
 import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
 
 cutlass_jax = pytest.importorskip("cutlass.jax")
 
@@ -544,6 +545,45 @@ def test_bsa_sm90ws_forward_metadata_clamped_in_kernel():
     assert ops("sm90ws", "") == (0, 0)
     assert ops("sm90ws", "xlaclamp") == (3, 3)
     assert ops("sm80", "") == (3, 3)
+
+
+def test_bsa_sortlists_sorts_each_active_prefix():
+    """``bsa_fwd_ws=sortlists``: XLA sorts each query block's active list (its first
+    ``q2k_block_nums`` entries, the count clamped to 0..K_max) into ascending order before
+    the sm90ws kernel and leaves the same blocks in it, whatever the inactive entries hold;
+    the call then has one sort, the default none; split-KV does not take it."""
+    from jax_sparse_attn.config import Switches
+    from jax_sparse_attn.ffi import bsa
+
+    rng = np.random.default_rng(7)
+    idx = rng.integers(-5, 40, size=(2, 3, 5, 6)).astype(np.int32)
+    nums = rng.integers(-2, 9, size=(2, 3, 5)).astype(np.int32)
+    got = np.asarray(bsa._sort_lists(jnp.asarray(idx), jnp.asarray(nums)))
+    for pos in np.ndindex(nums.shape):
+        c = int(np.clip(nums[pos], 0, 6))
+        assert got[pos][:c].tolist() == sorted(idx[pos][:c].tolist()), pos
+    assert (got[nums <= 0] == np.iinfo(np.int32).max).all()
+
+    def cfg(ws, **kw):
+        return bsa.fwd_config(jnp.bfloat16, 128, 64, False,
+                              Switches(bsa_fwd_impl="sm90ws", bsa_fwd_ws=ws), **kw)
+
+    assert (cfg("sortlists").ws_sort_lists, cfg("").ws_sort_lists,
+            cfg("sortlists", kv_splits=2, k_max=8).ws_sort_lists) == (True, False, False)
+
+    def sorts(ws):
+        import jax_sparse_attn as jsa  # noqa: PLC0415
+
+        c = dict(d=128, blk=64, dtype="bfloat16", layout="bhsd", sizes=False, ws=ws)
+        q, k, idx, nums, _, _ = _shapes(c)
+        kw = dict(layout="bhsd", sparse_block_size=64, softmax_scale=0.3, backend="kernel",
+                  switches=Switches(bsa_fwd_impl="sm90ws", bsa_fwd_ws=ws))
+        txt = jax.jit(lambda q, k, v, i, n: jsa.block_sparse_attention_forward(
+            q, k, v, i, None, None, n, **kw)).trace(q, k, k, idx, nums).lower(
+            lowering_platforms=("cuda",)).as_text()
+        return txt.count("stablehlo.sort")
+
+    assert (sorts("sortlists"), sorts("")) == (1, 0)
 
 
 def test_bsa_qahead_with_vlag_runs_as_mpre():

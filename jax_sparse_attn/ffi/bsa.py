@@ -120,6 +120,9 @@ class BsaFwdConfig:
     # the metadata clamped by XLA before the kernel, as the other forwards need ("xlaclamp";
     # the sm90ws kernel clamps every value it reads itself)
     ws_xla_clamp: bool = False
+    # each query block's active list sorted into ascending block order by XLA before the
+    # kernel, so that the work items running at once read nearby K / V blocks ("sortlists")
+    ws_sort_lists: bool = False
     # timing ablation, wrong results: the producer skips the K / V loads of every N-th tile
     # it issues ("skipload=N"; 0 off)
     ws_skip_load: int = 0
@@ -509,7 +512,8 @@ def bsa_ws_options(opts) -> dict:
     ``crossepi`` or ``nooverlap``), ``tree_sum`` (``sumtree``: the online softmax adds a
     thread's probabilities of a row pairwise instead of in one chain), ``xla_clamp``
     (``xlaclamp``: the metadata clamped by XLA before the kernel, as for the other forwards,
-    instead of by the kernel alone), ``skip_load`` (``skipload=N``, a timing ablation with
+    instead of by the kernel alone), ``sort_lists`` (``sortlists``: XLA sorts each query
+    block's active list into ascending block order before the kernel), ``skip_load`` (``skipload=N``, a timing ablation with
     wrong results: the producer skips the K / V loads of every N-th tile it issues),
     ``half`` (sparse_block_size 128 walked by 64-row work items: 1 with ``half``, one CTA per
     SM; 2 with ``half2``, two CTAs per SM, each with one Q buffer, one K and two V stages,
@@ -552,7 +556,8 @@ def bsa_ws_options(opts) -> dict:
             "pair_wg": "pairwg" in opts, "l2_hint": l2_hint_mode(opts),
             "o_in_q": (True if "oinq" in opts else False if "nooinq" in opts else None),
             "o_early": "oearly" in opts, "tree_sum": "sumtree" in opts,
-            "xla_clamp": "xlaclamp" in opts}
+            "xla_clamp": "xlaclamp" in opts,
+            "sort_lists": "sortlists" in opts}
 
 
 def _family_impl(want: str, head_dim: int, switches, block_size: int | None = None) -> str:
@@ -612,6 +617,8 @@ def fwd_config(dtype, head_dim, block_size, has_block_sizes, switches, causal=Fa
             kw["ws_tree_sum"] = True
         if o["xla_clamp"]:
             kw["ws_xla_clamp"] = True
+        if o["sort_lists"] and splits == 1:
+            kw["ws_sort_lists"] = True
         # skipload applies where the producer issues K and V through _issue_kv (not the
         # vlag loop or the self-loading consumer)
         if o["skip_load"] and not (o["v_lag"] or o["self_load"]):
@@ -1579,6 +1586,8 @@ def bsa_fwd(q, k, v, q2k_block_index, q2k_block_nums, block_sizes, cfg):
         # others (and the stream-K tail's uniform-count check) read the metadata as given
         q2k_block_index, q2k_block_nums, block_sizes = _sanitize(
             q2k_block_index, q2k_block_nums, block_sizes, cfg)
+    if cfg.fwd.impl == "sm90ws" and cfg.fwd.ws_sort_lists:
+        q2k_block_index = _sort_lists(q2k_block_index, q2k_block_nums)
     if cfg.fwd.impl == "sm90ws" and cfg.fwd.ws_stream_k:
         n_ws, n_flags = _sk_sizes(cfg.fwd)
         flags = jnp.zeros((n_flags,), jnp.int32)
@@ -1710,6 +1719,17 @@ def _sanitize(idx, nums, sizes, cfg):
     """Metadata clamped so that no value makes a kernel read or write out of bounds."""
     return metadata.sanitize_bsa_metadata(idx, nums, sizes, num_kv_blocks=cfg.num_kv_blocks,
                                           block_size=cfg.sparse_block_size)
+
+
+def _sort_lists(idx, nums):
+    """``idx`` (B, H, N_q, K_max) with each row's active prefix (its first ``nums`` entries,
+    ``nums`` clamped to 0..K_max as the kernel clamps it) in ascending order; the entries past
+    it become the int32 maximum, which sorts after every active entry, so the prefix holds
+    the same multiset of blocks."""
+    k_max = idx.shape[-1]
+    cnt = jnp.clip(nums, 0, k_max)[..., None]
+    active = jnp.arange(k_max, dtype=jnp.int32) < cnt
+    return jnp.sort(jnp.where(active, idx, jnp.iinfo(jnp.int32).max), axis=-1)
 
 
 def _scale_array(softmax_scale):
