@@ -513,8 +513,9 @@ def bsa_ws_options(opts) -> dict:
     thread's probabilities of a row pairwise instead of in one chain), ``xla_clamp``
     (``xlaclamp``: the metadata clamped by XLA before the kernel, as for the other forwards,
     instead of by the kernel alone), ``sort_lists`` (``sortlists``: XLA sorts each query
-    block's active list into ascending block order before the kernel), ``skip_load`` (``skipload=N``, a timing ablation with
-    wrong results: the producer skips the K / V loads of every N-th tile it issues),
+    block's active list into ascending block order before the kernel), ``skip_load``
+    (``skipload=N``, a timing ablation with wrong results: the producer skips the K / V
+    loads of every N-th tile it issues),
     ``half`` (sparse_block_size 128 walked by 64-row work items: 1 with ``half``, one CTA per
     SM; 2 with ``half2``, two CTAs per SM, each with one Q buffer, one K and two V stages,
     at D 128 only; 0 off), ``s_n64`` (``sn64``, an
