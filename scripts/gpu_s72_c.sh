@@ -4,7 +4,8 @@
 # sorted by the benchmark (--lists sorted: no sort in the timed call), default and pairbox;
 # cuDNN FE's forward on the sorted lists (SORTED=1) where the throwaway side script is
 # carried (.whl/); on an H200 the seven forward rows (default twice) and cuDNN's beside
-# them; the grid with BSA_TEST_IMPLS=sortlists,nodefault.
+# them; the grid with BSA_TEST_IMPLS=sortlists,nodefault and the garbage-metadata case with
+# sortlists.
 # Usage (device, after `source .devcache/setup.sh`): OUT=$OUT bash scripts/gpu_s72_c.sh [seconds]
 . "$(dirname "$0")/gpu_lib.sh" s72_c "${1:-540}"
 gpu_info
@@ -23,6 +24,11 @@ if grep -q H200 "$O/gpu.txt" && [ "$(left)" -gt 280 ]; then
   [ -d /tmp/fe ] && PYTHONPATH=/tmp/fe:$PYTHONPATH timeout 80 python3 .whl/cudnn_side.py \
     "$O/cudnn.json" > "$O/cudnn.txt" 2>&1 && tail -n 8 "$O/cudnn.txt"
 fi
-[ "$(left)" -gt 125 ] && grid_tests srt sortlists,nodefault
+if [ "$(left)" -gt 125 ]; then
+  # sortlists on metadata outside the contract: bit-equal to the clamped metadata's result
+  T=$(( $(left) - 15 )) bg_test garbage tests/test_gpu_bsa.py "garbage_metadata and sortlists"
+  grid_tests srt sortlists,nodefault
+  tail -n 3 "$O/t_garbage.txt"
+fi
 t done
 pack_out s72_c

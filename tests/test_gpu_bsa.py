@@ -819,6 +819,7 @@ GARBAGE_FWD = [
     dict(impl="sm90ws", blk=128, d=128, ws="", hq=4, hkv=2, pack=True),
     dict(impl="sm90ws", blk=64, d=128, ws="", hq=2, hkv=2, causal=True),
     dict(impl="sm90ws", blk=64, d=128, ws="xlaclamp", hq=2, hkv=2),
+    dict(impl="sm90ws", blk=64, d=128, ws="sortlists", hq=2, hkv=2),
     dict(impl="sm80", blk=64, d=128, ws="", hq=2, hkv=2),
 ]
 

@@ -586,6 +586,55 @@ def test_bsa_sortlists_sorts_each_active_prefix():
     assert (sorts("sortlists"), sorts("")) == (1, 0)
 
 
+def test_bsa_sortlists_kernel_receives_the_sorted_lists(monkeypatch):
+    """``sortlists``: the forward kernel's call is handed the sorted lists (a stand-in for the
+    call builder records its block-list operand), with the same blocks in each active
+    prefix, ids outside 0..N_kv-1 included; without the flag it is handed the lists as
+    given."""
+    from jax_sparse_attn import _cute_call
+    from jax_sparse_attn.config import Switches
+
+    import jax_sparse_attn as jsa  # noqa: PLC0415
+
+    seen = []
+
+    def builder(mode):
+        def build(fn, *, output_shape_dtype, compile_key, **kw):
+            def call(q, k, v, idx, *rest):
+                jax.debug.callback(lambda x: seen.append(np.asarray(x)), idx)
+                return tuple(jnp.zeros(s.shape, s.dtype) for s in output_shape_dtype)
+            return call
+        return build
+
+    monkeypatch.setattr(_cute_call, "call_builder", builder)
+    rng = np.random.default_rng(5)
+    b, h, s, d, blk, kmax = 2, 2, 300, 128, 64, 6
+    q = jnp.asarray(rng.standard_normal((b, h, s, d)), jnp.bfloat16)
+    big = np.iinfo(np.int32).max
+    idx = rng.choice(np.r_[np.arange(-3, 8), [big, 300]], size=(b, h, 5, kmax)).astype(np.int32)
+    nums = rng.integers(-2, kmax + 3, size=(b, h, 5)).astype(np.int32)
+
+    def run(ws):
+        seen.clear()
+        # traced metadata: no eager checks, so out-of-range ids and counts reach the call
+        jax.jit(lambda i, n: jsa.block_sparse_attention_forward(
+            q, q, q, i, None, None, n, layout="bhsd", sparse_block_size=blk,
+            softmax_scale=0.3, backend="kernel",
+            switches=Switches(bsa_fwd_impl="sm90ws", bsa_fwd_ws=ws)))(
+                jnp.asarray(idx), jnp.asarray(nums))
+        jax.effects_barrier()
+        assert len(seen) == 1
+        return seen[0]
+
+    got = run("sortlists")
+    assert got.shape == idx.shape
+    for pos in np.ndindex(nums.shape):
+        c = int(np.clip(nums[pos], 0, kmax))
+        assert got[pos][:c].tolist() == sorted(idx[pos][:c].tolist()), pos
+    assert not np.array_equal(got, idx)
+    np.testing.assert_array_equal(run(""), idx)
+
+
 def test_bsa_qahead_with_vlag_runs_as_mpre():
     """``qahead`` with ``vlag``: the vlag producer loop has no point at which it issues the
     next item's Q, so the pair compiles as ``vlag`` with ``mpre`` (the next item's Q loaded at
