@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# sortlists with pairbox (XLA sorts each active list, the kernel walks two listed blocks per
+# K / V stage) against the default on the seven forward rows, interleaved twice (pairbox
+# applies at blk 64 / D 128 only; elsewhere the rows time the sort alone); cuDNN FE's forward
+# on the same random lists where the throwaway side script is carried (.whl/); the grid with
+# BSA_TEST_IMPLS=sortbox,nodefault and the garbage-metadata cases with sortlists.
+# Usage (device, after `source .devcache/setup.sh`): OUT=$OUT bash scripts/gpu_s73_c.sh [seconds]
+. "$(dirname "$0")/gpu_lib.sh" s73_c "${1:-540}"
+gpu_info
+W=JAX_SPARSE_ATTN_BSA_WS
+bench sb 170 fwd 0,1,2,3,4,5,6 ";$W=sortlists+pairbox;;$W=sortlists+pairbox"
+if [ -f .whl/cudnn_side.py ] && [ "$(left)" -gt 220 ]; then
+  python3 -m pip install -q --no-deps --no-index --target /tmp/fe .whl/*.whl > "$O/pip.txt" 2>&1
+  PYTHONPATH=/tmp/fe:$PYTHONPATH timeout 80 python3 .whl/cudnn_side.py "$O/cudnn.json" \
+    > "$O/cudnn.txt" 2>&1
+  t "cudnn rc=$?"; tail -n 8 "$O/cudnn.txt"
+fi
+if [ "$(left)" -gt 125 ]; then
+  T=$(( $(left) - 15 )) bg_test garbage tests/test_gpu_bsa.py "garbage_metadata and sortlists"
+  grid_tests sbx sortbox,nodefault
+  tail -n 4 "$O/t_garbage.txt"
+fi
+t done
+pack_out s73_c
