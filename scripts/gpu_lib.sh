@@ -129,6 +129,15 @@ grid_tests() {
   done
   wait; t "grid tests"; report_tests
 }
+# grid_garbage_tests NAME IMPLS KEY: grid_tests NAME IMPLS with, beside it, the
+# garbage-metadata cases of tests/test_gpu_bsa.py selected by -k "garbage_metadata and KEY"
+# (to $O/t_garbage.txt); skipped when 125 s or less are left
+grid_garbage_tests() {
+  [ "$(left)" -gt 125 ] || return 0
+  T=$(( $(left) - 15 )) bg_test garbage tests/test_gpu_bsa.py "garbage_metadata and $3"
+  grid_tests "$1" "$2"
+  tail -n 4 "$O/t_garbage.txt"
+}
 # flag_tests NAME EARLY_FLAGS IMPLS N: the sm90ws forward's GPU cases with the bsa_fwd_ws flags
 # EARLY_FLAGS (test_bsa_sm90ws_forward_early, BSA_TEST_EARLY, two shards, shard_tests) and the
 # block-sparse grid with BSA_TEST_IMPLS=IMPLS in N shards under timeout $(left) - 15, to

@@ -24,11 +24,6 @@ if grep -q H200 "$O/gpu.txt" && [ "$(left)" -gt 280 ]; then
   [ -d /tmp/fe ] && PYTHONPATH=/tmp/fe:$PYTHONPATH timeout 80 python3 .whl/cudnn_side.py \
     "$O/cudnn.json" > "$O/cudnn.txt" 2>&1 && tail -n 8 "$O/cudnn.txt"
 fi
-if [ "$(left)" -gt 125 ]; then
-  # sortlists on metadata outside the contract: bit-equal to the clamped metadata's result
-  T=$(( $(left) - 15 )) bg_test garbage tests/test_gpu_bsa.py "garbage_metadata and sortlists"
-  grid_tests srt sortlists,nodefault
-  tail -n 3 "$O/t_garbage.txt"
-fi
+grid_garbage_tests srt sortlists,nodefault sortlists
 t done
 pack_out s72_c

@@ -15,10 +15,6 @@ if [ -f .whl/cudnn_side.py ] && [ "$(left)" -gt 220 ]; then
     > "$O/cudnn.txt" 2>&1
   t "cudnn rc=$?"; tail -n 8 "$O/cudnn.txt"
 fi
-if [ "$(left)" -gt 125 ]; then
-  T=$(( $(left) - 15 )) bg_test garbage tests/test_gpu_bsa.py "garbage_metadata and sortlists"
-  grid_tests sbx sortbox,nodefault
-  tail -n 4 "$O/t_garbage.txt"
-fi
+grid_garbage_tests sbx sortbox,nodefault sortlists
 t done
 pack_out s73_c
