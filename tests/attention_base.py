@@ -423,7 +423,8 @@ class BSACase:
 
     def small(self):
         """The CPU profile: the same case at a few hundred tokens (odd lengths kept odd)."""
-        shrink = {1000: 200, 1025: 257, 4096: 383, 777: 130, 1024: 256, 512: 128}
+        shrink = {1000: 200, 1025: 257, 4096: 383, 4095: 381, 777: 130, 1024: 256,
+                  512: 128}
         return dataclasses.replace(self, sq=shrink.get(self.sq, self.sq),
                                    skv=shrink.get(self.skv, self.skv), b=1)
 
@@ -461,6 +462,13 @@ BSA_GRID = [
     BSACase("fp16-bhsd-64-d64-var", dtype="float16", d=64, sq=4096, skv=4096, counts="var",
             kmax=16, b=1),
     BSACase("bf16-bhsd-128-d64-r1", blk=128, d=64, sq=63, skv=1025, sizes_rank=1),
+    # lists of 32 or more slots (the sm90ws forward's sorted two-block walk at blk 64 / D 128)
+    BSACase("bf16-bhsd-64-wide-gqa-var-r1", hq=8, hkv=2, sq=1025, skv=4096, counts="var",
+            sizes_rank=1, kmax=40, b=1),
+    BSACase("fp16-bshd-64-every-block-fixed", dtype="float16", layout="bshd", sq=1000,
+            skv=4095, kmax=64, b=1),
+    BSACase("bf16-bhsd-64-wide-empty-rows-r3", sq=4096, skv=4096, counts="empty",
+            sizes_rank=3, kmax=48, b=1),
 ]
 
 
