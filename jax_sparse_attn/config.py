@@ -136,7 +136,7 @@ def _parse_ws(var, raw):
 BSA_WS_FLAGS = ("nooverlap", "nopingpong", "q1", "headinner", "lazyrescale", "ctas2", "oalias",
                 "cross", "crossepi", "vlag", "splitwait", "nosplitwait", "qregs", "mpre", "qahead", "noepivec",
                 "streamk", "tmao", "notmao", "tmaopack", "notmaopack", "ctas3k1", "selfload",
-                "pairwg", "l2hint", "l2normal", "oinq", "nooinq", "oearly", "sumtree", "xlaclamp", "half", "half2", "sn64", "nosm", "kdeep", "pairstep", "pairstep4", "pairstepk3", "pairstepk4", "kvwarps", "pairbox", "sortlists", "nosortbox")
+                "pairwg", "l2hint", "l2normal", "oinq", "nooinq", "oearly", "sumtree", "xlaclamp", "half", "half2", "sn64", "nosm", "kdeep", "pairstep", "pairstep4", "pairstepk3", "pairstepk4", "kvwarps", "pairbox", "sortlists")
 _BSA_WS_ALLOWED = ("comma list of " + ", ".join(BSA_WS_FLAGS)
                    + ", stages=N (most K/V shared-memory stages: 2..8), skipload=N (timing "
                    "ablation, wrong results: 2..64), mix=N (PV K steps among the S GEMM's: "
@@ -544,10 +544,7 @@ SWITCHES = (
            "other forwards; by default the sm90ws kernel clamps every value it reads), "
            "sortlists (XLA sorts each query block's active list into ascending block "
            "order before the kernel, so that the work items running at once read nearby "
-           "K / V blocks; not with split-KV; on by default with pairbox where that applies "
-           "to lists of 32 or more slots), "
-           "nosortbox (the default's sortlists with pairbox at blk 64 / D 128 for lists of "
-           "32 or more slots off: the kernel walks the lists as given, one block per step), "
+           "K / V blocks; not with split-KV), "
            "half (sparse_block_size 128: 64-row work items, one consumer warpgroup and one "
            "CTA per SM, both halves of a query block reading its one list; ignored with "
            "split-KV, pack_gqa, pairwg, streamk, cross, crossepi, ctas3k1, selfload; with "

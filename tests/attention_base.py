@@ -462,7 +462,7 @@ BSA_GRID = [
     BSACase("fp16-bhsd-64-d64-var", dtype="float16", d=64, sq=4096, skv=4096, counts="var",
             kmax=16, b=1),
     BSACase("bf16-bhsd-128-d64-r1", blk=128, d=64, sq=63, skv=1025, sizes_rank=1),
-    # lists of 32 or more slots (the sm90ws forward's sorted two-block walk at blk 64 / D 128)
+    # lists of 32 to 64 slots at blk 64; one lists every KV block, the last one partial
     BSACase("bf16-bhsd-64-wide-gqa-var-r1", hq=8, hkv=2, sq=1025, skv=4096, counts="var",
             sizes_rank=1, kmax=40, b=1),
     BSACase("fp16-bshd-64-every-block-fixed", dtype="float16", layout="bshd", sq=1000,

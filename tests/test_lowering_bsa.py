@@ -586,44 +586,6 @@ def test_bsa_sortlists_sorts_each_active_prefix():
     assert (sorts("sortlists"), sorts("")) == (1, 0)
 
 
-def test_bsa_default_sorts_and_pairs_wide_blk64_lists():
-    """The sm90ws forward's default at blk 64 / D 128: lists of ``SORT_BOX_MIN_K`` (32) or
-    more slots are sorted by XLA and walked two blocks per step (the key of ``sortlists,
-    pairbox``); narrower lists, ``nosortbox``, the other block sizes and head dims,
-    ``pack_gqa``, split-KV and the options that exclude ``pairbox`` keep the one-block walk
-    of the lists as given."""
-    from jax_sparse_attn.config import Switches
-    from jax_sparse_attn.ffi import bsa
-
-    def cfg(ws="", d=128, blk=64, **kw):
-        return bsa.fwd_config(jnp.bfloat16, d, blk, False,
-                              Switches(bsa_fwd_impl="sm90ws", bsa_fwd_ws=ws), **kw)
-
-    def key(c):
-        return c.ws_sort_lists, c.ws_pair_box
-
-    k = bsa.SORT_BOX_MIN_K
-    assert k == 32
-    wide = dict(k_max=k, num_rows=4096)
-    assert key(cfg(**wide)) == (True, True)
-    assert cfg(**wide) == cfg("sortlists,pairbox", **wide)
-    assert key(cfg(k_max=4 * k, num_rows=4096)) == (True, True)
-    assert key(cfg(k_max=k - 1, num_rows=4096)) == (False, False)
-    assert cfg(k_max=k - 1, num_rows=4096).ws_o_in_q
-    assert key(cfg("nosortbox", **wide)) == (False, False)
-    assert cfg("nosortbox", **wide) == cfg(k_max=k - 1, num_rows=4096)
-    assert key(cfg(d=64, **wide)) == (False, False)
-    assert key(cfg(blk=128, **wide)) == (False, False)
-    assert key(cfg(d=256, **wide)) == (False, False)
-    assert key(cfg(pack_gqa=4, **wide)) == (False, False)
-    assert key(cfg(kv_splits=2, **wide)) == (False, False)
-    for other in ("kvwarps", "vlag", "streamk", "pairstep", "ctas3k1", "pairwg", "qregs"):
-        assert key(cfg(other, **wide)) == (False, False), other
-    # explicit flags keep their meaning below the width
-    assert key(cfg("sortlists", k_max=8, num_rows=4096)) == (True, False)
-    assert key(cfg("pairbox", k_max=8, num_rows=4096)) == (False, True)
-
-
 def test_bsa_sortlists_kernel_receives_the_sorted_lists(monkeypatch):
     """``sortlists``: the forward kernel's call is handed the sorted lists (a stand-in for the
     call builder records its block-list operand), with the same blocks in each active

@@ -73,9 +73,6 @@ from ..config import BSA_DET_ORDER_FLAGS
 SUPPORTED_HEAD_DIMS = (32, 64, 128, 256)
 SUPPORTED_BLOCK_SIZES = (64, 128)
 _DTYPES = ("float16", "bfloat16")
-#: the sm90ws forward's default at blk 64 / D 128 sorts the active lists and walks them two
-#: blocks per step (sortlists + pairbox) for lists of this many slots or more
-SORT_BOX_MIN_K = 32
 #: head dims of the wgmma (sm90) kernels; other head dims use the mma.sync (sm80) kernels
 _SM90_HEAD_DIMS = (64, 128)
 
@@ -561,7 +558,7 @@ def bsa_ws_options(opts) -> dict:
             "o_in_q": (True if "oinq" in opts else False if "nooinq" in opts else None),
             "o_early": "oearly" in opts, "tree_sum": "sumtree" in opts,
             "xla_clamp": "xlaclamp" in opts,
-            "sort_lists": "sortlists" in opts, "sort_box": "nosortbox" not in opts}
+            "sort_lists": "sortlists" in opts}
 
 
 def _family_impl(want: str, head_dim: int, switches, block_size: int | None = None) -> str:
@@ -621,6 +618,8 @@ def fwd_config(dtype, head_dim, block_size, has_block_sizes, switches, causal=Fa
             kw["ws_tree_sum"] = True
         if o["xla_clamp"]:
             kw["ws_xla_clamp"] = True
+        if o["sort_lists"] and splits == 1:
+            kw["ws_sort_lists"] = True
         # skipload applies where the producer issues K and V through _issue_kv (not the
         # vlag loop or the self-loading consumer)
         if o["skip_load"] and not (o["v_lag"] or o["self_load"]):
@@ -644,13 +643,7 @@ def fwd_config(dtype, head_dim, block_size, has_block_sizes, switches, causal=Fa
                           or o["mix_pv"] or o["o_early"]))
         if step2 and o["pair_step"] > 1:
             kw["ws_pair_step"] = o["pair_step"]
-        # the default at blk 64 / D 128 for lists of SORT_BOX_MIN_K or more slots: the
-        # active lists sorted by XLA and walked two blocks per step (sortlists + pairbox),
-        # where pairbox applies (nosortbox: off)
-        sort_box = (o["sort_box"] and k_max >= SORT_BOX_MIN_K
-                    and (block_size, head_dim) == (64, 128))
-        box = ((o["pair_box"] or sort_box) and not o["pair_step"]
-               and (block_size, head_dim) == (64, 128)
+        box = (o["pair_box"] and not o["pair_step"] and (block_size, head_dim) == (64, 128)
                and o["overlap"] and splits == 1 and pack_gqa == 1
                and not (k1 or pair or o["stream_k"] or o["cross"] or o["q_regs"]
                         or o["mix_pv"] or o["o_early"] or o["kv_warps"] or o["v_lag"]
@@ -658,8 +651,6 @@ def fwd_config(dtype, head_dim, block_size, has_block_sizes, switches, causal=Fa
                         or o["s_n64"]))
         if box:
             kw["ws_pair_box"] = True
-        if (o["sort_lists"] or sort_box and box) and splits == 1:
-            kw["ws_sort_lists"] = True
         if (o["kv_warps"] and not (k1 or pair or o["v_lag"] or o["meta_prefetch"]
                                    or o["q_ahead"] or o["stream_k"] or kw.get("ws_skip_load"))):
             kw["ws_kv_warps"] = True
