@@ -773,3 +773,27 @@ def test_bench_cycles_splits_time_into_cycles_and_clock():
     assert abs(a1["time_x"] - 1 / 0.9) < 1e-12 and abs(a1["clock_x"] - 1700 / 1600) < 1e-12
     assert abs(a1["cycles_x"] - 1600 / 1530) < 1e-12
     assert b0["kcycles"] is None and b0["cycles_x"] is None
+
+
+def test_ncu_opcodes_reads_per_opcode_instances(tmp_path, capsys):
+    """scripts/ncu_opcodes.py: the opcode: count pairs of an Nsight Compute
+    ``--print-metric-instances details`` block, folded over lines, compared A - B and per
+    work unit, with a total row."""
+    import importlib.util
+    import pathlib
+
+    path = pathlib.Path(__file__).parent.parent / "scripts" / "ncu_opcodes.py"
+    spec = importlib.util.spec_from_file_location("ncu_opcodes", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    a = tmp_path / "a.txt"
+    b = tmp_path / "b.txt"
+    a.write_text("  Section\n    sass__inst_executed_per_opcode   inst  1,300 (FFMA: 1,000;\n"
+                 "        IMAD: 200; SYNCS: 100)\n    sm__cycles_elapsed.max  cycle  5\n")
+    b.write_text("    sass__inst_executed_per_opcode   inst  1,150 (FFMA: 1,000; MOV: 150)\n")
+    assert mod.parse(a) == {"FFMA": 1000, "IMAD": 200, "SYNCS": 100}
+    mod.main([str(a), str(b), "10"])
+    lines = {ln.split()[0]: ln.split()[1:] for ln in capsys.readouterr().out.splitlines()[1:]}
+    assert lines["IMAD"] == ["200", "0", "200", "20.0", "0.0"]
+    assert lines["MOV"] == ["0", "150", "-150", "0.0", "15.0"]
+    assert lines["total"] == ["1,300", "1,150", "150", "130.0", "115.0"]
