@@ -72,6 +72,24 @@ det_tests_bg() {
   timeout "$1" $PYT tests/test_gpu_bsa.py -k "bwd_deterministic and blk128" \
     > "$O/t_128.txt" 2>&1 &
 }
+# ncu_pair METRICS T: one launch each of our block-sparse forward and of cuDNN FE's (the side
+# script in .whl/, its wheels installed under /tmp/fe) at blk 64 12.5 % under Nsight Compute,
+# no clock control, each under timeout T and only while more than T seconds of the budget are
+# left; to $O/ncu_ours.txt and $O/ncu_cudnn.txt, the metric lines printed
+ncu_pair() {
+  if [ "$(left)" -gt "$2" ]; then
+    timeout -k 5 "$2" "$NCU" --metrics "$1" --clock-control none --kernel-name \
+      "regex:BsaFwdSm90Ws" --launch-skip 2 --launch-count 1 python3 -m benchmarks.bsa_bench \
+      --table "" --rows 0 --out /tmp/ncu_ours.json > "$O/ncu_ours.txt" 2>&1
+    t "ncu ours rc=$?"; grep -E "^ +[a-z0-9_]+__" "$O/ncu_ours.txt"
+  fi
+  if [ "$(left)" -gt "$2" ]; then
+    PYTHONPATH=/tmp/fe:$PYTHONPATH timeout -k 5 "$2" "$NCU" --metrics "$1" --clock-control none \
+      --kernel-name "regex:(?i)sdpa|fmha|attn|sparse" --launch-skip 2 --launch-count 1 \
+      python3 .whl/cudnn_side.py /tmp/ncu_cudnn.json 0 > "$O/ncu_cudnn.txt" 2>&1
+    t "ncu cudnn rc=$?"; grep -E "^ +[a-z0-9_]+__|==PROF==" "$O/ncu_cudnn.txt" | head -12
+  fi
+}
 # bench NAME SECS PASS ROWS TABLE [LISTS]: `benchmarks.bsa_bench --table-pass PASS --rows ROWS
 # --timing both --table TABLE [--lists LISTS]` under timeout SECS, to $O/NAME.{json,txt};
 # prints its table

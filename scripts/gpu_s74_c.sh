@@ -17,17 +17,6 @@ PYTHONPATH=/tmp/fe:$PYTHONPATH timeout 100 python3 .whl/cudnn_side.py "$O/cudnn.
   > "$O/cudnn.txt" 2>&1
 t "cudnn rc=$?"; kill "$SMI" 2>/dev/null; tail -n 4 "$O/cudnn.txt"
 M=gpu__time_duration.sum,sm__cycles_elapsed.max,smsp__cycles_active.avg.per_second,dram__bytes_read.sum,dram__bytes_write.sum,lts__t_bytes.sum,lts__t_sector_hit_rate.pct
-if [ "$(left)" -gt 90 ]; then
-  timeout -k 5 80 "$NCU" --metrics "$M" --clock-control none --kernel-name "regex:BsaFwdSm90Ws" \
-    --launch-skip 2 --launch-count 1 python3 -m benchmarks.bsa_bench --table "" --rows 0 \
-    --out /tmp/ncu_ours.json > "$O/ncu_ours.txt" 2>&1
-  t "ncu ours rc=$?"; grep -E "gpu__time|cycles|bytes|hit_rate" "$O/ncu_ours.txt"
-fi
-if [ "$(left)" -gt 90 ]; then
-  PYTHONPATH=/tmp/fe:$PYTHONPATH timeout -k 5 80 "$NCU" --metrics "$M" --clock-control none \
-    --kernel-name "regex:(?i)sdpa|fmha|attn|sparse" --launch-skip 2 --launch-count 1 \
-    python3 .whl/cudnn_side.py /tmp/ncu_cudnn.json 0 > "$O/ncu_cudnn.txt" 2>&1
-  t "ncu cudnn rc=$?"; grep -E "gpu__time|cycles|bytes|hit_rate|==PROF==" "$O/ncu_cudnn.txt" | head -12
-fi
+ncu_pair "$M" 80
 t done
 pack_out s74_c

@@ -19,17 +19,6 @@ for i in 1 2; do
 done
 kill "$SMI" 2>/dev/null
 M=gpu__time_duration.sum,sm__cycles_elapsed.max,dram__bytes_read.sum,dram__bytes_write.sum,lts__t_bytes.sum
-if [ "$(left)" -gt 70 ]; then
-  timeout -k 5 60 "$NCU" --metrics "$M" --clock-control none --kernel-name "regex:BsaFwdSm90Ws" \
-    --launch-skip 2 --launch-count 1 python3 -m benchmarks.bsa_bench --table "" --rows 0 \
-    --out /tmp/ncu_ours.json > "$O/ncu_ours.txt" 2>&1
-  t "ncu ours rc=$?"; grep -E "gpu__time|cycles|bytes" "$O/ncu_ours.txt"
-fi
-if [ "$(left)" -gt 40 ]; then
-  PYTHONPATH=/tmp/fe:$PYTHONPATH timeout -k 5 40 "$NCU" --metrics "$M" --clock-control none \
-    --kernel-name "regex:(?i)sdpa|fmha|attn|sparse" --launch-skip 2 --launch-count 1 \
-    python3 .whl/cudnn_side.py /tmp/ncu_cudnn.json 0 > "$O/ncu_cudnn.txt" 2>&1
-  t "ncu cudnn rc=$?"; grep -E "gpu__time|cycles|bytes" "$O/ncu_cudnn.txt"
-fi
+ncu_pair "$M" 60
 t done
 pack_out s75_f
