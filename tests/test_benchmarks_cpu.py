@@ -797,3 +797,29 @@ def test_ncu_opcodes_reads_per_opcode_instances(tmp_path, capsys):
     assert lines["IMAD"] == ["200", "0", "200", "20.0", "0.0"]
     assert lines["MOV"] == ["0", "150", "-150", "0.0", "15.0"]
     assert lines["total"] == ["1,300", "1,150", "150", "130.0", "115.0"]
+
+
+def test_sass_sweep_loop_ops_counts_one_loop():
+    """scripts/sass_sweep.py: the opcode counts of the SASS between a loop's label and the
+    branch back to it (predicated instructions by their opcode, labels and the code after
+    the branch not counted)."""
+    import importlib.util
+    import pathlib
+
+    path = pathlib.Path(__file__).parent.parent / "scripts" / "sass_sweep.py"
+    spec = importlib.util.spec_from_file_location("sass_sweep", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    sass = "\n".join([
+        "        /*0010*/                   IMAD R1, R2, R3, RZ ;",
+        ".L_x_7:",
+        "        /*0020*/                   UIADD3 UR4, UR4, 0x1, URZ ;",
+        "        /*0030*/               @P0 SYNCS.ARRIVE.TRANS64.A1T0 RZ, [UR5+0x30], RZ ;",
+        "        /*0040*/              @!UP1 UIADD3 UR6, UR6, 0x2, URZ ;",
+        "        /*0050*/                   HGMMA.64x64x16.F32.BF16 R88, gdesc[UR20], R88, gsb0 ;",
+        ".L_x_8:",
+        "        /*0060*/               @P1 BRA `(.L_x_7) ;",
+        "        /*0070*/                   EXIT ;",
+    ])
+    assert mod.loop_ops(sass, ".L_x_7") == {"UIADD3": 2, "SYNCS": 1, "HGMMA": 1, "BRA": 1}
+    assert mod.loop_ops(sass, ".L_x_9") is None
