@@ -136,7 +136,7 @@ def _parse_ws(var, raw):
 BSA_WS_FLAGS = ("nooverlap", "nopingpong", "q1", "headinner", "lazyrescale", "ctas2", "oalias",
                 "cross", "crossepi", "vlag", "splitwait", "nosplitwait", "qregs", "mpre", "qahead", "noepivec",
                 "streamk", "tmao", "notmao", "tmaopack", "notmaopack", "ctas3k1", "selfload",
-                "pairwg", "l2hint", "l2normal", "oinq", "nooinq", "oearly", "sumtree", "xlaclamp", "half", "half2", "sn64", "nosm", "kdeep", "pairstep", "pairstep4", "pairstepk3", "pairstepk4", "kvwarps", "pairbox", "sortlists")
+                "pairwg", "l2hint", "l2normal", "oinq", "nooinq", "oearly", "sumtree", "xlaclamp", "half", "half2", "sn64", "nosm", "kdeep", "pairstep", "pairstep4", "pairstepk3", "pairstepk4", "kvwarps", "pairbox", "sortlists", "wgrelease")
 _BSA_WS_ALLOWED = ("comma list of " + ", ".join(BSA_WS_FLAGS)
                    + ", stages=N (most K/V shared-memory stages: 2..8), skipload=N (timing "
                    "ablation, wrong results: 2..64), mix=N (PV K steps among the S GEMM's: "
@@ -569,6 +569,10 @@ SWITCHES = (
            "kvwarps (two producer warps: one issues Q and the K tiles, the other the V "
            "tiles, so that no K load waits behind a V stage; ignored with vlag, mpre, "
            "qahead, pairwg, ctas3k1, selfload, streamk and skipload=N), "
+           "wgrelease (each consumer warpgroup frees a K / V stage with one arrival on its "
+           "empty barrier, by its first warp after the wgmma wait that covers the stage's "
+           "reads, instead of one arrival per consumer warp, as FlashAttention-3's pipelines "
+           "do; ignored with selfload), "
            "kdeep (with oinq the shared-memory stage beyond the K / V pairs goes to the K "
            "ring instead of V: three K and two V stages at blk 64 / D 128; K loads further "
            "ahead with vlag, whose producer issues K tile j + 1 before V tile j), "

@@ -46,7 +46,9 @@ per step), ``pairstepk3`` / ``pairstepk4`` (the same with three / four K stages)
 / D 128, two listed blocks per 128-row K / V stage); ``sortlists``:
 ``Switches(bsa_fwd_ws="sortlists")`` (each active list sorted by XLA before the kernel); ``sortbox``: the two together; ``sn64``: ``Switches(bsa_fwd_ws="sn64")`` (blk 128:
 each S GEMM as two 64-column GEMMs); ``mix2`` / ``mix4``: ``Switches(bsa_fwd_ws="mix=2")`` /
-``"mix=4"`` (the PV GEMM's first K steps among the next S GEMM's); ``nodefault`` leaves out the grid with
+``"mix=4"`` (the PV GEMM's first K steps among the next S GEMM's); ``wgrelease``:
+``Switches(bsa_fwd_ws="wgrelease")`` (one empty-barrier arrival per consumer warpgroup on the
+K / V stages); ``nodefault`` leaves out the grid with
 the default switches.
 ``test_bsa_preprocess_kernel`` checks the preprocessing kernel directly.
 ``test_bsa_sm90ws_forward`` adds the sm90ws forward's own cases (every KV block listed, the
@@ -109,6 +111,7 @@ SORTBOX = Switches(bsa_fwd_ws=("sortlists", "pairbox"))
 SN64 = Switches(bsa_fwd_ws=("sn64",))
 MIX2 = Switches(bsa_fwd_ws=("mix=2",))
 MIX4 = Switches(bsa_fwd_ws=("mix=4",))
+WGRELEASE = Switches(bsa_fwd_ws=("wgrelease",))
 CTAS3K1 = Switches(bsa_fwd_ws=("ctas3k1",))
 SELFLOAD = Switches(bsa_fwd_ws=("selfload",))
 PAIRWG = Switches(bsa_fwd_ws=("pairwg",))
@@ -144,7 +147,7 @@ class TestBSAKernelGrid(BSAKernelGrid):
     IMPLS = {"sm80": SM80, "sm90ws": SM90WS, "bwdws": BWDWS, "bwdrows": BWDROWS,
              "dqalt": DQALT, "qregs": QREGS, "mpre": MPRE, "qahead": QAHEAD,
              "noepivec": NOEPIVEC, "notmao": NOTMAO, "ctas3k1": CTAS3K1, "selfload": SELFLOAD,
-             "pairwg": PAIRWG, "oinq": OINQ, "oearly": OEARLY, "sumtree": SUMTREE, "half": HALF, "half2": HALF2, "kdeep": KDEEP, "pairstep": PAIRSTEP, "pairstep4": PAIRSTEP4, "pairstepk3": PAIRSTEPK3, "pairstepk4": PAIRSTEPK4, "kvwarps": KVWARPS, "pairstepk4kv": PAIRSTEPK4KV, "pairbox": PAIRBOX, "sortlists": SORTLISTS, "sortbox": SORTBOX, "sn64": SN64, "mix2": MIX2, "mix4": MIX4, "l2hint": L2HINT, "l2normal": L2NORMAL, "kqxla": KQXLA, "notailconv": NOTAILCONV, "nolpt": NOLPT,
+             "pairwg": PAIRWG, "oinq": OINQ, "oearly": OEARLY, "sumtree": SUMTREE, "half": HALF, "half2": HALF2, "kdeep": KDEEP, "pairstep": PAIRSTEP, "pairstep4": PAIRSTEP4, "pairstepk3": PAIRSTEPK3, "pairstepk4": PAIRSTEPK4, "kvwarps": KVWARPS, "pairstepk4kv": PAIRSTEPK4KV, "pairbox": PAIRBOX, "sortlists": SORTLISTS, "sortbox": SORTBOX, "sn64": SN64, "mix2": MIX2, "mix4": MIX4, "wgrelease": WGRELEASE, "l2hint": L2HINT, "l2normal": L2NORMAL, "kqxla": KQXLA, "notailconv": NOTAILCONV, "nolpt": NOLPT,
              "ldscale": LDSCALE, "nowghand": NOWGHAND, "sahead": SAHEAD, "nofdiv": NOFDIV, "noqprobe": NOQPROBE, "entahead": ENTAHEAD, "nodqlag": NODQLAG, "nowguni": NOWGUNI, "bwdrows4": BWDROWS4, "sm80_late_v": SM80_LATE_V, "sm80_wr32": SM80_WR32,
              "sm80_wr16": SM80_WR16}
 

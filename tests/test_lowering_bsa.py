@@ -256,6 +256,8 @@ WS_CONFIGS = [
     dict(d=128, blk=64, dtype="bfloat16", layout="bhsd", sizes=False, ws="nosm"),
     dict(d=128, blk=64, dtype="bfloat16", layout="bshd", sizes=True, ws="mix=2"),
     dict(d=64, blk=128, dtype="float16", layout="bhsd", sizes=False, ws="mix=8"),
+    dict(d=128, blk=128, dtype="bfloat16", layout="bshd", sizes=True, ws="wgrelease"),
+    dict(d=128, blk=64, dtype="bfloat16", layout="bshd", sizes=False, ws="wgrelease,pairwg"),
 ]
 
 
@@ -414,7 +416,8 @@ def test_bsa_ablation_flag_keys():
     at D 128 only, without ``oinq``); out-of-range
     values are rejected with the switch's name; the kernel object takes ``half_items``
     at blk 128 only (one consumer warpgroup, one CTA per SM, two query tiles per list row;
-    ``half_items=2``: two CTAs per SM with one Q, one K and two V buffers)."""
+    ``half_items=2``: two CTAs per SM with one Q, one K and two V buffers); ``wgrelease``
+    reaches the key wherever a producer warp loads the stages (not with ``selfload``)."""
     import cutlass  # noqa: PLC0415
 
     from jax_sparse_attn.config import Switches, from_env
@@ -520,6 +523,17 @@ def test_bsa_ablation_flag_keys():
         BsaFwdSm90Ws(cutlass.BFloat16, 128, 64, False, 132, kv_warps=True, v_lag=True)
     with pytest.raises(NotImplementedError, match="pair_step needs"):
         BsaFwdSm90Ws(cutlass.BFloat16, 128, 128, False, 132, pair_step=1)
+
+    def wgr(ws, d=128, blk=64):
+        return bsa.fwd_config(jnp.bfloat16, d, blk, False,
+                              Switches(bsa_fwd_impl="sm90ws", bsa_fwd_ws=ws)).ws_wg_release
+
+    assert (wgr(""), wgr("wgrelease"), wgr("wgrelease", 64, 128), wgr("wgrelease,pairwg"),
+            wgr("wgrelease,ctas3k1"), wgr("wgrelease,selfload")) == (
+        False, True, True, True, True, False)
+    with pytest.raises(NotImplementedError, match="wg_release needs a producer warp"):
+        BsaFwdSm90Ws(cutlass.BFloat16, 128, 64, False, 132, three_ctas=True, k_single=True,
+                     self_load=True, wg_release=True)
 
 
 def test_bsa_sm90ws_forward_metadata_clamped_in_kernel():
@@ -689,6 +703,9 @@ _PTX_ABLATION["pairwg-blk64"] = ("_ws_fwd_text", (_PAIRWG,), None, {})
 _L2HINT = {f"{m}-{_ids(c)}": dict(c, ws=m) for c in WS_CONFIGS[:2] for m in ("l2hint", "l2normal")}
 _L2HINT["l2hint-split2"] = dict(WS_CONFIGS[1], ws="l2hint", splits=2)
 _PTX_ABLATION.update({k: ("_ws_fwd_text", (c,), None, {}) for k, c in _L2HINT.items()})
+#: bsa_fwd_ws=wgrelease: one empty-barrier arrival per consumer warpgroup on the K / V stages
+_WGREL = dict(WS_CONFIGS[1], ws="wgrelease")
+_PTX_ABLATION["wgrelease-blk64"] = ("_ws_fwd_text", (_WGREL,), None, {})
 _PTX_ENV = dict(JAX_SPARSE_ATTN_BSA_FWD_IMPL="sm90ws", JAX_SPARSE_ATTN_BSA_WS="")
 
 
@@ -1147,3 +1164,34 @@ def test_bsa_sm90ws_fwd_ablation_wgmma_groups_in_block(kept_ptx_ablation):
 
     n = kp.configs_with_groups_in_block(kept_ptx_ablation, _PTX_ABLATION)
     assert n == len(_PTX_ABLATION), n
+
+
+def _mbarrier_init_counts(text):
+    """{byte offset from the mbarrier array's base: arrival count} of the PTX's
+    ``mbarrier.init`` instructions (counts moved into registers resolved)."""
+    import re
+
+    movs = dict(re.findall(r"mov\.[bus]32\s+(%r\d+),\s*(\d+);", text))
+    out = {}
+    for off, cnt in re.findall(r"mbarrier\.init\.shared\.b64\s+\[%r\d+(?:\+(\d+))?\],\s*"
+                               r"(%r\d+|\d+);", text):
+        out[int(off or 0)] = int(movs.get(cnt, cnt))
+    return out
+
+
+@pytest.mark.ablation
+def test_bsa_sm90ws_wgrelease_ptx(kept_ptx, kept_ptx_ablation):
+    """``bsa_fwd_ws=wgrelease`` (blk 64 / D 128: one consumer warpgroup, two K and three V
+    stages): the K / V stages' empty barriers count one arrival instead of one per consumer
+    warp (4); the Q stages' and every full barrier's counts are the default's, and the
+    kernel has the same arrive instructions (each now run by one warp of the warpgroup)."""
+    import kept_ptx as kp  # noqa: PLC0415
+
+    default = next(iter(kp.ptx_of(kept_ptx, _ids(WS_CONFIGS[1])).values()))
+    wgr = next(iter(kp.ptx_of(kept_ptx_ablation, "wgrelease-blk64").values()))
+    a, b = _mbarrier_init_counts(default), _mbarrier_init_counts(wgr)
+    assert a.keys() == b.keys() and len(a) == 14, (a, b)
+    changed = {off: (a[off], b[off]) for off in a if a[off] != b[off]}
+    assert sorted(changed.values()) == [(4, 1)] * 5, changed
+    assert sorted(v for off, v in b.items() if off not in changed) == [1] * 7 + [4] * 2, b
+    assert default.count("mbarrier.arrive") == wgr.count("mbarrier.arrive")

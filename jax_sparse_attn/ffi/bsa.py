@@ -147,6 +147,9 @@ class BsaFwdConfig:
     # stage's halves one 64-row TMA box each under one barrier, one S GEMM of 64 x 128
     # ("pairbox"; one Q buffer, one K and two V stages)
     ws_pair_box: bool = False
+    # K / V stages freed by one arrival per consumer warpgroup instead of one per consumer
+    # warp ("wgrelease"; not with selfload)
+    ws_wg_release: bool = False
     # timing ablation, wrong results: no online-softmax step on the score tiles ("nosm")
     ws_no_softmax: bool = False
     # K steps of the PV GEMM interleaved with the next S GEMM's, in its wgmma group ("mix=N";
@@ -532,12 +535,14 @@ def bsa_ws_options(opts) -> dict:
     (``kvwarps``: two producer warps, one issuing Q and the K tiles, the other the V tiles),
     ``pair_box`` (``pairbox``: blk 64 at D 128 walked two listed blocks per step into
     128-row K / V stages, a 64-row TMA box per half under one barrier; one Q buffer that O is
-    staged in, one K and two V stages)."""
+    staged in, one K and two V stages), ``wg_release`` (``wgrelease``: each consumer
+    warpgroup frees a K / V stage with one arrival instead of one per warp)."""
     st = [int(o[7:]) for o in opts if o.startswith("stages=")]
     sk = [int(o[9:]) for o in opts if o.startswith("skipload=")]
     mx = [int(o[4:]) for o in opts if o.startswith("mix=")]
     return {"skip_load": sk[0] if sk else 0, "half": 2 if "half2" in opts else 1 if "half" in opts else 0, "s_n64": "sn64" in opts, "no_softmax": "nosm" in opts, "mix_pv": mx[0] if mx else 0, "k_deep": "kdeep" in opts,
             "kv_warps": "kvwarps" in opts, "pair_box": "pairbox" in opts,
+            "wg_release": "wgrelease" in opts,
             "pair_step": (4 if "pairstepk4" in opts else 3 if "pairstepk3" in opts
                           else 2 if "pairstep4" in opts else 1 if "pairstep" in opts else 0),
             "overlap": "nooverlap" not in opts, "pingpong": "nopingpong" not in opts,
@@ -651,6 +656,8 @@ def fwd_config(dtype, head_dim, block_size, has_block_sizes, switches, causal=Fa
                         or o["s_n64"]))
         if box:
             kw["ws_pair_box"] = True
+        if o["wg_release"] and not kw.get("ws_self_load"):
+            kw["ws_wg_release"] = True
         if (o["kv_warps"] and not (k1 or pair or o["v_lag"] or o["meta_prefetch"]
                                    or o["q_ahead"] or o["stream_k"] or kw.get("ws_skip_load"))):
             kw["ws_kv_warps"] = True
@@ -1528,7 +1535,7 @@ def _ws_fwd_kernel(cfg: BsaFwdConfig, stream_k: bool):
                         s_n64=cfg.ws_s_n64, no_softmax=cfg.ws_no_softmax,
                         mix_pv=cfg.ws_mix_pv, k_deep=cfg.ws_k_deep,
                         pair_step=cfg.ws_pair_step, kv_warps=cfg.ws_kv_warps,
-                        pair_box=cfg.ws_pair_box, **kw)
+                        pair_box=cfg.ws_pair_box, wg_release=cfg.ws_wg_release, **kw)
 
 
 @functools.cache

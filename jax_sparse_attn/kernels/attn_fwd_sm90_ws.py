@@ -288,15 +288,23 @@ class AttnFwdSm90Ws:
         the buffers from ``ring`` times a set's stages)."""
         nq = 2 * self.q_stages
         nk = 2 * self._k_stages()
+        wgr = self._wg_release()
         if cutlass.const_expr(ring is None):
             pipe_q = SmemPipeline(mbar, self.q_stages, 4 * self.num_wg)
-            pipe_k = SmemPipeline(mbar + nq, self._k_stages(), 4 * self.num_wg)
-            pipe_v = SmemPipeline(mbar + nq + nk, self.stages, 4 * self.num_wg)
+            pipe_k = SmemPipeline(mbar + nq, self._k_stages(), 4 * self.num_wg, wg_release=wgr)
+            pipe_v = SmemPipeline(mbar + nq + nk, self.stages, 4 * self.num_wg, wg_release=wgr)
             return pipe_q, pipe_k, pipe_v
         base = mbar + ring * self._mbar_per_ring()
         return (SmemPipeline(base, self.q_stages, 4, ring * self.q_stages),
-                SmemPipeline(base + nq, self._k_stages(), 4, ring * self._k_stages()),
-                SmemPipeline(base + nq + nk, self.stages, 4, ring * self.stages))
+                SmemPipeline(base + nq, self._k_stages(), 4, ring * self._k_stages(),
+                             wg_release=wgr),
+                SmemPipeline(base + nq + nk, self.stages, 4, ring * self.stages,
+                             wg_release=wgr))
+
+    def _wg_release(self):
+        """Whether the K / V stages are released by one arrival per consumer warpgroup (a
+        kernel's ``wg_release``; ``pipeline.SmemPipeline``) instead of one per warp."""
+        return bool(getattr(self, "wg_release", False))
 
     @cute.jit
     def _smem_and_pipes(self, Smem, sQ_layout, sK_layout, sV_layout, tma_q, tma_k, tma_v,

@@ -168,8 +168,15 @@ class BsaFwdSm90Ws(AttnFwdSm90Ws):
                  tree_sum: bool = False, skip_load: int = 0, half_items: int = 0,
                  s_n64: bool = False, no_softmax: bool = False, mix_pv: int = 0,
                  k_deep: bool = False, pair_step: int = 0, kv_warps: bool = False,
-                 pair_box: bool = False):
+                 pair_box: bool = False, wg_release: bool = False):
         self.pdl = pdl
+        # K / V stages released by one arrival of each consumer warpgroup's first warp
+        # (after its wgmma wait) instead of one per consumer warp; the self-loading
+        # consumer waits on those empty barriers itself and keeps the per-warp arrivals
+        if wg_release and self_load:
+            raise NotImplementedError("bsa_fwd_sm90_ws: wg_release needs a producer warp "
+                                      "(not with self_load)")
+        self.wg_release = wg_release
         # blk 64 lists walked two entries per step into K / V stages of 128 rows (each
         # stage's halves loaded by one 64-row TMA box each, under one barrier), 64 x 128
         # score tiles from one S GEMM: one Q buffer that O is staged in, one K and two V

@@ -11,10 +11,15 @@ counters as loop state.
   byte count its TMA copies will complete; ``producer_arrive(c)`` is a plain arrival (the warp
   wrote the buffer with ordinary / cp.async stores, completed and fenced them first).
 * consumers: ``consumer_wait(c)`` waits until stage ``c`` is full; ``consumer_release(c)``:
-  lane 0 of each consumer warp arrives on the empty barrier (init count = consumer warps).
+  one lane of each consumer warp arrives on the empty barrier (init count = consumer warps),
+  or with ``wg_release`` one lane of the first warp of each consumer warpgroup (init count =
+  consumer warpgroups). ``wg_release`` is for stages that the consumers read only through
+  wgmma and release after a ``wgmma.wait_group`` that covers those reads: a warpgroup MMA
+  completes for all four warps of the warpgroup at once, so the first warp's wait implies the
+  others' (the release of FlashAttention-3's and CUTLASS's cluster-free TMA pipelines).
 
 The full barrier of a stage is initialised with count 1 (the producer), the empty barrier with
-the number of consumer warps. A producer's first pass over the stages waits on parity 1 of the
+the number of consumer warps (warpgroups with ``wg_release``). A producer's first pass over the stages waits on parity 1 of the
 empty barriers, which a freshly initialised mbarrier reports as complete.
 
 ``WarpgroupTurns``: two (or three) consumer warpgroups issue their tensor-core work in turns
@@ -45,6 +50,9 @@ class SmemPipeline:
     # first buffer of this pipeline's stages where several pipelines share one buffer array
     # (``stage`` adds it; the barriers are this pipeline's own); None: 0
     offset: object = None
+    # one arrival per consumer warpgroup (its first warp's) on the empty barrier instead of
+    # one per consumer warp
+    wg_release: bool = False
 
     @property
     def empty(self):
@@ -59,7 +67,14 @@ class SmemPipeline:
         with cute.arch.elect_one():
             for s in range(self.stages):
                 cute.arch.mbarrier_init(self.full + s, 1)
-                cute.arch.mbarrier_init(self.empty + s, self.consumer_warps)
+                cute.arch.mbarrier_init(self.empty + s, self._release_count())
+
+    def _release_count(self) -> int:
+        if self.wg_release:
+            if self.consumer_warps % 4:
+                raise ValueError("SmemPipeline: wg_release needs whole consumer warpgroups")
+            return self.consumer_warps // 4
+        return self.consumer_warps
 
     def slot(self, c):
         """The barrier pair of buffer ``c`` (``c % stages``)."""
@@ -96,9 +111,15 @@ class SmemPipeline:
         returns True the stage's contents are visible as after ``consumer_wait``)."""
         return cute.arch.mbarrier_test_wait(self.full + self.slot(c), self.phase(c))
 
+    @cute.jit
     def consumer_release(self, c):
-        with cute.arch.elect_one():
-            cute.arch.mbarrier_arrive(self.empty + self.slot(c))
+        if cutlass.const_expr(self.wg_release):
+            if cute.arch.make_warp_uniform(cute.arch.warp_idx()) % 4 == 0:
+                with cute.arch.elect_one():
+                    cute.arch.mbarrier_arrive(self.empty + self.slot(c))
+        else:
+            with cute.arch.elect_one():
+                cute.arch.mbarrier_arrive(self.empty + self.slot(c))
 
 
 @dataclass(frozen=True)
