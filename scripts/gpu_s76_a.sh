@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# The blk 64 forward with one empty-barrier arrival per consumer warpgroup (bsa_fwd_ws=wgrelease)
+# and with less integer / barrier work per tile (wgrelease+nosplitwait+xlaclamp) against the
+# default, interleaved with cuDNN FE's (ours, cuDNN, ours, cuDNN) on rows 0, 2, 5 (blk 64
+# 12.5 / 25 %, GQA 16:4), NVML clock samples every 20 ms in both and nvidia-smi power every
+# 100 ms beside them: whether the variants hold a higher sustained clock at the same cycles,
+# and the clock cuDNN holds. Then wgrelease's GPU tests (the sm90ws forward's own cases with
+# the flag, the grid with BSA_TEST_IMPLS=wgrelease) and, with time left, ncu_pair.
+# Usage (device, after `source .devcache/setup.sh`, .whl/ carried): OUT=$OUT bash scripts/gpu_s76_a.sh [seconds]
+. "$(dirname "$0")/gpu_lib.sh" s76_a "${1:-560}"
+gpu_info
+python3 -m pip install -q --no-deps --no-index --target /tmp/fe .whl/*.whl > "$O/pip.txt" 2>&1
+Q=timestamp,clocks.sm,power.draw,clocks_event_reasons.active
+nvidia-smi --query-gpu=power.draw.instant --format=csv > /dev/null 2>&1 && Q=$Q,power.draw.instant
+nvidia-smi --query-gpu=$Q --format=csv -lms 100 > "$O/smi.csv" 2>&1 &
+SMI=$!
+F=JAX_SPARSE_ATTN_BSA_WS
+V=";$F=wgrelease;$F=wgrelease+nosplitwait+xlaclamp"
+for i in 1 2; do
+  bench ours$i 100 fwd 0,2,5 "$V"
+  PYTHONPATH=/tmp/fe:$PYTHONPATH timeout 60 python3 .whl/cudnn_side.py "$O/cudnn$i.json" 0,2,5 \
+    > "$O/cudnn$i.txt" 2>&1
+  t "cudnn$i rc=$?"; cat "$O/cudnn$i.txt"
+done
+kill "$SMI" 2>/dev/null
+flag_tests wgr wgrelease wgrelease 3
+M=gpu__time_duration.sum,sm__cycles_elapsed.max,dram__bytes_read.sum,dram__bytes_write.sum,lts__t_bytes.sum
+[ "$(left)" -gt 70 ] && ncu_pair "$M" 60
+t done
+pack_out s76_a
