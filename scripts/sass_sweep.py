@@ -49,7 +49,7 @@ CONFIGS = {
 }
 
 
-def lower(kind, o, ws=None):
+def lower(kind, o, ws=None, bwd_ws=None):
     import jax
     import jax.numpy as jnp
 
@@ -65,7 +65,7 @@ def lower(kind, o, ws=None):
         idx = jax.ShapeDtypeStruct((b, h, s // blk, 8), jnp.int32)
         nums = jax.ShapeDtypeStruct((b, h, s // blk), jnp.int32)
         sw = (Switches(bsa_fwd_impl="sm90ws", bsa_fwd_ws=o["ws"] if ws is None else ws)
-              if kind == "bsa_fwd" else Switches())
+              if kind == "bsa_fwd" else Switches(bsa_bwd_ws=bwd_ws or ""))
         kw = dict(layout="bhsd", sparse_block_size=blk, softmax_scale=0.3, backend="kernel",
                   switches=sw)
         if kind == "bsa_fwd":
@@ -140,6 +140,7 @@ def main():
     ap.add_argument("--out", required=True)
     ap.add_argument("--only", nargs="*", help="configuration names (default: all)")
     ap.add_argument("--ws", help="bsa_fwd_ws / hstu_fwd_ws options for the forward configs")
+    ap.add_argument("--bwd-ws", help="bsa_bwd_ws options for the block-sparse backward configs")
     ap.add_argument("--keep", action="store_true", help="keep PTX, cubin and SASS")
     ap.add_argument("--loop", help="with one --only: print the opcode counts of this SASS "
                                    "loop label (e.g. .L_x_21)")
@@ -152,7 +153,7 @@ def main():
     for name, (kind, o) in CONFIGS.items():
         if a.only and name not in a.only:
             continue
-        lower(kind, o, a.ws)
+        lower(kind, o, a.ws, a.bwd_ws)
         for cub in sorted(glob.glob(os.path.join(dump, "**", "*.cubin"), recursive=True)):
             ptx = cub[: -len(".cubin")] + ".ptx"
             ptx_text = open(ptx).read() if os.path.exists(ptx) else ""
