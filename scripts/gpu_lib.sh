@@ -90,6 +90,23 @@ ncu_pair() {
     t "ncu cudnn rc=$?"; grep -E "^ +[a-z0-9_]+__|==PROF==" "$O/ncu_cudnn.txt" | head -12
   fi
 }
+# side_start: the cuDNN FE side script's wheels (.whl/) into /tmp/fe, and nvidia-smi logging the
+# SM clock and the power every 100 ms to $O/smi.csv in the background (SMI: its pid)
+side_start() {
+  python3 -m pip install -q --no-deps --no-index --target /tmp/fe .whl/*.whl > "$O/pip.txt" 2>&1
+  local q=timestamp,clocks.sm,power.draw,clocks_event_reasons.active
+  nvidia-smi --query-gpu=power.draw.instant --format=csv > /dev/null 2>&1 && q=$q,power.draw.instant
+  nvidia-smi --query-gpu=$q --format=csv -lms 100 > "$O/smi.csv" 2>&1 &
+  SMI=$!
+}
+# side_round I SECS TABLE: ours on rows 0, 2, 5 with the table variants TABLE (bench oursI,
+# timeout SECS), then cuDNN FE's kernel on the same rows (.whl/cudnn_side.py, to $O/cudnnI.json)
+side_round() {
+  bench "ours$1" "$2" fwd 0,2,5 "$3"
+  PYTHONPATH=/tmp/fe:$PYTHONPATH timeout 60 python3 .whl/cudnn_side.py "$O/cudnn$1.json" 0,2,5 \
+    > "$O/cudnn$1.txt" 2>&1
+  t "cudnn$1 rc=$?"; cat "$O/cudnn$1.txt"
+}
 # bench NAME SECS PASS ROWS TABLE [LISTS]: `benchmarks.bsa_bench --table-pass PASS --rows ROWS
 # --timing both --table TABLE [--lists LISTS]` under timeout SECS, to $O/NAME.{json,txt};
 # prints its table

@@ -9,19 +9,10 @@
 # Usage (device, after `source .devcache/setup.sh`, .whl/ carried): OUT=$OUT bash scripts/gpu_s76_a.sh [seconds]
 . "$(dirname "$0")/gpu_lib.sh" s76_a "${1:-560}"
 gpu_info
-python3 -m pip install -q --no-deps --no-index --target /tmp/fe .whl/*.whl > "$O/pip.txt" 2>&1
-Q=timestamp,clocks.sm,power.draw,clocks_event_reasons.active
-nvidia-smi --query-gpu=power.draw.instant --format=csv > /dev/null 2>&1 && Q=$Q,power.draw.instant
-nvidia-smi --query-gpu=$Q --format=csv -lms 100 > "$O/smi.csv" 2>&1 &
-SMI=$!
+side_start
 F=JAX_SPARSE_ATTN_BSA_WS
 V=";$F=wgrelease;$F=wgrelease+nosplitwait+xlaclamp"
-for i in 1 2; do
-  bench ours$i 100 fwd 0,2,5 "$V"
-  PYTHONPATH=/tmp/fe:$PYTHONPATH timeout 60 python3 .whl/cudnn_side.py "$O/cudnn$i.json" 0,2,5 \
-    > "$O/cudnn$i.txt" 2>&1
-  t "cudnn$i rc=$?"; cat "$O/cudnn$i.txt"
-done
+for i in 1 2; do side_round $i 100 "$V"; done
 kill "$SMI" 2>/dev/null
 flag_tests wgr wgrelease wgrelease 3
 M=gpu__time_duration.sum,sm__cycles_elapsed.max,dram__bytes_read.sum,dram__bytes_write.sum,lts__t_bytes.sum
