@@ -13,9 +13,11 @@ the cu12 build of the CPU CI (and the system ptxas 13.0) assemble the same PTX i
 different SASS. Needs ``nvdisasm`` and ``cuobjdump`` (``$CUDA_HOME/bin`` or ``PATH``)::
 
     source scripts/sass_env.sh      # once per machine: $PY13, CUDA_HOME, PYTHONPATH
-    $PY13 scripts/sass_sweep.py --out /tmp/sass [--only NAME ...] [--keep]
+    $PY13 scripts/sass_sweep.py --out /tmp/sass [--only NAME ...] [--keep] [--loop LABEL]
+        [--ws BSA_FWD_WS] [--bwd-ws BSA_BWD_WS] [--hstu-ws HSTU_FWD_WS]
 
-Output: one line per kernel (``NAME kernel REG STACK LOCAL HGMMA gsb0 commit``) and, with
+Output: one line per kernel (``NAME kernel REG STACK LOCAL HGMMA gsb0 commit``; a
+configuration that fails to lower prints ``NAME ERROR ...`` and the exit code is 1) and, with
 ``--keep``, each configuration's PTX, cubin and SASS under ``--out/NAME/``.
 """
 
@@ -49,7 +51,7 @@ CONFIGS = {
 }
 
 
-def lower(kind, o, ws=None, bwd_ws=None):
+def lower(kind, o, ws=None, bwd_ws=None, hstu_ws=None):
     import jax
     import jax.numpy as jnp
 
@@ -81,7 +83,7 @@ def lower(kind, o, ws=None, bwd_ws=None):
         t, d = 8192, o["d"]
         q = jax.ShapeDtypeStruct((t, 4, d), jnp.dtype(o.get("dtype", "bfloat16")))
         cu = jax.ShapeDtypeStruct((5,), jnp.int32)
-        sw = Switches(hstu_fwd_ws=ws) if ws else Switches()
+        sw = Switches(hstu_fwd_ws=hstu_ws) if hstu_ws else Switches()
 
         def fwd(q, k, v, cu):
             return jsa.hstu_attention(q, k, v, cu, cu, max_seqlen_q=2048, max_seqlen_k=2048,
@@ -108,9 +110,9 @@ def tool(name):
 
 def facts(cubin, ptx_text):
     sass = subprocess.run([tool("nvdisasm"), "-c", "-g", cubin], capture_output=True,
-                          text=True).stdout
+                          text=True, check=True).stdout
     res = subprocess.run([tool("cuobjdump"), "-res-usage", cubin], capture_output=True,
-                         text=True).stdout
+                         text=True, check=True).stdout
     m = re.search(r"REG:(\d+) STACK:(\d+).*?LOCAL:(\d+)", res)
     hg = re.findall(r"HGMMA\.[^;]*;", sass)
     return sass, dict(reg=int(m[1]) if m else -1, stack=int(m[2]) if m else -1,
@@ -129,7 +131,7 @@ def loop_ops(sass, label):
                 if "BRA" in lines[i] and f"`({label})" in lines[i]), None)
     counts = {}
     for ln in lines[start:(end or start) + 1]:
-        m = re.match(r"\s+/\*[0-9a-f]{4}\*/\s+(@!?U?P\w+\s+)?([A-Z0-9_]+)", ln)
+        m = re.match(r"\s+/\*[0-9a-f]{4,}\*/\s+(@!?U?P\w+\s+)?([A-Z0-9_]+)", ln)
         if m:
             counts[m[2]] = counts.get(m[2], 0) + 1
     return counts
@@ -139,7 +141,8 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", required=True)
     ap.add_argument("--only", nargs="*", help="configuration names (default: all)")
-    ap.add_argument("--ws", help="bsa_fwd_ws / hstu_fwd_ws options for the forward configs")
+    ap.add_argument("--ws", help="bsa_fwd_ws options for the block-sparse forward configs")
+    ap.add_argument("--hstu-ws", help="hstu_fwd_ws options for the HSTU configs")
     ap.add_argument("--bwd-ws", help="bsa_bwd_ws options for the block-sparse backward configs")
     ap.add_argument("--keep", action="store_true", help="keep PTX, cubin and SASS")
     ap.add_argument("--loop", help="with one --only: print the opcode counts of this SASS "
@@ -150,10 +153,15 @@ def main():
                       CUTE_DSL_KEEP="ptx,cubin", CUTE_DSL_DUMP_DIR=dump, JAX_PLATFORMS="cpu")
     sys.path.insert(0, ROOT)
     os.makedirs(a.out, exist_ok=True)
+    failed = False
     for name, (kind, o) in CONFIGS.items():
         if a.only and name not in a.only:
             continue
-        lower(kind, o, a.ws, a.bwd_ws)
+        try:
+            lower(kind, o, a.ws, a.bwd_ws, a.hstu_ws)
+        except Exception as e:  # noqa: BLE001 - one configuration's failure ends only it
+            print(f"{name} ERROR {type(e).__name__}: {e}", flush=True)
+            failed = True
         for cub in sorted(glob.glob(os.path.join(dump, "**", "*.cubin"), recursive=True)):
             ptx = cub[: -len(".cubin")] + ".ptx"
             ptx_text = open(ptx).read() if os.path.exists(ptx) else ""
@@ -180,6 +188,21 @@ def main():
             os.remove(cub)
             if os.path.exists(ptx):
                 os.remove(ptx)
+        clear_caches()
+    sys.exit(1 if failed else 0)
+
+
+def clear_caches():
+    """Empty the compile caches, so that the next configuration compiles (and dumps) every
+    kernel it lowers, also those an earlier one compiled (as tests/kept_ptx.py does)."""
+    import jax
+    from cutlass.jax import compile as cjc
+
+    from jax_sparse_attn import _cute_call
+
+    _cute_call.reset_compile_stats(clear_memory_cache=True)
+    cjc.release_compile_cache()
+    jax.clear_caches()
 
 
 if __name__ == "__main__":

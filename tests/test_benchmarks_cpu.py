@@ -818,8 +818,9 @@ def test_sass_sweep_loop_ops_counts_one_loop():
         "        /*0040*/              @!UP1 UIADD3 UR6, UR6, 0x2, URZ ;",
         "        /*0050*/                   HGMMA.64x64x16.F32.BF16 R88, gdesc[UR20], R88, gsb0 ;",
         ".L_x_8:",
-        "        /*0060*/               @P1 BRA `(.L_x_7) ;",
-        "        /*0070*/                   EXIT ;",
+        "        /*10060*/              @P1 BRA `(.L_x_7) ;",
+        "        /*10070*/                  EXIT ;",
     ])
+    # offsets past 0xffff print five hex digits
     assert mod.loop_ops(sass, ".L_x_7") == {"UIADD3": 2, "SYNCS": 1, "HGMMA": 1, "BRA": 1}
     assert mod.loop_ops(sass, ".L_x_9") is None
